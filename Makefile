@@ -1,0 +1,109 @@
+# Makefile - the one build for the whole project.
+#
+#   make            build libllm, the tools (build/bin/) and the unit tests
+#   make run        install missing deps, build, make the default model, serve it
+#   make test       install missing deps, build, run unit + black-box + fuzz tests
+#   make asan       the same tests under AddressSanitizer + UBSan (build-asan/)
+#   make bench      prefill/decode tokens/s table (LLAMA_BENCH=... adds llama.cpp)
+#   make deps       install missing Debian / Python packages
+#   make lint       ban unsafe libc calls in our sources
+#
+# Overrides: CC, OPT, BUILD, MODEL, THREADS, PROMPT.
+
+CC ?= cc
+BUILD ?= build
+OPT ?= -O2
+SAN ?=
+PYTHON ?= python3
+CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+              -Iengine/include -Iengine $(SAN)
+LDLIBS = -lm -lpthread
+
+ENGINE_SRC = engine/status.c engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c \
+             engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
+             engine/sampler.c engine/model.c engine/session.c engine/backend_cpu.c \
+             engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c \
+             engine/mkmodel.c
+TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench
+UNIT_SRC = $(wildcard tests/unit/test_*.c)
+
+ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
+LIB = $(BUILD)/libllm.a
+TOOL_BIN = $(TOOLS:%=$(BUILD)/bin/%)
+UNIT_BIN = $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+
+# Only the AVX2 kernel file gets the ISA flags; it checks the CPU at run time.
+$(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
+
+.PHONY: all run test asan bench deps lint clean unit pytest fuzz models
+all: $(LIB) $(TOOL_BIN) $(UNIT_BIN)
+
+$(BUILD)/%.o: %.c $(wildcard engine/include/llm/*.h engine/*.h engine/cpu/*.h)
+	@mkdir -p $(dir $@)
+	@echo "  CC    $<"
+	@$(CC) $(CFLAGS_BASE) $(EXTRA_CFLAGS) -c $< -o $@
+
+$(LIB): $(ENGINE_OBJ)
+	@echo "  AR    $@"
+	@rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/bin/%: tools/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) $< $(LIB) $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) -Itests/unit $< $(LIB) -lcmocka $(LDLIBS) -o $@
+
+# ---- dependencies -----------------------------------------------------------
+DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev clang
+PY_PKGS = pytest
+deps:
+	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) || exit 1; fi
+	@for p in $(PY_PKGS); do $(PYTHON) -c "import $$p" 2>/dev/null || $(PYTHON) -m pip install -q $$p || exit 1; done
+
+# ---- running ----------------------------------------------------------------
+THREADS ?= 2
+DEFAULT_MODEL = $(BUILD)/models/tiny-q8_0.gguf
+MODEL ?= $(DEFAULT_MODEL)
+PROMPT ?= Once upon a time
+$(BUILD)/models/tiny-q8_0.gguf: $(BUILD)/bin/llm-mkmodel
+	@mkdir -p $(dir $@)
+	$(BUILD)/bin/llm-mkmodel --shape llama-110m --type Q8_0 -o $@
+
+run: deps all $(if $(filter $(DEFAULT_MODEL),$(MODEL)),$(DEFAULT_MODEL))
+	$(BUILD)/bin/llm-generate -m $(MODEL) -p "$(PROMPT)" -n 64 --threads $(THREADS)
+
+# ---- tests ------------------------------------------------------------------
+unit: $(UNIT_BIN)
+	@fail=0; for t in $(UNIT_BIN); do echo "== $$t"; $$t || fail=1; done; exit $$fail
+
+pytest: $(TOOL_BIN)
+	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration
+
+FUZZ_TIME ?= 20
+fuzz:
+	@$(MAKE) --no-print-directory -f tests/fuzz/fuzz.mk FUZZ_TIME=$(FUZZ_TIME)
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory pytest
+	@$(MAKE) --no-print-directory fuzz
+
+asan: deps
+	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" unit pytest
+
+bench: deps all
+	$(PYTHON) tests/bench/bench.py --build $(BUILD)
+
+lint:
+	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) tools/*.c || (echo "lint: banned call" && false)
+
+clean:
+	rm -rf build build-asan

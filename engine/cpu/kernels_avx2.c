@@ -1,0 +1,281 @@
+/* kernels_avx2.c - AVX2/FMA/F16C kernels. This file alone is compiled with
+ * -mavx2 -mfma -mf16c; cpu_kernels_avx2() checks the CPU at run time, so the
+ * binary still runs (on the scalar set) where these are missing. */
+#include "kernels.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int hsum8i(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline float h2f(quant_f16 h) { return _cvtsh_ss(h); }
+
+static float dot_f32(const float *a, const float *b, int n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static float w_f32(const void *w, const void *x, int n) { return dot_f32(w, x, n); }
+
+static float w_f16(const void *w, const void *x, int n)
+{
+    const quant_f16 *h = w;
+    const float *f = x;
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i)));
+        __m256 a1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i + 8)));
+        s0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(f + i), s0);
+        s1 = _mm256_fmadd_ps(a1, _mm256_loadu_ps(f + i + 8), s1);
+    }
+    float s = hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s += h2f(h[i]) * f[i];
+    return s;
+}
+
+static float w_bf16(const void *w, const void *x, int n)
+{
+    const uint16_t *h = w;
+    const float *f = x;
+    __m256 s0 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
+        __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        s0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(f + i), s0);
+    }
+    float s = hsum8(s0);
+    for (; i < n; i++) s += quant_bf16_to_f32(h[i]) * f[i];
+    return s;
+}
+
+/* Signed int8 x int8 products summed in pairs to int16, then to int32. */
+static inline __m256i dot_i8(__m256i a, __m256i b)
+{
+    __m256i ax = _mm256_sign_epi8(a, a);
+    __m256i sy = _mm256_sign_epi8(b, a);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+}
+
+static float w_q8_0(const void *w, const void *x, int n)
+{
+    const block_q8_0 *a = w, *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK8_0; i++) {
+        __m256i qa = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        __m256i qb = _mm256_loadu_si256((const __m256i *)b[i].qs);
+        __m256 d = _mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qa, qb)), acc);
+    }
+    return hsum8(acc);
+}
+
+static float w_q4_0(const void *w, const void *x, int n)
+{
+    const block_q4_0 *a = w;
+    const block_q8_0 *b = x;
+    const __m256i lo = _mm256_set1_epi8(0xf), eight = _mm256_set1_epi8(8);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK4_0; i++) {
+        __m128i raw = _mm_loadu_si128((const __m128i *)a[i].qs);
+        __m256i q = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+        q = _mm256_sub_epi8(_mm256_and_si256(q, lo), eight);
+        __m256i qb = _mm256_loadu_si256((const __m256i *)b[i].qs);
+        __m256 d = _mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(q, qb)), acc);
+    }
+    return hsum8(acc);
+}
+
+static inline void q4k_scales(const uint8_t *q, uint8_t *sc, uint8_t *m)
+{
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        m[j] = q[j + 4] & 63;
+        sc[j + 4] = (q[j + 8] & 0xf) | ((q[j] >> 6) << 4);
+        m[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
+    }
+}
+
+static float w_q4_K(const void *w, const void *x, int n)
+{
+    const block_q4_K *a = w;
+    const block_q8_K *b = x;
+    const __m256i lo = _mm256_set1_epi8(0xf);
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        uint8_t sc[8], m[8];
+        q4k_scales(a[i].scales, sc, m);
+        int msum = 0;
+        for (int j = 0; j < 8; j++) msum += m[j] * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+        __m256i isum = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(a[i].qs + 32 * j));
+            __m256i y0 = _mm256_loadu_si256((const __m256i *)(b[i].qs + 64 * j));
+            __m256i y1 = _mm256_loadu_si256((const __m256i *)(b[i].qs + 64 * j + 32));
+            __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(q, lo), y0);
+            __m256i p1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), lo), y1);
+            p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j]));
+            p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1]));
+            isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
+        }
+        float d = b[i].d * h2f(a[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        mins += b[i].d * h2f(a[i].dmin) * (float)msum;
+    }
+    return hsum8(acc) - mins;
+}
+
+/* int16 lanes: first 8 carry scale s0, last 8 scale s1 (two 16-quant groups). */
+static inline __m256i scale_pair(int s0, int s1)
+{
+    return _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
+}
+
+static float w_q6_K(const void *w, const void *x, int n)
+{
+    const block_q6_K *a = w;
+    const block_q8_K *b = x;
+    const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK_K; i++) {
+        const uint8_t *ql = a[i].ql, *qh = a[i].qh;
+        const int8_t *sc = a[i].scales, *y = b[i].qs;
+        int bias = 0; /* the -32 offset, applied through the block sums */
+        for (int j = 0; j < 16; j++) bias += sc[j] * b[i].bsums[j];
+        __m256i isum = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, y += 128) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+            for (int k = 0; k < 4; k++) {
+                __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(y + 32 * k)));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scale_pair(sc[2 * k], sc[2 * k + 1])));
+            }
+        }
+        float d = b[i].d * h2f(a[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        acc = _mm256_sub_ps(acc, _mm256_setr_ps(d * 32.f * (float)bias, 0, 0, 0, 0, 0, 0, 0));
+    }
+    return hsum8(acc);
+}
+
+static inline float absmax8(const float *x, int n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Rounds 32 floats times id to int8 (nearest, ties to even like lrintf). */
+static inline __m256i round32(const float *x, __m256 id)
+{
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), id));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), id));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), id));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id));
+    __m256i s01 = _mm256_packs_epi32(i0, i1), s23 = _mm256_packs_epi32(i2, i3);
+    __m256i b = _mm256_packs_epi16(s01, s23);
+    /* packs interleaves 128-bit lanes: restore element order */
+    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static void quant_q8_0(const float *x, void *dst, int n)
+{
+    block_q8_0 *b = dst;
+    for (int i = 0; i < n / QK8_0; i++, x += QK8_0) {
+        float d = absmax8(x, QK8_0) / 127.f;
+        b[i].d = _cvtss_sh(d, 0);
+        _mm256_storeu_si256((__m256i *)b[i].qs, round32(x, _mm256_set1_ps(d ? 1.f / d : 0.f)));
+    }
+}
+
+static void quant_q8_K(const float *x, void *dst, int n)
+{
+    block_q8_K *b = dst;
+    for (int i = 0; i < n / QK_K; i++, x += QK_K) {
+        float d = absmax8(x, QK_K) / 127.f;
+        __m256 id = _mm256_set1_ps(d ? 1.f / d : 0.f);
+        b[i].d = d;
+        for (int j = 0; j < QK_K; j += 32) {
+            __m256i q = round32(x + j, id);
+            _mm256_storeu_si256((__m256i *)(b[i].qs + j), q);
+            __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+            /* s holds 8 sums of 4; the first 16 quants are lanes 0-3 */
+            __m128i lo = _mm256_castsi256_si128(s), hi = _mm256_extracti128_si256(s, 1);
+            lo = _mm_hadd_epi32(lo, hi);
+            lo = _mm_hadd_epi32(lo, lo);
+            b[i].bsums[j / 16] = (int16_t)_mm_cvtsi128_si32(lo);
+            b[i].bsums[j / 16 + 1] = (int16_t)_mm_extract_epi32(lo, 1);
+        }
+    }
+}
+
+static void axpy(float *y, float a, const float *x, int n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static const cpu_kernels avx2 = {
+    .name = "avx2",
+    .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
+            [QT_Q4_0] = w_q4_0, [QT_Q4_K] = w_q4_K, [QT_Q6_K] = w_q6_K},
+    .quantize = {[QT_Q8_0] = quant_q8_0, [QT_Q8_K] = quant_q8_K},
+    .dot_f32 = dot_f32,
+    .axpy = axpy,
+};
+
+const cpu_kernels *cpu_kernels_avx2(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return &avx2;
+    return NULL;
+}
+#else
+const cpu_kernels *cpu_kernels_avx2(void) { return NULL; }
+#endif

@@ -1,0 +1,154 @@
+/* kernels_scalar.c - portable reference kernels and run-time selection. */
+#include "kernels.h"
+
+#include <string.h>
+
+quant_type cpu_act_type(quant_type w)
+{
+    switch (w) {
+    case QT_Q8_0: case QT_Q4_0: return QT_Q8_0;
+    case QT_Q4_K: case QT_Q6_K: return QT_Q8_K;
+    default: return QT_F32;
+    }
+}
+
+static float dot_f32(const float *a, const float *b, int n)
+{
+    float s = 0;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static float w_f32(const void *w, const void *x, int n) { return dot_f32(w, x, n); }
+
+static float w_f16(const void *w, const void *x, int n)
+{
+    const quant_f16 *h = w;
+    const float *f = x;
+    float s = 0;
+    for (int i = 0; i < n; i++) s += quant_f16_to_f32(h[i]) * f[i];
+    return s;
+}
+
+static float w_bf16(const void *w, const void *x, int n)
+{
+    const uint16_t *h = w;
+    const float *f = x;
+    float s = 0;
+    for (int i = 0; i < n; i++) s += quant_bf16_to_f32(h[i]) * f[i];
+    return s;
+}
+
+static float w_q8_0(const void *w, const void *x, int n)
+{
+    const block_q8_0 *a = w, *b = x;
+    float s = 0;
+    for (int i = 0; i < n / QK8_0; i++) {
+        int acc = 0;
+        for (int j = 0; j < QK8_0; j++) acc += a[i].qs[j] * b[i].qs[j];
+        s += quant_f16_to_f32(a[i].d) * quant_f16_to_f32(b[i].d) * (float)acc;
+    }
+    return s;
+}
+
+static float w_q4_0(const void *w, const void *x, int n)
+{
+    const block_q4_0 *a = w;
+    const block_q8_0 *b = x;
+    float s = 0;
+    for (int i = 0; i < n / QK4_0; i++) {
+        int acc = 0;
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            acc += ((a[i].qs[j] & 0xf) - 8) * b[i].qs[j];
+            acc += ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + 16];
+        }
+        s += quant_f16_to_f32(a[i].d) * quant_f16_to_f32(b[i].d) * (float)acc;
+    }
+    return s;
+}
+
+/* Same unpacking as quant.c's q4k_scale_min (kept local: hot loop). */
+static void scale_min(int j, const uint8_t *q, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+static float w_q4_K(const void *w, const void *x, int n)
+{
+    const block_q4_K *a = w;
+    const block_q8_K *b = x;
+    float s = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        int isum = 0, msum = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m, acc = 0;
+            scale_min(j, a[i].scales, &sc, &m);
+            const uint8_t *q = a[i].qs + (j / 2) * 32;
+            const int8_t *y = b[i].qs + j * 32;
+            for (int l = 0; l < 32; l++) acc += ((j & 1) ? (q[l] >> 4) : (q[l] & 0xf)) * y[l];
+            isum += sc * acc;
+            msum += m * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+        }
+        s += b[i].d * (quant_f16_to_f32(a[i].d) * isum - quant_f16_to_f32(a[i].dmin) * msum);
+    }
+    return s;
+}
+
+static float w_q6_K(const void *w, const void *x, int n)
+{
+    const block_q6_K *a = w;
+    const block_q8_K *b = x;
+    float s = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        int8_t q[QK_K];
+        const uint8_t *ql = a[i].ql, *qh = a[i].qh;
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
+            int8_t *o = q + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                o[l] = (int8_t)(((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32);
+                o[l + 32] = (int8_t)(((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                o[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                o[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+            }
+        }
+        int isum = 0;
+        for (int j = 0; j < 16; j++) {
+            int acc = 0;
+            for (int l = 0; l < 16; l++) acc += q[16 * j + l] * b[i].qs[16 * j + l];
+            isum += a[i].scales[j] * acc;
+        }
+        s += b[i].d * quant_f16_to_f32(a[i].d) * isum;
+    }
+    return s;
+}
+
+static void quant_q8_0(const float *x, void *dst, int n) { quant_quantize_row(QT_Q8_0, x, dst, (size_t)n); }
+static void quant_q8_K(const float *x, void *dst, int n) { quant_quantize_row(QT_Q8_K, x, dst, (size_t)n); }
+
+static void axpy(float *y, float a, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static const cpu_kernels scalar = {
+    .name = "scalar",
+    .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
+            [QT_Q4_0] = w_q4_0, [QT_Q4_K] = w_q4_K, [QT_Q6_K] = w_q6_K},
+    .quantize = {[QT_Q8_0] = quant_q8_0, [QT_Q8_K] = quant_q8_K},
+    .dot_f32 = dot_f32,
+    .axpy = axpy,
+};
+
+const cpu_kernels *cpu_kernels_scalar(void) { return &scalar; }
+
+const cpu_kernels *cpu_kernels_best(void)
+{
+    const cpu_kernels *k = cpu_kernels_avx2();
+    return k ? k : &scalar;
+}

@@ -1,0 +1,32 @@
+/* mkmodel.h - writes a GGUF model of a named shape with seeded random weights
+ * and a small byte-level BPE vocabulary: the test model, the benchmark
+ * models at realistic sizes, and the default model of `make run`. The files
+ * follow the same conventions as llama.cpp's converters (tensor names,
+ * metadata keys, Q4_K_M-style type mix) so llama.cpp loads them too.
+ * Thread-safe: no shared state. */
+#ifndef LLM_MKMODEL_H
+#define LLM_MKMODEL_H
+
+#include <stdint.h>
+
+#include "llm/quant.h"
+#include "llm/status.h"
+
+typedef struct llm_shape {
+    const char *name;
+    const char *arch;   /* "llama" or "qwen2" */
+    const char *pre;    /* tokenizer.ggml.pre */
+    int n_embd, n_ff, n_layer, n_head, n_head_kv, n_vocab, n_ctx;
+    float rope_theta;
+    int tied;           /* no output.weight: the embedding is reused */
+} llm_shape;
+
+/* NULL for an unknown name. */
+const llm_shape *llm_shape_find(const char *name);
+/* Names of all shapes, NULL-terminated. */
+const char *const *llm_shape_names(void);
+
+/* type: F32, F16, BF16, Q8_0, Q4_0 or Q4_K (Q4_K_M-like mix with Q6_K). */
+llm_status llm_mkmodel(const llm_shape *shape, quant_type type, uint64_t seed, const char *path, llm_error *err);
+
+#endif

@@ -1,0 +1,79 @@
+/* model.h - a loaded Llama-family model (weights bound to the GGUF mapping)
+ * and a single-sequence session that runs the forward pass through a backend.
+ *
+ * Supported `general.architecture`: llama (Llama 2/3, TinyLlama, Mistral,
+ * SmolLM) and qwen2 (adds Q/K/V biases, NEOX-style RoPE).
+ *
+ * Ownership: llm_model_load returns a model the caller frees with
+ * llm_model_free; weights are used in place from the mmap (nothing copied
+ * except small norm vectors stored in non-F32 types). A session borrows its
+ * model and backend (both must outlive it) and owns its KV cache and scratch.
+ * Thread-safety: a model is read-only after load and may be shared; a session
+ * is used by one thread at a time. */
+#ifndef LLM_MODEL_H
+#define LLM_MODEL_H
+
+#include <stdint.h>
+
+#include "llm/backend.h"
+#include "llm/gguf.h"
+#include "llm/status.h"
+#include "llm/tokenizer.h"
+
+typedef enum llm_arch { LLM_ARCH_LLAMA = 0, LLM_ARCH_QWEN2 = 1 } llm_arch;
+
+typedef struct llm_hparams {
+    llm_arch arch;
+    int n_vocab, n_ctx_train, n_embd, n_ff, n_layer;
+    int n_head, n_head_kv, head_dim, rot_dim;
+    float eps, rope_theta, rope_freq_scale;
+    int rope_neox;
+} llm_hparams;
+
+typedef struct llm_layer {
+    const float *attn_norm, *ffn_norm;  /* (n_embd) */
+    const float *bq, *bk, *bv;          /* qwen2 only, else NULL */
+    llm_weight wq, wk, wv, wo;          /* (n_head*hd, n_embd) ... (n_embd, n_head*hd) */
+    llm_weight w_gate, w_up, w_down;    /* (n_ff, n_embd), (n_ff, n_embd), (n_embd, n_ff) */
+} llm_layer;
+
+typedef struct llm_model {
+    gguf_file *gguf;
+    llm_hparams hp;
+    llm_weight tok_embd;     /* (n_vocab, n_embd) */
+    llm_weight output;       /* (n_vocab, n_embd); tok_embd when tied */
+    const float *output_norm;
+    const float *rope_freqs;  /* (rot_dim / 2) or NULL: Llama 3.1+ frequency factors */
+    llm_layer *layers;
+    llm_vocab *vocab;
+    float **owned;           /* dequantized small vectors */
+    int n_owned;
+    char name[128];          /* general.name or the file's base name */
+} llm_model;
+
+/* Loads and validates a GGUF model: architecture, hyper-parameters, every
+ * tensor's presence, type and shape, and the tokenizer. Errors name the key
+ * or tensor at fault. */
+llm_status llm_model_load(const char *path, llm_model **out, llm_error *err);
+void llm_model_free(llm_model *m);
+/* Bytes of all weights (for the bandwidth roofline). */
+size_t llm_model_weight_bytes(const llm_model *m);
+
+typedef struct llm_session llm_session;
+
+/* n_ctx: 0 means the model's training context. max_batch: the largest
+ * number of tokens evaluated in one step (prompts are chunked by it). */
+llm_status llm_session_new(const llm_model *m, llm_backend *b, int n_ctx, int max_batch,
+                           llm_session **out, llm_error *err);
+void llm_session_free(llm_session *s);
+/* Appends n tokens at the current position and computes the logits of the
+ * last one. Fails (changing nothing) on a token id out of range or when the
+ * context would overflow. Returns a pointer to n_vocab logits owned by the
+ * session, valid until the next call. */
+llm_status llm_session_eval(llm_session *s, const int32_t *tokens, int n, const float **logits, llm_error *err);
+int llm_session_pos(const llm_session *s);
+int llm_session_n_ctx(const llm_session *s);
+/* Forgets the KV contents: the next eval starts at position 0. */
+void llm_session_reset(llm_session *s);
+
+#endif

@@ -1,0 +1,60 @@
+/* sampler.h - turns logits into the next token: penalties (repetition,
+ * presence, frequency), then greedy or temperature sampling with top-k,
+ * top-p and min-p filters, a per-request seeded RNG (same seed, same
+ * output), top-N log-probabilities, and stop-sequence matching.
+ *
+ * Ownership: llm_sampler_new returns a sampler the caller frees with
+ * llm_sampler_free (NULL ok). Thread-safety: one sampler per request; it
+ * is not shared. */
+#ifndef LLM_SAMPLER_H
+#define LLM_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llm/status.h"
+
+#define LLM_MAX_LOGPROBS 20
+
+typedef struct llm_sampling {
+    float temperature;        /* <= 0: greedy */
+    int top_k;                /* <= 0: off */
+    float top_p;              /* >= 1: off */
+    float min_p;              /* <= 0: off */
+    float repetition_penalty; /* 1: off; > 1 discourages repeats */
+    float presence_penalty;   /* 0: off */
+    float frequency_penalty;  /* 0: off */
+    int penalty_last_n;       /* how many recent tokens the penalties see; 0: all */
+    uint64_t seed;
+    int n_logprobs;           /* 0..LLM_MAX_LOGPROBS */
+} llm_sampling;
+
+typedef struct llm_logprob { int32_t id; float logprob; } llm_logprob;
+
+typedef struct llm_sample_result {
+    int32_t id;
+    float logprob;                       /* of the chosen token */
+    int n_top;
+    llm_logprob top[LLM_MAX_LOGPROBS];   /* most likely first */
+} llm_sample_result;
+
+/* Greedy, no penalties, seed 0. */
+llm_sampling llm_sampling_default(void);
+/* LLM_OK or LLM_ERR_INVALID_ARG naming the first bad field. */
+llm_status llm_sampling_check(const llm_sampling *p, llm_error *err);
+
+typedef struct llm_sampler llm_sampler;
+llm_status llm_sampler_new(const llm_sampling *p, int n_vocab, llm_sampler **out, llm_error *err);
+void llm_sampler_free(llm_sampler *s);
+/* Records a token (prompt or generated) for the penalties. */
+void llm_sampler_accept(llm_sampler *s, int32_t id);
+/* Samples from n_vocab logits (not modified). */
+void llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *out);
+
+/* Stop sequences over generated text. Returns the byte offset where the
+ * earliest full match of any stop starts, or -1. *hold gets the number of
+ * trailing bytes that are a proper prefix of some stop: a streaming caller
+ * must not emit them yet. */
+long llm_stop_find(const char *text, size_t len, const char *const *stops, int n_stops, size_t *hold);
+
+#endif

@@ -1,0 +1,299 @@
+/* model.c - GGUF metadata and tensors -> llm_model (hyper-parameters and
+ * weights bound in place to the mapping). Every tensor's type and shape is
+ * checked here so the forward pass never needs to. */
+#include "llm/model.h"
+
+#include <string.h>
+
+typedef struct loader {
+    llm_model *m;
+    const gguf_file *f;
+    char arch[32];
+    llm_error *err;
+} loader;
+
+static llm_status get_int(loader *L, const char *suffix, int *v, int required, int def)
+{
+    char key[128];
+    uint64_t x;
+    snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
+    llm_status st = gguf_get_u64(L->f, key, &x, L->err);
+    if (st == LLM_ERR_INVALID_ARG) {
+        if (required)
+            return llm_errf(L->err, LLM_ERR_FORMAT, "%s: missing required key %s", gguf_name(L->f), key);
+        *v = def;
+        return LLM_OK;
+    }
+    if (st)
+        return st;
+    if (x > (1u << 30))
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: key %s = %llu is out of range", gguf_name(L->f), key,
+                        (unsigned long long)x);
+    *v = (int)x;
+    return LLM_OK;
+}
+
+static llm_status get_float(loader *L, const char *suffix, float *v, float def)
+{
+    char key[128];
+    double x;
+    snprintf(key, sizeof key, "%s.%s", L->arch, suffix);
+    llm_status st = gguf_get_f64(L->f, key, &x, L->err);
+    if (st == LLM_ERR_INVALID_ARG) {
+        *v = def;
+        return LLM_OK;
+    }
+    if (st)
+        return st;
+    *v = (float)x;
+    return LLM_OK;
+}
+
+static llm_status read_arch(loader *L)
+{
+    gguf_str s;
+    llm_status st = gguf_get_str(L->f, "general.architecture", &s, L->err);
+    if (st == LLM_ERR_INVALID_ARG)
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: missing general.architecture", gguf_name(L->f));
+    if (st)
+        return st;
+    snprintf(L->arch, sizeof L->arch, "%.*s", (int)(s.len < 31 ? s.len : 31), s.data);
+    if (!strcmp(L->arch, "llama"))
+        L->m->hp.arch = LLM_ARCH_LLAMA;
+    else if (!strcmp(L->arch, "qwen2"))
+        L->m->hp.arch = LLM_ARCH_QWEN2;
+    else
+        return llm_errf(L->err, LLM_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (llama, qwen2)",
+                        gguf_name(L->f), L->arch);
+    return LLM_OK;
+}
+
+static llm_status read_rope_scaling(loader *L, llm_hparams *hp)
+{
+    char key[128];
+    gguf_str type;
+    float factor = 1.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", L->arch);
+    llm_status st = gguf_get_str(L->f, key, &type, L->err);
+    if (st && st != LLM_ERR_INVALID_ARG)
+        return st;
+    if (st == LLM_OK && !gguf_str_eq(type, "linear") && !gguf_str_eq(type, "none"))
+        return llm_errf(L->err, LLM_ERR_UNSUPPORTED, "%s: %s '%.*s' not supported (linear, none)", gguf_name(L->f),
+                        key, (int)type.len, type.data);
+    if (st == LLM_OK && gguf_str_eq(type, "none"))
+        return LLM_OK;
+    if ((st = get_float(L, "rope.scaling.factor", &factor, 0.0f)))
+        return st;
+    if (factor == 0.0f && (st = get_float(L, "rope.scale_linear", &factor, 1.0f)))
+        return st;
+    if (!(factor > 0.0f))
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: rope scaling factor %g must be > 0", gguf_name(L->f), factor);
+    hp->rope_freq_scale = 1.0f / factor;
+    return LLM_OK;
+}
+
+static llm_status read_hparams(loader *L)
+{
+    llm_hparams *hp = &L->m->hp;
+    llm_status st;
+    if ((st = get_int(L, "context_length", &hp->n_ctx_train, 1, 0)) ||
+        (st = get_int(L, "embedding_length", &hp->n_embd, 1, 0)) ||
+        (st = get_int(L, "feed_forward_length", &hp->n_ff, 1, 0)) ||
+        (st = get_int(L, "block_count", &hp->n_layer, 1, 0)) ||
+        (st = get_int(L, "attention.head_count", &hp->n_head, 1, 0)))
+        return st;
+    if (hp->n_head <= 0 || hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_ff <= 0 || hp->n_ctx_train <= 0)
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: zero-sized hyper-parameter (embd %d, ff %d, layers %d, heads %d, ctx %d)",
+                        gguf_name(L->f), hp->n_embd, hp->n_ff, hp->n_layer, hp->n_head, hp->n_ctx_train);
+    if ((st = get_int(L, "attention.head_count_kv", &hp->n_head_kv, 0, hp->n_head)) ||
+        (st = get_int(L, "attention.key_length", &hp->head_dim, 0, hp->n_embd / hp->n_head)))
+        return st;
+    if (hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv)
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: head_count %d is not a multiple of head_count_kv %d",
+                        gguf_name(L->f), hp->n_head, hp->n_head_kv);
+    if ((st = get_int(L, "rope.dimension_count", &hp->rot_dim, 0, hp->head_dim)))
+        return st;
+    if (hp->head_dim <= 0 || hp->rot_dim <= 0 || hp->rot_dim > hp->head_dim || hp->rot_dim % 2)
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: rope.dimension_count %d invalid for head size %d",
+                        gguf_name(L->f), hp->rot_dim, hp->head_dim);
+    if ((st = get_float(L, "attention.layer_norm_rms_epsilon", &hp->eps, 1e-5f)) ||
+        (st = get_float(L, "rope.freq_base", &hp->rope_theta, 10000.0f)))
+        return st;
+    hp->rope_freq_scale = 1.0f;
+    hp->rope_neox = hp->arch == LLM_ARCH_QWEN2;
+    return read_rope_scaling(L, hp);
+}
+
+/* Binds tensor `name` with ne = {cols, rows}; rows == 0 means a vector. */
+static llm_status bind(loader *L, const char *name, int64_t cols, int64_t rows, const gguf_tensor **out)
+{
+    const gguf_tensor *t = gguf_find_tensor(L->f, name);
+    *out = t;
+    if (!t)
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: missing tensor %s", gguf_name(L->f), name);
+    int want_dims = rows ? 2 : 1;
+    if ((int)t->n_dims != want_dims || (int64_t)t->ne[0] != cols || (rows && (int64_t)t->ne[1] != rows))
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: tensor %s has shape [%llu, %llu], expected [%lld, %lld]",
+                        gguf_name(L->f), name, (unsigned long long)t->ne[0],
+                        (unsigned long long)(t->n_dims > 1 ? t->ne[1] : 1), (long long)cols,
+                        (long long)(rows ? rows : 1));
+    return LLM_OK;
+}
+
+static llm_status bind_matrix(loader *L, const char *name, int64_t cols, int64_t rows, llm_weight *w)
+{
+    const gguf_tensor *t;
+    llm_status st = bind(L, name, cols, rows, &t);
+    if (st)
+        return st;
+    w->type = t->type;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = quant_row_bytes(t->type, (size_t)cols);
+    w->data = t->data;
+    return LLM_OK;
+}
+
+/* Vectors are used as float32; other types are dequantized into an owned copy. */
+static llm_status bind_vector(loader *L, const char *name, int64_t n, const float **out, int optional)
+{
+    const gguf_tensor *t = gguf_find_tensor(L->f, name);
+    if (!t && optional) {
+        *out = NULL;
+        return LLM_OK;
+    }
+    llm_status st = bind(L, name, n, 0, &t);
+    if (st)
+        return st;
+    if (t->type == QT_F32) {
+        *out = t->data;
+        return LLM_OK;
+    }
+    float **owned = realloc(L->m->owned, sizeof(float *) * (size_t)(L->m->n_owned + 1));
+    float *v = malloc(sizeof(float) * (size_t)n);
+    if (owned)
+        L->m->owned = owned;
+    if (!owned || !v) {
+        free(v);
+        return llm_errf(L->err, LLM_ERR_NOMEM, "%s: no memory for tensor %s", gguf_name(L->f), name);
+    }
+    quant_dequantize_row(t->type, t->data, v, (size_t)n);
+    L->m->owned[L->m->n_owned++] = v;
+    *out = v;
+    return LLM_OK;
+}
+
+static llm_status bind_layer(loader *L, int i, llm_layer *l)
+{
+    const llm_hparams *hp = &L->m->hp;
+    int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    char n[96];
+    llm_status st;
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d.%s", i, s), n)
+    if ((st = bind_vector(L, NAME("attn_norm.weight"), hp->n_embd, &l->attn_norm, 0)) ||
+        (st = bind_vector(L, NAME("ffn_norm.weight"), hp->n_embd, &l->ffn_norm, 0)) ||
+        (st = bind_matrix(L, NAME("attn_q.weight"), hp->n_embd, qd, &l->wq)) ||
+        (st = bind_matrix(L, NAME("attn_k.weight"), hp->n_embd, kvd, &l->wk)) ||
+        (st = bind_matrix(L, NAME("attn_v.weight"), hp->n_embd, kvd, &l->wv)) ||
+        (st = bind_matrix(L, NAME("attn_output.weight"), qd, hp->n_embd, &l->wo)) ||
+        (st = bind_matrix(L, NAME("ffn_gate.weight"), hp->n_embd, hp->n_ff, &l->w_gate)) ||
+        (st = bind_matrix(L, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &l->w_up)) ||
+        (st = bind_matrix(L, NAME("ffn_down.weight"), hp->n_ff, hp->n_embd, &l->w_down)))
+        return st;
+    /* qwen2 always has Q/K/V biases; llama files may carry them too */
+    if ((st = bind_vector(L, NAME("attn_q.bias"), qd, &l->bq, hp->arch != LLM_ARCH_QWEN2)) ||
+        (st = bind_vector(L, NAME("attn_k.bias"), kvd, &l->bk, hp->arch != LLM_ARCH_QWEN2)) ||
+        (st = bind_vector(L, NAME("attn_v.bias"), kvd, &l->bv, hp->arch != LLM_ARCH_QWEN2)))
+        return st;
+#undef NAME
+    return LLM_OK;
+}
+
+static llm_status bind_all(loader *L)
+{
+    llm_model *m = L->m;
+    llm_hparams *hp = &m->hp;
+    const gguf_tensor *te = gguf_find_tensor(L->f, "token_embd.weight");
+    if (!te || te->n_dims != 2)
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: missing or malformed tensor token_embd.weight", gguf_name(L->f));
+    hp->n_vocab = (int)te->ne[1];
+    llm_status st = bind_matrix(L, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd);
+    if (!st)
+        st = bind_vector(L, "output_norm.weight", hp->n_embd, &m->output_norm, 0);
+    if (!st)
+        st = bind_vector(L, "rope_freqs.weight", hp->rot_dim / 2, &m->rope_freqs, 1);
+    if (st)
+        return st;
+    if (gguf_find_tensor(L->f, "output.weight"))
+        st = bind_matrix(L, "output.weight", hp->n_embd, hp->n_vocab, &m->output);
+    else
+        m->output = m->tok_embd; /* tied embeddings */
+    if (st)
+        return st;
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers)
+        return llm_errf(L->err, LLM_ERR_NOMEM, "%s: no memory for %d layers", gguf_name(L->f), hp->n_layer);
+    for (int i = 0; i < hp->n_layer; i++)
+        if ((st = bind_layer(L, i, &m->layers[i])))
+            return st;
+    return LLM_OK;
+}
+
+static void set_name(llm_model *m, const char *path)
+{
+    gguf_str s;
+    if (gguf_get_str(m->gguf, "general.name", &s, NULL) == LLM_OK && s.len) {
+        snprintf(m->name, sizeof m->name, "%.*s", (int)(s.len < 127 ? s.len : 127), s.data);
+        return;
+    }
+    const char *base = strrchr(path, '/');
+    snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
+}
+
+llm_status llm_model_load(const char *path, llm_model **out, llm_error *err)
+{
+    *out = NULL;
+    quant_init();
+    llm_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return llm_errf(err, LLM_ERR_NOMEM, "%s: no memory for model", path);
+    loader L = {m, NULL, {0}, err};
+    llm_status st = gguf_open(path, &m->gguf, err);
+    if (st)
+        goto out;
+    L.f = m->gguf;
+    if ((st = read_arch(&L)) || (st = read_hparams(&L)) || (st = bind_all(&L)))
+        goto out;
+    if ((st = llm_vocab_load(m->gguf, &m->vocab, err)))
+        goto out;
+    if (llm_vocab_n(m->vocab) != m->hp.n_vocab) {
+        st = llm_errf(err, LLM_ERR_FORMAT, "%s: tokenizer has %d tokens but token_embd.weight has %d rows", path,
+                      llm_vocab_n(m->vocab), m->hp.n_vocab);
+        goto out;
+    }
+    set_name(m, path);
+    *out = m;
+    return LLM_OK;
+out:
+    llm_model_free(m);
+    return st;
+}
+
+void llm_model_free(llm_model *m)
+{
+    if (!m)
+        return;
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    llm_vocab_free(m->vocab);
+    gguf_close(m->gguf);
+    free(m);
+}
+
+size_t llm_model_weight_bytes(const llm_model *m)
+{
+    size_t n = 0;
+    for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) n += gguf_tensor_at(m->gguf, i)->nbytes;
+    return n;
+}

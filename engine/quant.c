@@ -1,0 +1,406 @@
+/* quant.c - block layouts, reference dequantization/quantization and
+ * half-precision conversion for the tensor types the engine loads.
+ *
+ * These scalar routines are the definition the SIMD kernels are tested
+ * against; they favour clarity over speed (except f16->f32, a table). */
+#include "llm/quant.h"
+#include "llm/status.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+static float f16_table[1 << 16];
+static pthread_once_t f16_once = PTHREAD_ONCE_INIT;
+
+static float f16_to_f32_exact(quant_f16 h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        int e = -1;
+        do { e++; man <<= 1; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static void build_f16_table(void)
+{
+    for (uint32_t i = 0; i < (1u << 16); i++)
+        f16_table[i] = f16_to_f32_exact((quant_f16)i);
+}
+
+void quant_init(void) { pthread_once(&f16_once, build_f16_table); }
+
+float quant_f16_to_f32(quant_f16 h)
+{
+    quant_init();
+    return f16_table[h];
+}
+
+quant_f16 quant_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) /* inf or nan: keep nan quiet */
+        return (quant_f16)(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0));
+    if (absx >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
+        return (quant_f16)(sign | 0x7c00);
+    if (absx < 0x38800000u) { /* result is subnormal or zero */
+        if (absx < 0x33000000u)
+            return (quant_f16)sign;
+        uint32_t e = absx >> 23, man = (absx & 0x7fffff) | 0x800000;
+        uint32_t shift = 126 - e; /* 14..24 */
+        uint32_t r = man >> shift, rem = man & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1)))
+            r++;
+        return (quant_f16)(sign | r);
+    }
+    uint32_t r = (absx - 0x38000000u) >> 13; /* rebias exponent 127 -> 15 */
+    uint32_t rem = absx & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (r & 1)))
+        r++;
+    return (quant_f16)(sign | r);
+}
+
+float quant_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t quant_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 64);
+    return (uint16_t)((x + (0x7fff + ((x >> 16) & 1))) >> 16);
+}
+
+int quant_supported(quant_type t)
+{
+    switch (t) {
+    case QT_F32: case QT_F16: case QT_BF16: case QT_Q4_0:
+    case QT_Q8_0: case QT_Q4_K: case QT_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+const char *quant_type_name(unsigned t)
+{
+    static const char *names[QT_COUNT] = {
+        [0] = "F32", [1] = "F16", [2] = "Q4_0", [3] = "Q4_1", [6] = "Q5_0",
+        [7] = "Q5_1", [8] = "Q8_0", [9] = "Q8_1", [10] = "Q2_K", [11] = "Q3_K",
+        [12] = "Q4_K", [13] = "Q5_K", [14] = "Q6_K", [15] = "Q8_K",
+        [16] = "IQ2_XXS", [17] = "IQ2_XS", [18] = "IQ3_XXS", [19] = "IQ1_S",
+        [20] = "IQ4_NL", [21] = "IQ3_S", [22] = "IQ2_S", [23] = "IQ4_XS",
+        [24] = "I8", [25] = "I16", [26] = "I32", [27] = "I64", [28] = "F64",
+        [29] = "IQ1_M", [30] = "BF16", [34] = "TQ1_0", [35] = "TQ2_0",
+    };
+    return t < QT_COUNT ? names[t] : NULL;
+}
+
+size_t quant_block_elems(quant_type t)
+{
+    switch (t) {
+    case QT_F32: case QT_F16: case QT_BF16: return 1;
+    case QT_Q4_0: return QK4_0;
+    case QT_Q8_0: return QK8_0;
+    case QT_Q4_K: case QT_Q6_K: case QT_Q8_K: return QK_K;
+    default: return 0;
+    }
+}
+
+size_t quant_block_bytes(quant_type t)
+{
+    switch (t) {
+    case QT_F32: return 4;
+    case QT_F16: case QT_BF16: return 2;
+    case QT_Q4_0: return sizeof(block_q4_0);
+    case QT_Q8_0: return sizeof(block_q8_0);
+    case QT_Q4_K: return sizeof(block_q4_K);
+    case QT_Q6_K: return sizeof(block_q6_K);
+    case QT_Q8_K: return sizeof(block_q8_K);
+    default: return 0;
+    }
+}
+
+size_t quant_row_bytes(quant_type t, size_t n)
+{
+    size_t be = quant_block_elems(t);
+    if (be == 0 || n % be != 0)
+        return 0;
+    return n / be * quant_block_bytes(t);
+}
+
+/* ---- dequantization ---------------------------------------------------- */
+
+static void deq_q8_0(const block_q8_0 *b, float *y, size_t nb)
+{
+    for (size_t i = 0; i < nb; i++) {
+        float d = quant_f16_to_f32(b[i].d);
+        for (int j = 0; j < QK8_0; j++)
+            y[i * QK8_0 + j] = d * b[i].qs[j];
+    }
+}
+
+static void deq_q4_0(const block_q4_0 *b, float *y, size_t nb)
+{
+    for (size_t i = 0; i < nb; i++) {
+        float d = quant_f16_to_f32(b[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            y[i * QK4_0 + j] = d * ((b[i].qs[j] & 0xf) - 8);
+            y[i * QK4_0 + j + 16] = d * ((b[i].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+/* Unpacks the j-th 6-bit (scale, min) pair of a Q4_K block. */
+static void q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+static void deq_q4_K(const block_q4_K *b, float *y, size_t nb)
+{
+    for (size_t i = 0; i < nb; i++, b++) {
+        float d = quant_f16_to_f32(b->d), dmin = quant_f16_to_f32(b->dmin);
+        const uint8_t *q = b->qs;
+        for (int j = 0; j < QK_K; j += 64, q += 32) {
+            uint8_t sc, m;
+            q4k_scale_min(j / 32, b->scales, &sc, &m);
+            float d1 = d * sc, m1 = dmin * m;
+            q4k_scale_min(j / 32 + 1, b->scales, &sc, &m);
+            float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (q[l] & 0xf) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (q[l] >> 4) - m2;
+        }
+    }
+}
+
+static void deq_q6_K(const block_q6_K *b, float *y, size_t nb)
+{
+    for (size_t i = 0; i < nb; i++, b++) {
+        float d = quant_f16_to_f32(b->d);
+        const uint8_t *ql = b->ql, *qh = b->qh;
+        const int8_t *sc = b->scales;
+        for (int n = 0; n < QK_K; n += 128, y += 128, ql += 64, qh += 32, sc += 8) {
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                int q1 = ((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                int q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l] = d * sc[is] * q1;
+                y[l + 32] = d * sc[is + 2] * q2;
+                y[l + 64] = d * sc[is + 4] * q3;
+                y[l + 96] = d * sc[is + 6] * q4;
+            }
+        }
+    }
+}
+
+static void deq_q8_K(const block_q8_K *b, float *y, size_t nb)
+{
+    for (size_t i = 0; i < nb; i++)
+        for (int j = 0; j < QK_K; j++)
+            y[i * QK_K + j] = b[i].d * b[i].qs[j];
+}
+
+void quant_dequantize_row(quant_type t, const void *src, float *dst, size_t n)
+{
+    size_t nb = n / (quant_block_elems(t) ? quant_block_elems(t) : 1);
+    switch (t) {
+    case QT_F32: memcpy(dst, src, n * 4); break;
+    case QT_F16:
+        for (size_t i = 0; i < n; i++) dst[i] = quant_f16_to_f32(((const quant_f16 *)src)[i]);
+        break;
+    case QT_BF16:
+        for (size_t i = 0; i < n; i++) dst[i] = quant_bf16_to_f32(((const uint16_t *)src)[i]);
+        break;
+    case QT_Q4_0: deq_q4_0(src, dst, nb); break;
+    case QT_Q8_0: deq_q8_0(src, dst, nb); break;
+    case QT_Q4_K: deq_q4_K(src, dst, nb); break;
+    case QT_Q6_K: deq_q6_K(src, dst, nb); break;
+    case QT_Q8_K: deq_q8_K(src, dst, nb); break;
+    default: LLM_ASSERT(!"dequantize: unsupported type");
+    }
+}
+
+/* ---- quantization -------------------------------------------------------- */
+
+static float absmax(const float *x, int n)
+{
+    float m = 0;
+    for (int i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
+    return m;
+}
+
+static void q_q8_0(const float *x, block_q8_0 *b, size_t nb)
+{
+    for (size_t i = 0; i < nb; i++, x += QK8_0) {
+        float d = absmax(x, QK8_0) / 127.f, id = d ? 1.f / d : 0.f;
+        b[i].d = quant_f32_to_f16(d);
+        for (int j = 0; j < QK8_0; j++) b[i].qs[j] = (int8_t)lrintf(x[j] * id);
+    }
+}
+
+static void q_q4_0(const float *x, block_q4_0 *b, size_t nb)
+{
+    for (size_t i = 0; i < nb; i++, x += QK4_0) {
+        float amax = 0, max = 0; /* max keeps its sign: it maps to -8 */
+        for (int j = 0; j < QK4_0; j++)
+            if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
+        float d = max / -8.f, id = d ? 1.f / d : 0.f;
+        b[i].d = quant_f32_to_f16(d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            int q0 = (int)fminf(15.f, fmaxf(0.f, x[j] * id + 8.5f));
+            int q1 = (int)fminf(15.f, fmaxf(0.f, x[j + 16] * id + 8.5f));
+            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* Packs 8 6-bit scales and mins the way q4k_scale_min unpacks them. */
+static void q4k_pack_scales(const int *ls, const int *lm, uint8_t *s)
+{
+    memset(s, 0, K_SCALE_SIZE);
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            s[j] |= (uint8_t)ls[j];
+            s[j + 4] |= (uint8_t)lm[j];
+        } else {
+            s[j + 4] = (uint8_t)((ls[j] & 0xf) | ((lm[j] & 0xf) << 4));
+            s[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            s[j] |= (uint8_t)((lm[j] >> 4) << 6);
+        }
+    }
+}
+
+static void q_q4_K_block(const float *x, block_q4_K *b)
+{
+    float scale[8], mins[8], maxs = 0, maxm = 0;
+    for (int j = 0; j < 8; j++) {
+        float lo = x[32 * j], hi = x[32 * j];
+        for (int l = 1; l < 32; l++) {
+            lo = fminf(lo, x[32 * j + l]);
+            hi = fmaxf(hi, x[32 * j + l]);
+        }
+        lo = fminf(lo, 0.f);
+        scale[j] = (hi - lo) / 15.f;
+        mins[j] = -lo;
+        maxs = fmaxf(maxs, scale[j]);
+        maxm = fmaxf(maxm, mins[j]);
+    }
+    float d = maxs / 63.f, dmin = maxm / 63.f;
+    int ls[8], lm[8];
+    for (int j = 0; j < 8; j++) {
+        ls[j] = d ? clampi((int)lrintf(scale[j] / d), 0, 63) : 0;
+        lm[j] = dmin ? clampi((int)lrintf(mins[j] / dmin), 0, 63) : 0;
+    }
+    b->d = quant_f32_to_f16(d);
+    b->dmin = quant_f32_to_f16(dmin);
+    q4k_pack_scales(ls, lm, b->scales);
+    /* quantize against the scales as they will be decoded */
+    float dd = quant_f16_to_f32(b->d), dm = quant_f16_to_f32(b->dmin);
+    uint8_t L[QK_K];
+    for (int j = 0; j < 8; j++) {
+        float de = dd * ls[j], me = dm * lm[j];
+        for (int l = 0; l < 32; l++)
+            L[32 * j + l] = (uint8_t)(de ? clampi((int)lrintf((x[32 * j + l] + me) / de), 0, 15) : 0);
+    }
+    for (int j = 0; j < QK_K; j += 64)
+        for (int l = 0; l < 32; l++)
+            b->qs[j / 2 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
+}
+
+static void q_q6_K_block(const float *x, block_q6_K *b)
+{
+    float scale[16], maxs = 0;
+    for (int j = 0; j < 16; j++) {
+        scale[j] = absmax(x + 16 * j, 16) / 31.f;
+        maxs = fmaxf(maxs, scale[j]);
+    }
+    float d = maxs / 127.f;
+    b->d = quant_f32_to_f16(d);
+    float dd = quant_f16_to_f32(b->d);
+    uint8_t L[QK_K];
+    for (int j = 0; j < 16; j++) {
+        b->scales[j] = (int8_t)(dd ? clampi((int)lrintf(scale[j] / dd), -128, 127) : 0);
+        float de = dd * b->scales[j];
+        for (int l = 0; l < 16; l++)
+            L[16 * j + l] = (uint8_t)(de ? clampi((int)lrintf(x[16 * j + l] / de), -32, 31) + 32 : 32);
+    }
+    uint8_t *ql = b->ql, *qh = b->qh;
+    for (int j = 0; j < QK_K; j += 128, ql += 64, qh += 32) {
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *p = L + j + l;
+            ql[l] = (uint8_t)((p[0] & 0xf) | ((p[64] & 0xf) << 4));
+            ql[l + 32] = (uint8_t)((p[32] & 0xf) | ((p[96] & 0xf) << 4));
+            qh[l] = (uint8_t)((p[0] >> 4) | ((p[32] >> 4) << 2) | ((p[64] >> 4) << 4) | ((p[96] >> 4) << 6));
+        }
+    }
+}
+
+static void q_q8_K(const float *x, block_q8_K *b, size_t nb)
+{
+    for (size_t i = 0; i < nb; i++, x += QK_K) {
+        float d = absmax(x, QK_K) / 127.f, id = d ? 1.f / d : 0.f;
+        b[i].d = d;
+        for (int j = 0; j < QK_K; j++) b[i].qs[j] = (int8_t)lrintf(x[j] * id);
+        for (int j = 0; j < QK_K / 16; j++) {
+            int s = 0;
+            for (int l = 0; l < 16; l++) s += b[i].qs[16 * j + l];
+            b[i].bsums[j] = (int16_t)s;
+        }
+    }
+}
+
+void quant_quantize_row(quant_type t, const float *src, void *dst, size_t n)
+{
+    size_t nb = n / (quant_block_elems(t) ? quant_block_elems(t) : 1);
+    switch (t) {
+    case QT_F32: memcpy(dst, src, n * 4); break;
+    case QT_F16:
+        for (size_t i = 0; i < n; i++) ((quant_f16 *)dst)[i] = quant_f32_to_f16(src[i]);
+        break;
+    case QT_BF16:
+        for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = quant_f32_to_bf16(src[i]);
+        break;
+    case QT_Q4_0: q_q4_0(src, dst, nb); break;
+    case QT_Q8_0: q_q8_0(src, dst, nb); break;
+    case QT_Q4_K:
+        for (size_t i = 0; i < nb; i++) q_q4_K_block(src + i * QK_K, (block_q4_K *)dst + i);
+        break;
+    case QT_Q6_K:
+        for (size_t i = 0; i < nb; i++) q_q6_K_block(src + i * QK_K, (block_q6_K *)dst + i);
+        break;
+    case QT_Q8_K: q_q8_K(src, dst, nb); break;
+    default: LLM_ASSERT(!"quantize: unsupported type");
+    }
+}

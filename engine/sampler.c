@@ -1,0 +1,271 @@
+/* sampler.c - penalties, filters, seeded sampling, logprobs, stop matching.
+ *
+ * Work is O(n_vocab) per token except when top-p needs an order: then only
+ * the candidates that survive top-k / min-p are sorted. */
+#include "llm/sampler.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct cand { int32_t id; float v; } cand;
+
+struct llm_sampler {
+    llm_sampling p;
+    int n_vocab;
+    uint64_t rng[4];
+    int32_t *hist;    /* ring of recent tokens */
+    int hist_cap, hist_n, hist_at;
+    int *counts;      /* occurrences of each id within the ring */
+    float *work;      /* penalized logits */
+    cand *c;
+};
+
+llm_sampling llm_sampling_default(void)
+{
+    llm_sampling p = {0};
+    p.top_p = 1.0f;
+    p.repetition_penalty = 1.0f;
+    p.penalty_last_n = 64;
+    return p;
+}
+
+llm_status llm_sampling_check(const llm_sampling *p, llm_error *err)
+{
+    if (!(p->temperature >= 0 && p->temperature <= 100))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "temperature %g not in [0, 100]", p->temperature);
+    if (!(p->top_p > 0 && p->top_p <= 1))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "top_p %g not in (0, 1]", p->top_p);
+    if (!(p->min_p >= 0 && p->min_p <= 1))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "min_p %g not in [0, 1]", p->min_p);
+    if (p->top_k < 0)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "top_k %d is negative", p->top_k);
+    if (!(p->repetition_penalty > 0 && p->repetition_penalty <= 10))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "repetition_penalty %g not in (0, 10]", p->repetition_penalty);
+    if (!(fabsf(p->presence_penalty) <= 2) || !(fabsf(p->frequency_penalty) <= 2))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "presence/frequency penalties must be in [-2, 2]");
+    if (p->penalty_last_n < 0 || p->penalty_last_n > (1 << 20))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "penalty_last_n %d not in [0, 1048576]", p->penalty_last_n);
+    if (p->n_logprobs < 0 || p->n_logprobs > LLM_MAX_LOGPROBS)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "logprobs %d not in [0, %d]", p->n_logprobs, LLM_MAX_LOGPROBS);
+    return LLM_OK;
+}
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+/* xoshiro256**: fast, good, and reproducible for a given seed. */
+static double rng_uniform(uint64_t *s)
+{
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return (double)(r >> 11) * (1.0 / 9007199254740992.0);
+}
+
+llm_status llm_sampler_new(const llm_sampling *p, int n_vocab, llm_sampler **out, llm_error *err)
+{
+    *out = NULL;
+    llm_status st = llm_sampling_check(p, err);
+    if (st)
+        return st;
+    llm_sampler *s = calloc(1, sizeof *s);
+    if (!s)
+        return llm_errf(err, LLM_ERR_NOMEM, "sampler: no memory");
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->hist_cap = p->penalty_last_n ? p->penalty_last_n : 4096;
+    s->hist = malloc(sizeof(int32_t) * (size_t)s->hist_cap);
+    s->counts = calloc((size_t)n_vocab, sizeof(int));
+    s->work = malloc(sizeof(float) * (size_t)n_vocab);
+    s->c = malloc(sizeof(cand) * (size_t)n_vocab);
+    if (!s->hist || !s->counts || !s->work || !s->c) {
+        llm_sampler_free(s);
+        return llm_errf(err, LLM_ERR_NOMEM, "sampler: no memory for %d-token vocab", n_vocab);
+    }
+    uint64_t x = p->seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix(&x);
+    *out = s;
+    return LLM_OK;
+}
+
+void llm_sampler_free(llm_sampler *s)
+{
+    if (!s)
+        return;
+    free(s->hist);
+    free(s->counts);
+    free(s->work);
+    free(s->c);
+    free(s);
+}
+
+void llm_sampler_accept(llm_sampler *s, int32_t id)
+{
+    if (id < 0 || id >= s->n_vocab)
+        return;
+    if (s->hist_n == s->hist_cap)
+        s->counts[s->hist[s->hist_at]]--;
+    else
+        s->hist_n++;
+    s->hist[s->hist_at] = id;
+    s->hist_at = (s->hist_at + 1) % s->hist_cap;
+    s->counts[id]++;
+}
+
+static void apply_penalties(llm_sampler *s)
+{
+    const llm_sampling *p = &s->p;
+    if (p->repetition_penalty == 1 && p->presence_penalty == 0 && p->frequency_penalty == 0)
+        return;
+    for (int i = 0; i < s->hist_n; i++) {
+        int32_t id = s->hist[i];
+        if (s->counts[id] < 0)
+            continue; /* already done: marked below, restored after */
+        float *l = &s->work[id];
+        *l = *l > 0 ? *l / p->repetition_penalty : *l * p->repetition_penalty;
+        *l -= (float)s->counts[id] * p->frequency_penalty + p->presence_penalty;
+        s->counts[id] = -s->counts[id];
+    }
+    for (int i = 0; i < s->hist_n; i++)
+        if (s->counts[s->hist[i]] < 0)
+            s->counts[s->hist[i]] = -s->counts[s->hist[i]];
+}
+
+static int32_t argmax(const float *v, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+/* log-sum-exp of the penalized logits, for logprobs at temperature 1. */
+static double log_norm(const float *v, int n)
+{
+    float mx = v[argmax(v, n)];
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)v[i] - mx);
+    return mx + log(sum);
+}
+
+static void top_logprobs(const llm_sampler *s, double lz, llm_sample_result *r)
+{
+    r->n_top = 0;
+    for (int i = 0; i < s->n_vocab; i++) {
+        float lp = (float)(s->work[i] - lz);
+        if (r->n_top == s->p.n_logprobs && (r->n_top == 0 || lp <= r->top[r->n_top - 1].logprob))
+            continue;
+        int j = r->n_top < s->p.n_logprobs ? r->n_top++ : r->n_top - 1;
+        while (j > 0 && r->top[j - 1].logprob < lp) {
+            r->top[j] = r->top[j - 1];
+            j--;
+        }
+        r->top[j] = (llm_logprob){i, lp};
+    }
+}
+
+static int cand_desc(const void *a, const void *b)
+{
+    float x = ((const cand *)a)->v, y = ((const cand *)b)->v;
+    return x < y ? 1 : x > y ? -1 : (((const cand *)a)->id - ((const cand *)b)->id);
+}
+
+/* Moves the k largest candidates to the front (unordered). */
+static void select_top(cand *c, int n, int k)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        float pivot = c[(lo + hi) / 2].v;
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (c[i].v > pivot) i++;
+            while (c[j].v < pivot) j--;
+            if (i <= j) { cand t = c[i]; c[i] = c[j]; c[j] = t; i++; j--; }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+static int32_t sample_filtered(llm_sampler *s)
+{
+    const llm_sampling *p = &s->p;
+    int n = s->n_vocab;
+    for (int i = 0; i < n; i++) s->c[i] = (cand){i, s->work[i] / p->temperature};
+    if (p->top_k > 0 && p->top_k < n) {
+        select_top(s->c, n, p->top_k);
+        n = p->top_k;
+    }
+    float mx = s->c[0].v;
+    for (int i = 1; i < n; i++) mx = fmaxf(mx, s->c[i].v);
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += (s->c[i].v = expf(s->c[i].v - mx));
+    if (p->min_p > 0) { /* keep tokens with p >= min_p * p_max; p_max is exp(0) = 1 */
+        int k = 0;
+        sum = 0;
+        for (int i = 0; i < n; i++)
+            if (s->c[i].v >= p->min_p)
+                sum += (s->c[k++] = s->c[i]).v;
+        n = k;
+    }
+    if (p->top_p < 1) {
+        qsort(s->c, (size_t)n, sizeof(cand), cand_desc);
+        double acc = 0;
+        int k = 0;
+        while (k < n && acc < p->top_p * sum) acc += s->c[k++].v;
+        n = k;
+        sum = acc;
+    }
+    double u = rng_uniform(s->rng) * sum, acc = 0;
+    for (int i = 0; i < n; i++)
+        if ((acc += s->c[i].v) > u)
+            return s->c[i].id;
+    return s->c[n - 1].id;
+}
+
+void llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *r)
+{
+    memcpy(s->work, logits, sizeof(float) * (size_t)s->n_vocab);
+    apply_penalties(s);
+    r->id = s->p.temperature <= 0 ? argmax(s->work, s->n_vocab) : sample_filtered(s);
+    double lz = log_norm(s->work, s->n_vocab);
+    r->logprob = (float)(s->work[r->id] - lz);
+    r->n_top = 0;
+    if (s->p.n_logprobs)
+        top_logprobs(s, lz, r);
+}
+
+long llm_stop_find(const char *text, size_t len, const char *const *stops, int n_stops, size_t *hold)
+{
+    long best = -1;
+    size_t h = 0;
+    for (int i = 0; i < n_stops; i++) {
+        size_t sl = strlen(stops[i]);
+        if (sl == 0)
+            continue;
+        const char *m = memmem(text, len, stops[i], sl);
+        if (m && (best < 0 || m - text < best))
+            best = m - text;
+        for (size_t k = sl - 1; k > h; k--) /* longest proper prefix at the end */
+            if (k <= len && !memcmp(text + len - k, stops[i], k)) {
+                h = k;
+                break;
+            }
+    }
+    if (hold)
+        *hold = best >= 0 ? 0 : h;
+    return best;
+}

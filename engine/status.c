@@ -1,0 +1,35 @@
+/* status.c - status names and the error-detail formatter. */
+#include "llm/status.h"
+
+#include <stdarg.h>
+
+const char *llm_status_str(llm_status s)
+{
+    switch (s) {
+    case LLM_OK: return "ok";
+    case LLM_ERR_NOMEM: return "out of memory";
+    case LLM_ERR_IO: return "i/o error";
+    case LLM_ERR_FORMAT: return "format error";
+    case LLM_ERR_UNSUPPORTED: return "unsupported";
+    case LLM_ERR_INVALID_ARG: return "invalid argument";
+    case LLM_ERR_KV_FULL: return "kv cache full";
+    case LLM_ERR_QUEUE_FULL: return "queue full";
+    case LLM_ERR_CANCELLED: return "cancelled";
+    case LLM_ERR_BACKEND: return "backend error";
+    case LLM_ERR_INTERNAL: return "internal error";
+    case LLM_ERR_TOO_LONG: return "too long";
+    }
+    return "unknown status";
+}
+
+llm_status llm_errf(llm_error *err, llm_status code, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}

@@ -1,0 +1,51 @@
+/* tokenizer_impl.h - the vocab's internals, shared by tokenizer.c (loading,
+ * special tokens, detokenization), tok_spm.c and tok_bpe.c. Not public. */
+#ifndef LLM_TOKENIZER_IMPL_H
+#define LLM_TOKENIZER_IMPL_H
+
+#include "llm/tokenizer.h"
+
+/* Open-addressing map from byte strings (borrowed) to int32. */
+typedef struct strmap_entry { const char *s; uint32_t len; int32_t val; } strmap_entry;
+typedef struct strmap { strmap_entry *e; size_t cap; } strmap;
+
+int strmap_init(strmap *m, size_t n);
+void strmap_free(strmap *m);
+/* Inserts unless present (first insertion wins, as in the reference). */
+void strmap_put(strmap *m, const char *s, size_t len, int32_t val);
+int32_t strmap_get(const strmap *m, const char *s, size_t len); /* -1 if absent */
+
+typedef enum tok_pre {
+    PRE_SPM = 0,
+    PRE_GPT2,      /* gpt-2, mpt, olmo, jais, roberta-bpe, phi-2 ... */
+    PRE_STARCODER, /* digits split one by one, then gpt-2 */
+    PRE_LLAMA3,
+    PRE_QWEN2,
+} tok_pre;
+
+struct llm_vocab {
+    llm_vocab_type type;
+    tok_pre pre;
+    const char *pre_name;
+    int n;
+    const gguf_str *text;   /* borrowed from the gguf file */
+    float *scores;          /* owned; NULL when absent */
+    int32_t *types;         /* owned */
+    strmap tokens;          /* text -> id */
+    strmap merges;          /* "left right" -> rank (BPE) */
+    int32_t bos, eos, unk, eot, eom, pad;
+    int add_bos, add_eos, add_space_prefix, ignore_merges;
+    int32_t *special;       /* control/user-defined ids, longest text first */
+    int n_special;
+    int32_t byte_tok[256];  /* byte fallback tokens (-1 when missing) */
+};
+
+/* Growable id list with a hard cap (LLM_TOKENIZE_MAX_BYTES ids). */
+typedef struct tok_out { int32_t *ids; int n, cap; int oom; } tok_out;
+void tok_push(tok_out *o, int32_t id);
+
+/* Tokenize one fragment of raw text (no special tokens inside). */
+void tok_spm(const llm_vocab *v, const char *text, size_t len, int prefix_space, tok_out *o);
+void tok_bpe(const llm_vocab *v, const char *text, size_t len, tok_out *o);
+
+#endif

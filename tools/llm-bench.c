@@ -1,0 +1,123 @@
+/* llm-bench - time prefill and decode of one model on the CPU backend, and
+ * measure memory bandwidth with a large copy, for `make bench`.
+ *   llm-bench -m MODEL.gguf [-p 128] [-n 64] [-t THREADS] [-r REPS]
+ *   llm-bench --bandwidth [-t THREADS]
+ * Prints one line of key=value pairs (parsed by tests/bench/bench.py). */
+#include <pthread.h>
+#include <string.h>
+
+#include "cli.h"
+#include "llm/model.h"
+
+typedef struct bw_job { char *dst; const char *src; size_t n; } bw_job;
+
+static void *bw_copy(void *a)
+{
+    bw_job *j = a;
+    memcpy(j->dst, j->src, j->n);
+    return NULL;
+}
+
+/* Best of several multi-threaded copies of 1 GiB; counts bytes read + written. */
+static double bandwidth(int threads)
+{
+    size_t n = (size_t)1 << 30;
+    char *a = malloc(n), *b = malloc(n);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return 0;
+    }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        pthread_t th[64];
+        bw_job jobs[64];
+        int nt = threads > 64 ? 64 : threads;
+        double t0 = cli_now();
+        for (int i = 0; i < nt; i++) {
+            jobs[i] = (bw_job){b + n / nt * i, a + n / nt * i, n / nt};
+            pthread_create(&th[i], NULL, bw_copy, &jobs[i]);
+        }
+        for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
+        double gbs = 2.0 * (double)n / (cli_now() - t0) / 1e9;
+        best = gbs > best ? gbs : best;
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
+{
+    llm_error err = {0};
+    llm_model *m = NULL;
+    llm_backend *b = NULL;
+    llm_session *s = NULL;
+    llm_cpu_config cc = {threads, 0};
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    int rc = 1;
+    if (!toks || llm_model_load(path, &m, &err) || llm_backend_cpu_new(&cc, &b, &err) ||
+        llm_session_new(m, b, n_prompt + n_gen + 1, 512, &s, &err))
+        goto out;
+    for (int i = 0; i < n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
+    double best_pp = 0, best_tg = 0;
+    const float *logits;
+    for (int r = 0; r < reps; r++) {
+        llm_session_reset(s);
+        double t0 = cli_now();
+        if (llm_session_eval(s, toks, n_prompt, &logits, &err))
+            goto out;
+        double t1 = cli_now();
+        for (int i = 0; i < n_gen; i++) {
+            int32_t t = toks[i % n_prompt];
+            if (llm_session_eval(s, &t, 1, &logits, &err))
+                goto out;
+        }
+        double t2 = cli_now(), pp = n_prompt / (t1 - t0), tg = n_gen / (t2 - t1);
+        best_pp = pp > best_pp ? pp : best_pp;
+        best_tg = tg > best_tg ? tg : best_tg;
+    }
+    printf("model=%s threads=%d kernels=%s weight_bytes=%zu prefill_tps=%.2f decode_tps=%.2f\n", m->name, threads,
+           llm_backend_cpu_kernels(b), llm_model_weight_bytes(m), best_pp, best_tg);
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "error: %s\n", err.msg[0] ? err.msg : "out of memory");
+    free(toks);
+    llm_session_free(s);
+    llm_backend_free(b);
+    llm_model_free(m);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL;
+    long p = 128, n = 64, t = 1, r = 3;
+    int bw = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--bandwidth")) { bw = 1; continue; }
+        if (!strcmp(a, "-m") && v) model = v;
+        else if (!strcmp(a, "-p")) { if (cli_int(a, v, 1, 1 << 16, &p)) return 2; }
+        else if (!strcmp(a, "-n")) { if (cli_int(a, v, 1, 1 << 16, &n)) return 2; }
+        else if (!strcmp(a, "-t")) { if (cli_int(a, v, 1, 1024, &t)) return 2; }
+        else if (!strcmp(a, "-r")) { if (cli_int(a, v, 1, 100, &r)) return 2; }
+        else {
+            fprintf(stderr, "usage: llm-bench -m MODEL.gguf [-p 128] [-n 64] [-t 1] [-r 3] | --bandwidth [-t N]\n");
+            return 2;
+        }
+        i++;
+    }
+    if (bw) {
+        printf("bandwidth_gbs=%.2f threads=%ld\n", bandwidth((int)t), t);
+        return 0;
+    }
+    if (!model) {
+        fprintf(stderr, "error: -m MODEL.gguf is required\n");
+        return 2;
+    }
+    return run(model, (int)p, (int)n, (int)t, (int)r);
+}

@@ -1,0 +1,140 @@
+/* llm-generate - generate text from a prompt with a GGUF model on the CPU.
+ *   llm-generate -m MODEL.gguf -p PROMPT [-n 64] [--temp 0] [--seed S] [--threads T]
+ *                [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--ctx N]
+ *                [--ids] [--scalar]
+ * Prints the text as it is generated, then prompt and decode tokens/s on
+ * stderr. --ids also prints the prompt and generated token ids. */
+#include <string.h>
+
+#include "cli.h"
+#include "llm/model.h"
+#include "llm/sampler.h"
+
+typedef struct opts {
+    const char *model, *prompt;
+    long n_predict, threads, ctx;
+    int ids, scalar;
+    llm_sampling s;
+} opts;
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: llm-generate -m MODEL.gguf -p PROMPT [-n 64] [--temp T] [--seed S] [--threads N]\n"
+                    "       [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--ctx N] [--ids] [--scalar]\n");
+    return 2;
+}
+
+static int parse(int argc, char **argv, opts *o)
+{
+    double d;
+    long l;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int used = 1, bad = 0;
+        if (!strcmp(a, "-m") && v) o->model = v;
+        else if (!strcmp(a, "-p") && v) o->prompt = v;
+        else if (!strcmp(a, "-n")) bad = cli_int(a, v, 0, 1 << 20, &o->n_predict);
+        else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) bad = cli_int(a, v, 1, 1024, &o->threads);
+        else if (!strcmp(a, "--ctx")) bad = cli_int(a, v, 0, 1 << 24, &o->ctx);
+        else if (!strcmp(a, "--seed")) { bad = cli_int(a, v, 0, 0x7fffffffffffL, &l); o->s.seed = (uint64_t)l; }
+        else if (!strcmp(a, "--temp")) { bad = cli_float(a, v, 0, 100, &d); o->s.temperature = (float)d; }
+        else if (!strcmp(a, "--top-k")) { bad = cli_int(a, v, 0, 1 << 30, &l); o->s.top_k = (int)l; }
+        else if (!strcmp(a, "--top-p")) { bad = cli_float(a, v, 0, 1, &d); o->s.top_p = (float)d; }
+        else if (!strcmp(a, "--min-p")) { bad = cli_float(a, v, 0, 1, &d); o->s.min_p = (float)d; }
+        else if (!strcmp(a, "--repeat-penalty")) { bad = cli_float(a, v, 0, 10, &d); o->s.repetition_penalty = (float)d; }
+        else { used = 0; if (!strcmp(a, "--ids")) o->ids = 1; else if (!strcmp(a, "--scalar")) o->scalar = 1; else return usage(); }
+        if (bad || (used && !v))
+            return bad ? 2 : usage();
+        i += used;
+    }
+    return o->model && o->prompt ? 0 : usage();
+}
+
+static void print_ids(const char *what, const int32_t *ids, int n)
+{
+    fprintf(stderr, "%s:", what);
+    for (int i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+    fprintf(stderr, "\n");
+}
+
+static int generate(const opts *o, const llm_model *m, llm_session *ses, llm_error *err)
+{
+    int32_t *prompt, *out = malloc(sizeof(int32_t) * (size_t)(o->n_predict + 1));
+    int n_prompt;
+    llm_sampler *smp = NULL;
+    if (!out || llm_tokenize(m->vocab, o->prompt, strlen(o->prompt), 1, 1, &prompt, &n_prompt, err)) {
+        free(out);
+        return out ? 1 : (fprintf(stderr, "error: out of memory\n"), 1);
+    }
+    const float *logits;
+    double t0 = cli_now(), t1 = t0, t2;
+    int n_out = 0, rc = 1;
+    if (n_prompt == 0 || llm_sampler_new(&o->s, m->hp.n_vocab, &smp, err) ||
+        llm_session_eval(ses, prompt, n_prompt, &logits, err))
+        goto out;
+    t1 = cli_now();
+    for (int i = 0; i < n_prompt; i++) llm_sampler_accept(smp, prompt[i]);
+    for (; n_out < o->n_predict; n_out++) {
+        llm_sample_result r;
+        llm_sampler_sample(smp, logits, &r);
+        if (llm_vocab_is_eog(m->vocab, r.id))
+            break;
+        out[n_out] = r.id;
+        llm_sampler_accept(smp, r.id);
+        char piece[512];
+        int k = llm_token_to_piece(m->vocab, r.id, 0, piece, sizeof piece);
+        fwrite(piece, 1, k > (int)sizeof piece ? sizeof piece : (size_t)k, stdout);
+        fflush(stdout);
+        if (n_out + 1 < o->n_predict && llm_session_eval(ses, &r.id, 1, &logits, err))
+            goto out;
+    }
+    t2 = cli_now();
+    printf("\n");
+    if (o->ids) {
+        print_ids("prompt ids", prompt, n_prompt);
+        print_ids("generated ids", out, n_out);
+    }
+    fprintf(stderr, "prompt: %d tokens, %.2f tok/s | decode: %d tokens, %.2f tok/s\n", n_prompt,
+            n_prompt / (t1 - t0), n_out, n_out > 1 ? (n_out - 1) / (t2 - t1) : 0.0);
+    rc = 0;
+out:
+    if (n_prompt == 0)
+        fprintf(stderr, "error: the prompt has no tokens\n");
+    llm_sampler_free(smp);
+    free(prompt);
+    free(out);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    opts o = {.n_predict = 64, .threads = 0, .ctx = 0, .s = llm_sampling_default()};
+    o.s.temperature = 0.8f;
+    int rc = parse(argc, argv, &o);
+    if (rc)
+        return rc;
+    llm_error err = {0};
+    llm_model *m = NULL;
+    llm_backend *b = NULL;
+    llm_session *s = NULL;
+    llm_cpu_config cc = {(int)o.threads, o.scalar};
+    long ctx = o.ctx;
+    if (llm_model_load(o.model, &m, &err) || llm_backend_cpu_new(&cc, &b, &err))
+        goto fail;
+    if (ctx == 0) /* a training context of 128k would reserve gigabytes of KV */
+        ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
+    if (llm_session_new(m, b, (int)ctx, 512, &s, &err))
+        goto fail;
+    rc = generate(&o, m, s, &err);
+    if (rc && err.msg[0])
+        fprintf(stderr, "error: %s\n", err.msg);
+    goto done;
+fail:
+    fprintf(stderr, "error: %s\n", err.msg);
+    rc = 1;
+done:
+    llm_session_free(s);
+    llm_backend_free(b);
+    llm_model_free(m);
+    return rc;
+}
