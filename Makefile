@@ -59,7 +59,7 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 
 # ---- dependencies -----------------------------------------------------------
 DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev clang
-PY_PKGS = pytest
+PY_PKGS = pytest regex
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
@@ -87,7 +87,7 @@ pytest: $(TOOL_BIN)
 
 FUZZ_TIME ?= 20
 fuzz:
-	@$(MAKE) --no-print-directory -f tests/fuzz/fuzz.mk FUZZ_TIME=$(FUZZ_TIME)
+	@$(MAKE) --no-print-directory -f tests/fuzz/fuzz.mk SHELL=/bin/bash FUZZ_TIME=$(FUZZ_TIME) run
 
 test: deps
 	@$(MAKE) --no-print-directory all

@@ -17,6 +17,8 @@
 static const llm_shape shapes[] = {
     {"tiny", "llama", "gpt-2", 256, 512, 2, 4, 2, 512, 512, 10000.f, 0},
     {"tiny-qwen2", "qwen2", "qwen2", 256, 512, 2, 4, 2, 512, 512, 1000000.f, 1},
+    {"tiny-llama3", "llama", "llama-bpe", 256, 512, 2, 4, 1, 512, 512, 500000.f, 1},
+    {"tiny-starcoder", "llama", "starcoder", 256, 512, 1, 4, 4, 512, 512, 10000.f, 0},
     {"llama-110m", "llama", "gpt-2", 768, 2048, 12, 12, 12, 32000, 1024, 10000.f, 0},
     {"tinyllama-1.1b", "llama", "gpt-2", 2048, 5632, 22, 32, 4, 32000, 2048, 10000.f, 0},
     {"llama-3.2-1b", "llama", "llama-bpe", 2048, 8192, 16, 32, 8, 128256, 131072, 500000.f, 1},

@@ -144,7 +144,6 @@ static void split_starcoder(const cp_text *t, word_fn fn, void *ctx)
 typedef struct bpe_ctx {
     const llm_vocab *v;
     const char *text;
-    const size_t *off;
     tok_out *o;
     char *buf;  /* byte-mapped word */
     tok_sym *sym;
@@ -213,11 +212,12 @@ static void merge_word(bpe_ctx *c, size_t n)
     for (int i = 0; i >= 0; i = c->sym[i].next) emit_symbol(c, &c->sym[i]);
 }
 
-static void on_word(void *ctx, size_t start, size_t end)
+/* Maps the word's bytes [b0, b1) to GPT-2 codepoints and merges them. */
+static void on_word(void *ctx, size_t b0, size_t b1)
 {
     bpe_ctx *c = ctx;
     size_t n = 0;
-    for (size_t i = c->off[start]; i < c->off[end]; i++)
+    for (size_t i = b0; i < b1; i++)
         n += (size_t)unicode_encode(unicode_byte_to_cp((uint8_t)c->text[i]), c->buf + n);
     if (n == 0)
         return;
@@ -228,37 +228,73 @@ static void on_word(void *ctx, size_t start, size_t end)
         merge_word(c, n);
 }
 
-void tok_bpe(const llm_vocab *v, const char *text, size_t len, tok_out *o)
+typedef struct split_state {
+    uint32_t *cp;
+    int *fl;
+    size_t *off;
+} split_state;
+
+static void split_free(split_state *s)
 {
-    uint32_t *cp = malloc(sizeof *cp * (len + 1));
-    int *fl = malloc(sizeof *fl * (len + 1));
-    size_t *off = malloc(sizeof *off * (len + 1));
-    /* a mapped byte takes at most 2 UTF-8 bytes; a pair key two words + 1 */
-    bpe_ctx c = {v, text, off, o, malloc(2 * len + 1), malloc(sizeof(tok_sym) * (2 * len + 1)), {0}, malloc(4 * len + 2)};
-    if (!cp || !fl || !off || !c.buf || !c.sym || !c.pair) {
-        o->oom = 1;
-        goto out;
-    }
+    free(s->cp);
+    free(s->fl);
+    free(s->off);
+}
+
+/* Decodes text and runs the vocab's pre-tokenizer; fn gets codepoint spans. */
+static int split_text(const llm_vocab *v, const char *text, size_t len, split_state *s, word_fn fn, void *ctx)
+{
+    s->cp = malloc(sizeof *s->cp * (len + 1));
+    s->fl = malloc(sizeof *s->fl * (len + 1));
+    s->off = malloc(sizeof *s->off * (len + 1));
+    if (!s->cp || !s->fl || !s->off)
+        return -1;
     size_t n = 0;
     for (size_t pos = 0; pos < len; n++) {
-        off[n] = pos;
-        cp[n] = unicode_decode(text, len, &pos);
-        fl[n] = unicode_flags(cp[n]);
+        s->off[n] = pos;
+        s->cp[n] = unicode_decode(text, len, &pos);
+        s->fl[n] = unicode_flags(s->cp[n]);
     }
-    off[n] = len;
-    cp_text t = {cp, fl, off, 0, n};
+    s->off[n] = len;
+    cp_text t = {s->cp, s->fl, s->off, 0, n};
     if (v->pre == PRE_LLAMA3 || v->pre == PRE_QWEN2)
-        split_llama3(&t, v->pre == PRE_LLAMA3 ? 3 : 1, on_word, &c);
+        split_llama3(&t, v->pre == PRE_LLAMA3 ? 3 : 1, fn, ctx);
     else if (v->pre == PRE_STARCODER)
-        split_starcoder(&t, on_word, &c);
+        split_starcoder(&t, fn, ctx);
     else
-        split_gpt2(&t, on_word, &c);
-out:
+        split_gpt2(&t, fn, ctx);
+    return 0;
+}
+
+typedef struct span_ctx {
+    split_state *s;
+    void (*fn)(void *, size_t, size_t);
+    void *ctx;
+} span_ctx;
+
+static void on_span(void *ctx, size_t start, size_t end)
+{
+    span_ctx *c = ctx;
+    c->fn(c->ctx, c->s->off[start], c->s->off[end]);
+}
+
+int tok_bpe_split(const llm_vocab *v, const char *text, size_t len, void (*fn)(void *, size_t, size_t), void *ctx)
+{
+    split_state s = {0};
+    span_ctx c = {&s, fn, ctx};
+    int rc = split_text(v, text, len, &s, on_span, &c);
+    split_free(&s);
+    return rc;
+}
+
+void tok_bpe(const llm_vocab *v, const char *text, size_t len, tok_out *o)
+{
+    /* a mapped byte takes at most 2 UTF-8 bytes; a pair key two words + 1 */
+    bpe_ctx c = {v, text, o, malloc(2 * len + 1), malloc(sizeof(tok_sym) * (2 * len + 1)), {0}, malloc(4 * len + 2)};
+    if (!c.buf || !c.sym || !c.pair || tok_bpe_split(v, text, len, on_word, &c))
+        o->oom = 1;
     free(c.h.a);
     free(c.pair);
     free(c.sym);
     free(c.buf);
-    free(off);
-    free(fl);
-    free(cp);
 }

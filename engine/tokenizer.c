@@ -318,10 +318,14 @@ int llm_vocab_is_eog(const llm_vocab *v, int32_t id)
 
 /* ---- tokenize ------------------------------------------------------------ */
 
-/* Finds the longest special token text at text[pos]; -1 if none. */
-static int32_t special_at(const llm_vocab *v, const char *text, size_t len, size_t pos)
+/* Finds the longest special token text at text[pos]; -1 if none.
+ * User-defined tokens (added words, whitespace runs) always match, as in the
+ * reference; control tokens only when parse_special. */
+static int32_t special_at(const llm_vocab *v, const char *text, size_t len, size_t pos, int parse_special)
 {
     for (int i = 0; i < v->n_special; i++) {
+        if (!parse_special && v->types[v->special[i]] != LLM_TOKEN_USER_DEFINED)
+            continue;
         gguf_str s = v->text[v->special[i]];
         if (s.len <= len - pos && !memcmp(text + pos, s.data, s.len))
             return v->special[i];
@@ -352,8 +356,8 @@ llm_status llm_tokenize(const llm_vocab *v, const char *text, size_t len, int ad
         tok_push(&o, v->bos);
     size_t start = 0;
     int after_special = 1; /* SPM adds its space prefix only at a text start */
-    for (size_t pos = 0; parse_special && pos < len; pos++) {
-        int32_t sp = special_at(v, text, len, pos);
+    for (size_t pos = 0; pos < len; pos++) {
+        int32_t sp = special_at(v, text, len, pos, parse_special);
         if (sp < 0)
             continue;
         tok_fragment(v, text + start, pos - start, after_special, &o);
@@ -450,6 +454,7 @@ int llm_token_to_piece(const llm_vocab *v, int32_t id, int special, char *buf, s
 char *llm_detokenize(const llm_vocab *v, const int32_t *ids, int n, int special, size_t *len, llm_error *err)
 {
     size_t cap = 256, at = 0;
+    int strip = v->type == LLM_VOCAB_SPM && v->add_space_prefix;
     char *out = malloc(cap);
     if (!out) {
         llm_errf(err, LLM_ERR_NOMEM, "detokenize: no memory");
@@ -474,9 +479,12 @@ char *llm_detokenize(const llm_vocab *v, const int32_t *ids, int n, int special,
             k = llm_token_to_piece(v, ids[i], special, out + at, cap - at - 1);
         }
         /* the tokenizer added this space; the text did not have it */
-        if (at == 0 && k > 0 && v->type == LLM_VOCAB_SPM && v->add_space_prefix && out[0] == ' ') {
-            memmove(out, out + 1, (size_t)k - 1);
-            k--;
+        if (strip && k > 0) {
+            strip = 0;
+            if (out[at] == ' ') {
+                memmove(out + at, out + at + 1, (size_t)k - 1);
+                k--;
+            }
         }
         at += (size_t)k;
     }
@@ -484,4 +492,29 @@ char *llm_detokenize(const llm_vocab *v, const int32_t *ids, int n, int special,
     if (len)
         *len = at;
     return out;
+}
+
+typedef struct pretok_ctx {
+    const char *text;
+    void (*fn)(void *, const char *, size_t);
+    void *ctx;
+} pretok_ctx;
+
+static void pretok_word(void *ctx, size_t b0, size_t b1)
+{
+    pretok_ctx *c = ctx;
+    c->fn(c->ctx, c->text + b0, b1 - b0);
+}
+
+llm_status llm_vocab_pretokenize(const llm_vocab *v, const char *text, size_t len,
+                                 void (*fn)(void *ctx, const char *word, size_t n), void *ctx, llm_error *err)
+{
+    if (v->type == LLM_VOCAB_SPM) {
+        fn(ctx, text, len);
+        return LLM_OK;
+    }
+    pretok_ctx c = {text, fn, ctx};
+    if (tok_bpe_split(v, text, len, pretok_word, &c))
+        return llm_errf(err, LLM_ERR_NOMEM, "pretokenize: no memory for %zu bytes", len);
+    return LLM_OK;
 }

@@ -47,5 +47,7 @@ void tok_push(tok_out *o, int32_t id);
 /* Tokenize one fragment of raw text (no special tokens inside). */
 void tok_spm(const llm_vocab *v, const char *text, size_t len, int prefix_space, tok_out *o);
 void tok_bpe(const llm_vocab *v, const char *text, size_t len, tok_out *o);
+/* The pre-tokenizer alone: fn gets each word's byte span. 0 or -1 (oom). */
+int tok_bpe_split(const llm_vocab *v, const char *text, size_t len, void (*fn)(void *, size_t, size_t), void *ctx);
 
 #endif

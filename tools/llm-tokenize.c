@@ -1,6 +1,8 @@
 /* llm-tokenize - print the token ids of a text (or a file) for a GGUF
  * vocab, like llama.cpp's llama-tokenize, so the two can be compared.
- *   llm-tokenize -m MODEL.gguf [--pieces] [--no-bos] [--parse-special] (TEXT | --file F) */
+ *   llm-tokenize -m MODEL.gguf [--pieces] [--no-bos] [--parse-special] (TEXT | --file F)
+ * --words prints the pre-tokenizer's words instead, one per line in hex
+ * (for comparing the split with the reference regular expressions). */
 #include <string.h>
 
 #include "cli.h"
@@ -9,7 +11,7 @@
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: llm-tokenize -m MODEL.gguf [--pieces] [--no-bos] [--parse-special] (TEXT | --file F)\n");
+    fprintf(stderr, "usage: llm-tokenize -m MODEL.gguf [--pieces | --words] [--no-bos] [--parse-special] (TEXT | --file F)\n");
     return 2;
 }
 
@@ -39,6 +41,13 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
+static void print_word(void *ctx, const char *w, size_t n)
+{
+    (void)ctx;
+    for (size_t i = 0; i < n; i++) printf("%02x", (unsigned char)w[i]);
+    printf("\n");
+}
+
 static void print_piece(const llm_vocab *v, int32_t id)
 {
     char buf[256];
@@ -49,11 +58,12 @@ static void print_piece(const llm_vocab *v, int32_t id)
 int main(int argc, char **argv)
 {
     const char *model = NULL, *file = NULL, *text = NULL;
-    int pieces = 0, bos = 1, special = 0;
+    int pieces = 0, bos = 1, special = 0, words = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--file") && i + 1 < argc) file = argv[++i];
         else if (!strcmp(argv[i], "--pieces")) pieces = 1;
+        else if (!strcmp(argv[i], "--words")) words = 1;
         else if (!strcmp(argv[i], "--no-bos")) bos = 0;
         else if (!strcmp(argv[i], "--parse-special")) special = 1;
         else if (argv[i][0] == '-' && argv[i][1]) return usage();
@@ -72,6 +82,12 @@ int main(int argc, char **argv)
     char *owned = file ? read_file(file, &len) : NULL;
     int32_t *ids = NULL;
     int n = 0, rc = 0;
+    if (words && !(file && !owned)) {
+        rc = llm_vocab_pretokenize(v, file ? owned : text, len, print_word, NULL, &err) ? 1 : 0;
+        if (rc)
+            fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
     if ((file && !owned) || llm_tokenize(v, file ? owned : text, len, bos, special, &ids, &n, &err)) {
         if (!file || owned)
             fprintf(stderr, "error: %s\n", err.msg);
@@ -83,6 +99,7 @@ int main(int argc, char **argv)
     }
     if (!pieces && !rc)
         printf("\n");
+done:
     free(ids);
     free(owned);
     llm_vocab_free(v);

@@ -1,0 +1,52 @@
+/* testutil.h - helpers shared by the cmocka unit tests: paths to
+ * ../shared data (skipping cleanly when absent), temp files, and a seeded
+ * RNG for random inputs. */
+#ifndef LLM_TESTUTIL_H
+#define LLM_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+/* ../shared relative to the repository root (tests run from there), or
+ * $LLM_SHARED. Returns NULL when the file is missing. */
+static inline const char *shared_path(const char *rel, char *buf, size_t n)
+{
+    const char *root = getenv("LLM_SHARED");
+    snprintf(buf, n, "%s/%s", root ? root : "../shared", rel);
+    return access(buf, R_OK) == 0 ? buf : NULL;
+}
+
+#define SKIP_UNLESS_SHARED(var, rel, buf)                                          \
+    const char *var = shared_path(rel, buf, sizeof buf);                           \
+    if (!var) {                                                                    \
+        print_message("skipped: ../shared/%s not present\n", rel);                \
+        skip();                                                                    \
+    }
+
+static inline uint64_t test_rng(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1). */
+static inline float test_randf(uint64_t *s) { return (float)((double)(test_rng(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0); }
+
+static inline char *test_tmpfile(const char *tag, char *buf, size_t n)
+{
+    const char *dir = getenv("TMPDIR");
+    snprintf(buf, n, "%s/llm-test-%s-%d.gguf", dir ? dir : "/tmp", tag, (int)getpid());
+    return buf;
+}
+
+#endif

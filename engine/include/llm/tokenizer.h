@@ -55,6 +55,12 @@ int32_t llm_vocab_find(const llm_vocab *v, const char *text, size_t len);
 llm_status llm_tokenize(const llm_vocab *v, const char *text, size_t len, int add_special, int parse_special,
                         int32_t **ids, int *n, llm_error *err);
 
+/* Calls fn once per word of the BPE pre-tokenizer's split of text, in
+ * order (SPM vocabs: one call with the whole text). For tests and debugging:
+ * lets the split be compared with the reference regular expressions. */
+llm_status llm_vocab_pretokenize(const llm_vocab *v, const char *text, size_t len,
+                                 void (*fn)(void *ctx, const char *word, size_t n), void *ctx, llm_error *err);
+
 /* Bytes of one token as text: control tokens give "" unless `special`.
  * Writes at most cap bytes to buf and returns the full length, which
  * may exceed cap (call again with a bigger buffer), or -1 for a bad id. */

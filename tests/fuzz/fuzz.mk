@@ -1,0 +1,26 @@
+# fuzz.mk - builds the libFuzzer targets with clang (ASan + UBSan) and runs
+# each for FUZZ_TIME seconds from a generated seed corpus. Included from the
+# top-level Makefile's `fuzz` target.
+FUZZ_TIME ?= 20
+FUZZ_BUILD = build-fuzz
+FUZZ_SRC = engine/status.c engine/quant.c engine/gguf.c engine/unicode.c engine/unicode_data.c \
+           engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c
+FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Iengine/include -Iengine \
+              -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+
+.PHONY: run
+run: $(FUZZ_BUILD)/fuzz_gguf
+	@rm -rf $(FUZZ_BUILD)/corpus && mkdir -p $(FUZZ_BUILD)/corpus
+	@python3 tests/fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
+	@$(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/seeds/* > $(FUZZ_BUILD)/regress.log 2>&1 || \
+	  (cat $(FUZZ_BUILD)/regress.log; echo "fuzz: regression inputs failed"; exit 1)
+	@echo "fuzz: $$(grep -c '^Executed' $(FUZZ_BUILD)/regress.log) seed and regression inputs ran clean"
+	@echo "fuzz: $(FUZZ_TIME) s of fuzzing the GGUF reader and vocab loader"
+	@$(FUZZ_BUILD)/fuzz_gguf -max_total_time=$(FUZZ_TIME) -max_len=8192 -timeout=10 \
+	  -rss_limit_mb=2048 $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/seeds 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY|INFO: Running)" ; \
+	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 1 passed, 0 failed" || (echo "fuzz: 0 passed, 1 failed"; exit 1)
+
+$(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*.h engine/include/llm/*.h)
+	@mkdir -p $(FUZZ_BUILD)
+	@echo "  CLANG $@"
+	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -lm -lpthread -o $@

@@ -1,0 +1,50 @@
+"""Shared fixtures for the black-box tests: the built tools, ../shared data
+(tests skip with a clear reason when it is absent), and small models made
+with llm-mkmodel once per session."""
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BUILD = ROOT / os.environ.get("LLM_BUILD", "build")
+SHARED = pathlib.Path(os.environ.get("LLM_SHARED", ROOT.parent / "shared"))
+
+
+def tool(name):
+    path = BUILD / "bin" / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run make first")
+    return str(path)
+
+
+def run(*args, check=True, **kw):
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, errors="replace", timeout=300, **kw)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{args} exited {r.returncode}: {r.stderr}")
+    return r
+
+
+def shared(rel):
+    p = SHARED / rel
+    if not p.exists():
+        pytest.skip(f"../shared/{rel} not present")
+    return p
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """Factory: models(shape, type) -> path of a model made once."""
+    d = tmp_path_factory.mktemp("models")
+    made = {}
+
+    def make(shape, qtype="F32"):
+        key = (shape, qtype)
+        if key not in made:
+            out = d / f"{shape}-{qtype}.gguf"
+            run(tool("llm-mkmodel"), "--shape", shape, "--type", qtype, "-o", out)
+            made[key] = out
+        return made[key]
+
+    return make

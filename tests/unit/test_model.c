@@ -1,0 +1,266 @@
+/* test_model.c - the forward pass against a float64 reference written
+ * plainly here, on small random models made by llm_mkmodel (llama shape
+ * with GQA and adjacent-pair RoPE; qwen2 shape with biases, NEOX RoPE and
+ * tied embeddings), plus model-loading errors.
+ *
+ * Tolerances, as max |logit - ref| / max |ref| over the vocabulary:
+ *   F32 weights: 1e-4 (only float32 rounding differs).
+ *   F16, BF16: the reference uses the same decoded weights, so 1e-4 too.
+ *   Q8_0, Q4_0, Q4_K (with Q6_K): activations are quantized to 8 bits per
+ *   block before every matmul (weights are the same decoded values), an
+ *   error of about 1/254 of each block's range per matmul that grows over
+ *   the layers: bound 3e-2, measured values are printed. */
+#include <math.h>
+
+#include "testutil.h"
+
+#include "llm/mkmodel.h"
+#include "llm/model.h"
+
+/* ---- float64 reference ----------------------------------------------------- */
+
+static double *deq(const llm_weight *w)
+{
+    size_t n = (size_t)w->rows * (size_t)w->cols;
+    double *d = malloc(sizeof(double) * n);
+    float *row = malloc(sizeof(float) * (size_t)w->cols);
+    for (int64_t r = 0; r < w->rows; r++) {
+        quant_dequantize_row(w->type, (const char *)w->data + (size_t)r * w->row_bytes, row, (size_t)w->cols);
+        for (int64_t c = 0; c < w->cols; c++) d[(size_t)r * (size_t)w->cols + (size_t)c] = row[c];
+    }
+    free(row);
+    return d;
+}
+
+static void mat(const llm_weight *w, const double *x, double *y)
+{
+    double *d = deq(w);
+    for (int64_t r = 0; r < w->rows; r++) {
+        double s = 0;
+        for (int64_t c = 0; c < w->cols; c++) s += d[(size_t)r * (size_t)w->cols + (size_t)c] * x[c];
+        y[r] = s;
+    }
+    free(d);
+}
+
+static void rms(const double *x, const float *w, int n, double eps, double *o)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    double s = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) o[i] = x[i] * s * w[i];
+}
+
+static void rope(double *v, int n_head, int hd, int rot, int pos, double theta, int neox)
+{
+    for (int h = 0; h < n_head; h++)
+        for (int i = 0; i < rot / 2; i++) {
+            double a = pos * pow(theta, -2.0 * i / rot), c = cos(a), s = sin(a);
+            double *p = v + h * hd;
+            int i0 = neox ? i : 2 * i, i1 = neox ? i + rot / 2 : 2 * i + 1;
+            double x0 = p[i0], x1 = p[i1];
+            p[i0] = x0 * c - x1 * s;
+            p[i1] = x0 * s + x1 * c;
+        }
+}
+
+static void add_b(double *x, const float *b, int n)
+{
+    for (int i = 0; b && i < n; i++) x[i] += b[i];
+}
+
+/* Logits after feeding tokens[0..n) one position at a time. */
+static double *ref_forward(const llm_model *m, const int32_t *tokens, int n)
+{
+    const llm_hparams *hp = &m->hp;
+    int E = hp->n_embd, hd = hp->head_dim, qd = hp->n_head * hd, kvd = hp->n_head_kv * hd, F = hp->n_ff;
+    double *kc = calloc((size_t)hp->n_layer * n * kvd, 8), *vc = calloc((size_t)hp->n_layer * n * kvd, 8);
+    double *x = malloc(8 * (size_t)E), *xb = malloc(8 * (size_t)(qd > E ? qd : E)), *q = malloc(8 * (size_t)qd);
+    double *att = malloc(8 * (size_t)qd), *g = malloc(8 * (size_t)F), *u = malloc(8 * (size_t)F), *sc = malloc(8 * (size_t)n);
+    double *logits = malloc(8 * (size_t)hp->n_vocab), *emb = deq(&m->tok_embd);
+    for (int p = 0; p < n; p++) {
+        for (int i = 0; i < E; i++) x[i] = emb[(size_t)tokens[p] * E + i];
+        for (int l = 0; l < hp->n_layer; l++) {
+            const llm_layer *L = &m->layers[l];
+            double *k = kc + ((size_t)l * n + p) * kvd, *v = vc + ((size_t)l * n + p) * kvd;
+            rms(x, L->attn_norm, E, hp->eps, xb);
+            mat(&L->wq, xb, q); mat(&L->wk, xb, k); mat(&L->wv, xb, v);
+            add_b(q, L->bq, qd); add_b(k, L->bk, kvd); add_b(v, L->bv, kvd);
+            rope(q, hp->n_head, hd, hp->rot_dim, p, hp->rope_theta, hp->rope_neox);
+            rope(k, hp->n_head_kv, hd, hp->rot_dim, p, hp->rope_theta, hp->rope_neox);
+            for (int h = 0; h < hp->n_head; h++) {
+                int kh = h / (hp->n_head / hp->n_head_kv);
+                double mx = -INFINITY, sum = 0;
+                for (int t = 0; t <= p; t++) {
+                    double s = 0;
+                    for (int i = 0; i < hd; i++) s += q[h * hd + i] * kc[((size_t)l * n + t) * kvd + kh * hd + i];
+                    sc[t] = s / sqrt(hd);
+                    mx = fmax(mx, sc[t]);
+                }
+                for (int t = 0; t <= p; t++) sum += (sc[t] = exp(sc[t] - mx));
+                for (int i = 0; i < hd; i++) {
+                    double o = 0;
+                    for (int t = 0; t <= p; t++) o += sc[t] / sum * vc[((size_t)l * n + t) * kvd + kh * hd + i];
+                    att[h * hd + i] = o;
+                }
+            }
+            mat(&L->wo, att, xb);
+            for (int i = 0; i < E; i++) x[i] += xb[i];
+            rms(x, L->ffn_norm, E, hp->eps, xb);
+            mat(&L->w_gate, xb, g); mat(&L->w_up, xb, u);
+            for (int i = 0; i < F; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+            mat(&L->w_down, g, xb);
+            for (int i = 0; i < E; i++) x[i] += xb[i];
+        }
+    }
+    rms(x, m->output_norm, E, hp->eps, xb);
+    mat(&m->output, xb, logits);
+    free(kc); free(vc); free(x); free(xb); free(q); free(att); free(g); free(u); free(sc); free(emb);
+    return logits;
+}
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static llm_model *make_model(const char *shape, quant_type t, char *path, size_t n)
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, "%s-%s", shape, quant_type_name(t));
+    test_tmpfile(tag, path, n);
+    llm_error err = {0};
+    if (llm_mkmodel(llm_shape_find(shape), t, 7, path, &err))
+        fail_msg("mkmodel: %s", err.msg);
+    llm_model *m;
+    if (llm_model_load(path, &m, &err))
+        fail_msg("load: %s", err.msg);
+    return m;
+}
+
+static double rel_err(const float *a, const double *ref, int n)
+{
+    double md = 0, mr = 0;
+    for (int i = 0; i < n; i++) {
+        md = fmax(md, fabs(a[i] - ref[i]));
+        mr = fmax(mr, fabs(ref[i]));
+    }
+    return md / mr;
+}
+
+static const int32_t prompt[] = {510, 3, 77, 200, 9, 131, 64};
+#define NP ((int)(sizeof prompt / sizeof *prompt))
+
+static double engine_vs_ref(const char *shape, quant_type t, int scalar)
+{
+    char path[256];
+    llm_model *m = make_model(shape, t, path, sizeof path);
+    llm_backend *b;
+    llm_session *s;
+    llm_cpu_config cc = {2, scalar};
+    llm_error err = {0};
+    assert_int_equal(llm_backend_cpu_new(&cc, &b, &err), LLM_OK);
+    assert_int_equal(llm_session_new(m, b, 64, 4, &s, &err), LLM_OK); /* batch 4: chunked prefill */
+    const float *logits;
+    assert_int_equal(llm_session_eval(s, prompt, NP, &logits, &err), LLM_OK);
+    double *ref = ref_forward(m, prompt, NP);
+    double e = rel_err(logits, ref, m->hp.n_vocab);
+    print_message("%-10s %-5s %-6s rel err %.3g\n", shape, quant_type_name(t), scalar ? "scalar" : "simd", e);
+    free(ref);
+    llm_session_free(s);
+    llm_backend_free(b);
+    llm_model_free(m);
+    remove(path);
+    return e;
+}
+
+static void test_f32_llama(void **st) { (void)st; assert_true(engine_vs_ref("tiny", QT_F32, 0) < 1e-4); }
+static void test_f32_qwen2(void **st) { (void)st; assert_true(engine_vs_ref("tiny-qwen2", QT_F32, 0) < 1e-4); }
+static void test_f32_scalar(void **st) { (void)st; assert_true(engine_vs_ref("tiny", QT_F32, 1) < 1e-4); }
+static void test_f16(void **st) { (void)st; assert_true(engine_vs_ref("tiny", QT_F16, 0) < 1e-4); }
+static void test_bf16(void **st) { (void)st; assert_true(engine_vs_ref("tiny-qwen2", QT_BF16, 0) < 1e-4); }
+static void test_q8_0(void **st) { (void)st; assert_true(engine_vs_ref("tiny", QT_Q8_0, 0) < 3e-2); }
+static void test_q4_0(void **st) { (void)st; assert_true(engine_vs_ref("tiny", QT_Q4_0, 0) < 3e-2); }
+static void test_q4_k(void **st) { (void)st; assert_true(engine_vs_ref("tiny-qwen2", QT_Q4_K, 0) < 3e-2); }
+static void test_q4_k_scalar(void **st) { (void)st; assert_true(engine_vs_ref("tiny", QT_Q4_K, 1) < 3e-2); }
+
+/* Prefill in one call, in chunks, or token by token: same logits. */
+static void test_incremental(void **state)
+{
+    (void)state;
+    char path[256];
+    llm_model *m = make_model("tiny", QT_F32, path, sizeof path);
+    llm_backend *b;
+    llm_session *s1, *s2;
+    llm_error err = {0};
+    assert_int_equal(llm_backend_cpu_new(NULL, &b, &err), LLM_OK);
+    assert_int_equal(llm_session_new(m, b, 32, 512, &s1, &err), LLM_OK);
+    assert_int_equal(llm_session_new(m, b, 32, 512, &s2, &err), LLM_OK);
+    const float *l1, *l2;
+    assert_int_equal(llm_session_eval(s1, prompt, NP, &l1, &err), LLM_OK);
+    for (int i = 0; i < NP; i++) assert_int_equal(llm_session_eval(s2, prompt + i, 1, &l2, &err), LLM_OK);
+    for (int i = 0; i < m->hp.n_vocab; i++) assert_true(fabsf(l1[i] - l2[i]) <= 1e-5f * (1 + fabsf(l1[i])));
+    /* bad input changes nothing */
+    int32_t bad = m->hp.n_vocab;
+    assert_int_equal(llm_session_eval(s1, &bad, 1, &l1, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "token id"));
+    assert_int_equal(llm_session_pos(s1), NP);
+    int32_t many[40] = {0};
+    assert_int_equal(llm_session_eval(s1, many, 40, &l1, &err), LLM_ERR_TOO_LONG);
+    assert_int_equal(llm_session_pos(s1), NP);
+    llm_session_free(s1);
+    llm_session_free(s2);
+    llm_backend_free(b);
+    llm_model_free(m);
+    remove(path);
+}
+
+/* Rewrites the first occurrence of `from` (same length as `to`). */
+static void patch_file(const char *path, const char *from, const char *to)
+{
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    for (size_t i = 0; i + strlen(from) <= n; i++)
+        if (!memcmp(buf + i, from, strlen(from))) {
+            fseek(f, (long)i, SEEK_SET);
+            fwrite(to, 1, strlen(to), f);
+            fclose(f);
+            return;
+        }
+    fclose(f);
+    fail_msg("'%s' not found in %s", from, path);
+}
+
+static void expect_load_error(const char *from, const char *to, const char *needle)
+{
+    char path[256];
+    test_tmpfile("bad", path, sizeof path);
+    llm_error err = {0};
+    assert_int_equal(llm_mkmodel(llm_shape_find("tiny"), QT_F32, 1, path, &err), LLM_OK);
+    patch_file(path, from, to);
+    llm_model *m = (llm_model *)1;
+    assert_int_not_equal(llm_model_load(path, &m, &err), LLM_OK);
+    assert_null(m);
+    if (!strstr(err.msg, needle))
+        fail_msg("message '%s' lacks '%s'", err.msg, needle);
+    remove(path);
+}
+
+static void test_load_errors(void **state)
+{
+    (void)state;
+    expect_load_error("llama\x0c", "llamb\x0c", "architecture 'llamb' is not supported");
+    expect_load_error("blk.1.ffn_up.weight", "blk.1.ffn_uX.weight", "missing tensor blk.1.ffn_up.weight");
+    expect_load_error("llama.block_count", "llama.block_coun_", "missing required key llama.block_count");
+    expect_load_error("gpt-2", "gpt-9", "pre-tokenizer 'gpt-9'");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_f32_llama), cmocka_unit_test(test_f32_qwen2), cmocka_unit_test(test_f32_scalar),
+        cmocka_unit_test(test_f16), cmocka_unit_test(test_bf16), cmocka_unit_test(test_q8_0),
+        cmocka_unit_test(test_q4_0), cmocka_unit_test(test_q4_k), cmocka_unit_test(test_q4_k_scalar),
+        cmocka_unit_test(test_incremental), cmocka_unit_test(test_load_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

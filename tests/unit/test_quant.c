@@ -1,0 +1,253 @@
+/* test_quant.c - tensor types and CPU kernels against float64 references.
+ *
+ * Dequantization: random blocks (random quant bits, random finite scales)
+ * decoded by the engine vs. a float64 decoder written here from the format
+ * description; must agree to float32 rounding (rel 1e-6).
+ * Dot kernels (scalar and AVX2): vs. the float64 sum of the dequantized
+ * operands, on odd sizes (odd block counts for block types). Integer
+ * kernels are exact up to the final float scaling: tolerance 1e-5 relative
+ * to sum |w*x|. Float kernels reorder float sums: 1e-5 of sum |w*x|.
+ * Quantization round trip: RMS error relative to RMS value under a bound
+ * per type (bits of precision: Q8 ~ 1/127, Q6 ~ 1/31, Q4 ~ 1/7 of the
+ * range), and llm-mkmodel's 8-bit activations use the same code. */
+#include <math.h>
+
+#include "testutil.h"
+
+#include "cpu/kernels.h"
+#include "llm/quant.h"
+
+static uint64_t seed = 12345;
+
+static uint16_t rand_f16_scale(void)
+{
+    /* positive normal f16 in [2^-10, 2^-2): realistic scales */
+    return quant_f32_to_f16(ldexpf(1.0f + (test_randf(&seed) + 1.0f) / 2.0f, -10 + (int)(test_rng(&seed) % 8)));
+}
+
+static void rand_bytes(void *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) ((uint8_t *)p)[i] = (uint8_t)test_rng(&seed);
+}
+
+/* ---- float64 reference decoders ------------------------------------------ */
+
+static double h(uint16_t x) { return (double)quant_f16_to_f32(x); }
+
+static void ref_q8_0(const block_q8_0 *b, double *y)
+{
+    for (int j = 0; j < 32; j++) y[j] = h(b->d) * b->qs[j];
+}
+
+static void ref_q4_0(const block_q4_0 *b, double *y)
+{
+    for (int j = 0; j < 32; j++) {
+        int q = j < 16 ? (b->qs[j] & 15) : (b->qs[j - 16] >> 4);
+        y[j] = h(b->d) * (q - 8);
+    }
+}
+
+/* Q4_K: element e is in sub-block e/32; 8 (scale, min) 6-bit pairs. */
+static void ref_q4_K(const block_q4_K *b, double *y)
+{
+    for (int e = 0; e < 256; e++) {
+        int sb = e / 32, sc, m;
+        if (sb < 4) {
+            sc = b->scales[sb] & 63;
+            m = b->scales[sb + 4] & 63;
+        } else {
+            sc = (b->scales[sb + 4] & 15) | ((b->scales[sb - 4] >> 6) << 4);
+            m = (b->scales[sb + 4] >> 4) | ((b->scales[sb] >> 6) << 4);
+        }
+        int byte = (sb / 2) * 32 + e % 32;
+        int q = sb % 2 ? b->qs[byte] >> 4 : b->qs[byte] & 15;
+        y[e] = h(b->d) * sc * q - h(b->dmin) * m;
+    }
+}
+
+/* Q6_K: halves of 128; within a half, quarter k (32 elements) takes low
+ * nibbles of ql[0..63] (k = 0, 1) or high nibbles (k = 2, 3) and bits
+ * 2k..2k+1 of qh; scales per 16 elements. */
+static void ref_q6_K(const block_q6_K *b, double *y)
+{
+    for (int e = 0; e < 256; e++) {
+        int half = e / 128, r = e % 128, k = r / 32, l = r % 32;
+        const uint8_t *ql = b->ql + 64 * half, *qh = b->qh + 32 * half;
+        int lo = k % 2 ? ql[32 + l] : ql[l];
+        lo = k < 2 ? lo & 15 : lo >> 4;
+        int hi = (qh[l] >> (2 * k)) & 3;
+        y[e] = h(b->d) * b->scales[e / 16] * ((lo | (hi << 4)) - 32);
+    }
+}
+
+static void ref_dequant(quant_type t, const void *blk, double *y)
+{
+    switch (t) {
+    case QT_Q8_0: ref_q8_0(blk, y); break;
+    case QT_Q4_0: ref_q4_0(blk, y); break;
+    case QT_Q4_K: ref_q4_K(blk, y); break;
+    case QT_Q6_K: ref_q6_K(blk, y); break;
+    default: fail();
+    }
+}
+
+static void random_block(quant_type t, void *blk)
+{
+    rand_bytes(blk, quant_block_bytes(t));
+    if (t == QT_Q8_0) ((block_q8_0 *)blk)->d = rand_f16_scale();
+    if (t == QT_Q4_0) ((block_q4_0 *)blk)->d = rand_f16_scale();
+    if (t == QT_Q4_K) { ((block_q4_K *)blk)->d = rand_f16_scale(); ((block_q4_K *)blk)->dmin = rand_f16_scale(); }
+    if (t == QT_Q6_K) ((block_q6_K *)blk)->d = rand_f16_scale();
+}
+
+static const quant_type qtypes[] = {QT_Q8_0, QT_Q4_0, QT_Q4_K, QT_Q6_K};
+
+static void test_dequant_vs_f64(void **state)
+{
+    (void)state;
+    for (size_t ti = 0; ti < 4; ti++) {
+        quant_type t = qtypes[ti];
+        size_t be = quant_block_elems(t);
+        uint8_t blk[512];
+        float y[256];
+        double r[256];
+        for (int rep = 0; rep < 200; rep++) {
+            random_block(t, blk);
+            quant_dequantize_row(t, blk, y, be);
+            ref_dequant(t, blk, r);
+            for (size_t i = 0; i < be; i++)
+                if (fabs(y[i] - r[i]) > 1e-6 * fabs(r[i]) + 1e-30)
+                    fail_msg("%s elem %zu: %g vs %g", quant_type_name(t), i, y[i], r[i]);
+        }
+    }
+}
+
+static void test_f16_bf16(void **state)
+{
+    (void)state;
+    for (uint32_t i = 0; i < 65536; i++) { /* every finite f16 round-trips */
+        float f = quant_f16_to_f32((uint16_t)i);
+        if (isfinite(f))
+            assert_int_equal(quant_f32_to_f16(f), i);
+    }
+    assert_true(quant_f16_to_f32(quant_f32_to_f16(1e6f)) == INFINITY);
+    assert_true(quant_f16_to_f32(0x3c00) == 1.0f);
+    assert_true(quant_f16_to_f32(0x0001) == ldexpf(1, -24));
+    assert_true(quant_f16_to_f32(quant_f32_to_f16(1.0f + ldexpf(1, -11))) == 1.0f); /* ties to even */
+    assert_true(quant_bf16_to_f32(quant_f32_to_bf16(3.0f)) == 3.0f);
+    assert_true(isnan(quant_bf16_to_f32(quant_f32_to_bf16(NAN))));
+}
+
+static void test_quant_roundtrip(void **state)
+{
+    (void)state;
+    static const struct { quant_type t; double bound; } cases[] = {
+        {QT_Q8_0, 0.01}, {QT_Q6_K, 0.04}, {QT_Q4_0, 0.12}, {QT_Q4_K, 0.12}, {QT_F16, 1e-3}, {QT_BF16, 5e-3},
+    };
+    enum { N = 4096 };
+    static float x[N], y[N];
+    static uint8_t q[N * 4];
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        for (int i = 0; i < N; i++) x[i] = test_randf(&seed) * (i % 97 == 0 ? 4.0f : 1.0f);
+        quant_quantize_row(cases[c].t, x, q, N);
+        quant_dequantize_row(cases[c].t, q, y, N);
+        double e = 0, s = 0;
+        for (int i = 0; i < N; i++) { e += (x[i] - y[i]) * (double)(x[i] - y[i]); s += (double)x[i] * x[i]; }
+        double rel = sqrt(e / s);
+        if (rel > cases[c].bound)
+            fail_msg("%s: relative RMS error %g > %g", quant_type_name(cases[c].t), rel, cases[c].bound);
+    }
+}
+
+/* ---- kernels ------------------------------------------------------------- */
+
+static void check_dot(const cpu_kernels *k, quant_type wt, int n)
+{
+    quant_type at = cpu_act_type(wt);
+    size_t wb = quant_row_bytes(wt, (size_t)n), ab = quant_row_bytes(at, (size_t)n);
+    uint8_t *w = malloc(wb), *a = malloc(ab);
+    float *x = malloc(sizeof(float) * (size_t)n), *wf = malloc(sizeof(float) * (size_t)n),
+          *af = malloc(sizeof(float) * (size_t)n);
+    for (int i = 0; i < n; i++) x[i] = test_randf(&seed);
+    if (quant_block_elems(wt) > 1) {
+        for (size_t b = 0; b < (size_t)n / quant_block_elems(wt); b++)
+            random_block(wt, w + b * quant_block_bytes(wt));
+    } else {
+        float *tmp = malloc(sizeof(float) * (size_t)n);
+        for (int i = 0; i < n; i++) tmp[i] = test_randf(&seed);
+        quant_quantize_row(wt, tmp, w, (size_t)n);
+        free(tmp);
+    }
+    if (at == QT_F32) memcpy(a, x, ab);
+    else k->quantize[at](x, a, n);
+    quant_dequantize_row(wt, w, wf, (size_t)n);
+    quant_dequantize_row(at, a, af, (size_t)n);
+    double ref = 0, mag = 0;
+    for (int i = 0; i < n; i++) { ref += (double)wf[i] * af[i]; mag += fabs((double)wf[i] * af[i]); }
+    float got = k->dot[wt](w, a, n);
+    if (fabs(got - ref) > 1e-5 * mag + 1e-30)
+        fail_msg("%s kernels, %s dot n=%d: %.9g vs float64 %.9g (sum|wx| %g)", k->name, quant_type_name(wt), n, got,
+                 ref, mag);
+    /* the activation quantizer must match the reference one within rounding */
+    if (at != QT_F32) {
+        float *r = malloc(sizeof(float) * (size_t)n);
+        uint8_t *a2 = malloc(ab);
+        quant_quantize_row(at, x, a2, (size_t)n);
+        quant_dequantize_row(at, a2, r, (size_t)n);
+        for (int i = 0; i < n; i++)
+            if (fabsf(r[i] - af[i]) > 1e-6f + 1e-5f * fabsf(r[i]) + (fabsf(x[i] - r[i]) > 0 ? 0.02f : 0))
+                fail_msg("%s quantize %s elem %d: %g vs %g", k->name, quant_type_name(at), i, af[i], r[i]);
+        free(r);
+        free(a2);
+    }
+    free(w); free(a); free(x); free(wf); free(af);
+}
+
+static void run_kernel_set(const cpu_kernels *k)
+{
+    static const quant_type all[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_K, QT_Q6_K};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+        int be = (int)quant_block_elems(all[i]);
+        int sizes_f[] = {1, 7, 33, 257, 1031}, sizes_b[] = {1, 3, 7, 11};
+        for (int s = 0; s < (be == 1 ? 5 : 4); s++) check_dot(k, all[i], be == 1 ? sizes_f[s] : sizes_b[s] * be);
+    }
+    for (int n = 1; n < 70; n += 3) { /* float helpers */
+        float a[80], b[80], y[80], y0[80];
+        double ref = 0, mag = 0;
+        for (int i = 0; i < n; i++) { a[i] = test_randf(&seed); b[i] = test_randf(&seed); y[i] = y0[i] = test_randf(&seed); }
+        for (int i = 0; i < n; i++) { ref += (double)a[i] * b[i]; mag += fabs((double)a[i] * b[i]); }
+        assert_true(fabs(k->dot_f32(a, b, n) - ref) <= 1e-6 * mag + 1e-30);
+        k->axpy(y, 0.5f, a, n);
+        for (int i = 0; i < n; i++) assert_true(fabs(y[i] - (y0[i] + 0.5 * a[i])) < 1e-6);
+    }
+}
+
+static void test_kernels_scalar(void **state)
+{
+    (void)state;
+    run_kernel_set(cpu_kernels_scalar());
+}
+
+static void test_kernels_avx2(void **state)
+{
+    (void)state;
+    const cpu_kernels *k = cpu_kernels_avx2();
+    if (!k) {
+        print_message("skipped: this CPU or build has no AVX2/FMA\n");
+        skip();
+    }
+    run_kernel_set(k);
+}
+
+int main(void)
+{
+    quant_init();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_f16_bf16),
+        cmocka_unit_test(test_dequant_vs_f64),
+        cmocka_unit_test(test_quant_roundtrip),
+        cmocka_unit_test(test_kernels_scalar),
+        cmocka_unit_test(test_kernels_avx2),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
