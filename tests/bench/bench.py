@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""make bench: prefill and decode tokens/s of the CPU engine on seeded models
+at realistic shapes, decode as a fraction of the memory roofline, and - when
+LLAMA_BENCH points at llama.cpp's llama-bench - llama.cpp on the same files
+and thread counts in the same run, with our/their ratios.
+
+Roofline: a decode step reads every weight once (the token embedding only
+for one row, unless it doubles as the output matrix), so tokens/s can not
+exceed copy bandwidth / bytes per token. Bandwidth is measured here with a
+large multi-threaded memcpy counting bytes read plus written."""
+import argparse
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def sh(args, **kw):
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kw)
+    if r.returncode:
+        sys.exit(f"{args[0]} failed: {r.stderr.strip()}")
+    return r.stdout
+
+
+def kv(line):
+    return dict(p.split("=", 1) for p in line.split())
+
+
+def model(build, shape, qtype):
+    path = build / "models" / f"{shape}-{qtype.lower()}.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"making {path} ...", file=sys.stderr, flush=True)
+        sh([build / "bin" / "llm-mkmodel", "--shape", shape, "--type", qtype, "-o", path])
+    return path
+
+
+def llama_bench(exe, path, threads, p, n, reps):
+    out = sh([exe, "-m", path, "-t", threads, "-p", p, "-n", n, "-r", reps, "-o", "json"])
+    pp = tg = None
+    for row in json.loads(out):
+        if row.get("n_prompt", 0) > 0 and row.get("n_gen", 0) == 0:
+            pp = row["avg_ts"]
+        if row.get("n_gen", 0) > 0 and row.get("n_prompt", 0) == 0:
+            tg = row["avg_ts"]
+    return pp, tg
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--shapes", default="llama-110m,tinyllama-1.1b")
+    ap.add_argument("--types", default="Q8_0,Q4_K")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("-p", type=int, default=128)
+    ap.add_argument("-n", type=int, default=64)
+    ap.add_argument("-r", type=int, default=3)
+    a = ap.parse_args()
+    build = ROOT / a.build
+    peer = os.environ.get("LLAMA_BENCH")
+    threads = [int(t) for t in a.threads.split(",")]
+    bw = {t: float(kv(sh([build / "bin" / "llm-bench", "--bandwidth", "-t", t]))["bandwidth_gbs"]) for t in threads}
+    print("copy bandwidth: " + ", ".join(f"{bw[t]:.1f} GB/s at {t} thread(s)" for t in threads))
+    head = f"{'model':<16}{'type':<6}{'thr':>4}{'prefill t/s':>13}{'decode t/s':>12}{'roofline':>10}"
+    if peer:
+        head += f"{'llama.cpp pp':>14}{'tg':>9}{'pp ratio':>10}{'tg ratio':>10}"
+    print(head)
+    for shape in a.shapes.split(","):
+        for qtype in a.types.split(","):
+            path = model(build, shape, qtype)
+            for t in threads:
+                r = kv(sh([build / "bin" / "llm-bench", "-m", path, "-p", a.p, "-n", a.n, "-t", t, "-r", a.r]))
+                pp, tg = float(r["prefill_tps"]), float(r["decode_tps"])
+                roof = bw[t] * 1e9 / float(r["decode_bytes"])
+                line = f"{shape:<16}{qtype:<6}{t:>4}{pp:>13.1f}{tg:>12.2f}{tg / roof:>9.0%} "
+                if peer:
+                    lpp, ltg = llama_bench(peer, path, t, a.p, a.n, a.r)
+                    line += f"{lpp:>13.1f}{ltg:>9.2f}{pp / lpp:>10.2f}{tg / ltg:>10.2f}"
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
