@@ -28,31 +28,59 @@ static cpu_ctx *ctx_of(llm_backend *b) { return b->ctx; }
 
 /* ---- matmul -------------------------------------------------------------- */
 
-typedef struct mm_job {
-    const cpu_kernels *k;
+/* One weight of a group, with x already converted to its activation type. */
+typedef struct mm_part {
     const llm_weight *w;
+    float *y;
     const void *act;
     size_t act_row;
-    int n_tok;
-    float *y;
+} mm_part;
+
+typedef struct mm_job {
+    const cpu_kernels *k;
+    mm_part parts[LLM_MATMUL_MAX_GROUP];
+    int n_parts, n_tok;
+    long total_rows;
 } mm_job;
 
+/* Rows [r0, r1) of one weight against every token; tokens go four at a
+ * time through the tile kernel when the set has one. */
+static void mm_rows(const cpu_kernels *k, const mm_part *p, int n_tok, long r0, long r1)
+{
+    cpu_dot_fn dot = k->dot[p->w->type];
+    cpu_dot4_fn dot4 = k->dot4[p->w->type];
+    const char *wd = p->w->data;
+    int cols = (int)p->w->cols;
+    size_t rows = (size_t)p->w->rows;
+    int t = 0;
+    for (; dot4 && t + 4 <= n_tok; t += 4) {
+        const char *x = (const char *)p->act + (size_t)t * p->act_row;
+        for (long r = r0; r < r1; r++) {
+            float out[4];
+            dot4(wd + (size_t)r * p->w->row_bytes, x, p->act_row, cols, out);
+            for (int i = 0; i < 4; i++) p->y[(size_t)(t + i) * rows + (size_t)r] = out[i];
+        }
+    }
+    for (; t < n_tok; t++) {
+        const char *x = (const char *)p->act + (size_t)t * p->act_row;
+        for (long r = r0; r < r1; r++) p->y[(size_t)t * rows + (size_t)r] = dot(wd + (size_t)r * p->w->row_bytes, x, cols);
+    }
+}
+
+/* Each thread takes a contiguous range of the group's concatenated rows,
+ * in chunks small enough that a chunk's weights stay in cache while every
+ * token uses them. */
 static void mm_worker(void *arg, int ith, int nth)
 {
     mm_job *j = arg;
-    long lo, hi;
-    tp_range((long)j->w->rows, ith, nth, &lo, &hi);
-    cpu_dot_fn dot = j->k->dot[j->w->type];
-    const char *wd = j->w->data;
-    int cols = (int)j->w->cols;
-    for (long r0 = lo; r0 < hi; r0 += CPU_ROW_CHUNK) {
-        long r1 = r0 + CPU_ROW_CHUNK < hi ? r0 + CPU_ROW_CHUNK : hi;
-        for (int t = 0; t < j->n_tok; t++) {
-            const char *x = (const char *)j->act + (size_t)t * j->act_row;
-            float *yt = j->y + (size_t)t * (size_t)j->w->rows;
-            for (long r = r0; r < r1; r++)
-                yt[r] = dot(wd + (size_t)r * j->w->row_bytes, x, cols);
-        }
+    long lo, hi, base = 0;
+    tp_range(j->total_rows, ith, nth, &lo, &hi);
+    for (int i = 0; i < j->n_parts; i++) {
+        const mm_part *p = &j->parts[i];
+        long a = lo > base ? lo - base : 0, b = hi - base < p->w->rows ? hi - base : p->w->rows;
+        for (long r0 = a; r0 < b; r0 += CPU_ROW_CHUNK)
+            mm_rows(j->k, p, j->n_tok, r0, r0 + CPU_ROW_CHUNK < b ? r0 + CPU_ROW_CHUNK : b);
+        base += p->w->rows;
     }
 }
 
@@ -86,19 +114,61 @@ static llm_status act_reserve(cpu_ctx *c, size_t bytes)
     return LLM_OK;
 }
 
-static llm_status cpu_matmul(llm_backend *b, const llm_weight *w, const float *x, int n_tok, float *y)
+/* Converts x to activation type at (once per group) into slot `slot` of the
+ * activation buffer; few tokens are converted on this thread, since waking
+ * the pool costs more than the work. */
+static llm_status convert_x(cpu_ctx *c, quant_type at, const float *x, int cols, int n_tok, int slot, mm_part *p)
+{
+    size_t row = quant_row_bytes(at, (size_t)cols);
+    if (row == 0)
+        return LLM_ERR_INVALID_ARG;
+    size_t slot_bytes = (row * (size_t)n_tok + 63) / 64 * 64;
+    if (act_reserve(c, slot_bytes * 2))
+        return LLM_ERR_NOMEM;
+    q_job q = {c->k->quantize[at], x, (char *)c->act + slot_bytes * (size_t)slot, row, cols, n_tok};
+    if (n_tok < 4)
+        q_worker(&q, 0, 1);
+    else
+        tp_run(c->pool, q_worker, &q);
+    p->act = q.dst;
+    p->act_row = row;
+    return LLM_OK;
+}
+
+static llm_status cpu_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok)
 {
     cpu_ctx *c = ctx_of(b);
-    quant_type at = cpu_act_type(w->type);
-    mm_job j = {c->k, w, x, (size_t)w->cols * sizeof(float), n_tok, y};
-    if (at != QT_F32) {
-        size_t row = quant_row_bytes(at, (size_t)w->cols);
-        if (row == 0 || act_reserve(c, row * (size_t)n_tok))
-            return row ? LLM_ERR_NOMEM : LLM_ERR_INVALID_ARG;
-        q_job q = {c->k->quantize[at], x, c->act, row, (int)w->cols, n_tok};
-        tp_run(c->pool, q_worker, &q);
-        j.act = c->act;
-        j.act_row = row;
+    if (n_ops < 1 || n_ops > LLM_MATMUL_MAX_GROUP)
+        return LLM_ERR_INVALID_ARG;
+    mm_job j = {c->k, {{0}}, n_ops, n_tok, 0};
+    quant_type done[2] = {QT_F32, QT_F32}; /* at most two activation types */
+    int n_done = 0;
+    for (int i = 0; i < n_ops; i++) {
+        mm_part *p = &j.parts[i];
+        quant_type at = cpu_act_type(ops[i].w->type);
+        p->w = ops[i].w;
+        p->y = ops[i].y;
+        j.total_rows += ops[i].w->rows;
+        if (ops[i].w->cols != ops[0].w->cols)
+            return LLM_ERR_INVALID_ARG;
+        if (at == QT_F32) {
+            p->act = x;
+            p->act_row = (size_t)p->w->cols * sizeof(float);
+            continue;
+        }
+        int d = 0;
+        while (d < n_done && done[d] != at) d++;
+        if (d < n_done) { /* same conversion as an earlier weight */
+            for (int k = 0; k < i; k++)
+                if (cpu_act_type(ops[k].w->type) == at) { p->act = j.parts[k].act; p->act_row = j.parts[k].act_row; }
+            continue;
+        }
+        if (n_done == 2)
+            return LLM_ERR_INVALID_ARG;
+        llm_status st = convert_x(c, at, x, (int)p->w->cols, n_tok, n_done, p);
+        if (st)
+            return st;
+        done[n_done++] = at;
     }
     tp_run(c->pool, mm_worker, &j);
     return LLM_OK;

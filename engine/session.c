@@ -103,8 +103,8 @@ static llm_status attention_block(llm_session *s, int il, int n)
     int qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
     llm_status st;
     llm_backend_rmsnorm(b, s->x, l->attn_norm, n, hp->n_embd, hp->eps, s->xb);
-    if ((st = llm_backend_matmul(b, &l->wq, s->xb, n, s->q)) || (st = llm_backend_matmul(b, &l->wk, s->xb, n, s->k)) ||
-        (st = llm_backend_matmul(b, &l->wv, s->xb, n, s->v)))
+    llm_matmul qkv[3] = {{&l->wq, s->q}, {&l->wk, s->k}, {&l->wv, s->v}};
+    if ((st = llm_backend_matmul_group(b, qkv, 3, s->xb, n)))
         return st;
     add_bias(s->q, l->bq, n, qd);
     add_bias(s->k, l->bk, n, kvd);
@@ -133,8 +133,8 @@ static llm_status mlp_block(llm_session *s, int il, int n)
     llm_backend *b = s->b;
     llm_status st;
     llm_backend_rmsnorm(b, s->x, l->ffn_norm, n, hp->n_embd, hp->eps, s->xb);
-    if ((st = llm_backend_matmul(b, &l->w_gate, s->xb, n, s->hb)) ||
-        (st = llm_backend_matmul(b, &l->w_up, s->xb, n, s->hb2)))
+    llm_matmul gate_up[2] = {{&l->w_gate, s->hb}, {&l->w_up, s->hb2}};
+    if ((st = llm_backend_matmul_group(b, gate_up, 2, s->xb, n)))
         return st;
     llm_backend_swiglu(b, s->hb, s->hb2, (size_t)n * hp->n_ff, s->hb);
     if ((st = llm_backend_matmul(b, &l->w_down, s->hb, n, s->xb)))

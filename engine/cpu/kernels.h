@@ -13,10 +13,14 @@
 
 typedef float (*cpu_dot_fn)(const void *w, const void *x, int n);
 typedef void (*cpu_quant_fn)(const float *x, void *dst, int n);
+/* One weight row against four activation rows (x, x + stride, ...): the
+ * weight is loaded and decoded once for all four (prefill). */
+typedef void (*cpu_dot4_fn)(const void *w, const void *x, size_t stride, int n, float *out);
 
 typedef struct cpu_kernels {
     const char *name;
     cpu_dot_fn dot[QT_COUNT];          /* by weight type */
+    cpu_dot4_fn dot4[QT_COUNT];        /* optional, by weight type */
     cpu_quant_fn quantize[QT_COUNT];   /* by activation type */
     float (*dot_f32)(const float *a, const float *b, int n);
     /* y += a * x */

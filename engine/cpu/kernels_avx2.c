@@ -196,6 +196,154 @@ static float w_q6_K(const void *w, const void *x, int n)
     return hsum8(acc);
 }
 
+/* ---- four activation rows per weight row (prefill) ----------------------- */
+
+#define X4(x, stride, t) ((const void *)((const char *)(x) + (size_t)(t) * (stride)))
+
+static void w_q8_0_x4(const void *w, const void *x, size_t stride, int n, float *out)
+{
+    const block_q8_0 *a = w, *b[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < n / QK8_0; i++) {
+        __m256i qa = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        __m256i ax = _mm256_sign_epi8(qa, qa);
+        float da = h2f(a[i].d);
+        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
+            __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)b[t][i].qs), qa);
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(da * h2f(b[t][i].d)), _mm256_cvtepi32_ps(p), acc[t]);
+        }
+    }
+    for (int t = 0; t < 4; t++) out[t] = hsum8(acc[t]);
+}
+
+static void w_q4_0_x4(const void *w, const void *x, size_t stride, int n, float *out)
+{
+    const block_q4_0 *a = w;
+    const block_q8_0 *b[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
+    const __m256i lo = _mm256_set1_epi8(0xf), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int i = 0; i < n / QK4_0; i++) {
+        __m128i raw = _mm_loadu_si128((const __m128i *)a[i].qs);
+        __m256i q = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), lo), eight);
+        __m256i ax = _mm256_sign_epi8(q, q);
+        float da = h2f(a[i].d);
+        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
+            __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)b[t][i].qs), q);
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(da * h2f(b[t][i].d)), _mm256_cvtepi32_ps(p), acc[t]);
+        }
+    }
+    for (int t = 0; t < 4; t++) out[t] = hsum8(acc[t]);
+}
+
+static void w_q4_K_x4(const void *w, const void *x, size_t stride, int n, float *out)
+{
+    const block_q4_K *a = w;
+    const block_q8_K *b[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
+    const __m256i lo = _mm256_set1_epi8(0xf);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float mins[4] = {0, 0, 0, 0};
+    for (int i = 0; i < n / QK_K; i++) {
+        uint8_t sc[8], m[8];
+        q4k_scales(a[i].scales, sc, m);
+        __m256i isum[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(a[i].qs + 32 * j));
+            __m256i q0 = _mm256_and_si256(q, lo), q1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo);
+            __m256i s0 = _mm256_set1_epi16(sc[2 * j]), s1 = _mm256_set1_epi16(sc[2 * j + 1]);
+            _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
+                __m256i p0 = _mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)(b[t][i].qs + 64 * j)));
+                __m256i p1 = _mm256_maddubs_epi16(q1, _mm256_loadu_si256((const __m256i *)(b[t][i].qs + 64 * j + 32)));
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+            }
+        }
+        float d = h2f(a[i].d), dmin = h2f(a[i].dmin);
+        for (int t = 0; t < 4; t++) {
+            int msum = 0;
+            for (int j = 0; j < 8; j++) msum += m[j] * (b[t][i].bsums[2 * j] + b[t][i].bsums[2 * j + 1]);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * b[t][i].d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+            mins[t] += b[t][i].d * dmin * (float)msum;
+        }
+    }
+    for (int t = 0; t < 4; t++) out[t] = hsum8(acc[t]) - mins[t];
+}
+
+/* Decodes one half (128 quants, unsigned 0..63) of a Q6_K block. */
+static inline void q6k_half(const uint8_t *ql, const uint8_t *qh, __m256i q[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+}
+
+static void w_q6_K_x4(const void *w, const void *x, size_t stride, int n, float *out)
+{
+    const block_q6_K *a = w;
+    const block_q8_K *b[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
+    float res[4] = {0, 0, 0, 0};
+    for (int i = 0; i < n / QK_K; i++) {
+        __m256i isum[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int h = 0; h < 2; h++) {
+            __m256i q[4];
+            q6k_half(a[i].ql + 64 * h, a[i].qh + 32 * h, q);
+            const int8_t *sc = a[i].scales + 8 * h;
+            for (int k = 0; k < 4; k++) {
+                __m256i s = scale_pair(sc[2 * k], sc[2 * k + 1]);
+                _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
+                    __m256i y = _mm256_loadu_si256((const __m256i *)(b[t][i].qs + 128 * h + 32 * k));
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], y), s));
+                }
+            }
+        }
+        float d = h2f(a[i].d);
+        for (int t = 0; t < 4; t++) {
+            int bias = 0;
+            for (int j = 0; j < 16; j++) bias += a[i].scales[j] * b[t][i].bsums[j];
+            res[t] += d * b[t][i].d * (float)(hsum8i(isum[t]) - 32 * bias);
+        }
+    }
+    for (int t = 0; t < 4; t++) out[t] = res[t];
+}
+
+static void w_f16_x4(const void *w, const void *x, size_t stride, int n, float *out)
+{
+    const quant_f16 *h = w;
+    const float *f[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i)));
+        for (int t = 0; t < 4; t++) acc[t] = _mm256_fmadd_ps(a, _mm256_loadu_ps(f[t] + i), acc[t]);
+    }
+    for (int t = 0; t < 4; t++) {
+        out[t] = hsum8(acc[t]);
+        for (int k = i; k < n; k++) out[t] += h2f(h[k]) * f[t][k];
+    }
+}
+
+static void w_f32_x4(const void *w, const void *x, size_t stride, int n, float *out)
+{
+    const float *a = w, *f[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 va = _mm256_loadu_ps(a + i);
+        for (int t = 0; t < 4; t++) acc[t] = _mm256_fmadd_ps(va, _mm256_loadu_ps(f[t] + i), acc[t]);
+    }
+    for (int t = 0; t < 4; t++) {
+        out[t] = hsum8(acc[t]);
+        for (int k = i; k < n; k++) out[t] += a[k] * f[t][k];
+    }
+}
+
 static inline float absmax8(const float *x, int n)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -264,6 +412,8 @@ static const cpu_kernels avx2 = {
     .name = "avx2",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
             [QT_Q4_0] = w_q4_0, [QT_Q4_K] = w_q4_K, [QT_Q6_K] = w_q6_K},
+    .dot4 = {[QT_F32] = w_f32_x4, [QT_F16] = w_f16_x4, [QT_Q8_0] = w_q8_0_x4, [QT_Q4_0] = w_q4_0_x4,
+             [QT_Q4_K] = w_q4_K_x4, [QT_Q6_K] = w_q6_K_x4},
     .quantize = {[QT_Q8_0] = quant_q8_0, [QT_Q8_K] = quant_q8_K},
     .dot_f32 = dot_f32,
     .axpy = axpy,

@@ -60,13 +60,24 @@ typedef struct llm_rope_args {
     const float *freq_factors; /* (rot_dim / 2) divisors of each frequency (Llama 3.1+), or NULL */
 } llm_rope_args;
 
+/* One output of a matmul group: y (n_tok, w->rows). */
+typedef struct llm_matmul {
+    const llm_weight *w;
+    float *y;
+} llm_matmul;
+
+#define LLM_MATMUL_MAX_GROUP 4
+
 typedef struct llm_backend llm_backend;
 
 struct llm_backend_i {
     const char *name;
     void (*free)(llm_backend *b);
-    /* y (n_tok, w->rows) = x (n_tok, w->cols) . W^T */
-    llm_status (*matmul)(llm_backend *b, const llm_weight *w, const float *x, int n_tok, float *y);
+    /* For each of n_ops (1..LLM_MATMUL_MAX_GROUP) weights sharing the same
+     * input: ops[i].y (n_tok, w->rows) = x (n_tok, w->cols) . W^T. A group
+     * (Q/K/V, gate/up) lets the backend convert x once and split all rows
+     * over its workers in one pass. */
+    llm_status (*matmul)(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok);
     /* out[t] = x[t] / rms(x[t]) * w, row length dim */
     void (*rmsnorm)(llm_backend *b, const float *x, const float *w, int n_tok, int dim, float eps, float *out);
     void (*rope)(llm_backend *b, const llm_rope_args *a);
@@ -100,7 +111,12 @@ const char *llm_backend_cpu_kernels(const llm_backend *b);
 void llm_backend_free(llm_backend *b);
 
 static inline llm_status llm_backend_matmul(llm_backend *b, const llm_weight *w, const float *x, int n_tok, float *y)
-{ return b->iface->matmul(b, w, x, n_tok, y); }
+{
+    llm_matmul op = {w, y};
+    return b->iface->matmul(b, &op, 1, x, n_tok);
+}
+static inline llm_status llm_backend_matmul_group(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok)
+{ return b->iface->matmul(b, ops, n_ops, x, n_tok); }
 static inline void llm_backend_rmsnorm(llm_backend *b, const float *x, const float *w, int n_tok, int dim, float eps, float *out)
 { b->iface->rmsnorm(b, x, w, n_tok, dim, eps, out); }
 static inline void llm_backend_rope(llm_backend *b, const llm_rope_args *a) { b->iface->rope(b, a); }
