@@ -22,7 +22,7 @@ LDLIBS = -lm -lpthread
 ENGINE_SRC = engine/status.c engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c \
              engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
              engine/sampler.c engine/model.c engine/session.c engine/backend_cpu.c \
-             engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c \
+             engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c \
              engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
@@ -34,6 +34,7 @@ UNIT_BIN = $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
 # Only the AVX2 kernel file gets the ISA flags; it checks the CPU at run time.
 $(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
+$(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
 .PHONY: all run test asan bench deps lint clean unit pytest fuzz models
 all: $(LIB) $(TOOL_BIN) $(UNIT_BIN)

@@ -114,18 +114,16 @@ static llm_status act_reserve(cpu_ctx *c, size_t bytes)
     return LLM_OK;
 }
 
-/* Converts x to activation type at (once per group) into slot `slot` of the
- * activation buffer; few tokens are converted on this thread, since waking
- * the pool costs more than the work. */
-static llm_status convert_x(cpu_ctx *c, quant_type at, const float *x, int cols, int n_tok, int slot, mm_part *p)
+/* Converts x to activation format a into slot `slot` of the activation
+ * buffer; few tokens are converted on this thread, since waking the pool
+ * costs more than the work. */
+static llm_status convert_x(cpu_ctx *c, const cpu_act *a, const float *x, int cols, int n_tok, int slot, mm_part *p)
 {
-    size_t row = quant_row_bytes(at, (size_t)cols);
-    if (row == 0)
-        return LLM_ERR_INVALID_ARG;
+    size_t row = a->row_bytes(cols);
     size_t slot_bytes = (row * (size_t)n_tok + 63) / 64 * 64;
     if (act_reserve(c, slot_bytes * 2))
         return LLM_ERR_NOMEM;
-    q_job q = {c->k->quantize[at], x, (char *)c->act + slot_bytes * (size_t)slot, row, cols, n_tok};
+    q_job q = {a->quantize, x, (char *)c->act + slot_bytes * (size_t)slot, row, cols, n_tok};
     if (n_tok < 4)
         q_worker(&q, 0, 1);
     else
@@ -135,65 +133,117 @@ static llm_status convert_x(cpu_ctx *c, quant_type at, const float *x, int cols,
     return LLM_OK;
 }
 
+/* Sets part i's activation: x itself, an earlier part's conversion of the
+ * same kind, or a new conversion (at most two kinds per group). */
+static llm_status group_act(cpu_ctx *c, mm_job *j, int i, const float *x, int n_tok, int *n_slots)
+{
+    mm_part *p = &j->parts[i];
+    const cpu_act *a = c->k->act[p->w->type];
+    if (a->kind == 0) {
+        p->act = x;
+        p->act_row = (size_t)p->w->cols * sizeof(float);
+        return LLM_OK;
+    }
+    for (int k = 0; k < i; k++)
+        if (c->k->act[j->parts[k].w->type]->kind == a->kind) {
+            p->act = j->parts[k].act;
+            p->act_row = j->parts[k].act_row;
+            return LLM_OK;
+        }
+    if (*n_slots == 2)
+        return LLM_ERR_INVALID_ARG;
+    return convert_x(c, a, x, (int)p->w->cols, n_tok, (*n_slots)++, p);
+}
+
 static llm_status cpu_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok)
 {
     cpu_ctx *c = ctx_of(b);
     if (n_ops < 1 || n_ops > LLM_MATMUL_MAX_GROUP)
         return LLM_ERR_INVALID_ARG;
     mm_job j = {c->k, {{0}}, n_ops, n_tok, 0};
-    quant_type done[2] = {QT_F32, QT_F32}; /* at most two activation types */
-    int n_done = 0;
+    int n_slots = 0;
     for (int i = 0; i < n_ops; i++) {
-        mm_part *p = &j.parts[i];
-        quant_type at = cpu_act_type(ops[i].w->type);
-        p->w = ops[i].w;
-        p->y = ops[i].y;
-        j.total_rows += ops[i].w->rows;
         if (ops[i].w->cols != ops[0].w->cols)
             return LLM_ERR_INVALID_ARG;
-        if (at == QT_F32) {
-            p->act = x;
-            p->act_row = (size_t)p->w->cols * sizeof(float);
-            continue;
-        }
-        int d = 0;
-        while (d < n_done && done[d] != at) d++;
-        if (d < n_done) { /* same conversion as an earlier weight */
-            for (int k = 0; k < i; k++)
-                if (cpu_act_type(ops[k].w->type) == at) { p->act = j.parts[k].act; p->act_row = j.parts[k].act_row; }
-            continue;
-        }
-        if (n_done == 2)
-            return LLM_ERR_INVALID_ARG;
-        llm_status st = convert_x(c, at, x, (int)p->w->cols, n_tok, n_done, p);
+        j.parts[i].w = ops[i].w;
+        j.parts[i].y = ops[i].y;
+        j.total_rows += ops[i].w->rows;
+        llm_status st = group_act(c, &j, i, x, n_tok, &n_slots);
         if (st)
             return st;
-        done[n_done++] = at;
     }
     tp_run(c->pool, mm_worker, &j);
     return LLM_OK;
 }
 
-/* ---- element-wise ops ---------------------------------------------------- */
+/* ---- element-wise ops ------------------------------------------------------ */
 
-static void cpu_rmsnorm(llm_backend *b, const float *x, const float *w, int n_tok, int dim, float eps, float *out)
+/* Below this many elements an op runs on the calling thread: waking the
+ * pool costs more than the work (decode steps). */
+#define CPU_PAR_MIN 16384
+
+typedef struct ew_job {
+    const float *a, *b, *w;
+    float *out;
+    size_t n;       /* elements, or rows for row ops */
+    int dim;
+    float eps;
+    const llm_rope_args *rope;
+} ew_job;
+
+static void rmsnorm_rows(const ew_job *j, long lo, long hi)
 {
-    (void)b;
-    for (int t = 0; t < n_tok; t++) {
-        const float *xt = x + (size_t)t * dim;
-        float *o = out + (size_t)t * dim;
+    for (long t = lo; t < hi; t++) {
+        const float *x = j->a + (size_t)t * j->dim;
+        float *o = j->out + (size_t)t * j->dim;
         double ss = 0; /* double: dim-long sums of squares lose bits in float */
-        for (int i = 0; i < dim; i++) ss += (double)xt[i] * xt[i];
-        float s = (float)(1.0 / sqrt(ss / dim + eps));
-        for (int i = 0; i < dim; i++) o[i] = xt[i] * s * w[i];
+        for (int i = 0; i < j->dim; i++) ss += (double)x[i] * x[i];
+        float s = (float)(1.0 / sqrt(ss / j->dim + j->eps));
+        for (int i = 0; i < j->dim; i++) o[i] = x[i] * s * j->w[i];
     }
 }
 
-static void cpu_rope(llm_backend *b, const llm_rope_args *a)
+static void rmsnorm_worker(void *arg, int ith, int nth)
 {
-    (void)b;
+    long lo, hi;
+    tp_range((long)((ew_job *)arg)->n, ith, nth, &lo, &hi);
+    rmsnorm_rows(arg, lo, hi);
+}
+
+static void swiglu_worker(void *arg, int ith, int nth)
+{
+    ew_job *j = arg;
+    long lo, hi;
+    tp_range((long)j->n, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++) j->out[i] = j->a[i] / (1.0f + expf(-j->a[i])) * j->b[i];
+}
+
+static void add_worker(void *arg, int ith, int nth)
+{
+    ew_job *j = arg;
+    long lo, hi;
+    tp_range((long)j->n, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++) j->out[i] += j->a[i];
+}
+
+static void run_ew(cpu_ctx *c, tp_fn fn, ew_job *j, size_t elems)
+{
+    if (elems < CPU_PAR_MIN)
+        fn(j, 0, 1);
+    else
+        tp_run(c->pool, fn, j);
+}
+
+static void cpu_rmsnorm(llm_backend *b, const float *x, const float *w, int n_tok, int dim, float eps, float *out)
+{
+    ew_job j = {.a = x, .w = w, .out = out, .n = (size_t)n_tok, .dim = dim, .eps = eps};
+    run_ew(ctx_of(b), rmsnorm_worker, &j, (size_t)n_tok * (size_t)dim);
+}
+
+static void rope_rows(const llm_rope_args *a, long lo, long hi)
+{
     int half = a->rot_dim / 2;
-    for (int t = 0; t < a->n_tok; t++) {
+    for (long t = lo; t < hi; t++) {
         float p = (float)(a->pos0 + t) * a->freq_scale;
         for (int i = 0; i < half; i++) {
             float freq = powf(a->theta, -2.0f * (float)i / (float)a->rot_dim);
@@ -211,16 +261,30 @@ static void cpu_rope(llm_backend *b, const llm_rope_args *a)
     }
 }
 
+static void rope_worker(void *arg, int ith, int nth)
+{
+    const llm_rope_args *a = ((ew_job *)arg)->rope;
+    long lo, hi;
+    tp_range(a->n_tok, ith, nth, &lo, &hi);
+    rope_rows(a, lo, hi);
+}
+
+static void cpu_rope(llm_backend *b, const llm_rope_args *a)
+{
+    ew_job j = {.rope = a};
+    run_ew(ctx_of(b), rope_worker, &j, (size_t)a->n_tok * (size_t)a->n_head * (size_t)a->head_dim);
+}
+
 static void cpu_swiglu(llm_backend *b, const float *g, const float *u, size_t n, float *out)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    ew_job j = {.a = g, .b = u, .out = out, .n = n};
+    run_ew(ctx_of(b), swiglu_worker, &j, n);
 }
 
 static void cpu_add(llm_backend *b, float *y, const float *x, size_t n)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++) y[i] += x[i];
+    ew_job j = {.a = x, .out = y, .n = n};
+    run_ew(ctx_of(b), add_worker, &j, n);
 }
 
 static void cpu_get_rows(llm_backend *b, const llm_weight *emb, const int32_t *ids, int n, float *out)
@@ -347,6 +411,18 @@ llm_status llm_backend_cpu_new(const llm_cpu_config *cfg, llm_backend **out, llm
         return st;
     }
     c->k = cfg && cfg->force_scalar ? cpu_kernels_scalar() : cpu_kernels_best();
+    if (cfg && cfg->kernels) {
+        const cpu_kernels *const *all = cpu_kernels_all();
+        while (*all && strcmp((*all)->name, cfg->kernels)) all++;
+        if (!*all) {
+            tp_free(c->pool);
+            free(c);
+            free(b);
+            return llm_errf(err, LLM_ERR_UNSUPPORTED, "cpu backend: kernel set '%s' is unknown or not usable on this CPU",
+                            cfg->kernels);
+        }
+        c->k = *all;
+    }
     b->iface = &cpu_iface;
     b->ctx = c;
     *out = b;

@@ -2,7 +2,10 @@
  * measure memory bandwidth with a large copy, for `make bench`.
  *   llm-bench -m MODEL.gguf [-p 128] [-n 64] [-t THREADS] [-r REPS]
  *   llm-bench --bandwidth [-t THREADS]
- * Prints one line of key=value pairs (parsed by tests/bench/bench.py). */
+ * Prints one line of key=value pairs (parsed by tests/bench/bench.py):
+ * mean and standard deviation over REPS runs after one warm-up run, the
+ * same statistics llama-bench reports. */
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -49,43 +52,55 @@ static double bandwidth(int threads)
     return best;
 }
 
+/* Mean of v[0..n) and its sample standard deviation. */
+static double mean_sd(const double *v, int n, double *sd)
+{
+    double m = 0, q = 0;
+    for (int i = 0; i < n; i++) m += v[i] / n;
+    for (int i = 0; i < n; i++) q += (v[i] - m) * (v[i] - m);
+    *sd = n > 1 ? sqrt(q / (n - 1)) : 0;
+    return m;
+}
+
 static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
 {
     llm_error err = {0};
     llm_model *m = NULL;
     llm_backend *b = NULL;
     llm_session *s = NULL;
-    llm_cpu_config cc = {threads, 0};
+    llm_cpu_config cc = {threads, 0, getenv("LLM_KERNELS")};
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_prompt);
     int rc = 1;
     if (!toks || llm_model_load(path, &m, &err) || llm_backend_cpu_new(&cc, &b, &err) ||
         llm_session_new(m, b, n_prompt + n_gen + 1, 512, &s, &err))
         goto out;
     for (int i = 0; i < n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
-    double best_pp = 0, best_tg = 0;
+    double pp[101], tg[101];
     const float *logits;
-    for (int r = 0; r < reps; r++) {
+    for (int r = 0; r <= reps; r++) { /* run 0 warms caches and pages up, as llama-bench does */
         llm_session_reset(s);
         double t0 = cli_now();
         if (llm_session_eval(s, toks, n_prompt, &logits, &err))
             goto out;
+        double t1 = cli_now();
         /* decode from an empty context, as llama-bench's tg test does */
         llm_session_reset(s);
-        double t1 = cli_now();
+        double t2 = cli_now();
         for (int i = 0; i < n_gen; i++) {
             int32_t t = toks[i % n_prompt];
             if (llm_session_eval(s, &t, 1, &logits, &err))
                 goto out;
         }
-        double t2 = cli_now(), pp = n_prompt / (t1 - t0), tg = n_gen / (t2 - t1);
-        best_pp = pp > best_pp ? pp : best_pp;
-        best_tg = tg > best_tg ? tg : best_tg;
+        pp[r] = n_prompt / (t1 - t0);
+        tg[r] = n_gen / (cli_now() - t2);
     }
+    double pp_sd, tg_sd, pp_mean = mean_sd(pp + 1, reps, &pp_sd), tg_mean = mean_sd(tg + 1, reps, &tg_sd);
     /* a decode step reads one row of the embedding, unless it is also the output */
     size_t emb = (size_t)m->tok_embd.rows * m->tok_embd.row_bytes;
     size_t step = llm_model_weight_bytes(m) - (m->output.data == m->tok_embd.data ? 0 : emb);
-    printf("model=%s threads=%d kernels=%s weight_bytes=%zu decode_bytes=%zu prefill_tps=%.2f decode_tps=%.2f\n",
-           m->name, threads, llm_backend_cpu_kernels(b), llm_model_weight_bytes(m), step, best_pp, best_tg);
+    printf("model=%s threads=%d kernels=%s weight_bytes=%zu decode_bytes=%zu prefill_tps=%.2f prefill_sd=%.2f "
+           "decode_tps=%.2f decode_sd=%.2f\n", m->name, threads, llm_backend_cpu_kernels(b), llm_model_weight_bytes(m),
+           step, pp_mean, pp_sd, tg_mean, tg_sd);
     rc = 0;
 out:
     if (rc)

@@ -117,7 +117,7 @@ int main(int argc, char **argv)
     llm_model *m = NULL;
     llm_backend *b = NULL;
     llm_session *s = NULL;
-    llm_cpu_config cc = {(int)o.threads, o.scalar};
+    llm_cpu_config cc = {(int)o.threads, o.scalar, getenv("LLM_KERNELS")};
     long ctx = o.ctx;
     if (llm_model_load(o.model, &m, &err) || llm_backend_cpu_new(&cc, &b, &err))
         goto fail;

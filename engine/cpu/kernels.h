@@ -1,11 +1,14 @@
 /* kernels.h - the CPU backend's inner loops, as swappable kernel sets.
  *
  * A weight row of type T is multiplied with an activation row that was first
- * converted to cpu_act_type(T): float32 for float weights, Q8_0 blocks for
- * Q8_0/Q4_0 weights, Q8_K blocks for K-quants. Integer dot products over
- * 8-bit activations are what makes quantized matmuls fast on CPUs.
- * The scalar set is the reference; a SIMD set must agree with it within
- * float rounding. All functions are pure and thread-safe. */
+ * converted to the set's activation format for T (act[T]): float32 for
+ * float weights, 8-bit blocks with a scale for quantized weights (integer
+ * dot products over 8-bit activations are what makes quantized matmuls
+ * fast on CPUs). Each set chooses its formats: the scalar and AVX2 sets use
+ * ggml's Q8_0/Q8_K blocks; the VNNI set stores Q8_0-weight activations
+ * offset to unsigned bytes with float scales, which its instruction needs.
+ * The scalar set is the reference; a SIMD set must agree with float64 sums
+ * of the same decoded operands. All functions are pure and thread-safe. */
 #ifndef LLM_CPU_KERNELS_H
 #define LLM_CPU_KERNELS_H
 
@@ -17,20 +20,35 @@ typedef void (*cpu_quant_fn)(const float *x, void *dst, int n);
  * weight is loaded and decoded once for all four (prefill). */
 typedef void (*cpu_dot4_fn)(const void *w, const void *x, size_t stride, int n, float *out);
 
+/* An activation format. Weights whose formats have the same kind share one
+ * conversion of x; kind 0 is float32 (x is used as it is). */
+typedef struct cpu_act {
+    int kind;
+    size_t (*row_bytes)(int n);
+    cpu_quant_fn quantize;
+    void (*dequant)(const void *a, float *dst, int n); /* the values the dots use (tests) */
+} cpu_act;
+
+extern const cpu_act cpu_act_f32;
+
 typedef struct cpu_kernels {
     const char *name;
     cpu_dot_fn dot[QT_COUNT];          /* by weight type */
     cpu_dot4_fn dot4[QT_COUNT];        /* optional, by weight type */
-    cpu_quant_fn quantize[QT_COUNT];   /* by activation type */
+    const cpu_act *act[QT_COUNT];      /* by weight type */
     float (*dot_f32)(const float *a, const float *b, int n);
     /* y += a * x */
     void (*axpy)(float *y, float a, const float *x, int n);
 } cpu_kernels;
 
-quant_type cpu_act_type(quant_type weight);
 const cpu_kernels *cpu_kernels_scalar(void);
 /* NULL when not compiled in or the CPU lacks AVX2/FMA/F16C. */
 const cpu_kernels *cpu_kernels_avx2(void);
+/* The AVX2 set with AVX512-VNNI (256-bit) dot products for Q8_0 weights;
+ * NULL when the CPU lacks AVX512-VNNI/VL. */
+const cpu_kernels *cpu_kernels_vnni(void);
+/* Every set usable on this CPU, best first, NULL-terminated. */
+const cpu_kernels *const *cpu_kernels_all(void);
 const cpu_kernels *cpu_kernels_best(void);
 
 #endif

@@ -399,6 +399,13 @@ static void quant_q8_K(const float *x, void *dst, int n)
     }
 }
 
+static size_t q8_0_row(int n) { return quant_row_bytes(QT_Q8_0, (size_t)n); }
+static size_t q8_K_row(int n) { return quant_row_bytes(QT_Q8_K, (size_t)n); }
+static void q8_0_deq(const void *a, float *dst, int n) { quant_dequantize_row(QT_Q8_0, a, dst, (size_t)n); }
+static void q8_K_deq(const void *a, float *dst, int n) { quant_dequantize_row(QT_Q8_K, a, dst, (size_t)n); }
+static const cpu_act act_q8_0 = {1, q8_0_row, quant_q8_0, q8_0_deq};
+static const cpu_act act_q8_K = {2, q8_K_row, quant_q8_K, q8_K_deq};
+
 static void axpy(float *y, float a, const float *x, int n)
 {
     __m256 va = _mm256_set1_ps(a);
@@ -414,7 +421,8 @@ static const cpu_kernels avx2 = {
             [QT_Q4_0] = w_q4_0, [QT_Q4_K] = w_q4_K, [QT_Q6_K] = w_q6_K},
     .dot4 = {[QT_F32] = w_f32_x4, [QT_F16] = w_f16_x4, [QT_Q8_0] = w_q8_0_x4, [QT_Q4_0] = w_q4_0_x4,
              [QT_Q4_K] = w_q4_K_x4, [QT_Q6_K] = w_q6_K_x4},
-    .quantize = {[QT_Q8_0] = quant_q8_0, [QT_Q8_K] = quant_q8_K},
+    .act = {[QT_F32] = &cpu_act_f32, [QT_F16] = &cpu_act_f32, [QT_BF16] = &cpu_act_f32, [QT_Q8_0] = &act_q8_0,
+            [QT_Q4_0] = &act_q8_0, [QT_Q4_K] = &act_q8_K, [QT_Q6_K] = &act_q8_K},
     .dot_f32 = dot_f32,
     .axpy = axpy,
 };

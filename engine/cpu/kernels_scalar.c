@@ -3,14 +3,15 @@
 
 #include <string.h>
 
-quant_type cpu_act_type(quant_type w)
-{
-    switch (w) {
-    case QT_Q8_0: case QT_Q4_0: return QT_Q8_0;
-    case QT_Q4_K: case QT_Q6_K: return QT_Q8_K;
-    default: return QT_F32;
-    }
-}
+static size_t f32_row(int n) { return (size_t)n * sizeof(float); }
+static void f32_copy(const void *a, float *dst, int n) { memcpy(dst, a, (size_t)n * sizeof(float)); }
+static void f32_quant(const float *x, void *dst, int n) { memcpy(dst, x, (size_t)n * sizeof(float)); }
+const cpu_act cpu_act_f32 = {0, f32_row, f32_quant, f32_copy};
+
+static size_t q8_0_row(int n) { return quant_row_bytes(QT_Q8_0, (size_t)n); }
+static size_t q8_K_row(int n) { return quant_row_bytes(QT_Q8_K, (size_t)n); }
+static void q8_0_deq(const void *a, float *dst, int n) { quant_dequantize_row(QT_Q8_0, a, dst, (size_t)n); }
+static void q8_K_deq(const void *a, float *dst, int n) { quant_dequantize_row(QT_Q8_K, a, dst, (size_t)n); }
 
 static float dot_f32(const float *a, const float *b, int n)
 {
@@ -130,6 +131,8 @@ static float w_q6_K(const void *w, const void *x, int n)
 
 static void quant_q8_0(const float *x, void *dst, int n) { quant_quantize_row(QT_Q8_0, x, dst, (size_t)n); }
 static void quant_q8_K(const float *x, void *dst, int n) { quant_quantize_row(QT_Q8_K, x, dst, (size_t)n); }
+static const cpu_act act_q8_0 = {1, q8_0_row, quant_q8_0, q8_0_deq};
+static const cpu_act act_q8_K = {2, q8_K_row, quant_q8_K, q8_K_deq};
 
 static void axpy(float *y, float a, const float *x, int n)
 {
@@ -140,15 +143,23 @@ static const cpu_kernels scalar = {
     .name = "scalar",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
             [QT_Q4_0] = w_q4_0, [QT_Q4_K] = w_q4_K, [QT_Q6_K] = w_q6_K},
-    .quantize = {[QT_Q8_0] = quant_q8_0, [QT_Q8_K] = quant_q8_K},
+    .act = {[QT_F32] = &cpu_act_f32, [QT_F16] = &cpu_act_f32, [QT_BF16] = &cpu_act_f32, [QT_Q8_0] = &act_q8_0,
+            [QT_Q4_0] = &act_q8_0, [QT_Q4_K] = &act_q8_K, [QT_Q6_K] = &act_q8_K},
     .dot_f32 = dot_f32,
     .axpy = axpy,
 };
 
 const cpu_kernels *cpu_kernels_scalar(void) { return &scalar; }
 
-const cpu_kernels *cpu_kernels_best(void)
+const cpu_kernels *const *cpu_kernels_all(void)
 {
-    const cpu_kernels *k = cpu_kernels_avx2();
-    return k ? k : &scalar;
+    static const cpu_kernels *all[4];
+    int n = 0;
+    if (cpu_kernels_vnni()) all[n++] = cpu_kernels_vnni();
+    if (cpu_kernels_avx2()) all[n++] = cpu_kernels_avx2();
+    all[n++] = &scalar;
+    all[n] = NULL;
+    return all;
 }
+
+const cpu_kernels *cpu_kernels_best(void) { return cpu_kernels_all()[0]; }

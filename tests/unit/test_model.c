@@ -154,7 +154,7 @@ static double engine_vs_ref(const char *shape, quant_type t, int scalar)
     llm_model *m = make_model(shape, t, path, sizeof path);
     llm_backend *b;
     llm_session *s;
-    llm_cpu_config cc = {2, scalar};
+    llm_cpu_config cc = {2, scalar, NULL};
     llm_error err = {0};
     assert_int_equal(llm_backend_cpu_new(&cc, &b, &err), LLM_OK);
     assert_int_equal(llm_session_new(m, b, 64, 4, &s, &err), LLM_OK); /* batch 4: chunked prefill */

@@ -163,8 +163,8 @@ static void test_quant_roundtrip(void **state)
 
 static void check_dot(const cpu_kernels *k, quant_type wt, int n)
 {
-    quant_type at = cpu_act_type(wt);
-    size_t wb = quant_row_bytes(wt, (size_t)n), ab = quant_row_bytes(at, (size_t)n);
+    const cpu_act *act = k->act[wt];
+    size_t wb = quant_row_bytes(wt, (size_t)n), ab = act->row_bytes(n);
     uint8_t *w = malloc(wb), *a = malloc(ab);
     float *x = malloc(sizeof(float) * (size_t)n), *wf = malloc(sizeof(float) * (size_t)n),
           *af = malloc(sizeof(float) * (size_t)n);
@@ -178,27 +178,42 @@ static void check_dot(const cpu_kernels *k, quant_type wt, int n)
         quant_quantize_row(wt, tmp, w, (size_t)n);
         free(tmp);
     }
-    if (at == QT_F32) memcpy(a, x, ab);
-    else k->quantize[at](x, a, n);
+    act->quantize(x, a, n);
     quant_dequantize_row(wt, w, wf, (size_t)n);
-    quant_dequantize_row(at, a, af, (size_t)n);
+    act->dequant(a, af, n);
     double ref = 0, mag = 0;
     for (int i = 0; i < n; i++) { ref += (double)wf[i] * af[i]; mag += fabs((double)wf[i] * af[i]); }
     float got = k->dot[wt](w, a, n);
     if (fabs(got - ref) > 1e-5 * mag + 1e-30)
         fail_msg("%s kernels, %s dot n=%d: %.9g vs float64 %.9g (sum|wx| %g)", k->name, quant_type_name(wt), n, got,
                  ref, mag);
-    /* the activation quantizer must match the reference one within rounding */
-    if (at != QT_F32) {
-        float *r = malloc(sizeof(float) * (size_t)n);
-        uint8_t *a2 = malloc(ab);
-        quant_quantize_row(at, x, a2, (size_t)n);
-        quant_dequantize_row(at, a2, r, (size_t)n);
-        for (int i = 0; i < n; i++)
-            if (fabsf(r[i] - af[i]) > 1e-6f + 1e-5f * fabsf(r[i]) + (fabsf(x[i] - r[i]) > 0 ? 0.02f : 0))
-                fail_msg("%s quantize %s elem %d: %g vs %g", k->name, quant_type_name(at), i, af[i], r[i]);
-        free(r);
-        free(a2);
+    /* the activation format holds x to 8 bits per block: |x - x'| <= half a
+     * step, plus up to 127 times the rounding of an f16-stored step */
+    int blk = (int)quant_block_elems(wt);
+    for (int b0 = 0; act->kind && b0 < n; b0 += blk) {
+        float amax = 0;
+        for (int i = b0; i < b0 + blk && i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+        for (int i = b0; i < b0 + blk && i < n; i++)
+            if (fabsf(af[i] - x[i]) > amax * (0.5001f / 127.f + 5e-4f) + 1e-7f)
+                fail_msg("%s activations for %s, elem %d: %g for %g", k->name, quant_type_name(wt), i, af[i], x[i]);
+    }
+    if (k->dot4[wt]) { /* the tile kernel: four rows, each as the one-row kernel */
+        uint8_t *a4 = malloc(4 * ab);
+        float out[4], *x4 = malloc(sizeof(float) * (size_t)n);
+        for (int t = 0; t < 4; t++) {
+            for (int i = 0; i < n; i++) x4[i] = test_randf(&seed);
+            act->quantize(x4, a4 + (size_t)t * ab, n);
+        }
+        k->dot4[wt](w, a4, ab, n, out);
+        for (int t = 0; t < 4; t++) {
+            double r4 = 0, m4 = 0;
+            act->dequant(a4 + (size_t)t * ab, af, n);
+            for (int i = 0; i < n; i++) { r4 += (double)wf[i] * af[i]; m4 += fabs((double)wf[i] * af[i]); }
+            if (fabs(out[t] - r4) > 1e-5 * m4 + 1e-30)
+                fail_msg("%s %s dot4 row %d: %.9g vs float64 %.9g", k->name, quant_type_name(wt), t, out[t], r4);
+        }
+        free(a4);
+        free(x4);
     }
     free(w); free(a); free(x); free(wf); free(af);
 }
@@ -228,16 +243,17 @@ static void test_kernels_scalar(void **state)
     run_kernel_set(cpu_kernels_scalar());
 }
 
-static void test_kernels_avx2(void **state)
+static void run_simd(const cpu_kernels *k, const char *what)
 {
-    (void)state;
-    const cpu_kernels *k = cpu_kernels_avx2();
     if (!k) {
-        print_message("skipped: this CPU or build has no AVX2/FMA\n");
+        print_message("skipped: this CPU or build has no %s\n", what);
         skip();
     }
     run_kernel_set(k);
 }
+
+static void test_kernels_avx2(void **state) { (void)state; run_simd(cpu_kernels_avx2(), "AVX2/FMA"); }
+static void test_kernels_vnni(void **state) { (void)state; run_simd(cpu_kernels_vnni(), "AVX512-VNNI"); }
 
 int main(void)
 {
@@ -248,6 +264,7 @@ int main(void)
         cmocka_unit_test(test_quant_roundtrip),
         cmocka_unit_test(test_kernels_scalar),
         cmocka_unit_test(test_kernels_avx2),
+        cmocka_unit_test(test_kernels_vnni),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

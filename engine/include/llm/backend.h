@@ -100,6 +100,8 @@ struct llm_backend {
 typedef struct llm_cpu_config {
     int n_threads;  /* 0: number of online CPUs */
     int force_scalar; /* 1: skip the SIMD kernels (tests, debugging) */
+    const char *kernels; /* NULL: the best set for this CPU; else a set's name
+                            ("avx512vnni", "avx2", "scalar"), an error if unusable */
 } llm_cpu_config;
 
 /* Creates the CPU backend with its thread pool. Caller frees with
