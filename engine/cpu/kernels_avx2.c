@@ -26,6 +26,9 @@ static inline int hsum8i(__m256i v)
 
 static inline float h2f(quant_f16 h) { return _cvtsh_ss(h); }
 
+/* Bytes ahead of the current block that the decode kernels prefetch. */
+#define CPU_PREFETCH 1024
+
 static float dot_f32(const float *a, const float *b, int n)
 {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -50,6 +53,7 @@ static float w_f16(const void *w, const void *x, int n)
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16) {
+        _mm_prefetch((const char *)(h + i) + CPU_PREFETCH, _MM_HINT_T0);
         __m256 a0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i)));
         __m256 a1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i + 8)));
         s0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(f + i), s0);
@@ -89,6 +93,7 @@ static float w_q8_0(const void *w, const void *x, int n)
     const block_q8_0 *a = w, *b = x;
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / QK8_0; i++) {
+        _mm_prefetch((const char *)(a + i) + CPU_PREFETCH, _MM_HINT_T0);
         __m256i qa = _mm256_loadu_si256((const __m256i *)a[i].qs);
         __m256i qb = _mm256_loadu_si256((const __m256i *)b[i].qs);
         __m256 d = _mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d));
@@ -104,6 +109,7 @@ static float w_q4_0(const void *w, const void *x, int n)
     const __m256i lo = _mm256_set1_epi8(0xf), eight = _mm256_set1_epi8(8);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / QK4_0; i++) {
+        _mm_prefetch((const char *)(a + i) + CPU_PREFETCH, _MM_HINT_T0);
         __m128i raw = _mm_loadu_si128((const __m128i *)a[i].qs);
         __m256i q = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
         q = _mm256_sub_epi8(_mm256_and_si256(q, lo), eight);
@@ -132,6 +138,10 @@ static float w_q4_K(const void *w, const void *x, int n)
     __m256 acc = _mm256_setzero_ps();
     float mins = 0;
     for (int i = 0; i < n / QK_K; i++) {
+        /* decode streams weights once: fetch well ahead, past page ends where
+         * the hardware prefetcher stops */
+        _mm_prefetch((const char *)(a + i) + CPU_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)(a + i) + CPU_PREFETCH + 64, _MM_HINT_T0);
         uint8_t sc[8], m[8];
         q4k_scales(a[i].scales, sc, m);
         int msum = 0;
@@ -167,6 +177,9 @@ static float w_q6_K(const void *w, const void *x, int n)
     const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
+        _mm_prefetch((const char *)(a + i) + CPU_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)(a + i) + CPU_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)(a + i) + CPU_PREFETCH + 128, _MM_HINT_T0);
         const uint8_t *ql = a[i].ql, *qh = a[i].qh;
         const int8_t *sc = a[i].scales, *y = b[i].qs;
         int bias = 0; /* the -32 offset, applied through the block sums */

@@ -1,0 +1,59 @@
+// llama_greedy.cpp - a peer for black-box comparison: greedy generation
+// through llama.cpp's C API, printing the prompt ids and generated ids in
+// the same form as `llm-generate --ids`. Built by tests only when
+// LLAMA_CPP_DIR points at a llama.cpp checkout with a CMake build.
+//   llama_greedy MODEL.gguf PROMPT N_TOKENS
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "llama.h"
+
+int main(int argc, char **argv)
+{
+    if (argc != 4) {
+        fprintf(stderr, "usage: llama_greedy MODEL.gguf PROMPT N\n");
+        return 2;
+    }
+    llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
+    llama_backend_init();
+    llama_model *model = llama_model_load_from_file(argv[1], llama_model_default_params());
+    if (!model) {
+        fprintf(stderr, "error: cannot load %s\n", argv[1]);
+        return 1;
+    }
+    const llama_vocab *vocab = llama_model_get_vocab(model);
+    std::vector<llama_token> toks(strlen(argv[2]) + 16);
+    int n = llama_tokenize(vocab, argv[2], (int)strlen(argv[2]), toks.data(), (int)toks.size(), true, true);
+    if (n < 0)
+        return 1;
+    toks.resize(n);
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 512;
+    cp.n_threads = cp.n_threads_batch = 2;
+    llama_context *ctx = llama_init_from_model(model, cp);
+    fprintf(stderr, "prompt ids:");
+    for (llama_token t : toks) fprintf(stderr, " %d", t);
+    fprintf(stderr, "\ngenerated ids:");
+    llama_batch batch = llama_batch_get_one(toks.data(), (int)toks.size());
+    int n_vocab = llama_vocab_n_tokens(vocab);
+    llama_token next;
+    for (int i = 0; i < atoi(argv[3]); i++) {
+        if (llama_decode(ctx, batch))
+            return 1;
+        const float *logits = llama_get_logits_ith(ctx, -1);
+        next = 0;
+        for (int j = 1; j < n_vocab; j++)
+            if (logits[j] > logits[next])
+                next = j;
+        if (llama_vocab_is_eog(vocab, next))
+            break;
+        fprintf(stderr, " %d", next);
+        batch = llama_batch_get_one(&next, 1);
+    }
+    fprintf(stderr, "\n");
+    llama_free(ctx);
+    llama_model_free(model);
+    return 0;
+}

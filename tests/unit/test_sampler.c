@@ -1,0 +1,216 @@
+/* test_sampler.c - the sampler's filters, penalties, seeding and logprobs on
+ * fixed logits, with expectations computed here in double precision, and
+ * stop-sequence matching. */
+#include <math.h>
+
+#include "testutil.h"
+
+#include "llm/sampler.h"
+
+#define V 8
+static const float logits[V] = {1.0f, 3.0f, 2.5f, -1.0f, 0.0f, 2.9f, -3.0f, 0.5f};
+
+static llm_sampler *make(llm_sampling p)
+{
+    llm_sampler *s;
+    llm_error err = {0};
+    if (llm_sampler_new(&p, V, &s, &err))
+        fail_msg("%s", err.msg);
+    return s;
+}
+
+static void softmax(const float *l, double t, double *p)
+{
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < V; i++) mx = fmax(mx, l[i] / t);
+    for (int i = 0; i < V; i++) sum += (p[i] = exp(l[i] / t - mx));
+    for (int i = 0; i < V; i++) p[i] /= sum;
+}
+
+/* Draws n samples and returns the counts per id. */
+static void histogram(llm_sampling p, int n, int *counts)
+{
+    llm_sampler *s = make(p);
+    memset(counts, 0, sizeof(int) * V);
+    for (int i = 0; i < n; i++) {
+        llm_sample_result r;
+        llm_sampler_sample(s, logits, &r);
+        assert_true(r.id >= 0 && r.id < V);
+        counts[r.id]++;
+    }
+    llm_sampler_free(s);
+}
+
+static void test_greedy(void **state)
+{
+    (void)state;
+    llm_sampler *s = make(llm_sampling_default());
+    llm_sample_result r;
+    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(r.id, 1);
+    llm_sampler_free(s);
+}
+
+/* Empirical frequencies within 5 standard errors of softmax(l / T). */
+static void test_temperature_distribution(void **state)
+{
+    (void)state;
+    llm_sampling p = llm_sampling_default();
+    p.temperature = 0.7f;
+    p.seed = 99;
+    enum { N = 40000 };
+    int c[V];
+    double want[V];
+    histogram(p, N, c);
+    softmax(logits, 0.7, want);
+    for (int i = 0; i < V; i++) {
+        double se = sqrt(want[i] * (1 - want[i]) / N);
+        if (fabs(c[i] / (double)N - want[i]) > 5 * se + 1e-4)
+            fail_msg("id %d: frequency %g, expected %g", i, c[i] / (double)N, want[i]);
+    }
+}
+
+static void test_filters(void **state)
+{
+    (void)state;
+    int c[V];
+    llm_sampling p = llm_sampling_default();
+    p.temperature = 1.0f;
+    p.top_k = 2; /* ids 1 and 5 */
+    histogram(p, 3000, c);
+    assert_int_equal(c[1] + c[5], 3000);
+    assert_true(c[1] > 0 && c[5] > 0);
+    p.top_k = 0;
+    p.top_p = 0.5f; /* p(1) = 0.33, p(5) = 0.30: the nucleus is {1, 5} */
+    histogram(p, 3000, c);
+    assert_int_equal(c[1] + c[5], 3000);
+    p.top_p = 1.0f;
+    p.min_p = 0.5f; /* keep p >= 0.5 p(1): ids 1, 5, 2 (e^-0.5 = 0.61) */
+    histogram(p, 3000, c);
+    assert_int_equal(c[1] + c[5] + c[2], 3000);
+    assert_true(c[2] > 0);
+}
+
+static void test_seed(void **state)
+{
+    (void)state;
+    llm_sampling p = llm_sampling_default();
+    p.temperature = 1.5f;
+    int a[64], b[64], d[64], same = 1, diff = 0;
+    for (int run = 0; run < 3; run++) {
+        p.seed = run == 2 ? 8 : 7;
+        llm_sampler *s = make(p);
+        for (int i = 0; i < 64; i++) {
+            llm_sample_result r;
+            llm_sampler_sample(s, logits, &r);
+            (run == 0 ? a : run == 1 ? b : d)[i] = r.id;
+        }
+        llm_sampler_free(s);
+    }
+    for (int i = 0; i < 64; i++) {
+        same &= a[i] == b[i];
+        diff |= a[i] != d[i];
+    }
+    assert_true(same);
+    assert_true(diff);
+}
+
+static void test_penalties(void **state)
+{
+    (void)state;
+    llm_sampling p = llm_sampling_default();
+    llm_sample_result r;
+    p.presence_penalty = 0.2f; /* 3.0 - 0.2 < 2.9 */
+    llm_sampler *s = make(p);
+    llm_sampler_accept(s, 1);
+    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(r.id, 5);
+    llm_sampler_free(s);
+    p.presence_penalty = 0;
+    p.frequency_penalty = 0.04f; /* seen twice: 3.0 - 0.08 = 2.92 still beats 2.9 */
+    s = make(p);
+    llm_sampler_accept(s, 1);
+    llm_sampler_accept(s, 1);
+    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(r.id, 1);
+    llm_sampler_accept(s, 1); /* three times: 3.0 - 0.12 = 2.88 < 2.9 */
+    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(r.id, 5);
+    llm_sampler_free(s);
+    p.frequency_penalty = 0;
+    p.repetition_penalty = 1.1f; /* 3.0 / 1.1 = 2.73 < 2.9 */
+    p.penalty_last_n = 2;
+    s = make(p);
+    llm_sampler_accept(s, 1);
+    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(r.id, 5);
+    llm_sampler_accept(s, 4);
+    llm_sampler_accept(s, 4); /* id 1 left the 2-token window */
+    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(r.id, 1);
+    llm_sampler_free(s);
+}
+
+static void test_logprobs(void **state)
+{
+    (void)state;
+    llm_sampling p = llm_sampling_default();
+    p.n_logprobs = 3;
+    llm_sampler *s = make(p);
+    llm_sample_result r;
+    llm_sampler_sample(s, logits, &r);
+    double want[V];
+    softmax(logits, 1.0, want);
+    assert_int_equal(r.n_top, 3);
+    int order[3] = {1, 5, 2};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(r.top[i].id, order[i]);
+        assert_true(fabs(r.top[i].logprob - log(want[order[i]])) < 1e-5);
+    }
+    assert_true(fabs(r.logprob - log(want[1])) < 1e-5);
+    llm_sampler_free(s);
+}
+
+static void test_check(void **state)
+{
+    (void)state;
+    llm_error err = {0};
+    llm_sampling p = llm_sampling_default();
+    p.top_p = 0;
+    assert_int_equal(llm_sampling_check(&p, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "top_p"));
+    p = llm_sampling_default();
+    p.temperature = NAN;
+    assert_int_equal(llm_sampling_check(&p, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "temperature"));
+    p = llm_sampling_default();
+    p.n_logprobs = 21;
+    assert_int_equal(llm_sampling_check(&p, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "logprobs"));
+}
+
+static void test_stop(void **state)
+{
+    (void)state;
+    const char *stops[] = {"\n\n", "END", "xyz"};
+    size_t hold;
+    assert_int_equal(llm_stop_find("abc END d", 9, stops, 3, &hold), 4);
+    assert_int_equal(hold, 0);
+    assert_int_equal(llm_stop_find("line\n\nEND", 9, stops, 3, &hold), 4); /* earliest */
+    assert_int_equal(llm_stop_find("the EN", 6, stops, 3, &hold), -1);
+    assert_int_equal(hold, 2); /* "EN" may become "END" */
+    assert_int_equal(llm_stop_find("a\n", 2, stops, 3, &hold), -1);
+    assert_int_equal(hold, 1);
+    assert_int_equal(llm_stop_find("plain", 5, stops, 3, &hold), -1);
+    assert_int_equal(hold, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy), cmocka_unit_test(test_temperature_distribution),
+        cmocka_unit_test(test_filters), cmocka_unit_test(test_seed), cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_logprobs), cmocka_unit_test(test_check), cmocka_unit_test(test_stop),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
