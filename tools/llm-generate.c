@@ -3,7 +3,10 @@
  *                [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--ctx N]
  *                [--ids] [--scalar]
  * Prints the text as it is generated, then prompt and decode tokens/s on
- * stderr. --ids also prints the prompt and generated token ids. */
+ * stderr. --ids also prints the prompt and generated token ids and, for each
+ * generated token, the gap between the two largest logits (how near a tie
+ * the greedy choice was: used when comparing with other engines). */
+#include <math.h>
 #include <string.h>
 
 #include "cli.h"
@@ -57,14 +60,28 @@ static void print_ids(const char *what, const int32_t *ids, int n)
     fprintf(stderr, "\n");
 }
 
+/* Gap between the two largest logits: how close a greedy choice was. */
+static float top2_gap(const float *l, int n)
+{
+    float a = -INFINITY, b = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        if (l[i] > a) { b = a; a = l[i]; }
+        else if (l[i] > b) b = l[i];
+    }
+    return a - b;
+}
+
 static int generate(const opts *o, const llm_model *m, llm_session *ses, llm_error *err)
 {
     int32_t *prompt, *out = malloc(sizeof(int32_t) * (size_t)(o->n_predict + 1));
+    float *gaps = malloc(sizeof(float) * (size_t)(o->n_predict + 1));
     int n_prompt;
     llm_sampler *smp = NULL;
-    if (!out || llm_tokenize(m->vocab, o->prompt, strlen(o->prompt), 1, 1, &prompt, &n_prompt, err)) {
+    if (!out || !gaps || llm_tokenize(m->vocab, o->prompt, strlen(o->prompt), 1, 1, &prompt, &n_prompt, err)) {
+        int oom = !out || !gaps;
         free(out);
-        return out ? 1 : (fprintf(stderr, "error: out of memory\n"), 1);
+        free(gaps);
+        return oom ? (fprintf(stderr, "error: out of memory\n"), 1) : 1;
     }
     const float *logits;
     double t0 = cli_now(), t1 = t0, t2;
@@ -76,6 +93,8 @@ static int generate(const opts *o, const llm_model *m, llm_session *ses, llm_err
     for (int i = 0; i < n_prompt; i++) llm_sampler_accept(smp, prompt[i]);
     for (; n_out < o->n_predict; n_out++) {
         llm_sample_result r;
+        if (o->ids)
+            gaps[n_out] = top2_gap(logits, m->hp.n_vocab);
         llm_sampler_sample(smp, logits, &r);
         if (llm_vocab_is_eog(m->vocab, r.id))
             break;
@@ -93,6 +112,9 @@ static int generate(const opts *o, const llm_model *m, llm_session *ses, llm_err
     if (o->ids) {
         print_ids("prompt ids", prompt, n_prompt);
         print_ids("generated ids", out, n_out);
+        fprintf(stderr, "top-2 logit gaps:");
+        for (int i = 0; i < n_out; i++) fprintf(stderr, " %.3g", gaps[i]);
+        fprintf(stderr, "\n");
     }
     fprintf(stderr, "prompt: %d tokens, %.2f tok/s | decode: %d tokens, %.2f tok/s\n", n_prompt,
             n_prompt / (t1 - t0), n_out, n_out > 1 ? (n_out - 1) / (t2 - t1) : 0.0);
@@ -103,6 +125,7 @@ out:
     llm_sampler_free(smp);
     free(prompt);
     free(out);
+    free(gaps);
     return rc;
 }
 
