@@ -130,13 +130,27 @@ static inline void q4k_scales(const uint8_t *q, uint8_t *sc, uint8_t *m)
     }
 }
 
+static inline float hsum4(__m128 s)
+{
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The 8 mins times the 8 sub-block sums of a Q8_K block, as 4 int32 lanes. */
+static inline __m128i q4k_min_dot(__m128i m16, const block_q8_K *y)
+{
+    __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
+    return _mm_madd_epi16(m16, _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+}
+
 static float w_q4_K(const void *w, const void *x, int n)
 {
     const block_q4_K *a = w;
     const block_q8_K *b = x;
     const __m256i lo = _mm256_set1_epi8(0xf);
     __m256 acc = _mm256_setzero_ps();
-    float mins = 0;
+    __m128 mins = _mm_setzero_ps();
     for (int i = 0; i < n / QK_K; i++) {
         /* decode streams weights once: fetch well ahead, past page ends where
          * the hardware prefetcher stops */
@@ -144,8 +158,7 @@ static float w_q4_K(const void *w, const void *x, int n)
         _mm_prefetch((const char *)(a + i) + CPU_PREFETCH + 64, _MM_HINT_T0);
         uint8_t sc[8], m[8];
         q4k_scales(a[i].scales, sc, m);
-        int msum = 0;
-        for (int j = 0; j < 8; j++) msum += m[j] * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+        __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
         __m256i isum = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(a[i].qs + 32 * j));
@@ -159,9 +172,9 @@ static float w_q4_K(const void *w, const void *x, int n)
         }
         float d = b[i].d * h2f(a[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-        mins += b[i].d * h2f(a[i].dmin) * (float)msum;
+        mins = _mm_fmadd_ps(_mm_set1_ps(b[i].d * h2f(a[i].dmin)), _mm_cvtepi32_ps(q4k_min_dot(m16, &b[i])), mins);
     }
-    return hsum8(acc) - mins;
+    return hsum8(acc) - hsum4(mins);
 }
 
 /* int16 lanes: first 8 carry scale s0, last 8 scale s1 (two 16-quant groups). */
@@ -170,43 +183,52 @@ static inline __m256i scale_pair(int s0, int s1)
     return _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
 }
 
+/* Decodes one half (128 quants, unsigned 0..63) of a Q6_K block. */
+static inline void q6k_half(const uint8_t *ql, const uint8_t *qh, __m256i q[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+}
+
+/* sum_j scales[j] * bsums[j] over the 16 sub-blocks: the -32 offset's share. */
+static inline int q6k_bias(const block_q6_K *a, const block_q8_K *y)
+{
+    __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales));
+    return hsum8i(_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)y->bsums)));
+}
+
 static float w_q6_K(const void *w, const void *x, int n)
 {
     const block_q6_K *a = w;
     const block_q8_K *b = x;
-    const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
     __m256 acc = _mm256_setzero_ps();
+    float bias = 0;
     for (int i = 0; i < n / QK_K; i++) {
         _mm_prefetch((const char *)(a + i) + CPU_PREFETCH, _MM_HINT_T0);
         _mm_prefetch((const char *)(a + i) + CPU_PREFETCH + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)(a + i) + CPU_PREFETCH + 128, _MM_HINT_T0);
-        const uint8_t *ql = a[i].ql, *qh = a[i].qh;
-        const int8_t *sc = a[i].scales, *y = b[i].qs;
-        int bias = 0; /* the -32 offset, applied through the block sums */
-        for (int j = 0; j < 16; j++) bias += sc[j] * b[i].bsums[j];
         __m256i isum = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, y += 128) {
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+        for (int h = 0; h < 2; h++) {
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+            q6k_half(a[i].ql + 64 * h, a[i].qh + 32 * h, q);
+            const int8_t *sc = a[i].scales + 8 * h;
             for (int k = 0; k < 4; k++) {
-                __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(y + 32 * k)));
+                __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(b[i].qs + 128 * h + 32 * k)));
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scale_pair(sc[2 * k], sc[2 * k + 1])));
             }
         }
         float d = b[i].d * h2f(a[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-        acc = _mm256_sub_ps(acc, _mm256_setr_ps(d * 32.f * (float)bias, 0, 0, 0, 0, 0, 0, 0));
+        bias += d * 32.f * (float)q6k_bias(&a[i], &b[i]);
     }
-    return hsum8(acc);
+    return hsum8(acc) - bias;
 }
 
 /* ---- four activation rows per weight row (prefill) ----------------------- */
@@ -251,79 +273,97 @@ static void w_q4_0_x4(const void *w, const void *x, size_t stride, int n, float 
     for (int t = 0; t < 4; t++) out[t] = hsum8(acc[t]);
 }
 
+#define Q4K_TOKEN(t)                                                                                        \
+    do {                                                                                                    \
+        __m256i p0 = _mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)(b##t[i].qs + 64 * j)));      \
+        __m256i p1 = _mm256_maddubs_epi16(q1, _mm256_loadu_si256((const __m256i *)(b##t[i].qs + 64 * j + 32))); \
+        is##t = _mm256_add_epi32(is##t, _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));  \
+    } while (0)
+
+#define Q4K_FINISH(t)                                                                                       \
+    do {                                                                                                    \
+        acc##t = _mm256_fmadd_ps(_mm256_set1_ps(d * b##t[i].d), _mm256_cvtepi32_ps(is##t), acc##t);           \
+        mn##t = _mm_fmadd_ps(_mm_set1_ps(dmin * b##t[i].d), _mm_cvtepi32_ps(q4k_min_dot(m16, &b##t[i])), mn##t); \
+    } while (0)
+
 static void w_q4_K_x4(const void *w, const void *x, size_t stride, int n, float *out)
 {
     const block_q4_K *a = w;
-    const block_q8_K *b[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
+    const block_q8_K *b0 = X4(x, stride, 0), *b1 = X4(x, stride, 1), *b2 = X4(x, stride, 2), *b3 = X4(x, stride, 3);
     const __m256i lo = _mm256_set1_epi8(0xf);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    float mins[4] = {0, 0, 0, 0};
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    __m128 mn0 = _mm_setzero_ps(), mn1 = mn0, mn2 = mn0, mn3 = mn0;
     for (int i = 0; i < n / QK_K; i++) {
         uint8_t sc[8], m[8];
         q4k_scales(a[i].scales, sc, m);
-        __m256i isum[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+        __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+        __m256i is0 = _mm256_setzero_si256(), is1 = is0, is2 = is0, is3 = is0;
         for (int j = 0; j < 4; j++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(a[i].qs + 32 * j));
             __m256i q0 = _mm256_and_si256(q, lo), q1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo);
             __m256i s0 = _mm256_set1_epi16(sc[2 * j]), s1 = _mm256_set1_epi16(sc[2 * j + 1]);
-            _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
-                __m256i p0 = _mm256_maddubs_epi16(q0, _mm256_loadu_si256((const __m256i *)(b[t][i].qs + 64 * j)));
-                __m256i p1 = _mm256_maddubs_epi16(q1, _mm256_loadu_si256((const __m256i *)(b[t][i].qs + 64 * j + 32)));
-                isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
-            }
+            Q4K_TOKEN(0);
+            Q4K_TOKEN(1);
+            Q4K_TOKEN(2);
+            Q4K_TOKEN(3);
         }
         float d = h2f(a[i].d), dmin = h2f(a[i].dmin);
-        for (int t = 0; t < 4; t++) {
-            int msum = 0;
-            for (int j = 0; j < 8; j++) msum += m[j] * (b[t][i].bsums[2 * j] + b[t][i].bsums[2 * j + 1]);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * b[t][i].d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
-            mins[t] += b[t][i].d * dmin * (float)msum;
-        }
+        Q4K_FINISH(0);
+        Q4K_FINISH(1);
+        Q4K_FINISH(2);
+        Q4K_FINISH(3);
     }
-    for (int t = 0; t < 4; t++) out[t] = hsum8(acc[t]) - mins[t];
+    out[0] = hsum8(acc0) - hsum4(mn0);
+    out[1] = hsum8(acc1) - hsum4(mn1);
+    out[2] = hsum8(acc2) - hsum4(mn2);
+    out[3] = hsum8(acc3) - hsum4(mn3);
 }
 
-/* Decodes one half (128 quants, unsigned 0..63) of a Q6_K block. */
-static inline void q6k_half(const uint8_t *ql, const uint8_t *qh, __m256i q[4])
-{
-    const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
-    __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-    __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
-    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
-    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
-    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
-}
+
+
+#define Q6K_TOKEN(t)                                                                                  \
+    do {                                                                                              \
+        __m256i y = _mm256_loadu_si256((const __m256i *)(b##t[i].qs + 128 * h + 32 * k));               \
+        is##t = _mm256_add_epi32(is##t, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], y), s));          \
+    } while (0)
+
+#define Q6K_FINISH(t)                                                                                 \
+    do {                                                                                              \
+        __m256 dd = _mm256_set1_ps(d * b##t[i].d);                                                    \
+        acc##t = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(is##t), acc##t);                              \
+        bias##t = _mm256_fmadd_ps(dd, _mm256_set1_ps(32.f * (float)q6k_bias(&a[i], &b##t[i])), bias##t); \
+    } while (0)
 
 static void w_q6_K_x4(const void *w, const void *x, size_t stride, int n, float *out)
 {
     const block_q6_K *a = w;
-    const block_q8_K *b[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
-    float res[4] = {0, 0, 0, 0};
+    const block_q8_K *b0 = X4(x, stride, 0), *b1 = X4(x, stride, 1), *b2 = X4(x, stride, 2), *b3 = X4(x, stride, 3);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    __m256 bias0 = acc0, bias1 = acc0, bias2 = acc0, bias3 = acc0; /* only lane 0 matters */
     for (int i = 0; i < n / QK_K; i++) {
-        __m256i isum[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+        __m256i is0 = _mm256_setzero_si256(), is1 = is0, is2 = is0, is3 = is0;
         for (int h = 0; h < 2; h++) {
             __m256i q[4];
             q6k_half(a[i].ql + 64 * h, a[i].qh + 32 * h, q);
             const int8_t *sc = a[i].scales + 8 * h;
             for (int k = 0; k < 4; k++) {
                 __m256i s = scale_pair(sc[2 * k], sc[2 * k + 1]);
-                _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
-                    __m256i y = _mm256_loadu_si256((const __m256i *)(b[t][i].qs + 128 * h + 32 * k));
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], y), s));
-                }
+                Q6K_TOKEN(0);
+                Q6K_TOKEN(1);
+                Q6K_TOKEN(2);
+                Q6K_TOKEN(3);
             }
         }
         float d = h2f(a[i].d);
-        for (int t = 0; t < 4; t++) {
-            int bias = 0;
-            for (int j = 0; j < 16; j++) bias += a[i].scales[j] * b[t][i].bsums[j];
-            res[t] += d * b[t][i].d * (float)(hsum8i(isum[t]) - 32 * bias);
-        }
+        Q6K_FINISH(0);
+        Q6K_FINISH(1);
+        Q6K_FINISH(2);
+        Q6K_FINISH(3);
     }
-    for (int t = 0; t < 4; t++) out[t] = res[t];
+    out[0] = hsum8(acc0) - _mm256_cvtss_f32(bias0);
+    out[1] = hsum8(acc1) - _mm256_cvtss_f32(bias1);
+    out[2] = hsum8(acc2) - _mm256_cvtss_f32(bias2);
+    out[3] = hsum8(acc3) - _mm256_cvtss_f32(bias3);
 }
 
 static void w_f16_x4(const void *w, const void *x, size_t stride, int n, float *out)
