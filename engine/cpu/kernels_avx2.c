@@ -120,14 +120,27 @@ static float w_q4_0(const void *w, const void *x, int n)
     return hsum8(acc);
 }
 
-static inline void q4k_scales(const uint8_t *q, uint8_t *sc, uint8_t *m)
+/* The 8 6-bit scales and 8 6-bit mins of a Q4_K block as int16 vectors.
+ * Layout: bytes 0-3 hold scales 0-3 (low 6 bits) and the top bits of scales
+ * 4-7; bytes 4-7 the same for the mins; bytes 8-11 the low nibbles of
+ * scales 4-7 and mins 4-7. Worked on as three 32-bit words. */
+static inline void q4k_scales(const uint8_t *q, __m128i *sc16, __m128i *m16)
 {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        m[j] = q[j + 4] & 63;
-        sc[j + 4] = (q[j + 8] & 0xf) | ((q[j] >> 6) << 4);
-        m[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
-    }
+    uint32_t w0, w1, w2;
+    memcpy(&w0, q, 4);
+    memcpy(&w1, q + 4, 4);
+    memcpy(&w2, q + 8, 4);
+    uint32_t s_lo = w0 & 0x3f3f3f3f, m_lo = w1 & 0x3f3f3f3f;
+    uint32_t s_hi = (w2 & 0x0f0f0f0f) | (((w0 >> 6) & 0x03030303) << 4);
+    uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0f) | (((w1 >> 6) & 0x03030303) << 4);
+    *sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)s_hi, (int)s_lo));
+    *m16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m_hi, (int)m_lo));
+}
+
+/* Every int16 lane = scale k of the 8 held twice in scv. */
+static inline __m256i q4k_scale_k(__m256i scv, int k)
+{
+    return _mm256_shuffle_epi8(scv, _mm256_set1_epi16((short)(((2 * k + 1) << 8) | (2 * k))));
 }
 
 static inline float hsum4(__m128 s)
@@ -156,9 +169,9 @@ static float w_q4_K(const void *w, const void *x, int n)
          * the hardware prefetcher stops */
         _mm_prefetch((const char *)(a + i) + CPU_PREFETCH, _MM_HINT_T0);
         _mm_prefetch((const char *)(a + i) + CPU_PREFETCH + 64, _MM_HINT_T0);
-        uint8_t sc[8], m[8];
-        q4k_scales(a[i].scales, sc, m);
-        __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+        __m128i sc16, m16;
+        q4k_scales(a[i].scales, &sc16, &m16);
+        __m256i scv = _mm256_broadcastsi128_si256(sc16);
         __m256i isum = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(a[i].qs + 32 * j));
@@ -166,8 +179,8 @@ static float w_q4_K(const void *w, const void *x, int n)
             __m256i y1 = _mm256_loadu_si256((const __m256i *)(b[i].qs + 64 * j + 32));
             __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(q, lo), y0);
             __m256i p1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), lo), y1);
-            p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j]));
-            p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1]));
+            p0 = _mm256_madd_epi16(p0, q4k_scale_k(scv, 2 * j));
+            p1 = _mm256_madd_epi16(p1, q4k_scale_k(scv, 2 * j + 1));
             isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
         }
         float d = b[i].d * h2f(a[i].d);
@@ -294,14 +307,14 @@ static void w_q4_K_x4(const void *w, const void *x, size_t stride, int n, float 
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     __m128 mn0 = _mm_setzero_ps(), mn1 = mn0, mn2 = mn0, mn3 = mn0;
     for (int i = 0; i < n / QK_K; i++) {
-        uint8_t sc[8], m[8];
-        q4k_scales(a[i].scales, sc, m);
-        __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+        __m128i sc16, m16;
+        q4k_scales(a[i].scales, &sc16, &m16);
+        __m256i scv = _mm256_broadcastsi128_si256(sc16);
         __m256i is0 = _mm256_setzero_si256(), is1 = is0, is2 = is0, is3 = is0;
         for (int j = 0; j < 4; j++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(a[i].qs + 32 * j));
             __m256i q0 = _mm256_and_si256(q, lo), q1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo);
-            __m256i s0 = _mm256_set1_epi16(sc[2 * j]), s1 = _mm256_set1_epi16(sc[2 * j + 1]);
+            __m256i s0 = q4k_scale_k(scv, 2 * j), s1 = q4k_scale_k(scv, 2 * j + 1);
             Q4K_TOKEN(0);
             Q4K_TOKEN(1);
             Q4K_TOKEN(2);
