@@ -35,6 +35,7 @@ typedef struct cpu_kernels {
     const char *name;
     cpu_dot_fn dot[QT_COUNT];          /* by weight type */
     cpu_dot4_fn dot4[QT_COUNT];        /* optional, by weight type */
+    cpu_dot4_fn dot8[QT_COUNT];        /* optional: eight activation rows */
     const cpu_act *act[QT_COUNT];      /* by weight type */
     float (*dot_f32)(const float *a, const float *b, int n);
     /* y += a * x */

@@ -6,13 +6,17 @@ and thread counts in the same run, with our/their ratios.
 
 Roofline: a decode step reads every weight once (the token embedding only
 for one row, unless it doubles as the output matrix), so tokens/s can not
-exceed copy bandwidth / bytes per token. Bandwidth is measured here with a
-large multi-threaded memcpy counting bytes read plus written."""
+exceed bandwidth / bytes per token. Bandwidth is measured here with a large
+multi-threaded memcpy counting bytes read plus written (the "copy" column's
+basis), and with a read-only pass, the kind of traffic decode makes.
+
+Shared machines are noisy (runs of one binary vary by +-15% here), so each
+row alternates our run and llama.cpp's ROUNDS times and reports medians."""
 import argparse
 import json
 import os
 import pathlib
-import re
+import statistics
 import subprocess
 import sys
 
@@ -40,7 +44,7 @@ def model(build, shape, qtype):
 
 
 def llama_bench(exe, path, threads, p, n, reps):
-    out = sh([exe, "-m", path, "-t", threads, "-p", p, "-n", n, "-r", reps, "-o", "json"])
+    out = sh([exe, "-m", path, "-t", threads, "-p", p, "-n", n, "-r", reps, "-o", "json"], env=peer_env())
     pp = tg = None
     for row in json.loads(out):
         if row.get("n_prompt", 0) > 0 and row.get("n_gen", 0) == 0:
@@ -48,6 +52,17 @@ def llama_bench(exe, path, threads, p, n, reps):
         if row.get("n_gen", 0) > 0 and row.get("n_prompt", 0) == 0:
             tg = row["avg_ts"]
     return pp, tg
+
+
+def peer_env():
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    return env
+
+
+def ours(build, path, threads, p, n, reps):
+    r = kv(sh([build / "bin" / "llm-bench", "-m", path, "-p", p, "-n", n, "-t", threads, "-r", reps]))
+    return float(r["prefill_tps"]), float(r["decode_tps"]), float(r["decode_bytes"])
 
 
 def main():
@@ -58,14 +73,16 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("-p", type=int, default=128)
     ap.add_argument("-n", type=int, default=64)
-    ap.add_argument("-r", type=int, default=3)
+    ap.add_argument("-r", type=int, default=2, help="repetitions inside one run")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating runs per row (medians reported)")
     a = ap.parse_args()
     build = ROOT / a.build
     peer = os.environ.get("LLAMA_BENCH")
     threads = [int(t) for t in a.threads.split(",")]
-    bw = {t: float(kv(sh([build / "bin" / "llm-bench", "--bandwidth", "-t", t]))["bandwidth_gbs"]) for t in threads}
-    print("copy bandwidth: " + ", ".join(f"{bw[t]:.1f} GB/s at {t} thread(s)" for t in threads))
-    head = f"{'model':<16}{'type':<6}{'thr':>4}{'prefill t/s':>13}{'decode t/s':>12}{'roofline':>10}"
+    bw = {t: kv(sh([build / "bin" / "llm-bench", "--bandwidth", "-t", t])) for t in threads}
+    print("bandwidth: " + ", ".join(f"copy {float(bw[t]['bandwidth_gbs']):.1f} GB/s, read "
+                                    f"{float(bw[t]['read_gbs']):.1f} GB/s at {t} thread(s)" for t in threads))
+    head = f"{'model':<16}{'type':<6}{'thr':>4}{'prefill t/s':>13}{'decode t/s':>12}{'copy roof':>10}{'read roof':>10}"
     if peer:
         head += f"{'llama.cpp pp':>14}{'tg':>9}{'pp ratio':>10}{'tg ratio':>10}"
     print(head)
@@ -73,12 +90,20 @@ def main():
         for qtype in a.types.split(","):
             path = model(build, shape, qtype)
             for t in threads:
-                r = kv(sh([build / "bin" / "llm-bench", "-m", path, "-p", a.p, "-n", a.n, "-t", t, "-r", a.r]))
-                pp, tg = float(r["prefill_tps"]), float(r["decode_tps"])
-                roof = bw[t] * 1e9 / float(r["decode_bytes"])
-                line = f"{shape:<16}{qtype:<6}{t:>4}{pp:>13.1f}{tg:>12.2f}{tg / roof:>9.0%} "
+                mine, theirs = [], []
+                for _ in range(a.rounds):
+                    mine.append(ours(build, path, t, a.p, a.n, a.r))
+                    if peer:
+                        theirs.append(llama_bench(peer, path, t, a.p, a.n, a.r))
+                pp = statistics.median(m[0] for m in mine)
+                tg = statistics.median(m[1] for m in mine)
+                step = mine[0][2]
+                copy_roof = float(bw[t]["bandwidth_gbs"]) * 1e9 / step
+                read_roof = float(bw[t]["read_gbs"]) * 1e9 / step
+                line = f"{shape:<16}{qtype:<6}{t:>4}{pp:>13.1f}{tg:>12.2f}{tg / copy_roof:>9.0%} {tg / read_roof:>9.0%} "
                 if peer:
-                    lpp, ltg = llama_bench(peer, path, t, a.p, a.n, a.r)
+                    lpp = statistics.median(x[0] for x in theirs)
+                    ltg = statistics.median(x[1] for x in theirs)
                     line += f"{lpp:>13.1f}{ltg:>9.2f}{pp / lpp:>10.2f}{tg / ltg:>10.2f}"
                 print(line, flush=True)
 

@@ -197,20 +197,23 @@ static void check_dot(const cpu_kernels *k, quant_type wt, int n)
             if (fabsf(af[i] - x[i]) > amax * (0.5001f / 127.f + 5e-4f) + 1e-7f)
                 fail_msg("%s activations for %s, elem %d: %g for %g", k->name, quant_type_name(wt), i, af[i], x[i]);
     }
-    if (k->dot4[wt]) { /* the tile kernel: four rows, each as the one-row kernel */
-        uint8_t *a4 = malloc(4 * ab);
-        float out[4], *x4 = malloc(sizeof(float) * (size_t)n);
-        for (int t = 0; t < 4; t++) {
+    for (int width = 4; width <= 8; width += 4) { /* tile kernels vs float64, per row */
+        cpu_dot4_fn fn = width == 4 ? k->dot4[wt] : k->dot8[wt];
+        if (!fn)
+            continue;
+        uint8_t *a4 = malloc(8 * ab);
+        float out[8], *x4 = malloc(sizeof(float) * (size_t)n);
+        for (int t = 0; t < width; t++) {
             for (int i = 0; i < n; i++) x4[i] = test_randf(&seed);
             act->quantize(x4, a4 + (size_t)t * ab, n);
         }
-        k->dot4[wt](w, a4, ab, n, out);
-        for (int t = 0; t < 4; t++) {
+        fn(w, a4, ab, n, out);
+        for (int t = 0; t < width; t++) {
             double r4 = 0, m4 = 0;
             act->dequant(a4 + (size_t)t * ab, af, n);
             for (int i = 0; i < n; i++) { r4 += (double)wf[i] * af[i]; m4 += fabs((double)wf[i] * af[i]); }
             if (fabs(out[t] - r4) > 1e-5 * m4 + 1e-30)
-                fail_msg("%s %s dot4 row %d: %.9g vs float64 %.9g", k->name, quant_type_name(wt), t, out[t], r4);
+                fail_msg("%s %s dot%d row %d: %.9g vs float64 %.9g", k->name, quant_type_name(wt), width, t, out[t], r4);
         }
         free(a4);
         free(x4);
