@@ -26,8 +26,10 @@ static inline int hsum8i(__m256i v)
 
 static inline float h2f(quant_f16 h) { return _cvtsh_ss(h); }
 
-/* Bytes ahead of the current block that the decode kernels prefetch. */
-#define CPU_PREFETCH 1024
+/* Bytes ahead of the current block that the decode kernels prefetch: one
+ * page, enough requests in flight to cover DRAM latency (measured: 1 KiB
+ * ahead gave ~15, 4 KiB ~21, 8 KiB ~21 tok/s, tinyllama Q8_0, 2 threads). */
+#define CPU_PREFETCH 4096
 
 static float dot_f32(const float *a, const float *b, int n)
 {

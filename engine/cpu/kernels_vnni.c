@@ -77,8 +77,8 @@ static float q8_0_dot(const void *w, const void *x, int n)
     const float *xd = (const float *)(xq + n);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / QK8_0; i++) {
-        /* decode streams weights once: fetch ahead, past page ends */
-        _mm_prefetch((const char *)(a + i) + 1024, _MM_HINT_T0);
+        /* decode streams weights once: fetch ahead, past page ends (CPU_PREFETCH) */
+        _mm_prefetch((const char *)(a + i) + 4096, _MM_HINT_T0);
         __m256i wq = _mm256_loadu_si256((const __m256i *)a[i].qs);
         __m256i p = _mm256_dpbusd_epi32(minus_offset(wq), _mm256_loadu_si256((const __m256i *)(xq + QK8_0 * i)), wq);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(a[i].d) * xd[i]), _mm256_cvtepi32_ps(p), acc);
