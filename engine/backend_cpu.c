@@ -6,6 +6,7 @@
  * costs little more memory traffic than one token. Attention splits
  * (token, head) pairs across threads. */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -41,6 +42,7 @@ typedef struct mm_job {
     mm_part parts[LLM_MATMUL_MAX_GROUP];
     int n_parts, n_tok;
     long total_rows;
+    _Atomic long next_chunk; /* prefill: chunks handed out on demand */
 } mm_job;
 
 /* Tokens [t, t + width) of rows [r0, r1) through a tile kernel. */
@@ -76,17 +78,38 @@ static void mm_rows(const cpu_kernels *k, const mm_part *p, int n_tok, long r0, 
 /* Each thread takes a contiguous range of the group's concatenated rows,
  * in chunks small enough that a chunk's weights stay in cache while every
  * token uses them. */
-static void mm_worker(void *arg, int ith, int nth)
+/* Rows [lo, hi) of the group's concatenated rows, in cache-sized chunks. */
+static void mm_range(const mm_job *j, long lo, long hi)
 {
-    mm_job *j = arg;
-    long lo, hi, base = 0;
-    tp_range(j->total_rows, ith, nth, &lo, &hi);
+    long base = 0;
     for (int i = 0; i < j->n_parts; i++) {
         const mm_part *p = &j->parts[i];
         long a = lo > base ? lo - base : 0, b = hi - base < p->w->rows ? hi - base : p->w->rows;
         for (long r0 = a; r0 < b; r0 += CPU_ROW_CHUNK)
             mm_rows(j->k, p, j->n_tok, r0, r0 + CPU_ROW_CHUNK < b ? r0 + CPU_ROW_CHUNK : b);
         base += p->w->rows;
+    }
+}
+
+/* Decode (few tokens) gives each thread one contiguous range, so its
+ * weight stream stays sequential for the prefetcher. Prefill hands out
+ * chunks on demand: compute-bound work then finishes together even when a
+ * thread starts late or its vCPU is preempted. */
+static void mm_worker(void *arg, int ith, int nth)
+{
+    mm_job *j = arg;
+    if (j->n_tok < 8) {
+        long lo, hi;
+        tp_range(j->total_rows, ith, nth, &lo, &hi);
+        mm_range(j, lo, hi);
+        return;
+    }
+    for (;;) {
+        long c = atomic_fetch_add_explicit(&j->next_chunk, 1, memory_order_relaxed);
+        long lo = c * CPU_ROW_CHUNK;
+        if (lo >= j->total_rows)
+            return;
+        mm_range(j, lo, lo + CPU_ROW_CHUNK < j->total_rows ? lo + CPU_ROW_CHUNK : j->total_rows);
     }
 }
 
@@ -166,7 +189,7 @@ static llm_status cpu_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, c
     cpu_ctx *c = ctx_of(b);
     if (n_ops < 1 || n_ops > LLM_MATMUL_MAX_GROUP)
         return LLM_ERR_INVALID_ARG;
-    mm_job j = {c->k, {{0}}, n_ops, n_tok, 0};
+    mm_job j = {c->k, {{0}}, n_ops, n_tok, 0, 0};
     int n_slots = 0;
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].w->cols != ops[0].w->cols)
