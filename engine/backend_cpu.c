@@ -353,19 +353,18 @@ static void attn_one(const llm_attn_args *a, const cpu_kernels *k, float *sc, in
     int kvh = h / (a->n_head / a->n_head_kv);
     const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
     float *o = a->out + ((size_t)t * a->n_head + h) * hd;
-    float mx = -INFINITY;
-    for (int p = 0; p < n_kv; p++) {
-        sc[p] = k->dot_f32(q, kv_row(&a->kv, a->kv.k, p) + kvh * hd, hd) * a->scale;
-        mx = fmaxf(mx, sc[p]);
-    }
-    float sum = 0;
-    for (int p = 0; p < n_kv; p++) {
-        sc[p] = expf(sc[p] - mx);
-        sum += sc[p];
-    }
+    int bs = a->kv.block_size;
+    size_t stride = (size_t)a->kv.kv_dim;
+    for (int p0 = 0; p0 < n_kv; p0 += bs) /* one KV block at a time: its rows are contiguous */
+        k->attn_dots(q, kv_row(&a->kv, a->kv.k, p0) + kvh * hd, stride, n_kv - p0 < bs ? n_kv - p0 : bs, hd,
+                     a->scale, sc + p0);
+    float mx = -INFINITY, sum = 0;
+    for (int p = 0; p < n_kv; p++) mx = fmaxf(mx, sc[p]);
+    for (int p = 0; p < n_kv; p++) sum += (sc[p] = expf(sc[p] - mx));
+    for (int p = 0; p < n_kv; p++) sc[p] /= sum;
     memset(o, 0, sizeof(float) * hd);
-    for (int p = 0; p < n_kv; p++)
-        k->axpy(o, sc[p] / sum, kv_row(&a->kv, a->kv.v, p) + kvh * hd, hd);
+    for (int p0 = 0; p0 < n_kv; p0 += bs)
+        k->attn_wsum(o, sc + p0, kv_row(&a->kv, a->kv.v, p0) + kvh * hd, stride, n_kv - p0 < bs ? n_kv - p0 : bs, hd);
 }
 
 static void attn_worker(void *arg, int ith, int nth)

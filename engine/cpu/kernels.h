@@ -40,6 +40,10 @@ typedef struct cpu_kernels {
     float (*dot_f32)(const float *a, const float *b, int n);
     /* y += a * x */
     void (*axpy)(float *y, float a, const float *x, int n);
+    /* Attention over n key/value rows `stride` floats apart (one KV block):
+     * out[i] = scale * (q . k_i), and o += sum_i w[i] * v_i; hd floats each. */
+    void (*attn_dots)(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *out);
+    void (*attn_wsum)(float *o, const float *w, const float *v, size_t stride, int n, int hd);
 } cpu_kernels;
 
 const cpu_kernels *cpu_kernels_scalar(void);

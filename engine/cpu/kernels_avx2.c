@@ -483,6 +483,46 @@ static void axpy(float *y, float a, const float *x, int n)
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+/* Four keys at a time share each load of q; one horizontal reduction for
+ * all four. Dimensions past a multiple of 8 go through dot_f32's tail. */
+static void attn_dots(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *out)
+{
+    int i = 0, d8 = hd & ~7;
+    for (; i + 4 <= n && d8 == hd; i += 4) {
+        const float *k0 = k + (size_t)i * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (int d = 0; d < hd; d += 8) {
+            __m256 vq = _mm256_loadu_ps(q + d);
+            s0 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k0 + d), s0);
+            s1 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k1 + d), s1);
+            s2 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k2 + d), s2);
+            s3 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k3 + d), s3);
+        }
+        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
+        __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        _mm_storeu_ps(out + i, _mm_mul_ps(r, _mm_set1_ps(scale)));
+    }
+    for (; i < n; i++) out[i] = scale * dot_f32(q, k + (size_t)i * stride, hd);
+}
+
+/* o stays in registers, 64 dimensions at a time, across all rows. */
+static void attn_wsum(float *o, const float *w, const float *v, size_t stride, int n, int hd)
+{
+    int d = 0;
+    for (; d + 64 <= hd; d += 64) {
+        __m256 a[8];
+        for (int c = 0; c < 8; c++) a[c] = _mm256_loadu_ps(o + d + 8 * c);
+        for (int i = 0; i < n; i++) {
+            __m256 wi = _mm256_broadcast_ss(w + i);
+            const float *vi = v + (size_t)i * stride + d;
+            for (int c = 0; c < 8; c++) a[c] = _mm256_fmadd_ps(wi, _mm256_loadu_ps(vi + 8 * c), a[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d + 8 * c, a[c]);
+    }
+    if (d < hd)
+        for (int i = 0; i < n; i++) axpy(o + d, w[i], v + (size_t)i * stride + d, hd - d);
+}
+
 static const cpu_kernels avx2 = {
     .name = "avx2",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
@@ -493,6 +533,8 @@ static const cpu_kernels avx2 = {
             [QT_Q4_0] = &act_q8_0, [QT_Q4_K] = &act_q8_K, [QT_Q6_K] = &act_q8_K},
     .dot_f32 = dot_f32,
     .axpy = axpy,
+    .attn_dots = attn_dots,
+    .attn_wsum = attn_wsum,
 };
 
 const cpu_kernels *cpu_kernels_avx2(void)

@@ -139,6 +139,16 @@ static void axpy(float *y, float a, const float *x, int n)
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+static void attn_dots(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *out)
+{
+    for (int i = 0; i < n; i++) out[i] = scale * dot_f32(q, k + (size_t)i * stride, hd);
+}
+
+static void attn_wsum(float *o, const float *w, const float *v, size_t stride, int n, int hd)
+{
+    for (int i = 0; i < n; i++) axpy(o, w[i], v + (size_t)i * stride, hd);
+}
+
 static const cpu_kernels scalar = {
     .name = "scalar",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
@@ -147,6 +157,8 @@ static const cpu_kernels scalar = {
             [QT_Q4_0] = &act_q8_0, [QT_Q4_K] = &act_q8_K, [QT_Q6_K] = &act_q8_K},
     .dot_f32 = dot_f32,
     .axpy = axpy,
+    .attn_dots = attn_dots,
+    .attn_wsum = attn_wsum,
 };
 
 const cpu_kernels *cpu_kernels_scalar(void) { return &scalar; }

@@ -229,6 +229,27 @@ static void run_kernel_set(const cpu_kernels *k)
         int sizes_f[] = {1, 7, 33, 257, 1031}, sizes_b[] = {1, 3, 7, 11};
         for (int s = 0; s < (be == 1 ? 5 : 4); s++) check_dot(k, all[i], be == 1 ? sizes_f[s] : sizes_b[s] * be);
     }
+    for (int hd = 4; hd <= 136; hd += 12) { /* attention helpers over a block of rows */
+        enum { ROWS = 19, STRIDE = 150 };
+        static float q[STRIDE], kv[ROWS * STRIDE], w[ROWS], o[STRIDE], o0[STRIDE], dots[ROWS];
+        for (int i = 0; i < STRIDE; i++) { q[i] = test_randf(&seed); o[i] = o0[i] = test_randf(&seed); }
+        for (int i = 0; i < ROWS * STRIDE; i++) kv[i] = test_randf(&seed);
+        for (int i = 0; i < ROWS; i++) w[i] = test_randf(&seed);
+        k->attn_dots(q, kv, STRIDE, ROWS, hd, 0.125f, dots);
+        k->attn_wsum(o, w, kv, STRIDE, ROWS, hd);
+        for (int i = 0; i < ROWS; i++) {
+            double ref = 0, mag = 0;
+            for (int d = 0; d < hd; d++) { ref += (double)q[d] * kv[i * STRIDE + d]; mag += fabs((double)q[d] * kv[i * STRIDE + d]); }
+            if (fabs(dots[i] - 0.125 * ref) > 1e-6 * mag)
+                fail_msg("%s attn_dots hd=%d row %d: %g vs %g", k->name, hd, i, dots[i], 0.125 * ref);
+        }
+        for (int d = 0; d < STRIDE; d++) {
+            double ref = o0[d], mag = fabs(o0[d]);
+            for (int i = 0; d < hd && i < ROWS; i++) { ref += (double)w[i] * kv[i * STRIDE + d]; mag += fabs((double)w[i] * kv[i * STRIDE + d]); }
+            if (fabs(o[d] - ref) > 1e-6 * mag)
+                fail_msg("%s attn_wsum hd=%d dim %d: %g vs %g (must not touch dims >= hd)", k->name, hd, d, o[d], ref);
+        }
+    }
     for (int n = 1; n < 70; n += 3) { /* float helpers */
         float a[80], b[80], y[80], y0[80];
         double ref = 0, mag = 0;
