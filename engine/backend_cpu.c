@@ -114,20 +114,30 @@ static void mm_worker(void *arg, int ith, int nth)
 }
 
 typedef struct q_job {
-    cpu_quant_fn q;
+    const cpu_act *a;
     const float *x;
     void *dst;
     size_t dst_row;
     int cols, n_tok;
 } q_job;
 
+/* Work units: whole 8-token tiles first (when the format has them), then
+ * single rows; a tile occupies the bytes of its 8 rows. */
 static void q_worker(void *arg, int ith, int nth)
 {
     q_job *j = arg;
+    int tiles = j->a->quantize8 ? j->n_tok / 8 : 0;
     long lo, hi;
-    tp_range(j->n_tok, ith, nth, &lo, &hi);
-    for (long t = lo; t < hi; t++)
-        j->q(j->x + (size_t)t * (size_t)j->cols, (char *)j->dst + (size_t)t * j->dst_row, j->cols);
+    tp_range(tiles + (j->n_tok - 8 * tiles), ith, nth, &lo, &hi);
+    for (long u = lo; u < hi; u++) {
+        long t = u < tiles ? 8 * u : 8 * tiles + (u - tiles);
+        const float *x = j->x + (size_t)t * (size_t)j->cols;
+        char *dst = (char *)j->dst + (size_t)t * j->dst_row;
+        if (u < tiles)
+            j->a->quantize8(x, (size_t)j->cols, dst, j->cols);
+        else
+            j->a->quantize(x, dst, j->cols);
+    }
 }
 
 static llm_status act_reserve(cpu_ctx *c, size_t bytes)
@@ -152,7 +162,7 @@ static llm_status convert_x(cpu_ctx *c, const cpu_act *a, const float *x, int co
     size_t slot_bytes = (row * (size_t)n_tok + 63) / 64 * 64;
     if (act_reserve(c, slot_bytes * 2))
         return LLM_ERR_NOMEM;
-    q_job q = {a->quantize, x, (char *)c->act + slot_bytes * (size_t)slot, row, cols, n_tok};
+    q_job q = {a, x, (char *)c->act + slot_bytes * (size_t)slot, row, cols, n_tok};
     if (n_tok < 4)
         q_worker(&q, 0, 1);
     else

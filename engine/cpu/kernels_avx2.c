@@ -471,8 +471,8 @@ static size_t q8_0_row(int n) { return quant_row_bytes(QT_Q8_0, (size_t)n); }
 static size_t q8_K_row(int n) { return quant_row_bytes(QT_Q8_K, (size_t)n); }
 static void q8_0_deq(const void *a, float *dst, int n) { quant_dequantize_row(QT_Q8_0, a, dst, (size_t)n); }
 static void q8_K_deq(const void *a, float *dst, int n) { quant_dequantize_row(QT_Q8_K, a, dst, (size_t)n); }
-static const cpu_act act_q8_0 = {1, q8_0_row, quant_q8_0, q8_0_deq};
-static const cpu_act act_q8_K = {2, q8_K_row, quant_q8_K, q8_K_deq};
+static const cpu_act act_q8_0 = {1, q8_0_row, quant_q8_0, q8_0_deq, NULL};
+static const cpu_act act_q8_K = {2, q8_K_row, quant_q8_K, q8_K_deq, NULL};
 
 static void axpy(float *y, float a, const float *x, int n)
 {

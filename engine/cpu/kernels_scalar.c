@@ -6,7 +6,7 @@
 static size_t f32_row(int n) { return (size_t)n * sizeof(float); }
 static void f32_copy(const void *a, float *dst, int n) { memcpy(dst, a, (size_t)n * sizeof(float)); }
 static void f32_quant(const float *x, void *dst, int n) { memcpy(dst, x, (size_t)n * sizeof(float)); }
-const cpu_act cpu_act_f32 = {0, f32_row, f32_quant, f32_copy};
+const cpu_act cpu_act_f32 = {0, f32_row, f32_quant, f32_copy, NULL};
 
 static size_t q8_0_row(int n) { return quant_row_bytes(QT_Q8_0, (size_t)n); }
 static size_t q8_K_row(int n) { return quant_row_bytes(QT_Q8_K, (size_t)n); }
@@ -131,8 +131,8 @@ static float w_q6_K(const void *w, const void *x, int n)
 
 static void quant_q8_0(const float *x, void *dst, int n) { quant_quantize_row(QT_Q8_0, x, dst, (size_t)n); }
 static void quant_q8_K(const float *x, void *dst, int n) { quant_quantize_row(QT_Q8_K, x, dst, (size_t)n); }
-static const cpu_act act_q8_0 = {1, q8_0_row, quant_q8_0, q8_0_deq};
-static const cpu_act act_q8_K = {2, q8_K_row, quant_q8_K, q8_K_deq};
+static const cpu_act act_q8_0 = {1, q8_0_row, quant_q8_0, q8_0_deq, NULL};
+static const cpu_act act_q8_K = {2, q8_K_row, quant_q8_K, q8_K_deq, NULL};
 
 static void axpy(float *y, float a, const float *x, int n)
 {

@@ -62,7 +62,27 @@ static void u8_deq(const void *a, float *dst, int n)
     for (int i = 0; i < n; i++) dst[i] = d[i / QK8_0] * (float)((int)q[i] - 128);
 }
 
-static const cpu_act act_u8 = {3, u8_row, u8_quant, u8_deq};
+/* Tile of 8 rows: for each block of 32, eight groups of 4 quants, each
+ * group holding tokens 0..7 side by side (4 bytes each), so one 32-byte
+ * load gives lane t token t's 4 quants; then each block's 8 scales.
+ *   bytes: (n/32 blocks, 8 groups, 8 tokens, 4), then floats: (n/32, 8) */
+static void u8_quant8(const float *x, size_t x_stride, void *dst, int n)
+{
+    uint8_t row[8][4096 + 512], *q = dst;
+    float *d = (float *)(q + 8 * (size_t)n);
+    for (int c0 = 0; c0 < n; c0 += 4096) { /* row-format scratch, 4096 columns at a time */
+        int cn = n - c0 < 4096 ? n - c0 : 4096, nb = cn / QK8_0;
+        for (int t = 0; t < 8; t++) u8_quant(x + (size_t)t * x_stride + c0, row[t], cn);
+        for (int b = 0; b < nb; b++) {
+            uint8_t *tile = q + (size_t)(c0 / QK8_0 + b) * 256;
+            for (int g = 0; g < 8; g++)
+                for (int t = 0; t < 8; t++) memcpy(tile + 32 * g + 4 * t, row[t] + QK8_0 * b + 4 * g, 4);
+            for (int t = 0; t < 8; t++) d[(size_t)(c0 / QK8_0 + b) * 8 + t] = ((const float *)(row[t] + cn))[b];
+        }
+    }
+}
+
+static const cpu_act act_u8 = {3, u8_row, u8_quant, u8_deq, u8_quant8};
 
 /* -128 * (sum of each 4 consecutive weights), per int32 lane. */
 static inline __m256i minus_offset(__m256i w)
@@ -114,25 +134,35 @@ static void q8_0_dot4(const void *w, const void *x, size_t stride, int n, float 
     out[3] = hsum8(a3);
 }
 
-/* Eight tokens per weight block: the offset correction and weight scale are
- * shared by twice as many tokens (32 registers with AVX512VL). */
+/* One weight row against an 8-token tile (see u8_quant8): each 4 weights
+ * are broadcast to all lanes and vpdpbusd adds lane t's token t products,
+ * so the 8 lanes end as the 8 tokens' block sums: one instruction per 4
+ * weights for all eight tokens, and one scale multiply per block. */
 static void q8_0_dot8(const void *w, const void *x, size_t stride, int n, float *out)
 {
+    (void)stride;
     const block_q8_0 *a = w;
-    const uint8_t *xq0 = x, *xq1 = xq0 + stride, *xq2 = xq1 + stride, *xq3 = xq2 + stride, *xq4 = xq3 + stride,
-                  *xq5 = xq4 + stride, *xq6 = xq5 + stride, *xq7 = xq6 + stride;
-#define XD(t) const float *xd##t = (const float *)(xq##t + n)
-    XD(0); XD(1); XD(2); XD(3); XD(4); XD(5); XD(6); XD(7);
-#undef XD
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const uint8_t *xq = x;
+    const float *xd = (const float *)(xq + 8 * (size_t)n);
+    __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / QK8_0; i++) {
-        __m256i wq = _mm256_loadu_si256((const __m256i *)a[i].qs), c = minus_offset(wq);
-        __m256 dw = _mm256_set1_ps(_cvtsh_ss(a[i].d));
-        Q8_TOKEN(0, a0); Q8_TOKEN(1, a1); Q8_TOKEN(2, a2); Q8_TOKEN(3, a3);
-        Q8_TOKEN(4, a4); Q8_TOKEN(5, a5); Q8_TOKEN(6, a6); Q8_TOKEN(7, a7);
+        const uint8_t *tile = xq + (size_t)i * 256;
+        int32_t wg[8];
+        memcpy(wg, a[i].qs, 32);
+        __m256i s = _mm256_setzero_si256();
+        _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++)
+            s = _mm256_dpbusd_epi32(s, _mm256_loadu_si256((const __m256i *)(tile + 32 * g)), _mm256_set1_epi32(wg[g]));
+        /* remove the +128 offset: 128 * sum of the block's weights, same for every token */
+        __m256i off = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80),
+                                          _mm256_loadu_si256((const __m256i *)a[i].qs));
+        __m128i o4 = _mm_add_epi32(_mm256_castsi256_si128(off), _mm256_extracti128_si256(off, 1));
+        o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0x4e));
+        o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0xb1));
+        s = _mm256_sub_epi32(s, _mm256_broadcastd_epi32(o4));
+        __m256 dd = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(a[i].d)), _mm256_loadu_ps(xd + 8 * (size_t)i));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc);
     }
-    out[0] = hsum8(a0); out[1] = hsum8(a1); out[2] = hsum8(a2); out[3] = hsum8(a3);
-    out[4] = hsum8(a4); out[5] = hsum8(a5); out[6] = hsum8(a6); out[7] = hsum8(a7);
+    _mm256_storeu_ps(out, acc);
 }
 
 static cpu_kernels vnni;

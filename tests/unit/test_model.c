@@ -147,8 +147,11 @@ static double rel_err(const float *a, const double *ref, int n)
 
 static const int32_t prompt[] = {510, 3, 77, 200, 9, 131, 64};
 #define NP ((int)(sizeof prompt / sizeof *prompt))
+/* 21 tokens in one batch: two 8-token tiles, one 4-token tile, one single */
+static const int32_t long_prompt[] = {510, 3, 77, 200, 9, 131, 64, 300, 12, 45, 99, 400, 250, 7, 18, 260,
+                                      301, 402, 33, 71, 5};
 
-static double engine_vs_ref(const char *shape, quant_type t, int scalar)
+static double engine_vs_ref_with(const char *shape, quant_type t, int scalar, const int32_t *toks, int n, int batch)
 {
     char path[256];
     llm_model *m = make_model(shape, t, path, sizeof path);
@@ -157,18 +160,39 @@ static double engine_vs_ref(const char *shape, quant_type t, int scalar)
     llm_cpu_config cc = {2, scalar, NULL};
     llm_error err = {0};
     assert_int_equal(llm_backend_cpu_new(&cc, &b, &err), LLM_OK);
-    assert_int_equal(llm_session_new(m, b, 64, 4, &s, &err), LLM_OK); /* batch 4: chunked prefill */
+    assert_int_equal(llm_session_new(m, b, 64, batch, &s, &err), LLM_OK);
     const float *logits;
-    assert_int_equal(llm_session_eval(s, prompt, NP, &logits, &err), LLM_OK);
-    double *ref = ref_forward(m, prompt, NP);
+    assert_int_equal(llm_session_eval(s, toks, n, &logits, &err), LLM_OK);
+    double *ref = ref_forward(m, toks, n);
     double e = rel_err(logits, ref, m->hp.n_vocab);
-    print_message("%-10s %-5s %-6s rel err %.3g\n", shape, quant_type_name(t), scalar ? "scalar" : "simd", e);
+    print_message("%-10s %-5s %-6s %2d tokens, batch %3d: rel err %.3g\n", shape, quant_type_name(t),
+                  scalar ? "scalar" : "simd", n, batch, e);
     free(ref);
     llm_session_free(s);
     llm_backend_free(b);
     llm_model_free(m);
     remove(path);
     return e;
+}
+
+/* The short prompt in batches of 4: chunked prefill through 4-token tiles. */
+static double engine_vs_ref(const char *shape, quant_type t, int scalar)
+{
+    return engine_vs_ref_with(shape, t, scalar, prompt, NP, 4);
+}
+
+static double engine_vs_ref_long(const char *shape, quant_type t)
+{
+    return engine_vs_ref_with(shape, t, 0, long_prompt, (int)(sizeof long_prompt / sizeof *long_prompt), 512);
+}
+
+static void test_long_prompts(void **st)
+{
+    (void)st;
+    assert_true(engine_vs_ref_long("tiny", QT_Q8_0) < 3e-2);
+    assert_true(engine_vs_ref_long("tiny", QT_Q4_K) < 3e-2);
+    assert_true(engine_vs_ref_long("tiny-qwen2", QT_F16) < 1e-4);
+    assert_true(engine_vs_ref_long("tiny-llama3", QT_F32) < 1e-4);
 }
 
 static void test_f32_llama(void **st) { (void)st; assert_true(engine_vs_ref("tiny", QT_F32, 0) < 1e-4); }
@@ -260,7 +284,7 @@ int main(void)
         cmocka_unit_test(test_f32_llama), cmocka_unit_test(test_f32_qwen2), cmocka_unit_test(test_f32_scalar),
         cmocka_unit_test(test_f16), cmocka_unit_test(test_bf16), cmocka_unit_test(test_q8_0),
         cmocka_unit_test(test_q4_0), cmocka_unit_test(test_q4_k), cmocka_unit_test(test_q4_k_scalar),
-        cmocka_unit_test(test_incremental), cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_long_prompts), cmocka_unit_test(test_incremental), cmocka_unit_test(test_load_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

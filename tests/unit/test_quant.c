@@ -201,22 +201,25 @@ static void check_dot(const cpu_kernels *k, quant_type wt, int n)
         cpu_dot4_fn fn = width == 4 ? k->dot4[wt] : k->dot8[wt];
         if (!fn)
             continue;
-        uint8_t *a4 = malloc(8 * ab);
-        float out[8], *x4 = malloc(sizeof(float) * (size_t)n);
-        for (int t = 0; t < width; t++) {
-            for (int i = 0; i < n; i++) x4[i] = test_randf(&seed);
-            act->quantize(x4, a4 + (size_t)t * ab, n);
-        }
-        fn(w, a4, ab, n, out);
+        uint8_t *rows = malloc(8 * ab), *tile = malloc(8 * ab);
+        float out[8], *x8 = malloc(sizeof(float) * 8 * (size_t)n);
+        for (int i = 0; i < 8 * n; i++) x8[i] = test_randf(&seed);
+        for (int t = 0; t < width; t++) act->quantize(x8 + (size_t)t * n, rows + (size_t)t * ab, n);
+        if (width == 8 && act->quantize8) /* the tile holds the same values, reordered */
+            act->quantize8(x8, (size_t)n, tile, n);
+        else
+            memcpy(tile, rows, 8 * ab);
+        fn(w, tile, ab, n, out);
         for (int t = 0; t < width; t++) {
             double r4 = 0, m4 = 0;
-            act->dequant(a4 + (size_t)t * ab, af, n);
+            act->dequant(rows + (size_t)t * ab, af, n);
             for (int i = 0; i < n; i++) { r4 += (double)wf[i] * af[i]; m4 += fabs((double)wf[i] * af[i]); }
             if (fabs(out[t] - r4) > 1e-5 * m4 + 1e-30)
                 fail_msg("%s %s dot%d row %d: %.9g vs float64 %.9g", k->name, quant_type_name(wt), width, t, out[t], r4);
         }
-        free(a4);
-        free(x4);
+        free(rows);
+        free(tile);
+        free(x8);
     }
     free(w); free(a); free(x); free(wf); free(af);
 }
