@@ -1,6 +1,7 @@
-/* kernels_vnni.c - the AVX2 set with AVX512-VNNI dot products (vpdpbusd on
- * 256-bit registers) for Q8_0 weights. Compiled with the AVX512 VNNI/VL
- * flags; cpu_kernels_vnni() checks the CPU at run time.
+/* kernels_vnni.c - the AVX2 set with AVX512-VNNI dot products on 256-bit
+ * registers: vpdpbusd for Q8_0 weights, vpdpwssd for the K-quants' scaled
+ * sums. Compiled with the AVX512 VNNI/VL flags; cpu_kernels_vnni() checks
+ * the CPU at run time.
  *
  * vpdpbusd multiplies unsigned by signed bytes. Activations are stored
  * offset by +128 as unsigned bytes (row layout: n bytes, then n/32 float
@@ -15,13 +16,9 @@
 #include <pthread.h>
 #include <string.h>
 
-static inline float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+/* K-quants: vpdpwssd adds the scaled pair sums in one instruction */
+#define KQ_ACC(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
+#include "x86_kquant.h"
 
 static size_t u8_row(int n) { return (size_t)n + (size_t)n / QK8_0 * sizeof(float); }
 
@@ -175,6 +172,10 @@ static void vnni_init(void)
     vnni.dot[QT_Q8_0] = q8_0_dot;
     vnni.dot4[QT_Q8_0] = q8_0_dot4;
     vnni.dot8[QT_Q8_0] = q8_0_dot8;
+    vnni.dot[QT_Q4_K] = w_q4_K;
+    vnni.dot4[QT_Q4_K] = w_q4_K_x4;
+    vnni.dot[QT_Q6_K] = w_q6_K;
+    vnni.dot4[QT_Q6_K] = w_q6_K_x4;
     vnni.act[QT_Q8_0] = &act_u8;
 }
 
