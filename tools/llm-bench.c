@@ -12,80 +12,54 @@
 #include "cli.h"
 #include "llm/model.h"
 
-typedef struct bw_job { char *dst; const char *src; size_t n; } bw_job;
+/* One thread's share of a bandwidth pass: copy src to dst, or (dst NULL)
+ * read src with one load per 64-byte line. */
+typedef struct bw_job { char *dst; const char *src; size_t n; uint64_t sum; } bw_job;
 
-static void *bw_copy(void *a)
+static void *bw_worker(void *arg)
 {
-    bw_job *j = a;
-    memcpy(j->dst, j->src, j->n);
-    return NULL;
-}
-
-typedef struct rd_job { const char *p; size_t n; uint64_t sum; } rd_job;
-
-static void *bw_read(void *a)
-{
-    rd_job *j = a;
+    bw_job *j = arg;
+    if (j->dst) {
+        memcpy(j->dst, j->src, j->n);
+        return NULL;
+    }
+    const uint64_t *p = (const uint64_t *)j->src;
     uint64_t s = 0;
-    const uint64_t *p = (const uint64_t *)j->p;
-    for (size_t i = 0; i < j->n / 8; i += 8) /* one 8-byte load per 64-byte line */
-        s += p[i];
+    for (size_t i = 0; i < j->n / 8; i += 8) s += p[i];
     j->sum = s;
     return NULL;
 }
 
-/* Best of several multi-threaded passes reading 1 GiB (one load per line). */
-static double read_bandwidth(int threads)
+/* Best of 5 multi-threaded passes over 1 GiB, in GB/s of bytes moved
+ * (a copy counts each byte read and written); 0 on failure. */
+static double bandwidth(int threads, int copy)
 {
     size_t n = (size_t)1 << 30;
-    char *a = malloc(n);
-    if (!a)
-        return 0;
-    memset(a, 1, n);
+    int nt = threads > 64 ? 64 : threads;
+    char *a = malloc(n), *b = copy ? malloc(n) : NULL;
     double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        pthread_t th[64];
-        rd_job jobs[64];
-        int nt = threads > 64 ? 64 : threads;
-        double t0 = cli_now();
-        for (int i = 0; i < nt; i++) {
-            jobs[i] = (rd_job){a + n / nt * i, n / nt, 0};
-            pthread_create(&th[i], NULL, bw_read, &jobs[i]);
-        }
-        for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
-        double gbs = (double)n / (cli_now() - t0) / 1e9;
-        best = gbs > best ? gbs : best;
-    }
-    free(a);
-    return best;
-}
-
-/* Best of several multi-threaded copies of 1 GiB; counts bytes read + written. */
-static double bandwidth(int threads)
-{
-    size_t n = (size_t)1 << 30;
-    char *a = malloc(n), *b = malloc(n);
-    if (!a || !b) {
-        free(a);
-        free(b);
-        return 0;
-    }
+    if (!a || (copy && !b))
+        goto out;
     memset(a, 1, n);
-    memset(b, 2, n);
-    double best = 0;
+    if (b)
+        memset(b, 2, n);
     for (int rep = 0; rep < 5; rep++) {
         pthread_t th[64];
         bw_job jobs[64];
-        int nt = threads > 64 ? 64 : threads;
+        int started = 0;
         double t0 = cli_now();
-        for (int i = 0; i < nt; i++) {
-            jobs[i] = (bw_job){b + n / nt * i, a + n / nt * i, n / nt};
-            pthread_create(&th[i], NULL, bw_copy, &jobs[i]);
+        for (; started < nt; started++) {
+            jobs[started] = (bw_job){b ? b + n / nt * started : NULL, a + n / nt * started, n / nt, 0};
+            if (pthread_create(&th[started], NULL, bw_worker, &jobs[started]))
+                break;
         }
-        for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
-        double gbs = 2.0 * (double)n / (cli_now() - t0) / 1e9;
+        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+        if (started < nt)
+            goto out;
+        double gbs = (copy ? 2.0 : 1.0) * (double)n / (cli_now() - t0) / 1e9;
         best = gbs > best ? gbs : best;
     }
+out:
     free(a);
     free(b);
     return best;
@@ -171,7 +145,12 @@ int main(int argc, char **argv)
         i++;
     }
     if (bw) {
-        printf("bandwidth_gbs=%.2f read_gbs=%.2f threads=%ld\n", bandwidth((int)t), read_bandwidth((int)t), t);
+        double copy = bandwidth((int)t, 1), rd = bandwidth((int)t, 0);
+        if (copy == 0 || rd == 0) {
+            fprintf(stderr, "error: bandwidth test failed (no memory or threads)\n");
+            return 1;
+        }
+        printf("bandwidth_gbs=%.2f read_gbs=%.2f threads=%ld\n", copy, rd, t);
         return 0;
     }
     if (!model) {
