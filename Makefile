@@ -59,13 +59,15 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 	@$(CC) $(CFLAGS_BASE) -Itests/unit $< $(LIB) -lcmocka $(LDLIBS) -o $@
 
 # ---- dependencies -----------------------------------------------------------
+# Python packages as PIP_NAME or PIP_NAME:MODULE when the import name differs.
 DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev clang
-PY_PKGS = pytest regex
+PY_PKGS = pytest regex pyyaml:yaml kubernetes
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) || exit 1; fi
-	@for p in $(PY_PKGS); do $(PYTHON) -c "import $$p" 2>/dev/null || $(PYTHON) -m pip install -q $$p || exit 1; done
+	@for p in $(PY_PKGS); do pkg=$${p%%:*}; mod=$${p##*:}; \
+	  $(PYTHON) -c "import $$mod" 2>/dev/null || $(PYTHON) -m pip install -q $$pkg || exit 1; done
 
 # ---- running ----------------------------------------------------------------
 THREADS ?= 2

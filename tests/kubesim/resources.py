@@ -1,0 +1,50 @@
+"""resources.py - the built-in kinds kubesim serves, with what discovery
+and kubectl need to know of each (group, version, kind, plural, scope,
+short names, subresources)."""
+
+VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+
+class Resource:
+    def __init__(self, group, version, kind, plural, namespaced=True, short=(), subresources=()):
+        self.group, self.version, self.kind, self.plural = group, version, kind, plural
+        self.namespaced, self.short, self.subresources = namespaced, list(short), list(subresources)
+
+    @property
+    def key(self):
+        return (self.group, self.plural, self.kind)
+
+    @property
+    def group_version(self):
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def discovery(self):
+        out = [{"name": self.plural, "singularName": self.kind.lower(), "namespaced": self.namespaced,
+                "kind": self.kind, "verbs": VERBS, "shortNames": self.short}]
+        for sub in self.subresources:
+            out.append({"name": f"{self.plural}/{sub}", "singularName": "", "namespaced": self.namespaced,
+                        "kind": "Scale" if sub == "scale" else self.kind, "verbs": ["get", "patch", "update"]})
+        return out
+
+
+BUILTIN = [
+    Resource("", "v1", "Namespace", "namespaces", False, ["ns"], ["status"]),
+    Resource("", "v1", "Pod", "pods", True, ["po"], ["status"]),
+    Resource("", "v1", "Service", "services", True, ["svc"], ["status"]),
+    Resource("", "v1", "Endpoints", "endpoints", True, ["ep"]),
+    Resource("", "v1", "ConfigMap", "configmaps", True, ["cm"]),
+    Resource("", "v1", "Secret", "secrets", True),
+    Resource("", "v1", "ServiceAccount", "serviceaccounts", True, ["sa"]),
+    Resource("", "v1", "Event", "events", True, ["ev"]),
+    Resource("apps", "v1", "Deployment", "deployments", True, ["deploy"], ["status", "scale"]),
+    Resource("autoscaling", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True, ["hpa"], ["status"]),
+    Resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True, ["pdb"], ["status"]),
+    Resource("coordination.k8s.io", "v1", "Lease", "leases", True),
+    Resource("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", True),
+    Resource("rbac.authorization.k8s.io", "v1", "Role", "roles", True),
+    Resource("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", True),
+    Resource("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False),
+    Resource("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", False),
+    Resource("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False,
+             ["crd", "crds"], ["status"]),
+]

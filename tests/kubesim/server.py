@@ -1,0 +1,347 @@
+"""server.py - kubesim's HTTP front: discovery, CRUD, list, watch (chunked
+JSON events, resume from resourceVersion, 410 when too old, timeoutSeconds),
+JSON merge patch, bearer-token authentication and Table output for kubectl.
+
+Not yet (see the issue notes): RBAC authorization, CRD serving and schema
+validation, strategic merge and server-side apply, label/field selectors,
+limit/continue, finalizers and garbage collection, and the workload
+simulation."""
+import copy
+import datetime
+import json
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from resources import BUILTIN
+from store import ApiError, Store
+
+MAX_BODY = 3 * 1024 * 1024  # the real API server's request limit
+
+
+def merge_patch(target, patch):
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+class Api:
+    """Routing state shared by all request threads."""
+
+    def __init__(self, token, window):
+        self.token = token
+        self.store = Store(window)
+        self.resources = {}
+        for r in BUILTIN:
+            self.resources[(r.group, r.version, r.plural)] = r
+        for ns in ("default", "kube-system", "kube-public"):
+            self.store.create(self.res("", "v1", "namespaces").key, None,
+                              {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+
+    def res(self, group, version, plural):
+        r = self.resources.get((group, version, plural))
+        if r is None:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({plural})")
+        return r
+
+    def groups(self):
+        out = {}
+        for (g, v, _), _r in self.resources.items():
+            if g:
+                out.setdefault(g, set()).add(v)
+        return out
+
+
+def parse_path(path):
+    """-> (group, version, namespace, plural, name, subresource) or None."""
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 2 and parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    ns = None
+    if len(rest) >= 3 and rest[0] == "namespaces":  # /namespaces/NS/PLURAL...; /namespaces/NAME is the object
+        ns, rest = rest[1], rest[2:]
+    if not rest:
+        return (group, version, None, None, None, None)
+    plural = rest[0]
+    name = rest[1] if len(rest) > 1 else None
+    sub = rest[2] if len(rest) > 2 else None
+    return (group, version, ns, plural, name, sub)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    api = None  # set by serve()
+
+    def log_message(self, fmt, *args):  # quiet: tests read stdout
+        pass
+
+    # ---- plumbing ----------------------------------------------------------
+    def send_json(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def fail(self, e):
+        self.send_json(e.code, e.status())
+
+    def body(self):
+        if self._body is not None:
+            raw = self._body
+        else:
+            n = int(self.headers.get("Content-Length") or 0)
+            if n > MAX_BODY:
+                self.close_connection = True  # the unread body would corrupt the next request
+                raise ApiError(413, "RequestEntityTooLarge", f"request body of {n} bytes exceeds {MAX_BODY}")
+            raw = self._body = self.rfile.read(n) if n else b""
+        try:
+            obj = json.loads(raw or b"null")
+        except ValueError as e:
+            raise ApiError(400, "BadRequest", f"invalid JSON body: {e}")
+        return obj
+
+    def authenticated(self):
+        auth = self.headers.get("Authorization", "")
+        if self.api.token is None or auth == f"Bearer {self.api.token}":
+            return True
+        self.send_json(401, ApiError(401, "Unauthorized", "Unauthorized").status())
+        return False
+
+    def dispatch(self, method):
+        self._body = None
+        url = urllib.parse.urlsplit(self.path)
+        q = dict(urllib.parse.parse_qsl(url.query))
+        try:
+            if not self.authenticated():
+                return
+            if self.discovery(url.path):
+                return
+            route = parse_path(url.path)
+            if route is None or route[3] is None:
+                raise ApiError(404, "NotFound", f"the server could not find the requested resource ({url.path})")
+            getattr(self, "do_" + method.lower() + "_obj")(route, q)
+        except ApiError as e:
+            if self._body is None and self.headers.get("Content-Length") and e.code != 413:
+                try:
+                    self.body()  # drain it so the keep-alive connection stays in sync
+                except ApiError:
+                    pass
+            self.fail(e)
+
+    def do_GET(self):
+        self.dispatch("GET")
+
+    def do_POST(self):
+        self.dispatch("POST")
+
+    def do_PUT(self):
+        self.dispatch("PUT")
+
+    def do_PATCH(self):
+        self.dispatch("PATCH")
+
+    def do_DELETE(self):
+        self.dispatch("DELETE")
+
+    # ---- discovery ---------------------------------------------------------
+    def discovery(self, path):
+        api = self.api
+        if path in ("/healthz", "/readyz", "/livez"):
+            body = b"ok"
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(body)
+            return True
+        if path == "/version":
+            self.send_json(200, {"major": "1", "minor": "30", "gitVersion": "v1.30.0-kubesim",
+                                 "platform": "linux/amd64"})
+            return True
+        if path == "/api":
+            self.send_json(200, {"kind": "APIVersions", "versions": ["v1"],
+                                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0",
+                                                                 "serverAddress": self.headers.get("Host", "")}]})
+            return True
+        if path == "/apis":
+            groups = [{"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in sorted(vs)],
+                       "preferredVersion": {"groupVersion": f"{g}/{sorted(vs)[-1]}", "version": sorted(vs)[-1]}}
+                      for g, vs in sorted(api.groups().items())]
+            self.send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+            return True
+        route = parse_path(path)
+        if route and route[3] is None and route[2] is None:
+            group, version = route[0], route[1]
+            rs = [r for (g, v, _), r in api.resources.items() if g == group and v == version]
+            if not rs:
+                raise ApiError(404, "NotFound", f"no API group version {group}/{version}")
+            self.send_json(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": rs[0].group_version,
+                                 "resources": [d for r in rs for d in r.discovery()]})
+            return True
+        return False
+
+    # ---- objects -----------------------------------------------------------
+    def scope(self, route):
+        group, version, ns, plural, name, sub = route
+        r = self.api.res(group, version, plural)
+        if r.namespaced and name is not None and ns is None:
+            raise ApiError(404, "NotFound", f"{plural} is namespaced: use /namespaces/NS/{plural}/{name}")
+        if not r.namespaced:
+            ns = None
+        elif ns is not None:
+            self.api.store.get(self.api.res("", "v1", "namespaces").key, None, ns)  # 404 if absent
+        return r, ns, name, sub
+
+    def do_get_obj(self, route, q):
+        r, ns, name, sub = self.scope(route)
+        if name is not None:
+            obj = self.api.store.get(r.key, ns, name)
+            return self.send_json(200, self.as_table([obj], r, "") if self.wants_table() else obj)
+        if q.get("watch") in ("1", "true"):
+            return self.watch(r, ns, q)
+        items, rv = self.api.store.list(r.key, ns)
+        if self.wants_table():
+            return self.send_json(200, self.as_table(items, r, rv))
+        self.send_json(200, {"kind": r.kind + "List", "apiVersion": r.group_version,
+                             "metadata": {"resourceVersion": rv}, "items": items})
+
+    def wants_table(self):
+        return "as=Table" in self.headers.get("Accept", "")
+
+    def as_table(self, items, r, rv):
+        cols = [{"name": "Name", "type": "string", "format": "name", "description": "Name"},
+                {"name": "Age", "type": "string", "format": "", "description": "Age"}]
+        rows = []
+        for o in items:
+            partial = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}
+            rows.append({"cells": [o["metadata"]["name"], age(o["metadata"].get("creationTimestamp"))],
+                         "object": partial})
+        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": rv},
+                "columnDefinitions": cols, "rows": rows}
+
+    def checked_body(self, r, ns, name=None):
+        obj = self.body()
+        if not isinstance(obj, dict):
+            raise ApiError(400, "BadRequest", "the body must be a JSON object")
+        if obj.get("kind") not in (None, r.kind):
+            raise ApiError(400, "BadRequest", f"kind {obj.get('kind')!r} does not match {r.kind}")
+        obj.setdefault("kind", r.kind)
+        obj.setdefault("apiVersion", r.group_version)
+        md = obj.setdefault("metadata", {})
+        if not isinstance(md, dict):
+            raise ApiError(422, "Invalid", "metadata: must be an object")
+        if name is not None and md.get("name", name) != name:
+            raise ApiError(400, "BadRequest", f"the name of the object ({md.get('name')}) does not match the URL")
+        if ns is not None and md.get("namespace", ns) != ns:
+            raise ApiError(400, "BadRequest", "the namespace of the object does not match the URL")
+        return obj
+
+    def do_post_obj(self, route, q):
+        r, ns, name, sub = self.scope(route)
+        obj = self.checked_body(r, ns)
+        self.send_json(201, self.api.store.create(r.key, ns, obj))
+
+    def do_put_obj(self, route, q):
+        r, ns, name, sub = self.scope(route)
+        obj = self.checked_body(r, ns, name)
+        self.send_json(200, self.api.store.update(r.key, ns, name, obj, sub))
+
+    def do_patch_obj(self, route, q):
+        r, ns, name, sub = self.scope(route)
+        ctype = self.headers.get("Content-Type", "").split(";")[0]
+        if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            raise ApiError(415, "UnsupportedMediaType", f"patch type {ctype} is not supported yet")
+        patch = self.body()
+        for _ in range(10):  # retry on concurrent writers, as the real server does for patches
+            cur = self.api.store.get(r.key, ns, name)
+            new = merge_patch(cur, patch)
+            new.setdefault("metadata", {})["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            try:
+                return self.send_json(200, self.api.store.update(r.key, ns, name, new, sub))
+            except ApiError as e:
+                if e.code != 409 or (patch or {}).get("metadata", {}).get("resourceVersion"):
+                    raise
+        raise ApiError(409, "Conflict", "too many concurrent writers")
+
+    def do_delete_obj(self, route, q):
+        self.body()  # DeleteOptions (propagationPolicy...): read so the connection stays in sync
+        r, ns, name, sub = self.scope(route)
+        if name is None:
+            raise ApiError(405, "MethodNotAllowed", "deletecollection is not supported yet")
+        obj = self.api.store.delete(r.key, ns, name)
+        self.send_json(200, obj)
+
+    # ---- watch -------------------------------------------------------------
+    def watch(self, r, ns, q):
+        store = self.api.store
+        rv = int(q.get("resourceVersion") or 0)
+        timeout = min(float(q.get("timeoutSeconds") or 1800), 1800)
+        deadline = time.monotonic() + timeout
+        events = []
+        if rv == 0:  # no resume point: the current state as ADDED, then changes
+            items, cur = store.list(r.key, ns)
+            events = [(int(o["metadata"]["resourceVersion"]), "ADDED", o) for o in items]
+            rv = int(cur)
+        else:
+            events = store.events_since(r.key, ns, rv)  # may raise 410
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            while True:
+                for erv, etype, obj in events:
+                    self.chunk(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
+                    rv = max(rv, erv)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                with store.lock:
+                    store.lock.wait(min(left, 1.0))
+                try:
+                    events = store.events_since(r.key, ns, rv)
+                except ApiError as e:
+                    self.chunk(json.dumps({"type": "ERROR", "object": e.status()}).encode() + b"\n")
+                    break
+            self.chunk(b"")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
+
+    def chunk(self, data):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+
+def age(ts):
+    if not ts:
+        return "<unknown>"
+    t = datetime.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
+    s = int((datetime.datetime.now(datetime.timezone.utc) - t).total_seconds())
+    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
+
+
+def serve(host, port, token, window, tls=None):
+    """Starts serving in a thread. token None: no authentication; tls: an
+    ssl.SSLContext for HTTPS."""
+    Handler.api = Api(token, window)
+    httpd = ThreadingHTTPServer((host, port), Handler)
+    httpd.daemon_threads = True
+    if tls is not None:
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    return httpd
