@@ -154,3 +154,87 @@ def test_unauthenticated_is_401(sim):
         urllib.request.urlopen(f"https://127.0.0.1:{port}/api/v1/namespaces", context=ctx, timeout=10)
     assert e.value.code == 401
     assert json.loads(e.value.read())["reason"] == "Unauthorized"
+
+
+WIDGET_CRD = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget, shortNames: [wdg]}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas}
+    additionalPrinterColumns:
+    - {name: Size, type: string, jsonPath: .spec.size}
+    - {name: Replicas, type: integer, jsonPath: .spec.replicas}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            required: [size]
+            properties:
+              size: {type: string, enum: [small, large]}
+              replicas: {type: integer, minimum: 0, maximum: 10, default: 1}
+              name: {type: string, pattern: "^[a-z]+$"}
+          status:
+            type: object
+            properties:
+              replicas: {type: integer}
+"""
+
+
+def test_crd_served_validated_and_scaled(kubectl):
+    kubectl("apply", "--validate=false", "-f", "-", stdin=WIDGET_CRD)
+    kubectl("wait", "--for=condition=established", "crd/widgets.example.com", "--timeout=10s")
+    w = "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {}\n  labels: {{tier: {}}}\nspec:\n{}"
+    kubectl("apply", "--validate=false", "-f", "-", stdin=w.format("a", "web", "  size: small\n  junk: 1\n"))
+    obj = json.loads(kubectl("get", "widget", "a", "-o", "json").stdout)
+    assert obj["spec"] == {"size": "small", "replicas": 1}  # default applied, unknown field pruned
+    table = kubectl("get", "wdg").stdout.splitlines()
+    assert table[0].split() == ["NAME", "SIZE", "REPLICAS", "AGE"]
+    assert table[1].split()[:3] == ["a", "small", "1"]
+    bad = kubectl("apply", "--validate=false", "-f", "-", check=False,
+                  stdin=w.format("b", "db", "  size: huge\n  replicas: 11\n  name: Bad1\n"))
+    assert bad.returncode
+    for needle in ('spec.size: Unsupported value: "huge"', "spec.replicas: Invalid value: 11",
+                   "spec.name: Invalid value: \"Bad1\""):
+        assert needle in bad.stderr, bad.stderr
+    missing = kubectl("apply", "--validate=false", "-f", "-", check=False, stdin=w.format("c", "db", "  replicas: 2\n"))
+    assert missing.returncode and "spec.size: Required value" in missing.stderr
+    assert "scaled" in kubectl("scale", "widget/a", "--replicas=3").stdout
+    assert kubectl("get", "widget", "a", "-o", "jsonpath={.spec.replicas}").stdout == "3"
+    kubectl("apply", "--validate=false", "-f", "-", stdin=w.format("d", "db", "  size: large\n"))
+    assert kubectl("get", "widgets", "-l", "tier=db", "-o", "name").stdout.split() == ["widget.example.com/d"]
+    assert kubectl("get", "widgets", "-l", "tier in (web,db)", "-o", "name").stdout.split() == \
+        ["widget.example.com/a", "widget.example.com/d"]
+    kubectl("delete", "crd", "widgets.example.com")
+    assert kubectl("get", "widgets", check=False).returncode
+
+
+def test_status_subresource_and_generation(client, sim):
+    v1, k = client
+    api = k.config.new_client_from_config(str(sim / "kubeconfig"))
+    k.client.ApiextensionsV1Api(api).create_custom_resource_definition(
+        __import__("yaml").safe_load(WIDGET_CRD))
+    co = k.client.CustomObjectsApi(api)
+    o = co.create_namespaced_custom_object("example.com", "v1", "default", "widgets",
+                                           {"apiVersion": "example.com/v1", "kind": "Widget",
+                                            "metadata": {"name": "s"}, "spec": {"size": "large"}})
+    assert o["metadata"]["generation"] == 1
+    o = co.patch_namespaced_custom_object_status("example.com", "v1", "default", "widgets", "s",
+                                                 {"status": {"replicas": 2}})
+    assert o["status"] == {"replicas": 2} and o["metadata"]["generation"] == 1  # status: no new generation
+    o = co.patch_namespaced_custom_object("example.com", "v1", "default", "widgets", "s",
+                                          {"spec": {"replicas": 4}, "status": {"replicas": 9}})
+    assert o["metadata"]["generation"] == 2 and o["status"] == {"replicas": 2}  # main resource ignores status
+    api.close()

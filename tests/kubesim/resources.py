@@ -6,9 +6,13 @@ VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update
 
 
 class Resource:
-    def __init__(self, group, version, kind, plural, namespaced=True, short=(), subresources=()):
+    def __init__(self, group, version, kind, plural, namespaced=True, short=(), subresources=(), schema=None,
+                 columns=(), scale=None):
         self.group, self.version, self.kind, self.plural = group, version, kind, plural
         self.namespaced, self.short, self.subresources = namespaced, list(short), list(subresources)
+        self.schema = schema          # openAPIV3Schema of a custom resource, or None
+        self.columns = list(columns)  # additionalPrinterColumns
+        self.scale = scale            # scale paths: specReplicasPath, statusReplicasPath, labelSelectorPath
 
     @property
     def key(self):
@@ -36,7 +40,9 @@ BUILTIN = [
     Resource("", "v1", "Secret", "secrets", True),
     Resource("", "v1", "ServiceAccount", "serviceaccounts", True, ["sa"]),
     Resource("", "v1", "Event", "events", True, ["ev"]),
-    Resource("apps", "v1", "Deployment", "deployments", True, ["deploy"], ["status", "scale"]),
+    Resource("apps", "v1", "Deployment", "deployments", True, ["deploy"], ["status", "scale"],
+             scale={"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                    "labelSelectorPath": ".status.selector"}),
     Resource("autoscaling", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True, ["hpa"], ["status"]),
     Resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True, ["pdb"], ["status"]),
     Resource("coordination.k8s.io", "v1", "Lease", "leases", True),
@@ -48,3 +54,20 @@ BUILTIN = [
     Resource("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False,
              ["crd", "crds"], ["status"]),
 ]
+
+
+def crd_resources(crd):
+    """The Resources a CustomResourceDefinition object defines (served versions)."""
+    spec = crd.get("spec", {})
+    names = spec.get("names", {})
+    out = []
+    for v in spec.get("versions", []):
+        if not v.get("served", True):
+            continue
+        subs = v.get("subresources") or {}
+        out.append(Resource(spec.get("group", ""), v["name"], names.get("kind", ""), names.get("plural", ""),
+                            spec.get("scope", "Namespaced") == "Namespaced", names.get("shortNames", []),
+                            [k for k in ("status", "scale") if k in subs],
+                            (v.get("schema") or {}).get("openAPIV3Schema"),
+                            v.get("additionalPrinterColumns", []), subs.get("scale")))
+    return out

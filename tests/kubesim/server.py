@@ -2,10 +2,13 @@
 JSON events, resume from resourceVersion, 410 when too old, timeoutSeconds),
 JSON merge patch, bearer-token authentication and Table output for kubectl.
 
-Not yet (see the issue notes): RBAC authorization, CRD serving and schema
-validation, strategic merge and server-side apply, label/field selectors,
-limit/continue, finalizers and garbage collection, and the workload
-simulation."""
+Also: CustomResourceDefinitions served at once (schema defaults, pruning
+and validation with field paths, status and scale subresources, printer
+columns), label and field selectors on list and watch.
+
+Not yet (see the issue notes): RBAC authorization, strategic merge and
+server-side apply, OpenAPI documents, limit/continue, finalizers and
+garbage collection, and the workload simulation."""
 import copy
 import datetime
 import json
@@ -14,7 +17,9 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from resources import BUILTIN
+import schema as crschema
+from resources import BUILTIN, crd_resources
+from kselect import matcher
 from store import ApiError, Store
 
 MAX_BODY = 3 * 1024 * 1024  # the real API server's request limit
@@ -45,6 +50,16 @@ class Api:
         for ns in ("default", "kube-system", "kube-public"):
             self.store.create(self.res("", "v1", "namespaces").key, None,
                               {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+
+    def crd_changed(self, crd, deleted=False):
+        """Serves (or stops serving) the resources a CRD defines."""
+        spec = crd.get("spec", {})
+        group, plural = spec.get("group"), spec.get("names", {}).get("plural")
+        for k in [k for k in self.resources if k[0] == group and k[2] == plural]:
+            del self.resources[k]
+        if not deleted:
+            for r in crd_resources(crd):
+                self.resources[(r.group, r.version, r.plural)] = r
 
     def res(self, group, version, plural):
         r = self.resources.get((group, version, plural))
@@ -209,10 +224,13 @@ class Handler(BaseHTTPRequestHandler):
         r, ns, name, sub = self.scope(route)
         if name is not None:
             obj = self.api.store.get(r.key, ns, name)
+            if sub == "scale":
+                return self.send_json(200, self.to_scale(r, obj))
             return self.send_json(200, self.as_table([obj], r, "") if self.wants_table() else obj)
         if q.get("watch") in ("1", "true"):
             return self.watch(r, ns, q)
         items, rv = self.api.store.list(r.key, ns)
+        items = [o for o in items if matcher(q)(o)]
         if self.wants_table():
             return self.send_json(200, self.as_table(items, r, rv))
         self.send_json(200, {"kind": r.kind + "List", "apiVersion": r.group_version,
@@ -222,13 +240,16 @@ class Handler(BaseHTTPRequestHandler):
         return "as=Table" in self.headers.get("Accept", "")
 
     def as_table(self, items, r, rv):
-        cols = [{"name": "Name", "type": "string", "format": "name", "description": "Name"},
-                {"name": "Age", "type": "string", "format": "", "description": "Age"}]
+        extra = [c for c in r.columns if c.get("jsonPath") != ".metadata.creationTimestamp"]
+        cols = [{"name": "Name", "type": "string", "format": "name", "description": "Name"}]
+        cols += [{"name": c["name"], "type": c.get("type", "string"), "format": c.get("format", ""),
+                  "description": c.get("description", ""), "priority": c.get("priority", 0)} for c in extra]
+        cols.append({"name": "Age", "type": "string", "format": "", "description": "Age"})
         rows = []
         for o in items:
             partial = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}
-            rows.append({"cells": [o["metadata"]["name"], age(o["metadata"].get("creationTimestamp"))],
-                         "object": partial})
+            cells = [o["metadata"]["name"]] + [jsonpath(o, c["jsonPath"]) for c in extra]
+            rows.append({"cells": cells + [age(o["metadata"].get("creationTimestamp"))], "object": partial})
         return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": rv},
                 "columnDefinitions": cols, "rows": rows}
 
@@ -247,17 +268,72 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "BadRequest", f"the name of the object ({md.get('name')}) does not match the URL")
         if ns is not None and md.get("namespace", ns) != ns:
             raise ApiError(400, "BadRequest", "the namespace of the object does not match the URL")
+        self.validate(r, obj)
         return obj
+
+    def validate(self, r, obj):
+        """Custom resources: defaults, pruning, then schema validation (422)."""
+        if not r.schema:
+            return
+        keep = {k: obj.pop(k) for k in ("apiVersion", "kind", "metadata") if k in obj}
+        crschema.default_and_prune(r.schema, obj)
+        errs = []
+        crschema.validate({k: v for k, v in r.schema.items() if k != "required"} | {"type": "object"}, obj, "", errs)
+        for k in r.schema.get("required", []):
+            if k not in obj and k not in keep:
+                errs.append((f".{k}", "Required value"))
+        obj.update(keep)
+        if errs:
+            name = obj["metadata"].get("name", "")
+            causes = [{"reason": "FieldValueInvalid", "message": m, "field": p.lstrip(".")} for p, m in errs]
+            msg = "; ".join(f"{p.lstrip('.')}: {m}" for p, m in errs)
+            raise ApiError(422, "Invalid", f'{r.kind}.{r.group} "{name}" is invalid: {msg}',
+                           {"name": name, "group": r.group, "kind": r.kind, "causes": causes})
+
+    def to_scale(self, r, obj):
+        if "scale" not in r.subresources or not r.scale:
+            raise ApiError(404, "NotFound", f"{r.plural} has no scale subresource")
+        sp = r.scale
+        return {"kind": "Scale", "apiVersion": "autoscaling/v1",
+                "metadata": {k: obj["metadata"][k] for k in ("name", "namespace", "uid", "resourceVersion",
+                                                             "creationTimestamp") if k in obj["metadata"]},
+                "spec": {"replicas": jsonpath(obj, sp["specReplicasPath"]) or 0},
+                "status": {"replicas": jsonpath(obj, sp.get("statusReplicasPath", "")) or 0,
+                           "selector": jsonpath(obj, sp.get("labelSelectorPath", "")) or ""}}
+
+    def write_scale(self, r, ns, name, scale):
+        """PUT/PATCH on scale: sets the spec replicas path of the object."""
+        cur = self.api.store.get(r.key, ns, name)
+        replicas = (scale.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ApiError(422, "Invalid", f"spec.replicas: Invalid value: {replicas!r}: must be a non-negative integer")
+        self.to_scale(r, cur)  # 404 unless the kind has a scale subresource
+        set_path(cur, r.scale["specReplicasPath"], replicas)
+        rv = (scale.get("metadata") or {}).get("resourceVersion")
+        if rv:
+            cur["metadata"]["resourceVersion"] = rv
+        self.validate(r, cur)
+        return self.to_scale(r, self.api.store.update(r.key, ns, name, cur))
 
     def do_post_obj(self, route, q):
         r, ns, name, sub = self.scope(route)
         obj = self.checked_body(r, ns)
-        self.send_json(201, self.api.store.create(r.key, ns, obj))
+        if r.plural == "customresourcedefinitions":
+            obj["status"] = crd_status(obj)
+        out = self.api.store.create(r.key, ns, obj)
+        if r.plural == "customresourcedefinitions":
+            self.api.crd_changed(out)
+        self.send_json(201, out)
 
     def do_put_obj(self, route, q):
         r, ns, name, sub = self.scope(route)
+        if sub == "scale":
+            return self.send_json(200, self.write_scale(r, ns, name, self.body()))
         obj = self.checked_body(r, ns, name)
-        self.send_json(200, self.api.store.update(r.key, ns, name, obj, sub))
+        out = self.api.store.update(r.key, ns, name, obj, sub, "status" in r.subresources)
+        if r.plural == "customresourcedefinitions":
+            self.api.crd_changed(out)
+        self.send_json(200, out)
 
     def do_patch_obj(self, route, q):
         r, ns, name, sub = self.scope(route)
@@ -267,10 +343,21 @@ class Handler(BaseHTTPRequestHandler):
         patch = self.body()
         for _ in range(10):  # retry on concurrent writers, as the real server does for patches
             cur = self.api.store.get(r.key, ns, name)
+            if sub == "scale":
+                try:
+                    return self.send_json(200, self.write_scale(r, ns, name, merge_patch(self.to_scale(r, cur), patch)))
+                except ApiError as e:
+                    if e.code != 409:
+                        raise
+                    continue
             new = merge_patch(cur, patch)
             new.setdefault("metadata", {})["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            self.validate(r, new)
             try:
-                return self.send_json(200, self.api.store.update(r.key, ns, name, new, sub))
+                out = self.api.store.update(r.key, ns, name, new, sub, "status" in r.subresources)
+                if r.plural == "customresourcedefinitions":
+                    self.api.crd_changed(out)
+                return self.send_json(200, out)
             except ApiError as e:
                 if e.code != 409 or (patch or {}).get("metadata", {}).get("resourceVersion"):
                     raise
@@ -282,6 +369,8 @@ class Handler(BaseHTTPRequestHandler):
         if name is None:
             raise ApiError(405, "MethodNotAllowed", "deletecollection is not supported yet")
         obj = self.api.store.delete(r.key, ns, name)
+        if r.plural == "customresourcedefinitions":
+            self.api.crd_changed(obj, deleted=True)
         self.send_json(200, obj)
 
     # ---- watch -------------------------------------------------------------
@@ -290,6 +379,7 @@ class Handler(BaseHTTPRequestHandler):
         rv = int(q.get("resourceVersion") or 0)
         timeout = min(float(q.get("timeoutSeconds") or 1800), 1800)
         deadline = time.monotonic() + timeout
+        match = matcher(q)
         events = []
         if rv == 0:  # no resume point: the current state as ADDED, then changes
             items, cur = store.list(r.key, ns)
@@ -304,7 +394,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             while True:
                 for erv, etype, obj in events:
-                    self.chunk(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
+                    if match(obj):
+                        self.chunk(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
                     rv = max(rv, erv)
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -324,6 +415,42 @@ class Handler(BaseHTTPRequestHandler):
     def chunk(self, data):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
+
+
+def crd_status(crd):
+    names = crd.get("spec", {}).get("names", {})
+    conds = [{"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now_ts()}
+             for t, r, m in (("NamesAccepted", "NoConflicts", "no conflicts found"),
+                             ("Established", "InitialNamesAccepted", "the initial names have been accepted"))]
+    return {"conditions": conds, "acceptedNames": names, "storedVersions": [
+        v["name"] for v in crd.get("spec", {}).get("versions", []) if v.get("storage")]}
+
+
+def now_ts():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def jsonpath(obj, path):
+    """Value at a simple dotted path (".spec.replicas", ".status.conditions[0].type"); None if absent."""
+    parts = [p for p in (path or "").strip().lstrip(".").split(".") if p]
+    if not parts:
+        return None
+    cur = obj
+    for part in parts:
+        idx = None
+        if part.endswith("]") and "[" in part:
+            part, idx = part[:-1].split("[")
+        cur = cur.get(part) if isinstance(cur, dict) else None
+        if idx is not None:
+            cur = cur[int(idx)] if isinstance(cur, list) and -len(cur) <= int(idx) < len(cur) else None
+    return cur
+
+
+def set_path(obj, path, value):
+    parts = [p for p in path.strip().lstrip(".").split(".") if p]
+    for p in parts[:-1]:
+        obj = obj.setdefault(p, {})
+    obj[parts[-1]] = value
 
 
 def age(ts):

@@ -83,8 +83,10 @@ class Store:
             self._record("ADDED", rkey, obj)
             return copy.deepcopy(obj)
 
-    def update(self, rkey, ns, name, obj, subresource=None):
-        """Replace an object (or only its status for the status subresource)."""
+    def update(self, rkey, ns, name, obj, subresource=None, status_sub=False):
+        """Replace an object, or only its status through the status
+        subresource; with status_sub, a main-resource write keeps the old
+        status (as the API server does for kinds with that subresource)."""
         with self.lock:
             old = self.objects.get((rkey, ns, name))
             if old is None:
@@ -99,10 +101,12 @@ class Store:
             if subresource == "status":
                 new["status"] = obj.get("status")
             else:
-                status = old.get("status")
                 new = copy.deepcopy(obj)
-                if status is not None and "status" in old:
-                    new["status"] = status  # status is written through its subresource only
+                if status_sub:
+                    if "status" in old:
+                        new["status"] = copy.deepcopy(old["status"])
+                    else:
+                        new.pop("status", None)
                 md = new.setdefault("metadata", {})
                 for k in ("uid", "creationTimestamp", "namespace", "name"):
                     if k in old["metadata"]:
