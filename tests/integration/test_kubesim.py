@@ -238,3 +238,59 @@ def test_status_subresource_and_generation(client, sim):
                                           {"spec": {"replicas": 4}, "status": {"replicas": 9}})
     assert o["metadata"]["generation"] == 2 and o["status"] == {"replicas": 2}  # main resource ignores status
     api.close()
+
+
+def owned(name, owner):
+    o = cm(name)
+    o["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": owner.metadata.name,
+                                         "uid": owner.metadata.uid, "blockOwnerDeletion": True}]
+    return o
+
+
+def wait_gone(v1, k, names, ns="default", timeout=5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        left = [n for n in names if n in {o.metadata.name for o in v1.list_namespaced_config_map(ns).items}]
+        if not left:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"still present: {left}")
+
+
+def test_finalizers_and_garbage_collection(client):
+    v1, k = client
+    # finalizer: deletion waits, then completes when the finalizer is removed
+    f = cm("held")
+    f["metadata"]["finalizers"] = ["example.com/cleanup"]
+    v1.create_namespaced_config_map("default", f)
+    v1.delete_namespaced_config_map("held", "default")
+    held = v1.read_namespaced_config_map("held", "default")
+    assert held.metadata.deletion_timestamp is not None
+    v1.patch_namespaced_config_map("held", "default", {"metadata": {"finalizers": None}})
+    wait_gone(v1, k, ["held"])
+    # background: dependents follow their owner
+    owner = v1.create_namespaced_config_map("default", cm("owner"))
+    v1.create_namespaced_config_map("default", owned("child1", owner))
+    v1.create_namespaced_config_map("default", owned("child2", owner))
+    v1.delete_namespaced_config_map("owner", "default")
+    wait_gone(v1, k, ["owner", "child1", "child2"])
+    # orphan: dependents stay, without the reference
+    owner = v1.create_namespaced_config_map("default", cm("owner2"))
+    v1.create_namespaced_config_map("default", owned("kid", owner))
+    v1.delete_namespaced_config_map("owner2", "default", body=k.client.V1DeleteOptions(propagation_policy="Orphan"))
+    wait_gone(v1, k, ["owner2"])
+    time.sleep(0.5)
+    assert not v1.read_namespaced_config_map("kid", "default").metadata.owner_references
+    # foreground: the owner stays (deleting) until its dependents are gone
+    owner = v1.create_namespaced_config_map("default", cm("owner3"))
+    dep = owned("dep", owner)
+    dep["metadata"]["finalizers"] = ["example.com/slow"]
+    v1.create_namespaced_config_map("default", dep)
+    v1.delete_namespaced_config_map("owner3", "default",
+                                    body=k.client.V1DeleteOptions(propagation_policy="Foreground"))
+    time.sleep(0.6)  # three collector passes
+    o3 = v1.read_namespaced_config_map("owner3", "default")
+    assert o3.metadata.deletion_timestamp and "foregroundDeletion" in o3.metadata.finalizers
+    assert v1.read_namespaced_config_map("dep", "default").metadata.deletion_timestamp
+    v1.patch_namespaced_config_map("dep", "default", {"metadata": {"finalizers": None}})
+    wait_gone(v1, k, ["dep", "owner3"])

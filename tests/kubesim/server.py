@@ -18,6 +18,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import schema as crschema
+from collector import Collector
 from resources import BUILTIN, crd_resources
 from kselect import matcher
 from store import ApiError, Store
@@ -44,6 +45,7 @@ class Api:
     def __init__(self, token, window):
         self.token = token
         self.store = Store(window)
+        self.gc = Collector(self.store)
         self.resources = {}
         for r in BUILTIN:
             self.resources[(r.group, r.version, r.plural)] = r
@@ -364,11 +366,16 @@ class Handler(BaseHTTPRequestHandler):
         raise ApiError(409, "Conflict", "too many concurrent writers")
 
     def do_delete_obj(self, route, q):
-        self.body()  # DeleteOptions (propagationPolicy...): read so the connection stays in sync
+        opts = self.body() or {}  # DeleteOptions
         r, ns, name, sub = self.scope(route)
         if name is None:
             raise ApiError(405, "MethodNotAllowed", "deletecollection is not supported yet")
-        obj = self.api.store.delete(r.key, ns, name)
+        policy = opts.get("propagationPolicy") or q.get("propagationPolicy") or "Background"
+        if opts.get("orphanDependents") is True:
+            policy = "Orphan"
+        if policy not in ("Background", "Foreground", "Orphan"):
+            raise ApiError(400, "BadRequest", f"propagationPolicy {policy!r} is not Background, Foreground or Orphan")
+        obj = self.api.gc.delete(r.key, ns, name, policy, opts.get("preconditions"))
         if r.plural == "customresourcedefinitions":
             self.api.crd_changed(obj, deleted=True)
         self.send_json(200, obj)

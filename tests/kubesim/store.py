@@ -83,7 +83,7 @@ class Store:
             self._record("ADDED", rkey, obj)
             return copy.deepcopy(obj)
 
-    def update(self, rkey, ns, name, obj, subresource=None, status_sub=False):
+    def update(self, rkey, ns, name, obj, subresource=None, status_sub=False, internal=False):
         """Replace an object, or only its status through the status
         subresource; with status_sub, a main-resource write keeps the old
         status (as the API server does for kinds with that subresource)."""
@@ -113,7 +113,21 @@ class Store:
                         md[k] = old["metadata"][k]
                 md["generation"] = old["metadata"].get("generation", 1) + \
                     (1 if new.get("spec") != old.get("spec") else 0)
-            new["metadata"]["resourceVersion"] = self._bump()
+            md, omd = new["metadata"], old["metadata"]
+            if not internal:  # clients cannot set or clear these; deletion does
+                for k in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+                    if k in omd:
+                        md[k] = omd[k]
+                    else:
+                        md.pop(k, None)
+                if omd.get("deletionTimestamp") and set(md.get("finalizers") or []) - set(omd.get("finalizers") or []):
+                    raise ApiError(422, "Invalid", "metadata.finalizers: Forbidden: no new finalizers can be added "
+                                                   "if the object is being deleted")
+            md["resourceVersion"] = self._bump()
+            if md.get("deletionTimestamp") and not md.get("finalizers"):
+                del self.objects[(rkey, ns, name)]  # the last finalizer is gone: the deletion completes
+                self._record("DELETED", rkey, new)
+                return copy.deepcopy(new)
             self.objects[(rkey, ns, name)] = new
             self._record("MODIFIED", rkey, new)
             return copy.deepcopy(new)
