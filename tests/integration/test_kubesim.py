@@ -294,3 +294,54 @@ def test_finalizers_and_garbage_collection(client):
     assert v1.read_namespaced_config_map("dep", "default").metadata.deletion_timestamp
     v1.patch_namespaced_config_map("dep", "default", {"metadata": {"finalizers": None}})
     wait_gone(v1, k, ["dep", "owner3"])
+
+
+RBAC_OBJECTS = """
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: reader, namespace: team}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: cm-reader, namespace: team}
+rules:
+- {apiGroups: [""], resources: [configmaps], verbs: [get, list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: reader-binding, namespace: team}
+subjects:
+- {kind: ServiceAccount, name: reader, namespace: team}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: cm-reader}
+"""
+
+
+def test_rbac_service_account(kubectl, client, sim):
+    v1, k = client
+    kubectl("create", "namespace", "team")
+    kubectl("apply", "--validate=false", "-f", "-", stdin=RBAC_OBJECTS)
+    kubectl("-n", "team", "create", "configmap", "visible", "--from-literal=a=1")
+    token = kubectl("-n", "team", "create", "token", "reader").stdout.strip()
+    assert len(token) > 20
+    as_sa = ["--token", token, "-n", "team"]
+    assert "visible" in kubectl(*as_sa, "get", "configmaps").stdout
+    r = kubectl(*as_sa, "create", "configmap", "nope", "--from-literal=a=1", check=False)
+    assert r.returncode
+    assert ('User "system:serviceaccount:team:reader" cannot create resource "configmaps" in API group "" '
+            'in the namespace "team"') in r.stderr
+    r = kubectl(*as_sa, "get", "secrets", check=False)
+    assert r.returncode and 'cannot list resource "secrets"' in r.stderr
+    r = kubectl("--token", token, "-n", "default", "get", "configmaps", check=False)
+    assert r.returncode and 'in the namespace "default"' in r.stderr  # a Role grants only in its namespace
+    # the Python client with the service account's token: 403 naming the verb
+    cfg = k.client.Configuration()
+    cfg.host = f"https://127.0.0.1:{(sim / 'port').read_text()}"
+    cfg.ssl_ca_cert = str(sim / "ca.crt")
+    cfg.api_key = {"authorization": "Bearer " + token}
+    sa_api = k.client.ApiClient(cfg)
+    sa_v1 = k.client.CoreV1Api(sa_api)
+    assert [o.metadata.name for o in sa_v1.list_namespaced_config_map("team").items] == ["visible"]
+    with pytest.raises(k.client.exceptions.ApiException) as e:
+        sa_v1.delete_namespaced_config_map("visible", "team")
+    assert e.value.status == 403 and "cannot delete" in e.value.body
+    sa_api.close()

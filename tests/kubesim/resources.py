@@ -26,8 +26,13 @@ class Resource:
         out = [{"name": self.plural, "singularName": self.kind.lower(), "namespaced": self.namespaced,
                 "kind": self.kind, "verbs": VERBS, "shortNames": self.short}]
         for sub in self.subresources:
-            out.append({"name": f"{self.plural}/{sub}", "singularName": "", "namespaced": self.namespaced,
-                        "kind": "Scale" if sub == "scale" else self.kind, "verbs": ["get", "patch", "update"]})
+            kind = {"scale": "Scale", "token": "TokenRequest"}.get(sub, self.kind)
+            verbs = ["create"] if sub == "token" else ["get", "patch", "update"]
+            entry = {"name": f"{self.plural}/{sub}", "singularName": "", "namespaced": self.namespaced,
+                     "kind": kind, "verbs": verbs}
+            if sub == "token":
+                entry.update(group="authentication.k8s.io", version="v1")
+            out.append(entry)
         return out
 
 
@@ -38,7 +43,7 @@ BUILTIN = [
     Resource("", "v1", "Endpoints", "endpoints", True, ["ep"]),
     Resource("", "v1", "ConfigMap", "configmaps", True, ["cm"]),
     Resource("", "v1", "Secret", "secrets", True),
-    Resource("", "v1", "ServiceAccount", "serviceaccounts", True, ["sa"]),
+    Resource("", "v1", "ServiceAccount", "serviceaccounts", True, ["sa"], ["token"]),
     Resource("", "v1", "Event", "events", True, ["ev"]),
     Resource("apps", "v1", "Deployment", "deployments", True, ["deploy"], ["status", "scale"],
              scale={"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",

@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import schema as crschema
 from collector import Collector
+from rbac import Authorizer, User
 from resources import BUILTIN, crd_resources
 from kselect import matcher
 from store import ApiError, Store
@@ -46,6 +47,7 @@ class Api:
         self.token = token
         self.store = Store(window)
         self.gc = Collector(self.store)
+        self.authz = Authorizer(self.store, token)
         self.resources = {}
         for r in BUILTIN:
             self.resources[(r.group, r.version, r.plural)] = r
@@ -132,11 +134,24 @@ class Handler(BaseHTTPRequestHandler):
         return obj
 
     def authenticated(self):
-        auth = self.headers.get("Authorization", "")
-        if self.api.token is None or auth == f"Bearer {self.api.token}":
+        """Sets self.user; answers 401 and returns False when unknown."""
+        self.user = self.api.authz.authenticate(self.headers.get("Authorization", ""))
+        if self.user is None and self.api.token is None:  # plain HTTP mode: everyone is the admin
+            self.user = User("admin", ["system:masters"])
+        if self.user is not None:
             return True
         self.send_json(401, ApiError(401, "Unauthorized", "Unauthorized").status())
         return False
+
+    def authorize(self, method, route, q):
+        group, version, ns, plural, name, sub = route
+        verb = {"GET": "get" if name else ("watch" if q.get("watch") in ("1", "true") else "list"),
+                "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+        if method == "POST" and sub:  # e.g. serviceaccounts/NAME/token
+            verb = "create"
+        resource = f"{plural}/{sub}" if sub else plural
+        r = self.api.resources.get((group, version, plural))
+        self.api.authz.check(self.user, verb, group, resource, ns if r is None or r.namespaced else None, name)
 
     def dispatch(self, method):
         self._body = None
@@ -150,6 +165,7 @@ class Handler(BaseHTTPRequestHandler):
             route = parse_path(url.path)
             if route is None or route[3] is None:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({url.path})")
+            self.authorize(method, route, q)
             getattr(self, "do_" + method.lower() + "_obj")(route, q)
         except ApiError as e:
             if self._body is None and self.headers.get("Content-Length") and e.code != 413:
@@ -319,6 +335,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_post_obj(self, route, q):
         r, ns, name, sub = self.scope(route)
+        if r.plural == "serviceaccounts" and sub == "token":
+            return self.token_request(ns, name)
         obj = self.checked_body(r, ns)
         if r.plural == "customresourcedefinitions":
             obj["status"] = crd_status(obj)
@@ -326,6 +344,15 @@ class Handler(BaseHTTPRequestHandler):
         if r.plural == "customresourcedefinitions":
             self.api.crd_changed(out)
         self.send_json(201, out)
+
+    def token_request(self, ns, name):
+        """TokenRequest: a bearer token for the service account (kubectl create token)."""
+        self.api.store.get(self.api.res("", "v1", "serviceaccounts").key, ns, name)  # 404 if absent
+        req = self.body() or {}
+        req.setdefault("apiVersion", "authentication.k8s.io/v1")
+        req.setdefault("kind", "TokenRequest")
+        req["status"] = {"token": self.api.authz.mint(ns, name), "expirationTimestamp": "2099-01-01T00:00:00Z"}
+        self.send_json(201, req)
 
     def do_put_obj(self, route, q):
         r, ns, name, sub = self.scope(route)
