@@ -345,3 +345,26 @@ def test_rbac_service_account(kubectl, client, sim):
         sa_v1.delete_namespaced_config_map("visible", "team")
     assert e.value.status == 403 and "cannot delete" in e.value.body
     sa_api.close()
+
+
+def test_pagination_and_selectors(client):
+    v1, k = client
+    for i in range(7):
+        o = cm(f"p{i}")
+        o["metadata"]["labels"] = {"idx": str(i), "parity": "even" if i % 2 == 0 else "odd"}
+        v1.create_namespaced_config_map("default", o)
+    names, token = [], None
+    while True:
+        page = v1.list_namespaced_config_map("default", limit=3, _continue=token)
+        names += [o.metadata.name for o in page.items]
+        token = page.metadata._continue
+        if not token:
+            break
+    assert names == [f"p{i}" for i in range(7)]
+    odd = v1.list_namespaced_config_map("default", label_selector="parity=odd,idx notin (5)")
+    assert [o.metadata.name for o in odd.items] == ["p1", "p3"]
+    by_name = v1.list_namespaced_config_map("default", field_selector="metadata.name=p4")
+    assert [o.metadata.name for o in by_name.items] == ["p4"]
+    with pytest.raises(k.client.exceptions.ApiException) as e:
+        v1.list_namespaced_config_map("default", field_selector="data.x=1")
+    assert e.value.status == 400

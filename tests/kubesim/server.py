@@ -9,6 +9,7 @@ columns), label and field selectors on list and watch.
 Not yet (see the issue notes): RBAC authorization, strategic merge and
 server-side apply, OpenAPI documents, limit/continue, finalizers and
 garbage collection, and the workload simulation."""
+import base64
 import copy
 import datetime
 import json
@@ -249,10 +250,13 @@ class Handler(BaseHTTPRequestHandler):
             return self.watch(r, ns, q)
         items, rv = self.api.store.list(r.key, ns)
         items = [o for o in items if matcher(q)(o)]
+        items, meta = paginate(items, rv, q)
         if self.wants_table():
-            return self.send_json(200, self.as_table(items, r, rv))
-        self.send_json(200, {"kind": r.kind + "List", "apiVersion": r.group_version,
-                             "metadata": {"resourceVersion": rv}, "items": items})
+            table = self.as_table(items, r, meta["resourceVersion"])
+            table["metadata"] = meta
+            return self.send_json(200, table)
+        self.send_json(200, {"kind": r.kind + "List", "apiVersion": r.group_version, "metadata": meta,
+                             "items": items})
 
     def wants_table(self):
         return "as=Table" in self.headers.get("Accept", "")
@@ -449,6 +453,30 @@ class Handler(BaseHTTPRequestHandler):
     def chunk(self, data):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
+
+
+def paginate(items, rv, q):
+    """limit/continue over items sorted by (namespace, name). The continue
+    token carries the last key and the list's resourceVersion; a token
+    whose version left the watch window would be 410 on the real server,
+    here pages simply continue from the current state."""
+    meta = {"resourceVersion": rv}
+    token = q.get("continue")
+    if token:
+        try:
+            last_ns, last_name, rv = json.loads(base64.urlsafe_b64decode(token.encode()).decode())
+        except (ValueError, TypeError):
+            raise ApiError(400, "BadRequest", "invalid continue token")
+        meta["resourceVersion"] = rv
+        items = [o for o in items if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > (last_ns, last_name)]
+    limit = int(q.get("limit") or 0)
+    if 0 < limit < len(items):
+        last = items[limit - 1]["metadata"]
+        meta["continue"] = base64.urlsafe_b64encode(
+            json.dumps([last.get("namespace", ""), last["name"], meta["resourceVersion"]]).encode()).decode()
+        meta["remainingItemCount"] = len(items) - limit
+        items = items[:limit]
+    return items, meta
 
 
 def crd_status(crd):
