@@ -368,3 +368,105 @@ def test_pagination_and_selectors(client):
     with pytest.raises(k.client.exceptions.ApiException) as e:
         v1.list_namespaced_config_map("default", field_selector="data.x=1")
     assert e.value.status == 400
+
+
+DEPLOY = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  strategy: {rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: http
+        image: example/http-server
+        args: ["--bind", "$(POD_IP)", "8080"]
+        env: [{name: REVISION, value: "REV"}]
+        readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+"""
+
+
+@pytest.fixture()
+def workload_sim(tmp_path):
+    exe = shutil.which("kubectl")
+    if not exe:
+        pytest.skip("kubectl not installed")
+    images = tmp_path / "images.yaml"
+    images.write_text(f'example/http-server: ["{__import__("sys").executable}", "-m", "http.server"]\n')
+    p, d = start(tmp_path, "--image-map", str(images))
+    env = dict(os.environ, KUBECONFIG=str(d / "kubeconfig"))
+
+    def run(*args, check=True, stdin=None, timeout=60):
+        r = subprocess.run([exe, *args], capture_output=True, text=True, env=env, input=stdin, timeout=timeout)
+        if check and r.returncode:
+            raise AssertionError(f"kubectl {' '.join(args)}: {r.stderr}")
+        return r
+    yield run
+    p.terminate()
+    p.wait(timeout=20)
+
+
+def endpoint_ips(kubectl):
+    out = kubectl("get", "endpoints", "web", "-o", "json", check=False)
+    if out.returncode:
+        return []
+    subsets = json.loads(out.stdout).get("subsets") or []
+    return sorted(a["ip"] for s in subsets for a in s.get("addresses", []))
+
+
+def test_deployment_runs_pods_as_processes(workload_sim):
+    kubectl = workload_sim
+    kubectl("apply", "--validate=false", "-f", "-", stdin=DEPLOY.replace("REV", "1"))
+    kubectl("rollout", "status", "deployment/web", "--timeout=60s", timeout=90)
+    ips = endpoint_ips(kubectl)
+    assert len(ips) == 2 and all(ip.startswith("127.0.0.") for ip in ips)
+    for ip in ips:  # the pods really serve
+        assert urllib.request.urlopen(f"http://{ip}:8080/", timeout=5).status == 200
+    # a rolling update replaces every pod and never leaves the service without a ready pod
+    old = set(kubectl("get", "pods", "-l", "app=web", "-o", "name").stdout.split())
+    kubectl("apply", "--validate=false", "-f", "-", stdin=DEPLOY.replace("REV", "2"))
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        assert endpoint_ips(kubectl), "no ready endpoint during the rolling update"
+        pods = set(kubectl("get", "pods", "-l", "app=web", "-o", "name").stdout.split())
+        st = json.loads(kubectl("get", "deployment", "web", "-o", "json").stdout)["status"]
+        if not pods & old and st.get("updatedReplicas") == 2 and st.get("readyReplicas") == 2 and len(pods) == 2:
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError("rolling update did not finish")
+    # deleting the Deployment removes its pods, and their processes stop
+    ips = endpoint_ips(kubectl)
+    kubectl("delete", "deployment", "web")
+    deadline = time.time() + 30
+    while time.time() < deadline and kubectl("get", "pods", "-o", "name").stdout.strip():
+        time.sleep(0.3)
+    assert not kubectl("get", "pods", "-o", "name").stdout.strip()
+    for ip in ips:
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://{ip}:8080/", timeout=2)
+
+
+def test_unmapped_image_is_pending(workload_sim):
+    kubectl = workload_sim
+    kubectl("run", "ghost", "--image=nowhere/none")
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        st = json.loads(kubectl("get", "pod", "ghost", "-o", "json").stdout).get("status", {})
+        waiting = (st.get("containerStatuses") or [{}])[0].get("state", {}).get("waiting", {})
+        if waiting.get("reason") == "ErrImagePull":
+            break
+        time.sleep(0.2)
+    assert st["phase"] == "Pending" and waiting["reason"] == "ErrImagePull"

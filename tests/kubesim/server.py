@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import schema as crschema
 from collector import Collector
 from rbac import Authorizer, User
+from workload import Workloads
 from resources import BUILTIN, crd_resources
 from kselect import matcher
 from store import ApiError, Store
@@ -41,14 +42,60 @@ def merge_patch(target, patch):
     return out
 
 
+# List fields merged element by element in a strategic merge patch, by key
+# (the patchMergeKey of the built-in types kubectl patches).
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "ephemeralContainers": "name", "env": "name",
+              "volumes": "name", "volumeMounts": "mountPath", "imagePullSecrets": "name",
+              "conditions": "type", "hostAliases": "ip", "topologySpreadConstraints": "topologyKey"}
+PORT_KEYS = ("containerPort", "port")
+
+
+def strategic_merge(target, patch, field=None):
+    """Strategic merge patch for built-in kinds: like a JSON merge patch,
+    but keyed lists merge element by element ($patch: delete removes one),
+    and the $setElementOrder/$retainKeys directives are honoured or ignored
+    the way kube-apiserver does for these types."""
+    if isinstance(patch, list):
+        key = MERGE_KEYS.get(field) or (next((k for k in PORT_KEYS if all(isinstance(e, dict) and k in e
+                                                                          for e in patch)), None)
+                                        if field == "ports" else None)
+        if key is None or not isinstance(target, list):
+            return [strategic_merge(None, e) for e in patch]
+        out = copy.deepcopy(target)
+        for e in patch:
+            idx = next((i for i, t in enumerate(out) if isinstance(t, dict) and t.get(key) == e.get(key)), None)
+            if isinstance(e, dict) and e.get("$patch") == "delete":
+                if idx is not None:
+                    out.pop(idx)
+            elif idx is None:
+                out.append(strategic_merge(None, e))
+            else:
+                out[idx] = strategic_merge(out[idx], e)
+        return out
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if patch.get("$patch") == "replace":
+        return {k: v for k, v in copy.deepcopy(patch).items() if k != "$patch"}
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if k.startswith("$"):  # $setElementOrder/..., $retainKeys, $deleteFromPrimitiveList/...
+            continue
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = strategic_merge(out.get(k), v, k)
+    return out
+
+
 class Api:
     """Routing state shared by all request threads."""
 
-    def __init__(self, token, window):
+    def __init__(self, token, window, image_map=None):
         self.token = token
         self.store = Store(window)
         self.gc = Collector(self.store)
         self.authz = Authorizer(self.store, token)
+        self.workloads = Workloads(self.store, image_map)
         self.resources = {}
         for r in BUILTIN:
             self.resources[(r.group, r.version, r.plural)] = r
@@ -383,7 +430,8 @@ class Handler(BaseHTTPRequestHandler):
                     if e.code != 409:
                         raise
                     continue
-            new = merge_patch(cur, patch)
+            new = strategic_merge(cur, patch) if ctype.startswith("application/strategic") and not r.schema \
+                else merge_patch(cur, patch)
             new.setdefault("metadata", {})["resourceVersion"] = cur["metadata"]["resourceVersion"]
             self.validate(r, new)
             try:
@@ -523,10 +571,10 @@ def age(ts):
     return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
 
 
-def serve(host, port, token, window, tls=None):
+def serve(host, port, token, window, tls=None, image_map=None):
     """Starts serving in a thread. token None: no authentication; tls: an
-    ssl.SSLContext for HTTPS."""
-    Handler.api = Api(token, window)
+    ssl.SSLContext for HTTPS; image_map: image -> command for pods."""
+    Handler.api = Api(token, window, image_map)
     httpd = ThreadingHTTPServer((host, port), Handler)
     httpd.daemon_threads = True
     if tls is not None:

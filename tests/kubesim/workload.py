@@ -1,0 +1,296 @@
+"""workload.py - what kube-controller-manager and the kubelet would do, in
+one loop: Deployments own Pods (no ReplicaSets: pods carry the template's
+pod-template-hash) and roll them honouring maxSurge/maxUnavailable; Pods
+run as local processes when their image is mapped to a command, each on
+its own loopback address 127.0.0.N, with readiness probes over HTTP and
+restart with back-off; deleting a Pod sends SIGTERM, waits the grace
+period, then SIGKILL; Services get Endpoints of their ready pods.
+
+Image map (--image-map FILE, YAML): {image: [command, arg, ...]}; the
+container's own command/args are appended, its env is passed."""
+import copy
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+from store import ApiError
+
+KUBELET_FINALIZER = "kubesim.io/kubelet"
+POD = ("", "pods", "Pod")
+DEPLOY = ("apps", "deployments", "Deployment")
+SVC = ("", "services", "Service")
+EP = ("", "endpoints", "Endpoints")
+
+
+def template_hash(tpl):
+    return hashlib.sha256(json.dumps(tpl, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def selector_ok(sel, labels):
+    return all((labels or {}).get(k) == v for k, v in (sel or {}).items())
+
+
+def int_or_pct(v, total, up):
+    if isinstance(v, str) and v.endswith("%"):
+        x = total * int(v[:-1]) / 100
+        return int(-(-x // 1)) if up else int(x)
+    return int(v)
+
+
+class Proc:
+    """One container process and its probe state."""
+
+    def __init__(self):
+        self.popen = None
+        self.restarts = 0
+        self.next_start = 0.0
+        self.ready = False
+        self.probe_ok = 0
+        self.probe_fail = 0
+        self.next_probe = 0.0
+        self.exit_reason = None
+
+
+class Workloads:
+    def __init__(self, store, image_map):
+        self.store = store
+        self.images = image_map or {}
+        self.procs = {}      # (ns, name, uid) -> Proc
+        self.terminating = set()
+        self.ips = {}        # uid -> ip
+        self.next_ip = 2
+        self.stop = threading.Event()
+        threading.Thread(target=self.loop, daemon=True).start()
+
+    def loop(self):
+        while not self.stop.wait(0.2):
+            try:
+                self.deployments()
+                self.pods()
+                self.endpoints()
+            except ApiError:
+                pass  # raced with a client write: the next pass sees the new state
+
+    # ---- deployments -----------------------------------------------------------
+    def deployments(self):
+        items, _ = self.store.list(DEPLOY)
+        for d in items:
+            if not d["metadata"].get("deletionTimestamp"):
+                self.sync_deployment(d)
+
+    def owned_pods(self, d):
+        pods, _ = self.store.list(POD, d["metadata"]["namespace"])
+        return [p for p in pods if any(r.get("uid") == d["metadata"]["uid"]
+                                       for r in p["metadata"].get("ownerReferences") or [])
+                and not p["metadata"].get("deletionTimestamp")]
+
+    def sync_deployment(self, d):
+        spec, ns = d.get("spec", {}), d["metadata"]["namespace"]
+        want = spec.get("replicas", 1)
+        h = template_hash(spec.get("template", {}))
+        pods = self.owned_pods(d)
+        new = [p for p in pods if p["metadata"].get("labels", {}).get("pod-template-hash") == h]
+        old = [p for p in pods if p not in new]
+        ready = [p for p in pods if pod_ready(p)]
+        roll = (spec.get("strategy") or {}).get("rollingUpdate") or {}
+        surge = int_or_pct(roll.get("maxSurge", "25%"), want, True)
+        unavail = int_or_pct(roll.get("maxUnavailable", "25%"), want, False)
+        if surge == 0 and unavail == 0:
+            unavail = 1
+        # scale the new revision up within the surge budget
+        for _ in range(max(0, min(want - len(new), want + surge - len(pods)))):
+            self.create_pod(d, h)
+        # remove old pods while enough stay available; extra new pods when scaling down
+        min_avail = want - unavail
+        for p in sorted(old, key=lambda p: pod_ready(p)):
+            if len(ready) - (1 if pod_ready(p) else 0) >= min_avail or not old:
+                self.delete_pod(p)
+                if pod_ready(p):
+                    ready.remove(p)
+        for p in new[want:]:
+            self.delete_pod(p)
+        self.deployment_status(d, h)
+
+    def create_pod(self, d, h):
+        tpl = copy.deepcopy(d["spec"].get("template", {}))
+        md = tpl.setdefault("metadata", {})
+        md["labels"] = dict(md.get("labels") or {}, **{"pod-template-hash": h})
+        md["generateName"] = f"{d['metadata']['name']}-{h}-"
+        md["finalizers"] = [KUBELET_FINALIZER]
+        md["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "Deployment", "name": d["metadata"]["name"],
+                                  "uid": d["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": tpl.get("spec", {}),
+               "status": {"phase": "Pending"}}
+        self.store.create(POD, d["metadata"]["namespace"], pod)
+
+    def delete_pod(self, p):
+        md = p["metadata"]
+        cur = self.store.get(POD, md["namespace"], md["name"])
+        cur["metadata"].setdefault("deletionTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        self.store.update(POD, md["namespace"], md["name"], cur, internal=True)
+
+    def deployment_status(self, d, h):
+        pods = self.owned_pods(d)
+        want = d["spec"].get("replicas", 1)
+        updated = [p for p in pods if p["metadata"]["labels"].get("pod-template-hash") == h]
+        ready = [p for p in pods if pod_ready(p)]
+        st = {"observedGeneration": d["metadata"].get("generation", 1), "replicas": len(pods),
+              "updatedReplicas": len(updated), "readyReplicas": len(ready), "availableReplicas": len(ready),
+              "unavailableReplicas": max(0, want - len(ready)),
+              "selector": ",".join(f"{k}={v}" for k, v in
+                                   ((d["spec"].get("selector") or {}).get("matchLabels") or {}).items()),
+              "conditions": [
+                  {"type": "Available", "status": "True" if len(ready) >= want - 0 else "False",
+                   "reason": "MinimumReplicasAvailable" if len(ready) >= want else "MinimumReplicasUnavailable"},
+                  {"type": "Progressing", "status": "True",
+                   "reason": "NewReplicaSetAvailable" if len(updated) == want == len(ready) == len(pods)
+                   else "ReplicaSetUpdated"}]}
+        if d.get("status") != st:
+            cur = self.store.get(DEPLOY, d["metadata"]["namespace"], d["metadata"]["name"])
+            cur["status"] = st
+            self.store.update(DEPLOY, d["metadata"]["namespace"], d["metadata"]["name"], cur, "status")
+
+    # ---- kubelet -----------------------------------------------------------------
+    def pods(self):
+        items, _ = self.store.list(POD)
+        for p in items:
+            key = (p["metadata"]["namespace"], p["metadata"]["name"], p["metadata"]["uid"])
+            proc = self.procs.setdefault(key, Proc())
+            if p["metadata"].get("deletionTimestamp"):
+                if key not in self.terminating:  # the grace period must not stall the loop
+                    self.terminating.add(key)
+                    threading.Thread(target=self.terminate, args=(p, self.procs.pop(key)), daemon=True).start()
+                continue
+            self.run_pod(p, proc)
+
+    def command(self, c, env):
+        """The image's command plus the container's, with $(VAR) expanded as the kubelet does."""
+        base = self.images.get(c.get("image"))
+        if base is None:
+            return None
+        expand = lambda a: re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), str(a))  # noqa: E731
+        return [expand(a) for a in list(base) + list(c.get("command") or []) + list(c.get("args") or [])]
+
+    def run_pod(self, p, proc):
+        c = (p["spec"].get("containers") or [{}])[0]
+        uid = p["metadata"]["uid"]
+        if uid not in self.ips:
+            self.ips[uid] = f"127.0.0.{self.next_ip}"
+            self.next_ip = self.next_ip + 1 if self.next_ip < 254 else 2
+        ip, now = self.ips[uid], time.monotonic()
+        if KUBELET_FINALIZER not in (p["metadata"].get("finalizers") or []):
+            cur = self.store.get(POD, p["metadata"]["namespace"], p["metadata"]["name"])
+            cur["metadata"]["finalizers"] = (cur["metadata"].get("finalizers") or []) + [KUBELET_FINALIZER]
+            p = self.store.update(POD, p["metadata"]["namespace"], p["metadata"]["name"], cur, internal=True)
+        env = dict(os.environ, **{e["name"]: str(e.get("value", "")) for e in c.get("env") or []},
+                   POD_IP=ip, POD_NAME=p["metadata"]["name"], POD_NAMESPACE=p["metadata"]["namespace"])
+        cmd = self.command(c, env)
+        if cmd is None:
+            return self.set_status(p, "Pending", False, ip, proc, waiting=("ErrImagePull",
+                                   f'image "{c.get("image")}" is not in the image map'))
+        if proc.popen is not None and proc.popen.poll() is not None:
+            proc.exit_reason = f"exit code {proc.popen.returncode}"
+            proc.popen, proc.ready = None, False
+            proc.restarts += 1
+            proc.next_start = now + min(10.0, 0.5 * 2 ** (proc.restarts - 1))
+        if proc.popen is None and now >= proc.next_start:
+            proc.popen = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                          start_new_session=True)
+            proc.started = now
+        self.probe(c, ip, proc, now)
+        waiting = None if proc.popen else ("CrashLoopBackOff", proc.exit_reason)
+        self.set_status(p, "Running" if proc.popen else "Pending", proc.ready, ip, proc, waiting)
+
+    def probe(self, c, ip, proc, now):
+        pr = c.get("readinessProbe")
+        if proc.popen is None:
+            return
+        if not pr:
+            proc.ready = True
+            return
+        if now < proc.next_probe or now < getattr(proc, "started", 0) + pr.get("initialDelaySeconds", 0):
+            return
+        proc.next_probe = now + pr.get("periodSeconds", 10)
+        hg = pr.get("httpGet") or {}
+        url = f"http://{ip}:{hg.get('port', 80)}{hg.get('path', '/')}"
+        try:
+            ok = urllib.request.urlopen(url, timeout=pr.get("timeoutSeconds", 1)).status < 400
+        except Exception:
+            ok = False
+        proc.probe_ok, proc.probe_fail = (proc.probe_ok + 1, 0) if ok else (0, proc.probe_fail + 1)
+        if proc.probe_ok >= pr.get("successThreshold", 1):
+            proc.ready = True
+        if proc.probe_fail >= pr.get("failureThreshold", 3):
+            proc.ready = False
+
+    def set_status(self, p, phase, ready, ip, proc, waiting=None):
+        cs = {"name": (p["spec"].get("containers") or [{}])[0].get("name", "c"), "ready": ready,
+              "restartCount": proc.restarts,
+              "state": {"waiting": {"reason": waiting[0], "message": waiting[1]}} if waiting else {"running": {}}}
+        st = {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}], "containerStatuses": [cs],
+              "conditions": [{"type": "Ready", "status": "True" if ready else "False"},
+                             {"type": "ContainersReady", "status": "True" if ready else "False"}]}
+        if p.get("status") != st:
+            cur = self.store.get(POD, p["metadata"]["namespace"], p["metadata"]["name"])
+            cur["status"] = st
+            self.store.update(POD, p["metadata"]["namespace"], p["metadata"]["name"], cur, "status")
+
+    def terminate(self, p, proc):
+        """SIGTERM, the grace period, SIGKILL; then the pod object goes."""
+        if proc.popen is not None and proc.popen.poll() is None:
+            grace = p["spec"].get("terminationGracePeriodSeconds", 30)
+            os.killpg(proc.popen.pid, signal.SIGTERM)
+            try:
+                proc.popen.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+                proc.popen.wait()
+        try:
+            cur = self.store.get(POD, p["metadata"]["namespace"], p["metadata"]["name"])
+            cur["metadata"]["finalizers"] = [f for f in cur["metadata"].get("finalizers") or []
+                                             if f != KUBELET_FINALIZER]
+            self.store.update(POD, p["metadata"]["namespace"], p["metadata"]["name"], cur, internal=True)
+        except ApiError:
+            pass
+
+    # ---- services -----------------------------------------------------------------
+    def endpoints(self):
+        svcs, _ = self.store.list(SVC)
+        for s in svcs:
+            sel = s.get("spec", {}).get("selector")
+            if not sel:
+                continue
+            ns, name = s["metadata"]["namespace"], s["metadata"]["name"]
+            pods, _ = self.store.list(POD, ns)
+            ready = [p for p in pods if selector_ok(sel, p["metadata"].get("labels")) and pod_ready(p)
+                     and not p["metadata"].get("deletionTimestamp")]
+            ports = [{"name": pt.get("name", ""), "port": pt.get("targetPort", pt.get("port")),
+                      "protocol": pt.get("protocol", "TCP")} for pt in s["spec"].get("ports") or []]
+            subsets = [{"addresses": [{"ip": p["status"]["podIP"], "targetRef": {"kind": "Pod", "name":
+                        p["metadata"]["name"], "namespace": ns}} for p in sorted(ready, key=lambda p: p["status"]["podIP"])],
+                        "ports": ports}] if ready else []
+            try:
+                cur = self.store.get(EP, ns, name)
+                if cur.get("subsets") != subsets:
+                    cur["subsets"] = subsets
+                    self.store.update(EP, ns, name, cur)
+            except ApiError:
+                self.store.create(EP, ns, {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": name},
+                                           "subsets": subsets})
+
+    def shutdown(self):
+        self.stop.set()
+        for proc in self.procs.values():
+            if proc.popen is not None and proc.popen.poll() is None:
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+
+
+def pod_ready(p):
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (p.get("status") or {}).get("conditions") or [])
