@@ -470,3 +470,71 @@ def test_unmapped_image_is_pending(workload_sim):
             break
         time.sleep(0.2)
     assert st["phase"] == "Pending" and waiting["reason"] == "ErrImagePull"
+
+
+HEALTH_SERVER = '''
+import http.server, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        bad = os.path.exists(sys.argv[2])
+        self.send_response(500 if bad else 200)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer((os.environ["POD_IP"], int(sys.argv[1])), H).serve_forever()
+'''
+
+
+def pod_status(kubectl, name):
+    return json.loads(kubectl("get", "pod", name, "-o", "json").stdout).get("status", {})
+
+
+def wait_for(pred, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError("condition not met in time")
+
+
+def test_liveness_restarts_and_crash_backoff(tmp_path):
+    exe = shutil.which("kubectl")
+    if not exe:
+        pytest.skip("kubectl not installed")
+    script = tmp_path / "health.py"
+    script.write_text(HEALTH_SERVER)
+    flag = tmp_path / "unhealthy"
+    images = tmp_path / "images.yaml"
+    py = __import__("sys").executable
+    images.write_text(f'example/health: ["{py}", "{script}", "9000", "{flag}"]\nexample/crash: ["sh", "-c", "exit 3"]\n')
+    p, d = start(tmp_path, "--image-map", str(images))
+    env = dict(os.environ, KUBECONFIG=str(d / "kubeconfig"))
+
+    def kubectl(*args):
+        r = subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r
+    try:
+        pod = ("apiVersion: v1\nkind: Pod\nmetadata: {name: live}\nspec:\n  containers:\n  - name: c\n"
+               "    image: example/health\n    livenessProbe: {httpGet: {path: /, port: 9000}, periodSeconds: 1, "
+               "failureThreshold: 2}\n    readinessProbe: {httpGet: {path: /, port: 9000}, periodSeconds: 1}\n")
+        subprocess.run([exe, "apply", "--validate=false", "-f", "-"], input=pod, env=env, check=True,
+                       capture_output=True, text=True)
+        wait_for(lambda: (pod_status(kubectl, "live").get("containerStatuses") or [{}])[0].get("ready"))
+        flag.write_text("x")  # the health check now fails: the kubelet restarts the container
+        wait_for(lambda: (pod_status(kubectl, "live").get("containerStatuses") or [{}])[0].get("restartCount", 0) >= 1)
+        flag.unlink()
+        cs = wait_for(lambda: [c for c in pod_status(kubectl, "live").get("containerStatuses") or [] if c.get("ready")])
+        assert cs[0]["lastState"]["terminated"]["message"] == "liveness probe failed"
+        kubectl("run", "crasher", "--image=example/crash")
+        cs = wait_for(lambda: [c for c in pod_status(kubectl, "crasher").get("containerStatuses") or []
+                               if c.get("restartCount", 0) >= 2])
+        assert cs[0]["lastState"]["terminated"]["exitCode"] == 3
+        st = wait_for(lambda: [c for c in pod_status(kubectl, "crasher").get("containerStatuses") or []
+                               if c.get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff"])
+        assert st
+    finally:
+        p.terminate()
+        p.wait(timeout=20)

@@ -43,6 +43,13 @@ def int_or_pct(v, total, up):
     return int(v)
 
 
+class ProbeState:
+    def __init__(self):
+        self.ok = self.fail = 0
+        self.next = 0.0
+        self.passed = False
+
+
 class Proc:
     """One container process and its probe state."""
 
@@ -50,11 +57,35 @@ class Proc:
         self.popen = None
         self.restarts = 0
         self.next_start = 0.0
+        self.started = 0.0
         self.ready = False
-        self.probe_ok = 0
-        self.probe_fail = 0
-        self.next_probe = 0.0
         self.exit_reason = None
+        self.last_state = None
+        self.reset_probes()
+
+    def reset_probes(self):
+        self.probes = {"startup": ProbeState(), "readiness": ProbeState(), "liveness": ProbeState()}
+
+
+def http_probe(pr, ip):
+    hg = pr.get("httpGet") or {}
+    url = f"http://{ip}:{hg.get('port', 80)}{hg.get('path', '/')}"
+    try:
+        return urllib.request.urlopen(url, timeout=pr.get("timeoutSeconds", 1)).status < 400
+    except Exception:
+        return False
+
+
+def step_probe(pr, st, ip, started, now):
+    """Runs pr when due; returns "ok", "fail" (threshold reached) or None."""
+    if now < st.next or now < started + pr.get("initialDelaySeconds", 0):
+        return None
+    st.next = now + pr.get("periodSeconds", 10)
+    if http_probe(pr, ip):
+        st.ok, st.fail = st.ok + 1, 0
+        return "ok" if st.ok >= pr.get("successThreshold", 1) else None
+    st.ok, st.fail = 0, st.fail + 1
+    return "fail" if st.fail >= pr.get("failureThreshold", 3) else None
 
 
 class Workloads:
@@ -195,44 +226,62 @@ class Workloads:
             return self.set_status(p, "Pending", False, ip, proc, waiting=("ErrImagePull",
                                    f'image "{c.get("image")}" is not in the image map'))
         if proc.popen is not None and proc.popen.poll() is not None:
-            proc.exit_reason = f"exit code {proc.popen.returncode}"
+            rc = proc.popen.returncode
+            if not proc.exit_reason:
+                proc.exit_reason = f"exit code {rc}"
+            proc.last_state = {"terminated": {"exitCode": rc, "reason": "Completed" if rc == 0 else "Error",
+                                              "message": proc.exit_reason}}
             proc.popen, proc.ready = None, False
+            proc.reset_probes()
             proc.restarts += 1
             proc.next_start = now + min(10.0, 0.5 * 2 ** (proc.restarts - 1))
         if proc.popen is None and now >= proc.next_start:
             proc.popen = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                           start_new_session=True)
             proc.started = now
+            proc.exit_reason = None
         self.probe(c, ip, proc, now)
         waiting = None if proc.popen else ("CrashLoopBackOff", proc.exit_reason)
         self.set_status(p, "Running" if proc.popen else "Pending", proc.ready, ip, proc, waiting)
 
     def probe(self, c, ip, proc, now):
-        pr = c.get("readinessProbe")
+        """Startup gates the others; liveness failure restarts; readiness sets Ready."""
         if proc.popen is None:
             return
-        if not pr:
+        sp, st = c.get("startupProbe"), proc.probes["startup"]
+        if sp and not st.passed:
+            r = step_probe(sp, st, ip, proc.started, now)
+            if r == "fail":
+                return self.kill(proc, "startup probe failed")
+            st.passed = r == "ok"
+            if not st.passed:
+                return
+        lp = c.get("livenessProbe")
+        if lp and step_probe(lp, proc.probes["liveness"], ip, proc.started, now) == "fail":
+            return self.kill(proc, "liveness probe failed")
+        rp = c.get("readinessProbe")
+        if not rp:
             proc.ready = True
             return
-        if now < proc.next_probe or now < getattr(proc, "started", 0) + pr.get("initialDelaySeconds", 0):
-            return
-        proc.next_probe = now + pr.get("periodSeconds", 10)
-        hg = pr.get("httpGet") or {}
-        url = f"http://{ip}:{hg.get('port', 80)}{hg.get('path', '/')}"
+        r = step_probe(rp, proc.probes["readiness"], ip, proc.started, now)
+        if r is not None:
+            proc.ready = r == "ok"
+
+    def kill(self, proc, reason):
+        """The kubelet restarts a container that fails its probes."""
+        proc.ready = False
+        proc.exit_reason = reason
         try:
-            ok = urllib.request.urlopen(url, timeout=pr.get("timeoutSeconds", 1)).status < 400
-        except Exception:
-            ok = False
-        proc.probe_ok, proc.probe_fail = (proc.probe_ok + 1, 0) if ok else (0, proc.probe_fail + 1)
-        if proc.probe_ok >= pr.get("successThreshold", 1):
-            proc.ready = True
-        if proc.probe_fail >= pr.get("failureThreshold", 3):
-            proc.ready = False
+            os.killpg(proc.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def set_status(self, p, phase, ready, ip, proc, waiting=None):
         cs = {"name": (p["spec"].get("containers") or [{}])[0].get("name", "c"), "ready": ready,
-              "restartCount": proc.restarts,
+              "restartCount": proc.restarts, "started": proc.popen is not None,
               "state": {"waiting": {"reason": waiting[0], "message": waiting[1]}} if waiting else {"running": {}}}
+        if proc.last_state:
+            cs["lastState"] = proc.last_state
         st = {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}], "containerStatuses": [cs],
               "conditions": [{"type": "Ready", "status": "True" if ready else "False"},
                              {"type": "ContainersReady", "status": "True" if ready else "False"}]}
