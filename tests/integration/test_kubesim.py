@@ -21,8 +21,9 @@ KUBESIM = ROOT / "tests" / "kubesim" / "kubesim"
 
 def start(tmp_path, *extra):
     d = tmp_path / "kubesim"
+    env = dict(os.environ, KUBESIM_BOOKMARK_SECONDS="1")
     p = subprocess.Popen([str(KUBESIM), "--data-dir", str(d), "--tls", *extra],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for _ in range(100):
         if (d / "port").exists() and (d / "kubeconfig").exists():
             return p, d
@@ -113,6 +114,17 @@ def test_client_list_watch_resume(client):
         if len(seen) == 2:
             w.stop()
     assert seen == [("ADDED", "w3"), ("DELETED", "w0")]
+
+
+def test_watch_bookmarks(sim):
+    port = (sim / "port").read_text()
+    token = [ln.split()[-1] for ln in (sim / "kubeconfig").read_text().splitlines() if "token:" in ln][0]
+    ctx = ssl.create_default_context(cafile=str(sim / "ca.crt"))
+    req = urllib.request.Request(f"https://127.0.0.1:{port}/api/v1/namespaces/default/configmaps?watch=1"
+                                 "&allowWatchBookmarks=true&timeoutSeconds=3",
+                                 headers={"Authorization": f"Bearer {token}"})
+    types = [json.loads(line)["type"] for line in urllib.request.urlopen(req, context=ctx, timeout=10) if line.strip()]
+    assert "BOOKMARK" in types
 
 
 def test_client_conflict(client):
@@ -432,6 +444,10 @@ def test_deployment_runs_pods_as_processes(workload_sim):
     kubectl("rollout", "status", "deployment/web", "--timeout=60s", timeout=90)
     ips = endpoint_ips(kubectl)
     assert len(ips) == 2 and all(ip.startswith("127.0.0.") for ip in ips)
+    slices = json.loads(kubectl("get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o", "json").stdout)
+    assert sorted(e["addresses"][0] for s in slices["items"] for e in s["endpoints"]
+                  if e["conditions"]["ready"]) == ips
+    assert slices["items"][0]["ports"][0]["port"] == 8080
     for ip in ips:  # the pods really serve
         assert urllib.request.urlopen(f"http://{ip}:8080/", timeout=5).status == 200
     # a rolling update replaces every pod and never leaves the service without a ready pod

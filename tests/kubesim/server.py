@@ -27,6 +27,7 @@ from kselect import matcher
 from store import ApiError, Store
 
 MAX_BODY = 3 * 1024 * 1024  # the real API server's request limit
+BOOKMARK_PERIOD = float(__import__("os").environ.get("KUBESIM_BOOKMARK_SECONDS", "5"))
 
 
 def merge_patch(target, patch):
@@ -466,6 +467,8 @@ class Handler(BaseHTTPRequestHandler):
         timeout = min(float(q.get("timeoutSeconds") or 1800), 1800)
         deadline = time.monotonic() + timeout
         match = matcher(q)
+        bookmarks = q.get("allowWatchBookmarks") in ("1", "true")
+        next_bookmark = time.monotonic() + BOOKMARK_PERIOD
         events = []
         if rv == 0:  # no resume point: the current state as ADDED, then changes
             items, cur = store.list(r.key, ns)
@@ -486,6 +489,11 @@ class Handler(BaseHTTPRequestHandler):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
+                if bookmarks and time.monotonic() >= next_bookmark:
+                    mark = {"kind": r.kind, "apiVersion": r.group_version,
+                            "metadata": {"resourceVersion": str(max(rv, int(store.rv)))}}
+                    self.chunk(json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n")
+                    next_bookmark = time.monotonic() + BOOKMARK_PERIOD
                 with store.lock:
                     store.lock.wait(min(left, 1.0))
                 try:

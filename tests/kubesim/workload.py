@@ -26,6 +26,7 @@ POD = ("", "pods", "Pod")
 DEPLOY = ("apps", "deployments", "Deployment")
 SVC = ("", "services", "Service")
 EP = ("", "endpoints", "Endpoints")
+SLICE = ("discovery.k8s.io", "endpointslices", "EndpointSlice")
 
 
 def template_hash(tpl):
@@ -324,14 +325,37 @@ class Workloads:
             subsets = [{"addresses": [{"ip": p["status"]["podIP"], "targetRef": {"kind": "Pod", "name":
                         p["metadata"]["name"], "namespace": ns}} for p in sorted(ready, key=lambda p: p["status"]["podIP"])],
                         "ports": ports}] if ready else []
-            try:
-                cur = self.store.get(EP, ns, name)
-                if cur.get("subsets") != subsets:
-                    cur["subsets"] = subsets
-                    self.store.update(EP, ns, name, cur)
-            except ApiError:
-                self.store.create(EP, ns, {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": name},
-                                           "subsets": subsets})
+            self.put(EP, ns, name, {"subsets": subsets}, {"apiVersion": "v1", "kind": "Endpoints"})
+            members = [p for p in pods if selector_ok(sel, p["metadata"].get("labels"))
+                       and (p.get("status") or {}).get("podIP")]
+            eps = [{"addresses": [p["status"]["podIP"]],
+                    "conditions": {"ready": pod_ready(p) and not p["metadata"].get("deletionTimestamp"),
+                                   "terminating": bool(p["metadata"].get("deletionTimestamp"))},
+                    "targetRef": {"kind": "Pod", "name": p["metadata"]["name"], "namespace": ns,
+                                  "uid": p["metadata"]["uid"]}}
+                   for p in sorted(members, key=lambda p: p["status"]["podIP"])]
+            owner = [{"apiVersion": "v1", "kind": "Service", "name": name, "uid": s["metadata"]["uid"],
+                      "controller": True, "blockOwnerDeletion": True}]
+            self.put(SLICE, ns, f"{name}-kubesim", {"endpoints": eps, "ports": ports},
+                     {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                      "metadata": {"labels": {"kubernetes.io/service-name": name,
+                                              "endpointslice.kubernetes.io/managed-by": "kubesim"},
+                                   "ownerReferences": owner}})
+
+    def put(self, rkey, ns, name, fields, base):
+        """Creates the object or updates the given top-level fields when they changed."""
+        try:
+            cur = self.store.get(rkey, ns, name)
+            if any(cur.get(k) != v for k, v in fields.items()):
+                cur.update(fields)
+                self.store.update(rkey, ns, name, cur)
+        except ApiError as e:
+            if e.code != 404:
+                raise
+            obj = copy.deepcopy(base)
+            obj.setdefault("metadata", {})["name"] = name
+            obj.update(fields)
+            self.store.create(rkey, ns, obj)
 
     def shutdown(self):
         self.stop.set()
