@@ -554,3 +554,81 @@ def test_liveness_restarts_and_crash_backoff(tmp_path):
     finally:
         p.terminate()
         p.wait(timeout=20)
+
+
+METRICS_SERVER = '''
+import http.server, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        v = open(sys.argv[2]).read().strip() if os.path.exists(sys.argv[2]) else "0"
+        body = ("# TYPE queue_depth gauge\\nqueue_depth{q=\\"a\\"} " + v + "\\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer((os.environ["POD_IP"], int(sys.argv[1])), H).serve_forever()
+'''
+
+HPA_OBJECTS = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: q}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: q}}
+  template:
+    metadata: {labels: {app: q}}
+    spec:
+      containers:
+      - {name: m, image: example/metrics, ports: [{containerPort: 9100}],
+         readinessProbe: {httpGet: {path: /metrics, port: 9100}, periodSeconds: 1}}
+---
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata: {name: q}
+spec:
+  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: q}
+  minReplicas: 1
+  maxReplicas: 4
+  metrics:
+  - type: Pods
+    pods: {metric: {name: queue_depth}, target: {type: AverageValue, averageValue: "5"}}
+  behavior:
+    scaleDown: {stabilizationWindowSeconds: 3}
+"""
+
+
+def test_hpa_scales_on_pod_metrics(tmp_path, monkeypatch):
+    exe = shutil.which("kubectl")
+    if not exe:
+        pytest.skip("kubectl not installed")
+    script, value = tmp_path / "metrics.py", tmp_path / "value"
+    script.write_text(METRICS_SERVER)
+    images = tmp_path / "images.yaml"
+    images.write_text(f'example/metrics: ["{__import__("sys").executable}", "{script}", "9100", "{value}"]\n')
+    monkeypatch.setenv("KUBESIM_HPA_SECONDS", "1")
+    p, d = start(tmp_path, "--image-map", str(images))
+    env = dict(os.environ, KUBECONFIG=str(d / "kubeconfig"))
+
+    def replicas():
+        r = subprocess.run([exe, "get", "deployment", "q", "-o", "jsonpath={.spec.replicas}"], capture_output=True,
+                           text=True, env=env, timeout=30)
+        return int(r.stdout or 0)
+    try:
+        subprocess.run([exe, "apply", "--validate=false", "-f", "-"], input=HPA_OBJECTS, env=env, check=True,
+                       capture_output=True, text=True)
+        value.write_text("20")  # 20 per pod against a target of 5: 1 -> 4 (the maximum)
+        wait_for(lambda: replicas() == 4, timeout=30)
+        value.write_text("5")   # on target: no change
+        time.sleep(3)
+        assert replicas() == 4
+        value.write_text("0")   # no load: back to the minimum after the 3 s window
+        wait_for(lambda: replicas() == 1, timeout=30)
+        st = json.loads(subprocess.run([exe, "get", "hpa", "q", "-o", "json"], capture_output=True, text=True,
+                                       env=env, timeout=30).stdout)["status"]
+        assert st["currentMetrics"][0]["pods"]["metric"]["name"] == "queue_depth"
+    finally:
+        p.terminate()
+        p.wait(timeout=20)

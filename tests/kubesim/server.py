@@ -21,6 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import schema as crschema
 from collector import Collector
 from rbac import Authorizer, User
+from hpa import Autoscaler
+from paths import jsonpath, set_path
 from workload import Workloads
 from resources import BUILTIN, crd_resources
 from kselect import matcher
@@ -97,6 +99,8 @@ class Api:
         self.gc = Collector(self.store)
         self.authz = Authorizer(self.store, token)
         self.workloads = Workloads(self.store, image_map)
+        self.autoscaler = Autoscaler(self, self.workloads,
+                                     float(__import__("os").environ.get("KUBESIM_HPA_SECONDS", "15")))
         self.resources = {}
         for r in BUILTIN:
             self.resources[(r.group, r.version, r.plural)] = r
@@ -546,29 +550,6 @@ def crd_status(crd):
 
 def now_ts():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def jsonpath(obj, path):
-    """Value at a simple dotted path (".spec.replicas", ".status.conditions[0].type"); None if absent."""
-    parts = [p for p in (path or "").strip().lstrip(".").split(".") if p]
-    if not parts:
-        return None
-    cur = obj
-    for part in parts:
-        idx = None
-        if part.endswith("]") and "[" in part:
-            part, idx = part[:-1].split("[")
-        cur = cur.get(part) if isinstance(cur, dict) else None
-        if idx is not None:
-            cur = cur[int(idx)] if isinstance(cur, list) and -len(cur) <= int(idx) < len(cur) else None
-    return cur
-
-
-def set_path(obj, path, value):
-    parts = [p for p in path.strip().lstrip(".").split(".") if p]
-    for p in parts[:-1]:
-        obj = obj.setdefault(p, {})
-    obj[parts[-1]] = value
 
 
 def age(ts):

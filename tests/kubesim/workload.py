@@ -357,6 +357,12 @@ class Workloads:
             obj.update(fields)
             self.store.create(rkey, ns, obj)
 
+    def pid_of(self, uid):
+        for (_, _, u), proc in list(self.procs.items()):
+            if u == uid and proc.popen is not None and proc.popen.poll() is None:
+                return proc.popen.pid
+        return None
+
     def shutdown(self):
         self.stop.set()
         for proc in self.procs.values():
