@@ -632,3 +632,26 @@ def test_hpa_scales_on_pod_metrics(tmp_path, monkeypatch):
     finally:
         p.terminate()
         p.wait(timeout=20)
+
+
+def test_apply_validation_and_server_side_apply(kubectl):
+    # (not "y": kubectl's YAML 1.1 reader turns that key into "true")
+    manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ssa\ndata:\n  x: \"{}\"\n  k: keep\n"
+    # client-side apply with kubectl's default validation (served OpenAPI v3)
+    assert "created" in kubectl("apply", "-f", "-", stdin=manifest.format(1)).stdout
+    kubectl("delete", "cm", "ssa")
+    assert "serverside-applied" in kubectl("apply", "--server-side", "-f", "-", stdin=manifest.format(1)).stdout
+    obj = json.loads(kubectl("get", "cm", "ssa", "-o", "json", "--show-managed-fields").stdout)
+    assert obj["data"] == {"x": "1", "k": "keep"}
+    assert [m["manager"] for m in obj["metadata"]["managedFields"]] == ["kubectl"]
+    # another manager changing an owned field: conflict, unless forced
+    r = kubectl("apply", "--server-side", "--field-manager=other", "-f", "-", stdin=manifest.format(2), check=False)
+    assert r.returncode and 'conflict with "kubectl"' in r.stderr and ".data.x" in r.stderr
+    kubectl("apply", "--server-side", "--field-manager=other", "--force-conflicts", "-f", "-",
+            stdin=manifest.format(2))
+    assert kubectl("get", "cm", "ssa", "-o", "jsonpath={.data.x}").stdout == "2"
+    # a manager that stops applying a field it alone owns removes it
+    kubectl("apply", "--server-side", "--field-manager=other", "-f", "-",
+            stdin="apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ssa\ndata:\n  x: \"2\"\n")
+    data = json.loads(kubectl("get", "cm", "ssa", "-o", "json").stdout)["data"]
+    assert data["x"] == "2" and data.get("k") == "keep"  # k is still kubectl's

@@ -19,6 +19,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import schema as crschema
+import ssa
 from collector import Collector
 from rbac import Authorizer, User
 from hpa import Autoscaler
@@ -171,6 +172,15 @@ class Handler(BaseHTTPRequestHandler):
     def fail(self, e):
         self.send_json(e.code, e.status())
 
+    def raw_body(self):
+        if self._body is None:
+            n = int(self.headers.get("Content-Length") or 0)
+            if n > MAX_BODY:
+                self.close_connection = True
+                raise ApiError(413, "RequestEntityTooLarge", f"request body of {n} bytes exceeds {MAX_BODY}")
+            self._body = self.rfile.read(n) if n else b""
+        return self._body
+
     def body(self):
         if self._body is not None:
             raw = self._body
@@ -268,6 +278,9 @@ class Handler(BaseHTTPRequestHandler):
                       for g, vs in sorted(api.groups().items())]
             self.send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
             return True
+        if path == "/openapi/v3" or path.startswith("/openapi/v3/"):
+            self.send_json(200, self.openapi_v3(path[len("/openapi/v3"):].strip("/")))
+            return True
         route = parse_path(path)
         if route and route[3] is None and route[2] is None:
             group, version = route[0], route[1]
@@ -278,6 +291,35 @@ class Handler(BaseHTTPRequestHandler):
                                  "resources": [d for r in rs for d in r.discovery()]})
             return True
         return False
+
+    def openapi_v3(self, gv_path):
+        """OpenAPI v3: the index, or one group-version's document. Each
+        resource's item path declares its GVK and the fieldValidation query
+        parameter (kubectl checks that before relying on server-side
+        validation); custom resources carry their schema (kubectl explain)."""
+        api = self.api
+        gvs = sorted({("api/v1" if not g else f"apis/{g}/{v}") for (g, v, _) in api.resources})
+        if not gv_path:
+            return {"paths": {gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash={api.store.rv}"} for gv in gvs}}
+        if gv_path not in gvs:
+            raise ApiError(404, "NotFound", f"no OpenAPI document for {gv_path}")
+        paths, schemas = {}, {}
+        for (g, v, plural), r in api.resources.items():
+            if ("api/v1" if not g else f"apis/{g}/{v}") != gv_path:
+                continue
+            gvk = {"group": g, "version": v, "kind": r.kind}
+            params = [{"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+                      {"name": "fieldManager", "in": "query", "schema": {"type": "string"}}]
+            op = {"x-kubernetes-group-version-kind": gvk, "parameters": params, "responses": {}}
+            base = f"/{gv_path}/namespaces/{{namespace}}/{plural}" if r.namespaced else f"/{gv_path}/{plural}"
+            paths[base] = {"post": dict(op, operationId=f"create{r.kind}")}
+            paths[base + "/{name}"] = {"patch": dict(op, operationId=f"patch{r.kind}"),
+                                       "put": dict(op, operationId=f"replace{r.kind}")}
+            sch = dict(r.schema or {"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+            sch["x-kubernetes-group-version-kind"] = [gvk]
+            schemas[f"{g or 'core'}.{v}.{r.kind}"] = sch
+        return {"openapi": "3.0.0", "info": {"title": "Kubernetes (kubesim)", "version": "v1.30.0"},
+                "paths": paths, "components": {"schemas": schemas}}
 
     # ---- objects -----------------------------------------------------------
     def scope(self, route):
@@ -420,9 +462,40 @@ class Handler(BaseHTTPRequestHandler):
             self.api.crd_changed(out)
         self.send_json(200, out)
 
+    def server_side_apply(self, r, ns, name, q):
+        applied = ssa.parse_body(self.raw_body())
+        manager, force = q.get("fieldManager"), q.get("force") in ("true", "1")
+        md = applied.setdefault("metadata", {})
+        if md.get("name", name) != name:
+            raise ApiError(400, "BadRequest", "the name of the object does not match the URL")
+        for _ in range(10):
+            try:
+                cur = self.api.store.get(r.key, ns, name)
+            except ApiError as e:
+                if e.code != 404:
+                    raise
+                cur = None
+            new = ssa.apply(cur, applied, manager, force)
+            new["metadata"]["name"] = name
+            new.setdefault("kind", r.kind)
+            new.setdefault("apiVersion", r.group_version)
+            self.validate(r, new)
+            try:
+                if cur is None:
+                    return self.send_json(201, self.api.store.create(r.key, ns, new))
+                new["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+                return self.send_json(200, self.api.store.update(r.key, ns, name, new, None,
+                                                                 "status" in r.subresources))
+            except ApiError as e:
+                if e.code != 409 or "Conflict" != e.reason:
+                    raise
+        raise ApiError(409, "Conflict", "too many concurrent writers")
+
     def do_patch_obj(self, route, q):
         r, ns, name, sub = self.scope(route)
         ctype = self.headers.get("Content-Type", "").split(";")[0]
+        if ctype == "application/apply-patch+yaml":
+            return self.server_side_apply(r, ns, name, q)
         if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             raise ApiError(415, "UnsupportedMediaType", f"patch type {ctype} is not supported yet")
         patch = self.body()
@@ -439,6 +512,7 @@ class Handler(BaseHTTPRequestHandler):
                 else merge_patch(cur, patch)
             new.setdefault("metadata", {})["resourceVersion"] = cur["metadata"]["resourceVersion"]
             self.validate(r, new)
+            ssa.record_update(cur, new, q.get("fieldManager") or "unknown")
             try:
                 out = self.api.store.update(r.key, ns, name, new, sub, "status" in r.subresources)
                 if r.plural == "customresourcedefinitions":
