@@ -655,3 +655,44 @@ def test_apply_validation_and_server_side_apply(kubectl):
             stdin="apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ssa\ndata:\n  x: \"2\"\n")
     data = json.loads(kubectl("get", "cm", "ssa", "-o", "json").stdout)["data"]
     assert data["x"] == "2" and data.get("k") == "keep"  # k is still kubectl's
+
+
+INCLUSTER_CLIENT = '''
+import json, os, ssl, sys, urllib.request, urllib.error
+d = os.environ["KUBESIM_SERVICEACCOUNT_DIR"]
+token = open(os.path.join(d, "token")).read()
+ns = open(os.path.join(d, "namespace")).read()
+ctx = ssl.create_default_context(cafile=os.path.join(d, "ca.crt"))
+url = "https://%s:%s/api/v1/namespaces/%s/configmaps" % (os.environ["KUBERNETES_SERVICE_HOST"],
+                                                        os.environ["KUBERNETES_SERVICE_PORT"], ns)
+req = urllib.request.Request(url, headers={"Authorization": "Bearer " + token})
+try:
+    code, body = urllib.request.urlopen(req, context=ctx).status, ""
+except urllib.error.HTTPError as e:
+    code, body = e.code, e.read().decode()
+open(sys.argv[1], "w").write(json.dumps({"code": code, "body": body}))
+import time
+time.sleep(3600)
+'''
+
+
+def test_pods_get_in_cluster_credentials(tmp_path):
+    exe = shutil.which("kubectl")
+    if not exe:
+        pytest.skip("kubectl not installed")
+    script, out = tmp_path / "client.py", tmp_path / "result.json"
+    script.write_text(INCLUSTER_CLIENT)
+    images = tmp_path / "images.yaml"
+    images.write_text(f'example/client: ["{__import__("sys").executable}", "{script}", "{out}"]\n')
+    p, d = start(tmp_path, "--image-map", str(images))
+    env = dict(os.environ, KUBECONFIG=str(d / "kubeconfig"))
+    try:
+        subprocess.run([exe, "run", "incluster", "--image=example/client"], env=env, check=True, capture_output=True)
+        res = json.loads(wait_for(lambda: out.exists() and out.read_text(), timeout=20))
+        # the pod authenticated as its service account, which RBAC has granted nothing
+        assert res["code"] == 403
+        msg = json.loads(res["body"])["message"]
+        assert 'User "system:serviceaccount:default:default" cannot list resource "configmaps"' in msg
+    finally:
+        p.terminate()
+        p.wait(timeout=20)

@@ -94,12 +94,14 @@ def strategic_merge(target, patch, field=None):
 class Api:
     """Routing state shared by all request threads."""
 
-    def __init__(self, token, window, image_map=None):
+    def __init__(self, token, window, image_map=None, incluster=None):
         self.token = token
         self.store = Store(window)
         self.gc = Collector(self.store)
         self.authz = Authorizer(self.store, token)
-        self.workloads = Workloads(self.store, image_map)
+        if incluster is not None:
+            incluster["mint"] = lambda ns, sa: self.authz.mint(ns, sa)
+        self.workloads = Workloads(self.store, image_map, incluster)
         self.autoscaler = Autoscaler(self, self.workloads,
                                      float(__import__("os").environ.get("KUBESIM_HPA_SECONDS", "15")))
         self.resources = {}
@@ -108,6 +110,15 @@ class Api:
         for ns in ("default", "kube-system", "kube-public"):
             self.store.create(self.res("", "v1", "namespaces").key, None,
                               {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            self.namespace_created(ns)
+
+    def namespace_created(self, ns):
+        """Every namespace gets its "default" service account, as in a cluster."""
+        sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
+        try:
+            self.store.create(self.res("", "v1", "serviceaccounts").key, ns, sa)
+        except ApiError:
+            pass
 
     def crd_changed(self, crd, deleted=False):
         """Serves (or stops serving) the resources a CRD defines."""
@@ -441,6 +452,8 @@ class Handler(BaseHTTPRequestHandler):
         out = self.api.store.create(r.key, ns, obj)
         if r.plural == "customresourcedefinitions":
             self.api.crd_changed(out)
+        if r.plural == "namespaces":
+            self.api.namespace_created(out["metadata"]["name"])
         self.send_json(201, out)
 
     def token_request(self, ns, name):
@@ -634,11 +647,14 @@ def age(ts):
     return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
 
 
-def serve(host, port, token, window, tls=None, image_map=None):
+def serve(host, port, token, window, tls=None, image_map=None, data_dir=None, ca_file=None):
     """Starts serving in a thread. token None: no authentication; tls: an
-    ssl.SSLContext for HTTPS; image_map: image -> command for pods."""
-    Handler.api = Api(token, window, image_map)
+    ssl.SSLContext for HTTPS; image_map: image -> command for pods; data_dir:
+    where pods' service-account files go (in-cluster configuration)."""
     httpd = ThreadingHTTPServer((host, port), Handler)
+    incluster = {"dir": str(data_dir), "host": host, "port": httpd.server_address[1], "ca": ca_file} \
+        if data_dir else None
+    Handler.api = Api(token, window, image_map, incluster)
     httpd.daemon_threads = True
     if tls is not None:
         httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)

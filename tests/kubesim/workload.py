@@ -90,9 +90,12 @@ def step_probe(pr, st, ip, started, now):
 
 
 class Workloads:
-    def __init__(self, store, image_map):
+    def __init__(self, store, image_map, incluster=None):
+        """incluster: {"dir", "host", "port", "ca", "mint"} to give pods the
+        in-cluster configuration (service-account token, CA, API address)."""
         self.store = store
         self.images = image_map or {}
+        self.incluster = incluster
         self.procs = {}      # (ns, name, uid) -> Proc
         self.terminating = set()
         self.ips = {}        # uid -> ip
@@ -201,6 +204,28 @@ class Workloads:
                 continue
             self.run_pod(p, proc)
 
+    def service_account(self, p):
+        """What a pod finds in-cluster: the API address and, in a directory
+        named by KUBESIM_SERVICEACCOUNT_DIR (kubesim cannot mount
+        /var/run/secrets/kubernetes.io/serviceaccount), token, ca.crt and
+        namespace files for its service account."""
+        ic = self.incluster
+        if not ic or p["spec"].get("automountServiceAccountToken") is False:
+            return {}
+        ns, sa = p["metadata"]["namespace"], p["spec"].get("serviceAccountName") or "default"
+        d = os.path.join(ic["dir"], "pods", p["metadata"]["uid"], "serviceaccount")
+        if not os.path.exists(os.path.join(d, "token")):
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "namespace"), "w") as f:
+                f.write(ns)
+            if ic.get("ca"):
+                with open(ic["ca"]) as src, open(os.path.join(d, "ca.crt"), "w") as f:
+                    f.write(src.read())
+            with open(os.path.join(d, "token"), "w") as f:
+                f.write(ic["mint"](ns, sa))
+        return {"KUBERNETES_SERVICE_HOST": ic["host"], "KUBERNETES_SERVICE_PORT": str(ic["port"]),
+                "KUBESIM_SERVICEACCOUNT_DIR": d}
+
     def command(self, c, env):
         """The image's command plus the container's, with $(VAR) expanded as the kubelet does."""
         base = self.images.get(c.get("image"))
@@ -221,7 +246,8 @@ class Workloads:
             cur["metadata"]["finalizers"] = (cur["metadata"].get("finalizers") or []) + [KUBELET_FINALIZER]
             p = self.store.update(POD, p["metadata"]["namespace"], p["metadata"]["name"], cur, internal=True)
         env = dict(os.environ, **{e["name"]: str(e.get("value", "")) for e in c.get("env") or []},
-                   POD_IP=ip, POD_NAME=p["metadata"]["name"], POD_NAMESPACE=p["metadata"]["namespace"])
+                   POD_IP=ip, POD_NAME=p["metadata"]["name"], POD_NAMESPACE=p["metadata"]["namespace"],
+                   **self.service_account(p))
         cmd = self.command(c, env)
         if cmd is None:
             return self.set_status(p, "Pending", False, ip, proc, waiting=("ErrImagePull",
