@@ -696,3 +696,26 @@ def test_pods_get_in_cluster_credentials(tmp_path):
     finally:
         p.terminate()
         p.wait(timeout=20)
+
+
+def test_kubectl_views_of_workloads_and_process_restart(workload_sim):
+    kubectl = workload_sim
+    kubectl("apply", "-f", "-", stdin=DEPLOY.replace("REV", "1").replace("replicas: 2", "replicas: 1"))
+    assert "condition met" in kubectl("wait", "--for=condition=Available", "deployment/web", "--timeout=30s",
+                                      timeout=60).stdout
+    pods = kubectl("get", "pods", "-o", "wide").stdout.splitlines()
+    assert pods[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP"]
+    name, ready, status, restarts, _, ip = pods[1].split()
+    assert (ready, status, restarts) == ("1/1", "Running", "0") and ip.startswith("127.0.0.")
+    assert kubectl("get", "deployments").stdout.splitlines()[1].split()[1:4] == ["1/1", "1", "1"]
+    described = kubectl("describe", "deployment", "web").stdout
+    assert "1 desired | 1 updated | 1 total | 1 available" in described
+    # kill the container's process: the kubelet restarts it and counts the restart
+    out = subprocess.run(["pgrep", "-f", f"http.server --bind {ip} 8080"], capture_output=True, text=True)
+    pid = int(out.stdout.split()[0])
+    os.kill(pid, 9)
+    wait_for(lambda: kubectl("get", "pod", name, "-o", "jsonpath={.status.containerStatuses[0].restartCount}").stdout
+             == "1", timeout=20)
+    wait_for(lambda: urllib.request.urlopen(f"http://{ip}:8080/", timeout=2).status == 200
+             if kubectl("get", "pod", name, "-o", "jsonpath={.status.containerStatuses[0].ready}").stdout == "true"
+             else False, timeout=20)

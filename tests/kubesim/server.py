@@ -367,6 +367,8 @@ class Handler(BaseHTTPRequestHandler):
         return "as=Table" in self.headers.get("Accept", "")
 
     def as_table(self, items, r, rv):
+        if r.plural in BUILTIN_COLUMNS:
+            return builtin_table(items, r.plural, rv)
         extra = [c for c in r.columns if c.get("jsonPath") != ".metadata.creationTimestamp"]
         cols = [{"name": "Name", "type": "string", "format": "name", "description": "Name"}]
         cols += [{"name": c["name"], "type": c.get("type", "string"), "format": c.get("format", ""),
@@ -600,6 +602,53 @@ class Handler(BaseHTTPRequestHandler):
     def chunk(self, data):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
+
+
+def pod_columns(o):
+    st = o.get("status") or {}
+    cs = st.get("containerStatuses") or []
+    n = len((o.get("spec") or {}).get("containers") or [])
+    waiting = [c["state"]["waiting"].get("reason") for c in cs if "waiting" in (c.get("state") or {})]
+    status = "Terminating" if o["metadata"].get("deletionTimestamp") else (waiting[0] if waiting else st.get("phase", ""))
+    return [f"{sum(1 for c in cs if c.get('ready'))}/{n}", status, sum(c.get("restartCount", 0) for c in cs),
+            st.get("podIP", "<none>")]
+
+
+def deploy_columns(o):
+    st, want = o.get("status") or {}, (o.get("spec") or {}).get("replicas", 1)
+    return [f"{st.get('readyReplicas', 0)}/{want}", st.get("updatedReplicas", 0), st.get("availableReplicas", 0)]
+
+
+def service_columns(o):
+    spec = o.get("spec") or {}
+    ports = ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in spec.get("ports") or [])
+    return [spec.get("type", "ClusterIP"), spec.get("clusterIP", "<none>"), ports or "<none>"]
+
+
+# kubectl's columns for the built-in kinds people look at (priority 1: -o wide only)
+BUILTIN_COLUMNS = {
+    "pods": ([("Ready", "string", 0), ("Status", "string", 0), ("Restarts", "integer", 0), ("IP", "string", 1)],
+             pod_columns),
+    "deployments": ([("Ready", "string", 0), ("Up-to-date", "integer", 0), ("Available", "integer", 0)],
+                    deploy_columns),
+    "services": ([("Type", "string", 0), ("Cluster-IP", "string", 0), ("Port(s)", "string", 0)], service_columns),
+}
+
+
+def builtin_table(items, plural, rv):
+    cols, fn = BUILTIN_COLUMNS[plural]
+    defs = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
+    defs += [{"name": n, "type": t, "format": "", "description": n, "priority": pr} for n, t, pr in cols]
+    age_at = 1 + sum(1 for _, _, pr in cols if pr == 0)
+    defs.insert(age_at, {"name": "Age", "type": "string", "format": "", "description": "Age", "priority": 0})
+    rows = []
+    for o in items:
+        cells = [o["metadata"]["name"]] + fn(o)
+        cells.insert(age_at, age(o["metadata"].get("creationTimestamp")))
+        rows.append({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                                 "metadata": o["metadata"]}})
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": rv},
+            "columnDefinitions": defs, "rows": rows}
 
 
 def paginate(items, rv, q):
