@@ -78,6 +78,33 @@ def test_kubectl_crud(kubectl):
     assert r.returncode and "not found" in r.stderr
 
 
+def kubectl_versions():
+    """The kubectl binaries installed beside the default one (kubectl.1.NN)."""
+    exe = shutil.which("kubectl")
+    if not exe:
+        return []
+    d = pathlib.Path(os.path.realpath(exe)).parent
+    return sorted(str(p) for p in d.glob("kubectl.1.*"))
+
+
+@pytest.mark.parametrize("exe", kubectl_versions() or ["none"])
+def test_kubectl_versions_basic_flow(sim, exe):
+    if exe == "none":
+        pytest.skip("no versioned kubectl binaries installed")
+    env = dict(os.environ, KUBECONFIG=str(sim / "kubeconfig"))
+
+    def run(*args, stdin=None):
+        r = subprocess.run([exe, *args], capture_output=True, text=True, env=env, input=stdin, timeout=60)
+        assert r.returncode == 0, f"{exe} {' '.join(args)}: {r.stderr}"
+        return r.stdout
+    manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: v\ndata:\n  x: \"{}\"\n"
+    assert "created" in run("apply", "-f", "-", stdin=manifest.format(1))
+    assert "configured" in run("apply", "-f", "-", stdin=manifest.format(2))
+    assert run("get", "cm", "v", "-o", "jsonpath={.data.x}") == "2"
+    assert "v" in run("get", "configmaps").split()
+    assert "deleted" in run("delete", "cm", "v")
+
+
 def test_kubectl_apply(kubectl):
     manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\ndata:\n  x: \"{}\"\n"
     # kubesim serves no OpenAPI yet, so client-side validation is off

@@ -289,6 +289,9 @@ class Handler(BaseHTTPRequestHandler):
                       for g, vs in sorted(api.groups().items())]
             self.send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
             return True
+        if path in ("/openapi/v2", "/swagger-2.0.0.pb-v1"):
+            self.openapi_v2()
+            return True
         if path == "/openapi/v3" or path.startswith("/openapi/v3/"):
             self.send_json(200, self.openapi_v3(path[len("/openapi/v3"):].strip("/")))
             return True
@@ -302,6 +305,22 @@ class Handler(BaseHTTPRequestHandler):
                                  "resources": [d for r in rs for d in r.discovery()]})
             return True
         return False
+
+    def openapi_v2(self):
+        """An empty OpenAPI v2 document, for kubectl versions before v3
+        support: kubectl validates only kinds it finds a schema for. Older
+        clients ask for protobuf: the gnostic Document with swagger = "2.0"
+        is the five bytes of field 1."""
+        if "protobuf" in self.headers.get("Accept", ""):
+            body = b"\x0a\x032.0"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_json(200, {"swagger": "2.0", "info": {"title": "Kubernetes (kubesim)", "version": "v1.30.0"},
+                             "paths": {}, "definitions": {}})
 
     def openapi_v3(self, gv_path):
         """OpenAPI v3: the index, or one group-version's document. Each
