@@ -2,12 +2,14 @@
 `kubernetes` client, over HTTPS with bearer-token auth. Covers what kubesim
 serves so far: discovery, CRUD, table output, apply/patch, resourceVersion
 conflicts, watch resume and 410 Gone, and 401 without a token."""
+import contextlib
 import json
 import os
 import pathlib
 import shutil
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -437,14 +439,22 @@ spec:
 """
 
 
-@pytest.fixture()
-def workload_sim(tmp_path):
+@contextlib.contextmanager
+def image_sim(tmp_path, images, **env_extra):
+    """kubesim running pods of the given images ({image: [command...]});
+    yields a kubectl runner for it and stops it (and its pods) afterwards."""
     exe = shutil.which("kubectl")
     if not exe:
         pytest.skip("kubectl not installed")
-    images = tmp_path / "images.yaml"
-    images.write_text(f'example/http-server: ["{__import__("sys").executable}", "-m", "http.server"]\n')
-    p, d = start(tmp_path, "--image-map", str(images))
+    path = tmp_path / "images.yaml"
+    path.write_text("".join(f"{img}: {json.dumps([str(a) for a in cmd])}\n" for img, cmd in images.items()))
+    saved = {k: os.environ.get(k) for k in env_extra}
+    os.environ.update(env_extra)
+    try:
+        p, d = start(tmp_path, "--image-map", str(path))
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     env = dict(os.environ, KUBECONFIG=str(d / "kubeconfig"))
 
     def run(*args, check=True, stdin=None, timeout=60):
@@ -452,9 +462,17 @@ def workload_sim(tmp_path):
         if check and r.returncode:
             raise AssertionError(f"kubectl {' '.join(args)}: {r.stderr}")
         return r
-    yield run
-    p.terminate()
-    p.wait(timeout=20)
+    try:
+        yield run
+    finally:
+        p.terminate()
+        p.wait(timeout=20)
+
+
+@pytest.fixture()
+def workload_sim(tmp_path):
+    with image_sim(tmp_path, {"example/http-server": [sys.executable, "-m", "http.server"]}) as run:
+        yield run
 
 
 def endpoint_ips(kubectl):
@@ -543,28 +561,15 @@ def wait_for(pred, timeout=20):
 
 
 def test_liveness_restarts_and_crash_backoff(tmp_path):
-    exe = shutil.which("kubectl")
-    if not exe:
-        pytest.skip("kubectl not installed")
     script = tmp_path / "health.py"
     script.write_text(HEALTH_SERVER)
     flag = tmp_path / "unhealthy"
-    images = tmp_path / "images.yaml"
-    py = __import__("sys").executable
-    images.write_text(f'example/health: ["{py}", "{script}", "9000", "{flag}"]\nexample/crash: ["sh", "-c", "exit 3"]\n')
-    p, d = start(tmp_path, "--image-map", str(images))
-    env = dict(os.environ, KUBECONFIG=str(d / "kubeconfig"))
-
-    def kubectl(*args):
-        r = subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=60)
-        assert r.returncode == 0, r.stderr
-        return r
-    try:
+    images = {"example/health": [sys.executable, script, 9000, flag], "example/crash": ["sh", "-c", "exit 3"]}
+    with image_sim(tmp_path, images) as kubectl:
         pod = ("apiVersion: v1\nkind: Pod\nmetadata: {name: live}\nspec:\n  containers:\n  - name: c\n"
                "    image: example/health\n    livenessProbe: {httpGet: {path: /, port: 9000}, periodSeconds: 1, "
                "failureThreshold: 2}\n    readinessProbe: {httpGet: {path: /, port: 9000}, periodSeconds: 1}\n")
-        subprocess.run([exe, "apply", "--validate=false", "-f", "-"], input=pod, env=env, check=True,
-                       capture_output=True, text=True)
+        kubectl("apply", "-f", "-", stdin=pod)
         wait_for(lambda: (pod_status(kubectl, "live").get("containerStatuses") or [{}])[0].get("ready"))
         flag.write_text("x")  # the health check now fails: the kubelet restarts the container
         wait_for(lambda: (pod_status(kubectl, "live").get("containerStatuses") or [{}])[0].get("restartCount", 0) >= 1)
@@ -578,9 +583,6 @@ def test_liveness_restarts_and_crash_backoff(tmp_path):
         st = wait_for(lambda: [c for c in pod_status(kubectl, "crasher").get("containerStatuses") or []
                                if c.get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff"])
         assert st
-    finally:
-        p.terminate()
-        p.wait(timeout=20)
 
 
 METRICS_SERVER = '''
@@ -627,25 +629,15 @@ spec:
 """
 
 
-def test_hpa_scales_on_pod_metrics(tmp_path, monkeypatch):
-    exe = shutil.which("kubectl")
-    if not exe:
-        pytest.skip("kubectl not installed")
+def test_hpa_scales_on_pod_metrics(tmp_path):
     script, value = tmp_path / "metrics.py", tmp_path / "value"
     script.write_text(METRICS_SERVER)
-    images = tmp_path / "images.yaml"
-    images.write_text(f'example/metrics: ["{__import__("sys").executable}", "{script}", "9100", "{value}"]\n')
-    monkeypatch.setenv("KUBESIM_HPA_SECONDS", "1")
-    p, d = start(tmp_path, "--image-map", str(images))
-    env = dict(os.environ, KUBECONFIG=str(d / "kubeconfig"))
+    images = {"example/metrics": [sys.executable, script, 9100, value]}
+    with image_sim(tmp_path, images, KUBESIM_HPA_SECONDS="1") as kubectl:
+        def replicas():
+            return int(kubectl("get", "deployment", "q", "-o", "jsonpath={.spec.replicas}").stdout or 0)
 
-    def replicas():
-        r = subprocess.run([exe, "get", "deployment", "q", "-o", "jsonpath={.spec.replicas}"], capture_output=True,
-                           text=True, env=env, timeout=30)
-        return int(r.stdout or 0)
-    try:
-        subprocess.run([exe, "apply", "--validate=false", "-f", "-"], input=HPA_OBJECTS, env=env, check=True,
-                       capture_output=True, text=True)
+        kubectl("apply", "-f", "-", stdin=HPA_OBJECTS)
         value.write_text("20")  # 20 per pod against a target of 5: 1 -> 4 (the maximum)
         wait_for(lambda: replicas() == 4, timeout=30)
         value.write_text("5")   # on target: no change
@@ -653,12 +645,9 @@ def test_hpa_scales_on_pod_metrics(tmp_path, monkeypatch):
         assert replicas() == 4
         value.write_text("0")   # no load: back to the minimum after the 3 s window
         wait_for(lambda: replicas() == 1, timeout=30)
-        st = json.loads(subprocess.run([exe, "get", "hpa", "q", "-o", "json"], capture_output=True, text=True,
-                                       env=env, timeout=30).stdout)["status"]
+        st = json.loads(kubectl("get", "hpa", "q", "-o", "json").stdout)["status"]
         assert st["currentMetrics"][0]["pods"]["metric"]["name"] == "queue_depth"
-    finally:
-        p.terminate()
-        p.wait(timeout=20)
+
 
 
 def test_apply_validation_and_server_side_apply(kubectl):
@@ -704,25 +693,15 @@ time.sleep(3600)
 
 
 def test_pods_get_in_cluster_credentials(tmp_path):
-    exe = shutil.which("kubectl")
-    if not exe:
-        pytest.skip("kubectl not installed")
     script, out = tmp_path / "client.py", tmp_path / "result.json"
     script.write_text(INCLUSTER_CLIENT)
-    images = tmp_path / "images.yaml"
-    images.write_text(f'example/client: ["{__import__("sys").executable}", "{script}", "{out}"]\n')
-    p, d = start(tmp_path, "--image-map", str(images))
-    env = dict(os.environ, KUBECONFIG=str(d / "kubeconfig"))
-    try:
-        subprocess.run([exe, "run", "incluster", "--image=example/client"], env=env, check=True, capture_output=True)
+    with image_sim(tmp_path, {"example/client": [sys.executable, script, out]}) as kubectl:
+        kubectl("run", "incluster", "--image=example/client")
         res = json.loads(wait_for(lambda: out.exists() and out.read_text(), timeout=20))
         # the pod authenticated as its service account, which RBAC has granted nothing
         assert res["code"] == 403
         msg = json.loads(res["body"])["message"]
         assert 'User "system:serviceaccount:default:default" cannot list resource "configmaps"' in msg
-    finally:
-        p.terminate()
-        p.wait(timeout=20)
 
 
 def test_kubectl_views_of_workloads_and_process_restart(workload_sim):
