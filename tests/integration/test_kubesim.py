@@ -73,6 +73,14 @@ def test_kubectl_crud(kubectl):
     kubectl("-n", "demo", "patch", "cm", "c1", "--type", "merge", "-p", '{"data":{"b":"2"}}')
     obj = json.loads(kubectl("-n", "demo", "get", "cm", "c1", "-o", "json").stdout)
     assert obj["data"] == {"a": "b", "b": "2"}
+    kubectl("-n", "demo", "patch", "cm", "c1", "--type", "json", "-p",
+            '[{"op":"remove","path":"/data/a"},{"op":"add","path":"/data/c","value":"3"},'
+            '{"op":"test","path":"/data/b","value":"2"}]')
+    assert "c: \"3\"" in kubectl("-n", "demo", "get", "cm", "c1", "-o", "yaml").stdout
+    bad = kubectl("-n", "demo", "patch", "cm", "c1", "--type", "json", "-p",
+                  '[{"op":"test","path":"/data/b","value":"9"}]', check=False)
+    assert bad.returncode and "test failed" in bad.stderr
+    assert json.loads(kubectl("-n", "demo", "get", "cm", "c1", "-o", "json").stdout)["data"] == {"b": "2", "c": "3"}
     assert 'configmap "c1" deleted' in kubectl("-n", "demo", "delete", "cm", "c1").stdout
     r = kubectl("-n", "demo", "get", "cm", "c1", check=False)
     assert r.returncode and 'configmaps "c1" not found' in r.stderr
@@ -252,6 +260,9 @@ def test_crd_served_validated_and_scaled(kubectl):
         assert needle in bad.stderr, bad.stderr
     missing = kubectl("apply", "--validate=false", "-f", "-", check=False, stdin=w.format("c", "db", "  replicas: 2\n"))
     assert missing.returncode and "spec.size: Required value" in missing.stderr
+    assert "kind: Widget" in kubectl("get", "widget", "a", "-o", "yaml").stdout
+    described = kubectl("describe", "widget", "a").stdout
+    assert "Kind:         Widget" in described and "Size:" in described and "small" in described
     assert "scaled" in kubectl("scale", "widget/a", "--replicas=3").stdout
     assert kubectl("get", "widget", "a", "-o", "jsonpath={.spec.replicas}").stdout == "3"
     kubectl("apply", "--validate=false", "-f", "-", stdin=w.format("d", "db", "  size: large\n"))
@@ -508,6 +519,8 @@ def test_deployment_runs_pods_as_processes(workload_sim):
         time.sleep(0.3)
     else:
         raise AssertionError("rolling update did not finish")
+    ann = json.loads(kubectl("get", "deployment", "web", "-o", "json").stdout)["metadata"]["annotations"]
+    assert ann["deployment.kubernetes.io/revision"] == "2"
     # deleting the Deployment removes its pods, and their processes stop
     ips = endpoint_ips(kubectl)
     kubectl("delete", "deployment", "web")
@@ -690,6 +703,43 @@ open(sys.argv[1], "w").write(json.dumps({"code": code, "body": body}))
 import time
 time.sleep(3600)
 '''
+
+
+CPU_OBJECTS = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: burn}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: burn}}
+  template:
+    metadata: {labels: {app: burn}}
+    spec:
+      containers:
+      - {name: b, image: example/burn, resources: {requests: {cpu: 100m}}}
+---
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata: {name: burn}
+spec:
+  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: burn}
+  minReplicas: 1
+  maxReplicas: 3
+  metrics:
+  - type: Resource
+    resource: {name: cpu, target: {type: Utilization, averageUtilization: 50}}
+"""
+
+
+def test_hpa_scales_on_process_cpu(tmp_path):
+    # a busy loop uses a whole core: ~1000% of a 100m request, far over the 50% target
+    images = {"example/burn": [sys.executable, "-c", "while True: pass"]}
+    with image_sim(tmp_path, images, KUBESIM_HPA_SECONDS="1") as kubectl:
+        kubectl("apply", "-f", "-", stdin=CPU_OBJECTS)
+        wait_for(lambda: kubectl("get", "deployment", "burn", "-o", "jsonpath={.spec.replicas}").stdout == "3",
+                 timeout=30)
+        st = json.loads(kubectl("get", "hpa", "burn", "-o", "json").stdout)["status"]
+        assert st["currentMetrics"][0]["resource"]["current"]["averageUtilization"] > 100
 
 
 def test_pods_get_in_cluster_credentials(tmp_path):

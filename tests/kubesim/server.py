@@ -91,6 +91,59 @@ def strategic_merge(target, patch, field=None):
     return out
 
 
+def json_patch(doc, ops):
+    """RFC 6902 JSON patch (add, remove, replace, move, copy, test)."""
+    doc = copy.deepcopy(doc)
+    if not isinstance(ops, list):
+        raise ApiError(400, "BadRequest", "a JSON patch must be a list of operations")
+
+    def walk(path):
+        if not path.startswith("/"):
+            raise ApiError(422, "Invalid", f"JSON patch path {path!r} must start with /")
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+        parent = doc
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
+        return parent, parts[-1]
+
+    def get(path):
+        parent, key = walk(path)
+        return parent[int(key)] if isinstance(parent, list) else parent[key]
+
+    def remove(path):
+        parent, key = walk(path)
+        return parent.pop(int(key)) if isinstance(parent, list) else parent.pop(key)
+
+    def add(path, value):
+        parent, key = walk(path)
+        if isinstance(parent, list):
+            parent.insert(len(parent) if key == "-" else int(key), value)
+        else:
+            parent[key] = value
+    try:
+        for op in ops:
+            kind, path = op.get("op"), op.get("path", "")
+            if kind == "add":
+                add(path, copy.deepcopy(op["value"]))
+            elif kind == "remove":
+                remove(path)
+            elif kind == "replace":
+                remove(path)
+                add(path, copy.deepcopy(op["value"]))
+            elif kind == "move":
+                add(path, remove(op["from"]))
+            elif kind == "copy":
+                add(path, copy.deepcopy(get(op["from"])))
+            elif kind == "test":
+                if get(path) != op.get("value"):
+                    raise ApiError(422, "Invalid", f"JSON patch test failed at {path}")
+            else:
+                raise ApiError(422, "Invalid", f"unknown JSON patch operation {kind!r}")
+    except (KeyError, IndexError, ValueError, TypeError) as e:
+        raise ApiError(422, "Invalid", f"JSON patch could not be applied: {e!r}")
+    return doc
+
+
 class Api:
     """Routing state shared by all request threads."""
 
@@ -530,7 +583,8 @@ class Handler(BaseHTTPRequestHandler):
         ctype = self.headers.get("Content-Type", "").split(";")[0]
         if ctype == "application/apply-patch+yaml":
             return self.server_side_apply(r, ns, name, q)
-        if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+        if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json",
+                         "application/json-patch+json"):
             raise ApiError(415, "UnsupportedMediaType", f"patch type {ctype} is not supported yet")
         patch = self.body()
         for _ in range(10):  # retry on concurrent writers, as the real server does for patches
@@ -542,8 +596,12 @@ class Handler(BaseHTTPRequestHandler):
                     if e.code != 409:
                         raise
                     continue
-            new = strategic_merge(cur, patch) if ctype.startswith("application/strategic") and not r.schema \
-                else merge_patch(cur, patch)
+            if ctype == "application/json-patch+json":
+                new = json_patch(cur, patch)
+            elif ctype.startswith("application/strategic") and not r.schema:
+                new = strategic_merge(cur, patch)
+            else:
+                new = merge_patch(cur, patch)
             new.setdefault("metadata", {})["resourceVersion"] = cur["metadata"]["resourceVersion"]
             self.validate(r, new)
             ssa.record_update(cur, new, q.get("fieldManager") or "unknown")
@@ -553,7 +611,7 @@ class Handler(BaseHTTPRequestHandler):
                     self.api.crd_changed(out)
                 return self.send_json(200, out)
             except ApiError as e:
-                if e.code != 409 or (patch or {}).get("metadata", {}).get("resourceVersion"):
+                if e.code != 409 or (isinstance(patch, dict) and (patch.get("metadata") or {}).get("resourceVersion")):
                     raise
         raise ApiError(409, "Conflict", "too many concurrent writers")
 

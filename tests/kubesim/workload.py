@@ -150,6 +150,7 @@ class Workloads:
                     ready.remove(p)
         for p in new[want:]:
             self.delete_pod(p)
+        self.revision(d, h)
         self.deployment_status(d, h)
 
     def create_pod(self, d, h):
@@ -169,6 +170,18 @@ class Workloads:
         cur = self.store.get(POD, md["namespace"], md["name"])
         cur["metadata"].setdefault("deletionTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         self.store.update(POD, md["namespace"], md["name"], cur, internal=True)
+
+    def revision(self, d, h):
+        """deployment.kubernetes.io/revision: 1 for the first template, +1 per new one."""
+        ann = d["metadata"].get("annotations") or {}
+        rev, seen = int(ann.get("deployment.kubernetes.io/revision", "0")), ann.get("kubesim.io/template-hash")
+        if seen == h:
+            return
+        cur = self.store.get(DEPLOY, d["metadata"]["namespace"], d["metadata"]["name"])
+        a = cur["metadata"].setdefault("annotations", {})
+        a["deployment.kubernetes.io/revision"] = str(rev + 1)
+        a["kubesim.io/template-hash"] = h
+        self.store.update(DEPLOY, d["metadata"]["namespace"], d["metadata"]["name"], cur, status_sub=True)
 
     def deployment_status(self, d, h):
         pods = self.owned_pods(d)
