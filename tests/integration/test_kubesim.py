@@ -766,6 +766,12 @@ def test_kubectl_views_of_workloads_and_process_restart(workload_sim):
     assert kubectl("get", "deployments").stdout.splitlines()[1].split()[1:4] == ["1/1", "1", "1"]
     described = kubectl("describe", "deployment", "web").stdout
     assert "1 desired | 1 updated | 1 total | 1 available" in described
+    assert "scaled" in kubectl("scale", "deployment/web", "--replicas=2").stdout
+    wait_for(lambda: kubectl("get", "deployment", "web", "-o", "jsonpath={.status.readyReplicas}").stdout == "2")
+    kubectl("patch", "deployment", "web", "-p", '{"spec":{"replicas":1}}')
+    wait_for(lambda: len(kubectl("get", "pods", "-o", "name").stdout.split()) == 1)
+    wait_for(lambda: kubectl("get", "deployment", "web", "-o", "jsonpath={.status.readyReplicas}").stdout == "1")
+    name, _, _, _, _, ip = kubectl("get", "pods", "-o", "wide").stdout.splitlines()[1].split()
     # kill the container's process: the kubelet restarts it and counts the restart
     out = subprocess.run(["pgrep", "-f", f"http.server --bind {ip} 8080"], capture_output=True, text=True)
     pid = int(out.stdout.split()[0])
