@@ -63,3 +63,16 @@ def test_mkmodel_files(peer, models, shape):
     model = models(shape, "F32")
     for p in PROMPTS[:4]:
         compare(peer, model, p, 24)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K_M", "Q8_0", "Q4_0", "Q6_K", "F16"])
+def test_files_quantized_by_llamacpp(peer, models, tmp_path, qtype):
+    """Files made by llama.cpp's own quantizer (its Q4_K_M mix, not ours) load
+    and generate the same greedy ids in both engines."""
+    quantize = pathlib.Path(os.environ["LLAMA_CPP_DIR"]) / "build" / "bin" / "llama-quantize"
+    if not quantize.exists():
+        pytest.skip(f"{quantize} missing: cmake --build build --target llama-quantize")
+    out = tmp_path / f"tiny-{qtype}.gguf"
+    subprocess.run([str(quantize), str(models("tiny", "F32")), str(out), qtype], check=True, capture_output=True)
+    for p in PROMPTS[:4]:
+        compare(peer, out, p, 24)
