@@ -282,13 +282,14 @@ static void cpu_rmsnorm(llm_backend *b, const float *x, const float *w, int n_to
 static void rope_rows(const llm_rope_args *a, long lo, long hi)
 {
     int half = a->rot_dim / 2;
+    float freq[LLM_MAX_ROT_DIM / 2]; /* the frequencies do not depend on the token */
+    LLM_ASSERT(half <= LLM_MAX_ROT_DIM / 2);
+    for (int i = 0; i < half; i++)
+        freq[i] = powf(a->theta, -2.0f * (float)i / (float)a->rot_dim) / (a->freq_factors ? a->freq_factors[i] : 1.0f);
     for (long t = lo; t < hi; t++) {
         float p = (float)(a->pos0 + t) * a->freq_scale;
         for (int i = 0; i < half; i++) {
-            float freq = powf(a->theta, -2.0f * (float)i / (float)a->rot_dim);
-            if (a->freq_factors)
-                freq /= a->freq_factors[i];
-            float ang = p * freq, cs = cosf(ang), sn = sinf(ang);
+            float ang = p * freq[i], cs = cosf(ang), sn = sinf(ang);
             for (int h = 0; h < a->n_head; h++) {
                 float *v = a->x + ((size_t)t * a->n_head + h) * a->head_dim;
                 int i0 = a->neox ? i : 2 * i, i1 = a->neox ? i + half : 2 * i + 1;

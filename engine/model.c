@@ -113,9 +113,10 @@ static llm_status read_hparams(loader *L)
                         gguf_name(L->f), hp->n_head, hp->n_head_kv);
     if ((st = get_int(L, "rope.dimension_count", &hp->rot_dim, 0, hp->head_dim)))
         return st;
-    if (hp->head_dim <= 0 || hp->rot_dim <= 0 || hp->rot_dim > hp->head_dim || hp->rot_dim % 2)
-        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: rope.dimension_count %d invalid for head size %d",
-                        gguf_name(L->f), hp->rot_dim, hp->head_dim);
+    if (hp->head_dim <= 0 || hp->rot_dim <= 0 || hp->rot_dim > hp->head_dim || hp->rot_dim % 2 ||
+        hp->rot_dim > LLM_MAX_ROT_DIM)
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: rope.dimension_count %d invalid for head size %d (max %d)",
+                        gguf_name(L->f), hp->rot_dim, hp->head_dim, LLM_MAX_ROT_DIM);
     if ((st = get_float(L, "attention.layer_norm_rms_epsilon", &hp->eps, 1e-5f)) ||
         (st = get_float(L, "rope.freq_base", &hp->rope_theta, 10000.0f)))
         return st;

@@ -231,8 +231,10 @@ static llm_status load_specials(llm_vocab *v, llm_error *err)
         return llm_errf(err, LLM_ERR_NOMEM, "vocab: no memory");
     for (int i = 0; i < v->n; i++) {
         int t = v->types[i];
-        if ((t == LLM_TOKEN_CONTROL || t == LLM_TOKEN_USER_DEFINED || t == LLM_TOKEN_UNKNOWN) && v->text[i].len)
+        if ((t == LLM_TOKEN_CONTROL || t == LLM_TOKEN_USER_DEFINED || t == LLM_TOKEN_UNKNOWN) && v->text[i].len) {
             v->special[v->n_special++] = i;
+            v->special_first[(unsigned char)v->text[i].data[0]] = 1;
+        }
     }
     qsort_r(v->special, (size_t)v->n_special, sizeof(int32_t), cmp_special_len, v);
     return LLM_OK;
@@ -323,6 +325,8 @@ int llm_vocab_is_eog(const llm_vocab *v, int32_t id)
  * reference; control tokens only when parse_special. */
 static int32_t special_at(const llm_vocab *v, const char *text, size_t len, size_t pos, int parse_special)
 {
+    if (!v->special_first[(unsigned char)text[pos]]) /* most bytes start no special token */
+        return -1;
     for (int i = 0; i < v->n_special; i++) {
         if (!parse_special && v->types[v->special[i]] != LLM_TOKEN_USER_DEFINED)
             continue;

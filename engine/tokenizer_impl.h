@@ -37,6 +37,7 @@ struct llm_vocab {
     int add_bos, add_eos, add_space_prefix, ignore_merges;
     int32_t *special;       /* control/user-defined ids, longest text first */
     int n_special;
+    uint8_t special_first[256]; /* 1 for bytes that start some special text */
     int32_t byte_tok[256];  /* byte fallback tokens (-1 when missing) */
 };
 

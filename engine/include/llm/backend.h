@@ -49,6 +49,9 @@ typedef struct llm_attn_args {
     llm_kv_view kv;
 } llm_attn_args;
 
+/* Largest rot_dim a backend must handle; model loading rejects more. */
+#define LLM_MAX_ROT_DIM 1024
+
 typedef struct llm_rope_args {
     float *x;          /* (n_tok, n_head * head_dim), rotated in place */
     int n_tok, n_head, head_dim;
