@@ -26,22 +26,32 @@ static float dot_f32(const float *a, const float *b, int n)
     return s;
 }
 
-static float w_f32(const void *w, const void *x, int n) { return dot_f32(w, x, n); }
+/* The one-row weight kernels accumulate exactly as their tile versions
+ * (one 8-lane sum, reduced, then the tail in order): a token's result must
+ * not depend on how many other tokens share its batch, or batching would
+ * change greedy outputs. */
+static float w_f32(const void *w, const void *x, int n)
+{
+    const float *a = w, *f = x;
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(f + i), acc);
+    float s = hsum8(acc);
+    for (; i < n; i++) s += a[i] * f[i];
+    return s;
+}
 
 static float w_f16(const void *w, const void *x, int n)
 {
     const quant_f16 *h = w;
     const float *f = x;
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
+    for (; i + 8 <= n; i += 8) {
         _mm_prefetch((const char *)(h + i) + CPU_PREFETCH, _MM_HINT_T0);
-        __m256 a0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i)));
-        __m256 a1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i + 8)));
-        s0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(f + i), s0);
-        s1 = _mm256_fmadd_ps(a1, _mm256_loadu_ps(f + i + 8), s1);
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))), _mm256_loadu_ps(f + i), acc);
     }
-    float s = hsum8(_mm256_add_ps(s0, s1));
+    float s = hsum8(acc);
     for (; i < n; i++) s += h2f(h[i]) * f[i];
     return s;
 }

@@ -87,48 +87,23 @@ static inline __m256i minus_offset(__m256i w)
     return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), w));
 }
 
+/* Each block's integer sum is reduced exactly and added to one float in
+ * block order, the way q8_0_dot8 does per lane: a token gives bit-identical
+ * results alone or in a tile (batch invariance). */
 static float q8_0_dot(const void *w, const void *x, int n)
 {
     const block_q8_0 *a = w;
     const uint8_t *xq = x;
     const float *xd = (const float *)(xq + n);
-    __m256 acc = _mm256_setzero_ps();
+    float acc = 0;
     for (int i = 0; i < n / QK8_0; i++) {
         /* decode streams weights once: fetch ahead, past page ends (CPU_PREFETCH) */
         _mm_prefetch((const char *)(a + i) + 4096, _MM_HINT_T0);
         __m256i wq = _mm256_loadu_si256((const __m256i *)a[i].qs);
         __m256i p = _mm256_dpbusd_epi32(minus_offset(wq), _mm256_loadu_si256((const __m256i *)(xq + QK8_0 * i)), wq);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(a[i].d) * xd[i]), _mm256_cvtepi32_ps(p), acc);
+        acc = fmaf((float)hsum8i(p), _cvtsh_ss(a[i].d) * xd[i], acc);
     }
-    return hsum8(acc);
-}
-
-/* acc_t += (dw * dx_t[i]) * (w . x_t) for the four tokens of a tile. */
-#define Q8_TOKEN(t, acc)                                                                             \
-    do {                                                                                             \
-        __m256i p = _mm256_dpbusd_epi32(c, _mm256_loadu_si256((const __m256i *)(xq##t + QK8_0 * i)), wq); \
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(xd##t + i)), _mm256_cvtepi32_ps(p), acc); \
-    } while (0)
-
-static void q8_0_dot4(const void *w, const void *x, size_t stride, int n, float *out)
-{
-    const block_q8_0 *a = w;
-    const uint8_t *xq0 = x, *xq1 = xq0 + stride, *xq2 = xq1 + stride, *xq3 = xq2 + stride;
-    const float *xd0 = (const float *)(xq0 + n), *xd1 = (const float *)(xq1 + n), *xd2 = (const float *)(xq2 + n),
-                *xd3 = (const float *)(xq3 + n);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int i = 0; i < n / QK8_0; i++) {
-        __m256i wq = _mm256_loadu_si256((const __m256i *)a[i].qs), c = minus_offset(wq);
-        __m256 dw = _mm256_set1_ps(_cvtsh_ss(a[i].d));
-        Q8_TOKEN(0, a0);
-        Q8_TOKEN(1, a1);
-        Q8_TOKEN(2, a2);
-        Q8_TOKEN(3, a3);
-    }
-    out[0] = hsum8(a0);
-    out[1] = hsum8(a1);
-    out[2] = hsum8(a2);
-    out[3] = hsum8(a3);
+    return acc;
 }
 
 /* One weight row against an 8-token tile (see u8_quant8): each 4 weights
@@ -170,7 +145,7 @@ static void vnni_init(void)
     vnni = *cpu_kernels_avx2();
     vnni.name = "avx512vnni";
     vnni.dot[QT_Q8_0] = q8_0_dot;
-    vnni.dot4[QT_Q8_0] = q8_0_dot4;
+    vnni.dot4[QT_Q8_0] = NULL; /* tokens past the last tile of 8 go one by one */
     vnni.dot8[QT_Q8_0] = q8_0_dot8;
     vnni.dot[QT_Q4_K] = w_q4_K;
     vnni.dot4[QT_Q4_K] = w_q4_K_x4;

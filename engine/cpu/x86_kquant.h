@@ -159,7 +159,7 @@ static float w_q6_K(const void *w, const void *x, int n)
         }
         float d = b[i].d * h2f(a[i].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-        bias += d * 32.f * (float)q6k_bias(&a[i], &b[i]);
+        bias = fmaf(d, 32.f * (float)q6k_bias(&a[i], &b[i]), bias); /* as the tile kernel rounds it */
     }
     return hsum8(acc) - bias;
 }

@@ -216,6 +216,12 @@ static void check_dot(const cpu_kernels *k, quant_type wt, int n)
             for (int i = 0; i < n; i++) { r4 += (double)wf[i] * af[i]; m4 += fabs((double)wf[i] * af[i]); }
             if (fabs(out[t] - r4) > 1e-5 * m4 + 1e-30)
                 fail_msg("%s %s dot%d row %d: %.9g vs float64 %.9g", k->name, quant_type_name(wt), width, t, out[t], r4);
+            /* batch invariance: a token's result must not depend on whether
+             * it went through a tile or alone (the engine relies on it) */
+            float one = k->dot[wt](w, rows + (size_t)t * ab, n);
+            if (memcmp(&one, &out[t], sizeof one))
+                fail_msg("%s %s dot%d row %d: %.9g differs from the one-row kernel's %.9g", k->name,
+                         quant_type_name(wt), width, t, out[t], one);
         }
         free(rows);
         free(tile);
