@@ -3,27 +3,16 @@
  * Matmuls quantize the activations once (per call, to the weight type's
  * activation type), then split the weight rows across the thread pool; each
  * thread streams its rows once and applies them to every token, so a batch
- * costs little more memory traffic than one token. Attention splits
- * (token, head) pairs across threads. */
+ * costs little more memory traffic than one token. Paged KV and attention
+ * live in cpu/cpu_attention.c. */
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "cpu/kernels.h"
-#include "cpu/threadpool.h"
-#include "llm/backend.h"
+#include "cpu/cpu_impl.h"
 
 #define CPU_ROW_CHUNK 16 /* weight rows kept hot in cache while tokens loop */
-
-typedef struct cpu_ctx {
-    tp_pool *pool;
-    const cpu_kernels *k;
-    void *act;          /* quantized activations, grown on demand */
-    size_t act_cap;
-    float *scratch;     /* attention scores: per thread, max_ctx floats */
-    size_t scratch_per_thread;
-} cpu_ctx;
 
 static cpu_ctx *ctx_of(llm_backend *b) { return b->ctx; }
 
@@ -287,7 +276,7 @@ static void rope_rows(const llm_rope_args *a, long lo, long hi)
     for (int i = 0; i < half; i++)
         freq[i] = powf(a->theta, -2.0f * (float)i / (float)a->rot_dim) / (a->freq_factors ? a->freq_factors[i] : 1.0f);
     for (long t = lo; t < hi; t++) {
-        float p = (float)(a->pos0 + t) * a->freq_scale;
+        float p = (float)a->pos[t] * a->freq_scale;
         for (int i = 0; i < half; i++) {
             float ang = p * freq[i], cs = cosf(ang), sn = sinf(ang);
             for (int h = 0; h < a->n_head; h++) {
@@ -335,75 +324,37 @@ static void cpu_get_rows(llm_backend *b, const llm_weight *emb, const int32_t *i
                              out + (size_t)i * emb->cols, (size_t)emb->cols);
 }
 
-/* Pointer to the K (or V) row of logical position p. */
-static float *kv_row(const llm_kv_view *kv, float *base, int p)
-{
-    size_t blk = (size_t)kv->block_table[p / kv->block_size];
-    return base + (blk * kv->block_size + (size_t)(p % kv->block_size)) * kv->kv_dim;
-}
+/* ---- memory ---------------------------------------------------------------- */
 
-static void cpu_kv_write(llm_backend *b, const llm_kv_view *kv, int pos0, int n_tok, const float *k, const float *v)
+static void *cpu_buffer_alloc(llm_backend *b, size_t bytes)
 {
     (void)b;
-    for (int t = 0; t < n_tok; t++) {
-        memcpy(kv_row(kv, kv->k, pos0 + t), k + (size_t)t * kv->kv_dim, sizeof(float) * kv->kv_dim);
-        memcpy(kv_row(kv, kv->v, pos0 + t), v + (size_t)t * kv->kv_dim, sizeof(float) * kv->kv_dim);
-    }
+    return aligned_alloc(64, (bytes + 63) / 64 * 64);
 }
 
-/* ---- attention ----------------------------------------------------------- */
-
-typedef struct attn_job {
-    const llm_attn_args *a;
-    cpu_ctx *c;
-} attn_job;
-
-static void attn_one(const llm_attn_args *a, const cpu_kernels *k, float *sc, int t, int h)
+static void cpu_buffer_free(llm_backend *b, void *p)
 {
-    int n_kv = a->pos0 + t + 1, hd = a->head_dim;
-    int kvh = h / (a->n_head / a->n_head_kv);
-    const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
-    float *o = a->out + ((size_t)t * a->n_head + h) * hd;
-    int bs = a->kv.block_size;
-    size_t stride = (size_t)a->kv.kv_dim;
-    for (int p0 = 0; p0 < n_kv; p0 += bs) /* one KV block at a time: its rows are contiguous */
-        k->attn_dots(q, kv_row(&a->kv, a->kv.k, p0) + kvh * hd, stride, n_kv - p0 < bs ? n_kv - p0 : bs, hd,
-                     a->scale, sc + p0);
-    float mx = -INFINITY, sum = 0;
-    for (int p = 0; p < n_kv; p++) mx = fmaxf(mx, sc[p]);
-    for (int p = 0; p < n_kv; p++) sum += (sc[p] = expf(sc[p] - mx));
-    for (int p = 0; p < n_kv; p++) sc[p] /= sum;
-    memset(o, 0, sizeof(float) * hd);
-    for (int p0 = 0; p0 < n_kv; p0 += bs)
-        k->attn_wsum(o, sc + p0, kv_row(&a->kv, a->kv.v, p0) + kvh * hd, stride, n_kv - p0 < bs ? n_kv - p0 : bs, hd);
+    (void)b;
+    free(p);
 }
 
-static void attn_worker(void *arg, int ith, int nth)
+/* MemAvailable from /proc/meminfo: what the kernel could give without
+ * swapping; free pages where that file is missing. */
+static size_t cpu_mem_available(llm_backend *b)
 {
-    attn_job *j = arg;
-    const llm_attn_args *a = j->a;
-    float *sc = j->c->scratch + (size_t)ith * j->c->scratch_per_thread;
-    long lo, hi;
-    tp_range((long)a->n_tok * a->n_head, ith, nth, &lo, &hi);
-    for (long i = lo; i < hi; i++)
-        attn_one(a, j->c->k, sc, (int)(i / a->n_head), (int)(i % a->n_head));
-}
-
-static llm_status cpu_attention(llm_backend *b, const llm_attn_args *a)
-{
-    cpu_ctx *c = ctx_of(b);
-    size_t need = (size_t)(a->pos0 + a->n_tok);
-    if (need > c->scratch_per_thread) {
-        float *s = malloc(need * sizeof(float) * (size_t)tp_size(c->pool));
-        if (!s)
-            return LLM_ERR_NOMEM;
-        free(c->scratch);
-        c->scratch = s;
-        c->scratch_per_thread = need;
-    }
-    attn_job j = {a, c};
-    tp_run(c->pool, attn_worker, &j);
-    return LLM_OK;
+    (void)b;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    if (kb)
+        return (size_t)kb * 1024;
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
 }
 
 /* ---- lifecycle ----------------------------------------------------------- */
@@ -429,6 +380,10 @@ static const struct llm_backend_i cpu_iface = {
     .get_rows = cpu_get_rows,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
+    .kv_copy = cpu_kv_copy,
+    .buffer_alloc = cpu_buffer_alloc,
+    .buffer_free = cpu_buffer_free,
+    .mem_available = cpu_mem_available,
 };
 
 llm_status llm_backend_cpu_new(const llm_cpu_config *cfg, llm_backend **out, llm_error *err)

@@ -1,7 +1,7 @@
 /* llm-generate - generate text from a prompt with a GGUF model on the CPU.
  *   llm-generate -m MODEL.gguf -p PROMPT [-n 64] [--temp 0] [--seed S] [--threads T]
  *                [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--ctx N]
- *                [--ids] [--scalar]
+ *                [--kv-type f16|f32|q8_0] [--ids] [--scalar]
  * Prints the text as it is generated, then prompt and decode tokens/s on
  * stderr. --ids also prints the prompt and generated token ids and, for each
  * generated token, the gap between the two largest logits (how near a tie
@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "llm/kv_cache.h"
 #include "llm/model.h"
 #include "llm/sampler.h"
 
@@ -17,14 +18,25 @@ typedef struct opts {
     const char *model, *prompt;
     long n_predict, threads, ctx;
     int ids, scalar;
+    llm_kv_type kv_type;
     llm_sampling s;
 } opts;
 
 static int usage(void)
 {
     fprintf(stderr, "usage: llm-generate -m MODEL.gguf -p PROMPT [-n 64] [--temp T] [--seed S] [--threads N]\n"
-                    "       [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--ctx N] [--ids] [--scalar]\n");
+                    "       [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--ctx N]\n"
+                    "       [--kv-type f16|f32|q8_0] [--ids] [--scalar]\n");
     return 2;
+}
+
+static int kv_type_arg(const char *v, llm_kv_type *t)
+{
+    llm_error err = {0};
+    if (!llm_kv_type_parse(v, t, &err))
+        return 0;
+    fprintf(stderr, "error: --kv-type: %s\n", err.msg);
+    return 1;
 }
 
 static int parse(int argc, char **argv, opts *o)
@@ -39,6 +51,7 @@ static int parse(int argc, char **argv, opts *o)
         else if (!strcmp(a, "-n")) bad = cli_int(a, v, 0, 1 << 20, &o->n_predict);
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) bad = cli_int(a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "--ctx")) bad = cli_int(a, v, 0, 1 << 24, &o->ctx);
+        else if (!strcmp(a, "--kv-type") && v) bad = kv_type_arg(v, &o->kv_type);
         else if (!strcmp(a, "--seed")) { bad = cli_int(a, v, 0, 0x7fffffffffffL, &l); o->s.seed = (uint64_t)l; }
         else if (!strcmp(a, "--temp")) { bad = cli_float(a, v, 0, 100, &d); o->s.temperature = (float)d; }
         else if (!strcmp(a, "--top-k")) { bad = cli_int(a, v, 0, 1 << 30, &l); o->s.top_k = (int)l; }
@@ -146,7 +159,8 @@ int main(int argc, char **argv)
         goto fail;
     if (ctx == 0) /* a training context of 128k would reserve gigabytes of KV */
         ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
-    if (llm_session_new(m, b, (int)ctx, 512, &s, &err))
+    llm_session_config sc = {(int)ctx, 512, (int)o.kv_type};
+    if (llm_session_new(m, b, &sc, &s, &err))
         goto fail;
     rc = generate(&o, m, s, &err);
     if (rc && err.msg[0])

@@ -295,6 +295,26 @@ static void attn_wsum(float *o, const float *w, const float *v, size_t stride, i
         for (int i = 0; i < n; i++) axpy(o + d, w[i], v + (size_t)i * stride + d, hd - d);
 }
 
+static void f16_to_f32(const void *src, float *dst, int n)
+{
+    const quant_f16 *h = src;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < n; i++) dst[i] = h2f(h[i]);
+}
+
+static void q8_0_to_f32(const void *src, float *dst, int n)
+{
+    const block_q8_0 *b = src;
+    for (int i = 0; i < n / QK8_0; i++) {
+        __m256 d = _mm256_set1_ps(h2f(b[i].d));
+        for (int k = 0; k < QK8_0; k += 8) {
+            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b[i].qs + k)));
+            _mm256_storeu_ps(dst + QK8_0 * i + k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
+        }
+    }
+}
+
 static const cpu_kernels avx2 = {
     .name = "avx2",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
@@ -307,6 +327,7 @@ static const cpu_kernels avx2 = {
     .axpy = axpy,
     .attn_dots = attn_dots,
     .attn_wsum = attn_wsum,
+    .to_f32 = {[QT_F16] = f16_to_f32, [QT_Q8_0] = q8_0_to_f32},
 };
 
 const cpu_kernels *cpu_kernels_avx2(void)

@@ -149,6 +149,9 @@ static void attn_wsum(float *o, const float *w, const float *v, size_t stride, i
     for (int i = 0; i < n; i++) axpy(o, w[i], v + (size_t)i * stride, hd);
 }
 
+static void f16_to_f32(const void *src, float *dst, int n) { quant_dequantize_row(QT_F16, src, dst, (size_t)n); }
+static void q8_0_to_f32(const void *src, float *dst, int n) { quant_dequantize_row(QT_Q8_0, src, dst, (size_t)n); }
+
 static const cpu_kernels scalar = {
     .name = "scalar",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
@@ -159,6 +162,7 @@ static const cpu_kernels scalar = {
     .axpy = axpy,
     .attn_dots = attn_dots,
     .attn_wsum = attn_wsum,
+    .to_f32 = {[QT_F16] = f16_to_f32, [QT_Q8_0] = q8_0_to_f32},
 };
 
 const cpu_kernels *cpu_kernels_scalar(void) { return &scalar; }

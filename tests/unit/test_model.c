@@ -15,6 +15,7 @@
 #include "testutil.h"
 
 #include "llm/mkmodel.h"
+#include "llm/kv_cache.h"
 #include "llm/model.h"
 
 /* ---- float64 reference ----------------------------------------------------- */
@@ -151,6 +152,8 @@ static const int32_t prompt[] = {510, 3, 77, 200, 9, 131, 64};
 static const int32_t long_prompt[] = {510, 3, 77, 200, 9, 131, 64, 300, 12, 45, 99, 400, 250, 7, 18, 260,
                                       301, 402, 33, 71, 5};
 
+static llm_kv_type g_kv = LLM_KV_F32; /* KV type of the sessions below */
+
 static double engine_vs_ref_with(const char *shape, quant_type t, int scalar, const int32_t *toks, int n, int batch)
 {
     char path[256];
@@ -160,13 +163,13 @@ static double engine_vs_ref_with(const char *shape, quant_type t, int scalar, co
     llm_cpu_config cc = {2, scalar, NULL};
     llm_error err = {0};
     assert_int_equal(llm_backend_cpu_new(&cc, &b, &err), LLM_OK);
-    assert_int_equal(llm_session_new(m, b, 64, batch, &s, &err), LLM_OK);
+    assert_int_equal(llm_session_new(m, b, &(llm_session_config){64, batch, (int)g_kv}, &s, &err), LLM_OK);
     const float *logits;
     assert_int_equal(llm_session_eval(s, toks, n, &logits, &err), LLM_OK);
     double *ref = ref_forward(m, toks, n);
     double e = rel_err(logits, ref, m->hp.n_vocab);
-    print_message("%-10s %-5s %-6s %2d tokens, batch %3d: rel err %.3g\n", shape, quant_type_name(t),
-                  scalar ? "scalar" : "simd", n, batch, e);
+    print_message("%-10s %-5s %-6s %2d tokens, batch %3d, kv %-4s: rel err %.3g\n", shape, quant_type_name(t),
+                  scalar ? "scalar" : "simd", n, batch, llm_kv_type_name(g_kv), e);
     free(ref);
     llm_session_free(s);
     llm_backend_free(b);
@@ -205,6 +208,20 @@ static void test_q4_0(void **st) { (void)st; assert_true(engine_vs_ref("tiny", Q
 static void test_q4_k(void **st) { (void)st; assert_true(engine_vs_ref("tiny-qwen2", QT_Q4_K, 0) < 3e-2); }
 static void test_q4_k_scalar(void **st) { (void)st; assert_true(engine_vs_ref("tiny", QT_Q4_K, 1) < 3e-2); }
 
+/* The KV cache's own rounding: F16 keeps 11 significant bits of K and V,
+ * Q8_0 eight bits per block of 32 (measured: see the printed errors). */
+static void test_kv_types(void **st)
+{
+    (void)st;
+    g_kv = LLM_KV_F16;
+    double f16 = engine_vs_ref_long("tiny", QT_F32), f16q = engine_vs_ref_long("tiny-qwen2", QT_F32);
+    g_kv = LLM_KV_Q8_0;
+    double q8 = engine_vs_ref_long("tiny", QT_F32);
+    g_kv = LLM_KV_F32;
+    assert_true(f16 < 4e-4 && f16q < 4e-4); /* measured 4e-5, 1e-5 */
+    assert_true(q8 < 8e-3);                 /* measured 8e-4 */
+}
+
 /* Prefill in one call, in chunks, or token by token: same logits. */
 static void test_incremental(void **state)
 {
@@ -215,8 +232,8 @@ static void test_incremental(void **state)
     llm_session *s1, *s2;
     llm_error err = {0};
     assert_int_equal(llm_backend_cpu_new(NULL, &b, &err), LLM_OK);
-    assert_int_equal(llm_session_new(m, b, 32, 512, &s1, &err), LLM_OK);
-    assert_int_equal(llm_session_new(m, b, 32, 512, &s2, &err), LLM_OK);
+    assert_int_equal(llm_session_new(m, b, &(llm_session_config){32, 512, LLM_KV_F32}, &s1, &err), LLM_OK);
+    assert_int_equal(llm_session_new(m, b, &(llm_session_config){32, 512, LLM_KV_F32}, &s2, &err), LLM_OK);
     const float *l1, *l2;
     assert_int_equal(llm_session_eval(s1, prompt, NP, &l1, &err), LLM_OK);
     for (int i = 0; i < NP; i++) assert_int_equal(llm_session_eval(s2, prompt + i, 1, &l2, &err), LLM_OK);
@@ -284,7 +301,7 @@ int main(void)
         cmocka_unit_test(test_f32_llama), cmocka_unit_test(test_f32_qwen2), cmocka_unit_test(test_f32_scalar),
         cmocka_unit_test(test_f16), cmocka_unit_test(test_bf16), cmocka_unit_test(test_q8_0),
         cmocka_unit_test(test_q4_0), cmocka_unit_test(test_q4_k), cmocka_unit_test(test_q4_k_scalar),
-        cmocka_unit_test(test_long_prompts), cmocka_unit_test(test_incremental), cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_long_prompts), cmocka_unit_test(test_kv_types), cmocka_unit_test(test_incremental), cmocka_unit_test(test_load_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

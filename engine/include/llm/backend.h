@@ -8,8 +8,9 @@
  *
  * KV layout (shared by every backend so the cache manager stays
  * backend-free): per layer, K and V are arrays of blocks of `block_size`
- * token rows, each row kv_dim floats; a sequence's logical position p lives
- * in block block_table[p / block_size], row p % block_size.
+ * token rows, each row kv_dim values of the cache's type; a sequence's
+ * logical position p lives in block block_table[p / block_size], row
+ * p % block_size. A batch is the rows of several sequences back to back.
  *
  * Ownership: the caller owns every buffer passed in; a backend never keeps a
  * pointer past the call. Thread-safety: one thread drives a backend at a time
@@ -30,23 +31,35 @@ typedef struct llm_weight {
     const void *data; /* rows * row_bytes bytes, not owned */
 } llm_weight;
 
-/* One layer's view of one sequence's paged K/V. */
-typedef struct llm_kv_view {
-    float *k, *v;                /* (n_blocks_total, block_size, kv_dim) */
-    const int32_t *block_table;  /* logical block -> physical block */
-    int block_size;
-    int kv_dim;
-} llm_kv_view;
+/* One layer's K/V storage: n_blocks blocks of block_size token rows; a row
+ * holds kv_dim values in `type` (F32, F16, or Q8_0 when every head's
+ * slice starts on a block of 32) and takes row_bytes. */
+typedef struct llm_kv_layer {
+    void *k, *v;        /* (n_blocks, block_size, row_bytes) each */
+    quant_type type;
+    int block_size, kv_dim;
+    size_t row_bytes;
+} llm_kv_layer;
 
-/* Attention for n_tok query rows of one sequence. Query row t sits at
- * position pos0 + t and attends causally to positions [0, pos0 + t]. */
+/* One sequence's rows of a batch: rows [tok0, tok0 + n_tok) sit at
+ * positions [pos0, pos0 + n_tok); logical position p lives in physical
+ * block block_table[p / block_size]. */
+typedef struct llm_batch_seq {
+    int tok0, n_tok, pos0;
+    const int32_t *block_table;
+} llm_batch_seq;
+
+/* Causal attention for every row of a batch: row t of sequence s attends
+ * to positions [0, pos0 + t] of that sequence's K/V (which must already
+ * hold them, the batch's own rows included). */
 typedef struct llm_attn_args {
-    const float *q;   /* (n_tok, n_head * head_dim) */
-    float *out;       /* (n_tok, n_head * head_dim) */
-    int n_tok, pos0;
+    const float *q;   /* (n_rows, n_head * head_dim) */
+    float *out;       /* (n_rows, n_head * head_dim) */
     int n_head, n_head_kv, head_dim;
     float scale;
-    llm_kv_view kv;
+    const llm_batch_seq *seqs;
+    int n_seqs;
+    const llm_kv_layer *kv;
 } llm_attn_args;
 
 /* Largest rot_dim a backend must handle; model loading rejects more. */
@@ -56,7 +69,7 @@ typedef struct llm_rope_args {
     float *x;          /* (n_tok, n_head * head_dim), rotated in place */
     int n_tok, n_head, head_dim;
     int rot_dim;       /* leading dims of each head that rotate */
-    int pos0;          /* row t has position pos0 + t */
+    const int32_t *pos; /* (n_tok) position of each row */
     float theta;       /* frequency base */
     float freq_scale;  /* 1 / linear scaling factor */
     int neox;          /* 0: adjacent pairs (llama); 1: halves (qwen2, neox) */
@@ -90,9 +103,20 @@ struct llm_backend_i {
     void (*add)(llm_backend *b, float *y, const float *x, size_t n);
     /* out (n, emb->cols) = rows ids of emb, dequantized; ids already checked */
     void (*get_rows)(llm_backend *b, const llm_weight *emb, const int32_t *ids, int n, float *out);
-    /* writes n_tok K/V rows at positions [pos0, pos0 + n_tok) */
-    void (*kv_write)(llm_backend *b, const llm_kv_view *kv, int pos0, int n_tok, const float *k, const float *v);
+    /* Stores the float K/V rows (n_rows, kv_dim) of a batch at their
+     * sequences' positions, converted to kv->type. */
+    void (*kv_write)(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *seqs, int n_seqs, const float *k,
+                     const float *v);
     llm_status (*attention)(llm_backend *b, const llm_attn_args *a);
+    /* Copies K/V block src[i] to dst[i] in each of n_layers layers
+     * (copy-on-write of shared blocks). */
+    void (*kv_copy)(llm_backend *b, const llm_kv_layer *layers, int n_layers, const int32_t *src, const int32_t *dst,
+                    int n);
+    /* Memory on the backend's device (KV pages): alloc returns NULL when
+     * out of memory; available is what could still be allocated. */
+    void *(*buffer_alloc)(llm_backend *b, size_t bytes);
+    void (*buffer_free)(llm_backend *b, void *p);
+    size_t (*mem_available)(llm_backend *b);
 };
 
 struct llm_backend {
@@ -130,8 +154,15 @@ static inline void llm_backend_swiglu(llm_backend *b, const float *g, const floa
 static inline void llm_backend_add(llm_backend *b, float *y, const float *x, size_t n) { b->iface->add(b, y, x, n); }
 static inline void llm_backend_get_rows(llm_backend *b, const llm_weight *emb, const int32_t *ids, int n, float *out)
 { b->iface->get_rows(b, emb, ids, n, out); }
-static inline void llm_backend_kv_write(llm_backend *b, const llm_kv_view *kv, int pos0, int n_tok, const float *k, const float *v)
-{ b->iface->kv_write(b, kv, pos0, n_tok, k, v); }
+static inline void llm_backend_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *seqs, int n_seqs,
+                                        const float *k, const float *v)
+{ b->iface->kv_write(b, kv, seqs, n_seqs, k, v); }
 static inline llm_status llm_backend_attention(llm_backend *b, const llm_attn_args *a) { return b->iface->attention(b, a); }
+static inline void llm_backend_kv_copy(llm_backend *b, const llm_kv_layer *layers, int n_layers, const int32_t *src,
+                                       const int32_t *dst, int n)
+{ if (n > 0) b->iface->kv_copy(b, layers, n_layers, src, dst, n); }
+static inline void *llm_backend_buffer_alloc(llm_backend *b, size_t bytes) { return b->iface->buffer_alloc(b, bytes); }
+static inline void llm_backend_buffer_free(llm_backend *b, void *p) { if (p) b->iface->buffer_free(b, p); }
+static inline size_t llm_backend_mem_available(llm_backend *b) { return b->iface->mem_available(b); }
 
 #endif

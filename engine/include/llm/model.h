@@ -8,6 +8,8 @@
  * llm_model_free; weights are used in place from the mmap (nothing copied
  * except small norm vectors stored in non-F32 types). A session borrows its
  * model and backend (both must outlive it) and owns its KV cache and scratch.
+ * The batched, multi-sequence forward pass is forward.h; the serving engine
+ * is engine.h.
  * Thread-safety: a model is read-only after load and may be shared; a session
  * is used by one thread at a time. */
 #ifndef LLM_MODEL_H
@@ -61,10 +63,16 @@ size_t llm_model_weight_bytes(const llm_model *m);
 
 typedef struct llm_session llm_session;
 
-/* n_ctx: 0 means the model's training context. max_batch: the largest
- * number of tokens evaluated in one step (prompts are chunked by it). */
-llm_status llm_session_new(const llm_model *m, llm_backend *b, int n_ctx, int max_batch,
-                           llm_session **out, llm_error *err);
+typedef struct llm_session_config {
+    int n_ctx;     /* 0: the model's training context */
+    int max_batch; /* most tokens evaluated in one step (longer inputs are chunked); 0: 512 */
+    int kv_type;   /* an llm_kv_type (kv_cache.h); 0: F16 */
+} llm_session_config;
+
+/* A single sequence over its own paged KV cache (no prefix caching): the
+ * simple way to run a model, used by the tools and the reference tests. */
+llm_status llm_session_new(const llm_model *m, llm_backend *b, const llm_session_config *cfg, llm_session **out,
+                           llm_error *err);
 void llm_session_free(llm_session *s);
 /* Appends n tokens at the current position and computes the logits of the
  * last one. Fails (changing nothing) on a token id out of range or when the

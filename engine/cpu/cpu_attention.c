@@ -1,0 +1,170 @@
+/* cpu_attention.c - the CPU backend's paged KV cache operations: storing
+ * K/V rows in the cache's type, copying blocks (copy-on-write), and causal
+ * attention for a batch of sequences through their block tables.
+ *
+ * Attention work items are (row, KV head) pairs, handed out on demand since
+ * their cost grows with the row's position. An item serves every query head
+ * of its GQA group, so a block of F16 or Q8_0 K/V is converted to float once
+ * per group, not once per head. Every item runs the same code whatever else
+ * is in the batch, so a row's result does not depend on batch composition. */
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "cpu/cpu_impl.h"
+
+/* Bytes of row p's K (or V) in layer storage `base`. */
+static char *kv_row(const llm_kv_layer *kv, void *base, const int32_t *table, int p)
+{
+    size_t blk = (size_t)table[p / kv->block_size];
+    return (char *)base + (blk * (size_t)kv->block_size + (size_t)(p % kv->block_size)) * kv->row_bytes;
+}
+
+void cpu_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *seqs, int n_seqs, const float *k,
+                  const float *v)
+{
+    (void)b;
+    for (int s = 0; s < n_seqs; s++)
+        for (int t = 0; t < seqs[s].n_tok; t++) {
+            size_t row = (size_t)(seqs[s].tok0 + t) * (size_t)kv->kv_dim;
+            int p = seqs[s].pos0 + t;
+            quant_quantize_row(kv->type, k + row, kv_row(kv, kv->k, seqs[s].block_table, p), (size_t)kv->kv_dim);
+            quant_quantize_row(kv->type, v + row, kv_row(kv, kv->v, seqs[s].block_table, p), (size_t)kv->kv_dim);
+        }
+}
+
+void cpu_kv_copy(llm_backend *b, const llm_kv_layer *layers, int n_layers, const int32_t *src, const int32_t *dst,
+                 int n)
+{
+    (void)b;
+    for (int l = 0; l < n_layers; l++) {
+        const llm_kv_layer *kv = &layers[l];
+        size_t bb = (size_t)kv->block_size * kv->row_bytes;
+        for (int i = 0; i < n; i++) {
+            memcpy((char *)kv->k + (size_t)dst[i] * bb, (char *)kv->k + (size_t)src[i] * bb, bb);
+            memcpy((char *)kv->v + (size_t)dst[i] * bb, (char *)kv->v + (size_t)src[i] * bb, bb);
+        }
+    }
+}
+
+typedef struct attn_job {
+    const llm_attn_args *a;
+    cpu_ctx *c;
+    int group;      /* query heads per KV head */
+    long n_items;
+    _Atomic long next;
+} attn_job;
+
+/* Thread scratch: scores (group, n_ctx) then one float K/V block tile. */
+typedef struct attn_scratch {
+    float *sc, *tile;
+    size_t sc_stride;
+} attn_scratch;
+
+/* Rows [p0, p0 + n) of KV head g as floats: in place for F32 storage,
+ * else converted into the tile. *stride gets the float distance of rows. */
+static const float *kv_block(const cpu_kernels *k, const llm_kv_layer *kv, void *base, const int32_t *table, int p0,
+                             int n, int g, int hd, float *tile, size_t *stride)
+{
+    const char *row = kv_row(kv, base, table, p0) + quant_row_bytes(kv->type, (size_t)g * hd);
+    if (kv->type == QT_F32) {
+        *stride = kv->row_bytes / sizeof(float);
+        return (const float *)row;
+    }
+    for (int i = 0; i < n; i++) k->to_f32[kv->type](row + (size_t)i * kv->row_bytes, tile + (size_t)i * hd, hd);
+    *stride = (size_t)hd;
+    return tile;
+}
+
+static void softmax(float *x, int n)
+{
+    float mx = -INFINITY, sum = 0;
+    for (int p = 0; p < n; p++) mx = fmaxf(mx, x[p]);
+    for (int p = 0; p < n; p++) sum += (x[p] = expf(x[p] - mx));
+    for (int p = 0; p < n; p++) x[p] /= sum;
+}
+
+/* Row `row` (position pos) of a sequence, every query head of KV head g. */
+static void attn_item(const attn_job *j, const llm_batch_seq *s, int row, int pos, int g, const attn_scratch *w)
+{
+    const llm_attn_args *a = j->a;
+    const cpu_kernels *k = j->c->k;
+    int n_kv = pos + 1, hd = a->head_dim, bs = a->kv->block_size, h0 = g * j->group;
+    size_t qrow = (size_t)row * a->n_head * hd, stride;
+    for (int p0 = 0; p0 < n_kv; p0 += bs) {
+        int n = n_kv - p0 < bs ? n_kv - p0 : bs;
+        const float *kb = kv_block(k, a->kv, a->kv->k, s->block_table, p0, n, g, hd, w->tile, &stride);
+        for (int h = 0; h < j->group; h++)
+            k->attn_dots(a->q + qrow + (size_t)(h0 + h) * hd, kb, stride, n, hd, a->scale, w->sc + h * w->sc_stride + p0);
+    }
+    for (int h = 0; h < j->group; h++) {
+        softmax(w->sc + h * w->sc_stride, n_kv);
+        memset(a->out + qrow + (size_t)(h0 + h) * hd, 0, sizeof(float) * (size_t)hd);
+    }
+    for (int p0 = 0; p0 < n_kv; p0 += bs) {
+        int n = n_kv - p0 < bs ? n_kv - p0 : bs;
+        const float *vb = kv_block(k, a->kv, a->kv->v, s->block_table, p0, n, g, hd, w->tile, &stride);
+        for (int h = 0; h < j->group; h++)
+            k->attn_wsum(a->out + qrow + (size_t)(h0 + h) * hd, w->sc + h * w->sc_stride + p0, vb, stride, n, hd);
+    }
+}
+
+static void attn_worker(void *arg, int ith, int nth)
+{
+    (void)nth;
+    attn_job *j = arg;
+    const llm_attn_args *a = j->a;
+    float *base = j->c->scratch + (size_t)ith * j->c->scratch_per_thread;
+    size_t tile = (size_t)a->kv->block_size * (size_t)a->head_dim;
+    attn_scratch w = {base + tile, base, (j->c->scratch_per_thread - tile) / (size_t)j->group};
+    int s = 0;
+    long s_first = 0; /* first item of sequence s; items only grow per thread */
+    for (;;) {
+        long i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= j->n_items)
+            return;
+        while (i >= s_first + (long)a->seqs[s].n_tok * a->n_head_kv) s_first += (long)a->seqs[s++].n_tok * a->n_head_kv;
+        const llm_batch_seq *sq = &a->seqs[s];
+        int t = (int)((i - s_first) / a->n_head_kv), g = (int)((i - s_first) % a->n_head_kv);
+        attn_item(j, sq, sq->tok0 + t, sq->pos0 + t, g, &w);
+    }
+}
+
+/* Grows the per-thread scratch to hold `need` floats. */
+static llm_status scratch_reserve(cpu_ctx *c, size_t need)
+{
+    if (need <= c->scratch_per_thread)
+        return LLM_OK;
+    float *s = malloc(need * sizeof(float) * (size_t)tp_size(c->pool));
+    if (!s)
+        return LLM_ERR_NOMEM;
+    free(c->scratch);
+    c->scratch = s;
+    c->scratch_per_thread = need;
+    return LLM_OK;
+}
+
+llm_status cpu_attention(llm_backend *b, const llm_attn_args *a)
+{
+    cpu_ctx *c = b->ctx;
+    if (a->n_head_kv <= 0 || a->n_head % a->n_head_kv)
+        return LLM_ERR_INVALID_ARG;
+    if (a->kv->type != QT_F32 && !c->k->to_f32[a->kv->type])
+        return LLM_ERR_UNSUPPORTED;
+    int group = a->n_head / a->n_head_kv, max_pos = 0;
+    long items = 0;
+    for (int s = 0; s < a->n_seqs; s++) {
+        items += (long)a->seqs[s].n_tok * a->n_head_kv;
+        if (a->seqs[s].pos0 + a->seqs[s].n_tok > max_pos)
+            max_pos = a->seqs[s].pos0 + a->seqs[s].n_tok;
+    }
+    size_t sc = ((size_t)max_pos + 15) / 16 * 16;
+    if (scratch_reserve(c, (size_t)a->kv->block_size * a->head_dim + sc * (size_t)group))
+        return LLM_ERR_NOMEM;
+    attn_job j = {a, c, group, items, 0};
+    if (items < 2)
+        attn_worker(&j, 0, 1);
+    else
+        tp_run(c->pool, attn_worker, &j);
+    return LLM_OK;
+}

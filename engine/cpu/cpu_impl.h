@@ -1,0 +1,26 @@
+/* cpu_impl.h - state shared by the CPU backend's translation units
+ * (backend_cpu.c: matmul and element-wise ops; cpu_attention.c: paged KV
+ * and attention). Not a public header. */
+#ifndef LLM_CPU_IMPL_H
+#define LLM_CPU_IMPL_H
+
+#include "cpu/kernels.h"
+#include "cpu/threadpool.h"
+#include "llm/backend.h"
+
+typedef struct cpu_ctx {
+    tp_pool *pool;
+    const cpu_kernels *k;
+    void *act;          /* quantized activations, grown on demand */
+    size_t act_cap;
+    float *scratch;     /* attention: per thread, scratch_per_thread floats */
+    size_t scratch_per_thread;
+} cpu_ctx;
+
+void cpu_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *seqs, int n_seqs, const float *k,
+                  const float *v);
+void cpu_kv_copy(llm_backend *b, const llm_kv_layer *layers, int n_layers, const int32_t *src, const int32_t *dst,
+                 int n);
+llm_status cpu_attention(llm_backend *b, const llm_attn_args *a);
+
+#endif

@@ -1,0 +1,170 @@
+/* forward.c - the transformer forward pass over a batch of rows from
+ * several sequences: embeddings -> n_layer x (RMSNorm, Q/K/V with RoPE at
+ * each row's position, paged attention with GQA, residual, RMSNorm, SwiGLU
+ * MLP, residual) -> final norm and logits for the chosen rows only. */
+#include <math.h>
+#include <string.h>
+
+#include "llm/forward.h"
+
+struct llm_forward {
+    const llm_model *m;
+    llm_backend *b;
+    int max_rows, max_logits;
+    int32_t *pos;                 /* (max_rows) */
+    /* activations, one row per batch row */
+    float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
+    float *last;                  /* (max_logits, n_embd) rows gathered for the output */
+    float *logits;                /* (max_logits, n_vocab) */
+};
+
+static void *xcalloc(size_t n, size_t sz, int *fail)
+{
+    void *p = calloc(n ? n : 1, sz);
+    if (!p)
+        *fail = 1;
+    return p;
+}
+
+llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int max_logits, llm_forward **out,
+                           llm_error *err)
+{
+    *out = NULL;
+    const llm_hparams *hp = &m->hp;
+    if (max_rows < 1 || max_rows > (1 << 16) || max_logits < 1 || max_logits > max_rows)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "forward: batch of %d rows with %d logit rows is out of range",
+                        max_rows, max_logits);
+    llm_forward *f = calloc(1, sizeof *f);
+    if (!f)
+        return llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
+    f->m = m;
+    f->b = b;
+    f->max_rows = max_rows;
+    f->max_logits = max_logits;
+    size_t R = (size_t)max_rows, kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
+    size_t wide = qd > (size_t)hp->n_embd ? qd : (size_t)hp->n_embd;
+    int fail = 0;
+    f->pos = xcalloc(R, sizeof(int32_t), &fail);
+    f->x = xcalloc(R * hp->n_embd, sizeof(float), &fail);
+    f->xb = xcalloc(R * wide, sizeof(float), &fail);
+    f->q = xcalloc(R * qd, sizeof(float), &fail);
+    f->k = xcalloc(R * kvd, sizeof(float), &fail);
+    f->v = xcalloc(R * kvd, sizeof(float), &fail);
+    f->att = xcalloc(R * qd, sizeof(float), &fail);
+    f->hb = xcalloc(R * hp->n_ff, sizeof(float), &fail);
+    f->hb2 = xcalloc(R * hp->n_ff, sizeof(float), &fail);
+    f->last = xcalloc((size_t)max_logits * hp->n_embd, sizeof(float), &fail);
+    f->logits = xcalloc((size_t)max_logits * hp->n_vocab, sizeof(float), &fail);
+    if (fail) {
+        llm_forward_free(f);
+        return llm_errf(err, LLM_ERR_NOMEM, "forward: no memory for a batch of %d rows", max_rows);
+    }
+    *out = f;
+    return LLM_OK;
+}
+
+void llm_forward_free(llm_forward *f)
+{
+    if (!f)
+        return;
+    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->last, f->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    free(f->pos);
+    free(f);
+}
+
+static void add_bias(float *x, const float *bias, int n_tok, int dim)
+{
+    if (!bias)
+        return;
+    for (int t = 0; t < n_tok; t++)
+        for (int i = 0; i < dim; i++) x[(size_t)t * dim + i] += bias[i];
+}
+
+static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *kv, int il)
+{
+    const llm_hparams *hp = &f->m->hp;
+    const llm_layer *l = &f->m->layers[il];
+    llm_backend *b = f->b;
+    int n = bt->n_rows, qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
+    llm_status st;
+    llm_backend_rmsnorm(b, f->x, l->attn_norm, n, hp->n_embd, hp->eps, f->xb);
+    llm_matmul qkv[3] = {{&l->wq, f->q}, {&l->wk, f->k}, {&l->wv, f->v}};
+    if ((st = llm_backend_matmul_group(b, qkv, 3, f->xb, n)))
+        return st;
+    add_bias(f->q, l->bq, n, qd);
+    add_bias(f->k, l->bk, n, kvd);
+    add_bias(f->v, l->bv, n, kvd);
+    llm_rope_args r = {f->q, n, hp->n_head, hp->head_dim, hp->rot_dim, f->pos, hp->rope_theta,
+                       hp->rope_freq_scale, hp->rope_neox, f->m->rope_freqs};
+    llm_backend_rope(b, &r);
+    r.x = f->k;
+    r.n_head = hp->n_head_kv;
+    llm_backend_rope(b, &r);
+    llm_backend_kv_write(b, kv, bt->seqs, bt->n_seqs, f->k, f->v);
+    llm_attn_args a = {f->q, f->att, hp->n_head, hp->n_head_kv, hp->head_dim, 1.0f / sqrtf((float)hp->head_dim),
+                       bt->seqs, bt->n_seqs, kv};
+    if ((st = llm_backend_attention(b, &a)) || (st = llm_backend_matmul(b, &l->wo, f->att, n, f->xb)))
+        return st;
+    llm_backend_add(b, f->x, f->xb, (size_t)n * hp->n_embd);
+    return LLM_OK;
+}
+
+static llm_status mlp_block(llm_forward *f, int il, int n)
+{
+    const llm_hparams *hp = &f->m->hp;
+    const llm_layer *l = &f->m->layers[il];
+    llm_backend *b = f->b;
+    llm_status st;
+    llm_backend_rmsnorm(b, f->x, l->ffn_norm, n, hp->n_embd, hp->eps, f->xb);
+    llm_matmul gate_up[2] = {{&l->w_gate, f->hb}, {&l->w_up, f->hb2}};
+    if ((st = llm_backend_matmul_group(b, gate_up, 2, f->xb, n)))
+        return st;
+    llm_backend_swiglu(b, f->hb, f->hb2, (size_t)n * hp->n_ff, f->hb);
+    if ((st = llm_backend_matmul(b, &l->w_down, f->hb, n, f->xb)))
+        return st;
+    llm_backend_add(b, f->x, f->xb, (size_t)n * hp->n_embd);
+    return LLM_OK;
+}
+
+/* Positions of every row; checks the batch's shape. */
+static int batch_positions(llm_forward *f, const llm_forward_batch *bt)
+{
+    if (bt->n_rows < 1 || bt->n_rows > f->max_rows || bt->n_logits < 0 || bt->n_logits > f->max_logits)
+        return -1;
+    int row = 0;
+    for (int s = 0; s < bt->n_seqs; s++) {
+        const llm_batch_seq *q = &bt->seqs[s];
+        if (q->tok0 != row || q->n_tok < 1 || q->pos0 < 0 || row + q->n_tok > bt->n_rows)
+            return -1;
+        for (int t = 0; t < q->n_tok; t++) f->pos[row + t] = q->pos0 + t;
+        row += q->n_tok;
+    }
+    for (int i = 0; i < bt->n_logits; i++)
+        if (bt->logit_rows[i] < 0 || bt->logit_rows[i] >= bt->n_rows)
+            return -1;
+    return row == bt->n_rows ? 0 : -1;
+}
+
+llm_status llm_forward_eval(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers,
+                            const float **logits)
+{
+    const llm_hparams *hp = &f->m->hp;
+    llm_status st;
+    if (batch_positions(f, bt))
+        return LLM_ERR_INVALID_ARG;
+    llm_backend_get_rows(f->b, &f->m->tok_embd, bt->tokens, bt->n_rows, f->x);
+    for (int il = 0; il < hp->n_layer; il++)
+        if ((st = attention_block(f, bt, &layers[il], il)) || (st = mlp_block(f, il, bt->n_rows)))
+            return st;
+    for (int i = 0; i < bt->n_logits; i++)
+        memcpy(f->last + (size_t)i * hp->n_embd, f->x + (size_t)bt->logit_rows[i] * hp->n_embd,
+               sizeof(float) * (size_t)hp->n_embd);
+    if (bt->n_logits > 0) {
+        llm_backend_rmsnorm(f->b, f->last, f->m->output_norm, bt->n_logits, hp->n_embd, hp->eps, f->xb);
+        if ((st = llm_backend_matmul(f->b, &f->m->output, f->xb, bt->n_logits, f->logits)))
+            return st;
+    }
+    *logits = f->logits;
+    return LLM_OK;
+}

@@ -1,0 +1,41 @@
+/* forward.h - one batched forward pass of a model: the rows of several
+ * sequences go through every layer together (one matmul per weight for all
+ * rows), attention reads and writes each sequence's K/V through its block
+ * table, and logits come out for the rows the caller asks for.
+ *
+ * A row's result depends only on its sequence's tokens and K/V, never on
+ * what else shares the batch (the CPU kernels are batch-invariant), so
+ * batching, chunking and recomputation leave outputs unchanged.
+ *
+ * Ownership: llm_forward_new borrows the model and backend (they must
+ * outlive it) and owns its scratch; the caller frees with llm_forward_free
+ * (NULL ok). Thread-safety: one thread at a time per llm_forward. */
+#ifndef LLM_FORWARD_H
+#define LLM_FORWARD_H
+
+#include "llm/model.h"
+
+typedef struct llm_forward llm_forward;
+
+typedef struct llm_forward_batch {
+    const int32_t *tokens;      /* (n_rows), ids already checked against the vocabulary */
+    int n_rows;
+    const llm_batch_seq *seqs;  /* consecutive: seqs[0].tok0 = 0, each starts where the last ended */
+    int n_seqs;
+    const int32_t *logit_rows;  /* (n_logits) rows whose logits are wanted */
+    int n_logits;
+} llm_forward_batch;
+
+/* max_rows: most rows per batch; max_logits: most logit rows per batch. */
+llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int max_logits, llm_forward **out,
+                           llm_error *err);
+void llm_forward_free(llm_forward *f);
+
+/* Runs the batch, storing its K/V into layers (model n_layer entries, with
+ * room reserved for every row's position). *logits gets (n_logits, n_vocab)
+ * floats owned by f, valid until the next call. Errors: LLM_ERR_INVALID_ARG
+ * (batch over the limits), or the backend's status. */
+llm_status llm_forward_eval(llm_forward *f, const llm_forward_batch *batch, const llm_kv_layer *layers,
+                            const float **logits);
+
+#endif

@@ -1,0 +1,121 @@
+/* kv_cache.h - the paged KV cache: one pool of fixed-size blocks holding
+ * K/V rows for every layer, per-sequence block tables, reference counts,
+ * automatic prefix caching and copy-on-write.
+ *
+ * A full block is known by a hash chained over every token up to its end
+ * (its own tokens and all before them), so two sequences with the same
+ * prefix find the same blocks. A block nobody references but whose content
+ * is known stays cached until the pool needs it (least recently released
+ * first). Blocks shared by several sequences (n > 1 completions forked from
+ * one prompt) are copied before a sequence writes into one: the copies are
+ * queued here and performed by the caller through the backend before the
+ * forward pass that writes.
+ *
+ * Storage comes from the backend (kv_cache_layers() hands out each layer's
+ * K/V arrays in the backend.h layout); everything else here is plain host
+ * bookkeeping, the same for every backend.
+ *
+ * Ownership: kv_cache_new returns a cache the caller frees with
+ * kv_cache_free (NULL ok) before freeing the backend. A kv_seq is
+ * caller-owned storage (kv_seq_init cannot fail); its blocks belong to the
+ * cache and go back with kv_seq_release. Thread-safety: none; the engine
+ * calls everything under its lock. */
+#ifndef LLM_KV_CACHE_H
+#define LLM_KV_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llm/backend.h"
+#include "llm/status.h"
+
+/* Element type of cached K/V. F16 is the default (zero value). */
+typedef enum llm_kv_type { LLM_KV_F16 = 0, LLM_KV_F32 = 1, LLM_KV_Q8_0 = 2 } llm_kv_type;
+
+/* "f16", "f32", "q8_0" -> type; LLM_ERR_INVALID_ARG naming the value. */
+llm_status llm_kv_type_parse(const char *s, llm_kv_type *out, llm_error *err);
+const char *llm_kv_type_name(llm_kv_type t);
+
+#define KV_DEFAULT_BLOCK 16
+#define KV_MAX_BLOCK 256
+
+typedef struct kv_cache_config {
+    int block_size;   /* tokens per block; 0: KV_DEFAULT_BLOCK */
+    llm_kv_type type;
+    int n_blocks;     /* > 0: exactly this many blocks */
+    size_t bytes;     /* else as many blocks as fit in this budget */
+    int prefix_cache; /* 1: keep full blocks for reuse by content */
+} kv_cache_config;
+
+typedef struct kv_cache kv_cache;
+
+/* One sequence's block table. n_tokens positions hold K/V; the chain hash
+ * covers its first n_hashed full blocks. */
+typedef struct kv_seq {
+    int32_t *blocks; /* logical -> physical block */
+    int n_blocks, cap;
+    int n_tokens;
+    int n_hashed;
+    uint64_t hash;
+} kv_seq;
+
+typedef struct kv_cache_stats {
+    int n_blocks;   /* total */
+    int used;       /* referenced by some sequence */
+    int cached;     /* unreferenced, content kept for reuse (evictable) */
+    int free;       /* unreferenced, no content: free + cached is what can be allocated */
+    uint64_t evictions;
+} kv_cache_stats;
+
+/* Sizes and allocates the pool. Errors: LLM_ERR_INVALID_ARG (block size,
+ * Q8_0 with head_dim not a multiple of 32, a budget under one block),
+ * LLM_ERR_NOMEM (the backend could not allocate `bytes`). */
+llm_status kv_cache_new(const kv_cache_config *cfg, llm_backend *b, int n_layer, int n_head_kv, int head_dim,
+                        kv_cache **out, llm_error *err);
+void kv_cache_free(kv_cache *c);
+
+/* Bytes one block takes over all layers, K and V (for budgets). */
+size_t kv_cache_block_bytes(llm_kv_type type, int block_size, int n_layer, int kv_dim);
+/* Per-layer storage views (n_layer entries), valid for the cache's life. */
+const llm_kv_layer *kv_cache_layers(const kv_cache *c);
+int kv_cache_block_size(const kv_cache *c);
+int kv_cache_n_blocks(const kv_cache *c);
+/* Blocks an allocation could get now (free + evictable). */
+int kv_cache_available(const kv_cache *c);
+void kv_cache_get_stats(const kv_cache *c, kv_cache_stats *out);
+
+/* Queued copy-on-write copies: *src and *dst get n block ids; the caller
+ * copies them (llm_backend_kv_copy) before the next forward pass, then
+ * calls kv_cache_copies_done. */
+int kv_cache_copies(const kv_cache *c, const int32_t **src, const int32_t **dst);
+void kv_cache_copies_done(kv_cache *c);
+
+void kv_seq_init(kv_seq *s);
+/* Drops every block reference (full blocks with known content stay cached)
+ * and empties s; s may be reused. Frees s's table memory. */
+void kv_seq_release(kv_cache *c, kv_seq *s);
+
+/* For an empty s: takes every cached full block of the longest prefix of
+ * tokens[0, n) found in the cache. Returns the tokens now in s (a multiple
+ * of the block size; 0 when prefix caching is off or nothing matched, or
+ * when the table cannot grow). */
+int kv_seq_match(kv_cache *c, kv_seq *s, const int32_t *tokens, int n);
+
+/* For an empty dst: shares the blocks holding positions [0, n_tokens) of
+ * src; tokens are that sequence's tokens (for the hash chain). A block both
+ * then write into is copied first (see kv_seq_reserve). */
+llm_status kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src, const int32_t *tokens, int n_tokens);
+
+/* Makes positions [n_tokens, n_tokens + n) writable: allocates blocks and
+ * queues a copy when the block at n_tokens is shared. LLM_ERR_KV_FULL (not
+ * enough blocks) and LLM_ERR_NOMEM change nothing. */
+llm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int n);
+/* How many blocks kv_seq_reserve(c, s, n) would allocate. */
+int kv_seq_blocks_needed(const kv_cache *c, const kv_seq *s, int n);
+
+/* After a forward pass stored K/V for [n_tokens, n_tokens + n): advances
+ * n_tokens and registers blocks that became full. tokens holds the
+ * sequence's tokens from position 0. */
+void kv_seq_commit(kv_cache *c, kv_seq *s, const int32_t *tokens, int n);
+
+#endif
