@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "llm/kv_cache.h"
 #include "llm/model.h"
 
 /* One thread's share of a bandwidth pass: copy src to dst, or (dst NULL)
@@ -75,6 +76,8 @@ static double mean_sd(const double *v, int n, double *sd)
     return m;
 }
 
+static llm_kv_type g_kv; /* --kv-type */
+
 static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
 {
     llm_error err = {0};
@@ -85,7 +88,7 @@ static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_prompt);
     int rc = 1;
     if (!toks || llm_model_load(path, &m, &err) || llm_backend_cpu_new(&cc, &b, &err) ||
-        llm_session_new(m, b, &(llm_session_config){n_prompt + n_gen + 1, 512, 0}, &s, &err))
+        llm_session_new(m, b, &(llm_session_config){n_prompt + n_gen + 1, 512, (int)g_kv}, &s, &err))
         goto out;
     for (int i = 0; i < n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
     double pp[101], tg[101];
@@ -138,8 +141,15 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "-n")) { if (cli_int(a, v, 1, 1 << 16, &n)) return 2; }
         else if (!strcmp(a, "-t")) { if (cli_int(a, v, 1, 1024, &t)) return 2; }
         else if (!strcmp(a, "-r")) { if (cli_int(a, v, 1, 100, &r)) return 2; }
+        else if (!strcmp(a, "--kv-type") && v) {
+            llm_error err;
+            if (llm_kv_type_parse(v, &g_kv, &err)) {
+                fprintf(stderr, "error: --kv-type: %s\n", err.msg);
+                return 2;
+            }
+        }
         else {
-            fprintf(stderr, "usage: llm-bench -m MODEL.gguf [-p 128] [-n 64] [-t 1] [-r 3] | --bandwidth [-t N]\n");
+            fprintf(stderr, "usage: llm-bench -m MODEL.gguf [-p 128] [-n 64] [-t 1] [-r 3] [--kv-type f16|f32|q8_0] | --bandwidth [-t N]\n");
             return 2;
         }
         i++;

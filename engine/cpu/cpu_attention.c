@@ -2,10 +2,10 @@
  * K/V rows in the cache's type, copying blocks (copy-on-write), and causal
  * attention for a batch of sequences through their block tables.
  *
- * Attention work items are (row, KV head) pairs, handed out on demand since
- * their cost grows with the row's position. An item serves every query head
- * of its GQA group, so a block of F16 or Q8_0 K/V is converted to float once
- * per group, not once per head. Every item runs the same code whatever else
+ * Attention work items are (chunk of query rows, KV head) pairs, handed out
+ * on demand since their cost grows with position. An item serves every
+ * query head of its GQA group and several rows of one sequence, so a block
+ * of F16 or Q8_0 K/V is converted to float once for all of them. Every item runs the same code whatever else
  * is in the batch, so a row's result does not depend on batch composition. */
 #include <math.h>
 #include <stdatomic.h>
@@ -20,16 +20,24 @@ static char *kv_row(const llm_kv_layer *kv, void *base, const int32_t *table, in
     return (char *)base + (blk * (size_t)kv->block_size + (size_t)(p % kv->block_size)) * kv->row_bytes;
 }
 
+static void kv_store(const cpu_kernels *k, const llm_kv_layer *kv, const float *x, void *dst)
+{
+    if (kv->type == QT_F16)
+        k->to_f16(x, dst, kv->kv_dim);
+    else
+        quant_quantize_row(kv->type, x, dst, (size_t)kv->kv_dim);
+}
+
 void cpu_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *seqs, int n_seqs, const float *k,
                   const float *v)
 {
-    (void)b;
+    const cpu_kernels *kn = ((cpu_ctx *)b->ctx)->k;
     for (int s = 0; s < n_seqs; s++)
         for (int t = 0; t < seqs[s].n_tok; t++) {
             size_t row = (size_t)(seqs[s].tok0 + t) * (size_t)kv->kv_dim;
             int p = seqs[s].pos0 + t;
-            quant_quantize_row(kv->type, k + row, kv_row(kv, kv->k, seqs[s].block_table, p), (size_t)kv->kv_dim);
-            quant_quantize_row(kv->type, v + row, kv_row(kv, kv->v, seqs[s].block_table, p), (size_t)kv->kv_dim);
+            kv_store(kn, kv, k + row, kv_row(kv, kv->k, seqs[s].block_table, p));
+            kv_store(kn, kv, v + row, kv_row(kv, kv->v, seqs[s].block_table, p));
         }
 }
 
@@ -47,15 +55,20 @@ void cpu_kv_copy(llm_backend *b, const llm_kv_layer *layers, int n_layers, const
     }
 }
 
+/* Query rows per work item: rows of one sequence share each converted K/V
+ * block; bounded so the scores of (rows x heads) stay small. */
+#define ATTN_ROWS_HEADS 64
+
 typedef struct attn_job {
     const llm_attn_args *a;
     cpu_ctx *c;
     int group;      /* query heads per KV head */
+    int rows;       /* query rows per item */
     long n_items;
     _Atomic long next;
 } attn_job;
 
-/* Thread scratch: scores (group, n_ctx) then one float K/V block tile. */
+/* Thread scratch: scores (rows * group, sc_stride) then one float K/V block. */
 typedef struct attn_scratch {
     float *sc, *tile;
     size_t sc_stride;
@@ -84,29 +97,52 @@ static void softmax(float *x, int n)
     for (int p = 0; p < n; p++) x[p] /= sum;
 }
 
-/* Row `row` (position pos) of a sequence, every query head of KV head g. */
-static void attn_item(const attn_job *j, const llm_batch_seq *s, int row, int pos, int g, const attn_scratch *w)
+/* Rows [t0, t1) of sequence s, every query head of KV head g. Each row
+ * sees positions [0, pos0 + t] and is computed the same way whichever
+ * rows share its item. */
+static void attn_item(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int g, const attn_scratch *w)
 {
     const llm_attn_args *a = j->a;
     const cpu_kernels *k = j->c->k;
-    int n_kv = pos + 1, hd = a->head_dim, bs = a->kv->block_size, h0 = g * j->group;
-    size_t qrow = (size_t)row * a->n_head * hd, stride;
+    int hd = a->head_dim, bs = a->kv->block_size, h0 = g * j->group, n_kv = s->pos0 + t1;
+    size_t stride;
     for (int p0 = 0; p0 < n_kv; p0 += bs) {
         int n = n_kv - p0 < bs ? n_kv - p0 : bs;
         const float *kb = kv_block(k, a->kv, a->kv->k, s->block_table, p0, n, g, hd, w->tile, &stride);
-        for (int h = 0; h < j->group; h++)
-            k->attn_dots(a->q + qrow + (size_t)(h0 + h) * hd, kb, stride, n, hd, a->scale, w->sc + h * w->sc_stride + p0);
+        for (int t = t0; t < t1; t++) {
+            int nr = s->pos0 + t + 1 - p0; /* rows of this block row t may see */
+            if (nr <= 0)
+                continue;
+            const float *q = a->q + ((size_t)(s->tok0 + t) * a->n_head + h0) * hd;
+            float *sc = w->sc + (size_t)(t - t0) * j->group * w->sc_stride + p0;
+            for (int h = 0; h < j->group; h++)
+                k->attn_dots(q + (size_t)h * hd, kb, stride, nr < n ? nr : n, hd, a->scale, sc + h * w->sc_stride);
+        }
     }
-    for (int h = 0; h < j->group; h++) {
-        softmax(w->sc + h * w->sc_stride, n_kv);
-        memset(a->out + qrow + (size_t)(h0 + h) * hd, 0, sizeof(float) * (size_t)hd);
-    }
+    for (int t = t0; t < t1; t++)
+        for (int h = 0; h < j->group; h++) {
+            softmax(w->sc + ((size_t)(t - t0) * j->group + h) * w->sc_stride, s->pos0 + t + 1);
+            memset(a->out + ((size_t)(s->tok0 + t) * a->n_head + h0 + h) * hd, 0, sizeof(float) * (size_t)hd);
+        }
     for (int p0 = 0; p0 < n_kv; p0 += bs) {
         int n = n_kv - p0 < bs ? n_kv - p0 : bs;
         const float *vb = kv_block(k, a->kv, a->kv->v, s->block_table, p0, n, g, hd, w->tile, &stride);
-        for (int h = 0; h < j->group; h++)
-            k->attn_wsum(a->out + qrow + (size_t)(h0 + h) * hd, w->sc + h * w->sc_stride + p0, vb, stride, n, hd);
+        for (int t = t0; t < t1; t++) {
+            int nr = s->pos0 + t + 1 - p0;
+            if (nr <= 0)
+                continue;
+            float *o = a->out + ((size_t)(s->tok0 + t) * a->n_head + h0) * hd;
+            const float *sc = w->sc + (size_t)(t - t0) * j->group * w->sc_stride + p0;
+            for (int h = 0; h < j->group; h++)
+                k->attn_wsum(o + (size_t)h * hd, sc + h * w->sc_stride, vb, stride, nr < n ? nr : n, hd);
+        }
     }
+}
+
+/* Items of a sequence: (row chunk, KV head) pairs. */
+static long seq_items(const attn_job *j, const llm_batch_seq *s)
+{
+    return (long)((s->n_tok + j->rows - 1) / j->rows) * j->a->n_head_kv;
 }
 
 static void attn_worker(void *arg, int ith, int nth)
@@ -116,17 +152,18 @@ static void attn_worker(void *arg, int ith, int nth)
     const llm_attn_args *a = j->a;
     float *base = j->c->scratch + (size_t)ith * j->c->scratch_per_thread;
     size_t tile = (size_t)a->kv->block_size * (size_t)a->head_dim;
-    attn_scratch w = {base + tile, base, (j->c->scratch_per_thread - tile) / (size_t)j->group};
+    attn_scratch w = {base + tile, base, (j->c->scratch_per_thread - tile) / ((size_t)j->group * j->rows)};
     int s = 0;
-    long s_first = 0; /* first item of sequence s; items only grow per thread */
+    long s_first = 0; /* first item of sequence s; a thread's items only grow */
     for (;;) {
         long i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (i >= j->n_items)
             return;
-        while (i >= s_first + (long)a->seqs[s].n_tok * a->n_head_kv) s_first += (long)a->seqs[s++].n_tok * a->n_head_kv;
+        while (i >= s_first + seq_items(j, &a->seqs[s])) s_first += seq_items(j, &a->seqs[s++]);
         const llm_batch_seq *sq = &a->seqs[s];
-        int t = (int)((i - s_first) / a->n_head_kv), g = (int)((i - s_first) % a->n_head_kv);
-        attn_item(j, sq, sq->tok0 + t, sq->pos0 + t, g, &w);
+        int chunk = (int)((i - s_first) / a->n_head_kv), g = (int)((i - s_first) % a->n_head_kv);
+        int t0 = chunk * j->rows, t1 = t0 + j->rows < sq->n_tok ? t0 + j->rows : sq->n_tok;
+        attn_item(j, sq, t0, t1, g, &w);
     }
 }
 
@@ -152,17 +189,16 @@ llm_status cpu_attention(llm_backend *b, const llm_attn_args *a)
     if (a->kv->type != QT_F32 && !c->k->to_f32[a->kv->type])
         return LLM_ERR_UNSUPPORTED;
     int group = a->n_head / a->n_head_kv, max_pos = 0;
-    long items = 0;
+    attn_job j = {a, c, group, ATTN_ROWS_HEADS / group > 1 ? ATTN_ROWS_HEADS / group : 1, 0, 0};
     for (int s = 0; s < a->n_seqs; s++) {
-        items += (long)a->seqs[s].n_tok * a->n_head_kv;
+        j.n_items += seq_items(&j, &a->seqs[s]);
         if (a->seqs[s].pos0 + a->seqs[s].n_tok > max_pos)
             max_pos = a->seqs[s].pos0 + a->seqs[s].n_tok;
     }
     size_t sc = ((size_t)max_pos + 15) / 16 * 16;
-    if (scratch_reserve(c, (size_t)a->kv->block_size * a->head_dim + sc * (size_t)group))
+    if (scratch_reserve(c, (size_t)a->kv->block_size * a->head_dim + sc * (size_t)group * (size_t)j.rows))
         return LLM_ERR_NOMEM;
-    attn_job j = {a, c, group, items, 0};
-    if (items < 2)
+    if (j.n_items < 2)
         attn_worker(&j, 0, 1);
     else
         tp_run(c->pool, attn_worker, &j);

@@ -52,6 +52,8 @@ typedef struct cpu_kernels {
     /* KV rows stored as F16 or Q8_0 back to float (n values; n a multiple
      * of 32 for Q8_0). Exact, so every set gives the same floats. */
     void (*to_f32[QT_COUNT])(const void *src, float *dst, int n);
+    /* float -> F16, round to nearest even (as quant_f32_to_f16) */
+    void (*to_f16)(const float *src, quant_f16 *dst, int n);
 } cpu_kernels;
 
 const cpu_kernels *cpu_kernels_scalar(void);

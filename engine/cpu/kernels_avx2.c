@@ -315,6 +315,14 @@ static void q8_0_to_f32(const void *src, float *dst, int n)
     }
 }
 
+static void f32_to_f16(const float *src, quant_f16 *dst, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = quant_f32_to_f16(src[i]);
+}
+
 static const cpu_kernels avx2 = {
     .name = "avx2",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
@@ -328,6 +336,7 @@ static const cpu_kernels avx2 = {
     .attn_dots = attn_dots,
     .attn_wsum = attn_wsum,
     .to_f32 = {[QT_F16] = f16_to_f32, [QT_Q8_0] = q8_0_to_f32},
+    .to_f16 = f32_to_f16,
 };
 
 const cpu_kernels *cpu_kernels_avx2(void)

@@ -152,6 +152,11 @@ static void attn_wsum(float *o, const float *w, const float *v, size_t stride, i
 static void f16_to_f32(const void *src, float *dst, int n) { quant_dequantize_row(QT_F16, src, dst, (size_t)n); }
 static void q8_0_to_f32(const void *src, float *dst, int n) { quant_dequantize_row(QT_Q8_0, src, dst, (size_t)n); }
 
+static void f32_to_f16(const float *src, quant_f16 *dst, int n)
+{
+    for (int i = 0; i < n; i++) dst[i] = quant_f32_to_f16(src[i]);
+}
+
 static const cpu_kernels scalar = {
     .name = "scalar",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
@@ -163,6 +168,7 @@ static const cpu_kernels scalar = {
     .attn_dots = attn_dots,
     .attn_wsum = attn_wsum,
     .to_f32 = {[QT_F16] = f16_to_f32, [QT_Q8_0] = q8_0_to_f32},
+    .to_f16 = f32_to_f16,
 };
 
 const cpu_kernels *cpu_kernels_scalar(void) { return &scalar; }

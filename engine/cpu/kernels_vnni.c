@@ -87,23 +87,39 @@ static inline __m256i minus_offset(__m256i w)
     return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), w));
 }
 
-/* Each block's integer sum is reduced exactly and added to one float in
- * block order, the way q8_0_dot8 does per lane: a token gives bit-identical
- * results alone or in a tile (batch invariance). */
+static inline __m256i q8_block(const block_q8_0 *a, const uint8_t *xq, int i)
+{
+    __m256i wq = _mm256_loadu_si256((const __m256i *)a[i].qs);
+    return _mm256_dpbusd_epi32(minus_offset(wq), _mm256_loadu_si256((const __m256i *)(xq + QK8_0 * i)), wq);
+}
+
+/* Each block's integer sum is reduced exactly, then block i is added (one
+ * fma) to float chain i % 4, and the chains are summed as
+ * (c0 + c1) + (c2 + c3): exactly what q8_0_dot8 does in each of its lanes,
+ * so a token gives bit-identical results alone or in a tile (batch
+ * invariance). Four chains also keep fma latency off the critical path. */
 static float q8_0_dot(const void *w, const void *x, int n)
 {
     const block_q8_0 *a = w;
     const uint8_t *xq = x;
     const float *xd = (const float *)(xq + n);
-    float acc = 0;
-    for (int i = 0; i < n / QK8_0; i++) {
+    __m128 acc = _mm_setzero_ps();
+    int nb = n / QK8_0, i = 0;
+    for (; i + 4 <= nb; i += 4) {
         /* decode streams weights once: fetch ahead, past page ends (CPU_PREFETCH) */
         _mm_prefetch((const char *)(a + i) + 4096, _MM_HINT_T0);
-        __m256i wq = _mm256_loadu_si256((const __m256i *)a[i].qs);
-        __m256i p = _mm256_dpbusd_epi32(minus_offset(wq), _mm256_loadu_si256((const __m256i *)(xq + QK8_0 * i)), wq);
-        acc = fmaf((float)hsum8i(p), _cvtsh_ss(a[i].d) * xd[i], acc);
+        _mm_prefetch((const char *)(a + i) + 4096 + 64, _MM_HINT_T0);
+        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(q8_block(a, xq, i), q8_block(a, xq, i + 1)),
+                                      _mm256_hadd_epi32(q8_block(a, xq, i + 2), q8_block(a, xq, i + 3)));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        __m128i d16 = _mm_setr_epi16((short)a[i].d, (short)a[i + 1].d, (short)a[i + 2].d, (short)a[i + 3].d, 0, 0, 0, 0);
+        __m128 d = _mm_mul_ps(_mm_cvtph_ps(d16), _mm_loadu_ps(xd + i));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(s4), d, acc);
     }
-    return acc;
+    float c[4];
+    _mm_storeu_ps(c, acc);
+    for (; i < nb; i++) c[i & 3] = fmaf((float)hsum8i(q8_block(a, xq, i)), _cvtsh_ss(a[i].d) * xd[i], c[i & 3]);
+    return (c[0] + c[1]) + (c[2] + c[3]);
 }
 
 /* One weight row against an 8-token tile (see u8_quant8): each 4 weights
@@ -116,7 +132,7 @@ static void q8_0_dot8(const void *w, const void *x, size_t stride, int n, float 
     const block_q8_0 *a = w;
     const uint8_t *xq = x;
     const float *xd = (const float *)(xq + 8 * (size_t)n);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int i = 0; i < n / QK8_0; i++) {
         const uint8_t *tile = xq + (size_t)i * 256;
         int32_t wg[8];
@@ -132,9 +148,9 @@ static void q8_0_dot8(const void *w, const void *x, size_t stride, int n, float 
         o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0xb1));
         s = _mm256_sub_epi32(s, _mm256_broadcastd_epi32(o4));
         __m256 dd = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(a[i].d)), _mm256_loadu_ps(xd + 8 * (size_t)i));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc);
+        acc[i & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc[i & 3]); /* chain i % 4, as q8_0_dot */
     }
-    _mm256_storeu_ps(out, acc);
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }
 
 static cpu_kernels vnni;
