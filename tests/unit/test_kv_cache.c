@@ -1,0 +1,279 @@
+/* test_kv_cache.c - the paged KV block pool: allocation and release, prefix
+ * matching by content, LRU eviction, all-or-nothing reservation, forks with
+ * copy-on-write (bookkeeping and the backend's block copy). */
+#include "testutil.h"
+
+#include "llm/kv_cache.h"
+
+enum { BS = 4, LAYERS = 2, HEADS = 2, HD = 32 };
+
+typedef struct fx {
+    llm_backend *b;
+    kv_cache *c;
+} fx;
+
+static fx make(int n_blocks, int prefix)
+{
+    fx f;
+    llm_error err = {0};
+    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &f.b, &err), LLM_OK);
+    kv_cache_config cfg = {BS, LLM_KV_F32, n_blocks, 0, prefix};
+    assert_int_equal(kv_cache_new(&cfg, f.b, LAYERS, HEADS, HD, &f.c, &err), LLM_OK);
+    return f;
+}
+
+static void done(fx *f)
+{
+    kv_cache_stats st;
+    kv_cache_get_stats(f->c, &st);
+    assert_int_equal(st.used, 0); /* every test gives every block back */
+    assert_int_equal(st.free + st.cached, st.n_blocks);
+    kv_cache_free(f->c);
+    llm_backend_free(f->b);
+}
+
+/* Reserve and commit n tokens of toks (from the sequence's current end). */
+static void feed(fx *f, kv_seq *s, const int32_t *toks, int n)
+{
+    assert_int_equal(kv_seq_reserve(f->c, s, n), LLM_OK);
+    kv_seq_commit(f->c, s, toks, n);
+}
+
+static const int32_t T[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+
+static void test_alloc_release(void **st)
+{
+    (void)st;
+    fx f = make(8, 1);
+    kv_seq s;
+    kv_seq_init(&s);
+    feed(&f, &s, T, 10);
+    assert_int_equal(s.n_blocks, 3);
+    assert_int_equal(s.n_tokens, 10);
+    assert_int_equal(s.n_hashed, 2);
+    kv_cache_stats cs;
+    kv_cache_get_stats(f.c, &cs);
+    assert_int_equal(cs.used, 3);
+    assert_int_equal(kv_cache_available(f.c), 5);
+    kv_seq_release(f.c, &s);
+    kv_cache_get_stats(f.c, &cs);
+    assert_int_equal(cs.cached, 2); /* the two full blocks keep their content */
+    assert_int_equal(cs.free, 6);
+    done(&f);
+}
+
+static void test_prefix_match(void **st)
+{
+    (void)st;
+    fx f = make(16, 1);
+    kv_seq a, b, c;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    kv_seq_init(&c);
+    feed(&f, &a, T, 12);
+    /* b shares 10 tokens, so two whole blocks; the caller asks for n-1 */
+    int32_t tb[12];
+    memcpy(tb, T, sizeof tb);
+    tb[10] = 99;
+    assert_int_equal(kv_seq_match(f.c, &b, tb, 11), 8);
+    assert_int_equal(b.blocks[0], a.blocks[0]);
+    assert_int_equal(b.blocks[1], a.blocks[1]);
+    feed(&f, &b, tb + 8, 4);
+    assert_true(b.blocks[2] != a.blocks[2]);
+    /* a different first block matches nothing, even with the same later tokens */
+    int32_t tc[12];
+    memcpy(tc, T, sizeof tc);
+    tc[0] = 42;
+    assert_int_equal(kv_seq_match(f.c, &c, tc, 12), 0);
+    kv_cache_stats cs;
+    kv_cache_get_stats(f.c, &cs);
+    assert_int_equal(cs.used, 4); /* a: 3, b: 1 of its own */
+    kv_seq_release(f.c, &a);
+    kv_seq_release(f.c, &b);
+    kv_seq_release(f.c, &c);
+    /* released blocks are still found */
+    assert_int_equal(kv_seq_match(f.c, &c, T, 12), 12);
+    kv_seq_release(f.c, &c);
+    done(&f);
+}
+
+static void test_prefix_off(void **st)
+{
+    (void)st;
+    fx f = make(8, 0);
+    kv_seq a;
+    kv_seq_init(&a);
+    feed(&f, &a, T, 8);
+    kv_seq_release(f.c, &a);
+    assert_int_equal(kv_seq_match(f.c, &a, T, 8), 0);
+    kv_cache_stats cs;
+    kv_cache_get_stats(f.c, &cs);
+    assert_int_equal(cs.cached, 0);
+    done(&f);
+}
+
+static void test_lru_eviction(void **st)
+{
+    (void)st;
+    fx f = make(4, 1);
+    kv_seq a, b;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    feed(&f, &a, T, 8);        /* blocks for T[0..4), T[4..8) */
+    kv_seq_release(f.c, &a);   /* both cached: tail first in the LRU */
+    feed(&f, &b, T + 10, 8);   /* takes the 2 free blocks */
+    feed(&f, &b, T + 10, 4);   /* must evict: the tail of a's prefix goes first */
+    kv_cache_stats cs;
+    kv_cache_get_stats(f.c, &cs);
+    assert_int_equal(cs.evictions, 1);
+    kv_seq_release(f.c, &b);
+    assert_int_equal(kv_seq_match(f.c, &a, T, 8), 4); /* the head block survived */
+    kv_seq_release(f.c, &a);
+    done(&f);
+}
+
+static void test_full_changes_nothing(void **st)
+{
+    (void)st;
+    fx f = make(3, 1);
+    kv_seq a;
+    kv_seq_init(&a);
+    feed(&f, &a, T, 6);
+    kv_seq before = a;
+    assert_int_equal(kv_seq_blocks_needed(f.c, &a, 7), 2);
+    assert_int_equal(kv_seq_reserve(f.c, &a, 7), LLM_ERR_KV_FULL);
+    assert_int_equal(a.n_blocks, before.n_blocks);
+    assert_int_equal(a.n_tokens, 6);
+    assert_int_equal(kv_cache_available(f.c), 1);
+    assert_int_equal(kv_seq_reserve(f.c, &a, 6), LLM_OK);
+    kv_seq_release(f.c, &a);
+    done(&f);
+}
+
+static void test_fork_cow(void **st)
+{
+    (void)st;
+    fx f = make(8, 1);
+    kv_seq a, b;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    feed(&f, &a, T, 7); /* block 1 holds positions 4..6, partial */
+    const llm_kv_layer *L = kv_cache_layers(f.c);
+    size_t bb = (size_t)BS * L[0].row_bytes;
+    for (int l = 0; l < LAYERS; l++) /* mark a's block 1 in every layer */
+        for (size_t i = 0; i < bb / 4; i++) ((float *)L[l].k)[(size_t)a.blocks[1] * bb / 4 + i] = (float)(l + 1);
+    assert_int_equal(kv_seq_fork(f.c, &b, &a, T, 6), LLM_OK);
+    assert_int_equal(b.n_tokens, 6);
+    assert_int_equal(b.blocks[1], a.blocks[1]);
+    const int32_t *src, *dst;
+    assert_int_equal(kv_cache_copies(f.c, &src, &dst), 0);
+    feed(&f, &b, T, 1); /* writes position 6 of a shared block: copy first */
+    assert_int_equal(kv_cache_copies(f.c, &src, &dst), 1);
+    assert_int_equal(src[0], a.blocks[1]);
+    assert_int_equal(dst[0], b.blocks[1]);
+    assert_true(a.blocks[1] != b.blocks[1]);
+    assert_int_equal(b.blocks[0], a.blocks[0]); /* the full block stays shared */
+    llm_backend_kv_copy(f.b, L, LAYERS, src, dst, 1);
+    kv_cache_copies_done(f.c);
+    for (int l = 0; l < LAYERS; l++)
+        assert_true(((float *)L[l].k)[(size_t)b.blocks[1] * bb / 4 + 5] == (float)(l + 1));
+    feed(&f, &a, T + 7, 1); /* a's block is its own again: no copy */
+    assert_int_equal(kv_cache_copies(f.c, &src, &dst), 0);
+    kv_seq_release(f.c, &a);
+    kv_seq_release(f.c, &b);
+    done(&f);
+}
+
+/* A child forked from a finished parent writes into a block the index
+ * knows by the parent's content: the index entry must go. */
+static void test_fork_unindexes(void **st)
+{
+    (void)st;
+    fx f = make(8, 1);
+    kv_seq a, b, c;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    kv_seq_init(&c);
+    feed(&f, &a, T, 8);
+    assert_int_equal(kv_seq_fork(f.c, &b, &a, T, 7), LLM_OK);
+    kv_seq_release(f.c, &a);
+    int32_t other = 77;
+    feed(&f, &b, &other, 1); /* b's position 7 now differs from T[7] */
+    const int32_t *src, *dst;
+    assert_int_equal(kv_cache_copies(f.c, &src, &dst), 0);
+    assert_int_equal(kv_seq_match(f.c, &c, T, 8), 4); /* only the untouched block */
+    kv_seq_release(f.c, &b);
+    kv_seq_release(f.c, &c);
+    done(&f);
+}
+
+static void test_config_errors(void **st)
+{
+    (void)st;
+    llm_backend *b;
+    llm_error err = {0};
+    kv_cache *c = NULL;
+    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &b, &err), LLM_OK);
+    kv_cache_config q8 = {16, LLM_KV_Q8_0, 4, 0, 1};
+    assert_int_equal(kv_cache_new(&q8, b, 2, 4, 8, &c, &err), LLM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "multiple of 32"));
+    kv_cache_config tiny = {16, LLM_KV_F16, 0, 100, 1};
+    assert_int_equal(kv_cache_new(&tiny, b, 2, 4, 32, &c, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "100 bytes"));
+    kv_cache_config bad_bs = {1000, LLM_KV_F16, 4, 0, 1};
+    assert_int_equal(kv_cache_new(&bad_bs, b, 2, 4, 32, &c, &err), LLM_ERR_INVALID_ARG);
+    llm_kv_type t;
+    assert_int_equal(llm_kv_type_parse("q8_0", &t, &err), LLM_OK);
+    assert_int_equal(t, LLM_KV_Q8_0);
+    assert_int_equal(llm_kv_type_parse("fp8", &t, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "'fp8'"));
+    assert_null(c);
+    llm_backend_free(b);
+}
+
+/* Random churn: forks, matches, reservations and releases keep every
+ * reference count consistent (used returns to 0, nothing leaks). */
+static void test_random_churn(void **st)
+{
+    (void)st;
+    fx f = make(24, 1);
+    enum { N = 6 };
+    kv_seq s[N];
+    int32_t toks[N][64];
+    uint64_t seed = 7;
+    for (int i = 0; i < N; i++) kv_seq_init(&s[i]);
+    for (int step = 0; step < 4000; step++) {
+        int i = (int)(test_rng(&seed) % N), op = (int)(test_rng(&seed) % 10);
+        if (op == 0 || s[i].n_tokens > 56) {
+            kv_seq_release(f.c, &s[i]);
+        } else if (s[i].n_blocks == 0) {
+            int j = (int)(test_rng(&seed) % N);
+            for (int k = 0; k < 64; k++) toks[i][k] = (int32_t)(test_rng(&seed) % 3); /* small alphabet: many hits */
+            if (op < 4 && s[j].n_tokens > 1 && j != i) {
+                memcpy(toks[i], toks[j], sizeof toks[i]);
+                assert_int_equal(kv_seq_fork(f.c, &s[i], &s[j], toks[j], s[j].n_tokens - 1), LLM_OK);
+            } else {
+                kv_seq_match(f.c, &s[i], toks[i], 20);
+            }
+        } else {
+            int n = 1 + (int)(test_rng(&seed) % 6);
+            if (kv_seq_reserve(f.c, &s[i], n) == LLM_OK)
+                kv_seq_commit(f.c, &s[i], toks[i], n);
+            kv_cache_copies_done(f.c);
+        }
+    }
+    for (int i = 0; i < N; i++) kv_seq_release(f.c, &s[i]);
+    done(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_alloc_release), cmocka_unit_test(test_prefix_match),
+        cmocka_unit_test(test_prefix_off),    cmocka_unit_test(test_lru_eviction),
+        cmocka_unit_test(test_full_changes_nothing), cmocka_unit_test(test_fork_cow),
+        cmocka_unit_test(test_fork_unindexes), cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_random_churn),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
