@@ -1,0 +1,102 @@
+/* scheduler.h - continuous batching: which sequences run in the next
+ * engine step and how many of their tokens, within a token budget and a
+ * sequence limit, with priorities, chunked prefill and preemption.
+ *
+ * Each step's plan puts first one token for every running sequence that is
+ * decoding, then prefill chunks of running sequences, then admits waiting
+ * ones, so decoding never stalls behind a long prompt. Order everywhere is
+ * by urgency: key = arrival_ms - priority * aging_ms (smaller is more
+ * urgent; ties by submission order). A request one priority level higher
+ * counts as having arrived aging_ms earlier, so priorities are honoured and
+ * nothing starves. When a running sequence needs a KV block and none is
+ * left, the least urgent running sequence is preempted: its blocks are
+ * released (full ones stay in the prefix cache) and it waits to be
+ * recomputed from its tokens, which gives the same output since the
+ * forward pass is batch-invariant. A waiting sequence of strictly higher
+ * priority and more urgent key also preempts the least urgent running one
+ * when the sequence limit or the KV pool is what keeps it out.
+ *
+ * Ownership: the caller owns every sched_seq (and its token array) and
+ * keeps it alive until sched_remove; the scheduler keeps pointers.
+ * Thread-safety: none; the engine calls it under its lock. */
+#ifndef LLM_SCHEDULER_H
+#define LLM_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "llm/kv_cache.h"
+
+typedef enum sched_state { SCHED_NEW = 0, SCHED_WAITING, SCHED_RUNNING, SCHED_DONE } sched_state;
+
+typedef struct sched_seq sched_seq;
+struct sched_seq {
+    /* set by the caller; tokens/n_tokens grow as tokens are generated */
+    const int32_t *tokens;  /* prompt, then generated tokens */
+    int n_tokens;
+    int n_prompt;
+    int priority;           /* larger is more urgent */
+    int64_t arrival_ms;
+    sched_seq *fork_of;     /* n > 1: a sibling whose prompt K/V this one may share */
+    void *user;
+    /* owned by the scheduler */
+    kv_seq kv;              /* kv.n_tokens of the tokens have K/V */
+    sched_state state;
+    int64_t key;
+    uint64_t order;
+    int admitted;           /* has run at least once */
+    int in_plan;            /* has an item in the current plan */
+    int cached_tokens;      /* prompt tokens found in the prefix cache at first admission */
+    int n_preempted;
+};
+
+typedef struct sched_config {
+    int max_seqs;          /* running at once */
+    int max_batch_tokens;  /* rows per step */
+    int aging_ms;          /* waiting this long is worth one priority level */
+} sched_config;
+
+/* One sequence's share of a step: n tokens from position pos0. */
+typedef struct sched_item {
+    sched_seq *seq;
+    int pos0, n;
+    int logits;  /* 1: after this step every known token has K/V; sample next */
+} sched_item;
+
+typedef struct sched_stats {
+    uint64_t preemptions;
+    uint64_t prompt_tokens;     /* prompt tokens at first admission */
+    uint64_t cached_tokens;     /* of those, found in the prefix cache */
+    uint64_t forked_tokens;     /* shared from a sibling (n > 1) */
+    uint64_t recomputed_tokens; /* computed again after a preemption */
+} sched_stats;
+
+typedef struct sched {
+    sched_config cfg;
+    kv_cache *kv;
+    sched_seq **running, **waiting;
+    int n_running, n_waiting, cap_waiting;
+    sched_item *items;     /* (max_seqs) the current plan */
+    int n_items, n_rows;
+    uint64_t next_order;
+    sched_stats stats;
+} sched;
+
+/* Allocates the queues. Errors: LLM_ERR_INVALID_ARG (a limit < 1),
+ * LLM_ERR_NOMEM. */
+llm_status sched_init(sched *s, const sched_config *cfg, kv_cache *kv, llm_error *err);
+/* Releases every sequence's blocks still held and the queues. */
+void sched_free(sched *s);
+
+/* Queues a new sequence. LLM_ERR_NOMEM only. */
+llm_status sched_add(sched *s, sched_seq *q);
+/* Takes a sequence out (finished or cancelled) and releases its blocks. */
+void sched_remove(sched *s, sched_seq *q);
+
+/* Plans the next step into s->items (n_items sequences, n_rows tokens);
+ * allocates their KV (queuing copy-on-write copies in the cache) and may
+ * preempt. Returns n_items. */
+int sched_plan(sched *s);
+/* After the step's forward pass: its tokens now have K/V. */
+void sched_commit(sched *s);
+
+#endif

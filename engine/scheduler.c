@@ -1,0 +1,256 @@
+/* scheduler.c - the continuous-batching policy described in scheduler.h:
+ * urgency order, decode-first token budget, chunked prefill, admission
+ * with prefix matching or forking, and preemption by recompute. See
+ * docs/internals/scheduler.md. */
+#include <string.h>
+
+#include "llm/scheduler.h"
+
+llm_status sched_init(sched *s, const sched_config *cfg, kv_cache *kv, llm_error *err)
+{
+    memset(s, 0, sizeof *s);
+    if (cfg->max_seqs < 1 || cfg->max_batch_tokens < 1 || cfg->aging_ms < 1)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "scheduler: max_seqs %d, max_batch_tokens %d and aging_ms %d must be >= 1",
+                        cfg->max_seqs, cfg->max_batch_tokens, cfg->aging_ms);
+    s->cfg = *cfg;
+    s->kv = kv;
+    s->running = malloc(sizeof(sched_seq *) * (size_t)cfg->max_seqs);
+    s->items = malloc(sizeof(sched_item) * (size_t)cfg->max_seqs);
+    if (!s->running || !s->items) {
+        sched_free(s);
+        return llm_errf(err, LLM_ERR_NOMEM, "scheduler: no memory");
+    }
+    return LLM_OK;
+}
+
+void sched_free(sched *s)
+{
+    for (int i = 0; i < s->n_running; i++) kv_seq_release(s->kv, &s->running[i]->kv);
+    for (int i = 0; i < s->n_waiting; i++) kv_seq_release(s->kv, &s->waiting[i]->kv);
+    free(s->running);
+    free(s->waiting);
+    free(s->items);
+    memset(s, 0, sizeof *s);
+}
+
+static llm_status waiting_push(sched *s, sched_seq *q)
+{
+    if (s->n_waiting == s->cap_waiting) {
+        int cap = s->cap_waiting ? 2 * s->cap_waiting : 64;
+        sched_seq **p = realloc(s->waiting, sizeof *p * (size_t)cap);
+        if (!p)
+            return LLM_ERR_NOMEM;
+        s->waiting = p;
+        s->cap_waiting = cap;
+    }
+    s->waiting[s->n_waiting++] = q;
+    q->state = SCHED_WAITING;
+    return LLM_OK;
+}
+
+llm_status sched_add(sched *s, sched_seq *q)
+{
+    q->key = q->arrival_ms - (int64_t)q->priority * s->cfg.aging_ms;
+    q->order = s->next_order++;
+    kv_seq_init(&q->kv);
+    return waiting_push(s, q);
+}
+
+/* Removes q from list (n entries); returns 1 when it was there. */
+static int list_remove(sched_seq **list, int *n, const sched_seq *q)
+{
+    for (int i = 0; i < *n; i++)
+        if (list[i] == q) {
+            memmove(list + i, list + i + 1, sizeof *list * (size_t)(*n - i - 1));
+            (*n)--;
+            return 1;
+        }
+    return 0;
+}
+
+void sched_remove(sched *s, sched_seq *q)
+{
+    if (!list_remove(s->running, &s->n_running, q))
+        list_remove(s->waiting, &s->n_waiting, q);
+    kv_seq_release(s->kv, &q->kv);
+    q->state = SCHED_DONE;
+}
+
+static int urgency_cmp(const void *a, const void *b)
+{
+    const sched_seq *x = *(sched_seq *const *)a, *y = *(sched_seq *const *)b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+/* The least urgent running sequence (the preemption victim), or NULL. */
+static sched_seq *least_urgent(const sched *s)
+{
+    sched_seq *v = NULL;
+    for (int i = 0; i < s->n_running; i++)
+        if (!v || urgency_cmp(&s->running[i], &v) > 0)
+            v = s->running[i];
+    return v;
+}
+
+/* Drops q's item from the plan, if it has one. */
+static void plan_drop(sched *s, sched_seq *q)
+{
+    for (int i = 0; q->in_plan && i < s->n_items; i++)
+        if (s->items[i].seq == q) {
+            s->n_rows -= s->items[i].n;
+            memmove(s->items + i, s->items + i + 1, sizeof *s->items * (size_t)(s->n_items - i - 1));
+            s->n_items--;
+        }
+    q->in_plan = 0;
+}
+
+/* Back to waiting, K/V released: it is recomputed from its tokens when
+ * admitted again. The waiting list has room: every sequence was added
+ * there once, so its capacity covers all of them. */
+static void preempt(sched *s, sched_seq *q)
+{
+    plan_drop(s, q);
+    list_remove(s->running, &s->n_running, q);
+    kv_seq_release(s->kv, &q->kv);
+    q->n_preempted++;
+    s->stats.preemptions++;
+    LLM_ASSERT(s->n_waiting < s->cap_waiting);
+    s->waiting[s->n_waiting++] = q;
+    q->state = SCHED_WAITING;
+}
+
+static void plan_add(sched *s, sched_seq *q, int n)
+{
+    s->items[s->n_items++] = (sched_item){q, q->kv.n_tokens, n, q->kv.n_tokens + n == q->n_tokens};
+    s->n_rows += n;
+    q->in_plan = 1;
+}
+
+/* Reserves n tokens for running q, preempting the least urgent running
+ * sequences (q itself when it is the least urgent). 0: q was preempted. */
+static int reserve_running(sched *s, sched_seq *q, int n)
+{
+    for (;;) {
+        if (kv_seq_reserve(s->kv, &q->kv, n) == LLM_OK)
+            return 1;
+        sched_seq *v = least_urgent(s);
+        preempt(s, v);
+        if (v == q)
+            return 0;
+    }
+}
+
+/* One pass over running sequences not yet planned: those decoding (need
+ * one token) or those still prefilling. */
+static void plan_running(sched *s, int decode)
+{
+    for (int i = 0; i < s->n_running; i++) {
+        sched_seq *q = s->running[i];
+        int need = q->n_tokens - q->kv.n_tokens, budget = s->cfg.max_batch_tokens - s->n_rows;
+        if (q->in_plan || need < 1 || (need == 1) != decode)
+            continue;
+        if (budget < 1)
+            return;
+        int n = need < budget ? need : budget;
+        uint64_t preempted = s->stats.preemptions;
+        if (reserve_running(s, q, n))
+            plan_add(s, q, n);
+        if (s->stats.preemptions != preempted)
+            i = -1; /* the list changed: rescan, skipping planned ones */
+    }
+}
+
+/* 1: q can share its sibling's prompt K/V now; 0: no sibling to share
+ * with (use the prefix cache); -1: wait until the sibling has it. */
+static int fork_state(const sched_seq *q)
+{
+    const sched_seq *p = q->fork_of;
+    if (!p || q->admitted || p->state == SCHED_DONE)
+        return 0;
+    return p->state == SCHED_RUNNING && p->kv.n_tokens >= q->n_prompt - 1 ? 1 : -1;
+}
+
+/* Gives waiting q the K/V it can reuse: its sibling's, else the cache's. */
+static void attach(sched *s, sched_seq *q, int fork)
+{
+    int first = !q->admitted;
+    if (first)
+        s->stats.prompt_tokens += (uint64_t)q->n_prompt;
+    if (fork && kv_seq_fork(s->kv, &q->kv, &q->fork_of->kv, q->tokens, q->n_prompt - 1) == LLM_OK) {
+        s->stats.forked_tokens += (uint64_t)q->kv.n_tokens;
+        return;
+    }
+    int hit = kv_seq_match(s->kv, &q->kv, q->tokens, q->n_tokens - 1);
+    if (first) {
+        q->cached_tokens = hit;
+        s->stats.cached_tokens += (uint64_t)hit;
+    } else {
+        s->stats.recomputed_tokens += (uint64_t)(q->n_tokens - hit);
+    }
+}
+
+/* Makes room for waiting q by preempting the least urgent running
+ * sequence, when that one has a strictly lower priority and is less
+ * urgent. Returns 1 when it did. */
+static int preempt_for(sched *s, const sched_seq *q)
+{
+    sched_seq *v = least_urgent(s);
+    if (!v || v->priority >= q->priority || urgency_cmp(&v, &q) <= 0)
+        return 0;
+    preempt(s, v);
+    return 1;
+}
+
+/* Admits waiting sequences in urgency order while budget, the sequence
+ * limit and the KV pool allow. Stops at the first that does not fit, so a
+ * large request is not overtaken forever by small ones. */
+static void plan_admit(sched *s)
+{
+    qsort(s->waiting, (size_t)s->n_waiting, sizeof *s->waiting, urgency_cmp);
+    for (int i = 0; i < s->n_waiting;) {
+        sched_seq *q = s->waiting[i];
+        int budget = s->cfg.max_batch_tokens - s->n_rows, fork = fork_state(q);
+        if (budget < 1)
+            return;
+        if (fork < 0) {
+            i++;
+            continue;
+        }
+        if (s->n_running == s->cfg.max_seqs && !preempt_for(s, q))
+            return;
+        attach(s, q, fork);
+        int n = q->n_tokens - q->kv.n_tokens < budget ? q->n_tokens - q->kv.n_tokens : budget;
+        while (kv_seq_reserve(s->kv, &q->kv, n) != LLM_OK)
+            if (!preempt_for(s, q)) {
+                kv_seq_release(s->kv, &q->kv); /* its matched blocks stay cached */
+                return;
+            }
+        list_remove(s->waiting, &s->n_waiting, q);
+        s->running[s->n_running++] = q;
+        q->state = SCHED_RUNNING;
+        q->admitted = 1;
+        plan_add(s, q, n);
+    }
+}
+
+int sched_plan(sched *s)
+{
+    s->n_items = s->n_rows = 0;
+    qsort(s->running, (size_t)s->n_running, sizeof *s->running, urgency_cmp);
+    plan_running(s, 1);
+    plan_running(s, 0);
+    plan_admit(s);
+    return s->n_items;
+}
+
+void sched_commit(sched *s)
+{
+    for (int i = 0; i < s->n_items; i++) {
+        sched_seq *q = s->items[i].seq;
+        kv_seq_commit(s->kv, &q->kv, q->tokens, s->items[i].n);
+        q->in_plan = 0;
+    }
+    s->n_items = s->n_rows = 0;
+}

@@ -1,0 +1,289 @@
+/* test_scheduler.c - the continuous-batching policy without a model: a
+ * simulated step loop generates a token per sampled sequence, and the
+ * tests check decode-first budgets, chunked prefill, priorities and aging,
+ * preemption under KV pressure, forks for n > 1 and prefix-cache hits. */
+#include "testutil.h"
+
+#include "llm/scheduler.h"
+
+enum { MAXTOK = 256 };
+
+typedef struct sim_seq {
+    sched_seq q;
+    int32_t toks[MAXTOK];
+    int want;       /* tokens to generate */
+    int gen;
+    int first_step; /* step that produced its first token, -1 before */
+    int done_step;
+} sim_seq;
+
+typedef struct sim {
+    llm_backend *b;
+    kv_cache *kv;
+    sched s;
+    int step;
+} sim;
+
+static void sim_init(sim *m, int n_blocks, int max_seqs, int budget)
+{
+    llm_error err = {0};
+    memset(m, 0, sizeof *m);
+    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &m->b, &err), LLM_OK);
+    kv_cache_config kc = {4, LLM_KV_F32, n_blocks, 0, 1};
+    assert_int_equal(kv_cache_new(&kc, m->b, 1, 1, 32, &m->kv, &err), LLM_OK);
+    sched_config sc = {max_seqs, budget, 1000};
+    assert_int_equal(sched_init(&m->s, &sc, m->kv, &err), LLM_OK);
+}
+
+static void sim_free(sim *m)
+{
+    kv_cache_stats st;
+    assert_int_equal(m->s.n_running + m->s.n_waiting, 0);
+    kv_cache_get_stats(m->kv, &st);
+    assert_int_equal(st.used, 0); /* nothing leaked */
+    sched_free(&m->s);
+    kv_cache_free(m->kv);
+    llm_backend_free(m->b);
+}
+
+static void seq_make(sim_seq *x, const int32_t *prompt, int n, int want, int prio, int64_t t)
+{
+    memset(x, 0, sizeof *x);
+    memcpy(x->toks, prompt, sizeof(int32_t) * (size_t)n);
+    x->q.tokens = x->toks;
+    x->q.n_tokens = x->q.n_prompt = n;
+    x->q.priority = prio;
+    x->q.arrival_ms = t;
+    x->q.user = x;
+    x->want = want;
+    x->first_step = x->done_step = -1;
+}
+
+/* One engine step: plan, check the plan's invariants, commit, then give
+ * every sampled sequence its next token. Returns the plan's size. */
+static int sim_step(sim *m)
+{
+    int n = sched_plan(&m->s);
+    assert_true(m->s.n_rows <= m->s.cfg.max_batch_tokens);
+    assert_true(m->s.n_running <= m->s.cfg.max_seqs);
+    for (int i = 0; i < n; i++) {
+        const sched_item *it = &m->s.items[i];
+        assert_int_equal(it->pos0, it->seq->kv.n_tokens);
+        assert_true(it->seq->kv.n_blocks * 4 >= it->pos0 + it->n); /* room reserved */
+    }
+    kv_cache_copies_done(m->kv);
+    sched_commit(&m->s);
+    for (int i = 0; i < n; i++) {
+        const sched_item *it = &m->s.items[i];
+        sim_seq *x = it->seq->user;
+        if (!it->logits)
+            continue;
+        if (x->first_step < 0)
+            x->first_step = m->step;
+        x->toks[x->q.n_tokens] = (int32_t)(x->q.n_tokens % 7);
+        x->q.n_tokens++;
+        if (++x->gen == x->want) {
+            x->done_step = m->step;
+            sched_remove(&m->s, &x->q);
+        }
+    }
+    m->step++;
+    return n;
+}
+
+static void run_all(sim *m)
+{
+    for (int guard = 0; m->s.n_running + m->s.n_waiting > 0; guard++) {
+        assert_true(guard < 10000);
+        sim_step(m);
+    }
+}
+
+static int32_t P[200];
+
+static void fill_prompts(void)
+{
+    for (int i = 0; i < 200; i++) P[i] = 100 + i;
+}
+
+/* Decoding never waits behind a long prompt: it is prefilled in chunks
+ * that use what the decode tokens leave of the budget. */
+static void test_chunked_prefill(void **st)
+{
+    (void)st;
+    sim m;
+    sim_init(&m, 128, 8, 16);
+    sim_seq a, b, c;
+    seq_make(&a, P, 3, 40, 0, 0);
+    seq_make(&b, P + 10, 3, 40, 0, 0);
+    assert_int_equal(sched_add(&m.s, &a.q), LLM_OK);
+    assert_int_equal(sched_add(&m.s, &b.q), LLM_OK);
+    sim_step(&m); /* both prefill and sample */
+    seq_make(&c, P + 50, 100, 5, 0, 1);
+    assert_int_equal(sched_add(&m.s, &c.q), LLM_OK);
+    for (int k = 0; k < 8; k++) { /* 100 prompt tokens at 14 per step */
+        assert_int_equal(sim_step(&m), 3);
+        assert_int_equal(m.s.n_rows, 0); /* committed */
+        assert_true(a.gen == k + 2 && b.gen == k + 2);
+    }
+    assert_int_equal(c.first_step, 8);
+    run_all(&m);
+    assert_true(a.done_step > 0 && b.done_step > 0 && c.done_step > 0);
+    sim_free(&m);
+}
+
+/* Under saturation a later, higher-priority request starts before the
+ * lower-priority ones waiting since before it, and takes a running slot
+ * from the least urgent. */
+static void test_priority(void **st)
+{
+    (void)st;
+    sim m;
+    sim_init(&m, 256, 2, 64);
+    sim_seq lo[5], hi;
+    for (int i = 0; i < 5; i++) {
+        seq_make(&lo[i], P + i, 8, 30, 0, i);
+        assert_int_equal(sched_add(&m.s, &lo[i].q), LLM_OK);
+    }
+    sim_step(&m);
+    sim_step(&m);
+    seq_make(&hi, P + 100, 8, 5, 5, 10);
+    assert_int_equal(sched_add(&m.s, &hi.q), LLM_OK);
+    run_all(&m);
+    assert_int_equal(hi.first_step, 2); /* admitted at once by preemption */
+    assert_true(m.s.stats.preemptions >= 1);
+    for (int i = 2; i < 5; i++) assert_true(lo[i].first_step > hi.first_step);
+    assert_true(lo[1].q.n_preempted == 1); /* the newest running low one made room */
+    for (int i = 0; i < 5; i++) assert_int_equal(lo[i].gen, 30);
+    sim_free(&m);
+}
+
+/* Aging: a priority-1 request arriving 5 s after a priority-0 one counts
+ * as 4 s later, so the old one goes first and nothing starves. */
+static void test_aging(void **st)
+{
+    (void)st;
+    sim m;
+    sim_init(&m, 256, 1, 64);
+    sim_seq run, old, young;
+    seq_make(&run, P, 4, 3, 9, 0);
+    assert_int_equal(sched_add(&m.s, &run.q), LLM_OK);
+    sim_step(&m);
+    seq_make(&old, P + 20, 4, 3, 0, 0);
+    seq_make(&young, P + 40, 4, 3, 1, 5000);
+    assert_int_equal(sched_add(&m.s, &young.q), LLM_OK);
+    assert_int_equal(sched_add(&m.s, &old.q), LLM_OK);
+    run_all(&m);
+    assert_true(old.first_step < young.first_step);
+    assert_int_equal(m.s.stats.preemptions, 0); /* no preemption of the more urgent running one */
+    sim_free(&m);
+}
+
+/* A pool too small for everyone: the least urgent running sequence is
+ * preempted, recomputed later, and every sequence completes. */
+static void test_kv_preemption(void **st)
+{
+    (void)st;
+    sim m;
+    sim_init(&m, 12, 8, 64);
+    sim_seq x[4];
+    for (int i = 0; i < 4; i++) {
+        seq_make(&x[i], P + 30 * i, 6, 14, 0, i);
+        assert_int_equal(sched_add(&m.s, &x[i].q), LLM_OK);
+    }
+    run_all(&m);
+    assert_true(m.s.stats.preemptions > 0);
+    assert_int_equal(x[0].q.n_preempted, 0); /* the oldest is never the victim */
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(x[i].gen, 14);
+        for (int k = 0; k < 14; k++) assert_int_equal(x[i].toks[6 + k], (6 + k) % 7); /* tokens intact */
+    }
+    assert_true(m.s.stats.recomputed_tokens > 0);
+    sim_free(&m);
+}
+
+/* n > 1: siblings wait for the first one's prompt, then share its blocks
+ * and compute only the last prompt token themselves. */
+static void test_fork(void **st)
+{
+    (void)st;
+    sim m;
+    sim_init(&m, 64, 8, 8);
+    sim_seq a, b, c;
+    seq_make(&a, P, 18, 4, 0, 0);
+    seq_make(&b, P, 18, 4, 0, 0);
+    seq_make(&c, P, 18, 4, 0, 0);
+    b.q.fork_of = c.q.fork_of = &a.q;
+    assert_int_equal(sched_add(&m.s, &a.q), LLM_OK);
+    assert_int_equal(sched_add(&m.s, &b.q), LLM_OK);
+    assert_int_equal(sched_add(&m.s, &c.q), LLM_OK);
+    assert_int_equal(sim_step(&m), 1); /* only a: 8 of 18 */
+    assert_int_equal(sim_step(&m), 1);
+    assert_int_equal(sim_step(&m), 1); /* a done with its prompt, samples */
+    assert_int_equal(a.first_step, 2);
+    assert_int_equal(sim_step(&m), 3); /* a decodes, b and c fork and compute 1 token */
+    assert_int_equal(m.s.stats.forked_tokens, 34);
+    assert_int_equal(b.q.kv.blocks[0], a.q.kv.blocks[0]);
+    assert_true(b.q.kv.blocks[4] != a.q.kv.blocks[4]); /* position 17's block was copied */
+    assert_int_equal(b.first_step, 3);
+    run_all(&m);
+    sim_free(&m);
+}
+
+/* A second request with the same prefix gets its full blocks from the
+ * cache and prefills only the rest. */
+static void test_prefix_hits(void **st)
+{
+    (void)st;
+    sim m;
+    sim_init(&m, 64, 4, 64);
+    sim_seq a, b;
+    seq_make(&a, P, 30, 2, 0, 0);
+    assert_int_equal(sched_add(&m.s, &a.q), LLM_OK);
+    run_all(&m);
+    int32_t pb[34];
+    memcpy(pb, P, sizeof(int32_t) * 30);
+    for (int i = 30; i < 34; i++) pb[i] = 5;
+    seq_make(&b, pb, 34, 2, 0, 1);
+    assert_int_equal(sched_add(&m.s, &b.q), LLM_OK);
+    assert_int_equal(sim_step(&m), 1);
+    assert_int_equal(b.q.cached_tokens, 28);
+    assert_int_equal(m.s.stats.cached_tokens, 28);
+    assert_int_equal(b.first_step, m.step - 1);
+    run_all(&m);
+    sim_free(&m);
+}
+
+/* Removing a waiting or running sequence frees its blocks at once. */
+static void test_remove(void **st)
+{
+    (void)st;
+    sim m;
+    sim_init(&m, 32, 1, 64);
+    sim_seq a, b;
+    seq_make(&a, P, 10, 50, 0, 0);
+    seq_make(&b, P + 50, 10, 50, 0, 1);
+    assert_int_equal(sched_add(&m.s, &a.q), LLM_OK);
+    assert_int_equal(sched_add(&m.s, &b.q), LLM_OK);
+    sim_step(&m);
+    kv_cache_stats cs;
+    kv_cache_get_stats(m.kv, &cs);
+    assert_int_equal(cs.used, 3);
+    sched_remove(&m.s, &a.q);
+    sched_remove(&m.s, &b.q);
+    kv_cache_get_stats(m.kv, &cs);
+    assert_int_equal(cs.used, 0);
+    sim_free(&m);
+}
+
+int main(void)
+{
+    fill_prompts();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chunked_prefill), cmocka_unit_test(test_priority),
+        cmocka_unit_test(test_aging),           cmocka_unit_test(test_kv_preemption),
+        cmocka_unit_test(test_fork),            cmocka_unit_test(test_prefix_hits),
+        cmocka_unit_test(test_remove),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
