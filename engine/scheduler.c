@@ -180,6 +180,7 @@ static void attach(sched *s, sched_seq *q, int fork)
         s->stats.prompt_tokens += (uint64_t)q->n_prompt;
     if (fork && kv_seq_fork(s->kv, &q->kv, &q->fork_of->kv, q->tokens, q->n_prompt - 1) == LLM_OK) {
         s->stats.forked_tokens += (uint64_t)q->kv.n_tokens;
+        q->cached_tokens = q->kv.n_tokens;
         return;
     }
     int hit = kv_seq_match(s->kv, &q->kv, q->tokens, q->n_tokens - 1);
@@ -252,5 +253,10 @@ void sched_commit(sched *s)
         kv_seq_commit(s->kv, &q->kv, q->tokens, s->items[i].n);
         q->in_plan = 0;
     }
+}
+
+void sched_abort(sched *s)
+{
+    for (int i = 0; i < s->n_items; i++) s->items[i].seq->in_plan = 0;
     s->n_items = s->n_rows = 0;
 }

@@ -18,6 +18,9 @@ const char *llm_status_str(llm_status s)
     case LLM_ERR_BACKEND: return "backend error";
     case LLM_ERR_INTERNAL: return "internal error";
     case LLM_ERR_TOO_LONG: return "too long";
+    case LLM_ERR_NOT_FOUND: return "not found";
+    case LLM_ERR_TIMEOUT: return "timeout";
+    case LLM_ERR_SHUTDOWN: return "shutting down";
     }
     return "unknown status";
 }

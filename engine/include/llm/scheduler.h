@@ -45,7 +45,7 @@ struct sched_seq {
     uint64_t order;
     int admitted;           /* has run at least once */
     int in_plan;            /* has an item in the current plan */
-    int cached_tokens;      /* prompt tokens found in the prefix cache at first admission */
+    int cached_tokens;      /* prompt tokens found in the prefix cache (or shared by a fork) at first admission */
     int n_preempted;
 };
 
@@ -96,7 +96,11 @@ void sched_remove(sched *s, sched_seq *q);
  * allocates their KV (queuing copy-on-write copies in the cache) and may
  * preempt. Returns n_items. */
 int sched_plan(sched *s);
-/* After the step's forward pass: its tokens now have K/V. */
+/* After the step's forward pass: its tokens now have K/V. The items stay
+ * readable until the next plan. */
 void sched_commit(sched *s);
+/* The step failed: forget the plan without committing (reserved blocks
+ * stay with their sequences). */
+void sched_abort(sched *s);
 
 #endif

@@ -23,6 +23,9 @@ typedef enum llm_status {
     LLM_ERR_BACKEND = 9,     /* a backend (CPU threads, CUDA) call failed */
     LLM_ERR_INTERNAL = 10,   /* should not happen; message says where */
     LLM_ERR_TOO_LONG = 11,   /* input over a declared size limit */
+    LLM_ERR_NOT_FOUND = 12,  /* no such request (finished, cancelled or never there) */
+    LLM_ERR_TIMEOUT = 13,    /* nothing happened within the time asked for */
+    LLM_ERR_SHUTDOWN = 14,   /* the engine is closing */
 } llm_status;
 
 #define LLM_ERROR_MSG_MAX 512

@@ -1,0 +1,766 @@
+/* engine.c - the serving engine (engine.h): request validation and
+ * queues on the caller's side; the step loop on the engine thread:
+ * plan (scheduler) -> copy-on-write copies and one batched forward pass
+ * without the lock -> sampling without the lock -> events, finishing and
+ * stats under the lock. See docs/internals/scheduler.md. */
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#include "llm/engine.h"
+#include "llm/forward.h"
+#include "llm/scheduler.h"
+#include "textout.h"
+
+typedef struct eng_req eng_req;
+
+typedef struct ev_node {
+    llm_event ev;
+    struct ev_node *next;
+} ev_node;
+
+/* One completion of a request. */
+typedef struct eng_seq {
+    sched_seq q;
+    eng_req *r;
+    int index;
+    int32_t *tokens;      /* (cap) prompt, then generated */
+    int n_gen, finished;
+    llm_sampler *smp;
+    textout out;
+    llm_sample_result res; /* this step's sample (engine thread) */
+    double t_first;
+} eng_seq;
+
+struct eng_req {
+    llm_request_id id;
+    eng_req *next;
+    int n, n_done, n_read_done;
+    eng_seq *seqs;
+    int max_gen, ignore_eos;
+    char **stops;
+    int n_stops;
+    ev_node *head, *tail;
+    pthread_cond_t cond;
+    int cancelled;        /* the engine skips it; cancel is dropping it */
+    int gone;             /* unlinked: the last waiting reader frees it */
+    int in_flight;        /* sequences of it in the step being run */
+    int readers;          /* threads waiting in llm_engine_next */
+    int failed;
+    llm_error error;
+    double t_submit, t_sched;
+};
+
+#define GEN_WINDOW 32 /* (time, generated) samples for tokens/s */
+
+struct llm_engine {
+    llm_engine_config cfg;
+    const llm_model *m;
+    llm_backend *b;
+    kv_cache *kv;
+    sched s;
+    llm_forward *fwd;
+    pthread_t thread;
+    int thread_started, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t work, step_done;
+    eng_req *reqs;
+    int n_reqs;
+    llm_request_id next_id;
+    /* step buffers (engine thread) */
+    int32_t *b_tokens, *b_logit_rows, *cp_src, *cp_dst;
+    llm_batch_seq *b_seqs;
+    int n_copies;
+    llm_stats st;
+    double gen_t[GEN_WINDOW];
+    uint64_t gen_n[GEN_WINDOW];
+    int gen_i;
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- requests ------------------------------------------------------------- */
+
+static void req_free(eng_req *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; r->seqs && i < r->n; i++) {
+        free(r->seqs[i].tokens);
+        llm_sampler_free(r->seqs[i].smp);
+        textout_free(&r->seqs[i].out);
+    }
+    free(r->seqs);
+    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    free(r->stops);
+    for (ev_node *n = r->head, *nx; n; n = nx) {
+        nx = n->next;
+        llm_event_clear(&n->ev);
+        free(n);
+    }
+    pthread_cond_destroy(&r->cond);
+    free(r);
+}
+
+void llm_event_clear(llm_event *ev)
+{
+    if (!ev)
+        return;
+    free(ev->text);
+    ev->text = NULL;
+    ev->text_len = 0;
+}
+
+static eng_req *req_find(llm_engine *e, llm_request_id id)
+{
+    for (eng_req *r = e->reqs; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+static void req_unlink(llm_engine *e, eng_req *r)
+{
+    for (eng_req **p = &e->reqs; *p; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            e->n_reqs--;
+            return;
+        }
+}
+
+/* Takes every sequence of r out of the scheduler (blocks freed). */
+static void req_drop_seqs(llm_engine *e, eng_req *r)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->seqs[i].q.state != SCHED_DONE && r->seqs[i].q.state != SCHED_NEW)
+            sched_remove(&e->s, &r->seqs[i].q);
+}
+
+/* Queues an event; on allocation failure the request fails instead. */
+static void req_push(eng_req *r, const llm_event *ev)
+{
+    ev_node *n = malloc(sizeof *n);
+    if (!n) {
+        llm_event tmp = *ev;
+        llm_event_clear(&tmp);
+        r->failed = 1;
+        llm_errf(&r->error, LLM_ERR_NOMEM, "engine: no memory for an event");
+    } else {
+        n->ev = *ev;
+        n->next = NULL;
+        if (r->tail) r->tail->next = n; else r->head = n;
+        r->tail = n;
+    }
+    pthread_cond_signal(&r->cond);
+}
+
+static char *dup_text(const char *s, size_t n)
+{
+    char *p = malloc(n + 1);
+    if (p) {
+        memcpy(p, s, n);
+        p[n] = 0;
+    }
+    return p;
+}
+
+/* ---- submit ----------------------------------------------------------------- */
+
+static llm_status check_fields(const llm_engine *e, const llm_request *rq, llm_error *err)
+{
+    llm_status st = llm_sampling_check(&rq->sampling, err);
+    if (st)
+        return st;
+    if (rq->n < 0 || rq->n > LLM_MAX_N)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "n %d not in [1, %d]", rq->n, LLM_MAX_N);
+    if (rq->max_tokens < 0)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "max_tokens %d is negative", rq->max_tokens);
+    if (rq->n_stop < 0 || rq->n_stop > LLM_MAX_STOPS || (rq->n_stop && !rq->stop))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "%d stop strings (at most %d)", rq->n_stop, LLM_MAX_STOPS);
+    for (int i = 0; i < rq->n_stop; i++) {
+        size_t n = rq->stop[i] ? strlen(rq->stop[i]) : 0;
+        if (n == 0 || n > LLM_MAX_STOP_LEN)
+            return llm_errf(err, LLM_ERR_INVALID_ARG, "stop string %d has %zu bytes (1 to %d)", i, n, LLM_MAX_STOP_LEN);
+    }
+    if (!rq->tokens && !rq->text)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "request has neither prompt tokens nor text");
+    (void)e;
+    return LLM_OK;
+}
+
+/* The prompt as ids (malloc'd): copied and checked, or tokenized. */
+static llm_status prompt_ids(const llm_engine *e, const llm_request *rq, int32_t **ids, int *n, llm_error *err)
+{
+    int n_vocab = e->m->hp.n_vocab;
+    if (!rq->tokens)
+        return llm_tokenize(e->m->vocab, rq->text, strlen(rq->text), 1, 1, ids, n, err);
+    if (rq->n_tokens < 1)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "prompt has %d tokens", rq->n_tokens);
+    for (int i = 0; i < rq->n_tokens; i++)
+        if (rq->tokens[i] < 0 || rq->tokens[i] >= n_vocab)
+            return llm_errf(err, LLM_ERR_INVALID_ARG, "prompt token %d at index %d not in [0, %d)", rq->tokens[i], i, n_vocab);
+    if (!(*ids = malloc(sizeof(int32_t) * (size_t)rq->n_tokens)))
+        return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for the prompt");
+    memcpy(*ids, rq->tokens, sizeof(int32_t) * (size_t)rq->n_tokens);
+    *n = rq->n_tokens;
+    return LLM_OK;
+}
+
+/* How many tokens each completion may generate; errors when the prompt or
+ * one sequence's blocks do not fit. */
+static llm_status gen_limit(const llm_engine *e, const llm_request *rq, int n_prompt, int *max_gen, llm_error *err)
+{
+    int n_ctx = e->cfg.n_ctx, bs = kv_cache_block_size(e->kv);
+    if (n_prompt < 1)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "the prompt is empty");
+    if (n_prompt >= n_ctx)
+        return llm_errf(err, LLM_ERR_TOO_LONG, "prompt of %d tokens does not fit the context of %d (one token must be left to generate)",
+                        n_prompt, n_ctx);
+    *max_gen = rq->max_tokens ? rq->max_tokens : n_ctx - n_prompt;
+    if (n_prompt + *max_gen > n_ctx)
+        return llm_errf(err, LLM_ERR_TOO_LONG, "prompt of %d tokens plus max_tokens %d exceeds the context of %d", n_prompt,
+                        *max_gen, n_ctx);
+    int need = (n_prompt + *max_gen + bs - 1) / bs;
+    if (need > kv_cache_n_blocks(e->kv))
+        return llm_errf(err, LLM_ERR_KV_FULL, "one sequence of %d tokens needs %d KV blocks; the pool has %d",
+                        n_prompt + *max_gen, need, kv_cache_n_blocks(e->kv));
+    return LLM_OK;
+}
+
+static llm_status seq_init(llm_engine *e, eng_req *r, int i, const llm_request *rq, const int32_t *prompt, int n_prompt,
+                           llm_error *err)
+{
+    eng_seq *s = &r->seqs[i];
+    s->r = r;
+    s->index = i;
+    if (!(s->tokens = malloc(sizeof(int32_t) * (size_t)(n_prompt + r->max_gen))))
+        return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for a sequence");
+    memcpy(s->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    llm_sampling sp = rq->sampling;
+    sp.seed += (uint64_t)i;
+    llm_status st = llm_sampler_new(&sp, e->m->hp.n_vocab, &s->smp, err);
+    if (st)
+        return st;
+    for (int k = 0; k < n_prompt; k++) llm_sampler_accept(s->smp, prompt[k]);
+    textout_init(&s->out, (const char *const *)r->stops, r->n_stops);
+    s->q = (sched_seq){.tokens = s->tokens, .n_tokens = n_prompt, .n_prompt = n_prompt, .priority = rq->priority,
+                       .arrival_ms = (int64_t)r->t_submit, .fork_of = i ? &r->seqs[0].q : NULL, .user = s};
+    return LLM_OK;
+}
+
+static llm_status req_new(llm_engine *e, const llm_request *rq, const int32_t *prompt, int n_prompt, int max_gen,
+                          eng_req **out, llm_error *err)
+{
+    eng_req *r = calloc(1, sizeof *r);
+    if (!r)
+        return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for a request");
+    pthread_cond_init(&r->cond, NULL);
+    r->n = rq->n ? rq->n : 1;
+    r->max_gen = max_gen;
+    r->ignore_eos = rq->ignore_eos;
+    r->t_submit = now_ms();
+    r->seqs = calloc((size_t)r->n, sizeof *r->seqs);
+    r->stops = calloc((size_t)rq->n_stop + 1, sizeof *r->stops);
+    llm_status st = r->seqs && r->stops ? LLM_OK : llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for a request");
+    for (int i = 0; !st && i < rq->n_stop; i++, r->n_stops++)
+        if (!(r->stops[i] = dup_text(rq->stop[i], strlen(rq->stop[i]))))
+            st = llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for a stop string");
+    for (int i = 0; !st && i < r->n; i++) st = seq_init(e, r, i, rq, prompt, n_prompt, err);
+    if (st) {
+        req_free(r);
+        return st;
+    }
+    *out = r;
+    return LLM_OK;
+}
+
+/* Under the lock: queue r's sequences, or fail when the queue is full. */
+static llm_status req_enqueue(llm_engine *e, eng_req *r, llm_error *err)
+{
+    if (e->stop)
+        return llm_errf(err, LLM_ERR_SHUTDOWN, "engine: shutting down");
+    if (e->s.n_waiting + r->n > e->cfg.max_waiting)
+        return llm_errf(err, LLM_ERR_QUEUE_FULL, "engine: %d sequences waiting, the limit is %d; retry later",
+                        e->s.n_waiting, e->cfg.max_waiting);
+    for (int i = 0; i < r->n; i++)
+        if (sched_add(&e->s, &r->seqs[i].q)) {
+            req_drop_seqs(e, r);
+            return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory to queue a request");
+        }
+    r->id = ++e->next_id;
+    r->next = e->reqs;
+    e->reqs = r;
+    e->n_reqs++;
+    pthread_cond_signal(&e->work);
+    return LLM_OK;
+}
+
+llm_status llm_engine_submit(llm_engine *e, const llm_request *rq, llm_request_id *id, llm_error *err)
+{
+    int32_t *prompt = NULL;
+    int n_prompt = 0, max_gen = 0;
+    eng_req *r = NULL;
+    llm_status st = check_fields(e, rq, err);
+    if (!st)
+        st = prompt_ids(e, rq, &prompt, &n_prompt, err);
+    if (!st)
+        st = gen_limit(e, rq, n_prompt, &max_gen, err);
+    if (!st)
+        st = req_new(e, rq, prompt, n_prompt, max_gen, &r, err);
+    free(prompt);
+    if (st)
+        return st;
+    pthread_mutex_lock(&e->mu);
+    st = req_enqueue(e, r, err);
+    if (!st)
+        *id = r->id;
+    pthread_mutex_unlock(&e->mu);
+    if (st)
+        req_free(r);
+    return st;
+}
+
+/* ---- reading events ------------------------------------------------------- */
+
+/* Unlinks r; frees it unless a reader is still waiting on it (the last
+ * reader frees it then). Its sequences must be out of the scheduler. */
+static void req_release(llm_engine *e, eng_req *r)
+{
+    req_unlink(e, r);
+    r->gone = 1;
+    pthread_cond_broadcast(&r->cond);
+    if (r->readers == 0)
+        req_free(r);
+}
+
+/* Pops r's next event into ev (or its error); releases r after its last. */
+static void req_pop(llm_engine *e, eng_req *r, llm_event *ev)
+{
+    if (r->head) {
+        ev_node *n = r->head;
+        r->head = n->next;
+        if (!r->head)
+            r->tail = NULL;
+        *ev = n->ev;
+        free(n);
+        if (ev->type == LLM_EVENT_DONE && ++r->n_read_done == r->n)
+            req_release(e, r);
+        return;
+    }
+    ev->type = LLM_EVENT_ERROR;
+    ev->error = r->error;
+    req_release(e, r);
+}
+
+static int wait_event(eng_req *r, pthread_mutex_t *mu, int timeout_ms, const struct timespec *deadline)
+{
+    if (timeout_ms == 0)
+        return ETIMEDOUT;
+    if (timeout_ms < 0)
+        return pthread_cond_wait(&r->cond, mu);
+    return pthread_cond_timedwait(&r->cond, mu, deadline);
+}
+
+llm_status llm_engine_next(llm_engine *e, llm_request_id id, llm_event *ev, int timeout_ms)
+{
+    memset(ev, 0, sizeof *ev);
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&e->mu);
+    eng_req *r = req_find(e, id);
+    llm_status st = LLM_OK;
+    if (!r) {
+        pthread_mutex_unlock(&e->mu);
+        return LLM_ERR_NOT_FOUND;
+    }
+    r->readers++;
+    while (!r->head && !r->failed && !r->cancelled && !r->gone && st == LLM_OK)
+        if (wait_event(r, &e->mu, timeout_ms, &dl) == ETIMEDOUT)
+            st = LLM_ERR_TIMEOUT;
+    r->readers--;
+    if (r->gone || r->cancelled) {
+        st = LLM_ERR_NOT_FOUND;
+        if (r->gone && r->readers == 0)
+            req_free(r);
+    } else if (r->head || r->failed) {
+        st = LLM_OK;
+        req_pop(e, r, ev);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return st;
+}
+
+/* ---- cancel and stats ------------------------------------------------------ */
+
+void llm_engine_cancel(llm_engine *e, llm_request_id id)
+{
+    pthread_mutex_lock(&e->mu);
+    eng_req *r = req_find(e, id);
+    if (r && !r->cancelled) {
+        r->cancelled = 1; /* the engine skips it from now on */
+        while (r->in_flight) pthread_cond_wait(&e->step_done, &e->mu);
+        req_drop_seqs(e, r);
+        req_release(e, r);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+static double gen_rate(const llm_engine *e, double now)
+{
+    int last = (e->gen_i + GEN_WINDOW - 1) % GEN_WINDOW, first = -1;
+    if (e->gen_t[last] == 0 || now - e->gen_t[last] > 5000)
+        return 0;
+    for (int k = 1; k < GEN_WINDOW; k++) {
+        int i = (e->gen_i + k) % GEN_WINDOW; /* oldest first */
+        if (e->gen_t[i] > 0 && now - e->gen_t[i] <= 5000) {
+            first = i;
+            break;
+        }
+    }
+    if (first < 0 || first == last || e->gen_t[last] <= e->gen_t[first])
+        return 0;
+    return (double)(e->gen_n[last] - e->gen_n[first]) * 1e3 / (e->gen_t[last] - e->gen_t[first]);
+}
+
+void llm_engine_stats(llm_engine *e, llm_stats *out)
+{
+    kv_cache_stats kc;
+    pthread_mutex_lock(&e->mu);
+    *out = e->st;
+    kv_cache_get_stats(e->kv, &kc);
+    out->running = e->s.n_running;
+    out->waiting = e->s.n_waiting;
+    out->requests = e->n_reqs;
+    out->kv_blocks_total = kc.n_blocks;
+    out->kv_blocks_used = kc.used;
+    out->kv_blocks_cached = kc.cached;
+    out->kv_block_size = kv_cache_block_size(e->kv);
+    out->preemptions = e->s.stats.preemptions;
+    out->prompt_tokens = e->s.stats.prompt_tokens;
+    out->cached_tokens = e->s.stats.cached_tokens + e->s.stats.forked_tokens;
+    out->prefix_hit_rate = out->prompt_tokens ? (double)out->cached_tokens / (double)out->prompt_tokens : 0;
+    out->gen_tokens_per_s = gen_rate(e, now_ms());
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- the step loop (engine thread) ----------------------------------------- */
+
+/* Under the lock: the plan as a forward batch; copies to make; requests
+ * marked in flight so cancel waits for them. */
+static void step_prepare(llm_engine *e, llm_forward_batch *bt)
+{
+    const sched *s = &e->s;
+    int row = 0, n_logits = 0;
+    double now = now_ms();
+    for (int i = 0; i < s->n_items; i++) {
+        const sched_item *it = &s->items[i];
+        eng_seq *q = it->seq->user;
+        memcpy(e->b_tokens + row, q->tokens + it->pos0, sizeof(int32_t) * (size_t)it->n);
+        e->b_seqs[i] = (llm_batch_seq){row, it->n, it->pos0, it->seq->kv.blocks};
+        row += it->n;
+        if (it->logits)
+            e->b_logit_rows[n_logits++] = row - 1;
+        q->r->in_flight++;
+        if (q->r->t_sched == 0)
+            q->r->t_sched = now;
+    }
+    *bt = (llm_forward_batch){e->b_tokens, row, e->b_seqs, s->n_items, e->b_logit_rows, n_logits};
+    const int32_t *src, *dst;
+    e->n_copies = kv_cache_copies(e->kv, &src, &dst);
+    memcpy(e->cp_src, src, sizeof(int32_t) * (size_t)e->n_copies);
+    memcpy(e->cp_dst, dst, sizeof(int32_t) * (size_t)e->n_copies);
+    kv_cache_copies_done(e->kv);
+}
+
+/* Without the lock: copies, the forward pass, and sampling (samplers and
+ * the plan's items are only touched by this thread). */
+static llm_status step_run(llm_engine *e, const llm_forward_batch *bt)
+{
+    const float *logits;
+    llm_backend_kv_copy(e->b, kv_cache_layers(e->kv), e->m->hp.n_layer, e->cp_src, e->cp_dst, e->n_copies);
+    llm_status st = llm_forward_eval(e->fwd, bt, kv_cache_layers(e->kv), &logits);
+    if (st)
+        return st;
+    int k = 0, n_vocab = e->m->hp.n_vocab;
+    for (int i = 0; i < e->s.n_items; i++) {
+        if (!e->s.items[i].logits)
+            continue;
+        eng_seq *q = e->s.items[i].seq->user;
+        llm_sampler_sample(q->smp, logits + (size_t)k++ * n_vocab, &q->res);
+        llm_sampler_accept(q->smp, q->res.id);
+    }
+    return LLM_OK;
+}
+
+static void usage_of(const eng_seq *q, double now, llm_usage *u)
+{
+    const eng_req *r = q->r;
+    *u = (llm_usage){q->q.n_prompt, q->n_gen, q->q.cached_tokens, q->q.n_preempted, r->t_sched - r->t_submit,
+                     q->t_first - r->t_submit, now - r->t_submit};
+}
+
+/* The completion is over: DONE (with any text held back, unless a stop
+ * string ended it), blocks released. */
+static void seq_finish(llm_engine *e, eng_seq *q, llm_finish why)
+{
+    llm_event ev = {.type = LLM_EVENT_DONE, .index = q->index, .finish = why};
+    const char *t;
+    size_t n;
+    textout_flush(&q->out, &t, &n);
+    ev.text = dup_text(t, n);
+    ev.text_len = ev.text ? n : 0;
+    usage_of(q, now_ms(), &ev.usage);
+    q->finished = 1;
+    sched_remove(&e->s, &q->q);
+    if (++q->r->n_done == q->r->n)
+        e->st.requests_done++;
+    req_push(q->r, &ev);
+}
+
+/* Text of one token: a piece through the stop/UTF-8 filter. Returns the
+ * textout status (1: a stop string matched). */
+static int token_text(const llm_engine *e, eng_seq *q, int32_t tok, llm_event *ev)
+{
+    char small[256], *buf = small;
+    int n = llm_token_to_piece(e->m->vocab, tok, 0, small, sizeof small);
+    if (n > (int)sizeof small && (buf = malloc((size_t)n)))
+        llm_token_to_piece(e->m->vocab, tok, 0, buf, (size_t)n);
+    const char *out;
+    size_t len;
+    int rc = textout_push(&q->out, buf ? buf : "", n > 0 && buf ? (size_t)n : 0, &out, &len);
+    if (buf != small)
+        free(buf);
+    ev->text = dup_text(out, len);
+    ev->text_len = ev->text ? len : 0;
+    return rc;
+}
+
+/* Under the lock: the token sampled for q becomes events. */
+static void seq_emit(llm_engine *e, eng_seq *q)
+{
+    int32_t tok = q->res.id;
+    eng_req *r = q->r;
+    if (q->n_gen++ == 0)
+        q->t_first = now_ms();
+    e->st.generated_tokens++;
+    if (!r->ignore_eos && llm_vocab_is_eog(e->m->vocab, tok)) {
+        seq_finish(e, q, LLM_FINISH_STOP);
+        return;
+    }
+    q->tokens[q->q.n_tokens++] = tok;
+    llm_event ev = {.type = LLM_EVENT_TOKEN, .index = q->index, .token = tok, .sample = q->res};
+    int stop = token_text(e, q, tok, &ev);
+    req_push(r, &ev);
+    if (stop < 0) {
+        r->failed = 1;
+        llm_errf(&r->error, LLM_ERR_NOMEM, "engine: no memory for the generated text");
+    } else if (stop) {
+        seq_finish(e, q, LLM_FINISH_STOP);
+    } else if (q->n_gen == r->max_gen) {
+        seq_finish(e, q, LLM_FINISH_LENGTH);
+    }
+}
+
+/* A request that cannot go on: ERROR for its reader, sequences dropped. */
+static void req_fail(llm_engine *e, eng_req *r, llm_status st, const char *what)
+{
+    if (r->failed || r->cancelled)
+        return;
+    r->failed = 1;
+    llm_errf(&r->error, st, "engine: %s: %s", what, llm_status_str(st));
+    req_drop_seqs(e, r);
+    pthread_cond_broadcast(&r->cond);
+}
+
+/* Under the lock again: commit, events, stats; wake cancel waiters. */
+static void step_finish(llm_engine *e, llm_status st, int n_rows)
+{
+    sched *s = &e->s;
+    if (st) {
+        for (int i = 0; i < s->n_items; i++) req_fail(e, ((eng_seq *)s->items[i].seq->user)->r, st, "forward pass failed");
+        for (int i = 0; i < s->n_items; i++) ((eng_seq *)s->items[i].seq->user)->r->in_flight--;
+        sched_abort(s);
+    } else {
+        sched_commit(s);
+        for (int i = 0; i < s->n_items; i++) {
+            eng_seq *q = s->items[i].seq->user;
+            if (s->items[i].logits && !q->r->cancelled && !q->r->failed && !q->finished)
+                seq_emit(e, q);
+        }
+        for (int i = 0; i < s->n_items; i++) {
+            eng_req *r = ((eng_seq *)s->items[i].seq->user)->r;
+            if (--r->in_flight == 0 && (r->failed || r->cancelled))
+                req_drop_seqs(e, r); /* before the next plan can pick them again */
+        }
+        e->st.steps++;
+        e->st.computed_tokens += (uint64_t)n_rows;
+    }
+    e->gen_t[e->gen_i] = now_ms();
+    e->gen_n[e->gen_i] = e->st.generated_tokens;
+    e->gen_i = (e->gen_i + 1) % GEN_WINDOW;
+    pthread_cond_broadcast(&e->step_done);
+}
+
+static void *engine_main(void *arg)
+{
+    llm_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    while (!e->stop) {
+        if (sched_plan(&e->s) == 0) {
+            pthread_cond_wait(&e->work, &e->mu);
+            continue;
+        }
+        llm_forward_batch bt;
+        step_prepare(e, &bt);
+        pthread_mutex_unlock(&e->mu);
+        llm_status st = step_run(e, &bt);
+        pthread_mutex_lock(&e->mu);
+        step_finish(e, st, bt.n_rows);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* ---- open and close ----------------------------------------------------------- */
+
+static llm_status config_defaults(llm_engine_config *c, const llm_model *m, llm_error *err)
+{
+    if (!c->model || !c->backend)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: model and backend are required");
+    if (c->n_ctx == 0)
+        c->n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
+    c->max_seqs = c->max_seqs ? c->max_seqs : 64;
+    c->max_batch_tokens = c->max_batch_tokens ? c->max_batch_tokens : 512;
+    c->max_waiting = c->max_waiting ? c->max_waiting : 256;
+    c->block_size = c->block_size ? c->block_size : KV_DEFAULT_BLOCK;
+    c->kv_cache_fraction = c->kv_cache_fraction > 0 ? c->kv_cache_fraction : 0.25f;
+    c->aging_ms = c->aging_ms ? c->aging_ms : 1000;
+    if (c->n_ctx < 2 || c->n_ctx > m->hp.n_ctx_train)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: n_ctx %d not in [2, %d] (the model's training context)", c->n_ctx,
+                        m->hp.n_ctx_train);
+    if (c->max_seqs < 1 || c->max_seqs > 4096 || c->max_batch_tokens < c->max_seqs || c->max_batch_tokens > 65536)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: max_seqs %d must be in [1, 4096] and max_batch_tokens %d in [max_seqs, 65536]",
+                        c->max_seqs, c->max_batch_tokens);
+    if (c->max_waiting < 1 || c->aging_ms < 1 || c->kv_cache_fraction > 1)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: max_waiting %d, aging_ms %d or kv_cache_fraction %g out of range",
+                        c->max_waiting, c->aging_ms, c->kv_cache_fraction);
+    return LLM_OK;
+}
+
+/* Blocks for the pool: the budget, at most max_seqs full contexts, at
+ * least one full context (else the setting is an error). */
+static llm_status kv_blocks(const llm_engine_config *c, const llm_model *m, int *n_blocks, llm_error *err)
+{
+    const llm_hparams *hp = &m->hp;
+    size_t per = kv_cache_block_bytes(c->kv_type, c->block_size, hp->n_layer, hp->n_head_kv * hp->head_dim);
+    size_t bytes = c->kv_cache_bytes ? c->kv_cache_bytes
+                                     : (size_t)((double)llm_backend_mem_available(c->backend) * c->kv_cache_fraction);
+    size_t per_seq = (size_t)(c->n_ctx + c->block_size - 1) / (size_t)c->block_size, n = bytes / per;
+    if (n > per_seq * (size_t)c->max_seqs)
+        n = per_seq * (size_t)c->max_seqs;
+    if (n < per_seq)
+        return llm_errf(err, LLM_ERR_INVALID_ARG,
+                        "engine: the KV budget of %zu bytes holds %zu blocks of %zu bytes; one sequence of n_ctx %d needs %zu",
+                        bytes, n, per, c->n_ctx, per_seq);
+    *n_blocks = (int)n;
+    return LLM_OK;
+}
+
+static llm_status engine_alloc(llm_engine *e, llm_error *err)
+{
+    const llm_engine_config *c = &e->cfg;
+    int n_blocks = 0;
+    llm_status st = kv_blocks(c, e->m, &n_blocks, err);
+    if (st)
+        return st;
+    kv_cache_config kc = {c->block_size, c->kv_type, n_blocks, 0, !c->no_prefix_cache};
+    const llm_hparams *hp = &e->m->hp;
+    if ((st = kv_cache_new(&kc, e->b, hp->n_layer, hp->n_head_kv, hp->head_dim, &e->kv, err)))
+        return st;
+    sched_config sc = {c->max_seqs, c->max_batch_tokens, c->aging_ms};
+    if ((st = sched_init(&e->s, &sc, e->kv, err)) || (st = llm_forward_new(e->m, e->b, c->max_batch_tokens, c->max_seqs, &e->fwd, err)))
+        return st;
+    e->b_tokens = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
+    e->b_logit_rows = malloc(sizeof(int32_t) * (size_t)c->max_seqs);
+    e->b_seqs = malloc(sizeof(llm_batch_seq) * (size_t)c->max_seqs);
+    e->cp_src = malloc(sizeof(int32_t) * (size_t)n_blocks);
+    e->cp_dst = malloc(sizeof(int32_t) * (size_t)n_blocks);
+    if (!e->b_tokens || !e->b_logit_rows || !e->b_seqs || !e->cp_src || !e->cp_dst)
+        return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory");
+    return LLM_OK;
+}
+
+static void engine_free(llm_engine *e)
+{
+    while (e->reqs) {
+        eng_req *r = e->reqs;
+        req_drop_seqs(e, r);
+        req_unlink(e, r);
+        req_free(r);
+    }
+    if (e->kv)
+        sched_free(&e->s);
+    llm_forward_free(e->fwd);
+    kv_cache_free(e->kv);
+    free(e->b_tokens);
+    free(e->b_logit_rows);
+    free(e->b_seqs);
+    free(e->cp_src);
+    free(e->cp_dst);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->work);
+    pthread_cond_destroy(&e->step_done);
+    free(e);
+}
+
+llm_status llm_engine_open(const llm_engine_config *cfg, llm_engine **out, llm_error *err)
+{
+    *out = NULL;
+    llm_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory");
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->work, NULL);
+    pthread_cond_init(&e->step_done, NULL);
+    e->cfg = *cfg;
+    e->m = cfg->model;
+    e->b = cfg->backend;
+    llm_status st = cfg->model ? config_defaults(&e->cfg, e->m, err) : llm_errf(err, LLM_ERR_INVALID_ARG, "engine: no model");
+    if (!st)
+        st = engine_alloc(e, err);
+    if (!st && pthread_create(&e->thread, NULL, engine_main, e))
+        st = llm_errf(err, LLM_ERR_BACKEND, "engine: cannot start the engine thread");
+    if (st) {
+        engine_free(e);
+        return st;
+    }
+    e->thread_started = 1;
+    *out = e;
+    return LLM_OK;
+}
+
+void llm_engine_close(llm_engine *e)
+{
+    if (!e)
+        return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->mu);
+    if (e->thread_started)
+        pthread_join(e->thread, NULL);
+    engine_free(e);
+}

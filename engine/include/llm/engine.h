@@ -1,0 +1,129 @@
+/* engine.h - the serving engine: many requests share one model; one
+ * engine thread runs steps, each a single batched forward pass over the
+ * decode tokens of every running sequence plus prefill chunks of new ones
+ * (continuous batching, scheduler.h), with K/V in a paged cache with
+ * prefix caching (kv_cache.h). Callers submit requests and read each
+ * request's events (tokens with text and log-probabilities, then one DONE
+ * per completion, or an ERROR).
+ *
+ * Outputs do not depend on load: a request's tokens are the same alone or
+ * batched with others, chunked, preempted and recomputed, or served from
+ * the prefix cache (the forward pass is batch-invariant).
+ *
+ * Ownership: llm_engine_open borrows the model and backend (both must
+ * outlive the engine) and owns everything else; llm_engine_close (NULL ok)
+ * stops the thread and drops every request. A request belongs to the
+ * engine: it is freed when its last event has been read or when it is
+ * cancelled. An event's text is owned by the caller: free it with
+ * llm_event_clear.
+ * Thread-safety: every function but open/close may be called from any
+ * thread at any time. No lock is held across a forward pass; cancel waits
+ * at most for the step in flight. */
+#ifndef LLM_ENGINE_H
+#define LLM_ENGINE_H
+
+#include <stdint.h>
+
+#include "llm/kv_cache.h"
+#include "llm/model.h"
+#include "llm/sampler.h"
+
+#define LLM_MAX_N 16         /* completions per request */
+#define LLM_MAX_STOPS 8      /* stop strings per request */
+#define LLM_MAX_STOP_LEN 256 /* bytes per stop string */
+
+typedef struct llm_engine_config {
+    const llm_model *model;  /* borrowed */
+    llm_backend *backend;    /* borrowed */
+    int n_ctx;               /* tokens per sequence, prompt and output; 0: the model's, at most 4096 */
+    int max_seqs;            /* sequences running at once; 0: 64 */
+    int max_batch_tokens;    /* tokens per step; 0: 512 */
+    int max_waiting;         /* waiting sequences before submit fails with LLM_ERR_QUEUE_FULL; 0: 256 */
+    int block_size;          /* KV tokens per block; 0: 16 */
+    llm_kv_type kv_type;     /* default F16 */
+    size_t kv_cache_bytes;   /* KV pool; 0: kv_cache_fraction of the backend's available memory */
+    float kv_cache_fraction; /* 0: 0.25; the pool is capped at max_seqs full contexts either way */
+    int aging_ms;            /* waiting this long is worth one priority level; 0: 1000 */
+    int no_prefix_cache;     /* 1: do not keep or reuse blocks by content */
+} llm_engine_config;
+
+typedef uint64_t llm_request_id;
+
+typedef struct llm_request {
+    const int32_t *tokens;   /* prompt ids, or NULL to tokenize text */
+    int n_tokens;
+    const char *text;        /* prompt text (BOS added as the vocabulary says; special tokens parsed) */
+    llm_sampling sampling;   /* completion i uses seed + i */
+    int max_tokens;          /* 0: until the context is full */
+    const char *const *stop; /* stop strings: output ends before the first match */
+    int n_stop;
+    int priority;            /* larger is more urgent; 0 default */
+    int n;                   /* completions; 0: 1 */
+    int ignore_eos;          /* 1: end-of-generation tokens do not stop */
+} llm_request;
+
+typedef enum llm_event_type { LLM_EVENT_TOKEN = 1, LLM_EVENT_DONE = 2, LLM_EVENT_ERROR = 3 } llm_event_type;
+typedef enum llm_finish { LLM_FINISH_NONE = 0, LLM_FINISH_STOP = 1, LLM_FINISH_LENGTH = 2 } llm_finish;
+
+typedef struct llm_usage {
+    int prompt_tokens, completion_tokens;
+    int cached_tokens;       /* prompt tokens served from the prefix cache (or shared with a sibling) */
+    int preemptions;
+    double queue_ms;         /* submit to first scheduled */
+    double ttft_ms;          /* submit to first token */
+    double total_ms;         /* submit to done */
+} llm_usage;
+
+typedef struct llm_event {
+    llm_event_type type;
+    int index;               /* completion index */
+    int32_t token;           /* TOKEN */
+    char *text;              /* TOKEN, DONE: new text (may be ""; held back while it could start a stop
+                                string or ends inside a UTF-8 character); NUL-terminated, caller frees */
+    size_t text_len;
+    llm_sample_result sample; /* TOKEN: logprob and the top alternatives when asked for */
+    llm_finish finish;       /* DONE */
+    llm_usage usage;         /* DONE */
+    llm_error error;         /* ERROR: the request is over */
+} llm_event;
+
+typedef struct llm_stats {
+    int running, waiting;    /* sequences */
+    int requests;            /* requests not yet fully read */
+    int kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_block_size;
+    uint64_t steps, preemptions, requests_done;
+    uint64_t prompt_tokens;  /* prompt tokens admitted */
+    uint64_t cached_tokens;  /* of those, not computed thanks to the prefix cache or a sibling */
+    uint64_t computed_tokens; /* tokens run through the model */
+    uint64_t generated_tokens;
+    double prefix_hit_rate;  /* cached_tokens / prompt_tokens */
+    double gen_tokens_per_s; /* over the last few seconds */
+} llm_stats;
+
+typedef struct llm_engine llm_engine;
+
+/* Sizes the KV pool, starts the engine thread. Errors name the setting. */
+llm_status llm_engine_open(const llm_engine_config *cfg, llm_engine **out, llm_error *err);
+void llm_engine_close(llm_engine *e);
+
+/* Validates and queues a request; *id identifies it for next/cancel.
+ * Errors (nothing queued): LLM_ERR_INVALID_ARG (a field, named),
+ * LLM_ERR_TOO_LONG (prompt plus max_tokens over n_ctx), LLM_ERR_KV_FULL
+ * (one sequence would need more blocks than the pool has),
+ * LLM_ERR_QUEUE_FULL (too many waiting: retry later), LLM_ERR_SHUTDOWN. */
+llm_status llm_engine_submit(llm_engine *e, const llm_request *req, llm_request_id *id, llm_error *err);
+
+/* Next event of a request, waiting up to timeout_ms (< 0: forever).
+ * LLM_OK with *ev filled; LLM_ERR_TIMEOUT; LLM_ERR_NOT_FOUND (unknown id,
+ * or all its events were read). After the last DONE (one per completion)
+ * or an ERROR the request is gone. */
+llm_status llm_engine_next(llm_engine *e, llm_request_id id, llm_event *ev, int timeout_ms);
+void llm_event_clear(llm_event *ev);
+
+/* Drops a request at once: its blocks are free when this returns (it waits
+ * for the step in flight, if the request is in it). Unknown ids are ignored. */
+void llm_engine_cancel(llm_engine *e, llm_request_id id);
+
+void llm_engine_stats(llm_engine *e, llm_stats *out);
+
+#endif
