@@ -217,11 +217,247 @@ static void test_batching_stories(void **st)
     check_batching(g_story);
 }
 
+
+/* A second request with the same long prefix computes only the new
+ * tokens; its output equals the uncached output. */
+static void test_prefix_cache(void **st)
+{
+    (void)st;
+    const llm_model *m = g_tiny;
+    int32_t a[140], b[140];
+    uint64_t seed = 5;
+    for (int i = 0; i < 140; i++) a[i] = b[i] = (int32_t)(test_rng(&seed) % (uint64_t)m->hp.n_vocab);
+    for (int i = 120; i < 140; i++) b[i] = (int32_t)((b[i] + 1) % m->hp.n_vocab); /* shared prefix: 120 tokens */
+    static result ra, rb, rb_cold;
+    llm_engine *cold = open_engine(m, (llm_engine_config){.n_ctx = 256, .no_prefix_cache = 1});
+    llm_request rq = greedy(b, 140, 20);
+    collect(cold, submit(cold, &rq), 1, &rb_cold);
+    close_engine(cold);
+    llm_engine *e = open_engine(m, (llm_engine_config){.n_ctx = 256});
+    rq = greedy(a, 140, 20);
+    collect(e, submit(e, &rq), 1, &ra);
+    llm_stats s0, s1;
+    llm_engine_stats(e, &s0);
+    rq = greedy(b, 140, 20);
+    collect(e, submit(e, &rq), 1, &rb);
+    llm_engine_stats(e, &s1);
+    assert_int_equal(rb.usage[0].cached_tokens, 112); /* 7 whole blocks of the 120 shared tokens */
+    assert_int_equal(s1.cached_tokens - s0.cached_tokens, 112);
+    /* computed: 28 prompt tokens + 19 decode steps (the 20th token needs none) */
+    assert_int_equal(s1.computed_tokens - s0.computed_tokens, 140 - 112 + 19);
+    assert_memory_equal(rb.tok[0], rb_cold.tok[0], sizeof(int32_t) * 20);
+    assert_true(s1.prefix_hit_rate > 0.39 && s1.prefix_hit_rate < 0.41); /* 112 of 280 */
+    close_engine(e);
+}
+
+/* Cancel in the middle of generation frees the request's blocks before it
+ * returns; the id is gone. */
+static void test_cancel(void **st)
+{
+    (void)st;
+    llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 512});
+    int32_t p[64];
+    int n = make_prompt(g_tiny, 3, p);
+    llm_request rq = greedy(p, n, 400);
+    llm_request_id id = submit(e, &rq), other = submit(e, &rq);
+    llm_event ev;
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(llm_engine_next(e, id, &ev, 60000), LLM_OK);
+        assert_int_equal(ev.type, LLM_EVENT_TOKEN);
+        llm_event_clear(&ev);
+    }
+    llm_stats s;
+    llm_engine_stats(e, &s);
+    assert_true(s.kv_blocks_used > 0);
+    llm_engine_cancel(e, id);
+    llm_engine_cancel(e, other); /* never read: cancel works at any point */
+    llm_engine_stats(e, &s);
+    assert_int_equal(s.kv_blocks_used, 0);
+    assert_int_equal(llm_engine_next(e, id, &ev, 0), LLM_ERR_NOT_FOUND);
+    llm_engine_cancel(e, id); /* twice: ignored */
+    llm_engine_cancel(e, 12345);
+    close_engine(e);
+}
+
+/* Under saturation (2 running at once) a high-priority request that
+ * arrives last gets its first token before the low-priority requests that
+ * arrived earlier and were still waiting. */
+static void test_priority(void **st)
+{
+    (void)st;
+    llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 256, .max_seqs = 2});
+    enum { NL = 6 };
+    int32_t p[NL + 1][64];
+    llm_request_id lo[NL];
+    for (int k = 0; k < NL; k++) {
+        int n = make_prompt(g_tiny, k, p[k]);
+        llm_request rq = greedy(p[k], n, 60);
+        lo[k] = submit(e, &rq);
+    }
+    llm_event ev; /* the first two are running once they have a token */
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(llm_engine_next(e, lo[k], &ev, 60000), LLM_OK);
+        llm_event_clear(&ev);
+    }
+    int n = make_prompt(g_tiny, 40, p[NL]);
+    llm_request rq = greedy(p[NL], n, 5);
+    rq.priority = 10;
+    llm_request_id hi = submit(e, &rq);
+    static result rh, rl;
+    collect(e, hi, 1, &rh);
+    for (int k = 0; k < NL; k++) {
+        collect(e, lo[k], 1, &rl);
+        print_message("low %d: ttft %.1f ms (high: %.1f ms)\n", k, rl.usage[0].ttft_ms, rh.usage[0].ttft_ms);
+        if (k >= 2) /* these were waiting when the high one came */
+            assert_true(rh.usage[0].ttft_ms < rl.usage[0].ttft_ms);
+    }
+    llm_stats s;
+    llm_engine_stats(e, &s);
+    assert_true(s.preemptions >= 1); /* it took a running slot */
+    close_engine(e);
+}
+
+/* Bad requests fail with a message naming the field; nothing is queued. */
+static void test_bad_requests(void **st)
+{
+    (void)st;
+    llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 64, .max_waiting = 3, .max_seqs = 1});
+    llm_error err = {0};
+    llm_request_id id;
+    int32_t p[100] = {0};
+    llm_request rq = greedy(p, 10, 5);
+    p[3] = g_tiny->hp.n_vocab;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "index 3"));
+    p[3] = 0;
+    rq = greedy(p, 70, 5);
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_TOO_LONG);
+    rq = greedy(p, 30, 40);
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_TOO_LONG);
+    assert_non_null(strstr(err.msg, "max_tokens 40"));
+    rq = greedy(p, 10, 5);
+    rq.n = 17;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    rq.n = 1;
+    rq.sampling.top_p = 2;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "top_p"));
+    rq.sampling.top_p = 1;
+    const char *stops[] = {""};
+    rq.stop = stops;
+    rq.n_stop = 1;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    rq.n_stop = 0;
+    rq.tokens = NULL;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    llm_stats s;
+    llm_engine_stats(e, &s);
+    assert_int_equal(s.waiting + s.running + s.requests, 0);
+    /* the waiting limit: 1 running, 3 waiting, the next one fails fast */
+    rq = greedy(p, 10, 50);
+    llm_request_id ids[4];
+    llm_event ev;
+    ids[0] = submit(e, &rq);
+    assert_int_equal(llm_engine_next(e, ids[0], &ev, 60000), LLM_OK); /* running */
+    llm_event_clear(&ev);
+    for (int i = 1; i < 4; i++) ids[i] = submit(e, &rq);
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_QUEUE_FULL);
+    assert_non_null(strstr(err.msg, "limit is 3"));
+    for (int i = 0; i < 4; i++) llm_engine_cancel(e, ids[i]);
+    close_engine(e);
+}
+
+/* n > 1: completion i equals a separate request with seed + i, with the
+ * prompt computed once and shared (forked, copy-on-write). */
+static void test_n_completions(void **st)
+{
+    (void)st;
+    llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 256});
+    int32_t p[64];
+    int n = make_prompt(g_tiny, 9, p);
+    llm_request rq = greedy(p, n, 30);
+    rq.sampling.temperature = 0.9f;
+    rq.sampling.seed = 77;
+    rq.n = 4;
+    static result all, one;
+    collect(e, submit(e, &rq), 4, &all);
+    rq.n = 1;
+    int distinct = 0;
+    for (int i = 0; i < 4; i++) {
+        rq.sampling.seed = 77 + (uint64_t)i;
+        collect(e, submit(e, &rq), 1, &one);
+        assert_int_equal(all.n_tok[i], 30);
+        if (memcmp(all.tok[i], one.tok[0], sizeof(int32_t) * 30))
+            fail_msg("completion %d of n=4 differs from a request with seed %d", i, 77 + i);
+        distinct += i > 0 && memcmp(all.tok[i], all.tok[0], sizeof(int32_t) * 30) != 0;
+    }
+    assert_true(distinct > 0);
+    llm_stats s;
+    llm_engine_stats(e, &s);
+    assert_true(s.cached_tokens >= (uint64_t)(3 * (n - 1))); /* the three siblings shared the prompt */
+    close_engine(e);
+}
+
+/* Text: the concatenated event text is the detokenized output; a stop
+ * string ends it just before the match; logprobs come with tokens. */
+static void test_text_and_stop(void **st)
+{
+    (void)st;
+    if (!g_story) {
+        print_message("skipped: ../shared/models/stories260K.gguf not present\n");
+        skip();
+    }
+    llm_engine *e = open_engine(g_story, (llm_engine_config){.n_ctx = 128});
+    llm_request rq = {.text = "Once upon a time", .sampling = llm_sampling_default(), .max_tokens = 60};
+    rq.sampling.n_logprobs = 3;
+    static result r, rs;
+    collect(e, submit(e, &rq), 1, &r);
+    llm_error err = {0};
+    size_t len;
+    char *want = llm_detokenize(g_story->vocab, r.tok[0], r.n_tok[0], 0, &len, &err);
+    assert_non_null(want);
+    print_message("text: \"%s\"\n", r.text[0]);
+    assert_true(r.text_len[0] == len || (len > 0 && want[0] != ' ' && r.text_len[0] == len + 1));
+    assert_non_null(strstr(r.text[0], want[0] == ' ' ? want + 1 : want));
+    assert_true(r.text_len[0] > 20);
+    /* stop at a word from the middle of the text */
+    char stop[16] = {0};
+    const char *mid = strchr(r.text[0] + r.text_len[0] / 2, ' ');
+    assert_non_null(mid);
+    memcpy(stop, mid, 6);
+    const char *stops[] = {"\x01never", stop};
+    rq.stop = stops;
+    rq.n_stop = 2;
+    collect(e, submit(e, &rq), 1, &rs);
+    assert_int_equal(rs.finish[0], LLM_FINISH_STOP);
+    assert_int_equal(rs.text_len[0], (size_t)(strstr(r.text[0], stop) - r.text[0]));
+    assert_memory_equal(rs.text[0], r.text[0], rs.text_len[0]);
+    free(want);
+    /* logprobs: the chosen token's is the largest of the top 3 (greedy) */
+    llm_event ev;
+    rq.n_stop = 0;
+    rq.max_tokens = 3;
+    llm_request_id id = submit(e, &rq);
+    assert_int_equal(llm_engine_next(e, id, &ev, 60000), LLM_OK);
+    assert_int_equal(ev.sample.n_top, 3);
+    assert_int_equal(ev.sample.top[0].id, ev.token);
+    assert_true(ev.sample.logprob <= 0 && ev.sample.top[1].logprob <= ev.sample.top[0].logprob);
+    llm_event_clear(&ev);
+    llm_engine_cancel(e, id);
+    close_engine(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batching_tiny),
         cmocka_unit_test(test_batching_stories),
+        cmocka_unit_test(test_prefix_cache),
+        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_priority),
+        cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_n_completions),
+        cmocka_unit_test(test_text_and_stop),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
