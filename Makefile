@@ -36,7 +36,7 @@ UNIT_BIN = $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 $(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 $(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
-.PHONY: all run test asan bench deps lint clean unit pytest fuzz models
+.PHONY: all run test asan bench deps lint clean unit pytest fuzz models tsan
 all: $(LIB) $(TOOL_BIN) $(UNIT_BIN)
 
 $(BUILD)/%.o: %.c $(wildcard engine/include/llm/*.h engine/*.h engine/cpu/*.h)
@@ -99,10 +99,19 @@ test: deps
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory pytest
 	@$(MAKE) --no-print-directory fuzz
+	@$(MAKE) --no-print-directory tsan
 
 asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" unit pytest
+
+# The threaded parts (engine, scheduler) under ThreadSanitizer.
+TSAN_TESTS = test_engine test_scheduler test_kv_cache
+tsan:
+	@$(MAKE) --no-print-directory BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread" \
+	  $(TSAN_TESTS:%=build-tsan/tests/%)
+	@fail=0; for t in $(TSAN_TESTS); do echo "== tsan $$t"; \
+	  TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/$$t || fail=1; done; exit $$fail
 
 bench: deps all
 	$(PYTHON) tests/bench/bench.py --build $(BUILD)
@@ -111,4 +120,4 @@ lint:
 	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) tools/*.c || (echo "lint: banned call" && false)
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-tsan

@@ -209,7 +209,8 @@ static int preempt_for(sched *s, const sched_seq *q)
  * large request is not overtaken forever by small ones. */
 static void plan_admit(sched *s)
 {
-    qsort(s->waiting, (size_t)s->n_waiting, sizeof *s->waiting, urgency_cmp);
+    if (s->n_waiting > 1)
+        qsort(s->waiting, (size_t)s->n_waiting, sizeof *s->waiting, urgency_cmp);
     for (int i = 0; i < s->n_waiting;) {
         sched_seq *q = s->waiting[i];
         int budget = s->cfg.max_batch_tokens - s->n_rows, fork = fork_state(q);
@@ -239,7 +240,8 @@ static void plan_admit(sched *s)
 int sched_plan(sched *s)
 {
     s->n_items = s->n_rows = 0;
-    qsort(s->running, (size_t)s->n_running, sizeof *s->running, urgency_cmp);
+    if (s->n_running > 1)
+        qsort(s->running, (size_t)s->n_running, sizeof *s->running, urgency_cmp);
     plan_running(s, 1);
     plan_running(s, 0);
     plan_admit(s);

@@ -39,7 +39,8 @@ static void feed(fx *f, kv_seq *s, const int32_t *toks, int n)
     kv_seq_commit(f->c, s, toks, n);
 }
 
-static const int32_t T[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+static const int32_t T[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+                            21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32};
 
 static void test_alloc_release(void **st)
 {
@@ -197,8 +198,10 @@ static void test_fork_unindexes(void **st)
     feed(&f, &a, T, 8);
     assert_int_equal(kv_seq_fork(f.c, &b, &a, T, 7), LLM_OK);
     kv_seq_release(f.c, &a);
-    int32_t other = 77;
-    feed(&f, &b, &other, 1); /* b's position 7 now differs from T[7] */
+    int32_t tb[8];
+    memcpy(tb, T, sizeof tb);
+    tb[7] = 77;
+    feed(&f, &b, tb, 1); /* b's position 7 now differs from T[7] */
     const int32_t *src, *dst;
     assert_int_equal(kv_cache_copies(f.c, &src, &dst), 0);
     assert_int_equal(kv_seq_match(f.c, &c, T, 8), 4); /* only the untouched block */
