@@ -24,7 +24,7 @@ ENGINE_SRC = engine/status.c engine/quant.c engine/gguf.c engine/gguf_writer.c e
              engine/sampler.c engine/model.c engine/forward.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/session.c engine/backend_cpu.c engine/cpu/cpu_attention.c \
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c \
              engine/mkmodel.c
-TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench
+TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)

@@ -40,22 +40,23 @@ static void mm_tile(const mm_part *p, cpu_dot4_fn fn, int width, int t, long r0,
     const char *x = (const char *)p->act + (size_t)t * p->act_row;
     size_t rows = (size_t)p->w->rows;
     for (long r = r0; r < r1; r++) {
-        float out[8];
+        float out[16];
         fn((const char *)p->w->data + (size_t)r * p->w->row_bytes, x, p->act_row, (int)p->w->cols, out);
         for (int i = 0; i < width; i++) p->y[(size_t)(t + i) * rows + (size_t)r] = out[i];
     }
 }
 
-/* Rows [r0, r1) of one weight against every token; tokens go eight or four
+/* Rows [r0, r1) of one weight against every token; tokens go 16, 8 or 4
  * at a time through the tile kernels when the set has them. */
 static void mm_rows(const cpu_kernels *k, const mm_part *p, int n_tok, long r0, long r1)
 {
     cpu_dot_fn dot = k->dot[p->w->type];
-    cpu_dot4_fn dot4 = k->dot4[p->w->type], dot8 = k->dot8[p->w->type];
+    cpu_dot4_fn dot4 = k->dot4[p->w->type], dot8 = k->dot8[p->w->type], dot16 = k->dot16[p->w->type];
     const char *wd = p->w->data;
     int cols = (int)p->w->cols;
     size_t rows = (size_t)p->w->rows;
     int t = 0;
+    for (; dot16 && t + 16 <= n_tok; t += 16) mm_tile(p, dot16, 16, t, r0, r1);
     for (; dot8 && t + 8 <= n_tok; t += 8) mm_tile(p, dot8, 8, t, r0, r1);
     for (; dot4 && t + 4 <= n_tok; t += 4) mm_tile(p, dot4, 4, t, r0, r1);
     for (; t < n_tok; t++) {

@@ -41,6 +41,7 @@ typedef struct cpu_kernels {
     cpu_dot_fn dot[QT_COUNT];          /* by weight type */
     cpu_dot4_fn dot4[QT_COUNT];        /* optional, by weight type */
     cpu_dot4_fn dot8[QT_COUNT];        /* optional: eight activation rows */
+    cpu_dot4_fn dot16[QT_COUNT];       /* optional: two 8-row tiles, 8 * stride bytes apart */
     const cpu_act *act[QT_COUNT];      /* by weight type */
     float (*dot_f32)(const float *a, const float *b, int n);
     /* y += a * x */

@@ -197,18 +197,18 @@ static void check_dot(const cpu_kernels *k, quant_type wt, int n)
             if (fabsf(af[i] - x[i]) > amax * (0.5001f / 127.f + 5e-4f) + 1e-7f)
                 fail_msg("%s activations for %s, elem %d: %g for %g", k->name, quant_type_name(wt), i, af[i], x[i]);
     }
-    for (int width = 4; width <= 8; width += 4) { /* tile kernels vs float64, per row */
-        cpu_dot4_fn fn = width == 4 ? k->dot4[wt] : k->dot8[wt];
+    for (int width = 4; width <= 16; width *= 2) { /* tile kernels vs float64, per row */
+        cpu_dot4_fn fn = width == 4 ? k->dot4[wt] : width == 8 ? k->dot8[wt] : k->dot16[wt];
         if (!fn)
             continue;
-        uint8_t *rows = malloc(8 * ab), *tile = malloc(8 * ab);
-        float out[8], *x8 = malloc(sizeof(float) * 8 * (size_t)n);
-        for (int i = 0; i < 8 * n; i++) x8[i] = test_randf(&seed);
+        uint8_t *rows = malloc(16 * ab), *tile = malloc(16 * ab);
+        float out[16], *x8 = malloc(sizeof(float) * 16 * (size_t)n);
+        for (int i = 0; i < 16 * n; i++) x8[i] = test_randf(&seed);
         for (int t = 0; t < width; t++) act->quantize(x8 + (size_t)t * n, rows + (size_t)t * ab, n);
-        if (width == 8 && act->quantize8) /* the tile holds the same values, reordered */
-            act->quantize8(x8, (size_t)n, tile, n);
+        if (width >= 8 && act->quantize8) /* each tile holds the same values, reordered */
+            for (int t0 = 0; t0 < width; t0 += 8) act->quantize8(x8 + (size_t)t0 * n, (size_t)n, tile + (size_t)t0 * ab, n);
         else
-            memcpy(tile, rows, 8 * ab);
+            memcpy(tile, rows, 16 * ab);
         fn(w, tile, ab, n, out);
         for (int t = 0; t < width; t++) {
             double r4 = 0, m4 = 0;
