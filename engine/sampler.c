@@ -241,9 +241,12 @@ void llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *
     memcpy(s->work, logits, sizeof(float) * (size_t)s->n_vocab);
     apply_penalties(s);
     r->id = s->p.temperature <= 0 ? argmax(s->work, s->n_vocab) : sample_filtered(s);
+    r->logprob = 0;
+    r->n_top = 0;
+    if (!s->p.logprobs && !s->p.n_logprobs)
+        return; /* the normalizer costs as much as the rest: only when asked */
     double lz = log_norm(s->work, s->n_vocab);
     r->logprob = (float)(s->work[r->id] - lz);
-    r->n_top = 0;
     if (s->p.n_logprobs)
         top_logprobs(s, lz, r);
 }

@@ -255,45 +255,84 @@ static void axpy(float *y, float a, const float *x, int n)
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* Four keys at a time share each load of q; one horizontal reduction for
- * all four. Dimensions past a multiple of 8 go through dot_f32's tail. */
-static void attn_dots(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *out)
-{
-    int i = 0, d8 = hd & ~7;
-    for (; i + 4 <= n && d8 == hd; i += 4) {
-        const float *k0 = k + (size_t)i * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
-        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-        for (int d = 0; d < hd; d += 8) {
-            __m256 vq = _mm256_loadu_ps(q + d);
-            s0 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k0 + d), s0);
-            s1 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k1 + d), s1);
-            s2 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k2 + d), s2);
-            s3 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k3 + d), s3);
-        }
-        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
-        __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        _mm_storeu_ps(out + i, _mm_mul_ps(r, _mm_set1_ps(scale)));
-    }
-    for (; i < n; i++) out[i] = scale * dot_f32(q, k + (size_t)i * stride, hd);
-}
+/* The attention kernels exist for float K/V and for F16 K/V read in place
+ * (decode: no conversion pass). Both are stamped from one body with a
+ * different load, so for the same values they round identically: a row's
+ * result does not depend on which path its batch took. */
+#define LD_F32(p) _mm256_loadu_ps(p)
+#define LD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define SC_F32(x) (x)
+#define SC_F16(x) h2f(x)
 
-/* o stays in registers, 64 dimensions at a time, across all rows. */
-static void attn_wsum(float *o, const float *w, const float *v, size_t stride, int n, int hd)
-{
-    int d = 0;
-    for (; d + 64 <= hd; d += 64) {
-        __m256 a[8];
-        for (int c = 0; c < 8; c++) a[c] = _mm256_loadu_ps(o + d + 8 * c);
-        for (int i = 0; i < n; i++) {
-            __m256 wi = _mm256_broadcast_ss(w + i);
-            const float *vi = v + (size_t)i * stride + d;
-            for (int c = 0; c < 8; c++) a[c] = _mm256_fmadd_ps(wi, _mm256_loadu_ps(vi + 8 * c), a[c]);
-        }
-        for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d + 8 * c, a[c]);
+/* q . k over n dims: two accumulators by 16, one by 8, then the tail. */
+#define DEF_DOT(name, T, LD, SC)                                                     \
+    static float name(const float *a, const T *b, int n)                            \
+    {                                                                                \
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                   \
+        int i = 0;                                                                   \
+        for (; i + 16 <= n; i += 16) {                                               \
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LD(b + i), s0);             \
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), LD(b + i + 8), s1);     \
+        }                                                                            \
+        for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LD(b + i), s0); \
+        float s = hsum8(_mm256_add_ps(s0, s1));                                      \
+        for (; i < n; i++) s += a[i] * SC(b[i]);                                      \
+        return s;                                                                    \
     }
-    if (d < hd)
-        for (int i = 0; i < n; i++) axpy(o + d, w[i], v + (size_t)i * stride + d, hd - d);
-}
+DEF_DOT(dot_q_f16, quant_f16, LD_F16, SC_F16)
+
+/* Four keys at a time share each load of q; one horizontal reduction for
+ * all four. Dimensions past a multiple of 8 go through the one-key dot. */
+#define DEF_ATTN_DOTS(name, T, LD, DOT1)                                                            \
+    static void name(const float *q, const T *k, size_t stride, int n, int hd, float scale, float *out) \
+    {                                                                                               \
+        int i = 0, d8 = hd & ~7;                                                                    \
+        for (; i + 4 <= n && d8 == hd; i += 4) {                                                    \
+            const T *k0 = k + (size_t)i * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride; \
+            __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                             \
+            for (int d = 0; d < hd; d += 8) {                                                       \
+                __m256 vq = _mm256_loadu_ps(q + d);                                                 \
+                s0 = _mm256_fmadd_ps(vq, LD(k0 + d), s0);                                           \
+                s1 = _mm256_fmadd_ps(vq, LD(k1 + d), s1);                                           \
+                s2 = _mm256_fmadd_ps(vq, LD(k2 + d), s2);                                           \
+                s3 = _mm256_fmadd_ps(vq, LD(k3 + d), s3);                                           \
+            }                                                                                       \
+            __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));              \
+            __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));          \
+            _mm_storeu_ps(out + i, _mm_mul_ps(r, _mm_set1_ps(scale)));                              \
+        }                                                                                           \
+        for (; i < n; i++) out[i] = scale * DOT1(q, k + (size_t)i * stride, hd);                    \
+    }
+DEF_ATTN_DOTS(attn_dots, float, LD_F32, dot_f32)
+DEF_ATTN_DOTS(attn_dots_f16, quant_f16, LD_F16, dot_q_f16)
+
+/* o stays in registers, 64 dimensions at a time, across all rows; the
+ * rest of the dimensions go as in axpy. */
+#define DEF_ATTN_WSUM(name, T, LD, SC)                                                          \
+    static void name(float *o, const float *w, const T *v, size_t stride, int n, int hd)         \
+    {                                                                                           \
+        int d = 0;                                                                              \
+        for (; d + 64 <= hd; d += 64) {                                                         \
+            __m256 a[8];                                                                        \
+            for (int c = 0; c < 8; c++) a[c] = _mm256_loadu_ps(o + d + 8 * c);                 \
+            for (int i = 0; i < n; i++) {                                                       \
+                __m256 wi = _mm256_broadcast_ss(w + i);                                         \
+                const T *vi = v + (size_t)i * stride + d;                                       \
+                for (int c = 0; c < 8; c++) a[c] = _mm256_fmadd_ps(wi, LD(vi + 8 * c), a[c]);  \
+            }                                                                                   \
+            for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d + 8 * c, a[c]);                  \
+        }                                                                                       \
+        for (int i = 0; d < hd && i < n; i++) {                                                 \
+            const T *vi = v + (size_t)i * stride;                                               \
+            __m256 wi = _mm256_set1_ps(w[i]);                                                   \
+            int e = d;                                                                          \
+            for (; e + 8 <= hd; e += 8)                                                         \
+                _mm256_storeu_ps(o + e, _mm256_fmadd_ps(wi, LD(vi + e), _mm256_loadu_ps(o + e))); \
+            for (; e < hd; e++) o[e] += w[i] * SC(vi[e]);                                       \
+        }                                                                                       \
+    }
+DEF_ATTN_WSUM(attn_wsum, float, LD_F32, SC_F32)
+DEF_ATTN_WSUM(attn_wsum_f16, quant_f16, LD_F16, SC_F16)
 
 static void f16_to_f32(const void *src, float *dst, int n)
 {
@@ -335,6 +374,8 @@ static const cpu_kernels avx2 = {
     .axpy = axpy,
     .attn_dots = attn_dots,
     .attn_wsum = attn_wsum,
+    .attn_dots_f16 = attn_dots_f16,
+    .attn_wsum_f16 = attn_wsum_f16,
     .to_f32 = {[QT_F16] = f16_to_f32, [QT_Q8_0] = q8_0_to_f32},
     .to_f16 = f32_to_f16,
 };

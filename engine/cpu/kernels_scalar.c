@@ -149,6 +149,22 @@ static void attn_wsum(float *o, const float *w, const float *v, size_t stride, i
     for (int i = 0; i < n; i++) axpy(o, w[i], v + (size_t)i * stride, hd);
 }
 
+/* As attn_dots and attn_wsum, on F16 rows: same order, same rounding. */
+static void attn_dots_f16(const float *q, const quant_f16 *k, size_t stride, int n, int hd, float scale, float *out)
+{
+    for (int i = 0; i < n; i++) {
+        float s = 0;
+        for (int d = 0; d < hd; d++) s += q[d] * quant_f16_to_f32(k[(size_t)i * stride + d]);
+        out[i] = scale * s;
+    }
+}
+
+static void attn_wsum_f16(float *o, const float *w, const quant_f16 *v, size_t stride, int n, int hd)
+{
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < hd; d++) o[d] += w[i] * quant_f16_to_f32(v[(size_t)i * stride + d]);
+}
+
 static void f16_to_f32(const void *src, float *dst, int n) { quant_dequantize_row(QT_F16, src, dst, (size_t)n); }
 static void q8_0_to_f32(const void *src, float *dst, int n) { quant_dequantize_row(QT_Q8_0, src, dst, (size_t)n); }
 
@@ -167,6 +183,8 @@ static const cpu_kernels scalar = {
     .axpy = axpy,
     .attn_dots = attn_dots,
     .attn_wsum = attn_wsum,
+    .attn_dots_f16 = attn_dots_f16,
+    .attn_wsum_f16 = attn_wsum_f16,
     .to_f32 = {[QT_F16] = f16_to_f32, [QT_Q8_0] = q8_0_to_f32},
     .to_f16 = f32_to_f16,
 };

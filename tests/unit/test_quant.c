@@ -246,6 +246,19 @@ static void run_kernel_set(const cpu_kernels *k)
         for (int i = 0; i < ROWS; i++) w[i] = test_randf(&seed);
         k->attn_dots(q, kv, STRIDE, ROWS, hd, 0.125f, dots);
         k->attn_wsum(o, w, kv, STRIDE, ROWS, hd);
+        { /* F16 rows read in place round exactly like their float conversion */
+            static quant_f16 h[ROWS * STRIDE];
+            static float hf[ROWS * STRIDE], d1[ROWS], d2[ROWS], o1[STRIDE], o2[STRIDE];
+            for (int i = 0; i < ROWS * STRIDE; i++) hf[i] = quant_f16_to_f32(h[i] = quant_f32_to_f16(kv[i]));
+            memcpy(o1, o0, sizeof o1);
+            memcpy(o2, o0, sizeof o2);
+            k->attn_dots(q, hf, STRIDE, ROWS, hd, 0.125f, d1);
+            k->attn_dots_f16(q, h, STRIDE, ROWS, hd, 0.125f, d2);
+            k->attn_wsum(o1, w, hf, STRIDE, ROWS, hd);
+            k->attn_wsum_f16(o2, w, h, STRIDE, ROWS, hd);
+            if (memcmp(d1, d2, sizeof d1) || memcmp(o1, o2, sizeof o1))
+                fail_msg("%s: F16 attention kernels differ from float ones on the same values (hd=%d)", k->name, hd);
+        }
         for (int i = 0; i < ROWS; i++) {
             double ref = 0, mag = 0;
             for (int d = 0; d < hd; d++) { ref += (double)q[d] * kv[i * STRIDE + d]; mag += fabs((double)q[d] * kv[i * STRIDE + d]); }

@@ -169,6 +169,19 @@ static void test_logprobs(void **state)
     }
     assert_true(fabs(r.logprob - log(want[1])) < 1e-5);
     llm_sampler_free(s);
+    /* the chosen token's alone, or nothing when not asked for */
+    p.n_logprobs = 0;
+    p.logprobs = 1;
+    s = make(p);
+    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(r.n_top, 0);
+    assert_true(fabs(r.logprob - log(want[1])) < 1e-5);
+    llm_sampler_free(s);
+    p.logprobs = 0;
+    s = make(p);
+    llm_sampler_sample(s, logits, &r);
+    assert_true(r.logprob == 0 && r.n_top == 0);
+    llm_sampler_free(s);
 }
 
 static void test_check(void **state)

@@ -26,14 +26,15 @@ typedef struct llm_sampling {
     float frequency_penalty;  /* 0: off */
     int penalty_last_n;       /* how many recent tokens the penalties see; 0: all */
     uint64_t seed;
-    int n_logprobs;           /* 0..LLM_MAX_LOGPROBS */
+    int logprobs;             /* 1: report the chosen token's log-probability (costs a pass over the vocabulary) */
+    int n_logprobs;           /* 0..LLM_MAX_LOGPROBS most likely alternatives (implies logprobs) */
 } llm_sampling;
 
 typedef struct llm_logprob { int32_t id; float logprob; } llm_logprob;
 
 typedef struct llm_sample_result {
     int32_t id;
-    float logprob;                       /* of the chosen token */
+    float logprob;                       /* of the chosen token; 0 unless logprobs or n_logprobs */
     int n_top;
     llm_logprob top[LLM_MAX_LOGPROBS];   /* most likely first */
 } llm_sample_result;
