@@ -13,7 +13,14 @@ of traffic decode makes. Models that fit in the last-level cache (llama-110m
 does on a large-L3 server) can exceed both.
 
 Shared machines are noisy (runs of one binary vary by +-15% here), so each
-row alternates our run and llama.cpp's ROUNDS times and reports medians."""
+row alternates our run and llama.cpp's ROUNDS times and reports medians.
+
+The serving section runs the engine (llm-serve-bench): aggregate decode
+tokens/s with N concurrent sequences (each a PP-token prompt generating TG
+tokens) against llama.cpp's llama-batched-bench on the same file and
+threads (LLAMA_BATCHED_BENCH, or next to LLAMA_BENCH), then time to first
+token with 16 sequences decoding, and the prefix cache's effect on time to
+first token behind a shared 512-token system prompt."""
 import argparse
 import json
 import os
@@ -67,6 +74,59 @@ def ours(build, path, threads, p, n, reps):
     return float(r["prefill_tps"]), float(r["decode_tps"]), float(r["decode_bytes"])
 
 
+def batched_bench(exe, path, threads, pp, tg, npl):
+    out = sh([exe, "-m", path, "-t", threads, "-c", max(npl) * (pp + tg) + 64, "-b", 2048, "-ub", 512,
+              "-npp", pp, "-ntg", tg, "-npl", ",".join(map(str, npl))], env=peer_env())
+    res = {}
+    for line in out.splitlines():
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cols) == 10 and cols[0].isdigit():
+            res[int(cols[2])] = float(cols[7])  # B -> S_TG t/s
+    return res
+
+
+def serve_section(a, build):
+    npl = [int(x) for x in a.npl.split(",")]
+    exe = build / "bin" / "llm-serve-bench"
+    peer = os.environ.get("LLAMA_BATCHED_BENCH")
+    if not peer and os.environ.get("LLAMA_BENCH"):
+        cand = pathlib.Path(os.environ["LLAMA_BENCH"]).with_name("llama-batched-bench")
+        peer = str(cand) if cand.exists() else None
+    t = a.serve_threads
+    print(f"\nserving: {a.serve_pp}-token prompts, {a.serve_tg} tokens each, {t} threads, Q8_0, F16 KV")
+    head = f"{'model':<16}{'seqs':>5}{'decode t/s':>12}{'x 1 seq':>9}{'TTFT ms':>9}"
+    if peer:
+        head += f"{'llama.cpp t/s':>15}{'x 1 seq':>9}{'ratio':>8}"
+    print(head)
+    for shape in a.serve_shapes.split(","):
+        path = model(build, shape, "Q8_0")
+        mine = {n: [] for n in npl}
+        theirs = {n: [] for n in npl}
+        for _ in range(a.serve_rounds):
+            for line in sh([exe, "-m", path, "-t", t, "-p", a.serve_pp, "-n", a.serve_tg, "-r", 1,
+                            "--npl", ",".join(map(str, npl))]).splitlines():
+                r = kv(line)
+                mine[int(r["npl"])].append((float(r["decode_tps"]), float(r["ttft_ms"])))
+            if peer:
+                for n, v in batched_bench(peer, path, t, a.serve_pp, a.serve_tg, npl).items():
+                    theirs[n].append(v)
+        base = statistics.median(x[0] for x in mine[npl[0]])
+        pbase = statistics.median(theirs[npl[0]]) if peer else 0
+        for n in npl:
+            tg = statistics.median(x[0] for x in mine[n])
+            ttft = statistics.median(x[1] for x in mine[n])
+            line = f"{shape:<16}{n:>5}{tg:>12.2f}{tg / base:>9.2f}{ttft:>9.0f}"
+            if peer:
+                ptg = statistics.median(theirs[n])
+                line += f"{ptg:>15.2f}{ptg / pbase:>9.2f}{tg / ptg:>8.2f}"
+            print(line, flush=True)
+        r = kv(sh([exe, "-m", path, "-t", t, "-p", a.serve_pp, "-r", 3, "--load", 16]).splitlines()[0])
+        p = kv(sh([exe, "-m", path, "-t", t, "-r", 3, "--prefix", 512]).splitlines()[0])
+        print(f"{shape:<16} TTFT alone {float(r['ttft_alone_ms']):.0f} ms, with 16 decoding {float(r['ttft_load_ms']):.0f} ms; "
+              f"512-token shared prefix: cold {float(p['cold_ttft_ms']):.0f} ms, cached {float(p['warm_ttft_ms']):.0f} ms "
+              f"({float(p['speedup']):.1f}x, {p['cached_tokens']} tokens from the cache)", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
@@ -77,8 +137,23 @@ def main():
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("-r", type=int, default=2, help="repetitions inside one run")
     ap.add_argument("--rounds", type=int, default=5, help="alternating runs per row (medians reported)")
+    ap.add_argument("--sections", default="single,serve", help="single (one stream), serve (engine)")
+    ap.add_argument("--serve-shapes", default="llama-110m,tinyllama-1.1b")
+    ap.add_argument("--npl", default="1,4,16,64", help="concurrent sequences (serving)")
+    ap.add_argument("--serve-threads", type=int, default=2)
+    ap.add_argument("--serve-pp", type=int, default=32)
+    ap.add_argument("--serve-tg", type=int, default=32)
+    ap.add_argument("--serve-rounds", type=int, default=1)
     a = ap.parse_args()
     build = ROOT / a.build
+    sections = a.sections.split(",")
+    if "single" in sections:
+        single_section(a, build)
+    if "serve" in sections:
+        serve_section(a, build)
+
+
+def single_section(a, build):
     peer = os.environ.get("LLAMA_BENCH")
     threads = [int(t) for t in a.threads.split(",")]
     # The machine's memory bandwidth moves with its neighbours' load: measure
