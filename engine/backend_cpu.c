@@ -58,6 +58,10 @@ static void mm_rows(const cpu_kernels *k, const mm_part *p, int n_tok, long r0, 
     int t = 0;
     for (; dot16 && t + 16 <= n_tok; t += 16) mm_tile(p, dot16, 16, t, r0, r1);
     for (; dot8 && t + 8 <= n_tok; t += 8) mm_tile(p, dot8, 8, t, r0, r1);
+    if (dot8 && n_tok - t >= 4 && k->act[p->w->type]->quantize8) { /* the padded tile */
+        mm_tile(p, dot8, n_tok - t, t, r0, r1);
+        t = n_tok;
+    }
     for (; dot4 && t + 4 <= n_tok; t += 4) mm_tile(p, dot4, 4, t, r0, r1);
     for (; t < n_tok; t++) {
         const char *x = (const char *)p->act + (size_t)t * p->act_row;
@@ -111,20 +115,30 @@ typedef struct q_job {
     int cols, n_tok;
 } q_job;
 
-/* Work units: whole 8-token tiles first (when the format has them), then
- * single rows; a tile occupies the bytes of its 8 rows. */
+/* Tokens that go through 8-token tiles: whole tiles, plus a zero-padded
+ * one for a remainder of 4..7 (its wasted lanes still cost less than
+ * the one-row kernel); 0 without a tile format. */
+static int tiled_tokens(const cpu_act *a, int n_tok)
+{
+    if (!a->quantize8)
+        return 0;
+    return n_tok % 8 >= 4 ? (n_tok + 7) / 8 * 8 : n_tok / 8 * 8;
+}
+
+/* Work units: 8-token tiles first (when the format has them), then single
+ * rows; a tile occupies the bytes of its 8 rows. */
 static void q_worker(void *arg, int ith, int nth)
 {
     q_job *j = arg;
-    int tiles = j->a->quantize8 ? j->n_tok / 8 : 0;
+    int tiles = tiled_tokens(j->a, j->n_tok) / 8, tiled = tiles * 8;
     long lo, hi;
-    tp_range(tiles + (j->n_tok - 8 * tiles), ith, nth, &lo, &hi);
+    tp_range(tiles + (j->n_tok > tiled ? j->n_tok - tiled : 0), ith, nth, &lo, &hi);
     for (long u = lo; u < hi; u++) {
-        long t = u < tiles ? 8 * u : 8 * tiles + (u - tiles);
+        long t = u < tiles ? 8 * u : tiled + (u - tiles);
         const float *x = j->x + (size_t)t * (size_t)j->cols;
         char *dst = (char *)j->dst + (size_t)t * j->dst_row;
         if (u < tiles)
-            j->a->quantize8(x, (size_t)j->cols, dst, j->cols);
+            j->a->quantize8(x, (size_t)j->cols, j->n_tok - t < 8 ? (int)(j->n_tok - t) : 8, dst, j->cols);
         else
             j->a->quantize(x, dst, j->cols);
     }
@@ -148,8 +162,8 @@ static llm_status act_reserve(cpu_ctx *c, size_t bytes)
  * costs more than the work. */
 static llm_status convert_x(cpu_ctx *c, const cpu_act *a, const float *x, int cols, int n_tok, int slot, mm_part *p)
 {
-    size_t row = a->row_bytes(cols);
-    size_t slot_bytes = (row * (size_t)n_tok + 63) / 64 * 64;
+    size_t row = a->row_bytes(cols), rows = (size_t)(n_tok > tiled_tokens(a, n_tok) ? n_tok : tiled_tokens(a, n_tok));
+    size_t slot_bytes = (row * rows + 63) / 64 * 64;
     if (act_reserve(c, slot_bytes * 2))
         return LLM_ERR_NOMEM;
     q_job q = {a, x, (char *)c->act + slot_bytes * (size_t)slot, row, cols, n_tok};

@@ -27,11 +27,13 @@ typedef struct cpu_act {
     size_t (*row_bytes)(int n);
     cpu_quant_fn quantize;
     void (*dequant)(const void *a, float *dst, int n); /* the values the dots use (tests) */
-    /* Optional: converts 8 rows (x_stride floats apart) into one tile of
-     * 8 * row_bytes bytes, the layout the set's dot8 kernels read. Each
-     * row's values are exactly those quantize gives; only the order
-     * differs. When NULL, dot8 reads 8 rows in row format. */
-    void (*quantize8)(const float *x, size_t x_stride, void *dst, int n);
+    /* Optional: converts `rows` (1..8) rows x_stride floats apart into one
+     * tile of 8 * row_bytes bytes, the layout the set's dot8 kernels read;
+     * missing rows are zeros (a tile for the last 4..7 tokens, whose
+     * lanes are computed and thrown away). Each row's values are exactly
+     * those quantize gives; only the order differs. When NULL, dot8 reads
+     * 8 rows in row format. */
+    void (*quantize8)(const float *x, size_t x_stride, int rows, void *dst, int n);
 } cpu_act;
 
 extern const cpu_act cpu_act_f32;

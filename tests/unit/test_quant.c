@@ -206,7 +206,7 @@ static void check_dot(const cpu_kernels *k, quant_type wt, int n)
         for (int i = 0; i < 16 * n; i++) x8[i] = test_randf(&seed);
         for (int t = 0; t < width; t++) act->quantize(x8 + (size_t)t * n, rows + (size_t)t * ab, n);
         if (width >= 8 && act->quantize8) /* each tile holds the same values, reordered */
-            for (int t0 = 0; t0 < width; t0 += 8) act->quantize8(x8 + (size_t)t0 * n, (size_t)n, tile + (size_t)t0 * ab, n);
+            for (int t0 = 0; t0 < width; t0 += 8) act->quantize8(x8 + (size_t)t0 * n, (size_t)n, 8, tile + (size_t)t0 * ab, n);
         else
             memcpy(tile, rows, 16 * ab);
         fn(w, tile, ab, n, out);
@@ -222,6 +222,15 @@ static void check_dot(const cpu_kernels *k, quant_type wt, int n)
             if (memcmp(&one, &out[t], sizeof one))
                 fail_msg("%s %s dot%d row %d: %.9g differs from the one-row kernel's %.9g", k->name,
                          quant_type_name(wt), width, t, out[t], one);
+        }
+        if (width == 8 && act->quantize8) { /* a zero-padded tile of 5 rows: same 5 results */
+            act->quantize8(x8, (size_t)n, 5, tile, n);
+            fn(w, tile, ab, n, out);
+            for (int t = 0; t < 5; t++) {
+                float one = k->dot[wt](w, rows + (size_t)t * ab, n);
+                if (memcmp(&one, &out[t], sizeof one))
+                    fail_msg("%s %s padded dot8 row %d: %.9g vs one-row %.9g", k->name, quant_type_name(wt), t, out[t], one);
+            }
         }
         free(rows);
         free(tile);
