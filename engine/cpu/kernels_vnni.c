@@ -135,6 +135,8 @@ static void q8_0_dot8(const void *w, const void *x, size_t stride, int n, float 
     const float *xd = (const float *)(xq + 8 * (size_t)n);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int i = 0; i < n / QK8_0; i++) {
+        /* small batches stream weights from DRAM: fetch ahead as the one-row kernel does */
+        _mm_prefetch((const char *)(a + i) + 4096, _MM_HINT_T0);
         const uint8_t *tile = xq + (size_t)i * 256;
         int32_t wg[8];
         memcpy(wg, a[i].qs, 32);
@@ -170,6 +172,7 @@ static void q8_0_dot16(const void *w, const void *x, size_t stride, int n, float
     __m256 acc_a[4], acc_b[4];
     for (int c = 0; c < 4; c++) acc_a[c] = acc_b[c] = _mm256_setzero_ps();
     for (int i = 0; i < n / QK8_0; i++) {
+        _mm_prefetch((const char *)(a + i) + 4096, _MM_HINT_T0);
         const uint8_t *ta = xa + (size_t)i * 256, *tb = xb + (size_t)i * 256;
         int32_t wg[8];
         memcpy(wg, a[i].qs, 32);
