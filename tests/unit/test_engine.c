@@ -5,6 +5,8 @@
  * blocks at once; priorities cut time to first token; bad requests and a
  * full queue fail with clear errors and change nothing; stop strings and
  * text. Every test ends with the KV pool fully free. */
+#include <pthread.h>
+
 #include "testutil.h"
 
 #include "llm/engine.h"
@@ -247,6 +249,11 @@ static void test_prefix_cache(void **st)
     assert_int_equal(s1.computed_tokens - s0.computed_tokens, 140 - 112 + 19);
     assert_memory_equal(rb.tok[0], rb_cold.tok[0], sizeof(int32_t) * 20);
     assert_true(s1.prefix_hit_rate > 0.39 && s1.prefix_hit_rate < 0.41); /* 112 of 280 */
+    assert_int_equal(s1.generated_tokens - s0.generated_tokens, 20);
+    assert_int_equal(s1.requests_done - s0.requests_done, 1);
+    assert_true(s1.gen_tokens_per_s > 0); /* measured over the last seconds */
+    assert_int_equal(s1.kv_block_size, 16);
+    assert_true(s1.kv_blocks_cached > 0 && s1.kv_blocks_used == 0);
     close_engine(e);
 }
 
@@ -447,6 +454,87 @@ static void test_text_and_stop(void **st)
     close_engine(e);
 }
 
+/* Several client threads submit, read partly, cancel or drain at random
+ * against a small pool (preemptions, forks, chunking all at once); a
+ * thread polls stats. Nothing may crash, leak or deadlock, and greedy
+ * outputs read to the end must still equal their output alone. */
+typedef struct stress_arg {
+    llm_engine *e;
+    uint64_t seed;
+    int mismatches, completed;
+    const result *ref;
+} stress_arg;
+
+static void *stress_client(void *p)
+{
+    stress_arg *a = p;
+    for (int it = 0; it < 12; it++) {
+        int k = (int)(test_rng(&a->seed) % NP), op = (int)(test_rng(&a->seed) % 3);
+        int32_t pr[64];
+        int n = make_prompt(g_tiny, k, pr);
+        llm_request rq = greedy(pr, n, GEN);
+        rq.priority = (int)(test_rng(&a->seed) % 3);
+        rq.n = 1 + (int)(test_rng(&a->seed) % 3);
+        llm_error err = {0};
+        llm_request_id id;
+        llm_status st = llm_engine_submit(a->e, &rq, &id, &err);
+        if (st == LLM_ERR_QUEUE_FULL)
+            continue;
+        if (st)
+            return NULL;
+        int32_t got[LLM_MAX_N][GEN];
+        int cnt[LLM_MAX_N] = {0}, done = 0, stop_at = op == 0 ? (int)(test_rng(&a->seed) % 20) : -1;
+        for (int ev_n = 0; done < rq.n; ev_n++) {
+            llm_event ev;
+            if (ev_n == stop_at) {
+                llm_engine_cancel(a->e, id);
+                break;
+            }
+            if (llm_engine_next(a->e, id, &ev, 60000) != LLM_OK)
+                break;
+            if (ev.type == LLM_EVENT_TOKEN && cnt[ev.index] < GEN)
+                got[ev.index][cnt[ev.index]++] = ev.token;
+            done += ev.type == LLM_EVENT_DONE;
+            llm_event_clear(&ev);
+        }
+        if (done == rq.n) {
+            a->completed++;
+            for (int i = 0; i < rq.n; i++)
+                a->mismatches += cnt[i] != GEN || memcmp(got[i], a->ref[k].tok[0], sizeof(int32_t) * GEN) != 0;
+        }
+    }
+    return NULL;
+}
+
+static void test_stress(void **st)
+{
+    (void)st;
+    static result ref[NP];
+    alone(g_tiny, ref);
+    size_t blk = kv_cache_block_bytes(LLM_KV_F16, 16, g_tiny->hp.n_layer, g_tiny->hp.n_head_kv * g_tiny->hp.head_dim);
+    llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 96, .max_seqs = 6, .max_batch_tokens = 24,
+                                                            .max_waiting = 12, .kv_cache_bytes = 14 * blk});
+    enum { NT = 4 };
+    pthread_t th[NT];
+    stress_arg args[NT];
+    for (int i = 0; i < NT; i++) {
+        args[i] = (stress_arg){e, 100 + (uint64_t)i, 0, 0, ref};
+        assert_int_equal(pthread_create(&th[i], NULL, stress_client, &args[i]), 0);
+    }
+    int completed = 0;
+    for (int i = 0; i < NT; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(args[i].mismatches, 0);
+        completed += args[i].completed;
+    }
+    llm_stats s;
+    llm_engine_stats(e, &s);
+    print_message("stress: %d requests completed, %llu preemptions, %llu steps\n", completed,
+                  (unsigned long long)s.preemptions, (unsigned long long)s.steps);
+    assert_true(completed > 0);
+    close_engine(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -458,6 +546,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_n_completions),
         cmocka_unit_test(test_text_and_stop),
+        cmocka_unit_test(test_stress),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
