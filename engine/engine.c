@@ -538,14 +538,16 @@ static int token_text(const llm_engine *e, eng_seq *q, int32_t tok, llm_event *e
     int n = llm_token_to_piece(e->m->vocab, tok, 0, small, sizeof small);
     if (n > (int)sizeof small && (buf = malloc((size_t)n)))
         llm_token_to_piece(e->m->vocab, tok, 0, buf, (size_t)n);
+    if (!buf)
+        return -1; /* no memory for a long piece: the request fails rather than lose text */
     const char *out;
     size_t len;
-    int rc = textout_push(&q->out, buf ? buf : "", n > 0 && buf ? (size_t)n : 0, &out, &len);
+    int rc = textout_push(&q->out, buf, n > 0 ? (size_t)n : 0, &out, &len);
     if (buf != small)
         free(buf);
     ev->text = dup_text(out, len);
     ev->text_len = ev->text ? len : 0;
-    return rc;
+    return ev->text || len == 0 ? rc : -1;
 }
 
 /* Under the lock: the token sampled for q becomes events. */
