@@ -25,6 +25,8 @@ ENGINE_SRC = engine/status.c engine/quant.c engine/gguf.c engine/gguf_writer.c e
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c \
              engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench
+SERVER_SRC = server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_metrics.c
+SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o)
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
@@ -37,9 +39,14 @@ $(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 $(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
 .PHONY: all run test asan bench deps lint clean unit pytest fuzz models tsan
-all: $(LIB) $(TOOL_BIN) $(UNIT_BIN)
+all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(BUILD)/bin/llm-server
 
-$(BUILD)/%.o: %.c $(wildcard engine/include/llm/*.h engine/*.h engine/cpu/*.h)
+$(BUILD)/bin/llm-server: $(SERVER_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) $(SERVER_OBJ) $(LIB) -lcivetweb -ljansson -lyaml $(LDLIBS) -o $@
+
+$(BUILD)/%.o: %.c $(wildcard engine/include/llm/*.h engine/*.h engine/cpu/*.h server/*.h)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
 	@$(CC) $(CFLAGS_BASE) $(EXTRA_CFLAGS) -c $< -o $@
@@ -60,8 +67,8 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 
 # ---- dependencies -----------------------------------------------------------
 # Python packages as PIP_NAME or PIP_NAME:MODULE when the import name differs.
-DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev clang
-PY_PKGS = pytest regex pyyaml:yaml kubernetes
+DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev clang
+PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \

@@ -76,6 +76,7 @@ struct llm_engine {
     double gen_t[GEN_WINDOW];
     uint64_t gen_n[GEN_WINDOW];
     int gen_i;
+    double step_t0;       /* start of the step in progress, 0 when idle */
 };
 
 static double now_ms(void)
@@ -452,7 +453,9 @@ void llm_engine_stats(llm_engine *e, llm_stats *out)
     out->prompt_tokens = e->s.stats.prompt_tokens;
     out->cached_tokens = e->s.stats.cached_tokens + e->s.stats.forked_tokens;
     out->prefix_hit_rate = out->prompt_tokens ? (double)out->cached_tokens / (double)out->prompt_tokens : 0;
-    out->gen_tokens_per_s = gen_rate(e, now_ms());
+    double now = now_ms();
+    out->gen_tokens_per_s = gen_rate(e, now);
+    out->step_running_ms = e->step_t0 > 0 ? now - e->step_t0 : 0;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -465,6 +468,7 @@ static void step_prepare(llm_engine *e, llm_forward_batch *bt)
     const sched *s = &e->s;
     int row = 0, n_logits = 0;
     double now = now_ms();
+    e->step_t0 = now;
     for (int i = 0; i < s->n_items; i++) {
         const sched_item *it = &s->items[i];
         eng_seq *q = it->seq->user;
@@ -520,8 +524,7 @@ static void seq_finish(llm_engine *e, eng_seq *q, llm_finish why)
     const char *t;
     size_t n;
     textout_flush(&q->out, &t, &n);
-    ev.text = dup_text(t, n);
-    ev.text_len = ev.text ? n : 0;
+    ev.text = textout_utf8_dup(t, n, &ev.text_len);
     usage_of(q, now_ms(), &ev.usage);
     q->finished = 1;
     sched_remove(&e->s, &q->q);
@@ -545,9 +548,8 @@ static int token_text(const llm_engine *e, eng_seq *q, int32_t tok, llm_event *e
     int rc = textout_push(&q->out, buf, n > 0 ? (size_t)n : 0, &out, &len);
     if (buf != small)
         free(buf);
-    ev->text = dup_text(out, len);
-    ev->text_len = ev->text ? len : 0;
-    return ev->text || len == 0 ? rc : -1;
+    ev->text = textout_utf8_dup(out, len, &ev->text_len);
+    return ev->text ? rc : -1;
 }
 
 /* Under the lock: the token sampled for q becomes events. */
@@ -613,6 +615,7 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
     e->gen_t[e->gen_i] = now_ms();
     e->gen_n[e->gen_i] = e->st.generated_tokens;
     e->gen_i = (e->gen_i + 1) % GEN_WINDOW;
+    e->step_t0 = 0;
     pthread_cond_broadcast(&e->step_done);
 }
 

@@ -70,3 +70,43 @@ void textout_flush(textout *t, const char **out, size_t *n)
     *n = t->stopped ? 0 : t->len - t->sent;
     t->sent += *n;
 }
+
+/* Length of the valid UTF-8 character at s (n bytes left), 0 if invalid:
+ * no overlong forms, no surrogates, nothing above U+10FFFF. */
+static size_t utf8_char(const unsigned char *s, size_t n)
+{
+    if (s[0] < 0x80)
+        return 1;
+    size_t k = s[0] >= 0xf0 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
+    if (k == 0 || k > n || s[0] > 0xf4)
+        return 0;
+    for (size_t i = 1; i < k; i++)
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+    if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0) || (s[0] == 0xf0 && s[1] < 0x90) ||
+        (s[0] == 0xf4 && s[1] >= 0x90))
+        return 0;
+    return k;
+}
+
+char *textout_utf8_dup(const char *s, size_t n, size_t *out_len)
+{
+    char *d = malloc(3 * n + 1), *p = d;
+    if (!d)
+        return NULL;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_char((const unsigned char *)s + i, n - i);
+        if (k) {
+            memcpy(p, s + i, k);
+            p += k;
+            i += k;
+        } else { /* U+FFFD for each byte that starts no valid character */
+            memcpy(p, "\xef\xbf\xbd", 3);
+            p += 3;
+            i++;
+        }
+    }
+    *p = 0;
+    *out_len = (size_t)(p - d);
+    return d;
+}

@@ -79,7 +79,8 @@ typedef struct llm_event {
     int index;               /* completion index */
     int32_t token;           /* TOKEN */
     char *text;              /* TOKEN, DONE: new text (may be ""; held back while it could start a stop
-                                string or ends inside a UTF-8 character); NUL-terminated, caller frees */
+                                string or ends inside a UTF-8 character); valid UTF-8 (stray bytes become
+                                U+FFFD); NUL-terminated, caller frees */
     size_t text_len;
     llm_sample_result sample; /* TOKEN: logprob and the top alternatives when asked for */
     llm_finish finish;       /* DONE */
@@ -98,6 +99,7 @@ typedef struct llm_stats {
     uint64_t generated_tokens;
     double prefix_hit_rate;  /* cached_tokens / prompt_tokens */
     double gen_tokens_per_s; /* over the last few seconds */
+    double step_running_ms;  /* how long the step in progress has run; 0 when idle (liveness) */
 } llm_stats;
 
 typedef struct llm_engine llm_engine;

@@ -1,0 +1,255 @@
+/* srv_api.c - OpenAI request bodies to engine requests, with validation
+ * that names the field at fault, and the error body. Completions take
+ * `prompt` as a string, a one-element array of strings, or token ids. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "srv.h"
+
+void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    e->status = status;
+    e->type = status == 429 ? "rate_limit_error" : status >= 500 ? "server_error" : status == 404 ? "not_found_error"
+            : status == 401 ? "authentication_error" : "invalid_request_error";
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+}
+
+char *srv_err_body(const srv_err *e)
+{
+    json_t *j = json_pack("{s:{s:s,s:s,s:o,s:n}}", "error", "message", e->msg, "type", e->type, "param",
+                          e->param[0] ? json_string(e->param) : json_null(), "code");
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return s;
+}
+
+int srv_status_of(llm_status st)
+{
+    switch (st) {
+    case LLM_ERR_QUEUE_FULL: return 429;
+    case LLM_ERR_SHUTDOWN: return 503;
+    case LLM_ERR_INVALID_ARG: case LLM_ERR_TOO_LONG: case LLM_ERR_KV_FULL: return 400;
+    case LLM_ERR_NOMEM: return 503;
+    default: return 500;
+    }
+}
+
+/* ---- typed fields ------------------------------------------------------------ */
+
+/* A number field in [lo, hi], or absent (out unchanged). 0 ok, -1 error set. */
+static int num_field(json_t *o, const char *k, double lo, double hi, double *out, srv_err *e)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_number(v)) {
+        srv_err_set(e, 400, k, "'%s' must be a number", k);
+        return -1;
+    }
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi)) {
+        srv_err_set(e, 400, k, "'%s' is %g; it must be in [%g, %g]", k, d, lo, hi);
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+static int int_field(json_t *o, const char *k, long lo, long hi, long *out, srv_err *e)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v)) {
+        srv_err_set(e, 400, k, "'%s' must be an integer", k);
+        return -1;
+    }
+    long long d = json_integer_value(v);
+    if (d < lo || d > hi) {
+        srv_err_set(e, 400, k, "'%s' is %lld; it must be in [%ld, %ld]", k, d, lo, hi);
+        return -1;
+    }
+    *out = (long)d;
+    return 0;
+}
+
+static int bool_field(json_t *o, const char *k, int *out, srv_err *e)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_boolean(v)) {
+        srv_err_set(e, 400, k, "'%s' must be true or false", k);
+        return -1;
+    }
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* ---- the request ---------------------------------------------------------------- */
+
+static int parse_sampling(json_t *o, llm_request *rq, srv_err *e)
+{
+    llm_sampling *p = &rq->sampling;
+    double t = 1, top_p = 1, min_p = 0, pres = 0, freq = 0, rep = 1;
+    long top_k = 0, seed = -1, n = 1, prio = 0;
+    if (num_field(o, "temperature", 0, 2, &t, e) || num_field(o, "top_p", 0, 1, &top_p, e) ||
+        num_field(o, "min_p", 0, 1, &min_p, e) || num_field(o, "presence_penalty", -2, 2, &pres, e) ||
+        num_field(o, "frequency_penalty", -2, 2, &freq, e) || num_field(o, "repetition_penalty", 0.01, 10, &rep, e) ||
+        int_field(o, "top_k", -1, 1 << 30, &top_k, e) || int_field(o, "seed", -(1L << 62), 1L << 62, &seed, e) ||
+        int_field(o, "n", 1, LLM_MAX_N, &n, e) || int_field(o, "priority", -1000000, 1000000, &prio, e))
+        return -1;
+    if (top_p <= 0) {
+        srv_err_set(e, 400, "top_p", "'top_p' must be greater than 0");
+        return -1;
+    }
+    p->temperature = (float)t;
+    p->top_p = (float)top_p;
+    p->min_p = (float)min_p;
+    p->presence_penalty = (float)pres;
+    p->frequency_penalty = (float)freq;
+    p->repetition_penalty = (float)rep;
+    p->top_k = top_k < 0 ? 0 : (int)top_k;
+    /* no seed: a fresh one, so repeated requests differ as OpenAI's do */
+    p->seed = seed >= 0 ? (uint64_t)seed : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20) ^ (uint64_t)(uintptr_t)rq;
+    rq->n = (int)n;
+    rq->priority = (int)prio;
+    return 0;
+}
+
+static int parse_stop(json_t *o, srv_completion *c, srv_err *e)
+{
+    json_t *v = json_object_get(o, "stop");
+    if (!v || json_is_null(v))
+        return 0;
+    if (json_is_string(v)) {
+        c->stops[0] = json_string_value(v);
+        c->rq.n_stop = 1;
+    } else if (json_is_array(v) && json_array_size(v) <= LLM_MAX_STOPS) {
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            if (!json_is_string(json_array_get(v, i))) {
+                srv_err_set(e, 400, "stop", "'stop' must be a string or an array of strings");
+                return -1;
+            }
+            c->stops[c->rq.n_stop++] = json_string_value(json_array_get(v, i));
+        }
+    } else {
+        srv_err_set(e, 400, "stop", "'stop' must be a string or an array of at most %d strings", LLM_MAX_STOPS);
+        return -1;
+    }
+    for (int i = 0; i < c->rq.n_stop; i++)
+        if (!c->stops[i][0] || strlen(c->stops[i]) > LLM_MAX_STOP_LEN) {
+            srv_err_set(e, 400, "stop", "stop strings must have 1 to %d bytes", LLM_MAX_STOP_LEN);
+            return -1;
+        }
+    c->rq.stop = c->stops;
+    return 0;
+}
+
+/* prompt: a string, [string], or [int, ...]. */
+static int parse_prompt(json_t *o, srv_completion *c, srv_err *e)
+{
+    json_t *p = json_object_get(o, "prompt");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        p = json_array_get(p, 0);
+    if (json_is_string(p)) {
+        c->rq.text = json_string_value(p);
+        return 0;
+    }
+    size_t n = json_is_array(p) ? json_array_size(p) : 0;
+    if (n == 0) {
+        srv_err_set(e, 400, "prompt", "'prompt' must be a non-empty string or an array of token ids (one prompt per request)");
+        return -1;
+    }
+    if (!(c->ids = malloc(sizeof(int32_t) * n))) {
+        srv_err_set(e, 503, NULL, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(p, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX) {
+            srv_err_set(e, 400, "prompt", "'prompt' array item %zu is not a token id", i);
+            return -1;
+        }
+        c->ids[i] = (int32_t)json_integer_value(t);
+    }
+    c->rq.tokens = c->ids;
+    c->rq.n_tokens = (int)n;
+    return 0;
+}
+
+static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
+{
+    json_t *m = json_object_get(o, "model");
+    if (m && !json_is_null(m) && (!json_is_string(m) || strcmp(json_string_value(m), s->name))) {
+        srv_err_set(e, json_is_string(m) ? 404 : 400, "model", "model '%s' is not served here (this server has '%s')",
+                    json_is_string(m) ? json_string_value(m) : "?", s->name);
+        return -1;
+    }
+    long max_tokens = 16, logprobs = -1;
+    json_t *opts = json_object_get(o, "stream_options");
+    if (int_field(o, c->chat ? "max_completion_tokens" : "max_tokens", 1, 1 << 24, &max_tokens, e) ||
+        (c->chat && int_field(o, "max_tokens", 1, 1 << 24, &max_tokens, e)) || bool_field(o, "stream", &c->stream, e) ||
+        bool_field(o, "echo", &c->echo, e) || parse_sampling(o, &c->rq, e) || parse_stop(o, c, e))
+        return -1;
+    if (!c->chat && int_field(o, "logprobs", 0, LLM_MAX_LOGPROBS, &logprobs, e))
+        return -1;
+    if (opts && !json_is_null(opts) && (!json_is_object(opts) || bool_field(opts, "include_usage", &c->include_usage, e))) {
+        if (!json_is_object(opts))
+            srv_err_set(e, 400, "stream_options", "'stream_options' must be an object");
+        return -1;
+    }
+    if (c->echo) {
+        srv_err_set(e, 400, "echo", "'echo' is not supported");
+        return -1;
+    }
+    json_t *u = json_object_get(o, "user");
+    if (u && !json_is_null(u) && !json_is_string(u)) {
+        srv_err_set(e, 400, "user", "'user' must be a string");
+        return -1;
+    }
+    c->rq.max_tokens = (int)max_tokens;
+    c->n_logprobs = (int)logprobs;
+    if (logprobs >= 0) {
+        c->rq.sampling.logprobs = 1;
+        c->rq.sampling.n_logprobs = (int)logprobs;
+    }
+    return 0;
+}
+
+int srv_parse_completion(const srv *s, const char *body, size_t len, int chat, srv_completion *c, srv_err *e)
+{
+    memset(c, 0, sizeof *c);
+    c->chat = chat;
+    c->rq.sampling = llm_sampling_default();
+    json_error_t je;
+    c->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!c->root) {
+        srv_err_set(e, 400, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+        return -1;
+    }
+    if (!json_is_object(c->root)) {
+        srv_err_set(e, 400, NULL, "the body must be a JSON object");
+        return -1;
+    }
+    if (parse_common(s, c->root, c, e))
+        return -1;
+    if (!chat)
+        return parse_prompt(c->root, c, e);
+    srv_err_set(e, 400, "messages", "chat completions are not available yet");
+    return -1;
+}
+
+void srv_completion_free(srv_completion *c)
+{
+    json_decref(c->root);
+    free(c->prompt);
+    free(c->ids);
+    memset(c, 0, sizeof *c);
+}

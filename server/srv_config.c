@@ -1,0 +1,268 @@
+/* srv_config.c - the settings table and its three sources (see
+ * srv_config.h). YAML is read with libyaml's event parser: a flat mapping
+ * of scalar keys to scalar values; anything else is an error. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "srv_config.h"
+
+typedef enum { K_STR, K_INT, K_REAL } key_kind;
+
+typedef struct key_def {
+    const char *name;
+    key_kind kind;
+    size_t off;
+    double lo, hi;
+    const char *def;
+    const char *help;
+} key_def;
+
+#define F(x) offsetof(srv_config, x)
+static const key_def keys[] = {
+    {"model", K_STR, F(model), 0, 0, "", "GGUF model file (required; -m)"},
+    {"model_name", K_STR, F(model_name), 0, 0, "", "name served in the API (default: the model's general.name)"},
+    {"host", K_STR, F(host), 0, 0, "0.0.0.0", "address to listen on"},
+    {"port", K_INT, F(port), 1, 65535, "8080", "TCP port"},
+    {"threads", K_INT, F(threads), 0, 1024, "0", "CPU threads for inference (0: all)"},
+    {"http_threads", K_INT, F(http_threads), 2, 1024, "64", "HTTP worker threads (concurrent connections)"},
+    {"n_ctx", K_INT, F(n_ctx), 0, 1 << 24, "0", "tokens per sequence (0: the model's, at most 4096)"},
+    {"max_seqs", K_INT, F(max_seqs), 1, 4096, "64", "sequences decoded together"},
+    {"max_batch_tokens", K_INT, F(max_batch_tokens), 1, 65536, "512", "tokens per engine step"},
+    {"max_waiting", K_INT, F(max_waiting), 1, 1 << 20, "256", "waiting sequences before 429"},
+    {"block_size", K_INT, F(block_size), 1, 256, "16", "KV cache block, tokens"},
+    {"kv_type", K_STR, F(kv_type), 0, 0, "f16", "KV cache type: f16, f32, q8_0"},
+    {"kv_cache_mb", K_INT, F(kv_cache_mb), 0, 1 << 30, "0", "KV cache size in MiB (0: kv_cache_fraction of free memory)"},
+    {"kv_cache_fraction", K_REAL, F(kv_cache_fraction), 0.001, 1, "0.25", "share of free memory for the KV cache"},
+    {"max_body_bytes", K_INT, F(max_body_bytes), 1024, 1 << 30, "1048576", "largest request body (413 above)"},
+    {"drain_timeout_s", K_INT, F(drain_timeout_s), 0, 86400, "30", "on SIGTERM, time for requests in flight"},
+    {"request_timeout_s", K_INT, F(request_timeout_s), 1, 86400, "600", "longest a request may run"},
+    {"liveness_timeout_s", K_INT, F(liveness_timeout_s), 1, 86400, "60", "engine step time before /livez fails"},
+    {"api_keys_file", K_STR, F(api_keys_file), 0, 0, "", "file of API keys, one per line (or LLM_SERVER_API_KEYS)"},
+};
+#define N_KEYS (sizeof keys / sizeof *keys)
+
+static const key_def *find_key(const char *name, size_t n)
+{
+    for (size_t i = 0; i < N_KEYS; i++) {
+        size_t k = 0;
+        while (k < n && keys[i].name[k] && (keys[i].name[k] == name[k] || (keys[i].name[k] == '_' && name[k] == '-')))
+            k++;
+        if (k == n && !keys[i].name[k])
+            return &keys[i];
+    }
+    return NULL;
+}
+
+/* Stores text as key's value; errors name the key and the source. */
+static llm_status set_value(srv_config *c, const key_def *k, const char *v, const char *src, llm_error *err)
+{
+    char *end;
+    void *field = (char *)c + k->off;
+    if (k->kind == K_STR) {
+        char *dup = strdup(v);
+        if (!dup)
+            return llm_errf(err, LLM_ERR_NOMEM, "config: no memory");
+        free(*(char **)field);
+        *(char **)field = dup;
+        return LLM_OK;
+    }
+    errno = 0;
+    double d = k->kind == K_INT ? (double)strtol(v, &end, 10) : strtod(v, &end);
+    if (!*v || *end || errno || !isfinite(d))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "config: %s (from %s): '%s' is not a %s", k->name, src, v,
+                        k->kind == K_INT ? "whole number" : "number");
+    if (d < k->lo || d > k->hi)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "config: %s (from %s): %s not in [%g, %g]", k->name, src, v, k->lo,
+                        k->hi);
+    if (k->kind == K_INT)
+        *(long *)field = (long)d;
+    else
+        *(double *)field = d;
+    return LLM_OK;
+}
+
+static llm_status set_defaults(srv_config *c, llm_error *err)
+{
+    memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < N_KEYS; i++) {
+        llm_status st = set_value(c, &keys[i], keys[i].def, "default", err);
+        if (st)
+            return st;
+    }
+    return LLM_OK;
+}
+
+/* ---- YAML file ------------------------------------------------------------ */
+
+typedef struct yaml_ctx {
+    yaml_parser_t p;
+    FILE *f;
+    const char *path;
+} yaml_ctx;
+
+/* The next event; a parse error names the file and line. */
+static llm_status next_event(yaml_ctx *y, yaml_event_t *ev, llm_error *err)
+{
+    if (yaml_parser_parse(&y->p, ev))
+        return LLM_OK;
+    return llm_errf(err, LLM_ERR_INVALID_ARG, "config: %s line %zu: %s", y->path, y->p.problem_mark.line + 1,
+                    y->p.problem ? y->p.problem : "malformed YAML");
+}
+
+/* One `key: value` pair, or *done at the end of the mapping. */
+static llm_status yaml_pair(yaml_ctx *y, srv_config *c, int *done, llm_error *err)
+{
+    yaml_event_t k, v;
+    llm_status st = next_event(y, &k, err);
+    if (st)
+        return st;
+    if (k.type != YAML_SCALAR_EVENT) {
+        *done = k.type == YAML_MAPPING_END_EVENT;
+        yaml_event_delete(&k);
+        return *done ? LLM_OK
+                     : llm_errf(err, LLM_ERR_INVALID_ARG, "config: %s: keys must be plain names", y->path);
+    }
+    char key[64];
+    snprintf(key, sizeof key, "%s", (const char *)k.data.scalar.value);
+    size_t line = k.start_mark.line + 1;
+    yaml_event_delete(&k);
+    const key_def *d = find_key(key, strlen(key));
+    if (!d)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "config: %s line %zu: unknown key '%s'", y->path, line, key);
+    if ((st = next_event(y, &v, err)))
+        return st;
+    if (v.type != YAML_SCALAR_EVENT) {
+        yaml_event_delete(&v);
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "config: %s line %zu: %s must be a single value", y->path, line, key);
+    }
+    char src[300];
+    snprintf(src, sizeof src, "%s line %zu", y->path, line);
+    st = set_value(c, d, (const char *)v.data.scalar.value, src, err);
+    yaml_event_delete(&v);
+    return st;
+}
+
+/* Skips stream and document starts; *empty when the file has no mapping. */
+static llm_status yaml_open_map(yaml_ctx *y, int *empty, llm_error *err)
+{
+    for (;;) {
+        yaml_event_t ev;
+        llm_status st = next_event(y, &ev, err);
+        if (st)
+            return st;
+        yaml_event_type_t t = ev.type;
+        yaml_event_delete(&ev);
+        if (t == YAML_MAPPING_START_EVENT)
+            return LLM_OK;
+        if (t == YAML_STREAM_END_EVENT || t == YAML_DOCUMENT_END_EVENT) {
+            *empty = 1;
+            return LLM_OK;
+        }
+        if (t != YAML_STREAM_START_EVENT && t != YAML_DOCUMENT_START_EVENT)
+            return llm_errf(err, LLM_ERR_INVALID_ARG, "config: %s: the file must be a mapping of key: value", y->path);
+    }
+}
+
+static llm_status load_file(const char *path, srv_config *c, llm_error *err)
+{
+    yaml_ctx y = {.path = path};
+    if (!(y.f = fopen(path, "rb")))
+        return llm_errf(err, LLM_ERR_IO, "config: cannot open %s: %s", path, strerror(errno));
+    yaml_parser_initialize(&y.p);
+    yaml_parser_set_input_file(&y.p, y.f);
+    int empty = 0, done = 0;
+    llm_status st = yaml_open_map(&y, &empty, err);
+    while (!st && !empty && !done) st = yaml_pair(&y, c, &done, err);
+    yaml_parser_delete(&y.p);
+    fclose(y.f);
+    return st;
+}
+
+/* ---- environment and flags ---------------------------------------------------- */
+
+static llm_status load_env(srv_config *c, llm_error *err)
+{
+    for (size_t i = 0; i < N_KEYS; i++) {
+        char name[80];
+        int n = snprintf(name, sizeof name, "LLM_SERVER_%s", keys[i].name);
+        for (int k = 11; k < n; k++) name[k] = (char)toupper((unsigned char)name[k]);
+        const char *v = getenv(name);
+        llm_status st = v ? set_value(c, &keys[i], v, name, err) : LLM_OK;
+        if (st)
+            return st;
+    }
+    return LLM_OK;
+}
+
+/* --key value, --key=value, -m FILE. *cfg_path gets --config's value. */
+static llm_status load_flags(int argc, char **argv, srv_config *c, const char **cfg_path, int apply, int *help,
+                             llm_error *err)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *eq = strchr(a, '='), *name = a + 2;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            *help = 1;
+            return LLM_OK;
+        }
+        if (!strcmp(a, "-m"))
+            name = "model";
+        else if (strncmp(a, "--", 2))
+            return llm_errf(err, LLM_ERR_INVALID_ARG, "config: unexpected argument '%s' (flags are --key value)", a);
+        size_t n = eq ? (size_t)(eq - name) : strlen(name);
+        const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+        if (!v)
+            return llm_errf(err, LLM_ERR_INVALID_ARG, "config: %s needs a value", a);
+        if (n == 6 && !strncmp(name, "config", 6)) {
+            *cfg_path = v;
+            continue;
+        }
+        const key_def *k = find_key(name, n);
+        if (!k)
+            return llm_errf(err, LLM_ERR_INVALID_ARG, "config: unknown flag '%.*s'", (int)n + 2, a);
+        llm_status st = apply ? set_value(c, k, v, "command line", err) : LLM_OK;
+        if (st)
+            return st;
+    }
+    return LLM_OK;
+}
+
+llm_status srv_config_load(int argc, char **argv, srv_config *c, int *help, llm_error *err)
+{
+    const char *cfg_path = getenv("LLM_SERVER_CONFIG");
+    *help = 0;
+    llm_status st = set_defaults(c, err);
+    if (!st)
+        st = load_flags(argc, argv, c, &cfg_path, 0, help, err); /* find --config and --help first */
+    if (!st && !*help && cfg_path && *cfg_path)
+        st = load_file(cfg_path, c, err);
+    if (!st && !*help)
+        st = load_env(c, err);
+    if (!st && !*help)
+        st = load_flags(argc, argv, c, &cfg_path, 1, help, err);
+    if (!st && !*help && !c->model[0])
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: model is required (-m FILE.gguf, LLM_SERVER_MODEL or model: in the file)");
+    return st;
+}
+
+void srv_config_free(srv_config *c)
+{
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (keys[i].kind == K_STR) {
+            char **p = (char **)((char *)c + keys[i].off);
+            free(*p);
+            *p = NULL;
+        }
+}
+
+void srv_config_usage(FILE *out)
+{
+    fprintf(out, "usage: llm-server -m MODEL.gguf [--port 8080] [--config FILE.yaml] [--KEY VALUE ...]\n"
+                 "Every key can also be set as LLM_SERVER_<KEY> or in the YAML file (flag > env > file > default):\n");
+    for (size_t i = 0; i < N_KEYS; i++)
+        fprintf(out, "  --%-20s %s (default: %s)\n", keys[i].name, keys[i].help, *keys[i].def ? keys[i].def : "none");
+}

@@ -1,0 +1,43 @@
+/* srv_config.h - llm-server settings: one table of keys, each settable in
+ * a YAML file (a flat mapping), by environment variable LLM_SERVER_<KEY>
+ * (upper case) and by command-line flag --key (dashes or underscores).
+ * Precedence: flag > environment > file > default. Unknown keys, bad
+ * values and out-of-range numbers are errors that name the key and where
+ * it came from.
+ *
+ * Ownership: srv_config_load fills a caller-owned struct whose strings it
+ * allocates; srv_config_free releases them. Not thread-safe (startup). */
+#ifndef SRV_CONFIG_H
+#define SRV_CONFIG_H
+
+#include <stddef.h>
+
+#include "llm/status.h"
+
+typedef struct srv_config {
+    char *model;            /* GGUF path (required) */
+    char *model_name;       /* served name; "" -> general.name or the file name */
+    char *host;
+    long port;
+    long threads;           /* CPU threads for the engine; 0: all */
+    long http_threads;      /* civetweb worker threads */
+    long n_ctx, max_seqs, max_batch_tokens, max_waiting, block_size;
+    char *kv_type;          /* f16 | f32 | q8_0 */
+    long kv_cache_mb;       /* 0: kv_cache_fraction of free memory */
+    double kv_cache_fraction;
+    long max_body_bytes;
+    long drain_timeout_s;   /* SIGTERM: how long requests in flight may finish */
+    long request_timeout_s; /* a request running longer ends with an error */
+    long liveness_timeout_s; /* an engine step hung this long turns /livez 503 */
+    char *api_keys_file;    /* one key per line; "" -> LLM_SERVER_API_KEYS or none */
+} srv_config;
+
+/* Parses argv (argv[0] skipped), the environment and the YAML file named
+ * by --config (or LLM_SERVER_CONFIG). LLM_ERR_INVALID_ARG with the key in
+ * err->msg; *help set when --help was asked for (nothing else filled). */
+llm_status srv_config_load(int argc, char **argv, srv_config *c, int *help, llm_error *err);
+void srv_config_free(srv_config *c);
+/* The usage text: every key with its default. */
+void srv_config_usage(FILE *out);
+
+#endif

@@ -1,0 +1,538 @@
+/* srv_http.c - llm-server's routes on civetweb: OpenAI completions
+ * (streamed as Server-Sent Events or whole), models, tokenize/detokenize,
+ * /generate, probes and /metrics. Each handler runs on a civetweb worker
+ * thread and talks to the engine only through engine.h. */
+#include <civetweb.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "srv.h"
+
+enum { R_COMPLETIONS, R_CHAT, R_MODELS, R_GENERATE, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_PROBES, R_ROOT, R_OTHER };
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int send_text(struct mg_connection *c, int status, const char *type, const char *body, const char *extra)
+{
+    size_t n = body ? strlen(body) : 0;
+    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n", status,
+              mg_get_response_code_text(c, status), type, n, extra ? extra : "");
+    if (n)
+        mg_write(c, body, n);
+    return status;
+}
+
+static int send_json(struct mg_connection *c, int status, json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    int rc = send_text(c, s ? status : 500, "application/json", s ? s : "{\"error\":{\"message\":\"out of memory\"}}", NULL);
+    free(s);
+    json_decref(j);
+    return rc;
+}
+
+static int send_err(struct mg_connection *c, const srv_err *e)
+{
+    char *body = srv_err_body(e);
+    int rc = send_text(c, e->status, "application/json", body ? body : "{}",
+                       e->status == 429 ? "Retry-After: 1\r\n" : e->status == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL);
+    free(body);
+    return rc;
+}
+
+/* ---- request bodies and access ------------------------------------------------ */
+
+/* Reads the whole body, at most max_body_bytes; 0 or an error status. */
+static int read_body(const srv *s, struct mg_connection *c, char **out, size_t *len, srv_err *e)
+{
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    size_t max = (size_t)s->cfg.max_body_bytes, cap = 4096, n = 0;
+    if (ri->content_length > (long long)max) {
+        srv_err_set(e, 413, NULL, "request body of %lld bytes is over the limit of %zu", ri->content_length, max);
+        return 413;
+    }
+    char *buf = malloc(cap + 1);
+    for (int r; buf; n += (size_t)r) {
+        if (n == cap) {
+            char *p = cap < max + 1 ? realloc(buf, (cap *= 2) + 1) : NULL;
+            if (!p) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = p;
+        }
+        if ((r = mg_read(c, buf + n, cap - n)) <= 0)
+            break;
+        if (n + (size_t)r > max) {
+            free(buf);
+            srv_err_set(e, 413, NULL, "request body is over the limit of %zu bytes", max);
+            return 413;
+        }
+    }
+    if (!buf) {
+        srv_err_set(e, n > max ? 413 : 503, NULL, n > max ? "request body too large" : "out of memory");
+        return e->status;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+static int authorized(const srv *s, struct mg_connection *c)
+{
+    if (!s->n_keys)
+        return 1;
+    const char *h = mg_get_header(c, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7))
+        return 0;
+    for (int i = 0; i < s->n_keys; i++)
+        if (!strcmp(h + 7, s->keys[i]))
+            return 1;
+    return 0;
+}
+
+/* Common gate of the API routes: method, phase, key. 0 to go on. */
+static int api_gate(srv *s, struct mg_connection *c, const char *method, srv_err *e)
+{
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    if (strcmp(ri->request_method, method))
+        srv_err_set(e, 405, NULL, "use %s for %s", method, ri->local_uri);
+    else if (!authorized(s, c))
+        srv_err_set(e, 401, NULL, "a valid API key is required (Authorization: Bearer KEY)");
+    else if (atomic_load(&s->phase) != SRV_READY)
+        srv_err_set(e, 503, NULL, "%s", atomic_load(&s->phase) == SRV_LOADING ? "the model is still loading"
+                                        : atomic_load(&s->phase) == SRV_DRAINING ? "the server is shutting down"
+                                                                                 : "the model failed to load");
+    else
+        return 0;
+    return e->status;
+}
+
+/* ---- completions ------------------------------------------------------------- */
+
+typedef struct choice {
+    char *text;
+    size_t len, cap;
+    const char *finish;
+    json_t *lp;          /* completions logprobs object, or NULL */
+    size_t offset;       /* text offset of the next token */
+} choice;
+
+typedef struct run {
+    srv *s;
+    struct mg_connection *c;
+    srv_completion *cp;
+    llm_request_id id;
+    char cid[48];
+    long created;
+    int n_done, prompt_tokens, completion_tokens, cached_tokens;
+    choice ch[LLM_MAX_N];
+    double t_start, t_last;
+} run;
+
+static int text_append(choice *ch, const char *t, size_t n)
+{
+    if (ch->len + n + 1 > ch->cap) {
+        size_t cap = ch->cap ? ch->cap * 2 : 256;
+        while (cap < ch->len + n + 1) cap *= 2;
+        char *p = realloc(ch->text, cap);
+        if (!p)
+            return -1;
+        ch->text = p;
+        ch->cap = cap;
+    }
+    memcpy(ch->text + ch->len, t, n);
+    ch->len += n;
+    ch->text[ch->len] = 0;
+    return 0;
+}
+
+/* The token's text as the tokenizer has it (for logprobs). */
+static json_t *piece_json(const srv *s, int32_t id)
+{
+    char buf[256];
+    int n = llm_token_to_piece(s->model->vocab, id, 1, buf, sizeof buf);
+    return json_stringn(buf, n < 0 ? 0 : n > (int)sizeof buf ? sizeof buf : (size_t)n);
+}
+
+/* Appends one token to a completions-API logprobs object. */
+static void add_logprobs(const srv *s, choice *ch, const llm_event *ev)
+{
+    if (!ch->lp)
+        ch->lp = json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+    if (!ch->lp)
+        return;
+    json_t *top = json_object();
+    for (int i = 0; top && i < ev->sample.n_top; i++) {
+        char buf[256];
+        int n = llm_token_to_piece(s->model->vocab, ev->sample.top[i].id, 1, buf, sizeof buf - 1);
+        buf[n < 0 ? 0 : n >= (int)sizeof buf ? (int)sizeof buf - 1 : n] = 0;
+        json_object_set_new(top, buf, json_real(ev->sample.top[i].logprob));
+    }
+    json_array_append_new(json_object_get(ch->lp, "tokens"), piece_json(s, ev->token));
+    json_array_append_new(json_object_get(ch->lp, "token_logprobs"), json_real(ev->sample.logprob));
+    json_array_append_new(json_object_get(ch->lp, "top_logprobs"), top ? top : json_null());
+    json_array_append_new(json_object_get(ch->lp, "text_offset"), json_integer((json_int_t)ch->offset));
+}
+
+static json_t *usage_json(const run *r)
+{
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", r->prompt_tokens, "completion_tokens",
+                     r->completion_tokens, "total_tokens", r->prompt_tokens + r->completion_tokens,
+                     "prompt_tokens_details", "cached_tokens", r->cached_tokens);
+}
+
+/* One SSE event; 0, or -1 when the client is gone. */
+static int sse_send(struct mg_connection *c, json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s)
+        return 0;
+    int ok = mg_printf(c, "data: %s\n\n", s) > 0;
+    free(s);
+    return ok ? 0 : -1;
+}
+
+static json_t *chunk(const run *r, int index, const char *text, size_t n, json_t *lp, const char *finish)
+{
+    return json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:s%,s:o,s:o}]}", "id", r->cid, "object", "text_completion", "created",
+                     (json_int_t)r->created, "model", r->s->name, "choices", "index", index, "text", text, n, "logprobs",
+                     lp ? lp : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
+}
+
+static int on_token(run *r, const llm_event *ev)
+{
+    choice *ch = &r->ch[ev->index];
+    double t = now_s();
+    if (ev->index == 0 && r->t_last > 0)
+        srv_metrics_observe(&r->s->metrics, H_ITL, t - r->t_last);
+    if (ev->index == 0)
+        r->t_last = t;
+    if (r->cp->n_logprobs >= 0)
+        add_logprobs(r->s, ch, ev);
+    ch->offset += ev->text_len;
+    if (!r->cp->stream)
+        return text_append(ch, ev->text, ev->text_len);
+    json_t *lp = ch->lp;
+    ch->lp = NULL;
+    return sse_send(r->c, chunk(r, ev->index, ev->text, ev->text_len, lp, NULL));
+}
+
+static int on_done(run *r, const llm_event *ev)
+{
+    choice *ch = &r->ch[ev->index];
+    ch->finish = ev->finish == LLM_FINISH_LENGTH ? "length" : "stop";
+    srv_metrics_finished(&r->s->metrics, ev->finish == LLM_FINISH_LENGTH);
+    r->prompt_tokens = ev->usage.prompt_tokens;
+    r->cached_tokens = ev->usage.cached_tokens > r->cached_tokens ? ev->usage.cached_tokens : r->cached_tokens;
+    r->completion_tokens += ev->usage.completion_tokens;
+    srv_metrics_observe(&r->s->metrics, H_TTFT, ev->usage.ttft_ms / 1e3);
+    srv_metrics_observe(&r->s->metrics, H_QUEUE, ev->usage.queue_ms / 1e3);
+    srv_metrics_observe(&r->s->metrics, H_E2E, ev->usage.total_ms / 1e3);
+    r->n_done++;
+    if (!r->cp->stream)
+        return text_append(ch, ev->text, ev->text_len);
+    return sse_send(r->c, chunk(r, ev->index, ev->text, ev->text_len, NULL, ch->finish));
+}
+
+/* Reads the request's events to the end. 0, or an HTTP status (with e
+ * set) when it failed; 499 when a streaming client went away. */
+static int run_events(run *r, srv_err *e)
+{
+    double deadline = r->t_start + (double)r->s->cfg.request_timeout_s;
+    while (r->n_done < r->cp->rq.n) {
+        llm_event ev;
+        llm_status st = llm_engine_next(r->s->engine, r->id, &ev, 1000);
+        if (st == LLM_ERR_TIMEOUT && now_s() < deadline)
+            continue;
+        if (st) {
+            llm_engine_cancel(r->s->engine, r->id);
+            srv_err_set(e, st == LLM_ERR_TIMEOUT ? 504 : 500, NULL, st == LLM_ERR_TIMEOUT
+                        ? "the request ran past its deadline of %ld s" : "the request was lost (%ld)",
+                        r->s->cfg.request_timeout_s);
+            return e->status;
+        }
+        int rc = ev.type == LLM_EVENT_TOKEN ? on_token(r, &ev) : ev.type == LLM_EVENT_DONE ? on_done(r, &ev) : 0;
+        if (ev.type == LLM_EVENT_ERROR)
+            srv_err_set(e, srv_status_of(ev.error.code), NULL, "%s", ev.error.msg);
+        llm_event_clear(&ev);
+        if (ev.type == LLM_EVENT_ERROR)
+            return e->status;
+        if (rc) {
+            llm_engine_cancel(r->s->engine, r->id); /* the client is gone: free its blocks now */
+            srv_metrics_finished(&r->s->metrics, 2);
+            return 499;
+        }
+    }
+    return 0;
+}
+
+static int respond_whole(run *r)
+{
+    json_t *choices = json_array();
+    for (int i = 0; i < r->cp->rq.n; i++) {
+        choice *ch = &r->ch[i];
+        json_array_append_new(choices, json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", ch->text ? ch->text : "",
+                                                 ch->len, "logprobs", ch->lp ? ch->lp : json_null(), "finish_reason",
+                                                 ch->finish ? ch->finish : "stop"));
+        ch->lp = NULL;
+    }
+    return send_json(r->c, 200, json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", r->cid, "object", "text_completion",
+                                          "created", (json_int_t)r->created, "model", r->s->name, "choices", choices,
+                                          "usage", usage_json(r)));
+}
+
+static void run_free(run *r)
+{
+    for (int i = 0; i < LLM_MAX_N; i++) {
+        free(r->ch[i].text);
+        json_decref(r->ch[i].lp);
+    }
+}
+
+/* Streams or collects; the response is sent here. */
+static int complete(srv *s, struct mg_connection *c, srv_completion *cp, srv_err *e)
+{
+    run r = {.s = s, .c = c, .cp = cp, .created = (long)time(NULL), .t_start = now_s()};
+    llm_error err = {0};
+    llm_status st = llm_engine_submit(s->engine, &cp->rq, &r.id, &err);
+    if (st) {
+        srv_err_set(e, srv_status_of(st), st == LLM_ERR_TOO_LONG ? "max_tokens" : NULL, "%s", err.msg);
+        return send_err(c, e);
+    }
+    snprintf(r.cid, sizeof r.cid, "cmpl-%llu", (unsigned long long)r.id);
+    if (cp->stream)
+        mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                     "Connection: close\r\n\r\n");
+    int status = run_events(&r, e);
+    if (!cp->stream)
+        status = status ? send_err(c, e) : respond_whole(&r);
+    else if (status == 0 || status == 499) {
+        if (status == 0 && cp->include_usage)
+            sse_send(c, json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", r.cid, "object", "text_completion", "created",
+                                  (json_int_t)r.created, "model", s->name, "choices", "usage", usage_json(&r)));
+        if (status == 0)
+            mg_printf(c, "data: [DONE]\n\n");
+        status = status ? status : 200;
+    } else { /* a failure mid-stream: an error event, then the end */
+        char *body = srv_err_body(e);
+        mg_printf(c, "data: %s\n\ndata: [DONE]\n\n", body ? body : "{}");
+        free(body);
+    }
+    run_free(&r);
+    return status;
+}
+
+/* ---- routes ---------------------------------------------------------------------- */
+
+/* Runs an API route: gate, body, handler; counts it in the metrics. */
+typedef int (*api_fn)(srv *s, struct mg_connection *c, const char *body, size_t len, srv_err *e);
+
+static int api(srv *s, struct mg_connection *c, int route, const char *method, api_fn fn)
+{
+    srv_err e = {0};
+    char *body = NULL;
+    size_t len = 0;
+    atomic_fetch_add(&s->active, 1);
+    int status = api_gate(s, c, method, &e);
+    if (!status && !strcmp(method, "POST"))
+        status = read_body(s, c, &body, &len, &e);
+    status = status ? send_err(c, &e) : fn(s, c, body, len, &e);
+    free(body);
+    srv_metrics_request(&s->metrics, route, status);
+    atomic_fetch_sub(&s->active, 1);
+    return status == 499 ? 200 : status; /* civetweb logs the status; the client is gone */
+}
+
+static int do_completion(srv *s, struct mg_connection *c, const char *body, size_t len, int kind, srv_err *e)
+{
+    srv_completion cp;
+    int status = srv_parse_completion(s, body, len, kind, &cp, e) ? send_err(c, e) : complete(s, c, &cp, e);
+    srv_completion_free(&cp);
+    return status;
+}
+
+static int fn_completions(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
+{
+    return do_completion(s, c, b, n, 0, e);
+}
+
+static int fn_chat(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
+{
+    return do_completion(s, c, b, n, 1, e);
+}
+
+static int fn_models(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
+{
+    (void)b, (void)n, (void)e;
+    return send_json(c, 200, json_pack("{s:s,s:[{s:s,s:s,s:I,s:s}]}", "object", "list", "data", "id", s->name, "object",
+                                       "model", "created", (json_int_t)s->created, "owned_by", "llm-k8s"));
+}
+
+static json_t *parse_object(const char *b, size_t n, srv_err *e)
+{
+    json_error_t je;
+    json_t *o = json_loadb(b, n, JSON_REJECT_DUPLICATES, &je);
+    if (!o)
+        srv_err_set(e, 400, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+    else if (!json_is_object(o)) {
+        srv_err_set(e, 400, NULL, "the body must be a JSON object");
+        json_decref(o);
+        o = NULL;
+    }
+    return o;
+}
+
+static int fn_tokenize(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
+{
+    json_t *o = parse_object(b, n, e), *t = o ? json_object_get(o, "content") : NULL;
+    int add = 1;
+    if (o && !t)
+        t = json_object_get(o, "text");
+    if (o && !json_is_string(t))
+        srv_err_set(e, 400, "content", "'content' must be a string");
+    json_t *a = json_object_get(o, "add_special");
+    if (o && a && !json_is_boolean(a))
+        srv_err_set(e, 400, "add_special", "'add_special' must be true or false");
+    if (!o || e->status) {
+        json_decref(o);
+        return send_err(c, e);
+    }
+    add = a ? json_is_true(a) : 1;
+    int32_t *ids = NULL;
+    int k = 0;
+    llm_error err = {0};
+    llm_status st = llm_tokenize(s->model->vocab, json_string_value(t), json_string_length(t), add, 1, &ids, &k, &err);
+    json_decref(o);
+    if (st) {
+        srv_err_set(e, srv_status_of(st), "content", "%s", err.msg);
+        return send_err(c, e);
+    }
+    json_t *arr = json_array();
+    for (int i = 0; i < k; i++) json_array_append_new(arr, json_integer(ids[i]));
+    free(ids);
+    return send_json(c, 200, json_pack("{s:o}", "tokens", arr));
+}
+
+static int fn_detokenize(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
+{
+    json_t *o = parse_object(b, n, e), *t = o ? json_object_get(o, "tokens") : NULL;
+    size_t k = json_is_array(t) ? json_array_size(t) : 0;
+    int32_t *ids = o && json_is_array(t) ? malloc(sizeof(int32_t) * (k + 1)) : NULL;
+    if (o && !json_is_array(t))
+        srv_err_set(e, 400, "tokens", "'tokens' must be an array of token ids");
+    for (size_t i = 0; ids && i < k && !e->status; i++) {
+        json_t *v = json_array_get(t, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= llm_vocab_n(s->model->vocab))
+            srv_err_set(e, 400, "tokens", "'tokens' item %zu is not a token id of this model", i);
+        else
+            ids[i] = (int32_t)json_integer_value(v);
+    }
+    json_decref(o);
+    size_t len = 0;
+    llm_error err = {0};
+    char *text = o && !e->status && ids ? llm_detokenize(s->model->vocab, ids, (int)k, 0, &len, &err) : NULL;
+    free(ids);
+    if (!text) {
+        if (!e->status)
+            srv_err_set(e, o ? 400 : e->status, "tokens", "%s", err.msg[0] ? err.msg : "cannot detokenize");
+        return send_err(c, e);
+    }
+    int rc = send_json(c, 200, json_pack("{s:s%}", "content", text, len));
+    free(text);
+    return rc;
+}
+
+static int h_completions(struct mg_connection *c, void *s) { return api(s, c, R_COMPLETIONS, "POST", fn_completions); }
+static int h_chat(struct mg_connection *c, void *s) { return api(s, c, R_CHAT, "POST", fn_chat); }
+static int h_models(struct mg_connection *c, void *s) { return api(s, c, R_MODELS, "GET", fn_models); }
+static int h_tokenize(struct mg_connection *c, void *s) { return api(s, c, R_TOKENIZE, "POST", fn_tokenize); }
+static int h_detokenize(struct mg_connection *c, void *s) { return api(s, c, R_DETOKENIZE, "POST", fn_detokenize); }
+
+/* ---- probes and metrics ---------------------------------------------------------- */
+
+static const char *phase_name(int p)
+{
+    static const char *const n[] = {"loading", "ready", "draining", "failed"};
+    return p >= 0 && p < 4 ? n[p] : "unknown";
+}
+
+static int probe_reply(srv *s, struct mg_connection *c, int ok)
+{
+    int p = atomic_load(&s->phase);
+    int st = send_json(c, ok ? 200 : 503, json_pack("{s:s,s:s,s:s}", "status", ok ? "ok" : phase_name(p), "phase",
+                                                    phase_name(p), "detail", s->status));
+    srv_metrics_request(&s->metrics, R_PROBES, st);
+    return st;
+}
+
+/* Alive unless loading failed or an engine step has run too long; never
+ * waits on the engine (stats are read without blocking on a step). */
+static int h_livez(struct mg_connection *c, void *cb)
+{
+    srv *s = cb;
+    int ok = atomic_load(&s->phase) != SRV_FAILED;
+    if (ok && atomic_load(&s->phase) >= SRV_READY && s->engine) {
+        llm_stats st;
+        llm_engine_stats(s->engine, &st);
+        ok = st.step_running_ms < (double)s->cfg.liveness_timeout_s * 1e3;
+    }
+    return probe_reply(s, c, ok);
+}
+
+static int h_readyz(struct mg_connection *c, void *cb) { return probe_reply(cb, c, atomic_load(&((srv *)cb)->phase) == SRV_READY); }
+
+static int h_startupz(struct mg_connection *c, void *cb)
+{
+    int p = atomic_load(&((srv *)cb)->phase);
+    return probe_reply(cb, c, p == SRV_READY || p == SRV_DRAINING);
+}
+
+static int h_metrics(struct mg_connection *c, void *cb)
+{
+    srv *s = cb;
+    int p = atomic_load(&s->phase);
+    char *text = srv_metrics_render(&s->metrics, p >= SRV_READY && p != SRV_FAILED ? s->engine : NULL, p);
+    int st = send_text(c, text ? 200 : 503, "text/plain; version=0.0.4; charset=utf-8", text ? text : "", NULL);
+    free(text);
+    srv_metrics_request(&s->metrics, R_METRICS, st);
+    return st;
+}
+
+static int h_other(struct mg_connection *c, void *cb)
+{
+    srv_err e = {0};
+    srv_err_set(&e, 404, NULL, "no route %s", mg_get_request_info(c)->local_uri);
+    srv_metrics_request(&((srv *)cb)->metrics, R_OTHER, 404);
+    return send_err(c, &e);
+}
+
+int srv_http_start(srv *s, llm_error *err)
+{
+    char ports[300], threads[16];
+    snprintf(ports, sizeof ports, "%s:%ld", s->cfg.host, s->cfg.port);
+    snprintf(threads, sizeof threads, "%ld", s->cfg.http_threads);
+    const char *opts[] = {"listening_ports", ports, "num_threads", threads, "enable_keep_alive", "no", NULL};
+    struct mg_callbacks cb;
+    memset(&cb, 0, sizeof cb);
+    if (!(s->mg = mg_start(&cb, s, opts)))
+        return llm_errf(err, LLM_ERR_IO, "cannot listen on %s (in use, or not an address of this machine)", ports), -1;
+    static const struct { const char *uri; mg_request_handler fn; } routes[] = {
+        {"/v1/completions$", h_completions}, {"/v1/chat/completions$", h_chat}, {"/v1/models$", h_models},
+        {"/tokenize$", h_tokenize},          {"/detokenize$", h_detokenize},    {"/livez$", h_livez},
+        {"/readyz$", h_readyz},              {"/startupz$", h_startupz},        {"/metrics$", h_metrics},
+        {"/", h_other},
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) mg_set_request_handler(s->mg, routes[i].uri, routes[i].fn, s);
+    return 0;
+}

@@ -1,0 +1,161 @@
+/* srv_main.c - llm-server: binds the port first (probes and /metrics
+ * answer while the model loads), loads the model and starts the engine on a
+ * loader thread, and on SIGTERM/SIGINT turns not-ready at once, refuses new
+ * requests, lets those in flight finish within drain_timeout_s, then exits 0. */
+#include <civetweb.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "srv.h"
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...)
+{
+    char ts[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s llm-server: ", ts);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* API keys from the file named in the config, else LLM_SERVER_API_KEYS
+ * (comma-separated). */
+static llm_status load_keys(srv *s, llm_error *err)
+{
+    char *text = NULL;
+    if (s->cfg.api_keys_file[0]) {
+        FILE *f = fopen(s->cfg.api_keys_file, "r");
+        if (!f)
+            return llm_errf(err, LLM_ERR_IO, "api_keys_file %s: %s", s->cfg.api_keys_file, strerror(errno));
+        text = calloc(1, 65537);
+        size_t n = text ? fread(text, 1, 65536, f) : 0;
+        fclose(f);
+        if (!text)
+            return llm_errf(err, LLM_ERR_NOMEM, "no memory");
+        text[n] = 0;
+    } else if (getenv("LLM_SERVER_API_KEYS")) {
+        text = strdup(getenv("LLM_SERVER_API_KEYS"));
+    }
+    for (char *save = NULL, *k = text ? strtok_r(text, ",\r\n", &save) : NULL; k; k = strtok_r(NULL, ",\r\n", &save)) {
+        while (*k == ' ') k++;
+        char **p = *k ? realloc(s->keys, sizeof *p * (size_t)(s->n_keys + 1)) : NULL;
+        if (p && (p[s->n_keys] = strdup(k))) {
+            s->keys = p;
+            s->n_keys++;
+        } else if (p) {
+            s->keys = p;
+        }
+    }
+    free(text);
+    return LLM_OK;
+}
+
+static llm_status open_engine(srv *s, llm_error *err)
+{
+    llm_kv_type kt;
+    llm_status st = llm_kv_type_parse(s->cfg.kv_type, &kt, err);
+    if (st)
+        return st;
+    llm_engine_config ec = {.model = s->model, .backend = s->backend, .n_ctx = (int)s->cfg.n_ctx,
+                            .max_seqs = (int)s->cfg.max_seqs, .max_batch_tokens = (int)s->cfg.max_batch_tokens,
+                            .max_waiting = (int)s->cfg.max_waiting, .block_size = (int)s->cfg.block_size, .kv_type = kt,
+                            .kv_cache_bytes = (size_t)s->cfg.kv_cache_mb << 20,
+                            .kv_cache_fraction = (float)s->cfg.kv_cache_fraction};
+    return llm_engine_open(&ec, &s->engine, err);
+}
+
+static void *loader(void *arg)
+{
+    srv *s = arg;
+    llm_error err = {0};
+    llm_cpu_config cc = {(int)s->cfg.threads, 0, getenv("LLM_KERNELS")};
+    snprintf(s->status, sizeof s->status, "loading %s", s->cfg.model);
+    logf_("loading %s", s->cfg.model);
+    llm_status st = llm_model_load(s->cfg.model, &s->model, &err);
+    if (!st) {
+        snprintf(s->status, sizeof s->status, "model loaded; starting the engine");
+        st = llm_backend_cpu_new(&cc, &s->backend, &err);
+    }
+    if (!st)
+        st = open_engine(s, &err);
+    if (st) {
+        snprintf(s->status, sizeof s->status, "%s", err.msg);
+        logf_("failed: %s", err.msg);
+        atomic_store(&s->phase, SRV_FAILED);
+        return NULL;
+    }
+    snprintf(s->name, sizeof s->name, "%s", s->cfg.model_name[0] ? s->cfg.model_name : s->model->name);
+    s->created = (long)time(NULL);
+    snprintf(s->status, sizeof s->status, "serving %s", s->name);
+    atomic_store(&s->phase, SRV_READY);
+    logf_("ready: serving '%s' on %s:%ld", s->name, s->cfg.host, s->cfg.port);
+    return NULL;
+}
+
+/* SIGTERM: not ready at once, then wait for requests in flight. */
+static void drain(srv *s)
+{
+    if (atomic_load(&s->phase) == SRV_READY)
+        atomic_store(&s->phase, SRV_DRAINING);
+    logf_("draining: %d requests in flight, up to %ld s", atomic_load(&s->active), s->cfg.drain_timeout_s);
+    for (long ms = 0; atomic_load(&s->active) > 0 && ms < s->cfg.drain_timeout_s * 1000; ms += 20) usleep(20000);
+    if (atomic_load(&s->active) > 0)
+        logf_("drain timeout: %d requests still running are cut off", atomic_load(&s->active));
+}
+
+int main(int argc, char **argv)
+{
+    static srv s;
+    llm_error err = {0};
+    int help = 0;
+    if (srv_config_load(argc, argv, &s.cfg, &help, &err)) {
+        fprintf(stderr, "llm-server: %s\n", err.msg);
+        srv_config_usage(stderr);
+        return 2;
+    }
+    if (help) {
+        srv_config_usage(stdout);
+        return 0;
+    }
+    srv_metrics_init(&s.metrics);
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    pthread_t th;
+    if (load_keys(&s, &err) || srv_http_start(&s, &err) || pthread_create(&th, NULL, loader, &s)) {
+        fprintf(stderr, "llm-server: %s\n", err.msg[0] ? err.msg : "cannot start the loader thread");
+        return 1;
+    }
+    logf_("listening on %s:%ld", s.cfg.host, s.cfg.port);
+    while (!g_stop) usleep(50000);
+    pthread_join(th, NULL); /* a load in progress finishes first */
+    drain(&s);
+    mg_stop(s.mg);
+    llm_engine_close(s.engine);
+    llm_backend_free(s.backend);
+    llm_model_free(s.model);
+    for (int i = 0; i < s.n_keys; i++) free(s.keys[i]);
+    free(s.keys);
+    srv_metrics_free(&s.metrics);
+    srv_config_free(&s.cfg);
+    logf_("stopped");
+    return 0;
+}

@@ -1,0 +1,183 @@
+/* srv_metrics.c - Prometheus text exposition of the server's metrics. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "srv_metrics.h"
+
+const char *const srv_route_names[SRV_N_ROUTES] = {
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/generate", "/tokenize",
+    "/detokenize",     "/metrics",             "/probes",    "/",         "other",
+};
+static const char *const status_names[6] = {"2xx", "4xx", "429", "499", "5xx", "503"};
+static const double bounds[SRV_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                0.5,   1,      2.5,   5,    10,    30,    60,  120};
+static const char *const hist_names[H_COUNT][2] = {
+    {"llm_time_to_first_token_seconds", "Time from request arrival to its first token"},
+    {"llm_inter_token_latency_seconds", "Time between two tokens of a stream"},
+    {"llm_queue_time_seconds", "Time from arrival until first scheduled"},
+    {"llm_e2e_request_latency_seconds", "Time from arrival to the last token"},
+};
+
+void srv_metrics_init(srv_metrics *m)
+{
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+}
+
+void srv_metrics_free(srv_metrics *m) { pthread_mutex_destroy(&m->mu); }
+
+static int status_class(int status)
+{
+    if (status == 429) return 2;
+    if (status == 499) return 3;
+    if (status == 503) return 5;
+    return status >= 500 ? 4 : status >= 400 ? 1 : 0;
+}
+
+void srv_metrics_request(srv_metrics *m, int route, int status)
+{
+    pthread_mutex_lock(&m->mu);
+    m->requests[route][status_class(status)]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_observe(srv_metrics *m, srv_hist_id h, double s)
+{
+    pthread_mutex_lock(&m->mu);
+    int b = 0;
+    while (b < SRV_HIST_BUCKETS && s > bounds[b]) b++;
+    m->hist[h].counts[b]++;
+    m->hist[h].sum += s;
+    m->hist[h].n++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_finished(srv_metrics *m, int reason)
+{
+    pthread_mutex_lock(&m->mu);
+    m->finished[reason]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* A growing text buffer; on allocation failure it stays NULL. */
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+} sbuf;
+
+static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(sbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    for (int pass = 0; pass < 2 && (b->p || !b->cap); pass++) {
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return;
+        if (b->p && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 16384;
+        while (cap < b->len + (size_t)n + 1) cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            free(b->p);
+            b->p = NULL;
+            b->cap = 1; /* failed: stop trying */
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+}
+
+static void gauge(sbuf *b, const char *name, const char *help, double v)
+{
+    put(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
+}
+
+static void counter(sbuf *b, const char *name, const char *help, double v)
+{
+    put(b, "# HELP %s %s\n# TYPE %s counter\n%s_total %.17g\n", name, help, name, name, v);
+}
+
+static long rss_bytes(void)
+{
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f && fscanf(f, "%ld %ld", &pages, &rss) != 2)
+        rss = 0;
+    if (f)
+        fclose(f);
+    return rss * sysconf(_SC_PAGESIZE);
+}
+
+static void render_http(sbuf *b, const srv_metrics *m)
+{
+    put(b, "# HELP llm_http_requests HTTP requests by route and status class\n# TYPE llm_http_requests counter\n");
+    for (int r = 0; r < SRV_N_ROUTES; r++)
+        for (int c = 0; c < 6; c++)
+            if (m->requests[r][c])
+                put(b, "llm_http_requests_total{route=\"%s\",status=\"%s\"} %llu\n", srv_route_names[r], status_names[c],
+                    (unsigned long long)m->requests[r][c]);
+    static const char *const why[3] = {"stop", "length", "abort"};
+    put(b, "# HELP llm_request_success Finished completions by reason\n# TYPE llm_request_success counter\n");
+    for (int i = 0; i < 3; i++)
+        put(b, "llm_request_success_total{finished_reason=\"%s\"} %llu\n", why[i], (unsigned long long)m->finished[i]);
+    for (int h = 0; h < H_COUNT; h++) {
+        const srv_hist *x = &m->hist[h];
+        put(b, "# HELP %s %s\n# TYPE %s histogram\n", hist_names[h][0], hist_names[h][1], hist_names[h][0]);
+        uint64_t acc = 0;
+        for (int i = 0; i < SRV_HIST_BUCKETS; i++) {
+            acc += x->counts[i];
+            put(b, "%s_bucket{le=\"%g\"} %llu\n", hist_names[h][0], bounds[i], (unsigned long long)acc);
+        }
+        put(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", hist_names[h][0], (unsigned long long)x->n,
+            hist_names[h][0], x->sum, hist_names[h][0], (unsigned long long)x->n);
+    }
+}
+
+static void render_engine(sbuf *b, const llm_stats *s)
+{
+    double usage = s->kv_blocks_total ? (double)s->kv_blocks_used / s->kv_blocks_total : 0;
+    gauge(b, "llm_requests_running", "Sequences being decoded", s->running);
+    gauge(b, "llm_requests_waiting", "Sequences waiting for admission", s->waiting);
+    gauge(b, "llm_kv_cache_usage_ratio", "Share of KV blocks referenced by sequences", usage);
+    gauge(b, "llm_kv_cache_blocks", "KV blocks in the pool", s->kv_blocks_total);
+    gauge(b, "llm_kv_cache_cached_blocks", "Unreferenced KV blocks kept for prefix reuse", s->kv_blocks_cached);
+    counter(b, "llm_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", (double)s->prompt_tokens);
+    counter(b, "llm_prefix_cache_hits", "Prompt tokens served from the prefix cache", (double)s->cached_tokens);
+    counter(b, "llm_preemptions", "Sequences preempted for KV space", (double)s->preemptions);
+    counter(b, "llm_prompt_tokens", "Prompt tokens admitted", (double)s->prompt_tokens);
+    counter(b, "llm_generation_tokens", "Tokens generated", (double)s->generated_tokens);
+    counter(b, "llm_engine_steps", "Engine steps (batched forward passes)", (double)s->steps);
+    gauge(b, "llm_generation_tokens_per_second", "Generated tokens per second over the last seconds", s->gen_tokens_per_s);
+    gauge(b, "llm_batch_size_mean", "Tokens per engine step since start", s->steps ? (double)s->computed_tokens / s->steps : 0);
+    /* the names existing routers and autoscalers read (vLLM's) */
+    gauge(b, "vllm:num_requests_running", "Sequences being decoded", s->running);
+    gauge(b, "vllm:num_requests_waiting", "Sequences waiting", s->waiting);
+    gauge(b, "vllm:kv_cache_usage_perc", "KV cache usage, 0-1", usage);
+    put(b, "# HELP vllm:cache_config_info KV cache configuration\n# TYPE vllm:cache_config_info gauge\n"
+           "vllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\"} 1\n", s->kv_block_size, s->kv_blocks_total);
+}
+
+char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase)
+{
+    sbuf b = {0};
+    pthread_mutex_lock(&m->mu);
+    render_http(&b, m);
+    pthread_mutex_unlock(&m->mu);
+    if (e) {
+        llm_stats s;
+        llm_engine_stats(e, &s);
+        render_engine(&b, &s);
+    }
+    gauge(&b, "llm_server_phase", "0 loading, 1 ready, 2 draining, 3 failed", phase);
+    gauge(&b, "process_resident_memory_bytes", "Resident memory", (double)rss_bytes());
+    return b.p;
+}

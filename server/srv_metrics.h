@@ -1,0 +1,48 @@
+/* srv_metrics.h - the server's Prometheus metrics: request counters by
+ * route and status, latency histograms, and (at scrape time) the engine's
+ * gauges and counters, also under the vLLM names that Kubernetes inference
+ * routers and autoscalers read (vllm:num_requests_waiting, ...).
+ *
+ * Ownership: caller-owned struct (srv_metrics_init cannot fail); text from
+ * srv_metrics_render is malloc'd, the caller frees it. Thread-safety:
+ * every function may be called from any thread. */
+#ifndef SRV_METRICS_H
+#define SRV_METRICS_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "llm/engine.h"
+
+#define SRV_N_ROUTES 10
+#define SRV_HIST_BUCKETS 16
+
+typedef enum srv_hist_id { H_TTFT, H_ITL, H_QUEUE, H_E2E, H_COUNT } srv_hist_id;
+
+typedef struct srv_hist {
+    uint64_t counts[SRV_HIST_BUCKETS + 1]; /* the last is +Inf */
+    double sum;
+    uint64_t n;
+} srv_hist;
+
+typedef struct srv_metrics {
+    pthread_mutex_t mu;
+    uint64_t requests[SRV_N_ROUTES][6]; /* by status class: 2xx 4xx 429 499 5xx 503 */
+    srv_hist hist[H_COUNT];
+    uint64_t finished[3];               /* stop, length, abort */
+} srv_metrics;
+
+extern const char *const srv_route_names[SRV_N_ROUTES];
+
+void srv_metrics_init(srv_metrics *m);
+void srv_metrics_free(srv_metrics *m);
+/* Counts one finished HTTP request of route (an index of srv_route_names). */
+void srv_metrics_request(srv_metrics *m, int route, int status);
+/* Seconds into a histogram. */
+void srv_metrics_observe(srv_metrics *m, srv_hist_id h, double seconds);
+/* reason: 0 stop, 1 length, 2 abort */
+void srv_metrics_finished(srv_metrics *m, int reason);
+/* The exposition text; engine may be NULL while loading. */
+char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase);
+
+#endif

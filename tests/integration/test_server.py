@@ -1,0 +1,305 @@
+"""llm-server black-box tests through real clients: the official `openai`
+package (completions, streaming, n, seed, stop, logprobs, usage), raw HTTP
+for the error table and probes, prometheus_client's parser for /metrics,
+signals for the drain, and the YAML/env/flag configuration."""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import ROOT, SHARED, run, tool
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model, *args, env=None, wait=True):
+        self.port = free_port()
+        name = ["--model_name", "stories260K"] if str(model).endswith("stories260K.gguf") else []
+        self.proc = subprocess.Popen([tool("llm-server"), "-m", str(model), "--host", "127.0.0.1", "--port",
+                                      str(self.port), "--threads", "2", *name, *map(str, args)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        self.base = f"http://127.0.0.1:{self.port}"
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout=60):
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"llm-server exited {self.proc.returncode}: {self.proc.stderr.read()}")
+            try:
+                if self.get("/readyz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError("llm-server did not become ready")
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        c.request(method, path, body=data, headers=headers or {"Content-Type": "application/json"})
+        r = c.getresponse()
+        text = r.read().decode("utf-8", "replace")
+        c.close()
+        return r.status, text, r
+
+    def get(self, path):
+        return self.request("GET", path)
+
+    def post(self, path, body):
+        s, t, r = self.request("POST", path, body)
+        return s, (json.loads(t) if t else None), r
+
+    def client(self, key="none"):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0)
+
+    def metrics(self):
+        s, text, _ = self.get("/metrics")
+        assert s == 200
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for smp in fam.samples:
+                out[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+        return out
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return rc
+
+
+def story():
+    p = SHARED / "models" / "stories260K.gguf"
+    if not p.exists():
+        pytest.skip("../shared/models/stories260K.gguf not present")
+    return p
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = Server(story())
+    yield s
+    assert s.stop() == 0
+
+
+def metric(m, name, **labels):
+    return m.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_completion_matches_llm_generate(srv):
+    c = srv.client()
+    r = c.completions.create(model=srv.client().models.list().data[0].id, prompt="Once upon a time", max_tokens=20,
+                             temperature=0)
+    want = run(tool("llm-generate"), "-m", story(), "-p", "Once upon a time", "-n", 20, "--temp", 0).stdout
+    assert r.choices[0].text == want[:-1]  # llm-generate ends with a newline
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 20 and r.usage.prompt_tokens > 3
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 20
+
+
+def test_stream_equals_whole(srv):
+    c = srv.client()
+    whole = c.completions.create(model="stories260K", prompt="The cat", max_tokens=24, temperature=0)
+    chunks = list(c.completions.create(model="stories260K", prompt="The cat", max_tokens=24, temperature=0,
+                                       stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert text == whole.choices[0].text
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert len([ch for ch in chunks if ch.choices]) >= 10  # tokens arrive as they are made
+    assert chunks[-1].usage.completion_tokens == 24 and not chunks[-1].choices
+
+
+def test_seed_n_stop_logprobs(srv):
+    c = srv.client()
+    a = c.completions.create(model="stories260K", prompt="One day", max_tokens=16, temperature=0.9, seed=42, n=3)
+    b = c.completions.create(model="stories260K", prompt="One day", max_tokens=16, temperature=0.9, seed=42, n=3)
+    assert [x.text for x in a.choices] == [x.text for x in b.choices]
+    assert sorted(x.index for x in a.choices) == [0, 1, 2]
+    assert len({x.text for x in a.choices}) > 1
+    g = c.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=40, temperature=0)
+    words = g.choices[0].text.split(" ")
+    stop = " " + words[len(words) // 2]
+    s = c.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=40, temperature=0, stop=[stop])
+    assert s.choices[0].finish_reason == "stop"
+    assert s.choices[0].text == g.choices[0].text[:g.choices[0].text.index(stop)]
+    lp = c.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=5, temperature=0, logprobs=2)
+    l0 = lp.choices[0].logprobs
+    assert len(l0.tokens) == 5 and len(l0.token_logprobs) == 5
+    assert all(x <= 0 for x in l0.token_logprobs) and all(len(t) == 2 for t in l0.top_logprobs)
+    assert "".join(l0.tokens).strip() == lp.choices[0].text.strip()
+
+
+@pytest.mark.parametrize("body,status,param", [
+    ('{"prompt": "x", "max_tokens": "ten"}', 400, "max_tokens"),
+    ('{"prompt": "x", "temperature": 5}', 400, "temperature"),
+    ('{"prompt": "x", "n": 0}', 400, "n"),
+    ('{"prompt": "x", "top_p": 0}', 400, "top_p"),
+    ('{"prompt": "x", "stop": [1, 2]}', 400, "stop"),
+    ('{"prompt": "x", "stream": "yes"}', 400, "stream"),
+    ('{"prompt": [1, -3]}', 400, "prompt"),
+    ('{"prompt": 7}', 400, "prompt"),
+    ('{"max_tokens": 5}', 400, "prompt"),
+    ('{"prompt": "x", "model": "gpt-5"}', 404, "model"),
+    ('{"prompt": "x", "max_tokens": 5000}', 400, "max_tokens"),
+    ('{"prompt": "x",', 400, None),
+    ('[1, 2]', 400, None),
+    ('{"prompt": "x", "prompt": "y"}', 400, None),
+])
+def test_bad_requests(srv, body, status, param):
+    s, text, _ = srv.request("POST", "/v1/completions", raw=body)
+    assert s == status, text
+    err = json.loads(text)["error"]
+    assert err["message"] and err["type"]
+    if param:
+        assert err["param"] == param
+    assert srv.get("/readyz")[0] == 200  # still serving
+
+
+def test_routes_and_limits(srv):
+    assert srv.request("GET", "/v1/completions")[0] == 405
+    assert srv.get("/nope")[0] == 404
+    s, text, _ = srv.request("POST", "/v1/completions", raw='{"prompt": "' + "a" * (2 << 20) + '"}')
+    assert s == 413 and "limit" in json.loads(text)["error"]["message"]
+    s, tok, _ = srv.post("/tokenize", {"content": "Once upon a time"})
+    assert s == 200 and len(tok["tokens"]) > 3
+    s, det, _ = srv.post("/detokenize", {"tokens": tok["tokens"]})
+    assert s == 200 and det["content"].strip() == "Once upon a time"
+    assert srv.post("/detokenize", {"tokens": [10 ** 9]})[0] == 400
+    assert [m.id for m in srv.client().models.list().data] == ["stories260K"]
+
+
+def test_metrics_move(srv):
+    before = srv.metrics()
+    srv.client().completions.create(model="stories260K", prompt="Once upon a time", max_tokens=8, temperature=0)
+    after = srv.metrics()
+    assert metric(after, "llm_generation_tokens_total") - metric(before, "llm_generation_tokens_total") == 8
+    assert metric(after, "llm_http_requests_total", route="/v1/completions", status="2xx") > \
+        metric(before, "llm_http_requests_total", route="/v1/completions", status="2xx")
+    assert metric(after, "llm_time_to_first_token_seconds_count") > metric(before, "llm_time_to_first_token_seconds_count")
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+        assert (name, ()) in after
+    info = [k for k in after if k[0] == "vllm:cache_config_info"]
+    assert info and dict(info[0][1])["block_size"] == "16"
+    assert metric(after, "process_resident_memory_bytes") > 1e6
+
+
+def test_disconnect_frees_request(srv):
+    sock = socket.create_connection(("127.0.0.1", srv.port))
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 100, "temperature": 0.5, "stream": True,
+                       "ignore": 1})
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+    assert b"data:" in sock.recv(4096)
+    sock.close()
+    for _ in range(100):
+        m = srv.metrics()
+        if metric(m, "llm_request_success_total", finished_reason="abort") >= 1 and metric(m, "vllm:num_requests_running") == 0:
+            break
+        time.sleep(0.05)
+    assert metric(m, "llm_request_success_total", finished_reason="abort") >= 1
+    assert metric(m, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_queue_full_429():
+    s = Server(story(), "--max_seqs", 1, "--max_waiting", 1, "--max_batch_tokens", 8)
+    results = []
+
+    def one():
+        results.append(s.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 60, "temperature": 0.5}))
+
+    th = [threading.Thread(target=one) for _ in range(6)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    codes = sorted(r[0] for r in results)
+    assert 200 in codes and 429 in codes, codes
+    r429 = [r for r in results if r[0] == 429][0]
+    assert r429[2].getheader("Retry-After") == "1" and r429[1]["error"]["type"] == "rate_limit_error"
+    assert s.stop() == 0
+
+
+def test_sigterm_drains(models):
+    """SIGTERM with 20 streams in flight: readiness drops at once, new
+    requests get 503, all 20 finish, exit code 0."""
+    s = Server(models("llama-110m", "Q8_0"))
+    name = s.client().models.list().data[0].id
+    started, done = threading.Semaphore(0), []
+
+    def stream():
+        it = iter(s.client().completions.create(model=name, prompt="Once upon a time", max_tokens=100,
+                                                temperature=0.5, stream=True))
+        first = next(it)
+        started.release()
+        chunks = [first, *it]
+        done.append(chunks[-1].choices[0].finish_reason)
+
+    th = [threading.Thread(target=stream) for _ in range(20)]
+    for t in th:
+        t.start()
+    for _ in th:
+        assert started.acquire(timeout=60)
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+    assert s.get("/readyz")[0] == 503
+    assert s.post("/v1/completions", {"prompt": "x"})[0] == 503
+    for t in th:
+        t.join()
+    assert done == ["length"] * 20
+    assert s.stop() == 0
+
+
+def test_config_sources(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("port: 1\nmax_seqs: 3\nmodel_name: from-file\n")
+    s = Server(story(), "--config", cfg, "--model_name", "from-flag", env={"LLM_SERVER_MODEL_NAME": "from-env",
+                                                                           "LLM_SERVER_MAX_SEQS": "5"})
+    assert [m.id for m in s.client().models.list().data] == ["from-flag"]  # flag > env > file
+    assert s.stop() == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max_seqz: 3\n")
+    r = run(tool("llm-server"), "-m", story(), "--config", bad, check=False)
+    assert r.returncode == 2 and "unknown key 'max_seqz'" in r.stderr
+    r = run(tool("llm-server"), "-m", story(), "--port", "99999", check=False)
+    assert r.returncode == 2 and "port" in r.stderr and "99999" in r.stderr
+    r = run(tool("llm-server"), check=False)
+    assert r.returncode == 2 and "model is required" in r.stderr
+
+
+def test_api_keys_and_loading_probes(tmp_path):
+    s = Server(story(), env={"LLM_SERVER_API_KEYS": "k1,k2"})
+    with pytest.raises(openai.AuthenticationError):
+        s.client("wrong").models.list()
+    assert s.client("k2").models.list().data[0].id == "stories260K"
+    assert s.get("/livez")[0] == 200 and s.get("/startupz")[0] == 200
+    assert s.stop() == 0
+    f = Server(tmp_path / "missing.gguf", wait=False)
+    st, text = 0, ""
+    for _ in range(200):
+        try:
+            st, text, _ = f.get("/startupz")
+        except OSError:  # not listening yet
+            pass
+        if "failed" in text:
+            break
+        time.sleep(0.05)
+    assert st == 503 and "missing.gguf" in json.loads(text)["detail"]
+    assert f.get("/readyz")[0] == 503 and f.get("/livez")[0] == 503
+    assert f.stop() == 0
