@@ -21,7 +21,7 @@ LDLIBS = -lm -lpthread
 
 ENGINE_SRC = engine/status.c engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c \
              engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
-             engine/sampler.c engine/model.c engine/forward.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/session.c engine/backend_cpu.c engine/cpu/cpu_attention.c \
+             engine/sampler.c engine/model.c engine/forward.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/cpu/cpu_attention.c \
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c \
              engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench
@@ -87,14 +87,18 @@ $(DEFAULT_MODEL): | $(BUILD)/bin/llm-mkmodel
 	@mkdir -p $(dir $@)
 	$(BUILD)/bin/llm-mkmodel --shape llama-110m --type Q8_0 -o $@
 
+PORT ?= 8080
 run: deps all $(if $(filter $(DEFAULT_MODEL),$(MODEL)),$(DEFAULT_MODEL))
-	$(BUILD)/bin/llm-generate -m $(MODEL) -p "$(PROMPT)" -n 64 --threads $(THREADS)
+	@echo "llm-server on http://localhost:$(PORT) - try:"
+	@echo "  curl -s localhost:$(PORT)/v1/completions -H 'Content-Type: application/json' \\"
+	@echo "       -d '{\"prompt\": \"$(PROMPT)\", \"max_tokens\": 32}'"
+	$(BUILD)/bin/llm-server -m $(MODEL) --port $(PORT) --threads $(THREADS)
 
 # ---- tests ------------------------------------------------------------------
 unit: $(UNIT_BIN)
 	@fail=0; for t in $(UNIT_BIN); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
-pytest: $(TOOL_BIN)
+pytest: $(TOOL_BIN) $(BUILD)/bin/llm-server
 	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration
 
 FUZZ_TIME ?= 20
@@ -124,7 +128,7 @@ bench: deps all
 	$(PYTHON) tests/bench/bench.py --build $(BUILD)
 
 lint:
-	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) tools/*.c || (echo "lint: banned call" && false)
+	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) $(SERVER_SRC) tools/*.c || (echo "lint: banned call" && false)
 
 clean:
 	rm -rf build build-asan build-tsan

@@ -25,6 +25,7 @@ typedef struct srv {
     _Atomic int active;        /* API requests being served */
     char status[512];          /* load progress or failure, for the probes */
     char name[128];            /* served model name */
+    int chat_tmpl;             /* llm_chat_template of the model */
     long created;              /* unix time the model was loaded */
     srv_metrics metrics;
     char **keys;               /* API keys, NULL when open */

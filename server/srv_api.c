@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "llm/chat.h"
 #include "srv.h"
 
 void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...)
@@ -184,6 +185,69 @@ static int parse_prompt(json_t *o, srv_completion *c, srv_err *e)
     return 0;
 }
 
+/* content: a string, or an array of {"type": "text", "text": ...} parts
+ * (joined). NULL with e set otherwise; *owned gets a joined copy to free. */
+static const char *message_text(json_t *m, size_t i, char **owned, srv_err *e)
+{
+    json_t *ct = json_object_get(m, "content");
+    if (json_is_string(ct))
+        return json_string_value(ct);
+    if (!json_is_array(ct)) {
+        srv_err_set(e, 400, "messages", "messages[%zu].content must be a string or an array of text parts", i);
+        return NULL;
+    }
+    size_t total = 1, at = 0;
+    for (size_t k = 0; k < json_array_size(ct); k++) {
+        json_t *p = json_array_get(ct, k), *t = json_object_get(p, "text"), *ty = json_object_get(p, "type");
+        if (!json_is_string(t) || !json_is_string(ty) || strcmp(json_string_value(ty), "text")) {
+            srv_err_set(e, 400, "messages", "messages[%zu].content[%zu] must be a text part", i, k);
+            return NULL;
+        }
+        total += json_string_length(t);
+    }
+    char *out = malloc(total);
+    if (!out) {
+        srv_err_set(e, 503, NULL, "out of memory");
+        return NULL;
+    }
+    for (size_t k = 0; k < json_array_size(ct); k++) {
+        json_t *t = json_object_get(json_array_get(ct, k), "text");
+        memcpy(out + at, json_string_value(t), json_string_length(t));
+        at += json_string_length(t);
+    }
+    out[at] = 0;
+    return *owned = out;
+}
+
+static int parse_messages(const srv *s, json_t *o, srv_completion *c, srv_err *e)
+{
+    json_t *ms = json_object_get(o, "messages");
+    size_t n = json_is_array(ms) ? json_array_size(ms) : 0;
+    if (n == 0 || n > 4096) {
+        srv_err_set(e, 400, "messages", "'messages' must be a non-empty array (at most 4096)");
+        return -1;
+    }
+    llm_chat_msg *msgs = calloc(n, sizeof *msgs);
+    char **owned = calloc(n, sizeof *owned);
+    int rc = msgs && owned ? 0 : (srv_err_set(e, 503, NULL, "out of memory"), -1);
+    for (size_t i = 0; !rc && i < n; i++) {
+        json_t *m = json_array_get(ms, i), *role = json_object_get(m, "role");
+        msgs[i].role = json_is_string(role) ? json_string_value(role) : NULL;
+        if (!json_is_object(m) || !msgs[i].role)
+            rc = (srv_err_set(e, 400, "messages", "messages[%zu] must be an object with a string role", i), -1);
+        else if (!(msgs[i].content = message_text(m, i, &owned[i], e)))
+            rc = -1;
+    }
+    llm_error err = {0};
+    if (!rc && !(c->prompt = llm_chat_render((llm_chat_template)s->chat_tmpl, msgs, (int)n, &err)))
+        rc = (srv_err_set(e, err.code == LLM_ERR_NOMEM ? 503 : 400, "messages", "%s", err.msg), -1);
+    for (size_t i = 0; owned && i < n; i++) free(owned[i]);
+    free(owned);
+    free(msgs);
+    c->rq.text = c->prompt;
+    return rc;
+}
+
 static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
 {
     json_t *m = json_object_get(o, "model");
@@ -192,7 +256,7 @@ static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
                     json_is_string(m) ? json_string_value(m) : "?", s->name);
         return -1;
     }
-    long max_tokens = 16, logprobs = -1;
+    long max_tokens = c->chat ? 0 : 16, logprobs = -1; /* OpenAI's defaults: 16, and none for chat */
     json_t *opts = json_object_get(o, "stream_options");
     if (int_field(o, c->chat ? "max_completion_tokens" : "max_tokens", 1, 1 << 24, &max_tokens, e) ||
         (c->chat && int_field(o, "max_tokens", 1, 1 << 24, &max_tokens, e)) || bool_field(o, "stream", &c->stream, e) ||
@@ -200,6 +264,13 @@ static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
         return -1;
     if (!c->chat && int_field(o, "logprobs", 0, LLM_MAX_LOGPROBS, &logprobs, e))
         return -1;
+    if (c->chat) {
+        int want = 0;
+        long top = 0;
+        if (bool_field(o, "logprobs", &want, e) || int_field(o, "top_logprobs", 0, LLM_MAX_LOGPROBS, &top, e))
+            return -1;
+        logprobs = want ? top : -1;
+    }
     if (opts && !json_is_null(opts) && (!json_is_object(opts) || bool_field(opts, "include_usage", &c->include_usage, e))) {
         if (!json_is_object(opts))
             srv_err_set(e, 400, "stream_options", "'stream_options' must be an object");
@@ -240,10 +311,7 @@ int srv_parse_completion(const srv *s, const char *body, size_t len, int chat, s
     }
     if (parse_common(s, c->root, c, e))
         return -1;
-    if (!chat)
-        return parse_prompt(c->root, c, e);
-    srv_err_set(e, 400, "messages", "chat completions are not available yet");
-    return -1;
+    return chat ? parse_messages(s, c->root, c, e) : parse_prompt(c->root, c, e);
 }
 
 void srv_completion_free(srv_completion *c)

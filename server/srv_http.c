@@ -123,8 +123,9 @@ typedef struct choice {
     char *text;
     size_t len, cap;
     const char *finish;
-    json_t *lp;          /* completions logprobs object, or NULL */
+    json_t *lp;          /* logprobs object (completions or chat form), or NULL */
     size_t offset;       /* text offset of the next token */
+    int started;         /* chat stream: the role delta went out */
 } choice;
 
 typedef struct run {
@@ -164,9 +165,40 @@ static json_t *piece_json(const srv *s, int32_t id)
     return json_stringn(buf, n < 0 ? 0 : n > (int)sizeof buf ? sizeof buf : (size_t)n);
 }
 
-/* Appends one token to a completions-API logprobs object. */
-static void add_logprobs(const srv *s, choice *ch, const llm_event *ev)
+static json_t *bytes_json(const char *t)
 {
+    json_t *a = json_array();
+    for (const unsigned char *p = (const unsigned char *)t; a && *p; p++) json_array_append_new(a, json_integer(*p));
+    return a;
+}
+
+/* Chat form: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}. */
+static void add_chat_logprobs(const srv *s, choice *ch, const llm_event *ev)
+{
+    if (!ch->lp)
+        ch->lp = json_pack("{s:[]}", "content");
+    json_t *top = json_array();
+    for (int i = 0; top && i < ev->sample.n_top; i++) {
+        json_t *t = piece_json(s, ev->sample.top[i].id);
+        json_array_append_new(top, json_pack("{s:O,s:f,s:o}", "token", t, "logprob", (double)ev->sample.top[i].logprob,
+                                             "bytes", bytes_json(json_string_value(t))));
+        json_decref(t);
+    }
+    json_t *t = piece_json(s, ev->token);
+    if (ch->lp)
+        json_array_append_new(json_object_get(ch->lp, "content"),
+                              json_pack("{s:O,s:f,s:o,s:o}", "token", t, "logprob", (double)ev->sample.logprob, "bytes",
+                                        bytes_json(json_string_value(t)), "top_logprobs", top ? top : json_array()));
+    json_decref(t);
+}
+
+/* Appends one token to a completions-API logprobs object. */
+static void add_logprobs(const srv *s, choice *ch, const llm_event *ev, int chat)
+{
+    if (chat) {
+        add_chat_logprobs(s, ch, ev);
+        return;
+    }
     if (!ch->lp)
         ch->lp = json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
     if (!ch->lp)
@@ -203,11 +235,20 @@ static int sse_send(struct mg_connection *c, json_t *j)
     return ok ? 0 : -1;
 }
 
-static json_t *chunk(const run *r, int index, const char *text, size_t n, json_t *lp, const char *finish)
+static json_t *chunk(run *r, int index, const char *text, size_t n, json_t *lp, const char *finish)
 {
-    return json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:s%,s:o,s:o}]}", "id", r->cid, "object", "text_completion", "created",
-                     (json_int_t)r->created, "model", r->s->name, "choices", "index", index, "text", text, n, "logprobs",
-                     lp ? lp : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
+    json_t *lpj = lp ? lp : json_null(), *fin = finish ? json_string(finish) : json_null();
+    if (!r->cp->chat)
+        return json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:s%,s:o,s:o}]}", "id", r->cid, "object", "text_completion", "created",
+                         (json_int_t)r->created, "model", r->s->name, "choices", "index", index, "text", text, n,
+                         "logprobs", lpj, "finish_reason", fin);
+    json_t *delta = finish && !n ? json_object() : json_pack("{s:s%}", "content", text, n);
+    if (delta && !r->ch[index].started)
+        json_object_set_new(delta, "role", json_string("assistant"));
+    r->ch[index].started = 1;
+    return json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:o,s:o,s:o}]}", "id", r->cid, "object", "chat.completion.chunk",
+                     "created", (json_int_t)r->created, "model", r->s->name, "choices", "index", index, "delta", delta,
+                     "logprobs", lpj, "finish_reason", fin);
 }
 
 static int on_token(run *r, const llm_event *ev)
@@ -219,7 +260,7 @@ static int on_token(run *r, const llm_event *ev)
     if (ev->index == 0)
         r->t_last = t;
     if (r->cp->n_logprobs >= 0)
-        add_logprobs(r->s, ch, ev);
+        add_logprobs(r->s, ch, ev, r->cp->chat);
     ch->offset += ev->text_len;
     if (!r->cp->stream)
         return text_append(ch, ev->text, ev->text_len);
@@ -277,19 +318,26 @@ static int run_events(run *r, srv_err *e)
     return 0;
 }
 
+static json_t *whole_choice(run *r, int i)
+{
+    choice *ch = &r->ch[i];
+    json_t *lp = ch->lp ? ch->lp : json_null();
+    const char *fin = ch->finish ? ch->finish : "stop", *text = ch->text ? ch->text : "";
+    ch->lp = NULL;
+    if (r->cp->chat)
+        return json_pack("{s:i,s:{s:s,s:s%},s:o,s:s}", "index", i, "message", "role", "assistant", "content", text,
+                         ch->len, "logprobs", lp, "finish_reason", fin);
+    return json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", text, ch->len, "logprobs", lp, "finish_reason", fin);
+}
+
 static int respond_whole(run *r)
 {
     json_t *choices = json_array();
-    for (int i = 0; i < r->cp->rq.n; i++) {
-        choice *ch = &r->ch[i];
-        json_array_append_new(choices, json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", ch->text ? ch->text : "",
-                                                 ch->len, "logprobs", ch->lp ? ch->lp : json_null(), "finish_reason",
-                                                 ch->finish ? ch->finish : "stop"));
-        ch->lp = NULL;
-    }
-    return send_json(r->c, 200, json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", r->cid, "object", "text_completion",
-                                          "created", (json_int_t)r->created, "model", r->s->name, "choices", choices,
-                                          "usage", usage_json(r)));
+    for (int i = 0; i < r->cp->rq.n; i++) json_array_append_new(choices, whole_choice(r, i));
+    return send_json(r->c, 200, json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", r->cid, "object",
+                                          r->cp->chat ? "chat.completion" : "text_completion", "created",
+                                          (json_int_t)r->created, "model", r->s->name, "choices", choices, "usage",
+                                          usage_json(r)));
 }
 
 static void run_free(run *r)
@@ -310,7 +358,7 @@ static int complete(srv *s, struct mg_connection *c, srv_completion *cp, srv_err
         srv_err_set(e, srv_status_of(st), st == LLM_ERR_TOO_LONG ? "max_tokens" : NULL, "%s", err.msg);
         return send_err(c, e);
     }
-    snprintf(r.cid, sizeof r.cid, "cmpl-%llu", (unsigned long long)r.id);
+    snprintf(r.cid, sizeof r.cid, "%s-%llu", cp->chat ? "chatcmpl" : "cmpl", (unsigned long long)r.id);
     if (cp->stream)
         mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      "Connection: close\r\n\r\n");
@@ -319,7 +367,8 @@ static int complete(srv *s, struct mg_connection *c, srv_completion *cp, srv_err
         status = status ? send_err(c, e) : respond_whole(&r);
     else if (status == 0 || status == 499) {
         if (status == 0 && cp->include_usage)
-            sse_send(c, json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", r.cid, "object", "text_completion", "created",
+            sse_send(c, json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", r.cid, "object",
+                                  cp->chat ? "chat.completion.chunk" : "text_completion", "created",
                                   (json_int_t)r.created, "model", s->name, "choices", "usage", usage_json(&r)));
         if (status == 0)
             mg_printf(c, "data: [DONE]\n\n");

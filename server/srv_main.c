@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "llm/chat.h"
 #include "srv.h"
 
 static volatile sig_atomic_t g_stop;
@@ -103,6 +104,8 @@ static void *loader(void *arg)
         return NULL;
     }
     snprintf(s->name, sizeof s->name, "%s", s->cfg.model_name[0] ? s->cfg.model_name : s->model->name);
+    s->chat_tmpl = (int)llm_chat_for_model(s->model);
+    logf_("chat template: %s", llm_chat_name((llm_chat_template)s->chat_tmpl));
     s->created = (long)time(NULL);
     snprintf(s->status, sizeof s->status, "serving %s", s->name);
     atomic_store(&s->phase, SRV_READY);
