@@ -247,12 +247,12 @@ def test_queue_full_429():
 def test_sigterm_drains(models):
     """SIGTERM with 20 streams in flight: readiness drops at once, new
     requests get 503, all 20 finish, exit code 0."""
-    s = Server(models("llama-110m", "Q8_0"))
+    s = Server(models("llama-110m", "Q8_0"), "--drain_timeout_s", 600)  # sanitizer builds are slow
     name = s.client().models.list().data[0].id
     started, done = threading.Semaphore(0), []
 
     def stream():
-        it = iter(s.client().completions.create(model=name, prompt="Once upon a time", max_tokens=100,
+        it = iter(s.client().completions.create(model=name, prompt="Once upon a time", max_tokens=50,
                                                 temperature=0.5, stream=True))
         first = next(it)
         started.release()
