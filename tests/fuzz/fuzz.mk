@@ -8,8 +8,11 @@ FUZZ_SRC = engine/status.c engine/quant.c engine/gguf.c engine/unicode.c engine/
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Iengine/include -Iengine \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 
+REQ_SRC = server/srv_api.c engine/chat.c engine/sampler.c
+REQ_TIME ?= 10
+
 .PHONY: run
-run: $(FUZZ_BUILD)/fuzz_gguf
+run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request
 	@rm -rf $(FUZZ_BUILD)/corpus && mkdir -p $(FUZZ_BUILD)/corpus
 	@python3 tests/fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
 	@$(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/seeds/* > $(FUZZ_BUILD)/regress.log 2>&1 || \
@@ -18,9 +21,19 @@ run: $(FUZZ_BUILD)/fuzz_gguf
 	@echo "fuzz: $(FUZZ_TIME) s of fuzzing the GGUF reader and vocab loader"
 	@$(FUZZ_BUILD)/fuzz_gguf -max_total_time=$(FUZZ_TIME) -max_len=8192 -timeout=10 \
 	  -rss_limit_mb=2048 $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/seeds 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY|INFO: Running)" ; \
-	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 1 passed, 0 failed" || (echo "fuzz: 0 passed, 1 failed"; exit 1)
+	  test $${PIPESTATUS[0]} -eq 0 || (echo "fuzz: 0 passed, 1 failed (GGUF reader)"; exit 1)
+	@echo "fuzz: $(REQ_TIME) s of fuzzing llm-server's request parsing"
+	@mkdir -p $(FUZZ_BUILD)/req-corpus && cp tests/fuzz/requests/* $(FUZZ_BUILD)/req-corpus/
+	@$(FUZZ_BUILD)/fuzz_request -max_total_time=$(REQ_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+	  $(FUZZ_BUILD)/req-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
+	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 2 passed, 0 failed" || (echo "fuzz: 1 passed, 1 failed (request parsing)"; exit 1)
 
 $(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*.h engine/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -lm -lpthread -o $@
+
+$(FUZZ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h)
+	@mkdir -p $(FUZZ_BUILD)
+	@echo "  CLANG $@"
+	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) -ljansson -lm -lpthread -o $@
