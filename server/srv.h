@@ -52,14 +52,15 @@ typedef struct srv_completion {
     int stream, include_usage, echo;
     int n_logprobs;            /* completions API: logprobs=N; -1 when not asked */
     int chat;
+    int generate;              /* POST /generate: {"text"} in, {"text"} out */
     json_t *root;              /* the parsed body (owns the strings rq points to) */
     char *prompt;              /* chat: the rendered template */
     int32_t *ids;              /* prompt given as token ids */
     const char *stops[LLM_MAX_STOPS];
 } srv_completion;
 
-/* Parses and validates a /v1/completions (chat = 0) or
- * /v1/chat/completions body. Errors: 400 naming the field, 404 model. */
+/* Parses and validates a /v1/completions (kind 0), /v1/chat/completions
+ * (1) or /generate (2) body. Errors: 400 naming the field, 404 model. */
 int srv_parse_completion(const srv *s, const char *body, size_t len, int chat, srv_completion *c, srv_err *e);
 void srv_completion_free(srv_completion *c);
 

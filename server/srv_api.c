@@ -294,10 +294,28 @@ static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
     return 0;
 }
 
-int srv_parse_completion(const srv *s, const char *body, size_t len, int chat, srv_completion *c, srv_err *e)
+/* /generate: the prompt is "text", a string. */
+static int parse_text(json_t *o, srv_completion *c, srv_err *e)
+{
+    json_t *t = json_object_get(o, "text");
+    if (!json_is_string(t)) {
+        srv_err_set(e, 400, "text", "'text' must be a string");
+        return -1;
+    }
+    if (c->stream) {
+        srv_err_set(e, 400, "stream", "/generate does not stream; use /v1/completions");
+        return -1;
+    }
+    c->rq.text = json_string_value(t);
+    return 0;
+}
+
+int srv_parse_completion(const srv *s, const char *body, size_t len, int kind, srv_completion *c, srv_err *e)
 {
     memset(c, 0, sizeof *c);
-    c->chat = chat;
+    c->chat = kind == 1;
+    c->generate = kind == 2;
+    int chat = c->chat;
     c->rq.sampling = llm_sampling_default();
     json_error_t je;
     c->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
@@ -311,6 +329,8 @@ int srv_parse_completion(const srv *s, const char *body, size_t len, int chat, s
     }
     if (parse_common(s, c->root, c, e))
         return -1;
+    if (c->generate)
+        return parse_text(c->root, c, e);
     return chat ? parse_messages(s, c->root, c, e) : parse_prompt(c->root, c, e);
 }
 

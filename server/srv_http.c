@@ -294,6 +294,10 @@ static int run_events(run *r, srv_err *e)
     while (r->n_done < r->cp->rq.n) {
         llm_event ev;
         llm_status st = llm_engine_next(r->s->engine, r->id, &ev, 1000);
+        if (st == LLM_OK && now_s() > deadline) { /* events keep coming, but time is up */
+            llm_event_clear(&ev);
+            st = LLM_ERR_TIMEOUT;
+        }
         if (st == LLM_ERR_TIMEOUT && now_s() < deadline)
             continue;
         if (st) {
@@ -332,6 +336,10 @@ static json_t *whole_choice(run *r, int i)
 
 static int respond_whole(run *r)
 {
+    if (r->cp->generate)
+        return send_json(r->c, 200, json_pack("{s:s%,s:s,s:o}", "text", r->ch[0].text ? r->ch[0].text : "", r->ch[0].len,
+                                              "finish_reason", r->ch[0].finish ? r->ch[0].finish : "stop", "usage",
+                                              usage_json(r)));
     json_t *choices = json_array();
     for (int i = 0; i < r->cp->rq.n; i++) json_array_append_new(choices, whole_choice(r, i));
     return send_json(r->c, 200, json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", r->cid, "object",
@@ -421,6 +429,11 @@ static int fn_chat(srv *s, struct mg_connection *c, const char *b, size_t n, srv
     return do_completion(s, c, b, n, 1, e);
 }
 
+static int fn_generate(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
+{
+    return do_completion(s, c, b, n, 2, e);
+}
+
 static int fn_models(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
 {
     (void)b, (void)n, (void)e;
@@ -505,6 +518,7 @@ static int fn_detokenize(srv *s, struct mg_connection *c, const char *b, size_t 
 static int h_completions(struct mg_connection *c, void *s) { return api(s, c, R_COMPLETIONS, "POST", fn_completions); }
 static int h_chat(struct mg_connection *c, void *s) { return api(s, c, R_CHAT, "POST", fn_chat); }
 static int h_models(struct mg_connection *c, void *s) { return api(s, c, R_MODELS, "GET", fn_models); }
+static int h_generate(struct mg_connection *c, void *s) { return api(s, c, R_GENERATE, "POST", fn_generate); }
 static int h_tokenize(struct mg_connection *c, void *s) { return api(s, c, R_TOKENIZE, "POST", fn_tokenize); }
 static int h_detokenize(struct mg_connection *c, void *s) { return api(s, c, R_DETOKENIZE, "POST", fn_detokenize); }
 
@@ -579,6 +593,7 @@ int srv_http_start(srv *s, llm_error *err)
     static const struct { const char *uri; mg_request_handler fn; } routes[] = {
         {"/v1/completions$", h_completions}, {"/v1/chat/completions$", h_chat}, {"/v1/models$", h_models},
         {"/tokenize$", h_tokenize},          {"/detokenize$", h_detokenize},    {"/livez$", h_livez},
+        {"/generate$", h_generate},
         {"/readyz$", h_readyz},              {"/startupz$", h_startupz},        {"/metrics$", h_metrics},
         {"/", h_other},
     };

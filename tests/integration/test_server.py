@@ -346,3 +346,22 @@ def test_chat(srv):
 def test_bad_chat(srv, body, param):
     s, text, _ = srv.request("POST", "/v1/chat/completions", raw=body)
     assert s == 400 and json.loads(text)["error"]["param"] == param, text
+
+
+def test_generate_route(srv):
+    s, r, _ = srv.post("/generate", {"text": "Once upon a time", "max_tokens": 20, "temperature": 0})
+    want = srv.client().completions.create(model="stories260K", prompt="Once upon a time", max_tokens=20, temperature=0)
+    assert s == 200 and r["text"] == want.choices[0].text and r["usage"]["completion_tokens"] == 20
+    assert srv.post("/generate", {"prompt": "x"})[0] == 400
+    assert srv.post("/generate", {"text": "x", "stream": True})[0] == 400
+
+
+def test_request_deadline(models):
+    s = Server(models("llama-110m", "Q8_0"), "--request_timeout_s", 1)
+    name = s.client().models.list().data[0].id
+    t0 = time.time()
+    st, r, _ = s.post("/v1/completions", {"model": name, "prompt": "x", "max_tokens": 1000})
+    assert st == 504 and "deadline" in r["error"]["message"] and time.time() - t0 < 10
+    m = s.metrics()
+    assert metric(m, "vllm:num_requests_running") == 0 and metric(m, "vllm:kv_cache_usage_perc") == 0
+    assert s.stop() == 0
