@@ -38,7 +38,7 @@ UNIT_BIN = $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 $(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 $(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
-.PHONY: all run test asan bench deps lint clean unit pytest fuzz models tsan
+.PHONY: all run test asan bench bench-load deps lint clean unit pytest fuzz models tsan
 all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(BUILD)/bin/llm-server
 
 $(BUILD)/bin/llm-server: $(SERVER_OBJ) $(LIB)
@@ -126,6 +126,12 @@ tsan:
 
 bench: deps all
 	$(PYTHON) tests/bench/bench.py --build $(BUILD)
+
+# Load test of llm-server (and llama.cpp's llama-server when LLAMA_SERVER
+# points at it) with the 3-short-to-1-long traffic mix.
+bench-load: deps all $(DEFAULT_MODEL)
+	$(PYTHON) tests/bench/load.py --build $(BUILD) --model $(MODEL) --threads $(THREADS) \
+	  $(if $(LLAMA_SERVER),--peer $(LLAMA_SERVER))
 
 lint:
 	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) $(SERVER_SRC) tools/*.c || (echo "lint: banned call" && false)

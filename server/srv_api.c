@@ -260,7 +260,8 @@ static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
     json_t *opts = json_object_get(o, "stream_options");
     if (int_field(o, c->chat ? "max_completion_tokens" : "max_tokens", 1, 1 << 24, &max_tokens, e) ||
         (c->chat && int_field(o, "max_tokens", 1, 1 << 24, &max_tokens, e)) || bool_field(o, "stream", &c->stream, e) ||
-        bool_field(o, "echo", &c->echo, e) || parse_sampling(o, &c->rq, e) || parse_stop(o, c, e))
+        bool_field(o, "echo", &c->echo, e) || bool_field(o, "ignore_eos", &c->rq.ignore_eos, e) ||
+        parse_sampling(o, &c->rq, e) || parse_stop(o, c, e))
         return -1;
     if (!c->chat && int_field(o, "logprobs", 0, LLM_MAX_LOGPROBS, &logprobs, e))
         return -1;
