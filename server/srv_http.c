@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "srv.h"
+#include "textout.h"
 
 enum { R_COMPLETIONS, R_CHAT, R_MODELS, R_GENERATE, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_PROBES, R_ROOT, R_OTHER };
 
@@ -157,18 +158,23 @@ static int text_append(choice *ch, const char *t, size_t n)
     return 0;
 }
 
-/* The token's text as the tokenizer has it (for logprobs). */
+/* The token's text as the tokenizer has it (for logprobs), made valid
+ * UTF-8 (a byte token alone is often half a character). */
 static json_t *piece_json(const srv *s, int32_t id)
 {
     char buf[256];
     int n = llm_token_to_piece(s->model->vocab, id, 1, buf, sizeof buf);
-    return json_stringn(buf, n < 0 ? 0 : n > (int)sizeof buf ? sizeof buf : (size_t)n);
+    size_t len;
+    char *u = textout_utf8_dup(buf, n < 0 ? 0 : n > (int)sizeof buf ? sizeof buf : (size_t)n, &len);
+    json_t *j = u ? json_stringn(u, len) : json_string("");
+    free(u);
+    return j;
 }
 
 static json_t *bytes_json(const char *t)
 {
     json_t *a = json_array();
-    for (const unsigned char *p = (const unsigned char *)t; a && *p; p++) json_array_append_new(a, json_integer(*p));
+    for (const unsigned char *p = (const unsigned char *)(t ? t : ""); a && *p; p++) json_array_append_new(a, json_integer(*p));
     return a;
 }
 
@@ -204,11 +210,11 @@ static void add_logprobs(const srv *s, choice *ch, const llm_event *ev, int chat
     if (!ch->lp)
         return;
     json_t *top = json_object();
-    for (int i = 0; top && i < ev->sample.n_top; i++) {
-        char buf[256];
-        int n = llm_token_to_piece(s->model->vocab, ev->sample.top[i].id, 1, buf, sizeof buf - 1);
-        buf[n < 0 ? 0 : n >= (int)sizeof buf ? (int)sizeof buf - 1 : n] = 0;
-        json_object_set_new(top, buf, json_real(ev->sample.top[i].logprob));
+    for (int i = 0; top && i < ev->sample.n_top; i++) { /* tokens with the same text share a key, as in OpenAI's */
+        json_t *t = piece_json(s, ev->sample.top[i].id);
+        if (t && !json_object_get(top, json_string_value(t)))
+            json_object_set_new(top, json_string_value(t), json_real(ev->sample.top[i].logprob));
+        json_decref(t);
     }
     json_array_append_new(json_object_get(ch->lp, "tokens"), piece_json(s, ev->token));
     json_array_append_new(json_object_get(ch->lp, "token_logprobs"), json_real(ev->sample.logprob));
