@@ -26,7 +26,7 @@ ENGINE_SRC = engine/status.c engine/quant.c engine/gguf.c engine/gguf_writer.c e
              engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench
 SERVER_SRC = server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_metrics.c
-SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o)
+SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
@@ -40,6 +40,15 @@ $(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f
 
 .PHONY: all run test asan bench bench-load deps lint clean unit pytest fuzz models tsan
 all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(BUILD)/bin/llm-server
+
+# The playground page is compiled into the binary (no files to ship).
+$(BUILD)/gen/playground.c: server/playground.html tools/gen/embed.py
+	@mkdir -p $(dir $@)
+	@$(PYTHON) tools/gen/embed.py $< srv_playground_html $@
+
+$(BUILD)/gen/playground.o: $(BUILD)/gen/playground.c
+	@echo "  CC    $<"
+	@$(CC) $(CFLAGS_BASE) -c $< -o $@
 
 $(BUILD)/bin/llm-server: $(SERVER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -67,8 +76,8 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 
 # ---- dependencies -----------------------------------------------------------
 # Python packages as PIP_NAME or PIP_NAME:MODULE when the import name differs.
-DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev clang
-PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client
+DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev clang chromium chromium-driver
+PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \

@@ -578,8 +578,25 @@ static int h_metrics(struct mg_connection *c, void *cb)
     return st;
 }
 
+extern const unsigned char srv_playground_html[];
+extern const size_t srv_playground_html_len;
+
+/* GET /: the playground (self-contained HTML + JS, compiled in). */
+static int h_root(struct mg_connection *c, void *cb)
+{
+    mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %zu\r\n"
+                 "Cache-Control: no-cache\r\nConnection: close\r\n\r\n", srv_playground_html_len);
+    mg_write(c, srv_playground_html, srv_playground_html_len);
+    srv_metrics_request(&((srv *)cb)->metrics, R_ROOT, 200);
+    return 200;
+}
+
+/* Everything else: the playground at "/", else a JSON 404. (civetweb
+ * prefers no handler between "/$" and "/" for the root, so it is here.) */
 static int h_other(struct mg_connection *c, void *cb)
 {
+    if (!strcmp(mg_get_request_info(c)->local_uri, "/") && !strcmp(mg_get_request_info(c)->request_method, "GET"))
+        return h_root(c, cb);
     srv_err e = {0};
     srv_err_set(&e, 404, NULL, "no route %s", mg_get_request_info(c)->local_uri);
     srv_metrics_request(&((srv *)cb)->metrics, R_OTHER, 404);
