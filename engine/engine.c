@@ -611,6 +611,9 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
         }
         e->st.steps++;
         e->st.computed_tokens += (uint64_t)n_rows;
+        int b = 0;
+        while (b < LLM_BATCH_BUCKETS - 1 && n_rows > LLM_BATCH_BUCKET(b)) b++;
+        e->st.batch_hist[b]++;
     }
     e->gen_t[e->gen_i] = now_ms();
     e->gen_n[e->gen_i] = e->st.generated_tokens;

@@ -157,7 +157,15 @@ static void render_engine(sbuf *b, const llm_stats *s)
     counter(b, "llm_generation_tokens", "Tokens generated", (double)s->generated_tokens);
     counter(b, "llm_engine_steps", "Engine steps (batched forward passes)", (double)s->steps);
     gauge(b, "llm_generation_tokens_per_second", "Generated tokens per second over the last seconds", s->gen_tokens_per_s);
-    gauge(b, "llm_batch_size_mean", "Tokens per engine step since start", s->steps ? (double)s->computed_tokens / s->steps : 0);
+    put(b, "# HELP llm_batch_size_tokens Tokens per engine step (one batched forward pass)\n"
+           "# TYPE llm_batch_size_tokens histogram\n");
+    uint64_t acc = 0;
+    for (int i = 0; i < LLM_BATCH_BUCKETS - 1; i++) {
+        acc += s->batch_hist[i];
+        put(b, "llm_batch_size_tokens_bucket{le=\"%d\"} %llu\n", LLM_BATCH_BUCKET(i), (unsigned long long)acc);
+    }
+    put(b, "llm_batch_size_tokens_bucket{le=\"+Inf\"} %llu\nllm_batch_size_tokens_sum %llu\nllm_batch_size_tokens_count %llu\n",
+        (unsigned long long)s->steps, (unsigned long long)s->computed_tokens, (unsigned long long)s->steps);
     /* the names existing routers and autoscalers read (vLLM's) */
     gauge(b, "vllm:num_requests_running", "Sequences being decoded", s->running);
     gauge(b, "vllm:num_requests_waiting", "Sequences waiting", s->waiting);

@@ -209,6 +209,8 @@ def test_metrics_move(srv):
     info = [k for k in after if k[0] == "vllm:cache_config_info"]
     assert info and dict(info[0][1])["block_size"] == "16"
     assert metric(after, "process_resident_memory_bytes") > 1e6
+    assert metric(after, "llm_batch_size_tokens_count") > metric(before, "llm_batch_size_tokens_count")
+    assert metric(after, "llm_batch_size_tokens_bucket", le="1") >= 7  # the decode steps of one stream
 
 
 def test_disconnect_frees_request(models):
@@ -273,7 +275,10 @@ def test_sigterm_drains(models):
     for t in th:
         t.start()
     for _ in th:
-        assert started.acquire(timeout=60)
+        assert started.acquire(timeout=300)
+    t0 = time.time()
+    assert s.get("/livez")[0] == 200
+    assert time.time() - t0 < 0.5  # never waits behind the engine, even under full load
     s.proc.send_signal(signal.SIGTERM)
     time.sleep(0.1)
     assert s.get("/readyz")[0] == 503

@@ -88,6 +88,9 @@ typedef struct llm_event {
     llm_error error;         /* ERROR: the request is over */
 } llm_event;
 
+#define LLM_BATCH_BUCKETS 12
+#define LLM_BATCH_BUCKET(i) (1 << (i)) /* 1, 2, 4, ... 1024; the 12th bucket counts larger steps */
+
 typedef struct llm_stats {
     int running, waiting;    /* sequences */
     int requests;            /* requests not yet fully read */
@@ -100,6 +103,8 @@ typedef struct llm_stats {
     double prefix_hit_rate;  /* cached_tokens / prompt_tokens */
     double gen_tokens_per_s; /* over the last few seconds */
     double step_running_ms;  /* how long the step in progress has run; 0 when idle (liveness) */
+    /* tokens per step: steps with at most LLM_BATCH_BUCKET(i) tokens, i < LLM_BATCH_BUCKETS (last: any) */
+    uint64_t batch_hist[LLM_BATCH_BUCKETS];
 } llm_stats;
 
 typedef struct llm_engine llm_engine;
