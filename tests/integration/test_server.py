@@ -343,6 +343,8 @@ def test_chat(srv):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == m.message.content
     assert chunks[-1].choices[0].finish_reason == "length"
+    two = c.chat.completions.create(model=NAME, messages=msgs, max_tokens=12, temperature=1.0, seed=5, n=2)
+    assert sorted(x.index for x in two.choices) == [0, 1] and two.usage.completion_tokens == 24
     parts = [{"role": "user", "content": [{"type": "text", "text": "Tell me "}, {"type": "text", "text": "a story."}]}]
     p = c.chat.completions.create(model=NAME, messages=parts, max_tokens=5, temperature=0, logprobs=True,
                                   top_logprobs=3)
