@@ -1,0 +1,63 @@
+"""The LLMDeployment CRD (manifests/crd) on kubesim through kubectl: it is
+established, the samples are accepted with defaults filled in, bad specs
+are rejected with field paths, printer columns and the scale subresource
+work, and `kubectl explain` describes the fields."""
+import json
+
+import pytest
+
+from conftest import ROOT
+from test_kubesim import kubectl, sim  # noqa: F401 (fixtures)
+
+CRD = ROOT / "manifests" / "crd" / "llmdeployments.yaml"
+SAMPLES = ROOT / "manifests" / "samples"
+
+
+@pytest.fixture()
+def k(kubectl):  # noqa: F811
+    kubectl("apply", "-f", str(CRD))
+    kubectl("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
+    return kubectl
+
+
+def test_samples_accepted_with_defaults(k):
+    for f in sorted(SAMPLES.glob("*.yaml")):
+        k("apply", "--validate=false", "-f", str(f))
+    cpu = json.loads(k("get", "llmd", "tinyllama", "-o", "json").stdout)["spec"]
+    assert cpu["engine"]["kvCacheType"] == "f16" and cpu["engine"]["maxBatchTokens"] == 512
+    assert cpu["engine"]["maxSeqs"] == 32 and cpu["engine"]["contextLength"] == 2048
+    assert cpu["server"] == {"port": 8080} and cpu["probes"]["startupTimeoutSeconds"] == 600
+    assert cpu["model"]["volume"]["mountPath"] == "/models" and cpu["image"] == "llm-server:latest"
+    gpu = json.loads(k("get", "llmd", "llama-8b", "-o", "json").stdout)["spec"]
+    assert gpu["engine"]["tensorParallelSize"] == 2 and gpu["rollout"]["maxSurge"] == 0
+    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == 2  # preserved as given
+    table = k("get", "llmd").stdout.splitlines()
+    assert table[0].split() == ["NAME", "MODEL", "READY", "DESIRED", "CANARY", "PHASE", "AGE"]
+    assert table[1].split()[:2] == ["llama-8b", "llama-3.1-8b"]
+    assert "scaled" in k("scale", "llmd/tinyllama", "--replicas=3").stdout
+    assert k("get", "llmd", "tinyllama", "-o", "jsonpath={.spec.replicas}").stdout == "3"
+
+
+BASE = "apiVersion: llmk8s.io/v1alpha1\nkind: LLMDeployment\nmetadata: {{name: bad}}\nspec:\n{}"
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ("  model: {path: models/x.gguf}\n", "spec.model.path: Invalid value"),
+    ("  model: {path: /m/x.gguf}\n  engine: {kvCacheType: fp8}\n", 'spec.engine.kvCacheType: Unsupported value: "fp8"'),
+    ("  model: {path: /m/x.gguf}\n  replicas: -1\n", "spec.replicas: Invalid value: -1"),
+    ("  model: {path: /m/x.gguf, sha256: abc}\n", "spec.model.sha256: Invalid value"),
+    ("  replicas: 1\n", "spec.model: Required value"),
+    ("  model: {path: /m/x.gguf}\n  engine: {tensorParallelSize: 9}\n", "spec.engine.tensorParallelSize: Invalid value: 9"),
+    ("  model: {path: /m/x.gguf}\n  server: {port: 70000}\n", "spec.server.port: Invalid value: 70000"),
+])
+def test_bad_specs_rejected(k, spec, needle):
+    r = k("apply", "--validate=false", "-f", "-", check=False, stdin=BASE.format(spec))
+    assert r.returncode and needle in r.stderr, r.stderr
+    assert "bad" not in k("get", "llmd", "-o", "name").stdout
+
+
+def test_explain(k):
+    out = k("explain", "llmdeployment.spec.model.path", check=False)
+    if out.returncode:
+        pytest.skip(f"kubectl explain against kubesim: {out.stderr.strip()[:200]}")
+    assert "Absolute path of the GGUF file" in out.stdout
