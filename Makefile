@@ -27,6 +27,8 @@ ENGINE_SRC = engine/status.c engine/quant.c engine/gguf.c engine/gguf_writer.c e
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench
 SERVER_SRC = server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_metrics.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
+CONTROLLER_SRC = controller/ctl_main.c controller/kube_config.c controller/kube_client.c
+CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
@@ -39,7 +41,12 @@ $(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 $(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
 .PHONY: all run test asan bench bench-load deps lint clean unit pytest fuzz models tsan
-all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(BUILD)/bin/llm-server
+all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller
+
+$(BUILD)/bin/llm-controller: $(CONTROLLER_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) $(CONTROLLER_OBJ) $(LIB) -lcurl -ljansson -lyaml $(LDLIBS) -o $@
 
 # The playground page is compiled into the binary (no files to ship).
 $(BUILD)/gen/playground.c: server/playground.html tools/gen/embed.py
@@ -55,7 +62,7 @@ $(BUILD)/bin/llm-server: $(SERVER_OBJ) $(LIB)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $(SERVER_OBJ) $(LIB) -lcivetweb -ljansson -lyaml $(LDLIBS) -o $@
 
-$(BUILD)/%.o: %.c $(wildcard engine/include/llm/*.h engine/*.h engine/cpu/*.h server/*.h)
+$(BUILD)/%.o: %.c $(wildcard engine/include/llm/*.h engine/*.h engine/cpu/*.h server/*.h controller/*.h)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
 	@$(CC) $(CFLAGS_BASE) $(EXTRA_CFLAGS) -c $< -o $@
@@ -76,7 +83,7 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 
 # ---- dependencies -----------------------------------------------------------
 # Python packages as PIP_NAME or PIP_NAME:MODULE when the import name differs.
-DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev clang chromium chromium-driver
+DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev clang chromium chromium-driver
 PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -107,7 +114,7 @@ run: deps all $(if $(filter $(DEFAULT_MODEL),$(MODEL)),$(DEFAULT_MODEL))
 unit: $(UNIT_BIN)
 	@fail=0; for t in $(UNIT_BIN); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
-pytest: $(TOOL_BIN) $(BUILD)/bin/llm-server
+pytest: $(TOOL_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller
 	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration
 
 FUZZ_TIME ?= 20
@@ -143,7 +150,7 @@ bench-load: deps all $(DEFAULT_MODEL)
 	  $(if $(LLAMA_SERVER),--peer $(LLAMA_SERVER))
 
 lint:
-	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) $(SERVER_SRC) tools/*.c || (echo "lint: banned call" && false)
+	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) $(SERVER_SRC) $(CONTROLLER_SRC) tools/*.c || (echo "lint: banned call" && false)
 
 clean:
 	rm -rf build build-asan build-tsan

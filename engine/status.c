@@ -21,6 +21,9 @@ const char *llm_status_str(llm_status s)
     case LLM_ERR_NOT_FOUND: return "not found";
     case LLM_ERR_TIMEOUT: return "timeout";
     case LLM_ERR_SHUTDOWN: return "shutting down";
+    case LLM_ERR_CONFLICT: return "conflict";
+    case LLM_ERR_GONE: return "gone";
+    case LLM_ERR_FORBIDDEN: return "forbidden";
     }
     return "unknown status";
 }

@@ -26,6 +26,9 @@ typedef enum llm_status {
     LLM_ERR_NOT_FOUND = 12,  /* no such request (finished, cancelled or never there) */
     LLM_ERR_TIMEOUT = 13,    /* nothing happened within the time asked for */
     LLM_ERR_SHUTDOWN = 14,   /* the engine is closing */
+    LLM_ERR_CONFLICT = 15,   /* Kubernetes 409: stale resourceVersion or already exists */
+    LLM_ERR_GONE = 16,       /* Kubernetes 410: resourceVersion too old (relist) */
+    LLM_ERR_FORBIDDEN = 17,  /* Kubernetes 401/403: credentials or RBAC */
 } llm_status;
 
 #define LLM_ERROR_MSG_MAX 512

@@ -1,0 +1,160 @@
+/* kube_client.c - see kube_client.h. One curl easy handle, reused (its
+ * connection stays open between requests), behind a mutex. */
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kube_client.h"
+
+#define KUBE_MAX_BODY (64u << 20) /* a list of thousands of objects fits */
+
+struct kube_client {
+    kube_config *cfg;
+    CURL *curl;
+    pthread_mutex_t mu;
+};
+
+typedef struct rbuf {
+    char *p;
+    size_t len, cap;
+    int too_big;
+} rbuf;
+
+static size_t on_data(char *d, size_t sz, size_t n, void *arg)
+{
+    rbuf *b = arg;
+    size_t add = sz * n;
+    if (b->len + add > KUBE_MAX_BODY) {
+        b->too_big = 1;
+        return 0;
+    }
+    if (b->len + add + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 16384;
+        while (cap < b->len + add + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return 0;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, d, add);
+    b->len += add;
+    b->p[b->len] = 0;
+    return add;
+}
+
+static void global_init(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+llm_status kube_client_new(kube_config *cfg, kube_client **out, llm_error *err)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, global_init);
+    kube_client *k = calloc(1, sizeof *k);
+    if (!k || !(k->curl = curl_easy_init())) {
+        free(k);
+        return llm_errf(err, LLM_ERR_NOMEM, "kube client: cannot create a curl handle");
+    }
+    k->cfg = cfg;
+    pthread_mutex_init(&k->mu, NULL);
+    *out = k;
+    return LLM_OK;
+}
+
+void kube_client_free(kube_client *k)
+{
+    if (!k)
+        return;
+    curl_easy_cleanup(k->curl);
+    pthread_mutex_destroy(&k->mu);
+    free(k);
+}
+
+static void set_tls(kube_client *k)
+{
+    kube_config *c = k->cfg;
+    if (c->ca_pem) {
+        struct curl_blob ca = {c->ca_pem, c->ca_len, CURL_BLOB_COPY};
+        curl_easy_setopt(k->curl, CURLOPT_CAINFO_BLOB, &ca);
+    }
+    if (c->cert_pem && c->key_pem) {
+        struct curl_blob cert = {c->cert_pem, c->cert_len, CURL_BLOB_COPY}, key = {c->key_pem, c->key_len, CURL_BLOB_COPY};
+        curl_easy_setopt(k->curl, CURLOPT_SSLCERT_BLOB, &cert);
+        curl_easy_setopt(k->curl, CURLOPT_SSLCERTTYPE, "PEM");
+        curl_easy_setopt(k->curl, CURLOPT_SSLKEY_BLOB, &key);
+        curl_easy_setopt(k->curl, CURLOPT_SSLKEYTYPE, "PEM");
+    }
+}
+
+/* The API's error for an HTTP status, with its Status message. */
+static llm_status http_error(long code, const char *method, const char *path, const rbuf *b, llm_error *err)
+{
+    json_t *j = b->p ? json_loads(b->p, 0, NULL) : NULL;
+    const char *msg = json_string_value(json_object_get(j, "message"));
+    llm_status st = code == 404 ? LLM_ERR_NOT_FOUND : code == 409 ? LLM_ERR_CONFLICT : code == 410 ? LLM_ERR_GONE
+                  : code == 422 || code == 400 ? LLM_ERR_INVALID_ARG : code == 401 || code == 403 ? LLM_ERR_FORBIDDEN
+                  : LLM_ERR_IO;
+    llm_errf(err, st, "%s %s: HTTP %ld: %s", method, path, code, msg ? msg : b->p ? b->p : "(no body)");
+    json_decref(j);
+    return st;
+}
+
+static llm_status perform(kube_client *k, const char *method, const char *url, const char *body, const char *ctype,
+                          rbuf *b, long *code, llm_error *err)
+{
+    CURL *c = k->curl;
+    char auth[8192], ct[128];
+    struct curl_slist *h = curl_slist_append(NULL, "Accept: application/json");
+    const char *tok = kube_config_token(k->cfg);
+    if (tok) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", tok);
+        h = curl_slist_append(h, auth);
+    }
+    snprintf(ct, sizeof ct, "Content-Type: %s", ctype ? ctype : "application/json");
+    if (body)
+        h = curl_slist_append(h, ct);
+    curl_easy_reset(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, b);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 10L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    if (body)
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    set_tls(k);
+    CURLcode rc = curl_easy_perform(c);
+    curl_slist_free_all(h);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, code);
+    if (rc != CURLE_OK)
+        return llm_errf(err, LLM_ERR_IO, "%s %s: %s%s", method, url, curl_easy_strerror(rc),
+                        b->too_big ? " (response over 64 MiB)" : "");
+    return LLM_OK;
+}
+
+llm_status kube_request(kube_client *k, const char *method, const char *path, json_t *body, const char *content_type,
+                        json_t **out, llm_error *err)
+{
+    char url[4096];
+    snprintf(url, sizeof url, "%s%s", k->cfg->server, path);
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    if (body && !text)
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory");
+    rbuf b = {0};
+    long code = 0;
+    pthread_mutex_lock(&k->mu);
+    llm_status st = perform(k, method, url, text, content_type, &b, &code, err);
+    pthread_mutex_unlock(&k->mu);
+    free(text);
+    if (!st && (code < 200 || code > 299))
+        st = http_error(code, method, path, &b, err);
+    if (!st && out) {
+        json_error_t je;
+        if (!(*out = json_loads(b.p ? b.p : "{}", 0, &je)))
+            st = llm_errf(err, LLM_ERR_FORMAT, "%s %s: response is not JSON: %s", method, path, je.text);
+    }
+    free(b.p);
+    return st;
+}

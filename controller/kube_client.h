@@ -1,0 +1,31 @@
+/* kube_client.h - requests to the Kubernetes API server over libcurl with
+ * JSON bodies (jansson): get, list, create, replace, patch, delete, and the
+ * status subresource, with the API's errors as typed statuses:
+ * 404 LLM_ERR_NOT_FOUND, 409 LLM_ERR_CONFLICT, 410 LLM_ERR_GONE, 422 and
+ * 400 LLM_ERR_INVALID_ARG, 401/403 LLM_ERR_FORBIDDEN; the message carries
+ * the server's own Status message.
+ *
+ * Ownership: kube_client_new copies what it needs from the config (which
+ * it keeps borrowing for token rotation: the config must outlive it).
+ * Returned JSON belongs to the caller (json_decref). Thread-safety: calls
+ * are serialised by an internal lock; use one client per watch. */
+#ifndef KUBE_CLIENT_H
+#define KUBE_CLIENT_H
+
+#include <jansson.h>
+
+#include "kube_config.h"
+
+typedef struct kube_client kube_client;
+
+llm_status kube_client_new(kube_config *cfg, kube_client **out, llm_error *err);
+void kube_client_free(kube_client *k);
+
+/* method: GET, POST, PUT, PATCH, DELETE; path from the API root
+ * ("/api/v1/namespaces/x/pods"); body may be NULL; content_type for PATCH
+ * ("application/merge-patch+json"). *out (may be NULL) gets the response
+ * body on success. */
+llm_status kube_request(kube_client *k, const char *method, const char *path, json_t *body, const char *content_type,
+                        json_t **out, llm_error *err);
+
+#endif

@@ -1,0 +1,41 @@
+/* kube_config.h - where the Kubernetes API server is and how to log in:
+ * a kubeconfig file (its current context: server, CA, bearer token or
+ * client certificate) or the in-cluster service account (token, CA and
+ * namespace files; the token is re-read when the file changes, as
+ * projected tokens rotate).
+ *
+ * Choice: an explicit path (--kubeconfig or $KUBECONFIG) wins; else
+ * in-cluster when $KUBERNETES_SERVICE_HOST is set (files from
+ * $KUBESIM_SERVICEACCOUNT_DIR or /var/run/secrets/kubernetes.io/serviceaccount);
+ * else ~/.kube/config.
+ *
+ * Ownership: caller-owned struct filled by kube_config_load, released by
+ * kube_config_free. Not thread-safe; kube_config_token is called under the
+ * client's lock. */
+#ifndef KUBE_CONFIG_H
+#define KUBE_CONFIG_H
+
+#include <stddef.h>
+#include <time.h>
+
+#include "llm/status.h"
+
+typedef struct kube_config {
+    char *server;            /* https://host:port */
+    char *token;             /* bearer token or NULL */
+    char *token_file;        /* in-cluster: the file to re-read */
+    time_t token_mtime;
+    char *ca_pem;            /* CA bundle (PEM) or NULL: system CAs */
+    size_t ca_len;
+    char *cert_pem, *key_pem; /* client certificate, or NULL */
+    size_t cert_len, key_len;
+    char *ns;                /* default namespace */
+    char source[512];        /* where it came from, for messages */
+} kube_config;
+
+llm_status kube_config_load(const char *kubeconfig, kube_config *c, llm_error *err);
+void kube_config_free(kube_config *c);
+/* The current token: re-read from token_file when it changed. */
+const char *kube_config_token(kube_config *c);
+
+#endif

@@ -1,0 +1,68 @@
+"""llm-controller's Kubernetes client against kubesim: kubeconfig (TLS CA
+data + bearer token) and in-cluster service-account credentials, listing
+LLMDeployments; clear errors for a missing CRD, bad credentials, an
+unreachable server and a malformed kubeconfig."""
+import os
+
+import pytest
+import yaml
+
+from conftest import ROOT, run, tool
+from test_kubesim import kubectl, sim  # noqa: F401 (fixtures)
+
+CRD = ROOT / "manifests" / "crd" / "llmdeployments.yaml"
+
+
+def ctl(*args, env=None):
+    e = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    return run(tool("llm-controller"), *args, check=False, env={**e, **(env or {})})
+
+
+def sa_dir(sim, tmp_path, token=None):  # noqa: F811
+    cfg = yaml.safe_load((sim / "kubeconfig").read_text())
+    d = tmp_path / "sa"
+    d.mkdir(exist_ok=True)
+    (d / "token").write_text(token or cfg["users"][0]["user"]["token"])
+    (d / "ca.crt").write_bytes((sim / "ca.crt").read_bytes())
+    (d / "namespace").write_text("default\n")
+    return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": (sim / "port").read_text().strip(),
+            "KUBESIM_SERVICEACCOUNT_DIR": str(d)}
+
+
+def test_lists_with_kubeconfig_and_in_cluster(sim, kubectl, tmp_path):  # noqa: F811
+    r = ctl("--kubeconfig", sim / "kubeconfig", "--check")
+    assert r.returncode == 1 and "CRD is not installed" in r.stderr
+    kubectl("apply", "-f", str(CRD))
+    kubectl("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
+    for f in sorted((ROOT / "manifests" / "samples").glob("*.yaml")):
+        kubectl("apply", "--validate=false", "-f", str(f))
+    r = ctl("--kubeconfig", sim / "kubeconfig", "--check")
+    assert r.returncode == 0, r.stderr
+    assert "llmdeployments: 2" in r.stdout
+    assert "default/tinyllama model=/models/tinyllama-1.1b-chat.Q4_K_M.gguf replicas=2" in r.stdout
+    r = ctl("--check", env={"KUBECONFIG": str(sim / "kubeconfig")})  # $KUBECONFIG
+    assert r.returncode == 0 and "llmdeployments: 2" in r.stdout
+    r = ctl("--check", env=sa_dir(sim, tmp_path))  # in-cluster
+    assert r.returncode == 0 and "in-cluster service account" in r.stdout and "llmdeployments: 2" in r.stdout
+    r = ctl("--check", "--namespace", "kube-system", env=sa_dir(sim, tmp_path))
+    assert r.returncode == 0 and "llmdeployments: 0" in r.stdout
+
+
+def test_errors_are_clear(sim, tmp_path):  # noqa: F811
+    r = ctl("--check", env=sa_dir(sim, tmp_path, token="wrong"))
+    assert r.returncode == 1 and "HTTP 401" in r.stderr
+    bad = tmp_path / "bad-kubeconfig"
+    bad.write_text("apiVersion: v1\nclusters: [\n")
+    r = ctl("--kubeconfig", bad, "--check")
+    assert r.returncode == 1 and str(bad) in r.stderr and "line" in r.stderr
+    cfg = yaml.safe_load((sim / "kubeconfig").read_text())
+    cfg["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:1"
+    down = tmp_path / "down-kubeconfig"
+    down.write_text(yaml.safe_dump(cfg))
+    r = ctl("--kubeconfig", down, "--check")
+    assert r.returncode == 1 and "127.0.0.1:1" in r.stderr
+    cfg["current-context"] = "nope"
+    down.write_text(yaml.safe_dump(cfg))
+    r = ctl("--kubeconfig", down, "--check")
+    assert r.returncode == 1 and "current-context 'nope' not found" in r.stderr
+    assert ctl().returncode == 2
