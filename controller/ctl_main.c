@@ -1,19 +1,45 @@
-/* ctl_main.c - llm-controller. This first version connects to the API
- * server (kubeconfig or in-cluster credentials) and, with --check, lists
- * the LLMDeployments it would manage and exits: the reconcile loop builds
- * on this client (see issue notes).
- *   llm-controller [--kubeconfig FILE] [--namespace NS] --check */
+/* ctl_main.c - llm-controller. So far it connects to the API server
+ * (kubeconfig or in-cluster credentials) and offers two diagnostics the
+ * reconcile loop builds on (see issue notes): --check lists the
+ * LLMDeployments it would manage; --watch PATH prints a collection's
+ * events as the informer sees them (sync, relist on 410, resume).
+ *   llm-controller [--kubeconfig FILE] [--namespace NS] (--check | --watch PATH [--max-events N]) */
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "kube_client.h"
+#include "kube_watch.h"
 
 #define API_PATH "/apis/llmk8s.io/v1alpha1"
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: llm-controller [--kubeconfig FILE] [--namespace NS] --check\n");
+    fprintf(stderr, "usage: llm-controller [--kubeconfig FILE] [--namespace NS] (--check | --watch PATH [--max-events N])\n");
     return 2;
+}
+
+static volatile int g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+typedef struct watch_print {
+    long left; /* events still to print; < 0: no limit */
+} watch_print;
+
+static int print_event(void *ctx, const char *type, json_t *obj)
+{
+    watch_print *w = ctx;
+    json_t *md = json_object_get(obj, "metadata");
+    const char *ns = json_string_value(json_object_get(md, "namespace"));
+    printf("%s %s%s%s %s\n", type, ns ? ns : "", ns ? "/" : "", obj ? json_string_value(json_object_get(md, "name")) : "-",
+           obj ? json_string_value(json_object_get(md, "resourceVersion")) : "-");
+    fflush(stdout);
+    return w->left > 0 && --w->left == 0;
 }
 
 /* Lists LLMDeployments (all namespaces, or ns) and prints one line each. */
@@ -50,11 +76,16 @@ static int check(kube_client *k, const kube_config *cfg, const char *ns)
 
 int main(int argc, char **argv)
 {
-    const char *kubeconfig = NULL, *ns = NULL;
+    const char *kubeconfig = NULL, *ns = NULL, *watch = NULL;
     int do_check = 0;
+    watch_print wp = {-1};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--check"))
             do_check = 1;
+        else if (!strcmp(argv[i], "--watch") && i + 1 < argc)
+            watch = argv[++i];
+        else if (!strcmp(argv[i], "--max-events") && i + 1 < argc)
+            wp.left = strtol(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--kubeconfig") && i + 1 < argc)
             kubeconfig = argv[++i];
         else if (!strcmp(argv[i], "--namespace") && i + 1 < argc)
@@ -62,7 +93,7 @@ int main(int argc, char **argv)
         else
             return usage();
     }
-    if (!do_check)
+    if (do_check == !!watch)
         return usage();
     kube_config cfg;
     kube_client *k = NULL;
@@ -71,7 +102,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "llm-controller: %s\n", err.msg);
         return 1;
     }
-    int rc = check(k, &cfg, ns);
+    int rc = 0;
+    if (watch) {
+        signal(SIGTERM, on_signal);
+        signal(SIGINT, on_signal);
+        llm_status st = kube_list_watch(k, &cfg, watch, 2, print_event, &wp, &g_stop, &err);
+        if (st)
+            fprintf(stderr, "llm-controller: %s\n", err.msg);
+        rc = st ? 1 : 0;
+    } else {
+        rc = check(k, &cfg, ns);
+    }
     kube_client_free(k);
     kube_config_free(&cfg);
     return rc;

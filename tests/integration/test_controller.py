@@ -90,3 +90,57 @@ def test_rbac_is_enough_and_needed(sim, kubectl, tmp_path):  # noqa: F811
     assert r.returncode and 'cannot delete resource "pods"' in r.stderr  # pods: read only
     r = kubectl(*as_sa, "get", "secrets", check=False)
     assert r.returncode and 'cannot list resource "secrets"' in r.stderr  # never secrets
+
+
+def test_watch_sync_changes_and_relist(tmp_path):
+    """--watch: the current objects as SYNC, then ADDED/MODIFIED/DELETED as
+    they happen; when the server expires the watch's resourceVersion (410,
+    here forced by a small event window and no bookmarks) a RELIST and fresh
+    SYNCs follow and events keep coming."""
+    import subprocess
+    import time
+    d = tmp_path / "ks"
+    ks = subprocess.Popen([str(ROOT / "tests" / "kubesim" / "kubesim"), "--data-dir", str(d), "--tls",
+                           "--watch-window", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          env={**os.environ, "KUBESIM_BOOKMARK_SECONDS": "1000"})
+    for _ in range(100):
+        if (d / "kubeconfig").exists() and (d / "port").exists():
+            break
+        time.sleep(0.1)
+    env = {**os.environ, "KUBECONFIG": str(d / "kubeconfig")}
+    k = lambda *a: subprocess.run(["kubectl", *a], env=env, capture_output=True, text=True, check=True)  # noqa: E731
+    w = None
+    try:
+        k("create", "configmap", "a", "--from-literal=x=1")
+        w = subprocess.Popen([tool("llm-controller"), "--kubeconfig", str(d / "kubeconfig"), "--watch",
+                              "/api/v1/namespaces/default/configmaps"], stdout=subprocess.PIPE, text=True)
+        lines = []
+
+        def expect(prefix):
+            while True:
+                line = w.stdout.readline()
+                assert line, f"watch ended; saw {lines}"
+                lines.append(line.strip())
+                if line.startswith(prefix):
+                    return line
+
+        expect("SYNC default/a ")
+        k("create", "configmap", "b", "--from-literal=x=1")
+        expect("ADDED default/b ")
+        k("patch", "configmap", "b", "--type", "merge", "-p", '{"data":{"x":"2"}}')
+        expect("MODIFIED default/b ")
+        k("delete", "configmap", "b")
+        expect("DELETED default/b ")
+        for i in range(8):  # other kinds push the configmaps' resourceVersion out of the window
+            k("create", "secret", "generic", f"s{i}", "--from-literal=x=1")
+        expect("RELIST")
+        expect("SYNC default/a ")
+        k("create", "configmap", "c", "--from-literal=x=1")
+        expect("ADDED default/c ")
+        w.terminate()
+        assert w.wait(timeout=10) == 0
+    finally:
+        if w and w.poll() is None:
+            w.kill()
+        ks.terminate()
+        ks.wait(timeout=10)

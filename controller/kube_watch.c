@@ -1,0 +1,152 @@
+/* kube_watch.c - see kube_watch.h. */
+#include <curl/curl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kube_watch.h"
+
+typedef struct wstate {
+    char *line;            /* the partial line being assembled */
+    size_t len, cap;
+    char rv[64];           /* last resourceVersion seen */
+    kube_event_fn fn;
+    void *ctx;
+    int stopped, gone, too_long;
+} wstate;
+
+static void set_rv(wstate *w, json_t *obj)
+{
+    const char *rv = json_string_value(json_object_get(json_object_get(obj, "metadata"), "resourceVersion"));
+    if (rv)
+        snprintf(w->rv, sizeof w->rv, "%s", rv);
+}
+
+/* One complete line: a watch event. */
+static void on_line(wstate *w, const char *s, size_t n)
+{
+    json_t *ev = json_loadb(s, n, 0, NULL);
+    const char *type = json_string_value(json_object_get(ev, "type"));
+    json_t *obj = json_object_get(ev, "object");
+    if (type && !strcmp(type, "ERROR")) {
+        w->gone = json_integer_value(json_object_get(obj, "code")) == 410;
+    } else if (type && obj) {
+        set_rv(w, obj);
+        if (strcmp(type, "BOOKMARK") && w->fn(w->ctx, type, obj))
+            w->stopped = 1;
+    }
+    json_decref(ev);
+}
+
+static size_t on_data(char *d, size_t sz, size_t n, void *arg)
+{
+    wstate *w = arg;
+    size_t len = sz * n;
+    for (size_t i = 0; i < len && !w->stopped; i++) {
+        if (d[i] == '\n') {
+            on_line(w, w->line ? w->line : "", w->len);
+            w->len = 0;
+            continue;
+        }
+        if (w->len + 1 >= w->cap) {
+            size_t cap = w->cap ? w->cap * 2 : 65536;
+            char *p = cap <= KUBE_WATCH_MAX_LINE ? realloc(w->line, cap) : NULL;
+            if (!p) {
+                w->too_long = 1;
+                return 0;
+            }
+            w->line = p;
+            w->cap = cap;
+        }
+        w->line[w->len++] = d[i];
+    }
+    return w->stopped ? 0 : len;
+}
+
+/* One watch request from w->rv; returns when the stream ends. */
+static llm_status watch_once(kube_config *cfg, const char *path, int timeout_s, wstate *w, llm_error *err)
+{
+    char url[4096], auth[8192];
+    snprintf(url, sizeof url, "%s%s%swatch=1&allowWatchBookmarks=true&timeoutSeconds=%d&resourceVersion=%s", cfg->server,
+             path, strchr(path, '?') ? "&" : "?", timeout_s, w->rv);
+    CURL *c = curl_easy_init();
+    if (!c)
+        return llm_errf(err, LLM_ERR_NOMEM, "watch: no curl handle");
+    struct curl_slist *h = NULL;
+    const char *tok = kube_config_token(cfg);
+    if (tok) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", tok);
+        h = curl_slist_append(h, auth);
+    }
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, w);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)timeout_s + 30);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    if (cfg->ca_pem) {
+        struct curl_blob ca = {cfg->ca_pem, cfg->ca_len, CURL_BLOB_COPY};
+        curl_easy_setopt(c, CURLOPT_CAINFO_BLOB, &ca);
+    }
+    CURLcode rc = curl_easy_perform(c);
+    long code = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    w->len = 0;
+    if (code == 410)
+        w->gone = 1;
+    if (w->gone || w->stopped)
+        return LLM_OK;
+    if (code == 401 || code == 403 || code == 404)
+        return llm_errf(err, code == 404 ? LLM_ERR_NOT_FOUND : LLM_ERR_FORBIDDEN, "watch %s: HTTP %ld", path, code);
+    if (rc != CURLE_OK && rc != CURLE_OPERATION_TIMEDOUT)
+        return llm_errf(err, LLM_ERR_IO, "watch %s: %s%s", path, curl_easy_strerror(rc),
+                        w->too_long ? " (an event over 16 MiB)" : "");
+    return LLM_OK;
+}
+
+/* Lists the collection: SYNC for each object, rv from the list. */
+static llm_status relist(kube_client *k, const char *path, wstate *w, llm_error *err)
+{
+    json_t *list = NULL;
+    llm_status st = kube_request(k, "GET", path, NULL, NULL, &list, err);
+    if (st)
+        return st;
+    json_t *items = json_object_get(list, "items");
+    for (size_t i = 0; i < json_array_size(items) && !w->stopped; i++)
+        w->stopped = w->fn(w->ctx, "SYNC", json_array_get(items, i));
+    set_rv(w, list);
+    json_decref(list);
+    return LLM_OK;
+}
+
+llm_status kube_list_watch(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_event_fn fn,
+                           void *ctx, volatile int *stop, llm_error *err)
+{
+    wstate w = {.fn = fn, .ctx = ctx};
+    llm_status st = LLM_OK;
+    int backoff_ms = 100, listed = 0;
+    while (!w.stopped && !(stop && *stop)) {
+        if (!listed) {
+            if (w.gone)
+                w.stopped = fn(ctx, "RELIST", NULL);
+            w.gone = 0;
+            st = relist(k, path, &w, err);
+        } else {
+            st = watch_once(cfg, path, timeout_s, &w, err);
+        }
+        if (st == LLM_ERR_FORBIDDEN || st == LLM_ERR_NOT_FOUND)
+            break;
+        if (st) { /* the server is away: try again, more slowly each time */
+            usleep((useconds_t)backoff_ms * 1000);
+            backoff_ms = backoff_ms < 5000 ? backoff_ms * 2 : 5000;
+            continue;
+        }
+        backoff_ms = 100;
+        listed = !w.gone;
+    }
+    free(w.line);
+    return st == LLM_ERR_FORBIDDEN || st == LLM_ERR_NOT_FOUND ? st : LLM_OK;
+}

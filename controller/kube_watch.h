@@ -1,0 +1,31 @@
+/* kube_watch.h - list-then-watch of one collection, the base of an
+ * informer: the current objects are delivered as SYNC events, then changes
+ * as ADDED, MODIFIED, DELETED, resuming from the last resourceVersion seen
+ * (bookmarks included) when the stream ends or breaks (with back-off), and
+ * relisting (a RELIST event, then SYNCs) when the server answers 410 Gone.
+ *
+ * The stream is read through a bounded line assembler (a line over
+ * KUBE_WATCH_MAX_LINE bytes is an error, never an unbounded buffer).
+ *
+ * Ownership: objects passed to the callback are borrowed for the call.
+ * Thread-safety: one call per thread; it uses its own curl handle. */
+#ifndef KUBE_WATCH_H
+#define KUBE_WATCH_H
+
+#include <jansson.h>
+
+#include "kube_client.h"
+
+#define KUBE_WATCH_MAX_LINE (16u << 20)
+
+/* type: "SYNC", "RELIST", "ADDED", "MODIFIED", "DELETED". Return nonzero to
+ * stop. obj is NULL for RELIST. */
+typedef int (*kube_event_fn)(void *ctx, const char *type, json_t *obj);
+
+/* Runs until fn asks to stop or *stop becomes nonzero (checked at least
+ * every timeout_s seconds). LLM_OK when stopped; an error only for what
+ * retrying cannot fix (401/403, 404: the resource is not served). */
+llm_status kube_list_watch(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_event_fn fn,
+                           void *ctx, volatile int *stop, llm_error *err);
+
+#endif
