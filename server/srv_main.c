@@ -83,6 +83,31 @@ static llm_status open_engine(srv *s, llm_error *err)
     return llm_engine_open(&ec, &s->engine, err);
 }
 
+static void load_progress(void *ctx, double done)
+{
+    srv *s = ctx;
+    snprintf(s->status, sizeof s->status, "paging in the weights: %.0f%%", 100 * done);
+    logf_("%s", s->status);
+}
+
+/* One token through the engine before ready: the first real request then
+ * finds every buffer allocated and every kernel path warm. */
+static llm_status warm_up(srv *s, llm_error *err)
+{
+    int32_t tok = llm_vocab_bos(s->model->vocab) >= 0 ? llm_vocab_bos(s->model->vocab) : 0;
+    llm_request rq = {.tokens = &tok, .n_tokens = 1, .sampling = llm_sampling_default(), .max_tokens = 1,
+                      .ignore_eos = 1};
+    llm_request_id id;
+    llm_status st = llm_engine_submit(s->engine, &rq, &id, err);
+    for (llm_event ev; !st;) {
+        st = llm_engine_next(s->engine, id, &ev, -1);
+        llm_event_clear(&ev);
+        if (!st && ev.type != LLM_EVENT_TOKEN)
+            return ev.type == LLM_EVENT_ERROR ? llm_errf(err, ev.error.code, "warm-up: %s", ev.error.msg) : LLM_OK;
+    }
+    return st;
+}
+
 static void *loader(void *arg)
 {
     srv *s = arg;
@@ -92,11 +117,17 @@ static void *loader(void *arg)
     logf_("loading %s", s->cfg.model);
     llm_status st = llm_model_load(s->cfg.model, &s->model, &err);
     if (!st) {
+        llm_model_prefault(s->model, load_progress, s);
         snprintf(s->status, sizeof s->status, "model loaded; starting the engine");
         st = llm_backend_cpu_new(&cc, &s->backend, &err);
     }
     if (!st)
         st = open_engine(s, &err);
+    if (!st) {
+        snprintf(s->status, sizeof s->status, "warming up");
+        st = warm_up(s, &err);
+        logf_("warm-up done");
+    }
     if (st) {
         snprintf(s->status, sizeof s->status, "%s", err.msg);
         logf_("failed: %s", err.msg);

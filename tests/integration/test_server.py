@@ -81,6 +81,7 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         rc = self.proc.wait(timeout)
+        self.log = self.proc.stderr.read()
         self.proc.stdout.close()
         self.proc.stderr.close()
         return rc
@@ -313,6 +314,9 @@ def test_api_keys_and_loading_probes(tmp_path, model):
     assert s.client("k2").models.list().data[0].id == NAME
     assert s.get("/livez")[0] == 200 and s.get("/startupz")[0] == 200
     assert s.stop() == 0
+    # loading logs its progress; one warm-up token ran before ready
+    assert "paging in the weights: 100%" in s.log and "warm-up done" in s.log
+    assert s.log.index("warm-up done") < s.log.index("ready: serving")
     f = Server(tmp_path / "missing.gguf", wait=False)
     st, text = 0, ""
     for _ in range(200):

@@ -60,6 +60,11 @@ llm_status llm_model_load(const char *path, llm_model **out, llm_error *err);
 void llm_model_free(llm_model *m);
 /* Bytes of all weights (for the bandwidth roofline). */
 size_t llm_model_weight_bytes(const llm_model *m);
+/* Reads every page of the weights once, so the first request does not pay
+ * for page faults (and a slow volume shows up as load time, with
+ * progress). progress (may be NULL) gets the fraction done, at most ~20
+ * times. Pure reads of the mapping: cannot fail. */
+void llm_model_prefault(const llm_model *m, void (*progress)(void *ctx, double done), void *ctx);
 
 typedef struct llm_session llm_session;
 
