@@ -9,13 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctl_loop.h"
 #include "kube_watch.h"
 
 #define API_PATH "/apis/llmk8s.io/v1alpha1"
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: llm-controller [--kubeconfig FILE] [--namespace NS] (--check | --watch PATH [--max-events N])\n");
+    fprintf(stderr, "usage: llm-controller [--kubeconfig FILE] [--namespace NS] [--check | --watch PATH [--max-events N]]\n");
     return 2;
 }
 
@@ -93,7 +94,7 @@ int main(int argc, char **argv)
         else
             return usage();
     }
-    if (do_check == !!watch)
+    if (do_check && watch)
         return usage();
     kube_config cfg;
     kube_client *k = NULL;
@@ -103,7 +104,15 @@ int main(int argc, char **argv)
         return 1;
     }
     int rc = 0;
-    if (watch) {
+    if (!do_check && !watch) { /* the controller proper */
+        signal(SIGTERM, on_signal);
+        signal(SIGINT, on_signal);
+        fprintf(stderr, "llm-controller: managing LLMDeployments via %s (%s)\n", cfg.server, cfg.source);
+        llm_status st = ctl_run(&cfg, &g_stop, &err);
+        if (st)
+            fprintf(stderr, "llm-controller: %s\n", err.msg);
+        rc = st ? 1 : 0;
+    } else if (watch) {
         signal(SIGTERM, on_signal);
         signal(SIGINT, on_signal);
         llm_status st = kube_list_watch(k, &cfg, watch, 2, print_event, &wp, &g_stop, &err);

@@ -65,7 +65,7 @@ def test_errors_are_clear(sim, tmp_path):  # noqa: F811
     down.write_text(yaml.safe_dump(cfg))
     r = ctl("--kubeconfig", down, "--check")
     assert r.returncode == 1 and "current-context 'nope' not found" in r.stderr
-    assert ctl().returncode == 2
+    assert ctl("--bogus").returncode == 2
 
 
 def test_rbac_is_enough_and_needed(sim, kubectl, tmp_path):  # noqa: F811

@@ -239,6 +239,14 @@ class Workloads:
         return {"KUBERNETES_SERVICE_HOST": ic["host"], "KUBERNETES_SERVICE_PORT": str(ic["port"]),
                 "KUBESIM_SERVICEACCOUNT_DIR": d}
 
+    @staticmethod
+    def env_value(e, p, ip):
+        """A container env var: its value, or the downward-API field it refers to."""
+        ref = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+        fields = {"status.podIP": ip, "metadata.name": p["metadata"]["name"],
+                  "metadata.namespace": p["metadata"]["namespace"], "spec.nodeName": "kubesim"}
+        return fields.get(ref, "") if ref else str(e.get("value", ""))
+
     def command(self, c, env):
         """The image's command plus the container's, with $(VAR) expanded as the kubelet does."""
         base = self.images.get(c.get("image"))
@@ -258,9 +266,9 @@ class Workloads:
             cur = self.store.get(POD, p["metadata"]["namespace"], p["metadata"]["name"])
             cur["metadata"]["finalizers"] = (cur["metadata"].get("finalizers") or []) + [KUBELET_FINALIZER]
             p = self.store.update(POD, p["metadata"]["namespace"], p["metadata"]["name"], cur, internal=True)
-        env = dict(os.environ, **{e["name"]: str(e.get("value", "")) for e in c.get("env") or []},
-                   POD_IP=ip, POD_NAME=p["metadata"]["name"], POD_NAMESPACE=p["metadata"]["namespace"],
+        env = dict(os.environ, POD_IP=ip, POD_NAME=p["metadata"]["name"], POD_NAMESPACE=p["metadata"]["namespace"],
                    **self.service_account(p))
+        env.update({e["name"]: self.env_value(e, p, ip) for e in c.get("env") or []})
         cmd = self.command(c, env)
         if cmd is None:
             return self.set_status(p, "Pending", False, ip, proc, waiting=("ErrImagePull",

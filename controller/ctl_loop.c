@@ -1,0 +1,216 @@
+/* ctl_loop.c - informers, work queue and worker; see ctl_loop.h. */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctl_loop.h"
+#include "kube_watch.h"
+#include "reconcile.h"
+
+#define KEY_MAX 320
+#define QUEUE_MAX 65536
+
+typedef struct qitem {
+    char key[KEY_MAX];
+    double not_before;   /* back-off: not before this time */
+    int failures;
+    int queued;          /* waiting to be processed */
+} qitem;
+
+typedef struct queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    qitem *items;        /* every key seen (failure counts live here) */
+    int n;
+} queue;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Queues key (once, however often it is added). */
+static void q_add(queue *q, const char *key, double delay)
+{
+    pthread_mutex_lock(&q->mu);
+    int i = 0;
+    while (i < q->n && strcmp(q->items[i].key, key)) i++;
+    if (i == q->n && q->n < QUEUE_MAX) {
+        snprintf(q->items[q->n].key, KEY_MAX, "%s", key);
+        q->items[q->n].failures = 0;
+        q->n++;
+    }
+    if (i < q->n && (!q->items[i].queued || now_s() + delay < q->items[i].not_before)) {
+        q->items[i].queued = 1;
+        q->items[i].not_before = now_s() + delay;
+        pthread_cond_signal(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* The next due key (copied to key); 0 when stopping. */
+static int q_next(queue *q, char *key, volatile int *stop)
+{
+    pthread_mutex_lock(&q->mu);
+    while (!*stop) {
+        double now = now_s(), soonest = now + 1;
+        for (int i = 0; i < q->n; i++) {
+            if (!q->items[i].queued)
+                continue;
+            if (q->items[i].not_before <= now) {
+                q->items[i].queued = 0;
+                snprintf(key, KEY_MAX, "%s", q->items[i].key);
+                pthread_mutex_unlock(&q->mu);
+                return 1;
+            }
+            soonest = q->items[i].not_before < soonest ? q->items[i].not_before : soonest;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double wait = soonest - now;
+        ts.tv_sec += (time_t)wait;
+        ts.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return 0;
+}
+
+/* Back-off bookkeeping after a reconcile. */
+static void q_done(queue *q, const char *key, int failed)
+{
+    pthread_mutex_lock(&q->mu);
+    for (int i = 0; i < q->n; i++)
+        if (!strcmp(q->items[i].key, key)) {
+            q->items[i].failures = failed ? q->items[i].failures + 1 : 0;
+            break;
+        }
+    pthread_mutex_unlock(&q->mu);
+}
+
+static double q_backoff(queue *q, const char *key)
+{
+    double d = 0.2;
+    pthread_mutex_lock(&q->mu);
+    for (int i = 0; i < q->n; i++)
+        if (!strcmp(q->items[i].key, key))
+            for (int f = 1; f < q->items[i].failures && d < 30; f++) d *= 2;
+    pthread_mutex_unlock(&q->mu);
+    return d < 30 ? d : 30;
+}
+
+typedef struct ctl {
+    kube_config *cfg;
+    queue q;
+    volatile int *stop;
+} ctl;
+
+/* Informer callbacks: the key of the LLMDeployment concerned. */
+static int on_llmd(void *arg, const char *type, json_t *obj)
+{
+    ctl *c = arg;
+    json_t *md = json_object_get(obj, "metadata");
+    char key[KEY_MAX];
+    if (obj && strcmp(type, "DELETED")) {
+        snprintf(key, sizeof key, "%s/%s", json_string_value(json_object_get(md, "namespace")),
+                 json_string_value(json_object_get(md, "name")));
+        q_add(&c->q, key, 0);
+    }
+    return *c->stop;
+}
+
+static int on_owned(void *arg, const char *type, json_t *obj)
+{
+    ctl *c = arg;
+    (void)type;
+    json_t *md = json_object_get(obj, "metadata"), *owners = json_object_get(md, "ownerReferences");
+    for (size_t i = 0; i < json_array_size(owners); i++) {
+        json_t *o = json_array_get(owners, i);
+        if (json_string_value(json_object_get(o, "kind")) && !strcmp(json_string_value(json_object_get(o, "kind")), "LLMDeployment")) {
+            char key[KEY_MAX];
+            snprintf(key, sizeof key, "%s/%s", json_string_value(json_object_get(md, "namespace")),
+                     json_string_value(json_object_get(o, "name")));
+            q_add(&c->q, key, 0);
+        }
+    }
+    return *c->stop;
+}
+
+typedef struct informer {
+    ctl *c;
+    const char *path;
+    kube_event_fn fn;
+    llm_status st;
+    llm_error err;
+} informer;
+
+static void *inform(void *arg)
+{
+    informer *in = arg;
+    kube_client *k = NULL;
+    if ((in->st = kube_client_new(in->c->cfg, &k, &in->err)) == LLM_OK)
+        in->st = kube_list_watch(k, in->c->cfg, in->path, 5, in->fn, in->c, in->c->stop, &in->err);
+    if (in->st)
+        fprintf(stderr, "llm-controller: watch %s: %s\n", in->path, in->err.msg);
+    kube_client_free(k);
+    return NULL;
+}
+
+static void work(ctl *c, kube_client *k)
+{
+    char key[KEY_MAX];
+    while (q_next(&c->q, key, c->stop)) {
+        char ns[KEY_MAX];
+        snprintf(ns, sizeof ns, "%s", key);
+        char *name = strchr(ns, '/');
+        if (!name)
+            continue;
+        *name++ = 0;
+        llm_error err = {0};
+        double t0 = now_s();
+        llm_status st = rec_reconcile(k, ns, name, &err);
+        q_done(&c->q, key, st != LLM_OK);
+        if (st) {
+            double d = q_backoff(&c->q, key);
+            fprintf(stderr, "llm-controller: reconcile %s failed (%s); retry in %.1f s\n", key, err.msg, d);
+            q_add(&c->q, key, d);
+        } else {
+            fprintf(stderr, "llm-controller: reconciled %s in %.0f ms\n", key, (now_s() - t0) * 1e3);
+        }
+    }
+}
+
+llm_status ctl_run(kube_config *cfg, volatile int *stop, llm_error *err)
+{
+    ctl c = {.cfg = cfg, .stop = stop};
+    pthread_mutex_init(&c.q.mu, NULL);
+    pthread_cond_init(&c.q.cv, NULL);
+    c.q.items = calloc(QUEUE_MAX, sizeof *c.q.items);
+    kube_client *k = NULL;
+    llm_status st = c.q.items ? kube_client_new(cfg, &k, err) : llm_errf(err, LLM_ERR_NOMEM, "no memory");
+    informer in[2] = {{&c, "/apis/llmk8s.io/v1alpha1/llmdeployments", on_llmd, 0, {0}},
+                      {&c, "/apis/apps/v1/deployments?labelSelector=" REC_MANAGED_BY "%3D" REC_CONTROLLER, on_owned, 0, {0}}};
+    pthread_t th[2];
+    int started = 0;
+    for (; !st && started < 2; started++)
+        if (pthread_create(&th[started], NULL, inform, &in[started]))
+            st = llm_errf(err, LLM_ERR_INTERNAL, "cannot start an informer thread");
+    if (!st)
+        work(&c, k);
+    *stop = 1;
+    pthread_cond_broadcast(&c.q.cv);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    kube_client_free(k);
+    free(c.q.items);
+    pthread_mutex_destroy(&c.q.mu);
+    pthread_cond_destroy(&c.q.cv);
+    return st;
+}
