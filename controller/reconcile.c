@@ -87,7 +87,8 @@ static json_t *container(json_t *d)
     json_t *args = json_pack("[s,s,s,s]", "--host", "$(POD_IP)", "--model_name",
                              json_string_value(get_path(spec, "model", "name")) ? json_string_value(get_path(spec, "model", "name")) : name);
     json_t *extra = get_path(spec, "server", "extraArgs");
-    json_array_extend(args, json_is_array(extra) ? extra : json_array());
+    if (json_is_array(extra))
+        json_array_extend(args, extra);
     json_t *c = json_pack("{s:s,s:O,s:o,s:o,s:[{s:s,s:I}],s:o,s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name", "llm-server",
                           "image", json_object_get(spec, "image"), "args", args, "env", server_env(spec), "ports", "name",
                           "http", "containerPort", (json_int_t)port, "startupProbe",
@@ -128,11 +129,13 @@ static json_t *deployment(json_t *d)
     for (size_t i = 0; i < sizeof copied / sizeof *copied; i++)
         if (json_object_get(spec, copied[i]))
             json_object_set(pod, copied[i], json_object_get(spec, copied[i]));
-    return json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:s,s:{s:O,s:O}},s:{s:{s:o},s:o}}}", "apiVersion", "apps/v1",
+    surge = surge ? json_incref(surge) : json_integer(1);
+    unavail = unavail ? json_incref(unavail) : json_integer(0);
+    return json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:s,s:{s:o,s:o}},s:{s:{s:o},s:o}}}", "apiVersion", "apps/v1",
                      "kind", "Deployment", "metadata", meta(d, name), "spec", "replicas",
                      (json_int_t)spec_int(d, "spec", "replicas", 1), "selector", "matchLabels", REC_INSTANCE, name,
                      REC_MANAGED_BY, REC_CONTROLLER, "strategy", "type", "RollingUpdate", "rollingUpdate", "maxSurge",
-                     surge ? surge : json_integer(1), "maxUnavailable", unavail ? unavail : json_integer(0), "template",
+                     surge, "maxUnavailable", unavail, "template",
                      "metadata", "labels", labels(name), "spec", pod);
 }
 
