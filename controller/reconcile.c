@@ -148,6 +148,16 @@ static json_t *service(json_t *d)
                      "targetPort", (json_int_t)spec_int(json_object_get(d, "spec"), "server", "port", 8080));
 }
 
+/* At most one pod down at a time in voluntary disruptions (node drains),
+ * so a drain never takes the whole service away. */
+static json_t *pdb(json_t *d)
+{
+    const char *name = json_string_value(get_path(d, "metadata", "name"));
+    return json_pack("{s:s,s:s,s:o,s:{s:i,s:{s:{s:s,s:s}}}}", "apiVersion", "policy/v1", "kind", "PodDisruptionBudget",
+                     "metadata", meta(d, name), "spec", "maxUnavailable", 1, "selector", "matchLabels", REC_INSTANCE, name,
+                     REC_MANAGED_BY, REC_CONTROLLER);
+}
+
 /* FNV-1a of the object's canonical JSON: the annotation that says the
  * child already is what this spec wants. */
 static void hash_of(json_t *o, char out[17])
@@ -241,11 +251,12 @@ static llm_status update_status(kube_client *k, const char *path, json_t *d, jso
 
 llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, llm_error *err)
 {
-    char path[1024], deps[512], svcs[512];
+    char path[1024], deps[512], svcs[512], pdbs[512];
     snprintf(path, sizeof path, API "/namespaces/%s/llmdeployments/%s", ns, name);
     snprintf(deps, sizeof deps, "/apis/apps/v1/namespaces/%s/deployments", ns);
     snprintf(svcs, sizeof svcs, "/api/v1/namespaces/%s/services", ns);
-    json_t *d = NULL, *dep = NULL, *want_dep = NULL, *want_svc = NULL, *status = NULL;
+    snprintf(pdbs, sizeof pdbs, "/apis/policy/v1/namespaces/%s/poddisruptionbudgets", ns);
+    json_t *d = NULL, *dep = NULL, *want_dep = NULL, *want_svc = NULL, *want_pdb = NULL, *status = NULL;
     llm_status st = kube_request(k, "GET", path, NULL, NULL, &d, err);
     if (st == LLM_ERR_NOT_FOUND)
         return LLM_OK; /* deleted: its children go with it (ownerReferences) */
@@ -259,6 +270,10 @@ llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, llm_e
         st = apply(k, deps, want_dep, err);
     if (!st)
         st = apply(k, svcs, want_svc, err);
+    if (!st && !(want_pdb = pdb(d)))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "%s/%s: cannot build the PodDisruptionBudget", ns, name);
+    if (!st)
+        st = apply(k, pdbs, want_pdb, err);
     snprintf(deps + strlen(deps), sizeof deps - strlen(deps), "/%s", name);
     if (!st)
         st = kube_request(k, "GET", deps, NULL, NULL, &dep, err);
@@ -269,6 +284,7 @@ out:
     json_decref(dep);
     json_decref(want_dep);
     json_decref(want_svc);
+    json_decref(want_pdb);
     json_decref(status);
     return st;
 }

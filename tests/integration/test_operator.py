@@ -91,6 +91,8 @@ def test_apply_serve_scale_delete(cluster):
     assert dep["metadata"]["ownerReferences"][0]["kind"] == "LLMDeployment"
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["startupProbe"]["httpGet"]["path"] == "/startupz" and c["securityContext"]["readOnlyRootFilesystem"]
+    pdb = json.loads(k("get", "pdb", "story", "-o", "json").stdout)
+    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["metadata"]["ownerReferences"][0]["name"] == "story"
     ip = wait_for(lambda: ready_ips(k), 30, "endpoints")[0]
     body = json.dumps({"model": "story", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}).encode()
     req = urllib.request.Request(f"http://{ip}:8080/v1/completions", body, {"Content-Type": "application/json"})
@@ -105,4 +107,5 @@ def test_apply_serve_scale_delete(cluster):
     assert "STORY" not in k("get", "llmd").stdout and "Ready" in k("get", "llmd").stdout
     k("delete", "llmd", "story")
     wait_for(lambda: k("get", "deployment", "story", check=False).returncode and
-             k("get", "service", "story", check=False).returncode, 30, "children deleted")
+             k("get", "service", "story", check=False).returncode and
+             k("get", "pdb", "story", check=False).returncode, 30, "children deleted")
