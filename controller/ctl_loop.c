@@ -176,8 +176,11 @@ static void work(ctl *c, kube_client *k)
         *name++ = 0;
         llm_error err = {0};
         double t0 = now_s();
-        llm_status st = rec_reconcile(k, ns, name, &err);
+        double again = 0;
+        llm_status st = rec_reconcile(k, ns, name, &again, &err);
         q_done(&c->q, key, st != LLM_OK);
+        if (!st && again > 0)
+            q_add(&c->q, key, again);
         if (st) {
             double d = q_backoff(&c->q, key);
             fprintf(stderr, "llm-controller: reconcile %s failed (%s); retry in %.1f s\n", key, err.msg, d);

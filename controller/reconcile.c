@@ -1,5 +1,6 @@
 /* reconcile.c - desired children of an LLMDeployment and its status; see
  * reconcile.h. */
+#include <curl/curl.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -193,6 +194,68 @@ static llm_status apply(kube_client *k, const char *coll, json_t *want, llm_erro
 }
 
 
+/* ---- what the pods say --------------------------------------------------------- */
+
+static size_t sink(char *d, size_t sz, size_t n, void *arg)
+{
+    char *buf = arg;
+    size_t have = strlen(buf), add = sz * n, room = 4095 - have;
+    memcpy(buf + have, d, add < room ? add : room);
+    buf[have + (add < room ? add : room)] = 0;
+    return sz * n;
+}
+
+/* GET http://ip:port/startupz (1 s budget): the server's load phase and
+ * detail; NULL when the pod does not answer. */
+static json_t *pod_startup(const char *ip, long long port)
+{
+    char url[256], body[4096] = "";
+    snprintf(url, sizeof url, "http://%s:%lld/startupz", ip, port);
+    CURL *c = curl_easy_init();
+    if (!c)
+        return NULL;
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 1000L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, (void *)body);
+    CURLcode rc = curl_easy_perform(c);
+    curl_easy_cleanup(c);
+    return rc == CURLE_OK ? json_loads(body, 0, NULL) : NULL;
+}
+
+/* When pods are not all ready, why: a failed load (reason ModelNotFound
+ * when the file is missing, else EngineFailed) or loading progress
+ * (EngineLoading), from the pods' own /startupz. 1 when a reason was set. */
+static int pods_reason(kube_client *k, json_t *d, char *reason, size_t rn, char *msg, size_t mn)
+{
+    char path[768];
+    const char *ns = json_string_value(get_path(d, "metadata", "namespace"));
+    const char *name = json_string_value(get_path(d, "metadata", "name"));
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" REC_INSTANCE "%%3D%s", ns, name);
+    json_t *pods = NULL;
+    if (kube_request(k, "GET", path, NULL, NULL, &pods, NULL))
+        return 0;
+    int found = 0;
+    json_t *items = json_object_get(pods, "items");
+    for (size_t i = 0; i < json_array_size(items) && found < 2; i++) {
+        const char *ip = json_string_value(get_path(json_array_get(items, i), "status", "podIP"));
+        json_t *st = ip ? pod_startup(ip, spec_int(json_object_get(d, "spec"), "server", "port", 8080)) : NULL;
+        const char *phase = json_string_value(json_object_get(st, "phase"));
+        const char *detail = json_string_value(json_object_get(st, "detail"));
+        if (phase && detail && (!strcmp(phase, "failed") || (!strcmp(phase, "loading") && !found))) {
+            int failed = !strcmp(phase, "failed");
+            snprintf(reason, rn, "%s", !failed ? "EngineLoading"
+                     : strstr(detail, "No such file") || strstr(detail, "cannot open") ? "ModelNotFound" : "EngineFailed");
+            snprintf(msg, mn, "pod %s: %s", json_string_value(get_path(json_array_get(items, i), "metadata", "name")), detail);
+            found = failed ? 2 : 1;
+        }
+        json_decref(st);
+    }
+    json_decref(pods);
+    return found;
+}
+
 /* ---- status ------------------------------------------------------------------- */
 
 static json_t *condition(const char *status, const char *reason, const char *msg, json_int_t gen)
@@ -201,8 +264,9 @@ static json_t *condition(const char *status, const char *reason, const char *msg
                      "observedGeneration", gen);
 }
 
-/* The status the LLMDeployment should show, from its Deployment's. */
-static json_t *desired_status(json_t *d, json_t *dep)
+/* The status the LLMDeployment should show, from its Deployment's (and,
+ * while not ready, from what its pods say). */
+static json_t *desired_status(kube_client *k, json_t *d, json_t *dep)
 {
     json_t *spec = json_object_get(d, "spec"), *ds = json_object_get(dep, "status");
     const char *name = json_string_value(get_path(d, "metadata", "name"));
@@ -217,10 +281,14 @@ static json_t *desired_status(json_t *d, json_t *dep)
     snprintf(msg, sizeof msg, "%lld of %lld replicas ready", (long long)ready, (long long)want);
     snprintf(sel, sizeof sel, REC_INSTANCE "=%s," REC_MANAGED_BY "=" REC_CONTROLLER, name);
     snprintf(ep, sizeof ep, "http://%s.%s.svc:%lld", name, ns, spec_int(spec, "server", "port", 8080));
+    char reason[64];
+    snprintf(reason, sizeof reason, "%s", !strcmp(phase, "Ready") ? "AllReplicasReady" : !strcmp(phase, "Pending")
+                                          ? "WaitingForPods" : "EngineLoading");
+    if (strcmp(phase, "Ready") && pods_reason(k, d, reason, sizeof reason, msg, sizeof msg) == 2)
+        phase = "Degraded";
     return json_pack("{s:I,s:I,s:I,s:s,s:s,s:s,s:[o]}", "observedGeneration", gen, "replicas", have, "readyReplicas",
                      ready, "phase", phase, "selector", sel, "endpoint", ep, "conditions",
-                     condition(!strcmp(phase, "Ready") ? "True" : "False", !strcmp(phase, "Ready") ? "AllReplicasReady"
-                               : !strcmp(phase, "Pending") ? "WaitingForPods" : "EngineLoading", msg, gen));
+                     condition(!strcmp(phase, "Ready") ? "True" : "False", reason, msg, gen));
 }
 
 /* Writes the status when it differs (conditions keep their transition
@@ -249,8 +317,9 @@ static llm_status update_status(kube_client *k, const char *path, json_t *d, jso
     return st;
 }
 
-llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, llm_error *err)
+llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, double *requeue_s, llm_error *err)
 {
+    *requeue_s = 0;
     char path[1024], deps[512], svcs[512], pdbs[512];
     snprintf(path, sizeof path, API "/namespaces/%s/llmdeployments/%s", ns, name);
     snprintf(deps, sizeof deps, "/apis/apps/v1/namespaces/%s/deployments", ns);
@@ -277,8 +346,10 @@ llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, llm_e
     snprintf(deps + strlen(deps), sizeof deps - strlen(deps), "/%s", name);
     if (!st)
         st = kube_request(k, "GET", deps, NULL, NULL, &dep, err);
-    if (!st && (status = desired_status(d, dep)))
+    if (!st && (status = desired_status(k, d, dep)))
         st = update_status(k, path, d, status, err);
+    if (!st && status && strcmp(json_string_value(json_object_get(status, "phase")), "Ready"))
+        *requeue_s = 5; /* not ready: look again for progress or failure (nothing polls at rest) */
 out:
     json_decref(d);
     json_decref(dep);

@@ -12,8 +12,10 @@
 
 #include "kube_client.h"
 
-/* LLM_OK when done or when the object is gone; an error to retry later. */
-llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, llm_error *err);
+/* LLM_OK when done or when the object is gone; an error to retry later.
+ * *requeue_s > 0 asks for another look after that many seconds (while
+ * pods load or fail, whose /startupz the status reports). */
+llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, double *requeue_s, llm_error *err);
 
 #define REC_MANAGED_BY "app.kubernetes.io/managed-by"
 #define REC_INSTANCE "app.kubernetes.io/instance"

@@ -109,3 +109,15 @@ def test_apply_serve_scale_delete(cluster):
     wait_for(lambda: k("get", "deployment", "story", check=False).returncode and
              k("get", "service", "story", check=False).returncode and
              k("get", "pdb", "story", check=False).returncode, 30, "children deleted")
+
+
+def test_missing_model_is_degraded_with_reason(cluster, tmp_path):
+    """A model path that does not exist: the status says Degraded, reason
+    ModelNotFound, naming the path, in `kubectl describe` too."""
+    k, model, ctl = cluster
+    missing = tmp_path / "nope" / "missing.gguf"
+    k("apply", "-f", "-", stdin=LLMD.format(replicas=1, model=missing, dir=missing.parent))
+    st = wait_for(lambda: (s := status(k)).get("phase") == "Degraded" and s, 60, "Degraded")
+    cond = st["conditions"][0]
+    assert cond["status"] == "False" and cond["reason"] == "ModelNotFound" and str(missing) in cond["message"]
+    assert "ModelNotFound" in k("describe", "llmd", "story").stdout
