@@ -97,8 +97,11 @@ def test_watch_sync_changes_and_relist(tmp_path):
     they happen; when the server expires the watch's resourceVersion (410,
     here forced by a small event window and no bookmarks) a RELIST and fresh
     SYNCs follow and events keep coming."""
+    import shutil
     import subprocess
     import time
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
     d = tmp_path / "ks"
     ks = subprocess.Popen([str(ROOT / "tests" / "kubesim" / "kubesim"), "--data-dir", str(d), "--tls",
                            "--watch-window", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -6,6 +6,7 @@ endpoint of the Service answers -> `kubectl scale llmd` scales ->
 deleting the LLMDeployment removes every child."""
 import json
 import os
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -43,6 +44,8 @@ def wait_for(pred, timeout=60, what=""):
 
 @pytest.fixture()
 def cluster(tmp_path, models):
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
     model = SHARED / "models" / "stories260K.gguf"
     model = model if model.exists() else models("tiny", "Q8_0")
     images = tmp_path / "images.yaml"
