@@ -1,6 +1,5 @@
 /* kube_client.c - see kube_client.h. One curl easy handle, reused (its
  * connection stays open between requests), behind a mutex. */
-#include <curl/curl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,20 +69,28 @@ void kube_client_free(kube_client *k)
     free(k);
 }
 
-static void set_tls(kube_client *k)
+struct curl_slist *kube_curl_login(kube_config *cfg, CURL *c)
 {
-    kube_config *c = k->cfg;
-    if (c->ca_pem) {
-        struct curl_blob ca = {c->ca_pem, c->ca_len, CURL_BLOB_COPY};
-        curl_easy_setopt(k->curl, CURLOPT_CAINFO_BLOB, &ca);
+    if (cfg->ca_pem) {
+        struct curl_blob ca = {cfg->ca_pem, cfg->ca_len, CURL_BLOB_COPY};
+        curl_easy_setopt(c, CURLOPT_CAINFO_BLOB, &ca);
     }
-    if (c->cert_pem && c->key_pem) {
-        struct curl_blob cert = {c->cert_pem, c->cert_len, CURL_BLOB_COPY}, key = {c->key_pem, c->key_len, CURL_BLOB_COPY};
-        curl_easy_setopt(k->curl, CURLOPT_SSLCERT_BLOB, &cert);
-        curl_easy_setopt(k->curl, CURLOPT_SSLCERTTYPE, "PEM");
-        curl_easy_setopt(k->curl, CURLOPT_SSLKEY_BLOB, &key);
-        curl_easy_setopt(k->curl, CURLOPT_SSLKEYTYPE, "PEM");
+    if (cfg->cert_pem && cfg->key_pem) {
+        struct curl_blob cert = {cfg->cert_pem, cfg->cert_len, CURL_BLOB_COPY};
+        struct curl_blob key = {cfg->key_pem, cfg->key_len, CURL_BLOB_COPY};
+        curl_easy_setopt(c, CURLOPT_SSLCERT_BLOB, &cert);
+        curl_easy_setopt(c, CURLOPT_SSLCERTTYPE, "PEM");
+        curl_easy_setopt(c, CURLOPT_SSLKEY_BLOB, &key);
+        curl_easy_setopt(c, CURLOPT_SSLKEYTYPE, "PEM");
     }
+    struct curl_slist *h = curl_slist_append(NULL, "Accept: application/json");
+    const char *tok = kube_config_token(cfg);
+    if (tok) {
+        char auth[8192];
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", tok);
+        h = curl_slist_append(h, auth);
+    }
+    return h;
 }
 
 /* The API's error for an HTTP status, with its Status message. */
@@ -103,17 +110,12 @@ static llm_status perform(kube_client *k, const char *method, const char *url, c
                           rbuf *b, long *code, llm_error *err)
 {
     CURL *c = k->curl;
-    char auth[8192], ct[128];
-    struct curl_slist *h = curl_slist_append(NULL, "Accept: application/json");
-    const char *tok = kube_config_token(k->cfg);
-    if (tok) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", tok);
-        h = curl_slist_append(h, auth);
-    }
+    char ct[128];
+    curl_easy_reset(c);
+    struct curl_slist *h = kube_curl_login(k->cfg, c);
     snprintf(ct, sizeof ct, "Content-Type: %s", ctype ? ctype : "application/json");
     if (body)
         h = curl_slist_append(h, ct);
-    curl_easy_reset(c);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
@@ -124,7 +126,6 @@ static llm_status perform(kube_client *k, const char *method, const char *url, c
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     if (body)
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    set_tls(k);
     CURLcode rc = curl_easy_perform(c);
     curl_slist_free_all(h);
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, code);

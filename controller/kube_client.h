@@ -12,6 +12,7 @@
 #ifndef KUBE_CLIENT_H
 #define KUBE_CLIENT_H
 
+#include <curl/curl.h>
 #include <jansson.h>
 
 #include "kube_config.h"
@@ -27,5 +28,11 @@ void kube_client_free(kube_client *k);
  * body on success. */
 llm_status kube_request(kube_client *k, const char *method, const char *path, json_t *body, const char *content_type,
                         json_t **out, llm_error *err);
+
+/* Sets how curl handle c logs in to the API server (CA, client
+ * certificate and key) and returns the request headers it needs (Accept,
+ * bearer token, re-read if it rotated); the caller frees them with
+ * curl_slist_free_all after the request. Shared by requests and watches. */
+struct curl_slist *kube_curl_login(kube_config *cfg, CURL *c);
 
 #endif

@@ -1,5 +1,4 @@
 /* kube_watch.c - see kube_watch.h. */
-#include <curl/curl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,28 +66,19 @@ static size_t on_data(char *d, size_t sz, size_t n, void *arg)
 /* One watch request from w->rv; returns when the stream ends. */
 static llm_status watch_once(kube_config *cfg, const char *path, int timeout_s, wstate *w, llm_error *err)
 {
-    char url[4096], auth[8192];
+    char url[4096];
     snprintf(url, sizeof url, "%s%s%swatch=1&allowWatchBookmarks=true&timeoutSeconds=%d&resourceVersion=%s", cfg->server,
              path, strchr(path, '?') ? "&" : "?", timeout_s, w->rv);
     CURL *c = curl_easy_init();
     if (!c)
         return llm_errf(err, LLM_ERR_NOMEM, "watch: no curl handle");
-    struct curl_slist *h = NULL;
-    const char *tok = kube_config_token(cfg);
-    if (tok) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", tok);
-        h = curl_slist_append(h, auth);
-    }
+    struct curl_slist *h = kube_curl_login(cfg, c); /* client certificates too, as for requests */
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, w);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)timeout_s + 30);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    if (cfg->ca_pem) {
-        struct curl_blob ca = {cfg->ca_pem, cfg->ca_len, CURL_BLOB_COPY};
-        curl_easy_setopt(c, CURLOPT_CAINFO_BLOB, &ca);
-    }
     CURLcode rc = curl_easy_perform(c);
     long code = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
