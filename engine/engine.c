@@ -162,16 +162,6 @@ static void req_push(eng_req *r, const llm_event *ev)
     pthread_cond_signal(&r->cond);
 }
 
-static char *dup_text(const char *s, size_t n)
-{
-    char *p = malloc(n + 1);
-    if (p) {
-        memcpy(p, s, n);
-        p[n] = 0;
-    }
-    return p;
-}
-
 /* ---- submit ----------------------------------------------------------------- */
 
 static llm_status check_fields(const llm_engine *e, const llm_request *rq, llm_error *err)
@@ -271,7 +261,7 @@ static llm_status req_new(llm_engine *e, const llm_request *rq, const int32_t *p
     r->stops = calloc((size_t)rq->n_stop + 1, sizeof *r->stops);
     llm_status st = r->seqs && r->stops ? LLM_OK : llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for a request");
     for (int i = 0; !st && i < rq->n_stop; i++, r->n_stops++)
-        if (!(r->stops[i] = dup_text(rq->stop[i], strlen(rq->stop[i]))))
+        if (!(r->stops[i] = strdup(rq->stop[i])))
             st = llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for a stop string");
     for (int i = 0; !st && i < r->n; i++) st = seq_init(e, r, i, rq, prompt, n_prompt, err);
     if (st) {

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from conftest import ROOT, SHARED, tool
-from test_kubesim import start
+from test_kubesim import start, wait_for
 
 CRD = ROOT / "manifests" / "crd" / "llmdeployments.yaml"
 
@@ -30,16 +30,6 @@ spec:
     volume: {{hostPath: {{path: {dir}}}}}
   engine: {{threads: 1, contextLength: 128}}
 """
-
-
-def wait_for(pred, timeout=60, what=""):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture()
@@ -86,7 +76,7 @@ def ready_ips(k):
 def test_apply_serve_scale_delete(cluster):
     k, model, ctl = cluster
     k("apply", "-f", "-", stdin=LLMD.format(replicas=1, model=model, dir=model.parent))
-    st = wait_for(lambda: (s := status(k)).get("phase") == "Ready" and s, 90, "Ready")
+    st = wait_for(lambda: (s := status(k)).get("phase") == "Ready" and s, 90)
     assert st["readyReplicas"] == 1 and st["replicas"] == 1
     assert st["conditions"][0]["type"] == "Ready" and st["conditions"][0]["status"] == "True"
     assert st["endpoint"] == "http://story.default.svc:8080" and st["observedGeneration"] >= 1
@@ -96,7 +86,7 @@ def test_apply_serve_scale_delete(cluster):
     assert c["startupProbe"]["httpGet"]["path"] == "/startupz" and c["securityContext"]["readOnlyRootFilesystem"]
     pdb = json.loads(k("get", "pdb", "story", "-o", "json").stdout)
     assert pdb["spec"]["maxUnavailable"] == 1 and pdb["metadata"]["ownerReferences"][0]["name"] == "story"
-    ip = wait_for(lambda: ready_ips(k), 30, "endpoints")[0]
+    ip = wait_for(lambda: ready_ips(k), 30)[0]
     body = json.dumps({"model": "story", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}).encode()
     req = urllib.request.Request(f"http://{ip}:8080/v1/completions", body, {"Content-Type": "application/json"})
     out = json.loads(urllib.request.urlopen(req, timeout=30).read())
@@ -105,13 +95,13 @@ def test_apply_serve_scale_delete(cluster):
     time.sleep(1)  # level-based: nothing changed, nothing written
     assert json.loads(k("get", "deployment", "story", "-o", "json").stdout)["metadata"]["resourceVersion"] == rv
     assert "scaled" in k("scale", "llmd/story", "--replicas=2").stdout
-    wait_for(lambda: status(k).get("readyReplicas") == 2 and status(k).get("phase") == "Ready", 90, "2 ready")
-    assert len(wait_for(lambda: len(ready_ips(k)) == 2 and ready_ips(k), 30, "2 endpoints")) == 2
+    wait_for(lambda: status(k).get("readyReplicas") == 2 and status(k).get("phase") == "Ready", 90)
+    assert len(wait_for(lambda: len(ready_ips(k)) == 2 and ready_ips(k), 30)) == 2
     assert "STORY" not in k("get", "llmd").stdout and "Ready" in k("get", "llmd").stdout
     k("delete", "llmd", "story")
     wait_for(lambda: k("get", "deployment", "story", check=False).returncode and
              k("get", "service", "story", check=False).returncode and
-             k("get", "pdb", "story", check=False).returncode, 30, "children deleted")
+             k("get", "pdb", "story", check=False).returncode, 30)
 
 
 def test_missing_model_is_degraded_with_reason(cluster, tmp_path):
@@ -120,7 +110,7 @@ def test_missing_model_is_degraded_with_reason(cluster, tmp_path):
     k, model, ctl = cluster
     missing = tmp_path / "nope" / "missing.gguf"
     k("apply", "-f", "-", stdin=LLMD.format(replicas=1, model=missing, dir=missing.parent))
-    st = wait_for(lambda: (s := status(k)).get("phase") == "Degraded" and s, 60, "Degraded")
+    st = wait_for(lambda: (s := status(k)).get("phase") == "Degraded" and s, 60)
     cond = st["conditions"][0]
     assert cond["status"] == "False" and cond["reason"] == "ModelNotFound" and str(missing) in cond["message"]
     assert "ModelNotFound" in k("describe", "llmd", "story").stdout
