@@ -23,6 +23,7 @@ typedef struct srv {
     llm_engine *engine;
     _Atomic int phase;
     _Atomic int active;        /* API requests being served */
+    _Atomic int refusing;      /* draining and past the shutdown delay: new requests get 503 */
     char status[512];          /* load progress or failure, for the probes */
     char name[128];            /* served model name */
     int chat_tmpl;             /* llm_chat_template of the model */

@@ -109,7 +109,7 @@ static int api_gate(srv *s, struct mg_connection *c, const char *method, srv_err
         srv_err_set(e, 405, NULL, "use %s for %s", method, ri->local_uri);
     else if (!authorized(s, c))
         srv_err_set(e, 401, NULL, "a valid API key is required (Authorization: Bearer KEY)");
-    else if (atomic_load(&s->phase) != SRV_READY)
+    else if (atomic_load(&s->phase) != SRV_READY && (atomic_load(&s->phase) != SRV_DRAINING || atomic_load(&s->refusing)))
         srv_err_set(e, 503, NULL, "%s", atomic_load(&s->phase) == SRV_LOADING ? "the model is still loading"
                                         : atomic_load(&s->phase) == SRV_DRAINING ? "the server is shutting down"
                                                                                  : "the model failed to load");

@@ -1,7 +1,8 @@
 /* srv_main.c - llm-server: binds the port first (probes and /metrics
  * answer while the model loads), loads the model and starts the engine on a
- * loader thread, and on SIGTERM/SIGINT turns not-ready at once, refuses new
- * requests, lets those in flight finish within drain_timeout_s, then exits 0. */
+ * loader thread, and on SIGTERM/SIGINT turns not-ready at once, takes new
+ * requests for shutdown_delay_s more, then refuses them and lets those in
+ * flight finish within drain_timeout_s, then exits 0. */
 #include <civetweb.h>
 #include <errno.h>
 #include <pthread.h>
@@ -144,11 +145,18 @@ static void *loader(void *arg)
     return NULL;
 }
 
-/* SIGTERM: not ready at once, then wait for requests in flight. */
+/* SIGTERM: not ready at once; new requests still served for the shutdown
+ * delay (endpoints take a moment to drop this pod: requests routed here
+ * meanwhile must not fail), then refused; those in flight may finish. */
 static void drain(srv *s)
 {
-    if (atomic_load(&s->phase) == SRV_READY)
+    if (atomic_load(&s->phase) == SRV_READY) {
         atomic_store(&s->phase, SRV_DRAINING);
+        if (s->cfg.shutdown_delay_s > 0)
+            logf_("not ready; still taking requests for %ld s while endpoints drop this pod", s->cfg.shutdown_delay_s);
+        for (long ms = 0; ms < s->cfg.shutdown_delay_s * 1000; ms += 20) usleep(20000);
+    }
+    atomic_store(&s->refusing, 1);
     logf_("draining: %d requests in flight, up to %ld s", atomic_load(&s->active), s->cfg.drain_timeout_s);
     for (long ms = 0; atomic_load(&s->active) > 0 && ms < s->cfg.drain_timeout_s * 1000; ms += 20) usleep(20000);
     if (atomic_load(&s->active) > 0)

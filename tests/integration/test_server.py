@@ -290,6 +290,22 @@ def test_sigterm_drains(models):
     assert s.stop() == 0
 
 
+def test_shutdown_delay_keeps_serving(model):
+    """shutdown_delay_s: after SIGTERM /readyz fails at once (endpoints drop
+    the pod) but requests that still arrive are served until the delay
+    ends; then (nothing in flight) the server exits 0."""
+    s = Server(model, "--shutdown_delay_s", 2)
+    t0 = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    assert s.get("/readyz")[0] == 503
+    code, body, _ = s.post("/v1/completions", {"model": NAME, "prompt": "Once", "max_tokens": 2})
+    assert code == 200 and body["usage"]["completion_tokens"] == 2, body
+    assert s.stop() == 0
+    assert time.time() - t0 >= 2
+    assert "still taking requests for 2 s" in s.log
+
+
 def test_config_sources(tmp_path, model):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("port: 1\nmax_seqs: 3\nmodel_name: from-file\n")
