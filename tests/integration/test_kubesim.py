@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -194,6 +195,58 @@ def test_watch_expired_resource_version(tmp_path):
     finally:
         p.terminate()
         p.wait(timeout=10)
+
+
+def fault(kubectl, tmp_path, body):
+    """Posts a fault to kubesim's admin endpoint with kubectl's credentials."""
+    f = tmp_path / "fault.json"
+    f.write_text(json.dumps(body))
+    return kubectl("create", "--raw", "/kubesim/faults", "-f", str(f))
+
+
+def test_faults_conflict_and_restart(kubectl, client, tmp_path, sim):
+    """Injected 409s on the next writes of a kind; a simulated API server
+    restart keeps the objects, breaks open watches, refuses connections for
+    a while, and makes every earlier resourceVersion too old (410)."""
+    v1, k = client
+    v1.create_namespaced_config_map("default", cm("f", v="1"))
+    fault(kubectl, tmp_path, {"conflicts": {"configmaps": 1}})
+    with pytest.raises(k.client.exceptions.ApiException) as e:
+        v1.patch_namespaced_config_map("f", "default", {"data": {"v": "2"}})
+    assert e.value.status == 409 and "(injected)" in e.value.body
+    v1.patch_namespaced_config_map("f", "default", {"data": {"v": "2"}})  # only one was asked for
+    rv = v1.list_namespaced_config_map("default").metadata.resource_version
+    port = int((sim / "port").read_text())
+    fault(kubectl, tmp_path, {"restart": {"downSeconds": 1.5}})
+    time.sleep(0.5)
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    got = wait_for(lambda: kubectl("get", "cm", "f", "-o", "json", check=False), 10)
+    while got.returncode:
+        time.sleep(0.2)
+        got = kubectl("get", "cm", "f", "-o", "json", check=False)
+    assert json.loads(got.stdout)["data"] == {"v": "2"}  # objects survive
+    with pytest.raises(k.client.exceptions.ApiException) as e:
+        for _ in k.watch.Watch().stream(v1.list_namespaced_config_map, "default", resource_version=rv,
+                                        timeout_seconds=2):
+            pass
+    assert e.value.status == 410
+
+
+def test_gpu_pods_wait_for_a_node(tmp_path):
+    """One node with KUBESIM_NODE_GPUS=1: a pod asking for two GPUs stays
+    Pending with the scheduler's Unschedulable message; one asking for one
+    is placed."""
+    with image_sim(tmp_path, {"example/sleep": ["sleep", "60"]}, KUBESIM_NODE_GPUS="1") as kubectl:
+        pod = ("apiVersion: v1\nkind: Pod\nmetadata: {{name: {n}}}\nspec:\n  containers:\n  - name: c\n"
+               "    image: example/sleep\n    resources: {{limits: {{nvidia.com/gpu: {g}}}}}\n")
+        kubectl("apply", "-f", "-", stdin=pod.format(n="big", g=2))
+        kubectl("apply", "-f", "-", stdin=pod.format(n="small", g=1))
+        st = wait_for(lambda: (s := pod_status(kubectl, "big")).get("conditions") and s)
+        cond = [c for c in st["conditions"] if c["type"] == "PodScheduled"][0]
+        assert st["phase"] == "Pending" and cond["status"] == "False" and cond["reason"] == "Unschedulable"
+        assert "Insufficient nvidia.com/gpu" in cond["message"]
+        wait_for(lambda: pod_status(kubectl, "small").get("phase") == "Running")
 
 
 def test_unauthenticated_is_401(sim):

@@ -1,5 +1,6 @@
 """kselect.py - labelSelector (equality and set-based) and fieldSelector
-(metadata.name, metadata.namespace, status.phase) matching."""
+(metadata.name, metadata.namespace, status.phase; events' involvedObject.*,
+reason and type) matching."""
 import re
 
 from store import ApiError
@@ -49,7 +50,13 @@ def label_matcher(sel):
 
 FIELDS = {"metadata.name": lambda o: o["metadata"].get("name"),
           "metadata.namespace": lambda o: o["metadata"].get("namespace"),
-          "status.phase": lambda o: (o.get("status") or {}).get("phase")}
+          "status.phase": lambda o: (o.get("status") or {}).get("phase"),
+          "involvedObject.name": lambda o: (o.get("involvedObject") or {}).get("name"),
+          "involvedObject.namespace": lambda o: (o.get("involvedObject") or {}).get("namespace"),
+          "involvedObject.kind": lambda o: (o.get("involvedObject") or {}).get("kind"),
+          "involvedObject.uid": lambda o: (o.get("involvedObject") or {}).get("uid"),
+          "reason": lambda o: o.get("reason"),
+          "type": lambda o: o.get("type")}
 
 
 def field_matcher(sel):

@@ -149,6 +149,9 @@ class Api:
 
     def __init__(self, token, window, image_map=None, incluster=None):
         self.token = token
+        self.epoch = 0         # bumped by a simulated restart: older connections are dropped
+        self.conflicts = {}    # plural -> writes still to answer 409 (fault injection)
+        self.restart = None    # set by serve(): fn(down_seconds)
         self.store = Store(window)
         self.gc = Collector(self.store)
         self.authz = Authorizer(self.store, token)
@@ -182,6 +185,13 @@ class Api:
         if not deleted:
             for r in crd_resources(crd):
                 self.resources[(r.group, r.version, r.plural)] = r
+
+    def take_conflict(self, plural):
+        with self.store.lock:
+            if self.conflicts.get(plural, 0) > 0:
+                self.conflicts[plural] -= 1
+                return True
+            return False
 
     def res(self, group, version, plural):
         r = self.resources.get((group, version, plural))
@@ -236,8 +246,25 @@ class Handler(BaseHTTPRequestHandler):
     def fail(self, e):
         self.send_json(e.code, e.status())
 
+    def read_chunked(self):
+        """A body sent with Transfer-Encoding: chunked (kubectl create --raw -f)."""
+        out = b""
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                self.rfile.readline()
+                return out
+            out += self.rfile.read(size)
+            self.rfile.readline()
+            if len(out) > MAX_BODY:
+                self.close_connection = True
+                raise ApiError(413, "RequestEntityTooLarge", f"request body exceeds {MAX_BODY} bytes")
+
     def raw_body(self):
         if self._body is None:
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                self._body = self.read_chunked()
+                return self._body
             n = int(self.headers.get("Content-Length") or 0)
             if n > MAX_BODY:
                 self.close_connection = True
@@ -246,14 +273,7 @@ class Handler(BaseHTTPRequestHandler):
         return self._body
 
     def body(self):
-        if self._body is not None:
-            raw = self._body
-        else:
-            n = int(self.headers.get("Content-Length") or 0)
-            if n > MAX_BODY:
-                self.close_connection = True  # the unread body would corrupt the next request
-                raise ApiError(413, "RequestEntityTooLarge", f"request body of {n} bytes exceeds {MAX_BODY}")
-            raw = self._body = self.rfile.read(n) if n else b""
+        raw = self.raw_body()
         try:
             obj = json.loads(raw or b"null")
         except ValueError as e:
@@ -280,19 +300,32 @@ class Handler(BaseHTTPRequestHandler):
         r = self.api.resources.get((group, version, plural))
         self.api.authz.check(self.user, verb, group, resource, ns if r is None or r.namespaced else None, name)
 
+    def setup(self):
+        super().setup()
+        self.epoch = self.api.epoch
+
     def dispatch(self, method):
         self._body = None
         url = urllib.parse.urlsplit(self.path)
         q = dict(urllib.parse.parse_qsl(url.query))
+        if self.epoch != self.api.epoch:  # a connection from before a restart: it breaks
+            self.close_connection = True
+            return
         try:
             if not self.authenticated():
                 return
+            if url.path == "/kubesim/faults":
+                return self.faults(method)
             if self.discovery(url.path):
                 return
             route = parse_path(url.path)
             if route is None or route[3] is None:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({url.path})")
             self.authorize(method, route, q)
+            if method in ("PUT", "PATCH") and self.api.take_conflict(route[3]):
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {route[3]} "{route[4]}": '
+                               "the object has been modified; please apply your changes to the latest version "
+                               "and try again (injected)", {"name": route[4], "kind": route[3]})
             getattr(self, "do_" + method.lower() + "_obj")(route, q)
         except ApiError as e:
             if self._body is None and self.headers.get("Content-Length") and e.code != 413:
@@ -301,6 +334,27 @@ class Handler(BaseHTTPRequestHandler):
                 except ApiError:
                     pass
             self.fail(e)
+
+    def faults(self, method):
+        """POST /kubesim/faults (admin only), for fault tests:
+        {"conflicts": {"deployments": 2}}: the next 2 updates or patches of
+        deployments answer 409; {"restart": {"downSeconds": 2}}: the API
+        server "restarts" - every connection (watches too) breaks, it
+        refuses connections for downSeconds, and every resourceVersion
+        clients hold becomes too old (410 on resume)."""
+        if method != "POST":
+            raise ApiError(405, "MethodNotAllowed", "POST a fault")
+        if "system:masters" not in self.user.groups:
+            raise ApiError(403, "Forbidden", "fault injection is for the admin")
+        req = self.body() or {}
+        for plural, n in (req.get("conflicts") or {}).items():
+            with self.api.store.lock:
+                self.api.conflicts[plural] = self.api.conflicts.get(plural, 0) + int(n)
+        self.send_json(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+        if req.get("restart") is not None:
+            down = float((req["restart"] or {}).get("downSeconds", 1))
+            threading.Thread(target=self.api.restart, args=(down,), daemon=True).start()
+        self.close_connection = True
 
     def do_GET(self):
         self.dispatch("GET")
@@ -666,6 +720,9 @@ class Handler(BaseHTTPRequestHandler):
                     next_bookmark = time.monotonic() + BOOKMARK_PERIOD
                 with store.lock:
                     store.lock.wait(min(left, 1.0))
+                if self.epoch != self.api.epoch:  # restarted: the stream breaks without an end
+                    self.close_connection = True
+                    return
                 try:
                     events = store.events_since(r.key, ns, rv)
                 except ApiError as e:
@@ -777,13 +834,31 @@ def serve(host, port, token, window, tls=None, image_map=None, data_dir=None, ca
     """Starts serving in a thread. token None: no authentication; tls: an
     ssl.SSLContext for HTTPS; image_map: image -> command for pods; data_dir:
     where pods' service-account files go (in-cluster configuration)."""
-    httpd = ThreadingHTTPServer((host, port), Handler)
-    incluster = {"dir": str(data_dir), "host": host, "port": httpd.server_address[1], "ca": ca_file} \
-        if data_dir else None
-    Handler.api = Api(token, window, image_map, incluster)
-    httpd.daemon_threads = True
-    if tls is not None:
-        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
-    t.start()
+    def listen(p):
+        h = ThreadingHTTPServer((host, p), Handler)
+        h.daemon_threads = True
+        if tls is not None:
+            h.socket = tls.wrap_socket(h.socket, server_side=True)
+        threading.Thread(target=h.serve_forever, daemon=True).start()
+        return h
+
+    httpd = listen(port)
+    port = httpd.server_address[1]
+    incluster = {"dir": str(data_dir), "host": host, "port": port, "ca": ca_file} if data_dir else None
+    Handler.api = api = Api(token, window, image_map, incluster)
+    current = [httpd]
+
+    def restart(down):
+        """Stops listening, breaks every connection, compacts the watch
+        history, and listens again on the same port after down seconds;
+        the objects themselves survive (they live in etcd)."""
+        time.sleep(0.2)  # let the fault request's answer go out
+        api.epoch += 1
+        api.store.compact()
+        current[0].shutdown()
+        current[0].server_close()
+        time.sleep(down)
+        current[0] = listen(port)
+
+    api.restart = restart
     return httpd

@@ -36,6 +36,7 @@ class Store:
         self.rv = 0
         self.objects = {}  # (resource key, namespace, name) -> object
         self.events = []   # (rv, type, resource key, object)
+        self.floor = 0     # resourceVersions before this were compacted away (restart)
 
     def _bump(self):
         self.rv += 1
@@ -141,9 +142,19 @@ class Store:
             self._record("DELETED", rkey, old)
             return copy.deepcopy(old)
 
+    def compact(self):
+        """What a restarted API server's fresh watch cache means for clients:
+        every resourceVersion they hold is too old to resume from."""
+        with self.lock:
+            self.events = []
+            self.floor = self.rv + 1
+            self.lock.notify_all()
+
     def events_since(self, rkey, ns, rv):
         """Events for rkey after resourceVersion rv; ApiError 410 if rv left the window."""
         with self.lock:
+            if rv < self.floor:
+                raise ApiError(410, "Expired", f"too old resource version: {rv} ({self.floor})")
             if self.events and rv < self.events[0][0] - 1:
                 raise ApiError(410, "Expired", f"too old resource version: {rv} ({self.events[0][0]})")
             return [(r, t, o) for (r, t, k, o) in self.events

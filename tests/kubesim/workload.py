@@ -6,6 +6,10 @@ its own loopback address 127.0.0.N, with readiness probes over HTTP and
 restart with back-off; deleting a Pod sends SIGTERM, waits the grace
 period, then SIGKILL; Services get Endpoints of their ready pods.
 
+One node, "kubesim", with KUBESIM_NODE_GPUS nvidia.com/gpu (default 0): a
+pod asking for more GPUs than are free stays Pending with PodScheduled
+False, reason Unschedulable and the scheduler's message.
+
 Image map (--image-map FILE, YAML): {image: [command, arg, ...]}; the
 container's own command/args are appended, its env is passed."""
 import copy
@@ -99,6 +103,8 @@ class Workloads:
         self.procs = {}      # (ns, name, uid) -> Proc
         self.terminating = set()
         self.ips = {}        # uid -> ip
+        self.gpus = int(os.environ.get("KUBESIM_NODE_GPUS", "0"))
+        self.bound = {}      # uid -> GPUs of pods placed on the node
         self.next_ip = 2
         self.stop = threading.Event()
         threading.Thread(target=self.loop, daemon=True).start()
@@ -255,9 +261,38 @@ class Workloads:
         expand = lambda a: re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), str(a))  # noqa: E731
         return [expand(a) for a in list(base) + list(c.get("command") or []) + list(c.get("args") or [])]
 
+    @staticmethod
+    def gpus_of(p):
+        n = 0
+        for c in p["spec"].get("containers") or []:
+            r = c.get("resources") or {}
+            n += int((r.get("limits") or {}).get("nvidia.com/gpu") or (r.get("requests") or {}).get("nvidia.com/gpu") or 0)
+        return n
+
+    def schedule(self, p):
+        """Places the pod on the node if its GPUs fit; False leaves it Pending."""
+        uid = p["metadata"]["uid"]
+        if uid in self.bound:
+            return True
+        want, used = self.gpus_of(p), sum(self.bound.values())
+        if want > self.gpus - used:
+            msg = (f"0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: "
+                   f"1 No preemption victims found for incoming pod.")
+            st = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                      "reason": "Unschedulable", "message": msg}]}
+            if p.get("status") != st:
+                cur = self.store.get(POD, p["metadata"]["namespace"], p["metadata"]["name"])
+                cur["status"] = st
+                self.store.update(POD, p["metadata"]["namespace"], p["metadata"]["name"], cur, "status")
+            return False
+        self.bound[uid] = want
+        return True
+
     def run_pod(self, p, proc):
         c = (p["spec"].get("containers") or [{}])[0]
         uid = p["metadata"]["uid"]
+        if not self.schedule(p):
+            return
         if uid not in self.ips:
             self.ips[uid] = f"127.0.0.{self.next_ip}"
             self.next_ip = self.next_ip + 1 if self.next_ip < 254 else 2
@@ -331,7 +366,8 @@ class Workloads:
         if proc.last_state:
             cs["lastState"] = proc.last_state
         st = {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}], "containerStatuses": [cs],
-              "conditions": [{"type": "Ready", "status": "True" if ready else "False"},
+              "conditions": [{"type": "PodScheduled", "status": "True"},
+                             {"type": "Ready", "status": "True" if ready else "False"},
                              {"type": "ContainersReady", "status": "True" if ready else "False"}]}
         if p.get("status") != st:
             cur = self.store.get(POD, p["metadata"]["namespace"], p["metadata"]["name"])
@@ -340,6 +376,7 @@ class Workloads:
 
     def terminate(self, p, proc):
         """SIGTERM, the grace period, SIGKILL; then the pod object goes."""
+        self.bound.pop(p["metadata"]["uid"], None)
         if proc.popen is not None and proc.popen.poll() is None:
             grace = p["spec"].get("terminationGracePeriodSeconds", 30)
             os.killpg(proc.popen.pid, signal.SIGTERM)
