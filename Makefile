@@ -28,7 +28,8 @@ TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench
 SERVER_SRC = server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_metrics.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 CONTROLLER_SRC = controller/ctl_main.c controller/kube_config.c controller/kube_client.c controller/kube_watch.c \
-                 controller/reconcile.c controller/ctl_loop.c
+                 controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
+                 controller/desired.c controller/pod_diag.c controller/kube_event.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 
@@ -47,7 +48,7 @@ all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-con
 $(BUILD)/bin/llm-controller: $(CONTROLLER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $(CONTROLLER_OBJ) $(LIB) -lcurl -ljansson -lyaml $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(CONTROLLER_OBJ) $(LIB) -lcivetweb -lcurl -ljansson -lyaml $(LDLIBS) -o $@
 
 # The playground page is compiled into the binary (no files to ship).
 $(BUILD)/gen/playground.c: server/playground.html tools/gen/embed.py
@@ -61,7 +62,7 @@ $(BUILD)/gen/playground.o: $(BUILD)/gen/playground.c
 $(BUILD)/bin/llm-server: $(SERVER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $(SERVER_OBJ) $(LIB) -lcivetweb -ljansson -lyaml $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(SERVER_OBJ) $(LIB) -lcivetweb -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
 $(BUILD)/%.o: %.c $(wildcard engine/include/llm/*.h engine/*.h engine/cpu/*.h server/*.h controller/*.h)
 	@mkdir -p $(dir $@)
@@ -84,7 +85,7 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 
 # ---- dependencies -----------------------------------------------------------
 # Python packages as PIP_NAME or PIP_NAME:MODULE when the import name differs.
-DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev clang chromium chromium-driver
+DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev libssl-dev clang chromium chromium-driver
 PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

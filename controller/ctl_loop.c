@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "ctl_loop.h"
+#include "ctl_obs.h"
 #include "kube_watch.h"
 #include "reconcile.h"
 
@@ -24,7 +25,16 @@ typedef struct queue {
     pthread_cond_t cv;
     qitem *items;        /* every key seen (failure counts live here) */
     int n;
+    int active;          /* 0 while another replica leads: keys wait */
 } queue;
+
+/* Keys waiting (due or backing off), for the queue-depth gauge; under mu. */
+static void q_gauge(queue *q)
+{
+    long depth = 0;
+    for (int i = 0; i < q->n; i++) depth += q->items[i].queued;
+    ctl_obs_set_queue(depth);
+}
 
 static double now_s(void)
 {
@@ -49,6 +59,7 @@ static void q_add(queue *q, const char *key, double delay)
         q->items[i].not_before = now_s() + delay;
         pthread_cond_signal(&q->cv);
     }
+    q_gauge(q);
     pthread_mutex_unlock(&q->mu);
 }
 
@@ -57,13 +68,15 @@ static int q_next(queue *q, char *key, volatile int *stop)
 {
     pthread_mutex_lock(&q->mu);
     while (!*stop) {
+        ctl_obs_heartbeat();
         double now = now_s(), soonest = now + 1;
-        for (int i = 0; i < q->n; i++) {
+        for (int i = 0; i < q->n && q->active; i++) {
             if (!q->items[i].queued)
                 continue;
             if (q->items[i].not_before <= now) {
                 q->items[i].queued = 0;
                 snprintf(key, KEY_MAX, "%s", q->items[i].key);
+                q_gauge(q);
                 pthread_mutex_unlock(&q->mu);
                 return 1;
             }
@@ -107,11 +120,36 @@ static double q_backoff(queue *q, const char *key)
     return d < 30 ? d : 30;
 }
 
+/* Leadership won: every known key is looked at again; lost: keys wait. */
+static void q_activate(void *arg, int active)
+{
+    queue *q = arg;
+    pthread_mutex_lock(&q->mu);
+    q->active = active;
+    for (int i = 0; active && i < q->n; i++) {
+        q->items[i].queued = 1;
+        q->items[i].not_before = 0;
+    }
+    q_gauge(q);
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
 typedef struct ctl {
     kube_config *cfg;
     queue q;
     volatile int *stop;
 } ctl;
+
+/* Informer bookkeeping shared by both callbacks: readiness after the
+ * first full list, relists counted. */
+static void informer_event(int which, const char *type)
+{
+    if (!strcmp(type, "SYNCED"))
+        ctl_obs_set_synced(which, 1);
+    else if (!strcmp(type, "RELIST"))
+        ctl_obs_count(CTL_M_RELISTS);
+}
 
 /* Informer callbacks: the key of the LLMDeployment concerned. */
 static int on_llmd(void *arg, const char *type, json_t *obj)
@@ -119,6 +157,7 @@ static int on_llmd(void *arg, const char *type, json_t *obj)
     ctl *c = arg;
     json_t *md = json_object_get(obj, "metadata");
     char key[KEY_MAX];
+    informer_event(0, type);
     if (obj && strcmp(type, "DELETED")) {
         snprintf(key, sizeof key, "%s/%s", json_string_value(json_object_get(md, "namespace")),
                  json_string_value(json_object_get(md, "name")));
@@ -130,7 +169,7 @@ static int on_llmd(void *arg, const char *type, json_t *obj)
 static int on_owned(void *arg, const char *type, json_t *obj)
 {
     ctl *c = arg;
-    (void)type;
+    informer_event(1, type);
     json_t *md = json_object_get(obj, "metadata"), *owners = json_object_get(md, "ownerReferences");
     for (size_t i = 0; i < json_array_size(owners); i++) {
         json_t *o = json_array_get(owners, i);
@@ -159,7 +198,7 @@ static void *inform(void *arg)
     if ((in->st = kube_client_new(in->c->cfg, &k, &in->err)) == LLM_OK)
         in->st = kube_list_watch(k, in->c->cfg, in->path, 5, in->fn, in->c, in->c->stop, &in->err);
     if (in->st)
-        fprintf(stderr, "llm-controller: watch %s: %s\n", in->path, in->err.msg);
+        ctl_log(CTL_ERROR, "watch failed", "path", in->path, "error", in->err.msg, (const char *)NULL);
     kube_client_free(k);
     return NULL;
 }
@@ -178,22 +217,31 @@ static void work(ctl *c, kube_client *k)
         double t0 = now_s();
         double again = 0;
         llm_status st = rec_reconcile(k, ns, name, &again, &err);
+        double took = now_s() - t0;
         q_done(&c->q, key, st != LLM_OK);
+        ctl_obs_reconcile_seconds(took);
+        ctl_obs_count(st ? CTL_M_RECONCILE_ERR : CTL_M_RECONCILE_OK);
         if (!st && again > 0)
             q_add(&c->q, key, again);
+        char ms[32], retry[32];
+        snprintf(ms, sizeof ms, "%.1f", took * 1e3);
         if (st) {
             double d = q_backoff(&c->q, key);
-            fprintf(stderr, "llm-controller: reconcile %s failed (%s); retry in %.1f s\n", key, err.msg, d);
+            snprintf(retry, sizeof retry, "%.1f", d);
+            ctl_log(st == LLM_ERR_CONFLICT ? CTL_INFO : CTL_WARN, "reconcile failed, will retry", "key", key, "error",
+                    err.msg, "retry_s", retry, (const char *)NULL);
             q_add(&c->q, key, d);
         } else {
-            fprintf(stderr, "llm-controller: reconciled %s in %.0f ms\n", key, (now_s() - t0) * 1e3);
+            ctl_log(CTL_DEBUG, "reconciled", "key", key, "ms", ms, (const char *)NULL);
         }
     }
 }
 
-llm_status ctl_run(kube_config *cfg, volatile int *stop, llm_error *err)
+llm_status ctl_run(kube_config *cfg, const ctl_options *opt, volatile int *stop, llm_error *err)
 {
-    ctl c = {.cfg = cfg, .stop = stop};
+    ctl c = {.cfg = cfg, .stop = stop, .q.active = !opt->leader_elect};
+    ctl_lease *lease = NULL;
+    ctl_obs_set_leader(!opt->leader_elect);
     pthread_mutex_init(&c.q.mu, NULL);
     pthread_cond_init(&c.q.cv, NULL);
     c.q.items = calloc(QUEUE_MAX, sizeof *c.q.items);
@@ -206,8 +254,15 @@ llm_status ctl_run(kube_config *cfg, volatile int *stop, llm_error *err)
     for (; !st && started < 2; started++)
         if (pthread_create(&th[started], NULL, inform, &in[started]))
             st = llm_errf(err, LLM_ERR_INTERNAL, "cannot start an informer thread");
+    if (!st && opt->leader_elect) {
+        ctl_lease_config lc = opt->lease;
+        lc.on_change = q_activate;
+        lc.ctx = &c.q;
+        st = ctl_lease_start(cfg, &lc, &lease, err);
+    }
     if (!st)
         work(&c, k);
+    ctl_lease_stop(lease); /* gives the lease up for a standby */
     *stop = 1;
     pthread_cond_broadcast(&c.q.cv);
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);

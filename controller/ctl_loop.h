@@ -2,12 +2,23 @@
  * on the Deployments it manages feed a de-duplicating work queue of
  * namespace/name keys; one worker reconciles them (reconcile.h), retrying
  * failures with per-key exponential back-off (0.2 s doubling to 30 s).
+ *
+ * With leader election on, the informers run on every replica (so a new
+ * leader starts with every key known) but the worker only reconciles
+ * while this replica holds the lease; on winning it, every key is queued.
+ *
  * Runs until *stop. Thread-safety: call once. */
 #ifndef CTL_LOOP_H
 #define CTL_LOOP_H
 
+#include "ctl_lease.h"
 #include "kube_client.h"
 
-llm_status ctl_run(kube_config *cfg, volatile int *stop, llm_error *err);
+typedef struct ctl_options {
+    int leader_elect;      /* 0: this replica always reconciles */
+    ctl_lease_config lease; /* ns, name, identity, timings (on_change is set by ctl_run) */
+} ctl_options;
+
+llm_status ctl_run(kube_config *cfg, const ctl_options *opt, volatile int *stop, llm_error *err);
 
 #endif

@@ -1,23 +1,49 @@
-/* ctl_main.c - llm-controller. So far it connects to the API server
- * (kubeconfig or in-cluster credentials) and offers two diagnostics the
- * reconcile loop builds on (see issue notes): --check lists the
- * LLMDeployments it would manage; --watch PATH prints a collection's
- * events as the informer sees them (sync, relist on 410, resume).
- *   llm-controller [--kubeconfig FILE] [--namespace NS] (--check | --watch PATH [--max-events N]) */
+/* ctl_main.c - llm-controller: connects to the API server (kubeconfig or
+ * in-cluster credentials) and runs the reconcile loop (ctl_loop.h), with
+ * optional leader election and its health/metrics endpoints. Two
+ * diagnostics: --check lists the LLMDeployments it would manage; --watch
+ * PATH prints a collection's events as the informer sees them. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ctl_loop.h"
+#include "ctl_obs.h"
 #include "kube_watch.h"
 
 #define API_PATH "/apis/llmk8s.io/v1alpha1"
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: llm-controller [--kubeconfig FILE] [--namespace NS] [--check | --watch PATH [--max-events N]]\n");
+    fprintf(stderr,
+            "usage: llm-controller [--kubeconfig FILE] [--http-addr [HOST:]PORT] [--leader-elect]\n"
+            "                      [--leader-elect-namespace NS] [--leader-elect-name NAME] [--lease-duration S]\n"
+            "                      [--renew-deadline S] [--retry-period S]\n"
+            "       llm-controller [--kubeconfig FILE] [--namespace NS] --check\n"
+            "       llm-controller [--kubeconfig FILE] --watch PATH [--max-events N]\n"
+            "  --http-addr      /healthz, /readyz and /metrics (default 8081; \"\" for none)\n"
+            "  --leader-elect   run as one of several replicas: only the holder of the Lease\n"
+            "                   (default llm-controller in the pod's namespace) reconciles\n");
     return 2;
+}
+
+/* The name this replica takes in the Lease: pod (or host) name and pid. */
+static void identity(char *out, size_t n)
+{
+    char host[256] = "";
+    const char *pod = getenv("POD_NAME");
+    if (!pod && gethostname(host, sizeof host - 1) == 0)
+        pod = host;
+    snprintf(out, n, "%s_%ld", pod && *pod ? pod : "llm-controller", (long)getpid());
+}
+
+static int parse_seconds(const char *s, double *out)
+{
+    char *end;
+    *out = strtod(s, &end);
+    return *end || *out <= 0;
 }
 
 static volatile int g_stop;
@@ -77,11 +103,29 @@ static int check(kube_client *k, const kube_config *cfg, const char *ns)
 
 int main(int argc, char **argv)
 {
-    const char *kubeconfig = NULL, *ns = NULL, *watch = NULL;
-    int do_check = 0;
+    const char *kubeconfig = NULL, *ns = NULL, *watch = NULL, *http = "8081", *lease_ns = NULL;
+    int do_check = 0, bad = 0;
     watch_print wp = {-1};
+    char id[512];
+    identity(id, sizeof id);
+    ctl_options opt = {.lease = {.name = "llm-controller", .identity = id, .duration_s = 15, .renew_deadline_s = 10,
+                                 .retry_s = 2}};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--check"))
+        if (!strcmp(argv[i], "--leader-elect"))
+            opt.leader_elect = 1;
+        else if (!strcmp(argv[i], "--http-addr") && i + 1 < argc)
+            http = argv[++i];
+        else if (!strcmp(argv[i], "--leader-elect-namespace") && i + 1 < argc)
+            lease_ns = argv[++i];
+        else if (!strcmp(argv[i], "--leader-elect-name") && i + 1 < argc)
+            opt.lease.name = argv[++i];
+        else if (!strcmp(argv[i], "--lease-duration") && i + 1 < argc)
+            bad |= parse_seconds(argv[++i], &opt.lease.duration_s);
+        else if (!strcmp(argv[i], "--renew-deadline") && i + 1 < argc)
+            bad |= parse_seconds(argv[++i], &opt.lease.renew_deadline_s);
+        else if (!strcmp(argv[i], "--retry-period") && i + 1 < argc)
+            bad |= parse_seconds(argv[++i], &opt.lease.retry_s);
+        else if (!strcmp(argv[i], "--check"))
             do_check = 1;
         else if (!strcmp(argv[i], "--watch") && i + 1 < argc)
             watch = argv[++i];
@@ -94,7 +138,7 @@ int main(int argc, char **argv)
         else
             return usage();
     }
-    if (do_check && watch)
+    if ((do_check && watch) || bad)
         return usage();
     kube_config cfg;
     kube_client *k = NULL;
@@ -107,10 +151,18 @@ int main(int argc, char **argv)
     if (!do_check && !watch) { /* the controller proper */
         signal(SIGTERM, on_signal);
         signal(SIGINT, on_signal);
-        fprintf(stderr, "llm-controller: managing LLMDeployments via %s (%s)\n", cfg.server, cfg.source);
-        llm_status st = ctl_run(&cfg, &g_stop, &err);
+        opt.lease.ns = lease_ns ? lease_ns : getenv("POD_NAMESPACE") ? getenv("POD_NAMESPACE") : cfg.ns ? cfg.ns : "default";
+        ctl_log(CTL_INFO, "managing LLMDeployments", "server", cfg.server, "credentials", cfg.source, "identity",
+                opt.leader_elect ? id : NULL, "lease_namespace", opt.leader_elect ? opt.lease.ns : NULL,
+                "http", *http ? http : NULL, (const char *)NULL);
+        llm_status st = ctl_obs_http_start(http, &err);
+        if (!st)
+            st = ctl_run(&cfg, &opt, &g_stop, &err);
+        ctl_obs_http_stop();
         if (st)
-            fprintf(stderr, "llm-controller: %s\n", err.msg);
+            ctl_log(CTL_ERROR, "stopped", "error", err.msg, (const char *)NULL);
+        else
+            ctl_log(CTL_INFO, "stopped", (const char *)NULL);
         rc = st ? 1 : 0;
     } else if (watch) {
         signal(SIGTERM, on_signal);

@@ -97,7 +97,7 @@ static llm_status watch_once(kube_config *cfg, const char *path, int timeout_s, 
     return LLM_OK;
 }
 
-/* Lists the collection: SYNC for each object, rv from the list. */
+/* Lists the collection: SYNC for each object, then SYNCED; rv from the list. */
 static llm_status relist(kube_client *k, const char *path, wstate *w, llm_error *err)
 {
     json_t *list = NULL;
@@ -107,6 +107,8 @@ static llm_status relist(kube_client *k, const char *path, wstate *w, llm_error 
     json_t *items = json_object_get(list, "items");
     for (size_t i = 0; i < json_array_size(items) && !w->stopped; i++)
         w->stopped = w->fn(w->ctx, "SYNC", json_array_get(items, i));
+    if (!w->stopped)
+        w->stopped = w->fn(w->ctx, "SYNCED", NULL);
     set_rv(w, list);
     json_decref(list);
     return LLM_OK;

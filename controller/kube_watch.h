@@ -1,7 +1,8 @@
 /* kube_watch.h - list-then-watch of one collection, the base of an
- * informer: the current objects are delivered as SYNC events, then changes
- * as ADDED, MODIFIED, DELETED, resuming from the last resourceVersion seen
- * (bookmarks included) when the stream ends or breaks (with back-off), and
+ * informer: the current objects are delivered as SYNC events and SYNCED
+ * once all are, then changes as ADDED, MODIFIED, DELETED, resuming from
+ * the last resourceVersion seen (bookmarks included) when the stream ends
+ * or breaks (with back-off), and
  * relisting (a RELIST event, then SYNCs) when the server answers 410 Gone.
  *
  * The stream is read through a bounded line assembler (a line over
@@ -18,8 +19,9 @@
 
 #define KUBE_WATCH_MAX_LINE (16u << 20)
 
-/* type: "SYNC", "RELIST", "ADDED", "MODIFIED", "DELETED". Return nonzero to
- * stop. obj is NULL for RELIST. */
+/* type: "SYNC" (an object of the list), "SYNCED" (the list is complete),
+ * "RELIST", "ADDED", "MODIFIED", "DELETED". Return nonzero to stop. obj is
+ * NULL for SYNCED and RELIST. */
 typedef int (*kube_event_fn)(void *ctx, const char *type, json_t *obj);
 
 /* Runs until fn asks to stop or *stop becomes nonzero (checked at least

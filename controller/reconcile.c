@@ -1,312 +1,264 @@
-/* reconcile.c - desired children of an LLMDeployment and its status; see
- * reconcile.h. */
-#include <curl/curl.h>
+/* reconcile.c - children and status of one LLMDeployment; see reconcile.h. */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
+#include "desired.h"
+#include "kube_event.h"
+#include "pod_diag.h"
 #include "reconcile.h"
 
 #define API "/apis/llmk8s.io/v1alpha1"
 #define HASH_ANN "llmk8s.io/desired-hash"
+#define TEMPLATE_ANN "llmk8s.io/template-hash"
 
-static json_t *get_path(json_t *o, const char *a, const char *b)
+static json_t *get2(json_t *o, const char *a, const char *b)
 {
     json_t *x = json_object_get(o, a);
     return b ? json_object_get(x, b) : x;
 }
 
-static long long spec_int(json_t *spec, const char *sect, const char *key, long long def)
+static const char *ann(json_t *o, const char *key)
 {
-    json_t *v = get_path(spec, sect, key);
-    return json_is_integer(v) ? json_integer_value(v) : def;
+    return json_string_value(json_object_get(get2(o, "metadata", "annotations"), key));
 }
 
-static json_t *labels(const char *name)
-{
-    return json_pack("{s:s,s:s,s:s}", "app.kubernetes.io/name", "llm-server", REC_INSTANCE, name, REC_MANAGED_BY,
-                     REC_CONTROLLER);
-}
+/* What apply did. */
+typedef enum applied { SAME, CREATED, UPDATED } applied;
 
-static json_t *owner_ref(json_t *d)
-{
-    json_t *md = json_object_get(d, "metadata");
-    return json_pack("[{s:s,s:s,s:O,s:O,s:b,s:b}]", "apiVersion", "llmk8s.io/v1alpha1", "kind", "LLMDeployment", "name",
-                     json_object_get(md, "name"), "uid", json_object_get(md, "uid"), "controller", 1,
-                     "blockOwnerDeletion", 1);
-}
-
-/* The model volume: pvc, hostPath or image; none when not given. */
-static json_t *model_volume(json_t *spec)
-{
-    json_t *v = get_path(spec, "model", "volume");
-    if (json_object_get(v, "pvc"))
-        return json_pack("{s:s,s:{s:O,s:b}}", "name", "model", "persistentVolumeClaim", "claimName",
-                         get_path(v, "pvc", "claimName"), "readOnly", 1);
-    if (json_object_get(v, "hostPath"))
-        return json_pack("{s:s,s:{s:O}}", "name", "model", "hostPath", "path", get_path(v, "hostPath", "path"));
-    if (json_object_get(v, "image"))
-        return json_pack("{s:s,s:O}", "name", "model", "image", json_object_get(v, "image"));
-    return NULL;
-}
-
-static json_t *env_var(const char *name, long long v)
-{
-    char buf[32];
-    snprintf(buf, sizeof buf, "%lld", v);
-    return json_pack("{s:s,s:s}", "name", name, "value", buf);
-}
-
-/* llm-server's settings as environment variables (LLM_SERVER_*). */
-static json_t *server_env(json_t *spec)
-{
-    json_t *e = json_pack("[{s:s,s:{s:{s:s}}},{s:s,s:O}]", "name", "POD_IP", "valueFrom", "fieldRef", "fieldPath",
-                          "status.podIP", "name", "LLM_SERVER_MODEL", "value", get_path(spec, "model", "path"));
-    json_array_append_new(e, env_var("LLM_SERVER_PORT", spec_int(spec, "server", "port", 8080)));
-    json_array_append_new(e, env_var("LLM_SERVER_N_CTX", spec_int(spec, "engine", "contextLength", 0)));
-    json_array_append_new(e, env_var("LLM_SERVER_MAX_SEQS", spec_int(spec, "engine", "maxSeqs", 64)));
-    json_array_append_new(e, env_var("LLM_SERVER_MAX_BATCH_TOKENS", spec_int(spec, "engine", "maxBatchTokens", 512)));
-    json_array_append_new(e, env_var("LLM_SERVER_MAX_WAITING", spec_int(spec, "engine", "maxWaiting", 256)));
-    json_array_append_new(e, env_var("LLM_SERVER_THREADS", spec_int(spec, "engine", "threads", 0)));
-    json_array_append_new(e, env_var("LLM_SERVER_DRAIN_TIMEOUT_S", spec_int(spec, "probes", "drainSeconds", 30)));
-    const char *kv = json_string_value(get_path(spec, "engine", "kvCacheType"));
-    json_array_append_new(e, json_pack("{s:s,s:s}", "name", "LLM_SERVER_KV_TYPE", "value", kv ? kv : "f16"));
-    return e;
-}
-
-static json_t *probe(const char *path, long long port, long long period, long long failures)
-{
-    return json_pack("{s:{s:s,s:I},s:I,s:I}", "httpGet", "path", path, "port", (json_int_t)port, "periodSeconds",
-                     (json_int_t)period, "failureThreshold", (json_int_t)failures);
-}
-
-static json_t *container(json_t *d)
-{
-    json_t *spec = json_object_get(d, "spec");
-    const char *name = json_string_value(get_path(d, "metadata", "name"));
-    long long port = spec_int(spec, "server", "port", 8080);
-    json_t *args = json_pack("[s,s,s,s]", "--host", "$(POD_IP)", "--model_name",
-                             json_string_value(get_path(spec, "model", "name")) ? json_string_value(get_path(spec, "model", "name")) : name);
-    json_t *extra = get_path(spec, "server", "extraArgs");
-    if (json_is_array(extra))
-        json_array_extend(args, extra);
-    json_t *c = json_pack("{s:s,s:O,s:o,s:o,s:[{s:s,s:I}],s:o,s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name", "llm-server",
-                          "image", json_object_get(spec, "image"), "args", args, "env", server_env(spec), "ports", "name",
-                          "http", "containerPort", (json_int_t)port, "startupProbe",
-                          probe("/startupz", port, 2, spec_int(spec, "probes", "startupTimeoutSeconds", 600) / 2 + 1),
-                          "readinessProbe", probe("/readyz", port, 2, 1), "livenessProbe", probe("/livez", port, 10, 3),
-                          "securityContext", "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1, "capabilities",
-                          "drop", "ALL");
-    if (json_object_get(spec, "resources"))
-        json_object_set(c, "resources", json_object_get(spec, "resources"));
-    json_t *vol = model_volume(spec);
-    const char *mount = json_string_value(json_object_get(get_path(spec, "model", "volume"), "mountPath"));
-    if (vol)
-        json_object_set_new(c, "volumeMounts", json_pack("[{s:s,s:s,s:b}]", "name", "model", "mountPath",
-                                                         mount ? mount : "/models", "readOnly", 1));
-    json_decref(vol);
-    return c;
-}
-
-static json_t *meta(json_t *d, const char *name)
-{
-    return json_pack("{s:s,s:O,s:o,s:o,s:{}}", "name", name, "namespace", get_path(d, "metadata", "namespace"), "labels",
-                     labels(name), "ownerReferences", owner_ref(d), "annotations");
-}
-
-static json_t *deployment(json_t *d)
-{
-    json_t *spec = json_object_get(d, "spec");
-    const char *name = json_string_value(get_path(d, "metadata", "name"));
-    json_t *rollout = json_object_get(spec, "rollout");
-    json_t *surge = json_object_get(rollout, "maxSurge"), *unavail = json_object_get(rollout, "maxUnavailable");
-    json_t *pod = json_pack("{s:I,s:{s:b,s:I},s:[o]}", "terminationGracePeriodSeconds",
-                            (json_int_t)spec_int(spec, "probes", "drainSeconds", 30) + 10, "securityContext",
-                            "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "containers", container(d));
-    json_t *vol = model_volume(spec);
-    if (vol)
-        json_object_set_new(pod, "volumes", json_pack("[o]", vol));
-    static const char *const copied[] = {"nodeSelector", "tolerations", "affinity", "priorityClassName"};
-    for (size_t i = 0; i < sizeof copied / sizeof *copied; i++)
-        if (json_object_get(spec, copied[i]))
-            json_object_set(pod, copied[i], json_object_get(spec, copied[i]));
-    surge = surge ? json_incref(surge) : json_integer(1);
-    unavail = unavail ? json_incref(unavail) : json_integer(0);
-    return json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:s,s:{s:o,s:o}},s:{s:{s:o},s:o}}}", "apiVersion", "apps/v1",
-                     "kind", "Deployment", "metadata", meta(d, name), "spec", "replicas",
-                     (json_int_t)spec_int(d, "spec", "replicas", 1), "selector", "matchLabels", REC_INSTANCE, name,
-                     REC_MANAGED_BY, REC_CONTROLLER, "strategy", "type", "RollingUpdate", "rollingUpdate", "maxSurge",
-                     surge, "maxUnavailable", unavail, "template",
-                     "metadata", "labels", labels(name), "spec", pod);
-}
-
-static json_t *service(json_t *d)
-{
-    const char *name = json_string_value(get_path(d, "metadata", "name"));
-    return json_pack("{s:s,s:s,s:o,s:{s:{s:s,s:s},s:[{s:s,s:I,s:I}]}}", "apiVersion", "v1", "kind", "Service", "metadata",
-                     meta(d, name), "spec", "selector", REC_INSTANCE, name, REC_MANAGED_BY, REC_CONTROLLER, "ports",
-                     "name", "http", "port", (json_int_t)spec_int(json_object_get(d, "spec"), "server", "port", 8080),
-                     "targetPort", (json_int_t)spec_int(json_object_get(d, "spec"), "server", "port", 8080));
-}
-
-/* At most one pod down at a time in voluntary disruptions (node drains),
- * so a drain never takes the whole service away. */
-static json_t *pdb(json_t *d)
-{
-    const char *name = json_string_value(get_path(d, "metadata", "name"));
-    return json_pack("{s:s,s:s,s:o,s:{s:i,s:{s:{s:s,s:s}}}}", "apiVersion", "policy/v1", "kind", "PodDisruptionBudget",
-                     "metadata", meta(d, name), "spec", "maxUnavailable", 1, "selector", "matchLabels", REC_INSTANCE, name,
-                     REC_MANAGED_BY, REC_CONTROLLER);
-}
-
-/* FNV-1a of the object's canonical JSON: the annotation that says the
- * child already is what this spec wants. */
-static void hash_of(json_t *o, char out[17])
-{
-    char *s = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
-    unsigned long long h = 1469598103934665603ULL;
-    for (const char *p = s ? s : ""; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-    free(s);
-    snprintf(out, 17, "%016llx", h);
-}
-
-/* Creates or replaces a child unless it already carries the desired hash. */
-static llm_status apply(kube_client *k, const char *coll, json_t *want, llm_error *err)
+/* Creates the child or merges it in unless it already carries the desired
+ * hash; *old (may be NULL) gets the object as it was before (NULL when
+ * created). */
+static llm_status apply(kube_client *k, const char *coll, json_t *want, applied *did, json_t **old, llm_error *err)
 {
     char hash[17], path[1024];
-    hash_of(want, hash);
-    json_object_set_new(get_path(want, "metadata", "annotations"), HASH_ANN, json_string(hash));
-    const char *name = json_string_value(get_path(want, "metadata", "name"));
-    snprintf(path, sizeof path, "%s/%s", coll, name);
+    des_hash(want, hash);
+    json_object_set_new(get2(want, "metadata", "annotations"), HASH_ANN, json_string(hash));
+    snprintf(path, sizeof path, "%s/%s", coll, json_string_value(get2(want, "metadata", "name")));
     json_t *cur = NULL;
+    *did = SAME;
     llm_status st = kube_request(k, "GET", path, NULL, NULL, &cur, err);
-    if (st == LLM_ERR_NOT_FOUND)
+    if (st == LLM_ERR_NOT_FOUND) {
+        *did = CREATED;
         return kube_request(k, "POST", coll, want, NULL, NULL, err);
+    }
     if (st)
         return st;
-    const char *have = json_string_value(json_object_get(get_path(cur, "metadata", "annotations"), HASH_ANN));
+    const char *have = ann(cur, HASH_ANN);
     if (!have || strcmp(have, hash)) { /* merge, at the version read: a conflict is retried */
-        json_object_set(json_object_get(want, "metadata"), "resourceVersion", get_path(cur, "metadata", "resourceVersion"));
+        json_object_set(json_object_get(want, "metadata"), "resourceVersion", get2(cur, "metadata", "resourceVersion"));
         st = kube_request(k, "PATCH", path, want, "application/merge-patch+json", NULL, err);
+        *did = UPDATED;
     }
-    json_decref(cur);
+    if (old)
+        *old = cur;
+    else
+        json_decref(cur);
     return st;
 }
 
+/* ---- children ------------------------------------------------------------------ */
 
-/* ---- what the pods say --------------------------------------------------------- */
+typedef struct children {
+    json_t *cm, *dep, *svc, *pdb;
+    char template_hash[17];
+} children;
 
-static size_t sink(char *d, size_t sz, size_t n, void *arg)
+static void children_free(children *c)
 {
-    char *buf = arg;
-    size_t have = strlen(buf), add = sz * n, room = 4095 - have;
-    memcpy(buf + have, d, add < room ? add : room);
-    buf[have + (add < room ? add : room)] = 0;
-    return sz * n;
+    json_decref(c->cm);
+    json_decref(c->dep);
+    json_decref(c->svc);
+    json_decref(c->pdb);
 }
 
-/* GET http://ip:port/startupz (1 s budget): the server's load phase and
- * detail; NULL when the pod does not answer. */
-static json_t *pod_startup(const char *ip, long long port)
+/* The desired children; LLM_ERR_INVALID_ARG with the reason when the spec
+ * cannot give them. */
+static llm_status build(json_t *d, children *c, llm_error *err)
 {
-    char url[256], body[4096] = "";
-    snprintf(url, sizeof url, "http://%s:%lld/startupz", ip, port);
-    CURL *c = curl_easy_init();
-    if (!c)
-        return NULL;
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 1000L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, (void *)body);
-    CURLcode rc = curl_easy_perform(c);
-    curl_easy_cleanup(c);
-    return rc == CURLE_OK ? json_loads(body, 0, NULL) : NULL;
+    char msg[512] = "", cfg_hash[17];
+    if (!(c->cm = des_configmap(d, msg, sizeof msg)))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg[0] ? msg : "cannot build the ConfigMap");
+    des_hash(json_object_get(c->cm, "data"), cfg_hash);
+    if (!(c->dep = des_deployment(d, cfg_hash, msg, sizeof msg)))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg);
+    des_hash(get2(json_object_get(c->dep, "spec"), "template", NULL), c->template_hash);
+    json_object_set_new(get2(c->dep, "metadata", "annotations"), TEMPLATE_ANN, json_string(c->template_hash));
+    if (!(c->svc = des_service(d)) || !(c->pdb = des_pdb(d)))
+        return llm_errf(err, LLM_ERR_NOMEM, "cannot build the Service or PodDisruptionBudget");
+    return LLM_OK;
 }
 
-/* When pods are not all ready, why: a failed load (reason ModelNotFound
- * when the file is missing, else EngineFailed) or loading progress
- * (EngineLoading), from the pods' own /startupz. 1 when a reason was set. */
-static int pods_reason(kube_client *k, json_t *d, char *reason, size_t rn, char *msg, size_t mn)
+/* Events for what changed in the Deployment. */
+static void deployment_events(kube_client *k, json_t *d, applied did, json_t *old, json_t *want)
 {
-    char path[768];
-    const char *ns = json_string_value(get_path(d, "metadata", "namespace"));
-    const char *name = json_string_value(get_path(d, "metadata", "name"));
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" REC_INSTANCE "%%3D%s", ns, name);
-    json_t *pods = NULL;
-    if (kube_request(k, "GET", path, NULL, NULL, &pods, NULL))
-        return 0;
-    int found = 0;
-    json_t *items = json_object_get(pods, "items");
-    for (size_t i = 0; i < json_array_size(items) && found < 2; i++) {
-        const char *ip = json_string_value(get_path(json_array_get(items, i), "status", "podIP"));
-        json_t *st = ip ? pod_startup(ip, spec_int(json_object_get(d, "spec"), "server", "port", 8080)) : NULL;
-        const char *phase = json_string_value(json_object_get(st, "phase"));
-        const char *detail = json_string_value(json_object_get(st, "detail"));
-        if (phase && detail && (!strcmp(phase, "failed") || (!strcmp(phase, "loading") && !found))) {
-            int failed = !strcmp(phase, "failed");
-            snprintf(reason, rn, "%s", !failed ? "EngineLoading"
-                     : strstr(detail, "No such file") || strstr(detail, "cannot open") ? "ModelNotFound" : "EngineFailed");
-            snprintf(msg, mn, "pod %s: %s", json_string_value(get_path(json_array_get(items, i), "metadata", "name")), detail);
-            found = failed ? 2 : 1;
-        }
-        json_decref(st);
+    const char *name = json_string_value(get2(want, "metadata", "name"));
+    if (did == CREATED) {
+        kube_event(k, d, "Normal", "Created", "created Deployment, ConfigMap, Service and PodDisruptionBudget %s", name);
+        return;
     }
-    json_decref(pods);
-    return found;
+    if (did != UPDATED || !old)
+        return;
+    json_int_t was = json_integer_value(get2(json_object_get(old, "spec"), "replicas", NULL));
+    json_int_t now = json_integer_value(get2(json_object_get(want, "spec"), "replicas", NULL));
+    if (was != now)
+        kube_event(k, d, "Normal", "Scaled", "scaled from %lld to %lld replicas", (long long)was, (long long)now);
+    const char *t0 = ann(old, TEMPLATE_ANN), *t1 = ann(want, TEMPLATE_ANN);
+    if (!t0 || !t1 || strcmp(t0, t1))
+        kube_event(k, d, "Normal", "RollingUpdate", "rolling the pods to revision %.10s (was %.10s)", t1 ? t1 : "?",
+                   t0 ? t0 : "?");
 }
 
-/* ---- status ------------------------------------------------------------------- */
-
-static json_t *condition(const char *status, const char *reason, const char *msg, json_int_t gen)
+static llm_status apply_children(kube_client *k, json_t *d, children *c, llm_error *err)
 {
-    return json_pack("{s:s,s:s,s:s,s:s,s:I}", "type", "Ready", "status", status, "reason", reason, "message", msg,
-                     "observedGeneration", gen);
+    const char *ns = json_string_value(get2(d, "metadata", "namespace"));
+    char cms[512], deps[512], svcs[512], pdbs[512];
+    snprintf(cms, sizeof cms, "/api/v1/namespaces/%s/configmaps", ns);
+    snprintf(deps, sizeof deps, "/apis/apps/v1/namespaces/%s/deployments", ns);
+    snprintf(svcs, sizeof svcs, "/api/v1/namespaces/%s/services", ns);
+    snprintf(pdbs, sizeof pdbs, "/apis/policy/v1/namespaces/%s/poddisruptionbudgets", ns);
+    applied did;
+    json_t *old = NULL;
+    llm_status st = apply(k, cms, c->cm, &did, NULL, err);
+    if (!st && !(st = apply(k, deps, c->dep, &did, &old, err)))
+        deployment_events(k, d, did, old, c->dep);
+    json_decref(old);
+    if (!st)
+        st = apply(k, svcs, c->svc, &did, NULL, err);
+    if (!st)
+        st = apply(k, pdbs, c->pdb, &did, NULL, err);
+    return st;
 }
 
-/* The status the LLMDeployment should show, from its Deployment's (and,
- * while not ready, from what its pods say). */
-static json_t *desired_status(kube_client *k, json_t *d, json_t *dep)
+/* ---- status -------------------------------------------------------------------- */
+
+typedef struct verdict {
+    const char *phase;
+    int ready, progressing, degraded;
+    char reason[48], message[1024];
+} verdict;
+
+static json_t *condition(const char *type, int on, const char *reason, const char *msg, json_int_t gen)
 {
-    json_t *spec = json_object_get(d, "spec"), *ds = json_object_get(dep, "status");
-    const char *name = json_string_value(get_path(d, "metadata", "name"));
-    const char *ns = json_string_value(get_path(d, "metadata", "namespace"));
-    json_int_t want = spec_int(d, "spec", "replicas", 1), gen = json_integer_value(get_path(d, "metadata", "generation"));
+    return json_pack("{s:s,s:s,s:s,s:s,s:I}", "type", type, "status", on ? "True" : "False", "reason", reason, "message",
+                     msg, "observedGeneration", gen);
+}
+
+/* The previous Ready condition's reason/message, for sticky engine failures. */
+static json_t *old_condition(json_t *d, const char *type)
+{
+    json_t *cs = get2(d, "status", "conditions");
+    for (size_t i = 0; i < json_array_size(cs); i++)
+        if (json_string_value(json_object_get(json_array_get(cs, i), "type")) &&
+            !strcmp(json_string_value(json_object_get(json_array_get(cs, i), "type")), type))
+            return json_array_get(cs, i);
+    return NULL;
+}
+
+/* Phase and reasons from the Deployment's status and, while not ready,
+ * from what the pods say. */
+static void judge(kube_client *k, json_t *d, json_t *dep, verdict *v)
+{
+    json_t *ds = json_object_get(dep, "status");
+    json_int_t want = json_integer_value(get2(json_object_get(d, "spec"), "replicas", NULL));
     json_int_t have = json_integer_value(json_object_get(ds, "replicas"));
     json_int_t ready = json_integer_value(json_object_get(ds, "readyReplicas"));
     json_int_t updated = json_integer_value(json_object_get(ds, "updatedReplicas"));
-    int rolled = json_integer_value(json_object_get(ds, "observedGeneration")) >= json_integer_value(get_path(dep, "metadata", "generation"));
-    const char *phase = ready >= want && rolled && updated >= want ? "Ready" : ready > 0 ? "Progressing" : have > 0 ? "Loading" : "Pending";
-    char msg[256], sel[256], ep[512];
-    snprintf(msg, sizeof msg, "%lld of %lld replicas ready", (long long)ready, (long long)want);
-    snprintf(sel, sizeof sel, REC_INSTANCE "=%s," REC_MANAGED_BY "=" REC_CONTROLLER, name);
-    snprintf(ep, sizeof ep, "http://%s.%s.svc:%lld", name, ns, spec_int(spec, "server", "port", 8080));
-    char reason[64];
-    snprintf(reason, sizeof reason, "%s", !strcmp(phase, "Ready") ? "AllReplicasReady" : !strcmp(phase, "Pending")
-                                          ? "WaitingForPods" : "EngineLoading");
-    if (strcmp(phase, "Ready") && pods_reason(k, d, reason, sizeof reason, msg, sizeof msg) == 2)
-        phase = "Degraded";
-    return json_pack("{s:I,s:I,s:I,s:s,s:s,s:s,s:[o]}", "observedGeneration", gen, "replicas", have, "readyReplicas",
-                     ready, "phase", phase, "selector", sel, "endpoint", ep, "conditions",
-                     condition(!strcmp(phase, "Ready") ? "True" : "False", reason, msg, gen));
+    int rolled = json_integer_value(json_object_get(ds, "observedGeneration")) >=
+                 json_integer_value(get2(dep, "metadata", "generation"));
+    memset(v, 0, sizeof *v);
+    v->ready = ready >= want && rolled && updated >= want && have == want;
+    v->phase = v->ready ? "Ready" : ready > 0 ? "Progressing" : have > 0 ? "Loading" : "Pending";
+    v->progressing = !v->ready;
+    snprintf(v->reason, sizeof v->reason, "%s", v->ready ? "AllReplicasReady" : ready > 0 ? "RollingUpdate"
+                                                : have > 0 ? "EngineLoading" : "WaitingForPods");
+    snprintf(v->message, sizeof v->message, "%lld of %lld replicas ready, %lld updated", (long long)ready,
+             (long long)want, (long long)updated);
+    if (v->ready)
+        return;
+    pod_diag pd;
+    pod_diag_examine(k, json_string_value(get2(d, "metadata", "namespace")),
+                     json_string_value(get2(d, "metadata", "name")),
+                     json_integer_value(get2(get2(d, "spec", "server"), "port", NULL)) ?: 8080, &pd);
+    json_t *prev = old_condition(d, "Degraded");
+    const char *pr = json_string_value(json_object_get(prev, "reason"));
+    int same_gen = json_integer_value(json_object_get(prev, "observedGeneration")) ==
+                   json_integer_value(get2(d, "metadata", "generation"));
+    if (pod_diag_is_engine_failure(pr) && same_gen && !pod_diag_is_engine_failure(pd.reason) && ready == 0 &&
+        pd.severity > 0) {
+        /* the server that reported the failure is being restarted: until a
+         * pod says otherwise, the failure stands */
+        snprintf(v->reason, sizeof v->reason, "%s", pr);
+        snprintf(v->message, sizeof v->message, "%s", json_string_value(json_object_get(prev, "message")));
+        v->degraded = 1;
+    } else if (pd.severity > 0) {
+        snprintf(v->reason, sizeof v->reason, "%s", pd.reason);
+        snprintf(v->message, sizeof v->message, "%s", pd.message);
+        v->degraded = pd.degraded;
+    }
+    if (v->degraded)
+        v->phase = "Degraded";
 }
 
-/* Writes the status when it differs (conditions keep their transition
- * time while their status stays). */
+static json_t *status_of(json_t *d, const verdict *v, const char *revision, json_t *dep)
+{
+    json_t *ds = json_object_get(dep, "status");
+    const char *name = json_string_value(get2(d, "metadata", "name"));
+    const char *ns = json_string_value(get2(d, "metadata", "namespace"));
+    json_int_t gen = json_integer_value(get2(d, "metadata", "generation"));
+    char sel[256], ep[512], rev[11];
+    snprintf(sel, sizeof sel, REC_INSTANCE "=%s," REC_MANAGED_BY "=" REC_CONTROLLER, name);
+    snprintf(ep, sizeof ep, "http://%s.%s.svc:%lld", name, ns,
+             (long long)(json_integer_value(get2(get2(d, "spec", "server"), "port", NULL)) ?: 8080));
+    snprintf(rev, sizeof rev, "%.10s", revision);
+    return json_pack("{s:I,s:I,s:I,s:s,s:s,s:s,s:s,s:[o,o,o]}", "observedGeneration", gen, "replicas",
+                     json_integer_value(json_object_get(ds, "replicas")), "readyReplicas",
+                     json_integer_value(json_object_get(ds, "readyReplicas")), "phase", v->phase, "selector", sel,
+                     "endpoint", ep, "stableRevision", rev, "conditions",
+                     condition("Ready", v->ready, v->ready ? "AllReplicasReady" : v->reason, v->message, gen),
+                     condition("Progressing", v->progressing, v->progressing ? v->reason : "RolloutComplete",
+                               v->progressing ? v->message : "all replicas run the current revision", gen),
+                     condition("Degraded", v->degraded, v->degraded ? v->reason : "AsExpected",
+                               v->degraded ? v->message : "no failure seen", gen));
+}
+
+static void stamp_now(char out[32])
+{
+    time_t t = time(NULL);
+    struct tm tm;
+    strftime(out, 32, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+}
+
+/* Conditions keep their transition time while their status stays. */
+static void keep_transition_times(json_t *d, json_t *want)
+{
+    char now[32];
+    stamp_now(now);
+    json_t *cs = json_object_get(want, "conditions");
+    for (size_t i = 0; i < json_array_size(cs); i++) {
+        json_t *c = json_array_get(cs, i);
+        json_t *o = old_condition(d, json_string_value(json_object_get(c, "type")));
+        const char *t = json_string_value(json_object_get(o, "lastTransitionTime"));
+        int same = t && json_equal(json_object_get(o, "status"), json_object_get(c, "status"));
+        json_object_set_new(c, "lastTransitionTime", json_string(same ? t : now));
+    }
+}
+
+/* Events when the phase or the failure reason changes. */
+static void status_events(kube_client *k, json_t *d, const verdict *v)
+{
+    const char *was = json_string_value(get2(d, "status", "phase"));
+    const char *why = json_string_value(json_object_get(old_condition(d, "Degraded"), "reason"));
+    if (v->degraded && (!why || strcmp(why, v->reason)))
+        kube_event(k, d, "Warning", v->reason, "%s", v->message);
+    else if (v->ready && (!was || strcmp(was, "Ready")))
+        kube_event(k, d, "Normal", "Ready", "%s", v->message);
+}
+
 static llm_status update_status(kube_client *k, const char *path, json_t *d, json_t *want, llm_error *err)
 {
+    keep_transition_times(d, want);
     json_t *cur = json_object_get(d, "status");
-    json_t *cc = json_array_get(json_object_get(cur, "conditions"), 0), *wc = json_array_get(json_object_get(want, "conditions"), 0);
-    const char *t = json_string_value(json_object_get(cc, "lastTransitionTime"));
-    if (t && json_equal(json_object_get(cc, "status"), json_object_get(wc, "status")))
-        json_object_set_new(wc, "lastTransitionTime", json_string(t));
-    else {
-        char now[32];
-        time_t tt = time(NULL);
-        struct tm tm;
-        strftime(now, sizeof now, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&tt, &tm));
-        json_object_set_new(wc, "lastTransitionTime", json_string(now));
-    }
     if (cur && json_equal(cur, want))
         return LLM_OK;
     char sp[1100];
@@ -317,45 +269,55 @@ static llm_status update_status(kube_client *k, const char *path, json_t *d, jso
     return st;
 }
 
+/* A spec the API server refused for a child: say so in the status. */
+static llm_status invalid_spec(kube_client *k, const char *path, json_t *d, const char *why, llm_error *err)
+{
+    verdict v = {.phase = "Degraded", .degraded = 1};
+    snprintf(v.reason, sizeof v.reason, "InvalidSpec");
+    snprintf(v.message, sizeof v.message, "%s", why);
+    status_events(k, d, &v);
+    json_t *want = status_of(d, &v, json_string_value(get2(d, "status", "stableRevision")) ?: "", NULL);
+    llm_status st = want ? update_status(k, path, d, want, err) : llm_errf(err, LLM_ERR_NOMEM, "no memory");
+    json_decref(want);
+    return st;
+}
+
 llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, double *requeue_s, llm_error *err)
 {
     *requeue_s = 0;
-    char path[1024], deps[512], svcs[512], pdbs[512];
+    char path[1024], dpath[1024];
     snprintf(path, sizeof path, API "/namespaces/%s/llmdeployments/%s", ns, name);
-    snprintf(deps, sizeof deps, "/apis/apps/v1/namespaces/%s/deployments", ns);
-    snprintf(svcs, sizeof svcs, "/api/v1/namespaces/%s/services", ns);
-    snprintf(pdbs, sizeof pdbs, "/apis/policy/v1/namespaces/%s/poddisruptionbudgets", ns);
-    json_t *d = NULL, *dep = NULL, *want_dep = NULL, *want_svc = NULL, *want_pdb = NULL, *status = NULL;
+    snprintf(dpath, sizeof dpath, "/apis/apps/v1/namespaces/%s/deployments/%s", ns, name);
+    json_t *d = NULL, *dep = NULL, *status = NULL;
+    children c = {0};
     llm_status st = kube_request(k, "GET", path, NULL, NULL, &d, err);
     if (st == LLM_ERR_NOT_FOUND)
         return LLM_OK; /* deleted: its children go with it (ownerReferences) */
-    if (!st && get_path(d, "metadata", "deletionTimestamp"))
+    if (st || get2(d, "metadata", "deletionTimestamp"))
         goto out;
-    if (!st && !(want_dep = deployment(d)))
-        st = llm_errf(err, LLM_ERR_INVALID_ARG, "%s/%s: cannot build the Deployment from its spec", ns, name);
-    if (!st && !(want_svc = service(d)))
-        st = llm_errf(err, LLM_ERR_INVALID_ARG, "%s/%s: cannot build the Service from its spec", ns, name);
+    st = build(d, &c, err);
     if (!st)
-        st = apply(k, deps, want_dep, err);
+        st = apply_children(k, d, &c, err);
+    if (st == LLM_ERR_INVALID_ARG) { /* the spec, not the moment: no retry until it changes */
+        st = invalid_spec(k, path, d, err->msg, err);
+        goto out;
+    }
     if (!st)
-        st = apply(k, svcs, want_svc, err);
-    if (!st && !(want_pdb = pdb(d)))
-        st = llm_errf(err, LLM_ERR_INVALID_ARG, "%s/%s: cannot build the PodDisruptionBudget", ns, name);
-    if (!st)
-        st = apply(k, pdbs, want_pdb, err);
-    snprintf(deps + strlen(deps), sizeof deps - strlen(deps), "/%s", name);
-    if (!st)
-        st = kube_request(k, "GET", deps, NULL, NULL, &dep, err);
-    if (!st && (status = desired_status(k, d, dep)))
-        st = update_status(k, path, d, status, err);
-    if (!st && status && strcmp(json_string_value(json_object_get(status, "phase")), "Ready"))
+        st = kube_request(k, "GET", dpath, NULL, NULL, &dep, err);
+    verdict v;
+    if (!st) {
+        judge(k, d, dep, &v);
+        if (!(status = status_of(d, &v, c.template_hash, dep)))
+            st = llm_errf(err, LLM_ERR_NOMEM, "%s/%s: cannot build the status", ns, name);
+    }
+    if (!st && !(st = update_status(k, path, d, status, err)))
+        status_events(k, d, &v);
+    if (!st && !v.ready)
         *requeue_s = 5; /* not ready: look again for progress or failure (nothing polls at rest) */
 out:
     json_decref(d);
     json_decref(dep);
-    json_decref(want_dep);
-    json_decref(want_svc);
-    json_decref(want_pdb);
     json_decref(status);
+    children_free(&c);
     return st;
 }

@@ -1,12 +1,19 @@
-/* reconcile.h - one LLMDeployment brought to its desired state: the
- * Deployment of llm-server pods, the Service in front of them and a
- * PodDisruptionBudget (all owned by it, so deleting it deletes them), then
- * its status (replicas, ready replicas, phase, Ready condition, endpoint)
- * through the status subresource. Level-based: it reads the current
- * objects and changes only what differs (a hash of each desired child is
- * kept in an annotation, so an unchanged spec writes nothing), and it is
- * safe to run any number of times. Thread-safety: one reconcile per key at
- * a time (the work queue's job); the client serialises its requests. */
+/* reconcile.h - one LLMDeployment brought to its desired state: its
+ * children (desired.h: ConfigMap, Deployment, Service,
+ * PodDisruptionBudget) created or patched, then its status through the
+ * status subresource: replicas, ready replicas, phase, the revision being
+ * served, endpoint, and conditions Ready, Progressing and Degraded whose
+ * reasons say what is wrong (pod_diag.h). Events record creations,
+ * rollouts, scaling and changes of condition.
+ *
+ * Level-based: it reads the current objects and changes only what differs
+ * (a hash of each desired child is kept in an annotation, so an unchanged
+ * spec writes nothing), and it is safe to run any number of times. A spec
+ * the API server refuses for a child (422) becomes Degraded/InvalidSpec
+ * with the server's message, not an endless retry.
+ *
+ * Thread-safety: one reconcile per key at a time (the work queue's job);
+ * the client serialises its requests. */
 #ifndef RECONCILE_H
 #define RECONCILE_H
 

@@ -25,6 +25,7 @@ typedef struct key_def {
 #define F(x) offsetof(srv_config, x)
 static const key_def keys[] = {
     {"model", K_STR, F(model), 0, 0, "", "GGUF model file (required; -m)"},
+    {"model_sha256", K_STR, F(model_sha256), 0, 0, "", "expected SHA-256 of the model file (hex); checked before loading"},
     {"model_name", K_STR, F(model_name), 0, 0, "", "name served in the API (default: the model's general.name)"},
     {"host", K_STR, F(host), 0, 0, "0.0.0.0", "address to listen on"},
     {"port", K_INT, F(port), 1, 65535, "8080", "TCP port"},

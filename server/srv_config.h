@@ -16,6 +16,7 @@
 
 typedef struct srv_config {
     char *model;            /* GGUF path (required) */
+    char *model_sha256;     /* expected SHA-256 (hex) of the file; "" skips the check */
     char *model_name;       /* served name; "" -> general.name or the file name */
     char *host;
     long port;

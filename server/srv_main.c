@@ -4,6 +4,8 @@
  * requests for shutdown_delay_s more, then refuses them and lets those in
  * flight finish within drain_timeout_s, then exits 0. */
 #include <civetweb.h>
+#include <openssl/evp.h>
+#include <strings.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -109,6 +111,38 @@ static llm_status warm_up(srv *s, llm_error *err)
     return st;
 }
 
+/* model_sha256: the file's digest before anything trusts it (a truncated
+ * or swapped file on a shared volume is caught here, by name). */
+static llm_status verify_sha256(srv *s, llm_error *err)
+{
+    const char *want = s->cfg.model_sha256;
+    if (!want || !*want)
+        return LLM_OK;
+    FILE *f = fopen(s->cfg.model, "rb");
+    if (!f)
+        return llm_errf(err, LLM_ERR_IO, "%s: cannot open: %s", s->cfg.model, strerror(errno));
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    unsigned char *buf = malloc(1 << 22), dig[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    llm_status st = md && buf && EVP_DigestInit_ex(md, EVP_sha256(), NULL) ? LLM_OK
+                    : llm_errf(err, LLM_ERR_NOMEM, "cannot set up SHA-256");
+    for (size_t got; !st && (got = fread(buf, 1, 1 << 22, f)) > 0;)
+        if (!EVP_DigestUpdate(md, buf, got))
+            st = llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 update failed");
+    if (!st && ferror(f))
+        st = llm_errf(err, LLM_ERR_IO, "%s: read error while checking sha256", s->cfg.model);
+    if (!st && !EVP_DigestFinal_ex(md, dig, &n))
+        st = llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 final failed");
+    char hex[2 * EVP_MAX_MD_SIZE + 1] = "";
+    for (unsigned int i = 0; !st && i < n; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
+    if (!st && strcasecmp(hex, want))
+        st = llm_errf(err, LLM_ERR_FORMAT, "%s: sha256 mismatch: expected %s, the file has %s", s->cfg.model, want, hex);
+    EVP_MD_CTX_free(md);
+    free(buf);
+    fclose(f);
+    return st;
+}
+
 static void *loader(void *arg)
 {
     srv *s = arg;
@@ -116,7 +150,11 @@ static void *loader(void *arg)
     llm_cpu_config cc = {(int)s->cfg.threads, 0, getenv("LLM_KERNELS")};
     snprintf(s->status, sizeof s->status, "loading %s", s->cfg.model);
     logf_("loading %s", s->cfg.model);
-    llm_status st = llm_model_load(s->cfg.model, &s->model, &err);
+    if (s->cfg.model_sha256 && *s->cfg.model_sha256)
+        snprintf(s->status, sizeof s->status, "checking the sha256 of %s", s->cfg.model);
+    llm_status st = verify_sha256(s, &err);
+    if (!st)
+        st = llm_model_load(s->cfg.model, &s->model, &err);
     if (!st) {
         llm_model_prefault(s->model, load_progress, s);
         snprintf(s->status, sizeof s->status, "model loaded; starting the engine");

@@ -5,6 +5,7 @@ signals for the drain, and the YAML/env/flag configuration."""
 import http.client
 import json
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -304,6 +305,27 @@ def test_shutdown_delay_keeps_serving(model):
     assert s.stop() == 0
     assert time.time() - t0 >= 2
     assert "still taking requests for 2 s" in s.log
+
+
+def test_model_sha256(model):
+    """model_sha256: the right digest loads; a wrong one fails the load with
+    both digests named in /startupz (what the controller shows as
+    ModelChecksumMismatch)."""
+    import hashlib
+    digest = hashlib.sha256(pathlib.Path(model).read_bytes()).hexdigest()
+    s = Server(model, "--model_sha256", digest.upper())
+    assert s.get("/readyz")[0] == 200
+    assert s.stop() == 0
+    s = Server(model, "--model_sha256", "0" * 64, wait=False)
+    end, body = time.time() + 30, {}
+    while time.time() < end and body.get("phase") != "failed":
+        time.sleep(0.05)
+        try:
+            body = json.loads(s.get("/startupz")[1])
+        except OSError:
+            pass  # not listening yet
+    assert body["phase"] == "failed" and "sha256 mismatch" in body["detail"] and digest in body["detail"]
+    assert s.stop() == 0
 
 
 def test_config_sources(tmp_path, model):

@@ -157,7 +157,7 @@ class Api:
         self.authz = Authorizer(self.store, token)
         if incluster is not None:
             incluster["mint"] = lambda ns, sa: self.authz.mint(ns, sa)
-        self.workloads = Workloads(self.store, image_map, incluster)
+        self.workloads = Workloads(self.store, image_map, incluster, incluster and incluster["dir"])
         self.autoscaler = Autoscaler(self, self.workloads,
                                      float(__import__("os").environ.get("KUBESIM_HPA_SECONDS", "15")))
         self.resources = {}

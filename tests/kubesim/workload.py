@@ -6,6 +6,11 @@ its own loopback address 127.0.0.N, with readiness probes over HTTP and
 restart with back-off; deleting a Pod sends SIGTERM, waits the grace
 period, then SIGKILL; Services get Endpoints of their ready pods.
 
+ConfigMap and Secret volumes: their keys are written as files under the
+data directory, and container args and env values that start with the
+volume's mountPath are rewritten to that directory (a process cannot be
+given a mount namespace of its own here).
+
 One node, "kubesim", with KUBESIM_NODE_GPUS nvidia.com/gpu (default 0): a
 pod asking for more GPUs than are free stays Pending with PodScheduled
 False, reason Unschedulable and the scheduler's message.
@@ -20,7 +25,9 @@ import re
 import signal
 import subprocess
 import threading
+import tempfile
 import time
+import base64
 import urllib.request
 
 from store import ApiError
@@ -31,6 +38,8 @@ DEPLOY = ("apps", "deployments", "Deployment")
 SVC = ("", "services", "Service")
 EP = ("", "endpoints", "Endpoints")
 SLICE = ("discovery.k8s.io", "endpointslices", "EndpointSlice")
+CM = ("", "configmaps", "ConfigMap")
+SECRET = ("", "secrets", "Secret")
 
 
 def template_hash(tpl):
@@ -94,14 +103,16 @@ def step_probe(pr, st, ip, started, now):
 
 
 class Workloads:
-    def __init__(self, store, image_map, incluster=None):
+    def __init__(self, store, image_map, incluster=None, data_dir=None):
         """incluster: {"dir", "host", "port", "ca", "mint"} to give pods the
         in-cluster configuration (service-account token, CA, API address)."""
         self.store = store
         self.images = image_map or {}
         self.incluster = incluster
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="kubesim-")
         self.procs = {}      # (ns, name, uid) -> Proc
         self.terminating = set()
+        self.dying = {}      # key -> Proc of pods in their grace period
         self.ips = {}        # uid -> ip
         self.gpus = int(os.environ.get("KUBESIM_NODE_GPUS", "0"))
         self.bound = {}      # uid -> GPUs of pods placed on the node
@@ -219,7 +230,8 @@ class Workloads:
             if p["metadata"].get("deletionTimestamp"):
                 if key not in self.terminating:  # the grace period must not stall the loop
                     self.terminating.add(key)
-                    threading.Thread(target=self.terminate, args=(p, self.procs.pop(key)), daemon=True).start()
+                    self.dying[key] = self.procs.pop(key)
+                    threading.Thread(target=self.terminate, args=(p, self.dying[key]), daemon=True).start()
                 continue
             self.run_pod(p, proc)
 
@@ -245,13 +257,63 @@ class Workloads:
         return {"KUBERNETES_SERVICE_HOST": ic["host"], "KUBERNETES_SERVICE_PORT": str(ic["port"]),
                 "KUBESIM_SERVICEACCOUNT_DIR": d}
 
-    @staticmethod
-    def env_value(e, p, ip):
-        """A container env var: its value, or the downward-API field it refers to."""
-        ref = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+    def env_value(self, e, p, ip):
+        """A container env var: its value, the downward-API field it refers
+        to, or a key of a Secret or ConfigMap (LookupError when missing)."""
+        vf = e.get("valueFrom") or {}
+        ref = (vf.get("fieldRef") or {}).get("fieldPath")
         fields = {"status.podIP": ip, "metadata.name": p["metadata"]["name"],
                   "metadata.namespace": p["metadata"]["namespace"], "spec.nodeName": "kubesim"}
-        return fields.get(ref, "") if ref else str(e.get("value", ""))
+        if ref:
+            return fields.get(ref, "")
+        for kind, rkey in (("secretKeyRef", SECRET), ("configMapKeyRef", CM)):
+            kr = vf.get(kind)
+            if kr:
+                try:
+                    data = self.store.get(rkey, p["metadata"]["namespace"], kr["name"]).get("data") or {}
+                except ApiError:
+                    raise LookupError(f'{rkey[2].lower()} "{kr["name"]}" not found')
+                if kr.get("key") not in data:
+                    raise LookupError(f'couldn\'t find key {kr.get("key")} in {rkey[2]} '
+                                      f'{p["metadata"]["namespace"]}/{kr["name"]}')
+                v = data[kr["key"]]
+                return base64.b64decode(v).decode() if kind == "secretKeyRef" else v
+        return str(e.get("value", ""))
+
+    def volumes(self, p, c):
+        """Writes the pod's configMap and secret volumes; returns
+        {mountPath: directory}, or raises LookupError naming what is missing."""
+        ns, uid = p["metadata"]["namespace"], p["metadata"]["uid"]
+        dirs = {}
+        for v in p["spec"].get("volumes") or []:
+            src = v.get("configMap") or v.get("secret")
+            if not src:
+                continue
+            kind, key = ("configmap", CM) if v.get("configMap") else ("secret", SECRET)
+            ref = src.get("name") or src.get("secretName")
+            try:
+                obj = self.store.get(key, ns, ref)
+            except ApiError:
+                raise LookupError(f'MountVolume.SetUp failed for volume "{v["name"]}": {kind} "{ref}" not found')
+            d = os.path.join(self.data_dir, "pods", uid, "volumes", v["name"])
+            os.makedirs(d, exist_ok=True)
+            data = dict(obj.get("data") or {})
+            if kind == "secret":
+                data = {k: base64.b64decode(x).decode() for k, x in data.items()}
+            for k, x in data.items():
+                with open(os.path.join(d, k), "w") as f:
+                    f.write(x)
+            for m in c.get("volumeMounts") or []:
+                if m.get("name") == v["name"]:
+                    dirs[m["mountPath"].rstrip("/")] = d
+        return dirs
+
+    @staticmethod
+    def remap(value, dirs):
+        for mp, d in dirs.items():
+            if value == mp or value.startswith(mp + "/"):
+                return d + value[len(mp):]
+        return value
 
     def command(self, c, env):
         """The image's command plus the container's, with $(VAR) expanded as the kubelet does."""
@@ -303,8 +365,17 @@ class Workloads:
             p = self.store.update(POD, p["metadata"]["namespace"], p["metadata"]["name"], cur, internal=True)
         env = dict(os.environ, POD_IP=ip, POD_NAME=p["metadata"]["name"], POD_NAMESPACE=p["metadata"]["namespace"],
                    **self.service_account(p))
-        env.update({e["name"]: self.env_value(e, p, ip) for e in c.get("env") or []})
+        try:
+            env.update({e["name"]: self.env_value(e, p, ip) for e in c.get("env") or []})
+        except LookupError as e:
+            return self.set_status(p, "Pending", False, ip, proc, waiting=("CreateContainerConfigError", str(e)))
+        try:
+            dirs = self.volumes(p, c) if proc.popen is None else {}
+        except LookupError as e:
+            return self.set_status(p, "Pending", False, ip, proc, waiting=("ContainerCreating", str(e)))
+        env = {k: self.remap(v, dirs) for k, v in env.items()}
         cmd = self.command(c, env)
+        cmd = cmd and [self.remap(a, dirs) for a in cmd]
         if cmd is None:
             return self.set_status(p, "Pending", False, ip, proc, waiting=("ErrImagePull",
                                    f'image "{c.get("image")}" is not in the image map'))
@@ -449,7 +520,7 @@ class Workloads:
 
     def shutdown(self):
         self.stop.set()
-        for proc in self.procs.values():
+        for proc in list(self.procs.values()) + list(self.dying.values()):
             if proc.popen is not None and proc.popen.poll() is None:
                 os.killpg(proc.popen.pid, signal.SIGKILL)
 

@@ -1,0 +1,227 @@
+/* ctl_lease.c - Lease-based leader election; see ctl_lease.h. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ctl_lease.h"
+#include "ctl_obs.h"
+
+struct ctl_lease {
+    ctl_lease_config c;
+    char ns[254], name[254], identity[256], path[768];
+    kube_client *k;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop, leader;
+    double renewed;       /* when this replica last renewed (monotonic) */
+    char seen[512];       /* holder + renewTime + resourceVersion last seen */
+    char holder[256];     /* holderIdentity last seen */
+    double seen_at;       /* when that last changed */
+};
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void micro_time(char out[40])
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    char s[32];
+    strftime(s, sizeof s, "%Y-%m-%dT%H:%M:%S", gmtime_r(&ts.tv_sec, &tm));
+    snprintf(out, 40, "%.20s.%06dZ", s, (int)(ts.tv_nsec / 1000));
+}
+
+static void set_leader(ctl_lease *l, int leader, const char *why)
+{
+    pthread_mutex_lock(&l->mu);
+    int changed = l->leader != leader;
+    l->leader = leader;
+    pthread_mutex_unlock(&l->mu);
+    if (!changed)
+        return;
+    ctl_obs_set_leader(leader);
+    ctl_log(leader ? CTL_INFO : CTL_WARN, leader ? "became leader" : "stopped leading", "lease", l->path,
+            "identity", l->identity, "why", why, (const char *)NULL);
+    if (l->c.on_change)
+        l->c.on_change(l->c.ctx, leader);
+}
+
+static json_t *lease_spec(ctl_lease *l, const char *holder, json_t *old, int takeover)
+{
+    char now[40];
+    micro_time(now);
+    json_int_t transitions = json_integer_value(json_object_get(old, "leaseTransitions")) + (takeover ? 1 : 0);
+    json_t *spec = json_pack("{s:s,s:i,s:s,s:I}", "holderIdentity", holder, "leaseDurationSeconds",
+                             (int)(l->c.duration_s + 0.999), "renewTime", now, "leaseTransitions", transitions);
+    json_object_set_new(spec, "acquireTime", takeover || !json_object_get(old, "acquireTime")
+                                                 ? json_string(now) : json_incref(json_object_get(old, "acquireTime")));
+    return spec;
+}
+
+/* One round: create, renew or take over the lease. 1 when this replica
+ * holds it afterwards. */
+static int try_hold(ctl_lease *l)
+{
+    json_t *cur = NULL;
+    llm_error err = {0};
+    llm_status st = kube_request(l->k, "GET", l->path, NULL, NULL, &cur, &err);
+    if (st == LLM_ERR_NOT_FOUND) {
+        char coll[512];
+        snprintf(coll, sizeof coll, "/apis/coordination.k8s.io/v1/namespaces/%s/leases", l->ns);
+        json_t *obj = json_pack("{s:s,s:s,s:{s:s,s:s},s:o}", "apiVersion", "coordination.k8s.io/v1", "kind", "Lease",
+                                "metadata", "name", l->name, "namespace", l->ns, "spec", lease_spec(l, l->identity, NULL, 1));
+        st = kube_request(l->k, "POST", coll, obj, NULL, NULL, &err);
+        json_decref(obj);
+        return st == LLM_OK;
+    }
+    if (st) {
+        ctl_log(CTL_WARN, "cannot read the leader lease", "lease", l->path, "error", err.msg, (const char *)NULL);
+        return 0;
+    }
+    json_t *spec = json_object_get(cur, "spec");
+    const char *holder = json_string_value(json_object_get(spec, "holderIdentity"));
+    const char *renew = json_string_value(json_object_get(spec, "renewTime"));
+    const char *rv = json_string_value(json_object_get(json_object_get(cur, "metadata"), "resourceVersion"));
+    char seen[512];
+    snprintf(seen, sizeof seen, "%s|%s|%s", holder ? holder : "", renew ? renew : "", rv ? rv : "");
+    double now = mono_s();
+    if (strcmp(seen, l->seen)) {
+        snprintf(l->seen, sizeof l->seen, "%s", seen);
+        l->seen_at = now;
+    }
+    snprintf(l->holder, sizeof l->holder, "%s", holder ? holder : "");
+    int mine = holder && !strcmp(holder, l->identity);
+    int free_now = !holder || !*holder || now - l->seen_at >= l->c.duration_s;
+    if (!mine && !free_now) {
+        json_decref(cur);
+        return 0;
+    }
+    json_t *want = json_pack("{s:O,s:o}", "metadata", json_object_get(cur, "metadata"), "spec",
+                             lease_spec(l, l->identity, spec, !mine));
+    json_object_set_new(want, "apiVersion", json_string("coordination.k8s.io/v1"));
+    json_object_set_new(want, "kind", json_string("Lease"));
+    st = kube_request(l->k, "PUT", l->path, want, NULL, NULL, &err);
+    json_decref(want);
+    json_decref(cur);
+    if (st && st != LLM_ERR_CONFLICT)
+        ctl_log(CTL_WARN, "cannot write the leader lease", "lease", l->path, "error", err.msg, (const char *)NULL);
+    return st == LLM_OK;
+}
+
+/* Gives the lease up (holder ""), so a standby need not wait it out. */
+static void release(ctl_lease *l)
+{
+    json_t *cur = NULL;
+    if (kube_request(l->k, "GET", l->path, NULL, NULL, &cur, NULL))
+        return;
+    json_t *spec = json_object_get(cur, "spec");
+    const char *holder = json_string_value(json_object_get(spec, "holderIdentity"));
+    if (holder && !strcmp(holder, l->identity)) {
+        json_t *ns = lease_spec(l, "", spec, 0);
+        json_object_set_new(ns, "leaseDurationSeconds", json_integer(1));
+        json_object_set_new(cur, "spec", ns);
+        llm_error err = {0};
+        if (kube_request(l->k, "PUT", l->path, cur, NULL, NULL, &err))
+            ctl_log(CTL_WARN, "cannot release the leader lease", "error", err.msg, (const char *)NULL);
+        else
+            ctl_log(CTL_INFO, "released the leader lease", "lease", l->path, (const char *)NULL);
+    }
+    json_decref(cur);
+}
+
+static void *run(void *arg)
+{
+    ctl_lease *l = arg;
+    pthread_mutex_lock(&l->mu);
+    while (!l->stop) {
+        pthread_mutex_unlock(&l->mu);
+        double t0 = mono_s();
+        if (try_hold(l)) {
+            l->renewed = t0;
+            set_leader(l, 1, "lease acquired or renewed");
+        } else if (ctl_lease_is_leader(l) && mono_s() - l->renewed >= l->c.renew_deadline_s) {
+            set_leader(l, 0, "could not renew the lease within the renew deadline");
+        } else if (ctl_lease_is_leader(l) && *l->holder && strcmp(l->holder, l->identity)) {
+            set_leader(l, 0, "another replica holds the lease");
+        }
+        pthread_mutex_lock(&l->mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double wait = l->c.retry_s - (mono_s() - t0);
+        wait = wait > 0 ? wait : 0;
+        ts.tv_sec += (time_t)wait;
+        ts.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
+        if (ts.tv_nsec >= 1000000000L)
+            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        if (!l->stop)
+            pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+    }
+    pthread_mutex_unlock(&l->mu);
+    if (ctl_lease_is_leader(l)) {
+        set_leader(l, 0, "shutting down");
+        release(l);
+    }
+    return NULL;
+}
+
+llm_status ctl_lease_start(kube_config *cfg, const ctl_lease_config *lc, ctl_lease **out, llm_error *err)
+{
+    *out = NULL;
+    if (lc->duration_s <= lc->renew_deadline_s || lc->renew_deadline_s <= lc->retry_s || lc->retry_s <= 0)
+        return llm_errf(err, LLM_ERR_INVALID_ARG,
+                        "leader election needs lease duration (%.1f s) > renew deadline (%.1f s) > retry period (%.1f s) > 0",
+                        lc->duration_s, lc->renew_deadline_s, lc->retry_s);
+    ctl_lease *l = calloc(1, sizeof *l);
+    if (!l)
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory for the leader lease");
+    l->c = *lc;
+    snprintf(l->ns, sizeof l->ns, "%s", lc->ns);
+    snprintf(l->name, sizeof l->name, "%s", lc->name);
+    snprintf(l->identity, sizeof l->identity, "%s", lc->identity);
+    snprintf(l->path, sizeof l->path, "/apis/coordination.k8s.io/v1/namespaces/%s/leases/%s", l->ns, l->name);
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    llm_status st = kube_client_new(cfg, &l->k, err);
+    if (!st && pthread_create(&l->th, NULL, run, l))
+        st = llm_errf(err, LLM_ERR_INTERNAL, "cannot start the leader-election thread");
+    if (st) {
+        kube_client_free(l->k);
+        pthread_mutex_destroy(&l->mu);
+        pthread_cond_destroy(&l->cv);
+        free(l);
+        return st;
+    }
+    *out = l;
+    return LLM_OK;
+}
+
+int ctl_lease_is_leader(ctl_lease *l)
+{
+    pthread_mutex_lock(&l->mu);
+    int v = l->leader;
+    pthread_mutex_unlock(&l->mu);
+    return v;
+}
+
+void ctl_lease_stop(ctl_lease *l)
+{
+    if (!l)
+        return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = 1;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->th, NULL);
+    kube_client_free(l->k);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    free(l);
+}

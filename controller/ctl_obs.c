@@ -1,0 +1,247 @@
+/* ctl_obs.c - llm-controller's logs, metrics and health endpoints; see
+ * ctl_obs.h. */
+#include <civetweb.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ctl_obs.h"
+
+#define N_BUCKETS 12
+static const double bucket_le[N_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+#define STUCK_S 60.0
+
+static struct {
+    pthread_mutex_t mu;
+    unsigned long long counters[CTL_M_COUNTERS];
+    unsigned long long buckets[N_BUCKETS + 1]; /* the last is +Inf */
+    double sum;
+    unsigned long long n;
+    long queue;
+    int leader, synced[2];
+    double heartbeat; /* monotonic seconds; 0 before the worker starts */
+    struct mg_context *mg;
+} g = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static ctl_level min_level(void)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    const char *v = getenv("LLM_CONTROLLER_LOG_LEVEL");
+    for (int i = 0; v && i < 4; i++)
+        if (!strcmp(v, names[i]))
+            return (ctl_level)i;
+    return CTL_INFO;
+}
+
+void ctl_log(ctl_level lvl, const char *msg, ...)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    if (lvl < min_level())
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    char when[40], stamp[48];
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", gmtime_r(&ts.tv_sec, &tm));
+    snprintf(stamp, sizeof stamp, "%.20s.%03dZ", when, (int)(ts.tv_nsec / 1000000));
+    json_t *o = json_pack("{s:s,s:s,s:s}", "ts", stamp, "level", names[lvl], "msg", msg);
+    va_list ap;
+    va_start(ap, msg);
+    for (const char *k; o && (k = va_arg(ap, const char *));) {
+        const char *v = va_arg(ap, const char *);
+        if (v)
+            json_object_set_new(o, k, json_string(v) ? json_string(v) : json_string("(not UTF-8)"));
+    }
+    va_end(ap);
+    char *line = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    /* one write per line, so lines from several threads never interleave */
+    fprintf(stderr, "%s\n", line ? line : msg);
+    free(line);
+    json_decref(o);
+}
+
+void ctl_obs_count(ctl_counter c)
+{
+    pthread_mutex_lock(&g.mu);
+    g.counters[c]++;
+    pthread_mutex_unlock(&g.mu);
+}
+
+void ctl_obs_reconcile_seconds(double s)
+{
+    pthread_mutex_lock(&g.mu);
+    int b = 0;
+    while (b < N_BUCKETS && s > bucket_le[b]) b++;
+    g.buckets[b]++;
+    g.sum += s;
+    g.n++;
+    pthread_mutex_unlock(&g.mu);
+}
+
+#define SETTER(fn, type, field)             \
+    void fn(type v)                         \
+    {                                       \
+        pthread_mutex_lock(&g.mu);          \
+        g.field = v;                        \
+        pthread_mutex_unlock(&g.mu);        \
+    }
+SETTER(ctl_obs_set_queue, long, queue)
+SETTER(ctl_obs_set_leader, int, leader)
+
+void ctl_obs_set_synced(int informer, int synced)
+{
+    pthread_mutex_lock(&g.mu);
+    g.synced[informer & 1] = synced;
+    pthread_mutex_unlock(&g.mu);
+}
+
+void ctl_obs_heartbeat(void)
+{
+    double t = mono_s();
+    pthread_mutex_lock(&g.mu);
+    g.heartbeat = t;
+    pthread_mutex_unlock(&g.mu);
+}
+
+/* ---- exposition ---------------------------------------------------------------- */
+
+typedef struct tbuf {
+    char *p;
+    size_t n, cap;
+    int oom;
+} tbuf;
+
+static void put(tbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(tbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    for (int tries = 0; !b->oom && tries < 2; tries++) {
+        va_start(ap, fmt);
+        int len = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+        va_end(ap);
+        if (len < 0) {
+            b->oom = 1;
+        } else if ((size_t)len < b->cap - b->n) {
+            b->n += (size_t)len;
+            return;
+        } else {
+            size_t cap = (b->cap + (size_t)len) * 2;
+            char *p = realloc(b->p, cap);
+            if (!p)
+                b->oom = 1;
+            else
+                b->p = p, b->cap = cap;
+        }
+    }
+}
+
+char *ctl_obs_render(void)
+{
+    tbuf b = {malloc(4096), 0, 4096, 0};
+    if (!b.p)
+        return NULL;
+    b.p[0] = 0;
+    pthread_mutex_lock(&g.mu);
+    put(&b, "# HELP llm_controller_reconciles_total Reconciles of LLMDeployments by result.\n"
+            "# TYPE llm_controller_reconciles_total counter\n"
+            "llm_controller_reconciles_total{result=\"success\"} %llu\n"
+            "llm_controller_reconciles_total{result=\"error\"} %llu\n",
+        g.counters[CTL_M_RECONCILE_OK], g.counters[CTL_M_RECONCILE_ERR]);
+    put(&b, "# HELP llm_controller_reconcile_errors_total Reconciles that failed and were requeued with back-off.\n"
+            "# TYPE llm_controller_reconcile_errors_total counter\nllm_controller_reconcile_errors_total %llu\n",
+        g.counters[CTL_M_RECONCILE_ERR]);
+    put(&b, "# HELP llm_controller_reconcile_duration_seconds Time one reconcile took.\n"
+            "# TYPE llm_controller_reconcile_duration_seconds histogram\n");
+    unsigned long long cum = 0;
+    for (int i = 0; i < N_BUCKETS; i++) {
+        cum += g.buckets[i];
+        put(&b, "llm_controller_reconcile_duration_seconds_bucket{le=\"%g\"} %llu\n", bucket_le[i], cum);
+    }
+    put(&b, "llm_controller_reconcile_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
+            "llm_controller_reconcile_duration_seconds_sum %.6f\nllm_controller_reconcile_duration_seconds_count %llu\n",
+        cum + g.buckets[N_BUCKETS], g.sum, g.n);
+    put(&b, "# HELP llm_controller_queue_depth Keys waiting in the work queue (due or backing off).\n"
+            "# TYPE llm_controller_queue_depth gauge\nllm_controller_queue_depth %ld\n", g.queue);
+    put(&b, "# HELP llm_controller_watch_relists_total Full relists after a watch expired (410 Gone).\n"
+            "# TYPE llm_controller_watch_relists_total counter\nllm_controller_watch_relists_total %llu\n",
+        g.counters[CTL_M_RELISTS]);
+    put(&b, "# HELP llm_controller_events_total Kubernetes Events posted.\n"
+            "# TYPE llm_controller_events_total counter\nllm_controller_events_total %llu\n", g.counters[CTL_M_EVENTS]);
+    put(&b, "# HELP llm_controller_leader 1 while this replica holds the leader lease.\n"
+            "# TYPE llm_controller_leader gauge\nllm_controller_leader %d\n", g.leader);
+    pthread_mutex_unlock(&g.mu);
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}
+
+/* ---- HTTP ------------------------------------------------------------------------- */
+
+static int reply(struct mg_connection *c, int code, const char *type, const char *body)
+{
+    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s", code,
+              code == 200 ? "OK" : "Service Unavailable", type, strlen(body), body);
+    return code;
+}
+
+static int on_healthz(struct mg_connection *c, void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&g.mu);
+    int ok = g.heartbeat == 0 || mono_s() - g.heartbeat < STUCK_S;
+    pthread_mutex_unlock(&g.mu);
+    return reply(c, ok ? 200 : 503, "text/plain", ok ? "ok\n" : "worker stuck for over 60 s\n");
+}
+
+static int on_readyz(struct mg_connection *c, void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&g.mu);
+    int ok = g.synced[0] && g.synced[1];
+    pthread_mutex_unlock(&g.mu);
+    return reply(c, ok ? 200 : 503, "text/plain", ok ? "ok\n" : "informers have not listed yet\n");
+}
+
+static int on_metrics(struct mg_connection *c, void *arg)
+{
+    (void)arg;
+    char *text = ctl_obs_render();
+    int code = reply(c, text ? 200 : 503, "text/plain; version=0.0.4", text ? text : "no memory\n");
+    free(text);
+    return code;
+}
+
+llm_status ctl_obs_http_start(const char *addr, llm_error *err)
+{
+    if (!addr || !*addr)
+        return LLM_OK;
+    const char *opts[] = {"listening_ports", addr, "num_threads", "2", NULL};
+    struct mg_callbacks cb;
+    memset(&cb, 0, sizeof cb);
+    if (!(g.mg = mg_start(&cb, NULL, opts)))
+        return llm_errf(err, LLM_ERR_IO, "cannot serve health and metrics on %s (port in use or bad address?)", addr);
+    mg_set_request_handler(g.mg, "/healthz", on_healthz, NULL);
+    mg_set_request_handler(g.mg, "/readyz", on_readyz, NULL);
+    mg_set_request_handler(g.mg, "/metrics", on_metrics, NULL);
+    return LLM_OK;
+}
+
+void ctl_obs_http_stop(void)
+{
+    if (g.mg)
+        mg_stop(g.mg);
+    g.mg = NULL;
+}

@@ -1,0 +1,310 @@
+/* desired.c - an LLMDeployment's children from its spec; see desired.h. */
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "desired.h"
+#include "reconcile.h"
+
+static json_t *get2(json_t *o, const char *a, const char *b)
+{
+    json_t *x = json_object_get(o, a);
+    return b ? json_object_get(x, b) : x;
+}
+
+static long long spec_int(json_t *spec, const char *sect, const char *key, long long def)
+{
+    json_t *v = get2(spec, sect, key);
+    return json_is_integer(v) ? json_integer_value(v) : def;
+}
+
+static const char *name_of(json_t *d)
+{
+    return json_string_value(get2(d, "metadata", "name"));
+}
+
+void des_hash(json_t *o, char out[17])
+{
+    char *s = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+    unsigned long long h = 1469598103934665603ULL;
+    for (const char *p = s ? s : ""; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+    free(s);
+    snprintf(out, 17, "%016llx", h);
+}
+
+long long des_quantity(const char *q)
+{
+    static const struct { const char *sfx; double mul; } units[] = {
+        {"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", 1073741824.0}, {"Ti", 1099511627776.0},
+        {"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"", 1}};
+    if (!q || !*q || !(isdigit((unsigned char)*q) || *q == '.'))
+        return -1;
+    char *end;
+    double v = strtod(q, &end);
+    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+        if (!strcmp(end, units[i].sfx))
+            return v * units[i].mul < 9e18 ? (long long)(v * units[i].mul) : -1;
+    return -1;
+}
+
+static json_t *labels(const char *name)
+{
+    return json_pack("{s:s,s:s,s:s}", "app.kubernetes.io/name", "llm-server", REC_INSTANCE, name, REC_MANAGED_BY,
+                     REC_CONTROLLER);
+}
+
+static json_t *meta(json_t *d, const char *name)
+{
+    json_t *md = json_object_get(d, "metadata");
+    return json_pack("{s:s,s:O,s:o,s:[{s:s,s:s,s:O,s:O,s:b,s:b}],s:{}}", "name", name, "namespace",
+                     json_object_get(md, "namespace"), "labels", labels(name_of(d)), "ownerReferences", "apiVersion",
+                     "llmk8s.io/v1alpha1", "kind", "LLMDeployment", "name", json_object_get(md, "name"), "uid",
+                     json_object_get(md, "uid"), "controller", 1, "blockOwnerDeletion", 1, "annotations");
+}
+
+/* ---- ConfigMap: llm-server's YAML ---------------------------------------------------- */
+
+static void yaml_line(char *buf, size_t n, const char *key, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void yaml_line(char *buf, size_t n, const char *key, const char *fmt, ...)
+{
+    size_t have = strlen(buf);
+    if (have + 1 >= n)
+        return;
+    int k = snprintf(buf + have, n - have, "%s: ", key);
+    if (k < 0 || (size_t)k >= n - have)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + have + (size_t)k, n - have - (size_t)k, fmt, ap);
+    va_end(ap);
+    have = strlen(buf);
+    if (have + 1 < n)
+        strcat(buf, "\n");
+}
+
+/* A YAML double-quoted scalar of s (JSON strings are valid YAML ones). */
+static char *yaml_str(const char *s)
+{
+    json_t *j = json_string(s ? s : "");
+    char *out = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
+    json_decref(j);
+    return out;
+}
+
+json_t *des_configmap(json_t *d, char *msg, size_t mn)
+{
+    json_t *spec = json_object_get(d, "spec");
+    long long kv_mb = 0;
+    json_t *kvm = get2(spec, "engine", "kvCacheMemory");
+    if (kvm) {
+        long long bytes = json_is_integer(kvm) ? json_integer_value(kvm) : des_quantity(json_string_value(kvm));
+        if (bytes <= 0) {
+            snprintf(msg, mn, "spec.engine.kvCacheMemory: %s is not a quantity like 2Gi",
+                     json_is_string(kvm) ? json_string_value(kvm) : "value");
+            return NULL;
+        }
+        kv_mb = (bytes + (1 << 20) - 1) >> 20;
+    }
+    const char *mname = json_string_value(get2(spec, "model", "name"));
+    char *model = yaml_str(json_string_value(get2(spec, "model", "path")));
+    char *served = yaml_str(mname ? mname : name_of(d));
+    const char *kv = json_string_value(get2(spec, "engine", "kvCacheType"));
+    const char *sha = json_string_value(get2(spec, "model", "sha256"));
+    char y[4096] = "# llm-server configuration, written by llm-controller from the LLMDeployment spec\n";
+    yaml_line(y, sizeof y, "model", "%s", model ? model : "\"\"");
+    yaml_line(y, sizeof y, "model_name", "%s", served ? served : "\"\"");
+    yaml_line(y, sizeof y, "port", "%lld", spec_int(spec, "server", "port", 8080));
+    yaml_line(y, sizeof y, "threads", "%lld", spec_int(spec, "engine", "threads", 0));
+    yaml_line(y, sizeof y, "n_ctx", "%lld", spec_int(spec, "engine", "contextLength", 0));
+    yaml_line(y, sizeof y, "max_seqs", "%lld", spec_int(spec, "engine", "maxSeqs", 64));
+    yaml_line(y, sizeof y, "max_batch_tokens", "%lld", spec_int(spec, "engine", "maxBatchTokens", 512));
+    yaml_line(y, sizeof y, "max_waiting", "%lld", spec_int(spec, "engine", "maxWaiting", 256));
+    yaml_line(y, sizeof y, "kv_type", "%s", kv ? kv : "f16");
+    yaml_line(y, sizeof y, "kv_cache_mb", "%lld", kv_mb);
+    yaml_line(y, sizeof y, "shutdown_delay_s", "%lld", spec_int(spec, "probes", "shutdownDelaySeconds", 5));
+    yaml_line(y, sizeof y, "drain_timeout_s", "%lld", spec_int(spec, "probes", "drainSeconds", 30));
+    if (sha)
+        yaml_line(y, sizeof y, "model_sha256", "%s", sha);
+    free(model);
+    free(served);
+    char cmname[300];
+    snprintf(cmname, sizeof cmname, "%s-config", name_of(d));
+    return json_pack("{s:s,s:s,s:o,s:{s:s}}", "apiVersion", "v1", "kind", "ConfigMap", "metadata", meta(d, cmname),
+                     "data", "config.yaml", y);
+}
+
+/* ---- Deployment ------------------------------------------------------------------------ */
+
+/* The model volume: pvc, hostPath or image; none when not given. */
+static json_t *model_volume(json_t *spec)
+{
+    json_t *v = get2(spec, "model", "volume");
+    if (json_object_get(v, "pvc"))
+        return json_pack("{s:s,s:{s:O,s:b}}", "name", "model", "persistentVolumeClaim", "claimName",
+                         get2(json_object_get(v, "pvc"), "claimName", NULL), "readOnly", 1);
+    if (json_object_get(v, "hostPath"))
+        return json_pack("{s:s,s:{s:O,s:s}}", "name", "model", "hostPath", "path",
+                         get2(json_object_get(v, "hostPath"), "path", NULL), "type", "Directory");
+    if (json_object_get(v, "image"))
+        return json_pack("{s:s,s:O}", "name", "model", "image", json_object_get(v, "image"));
+    return NULL;
+}
+
+static json_t *probe(const char *path, long long port, long long period, long long failures)
+{
+    return json_pack("{s:{s:s,s:I},s:I,s:I,s:I}", "httpGet", "path", path, "port", (json_int_t)port, "periodSeconds",
+                     (json_int_t)period, "failureThreshold", (json_int_t)failures, "timeoutSeconds", (json_int_t)2);
+}
+
+/* Container resources; a tensor-parallel replica asks for that many GPUs
+ * unless the spec says otherwise. */
+static json_t *resources(json_t *spec)
+{
+    json_t *r = json_object_get(spec, "resources");
+    r = r ? json_deep_copy(r) : json_object();
+    long long tp = spec_int(spec, "engine", "tensorParallelSize", 1);
+    if (r && tp > 1 && !get2(json_object_get(r, "limits"), "nvidia.com/gpu", NULL)) {
+        if (!json_object_get(r, "limits"))
+            json_object_set_new(r, "limits", json_object());
+        char n[24];
+        snprintf(n, sizeof n, "%lld", tp);
+        json_object_set_new(json_object_get(r, "limits"), "nvidia.com/gpu", json_string(n));
+    }
+    return r;
+}
+
+static json_t *container(json_t *d)
+{
+    json_t *spec = json_object_get(d, "spec");
+    long long port = spec_int(spec, "server", "port", 8080);
+    json_t *args = json_pack("[s,s,s,s]", "--config", DES_CONFIG_DIR "/config.yaml", "--host", "$(POD_IP)");
+    json_t *extra = get2(spec, "server", "extraArgs");
+    if (json_is_array(extra))
+        json_array_extend(args, extra);
+    json_t *env = json_pack("[{s:s,s:{s:{s:s}}}]", "name", "POD_IP", "valueFrom", "fieldRef", "fieldPath", "status.podIP");
+    json_t *secret = get2(spec, "server", "apiKeySecret");
+    if (secret) {
+        const char *key = json_string_value(json_object_get(secret, "key"));
+        json_array_append_new(env, json_pack("{s:s,s:{s:{s:O,s:s}}}", "name", "LLM_SERVER_API_KEYS", "valueFrom",
+                                             "secretKeyRef", "name", json_object_get(secret, "name"), "key",
+                                             key ? key : "api-keys"));
+    }
+    json_t *mounts = json_pack("[{s:s,s:s,s:b}]", "name", "config", "mountPath", DES_CONFIG_DIR, "readOnly", 1);
+    const char *mp = json_string_value(get2(get2(spec, "model", "volume"), "mountPath", NULL));
+    if (get2(spec, "model", "volume"))
+        json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "model", "mountPath", mp ? mp : "/models",
+                                                "readOnly", 1));
+    long long startup = spec_int(spec, "probes", "startupTimeoutSeconds", 600);
+    return json_pack("{s:s,s:O,s:o,s:o,s:[{s:s,s:I}],s:o,s:o,s:o,s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name", "llm-server",
+                     "image", json_object_get(spec, "image"), "args", args, "env", env, "ports", "name", "http",
+                     "containerPort", (json_int_t)port, "startupProbe", probe("/startupz", port, 2, startup / 2 + 1),
+                     "readinessProbe", probe("/readyz", port, 2, 1), "livenessProbe", probe("/livez", port, 10, 3),
+                     "resources", resources(spec), "volumeMounts", mounts, "securityContext",
+                     "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1, "capabilities", "drop", "ALL");
+}
+
+/* Kubernetes refuses maxSurge 0 with maxUnavailable 0: replacing in place
+ * means taking one pod down at a time. */
+static json_t *rolling(json_t *spec)
+{
+    json_t *ro = json_object_get(spec, "rollout");
+    json_t *surge = json_object_get(ro, "maxSurge"), *unavail = json_object_get(ro, "maxUnavailable");
+    int surge0 = surge && ((json_is_integer(surge) && json_integer_value(surge) == 0) ||
+                           (json_is_string(surge) && !strcmp(json_string_value(surge), "0%")));
+    int unavail0 = !unavail || (json_is_integer(unavail) && json_integer_value(unavail) == 0) ||
+                   (json_is_string(unavail) && !strcmp(json_string_value(unavail), "0%"));
+    return json_pack("{s:o,s:o}", "maxSurge", surge ? json_incref(surge) : json_integer(1), "maxUnavailable",
+                     surge0 && unavail0 ? json_integer(1) : unavail ? json_incref(unavail) : json_integer(0));
+}
+
+/* spec.podTemplate over the generated template: objects merge by key,
+ * lists whose items all have a name merge by name, anything else is
+ * replaced. */
+static void merge(json_t *dst, json_t *src)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach(src, k, v) {
+        json_t *cur = json_object_get(dst, k);
+        if (json_is_object(cur) && json_is_object(v)) {
+            merge(cur, v);
+        } else if (json_is_array(cur) && json_is_array(v)) {
+            size_t i;
+            json_t *item;
+            json_array_foreach(v, i, item) {
+                const char *nm = json_string_value(json_object_get(item, "name"));
+                json_t *match = NULL;
+                for (size_t j = 0; nm && j < json_array_size(cur); j++) {
+                    const char *cn = json_string_value(json_object_get(json_array_get(cur, j), "name"));
+                    if (cn && !strcmp(cn, nm))
+                        match = json_array_get(cur, j);
+                }
+                if (match && json_is_object(item))
+                    merge(match, item);
+                else
+                    json_array_append(cur, item);
+            }
+        } else {
+            json_object_set(dst, k, v);
+        }
+    }
+}
+
+json_t *des_deployment(json_t *d, const char *config_hash, char *msg, size_t mn)
+{
+    json_t *spec = json_object_get(d, "spec");
+    const char *name = name_of(d);
+    char cmname[300];
+    snprintf(cmname, sizeof cmname, "%s-config", name);
+    long long grace = spec_int(spec, "probes", "shutdownDelaySeconds", 5) + spec_int(spec, "probes", "drainSeconds", 30) + 10;
+    json_t *volumes = json_pack("[{s:s,s:{s:s}}]", "name", "config", "configMap", "name", cmname);
+    json_t *vol = model_volume(spec);
+    if (vol)
+        json_array_append_new(volumes, vol);
+    json_t *pod = json_pack("{s:I,s:{s:b,s:I,s:I},s:[o],s:o,s:b}", "terminationGracePeriodSeconds", (json_int_t)grace,
+                            "securityContext", "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "fsGroup",
+                            (json_int_t)65532, "containers", container(d), "volumes", volumes,
+                            "automountServiceAccountToken", 0);
+    static const char *const copied[] = {"nodeSelector", "tolerations", "affinity", "priorityClassName"};
+    for (size_t i = 0; pod && i < sizeof copied / sizeof *copied; i++)
+        if (json_object_get(spec, copied[i]))
+            json_object_set(pod, copied[i], json_object_get(spec, copied[i]));
+    json_t *tmpl = json_pack("{s:{s:o,s:{s:s}},s:o}", "metadata", "labels", labels(name), "annotations",
+                             DES_CONFIG_HASH, config_hash, "spec", pod);
+    json_t *over = json_object_get(spec, "podTemplate");
+    if (tmpl && json_is_object(over)) {
+        merge(tmpl, over);
+        json_object_set_new(json_object_get(tmpl, "metadata"), "labels", labels(name)); /* the selector's */
+        json_object_set_new(json_object_get(json_object_get(tmpl, "metadata"), "annotations"), DES_CONFIG_HASH,
+                            json_string(config_hash));
+    }
+    json_t *out = json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:s,s:o},s:o}}", "apiVersion", "apps/v1", "kind",
+                            "Deployment", "metadata", meta(d, name), "spec", "replicas",
+                            (json_int_t)spec_int(d, "spec", "replicas", 1), "selector", "matchLabels", REC_INSTANCE,
+                            name, REC_MANAGED_BY, REC_CONTROLLER, "strategy", "type", "RollingUpdate", "rollingUpdate",
+                            rolling(spec), "template", tmpl);
+    if (!out)
+        snprintf(msg, mn, "cannot build the Deployment from the spec");
+    return out;
+}
+
+json_t *des_service(json_t *d)
+{
+    const char *name = name_of(d);
+    json_int_t port = spec_int(json_object_get(d, "spec"), "server", "port", 8080);
+    return json_pack("{s:s,s:s,s:o,s:{s:{s:s,s:s},s:[{s:s,s:I,s:I}]}}", "apiVersion", "v1", "kind", "Service",
+                     "metadata", meta(d, name), "spec", "selector", REC_INSTANCE, name, REC_MANAGED_BY, REC_CONTROLLER,
+                     "ports", "name", "http", "port", port, "targetPort", port);
+}
+
+/* At most one pod down at a time in voluntary disruptions (node drains),
+ * so a drain never takes the whole service away. */
+json_t *des_pdb(json_t *d)
+{
+    const char *name = name_of(d);
+    return json_pack("{s:s,s:s,s:o,s:{s:i,s:{s:{s:s,s:s}}}}", "apiVersion", "policy/v1", "kind", "PodDisruptionBudget",
+                     "metadata", meta(d, name), "spec", "maxUnavailable", 1, "selector", "matchLabels", REC_INSTANCE,
+                     name, REC_MANAGED_BY, REC_CONTROLLER);
+}

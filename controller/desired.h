@@ -1,0 +1,38 @@
+/* desired.h - the children an LLMDeployment should have, computed from its
+ * spec alone (no API calls): the ConfigMap holding llm-server's YAML
+ * configuration, the Deployment of llm-server pods, the Service and the
+ * PodDisruptionBudget, each labelled as managed by llm-controller and
+ * owned by the LLMDeployment (so deleting it deletes them).
+ *
+ * The Deployment's pods: llm-server with --config from the ConfigMap
+ * (whose hash is in the pod template, so a config change rolls the pods),
+ * --host $(POD_IP), API keys from the named Secret, probes on /startupz,
+ * /readyz and /livez sized to the spec, a shutdown delay and grace period
+ * that let endpoints drop a pod before it stops taking requests, non-root,
+ * read-only root filesystem, no capabilities, the model volume read-only,
+ * spec.podTemplate merged last (objects by key, lists of named items by
+ * name).
+ *
+ * Ownership: every function returns a new reference (NULL when the spec
+ * cannot be turned into the object; msg says why). Thread-safety: pure. */
+#ifndef DESIRED_H
+#define DESIRED_H
+
+#include <jansson.h>
+
+#define DES_CONFIG_DIR "/etc/llm-server"
+#define DES_CONFIG_HASH "llmk8s.io/config-hash"
+
+json_t *des_configmap(json_t *llmd, char *msg, size_t mn);
+json_t *des_deployment(json_t *llmd, const char *config_hash, char *msg, size_t mn);
+json_t *des_service(json_t *llmd);
+json_t *des_pdb(json_t *llmd);
+
+/* FNV-1a of the object's canonical JSON, as 16 hex digits. */
+void des_hash(json_t *o, char out[17]);
+
+/* A Kubernetes quantity ("2Gi", "512M", "1073741824") in bytes; -1 when
+ * it is not one. */
+long long des_quantity(const char *q);
+
+#endif

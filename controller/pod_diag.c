@@ -1,0 +1,155 @@
+/* pod_diag.c - reasons pods are not ready; see pod_diag.h. */
+#include <curl/curl.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "pod_diag.h"
+#include "reconcile.h"
+
+enum {
+    S_LOADING = 1,
+    S_WAIT_GPU,
+    S_UNSCHEDULABLE,
+    S_CRASHLOOP,
+    S_IMAGE,
+    S_ENGINE,
+    S_CHECKSUM,
+    S_NOT_FOUND,
+    S_DEGRADED_FROM = S_CRASHLOOP
+};
+
+static json_t *get2(json_t *o, const char *a, const char *b)
+{
+    return json_object_get(json_object_get(o, a), b);
+}
+
+static const char *str2(json_t *o, const char *a, const char *b)
+{
+    return json_string_value(get2(o, a, b));
+}
+
+static void offer(pod_diag *d, int severity, const char *reason, const char *pod, const char *fmt, const char *x,
+                  const char *y)
+{
+    if (severity <= d->severity)
+        return;
+    d->severity = severity;
+    d->degraded = severity >= S_DEGRADED_FROM;
+    snprintf(d->reason, sizeof d->reason, "%s", reason);
+    int n = snprintf(d->message, sizeof d->message, "pod %s: ", pod);
+    if (n > 0 && (size_t)n < sizeof d->message)
+        snprintf(d->message + n, sizeof d->message - (size_t)n, fmt, x ? x : "", y ? y : "");
+}
+
+static size_t sink(char *p, size_t sz, size_t n, void *arg)
+{
+    char *buf = arg;
+    size_t have = strlen(buf), add = sz * n, room = 4095 - have;
+    memcpy(buf + have, p, add < room ? add : room);
+    buf[have + (add < room ? add : room)] = 0;
+    return sz * n;
+}
+
+/* GET http://ip:port/startupz (1 s budget): llm-server's load phase and
+ * detail; NULL when the pod does not answer. */
+static json_t *startupz(const char *ip, long long port)
+{
+    char url[256], body[4096] = "";
+    snprintf(url, sizeof url, "http://%s:%lld/startupz", ip, port);
+    CURL *c = curl_easy_init();
+    if (!c)
+        return NULL;
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 1000L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, (void *)body);
+    CURLcode rc = curl_easy_perform(c);
+    curl_easy_cleanup(c);
+    return rc == CURLE_OK ? json_loads(body, 0, NULL) : NULL;
+}
+
+static void scheduling(json_t *pod, const char *name, pod_diag *d)
+{
+    json_t *conds = get2(pod, "status", "conditions");
+    for (size_t i = 0; i < json_array_size(conds); i++) {
+        json_t *c = json_array_get(conds, i);
+        const char *type = json_string_value(json_object_get(c, "type"));
+        const char *st = json_string_value(json_object_get(c, "status"));
+        const char *msg = json_string_value(json_object_get(c, "message"));
+        if (type && st && !strcmp(type, "PodScheduled") && !strcmp(st, "False")) {
+            int gpu = msg && strstr(msg, "nvidia.com/gpu");
+            offer(d, gpu ? S_WAIT_GPU : S_UNSCHEDULABLE, gpu ? "WaitingForGPU" : "Unschedulable", name,
+                  "not scheduled: %s", msg ? msg : "no node fits", NULL);
+        }
+    }
+}
+
+/* Image pulls and restarts, from the first container's status. */
+static void container(json_t *pod, const char *name, pod_diag *d)
+{
+    json_t *cs = json_array_get(get2(pod, "status", "containerStatuses"), 0);
+    const char *wait = str2(json_object_get(cs, "state"), "waiting", "reason");
+    const char *wmsg = str2(json_object_get(cs, "state"), "waiting", "message");
+    if (wait && (!strcmp(wait, "ErrImagePull") || !strcmp(wait, "ImagePullBackOff") || !strcmp(wait, "InvalidImageName")))
+        offer(d, S_IMAGE, "ImagePullFailed", name, "%s: %s", wait, wmsg);
+    json_int_t restarts = json_integer_value(json_object_get(cs, "restartCount"));
+    json_t *last = get2(cs, "lastState", "terminated");
+    if (restarts > 0 && last && !json_is_true(json_object_get(cs, "ready"))) {
+        char what[512];
+        snprintf(what, sizeof what, "restarted %lld times; last exit: %s (exit code %lld)", (long long)restarts,
+                 json_string_value(json_object_get(last, "reason")) ? json_string_value(json_object_get(last, "reason")) : "unknown",
+                 (long long)json_integer_value(json_object_get(last, "exitCode")));
+        const char *m = json_string_value(json_object_get(last, "message"));
+        offer(d, S_CRASHLOOP, "CrashLooping", name, m ? "%s: %s" : "%s", what, m);
+    }
+}
+
+/* What llm-server itself says about loading. */
+static void engine(json_t *pod, const char *name, long long port, pod_diag *d)
+{
+    const char *ip = str2(pod, "status", "podIP");
+    json_t *cs = json_array_get(get2(pod, "status", "containerStatuses"), 0);
+    if (!ip || !json_object_get(json_object_get(cs, "state"), "running"))
+        return;
+    json_t *st = startupz(ip, port);
+    const char *phase = json_string_value(json_object_get(st, "phase"));
+    const char *detail = json_string_value(json_object_get(st, "detail"));
+    if (phase && detail && !strcmp(phase, "failed")) {
+        int missing = strstr(detail, "No such file") || strstr(detail, "cannot open");
+        int checksum = strstr(detail, "sha256") != NULL;
+        offer(d, missing ? S_NOT_FOUND : checksum ? S_CHECKSUM : S_ENGINE,
+              missing ? "ModelNotFound" : checksum ? "ModelChecksumMismatch" : "EngineFailed", name, "%s", detail, NULL);
+    } else if (phase && detail && !strcmp(phase, "loading")) {
+        offer(d, S_LOADING, "EngineLoading", name, "%s", detail, NULL);
+    }
+    json_decref(st);
+}
+
+void pod_diag_examine(kube_client *k, const char *ns, const char *instance, long long port, pod_diag *out)
+{
+    memset(out, 0, sizeof *out);
+    char path[768];
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" REC_INSTANCE "%%3D%s", ns, instance);
+    json_t *pods = NULL;
+    if (kube_request(k, "GET", path, NULL, NULL, &pods, NULL))
+        return;
+    json_t *items = json_object_get(pods, "items");
+    for (size_t i = 0; i < json_array_size(items); i++) {
+        json_t *p = json_array_get(items, i);
+        const char *name = str2(p, "metadata", "name");
+        if (!name || get2(p, "metadata", "deletionTimestamp"))
+            continue;
+        scheduling(p, name, out);
+        container(p, name, out);
+        if (out->severity < S_ENGINE)
+            engine(p, name, port, out);
+    }
+    json_decref(pods);
+}
+
+int pod_diag_is_engine_failure(const char *reason)
+{
+    return reason && (!strcmp(reason, "ModelNotFound") || !strcmp(reason, "ModelChecksumMismatch") ||
+                      !strcmp(reason, "EngineFailed"));
+}
