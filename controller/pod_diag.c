@@ -12,6 +12,7 @@ enum {
     S_UNSCHEDULABLE,
     S_CRASHLOOP,
     S_IMAGE,
+    S_CONFIG,
     S_ENGINE,
     S_CHECKSUM,
     S_NOT_FOUND,
@@ -35,6 +36,7 @@ static void offer(pod_diag *d, int severity, const char *reason, const char *pod
         return;
     d->severity = severity;
     d->degraded = severity >= S_DEGRADED_FROM;
+    d->unscheduled = severity == S_WAIT_GPU || severity == S_UNSCHEDULABLE;
     snprintf(d->reason, sizeof d->reason, "%s", reason);
     int n = snprintf(d->message, sizeof d->message, "pod %s: ", pod);
     if (n > 0 && (size_t)n < sizeof d->message)
@@ -93,6 +95,8 @@ static void container(json_t *pod, const char *name, pod_diag *d)
     const char *wmsg = str2(json_object_get(cs, "state"), "waiting", "message");
     if (wait && (!strcmp(wait, "ErrImagePull") || !strcmp(wait, "ImagePullBackOff") || !strcmp(wait, "InvalidImageName")))
         offer(d, S_IMAGE, "ImagePullFailed", name, "%s: %s", wait, wmsg);
+    if (wait && (!strcmp(wait, "CreateContainerConfigError") || !strcmp(wait, "ContainerCreating")) && wmsg)
+        offer(d, S_CONFIG, "ConfigError", name, "%s: %s", wait, wmsg); /* a missing Secret or ConfigMap */
     json_int_t restarts = json_integer_value(json_object_get(cs, "restartCount"));
     json_t *last = get2(cs, "lastState", "terminated");
     if (restarts > 0 && last && !json_is_true(json_object_get(cs, "ready"))) {

@@ -4,8 +4,9 @@
  * progress, or the load error naming the file).
  *
  * Reasons, most serious first: ModelNotFound, ModelChecksumMismatch,
- * EngineFailed, ImagePullFailed, CrashLooping (all "degraded": they will
- * not fix themselves), then Unschedulable, WaitingForGPU, EngineLoading.
+ * EngineFailed, ConfigError (a missing Secret or ConfigMap),
+ * ImagePullFailed, CrashLooping (all "degraded": they will not fix
+ * themselves), then Unschedulable, WaitingForGPU, EngineLoading.
  *
  * Ownership: fills a caller-owned struct. Thread-safety: reentrant; it
  * makes one list request and one 1-second HTTP call per running pod. */
@@ -17,6 +18,7 @@
 typedef struct pod_diag {
     int severity;        /* 0: nothing found */
     int degraded;        /* the reason will not go away by waiting */
+    int unscheduled;     /* pods wait for a node (GPU or otherwise) */
     char reason[48];
     char message[1024];  /* "pod NAME: ..." */
 } pod_diag;

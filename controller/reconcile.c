@@ -195,6 +195,8 @@ static void judge(kube_client *k, json_t *d, json_t *dep, verdict *v)
         snprintf(v->reason, sizeof v->reason, "%s", pd.reason);
         snprintf(v->message, sizeof v->message, "%s", pd.message);
         v->degraded = pd.degraded;
+        if (pd.unscheduled && ready == 0)
+            v->phase = "Pending";
     }
     if (v->degraded)
         v->phase = "Degraded";

@@ -1,17 +1,27 @@
 """End to end on kubesim: the CRD applied, llm-controller running, an
-LLMDeployment applied -> the controller creates its Deployment and Service
--> kubesim runs the real llm-server as pods -> they become ready -> the
-status shows Ready with the right counts -> a completion through an
-endpoint of the Service answers -> `kubectl scale llmd` scales ->
-deleting the LLMDeployment removes every child."""
+LLMDeployment applied -> the controller creates its ConfigMap, Deployment,
+Service and PodDisruptionBudget -> kubesim runs the real llm-server as pods
+-> they become ready -> the status shows Ready with the right counts and
+conditions -> a completion through an endpoint of the Service answers ->
+`kubectl scale llmd` scales -> edits roll the pods with no failed request
+-> deleting the LLMDeployment removes every child. Then the reasons a
+deployment is not ready, faults (API server restart, forced conflicts, a
+killed pod), leader election and 200 objects."""
 import json
 import os
+import random
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT, SHARED, tool
 from test_kubesim import start, wait_for
@@ -20,97 +30,376 @@ CRD = ROOT / "manifests" / "crd" / "llmdeployments.yaml"
 
 LLMD = """apiVersion: llmk8s.io/v1alpha1
 kind: LLMDeployment
-metadata: {{name: story}}
+metadata: {{name: {name}}}
 spec:
-  image: llm-server:test
+  image: {image}
   replicas: {replicas}
   model:
     path: {model}
     name: story
     volume: {{hostPath: {{path: {dir}}}}}
-  engine: {{threads: 1, contextLength: 128}}
-"""
+  engine: {{threads: 1, contextLength: 128, maxSeqs: {seqs}}}
+  probes: {{shutdownDelaySeconds: 2, drainSeconds: 20}}
+{extra}"""
 
 
-@pytest.fixture()
-def cluster(tmp_path, models):
-    if not shutil.which("kubectl"):
-        pytest.skip("kubectl not installed")
-    model = SHARED / "models" / "stories260K.gguf"
-    model = model if model.exists() else models("tiny", "Q8_0")
-    images = tmp_path / "images.yaml"
-    images.write_text(f"llm-server:test: {json.dumps([tool('llm-server')])}\n")
-    ks, d = start(tmp_path, "--image-map", str(images))
-    env = {**os.environ, "KUBECONFIG": str(d / "kubeconfig")}
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def k(*args, check=True, stdin=None):
-        r = subprocess.run(["kubectl", *args], env=env, capture_output=True, text=True, input=stdin, timeout=60)
+
+class Cluster:
+    """kubesim with the CRD, the real llm-server image, and controllers."""
+
+    def __init__(self, tmp_path, model, env=None):
+        self.tmp, self.model = tmp_path, model
+        images = tmp_path / "images.yaml"
+        crash = [sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"]
+        images.write_text(f"llm-server:test: {json.dumps([tool('llm-server')])}\n"
+                          f"crash:test: {json.dumps(crash)}\n")
+        saved = {k: os.environ.get(k) for k in env or {}}
+        os.environ.update(env or {})
+        try:
+            self.ks, self.dir = start(tmp_path, "--image-map", str(images))
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        self.env = {**os.environ, "KUBECONFIG": str(self.dir / "kubeconfig")}
+        self.ctls = []
+        self.k("apply", "-f", str(CRD))
+        self.k("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
+
+    def k(self, *args, check=True, stdin=None):
+        r = subprocess.run(["kubectl", *args], env=self.env, capture_output=True, text=True, input=stdin, timeout=60)
         if check and r.returncode:
             raise AssertionError(f"kubectl {' '.join(args)}: {r.stderr}")
         return r
 
-    k("apply", "-f", str(CRD))
-    k("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
-    ctl = subprocess.Popen([tool("llm-controller"), "--kubeconfig", str(d / "kubeconfig")],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    def controller(self, *args):
+        """Starts llm-controller; returns (process, its HTTP base URL)."""
+        port = free_port()
+        log = open(self.tmp / f"controller-{len(self.ctls)}.log", "w")
+        p = subprocess.Popen([tool("llm-controller"), "--kubeconfig", str(self.dir / "kubeconfig"), "--http-addr",
+                              f"127.0.0.1:{port}", *args], stdout=subprocess.DEVNULL, stderr=log)
+        self.ctls.append((p, log))
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http_code(url + "/readyz") == 200, 20)
+        return p, url
+
+    def apply(self, name="story", replicas=1, model=None, image="llm-server:test", seqs=8, extra=""):
+        model = model or self.model
+        self.k("apply", "-f", "-", stdin=LLMD.format(name=name, replicas=replicas, model=model, dir=model.parent,
+                                                     image=image, seqs=seqs, extra=extra))
+
+    def get(self, kind, name):
+        r = self.k("get", kind, name, "-o", "json", check=False)
+        return json.loads(r.stdout) if not r.returncode else None
+
+    def status(self, name="story"):
+        return (self.get("llmd", name) or {}).get("status") or {}
+
+    def cond(self, type_, name="story"):
+        return next((c for c in self.status(name).get("conditions") or [] if c["type"] == type_), {})
+
+    def ready_ips(self, name="story"):
+        subsets = (self.get("endpoints", name) or {}).get("subsets") or []
+        return sorted(a["ip"] for s in subsets for a in s.get("addresses", []))
+
+    def fault(self, body):
+        f = self.tmp / "fault.json"
+        f.write_text(json.dumps(body))
+        self.k("create", "--raw", "/kubesim/faults", "-f", str(f))
+
+    def close(self):
+        rcs = []
+        for p, log in self.ctls:
+            if p.poll() is None:
+                p.terminate()
+            rcs.append(p.wait(timeout=30))
+            log.close()
+        self.ks.terminate()
+        self.ks.wait(timeout=30)
+        return rcs
+
+
+def http_code(url, timeout=2):
     try:
-        yield k, model, ctl
+        return urllib.request.urlopen(url, timeout=timeout).status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def metrics(url):
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def complete(ip, timeout=30):
+    body = json.dumps({"model": "story", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}).encode()
+    req = urllib.request.Request(f"http://{ip}:8080/v1/completions", body, {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=timeout).read())
+
+
+@pytest.fixture()
+def model(models):
+    m = SHARED / "models" / "stories260K.gguf"
+    return m if m.exists() else models("tiny", "Q8_0")
+
+
+@pytest.fixture()
+def cluster(tmp_path, model):
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    c = Cluster(tmp_path, model)
+    try:
+        yield c
     finally:
-        ctl.terminate()
-        rc = ctl.wait(timeout=30)
-        ks.terminate()
-        ks.wait(timeout=30)
-        assert rc == 0, ctl.stderr.read()
-
-
-def status(k):
-    return json.loads(k("get", "llmd", "story", "-o", "json").stdout).get("status") or {}
-
-
-def ready_ips(k):
-    r = k("get", "endpoints", "story", "-o", "json", check=False)
-    subsets = json.loads(r.stdout).get("subsets") or [] if not r.returncode else []
-    return sorted(a["ip"] for s in subsets for a in s.get("addresses", []))
+        rcs = c.close()
+        logs = "".join((tmp_path / f"controller-{i}.log").read_text() for i in range(len(rcs)))
+        assert all(rc == 0 for rc in rcs), logs
+        assert '"level":"error"' not in logs, logs
 
 
 def test_apply_serve_scale_delete(cluster):
-    k, model, ctl = cluster
-    k("apply", "-f", "-", stdin=LLMD.format(replicas=1, model=model, dir=model.parent))
-    st = wait_for(lambda: (s := status(k)).get("phase") == "Ready" and s, 90)
-    assert st["readyReplicas"] == 1 and st["replicas"] == 1
-    assert st["conditions"][0]["type"] == "Ready" and st["conditions"][0]["status"] == "True"
-    assert st["endpoint"] == "http://story.default.svc:8080" and st["observedGeneration"] >= 1
-    dep = json.loads(k("get", "deployment", "story", "-o", "json").stdout)
+    c = cluster
+    ctl, url = c.controller()
+    c.apply()
+    st = wait_for(lambda: (s := c.status()).get("phase") == "Ready" and s, 90)
+    assert st["readyReplicas"] == 1 and st["replicas"] == 1 and st["observedGeneration"] >= 1
+    assert [x["type"] for x in st["conditions"]] == ["Ready", "Progressing", "Degraded"]
+    assert [x["status"] for x in st["conditions"]] == ["True", "False", "False"]
+    assert st["endpoint"] == "http://story.default.svc:8080" and len(st["stableRevision"]) == 10
+    dep = c.get("deployment", "story")
     assert dep["metadata"]["ownerReferences"][0]["kind"] == "LLMDeployment"
-    c = dep["spec"]["template"]["spec"]["containers"][0]
-    assert c["startupProbe"]["httpGet"]["path"] == "/startupz" and c["securityContext"]["readOnlyRootFilesystem"]
-    pdb = json.loads(k("get", "pdb", "story", "-o", "json").stdout)
-    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["metadata"]["ownerReferences"][0]["name"] == "story"
-    ip = wait_for(lambda: ready_ips(k), 30)[0]
-    body = json.dumps({"model": "story", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}).encode()
-    req = urllib.request.Request(f"http://{ip}:8080/v1/completions", body, {"Content-Type": "application/json"})
-    out = json.loads(urllib.request.urlopen(req, timeout=30).read())
-    assert out["usage"]["completion_tokens"] == 8
-    rv = dep["metadata"]["resourceVersion"]
+    pod = dep["spec"]["template"]["spec"]
+    ctr = pod["containers"][0]
+    assert ctr["startupProbe"]["httpGet"]["path"] == "/startupz" and ctr["securityContext"]["readOnlyRootFilesystem"]
+    assert pod["terminationGracePeriodSeconds"] == 2 + 20 + 10 and pod["securityContext"]["runAsNonRoot"]
+    cfg = c.get("configmap", "story-config")["data"]["config.yaml"]
+    assert f'model: "{c.model}"' in cfg and "max_seqs: 8" in cfg and "shutdown_delay_s: 2" in cfg
+    assert c.get("pdb", "story")["spec"]["maxUnavailable"] == 1
+    ip = wait_for(lambda: c.ready_ips(), 30)[0]
+    assert complete(ip)["usage"]["completion_tokens"] == 4
+    rv = c.get("deployment", "story")["metadata"]["resourceVersion"]
     time.sleep(1)  # level-based: nothing changed, nothing written
-    assert json.loads(k("get", "deployment", "story", "-o", "json").stdout)["metadata"]["resourceVersion"] == rv
-    assert "scaled" in k("scale", "llmd/story", "--replicas=2").stdout
-    wait_for(lambda: status(k).get("readyReplicas") == 2 and status(k).get("phase") == "Ready", 90)
-    assert len(wait_for(lambda: len(ready_ips(k)) == 2 and ready_ips(k), 30)) == 2
-    assert "STORY" not in k("get", "llmd").stdout and "Ready" in k("get", "llmd").stdout
-    k("delete", "llmd", "story")
-    wait_for(lambda: k("get", "deployment", "story", check=False).returncode and
-             k("get", "service", "story", check=False).returncode and
-             k("get", "pdb", "story", check=False).returncode, 30)
+    assert c.get("deployment", "story")["metadata"]["resourceVersion"] == rv
+    assert "scaled" in c.k("scale", "llmd/story", "--replicas=3").stdout
+    wait_for(lambda: (s := c.status()).get("readyReplicas") == 3 and s.get("phase") == "Ready", 90)
+    assert len(wait_for(lambda: len(c.ready_ips()) == 3 and c.ready_ips(), 30)) == 3
+    described = c.k("describe", "llmd", "story").stdout
+    for reason in ("Created", "Ready", "Scaled"):
+        assert reason in described, described
+    assert "scaled from 1 to 3 replicas" in described
+    m = metrics(url)
+    assert m[("llm_controller_reconciles_total", (("result", "success"),))] >= 3
+    assert m[("llm_controller_reconcile_duration_seconds_count", ())] >= 3
+    assert m[("llm_controller_leader", ())] == 1 and m[("llm_controller_events_total", ())] >= 3
+    assert http_code(url + "/healthz") == 200
+    c.k("delete", "llmd", "story")
+    wait_for(lambda: all(c.get(kind, name) is None for kind, name in
+                         (("deployment", "story"), ("service", "story"), ("pdb", "story"),
+                          ("configmap", "story-config"))), 30)
 
 
-def test_missing_model_is_degraded_with_reason(cluster, tmp_path):
-    """A model path that does not exist: the status says Degraded, reason
-    ModelNotFound, naming the path, in `kubectl describe` too."""
-    k, model, ctl = cluster
-    missing = tmp_path / "nope" / "missing.gguf"
-    k("apply", "-f", "-", stdin=LLMD.format(replicas=1, model=missing, dir=missing.parent))
-    st = wait_for(lambda: (s := status(k)).get("phase") == "Degraded" and s, 60)
-    cond = st["conditions"][0]
-    assert cond["status"] == "False" and cond["reason"] == "ModelNotFound" and str(missing) in cond["message"]
-    assert "ModelNotFound" in k("describe", "llmd", "story").stdout
+class Traffic:
+    """A client that keeps sending completions, each to a ready endpoint
+    of the Service read just before (as kube-proxy would route)."""
+
+    def __init__(self, c):
+        self.c, self.ok, self.failures, self.stop = c, 0, [], threading.Event()
+        import kubernetes
+        self.api = kubernetes.config.new_client_from_config(str(c.dir / "kubeconfig"))
+        self.v1 = kubernetes.client.CoreV1Api(self.api)
+        self.th = threading.Thread(target=self.loop, daemon=True)
+        self.th.start()
+
+    def loop(self):
+        while not self.stop.is_set():
+            ep = self.v1.read_namespaced_endpoints("story", "default")
+            ips = [a.ip for s in ep.subsets or [] for a in s.addresses or []]
+            if not ips:
+                self.failures.append("no endpoints")
+                time.sleep(0.1)
+                continue
+            try:
+                complete(random.choice(ips))
+                self.ok += 1
+            except Exception as e:  # noqa: BLE001 - any failure counts
+                self.failures.append(repr(e))
+
+    def finish(self):
+        self.stop.set()
+        self.th.join(timeout=60)
+        self.api.close()
+
+
+def pod_names(c):
+    pods = json.loads(c.k("get", "pods", "-l", "app.kubernetes.io/instance=story", "-o", "json").stdout)["items"]
+    return {p["metadata"]["name"] for p in pods}
+
+
+def test_rollouts_lose_no_request(cluster):
+    """Editing an engine field rolls the pods (surge), then again with
+    rollout.maxSurge 0 (in place, one at a time): a client looping
+    requests throughout sees no failure."""
+    pytest.importorskip("kubernetes")
+    c = cluster
+    c.controller()
+    c.apply(replicas=2)
+    wait_for(lambda: c.status().get("phase") == "Ready", 90)
+    wait_for(lambda: len(c.ready_ips()) == 2, 30)
+    t = Traffic(c)
+    try:
+        for seqs, extra in ((16, ""), (12, "  rollout: {maxSurge: 0}\n")):
+            before, rev = pod_names(c), c.status()["stableRevision"]
+            time.sleep(1)
+            c.apply(replicas=2, seqs=seqs, extra=extra)
+            wait_for(lambda: (s := c.status()).get("stableRevision") != rev and s.get("phase") == "Ready"
+                     and not (pod_names(c) & before), 120)
+            if extra:
+                strategy = c.get("deployment", "story")["spec"]["strategy"]["rollingUpdate"]
+                assert strategy == {"maxSurge": 0, "maxUnavailable": 1}
+            assert f"max_seqs: {seqs}" in c.get("configmap", "story-config")["data"]["config.yaml"]
+    finally:
+        t.finish()
+    assert t.failures == [] and t.ok >= 20, (t.ok, t.failures[:5])
+    assert "RollingUpdate" in c.k("describe", "llmd", "story").stdout
+
+
+def test_reasons_not_ready(tmp_path, model):
+    """Each way a deployment can fail to become ready shows as a condition
+    reason with a message a human can act on: a missing model file, a
+    checksum mismatch, a crashing container, an image that cannot be
+    pulled, a pod waiting for a GPU, a spec the controller cannot use."""
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    c = Cluster(tmp_path, model)
+    try:
+        c.controller()
+        missing = tmp_path / "nope" / "missing.gguf"
+        c.apply("a", model=missing)
+        c.apply("b", extra="  resources: {limits: {nvidia.com/gpu: 1}}\n")
+        c.apply("c", image="crash:test")
+        c.apply("d", image="nowhere:latest")
+        c.apply("e")
+        c.k("patch", "llmd", "e", "--type", "merge", "-p", '{"spec":{"engine":{"kvCacheMemory":"lots"}}}')
+        c.apply("f")
+        c.k("patch", "llmd", "f", "--type", "merge", "-p", json.dumps({"spec": {"model": {"sha256": "0" * 64}}}))
+        want = {"a": ("ModelNotFound", str(missing)), "b": ("WaitingForGPU", "Insufficient nvidia.com/gpu"),
+                "c": ("CrashLooping", "exit code 3"), "d": ("ImagePullFailed", "nowhere:latest"),
+                "e": ("InvalidSpec", "spec.engine.kvCacheMemory"), "f": ("ModelChecksumMismatch", "sha256 mismatch")}
+
+        def seen():
+            got = {n: (c.cond("Ready", n).get("reason"), c.cond("Ready", n).get("message", "")) for n in want}
+            return all(got[n][0] == r and m in got[n][1] for n, (r, m) in want.items()) and got
+        got = wait_for(seen, 90)
+        for n in ("a", "c", "d", "e", "f"):
+            assert c.status(n)["phase"] == "Degraded" and c.cond("Degraded", n)["status"] == "True", got
+        assert c.status("b")["phase"] == "Pending" and c.cond("Degraded", "b")["status"] == "False"
+        time.sleep(12)  # the failed servers are restarted by their liveness probes meanwhile
+        assert c.cond("Ready", "a")["reason"] == "ModelNotFound" and c.cond("Ready", "f")["reason"] == \
+            "ModelChecksumMismatch"
+        ev = c.k("get", "events", "--field-selector", "involvedObject.name=a", "-o", "json").stdout
+        assert any(e["reason"] == "ModelNotFound" and e["type"] == "Warning" for e in json.loads(ev)["items"])
+    finally:
+        c.close()
+
+
+def test_faults_restart_conflict_killed_pod(cluster):
+    """The API server restarts mid-run (watches break, resourceVersions
+    expire): the controller relists and converges; forced 409s on the
+    Deployment are retried; a killed pod is replaced and the status shows
+    the dip and the recovery."""
+    c = cluster
+    ctl, url = c.controller()
+    c.apply(replicas=1)
+    wait_for(lambda: c.status().get("phase") == "Ready", 90)
+    c.fault({"restart": {"downSeconds": 2}})
+    time.sleep(3)
+    c.k("scale", "llmd/story", "--replicas=2")
+    wait_for(lambda: (s := c.status()).get("readyReplicas") == 2 and s.get("phase") == "Ready", 90)
+    assert metrics(url)[("llm_controller_watch_relists_total", ())] >= 1
+    errors0 = metrics(url)[("llm_controller_reconciles_total", (("result", "error"),))]
+    c.fault({"conflicts": {"deployments": 2}})
+    c.k("scale", "llmd/story", "--replicas=1")
+    wait_for(lambda: c.get("deployment", "story")["spec"]["replicas"] == 1, 30)
+    assert metrics(url)[("llm_controller_reconciles_total", (("result", "error"),))] >= errors0 + 2
+    wait_for(lambda: (s := c.status()).get("phase") == "Ready" and s.get("replicas") == 1, 60)
+    victim = sorted(pod_names(c))[0]
+    seen = []
+
+    def recovered():
+        seen.append(c.status().get("readyReplicas"))
+        return victim not in pod_names(c) and c.status().get("phase") == "Ready" and 0 in seen
+    c.k("delete", "pod", victim, "--grace-period=0", "--wait=false")
+    wait_for(recovered, 60)
+    assert ctl.poll() is None
+
+
+def test_leader_election(cluster):
+    """Two replicas: one holds the Lease and reconciles; killed, the other
+    takes over within the lease duration and reconciles new objects."""
+    c = cluster
+    args = ["--leader-elect", "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5"]
+    (a, ua), (b, ub) = c.controller(*args), c.controller(*args)
+    wait_for(lambda: metrics(ua)[("llm_controller_leader", ())] + metrics(ub)[("llm_controller_leader", ())] == 1, 20)
+    leader, standby, surl = (a, b, ub) if metrics(ua)[("llm_controller_leader", ())] == 1 else (b, a, ua)
+    c.apply("one", replicas=0)
+    wait_for(lambda: c.get("deployment", "one") is not None and c.status("one").get("phase") == "Ready", 30)
+    assert metrics(surl)[("llm_controller_reconciles_total", (("result", "success"),))] == 0
+    lease = c.get("lease", "llm-controller")
+    assert lease["spec"]["holderIdentity"].endswith(f"_{leader.pid}")
+    leader.send_signal(signal.SIGKILL)
+    leader.wait()
+    t0 = time.time()
+    wait_for(lambda: metrics(surl)[("llm_controller_leader", ())] == 1, 15)
+    assert time.time() - t0 < 3 + 2  # the lease duration, plus a retry period or so
+    c.apply("two", replicas=0)
+    wait_for(lambda: c.get("deployment", "two") is not None and c.status("two").get("phase") == "Ready", 30)
+    assert c.get("lease", "llm-controller")["spec"]["holderIdentity"].endswith(f"_{standby.pid}")
+    standby.terminate()  # a graceful stop gives the lease up
+    assert standby.wait(timeout=30) == 0
+    assert c.get("lease", "llm-controller")["spec"]["holderIdentity"] == ""
+    for p, log in [x for x in c.ctls if x[0] is leader]:  # killed on purpose: not a failed exit
+        log.close()
+        c.ctls.remove((p, log))
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid):
+    return int(next(ln.split()[1] for ln in open(f"/proc/{pid}/status") if ln.startswith("VmRSS")))
+
+
+def test_two_hundred_converge_then_rest(cluster):
+    """200 LLMDeployments (no pods: replicas 0) converge - every child
+    created, every status Ready - and then the controller rests: no CPU
+    to speak of and no memory growth while nothing changes."""
+    c = cluster
+    ctl, url = c.controller()
+    docs = "---\n".join(LLMD.format(name=f"m{i:03d}", replicas=0, model=c.model, dir=c.model.parent,
+                                    image="llm-server:test", seqs=8, extra="") for i in range(200))
+    t0 = time.time()
+    c.k("apply", "-f", "-", stdin=docs)
+
+    def converged():
+        items = json.loads(c.k("get", "llmd", "-o", "json").stdout)["items"]
+        return len(items) == 200 and all((i.get("status") or {}).get("phase") == "Ready" for i in items)
+    wait_for(converged, 240)
+    took = time.time() - t0
+    assert len(json.loads(c.k("get", "deployments", "-o", "json").stdout)["items"]) == 200
+    time.sleep(2)
+    cpu0, rss0, n0 = cpu_seconds(ctl.pid), rss_kib(ctl.pid), metrics(url)[("llm_controller_reconcile_duration_seconds_count", ())]
+    time.sleep(10)
+    cpu1, rss1, n1 = cpu_seconds(ctl.pid), rss_kib(ctl.pid), metrics(url)[("llm_controller_reconcile_duration_seconds_count", ())]
+    print(f"200 LLMDeployments converged in {took:.1f} s; at rest: {cpu1 - cpu0:.3f} s CPU in 10 s, "
+          f"RSS {rss0} -> {rss1} KiB, {n1 - n0:.0f} reconciles")
+    assert n1 == n0  # nothing polls at rest
+    assert cpu1 - cpu0 < 0.2 and rss1 - rss0 < 1024

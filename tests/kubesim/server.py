@@ -229,6 +229,7 @@ def parse_path(path):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms delayed-ACK stall
     api = None  # set by serve()
 
     def log_message(self, fmt, *args):  # quiet: tests read stdout
