@@ -81,7 +81,7 @@ static void yaml_line(char *buf, size_t n, const char *key, const char *fmt, ...
     va_end(ap);
     have = strlen(buf);
     if (have + 1 < n)
-        strcat(buf, "\n");
+        memcpy(buf + have, "\n", 2);
 }
 
 /* A YAML double-quoted scalar of s (JSON strings are valid YAML ones). */

@@ -3,7 +3,7 @@
 #   docker build -f docker/server.Dockerfile -t llm-server:latest .
 FROM debian:bookworm AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        build-essential python3 libjansson-dev libyaml-dev libcivetweb-dev \
+        build-essential python3 libjansson-dev libyaml-dev libcivetweb-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -12,7 +12,7 @@ RUN make build/bin/llm-server
 
 FROM debian:bookworm-slim
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        libjansson4 libyaml-0-2 libcivetweb1 \
+        libjansson4 libyaml-0-2 libcivetweb1 libssl3 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin llm
 COPY --from=build /src/build/bin/llm-server /usr/local/bin/llm-server

@@ -69,23 +69,29 @@ def test_errors_are_clear(sim, tmp_path):  # noqa: F811
 
 
 def test_rbac_is_enough_and_needed(sim, kubectl, tmp_path):  # noqa: F811
-    """The controller's service account can list LLMDeployments with
-    manifests/rbac bound, and gets 403 (a clear message) without it."""
+    """The controller's service account can list LLMDeployments with the
+    RBAC of manifests/operator (the chart's) bound, and gets 403 (a clear
+    message) without it."""
     kubectl("apply", "-f", str(CRD))
     kubectl("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
     kubectl("create", "namespace", "llm-system")
-    kubectl("-n", "llm-system", "create", "serviceaccount", "llm-controller")
-    token = kubectl("-n", "llm-system", "create", "token", "llm-controller").stdout.strip()
+    kubectl("-n", "llm-system", "create", "serviceaccount", "llm-operator")
+    token = kubectl("-n", "llm-system", "create", "token", "llm-operator").stdout.strip()
     env = sa_dir(sim, tmp_path, token=token)
     r = ctl("--check", env=env)
     assert r.returncode == 1 and "HTTP 403" in r.stderr and "llmdeployments" in r.stderr
-    kubectl("apply", "--validate=false", "-f", str(ROOT / "manifests" / "rbac" / "rbac.yaml"))
+    docs = yaml.safe_load_all((ROOT / "manifests" / "operator" / "llm-operator.yaml").read_text())
+    rbac = [d for d in docs if d and d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    assert len(rbac) == 4
+    kubectl("apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump_all(rbac))
     r = ctl("--check", env=env)
     assert r.returncode == 0, r.stderr
     assert "llmdeployments: 0" in r.stdout
     as_sa = ["--token", token, "-n", "default"]
     assert kubectl(*as_sa, "get", "deployments", check=False).returncode == 0
     kubectl(*as_sa, "create", "configmap", "cfg", "--from-literal=a=1")  # it manages configmaps
+    r = kubectl(*as_sa, "delete", "configmap", "cfg", check=False)
+    assert r.returncode and "cannot delete" in r.stderr  # but never deletes: children go by ownerReferences
     r = kubectl(*as_sa, "delete", "pod", "x", check=False)
     assert r.returncode and 'cannot delete resource "pods"' in r.stderr  # pods: read only
     r = kubectl(*as_sa, "get", "secrets", check=False)

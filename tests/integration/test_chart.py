@@ -1,0 +1,147 @@
+"""The Helm chart (charts/llm-operator), rendered as `helm template` would
+(build/bin/helm-render: Go text/template + sprig) and applied to kubesim:
+the operator runs as pods with in-cluster credentials and exactly the
+chart's RBAC, takes its leader Lease, and serves the CPU sample end to end.
+Also: values.schema.json accepts the defaults and rejects bad values, the
+optional monitoring objects render, their alerts and dashboard query
+metrics llm-server really exports, and manifests/operator is current."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import urllib.request
+
+import pytest
+import yaml
+
+from conftest import ROOT, SHARED, tool
+from test_kubesim import start, wait_for
+
+CHART = ROOT / "charts" / "llm-operator"
+
+
+def render(*args):
+    exe = ROOT / "build" / "bin" / "helm-render"
+    exe = exe if exe.exists() else pytest.skip("build/bin/helm-render missing (needs golang-go and sprig)")
+    r = subprocess.run([str(exe), *args, str(CHART)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def docs(text):
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def test_values_schema():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    jsonschema.validate(values, schema)
+    for bad in ({"replicaCount": "two"}, {"image": {"repository": "x", "pullPolicy": "Sometimes"}},
+                {"metricsPort": 0}, {"typo": 1}, {"prometheusRule": {"ttftSeconds": 0.7}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**values, **bad}, schema)
+
+
+def controller_metrics(tmp_path):
+    """The exposition text of a llm-controller (its API server unreachable:
+    the metrics endpoint answers all the same)."""
+    from test_operator import free_port, http_code
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+                   "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\nusers: [{name: u, user: {}}]\n")
+    port = free_port()
+    p = subprocess.Popen([tool("llm-controller"), "--kubeconfig", str(cfg), "--http-addr", f"127.0.0.1:{port}"],
+                         stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: http_code(f"http://127.0.0.1:{port}/healthz") == 200, 10)
+        assert http_code(f"http://127.0.0.1:{port}/readyz") == 503  # never listed
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        p.terminate()
+        assert p.wait(timeout=20) == 0
+
+
+def test_optional_objects_and_their_metrics(models, tmp_path):
+    out = docs(render("-n", "mon", "--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true",
+                      "--set", "prometheusRule.enabled=true", "--set", "grafanaDashboard.enabled=true"))
+    kinds = [d["kind"] for d in out]
+    for k in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"):
+        assert k in kinds, kinds
+    assert all(d["metadata"]["labels"]["app.kubernetes.io/name"] == "llm-operator" for d in out
+               if d["kind"] != "CustomResourceDefinition")
+    rule = next(d for d in out if d["kind"] == "PrometheusRule")
+    alerts = {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert set(alerts) >= {"LLMServerQueueSaturated", "LLMServerKVCacheNearlyFull", "LLMServerTTFTSLOBurn"}
+    dash = json.loads(next(d for d in out if d["kind"] == "ConfigMap")["data"]["llm-server.json"])
+    exprs = list(alerts.values()) + [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\b(llm_[a-z_]+)", e)}
+    # every metric the alerts and the dashboard query is one llm-server exports
+    from test_server import Server
+    s = Server(models("tiny", "Q8_0"))
+    try:
+        text = s.get("/metrics")[1]
+    finally:
+        s.stop()
+    text += controller_metrics(tmp_path)
+    exported = set(re.findall(r"^(llm_[a-z_]+)", text, re.M))
+    assert used <= exported, used - exported
+    assert render("--notes").startswith("llm-operator 0.1.0 is installed in namespace default.")
+
+
+def test_manifests_are_current():
+    want = (ROOT / "manifests" / "operator" / "llm-operator.yaml").read_text()
+    got = render("-n", "llm-system", "--name", "llm-operator")
+    assert got in want, "manifests/operator/llm-operator.yaml is stale: run make manifests"
+
+
+def test_chart_installs_and_serves_the_sample(tmp_path, models):
+    """helm install, as rendered: two controller pods (in-cluster
+    credentials, the chart's RBAC) with one leader; the CPU sample applied
+    becomes Ready and answers a completion; deleted, its children go."""
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    model = SHARED / "models" / "stories260K.gguf"
+    model = model if model.exists() else models("tiny", "Q8_0")
+    images = tmp_path / "images.yaml"
+    images.write_text(f"llm-controller:0.1.0: {json.dumps([tool('llm-controller')])}\n"
+                      f"llm-server:latest: {json.dumps([tool('llm-server')])}\n")
+    ks, d = start(tmp_path, "--image-map", str(images))
+    env = {**os.environ, "KUBECONFIG": str(d / "kubeconfig")}
+
+    def k(*args, stdin=None, check=True):
+        r = subprocess.run([shutil.which("kubectl"), *args], env=env, capture_output=True, text=True, input=stdin,
+                           timeout=60)
+        if check and r.returncode:
+            raise AssertionError(f"kubectl {' '.join(args)}: {r.stderr}")
+        return r
+    try:
+        k("create", "namespace", "llm-system")
+        k("apply", "-f", "-", stdin=render("-n", "llm-system", "--name", "llm-operator"))
+        wait_for(lambda: (json.loads(k("-n", "llm-system", "get", "deployment", "llm-operator", "-o",
+                                       "json").stdout).get("status") or {}).get("readyReplicas") == 2, 60)
+        lease = wait_for(lambda: (r := k("-n", "llm-system", "get", "lease", "llm-operator", "-o", "json",
+                                         check=False)).returncode == 0 and json.loads(r.stdout), 30)
+        holder = lease["spec"]["holderIdentity"]
+        pods = json.loads(k("-n", "llm-system", "get", "pods", "-o", "json").stdout)["items"]
+        assert holder.rsplit("_", 1)[0] in [p["metadata"]["name"] for p in pods]
+        sample = yaml.safe_load((ROOT / "manifests" / "samples" / "cpu-tinyllama.yaml").read_text())
+        sample["spec"]["model"].update(path=str(model), volume={"hostPath": {"path": str(model.parent)}})
+        sample["spec"]["engine"].update(contextLength=128, threads=1)
+        k("apply", "-f", "-", stdin=yaml.safe_dump(sample))
+        st = wait_for(lambda: ((json.loads(k("get", "llmd", "tinyllama", "-o", "json").stdout).get("status") or {})
+                               .get("phase") == "Ready") and json.loads(k("get", "llmd", "tinyllama", "-o",
+                                                                          "json").stdout)["status"], 120)
+        assert st["readyReplicas"] == 2
+        ep = json.loads(k("get", "endpoints", "tinyllama", "-o", "json").stdout)
+        ip = ep["subsets"][0]["addresses"][0]["ip"]
+        body = json.dumps({"model": "tinyllama", "prompt": "Once upon a time", "max_tokens": 4}).encode()
+        req = urllib.request.Request(f"http://{ip}:8080/v1/completions", body, {"Content-Type": "application/json"})
+        assert json.loads(urllib.request.urlopen(req, timeout=30).read())["usage"]["completion_tokens"] == 4
+        k("delete", "llmd", "tinyllama")
+        wait_for(lambda: k("get", "deployment", "tinyllama", check=False).returncode and
+                 k("get", "configmap", "tinyllama-config", check=False).returncode, 30)
+    finally:
+        ks.terminate()
+        ks.wait(timeout=30)
