@@ -15,14 +15,14 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import ROOT, SHARED, tool
+from conftest import BUILD, ROOT, SHARED, tool
 from test_kubesim import start, wait_for
 
 CHART = ROOT / "charts" / "llm-operator"
 
 
 def render(*args):
-    exe = ROOT / "build" / "bin" / "helm-render"
+    exe = BUILD / "bin" / "helm-render"
     exe = exe if exe.exists() else pytest.skip("build/bin/helm-render missing (needs golang-go and sprig)")
     r = subprocess.run([str(exe), *args, str(CHART)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
