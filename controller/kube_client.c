@@ -84,9 +84,9 @@ struct curl_slist *kube_curl_login(kube_config *cfg, CURL *c)
         curl_easy_setopt(c, CURLOPT_SSLKEYTYPE, "PEM");
     }
     struct curl_slist *h = curl_slist_append(NULL, "Accept: application/json");
-    const char *tok = kube_config_token(cfg);
-    if (tok) {
-        char auth[8192];
+    char tok[8192];
+    if (kube_config_token(cfg, tok, sizeof tok)) {
+        char auth[8232];
         snprintf(auth, sizeof auth, "Authorization: Bearer %s", tok);
         h = curl_slist_append(h, auth);
     }

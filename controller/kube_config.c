@@ -191,7 +191,8 @@ static llm_status load_in_cluster(kube_config *c, llm_error *err)
         ns[strcspn(ns, "\r\n")] = 0;
     c->ns = ns ? ns : strdup("default");
     snprintf(path, sizeof path, "%s/token", dir);
-    if (!(c->token_file = strdup(path)) || !kube_config_token(c))
+    char probe[8192];
+    if (!(c->token_file = strdup(path)) || !kube_config_token(c, probe, sizeof probe))
         return llm_errf(err, LLM_ERR_IO, "in-cluster: cannot read the service-account token %s", path);
     return LLM_OK;
 }
@@ -199,6 +200,7 @@ static llm_status load_in_cluster(kube_config *c, llm_error *err)
 llm_status kube_config_load(const char *kubeconfig, kube_config *c, llm_error *err)
 {
     memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
     const char *env = getenv("KUBECONFIG"), *home = getenv("HOME");
     llm_status st;
     if (kubeconfig || (env && *env)) {
@@ -215,9 +217,10 @@ llm_status kube_config_load(const char *kubeconfig, kube_config *c, llm_error *e
     return st;
 }
 
-const char *kube_config_token(kube_config *c)
+const char *kube_config_token(kube_config *c, char *out, size_t n)
 {
     struct stat sb;
+    pthread_mutex_lock(&c->mu);
     if (c->token_file && stat(c->token_file, &sb) == 0 && (sb.st_mtime != c->token_mtime || !c->token)) {
         char *t = read_file(c->token_file, NULL, NULL);
         if (t) {
@@ -227,7 +230,11 @@ const char *kube_config_token(kube_config *c)
             c->token_mtime = sb.st_mtime;
         }
     }
-    return c->token;
+    int ok = c->token && strlen(c->token) < n;
+    if (ok)
+        memcpy(out, c->token, strlen(c->token) + 1);
+    pthread_mutex_unlock(&c->mu);
+    return ok ? out : NULL;
 }
 
 void kube_config_free(kube_config *c)
@@ -239,5 +246,6 @@ void kube_config_free(kube_config *c)
     free(c->cert_pem);
     free(c->key_pem);
     free(c->ns);
+    pthread_mutex_destroy(&c->mu);
     memset(c, 0, sizeof *c);
 }

@@ -10,11 +10,13 @@
  * else ~/.kube/config.
  *
  * Ownership: caller-owned struct filled by kube_config_load, released by
- * kube_config_free. Not thread-safe; kube_config_token is called under the
- * client's lock. */
+ * kube_config_free. Thread-safety: after loading, the fields are only read,
+ * except the token, which kube_config_token re-reads and copies out under
+ * the config's own lock (every client and watch thread shares one config). */
 #ifndef KUBE_CONFIG_H
 #define KUBE_CONFIG_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <time.h>
 
@@ -31,11 +33,13 @@ typedef struct kube_config {
     size_t cert_len, key_len;
     char *ns;                /* default namespace */
     char source[512];        /* where it came from, for messages */
+    pthread_mutex_t mu;      /* guards token and token_mtime */
 } kube_config;
 
 llm_status kube_config_load(const char *kubeconfig, kube_config *c, llm_error *err);
 void kube_config_free(kube_config *c);
-/* The current token: re-read from token_file when it changed. */
-const char *kube_config_token(kube_config *c);
+/* The current token (re-read from token_file when it changed), copied
+ * into out; NULL when there is none (or it does not fit). */
+const char *kube_config_token(kube_config *c, char *out, size_t n);
 
 #endif
