@@ -10,9 +10,10 @@ FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Iengine/include -Iengine \
 
 REQ_SRC = server/srv_api.c engine/chat.c engine/sampler.c
 REQ_TIME ?= 10
+LLMD_TIME ?= 10
 
 .PHONY: run
-run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request
+run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd
 	@rm -rf $(FUZZ_BUILD)/corpus && mkdir -p $(FUZZ_BUILD)/corpus
 	@python3 tests/fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
 	@$(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/seeds/* > $(FUZZ_BUILD)/regress.log 2>&1 || \
@@ -26,7 +27,12 @@ run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request
 	@mkdir -p $(FUZZ_BUILD)/req-corpus && cp tests/fuzz/requests/* $(FUZZ_BUILD)/req-corpus/
 	@$(FUZZ_BUILD)/fuzz_request -max_total_time=$(REQ_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
 	  $(FUZZ_BUILD)/req-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
-	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 2 passed, 0 failed" || (echo "fuzz: 1 passed, 1 failed (request parsing)"; exit 1)
+	  test $${PIPESTATUS[0]} -eq 0 || (echo "fuzz: 1 passed, 1 failed (request parsing)"; exit 1)
+	@echo "fuzz: $(LLMD_TIME) s of fuzzing llm-controller's desired state from LLMDeployment specs"
+	@mkdir -p $(FUZZ_BUILD)/llmd-corpus && cp tests/fuzz/llmd/* $(FUZZ_BUILD)/llmd-corpus/
+	@$(FUZZ_BUILD)/fuzz_llmd -max_total_time=$(LLMD_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+	  $(FUZZ_BUILD)/llmd-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
+	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 3 passed, 0 failed" || (echo "fuzz: 2 passed, 1 failed (LLMDeployment specs)"; exit 1)
 
 $(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*.h engine/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
@@ -37,3 +43,8 @@ $(FUZZ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) $(w
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) -ljansson -lm -lpthread -o $@
+
+$(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c controller/desired.c $(wildcard controller/*.h)
+	@mkdir -p $(FUZZ_BUILD)
+	@echo "  CLANG $@"
+	@clang $(FUZZ_CFLAGS) -Icontroller tests/fuzz/fuzz_llmd.c controller/desired.c -ljansson -o $@
