@@ -141,65 +141,65 @@ typedef struct ctl {
     volatile int *stop;
 } ctl;
 
-/* Informer bookkeeping shared by both callbacks: readiness after the
- * first full list, relists counted. */
-static void informer_event(int which, const char *type)
-{
-    if (!strcmp(type, "SYNCED"))
-        ctl_obs_set_synced(which, 1);
-    else if (!strcmp(type, "RELIST"))
-        ctl_obs_count(CTL_M_RELISTS);
-}
-
-/* Informer callbacks: the key of the LLMDeployment concerned. */
-static int on_llmd(void *arg, const char *type, json_t *obj)
-{
-    ctl *c = arg;
-    json_t *md = json_object_get(obj, "metadata");
-    char key[KEY_MAX];
-    informer_event(0, type);
-    if (obj && strcmp(type, "DELETED")) {
-        snprintf(key, sizeof key, "%s/%s", json_string_value(json_object_get(md, "namespace")),
-                 json_string_value(json_object_get(md, "name")));
-        q_add(&c->q, key, 0);
-    }
-    return *c->stop;
-}
-
-static int on_owned(void *arg, const char *type, json_t *obj)
-{
-    ctl *c = arg;
-    informer_event(1, type);
-    json_t *md = json_object_get(obj, "metadata"), *owners = json_object_get(md, "ownerReferences");
-    for (size_t i = 0; i < json_array_size(owners); i++) {
-        json_t *o = json_array_get(owners, i);
-        if (json_string_value(json_object_get(o, "kind")) && !strcmp(json_string_value(json_object_get(o, "kind")), "LLMDeployment")) {
-            char key[KEY_MAX];
-            snprintf(key, sizeof key, "%s/%s", json_string_value(json_object_get(md, "namespace")),
-                     json_string_value(json_object_get(o, "name")));
-            q_add(&c->q, key, 0);
-        }
-    }
-    return *c->stop;
-}
-
 typedef struct informer {
     ctl *c;
+    int index;
     const char *path;
-    kube_event_fn fn;
-    llm_status st;
-    llm_error err;
+    int owned;           /* children: the key is their LLMDeployment owner's */
 } informer;
 
+/* One informer's events: readiness after its first full list, relists
+ * counted, and the LLMDeployment concerned queued. */
+static int on_event(void *arg, const char *type, json_t *obj)
+{
+    informer *in = arg;
+    if (!strcmp(type, "SYNCED"))
+        ctl_obs_set_synced(in->index, 1);
+    else if (!strcmp(type, "RELIST"))
+        ctl_obs_count(CTL_M_RELISTS);
+    json_t *md = json_object_get(obj, "metadata");
+    const char *ns = json_string_value(json_object_get(md, "namespace"));
+    char key[KEY_MAX];
+    if (!in->owned && obj && ns && strcmp(type, "DELETED")) {
+        snprintf(key, sizeof key, "%s/%s", ns, json_string_value(json_object_get(md, "name")));
+        q_add(&in->c->q, key, 0);
+    }
+    json_t *owners = in->owned ? json_object_get(md, "ownerReferences") : NULL;
+    for (size_t i = 0; ns && i < json_array_size(owners); i++) {
+        json_t *o = json_array_get(owners, i);
+        const char *kind = json_string_value(json_object_get(o, "kind"));
+        if (kind && !strcmp(kind, "LLMDeployment") && json_string_value(json_object_get(o, "name"))) {
+            snprintf(key, sizeof key, "%s/%s", ns, json_string_value(json_object_get(o, "name")));
+            q_add(&in->c->q, key, 0); /* a child changed or went: look at its owner again */
+        }
+    }
+    return *in->c->stop;
+}
+
+/* Runs one informer until stop. Errors retrying cannot fix by itself (RBAC
+ * not bound yet, a token being rotated, the CRD not installed yet) are
+ * retried too, slowly: they are fixed from outside, and the controller must
+ * then work without a restart; /readyz stays 503 meanwhile. */
 static void *inform(void *arg)
 {
     informer *in = arg;
-    kube_client *k = NULL;
-    if ((in->st = kube_client_new(in->c->cfg, &k, &in->err)) == LLM_OK)
-        in->st = kube_list_watch(k, in->c->cfg, in->path, 5, in->fn, in->c, in->c->stop, &in->err);
-    if (in->st)
-        ctl_log(CTL_ERROR, "watch failed", "path", in->path, "error", in->err.msg, (const char *)NULL);
-    kube_client_free(k);
+    double backoff = 1;
+    while (!*in->c->stop) {
+        kube_client *k = NULL;
+        llm_error err = {0};
+        llm_status st = kube_client_new(in->c->cfg, &k, &err);
+        if (!st)
+            st = kube_list_watch(k, in->c->cfg, in->path, 5, on_event, in, in->c->stop, &err);
+        kube_client_free(k);
+        if (!st)
+            break;
+        char retry[32];
+        snprintf(retry, sizeof retry, "%.0f", backoff);
+        ctl_log(backoff >= 16 ? CTL_ERROR : CTL_WARN, "watch failed, will retry", "path", in->path, "error", err.msg, "retry_s", retry,
+                (const char *)NULL);
+        for (double t = 0; t < backoff && !*in->c->stop; t += 0.1) usleep(100000);
+        backoff = backoff < 30 ? backoff * 2 : 30;
+    }
     return NULL;
 }
 
@@ -247,13 +247,21 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, volatile int *stop,
     c.q.items = calloc(QUEUE_MAX, sizeof *c.q.items);
     kube_client *k = NULL;
     llm_status st = c.q.items ? kube_client_new(cfg, &k, err) : llm_errf(err, LLM_ERR_NOMEM, "no memory");
-    informer in[2] = {{&c, "/apis/llmk8s.io/v1alpha1/llmdeployments", on_llmd, 0, {0}},
-                      {&c, "/apis/apps/v1/deployments?labelSelector=" REC_MANAGED_BY "%3D" REC_CONTROLLER, on_owned, 0, {0}}};
-    pthread_t th[2];
+#define OWNED "?labelSelector=" REC_MANAGED_BY "%3D" REC_CONTROLLER
+    informer in[] = {{&c, 0, "/apis/llmk8s.io/v1alpha1/llmdeployments", 0},
+                     {&c, 1, "/apis/apps/v1/deployments" OWNED, 1},
+                     {&c, 2, "/api/v1/services" OWNED, 1},
+                     {&c, 3, "/api/v1/configmaps" OWNED, 1},
+                     {&c, 4, "/apis/policy/v1/poddisruptionbudgets" OWNED, 1}};
+    enum { N_INFORMERS = sizeof in / sizeof *in };
+    ctl_obs_expect_informers(N_INFORMERS);
+    pthread_t th[N_INFORMERS];
     int started = 0;
-    for (; !st && started < 2; started++)
+    while (!st && started < N_INFORMERS)
         if (pthread_create(&th[started], NULL, inform, &in[started]))
             st = llm_errf(err, LLM_ERR_INTERNAL, "cannot start an informer thread");
+        else
+            started++;
     if (!st && opt->leader_elect) {
         ctl_lease_config lc = opt->lease;
         lc.on_change = q_activate;

@@ -22,7 +22,8 @@ static struct {
     double sum;
     unsigned long long n;
     long queue;
-    int leader, synced[2];
+    int leader;
+    unsigned synced, expected; /* bit per informer */
     double heartbeat; /* monotonic seconds; 0 before the worker starts */
     struct mg_context *mg;
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -99,10 +100,20 @@ void ctl_obs_reconcile_seconds(double s)
 SETTER(ctl_obs_set_queue, long, queue)
 SETTER(ctl_obs_set_leader, int, leader)
 
+void ctl_obs_expect_informers(int n)
+{
+    pthread_mutex_lock(&g.mu);
+    g.expected = n >= 32 ? ~0u : (1u << n) - 1;
+    pthread_mutex_unlock(&g.mu);
+}
+
 void ctl_obs_set_synced(int informer, int synced)
 {
     pthread_mutex_lock(&g.mu);
-    g.synced[informer & 1] = synced;
+    if (synced)
+        g.synced |= 1u << (informer & 31);
+    else
+        g.synced &= ~(1u << (informer & 31));
     pthread_mutex_unlock(&g.mu);
 }
 
@@ -210,7 +221,7 @@ static int on_readyz(struct mg_connection *c, void *arg)
 {
     (void)arg;
     pthread_mutex_lock(&g.mu);
-    int ok = g.synced[0] && g.synced[1];
+    int ok = g.expected && (g.synced & g.expected) == g.expected;
     pthread_mutex_unlock(&g.mu);
     return reply(c, ok ? 200 : 503, "text/plain", ok ? "ok\n" : "informers have not listed yet\n");
 }

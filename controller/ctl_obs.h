@@ -36,7 +36,9 @@ void ctl_obs_count(ctl_counter c);
 void ctl_obs_reconcile_seconds(double s);
 void ctl_obs_set_queue(long depth);
 void ctl_obs_set_leader(int leader);
-void ctl_obs_set_synced(int informer, int synced); /* informer 0 or 1 */
+/* Readiness: n informers must have listed; informer i (0..n-1) has. */
+void ctl_obs_expect_informers(int n);
+void ctl_obs_set_synced(int informer, int synced);
 void ctl_obs_heartbeat(void);                       /* the worker came round its loop */
 
 /* The exposition text (malloc'd; the caller frees it); NULL without memory. */

@@ -221,13 +221,16 @@ const char *kube_config_token(kube_config *c, char *out, size_t n)
 {
     struct stat sb;
     pthread_mutex_lock(&c->mu);
-    if (c->token_file && stat(c->token_file, &sb) == 0 && (sb.st_mtime != c->token_mtime || !c->token)) {
+    if (c->token_file && stat(c->token_file, &sb) == 0 &&
+        (!c->token || sb.st_mtim.tv_sec != c->token_mtime.tv_sec || sb.st_mtim.tv_nsec != c->token_mtime.tv_nsec ||
+         (unsigned long)sb.st_ino != c->token_ino)) {
         char *t = read_file(c->token_file, NULL, NULL);
         if (t) {
             t[strcspn(t, "\r\n")] = 0;
             free(c->token);
             c->token = t;
-            c->token_mtime = sb.st_mtime;
+            c->token_mtime = sb.st_mtim;
+            c->token_ino = (unsigned long)sb.st_ino;
         }
     }
     int ok = c->token && strlen(c->token) < n;

@@ -26,7 +26,8 @@ typedef struct kube_config {
     char *server;            /* https://host:port */
     char *token;             /* bearer token or NULL */
     char *token_file;        /* in-cluster: the file to re-read */
-    time_t token_mtime;
+    struct timespec token_mtime; /* and inode: a rotation replaces the file */
+    unsigned long token_ino;
     char *ca_pem;            /* CA bundle (PEM) or NULL: system CAs */
     size_t ca_len;
     char *cert_pem, *key_pem; /* client certificate, or NULL */

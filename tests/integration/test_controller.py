@@ -3,6 +3,7 @@ data + bearer token) and in-cluster service-account credentials, listing
 LLMDeployments; clear errors for a missing CRD, bad credentials, an
 unreachable server and a malformed kubeconfig."""
 import os
+import pathlib
 
 import pytest
 import yaml
@@ -153,3 +154,44 @@ def test_watch_sync_changes_and_relist(tmp_path):
             w.kill()
         ks.terminate()
         ks.wait(timeout=10)
+
+
+def test_token_rotation_and_late_rbac(sim, kubectl, tmp_path):  # noqa: F811
+    """In-cluster, started before its RBAC is bound and with a token that is
+    not (yet) valid: the controller keeps retrying with /readyz 503 and
+    becomes ready, without a restart, once the projected token file is
+    replaced by a valid one and the RBAC is applied (helm's install order
+    does not wait for bindings)."""
+    import subprocess
+    import time
+    from test_operator import free_port, http_code
+    from test_kubesim import wait_for
+    kubectl("apply", "-f", str(CRD))
+    kubectl("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
+    kubectl("create", "namespace", "llm-system")
+    kubectl("-n", "llm-system", "create", "serviceaccount", "llm-operator")
+    env = sa_dir(sim, tmp_path, token="not-a-token")
+    port = free_port()
+    e = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)}
+    p = subprocess.Popen([tool("llm-controller"), "--http-addr", f"127.0.0.1:{port}"], env={**e, **env},
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: http_code(f"http://127.0.0.1:{port}/healthz") == 200, 10)
+        time.sleep(1.5)
+        assert http_code(f"http://127.0.0.1:{port}/readyz") == 503
+        token = kubectl("-n", "llm-system", "create", "token", "llm-operator").stdout.strip()
+        tok = pathlib.Path(env["KUBESIM_SERVICEACCOUNT_DIR"]) / "token"
+        new = tok.with_name("token.new")
+        new.write_text(token)
+        new.replace(tok)  # as the kubelet swaps projected files: a new inode
+        time.sleep(2.5)
+        assert http_code(f"http://127.0.0.1:{port}/readyz") == 503  # authenticated now, but not allowed
+        docs = yaml.safe_load_all((ROOT / "manifests" / "operator" / "llm-operator.yaml").read_text())
+        rbac = [d for d in docs if d and d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+        kubectl("apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump_all(rbac))
+        wait_for(lambda: http_code(f"http://127.0.0.1:{port}/readyz") == 200, 40)
+    finally:
+        p.terminate()
+        assert p.wait(timeout=20) == 0
+    log = p.stderr.read()
+    assert "HTTP 401" in log and "HTTP 403" in log, log[-2000:]

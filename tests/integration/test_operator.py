@@ -313,7 +313,7 @@ def test_faults_restart_conflict_killed_pod(cluster):
     """The API server restarts mid-run (watches break, resourceVersions
     expire): the controller relists and converges; forced 409s on the
     Deployment are retried; a killed pod is replaced and the status shows
-    the dip and the recovery."""
+    the dip and the recovery; children deleted by hand are recreated."""
     c = cluster
     ctl, url = c.controller()
     c.apply(replicas=1)
@@ -337,6 +337,12 @@ def test_faults_restart_conflict_killed_pod(cluster):
         return victim not in pod_names(c) and c.status().get("phase") == "Ready" and 0 in seen
     c.k("delete", "pod", victim, "--grace-period=0", "--wait=false")
     wait_for(recovered, 60)
+    uids = {kind: c.get(kind, name)["metadata"]["uid"] for kind, name in
+            (("service", "story"), ("configmap", "story-config"), ("pdb", "story"))}
+    for kind, name in (("service", "story"), ("configmap", "story-config"), ("pdb", "story")):
+        c.k("delete", kind, name)  # a child deleted by hand comes back (its informer sees it go)
+    wait_for(lambda: all((o := c.get(kind, name)) and o["metadata"]["uid"] != uids[kind] for kind, name in
+                         (("service", "story"), ("configmap", "story-config"), ("pdb", "story"))), 20)
     assert ctl.poll() is None
 
 
