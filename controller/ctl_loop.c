@@ -11,6 +11,10 @@
 #include "reconcile.h"
 
 #define KEY_MAX 320
+/* Watches last this long before they are renewed (a stop is noticed within
+ * a second regardless): at rest the controller makes about one request per
+ * informer per WATCH_TIMEOUT_S. */
+#define WATCH_TIMEOUT_S 300
 #define QUEUE_MAX 65536
 
 typedef struct qitem {
@@ -189,7 +193,7 @@ static void *inform(void *arg)
         llm_error err = {0};
         llm_status st = kube_client_new(in->c->cfg, &k, &err);
         if (!st)
-            st = kube_list_watch(k, in->c->cfg, in->path, 5, on_event, in, in->c->stop, &err);
+            st = kube_list_watch(k, in->c->cfg, in->path, WATCH_TIMEOUT_S, on_event, in, in->c->stop, &err);
         kube_client_free(k);
         if (!st)
             break;

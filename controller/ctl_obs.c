@@ -61,8 +61,9 @@ void ctl_log(ctl_level lvl, const char *msg, ...)
     va_start(ap, msg);
     for (const char *k; o && (k = va_arg(ap, const char *));) {
         const char *v = va_arg(ap, const char *);
+        json_t *js = v ? json_string(v) : NULL;
         if (v)
-            json_object_set_new(o, k, json_string(v) ? json_string(v) : json_string("(not UTF-8)"));
+            json_object_set_new(o, k, js ? js : json_string("(not UTF-8)"));
     }
     va_end(ap);
     char *line = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;

@@ -13,7 +13,16 @@ typedef struct wstate {
     kube_event_fn fn;
     void *ctx;
     int stopped, gone, too_long;
+    volatile int *stop;    /* the caller's: ends a quiet stream at once */
 } wstate;
+
+/* libcurl calls this about once a second even on a quiet stream. */
+static int on_progress(void *arg, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d)
+{
+    wstate *w = arg;
+    (void)a, (void)b, (void)c, (void)d;
+    return w->stop && *w->stop;
+}
 
 static void set_rv(wstate *w, json_t *obj)
 {
@@ -79,6 +88,13 @@ static llm_status watch_once(kube_config *cfg, const char *path, int timeout_s, 
     curl_easy_setopt(c, CURLOPT_WRITEDATA, w);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)timeout_s + 30);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, w);
+    /* a peer that vanished without closing is noticed by keepalive probes */
+    curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(c, CURLOPT_TCP_KEEPIDLE, 30L);
+    curl_easy_setopt(c, CURLOPT_TCP_KEEPINTVL, 10L);
     CURLcode rc = curl_easy_perform(c);
     long code = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
@@ -87,7 +103,7 @@ static llm_status watch_once(kube_config *cfg, const char *path, int timeout_s, 
     w->len = 0;
     if (code == 410)
         w->gone = 1;
-    if (w->gone || w->stopped)
+    if (w->gone || w->stopped || (w->stop && *w->stop))
         return LLM_OK;
     if (code == 401 || code == 403 || code == 404)
         return llm_errf(err, code == 404 ? LLM_ERR_NOT_FOUND : LLM_ERR_FORBIDDEN, "watch %s: HTTP %ld", path, code);
@@ -117,7 +133,7 @@ static llm_status relist(kube_client *k, const char *path, wstate *w, llm_error 
 llm_status kube_list_watch(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_event_fn fn,
                            void *ctx, volatile int *stop, llm_error *err)
 {
-    wstate w = {.fn = fn, .ctx = ctx};
+    wstate w = {.fn = fn, .ctx = ctx, .stop = stop};
     llm_status st = LLM_OK;
     int backoff_ms = 100, listed = 0;
     while (!w.stopped && !(stop && *stop)) {
