@@ -29,7 +29,7 @@ SERVER_SRC = server/srv_main.c server/srv_config.c server/srv_http.c server/srv_
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 CONTROLLER_SRC = controller/ctl_main.c controller/kube_config.c controller/kube_client.c controller/kube_watch.c \
                  controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
-                 controller/desired.c controller/pod_diag.c controller/kube_event.c
+                 controller/desired.c controller/pod_diag.c controller/kube_event.c controller/autoscale.c controller/pod_metrics.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 
@@ -77,6 +77,12 @@ $(BUILD)/bin/%: tools/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $< $(LIB) $(LDLIBS) -o $@
+
+# Controller logic with unit tests of its own (pure decisions, no API server).
+$(BUILD)/tests/test_autoscale: tests/unit/test_autoscale.c $(BUILD)/controller/autoscale.o $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(BUILD)/controller/autoscale.o $(LIB) -lcmocka -lcurl -ljansson $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 	@mkdir -p $(dir $@)

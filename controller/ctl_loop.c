@@ -256,7 +256,8 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, volatile int *stop,
                      {&c, 1, "/apis/apps/v1/deployments" OWNED, 1},
                      {&c, 2, "/api/v1/services" OWNED, 1},
                      {&c, 3, "/api/v1/configmaps" OWNED, 1},
-                     {&c, 4, "/apis/policy/v1/poddisruptionbudgets" OWNED, 1}};
+                     {&c, 4, "/apis/policy/v1/poddisruptionbudgets" OWNED, 1},
+                     {&c, 5, "/apis/autoscaling/v2/horizontalpodautoscalers" OWNED, 1}};
     enum { N_INFORMERS = sizeof in / sizeof *in };
     ctl_obs_expect_informers(N_INFORMERS);
     pthread_t th[N_INFORMERS];

@@ -3,9 +3,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "autoscale.h"
 #include "desired.h"
 #include "kube_event.h"
 #include "pod_diag.h"
+#include "pod_metrics.h"
 #include "reconcile.h"
 
 #define API "/apis/llmk8s.io/v1alpha1"
@@ -60,23 +62,64 @@ static llm_status apply(kube_client *k, const char *coll, json_t *want, applied 
 /* ---- children ------------------------------------------------------------------ */
 
 typedef struct children {
-    json_t *cm, *dep, *svc, *pdb;
+    json_t *cm, *dep, *svc, *pdb, *hpa;
     char template_hash[17];
+    as_config as;
+    int autoscaled;          /* the built-in autoscaler set the replicas */
+    json_t *as_state;        /* its new state, for status.autoscaling */
 } children;
 
 static void children_free(children *c)
 {
+    json_decref(c->hpa);
+    json_decref(c->as_state);
     json_decref(c->cm);
     json_decref(c->dep);
     json_decref(c->svc);
     json_decref(c->pdb);
 }
 
+/* The built-in autoscaler's turn: the replicas to run, from the pods'
+ * signal and the state kept in status.autoscaling; written into our copy
+ * of the spec so the desired Deployment carries them. */
+static void autoscale(kube_client *k, json_t *d, children *c)
+{
+    const char *ns = json_string_value(get2(d, "metadata", "namespace"));
+    const char *name = json_string_value(get2(d, "metadata", "name"));
+    json_t *spec = json_object_get(d, "spec");
+    char dpath[1024];
+    snprintf(dpath, sizeof dpath, "/apis/apps/v1/namespaces/%s/deployments/%s", ns, name);
+    json_t *dep = NULL, *prev = get2(d, "status", "autoscaling");
+    int current = json_is_integer(get2(prev, "desiredReplicas", NULL)) ? (int)json_integer_value(get2(prev, "desiredReplicas", NULL))
+                  : (int)json_integer_value(json_object_get(spec, "replicas"));
+    if (kube_request(k, "GET", dpath, NULL, NULL, &dep, NULL) == LLM_OK)
+        current = (int)json_integer_value(get2(json_object_get(dep, "spec"), "replicas", NULL));
+    json_decref(dep);
+    int n = 0;
+    long long port = json_integer_value(get2(json_object_get(spec, "server"), "port", NULL));
+    double v = pm_read_signal(k, ns, name, port ? port : 8080, c->as.metric, &n);
+    as_decision dec;
+    c->as_state = as_decide(&c->as, current, v, n, prev, (double)time(NULL), &dec);
+    if (!c->as_state)
+        return;
+    c->autoscaled = 1;
+    json_object_set_new(spec, "replicas", json_integer(dec.desired));
+    if (dec.changed)
+        kube_event(k, d, "Normal", "Autoscaled", "%d -> %d replicas: %s", current, dec.desired, dec.reason);
+}
+
 /* The desired children; LLM_ERR_INVALID_ARG with the reason when the spec
  * cannot give them. */
-static llm_status build(json_t *d, children *c, llm_error *err)
+static llm_status build(kube_client *k, json_t *d, children *c, llm_error *err)
 {
     char msg[512] = "", cfg_hash[17];
+    llm_status st = as_config_from_spec(json_object_get(d, "spec"), &c->as, err);
+    if (st)
+        return st;
+    if (c->as.enabled && c->as.hpa && !(c->hpa = as_hpa(d, &c->as)))
+        return llm_errf(err, LLM_ERR_NOMEM, "cannot build the HorizontalPodAutoscaler");
+    if (c->as.enabled && !c->as.hpa)
+        autoscale(k, d, c);
     if (!(c->cm = des_configmap(d, msg, sizeof msg)))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg[0] ? msg : "cannot build the ConfigMap");
     des_hash(json_object_get(c->cm, "data"), cfg_hash);
@@ -90,7 +133,7 @@ static llm_status build(json_t *d, children *c, llm_error *err)
 }
 
 /* Events for what changed in the Deployment. */
-static void deployment_events(kube_client *k, json_t *d, applied did, json_t *old, json_t *want)
+static void deployment_events(kube_client *k, json_t *d, applied did, json_t *old, json_t *want, int autoscaled)
 {
     const char *name = json_string_value(get2(want, "metadata", "name"));
     if (did == CREATED) {
@@ -101,7 +144,7 @@ static void deployment_events(kube_client *k, json_t *d, applied did, json_t *ol
         return;
     json_int_t was = json_integer_value(get2(json_object_get(old, "spec"), "replicas", NULL));
     json_int_t now = json_integer_value(get2(json_object_get(want, "spec"), "replicas", NULL));
-    if (was != now)
+    if (was != now && !autoscaled) /* the autoscaler posts its own, with the reason */
         kube_event(k, d, "Normal", "Scaled", "scaled from %lld to %lld replicas", (long long)was, (long long)now);
     const char *t0 = ann(old, TEMPLATE_ANN), *t1 = ann(want, TEMPLATE_ANN);
     if (!t0 || !t1 || strcmp(t0, t1))
@@ -121,12 +164,29 @@ static llm_status apply_children(kube_client *k, json_t *d, children *c, llm_err
     json_t *old = NULL;
     llm_status st = apply(k, cms, c->cm, &did, NULL, err);
     if (!st && !(st = apply(k, deps, c->dep, &did, &old, err)))
-        deployment_events(k, d, did, old, c->dep);
+        deployment_events(k, d, did, old, c->dep, c->autoscaled);
     json_decref(old);
     if (!st)
         st = apply(k, svcs, c->svc, &did, NULL, err);
     if (!st)
         st = apply(k, pdbs, c->pdb, &did, NULL, err);
+    char hpas[512], hpa[1024];
+    snprintf(hpas, sizeof hpas, "/apis/autoscaling/v2/namespaces/%s/horizontalpodautoscalers", ns);
+    snprintf(hpa, sizeof hpa, "%s/%s", hpas, json_string_value(get2(d, "metadata", "name")));
+    if (!st && c->hpa) {
+        st = apply(k, hpas, c->hpa, &did, NULL, err);
+        if (!st && did == CREATED)
+            kube_event(k, d, "Normal", "Created", "created HorizontalPodAutoscaler on %s", c->as.metric);
+    } else if (!st) { /* autoscaling off or built-in: an HPA of ours would fight it */
+        json_t *cur = NULL;
+        if (kube_request(k, "GET", hpa, NULL, NULL, &cur, NULL) == LLM_OK &&
+            json_string_value(json_object_get(get2(cur, "metadata", "labels"), REC_MANAGED_BY)) &&
+            !strcmp(json_string_value(json_object_get(get2(cur, "metadata", "labels"), REC_MANAGED_BY)), REC_CONTROLLER))
+            st = kube_request(k, "DELETE", hpa, NULL, NULL, NULL, err);
+        if (st == LLM_ERR_NOT_FOUND)
+            st = LLM_OK;
+        json_decref(cur);
+    }
     return st;
 }
 
@@ -297,7 +357,7 @@ llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, doubl
         return LLM_OK; /* deleted: its children go with it (ownerReferences) */
     if (st || get2(d, "metadata", "deletionTimestamp"))
         goto out;
-    st = build(d, &c, err);
+    st = build(k, d, &c, err);
     if (!st)
         st = apply_children(k, d, &c, err);
     if (st == LLM_ERR_INVALID_ARG) { /* the spec, not the moment: no retry until it changes */
@@ -311,11 +371,15 @@ llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, doubl
         judge(k, d, dep, &v);
         if (!(status = status_of(d, &v, c.template_hash, dep)))
             st = llm_errf(err, LLM_ERR_NOMEM, "%s/%s: cannot build the status", ns, name);
+        else if (c.as_state)
+            json_object_set(status, "autoscaling", c.as_state);
     }
     if (!st && !(st = update_status(k, path, d, status, err)))
         status_events(k, d, &v);
     if (!st && !v.ready)
         *requeue_s = 5; /* not ready: look again for progress or failure (nothing polls at rest) */
+    if (!st && c.autoscaled && (*requeue_s == 0 || c.as.interval_s < *requeue_s))
+        *requeue_s = c.as.interval_s; /* the autoscaler reads its signal every interval */
 out:
     json_decref(d);
     json_decref(dep);

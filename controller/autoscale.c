@@ -1,0 +1,221 @@
+/* autoscale.c - the built-in autoscaler and the HPA child; see autoscale.h. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "autoscale.h"
+#include "reconcile.h" /* label names */
+
+#define HISTORY_MAX 5
+
+static int int_of(json_t *o, const char *k, int def)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_integer(v) ? (int)json_integer_value(v) : def;
+}
+
+static double num_of(json_t *o, const char *k, double def)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_number(v) ? json_number_value(v) : def;
+}
+
+const char *as_metric_name(const char *metric)
+{
+    if (!strcmp(metric, "kvCacheUsage"))
+        return "llm_kv_cache_usage_ratio";
+    if (!strcmp(metric, "tokensPerSecond"))
+        return "llm_generation_tokens_per_second";
+    return "llm_requests_waiting";
+}
+
+llm_status as_config_from_spec(json_t *spec, as_config *c, llm_error *err)
+{
+    json_t *a = json_object_get(spec, "autoscaling");
+    memset(c, 0, sizeof *c);
+    c->enabled = json_is_true(json_object_get(a, "enabled"));
+    const char *mode = json_string_value(json_object_get(a, "mode"));
+    c->hpa = mode && !strcmp(mode, "hpa");
+    const char *metric = json_string_value(json_object_get(a, "metric"));
+    snprintf(c->metric, sizeof c->metric, "%s", metric ? metric : "queueDepth");
+    c->min = int_of(a, "minReplicas", 1);
+    c->max = int_of(a, "maxReplicas", 4);
+    c->max_up_step = int_of(a, "maxScaleUpStep", 4);
+    c->interval_s = int_of(a, "intervalSeconds", 15);
+    c->up_window_s = int_of(a, "scaleUpStabilizationSeconds", 0);
+    c->down_window_s = int_of(a, "scaleDownStabilizationSeconds", 300);
+    c->tolerance = num_of(a, "tolerance", 0.1);
+    double def = !strcmp(c->metric, "kvCacheUsage") ? 0.7 : !strcmp(c->metric, "tokensPerSecond") ? 100
+                 : !strcmp(c->metric, "cpu") ? 80 : 4;
+    c->target = num_of(a, "target", def);
+    if (!c->enabled)
+        return LLM_OK;
+    if (c->min < 1 || c->max < c->min)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.autoscaling: minReplicas %d and maxReplicas %d: need 1 <= min <= max",
+                        c->min, c->max);
+    if (!(c->target > 0))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.autoscaling.target: %g must be above 0", c->target);
+    if (!c->hpa && !strcmp(c->metric, "cpu"))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.autoscaling.metric: cpu needs mode hpa (the built-in "
+                                                  "autoscaler reads the serving signals)");
+    if (c->interval_s < 1 || c->max_up_step < 1 || c->tolerance < 0)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.autoscaling: intervalSeconds, maxScaleUpStep >= 1, tolerance >= 0");
+    return LLM_OK;
+}
+
+/* ---- reading the signal ------------------------------------------------------------ */
+
+double as_prom_value(const char *text, const char *name, int *found)
+{
+    size_t n = strlen(name);
+    double sum = 0;
+    *found = 0;
+    for (const char *p = text; p && *p;) {
+        const char *eol = strchr(p, '\n');
+        if (*p != '#' && !strncmp(p, name, n) && (p[n] == ' ' || p[n] == '{')) {
+            const char *v = p + n;
+            if (*v == '{')
+                v = strchr(v, '}');
+            char *end;
+            double x = v ? strtod(v + 1, &end) : NAN;
+            if (v && end != v + 1 && isfinite(x)) {
+                sum += x;
+                *found = 1;
+            }
+        }
+        p = eol ? eol + 1 : NULL;
+    }
+    return sum;
+}
+
+/* ---- deciding ------------------------------------------------------------------------ */
+
+static void iso_time(double unix_s, char out[32])
+{
+    time_t t = (time_t)unix_s;
+    struct tm tm;
+    strftime(out, 32, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+}
+
+/* What the reading alone asks for. Unready pods count as idle when scaling
+ * up (their share of the signal is 0) and are left out when scaling down,
+ * as the HPA does, so a loading pod neither triggers nor blocks a step. */
+static int raw_recommendation(const as_config *c, int current, double value, int n_pods, char *why, size_t wn)
+{
+    if (n_pods <= 0 || current <= 0) {
+        snprintf(why, wn, "no ready pod to read %s from", c->metric);
+        return current > 0 ? current : c->min;
+    }
+    double up = value * n_pods / current / c->target, down = value / c->target;
+    int want = current;
+    if (up > 1 + c->tolerance)
+        want = (int)ceil(value * n_pods / c->target - 1e-9);
+    else if (down < 1 - c->tolerance)
+        want = (int)ceil(current * down - 1e-9);
+    snprintf(why, wn, "%s %.2f per pod (%d ready) %s target %.2f", c->metric, value, n_pods,
+             want > current ? "over" : want < current ? "under" : "near", c->target);
+    return want < c->min ? c->min : want > c->max ? c->max : want;
+}
+
+json_t *as_decide(const as_config *c, int current, double value, int n_pods, json_t *prev, double now_unix,
+                  as_decision *out)
+{
+    memset(out, 0, sizeof *out);
+    char why[200];
+    int raw = raw_recommendation(c, current, value, n_pods, why, sizeof why);
+    /* recommendations within the longer window, plus this one */
+    int keep_s = c->up_window_s > c->down_window_s ? c->up_window_s : c->down_window_s;
+    json_t *recs = json_array();
+    json_t *old = json_object_get(prev, "recommendations");
+    for (size_t i = 0; i < json_array_size(old); i++) {
+        json_t *r = json_array_get(old, i);
+        double t = json_number_value(json_array_get(r, 0));
+        if (json_array_size(r) == 2 && now_unix - t <= keep_s && t <= now_unix)
+            json_array_append(recs, r);
+    }
+    json_array_append_new(recs, json_pack("[f,i]", floor(now_unix), raw));
+    int up_rec = raw, down_rec = raw;
+    for (size_t i = 0; i < json_array_size(recs); i++) {
+        double t = json_number_value(json_array_get(json_array_get(recs, i), 0));
+        int r = (int)json_number_value(json_array_get(json_array_get(recs, i), 1));
+        if (now_unix - t <= c->up_window_s && r < up_rec)
+            up_rec = r;
+        if (now_unix - t <= c->down_window_s && r > down_rec)
+            down_rec = r;
+    }
+    int desired = current;
+    if (desired < up_rec)
+        desired = up_rec;
+    if (desired > down_rec)
+        desired = down_rec;
+    if (desired > current + c->max_up_step)
+        desired = current + c->max_up_step;
+    desired = desired < c->min ? c->min : desired > c->max ? c->max : desired;
+    out->desired = desired;
+    out->changed = desired != current;
+    snprintf(out->reason, sizeof out->reason, "%s", why);
+    json_t *hist = json_array();
+    json_t *oh = json_object_get(prev, "history");
+    for (size_t i = json_array_size(oh) > HISTORY_MAX - 1 ? json_array_size(oh) - (HISTORY_MAX - 1) : 0;
+         i < json_array_size(oh); i++)
+        json_array_append(hist, json_array_get(oh, i));
+    char when[32];
+    iso_time(now_unix, when);
+    json_t *last = json_object_get(prev, "lastScaleTime");
+    if (out->changed) {
+        json_array_append_new(hist, json_pack("{s:s,s:i,s:i,s:s}", "time", when, "from", current, "to", desired,
+                                              "reason", why));
+        last = NULL;
+    } else {
+        while (json_array_size(hist) > HISTORY_MAX) json_array_remove(hist, 0);
+    }
+    json_t *st = json_pack("{s:i,s:f,s:i,s:o,s:o}", "desiredReplicas", desired, "currentValue",
+                           n_pods > 0 ? round(value * 1000) / 1000 : 0.0, "readyPods", n_pods, "recommendations", recs,
+                           "history", hist);
+    if (st)
+        json_object_set_new(st, "lastScaleTime", out->changed ? json_string(when)
+                                                 : last ? json_incref(last) : json_null());
+    if (st && json_is_null(json_object_get(st, "lastScaleTime")))
+        json_object_del(st, "lastScaleTime");
+    return st;
+}
+
+/* ---- HPA mode ------------------------------------------------------------------------- */
+
+/* A quantity for a target value: "4", or "700m" for fractions. */
+static void quantity(double v, char out[32])
+{
+    if (fabs(v - round(v)) < 1e-9)
+        snprintf(out, 32, "%.0f", v);
+    else
+        snprintf(out, 32, "%.0fm", v * 1000);
+}
+
+json_t *as_hpa(json_t *d, const as_config *c)
+{
+    json_t *md = json_object_get(d, "metadata");
+    const char *name = json_string_value(json_object_get(md, "name"));
+    json_t *metric;
+    if (!strcmp(c->metric, "cpu")) {
+        metric = json_pack("{s:s,s:{s:s,s:{s:s,s:i}}}", "type", "Resource", "resource", "name", "cpu", "target", "type",
+                           "Utilization", "averageUtilization", (int)c->target);
+    } else {
+        char q[32];
+        quantity(c->target, q);
+        metric = json_pack("{s:s,s:{s:{s:s},s:{s:s,s:s}}}", "type", "Pods", "pods", "metric", "name",
+                           as_metric_name(c->metric), "target", "type", "AverageValue", "averageValue", q);
+    }
+    return json_pack("{s:s,s:s,s:{s:s,s:O,s:{s:s,s:s,s:s},s:[{s:s,s:s,s:O,s:O,s:b,s:b}],s:{}},"
+                     "s:{s:{s:s,s:s,s:s},s:i,s:i,s:[o],s:{s:{s:i},s:{s:i}}}}",
+                     "apiVersion", "autoscaling/v2", "kind", "HorizontalPodAutoscaler", "metadata", "name", name,
+                     "namespace", json_object_get(md, "namespace"), "labels", "app.kubernetes.io/name", "llm-server",
+                     REC_INSTANCE, name, REC_MANAGED_BY, REC_CONTROLLER, "ownerReferences", "apiVersion",
+                     "llmk8s.io/v1alpha1", "kind", "LLMDeployment", "name", json_object_get(md, "name"), "uid",
+                     json_object_get(md, "uid"), "controller", 1, "blockOwnerDeletion", 1, "annotations", "spec",
+                     "scaleTargetRef", "apiVersion", "llmk8s.io/v1alpha1", "kind", "LLMDeployment", "name", name,
+                     "minReplicas", c->min, "maxReplicas", c->max, "metrics", metric, "behavior", "scaleUp",
+                     "stabilizationWindowSeconds", c->up_window_s, "scaleDown", "stabilizationWindowSeconds",
+                     c->down_window_s);
+}

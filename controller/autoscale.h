@@ -1,0 +1,57 @@
+/* autoscale.h - the built-in autoscaler: an LLMDeployment's replicas from
+ * a per-pod serving signal read off its ready pods' /metrics (requests
+ * waiting, KV cache usage, generated tokens/s), decided as the HPA does:
+ * desired = ceil(current * value / target), nothing within the tolerance,
+ * scale-up to the lowest and scale-down to the highest recommendation of
+ * their stabilisation windows, at most max_up_step pods added at once,
+ * clamped to [min, max]. Its state (recent recommendations, the last
+ * decisions) lives in the LLMDeployment's status.autoscaling, so a new
+ * leader carries on where the old one stopped - no flap to min.
+ *
+ * Also the HorizontalPodAutoscaler child for mode "hpa".
+ *
+ * Reading the signal is pod_metrics.h's job. Ownership: returned JSON
+ * belongs to the caller. Thread-safety: pure functions. */
+#ifndef AUTOSCALE_H
+#define AUTOSCALE_H
+
+#include <jansson.h>
+
+#include "llm/status.h"
+
+typedef struct as_config {
+    int enabled, hpa;        /* hpa: mode "hpa" (a HorizontalPodAutoscaler child) */
+    int min, max, max_up_step;
+    char metric[32];         /* queueDepth, kvCacheUsage, tokensPerSecond, cpu */
+    double target, tolerance;
+    int interval_s, up_window_s, down_window_s;
+} as_config;
+
+/* From spec.autoscaling (defaults as the CRD's); LLM_ERR_INVALID_ARG with
+ * the field when it cannot work (min > max, cpu in builtin mode). */
+llm_status as_config_from_spec(json_t *spec, as_config *c, llm_error *err);
+
+/* The server metric behind a signal name ("llm_requests_waiting", ...). */
+const char *as_metric_name(const char *metric);
+
+/* One reading of a Prometheus text exposition: the sum of every series of
+ * name; 0 (and *found 0) when absent. */
+double as_prom_value(const char *text, const char *name, int *found);
+
+typedef struct as_decision {
+    int desired;             /* replicas to run */
+    int changed;             /* desired != current */
+    char reason[256];        /* "queueDepth 12.0 per pod over target 4.0" */
+} as_decision;
+
+/* Decides from the current replicas, the reading (value per pod over
+ * n_pods ready pods; n_pods 0: no reading, hold) and the previous state
+ * (status.autoscaling or NULL); returns the new state to store. */
+json_t *as_decide(const as_config *c, int current, double value, int n_pods, json_t *prev, double now_unix,
+                  as_decision *out);
+
+/* The HorizontalPodAutoscaler (autoscaling/v2) for mode "hpa", targeting
+ * the LLMDeployment's scale subresource. */
+json_t *as_hpa(json_t *llmd, const as_config *c);
+
+#endif

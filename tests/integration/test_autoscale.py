@@ -1,0 +1,128 @@
+"""Autoscaling on kubesim with real llm-server pods: the built-in
+autoscaler scales up when requests queue and back down after its
+stabilisation window - also across a controller restart, whose state it
+keeps in status - and HPA mode creates a HorizontalPodAutoscaler on the
+LLMDeployment's scale subresource that kubesim's HPA controller drives."""
+import json
+import os
+import shutil
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from test_kubesim import wait_for
+from test_operator import Cluster
+
+AUTOSCALED = """  autoscaling:
+    enabled: true
+    mode: {mode}
+    metric: queueDepth
+    target: 1
+    minReplicas: 1
+    maxReplicas: 3
+    intervalSeconds: 1
+    scaleDownStabilizationSeconds: {down}
+    maxScaleUpStep: 2
+"""
+
+
+@pytest.fixture()
+def slow_model(models):
+    """A model slow enough on one thread (llama-110m shape, ~0.3 s per 64
+    tokens) that requests queue behind max_seqs 1."""
+    return models("llama-110m", "Q8_0")
+
+
+def load(c, stop, n=8):
+    """n clients looping 64-token completions through the ready endpoints."""
+    def client():
+        while not stop.is_set():
+            ips = c.ready_ips()
+            if not ips:
+                time.sleep(0.2)
+                continue
+            body = json.dumps({"model": "story", "prompt": "Once upon a time", "max_tokens": 64,
+                               "ignore_eos": True}).encode()
+            req = urllib.request.Request(f"http://{ips[hash(threading.current_thread().name) % len(ips)]}:8080"
+                                         "/v1/completions", body, {"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=60).read()
+            except OSError:
+                time.sleep(0.1)
+    th = [threading.Thread(target=client, daemon=True) for _ in range(n)]
+    for t in th:
+        t.start()
+    return th
+
+
+def replicas(c):
+    return (c.get("deployment", "story") or {}).get("spec", {}).get("replicas")
+
+
+def test_builtin_scales_up_and_down_across_a_restart(tmp_path, slow_model):
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    c = Cluster(tmp_path, slow_model)
+    try:
+        ctl, url = c.controller()
+        c.apply(replicas=1, seqs=1, extra=AUTOSCALED.format(mode="builtin", down=8))
+        wait_for(lambda: c.status().get("phase") == "Ready", 90)
+        stop = threading.Event()
+        th = load(c, stop)
+        wait_for(lambda: replicas(c) == 3, 40)
+        st = c.status()["autoscaling"]
+        up = st["history"][-1]
+        assert up["from"] in (1, 2) and up["to"] in (2, 3) and "over target 1.00" in up["reason"], st
+        wait_for(lambda: c.status().get("readyReplicas") == 3, 90)
+        stop.set()
+        for t in th:
+            t.join(timeout=60)
+        t_quiet = time.time()
+        # a new controller (as after a leader change) carries on from the status
+        ctl.terminate()
+        assert ctl.wait(timeout=30) == 0
+        c.controller()
+        wait_for(lambda: replicas(c) == 1, 60)
+        waited = time.time() - t_quiet
+        assert waited >= 6, f"scaled down after {waited:.1f} s, inside the 8 s window"
+        st = c.status()["autoscaling"]
+        assert st["history"][-1]["to"] == 1 and "under target" in st["history"][-1]["reason"]
+        assert st["desiredReplicas"] == 1 and st["lastScaleTime"]
+        described = c.k("describe", "llmd", "story").stdout
+        assert "Autoscaled" in described and "-> 3 replicas" in described
+    finally:
+        assert all(rc == 0 for rc in c.close())
+
+
+def test_hpa_mode(tmp_path, slow_model):
+    """mode: hpa -> an autoscaling/v2 HPA on the LLMDeployment's scale
+    subresource with the Pods metric llm_requests_waiting; kubesim's HPA
+    controller reads the pods and scales the LLMDeployment, the controller
+    follows; autoscaling off -> the HPA is deleted."""
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    c = Cluster(tmp_path, slow_model, env={"KUBESIM_HPA_SECONDS": "1"})
+    try:
+        c.controller()
+        c.apply(replicas=1, seqs=1, extra=AUTOSCALED.format(mode="hpa", down=0))
+        hpa = wait_for(lambda: c.get("hpa", "story"), 30)
+        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "llmk8s.io/v1alpha1", "kind": "LLMDeployment",
+                                                 "name": "story"}
+        assert hpa["spec"]["metrics"][0]["pods"] == {"metric": {"name": "llm_requests_waiting"},
+                                                     "target": {"type": "AverageValue", "averageValue": "1"}}
+        assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 3)
+        wait_for(lambda: c.status().get("phase") == "Ready", 90)
+        stop = threading.Event()
+        th = load(c, stop)
+        try:
+            wait_for(lambda: c.get("llmd", "story")["spec"]["replicas"] > 1 and replicas(c) > 1, 60)
+        finally:
+            stop.set()
+            for t in th:
+                t.join(timeout=60)
+        c.k("patch", "llmd", "story", "--type", "merge", "-p", '{"spec":{"autoscaling":{"enabled":false}}}')
+        wait_for(lambda: c.get("hpa", "story") is None, 30)
+    finally:
+        assert all(rc == 0 for rc in c.close())

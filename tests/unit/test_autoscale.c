@@ -1,0 +1,170 @@
+/* test_autoscale.c - the built-in autoscaler's decisions, against the HPA
+ * algorithm worked by hand: proportional desired count, tolerance, unready
+ * pods, stabilisation windows both ways, the step limit, the bounds, state
+ * carried through status (a new leader does not flap), and the Prometheus
+ * text reader. */
+#include "testutil.h"
+
+#include <jansson.h>
+
+#include "autoscale.h"
+
+static as_config cfg(void)
+{
+    json_t *spec = json_pack("{s:{s:b,s:i,s:i,s:s,s:f,s:i,s:i,s:i}}", "autoscaling", "enabled", 1, "minReplicas", 1,
+                             "maxReplicas", 10, "metric", "queueDepth", "target", 4.0, "scaleUpStabilizationSeconds", 0,
+                             "scaleDownStabilizationSeconds", 60, "maxScaleUpStep", 4);
+    as_config c;
+    llm_error err = {0};
+    assert_int_equal(as_config_from_spec(spec, &c, &err), LLM_OK);
+    json_decref(spec);
+    return c;
+}
+
+static void test_proportional_and_tolerance(void **st)
+{
+    (void)st;
+    as_config c = cfg();
+    as_decision d;
+    json_t *s = as_decide(&c, 2, 12.0, 2, NULL, 1000, &d); /* 2 pods x 12 waiting / 4 = 6 */
+    assert_int_equal(d.desired, 6);
+    assert_true(d.changed);
+    assert_non_null(strstr(d.reason, "queueDepth 12.00 per pod (2 ready) over target 4.00"));
+    assert_int_equal(json_integer_value(json_object_get(s, "desiredReplicas")), 6);
+    assert_int_equal(json_array_size(json_object_get(s, "history")), 1);
+    json_decref(s);
+    s = as_decide(&c, 3, 4.3, 3, NULL, 1000, &d); /* within 10% */
+    assert_int_equal(d.desired, 3);
+    assert_false(d.changed);
+    assert_int_equal(json_array_size(json_object_get(s, "history")), 0);
+    json_decref(s);
+}
+
+static void test_unready_pods_and_no_reading(void **st)
+{
+    (void)st;
+    as_config c = cfg();
+    as_decision d;
+    /* 4 replicas, 1 ready with 8 waiting: counting the loading pods as idle
+     * it is 2 per pod (no scale-up); per ready pod it is 8 (no scale-down) */
+    json_t *s = as_decide(&c, 4, 8.0, 1, NULL, 1000, &d);
+    assert_int_equal(d.desired, 4);
+    assert_non_null(strstr(d.reason, "near target"));
+    json_decref(s);
+    s = as_decide(&c, 4, 0, 0, NULL, 1000, &d);
+    assert_int_equal(d.desired, 4);
+    assert_non_null(strstr(d.reason, "no ready pod"));
+    json_decref(s);
+}
+
+static void test_step_and_bounds(void **st)
+{
+    (void)st;
+    as_config c = cfg();
+    as_decision d;
+    json_t *s = as_decide(&c, 1, 100.0, 1, NULL, 1000, &d); /* wants 25: +4 at most, then max 10 later */
+    assert_int_equal(d.desired, 5);
+    json_decref(s);
+    s = as_decide(&c, 9, 100.0, 9, NULL, 1000, &d);
+    assert_int_equal(d.desired, 10);
+    json_decref(s);
+    c.min = 3;
+    s = as_decide(&c, 1, 0.0, 1, NULL, 1000, &d); /* below min: up to min at once */
+    assert_int_equal(d.desired, 3);
+    json_decref(s);
+}
+
+/* Scale-down waits for the highest recommendation of the last 60 s; the
+ * state passes through status, as across a leader change. */
+static void test_down_window_survives_restart(void **st)
+{
+    (void)st;
+    as_config c = cfg();
+    as_decision d;
+    json_t *s = as_decide(&c, 6, 4.0, 6, NULL, 1000, &d); /* steady at 6 */
+    assert_int_equal(d.desired, 6);
+    char *stored = json_dumps(s, 0); /* written to status, read back by the next leader */
+    json_decref(s);
+    json_t *prev = json_loads(stored, 0, NULL);
+    free(stored);
+    s = as_decide(&c, 6, 0.0, 6, prev, 1030, &d); /* load gone: wants 1, but 6 was recommended 30 s ago */
+    json_decref(prev);
+    assert_int_equal(d.desired, 6);
+    json_t *s2 = as_decide(&c, 6, 0.0, 6, s, 1061, &d); /* the 6 left the window; the 1 from t=1030 remains */
+    assert_int_equal(d.desired, 1);
+    assert_true(d.changed);
+    json_t *h = json_array_get(json_object_get(s2, "history"), 0);
+    assert_int_equal(json_integer_value(json_object_get(h, "from")), 6);
+    assert_int_equal(json_integer_value(json_object_get(h, "to")), 1);
+    assert_non_null(json_object_get(s2, "lastScaleTime"));
+    json_decref(s);
+    json_decref(s2);
+}
+
+static void test_up_window(void **st)
+{
+    (void)st;
+    as_config c = cfg();
+    c.up_window_s = 30;
+    as_decision d;
+    json_t *s = as_decide(&c, 2, 4.0, 2, NULL, 1000, &d);
+    json_t *s2 = as_decide(&c, 2, 16.0, 2, s, 1010, &d); /* a spike: lowest of the window is 2 */
+    assert_int_equal(d.desired, 2);
+    json_t *s3 = as_decide(&c, 2, 16.0, 2, s2, 1031, &d); /* sustained past the window */
+    assert_int_equal(d.desired, 6);                      /* 8 wanted, +4 at most */
+    json_decref(s);
+    json_decref(s2);
+    json_decref(s3);
+}
+
+static void test_history_is_bounded(void **st)
+{
+    (void)st;
+    as_config c = cfg();
+    c.down_window_s = 0;
+    as_decision d;
+    json_t *s = NULL;
+    int cur = 1;
+    for (int i = 0; i < 12; i++) {
+        json_t *n = as_decide(&c, cur, i % 2 ? 0.0 : 40.0, cur, s, 1000 + i, &d);
+        json_decref(s);
+        s = n;
+        cur = d.desired;
+    }
+    assert_int_equal(json_array_size(json_object_get(s, "history")), 5);
+    json_decref(s);
+}
+
+static void test_config_errors_and_prom(void **st)
+{
+    (void)st;
+    llm_error err = {0};
+    as_config c;
+    json_t *spec = json_pack("{s:{s:b,s:i,s:i}}", "autoscaling", "enabled", 1, "minReplicas", 5, "maxReplicas", 2);
+    assert_int_equal(as_config_from_spec(spec, &c, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "minReplicas 5 and maxReplicas 2"));
+    json_decref(spec);
+    spec = json_pack("{s:{s:b,s:s}}", "autoscaling", "enabled", 1, "metric", "cpu");
+    assert_int_equal(as_config_from_spec(spec, &c, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "cpu needs mode hpa"));
+    json_decref(spec);
+    int found;
+    const char *text = "# HELP llm_requests_waiting x\n# TYPE llm_requests_waiting gauge\nllm_requests_waiting 3\n"
+                       "llm_requests_waiting_other 100\nvllm:num_requests_waiting{model=\"m\"} 7\n"
+                       "x{a=\"1\"} 2\nx{a=\"2\"} 5.5\n";
+    assert_true(as_prom_value(text, "llm_requests_waiting", &found) == 3.0 && found);
+    assert_true(as_prom_value(text, "x", &found) == 7.5 && found);
+    assert_true(as_prom_value(text, "vllm:num_requests_waiting", &found) == 7.0 && found);
+    assert_true(as_prom_value(text, "absent", &found) == 0.0 && !found);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_proportional_and_tolerance), cmocka_unit_test(test_unready_pods_and_no_reading),
+        cmocka_unit_test(test_step_and_bounds),            cmocka_unit_test(test_down_window_survives_restart),
+        cmocka_unit_test(test_up_window),                  cmocka_unit_test(test_history_is_bounded),
+        cmocka_unit_test(test_config_errors_and_prom),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
