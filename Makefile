@@ -31,6 +31,10 @@ CONTROLLER_SRC = controller/ctl_main.c controller/kube_config.c controller/kube_
                  controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
                  controller/desired.c controller/pod_diag.c controller/kube_event.c controller/autoscale.c controller/pod_metrics.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
+ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_proxy.c
+# what the router shares with the controller: the API client and watch, the Prometheus text reader
+ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/controller/kube_config.o $(BUILD)/controller/kube_client.o \
+             $(BUILD)/controller/kube_watch.o $(BUILD)/controller/autoscale.o
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
@@ -43,7 +47,12 @@ $(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 $(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
 .PHONY: all run test asan bench bench-load deps lint clean unit pytest fuzz models tsan manifests
-all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller
+all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router
+
+$(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) $(ROUTER_OBJ) $(LIB) -lcivetweb -lcurl -ljansson -lyaml $(LDLIBS) -o $@
 
 $(BUILD)/bin/llm-controller: $(CONTROLLER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -64,7 +73,8 @@ $(BUILD)/bin/llm-server: $(SERVER_OBJ) $(LIB)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $(SERVER_OBJ) $(LIB) -lcivetweb -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
-$(BUILD)/%.o: %.c $(wildcard engine/include/llm/*.h engine/*.h engine/cpu/*.h server/*.h controller/*.h)
+$(BUILD)/router/%.o: EXTRA_CFLAGS = -Icontroller
+$(BUILD)/%.o: %.c $(wildcard engine/include/llm/*.h engine/*.h engine/cpu/*.h server/*.h controller/*.h router/*.h)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
 	@$(CC) $(CFLAGS_BASE) $(EXTRA_CFLAGS) -c $< -o $@
@@ -139,7 +149,7 @@ manifests: $(BUILD)/bin/helm-render
 unit: $(UNIT_BIN)
 	@fail=0; for t in $(UNIT_BIN); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
-pytest: $(TOOL_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/helm-render
+pytest: $(TOOL_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render
 	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration
 
 FUZZ_TIME ?= 20
@@ -175,7 +185,7 @@ bench-load: deps all $(DEFAULT_MODEL)
 	  $(if $(LLAMA_SERVER),--peer $(LLAMA_SERVER))
 
 lint:
-	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) $(SERVER_SRC) $(CONTROLLER_SRC) tools/*.c || (echo "lint: banned call" && false)
+	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c || (echo "lint: banned call" && false)
 
 clean:
 	rm -rf build build-asan build-tsan

@@ -1,0 +1,374 @@
+/* rt_main.c - llm-router: an inference-aware HTTP router in front of
+ * llm-server pods. Backends come from --backend URLs or from a Service's
+ * EndpointSlices (watched through the API server); a poller reads each
+ * backend's own load (/metrics) for the least-loaded choice and ejects
+ * backends that stop answering; requests are proxied by rt_proxy.c.
+ *   llm-router [--host H] [--port P] (--backend URL... | --service NS/NAME [--kubeconfig F])
+ *              [--policy least-loaded|round-robin] [--affinity-header NAME] [--affinity-user]
+ *              [--retries N] [--eject-after N] [--eject-seconds S] [--poll-ms MS] */
+#include <civetweb.h>
+#include <curl/curl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "autoscale.h" /* as_prom_value: the Prometheus text reader */
+#include "kube_watch.h"
+#include "rt_proxy.h"
+
+#define MAX_SLICES 64
+
+static volatile int g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+typedef struct router {
+    rt_pool *pool;
+    rt_proxy px;
+    long poll_ms;
+    const char *service_ns, *service;
+    kube_config cfg;
+    char slice_names[MAX_SLICES][254];
+    char *slice_urls[MAX_SLICES]; /* newline-separated ready endpoints of each slice */
+} router;
+
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...)
+{
+    char when[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+    va_list ap;
+    va_start(ap, fmt);
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s llm-router: %s\n", when, msg);
+}
+
+/* ---- backend load ----------------------------------------------------------------- */
+
+static size_t grab(char *d, size_t sz, size_t n, void *arg)
+{
+    char *buf = arg;
+    size_t have = strlen(buf), add = sz * n, room = 65535 - have;
+    memcpy(buf + have, d, add < room ? add : room);
+    buf[have + (add < room ? add : room)] = 0;
+    return sz * n;
+}
+
+static void *poller(void *arg)
+{
+    router *r = arg;
+    static char text[65536];
+    CURL *h = curl_easy_init();
+    while (!g_stop && h) {
+        for (int i = 0; i < RT_MAX_BACKENDS; i++) {
+            char base[256], url[300];
+            if (!rt_pool_url(r->pool, i, base, sizeof base))
+                continue;
+            snprintf(url, sizeof url, "%s/metrics", base);
+            text[0] = 0;
+            curl_easy_reset(h);
+            curl_easy_setopt(h, CURLOPT_URL, url);
+            curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 1000L);
+            curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+            curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, grab);
+            curl_easy_setopt(h, CURLOPT_WRITEDATA, (void *)text);
+            long code = 0;
+            int ok = curl_easy_perform(h) == CURLE_OK && curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code) == CURLE_OK &&
+                     code == 200;
+            int f;
+            rt_pool_report(r->pool, i, ok, as_prom_value(text, "llm_requests_waiting", &f),
+                           as_prom_value(text, "llm_requests_running", &f), as_prom_value(text, "llm_kv_cache_usage_ratio", &f));
+        }
+        usleep((useconds_t)r->poll_ms * 1000);
+    }
+    curl_easy_cleanup(h);
+    return NULL;
+}
+
+/* ---- discovery from EndpointSlices ---------------------------------------------- */
+
+/* The ready endpoints of one slice as URLs, newline-separated (malloc'd). */
+static char *slice_urls(json_t *slice)
+{
+    json_t *ports = json_object_get(slice, "ports");
+    long long port = 0;
+    for (size_t i = 0; i < json_array_size(ports); i++) {
+        json_t *p = json_array_get(ports, i);
+        const char *name = json_string_value(json_object_get(p, "name"));
+        if (!port || (name && !strcmp(name, "http")))
+            port = json_integer_value(json_object_get(p, "port"));
+    }
+    size_t cap = 64, n = 0;
+    char *out = calloc(1, cap);
+    json_t *eps = json_object_get(slice, "endpoints");
+    for (size_t i = 0; out && port && i < json_array_size(eps); i++) {
+        json_t *e = json_array_get(eps, i);
+        json_t *ready = json_object_get(json_object_get(e, "conditions"), "ready");
+        const char *ip = json_string_value(json_array_get(json_object_get(e, "addresses"), 0));
+        if (!ip || (ready && !json_is_true(ready)))
+            continue;
+        char line[300];
+        int k = snprintf(line, sizeof line, "http://%s:%lld\n", ip, port);
+        if (n + (size_t)k + 1 > cap) {
+            char *p = realloc(out, cap = (n + (size_t)k + 1) * 2);
+            if (!p)
+                break;
+            out = p;
+        }
+        memcpy(out + n, line, (size_t)k + 1);
+        n += (size_t)k;
+    }
+    return out;
+}
+
+/* The union of all slices' endpoints becomes the pool. */
+static void publish(router *r)
+{
+    const char *urls[RT_MAX_BACKENDS];
+    char *copies[MAX_SLICES] = {0};
+    int n = 0;
+    for (int s = 0; s < MAX_SLICES; s++) {
+        if (!r->slice_urls[s] || !(copies[s] = strdup(r->slice_urls[s])))
+            continue;
+        for (char *save = NULL, *tok = strtok_r(copies[s], "\n", &save); tok && n < RT_MAX_BACKENDS;
+             tok = strtok_r(NULL, "\n", &save))
+            urls[n++] = tok;
+    }
+    llm_error err = {0};
+    if (rt_pool_set(r->pool, urls, n, &err))
+        logf_("backends: %s", err.msg);
+    logf_("backends: %d ready endpoints of %s/%s", n, r->service_ns, r->service);
+    for (int s = 0; s < MAX_SLICES; s++) free(copies[s]);
+}
+
+static int on_slice(void *arg, const char *type, json_t *obj)
+{
+    router *r = arg;
+    if (!strcmp(type, "SYNCED") || !strcmp(type, "RELIST")) {
+        if (!strcmp(type, "RELIST"))
+            for (int s = 0; s < MAX_SLICES; s++) free(r->slice_urls[s]), r->slice_urls[s] = NULL, r->slice_names[s][0] = 0;
+        else
+            publish(r);
+        return g_stop;
+    }
+    const char *name = json_string_value(json_object_get(json_object_get(obj, "metadata"), "name"));
+    if (!name)
+        return g_stop;
+    int s = 0, free_slot = -1;
+    while (s < MAX_SLICES && strcmp(r->slice_names[s], name)) {
+        if (free_slot < 0 && !r->slice_names[s][0])
+            free_slot = s;
+        s++;
+    }
+    if (s == MAX_SLICES)
+        s = free_slot;
+    if (s < 0)
+        return g_stop;
+    free(r->slice_urls[s]);
+    r->slice_urls[s] = NULL;
+    r->slice_names[s][0] = 0;
+    if (strcmp(type, "DELETED")) {
+        snprintf(r->slice_names[s], sizeof r->slice_names[s], "%s", name);
+        r->slice_urls[s] = slice_urls(obj);
+    }
+    if (strcmp(type, "SYNC"))
+        publish(r);
+    return g_stop;
+}
+
+static void *discover(void *arg)
+{
+    router *r = arg;
+    char path[700];
+    snprintf(path, sizeof path, "/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices?labelSelector="
+                                "kubernetes.io%%2Fservice-name%%3D%s", r->service_ns, r->service);
+    while (!g_stop) {
+        kube_client *k = NULL;
+        llm_error err = {0};
+        llm_status st = kube_client_new(&r->cfg, &k, &err);
+        if (!st)
+            st = kube_list_watch(k, &r->cfg, path, 300, on_slice, r, &g_stop, &err);
+        kube_client_free(k);
+        if (!st)
+            break;
+        logf_("watching %s: %s (retrying)", path, err.msg);
+        for (int i = 0; i < 50 && !g_stop; i++) usleep(100000);
+    }
+    return NULL;
+}
+
+/* ---- HTTP ------------------------------------------------------------------------- */
+
+static int h_healthz(struct mg_connection *c, void *cb)
+{
+    (void)cb;
+    mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n");
+    return 200;
+}
+
+static int h_readyz(struct mg_connection *c, void *cb)
+{
+    router *r = cb;
+    int ok = rt_pool_size(r->pool) > 0;
+    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+              ok ? 200 : 503, ok ? "OK" : "Service Unavailable", ok ? 3 : 12, ok ? "ok\n" : "no backends\n");
+    return ok ? 200 : 503;
+}
+
+static int h_metrics(struct mg_connection *c, void *cb)
+{
+    router *r = cb;
+    char *text = rt_pool_metrics(r->pool);
+    char extra[256];
+    snprintf(extra, sizeof extra, "# HELP llm_router_no_backend_total Requests answered 503 for want of a backend.\n"
+                                  "# TYPE llm_router_no_backend_total counter\nllm_router_no_backend_total %llu\n",
+             __atomic_load_n(&r->px.no_backend, __ATOMIC_RELAXED));
+    size_t n = (text ? strlen(text) : 0) + strlen(extra);
+    mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %zu\r\n"
+                 "Connection: close\r\n\r\n%s%s", n, text ? text : "", extra);
+    free(text);
+    return 200;
+}
+
+/* ---- main --------------------------------------------------------------------------- */
+
+/* A number flag; 0 when v is not all number. */
+static int num(const char *v, double *out)
+{
+    char *end;
+    *out = strtod(v, &end);
+    return *v && !*end;
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: llm-router [--host H] [--port 8000] (--backend URL ... | --service NS/NAME [--kubeconfig F])\n"
+                    "                  [--policy least-loaded|round-robin] [--affinity-header NAME] [--affinity-user]\n"
+                    "                  [--retries 2] [--eject-after 3] [--eject-seconds 10] [--poll-ms 500]\n"
+                    "                  [--max-body-bytes 1048576] [--timeout-s 600] [--http-threads 64]\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    static router r;
+    const char *host = "0.0.0.0", *port = "8000", *kubeconfig = NULL, *threads = "64";
+    const char *backends[RT_MAX_BACKENDS];
+    int nb = 0;
+    rt_pool_config pc = {RT_LEAST_LOADED, 3, 10};
+    r.px = (rt_proxy){.retries = 2, .max_body = 1 << 20, .timeout_s = 600, .affinity_header = "X-Session-Id"};
+    r.poll_ms = 500;
+    double x = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--affinity-user")) {
+            r.px.affinity_user = 1;
+            continue;
+        }
+        if (!v)
+            return usage();
+        i++;
+        if (!strcmp(a, "--host"))
+            host = v;
+        else if (!strcmp(a, "--port"))
+            port = v;
+        else if (!strcmp(a, "--backend") && nb < RT_MAX_BACKENDS)
+            backends[nb++] = v;
+        else if (!strcmp(a, "--service"))
+            r.service_ns = v;
+        else if (!strcmp(a, "--kubeconfig"))
+            kubeconfig = v;
+        else if (!strcmp(a, "--policy") && (!strcmp(v, "least-loaded") || !strcmp(v, "round-robin")))
+            pc.policy = !strcmp(v, "round-robin") ? RT_ROUND_ROBIN : RT_LEAST_LOADED;
+        else if (!strcmp(a, "--affinity-header"))
+            r.px.affinity_header = *v ? v : NULL;
+        else if (!strcmp(a, "--retries") && num(v, &x) && x >= 0 && x <= 10)
+            r.px.retries = (int)x;
+        else if (!strcmp(a, "--eject-after") && num(v, &x) && x >= 1)
+            pc.threshold = (int)x;
+        else if (!strcmp(a, "--eject-seconds") && num(v, &x) && x > 0)
+            pc.eject_s = x;
+        else if (!strcmp(a, "--poll-ms") && num(v, &x) && x >= 10)
+            r.poll_ms = (long)x;
+        else if (!strcmp(a, "--max-body-bytes") && num(v, &x) && x >= 1)
+            r.px.max_body = (long)x;
+        else if (!strcmp(a, "--timeout-s") && num(v, &x) && x >= 1)
+            r.px.timeout_s = (long)x;
+        else if (!strcmp(a, "--http-threads"))
+            threads = v;
+        else
+            return usage();
+    }
+    if ((nb > 0) == (r.service_ns != NULL) || r.px.retries < 0 || r.poll_ms < 10 || r.px.max_body < 1 ||
+        r.px.timeout_s < 1)
+        return usage();
+    static char svc[512];
+    if (r.service_ns) {
+        snprintf(svc, sizeof svc, "%s", r.service_ns);
+        char *slash = strchr(svc, '/');
+        if (!slash || !slash[1] || slash == svc)
+            return usage();
+        *slash = 0;
+        r.service_ns = svc;
+        r.service = slash + 1;
+    }
+    llm_error err = {0};
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (rt_pool_new(&pc, &r.pool, &err) || (nb && rt_pool_set(r.pool, backends, nb, &err)) ||
+        (r.service && kube_config_load(kubeconfig, &r.cfg, &err))) {
+        fprintf(stderr, "llm-router: %s\n", err.msg);
+        return 1;
+    }
+    r.px.pool = r.pool;
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    char listen[300];
+    snprintf(listen, sizeof listen, "%s:%s", host, port);
+    const char *opts[] = {"listening_ports", listen, "num_threads", threads, "enable_keep_alive", "no", NULL};
+    struct mg_callbacks cb;
+    memset(&cb, 0, sizeof cb);
+    struct mg_context *mg = mg_start(&cb, &r, opts);
+    if (!mg) {
+        fprintf(stderr, "llm-router: cannot listen on %s\n", listen);
+        return 1;
+    }
+    mg_set_request_handler(mg, "/healthz$", h_healthz, &r);
+    mg_set_request_handler(mg, "/readyz$", h_readyz, &r);
+    mg_set_request_handler(mg, "/metrics$", h_metrics, &r);
+    mg_set_request_handler(mg, "/v1/", rt_proxy_handle, &r.px);
+    mg_set_request_handler(mg, "/generate$", rt_proxy_handle, &r.px);
+    mg_set_request_handler(mg, "/tokenize$", rt_proxy_handle, &r.px);
+    mg_set_request_handler(mg, "/detokenize$", rt_proxy_handle, &r.px);
+    pthread_t poll_th, disc_th;
+    int polling = pthread_create(&poll_th, NULL, poller, &r) == 0;
+    int discovering = r.service && pthread_create(&disc_th, NULL, discover, &r) == 0;
+    logf_("listening on %s, %s, %s", listen, pc.policy == RT_ROUND_ROBIN ? "round robin" : "least loaded",
+          r.service ? "backends from the Service's EndpointSlices" : "static backends");
+    while (!g_stop) usleep(50000);
+    mg_stop(mg); /* requests in flight finish first */
+    if (polling)
+        pthread_join(poll_th, NULL);
+    if (discovering)
+        pthread_join(disc_th, NULL);
+    for (int s = 0; s < MAX_SLICES; s++) free(r.slice_urls[s]);
+    if (r.service)
+        kube_config_free(&r.cfg);
+    rt_pool_free(r.pool);
+    curl_global_cleanup();
+    logf_("stopped");
+    return 0;
+}

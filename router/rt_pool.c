@@ -1,0 +1,369 @@
+/* rt_pool.c - backends, breaker and choice; see rt_pool.h. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rt_pool.h"
+
+#define VNODES 64
+#define N_BUCKETS 12
+static const double bucket_le[N_BUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+
+typedef struct backend {
+    char url[256];
+    int live;                  /* in the current set (slots are kept while requests use them) */
+    int inflight;
+    double waiting, running, kv; /* polled from its /metrics */
+    int failures;              /* consecutive */
+    double ejected_until;      /* monotonic seconds; 0: closed */
+    int trial;                 /* the half-open trial request is out */
+    int ejections;
+    unsigned long long requests, failed, codes[5]; /* 2xx 3xx 4xx 5xx none */
+    unsigned long long hist[N_BUCKETS + 1];
+    double sum;
+} backend;
+
+typedef struct vnode {
+    unsigned int hash;
+    int idx;
+} vnode;
+
+struct rt_pool {
+    pthread_mutex_t mu;
+    rt_pool_config c;
+    backend b[RT_MAX_BACKENDS];
+    int n;                     /* slots used */
+    unsigned int rr;
+    vnode ring[RT_MAX_BACKENDS * VNODES];
+    int n_ring;
+};
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* FNV-1a, then a finaliser so nearby strings spread over the ring. */
+static unsigned int hash32(const char *s, int salt)
+{
+    unsigned int h = 2166136261u ^ (unsigned int)salt * 16777619u;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    return h;
+}
+
+static int cmp_vnode(const void *a, const void *b)
+{
+    unsigned int x = ((const vnode *)a)->hash, y = ((const vnode *)b)->hash;
+    return x < y ? -1 : x > y;
+}
+
+static void build_ring(rt_pool *p)
+{
+    p->n_ring = 0;
+    for (int i = 0; i < p->n; i++)
+        for (int v = 0; p->b[i].live && v < VNODES; v++)
+            p->ring[p->n_ring++] = (vnode){hash32(p->b[i].url, v + 1), i};
+    qsort(p->ring, (size_t)p->n_ring, sizeof *p->ring, cmp_vnode);
+}
+
+llm_status rt_pool_new(const rt_pool_config *c, rt_pool **out, llm_error *err)
+{
+    rt_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory for the backend pool");
+    p->c = *c;
+    if (p->c.threshold < 1)
+        p->c.threshold = 3;
+    if (!(p->c.eject_s > 0))
+        p->c.eject_s = 10;
+    pthread_mutex_init(&p->mu, NULL);
+    *out = p;
+    return LLM_OK;
+}
+
+void rt_pool_free(rt_pool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+llm_status rt_pool_set(rt_pool *p, const char *const *urls, int n, llm_error *err)
+{
+    pthread_mutex_lock(&p->mu);
+    /* first those that stay (they keep their breaker and load state)... */
+    for (int i = 0; i < p->n; i++) {
+        p->b[i].live = 0;
+        for (int u = 0; u < n && !p->b[i].live; u++) p->b[i].live = !strcmp(p->b[i].url, urls[u]);
+    }
+    /* ...then the new ones, in slots no request uses any more */
+    llm_status st = LLM_OK;
+    for (int u = 0; u < n && !st; u++) {
+        int i = 0, slot = -1;
+        while (i < p->n && !(p->b[i].live && !strcmp(p->b[i].url, urls[u]))) i++;
+        if (i < p->n)
+            continue;
+        for (int j = 0; j < p->n && slot < 0; j++)
+            if (!p->b[j].live && !p->b[j].inflight)
+                slot = j;
+        if (slot < 0 && p->n == RT_MAX_BACKENDS) {
+            st = llm_errf(err, LLM_ERR_TOO_LONG, "more than %d backends", RT_MAX_BACKENDS);
+            break;
+        }
+        if (slot < 0)
+            slot = p->n++;
+        memset(&p->b[slot], 0, sizeof p->b[slot]);
+        snprintf(p->b[slot].url, sizeof p->b[slot].url, "%s", urls[u]);
+        p->b[slot].live = 1;
+    }
+    build_ring(p);
+    pthread_mutex_unlock(&p->mu);
+    return st;
+}
+
+int rt_pool_size(rt_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    int n = 0;
+    for (int i = 0; i < p->n; i++) n += p->b[i].live;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
+/* Usable now: live, not avoided, breaker closed or half-open with no
+ * trial out. Under mu. */
+static int usable(rt_pool *p, int i, const unsigned char *avoid, double now)
+{
+    backend *b = &p->b[i];
+    if (!b->live || (avoid && (avoid[i / 8] >> (i % 8) & 1)))
+        return 0;
+    if (b->ejected_until == 0)
+        return 1;
+    return b->ejected_until <= now && !b->trial;
+}
+
+static int least_loaded(rt_pool *p, const unsigned char *avoid, double now)
+{
+    int best = -1;
+    double best_load = 0, best_run = 0;
+    for (int k = 0; k < p->n; k++) {
+        int i = (int)((p->rr + (unsigned)k) % (unsigned)p->n); /* rotating start: ties spread */
+        if (!usable(p, i, avoid, now))
+            continue;
+        double load = p->b[i].inflight + p->b[i].waiting, run = p->b[i].running;
+        if (best < 0 || load < best_load || (load == best_load && run < best_run)) {
+            best = i;
+            best_load = load;
+            best_run = run;
+        }
+    }
+    p->rr++;
+    return best;
+}
+
+static int round_robin(rt_pool *p, const unsigned char *avoid, double now)
+{
+    for (int k = 0; k < p->n; k++) {
+        int i = (int)(p->rr++ % (unsigned)p->n);
+        if (usable(p, i, avoid, now))
+            return i;
+    }
+    return -1;
+}
+
+static int by_session(rt_pool *p, const char *session, const unsigned char *avoid, double now)
+{
+    if (!p->n_ring)
+        return -1;
+    unsigned int h = hash32(session, 0);
+    int lo = 0, hi = p->n_ring;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (p->ring[mid].hash < h)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (int k = 0; k < p->n_ring; k++) {
+        int i = p->ring[(lo + k) % p->n_ring].idx;
+        if (usable(p, i, avoid, now))
+            return i;
+    }
+    return -1;
+}
+
+int rt_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *url, size_t un)
+{
+    pthread_mutex_lock(&p->mu);
+    double now = mono_s();
+    int i = session && *session ? by_session(p, session, avoid, now)
+            : p->c.policy == RT_ROUND_ROBIN ? round_robin(p, avoid, now) : least_loaded(p, avoid, now);
+    if (i >= 0) {
+        backend *b = &p->b[i];
+        b->inflight++;
+        if (b->ejected_until != 0)
+            b->trial = 1; /* half open: this request decides */
+        snprintf(url, un, "%s", b->url);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return i;
+}
+
+/* A failure toward the breaker. Under mu. */
+static void failed(rt_pool *p, backend *b, double now)
+{
+    b->failures++;
+    if (b->trial || b->failures >= p->c.threshold) {
+        if (b->ejected_until == 0 || b->trial)
+            b->ejections++;
+        b->ejected_until = now + p->c.eject_s;
+    }
+    b->trial = 0;
+}
+
+void rt_release(rt_pool *p, int idx, int ok, double seconds, int status)
+{
+    if (idx < 0 || idx >= RT_MAX_BACKENDS)
+        return;
+    pthread_mutex_lock(&p->mu);
+    backend *b = &p->b[idx];
+    double now = mono_s();
+    b->inflight--;
+    b->requests++;
+    b->codes[status >= 200 && status < 600 ? status / 100 - 2 : 4]++;
+    int bk = 0;
+    while (bk < N_BUCKETS && seconds > bucket_le[bk]) bk++;
+    b->hist[bk]++;
+    b->sum += seconds;
+    if (ok) {
+        b->failures = 0;
+        b->ejected_until = 0;
+        b->trial = 0;
+    } else {
+        b->failed++;
+        failed(p, b, now);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+void rt_pool_report(rt_pool *p, int idx, int reachable, double waiting, double running, double kv_usage)
+{
+    if (idx < 0 || idx >= RT_MAX_BACKENDS)
+        return;
+    pthread_mutex_lock(&p->mu);
+    backend *b = &p->b[idx];
+    if (reachable) {
+        b->waiting = waiting;
+        b->running = running;
+        b->kv = kv_usage;
+    } else if (b->live && b->ejected_until <= mono_s()) {
+        b->trial = 0;
+        failed(p, b, mono_s()); /* a dead backend is ejected before a request finds it */
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+int rt_pool_url(rt_pool *p, int idx, char *url, size_t un)
+{
+    pthread_mutex_lock(&p->mu);
+    int ok = idx >= 0 && idx < p->n && p->b[idx].live;
+    if (ok)
+        snprintf(url, un, "%s", p->b[idx].url);
+    pthread_mutex_unlock(&p->mu);
+    return ok;
+}
+
+/* ---- metrics ------------------------------------------------------------------- */
+
+typedef struct tbuf {
+    char *p;
+    size_t n, cap;
+    int oom;
+} tbuf;
+
+static void put(tbuf *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(tbuf *t, const char *fmt, ...)
+{
+    for (int tries = 0; !t->oom && tries < 2; tries++) {
+        va_list ap;
+        va_start(ap, fmt);
+        int len = vsnprintf(t->p + t->n, t->cap - t->n, fmt, ap);
+        va_end(ap);
+        if (len >= 0 && (size_t)len < t->cap - t->n) {
+            t->n += (size_t)len;
+            return;
+        }
+        size_t cap = (t->cap + (size_t)(len > 0 ? len : 0)) * 2;
+        char *np = len >= 0 ? realloc(t->p, cap) : NULL;
+        if (!np)
+            t->oom = 1;
+        else
+            t->p = np, t->cap = cap;
+    }
+}
+
+char *rt_pool_metrics(rt_pool *p)
+{
+    static const char *const code[5] = {"2xx", "3xx", "4xx", "5xx", "none"};
+    tbuf t = {malloc(8192), 0, 8192, 0};
+    if (!t.p)
+        return NULL;
+    t.p[0] = 0;
+    pthread_mutex_lock(&p->mu);
+    double now = mono_s();
+    put(&t, "# HELP llm_router_requests_total Requests proxied, by backend and status class.\n"
+            "# TYPE llm_router_requests_total counter\n");
+    for (int i = 0; i < p->n; i++)
+        for (int c = 0; p->b[i].live && c < 5; c++)
+            put(&t, "llm_router_requests_total{backend=\"%s\",code=\"%s\"} %llu\n", p->b[i].url, code[c], p->b[i].codes[c]);
+    put(&t, "# HELP llm_router_backend_failures_total Attempts that failed (no connection or 5xx before any byte).\n"
+            "# TYPE llm_router_backend_failures_total counter\n");
+    for (int i = 0; i < p->n; i++)
+        if (p->b[i].live)
+            put(&t, "llm_router_backend_failures_total{backend=\"%s\"} %llu\n", p->b[i].url, p->b[i].failed);
+    put(&t, "# HELP llm_router_backend_ejections_total Times the circuit breaker ejected the backend.\n"
+            "# TYPE llm_router_backend_ejections_total counter\n");
+    for (int i = 0; i < p->n; i++)
+        if (p->b[i].live)
+            put(&t, "llm_router_backend_ejections_total{backend=\"%s\"} %d\n", p->b[i].url, p->b[i].ejections);
+    put(&t, "# HELP llm_router_backend_up 1 when the breaker lets requests through.\n# TYPE llm_router_backend_up gauge\n");
+    for (int i = 0; i < p->n; i++)
+        if (p->b[i].live)
+            put(&t, "llm_router_backend_up{backend=\"%s\"} %d\n", p->b[i].url,
+                p->b[i].ejected_until == 0 || p->b[i].ejected_until <= now);
+    put(&t, "# HELP llm_router_backend_inflight Requests the router has in flight to the backend.\n"
+            "# TYPE llm_router_backend_inflight gauge\n");
+    for (int i = 0; i < p->n; i++)
+        if (p->b[i].live)
+            put(&t, "llm_router_backend_inflight{backend=\"%s\"} %d\n", p->b[i].url, p->b[i].inflight);
+    put(&t, "# HELP llm_router_request_duration_seconds Time from pick to the last byte, by backend.\n"
+            "# TYPE llm_router_request_duration_seconds histogram\n");
+    for (int i = 0; i < p->n; i++) {
+        backend *b = &p->b[i];
+        unsigned long long cum = 0;
+        for (int k = 0; b->live && k < N_BUCKETS; k++) {
+            cum += b->hist[k];
+            put(&t, "llm_router_request_duration_seconds_bucket{backend=\"%s\",le=\"%g\"} %llu\n", b->url, bucket_le[k], cum);
+        }
+        if (b->live)
+            put(&t, "llm_router_request_duration_seconds_bucket{backend=\"%s\",le=\"+Inf\"} %llu\n"
+                    "llm_router_request_duration_seconds_sum{backend=\"%s\"} %.6f\n"
+                    "llm_router_request_duration_seconds_count{backend=\"%s\"} %llu\n",
+                b->url, cum + b->hist[N_BUCKETS], b->url, b->sum, b->url, b->requests);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (t.oom) {
+        free(t.p);
+        return NULL;
+    }
+    return t.p;
+}

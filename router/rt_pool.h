@@ -1,0 +1,61 @@
+/* rt_pool.h - llm-router's backends: the set (replaced whole by discovery),
+ * what each says about its load (polled from its /metrics) and what the
+ * router knows itself (requests in flight), a circuit breaker per backend,
+ * and the choice of backend for a request:
+ *   - least loaded: fewest (in flight + waiting) over the healthy backends,
+ *     ties broken by fewer running, then round robin;
+ *   - round robin (for comparison);
+ *   - affinity: a session key (header or the request's "user") is hashed
+ *     onto a ring of virtual nodes, so a session stays on one backend while
+ *     the set changes little (consistent hashing).
+ * Breaker: after `threshold` consecutive failures (no connection, or a 5xx
+ * before any byte reached the client) a backend is ejected for `eject_s`;
+ * then one trial request is let through (half open): success closes it,
+ * failure ejects it again.
+ *
+ * Ownership: the pool copies URLs. rt_pick returns an index valid until
+ * rt_release. Thread-safety: every function may be called from any thread. */
+#ifndef RT_POOL_H
+#define RT_POOL_H
+
+#include <stddef.h>
+
+#include "llm/status.h"
+
+#define RT_MAX_BACKENDS 256
+
+typedef enum rt_policy { RT_LEAST_LOADED, RT_ROUND_ROBIN } rt_policy;
+
+typedef struct rt_pool rt_pool;
+
+typedef struct rt_pool_config {
+    rt_policy policy;
+    int threshold;     /* consecutive failures that eject (default 3) */
+    double eject_s;    /* how long an ejected backend rests (default 10) */
+} rt_pool_config;
+
+llm_status rt_pool_new(const rt_pool_config *c, rt_pool **out, llm_error *err);
+void rt_pool_free(rt_pool *p);
+
+/* Replaces the set with urls ("http://10.0.0.5:8080"); backends that stay
+ * keep their state. */
+llm_status rt_pool_set(rt_pool *p, const char *const *urls, int n, llm_error *err);
+int rt_pool_size(rt_pool *p);
+
+/* Chooses a backend for a request (session may be NULL), skipping those in
+ * avoid (bitmap over indexes, for retries); -1 when none is usable. The
+ * URL is copied to url. Counts the request in flight. */
+int rt_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *url, size_t un);
+/* The request ended: ok 0 counts a failure toward the breaker. */
+void rt_release(rt_pool *p, int idx, int ok, double seconds, int status);
+
+/* The poller's reading of backend i's own signals; reachable 0 counts as
+ * a failure. */
+void rt_pool_report(rt_pool *p, int idx, int reachable, double waiting, double running, double kv_usage);
+/* URL of backend i into url (for the poller); 0 when i is out of range. */
+int rt_pool_url(rt_pool *p, int idx, char *url, size_t un);
+
+/* Prometheus text for the router's /metrics (malloc'd; NULL without memory). */
+char *rt_pool_metrics(rt_pool *p);
+
+#endif

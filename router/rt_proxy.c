@@ -1,0 +1,280 @@
+/* rt_proxy.c - proxying one request with retries and streaming; see rt_proxy.h. */
+#include <curl/curl.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "rt_proxy.h"
+
+#define ERR_BODY_MAX 65536
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int reply(struct mg_connection *c, int code, const char *type, const char *msg)
+{
+    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:n}}", "error", "message", msg, "type",
+                          code == 503 ? "service_unavailable" : code == 413 ? "invalid_request_error" : "server_error",
+                          "param", "code");
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    const char *b = body ? body : "{\"error\":{\"message\":\"router error\"}}";
+    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n%s", code,
+              code == 503 ? "Service Unavailable" : code == 413 ? "Payload Too Large" : "Bad Gateway", type,
+              strlen(b), code == 503 ? "Retry-After: 1\r\n" : "", b);
+    free(body);
+    json_decref(j);
+    return code;
+}
+
+/* The whole request body, at most max bytes; NULL and *status set when not. */
+static char *read_body(struct mg_connection *c, long max, size_t *len, int *status)
+{
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    *status = 0;
+    if (ri->content_length > max) {
+        *status = 413;
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap + 1);
+    for (int r; buf;) {
+        if (n == cap) {
+            char *p = cap < (size_t)max + 1 ? realloc(buf, (cap *= 2) + 1) : NULL;
+            if (!p) {
+                free(buf);
+                *status = 413;
+                return NULL;
+            }
+            buf = p;
+        }
+        if ((r = mg_read(c, buf + n, cap - n)) <= 0)
+            break;
+        n += (size_t)r;
+        if (n > (size_t)max) {
+            free(buf);
+            *status = 413;
+            return NULL;
+        }
+    }
+    if (!buf) {
+        *status = 500;
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* One attempt's state. */
+typedef struct attempt {
+    struct mg_connection *c;
+    const char *backend;
+    long status;
+    char ctype[128];
+    int started;               /* the response head went to the client */
+    int client_gone;
+    char *err_body;            /* a 5xx body held back (a retry may follow) */
+    size_t err_len;
+} attempt;
+
+static size_t on_header(char *d, size_t sz, size_t n, void *arg)
+{
+    attempt *a = arg;
+    size_t len = sz * n;
+    if (len > 5 && !strncmp(d, "HTTP/", 5)) {
+        const char *sp = memchr(d, ' ', len);
+        a->status = sp ? strtol(sp + 1, NULL, 10) : 0;
+        a->ctype[0] = 0;
+    } else if (len > 13 && !strncasecmp(d, "Content-Type:", 13)) {
+        size_t k = 13;
+        while (k < len && d[k] == ' ') k++;
+        size_t m = len - k;
+        while (m && (d[k + m - 1] == '\r' || d[k + m - 1] == '\n')) m--;
+        snprintf(a->ctype, sizeof a->ctype, "%.*s", (int)m, d + k);
+    }
+    return len;
+}
+
+static size_t on_body(char *d, size_t sz, size_t n, void *arg)
+{
+    attempt *a = arg;
+    size_t len = sz * n;
+    if (a->status >= 500 && !a->started) { /* hold it: another backend may answer instead */
+        if (a->err_len + len <= ERR_BODY_MAX) {
+            char *p = realloc(a->err_body, a->err_len + len + 1);
+            if (p) {
+                memcpy(p + a->err_len, d, len);
+                a->err_len += len;
+                p[a->err_len] = 0;
+                a->err_body = p;
+            }
+        }
+        return len;
+    }
+    if (!a->started) {
+        a->started = 1;
+        if (mg_printf(a->c, "HTTP/1.1 %ld %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\nX-Backend: %s\r\n"
+                            "Connection: close\r\n\r\n",
+                      a->status, a->status < 300 ? "OK" : "Error", a->ctype[0] ? a->ctype : "application/json",
+                      a->backend) <= 0) {
+            a->client_gone = 1;
+            return 0;
+        }
+    }
+    if (len && mg_write(a->c, d, len) <= 0) { /* the client left: abort, the backend cancels */
+        a->client_gone = 1;
+        return 0;
+    }
+    return len;
+}
+
+/* Headers passed on to the backend. */
+static struct curl_slist *forward_headers(struct mg_connection *c)
+{
+    static const char *const keep[] = {"Content-Type", "Authorization", "Accept", "OpenAI-Organization",
+                                       "X-Request-Id"};
+    struct curl_slist *h = curl_slist_append(NULL, "Expect:"); /* no 100-continue round trip */
+    for (size_t i = 0; h && i < sizeof keep / sizeof *keep; i++) {
+        const char *v = mg_get_header(c, keep[i]);
+        char line[8192];
+        if (v && snprintf(line, sizeof line, "%s: %s", keep[i], v) < (int)sizeof line)
+            h = curl_slist_append(h, line);
+    }
+    return h;
+}
+
+/* One curl handle per worker thread keeps backend connections alive; it
+ * is cleaned up when the thread ends. */
+static pthread_key_t curl_key;
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+
+static void drop_curl(void *h)
+{
+    curl_easy_cleanup(h);
+}
+
+static void make_key(void)
+{
+    pthread_key_create(&curl_key, drop_curl);
+}
+
+static CURL *thread_curl(void)
+{
+    pthread_once(&curl_once, make_key);
+    CURL *h = pthread_getspecific(curl_key);
+    if (!h && (h = curl_easy_init()))
+        pthread_setspecific(curl_key, h);
+    return h;
+}
+
+/* One attempt at backend url; returns the curl result. */
+static CURLcode send_to(rt_proxy *px, struct mg_connection *c, const char *url, const char *body, size_t len,
+                        attempt *a)
+{
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    char full[4096];
+    snprintf(full, sizeof full, "%s%s%s%s", url, ri->local_uri, ri->query_string ? "?" : "",
+             ri->query_string ? ri->query_string : "");
+    CURL *h = thread_curl();
+    if (!h)
+        return CURLE_FAILED_INIT;
+    curl_easy_reset(h);
+    struct curl_slist *hdr = forward_headers(c);
+    curl_easy_setopt(h, CURLOPT_URL, full);
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, ri->request_method);
+    if (len || !strcmp(ri->request_method, "POST")) {
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    }
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, a);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, a);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, px->timeout_s);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    CURLcode rc = curl_easy_perform(h);
+    curl_slist_free_all(hdr);
+    return rc;
+}
+
+/* The session key: the affinity header, else the body's "user". */
+static void session_of(rt_proxy *px, struct mg_connection *c, const char *body, size_t len, char *out, size_t n)
+{
+    out[0] = 0;
+    const char *h = px->affinity_header ? mg_get_header(c, px->affinity_header) : NULL;
+    if (h) {
+        snprintf(out, n, "%s", h);
+        return;
+    }
+    if (!px->affinity_user || !len)
+        return;
+    json_t *j = json_loadb(body, len, 0, NULL);
+    const char *u = json_string_value(json_object_get(j, "user"));
+    if (u)
+        snprintf(out, n, "%s", u);
+    json_decref(j);
+}
+
+int rt_proxy_handle(struct mg_connection *c, void *cbdata)
+{
+    rt_proxy *px = cbdata;
+    size_t len = 0;
+    int bad = 0;
+    char *body = read_body(c, px->max_body, &len, &bad);
+    if (!body)
+        return reply(c, bad, "application/json", bad == 413 ? "request body over the router's limit" : "no memory");
+    char session[256], url[256];
+    session_of(px, c, body, len, session, sizeof session);
+    unsigned char avoid[RT_MAX_BACKENDS / 8] = {0};
+    int code = 0;
+    char *held = NULL;
+    size_t held_len = 0;
+    long held_status = 0;
+    char held_type[128] = "";
+    for (int attempt_no = 0; attempt_no <= px->retries && !code; attempt_no++) {
+        int idx = rt_pick(px->pool, session, avoid, url, sizeof url);
+        if (idx < 0)
+            break;
+        attempt a = {.c = c, .backend = url};
+        double t0 = mono_s();
+        CURLcode rc = send_to(px, c, url, body, len, &a);
+        int ok = a.started ? (rc == CURLE_OK || a.client_gone) : rc == CURLE_OK && a.status < 500;
+        rt_release(px->pool, idx, ok, mono_s() - t0, rc == CURLE_OK || a.started ? (int)a.status : 0);
+        avoid[idx / 8] |= (unsigned char)(1u << (idx % 8));
+        if (a.started || (rc == CURLE_OK && a.status < 500)) {
+            code = a.status ? (int)a.status : 200;
+            if (!a.started) /* an empty body: the head still goes out */
+                mg_printf(c, "HTTP/1.1 %ld OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", a.status);
+        } else if (rc == CURLE_OK) { /* a 5xx before any byte: keep it in case no one else answers */
+            free(held);
+            held = a.err_body, held_len = a.err_len, held_status = a.status;
+            snprintf(held_type, sizeof held_type, "%s", a.ctype);
+            a.err_body = NULL;
+        }
+        free(a.err_body);
+    }
+    free(body);
+    if (!code && held) {
+        mg_printf(c, "HTTP/1.1 %ld Error\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                  held_status, held_type[0] ? held_type : "application/json", held_len);
+        mg_write(c, held, held_len);
+        code = (int)held_status;
+    } else if (!code) {
+        __atomic_add_fetch(&px->no_backend, 1, __ATOMIC_RELAXED);
+        code = reply(c, 503, "application/json", rt_pool_size(px->pool) ? "no backend could take the request"
+                                                                           : "no backends known yet");
+    }
+    free(held);
+    return code;
+}

@@ -1,0 +1,33 @@
+/* rt_proxy.h - llm-router's request path: the client's request (body read
+ * whole, bounded) goes to a backend chosen by the pool; the answer streams
+ * back as it arrives (SSE included: nothing is buffered), and a client that
+ * goes away aborts the upstream request, so the backend cancels it. A
+ * backend that cannot be reached, or answers 5xx before anything was sent
+ * to the client, counts as a failure and the request is tried on another
+ * backend (at most `retries` more times); once bytes have gone out it is
+ * never retried.
+ *
+ * Ownership: the config and pool are borrowed for the server's life.
+ * Thread-safety: called from civetweb's worker threads; each keeps one
+ * curl handle (connection reuse to the backends). */
+#ifndef RT_PROXY_H
+#define RT_PROXY_H
+
+#include <civetweb.h>
+
+#include "rt_pool.h"
+
+typedef struct rt_proxy {
+    rt_pool *pool;
+    int retries;               /* more attempts after a failed one */
+    long max_body;             /* 413 above */
+    long timeout_s;            /* whole request, upstream */
+    const char *affinity_header; /* e.g. "X-Session-Id"; NULL: none */
+    int affinity_user;         /* also the request body's "user" */
+    unsigned long long no_backend; /* 503s for want of a backend (under the pool's say-so) */
+} rt_proxy;
+
+/* The civetweb handler for the proxied routes (cbdata: rt_proxy *). */
+int rt_proxy_handle(struct mg_connection *c, void *cbdata);
+
+#endif

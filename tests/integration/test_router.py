@@ -1,0 +1,214 @@
+"""llm-router in front of real llm-server backends: answers pass through
+unchanged (streams too), load goes to the least busy backend, a session
+stays on one backend, a killed backend is ejected with no request lost, a
+client that leaves cancels its request on the backend, bad input and no
+backends get clear errors, and backends can come from a Service's
+EndpointSlices (kubesim)."""
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import tool
+from test_kubesim import wait_for
+from test_server import NAME, Server
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Router:
+    def __init__(self, *args):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([tool("llm-router"), "--host", "127.0.0.1", "--port", str(self.port),
+                                      "--poll-ms", "100", *map(str, args)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: self.code("/healthz") == 200, 10)
+
+    def code(self, path):
+        try:
+            return urllib.request.urlopen(self.base + path, timeout=5).status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return None
+
+    def post(self, body, headers=None, timeout=60):
+        req = urllib.request.Request(self.base + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json", **(headers or {})})
+        try:
+            r = urllib.request.urlopen(req, timeout=timeout)
+            return r.status, json.loads(r.read()), r.headers.get("X-Backend")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null"), e.headers.get("X-Backend")
+
+    def metrics(self):
+        text = urllib.request.urlopen(self.base + "/metrics", timeout=5).read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def client(self):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=30)
+        self.log = self.proc.stderr.read()
+        return rc
+
+
+@pytest.fixture()
+def two(models):
+    """Two llm-server backends (one sequence at a time each) of a model slow
+    enough to keep one busy, and their URLs."""
+    m = models("llama-110m", "Q8_0")
+    a, b = Server(m, "--max_seqs", 1), Server(m, "--max_seqs", 1)
+    yield a, b
+    for s in (a, b):
+        if s.proc.poll() is None:
+            s.stop()
+
+
+def short(**kw):
+    return {"model": NAME, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, **kw}
+
+
+def test_pass_through_and_spread(two):
+    a, b = two
+    r = Router("--backend", a.base, "--backend", b.base)
+    try:
+        direct = a.client().completions.create(model=NAME, prompt="Once upon a time", max_tokens=12, temperature=0)
+        via = r.client().completions.create(model=NAME, prompt="Once upon a time", max_tokens=12, temperature=0)
+        assert via.choices[0].text == direct.choices[0].text and via.usage == direct.usage
+        chunks = list(r.client().completions.create(model=NAME, prompt="Once upon a time", max_tokens=12,
+                                                    temperature=0, stream=True))
+        assert len(chunks) >= 2 and "".join(c.choices[0].text for c in chunks) == direct.choices[0].text
+        chat = r.client().chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert chat.usage.completion_tokens == 3
+        assert [m.id for m in r.client().models.list().data] == [NAME]
+        seen = {r.post(short())[2] for _ in range(6)}
+        assert seen == {a.base, b.base}  # idle backends tie: the choice rotates
+        with pytest.raises(openai.BadRequestError):  # the backend's own 400 passes through
+            r.client().completions.create(model=NAME, prompt="x", max_tokens=-1)
+        m = r.metrics()
+        assert sum(v for (n, lab), v in m.items() if n == "llm_router_requests_total" and ("code", "2xx") in lab) >= 10
+        assert m[("llm_router_requests_total", (("backend", a.base), ("code", "4xx")))] + \
+            m[("llm_router_requests_total", (("backend", b.base), ("code", "4xx")))] == 1
+    finally:
+        assert r.stop() == 0
+
+
+def test_least_loaded_avoids_the_busy_backend(two):
+    a, b = two
+    r = Router("--backend", a.base, "--backend", b.base)
+    try:
+        busy = {}
+
+        def long_request():
+            busy["r"] = r.post(short(max_tokens=400, ignore_eos=True), timeout=120)
+        t = threading.Thread(target=long_request)
+        t.start()
+        time.sleep(0.5)
+        hits = [r.post(short())[2] for _ in range(5)]
+        t.join()
+        owner = busy["r"][2]
+        assert busy["r"][0] == 200 and all(h != owner for h in hits), (owner, hits)
+    finally:
+        assert r.stop() == 0
+
+
+def test_session_affinity(two):
+    a, b = two
+    r = Router("--backend", a.base, "--backend", b.base, "--affinity-user")
+    try:
+        for who in ("alice", "bob", "carol", "dave"):
+            by_header = {r.post(short(), {"X-Session-Id": who})[2] for _ in range(4)}
+            by_user = {r.post(short(user=who + "-u"))[2] for _ in range(4)}
+            assert len(by_header) == 1 and len(by_user) == 1
+    finally:
+        assert r.stop() == 0
+
+
+def test_killed_backend_is_ejected_and_nothing_lost(two):
+    a, b = two
+    r = Router("--backend", a.base, "--backend", b.base, "--eject-after", 2, "--eject-seconds", 30)
+    try:
+        b.proc.send_signal(signal.SIGKILL)
+        b.proc.wait()
+        results = [r.post(short()) for _ in range(10)]
+        assert all(code == 200 and backend == a.base for code, _, backend in results), results
+        m = wait_for(lambda: (m := r.metrics())[("llm_router_backend_up", (("backend", b.base),))] == 0 and m, 5)
+        assert m[("llm_router_backend_ejections_total", (("backend", b.base),))] >= 1
+    finally:
+        assert r.stop() == 0
+
+
+def test_client_leaving_cancels_on_the_backend(two):
+    a, b = two
+    r = Router("--backend", a.base)
+    try:
+        s = socket.create_connection(("127.0.0.1", r.port))
+        body = json.dumps(short(max_tokens=400, ignore_eos=True, stream=True)).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert b"data: " in s.recv(65536)
+        s.close()
+        wait_for(lambda: a.metrics().get(("llm_request_success_total", (("finished_reason", "abort"),))) == 1, 10)
+        assert a.metrics()[("llm_requests_running", ())] == 0
+    finally:
+        assert r.stop() == 0
+
+
+def test_errors(two, tmp_path):
+    a, b = two
+    r = Router("--backend", "http://127.0.0.1:1", "--max-body-bytes", 1000, "--retries", 1)
+    try:
+        code, body, _ = r.post(short())
+        assert code == 503 and "no backend could take the request" in body["error"]["message"]
+        code, body, _ = r.post(short(prompt="x" * 2000))
+        assert code == 413 and "limit" in body["error"]["message"]
+        assert r.code("/readyz") == 200 and r.metrics()[("llm_router_no_backend_total", ())] == 1
+    finally:
+        assert r.stop() == 0
+    for bad in (["--port", "1"], ["--backend", a.base, "--service", "x/y"], ["--backend", a.base, "--retries", "x"]):
+        p = subprocess.run([tool("llm-router"), *bad], capture_output=True, text=True, timeout=10)
+        assert p.returncode == 2 and "usage" in p.stderr
+
+
+def test_backends_from_endpointslices(tmp_path, models):
+    """--service NS/NAME: the router follows the Service's ready endpoints
+    as an LLMDeployment scales."""
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    from test_operator import Cluster
+    c = Cluster(tmp_path, models("tiny", "Q8_0"))
+    r = None
+    try:
+        c.controller()
+        c.apply(replicas=2)
+        wait_for(lambda: len(c.ready_ips()) == 2, 90)
+        r = Router("--service", "default/story", "--kubeconfig", c.dir / "kubeconfig")
+        wait_for(lambda: r.code("/readyz") == 200, 20)
+        hits = {r.post({"model": "story", "prompt": "Once", "max_tokens": 2})[2] for _ in range(6)}
+        assert hits == {f"http://{ip}:8080" for ip in c.ready_ips()}
+        c.k("scale", "llmd/story", "--replicas=1")
+        wait_for(lambda: len(c.ready_ips()) == 1, 60)
+        wait_for(lambda: sum(1 for (n, _), v in r.metrics().items() if n == "llm_router_backend_up") == 1, 20)
+        assert all(r.post({"model": "story", "prompt": "Once", "max_tokens": 2})[0] == 200 for _ in range(4))
+    finally:
+        if r:
+            assert r.stop() == 0
+        c.close()
