@@ -200,7 +200,7 @@ static json_t *container(json_t *d)
     return json_pack("{s:s,s:O,s:o,s:o,s:[{s:s,s:I}],s:o,s:o,s:o,s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name", "llm-server",
                      "image", json_object_get(spec, "image"), "args", args, "env", env, "ports", "name", "http",
                      "containerPort", (json_int_t)port, "startupProbe", probe("/startupz", port, 2, startup / 2 + 1),
-                     "readinessProbe", probe("/readyz", port, 2, 1), "livenessProbe", probe("/livez", port, 10, 3),
+                     "readinessProbe", probe("/readyz", port, 2, 3), "livenessProbe", probe("/livez", port, 10, 3),
                      "resources", resources(spec), "volumeMounts", mounts, "securityContext",
                      "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1, "capabilities", "drop", "ALL");
 }

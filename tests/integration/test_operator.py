@@ -184,9 +184,16 @@ def test_apply_serve_scale_delete(cluster):
     assert c.get("pdb", "story")["spec"]["maxUnavailable"] == 1
     ip = wait_for(lambda: c.ready_ips(), 30)[0]
     assert complete(ip)["usage"]["completion_tokens"] == 4
-    rv = c.get("deployment", "story")["metadata"]["resourceVersion"]
-    time.sleep(1)  # level-based: nothing changed, nothing written
-    assert c.get("deployment", "story")["metadata"]["resourceVersion"] == rv
+    # level-based: nothing changed, nothing written (kubesim alone writes the
+    # Deployment's status, so its generation and the children nobody else
+    # touches are what tell)
+    before = [(c.get(kind, name) or {}).get("metadata", {}).get(field) for kind, name, field in
+              (("deployment", "story", "generation"), ("service", "story", "resourceVersion"),
+               ("configmap", "story-config", "resourceVersion"), ("pdb", "story", "generation"))]
+    time.sleep(1.5)
+    assert [(c.get(kind, name) or {}).get("metadata", {}).get(field) for kind, name, field in
+            (("deployment", "story", "generation"), ("service", "story", "resourceVersion"),
+             ("configmap", "story-config", "resourceVersion"), ("pdb", "story", "generation"))] == before
     assert "scaled" in c.k("scale", "llmd/story", "--replicas=3").stdout
     wait_for(lambda: (s := c.status()).get("readyReplicas") == 3 and s.get("phase") == "Ready", 90)
     assert len(wait_for(lambda: len(c.ready_ips()) == 3 and c.ready_ips(), 30)) == 3
@@ -330,13 +337,12 @@ def test_faults_restart_conflict_killed_pod(cluster):
     assert metrics(url)[("llm_controller_reconciles_total", (("result", "error"),))] >= errors0 + 2
     wait_for(lambda: (s := c.status()).get("phase") == "Ready" and s.get("replicas") == 1, 60)
     victim = sorted(pod_names(c))[0]
-    seen = []
-
-    def recovered():
-        seen.append(c.status().get("readyReplicas"))
-        return victim not in pod_names(c) and c.status().get("phase") == "Ready" and 0 in seen
+    was = c.cond("Ready")["lastTransitionTime"]
+    time.sleep(1.1)  # transition times have one-second resolution
     c.k("delete", "pod", victim, "--grace-period=0", "--wait=false")
-    wait_for(recovered, 60)
+    # replaced, and the status saw it: Ready went False and back (a new transition time)
+    wait_for(lambda: victim not in pod_names(c) and c.status().get("phase") == "Ready" and
+             c.cond("Ready")["lastTransitionTime"] > was, 60)
     uids = {kind: c.get(kind, name)["metadata"]["uid"] for kind, name in
             (("service", "story"), ("configmap", "story-config"), ("pdb", "story"))}
     for kind, name in (("service", "story"), ("configmap", "story-config"), ("pdb", "story")):
