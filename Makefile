@@ -46,7 +46,7 @@ UNIT_BIN = $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 $(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 $(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
-.PHONY: all run test asan bench bench-load deps lint clean unit pytest fuzz models tsan manifests
+.PHONY: all run test asan bench bench-router bench-load deps lint clean unit pytest fuzz models tsan manifests
 all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router
 
 $(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(LIB)
@@ -180,6 +180,10 @@ bench: deps all
 
 # Load test of llm-server (and llama.cpp's llama-server when LLAMA_SERVER
 # points at it) with the 3-short-to-1-long traffic mix.
+# llm-router: least loaded against round robin over two backends, uneven lengths.
+bench-router: deps all $(DEFAULT_MODEL)
+	$(PYTHON) tests/bench/router.py --build $(BUILD) --model $(MODEL)
+
 bench-load: deps all $(DEFAULT_MODEL)
 	$(PYTHON) tests/bench/load.py --build $(BUILD) --model $(MODEL) --threads $(THREADS) \
 	  $(if $(LLAMA_SERVER),--peer $(LLAMA_SERVER))

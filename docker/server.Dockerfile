@@ -1,21 +1,21 @@
-# llm-server, CPU image: a build stage with the toolchain, a slim runtime
+# llm-server (and llm-router), CPU image: a build stage with the toolchain, a slim runtime
 # stage with only the shared libraries, running as a non-root user.
 #   docker build -f docker/server.Dockerfile -t llm-server:latest .
 FROM debian:bookworm AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        build-essential python3 libjansson-dev libyaml-dev libcivetweb-dev libssl-dev \
+        build-essential python3 libjansson-dev libyaml-dev libcivetweb-dev libssl-dev libcurl4-openssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 # The binary picks its CPU kernels (AVX512-VNNI, AVX2, scalar) at run time.
-RUN make build/bin/llm-server
+RUN make build/bin/llm-server build/bin/llm-router
 
 FROM debian:bookworm-slim
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        libjansson4 libyaml-0-2 libcivetweb1 libssl3 \
+        libjansson4 libyaml-0-2 libcivetweb1 libssl3 libcurl4 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin llm
-COPY --from=build /src/build/bin/llm-server /usr/local/bin/llm-server
+COPY --from=build /src/build/bin/llm-server /src/build/bin/llm-router /usr/local/bin/
 USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/llm-server"]
