@@ -3,11 +3,12 @@
  * EndpointSlices (watched through the API server); a poller reads each
  * backend's own load (/metrics) for the least-loaded choice and ejects
  * backends that stop answering; requests are proxied by rt_proxy.c.
- *   llm-router [--host H] [--port P] (--backend URL... | --service NS/NAME [--kubeconfig F])
- *              [--policy least-loaded|round-robin] [--affinity-header NAME] [--affinity-user]
- *              [--retries N] [--eject-after N] [--eject-seconds S] [--poll-ms MS] */
+ * A canary revision's backends (--canary-backend / --canary-service) get
+ * --canary-weight percent of the requests, changed at run time through
+ * POST /admin/canary (bearer --admin-token). See usage() for the flags. */
 #include <civetweb.h>
 #include <curl/curl.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -31,15 +32,27 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
-typedef struct router {
+typedef struct router router;
+
+/* One watched Service: the ready endpoints of its EndpointSlices become
+ * the backends of one revision. */
+typedef struct disc {
+    router *r;
+    int rev;
+    char ns[254], name[254];
+    char slice_names[MAX_SLICES][254];
+    char *slice_urls[MAX_SLICES]; /* newline-separated ready endpoints of each slice */
+} disc;
+
+struct router {
     rt_pool *pool;
     rt_proxy px;
     long poll_ms;
-    const char *service_ns, *service;
     kube_config cfg;
-    char slice_names[MAX_SLICES][254];
-    char *slice_urls[MAX_SLICES]; /* newline-separated ready endpoints of each slice */
-} router;
+    int n_disc;
+    disc d[2];
+    const char *admin_token;
+};
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logf_(const char *fmt, ...)
@@ -134,8 +147,8 @@ static char *slice_urls(json_t *slice)
     return out;
 }
 
-/* The union of all slices' endpoints becomes the pool. */
-static void publish(router *r)
+/* The union of all slices' endpoints becomes the revision's backends. */
+static void publish(disc *r)
 {
     const char *urls[RT_MAX_BACKENDS];
     char *copies[MAX_SLICES] = {0};
@@ -148,15 +161,15 @@ static void publish(router *r)
             urls[n++] = tok;
     }
     llm_error err = {0};
-    if (rt_pool_set(r->pool, urls, n, &err))
+    if (rt_pool_set(r->r->pool, r->rev, urls, n, &err))
         logf_("backends: %s", err.msg);
-    logf_("backends: %d ready endpoints of %s/%s", n, r->service_ns, r->service);
+    logf_("%s backends: %d ready endpoints of %s/%s", r->rev ? "canary" : "stable", n, r->ns, r->name);
     for (int s = 0; s < MAX_SLICES; s++) free(copies[s]);
 }
 
 static int on_slice(void *arg, const char *type, json_t *obj)
 {
-    router *r = arg;
+    disc *r = arg;
     if (!strcmp(type, "SYNCED") || !strcmp(type, "RELIST")) {
         if (!strcmp(type, "RELIST"))
             for (int s = 0; s < MAX_SLICES; s++) free(r->slice_urls[s]), r->slice_urls[s] = NULL, r->slice_names[s][0] = 0;
@@ -191,16 +204,16 @@ static int on_slice(void *arg, const char *type, json_t *obj)
 
 static void *discover(void *arg)
 {
-    router *r = arg;
+    disc *r = arg;
     char path[700];
     snprintf(path, sizeof path, "/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices?labelSelector="
-                                "kubernetes.io%%2Fservice-name%%3D%s", r->service_ns, r->service);
+                                "kubernetes.io%%2Fservice-name%%3D%s", r->ns, r->name);
     while (!g_stop) {
         kube_client *k = NULL;
         llm_error err = {0};
-        llm_status st = kube_client_new(&r->cfg, &k, &err);
+        llm_status st = kube_client_new(&r->r->cfg, &k, &err);
         if (!st)
-            st = kube_list_watch(k, &r->cfg, path, 300, on_slice, r, &g_stop, &err);
+            st = kube_list_watch(k, &r->r->cfg, path, 300, on_slice, r, &g_stop, &err);
         kube_client_free(k);
         if (!st)
             break;
@@ -243,6 +256,33 @@ static int h_metrics(struct mg_connection *c, void *cb)
     return 200;
 }
 
+/* POST /admin/canary {"weight": N} with the admin bearer token: the
+ * canary's share (the controller's lever during a canary). */
+static int h_admin(struct mg_connection *c, void *cb)
+{
+    router *r = cb;
+    const char *auth = mg_get_header(c, "Authorization");
+    char want[600], body[256] = "";
+    snprintf(want, sizeof want, "Bearer %s", r->admin_token ? r->admin_token : "");
+    int n = mg_read(c, body, sizeof body - 1);
+    body[n > 0 ? n : 0] = 0;
+    json_t *j = json_loads(body, 0, NULL), *w = json_object_get(j, "weight");
+    int code = !r->admin_token ? 404 : !auth || strcmp(auth, want) ? 401
+               : strcmp(mg_get_request_info(c)->request_method, "POST") ? 405
+               : !json_is_integer(w) || json_integer_value(w) < 0 || json_integer_value(w) > 100 ? 400 : 200;
+    if (code == 200) {
+        rt_pool_set_weight(r->pool, (int)json_integer_value(w));
+        logf_("canary weight %d%%", (int)json_integer_value(w));
+    }
+    json_decref(j);
+    const char *msg = code == 200 ? "{\"ok\":true}" : code == 404 ? "{\"error\":\"admin is off (no --admin-token)\"}"
+                      : code == 401 ? "{\"error\":\"admin token required\"}" : code == 405 ? "{\"error\":\"use POST\"}"
+                      : "{\"error\":\"weight: an integer 0..100\"}";
+    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+              code, code == 200 ? "OK" : "Error", strlen(msg), msg);
+    return code;
+}
+
 /* ---- main --------------------------------------------------------------------------- */
 
 /* A number flag; 0 when v is not all number. */
@@ -256,6 +296,8 @@ static int num(const char *v, double *out)
 static int usage(void)
 {
     fprintf(stderr, "usage: llm-router [--host H] [--port 8000] (--backend URL ... | --service NS/NAME [--kubeconfig F])\n"
+                    "                  [--canary-backend URL ... | --canary-service NS/NAME] [--canary-weight 0..100]\n"
+                    "                  [--admin-token T]\n"
                     "                  [--policy least-loaded|round-robin] [--affinity-header NAME] [--affinity-user]\n"
                     "                  [--retries 2] [--eject-after 3] [--eject-seconds 10] [--poll-ms 500]\n"
                     "                  [--max-body-bytes 1048576] [--timeout-s 600] [--http-threads 64]\n");
@@ -266,8 +308,8 @@ int main(int argc, char **argv)
 {
     static router r;
     const char *host = "0.0.0.0", *port = "8000", *kubeconfig = NULL, *threads = "64";
-    const char *backends[RT_MAX_BACKENDS];
-    int nb = 0;
+    const char *backends[RT_MAX_BACKENDS], *canaries[RT_MAX_BACKENDS], *services[2] = {NULL, NULL};
+    int nb = 0, nc = 0, weight = 0;
     rt_pool_config pc = {RT_LEAST_LOADED, 3, 10};
     r.px = (rt_proxy){.retries = 2, .max_body = 1 << 20, .timeout_s = 600, .affinity_header = "X-Session-Id"};
     r.poll_ms = 500;
@@ -287,8 +329,16 @@ int main(int argc, char **argv)
             port = v;
         else if (!strcmp(a, "--backend") && nb < RT_MAX_BACKENDS)
             backends[nb++] = v;
+        else if (!strcmp(a, "--canary-backend") && nc < RT_MAX_BACKENDS)
+            canaries[nc++] = v;
         else if (!strcmp(a, "--service"))
-            r.service_ns = v;
+            services[0] = v;
+        else if (!strcmp(a, "--canary-service"))
+            services[1] = v;
+        else if (!strcmp(a, "--canary-weight") && num(v, &x) && x >= 0 && x <= 100)
+            weight = (int)x;
+        else if (!strcmp(a, "--admin-token") && *v)
+            r.admin_token = v;
         else if (!strcmp(a, "--kubeconfig"))
             kubeconfig = v;
         else if (!strcmp(a, "--policy") && (!strcmp(v, "least-loaded") || !strcmp(v, "round-robin")))
@@ -312,27 +362,29 @@ int main(int argc, char **argv)
         else
             return usage();
     }
-    if ((nb > 0) == (r.service_ns != NULL) || r.px.retries < 0 || r.poll_ms < 10 || r.px.max_body < 1 ||
-        r.px.timeout_s < 1)
+    if ((nb > 0) == (services[0] != NULL) || (nc > 0 && services[1]) || (nb && services[1]) || (nc && services[0]))
         return usage();
-    static char svc[512];
-    if (r.service_ns) {
-        snprintf(svc, sizeof svc, "%s", r.service_ns);
-        char *slash = strchr(svc, '/');
-        if (!slash || !slash[1] || slash == svc)
+    for (int k = 0; k < 2; k++) {
+        const char *slash = services[k] ? strchr(services[k], '/') : NULL;
+        if (!services[k])
+            continue;
+        if (!slash || slash == services[k] || !slash[1] || (size_t)(slash - services[k]) >= sizeof r.d[0].ns)
             return usage();
-        *slash = 0;
-        r.service_ns = svc;
-        r.service = slash + 1;
+        disc *d = &r.d[r.n_disc++];
+        d->r = &r;
+        d->rev = k;
+        snprintf(d->ns, sizeof d->ns, "%.*s", (int)(slash - services[k]), services[k]);
+        snprintf(d->name, sizeof d->name, "%s", slash + 1);
     }
     llm_error err = {0};
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    if (rt_pool_new(&pc, &r.pool, &err) || (nb && rt_pool_set(r.pool, backends, nb, &err)) ||
-        (r.service && kube_config_load(kubeconfig, &r.cfg, &err))) {
+    if (rt_pool_new(&pc, &r.pool, &err) || (nb && rt_pool_set(r.pool, 0, backends, nb, &err)) ||
+        (nc && rt_pool_set(r.pool, 1, canaries, nc, &err)) || (r.n_disc && kube_config_load(kubeconfig, &r.cfg, &err))) {
         fprintf(stderr, "llm-router: %s\n", err.msg);
         return 1;
     }
     r.px.pool = r.pool;
+    rt_pool_set_weight(r.pool, weight);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
@@ -349,23 +401,25 @@ int main(int argc, char **argv)
     mg_set_request_handler(mg, "/healthz$", h_healthz, &r);
     mg_set_request_handler(mg, "/readyz$", h_readyz, &r);
     mg_set_request_handler(mg, "/metrics$", h_metrics, &r);
+    mg_set_request_handler(mg, "/admin/canary$", h_admin, &r);
     mg_set_request_handler(mg, "/v1/", rt_proxy_handle, &r.px);
     mg_set_request_handler(mg, "/generate$", rt_proxy_handle, &r.px);
     mg_set_request_handler(mg, "/tokenize$", rt_proxy_handle, &r.px);
     mg_set_request_handler(mg, "/detokenize$", rt_proxy_handle, &r.px);
-    pthread_t poll_th, disc_th;
-    int polling = pthread_create(&poll_th, NULL, poller, &r) == 0;
-    int discovering = r.service && pthread_create(&disc_th, NULL, discover, &r) == 0;
-    logf_("listening on %s, %s, %s", listen, pc.policy == RT_ROUND_ROBIN ? "round robin" : "least loaded",
-          r.service ? "backends from the Service's EndpointSlices" : "static backends");
+    pthread_t poll_th, disc_th[2];
+    int polling = pthread_create(&poll_th, NULL, poller, &r) == 0, discovering = 0;
+    while (discovering < r.n_disc && pthread_create(&disc_th[discovering], NULL, discover, &r.d[discovering]) == 0)
+        discovering++;
+    logf_("listening on %s, %s, %s, canary weight %d%%", listen, pc.policy == RT_ROUND_ROBIN ? "round robin" : "least loaded",
+          r.n_disc ? "backends from EndpointSlices" : "static backends", weight);
     while (!g_stop) usleep(50000);
     mg_stop(mg); /* requests in flight finish first */
     if (polling)
         pthread_join(poll_th, NULL);
-    if (discovering)
-        pthread_join(disc_th, NULL);
-    for (int s = 0; s < MAX_SLICES; s++) free(r.slice_urls[s]);
-    if (r.service)
+    for (int k = 0; k < discovering; k++) pthread_join(disc_th[k], NULL);
+    for (int k = 0; k < r.n_disc; k++)
+        for (int s = 0; s < MAX_SLICES; s++) free(r.d[k].slice_urls[s]);
+    if (r.n_disc)
         kube_config_free(&r.cfg);
     rt_pool_free(r.pool);
     curl_global_cleanup();

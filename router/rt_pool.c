@@ -12,8 +12,16 @@
 #define N_BUCKETS 12
 static const double bucket_le[N_BUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 
+typedef struct revstats {
+    unsigned long long codes[5], failed;
+    unsigned long long ttfb[N_BUCKETS + 1];
+    double ttfb_sum;
+    unsigned long long ttfb_n;
+} revstats;
+
 typedef struct backend {
     char url[256];
+    int rev;                   /* 0 stable, 1 canary */
     int live;                  /* in the current set (slots are kept while requests use them) */
     int inflight;
     double waiting, running, kv; /* polled from its /metrics */
@@ -39,6 +47,9 @@ struct rt_pool {
     unsigned int rr;
     vnode ring[RT_MAX_BACKENDS * VNODES];
     int n_ring;
+    int weight;                /* canary share, 0..100 */
+    int split;                 /* smooth counter of the split */
+    revstats rs[2];
 };
 
 static double mono_s(void)
@@ -97,11 +108,14 @@ void rt_pool_free(rt_pool *p)
     free(p);
 }
 
-llm_status rt_pool_set(rt_pool *p, const char *const *urls, int n, llm_error *err)
+llm_status rt_pool_set(rt_pool *p, int rev, const char *const *urls, int n, llm_error *err)
 {
+    rev = rev ? 1 : 0;
     pthread_mutex_lock(&p->mu);
     /* first those that stay (they keep their breaker and load state)... */
     for (int i = 0; i < p->n; i++) {
+        if (p->b[i].rev != rev)
+            continue;
         p->b[i].live = 0;
         for (int u = 0; u < n && !p->b[i].live; u++) p->b[i].live = !strcmp(p->b[i].url, urls[u]);
     }
@@ -109,7 +123,7 @@ llm_status rt_pool_set(rt_pool *p, const char *const *urls, int n, llm_error *er
     llm_status st = LLM_OK;
     for (int u = 0; u < n && !st; u++) {
         int i = 0, slot = -1;
-        while (i < p->n && !(p->b[i].live && !strcmp(p->b[i].url, urls[u]))) i++;
+        while (i < p->n && !(p->b[i].live && p->b[i].rev == rev && !strcmp(p->b[i].url, urls[u]))) i++;
         if (i < p->n)
             continue;
         for (int j = 0; j < p->n && slot < 0; j++)
@@ -123,11 +137,27 @@ llm_status rt_pool_set(rt_pool *p, const char *const *urls, int n, llm_error *er
             slot = p->n++;
         memset(&p->b[slot], 0, sizeof p->b[slot]);
         snprintf(p->b[slot].url, sizeof p->b[slot].url, "%s", urls[u]);
+        p->b[slot].rev = rev;
         p->b[slot].live = 1;
     }
     build_ring(p);
     pthread_mutex_unlock(&p->mu);
     return st;
+}
+
+void rt_pool_set_weight(rt_pool *p, int weight)
+{
+    pthread_mutex_lock(&p->mu);
+    p->weight = weight < 0 ? 0 : weight > 100 ? 100 : weight;
+    pthread_mutex_unlock(&p->mu);
+}
+
+int rt_pool_weight(rt_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    int w = p->weight;
+    pthread_mutex_unlock(&p->mu);
+    return w;
 }
 
 int rt_pool_size(rt_pool *p)
@@ -141,23 +171,23 @@ int rt_pool_size(rt_pool *p)
 
 /* Usable now: live, not avoided, breaker closed or half-open with no
  * trial out. Under mu. */
-static int usable(rt_pool *p, int i, const unsigned char *avoid, double now)
+static int usable(rt_pool *p, int i, int rev, const unsigned char *avoid, double now)
 {
     backend *b = &p->b[i];
-    if (!b->live || (avoid && (avoid[i / 8] >> (i % 8) & 1)))
+    if (!b->live || b->rev != rev || (avoid && (avoid[i / 8] >> (i % 8) & 1)))
         return 0;
     if (b->ejected_until == 0)
         return 1;
     return b->ejected_until <= now && !b->trial;
 }
 
-static int least_loaded(rt_pool *p, const unsigned char *avoid, double now)
+static int least_loaded(rt_pool *p, int rev, const unsigned char *avoid, double now)
 {
     int best = -1;
     double best_load = 0, best_run = 0;
     for (int k = 0; k < p->n; k++) {
         int i = (int)((p->rr + (unsigned)k) % (unsigned)p->n); /* rotating start: ties spread */
-        if (!usable(p, i, avoid, now))
+        if (!usable(p, i, rev, avoid, now))
             continue;
         double load = p->b[i].inflight + p->b[i].waiting, run = p->b[i].running;
         if (best < 0 || load < best_load || (load == best_load && run < best_run)) {
@@ -170,17 +200,17 @@ static int least_loaded(rt_pool *p, const unsigned char *avoid, double now)
     return best;
 }
 
-static int round_robin(rt_pool *p, const unsigned char *avoid, double now)
+static int round_robin(rt_pool *p, int rev, const unsigned char *avoid, double now)
 {
     for (int k = 0; k < p->n; k++) {
         int i = (int)(p->rr++ % (unsigned)p->n);
-        if (usable(p, i, avoid, now))
+        if (usable(p, i, rev, avoid, now))
             return i;
     }
     return -1;
 }
 
-static int by_session(rt_pool *p, const char *session, const unsigned char *avoid, double now)
+static int by_session(rt_pool *p, const char *session, int rev, const unsigned char *avoid, double now)
 {
     if (!p->n_ring)
         return -1;
@@ -195,7 +225,7 @@ static int by_session(rt_pool *p, const char *session, const unsigned char *avoi
     }
     for (int k = 0; k < p->n_ring; k++) {
         int i = p->ring[(lo + k) % p->n_ring].idx;
-        if (usable(p, i, avoid, now))
+        if (usable(p, i, rev, avoid, now))
             return i;
     }
     return -1;
@@ -205,8 +235,19 @@ int rt_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *u
 {
     pthread_mutex_lock(&p->mu);
     double now = mono_s();
-    int i = session && *session ? by_session(p, session, avoid, now)
-            : p->c.policy == RT_ROUND_ROBIN ? round_robin(p, avoid, now) : least_loaded(p, avoid, now);
+    int has_session = session && *session, rev;
+    if (has_session) {
+        rev = (int)(hash32(session, 977) % 100) < p->weight; /* a session keeps its revision */
+    } else {
+        p->split += p->weight; /* smooth: exactly weight of every 100 requests */
+        rev = p->split >= 100;
+        if (rev)
+            p->split -= 100;
+    }
+    int i = -1;
+    for (int k = 0; k < 2 && i < 0; k++, rev = !rev) /* the other revision when this one has no backend */
+        i = has_session ? by_session(p, session, rev, avoid, now)
+            : p->c.policy == RT_ROUND_ROBIN ? round_robin(p, rev, avoid, now) : least_loaded(p, rev, avoid, now);
     if (i >= 0) {
         backend *b = &p->b[i];
         b->inflight++;
@@ -230,7 +271,7 @@ static void failed(rt_pool *p, backend *b, double now)
     b->trial = 0;
 }
 
-void rt_release(rt_pool *p, int idx, int ok, double seconds, int status)
+void rt_release(rt_pool *p, int idx, int ok, double seconds, double ttfb, int status)
 {
     if (idx < 0 || idx >= RT_MAX_BACKENDS)
         return;
@@ -244,6 +285,16 @@ void rt_release(rt_pool *p, int idx, int ok, double seconds, int status)
     while (bk < N_BUCKETS && seconds > bucket_le[bk]) bk++;
     b->hist[bk]++;
     b->sum += seconds;
+    revstats *r = &p->rs[b->rev];
+    r->codes[status >= 200 && status < 600 ? status / 100 - 2 : 4]++;
+    r->failed += !ok;
+    if (ttfb >= 0) {
+        int tb = 0;
+        while (tb < N_BUCKETS && ttfb > bucket_le[tb]) tb++;
+        r->ttfb[tb]++;
+        r->ttfb_sum += ttfb;
+        r->ttfb_n++;
+    }
     if (ok) {
         b->failures = 0;
         b->ejected_until = 0;
@@ -359,6 +410,28 @@ char *rt_pool_metrics(rt_pool *p)
                     "llm_router_request_duration_seconds_sum{backend=\"%s\"} %.6f\n"
                     "llm_router_request_duration_seconds_count{backend=\"%s\"} %llu\n",
                 b->url, cum + b->hist[N_BUCKETS], b->url, b->sum, b->url, b->requests);
+    }
+    static const char *const revname[2] = {"stable", "canary"};
+    put(&t, "# HELP llm_router_canary_weight Percent of requests sent to the canary revision.\n"
+            "# TYPE llm_router_canary_weight gauge\nllm_router_canary_weight %d\n", p->weight);
+    put(&t, "# HELP llm_router_revision_requests_total Requests by revision and status class.\n"
+            "# TYPE llm_router_revision_requests_total counter\n");
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < 5; c++)
+            put(&t, "llm_router_revision_requests_total{revision=\"%s\",code=\"%s\"} %llu\n", revname[r], code[c],
+                p->rs[r].codes[c]);
+    put(&t, "# HELP llm_router_revision_ttfb_seconds Time to the first byte of the answer (first token of a stream).\n"
+            "# TYPE llm_router_revision_ttfb_seconds histogram\n");
+    for (int r = 0; r < 2; r++) {
+        unsigned long long cum = 0;
+        for (int k = 0; k < N_BUCKETS; k++) {
+            cum += p->rs[r].ttfb[k];
+            put(&t, "llm_router_revision_ttfb_seconds_bucket{revision=\"%s\",le=\"%g\"} %llu\n", revname[r], bucket_le[k], cum);
+        }
+        put(&t, "llm_router_revision_ttfb_seconds_bucket{revision=\"%s\",le=\"+Inf\"} %llu\n"
+                "llm_router_revision_ttfb_seconds_sum{revision=\"%s\"} %.6f\n"
+                "llm_router_revision_ttfb_seconds_count{revision=\"%s\"} %llu\n",
+            revname[r], cum + p->rs[r].ttfb[N_BUCKETS], revname[r], p->rs[r].ttfb_sum, revname[r], p->rs[r].ttfb_n);
     }
     pthread_mutex_unlock(&p->mu);
     if (t.oom) {

@@ -8,6 +8,13 @@
  *   - affinity: a session key (header or the request's "user") is hashed
  *     onto a ring of virtual nodes, so a session stays on one backend while
  *     the set changes little (consistent hashing).
+ * Revisions: each backend is of the stable (0) or the canary (1) revision;
+ * a request goes to the canary with probability weight/100 - exactly that
+ * share, by a smooth counter, or by the session key's hash so a session
+ * stays on one revision - and then to a backend of that revision by the
+ * policy (the other revision when that one has none usable). Per-revision
+ * counts and time-to-first-byte histograms feed the canary analysis.
+ *
  * Breaker: after `threshold` consecutive failures (no connection, or a 5xx
  * before any byte reached the client) a backend is ejected for `eject_s`;
  * then one trial request is let through (half open): success closes it,
@@ -37,17 +44,21 @@ typedef struct rt_pool_config {
 llm_status rt_pool_new(const rt_pool_config *c, rt_pool **out, llm_error *err);
 void rt_pool_free(rt_pool *p);
 
-/* Replaces the set with urls ("http://10.0.0.5:8080"); backends that stay
- * keep their state. */
-llm_status rt_pool_set(rt_pool *p, const char *const *urls, int n, llm_error *err);
+/* Replaces the backends of revision rev (0 stable, 1 canary) with urls
+ * ("http://10.0.0.5:8080"); backends that stay keep their state. */
+llm_status rt_pool_set(rt_pool *p, int rev, const char *const *urls, int n, llm_error *err);
+/* Share of requests for the canary, 0..100. */
+void rt_pool_set_weight(rt_pool *p, int weight);
+int rt_pool_weight(rt_pool *p);
 int rt_pool_size(rt_pool *p);
 
 /* Chooses a backend for a request (session may be NULL), skipping those in
  * avoid (bitmap over indexes, for retries); -1 when none is usable. The
  * URL is copied to url. Counts the request in flight. */
 int rt_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *url, size_t un);
-/* The request ended: ok 0 counts a failure toward the breaker. */
-void rt_release(rt_pool *p, int idx, int ok, double seconds, int status);
+/* The request ended: ok 0 counts a failure toward the breaker; ttfb is the
+ * time to its first byte (< 0: none came). */
+void rt_release(rt_pool *p, int idx, int ok, double seconds, double ttfb, int status);
 
 /* The poller's reading of backend i's own signals; reachable 0 counts as
  * a failure. */

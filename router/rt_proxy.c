@@ -77,6 +77,7 @@ static char *read_body(struct mg_connection *c, long max, size_t *len, int *stat
 typedef struct attempt {
     struct mg_connection *c;
     const char *backend;
+    double t0, first;          /* start, first body byte (0: none yet) */
     long status;
     char ctype[128];
     int started;               /* the response head went to the client */
@@ -107,6 +108,8 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
 {
     attempt *a = arg;
     size_t len = sz * n;
+    if (!a->first)
+        a->first = mono_s();
     if (a->status >= 500 && !a->started) { /* hold it: another backend may answer instead */
         if (a->err_len + len <= ERR_BODY_MAX) {
             char *p = realloc(a->err_body, a->err_len + len + 1);
@@ -246,11 +249,11 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
         int idx = rt_pick(px->pool, session, avoid, url, sizeof url);
         if (idx < 0)
             break;
-        attempt a = {.c = c, .backend = url};
-        double t0 = mono_s();
+        attempt a = {.c = c, .backend = url, .t0 = mono_s()};
         CURLcode rc = send_to(px, c, url, body, len, &a);
         int ok = a.started ? (rc == CURLE_OK || a.client_gone) : rc == CURLE_OK && a.status < 500;
-        rt_release(px->pool, idx, ok, mono_s() - t0, rc == CURLE_OK || a.started ? (int)a.status : 0);
+        rt_release(px->pool, idx, ok, mono_s() - a.t0, a.first ? a.first - a.t0 : -1,
+                   rc == CURLE_OK || a.started ? (int)a.status : 0);
         avoid[idx / 8] |= (unsigned char)(1u << (idx % 8));
         if (a.started || (rc == CURLE_OK && a.status < 500)) {
             code = a.status ? (int)a.status : 200;

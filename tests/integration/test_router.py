@@ -212,3 +212,45 @@ def test_backends_from_endpointslices(tmp_path, models):
         if r:
             assert r.stop() == 0
         c.close()
+
+
+def admin(r, body, token="t"):
+    req = urllib.request.Request(r.base + "/admin/canary", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"}
+                                                                          if token else {})})
+    try:
+        return urllib.request.urlopen(req, timeout=5).status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_canary_split_and_revision_metrics(two):
+    """Stable and canary backends: the canary gets exactly its weight of
+    the requests, the weight changes at run time through the admin
+    endpoint, a session keeps its revision, per-revision counts and
+    time-to-first-byte are exported, and a dead canary sends all to stable."""
+    a, b = two
+    r = Router("--backend", a.base, "--canary-backend", b.base, "--canary-weight", 20, "--admin-token", "t")
+    try:
+        hits = [r.post(short())[2] for _ in range(50)]
+        assert hits.count(b.base) == 10 and hits.count(a.base) == 40
+        assert admin(r, {"weight": 50}, token="wrong") == 401 and admin(r, {"weight": 101}) == 400
+        assert admin(r, {"weight": 50}) == 200
+        hits = [r.post(short())[2] for _ in range(20)]
+        assert hits.count(b.base) == 10
+        for who in ("s1", "s2", "s3", "s4", "s5", "s6"):
+            assert len({r.post(short(), {"X-Session-Id": who})[2] for _ in range(3)}) == 1
+        m = r.metrics()
+        assert m[("llm_router_canary_weight", ())] == 50
+        assert m[("llm_router_revision_requests_total", (("code", "2xx"), ("revision", "canary")))] >= 20
+        assert m[("llm_router_revision_ttfb_seconds_count", (("revision", "stable"),))] >= 50
+        b.proc.send_signal(signal.SIGKILL)
+        b.proc.wait()
+        assert all(r.post(short())[:3:2] == (200, a.base) for _ in range(10))
+    finally:
+        assert r.stop() == 0
+    r = Router("--backend", a.base)
+    try:
+        assert admin(r, {"weight": 10}) == 404  # no --admin-token: no admin
+    finally:
+        assert r.stop() == 0
