@@ -235,8 +235,11 @@ int rt_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *u
 {
     pthread_mutex_lock(&p->mu);
     double now = mono_s();
-    int has_session = session && *session, rev;
-    if (has_session) {
+    int has_session = session && *session, rev, retry = 0;
+    for (int k = 0; avoid && k < RT_MAX_BACKENDS / 8 && !retry; k++) retry = avoid[k] != 0;
+    if (retry) {
+        rev = 0; /* a retry goes to stable first and leaves the split's counter alone */
+    } else if (has_session) {
         rev = (int)(hash32(session, 977) % 100) < p->weight; /* a session keeps its revision */
     } else {
         p->split += p->weight; /* smooth: exactly weight of every 100 requests */

@@ -12,7 +12,9 @@
  * a request goes to the canary with probability weight/100 - exactly that
  * share, by a smooth counter, or by the session key's hash so a session
  * stays on one revision - and then to a backend of that revision by the
- * policy (the other revision when that one has none usable). Per-revision
+ * policy (the other revision when that one has none usable). A retry
+ * (after a failed attempt) goes to stable first and does not count in the
+ * split. Per-revision
  * counts and time-to-first-byte histograms feed the canary analysis.
  *
  * Breaker: after `threshold` consecutive failures (no connection, or a 5xx

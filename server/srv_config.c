@@ -45,6 +45,9 @@ static const key_def keys[] = {
     {"drain_timeout_s", K_INT, F(drain_timeout_s), 0, 86400, "30", "on SIGTERM, time for requests in flight"},
     {"request_timeout_s", K_INT, F(request_timeout_s), 1, 86400, "600", "longest a request may run"},
     {"liveness_timeout_s", K_INT, F(liveness_timeout_s), 1, 86400, "60", "engine step time before /livez fails"},
+    {"fault_error_ratio", K_REAL, F(fault_error_ratio), 0, 1, "0",
+     "testing: share of completion requests answered 500 on purpose (e.g. a canary made to fail)"},
+    {"fault_delay_ms", K_INT, F(fault_delay_ms), 0, 600000, "0", "testing: delay added before each completion"},
     {"api_keys_file", K_STR, F(api_keys_file), 0, 0, "", "file of API keys, one per line (or LLM_SERVER_API_KEYS)"},
 };
 #define N_KEYS (sizeof keys / sizeof *keys)

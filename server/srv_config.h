@@ -31,6 +31,8 @@ typedef struct srv_config {
     long drain_timeout_s;   /* SIGTERM: how long requests in flight may finish */
     long request_timeout_s; /* a request running longer ends with an error */
     long liveness_timeout_s; /* an engine step hung this long turns /livez 503 */
+    double fault_error_ratio; /* testing: share of completions failed on purpose */
+    long fault_delay_ms;    /* testing: delay before each completion */
     char *api_keys_file;    /* one key per line; "" -> LLM_SERVER_API_KEYS or none */
 } srv_config;
 

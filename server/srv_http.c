@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "srv.h"
 #include "textout.h"
@@ -417,8 +418,28 @@ static int api(srv *s, struct mg_connection *c, int route, const char *method, a
     return status == 499 ? 200 : status; /* civetweb logs the status; the client is gone */
 }
 
+/* Injected faults (testing canaries and routers against a bad revision):
+ * a delay, then a share of requests failing with 500. 1 when this one fails. */
+static int injected_fault(srv *s, srv_err *e)
+{
+    if (s->cfg.fault_delay_ms > 0)
+        usleep((useconds_t)s->cfg.fault_delay_ms * 1000);
+    if (s->cfg.fault_error_ratio <= 0)
+        return 0;
+    static _Atomic unsigned long long n;
+    /* deterministic spread: request k fails when the ratio's running total crosses an integer */
+    unsigned long long k = atomic_fetch_add(&n, 1);
+    double r = s->cfg.fault_error_ratio;
+    if ((unsigned long long)((double)(k + 1) * r) == (unsigned long long)((double)k * r))
+        return 0;
+    srv_err_set(e, 500, NULL, "injected fault (fault_error_ratio %.2f)", r);
+    return 1;
+}
+
 static int do_completion(srv *s, struct mg_connection *c, const char *body, size_t len, int kind, srv_err *e)
 {
+    if (injected_fault(s, e))
+        return send_err(c, e);
     srv_completion cp;
     int status = srv_parse_completion(s, body, len, kind, &cp, e) ? send_err(c, e) : complete(s, c, &cp, e);
     srv_completion_free(&cp);

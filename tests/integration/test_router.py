@@ -254,3 +254,22 @@ def test_canary_split_and_revision_metrics(two):
         assert admin(r, {"weight": 10}) == 404  # no --admin-token: no admin
     finally:
         assert r.stop() == 0
+
+
+def test_failing_canary_is_masked_but_counted(models):
+    """A canary that fails every request (fault_error_ratio 1): clients see
+    no error - each failure is retried on stable before any byte went out -
+    while the router counts the canary's 5xx for the analysis."""
+    m = models("tiny", "Q8_0")
+    good, bad = Server(m), Server(m, "--fault_error_ratio", 1)
+    r = Router("--backend", good.base, "--canary-backend", bad.base, "--canary-weight", 50, "--eject-after", 100)
+    try:
+        results = [r.post(short()) for _ in range(20)]
+        assert all(code == 200 and backend == good.base for code, _, backend in results)
+        met = r.metrics()
+        assert met[("llm_router_revision_requests_total", (("code", "5xx"), ("revision", "canary")))] == 10
+        assert met[("llm_router_revision_requests_total", (("code", "2xx"), ("revision", "stable")))] == 20
+    finally:
+        assert r.stop() == 0
+        good.stop()
+        bad.stop()

@@ -328,6 +328,21 @@ def test_model_sha256(model):
     assert s.stop() == 0
 
 
+def test_injected_faults(model):
+    """fault_error_ratio / fault_delay_ms (for testing canaries): exactly
+    that share of completions fail with a 500 saying so; each waits the delay."""
+    s = Server(model, "--fault_error_ratio", 0.25, "--fault_delay_ms", 50)
+    try:
+        t0 = time.time()
+        codes = [s.post("/v1/completions", {"model": NAME, "prompt": "Once", "max_tokens": 1})[:2] for _ in range(8)]
+        assert time.time() - t0 >= 8 * 0.05
+        assert [c for c, _ in codes].count(500) == 2 and [c for c, _ in codes].count(200) == 6
+        assert all("injected fault" in b["error"]["message"] for c, b in codes if c == 500)
+        assert s.get("/readyz")[0] == 200  # probes are not affected
+    finally:
+        assert s.stop() == 0
+
+
 def test_config_sources(tmp_path, model):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("port: 1\nmax_seqs: 3\nmodel_name: from-file\n")
