@@ -76,17 +76,19 @@ def test_builtin_scales_up_and_down_across_a_restart(tmp_path, slow_model):
         up = st["history"][-1]
         assert up["from"] in (1, 2) and up["to"] in (2, 3) and "over target 1.00" in up["reason"], st
         wait_for(lambda: c.status().get("readyReplicas") == 3, 90)
+        # no new requests from now; the queue was full until now, so the last
+        # recommendation of 3 is at most an interval older than this
+        t_quiet = time.time()
         stop.set()
         for t in th:
-            t.join(timeout=60)
-        t_quiet = time.time()
+            t.join(timeout=120)
         # a new controller (as after a leader change) carries on from the status
         ctl.terminate()
         assert ctl.wait(timeout=30) == 0
         c.controller()
         wait_for(lambda: replicas(c) == 1, 60)
         waited = time.time() - t_quiet
-        assert waited >= 6, f"scaled down after {waited:.1f} s, inside the 8 s window"
+        assert waited >= 6, f"scaled down {waited:.1f} s after the load stopped, inside the 8 s window"
         st = c.status()["autoscaling"]
         assert st["history"][-1]["to"] == 1 and "under target" in st["history"][-1]["reason"]
         assert st["desiredReplicas"] == 1 and st["lastScaleTime"]

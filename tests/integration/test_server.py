@@ -267,7 +267,7 @@ def test_sigterm_drains(models):
 
     def stream():
         it = iter(s.client().completions.create(model=name, prompt="Once upon a time", max_tokens=50,
-                                                temperature=0.5, stream=True))
+                                                temperature=0.5, stream=True, extra_body={"ignore_eos": True}))
         first = next(it)
         started.release()
         chunks = [first, *it]
