@@ -245,10 +245,15 @@ static int h_metrics(struct mg_connection *c, void *cb)
 {
     router *r = cb;
     char *text = rt_pool_metrics(r->pool);
-    char extra[256];
+    char extra[768];
     snprintf(extra, sizeof extra, "# HELP llm_router_no_backend_total Requests answered 503 for want of a backend.\n"
-                                  "# TYPE llm_router_no_backend_total counter\nllm_router_no_backend_total %llu\n",
-             __atomic_load_n(&r->px.no_backend, __ATOMIC_RELAXED));
+                                  "# TYPE llm_router_no_backend_total counter\nllm_router_no_backend_total %llu\n"
+                                  "# HELP llm_router_held_requests Requests held while no backend exists (scale from zero).\n"
+                                  "# TYPE llm_router_held_requests gauge\nllm_router_held_requests %d\n"
+                                  "# HELP llm_router_held_total Requests that were held.\n"
+                                  "# TYPE llm_router_held_total counter\nllm_router_held_total %llu\n",
+             __atomic_load_n(&r->px.no_backend, __ATOMIC_RELAXED), __atomic_load_n(&r->px.held, __ATOMIC_RELAXED),
+             __atomic_load_n(&r->px.held_total, __ATOMIC_RELAXED));
     size_t n = (text ? strlen(text) : 0) + strlen(extra);
     mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %zu\r\n"
                  "Connection: close\r\n\r\n%s%s", n, text ? text : "", extra);
@@ -300,7 +305,8 @@ static int usage(void)
                     "                  [--admin-token T]\n"
                     "                  [--policy least-loaded|round-robin] [--affinity-header NAME] [--affinity-user]\n"
                     "                  [--retries 2] [--eject-after 3] [--eject-seconds 10] [--poll-ms 500]\n"
-                    "                  [--max-body-bytes 1048576] [--timeout-s 600] [--http-threads 64]\n");
+                    "                  [--max-body-bytes 1048576] [--timeout-s 600] [--http-threads 64]\n"
+                    "                  [--hold-seconds 0] [--hold-max 64]   (scale from zero: hold requests while no backend)\n");
     return 2;
 }
 
@@ -311,7 +317,8 @@ int main(int argc, char **argv)
     const char *backends[RT_MAX_BACKENDS], *canaries[RT_MAX_BACKENDS], *services[2] = {NULL, NULL};
     int nb = 0, nc = 0, weight = 0;
     rt_pool_config pc = {RT_LEAST_LOADED, 3, 10};
-    r.px = (rt_proxy){.retries = 2, .max_body = 1 << 20, .timeout_s = 600, .affinity_header = "X-Session-Id"};
+    r.px = (rt_proxy){.retries = 2, .max_body = 1 << 20, .timeout_s = 600, .affinity_header = "X-Session-Id",
+                      .hold_max = 64};
     r.poll_ms = 500;
     double x = 0;
     for (int i = 1; i < argc; i++) {
@@ -355,6 +362,10 @@ int main(int argc, char **argv)
             r.poll_ms = (long)x;
         else if (!strcmp(a, "--max-body-bytes") && num(v, &x) && x >= 1)
             r.px.max_body = (long)x;
+        else if (!strcmp(a, "--hold-seconds") && num(v, &x) && x >= 0)
+            r.px.hold_s = x;
+        else if (!strcmp(a, "--hold-max") && num(v, &x) && x >= 1)
+            r.px.hold_max = (int)x;
         else if (!strcmp(a, "--timeout-s") && num(v, &x) && x >= 1)
             r.px.timeout_s = (long)x;
         else if (!strcmp(a, "--http-threads"))

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "rt_proxy.h"
 
@@ -211,6 +212,38 @@ static CURLcode send_to(rt_proxy *px, struct mg_connection *c, const char *url, 
     return rc;
 }
 
+/* Holds a request while no backend is known (scaled to zero). 1 when one
+ * appeared; 0 when the hold timed out or the client left (*answered set
+ * when a response was already begun: a stream's head and comments). */
+static int hold(rt_proxy *px, struct mg_connection *c, int stream, int *answered)
+{
+    *answered = 0;
+    if (px->hold_s <= 0 || rt_pool_size(px->pool) > 0)
+        return rt_pool_size(px->pool) > 0;
+    if (__atomic_add_fetch(&px->held, 1, __ATOMIC_RELAXED) > px->hold_max) {
+        __atomic_sub_fetch(&px->held, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
+    __atomic_add_fetch(&px->held_total, 1, __ATOMIC_RELAXED);
+    double end = mono_s() + px->hold_s, next_comment = 0;
+    int ok = 0;
+    while (!ok && mono_s() < end) {
+        if (stream && mono_s() >= next_comment) {
+            if (!*answered && mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                           "Cache-Control: no-cache\r\nConnection: close\r\n\r\n") <= 0)
+                break;
+            *answered = 1;
+            if (mg_printf(c, ": waiting for a backend\n\n") <= 0)
+                break; /* the client left */
+            next_comment = mono_s() + 2;
+        }
+        usleep(100000);
+        ok = rt_pool_size(px->pool) > 0;
+    }
+    __atomic_sub_fetch(&px->held, 1, __ATOMIC_RELAXED);
+    return ok;
+}
+
 /* The session key: the affinity header, else the body's "user". */
 static void session_of(rt_proxy *px, struct mg_connection *c, const char *body, size_t len, char *out, size_t n)
 {
@@ -239,6 +272,15 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
         return reply(c, bad, "application/json", bad == 413 ? "request body over the router's limit" : "no memory");
     char session[256], url[256];
     session_of(px, c, body, len, session, sizeof session);
+    json_t *parsed = json_loadb(body, len, 0, NULL);
+    int stream = json_is_true(json_object_get(parsed, "stream"));
+    json_decref(parsed);
+    int answered = 0;
+    if (rt_pool_size(px->pool) == 0 && !hold(px, c, stream, &answered) && answered) {
+        mg_printf(c, "data: {\"error\":{\"message\":\"no backend became ready in time\",\"type\":\"service_unavailable\"}}\n\n");
+        free(body);
+        return 503;
+    }
     unsigned char avoid[RT_MAX_BACKENDS / 8] = {0};
     int code = 0;
     char *held = NULL;
@@ -249,7 +291,7 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
         int idx = rt_pick(px->pool, session, avoid, url, sizeof url);
         if (idx < 0)
             break;
-        attempt a = {.c = c, .backend = url, .t0 = mono_s()};
+        attempt a = {.c = c, .backend = url, .t0 = mono_s(), .started = answered}; /* a held stream has its head */
         CURLcode rc = send_to(px, c, url, body, len, &a);
         int ok = a.started ? (rc == CURLE_OK || a.client_gone) : rc == CURLE_OK && a.status < 500;
         rt_release(px->pool, idx, ok, mono_s() - a.t0, a.first ? a.first - a.t0 : -1,
@@ -268,7 +310,10 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
         free(a.err_body);
     }
     free(body);
-    if (!code && held) {
+    if (!code && answered) { /* a held stream: its head is out; the error goes as an event */
+        mg_printf(c, "data: {\"error\":{\"message\":\"no backend could take the request\"}}\n\n");
+        code = 503;
+    } else if (!code && held) {
         mg_printf(c, "HTTP/1.1 %ld Error\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
                   held_status, held_type[0] ? held_type : "application/json", held_len);
         mg_write(c, held, held_len);

@@ -7,6 +7,12 @@
  * backend (at most `retries` more times); once bytes have gone out it is
  * never retried.
  *
+ * Scale from zero: while no backend is known at all, a request is held for
+ * up to hold_s (at most hold_max at once; beyond that 503 with
+ * Retry-After) until one appears; a held streaming request gets its 200 and
+ * SSE comments (": waiting for a backend") every 2 s meanwhile, so clients
+ * and proxies do not time out.
+ *
  * Ownership: the config and pool are borrowed for the server's life.
  * Thread-safety: called from civetweb's worker threads; each keeps one
  * curl handle (connection reuse to the backends). */
@@ -25,6 +31,10 @@ typedef struct rt_proxy {
     const char *affinity_header; /* e.g. "X-Session-Id"; NULL: none */
     int affinity_user;         /* also the request body's "user" */
     unsigned long long no_backend; /* 503s for want of a backend (under the pool's say-so) */
+    double hold_s;             /* no backend at all (scaled to zero): hold a request this long */
+    int hold_max;              /* at most this many held at once; beyond, 503 + Retry-After */
+    int held;                  /* requests being held now */
+    unsigned long long held_total;
 } rt_proxy;
 
 /* The civetweb handler for the proxied routes (cbdata: rt_proxy *). */

@@ -273,3 +273,61 @@ def test_failing_canary_is_masked_but_counted(models):
         assert r.stop() == 0
         good.stop()
         bad.stop()
+
+
+def test_scale_from_zero_holds_requests(tmp_path, models):
+    """No backend at all (replicas 0): requests are held (a stream gets its
+    200 and keep-alive comments), at most --hold-max of them (beyond: 503
+    with Retry-After); when a pod becomes ready they are served; a hold
+    that outlasts --hold-seconds ends in 503."""
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    from test_operator import Cluster
+    c = Cluster(tmp_path, models("tiny", "Q8_0"))
+    r = quick = None
+    try:
+        c.controller()
+        c.apply(replicas=0)
+        wait_for(lambda: c.status().get("phase") == "Ready", 30)
+        svc = ["--service", "default/story", "--kubeconfig", c.dir / "kubeconfig"]
+        quick = Router(*svc, "--hold-seconds", 1)
+        t0 = time.time()
+        code, body, _ = quick.post({"model": "story", "prompt": "Once", "max_tokens": 2})
+        assert code == 503 and time.time() - t0 >= 1
+        r = Router(*svc, "--hold-seconds", 60, "--hold-max", 2)
+        out = {}
+
+        def plain():
+            out["plain"] = r.post({"model": "story", "prompt": "Once", "max_tokens": 2}, timeout=90)
+
+        def stream():
+            s = socket.create_connection(("127.0.0.1", r.port))
+            body = json.dumps({"model": "story", "prompt": "Once", "max_tokens": 2, "stream": True}).encode()
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            out["stream"] = data.decode(errors="replace")
+        th = [threading.Thread(target=plain), threading.Thread(target=stream)]
+        for t in th:
+            t.start()
+        wait_for(lambda: r.metrics()[("llm_router_held_requests", ())] == 2, 10)
+        req = urllib.request.Request(r.base + "/v1/completions", b'{"model":"story","prompt":"x"}',
+                                     {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 503 and e.value.headers["Retry-After"] == "1"
+        time.sleep(2.5)  # the held stream gets keep-alive comments meanwhile
+        c.k("scale", "llmd/story", "--replicas=1")
+        for t in th:
+            t.join(timeout=90)
+        assert out["plain"][0] == 200 and out["plain"][1]["usage"]["completion_tokens"] == 2
+        assert out["stream"].startswith("HTTP/1.1 200") and ": waiting for a backend" in out["stream"]
+        assert "data: [DONE]" in out["stream"] and '"text_completion"' in out["stream"]
+        assert r.metrics()[("llm_router_held_total", ())] == 2
+    finally:
+        for x in (r, quick):
+            if x:
+                assert x.stop() == 0
+        c.close()
