@@ -290,13 +290,83 @@ json_t *des_deployment(json_t *d, const char *config_hash, char *msg, size_t mn)
     return out;
 }
 
+int des_router_enabled(json_t *d)
+{
+    return json_is_true(json_object_get(json_object_get(json_object_get(d, "spec"), "router"), "enabled"));
+}
+
+/* A Service named svc selecting the pods of instance inst. */
+static json_t *service_for(json_t *d, const char *svc, const char *inst, json_int_t port, json_int_t target)
+{
+    return json_pack("{s:s,s:s,s:o,s:{s:{s:s,s:s},s:[{s:s,s:I,s:I}]}}", "apiVersion", "v1", "kind", "Service",
+                     "metadata", meta(d, svc), "spec", "selector", REC_INSTANCE, inst, REC_MANAGED_BY, REC_CONTROLLER,
+                     "ports", "name", "http", "port", port, "targetPort", target);
+}
+
 json_t *des_service(json_t *d)
 {
     const char *name = name_of(d);
     json_int_t port = spec_int(json_object_get(d, "spec"), "server", "port", 8080);
-    return json_pack("{s:s,s:s,s:o,s:{s:{s:s,s:s},s:[{s:s,s:I,s:I}]}}", "apiVersion", "v1", "kind", "Service",
-                     "metadata", meta(d, name), "spec", "selector", REC_INSTANCE, name, REC_MANAGED_BY, REC_CONTROLLER,
-                     "ports", "name", "http", "port", port, "targetPort", port);
+    if (!des_router_enabled(d))
+        return service_for(d, name, name, port, port);
+    char inst[300];
+    snprintf(inst, sizeof inst, "%s-router", name);
+    return service_for(d, name, inst, port, DES_ROUTER_PORT); /* clients reach the router */
+}
+
+json_t *des_backend_service(json_t *d)
+{
+    char svc[300];
+    snprintf(svc, sizeof svc, "%s-backends", name_of(d));
+    json_int_t port = spec_int(json_object_get(d, "spec"), "server", "port", 8080);
+    return service_for(d, svc, name_of(d), port, port);
+}
+
+/* The router's identity: a ServiceAccount allowed to read EndpointSlices
+ * in this namespace (its Role and RoleBinding). which: 0, 1, 2. */
+json_t *des_router_rbac(json_t *d, int which)
+{
+    char n[300];
+    snprintf(n, sizeof n, "%s-router", name_of(d));
+    if (which == 0)
+        return json_pack("{s:s,s:s,s:o}", "apiVersion", "v1", "kind", "ServiceAccount", "metadata", meta(d, n));
+    if (which == 1)
+        return json_pack("{s:s,s:s,s:o,s:[{s:[s],s:[s],s:[s,s,s]}]}", "apiVersion", "rbac.authorization.k8s.io/v1",
+                         "kind", "Role", "metadata", meta(d, n), "rules", "apiGroups", "discovery.k8s.io", "resources",
+                         "endpointslices", "verbs", "get", "list", "watch");
+    return json_pack("{s:s,s:s,s:o,s:{s:s,s:s,s:s},s:[{s:s,s:s,s:O}]}", "apiVersion", "rbac.authorization.k8s.io/v1",
+                     "kind", "RoleBinding", "metadata", meta(d, n), "roleRef", "apiGroup", "rbac.authorization.k8s.io",
+                     "kind", "Role", "name", n, "subjects", "kind", "ServiceAccount", "name", n, "namespace",
+                     get2(json_object_get(d, "metadata"), "namespace", NULL));
+}
+
+/* llm-router pods in front of the llm-server pods: they follow the
+ * NAME-backends Service's EndpointSlices. */
+json_t *des_router(json_t *d)
+{
+    json_t *spec = json_object_get(d, "spec"), *rt = json_object_get(spec, "router");
+    const char *name = name_of(d), *ns = json_string_value(get2(json_object_get(d, "metadata"), "namespace", NULL));
+    const char *image = json_string_value(json_object_get(rt, "image")), *policy = json_string_value(json_object_get(rt, "policy"));
+    char n[300], svc[600], port[16], hold[32];
+    snprintf(n, sizeof n, "%s-router", name);
+    snprintf(svc, sizeof svc, "%s/%s-backends", ns ? ns : "default", name);
+    snprintf(port, sizeof port, "%d", DES_ROUTER_PORT);
+    snprintf(hold, sizeof hold, "%lld", spec_int(spec, "router", "holdSeconds", 0));
+    json_t *lab = json_pack("{s:s,s:s,s:s}", "app.kubernetes.io/name", "llm-router", REC_INSTANCE, n, REC_MANAGED_BY,
+                            REC_CONTROLLER);
+    json_t *probe = json_pack("{s:{s:s,s:i},s:i}", "httpGet", "path", "/healthz", "port", DES_ROUTER_PORT, "periodSeconds", 5);
+    json_t *ctr = json_pack("{s:s,s:s,s:[s,s,s,s,s,s,s,s],s:[{s:s,s:i}],s:o,s:{s:b,s:b,s:{s:[s]}}}", "name", "llm-router",
+                            "image", image ? image : "llm-router:latest", "args", "--port", port, "--service", svc,
+                            "--policy", policy ? policy : "least-loaded", "--hold-seconds", hold, "ports", "name", "http",
+                            "containerPort", DES_ROUTER_PORT, "livenessProbe", probe, "securityContext",
+                            "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1, "capabilities", "drop", "ALL");
+    if (ctr && json_is_true(get2(rt, "affinityUser", NULL)))
+        json_array_append_new(json_object_get(ctr, "args"), json_string("--affinity-user"));
+    return json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:{s:o},s:{s:s,s:{s:b,s:I},s:[o]}}}}", "apiVersion",
+                     "apps/v1", "kind", "Deployment", "metadata", meta(d, n), "spec", "replicas",
+                     (json_int_t)spec_int(spec, "router", "replicas", 2), "selector", "matchLabels", REC_INSTANCE, n,
+                     REC_MANAGED_BY, REC_CONTROLLER, "template", "metadata", "labels", lab, "spec", "serviceAccountName",
+                     n, "securityContext", "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "containers", ctr);
 }
 
 /* At most one pod down at a time in voluntary disruptions (node drains),

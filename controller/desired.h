@@ -1,7 +1,8 @@
 /* desired.h - the children an LLMDeployment should have, computed from its
  * spec alone (no API calls): the ConfigMap holding llm-server's YAML
  * configuration, the Deployment of llm-server pods, the Service and the
- * PodDisruptionBudget, each labelled as managed by llm-controller and
+ * PodDisruptionBudget (and, with spec.router, llm-router pods in front),
+ * each labelled as managed by llm-controller and
  * owned by the LLMDeployment (so deleting it deletes them).
  *
  * The Deployment's pods: llm-server with --config from the ConfigMap
@@ -25,7 +26,17 @@
 
 json_t *des_configmap(json_t *llmd, char *msg, size_t mn);
 json_t *des_deployment(json_t *llmd, const char *config_hash, char *msg, size_t mn);
+/* The Service NAME clients call: the llm-server pods, or the llm-router
+ * pods when spec.router.enabled. */
 json_t *des_service(json_t *llmd);
+int des_router_enabled(json_t *llmd);
+#define DES_ROUTER_PORT 8000
+/* With the router: NAME-router Deployment, its ServiceAccount/Role/
+ * RoleBinding (which 0..2: EndpointSlices read access in the namespace),
+ * and NAME-backends, the Service of the llm-server pods it follows. */
+json_t *des_router(json_t *llmd);
+json_t *des_router_rbac(json_t *llmd, int which);
+json_t *des_backend_service(json_t *llmd);
 json_t *des_pdb(json_t *llmd);
 
 /* FNV-1a of the object's canonical JSON, as 16 hex digits. */

@@ -63,6 +63,7 @@ static llm_status apply(kube_client *k, const char *coll, json_t *want, applied 
 
 typedef struct children {
     json_t *cm, *dep, *svc, *pdb, *hpa;
+    json_t *router, *backends, *rrbac[3]; /* with spec.router */
     char template_hash[17];
     as_config as;
     int autoscaled;          /* the built-in autoscaler set the replicas */
@@ -71,6 +72,9 @@ typedef struct children {
 
 static void children_free(children *c)
 {
+    json_decref(c->router);
+    json_decref(c->backends);
+    for (int i = 0; i < 3; i++) json_decref(c->rrbac[i]);
     json_decref(c->hpa);
     json_decref(c->as_state);
     json_decref(c->cm);
@@ -129,6 +133,13 @@ static llm_status build(kube_client *k, json_t *d, children *c, llm_error *err)
     json_object_set_new(get2(c->dep, "metadata", "annotations"), TEMPLATE_ANN, json_string(c->template_hash));
     if (!(c->svc = des_service(d)) || !(c->pdb = des_pdb(d)))
         return llm_errf(err, LLM_ERR_NOMEM, "cannot build the Service or PodDisruptionBudget");
+    if (des_router_enabled(d)) {
+        for (int i = 0; i < 3; i++)
+            if (!(c->rrbac[i] = des_router_rbac(d, i)))
+                return llm_errf(err, LLM_ERR_NOMEM, "cannot build the router's ServiceAccount or Role");
+        if (!(c->router = des_router(d)) || !(c->backends = des_backend_service(d)))
+            return llm_errf(err, LLM_ERR_NOMEM, "cannot build the router's Deployment or Service");
+    }
     return LLM_OK;
 }
 
@@ -150,6 +161,53 @@ static void deployment_events(kube_client *k, json_t *d, applied did, json_t *ol
     if (!t0 || !t1 || strcmp(t0, t1))
         kube_event(k, d, "Normal", "RollingUpdate", "rolling the pods to revision %.10s (was %.10s)", t1 ? t1 : "?",
                    t0 ? t0 : "?");
+}
+
+/* Deletes path when it is one of ours (a child no longer wanted). */
+static llm_status remove_if_ours(kube_client *k, const char *path, llm_error *err)
+{
+    json_t *cur = NULL;
+    llm_status st = LLM_OK;
+    if (kube_request(k, "GET", path, NULL, NULL, &cur, NULL) == LLM_OK) {
+        const char *by = json_string_value(json_object_get(get2(cur, "metadata", "labels"), REC_MANAGED_BY));
+        if (by && !strcmp(by, REC_CONTROLLER))
+            st = kube_request(k, "DELETE", path, NULL, NULL, NULL, err);
+    }
+    json_decref(cur);
+    return st == LLM_ERR_NOT_FOUND ? LLM_OK : st;
+}
+
+/* The router and what it needs, or their removal when turned off. */
+static llm_status apply_router(kube_client *k, json_t *d, children *c, llm_error *err)
+{
+    const char *ns = json_string_value(get2(d, "metadata", "namespace"));
+    const char *name = json_string_value(get2(d, "metadata", "name"));
+    char deps[512], svcs[512], path[1024];
+    snprintf(deps, sizeof deps, "/apis/apps/v1/namespaces/%s/deployments", ns);
+    snprintf(svcs, sizeof svcs, "/api/v1/namespaces/%s/services", ns);
+    if (!c->router) {
+        snprintf(path, sizeof path, "%s/%s-router", deps, name);
+        llm_status st = remove_if_ours(k, path, err);
+        snprintf(path, sizeof path, "%s/%s-backends", svcs, name);
+        return st ? st : remove_if_ours(k, path, err);
+    }
+    static const char *const colls[3] = {"/api/v1/namespaces/%s/serviceaccounts",
+                                         "/apis/rbac.authorization.k8s.io/v1/namespaces/%s/roles",
+                                         "/apis/rbac.authorization.k8s.io/v1/namespaces/%s/rolebindings"};
+    applied did;
+    llm_status st = LLM_OK;
+    for (int i = 0; i < 3 && !st; i++) {
+        char coll[512];
+        snprintf(coll, sizeof coll, colls[i], ns);
+        st = apply(k, coll, c->rrbac[i], &did, NULL, err);
+    }
+    if (!st)
+        st = apply(k, svcs, c->backends, &did, NULL, err);
+    if (!st)
+        st = apply(k, deps, c->router, &did, NULL, err);
+    if (!st && did == CREATED)
+        kube_event(k, d, "Normal", "Created", "created llm-router %s-router in front of the pods", name);
+    return st;
 }
 
 static llm_status apply_children(kube_client *k, json_t *d, children *c, llm_error *err)
@@ -178,16 +236,9 @@ static llm_status apply_children(kube_client *k, json_t *d, children *c, llm_err
         if (!st && did == CREATED)
             kube_event(k, d, "Normal", "Created", "created HorizontalPodAutoscaler on %s", c->as.metric);
     } else if (!st) { /* autoscaling off or built-in: an HPA of ours would fight it */
-        json_t *cur = NULL;
-        if (kube_request(k, "GET", hpa, NULL, NULL, &cur, NULL) == LLM_OK &&
-            json_string_value(json_object_get(get2(cur, "metadata", "labels"), REC_MANAGED_BY)) &&
-            !strcmp(json_string_value(json_object_get(get2(cur, "metadata", "labels"), REC_MANAGED_BY)), REC_CONTROLLER))
-            st = kube_request(k, "DELETE", hpa, NULL, NULL, NULL, err);
-        if (st == LLM_ERR_NOT_FOUND)
-            st = LLM_OK;
-        json_decref(cur);
+        st = remove_if_ours(k, hpa, err);
     }
-    return st;
+    return st ? st : apply_router(k, d, c, err);
 }
 
 /* ---- status -------------------------------------------------------------------- */

@@ -57,6 +57,7 @@ class Cluster:
         images = tmp_path / "images.yaml"
         crash = [sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"]
         images.write_text(f"llm-server:test: {json.dumps([tool('llm-server')])}\n"
+                          f"llm-router:test: {json.dumps([tool('llm-router')])}\n"
                           f"crash:test: {json.dumps(crash)}\n")
         saved = {k: os.environ.get(k) for k in env or {}}
         os.environ.update(env or {})

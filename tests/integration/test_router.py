@@ -331,3 +331,43 @@ def test_scale_from_zero_holds_requests(tmp_path, models):
             if x:
                 assert x.stop() == 0
         c.close()
+
+
+def test_controller_runs_the_router(tmp_path, models):
+    """spec.router.enabled: the controller runs llm-router pods (with their
+    own ServiceAccount allowed to read EndpointSlices) behind the Service,
+    following the llm-server pods through NAME-backends; a completion
+    through the Service reaches a server pod via the router; turned off,
+    the router's objects go and the Service reaches the pods again."""
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    from test_operator import Cluster
+    c = Cluster(tmp_path, models("tiny", "Q8_0"))
+    try:
+        c.controller()
+        c.apply(replicas=2, extra="  router: {enabled: true, image: llm-router:test, replicas: 1}\n")
+        wait_for(lambda: c.status().get("phase") == "Ready", 90)
+        backends = wait_for(lambda: len(ips := c.ready_ips("story-backends")) == 2 and ips, 60)
+        router_ip = wait_for(lambda: c.ready_ips("story"), 60)[0]
+        assert router_ip not in backends
+        ep = c.get("endpoints", "story")["subsets"][0]["ports"][0]["port"]
+        assert ep == 8000
+        sa = c.get("deployment", "story-router")["spec"]["template"]["spec"]["serviceAccountName"]
+        assert sa == "story-router" and c.get("rolebinding", "story-router")["roleRef"]["name"] == "story-router"
+
+        def through_router():
+            req = urllib.request.Request(f"http://{router_ip}:8000/v1/completions",
+                                         json.dumps({"model": "story", "prompt": "Once", "max_tokens": 2}).encode(),
+                                         {"Content-Type": "application/json"})
+            try:
+                r = urllib.request.urlopen(req, timeout=30)
+                return r.status == 200 and r.headers["X-Backend"]
+            except OSError:
+                return False
+        seen = {wait_for(through_router, 30) for _ in range(6)}
+        assert seen <= {f"http://{ip}:8080" for ip in backends} and seen
+        c.k("patch", "llmd", "story", "--type", "merge", "-p", '{"spec":{"router":{"enabled":false}}}')
+        wait_for(lambda: c.get("deployment", "story-router") is None and c.get("service", "story-backends") is None, 30)
+        wait_for(lambda: sorted(c.ready_ips("story")) == sorted(backends), 30)
+    finally:
+        assert all(rc == 0 for rc in c.close())

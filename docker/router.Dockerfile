@@ -1,0 +1,21 @@
+# llm-router: a build stage with the toolchain, a slim runtime stage with
+# only the shared libraries, running as a non-root user. (The llm-server
+# image carries llm-router too; this one is smaller.)
+#   docker build -f docker/router.Dockerfile -t llm-router:latest .
+FROM debian:bookworm AS build
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        build-essential python3 libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN make build/bin/llm-router
+
+FROM debian:bookworm-slim
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        libjansson4 libyaml-0-2 libcivetweb1 libcurl4 ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin llm
+COPY --from=build /src/build/bin/llm-router /usr/local/bin/llm-router
+USER 65532:65532
+EXPOSE 8000
+ENTRYPOINT ["/usr/local/bin/llm-router"]
