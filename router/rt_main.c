@@ -306,7 +306,8 @@ static int usage(void)
                     "                  [--policy least-loaded|round-robin] [--affinity-header NAME] [--affinity-user]\n"
                     "                  [--retries 2] [--eject-after 3] [--eject-seconds 10] [--poll-ms 500]\n"
                     "                  [--max-body-bytes 1048576] [--timeout-s 600] [--http-threads 64]\n"
-                    "                  [--hold-seconds 0] [--hold-max 64]   (scale from zero: hold requests while no backend)\n");
+                    "                  [--hold-seconds 0] [--hold-max 64]   (scale from zero: hold requests while no backend)\n"
+                    "                  [--prefix-affinity BYTES]            (same prompt start -> same pod)\n");
     return 2;
 }
 
@@ -362,6 +363,8 @@ int main(int argc, char **argv)
             r.poll_ms = (long)x;
         else if (!strcmp(a, "--max-body-bytes") && num(v, &x) && x >= 1)
             r.px.max_body = (long)x;
+        else if (!strcmp(a, "--prefix-affinity") && num(v, &x) && x >= 1 && x <= 4096)
+            r.px.prefix_affinity = (int)x;
         else if (!strcmp(a, "--hold-seconds") && num(v, &x) && x >= 0)
             r.px.hold_s = x;
         else if (!strcmp(a, "--hold-max") && num(v, &x) && x >= 1)

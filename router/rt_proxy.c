@@ -244,7 +244,26 @@ static int hold(rt_proxy *px, struct mg_connection *c, int stream, int *answered
     return ok;
 }
 
-/* The session key: the affinity header, else the body's "user". */
+/* The start of the prompt: a completion's prompt, or the chat messages'
+ * contents in order, up to n-1 bytes ("p:" first, apart from user keys). */
+static void prompt_prefix(json_t *j, char *out, size_t n)
+{
+    size_t k = (size_t)snprintf(out, n, "p:");
+    const char *p = json_string_value(json_object_get(j, "prompt"));
+    json_t *msgs = json_object_get(j, "messages");
+    for (size_t i = 0; !p && i < json_array_size(msgs) && k + 1 < n; i++) {
+        const char *t = json_string_value(json_object_get(json_array_get(msgs, i), "content"));
+        k += (size_t)snprintf(out + k, n - k, "%s\x1f", t ? t : "");
+    }
+    if (p)
+        snprintf(out + k, n - k, "%s", p);
+    if (strlen(out) <= 2)
+        out[0] = 0;
+}
+
+/* The session key: the affinity header, else the body's "user", else
+ * (with prefix affinity) the prompt's first bytes, so requests sharing a
+ * long prefix land on the pod that has it cached. */
 static void session_of(rt_proxy *px, struct mg_connection *c, const char *body, size_t len, char *out, size_t n)
 {
     out[0] = 0;
@@ -253,12 +272,14 @@ static void session_of(rt_proxy *px, struct mg_connection *c, const char *body, 
         snprintf(out, n, "%s", h);
         return;
     }
-    if (!px->affinity_user || !len)
+    if ((!px->affinity_user && px->prefix_affinity <= 0) || !len)
         return;
     json_t *j = json_loadb(body, len, 0, NULL);
-    const char *u = json_string_value(json_object_get(j, "user"));
+    const char *u = px->affinity_user ? json_string_value(json_object_get(j, "user")) : NULL;
     if (u)
         snprintf(out, n, "%s", u);
+    else if (px->prefix_affinity > 0)
+        prompt_prefix(j, out, (size_t)px->prefix_affinity + 3 < n ? (size_t)px->prefix_affinity + 3 : n);
     json_decref(j);
 }
 
@@ -270,7 +291,7 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
     char *body = read_body(c, px->max_body, &len, &bad);
     if (!body)
         return reply(c, bad, "application/json", bad == 413 ? "request body over the router's limit" : "no memory");
-    char session[256], url[256];
+    char session[4200], url[256];
     session_of(px, c, body, len, session, sizeof session);
     json_t *parsed = json_loadb(body, len, 0, NULL);
     int stream = json_is_true(json_object_get(parsed, "stream"));

@@ -30,6 +30,7 @@ typedef struct rt_proxy {
     long timeout_s;            /* whole request, upstream */
     const char *affinity_header; /* e.g. "X-Session-Id"; NULL: none */
     int affinity_user;         /* also the request body's "user" */
+    int prefix_affinity;       /* > 0: else the first this many bytes of the prompt (prefix-cache hits) */
     unsigned long long no_backend; /* 503s for want of a backend (under the pool's say-so) */
     double hold_s;             /* no backend at all (scaled to zero): hold a request this long */
     int hold_max;              /* at most this many held at once; beyond, 503 + Retry-After */

@@ -46,8 +46,8 @@ class Router:
         except OSError:
             return None
 
-    def post(self, body, headers=None, timeout=60):
-        req = urllib.request.Request(self.base + "/v1/completions", json.dumps(body).encode(),
+    def post(self, body, headers=None, timeout=60, path="/v1/completions"):
+        req = urllib.request.Request(self.base + path, json.dumps(body).encode(),
                                      {"Content-Type": "application/json", **(headers or {})})
         try:
             r = urllib.request.urlopen(req, timeout=timeout)
@@ -138,6 +138,25 @@ def test_session_affinity(two):
             by_header = {r.post(short(), {"X-Session-Id": who})[2] for _ in range(4)}
             by_user = {r.post(short(user=who + "-u"))[2] for _ in range(4)}
             assert len(by_header) == 1 and len(by_user) == 1
+    finally:
+        assert r.stop() == 0
+
+
+def test_prefix_affinity(two):
+    """--prefix-affinity: requests whose prompts share their first bytes go
+    to one backend (its prefix cache holds them); other prefixes spread."""
+    a, b = two
+    r = Router("--backend", a.base, "--backend", b.base, "--prefix-affinity", 48)
+    try:
+        doc = "You are a helpful assistant for the city library. Answer briefly. "
+        for topic in ("hours", "cards", "books", "rooms"):
+            same = {r.post(short(prompt=doc + f"Question {i} about {topic}?"))[2] for i in range(4)}
+            assert len(same) == 1
+        spread = {r.post(short(prompt=f"{i} " * 30))[2] for i in range(12)}
+        assert spread == {a.base, b.base}
+        chat = {r.post({"model": NAME, "messages": [{"role": "system", "content": doc}, {"role": "user", "content": q}],
+                        "max_tokens": 2}, path="/v1/chat/completions")[2] for q in ("a?", "b?", "c?")}
+        assert len(chat) == 1
     finally:
         assert r.stop() == 0
 
