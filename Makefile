@@ -29,12 +29,13 @@ SERVER_SRC = server/srv_main.c server/srv_config.c server/srv_http.c server/srv_
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 CONTROLLER_SRC = controller/ctl_main.c controller/kube_config.c controller/kube_client.c controller/kube_watch.c \
                  controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
-                 controller/desired.c controller/pod_diag.c controller/kube_event.c controller/autoscale.c controller/pod_metrics.c
+                 controller/desired.c controller/pod_diag.c controller/kube_event.c controller/autoscale.c controller/pod_metrics.c controller/http_get.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_proxy.c
-# what the router shares with the controller: the API client and watch, the Prometheus text reader
+# what the router shares with the controller: the API client and watch, the Prometheus text reader, pod GETs
 ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/controller/kube_config.o $(BUILD)/controller/kube_client.o \
-             $(BUILD)/controller/kube_watch.o $(BUILD)/controller/autoscale.o
+             $(BUILD)/controller/kube_watch.o $(BUILD)/controller/autoscale.o \
+             $(BUILD)/controller/http_get.o
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)

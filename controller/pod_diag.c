@@ -1,8 +1,9 @@
 /* pod_diag.c - reasons pods are not ready; see pod_diag.h. */
-#include <curl/curl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "http_get.h"
 #include "pod_diag.h"
 #include "reconcile.h"
 
@@ -43,32 +44,16 @@ static void offer(pod_diag *d, int severity, const char *reason, const char *pod
         snprintf(d->message + n, sizeof d->message - (size_t)n, fmt, x ? x : "", y ? y : "");
 }
 
-static size_t sink(char *p, size_t sz, size_t n, void *arg)
-{
-    char *buf = arg;
-    size_t have = strlen(buf), add = sz * n, room = 4095 - have;
-    memcpy(buf + have, p, add < room ? add : room);
-    buf[have + (add < room ? add : room)] = 0;
-    return sz * n;
-}
-
 /* GET http://ip:port/startupz (1 s budget): llm-server's load phase and
- * detail; NULL when the pod does not answer. */
+ * detail (any status: a failed load answers 503); NULL when the pod does
+ * not answer. */
 static json_t *startupz(const char *ip, long long port)
 {
-    char url[256], body[4096] = "";
+    char url[256], *body;
     snprintf(url, sizeof url, "http://%s:%lld/startupz", ip, port);
-    CURL *c = curl_easy_init();
-    if (!c)
-        return NULL;
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 1000L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, (void *)body);
-    CURLcode rc = curl_easy_perform(c);
-    curl_easy_cleanup(c);
-    return rc == CURLE_OK ? json_loads(body, 0, NULL) : NULL;
+    json_t *j = http_get(NULL, url, 1000, 65536, &body) ? json_loads(body, 0, NULL) : NULL;
+    free(body);
+    return j;
 }
 
 static void scheduling(json_t *pod, const char *name, pod_diag *d)

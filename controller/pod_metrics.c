@@ -1,10 +1,10 @@
 /* pod_metrics.c - a serving signal read off an LLMDeployment's ready pods'
  * /metrics; see pod_metrics.h. */
-#include <curl/curl.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "autoscale.h"
+#include "http_get.h"
 #include "pod_metrics.h"
 #include "reconcile.h"
 
@@ -15,54 +15,15 @@ static json_t *get2(json_t *o, const char *a, const char *b)
     return json_object_get(json_object_get(o, a), b);
 }
 
-typedef struct sbuf {
-    char *p;
-    size_t n;
-    int over;
-} sbuf;
-
-static size_t collect(char *d, size_t sz, size_t nm, void *arg)
-{
-    sbuf *b = arg;
-    size_t add = sz * nm;
-    if (b->over || b->n + add + 1 > SCRAPE_MAX) {
-        b->over = 1;
-        return 0;
-    }
-    char *p = realloc(b->p, b->n + add + 1);
-    if (!p) {
-        b->over = 1;
-        return 0;
-    }
-    memcpy(p + b->n, d, add);
-    b->n += add;
-    p[b->n] = 0;
-    b->p = p;
-    return add;
-}
-
 /* One pod's reading of name; 0 when it did not answer. */
 static int scrape(const char *ip, long long port, const char *name, double *out)
 {
-    char url[256];
+    char url[256], *text;
     snprintf(url, sizeof url, "http://%s:%lld/metrics", ip, port);
-    sbuf b = {0};
-    CURL *c = curl_easy_init();
-    if (!c)
-        return 0;
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 1000L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    CURLcode rc = curl_easy_perform(c);
-    long code = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
-    curl_easy_cleanup(c);
     int found = 0;
-    if (rc == CURLE_OK && code == 200 && b.p)
-        *out = as_prom_value(b.p, name, &found);
-    free(b.p);
+    if (http_get(NULL, url, 1000, SCRAPE_MAX, &text) == 200)
+        *out = as_prom_value(text, name, &found);
+    free(text);
     return found;
 }
 

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "autoscale.h" /* as_prom_value: the Prometheus text reader */
+#include "http_get.h"
 #include "kube_watch.h"
 #include "rt_proxy.h"
 
@@ -71,39 +72,21 @@ static void logf_(const char *fmt, ...)
 
 /* ---- backend load ----------------------------------------------------------------- */
 
-static size_t grab(char *d, size_t sz, size_t n, void *arg)
-{
-    char *buf = arg;
-    size_t have = strlen(buf), add = sz * n, room = 65535 - have;
-    memcpy(buf + have, d, add < room ? add : room);
-    buf[have + (add < room ? add : room)] = 0;
-    return sz * n;
-}
-
 static void *poller(void *arg)
 {
     router *r = arg;
-    static char text[65536];
-    CURL *h = curl_easy_init();
+    CURL *h = curl_easy_init(); /* one handle: connections to the backends stay open */
     while (!g_stop && h) {
         for (int i = 0; i < RT_MAX_BACKENDS; i++) {
-            char base[256], url[300];
+            char base[256], url[300], *text;
             if (!rt_pool_url(r->pool, i, base, sizeof base))
                 continue;
             snprintf(url, sizeof url, "%s/metrics", base);
-            text[0] = 0;
-            curl_easy_reset(h);
-            curl_easy_setopt(h, CURLOPT_URL, url);
-            curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 1000L);
-            curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-            curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, grab);
-            curl_easy_setopt(h, CURLOPT_WRITEDATA, (void *)text);
-            long code = 0;
-            int ok = curl_easy_perform(h) == CURLE_OK && curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code) == CURLE_OK &&
-                     code == 200;
-            int f;
-            rt_pool_report(r->pool, i, ok, as_prom_value(text, "llm_requests_waiting", &f),
-                           as_prom_value(text, "llm_requests_running", &f), as_prom_value(text, "llm_kv_cache_usage_ratio", &f));
+            int ok = http_get(h, url, 1000, 4u << 20, &text) == 200, f;
+            rt_pool_report(r->pool, i, ok, ok ? as_prom_value(text, "llm_requests_waiting", &f) : 0,
+                           ok ? as_prom_value(text, "llm_requests_running", &f) : 0,
+                           ok ? as_prom_value(text, "llm_kv_cache_usage_ratio", &f) : 0);
+            free(text);
         }
         usleep((useconds_t)r->poll_ms * 1000);
     }

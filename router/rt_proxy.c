@@ -263,8 +263,8 @@ static void prompt_prefix(json_t *j, char *out, size_t n)
 
 /* The session key: the affinity header, else the body's "user", else
  * (with prefix affinity) the prompt's first bytes, so requests sharing a
- * long prefix land on the pod that has it cached. */
-static void session_of(rt_proxy *px, struct mg_connection *c, const char *body, size_t len, char *out, size_t n)
+ * long prefix land on the pod that has it cached. j: the parsed body or NULL. */
+static void session_of(rt_proxy *px, struct mg_connection *c, json_t *j, char *out, size_t n)
 {
     out[0] = 0;
     const char *h = px->affinity_header ? mg_get_header(c, px->affinity_header) : NULL;
@@ -272,15 +272,11 @@ static void session_of(rt_proxy *px, struct mg_connection *c, const char *body, 
         snprintf(out, n, "%s", h);
         return;
     }
-    if ((!px->affinity_user && px->prefix_affinity <= 0) || !len)
-        return;
-    json_t *j = json_loadb(body, len, 0, NULL);
     const char *u = px->affinity_user ? json_string_value(json_object_get(j, "user")) : NULL;
     if (u)
         snprintf(out, n, "%s", u);
-    else if (px->prefix_affinity > 0)
+    else if (px->prefix_affinity > 0 && j)
         prompt_prefix(j, out, (size_t)px->prefix_affinity + 3 < n ? (size_t)px->prefix_affinity + 3 : n);
-    json_decref(j);
 }
 
 int rt_proxy_handle(struct mg_connection *c, void *cbdata)
@@ -292,8 +288,8 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
     if (!body)
         return reply(c, bad, "application/json", bad == 413 ? "request body over the router's limit" : "no memory");
     char session[4200], url[256];
-    session_of(px, c, body, len, session, sizeof session);
-    json_t *parsed = json_loadb(body, len, 0, NULL);
+    json_t *parsed = len ? json_loadb(body, len, 0, NULL) : NULL; /* once: session key and stream flag */
+    session_of(px, c, parsed, session, sizeof session);
     int stream = json_is_true(json_object_get(parsed, "stream"));
     json_decref(parsed);
     int answered = 0;

@@ -1,0 +1,54 @@
+/* http_get.c - a bounded GET; see http_get.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "http_get.h"
+
+typedef struct gbuf {
+    char *p;
+    size_t n, max;
+    int over;
+} gbuf;
+
+static size_t collect(char *d, size_t sz, size_t nm, void *arg)
+{
+    gbuf *b = arg;
+    size_t add = sz * nm;
+    char *p = b->over || b->n + add > b->max ? NULL : realloc(b->p, b->n + add + 1);
+    if (!p) {
+        b->over = 1;
+        return 0; /* aborts the transfer */
+    }
+    memcpy(p + b->n, d, add);
+    b->n += add;
+    p[b->n] = 0;
+    b->p = p;
+    return add;
+}
+
+long http_get(CURL *h, const char *url, long timeout_ms, size_t max, char **body)
+{
+    *body = NULL;
+    CURL *c = h ? h : curl_easy_init();
+    if (!c)
+        return 0;
+    if (h)
+        curl_easy_reset(c);
+    gbuf b = {.max = max};
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    long code = 0;
+    if (curl_easy_perform(c) != CURLE_OK || curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code) != CURLE_OK)
+        code = 0;
+    if (!h)
+        curl_easy_cleanup(c);
+    if (!code) {
+        free(b.p);
+        return 0;
+    }
+    *body = b.p ? b.p : calloc(1, 1);
+    return *body ? code : 0;
+}

@@ -1,0 +1,18 @@
+/* http_get.h - one small plain-HTTP GET to a pod (its /startupz or
+ * /metrics) with a deadline and a bounded body; shared by the controller's
+ * pod diagnostics and autoscaler and by llm-router's load poller.
+ *
+ * Ownership: *body is malloc'd (NUL-terminated) for the caller, NULL on
+ * failure. Thread-safety: reentrant; h, when given, is the caller's handle
+ * (reused for its kept-alive connections) and must not be shared. */
+#ifndef HTTP_GET_H
+#define HTTP_GET_H
+
+#include <curl/curl.h>
+#include <stddef.h>
+
+/* The HTTP status, or 0 when the pod did not answer in timeout_ms or the
+ * body exceeded max bytes. h may be NULL (a handle just for this call). */
+long http_get(CURL *h, const char *url, long timeout_ms, size_t max, char **body);
+
+#endif
