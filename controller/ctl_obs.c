@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "ctl_obs.h"
+#include "llm/strbuf.h"
 
 #define N_BUCKETS 12
 static const double bucket_le[N_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
@@ -128,76 +129,39 @@ void ctl_obs_heartbeat(void)
 
 /* ---- exposition ---------------------------------------------------------------- */
 
-typedef struct tbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} tbuf;
-
-static void put(tbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(tbuf *b, const char *fmt, ...)
-{
-    va_list ap;
-    for (int tries = 0; !b->oom && tries < 2; tries++) {
-        va_start(ap, fmt);
-        int len = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
-        va_end(ap);
-        if (len < 0) {
-            b->oom = 1;
-        } else if ((size_t)len < b->cap - b->n) {
-            b->n += (size_t)len;
-            return;
-        } else {
-            size_t cap = (b->cap + (size_t)len) * 2;
-            char *p = realloc(b->p, cap);
-            if (!p)
-                b->oom = 1;
-            else
-                b->p = p, b->cap = cap;
-        }
-    }
-}
-
 char *ctl_obs_render(void)
 {
-    tbuf b = {malloc(4096), 0, 4096, 0};
-    if (!b.p)
-        return NULL;
-    b.p[0] = 0;
+    llm_strbuf b = {0};
     pthread_mutex_lock(&g.mu);
-    put(&b, "# HELP llm_controller_reconciles_total Reconciles of LLMDeployments by result.\n"
+    llm_strbuf_printf(&b, "# HELP llm_controller_reconciles_total Reconciles of LLMDeployments by result.\n"
             "# TYPE llm_controller_reconciles_total counter\n"
             "llm_controller_reconciles_total{result=\"success\"} %llu\n"
             "llm_controller_reconciles_total{result=\"error\"} %llu\n",
         g.counters[CTL_M_RECONCILE_OK], g.counters[CTL_M_RECONCILE_ERR]);
-    put(&b, "# HELP llm_controller_reconcile_errors_total Reconciles that failed and were requeued with back-off.\n"
+    llm_strbuf_printf(&b, "# HELP llm_controller_reconcile_errors_total Reconciles that failed and were requeued with back-off.\n"
             "# TYPE llm_controller_reconcile_errors_total counter\nllm_controller_reconcile_errors_total %llu\n",
         g.counters[CTL_M_RECONCILE_ERR]);
-    put(&b, "# HELP llm_controller_reconcile_duration_seconds Time one reconcile took.\n"
+    llm_strbuf_printf(&b, "# HELP llm_controller_reconcile_duration_seconds Time one reconcile took.\n"
             "# TYPE llm_controller_reconcile_duration_seconds histogram\n");
     unsigned long long cum = 0;
     for (int i = 0; i < N_BUCKETS; i++) {
         cum += g.buckets[i];
-        put(&b, "llm_controller_reconcile_duration_seconds_bucket{le=\"%g\"} %llu\n", bucket_le[i], cum);
+        llm_strbuf_printf(&b, "llm_controller_reconcile_duration_seconds_bucket{le=\"%g\"} %llu\n", bucket_le[i], cum);
     }
-    put(&b, "llm_controller_reconcile_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
+    llm_strbuf_printf(&b, "llm_controller_reconcile_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
             "llm_controller_reconcile_duration_seconds_sum %.6f\nllm_controller_reconcile_duration_seconds_count %llu\n",
         cum + g.buckets[N_BUCKETS], g.sum, g.n);
-    put(&b, "# HELP llm_controller_queue_depth Keys waiting in the work queue (due or backing off).\n"
+    llm_strbuf_printf(&b, "# HELP llm_controller_queue_depth Keys waiting in the work queue (due or backing off).\n"
             "# TYPE llm_controller_queue_depth gauge\nllm_controller_queue_depth %ld\n", g.queue);
-    put(&b, "# HELP llm_controller_watch_relists_total Full relists after a watch expired (410 Gone).\n"
+    llm_strbuf_printf(&b, "# HELP llm_controller_watch_relists_total Full relists after a watch expired (410 Gone).\n"
             "# TYPE llm_controller_watch_relists_total counter\nllm_controller_watch_relists_total %llu\n",
         g.counters[CTL_M_RELISTS]);
-    put(&b, "# HELP llm_controller_events_total Kubernetes Events posted.\n"
+    llm_strbuf_printf(&b, "# HELP llm_controller_events_total Kubernetes Events posted.\n"
             "# TYPE llm_controller_events_total counter\nllm_controller_events_total %llu\n", g.counters[CTL_M_EVENTS]);
-    put(&b, "# HELP llm_controller_leader 1 while this replica holds the leader lease.\n"
+    llm_strbuf_printf(&b, "# HELP llm_controller_leader 1 while this replica holds the leader lease.\n"
             "# TYPE llm_controller_leader gauge\nllm_controller_leader %d\n", g.leader);
     pthread_mutex_unlock(&g.mu);
-    if (b.oom) {
-        free(b.p);
-        return NULL;
-    }
-    return b.p;
+    return llm_strbuf_take(&b);
 }
 
 /* ---- HTTP ------------------------------------------------------------------------- */

@@ -1,11 +1,11 @@
 /* rt_pool.c - backends, breaker and choice; see rt_pool.h. */
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "llm/strbuf.h"
 #include "rt_pool.h"
 
 #define VNODES 64
@@ -338,108 +338,74 @@ int rt_pool_url(rt_pool *p, int idx, char *url, size_t un)
 
 /* ---- metrics ------------------------------------------------------------------- */
 
-typedef struct tbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} tbuf;
-
-static void put(tbuf *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(tbuf *t, const char *fmt, ...)
-{
-    for (int tries = 0; !t->oom && tries < 2; tries++) {
-        va_list ap;
-        va_start(ap, fmt);
-        int len = vsnprintf(t->p + t->n, t->cap - t->n, fmt, ap);
-        va_end(ap);
-        if (len >= 0 && (size_t)len < t->cap - t->n) {
-            t->n += (size_t)len;
-            return;
-        }
-        size_t cap = (t->cap + (size_t)(len > 0 ? len : 0)) * 2;
-        char *np = len >= 0 ? realloc(t->p, cap) : NULL;
-        if (!np)
-            t->oom = 1;
-        else
-            t->p = np, t->cap = cap;
-    }
-}
-
 char *rt_pool_metrics(rt_pool *p)
 {
     static const char *const code[5] = {"2xx", "3xx", "4xx", "5xx", "none"};
-    tbuf t = {malloc(8192), 0, 8192, 0};
-    if (!t.p)
-        return NULL;
-    t.p[0] = 0;
+    llm_strbuf t = {0};
     pthread_mutex_lock(&p->mu);
     double now = mono_s();
-    put(&t, "# HELP llm_router_requests_total Requests proxied, by backend and status class.\n"
+    llm_strbuf_printf(&t, "# HELP llm_router_requests_total Requests proxied, by backend and status class.\n"
             "# TYPE llm_router_requests_total counter\n");
     for (int i = 0; i < p->n; i++)
         for (int c = 0; p->b[i].live && c < 5; c++)
-            put(&t, "llm_router_requests_total{backend=\"%s\",code=\"%s\"} %llu\n", p->b[i].url, code[c], p->b[i].codes[c]);
-    put(&t, "# HELP llm_router_backend_failures_total Attempts that failed (no connection or 5xx before any byte).\n"
+            llm_strbuf_printf(&t, "llm_router_requests_total{backend=\"%s\",code=\"%s\"} %llu\n", p->b[i].url, code[c], p->b[i].codes[c]);
+    llm_strbuf_printf(&t, "# HELP llm_router_backend_failures_total Attempts that failed (no connection or 5xx before any byte).\n"
             "# TYPE llm_router_backend_failures_total counter\n");
     for (int i = 0; i < p->n; i++)
         if (p->b[i].live)
-            put(&t, "llm_router_backend_failures_total{backend=\"%s\"} %llu\n", p->b[i].url, p->b[i].failed);
-    put(&t, "# HELP llm_router_backend_ejections_total Times the circuit breaker ejected the backend.\n"
+            llm_strbuf_printf(&t, "llm_router_backend_failures_total{backend=\"%s\"} %llu\n", p->b[i].url, p->b[i].failed);
+    llm_strbuf_printf(&t, "# HELP llm_router_backend_ejections_total Times the circuit breaker ejected the backend.\n"
             "# TYPE llm_router_backend_ejections_total counter\n");
     for (int i = 0; i < p->n; i++)
         if (p->b[i].live)
-            put(&t, "llm_router_backend_ejections_total{backend=\"%s\"} %d\n", p->b[i].url, p->b[i].ejections);
-    put(&t, "# HELP llm_router_backend_up 1 when the breaker lets requests through.\n# TYPE llm_router_backend_up gauge\n");
+            llm_strbuf_printf(&t, "llm_router_backend_ejections_total{backend=\"%s\"} %d\n", p->b[i].url, p->b[i].ejections);
+    llm_strbuf_printf(&t, "# HELP llm_router_backend_up 1 when the breaker lets requests through.\n# TYPE llm_router_backend_up gauge\n");
     for (int i = 0; i < p->n; i++)
         if (p->b[i].live)
-            put(&t, "llm_router_backend_up{backend=\"%s\"} %d\n", p->b[i].url,
+            llm_strbuf_printf(&t, "llm_router_backend_up{backend=\"%s\"} %d\n", p->b[i].url,
                 p->b[i].ejected_until == 0 || p->b[i].ejected_until <= now);
-    put(&t, "# HELP llm_router_backend_inflight Requests the router has in flight to the backend.\n"
+    llm_strbuf_printf(&t, "# HELP llm_router_backend_inflight Requests the router has in flight to the backend.\n"
             "# TYPE llm_router_backend_inflight gauge\n");
     for (int i = 0; i < p->n; i++)
         if (p->b[i].live)
-            put(&t, "llm_router_backend_inflight{backend=\"%s\"} %d\n", p->b[i].url, p->b[i].inflight);
-    put(&t, "# HELP llm_router_request_duration_seconds Time from pick to the last byte, by backend.\n"
+            llm_strbuf_printf(&t, "llm_router_backend_inflight{backend=\"%s\"} %d\n", p->b[i].url, p->b[i].inflight);
+    llm_strbuf_printf(&t, "# HELP llm_router_request_duration_seconds Time from pick to the last byte, by backend.\n"
             "# TYPE llm_router_request_duration_seconds histogram\n");
     for (int i = 0; i < p->n; i++) {
         backend *b = &p->b[i];
         unsigned long long cum = 0;
         for (int k = 0; b->live && k < N_BUCKETS; k++) {
             cum += b->hist[k];
-            put(&t, "llm_router_request_duration_seconds_bucket{backend=\"%s\",le=\"%g\"} %llu\n", b->url, bucket_le[k], cum);
+            llm_strbuf_printf(&t, "llm_router_request_duration_seconds_bucket{backend=\"%s\",le=\"%g\"} %llu\n", b->url, bucket_le[k], cum);
         }
         if (b->live)
-            put(&t, "llm_router_request_duration_seconds_bucket{backend=\"%s\",le=\"+Inf\"} %llu\n"
+            llm_strbuf_printf(&t, "llm_router_request_duration_seconds_bucket{backend=\"%s\",le=\"+Inf\"} %llu\n"
                     "llm_router_request_duration_seconds_sum{backend=\"%s\"} %.6f\n"
                     "llm_router_request_duration_seconds_count{backend=\"%s\"} %llu\n",
                 b->url, cum + b->hist[N_BUCKETS], b->url, b->sum, b->url, b->requests);
     }
     static const char *const revname[2] = {"stable", "canary"};
-    put(&t, "# HELP llm_router_canary_weight Percent of requests sent to the canary revision.\n"
+    llm_strbuf_printf(&t, "# HELP llm_router_canary_weight Percent of requests sent to the canary revision.\n"
             "# TYPE llm_router_canary_weight gauge\nllm_router_canary_weight %d\n", p->weight);
-    put(&t, "# HELP llm_router_revision_requests_total Requests by revision and status class.\n"
+    llm_strbuf_printf(&t, "# HELP llm_router_revision_requests_total Requests by revision and status class.\n"
             "# TYPE llm_router_revision_requests_total counter\n");
     for (int r = 0; r < 2; r++)
         for (int c = 0; c < 5; c++)
-            put(&t, "llm_router_revision_requests_total{revision=\"%s\",code=\"%s\"} %llu\n", revname[r], code[c],
+            llm_strbuf_printf(&t, "llm_router_revision_requests_total{revision=\"%s\",code=\"%s\"} %llu\n", revname[r], code[c],
                 p->rs[r].codes[c]);
-    put(&t, "# HELP llm_router_revision_ttfb_seconds Time to the first byte of the answer (first token of a stream).\n"
+    llm_strbuf_printf(&t, "# HELP llm_router_revision_ttfb_seconds Time to the first byte of the answer (first token of a stream).\n"
             "# TYPE llm_router_revision_ttfb_seconds histogram\n");
     for (int r = 0; r < 2; r++) {
         unsigned long long cum = 0;
         for (int k = 0; k < N_BUCKETS; k++) {
             cum += p->rs[r].ttfb[k];
-            put(&t, "llm_router_revision_ttfb_seconds_bucket{revision=\"%s\",le=\"%g\"} %llu\n", revname[r], bucket_le[k], cum);
+            llm_strbuf_printf(&t, "llm_router_revision_ttfb_seconds_bucket{revision=\"%s\",le=\"%g\"} %llu\n", revname[r], bucket_le[k], cum);
         }
-        put(&t, "llm_router_revision_ttfb_seconds_bucket{revision=\"%s\",le=\"+Inf\"} %llu\n"
+        llm_strbuf_printf(&t, "llm_router_revision_ttfb_seconds_bucket{revision=\"%s\",le=\"+Inf\"} %llu\n"
                 "llm_router_revision_ttfb_seconds_sum{revision=\"%s\"} %.6f\n"
                 "llm_router_revision_ttfb_seconds_count{revision=\"%s\"} %llu\n",
             revname[r], cum + p->rs[r].ttfb[N_BUCKETS], revname[r], p->rs[r].ttfb_sum, revname[r], p->rs[r].ttfb_n);
     }
     pthread_mutex_unlock(&p->mu);
-    if (t.oom) {
-        free(t.p);
-        return NULL;
-    }
-    return t.p;
+    return llm_strbuf_take(&t);
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "llm/strbuf.h"
 #include "srv_metrics.h"
 
 const char *const srv_route_names[SRV_N_ROUTES] = {
@@ -63,47 +64,14 @@ void srv_metrics_finished(srv_metrics *m, int reason)
 }
 
 /* A growing text buffer; on allocation failure it stays NULL. */
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-} sbuf;
-
-static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(sbuf *b, const char *fmt, ...)
+static void gauge(llm_strbuf *b, const char *name, const char *help, double v)
 {
-    va_list ap;
-    for (int pass = 0; pass < 2 && (b->p || !b->cap); pass++) {
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0)
-            return;
-        if (b->p && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap ? b->cap * 2 : 16384;
-        while (cap < b->len + (size_t)n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            free(b->p);
-            b->p = NULL;
-            b->cap = 1; /* failed: stop trying */
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
+    llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
 }
 
-static void gauge(sbuf *b, const char *name, const char *help, double v)
+static void counter(llm_strbuf *b, const char *name, const char *help, double v)
 {
-    put(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
-}
-
-static void counter(sbuf *b, const char *name, const char *help, double v)
-{
-    put(b, "# HELP %s %s\n# TYPE %s counter\n%s_total %.17g\n", name, help, name, name, v);
+    llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s_total %.17g\n", name, help, name, name, v);
 }
 
 static long rss_bytes(void)
@@ -117,32 +85,32 @@ static long rss_bytes(void)
     return rss * sysconf(_SC_PAGESIZE);
 }
 
-static void render_http(sbuf *b, const srv_metrics *m)
+static void render_http(llm_strbuf *b, const srv_metrics *m)
 {
-    put(b, "# HELP llm_http_requests HTTP requests by route and status class\n# TYPE llm_http_requests counter\n");
+    llm_strbuf_printf(b, "# HELP llm_http_requests HTTP requests by route and status class\n# TYPE llm_http_requests counter\n");
     for (int r = 0; r < SRV_N_ROUTES; r++)
         for (int c = 0; c < 6; c++)
             if (m->requests[r][c])
-                put(b, "llm_http_requests_total{route=\"%s\",status=\"%s\"} %llu\n", srv_route_names[r], status_names[c],
+                llm_strbuf_printf(b, "llm_http_requests_total{route=\"%s\",status=\"%s\"} %llu\n", srv_route_names[r], status_names[c],
                     (unsigned long long)m->requests[r][c]);
     static const char *const why[3] = {"stop", "length", "abort"};
-    put(b, "# HELP llm_request_success Finished completions by reason\n# TYPE llm_request_success counter\n");
+    llm_strbuf_printf(b, "# HELP llm_request_success Finished completions by reason\n# TYPE llm_request_success counter\n");
     for (int i = 0; i < 3; i++)
-        put(b, "llm_request_success_total{finished_reason=\"%s\"} %llu\n", why[i], (unsigned long long)m->finished[i]);
+        llm_strbuf_printf(b, "llm_request_success_total{finished_reason=\"%s\"} %llu\n", why[i], (unsigned long long)m->finished[i]);
     for (int h = 0; h < H_COUNT; h++) {
         const srv_hist *x = &m->hist[h];
-        put(b, "# HELP %s %s\n# TYPE %s histogram\n", hist_names[h][0], hist_names[h][1], hist_names[h][0]);
+        llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", hist_names[h][0], hist_names[h][1], hist_names[h][0]);
         uint64_t acc = 0;
         for (int i = 0; i < SRV_HIST_BUCKETS; i++) {
             acc += x->counts[i];
-            put(b, "%s_bucket{le=\"%g\"} %llu\n", hist_names[h][0], bounds[i], (unsigned long long)acc);
+            llm_strbuf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", hist_names[h][0], bounds[i], (unsigned long long)acc);
         }
-        put(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", hist_names[h][0], (unsigned long long)x->n,
+        llm_strbuf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", hist_names[h][0], (unsigned long long)x->n,
             hist_names[h][0], x->sum, hist_names[h][0], (unsigned long long)x->n);
     }
 }
 
-static void render_engine(sbuf *b, const llm_stats *s)
+static void render_engine(llm_strbuf *b, const llm_stats *s)
 {
     double usage = s->kv_blocks_total ? (double)s->kv_blocks_used / s->kv_blocks_total : 0;
     gauge(b, "llm_requests_running", "Sequences being decoded", s->running);
@@ -157,26 +125,26 @@ static void render_engine(sbuf *b, const llm_stats *s)
     counter(b, "llm_generation_tokens", "Tokens generated", (double)s->generated_tokens);
     counter(b, "llm_engine_steps", "Engine steps (batched forward passes)", (double)s->steps);
     gauge(b, "llm_generation_tokens_per_second", "Generated tokens per second over the last seconds", s->gen_tokens_per_s);
-    put(b, "# HELP llm_batch_size_tokens Tokens per engine step (one batched forward pass)\n"
+    llm_strbuf_printf(b, "# HELP llm_batch_size_tokens Tokens per engine step (one batched forward pass)\n"
            "# TYPE llm_batch_size_tokens histogram\n");
     uint64_t acc = 0;
     for (int i = 0; i < LLM_BATCH_BUCKETS - 1; i++) {
         acc += s->batch_hist[i];
-        put(b, "llm_batch_size_tokens_bucket{le=\"%d\"} %llu\n", LLM_BATCH_BUCKET(i), (unsigned long long)acc);
+        llm_strbuf_printf(b, "llm_batch_size_tokens_bucket{le=\"%d\"} %llu\n", LLM_BATCH_BUCKET(i), (unsigned long long)acc);
     }
-    put(b, "llm_batch_size_tokens_bucket{le=\"+Inf\"} %llu\nllm_batch_size_tokens_sum %llu\nllm_batch_size_tokens_count %llu\n",
+    llm_strbuf_printf(b, "llm_batch_size_tokens_bucket{le=\"+Inf\"} %llu\nllm_batch_size_tokens_sum %llu\nllm_batch_size_tokens_count %llu\n",
         (unsigned long long)s->steps, (unsigned long long)s->computed_tokens, (unsigned long long)s->steps);
     /* the names existing routers and autoscalers read (vLLM's) */
     gauge(b, "vllm:num_requests_running", "Sequences being decoded", s->running);
     gauge(b, "vllm:num_requests_waiting", "Sequences waiting", s->waiting);
     gauge(b, "vllm:kv_cache_usage_perc", "KV cache usage, 0-1", usage);
-    put(b, "# HELP vllm:cache_config_info KV cache configuration\n# TYPE vllm:cache_config_info gauge\n"
+    llm_strbuf_printf(b, "# HELP vllm:cache_config_info KV cache configuration\n# TYPE vllm:cache_config_info gauge\n"
            "vllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\"} 1\n", s->kv_block_size, s->kv_blocks_total);
 }
 
 char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase)
 {
-    sbuf b = {0};
+    llm_strbuf b = {0};
     pthread_mutex_lock(&m->mu);
     render_http(&b, m);
     pthread_mutex_unlock(&m->mu);
@@ -187,5 +155,5 @@ char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase)
     }
     gauge(&b, "llm_server_phase", "0 loading, 1 ready, 2 draining, 3 failed", phase);
     gauge(&b, "process_resident_memory_bytes", "Resident memory", (double)rss_bytes());
-    return b.p;
+    return llm_strbuf_take(&b);
 }
