@@ -29,7 +29,8 @@ SERVER_SRC = server/srv_main.c server/srv_config.c server/srv_http.c server/srv_
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 CONTROLLER_SRC = controller/ctl_main.c controller/kube_config.c controller/kube_client.c controller/kube_watch.c \
                  controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
-                 controller/desired.c controller/pod_diag.c controller/kube_event.c controller/autoscale.c controller/pod_metrics.c controller/http_get.c
+                 controller/desired.c controller/pod_diag.c controller/kube_event.c controller/autoscale.c controller/pod_metrics.c controller/http_get.c \
+                 controller/canary.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_proxy.c
 # what the router shares with the controller: the API client and watch, the Prometheus text reader, pod GETs
@@ -90,10 +91,12 @@ $(BUILD)/bin/%: tools/%.c $(LIB)
 	@$(CC) $(CFLAGS_BASE) $< $(LIB) $(LDLIBS) -o $@
 
 # Controller logic with unit tests of its own (pure decisions, no API server).
-$(BUILD)/tests/test_autoscale: tests/unit/test_autoscale.c $(BUILD)/controller/autoscale.o $(LIB)
+$(BUILD)/tests/test_autoscale: $(BUILD)/controller/autoscale.o
+$(BUILD)/tests/test_canary: $(BUILD)/controller/canary.o
+$(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary: $(BUILD)/tests/test_%: tests/unit/test_%.c $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(BUILD)/controller/autoscale.o $(LIB) -lcmocka -lcurl -ljansson $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(BUILD)/controller/$*.o $(LIB) -lcmocka -lcurl -ljansson $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 	@mkdir -p $(dir $@)

@@ -5,7 +5,10 @@
  * backends that stop answering; requests are proxied by rt_proxy.c.
  * A canary revision's backends (--canary-backend / --canary-service) get
  * --canary-weight percent of the requests, changed at run time through
- * POST /admin/canary (bearer --admin-token). See usage() for the flags. */
+ * POST /admin/canary (bearer --admin-token) or by the canaryWeight key of
+ * a ConfigMap the router watches (--weight-configmap; llm-controller's
+ * lever during a canary: declarative, so every router replica, and one
+ * that restarts, follows it). See usage() for the flags. */
 #include <civetweb.h>
 #include <curl/curl.h>
 #include <jansson.h>
@@ -53,6 +56,7 @@ struct router {
     int n_disc;
     disc d[2];
     const char *admin_token;
+    char weight_ns[254], weight_cm[254]; /* --weight-configmap */
 };
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -206,6 +210,50 @@ static void *discover(void *arg)
     return NULL;
 }
 
+/* ---- canary weight from a ConfigMap -------------------------------------------- */
+
+static int on_weight(void *arg, const char *type, json_t *obj)
+{
+    router *r = arg;
+    if (!strcmp(type, "SYNCED") || !strcmp(type, "RELIST"))
+        return g_stop;
+    const char *v = json_string_value(json_object_get(json_object_get(obj, "data"), "canaryWeight"));
+    char *end = NULL;
+    long w = v ? strtol(v, &end, 10) : 0;
+    if (strcmp(type, "DELETED") && (!v || *end || w < 0 || w > 100)) {
+        logf_("ConfigMap %s/%s: canaryWeight %s is not 0..100; weight unchanged", r->weight_ns, r->weight_cm,
+              v ? v : "(missing)");
+        return g_stop;
+    }
+    if (!strcmp(type, "DELETED"))
+        w = 0; /* no canary any more */
+    if (w != rt_pool_weight(r->pool))
+        logf_("canary weight %ld%% (ConfigMap %s/%s)", w, r->weight_ns, r->weight_cm);
+    rt_pool_set_weight(r->pool, (int)w);
+    return g_stop;
+}
+
+static void *follow_weight(void *arg)
+{
+    router *r = arg;
+    char path[800];
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/configmaps?fieldSelector=metadata.name%%3D%s", r->weight_ns,
+             r->weight_cm);
+    while (!g_stop) {
+        kube_client *k = NULL;
+        llm_error err = {0};
+        llm_status st = kube_client_new(&r->cfg, &k, &err);
+        if (!st)
+            st = kube_list_watch(k, &r->cfg, path, 300, on_weight, r, &g_stop, &err);
+        kube_client_free(k);
+        if (!st)
+            break;
+        logf_("watching %s: %s (retrying)", path, err.msg);
+        for (int i = 0; i < 50 && !g_stop; i++) usleep(100000);
+    }
+    return NULL;
+}
+
 /* ---- HTTP ------------------------------------------------------------------------- */
 
 static int h_healthz(struct mg_connection *c, void *cb)
@@ -285,7 +333,7 @@ static int usage(void)
 {
     fprintf(stderr, "usage: llm-router [--host H] [--port 8000] (--backend URL ... | --service NS/NAME [--kubeconfig F])\n"
                     "                  [--canary-backend URL ... | --canary-service NS/NAME] [--canary-weight 0..100]\n"
-                    "                  [--admin-token T]\n"
+                    "                  [--admin-token T] [--weight-configmap NS/NAME]  (canaryWeight key)\n"
                     "                  [--policy least-loaded|round-robin] [--affinity-header NAME] [--affinity-user]\n"
                     "                  [--retries 2] [--eject-after 3] [--eject-seconds 10] [--poll-ms 500]\n"
                     "                  [--max-body-bytes 1048576] [--timeout-s 600] [--http-threads 64]\n"
@@ -330,7 +378,11 @@ int main(int argc, char **argv)
             weight = (int)x;
         else if (!strcmp(a, "--admin-token") && *v)
             r.admin_token = v;
-        else if (!strcmp(a, "--kubeconfig"))
+        else if (!strcmp(a, "--weight-configmap") && strchr(v, '/') && strchr(v, '/') != v && strchr(v, '/')[1] &&
+                 strlen(v) < sizeof r.weight_ns) {
+            snprintf(r.weight_ns, sizeof r.weight_ns, "%.*s", (int)(strchr(v, '/') - v), v);
+            snprintf(r.weight_cm, sizeof r.weight_cm, "%s", strchr(v, '/') + 1);
+        } else if (!strcmp(a, "--kubeconfig"))
             kubeconfig = v;
         else if (!strcmp(a, "--policy") && (!strcmp(v, "least-loaded") || !strcmp(v, "round-robin")))
             pc.policy = !strcmp(v, "round-robin") ? RT_ROUND_ROBIN : RT_LEAST_LOADED;
@@ -376,7 +428,7 @@ int main(int argc, char **argv)
     llm_error err = {0};
     curl_global_init(CURL_GLOBAL_DEFAULT);
     if (rt_pool_new(&pc, &r.pool, &err) || (nb && rt_pool_set(r.pool, 0, backends, nb, &err)) ||
-        (nc && rt_pool_set(r.pool, 1, canaries, nc, &err)) || (r.n_disc && kube_config_load(kubeconfig, &r.cfg, &err))) {
+        (nc && rt_pool_set(r.pool, 1, canaries, nc, &err)) || ((r.n_disc || r.weight_cm[0]) && kube_config_load(kubeconfig, &r.cfg, &err))) {
         fprintf(stderr, "llm-router: %s\n", err.msg);
         return 1;
     }
@@ -403,8 +455,9 @@ int main(int argc, char **argv)
     mg_set_request_handler(mg, "/generate$", rt_proxy_handle, &r.px);
     mg_set_request_handler(mg, "/tokenize$", rt_proxy_handle, &r.px);
     mg_set_request_handler(mg, "/detokenize$", rt_proxy_handle, &r.px);
-    pthread_t poll_th, disc_th[2];
+    pthread_t poll_th, disc_th[2], weight_th;
     int polling = pthread_create(&poll_th, NULL, poller, &r) == 0, discovering = 0;
+    int weighing = r.weight_cm[0] && pthread_create(&weight_th, NULL, follow_weight, &r) == 0;
     while (discovering < r.n_disc && pthread_create(&disc_th[discovering], NULL, discover, &r.d[discovering]) == 0)
         discovering++;
     logf_("listening on %s, %s, %s, canary weight %d%%", listen, pc.policy == RT_ROUND_ROBIN ? "round robin" : "least loaded",
@@ -414,9 +467,11 @@ int main(int argc, char **argv)
     if (polling)
         pthread_join(poll_th, NULL);
     for (int k = 0; k < discovering; k++) pthread_join(disc_th[k], NULL);
+    if (weighing)
+        pthread_join(weight_th, NULL);
     for (int k = 0; k < r.n_disc; k++)
         for (int s = 0; s < MAX_SLICES; s++) free(r.d[k].slice_urls[s]);
-    if (r.n_disc)
+    if (r.n_disc || r.weight_cm[0])
         kube_config_free(&r.cfg);
     rt_pool_free(r.pool);
     curl_global_cleanup();

@@ -9,14 +9,24 @@
 #include "rt_pool.h"
 
 #define VNODES 64
-#define N_BUCKETS 12
-static const double bucket_le[N_BUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+#define N_BUCKETS RT_N_BUCKETS
+#define bucket_le rt_bucket_le
+/* fine below 0.25 s, where time to first token and inter-token gaps live */
+const double rt_bucket_le[RT_N_BUCKETS] = {0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15,
+                                           0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+
+int rt_bucket(double seconds)
+{
+    int k = 0;
+    while (k < N_BUCKETS && seconds > bucket_le[k]) k++;
+    return k;
+}
 
 typedef struct revstats {
     unsigned long long codes[5], failed;
-    unsigned long long ttfb[N_BUCKETS + 1];
-    double ttfb_sum;
-    unsigned long long ttfb_n;
+    unsigned long long ttfb[N_BUCKETS + 1], itl[N_BUCKETS + 1];
+    double ttfb_sum, itl_sum;
+    unsigned long long ttfb_n, itl_n;
 } revstats;
 
 typedef struct backend {
@@ -274,31 +284,31 @@ static void failed(rt_pool *p, backend *b, double now)
     b->trial = 0;
 }
 
-void rt_release(rt_pool *p, int idx, int ok, double seconds, double ttfb, int status)
+void rt_release(rt_pool *p, int idx, const rt_result *res)
 {
     if (idx < 0 || idx >= RT_MAX_BACKENDS)
         return;
     pthread_mutex_lock(&p->mu);
     backend *b = &p->b[idx];
     double now = mono_s();
+    int cls = res->status >= 200 && res->status < 600 ? res->status / 100 - 2 : 4;
     b->inflight--;
     b->requests++;
-    b->codes[status >= 200 && status < 600 ? status / 100 - 2 : 4]++;
-    int bk = 0;
-    while (bk < N_BUCKETS && seconds > bucket_le[bk]) bk++;
-    b->hist[bk]++;
-    b->sum += seconds;
+    b->codes[cls]++;
+    b->hist[rt_bucket(res->seconds)]++;
+    b->sum += res->seconds;
     revstats *r = &p->rs[b->rev];
-    r->codes[status >= 200 && status < 600 ? status / 100 - 2 : 4]++;
-    r->failed += !ok;
-    if (ttfb >= 0) {
-        int tb = 0;
-        while (tb < N_BUCKETS && ttfb > bucket_le[tb]) tb++;
-        r->ttfb[tb]++;
-        r->ttfb_sum += ttfb;
+    r->codes[cls]++;
+    r->failed += !res->ok;
+    if (res->ttfb >= 0) {
+        r->ttfb[rt_bucket(res->ttfb)]++;
+        r->ttfb_sum += res->ttfb;
         r->ttfb_n++;
     }
-    if (ok) {
+    for (int k = 0; k <= N_BUCKETS; k++) r->itl[k] += res->itl[k];
+    r->itl_sum += res->itl_sum;
+    r->itl_n += res->itl_n;
+    if (res->ok) {
         b->failures = 0;
         b->ejected_until = 0;
         b->trial = 0;
@@ -307,6 +317,16 @@ void rt_release(rt_pool *p, int idx, int ok, double seconds, double ttfb, int st
         failed(p, b, now);
     }
     pthread_mutex_unlock(&p->mu);
+}
+
+int rt_pool_revision(rt_pool *p, int idx)
+{
+    if (idx < 0 || idx >= RT_MAX_BACKENDS)
+        return 0;
+    pthread_mutex_lock(&p->mu);
+    int rev = p->b[idx].rev;
+    pthread_mutex_unlock(&p->mu);
+    return rev;
 }
 
 void rt_pool_report(rt_pool *p, int idx, int reachable, double waiting, double running, double kv_usage)
@@ -337,6 +357,26 @@ int rt_pool_url(rt_pool *p, int idx, char *url, size_t un)
 }
 
 /* ---- metrics ------------------------------------------------------------------- */
+
+/* One per-revision histogram: time to first byte (itl 0) or between
+ * chunks (itl 1). Under mu. */
+static void rev_histogram(llm_strbuf *t, rt_pool *p, const char *name, const char *help, int itl)
+{
+    static const char *const revname[2] = {"stable", "canary"};
+    llm_strbuf_printf(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int r = 0; r < 2; r++) {
+        const unsigned long long *h = itl ? p->rs[r].itl : p->rs[r].ttfb;
+        unsigned long long cum = 0;
+        for (int k = 0; k < N_BUCKETS; k++) {
+            cum += h[k];
+            llm_strbuf_printf(t, "%s_bucket{revision=\"%s\",le=\"%g\"} %llu\n", name, revname[r], bucket_le[k], cum);
+        }
+        llm_strbuf_printf(t, "%s_bucket{revision=\"%s\",le=\"+Inf\"} %llu\n%s_sum{revision=\"%s\"} %.6f\n"
+                             "%s_count{revision=\"%s\"} %llu\n", name, revname[r], cum + h[N_BUCKETS], name, revname[r],
+                          itl ? p->rs[r].itl_sum : p->rs[r].ttfb_sum, name, revname[r],
+                          itl ? p->rs[r].itl_n : p->rs[r].ttfb_n);
+    }
+}
 
 char *rt_pool_metrics(rt_pool *p)
 {
@@ -393,19 +433,10 @@ char *rt_pool_metrics(rt_pool *p)
         for (int c = 0; c < 5; c++)
             llm_strbuf_printf(&t, "llm_router_revision_requests_total{revision=\"%s\",code=\"%s\"} %llu\n", revname[r], code[c],
                 p->rs[r].codes[c]);
-    llm_strbuf_printf(&t, "# HELP llm_router_revision_ttfb_seconds Time to the first byte of the answer (first token of a stream).\n"
-            "# TYPE llm_router_revision_ttfb_seconds histogram\n");
-    for (int r = 0; r < 2; r++) {
-        unsigned long long cum = 0;
-        for (int k = 0; k < N_BUCKETS; k++) {
-            cum += p->rs[r].ttfb[k];
-            llm_strbuf_printf(&t, "llm_router_revision_ttfb_seconds_bucket{revision=\"%s\",le=\"%g\"} %llu\n", revname[r], bucket_le[k], cum);
-        }
-        llm_strbuf_printf(&t, "llm_router_revision_ttfb_seconds_bucket{revision=\"%s\",le=\"+Inf\"} %llu\n"
-                "llm_router_revision_ttfb_seconds_sum{revision=\"%s\"} %.6f\n"
-                "llm_router_revision_ttfb_seconds_count{revision=\"%s\"} %llu\n",
-            revname[r], cum + p->rs[r].ttfb[N_BUCKETS], revname[r], p->rs[r].ttfb_sum, revname[r], p->rs[r].ttfb_n);
-    }
+    rev_histogram(&t, p, "llm_router_revision_ttfb_seconds",
+                  "Time to the first byte of the answer (first token of a stream), by revision.", 0);
+    rev_histogram(&t, p, "llm_router_revision_itl_seconds",
+                  "Gaps between successive chunks of a stream (inter-token latency), by revision.", 1);
     pthread_mutex_unlock(&p->mu);
     return llm_strbuf_take(&t);
 }

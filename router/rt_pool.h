@@ -15,7 +15,8 @@
  * policy (the other revision when that one has none usable). A retry
  * (after a failed attempt) goes to stable first and does not count in the
  * split. Per-revision
- * counts and time-to-first-byte histograms feed the canary analysis.
+ * counts, time-to-first-byte and inter-token histograms feed the canary
+ * analysis.
  *
  * Breaker: after `threshold` consecutive failures (no connection, or a 5xx
  * before any byte reached the client) a backend is ejected for `eject_s`;
@@ -58,9 +59,29 @@ int rt_pool_size(rt_pool *p);
  * avoid (bitmap over indexes, for retries); -1 when none is usable. The
  * URL is copied to url. Counts the request in flight. */
 int rt_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *url, size_t un);
-/* The request ended: ok 0 counts a failure toward the breaker; ttfb is the
- * time to its first byte (< 0: none came). */
-void rt_release(rt_pool *p, int idx, int ok, double seconds, double ttfb, int status);
+/* Latency histograms' bucket bounds (seconds), shared by the request
+ * duration, time-to-first-byte and inter-token histograms. */
+#define RT_N_BUCKETS 16
+extern const double rt_bucket_le[RT_N_BUCKETS];
+/* The bucket of a duration: 0..RT_N_BUCKETS (the last is +Inf). */
+int rt_bucket(double seconds);
+
+/* What one attempt saw. */
+typedef struct rt_result {
+    int ok;              /* 0 counts a failure toward the breaker */
+    double seconds;      /* pick to last byte */
+    double ttfb;         /* to the first byte; < 0: none came */
+    int status;          /* HTTP status; 0: no answer */
+    /* gaps between a stream's successive chunks (inter-token latency) */
+    unsigned int itl[RT_N_BUCKETS + 1];
+    double itl_sum;
+    unsigned int itl_n;
+} rt_result;
+
+/* The request ended. */
+void rt_release(rt_pool *p, int idx, const rt_result *r);
+/* Revision of backend idx (0 stable, 1 canary). */
+int rt_pool_revision(rt_pool *p, int idx);
 
 /* The poller's reading of backend i's own signals; reachable 0 counts as
  * a failure. */

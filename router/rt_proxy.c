@@ -78,7 +78,9 @@ static char *read_body(struct mg_connection *c, long max, size_t *len, int *stat
 typedef struct attempt {
     struct mg_connection *c;
     const char *backend;
-    double t0, first;          /* start, first body byte (0: none yet) */
+    const char *revision;      /* "stable" or "canary", for the X-Revision header */
+    double t0, first, last;    /* start, first and latest body byte (0: none yet) */
+    rt_result res;             /* inter-token gaps of a stream, counted here */
     long status;
     char ctype[128];
     int started;               /* the response head went to the client */
@@ -109,8 +111,15 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
 {
     attempt *a = arg;
     size_t len = sz * n;
+    double now = mono_s();
     if (!a->first)
-        a->first = mono_s();
+        a->first = now;
+    else if (strstr(a->ctype, "event-stream")) { /* one chunk per token: the gap is the inter-token latency */
+        a->res.itl[rt_bucket(now - a->last)]++;
+        a->res.itl_sum += now - a->last;
+        a->res.itl_n++;
+    }
+    a->last = now;
     if (a->status >= 500 && !a->started) { /* hold it: another backend may answer instead */
         if (a->err_len + len <= ERR_BODY_MAX) {
             char *p = realloc(a->err_body, a->err_len + len + 1);
@@ -126,9 +135,9 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
     if (!a->started) {
         a->started = 1;
         if (mg_printf(a->c, "HTTP/1.1 %ld %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\nX-Backend: %s\r\n"
-                            "Connection: close\r\n\r\n",
+                            "X-Revision: %s\r\nConnection: close\r\n\r\n",
                       a->status, a->status < 300 ? "OK" : "Error", a->ctype[0] ? a->ctype : "application/json",
-                      a->backend) <= 0) {
+                      a->backend, a->revision) <= 0) {
             a->client_gone = 1;
             return 0;
         }
@@ -308,11 +317,14 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
         int idx = rt_pick(px->pool, session, avoid, url, sizeof url);
         if (idx < 0)
             break;
-        attempt a = {.c = c, .backend = url, .t0 = mono_s(), .started = answered}; /* a held stream has its head */
+        attempt a = {.c = c, .backend = url, .t0 = mono_s(), .started = answered, /* a held stream has its head */
+                     .revision = rt_pool_revision(px->pool, idx) ? "canary" : "stable"};
         CURLcode rc = send_to(px, c, url, body, len, &a);
-        int ok = a.started ? (rc == CURLE_OK || a.client_gone) : rc == CURLE_OK && a.status < 500;
-        rt_release(px->pool, idx, ok, mono_s() - a.t0, a.first ? a.first - a.t0 : -1,
-                   rc == CURLE_OK || a.started ? (int)a.status : 0);
+        a.res.ok = a.started ? (rc == CURLE_OK || a.client_gone) : rc == CURLE_OK && a.status < 500;
+        a.res.seconds = mono_s() - a.t0;
+        a.res.ttfb = a.first ? a.first - a.t0 : -1;
+        a.res.status = rc == CURLE_OK || a.started ? (int)a.status : 0;
+        rt_release(px->pool, idx, &a.res);
         avoid[idx / 8] |= (unsigned char)(1u << (idx % 8));
         if (a.started || (rc == CURLE_OK && a.status < 500)) {
             code = a.status ? (int)a.status : 200;

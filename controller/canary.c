@@ -1,0 +1,325 @@
+/* canary.c - canary configuration, analysis and decisions; see canary.h. */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "canary.h"
+
+/* ---- configuration ---------------------------------------------------------------- */
+
+double cn_duration(json_t *v)
+{
+    if (json_is_integer(v))
+        return json_integer_value(v) >= 0 ? (double)json_integer_value(v) : -1;
+    const char *s = json_string_value(v);
+    if (!s || !*s)
+        return -1;
+    double total = 0;
+    while (*s) {
+        char *end;
+        if (!isdigit((unsigned char)*s))
+            return -1;
+        double x = strtod(s, &end);
+        double unit = *end == 'h' ? 3600 : *end == 'm' ? 60 : 1;
+        if (*end == 'h' || *end == 'm' || *end == 's')
+            end++;
+        else if (*end)
+            return -1;
+        total += x * unit;
+        s = end;
+    }
+    return total;
+}
+
+static llm_status number(json_t *o, const char *key, double def, double lo, double hi, double *out, llm_error *err)
+{
+    json_t *v = json_object_get(o, key);
+    *out = v ? json_number_value(v) : def;
+    if (v && (!json_is_number(v) || *out < lo || *out > hi))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.analysis.%s: want a number in [%g, %g]", key, lo, hi);
+    return LLM_OK;
+}
+
+static llm_status steps_from_spec(json_t *steps, cn_config *c, llm_error *err)
+{
+    if (!json_is_array(steps) || json_array_size(steps) == 0 || json_array_size(steps) > CN_MAX_STEPS)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.steps: want 1 to %d steps like {weight: 10, pause: 2m}",
+                        CN_MAX_STEPS);
+    int last = 0;
+    for (size_t i = 0; i < json_array_size(steps); i++) {
+        json_t *s = json_array_get(steps, i), *w = json_object_get(s, "weight");
+        double pause = json_object_get(s, "pause") ? cn_duration(json_object_get(s, "pause")) : 0;
+        if (!json_is_integer(w) || json_integer_value(w) < 1 || json_integer_value(w) > 100 ||
+            json_integer_value(w) < last)
+            return llm_errf(err, LLM_ERR_INVALID_ARG,
+                            "spec.canary.steps[%zu].weight: want an integer 1..100, not below the step before", i);
+        if (pause < 0)
+            return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.steps[%zu].pause: want a duration like 90s or 2m", i);
+        last = (int)json_integer_value(w);
+        c->steps[c->n_steps++] = (cn_step){last, pause};
+    }
+    return LLM_OK;
+}
+
+llm_status cn_config_from_spec(json_t *spec, cn_config *c, llm_error *err)
+{
+    memset(c, 0, sizeof *c);
+    json_t *cn = json_object_get(spec, "canary");
+    if (!cn || json_is_null(cn))
+        return LLM_OK;
+    c->enabled = 1;
+    llm_status st = steps_from_spec(json_object_get(cn, "steps"), c, err);
+    json_t *iv = json_object_get(cn, "intervalSeconds"), *an = json_object_get(cn, "analysis");
+    double min_req = 0;
+    c->interval_s = iv ? (double)json_integer_value(iv) : 10;
+    if (!st && iv && (!json_is_integer(iv) || c->interval_s < 1 || c->interval_s > 3600))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.intervalSeconds: want an integer 1..3600");
+    if (!st)
+        st = number(an, "maxErrorRatio", 0.05, 0, 1, &c->max_error_ratio, err);
+    if (!st)
+        st = number(an, "maxTTFTRatio", 1.5, 1, 1000, &c->max_ttft_ratio, err);
+    if (!st)
+        st = number(an, "maxITLRatio", 1.5, 1, 1000, &c->max_itl_ratio, err);
+    if (!st)
+        st = number(an, "toleranceSeconds", 0.05, 0, 3600, &c->tolerance_s, err);
+    if (!st)
+        st = number(an, "minRequests", 20, 1, 1e9, &min_req, err);
+    c->min_requests = (int)min_req;
+    return st;
+}
+
+/* ---- samples ----------------------------------------------------------------------- */
+
+/* The value of label key in the {k="v",...} block lb..rb, into out (our
+ * routers' label values hold no commas). */
+static int label(const char *lb, const char *rb, const char *key, char *out, size_t n)
+{
+    size_t kn = strlen(key);
+    for (const char *q = lb + 1; q && q < rb;) {
+        if ((size_t)(rb - q) > kn + 1 && !strncmp(q, key, kn) && q[kn] == '=' && q[kn + 1] == '"') {
+            const char *v = q + kn + 2, *e = memchr(v, '"', (size_t)(rb - v));
+            if (!e || (size_t)(e - v) >= n)
+                return 0;
+            memcpy(out, v, (size_t)(e - v));
+            out[e - v] = 0;
+            return 1;
+        }
+        q = memchr(q, ',', (size_t)(rb - q));
+        q = q ? q + 1 : NULL;
+    }
+    return 0;
+}
+
+/* Index of bucket bound le, added (in order) when new; -1 when full. */
+static int le_index(cn_sample *s, double le)
+{
+    for (int i = 0; i < s->n_le; i++)
+        if (s->le[i] == le)
+            return i;
+    if (s->n_le == CN_MAX_BUCKETS)
+        return -1;
+    int i = s->n_le++;
+    while (i > 0 && s->le[i - 1] > le) { /* keep bounds sorted: shift counts with them */
+        s->le[i] = s->le[i - 1];
+        for (int r = 0; r < 2; r++) s->ttft[r][i] = s->ttft[r][i - 1], s->itl[r][i] = s->itl[r][i - 1];
+        i--;
+    }
+    s->le[i] = le;
+    for (int r = 0; r < 2; r++) s->ttft[r][i] = 0, s->itl[r][i] = 0;
+    return i;
+}
+
+static void sample_line(cn_sample *s, const char *p, const char *eol)
+{
+    static const char req[] = "llm_router_revision_requests_total{", ttft[] = "llm_router_revision_ttfb_seconds_bucket{",
+                      itl[] = "llm_router_revision_itl_seconds_bucket{";
+    int kind = !strncmp(p, req, sizeof req - 1) ? 1 : !strncmp(p, ttft, sizeof ttft - 1) ? 2
+               : !strncmp(p, itl, sizeof itl - 1) ? 3 : 0;
+    const char *lb = kind ? strchr(p, '{') : NULL, *rb = lb ? memchr(lb, '}', (size_t)(eol - lb)) : NULL;
+    char rev[16], code[16], le[32];
+    if (!rb || !label(lb, rb, "revision", rev, sizeof rev) || (strcmp(rev, "stable") && strcmp(rev, "canary")))
+        return;
+    int r = !strcmp(rev, "canary");
+    char *end;
+    double v = strtod(rb + 1, &end);
+    if (end == rb + 1 || !isfinite(v))
+        return;
+    if (kind == 1 && label(lb, rb, "code", code, sizeof code)) {
+        s->requests[r] += v;
+        if (!strcmp(code, "5xx") || !strcmp(code, "none"))
+            s->errors[r] += v;
+        return;
+    }
+    if (kind == 1 || !label(lb, rb, "le", le, sizeof le))
+        return;
+    double (*h)[CN_MAX_BUCKETS + 1] = kind == 2 ? s->ttft : s->itl;
+    if (!strcmp(le, "+Inf")) {
+        h[r][CN_MAX_BUCKETS] += v;
+        return;
+    }
+    double bound = strtod(le, &end);
+    int i = *end ? -1 : le_index(s, bound);
+    if (i >= 0)
+        h[r][i] += v;
+}
+
+void cn_sample_add(cn_sample *s, const char *text)
+{
+    for (const char *p = text; p && *p;) {
+        const char *eol = strchr(p, '\n');
+        if (!eol)
+            eol = p + strlen(p);
+        if (*p != '#')
+            sample_line(s, p, eol);
+        p = *eol ? eol + 1 : NULL;
+    }
+}
+
+void cn_sample_diff(const cn_sample *now, const cn_sample *then, cn_sample *out)
+{
+    int reset = then->n_le && then->n_le != now->n_le;
+    for (int r = 0; r < 2; r++)
+        reset |= now->requests[r] < then->requests[r] || now->errors[r] < then->errors[r] ||
+                 now->ttft[r][CN_MAX_BUCKETS] < then->ttft[r][CN_MAX_BUCKETS] ||
+                 now->itl[r][CN_MAX_BUCKETS] < then->itl[r][CN_MAX_BUCKETS];
+    *out = *now;
+    if (reset)
+        return;
+    for (int r = 0; r < 2; r++) {
+        out->requests[r] -= then->requests[r];
+        out->errors[r] -= then->errors[r];
+        for (int i = 0; i <= CN_MAX_BUCKETS; i++) {
+            out->ttft[r][i] -= then->ttft[r][i];
+            out->itl[r][i] -= then->itl[r][i];
+        }
+    }
+}
+
+static json_t *counts(const double *h, int n_le)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n_le; i++) json_array_append_new(a, json_real(h[i]));
+    json_array_append_new(a, json_real(h[CN_MAX_BUCKETS]));
+    return a;
+}
+
+json_t *cn_sample_to_json(const cn_sample *s)
+{
+    json_t *le = json_array();
+    for (int i = 0; le && i < s->n_le; i++) json_array_append_new(le, json_real(s->le[i]));
+    return json_pack("{s:[f,f],s:[f,f],s:o,s:[o,o],s:[o,o]}", "requests", s->requests[0], s->requests[1], "errors",
+                     s->errors[0], s->errors[1], "le", le, "ttft", counts(s->ttft[0], s->n_le),
+                     counts(s->ttft[1], s->n_le), "itl", counts(s->itl[0], s->n_le), counts(s->itl[1], s->n_le));
+}
+
+int cn_sample_from_json(json_t *j, cn_sample *s)
+{
+    memset(s, 0, sizeof *s);
+    json_t *le = json_object_get(j, "le");
+    if (!json_is_array(le) || json_array_size(le) > CN_MAX_BUCKETS)
+        return 0;
+    s->n_le = (int)json_array_size(le);
+    for (int i = 0; i < s->n_le; i++) s->le[i] = json_number_value(json_array_get(le, (size_t)i));
+    for (int r = 0; r < 2; r++) {
+        s->requests[r] = json_number_value(json_array_get(json_object_get(j, "requests"), (size_t)r));
+        s->errors[r] = json_number_value(json_array_get(json_object_get(j, "errors"), (size_t)r));
+        json_t *t = json_array_get(json_object_get(j, "ttft"), (size_t)r), *g = json_array_get(json_object_get(j, "itl"), (size_t)r);
+        if (json_array_size(t) != (size_t)s->n_le + 1 || json_array_size(g) != (size_t)s->n_le + 1) {
+            memset(s, 0, sizeof *s);
+            return 0;
+        }
+        for (int i = 0; i <= s->n_le; i++) {
+            int k = i == s->n_le ? CN_MAX_BUCKETS : i;
+            s->ttft[r][k] = json_number_value(json_array_get(t, (size_t)i));
+            s->itl[r][k] = json_number_value(json_array_get(g, (size_t)i));
+        }
+    }
+    return 1;
+}
+
+double cn_quantile(const double *le, int n_le, const double *cum, double q)
+{
+    double total = cum[CN_MAX_BUCKETS];
+    if (!(total > 0))
+        return -1;
+    double rank = q * total, below = 0, lo = 0;
+    for (int i = 0; i < n_le; i++) {
+        if (cum[i] >= rank) {
+            double in = cum[i] - below;
+            return in > 0 ? lo + (le[i] - lo) * (rank - below) / in : le[i];
+        }
+        below = cum[i];
+        lo = le[i];
+    }
+    return n_le ? le[n_le - 1] : -1; /* in the +Inf bucket: the highest bound is all one can say */
+}
+
+/* ---- analysis ---------------------------------------------------------------------- */
+
+/* Canary latency beyond stable's by both the ratio and the tolerance. */
+static int slower(double canary, double stable, double ratio, double tol)
+{
+    return canary >= 0 && stable >= 0 && canary > stable * ratio && canary - stable > tol;
+}
+
+void cn_analyse(const cn_config *c, const cn_sample *w, cn_analysis *a)
+{
+    memset(a, 0, sizeof *a);
+    for (int r = 0; r < 2; r++) {
+        a->requests[r] = w->requests[r];
+        a->error_ratio[r] = w->requests[r] > 0 ? w->errors[r] / w->requests[r] : -1;
+        a->ttft_p99[r] = cn_quantile(w->le, w->n_le, w->ttft[r], 0.99);
+        a->itl_p99[r] = cn_quantile(w->le, w->n_le, w->itl[r], 0.99);
+    }
+    double es = a->error_ratio[0] > 0 ? a->error_ratio[0] : 0;
+    if (w->requests[1] < c->min_requests) {
+        a->verdict = CN_INCONCLUSIVE;
+        snprintf(a->message, sizeof a->message, "%.0f of the %d canary requests needed so far", w->requests[1],
+                 c->min_requests);
+    } else if (a->error_ratio[1] > es + c->max_error_ratio) {
+        a->verdict = CN_FAIL;
+        snprintf(a->signal, sizeof a->signal, "ErrorRatio");
+        snprintf(a->message, sizeof a->message,
+                 "canary error ratio %.3f (%.0f of %.0f requests) exceeds stable's %.3f by more than %.3f",
+                 a->error_ratio[1], w->errors[1], w->requests[1], es, c->max_error_ratio);
+    } else if (slower(a->ttft_p99[1], a->ttft_p99[0], c->max_ttft_ratio, c->tolerance_s)) {
+        a->verdict = CN_FAIL;
+        snprintf(a->signal, sizeof a->signal, "TimeToFirstToken");
+        snprintf(a->message, sizeof a->message, "canary p99 time to first token %.3f s is %.2fx stable's %.3f s (limit %.2fx)",
+                 a->ttft_p99[1], a->ttft_p99[1] / (a->ttft_p99[0] > 0 ? a->ttft_p99[0] : 1e-9), a->ttft_p99[0],
+                 c->max_ttft_ratio);
+    } else if (slower(a->itl_p99[1], a->itl_p99[0], c->max_itl_ratio, c->tolerance_s)) {
+        a->verdict = CN_FAIL;
+        snprintf(a->signal, sizeof a->signal, "InterTokenLatency");
+        snprintf(a->message, sizeof a->message, "canary p99 inter-token latency %.3f s is %.2fx stable's %.3f s (limit %.2fx)",
+                 a->itl_p99[1], a->itl_p99[1] / (a->itl_p99[0] > 0 ? a->itl_p99[0] : 1e-9), a->itl_p99[0],
+                 c->max_itl_ratio);
+    } else {
+        a->verdict = CN_PASS;
+        snprintf(a->message, sizeof a->message,
+                 "%.0f canary requests: error ratio %.3f (stable %.3f), p99 TTFT %.3f s (stable %.3f s), p99 ITL %.3f s "
+                 "(stable %.3f s)", w->requests[1], a->error_ratio[1], es, a->ttft_p99[1], a->ttft_p99[0], a->itl_p99[1],
+                 a->itl_p99[0]);
+    }
+}
+
+cn_action cn_decide(const cn_config *c, int step, double step_age_s, cn_verdict v, int paused)
+{
+    if (v == CN_FAIL)
+        return CN_ROLLBACK;
+    if (paused || v != CN_PASS || step < 0 || step >= c->n_steps || step_age_s < c->steps[step].pause_s)
+        return CN_HOLD;
+    return step + 1 < c->n_steps ? CN_ADVANCE : CN_PROMOTE;
+}
+
+void cn_split(int total, int weight, int *stable, int *canary)
+{
+    if (total < 1)
+        total = 1;
+    int c = (int)ceil(total * weight / 100.0);
+    *canary = c < 1 ? 1 : c;
+    int s = weight >= 100 ? total : total - total * weight / 100;
+    *stable = s < 1 ? 1 : s;
+}

@@ -1,0 +1,92 @@
+/* canary.h - the canary's arithmetic, apart from any API call: its
+ * configuration from spec.canary, the router's per-revision counters read
+ * from /metrics text, the analysis of a window (canary against stable on
+ * error ratio, p99 time to first token and p99 inter-token latency) and
+ * the step decision (hold, next step, promote, roll back).
+ *
+ * The router (llm-router) exports, per revision "stable" and "canary",
+ * llm_router_revision_requests_total{code}, llm_router_revision_ttfb_seconds
+ * and llm_router_revision_itl_seconds histograms. A window is the
+ * difference of two samples; samples are kept in the LLMDeployment's status
+ * as JSON, so a new leader continues the same window.
+ *
+ * Ownership: cn_sample_to_json returns a new reference; nothing else
+ * allocates. Thread-safety: pure functions. */
+#ifndef CANARY_H
+#define CANARY_H
+
+#include <jansson.h>
+
+#include "llm/status.h"
+
+#define CN_MAX_STEPS 16
+#define CN_MAX_BUCKETS 32
+
+typedef struct cn_step {
+    int weight;      /* percent of requests for the canary */
+    double pause_s;  /* least time at this weight before the next step */
+} cn_step;
+
+typedef struct cn_config {
+    int enabled;
+    int n_steps;
+    cn_step steps[CN_MAX_STEPS];
+    double interval_s;       /* analysis period */
+    double max_error_ratio;  /* canary's error ratio may exceed stable's by this much */
+    double max_ttft_ratio;   /* p99 time to first token, canary over stable */
+    double max_itl_ratio;    /* p99 inter-token latency, canary over stable */
+    double tolerance_s;      /* latency differences below this never fail */
+    int min_requests;        /* canary requests in a window before it is judged */
+} cn_config;
+
+/* From spec.canary (absent: enabled 0). LLM_ERR_INVALID_ARG naming the
+ * field when it cannot be used. */
+llm_status cn_config_from_spec(json_t *spec, cn_config *c, llm_error *err);
+
+/* "90", "90s", "2m", "1h", "1m30s" or an integer, in seconds; -1 when not
+ * a duration. */
+double cn_duration(json_t *v);
+
+/* Counters of both revisions (index 0 stable, 1 canary), summed over the
+ * router pods. Histograms are cumulative by bucket as exported; the last
+ * count is +Inf. */
+typedef struct cn_sample {
+    double requests[2], errors[2];
+    int n_le;
+    double le[CN_MAX_BUCKETS];
+    double ttft[2][CN_MAX_BUCKETS + 1], itl[2][CN_MAX_BUCKETS + 1];
+} cn_sample;
+
+/* Adds one router's /metrics text to s (start from a zeroed sample). */
+void cn_sample_add(cn_sample *s, const char *text);
+/* now - then, per counter; a counter that went down (a router restarted)
+ * makes the whole window start again from zero (*out = now). */
+void cn_sample_diff(const cn_sample *now, const cn_sample *then, cn_sample *out);
+json_t *cn_sample_to_json(const cn_sample *s);
+/* 0 when j is not a sample (then s is zeroed). */
+int cn_sample_from_json(json_t *j, cn_sample *s);
+/* The q-quantile of a cumulative histogram (Prometheus' histogram_quantile:
+ * linear within the bucket); -1 when it is empty. */
+double cn_quantile(const double *le, int n_le, const double *cum, double q);
+
+typedef enum cn_verdict { CN_INCONCLUSIVE, CN_PASS, CN_FAIL } cn_verdict;
+
+typedef struct cn_analysis {
+    cn_verdict verdict;
+    char signal[32];     /* on failure: ErrorRatio, TimeToFirstToken, InterTokenLatency */
+    char message[512];   /* what was measured, against what */
+    double requests[2], error_ratio[2], ttft_p99[2], itl_p99[2]; /* -1: no data */
+} cn_analysis;
+
+void cn_analyse(const cn_config *c, const cn_sample *window, cn_analysis *a);
+
+typedef enum cn_action { CN_HOLD, CN_ADVANCE, CN_PROMOTE, CN_ROLLBACK } cn_action;
+
+/* What to do at step `step` (0-based) after step_age_s seconds there. */
+cn_action cn_decide(const cn_config *c, int step, double step_age_s, cn_verdict v, int paused);
+
+/* Pods per revision while the canary takes weight percent of total
+ * replicas: each at least one, together about total. */
+void cn_split(int total, int weight, int *stable, int *canary);
+
+#endif
