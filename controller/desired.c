@@ -290,9 +290,16 @@ json_t *des_deployment(json_t *d, const char *config_hash, char *msg, size_t mn)
     return out;
 }
 
+int des_canary_enabled(json_t *d)
+{
+    json_t *cn = json_object_get(json_object_get(d, "spec"), "canary");
+    return cn && !json_is_null(cn);
+}
+
 int des_router_enabled(json_t *d)
 {
-    return json_is_true(json_object_get(json_object_get(json_object_get(d, "spec"), "router"), "enabled"));
+    return des_canary_enabled(d) || /* the split between revisions happens in the router */
+           json_is_true(json_object_get(json_object_get(json_object_get(d, "spec"), "router"), "enabled"));
 }
 
 /* A Service named svc selecting the pods of instance inst. */
@@ -330,10 +337,16 @@ json_t *des_router_rbac(json_t *d, int which)
     snprintf(n, sizeof n, "%s-router", name_of(d));
     if (which == 0)
         return json_pack("{s:s,s:s,s:o}", "apiVersion", "v1", "kind", "ServiceAccount", "metadata", meta(d, n));
-    if (which == 1)
-        return json_pack("{s:s,s:s,s:o,s:[{s:[s],s:[s],s:[s,s,s]}]}", "apiVersion", "rbac.authorization.k8s.io/v1",
-                         "kind", "Role", "metadata", meta(d, n), "rules", "apiGroups", "discovery.k8s.io", "resources",
-                         "endpointslices", "verbs", "get", "list", "watch");
+    if (which == 1) {
+        json_t *role = json_pack("{s:s,s:s,s:o,s:[{s:[s],s:[s],s:[s,s,s]}]}", "apiVersion", "rbac.authorization.k8s.io/v1",
+                                 "kind", "Role", "metadata", meta(d, n), "rules", "apiGroups", "discovery.k8s.io",
+                                 "resources", "endpointslices", "verbs", "get", "list", "watch");
+        if (role && des_canary_enabled(d)) /* the canary weight's ConfigMap */
+            json_array_append_new(json_object_get(role, "rules"),
+                                  json_pack("{s:[s],s:[s],s:[s,s,s]}", "apiGroups", "", "resources", "configmaps",
+                                            "verbs", "get", "list", "watch"));
+        return role;
+    }
     return json_pack("{s:s,s:s,s:o,s:{s:s,s:s,s:s},s:[{s:s,s:s,s:O}]}", "apiVersion", "rbac.authorization.k8s.io/v1",
                      "kind", "RoleBinding", "metadata", meta(d, n), "roleRef", "apiGroup", "rbac.authorization.k8s.io",
                      "kind", "Role", "name", n, "subjects", "kind", "ServiceAccount", "name", n, "namespace",
@@ -360,13 +373,73 @@ json_t *des_router(json_t *d)
                             "--policy", policy ? policy : "least-loaded", "--hold-seconds", hold, "ports", "name", "http",
                             "containerPort", DES_ROUTER_PORT, "livenessProbe", probe, "securityContext",
                             "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1, "capabilities", "drop", "ALL");
+    json_t *args = json_object_get(ctr, "args");
     if (ctr && json_is_true(get2(rt, "affinityUser", NULL)))
-        json_array_append_new(json_object_get(ctr, "args"), json_string("--affinity-user"));
+        json_array_append_new(args, json_string("--affinity-user"));
+    if (ctr && des_canary_enabled(d)) {
+        char csvc[700], wcm[600];
+        snprintf(csvc, sizeof csvc, "%s/%s-canary-backends", ns ? ns : "default", name);
+        snprintf(wcm, sizeof wcm, "%s/%s-router", ns ? ns : "default", name);
+        json_array_append_new(args, json_string("--canary-service"));
+        json_array_append_new(args, json_string(csvc));
+        json_array_append_new(args, json_string("--weight-configmap"));
+        json_array_append_new(args, json_string(wcm));
+    }
     return json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:{s:o},s:{s:s,s:{s:b,s:I},s:[o]}}}}", "apiVersion",
                      "apps/v1", "kind", "Deployment", "metadata", meta(d, n), "spec", "replicas",
                      (json_int_t)spec_int(spec, "router", "replicas", 2), "selector", "matchLabels", REC_INSTANCE, n,
                      REC_MANAGED_BY, REC_CONTROLLER, "template", "metadata", "labels", lab, "spec", "serviceAccountName",
                      n, "securityContext", "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "containers", ctr);
+}
+
+json_t *des_router_weight(json_t *d, int weight)
+{
+    char n[300], w[16];
+    snprintf(n, sizeof n, "%s-router", name_of(d));
+    snprintf(w, sizeof w, "%d", weight);
+    return json_pack("{s:s,s:s,s:o,s:{s:s}}", "apiVersion", "v1", "kind", "ConfigMap", "metadata", meta(d, n), "data",
+                     "canaryWeight", w);
+}
+
+json_t *des_canary_configmap(json_t *d, json_t *cm)
+{
+    char n[300];
+    snprintf(n, sizeof n, "%s-canary-config", name_of(d));
+    json_t *out = json_deep_copy(cm);
+    if (out)
+        json_object_set_new(json_object_get(out, "metadata"), "name", json_string(n));
+    return out;
+}
+
+json_t *des_canary_service(json_t *d)
+{
+    char svc[300], inst[300];
+    snprintf(svc, sizeof svc, "%s-canary-backends", name_of(d));
+    snprintf(inst, sizeof inst, "%s-canary", name_of(d));
+    json_int_t port = spec_int(json_object_get(d, "spec"), "server", "port", 8080);
+    return service_for(d, svc, inst, port, port);
+}
+
+json_t *des_canary_deployment(json_t *d, json_t *dep, int replicas)
+{
+    char n[300], cm[300];
+    snprintf(n, sizeof n, "%s-canary", name_of(d));
+    snprintf(cm, sizeof cm, "%s-canary-config", name_of(d));
+    json_t *out = json_deep_copy(dep), *spec = json_object_get(out, "spec");
+    json_t *tmeta = get2(json_object_get(spec, "template"), "metadata", NULL);
+    if (!out || !tmeta)
+        return json_decref(out), NULL;
+    json_object_set_new(json_object_get(out, "metadata"), "name", json_string(n));
+    json_object_set_new(spec, "replicas", json_integer(replicas));
+    json_object_set_new(get2(spec, "selector", "matchLabels"), REC_INSTANCE, json_string(n));
+    json_object_set_new(json_object_get(tmeta, "labels"), REC_INSTANCE, json_string(n));
+    json_t *vols = get2(get2(json_object_get(spec, "template"), "spec", NULL), "volumes", NULL);
+    for (size_t i = 0; i < json_array_size(vols); i++) { /* its own copy of the new configuration */
+        json_t *v = json_array_get(vols, i);
+        if (!strcmp(json_string_value(json_object_get(v, "name")) ?: "", "config"))
+            json_object_set_new(json_object_get(v, "configMap"), "name", json_string(cm));
+    }
+    return out;
 }
 
 /* At most one pod down at a time in voluntary disruptions (node drains),

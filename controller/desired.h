@@ -23,13 +23,17 @@
 
 #define DES_CONFIG_DIR "/etc/llm-server"
 #define DES_CONFIG_HASH "llmk8s.io/config-hash"
+/* on Deployments: the revision (hash) of their pod template */
+#define DES_TEMPLATE_ANN "llmk8s.io/template-hash"
 
 json_t *des_configmap(json_t *llmd, char *msg, size_t mn);
 json_t *des_deployment(json_t *llmd, const char *config_hash, char *msg, size_t mn);
 /* The Service NAME clients call: the llm-server pods, or the llm-router
  * pods when spec.router.enabled. */
 json_t *des_service(json_t *llmd);
+/* spec.router.enabled, or a canary (whose split the router makes). */
 int des_router_enabled(json_t *llmd);
+int des_canary_enabled(json_t *llmd);
 #define DES_ROUTER_PORT 8000
 /* With the router: NAME-router Deployment, its ServiceAccount/Role/
  * RoleBinding (which 0..2: EndpointSlices read access in the namespace),
@@ -38,6 +42,15 @@ json_t *des_router(json_t *llmd);
 json_t *des_router_rbac(json_t *llmd, int which);
 json_t *des_backend_service(json_t *llmd);
 json_t *des_pdb(json_t *llmd);
+
+/* A canary revision beside the stable one (spec.canary): NAME-router, the
+ * ConfigMap whose canaryWeight the routers follow; NAME-canary-config,
+ * NAME-canary (the new revision's Deployment, from the desired one, its
+ * pods labelled instance NAME-canary) and NAME-canary-backends. */
+json_t *des_router_weight(json_t *llmd, int weight);
+json_t *des_canary_configmap(json_t *llmd, json_t *configmap);
+json_t *des_canary_deployment(json_t *llmd, json_t *deployment, int replicas);
+json_t *des_canary_service(json_t *llmd);
 
 /* FNV-1a of the object's canonical JSON, as 16 hex digits. */
 void des_hash(json_t *o, char out[17]);

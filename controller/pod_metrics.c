@@ -15,18 +15,6 @@ static json_t *get2(json_t *o, const char *a, const char *b)
     return json_object_get(json_object_get(o, a), b);
 }
 
-/* One pod's reading of name; 0 when it did not answer. */
-static int scrape(const char *ip, long long port, const char *name, double *out)
-{
-    char url[256], *text;
-    snprintf(url, sizeof url, "http://%s:%lld/metrics", ip, port);
-    int found = 0;
-    if (http_get(NULL, url, 1000, SCRAPE_MAX, &text) == 200)
-        *out = as_prom_value(text, name, &found);
-    free(text);
-    return found;
-}
-
 static int pod_ready(json_t *pod)
 {
     json_t *cs = get2(pod, "status", "conditions");
@@ -40,28 +28,49 @@ static int pod_ready(json_t *pod)
     return 0;
 }
 
-double pm_read_signal(kube_client *k, const char *ns, const char *instance, long long port, const char *metric,
-                      int *n_pods)
+int pm_scrape_each(kube_client *k, const char *ns, const char *instance, long long port, pm_text_fn fn, void *ctx)
 {
     char path[768];
     snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" REC_INSTANCE "%%3D%s", ns, instance);
     json_t *pods = NULL;
-    *n_pods = 0;
     if (kube_request(k, "GET", path, NULL, NULL, &pods, NULL))
-        return -1;
-    double sum = 0;
+        return 0;
+    int n = 0;
     json_t *items = json_object_get(pods, "items");
     for (size_t i = 0; i < json_array_size(items); i++) {
         json_t *p = json_array_get(items, i);
         const char *ip = json_string_value(get2(p, "status", "podIP"));
-        double v = 0;
-        if (ip && pod_ready(p) && !get2(p, "metadata", "deletionTimestamp") &&
-            scrape(ip, port, as_metric_name(metric), &v)) {
-            sum += v;
-            (*n_pods)++;
-        }
+        char url[256], *text = NULL;
+        if (!ip || !pod_ready(p) || get2(p, "metadata", "deletionTimestamp"))
+            continue;
+        snprintf(url, sizeof url, "http://%s:%lld/metrics", ip, port);
+        if (http_get(NULL, url, 1000, SCRAPE_MAX, &text) == 200 && fn(ctx, text))
+            n++;
+        free(text);
     }
     json_decref(pods);
-    return *n_pods ? sum / *n_pods : -1;
+    return n;
 }
 
+typedef struct signal_sum {
+    const char *name;
+    double sum;
+} signal_sum;
+
+static int add_signal(void *ctx, const char *text)
+{
+    signal_sum *s = ctx;
+    int found = 0;
+    double v = as_prom_value(text, s->name, &found);
+    if (found)
+        s->sum += v;
+    return found;
+}
+
+double pm_read_signal(kube_client *k, const char *ns, const char *instance, long long port, const char *metric,
+                      int *n_pods)
+{
+    signal_sum s = {as_metric_name(metric), 0};
+    *n_pods = pm_scrape_each(k, ns, instance, port, add_signal, &s);
+    return *n_pods ? s.sum / *n_pods : -1;
+}

@@ -1,6 +1,7 @@
-/* pod_metrics.h - a serving signal (llm_requests_waiting, KV usage,
- * tokens/s) read off the /metrics of an LLMDeployment's ready pods, for
- * the built-in autoscaler.
+/* pod_metrics.h - the /metrics of a set of ready pods: a serving signal
+ * (llm_requests_waiting, KV usage, tokens/s) of an LLMDeployment's
+ * llm-server pods for the built-in autoscaler, or each router pod's whole
+ * text for the canary analysis.
  *
  * Thread-safety: reentrant; one list request and one HTTP GET (1 s
  * budget, 4 MiB at most) per ready pod. */
@@ -11,6 +12,11 @@
 
 /* The mean of metric (an autoscaling signal name: queueDepth, ...) over the
  * ready pods of instance that answered (*n_pods of them); -1 when none did. */
+/* Calls fn with each ready pod's /metrics text (borrowed for the call);
+ * fn returns 1 when the text was of use. Returns how many were. */
+typedef int (*pm_text_fn)(void *ctx, const char *text);
+int pm_scrape_each(kube_client *k, const char *ns, const char *instance, long long port, pm_text_fn fn, void *ctx);
+
 double pm_read_signal(kube_client *k, const char *ns, const char *instance, long long port, const char *metric,
                       int *n_pods);
 

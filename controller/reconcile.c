@@ -5,14 +5,14 @@
 
 #include "autoscale.h"
 #include "desired.h"
+#include "kube_apply.h"
 #include "kube_event.h"
 #include "pod_diag.h"
 #include "pod_metrics.h"
 #include "reconcile.h"
+#include "rollout.h"
 
 #define API "/apis/llmk8s.io/v1alpha1"
-#define HASH_ANN "llmk8s.io/desired-hash"
-#define TEMPLATE_ANN "llmk8s.io/template-hash"
 
 static json_t *get2(json_t *o, const char *a, const char *b)
 {
@@ -25,40 +25,6 @@ static const char *ann(json_t *o, const char *key)
     return json_string_value(json_object_get(get2(o, "metadata", "annotations"), key));
 }
 
-/* What apply did. */
-typedef enum applied { SAME, CREATED, UPDATED } applied;
-
-/* Creates the child or merges it in unless it already carries the desired
- * hash; *old (may be NULL) gets the object as it was before (NULL when
- * created). */
-static llm_status apply(kube_client *k, const char *coll, json_t *want, applied *did, json_t **old, llm_error *err)
-{
-    char hash[17], path[1024];
-    des_hash(want, hash);
-    json_object_set_new(get2(want, "metadata", "annotations"), HASH_ANN, json_string(hash));
-    snprintf(path, sizeof path, "%s/%s", coll, json_string_value(get2(want, "metadata", "name")));
-    json_t *cur = NULL;
-    *did = SAME;
-    llm_status st = kube_request(k, "GET", path, NULL, NULL, &cur, err);
-    if (st == LLM_ERR_NOT_FOUND) {
-        *did = CREATED;
-        return kube_request(k, "POST", coll, want, NULL, NULL, err);
-    }
-    if (st)
-        return st;
-    const char *have = ann(cur, HASH_ANN);
-    if (!have || strcmp(have, hash)) { /* merge, at the version read: a conflict is retried */
-        json_object_set(json_object_get(want, "metadata"), "resourceVersion", get2(cur, "metadata", "resourceVersion"));
-        st = kube_request(k, "PATCH", path, want, "application/merge-patch+json", NULL, err);
-        *did = UPDATED;
-    }
-    if (old)
-        *old = cur;
-    else
-        json_decref(cur);
-    return st;
-}
-
 /* ---- children ------------------------------------------------------------------ */
 
 typedef struct children {
@@ -68,10 +34,12 @@ typedef struct children {
     as_config as;
     int autoscaled;          /* the built-in autoscaler set the replicas */
     json_t *as_state;        /* its new state, for status.autoscaling */
+    rollout ro;              /* spec.canary */
 } children;
 
 static void children_free(children *c)
 {
+    ro_free(&c->ro);
     json_decref(c->router);
     json_decref(c->backends);
     for (int i = 0; i < 3; i++) json_decref(c->rrbac[i]);
@@ -96,7 +64,10 @@ static void autoscale(kube_client *k, json_t *d, children *c)
     json_t *dep = NULL, *prev = get2(d, "status", "autoscaling");
     int current = json_is_integer(get2(prev, "desiredReplicas", NULL)) ? (int)json_integer_value(get2(prev, "desiredReplicas", NULL))
                   : (int)json_integer_value(json_object_get(spec, "replicas"));
-    if (kube_request(k, "GET", dpath, NULL, NULL, &dep, NULL) == LLM_OK)
+    const char *cphase = json_string_value(get2(get2(d, "status", "canary"), "phase", NULL));
+    int split = cphase && (!strcmp(cphase, "Starting") || !strcmp(cphase, "Progressing") || !strcmp(cphase, "Paused") ||
+                           !strcmp(cphase, "Promoting")); /* the Deployment holds only the stable share */
+    if (!split && kube_request(k, "GET", dpath, NULL, NULL, &dep, NULL) == LLM_OK)
         current = (int)json_integer_value(get2(json_object_get(dep, "spec"), "replicas", NULL));
     json_decref(dep);
     int n = 0;
@@ -130,7 +101,11 @@ static llm_status build(kube_client *k, json_t *d, children *c, llm_error *err)
     if (!(c->dep = des_deployment(d, cfg_hash, msg, sizeof msg)))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg);
     des_hash(get2(json_object_get(c->dep, "spec"), "template", NULL), c->template_hash);
-    json_object_set_new(get2(c->dep, "metadata", "annotations"), TEMPLATE_ANN, json_string(c->template_hash));
+    json_object_set_new(get2(c->dep, "metadata", "annotations"), DES_TEMPLATE_ANN, json_string(c->template_hash));
+    st = ro_plan(k, d, c->template_hash, (int)json_integer_value(get2(json_object_get(c->dep, "spec"), "replicas", NULL)),
+                 c->cm, c->dep, &c->ro, err);
+    if (st)
+        return st;
     if (!(c->svc = des_service(d)) || !(c->pdb = des_pdb(d)))
         return llm_errf(err, LLM_ERR_NOMEM, "cannot build the Service or PodDisruptionBudget");
     if (des_router_enabled(d)) {
@@ -144,37 +119,23 @@ static llm_status build(kube_client *k, json_t *d, children *c, llm_error *err)
 }
 
 /* Events for what changed in the Deployment. */
-static void deployment_events(kube_client *k, json_t *d, applied did, json_t *old, json_t *want, int autoscaled)
+static void deployment_events(kube_client *k, json_t *d, kube_applied did, json_t *old, json_t *want, int autoscaled)
 {
     const char *name = json_string_value(get2(want, "metadata", "name"));
-    if (did == CREATED) {
+    if (did == KUBE_CREATED) {
         kube_event(k, d, "Normal", "Created", "created Deployment, ConfigMap, Service and PodDisruptionBudget %s", name);
         return;
     }
-    if (did != UPDATED || !old)
+    if (did != KUBE_UPDATED || !old)
         return;
     json_int_t was = json_integer_value(get2(json_object_get(old, "spec"), "replicas", NULL));
     json_int_t now = json_integer_value(get2(json_object_get(want, "spec"), "replicas", NULL));
     if (was != now && !autoscaled) /* the autoscaler posts its own, with the reason */
         kube_event(k, d, "Normal", "Scaled", "scaled from %lld to %lld replicas", (long long)was, (long long)now);
-    const char *t0 = ann(old, TEMPLATE_ANN), *t1 = ann(want, TEMPLATE_ANN);
+    const char *t0 = ann(old, DES_TEMPLATE_ANN), *t1 = ann(want, DES_TEMPLATE_ANN);
     if (!t0 || !t1 || strcmp(t0, t1))
         kube_event(k, d, "Normal", "RollingUpdate", "rolling the pods to revision %.10s (was %.10s)", t1 ? t1 : "?",
                    t0 ? t0 : "?");
-}
-
-/* Deletes path when it is one of ours (a child no longer wanted). */
-static llm_status remove_if_ours(kube_client *k, const char *path, llm_error *err)
-{
-    json_t *cur = NULL;
-    llm_status st = LLM_OK;
-    if (kube_request(k, "GET", path, NULL, NULL, &cur, NULL) == LLM_OK) {
-        const char *by = json_string_value(json_object_get(get2(cur, "metadata", "labels"), REC_MANAGED_BY));
-        if (by && !strcmp(by, REC_CONTROLLER))
-            st = kube_request(k, "DELETE", path, NULL, NULL, NULL, err);
-    }
-    json_decref(cur);
-    return st == LLM_ERR_NOT_FOUND ? LLM_OK : st;
 }
 
 /* The router and what it needs, or their removal when turned off. */
@@ -187,25 +148,25 @@ static llm_status apply_router(kube_client *k, json_t *d, children *c, llm_error
     snprintf(svcs, sizeof svcs, "/api/v1/namespaces/%s/services", ns);
     if (!c->router) {
         snprintf(path, sizeof path, "%s/%s-router", deps, name);
-        llm_status st = remove_if_ours(k, path, err);
+        llm_status st = kube_remove_ours(k, path, err);
         snprintf(path, sizeof path, "%s/%s-backends", svcs, name);
-        return st ? st : remove_if_ours(k, path, err);
+        return st ? st : kube_remove_ours(k, path, err);
     }
     static const char *const colls[3] = {"/api/v1/namespaces/%s/serviceaccounts",
                                          "/apis/rbac.authorization.k8s.io/v1/namespaces/%s/roles",
                                          "/apis/rbac.authorization.k8s.io/v1/namespaces/%s/rolebindings"};
-    applied did;
+    kube_applied did;
     llm_status st = LLM_OK;
     for (int i = 0; i < 3 && !st; i++) {
         char coll[512];
         snprintf(coll, sizeof coll, colls[i], ns);
-        st = apply(k, coll, c->rrbac[i], &did, NULL, err);
+        st = kube_apply(k, coll, c->rrbac[i], &did, NULL, err);
     }
     if (!st)
-        st = apply(k, svcs, c->backends, &did, NULL, err);
+        st = kube_apply(k, svcs, c->backends, &did, NULL, err);
     if (!st)
-        st = apply(k, deps, c->router, &did, NULL, err);
-    if (!st && did == CREATED)
+        st = kube_apply(k, deps, c->router, &did, NULL, err);
+    if (!st && did == KUBE_CREATED)
         kube_event(k, d, "Normal", "Created", "created llm-router %s-router in front of the pods", name);
     return st;
 }
@@ -218,25 +179,27 @@ static llm_status apply_children(kube_client *k, json_t *d, children *c, llm_err
     snprintf(deps, sizeof deps, "/apis/apps/v1/namespaces/%s/deployments", ns);
     snprintf(svcs, sizeof svcs, "/api/v1/namespaces/%s/services", ns);
     snprintf(pdbs, sizeof pdbs, "/apis/policy/v1/namespaces/%s/poddisruptionbudgets", ns);
-    applied did;
+    kube_applied did;
     json_t *old = NULL;
-    llm_status st = apply(k, cms, c->cm, &did, NULL, err);
-    if (!st && !(st = apply(k, deps, c->dep, &did, &old, err)))
+    llm_status st = c->ro.keep_config ? LLM_OK : kube_apply(k, cms, c->cm, &did, NULL, err);
+    if (!st) /* before the stable Deployment: the weight moves before its pods do */
+        st = ro_apply(k, d, &c->ro, err);
+    if (!st && !(st = kube_apply(k, deps, c->dep, &did, &old, err)))
         deployment_events(k, d, did, old, c->dep, c->autoscaled);
     json_decref(old);
     if (!st)
-        st = apply(k, svcs, c->svc, &did, NULL, err);
+        st = kube_apply(k, svcs, c->svc, &did, NULL, err);
     if (!st)
-        st = apply(k, pdbs, c->pdb, &did, NULL, err);
+        st = kube_apply(k, pdbs, c->pdb, &did, NULL, err);
     char hpas[512], hpa[1024];
     snprintf(hpas, sizeof hpas, "/apis/autoscaling/v2/namespaces/%s/horizontalpodautoscalers", ns);
     snprintf(hpa, sizeof hpa, "%s/%s", hpas, json_string_value(get2(d, "metadata", "name")));
     if (!st && c->hpa) {
-        st = apply(k, hpas, c->hpa, &did, NULL, err);
-        if (!st && did == CREATED)
+        st = kube_apply(k, hpas, c->hpa, &did, NULL, err);
+        if (!st && did == KUBE_CREATED)
             kube_event(k, d, "Normal", "Created", "created HorizontalPodAutoscaler on %s", c->as.metric);
     } else if (!st) { /* autoscaling off or built-in: an HPA of ours would fight it */
-        st = remove_if_ours(k, hpa, err);
+        st = kube_remove_ours(k, hpa, err);
     }
     return st ? st : apply_router(k, d, c, err);
 }
@@ -271,7 +234,7 @@ static json_t *old_condition(json_t *d, const char *type)
 static void judge(kube_client *k, json_t *d, json_t *dep, verdict *v)
 {
     json_t *ds = json_object_get(dep, "status");
-    json_int_t want = json_integer_value(get2(json_object_get(d, "spec"), "replicas", NULL));
+    json_int_t want = json_integer_value(get2(json_object_get(dep, "spec"), "replicas", NULL)); /* autoscaled, canary share */
     json_int_t have = json_integer_value(json_object_get(ds, "replicas"));
     json_int_t ready = json_integer_value(json_object_get(ds, "readyReplicas"));
     json_int_t updated = json_integer_value(json_object_get(ds, "updatedReplicas"));
@@ -368,11 +331,28 @@ static void status_events(kube_client *k, json_t *d, const verdict *v)
         kube_event(k, d, "Normal", "Ready", "%s", v->message);
 }
 
+/* o without its null members, at any depth (a merge patch's nulls delete
+ * keys, so the stored status never has them). New reference. */
+static json_t *without_nulls(json_t *o)
+{
+    if (!json_is_object(o))
+        return json_incref(o);
+    json_t *out = json_object();
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v)
+        if (!json_is_null(v))
+            json_object_set_new(out, key, without_nulls(v));
+    return out;
+}
+
 static llm_status update_status(kube_client *k, const char *path, json_t *d, json_t *want, llm_error *err)
 {
     keep_transition_times(d, want);
-    json_t *cur = json_object_get(d, "status");
-    if (cur && json_equal(cur, want))
+    json_t *cur = json_object_get(d, "status"), *cmp = without_nulls(want);
+    int same = cur && cmp && json_equal(cur, cmp);
+    json_decref(cmp);
+    if (same)
         return LLM_OK;
     char sp[1100];
     snprintf(sp, sizeof sp, "%s/status", path);
@@ -380,6 +360,25 @@ static llm_status update_status(kube_client *k, const char *path, json_t *d, jso
     llm_status st = kube_request(k, "PATCH", sp, patch, "application/merge-patch+json", NULL, err);
     json_decref(patch);
     return st;
+}
+
+/* status.canary and its conditions; null members remove what a canary
+ * that is gone left behind. */
+static void canary_status(json_t *d, const rollout *ro, json_t *status)
+{
+    const char *phase = json_string_value(json_object_get(ro->state, "phase"));
+    int live = phase && (!strcmp(phase, "Starting") || !strcmp(phase, "Progressing") || !strcmp(phase, "Paused") ||
+                         !strcmp(phase, "Promoting"));
+    if (ro->state) {
+        json_object_set(status, "canary", ro->state);
+        ro_conditions(ro, json_object_get(status, "conditions"), json_integer_value(get2(d, "metadata", "generation")));
+    } else if (get2(d, "status", "canary")) {
+        json_object_set_new(status, "canary", json_null());
+    }
+    char rev[11];
+    snprintf(rev, sizeof rev, "%.10s", json_string_value(json_object_get(ro->state, "revision")) ?: "");
+    json_object_set_new(status, "canaryRevision", live ? json_string(rev) : json_null());
+    json_object_set_new(status, "canaryWeight", ro->state ? json_integer(ro->weight) : json_null());
 }
 
 /* A spec the API server refused for a child: say so in the status. */
@@ -420,15 +419,19 @@ llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, doubl
     verdict v;
     if (!st) {
         judge(k, d, dep, &v);
-        if (!(status = status_of(d, &v, c.template_hash, dep)))
+        if (!(status = status_of(d, &v, c.ro.state ? c.ro.stable_rev : c.template_hash, dep)))
             st = llm_errf(err, LLM_ERR_NOMEM, "%s/%s: cannot build the status", ns, name);
         else if (c.as_state)
             json_object_set(status, "autoscaling", c.as_state);
+        if (status)
+            canary_status(d, &c.ro, status);
     }
     if (!st && !(st = update_status(k, path, d, status, err)))
         status_events(k, d, &v);
     if (!st && !v.ready)
         *requeue_s = 5; /* not ready: look again for progress or failure (nothing polls at rest) */
+    if (!st && c.ro.requeue_s > 0 && (*requeue_s == 0 || c.ro.requeue_s < *requeue_s))
+        *requeue_s = c.ro.requeue_s; /* the canary's analysis interval */
     if (!st && c.autoscaled && (*requeue_s == 0 || c.as.interval_s < *requeue_s))
         *requeue_s = c.as.interval_s; /* the autoscaler reads its signal every interval */
 out:

@@ -1,13 +1,15 @@
 /* fuzz_llmd.c - libFuzzer target for llm-controller's desired state: any
  * JSON as an LLMDeployment's spec (the API server guarantees only the
  * metadata; a schema can be changed or bypassed) must give children or a
- * clear refusal, never a crash, leak or UB (ASan + UBSan). Also Kubernetes
- * quantities from arbitrary text. */
+ * clear refusal, never a crash, leak or UB (ASan + UBSan); the same for the
+ * canary's configuration and objects. Also Kubernetes quantities and the
+ * canary analysis's reading of router /metrics from arbitrary text. */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "canary.h"
 #include "desired.h"
 
 static void check(json_t *o)
@@ -27,6 +29,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     long long q = des_quantity(text);
     if (q < -1)
         abort();
+    cn_sample smp = {0}, win;
+    cn_sample_add(&smp, text);
+    cn_sample_add(&smp, text);
+    cn_sample_diff(&smp, &(cn_sample){0}, &win);
+    if (win.n_le > CN_MAX_BUCKETS)
+        abort();
+    json_t *sj = cn_sample_to_json(&smp);
+    cn_sample back;
+    if (sj && !cn_sample_from_json(sj, &back))
+        abort(); /* what it writes, it reads */
+    json_decref(sj);
     json_t *spec = json_loadb((const char *)data, size, JSON_DECODE_ANY, NULL);
     free(text);
     if (!spec)
@@ -46,9 +59,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     json_t *dep = des_deployment(d, "0123456789abcdef", msg, sizeof msg);
     if (!dep && !msg[0])
         abort();
-    check(dep);
     check(des_service(d));
     check(des_pdb(d));
+    cn_config cn;
+    llm_error err = {0};
+    if (cn_config_from_spec(spec, &cn, &err) != LLM_OK && !err.msg[0])
+        abort();
+    if (cn.enabled && cn.n_steps > 0) {
+        cn_analysis a;
+        cn_analyse(&cn, &win, &a);
+        (void)cn_decide(&cn, 0, 1e9, a.verdict, 0);
+    }
+    if (dep && des_canary_enabled(d)) {
+        check(des_canary_deployment(d, dep, 2));
+        check(des_router(d));
+        check(des_router_weight(d, 50));
+    }
+    check(dep);
     json_decref(d);
     return 0;
 }

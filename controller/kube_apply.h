@@ -1,0 +1,28 @@
+/* kube_apply.h - desired children written to the API server: created when
+ * missing, merged in (at the version read, so a conflict is retried) when
+ * their content changed, left alone when not - a hash of the desired
+ * object is kept in an annotation, so an unchanged spec writes nothing -
+ * and deleted again only when they carry llm-controller's managed-by
+ * label.
+ *
+ * Ownership: want is borrowed (its hash annotation is added in place);
+ * *old, when asked for, is a new reference for the caller. Thread-safety:
+ * as the client's. */
+#ifndef KUBE_APPLY_H
+#define KUBE_APPLY_H
+
+#include "kube_client.h"
+
+#define KUBE_HASH_ANN "llmk8s.io/desired-hash"
+
+typedef enum kube_applied { KUBE_SAME, KUBE_CREATED, KUBE_UPDATED } kube_applied;
+
+/* coll: the collection path (".../namespaces/x/deployments"); want must
+ * have metadata.name and metadata.annotations. old may be NULL; *old is
+ * the object as it was (NULL when created). */
+llm_status kube_apply(kube_client *k, const char *coll, json_t *want, kube_applied *did, json_t **old, llm_error *err);
+
+/* Deletes path when the object is ours; LLM_OK when gone or not ours. */
+llm_status kube_remove_ours(kube_client *k, const char *path, llm_error *err);
+
+#endif

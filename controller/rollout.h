@@ -1,0 +1,75 @@
+/* rollout.h - canary upgrades of an LLMDeployment (spec.canary).
+ *
+ * When the pod template's revision (its hash) changes and spec.canary is
+ * set, the stable Deployment keeps its template and the new revision runs
+ * beside it as NAME-canary; llm-router (which a canary turns on) sends it
+ * the weight of the current step, read from the NAME-router ConfigMap.
+ * Every analysis interval the controller reads the routers' per-revision
+ * counters (canary.h), compares the window since the step began, and
+ * holds, moves to the next step, promotes or rolls back. Promotion scales
+ * the canary to the full replica count, sends it all traffic, rolls the
+ * stable Deployment to the new template (a rolling update, lossless), then
+ * returns the traffic and removes the canary. Rollback sets the weight to
+ * 0 and removes the canary; the rolled-back revision is remembered, so
+ * the same spec does not start it again.
+ *
+ * State lives in status.canary (so a new leader continues): revision,
+ * stableRevision, phase (Starting, Progressing, Paused, Promoting,
+ * Promoted, RolledBack), step, weight, stepStartTime, window (the counters
+ * at the step's start), lastAnalysis, rolledBackRevision, signal, message.
+ *
+ * kubectl's levers, the annotation llmk8s.io/canary-action: pause (holds
+ * the step; failures still roll back), resume, promote, abort; the
+ * controller removes resume/promote/abort once done.
+ *
+ * Ownership: ro_plan fills a caller-owned struct whose JSON members are
+ * new references (ro_free). Thread-safety: as the client's. */
+#ifndef ROLLOUT_H
+#define ROLLOUT_H
+
+#include <jansson.h>
+
+#include "canary.h"
+#include "kube_client.h"
+
+#define RO_ACTION_ANN "llmk8s.io/canary-action"
+
+typedef enum ro_mode {
+    RO_NONE,        /* no canary: the stable Deployment follows the spec */
+    RO_CANARY,      /* both revisions run; the stable keeps its template */
+    RO_ROLLED_BACK, /* the spec's revision failed: the stable keeps its template */
+    RO_PROMOTING    /* all traffic on the canary while the stable rolls to it */
+} ro_mode;
+
+typedef struct rollout {
+    cn_config cn;
+    ro_mode mode;
+    int weight;              /* the routers' canary share */
+    char stable_rev[17];     /* what the stable pods run */
+    json_t *state;           /* status.canary; NULL without spec.canary */
+    json_t *weight_cm;       /* NAME-router (with spec.canary) */
+    json_t *canary_cm, *canary_dep, *canary_svc; /* NULL: none wanted */
+    int keep_config;         /* NAME-config keeps its data (the stable's) */
+    double requeue_s;        /* > 0: look again after this long */
+} rollout;
+
+/* Decides the canary's next state from status.canary, the stable and
+ * canary Deployments and (while it is analysed) the routers' metrics.
+ * new_rev: the desired template's revision; total: the replicas wanted in
+ * all; cm, dep: the desired ConfigMap and Deployment, dep rewritten in
+ * place to keep the stable template and take the stable share of pods.
+ * LLM_ERR_INVALID_ARG when spec.canary is unusable. */
+llm_status ro_plan(kube_client *k, json_t *d, const char *new_rev, int total, json_t *cm, json_t *dep, rollout *ro,
+                   llm_error *err);
+
+/* Writes the routers' weight, then the canary's objects, or removes them
+ * when none are wanted. */
+llm_status ro_apply(kube_client *k, json_t *d, rollout *ro, llm_error *err);
+
+/* Conditions CanaryProgressing, CanaryPromoted and CanaryRolledBack
+ * (only with spec.canary), appended to conds. */
+void ro_conditions(const rollout *ro, json_t *conds, json_int_t generation);
+
+void ro_free(rollout *ro);
+
+#endif

@@ -1,0 +1,225 @@
+"""Canary upgrades end to end on kubesim, with real llm-server pods, the
+real llm-router in front (spec.canary turns it on) and a client looping
+streamed completions through the official openai package:
+
+- a good new revision advances through its steps - the split the client
+  observes (X-Revision) is within 5 points of each step's weight - and is
+  promoted: the stable Deployment then runs it and the canary is gone; the
+  client never sees a failed request;
+- a bad new revision (a share of its requests answered 500) is rolled back
+  within an analysis interval, the condition naming the failing signal; the
+  client never sees a failure (the router retries on stable) and the
+  stable pods are never touched; the same spec does not start it again;
+- kubectl's levers (the llmk8s.io/canary-action annotation): pause holds,
+  resume continues, abort rolls back, promote promotes."""
+import datetime
+import json
+import shutil
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from test_kubesim import wait_for
+from test_operator import Cluster
+
+openai = pytest.importorskip("openai")
+
+CANARY = """  router: {{image: llm-router:test, replicas: 1}}
+  canary:
+    steps: {steps}
+    intervalSeconds: 2
+    analysis: {{minRequests: 10}}
+{server}"""
+
+
+def spec(steps, server=""):
+    return CANARY.format(steps=json.dumps(steps), server=server)
+
+
+def router_weight(ip):
+    text = urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=5).read().decode()
+    return next(int(float(line.split()[1])) for line in text.splitlines()
+                if line.startswith("llm_router_canary_weight "))
+
+
+class Client:
+    """Streams completions through the router, one after another, noting
+    for each the router's canary weight (read before and after: requests
+    that straddle a change are not counted) and the revision that answered."""
+
+    def __init__(self, router_ip):
+        self.ip, self.seen, self.failures, self.stop = router_ip, [], [], threading.Event()
+        self.oa = openai.OpenAI(base_url=f"http://{router_ip}:8000/v1", api_key="none", max_retries=0, timeout=30)
+        self.th = threading.Thread(target=self.loop, daemon=True)
+        self.th.start()
+
+    def loop(self):
+        while not self.stop.is_set():
+            try:
+                w0 = router_weight(self.ip)
+                raw = self.oa.completions.with_raw_response.create(model="story", prompt="Once upon a time",
+                                                                   max_tokens=6, stream=True, temperature=0)
+                text = "".join(ch.choices[0].text for ch in raw.parse() if ch.choices)
+                rev = raw.headers.get("x-revision")
+                if not text or rev not in ("stable", "canary"):
+                    self.failures.append(f"empty answer or revision {rev!r}")
+                elif router_weight(self.ip) == w0:
+                    self.seen.append((w0, rev))
+            except Exception as e:  # noqa: BLE001 - any failure counts
+                self.failures.append(repr(e))
+                time.sleep(0.1)
+
+    def finish(self):
+        self.stop.set()
+        self.th.join(timeout=60)
+
+    def share(self, weight):
+        revs = [r for w, r in self.seen if w == weight]
+        return len(revs), (100.0 * revs.count("canary") / len(revs) if revs else None)
+
+
+@pytest.fixture()
+def cluster(tmp_path, models):
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    c = Cluster(tmp_path, models("tiny", "Q8_0"))
+    try:
+        yield c
+    finally:
+        rcs = c.close()
+        logs = "".join((tmp_path / f"controller-{i}.log").read_text() for i in range(len(rcs)))
+        assert all(rc == 0 for rc in rcs), logs
+
+
+def canary(c):
+    return c.status().get("canary") or {}
+
+
+def wait_phase(c, phases, timeout):
+    """Waits for status.canary.phase in phases; on a timeout the error
+    shows the whole status (the analysis says why)."""
+    phases = (phases,) if isinstance(phases, str) else phases
+    try:
+        wait_for(lambda: canary(c).get("phase") in phases, timeout)
+    except AssertionError:
+        raise AssertionError(f"canary not {phases} in {timeout} s: {json.dumps(c.status(), indent=1)}") from None
+
+
+def start(c, extra):
+    c.controller()
+    c.apply(replicas=1, extra=extra)
+    wait_for(lambda: c.status().get("phase") == "Ready", 90)
+    wait_for(lambda: c.ready_ips("story-backends"), 60)
+    ip = wait_for(lambda: c.ready_ips("story"), 60)[0]
+    wait_for(lambda: router_weight(ip) == 0, 30)
+    return ip
+
+
+def events(c):
+    return c.k("describe", "llmd", "story").stdout
+
+
+def test_good_canary_steps_and_promotes(cluster):
+    c = cluster
+    steps = [{"weight": 30, "pause": 8}, {"weight": 70, "pause": 8}]
+    ip = start(c, spec(steps))
+    stable_pods = c.ready_ips("story-backends")
+    rev0 = c.status()["stableRevision"]
+    client = Client(ip)
+    try:
+        time.sleep(2)
+        c.apply(replicas=1, seqs=9, extra=spec(steps))  # engine setting: a new revision
+        wait_phase(c, ("Starting", "Progressing"), 30)
+        assert c.status()["canaryRevision"] != rev0
+        wait_for(lambda: c.status().get("canaryWeight") == 30, 60)
+        assert c.cond("CanaryProgressing")["status"] == "True"
+        wait_phase(c, "Promoted", 120)
+        time.sleep(1)
+    finally:
+        client.finish()
+    assert client.failures == [], client.failures[:5]
+    for w in (30, 70):
+        n, share = client.share(w)
+        assert n >= 20 and abs(share - w) <= 5, (w, n, share)
+    n0, share0 = client.share(0)
+    assert n0 >= 5 and share0 == 0
+    st = c.status()
+    assert st["stableRevision"] != rev0 and st["stableRevision"] == st["canary"]["revision"][:10]
+    assert st["canaryWeight"] == 0 and not st.get("canaryRevision")
+    assert c.cond("CanaryPromoted")["status"] == "True" and c.cond("CanaryProgressing")["status"] == "False"
+    assert c.cond("CanaryRolledBack")["status"] == "False"
+    wait_for(lambda: c.get("deployment", "story-canary") is None, 30)
+    dep = c.get("deployment", "story")
+    assert dep["metadata"]["annotations"]["llmk8s.io/template-hash"] == st["canary"]["revision"]
+    assert "max_seqs: 9" in c.get("configmap", "story-config")["data"]["config.yaml"]
+    wait_for(lambda: set(c.ready_ips("story-backends")).isdisjoint(stable_pods) and c.ready_ips("story-backends"), 60)
+    assert router_weight(ip) == 0
+    ev = events(c)
+    for reason in ("CanaryStarted", "CanaryStep", "CanaryPromoting", "CanaryPromoted"):
+        assert reason in ev, ev
+
+
+def test_bad_canary_rolls_back_on_its_signal(cluster):
+    c = cluster
+    steps = [{"weight": 50, "pause": 600}]
+    ip = start(c, spec(steps))
+    stable_pods = c.ready_ips("story-backends")
+    rev0 = c.status()["stableRevision"]
+    client = Client(ip)
+    try:
+        time.sleep(1)
+        c.apply(replicas=1, extra=spec(steps, '  server: {extraArgs: ["--fault-error-ratio", "0.5"]}\n'))
+        wait_phase(c, "RolledBack", 60)
+        time.sleep(1)
+    finally:
+        client.finish()
+    # from the step's start to the rollback, on the controller's clock: the
+    # 10 canary requests needed take well under a second at half the
+    # traffic, then at most one 2 s interval (timestamps are whole seconds)
+    started = canary(c)["stepStartTime"]
+    rolled = datetime.datetime.fromisoformat(c.cond("CanaryRolledBack")["lastTransitionTime"].replace("Z", "+00:00"))
+    assert 0 <= rolled.timestamp() - started <= 4, (started, rolled)
+    assert client.failures == [], client.failures[:5]
+    cond = c.cond("CanaryRolledBack")
+    assert cond["status"] == "True" and cond["reason"] == "ErrorRatio", cond
+    assert "canary error ratio" in cond["message"], cond
+    st = c.status()
+    assert st["stableRevision"] == rev0 and st["canary"]["rolledBackRevision"] == st["canary"]["revision"]
+    assert st["canaryWeight"] == 0 and st["phase"] == "Ready"
+    wait_for(lambda: c.get("deployment", "story-canary") is None, 30)
+    assert c.ready_ips("story-backends") == stable_pods  # the stable pods were never replaced
+    assert c.get("deployment", "story")["metadata"]["annotations"]["llmk8s.io/template-hash"][:10] == rev0
+    assert "ErrorRatio" in events(c)
+    time.sleep(5)  # the same spec does not start the rolled-back revision again
+    assert canary(c).get("phase") == "RolledBack" and c.get("deployment", "story-canary") is None
+
+
+def test_kubectl_levers(cluster):
+    c = cluster
+    steps = [{"weight": 20, "pause": 600}]
+    ip = start(c, spec(steps))
+    client = Client(ip)
+    annotate = lambda v: c.k("annotate", "--overwrite", "llmd", "story", f"llmk8s.io/canary-action={v}")  # noqa: E731
+    try:
+        c.apply(replicas=1, seqs=9, extra=spec(steps))
+        wait_phase(c, "Progressing", 60)
+        annotate("pause")
+        wait_phase(c, "Paused", 20)
+        assert c.cond("CanaryProgressing")["reason"] == "Paused"
+        annotate("resume")
+        wait_phase(c, "Progressing", 20)
+        wait_for(lambda: "llmk8s.io/canary-action" not in (c.get("llmd", "story")["metadata"].get("annotations") or {}), 20)
+        annotate("abort")
+        wait_phase(c, "RolledBack", 20)
+        assert c.cond("CanaryRolledBack")["reason"] == "Aborted"
+        c.apply(replicas=1, seqs=10, extra=spec(steps))  # a newer revision starts a new canary
+        wait_phase(c, "Progressing", 60)
+        annotate("promote")
+        wait_phase(c, "Promoted", 90)
+    finally:
+        client.finish()
+    assert client.failures == [], client.failures[:5]
+    assert "max_seqs: 10" in c.get("configmap", "story-config")["data"]["config.yaml"]
+    assert "llmk8s.io/canary-action" not in (c.get("llmd", "story")["metadata"].get("annotations") or {})
