@@ -47,14 +47,24 @@ llm_status as_config_from_spec(json_t *spec, as_config *c, llm_error *err)
     c->up_window_s = int_of(a, "scaleUpStabilizationSeconds", 0);
     c->down_window_s = int_of(a, "scaleDownStabilizationSeconds", 300);
     c->tolerance = num_of(a, "tolerance", 0.1);
+    c->zero_after_s = int_of(a, "scaleToZeroAfterSeconds", 300);
     double def = !strcmp(c->metric, "kvCacheUsage") ? 0.7 : !strcmp(c->metric, "tokensPerSecond") ? 100
                  : !strcmp(c->metric, "cpu") ? 80 : 4;
     c->target = num_of(a, "target", def);
     if (!c->enabled)
         return LLM_OK;
-    if (c->min < 1 || c->max < c->min)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.autoscaling: minReplicas %d and maxReplicas %d: need 1 <= min <= max",
+    if (c->min < 0 || c->max < 1 || c->max < c->min)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.autoscaling: minReplicas %d and maxReplicas %d: need 0 <= min <= max, max >= 1",
                         c->min, c->max);
+    json_t *rt = json_object_get(spec, "router");
+    int routed = json_is_true(json_object_get(rt, "enabled")) || json_is_object(json_object_get(spec, "canary"));
+    if (c->min == 0 && (c->hpa || !routed || int_of(rt, "holdSeconds", 0) < 1))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.autoscaling.minReplicas 0 needs mode builtin and spec.router "
+                                                  "(enabled, holdSeconds >= 1): requests wait in the router while the "
+                                                  "first pod starts");
+    if (c->zero_after_s < 1)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.autoscaling.scaleToZeroAfterSeconds: %d must be at least 1",
+                        c->zero_after_s);
     if (!(c->target > 0))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.autoscaling.target: %g must be above 0", c->target);
     if (!c->hpa && !strcmp(c->metric, "cpu"))
@@ -180,6 +190,51 @@ json_t *as_decide(const as_config *c, int current, double value, int n_pods, jso
     if (st && json_is_null(json_object_get(st, "lastScaleTime")))
         json_object_del(st, "lastScaleTime");
     return st;
+}
+
+/* as_decide's last decision replaced by `desired` for `why`. */
+static void override(json_t *state, int current, int desired, const char *why, double now_unix, as_decision *out)
+{
+    json_t *hist = json_object_get(state, "history");
+    if (out->changed) /* as_decide recorded a change that is not happening */
+        json_array_remove(hist, json_array_size(hist) - 1);
+    out->desired = desired;
+    out->changed = desired != current;
+    snprintf(out->reason, sizeof out->reason, "%s", why);
+    json_object_set_new(state, "desiredReplicas", json_integer(desired));
+    if (out->changed) {
+        char when[32];
+        iso_time(now_unix, when);
+        json_array_append_new(hist, json_pack("{s:s,s:i,s:i,s:s}", "time", when, "from", current, "to", desired,
+                                              "reason", why));
+        while (json_array_size(hist) > HISTORY_MAX) json_array_remove(hist, 0);
+        json_object_set_new(state, "lastScaleTime", json_string(when));
+    }
+}
+
+void as_zero(const as_config *c, int current, const as_activity *a, json_t *prev, json_t *state, double now_unix,
+             as_decision *out)
+{
+    json_t *lt = json_object_get(prev, "lastActivityTime"), *rq = json_object_get(prev, "routerRequests");
+    double last = json_is_number(lt) ? json_number_value(lt) : now_unix; /* the idle clock starts now */
+    double seen = json_is_number(rq) ? json_number_value(rq) : -1;
+    if (a->routers > 0) {
+        if (a->requests != seen || a->held > 0 || a->inflight > 0)
+            last = now_unix;
+        seen = a->requests;
+    }
+    json_object_set_new(state, "lastActivityTime", json_real(floor(last)));
+    json_object_set_new(state, "routerRequests", json_real(seen));
+    char why[200];
+    if (current == 0 && a->held > 0) {
+        snprintf(why, sizeof why, "%.0f requests held by the router: waking", a->held);
+        override(state, current, 1, why, now_unix, out);
+    } else if (current == 0) {
+        override(state, 0, 0, "scaled to zero: no request waiting", now_unix, out);
+    } else if (a->routers > 0 && a->held <= 0 && a->inflight <= 0 && now_unix - last >= c->zero_after_s) {
+        snprintf(why, sizeof why, "no request for %.0f s: scaled to zero", now_unix - last);
+        override(state, current, 0, why, now_unix, out);
+    }
 }
 
 /* ---- HPA mode ------------------------------------------------------------------------- */

@@ -4,7 +4,8 @@
  * desired = ceil(current * value / target), nothing within the tolerance,
  * scale-up to the lowest and scale-down to the highest recommendation of
  * their stabilisation windows, at most max_up_step pods added at once,
- * clamped to [min, max]. Its state (recent recommendations, the last
+ * clamped to [min, max]; optionally down to zero pods when idle, woken by
+ * the requests the router holds meanwhile. Its state (recent recommendations, the last
  * decisions) lives in the LLMDeployment's status.autoscaling, so a new
  * leader carries on where the old one stopped - no flap to min.
  *
@@ -21,7 +22,8 @@
 
 typedef struct as_config {
     int enabled, hpa;        /* hpa: mode "hpa" (a HorizontalPodAutoscaler child) */
-    int min, max, max_up_step;
+    int min, max, max_up_step; /* min 0: scale to zero (builtin mode, behind the router) */
+    int zero_after_s;        /* with min 0: idle this long before sleeping */
     char metric[32];         /* queueDepth, kvCacheUsage, tokensPerSecond, cpu */
     double target, tolerance;
     int interval_s, up_window_s, down_window_s;
@@ -49,6 +51,22 @@ typedef struct as_decision {
  * (status.autoscaling or NULL); returns the new state to store. */
 json_t *as_decide(const as_config *c, int current, double value, int n_pods, json_t *prev, double now_unix,
                   as_decision *out);
+
+/* What the routers in front saw, for scale to zero. */
+typedef struct as_activity {
+    int routers;             /* routers that answered; 0: nothing is known */
+    double held;             /* requests held now for want of a pod */
+    double requests;         /* requests proxied, all time (a change is activity) */
+    double inflight;         /* requests in flight */
+} as_activity;
+
+/* Scale to zero (min 0), after as_decide (run with min 1): a deployment at
+ * zero wakes to one pod when the routers hold requests, and one idle -
+ * no request seen, held or in flight - for zero_after_s sleeps. Rewrites
+ * out and the state as_decide returned (desiredReplicas, the last
+ * decision, lastActivityTime and routerRequests, carried from prev). */
+void as_zero(const as_config *c, int current, const as_activity *a, json_t *prev, json_t *state, double now_unix,
+             as_decision *out);
 
 /* The HorizontalPodAutoscaler (autoscaling/v2) for mode "hpa", targeting
  * the LLMDeployment's scale subresource. */

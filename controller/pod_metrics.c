@@ -1,9 +1,11 @@
 /* pod_metrics.c - a serving signal read off an LLMDeployment's ready pods'
  * /metrics; see pod_metrics.h. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "autoscale.h"
+#include "desired.h"
 #include "http_get.h"
 #include "pod_metrics.h"
 #include "reconcile.h"
@@ -73,4 +75,23 @@ double pm_read_signal(kube_client *k, const char *ns, const char *instance, long
     signal_sum s = {as_metric_name(metric), 0};
     *n_pods = pm_scrape_each(k, ns, instance, port, add_signal, &s);
     return *n_pods ? s.sum / *n_pods : -1;
+}
+
+static int add_activity(void *ctx, const char *text)
+{
+    as_activity *a = ctx;
+    int f1 = 0, f2 = 0, f3 = 0;
+    a->held += as_prom_value(text, "llm_router_held_requests", &f1);
+    a->requests += as_prom_value(text, "llm_router_revision_requests_total", &f2) +
+                   as_prom_value(text, "llm_router_held_total", &f3);
+    a->inflight += as_prom_value(text, "llm_router_backend_inflight", &f3);
+    return f1 && f2;
+}
+
+void pm_router_activity(kube_client *k, const char *ns, const char *name, as_activity *out)
+{
+    char inst[300];
+    snprintf(inst, sizeof inst, "%s-router", name);
+    memset(out, 0, sizeof *out);
+    out->routers = pm_scrape_each(k, ns, inst, DES_ROUTER_PORT, add_activity, out);
 }

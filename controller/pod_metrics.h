@@ -8,6 +8,7 @@
 #ifndef POD_METRICS_H
 #define POD_METRICS_H
 
+#include "autoscale.h"
 #include "kube_client.h"
 
 /* The mean of metric (an autoscaling signal name: queueDepth, ...) over the
@@ -19,5 +20,9 @@ int pm_scrape_each(kube_client *k, const char *ns, const char *instance, long lo
 
 double pm_read_signal(kube_client *k, const char *ns, const char *instance, long long port, const char *metric,
                       int *n_pods);
+
+/* What the llm-router pods of LLMDeployment name saw (scale to zero):
+ * requests held, proxied in all, in flight. */
+void pm_router_activity(kube_client *k, const char *ns, const char *name, as_activity *out);
 
 #endif

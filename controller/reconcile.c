@@ -74,9 +74,17 @@ static void autoscale(kube_client *k, json_t *d, children *c)
     long long port = json_integer_value(get2(json_object_get(spec, "server"), "port", NULL));
     double v = pm_read_signal(k, ns, name, port ? port : 8080, c->as.metric, &n);
     as_decision dec;
-    c->as_state = as_decide(&c->as, current, v, n, prev, (double)time(NULL), &dec);
+    as_config running = c->as; /* zero is scale to zero's call, not the signal's */
+    if (running.min < 1)
+        running.min = 1;
+    c->as_state = as_decide(&running, current, v, n, prev, (double)time(NULL), &dec);
     if (!c->as_state)
         return;
+    if (c->as.min == 0 && !split) {
+        as_activity act;
+        pm_router_activity(k, ns, name, &act);
+        as_zero(&c->as, current, &act, prev, c->as_state, (double)time(NULL), &dec);
+    }
     c->autoscaled = 1;
     json_object_set_new(spec, "replicas", json_integer(dec.desired));
     if (dec.changed)
@@ -242,10 +250,10 @@ static void judge(kube_client *k, json_t *d, json_t *dep, verdict *v)
                  json_integer_value(get2(dep, "metadata", "generation"));
     memset(v, 0, sizeof *v);
     v->ready = ready >= want && rolled && updated >= want && have == want;
-    v->phase = v->ready ? "Ready" : ready > 0 ? "Progressing" : have > 0 ? "Loading" : "Pending";
+    v->phase = v->ready ? (want == 0 ? "Idle" : "Ready") : ready > 0 ? "Progressing" : have > 0 ? "Loading" : "Pending";
     v->progressing = !v->ready;
-    snprintf(v->reason, sizeof v->reason, "%s", v->ready ? "AllReplicasReady" : ready > 0 ? "RollingUpdate"
-                                                : have > 0 ? "EngineLoading" : "WaitingForPods");
+    snprintf(v->reason, sizeof v->reason, "%s", v->ready ? (want == 0 ? "ScaledToZero" : "AllReplicasReady")
+                                                : ready > 0 ? "RollingUpdate" : have > 0 ? "EngineLoading" : "WaitingForPods");
     snprintf(v->message, sizeof v->message, "%lld of %lld replicas ready, %lld updated", (long long)ready,
              (long long)want, (long long)updated);
     if (v->ready)
@@ -291,7 +299,7 @@ static json_t *status_of(json_t *d, const verdict *v, const char *revision, json
                      json_integer_value(json_object_get(ds, "replicas")), "readyReplicas",
                      json_integer_value(json_object_get(ds, "readyReplicas")), "phase", v->phase, "selector", sel,
                      "endpoint", ep, "stableRevision", rev, "conditions",
-                     condition("Ready", v->ready, v->ready ? "AllReplicasReady" : v->reason, v->message, gen),
+                     condition("Ready", v->ready, v->reason, v->message, gen),
                      condition("Progressing", v->progressing, v->progressing ? v->reason : "RolloutComplete",
                                v->progressing ? v->message : "all replicas run the current revision", gen),
                      condition("Degraded", v->degraded, v->degraded ? v->reason : "AsExpected",
@@ -327,8 +335,8 @@ static void status_events(kube_client *k, json_t *d, const verdict *v)
     const char *why = json_string_value(json_object_get(old_condition(d, "Degraded"), "reason"));
     if (v->degraded && (!why || strcmp(why, v->reason)))
         kube_event(k, d, "Warning", v->reason, "%s", v->message);
-    else if (v->ready && (!was || strcmp(was, "Ready")))
-        kube_event(k, d, "Normal", "Ready", "%s", v->message);
+    else if (v->ready && (!was || strcmp(was, v->phase))) /* Ready, or Idle at zero pods */
+        kube_event(k, d, "Normal", v->phase, "%s", v->message);
 }
 
 /* o without its null members, at any depth (a merge patch's nulls delete

@@ -128,3 +128,65 @@ def test_hpa_mode(tmp_path, slow_model):
         wait_for(lambda: c.get("hpa", "story") is None, 30)
     finally:
         assert all(rc == 0 for rc in c.close())
+
+
+ZERO = """  router: {enabled: true, image: llm-router:test, replicas: 1, holdSeconds: 60}
+  autoscaling:
+    enabled: true
+    minReplicas: 0
+    maxReplicas: 2
+    intervalSeconds: 1
+    scaleToZeroAfterSeconds: 3
+"""
+
+
+def test_scale_to_zero_and_wake_once_per_burst(tmp_path, models):
+    """minReplicas 0 behind the router: idle for 3 s -> no pod (phase Idle);
+    a burst of four clients (official openai package, two streaming) is
+    held by the router, wakes the deployment once, and is served when the
+    pod is ready; idle again -> back to zero."""
+    openai = pytest.importorskip("openai")
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    c = Cluster(tmp_path, models("tiny", "Q8_0"))
+    try:
+        c.controller()
+        c.apply(replicas=1, extra=ZERO)
+        router = wait_for(lambda: c.ready_ips("story"), 60)[0]
+        try:
+            wait_for(lambda: c.status().get("phase") == "Idle" and replicas(c) == 0, 60)
+        except AssertionError:
+            raise AssertionError(json.dumps(c.status(), indent=1)) from None
+        wait_for(lambda: not c.ready_ips("story-backends"), 30)
+        ready = c.cond("Ready")
+        assert ready["status"] == "True" and ready["reason"] == "ScaledToZero", ready
+        oa = openai.OpenAI(base_url=f"http://{router}:8000/v1", api_key="none", max_retries=0, timeout=90)
+        results, errors = [], []
+
+        def one(stream):
+            try:
+                t0 = time.monotonic()
+                if stream:
+                    text = "".join(ch.choices[0].text for ch in oa.completions.create(
+                        model="story", prompt="Once upon a time", max_tokens=4, stream=True) if ch.choices)
+                else:
+                    text = oa.completions.create(model="story", prompt="Once upon a time", max_tokens=4).choices[0].text
+                results.append((stream, text, time.monotonic() - t0))
+            except Exception as e:  # noqa: BLE001 - any failure counts
+                errors.append(repr(e))
+        burst = [threading.Thread(target=one, args=(i % 2 == 0,)) for i in range(4)]
+        for t in burst:
+            t.start()
+        for t in burst:
+            t.join(timeout=120)
+        assert errors == [] and len(results) == 4, errors
+        assert all(text for _, text, _ in results), results
+        assert min(took for _, _, took in results) > 0.5, results  # they waited for a pod to start
+        wakes = [e["message"] for e in json.loads(c.k("get", "events", "--field-selector", "reason=Autoscaled",
+                                                         "-o", "json").stdout)["items"] if "waking" in e["message"]]
+        assert len(wakes) == 1 and "0 -> 1 replicas" in wakes[0], wakes
+        wait_for(lambda: c.status().get("phase") == "Idle" and replicas(c) == 0, 30)  # asleep again
+        hist = c.status()["autoscaling"]["history"]
+        assert [h["to"] for h in hist[-3:]] == [0, 1, 0], hist
+    finally:
+        assert all(rc == 0 for rc in c.close())

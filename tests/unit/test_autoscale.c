@@ -158,13 +158,79 @@ static void test_config_errors_and_prom(void **st)
     assert_true(as_prom_value(text, "absent", &found) == 0.0 && !found);
 }
 
+/* Scale to zero: minReplicas 0 behind a holding router. */
+static void test_scale_to_zero(void **st)
+{
+    (void)st;
+    llm_error err = {0};
+    as_config c;
+    json_t *spec = json_pack("{s:{s:b,s:i,s:i}}", "autoscaling", "enabled", 1, "minReplicas", 0, "maxReplicas", 3);
+    assert_int_equal(as_config_from_spec(spec, &c, &err), LLM_ERR_INVALID_ARG); /* no router to hold requests */
+    assert_non_null(strstr(err.msg, "minReplicas 0 needs mode builtin and spec.router"));
+    json_decref(spec);
+    spec = json_pack("{s:{s:b,s:i,s:i,s:i},s:{s:b,s:i}}", "autoscaling", "enabled", 1, "minReplicas", 0, "maxReplicas",
+                     3, "scaleToZeroAfterSeconds", 60, "router", "enabled", 1, "holdSeconds", 30);
+    assert_int_equal(as_config_from_spec(spec, &c, &err), LLM_OK);
+    json_decref(spec);
+    assert_int_equal(c.zero_after_s, 60);
+    as_config running = c;
+    running.min = 1;
+    as_decision d;
+    /* t=1000, one idle pod, the routers have seen 5 requests: the idle clock starts */
+    as_activity idle = {1, 0, 5, 0};
+    json_t *s1 = as_decide(&running, 1, 0, 1, NULL, 1000, &d);
+    as_zero(&c, 1, &idle, NULL, s1, 1000, &d);
+    assert_int_equal(d.desired, 1);
+    assert_true(json_number_value(json_object_get(s1, "lastActivityTime")) == 1000);
+    /* t=1030: a request came (6): activity at 1030 */
+    as_activity busy = {1, 0, 6, 0};
+    json_t *s2 = as_decide(&running, 1, 0, 1, s1, 1030, &d);
+    as_zero(&c, 1, &busy, s1, s2, 1030, &d);
+    assert_int_equal(d.desired, 1);
+    /* t=1089: 59 s idle: stays; t=1090: 60 s: sleeps, recorded once */
+    as_activity quiet = {1, 0, 6, 0};
+    json_t *s3 = as_decide(&running, 1, 0, 1, s2, 1089, &d);
+    as_zero(&c, 1, &quiet, s2, s3, 1089, &d);
+    assert_int_equal(d.desired, 1);
+    json_t *s4 = as_decide(&running, 1, 0, 1, s3, 1090, &d);
+    as_zero(&c, 1, &quiet, s3, s4, 1090, &d);
+    assert_int_equal(d.desired, 0);
+    assert_true(d.changed);
+    assert_non_null(strstr(d.reason, "no request for 60 s"));
+    assert_int_equal(json_integer_value(json_object_get(s4, "desiredReplicas")), 0);
+    json_t *h = json_object_get(s4, "history");
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(h, json_array_size(h) - 1), "to")), 0);
+    /* at zero, no router answering or nothing held: stays asleep, no decision recorded */
+    as_activity none = {0, 0, 0, 0};
+    json_t *s5 = as_decide(&running, 0, 0, 0, s4, 1100, &d);
+    as_zero(&c, 0, &none, s4, s5, 1100, &d);
+    assert_int_equal(d.desired, 0);
+    assert_false(d.changed);
+    assert_int_equal(json_array_size(json_object_get(s5, "history")), json_array_size(h));
+    /* three requests held: wakes to one pod */
+    as_activity held = {1, 3, 9, 0};
+    json_t *s6 = as_decide(&running, 0, 0, 0, s5, 1110, &d);
+    as_zero(&c, 0, &held, s5, s6, 1110, &d);
+    assert_int_equal(d.desired, 1);
+    assert_true(d.changed);
+    assert_non_null(strstr(d.reason, "3 requests held by the router: waking"));
+    /* in flight counts as activity even with an unchanged count */
+    as_activity streaming = {1, 0, 9, 2};
+    json_t *s7 = as_decide(&running, 1, 0, 1, s6, 1500, &d);
+    as_zero(&c, 1, &streaming, s6, s7, 1500, &d);
+    assert_int_equal(d.desired, 1);
+    assert_true(json_number_value(json_object_get(s7, "lastActivityTime")) == 1500);
+    json_t *all[] = {s1, s2, s3, s4, s5, s6, s7};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) json_decref(all[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_proportional_and_tolerance), cmocka_unit_test(test_unready_pods_and_no_reading),
         cmocka_unit_test(test_step_and_bounds),            cmocka_unit_test(test_down_window_survives_restart),
         cmocka_unit_test(test_up_window),                  cmocka_unit_test(test_history_is_bounded),
-        cmocka_unit_test(test_config_errors_and_prom),
+        cmocka_unit_test(test_config_errors_and_prom),     cmocka_unit_test(test_scale_to_zero),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
