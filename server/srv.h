@@ -7,6 +7,7 @@
 #define SRV_H
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "llm/engine.h"
@@ -14,6 +15,33 @@
 #include "srv_metrics.h"
 
 typedef enum srv_phase { SRV_LOADING = 0, SRV_READY = 1, SRV_DRAINING = 2, SRV_FAILED = 3 } srv_phase;
+
+/* A colocated canary revision (srv_canary.c): a second model and engine
+ * in this server. users counts the requests on it; it is freed once
+ * retired and unused. */
+typedef struct srv_rev {
+    llm_model *model;
+    llm_backend *backend;
+    llm_engine *engine;
+    int chat_tmpl;
+    _Atomic int users;
+    char path[4096];
+} srv_rev;
+
+/* The canary's state, under mu. */
+typedef struct srv_canary {
+    pthread_mutex_t mu;
+    srv_rev *rev;              /* loaded and taking its weight; NULL: none */
+    srv_rev *retired;          /* unloaded, freed once its requests end */
+    char path[4096], sha256[72]; /* what was asked for */
+    char state[16];            /* none, loading, ready, failed, does_not_fit */
+    char message[512];
+    int weight, split;         /* share of requests, smooth counter */
+    int loading;               /* a loader thread runs */
+    int loader_started;        /* a loader thread to join */
+    pthread_t loader;
+    unsigned long gen;         /* bumped by each request: a stale load is dropped */
+} srv_canary;
 
 typedef struct srv {
     srv_config cfg;
@@ -31,6 +59,7 @@ typedef struct srv {
     srv_metrics metrics;
     char **keys;               /* API keys, NULL when open */
     int n_keys;
+    srv_canary canary;         /* colocated canary (admin_token) */
 } srv;
 
 /* An API error: HTTP status, OpenAI error type, the parameter at fault. */
@@ -61,10 +90,36 @@ typedef struct srv_completion {
 } srv_completion;
 
 /* Parses and validates a /v1/completions (kind 0), /v1/chat/completions
- * (1) or /generate (2) body. Errors: 400 naming the field, 404 model. */
-int srv_parse_completion(const srv *s, const char *body, size_t len, int chat, srv_completion *c, srv_err *e);
+ * (1) or /generate (2) body; chat messages are rendered with chat_tmpl
+ * (the serving revision's llm_chat_template). Errors: 400 naming the
+ * field, 404 model. */
+int srv_parse_completion(const srv *s, int chat_tmpl, const char *body, size_t len, int kind, srv_completion *c,
+                         srv_err *e);
 void srv_completion_free(srv_completion *c);
 
 int srv_http_start(srv *s, llm_error *err);
+
+/* srv_main.c's loading steps, shared with the canary's loader. */
+llm_status srv_verify_sha256(const char *path, const char *want, llm_error *err);
+llm_status srv_open_engine(srv *s, llm_model *m, llm_backend *b, llm_engine **out, llm_error *err);
+llm_status srv_warm_up(llm_engine *e, llm_model *m, llm_error *err);
+
+/* Colocated canary (srv_canary.c). The controller (or an operator) asks
+ * through POST /admin/canary {"model": PATH or null, "sha256": HEX,
+ * "weight": 0..100} with the bearer admin_token: the model is loaded in the
+ * background next to the stable one when it fits in the memory budget
+ * (memory_budget_mb, else the cgroup's limit; "does_not_fit" says by how
+ * much otherwise), then takes weight percent of the completion requests
+ * (exactly, by a smooth counter; an X-Session-Id keeps its revision).
+ * null unloads it once its requests end. Thread-safety: all calls may
+ * come from any thread. */
+void srv_canary_init(srv *s);
+void srv_canary_free(srv *s); /* after the drain */
+/* The canary for this request (its users counted), or NULL for stable. */
+srv_rev *srv_canary_pick(srv *s, const char *session);
+void srv_canary_release(srv_rev *r);
+/* The admin request; the HTTP status, *out the state (new reference). */
+int srv_canary_admin(srv *s, json_t *req, json_t **out, srv_err *e);
+json_t *srv_canary_state(srv *s);
 
 #endif

@@ -219,7 +219,7 @@ static const char *message_text(json_t *m, size_t i, char **owned, srv_err *e)
     return *owned = out;
 }
 
-static int parse_messages(const srv *s, json_t *o, srv_completion *c, srv_err *e)
+static int parse_messages(int tmpl, json_t *o, srv_completion *c, srv_err *e)
 {
     json_t *ms = json_object_get(o, "messages");
     size_t n = json_is_array(ms) ? json_array_size(ms) : 0;
@@ -239,7 +239,7 @@ static int parse_messages(const srv *s, json_t *o, srv_completion *c, srv_err *e
             rc = -1;
     }
     llm_error err = {0};
-    if (!rc && !(c->prompt = llm_chat_render((llm_chat_template)s->chat_tmpl, msgs, (int)n, &err)))
+    if (!rc && !(c->prompt = llm_chat_render((llm_chat_template)tmpl, msgs, (int)n, &err)))
         rc = (srv_err_set(e, err.code == LLM_ERR_NOMEM ? 503 : 400, "messages", "%s", err.msg), -1);
     for (size_t i = 0; owned && i < n; i++) free(owned[i]);
     free(owned);
@@ -311,7 +311,8 @@ static int parse_text(json_t *o, srv_completion *c, srv_err *e)
     return 0;
 }
 
-int srv_parse_completion(const srv *s, const char *body, size_t len, int kind, srv_completion *c, srv_err *e)
+int srv_parse_completion(const srv *s, int chat_tmpl, const char *body, size_t len, int kind, srv_completion *c,
+                         srv_err *e)
 {
     memset(c, 0, sizeof *c);
     c->chat = kind == 1;
@@ -332,7 +333,7 @@ int srv_parse_completion(const srv *s, const char *body, size_t len, int kind, s
         return -1;
     if (c->generate)
         return parse_text(c->root, c, e);
-    return chat ? parse_messages(s, c->root, c, e) : parse_prompt(c->root, c, e);
+    return chat ? parse_messages(chat_tmpl, c->root, c, e) : parse_prompt(c->root, c, e);
 }
 
 void srv_completion_free(srv_completion *c)

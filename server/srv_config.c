@@ -49,6 +49,10 @@ static const key_def keys[] = {
      "testing: share of completion requests answered 500 on purpose (e.g. a canary made to fail)"},
     {"fault_delay_ms", K_INT, F(fault_delay_ms), 0, 600000, "0", "testing: delay added before each completion"},
     {"api_keys_file", K_STR, F(api_keys_file), 0, 0, "", "file of API keys, one per line (or LLM_SERVER_API_KEYS)"},
+    {"admin_token", K_STR, F(admin_token), 0, 0, "",
+     "bearer token of /admin/canary (or LLM_SERVER_ADMIN_TOKEN); empty: the admin route is off"},
+    {"memory_budget_mb", K_INT, F(memory_budget_mb), 0, 1 << 30, "0",
+     "memory a colocated canary must fit in beside the stable model (0: the cgroup's limit, if any)"},
 };
 #define N_KEYS (sizeof keys / sizeof *keys)
 

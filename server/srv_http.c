@@ -140,6 +140,9 @@ typedef struct run {
     int n_done, prompt_tokens, completion_tokens, cached_tokens;
     choice ch[LLM_MAX_N];
     double t_start, t_last;
+    llm_engine *eng;           /* the serving revision's: stable, or a colocated canary */
+    const llm_vocab *vocab;
+    int rev;                   /* 0 stable, 1 canary */
 } run;
 
 static int text_append(choice *ch, const char *t, size_t n)
@@ -161,10 +164,10 @@ static int text_append(choice *ch, const char *t, size_t n)
 
 /* The token's text as the tokenizer has it (for logprobs), made valid
  * UTF-8 (a byte token alone is often half a character). */
-static json_t *piece_json(const srv *s, int32_t id)
+static json_t *piece_json(const llm_vocab *v, int32_t id)
 {
     char buf[256];
-    int n = llm_token_to_piece(s->model->vocab, id, 1, buf, sizeof buf);
+    int n = llm_token_to_piece(v, id, 1, buf, sizeof buf);
     size_t len;
     char *u = textout_utf8_dup(buf, n < 0 ? 0 : n > (int)sizeof buf ? sizeof buf : (size_t)n, &len);
     json_t *j = u ? json_stringn(u, len) : json_string("");
@@ -180,18 +183,18 @@ static json_t *bytes_json(const char *t)
 }
 
 /* Chat form: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}. */
-static void add_chat_logprobs(const srv *s, choice *ch, const llm_event *ev)
+static void add_chat_logprobs(const llm_vocab *v, choice *ch, const llm_event *ev)
 {
     if (!ch->lp)
         ch->lp = json_pack("{s:[]}", "content");
     json_t *top = json_array();
     for (int i = 0; top && i < ev->sample.n_top; i++) {
-        json_t *t = piece_json(s, ev->sample.top[i].id);
+        json_t *t = piece_json(v, ev->sample.top[i].id);
         json_array_append_new(top, json_pack("{s:O,s:f,s:o}", "token", t, "logprob", (double)ev->sample.top[i].logprob,
                                              "bytes", bytes_json(json_string_value(t))));
         json_decref(t);
     }
-    json_t *t = piece_json(s, ev->token);
+    json_t *t = piece_json(v, ev->token);
     if (ch->lp)
         json_array_append_new(json_object_get(ch->lp, "content"),
                               json_pack("{s:O,s:f,s:o,s:o}", "token", t, "logprob", (double)ev->sample.logprob, "bytes",
@@ -200,10 +203,10 @@ static void add_chat_logprobs(const srv *s, choice *ch, const llm_event *ev)
 }
 
 /* Appends one token to a completions-API logprobs object. */
-static void add_logprobs(const srv *s, choice *ch, const llm_event *ev, int chat)
+static void add_logprobs(const llm_vocab *v, choice *ch, const llm_event *ev, int chat)
 {
     if (chat) {
-        add_chat_logprobs(s, ch, ev);
+        add_chat_logprobs(v, ch, ev);
         return;
     }
     if (!ch->lp)
@@ -212,12 +215,12 @@ static void add_logprobs(const srv *s, choice *ch, const llm_event *ev, int chat
         return;
     json_t *top = json_object();
     for (int i = 0; top && i < ev->sample.n_top; i++) { /* tokens with the same text share a key, as in OpenAI's */
-        json_t *t = piece_json(s, ev->sample.top[i].id);
+        json_t *t = piece_json(v, ev->sample.top[i].id);
         if (t && !json_object_get(top, json_string_value(t)))
             json_object_set_new(top, json_string_value(t), json_real(ev->sample.top[i].logprob));
         json_decref(t);
     }
-    json_array_append_new(json_object_get(ch->lp, "tokens"), piece_json(s, ev->token));
+    json_array_append_new(json_object_get(ch->lp, "tokens"), piece_json(v, ev->token));
     json_array_append_new(json_object_get(ch->lp, "token_logprobs"), json_real(ev->sample.logprob));
     json_array_append_new(json_object_get(ch->lp, "top_logprobs"), top ? top : json_null());
     json_array_append_new(json_object_get(ch->lp, "text_offset"), json_integer((json_int_t)ch->offset));
@@ -262,12 +265,14 @@ static int on_token(run *r, const llm_event *ev)
 {
     choice *ch = &r->ch[ev->index];
     double t = now_s();
-    if (ev->index == 0 && r->t_last > 0)
+    if (ev->index == 0 && r->t_last > 0) {
         srv_metrics_observe(&r->s->metrics, H_ITL, t - r->t_last);
+        srv_metrics_rev_observe(&r->s->metrics, r->rev, 1, t - r->t_last);
+    }
     if (ev->index == 0)
         r->t_last = t;
     if (r->cp->n_logprobs >= 0)
-        add_logprobs(r->s, ch, ev, r->cp->chat);
+        add_logprobs(r->vocab, ch, ev, r->cp->chat);
     ch->offset += ev->text_len;
     if (!r->cp->stream)
         return text_append(ch, ev->text, ev->text_len);
@@ -285,6 +290,7 @@ static int on_done(run *r, const llm_event *ev)
     r->cached_tokens = ev->usage.cached_tokens > r->cached_tokens ? ev->usage.cached_tokens : r->cached_tokens;
     r->completion_tokens += ev->usage.completion_tokens;
     srv_metrics_observe(&r->s->metrics, H_TTFT, ev->usage.ttft_ms / 1e3);
+    srv_metrics_rev_observe(&r->s->metrics, r->rev, 0, ev->usage.ttft_ms / 1e3);
     srv_metrics_observe(&r->s->metrics, H_QUEUE, ev->usage.queue_ms / 1e3);
     srv_metrics_observe(&r->s->metrics, H_E2E, ev->usage.total_ms / 1e3);
     r->n_done++;
@@ -300,7 +306,7 @@ static int run_events(run *r, srv_err *e)
     double deadline = r->t_start + (double)r->s->cfg.request_timeout_s;
     while (r->n_done < r->cp->rq.n) {
         llm_event ev;
-        llm_status st = llm_engine_next(r->s->engine, r->id, &ev, 1000);
+        llm_status st = llm_engine_next(r->eng, r->id, &ev, 1000);
         if (st == LLM_OK && now_s() > deadline) { /* events keep coming, but time is up */
             llm_event_clear(&ev);
             st = LLM_ERR_TIMEOUT;
@@ -308,7 +314,7 @@ static int run_events(run *r, srv_err *e)
         if (st == LLM_ERR_TIMEOUT && now_s() < deadline)
             continue;
         if (st) {
-            llm_engine_cancel(r->s->engine, r->id);
+            llm_engine_cancel(r->eng, r->id);
             srv_err_set(e, st == LLM_ERR_TIMEOUT ? 504 : 500, NULL, st == LLM_ERR_TIMEOUT
                         ? "the request ran past its deadline of %ld s" : "the request was lost (%ld)",
                         r->s->cfg.request_timeout_s);
@@ -321,7 +327,7 @@ static int run_events(run *r, srv_err *e)
         if (ev.type == LLM_EVENT_ERROR)
             return e->status;
         if (rc) {
-            llm_engine_cancel(r->s->engine, r->id); /* the client is gone: free its blocks now */
+            llm_engine_cancel(r->eng, r->id); /* the client is gone: free its blocks now */
             srv_metrics_finished(&r->s->metrics, 2);
             return 499;
         }
@@ -364,11 +370,12 @@ static void run_free(run *r)
 }
 
 /* Streams or collects; the response is sent here. */
-static int complete(srv *s, struct mg_connection *c, srv_completion *cp, srv_err *e)
+static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_completion *cp, srv_err *e)
 {
-    run r = {.s = s, .c = c, .cp = cp, .created = (long)time(NULL), .t_start = now_s()};
+    run r = {.s = s, .c = c, .cp = cp, .created = (long)time(NULL), .t_start = now_s(),
+             .eng = rv ? rv->engine : s->engine, .vocab = rv ? rv->model->vocab : s->model->vocab, .rev = rv != NULL};
     llm_error err = {0};
-    llm_status st = llm_engine_submit(s->engine, &cp->rq, &r.id, &err);
+    llm_status st = llm_engine_submit(r.eng, &cp->rq, &r.id, &err);
     if (st) {
         srv_err_set(e, srv_status_of(st), st == LLM_ERR_TOO_LONG ? "max_tokens" : NULL, "%s", err.msg);
         return send_err(c, e);
@@ -438,11 +445,14 @@ static int injected_fault(srv *s, srv_err *e)
 
 static int do_completion(srv *s, struct mg_connection *c, const char *body, size_t len, int kind, srv_err *e)
 {
-    if (injected_fault(s, e))
-        return send_err(c, e);
-    srv_completion cp;
-    int status = srv_parse_completion(s, body, len, kind, &cp, e) ? send_err(c, e) : complete(s, c, &cp, e);
+    srv_rev *rv = srv_canary_pick(s, mg_get_header(c, "X-Session-Id")); /* NULL: the stable model */
+    srv_completion cp = {0};
+    int status = injected_fault(s, e) ? send_err(c, e)
+                 : srv_parse_completion(s, rv ? rv->chat_tmpl : s->chat_tmpl, body, len, kind, &cp, e) ? send_err(c, e)
+                 : complete(s, rv, c, &cp, e);
     srv_completion_free(&cp);
+    srv_metrics_revision(&s->metrics, rv != NULL, status);
+    srv_canary_release(rv);
     return status;
 }
 
@@ -624,6 +634,51 @@ static int h_other(struct mg_connection *c, void *cb)
     return send_err(c, &e);
 }
 
+/* The admin bearer token (config, else LLM_SERVER_ADMIN_TOKEN); NULL: off. */
+static const char *admin_token(const srv *s)
+{
+    const char *t = s->cfg.admin_token && *s->cfg.admin_token ? s->cfg.admin_token : getenv("LLM_SERVER_ADMIN_TOKEN");
+    return t && *t ? t : NULL;
+}
+
+/* GET /admin/canary: the colocated canary's state; POST sets it. */
+static int h_admin_canary(struct mg_connection *c, void *cb)
+{
+    srv *s = cb;
+    srv_err e = {0};
+    const char *tok = admin_token(s), *auth = mg_get_header(c, "Authorization"), *m = mg_get_request_info(c)->request_method;
+    char *body = NULL;
+    size_t len = 0;
+    json_t *out = NULL;
+    int status;
+    if (!tok)
+        srv_err_set(&e, 404, NULL, "the admin route is off (no admin_token)");
+    else if (!auth || strncmp(auth, "Bearer ", 7) || strcmp(auth + 7, tok))
+        srv_err_set(&e, 401, NULL, "the admin token is required (Authorization: Bearer TOKEN)");
+    else if (strcmp(m, "GET") && strcmp(m, "POST"))
+        srv_err_set(&e, 405, NULL, "use GET or POST for /admin/canary");
+    else if (atomic_load(&s->phase) != SRV_READY)
+        srv_err_set(&e, 503, NULL, "the stable model is not serving");
+    if (e.status)
+        status = send_err(c, &e);
+    else if (!strcmp(m, "GET"))
+        status = send_json(c, 200, srv_canary_state(s));
+    else if (read_body(s, c, &body, &len, &e))
+        status = send_err(c, &e);
+    else {
+        json_error_t je;
+        json_t *req = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+        if (!req)
+            srv_err_set(&e, 400, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+        status = req ? srv_canary_admin(s, req, &out, &e) : 400;
+        status = status == 200 ? send_json(c, 200, out) : send_err(c, &e);
+        json_decref(req);
+    }
+    free(body);
+    srv_metrics_request(&s->metrics, R_OTHER, status);
+    return status;
+}
+
 int srv_http_start(srv *s, llm_error *err)
 {
     char ports[300], threads[16];
@@ -639,7 +694,7 @@ int srv_http_start(srv *s, llm_error *err)
         {"/tokenize$", h_tokenize},          {"/detokenize$", h_detokenize},    {"/livez$", h_livez},
         {"/generate$", h_generate},
         {"/readyz$", h_readyz},              {"/startupz$", h_startupz},        {"/metrics$", h_metrics},
-        {"/", h_other},
+        {"/admin/canary$", h_admin_canary},  {"/", h_other},
     };
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) mg_set_request_handler(s->mg, routes[i].uri, routes[i].fn, s);
     return 0;

@@ -72,18 +72,18 @@ static llm_status load_keys(srv *s, llm_error *err)
     return LLM_OK;
 }
 
-static llm_status open_engine(srv *s, llm_error *err)
+llm_status srv_open_engine(srv *s, llm_model *m, llm_backend *b, llm_engine **out, llm_error *err)
 {
     llm_kv_type kt;
     llm_status st = llm_kv_type_parse(s->cfg.kv_type, &kt, err);
     if (st)
         return st;
-    llm_engine_config ec = {.model = s->model, .backend = s->backend, .n_ctx = (int)s->cfg.n_ctx,
+    llm_engine_config ec = {.model = m, .backend = b, .n_ctx = (int)s->cfg.n_ctx,
                             .max_seqs = (int)s->cfg.max_seqs, .max_batch_tokens = (int)s->cfg.max_batch_tokens,
                             .max_waiting = (int)s->cfg.max_waiting, .block_size = (int)s->cfg.block_size, .kv_type = kt,
                             .kv_cache_bytes = (size_t)s->cfg.kv_cache_mb << 20,
                             .kv_cache_fraction = (float)s->cfg.kv_cache_fraction};
-    return llm_engine_open(&ec, &s->engine, err);
+    return llm_engine_open(&ec, out, err);
 }
 
 static void load_progress(void *ctx, double done)
@@ -95,15 +95,15 @@ static void load_progress(void *ctx, double done)
 
 /* One token through the engine before ready: the first real request then
  * finds every buffer allocated and every kernel path warm. */
-static llm_status warm_up(srv *s, llm_error *err)
+llm_status srv_warm_up(llm_engine *e, llm_model *m, llm_error *err)
 {
-    int32_t tok = llm_vocab_bos(s->model->vocab) >= 0 ? llm_vocab_bos(s->model->vocab) : 0;
+    int32_t tok = llm_vocab_bos(m->vocab) >= 0 ? llm_vocab_bos(m->vocab) : 0;
     llm_request rq = {.tokens = &tok, .n_tokens = 1, .sampling = llm_sampling_default(), .max_tokens = 1,
                       .ignore_eos = 1};
     llm_request_id id;
-    llm_status st = llm_engine_submit(s->engine, &rq, &id, err);
+    llm_status st = llm_engine_submit(e, &rq, &id, err);
     for (llm_event ev; !st;) {
-        st = llm_engine_next(s->engine, id, &ev, -1);
+        st = llm_engine_next(e, id, &ev, -1);
         llm_event_clear(&ev);
         if (!st && ev.type != LLM_EVENT_TOKEN)
             return ev.type == LLM_EVENT_ERROR ? llm_errf(err, ev.error.code, "warm-up: %s", ev.error.msg) : LLM_OK;
@@ -113,14 +113,13 @@ static llm_status warm_up(srv *s, llm_error *err)
 
 /* model_sha256: the file's digest before anything trusts it (a truncated
  * or swapped file on a shared volume is caught here, by name). */
-static llm_status verify_sha256(srv *s, llm_error *err)
+llm_status srv_verify_sha256(const char *path, const char *want, llm_error *err)
 {
-    const char *want = s->cfg.model_sha256;
     if (!want || !*want)
         return LLM_OK;
-    FILE *f = fopen(s->cfg.model, "rb");
+    FILE *f = fopen(path, "rb");
     if (!f)
-        return llm_errf(err, LLM_ERR_IO, "%s: cannot open: %s", s->cfg.model, strerror(errno));
+        return llm_errf(err, LLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     EVP_MD_CTX *md = EVP_MD_CTX_new();
     unsigned char *buf = malloc(1 << 22), dig[EVP_MAX_MD_SIZE];
     unsigned int n = 0;
@@ -130,13 +129,13 @@ static llm_status verify_sha256(srv *s, llm_error *err)
         if (!EVP_DigestUpdate(md, buf, got))
             st = llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 update failed");
     if (!st && ferror(f))
-        st = llm_errf(err, LLM_ERR_IO, "%s: read error while checking sha256", s->cfg.model);
+        st = llm_errf(err, LLM_ERR_IO, "%s: read error while checking sha256", path);
     if (!st && !EVP_DigestFinal_ex(md, dig, &n))
         st = llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 final failed");
     char hex[2 * EVP_MAX_MD_SIZE + 1] = "";
     for (unsigned int i = 0; !st && i < n; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
     if (!st && strcasecmp(hex, want))
-        st = llm_errf(err, LLM_ERR_FORMAT, "%s: sha256 mismatch: expected %s, the file has %s", s->cfg.model, want, hex);
+        st = llm_errf(err, LLM_ERR_FORMAT, "%s: sha256 mismatch: expected %s, the file has %s", path, want, hex);
     EVP_MD_CTX_free(md);
     free(buf);
     fclose(f);
@@ -152,7 +151,7 @@ static void *loader(void *arg)
     logf_("loading %s", s->cfg.model);
     if (s->cfg.model_sha256 && *s->cfg.model_sha256)
         snprintf(s->status, sizeof s->status, "checking the sha256 of %s", s->cfg.model);
-    llm_status st = verify_sha256(s, &err);
+    llm_status st = srv_verify_sha256(s->cfg.model, s->cfg.model_sha256, &err);
     if (!st)
         st = llm_model_load(s->cfg.model, &s->model, &err);
     if (!st) {
@@ -161,10 +160,10 @@ static void *loader(void *arg)
         st = llm_backend_cpu_new(&cc, &s->backend, &err);
     }
     if (!st)
-        st = open_engine(s, &err);
+        st = srv_open_engine(s, s->model, s->backend, &s->engine, &err);
     if (!st) {
         snprintf(s->status, sizeof s->status, "warming up");
-        st = warm_up(s, &err);
+        st = srv_warm_up(s->engine, s->model, &err);
         logf_("warm-up done");
     }
     if (st) {
@@ -216,6 +215,7 @@ int main(int argc, char **argv)
         return 0;
     }
     srv_metrics_init(&s.metrics);
+    srv_canary_init(&s);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
@@ -229,6 +229,7 @@ int main(int argc, char **argv)
     pthread_join(th, NULL); /* a load in progress finishes first */
     drain(&s);
     mg_stop(s.mg);
+    srv_canary_free(&s);
     llm_engine_close(s.engine);
     llm_backend_free(s.backend);
     llm_model_free(s.model);

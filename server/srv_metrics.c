@@ -45,14 +45,41 @@ void srv_metrics_request(srv_metrics *m, int route, int status)
     pthread_mutex_unlock(&m->mu);
 }
 
+static void hist_add(srv_hist *h, double s)
+{
+    int b = 0;
+    while (b < SRV_HIST_BUCKETS && s > bounds[b]) b++;
+    h->counts[b]++;
+    h->sum += s;
+    h->n++;
+}
+
 void srv_metrics_observe(srv_metrics *m, srv_hist_id h, double s)
 {
     pthread_mutex_lock(&m->mu);
-    int b = 0;
-    while (b < SRV_HIST_BUCKETS && s > bounds[b]) b++;
-    m->hist[h].counts[b]++;
-    m->hist[h].sum += s;
-    m->hist[h].n++;
+    hist_add(&m->hist[h], s);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_revision(srv_metrics *m, int rev, int status)
+{
+    pthread_mutex_lock(&m->mu);
+    m->rev_codes[rev & 1][status >= 200 && status < 600 ? status / 100 - 2 : 3]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_rev_observe(srv_metrics *m, int rev, int itl, double seconds)
+{
+    pthread_mutex_lock(&m->mu);
+    hist_add(itl ? &m->rev_itl[rev & 1] : &m->rev_ttft[rev & 1], seconds);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_canary(srv_metrics *m, int loaded, int weight)
+{
+    pthread_mutex_lock(&m->mu);
+    m->canary_loaded = loaded;
+    m->canary_weight = weight;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -110,6 +137,38 @@ static void render_http(llm_strbuf *b, const srv_metrics *m)
     }
 }
 
+/* Per-revision series under llm-router's names (without "router_"), so
+ * the controller's canary analysis reads both alike. */
+static void render_revisions(llm_strbuf *b, const srv_metrics *m)
+{
+    static const char *const rev[2] = {"stable", "canary"}, *const code[4] = {"2xx", "3xx", "4xx", "5xx"};
+    llm_strbuf_printf(b, "# HELP llm_revision_requests_total Completions by revision (colocated canary) and status class\n"
+                         "# TYPE llm_revision_requests_total counter\n");
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < 4; c++)
+            llm_strbuf_printf(b, "llm_revision_requests_total{revision=\"%s\",code=\"%s\"} %llu\n", rev[r], code[c],
+                              (unsigned long long)m->rev_codes[r][c]);
+    static const char *const names[2][2] = {{"llm_revision_ttfb_seconds", "Time to the first token, by revision"},
+                                            {"llm_revision_itl_seconds", "Time between tokens, by revision"}};
+    for (int k = 0; k < 2; k++) {
+        llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", names[k][0], names[k][1], names[k][0]);
+        for (int r = 0; r < 2; r++) {
+            const srv_hist *x = k ? &m->rev_itl[r] : &m->rev_ttft[r];
+            uint64_t acc = 0;
+            for (int i = 0; i < SRV_HIST_BUCKETS; i++) {
+                acc += x->counts[i];
+                llm_strbuf_printf(b, "%s_bucket{revision=\"%s\",le=\"%g\"} %llu\n", names[k][0], rev[r], bounds[i],
+                                  (unsigned long long)acc);
+            }
+            llm_strbuf_printf(b, "%s_bucket{revision=\"%s\",le=\"+Inf\"} %llu\n%s_sum{revision=\"%s\"} %.9g\n"
+                                 "%s_count{revision=\"%s\"} %llu\n", names[k][0], rev[r], (unsigned long long)x->n,
+                              names[k][0], rev[r], x->sum, names[k][0], rev[r], (unsigned long long)x->n);
+        }
+    }
+    gauge(b, "llm_canary_loaded", "1 when a colocated canary model serves beside the stable one", m->canary_loaded);
+    gauge(b, "llm_canary_weight", "Percent of completions sent to the colocated canary", m->canary_weight);
+}
+
 static void render_engine(llm_strbuf *b, const llm_stats *s)
 {
     double usage = s->kv_blocks_total ? (double)s->kv_blocks_used / s->kv_blocks_total : 0;
@@ -147,6 +206,7 @@ char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase)
     llm_strbuf b = {0};
     pthread_mutex_lock(&m->mu);
     render_http(&b, m);
+    render_revisions(&b, m);
     pthread_mutex_unlock(&m->mu);
     if (e) {
         llm_stats s;

@@ -30,6 +30,12 @@ typedef struct srv_metrics {
     uint64_t requests[SRV_N_ROUTES][6]; /* by status class: 2xx 4xx 429 499 5xx 503 */
     srv_hist hist[H_COUNT];
     uint64_t finished[3];               /* stop, length, abort */
+    /* per revision (0 stable, 1 colocated canary): completions by status
+     * class 2xx 3xx 4xx 5xx, time to first token and between tokens - the
+     * canary analysis's input, named as llm-router's */
+    uint64_t rev_codes[2][4];
+    srv_hist rev_ttft[2], rev_itl[2];
+    int canary_weight, canary_loaded;   /* gauges, set by the canary */
 } srv_metrics;
 
 extern const char *const srv_route_names[SRV_N_ROUTES];
@@ -42,6 +48,11 @@ void srv_metrics_request(srv_metrics *m, int route, int status);
 void srv_metrics_observe(srv_metrics *m, srv_hist_id h, double seconds);
 /* reason: 0 stop, 1 length, 2 abort */
 void srv_metrics_finished(srv_metrics *m, int reason);
+/* A completion's status, and its latencies (itl 0: time to first token,
+ * 1: a gap between tokens), by revision. */
+void srv_metrics_revision(srv_metrics *m, int rev, int status);
+void srv_metrics_rev_observe(srv_metrics *m, int rev, int itl, double seconds);
+void srv_metrics_canary(srv_metrics *m, int loaded, int weight);
 /* The exposition text; engine may be NULL while loading. */
 char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase);
 

@@ -1,0 +1,305 @@
+/* srv_canary.c - a colocated canary: a second revision's model loaded in
+ * this server beside the stable one, when both fit in the memory budget,
+ * taking a share of the completions; see srv.h. It lets a canary run on
+ * the GPUs (or memory) the stable pods already hold. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "llm/chat.h"
+#include "srv.h"
+
+void srv_canary_init(srv *s)
+{
+    srv_canary *c = &s->canary;
+    pthread_mutex_init(&c->mu, NULL);
+    snprintf(c->state, sizeof c->state, "none");
+}
+
+static void rev_free(srv_rev *r)
+{
+    if (!r)
+        return;
+    llm_engine_close(r->engine);
+    llm_backend_free(r->backend);
+    llm_model_free(r->model);
+    free(r);
+}
+
+/* Frees a retired revision whose last request has ended. Under mu. */
+static void reap(srv_canary *c)
+{
+    if (c->retired && atomic_load(&c->retired->users) == 0) {
+        rev_free(c->retired);
+        c->retired = NULL;
+    }
+}
+
+void srv_canary_free(srv *s)
+{
+    srv_canary *c = &s->canary;
+    if (c->loader_started)
+        pthread_join(c->loader, NULL);
+    rev_free(c->rev);
+    rev_free(c->retired);
+    c->rev = c->retired = NULL;
+    pthread_mutex_destroy(&c->mu);
+}
+
+static unsigned int hash32(const char *p)
+{
+    unsigned int h = 2166136261u;
+    for (; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
+    return h ^ (h >> 15);
+}
+
+srv_rev *srv_canary_pick(srv *s, const char *session)
+{
+    srv_canary *c = &s->canary;
+    srv_rev *r = NULL;
+    pthread_mutex_lock(&c->mu);
+    reap(c);
+    if (c->rev && c->weight > 0) {
+        int go;
+        if (session && *session) {
+            go = (int)(hash32(session) % 100) < c->weight; /* a session keeps its revision */
+        } else {
+            c->split += c->weight;
+            go = c->split >= 100;
+            if (go)
+                c->split -= 100;
+        }
+        if (go) {
+            r = c->rev;
+            atomic_fetch_add(&r->users, 1);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+void srv_canary_release(srv_rev *r)
+{
+    if (r)
+        atomic_fetch_sub(&r->users, 1);
+}
+
+/* ---- fitting and loading ---------------------------------------------------------- */
+
+static long long read_ll(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    long long v = -1;
+    if (f && fscanf(f, "%lld", &v) != 1)
+        v = -1; /* "max": no limit */
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* The memory this server may use: memory_budget_mb, else its cgroup's
+ * limit (v2, then v1); -1 when nothing limits it. */
+static long long budget_bytes(const srv *s)
+{
+    if (s->cfg.memory_budget_mb > 0)
+        return (long long)s->cfg.memory_budget_mb << 20;
+    long long v = read_ll("/sys/fs/cgroup/memory.max");
+    if (v <= 0)
+        v = read_ll("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    return v > 0 && v < (1LL << 60) ? v : -1;
+}
+
+static long long rss_now(void)
+{
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f && fscanf(f, "%ld %ld", &pages, &rss) != 2)
+        rss = 0;
+    if (f)
+        fclose(f);
+    return (long long)rss * sysconf(_SC_PAGESIZE);
+}
+
+/* LLM_ERR_NOMEM (message with the numbers) when the model at path and its
+ * KV cache would not fit beside what this server already holds. */
+static llm_status fits(const srv *s, const char *path, llm_error *err)
+{
+    struct stat st;
+    if (stat(path, &st))
+        return llm_errf(err, LLM_ERR_IO, "%s: %s", path, strerror(errno));
+    long long budget = budget_bytes(s), used = rss_now();
+    long long need = (long long)st.st_size + ((long long)s->cfg.kv_cache_mb << 20);
+    if (budget > 0 && used + need > budget)
+        return llm_errf(err, LLM_ERR_NOMEM,
+                        "the canary needs %lld MiB (model %lld MiB + KV cache %ld MiB) but only %lld MiB of the "
+                        "%lld MiB budget are free", need >> 20, (long long)st.st_size >> 20, s->cfg.kv_cache_mb,
+                        (budget - used) >> 20, budget >> 20);
+    return LLM_OK;
+}
+
+typedef struct load_job {
+    srv *s;
+    char path[4096], sha256[72];
+    unsigned long gen;
+} load_job;
+
+static void quiet(void *ctx, double done)
+{
+    (void)ctx, (void)done;
+}
+
+static llm_status load(srv *s, const load_job *j, srv_rev *r, llm_error *err)
+{
+    llm_cpu_config cc = {(int)s->cfg.threads, 0, getenv("LLM_KERNELS")};
+    snprintf(r->path, sizeof r->path, "%s", j->path);
+    llm_status st = fits(s, j->path, err);
+    if (!st)
+        st = srv_verify_sha256(j->path, j->sha256, err);
+    if (!st && !(st = llm_model_load(j->path, &r->model, err)))
+        llm_model_prefault(r->model, quiet, NULL);
+    if (!st)
+        st = llm_backend_cpu_new(&cc, &r->backend, err); /* its own workers: the engines step independently */
+    if (!st)
+        st = srv_open_engine(s, r->model, r->backend, &r->engine, err);
+    if (!st)
+        st = srv_warm_up(r->engine, r->model, err);
+    if (!st)
+        r->chat_tmpl = (int)llm_chat_for_model(r->model);
+    return st;
+}
+
+static void *loader(void *arg)
+{
+    load_job *j = arg;
+    srv_canary *c = &j->s->canary;
+    llm_error err = {0};
+    srv_rev *r = calloc(1, sizeof *r);
+    llm_status st = r ? load(j->s, j, r, &err) : llm_errf(&err, LLM_ERR_NOMEM, "no memory for the canary");
+    pthread_mutex_lock(&c->mu);
+    if (j->gen == c->gen) { /* still what is asked for */
+        snprintf(c->state, sizeof c->state, "%s", st == LLM_ERR_NOMEM && r ? "does_not_fit" : st ? "failed" : "ready");
+        snprintf(c->message, sizeof c->message, "%s", st ? err.msg : "serving beside the stable model");
+        if (!st) {
+            c->rev = r;
+            r = NULL;
+        }
+        srv_metrics_canary(&j->s->metrics, c->rev != NULL, c->weight);
+    }
+    c->loading = 0;
+    pthread_mutex_unlock(&c->mu);
+    fprintf(stderr, "llm-server: canary %s: %s\n", j->path, st ? err.msg : "loaded");
+    rev_free(r);
+    free(j);
+    return NULL;
+}
+
+/* ---- the admin request -------------------------------------------------------------- */
+
+json_t *srv_canary_state(srv *s)
+{
+    srv_canary *c = &s->canary;
+    pthread_mutex_lock(&c->mu);
+    json_t *o = json_pack("{s:s,s:s,s:i,s:s,s:i}", "state", c->state, "model", c->path, "weight", c->weight, "message",
+                          c->message, "requests", c->rev ? atomic_load(&c->rev->users) : 0);
+    pthread_mutex_unlock(&c->mu);
+    return o;
+}
+
+/* The loaded canary steps aside (freed once its requests end). Under mu;
+ * 0, or 409 while an earlier one still serves requests. */
+static int retire(srv_canary *c, srv_err *e)
+{
+    reap(c);
+    if (c->rev && c->retired) {
+        srv_err_set(e, 409, "model", "the previous canary still has %d requests; try again",
+                    atomic_load(&c->retired->users));
+        return 409;
+    }
+    if (c->rev)
+        c->retired = c->rev, c->rev = NULL;
+    reap(c);
+    return 0;
+}
+
+static int start_load(srv *s, const char *path, const char *sha, srv_err *e)
+{
+    srv_canary *c = &s->canary;
+    load_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        srv_err_set(e, 503, NULL, "no memory");
+        return 503;
+    }
+    if (c->loader_started)
+        pthread_join(c->loader, NULL); /* finished: loading is 0 */
+    c->loader_started = 0;
+    snprintf(c->path, sizeof c->path, "%s", path);
+    snprintf(c->sha256, sizeof c->sha256, "%s", sha);
+    *j = (load_job){.s = s, .gen = ++c->gen};
+    snprintf(j->path, sizeof j->path, "%s", path);
+    snprintf(j->sha256, sizeof j->sha256, "%s", sha);
+    if (pthread_create(&c->loader, NULL, loader, j)) {
+        free(j);
+        snprintf(c->state, sizeof c->state, "failed");
+        snprintf(c->message, sizeof c->message, "cannot start the loader thread");
+        return 0;
+    }
+    c->loader_started = c->loading = 1;
+    snprintf(c->state, sizeof c->state, "loading");
+    snprintf(c->message, sizeof c->message, "loading %s", path);
+    return 0;
+}
+
+/* Field checks: model a string path or null, sha256 64 hex digits, weight 0..100. */
+static int check(json_t *req, const char **path, const char **sha, int *weight, srv_err *e)
+{
+    json_t *m = json_object_get(req, "model"), *h = json_object_get(req, "sha256"), *w = json_object_get(req, "weight");
+    *path = json_string_value(m);
+    *sha = json_string_value(h);
+    if (!json_is_object(req) || (m && !json_is_null(m) && (!*path || **path != '/' || strlen(*path) >= 4096)))
+        srv_err_set(e, 400, "model", "'model' must be an absolute path to a GGUF file, or null to unload");
+    else if (h && !json_is_null(h) && (!*sha || strlen(*sha) != 64 || strspn(*sha, "0123456789abcdefABCDEF") != 64))
+        srv_err_set(e, 400, "sha256", "'sha256' must be 64 hex digits");
+    else if (w && (!json_is_integer(w) || json_integer_value(w) < 0 || json_integer_value(w) > 100))
+        srv_err_set(e, 400, "weight", "'weight' must be an integer 0..100");
+    *weight = w ? (int)json_integer_value(w) : -1;
+    return e->status;
+}
+
+int srv_canary_admin(srv *s, json_t *req, json_t **out, srv_err *e)
+{
+    srv_canary *c = &s->canary;
+    const char *path, *sha;
+    int weight;
+    *out = NULL;
+    if (check(req, &path, &sha, &weight, e))
+        return e->status;
+    pthread_mutex_lock(&c->mu);
+    int status = 0;
+    if (!path) { /* unload */
+        if (c->loading)
+            c->gen++; /* the load in progress is dropped when it ends */
+        if (!(status = retire(c, e))) {
+            snprintf(c->state, sizeof c->state, "none");
+            c->path[0] = c->sha256[0] = c->message[0] = 0;
+            c->weight = 0;
+        }
+    } else if (strcmp(path, c->path) || strcmp(sha ? sha : "", c->sha256)) { /* another model */
+        if (c->loading) {
+            srv_err_set(e, 409, "model", "the canary %s is still loading; try again", c->path);
+            status = 409;
+        } else if (!(status = retire(c, e))) {
+            status = start_load(s, path, sha ? sha : "", e);
+        }
+    }
+    if (!status && weight >= 0 && path)
+        c->weight = weight;
+    srv_metrics_canary(&s->metrics, c->rev != NULL, c->weight);
+    pthread_mutex_unlock(&c->mu);
+    if (status)
+        return status;
+    *out = srv_canary_state(s);
+    return 200;
+}
