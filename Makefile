@@ -59,7 +59,7 @@ $(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(LIB)
 $(BUILD)/bin/llm-controller: $(CONTROLLER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $(CONTROLLER_OBJ) $(LIB) -lcivetweb -lcurl -ljansson -lyaml $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(CONTROLLER_OBJ) $(LIB) -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
 # The playground page is compiled into the binary (no files to ship).
 $(BUILD)/gen/playground.c: server/playground.html tools/gen/embed.py

@@ -70,7 +70,11 @@ llm_status cn_config_from_spec(json_t *spec, cn_config *c, llm_error *err)
     if (!cn || json_is_null(cn))
         return LLM_OK;
     c->enabled = 1;
-    llm_status st = steps_from_spec(json_object_get(cn, "steps"), c, err);
+    const char *mode = json_string_value(json_object_get(cn, "mode"));
+    c->colocated = mode && !strcmp(mode, "colocated");
+    llm_status st = mode && !c->colocated && strcmp(mode, "pods")
+                        ? llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.mode: %s is not pods or colocated", mode)
+                        : steps_from_spec(json_object_get(cn, "steps"), c, err);
     json_t *iv = json_object_get(cn, "intervalSeconds"), *an = json_object_get(cn, "analysis");
     double min_req = 0;
     c->interval_s = iv ? (double)json_integer_value(iv) : 10;
@@ -133,8 +137,15 @@ static int le_index(cn_sample *s, double le)
 
 static void sample_line(cn_sample *s, const char *p, const char *eol)
 {
-    static const char req[] = "llm_router_revision_requests_total{", ttft[] = "llm_router_revision_ttfb_seconds_bucket{",
-                      itl[] = "llm_router_revision_itl_seconds_bucket{";
+    /* llm-router's series, or llm-server's for a colocated canary (the same without "router_") */
+    static const char req[] = "revision_requests_total{", ttft[] = "revision_ttfb_seconds_bucket{",
+                      itl[] = "revision_itl_seconds_bucket{";
+    if (!strncmp(p, "llm_router_", 11))
+        p += 11;
+    else if (!strncmp(p, "llm_", 4))
+        p += 4;
+    else
+        return;
     int kind = !strncmp(p, req, sizeof req - 1) ? 1 : !strncmp(p, ttft, sizeof ttft - 1) ? 2
                : !strncmp(p, itl, sizeof itl - 1) ? 3 : 0;
     const char *lb = kind ? strchr(p, '{') : NULL, *rb = lb ? memchr(lb, '}', (size_t)(eol - lb)) : NULL;

@@ -6,7 +6,8 @@
  *
  * The router (llm-router) exports, per revision "stable" and "canary",
  * llm_router_revision_requests_total{code}, llm_router_revision_ttfb_seconds
- * and llm_router_revision_itl_seconds histograms. A window is the
+ * and llm_router_revision_itl_seconds histograms; llm-server the same
+ * without "router_" for a canary colocated in its pods. A window is the
  * difference of two samples; samples are kept in the LLMDeployment's status
  * as JSON, so a new leader continues the same window.
  *
@@ -29,6 +30,7 @@ typedef struct cn_step {
 
 typedef struct cn_config {
     int enabled;
+    int colocated;           /* mode colocated: the new model inside the stable pods */
     int n_steps;
     cn_step steps[CN_MAX_STEPS];
     double interval_s;       /* analysis period */

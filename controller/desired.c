@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/evp.h>
+
 #include "desired.h"
 #include "reconcile.h"
 
@@ -23,6 +25,21 @@ static long long spec_int(json_t *spec, const char *sect, const char *key, long 
 static const char *name_of(json_t *d)
 {
     return json_string_value(get2(d, "metadata", "name"));
+}
+
+void des_base_hash(json_t *d, char out[17])
+{
+    json_t *bare = json_deep_copy(d), *model = json_object_get(json_object_get(bare, "spec"), "model");
+    json_object_del(model, "path");
+    json_object_del(model, "sha256");
+    char msg[256], cfg[17];
+    json_t *cm = bare ? des_configmap(bare, msg, sizeof msg) : NULL;
+    des_hash(json_object_get(cm, "data"), cfg);
+    json_t *dep = cm ? des_deployment(bare, cfg, msg, sizeof msg) : NULL;
+    des_hash(json_object_get(json_object_get(dep, "spec"), "template"), out);
+    json_decref(dep);
+    json_decref(cm);
+    json_decref(bare);
 }
 
 void des_hash(json_t *o, char out[17])
@@ -62,6 +79,24 @@ static json_t *meta(json_t *d, const char *name)
                      json_object_get(md, "namespace"), "labels", labels(name_of(d)), "ownerReferences", "apiVersion",
                      "llmk8s.io/v1alpha1", "kind", "LLMDeployment", "name", json_object_get(md, "name"), "uid",
                      json_object_get(md, "uid"), "controller", 1, "blockOwnerDeletion", 1, "annotations");
+}
+
+static int colocated(json_t *d)
+{
+    const char *m = json_string_value(json_object_get(json_object_get(json_object_get(d, "spec"), "canary"), "mode"));
+    return m && !strcmp(m, "colocated");
+}
+
+void des_admin_token(json_t *d, char out[65])
+{
+    const char *uid = json_string_value(get2(d, "metadata", "uid")), *secret = getenv("LLM_CONTROLLER_ADMIN_SECRET");
+    char in[512];
+    int n = snprintf(in, sizeof in, "%s/%s", uid ? uid : "", secret ? secret : "");
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    out[0] = 0;
+    if (n > 0 && EVP_Digest(in, (size_t)(n < (int)sizeof in ? n : (int)sizeof in - 1), md, &len, EVP_sha256(), NULL))
+        for (unsigned int i = 0; i < len && i < 32; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
 }
 
 /* ---- ConfigMap: llm-server's YAML ---------------------------------------------------- */
@@ -127,6 +162,11 @@ json_t *des_configmap(json_t *d, char *msg, size_t mn)
     yaml_line(y, sizeof y, "drain_timeout_s", "%lld", spec_int(spec, "probes", "drainSeconds", 30));
     if (sha)
         yaml_line(y, sizeof y, "model_sha256", "%s", sha);
+    if (colocated(d)) { /* the controller's key to the pods' /admin/canary */
+        char tok[65];
+        des_admin_token(d, tok);
+        yaml_line(y, sizeof y, "admin_token", "%s", tok);
+    }
     free(model);
     free(served);
     char cmname[300];

@@ -52,6 +52,15 @@ json_t *des_canary_configmap(json_t *llmd, json_t *configmap);
 json_t *des_canary_deployment(json_t *llmd, json_t *deployment, int replicas);
 json_t *des_canary_service(json_t *llmd);
 
+/* on Deployments: the revision with the model left out - equal for two
+ * specs that differ only in model.path/sha256 (a colocated canary's case) */
+#define DES_BASE_ANN "llmk8s.io/base-hash"
+void des_base_hash(json_t *llmd, char out[17]);
+/* The bearer token of the pods' /admin/canary (spec.canary.mode
+ * colocated): SHA-256 of the object's uid and the controller's
+ * LLM_CONTROLLER_ADMIN_SECRET (environment), 64 hex digits. */
+void des_admin_token(json_t *llmd, char out[65]);
+
 /* FNV-1a of the object's canonical JSON, as 16 hex digits. */
 void des_hash(json_t *o, char out[17]);
 

@@ -1,4 +1,4 @@
-/* http_get.c - a bounded GET; see http_get.h. */
+/* http_get.c - a bounded GET or JSON POST; see http_get.h. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +28,12 @@ static size_t collect(char *d, size_t sz, size_t nm, void *arg)
 
 long http_get(CURL *h, const char *url, long timeout_ms, size_t max, char **body)
 {
+    return http_request(h, url, NULL, NULL, timeout_ms, max, body);
+}
+
+long http_request(CURL *h, const char *url, const char *bearer, const char *json, long timeout_ms, size_t max,
+                  char **body)
+{
     *body = NULL;
     CURL *c = h ? h : curl_easy_init();
     if (!c)
@@ -40,9 +46,20 @@ long http_get(CURL *h, const char *url, long timeout_ms, size_t max, char **body
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    struct curl_slist *hdr = NULL;
+    char auth[600];
+    if (bearer && snprintf(auth, sizeof auth, "Authorization: Bearer %s", bearer) < (int)sizeof auth)
+        hdr = curl_slist_append(hdr, auth);
+    if (json) {
+        struct curl_slist *t = curl_slist_append(hdr, "Content-Type: application/json");
+        hdr = t ? t : hdr;
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, json);
+    }
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
     long code = 0;
     if (curl_easy_perform(c) != CURLE_OK || curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code) != CURLE_OK)
         code = 0;
+    curl_slist_free_all(hdr);
     if (!h)
         curl_easy_cleanup(c);
     if (!code) {

@@ -14,5 +14,9 @@
 /* The HTTP status, or 0 when the pod did not answer in timeout_ms or the
  * body exceeded max bytes. h may be NULL (a handle just for this call). */
 long http_get(CURL *h, const char *url, long timeout_ms, size_t max, char **body);
+/* The same with a bearer token (may be NULL) and, when json is not NULL,
+ * as a POST of that body (the controller driving a pod's /admin/canary). */
+long http_request(CURL *h, const char *url, const char *bearer, const char *json, long timeout_ms, size_t max,
+                  char **body);
 
 #endif

@@ -30,7 +30,7 @@ static int pod_ready(json_t *pod)
     return 0;
 }
 
-int pm_scrape_each(kube_client *k, const char *ns, const char *instance, long long port, pm_text_fn fn, void *ctx)
+int pm_each_ready_pod(kube_client *k, const char *ns, const char *instance, pm_pod_fn fn, void *ctx)
 {
     char path[768];
     snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" REC_INSTANCE "%%3D%s", ns, instance);
@@ -42,16 +42,33 @@ int pm_scrape_each(kube_client *k, const char *ns, const char *instance, long lo
     for (size_t i = 0; i < json_array_size(items); i++) {
         json_t *p = json_array_get(items, i);
         const char *ip = json_string_value(get2(p, "status", "podIP"));
-        char url[256], *text = NULL;
-        if (!ip || !pod_ready(p) || get2(p, "metadata", "deletionTimestamp"))
-            continue;
-        snprintf(url, sizeof url, "http://%s:%lld/metrics", ip, port);
-        if (http_get(NULL, url, 1000, SCRAPE_MAX, &text) == 200 && fn(ctx, text))
-            n++;
-        free(text);
+        if (ip && pod_ready(p) && !get2(p, "metadata", "deletionTimestamp"))
+            n += fn(ctx, ip) != 0;
     }
     json_decref(pods);
     return n;
+}
+
+typedef struct scrape_ctx {
+    long long port;
+    pm_text_fn fn;
+    void *ctx;
+} scrape_ctx;
+
+static int scrape_one(void *arg, const char *ip)
+{
+    scrape_ctx *s = arg;
+    char url[256], *text = NULL;
+    snprintf(url, sizeof url, "http://%s:%lld/metrics", ip, s->port);
+    int ok = http_get(NULL, url, 1000, SCRAPE_MAX, &text) == 200 && s->fn(s->ctx, text);
+    free(text);
+    return ok;
+}
+
+int pm_scrape_each(kube_client *k, const char *ns, const char *instance, long long port, pm_text_fn fn, void *ctx)
+{
+    scrape_ctx s = {port, fn, ctx};
+    return pm_each_ready_pod(k, ns, instance, scrape_one, &s);
 }
 
 typedef struct signal_sum {

@@ -13,6 +13,11 @@
 
 /* The mean of metric (an autoscaling signal name: queueDepth, ...) over the
  * ready pods of instance that answered (*n_pods of them); -1 when none did. */
+/* Calls fn with the IP of each ready pod of instance (not terminating);
+ * fn returns nonzero when it got what it wanted. Returns how many did. */
+typedef int (*pm_pod_fn)(void *ctx, const char *ip);
+int pm_each_ready_pod(kube_client *k, const char *ns, const char *instance, pm_pod_fn fn, void *ctx);
+
 /* Calls fn with each ready pod's /metrics text (borrowed for the call);
  * fn returns 1 when the text was of use. Returns how many were. */
 typedef int (*pm_text_fn)(void *ctx, const char *text);

@@ -110,6 +110,9 @@ static llm_status build(kube_client *k, json_t *d, children *c, llm_error *err)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg);
     des_hash(get2(json_object_get(c->dep, "spec"), "template", NULL), c->template_hash);
     json_object_set_new(get2(c->dep, "metadata", "annotations"), DES_TEMPLATE_ANN, json_string(c->template_hash));
+    char base[17];
+    des_base_hash(d, base);
+    json_object_set_new(get2(c->dep, "metadata", "annotations"), DES_BASE_ANN, json_string(base));
     st = ro_plan(k, d, c->template_hash, (int)json_integer_value(get2(json_object_get(c->dep, "spec"), "replicas", NULL)),
                  c->cm, c->dep, &c->ro, err);
     if (st)

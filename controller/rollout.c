@@ -1,10 +1,12 @@
 /* rollout.c - canary upgrades: state, analysis turns and the objects they
  * need; see rollout.h. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "desired.h"
+#include "http_get.h"
 #include "kube_apply.h"
 #include "kube_event.h"
 #include "pod_diag.h"
@@ -51,7 +53,7 @@ static int ready_pods(json_t *dep)
 static int add_router(void *ctx, const char *text)
 {
     cn_sample_add(ctx, text);
-    return strstr(text, "llm_router_revision_requests_total") != NULL;
+    return strstr(text, "revision_requests_total{") != NULL; /* a router's, or a pod's (colocated) */
 }
 
 /* The routers' counters, summed; 0 when no router answered. */
@@ -63,15 +65,94 @@ static int sample_routers(kube_client *k, json_t *d, cn_sample *s)
     return pm_scrape_each(k, str(json_object_get(d, "metadata"), "namespace"), inst, DES_ROUTER_PORT, add_router, s);
 }
 
+static long long server_port(json_t *d)
+{
+    return json_integer_value(get2(json_object_get(d, "spec"), "server", "port")) ?: 8080;
+}
+
+static int colocated(const rollout *ro)
+{
+    return same(str(ro->state, "mode"), "colocated");
+}
+
+/* The counters the analysis reads: the routers', or the stable pods'
+ * own for a canary colocated in them. */
+static int sample(kube_client *k, json_t *d, const rollout *ro, cn_sample *s)
+{
+    if (!colocated(ro))
+        return sample_routers(k, d, s);
+    memset(s, 0, sizeof *s);
+    return pm_scrape_each(k, str(json_object_get(d, "metadata"), "namespace"),
+                          str(json_object_get(d, "metadata"), "name"), server_port(d), add_router, s);
+}
+
+/* ---- a canary colocated in the stable pods ------------------------------------------ */
+
+typedef struct coloc {
+    json_t *d;
+    char body[8400], token[65];
+    int pods, ready, failed, misfit; /* pods asked; serving the canary; failed to load; could not fit it */
+    char message[512];
+} coloc;
+
+static int ask_pod(void *arg, const char *ip)
+{
+    coloc *c = arg;
+    char url[300], *resp = NULL;
+    snprintf(url, sizeof url, "http://%s:%lld/admin/canary", ip, server_port(c->d));
+    long code = http_request(NULL, url, c->token, c->body, 3000, 1 << 16, &resp);
+    json_t *j = resp ? json_loads(resp, 0, NULL) : NULL;
+    const char *state = str(j, "state"), *msg = str(j, "message");
+    c->pods++;
+    c->ready += code == 200 && same(state, "ready");
+    c->failed += code == 200 && same(state, "failed");
+    c->misfit += code == 200 && same(state, "does_not_fit");
+    if ((same(state, "failed") || same(state, "does_not_fit")) && msg)
+        snprintf(c->message, sizeof c->message, "pod %s: %s", ip, msg);
+    else if (code != 200 && !c->message[0])
+        snprintf(c->message, sizeof c->message, "pod %s: /admin/canary answered %ld", ip, code);
+    json_decref(j);
+    free(resp);
+    return 1;
+}
+
+/* Every ready stable pod asked to serve the spec's model as the canary
+ * at weight (unload: none); what they said. */
+static void colocate(kube_client *k, json_t *d, int unload, int weight, coloc *c)
+{
+    memset(c, 0, sizeof *c);
+    c->d = d;
+    des_admin_token(d, c->token);
+    json_t *m = json_object_get(json_object_get(d, "spec"), "model");
+    json_t *req = json_pack("{s:o,s:i}", "model", unload ? json_null() : json_incref(json_object_get(m, "path")),
+                            "weight", weight);
+    if (req && !unload && json_is_string(json_object_get(m, "sha256")))
+        json_object_set(req, "sha256", json_object_get(m, "sha256"));
+    char *b = req ? json_dumps(req, JSON_COMPACT) : NULL;
+    snprintf(c->body, sizeof c->body, "%s", b ? b : "{}");
+    free(b);
+    json_decref(req);
+    pm_each_ready_pod(k, str(json_object_get(d, "metadata"), "namespace"), str(json_object_get(d, "metadata"), "name"),
+                      ask_pod, c);
+}
+
 /* ---- transitions ---------------------------------------------------------------- */
 
-static void start(kube_client *k, json_t *d, rollout *ro, const char *new_rev, const char *stable_rev)
+/* A new revision: colocated in the stable pods when asked for and only the
+ * model changed (base hashes equal), else in its own pods. */
+static void start(kube_client *k, json_t *d, rollout *ro, const char *new_rev, const char *stable_rev, int same_base)
 {
     json_decref(ro->state);
-    ro->state = json_pack("{s:s,s:s,s:s,s:i,s:i,s:n,s:n,s:n,s:n,s:n,s:s}", "revision", new_rev, "stableRevision",
-                          stable_rev, "phase", "Starting", "step", -1, "weight", 0, "stepStartTime", "window",
-                          "lastAnalysis", "rolledBackRevision", "signal", "message", "waiting for the canary's pods");
-    kube_event(k, d, "Normal", "CanaryStarted", "revision %.10s starts beside stable %.10s", new_rev, stable_rev);
+    int col = ro->cn.colocated && same_base;
+    ro->state = json_pack("{s:s,s:s,s:s,s:i,s:i,s:n,s:n,s:n,s:n,s:n,s:s,s:s,s:s}", "revision", new_rev,
+                          "stableRevision", stable_rev, "phase", "Starting", "step", -1, "weight", 0, "stepStartTime",
+                          "window", "lastAnalysis", "rolledBackRevision", "signal", "message",
+                          col ? "loading the new model in the stable pods" : "waiting for the canary's pods", "mode",
+                          col ? "colocated" : "pods", "colocation",
+                          !ro->cn.colocated ? "" : col ? "Colocated: the new model loads beside the stable one"
+                          : "TemplateChanged: more than the model changed, so the canary runs in its own pods");
+    kube_event(k, d, "Normal", "CanaryStarted", "revision %.10s starts beside stable %.10s%s", new_rev, stable_rev,
+               col ? " inside the stable pods" : "");
 }
 
 static void rollback(kube_client *k, json_t *d, rollout *ro, const char *signal, const char *msg)
@@ -119,8 +200,39 @@ static void record(rollout *ro, const cn_analysis *a)
 
 /* Starting: the canary's pods load; its first step begins once one is
  * ready, and a canary that cannot start is rolled back. */
+static void starting_colocated(kube_client *k, json_t *d, rollout *ro)
+{
+    coloc c;
+    colocate(k, d, 0, 0, &c);
+    if (c.misfit) { /* back to pods of its own, saying why */
+        coloc undo;
+        colocate(k, d, 1, 0, &undo);
+        char why[600];
+        snprintf(why, sizeof why, "ColocationDoesNotFit: %s; the canary runs in its own pods", c.message);
+        json_object_set_new(ro->state, "mode", json_string("pods"));
+        set_str(ro->state, "colocation", why);
+        set_str(ro->state, "message", "waiting for the canary's pods");
+        kube_event(k, d, "Warning", "ColocationDoesNotFit", "%s", why);
+    } else if (c.failed) {
+        rollback(k, d, ro, "CanaryFailed", c.message);
+    } else if (c.pods > 0 && c.ready == c.pods) {
+        cn_sample now;
+        sample(k, d, ro, &now);
+        begin_step(ro, 0, &now);
+        set_str(ro->state, "message", "step 1 began");
+        coloc w;
+        colocate(k, d, 0, ro->cn.steps[0].weight, &w);
+        kube_event(k, d, "Normal", "CanaryStep", "revision %.10s takes %d%% of requests inside the stable pods "
+                   "(step 1 of %d)", str(ro->state, "revision") ?: "", ro->cn.steps[0].weight, ro->cn.n_steps);
+    }
+}
+
 static void starting(kube_client *k, json_t *d, rollout *ro, json_t *canary)
 {
+    if (colocated(ro)) {
+        starting_colocated(k, d, ro);
+        return;
+    }
     if (ready_pods(canary) > 0) {
         cn_sample now;
         sample_routers(k, d, &now);
@@ -144,9 +256,13 @@ static void analyse(kube_client *k, json_t *d, rollout *ro, int paused)
 {
     cn_sample now, base, win;
     cn_analysis a;
-    if (!sample_routers(k, d, &now)) {
+    if (colocated(ro)) { /* keep every pod (a restarted one too) on the step's weight */
+        coloc c;
+        colocate(k, d, 0, (int)json_integer_value(json_object_get(ro->state, "weight")), &c);
+    }
+    if (!sample(k, d, ro, &now)) {
         memset(&a, 0, sizeof a);
-        snprintf(a.message, sizeof a.message, "no router answered on /metrics");
+        snprintf(a.message, sizeof a.message, "no %s answered on /metrics", colocated(ro) ? "pod" : "router");
     } else {
         if (!cn_sample_from_json(json_object_get(ro->state, "window"), &base))
             json_object_set_new(ro->state, "window", cn_sample_to_json(&now)), base = now;
@@ -163,6 +279,10 @@ static void analyse(kube_client *k, json_t *d, rollout *ro, int paused)
     case CN_ADVANCE:
         begin_step(ro, step + 1, &now);
         set_str(ro->state, "message", a.message);
+        if (colocated(ro)) {
+            coloc c;
+            colocate(k, d, 0, ro->cn.steps[step + 1].weight, &c);
+        }
         kube_event(k, d, "Normal", "CanaryStep", "revision %.10s takes %d%% of requests (step %d of %d): %s",
                    str(ro->state, "revision") ?: "", ro->cn.steps[step + 1].weight, step + 2, ro->cn.n_steps, a.message);
         break;
@@ -196,7 +316,10 @@ static void progress(kube_client *k, json_t *d, rollout *ro, json_t *canary, int
     ro->mode = RO_CANARY;
     ro->requeue_s = ro->cn.interval_s;
     if (same(str(ro->state, "phase"), "Promoting")) {
-        if (ready_pods(canary) >= total && dep_done(canary))
+        coloc c;
+        if (colocated(ro))
+            colocate(k, d, 0, 100, &c); /* every pod on the new model, then the stable rolls to it */
+        if (colocated(ro) ? c.pods > 0 && c.ready == c.pods : ready_pods(canary) >= total && dep_done(canary))
             ro->mode = RO_PROMOTING; /* the canary can carry it all: shift, then roll the stable */
         ro->requeue_s = 2;
     } else if (same(action, "abort")) {
@@ -212,6 +335,10 @@ static void progress(kube_client *k, json_t *d, rollout *ro, json_t *canary, int
     }
     if (one_shot)
         clear_action(k, d);
+    if (ro->mode == RO_ROLLED_BACK && colocated(ro)) { /* out of the stable pods again */
+        coloc c;
+        colocate(k, d, 1, 0, &c);
+    }
 }
 
 /* The template is the stable's again (a canary went back to it, or it was
@@ -242,11 +369,12 @@ static void settle(kube_client *k, json_t *d, rollout *ro, json_t *stable, const
 static llm_status objects(json_t *d, rollout *ro, json_t *stable, int total, json_t *cm, json_t *dep, llm_error *err)
 {
     int w = (int)json_integer_value(json_object_get(ro->state, "weight")), s_rep = total, c_rep = total;
+    int col = colocated(ro) && (ro->mode == RO_CANARY || ro->mode == RO_PROMOTING);
     ro->weight = ro->mode == RO_PROMOTING ? 100 : ro->mode == RO_CANARY ? w : 0;
-    if (ro->mode == RO_CANARY && !same(str(ro->state, "phase"), "Promoting"))
+    if (ro->mode == RO_CANARY && !col && !same(str(ro->state, "phase"), "Promoting"))
         cn_split(total, w, &s_rep, &c_rep);
-    ro->weight_cm = des_router_weight(d, ro->weight);
-    if ((ro->mode == RO_CANARY || ro->mode == RO_PROMOTING) &&
+    ro->weight_cm = des_router_weight(d, col ? 0 : ro->weight); /* colocated: the pods split, not the routers */
+    if (!col && (ro->mode == RO_CANARY || ro->mode == RO_PROMOTING) &&
         (!(ro->canary_cm = des_canary_configmap(d, cm)) || !(ro->canary_dep = des_canary_deployment(d, dep, c_rep)) ||
          !(ro->canary_svc = des_canary_service(d))))
         return llm_errf(err, LLM_ERR_NOMEM, "cannot build the canary's objects");
@@ -256,6 +384,9 @@ static llm_status objects(json_t *d, rollout *ro, json_t *stable, int total, jso
             return llm_errf(err, LLM_ERR_NOMEM, "cannot copy the stable pod template");
         json_object_set_new(json_object_get(dep, "spec"), "template", tmpl);
         json_object_set_new(get2(dep, "metadata", "annotations"), DES_TEMPLATE_ANN, json_string(ro->stable_rev));
+        const char *base = str(get2(stable, "metadata", "annotations"), DES_BASE_ANN);
+        if (base)
+            json_object_set_new(get2(dep, "metadata", "annotations"), DES_BASE_ANN, json_string(base));
         json_object_set_new(json_object_get(dep, "spec"), "replicas", json_integer(s_rep));
         ro->keep_config = 1;
     }
@@ -291,7 +422,9 @@ llm_status ro_plan(kube_client *k, json_t *d, const char *new_rev, int total, js
         ro->mode = RO_ROLLED_BACK;
     else {
         if (!same(str(ro->state, "revision"), new_rev))
-            start(k, d, ro, new_rev, srev);
+            start(k, d, ro, new_rev, srev,
+                  same(str(get2(stable, "metadata", "annotations"), DES_BASE_ANN),
+                       str(get2(dep, "metadata", "annotations"), DES_BASE_ANN)));
         progress(k, d, ro, canary, total);
     }
     if (!st)
@@ -363,6 +496,14 @@ void ro_conditions(const rollout *ro, json_t *conds, json_int_t gen)
     json_array_append_new(conds, condition("CanaryPromoted", same(phase, "Promoted"),
                                            same(phase, "Promoted") ? "Promoted" : "NotPromoted",
                                            same(phase, "Promoted") ? msg : "the last canary was not promoted", gen));
+    const char *col = str(ro->state, "colocation");
+    if (ro->cn.colocated && col && *col) { /* "Reason: message" */
+        const char *colon = strchr(col, ':');
+        char reason[48];
+        snprintf(reason, sizeof reason, "%.*s", colon ? (int)(colon - col) : (int)strlen(col), col);
+        json_array_append_new(conds, condition("CanaryColocated", same(reason, "Colocated"), reason,
+                                               colon ? colon + 2 : col, gen));
+    }
     int back = same(phase, "RolledBack");
     json_array_append_new(conds, condition("CanaryRolledBack", back, back ? (str(ro->state, "signal") ?: "RolledBack") : "NotRolledBack",
                                            back ? msg : "no rollback", gen));

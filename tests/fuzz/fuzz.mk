@@ -47,4 +47,4 @@ $(FUZZ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) $(w
 $(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c controller/desired.c controller/canary.c engine/status.c $(wildcard controller/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
-	@clang $(FUZZ_CFLAGS) -Icontroller tests/fuzz/fuzz_llmd.c controller/desired.c controller/canary.c engine/status.c -lm -ljansson -o $@
+	@clang $(FUZZ_CFLAGS) -Icontroller tests/fuzz/fuzz_llmd.c controller/desired.c controller/canary.c engine/status.c -lm -ljansson -lcrypto -o $@

@@ -11,7 +11,10 @@ streamed completions through the official openai package:
   client never sees a failure (the router retries on stable) and the
   stable pods are never touched; the same spec does not start it again;
 - kubectl's levers (the llmk8s.io/canary-action annotation): pause holds,
-  resume continues, abort rolls back, promote promotes."""
+  resume continues, abort rolls back, promote promotes;
+- mode colocated: a new model loads inside the stable pods and is promoted
+  from their own per-revision metrics; when it does not fit the memory
+  budget the canary falls back to pods of its own, saying why."""
 import datetime
 import json
 import shutil
@@ -22,7 +25,7 @@ import urllib.request
 import pytest
 
 from test_kubesim import wait_for
-from test_operator import Cluster
+from test_operator import LLMD, Cluster
 
 openai = pytest.importorskip("openai")
 
@@ -232,3 +235,61 @@ def test_kubectl_levers(cluster):
     assert client.failures == [], client.failures[:5]
     assert "max_seqs: 10" in c.get("configmap", "story-config")["data"]["config.yaml"]
     assert "llmk8s.io/canary-action" not in (c.get("llmd", "story")["metadata"].get("annotations") or {})
+
+
+def colocated_spec(steps, server=""):
+    return spec(steps, server).replace("  canary:\n", "  canary:\n    mode: colocated\n")
+
+
+def apply_model(c, path, extra):
+    """The LLMDeployment with another model file (a new revision that
+    differs in the model only)."""
+    c.k("apply", "-f", "-", stdin=LLMD.format(name="story", replicas=1, model=path, dir=path.parent,
+                                              image="llm-server:test", seqs=8, extra=extra))
+
+
+def test_colocated_canary_promotes_inside_the_stable_pods(cluster):
+    """mode colocated, only the model changed: the new model loads inside
+    the stable pods (no canary Deployment), they split the requests, the
+    analysis reads the pods' per-revision metrics, and it is promoted."""
+    c = cluster
+    copy = c.model.parent / "canary-copy.gguf"
+    shutil.copy(c.model, copy)
+    steps = [{"weight": 50, "pause": 4}]
+    ip = start(c, colocated_spec(steps))
+    pods0 = c.ready_ips("story-backends")
+    client = Client(ip)
+    try:
+        time.sleep(1)
+        apply_model(c, copy, colocated_spec(steps))
+        wait_phase(c, "Progressing", 60)
+        assert canary(c)["mode"] == "colocated", canary(c)
+        assert c.cond("CanaryColocated")["status"] == "True", c.status()
+        assert c.get("deployment", "story-canary") is None
+        assert c.ready_ips("story-backends") == pods0, (pods0, c.ready_ips("story-backends"))
+        m = urllib.request.urlopen(f"http://{pods0[0]}:8080/metrics", timeout=5).read().decode()
+        assert "llm_canary_loaded 1" in m and "llm_canary_weight 50" in m
+        wait_phase(c, "Promoted", 90)
+    finally:
+        client.finish()
+    assert client.failures == [], client.failures[:5]
+    assert f"model: \"{copy}\"" in c.get("configmap", "story-config")["data"]["config.yaml"]
+    assert c.cond("CanaryPromoted")["status"] == "True"
+    analysis = canary(c)["lastAnalysis"]
+    assert analysis["result"] == "Pass" and analysis["canaryRequests"] >= 10, analysis
+
+
+def test_colocated_falls_back_to_pods_when_it_does_not_fit(cluster):
+    c = cluster
+    copy = c.model.parent / "canary-copy.gguf"
+    shutil.copy(c.model, copy)
+    steps = [{"weight": 50, "pause": 600}]
+    tight = colocated_spec(steps, '  server: {extraArgs: ["--memory_budget_mb", "1"]}\n')
+    start(c, tight)
+    apply_model(c, copy, tight)
+    wait_for(lambda: c.cond("CanaryColocated").get("reason") == "ColocationDoesNotFit", 60)
+    cond = c.cond("CanaryColocated")
+    assert cond["status"] == "False" and "the canary needs" in cond["message"], cond
+    assert "ColocationDoesNotFit" in events(c)
+    wait_phase(c, "Progressing", 90)  # in pods of its own now
+    assert canary(c)["mode"] == "pods" and c.get("deployment", "story-canary")

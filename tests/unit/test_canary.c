@@ -50,6 +50,9 @@ static void test_config(void **st)
     cfg_of("{\"canary\":{\"steps\":[{\"weight\":50,\"pause\":\"2x\"}]}}", LLM_ERR_INVALID_ARG,
            "spec.canary.steps[0].pause");
     cfg_of("{\"canary\":{\"steps\":[]}}", LLM_ERR_INVALID_ARG, "spec.canary.steps");
+    cfg_of("{\"canary\":{\"mode\":\"sidecar\",\"steps\":[{\"weight\":5}]}}", LLM_ERR_INVALID_ARG, "spec.canary.mode");
+    c = cfg_of("{\"canary\":{\"mode\":\"colocated\",\"steps\":[{\"weight\":5}]}}", LLM_OK, NULL);
+    assert_int_equal(c.colocated, 1);
     cfg_of("{\"canary\":{\"steps\":[{\"weight\":5}],\"analysis\":{\"maxTTFTRatio\":0.5}}}", LLM_ERR_INVALID_ARG,
            "spec.canary.analysis.maxTTFTRatio");
     cfg_of("{\"canary\":{\"steps\":[{\"weight\":5}],\"intervalSeconds\":0}}", LLM_ERR_INVALID_ARG,
@@ -95,6 +98,12 @@ static void test_sample_and_quantile(void **st)
     cn_sample_add(&u, "llm_router_revision_itl_seconds_bucket{revision=\"stable\",le=\"0.5\"} 7\n"
                       "llm_router_revision_itl_seconds_bucket{revision=\"stable\",le=\"0.1\"} 3\n");
     assert_true(u.n_le == 2 && u.le[0] == 0.1 && u.le[1] == 0.5 && u.itl[0][0] == 3 && u.itl[0][1] == 7);
+    /* llm-server's series of a colocated canary read alike; others not */
+    cn_sample v = {0};
+    cn_sample_add(&v, "llm_revision_requests_total{revision=\"canary\",code=\"5xx\"} 4\n"
+                      "llm_revision_requests_total{revision=\"canary\",code=\"2xx\"} 6\n"
+                      "xllm_revision_requests_total{revision=\"canary\",code=\"2xx\"} 100\n");
+    assert_true(v.requests[1] == 10 && v.errors[1] == 4);
 }
 
 static void test_window_and_json(void **st)
