@@ -98,6 +98,26 @@ static void *poller(void *arg)
     return NULL;
 }
 
+/* ---- watches ------------------------------------------------------------------------ */
+
+/* Lists and watches path until the router stops, starting again (after
+ * 5 s) when the watch fails for good (RBAC not yet bound, say). */
+static void watch_until_stopped(kube_config *cfg, const char *path, kube_event_fn fn, void *ctx)
+{
+    while (!g_stop) {
+        kube_client *k = NULL;
+        llm_error err = {0};
+        llm_status st = kube_client_new(cfg, &k, &err);
+        if (!st)
+            st = kube_list_watch(k, cfg, path, 300, fn, ctx, &g_stop, &err);
+        kube_client_free(k);
+        if (!st)
+            break;
+        logf_("watching %s: %s (retrying)", path, err.msg);
+        for (int i = 0; i < 50 && !g_stop; i++) usleep(100000);
+    }
+}
+
 /* ---- discovery from EndpointSlices ---------------------------------------------- */
 
 /* The ready endpoints of one slice as URLs, newline-separated (malloc'd). */
@@ -195,18 +215,7 @@ static void *discover(void *arg)
     char path[700];
     snprintf(path, sizeof path, "/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices?labelSelector="
                                 "kubernetes.io%%2Fservice-name%%3D%s", r->ns, r->name);
-    while (!g_stop) {
-        kube_client *k = NULL;
-        llm_error err = {0};
-        llm_status st = kube_client_new(&r->r->cfg, &k, &err);
-        if (!st)
-            st = kube_list_watch(k, &r->r->cfg, path, 300, on_slice, r, &g_stop, &err);
-        kube_client_free(k);
-        if (!st)
-            break;
-        logf_("watching %s: %s (retrying)", path, err.msg);
-        for (int i = 0; i < 50 && !g_stop; i++) usleep(100000);
-    }
+    watch_until_stopped(&r->r->cfg, path, on_slice, r);
     return NULL;
 }
 
@@ -239,18 +248,7 @@ static void *follow_weight(void *arg)
     char path[800];
     snprintf(path, sizeof path, "/api/v1/namespaces/%s/configmaps?fieldSelector=metadata.name%%3D%s", r->weight_ns,
              r->weight_cm);
-    while (!g_stop) {
-        kube_client *k = NULL;
-        llm_error err = {0};
-        llm_status st = kube_client_new(&r->cfg, &k, &err);
-        if (!st)
-            st = kube_list_watch(k, &r->cfg, path, 300, on_weight, r, &g_stop, &err);
-        kube_client_free(k);
-        if (!st)
-            break;
-        logf_("watching %s: %s (retrying)", path, err.msg);
-        for (int i = 0; i < 50 && !g_stop; i++) usleep(100000);
-    }
+    watch_until_stopped(&r->cfg, path, on_weight, r);
     return NULL;
 }
 

@@ -112,17 +112,6 @@ static long long budget_bytes(const srv *s)
     return v > 0 && v < (1LL << 60) ? v : -1;
 }
 
-static long long rss_now(void)
-{
-    long pages = 0, rss = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f && fscanf(f, "%ld %ld", &pages, &rss) != 2)
-        rss = 0;
-    if (f)
-        fclose(f);
-    return (long long)rss * sysconf(_SC_PAGESIZE);
-}
-
 /* LLM_ERR_NOMEM (message with the numbers) when the model at path and its
  * KV cache would not fit beside what this server already holds. */
 static llm_status fits(const srv *s, const char *path, llm_error *err)
@@ -130,7 +119,7 @@ static llm_status fits(const srv *s, const char *path, llm_error *err)
     struct stat st;
     if (stat(path, &st))
         return llm_errf(err, LLM_ERR_IO, "%s: %s", path, strerror(errno));
-    long long budget = budget_bytes(s), used = rss_now();
+    long long budget = budget_bytes(s), used = srv_rss_bytes();
     long long need = (long long)st.st_size + ((long long)s->cfg.kv_cache_mb << 20);
     if (budget > 0 && used + need > budget)
         return llm_errf(err, LLM_ERR_NOMEM,

@@ -101,7 +101,7 @@ static void counter(llm_strbuf *b, const char *name, const char *help, double v)
     llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s_total %.17g\n", name, help, name, name, v);
 }
 
-static long rss_bytes(void)
+long srv_rss_bytes(void)
 {
     long pages = 0, rss = 0;
     FILE *f = fopen("/proc/self/statm", "r");
@@ -214,6 +214,6 @@ char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase)
         render_engine(&b, &s);
     }
     gauge(&b, "llm_server_phase", "0 loading, 1 ready, 2 draining, 3 failed", phase);
-    gauge(&b, "process_resident_memory_bytes", "Resident memory", (double)rss_bytes());
+    gauge(&b, "process_resident_memory_bytes", "Resident memory", (double)srv_rss_bytes());
     return llm_strbuf_take(&b);
 }

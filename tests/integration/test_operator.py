@@ -362,7 +362,7 @@ def test_leader_election(cluster):
     wait_for(lambda: metrics(ua)[("llm_controller_leader", ())] + metrics(ub)[("llm_controller_leader", ())] == 1, 20)
     leader, standby, surl = (a, b, ub) if metrics(ua)[("llm_controller_leader", ())] == 1 else (b, a, ua)
     c.apply("one", replicas=0)
-    wait_for(lambda: c.get("deployment", "one") is not None and c.status("one").get("phase") == "Ready", 30)
+    wait_for(lambda: c.get("deployment", "one") is not None and c.status("one").get("phase") == "Idle", 30)  # no pods: Idle
     assert metrics(surl)[("llm_controller_reconciles_total", (("result", "success"),))] == 0
     lease = c.get("lease", "llm-controller")
     assert lease["spec"]["holderIdentity"].endswith(f"_{leader.pid}")
@@ -372,7 +372,7 @@ def test_leader_election(cluster):
     wait_for(lambda: metrics(surl)[("llm_controller_leader", ())] == 1, 15)
     assert time.time() - t0 < 3 + 2  # the lease duration, plus a retry period or so
     c.apply("two", replicas=0)
-    wait_for(lambda: c.get("deployment", "two") is not None and c.status("two").get("phase") == "Ready", 30)
+    wait_for(lambda: c.get("deployment", "two") is not None and c.status("two").get("phase") == "Idle", 30)
     assert c.get("lease", "llm-controller")["spec"]["holderIdentity"].endswith(f"_{standby.pid}")
     standby.terminate()  # a graceful stop gives the lease up
     assert standby.wait(timeout=30) == 0
@@ -404,7 +404,7 @@ def test_two_hundred_converge_then_rest(cluster):
 
     def converged():
         items = json.loads(c.k("get", "llmd", "-o", "json").stdout)["items"]
-        return len(items) == 200 and all((i.get("status") or {}).get("phase") == "Ready" for i in items)
+        return len(items) == 200 and all((i.get("status") or {}).get("phase") == "Idle" for i in items)  # replicas 0
     wait_for(converged, 240)
     took = time.time() - t0
     assert len(json.loads(c.k("get", "deployments", "-o", "json").stdout)["items"]) == 200

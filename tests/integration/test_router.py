@@ -307,7 +307,7 @@ def test_scale_from_zero_holds_requests(tmp_path, models):
     try:
         c.controller()
         c.apply(replicas=0)
-        wait_for(lambda: c.status().get("phase") == "Ready", 30)
+        wait_for(lambda: c.status().get("phase") == "Idle", 30)  # replicas 0
         svc = ["--service", "default/story", "--kubeconfig", c.dir / "kubeconfig"]
         quick = Router(*svc, "--hold-seconds", 1)
         t0 = time.time()
