@@ -166,12 +166,14 @@ static void sample_line(cn_sample *s, const char *p, const char *eol)
     if (kind == 1 || !label(lb, rb, "le", le, sizeof le))
         return;
     double (*h)[CN_MAX_BUCKETS + 1] = kind == 2 ? s->ttft : s->itl;
-    if (!strcmp(le, "+Inf")) {
+    double bound = strtod(le, &end);
+    if (*end || end == le)
+        return;
+    if (!isfinite(bound)) { /* "+Inf" (and other spellings of it) */
         h[r][CN_MAX_BUCKETS] += v;
         return;
     }
-    double bound = strtod(le, &end);
-    int i = *end ? -1 : le_index(s, bound);
+    int i = le_index(s, bound);
     if (i >= 0)
         h[r][i] += v;
 }

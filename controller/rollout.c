@@ -385,8 +385,10 @@ static llm_status objects(json_t *d, rollout *ro, json_t *stable, int total, jso
         json_object_set_new(json_object_get(dep, "spec"), "template", tmpl);
         json_object_set_new(get2(dep, "metadata", "annotations"), DES_TEMPLATE_ANN, json_string(ro->stable_rev));
         const char *base = str(get2(stable, "metadata", "annotations"), DES_BASE_ANN);
-        if (base)
+        if (base) /* what the stable pods run, not the spec's */
             json_object_set_new(get2(dep, "metadata", "annotations"), DES_BASE_ANN, json_string(base));
+        else
+            json_object_del(get2(dep, "metadata", "annotations"), DES_BASE_ANN);
         json_object_set_new(json_object_get(dep, "spec"), "replicas", json_integer(s_rep));
         ro->keep_config = 1;
     }

@@ -104,6 +104,12 @@ static void test_sample_and_quantile(void **st)
                       "llm_revision_requests_total{revision=\"canary\",code=\"2xx\"} 6\n"
                       "xllm_revision_requests_total{revision=\"canary\",code=\"2xx\"} 100\n");
     assert_true(v.requests[1] == 10 && v.errors[1] == 4);
+    /* +Inf however spelled goes to the +Inf count, never into the bounds */
+    cn_sample w = {0};
+    cn_sample_add(&w, "llm_router_revision_ttfb_seconds_bucket{revision=\"stable\",le=\"+InF\"} 5\n"
+                      "llm_router_revision_ttfb_seconds_bucket{revision=\"stable\",le=\"inf\"} 2\n"
+                      "llm_router_revision_ttfb_seconds_bucket{revision=\"stable\",le=\"x\"} 9\n");
+    assert_true(w.n_le == 0 && w.ttft[0][CN_MAX_BUCKETS] == 7);
 }
 
 static void test_window_and_json(void **st)
