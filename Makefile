@@ -192,6 +192,35 @@ bench-load: deps all $(DEFAULT_MODEL)
 	$(PYTHON) tests/bench/load.py --build $(BUILD) --model $(MODEL) --threads $(THREADS) \
 	  $(if $(LLAMA_SERVER),--peer $(LLAMA_SERVER))
 
+# CUDA kernels (issue 8, first slice): built by `make cuda` when nvcc is
+# present, not yet part of `all` (no backend uses them yet). sm_80 and
+# sm_90 code plus sm_90 PTX; warnings are errors. `make cuda-regs` prints
+# registers and spills per kernel.
+NVCC ?= nvcc
+CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
+CUDA_SRC = $(wildcard kernels/*.cu)
+CUDA_ARCH = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+CUDA_FLAGS = -O3 -std=c++17 $(CUDA_ARCH) -Ikernels -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror
+CUDA_OBJ = $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+.PHONY: cuda cuda-regs gpu-check
+cuda:
+	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory $(BUILD)/libllmkernels.a; \
+	 else echo "cuda: $(NVCC) not found; skipping the CUDA kernels"; fi
+$(BUILD)/libllmkernels.a: $(CUDA_OBJ)
+	@rm -f $@ && ar rcs $@ $^
+$(BUILD)/kernels/%.o: kernels/%.cu kernels/common.cuh kernels/llm_kernels.h
+	@mkdir -p $(dir $@)
+	@echo "  NVCC  $<"
+	@$(NVCC) $(CUDA_FLAGS) -c $< -o $@
+# The kernels against the CPU backend (runs on a GPU machine: tests/gpu/run.sh).
+gpu-check: cuda $(LIB)
+	@mkdir -p $(BUILD)/tests
+	@$(CC) $(CFLAGS_BASE) -I$(CUDA_HOME)/include -Ikernels -c tests/gpu/check_kernels.c -o $(BUILD)/tests/check_kernels.o
+	@$(NVCC) $(BUILD)/tests/check_kernels.o $(BUILD)/libllmkernels.a $(LIB) -lcudart -lm -lpthread -o $(BUILD)/tests/check_kernels
+	@echo "built $(BUILD)/tests/check_kernels"
+cuda-regs:
+	@for f in $(CUDA_SRC); do $(NVCC) $(CUDA_FLAGS) -Xptxas -v -c $$f -o /dev/null 2>&1 | grep -E "Compiling|registers|spill"; done
+
 lint:
 	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c || (echo "lint: banned call" && false)
 

@@ -1,0 +1,66 @@
+/* elementwise.cu - SwiGLU, residual add and embedding rows: memory-bound
+ * grid-stride loops. */
+#include "common.cuh"
+#include "llm_kernels.h"
+
+__global__ static void swiglu_kernel(const float *g, const float *u, size_t n, float *out)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+__global__ static void add_kernel(float *y, const float *x, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
+
+/* One block per output row; type as in llm_kernels.h. */
+__global__ static void get_rows_kernel(int type, const uint8_t *emb, size_t row_bytes, int cols, const int32_t *ids,
+                                       float *out)
+{
+    const uint8_t *row = emb + (size_t)ids[blockIdx.x] * row_bytes;
+    float *o = out + (size_t)blockIdx.x * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v;
+        if (type == 0) {
+            v = ((const float *)row)[c];
+        } else if (type == 1) {
+            v = lk_f16(((const uint16_t *)row)[c]);
+        } else if (type == 30) {
+            v = lk_bf16(((const uint16_t *)row)[c]);
+        } else { /* Q8_0: blocks of an f16 scale and 32 int8 */
+            const uint8_t *blk = row + (size_t)(c / 32) * 34;
+            uint16_t d = (uint16_t)(blk[0] | (blk[1] << 8));
+            v = lk_f16(d) * (float)(int8_t)blk[2 + c % 32];
+        }
+        o[c] = v;
+    }
+}
+
+extern "C" int lk_swiglu(const float *gate, const float *up, size_t n, float *out, void *stream)
+{
+    if (!n)
+        return 0;
+    swiglu_kernel<<<lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream>>>(gate, up, n, out);
+    return lk_status();
+}
+
+extern "C" int lk_add(float *y, const float *x, size_t n, void *stream)
+{
+    if (!n)
+        return 0;
+    add_kernel<<<lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream>>>(y, x, n);
+    return lk_status();
+}
+
+extern "C" int lk_get_rows(int type, const void *emb, size_t row_bytes, int cols, const int32_t *ids, int n,
+                           float *out, void *stream)
+{
+    if (type != 0 && type != 1 && type != 8 && type != 30)
+        return LK_UNSUPPORTED;
+    if (n <= 0 || cols <= 0)
+        return 0;
+    get_rows_kernel<<<n, LK_THREADS, 0, (cudaStream_t)stream>>>(type, (const uint8_t *)emb, row_bytes, cols, ids, out);
+    return lk_status();
+}

@@ -1,0 +1,49 @@
+/* llm_kernels.h - the CUDA kernels' C API, for the CUDA backend (issue 8;
+ * engine/backend_cuda.c, not written yet). Each function enqueues its
+ * kernel on `stream` (a cudaStream_t; NULL: the default stream) and returns
+ * the launch's cudaError_t as an int (0: launched); errors of the kernel
+ * itself surface at the next synchronisation.
+ *
+ * Every pointer is device memory; tensor conventions are the backend
+ * interface's (llm/backend.h): activations row-major float32, one row per
+ * token; weights rows of `row_bytes` in their quant_type. Each kernel
+ * computes what the CPU backend's operation of the same name computes (the
+ * GPU check script compares them).
+ *
+ * Thread-safety: as CUDA's (one stream per thread). */
+#ifndef LLM_KERNELS_H
+#define LLM_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out[t] = x[t] / rms(x[t]) * w, rows of dim (sum of squares in double,
+ * as the CPU backend). */
+int lk_rmsnorm(const float *x, const float *w, int n_tok, int dim, float eps, float *out, void *stream);
+
+/* Rotates the first rot_dim dims of each head of x (n_tok, n_head *
+ * head_dim) in place by position pos[t] * freq_scale; neox 0: adjacent
+ * pairs (llama), 1: halves. freq_factors (rot_dim / 2) or NULL. */
+int lk_rope(float *x, int n_tok, int n_head, int head_dim, int rot_dim, const int32_t *pos, float theta,
+            float freq_scale, int neox, const float *freq_factors, void *stream);
+
+/* out = silu(gate) * up; y += x (n elements). */
+int lk_swiglu(const float *gate, const float *up, size_t n, float *out, void *stream);
+int lk_add(float *y, const float *x, size_t n, void *stream);
+
+/* out (n, cols) = rows ids of the embedding table, dequantized; type is a
+ * quant_type: F32 (0), F16 (1), Q8_0 (8), BF16 (30); others return
+ * LK_UNSUPPORTED. */
+#define LK_UNSUPPORTED (-1)
+int lk_get_rows(int type, const void *emb, size_t row_bytes, int cols, const int32_t *ids, int n, float *out,
+                void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

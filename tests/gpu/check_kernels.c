@@ -1,0 +1,184 @@
+/* check_kernels.c - every CUDA kernel (kernels/llm_kernels.h) against the
+ * CPU backend's operation of the same name, on seeded random inputs, with
+ * the output buffers poisoned (0xff bytes: NaN) before each run so a kernel
+ * that skips an element fails. Prints one line per check (max abs and
+ * relative error, the tolerance, PASS/FAIL) and exits 1 on any failure.
+ * Run on a GPU machine by tests/gpu/run.sh; built here by `make gpu-check`.
+ *
+ * Tolerances: add, swiglu on exact inputs and embedding rows are exact or
+ * within float rounding (1e-6 relative); RMSNorm reduces in double on both
+ * sides but in another order (1e-5); RoPE's angles reach thousands of
+ * radians where device and libm sin/cos may differ by an ulp of the angle
+ * (2e-4 absolute). */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm/backend.h"
+#include "llm/quant.h"
+#include "llm_kernels.h"
+
+static int g_fail;
+
+#define CK(call)                                                                                  \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(2);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+static unsigned long long g_rng = 12345;
+
+static float frand(void)
+{
+    g_rng = g_rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((g_rng >> 40) & 0xffffff) / 8388608.0f - 1.0f; /* [-1, 1) */
+}
+
+static float *rand_host(size_t n)
+{
+    float *p = malloc(n * sizeof *p);
+    if (!p)
+        exit(2);
+    for (size_t i = 0; i < n; i++) p[i] = frand();
+    return p;
+}
+
+static void *to_dev(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    CK(cudaMalloc(&d, bytes ? bytes : 1));
+    CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static float *poisoned(size_t n)
+{
+    float *d = NULL;
+    CK(cudaMalloc((void **)&d, n * sizeof *d));
+    CK(cudaMemset(d, 0xff, n * sizeof *d));
+    return d;
+}
+
+/* Compares the device result with the reference; prints the line. */
+static void compare(const char *what, const float *dev, const float *ref, size_t n, double tol_abs, double tol_rel)
+{
+    float *got = malloc(n * sizeof *got);
+    if (!got)
+        exit(2);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(got, dev, n * sizeof *got, cudaMemcpyDeviceToHost));
+    double max_abs = 0, max_rel = 0;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]), r = d / (fabs(ref[i]) > 1e-6 ? fabs(ref[i]) : 1e-6);
+        if (!isfinite(got[i]) || (d > tol_abs && r > tol_rel))
+            bad = 1;
+        max_abs = d > max_abs || !isfinite(got[i]) ? d : max_abs;
+        max_rel = r > max_rel ? r : max_rel;
+    }
+    printf("%-28s n=%-9zu max_abs %.3g max_rel %.3g (tolerance abs %.0e or rel %.0e) %s\n", what, n, max_abs, max_rel,
+           tol_abs, tol_rel, bad ? "FAIL" : "PASS");
+    g_fail |= bad;
+    free(got);
+}
+
+static void check_rmsnorm(llm_backend *cpu, int n_tok, int dim)
+{
+    float *x = rand_host((size_t)n_tok * dim), *w = rand_host((size_t)dim), *ref = malloc((size_t)n_tok * dim * 4);
+    llm_backend_rmsnorm(cpu, x, w, n_tok, dim, 1e-5f, ref);
+    float *dx = to_dev(x, (size_t)n_tok * dim * 4), *dw = to_dev(w, (size_t)dim * 4), *dout = poisoned((size_t)n_tok * dim);
+    CK((cudaError_t)lk_rmsnorm(dx, dw, n_tok, dim, 1e-5f, dout, NULL));
+    char what[64];
+    snprintf(what, sizeof what, "rmsnorm %dx%d", n_tok, dim);
+    compare(what, dout, ref, (size_t)n_tok * dim, 1e-6, 1e-5);
+    cudaFree(dx), cudaFree(dw), cudaFree(dout), free(x), free(w), free(ref);
+}
+
+static void check_rope(llm_backend *cpu, int neox, int with_factors)
+{
+    int n_tok = 37, n_head = 8, head_dim = 64, rot_dim = 64;
+    size_t n = (size_t)n_tok * n_head * head_dim;
+    float *x = rand_host(n), *ref = malloc(n * 4), *factors = rand_host((size_t)rot_dim / 2);
+    for (int i = 0; i < rot_dim / 2; i++) factors[i] = 1.0f + fabsf(factors[i]) * 7; /* Llama 3.1-like divisors */
+    int32_t pos[37];
+    for (int t = 0; t < n_tok; t++) pos[t] = t * 113; /* up to ~4000 */
+    memcpy(ref, x, n * 4);
+    llm_rope_args a = {ref, n_tok, n_head, head_dim, rot_dim, pos, 500000.0f, 1.0f, neox, with_factors ? factors : NULL};
+    llm_backend_rope(cpu, &a);
+    float *dx = to_dev(x, n * 4), *df = to_dev(factors, (size_t)rot_dim / 2 * 4);
+    int32_t *dp = to_dev(pos, sizeof pos);
+    CK((cudaError_t)lk_rope(dx, n_tok, n_head, head_dim, rot_dim, dp, 500000.0f, 1.0f, neox, with_factors ? df : NULL,
+                            NULL));
+    char what[64];
+    snprintf(what, sizeof what, "rope %s%s", neox ? "neox" : "llama", with_factors ? " +factors" : "");
+    compare(what, dx, ref, n, 2e-4, 2e-4);
+    cudaFree(dx), cudaFree(df), cudaFree(dp), free(x), free(ref), free(factors);
+}
+
+static void check_elementwise(llm_backend *cpu, size_t n)
+{
+    float *g = rand_host(n), *u = rand_host(n), *ref = malloc(n * 4), *y = rand_host(n), *yref = malloc(n * 4);
+    llm_backend_swiglu(cpu, g, u, n, ref);
+    memcpy(yref, y, n * 4);
+    llm_backend_add(cpu, yref, g, n);
+    float *dg = to_dev(g, n * 4), *du = to_dev(u, n * 4), *dout = poisoned(n), *dy = to_dev(y, n * 4);
+    CK((cudaError_t)lk_swiglu(dg, du, n, dout, NULL));
+    compare("swiglu", dout, ref, n, 1e-6, 1e-6);
+    CK((cudaError_t)lk_add(dy, dg, n, NULL));
+    compare("add", dy, yref, n, 0, 0);
+    cudaFree(dg), cudaFree(du), cudaFree(dout), cudaFree(dy);
+    free(g), free(u), free(ref), free(y), free(yref);
+}
+
+static void check_get_rows(llm_backend *cpu, quant_type t)
+{
+    int rows = 100, cols = 256, ids_n = 9;
+    size_t rb = quant_row_bytes(t, (size_t)cols);
+    float *src = rand_host((size_t)rows * cols);
+    unsigned char *q = malloc((size_t)rows * rb);
+    for (int r = 0; r < rows; r++) quant_quantize_row(t, src + (size_t)r * cols, q + (size_t)r * rb, (size_t)cols);
+    int32_t ids[9] = {0, 99, 5, 5, 42, 17, 63, 1, 98};
+    llm_weight emb = {t, rows, cols, rb, q};
+    float *ref = malloc((size_t)ids_n * cols * 4);
+    llm_backend_get_rows(cpu, &emb, ids, ids_n, ref);
+    void *dq = to_dev(q, (size_t)rows * rb);
+    int32_t *di = to_dev(ids, sizeof ids);
+    float *dout = poisoned((size_t)ids_n * cols);
+    CK((cudaError_t)lk_get_rows((int)t, dq, rb, cols, di, ids_n, dout, NULL));
+    char what[64];
+    snprintf(what, sizeof what, "get_rows %s", quant_type_name(t));
+    compare(what, dout, ref, (size_t)ids_n * cols, 0, 0);
+    cudaFree(dq), cudaFree(di), cudaFree(dout), free(src), free(q), free(ref);
+}
+
+int main(void)
+{
+    quant_init();
+    llm_backend *cpu = NULL;
+    llm_error err = {0};
+    llm_cpu_config cc = {2, 0, NULL};
+    if (llm_backend_cpu_new(&cc, &cpu, &err)) {
+        fprintf(stderr, "check_kernels: %s\n", err.msg);
+        return 2;
+    }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (sm_%d%d), CPU reference: %s kernels\n", prop.name, prop.major, prop.minor,
+           llm_backend_cpu_kernels(cpu));
+    check_rmsnorm(cpu, 1, 4096);
+    check_rmsnorm(cpu, 33, 2048);
+    check_rmsnorm(cpu, 7, 100); /* not a multiple of the block */
+    for (int neox = 0; neox < 2; neox++)
+        for (int f = 0; f < 2; f++) check_rope(cpu, neox, f);
+    check_elementwise(cpu, 1000003);
+    static const quant_type types[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) check_get_rows(cpu, types[i]);
+    llm_backend_free(cpu);
+    printf("%s\n", g_fail ? "check_kernels: FAILED" : "check_kernels: all passed");
+    return g_fail;
+}
