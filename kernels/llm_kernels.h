@@ -42,6 +42,13 @@ int lk_add(float *y, const float *x, size_t n, void *stream);
 int lk_get_rows(int type, const void *emb, size_t row_bytes, int cols, const int32_t *ids, int n, float *out,
                 void *stream);
 
+/* Stores a batch's K and V rows (n_rows, kv_dim floats) into the paged
+ * cache of one layer: row r goes to physical row slot[r] (block *
+ * block_size + offset) of k_cache / v_cache, rows of row_bytes in type
+ * F32 (0), F16 (1) or Q8_0 (8, kv_dim a multiple of 32). */
+int lk_kv_write(int type, void *k_cache, void *v_cache, size_t row_bytes, int kv_dim, const int32_t *slot, int n_rows,
+                const float *k, const float *v, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,7 +9,8 @@
  * within float rounding (1e-6 relative); RMSNorm reduces in double on both
  * sides but in another order (1e-5); RoPE's angles reach thousands of
  * radians where device and libm sin/cos may differ by an ulp of the angle
- * (2e-4 absolute). */
+ * (2e-4 absolute). K/V rows written into the paged cache must match the
+ * CPU backend's bytes exactly. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -156,6 +157,50 @@ static void check_get_rows(llm_backend *cpu, quant_type t)
     cudaFree(dq), cudaFree(di), cudaFree(dout), free(src), free(q), free(ref);
 }
 
+/* K/V rows into the paged cache: the written rows must equal the CPU
+ * backend's byte for byte (same conversions, same rounding). */
+static void check_kv_write(llm_backend *cpu, quant_type t)
+{
+    enum { BLOCKS = 8, BS = 16, DIM = 128 };
+    size_t rb = quant_row_bytes(t, DIM), bytes = (size_t)BLOCKS * BS * rb;
+    unsigned char *kc = calloc(1, bytes), *vc = calloc(1, bytes);
+    int32_t bt0[] = {5, 2}, bt1[] = {7, 0, 3};
+    llm_batch_seq seqs[2] = {{0, 20, 3, bt0}, {20, 13, 30, bt1}}; /* rows 0..19 at 3..22, rows 20..32 at 30..42 */
+    int n_rows = 33;
+    float *k = rand_host((size_t)n_rows * DIM), *v = rand_host((size_t)n_rows * DIM);
+    llm_kv_layer kv = {kc, vc, t, BS, DIM, rb};
+    llm_backend_kv_write(cpu, &kv, seqs, 2, k, v);
+    int32_t slot[33];
+    for (int s = 0; s < 2; s++)
+        for (int j = 0; j < seqs[s].n_tok; j++) {
+            int p = seqs[s].pos0 + j;
+            slot[seqs[s].tok0 + j] = seqs[s].block_table[p / BS] * BS + p % BS;
+        }
+    void *dk = NULL, *dv = NULL;
+    CK(cudaMalloc(&dk, bytes));
+    CK(cudaMalloc(&dv, bytes));
+    CK(cudaMemset(dk, 0xff, bytes));
+    CK(cudaMemset(dv, 0xff, bytes));
+    float *gk = to_dev(k, (size_t)n_rows * DIM * 4), *gv = to_dev(v, (size_t)n_rows * DIM * 4);
+    int32_t *gs = to_dev(slot, sizeof slot);
+    CK((cudaError_t)lk_kv_write((int)t, dk, dv, rb, DIM, gs, n_rows, gk, gv, NULL));
+    unsigned char *hk = malloc(bytes), *hv = malloc(bytes);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(hk, dk, bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hv, dv, bytes, cudaMemcpyDeviceToHost));
+    size_t diff = 0;
+    for (int r = 0; r < n_rows; r++)
+        for (size_t b = 0; b < rb; b++) {
+            size_t off = (size_t)slot[r] * rb + b;
+            diff += (hk[off] != kc[off]) + (hv[off] != vc[off]);
+        }
+    printf("kv_write %-19s rows=%-6d differing bytes %zu of %zu %s\n", quant_type_name(t), n_rows, diff, 2 * n_rows * rb,
+           diff ? "FAIL" : "PASS");
+    g_fail |= diff != 0;
+    cudaFree(dk), cudaFree(dv), cudaFree(gk), cudaFree(gv), cudaFree(gs);
+    free(kc), free(vc), free(k), free(v), free(hk), free(hv);
+}
+
 int main(void)
 {
     quant_init();
@@ -178,6 +223,8 @@ int main(void)
     check_elementwise(cpu, 1000003);
     static const quant_type types[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) check_get_rows(cpu, types[i]);
+    static const quant_type kv_types[] = {QT_F32, QT_F16, QT_Q8_0};
+    for (size_t i = 0; i < sizeof kv_types / sizeof *kv_types; i++) check_kv_write(cpu, kv_types[i]);
     llm_backend_free(cpu);
     printf("%s\n", g_fail ? "check_kernels: FAILED" : "check_kernels: all passed");
     return g_fail;
