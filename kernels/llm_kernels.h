@@ -49,6 +49,16 @@ int lk_get_rows(int type, const void *emb, size_t row_bytes, int cols, const int
 int lk_kv_write(int type, void *k_cache, void *v_cache, size_t row_bytes, int kv_dim, const int32_t *slot, int n_rows,
                 const float *k, const float *v, void *stream);
 
+/* Causal attention of each query row over its sequence's cached K/V:
+ * row r (of q and out, (n_rows, n_head * head_dim)) attends to positions
+ * [0, row_pos[r]] through the block table at tables + row_table[r];
+ * query head h reads KV head h / (n_head / n_head_kv). K/V rows of
+ * row_bytes in type F32 (0), F16 (1) or Q8_0 (8); head_dim a multiple of
+ * 32, at most 256 (else LK_UNSUPPORTED). */
+int lk_attention(const float *q, float *out, int n_rows, int n_head, int n_head_kv, int head_dim, float scale,
+                 const int32_t *row_pos, const int32_t *row_table, const int32_t *tables, int type,
+                 const void *k_cache, const void *v_cache, size_t row_bytes, int block_size, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,7 +10,8 @@
  * sides but in another order (1e-5); RoPE's angles reach thousands of
  * radians where device and libm sin/cos may differ by an ulp of the angle
  * (2e-4 absolute). K/V rows written into the paged cache must match the
- * CPU backend's bytes exactly. */
+ * CPU backend's bytes exactly. Attention sums in another order than the
+ * CPU backend (2e-5 absolute or 1e-4 relative). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -201,6 +202,45 @@ static void check_kv_write(llm_backend *cpu, quant_type t)
     free(kc), free(vc), free(k), free(v), free(hk), free(hv);
 }
 
+/* Attention over a paged cache filled by the CPU backend (two sequences
+ * with scattered blocks, GQA 8 query heads on 2 KV heads), against the
+ * CPU backend's attention. */
+static void check_attention(llm_backend *cpu, quant_type t)
+{
+    enum { BLOCKS = 8, BS = 16, HEAD = 64, NH = 8, NKV = 2, DIM = NKV * HEAD };
+    size_t rb = quant_row_bytes(t, DIM), bytes = (size_t)BLOCKS * BS * rb;
+    unsigned char *kc = calloc(1, bytes), *vc = calloc(1, bytes);
+    int32_t tables[] = {5, 2, 7, 0, 3};
+    llm_kv_layer kv = {kc, vc, t, BS, DIM, rb};
+    /* history: positions 0..22 of sequence A and 0..42 of B */
+    llm_batch_seq hist[2] = {{0, 23, 0, tables}, {23, 43, 0, tables + 2}};
+    float *hk = rand_host(66 * DIM), *hv = rand_host(66 * DIM);
+    llm_backend_kv_write(cpu, &kv, hist, 2, hk, hv);
+    llm_batch_seq seqs[2] = {{0, 20, 3, tables}, {20, 13, 30, tables + 2}};
+    int n_rows = 33;
+    float *q = rand_host((size_t)n_rows * NH * HEAD), *ref = malloc((size_t)n_rows * NH * HEAD * 4);
+    llm_attn_args a = {q, ref, NH, NKV, HEAD, 1.0f / 8.0f, seqs, 2, &kv};
+    if (llm_backend_attention(cpu, &a))
+        exit(2);
+    int32_t row_pos[33], row_table[33];
+    for (int s = 0; s < 2; s++)
+        for (int j = 0; j < seqs[s].n_tok; j++) {
+            row_pos[seqs[s].tok0 + j] = seqs[s].pos0 + j;
+            row_table[seqs[s].tok0 + j] = s ? 2 : 0;
+        }
+    void *dk = to_dev(kc, bytes), *dv = to_dev(vc, bytes);
+    float *dq = to_dev(q, (size_t)n_rows * NH * HEAD * 4), *dout = poisoned((size_t)n_rows * NH * HEAD);
+    int32_t *dpos = to_dev(row_pos, sizeof row_pos), *drt = to_dev(row_table, sizeof row_table),
+            *dtab = to_dev(tables, sizeof tables);
+    CK((cudaError_t)lk_attention(dq, dout, n_rows, NH, NKV, HEAD, 1.0f / 8.0f, dpos, drt, dtab, (int)t, dk, dv, rb, BS,
+                                 NULL));
+    char what[64];
+    snprintf(what, sizeof what, "attention %s", quant_type_name(t));
+    compare(what, dout, ref, (size_t)n_rows * NH * HEAD, 2e-5, 1e-4);
+    cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout), cudaFree(dpos), cudaFree(drt), cudaFree(dtab);
+    free(kc), free(vc), free(hk), free(hv), free(q), free(ref);
+}
+
 int main(void)
 {
     quant_init();
@@ -225,6 +265,7 @@ int main(void)
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) check_get_rows(cpu, types[i]);
     static const quant_type kv_types[] = {QT_F32, QT_F16, QT_Q8_0};
     for (size_t i = 0; i < sizeof kv_types / sizeof *kv_types; i++) check_kv_write(cpu, kv_types[i]);
+    for (size_t i = 0; i < sizeof kv_types / sizeof *kv_types; i++) check_attention(cpu, kv_types[i]);
     llm_backend_free(cpu);
     printf("%s\n", g_fail ? "check_kernels: FAILED" : "check_kernels: all passed");
     return g_fail;
