@@ -59,6 +59,12 @@ int lk_attention(const float *q, float *out, int n_rows, int n_head, int n_head_
                  const int32_t *row_pos, const int32_t *row_table, const int32_t *tables, int type,
                  const void *k_cache, const void *v_cache, size_t row_bytes, int block_size, void *stream);
 
+/* y (n_tok, rows) = x (n_tok, cols) . W^T for 1 <= n_tok <= 8 (decode),
+ * W rows of row_bytes in type F32 (0), F16 (1), BF16 (30) or Q8_0 (8,
+ * cols a multiple of 32); activations stay float. */
+int lk_gemv(int type, const void *W, size_t row_bytes, int rows, int cols, const float *x, int n_tok, float *y,
+            void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,7 +11,8 @@
  * radians where device and libm sin/cos may differ by an ulp of the angle
  * (2e-4 absolute). K/V rows written into the paged cache must match the
  * CPU backend's bytes exactly. Attention sums in another order than the
- * CPU backend (2e-5 absolute or 1e-4 relative). */
+ * CPU backend (2e-5 absolute or 1e-4 relative). Small-batch matmul is
+ * checked against float64 sums on the dequantized weights (1e-4). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -241,6 +242,34 @@ static void check_attention(llm_backend *cpu, quant_type t)
     free(kc), free(vc), free(hk), free(hv), free(q), free(ref);
 }
 
+/* Small-batch matmul against a float64 reference on the dequantized
+ * weights (the CPU backend rounds activations to 8 bits for quantized
+ * weights, so it is not the reference here). */
+static void check_gemv(quant_type t, int n_tok)
+{
+    int rows = 300, cols = 512;
+    size_t rb = quant_row_bytes(t, (size_t)cols);
+    float *w = rand_host((size_t)rows * cols), *x = rand_host((size_t)n_tok * cols), *deq = malloc((size_t)cols * 4);
+    unsigned char *q = malloc((size_t)rows * rb);
+    float *ref = malloc((size_t)n_tok * rows * 4);
+    for (int r = 0; r < rows; r++) {
+        quant_quantize_row(t, w + (size_t)r * cols, q + (size_t)r * rb, (size_t)cols);
+        quant_dequantize_row(t, q + (size_t)r * rb, deq, (size_t)cols);
+        for (int k = 0; k < n_tok; k++) {
+            double acc = 0;
+            for (int c = 0; c < cols; c++) acc += (double)deq[c] * x[(size_t)k * cols + c];
+            ref[(size_t)k * rows + r] = (float)acc;
+        }
+    }
+    void *dq = to_dev(q, (size_t)rows * rb);
+    float *dx = to_dev(x, (size_t)n_tok * cols * 4), *dy = poisoned((size_t)n_tok * rows);
+    CK((cudaError_t)lk_gemv((int)t, dq, rb, rows, cols, dx, n_tok, dy, NULL));
+    char what[64];
+    snprintf(what, sizeof what, "gemv %s batch %d", quant_type_name(t), n_tok);
+    compare(what, dy, ref, (size_t)n_tok * rows, 1e-4, 1e-4);
+    cudaFree(dq), cudaFree(dx), cudaFree(dy), free(w), free(x), free(deq), free(q), free(ref);
+}
+
 int main(void)
 {
     quant_init();
@@ -266,6 +295,9 @@ int main(void)
     static const quant_type kv_types[] = {QT_F32, QT_F16, QT_Q8_0};
     for (size_t i = 0; i < sizeof kv_types / sizeof *kv_types; i++) check_kv_write(cpu, kv_types[i]);
     for (size_t i = 0; i < sizeof kv_types / sizeof *kv_types; i++) check_attention(cpu, kv_types[i]);
+    static const int batches[] = {1, 3, 8};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+        for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) check_gemv(types[i], batches[b]);
     llm_backend_free(cpu);
     printf("%s\n", g_fail ? "check_kernels: FAILED" : "check_kernels: all passed");
     return g_fail;
