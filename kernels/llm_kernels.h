@@ -65,6 +65,10 @@ int lk_attention(const float *q, float *out, int n_rows, int n_head, int n_head_
 int lk_gemv(int type, const void *W, size_t row_bytes, int rows, int cols, const float *x, int n_tok, float *y,
             void *stream);
 
+/* out[r] = the id of the largest of row r's n_vocab logits (ties: the
+ * lowest id; NaNs never win). */
+int lk_argmax(const float *logits, int n_rows, int n_vocab, int32_t *out, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

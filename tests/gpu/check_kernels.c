@@ -270,6 +270,35 @@ static void check_gemv(quant_type t, int n_tok)
     cudaFree(dq), cudaFree(dx), cudaFree(dy), free(w), free(x), free(deq), free(q), free(ref);
 }
 
+/* Greedy sampling on the device: the argmax of each row, ties to the
+ * lowest id (rows with planted ties and a NaN). */
+static void check_argmax(void)
+{
+    enum { ROWS = 5, V = 32001 };
+    float *l = rand_host((size_t)ROWS * V);
+    l[1 * V + 7] = l[1 * V + 30000] = 5.0f; /* a tie: 7 wins */
+    l[2 * V + 0] = NAN;
+    l[3 * V + V - 1] = 9.0f;
+    int32_t want[ROWS], got[ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (l[(size_t)r * V + i] > l[(size_t)r * V + best] || isnan(l[(size_t)r * V + best]))
+                best = i;
+        want[r] = best;
+    }
+    float *dl = to_dev(l, (size_t)ROWS * V * 4);
+    int32_t *dout = NULL;
+    CK(cudaMalloc((void **)&dout, sizeof got));
+    CK((cudaError_t)lk_argmax(dl, ROWS, V, dout, NULL));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
+    int bad = memcmp(got, want, sizeof got) != 0;
+    printf("%-28s rows=%d vocab=%d ids %s (tie row: %d, want 7)\n", "argmax", ROWS, V, bad ? "FAIL" : "PASS", got[1]);
+    g_fail |= bad;
+    cudaFree(dl), cudaFree(dout), free(l);
+}
+
 int main(void)
 {
     quant_init();
@@ -298,6 +327,7 @@ int main(void)
     static const int batches[] = {1, 3, 8};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++)
         for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) check_gemv(types[i], batches[b]);
+    check_argmax();
     llm_backend_free(cpu);
     printf("%s\n", g_fail ? "check_kernels: FAILED" : "check_kernels: all passed");
     return g_fail;
