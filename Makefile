@@ -49,7 +49,7 @@ $(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 $(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
 .PHONY: all run test asan bench bench-router bench-load deps lint clean unit pytest fuzz models tsan manifests
-all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router
+all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
 
 $(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -192,10 +192,10 @@ bench-load: deps all $(DEFAULT_MODEL)
 	$(PYTHON) tests/bench/load.py --build $(BUILD) --model $(MODEL) --threads $(THREADS) \
 	  $(if $(LLAMA_SERVER),--peer $(LLAMA_SERVER))
 
-# CUDA kernels (issue 8, first slice): built by `make cuda` when nvcc is
-# present, not yet part of `all` (no backend uses them yet). sm_80 and
-# sm_90 code plus sm_90 PTX; warnings are errors. `make cuda-regs` prints
-# registers and spills per kernel.
+# CUDA kernels (issue 8): part of `all` when nvcc is present (so a kernel
+# that stops compiling fails CI), skipped with a line when not; no backend
+# links them yet. sm_80 and sm_90 code plus sm_90 PTX; warnings are
+# errors. `make cuda-regs` prints registers and spills per kernel.
 NVCC ?= nvcc
 CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
 CUDA_SRC = $(wildcard kernels/*.cu)
