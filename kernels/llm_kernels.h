@@ -60,8 +60,9 @@ int lk_attention(const float *q, float *out, int n_rows, int n_head, int n_head_
                  const void *k_cache, const void *v_cache, size_t row_bytes, int block_size, void *stream);
 
 /* y (n_tok, rows) = x (n_tok, cols) . W^T for 1 <= n_tok <= 8 (decode),
- * W rows of row_bytes in type F32 (0), F16 (1), BF16 (30) or Q8_0 (8,
- * cols a multiple of 32); activations stay float. */
+ * W rows of row_bytes in type F32 (0), F16 (1), BF16 (30), Q8_0 (8, cols
+ * a multiple of 32), Q4_K (12) or Q6_K (14) (cols a multiple of 256);
+ * activations stay float. */
 int lk_gemv(int type, const void *W, size_t row_bytes, int rows, int cols, const float *x, int n_tok, float *y,
             void *stream);
 
