@@ -109,6 +109,13 @@ static void iso_time(double unix_s, char out[32])
     strftime(out, 32, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
 }
 
+/* A decision at the end of the history, which keeps the last HISTORY_MAX. */
+static void record_decision(json_t *hist, const char *when, int from, int to, const char *why)
+{
+    json_array_append_new(hist, json_pack("{s:s,s:i,s:i,s:s}", "time", when, "from", from, "to", to, "reason", why));
+    while (json_array_size(hist) > HISTORY_MAX) json_array_remove(hist, 0);
+}
+
 /* What the reading alone asks for. Unready pods count as idle when scaling
  * up (their share of the signal is 0) and are left out when scaling down,
  * as the HPA does, so a loading pod neither triggers nor blocks a step. */
@@ -175,11 +182,8 @@ json_t *as_decide(const as_config *c, int current, double value, int n_pods, jso
     iso_time(now_unix, when);
     json_t *last = json_object_get(prev, "lastScaleTime");
     if (out->changed) {
-        json_array_append_new(hist, json_pack("{s:s,s:i,s:i,s:s}", "time", when, "from", current, "to", desired,
-                                              "reason", why));
+        record_decision(hist, when, current, desired, why);
         last = NULL;
-    } else {
-        while (json_array_size(hist) > HISTORY_MAX) json_array_remove(hist, 0);
     }
     json_t *st = json_pack("{s:i,s:f,s:i,s:o,s:o}", "desiredReplicas", desired, "currentValue",
                            n_pods > 0 ? round(value * 1000) / 1000 : 0.0, "readyPods", n_pods, "recommendations", recs,
@@ -205,9 +209,7 @@ static void override(json_t *state, int current, int desired, const char *why, d
     if (out->changed) {
         char when[32];
         iso_time(now_unix, when);
-        json_array_append_new(hist, json_pack("{s:s,s:i,s:i,s:s}", "time", when, "from", current, "to", desired,
-                                              "reason", why));
-        while (json_array_size(hist) > HISTORY_MAX) json_array_remove(hist, 0);
+        record_decision(hist, when, current, desired, why);
         json_object_set_new(state, "lastScaleTime", json_string(when));
     }
 }

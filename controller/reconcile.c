@@ -64,9 +64,7 @@ static void autoscale(kube_client *k, json_t *d, children *c)
     json_t *dep = NULL, *prev = get2(d, "status", "autoscaling");
     int current = json_is_integer(get2(prev, "desiredReplicas", NULL)) ? (int)json_integer_value(get2(prev, "desiredReplicas", NULL))
                   : (int)json_integer_value(json_object_get(spec, "replicas"));
-    const char *cphase = json_string_value(get2(get2(d, "status", "canary"), "phase", NULL));
-    int split = cphase && (!strcmp(cphase, "Starting") || !strcmp(cphase, "Progressing") || !strcmp(cphase, "Paused") ||
-                           !strcmp(cphase, "Promoting")); /* the Deployment holds only the stable share */
+    int split = ro_in_flight(get2(d, "status", "canary")); /* the Deployment holds only the stable share */
     if (!split && kube_request(k, "GET", dpath, NULL, NULL, &dep, NULL) == LLM_OK)
         current = (int)json_integer_value(get2(json_object_get(dep, "spec"), "replicas", NULL));
     json_decref(dep);
@@ -110,9 +108,12 @@ static llm_status build(kube_client *k, json_t *d, children *c, llm_error *err)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg);
     des_hash(get2(json_object_get(c->dep, "spec"), "template", NULL), c->template_hash);
     json_object_set_new(get2(c->dep, "metadata", "annotations"), DES_TEMPLATE_ANN, json_string(c->template_hash));
-    char base[17];
-    des_base_hash(d, base);
-    json_object_set_new(get2(c->dep, "metadata", "annotations"), DES_BASE_ANN, json_string(base));
+    const char *mode = json_string_value(get2(get2(d, "spec", "canary"), "mode", NULL));
+    if (mode && !strcmp(mode, "colocated")) { /* only a colocated canary compares it: no second build otherwise */
+        char base[17];
+        des_base_hash(d, base);
+        json_object_set_new(get2(c->dep, "metadata", "annotations"), DES_BASE_ANN, json_string(base));
+    }
     st = ro_plan(k, d, c->template_hash, (int)json_integer_value(get2(json_object_get(c->dep, "spec"), "replicas", NULL)),
                  c->cm, c->dep, &c->ro, err);
     if (st)
@@ -223,7 +224,7 @@ typedef struct verdict {
     char reason[48], message[1024];
 } verdict;
 
-static json_t *condition(const char *type, int on, const char *reason, const char *msg, json_int_t gen)
+json_t *rec_condition(const char *type, int on, const char *reason, const char *msg, json_int_t gen)
 {
     return json_pack("{s:s,s:s,s:s,s:s,s:I}", "type", type, "status", on ? "True" : "False", "reason", reason, "message",
                      msg, "observedGeneration", gen);
@@ -302,10 +303,10 @@ static json_t *status_of(json_t *d, const verdict *v, const char *revision, json
                      json_integer_value(json_object_get(ds, "replicas")), "readyReplicas",
                      json_integer_value(json_object_get(ds, "readyReplicas")), "phase", v->phase, "selector", sel,
                      "endpoint", ep, "stableRevision", rev, "conditions",
-                     condition("Ready", v->ready, v->reason, v->message, gen),
-                     condition("Progressing", v->progressing, v->progressing ? v->reason : "RolloutComplete",
+                     rec_condition("Ready", v->ready, v->reason, v->message, gen),
+                     rec_condition("Progressing", v->progressing, v->progressing ? v->reason : "RolloutComplete",
                                v->progressing ? v->message : "all replicas run the current revision", gen),
-                     condition("Degraded", v->degraded, v->degraded ? v->reason : "AsExpected",
+                     rec_condition("Degraded", v->degraded, v->degraded ? v->reason : "AsExpected",
                                v->degraded ? v->message : "no failure seen", gen));
 }
 
@@ -377,9 +378,7 @@ static llm_status update_status(kube_client *k, const char *path, json_t *d, jso
  * that is gone left behind. */
 static void canary_status(json_t *d, const rollout *ro, json_t *status)
 {
-    const char *phase = json_string_value(json_object_get(ro->state, "phase"));
-    int live = phase && (!strcmp(phase, "Starting") || !strcmp(phase, "Progressing") || !strcmp(phase, "Paused") ||
-                         !strcmp(phase, "Promoting"));
+    int live = ro_in_flight(ro->state);
     if (ro->state) {
         json_object_set(status, "canary", ro->state);
         ro_conditions(ro, json_object_get(status, "conditions"), json_integer_value(get2(d, "metadata", "generation")));

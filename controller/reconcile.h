@@ -17,12 +17,18 @@
 #ifndef RECONCILE_H
 #define RECONCILE_H
 
+#include <jansson.h>
+
 #include "kube_client.h"
 
 /* LLM_OK when done or when the object is gone; an error to retry later.
  * *requeue_s > 0 asks for another look after that many seconds (while
  * pods load or fail, whose /startupz the status reports). */
 llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, double *requeue_s, llm_error *err);
+
+/* A status condition {type, status True/False, reason, message,
+ * observedGeneration} (new reference). */
+json_t *rec_condition(const char *type, int on, const char *reason, const char *msg, json_int_t generation);
 
 #define REC_MANAGED_BY "app.kubernetes.io/managed-by"
 #define REC_INSTANCE "app.kubernetes.io/instance"

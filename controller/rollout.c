@@ -476,10 +476,10 @@ llm_status ro_apply(kube_client *k, json_t *d, rollout *ro, llm_error *err)
     return st;
 }
 
-static json_t *condition(const char *type, int on, const char *reason, const char *msg, json_int_t gen)
+int ro_in_flight(json_t *canary_status)
 {
-    return json_pack("{s:s,s:s,s:s,s:s,s:I}", "type", type, "status", on ? "True" : "False", "reason", reason, "message",
-                     msg, "observedGeneration", gen);
+    const char *phase = str(canary_status, "phase");
+    return same(phase, "Starting") || same(phase, "Progressing") || same(phase, "Paused") || same(phase, "Promoting");
 }
 
 void ro_conditions(const rollout *ro, json_t *conds, json_int_t gen)
@@ -488,14 +488,14 @@ void ro_conditions(const rollout *ro, json_t *conds, json_int_t gen)
         return;
     const char *phase = str(ro->state, "phase") ?: "None", *msg = str(ro->state, "message") ?: "";
     const char *analysis = str(json_object_get(ro->state, "lastAnalysis"), "message");
-    int live = same(phase, "Starting") || same(phase, "Progressing") || same(phase, "Paused") || same(phase, "Promoting");
+    int live = ro_in_flight(ro->state);
     char text[1024];
     snprintf(text, sizeof text, "step %lld of %d at %lld%%: %s", (long long)json_integer_value(json_object_get(ro->state, "step")) + 1,
              ro->cn.n_steps, (long long)json_integer_value(json_object_get(ro->state, "weight")), analysis ? analysis : msg);
-    json_array_append_new(conds, condition("CanaryProgressing", live, live ? phase : "NoCanary",
+    json_array_append_new(conds, rec_condition("CanaryProgressing", live, live ? phase : "NoCanary",
                                            live ? (same(phase, "Progressing") || same(phase, "Paused") ? text : msg)
                                                 : "no canary in progress", gen));
-    json_array_append_new(conds, condition("CanaryPromoted", same(phase, "Promoted"),
+    json_array_append_new(conds, rec_condition("CanaryPromoted", same(phase, "Promoted"),
                                            same(phase, "Promoted") ? "Promoted" : "NotPromoted",
                                            same(phase, "Promoted") ? msg : "the last canary was not promoted", gen));
     const char *col = str(ro->state, "colocation");
@@ -503,11 +503,11 @@ void ro_conditions(const rollout *ro, json_t *conds, json_int_t gen)
         const char *colon = strchr(col, ':');
         char reason[48];
         snprintf(reason, sizeof reason, "%.*s", colon ? (int)(colon - col) : (int)strlen(col), col);
-        json_array_append_new(conds, condition("CanaryColocated", same(reason, "Colocated"), reason,
+        json_array_append_new(conds, rec_condition("CanaryColocated", same(reason, "Colocated"), reason,
                                                colon ? colon + 2 : col, gen));
     }
     int back = same(phase, "RolledBack");
-    json_array_append_new(conds, condition("CanaryRolledBack", back, back ? (str(ro->state, "signal") ?: "RolledBack") : "NotRolledBack",
+    json_array_append_new(conds, rec_condition("CanaryRolledBack", back, back ? (str(ro->state, "signal") ?: "RolledBack") : "NotRolledBack",
                                            back ? msg : "no rollback", gen));
 }
 

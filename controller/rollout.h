@@ -72,4 +72,8 @@ void ro_conditions(const rollout *ro, json_t *conds, json_int_t generation);
 
 void ro_free(rollout *ro);
 
+/* 1 while the canary of status.canary (may be NULL) is in flight:
+ * Starting, Progressing, Paused or Promoting. */
+int ro_in_flight(json_t *canary_status);
+
 #endif
