@@ -10,6 +10,7 @@
 
 #include "llm/engine.h"
 #include "llm/forward.h"
+#include "llm/tp.h"
 #include "llm/scheduler.h"
 #include "textout.h"
 
@@ -484,7 +485,8 @@ static void step_prepare(llm_engine *e, llm_forward_batch *bt)
 static llm_status step_run(llm_engine *e, const llm_forward_batch *bt)
 {
     const float *logits;
-    llm_backend_kv_copy(e->b, kv_cache_layers(e->kv), e->m->hp.n_layer, e->cp_src, e->cp_dst, e->n_copies);
+    if (e->n_copies > 0)
+        llm_forward_kv_copy(e->fwd, kv_cache_layers(e->kv), e->cp_src, e->cp_dst, e->n_copies);
     llm_status st = llm_forward_eval(e->fwd, bt, kv_cache_layers(e->kv), &logits);
     if (st)
         return st;
@@ -652,18 +654,28 @@ static llm_status config_defaults(llm_engine_config *c, const llm_model *m, llm_
     if (c->max_seqs < 1 || c->max_seqs > 4096 || c->max_batch_tokens < c->max_seqs || c->max_batch_tokens > 65536)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: max_seqs %d must be in [1, 4096] and max_batch_tokens %d in [max_seqs, 65536]",
                         c->max_seqs, c->max_batch_tokens);
+    if (c->tensor_parallel > 1 && (!c->tp_backends || c->tp_backends[0] != c->backend))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: tensor_parallel %d needs its backends, the first being backend",
+                        c->tensor_parallel);
+    if (c->tensor_parallel > 1) {
+        llm_status st = llm_tp_check(m, c->tensor_parallel, err);
+        if (st)
+            return st;
+    }
     if (c->max_waiting < 1 || c->aging_ms < 1 || c->kv_cache_fraction > 1)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: max_waiting %d, aging_ms %d or kv_cache_fraction %g out of range",
                         c->max_waiting, c->aging_ms, c->kv_cache_fraction);
     return LLM_OK;
 }
 
+static int n_ranks(const llm_engine_config *c) { return c->tensor_parallel > 1 ? c->tensor_parallel : 1; }
+
 /* Blocks for the pool: the budget, at most max_seqs full contexts, at
  * least one full context (else the setting is an error). */
 static llm_status kv_blocks(const llm_engine_config *c, const llm_model *m, int *n_blocks, llm_error *err)
 {
     const llm_hparams *hp = &m->hp;
-    size_t per = kv_cache_block_bytes(c->kv_type, c->block_size, hp->n_layer, hp->n_head_kv * hp->head_dim);
+    size_t per = kv_cache_block_bytes(c->kv_type, c->block_size, hp->n_layer, hp->n_head_kv / n_ranks(c) * hp->head_dim);
     size_t bytes = c->kv_cache_bytes ? c->kv_cache_bytes
                                      : (size_t)((double)llm_backend_mem_available(c->backend) * c->kv_cache_fraction);
     size_t per_seq = (size_t)(c->n_ctx + c->block_size - 1) / (size_t)c->block_size, n = bytes / per;
@@ -684,12 +696,15 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     llm_status st = kv_blocks(c, e->m, &n_blocks, err);
     if (st)
         return st;
-    kv_cache_config kc = {c->block_size, c->kv_type, n_blocks, 0, !c->no_prefix_cache};
+    int nr = n_ranks(c);
+    llm_backend *const *ranks = nr > 1 ? c->tp_backends : &e->b;
+    kv_cache_config kc = {c->block_size, c->kv_type, n_blocks, 0, !c->no_prefix_cache, ranks, nr};
     const llm_hparams *hp = &e->m->hp;
-    if ((st = kv_cache_new(&kc, e->b, hp->n_layer, hp->n_head_kv, hp->head_dim, &e->kv, err)))
+    if ((st = kv_cache_new(&kc, e->b, hp->n_layer, hp->n_head_kv / nr, hp->head_dim, &e->kv, err)))
         return st;
     sched_config sc = {c->max_seqs, c->max_batch_tokens, c->aging_ms};
-    if ((st = sched_init(&e->s, &sc, e->kv, err)) || (st = llm_forward_new(e->m, e->b, c->max_batch_tokens, c->max_seqs, &e->fwd, err)))
+    if ((st = sched_init(&e->s, &sc, e->kv, err)) ||
+        (st = llm_forward_new_tp(e->m, ranks, nr, c->max_batch_tokens, c->max_seqs, &e->fwd, err)))
         return st;
     e->b_tokens = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
     e->b_logit_rows = malloc(sizeof(int32_t) * (size_t)c->max_seqs);

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "llm/forward.h"
+#include "forward_impl.h"
 
 struct llm_forward {
     const llm_model *m;
@@ -16,6 +16,9 @@ struct llm_forward {
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
     float *last;                  /* (max_logits, n_embd) rows gathered for the output */
     float *logits;                /* (max_logits, n_vocab) */
+    llm_comm *comm;               /* tensor-parallel rank: sums partial outputs; NULL alone */
+    int rank;
+    tp_group *tp;                 /* a tensor-parallel driver: the fields above are unused */
 };
 
 static void *xcalloc(size_t n, size_t sz, int *fail)
@@ -63,10 +66,44 @@ llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int
     return LLM_OK;
 }
 
+llm_status llm_forward_new_tp(const llm_model *m, llm_backend *const *b, int n_ranks, int max_rows, int max_logits,
+                              llm_forward **out, llm_error *err)
+{
+    *out = NULL;
+    if (n_ranks <= 1)
+        return llm_forward_new(m, b[0], max_rows, max_logits, out, err);
+    llm_forward *f = calloc(1, sizeof *f);
+    if (!f)
+        return llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
+    f->m = m;
+    llm_status st = tp_group_new(m, b, n_ranks, max_rows, max_logits, &f->tp, err);
+    if (st) {
+        free(f);
+        return st;
+    }
+    *out = f;
+    return LLM_OK;
+}
+
+void forward_set_comm(llm_forward *f, llm_comm *c, int rank)
+{
+    f->comm = c;
+    f->rank = rank;
+}
+
+void llm_forward_kv_copy(llm_forward *f, const llm_kv_layer *layers, const int32_t *src, const int32_t *dst, int n)
+{
+    if (f->tp)
+        tp_group_kv_copy(f->tp, layers, src, dst, n);
+    else
+        llm_backend_kv_copy(f->b, layers, f->m->hp.n_layer, src, dst, n);
+}
+
 void llm_forward_free(llm_forward *f)
 {
     if (!f)
         return;
+    tp_group_free(f->tp);
     float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->last, f->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(f->pos);
@@ -79,6 +116,12 @@ static void add_bias(float *x, const float *bias, int n_tok, int dim)
         return;
     for (int t = 0; t < n_tok; t++)
         for (int i = 0; i < dim; i++) x[(size_t)t * dim + i] += bias[i];
+}
+
+/* A rank's row-parallel output is a partial sum: add the other ranks'. */
+static llm_status reduce(llm_forward *f, float *buf, size_t n)
+{
+    return f->comm ? llm_comm_allreduce(f->comm, f->rank, buf, n) : LLM_OK;
 }
 
 static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *kv, int il)
@@ -104,7 +147,8 @@ static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, c
     llm_backend_kv_write(b, kv, bt->seqs, bt->n_seqs, f->k, f->v);
     llm_attn_args a = {f->q, f->att, hp->n_head, hp->n_head_kv, hp->head_dim, 1.0f / sqrtf((float)hp->head_dim),
                        bt->seqs, bt->n_seqs, kv};
-    if ((st = llm_backend_attention(b, &a)) || (st = llm_backend_matmul(b, &l->wo, f->att, n, f->xb)))
+    if ((st = llm_backend_attention(b, &a)) || (st = llm_backend_matmul(b, &l->wo, f->att, n, f->xb)) ||
+        (st = reduce(f, f->xb, (size_t)n * hp->n_embd)))
         return st;
     llm_backend_add(b, f->x, f->xb, (size_t)n * hp->n_embd);
     return LLM_OK;
@@ -121,7 +165,7 @@ static llm_status mlp_block(llm_forward *f, int il, int n)
     if ((st = llm_backend_matmul_group(b, gate_up, 2, f->xb, n)))
         return st;
     llm_backend_swiglu(b, f->hb, f->hb2, (size_t)n * hp->n_ff, f->hb);
-    if ((st = llm_backend_matmul(b, &l->w_down, f->hb, n, f->xb)))
+    if ((st = llm_backend_matmul(b, &l->w_down, f->hb, n, f->xb)) || (st = reduce(f, f->xb, (size_t)n * hp->n_embd)))
         return st;
     llm_backend_add(b, f->x, f->xb, (size_t)n * hp->n_embd);
     return LLM_OK;
@@ -149,6 +193,8 @@ static int batch_positions(llm_forward *f, const llm_forward_batch *bt)
 llm_status llm_forward_eval(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers,
                             const float **logits)
 {
+    if (f->tp)
+        return tp_group_eval(f->tp, bt, layers, logits);
     const llm_hparams *hp = &f->m->hp;
     llm_status st;
     if (batch_positions(f, bt))

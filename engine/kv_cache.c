@@ -7,6 +7,7 @@
 #include "llm/kv_cache.h"
 
 #define NIL (-1)
+#define LLM_KV_MAX_RANKS 8
 
 typedef struct kv_block {
     int32_t ref;
@@ -17,10 +18,10 @@ typedef struct kv_block {
 } kv_block;
 
 struct kv_cache {
-    llm_backend *b;
-    void *storage;
-    llm_kv_layer *layers; /* (n_layer) */
-    int n_layer, bs, n_blocks, prefix_cache;
+    llm_backend *b[LLM_KV_MAX_RANKS];
+    void *storage[LLM_KV_MAX_RANKS];
+    llm_kv_layer *layers; /* (n_ranks, n_layer) */
+    int n_ranks, n_layer, bs, n_blocks, prefix_cache;
     kv_block *blk;        /* (n_blocks) */
     int32_t *tokens;      /* (n_blocks, bs): a hashed block's own tokens, to confirm a hit */
     int32_t *bucket;      /* (n_buckets) */
@@ -193,7 +194,7 @@ static llm_status cache_alloc_meta(kv_cache *c)
     c->free_stack = malloc(nb * sizeof(int32_t));
     c->cp_src = malloc(nb * sizeof(int32_t));
     c->cp_dst = malloc(nb * sizeof(int32_t));
-    c->layers = calloc((size_t)c->n_layer, sizeof *c->layers);
+    c->layers = calloc((size_t)c->n_layer * (size_t)c->n_ranks, sizeof *c->layers);
     if (!c->blk || !c->tokens || !c->bucket || !c->free_stack || !c->cp_src || !c->cp_dst || !c->layers)
         return LLM_ERR_NOMEM;
     for (size_t i = 0; i < nbk; i++) c->bucket[i] = NIL;
@@ -219,20 +220,32 @@ llm_status kv_cache_new(const kv_cache_config *cfg, llm_backend *b, int n_layer,
     if (n < 1 || n > INT32_MAX / KV_MAX_BLOCK)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "kv cache: %zu bytes hold %zu blocks of %zu bytes (need 1 to %d)",
                         cfg->bytes, n, per_block, INT32_MAX / KV_MAX_BLOCK);
+    int n_ranks = cfg->n_ranks > 1 ? cfg->n_ranks : 1;
+    if (n_ranks > LLM_KV_MAX_RANKS || (n_ranks > 1 && !cfg->ranks))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "kv cache: %d ranks (at most %d, each with a backend)", n_ranks,
+                        LLM_KV_MAX_RANKS);
     kv_cache *c = calloc(1, sizeof *c);
     if (!c)
         return llm_errf(err, LLM_ERR_NOMEM, "kv cache: no memory");
-    *c = (kv_cache){.b = b, .n_layer = n_layer, .bs = bs, .n_blocks = (int)n, .prefix_cache = cfg->prefix_cache};
-    if (cache_alloc_meta(c) || !(c->storage = llm_backend_buffer_alloc(b, per_block * n))) {
+    *c = (kv_cache){.n_ranks = n_ranks, .n_layer = n_layer, .bs = bs, .n_blocks = (int)n, .prefix_cache = cfg->prefix_cache};
+    if (cache_alloc_meta(c)) {
         kv_cache_free(c);
-        return llm_errf(err, LLM_ERR_NOMEM, "kv cache: cannot allocate %zu blocks (%zu MiB) on backend %s", n,
-                        per_block * n >> 20, b->iface->name);
+        return llm_errf(err, LLM_ERR_NOMEM, "kv cache: no memory for %zu blocks", n);
     }
     quant_type qt = kv_qtype(cfg->type);
     size_t row = quant_row_bytes(qt, (size_t)kv_dim), half = (size_t)bs * row * n;
-    for (int l = 0; l < n_layer; l++)
-        c->layers[l] = (llm_kv_layer){(char *)c->storage + 2 * (size_t)l * half, (char *)c->storage + (2 * (size_t)l + 1) * half,
-                                      qt, bs, kv_dim, row};
+    for (int r = 0; r < n_ranks; r++) {
+        c->b[r] = r ? cfg->ranks[r] : b;
+        if (!(c->storage[r] = llm_backend_buffer_alloc(c->b[r], per_block * n))) {
+            kv_cache_free(c);
+            return llm_errf(err, LLM_ERR_NOMEM, "kv cache: cannot allocate %zu blocks (%zu MiB) on backend %s%s", n,
+                            per_block * n >> 20, b->iface->name, n_ranks > 1 ? " (one rank's share)" : "");
+        }
+        char *base = c->storage[r];
+        for (int l = 0; l < n_layer; l++)
+            c->layers[r * n_layer + l] = (llm_kv_layer){base + 2 * (size_t)l * half, base + (2 * (size_t)l + 1) * half,
+                                                        qt, bs, kv_dim, row};
+    }
     *out = c;
     return LLM_OK;
 }
@@ -241,7 +254,9 @@ void kv_cache_free(kv_cache *c)
 {
     if (!c)
         return;
-    llm_backend_buffer_free(c->b, c->storage);
+    for (int r = 0; r < c->n_ranks; r++)
+        if (c->b[r])
+            llm_backend_buffer_free(c->b[r], c->storage[r]);
     free(c->blk);
     free(c->tokens);
     free(c->bucket);

@@ -17,7 +17,7 @@ static fx make(int n_blocks, int prefix)
     fx f;
     llm_error err = {0};
     assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &f.b, &err), LLM_OK);
-    kv_cache_config cfg = {BS, LLM_KV_F32, n_blocks, 0, prefix};
+    kv_cache_config cfg = {.block_size = BS, .type = LLM_KV_F32, .n_blocks = n_blocks, .prefix_cache = prefix};
     assert_int_equal(kv_cache_new(&cfg, f.b, LAYERS, HEADS, HD, &f.c, &err), LLM_OK);
     return f;
 }
@@ -217,13 +217,13 @@ static void test_config_errors(void **st)
     llm_error err = {0};
     kv_cache *c = NULL;
     assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &b, &err), LLM_OK);
-    kv_cache_config q8 = {16, LLM_KV_Q8_0, 4, 0, 1};
+    kv_cache_config q8 = {.block_size = 16, .type = LLM_KV_Q8_0, .n_blocks = 4, .prefix_cache = 1};
     assert_int_equal(kv_cache_new(&q8, b, 2, 4, 8, &c, &err), LLM_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "multiple of 32"));
-    kv_cache_config tiny = {16, LLM_KV_F16, 0, 100, 1};
+    kv_cache_config tiny = {.block_size = 16, .type = LLM_KV_F16, .bytes = 100, .prefix_cache = 1};
     assert_int_equal(kv_cache_new(&tiny, b, 2, 4, 32, &c, &err), LLM_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "100 bytes"));
-    kv_cache_config bad_bs = {1000, LLM_KV_F16, 4, 0, 1};
+    kv_cache_config bad_bs = {.block_size = 1000, .type = LLM_KV_F16, .n_blocks = 4, .prefix_cache = 1};
     assert_int_equal(kv_cache_new(&bad_bs, b, 2, 4, 32, &c, &err), LLM_ERR_INVALID_ARG);
     llm_kv_type t;
     assert_int_equal(llm_kv_type_parse("q8_0", &t, &err), LLM_OK);

@@ -85,6 +85,7 @@ typedef struct llm_matmul {
 #define LLM_MATMUL_MAX_GROUP 4
 
 typedef struct llm_backend llm_backend;
+struct llm_comm;
 
 struct llm_backend_i {
     const char *name;
@@ -117,6 +118,10 @@ struct llm_backend_i {
     void *(*buffer_alloc)(llm_backend *b, size_t bytes);
     void (*buffer_free)(llm_backend *b, void *p);
     size_t (*mem_available)(llm_backend *b);
+    /* Optional: an all-reduce between n backends of this kind (ranks[i] is
+     * rank i) for tensor parallelism (tp.h); NULL: the threads all-reduce
+     * over host memory. */
+    llm_status (*comm_new)(llm_backend *const *ranks, int n, struct llm_comm **out, llm_error *err);
 };
 
 struct llm_backend {

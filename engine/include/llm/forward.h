@@ -31,8 +31,20 @@ llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int
                            llm_error *err);
 void llm_forward_free(llm_forward *f);
 
-/* Runs the batch, storing its K/V into layers (model n_layer entries, with
- * room reserved for every row's position). *logits gets (n_logits, n_vocab)
+/* Tensor parallelism over n_ranks backends (tp.h): rank r runs its share
+ * of heads and MLP columns on b[r] in a thread of its own, K/V of its heads
+ * in its own layers. n_ranks 1 is llm_forward_new(m, b[0], ...). Errors:
+ * the model does not split (llm_tp_check), no memory, no threads. */
+llm_status llm_forward_new_tp(const llm_model *m, llm_backend *const *b, int n_ranks, int max_rows, int max_logits,
+                              llm_forward **out, llm_error *err);
+
+/* Copy-on-write of K/V blocks src[i] -> dst[i] in every layer of every
+ * rank (layers as for llm_forward_eval). */
+void llm_forward_kv_copy(llm_forward *f, const llm_kv_layer *layers, const int32_t *src, const int32_t *dst, int n);
+
+/* Runs the batch, storing its K/V into layers (model n_layer entries per
+ * rank, rank-major, as kv_cache_layers hands them out; with room reserved
+ * for every row's position). *logits gets (n_logits, n_vocab)
  * floats owned by f, valid until the next call. Errors: LLM_ERR_INVALID_ARG
  * (batch over the limits), or the backend's status. */
 llm_status llm_forward_eval(llm_forward *f, const llm_forward_batch *batch, const llm_kv_layer *layers,

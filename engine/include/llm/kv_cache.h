@@ -45,6 +45,11 @@ typedef struct kv_cache_config {
     int n_blocks;     /* > 0: exactly this many blocks */
     size_t bytes;     /* else as many blocks as fit in this budget */
     int prefix_cache; /* 1: keep full blocks for reuse by content */
+    /* Tensor parallelism: n_ranks > 1 stores each block's K/V for rank r's
+     * heads on ranks[r] (ranks[0] is kv_cache_new's b); n_head_kv is then
+     * one rank's count and the byte budget is per rank. */
+    llm_backend *const *ranks;
+    int n_ranks;
 } kv_cache_config;
 
 typedef struct kv_cache kv_cache;
@@ -76,7 +81,8 @@ void kv_cache_free(kv_cache *c);
 
 /* Bytes one block takes over all layers, K and V (for budgets). */
 size_t kv_cache_block_bytes(llm_kv_type type, int block_size, int n_layer, int kv_dim);
-/* Per-layer storage views (n_layer entries), valid for the cache's life. */
+/* Per-layer storage views (n_layer entries per rank, rank-major), valid for
+ * the cache's life. */
 const llm_kv_layer *kv_cache_layers(const kv_cache *c);
 int kv_cache_block_size(const kv_cache *c);
 int kv_cache_n_blocks(const kv_cache *c);

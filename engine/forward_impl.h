@@ -1,0 +1,19 @@
+/* forward_impl.h - what forward.c and its tensor-parallel driver
+ * (forward_tp.c) share inside the engine; not a public API. */
+#ifndef LLM_FORWARD_IMPL_H
+#define LLM_FORWARD_IMPL_H
+
+#include "llm/forward.h"
+#include "llm/tp.h"
+
+/* Makes f a rank of a tensor-parallel group: partial outputs go through c. */
+void forward_set_comm(llm_forward *f, llm_comm *c, int rank);
+
+typedef struct tp_group tp_group;
+llm_status tp_group_new(const llm_model *m, llm_backend *const *b, int n_ranks, int max_rows, int max_logits,
+                        tp_group **out, llm_error *err);
+llm_status tp_group_eval(tp_group *g, const llm_forward_batch *bt, const llm_kv_layer *layers, const float **logits);
+void tp_group_kv_copy(tp_group *g, const llm_kv_layer *layers, const int32_t *src, const int32_t *dst, int n);
+void tp_group_free(tp_group *g); /* NULL ok */
+
+#endif
