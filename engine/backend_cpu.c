@@ -331,6 +331,13 @@ static void cpu_add(llm_backend *b, float *y, const float *x, size_t n)
     run_ew(ctx_of(b), add_worker, &j, n);
 }
 
+static void cpu_add_bias(llm_backend *b, float *x, const float *bias, int n_tok, int dim)
+{
+    (void)b;
+    for (int t = 0; t < n_tok; t++)
+        for (int i = 0; i < dim; i++) x[(size_t)t * dim + i] += bias[i];
+}
+
 static void cpu_get_rows(llm_backend *b, const llm_weight *emb, const int32_t *ids, int n, float *out)
 {
     (void)b;
@@ -392,6 +399,7 @@ static const struct llm_backend_i cpu_iface = {
     .rope = cpu_rope,
     .swiglu = cpu_swiglu,
     .add = cpu_add,
+    .add_bias = cpu_add_bias,
     .get_rows = cpu_get_rows,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,

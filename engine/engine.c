@@ -692,19 +692,19 @@ static llm_status kv_blocks(const llm_engine_config *c, const llm_model *m, int 
 static llm_status engine_alloc(llm_engine *e, llm_error *err)
 {
     const llm_engine_config *c = &e->cfg;
-    int n_blocks = 0;
-    llm_status st = kv_blocks(c, e->m, &n_blocks, err);
-    if (st)
-        return st;
-    int nr = n_ranks(c);
+    int n_blocks = 0, nr = n_ranks(c);
     llm_backend *const *ranks = nr > 1 ? c->tp_backends : &e->b;
+    /* weights and activations first: on a device the KV pool is a share of
+     * what they leave */
+    llm_status st = llm_forward_new_tp(e->m, ranks, nr, c->max_batch_tokens, c->max_seqs, &e->fwd, err);
+    if (st || (st = kv_blocks(c, e->m, &n_blocks, err)))
+        return st;
     kv_cache_config kc = {c->block_size, c->kv_type, n_blocks, 0, !c->no_prefix_cache, ranks, nr};
     const llm_hparams *hp = &e->m->hp;
     if ((st = kv_cache_new(&kc, e->b, hp->n_layer, hp->n_head_kv / nr, hp->head_dim, &e->kv, err)))
         return st;
     sched_config sc = {c->max_seqs, c->max_batch_tokens, c->aging_ms};
-    if ((st = sched_init(&e->s, &sc, e->kv, err)) ||
-        (st = llm_forward_new_tp(e->m, ranks, nr, c->max_batch_tokens, c->max_seqs, &e->fwd, err)))
+    if ((st = sched_init(&e->s, &sc, e->kv, err)))
         return st;
     e->b_tokens = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
     e->b_logit_rows = malloc(sizeof(int32_t) * (size_t)c->max_seqs);

@@ -8,7 +8,9 @@
 #include "forward_impl.h"
 
 struct llm_forward {
-    const llm_model *m;
+    const llm_model *m;           /* the backend's copy of the weights (hparams as the model's) */
+    const llm_model *host_m;      /* the model as loaded */
+    llm_model *dev_m;             /* the upload, when the backend made one */
     llm_backend *b;
     int max_rows, max_logits;
     int32_t *pos;                 /* (max_rows) */
@@ -16,51 +18,70 @@ struct llm_forward {
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
     float *last;                  /* (max_logits, n_embd) rows gathered for the output */
     float *logits;                /* (max_logits, n_vocab) */
+    float *logits_host;           /* logits read back from a device; NULL on the host */
     llm_comm *comm;               /* tensor-parallel rank: sums partial outputs; NULL alone */
     int rank;
     tp_group *tp;                 /* a tensor-parallel driver: the fields above are unused */
 };
 
-static void *xcalloc(size_t n, size_t sz, int *fail)
+static float *act(llm_backend *b, size_t n, int *fail)
 {
-    void *p = calloc(n ? n : 1, sz);
+    float *p = llm_backend_buffer_alloc(b, (n ? n : 1) * sizeof(float));
     if (!p)
         *fail = 1;
     return p;
+}
+
+static llm_status alloc_acts(llm_forward *f, llm_error *err)
+{
+    const llm_hparams *hp = &f->host_m->hp;
+    llm_backend *b = f->b;
+    size_t R = (size_t)f->max_rows, kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
+    size_t wide = qd > (size_t)hp->n_embd ? qd : (size_t)hp->n_embd;
+    int fail = 0;
+    f->x = act(b, R * hp->n_embd, &fail);
+    f->xb = act(b, R * wide, &fail);
+    f->q = act(b, R * qd, &fail);
+    f->k = act(b, R * kvd, &fail);
+    f->v = act(b, R * kvd, &fail);
+    f->att = act(b, R * qd, &fail);
+    f->hb = act(b, R * hp->n_ff, &fail);
+    f->hb2 = act(b, R * hp->n_ff, &fail);
+    f->last = act(b, (size_t)f->max_logits * hp->n_embd, &fail);
+    f->logits = act(b, (size_t)f->max_logits * hp->n_vocab, &fail);
+    if (!fail && !llm_backend_host_memory(b) &&
+        !(f->logits_host = malloc((size_t)f->max_logits * hp->n_vocab * sizeof(float))))
+        fail = 1;
+    if (fail)
+        return llm_errf(err, LLM_ERR_NOMEM, "forward: no %s memory for activations of a batch of %d rows",
+                        b->iface->name, f->max_rows);
+    return LLM_OK;
 }
 
 llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int max_logits, llm_forward **out,
                            llm_error *err)
 {
     *out = NULL;
-    const llm_hparams *hp = &m->hp;
     if (max_rows < 1 || max_rows > (1 << 16) || max_logits < 1 || max_logits > max_rows)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "forward: batch of %d rows with %d logit rows is out of range",
                         max_rows, max_logits);
     llm_forward *f = calloc(1, sizeof *f);
     if (!f)
         return llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
-    f->m = m;
+    f->m = f->host_m = m;
     f->b = b;
     f->max_rows = max_rows;
     f->max_logits = max_logits;
-    size_t R = (size_t)max_rows, kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
-    size_t wide = qd > (size_t)hp->n_embd ? qd : (size_t)hp->n_embd;
-    int fail = 0;
-    f->pos = xcalloc(R, sizeof(int32_t), &fail);
-    f->x = xcalloc(R * hp->n_embd, sizeof(float), &fail);
-    f->xb = xcalloc(R * wide, sizeof(float), &fail);
-    f->q = xcalloc(R * qd, sizeof(float), &fail);
-    f->k = xcalloc(R * kvd, sizeof(float), &fail);
-    f->v = xcalloc(R * kvd, sizeof(float), &fail);
-    f->att = xcalloc(R * qd, sizeof(float), &fail);
-    f->hb = xcalloc(R * hp->n_ff, sizeof(float), &fail);
-    f->hb2 = xcalloc(R * hp->n_ff, sizeof(float), &fail);
-    f->last = xcalloc((size_t)max_logits * hp->n_embd, sizeof(float), &fail);
-    f->logits = xcalloc((size_t)max_logits * hp->n_vocab, sizeof(float), &fail);
-    if (fail) {
+    llm_status st = LLM_OK;
+    if (b->iface->model_upload && !(st = b->iface->model_upload(b, m, &f->dev_m, err)))
+        f->m = f->dev_m;
+    if (!st && !(f->pos = malloc(sizeof(int32_t) * (size_t)max_rows)))
+        st = llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
+    if (!st)
+        st = alloc_acts(f, err);
+    if (st) {
         llm_forward_free(f);
-        return llm_errf(err, LLM_ERR_NOMEM, "forward: no memory for a batch of %d rows", max_rows);
+        return st;
     }
     *out = f;
     return LLM_OK;
@@ -105,17 +126,18 @@ void llm_forward_free(llm_forward *f)
         return;
     tp_group_free(f->tp);
     float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->last, f->logits};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) llm_backend_buffer_free(f->b, bufs[i]);
+    if (f->dev_m)
+        f->b->iface->model_release(f->b, f->dev_m);
+    free(f->logits_host);
     free(f->pos);
     free(f);
 }
 
-static void add_bias(float *x, const float *bias, int n_tok, int dim)
+static void add_bias(llm_backend *b, float *x, const float *bias, int n_tok, int dim)
 {
-    if (!bias)
-        return;
-    for (int t = 0; t < n_tok; t++)
-        for (int i = 0; i < dim; i++) x[(size_t)t * dim + i] += bias[i];
+    if (bias)
+        llm_backend_add_bias(b, x, bias, n_tok, dim);
 }
 
 /* A rank's row-parallel output is a partial sum: add the other ranks'. */
@@ -135,9 +157,9 @@ static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, c
     llm_matmul qkv[3] = {{&l->wq, f->q}, {&l->wk, f->k}, {&l->wv, f->v}};
     if ((st = llm_backend_matmul_group(b, qkv, 3, f->xb, n)))
         return st;
-    add_bias(f->q, l->bq, n, qd);
-    add_bias(f->k, l->bk, n, kvd);
-    add_bias(f->v, l->bv, n, kvd);
+    add_bias(b, f->q, l->bq, n, qd);
+    add_bias(b, f->k, l->bk, n, kvd);
+    add_bias(b, f->v, l->bv, n, kvd);
     llm_rope_args r = {f->q, n, hp->n_head, hp->head_dim, hp->rot_dim, f->pos, hp->rope_theta,
                        hp->rope_freq_scale, hp->rope_neox, f->m->rope_freqs};
     llm_backend_rope(b, &r);
@@ -203,13 +225,19 @@ llm_status llm_forward_eval(llm_forward *f, const llm_forward_batch *bt, const l
     for (int il = 0; il < hp->n_layer; il++)
         if ((st = attention_block(f, bt, &layers[il], il)) || (st = mlp_block(f, il, bt->n_rows)))
             return st;
-    for (int i = 0; i < bt->n_logits; i++)
-        memcpy(f->last + (size_t)i * hp->n_embd, f->x + (size_t)bt->logit_rows[i] * hp->n_embd,
-               sizeof(float) * (size_t)hp->n_embd);
     if (bt->n_logits > 0) {
+        /* the rows wanted, gathered as rows of an F32 table */
+        llm_weight rows = {QT_F32, bt->n_rows, hp->n_embd, sizeof(float) * (size_t)hp->n_embd, f->x};
+        llm_backend_get_rows(f->b, &rows, bt->logit_rows, bt->n_logits, f->last);
         llm_backend_rmsnorm(f->b, f->last, f->m->output_norm, bt->n_logits, hp->n_embd, hp->eps, f->xb);
         if ((st = llm_backend_matmul(f->b, &f->m->output, f->xb, bt->n_logits, f->logits)))
             return st;
+    }
+    if (f->logits_host) {
+        if ((st = llm_backend_read(f->b, f->logits_host, f->logits, sizeof(float) * (size_t)bt->n_logits * hp->n_vocab)))
+            return st;
+        *logits = f->logits_host;
+        return LLM_OK;
     }
     *logits = f->logits;
     return LLM_OK;

@@ -1,6 +1,14 @@
 /* backend.h - the compute backend interface: a const table of operations plus
- * an instance pointer. The model code and (later) the scheduler call only the
+ * an instance pointer. The model code and the scheduler call only the
  * llm_backend_* wrappers below and never know which backend runs.
+ *
+ * Memory: activations, KV pages and every `float *` an operation takes live
+ * in the backend's memory (llm_backend_buffer_alloc: host memory for the
+ * CPU backend, device memory for CUDA). Small index arrays (ids, positions,
+ * block tables, llm_batch_seq) are host memory; a device backend uploads
+ * them. Weights are used through the backend's copy of the model
+ * (llm_backend_model_upload; the CPU backend uses the mapping in place).
+ * llm_backend_read brings results (logits) to the host.
  *
  * Tensor conventions: activations are row-major float32, one row per token.
  * A weight matrix W has `rows` output features and `cols` input features
@@ -11,6 +19,10 @@
  * token rows, each row kv_dim values of the cache's type; a sequence's
  * logical position p lives in block block_table[p / block_size], row
  * p % block_size. A batch is the rows of several sequences back to back.
+ *
+ * Errors: operations returning void cannot fail on the CPU; a device
+ * backend keeps the first failure of one and returns it from the next
+ * operation that returns a status (matmul, attention, read).
  *
  * Ownership: the caller owns every buffer passed in; a backend never keeps a
  * pointer past the call. Thread-safety: one thread drives a backend at a time
@@ -86,6 +98,15 @@ typedef struct llm_matmul {
 
 typedef struct llm_backend llm_backend;
 struct llm_comm;
+struct llm_model;
+
+/* What a backend's memory holds, for /metrics. */
+typedef struct llm_backend_mem {
+    char device[96];   /* "NVIDIA H200 (cuda:0)", "host" */
+    size_t total;      /* the device's memory */
+    size_t used;       /* allocated by this backend: weights, KV, activations */
+    size_t free;       /* what the device could still give */
+} llm_backend_mem;
 
 struct llm_backend_i {
     const char *name;
@@ -102,6 +123,8 @@ struct llm_backend_i {
     void (*swiglu)(llm_backend *b, const float *gate, const float *up, size_t n, float *out);
     /* y += x, n elements */
     void (*add)(llm_backend *b, float *y, const float *x, size_t n);
+    /* x[t] += bias for each of n_tok rows of dim */
+    void (*add_bias)(llm_backend *b, float *x, const float *bias, int n_tok, int dim);
     /* out (n, emb->cols) = rows ids of emb, dequantized; ids already checked */
     void (*get_rows)(llm_backend *b, const llm_weight *emb, const int32_t *ids, int n, float *out);
     /* Stores the float K/V rows (n_rows, kv_dim) of a batch at their
@@ -122,6 +145,18 @@ struct llm_backend_i {
      * rank i) for tensor parallelism (tp.h); NULL: the threads all-reduce
      * over host memory. */
     llm_status (*comm_new)(llm_backend *const *ranks, int n, struct llm_comm **out, llm_error *err);
+    /* Optional (NULL: the model is used in place): *dev gets the backend's
+     * copy of m's weights (same hparams, pointers into the backend's
+     * memory), released with model_release. Errors name the bytes asked
+     * for and the bytes free. */
+    llm_status (*model_upload)(llm_backend *b, const struct llm_model *m, struct llm_model **dev, llm_error *err);
+    void (*model_release)(llm_backend *b, struct llm_model *dev);
+    /* Optional (NULL: backend memory is host memory, read in place): copies
+     * bytes from backend memory src to host dst once every queued operation
+     * is done; returns the first failure since the last status. */
+    llm_status (*read)(llm_backend *b, void *dst, const void *src, size_t bytes);
+    /* Optional: what the backend's memory holds (zeros when NULL). */
+    void (*mem_stats)(llm_backend *b, llm_backend_mem *out);
 };
 
 struct llm_backend {
@@ -157,6 +192,8 @@ static inline void llm_backend_rope(llm_backend *b, const llm_rope_args *a) { b-
 static inline void llm_backend_swiglu(llm_backend *b, const float *g, const float *u, size_t n, float *out)
 { b->iface->swiglu(b, g, u, n, out); }
 static inline void llm_backend_add(llm_backend *b, float *y, const float *x, size_t n) { b->iface->add(b, y, x, n); }
+static inline void llm_backend_add_bias(llm_backend *b, float *x, const float *bias, int n_tok, int dim)
+{ b->iface->add_bias(b, x, bias, n_tok, dim); }
 static inline void llm_backend_get_rows(llm_backend *b, const llm_weight *emb, const int32_t *ids, int n, float *out)
 { b->iface->get_rows(b, emb, ids, n, out); }
 static inline void llm_backend_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *seqs, int n_seqs,
@@ -169,5 +206,24 @@ static inline void llm_backend_kv_copy(llm_backend *b, const llm_kv_layer *layer
 static inline void *llm_backend_buffer_alloc(llm_backend *b, size_t bytes) { return b->iface->buffer_alloc(b, bytes); }
 static inline void llm_backend_buffer_free(llm_backend *b, void *p) { if (p) b->iface->buffer_free(b, p); }
 static inline size_t llm_backend_mem_available(llm_backend *b) { return b->iface->mem_available(b); }
+/* Whether the backend's memory is the host's (results are read in place). */
+static inline int llm_backend_host_memory(const llm_backend *b) { return b->iface->read == NULL; }
+static inline llm_status llm_backend_read(llm_backend *b, void *dst, const void *src, size_t bytes)
+{ return b->iface->read ? b->iface->read(b, dst, src, bytes) : LLM_OK; }
+static inline void llm_backend_mem_stats(llm_backend *b, llm_backend_mem *out)
+{
+    *out = (llm_backend_mem){"host", 0, 0, 0};
+    if (b->iface->mem_stats)
+        b->iface->mem_stats(b, out);
+}
+
+/* The CUDA backend (engine/backend_cuda.c, loaded from libllm_cuda.so at
+ * run time so that binaries built with nvcc still run where no CUDA is
+ * installed). device: the CUDA device index. Errors: LLM_ERR_UNSUPPORTED
+ * when the library or a device is missing (the message says which). */
+typedef struct llm_cuda_config {
+    int device;
+} llm_cuda_config;
+llm_status llm_backend_cuda_new(const llm_cuda_config *cfg, llm_backend **out, llm_error *err);
 
 #endif
