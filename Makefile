@@ -17,11 +17,11 @@ SAN ?=
 PYTHON ?= python3
 CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
               -Iengine/include -Iengine $(SAN)
-LDLIBS = -lm -lpthread
+LDLIBS = -lm -lpthread -ldl
 
 ENGINE_SRC = engine/status.c engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c \
              engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
-             engine/strbuf.c engine/sampler.c engine/model.c engine/forward.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/cpu/cpu_attention.c \
+             engine/strbuf.c engine/sampler.c engine/model.c engine/forward.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/cpu/cpu_attention.c \
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c \
              engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench
@@ -200,11 +200,11 @@ NVCC ?= nvcc
 CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
 CUDA_SRC = $(wildcard kernels/*.cu)
 CUDA_ARCH = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-CUDA_FLAGS = -O3 -std=c++17 $(CUDA_ARCH) -Ikernels -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror
+CUDA_FLAGS = -O3 -std=c++17 $(CUDA_ARCH) -Ikernels -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fPIC
 CUDA_OBJ = $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 .PHONY: cuda cuda-regs gpu-check
 cuda:
-	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory $(BUILD)/libllmkernels.a; \
+	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory $(BUILD)/libllmkernels.a $(BUILD)/lib/libllm_cuda.so; \
 	 else echo "cuda: $(NVCC) not found; skipping the CUDA kernels"; fi
 $(BUILD)/libllmkernels.a: $(CUDA_OBJ)
 	@rm -f $@ && ar rcs $@ $^
@@ -212,6 +212,20 @@ $(BUILD)/kernels/%.o: kernels/%.cu kernels/common.cuh kernels/llm_kernels.h
 	@mkdir -p $(dir $@)
 	@echo "  NVCC  $<"
 	@$(NVCC) $(CUDA_FLAGS) -c $< -o $@
+# The CUDA backend as a plugin (llm_backend_cuda_new loads it), with its own
+# position-independent copies of the few engine files it uses; cudart is
+# linked statically, cuBLAS and NCCL from the CUDA install.
+CUDA_PLUGIN_SRC = engine/backend_cuda.c engine/status.c engine/quant.c
+CUDA_PLUGIN_OBJ = $(CUDA_PLUGIN_SRC:%.c=$(BUILD)/pic/%.o)
+$(BUILD)/pic/%.o: %.c $(wildcard engine/include/llm/*.h) kernels/llm_kernels.h
+	@mkdir -p $(dir $@)
+	@echo "  CC    $< (plugin)"
+	@$(CC) $(CFLAGS_BASE) -fPIC -fvisibility=hidden -isystem $(CUDA_HOME)/include -Ikernels -c $< -o $@
+$(BUILD)/lib/libllm_cuda.so: $(CUDA_PLUGIN_OBJ) $(BUILD)/libllmkernels.a
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(NVCC) -shared -Xlinker --no-undefined,--exclude-libs,ALL $(CUDA_PLUGIN_OBJ) $(BUILD)/libllmkernels.a \
+	    -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -cudart static -lcublas -lnccl -lm -lpthread -o $@
 # The kernels against the CPU backend (runs on a GPU machine: tests/gpu/run.sh).
 gpu-check: cuda $(LIB)
 	@mkdir -p $(BUILD)/tests

@@ -1,5 +1,5 @@
 /* llm_kernels.h - the CUDA kernels' C API, for the CUDA backend (issue 8;
- * engine/backend_cuda.c, not written yet). Each function enqueues its
+ * engine/backend_cuda.c). Each function enqueues its
  * kernel on `stream` (a cudaStream_t; NULL: the default stream) and returns
  * the launch's cudaError_t as an int (0: launched); errors of the kernel
  * itself surface at the next synchronisation.
@@ -65,6 +65,14 @@ int lk_attention(const float *q, float *out, int n_rows, int n_head, int n_head_
  * activations stay float. */
 int lk_gemv(int type, const void *W, size_t row_bytes, int rows, int cols, const float *x, int n_tok, float *y,
             void *stream);
+
+/* out (rows, cols) half precision = W dequantized (types as lk_gemv's),
+ * for cuBLAS; LK_UNSUPPORTED for other types or cols off the block. */
+int lk_dequant_f16(int type, const void *W, size_t row_bytes, int rows, int cols, void *out, void *stream);
+/* out (n) = x rounded to bfloat16 (bf16 1) or half (bf16 0). */
+int lk_to_half(const float *x, size_t n, int bf16, void *out, void *stream);
+/* x[t] += bias for n_tok rows of dim. */
+int lk_add_bias(float *x, const float *bias, int n_tok, int dim, void *stream);
 
 /* out[r] = the id of the largest of row r's n_vocab logits (ties: the
  * lowest id; NaNs never win). */

@@ -1,0 +1,726 @@
+/* backend_cuda.c - the CUDA backend: the backend interface over the kernels
+ * in kernels/ and cuBLAS, on one device with one stream. Built into
+ * libllm_cuda.so (loaded by backend_cuda_load.c) only when nvcc is present.
+ *
+ * Memory: weights are uploaded once per model (model_upload) into one
+ * allocation; activations and KV pages come from buffer_alloc (cudaMalloc,
+ * counted for /metrics). Index arrays arrive in host memory and go up
+ * through a device staging area per kind (ids, positions, slots, attention
+ * tables); an upload is skipped when the bytes equal the last ones of that
+ * kind, which is the case for every layer after the first of a step.
+ *
+ * Matmul: batches of 1-8 rows read the weights in their own type (lk_gemv);
+ * larger ones go to cuBLAS (cublasGemmEx, FP32 accumulation): F32 weights
+ * as they are, F16/BF16 weights with the activations rounded to that type,
+ * quantized weights dequantized to F16 first.
+ *
+ * Errors: every CUDA and cuBLAS return is checked; the first failure is
+ * kept with the call's name and returned by the next operation that
+ * returns a status. Thread-safety: one thread at a time per backend; each
+ * operation selects the backend's device for the calling thread. */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm/backend.h"
+#include "llm/model.h"
+#include "llm/tp.h"
+#include "llm_kernels.h"
+
+enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_COPY, ST_KINDS };
+
+typedef struct cu_alloc {
+    void *p;
+    size_t bytes;
+} cu_alloc;
+
+typedef struct cu_stage {
+    int32_t *dev;        /* device copy */
+    int32_t *host;       /* what was last uploaded */
+    size_t n, cap;       /* elements */
+} cu_stage;
+
+typedef struct cu_ctx {
+    int dev;
+    char name[96];
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    llm_status failed;   /* first failure since the last status returned */
+    char why[LLM_ERROR_MSG_MAX];
+    cu_alloc *allocs;
+    int n_allocs, cap_allocs;
+    size_t used;
+    cu_stage stage[ST_KINDS];
+    int32_t *pack;       /* host packing buffer */
+    size_t pack_cap;
+    void *scratch;       /* cuBLAS path: half activations + dequantized weights */
+    size_t scratch_cap;
+} cu_ctx;
+
+static cu_ctx *ctx_of(llm_backend *b) { return b->ctx; }
+
+/* The function's name in a stringified call, at most 64 characters. */
+static int fn_len(const char *call)
+{
+    size_t n = strcspn(call, "(");
+    return n < 64 ? (int)n : 64;
+}
+
+/* Keeps the first failure; returns 1 when `e` is one. */
+static int fail_cuda(cu_ctx *c, cudaError_t e, const char *call)
+{
+    if (e == cudaSuccess)
+        return 0;
+    if (!c->failed) {
+        c->failed = e == cudaErrorMemoryAllocation ? LLM_ERR_NOMEM : LLM_ERR_BACKEND;
+        snprintf(c->why, sizeof c->why, "%.*s on %s: %.200s", fn_len(call), call, c->name, cudaGetErrorString(e));
+    }
+    return 1;
+}
+
+static int fail_blas(cu_ctx *c, cublasStatus_t s, const char *call)
+{
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return 0;
+    if (!c->failed) {
+        c->failed = LLM_ERR_BACKEND;
+        snprintf(c->why, sizeof c->why, "%.*s on %s: %.200s", fn_len(call), call, c->name, cublasGetStatusString(s));
+    }
+    return 1;
+}
+
+/* A kernel wrapper's return: a launch error, or LK_UNSUPPORTED. */
+static int fail_kernel(cu_ctx *c, int rc, const char *kernel)
+{
+    if (rc == 0)
+        return 0;
+    if (rc == LK_UNSUPPORTED) {
+        if (!c->failed) {
+            c->failed = LLM_ERR_UNSUPPORTED;
+            snprintf(c->why, sizeof c->why, "%.*s on %s: shape or type not supported", fn_len(kernel), kernel, c->name);
+        }
+        return 1;
+    }
+    return fail_cuda(c, (cudaError_t)rc, kernel);
+}
+
+#define CU(c, call) fail_cuda((c), (call), #call)
+#define BLAS(c, call) fail_blas((c), (call), #call)
+#define LK(c, call) fail_kernel((c), (call), #call)
+
+static void use_device(cu_ctx *c) { CU(c, cudaSetDevice(c->dev)); }
+
+/* The kept failure as a status (and the message in the log line the
+ * engine writes for it), cleared for the next step. */
+static llm_status take_status(cu_ctx *c)
+{
+    llm_status st = c->failed;
+    if (st)
+        fprintf(stderr, "cuda backend: %s\n", c->why);
+    c->failed = LLM_OK;
+    return st;
+}
+
+/* ---- memory -------------------------------------------------------------- */
+
+static int track(cu_ctx *c, void *p, size_t bytes)
+{
+    if (c->n_allocs == c->cap_allocs) {
+        int cap = c->cap_allocs ? 2 * c->cap_allocs : 32;
+        cu_alloc *a = realloc(c->allocs, sizeof *a * (size_t)cap);
+        if (!a)
+            return -1;
+        c->allocs = a;
+        c->cap_allocs = cap;
+    }
+    c->allocs[c->n_allocs++] = (cu_alloc){p, bytes};
+    c->used += bytes;
+    return 0;
+}
+
+static void *cuda_buffer_alloc(llm_backend *b, size_t bytes)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError(); /* out of memory is the caller's to report, not sticky */
+        return NULL;
+    }
+    if (track(c, p, bytes)) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_buffer_free(llm_backend *b, void *p)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    for (int i = 0; i < c->n_allocs; i++)
+        if (c->allocs[i].p == p) {
+            c->used -= c->allocs[i].bytes;
+            c->allocs[i] = c->allocs[--c->n_allocs];
+            break;
+        }
+    CU(c, cudaFree(p));
+}
+
+/* Kept back from the KV budget: cuBLAS workspaces, the scratch, graphs. */
+#define CU_RESERVE ((size_t)1 << 30)
+
+static size_t cuda_mem_available(llm_backend *b)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    size_t fr = 0, total = 0;
+    if (CU(c, cudaMemGetInfo(&fr, &total)))
+        return 0;
+    return fr > CU_RESERVE ? fr - CU_RESERVE : 0;
+}
+
+static void cuda_mem_stats(llm_backend *b, llm_backend_mem *out)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    snprintf(out->device, sizeof out->device, "%s", c->name);
+    out->used = c->used;
+    CU(c, cudaMemGetInfo(&out->free, &out->total));
+}
+
+/* Device scratch of at least `bytes` (grown, never shrunk). */
+static void *scratch(cu_ctx *c, size_t bytes)
+{
+    if (bytes <= c->scratch_cap)
+        return c->scratch;
+    if (c->scratch)
+        CU(c, cudaFree(c->scratch));
+    c->scratch = NULL;
+    c->scratch_cap = 0;
+    if (CU(c, cudaMalloc(&c->scratch, bytes)))
+        return NULL;
+    c->scratch_cap = bytes;
+    return c->scratch;
+}
+
+/* Host packing buffer of n int32. */
+static int32_t *pack(cu_ctx *c, size_t n)
+{
+    if (n > c->pack_cap) {
+        int32_t *p = realloc(c->pack, n * sizeof *p);
+        if (!p) {
+            if (!c->failed) {
+                c->failed = LLM_ERR_NOMEM;
+                snprintf(c->why, sizeof c->why, "cuda backend: no host memory for %zu indices", n);
+            }
+            return NULL;
+        }
+        c->pack = p;
+        c->pack_cap = n;
+    }
+    return c->pack;
+}
+
+/* The device copy of n host int32 of one kind; uploaded only when they
+ * differ from the last ones (the stream orders the copy before later
+ * kernels, and the host side is copied before cudaMemcpyAsync returns
+ * because it is pageable). */
+static const int32_t *stage(cu_ctx *c, int kind, const int32_t *h, size_t n)
+{
+    cu_stage *s = &c->stage[kind];
+    if (n == s->n && s->dev && !memcmp(h, s->host, n * sizeof *h))
+        return s->dev;
+    if (n > s->cap) {
+        size_t cap = n < 1024 ? 1024 : 2 * n;
+        int32_t *hp = realloc(s->host, cap * sizeof *hp);
+        if (!hp)
+            return NULL;
+        s->host = hp;
+        if (s->dev)
+            CU(c, cudaFree(s->dev));
+        s->dev = NULL;
+        s->cap = 0;
+        if (CU(c, cudaMalloc((void **)&s->dev, cap * sizeof *h)))
+            return NULL;
+        s->cap = cap;
+    }
+    if (CU(c, cudaMemcpyAsync(s->dev, h, n * sizeof *h, cudaMemcpyHostToDevice, c->stream)))
+        return NULL;
+    memcpy(s->host, h, n * sizeof *h);
+    s->n = n;
+    return s->dev;
+}
+
+/* ---- operations ---------------------------------------------------------- */
+
+static int gemv_type(quant_type t) { return t == QT_F32 || t == QT_F16 || t == QT_BF16 || t == QT_Q8_0 || t == QT_Q4_K || t == QT_Q6_K; }
+
+/* y (n_tok, rows) = x . W^T through cuBLAS (column-major: C = A^T B with
+ * A = W as (cols, rows), B = x as (cols, n_tok)). */
+static void gemm(cu_ctx *c, const llm_weight *w, const float *x, int n_tok, float *y)
+{
+    int rows = (int)w->rows, cols = (int)w->cols;
+    float one = 1.f, zero = 0.f;
+    if (w->type == QT_F32) {
+        BLAS(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n_tok, cols, &one, w->data, CUDA_R_32F, cols, x,
+                             CUDA_R_32F, cols, &zero, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return;
+    }
+    int bf16 = w->type == QT_BF16, native = bf16 || w->type == QT_F16;
+    size_t xb = (size_t)n_tok * cols * 2, wb = native ? 0 : (size_t)rows * cols * 2;
+    char *s = scratch(c, xb + wb);
+    if (!s)
+        return;
+    const void *A = w->data;
+    if (!native) {
+        if (LK(c, lk_dequant_f16((int)w->type, w->data, w->row_bytes, rows, cols, s + xb, c->stream)))
+            return;
+        A = s + xb;
+    }
+    if (LK(c, lk_to_half(x, (size_t)n_tok * cols, bf16, s, c->stream)))
+        return;
+    cudaDataType ht = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    BLAS(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n_tok, cols, &one, A, ht, cols, s, ht, cols, &zero, y,
+                         CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+static llm_status cuda_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    for (int i = 0; i < n_ops && !c->failed; i++) {
+        const llm_weight *w = ops[i].w;
+        if (!gemv_type(w->type)) {
+            c->failed = LLM_ERR_UNSUPPORTED;
+            snprintf(c->why, sizeof c->why, "cuda backend: weights of type %s are not supported", quant_type_name(w->type));
+        } else if (n_tok <= 8)
+            LK(c, lk_gemv((int)w->type, w->data, w->row_bytes, (int)w->rows, (int)w->cols, x, n_tok, ops[i].y, c->stream));
+        else
+            gemm(c, w, x, n_tok, ops[i].y);
+    }
+    return take_status(c);
+}
+
+static void cuda_rmsnorm(llm_backend *b, const float *x, const float *w, int n_tok, int dim, float eps, float *out)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    LK(c, lk_rmsnorm(x, w, n_tok, dim, eps, out, c->stream));
+}
+
+static void cuda_rope(llm_backend *b, const llm_rope_args *a)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    const int32_t *pos = stage(c, ST_POS, a->pos, (size_t)a->n_tok);
+    if (pos)
+        LK(c, lk_rope(a->x, a->n_tok, a->n_head, a->head_dim, a->rot_dim, pos, a->theta, a->freq_scale, a->neox,
+                      a->freq_factors, c->stream));
+}
+
+static void cuda_swiglu(llm_backend *b, const float *g, const float *u, size_t n, float *out)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    LK(c, lk_swiglu(g, u, n, out, c->stream));
+}
+
+static void cuda_add(llm_backend *b, float *y, const float *x, size_t n)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    LK(c, lk_add(y, x, n, c->stream));
+}
+
+static void cuda_add_bias(llm_backend *b, float *x, const float *bias, int n_tok, int dim)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    LK(c, lk_add_bias(x, bias, n_tok, dim, c->stream));
+}
+
+static void cuda_get_rows(llm_backend *b, const llm_weight *emb, const int32_t *ids, int n, float *out)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    const int32_t *d = stage(c, ST_IDS, ids, (size_t)n);
+    if (d)
+        LK(c, lk_get_rows((int)emb->type, emb->data, emb->row_bytes, (int)emb->cols, d, n, out, c->stream));
+}
+
+static void cuda_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *seqs, int n_seqs, const float *k,
+                          const float *v)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    size_t n_rows = 0;
+    for (int s = 0; s < n_seqs; s++) n_rows += (size_t)seqs[s].n_tok;
+    int32_t *slot = pack(c, n_rows);
+    if (!slot)
+        return;
+    for (int s = 0; s < n_seqs; s++)
+        for (int t = 0; t < seqs[s].n_tok; t++) {
+            int p = seqs[s].pos0 + t;
+            slot[seqs[s].tok0 + t] = seqs[s].block_table[p / kv->block_size] * kv->block_size + p % kv->block_size;
+        }
+    const int32_t *d = stage(c, ST_SLOT, slot, n_rows);
+    if (d)
+        LK(c, lk_kv_write((int)kv->type, kv->k, kv->v, kv->row_bytes, kv->kv_dim, d, (int)n_rows, k, v, c->stream));
+}
+
+/* Packs [row_pos (n_rows) | row_table (n_rows) | tables...] for lk_attention. */
+static llm_status cuda_attention(llm_backend *b, const llm_attn_args *a)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    int bs = a->kv->block_size;
+    size_t n_rows = 0, n_tab = 0;
+    for (int s = 0; s < a->n_seqs; s++) {
+        n_rows += (size_t)a->seqs[s].n_tok;
+        n_tab += (size_t)((a->seqs[s].pos0 + a->seqs[s].n_tok + bs - 1) / bs);
+    }
+    int32_t *p = pack(c, 2 * n_rows + n_tab);
+    if (!p)
+        return take_status(c);
+    int32_t *tab = p + 2 * n_rows;
+    size_t t0 = 0;
+    for (int s = 0; s < a->n_seqs; s++) {
+        const llm_batch_seq *q = &a->seqs[s];
+        int nb = (q->pos0 + q->n_tok + bs - 1) / bs;
+        memcpy(tab + t0, q->block_table, sizeof(int32_t) * (size_t)nb);
+        for (int t = 0; t < q->n_tok; t++) {
+            p[q->tok0 + t] = q->pos0 + t;
+            p[n_rows + (size_t)q->tok0 + t] = (int32_t)t0;
+        }
+        t0 += (size_t)nb;
+    }
+    const int32_t *d = stage(c, ST_ATTN, p, 2 * n_rows + n_tab);
+    if (d)
+        LK(c, lk_attention(a->q, a->out, (int)n_rows, a->n_head, a->n_head_kv, a->head_dim, a->scale, d, d + n_rows,
+                           d + 2 * n_rows, (int)a->kv->type, a->kv->k, a->kv->v, a->kv->row_bytes, bs, c->stream));
+    return take_status(c);
+}
+
+static void cuda_kv_copy(llm_backend *b, const llm_kv_layer *layers, int n_layers, const int32_t *src,
+                         const int32_t *dst, int n)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    for (int l = 0; l < n_layers; l++) {
+        size_t blk = (size_t)layers[l].block_size * layers[l].row_bytes;
+        for (int i = 0; i < n && !c->failed; i++) {
+            char *k = layers[l].k, *v = layers[l].v;
+            CU(c, cudaMemcpyAsync(k + (size_t)dst[i] * blk, k + (size_t)src[i] * blk, blk, cudaMemcpyDeviceToDevice, c->stream));
+            CU(c, cudaMemcpyAsync(v + (size_t)dst[i] * blk, v + (size_t)src[i] * blk, blk, cudaMemcpyDeviceToDevice, c->stream));
+        }
+    }
+}
+
+static llm_status cuda_read(llm_backend *b, void *dst, const void *src, size_t bytes)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    if (!c->failed && !CU(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream)))
+        CU(c, cudaStreamSynchronize(c->stream));
+    return take_status(c);
+}
+
+/* ---- weights ------------------------------------------------------------- */
+
+/* The uploaded model: a copy of the host model whose pointers lead into
+ * one device allocation. */
+typedef struct cu_model {
+    llm_model m;       /* first: the forward pass sees this */
+    void *base;
+} cu_model;
+
+typedef struct up_state {
+    cu_ctx *c;
+    char *base;        /* NULL: only sum the sizes */
+    size_t off;
+} up_state;
+
+static const void *put(up_state *u, const void *src, size_t bytes)
+{
+    size_t at = u->off;
+    u->off += (bytes + 255) / 256 * 256;
+    if (!u->base || !src)
+        return NULL;
+    CU(u->c, cudaMemcpy(u->base + at, src, bytes, cudaMemcpyHostToDevice));
+    return u->base + at;
+}
+
+static void put_weight(up_state *u, llm_weight *w)
+{
+    w->data = put(u, w->data, (size_t)w->rows * w->row_bytes);
+}
+
+static const float *put_vec(up_state *u, const float *v, size_t n) { return v ? put(u, v, n * sizeof(float)) : NULL; }
+
+/* Walks every tensor of m (into d's pointers when u->base is set). */
+static void upload_all(up_state *u, const llm_model *m, llm_model *d)
+{
+    const llm_hparams *hp = &m->hp;
+    size_t E = (size_t)hp->n_embd, qd = (size_t)hp->n_head * hp->head_dim, kvd = (size_t)hp->n_head_kv * hp->head_dim;
+    int tied = m->output.data == m->tok_embd.data;
+    put_weight(u, &d->tok_embd);
+    if (tied)
+        d->output.data = d->tok_embd.data;
+    else
+        put_weight(u, &d->output);
+    d->output_norm = put_vec(u, m->output_norm, E);
+    d->rope_freqs = put_vec(u, m->rope_freqs, (size_t)hp->rot_dim / 2);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const llm_layer *L = &m->layers[l];
+        llm_layer *D = &d->layers[l];
+        D->attn_norm = put_vec(u, L->attn_norm, E);
+        D->ffn_norm = put_vec(u, L->ffn_norm, E);
+        D->bq = put_vec(u, L->bq, qd);
+        D->bk = put_vec(u, L->bk, kvd);
+        D->bv = put_vec(u, L->bv, kvd);
+        llm_weight *ws[] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->w_gate, &D->w_up, &D->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) put_weight(u, ws[i]);
+    }
+}
+
+static llm_status cuda_model_upload(llm_backend *b, const llm_model *m, llm_model **dev, llm_error *err)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    *dev = NULL;
+    cu_model *cm = calloc(1, sizeof *cm);
+    llm_layer *layers = calloc((size_t)m->hp.n_layer, sizeof *layers);
+    if (!cm || !layers) {
+        free(cm);
+        free(layers);
+        return llm_errf(err, LLM_ERR_NOMEM, "cuda backend: no memory");
+    }
+    cm->m = *m;
+    memcpy(layers, m->layers, sizeof *layers * (size_t)m->hp.n_layer);
+    cm->m.layers = layers;
+    up_state u = {c, NULL, 0};
+    upload_all(&u, m, &cm->m); /* sizes only */
+    size_t need = u.off, fr = 0, total = 0;
+    CU(c, cudaMemGetInfo(&fr, &total));
+    if (c->failed || need > fr || cudaMalloc(&cm->base, need) != cudaSuccess) {
+        (void)cudaGetLastError();
+        c->failed = LLM_OK;
+        free(layers);
+        free(cm);
+        return llm_errf(err, LLM_ERR_NOMEM, "cuda backend: the weights of %s need %zu MiB on %s; %zu MiB of %zu MiB are free",
+                        m->name, need >> 20, c->name, fr >> 20, total >> 20);
+    }
+    cm->m.layers = layers;
+    cm->m.owned = NULL;
+    cm->m.n_owned = 0;
+    u = (up_state){c, cm->base, 0};
+    upload_all(&u, m, &cm->m);
+    llm_status st = take_status(c);
+    if (st || track(c, cm->base, need)) {
+        cudaFree(cm->base);
+        free(layers);
+        free(cm);
+        return llm_errf(err, st ? st : LLM_ERR_NOMEM, "cuda backend: uploading the weights of %s to %s failed", m->name,
+                        c->name);
+    }
+    *dev = &cm->m;
+    return LLM_OK;
+}
+
+static void cuda_model_release(llm_backend *b, llm_model *dev)
+{
+    cu_model *cm = (cu_model *)dev;
+    cuda_buffer_free(b, cm->base);
+    free(cm->m.layers);
+    free(cm);
+}
+
+/* ---- NCCL all-reduce ----------------------------------------------------- */
+
+typedef struct nccl_comm {
+    int n;
+    ncclComm_t comm[LLM_TP_MAX];
+    cu_ctx *rank[LLM_TP_MAX];
+    int devs[LLM_TP_MAX];
+    int aborted;
+    pthread_mutex_t mu;
+} nccl_comm;
+
+static llm_status nccl_allreduce(llm_comm *cm, int rank, float *buf, size_t n)
+{
+    nccl_comm *nc = cm->ctx;
+    cu_ctx *c = nc->rank[rank];
+    use_device(c);
+    if (nc->aborted)
+        return LLM_ERR_CANCELLED;
+    ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, nc->comm[rank], c->stream);
+    if (r != ncclSuccess) {
+        if (!c->failed) {
+            c->failed = LLM_ERR_BACKEND;
+            snprintf(c->why, sizeof c->why, "ncclAllReduce on %s: %s", c->name, ncclGetErrorString(r));
+        }
+        return take_status(c);
+    }
+    return LLM_OK;
+}
+
+/* A rank failed: the others' pending collectives would wait forever, so
+ * the communicators are torn down and built again at reset. */
+static void nccl_abort(llm_comm *cm)
+{
+    nccl_comm *nc = cm->ctx;
+    pthread_mutex_lock(&nc->mu);
+    if (!nc->aborted)
+        for (int r = 0; r < nc->n; r++) ncclCommAbort(nc->comm[r]);
+    nc->aborted = 1;
+    pthread_mutex_unlock(&nc->mu);
+}
+
+static void nccl_reset(llm_comm *cm)
+{
+    nccl_comm *nc = cm->ctx;
+    if (nc->aborted && ncclCommInitAll(nc->comm, nc->n, nc->devs) == ncclSuccess)
+        nc->aborted = 0;
+}
+
+static void nccl_free(llm_comm *cm)
+{
+    nccl_comm *nc = cm->ctx;
+    if (!nc->aborted)
+        for (int r = 0; r < nc->n; r++) ncclCommDestroy(nc->comm[r]);
+    pthread_mutex_destroy(&nc->mu);
+    free(nc);
+    free(cm);
+}
+
+static const struct llm_comm_i nccl_iface = {"nccl", nccl_allreduce, nccl_abort, nccl_reset, nccl_free};
+
+static llm_status cuda_comm_new(llm_backend *const *ranks, int n, llm_comm **out, llm_error *err)
+{
+    *out = NULL;
+    llm_comm *cm = calloc(1, sizeof *cm);
+    nccl_comm *nc = calloc(1, sizeof *nc);
+    if (!cm || !nc || n > LLM_TP_MAX) {
+        free(cm);
+        free(nc);
+        return llm_errf(err, LLM_ERR_NOMEM, "nccl: no memory for %d ranks", n);
+    }
+    nc->n = n;
+    for (int r = 0; r < n; r++) {
+        nc->rank[r] = ctx_of(ranks[r]);
+        nc->devs[r] = nc->rank[r]->dev;
+    }
+    ncclResult_t res = ncclCommInitAll(nc->comm, n, nc->devs);
+    if (res != ncclSuccess || pthread_mutex_init(&nc->mu, NULL)) {
+        free(cm);
+        free(nc);
+        return llm_errf(err, LLM_ERR_BACKEND, "nccl: ncclCommInitAll over %d devices: %s", n, ncclGetErrorString(res));
+    }
+    *cm = (llm_comm){&nccl_iface, nc, n};
+    *out = cm;
+    return LLM_OK;
+}
+
+/* ---- lifecycle ----------------------------------------------------------- */
+
+static void cuda_free(llm_backend *b)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    for (int k = 0; k < ST_KINDS; k++) {
+        cudaFree(c->stage[k].dev);
+        free(c->stage[k].host);
+    }
+    cudaFree(c->scratch);
+    for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i].p); /* whatever callers leaked */
+    if (c->blas)
+        cublasDestroy(c->blas);
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
+    free(c->allocs);
+    free(c->pack);
+    free(c);
+    free(b);
+}
+
+static const struct llm_backend_i cuda_iface = {
+    .name = "cuda",
+    .free = cuda_free,
+    .matmul = cuda_matmul,
+    .rmsnorm = cuda_rmsnorm,
+    .rope = cuda_rope,
+    .swiglu = cuda_swiglu,
+    .add = cuda_add,
+    .add_bias = cuda_add_bias,
+    .get_rows = cuda_get_rows,
+    .kv_write = cuda_kv_write,
+    .attention = cuda_attention,
+    .kv_copy = cuda_kv_copy,
+    .buffer_alloc = cuda_buffer_alloc,
+    .buffer_free = cuda_buffer_free,
+    .mem_available = cuda_mem_available,
+    .comm_new = cuda_comm_new,
+    .model_upload = cuda_model_upload,
+    .model_release = cuda_model_release,
+    .read = cuda_read,
+    .mem_stats = cuda_mem_stats,
+};
+
+static llm_status open_device(cu_ctx *c, llm_error *err)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return llm_errf(err, LLM_ERR_UNSUPPORTED, "cuda backend: no CUDA device (%s)",
+                        e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    if (c->dev < 0 || c->dev >= n)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "cuda backend: device %d asked for; this machine has %d", c->dev, n);
+    struct cudaDeviceProp p;
+    if ((e = cudaSetDevice(c->dev)) || (e = cudaGetDeviceProperties(&p, c->dev)))
+        return llm_errf(err, LLM_ERR_BACKEND, "cuda backend: device %d: %s", c->dev, cudaGetErrorString(e));
+    snprintf(c->name, sizeof c->name, "%.80s (cuda:%d)", p.name, c->dev);
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)))
+        return llm_errf(err, LLM_ERR_BACKEND, "cuda backend: cudaStreamCreate on %s: %s", c->name, cudaGetErrorString(e));
+    cublasStatus_t s = cublasCreate(&c->blas);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasSetStream(c->blas, c->stream);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return llm_errf(err, LLM_ERR_BACKEND, "cuda backend: cublasCreate on %s: %s", c->name, cublasGetStatusString(s));
+    return LLM_OK;
+}
+
+/* The plugin's entry point (backend_cuda_load.c finds it by name). */
+__attribute__((visibility("default"))) llm_status llm_cuda_plugin_new(const llm_cuda_config *cfg, llm_backend **out,
+                                                                       llm_error *err);
+llm_status llm_cuda_plugin_new(const llm_cuda_config *cfg, llm_backend **out, llm_error *err)
+{
+    *out = NULL;
+    quant_init();
+    llm_backend *b = calloc(1, sizeof *b);
+    cu_ctx *c = calloc(1, sizeof *c);
+    if (!b || !c) {
+        free(b);
+        free(c);
+        return llm_errf(err, LLM_ERR_NOMEM, "cuda backend: no memory");
+    }
+    c->dev = cfg ? cfg->device : 0;
+    b->iface = &cuda_iface;
+    b->ctx = c;
+    llm_status st = open_device(c, err);
+    if (st) {
+        if (c->stream)
+            cuda_free(b);
+        else {
+            free(c);
+            free(b);
+        }
+        return st;
+    }
+    *out = b;
+    return LLM_OK;
+}
