@@ -348,16 +348,49 @@ static void cpu_get_rows(llm_backend *b, const llm_weight *emb, const int32_t *i
 
 /* ---- memory ---------------------------------------------------------------- */
 
+/* Each buffer starts 64 bytes into its allocation; the size sits before it
+ * (for the count /metrics shows). */
 static void *cpu_buffer_alloc(llm_backend *b, size_t bytes)
 {
-    (void)b;
-    return aligned_alloc(64, (bytes + 63) / 64 * 64);
+    size_t n = (bytes + 63) / 64 * 64;
+    if (n < bytes || n > SIZE_MAX - 64)
+        return NULL;
+    char *p = aligned_alloc(64, n + 64);
+    if (!p)
+        return NULL;
+    *(size_t *)p = n;
+    atomic_fetch_add(&ctx_of(b)->used, n);
+    return p + 64;
 }
 
 static void cpu_buffer_free(llm_backend *b, void *p)
 {
-    (void)b;
-    free(p);
+    char *base = (char *)p - 64;
+    atomic_fetch_sub(&ctx_of(b)->used, *(size_t *)base);
+    free(base);
+}
+
+/* A value of /proc/meminfo in bytes (0 when missing). */
+static size_t meminfo(const char *key)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    size_t klen = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, klen) && line[klen] == ':' && sscanf(line + klen + 1, "%llu", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (size_t)kb * 1024;
+}
+
+static void cpu_mem_stats(llm_backend *b, llm_backend_mem *out)
+{
+    snprintf(out->device, sizeof out->device, "host");
+    out->used = atomic_load(&ctx_of(b)->used);
+    out->total = meminfo("MemTotal");
+    out->free = meminfo("MemAvailable");
 }
 
 /* MemAvailable from /proc/meminfo: what the kernel could give without
@@ -365,16 +398,9 @@ static void cpu_buffer_free(llm_backend *b, void *p)
 static size_t cpu_mem_available(llm_backend *b)
 {
     (void)b;
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    unsigned long long kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-            break;
-    if (f)
-        fclose(f);
-    if (kb)
-        return (size_t)kb * 1024;
+    size_t avail = meminfo("MemAvailable");
+    if (avail)
+        return avail;
     long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
 }
@@ -407,6 +433,7 @@ static const struct llm_backend_i cpu_iface = {
     .buffer_alloc = cpu_buffer_alloc,
     .buffer_free = cpu_buffer_free,
     .mem_available = cpu_mem_available,
+    .mem_stats = cpu_mem_stats,
 };
 
 llm_status llm_backend_cpu_new(const llm_cpu_config *cfg, llm_backend **out, llm_error *err)

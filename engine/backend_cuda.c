@@ -53,7 +53,7 @@ typedef struct cu_ctx {
     char why[LLM_ERROR_MSG_MAX];
     cu_alloc *allocs;
     int n_allocs, cap_allocs;
-    size_t used;
+    _Atomic size_t used; /* read by /metrics threads */
     cu_stage stage[ST_KINDS];
     int32_t *pack;       /* host packing buffer */
     size_t pack_cap;
@@ -184,13 +184,17 @@ static size_t cuda_mem_available(llm_backend *b)
     return fr > CU_RESERVE ? fr - CU_RESERVE : 0;
 }
 
+/* Called from other threads than the driving one: touches no sticky
+ * state (a failure leaves total and free 0). */
 static void cuda_mem_stats(llm_backend *b, llm_backend_mem *out)
 {
     cu_ctx *c = ctx_of(b);
-    use_device(c);
     snprintf(out->device, sizeof out->device, "%s", c->name);
     out->used = c->used;
-    CU(c, cudaMemGetInfo(&out->free, &out->total));
+    if (cudaSetDevice(c->dev) != cudaSuccess || cudaMemGetInfo(&out->free, &out->total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        out->free = out->total = 0;
+    }
 }
 
 /* Device scratch of at least `bytes` (grown, never shrunk). */

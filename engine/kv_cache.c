@@ -7,7 +7,6 @@
 #include "llm/kv_cache.h"
 
 #define NIL (-1)
-#define LLM_KV_MAX_RANKS 8
 
 typedef struct kv_block {
     int32_t ref;
@@ -18,8 +17,8 @@ typedef struct kv_block {
 } kv_block;
 
 struct kv_cache {
-    llm_backend *b[LLM_KV_MAX_RANKS];
-    void *storage[LLM_KV_MAX_RANKS];
+    llm_backend *b[LLM_MAX_RANKS];
+    void *storage[LLM_MAX_RANKS];
     llm_kv_layer *layers; /* (n_ranks, n_layer) */
     int n_ranks, n_layer, bs, n_blocks, prefix_cache;
     kv_block *blk;        /* (n_blocks) */
@@ -221,9 +220,9 @@ llm_status kv_cache_new(const kv_cache_config *cfg, llm_backend *b, int n_layer,
         return llm_errf(err, LLM_ERR_INVALID_ARG, "kv cache: %zu bytes hold %zu blocks of %zu bytes (need 1 to %d)",
                         cfg->bytes, n, per_block, INT32_MAX / KV_MAX_BLOCK);
     int n_ranks = cfg->n_ranks > 1 ? cfg->n_ranks : 1;
-    if (n_ranks > LLM_KV_MAX_RANKS || (n_ranks > 1 && !cfg->ranks))
+    if (n_ranks > LLM_MAX_RANKS || (n_ranks > 1 && !cfg->ranks))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "kv cache: %d ranks (at most %d, each with a backend)", n_ranks,
-                        LLM_KV_MAX_RANKS);
+                        LLM_MAX_RANKS);
     kv_cache *c = calloc(1, sizeof *c);
     if (!c)
         return llm_errf(err, LLM_ERR_NOMEM, "kv cache: no memory");

@@ -21,7 +21,8 @@ typedef enum srv_phase { SRV_LOADING = 0, SRV_READY = 1, SRV_DRAINING = 2, SRV_F
  * retired and unused. */
 typedef struct srv_rev {
     llm_model *model;
-    llm_backend *backend;
+    llm_backend *backends[LLM_MAX_RANKS]; /* one per tensor-parallel rank */
+    int n_backends;
     llm_engine *engine;
     int chat_tmpl;
     _Atomic int users;
@@ -47,7 +48,8 @@ typedef struct srv {
     srv_config cfg;
     struct mg_context *mg;
     llm_model *model;
-    llm_backend *backend;
+    llm_backend *backends[LLM_MAX_RANKS]; /* one per tensor-parallel rank */
+    int n_backends;
     llm_engine *engine;
     _Atomic int phase;
     _Atomic int active;        /* API requests being served */
@@ -101,7 +103,11 @@ int srv_http_start(srv *s, llm_error *err);
 
 /* srv_main.c's loading steps, shared with the canary's loader. */
 llm_status srv_verify_sha256(const char *path, const char *want, llm_error *err);
-llm_status srv_open_engine(srv *s, llm_model *m, llm_backend *b, llm_engine **out, llm_error *err);
+/* The configured backends (backend, tensor_parallel, device, threads) into
+ * out; *n gets their count. */
+llm_status srv_open_backends(srv *s, llm_backend **out, int *n, llm_error *err);
+void srv_close_backends(llm_backend **b, int n);
+llm_status srv_open_engine(srv *s, llm_model *m, llm_backend *const *b, int n, llm_engine **out, llm_error *err);
 llm_status srv_warm_up(llm_engine *e, llm_model *m, llm_error *err);
 
 /* Colocated canary (srv_canary.c). The controller (or an operator) asks

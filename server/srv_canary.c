@@ -24,7 +24,7 @@ static void rev_free(srv_rev *r)
     if (!r)
         return;
     llm_engine_close(r->engine);
-    llm_backend_free(r->backend);
+    srv_close_backends(r->backends, r->n_backends);
     llm_model_free(r->model);
     free(r);
 }
@@ -142,7 +142,6 @@ static void quiet(void *ctx, double done)
 
 static llm_status load(srv *s, const load_job *j, srv_rev *r, llm_error *err)
 {
-    llm_cpu_config cc = {(int)s->cfg.threads, 0, getenv("LLM_KERNELS")};
     snprintf(r->path, sizeof r->path, "%s", j->path);
     llm_status st = fits(s, j->path, err);
     if (!st)
@@ -150,9 +149,9 @@ static llm_status load(srv *s, const load_job *j, srv_rev *r, llm_error *err)
     if (!st && !(st = llm_model_load(j->path, &r->model, err)))
         llm_model_prefault(r->model, quiet, NULL);
     if (!st)
-        st = llm_backend_cpu_new(&cc, &r->backend, err); /* its own workers: the engines step independently */
+        st = srv_open_backends(s, r->backends, &r->n_backends, err); /* its own: the engines step independently */
     if (!st)
-        st = srv_open_engine(s, r->model, r->backend, &r->engine, err);
+        st = srv_open_engine(s, r->model, r->backends, r->n_backends, &r->engine, err);
     if (!st)
         st = srv_warm_up(r->engine, r->model, err);
     if (!st)

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "llm/backend.h"
 #include "srv_config.h"
 
 typedef enum { K_STR, K_INT, K_REAL } key_kind;
@@ -29,7 +30,11 @@ static const key_def keys[] = {
     {"model_name", K_STR, F(model_name), 0, 0, "", "name served in the API (default: the model's general.name)"},
     {"host", K_STR, F(host), 0, 0, "0.0.0.0", "address to listen on"},
     {"port", K_INT, F(port), 1, 65535, "8080", "TCP port"},
-    {"threads", K_INT, F(threads), 0, 1024, "0", "CPU threads for inference (0: all)"},
+    {"backend", K_STR, F(backend), 0, 0, "cpu", "compute backend: cpu or cuda (needs build/lib/libllm_cuda.so and a GPU)"},
+    {"tensor_parallel", K_INT, F(tensor_parallel), 1, LLM_MAX_RANKS, "1",
+     "ranks the model is split over: GPUs (cuda: devices device..device+N-1) or CPU thread groups"},
+    {"device", K_INT, F(device), 0, 63, "0", "first CUDA device"},
+    {"threads", K_INT, F(threads), 0, 1024, "0", "CPU threads for inference (0: all; shared among the ranks)"},
     {"http_threads", K_INT, F(http_threads), 2, 1024, "64", "HTTP worker threads (concurrent connections)"},
     {"n_ctx", K_INT, F(n_ctx), 0, 1 << 24, "0", "tokens per sequence (0: the model's, at most 4096)"},
     {"max_seqs", K_INT, F(max_seqs), 1, 4096, "64", "sequences decoded together"},
@@ -256,6 +261,8 @@ llm_status srv_config_load(int argc, char **argv, srv_config *c, int *help, llm_
         st = load_flags(argc, argv, c, &cfg_path, 1, help, err);
     if (!st && !*help && !c->model[0])
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: model is required (-m FILE.gguf, LLM_SERVER_MODEL or model: in the file)");
+    if (!st && !*help && strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda"))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: backend '%s' is not cpu or cuda", c->backend);
     return st;
 }
 

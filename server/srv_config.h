@@ -20,6 +20,9 @@ typedef struct srv_config {
     char *model_name;       /* served name; "" -> general.name or the file name */
     char *host;
     long port;
+    char *backend;          /* cpu | cuda */
+    long tensor_parallel;   /* ranks (1: no split) */
+    long device;            /* first CUDA device */
     long threads;           /* CPU threads for the engine; 0: all */
     long http_threads;      /* civetweb worker threads */
     long n_ctx, max_seqs, max_batch_tokens, max_waiting, block_size;

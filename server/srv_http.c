@@ -602,7 +602,8 @@ static int h_metrics(struct mg_connection *c, void *cb)
 {
     srv *s = cb;
     int p = atomic_load(&s->phase);
-    char *text = srv_metrics_render(&s->metrics, p >= SRV_READY && p != SRV_FAILED ? s->engine : NULL, p);
+    int up = p >= SRV_READY && p != SRV_FAILED;
+    char *text = srv_metrics_render(&s->metrics, up ? s->engine : NULL, p, s->backends, up ? s->n_backends : 0);
     int st = send_text(c, text ? 200 : 503, "text/plain; version=0.0.4; charset=utf-8", text ? text : "", NULL);
     free(text);
     srv_metrics_request(&s->metrics, R_METRICS, st);

@@ -72,13 +72,30 @@ static llm_status load_keys(srv *s, llm_error *err)
     return LLM_OK;
 }
 
-llm_status srv_open_engine(srv *s, llm_model *m, llm_backend *b, llm_engine **out, llm_error *err)
+llm_status srv_open_backends(srv *s, llm_backend **out, int *n, llm_error *err)
+{
+    llm_backend_spec spec = {s->cfg.backend, (int)s->cfg.tensor_parallel,
+                             {(int)s->cfg.threads, 0, getenv("LLM_KERNELS")}, (int)s->cfg.device};
+    llm_status st = llm_backends_open(&spec, out, err);
+    *n = st ? 0 : (int)s->cfg.tensor_parallel;
+    return st;
+}
+
+void srv_close_backends(llm_backend **b, int n)
+{
+    for (int i = 0; i < n; i++) {
+        llm_backend_free(b[i]);
+        b[i] = NULL;
+    }
+}
+
+llm_status srv_open_engine(srv *s, llm_model *m, llm_backend *const *b, int n, llm_engine **out, llm_error *err)
 {
     llm_kv_type kt;
     llm_status st = llm_kv_type_parse(s->cfg.kv_type, &kt, err);
     if (st)
         return st;
-    llm_engine_config ec = {.model = m, .backend = b, .n_ctx = (int)s->cfg.n_ctx,
+    llm_engine_config ec = {.model = m, .backend = b[0], .tensor_parallel = n, .tp_backends = b, .n_ctx = (int)s->cfg.n_ctx,
                             .max_seqs = (int)s->cfg.max_seqs, .max_batch_tokens = (int)s->cfg.max_batch_tokens,
                             .max_waiting = (int)s->cfg.max_waiting, .block_size = (int)s->cfg.block_size, .kv_type = kt,
                             .kv_cache_bytes = (size_t)s->cfg.kv_cache_mb << 20,
@@ -146,7 +163,6 @@ static void *loader(void *arg)
 {
     srv *s = arg;
     llm_error err = {0};
-    llm_cpu_config cc = {(int)s->cfg.threads, 0, getenv("LLM_KERNELS")};
     snprintf(s->status, sizeof s->status, "loading %s", s->cfg.model);
     logf_("loading %s", s->cfg.model);
     if (s->cfg.model_sha256 && *s->cfg.model_sha256)
@@ -157,10 +173,10 @@ static void *loader(void *arg)
     if (!st) {
         llm_model_prefault(s->model, load_progress, s);
         snprintf(s->status, sizeof s->status, "model loaded; starting the engine");
-        st = llm_backend_cpu_new(&cc, &s->backend, &err);
+        st = srv_open_backends(s, s->backends, &s->n_backends, &err);
     }
     if (!st)
-        st = srv_open_engine(s, s->model, s->backend, &s->engine, &err);
+        st = srv_open_engine(s, s->model, s->backends, s->n_backends, &s->engine, &err);
     if (!st) {
         snprintf(s->status, sizeof s->status, "warming up");
         st = srv_warm_up(s->engine, s->model, &err);
@@ -231,7 +247,7 @@ int main(int argc, char **argv)
     mg_stop(s.mg);
     srv_canary_free(&s);
     llm_engine_close(s.engine);
-    llm_backend_free(s.backend);
+    srv_close_backends(s.backends, s.n_backends);
     llm_model_free(s.model);
     for (int i = 0; i < s.n_keys; i++) free(s.keys[i]);
     free(s.keys);

@@ -201,7 +201,27 @@ static void render_engine(llm_strbuf *b, const llm_stats *s)
            "vllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\"} 1\n", s->kv_block_size, s->kv_blocks_total);
 }
 
-char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase)
+/* Memory of each rank's backend: the device's total and free memory and
+ * what this server allocated on it (weights on a GPU, KV, activations). */
+static void render_backends(llm_strbuf *b, llm_backend *const *bk, int n)
+{
+    static const char *const kind[3] = {"used", "total", "free"};
+    llm_strbuf_printf(b, "# HELP llm_backend_memory_bytes Memory of each rank's device: allocated by this server (used), "
+                         "the device's total and free\n# TYPE llm_backend_memory_bytes gauge\n");
+    for (int r = 0; r < n; r++) {
+        llm_backend_mem mem;
+        llm_backend_mem_stats(bk[r], &mem);
+        for (char *c = mem.device; *c; c++)
+            if (*c == '"' || *c == '\\' || *c == '\n')
+                *c = '_';
+        size_t v[3] = {mem.used, mem.total, mem.free};
+        for (int k = 0; k < 3; k++)
+            llm_strbuf_printf(b, "llm_backend_memory_bytes{rank=\"%d\",backend=\"%s\",device=\"%s\",kind=\"%s\"} %zu\n", r,
+                              bk[r]->iface->name, mem.device, kind[k], v[k]);
+    }
+}
+
+char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase, llm_backend *const *backends, int n)
 {
     llm_strbuf b = {0};
     pthread_mutex_lock(&m->mu);
@@ -212,6 +232,7 @@ char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase)
         llm_stats s;
         llm_engine_stats(e, &s);
         render_engine(&b, &s);
+        render_backends(&b, backends, n);
     }
     gauge(&b, "llm_server_phase", "0 loading, 1 ready, 2 draining, 3 failed", phase);
     gauge(&b, "process_resident_memory_bytes", "Resident memory", (double)srv_rss_bytes());

@@ -55,7 +55,8 @@ void srv_metrics_rev_observe(srv_metrics *m, int rev, int itl, double seconds);
 void srv_metrics_canary(srv_metrics *m, int loaded, int weight);
 /* This process's resident memory in bytes (0 when unknown). */
 long srv_rss_bytes(void);
-/* The exposition text; engine may be NULL while loading. */
-char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase);
+/* The exposition text; engine may be NULL while loading (and the n
+ * backends, whose memory is shown per rank, then 0). */
+char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase, llm_backend *const *backends, int n);
 
 #endif

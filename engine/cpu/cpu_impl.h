@@ -15,6 +15,7 @@ typedef struct cpu_ctx {
     size_t act_cap;
     float *scratch;     /* attention: per thread, scratch_per_thread floats */
     size_t scratch_per_thread;
+    _Atomic size_t used; /* bytes handed out by buffer_alloc (read by /metrics threads) */
 } cpu_ctx;
 
 void cpu_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *seqs, int n_seqs, const float *k,

@@ -155,7 +155,8 @@ struct llm_backend_i {
      * bytes from backend memory src to host dst once every queued operation
      * is done; returns the first failure since the last status. */
     llm_status (*read)(llm_backend *b, void *dst, const void *src, size_t bytes);
-    /* Optional: what the backend's memory holds (zeros when NULL). */
+    /* Optional: what the backend's memory holds (zeros when NULL). Unlike
+     * the other operations, callable from any thread at any time. */
     void (*mem_stats)(llm_backend *b, llm_backend_mem *out);
 };
 
@@ -225,5 +226,22 @@ typedef struct llm_cuda_config {
     int device;
 } llm_cuda_config;
 llm_status llm_backend_cuda_new(const llm_cuda_config *cfg, llm_backend **out, llm_error *err);
+
+/* Most backends one process drives together (tensor parallelism). */
+#define LLM_MAX_RANKS 8
+
+/* Which backends to open: n_ranks of kind "cpu" (cpu.n_threads shared
+ * among them: each gets an equal part, at least 1) or "cuda" (devices
+ * first_device, first_device + 1, ...). */
+typedef struct llm_backend_spec {
+    const char *kind;     /* NULL: "cpu" */
+    int n_ranks;          /* 0: 1 */
+    llm_cpu_config cpu;
+    int first_device;
+} llm_backend_spec;
+
+/* Opens them into out[0 .. n_ranks); on failure none stays open. Errors
+ * name the kind, the rank count, or the backend's own failure. */
+llm_status llm_backends_open(const llm_backend_spec *spec, llm_backend **out, llm_error *err);
 
 #endif

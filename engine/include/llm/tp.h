@@ -23,7 +23,7 @@
 #include "llm/model.h"
 
 /* Most ranks one process drives. */
-#define LLM_TP_MAX 8
+#define LLM_TP_MAX LLM_MAX_RANKS
 
 typedef struct llm_comm llm_comm;
 
