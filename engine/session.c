@@ -32,11 +32,15 @@ llm_status llm_session_new(const llm_model *m, llm_backend *b, const llm_session
     s->n_ctx = n_ctx;
     s->max_batch = max_batch;
     kv_seq_init(&s->seq);
+    int nr = cfg && cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1;
+    llm_backend *const *ranks = nr > 1 ? cfg->tp_backends : &s->b;
     kv_cache_config kc = {.type = cfg ? (llm_kv_type)cfg->kv_type : LLM_KV_F16,
-                          .n_blocks = (n_ctx + KV_DEFAULT_BLOCK - 1) / KV_DEFAULT_BLOCK};
-    llm_status st = kv_cache_new(&kc, b, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, &s->kv, err);
+                          .n_blocks = (n_ctx + KV_DEFAULT_BLOCK - 1) / KV_DEFAULT_BLOCK, .ranks = ranks, .n_ranks = nr};
+    llm_status st = nr > 1 && (!ranks || ranks[0] != b)
+                        ? llm_errf(err, LLM_ERR_INVALID_ARG, "session: tensor_parallel %d needs its backends", nr)
+                        : llm_forward_new_tp(m, ranks, nr, max_batch, 1, &s->fwd, err);
     if (!st)
-        st = llm_forward_new(m, b, max_batch, 1, &s->fwd, err);
+        st = kv_cache_new(&kc, b, m->hp.n_layer, m->hp.n_head_kv / nr, m->hp.head_dim, &s->kv, err);
     if (!st && !(s->tokens = malloc(sizeof(int32_t) * (size_t)n_ctx)))
         st = llm_errf(err, LLM_ERR_NOMEM, "session: no memory");
     if (st) {

@@ -88,7 +88,7 @@ static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_prompt);
     int rc = 1;
     if (!toks || llm_model_load(path, &m, &err) || llm_backend_cpu_new(&cc, &b, &err) ||
-        llm_session_new(m, b, &(llm_session_config){n_prompt + n_gen + 1, 512, (int)g_kv}, &s, &err))
+        llm_session_new(m, b, &(llm_session_config){.n_ctx = n_prompt + n_gen + 1, .max_batch = 512, .kv_type = (int)g_kv}, &s, &err))
         goto out;
     for (int i = 0; i < n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
     double pp[101], tg[101];

@@ -15,8 +15,8 @@
 #include "llm/sampler.h"
 
 typedef struct opts {
-    const char *model, *prompt;
-    long n_predict, threads, ctx;
+    const char *model, *prompt, *backend;
+    long n_predict, threads, ctx, tp;
     int ids, scalar;
     llm_kv_type kv_type;
     llm_sampling s;
@@ -26,7 +26,7 @@ static int usage(void)
 {
     fprintf(stderr, "usage: llm-generate -m MODEL.gguf -p PROMPT [-n 64] [--temp T] [--seed S] [--threads N]\n"
                     "       [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--ctx N]\n"
-                    "       [--kv-type f16|f32|q8_0] [--ids] [--scalar]\n");
+                    "       [--kv-type f16|f32|q8_0] [--ids] [--scalar] [--backend cpu|cuda] [--tp N]\n");
     return 2;
 }
 
@@ -51,6 +51,8 @@ static int parse(int argc, char **argv, opts *o)
         else if (!strcmp(a, "-n")) bad = cli_int(a, v, 0, 1 << 20, &o->n_predict);
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) bad = cli_int(a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "--ctx")) bad = cli_int(a, v, 0, 1 << 24, &o->ctx);
+        else if (!strcmp(a, "--backend") && v) o->backend = v;
+        else if (!strcmp(a, "--tp")) bad = cli_int(a, v, 1, LLM_MAX_RANKS, &o->tp);
         else if (!strcmp(a, "--kv-type") && v) bad = kv_type_arg(v, &o->kv_type);
         else if (!strcmp(a, "--seed")) { bad = cli_int(a, v, 0, 0x7fffffffffffL, &l); o->s.seed = (uint64_t)l; }
         else if (!strcmp(a, "--temp")) { bad = cli_float(a, v, 0, 100, &d); o->s.temperature = (float)d; }
@@ -144,23 +146,23 @@ out:
 
 int main(int argc, char **argv)
 {
-    opts o = {.n_predict = 64, .threads = 0, .ctx = 0, .s = llm_sampling_default()};
+    opts o = {.n_predict = 64, .threads = 0, .ctx = 0, .tp = 1, .s = llm_sampling_default()};
     o.s.temperature = 0.8f;
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc;
     llm_error err = {0};
     llm_model *m = NULL;
-    llm_backend *b = NULL;
+    llm_backend *b[LLM_MAX_RANKS] = {0};
     llm_session *s = NULL;
-    llm_cpu_config cc = {(int)o.threads, o.scalar, getenv("LLM_KERNELS")};
+    llm_backend_spec spec = {o.backend, (int)o.tp, {(int)o.threads, o.scalar, getenv("LLM_KERNELS")}, 0};
     long ctx = o.ctx;
-    if (llm_model_load(o.model, &m, &err) || llm_backend_cpu_new(&cc, &b, &err))
+    if (llm_model_load(o.model, &m, &err) || llm_backends_open(&spec, b, &err))
         goto fail;
     if (ctx == 0) /* a training context of 128k would reserve gigabytes of KV */
         ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
-    llm_session_config sc = {(int)ctx, 512, (int)o.kv_type};
-    if (llm_session_new(m, b, &sc, &s, &err))
+    llm_session_config sc = {(int)ctx, 512, (int)o.kv_type, (int)o.tp, b};
+    if (llm_session_new(m, b[0], &sc, &s, &err))
         goto fail;
     rc = generate(&o, m, s, &err);
     if (rc && err.msg[0])
@@ -171,7 +173,7 @@ fail:
     rc = 1;
 done:
     llm_session_free(s);
-    llm_backend_free(b);
+    for (int r = 0; r < LLM_MAX_RANKS; r++) llm_backend_free(b[r]);
     llm_model_free(m);
     return rc;
 }

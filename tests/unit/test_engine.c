@@ -174,7 +174,7 @@ static void check_batching(const llm_model *m)
     /* a plain session (one sequence, whole-prompt batch) agrees too */
     llm_session *s;
     llm_error err = {0};
-    assert_int_equal(llm_session_new(m, g_b, &(llm_session_config){128, 512, LLM_KV_F16}, &s, &err), LLM_OK);
+    assert_int_equal(llm_session_new(m, g_b, &(llm_session_config){.n_ctx = 128, .max_batch = 512, .kv_type = LLM_KV_F16}, &s, &err), LLM_OK);
     for (int k = 0; k < 4; k++) {
         int32_t p[64];
         int n = make_prompt(m, k, p);

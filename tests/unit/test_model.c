@@ -163,7 +163,7 @@ static double engine_vs_ref_with(const char *shape, quant_type t, int scalar, co
     llm_cpu_config cc = {2, scalar, NULL};
     llm_error err = {0};
     assert_int_equal(llm_backend_cpu_new(&cc, &b, &err), LLM_OK);
-    assert_int_equal(llm_session_new(m, b, &(llm_session_config){64, batch, (int)g_kv}, &s, &err), LLM_OK);
+    assert_int_equal(llm_session_new(m, b, &(llm_session_config){.n_ctx = 64, .max_batch = batch, .kv_type = (int)g_kv}, &s, &err), LLM_OK);
     const float *logits;
     assert_int_equal(llm_session_eval(s, toks, n, &logits, &err), LLM_OK);
     double *ref = ref_forward(m, toks, n);
@@ -232,8 +232,8 @@ static void test_incremental(void **state)
     llm_session *s1, *s2;
     llm_error err = {0};
     assert_int_equal(llm_backend_cpu_new(NULL, &b, &err), LLM_OK);
-    assert_int_equal(llm_session_new(m, b, &(llm_session_config){32, 512, LLM_KV_F32}, &s1, &err), LLM_OK);
-    assert_int_equal(llm_session_new(m, b, &(llm_session_config){32, 512, LLM_KV_F32}, &s2, &err), LLM_OK);
+    assert_int_equal(llm_session_new(m, b, &(llm_session_config){.n_ctx = 32, .max_batch = 512, .kv_type = LLM_KV_F32}, &s1, &err), LLM_OK);
+    assert_int_equal(llm_session_new(m, b, &(llm_session_config){.n_ctx = 32, .max_batch = 512, .kv_type = LLM_KV_F32}, &s2, &err), LLM_OK);
     const float *l1, *l2;
     assert_int_equal(llm_session_eval(s1, prompt, NP, &l1, &err), LLM_OK);
     for (int i = 0; i < NP; i++) assert_int_equal(llm_session_eval(s2, prompt + i, 1, &l2, &err), LLM_OK);

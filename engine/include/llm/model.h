@@ -72,6 +72,8 @@ typedef struct llm_session_config {
     int n_ctx;     /* 0: the model's training context */
     int max_batch; /* most tokens evaluated in one step (longer inputs are chunked); 0: 512 */
     int kv_type;   /* an llm_kv_type (kv_cache.h); 0: F16 */
+    int tensor_parallel;             /* ranks (tp.h); 0 or 1: b alone */
+    llm_backend *const *tp_backends; /* (tensor_parallel) with [0] == b */
 } llm_session_config;
 
 /* A single sequence over its own paged KV cache (no prefix caching): the
