@@ -434,6 +434,18 @@ static llm_status cuda_read(llm_backend *b, void *dst, const void *src, size_t b
     return take_status(c);
 }
 
+/* Token ids on the device; only n_rows ids are read back. */
+static llm_status cuda_argmax(llm_backend *b, const float *logits, int n_rows, int n_vocab, int32_t *out)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    int32_t *d = (int32_t *)scratch(c, sizeof(int32_t) * (size_t)n_rows);
+    if (d && !LK(c, lk_argmax(logits, n_rows, n_vocab, d, c->stream)) &&
+        !CU(c, cudaMemcpyAsync(out, d, sizeof(int32_t) * (size_t)n_rows, cudaMemcpyDeviceToHost, c->stream)))
+        CU(c, cudaStreamSynchronize(c->stream));
+    return take_status(c);
+}
+
 /* ---- weights ------------------------------------------------------------- */
 
 /* The uploaded model: a copy of the host model whose pointers lead into
@@ -672,6 +684,7 @@ static const struct llm_backend_i cuda_iface = {
     .model_upload = cuda_model_upload,
     .model_release = cuda_model_release,
     .read = cuda_read,
+    .argmax = cuda_argmax,
     .mem_stats = cuda_mem_stats,
 };
 

@@ -480,6 +480,34 @@ static void step_prepare(llm_engine *e, llm_forward_batch *bt)
     kv_cache_copies_done(e->kv);
 }
 
+/* On a device backend, when every sequence sampling this step takes the
+ * plain argmax, the device picks the tokens and only ids come back. */
+static int all_argmax(llm_engine *e)
+{
+    if (!llm_forward_device_argmax(e->fwd))
+        return 0;
+    for (int i = 0; i < e->s.n_items; i++)
+        if (e->s.items[i].logits && !llm_sampler_is_argmax(((eng_seq *)e->s.items[i].seq->user)->smp))
+            return 0;
+    return 1;
+}
+
+static llm_status step_argmax(llm_engine *e, const llm_forward_batch *bt)
+{
+    const int32_t *ids;
+    llm_status st = llm_forward_eval_argmax(e->fwd, bt, kv_cache_layers(e->kv), &ids);
+    if (st)
+        return st;
+    for (int i = 0, k = 0; i < e->s.n_items; i++) {
+        if (!e->s.items[i].logits)
+            continue;
+        eng_seq *q = e->s.items[i].seq->user;
+        q->res = (llm_sample_result){.id = ids[k++]};
+        llm_sampler_accept(q->smp, q->res.id);
+    }
+    return LLM_OK;
+}
+
 /* Without the lock: copies, the forward pass, and sampling (samplers and
  * the plan's items are only touched by this thread). */
 static llm_status step_run(llm_engine *e, const llm_forward_batch *bt)
@@ -487,6 +515,8 @@ static llm_status step_run(llm_engine *e, const llm_forward_batch *bt)
     const float *logits;
     if (e->n_copies > 0)
         llm_forward_kv_copy(e->fwd, kv_cache_layers(e->kv), e->cp_src, e->cp_dst, e->n_copies);
+    if (all_argmax(e))
+        return step_argmax(e, bt);
     llm_status st = llm_forward_eval(e->fwd, bt, kv_cache_layers(e->kv), &logits);
     if (st)
         return st;

@@ -19,6 +19,7 @@ struct llm_forward {
     float *last;                  /* (max_logits, n_embd) rows gathered for the output */
     float *logits;                /* (max_logits, n_vocab) */
     float *logits_host;           /* logits read back from a device; NULL on the host */
+    int32_t *ids;                 /* (max_logits) argmax ids */
     llm_comm *comm;               /* tensor-parallel rank: sums partial outputs; NULL alone */
     int rank;
     tp_group *tp;                 /* a tensor-parallel driver: the fields above are unused */
@@ -75,7 +76,8 @@ llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int
     llm_status st = LLM_OK;
     if (b->iface->model_upload && !(st = b->iface->model_upload(b, m, &f->dev_m, err)))
         f->m = f->dev_m;
-    if (!st && !(f->pos = malloc(sizeof(int32_t) * (size_t)max_rows)))
+    if (!st && (!(f->pos = malloc(sizeof(int32_t) * (size_t)max_rows)) ||
+                !(f->ids = malloc(sizeof(int32_t) * (size_t)max_logits))))
         st = llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
     if (!st)
         st = alloc_acts(f, err);
@@ -130,6 +132,7 @@ void llm_forward_free(llm_forward *f)
     if (f->dev_m)
         f->b->iface->model_release(f->b, f->dev_m);
     free(f->logits_host);
+    free(f->ids);
     free(f->pos);
     free(f);
 }
@@ -212,13 +215,27 @@ static int batch_positions(llm_forward *f, const llm_forward_batch *bt)
     return row == bt->n_rows ? 0 : -1;
 }
 
-llm_status llm_forward_eval(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers,
-                            const float **logits)
+/* Rows of argmax over host logits, with the device kernel's rule (ties:
+ * lowest id; NaN never wins). */
+static void host_argmax(const float *lg, int n_rows, int n_vocab, int32_t *out)
+{
+    for (int r = 0; r < n_rows; r++) {
+        const float *v = lg + (size_t)r * n_vocab;
+        int32_t best = -1;
+        for (int i = 0; i < n_vocab; i++)
+            if (v[i] == v[i] && (best < 0 || v[i] > v[best]))
+                best = i;
+        out[r] = best < 0 ? 0 : best;
+    }
+}
+
+llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers, int argmax,
+                             const float **logits, const int32_t **ids)
 {
     if (f->tp)
-        return tp_group_eval(f->tp, bt, layers, logits);
+        return tp_group_eval(f->tp, bt, layers, argmax, logits, ids);
     const llm_hparams *hp = &f->m->hp;
-    llm_status st;
+    llm_status st = LLM_OK;
     if (batch_positions(f, bt))
         return LLM_ERR_INVALID_ARG;
     llm_backend_get_rows(f->b, &f->m->tok_embd, bt->tokens, bt->n_rows, f->x);
@@ -233,12 +250,35 @@ llm_status llm_forward_eval(llm_forward *f, const llm_forward_batch *bt, const l
         if ((st = llm_backend_matmul(f->b, &f->m->output, f->xb, bt->n_logits, f->logits)))
             return st;
     }
-    if (f->logits_host) {
-        if ((st = llm_backend_read(f->b, f->logits_host, f->logits, sizeof(float) * (size_t)bt->n_logits * hp->n_vocab)))
-            return st;
-        *logits = f->logits_host;
-        return LLM_OK;
-    }
-    *logits = f->logits;
+    if (argmax && f->b->iface->argmax)
+        st = f->b->iface->argmax(f->b, f->logits, bt->n_logits, hp->n_vocab, f->ids);
+    else if (f->logits_host)
+        st = llm_backend_read(f->b, f->logits_host, f->logits, sizeof(float) * (size_t)bt->n_logits * hp->n_vocab);
+    if (st)
+        return st;
+    const float *lg = f->logits_host ? f->logits_host : f->logits;
+    if (argmax && !f->b->iface->argmax)
+        host_argmax(lg, bt->n_logits, hp->n_vocab, f->ids);
+    if (logits)
+        *logits = lg;
+    if (ids)
+        *ids = f->ids;
     return LLM_OK;
+}
+
+llm_status llm_forward_eval(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers,
+                            const float **logits)
+{
+    return forward_eval_mode(f, bt, layers, 0, logits, NULL);
+}
+
+llm_status llm_forward_eval_argmax(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers,
+                                   const int32_t **ids)
+{
+    return forward_eval_mode(f, bt, layers, 1, NULL, ids);
+}
+
+int llm_forward_device_argmax(const llm_forward *f)
+{
+    return f->tp ? tp_group_device_argmax(f->tp) : f->b->iface->argmax != NULL;
 }

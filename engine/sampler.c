@@ -236,6 +236,13 @@ static int32_t sample_filtered(llm_sampler *s)
     return s->c[n - 1].id;
 }
 
+int llm_sampler_is_argmax(const llm_sampler *s)
+{
+    const llm_sampling *p = &s->p;
+    return p->temperature <= 0 && p->repetition_penalty == 1 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
+           !p->logprobs && !p->n_logprobs;
+}
+
 void llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *r)
 {
     memcpy(s->work, logits, sizeof(float) * (size_t)s->n_vocab);

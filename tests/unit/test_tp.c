@@ -248,12 +248,12 @@ static void drain(llm_engine *e, llm_request_id id, int n, int32_t (*tok)[T_GEN]
  * request of T_N completions at temperature temp (forked KV, copy-on-write:
  * sampled completions diverge, so a block one rank failed to copy would
  * show). */
-static void generate(const llm_model *m, int n_ranks, float temp, run_out *o)
+static void generate_on(llm_backend *const *bk, const llm_model *m, int n_ranks, float temp, run_out *o)
 {
     llm_error err = {0};
     llm_engine *e;
-    llm_engine_config c = {.model = m, .backend = g_b[0], .n_ctx = 128, .max_seqs = 8, .block_size = 8,
-                           .kv_cache_bytes = 1 << 20, .tensor_parallel = n_ranks, .tp_backends = g_b};
+    llm_engine_config c = {.model = m, .backend = bk[0], .n_ctx = 128, .max_seqs = 8, .block_size = 8,
+                           .kv_cache_bytes = 1 << 20, .tensor_parallel = n_ranks, .tp_backends = bk};
     if (llm_engine_open(&c, &e, &err))
         fail_msg("engine TP=%d: %s", n_ranks, err.msg);
     int32_t p[T_PROMPTS][40];
@@ -288,6 +288,8 @@ static void generate(const llm_model *m, int n_ranks, float temp, run_out *o)
  * on a model with peaked distributions (stories260K), where a sample
  * landing that close to a boundary is very unlikely; random-weight models
  * are compared greedy. */
+static void generate(const llm_model *m, int n_ranks, float temp, run_out *o) { generate_on(g_b, m, n_ranks, temp, o); }
+
 static void check_tokens(const llm_model *m, float temp)
 {
     static run_out ref, got;
@@ -362,6 +364,55 @@ static void test_stories_reference(void **st)
     llm_model_free(m);
 }
 
+/* ---- picking tokens on the device --------------------------------------- */
+
+/* The CPU backend dressed as a device backend that picks greedy tokens
+ * itself: what the engine does with a GPU, checkable here. */
+static struct llm_backend_i g_dev_iface;
+static int g_argmax_calls;
+
+static llm_status fake_argmax(llm_backend *b, const float *lg, int n_rows, int n_vocab, int32_t *out)
+{
+    (void)b;
+    g_argmax_calls++;
+    for (int r = 0; r < n_rows; r++) {
+        out[r] = 0;
+        for (int i = 1; i < n_vocab; i++)
+            if (lg[(size_t)r * n_vocab + i] > lg[(size_t)r * n_vocab + out[r]])
+                out[r] = i;
+    }
+    return LLM_OK;
+}
+
+static void no_free(llm_backend *b) { (void)b; }
+
+static void test_device_argmax(void **st)
+{
+    (void)st;
+    char p1[256];
+    llm_model *tiny = make_model("tiny", QT_Q8_0, p1, sizeof p1);
+    g_dev_iface = *g_b[0]->iface;
+    g_dev_iface.argmax = fake_argmax;
+    g_dev_iface.free = no_free;
+    llm_backend dev[2] = {{&g_dev_iface, g_b[0]->ctx}, {&g_dev_iface, g_b[1]->ctx}};
+    llm_backend *bk[2] = {&dev[0], &dev[1]};
+    static run_out ref, got;
+    for (int n = 1; n <= 2; n++) {
+        memset(&ref, 0, sizeof ref);
+        memset(&got, 0, sizeof got);
+        generate(tiny, n, 0.9f, &ref);
+        g_argmax_calls = 0;
+        generate_on(bk, tiny, n, 0.9f, &got);
+        /* the greedy prompts' steps went through argmax; the sampled
+         * completions' steps (temperature 0.9) read logits as before */
+        assert_true(g_argmax_calls >= T_GEN);
+        assert_true(g_argmax_calls < 2 * T_GEN);
+        assert_memory_equal(&ref, &got, sizeof ref);
+    }
+    llm_model_free(tiny);
+    remove(p1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -370,6 +421,7 @@ int main(void)
         cmocka_unit_test(test_logits),
         cmocka_unit_test(test_tokens),
         cmocka_unit_test(test_stories_reference),
+        cmocka_unit_test(test_device_argmax),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -155,6 +155,9 @@ struct llm_backend_i {
      * bytes from backend memory src to host dst once every queued operation
      * is done; returns the first failure since the last status. */
     llm_status (*read)(llm_backend *b, void *dst, const void *src, size_t bytes);
+    /* Optional (a device backend): out[r] (host) = the id of row r's
+     * largest logit (ties: lowest id), so only ids cross to the host. */
+    llm_status (*argmax)(llm_backend *b, const float *logits, int n_rows, int n_vocab, int32_t *out);
     /* Optional: what the backend's memory holds (zeros when NULL). Unlike
      * the other operations, callable from any thread at any time. */
     void (*mem_stats)(llm_backend *b, llm_backend_mem *out);

@@ -31,6 +31,15 @@ llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int
                            llm_error *err);
 void llm_forward_free(llm_forward *f);
 
+/* Whether llm_forward_eval_argmax saves anything here: the backend picks
+ * ids on its device (host-memory backends read logits in place anyway). */
+int llm_forward_device_argmax(const llm_forward *f);
+
+/* As llm_forward_eval, but only the argmax id of each logit row comes back
+ * (*ids, n_logits entries owned by f, valid until the next call). */
+llm_status llm_forward_eval_argmax(llm_forward *f, const llm_forward_batch *batch, const llm_kv_layer *layers,
+                                   const int32_t **ids);
+
 /* Tensor parallelism over n_ranks backends (tp.h): rank r runs its share
  * of heads and MLP columns on b[r] in a thread of its own, K/V of its heads
  * in its own layers. n_ranks 1 is llm_forward_new(m, b[0], ...). Errors:

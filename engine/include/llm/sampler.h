@@ -51,6 +51,9 @@ void llm_sampler_free(llm_sampler *s);
 void llm_sampler_accept(llm_sampler *s, int32_t id);
 /* Samples from n_vocab logits (not modified). */
 void llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *out);
+/* 1 when sampling is the plain argmax of the logits (greedy, no penalties,
+ * no logprobs): a device may pick the token itself. */
+int llm_sampler_is_argmax(const llm_sampler *s);
 
 /* Stop sequences over generated text. Returns the byte offset where the
  * earliest full match of any stop starts, or -1. *hold gets the number of
