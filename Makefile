@@ -216,22 +216,30 @@ $(BUILD)/kernels/%.o: kernels/%.cu kernels/common.cuh kernels/llm_kernels.h
 # position-independent copies of the few engine files it uses; cudart is
 # linked statically, cuBLAS and NCCL from the CUDA install.
 CUDA_PLUGIN_SRC = engine/backend_cuda.c engine/status.c engine/quant.c
+# NCCL (tensor parallelism across GPUs) where its header is found; without
+# it the plugin still builds and tensor_parallel > 1 on cuda says why.
+NCCL_HOME ?=
+NCCL_H = $(firstword $(wildcard $(NCCL_HOME)/include/nccl.h $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h))
+NCCL_FLAGS = $(if $(NCCL_H),-isystem $(dir $(NCCL_H)),-DLLM_NO_NCCL)
+NCCL_LIBS = $(if $(NCCL_H),$(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Xlinker -rpath=$(NCCL_HOME)/lib) -lnccl)
 CUDA_PLUGIN_OBJ = $(CUDA_PLUGIN_SRC:%.c=$(BUILD)/pic/%.o)
 $(BUILD)/pic/%.o: %.c $(wildcard engine/include/llm/*.h) kernels/llm_kernels.h
 	@mkdir -p $(dir $@)
 	@echo "  CC    $< (plugin)"
-	@$(CC) $(CFLAGS_BASE) -fPIC -fvisibility=hidden -isystem $(CUDA_HOME)/include -Ikernels -c $< -o $@
+	@$(CC) $(CFLAGS_BASE) -fPIC -fvisibility=hidden -isystem $(CUDA_HOME)/include $(NCCL_FLAGS) -Ikernels -c $< -o $@
 $(BUILD)/lib/libllm_cuda.so: $(CUDA_PLUGIN_OBJ) $(BUILD)/libllmkernels.a
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(NVCC) -shared -Xlinker --no-undefined,--exclude-libs,ALL $(CUDA_PLUGIN_OBJ) $(BUILD)/libllmkernels.a \
-	    -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -cudart static -lcublas -lnccl -lm -lpthread -o $@
+	    -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -cudart static -lcublas $(NCCL_LIBS) -lm -lpthread -o $@
 # The kernels against the CPU backend (runs on a GPU machine: tests/gpu/run.sh).
 gpu-check: cuda $(LIB)
 	@mkdir -p $(BUILD)/tests
 	@$(CC) $(CFLAGS_BASE) -I$(CUDA_HOME)/include -Ikernels -c tests/gpu/check_kernels.c -o $(BUILD)/tests/check_kernels.o
 	@$(NVCC) $(BUILD)/tests/check_kernels.o $(BUILD)/libllmkernels.a $(LIB) -lcudart -lm -lpthread -o $(BUILD)/tests/check_kernels
 	@echo "built $(BUILD)/tests/check_kernels"
+	@$(CC) $(CFLAGS_BASE) tests/gpu/check_model.c $(LIB) $(LDLIBS) -o $(BUILD)/tests/check_model
+	@echo "built $(BUILD)/tests/check_model"
 cuda-regs:
 	@for f in $(CUDA_SRC); do $(NVCC) $(CUDA_FLAGS) -Xptxas -v -c $$f -o /dev/null 2>&1 | grep -E "Compiling|registers|spill"; done
 

@@ -20,7 +20,9 @@
  * operation selects the backend's device for the calling thread. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#ifndef LLM_NO_NCCL
 #include <nccl.h>
+#endif
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +61,8 @@ typedef struct cu_ctx {
     size_t pack_cap;
     void *scratch;       /* cuBLAS path: half activations + dequantized weights */
     size_t scratch_cap;
+    void *att_work;      /* attention's split partial results */
+    size_t att_cap;
 } cu_ctx;
 
 static cu_ctx *ctx_of(llm_backend *b) { return b->ctx; }
@@ -197,20 +201,23 @@ static void cuda_mem_stats(llm_backend *b, llm_backend_mem *out)
     }
 }
 
-/* Device scratch of at least `bytes` (grown, never shrunk). */
-static void *scratch(cu_ctx *c, size_t bytes)
+/* A device buffer of at least `bytes` (grown, never shrunk; cudaFree
+ * waits for the kernels that used the old one). */
+static void *grow(cu_ctx *c, void **buf, size_t *cap, size_t bytes)
 {
-    if (bytes <= c->scratch_cap)
-        return c->scratch;
-    if (c->scratch)
-        CU(c, cudaFree(c->scratch));
-    c->scratch = NULL;
-    c->scratch_cap = 0;
-    if (CU(c, cudaMalloc(&c->scratch, bytes)))
+    if (bytes <= *cap)
+        return *buf;
+    if (*buf)
+        CU(c, cudaFree(*buf));
+    *buf = NULL;
+    *cap = 0;
+    if (CU(c, cudaMalloc(buf, bytes)))
         return NULL;
-    c->scratch_cap = bytes;
-    return c->scratch;
+    *cap = bytes;
+    return *buf;
 }
+
+static void *scratch(cu_ctx *c, size_t bytes) { return grow(c, &c->scratch, &c->scratch_cap, bytes); }
 
 /* Host packing buffer of n int32. */
 static int32_t *pack(cu_ctx *c, size_t n)
@@ -382,12 +389,18 @@ static llm_status cuda_attention(llm_backend *b, const llm_attn_args *a)
 {
     cu_ctx *c = ctx_of(b);
     use_device(c);
-    int bs = a->kv->block_size;
+    int bs = a->kv->block_size, max_len = 0;
     size_t n_rows = 0, n_tab = 0;
     for (int s = 0; s < a->n_seqs; s++) {
+        int len = a->seqs[s].pos0 + a->seqs[s].n_tok;
         n_rows += (size_t)a->seqs[s].n_tok;
-        n_tab += (size_t)((a->seqs[s].pos0 + a->seqs[s].n_tok + bs - 1) / bs);
+        n_tab += (size_t)((len + bs - 1) / bs);
+        max_len = len > max_len ? len : max_len;
     }
+    size_t wf = lk_attention_work((int)n_rows, a->n_head, a->head_dim, max_len);
+    float *work = wf ? grow(c, &c->att_work, &c->att_cap, wf * sizeof(float)) : NULL;
+    if (wf && !work)
+        return take_status(c);
     int32_t *p = pack(c, 2 * n_rows + n_tab);
     if (!p)
         return take_status(c);
@@ -406,7 +419,8 @@ static llm_status cuda_attention(llm_backend *b, const llm_attn_args *a)
     const int32_t *d = stage(c, ST_ATTN, p, 2 * n_rows + n_tab);
     if (d)
         LK(c, lk_attention(a->q, a->out, (int)n_rows, a->n_head, a->n_head_kv, a->head_dim, a->scale, d, d + n_rows,
-                           d + 2 * n_rows, (int)a->kv->type, a->kv->k, a->kv->v, a->kv->row_bytes, bs, c->stream));
+                           d + 2 * n_rows, (int)a->kv->type, a->kv->k, a->kv->v, a->kv->row_bytes, bs, max_len, work,
+                           c->stream));
     return take_status(c);
 }
 
@@ -557,6 +571,7 @@ static void cuda_model_release(llm_backend *b, llm_model *dev)
 }
 
 /* ---- NCCL all-reduce ----------------------------------------------------- */
+#ifndef LLM_NO_NCCL
 
 typedef struct nccl_comm {
     int n;
@@ -641,6 +656,15 @@ static llm_status cuda_comm_new(llm_backend *const *ranks, int n, llm_comm **out
     *out = cm;
     return LLM_OK;
 }
+#else
+static llm_status cuda_comm_new(llm_backend *const *ranks, int n, llm_comm **out, llm_error *err)
+{
+    (void)ranks;
+    *out = NULL;
+    return llm_errf(err, LLM_ERR_UNSUPPORTED, "cuda backend: built without NCCL (nccl.h not found): no tensor parallel %d",
+                    n);
+}
+#endif
 
 /* ---- lifecycle ----------------------------------------------------------- */
 
@@ -653,6 +677,7 @@ static void cuda_free(llm_backend *b)
         free(c->stage[k].host);
     }
     cudaFree(c->scratch);
+    cudaFree(c->att_work);
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i].p); /* whatever callers leaked */
     if (c->blas)
         cublasDestroy(c->blas);

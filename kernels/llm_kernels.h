@@ -53,11 +53,16 @@ int lk_kv_write(int type, void *k_cache, void *v_cache, size_t row_bytes, int kv
  * row r (of q and out, (n_rows, n_head * head_dim)) attends to positions
  * [0, row_pos[r]] through the block table at tables + row_table[r];
  * query head h reads KV head h / (n_head / n_head_kv). K/V rows of
- * row_bytes in type F32 (0), F16 (1) or Q8_0 (8); head_dim a multiple of
- * 32, at most 256 (else LK_UNSUPPORTED). */
+ * row_bytes in type F32 (0), F16 (1) or Q8_0 (8, head_dim a multiple of
+ * 32); head_dim at most 256 (else LK_UNSUPPORTED). max_len: the longest
+ * row's length (max row_pos + 1); long rows are split over several blocks
+ * when there are few rows, their partial results kept in `work`, of
+ * lk_attention_work(...) floats (NULL when that is 0). */
+size_t lk_attention_work(int n_rows, int n_head, int head_dim, int max_len);
 int lk_attention(const float *q, float *out, int n_rows, int n_head, int n_head_kv, int head_dim, float scale,
                  const int32_t *row_pos, const int32_t *row_table, const int32_t *tables, int type,
-                 const void *k_cache, const void *v_cache, size_t row_bytes, int block_size, void *stream);
+                 const void *k_cache, const void *v_cache, size_t row_bytes, int block_size, int max_len, float *work,
+                 void *stream);
 
 /* y (n_tok, rows) = x (n_tok, cols) . W^T for 1 <= n_tok <= 8 (decode),
  * W rows of row_bytes in type F32 (0), F16 (1), BF16 (30), Q8_0 (8, cols

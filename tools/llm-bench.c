@@ -1,15 +1,23 @@
-/* llm-bench - time prefill and decode of one model on the CPU backend, and
- * measure memory bandwidth with a large copy, for `make bench`.
+/* llm-bench - time prefill and decode of one model, and measure memory
+ * bandwidth with a large copy, for `make bench` and tests/gpu/run.sh.
  *   llm-bench -m MODEL.gguf [-p 128] [-n 64] [-t THREADS] [-r REPS]
  *   llm-bench --bandwidth [-t THREADS]
- * Prints one line of key=value pairs (parsed by tests/bench/bench.py):
- * mean and standard deviation over REPS runs after one warm-up run, the
- * same statistics llama-bench reports. */
+ *   llm-bench -m MODEL.gguf --batch 1,16,64 [--backend cuda] [--tp N] [-p CTX] [-n STEPS] [--prefill 512]
+ *   llm-bench --bandwidth --backend cuda | --gemm [--backend cuda]
+ * Prints key=value lines (parsed by tests/bench/bench.py and run.sh): the
+ * first form the mean and standard deviation over REPS runs after one
+ * warm-up run (llama-bench's statistics) of one sequence on the CPU; with
+ * --batch, one line per batch size of decode steps over that many
+ * sequences of CTX tokens each (greedy: ids picked on the device), and the
+ * prefill rate of one --prefill-token prompt; on a device, --bandwidth is a
+ * device-to-device copy (bytes read + written) and --gemm a BF16
+ * 8192x8192x4096 matmul through the backend (its cuBLAS rate). */
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
 
 #include "cli.h"
+#include "llm/forward.h"
 #include "llm/kv_cache.h"
 #include "llm/model.h"
 
@@ -128,15 +136,284 @@ out:
     return rc;
 }
 
+/* ---- batched decode through the forward pass (any backend) -------------- */
+
+typedef struct dev_bench {
+    llm_model *m;
+    llm_backend *b[LLM_MAX_RANKS];
+    int n_ranks;
+} dev_bench;
+
+/* The seq's K/V for positions [0, ctx): rows of several sequences packed
+ * into passes of at most max_rows. */
+static llm_status prefill_all(llm_forward *f, kv_cache *kv, kv_seq *s, int n_seqs, int ctx, int max_rows,
+                              const int32_t *toks)
+{
+    llm_batch_seq *bs = malloc(sizeof *bs * (size_t)n_seqs);
+    if (!bs)
+        return LLM_ERR_NOMEM;
+    llm_status st = LLM_OK;
+    int i = 0, done = 0; /* sequence i has done tokens in its cache */
+    while (i < n_seqs && !st) {
+        int rows = 0, n = 0;
+        while (i < n_seqs && rows < max_rows) {
+            int take = ctx - done < max_rows - rows ? ctx - done : max_rows - rows;
+            bs[n++] = (llm_batch_seq){rows, take, done, s[i].blocks};
+            rows += take;
+            if ((done += take) == ctx) {
+                i++;
+                done = 0;
+            }
+        }
+        int32_t last = rows - 1;
+        llm_forward_batch bt = {toks, rows, bs, n, &last, 1};
+        const int32_t *ids;
+        st = llm_forward_eval_argmax(f, &bt, kv_cache_layers(kv), &ids);
+    }
+    free(bs);
+    return st;
+}
+
+/* Decode steps of n_seqs sequences at context ctx: tokens per second. */
+static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, double *tps, llm_error *err)
+{
+    const llm_hparams *hp = &d->m->hp;
+    int max_rows = n_seqs > 512 ? n_seqs : 512, per = (ctx + steps + KV_DEFAULT_BLOCK - 1) / KV_DEFAULT_BLOCK;
+    kv_cache_config kc = {.type = LLM_KV_F16, .n_blocks = per * n_seqs, .ranks = d->b, .n_ranks = d->n_ranks};
+    kv_cache *kv = NULL;
+    llm_forward *f = NULL;
+    kv_seq *s = calloc((size_t)n_seqs, sizeof *s);
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)max_rows);
+    llm_batch_seq *bs = malloc(sizeof *bs * (size_t)n_seqs);
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_seqs);
+    llm_status st = !s || !toks || !bs || !rows ? llm_errf(err, LLM_ERR_NOMEM, "bench: no memory") : LLM_OK;
+    if (!st)
+        st = llm_forward_new_tp(d->m, d->b, d->n_ranks, max_rows, n_seqs, &f, err);
+    if (!st)
+        st = kv_cache_new(&kc, d->b[0], hp->n_layer, hp->n_head_kv / d->n_ranks, hp->head_dim, &kv, err);
+    for (int i = 0; !st && i < n_seqs; i++) {
+        kv_seq_init(&s[i]);
+        st = kv_seq_reserve(kv, &s[i], ctx + steps);
+    }
+    for (int i = 0; !st && i < max_rows; i++) toks[i] = (int32_t)((i * 7919 + 13) % hp->n_vocab);
+    if (!st)
+        st = prefill_all(f, kv, s, n_seqs, ctx, max_rows, toks);
+    double t0 = 0;
+    for (int step = -1; !st && step < steps; step++) { /* step -1: warm-up */
+        if (step == 0)
+            t0 = cli_now();
+        int p = ctx + (step < 0 ? 0 : step);
+        for (int i = 0; i < n_seqs; i++) {
+            bs[i] = (llm_batch_seq){i, 1, p, s[i].blocks};
+            rows[i] = i;
+        }
+        llm_forward_batch bt = {toks, n_seqs, bs, n_seqs, rows, n_seqs};
+        const int32_t *ids;
+        st = llm_forward_eval_argmax(f, &bt, kv_cache_layers(kv), &ids);
+    }
+    if (!st)
+        *tps = (double)n_seqs * steps / (cli_now() - t0);
+    else if (!err->msg[0])
+        llm_errf(err, st, "bench: a forward pass of %d sequences failed (%s)", n_seqs, llm_status_str(st));
+    for (int i = 0; kv && s && i < n_seqs; i++) kv_seq_release(kv, &s[i]);
+    kv_cache_free(kv);
+    llm_forward_free(f);
+    free(s);
+    free(toks);
+    free(bs);
+    free(rows);
+    return st;
+}
+
+/* One prompt of n tokens (passes of 512 rows), best of 3 after a warm-up. */
+static llm_status prefill_rate(dev_bench *d, int n, double *tps, llm_error *err)
+{
+    llm_session *s = NULL;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
+    llm_session_config sc = {.n_ctx = n + 1, .max_batch = 512, .tensor_parallel = d->n_ranks, .tp_backends = d->b};
+    llm_status st = toks ? llm_session_new(d->m, d->b[0], &sc, &s, err) : llm_errf(err, LLM_ERR_NOMEM, "bench: no memory");
+    for (int i = 0; !st && i < n; i++) toks[i] = (int32_t)((i * 7919 + 13) % d->m->hp.n_vocab);
+    *tps = 0;
+    for (int r = 0; !st && r < 4; r++) {
+        const float *lg;
+        llm_session_reset(s);
+        double t0 = cli_now();
+        if (!(st = llm_session_eval(s, toks, n, &lg, err)) && r > 0 && n / (cli_now() - t0) > *tps)
+            *tps = n / (cli_now() - t0);
+    }
+    llm_session_free(s);
+    free(toks);
+    return st;
+}
+
+static int batch_bench(const char *path, const llm_backend_spec *spec, const char *list, int ctx, int steps,
+                       int prefill)
+{
+    llm_error err = {0};
+    dev_bench d = {.n_ranks = spec->n_ranks > 0 ? spec->n_ranks : 1};
+    int rc = 1;
+    if (llm_model_load(path, &d.m, &err) || llm_backends_open(spec, d.b, &err))
+        goto out;
+    size_t emb = (size_t)d.m->tok_embd.rows * d.m->tok_embd.row_bytes;
+    size_t step = llm_model_weight_bytes(d.m) - (d.m->output.data == d.m->tok_embd.data ? 0 : emb);
+    double pp = 0;
+    if (prefill > 0 && prefill_rate(&d, prefill, &pp, &err))
+        goto out;
+    double params = (double)d.m->output.rows * d.m->output.cols; /* multiply-adds per token in the matmuls */
+    for (int l = 0; l < d.m->hp.n_layer; l++) {
+        const llm_layer *L = &d.m->layers[l];
+        const llm_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) params += (double)ws[i]->rows * ws[i]->cols;
+    }
+    const char *base = strrchr(path, '/');
+    printf("model=%s file=%s type=%s backend=%s tp=%d weight_bytes=%zu decode_bytes=%zu matmul_params=%.0f "
+           "prefill_tokens=%d prefill_tps=%.2f\n", d.m->name, base ? base + 1 : path,
+           quant_type_name(d.m->layers[0].wq.type), d.b[0]->iface->name, d.n_ranks, llm_model_weight_bytes(d.m), step,
+           params, prefill, pp);
+    fflush(stdout);
+    for (const char *p = list; *p;) {
+        char *end;
+        long b = strtol(p, &end, 10);
+        if (end == p || b < 1 || b > 4096) {
+            llm_errf(&err, LLM_ERR_INVALID_ARG, "--batch: '%s' is not a list of sizes 1-4096", list);
+            goto out;
+        }
+        double tps = 0;
+        if (decode_rate(&d, (int)b, ctx, steps, &tps, &err))
+            goto out;
+        printf("decode_batch=%ld ctx=%d decode_tps=%.2f step_ms=%.3f\n", b, ctx, tps, 1e3 * (double)b / tps);
+        fflush(stdout);
+        p = *end == ',' ? end + 1 : end;
+    }
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "error: %s\n", err.msg[0] ? err.msg : "out of memory");
+    for (int r = 0; r < LLM_MAX_RANKS; r++) llm_backend_free(d.b[r]);
+    llm_model_free(d.m);
+    return rc;
+}
+
+/* ---- device figures through the backend interface ------------------------ */
+
+/* Seconds of fn over a device's queue: the read of 4 bytes waits for it. */
+static double timed(llm_backend *b, void (*fn)(void *), void *arg, const void *sync_src)
+{
+    float x;
+    double t0 = cli_now();
+    fn(arg);
+    return llm_backend_read(b, &x, sync_src, sizeof x) ? -1 : cli_now() - t0;
+}
+
+typedef struct copy_arg {
+    llm_backend *b;
+    llm_kv_layer L;
+} copy_arg;
+
+static void do_copy(void *p)
+{
+    copy_arg *c = p;
+    int32_t src = 0, dst = 1;
+    llm_backend_kv_copy(c->b, &c->L, 1, &src, &dst, 1);
+}
+
+/* Device-to-device copy: 2 x 1 GiB per pass (K and V "blocks"), best of 5,
+ * counting bytes read and written. */
+static double device_bandwidth(llm_backend *b)
+{
+    size_t n = (size_t)1 << 30;
+    char *k = llm_backend_buffer_alloc(b, 2 * n), *v = llm_backend_buffer_alloc(b, 2 * n);
+    double best = 0;
+    copy_arg c = {b, {k, v, QT_F32, 1, (int)(n / 4), n}};
+    for (int r = 0; k && v && r < 6; r++) {
+        double t = timed(b, do_copy, &c, k);
+        if (r > 0 && t > 0 && 4.0 * (double)n / t / 1e9 > best)
+            best = 4.0 * (double)n / t / 1e9;
+    }
+    llm_backend_buffer_free(b, k);
+    llm_backend_buffer_free(b, v);
+    return best;
+}
+
+typedef struct gemm_arg {
+    llm_backend *b;
+    llm_weight w;
+    float *x, *y;
+    int n_tok;
+} gemm_arg;
+
+static void do_gemm(void *p)
+{
+    gemm_arg *g = p;
+    for (int i = 0; i < 10; i++) llm_backend_matmul(g->b, &g->w, g->x, g->n_tok, g->y);
+}
+
+/* BF16 weights (8192 x 8192) times 4096 float rows, 10 times: TFLOP/s of
+ * the backend's large-batch matmul (cuBLAS on a GPU; on the host a 1024 x
+ * 1024 x 256 one, for a figure within seconds). Contents are not
+ * initialised on a device: the rate does not depend on the values. */
+static double gemm_tflops(llm_backend *b)
+{
+    int host = llm_backend_host_memory(b), rows = host ? 1024 : 8192, cols = rows, n_tok = host ? 256 : 4096;
+    gemm_arg g = {b, {QT_BF16, rows, cols, (size_t)cols * 2, NULL}, NULL, NULL, n_tok};
+    void *w = llm_backend_buffer_alloc(b, (size_t)rows * cols * 2);
+    g.x = llm_backend_buffer_alloc(b, (size_t)n_tok * cols * 4);
+    g.y = llm_backend_buffer_alloc(b, (size_t)n_tok * rows * 4);
+    g.w.data = w;
+    double best = 0;
+    if (w && g.x && g.y && host) {
+        memset(w, 0, (size_t)rows * cols * 2);
+        memset(g.x, 0, (size_t)n_tok * cols * 4);
+    }
+    for (int r = 0; w && g.x && g.y && r < 3; r++) {
+        double t = timed(b, do_gemm, &g, g.y);
+        if (r > 0 && t > 0 && 10 * 2.0 * rows * cols * n_tok / t / 1e12 > best)
+            best = 10 * 2.0 * rows * cols * n_tok / t / 1e12;
+    }
+    llm_backend_buffer_free(b, w);
+    llm_backend_buffer_free(b, g.x);
+    llm_backend_buffer_free(b, g.y);
+    return best;
+}
+
+static int device_figures(const llm_backend_spec *spec, int bw, int gemm)
+{
+    llm_error err = {0};
+    llm_backend *b = NULL;
+    llm_backend_spec one = *spec;
+    one.n_ranks = 1;
+    if (llm_backends_open(&one, &b, &err)) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        return 1;
+    }
+    llm_backend_mem mem;
+    llm_backend_mem_stats(b, &mem);
+    double gbs = bw ? device_bandwidth(b) : 0, tf = gemm ? gemm_tflops(b) : 0;
+    printf("backend=%s device=\"%s\" memory_total=%zu", b->iface->name, mem.device, mem.total);
+    if (bw)
+        printf(" bandwidth_gbs=%.1f", gbs);
+    if (gemm)
+        printf(" gemm_bf16_tflops=%.4g", tf);
+    printf("\n");
+    llm_backend_free(b);
+    return (bw && gbs <= 0) || (gemm && tf <= 0);
+}
+
 int main(int argc, char **argv)
 {
-    const char *model = NULL;
-    long p = 128, n = 64, t = 1, r = 3;
-    int bw = 0;
+    const char *model = NULL, *batch = NULL;
+    long p = 128, n = 64, t = 1, r = 3, tp = 1, prefill = 512;
+    int bw = 0, gemm = 0;
+    llm_backend_spec spec = {"cpu", 1, {0, 0, getenv("LLM_KERNELS")}, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--bandwidth")) { bw = 1; continue; }
+        if (!strcmp(a, "--gemm")) { gemm = 1; continue; }
         if (!strcmp(a, "-m") && v) model = v;
+        else if (!strcmp(a, "--backend") && v) spec.kind = v;
+        else if (!strcmp(a, "--batch") && v) batch = v;
+        else if (!strcmp(a, "--tp")) { if (cli_int(a, v, 1, LLM_MAX_RANKS, &tp)) return 2; }
+        else if (!strcmp(a, "--prefill")) { if (cli_int(a, v, 0, 1 << 16, &prefill)) return 2; }
         else if (!strcmp(a, "-p")) { if (cli_int(a, v, 1, 1 << 16, &p)) return 2; }
         else if (!strcmp(a, "-n")) { if (cli_int(a, v, 1, 1 << 16, &n)) return 2; }
         else if (!strcmp(a, "-t")) { if (cli_int(a, v, 1, 1024, &t)) return 2; }
@@ -149,11 +426,23 @@ int main(int argc, char **argv)
             }
         }
         else {
-            fprintf(stderr, "usage: llm-bench -m MODEL.gguf [-p 128] [-n 64] [-t 1] [-r 3] [--kv-type f16|f32|q8_0] | --bandwidth [-t N]\n");
+            fprintf(stderr, "usage: llm-bench -m MODEL.gguf [-p 128] [-n 64] [-t 1] [-r 3] [--kv-type f16|f32|q8_0] | --bandwidth [-t N]\n"
+                            "       llm-bench -m MODEL.gguf --batch 1,16,64 [--backend cpu|cuda] [--tp N] [-p CTX] [-n STEPS] [--prefill N]\n"
+                            "       llm-bench --backend cuda [--bandwidth] [--gemm]\n");
             return 2;
         }
         i++;
     }
+    spec.cpu.n_threads = (int)t;
+    spec.n_ranks = (int)tp;
+    if (strcmp(spec.kind, "cpu") && strcmp(spec.kind, "cuda")) {
+        fprintf(stderr, "error: --backend: '%s' is not cpu or cuda\n", spec.kind);
+        return 2;
+    }
+    if (gemm || (bw && strcmp(spec.kind, "cpu")))
+        return device_figures(&spec, bw, gemm);
+    if (batch && model)
+        return batch_bench(model, &spec, batch, (int)p, (int)n, (int)prefill);
     if (bw) {
         double copy = bandwidth((int)t, 1), rd = bandwidth((int)t, 0);
         if (copy == 0 || rd == 0) {

@@ -203,43 +203,57 @@ static void check_kv_write(llm_backend *cpu, quant_type t)
     free(kc), free(vc), free(k), free(v), free(hk), free(hv);
 }
 
-/* Attention over a paged cache filled by the CPU backend (two sequences
- * with scattered blocks, GQA 8 query heads on 2 KV heads), against the
- * CPU backend's attention. */
-static void check_attention(llm_backend *cpu, quant_type t)
+/* Attention over a paged cache filled by the CPU backend, against the CPU
+ * backend's attention. Short: two sequences with scattered blocks, 33
+ * prefill-like rows, GQA 8 query heads on 2 KV heads. Long: two decode rows
+ * at positions 3000 and 700 of shuffled 16-token blocks, so each row's
+ * positions are split over several blocks and combined (the second row's
+ * later splits are empty). */
+static void check_attention(llm_backend *cpu, quant_type t, int head, int lng)
 {
-    enum { BLOCKS = 8, BS = 16, HEAD = 64, NH = 8, NKV = 2, DIM = NKV * HEAD };
-    size_t rb = quant_row_bytes(t, DIM), bytes = (size_t)BLOCKS * BS * rb;
+    enum { BS = 16, NH = 8, NKV = 2 };
+    int dim = NKV * head, blocks = lng ? 256 : 8, hist_a = lng ? 3001 : 23, hist_b = lng ? 701 : 43;
+    size_t rb = quant_row_bytes(t, (size_t)dim), bytes = (size_t)blocks * BS * rb;
     unsigned char *kc = calloc(1, bytes), *vc = calloc(1, bytes);
-    int32_t tables[] = {5, 2, 7, 0, 3};
-    llm_kv_layer kv = {kc, vc, t, BS, DIM, rb};
-    /* history: positions 0..22 of sequence A and 0..42 of B */
-    llm_batch_seq hist[2] = {{0, 23, 0, tables}, {23, 43, 0, tables + 2}};
-    float *hk = rand_host(66 * DIM), *hv = rand_host(66 * DIM);
+    int32_t *tables = malloc(sizeof(int32_t) * (size_t)blocks);
+    for (int i = 0; i < blocks; i++) tables[i] = (int32_t)((i * 97 + 5) % blocks); /* a permutation: blocks is 8 or 256 */
+    int tb = (hist_a + BS - 1) / BS; /* sequence B's table starts after A's */
+    llm_kv_layer kv = {kc, vc, t, BS, dim, rb};
+    llm_batch_seq hist[2] = {{0, hist_a, 0, tables}, {hist_a, hist_b, 0, tables + tb}};
+    float *hk = rand_host((size_t)(hist_a + hist_b) * dim), *hv = rand_host((size_t)(hist_a + hist_b) * dim);
     llm_backend_kv_write(cpu, &kv, hist, 2, hk, hv);
-    llm_batch_seq seqs[2] = {{0, 20, 3, tables}, {20, 13, 30, tables + 2}};
-    int n_rows = 33;
-    float *q = rand_host((size_t)n_rows * NH * HEAD), *ref = malloc((size_t)n_rows * NH * HEAD * 4);
-    llm_attn_args a = {q, ref, NH, NKV, HEAD, 1.0f / 8.0f, seqs, 2, &kv};
+    /* short: rows 0..19 at 3..22 of A, rows 20..32 at 30..42 of B; long: one row each at the end */
+    llm_batch_seq seqs[2] = {{0, lng ? 1 : 20, lng ? hist_a - 1 : 3, tables},
+                             {lng ? 1 : 20, lng ? 1 : 13, lng ? hist_b - 1 : 30, tables + tb}};
+    int n_rows = seqs[1].tok0 + seqs[1].n_tok, max_len = 0;
+    float scale = 1.0f / sqrtf((float)head);
+    float *q = rand_host((size_t)n_rows * NH * head), *ref = malloc((size_t)n_rows * NH * head * 4);
+    llm_attn_args a = {q, ref, NH, NKV, head, scale, seqs, 2, &kv};
     if (llm_backend_attention(cpu, &a))
         exit(2);
     int32_t row_pos[33], row_table[33];
     for (int s = 0; s < 2; s++)
         for (int j = 0; j < seqs[s].n_tok; j++) {
             row_pos[seqs[s].tok0 + j] = seqs[s].pos0 + j;
-            row_table[seqs[s].tok0 + j] = s ? 2 : 0;
+            row_table[seqs[s].tok0 + j] = s ? tb : 0;
+            if (seqs[s].pos0 + j + 1 > max_len)
+                max_len = seqs[s].pos0 + j + 1;
         }
+    size_t wf = lk_attention_work(n_rows, NH, head, max_len);
     void *dk = to_dev(kc, bytes), *dv = to_dev(vc, bytes);
-    float *dq = to_dev(q, (size_t)n_rows * NH * HEAD * 4), *dout = poisoned((size_t)n_rows * NH * HEAD);
-    int32_t *dpos = to_dev(row_pos, sizeof row_pos), *drt = to_dev(row_table, sizeof row_table),
-            *dtab = to_dev(tables, sizeof tables);
-    CK((cudaError_t)lk_attention(dq, dout, n_rows, NH, NKV, HEAD, 1.0f / 8.0f, dpos, drt, dtab, (int)t, dk, dv, rb, BS,
-                                 NULL));
+    float *dq = to_dev(q, (size_t)n_rows * NH * head * 4), *dout = poisoned((size_t)n_rows * NH * head);
+    float *dwork = wf ? poisoned(wf) : NULL;
+    int32_t *dpos = to_dev(row_pos, sizeof(int32_t) * (size_t)n_rows),
+            *drt = to_dev(row_table, sizeof(int32_t) * (size_t)n_rows),
+            *dtab = to_dev(tables, sizeof(int32_t) * (size_t)blocks);
+    CK((cudaError_t)lk_attention(dq, dout, n_rows, NH, NKV, head, scale, dpos, drt, dtab, (int)t, dk, dv, rb, BS,
+                                 max_len, dwork, NULL));
     char what[64];
-    snprintf(what, sizeof what, "attention %s", quant_type_name(t));
-    compare(what, dout, ref, (size_t)n_rows * NH * HEAD, 2e-5, 1e-4);
+    snprintf(what, sizeof what, "attention %s d%d %s", quant_type_name(t), head, lng ? "split" : "rows");
+    compare(what, dout, ref, (size_t)n_rows * NH * head, 2e-5, 1e-4);
     cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout), cudaFree(dpos), cudaFree(drt), cudaFree(dtab);
-    free(kc), free(vc), free(hk), free(hv), free(q), free(ref);
+    cudaFree(dwork);
+    free(kc), free(vc), free(hk), free(hv), free(q), free(ref), free(tables);
 }
 
 /* Small-batch matmul against a float64 reference on the dequantized
@@ -272,6 +286,44 @@ static void check_gemv(quant_type t, int n_tok)
 
 /* Greedy sampling on the device: the argmax of each row, ties to the
  * lowest id (rows with planted ties and a NaN). */
+/* Weights dequantized to half for cuBLAS: the CPU dequantizer's values
+ * rounded to half, exactly. Also the per-row bias add (exact). */
+static void check_dequant(llm_backend *cpu, quant_type t)
+{
+    int rows = 37, cols = 512;
+    size_t rb = quant_row_bytes(t, (size_t)cols), n = (size_t)rows * cols;
+    float *w = rand_host(n), *ref = malloc(n * 4);
+    unsigned char *q = malloc((size_t)rows * rb);
+    for (int r = 0; r < rows; r++) {
+        quant_quantize_row(t, w + (size_t)r * cols, q + (size_t)r * rb, (size_t)cols);
+        quant_dequantize_row(t, q + (size_t)r * rb, ref + (size_t)r * cols, (size_t)cols);
+        for (int c = 0; c < cols; c++)
+            ref[(size_t)r * cols + c] = quant_f16_to_f32(quant_f32_to_f16(ref[(size_t)r * cols + c]));
+    }
+    void *dq = to_dev(q, (size_t)rows * rb);
+    uint16_t *dh = NULL, *hh = malloc(n * 2);
+    float *got = malloc(n * 4);
+    CK(cudaMalloc((void **)&dh, n * 2));
+    CK(cudaMemset(dh, 0xff, n * 2));
+    CK((cudaError_t)lk_dequant_f16((int)t, dq, rb, rows, cols, dh, NULL));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(hh, dh, n * 2, cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += quant_f16_to_f32(hh[i]) != ref[i];
+    printf("dequant_f16 %-16s %zu of %zu values differ %s\n", quant_type_name(t), bad, n, bad ? "FAIL" : "PASS");
+    g_fail |= bad != 0;
+    if (t == QT_F32) { /* bias add on the same shape */
+        float *b = rand_host((size_t)cols), *x = rand_host(n), *want = malloc(n * 4);
+        for (size_t i = 0; i < n; i++) want[i] = x[i] + b[i % cols];
+        float *dx = to_dev(x, n * 4), *db = to_dev(b, (size_t)cols * 4);
+        CK((cudaError_t)lk_add_bias(dx, db, rows, cols, NULL));
+        compare("add_bias", dx, want, n, 0, 0);
+        cudaFree(dx), cudaFree(db), free(b), free(x), free(want);
+    }
+    (void)cpu;
+    cudaFree(dq), cudaFree(dh), free(w), free(ref), free(q), free(hh), free(got);
+}
+
 static void check_argmax(void)
 {
     enum { ROWS = 5, V = 32001 };
@@ -323,11 +375,18 @@ int main(void)
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) check_get_rows(cpu, types[i]);
     static const quant_type kv_types[] = {QT_F32, QT_F16, QT_Q8_0};
     for (size_t i = 0; i < sizeof kv_types / sizeof *kv_types; i++) check_kv_write(cpu, kv_types[i]);
-    for (size_t i = 0; i < sizeof kv_types / sizeof *kv_types; i++) check_attention(cpu, kv_types[i]);
+    for (size_t i = 0; i < sizeof kv_types / sizeof *kv_types; i++)
+        for (int lng = 0; lng < 2; lng++) {
+            check_attention(cpu, kv_types[i], 64, lng);
+            check_attention(cpu, kv_types[i], 128, lng);
+            if (kv_types[i] != QT_Q8_0) /* Q8_0 rows need heads of whole 32-blocks */
+                check_attention(cpu, kv_types[i], 8, lng);
+        }
     static const int batches[] = {1, 3, 8};
     static const quant_type gemv_types[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_K, QT_Q6_K};
     for (size_t i = 0; i < sizeof gemv_types / sizeof *gemv_types; i++)
         for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) check_gemv(gemv_types[i], batches[b]);
+    for (size_t i = 0; i < sizeof gemv_types / sizeof *gemv_types; i++) check_dequant(cpu, gemv_types[i]);
     check_argmax();
     llm_backend_free(cpu);
     printf("%s\n", g_fail ? "check_kernels: FAILED" : "check_kernels: all passed");
