@@ -33,7 +33,7 @@
 #include "llm/tp.h"
 #include "llm_kernels.h"
 
-enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_COPY, ST_KINDS };
+enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_SAMPLE, ST_KINDS };
 
 typedef struct cu_alloc {
     void *p;
@@ -448,13 +448,17 @@ static llm_status cuda_read(llm_backend *b, void *dst, const void *src, size_t b
     return take_status(c);
 }
 
-/* Token ids on the device; only n_rows ids are read back. */
-static llm_status cuda_argmax(llm_backend *b, const float *logits, int n_rows, int n_vocab, int32_t *out)
+/* Token ids picked on the device; only n_rows ids are read back. */
+static llm_status cuda_sample(llm_backend *b, const float *logits, int n_rows, int n_vocab, const llm_sample_params *p,
+                              int32_t *out)
 {
     cu_ctx *c = ctx_of(b);
     use_device(c);
+    _Static_assert(sizeof(llm_sample_params) == sizeof(lk_sample_params) && sizeof(llm_sample_params) % 4 == 0,
+                   "llm_sample_params and lk_sample_params share a layout");
+    const int32_t *dp = stage(c, ST_SAMPLE, (const int32_t *)p, (size_t)n_rows * sizeof *p / 4);
     int32_t *d = (int32_t *)scratch(c, sizeof(int32_t) * (size_t)n_rows);
-    if (d && !LK(c, lk_argmax(logits, n_rows, n_vocab, d, c->stream)) &&
+    if (dp && d && !LK(c, lk_sample(logits, n_rows, n_vocab, (const lk_sample_params *)dp, d, c->stream)) &&
         !CU(c, cudaMemcpyAsync(out, d, sizeof(int32_t) * (size_t)n_rows, cudaMemcpyDeviceToHost, c->stream)))
         CU(c, cudaStreamSynchronize(c->stream));
     return take_status(c);
@@ -709,7 +713,7 @@ static const struct llm_backend_i cuda_iface = {
     .model_upload = cuda_model_upload,
     .model_release = cuda_model_release,
     .read = cuda_read,
-    .argmax = cuda_argmax,
+    .sample = cuda_sample,
     .mem_stats = cuda_mem_stats,
 };
 

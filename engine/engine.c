@@ -71,6 +71,7 @@ struct llm_engine {
     llm_request_id next_id;
     /* step buffers (engine thread) */
     int32_t *b_tokens, *b_logit_rows, *cp_src, *cp_dst;
+    llm_sample_params *b_params; /* (max_seqs) device picks of a step */
     llm_batch_seq *b_seqs;
     int n_copies;
     llm_stats st;
@@ -480,22 +481,27 @@ static void step_prepare(llm_engine *e, llm_forward_batch *bt)
     kv_cache_copies_done(e->kv);
 }
 
-/* On a device backend, when every sequence sampling this step takes the
- * plain argmax, the device picks the tokens and only ids come back. */
-static int all_argmax(llm_engine *e)
+/* On a device backend, when no sequence sampling this step needs a host
+ * pass over its logits (penalties, logprobs), the device picks every token
+ * and only ids come back. Fills e->b_params (the draws are taken only then:
+ * a step that falls back leaves the generators untouched). */
+static int all_on_device(llm_engine *e)
 {
-    if (!llm_forward_device_argmax(e->fwd))
+    if (!llm_forward_device_sample(e->fwd))
         return 0;
     for (int i = 0; i < e->s.n_items; i++)
-        if (e->s.items[i].logits && !llm_sampler_is_argmax(((eng_seq *)e->s.items[i].seq->user)->smp))
+        if (e->s.items[i].logits && !llm_sampler_device_ok(((eng_seq *)e->s.items[i].seq->user)->smp))
             return 0;
+    for (int i = 0, k = 0; i < e->s.n_items; i++)
+        if (e->s.items[i].logits)
+            llm_sampler_device_params(((eng_seq *)e->s.items[i].seq->user)->smp, &e->b_params[k++]);
     return 1;
 }
 
-static llm_status step_argmax(llm_engine *e, const llm_forward_batch *bt)
+static llm_status step_on_device(llm_engine *e, const llm_forward_batch *bt)
 {
     const int32_t *ids;
-    llm_status st = llm_forward_eval_argmax(e->fwd, bt, kv_cache_layers(e->kv), &ids);
+    llm_status st = llm_forward_eval_sample(e->fwd, bt, kv_cache_layers(e->kv), e->b_params, &ids);
     if (st)
         return st;
     for (int i = 0, k = 0; i < e->s.n_items; i++) {
@@ -515,8 +521,8 @@ static llm_status step_run(llm_engine *e, const llm_forward_batch *bt)
     const float *logits;
     if (e->n_copies > 0)
         llm_forward_kv_copy(e->fwd, kv_cache_layers(e->kv), e->cp_src, e->cp_dst, e->n_copies);
-    if (all_argmax(e))
-        return step_argmax(e, bt);
+    if (all_on_device(e))
+        return step_on_device(e, bt);
     llm_status st = llm_forward_eval(e->fwd, bt, kv_cache_layers(e->kv), &logits);
     if (st)
         return st;
@@ -738,10 +744,11 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
         return st;
     e->b_tokens = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
     e->b_logit_rows = malloc(sizeof(int32_t) * (size_t)c->max_seqs);
+    e->b_params = malloc(sizeof(llm_sample_params) * (size_t)c->max_seqs);
     e->b_seqs = malloc(sizeof(llm_batch_seq) * (size_t)c->max_seqs);
     e->cp_src = malloc(sizeof(int32_t) * (size_t)n_blocks);
     e->cp_dst = malloc(sizeof(int32_t) * (size_t)n_blocks);
-    if (!e->b_tokens || !e->b_logit_rows || !e->b_seqs || !e->cp_src || !e->cp_dst)
+    if (!e->b_tokens || !e->b_logit_rows || !e->b_params || !e->b_seqs || !e->cp_src || !e->cp_dst)
         return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory");
     return LLM_OK;
 }
@@ -760,6 +767,7 @@ static void engine_free(llm_engine *e)
     kv_cache_free(e->kv);
     free(e->b_tokens);
     free(e->b_logit_rows);
+    free(e->b_params);
     free(e->b_seqs);
     free(e->cp_src);
     free(e->cp_dst);

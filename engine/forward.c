@@ -19,7 +19,8 @@ struct llm_forward {
     float *last;                  /* (max_logits, n_embd) rows gathered for the output */
     float *logits;                /* (max_logits, n_vocab) */
     float *logits_host;           /* logits read back from a device; NULL on the host */
-    int32_t *ids;                 /* (max_logits) argmax ids */
+    int32_t *ids;                 /* (max_logits) picked ids */
+    llm_sample_params *greedy;    /* (max_logits) argmax settings, for a device pick without p */
     llm_comm *comm;               /* tensor-parallel rank: sums partial outputs; NULL alone */
     int rank;
     tp_group *tp;                 /* a tensor-parallel driver: the fields above are unused */
@@ -77,7 +78,8 @@ llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int
     if (b->iface->model_upload && !(st = b->iface->model_upload(b, m, &f->dev_m, err)))
         f->m = f->dev_m;
     if (!st && (!(f->pos = malloc(sizeof(int32_t) * (size_t)max_rows)) ||
-                !(f->ids = malloc(sizeof(int32_t) * (size_t)max_logits))))
+                !(f->ids = malloc(sizeof(int32_t) * (size_t)max_logits)) ||
+                !(f->greedy = calloc((size_t)max_logits, sizeof *f->greedy))))
         st = llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
     if (!st)
         st = alloc_acts(f, err);
@@ -133,6 +135,7 @@ void llm_forward_free(llm_forward *f)
         f->b->iface->model_release(f->b, f->dev_m);
     free(f->logits_host);
     free(f->ids);
+    free(f->greedy);
     free(f->pos);
     free(f);
 }
@@ -229,11 +232,13 @@ static void host_argmax(const float *lg, int n_rows, int n_vocab, int32_t *out)
     }
 }
 
-llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers, int argmax,
-                             const float **logits, const int32_t **ids)
+llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers, int pick,
+                             const llm_sample_params *sp, const float **logits, const int32_t **ids)
 {
     if (f->tp)
-        return tp_group_eval(f->tp, bt, layers, argmax, logits, ids);
+        return tp_group_eval(f->tp, bt, layers, pick, sp, logits, ids);
+    if (sp && !f->b->iface->sample)
+        return LLM_ERR_INVALID_ARG;
     const llm_hparams *hp = &f->m->hp;
     llm_status st = LLM_OK;
     if (batch_positions(f, bt))
@@ -250,14 +255,14 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
         if ((st = llm_backend_matmul(f->b, &f->m->output, f->xb, bt->n_logits, f->logits)))
             return st;
     }
-    if (argmax && f->b->iface->argmax)
-        st = f->b->iface->argmax(f->b, f->logits, bt->n_logits, hp->n_vocab, f->ids);
+    if (pick && f->b->iface->sample)
+        st = f->b->iface->sample(f->b, f->logits, bt->n_logits, hp->n_vocab, sp ? sp : f->greedy, f->ids);
     else if (f->logits_host)
         st = llm_backend_read(f->b, f->logits_host, f->logits, sizeof(float) * (size_t)bt->n_logits * hp->n_vocab);
     if (st)
         return st;
     const float *lg = f->logits_host ? f->logits_host : f->logits;
-    if (argmax && !f->b->iface->argmax)
+    if (pick && !f->b->iface->sample)
         host_argmax(lg, bt->n_logits, hp->n_vocab, f->ids);
     if (logits)
         *logits = lg;
@@ -269,16 +274,16 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
 llm_status llm_forward_eval(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers,
                             const float **logits)
 {
-    return forward_eval_mode(f, bt, layers, 0, logits, NULL);
+    return forward_eval_mode(f, bt, layers, 0, NULL, logits, NULL);
 }
 
-llm_status llm_forward_eval_argmax(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers,
-                                   const int32_t **ids)
+llm_status llm_forward_eval_sample(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers,
+                                   const llm_sample_params *p, const int32_t **ids)
 {
-    return forward_eval_mode(f, bt, layers, 1, NULL, ids);
+    return forward_eval_mode(f, bt, layers, 1, p, NULL, ids);
 }
 
-int llm_forward_device_argmax(const llm_forward *f)
+int llm_forward_device_sample(const llm_forward *f)
 {
-    return f->tp ? tp_group_device_argmax(f->tp) : f->b->iface->argmax != NULL;
+    return f->tp ? tp_group_device_sample(f->tp) : f->b->iface->sample != NULL;
 }

@@ -6,10 +6,10 @@
 #include "llm/forward.h"
 #include "llm/tp.h"
 
-/* The pass behind llm_forward_eval (argmax 0: logits to *logits) and
- * llm_forward_eval_argmax (argmax 1: ids to *ids). */
-llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers, int argmax,
-                             const float **logits, const int32_t **ids);
+/* The pass behind llm_forward_eval (pick 0: logits to *logits) and
+ * llm_forward_eval_sample (pick 1: ids to *ids, with sp or argmax). */
+llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers, int pick,
+                             const llm_sample_params *sp, const float **logits, const int32_t **ids);
 
 /* Makes f a rank of a tensor-parallel group: partial outputs go through c. */
 void forward_set_comm(llm_forward *f, llm_comm *c, int rank);
@@ -17,9 +17,9 @@ void forward_set_comm(llm_forward *f, llm_comm *c, int rank);
 typedef struct tp_group tp_group;
 llm_status tp_group_new(const llm_model *m, llm_backend *const *b, int n_ranks, int max_rows, int max_logits,
                         tp_group **out, llm_error *err);
-llm_status tp_group_eval(tp_group *g, const llm_forward_batch *bt, const llm_kv_layer *layers, int argmax,
-                         const float **logits, const int32_t **ids);
-int tp_group_device_argmax(const tp_group *g);
+llm_status tp_group_eval(tp_group *g, const llm_forward_batch *bt, const llm_kv_layer *layers, int pick,
+                         const llm_sample_params *sp, const float **logits, const int32_t **ids);
+int tp_group_device_sample(const tp_group *g);
 void tp_group_kv_copy(tp_group *g, const llm_kv_layer *layers, const int32_t *src, const int32_t *dst, int n);
 void tp_group_free(tp_group *g); /* NULL ok */
 

@@ -132,10 +132,10 @@ static llm_status first_cause(const tp_group *g)
     return any;
 }
 
-int tp_group_device_argmax(const tp_group *g) { return llm_forward_device_argmax(g->f[0]); }
+int tp_group_device_sample(const tp_group *g) { return llm_forward_device_sample(g->f[0]); }
 
-llm_status tp_group_eval(tp_group *g, const llm_forward_batch *bt, const llm_kv_layer *layers, int argmax,
-                         const float **logits, const int32_t **ids)
+llm_status tp_group_eval(tp_group *g, const llm_forward_batch *bt, const llm_kv_layer *layers, int pick,
+                         const llm_sample_params *sp, const float **logits, const int32_t **ids)
 {
     pthread_mutex_lock(&g->mu);
     g->rest = *bt;
@@ -145,7 +145,7 @@ llm_status tp_group_eval(tp_group *g, const llm_forward_batch *bt, const llm_kv_
     g->job++;
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
-    g->st[0] = forward_eval_mode(g->f[0], bt, layers, argmax, logits, ids);
+    g->st[0] = forward_eval_mode(g->f[0], bt, layers, pick, sp, logits, ids);
     if (g->st[0])
         llm_comm_abort(g->comm);
     pthread_mutex_lock(&g->mu);

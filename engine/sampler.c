@@ -236,11 +236,21 @@ static int32_t sample_filtered(llm_sampler *s)
     return s->c[n - 1].id;
 }
 
-int llm_sampler_is_argmax(const llm_sampler *s)
+int llm_sampler_device_ok(const llm_sampler *s)
 {
     const llm_sampling *p = &s->p;
-    return p->temperature <= 0 && p->repetition_penalty == 1 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
-           !p->logprobs && !p->n_logprobs;
+    return p->repetition_penalty == 1 && p->presence_penalty == 0 && p->frequency_penalty == 0 && !p->logprobs &&
+           !p->n_logprobs;
+}
+
+void llm_sampler_device_params(llm_sampler *s, llm_sample_params *out)
+{
+    const llm_sampling *p = &s->p;
+    *out = (llm_sample_params){p->temperature, p->top_k, p->top_p, p->min_p, 0};
+    if (p->temperature > 0)
+        out->u = (float)rng_uniform(s->rng);
+    if (out->u >= 1.0f) /* float rounding of a draw just under 1 */
+        out->u = 0.99999994f;
 }
 
 void llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *r)

@@ -83,6 +83,20 @@ int lk_add_bias(float *x, const float *bias, int n_tok, int dim, void *stream);
  * lowest id; NaNs never win). */
 int lk_argmax(const float *logits, int n_rows, int n_vocab, int32_t *out, void *stream);
 
+/* Per-row sampling settings (the layout of llm_sample_params in
+ * llm/backend.h): temperature <= 0 is argmax; top_k <= 0, top_p >= 1 and
+ * min_p <= 0 are off; u in [0, 1) is the row's uniform draw. */
+typedef struct lk_sample_params {
+    float temperature;
+    int top_k;
+    float top_p, min_p, u;
+} lk_sample_params;
+
+/* out[r] = a token drawn from row r's softmax(logits / temperature) after
+ * truncation; params (n_rows) in device memory. */
+int lk_sample(const float *logits, int n_rows, int n_vocab, const lk_sample_params *params, int32_t *out,
+              void *stream);
+
 #ifdef __cplusplus
 }
 #endif

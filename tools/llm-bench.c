@@ -168,7 +168,7 @@ static llm_status prefill_all(llm_forward *f, kv_cache *kv, kv_seq *s, int n_seq
         int32_t last = rows - 1;
         llm_forward_batch bt = {toks, rows, bs, n, &last, 1};
         const int32_t *ids;
-        st = llm_forward_eval_argmax(f, &bt, kv_cache_layers(kv), &ids);
+        st = llm_forward_eval_sample(f, &bt, kv_cache_layers(kv), NULL, &ids);
     }
     free(bs);
     return st;
@@ -209,7 +209,7 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
         }
         llm_forward_batch bt = {toks, n_seqs, bs, n_seqs, rows, n_seqs};
         const int32_t *ids;
-        st = llm_forward_eval_argmax(f, &bt, kv_cache_layers(kv), &ids);
+        st = llm_forward_eval_sample(f, &bt, kv_cache_layers(kv), NULL, &ids);
     }
     if (!st)
         *tps = (double)n_seqs * steps / (cli_now() - t0);

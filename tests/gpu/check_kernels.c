@@ -324,6 +324,70 @@ static void check_dequant(llm_backend *cpu, quant_type t)
     cudaFree(dq), cudaFree(dh), free(w), free(ref), free(q), free(hh), free(got);
 }
 
+static const float *g_sort_v;
+static int by_value_desc(const void *a, const void *b)
+{
+    float x = g_sort_v[*(const int *)a], y = g_sort_v[*(const int *)b];
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Sampling: N rows of the same logits with draws u = (i + 0.5) / N must
+ * pick each token with the frequency of its probability in the truncated
+ * distribution (computed here in float64 by sorting), within 2/N + 1e-3,
+ * and never a token outside it. */
+static void check_sample(float temp, int top_k, float top_p, float min_p)
+{
+    enum { V = 5000, N = 4000 };
+    float *row = rand_host(V);
+    for (int i = 0; i < V; i++) row[i] *= 6.0f;
+    int *idx = malloc(sizeof(int) * V);
+    double *prob = calloc(V, sizeof *prob);
+    for (int i = 0; i < V; i++) idx[i] = i;
+    g_sort_v = row;
+    qsort(idx, V, sizeof *idx, by_value_desc);
+    int n = temp <= 0 ? 1 : top_k > 0 && top_k < V ? top_k : V; /* temperature 0: the argmax alone */
+    double mx = row[idx[0]], z = 0, t = temp > 0 ? temp : 1;
+    if (min_p > 0)
+        while (n > 1 && exp((row[idx[n - 1]] - mx) / t) < min_p) n--;
+    for (int i = 0; i < n; i++) z += exp((row[idx[i]] - mx) / t);
+    if (top_p < 1) {
+        double acc = 0;
+        int k = 0;
+        while (k < n && acc < top_p * z) acc += exp((row[idx[k++]] - mx) / t);
+        n = k, z = acc;
+    }
+    for (int i = 0; i < n; i++) prob[idx[i]] = exp((row[idx[i]] - mx) / t) / z;
+    float *rows = malloc(sizeof(float) * (size_t)V * N);
+    lk_sample_params *ps = malloc(sizeof *ps * N);
+    for (int r = 0; r < N; r++) {
+        memcpy(rows + (size_t)r * V, row, sizeof(float) * V);
+        ps[r] = (lk_sample_params){temp, top_k, top_p, min_p, (r + 0.5f) / N};
+    }
+    float *drows = to_dev(rows, sizeof(float) * (size_t)V * N);
+    lk_sample_params *dps = to_dev(ps, sizeof *ps * N);
+    int32_t *dout = NULL, *got = malloc(sizeof(int32_t) * N);
+    CK(cudaMalloc((void **)&dout, sizeof(int32_t) * N));
+    CK(cudaMemset(dout, 0xff, sizeof(int32_t) * N));
+    CK((cudaError_t)lk_sample(drows, N, V, dps, dout, NULL));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(got, dout, sizeof(int32_t) * N, cudaMemcpyDeviceToHost));
+    int *count = calloc(V, sizeof *count), outside = 0;
+    for (int r = 0; r < N; r++) {
+        if (got[r] < 0 || got[r] >= V || prob[got[r]] == 0)
+            outside++;
+        else
+            count[got[r]]++;
+    }
+    double worst = 0;
+    for (int i = 0; i < V; i++) worst = fmax(worst, fabs((double)count[i] / N - prob[i]));
+    int bad = outside > 0 || worst > 2.0 / N + 1e-3;
+    printf("sample T=%.1f k=%d p=%.2f min_p=%.2f: %d candidates, max |freq - prob| %.2e, %d outside %s\n", temp, top_k,
+           top_p, min_p, n, worst, outside, bad ? "FAIL" : "PASS");
+    g_fail |= bad;
+    cudaFree(drows), cudaFree(dps), cudaFree(dout);
+    free(row), free(idx), free(prob), free(rows), free(ps), free(got), free(count);
+}
+
 static void check_argmax(void)
 {
     enum { ROWS = 5, V = 32001 };
@@ -388,6 +452,11 @@ int main(void)
         for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) check_gemv(gemv_types[i], batches[b]);
     for (size_t i = 0; i < sizeof gemv_types / sizeof *gemv_types; i++) check_dequant(cpu, gemv_types[i]);
     check_argmax();
+    check_sample(0.0f, 0, 1.0f, 0.0f);
+    check_sample(0.7f, 0, 1.0f, 0.0f);
+    check_sample(1.0f, 50, 1.0f, 0.0f);
+    check_sample(0.9f, 0, 0.9f, 0.0f);
+    check_sample(1.2f, 100, 0.95f, 0.05f);
     llm_backend_free(cpu);
     printf("%s\n", g_fail ? "check_kernels: FAILED" : "check_kernels: all passed");
     return g_fail;

@@ -244,6 +244,8 @@ static void drain(llm_engine *e, llm_request_id id, int n, int32_t (*tok)[T_GEN]
     }
 }
 
+static int g_top_k; /* of the sampled completions (the CPU sampler then sorts: near-ties reorder, see check_tokens) */
+
 /* T_PROMPTS greedy prompts sharing a 20-token prefix, all at once, then one
  * request of T_N completions at temperature temp (forked KV, copy-on-write:
  * sampled completions diverge, so a block one rank failed to copy would
@@ -276,6 +278,7 @@ static void generate_on(llm_backend *const *bk, const llm_model *m, int n_ranks,
     llm_request rq = {.tokens = p[1], .n_tokens = 30, .sampling = llm_sampling_default(), .max_tokens = T_GEN,
                       .ignore_eos = 1, .n = T_N};
     rq.sampling.temperature = temp;
+    rq.sampling.top_k = g_top_k;
     rq.sampling.seed = 42;
     if (llm_engine_submit(e, &rq, &ids[0], &err))
         fail_msg("submit: %s", err.msg);
@@ -366,49 +369,74 @@ static void test_stories_reference(void **st)
 
 /* ---- picking tokens on the device --------------------------------------- */
 
-/* The CPU backend dressed as a device backend that picks greedy tokens
- * itself: what the engine does with a GPU, checkable here. */
+/* The CPU backend dressed as a device backend that picks tokens itself:
+ * what the engine does with a GPU, checkable here. Its pick: argmax, or
+ * for temperature > 0 the token where the cumulative softmax in id order
+ * passes u (no truncation: the test requests use none). */
 static struct llm_backend_i g_dev_iface;
-static int g_argmax_calls;
+static int g_greedy_rows, g_sampled_rows;
+static float g_last_u[T_N];
 
-static llm_status fake_argmax(llm_backend *b, const float *lg, int n_rows, int n_vocab, int32_t *out)
+static llm_status fake_sample(llm_backend *b, const float *lg, int n_rows, int n_vocab, const llm_sample_params *p,
+                              int32_t *out)
 {
     (void)b;
-    g_argmax_calls++;
     for (int r = 0; r < n_rows; r++) {
-        out[r] = 0;
+        const float *v = lg + (size_t)r * n_vocab;
+        int32_t best = 0;
         for (int i = 1; i < n_vocab; i++)
-            if (lg[(size_t)r * n_vocab + i] > lg[(size_t)r * n_vocab + out[r]])
+            if (v[i] > v[best])
+                best = i;
+        out[r] = best;
+        if (p[r].temperature <= 0) {
+            g_greedy_rows++;
+            continue;
+        }
+        assert_true(p[r].u >= 0 && p[r].u < 1);
+        assert_true(fabsf(p[r].temperature - 0.9f) < 1e-6f && p[r].top_k == 40);
+        g_last_u[g_sampled_rows++ % T_N] = p[r].u;
+        double z = 0, acc = 0;
+        for (int i = 0; i < n_vocab; i++) z += exp((v[i] - v[best]) / p[r].temperature);
+        for (int i = 0; i < n_vocab; i++)
+            if ((acc += exp((v[i] - v[best]) / p[r].temperature)) > p[r].u * z) {
                 out[r] = i;
+                break;
+            }
     }
     return LLM_OK;
 }
 
 static void no_free(llm_backend *b) { (void)b; }
 
-static void test_device_argmax(void **st)
+static void test_device_sampling(void **st)
 {
     (void)st;
     char p1[256];
     llm_model *tiny = make_model("tiny", QT_Q8_0, p1, sizeof p1);
     g_dev_iface = *g_b[0]->iface;
-    g_dev_iface.argmax = fake_argmax;
+    g_dev_iface.sample = fake_sample;
     g_dev_iface.free = no_free;
     llm_backend dev[2] = {{&g_dev_iface, g_b[0]->ctx}, {&g_dev_iface, g_b[1]->ctx}};
     llm_backend *bk[2] = {&dev[0], &dev[1]};
     static run_out ref, got;
+    g_top_k = 40;
     for (int n = 1; n <= 2; n++) {
         memset(&ref, 0, sizeof ref);
         memset(&got, 0, sizeof got);
         generate(tiny, n, 0.9f, &ref);
-        g_argmax_calls = 0;
+        g_greedy_rows = g_sampled_rows = 0;
         generate_on(bk, tiny, n, 0.9f, &got);
-        /* the greedy prompts' steps went through argmax; the sampled
-         * completions' steps (temperature 0.9) read logits as before */
-        assert_true(g_argmax_calls >= T_GEN);
-        assert_true(g_argmax_calls < 2 * T_GEN);
-        assert_memory_equal(&ref, &got, sizeof ref);
+        /* every greedy step went to the device (same tokens as the CPU's
+         * sampler); the sampled completions too, each row with its own
+         * draw from its generator */
+        assert_int_equal(g_greedy_rows, T_PROMPTS * T_GEN);
+        assert_int_equal(g_sampled_rows, T_N * T_GEN);
+        assert_true(g_last_u[0] != g_last_u[1] && g_last_u[1] != g_last_u[2]);
+        assert_memory_equal(ref.tok, got.tok, sizeof ref.tok[0] * T_PROMPTS);
+        for (int k = T_PROMPTS; k < T_PROMPTS + T_N; k++)
+            for (int i = 0; i < T_GEN; i++) assert_true(got.tok[k][i] >= 0 && got.tok[k][i] < tiny->hp.n_vocab);
     }
+    g_top_k = 0;
     llm_model_free(tiny);
     remove(p1);
 }
@@ -421,7 +449,7 @@ int main(void)
         cmocka_unit_test(test_logits),
         cmocka_unit_test(test_tokens),
         cmocka_unit_test(test_stories_reference),
-        cmocka_unit_test(test_device_argmax),
+        cmocka_unit_test(test_device_sampling),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

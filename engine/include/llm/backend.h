@@ -100,6 +100,17 @@ typedef struct llm_backend llm_backend;
 struct llm_comm;
 struct llm_model;
 
+/* How one row's token is picked on a device: temperature <= 0 is the
+ * argmax; top_k <= 0, top_p >= 1, min_p <= 0 are off; u in [0, 1) is the
+ * row's uniform draw (the token where the cumulative truncated weight, in
+ * id order, passes u of the total). Layout shared with the kernels'
+ * lk_sample_params. */
+typedef struct llm_sample_params {
+    float temperature;
+    int top_k;
+    float top_p, min_p, u;
+} llm_sample_params;
+
 /* What a backend's memory holds, for /metrics. */
 typedef struct llm_backend_mem {
     char device[96];   /* "NVIDIA H200 (cuda:0)", "host" */
@@ -155,9 +166,11 @@ struct llm_backend_i {
      * bytes from backend memory src to host dst once every queued operation
      * is done; returns the first failure since the last status. */
     llm_status (*read)(llm_backend *b, void *dst, const void *src, size_t bytes);
-    /* Optional (a device backend): out[r] (host) = the id of row r's
-     * largest logit (ties: lowest id), so only ids cross to the host. */
-    llm_status (*argmax)(llm_backend *b, const float *logits, int n_rows, int n_vocab, int32_t *out);
+    /* Optional (a device backend): out[r] (host) = the token picked from
+     * row r of logits with p[r] (temperature <= 0: the largest logit, ties
+     * to the lowest id), so only ids cross to the host. */
+    llm_status (*sample)(llm_backend *b, const float *logits, int n_rows, int n_vocab, const llm_sample_params *p,
+                         int32_t *out);
     /* Optional: what the backend's memory holds (zeros when NULL). Unlike
      * the other operations, callable from any thread at any time. */
     void (*mem_stats)(llm_backend *b, llm_backend_mem *out);

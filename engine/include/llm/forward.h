@@ -31,14 +31,17 @@ llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int
                            llm_error *err);
 void llm_forward_free(llm_forward *f);
 
-/* Whether llm_forward_eval_argmax saves anything here: the backend picks
- * ids on its device (host-memory backends read logits in place anyway). */
-int llm_forward_device_argmax(const llm_forward *f);
+/* Whether the backend picks tokens on its device (llm_forward_eval_sample
+ * with sampling settings); host-memory backends read logits in place. */
+int llm_forward_device_sample(const llm_forward *f);
 
-/* As llm_forward_eval, but only the argmax id of each logit row comes back
- * (*ids, n_logits entries owned by f, valid until the next call). */
-llm_status llm_forward_eval_argmax(llm_forward *f, const llm_forward_batch *batch, const llm_kv_layer *layers,
-                                   const int32_t **ids);
+/* As llm_forward_eval, but only one token id per logit row comes back
+ * (*ids, n_logits entries owned by f, valid until the next call): picked
+ * with p[i] for row i on a device that samples, or the argmax when p is
+ * NULL (on any backend). LLM_ERR_INVALID_ARG for a p on a backend that
+ * cannot sample. */
+llm_status llm_forward_eval_sample(llm_forward *f, const llm_forward_batch *batch, const llm_kv_layer *layers,
+                                   const llm_sample_params *p, const int32_t **ids);
 
 /* Tensor parallelism over n_ranks backends (tp.h): rank r runs its share
  * of heads and MLP columns on b[r] in a thread of its own, K/V of its heads

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "llm/backend.h"
 #include "llm/status.h"
 
 #define LLM_MAX_LOGPROBS 20
@@ -51,9 +52,12 @@ void llm_sampler_free(llm_sampler *s);
 void llm_sampler_accept(llm_sampler *s, int32_t id);
 /* Samples from n_vocab logits (not modified). */
 void llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *out);
-/* 1 when sampling is the plain argmax of the logits (greedy, no penalties,
- * no logprobs): a device may pick the token itself. */
-int llm_sampler_is_argmax(const llm_sampler *s);
+/* 1 when this sampler's choice needs no host pass over the logits (no
+ * penalties, no logprobs), so a device may pick the token itself. */
+int llm_sampler_device_ok(const llm_sampler *s);
+/* For a device pick: *out gets the settings and, unless greedy, the next
+ * uniform draw of the generator (consumed). */
+void llm_sampler_device_params(llm_sampler *s, llm_sample_params *out);
 
 /* Stop sequences over generated text. Returns the byte offset where the
  * earliest full match of any stop starts, or -1. *hold gets the number of
