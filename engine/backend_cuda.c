@@ -33,7 +33,7 @@
 #include "llm/tp.h"
 #include "llm_kernels.h"
 
-enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_SAMPLE, ST_KINDS };
+enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_SAMPLE, ST_TILES, ST_KINDS };
 
 typedef struct cu_alloc {
     void *p;
@@ -384,27 +384,47 @@ static void cuda_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batc
         LK(c, lk_kv_write((int)kv->type, kv->k, kv->v, kv->row_bytes, kv->kv_dim, d, (int)n_rows, k, v, c->stream));
 }
 
-/* Packs [row_pos (n_rows) | row_table (n_rows) | tables...] for lk_attention. */
+/* Prefill-shaped batches (F16 K/V, at least 16 rows, 4 or more rows per
+ * sequence on average) go to the tensor-core kernel. */
+static int use_tc(const llm_attn_args *a, size_t n_rows)
+{
+    return a->kv->type == QT_F16 && a->head_dim % 16 == 0 && n_rows >= 16 && n_rows >= 4 * (size_t)a->n_seqs;
+}
+
+/* Tiles of up to 16 consecutive rows of each sequence: {first row, rows,
+ * first position, table offset}. */
+static size_t pack_tiles(const llm_attn_args *a, const int32_t *tab_off, int32_t *t)
+{
+    size_t n = 0;
+    for (int s = 0; s < a->n_seqs; s++)
+        for (int r = 0; r < a->seqs[s].n_tok; r += 16, n++) {
+            int rows = a->seqs[s].n_tok - r < 16 ? a->seqs[s].n_tok - r : 16;
+            t[4 * n] = a->seqs[s].tok0 + r, t[4 * n + 1] = rows, t[4 * n + 2] = a->seqs[s].pos0 + r;
+            t[4 * n + 3] = tab_off[s];
+        }
+    return n;
+}
+
+/* Packs [row_pos (n_rows) | row_table (n_rows) | tables...] for lk_attention
+ * (and the tiles for lk_attention_tc). */
 static llm_status cuda_attention(llm_backend *b, const llm_attn_args *a)
 {
     cu_ctx *c = ctx_of(b);
     use_device(c);
     int bs = a->kv->block_size, max_len = 0;
-    size_t n_rows = 0, n_tab = 0;
+    size_t n_rows = 0, n_tab = 0, n_tiles = 0;
     for (int s = 0; s < a->n_seqs; s++) {
         int len = a->seqs[s].pos0 + a->seqs[s].n_tok;
         n_rows += (size_t)a->seqs[s].n_tok;
         n_tab += (size_t)((len + bs - 1) / bs);
+        n_tiles += (size_t)((a->seqs[s].n_tok + 15) / 16);
         max_len = len > max_len ? len : max_len;
     }
-    size_t wf = lk_attention_work((int)n_rows, a->n_head, a->head_dim, max_len);
-    float *work = wf ? grow(c, &c->att_work, &c->att_cap, wf * sizeof(float)) : NULL;
-    if (wf && !work)
-        return take_status(c);
-    int32_t *p = pack(c, 2 * n_rows + n_tab);
+    int tc = use_tc(a, n_rows);
+    int32_t *p = pack(c, 2 * n_rows + n_tab + (size_t)a->n_seqs + (tc ? 4 * n_tiles : 0));
     if (!p)
         return take_status(c);
-    int32_t *tab = p + 2 * n_rows;
+    int32_t *tab = p + 2 * n_rows, *tab_off = tab + n_tab;
     size_t t0 = 0;
     for (int s = 0; s < a->n_seqs; s++) {
         const llm_batch_seq *q = &a->seqs[s];
@@ -414,8 +434,22 @@ static llm_status cuda_attention(llm_backend *b, const llm_attn_args *a)
             p[q->tok0 + t] = q->pos0 + t;
             p[n_rows + (size_t)q->tok0 + t] = (int32_t)t0;
         }
+        tab_off[s] = (int32_t)t0;
         t0 += (size_t)nb;
     }
+    if (tc) {
+        pack_tiles(a, tab_off, tab_off + a->n_seqs);
+        const int32_t *d = stage(c, ST_ATTN, p, 2 * n_rows + n_tab);
+        const int32_t *dt = d ? stage(c, ST_TILES, tab_off + a->n_seqs, 4 * n_tiles) : NULL;
+        if (dt)
+            LK(c, lk_attention_tc(a->q, a->out, (int)n_tiles, dt, a->n_head, a->n_head_kv, a->head_dim, a->scale,
+                                  d + 2 * n_rows, a->kv->k, a->kv->v, a->kv->row_bytes, bs, c->stream));
+        return take_status(c);
+    }
+    size_t wf = lk_attention_work((int)n_rows, a->n_head, a->head_dim, max_len);
+    float *work = wf ? grow(c, &c->att_work, &c->att_cap, wf * sizeof(float)) : NULL;
+    if (wf && !work)
+        return take_status(c);
     const int32_t *d = stage(c, ST_ATTN, p, 2 * n_rows + n_tab);
     if (d)
         LK(c, lk_attention(a->q, a->out, (int)n_rows, a->n_head, a->n_head_kv, a->head_dim, a->scale, d, d + n_rows,

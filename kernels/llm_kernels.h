@@ -64,6 +64,16 @@ int lk_attention(const float *q, float *out, int n_rows, int n_head, int n_head_
                  const void *k_cache, const void *v_cache, size_t row_bytes, int block_size, int max_len, float *work,
                  void *stream);
 
+/* The same attention for prefill rows on the tensor cores (F16 K/V only,
+ * head_dim a multiple of 16 up to 256): tiles (n_tiles x 4 int32) are
+ * {first row, rows (1-16), position of the first row, offset of its
+ * sequence's block table in tables}; a tile's rows are consecutive rows of
+ * one sequence at consecutive positions. Q is rounded to half after the
+ * scale, so results differ from lk_attention's by half-precision rounding. */
+int lk_attention_tc(const float *q, float *out, int n_tiles, const int32_t *tiles, int n_head, int n_head_kv,
+                    int head_dim, float scale, const int32_t *tables, const void *k_cache, const void *v_cache,
+                    size_t row_bytes, int block_size, void *stream);
+
 /* y (n_tok, rows) = x (n_tok, cols) . W^T for 1 <= n_tok <= 8 (decode),
  * W rows of row_bytes in type F32 (0), F16 (1), BF16 (30), Q8_0 (8, cols
  * a multiple of 32), Q4_K (12) or Q6_K (14) (cols a multiple of 256);

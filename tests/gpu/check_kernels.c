@@ -11,7 +11,9 @@
  * radians where device and libm sin/cos may differ by an ulp of the angle
  * (2e-4 absolute). K/V rows written into the paged cache must match the
  * CPU backend's bytes exactly. Attention sums in another order than the
- * CPU backend (2e-5 absolute or 1e-4 relative). Small-batch matmul is
+ * CPU backend (2e-5 absolute or 1e-4 relative); the tensor-core prefill
+ * attention rounds Q and the softmax weights to half (4e-3 absolute or
+ * 1e-2 relative). Sampling is checked by frequencies (check_sample). Small-batch matmul is
  * checked against float64 sums on the dequantized weights (1e-4). */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -251,6 +253,23 @@ static void check_attention(llm_backend *cpu, quant_type t, int head, int lng)
     char what[64];
     snprintf(what, sizeof what, "attention %s d%d %s", quant_type_name(t), head, lng ? "split" : "rows");
     compare(what, dout, ref, (size_t)n_rows * NH * head, 2e-5, 1e-4);
+    if (t == QT_F16 && head % 16 == 0) { /* the tensor-core kernel on the same rows: 16-row tiles per sequence */
+        int32_t tiles[4 * 8];
+        int nt = 0;
+        for (int s = 0; s < 2; s++)
+            for (int r = 0; r < seqs[s].n_tok; r += 16, nt++) {
+                tiles[4 * nt] = seqs[s].tok0 + r;
+                tiles[4 * nt + 1] = seqs[s].n_tok - r < 16 ? seqs[s].n_tok - r : 16;
+                tiles[4 * nt + 2] = seqs[s].pos0 + r;
+                tiles[4 * nt + 3] = s ? tb : 0;
+            }
+        int32_t *dtiles = to_dev(tiles, sizeof(int32_t) * 4 * (size_t)nt);
+        CK(cudaMemset(dout, 0xff, (size_t)n_rows * NH * head * 4));
+        CK((cudaError_t)lk_attention_tc(dq, dout, nt, dtiles, NH, NKV, head, scale, dtab, dk, dv, rb, BS, NULL));
+        snprintf(what, sizeof what, "attention_tc d%d %s", head, lng ? "long" : "rows");
+        compare(what, dout, ref, (size_t)n_rows * NH * head, 4e-3, 1e-2); /* Q and P rounded to half */
+        cudaFree(dtiles);
+    }
     cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout), cudaFree(dpos), cudaFree(drt), cudaFree(dtab);
     cudaFree(dwork);
     free(kc), free(vc), free(hk), free(hv), free(q), free(ref), free(tables);

@@ -8,7 +8,8 @@
  * harness itself runs (and is tried) on machines without a GPU.
  *
  * Logits are compared by ||gpu - cpu|| / ||cpu|| over each row, against a
- * tolerance set by the weights' type: F32 weights 1e-3 (float32 arithmetic
+ * tolerance set by the weights' type (the prompt's at least 3e-3: half
+ * inputs to cuBLAS and the tensor-core attention): F32 weights 1e-3 (float32 arithmetic
  * in another order, and the CPU's vectorised exp; its own scalar and AVX2
  * kernels differ by 2e-4 on stories260K); F16/BF16 3e-3 (cuBLAS rounds activations
  * to the weights' half type for the prompt); quantized 3e-2 (the CPU
@@ -24,14 +25,19 @@
 
 #include "llm/model.h"
 
-static double tolerance(const llm_model *m)
+/* Single steps (GEMV, decode attention, all in float32 on the GPU): the
+ * weights' type decides. The prompt (cuBLAS with half inputs, tensor-core
+ * attention rounding Q and the softmax weights to half) gets at least 3e-3. */
+static double tolerance(const llm_model *m, int prompt)
 {
+    double t;
     switch (m->layers[0].wq.type) {
-    case QT_F32: return 1e-3;
+    case QT_F32: t = 1e-3; break;
     case QT_F16:
-    case QT_BF16: return 3e-3;
-    default: return 3e-2;
+    case QT_BF16: t = 3e-3; break;
+    default: t = 3e-2;
     }
+    return prompt && t < 3e-3 ? 3e-3 : t;
 }
 
 /* ||a - b|| / ||b|| and the largest |a - b|. */
@@ -126,7 +132,7 @@ int main(int argc, char **argv)
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         toks[i] = (int32_t)(x % (uint64_t)nv);
     }
-    double tol = tolerance(m), worst_prompt = 0, worst_step = 0, worst_abs = 0, maxd;
+    double tol = tolerance(m, 0), tol_prompt = tolerance(m, 1), worst_prompt = 0, worst_step = 0, worst_abs = 0, maxd;
     int agree = 0, close_steps = 0, must_fail = 0;
     if (eval(&cpu, toks, n_prompt, nv, &err) || eval(&gpu, toks, n_prompt, nv, &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
@@ -152,10 +158,10 @@ int main(int argc, char **argv)
         worst_step = r > worst_step ? r : worst_step;
         worst_abs = maxd > worst_abs ? maxd : worst_abs;
     }
-    if (!(worst_prompt <= tol) || !(worst_step <= tol) || must_fail)
+    if (!(worst_prompt <= tol_prompt) || !(worst_step <= tol) || must_fail)
         rc = 1;
-    printf("model=%s backend=%s type=%s prompt_rel=%.2e step_rel=%.2e max_abs=%.2e tol=%.0e greedy_agree=%d/%d close=%d wrong=%d %s\n",
-           m->name, gpu.b->iface->name, quant_type_name(m->layers[0].wq.type), worst_prompt, worst_step, worst_abs, tol, agree, n_gen,
+    printf("model=%s backend=%s type=%s prompt_rel=%.2e step_rel=%.2e max_abs=%.2e tol=%.0e/%.0e greedy_agree=%d/%d close=%d wrong=%d %s\n",
+           m->name, gpu.b->iface->name, quant_type_name(m->layers[0].wq.type), worst_prompt, worst_step, worst_abs, tol_prompt, tol, agree, n_gen,
            close_steps, must_fail, rc ? "FAIL" : "ok");
     llm_session_free(cpu.s);
     llm_session_free(gpu.s);
