@@ -46,6 +46,38 @@ typedef struct cu_stage {
     size_t n, cap;       /* elements */
 } cu_stage;
 
+/* Decode steps replayed as CUDA graphs, one per shape (rows, logit rows,
+ * sequences, context bucket). A shape's first step runs eagerly (sizing
+ * every buffer), its second is captured, later ones replay: the operations
+ * then only pack their index arrays into a pinned arena (same offsets
+ * every time: same calls, same sizes, contexts padded to the bucket), which
+ * goes up in one copy before the graph launches. Any buffer freed or grown
+ * drops every graph (they hold its address). */
+enum { CU_EAGER, CU_CAPTURE, CU_REPLAY };
+#define CU_MAX_GRAPHS 64
+#define CU_ARENA_INTS ((size_t)1 << 20)
+
+typedef struct cu_graph {
+    int key[4];
+    int state;                /* 1: seen once (ran eagerly); 2: captured; -1: capture failed */
+    cudaGraphExec_t exec;
+} cu_graph;
+
+typedef struct cu_graphs {
+    int on;                   /* LLM_CUDA_GRAPHS unset or 1 */
+    int mode;                 /* CU_EAGER, CU_CAPTURE or CU_REPLAY for the current step */
+    cu_graph *cur;
+    cu_graph list[CU_MAX_GRAPHS];
+    int n;
+    int32_t *h_arena, *d_arena; /* pinned host and device, CU_ARENA_INTS each */
+    size_t used;
+    size_t last_off[8], last_n[8]; /* per staging kind: this step's last region */
+    const int32_t *last_src[8];    /* ... and the host array it came from (reused for the same array, unchanged) */
+    int pad;                  /* this step's attention pads its tables to max_len (a graph's shape, or its warm-up) */
+    int32_t *h_ids, *d_ids;   /* the picked ids: pinned host, device (512 rows) */
+    int max_len;              /* the step's context bucket (attention pads to it) */
+} cu_graphs;
+
 typedef struct cu_ctx {
     int dev;
     char name[96];
@@ -63,9 +95,13 @@ typedef struct cu_ctx {
     size_t scratch_cap;
     void *att_work;      /* attention's split partial results */
     size_t att_cap;
+    void *blas_ws;       /* cuBLAS workspace (no allocation inside a capture) */
+    cu_graphs g;         /* decode steps as CUDA graphs */
+    int in_comm;         /* a tensor-parallel rank: steps are not captured */
 } cu_ctx;
 
 static cu_ctx *ctx_of(llm_backend *b) { return b->ctx; }
+static void graphs_drop(cu_ctx *c);
 
 /* The function's name in a stringified call, at most 64 characters. */
 static int fn_len(const char *call)
@@ -113,16 +149,21 @@ static int fail_kernel(cu_ctx *c, int rc, const char *kernel)
 }
 
 #define CU(c, call) fail_cuda((c), (call), #call)
-#define BLAS(c, call) fail_blas((c), (call), #call)
-#define LK(c, call) fail_kernel((c), (call), #call)
+/* Work that a graph replays is not launched again while replaying. */
+#define BLAS(c, call) ((c)->g.mode == CU_REPLAY ? 0 : fail_blas((c), (call), #call))
+#define LK(c, call) ((c)->g.mode == CU_REPLAY ? 0 : fail_kernel((c), (call), #call))
 
 static void use_device(cu_ctx *c) { CU(c, cudaSetDevice(c->dev)); }
 
 /* The kept failure as a status (and the message in the log line the
  * engine writes for it), cleared for the next step. */
+static void graph_abort(cu_ctx *c);
+
 static llm_status take_status(cu_ctx *c)
 {
     llm_status st = c->failed;
+    if (st)
+        graph_abort(c);
     if (st)
         fprintf(stderr, "cuda backend: %s\n", c->why);
     c->failed = LLM_OK;
@@ -166,6 +207,7 @@ static void cuda_buffer_free(llm_backend *b, void *p)
 {
     cu_ctx *c = ctx_of(b);
     use_device(c);
+    graphs_drop(c);
     for (int i = 0; i < c->n_allocs; i++)
         if (c->allocs[i].p == p) {
             c->used -= c->allocs[i].bytes;
@@ -207,6 +249,14 @@ static void *grow(cu_ctx *c, void **buf, size_t *cap, size_t bytes)
 {
     if (bytes <= *cap)
         return *buf;
+    if (c->g.mode != CU_EAGER) { /* a capture that would allocate: the warm-up step did not size it */
+        if (!c->failed) {
+            c->failed = LLM_ERR_BACKEND;
+            snprintf(c->why, sizeof c->why, "cuda backend: a buffer grew during graph capture");
+        }
+        return NULL;
+    }
+    graphs_drop(c);
     if (*buf)
         CU(c, cudaFree(*buf));
     *buf = NULL;
@@ -241,8 +291,38 @@ static int32_t *pack(cu_ctx *c, size_t n)
  * differ from the last ones (the stream orders the copy before later
  * kernels, and the host side is copied before cudaMemcpyAsync returns
  * because it is pageable). */
+/* In a captured or replayed step: the arena region of this kind's last
+ * array when it is the same host array, unchanged (positions for Q and K,
+ * every layer's slots and tables), else the next region. Equality is by
+ * the forward pass's structure, so every step of a shape makes the same
+ * decisions and uses the same offsets. */
+static const int32_t *stage_arena(cu_ctx *c, int kind, const int32_t *h, size_t n)
+{
+    cu_graphs *g = &c->g;
+    if (g->last_src[kind] == h && g->last_n[kind] == n && n &&
+        !memcmp(g->h_arena + g->last_off[kind], h, n * sizeof *h))
+        return g->d_arena + g->last_off[kind];
+    size_t off = (g->used + 7) / 8 * 8; /* 32-byte aligned regions */
+    if (off + n > CU_ARENA_INTS) {
+        if (!c->failed) {
+            c->failed = LLM_ERR_BACKEND;
+            snprintf(c->why, sizeof c->why, "cuda backend: a graph step's indices exceed the %zu-entry arena",
+                     CU_ARENA_INTS);
+        }
+        return NULL;
+    }
+    memcpy(g->h_arena + off, h, n * sizeof *h);
+    g->used = off + n;
+    g->last_off[kind] = off;
+    g->last_n[kind] = n;
+    g->last_src[kind] = h;
+    return g->d_arena + off;
+}
+
 static const int32_t *stage(cu_ctx *c, int kind, const int32_t *h, size_t n)
 {
+    if (c->g.mode != CU_EAGER)
+        return stage_arena(c, kind, h, n);
     cu_stage *s = &c->stage[kind];
     if (n == s->n && s->dev && !memcmp(h, s->host, n * sizeof *h))
         return s->dev;
@@ -265,6 +345,130 @@ static const int32_t *stage(cu_ctx *c, int kind, const int32_t *h, size_t n)
     memcpy(s->host, h, n * sizeof *h);
     s->n = n;
     return s->dev;
+}
+
+/* ---- graphs of decode steps --------------------------------------------- */
+
+static void graphs_drop(cu_ctx *c)
+{
+    for (int i = 0; i < c->g.n; i++)
+        if (c->g.list[i].state == 2)
+            cudaGraphExecDestroy(c->g.list[i].exec);
+    c->g.n = 0;
+    c->g.cur = NULL;
+}
+
+/* A failed or abandoned step: an open capture is closed and its shape is
+ * not captured again. */
+static void graph_abort(cu_ctx *c)
+{
+    if (c->g.mode == CU_CAPTURE) {
+        cudaGraph_t gr = NULL;
+        cudaStreamEndCapture(c->stream, &gr);
+        if (gr)
+            cudaGraphDestroy(gr);
+        (void)cudaGetLastError();
+        if (c->g.cur)
+            c->g.cur->state = -1;
+    }
+    c->g.mode = CU_EAGER;
+}
+
+static cu_graph *graph_find(cu_graphs *g, const int key[4])
+{
+    for (int i = 0; i < g->n; i++)
+        if (!memcmp(g->list[i].key, key, sizeof g->list[i].key))
+            return &g->list[i];
+    if (g->n == CU_MAX_GRAPHS)
+        return NULL;
+    cu_graph *e = &g->list[g->n++];
+    memcpy(e->key, key, sizeof e->key);
+    e->state = 0;
+    return e;
+}
+
+static void cuda_step_begin(llm_backend *b, const llm_step_info *si)
+{
+    cu_ctx *c = ctx_of(b);
+    cu_graphs *g = &c->g;
+    use_device(c);
+    if (g->mode != CU_EAGER)
+        graph_abort(c); /* the last step ended without its pick */
+    g->pad = 0;
+    if (c->in_comm || !si->pick || !si->decode || si->n_rows > 512 || c->failed)
+        return;
+    /* a graph's shape: padded attention whether or not graphs are on, so
+     * LLM_CUDA_GRAPHS=0 runs the very same kernels, eagerly */
+    int bucket = 256;
+    while (bucket < si->max_len) bucket *= 2;
+    g->max_len = bucket;
+    g->pad = 1;
+    int key[4] = {si->n_rows, si->n_logits, si->n_seqs, bucket};
+    cu_graph *e = g->on ? graph_find(g, key) : NULL;
+    if (!e || e->state < 0)
+        return;
+    if (e->state == 0) { /* first of its shape: eager, sizing the buffers as the graph will use them */
+        e->state = 1;
+        return;
+    }
+    if (e->state == 1 && CU(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal)))
+        return;
+    g->mode = e->state == 1 ? CU_CAPTURE : CU_REPLAY;
+    g->cur = e;
+    g->used = 0;
+    memset(g->last_n, 0, sizeof g->last_n);
+    memset(g->last_src, 0, sizeof g->last_src);
+}
+
+/* The end of a captured or replayed step: (capture: instantiate), indices
+ * up, the graph launched, the ids back. */
+static llm_status graph_finish(cu_ctx *c, const int32_t *dp, int n_rows, int n_vocab, const float *logits, int32_t *out)
+{
+    cu_graphs *g = &c->g;
+    if (g->mode == CU_CAPTURE) {
+        cudaGraph_t gr = NULL;
+        LK(c, lk_sample(logits, n_rows, n_vocab, (const lk_sample_params *)dp, g->d_ids, c->stream));
+        CU(c, cudaMemcpyAsync(g->h_ids, g->d_ids, sizeof(int32_t) * (size_t)n_rows, cudaMemcpyDeviceToHost, c->stream));
+        if (c->failed)
+            return take_status(c);
+        g->mode = CU_EAGER; /* the capture is closed either way */
+        if (CU(c, cudaStreamEndCapture(c->stream, &gr)) || CU(c, cudaGraphInstantiate(&g->cur->exec, gr, 0))) {
+            g->cur->state = -1;
+            if (gr)
+                cudaGraphDestroy(gr);
+            return take_status(c);
+        }
+        cudaGraphDestroy(gr);
+        g->cur->state = 2;
+    }
+    g->mode = CU_EAGER;
+    if (!CU(c, cudaMemcpyAsync(g->d_arena, g->h_arena, g->used * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream)) &&
+        !CU(c, cudaGraphLaunch(g->cur->exec, c->stream)) && !CU(c, cudaStreamSynchronize(c->stream)))
+        memcpy(out, g->h_ids, sizeof(int32_t) * (size_t)n_rows);
+    return take_status(c);
+}
+
+static void graphs_init(cu_ctx *c)
+{
+    const char *env = getenv("LLM_CUDA_GRAPHS");
+    cu_graphs *g = &c->g;
+    g->on = !env || atoi(env) != 0;
+    if (g->on && (cudaMallocHost((void **)&g->h_arena, CU_ARENA_INTS * sizeof(int32_t)) != cudaSuccess ||
+                  cudaMalloc((void **)&g->d_arena, CU_ARENA_INTS * sizeof(int32_t)) != cudaSuccess ||
+                  cudaMallocHost((void **)&g->h_ids, 512 * sizeof(int32_t)) != cudaSuccess ||
+                  cudaMalloc((void **)&g->d_ids, 512 * sizeof(int32_t)) != cudaSuccess)) {
+        (void)cudaGetLastError();
+        g->on = 0; /* eager steps still work */
+    }
+}
+
+static void graphs_free(cu_ctx *c)
+{
+    graphs_drop(c);
+    cudaFreeHost(c->g.h_arena);
+    cudaFree(c->g.d_arena);
+    cudaFreeHost(c->g.h_ids);
+    cudaFree(c->g.d_ids);
 }
 
 /* ---- operations ---------------------------------------------------------- */
@@ -411,16 +615,16 @@ static llm_status cuda_attention(llm_backend *b, const llm_attn_args *a)
 {
     cu_ctx *c = ctx_of(b);
     use_device(c);
-    int bs = a->kv->block_size, max_len = 0;
+    int bs = a->kv->block_size, max_len = 0, graph = c->g.pad;
     size_t n_rows = 0, n_tab = 0, n_tiles = 0;
     for (int s = 0; s < a->n_seqs; s++) {
-        int len = a->seqs[s].pos0 + a->seqs[s].n_tok;
+        int len = graph ? c->g.max_len : a->seqs[s].pos0 + a->seqs[s].n_tok; /* a graph pads every table to its bucket */
         n_rows += (size_t)a->seqs[s].n_tok;
         n_tab += (size_t)((len + bs - 1) / bs);
         n_tiles += (size_t)((a->seqs[s].n_tok + 15) / 16);
         max_len = len > max_len ? len : max_len;
     }
-    int tc = use_tc(a, n_rows);
+    int tc = !graph && use_tc(a, n_rows);
     int32_t *p = pack(c, 2 * n_rows + n_tab + (size_t)a->n_seqs + (tc ? 4 * n_tiles : 0));
     if (!p)
         return take_status(c);
@@ -428,8 +632,9 @@ static llm_status cuda_attention(llm_backend *b, const llm_attn_args *a)
     size_t t0 = 0;
     for (int s = 0; s < a->n_seqs; s++) {
         const llm_batch_seq *q = &a->seqs[s];
-        int nb = (q->pos0 + q->n_tok + bs - 1) / bs;
-        memcpy(tab + t0, q->block_table, sizeof(int32_t) * (size_t)nb);
+        int used = (q->pos0 + q->n_tok + bs - 1) / bs, nb = graph ? (c->g.max_len + bs - 1) / bs : used;
+        memcpy(tab + t0, q->block_table, sizeof(int32_t) * (size_t)used);
+        memset(tab + t0 + used, 0, sizeof(int32_t) * (size_t)(nb - used)); /* never read: past the row's position */
         for (int t = 0; t < q->n_tok; t++) {
             p[q->tok0 + t] = q->pos0 + t;
             p[n_rows + (size_t)q->tok0 + t] = (int32_t)t0;
@@ -491,6 +696,8 @@ static llm_status cuda_sample(llm_backend *b, const float *logits, int n_rows, i
     _Static_assert(sizeof(llm_sample_params) == sizeof(lk_sample_params) && sizeof(llm_sample_params) % 4 == 0,
                    "llm_sample_params and lk_sample_params share a layout");
     const int32_t *dp = stage(c, ST_SAMPLE, (const int32_t *)p, (size_t)n_rows * sizeof *p / 4);
+    if (c->g.mode != CU_EAGER)
+        return dp ? graph_finish(c, dp, n_rows, n_vocab, logits, out) : take_status(c);
     int32_t *d = (int32_t *)scratch(c, sizeof(int32_t) * (size_t)n_rows);
     if (dp && d && !LK(c, lk_sample(logits, n_rows, n_vocab, (const lk_sample_params *)dp, d, c->stream)) &&
         !CU(c, cudaMemcpyAsync(out, d, sizeof(int32_t) * (size_t)n_rows, cudaMemcpyDeviceToHost, c->stream)))
@@ -683,6 +890,7 @@ static llm_status cuda_comm_new(llm_backend *const *ranks, int n, llm_comm **out
     for (int r = 0; r < n; r++) {
         nc->rank[r] = ctx_of(ranks[r]);
         nc->devs[r] = nc->rank[r]->dev;
+        nc->rank[r]->in_comm = 1; /* collectives are not captured into graphs here */
     }
     ncclResult_t res = ncclCommInitAll(nc->comm, n, nc->devs);
     if (res != ncclSuccess || pthread_mutex_init(&nc->mu, NULL)) {
@@ -714,8 +922,10 @@ static void cuda_free(llm_backend *b)
         cudaFree(c->stage[k].dev);
         free(c->stage[k].host);
     }
+    graphs_free(c);
     cudaFree(c->scratch);
     cudaFree(c->att_work);
+    cudaFree(c->blas_ws);
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i].p); /* whatever callers leaked */
     if (c->blas)
         cublasDestroy(c->blas);
@@ -748,6 +958,7 @@ static const struct llm_backend_i cuda_iface = {
     .model_release = cuda_model_release,
     .read = cuda_read,
     .sample = cuda_sample,
+    .step_begin = cuda_step_begin,
     .mem_stats = cuda_mem_stats,
 };
 
@@ -771,6 +982,11 @@ static llm_status open_device(cu_ctx *c, llm_error *err)
         s = cublasSetStream(c->blas, c->stream);
     if (s != CUBLAS_STATUS_SUCCESS)
         return llm_errf(err, LLM_ERR_BACKEND, "cuda backend: cublasCreate on %s: %s", c->name, cublasGetStatusString(s));
+    size_t ws = (size_t)32 << 20;
+    if ((e = cudaMalloc(&c->blas_ws, ws)) || (s = cublasSetWorkspace(c->blas, c->blas_ws, ws)) != CUBLAS_STATUS_SUCCESS)
+        return llm_errf(err, LLM_ERR_BACKEND, "cuda backend: the cuBLAS workspace on %s: %s", c->name,
+                        e ? cudaGetErrorString(e) : cublasGetStatusString(s));
+    graphs_init(c);
     return LLM_OK;
 }
 

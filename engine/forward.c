@@ -218,6 +218,16 @@ static int batch_positions(llm_forward *f, const llm_forward_batch *bt)
     return row == bt->n_rows ? 0 : -1;
 }
 
+/* The longest sequence's length after the batch. */
+static int step_len(const llm_forward_batch *bt)
+{
+    int m = 0;
+    for (int s = 0; s < bt->n_seqs; s++)
+        if (bt->seqs[s].pos0 + bt->seqs[s].n_tok > m)
+            m = bt->seqs[s].pos0 + bt->seqs[s].n_tok;
+    return m;
+}
+
 /* Rows of argmax over host logits, with the device kernel's rule (ties:
  * lowest id; NaN never wins). */
 static void host_argmax(const float *lg, int n_rows, int n_vocab, int32_t *out)
@@ -243,6 +253,9 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
     llm_status st = LLM_OK;
     if (batch_positions(f, bt))
         return LLM_ERR_INVALID_ARG;
+    if (f->b->iface->step_begin)
+        f->b->iface->step_begin(f->b, &(llm_step_info){bt->n_rows, bt->n_seqs, bt->n_logits, step_len(bt),
+                                                         bt->n_rows == bt->n_seqs, pick && f->b->iface->sample});
     llm_backend_get_rows(f->b, &f->m->tok_embd, bt->tokens, bt->n_rows, f->x);
     for (int il = 0; il < hp->n_layer; il++)
         if ((st = attention_block(f, bt, &layers[il], il)) || (st = mlp_block(f, il, bt->n_rows)))

@@ -175,7 +175,8 @@ static llm_status prefill_all(llm_forward *f, kv_cache *kv, kv_seq *s, int n_seq
 }
 
 /* Decode steps of n_seqs sequences at context ctx: tokens per second. */
-static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, double *tps, llm_error *err)
+static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, double *tps, long long *ids_sum,
+                              llm_error *err)
 {
     const llm_hparams *hp = &d->m->hp;
     int max_rows = n_seqs > 512 ? n_seqs : 512, per = (ctx + steps + KV_DEFAULT_BLOCK - 1) / KV_DEFAULT_BLOCK;
@@ -210,6 +211,7 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
         llm_forward_batch bt = {toks, n_seqs, bs, n_seqs, rows, n_seqs};
         const int32_t *ids;
         st = llm_forward_eval_sample(f, &bt, kv_cache_layers(kv), NULL, &ids);
+        for (int i = 0; !st && step >= 0 && i < n_seqs; i++) *ids_sum += ids[i];
     }
     if (!st)
         *tps = (double)n_seqs * steps / (cli_now() - t0);
@@ -266,8 +268,9 @@ static int batch_bench(const char *path, const llm_backend_spec *spec, const cha
         for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) params += (double)ws[i]->rows * ws[i]->cols;
     }
     const char *base = strrchr(path, '/');
-    printf("model=%s file=%s type=%s backend=%s tp=%d weight_bytes=%zu decode_bytes=%zu matmul_params=%.0f "
-           "prefill_tokens=%d prefill_tps=%.2f\n", d.m->name, base ? base + 1 : path,
+    const char *graphs = getenv("LLM_CUDA_GRAPHS");
+    printf("model=%s file=%s graphs=%d type=%s backend=%s tp=%d weight_bytes=%zu decode_bytes=%zu matmul_params=%.0f "
+           "prefill_tokens=%d prefill_tps=%.2f\n", d.m->name, base ? base + 1 : path, !graphs || atoi(graphs) != 0,
            quant_type_name(d.m->layers[0].wq.type), d.b[0]->iface->name, d.n_ranks, llm_model_weight_bytes(d.m), step,
            params, prefill, pp);
     fflush(stdout);
@@ -279,9 +282,11 @@ static int batch_bench(const char *path, const llm_backend_spec *spec, const cha
             goto out;
         }
         double tps = 0;
-        if (decode_rate(&d, (int)b, ctx, steps, &tps, &err))
+        long long ids_sum = 0;
+        if (decode_rate(&d, (int)b, ctx, steps, &tps, &ids_sum, &err))
             goto out;
-        printf("decode_batch=%ld ctx=%d decode_tps=%.2f step_ms=%.3f\n", b, ctx, tps, 1e3 * (double)b / tps);
+        printf("decode_batch=%ld ctx=%d decode_tps=%.2f step_ms=%.3f ids_sum=%lld\n", b, ctx, tps, 1e3 * (double)b / tps,
+               ids_sum);
         fflush(stdout);
         p = *end == ',' ? end + 1 : end;
     }

@@ -106,6 +106,20 @@ for sh in $shapes; do for t in $types; do
         --prefill 512 2>&1 | tee -a "$out/bench.txt"
 done; done
 
+stage "graphs replay the eager steps"
+# the first shape again with CUDA graphs off: the same kernels launched
+# one by one must pick the same ids, and the table shows what graphs save
+first="${shapes%% *}-${types%% *}"
+if [ -s "$models/$first.gguf" ]; then
+    LLM_CUDA_GRAPHS=0 timeout 120 ./build/bin/llm-bench -m "$models/$first.gguf" --backend cuda --batch 1,16,64,256 \
+        -p 128 -n 32 --prefill 0 2>&1 | tee "$out/bench_eager.txt"
+    cat "$out/bench_eager.txt" >> "$out/bench.txt"
+    with=$(grep -A4 "file=$first.gguf graphs=1" "$out/bench.txt" | grep -o "decode_batch=[0-9]* .*ids_sum=[0-9-]*" | sed 's/ ctx.*ids_sum/ ids_sum/')
+    without=$(grep -o "decode_batch=[0-9]* .*ids_sum=[0-9-]*" "$out/bench_eager.txt" | sed 's/ ctx.*ids_sum/ ids_sum/')
+    if [ -n "$with" ] && [ "$with" = "$without" ]; then echo "graphs: same ids as eager at every batch"
+    else note_fail "graphs and eager steps picked different ids"; echo "graphs: $with"; echo "eager:  $without"; fi
+fi
+
 stage table
 python3 tests/gpu/table.py "$out/bench.txt" | tee "$out/table.txt"
 echo

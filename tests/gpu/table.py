@@ -38,7 +38,7 @@ def main(path):
     print(f"device: {dev.get('device', '?')}; copy bandwidth {bw / 1e9:.0f} GB/s (read + written); "
           f"cuBLAS BF16 {gemm / 1e12:.3g} TFLOP/s")
     batches = sorted({b for m in models for b in m["decode"]})
-    head = f"{'model':<24} {'prefill tok/s':>13} {'% cuBLAS':>8} " + \
+    head = f"{'model':<30} {'prefill tok/s':>13} {'% cuBLAS':>8} " + \
         " ".join(f"{'b=' + str(b):>9}" for b in batches) + f" {'b=1 % roofline':>15}"
     print(head)
     print("-" * len(head))
@@ -48,7 +48,8 @@ def main(path):
         roof = bw / float(m["decode_bytes"]) if bw else 0
         b1 = m["decode"].get(1, 0)
         cells = " ".join(f"{m['decode'].get(b, 0):>9.1f}" for b in batches)
-        print(f"{m.get('file', m['model']):<24} {pp:>13.0f} {100 * flops / gemm if gemm else 0:>7.1f}% {cells} "
+        name = m.get("file", m["model"]) + (" eager" if m.get("graphs") == "0" else "")
+        print(f"{name:<30} {pp:>13.0f} {100 * flops / gemm if gemm else 0:>7.1f}% {cells} "
               f"{100 * b1 / roof if roof else 0:>14.1f}%")
     print("targets (issue 8): 8B BF16 batch-1 decode >= 75% of the roofline; prefill >= 60% of the cuBLAS rate")
 

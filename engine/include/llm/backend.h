@@ -111,6 +111,14 @@ typedef struct llm_sample_params {
     float top_p, min_p, u;
 } llm_sample_params;
 
+/* The shape of a forward pass, announced before its operations. */
+typedef struct llm_step_info {
+    int n_rows, n_seqs, n_logits;
+    int max_len;   /* longest sequence's positions after the step */
+    int decode;    /* 1: every sequence adds one row */
+    int pick;      /* 1: the step ends with sample (ids only), 0: with read (logits) */
+} llm_step_info;
+
 /* What a backend's memory holds, for /metrics. */
 typedef struct llm_backend_mem {
     char device[96];   /* "NVIDIA H200 (cuda:0)", "host" */
@@ -171,6 +179,10 @@ struct llm_backend_i {
      * to the lowest id), so only ids cross to the host. */
     llm_status (*sample)(llm_backend *b, const float *logits, int n_rows, int n_vocab, const llm_sample_params *p,
                          int32_t *out);
+    /* Optional: the next operations, up to the sample or read that ends
+     * them, are one forward pass of this shape (a device backend may
+     * capture it once and replay it as a graph). */
+    void (*step_begin)(llm_backend *b, const llm_step_info *info);
     /* Optional: what the backend's memory holds (zeros when NULL). Unlike
      * the other operations, callable from any thread at any time. */
     void (*mem_stats)(llm_backend *b, llm_backend_mem *out);
