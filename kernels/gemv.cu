@@ -1,9 +1,12 @@
 /* gemv.cu - y (n_tok, rows) = x (n_tok, cols) . W^T for small batches
  * (decode, n_tok <= 8) straight from the weights' storage type: one warp
  * per output row, every token of the batch against each weight read once.
- * F32, F16, BF16, Q8_0, Q4_K and Q6_K (dequantized on the fly exactly as
- * the CPU dequantizer does; activations stay float); the cuBLAS path for
- * larger batches is to come. */
+ * F32/F16/BF16 rows are read with 16-byte loads, Q8_0 with four lanes per
+ * block (the warp reads contiguous bytes), Q4_K and Q6_K a lane per
+ * 256-value super-block (dequantized on the fly exactly as the CPU
+ * dequantizer does; activations stay float). x rows must be 16-byte
+ * aligned (cudaMalloc'd activations are). Larger batches go to cuBLAS
+ * (backend_cuda.c). */
 #include "common.cuh"
 #include "llm_kernels.h"
 
@@ -78,17 +81,53 @@ __device__ static void gemv_row(int type, const uint8_t *w, int cols, const floa
         }
         return;
     }
-    if (type == 8) { /* Q8_0: a lane per 32-value block */
-        for (int b = lane; b < cols / 32; b += 32) {
+    if (type == 8) { /* Q8_0: 4 lanes per 34-byte block, 8 blocks per pass: the warp reads 272 contiguous bytes */
+        int part = lane & 3;
+        for (int b = lane >> 2; b < cols / 32; b += 8) {
             const uint8_t *blk = w + (size_t)b * 34;
             float d = lk_f16((uint16_t)(blk[0] | (blk[1] << 8)));
-            float part[T];
-            for (int t = 0; t < T; t++) part[t] = 0.f;
-            for (int i = 0; i < 32; i++) {
-                float q = (float)(int8_t)blk[2 + i];
-                for (int t = 0; t < T; t++) part[t] += q * x[(size_t)t * cols + b * 32 + i];
+            const uint16_t *q2 = (const uint16_t *)(blk + 2 + part * 8); /* 2-byte aligned: blocks are 34 bytes */
+            float qv[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                uint16_t v = q2[k];
+                qv[2 * k] = (float)(int8_t)(v & 0xff);
+                qv[2 * k + 1] = (float)(int8_t)(v >> 8);
             }
-            for (int t = 0; t < T; t++) acc[t] += d * part[t];
+            int c0 = b * 32 + part * 8;
+            for (int t = 0; t < T; t++) {
+                const float4 *xv = (const float4 *)(x + (size_t)t * cols + c0);
+                float4 x0 = xv[0], x1 = xv[1];
+                acc[t] += d * (qv[0] * x0.x + qv[1] * x0.y + qv[2] * x0.z + qv[3] * x0.w + qv[4] * x1.x +
+                               qv[5] * x1.y + qv[6] * x1.z + qv[7] * x1.w);
+            }
+        }
+        return;
+    }
+    if ((type == 1 || type == 30) && cols % 256 == 0 && ((uintptr_t)w & 15) == 0) {
+        /* half types: 16-byte loads, 8 values per lane per pass */
+        for (int c0 = lane * 8; c0 < cols; c0 += 256) {
+            uint4 raw = *(const uint4 *)(w + (size_t)c0 * 2);
+            const uint16_t *h = (const uint16_t *)&raw;
+            float wv[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) wv[k] = type == 1 ? lk_f16(h[k]) : lk_bf16(h[k]);
+            for (int t = 0; t < T; t++) {
+                const float4 *xv = (const float4 *)(x + (size_t)t * cols + c0);
+                float4 x0 = xv[0], x1 = xv[1];
+                acc[t] += wv[0] * x0.x + wv[1] * x0.y + wv[2] * x0.z + wv[3] * x0.w + wv[4] * x1.x + wv[5] * x1.y +
+                          wv[6] * x1.z + wv[7] * x1.w;
+            }
+        }
+        return;
+    }
+    if (type == 0 && cols % 128 == 0 && ((uintptr_t)w & 15) == 0) { /* F32: 16-byte loads */
+        for (int c0 = lane * 4; c0 < cols; c0 += 128) {
+            float4 wv = *(const float4 *)(w + (size_t)c0 * 4);
+            for (int t = 0; t < T; t++) {
+                float4 xv = *(const float4 *)(x + (size_t)t * cols + c0);
+                acc[t] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+            }
         }
         return;
     }
