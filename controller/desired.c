@@ -162,6 +162,12 @@ json_t *des_configmap(json_t *d, char *msg, size_t mn)
     yaml_line(y, sizeof y, "drain_timeout_s", "%lld", spec_int(spec, "probes", "drainSeconds", 30));
     if (sha)
         yaml_line(y, sizeof y, "model_sha256", "%s", sha);
+    long long tp = spec_int(spec, "engine", "tensorParallelSize", 1);
+    const char *be = des_backend(spec);
+    if (strcmp(be, "cpu")) /* only when not the default, so CPU deployments keep their config (and pods) */
+        yaml_line(y, sizeof y, "backend", "%s", be);
+    if (tp > 1)
+        yaml_line(y, sizeof y, "tensor_parallel", "%lld", tp);
     if (colocated(d)) { /* the controller's key to the pods' /admin/canary */
         char tok[65];
         des_admin_token(d, tok);
@@ -196,6 +202,20 @@ static json_t *probe(const char *path, long long port, long long period, long lo
 {
     return json_pack("{s:{s:s,s:I},s:I,s:I,s:I}", "httpGet", "path", path, "port", (json_int_t)port, "periodSeconds",
                      (json_int_t)period, "failureThreshold", (json_int_t)failures, "timeoutSeconds", (json_int_t)2);
+}
+
+/* spec.engine.backend, auto resolved: cuda when the container asks for
+ * GPUs (nvidia.com/gpu limits, or tensor parallelism, which asks for them
+ * in resources() below), else cpu. */
+const char *des_backend(json_t *spec)
+{
+    const char *be = json_string_value(get2(spec, "engine", "backend"));
+    if (be && strcmp(be, "auto"))
+        return be;
+    json_t *gpu = get2(json_object_get(spec, "resources"), "limits", "nvidia.com/gpu");
+    int asks = gpu && !(json_is_integer(gpu) && json_integer_value(gpu) == 0) &&
+               !(json_is_string(gpu) && !strcmp(json_string_value(gpu), "0"));
+    return asks || spec_int(spec, "engine", "tensorParallelSize", 1) > 1 ? "cuda" : "cpu";
 }
 
 /* Container resources; a tensor-parallel replica asks for that many GPUs

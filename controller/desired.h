@@ -60,6 +60,9 @@ void des_base_hash(json_t *llmd, char out[17]);
  * colocated): SHA-256 of the object's uid and the controller's
  * LLM_CONTROLLER_ADMIN_SECRET (environment), 64 hex digits. */
 void des_admin_token(json_t *llmd, char out[65]);
+/* The llm-server backend for a spec: spec.engine.backend, or for auto (the
+ * default) cuda when the container asks for GPUs, else cpu. */
+const char *des_backend(json_t *spec);
 
 /* FNV-1a of the object's canonical JSON, as 16 hex digits. */
 void des_hash(json_t *o, char out[17]);

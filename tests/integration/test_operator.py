@@ -305,6 +305,9 @@ def test_reasons_not_ready(tmp_path, model):
             got = {n: (c.cond("Ready", n).get("reason"), c.cond("Ready", n).get("message", "")) for n in want}
             return all(got[n][0] == r and m in got[n][1] for n, (r, m) in want.items()) and got
         got = wait_for(seen, 90)
+        # a pod asking for a GPU runs llm-server's CUDA backend; the others keep the default (no line)
+        assert "backend: cuda" in c.get("configmap", "b-config")["data"]["config.yaml"]
+        assert "backend:" not in c.get("configmap", "c-config")["data"]["config.yaml"]
         for n in ("a", "c", "d", "e", "f"):
             assert c.status(n)["phase"] == "Degraded" and c.cond("Degraded", n)["status"] == "True", got
         assert c.status("b")["phase"] == "Pending" and c.cond("Degraded", "b")["status"] == "False"
