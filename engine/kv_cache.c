@@ -236,9 +236,12 @@ llm_status kv_cache_new(const kv_cache_config *cfg, llm_backend *b, int n_layer,
     for (int r = 0; r < n_ranks; r++) {
         c->b[r] = r ? cfg->ranks[r] : b;
         if (!(c->storage[r] = llm_backend_buffer_alloc(c->b[r], per_block * n))) {
+            size_t avail = llm_backend_mem_available(c->b[r]);
+            const char *name = c->b[r]->iface->name;
             kv_cache_free(c);
-            return llm_errf(err, LLM_ERR_NOMEM, "kv cache: cannot allocate %zu blocks (%zu MiB) on backend %s%s", n,
-                            per_block * n >> 20, b->iface->name, n_ranks > 1 ? " (one rank's share)" : "");
+            return llm_errf(err, LLM_ERR_NOMEM,
+                            "kv cache: cannot allocate %zu blocks (%zu MiB) on backend %s rank %d; %zu MiB available", n,
+                            per_block * n >> 20, name, r, avail >> 20);
         }
         char *base = c->storage[r];
         for (int l = 0; l < n_layer; l++)

@@ -15,6 +15,24 @@
 #include "llm/tp.h"
 
 static llm_backend *g_b[4];
+static llm_model *g_story;        /* stories260K, NULL when ../shared is absent */
+static llm_model *g_tiny, *g_sc;  /* llm-mkmodel "tiny" (2 KV heads) and "tiny-starcoder" (4), Q8_0 */
+static char g_tiny_path[256], g_sc_path[256];
+
+/* A seeded model of that shape and type in a file of its own (a model's
+ * mapping must not be overwritten); NULL, with the reason printed, on
+ * failure. */
+static llm_model *make_model(const char *shape, quant_type qt, char *path, size_t n)
+{
+    llm_error err = {0};
+    llm_model *m = NULL;
+    char tag[96];
+    snprintf(tag, sizeof tag, "tp-%s-%s", shape, quant_type_name(qt));
+    test_tmpfile(tag, path, n);
+    if (llm_mkmodel(llm_shape_find(shape), qt, 7, path, &err) || llm_model_load(path, &m, &err))
+        print_message("%s: %s\n", shape, err.msg);
+    return m;
+}
 
 static int setup(void **st)
 {
@@ -23,25 +41,33 @@ static int setup(void **st)
     for (int r = 0; r < 4; r++)
         if (llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &g_b[r], &err))
             return -1;
-    return 0;
+    g_tiny = make_model("tiny", QT_Q8_0, g_tiny_path, sizeof g_tiny_path);
+    g_sc = make_model("tiny-starcoder", QT_Q8_0, g_sc_path, sizeof g_sc_path);
+    if (!g_tiny || !g_sc)
+        return -1;
+    char buf[512];
+    const char *p = shared_path("models/stories260K.gguf", buf, sizeof buf);
+    return p && llm_model_load(p, &g_story, &err) ? -1 : 0;
 }
 
 static int teardown(void **st)
 {
     (void)st;
     for (int r = 0; r < 4; r++) llm_backend_free(g_b[r]);
+    llm_model_free(g_story);
+    llm_model_free(g_tiny);
+    llm_model_free(g_sc);
+    remove(g_tiny_path);
+    remove(g_sc_path);
     return 0;
 }
 
-static llm_model *make_model(const char *shape, quant_type qt, char *path, size_t n)
-{
-    llm_error err = {0};
-    llm_model *m = NULL;
-    test_tmpfile(shape, path, n);
-    if (llm_mkmodel(llm_shape_find(shape), qt, 7, path, &err) || llm_model_load(path, &m, &err))
-        fail_msg("%s: %s", shape, err.msg);
-    return m;
-}
+#define SKIP_UNLESS_STORY()                                                       \
+    if (!g_story) {                                                               \
+        print_message("skipped: ../shared/models/stories260K.gguf not present\n"); \
+        skip();                                                                   \
+    }
+
 
 /* ---- all-reduce ---------------------------------------------------------- */
 
@@ -111,9 +137,9 @@ static void test_allreduce(void **st)
 static void test_check(void **st)
 {
     (void)st;
-    char p1[256], p2[256];
-    llm_model *tiny = make_model("tiny", QT_Q8_0, p1, sizeof p1);
-    llm_model *kq = make_model("tiny-starcoder", QT_Q4_K, p2, sizeof p2);
+    char p2[256];
+    llm_model *tiny = g_tiny, *kq = make_model("tiny-starcoder", QT_Q4_K, p2, sizeof p2);
+    assert_non_null(kq);
     llm_error err = {0};
     assert_int_equal(llm_tp_check(tiny, 2, &err), LLM_OK);
     assert_int_equal(llm_tp_check(tiny, 4, &err), LLM_ERR_UNSUPPORTED); /* 2 KV heads */
@@ -134,9 +160,7 @@ static void test_check(void **st)
     c.tp_backends = NULL;
     c.tensor_parallel = 2;
     assert_int_equal(llm_engine_open(&c, &e, &err), LLM_ERR_INVALID_ARG);
-    llm_model_free(tiny);
     llm_model_free(kq);
-    remove(p1);
     remove(p2);
 }
 
@@ -199,25 +223,17 @@ static void check_logits(const llm_model *m, int n_ranks)
 static void test_logits(void **st)
 {
     (void)st;
-    char p1[256], p2[256];
-    llm_model *tiny = make_model("tiny", QT_Q8_0, p1, sizeof p1);
-    llm_model *sc = make_model("tiny-starcoder", QT_F16, p2, sizeof p2);
-    check_logits(tiny, 2);
+    char p2[256];
+    llm_model *sc = make_model("tiny-starcoder", QT_F16, p2, sizeof p2); /* F16 weights: another matmul path */
+    assert_non_null(sc);
+    check_logits(g_tiny, 2);
     check_logits(sc, 2);
     check_logits(sc, 4);
-    llm_model_free(tiny);
     llm_model_free(sc);
-    remove(p1);
     remove(p2);
-    char buf[512];
-    SKIP_UNLESS_SHARED(path, "models/stories260K.gguf", buf);
-    llm_model *story;
-    llm_error err = {0};
-    if (llm_model_load(path, &story, &err))
-        fail_msg("%s", err.msg);
-    check_logits(story, 2);
-    check_logits(story, 4);
-    llm_model_free(story);
+    SKIP_UNLESS_STORY();
+    check_logits(g_story, 2);
+    check_logits(g_story, 4);
 }
 
 /* ---- tokens through the engine ------------------------------------------ */
@@ -313,23 +329,10 @@ static void check_tokens(const llm_model *m, float temp)
 static void test_tokens(void **st)
 {
     (void)st;
-    char p1[256], p2[256];
-    llm_model *tiny = make_model("tiny", QT_Q8_0, p1, sizeof p1);
-    llm_model *sc = make_model("tiny-starcoder", QT_Q8_0, p2, sizeof p2);
-    check_tokens(tiny, 0);
-    check_tokens(sc, 0);
-    llm_model_free(tiny);
-    llm_model_free(sc);
-    remove(p1);
-    remove(p2);
-    char buf[512];
-    SKIP_UNLESS_SHARED(path, "models/stories260K.gguf", buf);
-    llm_model *story;
-    llm_error err = {0};
-    if (llm_model_load(path, &story, &err))
-        fail_msg("%s", err.msg);
-    check_tokens(story, 0.8f);
-    llm_model_free(story);
+    check_tokens(g_tiny, 0);
+    check_tokens(g_sc, 0);
+    SKIP_UNLESS_STORY();
+    check_tokens(g_story, 0.8f);
 }
 
 /* stories260K greedy, TP=2 and TP=4, against llama.cpp's reference ids
@@ -342,12 +345,9 @@ static void test_stories_reference(void **st)
     static const int32_t want[T_GEN] = {432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
                                         410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394,
                                         261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267, 337, 335, 312, 432};
-    char buf[512];
-    SKIP_UNLESS_SHARED(path, "models/stories260K.gguf", buf);
-    llm_model *m;
+    SKIP_UNLESS_STORY();
+    const llm_model *m = g_story;
     llm_error err = {0};
-    if (llm_model_load(path, &m, &err))
-        fail_msg("%s", err.msg);
     for (int n = 1; n <= 4; n *= 2) {
         llm_engine *e;
         llm_engine_config c = {.model = m, .backend = g_b[0], .n_ctx = 64, .max_seqs = 2, .kv_cache_bytes = 1 << 20,
@@ -364,7 +364,6 @@ static void test_stories_reference(void **st)
         assert_memory_equal(tok[0], want, sizeof want);
         llm_engine_close(e);
     }
-    llm_model_free(m);
 }
 
 /* ---- picking tokens on the device --------------------------------------- */
@@ -411,8 +410,7 @@ static void no_free(llm_backend *b) { (void)b; }
 static void test_device_sampling(void **st)
 {
     (void)st;
-    char p1[256];
-    llm_model *tiny = make_model("tiny", QT_Q8_0, p1, sizeof p1);
+    const llm_model *tiny = g_tiny;
     g_dev_iface = *g_b[0]->iface;
     g_dev_iface.sample = fake_sample;
     g_dev_iface.free = no_free;
@@ -437,8 +435,6 @@ static void test_device_sampling(void **st)
             for (int i = 0; i < T_GEN; i++) assert_true(got.tok[k][i] >= 0 && got.tok[k][i] < tiny->hp.n_vocab);
     }
     g_top_k = 0;
-    llm_model_free(tiny);
-    remove(p1);
 }
 
 int main(void)
