@@ -244,7 +244,7 @@ cuda-regs:
 	@for f in $(CUDA_SRC); do $(NVCC) $(CUDA_FLAGS) -Xptxas -v -c $$f -o /dev/null 2>&1 | grep -E "Compiling|registers|spill"; done
 
 lint:
-	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c || (echo "lint: banned call" && false)
+	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) engine/backend_cuda.c $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c tests/gpu/*.c || (echo "lint: banned call" && false)
 
 clean:
 	rm -rf build build-asan build-tsan

@@ -452,7 +452,7 @@ static void graphs_init(cu_ctx *c)
 {
     const char *env = getenv("LLM_CUDA_GRAPHS");
     cu_graphs *g = &c->g;
-    g->on = !env || atoi(env) != 0;
+    g->on = !env || strtol(env, NULL, 10) != 0;
     if (g->on && (cudaMallocHost((void **)&g->h_arena, CU_ARENA_INTS * sizeof(int32_t)) != cudaSuccess ||
                   cudaMalloc((void **)&g->d_arena, CU_ARENA_INTS * sizeof(int32_t)) != cudaSuccess ||
                   cudaMallocHost((void **)&g->h_ids, 512 * sizeof(int32_t)) != cudaSuccess ||

@@ -270,7 +270,7 @@ static int batch_bench(const char *path, const llm_backend_spec *spec, const cha
     const char *base = strrchr(path, '/');
     const char *graphs = getenv("LLM_CUDA_GRAPHS");
     printf("model=%s file=%s graphs=%d type=%s backend=%s tp=%d weight_bytes=%zu decode_bytes=%zu matmul_params=%.0f "
-           "prefill_tokens=%d prefill_tps=%.2f\n", d.m->name, base ? base + 1 : path, !graphs || atoi(graphs) != 0,
+           "prefill_tokens=%d prefill_tps=%.2f\n", d.m->name, base ? base + 1 : path, !graphs || strtol(graphs, NULL, 10) != 0,
            quant_type_name(d.m->layers[0].wq.type), d.b[0]->iface->name, d.n_ranks, llm_model_weight_bytes(d.m), step,
            params, prefill, pp);
     fflush(stdout);

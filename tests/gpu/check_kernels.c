@@ -354,9 +354,12 @@ static int by_value_desc(const void *a, const void *b)
  * pick each token with the frequency of its probability in the truncated
  * distribution (computed here in float64 by sorting), within 2/N + 1e-3,
  * and never a token outside it. */
+static int g_quick; /* CHECK_QUICK=1 (under compute-sanitizer): fewer sampling rows, no frequency test */
+
 static void check_sample(float temp, int top_k, float top_p, float min_p)
 {
-    enum { V = 5000, N = 4000 };
+    enum { V = 5000 };
+    int N = g_quick ? 64 : 4000;
     float *row = rand_host(V);
     for (int i = 0; i < V; i++) row[i] *= 6.0f;
     int *idx = malloc(sizeof(int) * V);
@@ -399,7 +402,7 @@ static void check_sample(float temp, int top_k, float top_p, float min_p)
     }
     double worst = 0;
     for (int i = 0; i < V; i++) worst = fmax(worst, fabs((double)count[i] / N - prob[i]));
-    int bad = outside > 0 || worst > 2.0 / N + 1e-3;
+    int bad = outside > 0 || (!g_quick && worst > 2.0 / N + 1e-3);
     printf("sample T=%.1f k=%d p=%.2f min_p=%.2f: %d candidates, max |freq - prob| %.2e, %d outside %s\n", temp, top_k,
            top_p, min_p, n, worst, outside, bad ? "FAIL" : "PASS");
     g_fail |= bad;
@@ -437,6 +440,7 @@ static void check_argmax(void)
 int main(void)
 {
     quant_init();
+    g_quick = getenv("CHECK_QUICK") && strtol(getenv("CHECK_QUICK"), NULL, 10);
     llm_backend *cpu = NULL;
     llm_error err = {0};
     llm_cpu_config cc = {2, 0, NULL};

@@ -98,8 +98,8 @@ int main(int argc, char **argv)
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--scalar"))
             scalar = 1;
-        else if (!strcmp(argv[i], "-n") && i + 1 < argc && atoi(argv[i + 1]) > 0)
-            n_gen = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-n") && i + 1 < argc && strtol(argv[i + 1], NULL, 10) > 0)
+            n_gen = (int)strtol(argv[++i], NULL, 10);
         else {
             fprintf(stderr, "check_model: unknown argument %s\n", argv[i]);
             return 2;
