@@ -2,9 +2,9 @@
  * (decode, n_tok <= 8) straight from the weights' storage type: one warp
  * per output row, every token of the batch against each weight read once.
  * F32/F16/BF16 rows are read with 16-byte loads, Q8_0 with four lanes per
- * block (the warp reads contiguous bytes), Q4_K and Q6_K a lane per
- * 256-value super-block (dequantized on the fly exactly as the CPU
- * dequantizer does; activations stay float). x rows must be 16-byte
+ * block (the warp reads contiguous bytes), Q4_K and Q6_K eight lanes per
+ * 256-value super-block, a 32-value sub-block each (dequantized on the fly
+ * as the CPU dequantizer does; activations stay float). x rows must be 16-byte
  * aligned (cudaMalloc'd activations are). Larger batches go to cuBLAS
  * (backend_cuda.c). */
 #include "common.cuh"
@@ -29,55 +29,63 @@ __device__ static inline void q4k_scale_min(int j, const uint8_t *q, int *sc, in
     }
 }
 
-/* One 256-value super-block (144 bytes: d, dmin, scales[12], qs[128])
- * against the T activation rows at column col0. */
+/* Sub-block j (32 values) of a Q4_K super-block (144 bytes: d, dmin,
+ * scales[12], qs[128]; sub-blocks 2g and 2g+1 share the 32 bytes
+ * qs[32g..], low and high nibbles) against the T activation rows at column
+ * col0, as the CPU dequantizer reads it. */
 template <int T>
-__device__ static void dot_q4_K(const uint8_t *b, const float *x, int cols, int col0, float *acc)
+__device__ static void dot_q4_K_sub(const uint8_t *b, int j, const float *x, int cols, int col0, float *acc)
 {
-    float d = f16_at(b), dmin = f16_at(b + 2);
-    const uint8_t *scales = b + 4, *q = b + 16;
-    for (int j = 0; j < 256; j += 64, q += 32) {
-        int sc, m;
-        q4k_scale_min(j / 32, scales, &sc, &m);
-        float d1 = d * sc, m1 = dmin * m;
-        q4k_scale_min(j / 32 + 1, scales, &sc, &m);
-        float d2 = d * sc, m2 = dmin * m;
-        for (int l = 0; l < 32; l++) {
-            float lo = d1 * (q[l] & 0xf) - m1, hi = d2 * (q[l] >> 4) - m2;
-            for (int t = 0; t < T; t++)
-                acc[t] += lo * x[(size_t)t * cols + col0 + j + l] + hi * x[(size_t)t * cols + col0 + j + 32 + l];
+    int sc, m;
+    q4k_scale_min(j, b + 4, &sc, &m);
+    float d = f16_at(b) * sc, mn = f16_at(b + 2) * m;
+    const uint8_t *q = b + 16 + (j / 2) * 32;
+    int shift = (j & 1) * 4;
+    float part[T], xs[T];
+    for (int t = 0; t < T; t++) part[t] = 0.f, xs[t] = 0.f;
+    for (int l = 0; l < 32; l++) {
+        float v = (float)((q[l] >> shift) & 0xf);
+        for (int t = 0; t < T; t++) {
+            float xv = x[(size_t)t * cols + col0 + l];
+            part[t] += v * xv;
+            xs[t] += xv;
         }
     }
+    for (int t = 0; t < T; t++) acc[t] += d * part[t] - mn * xs[t];
 }
 
-/* One Q6_K super-block (210 bytes: ql[128], qh[64], scales[16], d). */
+/* Sub-block j (32 values) of a Q6_K super-block (210 bytes: ql[128],
+ * qh[64], scales[16], d). */
 template <int T>
-__device__ static void dot_q6_K(const uint8_t *b, const float *x, int cols, int col0, float *acc)
+__device__ static void dot_q6_K_sub(const uint8_t *b, int j, const float *x, int cols, int col0, float *acc)
 {
+    int h = j / 4, k = j % 4;
+    const uint8_t *ql = b + 64 * h + ((k & 1) ? 32 : 0), *qh = b + 128 + 32 * h;
+    const int8_t *sc = (const int8_t *)(b + 192 + 8 * h);
     float d = f16_at(b + 208);
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    for (int n = 0; n < 256; n += 128, ql += 64, qh += 32, sc += 8)
-        for (int l = 0; l < 32; l++) {
-            int is = l / 16;
-            float v[4] = {d * sc[is] * (((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32),
-                          d * sc[is + 2] * (((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32),
-                          d * sc[is + 4] * (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32),
-                          d * sc[is + 6] * (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32)};
-            for (int k = 0; k < 4; k++)
-                for (int t = 0; t < T; t++) acc[t] += v[k] * x[(size_t)t * cols + col0 + n + l + 32 * k];
+    int lo_shift = k < 2 ? 0 : 4;
+    for (int half = 0; half < 2; half++) { /* 16 values per scale */
+        float s = d * sc[half + 2 * k], part[T];
+        for (int t = 0; t < T; t++) part[t] = 0.f;
+        for (int l = 16 * half; l < 16 * half + 16; l++) {
+            int q = ((ql[l] >> lo_shift) & 0xf) | (((qh[l] >> (2 * k)) & 3) << 4);
+            float v = (float)(q - 32);
+            for (int t = 0; t < T; t++) part[t] += v * x[(size_t)t * cols + col0 + l];
         }
+        for (int t = 0; t < T; t++) acc[t] += s * part[t];
+    }
 }
 
 template <int T>
 __device__ static void gemv_row(int type, const uint8_t *w, int cols, const float *x, float *acc, int lane)
 {
-    if (type == 12 || type == 14) { /* Q4_K, Q6_K: a lane per 256-value super-block */
-        for (int b = lane; b < cols / 256; b += 32) {
+    if (type == 12 || type == 14) { /* Q4_K, Q6_K: 8 lanes per super-block, one 32-value sub-block each */
+        int j = lane & 7;
+        for (int b = lane >> 3; b < cols / 256; b += 4) {
             if (type == 12)
-                dot_q4_K<T>(w + (size_t)b * 144, x, cols, b * 256, acc);
+                dot_q4_K_sub<T>(w + (size_t)b * 144, j, x, cols, b * 256 + j * 32, acc);
             else
-                dot_q6_K<T>(w + (size_t)b * 210, x, cols, b * 256, acc);
+                dot_q6_K_sub<T>(w + (size_t)b * 210, j, x, cols, b * 256 + j * 32, acc);
         }
         return;
     }

@@ -40,7 +40,8 @@ mk() { [ -s "$models/$1-$2.gguf" ] || ./build/bin/llm-mkmodel --shape "$1" --typ
     >/dev/null 2>&1 && mv "$models/$1-$2.gguf.tmp" "$models/$1-$2.gguf"; }
 
 stage build
-if ! timeout 300 make -j"$NPROC" OPT=-O2 build/bin/llm-mkmodel build/bin/llm-generate build/bin/llm-bench gpu-check \
+# WERROR=: that image's compilers may warn where ours do not; CI keeps -Werror
+if ! timeout 300 make -j"$NPROC" OPT=-O2 WERROR= build/bin/llm-mkmodel build/bin/llm-generate build/bin/llm-bench gpu-check \
         > "$out/build.txt" 2>&1; then
     tail -30 "$out/build.txt"; echo "FAILED: build"; exit 1
 fi
