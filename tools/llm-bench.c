@@ -200,7 +200,7 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
     if (!st)
         st = prefill_all(f, kv, s, n_seqs, ctx, max_rows, toks);
     double t0 = 0;
-    for (int step = -1; !st && step < steps; step++) { /* step -1: warm-up */
+    for (int step = -2; !st && step < steps; step++) { /* steps -2, -1: warm-up (a graph is captured at the second) */
         if (step == 0)
             t0 = cli_now();
         int p = ctx + (step < 0 ? 0 : step);
