@@ -14,7 +14,6 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +22,7 @@
 
 #include "autoscale.h" /* as_prom_value: the Prometheus text reader */
 #include "http_get.h"
+#include "llm/log.h"
 #include "kube_watch.h"
 #include "rt_proxy.h"
 
@@ -59,20 +59,7 @@ struct router {
     char weight_ns[254], weight_cm[254]; /* --weight-configmap */
 };
 
-static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void logf_(const char *fmt, ...)
-{
-    char when[32];
-    time_t t = time(NULL);
-    struct tm tm;
-    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
-    va_list ap;
-    va_start(ap, fmt);
-    char msg[1024];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "%s llm-router: %s\n", when, msg);
-}
+#define logf_(...) llm_log("llm-router", __VA_ARGS__)
 
 /* ---- backend load ----------------------------------------------------------------- */
 

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "llm/log.h"
 #include "llm/chat.h"
 #include "srv.h"
 
@@ -25,20 +26,7 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
-static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void logf_(const char *fmt, ...)
-{
-    char ts[32];
-    time_t t = time(NULL);
-    struct tm tm;
-    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "%s llm-server: ", ts);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
+#define logf_(...) llm_log("llm-server", __VA_ARGS__)
 
 /* API keys from the file named in the config, else LLM_SERVER_API_KEYS
  * (comma-separated). */
