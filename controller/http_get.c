@@ -4,25 +4,28 @@
 
 #include "http_get.h"
 
-typedef struct gbuf {
-    char *p;
-    size_t n, max;
-    int over;
-} gbuf;
-
-static size_t collect(char *d, size_t sz, size_t nm, void *arg)
+size_t http_body_write(char *d, size_t sz, size_t nm, void *arg)
 {
-    gbuf *b = arg;
+    http_body *b = arg;
     size_t add = sz * nm;
-    char *p = b->over || b->n + add > b->max ? NULL : realloc(b->p, b->n + add + 1);
-    if (!p) {
+    if (b->n + add > b->max) {
         b->over = 1;
         return 0; /* aborts the transfer */
     }
-    memcpy(p + b->n, d, add);
+    if (b->n + add + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->n + add + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->nomem = 1;
+            return 0;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, d, add);
     b->n += add;
-    p[b->n] = 0;
-    b->p = p;
+    b->p[b->n] = 0;
     return add;
 }
 
@@ -40,11 +43,11 @@ long http_request(CURL *h, const char *url, const char *bearer, const char *json
         return 0;
     if (h)
         curl_easy_reset(c);
-    gbuf b = {.max = max};
+    http_body b = {.max = max};
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, http_body_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
     struct curl_slist *hdr = NULL;
     char auth[600];

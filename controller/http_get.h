@@ -11,6 +11,18 @@
 #include <curl/curl.h>
 #include <stddef.h>
 
+/* A response body collected by libcurl: NUL-terminated, grown
+ * geometrically, at most max bytes. http_body_write is the
+ * CURLOPT_WRITEFUNCTION (CURLOPT_WRITEDATA: the http_body); it aborts the
+ * transfer with over set past max, or nomem set when memory runs out. The
+ * caller frees p. */
+typedef struct http_body {
+    char *p;
+    size_t n, cap, max;
+    int over, nomem;
+} http_body;
+size_t http_body_write(char *data, size_t size, size_t nmemb, void *body);
+
 /* The HTTP status, or 0 when the pod did not answer in timeout_ms or the
  * body exceeded max bytes. h may be NULL (a handle just for this call). */
 long http_get(CURL *h, const char *url, long timeout_ms, size_t max, char **body);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "http_get.h" /* http_body: the bounded response buffer */
 #include "kube_client.h"
 
 #define KUBE_MAX_BODY (64u << 20) /* a list of thousands of objects fits */
@@ -13,35 +14,6 @@ struct kube_client {
     CURL *curl;
     pthread_mutex_t mu;
 };
-
-typedef struct rbuf {
-    char *p;
-    size_t len, cap;
-    int too_big;
-} rbuf;
-
-static size_t on_data(char *d, size_t sz, size_t n, void *arg)
-{
-    rbuf *b = arg;
-    size_t add = sz * n;
-    if (b->len + add > KUBE_MAX_BODY) {
-        b->too_big = 1;
-        return 0;
-    }
-    if (b->len + add + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 16384;
-        while (cap < b->len + add + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return 0;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, d, add);
-    b->len += add;
-    b->p[b->len] = 0;
-    return add;
-}
 
 static void global_init(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 
@@ -94,7 +66,7 @@ struct curl_slist *kube_curl_login(kube_config *cfg, CURL *c)
 }
 
 /* The API's error for an HTTP status, with its Status message. */
-static llm_status http_error(long code, const char *method, const char *path, const rbuf *b, llm_error *err)
+static llm_status http_error(long code, const char *method, const char *path, const http_body *b, llm_error *err)
 {
     json_t *j = b->p ? json_loads(b->p, 0, NULL) : NULL;
     const char *msg = json_string_value(json_object_get(j, "message"));
@@ -107,7 +79,7 @@ static llm_status http_error(long code, const char *method, const char *path, co
 }
 
 static llm_status perform(kube_client *k, const char *method, const char *url, const char *body, const char *ctype,
-                          rbuf *b, long *code, llm_error *err)
+                          http_body *b, long *code, llm_error *err)
 {
     CURL *c = k->curl;
     char ct[128];
@@ -119,7 +91,7 @@ static llm_status perform(kube_client *k, const char *method, const char *url, c
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, http_body_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, b);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 10L);
@@ -131,7 +103,7 @@ static llm_status perform(kube_client *k, const char *method, const char *url, c
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, code);
     if (rc != CURLE_OK)
         return llm_errf(err, LLM_ERR_IO, "%s %s: %s%s", method, url, curl_easy_strerror(rc),
-                        b->too_big ? " (response over 64 MiB)" : "");
+                        b->over ? " (response over 64 MiB)" : b->nomem ? " (no memory for the response)" : "");
     return LLM_OK;
 }
 
@@ -143,7 +115,7 @@ llm_status kube_request(kube_client *k, const char *method, const char *path, js
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     if (body && !text)
         return llm_errf(err, LLM_ERR_NOMEM, "no memory");
-    rbuf b = {0};
+    http_body b = {.max = KUBE_MAX_BODY};
     long code = 0;
     pthread_mutex_lock(&k->mu);
     llm_status st = perform(k, method, url, text, content_type, &b, &code, err);
