@@ -55,10 +55,15 @@ __global__ static void attention_tc_kernel(tc_args a)
     for (int t0 = 0; t0 <= last; t0 += TC_ROWS) {
         for (int i = lane; i < TC_ROWS * D; i += 32) {
             int c = i / D, d = i % D, p = t0 + c;
-            size_t off = ((size_t)table[p / a.block_size] * a.block_size + (size_t)(p % a.block_size)) * a.row_elems +
-                         (size_t)g * a.head_elems + d;
-            sK[i] = p <= last ? a.kc[off] : __float2half(0.f);
-            sV[i] = p <= last ? a.vc[off] : __float2half(0.f);
+            __half k = __float2half(0.f), v = k;
+            if (p <= last) { /* the table ends with the sequence: positions past it are not looked up */
+                size_t off = ((size_t)table[p / a.block_size] * a.block_size + (size_t)(p % a.block_size)) *
+                                 a.row_elems + (size_t)g * a.head_elems + d;
+                k = a.kc[off];
+                v = a.vc[off];
+            }
+            sK[i] = k;
+            sV[i] = v;
         }
         __syncwarp();
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
