@@ -272,9 +272,18 @@ double cn_quantile(const double *le, int n_le, const double *cum, double q)
 /* ---- analysis ---------------------------------------------------------------------- */
 
 /* Canary latency beyond stable's by both the ratio and the tolerance. */
-static int slower(double canary, double stable, double ratio, double tol)
+/* A latency signal fails when the canary's p99 is over ratio x stable's
+ * and slower by more than the tolerance; the verdict names it. */
+static int latency_fails(const char *signal, const char *what, const double p99[2], double ratio, double tol,
+                         cn_analysis *a)
 {
-    return canary >= 0 && stable >= 0 && canary > stable * ratio && canary - stable > tol;
+    if (!(p99[1] >= 0 && p99[0] >= 0 && p99[1] > p99[0] * ratio && p99[1] - p99[0] > tol))
+        return 0;
+    a->verdict = CN_FAIL;
+    snprintf(a->signal, sizeof a->signal, "%s", signal);
+    snprintf(a->message, sizeof a->message, "canary p99 %s %.3f s is %.2fx stable's %.3f s (limit %.2fx)", what, p99[1],
+             p99[1] / (p99[0] > 0 ? p99[0] : 1e-9), p99[0], ratio);
+    return 1;
 }
 
 void cn_analyse(const cn_config *c, const cn_sample *w, cn_analysis *a)
@@ -297,19 +306,10 @@ void cn_analyse(const cn_config *c, const cn_sample *w, cn_analysis *a)
         snprintf(a->message, sizeof a->message,
                  "canary error ratio %.3f (%.0f of %.0f requests) exceeds stable's %.3f by more than %.3f",
                  a->error_ratio[1], w->errors[1], w->requests[1], es, c->max_error_ratio);
-    } else if (slower(a->ttft_p99[1], a->ttft_p99[0], c->max_ttft_ratio, c->tolerance_s)) {
-        a->verdict = CN_FAIL;
-        snprintf(a->signal, sizeof a->signal, "TimeToFirstToken");
-        snprintf(a->message, sizeof a->message, "canary p99 time to first token %.3f s is %.2fx stable's %.3f s (limit %.2fx)",
-                 a->ttft_p99[1], a->ttft_p99[1] / (a->ttft_p99[0] > 0 ? a->ttft_p99[0] : 1e-9), a->ttft_p99[0],
-                 c->max_ttft_ratio);
-    } else if (slower(a->itl_p99[1], a->itl_p99[0], c->max_itl_ratio, c->tolerance_s)) {
-        a->verdict = CN_FAIL;
-        snprintf(a->signal, sizeof a->signal, "InterTokenLatency");
-        snprintf(a->message, sizeof a->message, "canary p99 inter-token latency %.3f s is %.2fx stable's %.3f s (limit %.2fx)",
-                 a->itl_p99[1], a->itl_p99[1] / (a->itl_p99[0] > 0 ? a->itl_p99[0] : 1e-9), a->itl_p99[0],
-                 c->max_itl_ratio);
-    } else {
+    } else if (!latency_fails("TimeToFirstToken", "time to first token", a->ttft_p99, c->max_ttft_ratio,
+                              c->tolerance_s, a) &&
+               !latency_fails("InterTokenLatency", "inter-token latency", a->itl_p99, c->max_itl_ratio, c->tolerance_s,
+                              a)) {
         a->verdict = CN_PASS;
         snprintf(a->message, sizeof a->message,
                  "%.0f canary requests: error ratio %.3f (stable %.3f), p99 TTFT %.3f s (stable %.3f s), p99 ITL %.3f s "

@@ -173,6 +173,7 @@ static void test_analysis(void **st)
     cn_analyse(&c, &w, &a);
     assert_int_equal(a.verdict, CN_FAIL);
     assert_string_equal(a.signal, "TimeToFirstToken");
+    assert_string_equal(a.message, "canary p99 time to first token 0.496 s is 10.02x stable's 0.050 s (limit 1.50x)");
     assert_double_close(a.ttft_p99[1], 0.496, 1e-9);
     assert_double_close(a.ttft_p99[0], 0.0495, 1e-9);
     /* in (0.05, 0.1]: 0.0995 is 2x stable but only 0.05 s more: within the tolerance */
@@ -189,6 +190,7 @@ static void test_analysis(void **st)
     cn_analyse(&c, &w, &a);
     assert_int_equal(a.verdict, CN_FAIL);
     assert_string_equal(a.signal, "InterTokenLatency");
+    assert_non_null(strstr(a.message, "canary p99 inter-token latency"));
 }
 
 static void test_decide_and_split(void **st)
