@@ -24,6 +24,7 @@
 #include <nccl.h>
 #endif
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,19 @@ typedef struct cu_ctx {
 static cu_ctx *ctx_of(llm_backend *b) { return b->ctx; }
 static void graphs_drop(cu_ctx *c);
 
+/* Keeps the first failure since the last status returned (later ones are
+ * its consequences). */
+__attribute__((format(printf, 3, 4))) static void keep_failure(cu_ctx *c, llm_status st, const char *fmt, ...)
+{
+    if (c->failed)
+        return;
+    c->failed = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->why, sizeof c->why, fmt, ap);
+    va_end(ap);
+}
+
 /* The function's name in a stringified call, at most 64 characters. */
 static int fn_len(const char *call)
 {
@@ -115,10 +129,8 @@ static int fail_cuda(cu_ctx *c, cudaError_t e, const char *call)
 {
     if (e == cudaSuccess)
         return 0;
-    if (!c->failed) {
-        c->failed = e == cudaErrorMemoryAllocation ? LLM_ERR_NOMEM : LLM_ERR_BACKEND;
-        snprintf(c->why, sizeof c->why, "%.*s on %s: %.200s", fn_len(call), call, c->name, cudaGetErrorString(e));
-    }
+    keep_failure(c, e == cudaErrorMemoryAllocation ? LLM_ERR_NOMEM : LLM_ERR_BACKEND, "%.*s on %s: %.200s", fn_len(call),
+                 call, c->name, cudaGetErrorString(e));
     return 1;
 }
 
@@ -126,10 +138,7 @@ static int fail_blas(cu_ctx *c, cublasStatus_t s, const char *call)
 {
     if (s == CUBLAS_STATUS_SUCCESS)
         return 0;
-    if (!c->failed) {
-        c->failed = LLM_ERR_BACKEND;
-        snprintf(c->why, sizeof c->why, "%.*s on %s: %.200s", fn_len(call), call, c->name, cublasGetStatusString(s));
-    }
+    keep_failure(c, LLM_ERR_BACKEND, "%.*s on %s: %.200s", fn_len(call), call, c->name, cublasGetStatusString(s));
     return 1;
 }
 
@@ -139,10 +148,8 @@ static int fail_kernel(cu_ctx *c, int rc, const char *kernel)
     if (rc == 0)
         return 0;
     if (rc == LK_UNSUPPORTED) {
-        if (!c->failed) {
-            c->failed = LLM_ERR_UNSUPPORTED;
-            snprintf(c->why, sizeof c->why, "%.*s on %s: shape or type not supported", fn_len(kernel), kernel, c->name);
-        }
+        keep_failure(c, LLM_ERR_UNSUPPORTED, "%.*s on %s: shape or type not supported", fn_len(kernel), kernel,
+                     c->name);
         return 1;
     }
     return fail_cuda(c, (cudaError_t)rc, kernel);
@@ -250,10 +257,7 @@ static void *grow(cu_ctx *c, void **buf, size_t *cap, size_t bytes)
     if (bytes <= *cap)
         return *buf;
     if (c->g.mode != CU_EAGER) { /* a capture that would allocate: the warm-up step did not size it */
-        if (!c->failed) {
-            c->failed = LLM_ERR_BACKEND;
-            snprintf(c->why, sizeof c->why, "cuda backend: a buffer grew during graph capture");
-        }
+        keep_failure(c, LLM_ERR_BACKEND, "cuda backend: a buffer grew during graph capture");
         return NULL;
     }
     graphs_drop(c);
@@ -269,18 +273,20 @@ static void *grow(cu_ctx *c, void **buf, size_t *cap, size_t bytes)
 
 static void *scratch(cu_ctx *c, size_t bytes) { return grow(c, &c->scratch, &c->scratch_cap, bytes); }
 
+/* Keeps an out-of-memory failure for n host indices; NULL for the caller. */
+static int32_t *no_host_memory(cu_ctx *c, size_t n)
+{
+    keep_failure(c, LLM_ERR_NOMEM, "cuda backend: no host memory for %zu indices", n);
+    return NULL;
+}
+
 /* Host packing buffer of n int32. */
 static int32_t *pack(cu_ctx *c, size_t n)
 {
     if (n > c->pack_cap) {
         int32_t *p = realloc(c->pack, n * sizeof *p);
-        if (!p) {
-            if (!c->failed) {
-                c->failed = LLM_ERR_NOMEM;
-                snprintf(c->why, sizeof c->why, "cuda backend: no host memory for %zu indices", n);
-            }
-            return NULL;
-        }
+        if (!p)
+            return no_host_memory(c, n);
         c->pack = p;
         c->pack_cap = n;
     }
@@ -304,11 +310,8 @@ static const int32_t *stage_arena(cu_ctx *c, int kind, const int32_t *h, size_t 
         return g->d_arena + g->last_off[kind];
     size_t off = (g->used + 7) / 8 * 8; /* 32-byte aligned regions */
     if (off + n > CU_ARENA_INTS) {
-        if (!c->failed) {
-            c->failed = LLM_ERR_BACKEND;
-            snprintf(c->why, sizeof c->why, "cuda backend: a graph step's indices exceed the %zu-entry arena",
+        keep_failure(c, LLM_ERR_BACKEND, "cuda backend: a graph step's indices exceed the %zu-entry arena",
                      CU_ARENA_INTS);
-        }
         return NULL;
     }
     memcpy(g->h_arena + off, h, n * sizeof *h);
@@ -327,17 +330,16 @@ static const int32_t *stage(cu_ctx *c, int kind, const int32_t *h, size_t n)
     if (n == s->n && s->dev && !memcmp(h, s->host, n * sizeof *h))
         return s->dev;
     if (n > s->cap) {
-        size_t cap = n < 1024 ? 1024 : 2 * n;
+        size_t cap = n < 1024 ? 1024 : 2 * n, dev_bytes = s->cap * sizeof *h;
         int32_t *hp = realloc(s->host, cap * sizeof *hp);
         if (!hp)
-            return NULL;
+            return no_host_memory(c, n);
         s->host = hp;
-        if (s->dev)
-            CU(c, cudaFree(s->dev));
-        s->dev = NULL;
-        s->cap = 0;
-        if (CU(c, cudaMalloc((void **)&s->dev, cap * sizeof *h)))
+        s->n = 0; /* the device copy is new: nothing to reuse */
+        if (!grow(c, (void **)&s->dev, &dev_bytes, cap * sizeof *h)) {
+            s->cap = 0;
             return NULL;
+        }
         s->cap = cap;
     }
     if (CU(c, cudaMemcpyAsync(s->dev, h, n * sizeof *h, cudaMemcpyHostToDevice, c->stream)))
@@ -510,10 +512,10 @@ static llm_status cuda_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, 
     use_device(c);
     for (int i = 0; i < n_ops && !c->failed; i++) {
         const llm_weight *w = ops[i].w;
-        if (!gemv_type(w->type)) {
-            c->failed = LLM_ERR_UNSUPPORTED;
-            snprintf(c->why, sizeof c->why, "cuda backend: weights of type %s are not supported", quant_type_name(w->type));
-        } else if (n_tok <= 8)
+        if (!gemv_type(w->type))
+            keep_failure(c, LLM_ERR_UNSUPPORTED, "cuda backend: weights of type %s are not supported",
+                         quant_type_name(w->type));
+        else if (n_tok <= 8)
             LK(c, lk_gemv((int)w->type, w->data, w->row_bytes, (int)w->rows, (int)w->cols, x, n_tok, ops[i].y, c->stream));
         else
             gemm(c, w, x, n_tok, ops[i].y);
@@ -820,9 +822,9 @@ static void cuda_model_release(llm_backend *b, llm_model *dev)
 
 typedef struct nccl_comm {
     int n;
-    ncclComm_t comm[LLM_TP_MAX];
-    cu_ctx *rank[LLM_TP_MAX];
-    int devs[LLM_TP_MAX];
+    ncclComm_t comm[LLM_MAX_RANKS];
+    cu_ctx *rank[LLM_MAX_RANKS];
+    int devs[LLM_MAX_RANKS];
     int aborted;
     pthread_mutex_t mu;
 } nccl_comm;
@@ -836,10 +838,7 @@ static llm_status nccl_allreduce(llm_comm *cm, int rank, float *buf, size_t n)
         return LLM_ERR_CANCELLED;
     ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, nc->comm[rank], c->stream);
     if (r != ncclSuccess) {
-        if (!c->failed) {
-            c->failed = LLM_ERR_BACKEND;
-            snprintf(c->why, sizeof c->why, "ncclAllReduce on %s: %s", c->name, ncclGetErrorString(r));
-        }
+        keep_failure(c, LLM_ERR_BACKEND, "ncclAllReduce on %s: %s", c->name, ncclGetErrorString(r));
         return take_status(c);
     }
     return LLM_OK;
@@ -881,7 +880,7 @@ static llm_status cuda_comm_new(llm_backend *const *ranks, int n, llm_comm **out
     *out = NULL;
     llm_comm *cm = calloc(1, sizeof *cm);
     nccl_comm *nc = calloc(1, sizeof *nc);
-    if (!cm || !nc || n > LLM_TP_MAX) {
+    if (!cm || !nc || n > LLM_MAX_RANKS) {
         free(cm);
         free(nc);
         return llm_errf(err, LLM_ERR_NOMEM, "nccl: no memory for %d ranks", n);

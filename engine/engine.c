@@ -10,7 +10,6 @@
 
 #include "llm/engine.h"
 #include "llm/forward.h"
-#include "llm/tp.h"
 #include "llm/scheduler.h"
 #include "textout.h"
 
@@ -693,11 +692,6 @@ static llm_status config_defaults(llm_engine_config *c, const llm_model *m, llm_
     if (c->tensor_parallel > 1 && (!c->tp_backends || c->tp_backends[0] != c->backend))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: tensor_parallel %d needs its backends, the first being backend",
                         c->tensor_parallel);
-    if (c->tensor_parallel > 1) {
-        llm_status st = llm_tp_check(m, c->tensor_parallel, err);
-        if (st)
-            return st;
-    }
     if (c->max_waiting < 1 || c->aging_ms < 1 || c->kv_cache_fraction > 1)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: max_waiting %d, aging_ms %d or kv_cache_fraction %g out of range",
                         c->max_waiting, c->aging_ms, c->kv_cache_fraction);

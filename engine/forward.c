@@ -8,8 +8,7 @@
 #include "forward_impl.h"
 
 struct llm_forward {
-    const llm_model *m;           /* the backend's copy of the weights (hparams as the model's) */
-    const llm_model *host_m;      /* the model as loaded */
+    const llm_model *m;           /* the model, or the backend's copy of its weights (same hparams) */
     llm_model *dev_m;             /* the upload, when the backend made one */
     llm_backend *b;
     int max_rows, max_logits;
@@ -36,7 +35,7 @@ static float *act(llm_backend *b, size_t n, int *fail)
 
 static llm_status alloc_acts(llm_forward *f, llm_error *err)
 {
-    const llm_hparams *hp = &f->host_m->hp;
+    const llm_hparams *hp = &f->m->hp;
     llm_backend *b = f->b;
     size_t R = (size_t)f->max_rows, kvd = (size_t)hp->n_head_kv * hp->head_dim, qd = (size_t)hp->n_head * hp->head_dim;
     size_t wide = qd > (size_t)hp->n_embd ? qd : (size_t)hp->n_embd;
@@ -70,7 +69,7 @@ llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int
     llm_forward *f = calloc(1, sizeof *f);
     if (!f)
         return llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
-    f->m = f->host_m = m;
+    f->m = m;
     f->b = b;
     f->max_rows = max_rows;
     f->max_logits = max_logits;

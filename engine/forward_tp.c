@@ -9,13 +9,20 @@
 
 #include "forward_impl.h"
 
+/* What a rank's thread is started with. */
+typedef struct rank_arg {
+    tp_group *g;
+    int rank;
+} rank_arg;
+
 struct tp_group {
     int n, n_layer;
-    llm_backend *b[LLM_TP_MAX];
-    llm_model *part[LLM_TP_MAX];
-    llm_forward *f[LLM_TP_MAX];
+    llm_backend *b[LLM_MAX_RANKS];
+    llm_model *part[LLM_MAX_RANKS];
+    llm_forward *f[LLM_MAX_RANKS];
     llm_comm *comm;
-    pthread_t th[LLM_TP_MAX];
+    pthread_t th[LLM_MAX_RANKS];
+    rank_arg arg[LLM_MAX_RANKS];
     int n_threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -23,19 +30,13 @@ struct tp_group {
     int done, stop;
     llm_forward_batch rest; /* the batch for ranks > 0: no logits */
     const llm_kv_layer *layers;
-    llm_status st[LLM_TP_MAX];
+    llm_status st[LLM_MAX_RANKS];
 };
-
-typedef struct rank_arg {
-    tp_group *g;
-    int rank;
-} rank_arg;
 
 static void *rank_main(void *arg)
 {
     tp_group *g = ((rank_arg *)arg)->g;
     int r = ((rank_arg *)arg)->rank;
-    free(arg);
     unsigned seen = 0;
     for (;;) {
         pthread_mutex_lock(&g->mu);
@@ -61,14 +62,9 @@ static void *rank_main(void *arg)
 static llm_status start_threads(tp_group *g, llm_error *err)
 {
     for (int r = 1; r < g->n; r++) {
-        rank_arg *a = malloc(sizeof *a);
-        if (!a)
-            return llm_errf(err, LLM_ERR_NOMEM, "tensor parallel: no memory");
-        *a = (rank_arg){g, r};
-        if (pthread_create(&g->th[r], NULL, rank_main, a)) {
-            free(a);
+        g->arg[r] = (rank_arg){g, r};
+        if (pthread_create(&g->th[r], NULL, rank_main, &g->arg[r]))
             return llm_errf(err, LLM_ERR_BACKEND, "tensor parallel: cannot start rank %d's thread", r);
-        }
         g->n_threads++;
     }
     return LLM_OK;

@@ -21,8 +21,8 @@ static llm_status check_cols(const char *what, const llm_weight *w, int n_ranks,
 llm_status llm_tp_check(const llm_model *m, int n_ranks, llm_error *err)
 {
     const llm_hparams *hp = &m->hp;
-    if (n_ranks < 1 || n_ranks > LLM_TP_MAX)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "tensor parallel %d: must be 1 to %d", n_ranks, LLM_TP_MAX);
+    if (n_ranks < 1 || n_ranks > LLM_MAX_RANKS)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "tensor parallel %d: must be 1 to %d", n_ranks, LLM_MAX_RANKS);
     if (hp->n_head % n_ranks || hp->n_head_kv % n_ranks || hp->n_ff % n_ranks)
         return llm_errf(err, LLM_ERR_UNSUPPORTED,
                         "tensor parallel %d: the model's heads (%d), KV heads (%d) and n_ff (%d) must all divide by it",
@@ -122,8 +122,8 @@ typedef struct thr_comm {
     pthread_cond_t cv;
     int n, arrived, aborted;
     unsigned gen;
-    float *bufs[LLM_TP_MAX];
-    size_t lens[LLM_TP_MAX];
+    float *bufs[LLM_MAX_RANKS];
+    size_t lens[LLM_MAX_RANKS];
 } thr_comm;
 
 /* Everyone waits for everyone; -1 once a rank aborted. */
@@ -195,8 +195,8 @@ static const struct llm_comm_i thr_iface = {"threads", thr_allreduce, thr_abort,
 llm_status llm_comm_threads_new(int n_ranks, llm_comm **out, llm_error *err)
 {
     *out = NULL;
-    if (n_ranks < 1 || n_ranks > LLM_TP_MAX)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "all-reduce: %d ranks (1 to %d)", n_ranks, LLM_TP_MAX);
+    if (n_ranks < 1 || n_ranks > LLM_MAX_RANKS)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "all-reduce: %d ranks (1 to %d)", n_ranks, LLM_MAX_RANKS);
     llm_comm *c = calloc(1, sizeof *c);
     thr_comm *t = calloc(1, sizeof *t);
     if (!c || !t) {

@@ -22,9 +22,6 @@
 
 #include "llm/model.h"
 
-/* Most ranks one process drives. */
-#define LLM_TP_MAX LLM_MAX_RANKS
-
 typedef struct llm_comm llm_comm;
 
 struct llm_comm_i {
