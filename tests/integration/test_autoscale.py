@@ -8,6 +8,7 @@ import os
 import shutil
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -55,6 +56,16 @@ def load(c, stop, n=8):
     for t in th:
         t.start()
     return th
+
+
+def router_ready(ip):
+    """The router's /readyz status: 503 while it knows no backend."""
+    try:
+        return urllib.request.urlopen(f"http://{ip}:8000/readyz", timeout=5).status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
 
 
 def replicas(c):
@@ -158,6 +169,10 @@ def test_scale_to_zero_and_wake_once_per_burst(tmp_path, models):
         except AssertionError:
             raise AssertionError(json.dumps(c.status(), indent=1)) from None
         wait_for(lambda: not c.ready_ips("story-backends"), 30)
+        # the router learns of the gone pod from its own EndpointSlice watch,
+        # a moment after the Endpoints the test reads; until then it would
+        # still send the burst to the draining pod (which answers: no wait)
+        wait_for(lambda: router_ready(router) == 503, 30)
         ready = c.cond("Ready")
         assert ready["status"] == "True" and ready["reason"] == "ScaledToZero", ready
         oa = openai.OpenAI(base_url=f"http://{router}:8000/v1", api_key="none", max_retries=0, timeout=90)
