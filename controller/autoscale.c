@@ -149,7 +149,7 @@ json_t *as_decide(const as_config *c, int current, double value, int n_pods, jso
     for (size_t i = 0; i < json_array_size(old); i++) {
         json_t *r = json_array_get(old, i);
         double t = json_number_value(json_array_get(r, 0));
-        if (json_array_size(r) == 2 && now_unix - t <= keep_s && t <= now_unix)
+        if (json_array_size(r) == 2 && now_unix - t <= keep_s && t < floor(now_unix)) /* this second's: replaced */
             json_array_append(recs, r);
     }
     json_array_append_new(recs, json_pack("[f,i]", floor(now_unix), raw));

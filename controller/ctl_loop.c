@@ -1,6 +1,8 @@
 /* ctl_loop.c - informers, work queue and worker; see ctl_loop.h. */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -145,12 +147,58 @@ typedef struct ctl {
     volatile int *stop;
 } ctl;
 
+/* What an LLMDeployment was last seen as, less its status. */
+typedef struct seen {
+    char key[KEY_MAX];
+    uint64_t fp;
+} seen;
+
 typedef struct informer {
     ctl *c;
     int index;
     const char *path;
     int owned;           /* children: the key is their LLMDeployment owner's */
+    seen *seen;          /* the owners' fingerprints (informer thread only) */
+    int n_seen, cap_seen;
 } informer;
+
+/* A hash of the object without what changes on every status write:
+ * status, resourceVersion, managedFields. 0 when it cannot be made. */
+static uint64_t fingerprint(json_t *obj)
+{
+    json_t *c = json_deep_copy(obj);
+    json_object_del(c, "status");
+    json_object_del(json_object_get(c, "metadata"), "resourceVersion");
+    json_object_del(json_object_get(c, "metadata"), "managedFields");
+    char *text = c ? json_dumps(c, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
+    json_decref(c);
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = text; p && *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    free(text);
+    return text ? h : 0;
+}
+
+/* 1 when key was seen before as fp (a write to its status only: the
+ * controller's own, which needs no second look); records fp otherwise. */
+static int only_status_changed(informer *in, const char *key, uint64_t fp)
+{
+    int i = 0;
+    while (i < in->n_seen && strcmp(in->seen[i].key, key)) i++;
+    if (i < in->n_seen && fp && in->seen[i].fp == fp)
+        return 1;
+    if (i == in->n_seen) {
+        if (in->n_seen == in->cap_seen) {
+            int cap = in->cap_seen ? in->cap_seen * 2 : 16;
+            seen *p = realloc(in->seen, (size_t)cap * sizeof *p);
+            if (!p)
+                return 0; /* no room to remember: look at it anyway */
+            in->seen = p, in->cap_seen = cap;
+        }
+        snprintf(in->seen[in->n_seen++].key, KEY_MAX, "%s", key);
+    }
+    in->seen[i].fp = fp;
+    return 0;
+}
 
 /* One informer's events: readiness after its first full list, relists
  * counted, and the LLMDeployment concerned queued. */
@@ -166,7 +214,9 @@ static int on_event(void *arg, const char *type, json_t *obj)
     char key[KEY_MAX];
     if (!in->owned && obj && ns && strcmp(type, "DELETED")) {
         snprintf(key, sizeof key, "%s/%s", ns, json_string_value(json_object_get(md, "name")));
-        q_add(&in->c->q, key, 0);
+        /* a status write (ours) would otherwise queue a reconcile that writes the status again */
+        if (!(only_status_changed(in, key, fingerprint(obj)) && !strcmp(type, "MODIFIED")))
+            q_add(&in->c->q, key, 0);
     }
     json_t *owners = in->owned ? json_object_get(md, "ownerReferences") : NULL;
     for (size_t i = 0; ns && i < json_array_size(owners); i++) {
@@ -252,12 +302,12 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, volatile int *stop,
     kube_client *k = NULL;
     llm_status st = c.q.items ? kube_client_new(cfg, &k, err) : llm_errf(err, LLM_ERR_NOMEM, "no memory");
 #define OWNED "?labelSelector=" REC_MANAGED_BY "%3D" REC_CONTROLLER
-    informer in[] = {{&c, 0, "/apis/llmk8s.io/v1alpha1/llmdeployments", 0},
-                     {&c, 1, "/apis/apps/v1/deployments" OWNED, 1},
-                     {&c, 2, "/api/v1/services" OWNED, 1},
-                     {&c, 3, "/api/v1/configmaps" OWNED, 1},
-                     {&c, 4, "/apis/policy/v1/poddisruptionbudgets" OWNED, 1},
-                     {&c, 5, "/apis/autoscaling/v2/horizontalpodautoscalers" OWNED, 1}};
+    informer in[] = {{.c = &c, .index = 0, .path = "/apis/llmk8s.io/v1alpha1/llmdeployments"},
+                     {.c = &c, .index = 1, .path = "/apis/apps/v1/deployments" OWNED, .owned = 1},
+                     {.c = &c, .index = 2, .path = "/api/v1/services" OWNED, .owned = 1},
+                     {.c = &c, .index = 3, .path = "/api/v1/configmaps" OWNED, .owned = 1},
+                     {.c = &c, .index = 4, .path = "/apis/policy/v1/poddisruptionbudgets" OWNED, .owned = 1},
+                     {.c = &c, .index = 5, .path = "/apis/autoscaling/v2/horizontalpodautoscalers" OWNED, .owned = 1}};
     enum { N_INFORMERS = sizeof in / sizeof *in };
     ctl_obs_expect_informers(N_INFORMERS);
     pthread_t th[N_INFORMERS];
@@ -279,6 +329,7 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, volatile int *stop,
     *stop = 1;
     pthread_cond_broadcast(&c.q.cv);
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < N_INFORMERS; i++) free(in[i].seen);
     kube_client_free(k);
     free(c.q.items);
     pthread_mutex_destroy(&c.q.mu);

@@ -135,6 +135,29 @@ static void test_history_is_bounded(void **st)
     json_decref(s);
 }
 
+/* Reconciles come as often as events do; the window keeps one
+ * recommendation per second (the latest), so status stays bounded. */
+static void test_one_recommendation_per_second(void **st)
+{
+    (void)st;
+    as_config c = cfg();
+    as_decision d;
+    json_t *s = NULL;
+    const double at[] = {1000.1, 1000.5, 1000.9, 1001.2};
+    const double load[] = {40.0, 4.0, 8.0, 4.0};
+    for (int i = 0; i < 4; i++) {
+        json_t *n = as_decide(&c, 2, load[i], 2, s, at[i], &d);
+        json_decref(s);
+        s = n;
+        json_t *recs = json_object_get(s, "recommendations");
+        assert_int_equal(json_array_size(recs), i < 3 ? 1 : 2);
+    }
+    json_t *first = json_array_get(json_object_get(s, "recommendations"), 0);
+    assert_int_equal((int)json_number_value(json_array_get(first, 0)), 1000);
+    assert_int_equal((int)json_number_value(json_array_get(first, 1)), 4); /* 2 pods x 8 / 4: the last of t=1000 */
+    json_decref(s);
+}
+
 static void test_config_errors_and_prom(void **st)
 {
     (void)st;
@@ -230,6 +253,7 @@ int main(void)
         cmocka_unit_test(test_proportional_and_tolerance), cmocka_unit_test(test_unready_pods_and_no_reading),
         cmocka_unit_test(test_step_and_bounds),            cmocka_unit_test(test_down_window_survives_restart),
         cmocka_unit_test(test_up_window),                  cmocka_unit_test(test_history_is_bounded),
+        cmocka_unit_test(test_one_recommendation_per_second),
         cmocka_unit_test(test_config_errors_and_prom),     cmocka_unit_test(test_scale_to_zero),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
