@@ -11,36 +11,66 @@ static json_t *get2(json_t *o, const char *a, const char *b)
     return json_object_get(json_object_get(o, a), b);
 }
 
-llm_status kube_apply(kube_client *k, const char *coll, json_t *want, kube_applied *did, json_t **old, llm_error *err)
+/* Sets want's hash annotation (out: the hash) and path (coll/name). */
+static void stamp(const char *coll, json_t *want, char hash[17], char path[1024])
 {
-    char hash[17], path[1024];
-    if (old)
-        *old = NULL;
     json_object_del(get2(want, "metadata", "annotations"), KUBE_HASH_ANN); /* not part of its own hash */
     des_hash(want, hash);
     json_object_set_new(get2(want, "metadata", "annotations"), KUBE_HASH_ANN, json_string(hash));
-    snprintf(path, sizeof path, "%s/%s", coll, json_string_value(get2(want, "metadata", "name")));
+    snprintf(path, 1024, "%s/%s", coll, json_string_value(get2(want, "metadata", "name")));
+}
+
+static int same_hash(json_t *cur, const char *hash)
+{
+    const char *have = json_string_value(json_object_get(get2(cur, "metadata", "annotations"), KUBE_HASH_ANN));
+    return have && !strcmp(have, hash);
+}
+
+/* Reads the object and creates or merges it; *now (optional): the
+ * object afterwards. */
+static llm_status write_fresh(kube_client *k, const char *coll, const char *path, const char *hash, json_t *want,
+                              kube_applied *did, json_t **now, llm_error *err)
+{
     json_t *cur = NULL;
     *did = KUBE_SAME;
     llm_status st = kube_request(k, "GET", path, NULL, NULL, &cur, err);
     if (st == LLM_ERR_NOT_FOUND) {
         *did = KUBE_CREATED;
-        return kube_request(k, "POST", coll, want, NULL, NULL, err);
+        return kube_request(k, "POST", coll, want, NULL, now, err);
     }
-    if (st)
-        return st;
-    const char *have = json_string_value(json_object_get(get2(cur, "metadata", "annotations"), KUBE_HASH_ANN));
-    if (!have || strcmp(have, hash)) {
+    if (!st && !same_hash(cur, hash)) {
         json_object_set(json_object_get(want, "metadata"), "resourceVersion", get2(cur, "metadata", "resourceVersion"));
-        st = kube_request(k, "PATCH", path, want, "application/merge-patch+json", NULL, err);
+        st = kube_request(k, "PATCH", path, want, "application/merge-patch+json", now, err);
         json_object_del(json_object_get(want, "metadata"), "resourceVersion");
         *did = KUBE_UPDATED;
+    } else if (!st && now) {
+        *now = json_incref(cur);
     }
-    if (old)
-        *old = cur;
-    else
-        json_decref(cur);
+    json_decref(cur);
     return st;
+}
+
+llm_status kube_apply(kube_client *k, const char *coll, json_t *want, kube_applied *did, llm_error *err)
+{
+    char hash[17], path[1024];
+    stamp(coll, want, hash, path);
+    return write_fresh(k, coll, path, hash, want, did, NULL, err);
+}
+
+llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_t *cur, kube_applied *did, json_t **now,
+                           llm_error *err)
+{
+    char hash[17], path[1024];
+    if (now)
+        *now = NULL;
+    stamp(coll, want, hash, path);
+    if (cur && same_hash(cur, hash)) { /* the common case: nothing to write, nothing more to read */
+        *did = KUBE_SAME;
+        if (now)
+            *now = json_incref(cur);
+        return LLM_OK;
+    }
+    return write_fresh(k, coll, path, hash, want, did, now, err);
 }
 
 llm_status kube_remove_ours(kube_client *k, const char *path, llm_error *err)

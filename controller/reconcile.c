@@ -35,6 +35,8 @@ typedef struct children {
     int autoscaled;          /* the built-in autoscaler set the replicas */
     json_t *as_state;        /* its new state, for status.autoscaling */
     rollout ro;              /* spec.canary */
+    json_t *cur;             /* the Deployment as read first (NULL: none yet) */
+    json_t *now;             /* the Deployment after the apply */
 } children;
 
 static void children_free(children *c)
@@ -49,6 +51,8 @@ static void children_free(children *c)
     json_decref(c->dep);
     json_decref(c->svc);
     json_decref(c->pdb);
+    json_decref(c->cur);
+    json_decref(c->now);
 }
 
 /* The built-in autoscaler's turn: the replicas to run, from the pods'
@@ -59,15 +63,12 @@ static void autoscale(kube_client *k, json_t *d, children *c)
     const char *ns = json_string_value(get2(d, "metadata", "namespace"));
     const char *name = json_string_value(get2(d, "metadata", "name"));
     json_t *spec = json_object_get(d, "spec");
-    char dpath[1024];
-    snprintf(dpath, sizeof dpath, "/apis/apps/v1/namespaces/%s/deployments/%s", ns, name);
-    json_t *dep = NULL, *prev = get2(d, "status", "autoscaling");
+    json_t *prev = get2(d, "status", "autoscaling");
     int current = json_is_integer(get2(prev, "desiredReplicas", NULL)) ? (int)json_integer_value(get2(prev, "desiredReplicas", NULL))
                   : (int)json_integer_value(json_object_get(spec, "replicas"));
     int split = ro_in_flight(get2(d, "status", "canary")); /* the Deployment holds only the stable share */
-    if (!split && kube_request(k, "GET", dpath, NULL, NULL, &dep, NULL) == LLM_OK)
-        current = (int)json_integer_value(get2(json_object_get(dep, "spec"), "replicas", NULL));
-    json_decref(dep);
+    if (!split && c->cur)
+        current = (int)json_integer_value(get2(json_object_get(c->cur, "spec"), "replicas", NULL));
     int n = 0;
     long long port = json_integer_value(get2(json_object_get(spec, "server"), "port", NULL));
     double v = pm_read_signal(k, ns, name, port ? port : 8080, c->as.metric, &n);
@@ -114,7 +115,7 @@ static llm_status build(kube_client *k, json_t *d, children *c, llm_error *err)
         des_base_hash(d, base);
         json_object_set_new(get2(c->dep, "metadata", "annotations"), DES_BASE_ANN, json_string(base));
     }
-    st = ro_plan(k, d, c->template_hash, (int)json_integer_value(get2(json_object_get(c->dep, "spec"), "replicas", NULL)),
+    st = ro_plan(k, d, c->cur, c->template_hash, (int)json_integer_value(get2(json_object_get(c->dep, "spec"), "replicas", NULL)),
                  c->cm, c->dep, &c->ro, err);
     if (st)
         return st;
@@ -172,12 +173,12 @@ static llm_status apply_router(kube_client *k, json_t *d, children *c, llm_error
     for (int i = 0; i < 3 && !st; i++) {
         char coll[512];
         snprintf(coll, sizeof coll, colls[i], ns);
-        st = kube_apply(k, coll, c->rrbac[i], &did, NULL, err);
+        st = kube_apply(k, coll, c->rrbac[i], &did, err);
     }
     if (!st)
-        st = kube_apply(k, svcs, c->backends, &did, NULL, err);
+        st = kube_apply(k, svcs, c->backends, &did, err);
     if (!st)
-        st = kube_apply(k, deps, c->router, &did, NULL, err);
+        st = kube_apply(k, deps, c->router, &did, err);
     if (!st && did == KUBE_CREATED)
         kube_event(k, d, "Normal", "Created", "created llm-router %s-router in front of the pods", name);
     return st;
@@ -192,22 +193,20 @@ static llm_status apply_children(kube_client *k, json_t *d, children *c, llm_err
     snprintf(svcs, sizeof svcs, "/api/v1/namespaces/%s/services", ns);
     snprintf(pdbs, sizeof pdbs, "/apis/policy/v1/namespaces/%s/poddisruptionbudgets", ns);
     kube_applied did;
-    json_t *old = NULL;
-    llm_status st = c->ro.keep_config ? LLM_OK : kube_apply(k, cms, c->cm, &did, NULL, err);
+    llm_status st = c->ro.keep_config ? LLM_OK : kube_apply(k, cms, c->cm, &did, err);
     if (!st) /* before the stable Deployment: the weight moves before its pods do */
         st = ro_apply(k, d, &c->ro, err);
-    if (!st && !(st = kube_apply(k, deps, c->dep, &did, &old, err)))
-        deployment_events(k, d, did, old, c->dep, c->autoscaled);
-    json_decref(old);
+    if (!st && !(st = kube_apply_over(k, deps, c->dep, c->cur, &did, &c->now, err)))
+        deployment_events(k, d, did, c->cur, c->dep, c->autoscaled);
     if (!st)
-        st = kube_apply(k, svcs, c->svc, &did, NULL, err);
+        st = kube_apply(k, svcs, c->svc, &did, err);
     if (!st)
-        st = kube_apply(k, pdbs, c->pdb, &did, NULL, err);
+        st = kube_apply(k, pdbs, c->pdb, &did, err);
     char hpas[512], hpa[1024];
     snprintf(hpas, sizeof hpas, "/apis/autoscaling/v2/namespaces/%s/horizontalpodautoscalers", ns);
     snprintf(hpa, sizeof hpa, "%s/%s", hpas, json_string_value(get2(d, "metadata", "name")));
     if (!st && c->hpa) {
-        st = kube_apply(k, hpas, c->hpa, &did, NULL, err);
+        st = kube_apply(k, hpas, c->hpa, &did, err);
         if (!st && did == KUBE_CREATED)
             kube_event(k, d, "Normal", "Created", "created HorizontalPodAutoscaler on %s", c->as.metric);
     } else if (!st) { /* autoscaling off or built-in: an HPA of ours would fight it */
@@ -417,14 +416,19 @@ llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, doubl
         return LLM_OK; /* deleted: its children go with it (ownerReferences) */
     if (st || get2(d, "metadata", "deletionTimestamp"))
         goto out;
-    st = build(k, d, &c, err);
+    /* read once: the autoscaler, the canary's plan, the apply and the status all use it */
+    st = kube_request(k, "GET", dpath, NULL, NULL, &c.cur, err);
+    if (st == LLM_ERR_NOT_FOUND)
+        st = LLM_OK;
+    if (!st)
+        st = build(k, d, &c, err);
     if (!st)
         st = apply_children(k, d, &c, err);
     if (st == LLM_ERR_INVALID_ARG) { /* the spec, not the moment: no retry until it changes */
         st = invalid_spec(k, path, d, err->msg, err);
         goto out;
     }
-    if (!st)
+    if (!st && !(dep = json_incref(c.now)))
         st = kube_request(k, "GET", dpath, NULL, NULL, &dep, err);
     verdict v;
     if (!st) {

@@ -395,8 +395,8 @@ static llm_status objects(json_t *d, rollout *ro, json_t *stable, int total, jso
     return ro->weight_cm ? LLM_OK : llm_errf(err, LLM_ERR_NOMEM, "cannot build the router's weight ConfigMap");
 }
 
-llm_status ro_plan(kube_client *k, json_t *d, const char *new_rev, int total, json_t *cm, json_t *dep, rollout *ro,
-                   llm_error *err)
+llm_status ro_plan(kube_client *k, json_t *d, json_t *stable, const char *new_rev, int total, json_t *cm, json_t *dep,
+                   rollout *ro, llm_error *err)
 {
     memset(ro, 0, sizeof *ro);
     llm_status st = cn_config_from_spec(json_object_get(d, "spec"), &ro->cn, err);
@@ -404,12 +404,7 @@ llm_status ro_plan(kube_client *k, json_t *d, const char *new_rev, int total, js
         return st;
     const char *ns = str(json_object_get(d, "metadata"), "namespace"), *name = str(json_object_get(d, "metadata"), "name");
     char path[1024];
-    json_t *stable = NULL, *canary = NULL;
-    snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s", ns, name);
-    st = kube_request(k, "GET", path, NULL, NULL, &stable, err);
-    if (st && st != LLM_ERR_NOT_FOUND)
-        return st;
-    st = LLM_OK; /* not created yet: nothing to keep */
+    json_t *canary = NULL;
     snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s-canary", ns, name);
     kube_request(k, "GET", path, NULL, NULL, &canary, NULL);
     const char *srev = str(get2(stable, "metadata", "annotations"), DES_TEMPLATE_ANN);
@@ -431,7 +426,6 @@ llm_status ro_plan(kube_client *k, json_t *d, const char *new_rev, int total, js
     }
     if (!st)
         st = objects(d, ro, stable, total, cm, dep, err);
-    json_decref(stable);
     json_decref(canary);
     return st;
 }
@@ -448,18 +442,18 @@ llm_status ro_apply(kube_client *k, json_t *d, rollout *ro, llm_error *err)
     kube_applied did;
     llm_status st = LLM_OK;
     if (ro->weight_cm) /* first: traffic leaves a canary before it goes, and reaches it before the stable rolls */
-        st = kube_apply(k, cms, ro->weight_cm, &did, NULL, err);
+        st = kube_apply(k, cms, ro->weight_cm, &did, err);
     else if (json_is_object(get2(d, "status", "canary"))) { /* spec.canary was removed */
         snprintf(path, sizeof path, "%s/%s-router", cms, name);
         st = kube_remove_ours(k, path, err);
     }
     if (ro->canary_dep) {
         if (!st)
-            st = kube_apply(k, cms, ro->canary_cm, &did, NULL, err);
+            st = kube_apply(k, cms, ro->canary_cm, &did, err);
         if (!st)
-            st = kube_apply(k, svcs, ro->canary_svc, &did, NULL, err);
+            st = kube_apply(k, svcs, ro->canary_svc, &did, err);
         if (!st)
-            st = kube_apply(k, deps, ro->canary_dep, &did, NULL, err);
+            st = kube_apply(k, deps, ro->canary_dep, &did, err);
         return st;
     }
     if (!ro->state && !json_is_object(get2(d, "status", "canary")))

@@ -55,12 +55,13 @@ typedef struct rollout {
 
 /* Decides the canary's next state from status.canary, the stable and
  * canary Deployments and (while it is analysed) the routers' metrics.
- * new_rev: the desired template's revision; total: the replicas wanted in
+ * stable: the stable Deployment as just read (borrowed; NULL when not
+ * created yet). new_rev: the desired template's revision; total: the replicas wanted in
  * all; cm, dep: the desired ConfigMap and Deployment, dep rewritten in
  * place to keep the stable template and take the stable share of pods.
  * LLM_ERR_INVALID_ARG when spec.canary is unusable. */
-llm_status ro_plan(kube_client *k, json_t *d, const char *new_rev, int total, json_t *cm, json_t *dep, rollout *ro,
-                   llm_error *err);
+llm_status ro_plan(kube_client *k, json_t *d, json_t *stable, const char *new_rev, int total, json_t *cm, json_t *dep,
+                   rollout *ro, llm_error *err);
 
 /* Writes the routers' weight, then the canary's objects, or removes them
  * when none are wanted. */
