@@ -141,6 +141,48 @@ def test_hpa_mode(tmp_path, slow_model):
         assert all(rc == 0 for rc in c.close())
 
 
+AT_REST = """  autoscaling:
+    enabled: true
+    minReplicas: 1
+    maxReplicas: 1
+    intervalSeconds: 1
+"""
+
+
+def test_one_read_of_the_deployment_per_reconcile(tmp_path, models):
+    """At rest the built-in autoscaler reconciles once every interval -
+    its status write does not wake the controller again - and each
+    reconcile reads the Deployment once (autoscaler, canary plan, apply and
+    status share it) and writes nothing to it - counted by kubesim."""
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    from test_operator import metrics
+    c = Cluster(tmp_path, models("tiny", "Q8_0"))
+    try:
+        _, url = c.controller()
+        c.apply(replicas=1, extra=AT_REST)
+        wait_for(lambda: c.status().get("phase") == "Ready", 90)
+        time.sleep(2)  # the last write's echoes settle
+
+        def snapshot():
+            counts = json.loads(c.k("get", "--raw", "/kubesim/requests").stdout)
+            done = metrics(url)[("llm_controller_reconciles_total", (("result", "success"),))]
+            return counts, done
+        (c0, r0), _ = snapshot(), time.sleep(5)
+        c1, r1 = snapshot()
+        delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in c1 if c1.get(k, 0) != c0.get(k, 0)}
+        reconciles = r1 - r0
+        # every 1 s interval, and no more: the controller's own status
+        # writes must not queue it again (that made a loop of ~45 a second)
+        assert 3 <= reconciles <= 8, (reconciles, delta)
+        gets = delta.get("get deployments/story", 0)
+        assert reconciles - 1 <= gets <= reconciles + 1, (reconciles, delta)
+        assert not any(k.startswith(("patch deployments", "update deployments", "create deployments"))
+                       for k in delta), delta
+    finally:
+        assert all(rc == 0 for rc in c.close())
+
+
 ZERO = """  router: {enabled: true, image: llm-router:test, replicas: 1, holdSeconds: 60}
   autoscaling:
     enabled: true

@@ -151,6 +151,7 @@ class Api:
         self.token = token
         self.epoch = 0         # bumped by a simulated restart: older connections are dropped
         self.conflicts = {}    # plural -> writes still to answer 409 (fault injection)
+        self.requests = {}     # "VERB plural[/name]" -> requests authorized (GET /kubesim/requests)
         self.restart = None    # set by serve(): fn(down_seconds)
         self.store = Store(window)
         self.gc = Collector(self.store)
@@ -185,6 +186,11 @@ class Api:
         if not deleted:
             for r in crd_resources(crd):
                 self.resources[(r.group, r.version, r.plural)] = r
+
+    def count(self, verb, plural, name):
+        key = f"{verb} {plural}/{name}" if name else f"{verb} {plural}"
+        with self.store.lock:
+            self.requests[key] = self.requests.get(key, 0) + 1
 
     def take_conflict(self, plural):
         with self.store.lock:
@@ -300,6 +306,7 @@ class Handler(BaseHTTPRequestHandler):
         resource = f"{plural}/{sub}" if sub else plural
         r = self.api.resources.get((group, version, plural))
         self.api.authz.check(self.user, verb, group, resource, ns if r is None or r.namespaced else None, name)
+        return verb
 
     def setup(self):
         super().setup()
@@ -317,12 +324,15 @@ class Handler(BaseHTTPRequestHandler):
                 return
             if url.path == "/kubesim/faults":
                 return self.faults(method)
+            if url.path == "/kubesim/requests":
+                return self.request_counts(method)
             if self.discovery(url.path):
                 return
             route = parse_path(url.path)
             if route is None or route[3] is None:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({url.path})")
-            self.authorize(method, route, q)
+            verb = self.authorize(method, route, q)
+            self.api.count(verb, route[3], route[4])
             if method in ("PUT", "PATCH") and self.api.take_conflict(route[3]):
                 raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {route[3]} "{route[4]}": '
                                "the object has been modified; please apply your changes to the latest version "
@@ -356,6 +366,16 @@ class Handler(BaseHTTPRequestHandler):
             down = float((req["restart"] or {}).get("downSeconds", 1))
             threading.Thread(target=self.api.restart, args=(down,), daemon=True).start()
         self.close_connection = True
+
+    def request_counts(self, method):
+        """GET /kubesim/requests: {"get deployments/story": 12, "list pods":
+        3, ...}, every authorized request since the start by verb, resource
+        and name - how tests see how many calls a client makes."""
+        if method != "GET":
+            raise ApiError(405, "MethodNotAllowed", "GET the counts")
+        with self.api.store.lock:
+            counts = dict(self.api.requests)
+        self.send_json(200, counts)
 
     def do_GET(self):
         self.dispatch("GET")
