@@ -5,7 +5,6 @@ keeps in status - and HPA mode creates a HorizontalPodAutoscaler on the
 LLMDeployment's scale subresource that kubesim's HPA controller drives."""
 import json
 import os
-import shutil
 import threading
 import time
 import urllib.error
@@ -14,7 +13,7 @@ import urllib.request
 import pytest
 
 from test_kubesim import wait_for
-from test_operator import Cluster
+from test_operator import metrics, running
 
 AUTOSCALED = """  autoscaling:
     enabled: true
@@ -73,10 +72,7 @@ def replicas(c):
 
 
 def test_builtin_scales_up_and_down_across_a_restart(tmp_path, slow_model):
-    if not shutil.which("kubectl"):
-        pytest.skip("kubectl not installed")
-    c = Cluster(tmp_path, slow_model)
-    try:
+    with running(tmp_path, slow_model) as c:
         ctl, url = c.controller()
         c.apply(replicas=1, seqs=1, extra=AUTOSCALED.format(mode="builtin", down=8))
         wait_for(lambda: c.status().get("phase") == "Ready", 90)
@@ -105,8 +101,6 @@ def test_builtin_scales_up_and_down_across_a_restart(tmp_path, slow_model):
         assert st["desiredReplicas"] == 1 and st["lastScaleTime"]
         described = c.k("describe", "llmd", "story").stdout
         assert "Autoscaled" in described and "-> 3 replicas" in described
-    finally:
-        assert all(rc == 0 for rc in c.close())
 
 
 def test_hpa_mode(tmp_path, slow_model):
@@ -114,10 +108,7 @@ def test_hpa_mode(tmp_path, slow_model):
     subresource with the Pods metric llm_requests_waiting; kubesim's HPA
     controller reads the pods and scales the LLMDeployment, the controller
     follows; autoscaling off -> the HPA is deleted."""
-    if not shutil.which("kubectl"):
-        pytest.skip("kubectl not installed")
-    c = Cluster(tmp_path, slow_model, env={"KUBESIM_HPA_SECONDS": "1"})
-    try:
+    with running(tmp_path, slow_model, env={"KUBESIM_HPA_SECONDS": "1"}) as c:
         c.controller()
         c.apply(replicas=1, seqs=1, extra=AUTOSCALED.format(mode="hpa", down=0))
         hpa = wait_for(lambda: c.get("hpa", "story"), 30)
@@ -137,8 +128,6 @@ def test_hpa_mode(tmp_path, slow_model):
                 t.join(timeout=60)
         c.k("patch", "llmd", "story", "--type", "merge", "-p", '{"spec":{"autoscaling":{"enabled":false}}}')
         wait_for(lambda: c.get("hpa", "story") is None, 30)
-    finally:
-        assert all(rc == 0 for rc in c.close())
 
 
 AT_REST = """  autoscaling:
@@ -154,11 +143,7 @@ def test_one_read_of_the_deployment_per_reconcile(tmp_path, models):
     its status write does not wake the controller again - and each
     reconcile reads the Deployment once (autoscaler, canary plan, apply and
     status share it) and writes nothing to it - counted by kubesim."""
-    if not shutil.which("kubectl"):
-        pytest.skip("kubectl not installed")
-    from test_operator import metrics
-    c = Cluster(tmp_path, models("tiny", "Q8_0"))
-    try:
+    with running(tmp_path, models("tiny", "Q8_0")) as c:
         _, url = c.controller()
         c.apply(replicas=1, extra=AT_REST)
         wait_for(lambda: c.status().get("phase") == "Ready", 90)
@@ -179,8 +164,6 @@ def test_one_read_of_the_deployment_per_reconcile(tmp_path, models):
         assert reconciles - 1 <= gets <= reconciles + 1, (reconciles, delta)
         assert not any(k.startswith(("patch deployments", "update deployments", "create deployments"))
                        for k in delta), delta
-    finally:
-        assert all(rc == 0 for rc in c.close())
 
 
 ZERO = """  router: {enabled: true, image: llm-router:test, replicas: 1, holdSeconds: 60}
@@ -199,10 +182,7 @@ def test_scale_to_zero_and_wake_once_per_burst(tmp_path, models):
     held by the router, wakes the deployment once, and is served when the
     pod is ready; idle again -> back to zero."""
     openai = pytest.importorskip("openai")
-    if not shutil.which("kubectl"):
-        pytest.skip("kubectl not installed")
-    c = Cluster(tmp_path, models("tiny", "Q8_0"))
-    try:
+    with running(tmp_path, models("tiny", "Q8_0")) as c:
         c.controller()
         c.apply(replicas=1, extra=ZERO)
         router = wait_for(lambda: c.ready_ips("story"), 60)[0]
@@ -245,5 +225,3 @@ def test_scale_to_zero_and_wake_once_per_burst(tmp_path, models):
         wait_for(lambda: c.status().get("phase") == "Idle" and replicas(c) == 0, 30)  # asleep again
         hist = c.status()["autoscaling"]["history"]
         assert [h["to"] for h in hist[-3:]] == [0, 1, 0], hist
-    finally:
-        assert all(rc == 0 for rc in c.close())

@@ -25,7 +25,7 @@ import urllib.request
 import pytest
 
 from test_kubesim import wait_for
-from test_operator import LLMD, Cluster
+from test_operator import LLMD, running
 
 openai = pytest.importorskip("openai")
 
@@ -85,15 +85,8 @@ class Client:
 
 @pytest.fixture()
 def cluster(tmp_path, models):
-    if not shutil.which("kubectl"):
-        pytest.skip("kubectl not installed")
-    c = Cluster(tmp_path, models("tiny", "Q8_0"))
-    try:
+    with running(tmp_path, models("tiny", "Q8_0")) as c:
         yield c
-    finally:
-        rcs = c.close()
-        logs = "".join((tmp_path / f"controller-{i}.log").read_text() for i in range(len(rcs)))
-        assert all(rc == 0 for rc in rcs), logs
 
 
 def canary(c):

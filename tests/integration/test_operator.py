@@ -7,6 +7,7 @@ conditions -> a completion through an endpoint of the Service answers ->
 -> deleting the LLMDeployment removes every child. Then the reasons a
 deployment is not ready, faults (API server restart, forced conflicts, a
 killed pod), leader election and 200 objects."""
+import contextlib
 import json
 import os
 import random
@@ -124,6 +125,24 @@ class Cluster:
         return rcs
 
 
+@contextlib.contextmanager
+def running(tmp_path, model, env=None, quiet=False):
+    """A Cluster for one test (skipped without kubectl), closed afterwards:
+    when the test passed, every controller must have exited 0 and (quiet)
+    logged no error - checked after the close, so a failing test's own
+    error is what pytest shows."""
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl not installed")
+    c = Cluster(tmp_path, model, env=env)
+    try:
+        yield c
+    finally:
+        rcs = c.close()
+    logs = "".join((tmp_path / f"controller-{i}.log").read_text() for i in range(len(rcs)))
+    assert all(rc == 0 for rc in rcs), logs
+    assert not quiet or '"level":"error"' not in logs, logs
+
+
 def http_code(url, timeout=2):
     try:
         return urllib.request.urlopen(url, timeout=timeout).status
@@ -153,16 +172,8 @@ def model(models):
 
 @pytest.fixture()
 def cluster(tmp_path, model):
-    if not shutil.which("kubectl"):
-        pytest.skip("kubectl not installed")
-    c = Cluster(tmp_path, model)
-    try:
+    with running(tmp_path, model, quiet=True) as c:
         yield c
-    finally:
-        rcs = c.close()
-        logs = "".join((tmp_path / f"controller-{i}.log").read_text() for i in range(len(rcs)))
-        assert all(rc == 0 for rc in rcs), logs
-        assert '"level":"error"' not in logs, logs
 
 
 def test_apply_serve_scale_delete(cluster):

@@ -358,11 +358,8 @@ def test_controller_runs_the_router(tmp_path, models):
     following the llm-server pods through NAME-backends; a completion
     through the Service reaches a server pod via the router; turned off,
     the router's objects go and the Service reaches the pods again."""
-    if not shutil.which("kubectl"):
-        pytest.skip("kubectl not installed")
-    from test_operator import Cluster
-    c = Cluster(tmp_path, models("tiny", "Q8_0"))
-    try:
+    from test_operator import running
+    with running(tmp_path, models("tiny", "Q8_0")) as c:
         c.controller()
         c.apply(replicas=2, extra="  router: {enabled: true, image: llm-router:test, replicas: 1}\n")
         wait_for(lambda: c.status().get("phase") == "Ready", 90)
@@ -388,5 +385,3 @@ def test_controller_runs_the_router(tmp_path, models):
         c.k("patch", "llmd", "story", "--type", "merge", "-p", '{"spec":{"router":{"enabled":false}}}')
         wait_for(lambda: c.get("deployment", "story-router") is None and c.get("service", "story-backends") is None, 30)
         wait_for(lambda: sorted(c.ready_ips("story")) == sorted(backends), 30)
-    finally:
-        assert all(rc == 0 for rc in c.close())
