@@ -5,34 +5,14 @@
 #include <string.h>
 
 #include "llm/chat.h"
+#include "llm/strbuf.h"
 
-typedef struct cbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} cbuf;
-
-static void cat(cbuf *b, const char *s)
+static void cat(llm_strbuf *b, const char *s)
 {
-    size_t n = strlen(s);
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 1024;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n + 1);
-    b->len += n;
+    llm_strbuf_append(b, s, strlen(s)); /* a failure is remembered: checked once at the end */
 }
 
-static void cats(cbuf *b, int n, ...)
+static void cats(llm_strbuf *b, int n, ...)
 {
     va_list ap;
     va_start(ap, n);
@@ -71,13 +51,13 @@ const char *llm_chat_name(llm_chat_template t)
 
 static int is(const llm_chat_msg *m, const char *role) { return !strcmp(m->role, role); }
 
-static void render_chatml(cbuf *b, const llm_chat_msg *m, int n)
+static void render_chatml(llm_strbuf *b, const llm_chat_msg *m, int n)
 {
     for (int i = 0; i < n; i++) cats(b, 5, "<|im_start|>", m[i].role, "\n", m[i].content, "<|im_end|>\n");
     cat(b, "<|im_start|>assistant\n");
 }
 
-static void render_llama3(cbuf *b, const llm_chat_msg *m, int n)
+static void render_llama3(llm_strbuf *b, const llm_chat_msg *m, int n)
 {
     for (int i = 0; i < n; i++)
         cats(b, 5, "<|start_header_id|>", m[i].role, "<|end_header_id|>\n\n", m[i].content, "<|eot_id|>");
@@ -86,7 +66,7 @@ static void render_llama3(cbuf *b, const llm_chat_msg *m, int n)
 
 /* llama-2: the system prompt goes inside the first [INST] block. Mistral:
  * no system block, the system text leads the first user message. */
-static void render_inst(cbuf *b, const llm_chat_msg *m, int n, int llama2)
+static void render_inst(llm_strbuf *b, const llm_chat_msg *m, int n, int llama2)
 {
     const char *sys = NULL;
     int first = 1;
@@ -108,7 +88,7 @@ static void render_inst(cbuf *b, const llm_chat_msg *m, int n, int llama2)
     }
 }
 
-static void render_zephyr(cbuf *b, const llm_chat_msg *m, int n)
+static void render_zephyr(llm_strbuf *b, const llm_chat_msg *m, int n)
 {
     for (int i = 0; i < n; i++) cats(b, 5, "<|", m[i].role, "|>\n", m[i].content, "</s>\n");
     cat(b, "<|assistant|>\n");
@@ -116,7 +96,7 @@ static void render_zephyr(cbuf *b, const llm_chat_msg *m, int n)
 
 /* Gemma has user and model turns only: a system message leads the next
  * user turn. */
-static void render_gemma(cbuf *b, const llm_chat_msg *m, int n)
+static void render_gemma(llm_strbuf *b, const llm_chat_msg *m, int n)
 {
     const char *sys = NULL;
     for (int i = 0; i < n; i++) {
@@ -144,7 +124,7 @@ char *llm_chat_render(llm_chat_template t, const llm_chat_msg *m, int n, llm_err
             llm_errf(err, LLM_ERR_INVALID_ARG, "messages[%d]: role must be system, user or assistant, with content", i);
             return NULL;
         }
-    cbuf b = {0};
+    llm_strbuf b = {0};
     switch (t) {
     case LLM_CHAT_LLAMA3: render_llama3(&b, m, n); break;
     case LLM_CHAT_LLAMA2: render_inst(&b, m, n, 1); break;
@@ -153,10 +133,8 @@ char *llm_chat_render(llm_chat_template t, const llm_chat_msg *m, int n, llm_err
     case LLM_CHAT_GEMMA: render_gemma(&b, m, n); break;
     default: render_chatml(&b, m, n); break;
     }
-    if (b.oom || !b.p) {
-        free(b.p);
+    char *text = llm_strbuf_take(&b);
+    if (!text)
         llm_errf(err, LLM_ERR_NOMEM, "chat template: no memory");
-        return NULL;
-    }
-    return b.p;
+    return text;
 }

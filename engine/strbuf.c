@@ -2,8 +2,38 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "llm/strbuf.h"
+
+/* Room for need more bytes and a NUL; 0 or -1 (remembered). */
+static int reserve(llm_strbuf *b, size_t need)
+{
+    if (b->failed)
+        return -1;
+    if (b->p && b->len + need < b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap * 2 : 256;
+    while (cap < b->len + need + 1) cap *= 2;
+    char *q = realloc(b->p, cap);
+    if (!q) {
+        b->failed = 1;
+        return -1;
+    }
+    b->p = q;
+    b->cap = cap;
+    return 0;
+}
+
+int llm_strbuf_append(llm_strbuf *b, const char *s, size_t n)
+{
+    if (reserve(b, n))
+        return -1;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return 0;
+}
 
 void llm_strbuf_printf(llm_strbuf *b, const char *fmt, ...)
 {
@@ -20,15 +50,8 @@ void llm_strbuf_printf(llm_strbuf *b, const char *fmt, ...)
             b->len += (size_t)n;
             return;
         }
-        size_t cap = b->cap ? b->cap * 2 : 16384;
-        while (cap < b->len + (size_t)n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->failed = 1;
+        if (reserve(b, (size_t)n))
             return;
-        }
-        b->p = q;
-        b->cap = cap;
     }
 }
 

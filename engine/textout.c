@@ -13,8 +13,7 @@ void textout_init(textout *t, const char *const *stops, int n_stops)
 
 void textout_free(textout *t)
 {
-    free(t->buf);
-    t->buf = NULL;
+    llm_strbuf_free(&t->text);
 }
 
 /* Length of the longest prefix of b[0, n) that does not end inside a
@@ -37,26 +36,17 @@ int textout_push(textout *t, const char *piece, size_t len, const char **out, si
     *n = 0;
     if (t->stopped)
         return 1;
-    if (t->len + len + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 256;
-        while (cap < t->len + len + 1) cap *= 2;
-        char *p = realloc(t->buf, cap);
-        if (!p)
-            return -1;
-        t->buf = p;
-        t->cap = cap;
-    }
-    memcpy(t->buf + t->len, piece, len);
-    t->len += len;
-    t->buf[t->len] = 0;
+    if (llm_strbuf_append(&t->text, piece, len))
+        return -1;
+    const char *buf = t->text.p;
     /* a match can only start in the unsent part: sent bytes were never a
      * possible stop prefix */
     size_t hold = 0;
-    long at = llm_stop_find(t->buf + t->sent, t->len - t->sent, t->stops, t->n_stops, &hold);
-    size_t end = at >= 0 ? t->sent + (size_t)at : t->len - hold;
+    long at = llm_stop_find(buf + t->sent, t->text.len - t->sent, t->stops, t->n_stops, &hold);
+    size_t end = at >= 0 ? t->sent + (size_t)at : t->text.len - hold;
     if (at < 0)
-        end = t->sent + utf8_complete(t->buf + t->sent, end - t->sent);
-    *out = t->buf + t->sent;
+        end = t->sent + utf8_complete(buf + t->sent, end - t->sent);
+    *out = buf + t->sent;
     *n = end - t->sent;
     t->sent = end;
     if (at >= 0)
@@ -66,8 +56,8 @@ int textout_push(textout *t, const char *piece, size_t len, const char **out, si
 
 void textout_flush(textout *t, const char **out, size_t *n)
 {
-    *out = t->stopped || !t->buf ? "" : t->buf + t->sent;
-    *n = t->stopped ? 0 : t->len - t->sent;
+    *out = t->stopped || !t->text.p ? "" : t->text.p + t->sent;
+    *n = t->stopped ? 0 : t->text.len - t->sent;
     t->sent += *n;
 }
 

@@ -11,10 +11,11 @@
 #include <stddef.h>
 
 #include "llm/status.h"
+#include "llm/strbuf.h"
 
 typedef struct textout {
-    char *buf;         /* everything generated so far */
-    size_t len, cap, sent;
+    llm_strbuf text;   /* everything generated so far */
+    size_t sent;
     const char *const *stops;
     int n_stops;
     int stopped;       /* a stop string matched: nothing more comes out */

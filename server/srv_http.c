@@ -122,8 +122,7 @@ static int api_gate(srv *s, struct mg_connection *c, const char *method, srv_err
 /* ---- completions ------------------------------------------------------------- */
 
 typedef struct choice {
-    char *text;
-    size_t len, cap;
+    llm_strbuf text;     /* the choice's text so far (non-streamed answers) */
     const char *finish;
     json_t *lp;          /* logprobs object (completions or chat form), or NULL */
     size_t offset;       /* text offset of the next token */
@@ -144,23 +143,6 @@ typedef struct run {
     const llm_vocab *vocab;
     int rev;                   /* 0 stable, 1 canary */
 } run;
-
-static int text_append(choice *ch, const char *t, size_t n)
-{
-    if (ch->len + n + 1 > ch->cap) {
-        size_t cap = ch->cap ? ch->cap * 2 : 256;
-        while (cap < ch->len + n + 1) cap *= 2;
-        char *p = realloc(ch->text, cap);
-        if (!p)
-            return -1;
-        ch->text = p;
-        ch->cap = cap;
-    }
-    memcpy(ch->text + ch->len, t, n);
-    ch->len += n;
-    ch->text[ch->len] = 0;
-    return 0;
-}
 
 /* The token's text as the tokenizer has it (for logprobs), made valid
  * UTF-8 (a byte token alone is often half a character). */
@@ -275,7 +257,7 @@ static int on_token(run *r, const llm_event *ev)
         add_logprobs(r->vocab, ch, ev, r->cp->chat);
     ch->offset += ev->text_len;
     if (!r->cp->stream)
-        return text_append(ch, ev->text, ev->text_len);
+        return llm_strbuf_append(&ch->text, ev->text, ev->text_len);
     json_t *lp = ch->lp;
     ch->lp = NULL;
     return sse_send(r->c, chunk(r, ev->index, ev->text, ev->text_len, lp, NULL));
@@ -295,7 +277,7 @@ static int on_done(run *r, const llm_event *ev)
     srv_metrics_observe(&r->s->metrics, H_E2E, ev->usage.total_ms / 1e3);
     r->n_done++;
     if (!r->cp->stream)
-        return text_append(ch, ev->text, ev->text_len);
+        return llm_strbuf_append(&ch->text, ev->text, ev->text_len);
     return sse_send(r->c, chunk(r, ev->index, ev->text, ev->text_len, NULL, ch->finish));
 }
 
@@ -339,18 +321,18 @@ static json_t *whole_choice(run *r, int i)
 {
     choice *ch = &r->ch[i];
     json_t *lp = ch->lp ? ch->lp : json_null();
-    const char *fin = ch->finish ? ch->finish : "stop", *text = ch->text ? ch->text : "";
+    const char *fin = ch->finish ? ch->finish : "stop", *text = ch->text.p ? ch->text.p : "";
     ch->lp = NULL;
     if (r->cp->chat)
         return json_pack("{s:i,s:{s:s,s:s%},s:o,s:s}", "index", i, "message", "role", "assistant", "content", text,
-                         ch->len, "logprobs", lp, "finish_reason", fin);
-    return json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", text, ch->len, "logprobs", lp, "finish_reason", fin);
+                         ch->text.len, "logprobs", lp, "finish_reason", fin);
+    return json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", text, ch->text.len, "logprobs", lp, "finish_reason", fin);
 }
 
 static int respond_whole(run *r)
 {
     if (r->cp->generate)
-        return send_json(r->c, 200, json_pack("{s:s%,s:s,s:o}", "text", r->ch[0].text ? r->ch[0].text : "", r->ch[0].len,
+        return send_json(r->c, 200, json_pack("{s:s%,s:s,s:o}", "text", r->ch[0].text.p ? r->ch[0].text.p : "", r->ch[0].text.len,
                                               "finish_reason", r->ch[0].finish ? r->ch[0].finish : "stop", "usage",
                                               usage_json(r)));
     json_t *choices = json_array();
@@ -364,7 +346,7 @@ static int respond_whole(run *r)
 static void run_free(run *r)
 {
     for (int i = 0; i < LLM_MAX_N; i++) {
-        free(r->ch[i].text);
+        llm_strbuf_free(&r->ch[i].text);
         json_decref(r->ch[i].lp);
     }
 }

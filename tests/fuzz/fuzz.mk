@@ -8,7 +8,7 @@ FUZZ_SRC = engine/status.c engine/quant.c engine/gguf.c engine/unicode.c engine/
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Iengine/include -Iengine \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 
-REQ_SRC = server/srv_api.c engine/chat.c engine/sampler.c
+REQ_SRC = server/srv_api.c engine/chat.c engine/strbuf.c engine/sampler.c
 REQ_TIME ?= 10
 LLMD_TIME ?= 10
 

@@ -1,5 +1,6 @@
-/* strbuf.h - a growable text buffer with printf-style appends, for the
- * Prometheus expositions of llm-server, llm-controller and llm-router.
+/* strbuf.h - a growable text buffer with printf-style and byte appends:
+ * the Prometheus expositions of llm-server, llm-controller and
+ * llm-router, generated text, rendered chat prompts.
  * An allocation failure is remembered: later appends do nothing and
  * llm_strbuf_take returns NULL, so callers check once at the end.
  *
@@ -17,6 +18,9 @@ typedef struct llm_strbuf {
 } llm_strbuf;
 
 void llm_strbuf_printf(llm_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends n bytes of s (then a NUL, not counted in len); 0, or -1 when
+ * this or an earlier append ran out of memory. */
+int llm_strbuf_append(llm_strbuf *b, const char *s, size_t n);
 /* The text (malloc'd, NUL-terminated, "" when empty) for the caller to free;
  * NULL when an allocation failed. The buffer is empty afterwards. */
 char *llm_strbuf_take(llm_strbuf *b);
