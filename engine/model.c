@@ -170,7 +170,7 @@ static llm_status bind_vector(loader *L, const char *name, int64_t n, const floa
         *out = t->data;
         return LLM_OK;
     }
-    float **owned = realloc(L->m->owned, sizeof(float *) * (size_t)(L->m->n_owned + 1));
+    void **owned = realloc(L->m->owned, sizeof(void *) * (size_t)(L->m->n_owned + 1));
     float *v = malloc(sizeof(float) * (size_t)n);
     if (owned)
         L->m->owned = owned;

@@ -54,7 +54,7 @@ static void *col_slice(const llm_weight *w, int64_t c0, int64_t n, llm_weight *o
 
 static const float *vec_slice(const float *v, size_t off) { return v ? v + off : NULL; }
 
-static int part_layer(const llm_model *m, const llm_layer *L, int rank, int n_ranks, llm_layer *P, float **owned)
+static int part_layer(const llm_model *m, const llm_layer *L, int rank, int n_ranks, llm_layer *P, void **owned)
 {
     const llm_hparams *hp = &m->hp;
     int64_t hd = hp->head_dim, qd = hp->n_head / n_ranks * hd, kvd = hp->n_head_kv / n_ranks * hd,

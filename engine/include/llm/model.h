@@ -48,7 +48,8 @@ typedef struct llm_model {
     const float *rope_freqs;  /* (rot_dim / 2) or NULL: Llama 3.1+ frequency factors */
     llm_layer *layers;
     llm_vocab *vocab;
-    float **owned;           /* dequantized small vectors */
+    void **owned;            /* malloc'd copies freed with the model: dequantized
+                              * vectors, a tensor-parallel rank's column slices */
     int n_owned;
     char name[128];          /* general.name or the file's base name */
 } llm_model;
