@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "ctl_obs.h"
+#include "kube_client.h"
 #include "llm/strbuf.h"
 
 #define N_BUCKETS 12
@@ -158,6 +159,12 @@ char *ctl_obs_render(void)
         g.counters[CTL_M_RELISTS]);
     llm_strbuf_printf(&b, "# HELP llm_controller_events_total Kubernetes Events posted.\n"
             "# TYPE llm_controller_events_total counter\nllm_controller_events_total %llu\n", g.counters[CTL_M_EVENTS]);
+    llm_strbuf_printf(&b, "# HELP llm_controller_api_requests_total Requests to the Kubernetes API server (watch streams "
+                          "aside), by method and status class.\n# TYPE llm_controller_api_requests_total counter\n");
+    for (int m = 0; m < KUBE_N_METHODS; m++)
+        for (int o = 0; o < KUBE_N_OUTCOMES; o++)
+            llm_strbuf_printf(&b, "llm_controller_api_requests_total{method=\"%s\",code=\"%s\"} %llu\n",
+                              kube_method_name(m), kube_outcome_name(o), kube_request_count(m, o));
     llm_strbuf_printf(&b, "# HELP llm_controller_leader 1 while this replica holds the leader lease.\n"
             "# TYPE llm_controller_leader gauge\nllm_controller_leader %d\n", g.leader);
     pthread_mutex_unlock(&g.mu);

@@ -15,6 +15,29 @@ struct kube_client {
     pthread_mutex_t mu;
 };
 
+static const char *const method_names[KUBE_N_METHODS] = {"GET", "POST", "PUT", "PATCH", "DELETE"};
+static const char *const outcome_names[KUBE_N_OUTCOMES] = {"2xx", "3xx", "4xx", "5xx", "error"};
+static unsigned long long counts[KUBE_N_METHODS][KUBE_N_OUTCOMES];
+
+const char *kube_method_name(int m) { return m >= 0 && m < KUBE_N_METHODS ? method_names[m] : "?"; }
+const char *kube_outcome_name(int o) { return o >= 0 && o < KUBE_N_OUTCOMES ? outcome_names[o] : "?"; }
+
+unsigned long long kube_request_count(int m, int o)
+{
+    return m >= 0 && m < KUBE_N_METHODS && o >= 0 && o < KUBE_N_OUTCOMES ? __atomic_load_n(&counts[m][o], __ATOMIC_RELAXED)
+                                                                         : 0;
+}
+
+/* code 0: no answer (connection, TLS, timeout). */
+static void count(const char *method, long code)
+{
+    int m = 0;
+    while (m < KUBE_N_METHODS && strcmp(method_names[m], method)) m++;
+    int o = code >= 200 && code < 600 ? (int)(code / 100) - 2 : KUBE_NO_ANSWER;
+    if (m < KUBE_N_METHODS)
+        __atomic_add_fetch(&counts[m][o], 1, __ATOMIC_RELAXED);
+}
+
 static void global_init(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 
 llm_status kube_client_new(kube_config *cfg, kube_client **out, llm_error *err)
@@ -120,6 +143,7 @@ llm_status kube_request(kube_client *k, const char *method, const char *path, js
     pthread_mutex_lock(&k->mu);
     llm_status st = perform(k, method, url, text, content_type, &b, &code, err);
     pthread_mutex_unlock(&k->mu);
+    count(method, st ? 0 : code);
     free(text);
     if (!st && (code < 200 || code > 299))
         st = http_error(code, method, path, &b, err);

@@ -29,6 +29,15 @@ void kube_client_free(kube_client *k);
 llm_status kube_request(kube_client *k, const char *method, const char *path, json_t *body, const char *content_type,
                         json_t **out, llm_error *err);
 
+/* Requests kube_request made in this process, every client together, by
+ * method and outcome (watch streams are not requests here): what
+ * /metrics shows as the API load. Any thread. */
+enum { KUBE_GET, KUBE_POST, KUBE_PUT, KUBE_PATCH, KUBE_DELETE, KUBE_N_METHODS };
+enum { KUBE_2XX, KUBE_3XX, KUBE_4XX, KUBE_5XX, KUBE_NO_ANSWER, KUBE_N_OUTCOMES };
+unsigned long long kube_request_count(int method, int outcome);
+const char *kube_method_name(int method);   /* "GET", ... */
+const char *kube_outcome_name(int outcome); /* "2xx", ..., "error" */
+
 /* Sets how curl handle c logs in to the API server (CA, client
  * certificate and key) and returns the request headers it needs (Accept,
  * bearer token, re-read if it rotated); the caller frees them with

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from test_kubesim import wait_for
-from test_operator import metrics, running
+from test_operator import api_requests, metrics, running
 
 AUTOSCALED = """  autoscaling:
     enabled: true
@@ -151,10 +151,10 @@ def test_one_read_of_the_deployment_per_reconcile(tmp_path, models):
 
         def snapshot():
             counts = json.loads(c.k("get", "--raw", "/kubesim/requests").stdout)
-            done = metrics(url)[("llm_controller_reconciles_total", (("result", "success"),))]
-            return counts, done
-        (c0, r0), _ = snapshot(), time.sleep(5)
-        c1, r1 = snapshot()
+            m = metrics(url)
+            return counts, m[("llm_controller_reconciles_total", (("result", "success"),))], api_requests(url)
+        (c0, r0, a0), _ = snapshot(), time.sleep(5)
+        c1, r1, a1 = snapshot()
         delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in c1 if c1.get(k, 0) != c0.get(k, 0)}
         reconciles = r1 - r0
         # every 1 s interval, and no more: the controller's own status
@@ -164,6 +164,11 @@ def test_one_read_of_the_deployment_per_reconcile(tmp_path, models):
         assert reconciles - 1 <= gets <= reconciles + 1, (reconciles, delta)
         assert not any(k.startswith(("patch deployments", "update deployments", "create deployments"))
                        for k in delta), delta
+        # the controller's /metrics count of its API requests agrees with the
+        # API server's (to within the one reconcile the two reads may split)
+        served = sum(n for k, n in delta.items() if not k.startswith("watch "))
+        per = served / reconciles
+        assert abs((a1 - a0) - served) <= per + 1, (a1 - a0, served, delta)
 
 
 ZERO = """  router: {enabled: true, image: llm-router:test, replicas: 1, holdSeconds: 60}

@@ -158,6 +158,12 @@ def metrics(url):
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
+def api_requests(url, method=None):
+    """llm-controller's own count of requests to the API server."""
+    return sum(v for (name, labels), v in metrics(url).items() if name == "llm_controller_api_requests_total"
+               and (method is None or dict(labels)["method"] == method))
+
+
 def complete(ip, timeout=30):
     body = json.dumps({"model": "story", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}).encode()
     req = urllib.request.Request(f"http://{ip}:8080/v1/completions", body, {"Content-Type": "application/json"})
@@ -206,6 +212,12 @@ def test_apply_serve_scale_delete(cluster):
     assert [(c.get(kind, name) or {}).get("metadata", {}).get(field) for kind, name, field in
             (("deployment", "story", "generation"), ("service", "story", "resourceVersion"),
              ("configmap", "story-config", "resourceVersion"), ("pdb", "story", "generation"))] == before
+
+    def quiet():  # and nothing polls: the controller comes to rest (its own count of API requests)
+        n = api_requests(url)
+        time.sleep(1.5)
+        return api_requests(url) == n
+    wait_for(quiet, 20)
     assert "scaled" in c.k("scale", "llmd/story", "--replicas=3").stdout
     wait_for(lambda: (s := c.status()).get("readyReplicas") == 3 and s.get("phase") == "Ready", 90)
     assert len(wait_for(lambda: len(c.ready_ips()) == 3 and c.ready_ips(), 30)) == 3
