@@ -50,13 +50,6 @@ static llm_status write_fresh(kube_client *k, const char *coll, const char *path
     return st;
 }
 
-llm_status kube_apply(kube_client *k, const char *coll, json_t *want, kube_applied *did, llm_error *err)
-{
-    char hash[17], path[1024];
-    stamp(coll, want, hash, path);
-    return write_fresh(k, coll, path, hash, want, did, NULL, err);
-}
-
 llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_t *cur, kube_applied *did, json_t **now,
                            llm_error *err)
 {
@@ -71,6 +64,11 @@ llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_
         return LLM_OK;
     }
     return write_fresh(k, coll, path, hash, want, did, now, err);
+}
+
+llm_status kube_apply(kube_client *k, const char *coll, json_t *want, kube_applied *did, llm_error *err)
+{
+    return kube_apply_over(k, coll, want, NULL, did, NULL, err);
 }
 
 llm_status kube_remove_ours(kube_client *k, const char *path, llm_error *err)

@@ -22,9 +22,9 @@ typedef enum kube_applied { KUBE_SAME, KUBE_CREATED, KUBE_UPDATED } kube_applied
 llm_status kube_apply(kube_client *k, const char *coll, json_t *want, kube_applied *did, llm_error *err);
 
 /* As kube_apply, for a caller that has read the object already: cur
- * (borrowed; NULL when it did not exist) saves the GET when it shows
- * nothing to change; a write reads again first, so it is at the latest
- * resourceVersion. *now, when asked for (now may be NULL), is the object
+ * (borrowed) saves the GET when it shows nothing to change; NULL (not
+ * read, or not there) and any write read it first, so a write is at the
+ * latest resourceVersion. *now, when asked for (now may be NULL), is the object
  * as the API server holds it afterwards (new reference). */
 llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_t *cur, kube_applied *did, json_t **now,
                            llm_error *err);

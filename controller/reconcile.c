@@ -36,7 +36,7 @@ typedef struct children {
     json_t *as_state;        /* its new state, for status.autoscaling */
     rollout ro;              /* spec.canary */
     json_t *cur;             /* the Deployment as read first (NULL: none yet) */
-    json_t *now;             /* the Deployment after the apply */
+    json_t *now;             /* the Deployment after the apply (set whenever it succeeded) */
 } children;
 
 static void children_free(children *c)
@@ -409,7 +409,7 @@ llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, doubl
     char path[1024], dpath[1024];
     snprintf(path, sizeof path, API "/namespaces/%s/llmdeployments/%s", ns, name);
     snprintf(dpath, sizeof dpath, "/apis/apps/v1/namespaces/%s/deployments/%s", ns, name);
-    json_t *d = NULL, *dep = NULL, *status = NULL;
+    json_t *d = NULL, *status = NULL;
     children c = {0};
     llm_status st = kube_request(k, "GET", path, NULL, NULL, &d, err);
     if (st == LLM_ERR_NOT_FOUND)
@@ -428,12 +428,10 @@ llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, doubl
         st = invalid_spec(k, path, d, err->msg, err);
         goto out;
     }
-    if (!st && !(dep = json_incref(c.now)))
-        st = kube_request(k, "GET", dpath, NULL, NULL, &dep, err);
     verdict v;
-    if (!st) {
-        judge(k, d, dep, &v);
-        if (!(status = status_of(d, &v, c.ro.state ? c.ro.stable_rev : c.template_hash, dep)))
+    if (!st) { /* judged from the Deployment as the apply left it (c.now: its answer, or cur unchanged) */
+        judge(k, d, c.now, &v);
+        if (!(status = status_of(d, &v, c.ro.state ? c.ro.stable_rev : c.template_hash, c.now)))
             st = llm_errf(err, LLM_ERR_NOMEM, "%s/%s: cannot build the status", ns, name);
         else if (c.as_state)
             json_object_set(status, "autoscaling", c.as_state);
@@ -450,7 +448,6 @@ llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, doubl
         *requeue_s = c.as.interval_s; /* the autoscaler reads its signal every interval */
 out:
     json_decref(d);
-    json_decref(dep);
     json_decref(status);
     children_free(&c);
     return st;
