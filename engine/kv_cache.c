@@ -330,7 +330,8 @@ int kv_seq_match(kv_cache *c, kv_seq *s, const int32_t *tokens, int n)
         s->blocks[s->n_blocks++] = i;
         h = hk;
     }
-    s->n_tokens = s->n_hashed = s->n_blocks * c->bs;
+    s->n_tokens = s->n_blocks * c->bs;
+    s->n_hashed = s->n_blocks; /* a block count, like kv_seq_commit reads it */
     s->hash = h;
     return s->n_tokens;
 }

@@ -79,7 +79,7 @@ static void test_prefix_match(void **st)
     assert_int_equal(kv_seq_match(f.c, &b, tb, 11), 8);
     assert_int_equal(b.blocks[0], a.blocks[0]);
     assert_int_equal(b.blocks[1], a.blocks[1]);
-    feed(&f, &b, tb + 8, 4);
+    feed(&f, &b, tb, 4); /* tokens from position 0, as the contract says */
     assert_true(b.blocks[2] != a.blocks[2]);
     /* a different first block matches nothing, even with the same later tokens */
     int32_t tc[12];
@@ -95,6 +95,39 @@ static void test_prefix_match(void **st)
     /* released blocks are still found */
     assert_int_equal(kv_seq_match(f.c, &c, T, 12), 12);
     kv_seq_release(f.c, &c);
+    done(&f);
+}
+
+/* After a prefix hit, the blocks a sequence adds are registered as the
+ * children of the matched ones (a multi-turn conversation's later turns
+ * hit), and a block is only ever found at its own position: the chain is
+ * counted in blocks. A far block's tokens at a near position must miss. */
+static void test_match_then_grow(void **st)
+{
+    (void)st;
+    fx f = make(32, 1);
+    int32_t u[48];
+    for (int i = 0; i < 48; i++) u[i] = 100 + i;
+    kv_seq a, b, c, d;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    kv_seq_init(&c);
+    kv_seq_init(&d);
+    feed(&f, &a, u, 8); /* turn 1: blocks 0 and 1 */
+    kv_seq_release(f.c, &a);
+    assert_int_equal(kv_seq_match(f.c, &b, u, 11), 8);
+    assert_int_equal(b.n_hashed, 2);
+    feed(&f, &b, u, 40 - 8); /* turn 2 grows to 40 tokens: 10 full blocks */
+    assert_int_equal(b.n_hashed, 10);
+    kv_seq_release(f.c, &b);
+    assert_int_equal(kv_seq_match(f.c, &c, u, 41), 40); /* every block of turn 2 is found */
+    kv_seq_release(f.c, &c);
+    int32_t near[16];
+    memcpy(near, u, 8 * sizeof *near);
+    memcpy(near + 8, u + 32, 4 * sizeof *near); /* block 8's tokens at block 2's place */
+    memcpy(near + 12, u + 36, 4 * sizeof *near);
+    assert_int_equal(kv_seq_match(f.c, &d, near, 16), 8);
+    kv_seq_release(f.c, &d);
     done(&f);
 }
 
@@ -234,37 +267,104 @@ static void test_config_errors(void **st)
     llm_backend_free(b);
 }
 
-/* Random churn: forks, matches, reservations and releases keep every
- * reference count consistent (used returns to 0, nothing leaks). */
+/* What a physical block holds, as the test tracks it: the position of
+ * its first slot and, per slot, the sequence's whole prefix up to it (a
+ * block's K/V depends on every earlier token). */
+enum { CHURN_BLOCKS = 64, CHURN_LEN = 64 };
+typedef struct shadow {
+    int pos0;
+    int32_t prefix[CHURN_LEN];
+    int filled; /* slots written */
+} shadow;
+
+static void shadow_write(shadow *sh, const kv_seq *s, const int32_t *toks, int n)
+{
+    for (int q = s->n_tokens; q < s->n_tokens + n; q++) {
+        shadow *b = &sh[s->blocks[q / BS]];
+        b->pos0 = q / BS * BS;
+        memcpy(b->prefix, toks, sizeof(int32_t) * (size_t)(q + 1));
+        b->filled = q % BS + 1;
+    }
+}
+
+/* Every block a match hands out holds K/V computed for exactly this prefix
+ * at exactly these positions. */
+static void shadow_check_match(const shadow *sh, const kv_seq *s, const int32_t *toks)
+{
+    for (int k = 0; k < s->n_blocks; k++) {
+        const shadow *b = &sh[s->blocks[k]];
+        assert_int_equal(b->pos0, k * BS);
+        assert_int_equal(b->filled, BS);
+        assert_memory_equal(b->prefix, toks, sizeof(int32_t) * (size_t)((k + 1) * BS));
+    }
+}
+
+/* A prompt for the churn: one of three bases, often with one token
+ * changed, sometimes with a far stretch of the base moved to a near block
+ * boundary (the same tokens at another position must not hit). */
+static void churn_tokens(int32_t *t, int32_t base[3][CHURN_LEN], uint64_t *seed)
+{
+    memcpy(t, base[test_rng(seed) % 3], sizeof(int32_t) * CHURN_LEN);
+    int r = (int)(test_rng(seed) % 4), at = (int)(test_rng(seed) % CHURN_LEN);
+    if (r == 1)
+        t[at] = (int32_t)(test_rng(seed) % 3);
+    if (r == 2) { /* from block k on, the tokens of block k + shift */
+        int k = 1 + (int)(test_rng(seed) % 4), shift = 1 + (int)(test_rng(seed) % 8);
+        memmove(t + k * BS, t + (k + shift) * BS, sizeof(int32_t) * (size_t)(CHURN_LEN - (k + shift) * BS));
+    }
+}
+
+/* Random churn: forks, matches, reservations, copies and releases keep
+ * every reference count consistent (used returns to 0, nothing leaks), and
+ * a match never returns a block whose content is another prefix's or
+ * another position's. Sequences grow far past BS * BS tokens. */
 static void test_random_churn(void **st)
 {
     (void)st;
-    fx f = make(24, 1);
+    fx f = make(CHURN_BLOCKS, 1);
     enum { N = 6 };
     kv_seq s[N];
-    int32_t toks[N][64];
+    int32_t toks[N][CHURN_LEN];
+    static shadow sh[CHURN_BLOCKS];
+    int32_t base[3][CHURN_LEN];
+    int live[N] = {0};
+    memset(sh, 0, sizeof sh);
     uint64_t seed = 7;
+    int hits = 0;
+    for (int b = 0; b < 3; b++)
+        for (int k = 0; k < CHURN_LEN; k++) base[b][k] = (int32_t)(test_rng(&seed) % 3);
     for (int i = 0; i < N; i++) kv_seq_init(&s[i]);
-    for (int step = 0; step < 4000; step++) {
+    for (int step = 0; step < 20000; step++) {
         int i = (int)(test_rng(&seed) % N), op = (int)(test_rng(&seed) % 10);
         if (op == 0 || s[i].n_tokens > 56) {
             kv_seq_release(f.c, &s[i]);
-        } else if (s[i].n_blocks == 0) {
+            live[i] = 0;
+        } else if (!live[i]) {
+            live[i] = 1; /* a miss leaves it empty: it still grows from here */
             int j = (int)(test_rng(&seed) % N);
-            for (int k = 0; k < 64; k++) toks[i][k] = (int32_t)(test_rng(&seed) % 3); /* small alphabet: many hits */
+            churn_tokens(toks[i], base, &seed);
             if (op < 4 && s[j].n_tokens > 1 && j != i) {
                 memcpy(toks[i], toks[j], sizeof toks[i]);
                 assert_int_equal(kv_seq_fork(f.c, &s[i], &s[j], toks[j], s[j].n_tokens - 1), LLM_OK);
             } else {
-                kv_seq_match(f.c, &s[i], toks[i], 20);
+                int n = 1 + (int)(test_rng(&seed) % 56);
+                hits += kv_seq_match(f.c, &s[i], toks[i], n) > 0;
+                shadow_check_match(sh, &s[i], toks[i]);
             }
         } else {
             int n = 1 + (int)(test_rng(&seed) % 6);
-            if (kv_seq_reserve(f.c, &s[i], n) == LLM_OK)
+            if (kv_seq_reserve(f.c, &s[i], n) == LLM_OK) {
+                const int32_t *src, *dst;
+                int nc = kv_cache_copies(f.c, &src, &dst);
+                for (int k = 0; k < nc; k++) sh[dst[k]] = sh[src[k]];
+                kv_cache_copies_done(f.c);
+                shadow_write(sh, &s[i], toks[i], n);
                 kv_seq_commit(f.c, &s[i], toks[i], n);
-            kv_cache_copies_done(f.c);
+            }
         }
     }
+    print_message("churn: %d matches hit\n", hits);
+    assert_true(hits > 100); /* the check saw real reuse */
     for (int i = 0; i < N; i++) kv_seq_release(f.c, &s[i]);
     done(&f);
 }
@@ -273,6 +373,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alloc_release), cmocka_unit_test(test_prefix_match),
+        cmocka_unit_test(test_match_then_grow),
         cmocka_unit_test(test_prefix_off),    cmocka_unit_test(test_lru_eviction),
         cmocka_unit_test(test_full_changes_nothing), cmocka_unit_test(test_fork_cow),
         cmocka_unit_test(test_fork_unindexes), cmocka_unit_test(test_config_errors),
