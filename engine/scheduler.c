@@ -172,24 +172,32 @@ static int fork_state(const sched_seq *q)
     return p->state == SCHED_RUNNING && p->kv.n_tokens >= q->n_prompt - 1 ? 1 : -1;
 }
 
-/* Gives waiting q the K/V it can reuse: its sibling's, else the cache's. */
-static void attach(sched *s, sched_seq *q, int fork)
+/* Gives waiting q the K/V it can reuse: its sibling's, else the cache's.
+ * Returns how many of its tokens that covers and sets *forked. Nothing is
+ * counted yet: the admission may still fail for want of blocks. */
+static int attach(sched *s, sched_seq *q, int fork, int *forked)
 {
-    int first = !q->admitted;
-    if (first)
-        s->stats.prompt_tokens += (uint64_t)q->n_prompt;
-    if (fork && kv_seq_fork(s->kv, &q->kv, &q->fork_of->kv, q->tokens, q->n_prompt - 1) == LLM_OK) {
-        s->stats.forked_tokens += (uint64_t)q->kv.n_tokens;
-        q->cached_tokens = q->kv.n_tokens;
+    *forked = fork && kv_seq_fork(s->kv, &q->kv, &q->fork_of->kv, q->tokens, q->n_prompt - 1) == LLM_OK;
+    if (*forked)
+        return q->kv.n_tokens;
+    return kv_seq_match(s->kv, &q->kv, q->tokens, q->n_tokens - 1);
+}
+
+/* q was admitted with hit tokens reused: each sequence's prompt counts
+ * once (its first admission); a preempted one's later admissions count
+ * what it computes again. */
+static void count_admission(sched *s, sched_seq *q, int hit, int forked)
+{
+    if (q->admitted) {
+        s->stats.recomputed_tokens += (uint64_t)(q->n_tokens - hit);
         return;
     }
-    int hit = kv_seq_match(s->kv, &q->kv, q->tokens, q->n_tokens - 1);
-    if (first) {
-        q->cached_tokens = hit;
+    s->stats.prompt_tokens += (uint64_t)q->n_prompt;
+    q->cached_tokens = hit;
+    if (forked)
+        s->stats.forked_tokens += (uint64_t)hit;
+    else
         s->stats.cached_tokens += (uint64_t)hit;
-    } else {
-        s->stats.recomputed_tokens += (uint64_t)(q->n_tokens - hit);
-    }
 }
 
 /* Makes room for waiting q by preempting the least urgent running
@@ -222,13 +230,14 @@ static void plan_admit(sched *s)
         }
         if (s->n_running == s->cfg.max_seqs && !preempt_for(s, q))
             return;
-        attach(s, q, fork);
+        int forked, hit = attach(s, q, fork, &forked);
         int n = q->n_tokens - q->kv.n_tokens < budget ? q->n_tokens - q->kv.n_tokens : budget;
         while (kv_seq_reserve(s->kv, &q->kv, n) != LLM_OK)
             if (!preempt_for(s, q)) {
                 kv_seq_release(s->kv, &q->kv); /* its matched blocks stay cached */
                 return;
             }
+        count_admission(s, q, hit, forked);
         list_remove(s->waiting, &s->n_waiting, q);
         s->running[s->n_running++] = q;
         q->state = SCHED_RUNNING;

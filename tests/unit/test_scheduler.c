@@ -254,6 +254,31 @@ static void test_prefix_hits(void **st)
     sim_free(&m);
 }
 
+/* A sequence that waits for blocks across many plans counts its prompt
+ * and its cache hits once, when it is admitted: the hit rate stays a
+ * ratio of admitted tokens. */
+static void test_stats_count_once(void **st)
+{
+    (void)st;
+    sim m;
+    sim_init(&m, 10, 4, 64); /* 40 tokens of KV: a and b do not fit together */
+    sim_seq a, b;
+    seq_make(&a, P, 30, 8, 0, 0);
+    int32_t pb[30];
+    memcpy(pb, P, sizeof pb);
+    for (int i = 8; i < 30; i++) pb[i] = 7; /* shares a's first two blocks */
+    seq_make(&b, pb, 30, 2, 0, 1);
+    assert_int_equal(sched_add(&m.s, &a.q), LLM_OK);
+    assert_int_equal(sched_add(&m.s, &b.q), LLM_OK);
+    for (int i = 0; i < 4; i++) sim_step(&m); /* b is turned away every time */
+    assert_int_equal(b.q.state, SCHED_WAITING);
+    run_all(&m);
+    assert_int_equal(m.s.stats.prompt_tokens, 60);
+    assert_int_equal(b.q.cached_tokens, 8);
+    assert_int_equal(m.s.stats.cached_tokens, 8);
+    sim_free(&m);
+}
+
 /* Removing a waiting or running sequence frees its blocks at once. */
 static void test_remove(void **st)
 {
@@ -282,7 +307,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunked_prefill), cmocka_unit_test(test_priority),
         cmocka_unit_test(test_aging),           cmocka_unit_test(test_kv_preemption),
-        cmocka_unit_test(test_fork),            cmocka_unit_test(test_prefix_hits),
+        cmocka_unit_test(test_fork),            cmocka_unit_test(test_prefix_hits), cmocka_unit_test(test_stats_count_once),
         cmocka_unit_test(test_remove),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
