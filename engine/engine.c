@@ -30,6 +30,7 @@ typedef struct eng_seq {
     llm_sampler *smp;
     textout out;
     llm_sample_result res; /* this step's sample (engine thread) */
+    llm_error fail;        /* this step's sampling failed (code != 0): the request fails with it */
     double t_first;
 } eng_seq;
 
@@ -497,6 +498,21 @@ static int all_on_device(llm_engine *e)
     return 1;
 }
 
+/* q's token for this step is id, checked: a NaN row or an id outside the
+ * vocabulary (a device or kernel fault) fails q's request instead of
+ * indexing past the embedding table or the vocabulary. */
+static void seq_take(llm_engine *e, eng_seq *q, int32_t id)
+{
+    int n_vocab = e->m->hp.n_vocab;
+    q->res.id = id;
+    if (id == LLM_SAMPLE_NAN)
+        llm_errf(&q->fail, LLM_ERR_NUMERIC, "the model produced a NaN logit: no token can be sampled");
+    else if (id < 0 || id >= n_vocab)
+        llm_errf(&q->fail, LLM_ERR_BACKEND, "sampled token id %d is outside the vocabulary [0, %d)", id, n_vocab);
+    else
+        llm_sampler_accept(q->smp, id);
+}
+
 static llm_status step_on_device(llm_engine *e, const llm_forward_batch *bt)
 {
     const int32_t *ids;
@@ -507,17 +523,19 @@ static llm_status step_on_device(llm_engine *e, const llm_forward_batch *bt)
         if (!e->s.items[i].logits)
             continue;
         eng_seq *q = e->s.items[i].seq->user;
-        q->res = (llm_sample_result){.id = ids[k++]};
-        llm_sampler_accept(q->smp, q->res.id);
+        q->res = (llm_sample_result){0};
+        seq_take(e, q, ids[k++]);
     }
     return LLM_OK;
 }
 
 /* Without the lock: copies, the forward pass, and sampling (samplers and
- * the plan's items are only touched by this thread). */
+ * the plan's items are only touched by this thread). A sequence whose
+ * sampling fails keeps the error in q->fail; the others go on. */
 static llm_status step_run(llm_engine *e, const llm_forward_batch *bt)
 {
     const float *logits;
+    for (int i = 0; i < e->s.n_items; i++) ((eng_seq *)e->s.items[i].seq->user)->fail.code = LLM_OK;
     if (e->n_copies > 0)
         llm_forward_kv_copy(e->fwd, kv_cache_layers(e->kv), e->cp_src, e->cp_dst, e->n_copies);
     if (all_on_device(e))
@@ -530,8 +548,8 @@ static llm_status step_run(llm_engine *e, const llm_forward_batch *bt)
         if (!e->s.items[i].logits)
             continue;
         eng_seq *q = e->s.items[i].seq->user;
-        llm_sampler_sample(q->smp, logits + (size_t)k++ * n_vocab, &q->res);
-        llm_sampler_accept(q->smp, q->res.id);
+        if (llm_sampler_sample(q->smp, logits + (size_t)k++ * n_vocab, &q->res, &q->fail) == LLM_OK)
+            seq_take(e, q, q->res.id);
     }
     return LLM_OK;
 }
@@ -605,13 +623,14 @@ static void seq_emit(llm_engine *e, eng_seq *q)
     }
 }
 
-/* A request that cannot go on: ERROR for its reader, sequences dropped. */
-static void req_fail(llm_engine *e, eng_req *r, llm_status st, const char *what)
+/* A request that cannot go on: ERROR (why) for its reader, sequences
+ * dropped. */
+static void req_fail(llm_engine *e, eng_req *r, const llm_error *why)
 {
     if (r->failed || r->cancelled)
         return;
     r->failed = 1;
-    llm_errf(&r->error, st, "engine: %s: %s", what, llm_status_str(st));
+    llm_errf(&r->error, why->code, "engine: %s", why->msg);
     req_drop_seqs(e, r);
     pthread_cond_broadcast(&r->cond);
 }
@@ -621,14 +640,20 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
 {
     sched *s = &e->s;
     if (st) {
-        for (int i = 0; i < s->n_items; i++) req_fail(e, ((eng_seq *)s->items[i].seq->user)->r, st, "forward pass failed");
+        llm_error why;
+        llm_errf(&why, st, "forward pass failed: %s", llm_status_str(st));
+        for (int i = 0; i < s->n_items; i++) req_fail(e, ((eng_seq *)s->items[i].seq->user)->r, &why);
         for (int i = 0; i < s->n_items; i++) ((eng_seq *)s->items[i].seq->user)->r->in_flight--;
         sched_abort(s);
     } else {
         sched_commit(s);
         for (int i = 0; i < s->n_items; i++) {
             eng_seq *q = s->items[i].seq->user;
-            if (s->items[i].logits && !q->r->cancelled && !q->r->failed && !q->finished)
+            if (!s->items[i].logits || q->r->cancelled || q->r->failed || q->finished)
+                continue;
+            if (q->fail.code)
+                req_fail(e, q->r, &q->fail);
+            else
                 seq_emit(e, q);
         }
         for (int i = 0; i < s->n_items; i++) {

@@ -228,16 +228,18 @@ static int step_len(const llm_forward_batch *bt)
 }
 
 /* Rows of argmax over host logits, with the device kernel's rule (ties:
- * lowest id; NaN never wins). */
+ * lowest id; a row with a NaN picks LLM_SAMPLE_NAN). */
 static void host_argmax(const float *lg, int n_rows, int n_vocab, int32_t *out)
 {
     for (int r = 0; r < n_rows; r++) {
         const float *v = lg + (size_t)r * n_vocab;
-        int32_t best = -1;
-        for (int i = 0; i < n_vocab; i++)
-            if (v[i] == v[i] && (best < 0 || v[i] > v[best]))
+        int32_t best = 0;
+        for (int i = 0; i < n_vocab && best >= 0; i++)
+            if (v[i] != v[i])
+                best = LLM_SAMPLE_NAN;
+            else if (v[i] > v[best])
                 best = i;
-        out[r] = best < 0 ? 0 : best;
+        out[r] = best;
     }
 }
 

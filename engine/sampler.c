@@ -151,20 +151,39 @@ static int32_t argmax(const float *v, int n)
     return best;
 }
 
-/* log-sum-exp of the penalized logits, for logprobs at temperature 1. */
-static double log_norm(const float *v, int n)
+/* The normalizer of the penalized logits at temperature 1: log-sum-exp,
+ * or, when some logits are +inf, how many (they share all the mass). */
+typedef struct lnorm {
+    double lz;
+    int n_inf;
+} lnorm;
+
+static lnorm log_norm(const float *v, int n)
 {
     float mx = v[argmax(v, n)];
+    lnorm z = {0, 0};
+    if (isinf(mx) && mx > 0) {
+        for (int i = 0; i < n; i++) z.n_inf += v[i] == mx;
+        return z;
+    }
     double sum = 0;
     for (int i = 0; i < n; i++) sum += exp((double)v[i] - mx);
-    return mx + log(sum);
+    z.lz = mx + log(sum); /* every logit -inf: -inf, and every logprob the floor */
+    return z;
 }
 
-static void top_logprobs(const llm_sampler *s, double lz, llm_sample_result *r)
+/* A logit's log-probability, never below the floor (nor NaN). */
+static float logprob_of(float v, lnorm z)
+{
+    double lp = z.n_inf ? (isinf(v) && v > 0 ? -log((double)z.n_inf) : -INFINITY) : (double)v - z.lz;
+    return !(lp >= LLM_LOGPROB_FLOOR) ? LLM_LOGPROB_FLOOR : (float)lp;
+}
+
+static void top_logprobs(const llm_sampler *s, lnorm z, llm_sample_result *r)
 {
     r->n_top = 0;
     for (int i = 0; i < s->n_vocab; i++) {
-        float lp = (float)(s->work[i] - lz);
+        float lp = logprob_of(s->work[i], z);
         if (r->n_top == s->p.n_logprobs && (r->n_top == 0 || lp <= r->top[r->n_top - 1].logprob))
             continue;
         int j = r->n_top < s->p.n_logprobs ? r->n_top++ : r->n_top - 1;
@@ -200,6 +219,22 @@ static void select_top(cand *c, int n, int k)
     }
 }
 
+/* The pick among the candidates' weights, or -1 when there is no finite
+ * positive total to draw from. */
+static int32_t draw(llm_sampler *s, int n, double sum)
+{
+    if (n < 1 || !(sum > 0) || !isfinite(sum))
+        return -1;
+    double u = rng_uniform(s->rng) * sum, acc = 0;
+    for (int i = 0; i < n; i++)
+        if ((acc += s->c[i].v) > u)
+            return s->c[i].id;
+    return s->c[n - 1].id; /* u rounded up to sum */
+}
+
+/* Temperature with top-k, min-p and top-p; the argmax when the scaled
+ * logits are not finite (an infinite logit, or logit / T overflowing) or
+ * the filters leave nothing to draw from. */
 static int32_t sample_filtered(llm_sampler *s)
 {
     const llm_sampling *p = &s->p;
@@ -211,6 +246,8 @@ static int32_t sample_filtered(llm_sampler *s)
     }
     float mx = s->c[0].v;
     for (int i = 1; i < n; i++) mx = fmaxf(mx, s->c[i].v);
+    if (!isfinite(mx))
+        return argmax(s->work, s->n_vocab);
     double sum = 0;
     for (int i = 0; i < n; i++) sum += (s->c[i].v = expf(s->c[i].v - mx));
     if (p->min_p > 0) { /* keep tokens with p >= min_p * p_max; p_max is exp(0) = 1 */
@@ -229,12 +266,11 @@ static int32_t sample_filtered(llm_sampler *s)
         n = k;
         sum = acc;
     }
-    double u = rng_uniform(s->rng) * sum, acc = 0;
-    for (int i = 0; i < n; i++)
-        if ((acc += s->c[i].v) > u)
-            return s->c[i].id;
-    return s->c[n - 1].id;
+    int32_t id = draw(s, n, sum);
+    return id >= 0 ? id : argmax(s->work, s->n_vocab);
 }
+
+static int greedy(const llm_sampling *p) { return !(p->temperature >= LLM_SAMPLING_GREEDY_BELOW); }
 
 int llm_sampler_device_ok(const llm_sampler *s)
 {
@@ -246,26 +282,31 @@ int llm_sampler_device_ok(const llm_sampler *s)
 void llm_sampler_device_params(llm_sampler *s, llm_sample_params *out)
 {
     const llm_sampling *p = &s->p;
-    *out = (llm_sample_params){p->temperature, p->top_k, p->top_p, p->min_p, 0};
-    if (p->temperature > 0)
+    *out = (llm_sample_params){greedy(p) ? 0.f : p->temperature, p->top_k, p->top_p, p->min_p, 0};
+    if (!greedy(p))
         out->u = (float)rng_uniform(s->rng);
     if (out->u >= 1.0f) /* float rounding of a draw just under 1 */
         out->u = 0.99999994f;
 }
 
-void llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *r)
+llm_status llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *r, llm_error *err)
 {
-    memcpy(s->work, logits, sizeof(float) * (size_t)s->n_vocab);
-    apply_penalties(s);
-    r->id = s->p.temperature <= 0 ? argmax(s->work, s->n_vocab) : sample_filtered(s);
+    r->id = 0;
     r->logprob = 0;
     r->n_top = 0;
+    for (int i = 0; i < s->n_vocab; i++)
+        if (isnan(logits[i]))
+            return llm_errf(err, LLM_ERR_NUMERIC, "the model produced a NaN logit (token id %d): no token can be sampled", i);
+    memcpy(s->work, logits, sizeof(float) * (size_t)s->n_vocab);
+    apply_penalties(s);
+    r->id = greedy(&s->p) ? argmax(s->work, s->n_vocab) : sample_filtered(s);
     if (!s->p.logprobs && !s->p.n_logprobs)
-        return; /* the normalizer costs as much as the rest: only when asked */
-    double lz = log_norm(s->work, s->n_vocab);
-    r->logprob = (float)(s->work[r->id] - lz);
+        return LLM_OK; /* the normalizer costs as much as the rest: only when asked */
+    lnorm z = log_norm(s->work, s->n_vocab);
+    r->logprob = logprob_of(s->work[r->id], z);
     if (s->p.n_logprobs)
-        top_logprobs(s, lz, r);
+        top_logprobs(s, z, r);
+    return LLM_OK;
 }
 
 long llm_stop_find(const char *text, size_t len, const char *const *stops, int n_stops, size_t *hold)

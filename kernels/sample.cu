@@ -4,7 +4,9 @@
  * truncation thresholds are found by bisection on the logit value (no
  * sort); the token is the one where the cumulative weight, in id order,
  * passes u times the total: the same distribution as the CPU sampler's,
- * though not the same draw for a given seed. */
+ * though not the same draw for a given seed. Edge rules shared with the
+ * host sampler: a NaN logit picks -1 (LLM_SAMPLE_NAN), an infinite largest
+ * logit or a total that is not finite and positive picks the argmax. */
 #include <math.h>
 
 #include "common.cuh"
@@ -17,22 +19,27 @@ __device__ static inline void better(float *v, int *i, float v2, int i2)
         *v = v2, *i = i2;
 }
 
-/* The block's argmax of one row into *out (any block size up to 1024). */
+/* The block's argmax of one row into *out (any block size up to 1024);
+ * LLM_SAMPLE_NAN's -1 when the row holds a NaN (no distribution to pick
+ * from: the engine fails the request). Every thread of the block calls it. */
 __device__ static void row_argmax(const float *row, int n_vocab, int32_t *out)
 {
     __shared__ float sv[32];
     __shared__ int si[32];
     float v = -INFINITY;
-    int id = 0x7fffffff;
-    for (int i = threadIdx.x; i < n_vocab; i += blockDim.x) better(&v, &id, row[i], i);
+    int id = 0x7fffffff, nan = 0;
+    for (int i = threadIdx.x; i < n_vocab; i += blockDim.x) {
+        nan |= row[i] != row[i];
+        better(&v, &id, row[i], i);
+    }
     for (int o = 16; o > 0; o >>= 1)
         better(&v, &id, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, id, o));
     if ((threadIdx.x & 31) == 0)
         sv[threadIdx.x >> 5] = v, si[threadIdx.x >> 5] = id;
-    __syncthreads();
+    nan = __syncthreads_or(nan);
     if (threadIdx.x == 0) {
         for (int w = 1; w < (int)(blockDim.x / 32); w++) better(&v, &id, sv[w], si[w]);
-        *out = id == 0x7fffffff ? 0 : id;
+        *out = nan ? -1 : id == 0x7fffffff ? 0 : id;
     }
 }
 
@@ -148,13 +155,21 @@ __global__ static void sample_kernel(const float *logits, int n_vocab, const lk_
         return;
     }
     float mx = -INFINITY, mn = INFINITY;
+    int nan = 0;
     for (int i = threadIdx.x; i < n_vocab; i += SMP_THREADS) {
-        float l = logit_at(row, i);
-        mx = fmaxf(mx, l);
+        float l = row[i];
+        nan |= l != l;
+        mx = fmaxf(mx, logit_at(row, i));
         if (l > -INFINITY)
             mn = fminf(mn, l);
     }
     float M = smp_max(mx, sh), lo = -smp_max(-mn, sh);
+    /* a NaN (-1 out), an infinite largest logit (weights NaN) or nothing
+     * finite at all: the argmax's rules, as on the host */
+    if (__syncthreads_or(nan) || !(M < INFINITY) || !(M > -INFINITY)) {
+        row_argmax(row, n_vocab, out + blockIdx.x);
+        return;
+    }
     float tau = threshold(row, n_vocab, &p, M, lo, sh), T = p.temperature;
     /* contiguous chunks per thread, so the id order of the cumulative sum
      * follows the thread order */
@@ -196,6 +211,10 @@ __global__ static void sample_kernel(const float *logits, int n_vocab, const lk_
             pick = last; /* rounding at the chunk's end */
     }
     __syncthreads();
+    if (!(sh[0] > 0.f) || !(sh[0] < INFINITY)) { /* no finite positive total (T tiny, overflow): the argmax */
+        row_argmax(row, n_vocab, out + blockIdx.x);
+        return;
+    }
     if (threadIdx.x == 0) /* target at the very end (u near 1, rounding): the last candidate */
         out[blockIdx.x] = pick >= 0 ? pick : last_any >= 0 ? last_any : 0;
 }

@@ -110,7 +110,8 @@ static int generate(const opts *o, const llm_model *m, llm_session *ses, llm_err
         llm_sample_result r;
         if (o->ids)
             gaps[n_out] = top2_gap(logits, m->hp.n_vocab);
-        llm_sampler_sample(smp, logits, &r);
+        if (llm_sampler_sample(smp, logits, &r, err))
+            goto out;
         if (llm_vocab_is_eog(m->vocab, r.id))
             break;
         out[n_out] = r.id;

@@ -5,6 +5,7 @@
  * blocks at once; priorities cut time to first token; bad requests and a
  * full queue fail with clear errors and change nothing; stop strings and
  * text. Every test ends with the KV pool fully free. */
+#include <math.h>
 #include <pthread.h>
 
 #include "testutil.h"
@@ -535,6 +536,82 @@ static void test_stress(void **st)
     close_engine(e);
 }
 
+/* ---- numeric faults ---------------------------------------------------- */
+
+/* The CPU backend with faults on demand: NaN in the logits (the output
+ * matmul's first row), or a device pick of a given id. */
+static struct llm_backend_i g_fault_iface;
+static int g_fault_nan, g_fault_pick = -2; /* -2: no device pick */
+
+static llm_status fault_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok)
+{
+    llm_status st = g_b->iface->matmul(b, ops, n_ops, x, n_tok);
+    if (!st && g_fault_nan && ops[0].w == &g_tiny->output)
+        ops[0].y[0] = NAN;
+    return st;
+}
+
+static llm_status fault_sample(llm_backend *b, const float *lg, int n_rows, int n_vocab, const llm_sample_params *p,
+                               int32_t *out)
+{
+    (void)b, (void)lg, (void)n_vocab, (void)p;
+    for (int r = 0; r < n_rows; r++) out[r] = g_fault_pick;
+    return LLM_OK;
+}
+
+/* The single event a failed request leaves: its error. */
+static llm_error read_error(llm_engine *e, llm_request_id id)
+{
+    llm_event ev;
+    for (;;) {
+        assert_int_equal(llm_engine_next(e, id, &ev, 60000), LLM_OK);
+        if (ev.type == LLM_EVENT_ERROR)
+            return ev.error;
+        assert_int_not_equal(ev.type, LLM_EVENT_DONE);
+        llm_event_clear(&ev);
+    }
+}
+
+static void check_fault(int nan, int pick, int sample_op, llm_status want, const char *msg)
+{
+    g_fault_iface = *g_b->iface;
+    g_fault_iface.matmul = fault_matmul;
+    g_fault_iface.sample = sample_op ? fault_sample : NULL;
+    llm_backend fb = {&g_fault_iface, g_b->ctx};
+    llm_engine_config c = {.model = g_tiny, .backend = &fb, .n_ctx = 128};
+    llm_engine *e = NULL;
+    llm_error err = {0};
+    assert_int_equal(llm_engine_open(&c, &e, &err), LLM_OK);
+    int32_t p[64];
+    int n = make_prompt(g_tiny, 3, p);
+    llm_request rq = greedy(p, n, 8);
+    g_fault_nan = nan;
+    g_fault_pick = pick;
+    llm_error got = read_error(e, submit(e, &rq));
+    assert_int_equal(got.code, want);
+    if (!strstr(got.msg, msg))
+        fail_msg("error '%s' does not say '%s'", got.msg, msg);
+    g_fault_nan = 0; /* the engine goes on serving */
+    g_fault_iface.sample = NULL;
+    result r;
+    collect(e, submit(e, &rq), 1, &r);
+    assert_int_equal(r.n_tok[0], 8);
+    close_engine(e);
+}
+
+/* NaN logits fail the request with a clear error (host sampler and device
+ * pick alike); a device pick outside the vocabulary fails it too instead
+ * of indexing past the embedding table; the engine serves the next
+ * request and every block is free. */
+static void test_numeric_faults(void **st)
+{
+    (void)st;
+    check_fault(1, -2, 0, LLM_ERR_NUMERIC, "NaN logit (token id 0)");
+    check_fault(0, LLM_SAMPLE_NAN, 1, LLM_ERR_NUMERIC, "NaN logit");
+    check_fault(0, 512 + 7, 1, LLM_ERR_BACKEND, "sampled token id 519 is outside the vocabulary [0, 512)");
+    check_fault(0, -5, 1, LLM_ERR_BACKEND, "sampled token id -5");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -547,6 +624,7 @@ int main(void)
         cmocka_unit_test(test_n_completions),
         cmocka_unit_test(test_text_and_stop),
         cmocka_unit_test(test_stress),
+        cmocka_unit_test(test_numeric_faults),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

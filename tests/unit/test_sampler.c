@@ -34,7 +34,7 @@ static void histogram(llm_sampling p, int n, int *counts)
     memset(counts, 0, sizeof(int) * V);
     for (int i = 0; i < n; i++) {
         llm_sample_result r;
-        llm_sampler_sample(s, logits, &r);
+        assert_int_equal(llm_sampler_sample(s, logits, &r, NULL), LLM_OK);
         assert_true(r.id >= 0 && r.id < V);
         counts[r.id]++;
     }
@@ -46,7 +46,7 @@ static void test_greedy(void **state)
     (void)state;
     llm_sampler *s = make(llm_sampling_default());
     llm_sample_result r;
-    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(llm_sampler_sample(s, logits, &r, NULL), LLM_OK);
     assert_int_equal(r.id, 1);
     llm_sampler_free(s);
 }
@@ -102,7 +102,7 @@ static void test_seed(void **state)
         llm_sampler *s = make(p);
         for (int i = 0; i < 64; i++) {
             llm_sample_result r;
-            llm_sampler_sample(s, logits, &r);
+            assert_int_equal(llm_sampler_sample(s, logits, &r, NULL), LLM_OK);
             (run == 0 ? a : run == 1 ? b : d)[i] = r.id;
         }
         llm_sampler_free(s);
@@ -123,7 +123,7 @@ static void test_penalties(void **state)
     p.presence_penalty = 0.2f; /* 3.0 - 0.2 < 2.9 */
     llm_sampler *s = make(p);
     llm_sampler_accept(s, 1);
-    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(llm_sampler_sample(s, logits, &r, NULL), LLM_OK);
     assert_int_equal(r.id, 5);
     llm_sampler_free(s);
     p.presence_penalty = 0;
@@ -131,10 +131,10 @@ static void test_penalties(void **state)
     s = make(p);
     llm_sampler_accept(s, 1);
     llm_sampler_accept(s, 1);
-    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(llm_sampler_sample(s, logits, &r, NULL), LLM_OK);
     assert_int_equal(r.id, 1);
     llm_sampler_accept(s, 1); /* three times: 3.0 - 0.12 = 2.88 < 2.9 */
-    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(llm_sampler_sample(s, logits, &r, NULL), LLM_OK);
     assert_int_equal(r.id, 5);
     llm_sampler_free(s);
     p.frequency_penalty = 0;
@@ -142,11 +142,11 @@ static void test_penalties(void **state)
     p.penalty_last_n = 2;
     s = make(p);
     llm_sampler_accept(s, 1);
-    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(llm_sampler_sample(s, logits, &r, NULL), LLM_OK);
     assert_int_equal(r.id, 5);
     llm_sampler_accept(s, 4);
     llm_sampler_accept(s, 4); /* id 1 left the 2-token window */
-    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(llm_sampler_sample(s, logits, &r, NULL), LLM_OK);
     assert_int_equal(r.id, 1);
     llm_sampler_free(s);
 }
@@ -158,7 +158,7 @@ static void test_logprobs(void **state)
     p.n_logprobs = 3;
     llm_sampler *s = make(p);
     llm_sample_result r;
-    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(llm_sampler_sample(s, logits, &r, NULL), LLM_OK);
     double want[V];
     softmax(logits, 1.0, want);
     assert_int_equal(r.n_top, 3);
@@ -173,13 +173,13 @@ static void test_logprobs(void **state)
     p.n_logprobs = 0;
     p.logprobs = 1;
     s = make(p);
-    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(llm_sampler_sample(s, logits, &r, NULL), LLM_OK);
     assert_int_equal(r.n_top, 0);
     assert_true(fabs(r.logprob - log(want[1])) < 1e-5);
     llm_sampler_free(s);
     p.logprobs = 0;
     s = make(p);
-    llm_sampler_sample(s, logits, &r);
+    assert_int_equal(llm_sampler_sample(s, logits, &r, NULL), LLM_OK);
     assert_true(r.logprob == 0 && r.n_top == 0);
     llm_sampler_free(s);
 }
@@ -218,10 +218,122 @@ static void test_stop(void **state)
     assert_int_equal(hold, 0);
 }
 
+/* A temperature so small that logits / T overflows (1e-40 is in the
+ * accepted range) with a filter that needs a finite distribution: the pick
+ * is the argmax, never a token outside the array (the old code read
+ * c[-1] when no candidate survived). */
+static void test_tiny_temperature(void **state)
+{
+    (void)state;
+    const float filters[][3] = {{0, 0.5f, 0}, {0, 1, 0.1f}, {3, 1, 0}, {2, 0.9f, 0.05f}, {0, 1, 0}};
+    const float temps[] = {1e-40f, 1e-30f, 1e-6f, 9e-6f};
+    double want[V];
+    softmax(logits, 1.0, want);
+    for (size_t t = 0; t < sizeof temps / sizeof *temps; t++)
+        for (size_t f = 0; f < sizeof filters / sizeof *filters; f++) {
+            llm_sampling p = llm_sampling_default();
+            p.temperature = temps[t];
+            p.top_k = (int)filters[f][0];
+            p.top_p = filters[f][1];
+            p.min_p = filters[f][2];
+            p.logprobs = 1;
+            llm_sampler *s = make(p);
+            for (int i = 0; i < 20; i++) {
+                llm_sample_result r;
+                assert_int_equal(llm_sampler_sample(s, logits, &r, NULL), LLM_OK);
+                assert_int_equal(r.id, 1);
+                assert_true(fabs(r.logprob - log(want[1])) < 1e-5); /* reported at temperature 1 */
+            }
+            llm_sample_params dp;
+            llm_sampler_device_params(s, &dp);
+            assert_true(temps[t] >= LLM_SAMPLING_GREEDY_BELOW || dp.temperature == 0);
+            llm_sampler_free(s);
+        }
+}
+
+/* A NaN logit is an error naming the token, never a random pick; infinite
+ * logits are allowed (+inf: the certain tokens) and logprobs stay finite
+ * and at least the floor. */
+static void test_non_finite_logits(void **state)
+{
+    (void)state;
+    llm_sampling p = llm_sampling_default();
+    p.temperature = 0.8f;
+    p.top_p = 0.9f;
+    p.n_logprobs = 3;
+    llm_sampler *s = make(p);
+    llm_sample_result r;
+    llm_error err = {0};
+    float l[V];
+    memcpy(l, logits, sizeof l);
+    l[4] = NAN;
+    assert_int_equal(llm_sampler_sample(s, l, &r, &err), LLM_ERR_NUMERIC);
+    assert_non_null(strstr(err.msg, "NaN logit (token id 4)"));
+    memcpy(l, logits, sizeof l);
+    l[6] = INFINITY;
+    l[3] = -INFINITY;
+    for (int i = 0; i < 10; i++) {
+        assert_int_equal(llm_sampler_sample(s, l, &r, NULL), LLM_OK);
+        assert_int_equal(r.id, 6);
+        assert_true(r.logprob == 0);
+        assert_int_equal(r.n_top, 3);
+        assert_int_equal(r.top[0].id, 6);
+        assert_true(r.top[1].logprob == LLM_LOGPROB_FLOOR);
+    }
+    for (int i = 0; i < V; i++) l[i] = 3e38f; /* finite, but l / T overflows */
+    assert_int_equal(llm_sampler_sample(s, l, &r, NULL), LLM_OK);
+    assert_int_equal(r.id, 0);
+    assert_true(isfinite(r.logprob) && r.logprob >= LLM_LOGPROB_FLOOR);
+    for (int i = 0; i < V; i++) l[i] = -INFINITY; /* nothing possible: the argmax's id, floor logprobs */
+    assert_int_equal(llm_sampler_sample(s, l, &r, NULL), LLM_OK);
+    assert_true(r.id == 0 && r.logprob == LLM_LOGPROB_FLOOR);
+    llm_sampler_free(s);
+}
+
+/* Random settings over hostile logits (infinities, huge and denormal
+ * values, ties): the pick is always in range, never a -inf token while a
+ * finite one exists, within top_k of the largest logits, and logprobs are
+ * never NaN nor below the floor. */
+static void test_random_edges(void **state)
+{
+    (void)state;
+    static const float vals[] = {INFINITY, -INFINITY, 3e38f, -3e38f, 1e-45f, 0.f, 1.f, 88.f, -88.f, 1e30f};
+    static const float temps[] = {0, 1e-40f, 1e-20f, 1e-5f, 0.5f, 1, 2, 100};
+    uint64_t seed = 5;
+    for (int it = 0; it < 20000; it++) {
+        float l[V];
+        for (int i = 0; i < V; i++)
+            l[i] = test_rng(&seed) % 2 ? vals[test_rng(&seed) % 10] : 10 * test_randf(&seed);
+        llm_sampling p = llm_sampling_default();
+        p.temperature = temps[test_rng(&seed) % 8];
+        p.top_k = (int)(test_rng(&seed) % (V + 1));
+        p.top_p = test_rng(&seed) % 2 ? 1.f : 0.01f + 0.99f * (test_randf(&seed) + 1) / 2;
+        p.min_p = test_rng(&seed) % 2 ? 0.f : (test_randf(&seed) + 1) / 2;
+        p.n_logprobs = (int)(test_rng(&seed) % 3);
+        p.seed = test_rng(&seed);
+        llm_sampler *s = make(p);
+        llm_sample_result r;
+        assert_int_equal(llm_sampler_sample(s, l, &r, NULL), LLM_OK);
+        assert_true(r.id >= 0 && r.id < V);
+        int finite_exists = 0, above = 0;
+        float t = p.temperature >= LLM_SAMPLING_GREEDY_BELOW ? p.temperature : 1; /* ties as the filters see them */
+        for (int i = 0; i < V; i++) {
+            finite_exists |= l[i] > -INFINITY;
+            above += l[i] / t > l[r.id] / t;
+        }
+        assert_true(!finite_exists || l[r.id] > -INFINITY);
+        assert_true(p.top_k == 0 || above < p.top_k);
+        assert_true(r.logprob >= LLM_LOGPROB_FLOOR && r.logprob <= 0);
+        for (int k = 0; k < r.n_top; k++) assert_true(r.top[k].logprob >= LLM_LOGPROB_FLOOR && r.top[k].logprob <= 0);
+        llm_sampler_free(s);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_greedy), cmocka_unit_test(test_temperature_distribution),
+        cmocka_unit_test(test_greedy), cmocka_unit_test(test_tiny_temperature),
+        cmocka_unit_test(test_non_finite_logits), cmocka_unit_test(test_random_edges), cmocka_unit_test(test_temperature_distribution),
         cmocka_unit_test(test_filters), cmocka_unit_test(test_seed), cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_logprobs), cmocka_unit_test(test_check), cmocka_unit_test(test_stop),
     };

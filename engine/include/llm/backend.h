@@ -103,8 +103,10 @@ struct llm_model;
 /* How one row's token is picked on a device: temperature <= 0 is the
  * argmax; top_k <= 0, top_p >= 1, min_p <= 0 are off; u in [0, 1) is the
  * row's uniform draw (the token where the cumulative truncated weight, in
- * id order, passes u of the total). Layout shared with the kernels'
- * lk_sample_params. */
+ * id order, passes u of the total). An infinite largest logit, or nothing
+ * left to draw from, picks the argmax; a row with a NaN logit picks
+ * LLM_SAMPLE_NAN. Layout shared with the kernels' lk_sample_params. */
+#define LLM_SAMPLE_NAN (-1)
 typedef struct llm_sample_params {
     float temperature;
     int top_k;

@@ -17,8 +17,16 @@
 
 #define LLM_MAX_LOGPROBS 20
 
+/* Temperatures below this are greedy: logits / T would overflow to
+ * infinity long before T reaches 0, and the distribution is a point mass
+ * well before that. */
+#define LLM_SAMPLING_GREEDY_BELOW 1e-5f
+/* Log-probabilities are reported no lower than this (OpenAI's floor for
+ * tokens that cannot be picked; JSON has no -Infinity). */
+#define LLM_LOGPROB_FLOOR (-9999.0f)
+
 typedef struct llm_sampling {
-    float temperature;        /* <= 0: greedy */
+    float temperature;        /* < LLM_SAMPLING_GREEDY_BELOW: greedy */
     int top_k;                /* <= 0: off */
     float top_p;              /* >= 1: off */
     float min_p;              /* <= 0: off */
@@ -50,13 +58,18 @@ llm_status llm_sampler_new(const llm_sampling *p, int n_vocab, llm_sampler **out
 void llm_sampler_free(llm_sampler *s);
 /* Records a token (prompt or generated) for the penalties. */
 void llm_sampler_accept(llm_sampler *s, int32_t id);
-/* Samples from n_vocab logits (not modified). */
-void llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *out);
+/* Samples from n_vocab logits (not modified); out->id is always in
+ * [0, n_vocab). Logits of +/-infinity are allowed (+inf: the most likely
+ * tokens); when no candidate keeps a finite positive weight after the
+ * filters, the pick is the argmax. LLM_ERR_NUMERIC (err names the first
+ * NaN's id; nothing recorded) when a logit is NaN: no token is sampled
+ * from a distribution that does not exist. */
+llm_status llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *out, llm_error *err);
 /* 1 when this sampler's choice needs no host pass over the logits (no
  * penalties, no logprobs), so a device may pick the token itself. */
 int llm_sampler_device_ok(const llm_sampler *s);
-/* For a device pick: *out gets the settings and, unless greedy, the next
- * uniform draw of the generator (consumed). */
+/* For a device pick: *out gets the settings (temperature 0 when greedy)
+ * and, unless greedy, the next uniform draw of the generator (consumed). */
 void llm_sampler_device_params(llm_sampler *s, llm_sample_params *out);
 
 /* Stop sequences over generated text. Returns the byte offset where the

@@ -29,6 +29,7 @@ typedef enum llm_status {
     LLM_ERR_CONFLICT = 15,   /* Kubernetes 409: stale resourceVersion or already exists */
     LLM_ERR_GONE = 16,       /* Kubernetes 410: resourceVersion too old (relist) */
     LLM_ERR_FORBIDDEN = 17,  /* Kubernetes 401/403: credentials or RBAC */
+    LLM_ERR_NUMERIC = 18,    /* NaN or infinity where a finite number is needed (logits, weights) */
 } llm_status;
 
 #define LLM_ERROR_MSG_MAX 512
