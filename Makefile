@@ -159,8 +159,12 @@ pytest: $(TOOL_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)
 	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration
 
 FUZZ_TIME ?= 20
-fuzz:
+# The libFuzzer targets, then the engine's differential trace tester
+# (tests/unit/test_trace.c) on random seeds for FUZZ_TIME seconds.
+fuzz: $(BUILD)/tests/test_trace
 	@$(MAKE) --no-print-directory -f tests/fuzz/fuzz.mk SHELL=/bin/bash FUZZ_TIME=$(FUZZ_TIME) run
+	@echo "fuzz: $(FUZZ_TIME) s of engine request traces against each request alone"
+	@$(BUILD)/tests/test_trace --time $(FUZZ_TIME)
 
 test: deps
 	@$(MAKE) --no-print-directory all
@@ -174,12 +178,12 @@ asan: deps
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" unit pytest
 
 # The threaded parts (engine, scheduler) under ThreadSanitizer.
-TSAN_TESTS = test_engine test_scheduler test_kv_cache test_tp
+TSAN_TESTS = test_engine test_scheduler test_kv_cache test_tp test_trace
 tsan:
 	@$(MAKE) --no-print-directory BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread" \
 	  $(TSAN_TESTS:%=build-tsan/tests/%)
 	@fail=0; for t in $(TSAN_TESTS); do echo "== tsan $$t"; \
-	  TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/$$t || fail=1; done; exit $$fail
+	  TSAN_OPTIONS=halt_on_error=1 LLM_TRACE_SEEDS=8 build-tsan/tests/$$t || fail=1; done; exit $$fail
 
 bench: deps all
 	$(PYTHON) tests/bench/bench.py --build $(BUILD)

@@ -1,0 +1,573 @@
+/* test_trace.c - the differential trace tester: random request traces
+ * against one engine, every completion checked bit for bit against the
+ * same request run alone on a fresh engine with the prefix cache off.
+ *
+ * The engine promises that load changes no answer (engine.h): batching,
+ * chunked prefill, preemption and recompute, forks for n > 1, and prefix
+ * cache hits give the same token ids, logprobs, text and finish reason as
+ * the request alone. A trace mixes everything that could break that
+ * promise: multi-turn conversations (each turn's prompt is the previous
+ * prompt, its answer and new tokens, growing past many blocks and past
+ * block_size^2 tokens), prompts that share a far block's tokens at a near
+ * position, n > 1 forks, priorities, a KV pool small enough to preempt and
+ * evict, cancellations at random points, stop strings, logprobs, max_tokens
+ * 1, small token budgets (chunked prefill), greedy and seeded sampling,
+ * penalties. After each trace: no block referenced, nothing queued, and
+ * the stats add up (each admitted sequence's prompt counted once).
+ *
+ *   test_trace                    the fixed seeds (make test), cmocka;
+ *                                 LLM_TRACE_SEEDS=N runs seeds 1..N
+ *   test_trace --time S [--seed N] random seeds for S seconds (make fuzz)
+ *   test_trace --seed N [-v]      one trace, printed
+ *
+ * A failing seed prints itself; add it to REGRESS below. */
+#include <pthread.h>
+#include <time.h>
+
+#include "testutil.h"
+
+#include "llm/engine.h"
+#include "llm/mkmodel.h"
+
+enum { MAX_REQS = 14, MAX_PROMPT = 400, MAX_GEN = 20, N_BASES = 3 };
+
+/* Seeds that once failed: run first, always. (None yet.) */
+static const uint64_t REGRESS[] = {0};
+#define N_QUICK 100 /* seeds 1..N_QUICK in make test; $LLM_TRACE_SEEDS overrides (TSan runs fewer) */
+
+typedef struct tr_comp {
+    int n_tok;
+    int32_t tok[MAX_GEN];
+    float lp[MAX_GEN];
+    int n_top[MAX_GEN];
+    llm_logprob top[MAX_GEN][4];
+    char text[MAX_GEN * 64];
+    size_t text_len;
+    llm_finish finish;
+    int done;
+    llm_usage usage;
+} tr_comp;
+
+typedef struct tr_req {
+    llm_request rq;
+    int32_t prompt[MAX_PROMPT];
+    char stop_buf[32];
+    const char *stop[1];
+    int base;          /* the base its prompt came from */
+    int parent;        /* >= 0: a later turn of that request's conversation, submitted after it ends */
+    int cancel_after;  /* >= 0: cancel after reading this many events (0: right after submit) */
+    int gap;           /* generated tokens (engine-wide) to wait for before submitting */
+    /* filled by the run */
+    llm_engine *e;
+    llm_request_id id;
+    pthread_t th;
+    int cancelled, events, done;
+    int finished;      /* the reader is through (atomic: the driver polls it) */
+    llm_error err;
+    tr_comp got[LLM_MAX_N], want[LLM_MAX_N];
+} tr_req;
+
+typedef struct tr_trace {
+    uint64_t seed;
+    llm_engine_config cfg;
+    int n_req;
+    tr_req req[MAX_REQS];
+} tr_trace;
+
+typedef struct tr_totals {
+    uint64_t traces, requests, completions, steps, preemptions, cached, cancels, evictions_seen;
+} tr_totals;
+
+static llm_model *g_m;
+static llm_backend *g_b;
+static char g_path[256];
+static int g_verbose;
+static tr_totals g_tot;
+
+static uint64_t rnd(uint64_t *s, uint64_t n) { return n ? test_rng(s) % n : 0; }
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---- building a trace ---------------------------------------------------- */
+
+static void config_make(tr_trace *t, uint64_t *s)
+{
+    static const int bss[] = {2, 4, 8, 16};
+    const llm_hparams *hp = &g_m->hp;
+    llm_engine_config *c = &t->cfg;
+    memset(c, 0, sizeof *c);
+    c->model = g_m;
+    c->backend = g_b;
+    c->block_size = bss[rnd(s, 4)];
+    c->n_ctx = 96 + 32 * (int)rnd(s, 10); /* 96..384: past 16 * 16 */
+    c->max_seqs = 1 + (int)rnd(s, 6);
+    c->max_batch_tokens = c->max_seqs + (int)rnd(s, 3) * (1 + (int)rnd(s, 40));
+    c->kv_type = (llm_kv_type)rnd(s, 3);
+    c->aging_ms = 1 + (int)rnd(s, 3000);
+    /* one full context plus up to two more: small enough to preempt and evict */
+    int per_seq = (c->n_ctx + c->block_size - 1) / c->block_size;
+    int n_blocks = per_seq + (int)rnd(s, (uint64_t)(2 * per_seq + 1));
+    c->kv_cache_bytes =
+        (size_t)n_blocks * kv_cache_block_bytes(c->kv_type, c->block_size, hp->n_layer, hp->n_head_kv * hp->head_dim);
+}
+
+/* Prompt i from one of the bases: a prefix of it, a prefix with a changed
+ * token, or a prefix whose blocks from k on are the base's own far blocks
+ * from m on. k is often where an earlier request's prompt ended (what the
+ * cache matches), m = k * block_size half the time (where a chain counted
+ * in tokens instead of blocks would put them). */
+static void prompt_make(tr_trace *t, int i, int32_t base[N_BASES][MAX_PROMPT], uint64_t *s, int n)
+{
+    tr_req *r = &t->req[i];
+    const tr_req *e = i > 0 && rnd(s, 2) ? &t->req[rnd(s, (uint64_t)i)] : NULL;
+    int bs = t->cfg.block_size, kind = (int)rnd(s, 4);
+    r->base = e ? e->base : (int)rnd(s, N_BASES);
+    memcpy(r->prompt, base[r->base], sizeof(int32_t) * (size_t)n);
+    if (kind == 1)
+        r->prompt[rnd(s, (uint64_t)n)] = (int32_t)rnd(s, (uint64_t)g_m->hp.n_vocab);
+    if (kind == 2 && n > 2 * bs) {
+        int k = e && e->rq.n_tokens / bs >= 1 && e->rq.n_tokens / bs < n / bs ? e->rq.n_tokens / bs
+                                                                              : 1 + (int)rnd(s, (uint64_t)(n / bs - 1));
+        int m = rnd(s, 2) ? k * bs : k + 1 + (int)rnd(s, 8);
+        for (int j = k * bs; j < n; j++) r->prompt[j] = base[r->base][(j - k * bs + m * bs) % MAX_PROMPT];
+    }
+    r->rq.n_tokens = n;
+}
+
+static void sampling_make(tr_req *r, uint64_t *s)
+{
+    llm_sampling *sp = &r->rq.sampling;
+    *sp = llm_sampling_default();
+    if (rnd(s, 2)) {
+        static const float temps[] = {0.5f, 0.9f, 1.3f, 1e-30f};
+        sp->temperature = temps[rnd(s, 4)];
+        sp->top_k = rnd(s, 2) ? 0 : 1 + (int)rnd(s, 50);
+        sp->top_p = rnd(s, 2) ? 1.f : 0.8f;
+        sp->min_p = rnd(s, 3) ? 0.f : 0.05f;
+    }
+    if (!rnd(s, 4)) {
+        sp->repetition_penalty = 1.3f;
+        sp->presence_penalty = 0.4f;
+    }
+    sp->seed = test_rng(s);
+    sp->logprobs = !rnd(s, 2);
+    sp->n_logprobs = (int)rnd(s, 5);
+}
+
+/* Request i's fields; a later turn's prompt is filled in by later_turn(). */
+static void request_make(tr_trace *t, int i, int32_t base[N_BASES][MAX_PROMPT], uint64_t *s)
+{
+    tr_req *r = &t->req[i];
+    memset(r, 0, sizeof *r);
+    r->parent = -1;
+    r->cancel_after = -1;
+    r->rq.max_tokens = rnd(s, 5) ? 1 + (int)rnd(s, MAX_GEN) : 1;
+    int room = t->cfg.n_ctx - r->rq.max_tokens, cap = room < MAX_PROMPT ? room : MAX_PROMPT;
+    if (i > 0 && rnd(s, 3) == 0)
+        r->parent = (int)rnd(s, (uint64_t)i);
+    prompt_make(t, i, base, s, 1 + (int)rnd(s, (uint64_t)cap));
+    r->rq.tokens = r->prompt;
+    sampling_make(r, s);
+    r->rq.n = rnd(s, 4) ? 1 : 2 + (int)rnd(s, 3);
+    r->rq.priority = (int)rnd(s, 4) - 1;
+    r->rq.ignore_eos = (int)rnd(s, 2);
+    if (!rnd(s, 4)) { /* a stop string: the text of a random token */
+        int n = llm_token_to_piece(g_m->vocab, (int32_t)rnd(s, (uint64_t)g_m->hp.n_vocab), 0, r->stop_buf,
+                                   sizeof r->stop_buf - 1);
+        if (n > 0 && n < (int)sizeof r->stop_buf) {
+            r->stop_buf[n] = 0;
+            r->stop[0] = r->stop_buf;
+            r->rq.stop = r->stop;
+            r->rq.n_stop = strlen(r->stop_buf) > 0;
+        }
+    }
+    if (!rnd(s, 6))
+        r->cancel_after = (int)rnd(s, (uint64_t)r->rq.max_tokens + 1);
+    r->gap = (int)rnd(s, 24);
+}
+
+static void trace_make(tr_trace *t, uint64_t seed)
+{
+    uint64_t s = seed * 0x2545f4914f6cdd1dull + 1;
+    static int32_t base[N_BASES][MAX_PROMPT];
+    memset(t, 0, sizeof *t);
+    t->seed = seed;
+    config_make(t, &s);
+    /* a small alphabet now and then: the same block content recurs at many positions */
+    uint64_t alpha = rnd(&s, 3) ? (uint64_t)g_m->hp.n_vocab : 3;
+    for (int b = 0; b < N_BASES; b++)
+        for (int i = 0; i < MAX_PROMPT; i++) base[b][i] = (int32_t)rnd(&s, alpha);
+    t->n_req = 2 + (int)rnd(&s, MAX_REQS - 1);
+    for (int i = 0; i < t->n_req; i++) request_make(t, i, base, &s);
+}
+
+/* A later turn: the parent's prompt, the parent's first answer (as the
+ * request alone gives it), then this request's own tokens, cut to fit. */
+static void later_turn(const tr_trace *t, tr_req *r)
+{
+    const tr_req *p = &t->req[r->parent];
+    int32_t own[MAX_PROMPT];
+    int n_own = r->rq.n_tokens < 24 ? r->rq.n_tokens : 24, n = 0;
+    memcpy(own, r->prompt, sizeof(int32_t) * (size_t)n_own);
+    int cap = t->cfg.n_ctx - r->rq.max_tokens;
+    cap = cap < MAX_PROMPT ? cap : MAX_PROMPT;
+    for (int i = 0; i < p->rq.n_tokens && n < cap; i++) r->prompt[n++] = p->prompt[i];
+    for (int i = 0; i < p->want[0].n_tok && n < cap; i++) r->prompt[n++] = p->want[0].tok[i];
+    for (int i = 0; i < n_own && n < cap; i++) r->prompt[n++] = own[i];
+    r->rq.n_tokens = n;
+}
+
+/* ---- running requests ---------------------------------------------------- */
+
+static void comp_add(tr_comp *c, const llm_event *ev)
+{
+    if (ev->type == LLM_EVENT_TOKEN && c->n_tok < MAX_GEN) {
+        int k = c->n_tok++;
+        c->tok[k] = ev->token;
+        c->lp[k] = ev->sample.logprob;
+        c->n_top[k] = ev->sample.n_top < 4 ? ev->sample.n_top : 4;
+        memcpy(c->top[k], ev->sample.top, sizeof(llm_logprob) * (size_t)c->n_top[k]);
+    }
+    if (c->text_len + ev->text_len < sizeof c->text) {
+        memcpy(c->text + c->text_len, ev->text, ev->text_len);
+        c->text_len += ev->text_len;
+    }
+    if (ev->type == LLM_EVENT_DONE) {
+        c->finish = ev->finish;
+        c->usage = ev->usage;
+        c->done = 1;
+    }
+}
+
+/* Reads r's events into out until every completion is done, r fails, or
+ * (cancel_after >= 0) that many events were read and r is cancelled. */
+static void read_events(tr_req *r, tr_comp *out, int cancel_after)
+{
+    int n = r->rq.n ? r->rq.n : 1;
+    while (r->done < n) {
+        if (cancel_after >= 0 && r->events >= cancel_after) {
+            llm_engine_cancel(r->e, r->id);
+            r->cancelled = 1;
+            return;
+        }
+        llm_event ev;
+        llm_status st = llm_engine_next(r->e, r->id, &ev, 300000);
+        if (st) {
+            llm_errf(&r->err, st, "next: %s", llm_status_str(st));
+            return;
+        }
+        if (ev.type == LLM_EVENT_ERROR) {
+            r->err = ev.error;
+            return;
+        }
+        r->events++;
+        comp_add(&out[ev.index], &ev);
+        r->done += ev.type == LLM_EVENT_DONE;
+        llm_event_clear(&ev);
+    }
+}
+
+static void *reader_main(void *arg)
+{
+    tr_req *r = arg;
+    read_events(r, r->got, r->cancel_after);
+    __atomic_store_n(&r->finished, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* r alone on a fresh engine, prefix cache off: the reference. */
+static int reference(const tr_trace *t, tr_req *r)
+{
+    llm_engine_config c = {.model = g_m, .backend = g_b, .n_ctx = t->cfg.n_ctx, .block_size = t->cfg.block_size,
+                           .kv_type = t->cfg.kv_type, .no_prefix_cache = 1, .max_seqs = 4};
+    llm_error err = {0};
+    llm_engine *e = NULL;
+    if (llm_engine_open(&c, &e, &err) || llm_engine_submit(e, &r->rq, &r->id, &err)) {
+        print_message("seed %llu: reference: %s\n", (unsigned long long)t->seed, err.msg);
+        llm_engine_close(e);
+        return -1;
+    }
+    r->e = e;
+    read_events(r, r->want, -1);
+    llm_engine_close(e);
+    r->e = NULL;
+    r->events = r->done = 0;
+    if (r->err.code)
+        print_message("seed %llu: reference failed: %s\n", (unsigned long long)t->seed, r->err.msg);
+    return r->err.code ? -1 : 0;
+}
+
+static uint64_t generated(llm_engine *e)
+{
+    llm_stats st;
+    llm_engine_stats(e, &st);
+    return st.generated_tokens;
+}
+
+/* Waits for r's turn: its parent is done, or gap more tokens were
+ * generated since the previous submit (or everything submitted is done,
+ * so no more will be). */
+static void wait_turn(tr_trace *t, int i, uint64_t since)
+{
+    tr_req *r = &t->req[i];
+    for (;;) {
+        int busy = 0;
+        for (int k = 0; k < i; k++) busy += !__atomic_load_n(&t->req[k].finished, __ATOMIC_ACQUIRE);
+        if (r->parent >= 0 ? __atomic_load_n(&t->req[r->parent].finished, __ATOMIC_ACQUIRE)
+                           : busy == 0 || generated(r->e) >= since + (uint64_t)r->gap)
+            return;
+        nanosleep(&(struct timespec){0, 200000}, NULL);
+    }
+}
+
+/* ---- checks -------------------------------------------------------------- */
+
+static int fail_at(const tr_trace *t, int i, int k, const char *what)
+{
+    const tr_req *r = &t->req[i];
+    print_message("seed %llu: request %d completion %d: %s (prompt %d tokens, n %d, max_tokens %d, T %g, top_k %d, "
+                  "top_p %g, min_p %g, logprobs %d/%d, priority %d, stop %d, cancel_after %d, parent %d)\n",
+                  (unsigned long long)t->seed, i, k, what, r->rq.n_tokens, r->rq.n, r->rq.max_tokens,
+                  r->rq.sampling.temperature, r->rq.sampling.top_k, r->rq.sampling.top_p, r->rq.sampling.min_p,
+                  r->rq.sampling.logprobs, r->rq.sampling.n_logprobs, r->rq.priority, r->rq.n_stop, r->cancel_after,
+                  r->parent);
+    return 1;
+}
+
+/* got's first n tokens equal want's, bit for bit. */
+static int tokens_equal(const tr_comp *got, const tr_comp *want, int n)
+{
+    for (int j = 0; j < n; j++)
+        if (got->tok[j] != want->tok[j] || memcmp(&got->lp[j], &want->lp[j], sizeof(float)) ||
+            got->n_top[j] != want->n_top[j] || memcmp(got->top[j], want->top[j], sizeof(llm_logprob) * (size_t)got->n_top[j]))
+            return 0;
+    return 1;
+}
+
+static int check_request(const tr_trace *t, int i)
+{
+    const tr_req *r = &t->req[i];
+    int n = r->rq.n ? r->rq.n : 1, bad = 0;
+    if (r->err.code)
+        return fail_at(t, i, 0, r->err.msg);
+    for (int k = 0; k < n && !bad; k++) {
+        const tr_comp *g = &r->got[k], *w = &r->want[k];
+        if (r->cancelled && !g->done) { /* what arrived before the cancel is a prefix */
+            if (g->n_tok > w->n_tok || !tokens_equal(g, w, g->n_tok))
+                bad = fail_at(t, i, k, "tokens before the cancel differ from the request alone");
+            continue;
+        }
+        if (g->n_tok != w->n_tok || !tokens_equal(g, w, w->n_tok))
+            bad = fail_at(t, i, k, "tokens or logprobs differ from the request alone");
+        else if (g->finish != w->finish || g->text_len != w->text_len || memcmp(g->text, w->text, w->text_len))
+            bad = fail_at(t, i, k, "finish reason or text differs from the request alone");
+        else if (g->usage.prompt_tokens != r->rq.n_tokens || g->usage.completion_tokens != w->usage.completion_tokens)
+            bad = fail_at(t, i, k, "usage differs");
+    }
+    return bad;
+}
+
+/* Nothing referenced or queued, and the stats add up: each admitted
+ * sequence's prompt once, cached tokens as the completions report them. */
+static int check_engine(const tr_trace *t, llm_engine *e)
+{
+    llm_stats st;
+    for (;;) { /* cancels and last reads release synchronously; a step may still be finishing */
+        llm_engine_stats(e, &st);
+        if (st.requests == 0 && st.running == 0 && st.waiting == 0)
+            break;
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    uint64_t lo = 0, hi = 0, cached = 0;
+    int cancels = 0;
+    for (int i = 0; i < t->n_req; i++) {
+        const tr_req *r = &t->req[i];
+        int n = r->rq.n ? r->rq.n : 1;
+        hi += (uint64_t)(n * r->rq.n_tokens);
+        cancels += r->cancelled;
+        for (int k = 0; k < n; k++)
+            if (r->got[k].done) {
+                lo += (uint64_t)r->rq.n_tokens;
+                cached += (uint64_t)r->got[k].usage.cached_tokens;
+            }
+    }
+    g_tot.steps += st.steps;
+    g_tot.preemptions += st.preemptions;
+    g_tot.cached += st.cached_tokens;
+    g_tot.cancels += (uint64_t)cancels;
+    const char *why = NULL;
+    if (st.kv_blocks_used != 0)
+        why = "KV blocks still referenced after the trace";
+    else if (st.prompt_tokens < lo || st.prompt_tokens > hi)
+        why = "prompt_tokens is not the sum of the admitted sequences' prompts";
+    else if (cancels == 0 && (st.prompt_tokens != lo || st.cached_tokens != cached))
+        why = "prompt_tokens or cached_tokens differ from the completions' usage";
+    else if (st.cached_tokens > st.prompt_tokens)
+        why = "more cached than prompt tokens";
+    if (why)
+        print_message("seed %llu: %s (used %d, prompt %llu in [%llu, %llu], cached %llu vs %llu)\n",
+                      (unsigned long long)t->seed, why, st.kv_blocks_used, (unsigned long long)st.prompt_tokens,
+                      (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)st.cached_tokens,
+                      (unsigned long long)cached);
+    return why != NULL;
+}
+
+/* ---- one trace ----------------------------------------------------------- */
+
+static void trace_print(const tr_trace *t)
+{
+    const llm_engine_config *c = &t->cfg;
+    print_message("seed %llu: n_ctx %d block %d kv %s pool %zu B max_seqs %d budget %d aging %d, %d requests\n",
+                  (unsigned long long)t->seed, c->n_ctx, c->block_size, llm_kv_type_name(c->kv_type), c->kv_cache_bytes,
+                  c->max_seqs, c->max_batch_tokens, c->aging_ms, t->n_req);
+}
+
+/* Runs seed's trace; 0 when every check passed. */
+static int trace_run(uint64_t seed)
+{
+    static tr_trace t;
+    trace_make(&t, seed);
+    for (int i = 0; i < t.n_req; i++) {
+        if (t.req[i].parent >= 0)
+            later_turn(&t, &t.req[i]);
+        if (reference(&t, &t.req[i]))
+            return 1;
+    }
+    if (g_verbose)
+        trace_print(&t);
+    llm_engine *e = NULL;
+    llm_error err = {0};
+    if (llm_engine_open(&t.cfg, &e, &err)) {
+        print_message("seed %llu: open: %s\n", (unsigned long long)seed, err.msg);
+        return 1;
+    }
+    uint64_t since = 0;
+    int bad = 0, started = 0;
+    for (int i = 0; i < t.n_req && !bad; i++, started++) {
+        tr_req *r = &t.req[i];
+        r->e = e;
+        wait_turn(&t, i, since);
+        since = generated(e);
+        if (llm_engine_submit(e, &r->rq, &r->id, &err))
+            bad = fail_at(&t, i, 0, err.msg);
+        else if (pthread_create(&r->th, NULL, reader_main, r))
+            bad = fail_at(&t, i, 0, "cannot start a reader thread");
+    }
+    for (int i = 0; i < started; i++) pthread_join(t.req[i].th, NULL);
+    for (int i = 0; i < t.n_req && !bad; i++) bad = check_request(&t, i);
+    bad = bad || check_engine(&t, e);
+    llm_engine_close(e);
+    g_tot.traces++;
+    g_tot.requests += (uint64_t)t.n_req;
+    if (bad && !g_verbose)
+        trace_print(&t);
+    return bad;
+}
+
+/* ---- drivers --------------------------------------------------------------- */
+
+static int setup(void **st)
+{
+    (void)st;
+    llm_error err = {0};
+    test_tmpfile("trace-tiny", g_path, sizeof g_path);
+    if (llm_mkmodel(llm_shape_find("tiny"), QT_Q8_0, 23, g_path, &err) || llm_model_load(g_path, &g_m, &err) ||
+        llm_backend_cpu_new(&(llm_cpu_config){2, 0, NULL}, &g_b, &err)) {
+        fprintf(stderr, "test_trace setup: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **st)
+{
+    (void)st;
+    llm_model_free(g_m);
+    llm_backend_free(g_b);
+    remove(g_path);
+    return 0;
+}
+
+static void totals_print(double secs)
+{
+    print_message("trace: %llu traces, %llu requests, %llu steps, %llu preemptions, %llu cached prompt tokens, "
+                  "%llu cancels in %.1f s\n",
+                  (unsigned long long)g_tot.traces, (unsigned long long)g_tot.requests, (unsigned long long)g_tot.steps,
+                  (unsigned long long)g_tot.preemptions, (unsigned long long)g_tot.cached,
+                  (unsigned long long)g_tot.cancels, secs);
+}
+
+static void test_regressions(void **st)
+{
+    (void)st;
+    for (size_t i = 0; i < sizeof REGRESS / sizeof *REGRESS; i++)
+        if (REGRESS[i] && trace_run(REGRESS[i]))
+            fail_msg("regression seed %llu failed", (unsigned long long)REGRESS[i]);
+}
+
+/* The fixed seeds; the traces must also have exercised what they claim
+ * to (preemption, cache hits, cancels), or the test proves nothing. */
+static void test_quick_seeds(void **st)
+{
+    (void)st;
+    double t0 = now_s();
+    int failed = 0;
+    memset(&g_tot, 0, sizeof g_tot);
+    const char *env = getenv("LLM_TRACE_SEEDS");
+    uint64_t n = env ? strtoull(env, NULL, 10) : N_QUICK;
+    for (uint64_t seed = 1; seed <= n; seed++) failed += trace_run(seed);
+    totals_print(now_s() - t0);
+    assert_int_equal(failed, 0);
+    assert_true(g_tot.preemptions > 0);
+    assert_true(g_tot.cached > 0);
+    assert_true(g_tot.cancels > 0);
+}
+
+/* --time S: random seeds (from --seed, else the clock) until S seconds pass. */
+static int fuzz_main(double secs, uint64_t seed, int one)
+{
+    if (setup(NULL))
+        return 2;
+    double t0 = now_s();
+    int failed = 0;
+    uint64_t n = 0;
+    do {
+        failed += trace_run(seed + n);
+        n++;
+    } while (!one && now_s() - t0 < secs);
+    totals_print(now_s() - t0);
+    printf("trace: %llu passed, %d failed\n", (unsigned long long)(n - (uint64_t)failed), failed);
+    teardown(NULL);
+    return failed ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    double secs = -1;
+    uint64_t seed = 0;
+    int have_seed = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--time") && i + 1 < argc)
+            secs = strtod(argv[++i], NULL);
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 10), have_seed = 1;
+        else if (!strcmp(argv[i], "-v"))
+            g_verbose = 1;
+        else {
+            fprintf(stderr, "usage: %s [--time SECONDS] [--seed N] [-v]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (secs >= 0 || have_seed)
+        return fuzz_main(secs, have_seed ? seed : (uint64_t)time(NULL) * 1000003u, secs < 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_regressions),
+        cmocka_unit_test(test_quick_seeds),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
