@@ -214,6 +214,9 @@ static int batch_positions(llm_forward *f, const llm_forward_batch *bt)
     for (int i = 0; i < bt->n_logits; i++)
         if (bt->logit_rows[i] < 0 || bt->logit_rows[i] >= bt->n_rows)
             return -1;
+    for (int i = 0; i < bt->n_rows; i++) /* ids index the embedding table: never past it */
+        if (bt->tokens[i] < 0 || bt->tokens[i] >= f->m->hp.n_vocab)
+            return -1;
     return row == bt->n_rows ? 0 : -1;
 }
 

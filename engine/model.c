@@ -240,6 +240,27 @@ static llm_status bind_all(loader *L)
     return LLM_OK;
 }
 
+/* Every tensor holds finite numbers: a NaN or infinity in a weight (or a
+ * block's scale) would reach the logits as NaN, so the file is refused
+ * here, naming the tensor, rather than failing requests later. One pass
+ * over the mapping (the first forward pass reads it all anyway). */
+static llm_status check_finite(loader *L)
+{
+    for (uint64_t i = 0; i < gguf_n_tensors(L->f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(L->f, i);
+        size_t n = 1;
+        for (uint32_t d = 0; d < t->n_dims; d++) n *= (size_t)t->ne[d];
+        if (!quant_supported(t->type))
+            continue;
+        size_t at = quant_find_nonfinite(t->type, t->data, n);
+        if (at < n)
+            return llm_errf(L->err, LLM_ERR_NUMERIC, "%s: tensor %.*s (%s) holds a NaN or infinity at element %zu%s",
+                            gguf_name(L->f), (int)t->name.len, t->name.data, quant_type_name(t->type), at,
+                            quant_block_elems(t->type) > 1 ? " (its block's scale)" : "");
+    }
+    return LLM_OK;
+}
+
 static void set_name(llm_model *m, const char *path)
 {
     gguf_str s;
@@ -263,7 +284,7 @@ llm_status llm_model_load(const char *path, llm_model **out, llm_error *err)
     if (st)
         goto out;
     L.f = m->gguf;
-    if ((st = read_arch(&L)) || (st = read_hparams(&L)) || (st = bind_all(&L)))
+    if ((st = read_arch(&L)) || (st = read_hparams(&L)) || (st = bind_all(&L)) || (st = check_finite(&L)))
         goto out;
     if ((st = llm_vocab_load(m->gguf, &m->vocab, err)))
         goto out;

@@ -4,10 +4,13 @@
  * These scalar routines are the definition the SIMD kernels are tested
  * against; they favour clarity over speed (except f16->f32, a table). */
 #include "llm/quant.h"
+
+#include <stddef.h>
 #include "llm/status.h"
 
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <string.h>
 
 static float f16_table[1 << 16];
@@ -140,6 +143,65 @@ size_t quant_block_bytes(quant_type t)
     case QT_Q8_K: return sizeof(block_q8_K);
     default: return 0;
     }
+}
+
+/* ---- finiteness ---------------------------------------------------------- */
+
+/* First index i < n whose 16-bit half (mask: exponent bits) is all ones,
+ * or n. The |= pass is branch-free so the compiler can vectorize it; the
+ * index is searched for only when something was found. */
+static size_t first_exp16(const uint16_t *h, size_t n, uint16_t mask, size_t stride)
+{
+    uint16_t any = 0;
+    for (size_t i = 0; i < n; i++) any |= (uint16_t)((h[i * stride] & mask) == mask);
+    if (!any)
+        return n;
+    size_t i = 0;
+    while ((h[i * stride] & mask) != mask) i++;
+    return i;
+}
+
+static size_t first_f32(const uint32_t *x, size_t n)
+{
+    uint32_t any = 0;
+    for (size_t i = 0; i < n; i++) any |= (x[i] & 0x7f800000u) == 0x7f800000u;
+    if (!any)
+        return n;
+    size_t i = 0;
+    while ((x[i] & 0x7f800000u) != 0x7f800000u) i++;
+    return i;
+}
+
+/* Block b's half-precision scales (d, and dmin for Q4_K) are finite. */
+static int block_ok(quant_type t, const uint8_t *blk)
+{
+    quant_f16 d, dmin = 0;
+    switch (t) {
+    case QT_Q4_0: memcpy(&d, blk + offsetof(block_q4_0, d), 2); break;
+    case QT_Q8_0: memcpy(&d, blk + offsetof(block_q8_0, d), 2); break;
+    case QT_Q4_K:
+        memcpy(&d, blk + offsetof(block_q4_K, d), 2);
+        memcpy(&dmin, blk + offsetof(block_q4_K, dmin), 2);
+        break;
+    case QT_Q6_K: memcpy(&d, blk + offsetof(block_q6_K, d), 2); break;
+    default: return 1;
+    }
+    return (d & 0x7c00) != 0x7c00 && (dmin & 0x7c00) != 0x7c00;
+}
+
+size_t quant_find_nonfinite(quant_type t, const void *data, size_t n)
+{
+    size_t be = quant_block_elems(t), bb = quant_block_bytes(t), nb = be ? n / be : 0;
+    switch (t) {
+    case QT_F32: return first_f32(data, n);
+    case QT_F16: return first_exp16(data, n, 0x7c00, 1);
+    case QT_BF16: return first_exp16(data, n, 0x7f80, 1);
+    default: break;
+    }
+    for (size_t b = 0; b < nb; b++)
+        if (!block_ok(t, (const uint8_t *)data + b * bb))
+            return b * be;
+    return n;
 }
 
 size_t quant_row_bytes(quant_type t, size_t n)

@@ -11,11 +11,13 @@
  *   error of about 1/254 of each block's range per matmul that grows over
  *   the layers: bound 3e-2, measured values are printed. */
 #include <math.h>
+#include <stddef.h>
 
 #include "testutil.h"
 
 #include "llm/mkmodel.h"
 #include "llm/kv_cache.h"
+#include "llm/forward.h"
 #include "llm/model.h"
 
 /* ---- float64 reference ----------------------------------------------------- */
@@ -286,6 +288,101 @@ static void expect_load_error(const char *from, const char *to, const char *need
     remove(path);
 }
 
+/* A model file with one value (or one block scale) set to bits: the load
+ * must refuse it with LLM_ERR_NUMERIC naming the tensor and element. */
+static void expect_nonfinite(const char *shape, quant_type qt, const char *tensor, size_t byte, const void *bits,
+                             size_t n_bits, const char *want)
+{
+    char path[256], bad[300];
+    llm_error err = {0};
+    test_tmpfile("finite", path, sizeof path);
+    snprintf(bad, sizeof bad, "%s.bad", path);
+    assert_int_equal(llm_mkmodel(llm_shape_find(shape), qt, 3, path, &err), LLM_OK);
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    size_t size = (size_t)ftell(fp);
+    rewind(fp);
+    uint8_t *buf = malloc(size);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, size, fp), size);
+    fclose(fp);
+    gguf_file *g;
+    assert_int_equal(gguf_open_buffer(buf, size, "buf", &g, &err), LLM_OK);
+    const gguf_tensor *t = gguf_find_tensor(g, tensor);
+    assert_non_null(t);
+    size_t at = (size_t)((const uint8_t *)t->data - buf) + byte;
+    gguf_close(g);
+    memcpy(buf + at, bits, n_bits);
+    fp = fopen(bad, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(buf, 1, size, fp), size);
+    fclose(fp);
+    free(buf);
+    llm_model *m = NULL;
+    if (llm_model_load(path, &m, &err))
+        fail_msg("%s", err.msg); /* the untouched file loads */
+    llm_model_free(m);
+    llm_status st = llm_model_load(bad, &m, &err);
+    if (st != LLM_ERR_NUMERIC)
+        fail_msg("status %d: %s", st, err.msg);
+    assert_null(m);
+    if (!strstr(err.msg, want))
+        fail_msg("'%s' does not say '%s'", err.msg, want);
+    remove(path);
+    remove(bad);
+}
+
+/* NaN and infinity in F32 norms, F16 and BF16 weights, and Q8_0 / Q4_K
+ * block scales are found at load, with the tensor's name. */
+static void test_nonfinite_weights(void **state)
+{
+    (void)state;
+    const float nan = NAN;
+    const uint16_t f16_inf = 0x7c00, bf16_nan = 0x7fc0, f16_nan = 0x7e00;
+    expect_nonfinite("tiny", QT_F32, "output_norm.weight", 5 * 4, &nan, 4, "output_norm.weight (F32) holds a NaN or infinity at element 5");
+    expect_nonfinite("tiny", QT_F32, "blk.1.attn_norm.weight", 0, &nan, 4, "blk.1.attn_norm.weight");
+    expect_nonfinite("tiny", QT_F16, "token_embd.weight", 100 * 2, &f16_inf, 2, "token_embd.weight (F16) holds a NaN or infinity at element 100");
+    expect_nonfinite("tiny-qwen2", QT_BF16, "blk.1.ffn_down.weight", 7 * 2, &bf16_nan, 2, "blk.1.ffn_down.weight (BF16)");
+    expect_nonfinite("tiny", QT_Q8_0, "blk.0.attn_q.weight", 3 * sizeof(block_q8_0), &f16_nan, 2,
+                     "blk.0.attn_q.weight (Q8_0) holds a NaN or infinity at element 96 (its block's scale)");
+    expect_nonfinite("tiny", QT_Q4_K, "blk.0.ffn_up.weight", sizeof(block_q4_K) + offsetof(block_q4_K, dmin), &f16_inf, 2,
+                     "blk.0.ffn_up.weight (Q4_K) holds a NaN or infinity at element 256");
+}
+
+/* A token id outside the vocabulary never reaches the embedding lookup:
+ * the forward pass refuses the batch before running it. */
+static void test_forward_token_bounds(void **state)
+{
+    (void)state;
+    char path[256];
+    llm_error err = {0};
+    llm_model *m = NULL;
+    llm_backend *b = NULL;
+    llm_forward *f = NULL;
+    kv_cache *kv = NULL;
+    test_tmpfile("bounds", path, sizeof path);
+    assert_int_equal(llm_mkmodel(llm_shape_find("tiny"), QT_F32, 3, path, &err), LLM_OK);
+    assert_int_equal(llm_model_load(path, &m, &err), LLM_OK);
+    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &b, &err), LLM_OK);
+    assert_int_equal(llm_forward_new(m, b, 4, 4, &f, &err), LLM_OK);
+    kv_cache_config kc = {.block_size = 16, .type = LLM_KV_F32, .n_blocks = 1};
+    assert_int_equal(kv_cache_new(&kc, b, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, &kv, &err), LLM_OK);
+    int32_t table[1] = {0}, rows[1] = {1};
+    const int32_t bad[][2] = {{1, 512}, {-1, 2}, {3, 1 << 30}};
+    for (int i = 0; i < 3; i++) {
+        llm_batch_seq sq = {0, 2, 0, table};
+        llm_forward_batch bt = {bad[i], 2, &sq, 1, rows, 1};
+        const float *lg = NULL;
+        assert_int_equal(llm_forward_eval(f, &bt, kv_cache_layers(kv), &lg), LLM_ERR_INVALID_ARG);
+    }
+    kv_cache_free(kv);
+    llm_forward_free(f);
+    llm_backend_free(b);
+    llm_model_free(m);
+    remove(path);
+}
+
 static void test_load_errors(void **state)
 {
     (void)state;
@@ -302,6 +399,7 @@ int main(void)
         cmocka_unit_test(test_f16), cmocka_unit_test(test_bf16), cmocka_unit_test(test_q8_0),
         cmocka_unit_test(test_q4_0), cmocka_unit_test(test_q4_k), cmocka_unit_test(test_q4_k_scalar),
         cmocka_unit_test(test_long_prompts), cmocka_unit_test(test_kv_types), cmocka_unit_test(test_incremental), cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_nonfinite_weights), cmocka_unit_test(test_forward_token_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

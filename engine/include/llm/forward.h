@@ -18,7 +18,7 @@
 typedef struct llm_forward llm_forward;
 
 typedef struct llm_forward_batch {
-    const int32_t *tokens;      /* (n_rows), ids already checked against the vocabulary */
+    const int32_t *tokens;      /* (n_rows) ids; one outside [0, n_vocab) fails the pass (LLM_ERR_INVALID_ARG) */
     int n_rows;
     const llm_batch_seq *seqs;  /* consecutive: seqs[0].tok0 = 0, each starts where the last ended */
     int n_seqs;
@@ -58,7 +58,8 @@ void llm_forward_kv_copy(llm_forward *f, const llm_kv_layer *layers, const int32
  * rank, rank-major, as kv_cache_layers hands them out; with room reserved
  * for every row's position). *logits gets (n_logits, n_vocab)
  * floats owned by f, valid until the next call. Errors: LLM_ERR_INVALID_ARG
- * (batch over the limits), or the backend's status. */
+ * (batch over the limits, a token id outside the vocabulary: checked
+ * before anything runs), or the backend's status. */
 llm_status llm_forward_eval(llm_forward *f, const llm_forward_batch *batch, const llm_kv_layer *layers,
                             const float **logits);
 
