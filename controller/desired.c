@@ -168,6 +168,8 @@ json_t *des_configmap(json_t *d, char *msg, size_t mn)
         yaml_line(y, sizeof y, "backend", "%s", be);
     if (tp > 1)
         yaml_line(y, sizeof y, "tensor_parallel", "%lld", tp);
+    if (json_is_false(get2(spec, "engine", "prefixCache"))) /* only when off: others keep their config (and pods) */
+        yaml_line(y, sizeof y, "prefix_cache", "%s", "false");
     if (colocated(d)) { /* the controller's key to the pods' /admin/canary */
         char tok[65];
         des_admin_token(d, tok);

@@ -7,12 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <yaml.h>
 
 #include "llm/backend.h"
 #include "srv_config.h"
 
-typedef enum { K_STR, K_INT, K_REAL } key_kind;
+typedef enum { K_STR, K_INT, K_REAL, K_BOOL } key_kind;
 
 typedef struct key_def {
     const char *name;
@@ -42,6 +43,8 @@ static const key_def keys[] = {
     {"max_waiting", K_INT, F(max_waiting), 1, 1 << 20, "256", "waiting sequences before 429"},
     {"block_size", K_INT, F(block_size), 1, 256, "16", "KV cache block, tokens"},
     {"kv_type", K_STR, F(kv_type), 0, 0, "f16", "KV cache type: f16, f32, q8_0"},
+    {"prefix_cache", K_BOOL, F(prefix_cache), 0, 1, "true",
+     "reuse K/V of prompt prefixes already computed (true or false; answers are the same either way)"},
     {"kv_cache_mb", K_INT, F(kv_cache_mb), 0, 1 << 30, "0", "KV cache size in MiB (0: kv_cache_fraction of free memory)"},
     {"kv_cache_fraction", K_REAL, F(kv_cache_fraction), 0.001, 1, "0.25", "share of free memory for the KV cache"},
     {"max_body_bytes", K_INT, F(max_body_bytes), 1024, 1 << 30, "1048576", "largest request body (413 above)"},
@@ -84,6 +87,13 @@ static llm_status set_value(srv_config *c, const key_def *k, const char *v, cons
             return llm_errf(err, LLM_ERR_NOMEM, "config: no memory");
         free(*(char **)field);
         *(char **)field = dup;
+        return LLM_OK;
+    }
+    if (k->kind == K_BOOL) {
+        int t = !strcasecmp(v, "true"), f = !strcasecmp(v, "false");
+        if (!t && !f)
+            return llm_errf(err, LLM_ERR_INVALID_ARG, "config: %s (from %s): '%s' is not true or false", k->name, src, v);
+        *(long *)field = t;
         return LLM_OK;
     }
     errno = 0;

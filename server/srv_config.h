@@ -27,6 +27,7 @@ typedef struct srv_config {
     long http_threads;      /* civetweb worker threads */
     long n_ctx, max_seqs, max_batch_tokens, max_waiting, block_size;
     char *kv_type;          /* f16 | f32 | q8_0 */
+    long prefix_cache;      /* 1: reuse cached prompt prefixes (default) */
     long kv_cache_mb;       /* 0: kv_cache_fraction of free memory */
     double kv_cache_fraction;
     long max_body_bytes;

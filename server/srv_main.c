@@ -87,7 +87,8 @@ llm_status srv_open_engine(srv *s, llm_model *m, llm_backend *const *b, int n, l
                             .max_seqs = (int)s->cfg.max_seqs, .max_batch_tokens = (int)s->cfg.max_batch_tokens,
                             .max_waiting = (int)s->cfg.max_waiting, .block_size = (int)s->cfg.block_size, .kv_type = kt,
                             .kv_cache_bytes = (size_t)s->cfg.kv_cache_mb << 20,
-                            .kv_cache_fraction = (float)s->cfg.kv_cache_fraction};
+                            .kv_cache_fraction = (float)s->cfg.kv_cache_fraction,
+                            .no_prefix_cache = !s->cfg.prefix_cache};
     return llm_engine_open(&ec, out, err);
 }
 

@@ -25,6 +25,7 @@ def test_samples_accepted_with_defaults(k):
         k("apply", "--validate=false", "-f", str(f))
     cpu = json.loads(k("get", "llmd", "tinyllama", "-o", "json").stdout)["spec"]
     assert cpu["engine"]["kvCacheType"] == "f16" and cpu["engine"]["maxBatchTokens"] == 512
+    assert cpu["engine"]["prefixCache"] is True
     assert cpu["engine"]["maxSeqs"] == 32 and cpu["engine"]["contextLength"] == 2048
     assert cpu["server"] == {"port": 8080} and cpu["probes"]["startupTimeoutSeconds"] == 600
     assert cpu["model"]["volume"]["mountPath"] == "/models" and cpu["image"] == "llm-server:latest"
@@ -49,6 +50,7 @@ BASE = "apiVersion: llmk8s.io/v1alpha1\nkind: LLMDeployment\nmetadata: {{name: b
     ("  replicas: 1\n", "spec.model: Required value"),
     ("  model: {path: /m/x.gguf}\n  engine: {tensorParallelSize: 9}\n", "spec.engine.tensorParallelSize: Invalid value: 9"),
     ("  model: {path: /m/x.gguf}\n  server: {port: 70000}\n", "spec.server.port: Invalid value: 70000"),
+    ("  model: {path: /m/x.gguf}\n  engine: {prefixCache: maybe}\n", "spec.engine.prefixCache: Invalid value"),
 ])
 def test_bad_specs_rejected(k, spec, needle):
     r = k("apply", "--validate=false", "-f", "-", check=False, stdin=BASE.format(spec))

@@ -331,6 +331,10 @@ def test_reasons_not_ready(tmp_path, model):
         # a pod asking for a GPU runs llm-server's CUDA backend; the others keep the default (no line)
         assert "backend: cuda" in c.get("configmap", "b-config")["data"]["config.yaml"]
         assert "backend:" not in c.get("configmap", "c-config")["data"]["config.yaml"]
+        # spec.engine.prefixCache: false reaches llm-server's config; the default writes no line
+        c.k("patch", "llmd", "d", "--type", "merge", "-p", '{"spec":{"engine":{"prefixCache":false}}}')
+        wait_for(lambda: "prefix_cache: false" in c.get("configmap", "d-config")["data"]["config.yaml"], 30)
+        assert "prefix_cache" not in c.get("configmap", "c-config")["data"]["config.yaml"]
         for n in ("a", "c", "d", "e", "f"):
             assert c.status(n)["phase"] == "Degraded" and c.cond("Degraded", n)["status"] == "True", got
         assert c.status("b")["phase"] == "Pending" and c.cond("Degraded", "b")["status"] == "False"
