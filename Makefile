@@ -27,7 +27,8 @@ ENGINE_SRC = engine/status.c engine/quant.c engine/gguf.c engine/gguf_writer.c e
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c \
              engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench
-SERVER_SRC = server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_metrics.c server/srv_canary.c
+SERVER_SRC = server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_metrics.c server/srv_canary.c \
+             server/srv_load.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 CONTROLLER_SRC = controller/ctl_main.c controller/kube_config.c controller/kube_client.c controller/kube_watch.c \
                  controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
@@ -99,6 +100,16 @@ $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary: $(BUILD)/tests/test_%:
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(BUILD)/controller/$*.o $(LIB) -lcmocka -lcurl -ljansson $(LDLIBS) -o $@
+
+# Allocation-failure torture: every malloc & co of the objects linked in
+# goes through the test's wrappers (ld --wrap), which fail the Nth.
+TORTURE_WRAP = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free,--wrap=strdup,--wrap=aligned_alloc,--wrap=json_loadb
+TORTURE_OBJ = $(filter-out $(BUILD)/server/srv_main.o,$(SERVER_OBJ))
+$(BUILD)/tests/test_torture: tests/unit/test_torture.c tests/unit/testutil.h $(LIB) $(TORTURE_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) -Itests/unit -Iserver $< $(TORTURE_OBJ) $(LIB) -lcmocka -lcivetweb -ljansson -lyaml -lcrypto \
+	  $(LDLIBS) $(TORTURE_WRAP) -o $@
 
 $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 	@mkdir -p $(dir $@)

@@ -146,15 +146,18 @@ static void req_drop_seqs(llm_engine *e, eng_req *r)
             sched_remove(&e->s, &r->seqs[i].q);
 }
 
-/* Queues an event; on allocation failure the request fails instead. */
+/* Queues an event; on allocation failure the request fails instead, and
+ * once it has failed nothing more is queued: the reader gets the events
+ * before the loss, then the ERROR, never a DONE with a token missing. */
 static void req_push(eng_req *r, const llm_event *ev)
 {
-    ev_node *n = malloc(sizeof *n);
+    ev_node *n = r->failed ? NULL : malloc(sizeof *n);
     if (!n) {
         llm_event tmp = *ev;
         llm_event_clear(&tmp);
+        if (!r->failed)
+            llm_errf(&r->error, LLM_ERR_NOMEM, "engine: no memory for an event");
         r->failed = 1;
-        llm_errf(&r->error, LLM_ERR_NOMEM, "engine: no memory for an event");
     } else {
         n->ev = *ev;
         n->next = NULL;
@@ -561,6 +564,25 @@ static void usage_of(const eng_seq *q, double now, llm_usage *u)
                      q->t_first - r->t_submit, now - r->t_submit};
 }
 
+/* A request that cannot go on: ERROR (why) for its reader, sequences
+ * dropped. */
+static void req_fail(llm_engine *e, eng_req *r, const llm_error *why)
+{
+    if (r->failed || r->cancelled)
+        return;
+    r->failed = 1;
+    llm_errf(&r->error, why->code, "engine: %s", why->msg);
+    req_drop_seqs(e, r);
+    pthread_cond_broadcast(&r->cond);
+}
+
+static void req_fail_nomem(llm_engine *e, eng_req *r, const char *what)
+{
+    llm_error why;
+    llm_errf(&why, LLM_ERR_NOMEM, "no memory for %s", what);
+    req_fail(e, r, &why);
+}
+
 /* The completion is over: DONE (with any text held back, unless a stop
  * string ended it), blocks released. */
 static void seq_finish(llm_engine *e, eng_seq *q, llm_finish why)
@@ -573,6 +595,10 @@ static void seq_finish(llm_engine *e, eng_seq *q, llm_finish why)
     usage_of(q, now_ms(), &ev.usage);
     q->finished = 1;
     sched_remove(&e->s, &q->q);
+    if (!ev.text) { /* the held-back text would be lost: no DONE without it */
+        req_fail_nomem(e, q->r, "the generated text");
+        return;
+    }
     if (++q->r->n_done == q->r->n)
         e->st.requests_done++;
     req_push(q->r, &ev);
@@ -612,27 +638,17 @@ static void seq_emit(llm_engine *e, eng_seq *q)
     q->tokens[q->q.n_tokens++] = tok;
     llm_event ev = {.type = LLM_EVENT_TOKEN, .index = q->index, .token = tok, .sample = q->res};
     int stop = token_text(e, q, tok, &ev);
+    if (stop < 0) { /* no event with its text missing */
+        llm_event_clear(&ev);
+        req_fail_nomem(e, r, "the generated text");
+        return;
+    }
     req_push(r, &ev);
-    if (stop < 0) {
-        r->failed = 1;
-        llm_errf(&r->error, LLM_ERR_NOMEM, "engine: no memory for the generated text");
-    } else if (stop) {
+    if (stop) {
         seq_finish(e, q, LLM_FINISH_STOP);
     } else if (q->n_gen == r->max_gen) {
         seq_finish(e, q, LLM_FINISH_LENGTH);
     }
-}
-
-/* A request that cannot go on: ERROR (why) for its reader, sequences
- * dropped. */
-static void req_fail(llm_engine *e, eng_req *r, const llm_error *why)
-{
-    if (r->failed || r->cancelled)
-        return;
-    r->failed = 1;
-    llm_errf(&r->error, why->code, "engine: %s", why->msg);
-    req_drop_seqs(e, r);
-    pthread_cond_broadcast(&r->cond);
 }
 
 /* Under the lock again: commit, events, stats; wake cancel waiters. */

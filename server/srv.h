@@ -73,6 +73,16 @@ typedef struct srv_err {
 } srv_err;
 
 void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Makes jansson allocate through the server's allocator, so a parse that
+ * ran out of memory is known as such (call once, before any thread). */
+void srv_json_init(void);
+/* j as compact JSON text (caller frees), or NULL when j is NULL or memory
+ * ran out while printing it (never a text with a part missing). */
+char *srv_json_text(const json_t *j);
+/* The body as a JSON object (caller owns it), or NULL with e set: 400 for
+ * malformed JSON (line, column, reason) or another type, 503 when memory
+ * ran out while parsing. */
+json_t *srv_json_object(const char *body, size_t len, srv_err *e);
 /* The OpenAI error body {"error": {...}}; caller frees. */
 char *srv_err_body(const srv_err *e);
 /* HTTP status for an engine status (429 queue full, 503 shutting down...). */

@@ -21,11 +21,59 @@ void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...
     va_end(ap);
 }
 
+/* Set when jansson's allocator fails on this thread: jansson then often
+ * reports a syntax error of its own (a string it could not store), which
+ * must not reach the client as a 400. */
+static _Thread_local int json_oom;
+
+static void *json_alloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p)
+        json_oom = 1;
+    return p;
+}
+
+static void json_release(void *p) { free(p); }
+
+void srv_json_init(void) { json_set_alloc_funcs(json_alloc, json_release); }
+
+char *srv_json_text(const json_t *j)
+{
+    if (!j)
+        return NULL;
+    json_oom = 0;
+    char *s = json_dumps(j, JSON_COMPACT);
+    if (s && json_oom) { /* jansson 2.14 drops an object key it could not append, and goes on */
+        free(s);
+        s = NULL;
+    }
+    return s;
+}
+
+json_t *srv_json_object(const char *body, size_t len, srv_err *e)
+{
+    json_error_t je;
+    json_oom = 0;
+    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    /* an empty reason: jansson failed before reading (no buffers) */
+    if (!o && (json_oom || json_error_code(&je) == json_error_out_of_memory || !je.text[0]))
+        srv_err_set(e, 503, NULL, "out of memory while parsing the body");
+    else if (!o)
+        srv_err_set(e, 400, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+    else if (!json_is_object(o)) {
+        srv_err_set(e, 400, NULL, "the body must be a JSON object");
+        json_decref(o);
+        o = NULL;
+    }
+    return o;
+}
+
 char *srv_err_body(const srv_err *e)
 {
     json_t *j = json_pack("{s:{s:s,s:s,s:o,s:n}}", "error", "message", e->msg, "type", e->type, "param",
                           e->param[0] ? json_string(e->param) : json_null(), "code");
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *s = srv_json_text(j);
     json_decref(j);
     return s;
 }
@@ -319,16 +367,8 @@ int srv_parse_completion(const srv *s, int chat_tmpl, const char *body, size_t l
     c->generate = kind == 2;
     int chat = c->chat;
     c->rq.sampling = llm_sampling_default();
-    json_error_t je;
-    c->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    if (!c->root) {
-        srv_err_set(e, 400, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+    if (!(c->root = srv_json_object(body, len, e)))
         return -1;
-    }
-    if (!json_is_object(c->root)) {
-        srv_err_set(e, 400, NULL, "the body must be a JSON object");
-        return -1;
-    }
     if (parse_common(s, c->root, c, e))
         return -1;
     if (c->generate)

@@ -33,8 +33,9 @@ static int send_text(struct mg_connection *c, int status, const char *type, cons
 
 static int send_json(struct mg_connection *c, int status, json_t *j)
 {
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    int rc = send_text(c, s ? status : 500, "application/json", s ? s : "{\"error\":{\"message\":\"out of memory\"}}", NULL);
+    char *s = srv_json_text(j); /* NULL: a body could not be built or printed */
+    int rc = send_text(c, s ? status : 503, "application/json",
+                       s ? s : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}", NULL);
     free(s);
     json_decref(j);
     return rc;
@@ -152,60 +153,81 @@ static json_t *piece_json(const llm_vocab *v, int32_t id)
     int n = llm_token_to_piece(v, id, 1, buf, sizeof buf);
     size_t len;
     char *u = textout_utf8_dup(buf, n < 0 ? 0 : n > (int)sizeof buf ? sizeof buf : (size_t)n, &len);
-    json_t *j = u ? json_stringn(u, len) : json_string("");
+    json_t *j = u ? json_stringn(u, len) : NULL; /* NULL: out of memory */
     free(u);
     return j;
 }
 
+/* The UTF-8 bytes of t as a JSON array; NULL when memory ran out. */
 static json_t *bytes_json(const char *t)
 {
     json_t *a = json_array();
-    for (const unsigned char *p = (const unsigned char *)(t ? t : ""); a && *p; p++) json_array_append_new(a, json_integer(*p));
+    for (const unsigned char *p = (const unsigned char *)(t ? t : ""); a && *p; p++)
+        if (json_array_append_new(a, json_integer(*p))) {
+            json_decref(a);
+            return NULL;
+        }
     return a;
 }
 
-/* Chat form: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}. */
-static void add_chat_logprobs(const llm_vocab *v, choice *ch, const llm_event *ev)
+/* One logprob entry {token, logprob, bytes} (+ top_logprobs when top),
+ * or NULL when memory ran out. Consumes top. */
+static json_t *chat_logprob(const llm_vocab *v, int32_t id, float lp, json_t *top)
 {
-    if (!ch->lp)
-        ch->lp = json_pack("{s:[]}", "content");
-    json_t *top = json_array();
-    for (int i = 0; top && i < ev->sample.n_top; i++) {
-        json_t *t = piece_json(v, ev->sample.top[i].id);
-        json_array_append_new(top, json_pack("{s:O,s:f,s:o}", "token", t, "logprob", (double)ev->sample.top[i].logprob,
-                                             "bytes", bytes_json(json_string_value(t))));
-        json_decref(t);
-    }
-    json_t *t = piece_json(v, ev->token);
-    if (ch->lp)
-        json_array_append_new(json_object_get(ch->lp, "content"),
-                              json_pack("{s:O,s:f,s:o,s:o}", "token", t, "logprob", (double)ev->sample.logprob, "bytes",
-                                        bytes_json(json_string_value(t)), "top_logprobs", top ? top : json_array()));
+    json_t *t = piece_json(v, id), *j = NULL;
+    if (t)
+        j = top ? json_pack("{s:O,s:f,s:o,s:o}", "token", t, "logprob", (double)lp, "bytes",
+                            bytes_json(json_string_value(t)), "top_logprobs", top)
+                : json_pack("{s:O,s:f,s:o}", "token", t, "logprob", (double)lp, "bytes", bytes_json(json_string_value(t)));
+    else
+        json_decref(top);
     json_decref(t);
+    return j;
 }
 
-/* Appends one token to a completions-API logprobs object. */
-static void add_logprobs(const llm_vocab *v, choice *ch, const llm_event *ev, int chat)
+/* Chat form: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}.
+ * 0, or -1 when memory ran out (the answer would miss an entry). */
+static int add_chat_logprobs(const llm_vocab *v, choice *ch, const llm_event *ev)
 {
-    if (chat) {
-        add_chat_logprobs(v, ch, ev);
-        return;
+    if (!ch->lp && !(ch->lp = json_pack("{s:[]}", "content")))
+        return -1;
+    json_t *top = json_array();
+    int rc = top ? 0 : -1;
+    for (int i = 0; !rc && i < ev->sample.n_top; i++)
+        rc = json_array_append_new(top, chat_logprob(v, ev->sample.top[i].id, ev->sample.top[i].logprob, NULL));
+    if (rc) {
+        json_decref(top);
+        return -1;
     }
-    if (!ch->lp)
-        ch->lp = json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
-    if (!ch->lp)
-        return;
+    return json_array_append_new(json_object_get(ch->lp, "content"), chat_logprob(v, ev->token, ev->sample.logprob, top));
+}
+
+/* Appends one token to a logprobs object (completions API form, or the
+ * chat form); 0, or -1 when memory ran out. */
+static int add_logprobs(const llm_vocab *v, choice *ch, const llm_event *ev, int chat)
+{
+    if (chat)
+        return add_chat_logprobs(v, ch, ev);
+    if (!ch->lp && !(ch->lp = json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset")))
+        return -1;
     json_t *top = json_object();
-    for (int i = 0; top && i < ev->sample.n_top; i++) { /* tokens with the same text share a key, as in OpenAI's */
+    int rc = top ? 0 : -1;
+    for (int i = 0; !rc && i < ev->sample.n_top; i++) { /* tokens with the same text share a key, as in OpenAI's */
         json_t *t = piece_json(v, ev->sample.top[i].id);
+        rc = t ? 0 : -1;
         if (t && !json_object_get(top, json_string_value(t)))
-            json_object_set_new(top, json_string_value(t), json_real(ev->sample.top[i].logprob));
+            rc = json_object_set_new(top, json_string_value(t), json_real(ev->sample.top[i].logprob));
         json_decref(t);
     }
-    json_array_append_new(json_object_get(ch->lp, "tokens"), piece_json(v, ev->token));
-    json_array_append_new(json_object_get(ch->lp, "token_logprobs"), json_real(ev->sample.logprob));
-    json_array_append_new(json_object_get(ch->lp, "top_logprobs"), top ? top : json_null());
-    json_array_append_new(json_object_get(ch->lp, "text_offset"), json_integer((json_int_t)ch->offset));
+    if (rc) {
+        json_decref(top);
+        return -1;
+    }
+    rc |= json_array_append_new(json_object_get(ch->lp, "tokens"), piece_json(v, ev->token));
+    rc |= json_array_append_new(json_object_get(ch->lp, "token_logprobs"), json_real(ev->sample.logprob));
+    rc |= json_array_append_new(json_object_get(ch->lp, "top_logprobs"), top);
+    rc |= json_array_append_new(json_object_get(ch->lp, "text_offset"), json_integer((json_int_t)ch->offset));
+    return rc ? -1 : 0;
 }
 
 static json_t *usage_json(const run *r)
@@ -215,16 +237,20 @@ static json_t *usage_json(const run *r)
                      "prompt_tokens_details", "cached_tokens", r->cached_tokens);
 }
 
-/* One SSE event; 0, or -1 when the client is gone. */
+/* What writing a part of the answer came to. */
+enum { OUT_OK = 0, OUT_GONE = -1, OUT_NOMEM = -2 };
+
+/* One SSE event (consumes j): OUT_OK, OUT_GONE when the client is gone,
+ * OUT_NOMEM when j (NULL) or its text could not be made. */
 static int sse_send(struct mg_connection *c, json_t *j)
 {
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *s = srv_json_text(j);
     json_decref(j);
     if (!s)
-        return 0;
+        return OUT_NOMEM;
     int ok = mg_printf(c, "data: %s\n\n", s) > 0;
     free(s);
-    return ok ? 0 : -1;
+    return ok ? OUT_OK : OUT_GONE;
 }
 
 static json_t *chunk(run *r, int index, const char *text, size_t n, json_t *lp, const char *finish)
@@ -253,11 +279,11 @@ static int on_token(run *r, const llm_event *ev)
     }
     if (ev->index == 0)
         r->t_last = t;
-    if (r->cp->n_logprobs >= 0)
-        add_logprobs(r->vocab, ch, ev, r->cp->chat);
+    if (r->cp->n_logprobs >= 0 && add_logprobs(r->vocab, ch, ev, r->cp->chat))
+        return OUT_NOMEM;
     ch->offset += ev->text_len;
     if (!r->cp->stream)
-        return llm_strbuf_append(&ch->text, ev->text, ev->text_len);
+        return llm_strbuf_append(&ch->text, ev->text, ev->text_len) ? OUT_NOMEM : OUT_OK;
     json_t *lp = ch->lp;
     ch->lp = NULL;
     return sse_send(r->c, chunk(r, ev->index, ev->text, ev->text_len, lp, NULL));
@@ -277,7 +303,7 @@ static int on_done(run *r, const llm_event *ev)
     srv_metrics_observe(&r->s->metrics, H_E2E, ev->usage.total_ms / 1e3);
     r->n_done++;
     if (!r->cp->stream)
-        return llm_strbuf_append(&ch->text, ev->text, ev->text_len);
+        return llm_strbuf_append(&ch->text, ev->text, ev->text_len) ? OUT_NOMEM : OUT_OK;
     return sse_send(r->c, chunk(r, ev->index, ev->text, ev->text_len, NULL, ch->finish));
 }
 
@@ -308,6 +334,11 @@ static int run_events(run *r, srv_err *e)
         llm_event_clear(&ev);
         if (ev.type == LLM_EVENT_ERROR)
             return e->status;
+        if (rc == OUT_NOMEM) { /* the answer cannot be written whole: no partial one */
+            llm_engine_cancel(r->eng, r->id);
+            srv_err_set(e, 503, NULL, "out of memory while writing the answer");
+            return 503;
+        }
         if (rc) {
             llm_engine_cancel(r->eng, r->id); /* the client is gone: free its blocks now */
             srv_metrics_finished(&r->s->metrics, 2);
@@ -336,7 +367,12 @@ static int respond_whole(run *r)
                                               "finish_reason", r->ch[0].finish ? r->ch[0].finish : "stop", "usage",
                                               usage_json(r)));
     json_t *choices = json_array();
-    for (int i = 0; i < r->cp->rq.n; i++) json_array_append_new(choices, whole_choice(r, i));
+    int rc = choices ? 0 : -1;
+    for (int i = 0; !rc && i < r->cp->rq.n; i++) rc = json_array_append_new(choices, whole_choice(r, i));
+    if (rc) { /* a choice missing is no answer: send_json's out-of-memory 503 */
+        json_decref(choices);
+        return send_json(r->c, 200, NULL);
+    }
     return send_json(r->c, 200, json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", r->cid, "object",
                                           r->cp->chat ? "chat.completion" : "text_completion", "created",
                                           (json_int_t)r->created, "model", r->s->name, "choices", choices, "usage",
@@ -370,16 +406,22 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
     if (!cp->stream)
         status = status ? send_err(c, e) : respond_whole(&r);
     else if (status == 0 || status == 499) {
-        if (status == 0 && cp->include_usage)
-            sse_send(c, json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", r.cid, "object",
-                                  cp->chat ? "chat.completion.chunk" : "text_completion", "created",
-                                  (json_int_t)r.created, "model", s->name, "choices", "usage", usage_json(&r)));
+        int rc = status == 0 && cp->include_usage
+                     ? sse_send(c, json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", r.cid, "object",
+                                             cp->chat ? "chat.completion.chunk" : "text_completion", "created",
+                                             (json_int_t)r.created, "model", s->name, "choices", "usage", usage_json(&r)))
+                     : OUT_OK;
+        if (rc == OUT_NOMEM) {
+            srv_err_set(e, 503, NULL, "out of memory while writing the usage");
+            mg_printf(c, "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}\n\n");
+        }
         if (status == 0)
             mg_printf(c, "data: [DONE]\n\n");
-        status = status ? status : 200;
+        status = rc == OUT_NOMEM ? 503 : status ? status : 200;
     } else { /* a failure mid-stream: an error event, then the end */
         char *body = srv_err_body(e);
-        mg_printf(c, "data: %s\n\ndata: [DONE]\n\n", body ? body : "{}");
+        mg_printf(c, "data: %s\n\ndata: [DONE]\n\n",
+                  body ? body : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
         free(body);
     }
     run_free(&r);
@@ -460,23 +502,10 @@ static int fn_models(srv *s, struct mg_connection *c, const char *b, size_t n, s
                                        "model", "created", (json_int_t)s->created, "owned_by", "llm-k8s"));
 }
 
-static json_t *parse_object(const char *b, size_t n, srv_err *e)
-{
-    json_error_t je;
-    json_t *o = json_loadb(b, n, JSON_REJECT_DUPLICATES, &je);
-    if (!o)
-        srv_err_set(e, 400, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
-    else if (!json_is_object(o)) {
-        srv_err_set(e, 400, NULL, "the body must be a JSON object");
-        json_decref(o);
-        o = NULL;
-    }
-    return o;
-}
 
 static int fn_tokenize(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
 {
-    json_t *o = parse_object(b, n, e), *t = o ? json_object_get(o, "content") : NULL;
+    json_t *o = srv_json_object(b, n, e), *t = o ? json_object_get(o, "content") : NULL;
     int add = 1;
     if (o && !t)
         t = json_object_get(o, "text");
@@ -507,7 +536,7 @@ static int fn_tokenize(srv *s, struct mg_connection *c, const char *b, size_t n,
 
 static int fn_detokenize(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
 {
-    json_t *o = parse_object(b, n, e), *t = o ? json_object_get(o, "tokens") : NULL;
+    json_t *o = srv_json_object(b, n, e), *t = o ? json_object_get(o, "tokens") : NULL;
     size_t k = json_is_array(t) ? json_array_size(t) : 0;
     int32_t *ids = o && json_is_array(t) ? malloc(sizeof(int32_t) * (k + 1)) : NULL;
     if (o && !json_is_array(t))
@@ -649,11 +678,8 @@ static int h_admin_canary(struct mg_connection *c, void *cb)
     else if (read_body(s, c, &body, &len, &e))
         status = send_err(c, &e);
     else {
-        json_error_t je;
-        json_t *req = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-        if (!req)
-            srv_err_set(&e, 400, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
-        status = req ? srv_canary_admin(s, req, &out, &e) : 400;
+        json_t *req = srv_json_object(body, len, &e);
+        status = req ? srv_canary_admin(s, req, &out, &e) : e.status;
         status = status == 200 ? send_json(c, 200, out) : send_err(c, &e);
         json_decref(req);
     }

@@ -4,7 +4,6 @@
  * requests for shutdown_delay_s more, then refuses them and lets those in
  * flight finish within drain_timeout_s, then exits 0. */
 #include <civetweb.h>
-#include <openssl/evp.h>
 #include <strings.h>
 #include <errno.h>
 #include <pthread.h>
@@ -60,92 +59,11 @@ static llm_status load_keys(srv *s, llm_error *err)
     return LLM_OK;
 }
 
-llm_status srv_open_backends(srv *s, llm_backend **out, int *n, llm_error *err)
-{
-    llm_backend_spec spec = {s->cfg.backend, (int)s->cfg.tensor_parallel,
-                             {(int)s->cfg.threads, 0, getenv("LLM_KERNELS")}, (int)s->cfg.device};
-    llm_status st = llm_backends_open(&spec, out, err);
-    *n = st ? 0 : (int)s->cfg.tensor_parallel;
-    return st;
-}
-
-void srv_close_backends(llm_backend **b, int n)
-{
-    for (int i = 0; i < n; i++) {
-        llm_backend_free(b[i]);
-        b[i] = NULL;
-    }
-}
-
-llm_status srv_open_engine(srv *s, llm_model *m, llm_backend *const *b, int n, llm_engine **out, llm_error *err)
-{
-    llm_kv_type kt;
-    llm_status st = llm_kv_type_parse(s->cfg.kv_type, &kt, err);
-    if (st)
-        return st;
-    llm_engine_config ec = {.model = m, .backend = b[0], .tensor_parallel = n, .tp_backends = b, .n_ctx = (int)s->cfg.n_ctx,
-                            .max_seqs = (int)s->cfg.max_seqs, .max_batch_tokens = (int)s->cfg.max_batch_tokens,
-                            .max_waiting = (int)s->cfg.max_waiting, .block_size = (int)s->cfg.block_size, .kv_type = kt,
-                            .kv_cache_bytes = (size_t)s->cfg.kv_cache_mb << 20,
-                            .kv_cache_fraction = (float)s->cfg.kv_cache_fraction,
-                            .no_prefix_cache = !s->cfg.prefix_cache};
-    return llm_engine_open(&ec, out, err);
-}
-
 static void load_progress(void *ctx, double done)
 {
     srv *s = ctx;
     snprintf(s->status, sizeof s->status, "paging in the weights: %.0f%%", 100 * done);
     logf_("%s", s->status);
-}
-
-/* One token through the engine before ready: the first real request then
- * finds every buffer allocated and every kernel path warm. */
-llm_status srv_warm_up(llm_engine *e, llm_model *m, llm_error *err)
-{
-    int32_t tok = llm_vocab_bos(m->vocab) >= 0 ? llm_vocab_bos(m->vocab) : 0;
-    llm_request rq = {.tokens = &tok, .n_tokens = 1, .sampling = llm_sampling_default(), .max_tokens = 1,
-                      .ignore_eos = 1};
-    llm_request_id id;
-    llm_status st = llm_engine_submit(e, &rq, &id, err);
-    for (llm_event ev; !st;) {
-        st = llm_engine_next(e, id, &ev, -1);
-        llm_event_clear(&ev);
-        if (!st && ev.type != LLM_EVENT_TOKEN)
-            return ev.type == LLM_EVENT_ERROR ? llm_errf(err, ev.error.code, "warm-up: %s", ev.error.msg) : LLM_OK;
-    }
-    return st;
-}
-
-/* model_sha256: the file's digest before anything trusts it (a truncated
- * or swapped file on a shared volume is caught here, by name). */
-llm_status srv_verify_sha256(const char *path, const char *want, llm_error *err)
-{
-    if (!want || !*want)
-        return LLM_OK;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return llm_errf(err, LLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    unsigned char *buf = malloc(1 << 22), dig[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
-    llm_status st = md && buf && EVP_DigestInit_ex(md, EVP_sha256(), NULL) ? LLM_OK
-                    : llm_errf(err, LLM_ERR_NOMEM, "cannot set up SHA-256");
-    for (size_t got; !st && (got = fread(buf, 1, 1 << 22, f)) > 0;)
-        if (!EVP_DigestUpdate(md, buf, got))
-            st = llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 update failed");
-    if (!st && ferror(f))
-        st = llm_errf(err, LLM_ERR_IO, "%s: read error while checking sha256", path);
-    if (!st && !EVP_DigestFinal_ex(md, dig, &n))
-        st = llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 final failed");
-    char hex[2 * EVP_MAX_MD_SIZE + 1] = "";
-    for (unsigned int i = 0; !st && i < n; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
-    if (!st && strcasecmp(hex, want))
-        st = llm_errf(err, LLM_ERR_FORMAT, "%s: sha256 mismatch: expected %s, the file has %s", path, want, hex);
-    EVP_MD_CTX_free(md);
-    free(buf);
-    fclose(f);
-    return st;
 }
 
 static void *loader(void *arg)
@@ -210,6 +128,7 @@ int main(int argc, char **argv)
     static srv s;
     llm_error err = {0};
     int help = 0;
+    srv_json_init();
     if (srv_config_load(argc, argv, &s.cfg, &help, &err)) {
         fprintf(stderr, "llm-server: %s\n", err.msg);
         srv_config_usage(stderr);

@@ -1,0 +1,492 @@
+/* test_torture.c - allocation-failure torture (curl's habit): malloc,
+ * calloc, realloc, strdup, aligned_alloc and free of every object linked
+ * here are wrapped (ld --wrap, see the Makefile), and jansson allocates
+ * through the server's allocator (srv_json_init), so through them too. Each scenario first runs clean to count its
+ * allocations, then once for every N with the Nth allocation failing (any
+ * thread: the engine thread's allocations count too). Every run must end
+ * with an error or a success - never a crash, hang or lost event - leave
+ * no allocation behind (a live count kept by the wrappers; ASan checks
+ * the rest in make asan), and leave the engine able to serve the next
+ * request with the same answer as before.
+ *
+ * Scenarios: engine open/close, submit, the steps of a request (n = 2,
+ * stop strings, logprobs), cancel, and llm-server's request parsing and
+ * error bodies. The test itself allocates nothing while a failure is
+ * armed. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
+
+#include <jansson.h>
+
+#include "testutil.h"
+
+#include "llm/chat.h"
+#include "llm/engine.h"
+#include "llm/mkmodel.h"
+#include <civetweb.h>
+
+#include "srv.h"
+
+/* ---- the allocator hook ---------------------------------------------------- */
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t k);
+void *__real_realloc(void *p, size_t n);
+void *__real_aligned_alloc(size_t a, size_t n);
+void __real_free(void *p);
+
+static atomic_long g_count;   /* allocations since arm() */
+static atomic_long g_fail_at; /* fail the allocation with this count (1-based); 0: never */
+static atomic_long g_live;    /* our blocks not yet freed */
+static atomic_long g_failed;  /* allocations failed on purpose */
+static atomic_long g_window;  /* most allocations seen between an arm() and its disarm() */
+
+/* Set while jansson's parser runs: it is not failed there. Debian's
+ * jansson 2.14 aborts when its lexer cannot grow its token buffer (the
+ * failed growth is ignored, then an assert fires), so a failure inside
+ * json_loadb tests jansson, not us. Everything around it is failed. */
+static _Thread_local int g_in_jansson_parse;
+
+json_t *__real_json_loadb(const char *b, size_t n, size_t flags, json_error_t *e);
+json_t *__wrap_json_loadb(const char *b, size_t n, size_t flags, json_error_t *e)
+{
+    g_in_jansson_parse = 1;
+    json_t *j = __real_json_loadb(b, n, flags, e);
+    g_in_jansson_parse = 0;
+    return j;
+}
+
+static int fail_now(void)
+{
+    if (g_in_jansson_parse)
+        return 0;
+    long k = atomic_fetch_add(&g_count, 1) + 1, at = atomic_load(&g_fail_at);
+    if (at && k == at) {
+        atomic_fetch_add(&g_failed, 1);
+        return 1;
+    }
+    return 0;
+}
+
+static void *counted(void *p)
+{
+    if (p)
+        atomic_fetch_add(&g_live, 1);
+    return p;
+}
+
+void *__wrap_malloc(size_t n) { return fail_now() ? NULL : counted(__real_malloc(n)); }
+void *__wrap_calloc(size_t n, size_t k) { return fail_now() ? NULL : counted(__real_calloc(n, k)); }
+void *__wrap_aligned_alloc(size_t a, size_t n) { return fail_now() ? NULL : counted(__real_aligned_alloc(a, n)); }
+
+void *__wrap_realloc(void *p, size_t n)
+{
+    if (fail_now())
+        return NULL;
+    void *q = __real_realloc(p, n);
+    return p ? q : counted(q);
+}
+
+void __wrap_free(void *p)
+{
+    if (p)
+        atomic_fetch_sub(&g_live, 1);
+    __real_free(p);
+}
+
+char *__wrap_strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = __wrap_malloc(n);
+    return d ? memcpy(d, s, n) : NULL;
+}
+
+static void arm(long n)
+{
+    atomic_store(&g_count, 0);
+    atomic_store(&g_fail_at, n);
+}
+
+static void disarm(void)
+{
+    atomic_store(&g_fail_at, 0);
+    long k = atomic_load(&g_count);
+    if (k > atomic_load(&g_window))
+        atomic_store(&g_window, k);
+}
+
+/* Runs scenario clean, then with each allocation failing in turn; the live
+ * count must come back to where it was every time. */
+static void torture(const char *name, void (*scenario)(long n))
+{
+    scenario(0); /* warm-up: what the backend and libraries keep after first use is not a leak */
+    long base = atomic_load(&g_live);
+    atomic_store(&g_window, 0);
+    scenario(0);
+    long total = atomic_load(&g_window), failed0 = atomic_load(&g_failed);
+    assert_int_equal(atomic_load(&g_live), base);
+    assert_true(total > 0);
+    for (long n = 1; n <= total + 2; n++) {
+        scenario(n);
+        if (atomic_load(&g_live) != base)
+            fail_msg("%s: failing allocation %ld of %ld left %ld blocks behind", name, n, total,
+                     atomic_load(&g_live) - base);
+    }
+    print_message("%s: %ld allocations, each failed once (%ld failures seen)\n", name, total,
+                  atomic_load(&g_failed) - failed0);
+}
+
+/* ---- engine scenarios ------------------------------------------------------ */
+
+static llm_model *g_m;
+static llm_backend *g_b;
+static char g_path[256];
+static int32_t g_ref[2][8]; /* the request's tokens, clean */
+static const char *const g_stops[] = {"zq", "the cat"};
+
+static llm_engine *open_clean(void)
+{
+    llm_engine_config c = {.model = g_m, .backend = g_b, .n_ctx = 128, .max_seqs = 4, .max_batch_tokens = 16};
+    llm_engine *e = NULL;
+    llm_error err = {0};
+    if (llm_engine_open(&c, &e, &err))
+        fail_msg("open: %s", err.msg);
+    return e;
+}
+
+static llm_request request(const int32_t *prompt, int n)
+{
+    llm_request rq = {.tokens = prompt, .n_tokens = n, .sampling = llm_sampling_default(), .max_tokens = 8, .n = 2,
+                      .stop = g_stops, .n_stop = 2, .ignore_eos = 1};
+    rq.sampling.temperature = 0.8f;
+    rq.sampling.seed = 7;
+    rq.sampling.n_logprobs = 2;
+    return rq;
+}
+
+static const int32_t P[40] = {5, 9, 200, 31, 7, 7, 400, 12, 99, 3, 18, 250, 77, 1, 64, 300, 8, 42, 19, 128,
+                              6, 11, 210, 33, 71, 17, 401, 13, 98, 4, 28, 251, 78, 2, 65, 301, 9, 43, 20, 129};
+
+/* Reads id to its end: 1 when every completion is DONE (tokens into out,
+ * when given), 0 on an ERROR event. A wait of 60 s is a lost event. */
+static int drain(llm_engine *e, llm_request_id id, int32_t out[2][8])
+{
+    int done = 0, n_tok[2] = {0, 0};
+    while (done < 2) {
+        llm_event ev;
+        llm_status st = llm_engine_next(e, id, &ev, 60000);
+        if (st)
+            fail_msg("next: %s (an event was lost)", llm_status_str(st));
+        if (ev.type == LLM_EVENT_ERROR) {
+            if (!ev.error.msg[0])
+                fail_msg("an error event without a message");
+            return 0;
+        }
+        if (ev.type == LLM_EVENT_TOKEN && out && n_tok[ev.index] < 8)
+            out[ev.index][n_tok[ev.index]++] = ev.token;
+        done += ev.type == LLM_EVENT_DONE;
+        llm_event_clear(&ev);
+    }
+    return 1;
+}
+
+/* The engine still serves: the same request gives the same tokens. */
+static void still_serves(llm_engine *e)
+{
+    llm_request rq = request(P, 40);
+    llm_request_id id;
+    llm_error err = {0};
+    int32_t got[2][8] = {{0}};
+    if (llm_engine_submit(e, &rq, &id, &err))
+        fail_msg("submit after the failure: %s", err.msg);
+    if (!drain(e, id, got))
+        fail_msg("the request after the failure failed");
+    assert_memory_equal(got, g_ref, sizeof got);
+    llm_stats st;
+    llm_engine_stats(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+}
+
+static void sc_open(long n)
+{
+    llm_engine_config c = {.model = g_m, .backend = g_b, .n_ctx = 128, .max_seqs = 4, .max_batch_tokens = 16};
+    llm_engine *e = NULL;
+    llm_error err = {0};
+    arm(n);
+    llm_status st = llm_engine_open(&c, &e, &err);
+    disarm();
+    if (st) {
+        assert_null(e);
+        assert_true(err.msg[0] != 0);
+        return;
+    }
+    still_serves(e);
+    llm_engine_close(e);
+}
+
+/* Submit and the steps that follow, with the failure anywhere in them. */
+static void sc_request(long n)
+{
+    llm_engine *e = open_clean();
+    llm_request rq = request(P, 40);
+    llm_request_id id;
+    llm_error err = {0};
+    arm(n);
+    llm_status st = llm_engine_submit(e, &rq, &id, &err);
+    if (st) {
+        disarm();
+        assert_true(err.msg[0] != 0);
+    } else {
+        int32_t got[2][8] = {{0}};
+        int ok = drain(e, id, n ? got : g_ref);
+        disarm();
+        if (ok && n)
+            assert_memory_equal(got, g_ref, sizeof got); /* a success is the right answer */
+        if (!n && !ok)
+            fail_msg("the clean run failed");
+    }
+    still_serves(e);
+    llm_engine_close(e);
+}
+
+/* A request cancelled after its first event, the failure anywhere. */
+static void sc_cancel(long n)
+{
+    llm_engine *e = open_clean();
+    llm_request rq = request(P, 40);
+    llm_request_id id;
+    llm_error err = {0};
+    arm(n);
+    if (!llm_engine_submit(e, &rq, &id, &err)) {
+        llm_event ev;
+        if (llm_engine_next(e, id, &ev, 60000) == LLM_OK)
+            llm_event_clear(&ev);
+        llm_engine_cancel(e, id);
+    }
+    disarm();
+    still_serves(e);
+    llm_engine_close(e);
+}
+
+/* ---- llm-server's request path ---------------------------------------------- */
+
+static const char CHAT[] =
+    "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":"
+    "[{\"type\":\"text\",\"text\":\"hello\"},{\"type\":\"text\",\"text\":\" there\"}]}],\"max_tokens\":5,"
+    "\"stop\":[\"a\",\"bc\"],\"logprobs\":true,\"top_logprobs\":2,\"n\":2,\"seed\":3,"
+    "\"stream\":true,\"stream_options\":{\"include_usage\":true}}";
+static const char COMPL[] = "{\"model\":\"m\",\"prompt\":[1,2,3,4],\"max_tokens\":3,\"logprobs\":2,\"stop\":\"x\"}";
+
+static void sc_parse(long n)
+{
+    static srv s;
+    snprintf(s.name, sizeof s.name, "m");
+    const char *bodies[] = {CHAT, COMPL, "{\"model\":\"m\",\"prompt\":\"hi\",\"temperature\":7}"};
+    for (int k = 0; k < 3; k++) {
+        srv_completion c;
+        srv_err e = {0};
+        arm(n);
+        int rc = srv_parse_completion(&s, 0, bodies[k], strlen(bodies[k]), k == 0, &c, &e);
+        char *body = rc ? srv_err_body(&e) : NULL;
+        disarm();
+        if (!n)
+            assert_int_equal(rc != 0, k == 2); /* clean: the third is refused (temperature), the others parse */
+        if (rc) {
+            assert_true(e.status >= 400 && e.status <= 599 && e.msg[0]);
+            if (n && e.status == 400 && k < 2)
+                fail_msg("body %d: a failed allocation reported as a bad request: %s", k, e.msg);
+        }
+        free(body); /* NULL when its own allocation failed: the server then sends a fixed body */
+        srv_completion_free(&c);
+    }
+}
+
+/* ---- llm-server's whole request path, in-process ------------------------------ */
+
+static srv g_srv;
+
+/* A port nobody listens on now (the server binds it right after). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t n = sizeof a;
+    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) && !getsockname(fd, (struct sockaddr *)&a, &n))
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+static void server_start(void)
+{
+    char port[16];
+    snprintf(port, sizeof port, "%d", free_port());
+    char *argv[] = {"llm-server", "-m", g_path, "--host", "127.0.0.1", "--port", port, "--http_threads", "4", NULL};
+    int help = 0;
+    llm_error err = {0};
+    if (srv_config_load(9, argv, &g_srv.cfg, &help, &err))
+        fail_msg("config: %s", err.msg);
+    srv_metrics_init(&g_srv.metrics);
+    srv_canary_init(&g_srv);
+    g_srv.model = g_m;
+    g_srv.engine = open_clean();
+    g_srv.chat_tmpl = (int)llm_chat_for_model(g_m);
+    snprintf(g_srv.name, sizeof g_srv.name, "m");
+    atomic_store(&g_srv.phase, SRV_READY);
+    if (srv_http_start(&g_srv, &err))
+        fail_msg("http: %s", err.msg);
+}
+
+static void server_stop(void)
+{
+    mg_stop(g_srv.mg);
+    srv_canary_free(&g_srv);
+    llm_engine_close(g_srv.engine);
+    srv_metrics_free(&g_srv.metrics);
+    srv_config_free(&g_srv.cfg);
+    memset(&g_srv, 0, sizeof g_srv);
+}
+
+/* POSTs body to path with a plain socket (nothing allocated here) and
+ * reads the whole answer into resp (Connection: close). Returns the
+ * status, 0 when the exchange failed. */
+static int post(const char *path, const char *body, char *resp, size_t cap)
+{
+    char head[512];
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_srv.cfg.port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    int hn = snprintf(head, sizeof head,
+                      "POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                      "Connection: close\r\n\r\n", path, strlen(body));
+    size_t got = 0;
+    if (write(fd, head, (size_t)hn) == hn && write(fd, body, strlen(body)) == (ssize_t)strlen(body))
+        for (ssize_t k; got + 1 < cap && (k = read(fd, resp + got, cap - 1 - got)) > 0;) got += (size_t)k;
+    close(fd);
+    resp[got] = 0;
+    int status = 0;
+    return sscanf(resp, "HTTP/1.1 %d", &status) == 1 ? status : 0;
+}
+
+static const char HTTP_CHAT[] =
+    "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"the cat and the dog\"}],\"max_tokens\":6,"
+    "\"temperature\":0,\"logprobs\":true,\"top_logprobs\":2,\"n\":2,\"stop\":[\"zq\"]}";
+static const char HTTP_STREAM[] =
+    "{\"model\":\"m\",\"prompt\":\"once upon a time\",\"max_tokens\":6,\"temperature\":0,\"stream\":true,"
+    "\"stream_options\":{\"include_usage\":true},\"logprobs\":1}";
+static char g_chat_ref[8192];
+
+/* The answer's choices (after the headers): ids and times differ per call. */
+static const char *choices_of(const char *resp)
+{
+    const char *c = strstr(resp, "\"choices\"");
+    return c ? c : "";
+}
+
+static void sc_http(long n)
+{
+    static char resp[65536];
+    arm(n);
+    int st = post("/v1/chat/completions", HTTP_CHAT, resp, sizeof resp);
+    disarm();
+    if (!n) {
+        assert_int_equal(st, 200);
+        snprintf(g_chat_ref, sizeof g_chat_ref, "%s", choices_of(resp));
+    } else if (st == 200) { /* a success is the right answer */
+        const char *c = choices_of(resp), *end = strstr(c, "\"usage\"");
+        if (!end || memcmp(c, g_chat_ref, (size_t)(end - c)))
+            fail_msg("chat: failing allocation %ld gave another answer:\n%s\nclean:\n%s", n, resp, g_chat_ref);
+    } else if (st != 500 && st != 503) {
+        fail_msg("chat: failing allocation %ld gave status %d: %s", n, st, resp);
+    }
+    arm(n);
+    st = post("/v1/completions", HTTP_STREAM, resp, sizeof resp);
+    disarm();
+    if (st != 200 && st != 500 && st != 503)
+        fail_msg("stream: failing allocation %ld gave status %d: %s", n, st, resp);
+    if (st == 200 && !strstr(resp, "data: [DONE]\n\n"))
+        fail_msg("stream: failing allocation %ld: the stream has no end: %s", n, resp);
+    /* the server still answers right */
+    assert_int_equal(post("/v1/chat/completions", HTTP_CHAT, resp, sizeof resp), 200);
+    const char *end = strstr(choices_of(resp), "\"usage\"");
+    assert_non_null(end);
+    assert_memory_equal(choices_of(resp), g_chat_ref, (size_t)(end - choices_of(resp)));
+}
+
+/* ---- driver ------------------------------------------------------------------ */
+
+static int setup(void **st)
+{
+    (void)st;
+    llm_error err = {0};
+    srv_json_init(); /* jansson allocates through the server's allocator, wrapped here */
+    test_tmpfile("torture", g_path, sizeof g_path);
+    if (llm_mkmodel(llm_shape_find("tiny"), QT_Q8_0, 5, g_path, &err) || llm_model_load(g_path, &g_m, &err) ||
+        llm_backend_cpu_new(&(llm_cpu_config){2, 0, NULL}, &g_b, &err)) {
+        fprintf(stderr, "setup: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **st)
+{
+    (void)st;
+    llm_model_free(g_m);
+    llm_backend_free(g_b);
+    remove(g_path);
+    return 0;
+}
+
+static void test_request(void **st)
+{
+    (void)st;
+    torture("submit + steps", sc_request);
+}
+
+static void test_open(void **st)
+{
+    (void)st;
+    torture("engine open", sc_open);
+}
+
+static void test_cancel(void **st)
+{
+    (void)st;
+    torture("cancel", sc_cancel);
+}
+
+static void test_parse(void **st)
+{
+    (void)st;
+    torture("server request parsing", sc_parse);
+}
+
+static void test_http(void **st)
+{
+    (void)st;
+    server_start();
+    torture("server request path (HTTP)", sc_http);
+    server_stop();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_request), /* first: it records the reference tokens */
+        cmocka_unit_test(test_open),
+        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_http),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
