@@ -133,8 +133,13 @@ static void plan_add(sched *s, sched_seq *q, int n)
 static int reserve_running(sched *s, sched_seq *q, int n)
 {
     for (;;) {
-        if (kv_seq_reserve(s->kv, &q->kv, n) == LLM_OK)
+        llm_status st = kv_seq_reserve(s->kv, &q->kv, n);
+        if (st == LLM_OK)
             return 1;
+        if (st == LLM_ERR_NOMEM) { /* its table could not grow: others' blocks would not help */
+            preempt(s, q);
+            return 0;
+        }
         sched_seq *v = least_urgent(s);
         preempt(s, v);
         if (v == q)
@@ -232,11 +237,15 @@ static void plan_admit(sched *s)
             return;
         int forked, hit = attach(s, q, fork, &forked);
         int n = q->n_tokens - q->kv.n_tokens < budget ? q->n_tokens - q->kv.n_tokens : budget;
-        while (kv_seq_reserve(s->kv, &q->kv, n) != LLM_OK)
-            if (!preempt_for(s, q)) {
+        for (;;) {
+            llm_status st = kv_seq_reserve(s->kv, &q->kv, n);
+            if (st == LLM_OK)
+                break;
+            if (st == LLM_ERR_NOMEM || !preempt_for(s, q)) {
                 kv_seq_release(s->kv, &q->kv); /* its matched blocks stay cached */
                 return;
             }
+        }
         count_admission(s, q, hit, forked);
         list_remove(s->waiting, &s->n_waiting, q);
         s->running[s->n_running++] = q;

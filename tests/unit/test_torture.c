@@ -147,9 +147,11 @@ static char g_path[256];
 static int32_t g_ref[2][8]; /* the request's tokens, clean */
 static const char *const g_stops[] = {"zq", "the cat"};
 
+/* Block size 4: a sequence's table outgrows its first 8 entries, so the
+ * scheduler meets a failed table growth too. */
 static llm_engine *open_clean(void)
 {
-    llm_engine_config c = {.model = g_m, .backend = g_b, .n_ctx = 128, .max_seqs = 4, .max_batch_tokens = 16};
+    llm_engine_config c = {.model = g_m, .backend = g_b, .n_ctx = 128, .max_seqs = 4, .max_batch_tokens = 16, .block_size = 4};
     llm_engine *e = NULL;
     llm_error err = {0};
     if (llm_engine_open(&c, &e, &err))
@@ -157,6 +159,9 @@ static llm_engine *open_clean(void)
     return e;
 }
 
+/* n = 2 seeded completions with logprobs and stop strings; with a 30-token
+ * prompt and 4-token blocks the table grows past its first 8 while
+ * decoding. */
 static llm_request request(const int32_t *prompt, int n)
 {
     llm_request rq = {.tokens = prompt, .n_tokens = n, .sampling = llm_sampling_default(), .max_tokens = 8, .n = 2,
@@ -196,7 +201,7 @@ static int drain(llm_engine *e, llm_request_id id, int32_t out[2][8])
 /* The engine still serves: the same request gives the same tokens. */
 static void still_serves(llm_engine *e)
 {
-    llm_request rq = request(P, 40);
+    llm_request rq = request(P, 30);
     llm_request_id id;
     llm_error err = {0};
     int32_t got[2][8] = {{0}};
@@ -212,7 +217,7 @@ static void still_serves(llm_engine *e)
 
 static void sc_open(long n)
 {
-    llm_engine_config c = {.model = g_m, .backend = g_b, .n_ctx = 128, .max_seqs = 4, .max_batch_tokens = 16};
+    llm_engine_config c = {.model = g_m, .backend = g_b, .n_ctx = 128, .max_seqs = 4, .max_batch_tokens = 16, .block_size = 4};
     llm_engine *e = NULL;
     llm_error err = {0};
     arm(n);
@@ -231,7 +236,7 @@ static void sc_open(long n)
 static void sc_request(long n)
 {
     llm_engine *e = open_clean();
-    llm_request rq = request(P, 40);
+    llm_request rq = request(P, 30);
     llm_request_id id;
     llm_error err = {0};
     arm(n);
@@ -256,7 +261,7 @@ static void sc_request(long n)
 static void sc_cancel(long n)
 {
     llm_engine *e = open_clean();
-    llm_request rq = request(P, 40);
+    llm_request rq = request(P, 30);
     llm_request_id id;
     llm_error err = {0};
     arm(n);
