@@ -34,6 +34,8 @@
 #include "llm/tp.h"
 #include "llm_kernels.h"
 
+_Static_assert(LK_SAMPLE_NAN == LLM_SAMPLE_NAN, "a NaN row picks the same id on host and device");
+
 enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_SAMPLE, ST_TILES, ST_KINDS };
 
 typedef struct cu_alloc {

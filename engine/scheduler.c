@@ -33,10 +33,14 @@ void sched_free(sched *s)
     memset(s, 0, sizeof *s);
 }
 
+/* Queues new q as waiting. The waiting list always has room for every
+ * sequence in the scheduler plus q (running ones included): a preemption
+ * moves a running sequence back to it without allocating. */
 static llm_status waiting_push(sched *s, sched_seq *q)
 {
-    if (s->n_waiting == s->cap_waiting) {
+    if (s->n_waiting + s->n_running + 1 > s->cap_waiting) {
         int cap = s->cap_waiting ? 2 * s->cap_waiting : 64;
+        while (cap < s->n_waiting + s->n_running + 1) cap *= 2;
         sched_seq **p = realloc(s->waiting, sizeof *p * (size_t)cap);
         if (!p)
             return LLM_ERR_NOMEM;
@@ -107,8 +111,8 @@ static void plan_drop(sched *s, sched_seq *q)
 }
 
 /* Back to waiting, K/V released: it is recomputed from its tokens when
- * admitted again. The waiting list has room: every sequence was added
- * there once, so its capacity covers all of them. */
+ * admitted again. The waiting list has room (waiting_push keeps it large
+ * enough for every sequence in the scheduler). */
 static void preempt(sched *s, sched_seq *q)
 {
     plan_drop(s, q);

@@ -89,8 +89,12 @@ int lk_to_half(const float *x, size_t n, int bf16, void *out, void *stream);
 /* x[t] += bias for n_tok rows of dim. */
 int lk_add_bias(float *x, const float *bias, int n_tok, int dim, void *stream);
 
+/* What a row with a NaN logit picks (no distribution to pick from); the
+ * engine's LLM_SAMPLE_NAN, the same value. */
+#define LK_SAMPLE_NAN (-1)
+
 /* out[r] = the id of the largest of row r's n_vocab logits (ties: the
- * lowest id; NaNs never win). */
+ * lowest id); LK_SAMPLE_NAN when the row holds a NaN. */
 int lk_argmax(const float *logits, int n_rows, int n_vocab, int32_t *out, void *stream);
 
 /* Per-row sampling settings (the layout of llm_sample_params in
@@ -103,7 +107,10 @@ typedef struct lk_sample_params {
 } lk_sample_params;
 
 /* out[r] = a token drawn from row r's softmax(logits / temperature) after
- * truncation; params (n_rows) in device memory. */
+ * truncation; params (n_rows) in device memory. The argmax instead when
+ * the largest logit is infinite or no candidate keeps a finite positive
+ * weight (a temperature so small that logits / T overflows);
+ * LK_SAMPLE_NAN for a row with a NaN. */
 int lk_sample(const float *logits, int n_rows, int n_vocab, const lk_sample_params *params, int32_t *out,
               void *stream);
 

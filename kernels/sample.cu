@@ -5,7 +5,7 @@
  * sort); the token is the one where the cumulative weight, in id order,
  * passes u times the total: the same distribution as the CPU sampler's,
  * though not the same draw for a given seed. Edge rules shared with the
- * host sampler: a NaN logit picks -1 (LLM_SAMPLE_NAN), an infinite largest
+ * host sampler: a NaN logit picks LK_SAMPLE_NAN, an infinite largest
  * logit or a total that is not finite and positive picks the argmax. */
 #include <math.h>
 
@@ -20,7 +20,7 @@ __device__ static inline void better(float *v, int *i, float v2, int i2)
 }
 
 /* The block's argmax of one row into *out (any block size up to 1024);
- * LLM_SAMPLE_NAN's -1 when the row holds a NaN (no distribution to pick
+ * LK_SAMPLE_NAN when the row holds a NaN (no distribution to pick
  * from: the engine fails the request). Every thread of the block calls it. */
 __device__ static void row_argmax(const float *row, int n_vocab, int32_t *out)
 {
@@ -39,7 +39,7 @@ __device__ static void row_argmax(const float *row, int n_vocab, int32_t *out)
     nan = __syncthreads_or(nan);
     if (threadIdx.x == 0) {
         for (int w = 1; w < (int)(blockDim.x / 32); w++) better(&v, &id, sv[w], si[w]);
-        *out = nan ? -1 : id == 0x7fffffff ? 0 : id;
+        *out = nan ? LK_SAMPLE_NAN : id == 0x7fffffff ? 0 : id;
     }
 }
 

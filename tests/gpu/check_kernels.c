@@ -410,21 +410,21 @@ static void check_sample(float temp, int top_k, float top_p, float min_p)
     free(row), free(idx), free(prob), free(rows), free(ps), free(got), free(count);
 }
 
+/* Rows with edges, each with the id it must give: a tie (lowest id), a
+ * NaN (LK_SAMPLE_NAN), a last-id maximum, +inf, and every logit -inf. */
 static void check_argmax(void)
 {
-    enum { ROWS = 5, V = 32001 };
+    enum { ROWS = 6, V = 32001 };
     float *l = rand_host((size_t)ROWS * V);
     l[1 * V + 7] = l[1 * V + 30000] = 5.0f; /* a tie: 7 wins */
     l[2 * V + 0] = NAN;
     l[3 * V + V - 1] = 9.0f;
-    int32_t want[ROWS], got[ROWS];
-    for (int r = 0; r < ROWS; r++) {
-        int best = 0;
-        for (int i = 1; i < V; i++)
-            if (l[(size_t)r * V + i] > l[(size_t)r * V + best] || isnan(l[(size_t)r * V + best]))
-                best = i;
-        want[r] = best;
-    }
+    l[4 * V + 123] = INFINITY;
+    for (int i = 0; i < V; i++) l[5 * V + i] = -INFINITY;
+    int32_t want[ROWS] = {0, 7, LK_SAMPLE_NAN, V - 1, 123, 0}, got[ROWS];
+    for (int i = 1; i < V; i++) /* row 0: plain random logits */
+        if (l[i] > l[want[0]])
+            want[0] = i;
     float *dl = to_dev(l, (size_t)ROWS * V * 4);
     int32_t *dout = NULL;
     CK(cudaMalloc((void **)&dout, sizeof got));
@@ -432,9 +432,24 @@ static void check_argmax(void)
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
     int bad = memcmp(got, want, sizeof got) != 0;
-    printf("%-28s rows=%d vocab=%d ids %s (tie row: %d, want 7)\n", "argmax", ROWS, V, bad ? "FAIL" : "PASS", got[1]);
+    printf("%-28s rows=%d vocab=%d ids %s (tie %d want 7, NaN %d want -1, +inf %d want 123)\n", "argmax", ROWS, V,
+           bad ? "FAIL" : "PASS", got[1], got[2], got[4]);
     g_fail |= bad;
-    cudaFree(dl), cudaFree(dout), free(l);
+    /* the sampler's edges: T so small that logits / T overflows (argmax),
+     * the same rows with top-p; NaN and +inf rows as above */
+    lk_sample_params ps[ROWS];
+    for (int r = 0; r < ROWS; r++) ps[r] = (lk_sample_params){r % 2 ? 1e-30f : 0.8f, 0, r == 3 ? 0.5f : 1.f, 0, 0.999f};
+    ps[0].temperature = 1e-38f;
+    lk_sample_params *dps = to_dev(ps, sizeof ps);
+    CK((cudaError_t)lk_sample(dl, ROWS, V, dps, dout, NULL));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
+    int bad2 = got[0] != want[0] || got[1] != 7 || got[2] != LK_SAMPLE_NAN || got[3] != V - 1 || got[4] != 123 ||
+               got[5] < 0 || got[5] >= V;
+    printf("%-28s rows=%d ids %s (tiny T %d want %d, NaN %d, +inf %d)\n", "sample edges", ROWS, bad2 ? "FAIL" : "PASS",
+           got[0], want[0], got[2], got[4]);
+    g_fail |= bad2;
+    cudaFree(dl), cudaFree(dps), cudaFree(dout), free(l);
 }
 
 int main(void)

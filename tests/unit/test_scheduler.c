@@ -279,6 +279,32 @@ static void test_stats_count_once(void **st)
     sim_free(&m);
 }
 
+/* A preemption when the waiting list is exactly at its first capacity
+ * (64 waiting, one running, a higher priority arriving): the preempted
+ * sequence goes back without an allocation and nothing aborts (the list
+ * used to be sized for the waiting ones only). */
+static void test_preempt_full_waiting_list(void **st)
+{
+    (void)st;
+    sim m;
+    sim_init(&m, 256, 1, 64);
+    static sim_seq low, high[64];
+    seq_make(&low, P, 4, 50, 0, 0);
+    assert_int_equal(sched_add(&m.s, &low.q), LLM_OK);
+    sim_step(&m); /* low runs alone (max_seqs 1) */
+    assert_int_equal(low.q.state, SCHED_RUNNING);
+    for (int i = 0; i < 64; i++) {
+        seq_make(&high[i], P + i, 4, 1, 1, 0);
+        assert_int_equal(sched_add(&m.s, &high[i].q), LLM_OK);
+    }
+    assert_int_equal(m.s.n_waiting, 64);
+    sim_step(&m); /* high priority preempts low onto a waiting list of 64 */
+    assert_int_equal(low.q.state, SCHED_WAITING);
+    assert_int_equal(m.s.n_waiting, 64);
+    run_all(&m);
+    sim_free(&m);
+}
+
 /* Removing a waiting or running sequence frees its blocks at once. */
 static void test_remove(void **st)
 {
@@ -308,6 +334,7 @@ int main(void)
         cmocka_unit_test(test_chunked_prefill), cmocka_unit_test(test_priority),
         cmocka_unit_test(test_aging),           cmocka_unit_test(test_kv_preemption),
         cmocka_unit_test(test_fork),            cmocka_unit_test(test_prefix_hits), cmocka_unit_test(test_stats_count_once),
+        cmocka_unit_test(test_preempt_full_waiting_list),
         cmocka_unit_test(test_remove),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
