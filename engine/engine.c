@@ -79,6 +79,7 @@ struct llm_engine {
     uint64_t gen_n[GEN_WINDOW];
     int gen_i;
     double step_t0;       /* start of the step in progress, 0 when idle */
+    uint64_t oom_seen;    /* s.stats.oom already acted on */
 };
 
 static double now_ms(void)
@@ -690,13 +691,32 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
     pthread_cond_broadcast(&e->step_done);
 }
 
+/* Under the lock, between steps (no plan holds them): requests with a
+ * sequence the scheduler marked oom fail with LLM_ERR_NOMEM rather than
+ * wait for a deadline. */
+static void fail_oom(llm_engine *e)
+{
+    if (e->s.stats.oom == e->oom_seen)
+        return;
+    e->oom_seen = e->s.stats.oom;
+    for (int i = 0; i < e->s.n_waiting; i++) {
+        eng_seq *q = e->s.waiting[i]->user;
+        if (e->s.waiting[i]->oom && !q->r->failed && !q->r->cancelled) {
+            req_fail_nomem(e, q->r, "a sequence's block table");
+            i = -1; /* its sequences left the list: rescan */
+        }
+    }
+}
+
 static void *engine_main(void *arg)
 {
     llm_engine *e = arg;
     pthread_mutex_lock(&e->mu);
     while (!e->stop) {
+        fail_oom(e);
         if (sched_plan(&e->s) == 0) {
-            pthread_cond_wait(&e->work, &e->mu);
+            if (e->s.stats.oom == e->oom_seen) /* else: fail those first */
+                pthread_cond_wait(&e->work, &e->mu);
             continue;
         }
         llm_forward_batch bt;

@@ -132,6 +132,14 @@ static void plan_add(sched *s, sched_seq *q, int n)
     q->in_plan = 1;
 }
 
+/* q cannot get memory for its block table: it waits, is skipped by
+ * admission, and the caller fails its request (stats.oom tells it). */
+static void mark_oom(sched *s, sched_seq *q)
+{
+    q->oom = 1;
+    s->stats.oom++;
+}
+
 /* Reserves n tokens for running q, preempting the least urgent running
  * sequences (q itself when it is the least urgent). 0: q was preempted. */
 static int reserve_running(sched *s, sched_seq *q, int n)
@@ -142,6 +150,7 @@ static int reserve_running(sched *s, sched_seq *q, int n)
             return 1;
         if (st == LLM_ERR_NOMEM) { /* its table could not grow: others' blocks would not help */
             preempt(s, q);
+            mark_oom(s, q);
             return 0;
         }
         sched_seq *v = least_urgent(s);
@@ -221,6 +230,18 @@ static int preempt_for(sched *s, const sched_seq *q)
     return 1;
 }
 
+/* Reserves n tokens for waiting q, preempting less urgent running
+ * sequences of lower priority while the pool is what is short. LLM_OK,
+ * LLM_ERR_KV_FULL or LLM_ERR_NOMEM (its table could not grow). */
+static llm_status admit_reserve(sched *s, sched_seq *q, int n)
+{
+    for (;;) {
+        llm_status st = kv_seq_reserve(s->kv, &q->kv, n);
+        if (st != LLM_ERR_KV_FULL || !preempt_for(s, q))
+            return st;
+    }
+}
+
 /* Admits waiting sequences in urgency order while budget, the sequence
  * limit and the KV pool allow. Stops at the first that does not fit, so a
  * large request is not overtaken forever by small ones. */
@@ -233,7 +254,7 @@ static void plan_admit(sched *s)
         int budget = s->cfg.max_batch_tokens - s->n_rows, fork = fork_state(q);
         if (budget < 1)
             return;
-        if (fork < 0) {
+        if (fork < 0 || q->oom) {
             i++;
             continue;
         }
@@ -241,14 +262,14 @@ static void plan_admit(sched *s)
             return;
         int forked, hit = attach(s, q, fork, &forked);
         int n = q->n_tokens - q->kv.n_tokens < budget ? q->n_tokens - q->kv.n_tokens : budget;
-        for (;;) {
-            llm_status st = kv_seq_reserve(s->kv, &q->kv, n);
-            if (st == LLM_OK)
-                break;
-            if (st == LLM_ERR_NOMEM || !preempt_for(s, q)) {
-                kv_seq_release(s->kv, &q->kv); /* its matched blocks stay cached */
+        llm_status st = admit_reserve(s, q, n);
+        if (st) {
+            kv_seq_release(s->kv, &q->kv); /* its matched blocks stay cached */
+            if (st != LLM_ERR_NOMEM)
                 return;
-            }
+            mark_oom(s, q); /* the others may still fit */
+            i++;
+            continue;
         }
         count_admission(s, q, hit, forked);
         list_remove(s->waiting, &s->n_waiting, q);

@@ -40,6 +40,7 @@ void __real_free(void *p);
 
 static atomic_long g_count;   /* allocations since arm() */
 static atomic_long g_fail_at; /* fail the allocation with this count (1-based); 0: never */
+static atomic_int g_sustained; /* 1: fail that one and every later one (memory stays short) */
 static atomic_long g_live;    /* our blocks not yet freed */
 static atomic_long g_failed;  /* allocations failed on purpose */
 static atomic_long g_window;  /* most allocations seen between an arm() and its disarm() */
@@ -64,7 +65,7 @@ static int fail_now(void)
     if (g_in_jansson_parse)
         return 0;
     long k = atomic_fetch_add(&g_count, 1) + 1, at = atomic_load(&g_fail_at);
-    if (at && k == at) {
+    if (at && (k == at || (k > at && atomic_load(&g_sustained)))) {
         atomic_fetch_add(&g_failed, 1);
         return 1;
     }
@@ -458,6 +459,16 @@ static void test_request(void **st)
     torture("submit + steps", sc_request);
 }
 
+/* Memory that stays short from the Nth allocation on: the request ends
+ * (an error, within drain's wait) rather than waiting for a deadline. */
+static void test_request_sustained(void **st)
+{
+    (void)st;
+    atomic_store(&g_sustained, 1);
+    torture("submit + steps, memory short from then on", sc_request);
+    atomic_store(&g_sustained, 0);
+}
+
 static void test_open(void **st)
 {
     (void)st;
@@ -488,6 +499,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_request), /* first: it records the reference tokens */
+        cmocka_unit_test(test_request_sustained),
         cmocka_unit_test(test_open),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_parse),

@@ -47,6 +47,7 @@ struct sched_seq {
     int in_plan;            /* has an item in the current plan */
     int cached_tokens;      /* prompt tokens found in the prefix cache (or shared by a fork) at first admission */
     int n_preempted;
+    int oom;                /* its block table could not grow: left waiting, never admitted again; the caller fails it */
 };
 
 typedef struct sched_config {
@@ -68,6 +69,7 @@ typedef struct sched_stats {
     uint64_t cached_tokens;     /* of those, found in the prefix cache */
     uint64_t forked_tokens;     /* shared from a sibling (n > 1) */
     uint64_t recomputed_tokens; /* computed again after a preemption */
+    uint64_t oom;               /* sequences marked oom (the caller compares to find new ones) */
 } sched_stats;
 
 typedef struct sched {
