@@ -31,11 +31,15 @@ static int send_text(struct mg_connection *c, int status, const char *type, cons
     return status;
 }
 
+/* What is sent when not even an error body can be built. */
+static const char OOM_BODY[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}";
+
+/* Sends j (consumed) as the answer; NULL (a body that could not be
+ * built) sends 503 with OOM_BODY. */
 static int send_json(struct mg_connection *c, int status, json_t *j)
 {
     char *s = srv_json_text(j); /* NULL: a body could not be built or printed */
-    int rc = send_text(c, s ? status : 503, "application/json",
-                       s ? s : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}", NULL);
+    int rc = send_text(c, s ? status : 503, "application/json", s ? s : OOM_BODY, NULL);
     free(s);
     json_decref(j);
     return rc;
@@ -261,8 +265,10 @@ static json_t *chunk(run *r, int index, const char *text, size_t n, json_t *lp, 
                          (json_int_t)r->created, "model", r->s->name, "choices", "index", index, "text", text, n,
                          "logprobs", lpj, "finish_reason", fin);
     json_t *delta = finish && !n ? json_object() : json_pack("{s:s%}", "content", text, n);
-    if (delta && !r->ch[index].started)
-        json_object_set_new(delta, "role", json_string("assistant"));
+    if (delta && !r->ch[index].started && json_object_set_new(delta, "role", json_string("assistant"))) {
+        json_decref(delta); /* no first chunk without its role */
+        delta = NULL;
+    }
     r->ch[index].started = 1;
     return json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:o,s:o,s:o}]}", "id", r->cid, "object", "chat.completion.chunk",
                      "created", (json_int_t)r->created, "model", r->s->name, "choices", "index", index, "delta", delta,
@@ -371,7 +377,7 @@ static int respond_whole(run *r)
     for (int i = 0; !rc && i < r->cp->rq.n; i++) rc = json_array_append_new(choices, whole_choice(r, i));
     if (rc) { /* a choice missing is no answer: send_json's out-of-memory 503 */
         json_decref(choices);
-        return send_json(r->c, 200, NULL);
+        return send_json(r->c, 200, NULL); /* NULL: 503 */
     }
     return send_json(r->c, 200, json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", r->cid, "object",
                                           r->cp->chat ? "chat.completion" : "text_completion", "created",
@@ -413,15 +419,14 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
                      : OUT_OK;
         if (rc == OUT_NOMEM) {
             srv_err_set(e, 503, NULL, "out of memory while writing the usage");
-            mg_printf(c, "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}\n\n");
+            mg_printf(c, "data: %s\n\n", OOM_BODY);
         }
         if (status == 0)
             mg_printf(c, "data: [DONE]\n\n");
         status = rc == OUT_NOMEM ? 503 : status ? status : 200;
     } else { /* a failure mid-stream: an error event, then the end */
         char *body = srv_err_body(e);
-        mg_printf(c, "data: %s\n\ndata: [DONE]\n\n",
-                  body ? body : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
+        mg_printf(c, "data: %s\n\ndata: [DONE]\n\n", body ? body : OOM_BODY);
         free(body);
     }
     run_free(&r);
@@ -502,7 +507,6 @@ static int fn_models(srv *s, struct mg_connection *c, const char *b, size_t n, s
                                        "model", "created", (json_int_t)s->created, "owned_by", "llm-k8s"));
 }
 
-
 static int fn_tokenize(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
 {
     json_t *o = srv_json_object(b, n, e), *t = o ? json_object_get(o, "content") : NULL;
@@ -529,9 +533,13 @@ static int fn_tokenize(srv *s, struct mg_connection *c, const char *b, size_t n,
         return send_err(c, e);
     }
     json_t *arr = json_array();
-    for (int i = 0; i < k; i++) json_array_append_new(arr, json_integer(ids[i]));
+    for (int i = 0; arr && i < k; i++)
+        if (json_array_append_new(arr, json_integer(ids[i]))) { /* no answer with ids missing */
+            json_decref(arr);
+            arr = NULL;
+        }
     free(ids);
-    return send_json(c, 200, json_pack("{s:o}", "tokens", arr));
+    return send_json(c, 200, arr ? json_pack("{s:o}", "tokens", arr) : NULL);
 }
 
 static int fn_detokenize(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
@@ -552,6 +560,8 @@ static int fn_detokenize(srv *s, struct mg_connection *c, const char *b, size_t 
     size_t len = 0;
     llm_error err = {0};
     char *text = o && !e->status && ids ? llm_detokenize(s->model->vocab, ids, (int)k, 0, &len, &err) : NULL;
+    if (!text && !e->status && o && (!ids || err.code == LLM_ERR_NOMEM))
+        srv_err_set(e, 503, NULL, "out of memory");
     free(ids);
     if (!text) {
         if (!e->status)

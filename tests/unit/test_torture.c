@@ -1,17 +1,21 @@
-/* test_torture.c - allocation-failure torture (curl's habit): malloc,
+/* test_torture.c - allocation-failure torture (curl's habit). malloc,
  * calloc, realloc, strdup, aligned_alloc and free of every object linked
  * here are wrapped (ld --wrap, see the Makefile), and jansson allocates
- * through the server's allocator (srv_json_init), so through them too. Each scenario first runs clean to count its
- * allocations, then once for every N with the Nth allocation failing (any
- * thread: the engine thread's allocations count too). Every run must end
- * with an error or a success - never a crash, hang or lost event - leave
- * no allocation behind (a live count kept by the wrappers; ASan checks
- * the rest in make asan), and leave the engine able to serve the next
- * request with the same answer as before.
+ * through the server's allocator (srv_json_init), so through them too.
+ * Each scenario first runs clean to count its allocations, then once for
+ * every N with the Nth allocation failing (any thread: the engine
+ * thread's allocations count too), and once more with every allocation
+ * from the Nth on failing. Every run must end with an error or the whole
+ * right answer - never a crash, hang, lost event or partial answer -
+ * leave no allocation behind (a live count kept by the wrappers; ASan
+ * checks the rest in make asan), and leave the engine able to give the
+ * same answer again.
  *
- * Scenarios: engine open/close, submit, the steps of a request (n = 2,
- * stop strings, logprobs), cancel, and llm-server's request parsing and
- * error bodies. The test itself allocates nothing while a failure is
+ * Scenarios: engine open, submit and the steps of a request (n = 2, stop
+ * strings, logprobs, a block table that grows), cancel, llm-server's
+ * request parsing and error bodies, and llm-server's whole HTTP path run
+ * in-process (a chat with logprobs, a completion stream with usage, a
+ * chat stream). The test itself allocates nothing while a failure is
  * armed. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -145,7 +149,14 @@ static void torture(const char *name, void (*scenario)(long n))
 static llm_model *g_m;
 static llm_backend *g_b;
 static char g_path[256];
-static int32_t g_ref[2][8]; /* the request's tokens, clean */
+/* What a request's completions gave: ids, logprobs, text (with the DONE's). */
+typedef struct answer {
+    int32_t tok[2][8];
+    float lp[2][8];
+    char text[2][512];
+    size_t len[2];
+} answer;
+static answer g_ref; /* the request's answer, clean */
 static const char *const g_stops[] = {"zq", "the cat"};
 
 /* Block size 4: a sequence's table outgrows its first 8 entries, so the
@@ -178,9 +189,10 @@ static const int32_t P[40] = {5, 9, 200, 31, 7, 7, 400, 12, 99, 3, 18, 250, 77, 
 
 /* Reads id to its end: 1 when every completion is DONE (tokens into out,
  * when given), 0 on an ERROR event. A wait of 60 s is a lost event. */
-static int drain(llm_engine *e, llm_request_id id, int32_t out[2][8])
+static int drain(llm_engine *e, llm_request_id id, answer *out)
 {
     int done = 0, n_tok[2] = {0, 0};
+    memset(out, 0, sizeof *out);
     while (done < 2) {
         llm_event ev;
         llm_status st = llm_engine_next(e, id, &ev, 60000);
@@ -191,8 +203,15 @@ static int drain(llm_engine *e, llm_request_id id, int32_t out[2][8])
                 fail_msg("an error event without a message");
             return 0;
         }
-        if (ev.type == LLM_EVENT_TOKEN && out && n_tok[ev.index] < 8)
-            out[ev.index][n_tok[ev.index]++] = ev.token;
+        int i = ev.index;
+        if (ev.type == LLM_EVENT_TOKEN && n_tok[i] < 8) {
+            out->lp[i][n_tok[i]] = ev.sample.logprob;
+            out->tok[i][n_tok[i]++] = ev.token;
+        }
+        if (out->len[i] + ev.text_len < sizeof out->text[i]) {
+            memcpy(out->text[i] + out->len[i], ev.text, ev.text_len);
+            out->len[i] += ev.text_len;
+        }
         done += ev.type == LLM_EVENT_DONE;
         llm_event_clear(&ev);
     }
@@ -205,12 +224,12 @@ static void still_serves(llm_engine *e)
     llm_request rq = request(P, 30);
     llm_request_id id;
     llm_error err = {0};
-    int32_t got[2][8] = {{0}};
+    static answer got;
     if (llm_engine_submit(e, &rq, &id, &err))
         fail_msg("submit after the failure: %s", err.msg);
-    if (!drain(e, id, got))
+    if (!drain(e, id, &got))
         fail_msg("the request after the failure failed");
-    assert_memory_equal(got, g_ref, sizeof got);
+    assert_memory_equal(&got, &g_ref, sizeof got);
     llm_stats st;
     llm_engine_stats(e, &st);
     assert_int_equal(st.kv_blocks_used, 0);
@@ -246,11 +265,11 @@ static void sc_request(long n)
         disarm();
         assert_true(err.msg[0] != 0);
     } else {
-        int32_t got[2][8] = {{0}};
-        int ok = drain(e, id, n ? got : g_ref);
+        static answer got;
+        int ok = drain(e, id, n ? &got : &g_ref);
         disarm();
         if (ok && n)
-            assert_memory_equal(got, g_ref, sizeof got); /* a success is the right answer */
+            assert_memory_equal(&got, &g_ref, sizeof got); /* a success is the whole right answer */
         if (!n && !ok)
             fail_msg("the clean run failed");
     }
@@ -389,43 +408,64 @@ static const char HTTP_CHAT[] =
 static const char HTTP_STREAM[] =
     "{\"model\":\"m\",\"prompt\":\"once upon a time\",\"max_tokens\":6,\"temperature\":0,\"stream\":true,"
     "\"stream_options\":{\"include_usage\":true},\"logprobs\":1}";
-static char g_chat_ref[8192];
+static const char HTTP_CHAT_STREAM[] =
+    "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a dog\"}],\"max_tokens\":5,\"temperature\":0,"
+    "\"stream\":true,\"logprobs\":true,\"top_logprobs\":1}";
+static char g_http_ref[3][32768];
 
-/* The answer's choices (after the headers): ids and times differ per call. */
-static const char *choices_of(const char *resp)
+/* The answer without what differs per call: the body without the headers
+ * (Content-Length), ids, creation times and cached_tokens (a failed
+ * allocation may turn a cache hit into a recompute: same answer). */
+static void normalize(const char *resp, char *out, size_t cap)
 {
-    const char *c = strstr(resp, "\"choices\"");
-    return c ? c : "";
+    const char *p = strstr(resp, "\r\n\r\n");
+    size_t k = 0;
+    for (p = p ? p + 4 : resp; *p && k + 1 < cap;) {
+        if (!strncmp(p, "\"id\":\"", 6) || !strncmp(p, "\"created\":", 10) || !strncmp(p, "\"cached_tokens\":", 16)) {
+            while (*p && *p != ',' && *p != '}') p++; /* to the field's end */
+            p += *p == ',';
+            continue;
+        }
+        out[k++] = *p++;
+    }
+    out[k] = 0;
+}
+
+/* One request with the nth allocation failing: a 503 (an error event in
+ * a stream), or exactly the clean answer. k: which request. */
+static void http_case(long n, int k, const char *path, const char *body)
+{
+    static char resp[65536], norm[32768];
+    arm(n);
+    int st = post(path, body, resp, sizeof resp);
+    disarm();
+    normalize(resp, norm, sizeof norm);
+    if (!n) {
+        assert_int_equal(st, 200);
+        snprintf(g_http_ref[k], sizeof g_http_ref[k], "%s", norm);
+        return;
+    }
+    if (st == 503 || (st == 200 && strstr(resp, "data: {\"error\"") && strstr(resp, "data: [DONE]\n\n")))
+        return; /* failed, and said so */
+    if (st != 200 || strcmp(norm, g_http_ref[k])) {
+        size_t at = 0;
+        while (norm[at] && norm[at] == g_http_ref[k][at]) at++;
+        at = at > 200 ? at - 200 : 0;
+        fail_msg("request %d: failing allocation %ld gave status %d and another answer (%zu vs %zu bytes); from byte %zu:\n%.400s\nclean:\n%.400s",
+                 k, n, st, strlen(norm), strlen(g_http_ref[k]), at, norm + at, g_http_ref[k] + at);
+    }
 }
 
 static void sc_http(long n)
 {
-    static char resp[65536];
-    arm(n);
-    int st = post("/v1/chat/completions", HTTP_CHAT, resp, sizeof resp);
-    disarm();
-    if (!n) {
-        assert_int_equal(st, 200);
-        snprintf(g_chat_ref, sizeof g_chat_ref, "%s", choices_of(resp));
-    } else if (st == 200) { /* a success is the right answer */
-        const char *c = choices_of(resp), *end = strstr(c, "\"usage\"");
-        if (!end || memcmp(c, g_chat_ref, (size_t)(end - c)))
-            fail_msg("chat: failing allocation %ld gave another answer:\n%s\nclean:\n%s", n, resp, g_chat_ref);
-    } else if (st != 500 && st != 503) {
-        fail_msg("chat: failing allocation %ld gave status %d: %s", n, st, resp);
-    }
-    arm(n);
-    st = post("/v1/completions", HTTP_STREAM, resp, sizeof resp);
-    disarm();
-    if (st != 200 && st != 500 && st != 503)
-        fail_msg("stream: failing allocation %ld gave status %d: %s", n, st, resp);
-    if (st == 200 && !strstr(resp, "data: [DONE]\n\n"))
-        fail_msg("stream: failing allocation %ld: the stream has no end: %s", n, resp);
+    static char resp[65536], norm[32768];
+    http_case(n, 0, "/v1/chat/completions", HTTP_CHAT);
+    http_case(n, 1, "/v1/completions", HTTP_STREAM);
+    http_case(n, 2, "/v1/chat/completions", HTTP_CHAT_STREAM);
     /* the server still answers right */
     assert_int_equal(post("/v1/chat/completions", HTTP_CHAT, resp, sizeof resp), 200);
-    const char *end = strstr(choices_of(resp), "\"usage\"");
-    assert_non_null(end);
-    assert_memory_equal(choices_of(resp), g_chat_ref, (size_t)(end - choices_of(resp)));
+    normalize(resp, norm, sizeof norm);
+    assert_string_equal(norm, g_http_ref[0]);
 }
 
 /* ---- driver ------------------------------------------------------------------ */
