@@ -448,6 +448,7 @@ void llm_engine_stats(llm_engine *e, llm_stats *out)
     out->preemptions = e->s.stats.preemptions;
     out->prompt_tokens = e->s.stats.prompt_tokens;
     out->cached_tokens = e->s.stats.cached_tokens + e->s.stats.forked_tokens;
+    out->forked_tokens = e->s.stats.forked_tokens;
     out->prefix_hit_rate = out->prompt_tokens ? (double)out->cached_tokens / (double)out->prompt_tokens : 0;
     double now = now_ms();
     out->gen_tokens_per_s = gen_rate(e, now);

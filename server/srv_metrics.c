@@ -178,7 +178,8 @@ static void render_engine(llm_strbuf *b, const llm_stats *s)
     gauge(b, "llm_kv_cache_blocks", "KV blocks in the pool", s->kv_blocks_total);
     gauge(b, "llm_kv_cache_cached_blocks", "Unreferenced KV blocks kept for prefix reuse", s->kv_blocks_cached);
     counter(b, "llm_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", (double)s->prompt_tokens);
-    counter(b, "llm_prefix_cache_hits", "Prompt tokens served from the prefix cache", (double)s->cached_tokens);
+    counter(b, "llm_prefix_cache_hits", "Prompt tokens served from the prefix cache (not those shared by n > 1 siblings)",
+            (double)(s->cached_tokens - s->forked_tokens));
     counter(b, "llm_preemptions", "Sequences preempted for KV space", (double)s->preemptions);
     counter(b, "llm_prompt_tokens", "Prompt tokens admitted", (double)s->prompt_tokens);
     counter(b, "llm_generation_tokens", "Tokens generated", (double)s->generated_tokens);

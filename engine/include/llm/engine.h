@@ -100,6 +100,7 @@ typedef struct llm_stats {
     uint64_t steps, preemptions, requests_done;
     uint64_t prompt_tokens;  /* prompt tokens admitted */
     uint64_t cached_tokens;  /* of those, not computed thanks to the prefix cache or a sibling */
+    uint64_t forked_tokens;  /* of cached_tokens, shared from a sibling (n > 1), not the prefix cache */
     uint64_t computed_tokens; /* tokens run through the model */
     uint64_t generated_tokens;
     double prefix_hit_rate;  /* cached_tokens / prompt_tokens */
