@@ -248,7 +248,8 @@ static llm_status seq_init(llm_engine *e, eng_req *r, int i, const llm_request *
     for (int k = 0; k < n_prompt; k++) llm_sampler_accept(s->smp, prompt[k]);
     textout_init(&s->out, (const char *const *)r->stops, r->n_stops);
     s->q = (sched_seq){.tokens = s->tokens, .n_tokens = n_prompt, .n_prompt = n_prompt, .priority = rq->priority,
-                       .arrival_ms = (int64_t)r->t_submit, .fork_of = i ? &r->seqs[0].q : NULL, .user = s};
+                       .arrival_ms = (int64_t)r->t_submit, .fork_of = i ? &r->seqs[0].q : NULL,
+                       .salt = rq->cache_salt, .user = s};
     return LLM_OK;
 }
 

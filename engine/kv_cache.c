@@ -8,12 +8,18 @@
 
 #define NIL (-1)
 
+/* A hashed block is known by its key: what precedes it (pkey) and its
+ * own tokens. pkey names the previous block of its sequence by physical
+ * id and generation, so a match is exact by induction (the first block
+ * by its tokens and the sequence's salt): no hash collision, however
+ * crafted, can hand out K/V computed after another prefix. */
 typedef struct kv_block {
     int32_t ref;
     int32_t hnext;        /* next block in its hash bucket */
     int32_t prev, next;   /* LRU links while cached and unreferenced */
     uint8_t hashed;       /* content known: in the hash index */
-    uint64_t hash, parent;
+    uint32_t gen;         /* bumped when its content is forgotten: children keyed on it go stale */
+    uint64_t pkey, hash;  /* key of what precedes it; hash of the whole key (bucket) */
 } kv_block;
 
 struct kv_cache {
@@ -66,27 +72,37 @@ static uint64_t mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-static uint64_t block_hash(uint64_t parent, const int32_t *t, int n)
+static uint64_t block_hash(uint64_t pkey, const int32_t *t, int n)
 {
-    uint64_t h = mix64(parent ^ 0x9e3779b97f4a7c15ULL);
+    uint64_t h = mix64(pkey ^ 0x9e3779b97f4a7c15ULL);
     for (int i = 0; i < n; i++) h = mix64(h ^ (uint64_t)(uint32_t)t[i] ^ ((uint64_t)i << 32));
     return h;
 }
 
-static int32_t index_find(const kv_cache *c, uint64_t h, uint64_t parent, const int32_t *t)
+/* The key of what precedes block k of s: block k-1 (id, generation), or
+ * for the first block the sequence's salt (top bit set: never an id). */
+static uint64_t parent_key(const kv_cache *c, const kv_seq *s, int k)
+{
+    if (k == 0)
+        return s->salt | (1ULL << 63);
+    int32_t p = s->blocks[k - 1];
+    return (uint64_t)(uint32_t)p << 32 | c->blk[p].gen;
+}
+
+static int32_t index_find(const kv_cache *c, uint64_t h, uint64_t pkey, const int32_t *t)
 {
     for (int32_t i = c->bucket[h & c->bucket_mask]; i != NIL; i = c->blk[i].hnext)
-        if (c->blk[i].hash == h && c->blk[i].parent == parent &&
+        if (c->blk[i].hash == h && c->blk[i].pkey == pkey &&
             !memcmp(c->tokens + (size_t)i * c->bs, t, sizeof(int32_t) * (size_t)c->bs))
             return i;
     return NIL;
 }
 
-static void index_add(kv_cache *c, int32_t i, uint64_t h, uint64_t parent, const int32_t *t)
+static void index_add(kv_cache *c, int32_t i, uint64_t h, uint64_t pkey, const int32_t *t)
 {
     kv_block *b = &c->blk[i];
     b->hash = h;
-    b->parent = parent;
+    b->pkey = pkey;
     b->hashed = 1;
     memcpy(c->tokens + (size_t)i * c->bs, t, sizeof(int32_t) * (size_t)c->bs);
     b->hnext = c->bucket[h & c->bucket_mask];
@@ -102,6 +118,7 @@ static void index_remove(kv_cache *c, int32_t i)
     }
     *p = c->blk[i].hnext;
     c->blk[i].hashed = 0;
+    c->blk[i].gen++;
 }
 
 /* ---- LRU of cached, unreferenced blocks ------------------------------------ */
@@ -297,7 +314,9 @@ void kv_seq_release(kv_cache *c, kv_seq *s)
     /* last blocks first, so a prefix's tail is evicted before its head */
     for (int i = s->n_blocks - 1; i >= 0; i--) block_unref(c, s->blocks[i]);
     free(s->blocks);
+    uint64_t salt = s->salt; /* the sequence's, for when it is matched again */
     kv_seq_init(s);
+    s->salt = salt;
 }
 
 static int seq_grow(kv_seq *s, int n_blocks)
@@ -319,24 +338,21 @@ int kv_seq_match(kv_cache *c, kv_seq *s, const int32_t *tokens, int n)
     LLM_ASSERT(s->n_blocks == 0);
     if (!c->prefix_cache || seq_grow(s, n / c->bs + 1))
         return 0;
-    uint64_t h = 0;
     for (int k = 0; (k + 1) * c->bs <= n; k++) {
         const int32_t *t = tokens + (size_t)k * c->bs;
-        uint64_t hk = block_hash(h, t, c->bs);
-        int32_t i = index_find(c, hk, h, t);
+        uint64_t pk = parent_key(c, s, k);
+        int32_t i = index_find(c, block_hash(pk, t, c->bs), pk, t);
         if (i == NIL)
             break;
         block_ref(c, i);
         s->blocks[s->n_blocks++] = i;
-        h = hk;
     }
     s->n_tokens = s->n_blocks * c->bs;
     s->n_hashed = s->n_blocks; /* a block count, like kv_seq_commit reads it */
-    s->hash = h;
     return s->n_tokens;
 }
 
-llm_status kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src, const int32_t *tokens, int n_tokens)
+llm_status kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src, int n_tokens)
 {
     LLM_ASSERT(dst->n_blocks == 0 && n_tokens <= src->n_tokens);
     int nb = (n_tokens + c->bs - 1) / c->bs;
@@ -348,10 +364,8 @@ llm_status kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src, const int32_
     }
     dst->n_blocks = nb;
     dst->n_tokens = n_tokens;
-    uint64_t h = 0;
-    for (int k = 0; (k + 1) * c->bs <= n_tokens; k++) h = block_hash(h, tokens + (size_t)k * c->bs, c->bs);
     dst->n_hashed = n_tokens / c->bs;
-    dst->hash = h;
+    dst->salt = src->salt;
     return LLM_OK;
 }
 
@@ -394,15 +408,17 @@ void kv_seq_commit(kv_cache *c, kv_seq *s, const int32_t *tokens, int n)
 {
     LLM_ASSERT(s->n_tokens + n <= s->n_blocks * c->bs);
     s->n_tokens += n;
-    while ((s->n_hashed + 1) * c->bs <= s->n_tokens) {
-        const int32_t *t = tokens + (size_t)s->n_hashed * c->bs;
-        uint64_t h = block_hash(s->hash, t, c->bs);
-        int32_t i = s->blocks[s->n_hashed];
-        /* a block already known by this content (another sequence computed
-         * the same prefix at the same time) keeps the index entry */
-        if (c->prefix_cache && !c->blk[i].hashed && index_find(c, h, s->hash, t) == NIL)
-            index_add(c, i, h, s->hash, t);
-        s->hash = h;
-        s->n_hashed++;
+    for (; (s->n_hashed + 1) * c->bs <= s->n_tokens; s->n_hashed++) {
+        int k = s->n_hashed;
+        const int32_t *t = tokens + (size_t)k * c->bs;
+        int32_t i = s->blocks[k];
+        /* only under a known parent (else no match can reach it), and not
+         * when a block with this key is known already (another sequence
+         * computed the same prefix at the same time: it keeps the entry) */
+        if (!c->prefix_cache || c->blk[i].hashed || (k > 0 && !c->blk[s->blocks[k - 1]].hashed))
+            continue;
+        uint64_t pk = parent_key(c, s, k), h = block_hash(pk, t, c->bs);
+        if (index_find(c, h, pk, t) == NIL)
+            index_add(c, i, h, pk, t);
     }
 }

@@ -195,7 +195,8 @@ static int fork_state(const sched_seq *q)
  * counted yet: the admission may still fail for want of blocks. */
 static int attach(sched *s, sched_seq *q, int fork, int *forked)
 {
-    *forked = fork && kv_seq_fork(s->kv, &q->kv, &q->fork_of->kv, q->tokens, q->n_prompt - 1) == LLM_OK;
+    q->kv.salt = q->salt;
+    *forked = fork && kv_seq_fork(s->kv, &q->kv, &q->fork_of->kv, q->n_prompt - 1) == LLM_OK;
     if (*forked)
         return q->kv.n_tokens;
     return kv_seq_match(s->kv, &q->kv, q->tokens, q->n_tokens - 1);

@@ -325,6 +325,13 @@ static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
             srv_err_set(e, 400, "stream_options", "'stream_options' must be an object");
         return -1;
     }
+    json_t *salt = json_object_get(o, "cache_salt");
+    if (salt && !json_is_null(salt) &&
+        (!json_is_string(salt) || json_string_length(salt) < 1 || json_string_length(salt) > 256)) {
+        srv_err_set(e, 400, "cache_salt", "'cache_salt' must be a string of 1 to 256 bytes");
+        return -1;
+    }
+    c->cache_salt = json_string_value(salt);
     if (c->echo) {
         srv_err_set(e, 400, "echo", "'echo' is not supported");
         return -1;

@@ -393,12 +393,34 @@ static void run_free(run *r)
     }
 }
 
+static uint64_t salt_mix(uint64_t h, const char *s)
+{
+    for (; s && *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL; /* FNV-1a */
+    h ^= h >> 31;
+    return h * 0x94d049bb133111ebULL;
+}
+
+/* The request's prefix cache partition: with API keys each key has its
+ * own (cache hits, usage.cached_tokens and time to first token would
+ * otherwise tell a tenant which prompts another sent); a cache_salt field
+ * partitions further. No keys and no field: the common cache. */
+static uint64_t cache_salt(const srv *s, struct mg_connection *c, const char *field)
+{
+    uint64_t h = 0;
+    if (s->n_keys)
+        h = salt_mix(0xcbf29ce484222325ULL, mg_get_header(c, "Authorization"));
+    if (field)
+        h = salt_mix(h ^ 0x9e3779b97f4a7c15ULL, field);
+    return h;
+}
+
 /* Streams or collects; the response is sent here. */
 static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_completion *cp, srv_err *e)
 {
     run r = {.s = s, .c = c, .cp = cp, .created = (long)time(NULL), .t_start = now_s(),
              .eng = rv ? rv->engine : s->engine, .vocab = rv ? rv->model->vocab : s->model->vocab, .rev = rv != NULL};
     llm_error err = {0};
+    cp->rq.cache_salt = cache_salt(s, c, cp->cache_salt);
     llm_status st = llm_engine_submit(r.eng, &cp->rq, &r.id, &err);
     if (st) {
         srv_err_set(e, srv_status_of(st), st == LLM_ERR_TOO_LONG ? "max_tokens" : NULL, "%s", err.msg);

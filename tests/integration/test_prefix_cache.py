@@ -1,7 +1,8 @@
 """The prefix cache changes no answer, through llm-server and the official
 `openai` client: a growing multi-turn chat served with the cache gives, turn
 by turn, the same greedy text and logprobs as a server without it answering
-each turn's whole history alone; and the `prefix_cache` key turns it off."""
+each turn's whole history alone; the `prefix_cache` key turns it off; and
+tenants (API keys, cache_salt) do not share cached prefixes."""
 import pytest
 
 from test_server import NAME, Server, metric
@@ -97,3 +98,32 @@ def test_prefix_cache_key(tmp_path, models):
     assert "prefix_cache" in err and "'maybe' is not true or false" in err, err
     bad.proc.stdout.close()
     bad.proc.stderr.close()
+
+
+def test_cache_partitions(models):
+    """With API keys each key has its own prefix cache (no tenant can learn
+    from usage.cached_tokens what another sent), and a cache_salt field
+    partitions further; the answers are the same whatever the partition."""
+    model = models("tiny", "Q8_0")
+    s = Server(model, env={"LLM_SERVER_API_KEYS": "key-a,key-b"})
+    try:
+        a, b = s.client("key-a"), s.client("key-b")
+        prompt = "the cat sat on the mat and looked at the dog " * 6
+
+        def ask(c, **kw):
+            r = c.completions.create(model=NAME, prompt=prompt, max_tokens=3, temperature=0, **kw)
+            return r.choices[0].text, r.usage.prompt_tokens_details.cached_tokens
+        first = ask(a)
+        assert first[1] == 0
+        again = ask(a)
+        assert again[0] == first[0] and again[1] > 0  # the same tenant hits
+        other = ask(b)
+        assert other == (first[0], 0)  # another key: nothing cached for it
+        salted = ask(a, extra_body={"cache_salt": "project-1"})
+        assert salted == (first[0], 0)
+        assert ask(a, extra_body={"cache_salt": "project-1"})[1] > 0
+        st, text, _ = s.request("POST", "/v1/completions", {"prompt": "x", "cache_salt": 5},
+                                headers={"Content-Type": "application/json", "Authorization": "Bearer key-a"})
+        assert st == 400 and "cache_salt" in text
+    finally:
+        assert s.stop() == 0

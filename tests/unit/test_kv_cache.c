@@ -131,6 +131,42 @@ static void test_match_then_grow(void **st)
     done(&f);
 }
 
+/* Prefixes are shared only within a salt. And a cached block whose
+ * predecessor was rewritten in place (a fork's child writing into the
+ * block it inherited) is not found after the new content: its key names
+ * the predecessor's generation, and its K/V was computed after the old. */
+static void test_salt_and_generation(void **st)
+{
+    (void)st;
+    fx f = make(8, 1);
+    kv_seq a, b, c;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    kv_seq_init(&c);
+    a.salt = 7;
+    feed(&f, &a, T, 8); /* blocks 0, 1 under salt 7 */
+    kv_seq_release(f.c, &a);
+    assert_int_equal(kv_seq_match(f.c, &b, T, 9), 0); /* salt 0: another tenant's cache */
+    kv_seq_release(f.c, &b);
+    c.salt = 7;
+    assert_int_equal(kv_seq_match(f.c, &c, T, 9), 8);
+    kv_seq_release(f.c, &c);
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    kv_seq_init(&c); /* salt 0 again (release keeps it) */
+    feed(&f, &a, T, 8);
+    assert_int_equal(kv_seq_fork(f.c, &b, &a, 3), LLM_OK);
+    kv_seq_release(f.c, &a); /* block 1 cached; block 0 b's alone */
+    int32_t tb[8];
+    memcpy(tb, T, sizeof tb);
+    tb[3] = 77;
+    feed(&f, &b, tb, 1); /* block 0 rewritten: tb[0..4) */
+    kv_seq_release(f.c, &b);
+    assert_int_equal(kv_seq_match(f.c, &c, tb, 8), 4); /* block 1's tokens follow, but not its K/V */
+    kv_seq_release(f.c, &c);
+    done(&f);
+}
+
 static void test_prefix_off(void **st)
 {
     (void)st;
@@ -196,7 +232,7 @@ static void test_fork_cow(void **st)
     size_t bb = (size_t)BS * L[0].row_bytes;
     for (int l = 0; l < LAYERS; l++) /* mark a's block 1 in every layer */
         for (size_t i = 0; i < bb / 4; i++) ((float *)L[l].k)[(size_t)a.blocks[1] * bb / 4 + i] = (float)(l + 1);
-    assert_int_equal(kv_seq_fork(f.c, &b, &a, T, 6), LLM_OK);
+    assert_int_equal(kv_seq_fork(f.c, &b, &a, 6), LLM_OK);
     assert_int_equal(b.n_tokens, 6);
     assert_int_equal(b.blocks[1], a.blocks[1]);
     const int32_t *src, *dst;
@@ -229,7 +265,7 @@ static void test_fork_unindexes(void **st)
     kv_seq_init(&b);
     kv_seq_init(&c);
     feed(&f, &a, T, 8);
-    assert_int_equal(kv_seq_fork(f.c, &b, &a, T, 7), LLM_OK);
+    assert_int_equal(kv_seq_fork(f.c, &b, &a, 7), LLM_OK);
     kv_seq_release(f.c, &a);
     int32_t tb[8];
     memcpy(tb, T, sizeof tb);
@@ -345,7 +381,7 @@ static void test_random_churn(void **st)
             churn_tokens(toks[i], base, &seed);
             if (op < 4 && s[j].n_tokens > 1 && j != i) {
                 memcpy(toks[i], toks[j], sizeof toks[i]);
-                assert_int_equal(kv_seq_fork(f.c, &s[i], &s[j], toks[j], s[j].n_tokens - 1), LLM_OK);
+                assert_int_equal(kv_seq_fork(f.c, &s[i], &s[j], s[j].n_tokens - 1), LLM_OK);
             } else {
                 int n = 1 + (int)(test_rng(&seed) % 56);
                 hits += kv_seq_match(f.c, &s[i], toks[i], n) > 0;
@@ -374,6 +410,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alloc_release), cmocka_unit_test(test_prefix_match),
         cmocka_unit_test(test_match_then_grow),
+        cmocka_unit_test(test_salt_and_generation),
         cmocka_unit_test(test_prefix_off),    cmocka_unit_test(test_lru_eviction),
         cmocka_unit_test(test_full_changes_nothing), cmocka_unit_test(test_fork_cow),
         cmocka_unit_test(test_fork_unindexes), cmocka_unit_test(test_config_errors),

@@ -176,6 +176,7 @@ static void request_make(tr_trace *t, int i, int32_t base[N_BASES][MAX_PROMPT], 
     sampling_make(r, s);
     r->rq.n = rnd(s, 4) ? 1 : 2 + (int)rnd(s, 3);
     r->rq.priority = (int)rnd(s, 4) - 1;
+    r->rq.cache_salt = rnd(s, 4) ? 0 : 1 + rnd(s, 2); /* partitions: same answers, separate caches */
     r->rq.ignore_eos = (int)rnd(s, 2);
     if (!rnd(s, 4)) { /* a stop string: the text of a random token */
         int n = llm_token_to_piece(g_m->vocab, (int32_t)rnd(s, (uint64_t)g_m->hp.n_vocab), 0, r->stop_buf,
@@ -221,6 +222,7 @@ static void later_turn(const tr_trace *t, tr_req *r)
     for (int i = 0; i < p->want[0].n_tok && n < cap; i++) r->prompt[n++] = p->want[0].tok[i];
     for (int i = 0; i < n_own && n < cap; i++) r->prompt[n++] = own[i];
     r->rq.n_tokens = n;
+    r->rq.cache_salt = p->rq.cache_salt; /* the same conversation, the same tenant */
 }
 
 /* ---- running requests ---------------------------------------------------- */

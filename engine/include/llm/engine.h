@@ -62,6 +62,8 @@ typedef struct llm_request {
     int priority;            /* larger is more urgent; 0 default */
     int n;                   /* completions; 0: 1 */
     int ignore_eos;          /* 1: end-of-generation tokens do not stop */
+    uint64_t cache_salt;     /* prefix cache partition: cached prefixes are shared only among requests with the same
+                              * salt (0: the common one); a server gives each tenant its own */
 } llm_request;
 
 typedef enum llm_event_type { LLM_EVENT_TOKEN = 1, LLM_EVENT_DONE = 2, LLM_EVENT_ERROR = 3 } llm_event_type;

@@ -2,9 +2,10 @@
  * K/V rows for every layer, per-sequence block tables, reference counts,
  * automatic prefix caching and copy-on-write.
  *
- * A full block is known by a hash chained over every token up to its end
- * (its own tokens and all before them), so two sequences with the same
- * prefix find the same blocks. A block nobody references but whose content
+ * A full block is known by its own tokens and the block before it in its
+ * sequence (physical id and generation; the first block by the sequence's
+ * salt), so two sequences with the same prefix and salt find the same
+ * blocks, and a match is exact (no hash is trusted). A block nobody references but whose content
  * is known stays cached until the pool needs it (least recently released
  * first). Blocks shared by several sequences (n > 1 completions forked from
  * one prompt) are copied before a sequence writes into one: the copies are
@@ -54,14 +55,15 @@ typedef struct kv_cache_config {
 
 typedef struct kv_cache kv_cache;
 
-/* One sequence's block table. n_tokens positions hold K/V; the chain hash
- * covers its first n_hashed full blocks. */
+/* One sequence's block table. n_tokens positions hold K/V; its first
+ * n_hashed full blocks have been offered to the prefix index. */
 typedef struct kv_seq {
     int32_t *blocks; /* logical -> physical block */
     int n_blocks, cap;
     int n_tokens;
     int n_hashed;
-    uint64_t hash;
+    uint64_t salt;   /* set before kv_seq_match (0 after init): prefixes are shared only among sequences with the same
+                      * salt (a tenant's own cache); at most 63 bits are used */
 } kv_seq;
 
 typedef struct kv_cache_stats {
@@ -98,7 +100,7 @@ void kv_cache_copies_done(kv_cache *c);
 
 void kv_seq_init(kv_seq *s);
 /* Drops every block reference (full blocks with known content stay cached)
- * and empties s; s may be reused. Frees s's table memory. */
+ * and empties s (its salt stays); s may be reused. Frees s's table memory. */
 void kv_seq_release(kv_cache *c, kv_seq *s);
 
 /* For an empty s: takes every cached full block of the longest prefix of
@@ -108,9 +110,9 @@ void kv_seq_release(kv_cache *c, kv_seq *s);
 int kv_seq_match(kv_cache *c, kv_seq *s, const int32_t *tokens, int n);
 
 /* For an empty dst: shares the blocks holding positions [0, n_tokens) of
- * src; tokens are that sequence's tokens (for the hash chain). A block both
- * then write into is copied first (see kv_seq_reserve). */
-llm_status kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src, const int32_t *tokens, int n_tokens);
+ * src (and its salt). A block both then write into is copied first (see
+ * kv_seq_reserve). LLM_ERR_NOMEM changes nothing. */
+llm_status kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src, int n_tokens);
 
 /* Makes positions [n_tokens, n_tokens + n) writable: allocates blocks and
  * queues a copy when the block at n_tokens is shared. LLM_ERR_KV_FULL (not

@@ -37,6 +37,7 @@ struct sched_seq {
     int priority;           /* larger is more urgent */
     int64_t arrival_ms;
     sched_seq *fork_of;     /* n > 1: a sibling whose prompt K/V this one may share */
+    uint64_t salt;          /* prefix cache partition (kv_seq.salt): 0 shared */
     void *user;
     /* owned by the scheduler */
     kv_seq kv;              /* kv.n_tokens of the tokens have K/V */
