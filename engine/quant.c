@@ -4,8 +4,6 @@
  * These scalar routines are the definition the SIMD kernels are tested
  * against; they favour clarity over speed (except f16->f32, a table). */
 #include "llm/quant.h"
-
-#include <stddef.h>
 #include "llm/status.h"
 
 #include <math.h>
@@ -147,17 +145,18 @@ size_t quant_block_bytes(quant_type t)
 
 /* ---- finiteness ---------------------------------------------------------- */
 
-/* First index i < n whose 16-bit half (mask: exponent bits) is all ones,
- * or n. The |= pass is branch-free so the compiler can vectorize it; the
- * index is searched for only when something was found. */
-static size_t first_exp16(const uint16_t *h, size_t n, uint16_t mask, size_t stride)
+/* First index i < n whose 16-bit value has all the exponent bits of mask
+ * set (NaN or infinity), or n. The |= pass is branch-free so the compiler
+ * can vectorize it; the index is searched for only when something was
+ * found. */
+static size_t first_exp16(const uint16_t *h, size_t n, uint16_t mask)
 {
     uint16_t any = 0;
-    for (size_t i = 0; i < n; i++) any |= (uint16_t)((h[i * stride] & mask) == mask);
+    for (size_t i = 0; i < n; i++) any |= (uint16_t)((h[i] & mask) == mask);
     if (!any)
         return n;
     size_t i = 0;
-    while ((h[i * stride] & mask) != mask) i++;
+    while ((h[i] & mask) != mask) i++;
     return i;
 }
 
@@ -172,7 +171,8 @@ static size_t first_f32(const uint32_t *x, size_t n)
     return i;
 }
 
-/* Block b's half-precision scales (d, and dmin for Q4_K) are finite. */
+/* The half-precision scales (d, and dmin for Q4_K) of the block at blk
+ * are finite. */
 static int block_ok(quant_type t, const uint8_t *blk)
 {
     quant_f16 d, dmin = 0;
@@ -194,8 +194,8 @@ size_t quant_find_nonfinite(quant_type t, const void *data, size_t n)
     size_t be = quant_block_elems(t), bb = quant_block_bytes(t), nb = be ? n / be : 0;
     switch (t) {
     case QT_F32: return first_f32(data, n);
-    case QT_F16: return first_exp16(data, n, 0x7c00, 1);
-    case QT_BF16: return first_exp16(data, n, 0x7f80, 1);
+    case QT_F16: return first_exp16(data, n, 0x7c00);
+    case QT_BF16: return first_exp16(data, n, 0x7f80);
     default: break;
     }
     for (size_t b = 0; b < nb; b++)

@@ -1,6 +1,8 @@
 /* srv.h - llm-server's shared state and the pieces that use it:
- * srv_http.c (routes), srv_api.c (OpenAI request parsing and response
- * bodies), srv_main.c (startup, model loading, drain).
+ * srv_http.c (routes), srv_api.c (OpenAI request parsing, error bodies,
+ * the JSON helpers), srv_load.c (model, backends and engine bring-up),
+ * srv_canary.c (a colocated canary), srv_main.c (the process: startup,
+ * signals, drain).
  * Thread-safety: phase and active are atomics; the engine is thread-safe;
  * everything else is written before the HTTP threads start or only read. */
 #ifndef SRV_H
@@ -73,15 +75,18 @@ typedef struct srv_err {
 } srv_err;
 
 void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-/* Makes jansson allocate through the server's allocator, so a parse that
- * ran out of memory is known as such (call once, before any thread). */
+/* Makes jansson allocate through the server's allocator, so a parse or
+ * print that ran out of memory is known as such (call once, before any
+ * thread). Without it the two functions below still work but may take a
+ * memory failure inside jansson for malformed input. Both may be called
+ * from any thread (the failure flag is per thread). */
 void srv_json_init(void);
 /* j as compact JSON text (caller frees), or NULL when j is NULL or memory
  * ran out while printing it (never a text with a part missing). */
 char *srv_json_text(const json_t *j);
 /* The body as a JSON object (caller owns it), or NULL with e set: 400 for
- * malformed JSON (line, column, reason) or another type, 503 when memory
- * ran out while parsing. */
+ * malformed JSON (line, column, reason; duplicate keys are malformed) or
+ * another type, 503 when memory ran out while parsing. */
 json_t *srv_json_object(const char *body, size_t len, srv_err *e);
 /* The OpenAI error body {"error": {...}}; caller frees. */
 char *srv_err_body(const srv_err *e);
@@ -112,14 +117,25 @@ void srv_completion_free(srv_completion *c);
 
 int srv_http_start(srv *s, llm_error *err);
 
-/* srv_main.c's loading steps, shared with the canary's loader. */
-llm_status srv_verify_sha256(const char *path, const char *want, llm_error *err);
+/* srv_load.c: bringing a model up, for the loader thread (srv_main.c)
+ * and the canary's loader (srv_canary.c). Each returns LLM_OK or a status
+ * with err naming the cause; nothing is left allocated on failure.
+ *
+ * The file's SHA-256 equals want (hex, any case); "" or NULL skips the
+ * check. LLM_ERR_IO (cannot open/read), LLM_ERR_FORMAT (mismatch: both
+ * digests in the message). */
+llm_status srv_load_verify_sha256(const char *path, const char *want, llm_error *err);
 /* The configured backends (backend, tensor_parallel, device, threads) into
- * out; *n gets their count. */
-llm_status srv_open_backends(srv *s, llm_backend **out, int *n, llm_error *err);
-void srv_close_backends(llm_backend **b, int n);
-llm_status srv_open_engine(srv *s, llm_model *m, llm_backend *const *b, int n, llm_engine **out, llm_error *err);
-llm_status srv_warm_up(llm_engine *e, llm_model *m, llm_error *err);
+ * out; *n gets their count. Free them with srv_load_close_backends. */
+llm_status srv_load_backends(srv *s, llm_backend **out, int *n, llm_error *err);
+/* Frees b[0..n) and sets each to NULL. */
+void srv_load_close_backends(llm_backend **b, int n);
+/* The engine over m and b[0..n) with the configured limits (kv_type,
+ * prefix_cache, ...); m and b must outlive it (llm_engine_close). */
+llm_status srv_load_engine(srv *s, llm_model *m, llm_backend *const *b, int n, llm_engine **out, llm_error *err);
+/* One token through e before the server turns ready; the engine's error
+ * when it cannot run. */
+llm_status srv_load_warm_up(llm_engine *e, llm_model *m, llm_error *err);
 
 /* Colocated canary (srv_canary.c). The controller (or an operator) asks
  * through POST /admin/canary {"model": PATH or null, "sha256": HEX,

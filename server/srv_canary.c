@@ -24,7 +24,7 @@ static void rev_free(srv_rev *r)
     if (!r)
         return;
     llm_engine_close(r->engine);
-    srv_close_backends(r->backends, r->n_backends);
+    srv_load_close_backends(r->backends, r->n_backends);
     llm_model_free(r->model);
     free(r);
 }
@@ -145,15 +145,15 @@ static llm_status load(srv *s, const load_job *j, srv_rev *r, llm_error *err)
     snprintf(r->path, sizeof r->path, "%s", j->path);
     llm_status st = fits(s, j->path, err);
     if (!st)
-        st = srv_verify_sha256(j->path, j->sha256, err);
+        st = srv_load_verify_sha256(j->path, j->sha256, err);
     if (!st && !(st = llm_model_load(j->path, &r->model, err)))
         llm_model_prefault(r->model, quiet, NULL);
     if (!st)
-        st = srv_open_backends(s, r->backends, &r->n_backends, err); /* its own: the engines step independently */
+        st = srv_load_backends(s, r->backends, &r->n_backends, err); /* its own: the engines step independently */
     if (!st)
-        st = srv_open_engine(s, r->model, r->backends, r->n_backends, &r->engine, err);
+        st = srv_load_engine(s, r->model, r->backends, r->n_backends, &r->engine, err);
     if (!st)
-        st = srv_warm_up(r->engine, r->model, err);
+        st = srv_load_warm_up(r->engine, r->model, err);
     if (!st)
         r->chat_tmpl = (int)llm_chat_for_model(r->model);
     return st;

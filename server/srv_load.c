@@ -11,7 +11,7 @@
 
 #include "srv.h"
 
-llm_status srv_open_backends(srv *s, llm_backend **out, int *n, llm_error *err)
+llm_status srv_load_backends(srv *s, llm_backend **out, int *n, llm_error *err)
 {
     llm_backend_spec spec = {s->cfg.backend, (int)s->cfg.tensor_parallel,
                              {(int)s->cfg.threads, 0, getenv("LLM_KERNELS")}, (int)s->cfg.device};
@@ -20,7 +20,7 @@ llm_status srv_open_backends(srv *s, llm_backend **out, int *n, llm_error *err)
     return st;
 }
 
-void srv_close_backends(llm_backend **b, int n)
+void srv_load_close_backends(llm_backend **b, int n)
 {
     for (int i = 0; i < n; i++) {
         llm_backend_free(b[i]);
@@ -28,7 +28,7 @@ void srv_close_backends(llm_backend **b, int n)
     }
 }
 
-llm_status srv_open_engine(srv *s, llm_model *m, llm_backend *const *b, int n, llm_engine **out, llm_error *err)
+llm_status srv_load_engine(srv *s, llm_model *m, llm_backend *const *b, int n, llm_engine **out, llm_error *err)
 {
     llm_kv_type kt;
     llm_status st = llm_kv_type_parse(s->cfg.kv_type, &kt, err);
@@ -45,7 +45,7 @@ llm_status srv_open_engine(srv *s, llm_model *m, llm_backend *const *b, int n, l
 
 /* One token through the engine before ready: the first real request then
  * finds every buffer allocated and every kernel path warm. */
-llm_status srv_warm_up(llm_engine *e, llm_model *m, llm_error *err)
+llm_status srv_load_warm_up(llm_engine *e, llm_model *m, llm_error *err)
 {
     int32_t tok = llm_vocab_bos(m->vocab) >= 0 ? llm_vocab_bos(m->vocab) : 0;
     llm_request rq = {.tokens = &tok, .n_tokens = 1, .sampling = llm_sampling_default(), .max_tokens = 1,
@@ -63,7 +63,7 @@ llm_status srv_warm_up(llm_engine *e, llm_model *m, llm_error *err)
 
 /* model_sha256: the file's digest before anything trusts it (a truncated
  * or swapped file on a shared volume is caught here, by name). */
-llm_status srv_verify_sha256(const char *path, const char *want, llm_error *err)
+llm_status srv_load_verify_sha256(const char *path, const char *want, llm_error *err)
 {
     if (!want || !*want)
         return LLM_OK;

@@ -74,19 +74,19 @@ static void *loader(void *arg)
     logf_("loading %s", s->cfg.model);
     if (s->cfg.model_sha256 && *s->cfg.model_sha256)
         snprintf(s->status, sizeof s->status, "checking the sha256 of %s", s->cfg.model);
-    llm_status st = srv_verify_sha256(s->cfg.model, s->cfg.model_sha256, &err);
+    llm_status st = srv_load_verify_sha256(s->cfg.model, s->cfg.model_sha256, &err);
     if (!st)
         st = llm_model_load(s->cfg.model, &s->model, &err);
     if (!st) {
         llm_model_prefault(s->model, load_progress, s);
         snprintf(s->status, sizeof s->status, "model loaded; starting the engine");
-        st = srv_open_backends(s, s->backends, &s->n_backends, &err);
+        st = srv_load_backends(s, s->backends, &s->n_backends, &err);
     }
     if (!st)
-        st = srv_open_engine(s, s->model, s->backends, s->n_backends, &s->engine, &err);
+        st = srv_load_engine(s, s->model, s->backends, s->n_backends, &s->engine, &err);
     if (!st) {
         snprintf(s->status, sizeof s->status, "warming up");
-        st = srv_warm_up(s->engine, s->model, &err);
+        st = srv_load_warm_up(s->engine, s->model, &err);
         logf_("warm-up done");
     }
     if (st) {
@@ -155,7 +155,7 @@ int main(int argc, char **argv)
     mg_stop(s.mg);
     srv_canary_free(&s);
     llm_engine_close(s.engine);
-    srv_close_backends(s.backends, s.n_backends);
+    srv_load_close_backends(s.backends, s.n_backends);
     llm_model_free(s.model);
     for (int i = 0; i < s.n_keys; i++) free(s.keys[i]);
     free(s.keys);

@@ -100,13 +100,16 @@ typedef struct llm_backend llm_backend;
 struct llm_comm;
 struct llm_model;
 
+/* The id a device pick gives for a row with a NaN logit (there is no
+ * distribution to pick from): the engine fails that request. */
+#define LLM_SAMPLE_NAN (-1)
+
 /* How one row's token is picked on a device: temperature <= 0 is the
  * argmax; top_k <= 0, top_p >= 1, min_p <= 0 are off; u in [0, 1) is the
  * row's uniform draw (the token where the cumulative truncated weight, in
  * id order, passes u of the total). An infinite largest logit, or nothing
  * left to draw from, picks the argmax; a row with a NaN logit picks
  * LLM_SAMPLE_NAN. Layout shared with the kernels' lk_sample_params. */
-#define LLM_SAMPLE_NAN (-1)
 typedef struct llm_sample_params {
     float temperature;
     int top_k;
@@ -178,7 +181,8 @@ struct llm_backend_i {
     llm_status (*read)(llm_backend *b, void *dst, const void *src, size_t bytes);
     /* Optional (a device backend): out[r] (host) = the token picked from
      * row r of logits with p[r] (temperature <= 0: the largest logit, ties
-     * to the lowest id), so only ids cross to the host. */
+     * to the lowest id; LLM_SAMPLE_NAN for a row with a NaN), so only ids
+     * cross to the host. The engine range-checks every id it gets. */
     llm_status (*sample)(llm_backend *b, const float *logits, int n_rows, int n_vocab, const llm_sample_params *p,
                          int32_t *out);
     /* Optional: the next operations, up to the sample or read that ends

@@ -89,7 +89,10 @@ typedef struct llm_event {
     llm_sample_result sample; /* TOKEN: logprob and the top alternatives when asked for */
     llm_finish finish;       /* DONE */
     llm_usage usage;         /* DONE */
-    llm_error error;         /* ERROR: the request is over */
+    llm_error error;         /* ERROR: the request is over; code LLM_ERR_NUMERIC (NaN logits), LLM_ERR_NOMEM
+                                (an event, its text or a sequence's table could not be allocated),
+                                LLM_ERR_BACKEND (the forward pass failed, or a device picked an id
+                                outside the vocabulary), ... */
 } llm_event;
 
 #define LLM_BATCH_BUCKETS 12

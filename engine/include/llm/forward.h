@@ -38,8 +38,8 @@ int llm_forward_device_sample(const llm_forward *f);
 /* As llm_forward_eval, but only one token id per logit row comes back
  * (*ids, n_logits entries owned by f, valid until the next call): picked
  * with p[i] for row i on a device that samples, or the argmax when p is
- * NULL (on any backend). LLM_ERR_INVALID_ARG for a p on a backend that
- * cannot sample. */
+ * NULL (on any backend); LLM_SAMPLE_NAN for a row with a NaN logit.
+ * LLM_ERR_INVALID_ARG for a p on a backend that cannot sample. */
 llm_status llm_forward_eval_sample(llm_forward *f, const llm_forward_batch *batch, const llm_kv_layer *layers,
                                    const llm_sample_params *p, const int32_t **ids);
 

@@ -64,10 +64,13 @@ const char *quant_type_name(unsigned t);
 /* Elements per block (1 for float types); 0 for unknown types. */
 size_t quant_block_elems(quant_type t);
 size_t quant_block_bytes(quant_type t);
-/* The first of n elements (a multiple of the type's block) that is not
- * finite, or n: F32/F16/BF16 values that are NaN or infinite, and for the
- * block types the first element of a block whose scale (d, or dmin for
- * Q4_K) is. A block type's quants are integers: only its scales can be. */
+/* The first of n elements that is not finite, or n: F32/F16/BF16 values
+ * that are NaN or infinite, and for Q4_0/Q8_0/Q4_K/Q6_K the first element
+ * of a block whose scale (d, or dmin for Q4_K) is (their quants are
+ * integers: only scales can be). Only types quant_supported() accepts are
+ * checked; others return n. n is a multiple of the block (a partial
+ * trailing block is not read); data is aligned as the type's scalars (2
+ * or 4 bytes; GGUF tensor data always is). */
 size_t quant_find_nonfinite(quant_type t, const void *data, size_t n);
 /* Bytes of a row of n elements; 0 when n is not a multiple of the block. */
 size_t quant_row_bytes(quant_type t, size_t n);

@@ -59,10 +59,11 @@ void llm_sampler_free(llm_sampler *s);
 /* Records a token (prompt or generated) for the penalties. */
 void llm_sampler_accept(llm_sampler *s, int32_t id);
 /* Samples from n_vocab logits (not modified); out->id is always in
- * [0, n_vocab). Logits of +/-infinity are allowed (+inf: the most likely
- * tokens); when no candidate keeps a finite positive weight after the
- * filters, the pick is the argmax. LLM_ERR_NUMERIC (err names the first
- * NaN's id; nothing recorded) when a logit is NaN: no token is sampled
+ * [0, n_vocab). Logits of +/-infinity are allowed: with +inf logits the
+ * pick is the lowest id among them (each reports logprob -log(count));
+ * when no candidate keeps a finite positive weight after the filters, the
+ * pick is the argmax. LLM_ERR_NUMERIC (err names the first NaN's id; the
+ * generator is not advanced) when a logit is NaN: no token is sampled
  * from a distribution that does not exist. */
 llm_status llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *out, llm_error *err);
 /* 1 when this sampler's choice needs no host pass over the logits (no
