@@ -602,9 +602,9 @@ static void seq_finish(llm_engine *e, eng_seq *q, llm_finish why)
         req_fail_nomem(e, q->r, "the generated text");
         return;
     }
-    if (++q->r->n_done == q->r->n)
-        e->st.requests_done++;
     req_push(q->r, &ev);
+    if (!q->r->failed && ++q->r->n_done == q->r->n) /* a DONE that could not be queued failed the request */
+        e->st.requests_done++;
 }
 
 /* Text of one token: a piece through the stop/UTF-8 filter. Returns the

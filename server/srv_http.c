@@ -342,6 +342,7 @@ static int run_events(run *r, srv_err *e)
             return e->status;
         if (rc == OUT_NOMEM) { /* the answer cannot be written whole: no partial one */
             llm_engine_cancel(r->eng, r->id);
+            srv_metrics_finished(&r->s->metrics, 2);
             srv_err_set(e, 503, NULL, "out of memory while writing the answer");
             return 503;
         }
