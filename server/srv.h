@@ -84,6 +84,10 @@ void srv_json_init(void);
 /* j as compact JSON text (caller frees), or NULL when j is NULL or memory
  * ran out while printing it (never a text with a part missing). */
 char *srv_json_text(const json_t *j);
+/* The body as JSON of any type (caller owns it), or NULL with e set: 400
+ * for malformed JSON (line, column, reason; duplicate keys are malformed),
+ * 503 when memory ran out while parsing. */
+json_t *srv_json_parse(const char *body, size_t len, srv_err *e);
 /* The body as a JSON object (caller owns it), or NULL with e set: 400 for
  * malformed JSON (line, column, reason; duplicate keys are malformed) or
  * another type, 503 when memory ran out while parsing. */

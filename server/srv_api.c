@@ -51,7 +51,7 @@ char *srv_json_text(const json_t *j)
     return s;
 }
 
-json_t *srv_json_object(const char *body, size_t len, srv_err *e)
+json_t *srv_json_parse(const char *body, size_t len, srv_err *e)
 {
     json_error_t je;
     json_oom = 0;
@@ -61,7 +61,13 @@ json_t *srv_json_object(const char *body, size_t len, srv_err *e)
         srv_err_set(e, 503, NULL, "out of memory while parsing the body");
     else if (!o)
         srv_err_set(e, 400, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
-    else if (!json_is_object(o)) {
+    return o;
+}
+
+json_t *srv_json_object(const char *body, size_t len, srv_err *e)
+{
+    json_t *o = srv_json_parse(body, len, e);
+    if (o && !json_is_object(o)) {
         srv_err_set(e, 400, NULL, "the body must be a JSON object");
         json_decref(o);
         o = NULL;

@@ -711,7 +711,7 @@ static int h_admin_canary(struct mg_connection *c, void *cb)
     else if (read_body(s, c, &body, &len, &e))
         status = send_err(c, &e);
     else {
-        json_t *req = srv_json_object(body, len, &e);
+        json_t *req = srv_json_parse(body, len, &e); /* srv_canary_admin names the field of a non-object */
         status = req ? srv_canary_admin(s, req, &out, &e) : e.status;
         status = status == 200 ? send_json(c, 200, out) : send_err(c, &e);
         json_decref(req);
