@@ -368,11 +368,11 @@ static void test_forward_token_bounds(void **state)
     assert_int_equal(llm_forward_new(m, b, 4, 4, &f, &err), LLM_OK);
     kv_cache_config kc = {.block_size = 16, .type = LLM_KV_F32, .n_blocks = 1};
     assert_int_equal(kv_cache_new(&kc, b, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, &kv, &err), LLM_OK);
-    int32_t table[1] = {0}, rows[1] = {1};
-    const int32_t bad[][2] = {{1, 512}, {-1, 2}, {3, 1 << 30}};
+    int32_t table[1] = {0}, rows[1] = {1}, nv = m->hp.n_vocab;
+    const int32_t bad[][2] = {{1, nv}, {-1, 2}, {3, 1 << 30}};
     for (int i = 0; i < 3; i++) {
-        llm_batch_seq sq = {0, 2, 0, table};
-        llm_forward_batch bt = {bad[i], 2, &sq, 1, rows, 1};
+        llm_batch_seq sq = {.tok0 = 0, .n_tok = 2, .pos0 = 0, .block_table = table};
+        llm_forward_batch bt = {.tokens = bad[i], .n_rows = 2, .seqs = &sq, .n_seqs = 1, .logit_rows = rows, .n_logits = 1};
         const float *lg = NULL;
         assert_int_equal(llm_forward_eval(f, &bt, kv_cache_layers(kv), &lg), LLM_ERR_INVALID_ARG);
     }
