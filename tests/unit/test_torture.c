@@ -146,9 +146,9 @@ static void torture(const char *name, void (*scenario)(long n))
 
 /* ---- engine scenarios ------------------------------------------------------ */
 
+static test_tiny g_tiny; /* the model and backend below */
 static llm_model *g_m;
 static llm_backend *g_b;
-static char g_path[256];
 /* What a request's completions gave: ids, logprobs, text (with the DONE's). */
 typedef struct answer {
     int32_t tok[2][8];
@@ -350,7 +350,7 @@ static void server_start(void)
 {
     char port[16];
     snprintf(port, sizeof port, "%d", free_port());
-    char *argv[] = {"llm-server", "-m", g_path, "--host", "127.0.0.1", "--port", port, "--http_threads", "4", NULL};
+    char *argv[] = {"llm-server", "-m", g_tiny.path, "--host", "127.0.0.1", "--port", port, "--http_threads", "4", NULL};
     int help = 0;
     llm_error err = {0};
     if (srv_config_load(9, argv, &g_srv.cfg, &help, &err))
@@ -473,23 +473,18 @@ static void sc_http(long n)
 static int setup(void **st)
 {
     (void)st;
-    llm_error err = {0};
     srv_json_init(); /* jansson allocates through the server's allocator, wrapped here */
-    test_tmpfile("torture", g_path, sizeof g_path);
-    if (llm_mkmodel(llm_shape_find("tiny"), QT_Q8_0, 5, g_path, &err) || llm_model_load(g_path, &g_m, &err) ||
-        llm_backend_cpu_new(&(llm_cpu_config){2, 0, NULL}, &g_b, &err)) {
-        fprintf(stderr, "setup: %s\n", err.msg);
+    if (test_tiny_open(&g_tiny, "torture", QT_Q8_0, 5, 2))
         return -1;
-    }
+    g_m = g_tiny.m;
+    g_b = g_tiny.b;
     return 0;
 }
 
 static int teardown(void **st)
 {
     (void)st;
-    llm_model_free(g_m);
-    llm_backend_free(g_b);
-    remove(g_path);
+    test_tiny_close(&g_tiny);
     return 0;
 }
 

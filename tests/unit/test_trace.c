@@ -79,9 +79,9 @@ typedef struct tr_totals {
     uint64_t traces, requests, completions, steps, preemptions, cached, forked, cancels;
 } tr_totals;
 
+static test_tiny g_tiny; /* the model and backend below */
 static llm_model *g_m;
 static llm_backend *g_b;
-static char g_path[256];
 static int g_verbose;
 static tr_totals g_tot;
 
@@ -497,22 +497,17 @@ static int trace_run(uint64_t seed)
 static int setup(void **st)
 {
     (void)st;
-    llm_error err = {0};
-    test_tmpfile("trace-tiny", g_path, sizeof g_path);
-    if (llm_mkmodel(llm_shape_find("tiny"), QT_Q8_0, 23, g_path, &err) || llm_model_load(g_path, &g_m, &err) ||
-        llm_backend_cpu_new(&(llm_cpu_config){2, 0, NULL}, &g_b, &err)) {
-        fprintf(stderr, "test_trace setup: %s\n", err.msg);
+    if (test_tiny_open(&g_tiny, "trace-tiny", QT_Q8_0, 23, 2))
         return -1;
-    }
+    g_m = g_tiny.m;
+    g_b = g_tiny.b;
     return 0;
 }
 
 static int teardown(void **st)
 {
     (void)st;
-    llm_model_free(g_m);
-    llm_backend_free(g_b);
-    remove(g_path);
+    test_tiny_close(&g_tiny);
     return 0;
 }
 

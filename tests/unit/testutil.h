@@ -15,6 +15,10 @@
 
 #include <cmocka.h>
 
+#include "llm/backend.h"
+#include "llm/mkmodel.h"
+#include "llm/model.h"
+
 /* ../shared relative to the repository root (tests run from there), or
  * $LLM_SHARED. Returns NULL when the file is missing. */
 static inline const char *shared_path(const char *rel, char *buf, size_t n)
@@ -47,6 +51,36 @@ static inline char *test_tmpfile(const char *tag, char *buf, size_t n)
     const char *dir = getenv("TMPDIR");
     snprintf(buf, n, "%s/llm-test-%s-%d.gguf", dir ? dir : "/tmp", tag, (int)getpid());
     return buf;
+}
+
+/* A test group's synthetic model: the "tiny" shape (seeded, weights of
+ * type qt) written to a temp file named by tag and loaded, and a CPU
+ * backend of n_threads. test_tiny_close undoes it (file removed). */
+typedef struct test_tiny {
+    llm_model *m;
+    llm_backend *b;
+    char path[256];
+} test_tiny;
+
+/* 0, or -1 with the reason on stderr. */
+static inline int test_tiny_open(test_tiny *t, const char *tag, quant_type qt, uint64_t seed, int n_threads)
+{
+    llm_error err = {0};
+    memset(t, 0, sizeof *t);
+    test_tmpfile(tag, t->path, sizeof t->path);
+    if (llm_mkmodel(llm_shape_find("tiny"), qt, seed, t->path, &err) || llm_model_load(t->path, &t->m, &err) ||
+        llm_backend_cpu_new(&(llm_cpu_config){n_threads, 0, NULL}, &t->b, &err)) {
+        fprintf(stderr, "%s: setup: %s\n", tag, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static inline void test_tiny_close(test_tiny *t)
+{
+    llm_model_free(t->m);
+    llm_backend_free(t->b);
+    remove(t->path);
 }
 
 #endif
