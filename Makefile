@@ -4,6 +4,7 @@
 #   make run        install missing deps, build, make the default model, serve it
 #   make test       install missing deps, build, run unit + black-box + fuzz tests
 #   make asan       the same tests under AddressSanitizer + UBSan (build-asan/)
+#   make cudasim    the CUDA kernels and backend on the CUDA-on-CPU emulator
 #   make bench      prefill/decode tokens/s table (LLAMA_BENCH=... adds llama.cpp)
 #   make deps       install missing Debian / Python packages
 #   make lint       ban unsafe libc calls in our sources
@@ -226,7 +227,7 @@ cuda:
 	 else echo "cuda: $(NVCC) not found; skipping the CUDA kernels"; fi
 $(BUILD)/libllmkernels.a: $(CUDA_OBJ)
 	@rm -f $@ && ar rcs $@ $^
-$(BUILD)/kernels/%.o: kernels/%.cu kernels/common.cuh kernels/llm_kernels.h
+$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.cuh) kernels/llm_kernels.h
 	@mkdir -p $(dir $@)
 	@echo "  NVCC  $<"
 	@$(NVCC) $(CUDA_FLAGS) -c $< -o $@
@@ -261,8 +262,70 @@ gpu-check: cuda $(LIB)
 cuda-regs:
 	@for f in $(CUDA_SRC); do $(NVCC) $(CUDA_FLAGS) -Xptxas -v -c $$f -o /dev/null 2>&1 | grep -E "Compiling|registers|spill"; done
 
+# ---- the CUDA-on-CPU emulator (tests/cudasim) ----------------------------------
+# kernels/*.cu compiled as host C++ with the emulator's dialect headers and
+# GCC's ThreadSanitizer instrumentation (its hooks are the emulator's access
+# checks, tests/cudasim/check.c; no TSan runtime is linked); FMA contraction
+# on, as nvcc does by default. The runtime, cuBLAS and NCCL stand-ins are C.
+# Everything here builds without nvcc or a GPU.
+SIM = $(BUILD)/cudasim
+SIM_INC = -Itests/cudasim/include -Itests/cudasim -Ikernels
+SIM_KFLAGS = -std=gnu++17 -O2 -g -fPIC -fno-exceptions -fno-rtti -fno-threadsafe-statics -fno-strict-aliasing \
+             -fsanitize=thread --param=tsan-instrument-func-entry-exit=0 -mfma -ffp-contract=fast -fno-toplevel-reorder \
+             -fno-tree-sra \
+             -Wall -Wextra -Wno-unknown-pragmas $(WERROR) $(SIM_INC)
+SIM_RT_SRC = tests/cudasim/runtime.c tests/cudasim/exec.c tests/cudasim/check.c tests/cudasim/fiber.c \
+             tests/cudasim/blas.c tests/cudasim/nccl.c
+SIM_HDR = $(wildcard tests/cudasim/*.h tests/cudasim/include/*.h) kernels/common.cuh kernels/llm_kernels.h
+SIM_KOBJ = $(CUDA_SRC:kernels/%.cu=$(SIM)/kernels/%.o)
+SIM_RTOBJ = $(SIM_RT_SRC:tests/cudasim/%.c=$(SIM)/rt/%.o)
+SIM_LIB = $(SIM)/libcusim.a
+$(SIM)/kernels/%.o: kernels/%.cu $(SIM_HDR)
+	@mkdir -p $(dir $@)
+	@echo "  CXX   $< (cudasim)"
+	@g++ $(SIM_KFLAGS) -x c++ -c $< -o $@
+$(SIM)/rt/%.o: tests/cudasim/%.c $(SIM_HDR)
+	@mkdir -p $(dir $@)
+	@echo "  CC    $<"
+	@$(CC) $(CFLAGS_BASE) -fPIC $(SIM_INC) -c $< -o $@
+$(SIM_LIB): $(SIM_KOBJ) $(SIM_RTOBJ)
+	@rm -f $@ && ar rcs $@ $^
+# The CUDA backend as a plugin over the emulator: LLM_CUDA_LIB=$(SIM)/libllm_cuda.so
+# runs any program's backend cuda on the CPU.
+SIM_PLUGIN_OBJ = $(CUDA_PLUGIN_SRC:%.c=$(SIM)/pic/%.o)
+$(SIM)/pic/%.o: %.c $(wildcard engine/include/llm/*.h) $(SIM_HDR)
+	@mkdir -p $(dir $@)
+	@echo "  CC    $< (cudasim plugin)"
+	@$(CC) $(CFLAGS_BASE) -fPIC -fvisibility=hidden $(SIM_INC) -c $< -o $@
+$(SIM)/libllm_cuda.so: $(SIM_PLUGIN_OBJ) $(SIM_LIB)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) -shared -Wl,--no-undefined,--exclude-libs,ALL $(SIM_PLUGIN_OBJ) $(SIM_LIB) -lm -lpthread -ldl -o $@
+# tests/gpu/check_kernels against the emulator, and the emulator's own tests
+# (seeded bugs in tests/cudasim/bugs.cu must be caught and named).
+$(SIM)/check_kernels: tests/gpu/check_kernels.c $(SIM_LIB) $(LIB) $(SIM_HDR)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) $(SIM_INC) $< $(SIM_LIB) $(LIB) $(LDLIBS) -o $@
+$(SIM)/bugs.o: tests/cudasim/bugs.cu $(SIM_HDR)
+	@echo "  CXX   $< (cudasim)"
+	@g++ $(SIM_KFLAGS) -x c++ -c $< -o $@
+$(SIM)/test_cudasim: tests/cudasim/test_cudasim.c $(SIM)/bugs.o $(SIM_LIB) $(SIM_HDR)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) $(SIM_INC) -Itests/unit $< $(SIM)/bugs.o $(SIM_LIB) -lcmocka $(LDLIBS) -o $@
+SIM_BIN = $(SIM)/test_cudasim $(SIM)/check_kernels $(SIM)/libllm_cuda.so $(BUILD)/tests/check_model
+$(BUILD)/tests/check_model: tests/gpu/check_model.c $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) $< $(LIB) $(LDLIBS) -o $@
+.PHONY: cudasim
+# The emulator's tests, every kernel against the CPU backend, and whole
+# models through the CUDA backend against the CPU backend, on the CPU.
+cudasim: $(SIM_BIN) $(BUILD)/bin/llm-mkmodel
+	@$(SIM)/test_cudasim
+	@echo "== check_kernels on the emulator"
+	@CHECK_QUICK=1 $(SIM)/check_kernels
+
 lint:
-	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) engine/backend_cuda.c $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c tests/gpu/*.c || (echo "lint: banned call" && false)
+	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) engine/backend_cuda.c $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c tests/gpu/*.c tests/cudasim/*.c || (echo "lint: banned call" && false)
 
 clean:
 	rm -rf build build-asan build-tsan

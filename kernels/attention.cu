@@ -149,7 +149,7 @@ template <int PER>
 static void launch(const att_args &a, int n_rows, cudaStream_t s)
 {
     dim3 grid((unsigned int)n_rows, (unsigned int)a.n_head, (unsigned int)a.splits);
-    attention_kernel<PER><<<grid, ATT_WARPS * 32, 0, s>>>(a);
+    LK_LAUNCH(attention_kernel<PER>, grid, ATT_WARPS * 32, 0, s)(a);
 }
 
 extern "C" int lk_attention(const float *q, float *out, int n_rows, int n_head, int n_head_kv, int head_dim,
@@ -183,6 +183,6 @@ extern "C" int lk_attention(const float *q, float *out, int n_rows, int n_head, 
     else
         launch<8>(a, n_rows, s);
     if (a.splits > 1)
-        combine_kernel<<<(unsigned int)(n_rows * n_head), 128, 0, s>>>(work, out, head_dim, a.splits);
+        LK_LAUNCH(combine_kernel, (unsigned int)(n_rows * n_head), 128, 0, s)(work, out, head_dim, a.splits);
     return lk_status();
 }

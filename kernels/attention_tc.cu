@@ -34,7 +34,7 @@ typedef struct tc_args {
  * (half), per-row max, sum and rescale. */
 __global__ static void attention_tc_kernel(tc_args a)
 {
-    extern __shared__ __align__(32) unsigned char smem[];
+    LK_DYNAMIC_SHARED(unsigned char, smem);
     const int D = a.head_dim, lane = threadIdx.x;
     __half *sQ = (__half *)smem, *sK = sQ + TC_ROWS * D, *sV = sK + TC_ROWS * D;
     float *sO = (float *)(sV + TC_ROWS * D), *sS = sO + TC_ROWS * D;
@@ -139,6 +139,6 @@ extern "C" int lk_attention_tc(const float *q, float *out, int n_tiles, const in
     a.tiles = tiles, a.tables = tables, a.kc = (const __half *)k_cache, a.vc = (const __half *)v_cache;
     a.row_elems = row_bytes / 2, a.head_elems = (size_t)head_dim, a.block_size = block_size;
     dim3 grid((unsigned int)n_tiles, (unsigned int)n_head);
-    attention_tc_kernel<<<grid, 32, smem, (cudaStream_t)stream>>>(a);
+    LK_LAUNCH(attention_tc_kernel, grid, 32, smem, (cudaStream_t)stream)(a);
     return lk_status();
 }

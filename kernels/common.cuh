@@ -1,5 +1,8 @@
-/* common.cuh - helpers shared by the kernel files: launch geometry and
- * half/bfloat16 conversions that match the CPU backend's. */
+/* common.cuh - helpers shared by the kernel files: launch geometry,
+ * half/bfloat16 conversions that match the CPU backend's, and the two
+ * constructs the CUDA-on-CPU emulator (tests/cudasim) needs spelled as
+ * macros: a launch (<<<>>> under nvcc, the emulator's launch on the
+ * host) and the dynamic shared memory declaration. */
 #ifndef LK_COMMON_CUH
 #define LK_COMMON_CUH
 
@@ -9,6 +12,15 @@
 #include <stdint.h>
 
 #define LK_THREADS 256
+
+/* LK_LAUNCH(kernel, grid, block, smem, stream)(args...) */
+#ifdef CUSIM
+#define LK_LAUNCH(k, grid, block, smem, stream) cusim_launch_of(k, #k, grid, block, smem, stream)
+#define LK_DYNAMIC_SHARED(T, name) T *name = (T *)cusim_dynamic_shared()
+#else
+#define LK_LAUNCH(k, grid, block, smem, stream) k<<<grid, block, smem, stream>>>
+#define LK_DYNAMIC_SHARED(T, name) extern __shared__ __align__(32) T name[]
+#endif
 
 static inline unsigned int lk_blocks(size_t n, unsigned int per)
 {

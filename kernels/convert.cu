@@ -66,7 +66,7 @@ extern "C" int lk_dequant_f16(int type, const void *W, size_t row_bytes, int row
     if (!ok)
         return LK_UNSUPPORTED;
     size_t n = (size_t)rows * cols;
-    dequant_kernel<<<lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream>>>(type, (const uint8_t *)W, row_bytes,
+    LK_LAUNCH(dequant_kernel, lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream)(type, (const uint8_t *)W, row_bytes,
                                                                                       rows, cols, (__half *)out);
     return lk_status();
 }
@@ -83,7 +83,7 @@ __global__ static void to_half_kernel(const float *x, size_t n, int bf16, void *
 
 extern "C" int lk_to_half(const float *x, size_t n, int bf16, void *out, void *stream)
 {
-    to_half_kernel<<<lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream>>>(x, n, bf16, out);
+    LK_LAUNCH(to_half_kernel, lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream)(x, n, bf16, out);
     return lk_status();
 }
 
@@ -97,6 +97,6 @@ __global__ static void add_bias_kernel(float *x, const float *bias, int n_tok, i
 extern "C" int lk_add_bias(float *x, const float *bias, int n_tok, int dim, void *stream)
 {
     size_t n = (size_t)n_tok * dim;
-    add_bias_kernel<<<lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream>>>(x, bias, n_tok, dim);
+    LK_LAUNCH(add_bias_kernel, lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream)(x, bias, n_tok, dim);
     return lk_status();
 }

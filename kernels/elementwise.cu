@@ -42,7 +42,7 @@ extern "C" int lk_swiglu(const float *gate, const float *up, size_t n, float *ou
 {
     if (!n)
         return 0;
-    swiglu_kernel<<<lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream>>>(gate, up, n, out);
+    LK_LAUNCH(swiglu_kernel, lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream)(gate, up, n, out);
     return lk_status();
 }
 
@@ -50,7 +50,7 @@ extern "C" int lk_add(float *y, const float *x, size_t n, void *stream)
 {
     if (!n)
         return 0;
-    add_kernel<<<lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream>>>(y, x, n);
+    LK_LAUNCH(add_kernel, lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream)(y, x, n);
     return lk_status();
 }
 
@@ -61,6 +61,6 @@ extern "C" int lk_get_rows(int type, const void *emb, size_t row_bytes, int cols
         return LK_UNSUPPORTED;
     if (n <= 0 || cols <= 0)
         return 0;
-    get_rows_kernel<<<n, LK_THREADS, 0, (cudaStream_t)stream>>>(type, (const uint8_t *)emb, row_bytes, cols, ids, out);
+    LK_LAUNCH(get_rows_kernel, n, LK_THREADS, 0, (cudaStream_t)stream)(type, (const uint8_t *)emb, row_bytes, cols, ids, out);
     return lk_status();
 }

@@ -169,7 +169,7 @@ static void launch(int type, const void *W, size_t row_bytes, int rows, int cols
                    cudaStream_t s)
 {
     unsigned int blocks = (unsigned int)((rows + GEMV_WARPS - 1) / GEMV_WARPS);
-    gemv_kernel<T><<<blocks, GEMV_WARPS * 32, 0, s>>>(type, (const uint8_t *)W, row_bytes, rows, cols, x, y);
+    LK_LAUNCH(gemv_kernel<T>, blocks, GEMV_WARPS * 32, 0, s)(type, (const uint8_t *)W, row_bytes, rows, cols, x, y);
 }
 
 extern "C" int lk_gemv(int type, const void *W, size_t row_bytes, int rows, int cols, const float *x, int n_tok,

@@ -53,12 +53,12 @@ extern "C" int lk_kv_write(int type, void *k_cache, void *v_cache, size_t row_by
         return 0;
     cudaStream_t s = (cudaStream_t)stream;
     if (type == 0 || type == 1) {
-        kv_write_plain<<<n_rows, LK_THREADS, 0, s>>>(type, (uint8_t *)k_cache, (uint8_t *)v_cache, row_bytes, kv_dim,
+        LK_LAUNCH(kv_write_plain, n_rows, LK_THREADS, 0, s)(type, (uint8_t *)k_cache, (uint8_t *)v_cache, row_bytes, kv_dim,
                                                      slot, k, v);
     } else if (type == 8 && kv_dim % 32 == 0) {
         size_t warps = (size_t)n_rows * (kv_dim / 32);
         dim3 grid((unsigned int)((warps + LK_THREADS / 32 - 1) / (LK_THREADS / 32)), 2);
-        kv_write_q8_0<<<grid, LK_THREADS, 0, s>>>((uint8_t *)k_cache, (uint8_t *)v_cache, row_bytes, kv_dim, slot, k,
+        LK_LAUNCH(kv_write_q8_0, grid, LK_THREADS, 0, s)((uint8_t *)k_cache, (uint8_t *)v_cache, row_bytes, kv_dim, slot, k,
                                                   v, n_rows);
     } else {
         return LK_UNSUPPORTED;

@@ -29,6 +29,6 @@ extern "C" int lk_rmsnorm(const float *x, const float *w, int n_tok, int dim, fl
 {
     if (n_tok <= 0 || dim <= 0)
         return 0;
-    rmsnorm_kernel<<<n_tok, LK_THREADS, 0, (cudaStream_t)stream>>>(x, w, dim, eps, out);
+    LK_LAUNCH(rmsnorm_kernel, n_tok, LK_THREADS, 0, (cudaStream_t)stream)(x, w, dim, eps, out);
     return lk_status();
 }

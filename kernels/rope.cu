@@ -30,7 +30,7 @@ extern "C" int lk_rope(float *x, int n_tok, int n_head, int head_dim, int rot_di
     size_t total = (size_t)n_tok * n_head * (rot_dim / 2);
     if (!total)
         return 0;
-    rope_kernel<<<lk_blocks(total, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream>>>(
+    LK_LAUNCH(rope_kernel, lk_blocks(total, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream)(
         x, n_tok, n_head, head_dim, rot_dim, pos, theta, freq_scale, neox, freq_factors);
     return lk_status();
 }

@@ -52,7 +52,7 @@ extern "C" int lk_argmax(const float *logits, int n_rows, int n_vocab, int32_t *
 {
     if (n_rows <= 0 || n_vocab <= 0)
         return 0;
-    argmax_kernel<<<n_rows, LK_THREADS, 0, (cudaStream_t)stream>>>(logits, n_vocab, out);
+    LK_LAUNCH(argmax_kernel, n_rows, LK_THREADS, 0, (cudaStream_t)stream)(logits, n_vocab, out);
     return lk_status();
 }
 
@@ -224,6 +224,6 @@ extern "C" int lk_sample(const float *logits, int n_rows, int n_vocab, const lk_
 {
     if (n_rows <= 0 || n_vocab <= 0)
         return 0;
-    sample_kernel<<<n_rows, SMP_THREADS, 0, (cudaStream_t)stream>>>(logits, n_vocab, params, out);
+    LK_LAUNCH(sample_kernel, n_rows, SMP_THREADS, 0, (cudaStream_t)stream)(logits, n_vocab, params, out);
     return lk_status();
 }
