@@ -181,13 +181,14 @@ fuzz: $(BUILD)/tests/test_trace
 test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory cudasim
 	@$(MAKE) --no-print-directory pytest
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory tsan
 
 asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
-	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" unit pytest
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" unit cudasim pytest
 
 # The threaded parts (engine, scheduler) under ThreadSanitizer.
 TSAN_TESTS = test_engine test_scheduler test_kv_cache test_tp test_trace
@@ -276,7 +277,7 @@ SIM_KFLAGS = -std=gnu++17 -O2 -g -fPIC -fno-exceptions -fno-rtti -fno-threadsafe
              -Wall -Wextra -Wno-unknown-pragmas $(WERROR) $(SIM_INC)
 SIM_RT_SRC = tests/cudasim/runtime.c tests/cudasim/exec.c tests/cudasim/check.c tests/cudasim/fiber.c \
              tests/cudasim/blas.c tests/cudasim/nccl.c
-SIM_HDR = $(wildcard tests/cudasim/*.h tests/cudasim/include/*.h) kernels/common.cuh kernels/llm_kernels.h
+SIM_HDR = $(wildcard tests/cudasim/*.h tests/cudasim/include/*.h kernels/*.cuh) kernels/llm_kernels.h
 SIM_KOBJ = $(CUDA_SRC:kernels/%.cu=$(SIM)/kernels/%.o)
 SIM_RTOBJ = $(SIM_RT_SRC:tests/cudasim/%.c=$(SIM)/rt/%.o)
 SIM_LIB = $(SIM)/libcusim.a
@@ -323,6 +324,7 @@ cudasim: $(SIM_BIN) $(BUILD)/bin/llm-mkmodel
 	@$(SIM)/test_cudasim
 	@echo "== check_kernels on the emulator"
 	@CHECK_QUICK=1 $(SIM)/check_kernels
+	@sh tests/cudasim/check_models.sh $(BUILD)
 
 lint:
 	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) engine/backend_cuda.c $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c tests/gpu/*.c tests/cudasim/*.c || (echo "lint: banned call" && false)

@@ -31,12 +31,14 @@
 
 #include "llm/backend.h"
 #include "llm/model.h"
+#include "llm/sampler.h"
 #include "llm/tp.h"
 #include "llm_kernels.h"
 
 _Static_assert(LK_SAMPLE_NAN == LLM_SAMPLE_NAN, "a NaN row picks the same id on host and device");
+_Static_assert(LK_SAMPLE_GREEDY_BELOW == LLM_SAMPLING_GREEDY_BELOW, "host and device agree on what is greedy");
 
-enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_SAMPLE, ST_TILES, ST_KINDS };
+enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_SAMPLE, ST_TILES, ST_FREQ, ST_KINDS };
 
 typedef struct cu_alloc {
     void *p;
@@ -101,6 +103,10 @@ typedef struct cu_ctx {
     void *blas_ws;       /* cuBLAS workspace (no allocation inside a capture) */
     cu_graphs g;         /* decode steps as CUDA graphs */
     int in_comm;         /* a tensor-parallel rank: steps are not captured */
+    const float *rope_dev; /* the uploaded model's RoPE frequency factors */
+    float *rope_host;    /* ... and a host copy (the table is computed here) */
+    float *freq;         /* host RoPE table (rot_dim / 2) */
+    int freq_cap;
 } cu_ctx;
 
 static cu_ctx *ctx_of(llm_backend *b) { return b->ctx; }
@@ -477,7 +483,10 @@ static void graphs_free(cu_ctx *c)
 
 /* ---- operations ---------------------------------------------------------- */
 
-static int gemv_type(quant_type t) { return t == QT_F32 || t == QT_F16 || t == QT_BF16 || t == QT_Q8_0 || t == QT_Q4_K || t == QT_Q6_K; }
+static int gemv_type(quant_type t)
+{
+    return t == QT_F32 || t == QT_F16 || t == QT_BF16 || t == QT_Q4_0 || t == QT_Q8_0 || t == QT_Q4_K || t == QT_Q6_K;
+}
 
 /* y (n_tok, rows) = x . W^T through cuBLAS (column-major: C = A^T B with
  * A = W as (cols, rows), B = x as (cols, n_tok)). */
@@ -532,14 +541,32 @@ static void cuda_rmsnorm(llm_backend *b, const float *x, const float *w, int n_t
     LK(c, lk_rmsnorm(x, w, n_tok, dim, eps, out, c->stream));
 }
 
+/* The frequencies are computed here, as the CPU backend does, and staged
+ * like the indices (unchanged tables are not sent again). */
 static void cuda_rope(llm_backend *b, const llm_rope_args *a)
 {
     cu_ctx *c = ctx_of(b);
     use_device(c);
+    int half = a->rot_dim / 2;
+    if (a->freq_factors && a->freq_factors != c->rope_dev) {
+        keep_failure(c, LLM_ERR_UNSUPPORTED, "cuda backend: RoPE factors that this backend did not upload");
+        return;
+    }
+    if (half > c->freq_cap) {
+        float *f = realloc(c->freq, sizeof *f * (size_t)half);
+        if (!f) {
+            keep_failure(c, LLM_ERR_NOMEM, "cuda backend: no host memory for %d RoPE frequencies", half);
+            return;
+        }
+        c->freq = f;
+        c->freq_cap = half;
+    }
+    llm_rope_freq_table(a->theta, a->rot_dim, a->freq_factors ? c->rope_host : NULL, c->freq);
     const int32_t *pos = stage(c, ST_POS, a->pos, (size_t)a->n_tok);
-    if (pos)
-        LK(c, lk_rope(a->x, a->n_tok, a->n_head, a->head_dim, a->rot_dim, pos, a->theta, a->freq_scale, a->neox,
-                      a->freq_factors, c->stream));
+    const int32_t *freq = pos ? stage(c, ST_FREQ, (const int32_t *)c->freq, (size_t)half) : NULL;
+    if (freq)
+        LK(c, lk_rope(a->x, a->n_tok, a->n_head, a->head_dim, a->rot_dim, pos, (const float *)freq, a->freq_scale,
+                      a->neox, c->stream));
 }
 
 static void cuda_swiglu(llm_backend *b, const float *g, const float *u, size_t n, float *out)
@@ -724,34 +751,38 @@ typedef struct up_state {
     size_t off;
 } up_state;
 
+/* Reserves room for bytes at the next 256-byte offset and, with base set,
+ * queues the copy of src there on the backend's stream (so every kernel
+ * that reads it is ordered after it); returns the device address. */
 static const void *put(up_state *u, const void *src, size_t bytes)
 {
     size_t at = u->off;
     u->off += (bytes + 255) / 256 * 256;
     if (!u->base || !src)
         return NULL;
-    CU(u->c, cudaMemcpy(u->base + at, src, bytes, cudaMemcpyHostToDevice));
+    CU(u->c, cudaMemcpyAsync(u->base + at, src, bytes, cudaMemcpyHostToDevice, u->c->stream));
     return u->base + at;
 }
 
-static void put_weight(up_state *u, llm_weight *w)
+static void put_weight(up_state *u, const llm_weight *src, llm_weight *dst)
 {
-    w->data = put(u, w->data, (size_t)w->rows * w->row_bytes);
+    dst->data = put(u, src->data, (size_t)src->rows * src->row_bytes);
 }
 
 static const float *put_vec(up_state *u, const float *v, size_t n) { return v ? put(u, v, n * sizeof(float)) : NULL; }
 
-/* Walks every tensor of m (into d's pointers when u->base is set). */
+/* Walks every tensor of the host model m, setting d's pointers to their
+ * device copies (with u->base NULL: only the sizes are summed). */
 static void upload_all(up_state *u, const llm_model *m, llm_model *d)
 {
     const llm_hparams *hp = &m->hp;
     size_t E = (size_t)hp->n_embd, qd = (size_t)hp->n_head * hp->head_dim, kvd = (size_t)hp->n_head_kv * hp->head_dim;
     int tied = m->output.data == m->tok_embd.data;
-    put_weight(u, &d->tok_embd);
+    put_weight(u, &m->tok_embd, &d->tok_embd);
     if (tied)
         d->output.data = d->tok_embd.data;
     else
-        put_weight(u, &d->output);
+        put_weight(u, &m->output, &d->output);
     d->output_norm = put_vec(u, m->output_norm, E);
     d->rope_freqs = put_vec(u, m->rope_freqs, (size_t)hp->rot_dim / 2);
     for (int l = 0; l < hp->n_layer; l++) {
@@ -762,8 +793,9 @@ static void upload_all(up_state *u, const llm_model *m, llm_model *d)
         D->bq = put_vec(u, L->bq, qd);
         D->bk = put_vec(u, L->bk, kvd);
         D->bv = put_vec(u, L->bv, kvd);
-        llm_weight *ws[] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->w_gate, &D->w_up, &D->w_down};
-        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) put_weight(u, ws[i]);
+        const llm_weight *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        llm_weight *ds[] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->w_gate, &D->w_up, &D->w_down};
+        for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) put_weight(u, ms[i], ds[i]);
     }
 }
 
@@ -799,6 +831,20 @@ static llm_status cuda_model_upload(llm_backend *b, const llm_model *m, llm_mode
     cm->m.n_owned = 0;
     u = (up_state){c, cm->base, 0};
     upload_all(&u, m, &cm->m);
+    if (!c->failed)
+        CU(c, cudaStreamSynchronize(c->stream)); /* the copies read the host model: done before it may go */
+    if (!c->failed && m->rope_freqs) { /* cuda_rope computes the table from a host copy */
+        size_t nf = (size_t)m->hp.rot_dim / 2;
+        float *h = malloc(sizeof *h * nf);
+        if (h) {
+            memcpy(h, m->rope_freqs, sizeof *h * nf);
+            free(c->rope_host);
+            c->rope_host = h;
+            c->rope_dev = cm->m.rope_freqs;
+        } else {
+            keep_failure(c, LLM_ERR_NOMEM, "cuda backend: no host memory for the RoPE factors");
+        }
+    }
     llm_status st = take_status(c);
     if (st || track(c, cm->base, need)) {
         cudaFree(cm->base);
@@ -814,6 +860,9 @@ static llm_status cuda_model_upload(llm_backend *b, const llm_model *m, llm_mode
 static void cuda_model_release(llm_backend *b, llm_model *dev)
 {
     cu_model *cm = (cu_model *)dev;
+    cu_ctx *c = ctx_of(b);
+    if (c->rope_dev && c->rope_dev == cm->m.rope_freqs)
+        c->rope_dev = NULL;
     cuda_buffer_free(b, cm->base);
     free(cm->m.layers);
     free(cm);
@@ -934,6 +983,8 @@ static void cuda_free(llm_backend *b)
         cudaStreamDestroy(c->stream);
     free(c->allocs);
     free(c->pack);
+    free(c->rope_host);
+    free(c->freq);
     free(c);
     free(b);
 }

@@ -1,6 +1,7 @@
-/* elementwise.cu - SwiGLU, residual add and embedding rows: memory-bound
- * grid-stride loops. */
+/* elementwise.cu - SwiGLU, residual add and embedding rows (any weight
+ * type lk_weight_at reads): memory-bound grid-stride loops. */
 #include "common.cuh"
+#include "dequant.cuh"
 #include "llm_kernels.h"
 
 __global__ static void swiglu_kernel(const float *g, const float *u, size_t n, float *out)
@@ -21,21 +22,7 @@ __global__ static void get_rows_kernel(int type, const uint8_t *emb, size_t row_
 {
     const uint8_t *row = emb + (size_t)ids[blockIdx.x] * row_bytes;
     float *o = out + (size_t)blockIdx.x * cols;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float v;
-        if (type == 0) {
-            v = ((const float *)row)[c];
-        } else if (type == 1) {
-            v = lk_f16(((const uint16_t *)row)[c]);
-        } else if (type == 30) {
-            v = lk_bf16(((const uint16_t *)row)[c]);
-        } else { /* Q8_0: blocks of an f16 scale and 32 int8 */
-            const uint8_t *blk = row + (size_t)(c / 32) * 34;
-            uint16_t d = (uint16_t)(blk[0] | (blk[1] << 8));
-            v = lk_f16(d) * (float)(int8_t)blk[2 + c % 32];
-        }
-        o[c] = v;
-    }
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = lk_weight_at(type, row, c);
 }
 
 extern "C" int lk_swiglu(const float *gate, const float *up, size_t n, float *out, void *stream)
@@ -57,7 +44,7 @@ extern "C" int lk_add(float *y, const float *x, size_t n, void *stream)
 extern "C" int lk_get_rows(int type, const void *emb, size_t row_bytes, int cols, const int32_t *ids, int n,
                            float *out, void *stream)
 {
-    if (type != 0 && type != 1 && type != 8 && type != 30)
+    if (!lk_weight_type(type, cols))
         return LK_UNSUPPORTED;
     if (n <= 0 || cols <= 0)
         return 0;

@@ -1,7 +1,8 @@
 /* gemv.cu - y (n_tok, rows) = x (n_tok, cols) . W^T for small batches
  * (decode, n_tok <= 8) straight from the weights' storage type: one warp
  * per output row, every token of the batch against each weight read once.
- * F32/F16/BF16 rows are read with 16-byte loads, Q8_0 with four lanes per
+ * F32/F16/BF16 rows are read with 16-byte loads, Q4_0 a lane per block,
+ * Q8_0 with four lanes per
  * block (the warp reads contiguous bytes), Q4_K and Q6_K eight lanes per
  * 256-value super-block, a 32-value sub-block each (dequantized on the fly
  * as the CPU dequantizer does; activations stay float). x rows must be 16-byte
@@ -86,6 +87,22 @@ __device__ static void gemv_row(int type, const uint8_t *w, int cols, const floa
                 dot_q4_K_sub<T>(w + (size_t)b * 144, j, x, cols, b * 256 + j * 32, acc);
             else
                 dot_q6_K_sub<T>(w + (size_t)b * 210, j, x, cols, b * 256 + j * 32, acc);
+        }
+        return;
+    }
+    if (type == 2) { /* Q4_0: a lane per 18-byte block (d, 16 bytes: low nibbles values 0-15, high 16-31) */
+        for (int b = lane; b < cols / 32; b += 32) {
+            const uint8_t *blk = w + (size_t)b * 18;
+            float d = lk_f16((uint16_t)(blk[0] | (blk[1] << 8))), part[T];
+            for (int t = 0; t < T; t++) part[t] = 0.f;
+            for (int j = 0; j < 16; j++) {
+                float lo = (float)((blk[2 + j] & 0xf) - 8), hi = (float)((blk[2 + j] >> 4) - 8);
+                for (int t = 0; t < T; t++) {
+                    const float *xr = x + (size_t)t * cols + b * 32;
+                    part[t] += lo * xr[j] + hi * xr[j + 16];
+                }
+            }
+            for (int t = 0; t < T; t++) acc[t] += d * part[t];
         }
         return;
     }
@@ -175,9 +192,9 @@ static void launch(int type, const void *W, size_t row_bytes, int rows, int cols
 extern "C" int lk_gemv(int type, const void *W, size_t row_bytes, int rows, int cols, const float *x, int n_tok,
                        float *y, void *stream)
 {
-    int kq = type == 12 || type == 14;
-    if ((type != 0 && type != 1 && type != 8 && type != 30 && !kq) || (type == 8 && cols % 32) || (kq && cols % 256) ||
-        n_tok < 1 || n_tok > 8)
+    int kq = type == 12 || type == 14, q32 = type == 2 || type == 8;
+    if ((type != 0 && type != 1 && type != 30 && !q32 && !kq) || (q32 && cols % 32) || (kq && cols % 256) || n_tok < 1 ||
+        n_tok > 8)
         return LK_UNSUPPORTED;
     if (rows <= 0 || cols <= 0)
         return 0;

@@ -26,18 +26,20 @@ extern "C" {
 int lk_rmsnorm(const float *x, const float *w, int n_tok, int dim, float eps, float *out, void *stream);
 
 /* Rotates the first rot_dim dims of each head of x (n_tok, n_head *
- * head_dim) in place by position pos[t] * freq_scale; neox 0: adjacent
- * pairs (llama), 1: halves. freq_factors (rot_dim / 2) or NULL. */
-int lk_rope(float *x, int n_tok, int n_head, int head_dim, int rot_dim, const int32_t *pos, float theta,
-            float freq_scale, int neox, const float *freq_factors, void *stream);
+ * head_dim) in place: pair i of row t by the angle pos[t] * freq_scale *
+ * freq[i] (freq: rot_dim / 2 frequencies computed on the host, as the CPU
+ * backend computes them); neox 0: adjacent pairs (llama), 1: halves. */
+int lk_rope(float *x, int n_tok, int n_head, int head_dim, int rot_dim, const int32_t *pos, const float *freq,
+            float freq_scale, int neox, void *stream);
 
 /* out = silu(gate) * up; y += x (n elements). */
 int lk_swiglu(const float *gate, const float *up, size_t n, float *out, void *stream);
 int lk_add(float *y, const float *x, size_t n, void *stream);
 
-/* out (n, cols) = rows ids of the embedding table, dequantized; type is a
- * quant_type: F32 (0), F16 (1), Q8_0 (8), BF16 (30); others return
- * LK_UNSUPPORTED. */
+/* out (n, cols) = rows ids of the embedding table, dequantized as the CPU
+ * does; type is a quant_type: F32 (0), F16 (1), BF16 (30), Q4_0 (2),
+ * Q8_0 (8) (cols a multiple of 32), Q4_K (12), Q6_K (14) (cols a multiple
+ * of 256); others return LK_UNSUPPORTED. */
 #define LK_UNSUPPORTED (-1)
 int lk_get_rows(int type, const void *emb, size_t row_bytes, int cols, const int32_t *ids, int n, float *out,
                 void *stream);
@@ -75,9 +77,9 @@ int lk_attention_tc(const float *q, float *out, int n_tiles, const int32_t *tile
                     size_t row_bytes, int block_size, void *stream);
 
 /* y (n_tok, rows) = x (n_tok, cols) . W^T for 1 <= n_tok <= 8 (decode),
- * W rows of row_bytes in type F32 (0), F16 (1), BF16 (30), Q8_0 (8, cols
- * a multiple of 32), Q4_K (12) or Q6_K (14) (cols a multiple of 256);
- * activations stay float. */
+ * W rows of row_bytes in type F32 (0), F16 (1), BF16 (30), Q4_0 (2) or
+ * Q8_0 (8) (cols a multiple of 32), Q4_K (12) or Q6_K (14) (cols a
+ * multiple of 256); activations stay float. */
 int lk_gemv(int type, const void *W, size_t row_bytes, int rows, int cols, const float *x, int n_tok, float *y,
             void *stream);
 
@@ -97,9 +99,15 @@ int lk_add_bias(float *x, const float *bias, int n_tok, int dim, void *stream);
  * lowest id); LK_SAMPLE_NAN when the row holds a NaN. */
 int lk_argmax(const float *logits, int n_rows, int n_vocab, int32_t *out, void *stream);
 
+/* Temperatures below this are argmax (the engine's
+ * LLM_SAMPLING_GREEDY_BELOW): sampling at T -> 0 would pick among tied
+ * maxima where the host picks the lowest id. */
+#define LK_SAMPLE_GREEDY_BELOW 1e-5f
+
 /* Per-row sampling settings (the layout of llm_sample_params in
- * llm/backend.h): temperature <= 0 is argmax; top_k <= 0, top_p >= 1 and
- * min_p <= 0 are off; u in [0, 1) is the row's uniform draw. */
+ * llm/backend.h): temperature below LK_SAMPLE_GREEDY_BELOW (or NaN) is
+ * argmax; top_k <= 0, top_p >= 1 and min_p <= 0 are off; u in [0, 1) is
+ * the row's uniform draw. */
 typedef struct lk_sample_params {
     float temperature;
     int top_k;

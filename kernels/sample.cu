@@ -150,7 +150,7 @@ __global__ static void sample_kernel(const float *logits, int n_vocab, const lk_
     __shared__ int pick, last_any;
     const float *row = logits + (size_t)blockIdx.x * n_vocab;
     lk_sample_params p = params[blockIdx.x];
-    if (p.temperature <= 0.f) {
+    if (!(p.temperature >= LK_SAMPLE_GREEDY_BELOW)) { /* the host's rule: tiny (or NaN) T is greedy, ties to the lowest id */
         row_argmax(row, n_vocab, out + blockIdx.x);
         return;
     }

@@ -30,6 +30,7 @@
 #ifndef LLM_BACKEND_H
 #define LLM_BACKEND_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -87,6 +88,16 @@ typedef struct llm_rope_args {
     int neox;          /* 0: adjacent pairs (llama); 1: halves (qwen2, neox) */
     const float *freq_factors; /* (rot_dim / 2) divisors of each frequency (Llama 3.1+), or NULL */
 } llm_rope_args;
+
+/* The rotary frequency of each of the rot_dim / 2 pairs,
+ * theta^(-2i / rot_dim) / factors[i] (factors NULL: 1), computed on the
+ * host by every backend, so all rotate by the same angles (a device's
+ * powf is not correctly rounded). */
+static inline void llm_rope_freq_table(float theta, int rot_dim, const float *factors, float *freq)
+{
+    for (int i = 0; i < rot_dim / 2; i++)
+        freq[i] = powf(theta, -2.0f * (float)i / (float)rot_dim) / (factors ? factors[i] : 1.0f);
+}
 
 /* One output of a matmul group: y (n_tok, w->rows). */
 typedef struct llm_matmul {

@@ -1,0 +1,48 @@
+#!/bin/sh
+# tests/cudasim/check_models.sh BUILD - whole models through the CUDA
+# backend on the CUDA-on-CPU emulator (make cudasim):
+#   - tests/gpu/check_model: logits after a prompt (the cuBLAS path) and
+#     after single steps (the GEMV path) against the CPU backend, and
+#     greedy tokens, on stories260K (../shared) and llm-mkmodel's tiny
+#     model in every weight type the backend takes;
+#   - the engine's decode steps (device sampling, CUDA graphs captured and
+#     replayed) through llm-bench: the same ids with graphs, without them
+#     (LLM_CUDA_GRAPHS=0) and on the CPU backend.
+# Exit status: the number of failed checks.
+set -u
+b=${1:-build}
+lib=$b/cudasim/libllm_cuda.so
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fails=0
+fail() { echo "FAILED: $*"; fails=$((fails + 1)); }
+
+models=""
+story="${LLM_SHARED:-../shared}/models/stories260K.gguf"
+if [ -s "$story" ]; then models="$story"; else echo "check_models: $story not present: stories260K skipped"; fi
+for t in F32 BF16 F16 Q8_0 Q4_0 Q4_K; do
+    if "$b/bin/llm-mkmodel" --shape tiny --type $t -o "$dir/tiny-$t.gguf" >/dev/null 2>&1; then
+        models="$models $dir/tiny-$t.gguf"
+    else
+        fail "llm-mkmodel tiny $t"
+    fi
+done
+
+echo "== check_model on the emulator (CUDA backend vs CPU backend)"
+for m in $models; do
+    LLM_CUDA_LIB=$lib "$b/tests/check_model" "$m" -n 32 || fail "check_model $m"
+done
+
+echo "== decode steps: CUDA graphs, eager steps and the CPU backend pick the same ids"
+m="$dir/tiny-F32.gguf"
+bench() { "$b/bin/llm-bench" -m "$m" --batch 1,4,16 -p 16 -n 8 --prefill 0 "$@" 2>&1 | grep -o "decode_batch=[0-9]* .*ids_sum=[0-9-]*" | sed 's/ ctx.*ids_sum/ ids_sum/'; }
+graphs=$(LLM_CUDA_LIB=$lib bench --backend cuda)
+eager=$(LLM_CUDA_GRAPHS=0 LLM_CUDA_LIB=$lib bench --backend cuda)
+cpu=$(bench)
+echo "graphs: $(echo $graphs)"
+echo "eager:  $(echo $eager)"
+echo "cpu:    $(echo $cpu)"
+[ -n "$graphs" ] && [ "$graphs" = "$eager" ] || fail "graphs and eager steps picked different ids"
+[ -n "$cpu" ] && [ "$graphs" = "$cpu" ] || fail "the CUDA backend and the CPU backend picked different ids"
+echo "check_models: $fails failure(s)"
+exit $fails
