@@ -91,7 +91,7 @@ const char *cublasGetStatusString(cublasStatus_t s)
 }
 
 typedef struct gemm_op {
-    int ta, tb, m, n, k, lda, ldb, ldc, dt;
+    int ta, tb, m, n, k, lda, ldb, ldc, dt, tf32;
     float alpha, beta;
     const void *A, *B;
     float *C;
@@ -129,6 +129,18 @@ static float elem(int dt, const void *p, size_t i)
     return f;
 }
 
+/* An F32 input as the tensor cores read it under FAST_TF32: 10 mantissa
+ * bits, rounded to nearest (ties away, as the hardware's conversion). */
+static float tf32(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7f800000u) != 0x7f800000u)
+        x = (x + 0x1000u) & 0xffffe000u;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
 static size_t extent(int trans, int rows, int cols, int ld) /* elements a column-major op(X) rows x cols spans */
 {
     return trans ? (size_t)(rows - 1) * (size_t)ld + (size_t)cols : (size_t)(cols - 1) * (size_t)ld + (size_t)rows;
@@ -157,11 +169,15 @@ static void gemm_run(sim_op *op)
         return;
     }
     for (int i = 0; i < g->m; i++) /* op(A) as row i, k contiguous */
-        for (int l = 0; l < g->k; l++)
-            a[(size_t)i * g->k + l] = elem(g->dt, g->A, g->ta ? (size_t)l + (size_t)i * g->lda : (size_t)i + (size_t)l * g->lda);
+        for (int l = 0; l < g->k; l++) {
+            float v = elem(g->dt, g->A, g->ta ? (size_t)l + (size_t)i * g->lda : (size_t)i + (size_t)l * g->lda);
+            a[(size_t)i * g->k + l] = g->tf32 ? tf32(v) : v;
+        }
     for (int j = 0; j < g->n; j++) /* op(B) as column j */
-        for (int l = 0; l < g->k; l++)
-            b[(size_t)j * g->k + l] = elem(g->dt, g->B, g->tb ? (size_t)j + (size_t)l * g->ldb : (size_t)l + (size_t)j * g->ldb);
+        for (int l = 0; l < g->k; l++) {
+            float v = elem(g->dt, g->B, g->tb ? (size_t)j + (size_t)l * g->ldb : (size_t)l + (size_t)j * g->ldb);
+            b[(size_t)j * g->k + l] = g->tf32 ? tf32(v) : v;
+        }
     for (int j = 0; j < g->n; j++)
         for (int i = 0; i < g->m; i++) {
             float acc = 0.f;
@@ -188,14 +204,17 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     if (m < 0 || n < 0 || k < 0 || !alpha || !beta || lda < (tra ? (k > 1 ? k : 1) : (m > 1 ? m : 1)) ||
         ldb < (trb ? (n > 1 ? n : 1) : (k > 1 ? k : 1)) || ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
-    if (at != bt || ct != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F ||
-        (at != CUDA_R_32F && at != CUDA_R_16F && at != CUDA_R_16BF))
+    if (at != bt || ct != CUDA_R_32F || (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_FAST_TF32) ||
+        (at != CUDA_R_32F && at != CUDA_R_16F && at != CUDA_R_16BF) || (compute == CUBLAS_COMPUTE_32F_FAST_TF32 && at != CUDA_R_32F))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     sim_lock();
     cudaError_t e = sim_prologue();
+    if (!e)
+        e = sim_injected("cublasGemmEx");
     sim_op *op = e ? NULL : sim_op_new(&gemm_kind, sizeof(gemm_op));
     if (op) {
-        *SIM_PAYLOAD(op, gemm_op) = (gemm_op){tra, trb, m, n, k, lda, ldb, ldc, (int)at, *(const float *)alpha,
+        *SIM_PAYLOAD(op, gemm_op) = (gemm_op){tra, trb, m, n, k, lda, ldb, ldc, (int)at,
+                                             compute == CUBLAS_COMPUTE_32F_FAST_TF32, *(const float *)alpha,
                                              *(const float *)beta, A, B, C};
         sim_enqueue(sim_stream_of(h->stream), op);
     }

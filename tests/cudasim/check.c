@@ -669,6 +669,12 @@ static struct sigaction prev_segv;
 static void on_segv(int sig, siginfo_t *si, void *uc)
 {
     uintptr_t a = (uintptr_t)si->si_addr;
+    sim_alloc *al = sim_find(a); /* no lock: the faulting thread may hold it; the process is going down */
+    if (al && al->dev < 0 && al->prot) {
+        static const char msg[] = "cudasim: host code touched pinned memory that queued device work has yet to read or "
+                                  "write (synchronize the stream before using it)\n";
+        (void)!write(2, msg, sizeof msg - 1);
+    }
     for (int d = 0; d < sim.n_devs; d++)
         if (sim.dev[d].arena && a >= (uintptr_t)sim.dev[d].arena && a < (uintptr_t)sim.dev[d].arena + sim.dev[d].arena_bytes) {
             static const char msg[] = "cudasim: host code dereferenced a device pointer (memory of cudaMalloc is not "

@@ -105,6 +105,8 @@ cudaError_t cusim_launch(const char *name, const void *fn, uint3 grid, uint3 blk
     sim_lock();
     cudaError_t e = sim_prologue();
     if (!e)
+        e = sim_injected("cusim_launch");
+    if (!e)
         e = launch_check(name, fn, grid, blk, smem);
     sim_op *op = e ? NULL : sim_op_new(&kernel_kind, sizeof(sim_kernel) + closure_bytes);
     if (!e && !op)

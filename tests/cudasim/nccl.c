@@ -226,7 +226,7 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     sim_lock();
     ncclResult_t res = ncclSuccess;
     sim_stream *s = (sim_stream *)st;
-    if (sim_prologue())
+    if (sim_prologue() || sim_injected("ncclAllReduce"))
         res = ncclUnhandledCudaError;
     else if (!s || s->dev != comm->dev || sim_device_ptr(send, count * 4, comm->dev, "ncclAllReduce send buffer") ||
              sim_device_ptr(recv, count * 4, comm->dev, "ncclAllReduce receive buffer"))

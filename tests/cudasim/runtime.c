@@ -37,6 +37,8 @@ void sim_lock(void) { pthread_mutex_lock(&sim.mu); }
 void sim_unlock(void) { pthread_mutex_unlock(&sim.mu); }
 int sim_cur_dev(void) { return tl_dev; }
 
+static void inject_parse(void);
+
 static long env_long(const char *name, long dflt, long lo, long hi)
 {
     const char *v = getenv(name);
@@ -66,6 +68,7 @@ static void sim_init(void)
     sim.math_exact = m && !strcmp(m, "exact");
     sim.poison = env_long("CUSIM_POISON", 1, 0, 1) != 0;
     sim.quiet = env_long("CUSIM_QUIET", 0, 0, 1) != 0;
+    inject_parse();
     for (int d = 0; d < sim.n_devs; d++) {
         sim_dev *dv = &sim.dev[d];
         dv->total = sim.mem_bytes;
@@ -85,6 +88,53 @@ cudaError_t sim_set_error(cudaError_t e)
     return e;
 }
 
+/* ---- injected failures ----------------------------------------------------- */
+
+/* CUSIM_FAIL=NAME:N[,NAME:N...]: the Nth call (1: the first) of NAME
+ * fails, with the error that call would plausibly give, so the error
+ * paths of the code under test can be driven; other calls are untouched.
+ * NAME is any emulated call (cudaStreamBeginCapture, cudaGraphLaunch,
+ * cudaMalloc, cublasGemmEx, ncclAllReduce, cusim_launch for a kernel
+ * launch...). */
+static struct {
+    char name[48];
+    long nth, seen;
+} inject[8];
+static int n_inject;
+
+static void inject_parse(void)
+{
+    const char *v = getenv("CUSIM_FAIL");
+    while (v && *v && n_inject < 8) {
+        const char *colon = strchr(v, ':'), *comma = strchr(v, ',');
+        if (!colon || (comma && comma < colon) || colon - v >= 48) {
+            fprintf(stderr, "cudasim: CUSIM_FAIL=%s: want NAME:N[,NAME:N]\n", getenv("CUSIM_FAIL"));
+            return;
+        }
+        memcpy(inject[n_inject].name, v, (size_t)(colon - v));
+        inject[n_inject].name[colon - v] = 0;
+        inject[n_inject++].nth = strtol(colon + 1, NULL, 10);
+        v = comma ? comma + 1 : NULL;
+    }
+}
+
+cudaError_t sim_injected(const char *name)
+{
+    for (int i = 0; i < n_inject; i++)
+        if (!strcmp(inject[i].name, name) && ++inject[i].seen == inject[i].nth) {
+            if (!sim.quiet)
+                fprintf(stderr, "cudasim: call %ld of %s fails (CUSIM_FAIL)\n", inject[i].nth, name);
+            if (!strcmp(name, "cudaMalloc") || !strcmp(name, "cudaMallocHost"))
+                return cudaErrorMemoryAllocation;
+            if (!strcmp(name, "cudaStreamBeginCapture"))
+                return cudaErrorStreamCaptureUnsupported;
+            if (!strcmp(name, "cudaGraphLaunch") || !strcmp(name, "cusim_launch"))
+                return cudaErrorLaunchFailure;
+            return cudaErrorUnknown;
+        }
+    return cudaSuccess;
+}
+
 /* Every call starts here (lock held): first use sets up; a device fault
  * answers every call. */
 cudaError_t sim_prologue(void)
@@ -98,6 +148,8 @@ cudaError_t sim_prologue(void)
     sim_lock();                                  \
     do {                                         \
         cudaError_t e_ = sim_prologue();         \
+        if (!e_)                                 \
+            e_ = sim_injected(__func__);         \
         if (e_) {                                \
             sim_unlock();                        \
             return sim_set_error(e_);            \
@@ -259,20 +311,33 @@ static void table_remove(sim_alloc *al)
 
 /* ---- arenas ------------------------------------------------------------------ */
 
+static void pinned_apply(sim_alloc *al);
+
+static void pinned_apply_all(void)
+{
+    for (int i = 0; i < sim.n_allocs; i++)
+        if (sim.allocs[i]->dev < 0)
+            pinned_apply(sim.allocs[i]);
+}
+
 void sim_exec_enter(void)
 {
-    if (sim.exec_depth++ == 0)
+    if (sim.exec_depth++ == 0) {
         for (int d = 0; d < sim.n_devs; d++)
             if (sim.dev[d].arena)
                 mprotect(sim.dev[d].arena, sim.dev[d].arena_bytes, PROT_READ | PROT_WRITE);
+        pinned_apply_all();
+    }
 }
 
 void sim_exec_leave(void)
 {
-    if (--sim.exec_depth == 0)
+    if (--sim.exec_depth == 0) {
         for (int d = 0; d < sim.n_devs; d++)
             if (sim.dev[d].arena)
                 mprotect(sim.dev[d].arena, sim.dev[d].arena_bytes, PROT_NONE);
+        pinned_apply_all();
+    }
 }
 
 /* First fit in the sorted free list; the arena's tail is free from the
@@ -504,12 +569,33 @@ static void pending_one(int *count, sim_stream **on, sim_stream *s, int add)
         *on = !*on || *on == s ? s : SIM_STREAMS;
 }
 
+/* Pinned host memory that queued work will write is not the host's to
+ * read, nor to write while queued work will read it: it is protected
+ * until the work has run (while device work runs, the emulator itself
+ * reads and writes it). A host that reads results before synchronising
+ * gets a SIGSEGV naming the mistake, where a device would hand it stale
+ * data. */
+static void pinned_apply(sim_alloc *al)
+{
+    if (al->dev >= 0)
+        return;
+    int want = sim.exec_depth > 0 ? 0 : al->pend_w > 0 ? 2 : al->pend_r > 0 ? 1 : 0;
+    if (want == al->prot)
+        return;
+    if (!mprotect((void *)al->base, al->span, want == 0 ? PROT_READ | PROT_WRITE : want == 1 ? PROT_READ : PROT_NONE))
+        al->prot = want;
+}
+
 void sim_pending_note(sim_op *op, int add)
 {
-    if (op->w)
+    if (op->w) {
         pending_one(&op->w->pend_w, &op->w->pend_ws, op->stream, add);
-    if (op->r)
+        pinned_apply(op->w);
+    }
+    if (op->r) {
         pending_one(&op->r->pend_r, &op->r->pend_rs, op->stream, add);
+        pinned_apply(op->r);
+    }
 }
 
 static int graph_add(sim_graph *g, sim_op *op)
@@ -635,7 +721,7 @@ static sim_alloc *alloc_new(uintptr_t base, size_t bytes, size_t span, int dev, 
     sim_alloc *al = calloc(1, sizeof *al);
     if (!al)
         return NULL;
-    *al = (sim_alloc){base, bytes, span, dev, ++sim.serial, caller, 0, 0, NULL, NULL};
+    *al = (sim_alloc){base, bytes, span, dev, ++sim.serial, caller, 0, 0, NULL, NULL, 0};
     if (table_add(al)) {
         free(al);
         return NULL;
@@ -723,6 +809,8 @@ cudaError_t cudaFreeHost(void *p)
     if (!al || al->base != (uintptr_t)p || al->dev >= 0)
         LEAVE(cudaErrorInvalidValue);
     for (int d = 0; d < sim.n_devs; d++) flush_device(d);
+    if (al->pend_w || al->pend_r) /* queued on a stream that could not run (a sticky fault dropped it) */
+        LEAVE(sim.sticky ? sim.sticky : cudaErrorIllegalState);
     table_remove(al);
     munmap((void *)al->base, al->span);
     free(al);
@@ -812,8 +900,7 @@ static cudaError_t copy_check(void *dst, const void *src, size_t bytes, enum cud
     return cudaSuccess;
 }
 
-static cudaError_t copy_enqueue(sim_stream *s, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
-                                int snapshot)
+static cudaError_t copy_enqueue(sim_stream *s, void *dst, const void *src, size_t bytes, int snapshot)
 {
     sim_op *op = sim_op_new(&copy_kind, sizeof(copy_op));
     if (!op)
@@ -828,10 +915,11 @@ static cudaError_t copy_enqueue(sim_stream *s, void *dst, const void *src, size_
         }
         memcpy(c->snapshot, src, bytes);
     }
-    if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice)
-        op->w = sim_find((uintptr_t)dst);
-    if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice)
-        op->r = sim_find((uintptr_t)src);
+    /* what it will write and read when it runs: device memory, and pinned
+     * host memory (pageable sources were copied above; pageable
+     * destinations are written before the call returns) */
+    op->w = sim_find((uintptr_t)dst);
+    op->r = snapshot ? NULL : sim_find((uintptr_t)src);
     sim_enqueue(s, op);
     return cudaSuccess;
 }
@@ -854,7 +942,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
     if (kind != cudaMemcpyDeviceToDevice && sim_flush(s))
         LEAVE(sim.sticky);
     int pinned = kind == cudaMemcpyHostToDevice && is_pinned(src, bytes);
-    e = copy_enqueue(s, dst, src, bytes, kind, kind == cudaMemcpyHostToDevice && !pinned);
+    e = copy_enqueue(s, dst, src, bytes, kind == cudaMemcpyHostToDevice && !pinned);
     if (!e && (kind == cudaMemcpyDeviceToHost || pinned) && sim_flush(s))
         e = sim.sticky;
     LEAVE(e);
@@ -880,7 +968,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
         capture_invalidate(s, "cudaMemcpyAsync with pageable host memory");
         LEAVE(cudaErrorStreamCaptureUnsupported);
     }
-    e = copy_enqueue(s, dst, src, bytes, kind, kind == cudaMemcpyHostToDevice && host_pageable);
+    e = copy_enqueue(s, dst, src, bytes, kind == cudaMemcpyHostToDevice && host_pageable);
     if (!e && kind == cudaMemcpyDeviceToHost && host_pageable && sim_flush(s))
         e = sim.sticky;
     LEAVE(e);

@@ -32,6 +32,7 @@ typedef struct sim_alloc {
     void *caller;        /* return address of cudaMalloc's caller */
     int pend_w, pend_r;  /* queued copies that will write / read it */
     sim_stream *pend_ws, *pend_rs; /* the stream they are on (SIM_STREAMS: several) */
+    int prot;            /* pinned: 0 read-write, 1 read-only (a queued copy reads it), 2 none (one writes it) */
 } sim_alloc;
 
 /* ---- work ---------------------------------------------------------------- */
@@ -122,6 +123,7 @@ sim_op *sim_op_new(const sim_op_kind *k, size_t payload);
 void sim_enqueue(sim_stream *s, sim_op *op); /* or into the capture */
 sim_stream *sim_stream_of(cudaStream_t s);  /* NULL: the current device's legacy stream */
 cudaError_t sim_prologue(void);              /* init; the sticky error */
+cudaError_t sim_injected(const char *name);  /* CUSIM_FAIL: this call of name fails */
 cudaError_t sim_set_error(cudaError_t e);    /* the thread's last error */
 int sim_flush(sim_stream *s);                /* runs s's queue; 0 ok */
 int sim_run_head(sim_stream *s);             /* one op: 0 ran, 1 a waiting collective, -1 none */

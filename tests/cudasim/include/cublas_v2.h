@@ -1,7 +1,8 @@
 /* cublas_v2.h (cudasim) - the cuBLAS calls engine/backend_cuda.c makes,
  * for the CUDA-on-CPU emulator (tests/cudasim/blas.c): a handle bound to
  * a stream and a workspace, and cublasGemmEx in column-major order with
- * FP32 (or F16/BF16 inputs with FP32) accumulation. Numeric values as in
+ * FP32 accumulation (F32, F16 or BF16 inputs; FAST_TF32 rounds F32
+ * inputs to TF32 first). Numeric values as in
  * CUDA 13's headers. */
 #ifndef CUSIM_CUBLAS_V2_H
 #define CUSIM_CUBLAS_V2_H
@@ -28,7 +29,7 @@ typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 } cublasOperati
 
 typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType;
 
-typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77 } cublasComputeType_t;
 
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 
