@@ -312,7 +312,10 @@ $(SIM)/bugs.o: tests/cudasim/bugs.cu $(SIM_HDR)
 $(SIM)/test_cudasim: tests/cudasim/test_cudasim.c $(SIM)/bugs.o $(SIM_LIB) $(SIM_HDR)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $(SIM_INC) -Itests/unit $< $(SIM)/bugs.o $(SIM_LIB) -lcmocka $(LDLIBS) -o $@
-SIM_BIN = $(SIM)/test_cudasim $(SIM)/check_kernels $(SIM)/libllm_cuda.so $(BUILD)/tests/check_model
+$(SIM)/test_backend: tests/cudasim/test_backend.c $(LIB) tests/unit/testutil.h
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) -Itests/unit $< $(LIB) -lcmocka $(LDLIBS) -o $@
+SIM_BIN = $(SIM)/test_cudasim $(SIM)/test_backend $(SIM)/check_kernels $(SIM)/libllm_cuda.so $(BUILD)/tests/check_model
 $(BUILD)/tests/check_model: tests/gpu/check_model.c $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
@@ -322,6 +325,7 @@ $(BUILD)/tests/check_model: tests/gpu/check_model.c $(LIB)
 # models through the CUDA backend against the CPU backend, on the CPU.
 cudasim: $(SIM_BIN) $(BUILD)/bin/llm-mkmodel
 	@$(SIM)/test_cudasim
+	@LLM_CUDA_LIB=$(SIM)/libllm_cuda.so $(SIM)/test_backend
 	@echo "== check_kernels on the emulator"
 	@CHECK_QUICK=1 $(SIM)/check_kernels
 	@sh tests/cudasim/check_models.sh $(BUILD)

@@ -64,7 +64,8 @@ enum { CU_EAGER, CU_CAPTURE, CU_REPLAY };
 
 typedef struct cu_graph {
     int key[4];
-    int state;                /* 1: seen once (ran eagerly); 2: captured; -1: capture failed */
+    int state;                /* 1: seen once (ran eagerly); 2: captured; -1: runs eagerly (capture failed, or too big) */
+    size_t need;              /* arena entries its steps use (counted in the eager step) */
     cudaGraphExec_t exec;
 } cu_graph;
 
@@ -76,8 +77,12 @@ typedef struct cu_graphs {
     int n;
     int32_t *h_arena, *d_arena; /* pinned host and device, CU_ARENA_INTS each */
     size_t used;
-    size_t last_off[8], last_n[8]; /* per staging kind: this step's last region */
-    const int32_t *last_src[8];    /* ... and the host array it came from (reused for the same array, unchanged) */
+    size_t last_off[ST_KINDS], last_n[ST_KINDS]; /* per staging kind: this step's last region */
+    const int32_t *last_src[ST_KINDS];    /* ... and the host array it came from (reused for the same array, unchanged) */
+    cu_graph *warm;           /* the shape whose first (eager) step runs: its arena use is counted */
+    size_t count_used, count_n[ST_KINDS];
+    const int32_t *count_src[ST_KINDS];
+    uint64_t count_hash[ST_KINDS];
     int pad;                  /* this step's attention pads its tables to max_len (a graph's shape, or its warm-up) */
     int32_t *h_ids, *d_ids;   /* the picked ids: pinned host, device (512 rows) */
     int max_len;              /* the step's context bucket (attention pads to it) */
@@ -132,11 +137,15 @@ static int fn_len(const char *call)
     return n < 64 ? (int)n : 64;
 }
 
-/* Keeps the first failure; returns 1 when `e` is one. */
+/* Keeps the first failure; returns 1 when `e` is one. The runtime's
+ * last-error slot is cleared too: a failure that is not sticky would
+ * otherwise be reported again by the next kernel launch's check
+ * (lk_status reads cudaGetLastError) and fail an unrelated step. */
 static int fail_cuda(cu_ctx *c, cudaError_t e, const char *call)
 {
     if (e == cudaSuccess)
         return 0;
+    (void)cudaGetLastError();
     keep_failure(c, e == cudaErrorMemoryAllocation ? LLM_ERR_NOMEM : LLM_ERR_BACKEND, "%.*s on %s: %.200s", fn_len(call),
                  call, c->name, cudaGetErrorString(e));
     return 1;
@@ -330,10 +339,34 @@ static const int32_t *stage_arena(cu_ctx *c, int kind, const int32_t *h, size_t 
     return g->d_arena + off;
 }
 
+static uint64_t hash_ints(const int32_t *h, size_t n)
+{
+    uint64_t x = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) x = (x ^ (uint32_t)h[i]) * 1099511628211ull;
+    return x;
+}
+
+/* What stage_arena would take for this array in a captured step of the
+ * shape whose eager first step runs now: the same regions, reused on the
+ * same terms (same array, same contents), so a shape whose indices cannot
+ * fit is never captured (it runs eagerly) instead of failing its steps. */
+static void arena_count(cu_graphs *g, int kind, const int32_t *h, size_t n)
+{
+    uint64_t hs = hash_ints(h, n);
+    if (g->count_src[kind] == h && g->count_n[kind] == n && n && g->count_hash[kind] == hs)
+        return;
+    g->count_used = (g->count_used + 7) / 8 * 8 + n;
+    g->count_src[kind] = h;
+    g->count_n[kind] = n;
+    g->count_hash[kind] = hs;
+}
+
 static const int32_t *stage(cu_ctx *c, int kind, const int32_t *h, size_t n)
 {
     if (c->g.mode != CU_EAGER)
         return stage_arena(c, kind, h, n);
+    if (c->g.warm)
+        arena_count(&c->g, kind, h, n);
     cu_stage *s = &c->stage[kind];
     if (n == s->n && s->dev && !memcmp(h, s->host, n * sizeof *h))
         return s->dev;
@@ -366,6 +399,7 @@ static void graphs_drop(cu_ctx *c)
             cudaGraphExecDestroy(c->g.list[i].exec);
     c->g.n = 0;
     c->g.cur = NULL;
+    c->g.warm = NULL;
 }
 
 /* A failed or abandoned step: an open capture is closed and its shape is
@@ -405,6 +439,7 @@ static void cuda_step_begin(llm_backend *b, const llm_step_info *si)
     if (g->mode != CU_EAGER)
         graph_abort(c); /* the last step ended without its pick */
     g->pad = 0;
+    g->warm = NULL;
     if (c->in_comm || !si->pick || !si->decode || si->n_rows > 512 || c->failed)
         return;
     /* a graph's shape: padded attention whether or not graphs are on, so
@@ -419,10 +454,20 @@ static void cuda_step_begin(llm_backend *b, const llm_step_info *si)
         return;
     if (e->state == 0) { /* first of its shape: eager, sizing the buffers as the graph will use them */
         e->state = 1;
+        g->warm = e;
+        g->count_used = 0;
+        memset(g->count_src, 0, sizeof g->count_src);
         return;
     }
-    if (e->state == 1 && CU(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal)))
+    if (e->state == 1 && e->need > CU_ARENA_INTS) {
+        e->state = -1; /* e.g. 512 sequences at a 32768 bucket: the tables alone are 2^20 entries */
         return;
+    }
+    if (e->state == 1 && cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not the step's failure: this shape runs eagerly from now on */
+        e->state = -1;
+        return;
+    }
     g->mode = e->state == 1 ? CU_CAPTURE : CU_REPLAY;
     g->cur = e;
     g->used = 0;
@@ -452,9 +497,17 @@ static llm_status graph_finish(cu_ctx *c, const int32_t *dp, int n_rows, int n_v
         g->cur->state = 2;
     }
     g->mode = CU_EAGER;
-    if (!CU(c, cudaMemcpyAsync(g->d_arena, g->h_arena, g->used * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream)) &&
-        !CU(c, cudaGraphLaunch(g->cur->exec, c->stream)) && !CU(c, cudaStreamSynchronize(c->stream)))
+    int launched = !CU(c, cudaMemcpyAsync(g->d_arena, g->h_arena, g->used * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                          c->stream)) &&
+                   !CU(c, cudaGraphLaunch(g->cur->exec, c->stream));
+    /* synchronised even when the launch failed: the queued arena copy reads
+     * the pinned arena, which the next step rewrites */
+    if (!CU(c, cudaStreamSynchronize(c->stream)) && launched)
         memcpy(out, g->h_ids, sizeof(int32_t) * (size_t)n_rows);
+    if (!launched) { /* this shape's graph is not used again */
+        cudaGraphExecDestroy(g->cur->exec);
+        g->cur->state = -1;
+    }
     return take_status(c);
 }
 
@@ -488,8 +541,17 @@ static int gemv_type(quant_type t)
     return t == QT_F32 || t == QT_F16 || t == QT_BF16 || t == QT_Q4_0 || t == QT_Q8_0 || t == QT_Q4_K || t == QT_Q6_K;
 }
 
+/* Quantized weights are dequantized to F32 in slabs of at most this many
+ * bytes per cuBLAS call (the scratch stays this size whatever the matrix:
+ * an 8B model's output matrix would be 2 GiB). */
+#define CU_SLAB_BYTES ((size_t)64 << 20)
+
 /* y (n_tok, rows) = x . W^T through cuBLAS (column-major: C = A^T B with
- * A = W as (cols, rows), B = x as (cols, n_tok)). */
+ * A = W as (cols, rows), B = x as (cols, n_tok)). F32 weights as they are;
+ * F16/BF16 weights with the activations rounded to that type (F16: exact
+ * only while |x| < 65504); quantized weights dequantized to F32, slab by
+ * slab of rows, against float activations with TF32 tensor-core math
+ * (float range: activations above 65504 stay finite). */
 static void gemm(cu_ctx *c, const llm_weight *w, const float *x, int n_tok, float *y)
 {
     int rows = (int)w->rows, cols = (int)w->cols;
@@ -499,22 +561,27 @@ static void gemm(cu_ctx *c, const llm_weight *w, const float *x, int n_tok, floa
                              CUDA_R_32F, cols, &zero, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return;
     }
-    int bf16 = w->type == QT_BF16, native = bf16 || w->type == QT_F16;
-    size_t xb = (size_t)n_tok * cols * 2, wb = native ? 0 : (size_t)rows * cols * 2;
-    char *s = scratch(c, xb + wb);
-    if (!s)
-        return;
-    const void *A = w->data;
-    if (!native) {
-        if (LK(c, lk_dequant_f16((int)w->type, w->data, w->row_bytes, rows, cols, s + xb, c->stream)))
+    if (w->type == QT_F16 || w->type == QT_BF16) {
+        int bf16 = w->type == QT_BF16;
+        char *s = scratch(c, (size_t)n_tok * cols * 2);
+        if (!s || LK(c, lk_to_half(x, (size_t)n_tok * cols, bf16, s, c->stream)))
             return;
-        A = s + xb;
-    }
-    if (LK(c, lk_to_half(x, (size_t)n_tok * cols, bf16, s, c->stream)))
+        cudaDataType ht = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+        BLAS(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n_tok, cols, &one, w->data, ht, cols, s, ht, cols,
+                             &zero, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return;
-    cudaDataType ht = bf16 ? CUDA_R_16BF : CUDA_R_16F;
-    BLAS(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n_tok, cols, &one, A, ht, cols, s, ht, cols, &zero, y,
-                         CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    int slab = (int)(CU_SLAB_BYTES / ((size_t)cols * sizeof(float)));
+    slab = slab < 1 ? 1 : slab > rows ? rows : slab;
+    float *s = scratch(c, (size_t)slab * cols * sizeof(float));
+    for (int r0 = 0; s && r0 < rows && !c->failed; r0 += slab) {
+        int n = rows - r0 < slab ? rows - r0 : slab;
+        if (LK(c, lk_dequant_f32((int)w->type, (const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, n, cols,
+                                 s, c->stream)))
+            return;
+        BLAS(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, n, n_tok, cols, &one, s, CUDA_R_32F, cols, x, CUDA_R_32F,
+                             cols, &zero, y + r0, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+    }
 }
 
 static llm_status cuda_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok)
@@ -729,6 +796,10 @@ static llm_status cuda_sample(llm_backend *b, const float *logits, int n_rows, i
     const int32_t *dp = stage(c, ST_SAMPLE, (const int32_t *)p, (size_t)n_rows * sizeof *p / 4);
     if (c->g.mode != CU_EAGER)
         return dp ? graph_finish(c, dp, n_rows, n_vocab, logits, out) : take_status(c);
+    if (c->g.warm) { /* the shape's eager step ends here: what a capture would take */
+        c->g.warm->need = c->g.count_used;
+        c->g.warm = NULL;
+    }
     int32_t *d = (int32_t *)scratch(c, sizeof(int32_t) * (size_t)n_rows);
     if (dp && d && !LK(c, lk_sample(logits, n_rows, n_vocab, (const lk_sample_params *)dp, d, c->stream)) &&
         !CU(c, cudaMemcpyAsync(out, d, sizeof(int32_t) * (size_t)n_rows, cudaMemcpyDeviceToHost, c->stream)))

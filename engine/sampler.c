@@ -142,10 +142,13 @@ static void apply_penalties(llm_sampler *s)
             s->counts[s->hist[i]] = -s->counts[s->hist[i]];
 }
 
+/* The lowest id of the largest value; NaN never wins (as on the device).
+ * Callers reject NaN logits first, so this is only consistency. */
 static int32_t argmax(const float *v, int n)
 {
     int32_t best = 0;
-    for (int i = 1; i < n; i++)
+    while (best < n - 1 && isnan(v[best])) best++;
+    for (int i = best + 1; i < n; i++)
         if (v[i] > v[best])
             best = i;
     return best;
@@ -201,16 +204,22 @@ static int cand_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : (((const cand *)a)->id - ((const cand *)b)->id);
 }
 
-/* Moves the k largest candidates to the front (unordered). */
+/* a before b in the candidates' order: larger value, then lower id. */
+static int cand_before(const cand *a, const cand *b) { return a->v > b->v || (a->v == b->v && a->id < b->id); }
+
+/* Moves the k first candidates in that order to the front (unordered):
+ * exactly k, ties at the k-th value broken by the lowest id, as the
+ * device sampler breaks them (a quickselect on value alone kept an
+ * arbitrary subset of the ties). */
 static void select_top(cand *c, int n, int k)
 {
     int lo = 0, hi = n - 1;
     while (lo < hi) {
-        float pivot = c[(lo + hi) / 2].v;
+        cand pivot = c[(lo + hi) / 2];
         int i = lo, j = hi;
         while (i <= j) {
-            while (c[i].v > pivot) i++;
-            while (c[j].v < pivot) j--;
+            while (cand_before(&c[i], &pivot)) i++;
+            while (cand_before(&pivot, &c[j])) j--;
             if (i <= j) { cand t = c[i]; c[i] = c[j]; c[j] = t; i++; j--; }
         }
         if (k - 1 <= j) hi = j;

@@ -162,6 +162,8 @@ extern "C" int lk_attention(const float *q, float *out, int n_rows, int n_head, 
         return LK_UNSUPPORTED;
     if (n_rows <= 0)
         return 0;
+    if (max_len < 1) /* rows attend to [0, row_pos]: at least one position (0 would be a grid of no splits) */
+        return LK_UNSUPPORTED;
     att_args a;
     a.q = q, a.out = out, a.n_head = n_head, a.n_head_kv = n_head_kv, a.head_dim = head_dim, a.scale = scale;
     a.row_pos = row_pos, a.row_table = row_table, a.tables = tables, a.type = type;

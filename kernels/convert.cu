@@ -1,26 +1,28 @@
-/* convert.cu - the conversions the cuBLAS path needs (weights to half
- * precision, activations to the weights' half type) and the per-row bias
+/* convert.cu - the conversions the cuBLAS path needs (quantized weights
+ * to float, activations to the weights' half type) and the per-row bias
  * add. Dequantization reads blocks exactly as the CPU dequantizer does. */
 #include "common.cuh"
 #include "dequant.cuh"
 #include "llm_kernels.h"
 
-__global__ static void dequant_kernel(int type, const uint8_t *W, size_t row_bytes, int rows, int cols, __half *out)
+__global__ static void dequant_f32_kernel(int type, const uint8_t *W, size_t row_bytes, int rows, int cols, float *out)
 {
     size_t n = (size_t)rows * cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / cols;
-        out[i] = __float2half_rn(lk_weight_at(type, W + r * row_bytes, (int)(i - r * cols)));
+        out[i] = lk_weight_at(type, W + r * row_bytes, (int)(i - r * cols));
     }
 }
 
-extern "C" int lk_dequant_f16(int type, const void *W, size_t row_bytes, int rows, int cols, void *out, void *stream)
+extern "C" int lk_dequant_f32(int type, const void *W, size_t row_bytes, int rows, int cols, float *out, void *stream)
 {
     if (!lk_weight_type(type, cols))
         return LK_UNSUPPORTED;
     size_t n = (size_t)rows * cols;
-    LK_LAUNCH(dequant_kernel, lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream)(type, (const uint8_t *)W, row_bytes,
-                                                                                      rows, cols, (__half *)out);
+    if (!n)
+        return 0;
+    LK_LAUNCH(dequant_f32_kernel, lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream)(
+        type, (const uint8_t *)W, row_bytes, rows, cols, out);
     return lk_status();
 }
 

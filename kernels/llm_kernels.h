@@ -57,7 +57,8 @@ int lk_kv_write(int type, void *k_cache, void *v_cache, size_t row_bytes, int kv
  * query head h reads KV head h / (n_head / n_head_kv). K/V rows of
  * row_bytes in type F32 (0), F16 (1) or Q8_0 (8, head_dim a multiple of
  * 32); head_dim at most 256 (else LK_UNSUPPORTED). max_len: the longest
- * row's length (max row_pos + 1); long rows are split over several blocks
+ * row's length (max row_pos + 1, at least 1 when there are rows, else
+ * LK_UNSUPPORTED); long rows are split over several blocks
  * when there are few rows, their partial results kept in `work`, of
  * lk_attention_work(...) floats (NULL when that is 0). */
 size_t lk_attention_work(int n_rows, int n_head, int head_dim, int max_len);
@@ -83,9 +84,10 @@ int lk_attention_tc(const float *q, float *out, int n_tiles, const int32_t *tile
 int lk_gemv(int type, const void *W, size_t row_bytes, int rows, int cols, const float *x, int n_tok, float *y,
             void *stream);
 
-/* out (rows, cols) half precision = W dequantized (types as lk_gemv's),
- * for cuBLAS; LK_UNSUPPORTED for other types or cols off the block. */
-int lk_dequant_f16(int type, const void *W, size_t row_bytes, int rows, int cols, void *out, void *stream);
+/* out (rows, cols) = W dequantized to float exactly as the CPU does
+ * (types as lk_gemv's), for cuBLAS; LK_UNSUPPORTED for other types or
+ * cols off the block. */
+int lk_dequant_f32(int type, const void *W, size_t row_bytes, int rows, int cols, float *out, void *stream);
 /* out (n) = x rounded to bfloat16 (bf16 1) or half (bf16 0). */
 int lk_to_half(const float *x, size_t n, int bf16, void *out, void *stream);
 /* x[t] += bias for n_tok rows of dim. */

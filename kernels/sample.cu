@@ -1,10 +1,12 @@
 /* sample.cu - sampling on the device, so only token ids cross PCIe:
  * greedy argmax per row (ties to the lowest id, as the CPU sampler), and
  * temperature sampling with top-k, min-p and top-p truncation. The
- * truncation thresholds are found by bisection on the logit value (no
- * sort); the token is the one where the cumulative weight, in id order,
- * passes u times the total: the same distribution as the CPU sampler's,
- * though not the same draw for a given seed. Edge rules shared with the
+ * truncation thresholds are found by bisection over the floats' ordered
+ * keys (no sort, exact values); top-k keeps exactly k, ties at the k-th
+ * value broken by the lowest id as the host does; the token is the one
+ * where the cumulative weight, in id order, passes u times the total:
+ * the same distribution as the CPU sampler's (top-p's boundary ties
+ * aside), though not the same draw for a given seed. Edge rules shared with the
  * host sampler: a NaN logit picks LK_SAMPLE_NAN, an infinite largest
  * logit or a total that is not finite and positive picks the argmax. */
 #include <math.h>
@@ -59,8 +61,8 @@ extern "C" int lk_argmax(const float *logits, int n_rows, int n_vocab, int32_t *
 /* ---- temperature / top-k / min-p / top-p ---------------------------------- */
 
 #define SMP_THREADS 1024
-#define SMP_ITERS 32
 
+/* Block-wide sum and max (every thread gets the result). */
 __device__ static float smp_sum(float v, float *sh)
 {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -92,61 +94,131 @@ __device__ static inline float logit_at(const float *row, int i)
     return v == v ? v : -INFINITY;
 }
 
-/* How many logits are >= tau, and their weight exp((l - M) / T). */
-__device__ static void above(const float *row, int n, float tau, float M, float T, float *sh, float *count, float *mass)
+/* Floats as unsigned keys in the same order, so thresholds are found by
+ * bisection over keys: 32 steps reach the exact value whatever the range
+ * of the logits (bisection on the value itself stops at a resolution). */
+__device__ static inline unsigned key_of(float f)
 {
-    float c = 0.f, s = 0.f;
-    for (int i = threadIdx.x; i < n; i += SMP_THREADS) {
-        float l = logit_at(row, i);
-        if (l >= tau)
-            c += 1.f, s += expf((l - M) / T);
-    }
-    *count = smp_sum(c, sh);
-    *mass = smp_sum(s, sh);
+    unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
 }
 
-/* The threshold tau over the candidates: the k-th largest logit (top-k),
- * raised to M + T ln(min_p) (min-p), then the largest value whose weight
- * above still reaches top_p of the candidates' (top-p). Bisection on the
- * value, SMP_ITERS halvings of [lo, M]. */
-__device__ static float threshold(const float *row, int n, const lk_sample_params *p, float M, float lo, float *sh)
+__device__ static inline float float_of(unsigned k)
 {
-    float T = p->temperature, tau = lo, c, m;
-    if (p->top_k > 0 && p->top_k < n) {
-        float a = lo, b = M;
-        for (int it = 0; it < SMP_ITERS; it++) {
-            float mid = 0.5f * (a + b);
-            above(row, n, mid, M, T, sh, &c, &m);
-            if (c >= (float)p->top_k)
-                a = mid;
-            else
-                b = mid;
-        }
-        tau = a;
+    return __uint_as_float((k & 0x80000000u) ? k & 0x7fffffffu : ~k);
+}
+
+/* The candidates: logits above kth, the first `ties` (by id) equal to it,
+ * and only those at or above tau. Each thread walks its own contiguous
+ * chunk of ids [i0, i1), whose ties start at index tie0, so "first by id"
+ * and the cumulative sum in id order follow the thread order. */
+typedef struct smp_set {
+    float kth, tau, M, T;
+    int ties;
+} smp_set;
+
+typedef struct smp_chunk {
+    int i0, i1, tie0;
+} smp_chunk;
+
+__device__ static inline int smp_in(const smp_set *cs, float l, int *tie)
+{
+    int in = l > cs->kth || (l == cs->kth && (*tie)++ < cs->ties);
+    return in && l >= cs->tau;
+}
+
+/* This thread's count and weight (exp((l - M) / T)) of candidates >= x. */
+__device__ static void chunk_mass(const float *row, const smp_chunk *ch, const smp_set *cs, float x, float *count,
+                                  float *mass)
+{
+    float c = 0.f, m = 0.f;
+    int tie = ch->tie0;
+    for (int i = ch->i0; i < ch->i1; i++) {
+        float l = logit_at(row, i);
+        if (smp_in(cs, l, &tie) && l >= x)
+            c += 1.f, m += expf((l - cs->M) / cs->T);
     }
-    if (p->min_p > 0.f)
-        tau = fmaxf(tau, M + T * logf(p->min_p));
-    if (p->top_p < 1.f) {
-        float z;
-        above(row, n, tau, M, T, sh, &c, &z);
-        float a = tau, b = M;
-        for (int it = 0; it < SMP_ITERS; it++) {
-            float mid = 0.5f * (a + b);
-            above(row, n, mid, M, T, sh, &c, &m);
-            if (m >= p->top_p * z)
-                a = mid;
-            else
-                b = mid;
+    *count = c;
+    *mass = m;
+}
+
+/* The exclusive prefix over threads of v (in thread order) and the total. */
+__device__ static float smp_scan(float v, float *prefix, float *total)
+{
+    __syncthreads();
+    prefix[threadIdx.x] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) { /* 1024 adds */
+        float acc = 0.f;
+        for (int t = 0; t < SMP_THREADS; t++) {
+            float x = prefix[t];
+            prefix[t] = acc;
+            acc += x;
         }
-        tau = a;
+        prefix[SMP_THREADS] = acc;
     }
-    return tau;
+    __syncthreads();
+    *total = prefix[SMP_THREADS];
+    return prefix[threadIdx.x];
+}
+
+/* Top-k: the k-th largest value and how many of the values equal to it are
+ * kept (exactly k candidates, ties broken by the lowest id, as the host
+ * sampler breaks them); off: every candidate. */
+__device__ static void top_k(const float *row, const smp_chunk *ch, int k, int n, float lo, float M, float *sh,
+                             float *prefix, smp_set *cs, int *tie0)
+{
+    cs->kth = -INFINITY;
+    cs->ties = 0x7fffffff;
+    *tie0 = 0;
+    if (k <= 0 || k >= n)
+        return;
+    unsigned a = key_of(lo), b = key_of(M);
+    while (a < b) { /* the largest key x with count(l >= x) >= k */
+        unsigned mid = a + (b - a + 1) / 2;
+        float x = float_of(mid), c = 0.f;
+        for (int i = ch->i0; i < ch->i1; i++) c += logit_at(row, i) >= x ? 1.f : 0.f;
+        if (smp_sum(c, sh) >= (float)k)
+            a = mid;
+        else
+            b = mid - 1;
+    }
+    cs->kth = float_of(a);
+    float gt = 0.f, eq = 0.f;
+    for (int i = ch->i0; i < ch->i1; i++) {
+        float l = logit_at(row, i);
+        gt += l > cs->kth ? 1.f : 0.f;
+        eq += l == cs->kth ? 1.f : 0.f;
+    }
+    cs->ties = k - (int)smp_sum(gt, sh);
+    float total;
+    *tie0 = (int)smp_scan(eq, prefix, &total);
+}
+
+/* Top-p: the largest value x such that the candidates >= x keep top_p of
+ * the candidates' weight (ties at x are all kept: rounding aside, the
+ * host keeps them in id order until the mass is reached). */
+__device__ static float top_p(const float *row, const smp_chunk *ch, const smp_set *cs, float p, float lo, float *sh)
+{
+    float c, m;
+    chunk_mass(row, ch, cs, -INFINITY, &c, &m);
+    float want = p * smp_sum(m, sh);
+    unsigned a = key_of(lo), b = key_of(cs->M);
+    while (a < b) {
+        unsigned mid = a + (b - a + 1) / 2;
+        chunk_mass(row, ch, cs, float_of(mid), &c, &m);
+        if (smp_sum(m, sh) >= want)
+            a = mid;
+        else
+            b = mid - 1;
+    }
+    return float_of(a);
 }
 
 __global__ static void sample_kernel(const float *logits, int n_vocab, const lk_sample_params *params, int32_t *out)
 {
     __shared__ float sh[SMP_THREADS / 32];
-    __shared__ float prefix[SMP_THREADS];
+    __shared__ float prefix[SMP_THREADS + 1];
     __shared__ int pick, last_any;
     const float *row = logits + (size_t)blockIdx.x * n_vocab;
     lk_sample_params p = params[blockIdx.x];
@@ -154,9 +226,11 @@ __global__ static void sample_kernel(const float *logits, int n_vocab, const lk_
         row_argmax(row, n_vocab, out + blockIdx.x);
         return;
     }
+    int chunk = (n_vocab + SMP_THREADS - 1) / SMP_THREADS, i0 = min(n_vocab, (int)threadIdx.x * chunk);
+    smp_chunk ch = {i0, min(n_vocab, i0 + chunk), 0};
     float mx = -INFINITY, mn = INFINITY;
     int nan = 0;
-    for (int i = threadIdx.x; i < n_vocab; i += SMP_THREADS) {
+    for (int i = ch.i0; i < ch.i1; i++) {
         float l = row[i];
         nan |= l != l;
         mx = fmaxf(mx, logit_at(row, i));
@@ -170,39 +244,29 @@ __global__ static void sample_kernel(const float *logits, int n_vocab, const lk_
         row_argmax(row, n_vocab, out + blockIdx.x);
         return;
     }
-    float tau = threshold(row, n_vocab, &p, M, lo, sh), T = p.temperature;
-    /* contiguous chunks per thread, so the id order of the cumulative sum
-     * follows the thread order */
-    int chunk = (n_vocab + SMP_THREADS - 1) / SMP_THREADS, i0 = threadIdx.x * chunk, i1 = min(n_vocab, i0 + chunk);
-    float part = 0.f;
-    int last = -1;
-    for (int i = i0; i < i1; i++) {
-        float l = logit_at(row, i);
-        if (l >= tau)
-            part += expf((l - M) / T), last = i;
-    }
-    prefix[threadIdx.x] = part;
+    smp_set cs;
+    top_k(row, &ch, p.top_k, n_vocab, lo, M, sh, prefix, &cs, &ch.tie0);
+    cs.M = M, cs.T = p.temperature, cs.tau = p.min_p > 0.f ? M + p.temperature * logf(p.min_p) : -INFINITY;
+    if (p.top_p < 1.f)
+        cs.tau = fmaxf(cs.tau, top_p(row, &ch, &cs, p.top_p, lo, sh));
+    float part, count, total;
+    int last = -1, tie = ch.tie0;
+    chunk_mass(row, &ch, &cs, -INFINITY, &count, &part);
+    for (int i = ch.i0; i < ch.i1; i++)
+        if (smp_in(&cs, logit_at(row, i), &tie))
+            last = i;
     if (threadIdx.x == 0)
         pick = -1, last_any = -1;
-    __syncthreads();
+    float start = smp_scan(part, prefix, &total); /* its barriers order the two writes above too */
     if (last >= 0)
         atomicMax(&last_any, last);
-    if (threadIdx.x == 0) { /* exclusive scan: 1024 adds */
-        float acc = 0.f;
-        for (int t = 0; t < SMP_THREADS; t++) {
-            float v = prefix[t];
-            prefix[t] = acc;
-            acc += v;
-        }
-        sh[0] = acc;
-    }
-    __syncthreads();
-    float target = p.u * sh[0], start = prefix[threadIdx.x];
+    float target = p.u * total;
     if (part > 0.f && target >= start && target < start + part) {
         float acc = start;
-        for (int i = i0; i < i1; i++) {
+        tie = ch.tie0;
+        for (int i = ch.i0; i < ch.i1; i++) {
             float l = logit_at(row, i);
-            if (l >= tau && (acc += expf((l - M) / T)) > target) {
+            if (smp_in(&cs, l, &tie) && (acc += expf((l - M) / p.temperature)) > target) {
                 pick = i;
                 break;
             }
@@ -211,7 +275,7 @@ __global__ static void sample_kernel(const float *logits, int n_vocab, const lk_
             pick = last; /* rounding at the chunk's end */
     }
     __syncthreads();
-    if (!(sh[0] > 0.f) || !(sh[0] < INFINITY)) { /* no finite positive total (T tiny, overflow): the argmax */
+    if (!(total > 0.f) || !(total < INFINITY)) { /* no finite positive total (T tiny, overflow): the argmax */
         row_argmax(row, n_vocab, out + blockIdx.x);
         return;
     }

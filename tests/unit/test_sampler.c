@@ -329,6 +329,49 @@ static void test_random_edges(void **state)
     }
 }
 
+/* Top-k keeps exactly k candidates, ties at the k-th value broken by the
+ * lowest id (the device sampler's rule too): 40 logits share the value at
+ * ranks 5-44 of a 1000-token vocabulary, k = 8 keeps the 4 larger ones and
+ * the 4 lowest-id ties, and nothing else is ever drawn. */
+static void test_top_k_ties(void **state)
+{
+    (void)state;
+    enum { NV = 1000 };
+    float l[NV];
+    int allowed[NV] = {0}, seen[NV] = {0};
+    uint64_t rs = 7;
+    for (int i = 0; i < NV; i++) l[i] = test_randf(&rs) - 2.f; /* below the ties */
+    int big[4] = {900, 3, 512, 77}, tie = 0;
+    for (int j = 0; j < 4; j++) l[big[j]] = 5.f + (float)j, allowed[big[j]] = 1;
+    for (int i = 0; i < NV && tie < 40; i += 17, tie++) {
+        if (l[i] >= 5.f)
+            continue;
+        l[i] = 1.f;
+        if (tie < 4)
+            allowed[i] = 1; /* i increases: the first four ties have the lowest ids */
+    }
+    llm_sampling p = llm_sampling_default();
+    p.temperature = 3.f, p.top_k = 8;
+    for (uint64_t seed = 1; seed <= 300; seed++) {
+        p.seed = seed;
+        llm_sampler *sm;
+        llm_error err = {0};
+        assert_int_equal(llm_sampler_new(&p, NV, &sm, &err), LLM_OK);
+        for (int k = 0; k < 20; k++) {
+            llm_sample_result r;
+            assert_int_equal(llm_sampler_sample(sm, l, &r, NULL), LLM_OK);
+            if (!allowed[r.id])
+                fail_msg("seed %llu: drew id %d (logit %g), not among the top 8 by (value, lowest id)",
+                         (unsigned long long)seed, r.id, l[r.id]);
+            seen[r.id]++;
+        }
+        llm_sampler_free(sm);
+    }
+    for (int i = 0; i < NV; i++)
+        if (allowed[i])
+            assert_true(seen[i] > 0); /* all eight are drawn */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -336,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_non_finite_logits), cmocka_unit_test(test_random_edges), cmocka_unit_test(test_temperature_distribution),
         cmocka_unit_test(test_filters), cmocka_unit_test(test_seed), cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_logprobs), cmocka_unit_test(test_check), cmocka_unit_test(test_stop),
+        cmocka_unit_test(test_top_k_ties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

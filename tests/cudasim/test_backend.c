@@ -1,0 +1,253 @@
+/* test_backend.c - engine/backend_cuda.c's own paths on the CUDA-on-CPU
+ * emulator ($LLM_CUDA_LIB = build/cudasim/libllm_cuda.so): decode steps
+ * as CUDA graphs when a step's indices do not fit the graph arena, when
+ * stream capture or a graph launch fails (CUSIM_FAIL), and the cuBLAS
+ * path of quantized weights (activations beyond half precision's range,
+ * the scratch it needs) against the CPU backend.
+ *
+ * Each test runs in a child process (the emulator is set up once per
+ * process, CUSIM_FAIL with it); the parent never touches CUDA. */
+#include <math.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "testutil.h"
+
+#include "llm/backend.h"
+#include "llm/model.h"
+#include "llm/quant.h"
+
+static llm_backend *open_cuda(void)
+{
+    llm_backend *b = NULL;
+    llm_error err = {0};
+    if (llm_backend_cuda_new(&(llm_cuda_config){0}, &b, &err)) {
+        fprintf(stderr, "cuda backend: %s\n", err.msg);
+        _exit(2);
+    }
+    return b;
+}
+
+/* Runs fn in a child with the variable `env` (NAME=VALUE, or NULL) set;
+ * fails the test unless it exits 0. */
+static void in_child(int (*fn)(void), const char *env)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL); /* not cmocka's handler: a crash ends the child (and the emulator reports it) */
+        if (env)
+            putenv((char *)env);
+        _exit(fn());
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status))
+        fail_msg("child (%s) ended with status 0x%x", env ? env : "no CUSIM_FAIL", status);
+}
+
+/* ---- decode steps and their graphs ---------------------------------------- */
+
+typedef struct steps {
+    llm_backend *b;
+    int n_rows, max_len;
+    llm_kv_layer kv;
+    llm_batch_seq *seqs;
+    llm_sample_params *params;
+    int32_t *ids, table[1];
+    float *q, *out, *logits;
+} steps;
+
+enum { NH = 8, NKV = 2, HD = 64, BS = 16, NV = 64 };
+
+/* n_rows sequences of one row at position 5 (one KV block, shared); the
+ * step is shaped as a decode step of contexts up to max_len (graphs pad
+ * every block table to that bucket). */
+static void steps_init(steps *s, int n_rows, int max_len)
+{
+    s->b = open_cuda();
+    s->n_rows = n_rows, s->max_len = max_len;
+    size_t rb = quant_row_bytes(QT_F16, NKV * HD);
+    s->kv = (llm_kv_layer){llm_backend_buffer_alloc(s->b, BS * rb), llm_backend_buffer_alloc(s->b, BS * rb), QT_F16, BS,
+                           NKV * HD, rb};
+    s->q = llm_backend_buffer_alloc(s->b, sizeof(float) * (size_t)n_rows * NH * HD);
+    s->out = llm_backend_buffer_alloc(s->b, sizeof(float) * (size_t)n_rows * NH * HD);
+    s->logits = llm_backend_buffer_alloc(s->b, sizeof(float) * (size_t)n_rows * NV);
+    s->seqs = calloc((size_t)n_rows, sizeof *s->seqs);
+    s->params = calloc((size_t)n_rows, sizeof *s->params);
+    s->ids = calloc((size_t)n_rows, sizeof *s->ids);
+    if (!s->kv.k || !s->kv.v || !s->q || !s->out || !s->logits || !s->seqs || !s->params || !s->ids)
+        _exit(3);
+    s->table[0] = 0;
+    for (int i = 0; i < n_rows; i++) {
+        s->seqs[i] = (llm_batch_seq){i, 1, 5, s->table};
+        s->params[i] = (llm_sample_params){0, 0, 1, 0, 0};
+    }
+}
+
+/* One step: attention over the cache, then the pick on the device. */
+static llm_status step(steps *s)
+{
+    llm_step_info si = {s->n_rows, s->n_rows, s->n_rows, s->max_len, 1, 1};
+    s->b->iface->step_begin(s->b, &si);
+    llm_attn_args a = {s->q, s->out, NH, NKV, HD, 0.125f, s->seqs, s->n_rows, &s->kv};
+    llm_status st = llm_backend_attention(s->b, &a);
+    if (!st)
+        st = s->b->iface->sample(s->b, s->logits, s->n_rows, NV, s->params, s->ids);
+    return st;
+}
+
+/* 512 sequences at a 32768 bucket: their block tables alone take 2^20
+ * entries of the graph arena (as many as it has). The shape must run
+ * eagerly, every step succeeding, instead of failing the captured one. */
+static int big_shape_main(void)
+{
+    steps s;
+    steps_init(&s, 512, 20000);
+    for (int i = 0; i < 4; i++)
+        if (step(&s)) {
+            fprintf(stderr, "step %d of 512 sequences at bucket 32768 failed\n", i);
+            return 1;
+        }
+    llm_backend_free(s.b);
+    return 0;
+}
+
+static void test_shape_too_big_for_a_graph(void **st)
+{
+    (void)st;
+    in_child(big_shape_main, NULL);
+}
+
+/* Six small steps (eager while buffers grow, then captured, then
+ * replayed): want_fail failures, none of them in the last two steps. */
+static int six_steps(int want_fail)
+{
+    steps s;
+    steps_init(&s, 4, 64);
+    int failed = 0, last_failed = -1;
+    for (int i = 0; i < 6; i++)
+        if (step(&s)) {
+            failed++;
+            last_failed = i;
+        }
+    llm_backend_free(s.b);
+    if (failed != want_fail || last_failed >= 4) {
+        fprintf(stderr, "%d step(s) failed (want %d), the last at step %d\n", failed, want_fail, last_failed);
+        return 1;
+    }
+    return 0;
+}
+
+static int capture_fails_main(void) { return six_steps(0); }
+static int launch_fails_main(void) { return six_steps(1); }
+
+/* A capture that cannot start: the shape runs eagerly, no step fails. */
+static void test_capture_refused(void **st)
+{
+    (void)st;
+    in_child(capture_fails_main, "CUSIM_FAIL=cudaStreamBeginCapture:1");
+}
+
+/* The first graph launch fails: that step fails, the ones after it run
+ * (its queued copy of the pinned index arena must not outlive the step:
+ * the emulator faults a host write to pinned memory a copy still reads). */
+static void test_graph_launch_fails(void **st)
+{
+    (void)st;
+    in_child(launch_fails_main, "CUSIM_FAIL=cudaGraphLaunch:1");
+}
+
+/* ---- the cuBLAS path for quantized weights ---------------------------------- */
+
+/* y = x . W^T on the device for n_tok 16 (the cuBLAS path) with Q8_0
+ * weights and some activations beyond half precision's 65504, against
+ * float64 sums over the dequantized weights; and the device memory the
+ * call took beyond its buffers (the dequantized weights' scratch). */
+static int gemm_main(void)
+{
+    enum { COLS = 2048, NT = 16 };
+    const int rows = 17408;    /* as half, 68 MiB of dequantized weights; as float, 136 MiB */
+    const float amp = 2e5f;
+    size_t rb = quant_row_bytes(QT_Q8_0, COLS);
+    float *w = malloc(sizeof(float) * COLS), *x = malloc(sizeof(float) * NT * COLS), *got = malloc(sizeof(float) * NT * rows);
+    double *ref = malloc(sizeof(double) * NT * rows);
+    unsigned char *q = malloc((size_t)rows * rb);
+    if (!w || !x || !ref || !got || !q)
+        return 3;
+    uint64_t rs = 1;
+    for (int i = 0; i < NT * COLS; i++) x[i] = test_randf(&rs) * (i % 97 == 0 ? amp : 1.f);
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < COLS; c++) w[c] = test_randf(&rs);
+        quant_quantize_row(QT_Q8_0, w, q + (size_t)r * rb, COLS);
+        quant_dequantize_row(QT_Q8_0, q + (size_t)r * rb, w, COLS);
+        for (int t = 0; t < NT; t++) {
+            double acc = 0;
+            for (int c = 0; c < COLS; c++) acc += (double)w[c] * x[(size_t)t * COLS + c];
+            ref[(size_t)t * rows + r] = acc;
+        }
+    }
+    /* the weights and x on the device: a model of one embedding table (x's
+     * rows) and one output matrix (W), uploaded */
+    llm_backend *b = open_cuda();
+    llm_layer none;
+    llm_model m = {0};
+    m.hp.n_vocab = NT, m.hp.n_embd = COLS;
+    m.layers = &none;
+    m.tok_embd = (llm_weight){QT_F32, NT, COLS, sizeof(float) * COLS, x};
+    m.output = (llm_weight){QT_Q8_0, rows, COLS, rb, q};
+    llm_model *dm = NULL;
+    llm_error err = {0};
+    if (b->iface->model_upload(b, &m, &dm, &err)) {
+        fprintf(stderr, "upload: %s\n", err.msg);
+        return 5;
+    }
+    float *dx = llm_backend_buffer_alloc(b, sizeof(float) * NT * COLS),
+          *dy = llm_backend_buffer_alloc(b, sizeof(float) * NT * rows);
+    int32_t ids[NT];
+    for (int i = 0; i < NT; i++) ids[i] = i;
+    llm_backend_get_rows(b, &dm->tok_embd, ids, NT, dx);
+    llm_backend_mem m0, m1;
+    llm_backend_mem_stats(b, &m0);
+    llm_status st = llm_backend_matmul(b, &dm->output, dx, NT, dy);
+    llm_backend_mem_stats(b, &m1);
+    if (st || llm_backend_read(b, got, dy, sizeof(float) * NT * rows)) {
+        fprintf(stderr, "device matmul failed (status %d)\n", (int)st);
+        return 6;
+    }
+    double num = 0, den = 0;
+    int bad = 0;
+    for (int i = 0; i < NT * rows; i++) {
+        bad += !isfinite(got[i]);
+        num += (got[i] - ref[i]) * (got[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    double rel = sqrt(num / den), took = (double)(m0.free - m1.free) / (1 << 20);
+    fprintf(stderr, "Q8_0 %dx%d, 16 rows, |x| up to %g: %d non-finite, relative error %.2e, scratch %.1f MiB\n", rows,
+            COLS, amp, bad, rel, took);
+    b->iface->model_release(b, dm);
+    llm_backend_free(b);
+    /* TF32 rounds x to 11 significant bits: a few 1e-4 */
+    return bad || !(rel < 2e-3) || took > 64.5 ? 1 : 0;
+}
+
+static void test_quantized_gemm(void **st)
+{
+    (void)st;
+    in_child(gemm_main, NULL);
+}
+
+int main(void)
+{
+    if (!getenv("LLM_CUDA_LIB")) {
+        fprintf(stderr, "test_backend: set LLM_CUDA_LIB to the emulated plugin (make cudasim does)\n");
+        return 2;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shape_too_big_for_a_graph),
+        cmocka_unit_test(test_capture_refused),
+        cmocka_unit_test(test_graph_launch_fails),
+        cmocka_unit_test(test_quantized_gemm),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
