@@ -299,20 +299,25 @@ $(SIM)/pic/%.o: %.c $(wildcard engine/include/llm/*.h) $(SIM_HDR)
 	@echo "  CC    $< (cudasim plugin)"
 	@$(CC) $(CFLAGS_BASE) -fPIC -fvisibility=hidden $(SIM_INC) -c $< -o $@
 $(SIM)/libllm_cuda.so: $(SIM_PLUGIN_OBJ) $(SIM_LIB)
+	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) -shared -Wl,--no-undefined,--exclude-libs,ALL $(SIM_PLUGIN_OBJ) $(SIM_LIB) -lm -lpthread -ldl -o $@
 # tests/gpu/check_kernels against the emulator, and the emulator's own tests
 # (seeded bugs in tests/cudasim/bugs.cu must be caught and named).
 $(SIM)/check_kernels: tests/gpu/check_kernels.c $(SIM_LIB) $(LIB) $(SIM_HDR)
+	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $(SIM_INC) $< $(SIM_LIB) $(LIB) $(LDLIBS) -o $@
 $(SIM)/bugs.o: tests/cudasim/bugs.cu $(SIM_HDR)
+	@mkdir -p $(dir $@)
 	@echo "  CXX   $< (cudasim)"
 	@g++ $(SIM_KFLAGS) -x c++ -c $< -o $@
 $(SIM)/test_cudasim: tests/cudasim/test_cudasim.c $(SIM)/bugs.o $(SIM_LIB) $(SIM_HDR)
+	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $(SIM_INC) -Itests/unit $< $(SIM)/bugs.o $(SIM_LIB) -lcmocka $(LDLIBS) -o $@
 $(SIM)/test_backend: tests/cudasim/test_backend.c $(LIB) tests/unit/testutil.h
+	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) -Itests/unit $< $(LIB) -lcmocka $(LDLIBS) -o $@
 SIM_BIN = $(SIM)/test_cudasim $(SIM)/test_backend $(SIM)/check_kernels $(SIM)/libllm_cuda.so $(BUILD)/tests/check_model

@@ -148,7 +148,7 @@ __attribute__((format(printf, 3, 4), noreturn)) static void kfault(cudaError_t e
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    sim_x.in_kernel = 0;
+    sim_in_kernel = 0;
     sim_fault_in_kernel(e, pc, "%s", msg);
     sim_block_abort();
 }
@@ -373,7 +373,7 @@ static void report_uninit(int k)
     describe_shared(pending[k].a, var, sizeof var);
     sim_x.cur_tid = pending[k].tid;
     sim_x.cur_warp = pending[k].tid / 32;
-    sim_x.in_kernel = 0;
+    sim_in_kernel = 0;
     sim_fault_in_kernel(cudaErrorLaunchFailure, pending[k].pc,
                         "read of %zu byte(s) of shared memory at %p%s that no thread of this block wrote", pending[k].n,
                         (void *)pending[k].a, var);
@@ -511,6 +511,7 @@ static void global_access(uintptr_t a, size_t n, int kind, void *pc)
 
 void sim_check_access(uintptr_t a, size_t n, int kind, int aligned, void *pc)
 {
+    sim.stats.accesses++;
     if (a >= sim_x.stk_lo && a + n <= sim_x.stk_hi)
         return;
     if (aligned && (n & (n - 1)) == 0 && (a & (n - 1)))
@@ -562,7 +563,7 @@ void sim_check_access(uintptr_t a, size_t n, int kind, int aligned, void *pc)
     void name(void *p);                                                                                \
     void name(void *p)                                                                                 \
     {                                                                                                  \
-        if (sim_x.in_kernel)                                                                           \
+        if (sim_in_kernel)                                                                           \
             sim_check_access((uintptr_t)p, n, kind, aligned, __builtin_return_address(0));             \
     }
 HOOK(__tsan_read1, 1, 0, 1)
@@ -597,14 +598,14 @@ HOOK(__tsan_volatile_write16, 16, 1, 1)
 void __tsan_read_range(void *p, unsigned long n);
 void __tsan_read_range(void *p, unsigned long n)
 {
-    if (sim_x.in_kernel && n)
+    if (sim_in_kernel && n)
         sim_check_access((uintptr_t)p, n, 0, 0, __builtin_return_address(0));
 }
 
 void __tsan_write_range(void *p, unsigned long n);
 void __tsan_write_range(void *p, unsigned long n)
 {
-    if (sim_x.in_kernel && n)
+    if (sim_in_kernel && n)
         sim_check_access((uintptr_t)p, n, 1, 0, __builtin_return_address(0));
 }
 

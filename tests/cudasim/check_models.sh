@@ -7,7 +7,9 @@
 #     model in every weight type the backend takes;
 #   - the engine's decode steps (device sampling, CUDA graphs captured and
 #     replayed) through llm-bench: the same ids with graphs, without them
-#     (LLM_CUDA_GRAPHS=0) and on the CPU backend.
+#     (LLM_CUDA_GRAPHS=0), with tensor parallelism over two emulated
+#     devices (NCCL all-reduce) and on the CPU backend;
+#   - greedy text of stories260K through llm-generate: cuda = cpu.
 # Exit status: the number of failed checks.
 set -u
 b=${1:-build}
@@ -38,11 +40,24 @@ m="$dir/tiny-F32.gguf"
 bench() { "$b/bin/llm-bench" -m "$m" --batch 1,4,16 -p 16 -n 8 --prefill 0 "$@" 2>&1 | grep -o "decode_batch=[0-9]* .*ids_sum=[0-9-]*" | sed 's/ ctx.*ids_sum/ ids_sum/'; }
 graphs=$(LLM_CUDA_LIB=$lib bench --backend cuda)
 eager=$(LLM_CUDA_GRAPHS=0 LLM_CUDA_LIB=$lib bench --backend cuda)
+tp2=$(LLM_CUDA_LIB=$lib bench --backend cuda --tp 2)
 cpu=$(bench)
 echo "graphs: $(echo $graphs)"
 echo "eager:  $(echo $eager)"
+echo "tp 2:   $(echo $tp2)"
 echo "cpu:    $(echo $cpu)"
 [ -n "$graphs" ] && [ "$graphs" = "$eager" ] || fail "graphs and eager steps picked different ids"
+[ -n "$tp2" ] && [ "$graphs" = "$tp2" ] || fail "tensor parallelism 2 (NCCL) picked other ids"
 [ -n "$cpu" ] && [ "$graphs" = "$cpu" ] || fail "the CUDA backend and the CPU backend picked different ids"
+
+if [ -s "$story" ]; then
+    echo "== greedy text of stories260K: cuda = cpu"
+    gen() { "$b/bin/llm-generate" -m "$story" -p "Once upon a time" -n 32 --temp 0 --ids "$@" 2>/dev/null; }
+    a=$(gen)
+    c=$(LLM_CUDA_LIB=$lib gen --backend cuda)
+    echo "cpu:  $a"
+    echo "cuda: $c"
+    [ -n "$a" ] && [ "$a" = "$c" ] || fail "greedy tokens differ"
+fi
 echo "check_models: $fails failure(s)"
 exit $fails

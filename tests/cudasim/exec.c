@@ -25,6 +25,7 @@
 #include "sim.h"
 
 cusim_regs cusim_r;
+__thread int sim_in_kernel __attribute__((tls_model("initial-exec")));
 
 enum { T_RUN, T_BAR, T_WARP, T_DONE };
 #define STACK_BYTES ((size_t)64 << 10)
@@ -145,7 +146,7 @@ static void enter_thread(gthread *t)
     sim_x.cur_warp = t->warp;
     sim_x.stk_lo = (uintptr_t)t->f.stack;
     sim_x.stk_hi = (uintptr_t)t->f.stack + t->f.size;
-    sim_x.in_kernel = 1;
+    sim_in_kernel = 1;
     cusim_r.tid = t->idx;
 }
 
@@ -154,7 +155,7 @@ static void thread_main(void *arg)
     gthread *t = arg;
     fiber_started(&B.sched);
     B.k->invoke(B.closure);
-    sim_x.in_kernel = 0;
+    sim_in_kernel = 0;
     if (B.bar_arrived)
         sim_block_fault(cudaErrorIllegalInstruction, "thread (%u,%u,%u) exited while %d others wait at __syncthreads (%s)",
                         t->idx.x, t->idx.y, t->idx.z, B.bar_arrived, B.bar_site);
@@ -170,7 +171,7 @@ static void thread_main(void *arg)
 /* Back to the scheduler until this thread may go on. */
 static void wait_here(gthread *t)
 {
-    sim_x.in_kernel = 0;
+    sim_in_kernel = 0;
     fiber_switch(&t->f, &B.sched, 0);
 }
 
@@ -180,7 +181,7 @@ static gthread *cur(void) { return &B.th[sim_x.cur_tid]; }
  * (the current fiber is never resumed). */
 void sim_block_abort(void)
 {
-    sim_x.in_kernel = 0;
+    sim_in_kernel = 0;
     B.aborted = 1;
     B.stacks_dirty = 1;
     fiber_switch(&B.running->f, &B.sched, 1);
@@ -194,7 +195,7 @@ void sim_block_fault(cudaError_t e, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    sim_x.in_kernel = 0;
+    sim_in_kernel = 0;
     sim_fault_in_kernel(e, NULL, "%s", msg);
     sim_block_abort();
 }
@@ -208,7 +209,7 @@ __attribute__((format(printf, 3, 4), noreturn)) static void block_fault_tid(int 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    sim_x.in_kernel = 0;
+    sim_in_kernel = 0;
     sim_x.cur_tid = tid;
     sim_x.cur_warp = tid / 32;
     sim_fault_in_kernel(e, NULL, "%s", msg);
@@ -230,7 +231,7 @@ void cusim_device_fault(const char *site, const char *fmt, ...)
 int cusim_syncthreads(const char *site, int kind, int pred)
 {
     gthread *t = cur();
-    sim_x.in_kernel = 0;
+    sim_in_kernel = 0;
     if (B.n_done)
         sim_block_fault(cudaErrorIllegalInstruction, "__syncthreads at %s: %d thread(s) of the block already exited",
                         site, B.n_done);
@@ -375,7 +376,7 @@ static void warp_complete(int w, warp_op *o)
 uint64_t cusim_warp(const char *site, int op, unsigned mask, uint64_t value, int param, int width, void *data)
 {
     gthread *t = cur();
-    sim_x.in_kernel = 0;
+    sim_in_kernel = 0;
     int w = t->warp, lanes = B.n - w * 32 < 32 ? B.n - w * 32 : 32;
     unsigned exist = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
     if (!(mask >> t->lane & 1u))
@@ -436,6 +437,8 @@ static void run_block(sim_kernel *k, uint3 bid)
 {
     uint3 bd = k->block;
     B.n = (int)(bd.x * bd.y * bd.z);
+    sim.stats.blocks++;
+    sim.stats.threads += (unsigned long long)B.n;
     B.n_done = B.aborted = B.bar_arrived = 0;
     B.bar_epoch = 0;
     memset(B.warp_epoch, 0, sizeof B.warp_epoch);
@@ -460,9 +463,10 @@ static void run_block(sim_kernel *k, uint3 bid)
         int ran = 0;
         for (int i = 0; i < B.n && !B.aborted; i++)
             if (B.th[i].state == T_RUN) {
+                sim.stats.switches++;
                 enter_thread(&B.th[i]);
                 fiber_switch(&B.sched, &B.th[i].f, 0);
-                sim_x.in_kernel = 0;
+                sim_in_kernel = 0;
                 ran = 1;
             }
         if (!ran && !B.aborted && B.n_done < B.n)
@@ -478,6 +482,7 @@ void sim_run_kernel(sim_kernel *k)
         sim_fault(cudaErrorLaunchOutOfResources, "no memory for the emulator's thread stacks");
         return;
     }
+    sim.stats.kernels++;
     sim_x.k = k;
     sim_x.closure_lo = (uintptr_t)(k + 1);
     sim_x.closure_hi = sim_x.closure_lo + k->closure_bytes;

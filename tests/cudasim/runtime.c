@@ -39,6 +39,14 @@ int sim_cur_dev(void) { return tl_dev; }
 
 static void inject_parse(void);
 
+static void print_stats(void)
+{
+    fprintf(stderr, "cudasim: %llu kernels (%llu graph launches), %llu blocks, %llu GPU threads, %llu fiber switches, "
+                    "%llu checked accesses\n",
+            sim.stats.kernels, sim.stats.graphs, sim.stats.blocks, sim.stats.threads, sim.stats.switches,
+            sim.stats.accesses);
+}
+
 static long env_long(const char *name, long dflt, long lo, long hi)
 {
     const char *v = getenv(name);
@@ -69,6 +77,8 @@ static void sim_init(void)
     sim.poison = env_long("CUSIM_POISON", 1, 0, 1) != 0;
     sim.quiet = env_long("CUSIM_QUIET", 0, 0, 1) != 0;
     inject_parse();
+    if (env_long("CUSIM_STATS", 0, 0, 1))
+        atexit(print_stats);
     for (int d = 0; d < sim.n_devs; d++) {
         sim_dev *dv = &sim.dev[d];
         dv->total = sim.mem_bytes;
@@ -1210,6 +1220,7 @@ typedef struct graph_op {
 static void graph_run(sim_op *op)
 {
     sim_graph *g = SIM_PAYLOAD(op, graph_op)->g;
+    sim.stats.graphs++;
     for (int i = 0; i < g->n && !sim.sticky; i++) {
         g->nodes[i]->stream = op->stream;
         g->nodes[i]->k->run(g->nodes[i]);

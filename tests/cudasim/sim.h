@@ -107,6 +107,9 @@ typedef struct sim_state {
     int n_attrs;
     sim_stream *cur_stream; /* the stream whose work is running */
     char report[4096];    /* the last fault report */
+    struct {
+        unsigned long long kernels, graphs, blocks, threads, switches, accesses;
+    } stats;              /* CUSIM_STATS=1 prints them at exit */
 } sim_state;
 
 extern sim_state sim;
@@ -173,7 +176,6 @@ void sim_block_abort(void) __attribute__((noreturn));
 /* What the checks need to know about the running GPU thread. */
 typedef struct sim_exec {
     const sim_kernel *k;       /* the kernel whose blocks run (NULL: none) */
-    int in_kernel;             /* 1 while kernel code runs (not the runtime) */
     int cur_tid, cur_warp;     /* linear thread index in the block, its warp */
     uint3 bid;
     uintptr_t stk_lo, stk_hi;  /* the running thread's stack */
@@ -184,5 +186,10 @@ typedef struct sim_exec {
     uint32_t block_serial;     /* increases with every block run */
 } sim_exec;
 extern sim_exec sim_x;
+/* 1 while kernel code runs on this OS thread. Per thread: other host
+ * threads run instrumented code too (the kernels' launchers build their
+ * arguments there) while one thread executes device work. Initial-exec:
+ * the hooks read it on every access, also inside a dlopen'ed plugin. */
+extern __thread int sim_in_kernel __attribute__((tls_model("initial-exec")));
 
 #endif
