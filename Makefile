@@ -275,7 +275,7 @@ SIM_KFLAGS = -std=gnu++17 -O2 -g -fPIC -fno-exceptions -fno-rtti -fno-threadsafe
              -fsanitize=thread --param=tsan-instrument-func-entry-exit=0 -mfma -ffp-contract=fast -fno-toplevel-reorder \
              -fno-tree-sra \
              -Wall -Wextra -Wno-unknown-pragmas $(WERROR) $(SIM_INC)
-SIM_RT_SRC = tests/cudasim/runtime.c tests/cudasim/exec.c tests/cudasim/check.c tests/cudasim/fiber.c \
+SIM_RT_SRC = tests/cudasim/sim_runtime.c tests/cudasim/sim_exec.c tests/cudasim/sim_check.c tests/cudasim/sim_graph.c tests/cudasim/fiber.c \
              tests/cudasim/blas.c tests/cudasim/nccl.c
 SIM_HDR = $(wildcard tests/cudasim/*.h tests/cudasim/include/*.h kernels/*.cuh) kernels/llm_kernels.h
 SIM_KOBJ = $(CUDA_SRC:kernels/%.cu=$(SIM)/kernels/%.o)

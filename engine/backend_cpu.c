@@ -288,7 +288,7 @@ static void rope_rows(const llm_rope_args *a, long lo, long hi)
     int half = a->rot_dim / 2;
     float freq[LLM_MAX_ROT_DIM / 2]; /* the frequencies do not depend on the token */
     LLM_ASSERT(half <= LLM_MAX_ROT_DIM / 2);
-    llm_rope_freq_table(a->theta, a->rot_dim, a->freq_factors, freq);
+    llm_backend_rope_freqs(a->theta, a->rot_dim, a->freq_factors, freq);
     for (long t = lo; t < hi; t++) {
         float p = (float)a->pos[t] * a->freq_scale;
         for (int i = 0; i < half; i++) {

@@ -37,6 +37,10 @@
 
 _Static_assert(LK_SAMPLE_NAN == LLM_SAMPLE_NAN, "a NaN row picks the same id on host and device");
 _Static_assert(LK_SAMPLE_GREEDY_BELOW == LLM_SAMPLING_GREEDY_BELOW, "host and device agree on what is greedy");
+_Static_assert((int)LK_T_F32 == (int)QT_F32 && (int)LK_T_F16 == (int)QT_F16 && (int)LK_T_BF16 == (int)QT_BF16 &&
+                   (int)LK_T_Q4_0 == (int)QT_Q4_0 && (int)LK_T_Q8_0 == (int)QT_Q8_0 && (int)LK_T_Q4_K == (int)QT_Q4_K &&
+                   (int)LK_T_Q6_K == (int)QT_Q6_K,
+               "the kernels' type numbers are quant_type's");
 
 enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_SAMPLE, ST_TILES, ST_FREQ, ST_KINDS };
 
@@ -88,6 +92,15 @@ typedef struct cu_graphs {
     int max_len;              /* the step's context bucket (attention pads to it) */
 } cu_graphs;
 
+/* The uploaded model: a copy of the host model whose pointers lead into
+ * one device allocation. */
+typedef struct cu_model {
+    llm_model m;       /* first: the forward pass sees this */
+    void *base;
+    float *rope_host;  /* host copy of m.rope_freqs' values (cuda_rope computes the table), or NULL */
+    struct cu_model *next;
+} cu_model;
+
 typedef struct cu_ctx {
     int dev;
     char name[96];
@@ -108,10 +121,8 @@ typedef struct cu_ctx {
     void *blas_ws;       /* cuBLAS workspace (no allocation inside a capture) */
     cu_graphs g;         /* decode steps as CUDA graphs */
     int in_comm;         /* a tensor-parallel rank: steps are not captured */
-    const float *rope_dev; /* the uploaded model's RoPE frequency factors */
-    float *rope_host;    /* ... and a host copy (the table is computed here) */
-    float *freq;         /* host RoPE table (rot_dim / 2) */
-    int freq_cap;
+    cu_model *models;    /* uploaded and not released (their host copies of the RoPE factors) */
+    int32_t freq_bits[LLM_MAX_ROT_DIM / 2]; /* the RoPE table as staged: float bits */
 } cu_ctx;
 
 static cu_ctx *ctx_of(llm_backend *b) { return b->ctx; }
@@ -310,10 +321,9 @@ static int32_t *pack(cu_ctx *c, size_t n)
     return c->pack;
 }
 
-/* The device copy of n host int32 of one kind; uploaded only when they
- * differ from the last ones (the stream orders the copy before later
- * kernels, and the host side is copied before cudaMemcpyAsync returns
- * because it is pageable). */
+/* The offset of the next arena region after `used` entries: 32-byte aligned. */
+static size_t arena_next(size_t used) { return (used + 7) / 8 * 8; }
+
 /* In a captured or replayed step: the arena region of this kind's last
  * array when it is the same host array, unchanged (positions for Q and K,
  * every layer's slots and tables), else the next region. Equality is by
@@ -325,7 +335,7 @@ static const int32_t *stage_arena(cu_ctx *c, int kind, const int32_t *h, size_t 
     if (g->last_src[kind] == h && g->last_n[kind] == n && n &&
         !memcmp(g->h_arena + g->last_off[kind], h, n * sizeof *h))
         return g->d_arena + g->last_off[kind];
-    size_t off = (g->used + 7) / 8 * 8; /* 32-byte aligned regions */
+    size_t off = arena_next(g->used);
     if (off + n > CU_ARENA_INTS) {
         keep_failure(c, LLM_ERR_BACKEND, "cuda backend: a graph step's indices exceed the %zu-entry arena",
                      CU_ARENA_INTS);
@@ -339,28 +349,36 @@ static const int32_t *stage_arena(cu_ctx *c, int kind, const int32_t *h, size_t 
     return g->d_arena + off;
 }
 
+/* FNV-1a over the bytes of n indices. */
 static uint64_t hash_ints(const int32_t *h, size_t n)
 {
+    const unsigned char *p = (const unsigned char *)h;
     uint64_t x = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) x = (x ^ (uint32_t)h[i]) * 1099511628211ull;
+    for (size_t i = 0; i < n * sizeof *h; i++) x = (x ^ p[i]) * 1099511628211ull;
     return x;
 }
 
 /* What stage_arena would take for this array in a captured step of the
- * shape whose eager first step runs now: the same regions, reused on the
- * same terms (same array, same contents), so a shape whose indices cannot
- * fit is never captured (it runs eagerly) instead of failing its steps. */
+ * shape whose eager first step runs now: the same regions (arena_next),
+ * reused on the same terms (same array, same contents), so a shape whose
+ * indices cannot fit is never captured (it runs eagerly) instead of
+ * failing its steps. The contents are compared by hash: in an eager step
+ * there is no arena copy to compare with. */
 static void arena_count(cu_graphs *g, int kind, const int32_t *h, size_t n)
 {
     uint64_t hs = hash_ints(h, n);
     if (g->count_src[kind] == h && g->count_n[kind] == n && n && g->count_hash[kind] == hs)
         return;
-    g->count_used = (g->count_used + 7) / 8 * 8 + n;
+    g->count_used = arena_next(g->count_used) + n;
     g->count_src[kind] = h;
     g->count_n[kind] = n;
     g->count_hash[kind] = hs;
 }
 
+/* The device copy of n host int32 of one kind; uploaded only when they
+ * differ from the last ones (the stream orders the copy before later
+ * kernels, and the host side is copied before cudaMemcpyAsync returns
+ * because it is pageable). */
 static const int32_t *stage(cu_ctx *c, int kind, const int32_t *h, size_t n)
 {
     if (c->g.mode != CU_EAGER)
@@ -428,6 +446,7 @@ static cu_graph *graph_find(cu_graphs *g, const int key[4])
     cu_graph *e = &g->list[g->n++];
     memcpy(e->key, key, sizeof e->key);
     e->state = 0;
+    e->need = 0;
     return e;
 }
 
@@ -548,7 +567,7 @@ static int gemv_type(quant_type t)
 
 /* y (n_tok, rows) = x . W^T through cuBLAS (column-major: C = A^T B with
  * A = W as (cols, rows), B = x as (cols, n_tok)). F32 weights as they are;
- * F16/BF16 weights with the activations rounded to that type (F16: exact
+ * F16/BF16 weights with the activations rounded to that type (F16: finite
  * only while |x| < 65504); quantized weights dequantized to F32, slab by
  * slab of rows, against float activations with TF32 tensor-core math
  * (float range: activations above 65504 stay finite). */
@@ -608,6 +627,16 @@ static void cuda_rmsnorm(llm_backend *b, const float *x, const float *w, int n_t
     LK(c, lk_rmsnorm(x, w, n_tok, dim, eps, out, c->stream));
 }
 
+/* The host copy of the factors an uploaded model's device pointer holds
+ * (NULL: not one of this backend's models). */
+static const float *rope_host_factors(const cu_ctx *c, const float *dev)
+{
+    for (const cu_model *m = c->models; m; m = m->next)
+        if (m->m.rope_freqs == dev)
+            return m->rope_host;
+    return NULL;
+}
+
 /* The frequencies are computed here, as the CPU backend does, and staged
  * like the indices (unchanged tables are not sent again). */
 static void cuda_rope(llm_backend *b, const llm_rope_args *a)
@@ -615,24 +644,19 @@ static void cuda_rope(llm_backend *b, const llm_rope_args *a)
     cu_ctx *c = ctx_of(b);
     use_device(c);
     int half = a->rot_dim / 2;
-    if (a->freq_factors && a->freq_factors != c->rope_dev) {
+    const float *factors = a->freq_factors ? rope_host_factors(c, a->freq_factors) : NULL;
+    if (a->freq_factors && !factors) {
         keep_failure(c, LLM_ERR_UNSUPPORTED, "cuda backend: RoPE factors that this backend did not upload");
         return;
     }
-    if (half > c->freq_cap) {
-        float *f = realloc(c->freq, sizeof *f * (size_t)half);
-        if (!f) {
-            keep_failure(c, LLM_ERR_NOMEM, "cuda backend: no host memory for %d RoPE frequencies", half);
-            return;
-        }
-        c->freq = f;
-        c->freq_cap = half;
-    }
-    llm_rope_freq_table(a->theta, a->rot_dim, a->freq_factors ? c->rope_host : NULL, c->freq);
+    LLM_ASSERT(half >= 0 && half <= LLM_MAX_ROT_DIM / 2); /* model load refuses larger rot_dim */
+    float freq[LLM_MAX_ROT_DIM / 2];
+    llm_backend_rope_freqs(a->theta, a->rot_dim, factors, freq);
+    memcpy(c->freq_bits, freq, sizeof(float) * (size_t)half); /* staged as int32 objects, not floats read as ints */
     const int32_t *pos = stage(c, ST_POS, a->pos, (size_t)a->n_tok);
-    const int32_t *freq = pos ? stage(c, ST_FREQ, (const int32_t *)c->freq, (size_t)half) : NULL;
-    if (freq)
-        LK(c, lk_rope(a->x, a->n_tok, a->n_head, a->head_dim, a->rot_dim, pos, (const float *)freq, a->freq_scale,
+    const int32_t *fr = pos ? stage(c, ST_FREQ, c->freq_bits, (size_t)half) : NULL;
+    if (fr)
+        LK(c, lk_rope(a->x, a->n_tok, a->n_head, a->head_dim, a->rot_dim, pos, (const float *)fr, a->freq_scale,
                       a->neox, c->stream));
 }
 
@@ -809,13 +833,6 @@ static llm_status cuda_sample(llm_backend *b, const float *logits, int n_rows, i
 
 /* ---- weights ------------------------------------------------------------- */
 
-/* The uploaded model: a copy of the host model whose pointers lead into
- * one device allocation. */
-typedef struct cu_model {
-    llm_model m;       /* first: the forward pass sees this */
-    void *base;
-} cu_model;
-
 typedef struct up_state {
     cu_ctx *c;
     char *base;        /* NULL: only sum the sizes */
@@ -870,73 +887,86 @@ static void upload_all(up_state *u, const llm_model *m, llm_model *d)
     }
 }
 
+static void model_free(cu_model *cm)
+{
+    if (cm) {
+        free(cm->m.layers);
+        free(cm->rope_host);
+        free(cm);
+    }
+}
+
+/* One device allocation for every tensor (sized by a first walk), the
+ * copies queued on the stream and waited for (they read the host model,
+ * which may go once this returns). */
 static llm_status cuda_model_upload(llm_backend *b, const llm_model *m, llm_model **dev, llm_error *err)
 {
     cu_ctx *c = ctx_of(b);
     use_device(c);
     *dev = NULL;
+    llm_status st = LLM_ERR_NOMEM;
+    size_t nf = m->rope_freqs ? (size_t)m->hp.rot_dim / 2 : 0, need = 0, fr = 0, total = 0;
     cu_model *cm = calloc(1, sizeof *cm);
-    llm_layer *layers = calloc((size_t)m->hp.n_layer, sizeof *layers);
-    if (!cm || !layers) {
-        free(cm);
+    llm_layer *layers = calloc((size_t)m->hp.n_layer + 1, sizeof *layers); /* + 1: never a zero-size request */
+    float *rope = nf ? malloc(sizeof *rope * nf) : NULL;
+    if (!cm || !layers || (nf && !rope)) {
         free(layers);
-        return llm_errf(err, LLM_ERR_NOMEM, "cuda backend: no memory");
+        free(rope);
+        llm_errf(err, st, "cuda backend: no host memory to upload %s", m->name);
+        goto out;
     }
     cm->m = *m;
     memcpy(layers, m->layers, sizeof *layers * (size_t)m->hp.n_layer);
     cm->m.layers = layers;
+    cm->m.owned = NULL;
+    cm->m.n_owned = 0;
+    if (nf)
+        memcpy(rope, m->rope_freqs, sizeof *rope * nf);
+    cm->rope_host = rope;
     up_state u = {c, NULL, 0};
     upload_all(&u, m, &cm->m); /* sizes only */
-    size_t need = u.off, fr = 0, total = 0;
+    need = u.off;
     CU(c, cudaMemGetInfo(&fr, &total));
     if (c->failed || need > fr || cudaMalloc(&cm->base, need) != cudaSuccess) {
         (void)cudaGetLastError();
         c->failed = LLM_OK;
-        free(layers);
-        free(cm);
-        return llm_errf(err, LLM_ERR_NOMEM, "cuda backend: the weights of %s need %zu MiB on %s; %zu MiB of %zu MiB are free",
-                        m->name, need >> 20, c->name, fr >> 20, total >> 20);
+        cm->base = NULL;
+        llm_errf(err, st, "cuda backend: the weights of %s need %zu MiB on %s; %zu MiB of %zu MiB are free", m->name,
+                 need >> 20, c->name, fr >> 20, total >> 20);
+        goto out;
     }
-    cm->m.layers = layers;
-    cm->m.owned = NULL;
-    cm->m.n_owned = 0;
     u = (up_state){c, cm->base, 0};
     upload_all(&u, m, &cm->m);
     if (!c->failed)
-        CU(c, cudaStreamSynchronize(c->stream)); /* the copies read the host model: done before it may go */
-    if (!c->failed && m->rope_freqs) { /* cuda_rope computes the table from a host copy */
-        size_t nf = (size_t)m->hp.rot_dim / 2;
-        float *h = malloc(sizeof *h * nf);
-        if (h) {
-            memcpy(h, m->rope_freqs, sizeof *h * nf);
-            free(c->rope_host);
-            c->rope_host = h;
-            c->rope_dev = cm->m.rope_freqs;
-        } else {
-            keep_failure(c, LLM_ERR_NOMEM, "cuda backend: no host memory for the RoPE factors");
-        }
-    }
-    llm_status st = take_status(c);
+        CU(c, cudaStreamSynchronize(c->stream));
+    st = take_status(c);
     if (st || track(c, cm->base, need)) {
-        cudaFree(cm->base);
-        free(layers);
-        free(cm);
-        return llm_errf(err, st ? st : LLM_ERR_NOMEM, "cuda backend: uploading the weights of %s to %s failed", m->name,
-                        c->name);
+        llm_errf(err, st ? st : LLM_ERR_NOMEM, "cuda backend: uploading the weights of %s to %s failed", m->name, c->name);
+        st = st ? st : LLM_ERR_NOMEM;
+        goto out;
     }
+    cm->next = c->models;
+    c->models = cm;
     *dev = &cm->m;
     return LLM_OK;
+out:
+    if (cm && cm->base)
+        cudaFree(cm->base);
+    model_free(cm);
+    return st;
 }
 
 static void cuda_model_release(llm_backend *b, llm_model *dev)
 {
     cu_model *cm = (cu_model *)dev;
     cu_ctx *c = ctx_of(b);
-    if (c->rope_dev && c->rope_dev == cm->m.rope_freqs)
-        c->rope_dev = NULL;
+    for (cu_model **p = &c->models; *p; p = &(*p)->next)
+        if (*p == cm) {
+            *p = cm->next;
+            break;
+        }
     cuda_buffer_free(b, cm->base);
-    free(cm->m.layers);
-    free(cm);
+    model_free(cm);
 }
 
 /* ---- NCCL all-reduce ----------------------------------------------------- */
@@ -1054,8 +1084,11 @@ static void cuda_free(llm_backend *b)
         cudaStreamDestroy(c->stream);
     free(c->allocs);
     free(c->pack);
-    free(c->rope_host);
-    free(c->freq);
+    while (c->models) { /* models a caller did not release */
+        cu_model *cm = c->models;
+        c->models = cm->next;
+        model_free(cm);
+    }
     free(c);
     free(b);
 }

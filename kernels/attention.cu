@@ -12,6 +12,7 @@
 #include <math.h>
 
 #include "common.cuh"
+#include "dequant.cuh"
 #include "llm_kernels.h"
 
 #define ATT_WARPS 4
@@ -22,12 +23,12 @@
 /* Element i of a K/V row slice in the cache's type. */
 __device__ static inline float kv_elem(int type, const uint8_t *row, int i)
 {
-    if (type == 0)
+    if (type == LK_T_F32)
         return ((const float *)row)[i];
-    if (type == 1)
+    if (type == LK_T_F16)
         return __half2float(((const __half *)row)[i]);
     const uint8_t *blk = row + (size_t)(i / 32) * 34; /* Q8_0 */
-    return lk_f16((uint16_t)(blk[0] | (blk[1] << 8))) * (float)(int8_t)blk[2 + i % 32];
+    return lk_f16_at(blk) * (float)(int8_t)blk[2 + i % 32];
 }
 
 typedef struct att_args {
@@ -158,7 +159,7 @@ extern "C" int lk_attention(const float *q, float *out, int n_rows, int n_head, 
                             int max_len, float *work, void *stream)
 {
     if (head_dim < 1 || head_dim > ATT_MAX_D || n_head_kv <= 0 || n_head % n_head_kv ||
-        (type != 0 && type != 1 && type != 8) || (type == 8 && head_dim % 32))
+        (type != LK_T_F32 && type != LK_T_F16 && type != LK_T_Q8_0) || (type == LK_T_Q8_0 && head_dim % 32))
         return LK_UNSUPPORTED;
     if (n_rows <= 0)
         return 0;
@@ -168,7 +169,7 @@ extern "C" int lk_attention(const float *q, float *out, int n_rows, int n_head, 
     a.q = q, a.out = out, a.n_head = n_head, a.n_head_kv = n_head_kv, a.head_dim = head_dim, a.scale = scale;
     a.row_pos = row_pos, a.row_table = row_table, a.tables = tables, a.type = type;
     a.kc = (const uint8_t *)k_cache, a.vc = (const uint8_t *)v_cache, a.row_bytes = row_bytes;
-    a.head_bytes = type == 0 ? (size_t)head_dim * 4 : type == 1 ? (size_t)head_dim * 2 : (size_t)head_dim / 32 * 34;
+    a.head_bytes = type == LK_T_F32 ? (size_t)head_dim * 4 : type == LK_T_F16 ? (size_t)head_dim * 2 : (size_t)head_dim / 32 * 34;
     a.block_size = block_size;
     a.splits = att_splits(n_rows, n_head, max_len, &a.chunk);
     a.part = work;

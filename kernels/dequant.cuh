@@ -1,31 +1,37 @@
 /* dequant.cuh - one weight of a row in its storage type, read exactly as
  * the CPU dequantizer (engine/quant.c) reads it, for the kernels that
- * gather or convert weights (get_rows, dequant_f16). Types are
- * quant_type values: F32 0, F16 1, Q4_0 2, Q8_0 8, Q4_K 12, Q6_K 14,
- * BF16 30. */
+ * gather, convert or multiply weights (get_rows, dequant_f32, gemv). A
+ * header of device helpers shared by several kernel files, like
+ * common.cuh, not one op's launcher. Types are the LK_T_* values. */
 #ifndef LK_DEQUANT_CUH
 #define LK_DEQUANT_CUH
 
 #include "common.cuh"
+#include "llm_kernels.h"
 
 __device__ static inline float lk_f16_at(const uint8_t *p)
 {
     return lk_f16((uint16_t)(p[0] | (p[1] << 8)));
 }
 
+/* Q4_K's 6-bit (scale, min) pair j of 8 from the 12 scale bytes. */
+__device__ static inline void lk_q4_K_scale_min(int j, const uint8_t *sc, int *scale, int *min)
+{
+    if (j < 4) {
+        *scale = sc[j] & 63;
+        *min = sc[j + 4] & 63;
+    } else {
+        *scale = (sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4);
+        *min = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
 /* Element j (0..255) of a Q4_K super-block (d, dmin, scales[12], qs[128]). */
 __device__ static inline float lk_q4_K_at(const uint8_t *b, int j)
 {
-    int g = j / 64, l = j % 64, s = 2 * g + (l >= 32);
-    const uint8_t *q = b + 16 + g * 32, *sc = b + 4;
-    int scale, min;
-    if (s < 4) {
-        scale = sc[s] & 63;
-        min = sc[s + 4] & 63;
-    } else {
-        scale = (sc[s + 4] & 0xf) | ((sc[s - 4] >> 6) << 4);
-        min = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
-    }
+    int g = j / 64, l = j % 64, scale, min;
+    lk_q4_K_scale_min(2 * g + (l >= 32), b + 4, &scale, &min);
+    const uint8_t *q = b + 16 + g * 32;
     int nib = l < 32 ? q[l] & 0xf : q[l - 32] >> 4;
     /* (d * scale) * nib and dmin * min are exact in float (21 and 17
      * significant bits), so nvcc's contraction into an FMA rounds as
@@ -49,27 +55,27 @@ __device__ static inline float lk_q6_K_at(const uint8_t *b, int j)
 __device__ static inline float lk_weight_at(int type, const uint8_t *row, int c)
 {
     switch (type) {
-    case 0: return ((const float *)row)[c];
-    case 1: return lk_f16(((const uint16_t *)row)[c]);
-    case 30: return lk_bf16(((const uint16_t *)row)[c]);
-    case 2: { /* Q4_0: d, 16 bytes; element i < 16 the low nibble of byte i, else the high nibble of byte i - 16 */
+    case LK_T_F32: return ((const float *)row)[c];
+    case LK_T_F16: return lk_f16(((const uint16_t *)row)[c]);
+    case LK_T_BF16: return lk_bf16(((const uint16_t *)row)[c]);
+    case LK_T_Q4_0: { /* d, 16 bytes; element i < 16 the low nibble of byte i, else the high nibble of byte i - 16 */
         const uint8_t *blk = row + (size_t)(c / 32) * 18;
         int i = c % 32, q = i < 16 ? blk[2 + i] & 0xf : blk[2 + i - 16] >> 4;
         return lk_f16_at(blk) * (float)(q - 8);
     }
-    case 8: return lk_f16_at(row + (size_t)(c / 32) * 34) * (float)(int8_t)row[(size_t)(c / 32) * 34 + 2 + c % 32];
-    case 12: return lk_q4_K_at(row + (size_t)(c / 256) * 144, c % 256);
+    case LK_T_Q8_0: return lk_f16_at(row + (size_t)(c / 32) * 34) * (float)(int8_t)row[(size_t)(c / 32) * 34 + 2 + c % 32];
+    case LK_T_Q4_K: return lk_q4_K_at(row + (size_t)(c / 256) * 144, c % 256);
     default: return lk_q6_K_at(row + (size_t)(c / 256) * 210, c % 256);
     }
 }
 
-/* 1 when lk_weight_at reads rows of `cols` values of this type. */
+/* 1 when lk_weight_at reads rows of `cols` values of this type (host). */
 static inline int lk_weight_type(int type, int cols)
 {
     switch (type) {
-    case 0: case 1: case 30: return 1;
-    case 2: case 8: return cols % 32 == 0;
-    case 12: case 14: return cols % 256 == 0;
+    case LK_T_F32: case LK_T_F16: case LK_T_BF16: return 1;
+    case LK_T_Q4_0: case LK_T_Q8_0: return cols % 32 == 0;
+    case LK_T_Q4_K: case LK_T_Q6_K: return cols % 256 == 0;
     default: return 0;
     }
 }

@@ -7,9 +7,9 @@
 
 __device__ static void store_row(int type, const float *x, int kv_dim, uint8_t *dst, int lane_base, int stride)
 {
-    if (type == 0) {
+    if (type == LK_T_F32) {
         for (int i = lane_base; i < kv_dim; i += stride) ((float *)dst)[i] = x[i];
-    } else if (type == 1) {
+    } else if (type == LK_T_F16) {
         for (int i = lane_base; i < kv_dim; i += stride) ((__half *)dst)[i] = __float2half_rn(x[i]);
     }
 }
@@ -52,10 +52,10 @@ extern "C" int lk_kv_write(int type, void *k_cache, void *v_cache, size_t row_by
     if (n_rows <= 0)
         return 0;
     cudaStream_t s = (cudaStream_t)stream;
-    if (type == 0 || type == 1) {
+    if (type == LK_T_F32 || type == LK_T_F16) {
         LK_LAUNCH(kv_write_plain, n_rows, LK_THREADS, 0, s)(type, (uint8_t *)k_cache, (uint8_t *)v_cache, row_bytes, kv_dim,
                                                      slot, k, v);
-    } else if (type == 8 && kv_dim % 32 == 0) {
+    } else if (type == LK_T_Q8_0 && kv_dim % 32 == 0) {
         size_t warps = (size_t)n_rows * (kv_dim / 32);
         dim3 grid((unsigned int)((warps + LK_THREADS / 32 - 1) / (LK_THREADS / 32)), 2);
         LK_LAUNCH(kv_write_q8_0, grid, LK_THREADS, 0, s)((uint8_t *)k_cache, (uint8_t *)v_cache, row_bytes, kv_dim, slot, k,

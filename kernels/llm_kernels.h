@@ -21,6 +21,18 @@
 extern "C" {
 #endif
 
+/* The weight and cache types the kernels take: engine/include/llm/quant.h's
+ * quant_type values (backend_cuda.c asserts they agree). */
+enum {
+    LK_T_F32 = 0,
+    LK_T_F16 = 1,
+    LK_T_Q4_0 = 2,
+    LK_T_Q8_0 = 8,
+    LK_T_Q4_K = 12,
+    LK_T_Q6_K = 14,
+    LK_T_BF16 = 30
+};
+
 /* out[t] = x[t] / rms(x[t]) * w, rows of dim (sum of squares in double,
  * as the CPU backend). */
 int lk_rmsnorm(const float *x, const float *w, int n_tok, int dim, float eps, float *out, void *stream);

@@ -9,6 +9,7 @@
  * aside), though not the same draw for a given seed. Edge rules shared with the
  * host sampler: a NaN logit picks LK_SAMPLE_NAN, an infinite largest
  * logit or a total that is not finite and positive picks the argmax. */
+#include <limits.h>
 #include <math.h>
 
 #include "common.cuh"
@@ -148,7 +149,7 @@ __device__ static float smp_scan(float v, float *prefix, float *total)
     __syncthreads();
     prefix[threadIdx.x] = v;
     __syncthreads();
-    if (threadIdx.x == 0) { /* 1024 adds */
+    if (threadIdx.x == 0) { /* serial, in thread order: the prefix must follow id order exactly (1024 adds per scan) */
         float acc = 0.f;
         for (int t = 0; t < SMP_THREADS; t++) {
             float x = prefix[t];
@@ -169,7 +170,7 @@ __device__ static void top_k(const float *row, const smp_chunk *ch, int k, int n
                              float *prefix, smp_set *cs, int *tie0)
 {
     cs->kth = -INFINITY;
-    cs->ties = 0x7fffffff;
+    cs->ties = INT_MAX; /* off: every tie */
     *tie0 = 0;
     if (k <= 0 || k >= n)
         return;
@@ -252,8 +253,8 @@ __global__ static void sample_kernel(const float *logits, int n_vocab, const lk_
     float part, count, total;
     int last = -1, tie = ch.tie0;
     chunk_mass(row, &ch, &cs, -INFINITY, &count, &part);
-    for (int i = ch.i0; i < ch.i1; i++)
-        if (smp_in(&cs, logit_at(row, i), &tie))
+    for (int i = ch.i0; i < ch.i1; i++) /* the chunk's last candidate with a weight (not a -inf or underflowed logit) */
+        if (smp_in(&cs, logit_at(row, i), &tie) && expf((logit_at(row, i) - M) / p.temperature) > 0.f)
             last = i;
     if (threadIdx.x == 0)
         pick = -1, last_any = -1;
@@ -262,11 +263,13 @@ __global__ static void sample_kernel(const float *logits, int n_vocab, const lk_
         atomicMax(&last_any, last);
     float target = p.u * total;
     if (part > 0.f && target >= start && target < start + part) {
-        float acc = start;
+        /* summed from 0 as part was (from start, weights below half an
+         * ulp of start would vanish and the draw would fall off the end) */
+        float acc = 0.f, want = target - start;
         tie = ch.tie0;
         for (int i = ch.i0; i < ch.i1; i++) {
             float l = logit_at(row, i);
-            if (smp_in(&cs, l, &tie) && (acc += expf((l - M) / p.temperature)) > target) {
+            if (smp_in(&cs, l, &tie) && (acc += expf((l - M) / p.temperature)) > want) {
                 pick = i;
                 break;
             }

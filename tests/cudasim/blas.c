@@ -97,36 +97,12 @@ typedef struct gemm_op {
     float *C;
 } gemm_op;
 
-static float half_bits(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-    if (e == 31)
-        x = sign | 0x7f800000u | (m << 13);
-    else if (e)
-        x = sign | ((e + 112u) << 23) | (m << 13);
-    else if (!m)
-        x = sign;
-    else {
-        int sh = 0;
-        while (!(m & 0x400u)) m <<= 1, sh++;
-        x = sign | ((uint32_t)(113 - sh) << 23) | ((m & 0x3ffu) << 13);
-    }
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
-}
-
 static float elem(int dt, const void *p, size_t i)
 {
     if (dt == CUDA_R_32F)
         return ((const float *)p)[i];
     uint16_t h = ((const uint16_t *)p)[i];
-    if (dt == CUDA_R_16F)
-        return half_bits(h);
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
+    return dt == CUDA_R_16F ? cusim_half_to_float(h) : cusim_bf16_to_float(h);
 }
 
 /* An F32 input as the tensor cores read it under FAST_TF32: 10 mantissa
@@ -190,7 +166,7 @@ static void gemm_run(sim_op *op)
     free(b);
 }
 
-static const sim_op_kind gemm_kind = {"cublasGemmEx", gemm_run, NULL, NULL};
+static const sim_op_kind gemm_kind = {"cublasGemmEx", gemm_run, NULL, NULL, NULL};
 
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                             const void *alpha, const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt,

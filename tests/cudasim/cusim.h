@@ -1,8 +1,7 @@
-/* cusim.h - the CUDA-on-CPU emulator's internal interface: what the device
- * dialect (include/cusim_device.h) calls from kernel code, and what the
- * runtime's files (runtime.c, exec.c, check.c, fiber.c, blas.c, nccl.c)
- * share. Nothing here is for the code under test; it sees only the CUDA,
- * cuBLAS and NCCL names.
+/* cusim.h - what the device dialect (include/cusim_device.h) calls from
+ * kernel code (coordinates, launches, collectives, atomics, math), and the
+ * emulator's own tests' hooks. The code under test sees only the CUDA,
+ * cuBLAS and NCCL names; the emulator's files share sim.h.
  *
  * The model (docs/internals/cudasim.md):
  *  - device memory lives in one arena per device, readable by the host
@@ -25,12 +24,44 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cuda_runtime.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ---- half and bfloat16 bits to float --------------------------------------- */
+/* Exact. The emulator's one copy (kernel dialect, wmma, cuBLAS), written
+ * apart from engine/quant.c on purpose: a mistake shared with the CPU
+ * backend could hide a host/device difference. */
+static inline float cusim_half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+    if (e == 31)
+        x = sign | 0x7f800000u | (m << 13);
+    else if (e)
+        x = sign | ((e + 112u) << 23) | (m << 13);
+    else if (!m)
+        x = sign;
+    else { /* subnormal: m * 2^-24, normalised */
+        int sh = 0;
+        while (!(m & 0x400u)) m <<= 1, sh++;
+        x = sign | ((uint32_t)(113 - sh) << 23) | ((m & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+static inline float cusim_bf16_to_float(uint16_t b)
+{
+    uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
 
 /* ---- what kernel code reads: the current thread's coordinates ---------- */
 typedef struct cusim_regs {

@@ -2,8 +2,8 @@
  * instructions of x86-64 assembly that save the callee-saved registers,
  * MXCSR and the x87 control word on the current stack and continue on
  * another (swapcontext would make a system call per switch, and a block
- * of 1,024 threads switches at every barrier and shuffle). Elsewhere the
- * portable ucontext calls do the same, slower.
+ * of 1,024 threads switches at every barrier and shuffle). x86-64 only,
+ * like the rest of the emulator's build.
  *
  * Under AddressSanitizer every switch is announced
  * (__sanitizer_start_switch_fiber), so it knows which stack is in use. */
@@ -83,22 +83,8 @@ void fiber_make(fiber *f, void (*fn)(void *), void *arg)
 
 static void swap_raw(fiber *from, fiber *to) { fiber_swap(&from->sp, to->sp); }
 
-#else /* portable */
-
-#include <ucontext.h>
-
-void fiber_make(fiber *f, void (*fn)(void *), void *arg)
-{
-    ucontext_t *uc = f->uc;
-    getcontext(uc);
-    uc->uc_stack.ss_sp = f->stack;
-    uc->uc_stack.ss_size = f->size;
-    uc->uc_link = NULL;
-    makecontext(uc, (void (*)(void))fn, 1, arg); /* one pointer argument: fine on LP64 glibc */
-}
-
-static void swap_raw(fiber *from, fiber *to) { swapcontext(from->uc, to->uc); }
-
+#else
+#error "cudasim's fibers are written for x86-64 (the kernels are built with -mfma there too)"
 #endif
 
 void fiber_started(fiber *sched)

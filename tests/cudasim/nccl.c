@@ -28,7 +28,9 @@ typedef struct coll {
 } coll;
 
 typedef struct clique {
-    int n, aborted, live;
+    int n, aborted;
+    int live;     /* communicators not destroyed */
+    int structs;  /* communicator structs not freed (queued ops may outlive ncclCommDestroy) */
     struct ncclComm *comm[SIM_MAX_DEVS];
     coll inflight[MAX_INFLIGHT];
 } clique;
@@ -38,6 +40,8 @@ struct ncclComm {
     int rank, dev;
     uint64_t next_seq;
     sim_stream *last_stream; /* where this rank's collectives are queued */
+    int refs;                /* queued all-reduces naming it */
+    int gone;                /* destroyed or aborted by its owner: freed when refs drops to 0 */
 };
 
 typedef struct ar_op {
@@ -81,26 +85,37 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
             c = NULL;
             break;
         }
-        *c->comm[i] = (struct ncclComm){c, i, devlist ? devlist[i] : i, 0, NULL};
+        *c->comm[i] = (struct ncclComm){c, i, devlist ? devlist[i] : i, 0, NULL, 0, 0};
     }
     if (c) {
-        c->n = c->live = ndev;
+        c->n = c->live = c->structs = ndev;
         for (int i = 0; i < ndev; i++) comms[i] = c->comm[i];
     }
     sim_unlock();
     return bad ? ncclInvalidArgument : c ? ncclSuccess : ncclSystemError;
 }
 
-static void clique_release(struct ncclComm *comm)
+static void comm_free(struct ncclComm *comm)
 {
     clique *c = comm->c;
-    c->comm[comm->rank] = NULL;
     free(comm);
-    if (--c->live == 0) {
+    if (--c->structs == 0) {
         for (int i = 0; i < MAX_INFLIGHT; i++)
             for (int r = 0; r < c->n; r++) free(c->inflight[i].data[r]);
         free(c);
     }
+}
+
+/* The owner is done with comm; all-reduces still queued on its stream
+ * keep the struct until they are dropped (they then do nothing). */
+static void clique_release(struct ncclComm *comm)
+{
+    clique *c = comm->c;
+    c->comm[comm->rank] = NULL;
+    c->live--;
+    comm->gone = 1;
+    if (!comm->refs)
+        comm_free(comm);
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm)
@@ -173,7 +188,7 @@ static void ar_run(sim_op *op)
     ar_op *a = SIM_PAYLOAD(op, ar_op);
     clique *c = a->comm->c;
     op->state = 2;
-    if (c->aborted)
+    if (c->aborted || a->comm->gone)
         return;
     coll *k = coll_for(c, a->seq);
     if (!k) {
@@ -198,10 +213,17 @@ static void ar_run(sim_op *op)
         finish_all(c, k, 1);
 }
 
-static const sim_op_kind ar_kind = {"ncclAllReduce", ar_run, NULL, NULL};
+static void ar_drop(sim_op *op)
+{
+    struct ncclComm *comm = SIM_PAYLOAD(op, ar_op)->comm;
+    if (--comm->refs == 0 && comm->gone)
+        comm_free(comm);
+}
+
+static const sim_op_kind ar_kind = {"ncclAllReduce", ar_run, ar_drop, NULL, NULL};
 
 /* The peers' queued work, up to their part in op's collective. */
-int nccl_progress(sim_op *op)
+int sim_nccl_progress(sim_op *op)
 {
     ar_op *a = SIM_PAYLOAD(op, ar_op);
     clique *c = a->comm->c;
@@ -210,12 +232,27 @@ int nccl_progress(sim_op *op)
         if (r == a->comm->rank || !s || s->executing)
             continue;
         s->executing = 1;
+        s->exec_owner = pthread_self();
         while (s->head && !(s->head->k == &ar_kind && s->head->state == 1))
             if (sim_run_head(s))
                 break;
         s->executing = 0;
+        pthread_cond_broadcast(&sim.cv); /* a thread may wait to run this queue itself */
     }
     return op->state == 2 ? 0 : 1;
+}
+
+/* 0, or why this all-reduce cannot be queued. */
+static ncclResult_t ar_refused(const void *send, const void *recv, size_t count, ncclComm_t comm, const sim_stream *s)
+{
+    if (comm->gone)
+        return ncclInvalidUsage;
+    if (sim_prologue() || sim_injected("ncclAllReduce"))
+        return ncclUnhandledCudaError;
+    if (!s || s->dev != comm->dev || sim_device_ptr(send, count * 4, comm->dev, "ncclAllReduce send buffer") ||
+        sim_device_ptr(recv, count * 4, comm->dev, "ncclAllReduce receive buffer"))
+        return ncclInvalidArgument;
+    return s->capturing ? ncclInvalidUsage : ncclSuccess; /* not emulated: collectives inside graphs */
 }
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t redop,
@@ -224,21 +261,15 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     if (!comm || type != ncclFloat || redop != ncclSum)
         return ncclInvalidArgument;
     sim_lock();
-    ncclResult_t res = ncclSuccess;
     sim_stream *s = (sim_stream *)st;
-    if (sim_prologue() || sim_injected("ncclAllReduce"))
-        res = ncclUnhandledCudaError;
-    else if (!s || s->dev != comm->dev || sim_device_ptr(send, count * 4, comm->dev, "ncclAllReduce send buffer") ||
-             sim_device_ptr(recv, count * 4, comm->dev, "ncclAllReduce receive buffer"))
-        res = ncclInvalidArgument;
-    else if (s->capturing)
-        res = ncclInvalidUsage; /* not emulated: collectives inside graphs */
+    ncclResult_t res = ar_refused(send, recv, count, comm, s);
     sim_op *op = res ? NULL : sim_op_new(&ar_kind, sizeof(ar_op));
     if (!res && !op)
         res = ncclSystemError;
     if (op) {
         *SIM_PAYLOAD(op, ar_op) = (ar_op){comm, send, recv, count, ++comm->next_seq};
         comm->last_stream = s;
+        comm->refs++;
         sim_enqueue(s, op);
     }
     sim_unlock();

@@ -1,7 +1,8 @@
-/* sim.h - what the emulator's own files share (runtime.c: memory, streams,
- * graphs, errors; exec.c: kernel execution on fibers; check.c: the access
- * checks and reports; blas.c, nccl.c: the library stand-ins). Not seen by
- * the code under test.
+/* sim.h - the emulator's module header: what its files share
+ * (sim_runtime.c: memory, streams, errors; sim_graph.c: capture and
+ * graphs; sim_exec.c: kernel execution on fibers; sim_check.c: the access
+ * checks and reports; blas.c, nccl.c: the library stand-ins, named by the
+ * APIs they implement). Not seen by the code under test.
  *
  * Locking: one mutex (sim.mu) guards everything here; device work runs
  * with it held, on the thread that waits for the work. */
@@ -19,6 +20,11 @@
 #define SIM_ALIGN 256        /* cudaMalloc's alignment */
 #define SIM_GUARD 512        /* unallocated bytes after each allocation */
 #define SIM_STREAMS ((sim_stream *)1) /* pending copies on more than one stream */
+#define SIM_SMEM_DEFAULT (48 * 1024)  /* dynamic shared memory a kernel may use without the attribute */
+#define SIM_SMEM_OPTIN (227 * 1024)   /* the most it may ask for (an H200's opt-in limit) */
+#define SIM_FREED_RING 256            /* recent frees remembered, to name use after free */
+#define SIM_POISON_MAX ((size_t)64 << 20) /* larger allocations are not filled (pages would all be touched) */
+#define SIM_MAX_TABLE (1 << 20)       /* allocations, streams, free extents, graph nodes: beyond, out of memory */
 
 /* ---- allocations (device memory and pinned host memory) ---------------- */
 typedef struct sim_stream sim_stream;
@@ -42,6 +48,7 @@ typedef struct sim_op_kind {
     void (*run)(sim_op *op);              /* under sim.mu; may fault */
     void (*drop)(sim_op *op);             /* frees what the op owns (not op) */
     int (*clone)(const sim_op *op, sim_op *to); /* deep copy for a graph; 0 ok */
+    void (*targets)(sim_op *op);          /* (optional) sets op->w, op->r: what it writes and reads */
 } sim_op_kind;
 
 struct sim_op {
@@ -67,7 +74,8 @@ struct sim_stream {
     struct sim_graph *graph;
     pthread_t capture_thread;
     int capture_mode;
-    int executing;        /* a thread is running this stream's queue */
+    int executing;        /* exec_owner is running this stream's queue */
+    pthread_t exec_owner;
 };
 
 typedef struct sim_graph {
@@ -97,7 +105,7 @@ typedef struct sim_state {
     sim_dev dev[SIM_MAX_DEVS];
     sim_alloc **allocs;   /* sorted by base */
     int n_allocs, cap_allocs;
-    struct { uintptr_t base; size_t bytes; } freed[256]; /* recent frees, for reports */
+    struct { uintptr_t base; size_t bytes; } freed[SIM_FREED_RING]; /* recent frees, for reports */
     int freed_next;
     uint64_t serial, seq;
     cudaError_t sticky;   /* a device fault: every later call returns it */
@@ -114,7 +122,7 @@ typedef struct sim_state {
 
 extern sim_state sim;
 
-/* runtime.c */
+/* sim_runtime.c */
 void sim_lock(void);
 void sim_unlock(void);
 sim_alloc *sim_find(uintptr_t a);          /* the allocation holding a (or NULL) */
@@ -122,8 +130,14 @@ sim_alloc *sim_nearest(uintptr_t a, long *dist); /* the closest one (for reports
 int sim_was_freed(uintptr_t a, size_t *bytes);
 void sim_exec_enter(void);                 /* arenas readable */
 void sim_exec_leave(void);
+/* A new op of kind k with `payload` zeroed bytes after its header; NULL
+ * when out of memory. The caller hands it to sim_enqueue or frees it
+ * with sim_op_free. */
 sim_op *sim_op_new(const sim_op_kind *k, size_t payload);
-void sim_enqueue(sim_stream *s, sim_op *op); /* or into the capture */
+void sim_op_free(sim_op *op);              /* its kind's drop, then the op; NULL ok */
+/* Queues op on s (or records it in s's capture); takes op in every case
+ * (a capture that cannot record it frees it and is invalidated). */
+void sim_enqueue(sim_stream *s, sim_op *op);
 sim_stream *sim_stream_of(cudaStream_t s);  /* NULL: the current device's legacy stream */
 cudaError_t sim_prologue(void);              /* init; the sticky error */
 cudaError_t sim_injected(const char *name);  /* CUSIM_FAIL: this call of name fails */
@@ -134,11 +148,43 @@ int sim_device_ptr(const void *p, size_t bytes, int dev, const char *what); /* 0
 int sim_cur_dev(void);
 void sim_pending_note(sim_op *op, int add);  /* hazard counts of a copy */
 
+/* The body of every emulated runtime call: the lock, first-use set-up,
+ * the sticky fault and CUSIM_FAIL (ENTER); the unlock and the thread's
+ * last error (LEAVE). */
+#define ENTER()                                  \
+    sim_lock();                                  \
+    do {                                         \
+        cudaError_t e_ = sim_prologue();         \
+        if (!e_)                                 \
+            e_ = sim_injected(__func__);         \
+        if (e_) {                                \
+            sim_unlock();                        \
+            return sim_set_error(e_);            \
+        }                                        \
+    } while (0)
+#define LEAVE(e)                                 \
+    do {                                         \
+        cudaError_t r_ = (e);                    \
+        sim_unlock();                            \
+        return sim_set_error(r_);                \
+    } while (0)
+
+/* sim_graph.c: capture rules */
+void sim_capture_invalidate(sim_stream *s, const char *why); /* s's capture fails at its end, saying why */
+int sim_capture_refuses(const char *call); /* 1: this thread captures and call is unsafe (the capture is invalidated) */
+void sim_capture_forget(void);             /* cudaDeviceReset: this thread captures nothing */
+int sim_graph_add(sim_graph *g, sim_op *op); /* appends (g owns op); -1 when out of memory (op not taken) */
+#define REFUSE_IN_CAPTURE(call)                          \
+    do {                                                 \
+        if (sim_capture_refuses(call))                 \
+            LEAVE(cudaErrorStreamCaptureUnsupported);    \
+    } while (0)
+
 /* nccl.c: runs the peers' queued work for the collective op; 0 when it
  * completed. */
-int nccl_progress(sim_op *op);
+int sim_nccl_progress(sim_op *op);
 
-/* check.c */
+/* sim_check.c */
 /* A device fault outside kernel code (a library call, a copy): reported,
  * kept as the sticky error (the first one only). */
 void sim_fault(cudaError_t e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -156,7 +202,7 @@ void sim_shadow_dyn(size_t bytes);    /* shadow cells for a launch's dynamic sha
  * faults (does not return) when it is not allowed. */
 void sim_check_access(uintptr_t a, size_t n, int write, int aligned, void *pc);
 
-/* exec.c */
+/* sim_exec.c */
 typedef struct sim_kernel {
     const char *name;
     const void *fn;
@@ -167,9 +213,11 @@ typedef struct sim_kernel {
     /* closure bytes follow */
 } sim_kernel;
 void sim_run_kernel(sim_kernel *k); /* under sim.mu, arenas readable */
-/* A fault in the running block: reported, the block and the launch
- * abandoned. Called from a GPU thread; does not return. */
-void sim_block_fault(cudaError_t e, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+/* A fault in the running block: reported (as thread tid's; -1: the
+ * running thread; pc: the access, for its source line), the block and the
+ * launch abandoned. Called from a GPU thread; does not return. */
+void sim_block_faultf(int tid, cudaError_t e, void *pc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5), noreturn));
 /* The same without a report (the caller made it). */
 void sim_block_abort(void) __attribute__((noreturn));
 

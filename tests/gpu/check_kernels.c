@@ -115,7 +115,7 @@ static void check_rope(llm_backend *cpu, int neox, int with_factors)
     llm_rope_args a = {ref, n_tok, n_head, head_dim, rot_dim, pos, 500000.0f, 1.0f, neox, with_factors ? factors : NULL};
     llm_backend_rope(cpu, &a);
     float freq[32]; /* the host's table, as every backend computes it */
-    llm_rope_freq_table(500000.0f, rot_dim, with_factors ? factors : NULL, freq);
+    llm_backend_rope_freqs(500000.0f, rot_dim, with_factors ? factors : NULL, freq);
     float *dx = to_dev(x, n * 4), *df = to_dev(freq, sizeof freq);
     int32_t *dp = to_dev(pos, sizeof pos);
     CK((cudaError_t)lk_rope(dx, n_tok, n_head, head_dim, rot_dim, dp, df, 1.0f, neox, NULL));

@@ -89,11 +89,13 @@ typedef struct llm_rope_args {
     const float *freq_factors; /* (rot_dim / 2) divisors of each frequency (Llama 3.1+), or NULL */
 } llm_rope_args;
 
-/* The rotary frequency of each of the rot_dim / 2 pairs,
- * theta^(-2i / rot_dim) / factors[i] (factors NULL: 1), computed on the
- * host by every backend, so all rotate by the same angles (a device's
- * powf is not correctly rounded). */
-static inline void llm_rope_freq_table(float theta, int rot_dim, const float *factors, float *freq)
+/* The rotary frequency of each of the rot_dim / 2 pairs into freq (room
+ * for rot_dim / 2 floats, at most LLM_MAX_ROT_DIM / 2):
+ * theta^(-2i / rot_dim) / factors[i] (factors NULL: 1). Every backend
+ * computes the table with this on the host, so all rotate by the same
+ * angles (a device's powf is not correctly rounded, and at positions of
+ * thousands a few ulps of a frequency move an angle by ~1e-3). */
+static inline void llm_backend_rope_freqs(float theta, int rot_dim, const float *factors, float *freq)
 {
     for (int i = 0; i < rot_dim / 2; i++)
         freq[i] = powf(theta, -2.0f * (float)i / (float)rot_dim) / (factors ? factors[i] : 1.0f);

@@ -4,7 +4,7 @@
  * values as CUDA 13's headers, so the same sources compile unchanged with
  * either; semantics as documented by NVIDIA ("API synchronization
  * behavior", stream capture), executed on the host (tests/cudasim/
- * runtime.c). C and C++; in C++ the device dialect (cusim_device.h) comes
+ * sim_runtime.c). C and C++; in C++ the device dialect (cusim_device.h) comes
  * with it.
  *
  * Thread-safety: as CUDA's (any thread; each thread has its current

@@ -7,7 +7,7 @@
  * launch template behind LK_LAUNCH.
  *
  * Kernel code is compiled with GCC's ThreadSanitizer instrumentation
- * (tests/cudasim/check.c implements its hooks): every load and store it
+ * (tests/cudasim/sim_check.c implements its hooks): every load and store it
  * makes is seen by the emulator. This header's own helpers touch only
  * the calling thread's locals, so they add no accesses of their own.
  *
@@ -221,23 +221,6 @@ static inline unsigned short cusim_f2h(float f)
     return (unsigned short)(sign | h);
 }
 
-static inline float cusim_h2f(unsigned short h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-    if (e == 31)
-        x = sign | 0x7f800000u | (m << 13);
-    else if (e)
-        x = sign | ((e + 112u) << 23) | (m << 13);
-    else if (!m)
-        x = sign;
-    else { /* subnormal: m * 2^-24 */
-        int sh = 0;
-        while (!(m & 0x400u)) m <<= 1, sh++;
-        x = sign | ((uint32_t)(113 - sh) << 23) | ((m & 0x3ffu) << 13);
-    }
-    return cusim_from_bits<float>(x);
-}
-
 /* float -> bfloat16, round to nearest even (cvt.rn.bf16.f32); NaN 0x7fff. */
 static inline unsigned short cusim_f2bf(float f)
 {
@@ -249,12 +232,12 @@ static inline unsigned short cusim_f2bf(float f)
 
 static inline __half __float2half_rn(float f) { return __half{cusim_f2h(f)}; }
 static inline __half __float2half(float f) { return __half{cusim_f2h(f)}; }
-static inline float __half2float(__half h) { return cusim_h2f(h.__x); }
+static inline float __half2float(__half h) { return cusim_half_to_float(h.__x); }
 static inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
 static inline unsigned short __half_as_ushort(__half h) { return h.__x; }
 static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{cusim_f2bf(f)}; }
 static inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16{cusim_f2bf(f)}; }
-static inline float __bfloat162float(__nv_bfloat16 b) { return cusim_from_bits<float>((uint32_t)b.__x << 16); }
+static inline float __bfloat162float(__nv_bfloat16 b) { return cusim_bf16_to_float(b.__x); }
 
 /* ---- math with the device's error ------------------------------------------- */
 /* Maximum ulp errors of CUDA's single-precision functions (CUDA C++

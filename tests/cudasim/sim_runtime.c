@@ -1,11 +1,11 @@
-/* runtime.c - the CUDA runtime calls of the emulator (cuda_runtime.h):
- * devices, device memory, copies, streams, stream capture and graphs,
- * errors. Semantics follow NVIDIA's documentation ("API synchronization
+/* sim_runtime.c - the CUDA runtime calls of the emulator (cuda_runtime.h):
+ * devices, device memory, copies, streams, errors (capture and graphs:
+ * sim_graph.c). Semantics follow NVIDIA's documentation ("API synchronization
  * behavior", stream capture rules):
  *
  *  - Device memory comes from one arena per device, mapped PROT_NONE
  *    whenever no device work runs: host code that dereferences a device
- *    pointer gets SIGSEGV (and check.c's report), as it would with a GPU.
+ *    pointer gets SIGSEGV (and sim_check.c's report), as it would with a GPU.
  *    New allocations are filled with 0xff bytes (a NaN in every float).
  *    Freed memory is quarantined a while, so late use is caught.
  *  - Work is queued per stream and runs only when the host has to wait for
@@ -31,7 +31,6 @@
 sim_state sim = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 static __thread int tl_dev;
 static __thread cudaError_t tl_err;
-static __thread sim_stream *tl_capture; /* a capture this thread started (not relaxed) */
 
 void sim_lock(void) { pthread_mutex_lock(&sim.mu); }
 void sim_unlock(void) { pthread_mutex_unlock(&sim.mu); }
@@ -85,6 +84,9 @@ static void sim_init(void)
         dv->arena_bytes = sim.mem_bytes + ((size_t)64 << 20);
         void *p = mmap(NULL, dv->arena_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         dv->arena = p == MAP_FAILED ? NULL : p;
+        if (!dv->arena) /* every cudaMalloc on it will say out of memory: say why once */
+            fprintf(stderr, "cudasim: device %d: cannot reserve %zu MiB of address space: %s\n", d, dv->arena_bytes >> 20,
+                    strerror(errno));
         dv->legacy = (sim_stream){.dev = d, .legacy = 1};
     }
     sim_check_init();
@@ -123,7 +125,13 @@ static void inject_parse(void)
         }
         memcpy(inject[n_inject].name, v, (size_t)(colon - v));
         inject[n_inject].name[colon - v] = 0;
-        inject[n_inject++].nth = strtol(colon + 1, NULL, 10);
+        char *end;
+        long nth = strtol(colon + 1, &end, 10);
+        if (nth < 1 || (*end && *end != ',')) {
+            fprintf(stderr, "cudasim: CUSIM_FAIL=%s: the call number must be 1 or more\n", getenv("CUSIM_FAIL"));
+            return;
+        }
+        inject[n_inject++].nth = nth;
         v = comma ? comma + 1 : NULL;
     }
 }
@@ -153,24 +161,6 @@ cudaError_t sim_prologue(void)
         sim_init();
     return sim.sticky;
 }
-
-#define ENTER()                                  \
-    sim_lock();                                  \
-    do {                                         \
-        cudaError_t e_ = sim_prologue();         \
-        if (!e_)                                 \
-            e_ = sim_injected(__func__);         \
-        if (e_) {                                \
-            sim_unlock();                        \
-            return sim_set_error(e_);            \
-        }                                        \
-    } while (0)
-#define LEAVE(e)                                 \
-    do {                                         \
-        cudaError_t r_ = (e);                    \
-        sim_unlock();                            \
-        return sim_set_error(r_);                \
-    } while (0)
 
 /* ---- errors ---------------------------------------------------------------- */
 
@@ -283,7 +273,7 @@ sim_alloc *sim_nearest(uintptr_t a, long *dist)
 
 int sim_was_freed(uintptr_t a, size_t *bytes)
 {
-    for (int i = 0; i < 256; i++)
+    for (int i = 0; i < SIM_FREED_RING; i++)
         if (sim.freed[i].bytes && a - sim.freed[i].base < sim.freed[i].bytes) {
             *bytes = sim.freed[i].bytes;
             return 1;
@@ -295,6 +285,8 @@ static int table_add(sim_alloc *al)
 {
     if (sim.n_allocs == sim.cap_allocs) {
         int cap = sim.cap_allocs ? 2 * sim.cap_allocs : 64;
+        if (cap > SIM_MAX_TABLE)
+            return -1;
         sim_alloc **t = realloc(sim.allocs, sizeof *t * (size_t)cap);
         if (!t)
             return -1;
@@ -316,7 +308,7 @@ static void table_remove(sim_alloc *al)
     sim.n_allocs--;
     sim.freed[sim.freed_next].base = al->base;
     sim.freed[sim.freed_next].bytes = al->bytes ? al->bytes : 1;
-    sim.freed_next = (sim.freed_next + 1) % 256;
+    sim.freed_next = (sim.freed_next + 1) % SIM_FREED_RING;
 }
 
 /* ---- arenas ------------------------------------------------------------------ */
@@ -330,12 +322,20 @@ static void pinned_apply_all(void)
             pinned_apply(sim.allocs[i]);
 }
 
+/* Every device arena readable and writable (device work runs), or not at
+ * all (host code runs). A failure is a fault: device work would crash, or
+ * host code touching device memory would go unseen. */
+static void arenas_protect(int prot)
+{
+    for (int d = 0; d < sim.n_devs; d++)
+        if (sim.dev[d].arena && mprotect(sim.dev[d].arena, sim.dev[d].arena_bytes, prot))
+            sim_fault(cudaErrorUnknown, "mprotect of device %d's memory: %s", d, strerror(errno));
+}
+
 void sim_exec_enter(void)
 {
     if (sim.exec_depth++ == 0) {
-        for (int d = 0; d < sim.n_devs; d++)
-            if (sim.dev[d].arena)
-                mprotect(sim.dev[d].arena, sim.dev[d].arena_bytes, PROT_READ | PROT_WRITE);
+        arenas_protect(PROT_READ | PROT_WRITE);
         pinned_apply_all();
     }
 }
@@ -343,9 +343,7 @@ void sim_exec_enter(void)
 void sim_exec_leave(void)
 {
     if (--sim.exec_depth == 0) {
-        for (int d = 0; d < sim.n_devs; d++)
-            if (sim.dev[d].arena)
-                mprotect(sim.dev[d].arena, sim.dev[d].arena_bytes, PROT_NONE);
+        arenas_protect(PROT_NONE);
         pinned_apply_all();
     }
 }
@@ -401,6 +399,8 @@ static void arena_give(sim_dev *dv, size_t off, size_t len)
     }
     if (dv->n_free == dv->cap_free) {
         int cap = 2 * dv->cap_free;
+        if (cap > SIM_MAX_TABLE)
+            return; /* the extent is lost to this run: memory never handed out twice */
         void *p = realloc(dv->free_list, sizeof *dv->free_list * (size_t)cap);
         if (!p)
             return; /* the extent is lost to this run: memory never handed out twice */
@@ -420,6 +420,10 @@ static void arena_quarantine(sim_dev *dv, size_t off, size_t len)
     size_t limit = dv->total / 8 < ((size_t)256 << 20) ? dv->total / 8 : ((size_t)256 << 20);
     if (dv->n_quar == dv->cap_quar) {
         int cap = dv->cap_quar ? 2 * dv->cap_quar : 64;
+        if (cap > SIM_MAX_TABLE) {
+            arena_give(dv, off, len);
+            return;
+        }
         void *p = realloc(dv->quarantine, sizeof *dv->quarantine * (size_t)cap);
         if (!p) {
             arena_give(dv, off, len);
@@ -475,8 +479,8 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev)
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "NVIDIA H200 (cudasim)");
     p->totalGlobalMem = sim.dev[dev].total;
-    p->sharedMemPerBlock = 48 * 1024;
-    p->sharedMemPerBlockOptin = 227 * 1024;
+    p->sharedMemPerBlock = SIM_SMEM_DEFAULT;
+    p->sharedMemPerBlockOptin = SIM_SMEM_OPTIN;
     p->regsPerBlock = 65536;
     p->warpSize = 32;
     p->maxThreadsPerBlock = 1024;
@@ -505,7 +509,7 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value)
 {
     ENTER();
-    if (!func || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > 227 * 1024)
+    if (!func || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > SIM_SMEM_OPTIN)
         LEAVE(cudaErrorInvalidValue);
     for (int i = 0; i < sim.n_attrs; i++)
         if (sim.attrs[i].fn == func) {
@@ -518,31 +522,6 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
     sim.attrs[sim.n_attrs++].max_dyn = value;
     LEAVE(cudaSuccess);
 }
-
-/* ---- capture rules ------------------------------------------------------------ */
-
-static void capture_invalidate(sim_stream *s, const char *why)
-{
-    if (s && s->capturing && !s->capture_bad) {
-        s->capture_bad = 1;
-        s->capture_why = why;
-    }
-}
-
-/* An unsafe call made by a thread with a capture in progress: refused, the
- * capture invalidated (cudaThreadExchangeStreamCaptureMode's rules). */
-static int unsafe_during_capture(const char *call)
-{
-    if (!tl_capture || !tl_capture->capturing)
-        return 0;
-    capture_invalidate(tl_capture, call);
-    return 1;
-}
-#define REFUSE_IN_CAPTURE(call)                          \
-    do {                                                 \
-        if (unsafe_during_capture(call))                 \
-            LEAVE(cudaErrorStreamCaptureUnsupported);    \
-    } while (0)
 
 /* ---- work queues ------------------------------------------------------------- */
 
@@ -561,7 +540,7 @@ sim_op *sim_op_new(const sim_op_kind *k, size_t payload)
     return op;
 }
 
-static void op_free(sim_op *op)
+void sim_op_free(sim_op *op)
 {
     if (op->k->drop)
         op->k->drop(op);
@@ -608,28 +587,14 @@ void sim_pending_note(sim_op *op, int add)
     }
 }
 
-static int graph_add(sim_graph *g, sim_op *op)
-{
-    if (g->n == g->cap) {
-        int cap = g->cap ? 2 * g->cap : 64;
-        sim_op **n = realloc(g->nodes, sizeof *n * (size_t)cap);
-        if (!n)
-            return -1;
-        g->nodes = n;
-        g->cap = cap;
-    }
-    g->nodes[g->n++] = op;
-    return 0;
-}
-
 void sim_enqueue(sim_stream *s, sim_op *op)
 {
     op->stream = s;
     op->seq = ++sim.seq;
     if (s->capturing) {
-        if (s->capture_bad || graph_add(s->graph, op)) {
-            capture_invalidate(s, "out of memory while capturing");
-            op_free(op);
+        if (s->capture_bad || sim_graph_add(s->graph, op)) {
+            sim_capture_invalidate(s, "out of memory while capturing");
+            sim_op_free(op);
         }
         return;
     }
@@ -648,13 +613,12 @@ static void drop_queue(sim_stream *s)
         sim_op *op = s->head;
         s->head = op->next;
         sim_pending_note(op, -1);
-        op_free(op);
+        sim_op_free(op);
     }
     s->tail = NULL;
 }
 
 static int flush_until(sim_stream *s, uint64_t seq);
-static void op_free(sim_op *op);
 
 /* The legacy stream waits for the blocking streams' earlier work, and
  * they for its (the NULL stream's implicit synchronisation). */
@@ -691,7 +655,7 @@ int sim_run_head(sim_stream *s)
     s->head = op->next;
     if (!s->head)
         s->tail = NULL;
-    op_free(op);
+    sim_op_free(op);
     return 0;
 }
 
@@ -700,17 +664,24 @@ int sim_run_head(sim_stream *s)
  * then wait for more work to be enqueued. */
 static int flush_until(sim_stream *s, uint64_t seq)
 {
+    /* another thread runs this queue: a synchronisation must not return
+     * before the work ran, so wait for it (it holds the queue only while
+     * running ops, or while its own collective waits for peers) */
+    while (s->executing && !pthread_equal(s->exec_owner, pthread_self()))
+        pthread_cond_wait(&sim.cv, &sim.mu);
     if (s->executing)
-        return 0; /* its own thread runs it (waiting in a collective) */
+        return 0; /* this thread runs it already, further up the call */
     s->executing = 1;
+    s->exec_owner = pthread_self();
     sim_exec_enter();
     while (s->head && s->head->seq < seq && !sim.sticky)
-        if (sim_run_head(s) == 1 && nccl_progress(s->head))
+        if (sim_run_head(s) == 1 && sim_nccl_progress(s->head))
             pthread_cond_wait(&sim.cv, &sim.mu);
     if (sim.sticky)
         drop_queue(s);
     sim_exec_leave();
     s->executing = 0;
+    pthread_cond_broadcast(&sim.cv);
     return sim.sticky ? -1 : 0;
 }
 
@@ -757,7 +728,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes)
         LEAVE(cudaErrorMemoryAllocation);
     }
     dv->used += span;
-    if (sim.poison && bytes && bytes <= ((size_t)64 << 20)) {
+    if (sim.poison && bytes && bytes <= SIM_POISON_MAX) {
         sim_exec_enter();
         memset((void *)al->base, 0xff, bytes);
         sim_exec_leave();
@@ -766,8 +737,8 @@ cudaError_t cudaMalloc(void **p, size_t bytes)
     LEAVE(cudaSuccess);
 }
 
-/* cudaFree synchronises with the device (its queued work may still use
- * the memory), then quarantines the extent. */
+/* cudaFree synchronises with the allocation's device (its queued work may
+ * still use the memory), then quarantines the extent. */
 cudaError_t cudaFree(void *p)
 {
     ENTER();
@@ -777,7 +748,7 @@ cudaError_t cudaFree(void *p)
     sim_alloc *al = sim_find((uintptr_t)p);
     if (!al || al->base != (uintptr_t)p || al->dev < 0)
         LEAVE(cudaErrorInvalidValue);
-    for (int d = 0; d < sim.n_devs; d++) flush_device(d);
+    flush_device(al->dev); /* its device's work only: other devices' queues may wait on collectives */
     if (sim.sticky)
         LEAVE(sim.sticky);
     sim_dev *dv = &sim.dev[al->dev];
@@ -848,17 +819,36 @@ int sim_device_ptr(const void *p, size_t bytes, int dev, const char *what)
 
 /* ---- copies and sets ------------------------------------------------------------- */
 
+enum { AT_PAGEABLE, AT_PINNED, AT_DEVICE };
+
 typedef struct copy_op {
     char *dst;
     const char *src;
     size_t bytes;
     int value;        /* memset: the byte; copy: -1 */
     char *snapshot;   /* pageable host source, copied at the call */
+    int dst_at, src_at; /* AT_*: what the pointers were when the op was made */
 } copy_op;
+
+static int is_pinned(const void *p, size_t bytes);
+
+/* A pointer still what it was when the op was made (a graph replays its
+ * copies long after capture: the memory may be gone by then). */
+static int still_there(const void *p, size_t bytes, int at)
+{
+    if (at == AT_DEVICE)
+        return !sim_device_ptr(p, bytes, -2, "memcpy/memset at replay");
+    return at != AT_PINNED || is_pinned(p, bytes);
+}
 
 static void copy_run(sim_op *op)
 {
     copy_op *c = SIM_PAYLOAD(op, copy_op);
+    if (!still_there(c->dst, c->bytes, c->dst_at) || (!c->snapshot && !still_there(c->src, c->bytes, c->src_at))) {
+        sim_fault(cudaErrorIllegalAddress, "%s of %zu bytes: %p or %p is no longer the memory it was when queued "
+                  "(freed after a graph captured it?)", op->k->name, c->bytes, (void *)c->dst, (const void *)c->src);
+        return;
+    }
     if (c->value >= 0)
         memset(c->dst, c->value, c->bytes);
     else
@@ -880,8 +870,24 @@ static int copy_clone(const sim_op *op, sim_op *to)
     return 0;
 }
 
-static const sim_op_kind copy_kind = {"memcpy", copy_run, copy_drop, copy_clone};
-static const sim_op_kind set_kind = {"memset", copy_run, NULL, copy_clone};
+/* What it will write and read when it runs: device memory and pinned host
+ * memory (pageable sources are snapshots; pageable destinations are
+ * written before the call returns). Looked up again for each graph launch. */
+static void copy_targets(sim_op *op)
+{
+    const copy_op *c = SIM_PAYLOAD(op, copy_op);
+    op->w = c->dst_at != AT_PAGEABLE ? sim_find((uintptr_t)c->dst) : NULL;
+    op->r = c->value < 0 && !c->snapshot && c->src_at != AT_PAGEABLE ? sim_find((uintptr_t)c->src) : NULL;
+}
+
+static const sim_op_kind copy_kind = {"memcpy", copy_run, copy_drop, copy_clone, copy_targets};
+static const sim_op_kind set_kind = {"memset", copy_run, NULL, copy_clone, copy_targets};
+
+static int where(const void *p, size_t bytes)
+{
+    sim_alloc *al = sim_find((uintptr_t)p);
+    return !al ? AT_PAGEABLE : al->dev >= 0 ? AT_DEVICE : is_pinned(p, bytes) ? AT_PINNED : AT_PAGEABLE;
+}
 
 /* Where a host pointer points: pinned (an allocation of cudaMallocHost)
  * or pageable. */
@@ -916,7 +922,7 @@ static cudaError_t copy_enqueue(sim_stream *s, void *dst, const void *src, size_
     if (!op)
         return cudaErrorMemoryAllocation;
     copy_op *c = SIM_PAYLOAD(op, copy_op);
-    *c = (copy_op){dst, src, bytes, -1, NULL};
+    *c = (copy_op){dst, src, bytes, -1, NULL, where(dst, bytes), where(src, bytes)};
     if (snapshot) {
         c->snapshot = malloc(bytes ? bytes : 1);
         if (!c->snapshot) {
@@ -925,11 +931,7 @@ static cudaError_t copy_enqueue(sim_stream *s, void *dst, const void *src, size_
         }
         memcpy(c->snapshot, src, bytes);
     }
-    /* what it will write and read when it runs: device memory, and pinned
-     * host memory (pageable sources were copied above; pageable
-     * destinations are written before the call returns) */
-    op->w = sim_find((uintptr_t)dst);
-    op->r = snapshot ? NULL : sim_find((uintptr_t)src);
+    copy_targets(op);
     sim_enqueue(s, op);
     return cudaSuccess;
 }
@@ -975,7 +977,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
     int host_pageable = (kind == cudaMemcpyHostToDevice && !is_pinned(src, bytes)) ||
                         (kind == cudaMemcpyDeviceToHost && !is_pinned(dst, bytes));
     if (s->capturing && host_pageable) {
-        capture_invalidate(s, "cudaMemcpyAsync with pageable host memory");
+        sim_capture_invalidate(s, "cudaMemcpyAsync with pageable host memory");
         LEAVE(cudaErrorStreamCaptureUnsupported);
     }
     e = copy_enqueue(s, dst, src, bytes, kind == cudaMemcpyHostToDevice && host_pageable);
@@ -991,8 +993,8 @@ static cudaError_t set_enqueue(sim_stream *s, void *p, int value, size_t bytes)
     sim_op *op = sim_op_new(&set_kind, sizeof(copy_op));
     if (!op)
         return cudaErrorMemoryAllocation;
-    *SIM_PAYLOAD(op, copy_op) = (copy_op){p, NULL, bytes, value & 0xff, NULL};
-    op->w = sim_find((uintptr_t)p);
+    *SIM_PAYLOAD(op, copy_op) = (copy_op){p, NULL, bytes, value & 0xff, NULL, AT_DEVICE, AT_PAGEABLE};
+    copy_targets(op);
     sim_enqueue(s, op);
     return cudaSuccess;
 }
@@ -1019,14 +1021,21 @@ cudaError_t cudaDeviceSynchronize(void)
     LEAVE(flush_device(tl_dev) ? sim.sticky : cudaSuccess);
 }
 
+/* A capturing stream cannot be waited for or queried: the capture fails. */
+static int capturing_refused(sim_stream *s, const char *call)
+{
+    if (!s->capturing)
+        return 0;
+    sim_capture_invalidate(s, call);
+    return 1;
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t st)
 {
     ENTER();
     sim_stream *s = sim_stream_of(st);
-    if (s->capturing) {
-        capture_invalidate(s, "cudaStreamSynchronize");
+    if (capturing_refused(s, "cudaStreamSynchronize"))
         LEAVE(cudaErrorStreamCaptureUnsupported);
-    }
     REFUSE_IN_CAPTURE("cudaStreamSynchronize");
     LEAVE(sim_flush(s) ? sim.sticky : cudaSuccess);
 }
@@ -1036,10 +1045,8 @@ cudaError_t cudaStreamQuery(cudaStream_t st)
 {
     ENTER();
     sim_stream *s = sim_stream_of(st);
-    if (s->capturing) {
-        capture_invalidate(s, "cudaStreamQuery");
+    if (capturing_refused(s, "cudaStreamQuery"))
         LEAVE(cudaErrorStreamCaptureUnsupported);
-    }
     LEAVE(s->head ? cudaErrorNotReady : cudaSuccess);
 }
 
@@ -1056,6 +1063,10 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags)
         LEAVE(cudaErrorMemoryAllocation);
     if (dv->n_streams == dv->cap_streams) {
         int cap = dv->cap_streams ? 2 * dv->cap_streams : 8;
+        if (cap > SIM_MAX_TABLE) {
+            free(s);
+            LEAVE(cudaErrorMemoryAllocation);
+        }
         sim_stream **n = realloc(dv->streams, sizeof *n * (size_t)cap);
         if (!n) {
             free(s);
@@ -1102,166 +1113,6 @@ cudaError_t cudaStreamDestroy(cudaStream_t st)
     LEAVE(sim.sticky);
 }
 
-/* ---- capture and graphs ---------------------------------------------------------- */
-
-static void graph_free(sim_graph *g)
-{
-    if (!g)
-        return;
-    for (int i = 0; i < g->n; i++) op_free(g->nodes[i]);
-    free(g->nodes);
-    free(g);
-}
-
-cudaError_t cudaStreamBeginCapture(cudaStream_t st, enum cudaStreamCaptureMode mode)
-{
-    ENTER();
-    sim_stream *s = sim_stream_of(st);
-    if (s->legacy)
-        LEAVE(cudaErrorStreamCaptureUnsupported); /* the NULL stream cannot be captured */
-    if (s->capturing)
-        LEAVE(cudaErrorIllegalState);
-    if (mode > cudaStreamCaptureModeRelaxed)
-        LEAVE(cudaErrorInvalidValue);
-    s->graph = calloc(1, sizeof *s->graph);
-    if (!s->graph)
-        LEAVE(cudaErrorMemoryAllocation);
-    s->capturing = 1;
-    s->capture_bad = 0;
-    s->capture_why = NULL;
-    s->capture_thread = pthread_self();
-    s->capture_mode = mode;
-    if (mode != cudaStreamCaptureModeRelaxed)
-        tl_capture = s;
-    LEAVE(cudaSuccess);
-}
-
-cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *out)
-{
-    ENTER();
-    sim_stream *s = sim_stream_of(st);
-    if (!out)
-        LEAVE(cudaErrorInvalidValue);
-    *out = NULL;
-    if (!s->capturing)
-        LEAVE(cudaErrorIllegalState);
-    if (s->capture_mode != cudaStreamCaptureModeRelaxed && !pthread_equal(s->capture_thread, pthread_self()))
-        LEAVE(cudaErrorStreamCaptureWrongThread);
-    s->capturing = 0;
-    if (tl_capture == s)
-        tl_capture = NULL;
-    if (s->capture_bad) {
-        graph_free(s->graph);
-        s->graph = NULL;
-        LEAVE(cudaErrorStreamCaptureInvalidated);
-    }
-    *out = (cudaGraph_t)s->graph;
-    s->graph = NULL;
-    LEAVE(cudaSuccess);
-}
-
-cudaError_t cudaStreamIsCapturing(cudaStream_t st, enum cudaStreamCaptureStatus *status)
-{
-    ENTER();
-    sim_stream *s = sim_stream_of(st);
-    *status = !s->capturing ? cudaStreamCaptureStatusNone
-              : s->capture_bad ? cudaStreamCaptureStatusInvalidated
-                               : cudaStreamCaptureStatusActive;
-    LEAVE(cudaSuccess);
-}
-
-static sim_op *op_clone(const sim_op *op)
-{
-    sim_op *c = malloc(op->size);
-    if (!c)
-        return NULL;
-    memcpy(c, op, op->size);
-    c->next = NULL;
-    c->state = 0;
-    if (op->k->clone && op->k->clone(op, c)) {
-        free(c);
-        return NULL;
-    }
-    return c;
-}
-
-static sim_graph *graph_copy(const sim_graph *g)
-{
-    sim_graph *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
-    for (int i = 0; i < g->n; i++) {
-        sim_op *n = op_clone(g->nodes[i]);
-        if (!n || graph_add(c, n)) {
-            if (n)
-                op_free(n);
-            graph_free(c);
-            return NULL;
-        }
-    }
-    return c;
-}
-
-cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags)
-{
-    ENTER();
-    if (!exec || !g || flags)
-        LEAVE(cudaErrorInvalidValue);
-    sim_graph *c = graph_copy((sim_graph *)g);
-    *exec = (cudaGraphExec_t)c;
-    LEAVE(c ? cudaSuccess : cudaErrorMemoryAllocation);
-}
-
-/* A launched graph: its own copy of the nodes, run in order. */
-typedef struct graph_op {
-    sim_graph *g;
-} graph_op;
-
-static void graph_run(sim_op *op)
-{
-    sim_graph *g = SIM_PAYLOAD(op, graph_op)->g;
-    sim.stats.graphs++;
-    for (int i = 0; i < g->n && !sim.sticky; i++) {
-        g->nodes[i]->stream = op->stream;
-        g->nodes[i]->k->run(g->nodes[i]);
-    }
-}
-
-static void graph_drop(sim_op *op) { graph_free(SIM_PAYLOAD(op, graph_op)->g); }
-static const sim_op_kind graph_kind = {"graph", graph_run, graph_drop, NULL};
-
-cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t st)
-{
-    ENTER();
-    if (!exec)
-        LEAVE(cudaErrorInvalidValue);
-    sim_op *op = sim_op_new(&graph_kind, sizeof(graph_op));
-    sim_graph *g = op ? graph_copy((sim_graph *)exec) : NULL;
-    if (!g) {
-        free(op);
-        LEAVE(cudaErrorMemoryAllocation);
-    }
-    SIM_PAYLOAD(op, graph_op)->g = g;
-    sim_enqueue(sim_stream_of(st), op);
-    LEAVE(cudaSuccess);
-}
-
-cudaError_t cudaGraphDestroy(cudaGraph_t g)
-{
-    sim_lock();
-    graph_free((sim_graph *)g);
-    sim_unlock();
-    return cudaSuccess;
-}
-
-cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
-{
-    sim_lock();
-    graph_free((sim_graph *)exec);
-    sim_unlock();
-    return cudaSuccess;
-}
-
 const char *cusim_last_report(void) { return sim.report; }
 
 /* ---- reset --------------------------------------------------------------------- */
@@ -1299,7 +1150,7 @@ cudaError_t cudaDeviceReset(void)
     sim.sticky = cudaSuccess;
     sim.report[0] = 0;
     tl_err = cudaSuccess;
-    tl_capture = NULL;
+    sim_capture_forget();
     sim_unlock();
     return cudaSuccess;
 }

@@ -1,4 +1,4 @@
-/* exec.c - kernel launches on the emulator: configuration checks at the
+/* sim_exec.c - kernel launches on the emulator: configuration checks at the
  * launch (as a device makes them), then, when the stream runs, the grid's
  * blocks one after another; a block's threads are fibers on one OS
  * thread, each run until it waits (a barrier, a warp operation) or ends.
@@ -9,7 +9,7 @@
  * lane a mask names reaches the same warp operation (a lane that exited,
  * one that is not in its own mask, lanes at different operations, are
  * faults); a shuffle that reads a lane outside the mask is a fault. The
- * block's barrier epoch and each warp's __syncwarp epoch are what check.c
+ * block's barrier epoch and each warp's __syncwarp epoch are what sim_check.c
  * orders shared-memory accesses by.
  *
  * wmma::mma_sync completes when the warp's last lane arrives: that lane
@@ -69,14 +69,14 @@ sim_exec sim_x;
 /* ---- launch --------------------------------------------------------------- */
 
 static void kernel_run(sim_op *op) { sim_run_kernel(SIM_PAYLOAD(op, sim_kernel)); }
-static const sim_op_kind kernel_kind = {"kernel", kernel_run, NULL, NULL};
+static const sim_op_kind kernel_kind = {"kernel", kernel_run, NULL, NULL, NULL};
 
 static int max_dynamic_smem(const void *fn)
 {
     for (int i = 0; i < sim.n_attrs; i++)
         if (sim.attrs[i].fn == fn)
-            return sim.attrs[i].max_dyn > 48 * 1024 ? sim.attrs[i].max_dyn : 48 * 1024;
-    return 48 * 1024;
+            return sim.attrs[i].max_dyn > SIM_SMEM_DEFAULT ? sim.attrs[i].max_dyn : SIM_SMEM_DEFAULT;
+    return SIM_SMEM_DEFAULT;
 }
 
 static cudaError_t launch_check(const char *name, const void *fn, uint3 g, uint3 b, size_t smem)
@@ -88,7 +88,7 @@ static cudaError_t launch_check(const char *name, const void *fn, uint3 g, uint3
         why = "a grid dimension is 0";
     else if (g.x > 0x7fffffffu || g.y > 65535u || g.z > 65535u)
         why = "the grid is larger than the device allows";
-    else if (!b.x || !b.y || !b.z || b.x > 1024u || b.y > 1024u || b.z > 64u || threads > SIM_MAX_THREADS)
+    else if (!b.x || !b.y || !b.z || b.x > SIM_MAX_THREADS || b.y > SIM_MAX_THREADS || b.z > 64u || threads > SIM_MAX_THREADS)
         why = "the block shape is not between 1 and 1,024 threads";
     else if (smem > (size_t)max_dynamic_smem(fn))
         why = "the dynamic shared memory is over the kernel's limit", e = cudaErrorInvalidValue;
@@ -133,7 +133,11 @@ static int stacks_init(void)
                    -1, 0);
     if (p == MAP_FAILED)
         return -1;
-    for (int i = 0; i < SIM_MAX_THREADS; i++) mprotect((char *)p + per * (size_t)i, PAGE, PROT_NONE);
+    for (int i = 0; i < SIM_MAX_THREADS; i++)
+        if (mprotect((char *)p + per * (size_t)i, PAGE, PROT_NONE)) { /* a guard page: an overflow must fault */
+            munmap(p, per * SIM_MAX_THREADS);
+            return -1;
+        }
     stacks = p;
     return 0;
 }
@@ -157,11 +161,11 @@ static void thread_main(void *arg)
     B.k->invoke(B.closure);
     sim_in_kernel = 0;
     if (B.bar_arrived)
-        sim_block_fault(cudaErrorIllegalInstruction, "thread (%u,%u,%u) exited while %d others wait at __syncthreads (%s)",
+        sim_block_faultf(-1, cudaErrorIllegalInstruction, NULL, "thread (%u,%u,%u) exited while %d others wait at __syncthreads (%s)",
                         t->idx.x, t->idx.y, t->idx.z, B.bar_arrived, B.bar_site);
     warp_op *o = &B.wop[t->warp];
     if (o->active && (o->mask >> t->lane & 1u))
-        sim_block_fault(cudaErrorIllegalInstruction, "lane %d exited; lanes 0x%08x wait for it at %s (mask 0x%08x)",
+        sim_block_faultf(-1, cudaErrorIllegalInstruction, NULL, "lane %d exited; lanes 0x%08x wait for it at %s (mask 0x%08x)",
                         t->lane, o->arrived, o->site, o->mask);
     t->state = T_DONE;
     B.n_done++;
@@ -177,7 +181,7 @@ static void wait_here(gthread *t)
 
 static gthread *cur(void) { return &B.th[sim_x.cur_tid]; }
 
-/* A fault in the running block: reported (check.c), the block abandoned
+/* A fault in the running block: reported (sim_check.c), the block abandoned
  * (the current fiber is never resumed). */
 void sim_block_abort(void)
 {
@@ -188,31 +192,22 @@ void sim_block_abort(void)
     abort(); /* not reached: an abandoned fiber is never resumed */
 }
 
-void sim_block_fault(cudaError_t e, const char *fmt, ...)
+/* The one way a block is abandoned for a fault: the report names thread
+ * tid (-1: the running one; a collective that the last lane completes may
+ * find another lane at fault) and, with pc, the source line. */
+void sim_block_faultf(int tid, cudaError_t e, void *pc, const char *fmt, ...)
 {
-    char msg[1024];
+    char msg[1600];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     sim_in_kernel = 0;
-    sim_fault_in_kernel(e, NULL, "%s", msg);
-    sim_block_abort();
-}
-
-/* The same, reported as thread tid's (a collective the last lane
- * completes finds another lane at fault). */
-__attribute__((format(printf, 3, 4), noreturn)) static void block_fault_tid(int tid, cudaError_t e, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    sim_in_kernel = 0;
-    sim_x.cur_tid = tid;
-    sim_x.cur_warp = tid / 32;
-    sim_fault_in_kernel(e, NULL, "%s", msg);
+    if (tid >= 0) {
+        sim_x.cur_tid = tid;
+        sim_x.cur_warp = tid / 32;
+    }
+    sim_fault_in_kernel(e, pc, "%s", msg);
     sim_block_abort();
 }
 
@@ -223,7 +218,7 @@ void cusim_device_fault(const char *site, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    sim_block_fault(cudaErrorMisalignedAddress, "%s at %s", msg, site);
+    sim_block_faultf(-1, cudaErrorMisalignedAddress, NULL, "%s at %s", msg, site);
 }
 
 /* ---- __syncthreads --------------------------------------------------------- */
@@ -233,14 +228,14 @@ int cusim_syncthreads(const char *site, int kind, int pred)
     gthread *t = cur();
     sim_in_kernel = 0;
     if (B.n_done)
-        sim_block_fault(cudaErrorIllegalInstruction, "__syncthreads at %s: %d thread(s) of the block already exited",
+        sim_block_faultf(-1, cudaErrorIllegalInstruction, NULL, "__syncthreads at %s: %d thread(s) of the block already exited",
                         site, B.n_done);
     if (!B.bar_arrived) {
         B.bar_site = site;
         B.bar_kind = kind;
         B.bar_acc = kind == CUSIM_BAR_AND ? 1 : 0;
     } else if (strcmp(B.bar_site, site) || B.bar_kind != kind) {
-        sim_block_fault(cudaErrorIllegalInstruction,
+        sim_block_faultf(-1, cudaErrorIllegalInstruction, NULL,
                         "thread (%u,%u,%u) reached __syncthreads at %s while %d thread(s) wait at the one at %s",
                         t->idx.x, t->idx.y, t->idx.z, site, B.bar_arrived, B.bar_site);
     }
@@ -291,27 +286,6 @@ static int shfl_src(int op, int l, int param, int width)
     }
 }
 
-static uint16_t mma_h(const uint16_t *p, int i) { return p[i]; }
-
-static float half_to_float(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-    if (e == 31)
-        x = sign | 0x7f800000u | (m << 13);
-    else if (e)
-        x = sign | ((e + 112u) << 23) | (m << 13);
-    else if (!m)
-        x = sign;
-    else {
-        int sh = 0;
-        while (!(m & 0x400u)) m <<= 1, sh++;
-        x = sign | ((uint32_t)(113 - sh) << 23) | ((m & 0x3ffu) << 13);
-    }
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
-}
-
 /* D = A B + C over the warp's fragments (row-major tiles, lane l holds
  * elements [8l, 8l + 8)). */
 static void mma_complete(int w)
@@ -320,8 +294,8 @@ static void mma_complete(int w)
     for (int l = 0; l < 32; l++) {
         const cusim_mma_args *m = B.th[w * 32 + l].wdata;
         for (int e = 0; e < 8; e++) {
-            A[l * 8 + e] = half_to_float(mma_h(m->a, e));
-            Bm[l * 8 + e] = half_to_float(mma_h(m->b, e));
+            A[l * 8 + e] = cusim_half_to_float(m->a[e]);
+            Bm[l * 8 + e] = cusim_half_to_float(m->b[e]);
             C[l * 8 + e] = m->c[e];
         }
     }
@@ -356,11 +330,11 @@ static void warp_complete(int w, warp_op *o)
             gthread *t = &B.th[w * 32 + l];
             int width = t->wwidth;
             if (width < 1 || width > 32 || (width & (width - 1)))
-                block_fault_tid(t->tid, cudaErrorIllegalInstruction, "%s at %s: width %d is not a power of two up to 32",
+                sim_block_faultf(t->tid, cudaErrorIllegalInstruction, NULL, "%s at %s: width %d is not a power of two up to 32",
                                 wop_name(o->op), o->site, width);
             int src = shfl_src(o->op, l, t->wparam, width);
             if (!(mask >> src & 1u))
-                block_fault_tid(t->tid, cudaErrorIllegalInstruction,
+                sim_block_faultf(t->tid, cudaErrorIllegalInstruction, NULL,
                                 "%s at %s: lane %d reads lane %d, which is not in the mask 0x%08x", wop_name(o->op),
                                 o->site, l, src, mask);
             t->wres = B.th[w * 32 + src].wval;
@@ -380,20 +354,20 @@ uint64_t cusim_warp(const char *site, int op, unsigned mask, uint64_t value, int
     int w = t->warp, lanes = B.n - w * 32 < 32 ? B.n - w * 32 : 32;
     unsigned exist = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
     if (!(mask >> t->lane & 1u))
-        sim_block_fault(cudaErrorIllegalInstruction, "%s at %s: lane %d of warp %d is not in its own mask 0x%08x",
+        sim_block_faultf(-1, cudaErrorIllegalInstruction, NULL, "%s at %s: lane %d of warp %d is not in its own mask 0x%08x",
                         wop_name(op), site, t->lane, w, mask);
     if (mask & ~exist)
-        sim_block_fault(cudaErrorIllegalInstruction, "%s at %s: mask 0x%08x names lanes the warp does not have (0x%08x)",
+        sim_block_faultf(-1, cudaErrorIllegalInstruction, NULL, "%s at %s: mask 0x%08x names lanes the warp does not have (0x%08x)",
                         wop_name(op), site, mask, exist);
     for (int l = 0; l < 32; l++)
         if ((mask >> l & 1u) && B.th[w * 32 + l].state == T_DONE)
-            sim_block_fault(cudaErrorIllegalInstruction, "%s at %s: mask 0x%08x names lane %d of warp %d, which exited",
+            sim_block_faultf(-1, cudaErrorIllegalInstruction, NULL, "%s at %s: mask 0x%08x names lane %d of warp %d, which exited",
                             wop_name(op), site, mask, l, w);
     warp_op *o = &B.wop[w];
     if (!o->active) {
         *o = (warp_op){1, op, mask, 0, site};
     } else if (o->mask != mask || o->op != op || strcmp(o->site, site)) {
-        sim_block_fault(cudaErrorIllegalInstruction,
+        sim_block_faultf(-1, cudaErrorIllegalInstruction, NULL,
                         "warp %d: lane %d reached %s at %s (mask 0x%08x) while lanes 0x%08x wait at %s at %s (mask 0x%08x)",
                         w, t->lane, wop_name(op), site, mask, o->arrived, wop_name(o->op), o->site, o->mask);
     }
@@ -483,6 +457,7 @@ void sim_run_kernel(sim_kernel *k)
         return;
     }
     sim.stats.kernels++;
+    B.sched.stack = NULL; /* the scheduler runs on this OS thread's stack (fiber_started records it for ASan) */
     sim_x.k = k;
     sim_x.closure_lo = (uintptr_t)(k + 1);
     sim_x.closure_hi = sim_x.closure_lo + k->closure_bytes;
@@ -505,4 +480,7 @@ void sim_run_kernel(sim_kernel *k)
     sim_x.k = NULL;
 }
 
+/* With no dynamic shared memory, a pointer that is no memory the kernel
+ * may touch (just past the launch's arguments): any access through it is
+ * an illegal address. */
 void *cusim_dynamic_shared(void) { return (void *)(sim_x.dyn_lo ? sim_x.dyn_lo : sim_x.closure_hi); }

@@ -1,4 +1,4 @@
-/* check.c - what the emulator checks on every access of kernel code, and
+/* sim_check.c - what the emulator checks on every access of kernel code, and
  * how it reports a fault.
  *
  * Kernel code is compiled with GCC's -fsanitize=thread instrumentation
@@ -28,6 +28,7 @@
  * first fault is the sticky error. */
 #include <dlfcn.h>
 #include <elf.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <link.h>
 #include <math.h>
@@ -140,19 +141,6 @@ void sim_fault_in_kernel(cudaError_t e, void *pc, const char *fmt, ...)
               where[0] ? "\n  at " : "", where);
 }
 
-/* Reports an access fault of the running thread and abandons the block. */
-__attribute__((format(printf, 3, 4), noreturn)) static void kfault(cudaError_t e, void *pc, const char *fmt, ...)
-{
-    char msg[1600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    sim_in_kernel = 0;
-    sim_fault_in_kernel(e, pc, "%s", msg);
-    sim_block_abort();
-}
-
 /* ---- shared memory ----------------------------------------------------------------- */
 
 enum { C_WRITTEN = 1, C_ATOMIC = 2, C_MANY = 4, C_MULTIWARP = 8, C_PENDING = 16 };
@@ -219,7 +207,10 @@ static void symtab_scan(const unsigned char *f, size_t len)
                 st->sh_offset + st->sh_size > len)
                 continue;
             const char *name = (const char *)f + st->sh_offset + sym[j].st_name;
-            if (!strncmp(name, "_ZZ", 3) && add_var(name, mod_bias + sym[j].st_value, sym[j].st_size))
+            /* writable ones only: a device function's static const table
+             * (read-only data) is not shared memory */
+            int writable = sym[j].st_shndx < eh->e_shnum && (sh[sym[j].st_shndx].sh_flags & SHF_WRITE);
+            if (writable && !strncmp(name, "_ZZ", 3) && add_var(name, mod_bias + sym[j].st_value, sym[j].st_size))
                 return;
         }
     }
@@ -345,7 +336,7 @@ static void race(const cell *c, int kind, int w_conflict, uintptr_t a, size_t n,
     if (w_conflict && c->w_pc)
         resolve_pc(c->w_pc, other, sizeof other);
     describe_shared(a, var, sizeof var);
-    kfault(cudaErrorLaunchFailure, pc,
+    sim_block_faultf(-1, cudaErrorLaunchFailure, pc,
            "shared-memory race: this thread %s %zu byte(s) at %p%s that thread %u %s%s in the same barrier interval "
            "(no __syncthreads or __syncwarp between)%s%s",
            kind == 0 ? "reads" : "writes", n, (void *)a, var, w_conflict ? c->w_tid : c->r_tid,
@@ -414,7 +405,7 @@ static void shared_access(cell *cells, uintptr_t base, uintptr_t a, size_t n, in
         cell *c = &cells[off];
         if (c->stamp != serial)
             *c = (cell){serial, NOBODY, 0, 0, NOBODY, 0, 0, 0, NULL};
-        if (kind == 0 && !(c->flags & C_WRITTEN))
+        if (kind != 1 && !(c->flags & C_WRITTEN)) /* plain reads, and atomics, which read the old value */
             uninit(c, a, n, pc);
         int atomic = kind == 2;
         int w_conflict = c->w_tid != NOBODY && !ordered(c->w_tid, c->w_bar, c->w_we) &&
@@ -462,21 +453,22 @@ static void illegal(uintptr_t a, size_t n, int kind, void *pc)
     long dist = 0;
     sim_alloc *near = sim_nearest(a, &dist);
     if (sim_was_freed(a, &fb))
-        kfault(cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: memory of a %zu-byte allocation already freed (cudaFree)",
+        sim_block_faultf(-1, cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: memory of a %zu-byte allocation already freed (cudaFree)",
                op, n, (void *)a, fb);
     if (near && near->dev >= 0 && dist >= 0 && dist < (long)SIM_GUARD + SIM_ALIGN)
-        kfault(cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: %ld byte(s) past the end of a %zu-byte device allocation",
+        sim_block_faultf(-1, cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: %ld byte(s) past the end of a %zu-byte device allocation",
                op, n, (void *)a, dist, near->bytes);
     if (near && near->dev >= 0 && dist < 0 && -dist <= (long)SIM_GUARD + SIM_ALIGN)
-        kfault(cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: %ld byte(s) before the start of a %zu-byte device allocation",
+        sim_block_faultf(-1, cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: %ld byte(s) before the start of a %zu-byte device allocation",
                op, n, (void *)a, -dist, near->bytes);
     for (int d = 0; d < sim.n_devs; d++)
         if (sim.dev[d].arena && a >= (uintptr_t)sim.dev[d].arena && a < (uintptr_t)sim.dev[d].arena + sim.dev[d].arena_bytes)
-            kfault(cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: device memory no allocation holds", op, n,
+            sim_block_faultf(-1, cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: device memory no allocation holds", op, n,
                    (void *)a);
     if (a >= mod_lo && a < mod_hi)
-        kfault(cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: a host variable of the program", op, n, (void *)a);
-    kfault(cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: host memory, not device memory%s", op, n, (void *)a,
+        sim_block_faultf(-1, cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: a host variable of the program", op, n, (void *)a);
+    sim_block_faultf(-1, cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: host memory, not device memory%s", op, n, (void *)a,
+           /* the 1,024 thread stacks (64 KiB + a guard page each) lie within 80 MiB of any of them */
            a >= (uintptr_t)sim_x.stk_lo - ((size_t)80 << 20) && a < sim_x.stk_hi + ((size_t)80 << 20)
                ? " (another GPU thread's stack?)"
                : "");
@@ -493,19 +485,19 @@ static void global_access(uintptr_t a, size_t n, int kind, void *pc)
     last = al;
     const sim_stream *s = sim.cur_stream;
     if (a + n > al->base + al->bytes)
-        kfault(cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p runs %zu byte(s) past the end of a %zu-byte allocation",
+        sim_block_faultf(-1, cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p runs %zu byte(s) past the end of a %zu-byte allocation",
                kind == 0 ? "read" : "write", n, (void *)a, (size_t)(a + n - al->base - al->bytes), al->bytes);
     if (al->dev >= 0 && s && al->dev != s->dev)
-        kfault(cudaErrorIllegalAddress, pc, "access at %p to memory of device %d from a kernel on device %d", (void *)a,
+        sim_block_faultf(-1, cudaErrorIllegalAddress, pc, "access at %p to memory of device %d from a kernel on device %d", (void *)a,
                al->dev, s->dev);
     if (al->pend_w > 0 && al->pend_ws != s)
-        kfault(cudaErrorLaunchFailure, pc,
+        sim_block_faultf(-1, cudaErrorLaunchFailure, pc,
                "%s of device memory at %p while a copy to its allocation is still queued on another stream (%s): "
                "nothing orders them (a synchronous cudaMemcpy from pageable memory returns before its DMA ends)",
                kind == 0 ? "read" : "write", (void *)a,
                al->pend_ws == SIM_STREAMS ? "several streams" : al->pend_ws->legacy ? "the NULL stream" : "a stream");
     if (kind != 0 && al->pend_r > 0 && al->pend_rs != s)
-        kfault(cudaErrorLaunchFailure, pc, "write of device memory at %p that a copy queued on another stream has yet to read",
+        sim_block_faultf(-1, cudaErrorLaunchFailure, pc, "write of device memory at %p that a copy queued on another stream has yet to read",
                (void *)a);
 }
 
@@ -515,15 +507,15 @@ void sim_check_access(uintptr_t a, size_t n, int kind, int aligned, void *pc)
     if (a >= sim_x.stk_lo && a + n <= sim_x.stk_hi)
         return;
     if (aligned && (n & (n - 1)) == 0 && (a & (n - 1)))
-        kfault(cudaErrorMisalignedAddress, pc, "misaligned %zu-byte %s at %p", n, kind == 0 ? "read" : "write", (void *)a);
+        sim_block_faultf(-1, cudaErrorMisalignedAddress, pc, "misaligned %zu-byte %s at %p", n, kind == 0 ? "read" : "write", (void *)a);
     if (a >= (uintptr_t)&cusim_r && a + n <= (uintptr_t)(&cusim_r + 1)) {
         if (kind)
-            kfault(cudaErrorIllegalAddress, pc, "write to threadIdx/blockIdx/blockDim/gridDim");
+            sim_block_faultf(-1, cudaErrorIllegalAddress, pc, "write to threadIdx/blockIdx/blockDim/gridDim");
         return;
     }
     if (a >= sim_x.closure_lo && a + n <= sim_x.closure_hi) {
         if (kind)
-            kfault(cudaErrorIllegalAddress, pc, "write into the launch's argument buffer at %p", (void *)a);
+            sim_block_faultf(-1, cudaErrorIllegalAddress, pc, "write into the launch's argument buffer at %p", (void *)a);
         return;
     }
     if (a >= sh_lo && a < sh_hi + 64) {
@@ -532,7 +524,7 @@ void sim_check_access(uintptr_t a, size_t n, int kind, int aligned, void *pc)
             if (a + n > v->hi) {
                 char var[450];
                 describe_shared(a, var, sizeof var);
-                kfault(cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p runs past the end of a __shared__ variable%s",
+                sim_block_faultf(-1, cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p runs past the end of a __shared__ variable%s",
                        kind == 0 ? "read" : "write", n, (void *)a, var);
             }
             shared_access(sh_cells, sh_lo, a, n, kind, pc);
@@ -543,13 +535,13 @@ void sim_check_access(uintptr_t a, size_t n, int kind, int aligned, void *pc)
         if (prev && (v || a - prev->hi < 64)) {
             char var[450];
             describe_shared(prev->lo, var, sizeof var);
-            kfault(cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: %lu byte(s) past the end of a __shared__ variable%s",
+            sim_block_faultf(-1, cudaErrorIllegalAddress, pc, "%s of %zu byte(s) at %p: %lu byte(s) past the end of a __shared__ variable%s",
                    kind == 0 ? "read" : "write", n, (void *)a, (unsigned long)(a - prev->hi), var);
         }
     }
     if (a >= sim_x.dyn_lo && a < sim_x.dyn_hi) {
         if (a + n > sim_x.dyn_hi)
-            kfault(cudaErrorIllegalAddress, pc, "access of %zu byte(s) at %p runs past the %zu bytes of dynamic shared memory",
+            sim_block_faultf(-1, cudaErrorIllegalAddress, pc, "access of %zu byte(s) at %p runs past the %zu bytes of dynamic shared memory",
                    n, (void *)a, (size_t)(sim_x.dyn_hi - sim_x.dyn_lo));
         shared_access(dyn_cells, sim_x.dyn_lo, a, n, kind, pc);
         return;
@@ -699,5 +691,7 @@ void sim_check_init(void)
     sa.sa_sigaction = on_segv;
     sa.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGSEGV, &sa, &prev_segv);
+    if (sigaction(SIGSEGV, &sa, &prev_segv)) /* the crash would still happen, only unexplained */
+        fprintf(stderr, "cudasim: no SIGSEGV handler (%s): host access to device memory will not be named\n",
+                strerror(errno));
 }
