@@ -271,10 +271,22 @@ cuda-regs:
 # Everything here builds without nvcc or a GPU.
 SIM = $(BUILD)/cudasim
 SIM_INC = -Itests/cudasim/include -Itests/cudasim -Ikernels
+CXX ?= g++
+# Why each flag:
+#   -fsanitize=thread, tsan-instrument-func-entry-exit=0: every load and
+#     store calls a hook (sim_check.c's); function entries need none
+#   -mfma -ffp-contract=fast: contract into FMAs where nvcc would
+#   -fno-toplevel-reorder: statics in declaration order, so each
+#     __shared__ variable follows its red zone
+#   -fno-tree-sra: vector loads (float4) stay one access, so their
+#     alignment is checked
+#   -fno-strict-aliasing: the kernels reinterpret bytes (uint4 as halves)
+#     as CUDA code does; nvcc is lenient there too
+#   -fno-exceptions -fno-rtti -fno-threadsafe-statics: no C++ runtime to
+#     link (the plugin links with the C compiler)
 SIM_KFLAGS = -std=gnu++17 -O2 -g -fPIC -fno-exceptions -fno-rtti -fno-threadsafe-statics -fno-strict-aliasing \
              -fsanitize=thread --param=tsan-instrument-func-entry-exit=0 -mfma -ffp-contract=fast -fno-toplevel-reorder \
-             -fno-tree-sra \
-             -Wall -Wextra -Wno-unknown-pragmas $(WERROR) $(SIM_INC)
+             -fno-tree-sra -Wall -Wextra -Wno-unknown-pragmas $(WERROR) $(SIM_INC)
 SIM_RT_SRC = tests/cudasim/sim_runtime.c tests/cudasim/sim_exec.c tests/cudasim/sim_check.c tests/cudasim/sim_graph.c tests/cudasim/fiber.c \
              tests/cudasim/blas.c tests/cudasim/nccl.c
 SIM_HDR = $(wildcard tests/cudasim/*.h tests/cudasim/include/*.h kernels/*.cuh) kernels/llm_kernels.h
@@ -284,7 +296,7 @@ SIM_LIB = $(SIM)/libcusim.a
 $(SIM)/kernels/%.o: kernels/%.cu $(SIM_HDR)
 	@mkdir -p $(dir $@)
 	@echo "  CXX   $< (cudasim)"
-	@g++ $(SIM_KFLAGS) -x c++ -c $< -o $@
+	@$(CXX) $(SIM_KFLAGS) -x c++ -c $< -o $@
 $(SIM)/rt/%.o: tests/cudasim/%.c $(SIM_HDR)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
@@ -311,7 +323,7 @@ $(SIM)/check_kernels: tests/gpu/check_kernels.c $(SIM_LIB) $(LIB) $(SIM_HDR)
 $(SIM)/bugs.o: tests/cudasim/bugs.cu $(SIM_HDR)
 	@mkdir -p $(dir $@)
 	@echo "  CXX   $< (cudasim)"
-	@g++ $(SIM_KFLAGS) -x c++ -c $< -o $@
+	@$(CXX) $(SIM_KFLAGS) -x c++ -c $< -o $@
 $(SIM)/test_cudasim: tests/cudasim/test_cudasim.c $(SIM)/bugs.o $(SIM_LIB) $(SIM_HDR)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
@@ -336,7 +348,7 @@ cudasim: $(SIM_BIN) $(BUILD)/bin/llm-mkmodel
 	@sh tests/cudasim/check_models.sh $(BUILD)
 
 lint:
-	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) engine/backend_cuda.c $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c tests/gpu/*.c tests/cudasim/*.c || (echo "lint: banned call" && false)
+	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) engine/backend_cuda.c $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c tests/gpu/*.c tests/cudasim/*.c tests/cudasim/*.cu tests/cudasim/*.h tests/cudasim/include/*.h kernels/*.cu kernels/*.cuh kernels/*.h || (echo "lint: banned call" && false)
 
 clean:
 	rm -rf build build-asan build-tsan

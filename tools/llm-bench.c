@@ -175,7 +175,7 @@ static llm_status prefill_all(llm_forward *f, kv_cache *kv, kv_seq *s, int n_seq
 }
 
 /* Decode steps of n_seqs sequences at context ctx: tokens per second. */
-static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, double *tps, long long *ids_sum,
+static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, double *tps, unsigned long long *ids_hash,
                               llm_error *err)
 {
     const llm_hparams *hp = &d->m->hp;
@@ -211,7 +211,13 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
         llm_forward_batch bt = {toks, n_seqs, bs, n_seqs, rows, n_seqs};
         const int32_t *ids;
         st = llm_forward_eval_sample(f, &bt, kv_cache_layers(kv), NULL, &ids);
-        for (int i = 0; !st && step >= 0 && i < n_seqs; i++) *ids_sum += ids[i];
+        /* each pick is the next step's token, so every step depends on the
+         * last and the hash (in order) shows any difference in any step */
+        for (int i = 0; !st && i < n_seqs; i++) {
+            if (step >= 0)
+                *ids_hash = *ids_hash * 1000003u + (unsigned)ids[i];
+            toks[i] = ids[i] >= 0 && ids[i] < hp->n_vocab ? ids[i] : 0;
+        }
     }
     if (!st)
         *tps = (double)n_seqs * steps / (cli_now() - t0);
@@ -282,11 +288,11 @@ static int batch_bench(const char *path, const llm_backend_spec *spec, const cha
             goto out;
         }
         double tps = 0;
-        long long ids_sum = 0;
-        if (decode_rate(&d, (int)b, ctx, steps, &tps, &ids_sum, &err))
+        unsigned long long ids_hash = 0;
+        if (decode_rate(&d, (int)b, ctx, steps, &tps, &ids_hash, &err))
             goto out;
-        printf("decode_batch=%ld ctx=%d decode_tps=%.2f step_ms=%.3f ids_sum=%lld\n", b, ctx, tps, 1e3 * (double)b / tps,
-               ids_sum);
+        printf("decode_batch=%ld ctx=%d decode_tps=%.2f step_ms=%.3f ids_hash=%llu\n", b, ctx, tps, 1e3 * (double)b / tps,
+               ids_hash);
         fflush(stdout);
         p = *end == ',' ? end + 1 : end;
     }

@@ -5,14 +5,15 @@
  * op(A) op(B) + beta C, with op(A) m x k; argument errors are the ones
  * cuBLAS documents (INVALID_VALUE for negative sizes and leading
  * dimensions too small for the operation, NOT_SUPPORTED for a type
- * combination outside FP32, F16 and BF16 inputs with FP32 output and
- * compute). Products and sums are FP32 in k order (cuBLAS's order is its
- * own: results agree within rounding, not bit for bit). It is queued on
- * the handle's stream like the kernels cuBLAS would launch; when it runs,
- * each matrix's extent must lie in one device allocation of that stream's
- * device, else it is an illegal-address fault, as a cuBLAS kernel reading
- * past an allocation would be. beta 0 does not read C (NaN there is
- * ignored, as documented). */
+ * combination outside F32, F16 and BF16 inputs with F32 output, compute
+ * COMPUTE_32F, or COMPUTE_32F_FAST_TF32 for F32 inputs, which are rounded
+ * to TF32 first). Products and sums are FP32 in k order (cuBLAS's order
+ * is its own: results agree within rounding, not bit for bit). It is
+ * queued on the handle's stream like the kernels cuBLAS would launch;
+ * when it runs, each matrix's extent must lie in one device allocation of
+ * that stream's device, else it is an illegal-address fault, as a cuBLAS
+ * kernel reading past an allocation would be. beta 0 does not read C
+ * (NaN there is ignored, as documented). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -6,15 +6,9 @@
 #include <mma.h>
 #include <stdint.h>
 
-#include "cuda_runtime.h"
+#include "common.cuh" /* kernels/: LK_LAUNCH, as the kernels launch */
 
 using namespace nvcuda;
-
-#ifdef CUSIM
-#define LAUNCH(k, g, b, sm, st) cusim_launch_of(k, #k, g, b, sm, st)
-#else
-#define LAUNCH(k, g, b, sm, st) k<<<g, b, sm, st>>>
-#endif
 
 /* out[i] = in[(i + 1) % n] through shared memory; barrier: whether the
  * block synchronises between the write and the read. */
@@ -121,63 +115,63 @@ __global__ static void inc_kernel(const float *in, float *out, int n)
 extern "C" {
 cudaError_t bug_rotate(const float *in, float *out, int n, int barrier)
 {
-    LAUNCH(rotate_kernel, 1, n, 0, NULL)(in, out, barrier);
+    LK_LAUNCH(rotate_kernel, 1, n, 0, NULL)(in, out, barrier);
     return cudaGetLastError();
 }
 cudaError_t bug_stride(float *out, int n, int stride)
 {
-    LAUNCH(stride_kernel, 1, n, 0, NULL)(out, stride);
+    LK_LAUNCH(stride_kernel, 1, n, 0, NULL)(out, stride);
     return cudaGetLastError();
 }
 cudaError_t bug_warp_sum(const float *in, float *out, unsigned mask)
 {
-    LAUNCH(warp_sum_kernel, 1, 32, 0, NULL)(in, out, mask);
+    LK_LAUNCH(warp_sum_kernel, 1, 32, 0, NULL)(in, out, mask);
     return cudaGetLastError();
 }
 cudaError_t bug_divergent(float *out, int n, int upto)
 {
-    LAUNCH(divergent_kernel, 1, n, 0, NULL)(out, upto);
+    LK_LAUNCH(divergent_kernel, 1, n, 0, NULL)(out, upto);
     return cudaGetLastError();
 }
 cudaError_t bug_uninit(float *out, int written)
 {
-    LAUNCH(uninit_kernel, 1, 32, 0, NULL)(out, written);
+    LK_LAUNCH(uninit_kernel, 1, 32, 0, NULL)(out, written);
     return cudaGetLastError();
 }
 cudaError_t bug_shared_oob(float *out, int off)
 {
-    LAUNCH(shared_oob_kernel, 1, 32, 0, NULL)(out, off);
+    LK_LAUNCH(shared_oob_kernel, 1, 32, 0, NULL)(out, off);
     return cudaGetLastError();
 }
 cudaError_t bug_deadlock(float *out)
 {
-    LAUNCH(deadlock_kernel, 1, 32, 0, NULL)(out);
+    LK_LAUNCH(deadlock_kernel, 1, 32, 0, NULL)(out);
     return cudaGetLastError();
 }
 cudaError_t bug_mma(const uint16_t *A, const uint16_t *B, const float *C, float *D, int off)
 {
-    LAUNCH(mma_kernel, 1, 32, 0, NULL)((const __half *)A, (const __half *)B, C, D, off);
+    LK_LAUNCH(mma_kernel, 1, 32, 0, NULL)((const __half *)A, (const __half *)B, C, D, off);
     return cudaGetLastError();
 }
 cudaError_t bug_vec(const float *in, float *out, int off)
 {
-    LAUNCH(vec_kernel, 1, 1, 0, NULL)(in, out, off);
+    LK_LAUNCH(vec_kernel, 1, 1, 0, NULL)(in, out, off);
     return cudaGetLastError();
 }
 cudaError_t bug_count(int *counter, unsigned blocks, unsigned threads)
 {
-    LAUNCH(count_kernel, blocks, threads, 0, NULL)(counter);
+    LK_LAUNCH(count_kernel, blocks, threads, 0, NULL)(counter);
     return cudaGetLastError();
 }
 cudaError_t bug_inc(const float *in, float *out, int n, cudaStream_t s)
 {
-    LAUNCH(inc_kernel, 1, 128, 0, s)(in, out, n);
+    LK_LAUNCH(inc_kernel, 1, 128, 0, s)(in, out, n);
     return cudaGetLastError();
 }
 /* A launch with this configuration (the kernel does nothing wrong). */
 cudaError_t bug_config(unsigned gx, unsigned bx, size_t smem)
 {
-    LAUNCH(count_kernel, gx, bx, smem, NULL)((int *)NULL);
+    LK_LAUNCH(count_kernel, gx, bx, smem, NULL)((int *)NULL);
     return cudaGetLastError();
 }
 cudaError_t bug_allow_smem(int bytes) { return cudaFuncSetAttribute(count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); }
@@ -188,4 +182,6 @@ float bug_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 uint16_t bug_f2bf(float f) { return __float2bfloat16_rn(f).__x; }
 float bug_expf(float x) { return expf(x); }
 float bug_powf(float x, float y) { return powf(x, y); }
+float bug_logf(float x) { return logf(x); }
+void bug_sincosf(float x, float *s, float *c) { sincosf(x, s, c); }
 }

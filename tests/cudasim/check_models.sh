@@ -37,7 +37,7 @@ done
 
 echo "== decode steps: CUDA graphs, eager steps and the CPU backend pick the same ids"
 m="$dir/tiny-F32.gguf"
-bench() { "$b/bin/llm-bench" -m "$m" --batch 1,4,16 -p 16 -n 8 --prefill 0 "$@" 2>&1 | grep -o "decode_batch=[0-9]* .*ids_sum=[0-9-]*" | sed 's/ ctx.*ids_sum/ ids_sum/'; }
+bench() { "$b/bin/llm-bench" -m "$m" --batch 1,4,16 -p 16 -n 8 --prefill 0 "$@" 2>&1 | grep -o "decode_batch=[0-9]* .*ids_hash=[0-9]*" | sed 's/ ctx.*ids_hash/ ids_hash/'; }
 graphs=$(LLM_CUDA_LIB=$lib bench --backend cuda)
 eager=$(LLM_CUDA_GRAPHS=0 LLM_CUDA_LIB=$lib bench --backend cuda)
 tp2=$(LLM_CUDA_LIB=$lib bench --backend cuda --tp 2)

@@ -8,8 +8,10 @@
  *   - the running thread's own stack (locals, spilled registers);
  *   - the launch's copy of the arguments and the thread coordinates
  *     (reads only);
- *   - shared memory: the static __shared__ section (its red zones are out
- *     of bounds) or the launch's dynamic shared memory. Each byte has a
+ *   - shared memory: a __shared__ variable (found with its extent in the
+ *     module's symbol table; the red zone before each, and bytes just past
+ *     the last, are out of bounds) or the launch's dynamic shared memory.
+ *     Atomics count as reads and writes. Each byte has a
  *     shadow cell holding, for the current block, the last writer and the
  *     readers with the barrier epoch (and warp epoch) they were at: a read
  *     of a byte no thread of the block wrote (uninitialised) and two
@@ -24,8 +26,10 @@
  * another thread's stack) is an illegal address.
  *
  * A report names the kernel, block, thread, the address and what it is
- * near, and the source line (addr2line; nm for shared variables); the
- * first fault is the sticky error. */
+ * near, and the source line (addr2line; the symbol table and c++filt for
+ * shared variables); the first fault is the sticky error. Also here, as
+ * the runtime half of the dialect: atomics (checked, then done under the
+ * emulator's lock) and the math error model (cusim_ulp_err). */
 #include <dlfcn.h>
 #include <elf.h>
 #include <errno.h>

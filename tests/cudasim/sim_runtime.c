@@ -6,7 +6,8 @@
  *  - Device memory comes from one arena per device, mapped PROT_NONE
  *    whenever no device work runs: host code that dereferences a device
  *    pointer gets SIGSEGV (and sim_check.c's report), as it would with a GPU.
- *    New allocations are filled with 0xff bytes (a NaN in every float).
+ *    New allocations up to 64 MiB are filled with 0xff bytes (a NaN in
+ *    every float); larger ones read as zero where their pages are fresh.
  *    Freed memory is quarantined a while, so late use is caught.
  *  - Work is queued per stream and runs only when the host has to wait for
  *    it (stream or device synchronisation, a copy to pageable host memory,

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -28,22 +29,36 @@ static llm_backend *open_cuda(void)
     return b;
 }
 
-/* Runs fn in a child with the variable `env` (NAME=VALUE, or NULL) set;
- * fails the test unless it exits 0. */
-static void in_child(int (*fn)(void), const char *env)
+/* Runs fn in a child with the variables `env` (NAME=VALUE strings, NULL
+ * ended, or NULL) set; fails the test unless it exits 0. What it wrote to
+ * stderr comes back in out (n bytes, NUL-terminated; NULL: not kept). */
+static void in_child(int (*fn)(void), const char *const *env, char *out, size_t n)
 {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
     fflush(NULL);
     pid_t pid = fork();
+    assert_true(pid >= 0);
     if (pid == 0) {
         signal(SIGSEGV, SIG_DFL); /* not cmocka's handler: a crash ends the child (and the emulator reports it) */
-        if (env)
-            putenv((char *)env);
-        _exit(fn());
+        dup2(fds[1], 2);
+        for (int i = 0; env && env[i]; i++) putenv((char *)env[i]);
+        exit(fn()); /* exit, not _exit: the emulator prints CUSIM_STATS at exit */
     }
+    close(fds[1]);
+    char buf[16384];
+    size_t got = 0;
+    ssize_t r;
+    while ((r = read(fds[0], buf + got, sizeof buf - 1 - got)) > 0) got += (size_t)r; /* until the child closes it */
+    buf[got] = 0;
+    close(fds[0]);
+    fputs(buf, stderr);
+    if (out)
+        snprintf(out, n, "%s", buf);
     int status = 0;
     waitpid(pid, &status, 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status))
-        fail_msg("child (%s) ended with status 0x%x", env ? env : "no CUSIM_FAIL", status);
+        fail_msg("child (%s) ended with status 0x%x", env ? env[0] : "no CUSIM_FAIL", status);
 }
 
 /* ---- decode steps and their graphs ---------------------------------------- */
@@ -116,7 +131,7 @@ static int big_shape_main(void)
 static void test_shape_too_big_for_a_graph(void **st)
 {
     (void)st;
-    in_child(big_shape_main, NULL);
+    in_child(big_shape_main, NULL, NULL, 0);
 }
 
 /* Six small steps (eager while buffers grow, then captured, then
@@ -142,11 +157,16 @@ static int six_steps(int want_fail)
 static int capture_fails_main(void) { return six_steps(0); }
 static int launch_fails_main(void) { return six_steps(1); }
 
-/* A capture that cannot start: the shape runs eagerly, no step fails. */
+/* A capture that cannot start: the shape runs eagerly, no step fails
+ * (and the failure was injected, and no graph ran). */
 static void test_capture_refused(void **st)
 {
     (void)st;
-    in_child(capture_fails_main, "CUSIM_FAIL=cudaStreamBeginCapture:1");
+    static const char *const env[] = {"CUSIM_FAIL=cudaStreamBeginCapture:1", "CUSIM_STATS=1", NULL};
+    char err[16384];
+    in_child(capture_fails_main, env, err, sizeof err);
+    assert_non_null(strstr(err, "call 1 of cudaStreamBeginCapture fails"));
+    assert_non_null(strstr(err, "(0 graph launches)"));
 }
 
 /* The first graph launch fails: that step fails, the ones after it run
@@ -155,7 +175,23 @@ static void test_capture_refused(void **st)
 static void test_graph_launch_fails(void **st)
 {
     (void)st;
-    in_child(launch_fails_main, "CUSIM_FAIL=cudaGraphLaunch:1");
+    static const char *const env[] = {"CUSIM_FAIL=cudaGraphLaunch:1", NULL};
+    char err[16384];
+    in_child(launch_fails_main, env, err, sizeof err);
+    assert_non_null(strstr(err, "call 1 of cudaGraphLaunch fails"));
+}
+
+/* Without injection the same steps are captured and replayed. */
+static void test_graphs_replay(void **st)
+{
+    (void)st;
+    static const char *const env[] = {"CUSIM_STATS=1", NULL};
+    char err[16384];
+    in_child(capture_fails_main, env, err, sizeof err);
+    const char *g = strstr(err, " graph launches)");
+    assert_non_null(g);
+    while (g > err && g[-1] != '(') g--;
+    assert_true(strtol(g, NULL, 10) >= 2);
 }
 
 /* ---- the cuBLAS path for quantized weights ---------------------------------- */
@@ -204,6 +240,8 @@ static int gemm_main(void)
     }
     float *dx = llm_backend_buffer_alloc(b, sizeof(float) * NT * COLS),
           *dy = llm_backend_buffer_alloc(b, sizeof(float) * NT * rows);
+    if (!dx || !dy)
+        return 7;
     int32_t ids[NT];
     for (int i = 0; i < NT; i++) ids[i] = i;
     llm_backend_get_rows(b, &dm->tok_embd, ids, NT, dx);
@@ -227,14 +265,15 @@ static int gemm_main(void)
             COLS, amp, bad, rel, took);
     b->iface->model_release(b, dm);
     llm_backend_free(b);
-    /* TF32 rounds x to 11 significant bits: a few 1e-4 */
+    /* TF32 rounds x to 11 significant bits: a few 1e-4; the scratch is the
+     * backend's 64 MiB slab (and its guard), not the 136 MiB matrix */
     return bad || !(rel < 2e-3) || took > 64.5 ? 1 : 0;
 }
 
 static void test_quantized_gemm(void **st)
 {
     (void)st;
-    in_child(gemm_main, NULL);
+    in_child(gemm_main, NULL, NULL, 0);
 }
 
 int main(void)
@@ -247,6 +286,7 @@ int main(void)
         cmocka_unit_test(test_shape_too_big_for_a_graph),
         cmocka_unit_test(test_capture_refused),
         cmocka_unit_test(test_graph_launch_fails),
+        cmocka_unit_test(test_graphs_replay),
         cmocka_unit_test(test_quantized_gemm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -3,7 +3,8 @@
  * the output buffers poisoned (0xff bytes: NaN) before each run so a kernel
  * that skips an element fails. Prints one line per check (max abs and
  * relative error, the tolerance, PASS/FAIL) and exits 1 on any failure.
- * Run on a GPU machine by tests/gpu/run.sh; built here by `make gpu-check`.
+ * Runs on a GPU machine (tests/gpu/run.sh; built by `make gpu-check`) and
+ * on the CUDA-on-CPU emulator in make test (build/cudasim/check_kernels).
  *
  * Tolerances: add, swiglu on exact inputs and embedding rows are exact or
  * within float rounding (1e-6 relative); RMSNorm reduces in double on both
@@ -355,7 +356,7 @@ static int by_value_desc(const void *a, const void *b)
  * pick each token with the frequency of its probability in the truncated
  * distribution (computed here in float64 by sorting), within 2/N + 1e-3,
  * and never a token outside it. */
-static int g_quick; /* CHECK_QUICK=1 (under compute-sanitizer): fewer sampling rows, no frequency test */
+static int g_quick; /* CHECK_QUICK=1 (compute-sanitizer, the CUDA-on-CPU emulator): fewer sampling rows, no frequency test */
 
 /* ties: 16 logits around the k-th share its value, so exactly k must be
  * kept with the lowest ids (the host's rule), not all 16. */
@@ -416,6 +417,65 @@ static void check_sample(float temp, int top_k, float top_p, float min_p, int ti
     g_fail |= bad;
     cudaFree(drows), cudaFree(dps), cudaFree(dout);
     free(row), free(idx), free(prob), free(rows), free(ps), free(got), free(count);
+}
+
+/* The sampler's rules where they decide the draw, with every row's answer
+ * known: (a) 10 ids tied at the top of a 5000-token row, k = 4: exactly
+ * the 4 lowest ids may come out (the host's tie rule), each about a
+ * quarter of the time; (b) a 600-token row (fewer tokens than threads)
+ * with every other logit -inf and k = 1000 (more than the finite ones):
+ * never a -inf token; (c) the same at temperature 1e-3, where most weights
+ * underflow: only the argmax may come out. */
+static void check_sample_rules(void)
+{
+    enum { V = 5000, N = 64, VS = 600 };
+    float *row = malloc(sizeof(float) * V * N), *small = malloc(sizeof(float) * VS * N);
+    lk_sample_params ps[N];
+    int32_t got[N];
+    for (int i = 0; i < V; i++) row[i] = -20.f;
+    for (int t = 0; t < 10; t++) row[100 + 500 * t] = 5.f; /* ids 100, 600, ..., 4600 */
+    float best = -1e30f;
+    int best_id = 0;
+    for (int i = 0; i < VS; i++) {
+        small[i] = i % 2 ? -INFINITY : frand() * 4.f;
+        if (small[i] > best)
+            best = small[i], best_id = i;
+    }
+    small[best_id] += 1.f; /* a clear maximum: at T 1e-3 every other weight is exp(-1000) = 0 */
+    for (int r = 1; r < N; r++) {
+        memcpy(row + (size_t)r * V, row, sizeof(float) * V);
+        memcpy(small + (size_t)r * VS, small, sizeof(float) * VS);
+    }
+    float *drow = to_dev(row, sizeof(float) * V * N), *dsmall = to_dev(small, sizeof(float) * VS * N);
+    int32_t *dout = NULL;
+    CK(cudaMalloc((void **)&dout, sizeof got));
+    const char *name[3] = {"ties at the top, k 4", "-inf mix, k > finite", "T 1e-3 (underflow)"};
+    for (int c = 0; c < 3; c++) {
+        for (int r = 0; r < N; r++)
+            ps[r] = (lk_sample_params){c == 2 ? 1e-3f : 1.f, c == 0 ? 4 : 1000, 1.f, 0.f, (r + 0.5f) / N};
+        lk_sample_params *dps = to_dev(ps, sizeof ps);
+        CK((cudaError_t)lk_sample(c == 0 ? drow : dsmall, N, c == 0 ? V : VS, dps, dout, NULL));
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
+        int bad = 0, seen[4] = {0};
+        for (int r = 0; r < N; r++) {
+            int id = got[r];
+            if (c == 0) {
+                int k = (id - 100) / 500;
+                bad |= id < 100 || (id - 100) % 500 || k > 3;
+                if (!bad)
+                    seen[k]++;
+            } else {
+                bad |= id < 0 || id >= VS || !(small[id] > -INFINITY) || (c == 2 && id != best_id);
+            }
+        }
+        if (c == 0)
+            for (int k = 0; k < 4; k++) bad |= seen[k] < N / 8; /* each about N / 4 */
+        printf("%-28s %s: %s\n", "sample rule", name[c], bad ? "FAIL" : "PASS");
+        g_fail |= bad;
+        cudaFree(dps);
+    }
+    cudaFree(drow), cudaFree(dsmall), cudaFree(dout), free(row), free(small);
 }
 
 /* Rows with edges, each with the id it must give: a tie (lowest id), a
@@ -502,6 +562,7 @@ int main(void)
         }
     for (size_t i = 0; i < sizeof gemv_types / sizeof *gemv_types; i++) check_dequant(gemv_types[i]);
     check_argmax();
+    check_sample_rules();
     check_sample(0.0f, 0, 1.0f, 0.0f, 0);
     check_sample(0.7f, 0, 1.0f, 0.0f, 0);
     check_sample(1.0f, 50, 1.0f, 0.0f, 0);

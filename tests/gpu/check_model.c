@@ -8,13 +8,14 @@
  * harness itself runs (and is tried) on machines without a GPU.
  *
  * Logits are compared by ||gpu - cpu|| / ||cpu|| over each row, against a
- * tolerance set by the weights' type (the prompt's at least 3e-3: half
- * inputs to cuBLAS and the tensor-core attention): F32 weights 1e-3 (float32 arithmetic
- * in another order, and the CPU's vectorised exp; its own scalar and AVX2
- * kernels differ by 2e-4 on stories260K); F16/BF16 3e-3 (cuBLAS rounds activations
+ * tolerance set by the weights' type (the prompt's at least 3e-3: cuBLAS
+ * takes half or TF32 inputs, the tensor-core attention rounds Q and the
+ * softmax weights to half): F32 weights 1e-3 (float32 arithmetic in another
+ * order, and the CPU's vectorised exp; its own scalar and AVX2 kernels
+ * differ by 2e-4 on stories260K); F16/BF16 3e-3 (cuBLAS rounds activations
  * to the weights' half type for the prompt); quantized 3e-2 (the CPU
  * quantizes activations to 8 bits in its dot products, the GPU keeps them
- * float). Greedy tokens: both backends are fed the CPU's choices (teacher
+ * float, TF32 in the prompt's GEMM). Greedy tokens: both backends are fed the CPU's choices (teacher
  * forcing) and must pick the same token at every step where the CPU's top
  * two logits are further apart than 4x the largest logit difference seen;
  * closer steps are counted, not failed. Exit 0 pass, 1 fail, 2 no device. */
@@ -26,8 +27,9 @@
 #include "llm/model.h"
 
 /* Single steps (GEMV, decode attention, all in float32 on the GPU): the
- * weights' type decides. The prompt (cuBLAS with half inputs, tensor-core
- * attention rounding Q and the softmax weights to half) gets at least 3e-3. */
+ * weights' type decides. The prompt (cuBLAS with half or TF32 inputs,
+ * tensor-core attention rounding Q and the softmax weights to half) gets
+ * at least 3e-3. */
 static double tolerance(const llm_model *m, int prompt)
 {
     double t;

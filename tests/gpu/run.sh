@@ -116,8 +116,8 @@ if [ -s "$models/$first.gguf" ]; then
     LLM_CUDA_GRAPHS=0 timeout 120 ./build/bin/llm-bench -m "$models/$first.gguf" --backend cuda --batch 1,16,64,256 \
         -p 128 -n 32 --prefill 0 2>&1 | tee "$out/bench_eager.txt"
     cat "$out/bench_eager.txt" >> "$out/bench.txt"
-    with=$(grep -A4 "file=$first.gguf graphs=1" "$out/bench.txt" | grep -o "decode_batch=[0-9]* .*ids_sum=[0-9-]*" | sed 's/ ctx.*ids_sum/ ids_sum/')
-    without=$(grep -o "decode_batch=[0-9]* .*ids_sum=[0-9-]*" "$out/bench_eager.txt" | sed 's/ ctx.*ids_sum/ ids_sum/')
+    with=$(grep -A4 "file=$first.gguf graphs=1" "$out/bench.txt" | grep -o "decode_batch=[0-9]* .*ids_hash=[0-9]*" | sed 's/ ctx.*ids_hash/ ids_hash/')
+    without=$(grep -o "decode_batch=[0-9]* .*ids_hash=[0-9]*" "$out/bench_eager.txt" | sed 's/ ctx.*ids_hash/ ids_hash/')
     if [ -n "$with" ] && [ "$with" = "$without" ]; then echo "graphs: same ids as eager at every batch"
     else note_fail "graphs and eager steps picked different ids"; echo "graphs: $with"; echo "eager:  $without"; fi
 fi
