@@ -340,7 +340,7 @@ $(BUILD)/tests/check_model: tests/gpu/check_model.c $(LIB)
 .PHONY: cudasim
 # The emulator's tests, every kernel against the CPU backend, and whole
 # models through the CUDA backend against the CPU backend, on the CPU.
-cudasim: $(SIM_BIN) $(BUILD)/bin/llm-mkmodel
+cudasim: $(SIM_BIN) $(TOOL_BIN)
 	@$(SIM)/test_cudasim
 	@LLM_CUDA_LIB=$(SIM)/libllm_cuda.so $(SIM)/test_backend
 	@echo "== check_kernels on the emulator"

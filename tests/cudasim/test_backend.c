@@ -100,6 +100,14 @@ static void steps_init(steps *s, int n_rows, int max_len)
     }
 }
 
+static void steps_free(steps *s)
+{
+    void *bufs[] = {s->kv.k, s->kv.v, s->q, s->out, s->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) llm_backend_buffer_free(s->b, bufs[i]);
+    llm_backend_free(s->b);
+    free(s->seqs), free(s->params), free(s->ids);
+}
+
 /* One step: attention over the cache, then the pick on the device. */
 static llm_status step(steps *s)
 {
@@ -124,7 +132,7 @@ static int big_shape_main(void)
             fprintf(stderr, "step %d of 512 sequences at bucket 32768 failed\n", i);
             return 1;
         }
-    llm_backend_free(s.b);
+    steps_free(&s);
     return 0;
 }
 
@@ -146,7 +154,7 @@ static int six_steps(int want_fail)
             failed++;
             last_failed = i;
         }
-    llm_backend_free(s.b);
+    steps_free(&s);
     if (failed != want_fail || last_failed >= 4) {
         fprintf(stderr, "%d step(s) failed (want %d), the last at step %d\n", failed, want_fail, last_failed);
         return 1;
@@ -263,8 +271,11 @@ static int gemm_main(void)
     double rel = sqrt(num / den), took = (double)(m0.free - m1.free) / (1 << 20);
     fprintf(stderr, "Q8_0 %dx%d, 16 rows, |x| up to %g: %d non-finite, relative error %.2e, scratch %.1f MiB\n", rows,
             COLS, amp, bad, rel, took);
+    llm_backend_buffer_free(b, dx);
+    llm_backend_buffer_free(b, dy);
     b->iface->model_release(b, dm);
     llm_backend_free(b);
+    free(w), free(x), free(got), free(ref), free(q);
     /* TF32 rounds x to 11 significant bits: a few 1e-4; the scratch is the
      * backend's 64 MiB slab (and its guard), not the 136 MiB matrix */
     return bad || !(rel < 2e-3) || took > 64.5 ? 1 : 0;
