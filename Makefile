@@ -42,6 +42,7 @@ ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/controller/kube_config.o $(
              $(BUILD)/controller/kube_watch.o $(BUILD)/controller/autoscale.o \
              $(BUILD)/controller/http_get.o
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
+ORACLE_BIN = $(BUILD)/tests/dequant_rows
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 LIB = $(BUILD)/libllm.a
@@ -53,7 +54,7 @@ $(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 $(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
 .PHONY: all run test asan bench bench-router bench-load deps lint clean unit pytest fuzz models tsan manifests
-all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
+all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(ORACLE_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
 
 $(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -112,6 +113,12 @@ $(BUILD)/tests/test_torture: tests/unit/test_torture.c tests/unit/testutil.h $(L
 	@$(CC) $(CFLAGS_BASE) -Itests/unit -Iserver $< $(TORTURE_OBJ) $(LIB) -lcmocka -lcivetweb -ljansson -lyaml -lcrypto \
 	  $(LDLIBS) $(TORTURE_WRAP) -o $@
 
+# Small programs the Python oracle tests drive.
+$(BUILD)/tests/dequant_rows: tests/oracle/dequant_rows.c $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) $< $(LIB) $(LDLIBS) -o $@
+
 $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
@@ -121,7 +128,7 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 # Python packages as PIP_NAME or PIP_NAME:MODULE when the import name differs.
 DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev libssl-dev clang chromium chromium-driver \
            golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
-PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium jsonschema
+PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium jsonschema numpy gguf
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \

@@ -20,6 +20,7 @@ static cpu_ctx *ctx_of(llm_backend *b) { return b->ctx; }
 
 /* One weight of a group, with x already converted to its activation type. */
 typedef struct mm_part {
+    const cpu_kernels *k; /* the set's, or the scalar set where it lacks the type */
     const llm_weight *w;
     float *y;
     const void *act;
@@ -27,7 +28,6 @@ typedef struct mm_part {
 } mm_part;
 
 typedef struct mm_job {
-    const cpu_kernels *k;
     mm_part parts[LLM_MATMUL_MAX_GROUP];
     int n_parts, n_tok;
     long total_rows;
@@ -48,8 +48,9 @@ static void mm_tile(const mm_part *p, cpu_dot4_fn fn, int width, int t, long r0,
 
 /* Rows [r0, r1) of one weight against every token; tokens go 16, 8 or 4
  * at a time through the tile kernels when the set has them. */
-static void mm_rows(const cpu_kernels *k, const mm_part *p, int n_tok, long r0, long r1)
+static void mm_rows(const mm_part *p, int n_tok, long r0, long r1)
 {
+    const cpu_kernels *k = p->k;
     cpu_dot_fn dot = k->dot[p->w->type];
     cpu_dot4_fn dot4 = k->dot4[p->w->type], dot8 = k->dot8[p->w->type], dot16 = k->dot16[p->w->type];
     const char *wd = p->w->data;
@@ -80,7 +81,7 @@ static void mm_range(const mm_job *j, long lo, long hi)
         const mm_part *p = &j->parts[i];
         long a = lo > base ? lo - base : 0, b = hi - base < p->w->rows ? hi - base : p->w->rows;
         for (long r0 = a; r0 < b; r0 += CPU_ROW_CHUNK)
-            mm_rows(j->k, p, j->n_tok, r0, r0 + CPU_ROW_CHUNK < b ? r0 + CPU_ROW_CHUNK : b);
+            mm_rows(p, j->n_tok, r0, r0 + CPU_ROW_CHUNK < b ? r0 + CPU_ROW_CHUNK : b);
         base += p->w->rows;
     }
 }
@@ -181,14 +182,14 @@ static llm_status convert_x(cpu_ctx *c, const cpu_act *a, const float *x, int co
 static llm_status group_act(cpu_ctx *c, mm_job *j, int i, const float *x, int n_tok, int *n_slots)
 {
     mm_part *p = &j->parts[i];
-    const cpu_act *a = c->k->act[p->w->type];
+    const cpu_act *a = p->k->act[p->w->type];
     if (a->kind == 0) {
         p->act = x;
         p->act_row = (size_t)p->w->cols * sizeof(float);
         return LLM_OK;
     }
     for (int k = 0; k < i; k++)
-        if (c->k->act[j->parts[k].w->type]->kind == a->kind) {
+        if (j->parts[k].k->act[j->parts[k].w->type]->kind == a->kind) {
             p->act = j->parts[k].act;
             p->act_row = j->parts[k].act_row;
             return LLM_OK;
@@ -198,16 +199,45 @@ static llm_status group_act(cpu_ctx *c, mm_job *j, int i, const float *x, int n_
     return convert_x(c, a, x, (int)p->w->cols, n_tok, (*n_slots)++, p);
 }
 
+/* Activation kinds the group needs converted (float32 needs none). */
+static int group_kinds(const cpu_kernels *k, const llm_matmul *ops, int n_ops)
+{
+    int kinds[LLM_MATMUL_MAX_GROUP], n = 0;
+    for (int i = 0; i < n_ops; i++) {
+        const cpu_kernels *ki = k->dot[ops[i].w->type] ? k : cpu_kernels_scalar();
+        int kind = ki->act[ops[i].w->type]->kind, seen = kind == 0;
+        for (int m = 0; m < n && !seen; m++) seen = kinds[m] == kind;
+        if (!seen)
+            kinds[n++] = kind;
+    }
+    return n;
+}
+
 static llm_status cpu_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok)
 {
     cpu_ctx *c = ctx_of(b);
     if (n_ops < 1 || n_ops > LLM_MATMUL_MAX_GROUP)
         return LLM_ERR_INVALID_ARG;
-    mm_job j = {c->k, {{0}}, n_ops, n_tok, 0, 0};
+    for (int i = 0; i < n_ops; i++)
+        if (!quant_supported(ops[i].w->type) || !cpu_kernels_scalar()->dot[ops[i].w->type])
+            return LLM_ERR_UNSUPPORTED;
+    /* mixed files (Q5_0 next to Q8_0 next to Q4_K) can give a group three
+     * activation formats; the buffer holds two, so such a group runs as
+     * single matmuls (same results: each weight's dot is the same) */
+    if (n_ops > 1 && group_kinds(c->k, ops, n_ops) > 2) {
+        for (int i = 0; i < n_ops; i++) {
+            llm_status st = cpu_matmul(b, &ops[i], 1, x, n_tok);
+            if (st)
+                return st;
+        }
+        return LLM_OK;
+    }
+    mm_job j = {{{0}}, n_ops, n_tok, 0, 0};
     int n_slots = 0;
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].w->cols != ops[0].w->cols)
             return LLM_ERR_INVALID_ARG;
+        j.parts[i].k = c->k->dot[ops[i].w->type] ? c->k : cpu_kernels_scalar();
         j.parts[i].w = ops[i].w;
         j.parts[i].y = ops[i].y;
         j.total_rows += ops[i].w->rows;

@@ -96,8 +96,8 @@ uint16_t quant_f32_to_bf16(float f)
 int quant_supported(quant_type t)
 {
     switch (t) {
-    case QT_F32: case QT_F16: case QT_BF16: case QT_Q4_0:
-    case QT_Q8_0: case QT_Q4_K: case QT_Q6_K:
+    case QT_F32: case QT_F16: case QT_BF16: case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1:
+    case QT_Q8_0: case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K:
         return 1;
     default:
         return 0;
@@ -122,9 +122,9 @@ size_t quant_block_elems(quant_type t)
 {
     switch (t) {
     case QT_F32: case QT_F16: case QT_BF16: return 1;
-    case QT_Q4_0: return QK4_0;
+    case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: return QK4_0;
     case QT_Q8_0: return QK8_0;
-    case QT_Q4_K: case QT_Q6_K: case QT_Q8_K: return QK_K;
+    case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: case QT_Q8_K: return QK_K;
     default: return 0;
     }
 }
@@ -135,8 +135,14 @@ size_t quant_block_bytes(quant_type t)
     case QT_F32: return 4;
     case QT_F16: case QT_BF16: return 2;
     case QT_Q4_0: return sizeof(block_q4_0);
+    case QT_Q4_1: return sizeof(block_q4_1);
+    case QT_Q5_0: return sizeof(block_q5_0);
+    case QT_Q5_1: return sizeof(block_q5_1);
     case QT_Q8_0: return sizeof(block_q8_0);
+    case QT_Q2_K: return sizeof(block_q2_K);
+    case QT_Q3_K: return sizeof(block_q3_K);
     case QT_Q4_K: return sizeof(block_q4_K);
+    case QT_Q5_K: return sizeof(block_q5_K);
     case QT_Q6_K: return sizeof(block_q6_K);
     case QT_Q8_K: return sizeof(block_q8_K);
     default: return 0;
@@ -171,22 +177,37 @@ static size_t first_f32(const uint32_t *x, size_t n)
     return i;
 }
 
-/* The half-precision scales (d, and dmin for Q4_K) of the block at blk
- * are finite. */
+/* Where a block type keeps its half-precision scale and its second one
+ * (min or dmin; -1 for none). */
+static int scale_offsets(quant_type t, int *d, int *m)
+{
+    *m = -1;
+    switch (t) {
+    case QT_Q4_0: *d = offsetof(block_q4_0, d); return 1;
+    case QT_Q5_0: *d = offsetof(block_q5_0, d); return 1;
+    case QT_Q8_0: *d = offsetof(block_q8_0, d); return 1;
+    case QT_Q3_K: *d = offsetof(block_q3_K, d); return 1;
+    case QT_Q6_K: *d = offsetof(block_q6_K, d); return 1;
+    case QT_Q4_1: *d = offsetof(block_q4_1, d); *m = offsetof(block_q4_1, m); return 1;
+    case QT_Q5_1: *d = offsetof(block_q5_1, d); *m = offsetof(block_q5_1, m); return 1;
+    case QT_Q2_K: *d = offsetof(block_q2_K, d); *m = offsetof(block_q2_K, dmin); return 1;
+    case QT_Q4_K: *d = offsetof(block_q4_K, d); *m = offsetof(block_q4_K, dmin); return 1;
+    case QT_Q5_K: *d = offsetof(block_q5_K, d); *m = offsetof(block_q5_K, dmin); return 1;
+    default: return 0;
+    }
+}
+
+/* The half-precision scales of the block at blk are finite. */
 static int block_ok(quant_type t, const uint8_t *blk)
 {
-    quant_f16 d, dmin = 0;
-    switch (t) {
-    case QT_Q4_0: memcpy(&d, blk + offsetof(block_q4_0, d), 2); break;
-    case QT_Q8_0: memcpy(&d, blk + offsetof(block_q8_0, d), 2); break;
-    case QT_Q4_K:
-        memcpy(&d, blk + offsetof(block_q4_K, d), 2);
-        memcpy(&dmin, blk + offsetof(block_q4_K, dmin), 2);
-        break;
-    case QT_Q6_K: memcpy(&d, blk + offsetof(block_q6_K, d), 2); break;
-    default: return 1;
-    }
-    return (d & 0x7c00) != 0x7c00 && (dmin & 0x7c00) != 0x7c00;
+    int od, om;
+    quant_f16 d, m = 0;
+    if (!scale_offsets(t, &od, &om))
+        return 1;
+    memcpy(&d, blk + od, 2);
+    if (om >= 0)
+        memcpy(&m, blk + om, 2);
+    return (d & 0x7c00) != 0x7c00 && (m & 0x7c00) != 0x7c00;
 }
 
 size_t quant_find_nonfinite(quant_type t, const void *data, size_t n)
@@ -234,6 +255,86 @@ static void deq_q4_0(const block_q4_0 *b, float *y, size_t nb)
     }
 }
 
+static void deq_q4_1(const block_q4_1 *b, float *y, size_t nb)
+{
+    for (size_t i = 0; i < nb; i++, y += QK4_0) {
+        float d = quant_f16_to_f32(b[i].d), m = quant_f16_to_f32(b[i].m);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            y[j] = d * (b[i].qs[j] & 0xf) + m;
+            y[j + 16] = d * (b[i].qs[j] >> 4) + m;
+        }
+    }
+}
+
+/* The 5-bit quants of a Q5_0/Q5_1 block: nibbles plus bit j of qh. */
+static void q5_unpack(const uint8_t *qs, const uint8_t *qh8, int *q)
+{
+    uint32_t qh = (uint32_t)qh8[0] | (uint32_t)qh8[1] << 8 | (uint32_t)qh8[2] << 16 | (uint32_t)qh8[3] << 24;
+    for (int j = 0; j < 16; j++) {
+        q[j] = (qs[j] & 0xf) | (int)((qh >> j) & 1) << 4;
+        q[j + 16] = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+    }
+}
+
+static void deq_q5_0(const block_q5_0 *b, float *y, size_t nb)
+{
+    int q[QK4_0];
+    for (size_t i = 0; i < nb; i++, y += QK4_0) {
+        float d = quant_f16_to_f32(b[i].d);
+        q5_unpack(b[i].qs, b[i].qh, q);
+        for (int j = 0; j < QK4_0; j++) y[j] = d * (q[j] - 16);
+    }
+}
+
+static void deq_q5_1(const block_q5_1 *b, float *y, size_t nb)
+{
+    int q[QK4_0];
+    for (size_t i = 0; i < nb; i++, y += QK4_0) {
+        float d = quant_f16_to_f32(b[i].d), m = quant_f16_to_f32(b[i].m);
+        q5_unpack(b[i].qs, b[i].qh, q);
+        for (int j = 0; j < QK4_0; j++) y[j] = d * q[j] + m;
+    }
+}
+
+/* Q2_K: a half of 128 takes 32 bytes of qs; its quarter j is bits 2j..2j+1. */
+static void deq_q2_K(const block_q2_K *b, float *y, size_t nb)
+{
+    for (size_t i = 0; i < nb; i++, b++) {
+        float d = quant_f16_to_f32(b->d), dmin = quant_f16_to_f32(b->dmin);
+        for (int e = 0; e < QK_K; e++) {
+            int half = e / 128, j = (e % 128) / 32, l = e % 32, sc = b->scales[e / 16];
+            int q = (b->qs[32 * half + l] >> (2 * j)) & 3;
+            *y++ = d * (float)(sc & 0xf) * (float)q - dmin * (float)(sc >> 4);
+        }
+    }
+}
+
+/* The 16 signed 6-bit scales of a Q3_K block: a low nibble from
+ * scales[0..7] (low then high halves) and two high bits from scales[8..11]. */
+void quant_q3k_scales(const uint8_t *s, int *out)
+{
+    for (int j = 0; j < 16; j++) {
+        int lo = j < 8 ? s[j] & 0xf : s[j - 8] >> 4, hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = (lo | hi << 4) - 32;
+    }
+}
+
+static void deq_q3_K(const block_q3_K *b, float *y, size_t nb)
+{
+    int sc[16];
+    for (size_t i = 0; i < nb; i++, b++) {
+        float d = quant_f16_to_f32(b->d);
+        quant_q3k_scales(b->scales, sc);
+        for (int e = 0; e < QK_K; e++) {
+            int half = e / 128, j = (e % 128) / 32, l = e % 32;
+            int q = (b->qs[32 * half + l] >> (2 * j)) & 3;
+            if (!(b->hmask[l] & (1 << (4 * half + j))))
+                q -= 4;
+            *y++ = d * (float)sc[e / 16] * (float)q;
+        }
+    }
+}
+
 /* Unpacks the j-th 6-bit (scale, min) pair of a Q4_K block. */
 static void q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
 {
@@ -259,6 +360,23 @@ static void deq_q4_K(const block_q4_K *b, float *y, size_t nb)
             float d2 = d * sc, m2 = dmin * m;
             for (int l = 0; l < 32; l++) *y++ = d1 * (q[l] & 0xf) - m1;
             for (int l = 0; l < 32; l++) *y++ = d2 * (q[l] >> 4) - m2;
+        }
+    }
+}
+
+static void deq_q5_K(const block_q5_K *b, float *y, size_t nb)
+{
+    for (size_t i = 0; i < nb; i++, b++) {
+        float d = quant_f16_to_f32(b->d), dmin = quant_f16_to_f32(b->dmin);
+        for (int sb = 0; sb < 8; sb++) {
+            uint8_t sc, m;
+            q4k_scale_min(sb, b->scales, &sc, &m);
+            float d1 = d * sc, m1 = dmin * m;
+            const uint8_t *ql = b->qs + 32 * (sb / 2);
+            for (int l = 0; l < 32; l++) {
+                int q = (sb & 1 ? ql[l] >> 4 : ql[l] & 0xf) | ((b->qh[l] >> sb) & 1) << 4;
+                *y++ = d1 * (float)q - m1;
+            }
         }
     }
 }
@@ -304,8 +422,14 @@ void quant_dequantize_row(quant_type t, const void *src, float *dst, size_t n)
         for (size_t i = 0; i < n; i++) dst[i] = quant_bf16_to_f32(((const uint16_t *)src)[i]);
         break;
     case QT_Q4_0: deq_q4_0(src, dst, nb); break;
+    case QT_Q4_1: deq_q4_1(src, dst, nb); break;
+    case QT_Q5_0: deq_q5_0(src, dst, nb); break;
+    case QT_Q5_1: deq_q5_1(src, dst, nb); break;
     case QT_Q8_0: deq_q8_0(src, dst, nb); break;
+    case QT_Q2_K: deq_q2_K(src, dst, nb); break;
+    case QT_Q3_K: deq_q3_K(src, dst, nb); break;
     case QT_Q4_K: deq_q4_K(src, dst, nb); break;
+    case QT_Q5_K: deq_q5_K(src, dst, nb); break;
     case QT_Q6_K: deq_q6_K(src, dst, nb); break;
     case QT_Q8_K: deq_q8_K(src, dst, nb); break;
     default: LLM_ASSERT(!"dequantize: unsupported type");
@@ -348,6 +472,124 @@ static void q_q4_0(const float *x, block_q4_0 *b, size_t nb)
 
 static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
+/* Q4_1/Q5_1: x = d * q + m over [min, max] in `levels` steps; the quants
+ * are rounded against the scales as they decode (f16). */
+static void q_affine32(const float *x, quant_f16 *d16, quant_f16 *m16, int *q, int levels)
+{
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < 32; j++) {
+        lo = fminf(lo, x[j]);
+        hi = fmaxf(hi, x[j]);
+    }
+    *d16 = quant_f32_to_f16((hi - lo) / (float)levels);
+    *m16 = quant_f32_to_f16(lo);
+    float d = quant_f16_to_f32(*d16), m = quant_f16_to_f32(*m16);
+    for (int j = 0; j < 32; j++) q[j] = d ? clampi((int)lrintf((x[j] - m) / d), 0, levels) : 0;
+}
+
+static void q5_pack(const int *q, uint8_t *qs, uint8_t *qh8)
+{
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        qs[j] = (uint8_t)((q[j] & 0xf) | (q[j + 16] & 0xf) << 4);
+        qh |= (uint32_t)(q[j] >> 4) << j | (uint32_t)(q[j + 16] >> 4) << (j + 16);
+    }
+    for (int k = 0; k < 4; k++) qh8[k] = (uint8_t)(qh >> (8 * k));
+}
+
+static void q_q4_1(const float *x, block_q4_1 *b, size_t nb)
+{
+    int q[32];
+    for (size_t i = 0; i < nb; i++, x += 32) {
+        q_affine32(x, &b[i].d, &b[i].m, q, 15);
+        for (int j = 0; j < 16; j++) b[i].qs[j] = (uint8_t)(q[j] | q[j + 16] << 4);
+    }
+}
+
+static void q_q5_1(const float *x, block_q5_1 *b, size_t nb)
+{
+    int q[32];
+    for (size_t i = 0; i < nb; i++, x += 32) {
+        q_affine32(x, &b[i].d, &b[i].m, q, 31);
+        q5_pack(q, b[i].qs, b[i].qh);
+    }
+}
+
+/* Q5_0: the largest magnitude maps to -16 (as Q4_0's to -8). */
+static void q_q5_0(const float *x, block_q5_0 *b, size_t nb)
+{
+    int q[32];
+    for (size_t i = 0; i < nb; i++, x += 32) {
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
+        b[i].d = quant_f32_to_f16(max / -16.f);
+        float d = quant_f16_to_f32(b[i].d), id = d ? 1.f / d : 0.f;
+        for (int j = 0; j < 32; j++) q[j] = clampi((int)lrintf(x[j] * id) + 16, 0, 31);
+        q5_pack(q, b[i].qs, b[i].qh);
+    }
+}
+
+/* Q2_K: per 16 values a 4-bit scale and min over d and dmin; 2-bit quants. */
+static void q_q2_K_block(const float *x, block_q2_K *b)
+{
+    float scale[16], mins[16], maxs = 0, maxm = 0;
+    for (int j = 0; j < 16; j++) {
+        float lo = x[16 * j], hi = x[16 * j];
+        for (int l = 1; l < 16; l++) {
+            lo = fminf(lo, x[16 * j + l]);
+            hi = fmaxf(hi, x[16 * j + l]);
+        }
+        lo = fminf(lo, 0.f);
+        scale[j] = (hi - lo) / 3.f;
+        mins[j] = -lo;
+        maxs = fmaxf(maxs, scale[j]);
+        maxm = fmaxf(maxm, mins[j]);
+    }
+    b->d = quant_f32_to_f16(maxs / 15.f);
+    b->dmin = quant_f32_to_f16(maxm / 15.f);
+    float d = quant_f16_to_f32(b->d), dmin = quant_f16_to_f32(b->dmin);
+    memset(b->qs, 0, sizeof b->qs);
+    for (int j = 0; j < 16; j++) {
+        int ls = d ? clampi((int)lrintf(scale[j] / d), 0, 15) : 0, lm = dmin ? clampi((int)lrintf(mins[j] / dmin), 0, 15) : 0;
+        b->scales[j] = (uint8_t)(ls | lm << 4);
+        float de = d * ls, me = dmin * lm;
+        for (int l = 0; l < 16; l++) {
+            int e = 16 * j + l, q = de ? clampi((int)lrintf((x[e] + me) / de), 0, 3) : 0;
+            b->qs[32 * (e / 128) + e % 32] |= (uint8_t)(q << (2 * ((e % 128) / 32)));
+        }
+    }
+}
+
+/* Q3_K: per 16 values a signed 6-bit scale over d; quants -4..3 stored as
+ * 2 bits plus an hmask bit that is set for the upper four. */
+static void q_q3_K_block(const float *x, block_q3_K *b)
+{
+    float scale[16], amax = 0;
+    for (int j = 0; j < 16; j++) {
+        scale[j] = absmax(x + 16 * j, 16) / 4.f;
+        amax = fmaxf(amax, scale[j]);
+    }
+    b->d = quant_f32_to_f16(amax / 31.f);
+    float d = quant_f16_to_f32(b->d);
+    memset(b->scales, 0, sizeof b->scales);
+    memset(b->hmask, 0, sizeof b->hmask);
+    memset(b->qs, 0, sizeof b->qs);
+    for (int j = 0; j < 16; j++) {
+        int ls = d ? clampi((int)lrintf(scale[j] / d), -32, 31) : 0, u = ls + 32;
+        b->scales[j % 8] |= (uint8_t)((u & 0xf) << (j < 8 ? 0 : 4));
+        b->scales[8 + j % 4] |= (uint8_t)((u >> 4) << (2 * (j / 4)));
+        float de = d * ls;
+        for (int l = 0; l < 16; l++) {
+            int e = 16 * j + l, q = de ? clampi((int)lrintf(x[e] / de), -4, 3) + 4 : 4;
+            int half = e / 128, k = (e % 128) / 32;
+            if (q > 3)
+                b->hmask[e % 32] |= (uint8_t)(1 << (4 * half + k));
+            b->qs[32 * half + e % 32] |= (uint8_t)((q & 3) << (2 * k));
+        }
+    }
+}
+
 /* Packs 8 6-bit scales and mins the way q4k_scale_min unpacks them. */
 static void q4k_pack_scales(const int *ls, const int *lm, uint8_t *s)
 {
@@ -364,7 +606,9 @@ static void q4k_pack_scales(const int *ls, const int *lm, uint8_t *s)
     }
 }
 
-static void q_q4_K_block(const float *x, block_q4_K *b)
+/* Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins, quants
+ * 0..levels (15 or 31) into L. */
+static void q_k4_scales(const float *x, int levels, quant_f16 *d16, quant_f16 *dmin16, uint8_t *scales, uint8_t *L)
 {
     float scale[8], mins[8], maxs = 0, maxm = 0;
     for (int j = 0; j < 8; j++) {
@@ -374,7 +618,7 @@ static void q_q4_K_block(const float *x, block_q4_K *b)
             hi = fmaxf(hi, x[32 * j + l]);
         }
         lo = fminf(lo, 0.f);
-        scale[j] = (hi - lo) / 15.f;
+        scale[j] = (hi - lo) / (float)levels;
         mins[j] = -lo;
         maxs = fmaxf(maxs, scale[j]);
         maxm = fmaxf(maxm, mins[j]);
@@ -385,20 +629,41 @@ static void q_q4_K_block(const float *x, block_q4_K *b)
         ls[j] = d ? clampi((int)lrintf(scale[j] / d), 0, 63) : 0;
         lm[j] = dmin ? clampi((int)lrintf(mins[j] / dmin), 0, 63) : 0;
     }
-    b->d = quant_f32_to_f16(d);
-    b->dmin = quant_f32_to_f16(dmin);
-    q4k_pack_scales(ls, lm, b->scales);
+    *d16 = quant_f32_to_f16(d);
+    *dmin16 = quant_f32_to_f16(dmin);
+    q4k_pack_scales(ls, lm, scales);
     /* quantize against the scales as they will be decoded */
-    float dd = quant_f16_to_f32(b->d), dm = quant_f16_to_f32(b->dmin);
-    uint8_t L[QK_K];
+    float dd = quant_f16_to_f32(*d16), dm = quant_f16_to_f32(*dmin16);
     for (int j = 0; j < 8; j++) {
         float de = dd * ls[j], me = dm * lm[j];
         for (int l = 0; l < 32; l++)
-            L[32 * j + l] = (uint8_t)(de ? clampi((int)lrintf((x[32 * j + l] + me) / de), 0, 15) : 0);
+            L[32 * j + l] = (uint8_t)(de ? clampi((int)lrintf((x[32 * j + l] + me) / de), 0, levels) : 0);
     }
+}
+
+static void q_q4_K_block(const float *x, block_q4_K *b)
+{
+    uint8_t L[QK_K];
+    q_k4_scales(x, 15, &b->d, &b->dmin, b->scales, L);
     for (int j = 0; j < QK_K; j += 64)
         for (int l = 0; l < 32; l++)
             b->qs[j / 2 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
+}
+
+static void q_q5_K_block(const float *x, block_q5_K *b)
+{
+    uint8_t L[QK_K];
+    q_k4_scales(x, 31, &b->d, &b->dmin, b->scales, L);
+    memset(b->qh, 0, sizeof b->qh);
+    for (int sb = 0; sb < 8; sb++)
+        for (int l = 0; l < 32; l++) {
+            uint8_t q = L[32 * sb + l];
+            if (sb & 1)
+                b->qs[32 * (sb / 2) + l] |= (uint8_t)((q & 0xf) << 4);
+            else
+                b->qs[32 * (sb / 2) + l] = q & 0xf;
+            b->qh[l] |= (uint8_t)((q >> 4) << sb);
+        }
 }
 
 static void q_q6_K_block(const float *x, block_q6_K *b)
@@ -455,9 +720,21 @@ void quant_quantize_row(quant_type t, const float *src, void *dst, size_t n)
         for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = quant_f32_to_bf16(src[i]);
         break;
     case QT_Q4_0: q_q4_0(src, dst, nb); break;
+    case QT_Q4_1: q_q4_1(src, dst, nb); break;
+    case QT_Q5_0: q_q5_0(src, dst, nb); break;
+    case QT_Q5_1: q_q5_1(src, dst, nb); break;
     case QT_Q8_0: q_q8_0(src, dst, nb); break;
+    case QT_Q2_K:
+        for (size_t i = 0; i < nb; i++) q_q2_K_block(src + i * QK_K, (block_q2_K *)dst + i);
+        break;
+    case QT_Q3_K:
+        for (size_t i = 0; i < nb; i++) q_q3_K_block(src + i * QK_K, (block_q3_K *)dst + i);
+        break;
     case QT_Q4_K:
         for (size_t i = 0; i < nb; i++) q_q4_K_block(src + i * QK_K, (block_q4_K *)dst + i);
+        break;
+    case QT_Q5_K:
+        for (size_t i = 0; i < nb; i++) q_q5_K_block(src + i * QK_K, (block_q5_K *)dst + i);
         break;
     case QT_Q6_K:
         for (size_t i = 0; i < nb; i++) q_q6_K_block(src + i * QK_K, (block_q6_K *)dst + i);

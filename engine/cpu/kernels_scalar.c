@@ -129,6 +129,146 @@ static float w_q6_K(const void *w, const void *x, int n)
     return s;
 }
 
+/* Q4_1/Q5_1/Q5_0: quants q[32] of one weight block against an activation
+ * block: (sum q*y, sum y). */
+static void dot32(const int *q, const block_q8_0 *b, int *qy, int *sy)
+{
+    *qy = *sy = 0;
+    for (int j = 0; j < QK8_0; j++) {
+        *qy += q[j] * b->qs[j];
+        *sy += b->qs[j];
+    }
+}
+
+static void unpack4(const uint8_t *qs, int *q)
+{
+    for (int j = 0; j < 16; j++) {
+        q[j] = qs[j] & 0xf;
+        q[j + 16] = qs[j] >> 4;
+    }
+}
+
+static void unpack5(const uint8_t *qs, const uint8_t *qh8, int *q)
+{
+    uint32_t qh;
+    memcpy(&qh, qh8, 4);
+    for (int j = 0; j < 16; j++) {
+        q[j] = (qs[j] & 0xf) | (int)((qh >> j) & 1) << 4;
+        q[j + 16] = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+    }
+}
+
+static float w_q4_1(const void *w, const void *x, int n)
+{
+    const block_q4_1 *a = w;
+    const block_q8_0 *b = x;
+    float s = 0;
+    int q[QK8_0], qy, sy;
+    for (int i = 0; i < n / QK8_0; i++) {
+        unpack4(a[i].qs, q);
+        dot32(q, &b[i], &qy, &sy);
+        float dy = quant_f16_to_f32(b[i].d);
+        s += quant_f16_to_f32(a[i].d) * dy * (float)qy + quant_f16_to_f32(a[i].m) * dy * (float)sy;
+    }
+    return s;
+}
+
+static float w_q5_0(const void *w, const void *x, int n)
+{
+    const block_q5_0 *a = w;
+    const block_q8_0 *b = x;
+    float s = 0;
+    int q[QK8_0], qy, sy;
+    for (int i = 0; i < n / QK8_0; i++) {
+        unpack5(a[i].qs, a[i].qh, q);
+        dot32(q, &b[i], &qy, &sy);
+        s += quant_f16_to_f32(a[i].d) * quant_f16_to_f32(b[i].d) * (float)(qy - 16 * sy);
+    }
+    return s;
+}
+
+static float w_q5_1(const void *w, const void *x, int n)
+{
+    const block_q5_1 *a = w;
+    const block_q8_0 *b = x;
+    float s = 0;
+    int q[QK8_0], qy, sy;
+    for (int i = 0; i < n / QK8_0; i++) {
+        unpack5(a[i].qs, a[i].qh, q);
+        dot32(q, &b[i], &qy, &sy);
+        float dy = quant_f16_to_f32(b[i].d);
+        s += quant_f16_to_f32(a[i].d) * dy * (float)qy + quant_f16_to_f32(a[i].m) * dy * (float)sy;
+    }
+    return s;
+}
+
+/* Q2_K: sum over 16 sub-blocks of scale * (q . y) minus min * bsum. */
+static float w_q2_K(const void *w, const void *x, int n)
+{
+    const block_q2_K *a = w;
+    const block_q8_K *b = x;
+    float s = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        int isum = 0, msum = 0;
+        for (int j = 0; j < 16; j++) {
+            int acc = 0;
+            for (int l = 0; l < 16; l++) {
+                int e = 16 * j + l, q = (a[i].qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+                acc += q * b[i].qs[e];
+            }
+            isum += (a[i].scales[j] & 0xf) * acc;
+            msum += (a[i].scales[j] >> 4) * b[i].bsums[j];
+        }
+        s += b[i].d * (quant_f16_to_f32(a[i].d) * (float)isum - quant_f16_to_f32(a[i].dmin) * (float)msum);
+    }
+    return s;
+}
+
+static float w_q3_K(const void *w, const void *x, int n)
+{
+    const block_q3_K *a = w;
+    const block_q8_K *b = x;
+    float s = 0;
+    int sc[16];
+    for (int i = 0; i < n / QK_K; i++) {
+        quant_q3k_scales(a[i].scales, sc);
+        int isum = 0;
+        for (int j = 0; j < 16; j++) {
+            int acc = 0;
+            for (int l = 0; l < 16; l++) {
+                int e = 16 * j + l, half = e / 128, k = (e % 128) / 32;
+                int q = ((a[i].qs[32 * half + e % 32] >> (2 * k)) & 3) - (a[i].hmask[e % 32] >> (4 * half + k) & 1 ? 0 : 4);
+                acc += q * b[i].qs[e];
+            }
+            isum += sc[j] * acc;
+        }
+        s += b[i].d * quant_f16_to_f32(a[i].d) * (float)isum;
+    }
+    return s;
+}
+
+static float w_q5_K(const void *w, const void *x, int n)
+{
+    const block_q5_K *a = w;
+    const block_q8_K *b = x;
+    float s = 0;
+    for (int i = 0; i < n / QK_K; i++) {
+        int isum = 0, msum = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m, acc = 0;
+            scale_min(j, a[i].scales, &sc, &m);
+            const uint8_t *q = a[i].qs + (j / 2) * 32;
+            const int8_t *y = b[i].qs + j * 32;
+            for (int l = 0; l < 32; l++)
+                acc += (((j & 1) ? (q[l] >> 4) : (q[l] & 0xf)) | ((a[i].qh[l] >> j) & 1) << 4) * y[l];
+            isum += sc * acc;
+            msum += m * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+        }
+        s += b[i].d * (quant_f16_to_f32(a[i].d) * (float)isum - quant_f16_to_f32(a[i].dmin) * (float)msum);
+    }
+    return s;
+}
+
 static void quant_q8_0(const float *x, void *dst, int n) { quant_quantize_row(QT_Q8_0, x, dst, (size_t)n); }
 static void quant_q8_K(const float *x, void *dst, int n) { quant_quantize_row(QT_Q8_K, x, dst, (size_t)n); }
 static const cpu_act act_q8_0 = {1, q8_0_row, quant_q8_0, q8_0_deq, NULL};
@@ -176,9 +316,12 @@ static void f32_to_f16(const float *src, quant_f16 *dst, int n)
 static const cpu_kernels scalar = {
     .name = "scalar",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
-            [QT_Q4_0] = w_q4_0, [QT_Q4_K] = w_q4_K, [QT_Q6_K] = w_q6_K},
+            [QT_Q4_0] = w_q4_0, [QT_Q4_1] = w_q4_1, [QT_Q5_0] = w_q5_0, [QT_Q5_1] = w_q5_1,
+            [QT_Q2_K] = w_q2_K, [QT_Q3_K] = w_q3_K, [QT_Q4_K] = w_q4_K, [QT_Q5_K] = w_q5_K, [QT_Q6_K] = w_q6_K},
     .act = {[QT_F32] = &cpu_act_f32, [QT_F16] = &cpu_act_f32, [QT_BF16] = &cpu_act_f32, [QT_Q8_0] = &act_q8_0,
-            [QT_Q4_0] = &act_q8_0, [QT_Q4_K] = &act_q8_K, [QT_Q6_K] = &act_q8_K},
+            [QT_Q4_0] = &act_q8_0, [QT_Q4_1] = &act_q8_0, [QT_Q5_0] = &act_q8_0, [QT_Q5_1] = &act_q8_0,
+            [QT_Q2_K] = &act_q8_K, [QT_Q3_K] = &act_q8_K, [QT_Q4_K] = &act_q8_K, [QT_Q5_K] = &act_q8_K,
+            [QT_Q6_K] = &act_q8_K},
     .dot_f32 = dot_f32,
     .axpy = axpy,
     .attn_dots = attn_dots,

@@ -80,32 +80,123 @@ static void ref_q6_K(const block_q6_K *b, double *y)
     }
 }
 
+/* The 5th bit of element j of a Q5_0/Q5_1 block: bit j of qh read as a
+ * little-endian 32-bit integer. */
+static int q5_bit(const uint8_t *qh, int j) { return (qh[j / 8] >> (j % 8)) & 1; }
+
+static int nib32(const uint8_t *qs, int j) { return j < 16 ? qs[j] & 15 : qs[j - 16] >> 4; }
+
+static void ref_q4_1(const block_q4_1 *b, double *y)
+{
+    for (int j = 0; j < 32; j++) y[j] = h(b->d) * nib32(b->qs, j) + h(b->m);
+}
+
+static void ref_q5_0(const block_q5_0 *b, double *y)
+{
+    for (int j = 0; j < 32; j++) y[j] = h(b->d) * ((nib32(b->qs, j) + 16 * q5_bit(b->qh, j)) - 16);
+}
+
+static void ref_q5_1(const block_q5_1 *b, double *y)
+{
+    for (int j = 0; j < 32; j++) y[j] = h(b->d) * (nib32(b->qs, j) + 16 * q5_bit(b->qh, j)) + h(b->m);
+}
+
+/* Q2_K/Q3_K: element e sits in byte 32 * (e / 128) + e % 32 of qs, at
+ * bits 2k..2k+1 with k = (e % 128) / 32; one scale per 16 elements. */
+static int q2_bits(const uint8_t *qs, int e) { return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3; }
+
+static void ref_q2_K(const block_q2_K *b, double *y)
+{
+    for (int e = 0; e < 256; e++) {
+        int sc = b->scales[e / 16];
+        y[e] = h(b->d) * (sc % 16) * q2_bits(b->qs, e) - h(b->dmin) * (sc / 16);
+    }
+}
+
+/* Q3_K scale j: low 4 bits in scales[j % 8] (low nibble for j < 8, high
+ * after), high 2 bits at bit 2 * (j / 4) of scales[8 + j % 4]; minus 32.
+ * The quant loses 4 unless hmask[e % 32] has bit (e / 32) set. */
+static void ref_q3_K(const block_q3_K *b, double *y)
+{
+    for (int e = 0; e < 256; e++) {
+        int j = e / 16;
+        int lo = j < 8 ? b->scales[j] % 16 : b->scales[j - 8] / 16, hi = (b->scales[8 + j % 4] >> (2 * (j / 4))) % 4;
+        int q = q2_bits(b->qs, e) - ((b->hmask[e % 32] >> (e / 32)) & 1 ? 0 : 4);
+        y[e] = h(b->d) * (lo + 16 * hi - 32) * q;
+    }
+}
+
+/* Q5_K: Q4_K's scales and nibbles, plus bit (e / 32) of qh[e % 32] as 16. */
+static void ref_q5_K(const block_q5_K *b, double *y)
+{
+    block_q4_K q4;
+    double y4[256];
+    memcpy(&q4.d, &b->d, 2);
+    memcpy(&q4.dmin, &b->dmin, 2);
+    memcpy(q4.scales, b->scales, sizeof q4.scales);
+    memcpy(q4.qs, b->qs, sizeof q4.qs);
+    ref_q4_K(&q4, y4);
+    for (int e = 0; e < 256; e++) {
+        int sb = e / 32, sc;
+        if (sb < 4)
+            sc = b->scales[sb] & 63;
+        else
+            sc = (b->scales[sb + 4] & 15) | ((b->scales[sb - 4] >> 6) << 4);
+        y[e] = y4[e] + h(b->d) * sc * 16 * ((b->qh[e % 32] >> (e / 32)) & 1);
+    }
+}
+
 static void ref_dequant(quant_type t, const void *blk, double *y)
 {
     switch (t) {
     case QT_Q8_0: ref_q8_0(blk, y); break;
     case QT_Q4_0: ref_q4_0(blk, y); break;
+    case QT_Q4_1: ref_q4_1(blk, y); break;
+    case QT_Q5_0: ref_q5_0(blk, y); break;
+    case QT_Q5_1: ref_q5_1(blk, y); break;
+    case QT_Q2_K: ref_q2_K(blk, y); break;
+    case QT_Q3_K: ref_q3_K(blk, y); break;
     case QT_Q4_K: ref_q4_K(blk, y); break;
+    case QT_Q5_K: ref_q5_K(blk, y); break;
     case QT_Q6_K: ref_q6_K(blk, y); break;
     default: fail();
     }
 }
 
+/* Random quant bits with finite, realistic scales (a min of Q4_1/Q5_1
+ * is a signed value). */
 static void random_block(quant_type t, void *blk)
 {
     rand_bytes(blk, quant_block_bytes(t));
-    if (t == QT_Q8_0) ((block_q8_0 *)blk)->d = rand_f16_scale();
-    if (t == QT_Q4_0) ((block_q4_0 *)blk)->d = rand_f16_scale();
-    if (t == QT_Q4_K) { ((block_q4_K *)blk)->d = rand_f16_scale(); ((block_q4_K *)blk)->dmin = rand_f16_scale(); }
-    if (t == QT_Q6_K) ((block_q6_K *)blk)->d = rand_f16_scale();
+    switch (t) {
+    case QT_Q8_0: ((block_q8_0 *)blk)->d = rand_f16_scale(); break;
+    case QT_Q4_0: ((block_q4_0 *)blk)->d = rand_f16_scale(); break;
+    case QT_Q5_0: ((block_q5_0 *)blk)->d = rand_f16_scale(); break;
+    case QT_Q3_K: ((block_q3_K *)blk)->d = rand_f16_scale(); break;
+    case QT_Q6_K: ((block_q6_K *)blk)->d = rand_f16_scale(); break;
+    case QT_Q4_1:
+        ((block_q4_1 *)blk)->d = rand_f16_scale();
+        ((block_q4_1 *)blk)->m = (uint16_t)(rand_f16_scale() | (test_rng(&seed) & 1) << 15);
+        break;
+    case QT_Q5_1:
+        ((block_q5_1 *)blk)->d = rand_f16_scale();
+        ((block_q5_1 *)blk)->m = (uint16_t)(rand_f16_scale() | (test_rng(&seed) & 1) << 15);
+        break;
+    case QT_Q2_K: ((block_q2_K *)blk)->d = rand_f16_scale(); ((block_q2_K *)blk)->dmin = rand_f16_scale(); break;
+    case QT_Q4_K: ((block_q4_K *)blk)->d = rand_f16_scale(); ((block_q4_K *)blk)->dmin = rand_f16_scale(); break;
+    case QT_Q5_K: ((block_q5_K *)blk)->d = rand_f16_scale(); ((block_q5_K *)blk)->dmin = rand_f16_scale(); break;
+    default: break;
+    }
 }
 
-static const quant_type qtypes[] = {QT_Q8_0, QT_Q4_0, QT_Q4_K, QT_Q6_K};
+static const quant_type qtypes[] = {QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
+                                    QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K};
+#define N_QTYPES (sizeof qtypes / sizeof *qtypes)
 
 static void test_dequant_vs_f64(void **state)
 {
     (void)state;
-    for (size_t ti = 0; ti < 4; ti++) {
+    for (size_t ti = 0; ti < N_QTYPES; ti++) {
         quant_type t = qtypes[ti];
         size_t be = quant_block_elems(t);
         uint8_t blk[512];
@@ -143,6 +234,7 @@ static void test_quant_roundtrip(void **state)
     (void)state;
     static const struct { quant_type t; double bound; } cases[] = {
         {QT_Q8_0, 0.01}, {QT_Q6_K, 0.04}, {QT_Q4_0, 0.12}, {QT_Q4_K, 0.12}, {QT_F16, 1e-3}, {QT_BF16, 5e-3},
+        {QT_Q5_0, 0.06}, {QT_Q5_1, 0.06}, {QT_Q5_K, 0.06}, {QT_Q4_1, 0.12}, {QT_Q3_K, 0.25}, {QT_Q2_K, 0.5},
     };
     enum { N = 4096 };
     static float x[N], y[N];
@@ -241,8 +333,15 @@ static void check_dot(const cpu_kernels *k, quant_type wt, int n)
 
 static void run_kernel_set(const cpu_kernels *k)
 {
-    static const quant_type all[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_K, QT_Q6_K};
+    static const quant_type all[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
+                                     QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+        /* every loadable type has a scalar kernel; a SIMD set may leave one
+         * to it (the backend then uses the scalar set's kernel and format) */
+        if (!k->dot[all[i]]) {
+            assert_ptr_not_equal(k, cpu_kernels_scalar());
+            continue;
+        }
         int be = (int)quant_block_elems(all[i]);
         int sizes_f[] = {1, 7, 33, 257, 1031}, sizes_b[] = {1, 3, 7, 11};
         for (int s = 0; s < (be == 1 ? 5 : 4); s++) check_dot(k, all[i], be == 1 ? sizes_f[s] : sizes_b[s] * be);
