@@ -261,6 +261,7 @@ typedef struct ew_job {
     size_t n;       /* elements, or rows for row ops */
     int dim;
     float eps;
+    float s;        /* scale's factor */
     const llm_rope_args *rope;
 } ew_job;
 
@@ -289,6 +290,29 @@ static void swiglu_worker(void *arg, int ith, int nth)
     long lo, hi;
     tp_range((long)j->n, ith, nth, &lo, &hi);
     for (long i = lo; i < hi; i++) j->out[i] = j->a[i] / (1.0f + expf(-j->a[i])) * j->b[i];
+}
+
+/* GELU, tanh form; tanhf saturates cleanly for large |g| (no inf/inf). */
+static float gelu(float g)
+{
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+}
+
+static void geglu_worker(void *arg, int ith, int nth)
+{
+    ew_job *j = arg;
+    long lo, hi;
+    tp_range((long)j->n, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++) j->out[i] = gelu(j->a[i]) * j->b[i];
+}
+
+static void scale_worker(void *arg, int ith, int nth)
+{
+    ew_job *j = arg;
+    long lo, hi;
+    tp_range((long)j->n, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++) j->out[i] *= j->s;
 }
 
 static void add_worker(void *arg, int ith, int nth)
@@ -352,6 +376,18 @@ static void cpu_swiglu(llm_backend *b, const float *g, const float *u, size_t n,
 {
     ew_job j = {.a = g, .b = u, .out = out, .n = n};
     run_ew(ctx_of(b), swiglu_worker, &j, n);
+}
+
+static void cpu_geglu(llm_backend *b, const float *g, const float *u, size_t n, float *out)
+{
+    ew_job j = {.a = g, .b = u, .out = out, .n = n};
+    run_ew(ctx_of(b), geglu_worker, &j, n);
+}
+
+static void cpu_scale(llm_backend *b, float *x, float s, size_t n)
+{
+    ew_job j = {.out = x, .n = n, .s = s};
+    run_ew(ctx_of(b), scale_worker, &j, n);
 }
 
 static void cpu_add(llm_backend *b, float *y, const float *x, size_t n)
@@ -453,7 +489,9 @@ static const struct llm_backend_i cpu_iface = {
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .swiglu = cpu_swiglu,
+    .geglu = cpu_geglu,
     .add = cpu_add,
+    .scale = cpu_scale,
     .add_bias = cpu_add_bias,
     .get_rows = cpu_get_rows,
     .kv_write = cpu_kv_write,

@@ -667,6 +667,20 @@ static void cuda_swiglu(llm_backend *b, const float *g, const float *u, size_t n
     LK(c, lk_swiglu(g, u, n, out, c->stream));
 }
 
+static void cuda_geglu(llm_backend *b, const float *g, const float *u, size_t n, float *out)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    LK(c, lk_geglu(g, u, n, out, c->stream));
+}
+
+static void cuda_scale(llm_backend *b, float *x, float s, size_t n)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    LK(c, lk_scale(x, s, n, c->stream));
+}
+
 static void cuda_add(llm_backend *b, float *y, const float *x, size_t n)
 {
     cu_ctx *c = ctx_of(b);
@@ -770,7 +784,7 @@ static llm_status cuda_attention(llm_backend *b, const llm_attn_args *a)
         const int32_t *dt = d ? stage(c, ST_TILES, tab_off + a->n_seqs, 4 * n_tiles) : NULL;
         if (dt)
             LK(c, lk_attention_tc(a->q, a->out, (int)n_tiles, dt, a->n_head, a->n_head_kv, a->head_dim, a->scale,
-                                  d + 2 * n_rows, a->kv->k, a->kv->v, a->kv->row_bytes, bs, c->stream));
+                                  d + 2 * n_rows, a->kv->k, a->kv->v, a->kv->row_bytes, bs, a->window, c->stream));
         return take_status(c);
     }
     size_t wf = lk_attention_work((int)n_rows, a->n_head, a->head_dim, max_len);
@@ -780,8 +794,8 @@ static llm_status cuda_attention(llm_backend *b, const llm_attn_args *a)
     const int32_t *d = stage(c, ST_ATTN, p, 2 * n_rows + n_tab);
     if (d)
         LK(c, lk_attention(a->q, a->out, (int)n_rows, a->n_head, a->n_head_kv, a->head_dim, a->scale, d, d + n_rows,
-                           d + 2 * n_rows, (int)a->kv->type, a->kv->k, a->kv->v, a->kv->row_bytes, bs, max_len, work,
-                           c->stream));
+                           d + 2 * n_rows, (int)a->kv->type, a->kv->k, a->kv->v, a->kv->row_bytes, bs, max_len,
+                           a->window, work, c->stream));
     return take_status(c);
 }
 
@@ -878,6 +892,10 @@ static void upload_all(up_state *u, const llm_model *m, llm_model *d)
         llm_layer *D = &d->layers[l];
         D->attn_norm = put_vec(u, L->attn_norm, E);
         D->ffn_norm = put_vec(u, L->ffn_norm, E);
+        D->attn_q_norm = put_vec(u, L->attn_q_norm, (size_t)hp->head_dim);
+        D->attn_k_norm = put_vec(u, L->attn_k_norm, (size_t)hp->head_dim);
+        D->attn_post_norm = put_vec(u, L->attn_post_norm, E);
+        D->ffn_post_norm = put_vec(u, L->ffn_post_norm, E);
         D->bq = put_vec(u, L->bq, qd);
         D->bk = put_vec(u, L->bk, kvd);
         D->bv = put_vec(u, L->bv, kvd);
@@ -1100,7 +1118,9 @@ static const struct llm_backend_i cuda_iface = {
     .rmsnorm = cuda_rmsnorm,
     .rope = cuda_rope,
     .swiglu = cuda_swiglu,
+    .geglu = cuda_geglu,
     .add = cuda_add,
+    .scale = cuda_scale,
     .add_bias = cuda_add_bias,
     .get_rows = cuda_get_rows,
     .kv_write = cuda_kv_write,

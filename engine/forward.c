@@ -1,7 +1,10 @@
 /* forward.c - the transformer forward pass over a batch of rows from
- * several sequences: embeddings -> n_layer x (RMSNorm, Q/K/V with RoPE at
- * each row's position, paged attention with GQA, residual, RMSNorm, SwiGLU
- * MLP, residual) -> final norm and logits for the chosen rows only. */
+ * several sequences: embeddings (scaled, gemma3) -> n_layer x (RMSNorm,
+ * Q/K/V (per-head Q/K RMSNorm: qwen3, gemma3) with RoPE at each row's
+ * position, paged attention with GQA (a sliding window on local layers),
+ * output RMSNorm (gemma3), residual, RMSNorm, SwiGLU or GELU-gated MLP,
+ * output RMSNorm (gemma3), residual) -> final norm and logits for the
+ * chosen rows only. */
 #include <math.h>
 #include <string.h>
 
@@ -165,18 +168,24 @@ static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, c
     add_bias(b, f->q, l->bq, n, qd);
     add_bias(b, f->k, l->bk, n, kvd);
     add_bias(b, f->v, l->bv, n, kvd);
-    llm_rope_args r = {f->q, n, hp->n_head, hp->head_dim, hp->rot_dim, f->pos, hp->rope_theta,
-                       hp->rope_freq_scale, hp->rope_neox, f->m->rope_freqs};
+    if (l->attn_q_norm) { /* each head's row normalised (in place) before RoPE */
+        llm_backend_rmsnorm(b, f->q, l->attn_q_norm, n * hp->n_head, hp->head_dim, hp->eps, f->q);
+        llm_backend_rmsnorm(b, f->k, l->attn_k_norm, n * hp->n_head_kv, hp->head_dim, hp->eps, f->k);
+    }
+    llm_rope_args r = {f->q, n, hp->n_head, hp->head_dim, hp->rot_dim, f->pos, l->rope_theta,
+                       l->rope_freq_scale, hp->rope_neox, f->m->rope_freqs};
     llm_backend_rope(b, &r);
     r.x = f->k;
     r.n_head = hp->n_head_kv;
     llm_backend_rope(b, &r);
     llm_backend_kv_write(b, kv, bt->seqs, bt->n_seqs, f->k, f->v);
-    llm_attn_args a = {f->q, f->att, hp->n_head, hp->n_head_kv, hp->head_dim, 1.0f / sqrtf((float)hp->head_dim),
-                       bt->seqs, bt->n_seqs, kv};
+    llm_attn_args a = {f->q, f->att, hp->n_head, hp->n_head_kv, hp->head_dim, hp->attn_scale,
+                       bt->seqs, bt->n_seqs, kv, l->window};
     if ((st = llm_backend_attention(b, &a)) || (st = llm_backend_matmul(b, &l->wo, f->att, n, f->xb)) ||
         (st = reduce(f, f->xb, (size_t)n * hp->n_embd)))
         return st;
+    if (l->attn_post_norm)
+        llm_backend_rmsnorm(b, f->xb, l->attn_post_norm, n, hp->n_embd, hp->eps, f->xb);
     llm_backend_add(b, f->x, f->xb, (size_t)n * hp->n_embd);
     return LLM_OK;
 }
@@ -191,9 +200,14 @@ static llm_status mlp_block(llm_forward *f, int il, int n)
     llm_matmul gate_up[2] = {{&l->w_gate, f->hb}, {&l->w_up, f->hb2}};
     if ((st = llm_backend_matmul_group(b, gate_up, 2, f->xb, n)))
         return st;
-    llm_backend_swiglu(b, f->hb, f->hb2, (size_t)n * hp->n_ff, f->hb);
+    if (hp->ffn_gelu)
+        llm_backend_geglu(b, f->hb, f->hb2, (size_t)n * hp->n_ff, f->hb);
+    else
+        llm_backend_swiglu(b, f->hb, f->hb2, (size_t)n * hp->n_ff, f->hb);
     if ((st = llm_backend_matmul(b, &l->w_down, f->hb, n, f->xb)) || (st = reduce(f, f->xb, (size_t)n * hp->n_embd)))
         return st;
+    if (l->ffn_post_norm)
+        llm_backend_rmsnorm(b, f->xb, l->ffn_post_norm, n, hp->n_embd, hp->eps, f->xb);
     llm_backend_add(b, f->x, f->xb, (size_t)n * hp->n_embd);
     return LLM_OK;
 }
@@ -261,6 +275,8 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
         f->b->iface->step_begin(f->b, &(llm_step_info){bt->n_rows, bt->n_seqs, bt->n_logits, step_len(bt),
                                                          bt->n_rows == bt->n_seqs, pick && f->b->iface->sample});
     llm_backend_get_rows(f->b, &f->m->tok_embd, bt->tokens, bt->n_rows, f->x);
+    if (hp->embd_scale != 1.0f)
+        llm_backend_scale(f->b, f->x, hp->embd_scale, (size_t)bt->n_rows * hp->n_embd);
     for (int il = 0; il < hp->n_layer; il++)
         if ((st = attention_block(f, bt, &layers[il], il)) || (st = mlp_block(f, il, bt->n_rows)))
             return st;

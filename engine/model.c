@@ -3,6 +3,7 @@
  * checked here so the forward pass never needs to. */
 #include "llm/model.h"
 
+#include <math.h>
 #include <string.h>
 
 typedef struct loader {
@@ -62,9 +63,13 @@ static llm_status read_arch(loader *L)
         L->m->hp.arch = LLM_ARCH_LLAMA;
     else if (!strcmp(L->arch, "qwen2"))
         L->m->hp.arch = LLM_ARCH_QWEN2;
+    else if (!strcmp(L->arch, "qwen3"))
+        L->m->hp.arch = LLM_ARCH_QWEN3;
+    else if (!strcmp(L->arch, "gemma3"))
+        L->m->hp.arch = LLM_ARCH_GEMMA3;
     else
-        return llm_errf(L->err, LLM_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (llama, qwen2)",
-                        gguf_name(L->f), L->arch);
+        return llm_errf(L->err, LLM_ERR_UNSUPPORTED,
+                        "%s: architecture '%s' is not supported (llama, qwen2, qwen3, gemma3)", gguf_name(L->f), L->arch);
     return LLM_OK;
 }
 
@@ -121,8 +126,61 @@ static llm_status read_hparams(loader *L)
         (st = get_float(L, "rope.freq_base", &hp->rope_theta, 10000.0f)))
         return st;
     hp->rope_freq_scale = 1.0f;
-    hp->rope_neox = hp->arch == LLM_ARCH_QWEN2;
+    hp->rope_neox = hp->arch != LLM_ARCH_LLAMA;
+    hp->embd_scale = hp->arch == LLM_ARCH_GEMMA3 ? sqrtf((float)hp->n_embd) : 1.0f;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->ffn_gelu = hp->arch == LLM_ARCH_GEMMA3;
+    if ((st = get_int(L, "attention.sliding_window", &hp->n_swa, 0, 0)))
+        return st;
+    if (hp->arch != LLM_ARCH_GEMMA3)
+        hp->n_swa = 0; /* other families here have no local layers */
     return read_rope_scaling(L, hp);
+}
+
+/* `attention.sliding_window_pattern` given as one bool per layer (1:
+ * local) into is_local; 0 when the key is not such an array. */
+static int pattern_array(loader *L, int *is_local)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", L->arch);
+    const gguf_kv *kv = gguf_find(L->f, key);
+    if (!kv || kv->type != GGUF_TYPE_ARRAY || kv->arr_type != GGUF_TYPE_BOOL ||
+        kv->arr_n != (uint64_t)L->m->hp.n_layer)
+        return 0;
+    for (int i = 0; i < L->m->hp.n_layer; i++) is_local[i] = ((const uint8_t *)kv->arr_data)[i] != 0;
+    return 1;
+}
+
+/* Which layers are local (sliding window) and their RoPE: gemma3 makes
+ * every layer but each sixth local (`attention.sliding_window_pattern`
+ * overrides the 6, or lists each layer), with base `rope.freq_base_swa`
+ * (default 10000) and no scaling; global layers use the model's base and
+ * scaling. */
+static llm_status layer_windows(loader *L)
+{
+    llm_hparams *hp = &L->m->hp;
+    int pattern = 6;
+    float base_swa = 10000.0f;
+    llm_status st;
+    int *is_local = calloc((size_t)hp->n_layer, sizeof *is_local);
+    if (!is_local)
+        return llm_errf(L->err, LLM_ERR_NOMEM, "%s: no memory", gguf_name(L->f));
+    int listed = hp->n_swa > 0 && pattern_array(L, is_local);
+    if (hp->n_swa > 0 &&
+        ((!listed && (st = get_int(L, "attention.sliding_window_pattern", &pattern, 0, 6))) ||
+         (st = get_float(L, "rope.freq_base_swa", &base_swa, 10000.0f)))) {
+        free(is_local);
+        return st;
+    }
+    for (int i = 0; i < hp->n_layer; i++) {
+        llm_layer *l = &L->m->layers[i];
+        int local = hp->n_swa > 0 && (listed ? is_local[i] : pattern == 0 || i % pattern < pattern - 1);
+        l->window = local ? hp->n_swa : 0;
+        l->rope_theta = local ? base_swa : hp->rope_theta;
+        l->rope_freq_scale = local ? 1.0f : hp->rope_freq_scale;
+    }
+    free(is_local);
+    return LLM_OK;
 }
 
 /* Binds tensor `name` with ne = {cols, rows}; rows == 0 means a vector. */
@@ -206,6 +264,15 @@ static llm_status bind_layer(loader *L, int i, llm_layer *l)
         (st = bind_vector(L, NAME("attn_k.bias"), kvd, &l->bk, hp->arch != LLM_ARCH_QWEN2)) ||
         (st = bind_vector(L, NAME("attn_v.bias"), kvd, &l->bv, hp->arch != LLM_ARCH_QWEN2)))
         return st;
+    int qk_norm = hp->arch == LLM_ARCH_QWEN3 || hp->arch == LLM_ARCH_GEMMA3, post = hp->arch == LLM_ARCH_GEMMA3;
+    if ((st = bind_vector(L, NAME("attn_q_norm.weight"), hp->head_dim, &l->attn_q_norm, !qk_norm)) ||
+        (st = bind_vector(L, NAME("attn_k_norm.weight"), hp->head_dim, &l->attn_k_norm, !qk_norm)))
+        return st;
+    if (!post) /* a post-norm found in a family that has none would be ignored: refuse nothing, bind nothing */
+        return LLM_OK;
+    if ((st = bind_vector(L, NAME("post_attention_norm.weight"), hp->n_embd, &l->attn_post_norm, 0)) ||
+        (st = bind_vector(L, NAME("post_ffw_norm.weight"), hp->n_embd, &l->ffn_post_norm, 0)))
+        return st;
 #undef NAME
     return LLM_OK;
 }
@@ -237,7 +304,7 @@ static llm_status bind_all(loader *L)
     for (int i = 0; i < hp->n_layer; i++)
         if ((st = bind_layer(L, i, &m->layers[i])))
             return st;
-    return LLM_OK;
+    return layer_windows(L);
 }
 
 /* Every tensor holds finite numbers: a NaN or infinity in a weight (or a

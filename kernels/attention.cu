@@ -6,7 +6,8 @@
  * merge in shared memory. When one row's positions are split over several
  * blocks (long contexts with few rows: decode), each writes its partial
  * (max, sum, weighted V) to a workspace and a second kernel combines them.
- * Correct for prefill rows too (each row its own causal length). K/V in
+ * Correct for prefill rows too (each row its own causal length); with a
+ * sliding window a row sees only its last `window` positions. K/V in
  * F32, F16 or Q8_0, dequantized as the CPU backend does; grouped-query
  * heads; any head_dim up to 256. */
 #include <math.h>
@@ -41,6 +42,7 @@ typedef struct att_args {
     const uint8_t *kc, *vc;
     size_t row_bytes, head_bytes;
     int block_size, chunk, splits;
+    int window; /* 0: none */
     float *part; /* (rows, heads, splits, head_dim + 2) when splits > 1 */
 } att_args;
 
@@ -50,7 +52,8 @@ __global__ static void attention_kernel(att_args a)
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS], s_acc[ATT_WARPS][PER * 32];
     int row = blockIdx.x, h = blockIdx.y, split = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = h / (a.n_head / a.n_head_kv), last = a.row_pos[row];
-    int p0 = split * a.chunk, p1 = min(last + 1, p0 + a.chunk);
+    int first = a.window > 0 && last >= a.window ? last - a.window + 1 : 0; /* llm_attn_first */
+    int p0 = max(split * a.chunk, first), p1 = min(last + 1, split * a.chunk + a.chunk);
     const int32_t *table = a.tables + a.row_table[row];
     const float *qr = a.q + ((size_t)row * a.n_head + h) * a.head_dim;
     float qv[PER], acc[PER], m = -INFINITY, l = 0.f;
@@ -156,7 +159,7 @@ static void launch(const att_args &a, int n_rows, cudaStream_t s)
 extern "C" int lk_attention(const float *q, float *out, int n_rows, int n_head, int n_head_kv, int head_dim,
                             float scale, const int32_t *row_pos, const int32_t *row_table, const int32_t *tables,
                             int type, const void *k_cache, const void *v_cache, size_t row_bytes, int block_size,
-                            int max_len, float *work, void *stream)
+                            int max_len, int window, float *work, void *stream)
 {
     if (head_dim < 1 || head_dim > ATT_MAX_D || n_head_kv <= 0 || n_head % n_head_kv ||
         (type != LK_T_F32 && type != LK_T_F16 && type != LK_T_Q8_0) || (type == LK_T_Q8_0 && head_dim % 32))
@@ -171,6 +174,7 @@ extern "C" int lk_attention(const float *q, float *out, int n_rows, int n_head, 
     a.kc = (const uint8_t *)k_cache, a.vc = (const uint8_t *)v_cache, a.row_bytes = row_bytes;
     a.head_bytes = type == LK_T_F32 ? (size_t)head_dim * 4 : type == LK_T_F16 ? (size_t)head_dim * 2 : (size_t)head_dim / 32 * 34;
     a.block_size = block_size;
+    a.window = window;
     a.splits = att_splits(n_rows, n_head, max_len, &a.chunk);
     a.part = work;
     if (a.splits > 1 && !work)

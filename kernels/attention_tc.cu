@@ -6,7 +6,8 @@
  * output tile in FP32; the output is divided by the row sums at the end.
  * Each tile's K/V is read once for its 16 rows, where the decode kernel
  * reads it once per row. F16 K/V only, head_dim a multiple of 16 up to
- * 256. */
+ * 256. With a sliding window each row sees its last `window` positions;
+ * tiles before the first row's window are skipped and never looked up. */
 #include <math.h>
 #include <mma.h>
 
@@ -28,7 +29,11 @@ typedef struct tc_args {
     const __half *kc, *vc;
     size_t row_elems, head_elems; /* a cache row and a KV head's slice, in halves */
     int block_size;
+    int window; /* 0: none */
 } tc_args;
+
+/* The first position a row at pos sees (llm_attn_first). */
+__device__ static inline int tc_first(int pos, int window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
 
 /* Dynamic shared memory: Q, K, V tiles (half), O (float), S (float), P
  * (half), per-row max, sum and rescale. */
@@ -43,7 +48,7 @@ __global__ static void attention_tc_kernel(tc_args a)
     const int32_t *tile = a.tiles + 4 * blockIdx.x;
     int row0 = tile[0], n = tile[1], pos0 = tile[2], h = blockIdx.y;
     const int32_t *table = a.tables + tile[3];
-    int g = h / (a.n_head / a.n_head_kv), last = pos0 + n - 1;
+    int g = h / (a.n_head / a.n_head_kv), last = pos0 + n - 1, first = tc_first(pos0, a.window);
     for (int i = lane; i < TC_ROWS * D; i += 32) {
         int r = i / D, d = i % D;
         sQ[i] = __float2half_rn(r < n ? a.q[((size_t)(row0 + r) * a.n_head + h) * D + d] * a.scale : 0.f);
@@ -52,11 +57,11 @@ __global__ static void attention_tc_kernel(tc_args a)
     if (lane < TC_ROWS)
         sM[lane] = -INFINITY, sL[lane] = 0.f;
     __syncwarp();
-    for (int t0 = 0; t0 <= last; t0 += TC_ROWS) {
+    for (int t0 = first / TC_ROWS * TC_ROWS; t0 <= last; t0 += TC_ROWS) {
         for (int i = lane; i < TC_ROWS * D; i += 32) {
             int c = i / D, d = i % D, p = t0 + c;
             __half k = __float2half(0.f), v = k;
-            if (p <= last) { /* the table ends with the sequence: positions past it are not looked up */
+            if (p >= first && p <= last) { /* positions past the sequence or before every window: not looked up */
                 size_t off = ((size_t)table[p / a.block_size] * a.block_size + (size_t)(p % a.block_size)) *
                                  a.row_elems + (size_t)g * a.head_elems + d;
                 k = a.kc[off];
@@ -78,14 +83,15 @@ __global__ static void attention_tc_kernel(tc_args a)
         wmma::store_matrix_sync(sS, s, TC_ROWS, wmma::mem_row_major);
         __syncwarp();
         if (lane < TC_ROWS) { /* lane r: row r's online softmax over this tile */
-            int r = lane, qp = pos0 + r;
+            int r = lane, qp = pos0 + r, lo = tc_first(qp, a.window);
             float mx = sM[r];
             for (int c = 0; c < TC_ROWS; c++)
-                if (r < n && t0 + c <= qp)
+                if (r < n && t0 + c <= qp && t0 + c >= lo)
                     mx = fmaxf(mx, sS[r * TC_ROWS + c]);
+            /* a tile wholly before this row's window leaves mx at -inf: nothing to add */
             float corr = sM[r] == -INFINITY ? 0.f : expf(sM[r] - mx), sum = 0.f;
             for (int c = 0; c < TC_ROWS; c++) {
-                float pv = r < n && t0 + c <= qp ? expf(sS[r * TC_ROWS + c] - mx) : 0.f;
+                float pv = r < n && t0 + c <= qp && t0 + c >= lo ? expf(sS[r * TC_ROWS + c] - mx) : 0.f;
                 sP[r * TC_ROWS + c] = __float2half_rn(pv);
                 sum += pv;
             }
@@ -122,7 +128,7 @@ static size_t tc_smem(int D)
 
 extern "C" int lk_attention_tc(const float *q, float *out, int n_tiles, const int32_t *tiles, int n_head,
                                int n_head_kv, int head_dim, float scale, const int32_t *tables, const void *k_cache,
-                               const void *v_cache, size_t row_bytes, int block_size, void *stream)
+                               const void *v_cache, size_t row_bytes, int block_size, int window, void *stream)
 {
     if (head_dim % 16 || head_dim > TC_MAX_D || n_head_kv <= 0 || n_head % n_head_kv || row_bytes % 2)
         return LK_UNSUPPORTED;
@@ -137,7 +143,7 @@ extern "C" int lk_attention_tc(const float *q, float *out, int n_tiles, const in
     tc_args a;
     a.q = q, a.out = out, a.n_head = n_head, a.n_head_kv = n_head_kv, a.head_dim = head_dim, a.scale = scale;
     a.tiles = tiles, a.tables = tables, a.kc = (const __half *)k_cache, a.vc = (const __half *)v_cache;
-    a.row_elems = row_bytes / 2, a.head_elems = (size_t)head_dim, a.block_size = block_size;
+    a.row_elems = row_bytes / 2, a.head_elems = (size_t)head_dim, a.block_size = block_size, a.window = window;
     dim3 grid((unsigned int)n_tiles, (unsigned int)n_head);
     LK_LAUNCH(attention_tc_kernel, grid, 32, smem, (cudaStream_t)stream)(a);
     return lk_status();

@@ -1,4 +1,4 @@
-/* elementwise.cu - SwiGLU, residual add and embedding rows (any weight
+/* elementwise.cu - SwiGLU, GELU-gated MLP, scaling, residual add and embedding rows (any weight
  * type lk_weight_at reads): memory-bound grid-stride loops. */
 #include "common.cuh"
 #include "dequant.cuh"
@@ -8,6 +8,20 @@ __global__ static void swiglu_kernel(const float *g, const float *u, size_t n, f
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+__global__ static void geglu_kernel(const float *g, const float *u, size_t n, float *out)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = g[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+__global__ static void scale_kernel(float *x, float s, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
 }
 
 __global__ static void add_kernel(float *y, const float *x, size_t n)
@@ -30,6 +44,22 @@ extern "C" int lk_swiglu(const float *gate, const float *up, size_t n, float *ou
     if (!n)
         return 0;
     LK_LAUNCH(swiglu_kernel, lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream)(gate, up, n, out);
+    return lk_status();
+}
+
+extern "C" int lk_geglu(const float *gate, const float *up, size_t n, float *out, void *stream)
+{
+    if (!n)
+        return 0;
+    LK_LAUNCH(geglu_kernel, lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream)(gate, up, n, out);
+    return lk_status();
+}
+
+extern "C" int lk_scale(float *x, float s, size_t n, void *stream)
+{
+    if (!n)
+        return 0;
+    LK_LAUNCH(scale_kernel, lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream)(x, s, n);
     return lk_status();
 }
 

@@ -46,7 +46,11 @@ int lk_rope(float *x, int n_tok, int n_head, int head_dim, int rot_dim, const in
 
 /* out = silu(gate) * up; y += x (n elements). */
 int lk_swiglu(const float *gate, const float *up, size_t n, float *out, void *stream);
+/* out = gelu_tanh(gate) * up (llm_backend_i.geglu) */
+int lk_geglu(const float *gate, const float *up, size_t n, float *out, void *stream);
 int lk_add(float *y, const float *x, size_t n, void *stream);
+/* x *= s */
+int lk_scale(float *x, float s, size_t n, void *stream);
 
 /* out (n, cols) = rows ids of the embedding table, dequantized as the CPU
  * does; type is a quant_type: F32 (0), F16 (1), BF16 (30), Q4_0 (2),
@@ -70,14 +74,15 @@ int lk_kv_write(int type, void *k_cache, void *v_cache, size_t row_bytes, int kv
  * row_bytes in type F32 (0), F16 (1) or Q8_0 (8, head_dim a multiple of
  * 32); head_dim at most 256 (else LK_UNSUPPORTED). max_len: the longest
  * row's length (max row_pos + 1, at least 1 when there are rows, else
- * LK_UNSUPPORTED); long rows are split over several blocks
+ * LK_UNSUPPORTED); window > 0: a row at p sees only positions
+ * [max(0, p - window + 1), p] (sliding-window layers); long rows are split over several blocks
  * when there are few rows, their partial results kept in `work`, of
  * lk_attention_work(...) floats (NULL when that is 0). */
 size_t lk_attention_work(int n_rows, int n_head, int head_dim, int max_len);
 int lk_attention(const float *q, float *out, int n_rows, int n_head, int n_head_kv, int head_dim, float scale,
                  const int32_t *row_pos, const int32_t *row_table, const int32_t *tables, int type,
-                 const void *k_cache, const void *v_cache, size_t row_bytes, int block_size, int max_len, float *work,
-                 void *stream);
+                 const void *k_cache, const void *v_cache, size_t row_bytes, int block_size, int max_len, int window,
+                 float *work, void *stream);
 
 /* The same attention for prefill rows on the tensor cores (F16 K/V only,
  * head_dim a multiple of 16 up to 256): tiles (n_tiles x 4 int32) are
@@ -87,7 +92,7 @@ int lk_attention(const float *q, float *out, int n_rows, int n_head, int n_head_
  * scale, so results differ from lk_attention's by half-precision rounding. */
 int lk_attention_tc(const float *q, float *out, int n_tiles, const int32_t *tiles, int n_head, int n_head_kv,
                     int head_dim, float scale, const int32_t *tables, const void *k_cache, const void *v_cache,
-                    size_t row_bytes, int block_size, void *stream);
+                    size_t row_bytes, int block_size, int window, void *stream);
 
 /* y (n_tok, rows) = x (n_tok, cols) . W^T for 1 <= n_tok <= 8 (decode),
  * W rows of row_bytes in type F32 (0), F16 (1), BF16 (30), Q4_0 (2) or

@@ -97,24 +97,36 @@ static void softmax(float *x, int n)
     for (int p = 0; p < n; p++) x[p] /= sum;
 }
 
-/* Scores of rows [t0, t1) against the rows [p0, p0 + n) of KV block kb. */
+/* The positions [*a0, *a1) of block [p0, p0 + n) that row t of s sees
+ * (its window, up to itself); 0 when none. */
+static int row_span(const llm_attn_args *a, const llm_batch_seq *s, int t, int p0, int n, int *a0, int *a1)
+{
+    int pos = s->pos0 + t, lo = llm_attn_first(pos, a->window);
+    *a0 = lo > p0 ? lo : p0;
+    *a1 = pos + 1 < p0 + n ? pos + 1 : p0 + n;
+    return *a1 > *a0;
+}
+
+/* Scores of rows [t0, t1) against the rows [p0, p0 + n) of KV block kb
+ * (floats `stride` apart; NULL: F16 rows read in place from kh). */
 static void block_dots(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int p0, int n, const float *kb,
                        size_t stride, const void *kh, int g, const attn_scratch *w)
 {
     const llm_attn_args *a = j->a;
-    int hd = a->head_dim, h0 = g * j->group;
+    int hd = a->head_dim, h0 = g * j->group, a0, a1;
+    size_t hstride = a->kv->row_bytes / 2;
     for (int t = t0; t < t1; t++) {
-        int nr = s->pos0 + t + 1 - p0; /* rows of this block row t may see */
-        if (nr <= 0)
+        if (!row_span(a, s, t, p0, n, &a0, &a1))
             continue;
         const float *q = a->q + ((size_t)(s->tok0 + t) * a->n_head + h0) * hd;
-        float *sc = w->sc + (size_t)(t - t0) * j->group * w->sc_stride + p0;
+        float *sc = w->sc + (size_t)(t - t0) * j->group * w->sc_stride + a0;
         for (int h = 0; h < j->group; h++)
             if (kb)
-                j->c->k->attn_dots(q + (size_t)h * hd, kb, stride, nr < n ? nr : n, hd, a->scale, sc + h * w->sc_stride);
+                j->c->k->attn_dots(q + (size_t)h * hd, kb + (size_t)(a0 - p0) * stride, stride, a1 - a0, hd, a->scale,
+                                   sc + h * w->sc_stride);
             else
-                j->c->k->attn_dots_f16(q + (size_t)h * hd, kh, a->kv->row_bytes / 2, nr < n ? nr : n, hd, a->scale,
-                                       sc + h * w->sc_stride);
+                j->c->k->attn_dots_f16(q + (size_t)h * hd, (const quant_f16 *)kh + (size_t)(a0 - p0) * hstride,
+                                       hstride, a1 - a0, hd, a->scale, sc + h * w->sc_stride);
     }
 }
 
@@ -123,26 +135,29 @@ static void block_wsum(const attn_job *j, const llm_batch_seq *s, int t0, int t1
                        size_t stride, const void *vh, int g, const attn_scratch *w)
 {
     const llm_attn_args *a = j->a;
-    int hd = a->head_dim, h0 = g * j->group;
+    int hd = a->head_dim, h0 = g * j->group, a0, a1;
+    size_t hstride = a->kv->row_bytes / 2;
     for (int t = t0; t < t1; t++) {
-        int nr = s->pos0 + t + 1 - p0;
-        if (nr <= 0)
+        if (!row_span(a, s, t, p0, n, &a0, &a1))
             continue;
         float *o = a->out + ((size_t)(s->tok0 + t) * a->n_head + h0) * hd;
-        const float *sc = w->sc + (size_t)(t - t0) * j->group * w->sc_stride + p0;
+        const float *sc = w->sc + (size_t)(t - t0) * j->group * w->sc_stride + a0;
         for (int h = 0; h < j->group; h++)
             if (vb)
-                j->c->k->attn_wsum(o + (size_t)h * hd, sc + h * w->sc_stride, vb, stride, nr < n ? nr : n, hd);
+                j->c->k->attn_wsum(o + (size_t)h * hd, sc + h * w->sc_stride, vb + (size_t)(a0 - p0) * stride, stride,
+                                   a1 - a0, hd);
             else
-                j->c->k->attn_wsum_f16(o + (size_t)h * hd, sc + h * w->sc_stride, vh, a->kv->row_bytes / 2,
-                                       nr < n ? nr : n, hd);
+                j->c->k->attn_wsum_f16(o + (size_t)h * hd, sc + h * w->sc_stride,
+                                       (const quant_f16 *)vh + (size_t)(a0 - p0) * hstride, hstride, a1 - a0, hd);
     }
 }
 
 /* Rows [t0, t1) of sequence s, every query head of KV head g. Each row
- * sees positions [0, pos0 + t] and is computed the same way whichever
- * rows share its item. F16 blocks used by one or two (row, head) pairs
- * are read in place; otherwise converted once for all of them. */
+ * sees positions [first, pos0 + t] (llm_attn_first: its sliding window)
+ * and is computed the same way whichever rows share its item. F16 blocks
+ * used by one or two (row, head) pairs are read in place; otherwise
+ * converted once for all of them. Blocks before the first row's window
+ * are not read. */
 static void attn_item(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int g, const attn_scratch *w)
 {
     const llm_attn_args *a = j->a;
@@ -150,17 +165,19 @@ static void attn_item(const attn_job *j, const llm_batch_seq *s, int t0, int t1,
     int hd = a->head_dim, bs = a->kv->block_size, n_kv = s->pos0 + t1;
     int direct = a->kv->type == QT_F16 && (t1 - t0) * j->group <= 2;
     size_t stride = 0, slice = quant_row_bytes(a->kv->type, (size_t)g * hd);
-    for (int p0 = 0; p0 < n_kv; p0 += bs) {
+    int first = llm_attn_first(s->pos0 + t0, a->window) / bs * bs;
+    for (int p0 = first; p0 < n_kv; p0 += bs) {
         int n = n_kv - p0 < bs ? n_kv - p0 : bs;
         const float *kb = direct ? NULL : kv_block(k, a->kv, a->kv->k, s->block_table, p0, n, g, hd, w->tile, &stride);
         block_dots(j, s, t0, t1, p0, n, kb, stride, kv_row(a->kv, a->kv->k, s->block_table, p0) + slice, g, w);
     }
     for (int t = t0; t < t1; t++)
         for (int h = 0; h < j->group; h++) {
-            softmax(w->sc + ((size_t)(t - t0) * j->group + h) * w->sc_stride, s->pos0 + t + 1);
+            int lo = llm_attn_first(s->pos0 + t, a->window);
+            softmax(w->sc + ((size_t)(t - t0) * j->group + h) * w->sc_stride + lo, s->pos0 + t + 1 - lo);
             memset(a->out + ((size_t)(s->tok0 + t) * a->n_head + g * j->group + h) * hd, 0, sizeof(float) * (size_t)hd);
         }
-    for (int p0 = 0; p0 < n_kv; p0 += bs) {
+    for (int p0 = first; p0 < n_kv; p0 += bs) {
         int n = n_kv - p0 < bs ? n_kv - p0 : bs;
         const float *vb = direct ? NULL : kv_block(k, a->kv, a->kv->v, s->block_table, p0, n, g, hd, w->tile, &stride);
         block_wsum(j, s, t0, t1, p0, n, vb, stride, kv_row(a->kv, a->kv->v, s->block_table, p0) + slice, g, w);

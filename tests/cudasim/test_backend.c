@@ -113,7 +113,7 @@ static llm_status step(steps *s)
 {
     llm_step_info si = {s->n_rows, s->n_rows, s->n_rows, s->max_len, 1, 1};
     s->b->iface->step_begin(s->b, &si);
-    llm_attn_args a = {s->q, s->out, NH, NKV, HD, 0.125f, s->seqs, s->n_rows, &s->kv};
+    llm_attn_args a = {s->q, s->out, NH, NKV, HD, 0.125f, s->seqs, s->n_rows, &s->kv, 0};
     llm_status st = llm_backend_attention(s->b, &a);
     if (!st)
         st = s->b->iface->sample(s->b, s->logits, s->n_rows, NV, s->params, s->ids);

@@ -137,6 +137,15 @@ static void check_elementwise(llm_backend *cpu, size_t n)
     compare("swiglu", dout, ref, n, 1e-6, 1e-6);
     CK((cudaError_t)lk_add(dy, dg, n, NULL));
     compare("add", dy, yref, n, 0, 0);
+    for (size_t i = 0; i < n; i++) g[i] *= 6.0f; /* GELU's tails and its curved middle */
+    CK(cudaMemcpy(dg, g, n * 4, cudaMemcpyHostToDevice));
+    llm_backend_geglu(cpu, g, u, n, ref);
+    CK((cudaError_t)lk_geglu(dg, du, n, dout, NULL));
+    compare("geglu", dout, ref, n, 1e-6, 1e-5);
+    memcpy(yref, g, n * 4);
+    llm_backend_scale(cpu, yref, 25.298f, n);
+    CK((cudaError_t)lk_scale(dg, 25.298f, n, NULL));
+    compare("scale", dg, yref, n, 0, 0);
     cudaFree(dg), cudaFree(du), cudaFree(dout), cudaFree(dy);
     free(g), free(u), free(ref), free(y), free(yref);
 }
@@ -211,8 +220,9 @@ static void check_kv_write(llm_backend *cpu, quant_type t)
  * prefill-like rows, GQA 8 query heads on 2 KV heads. Long: two decode rows
  * at positions 3000 and 700 of shuffled 16-token blocks, so each row's
  * positions are split over several blocks and combined (the second row's
- * later splits are empty). */
-static void check_attention(llm_backend *cpu, quant_type t, int head, int lng)
+ * later splits are empty). window > 0: a sliding window (rows see their
+ * last `window` positions; splits and tiles before it are skipped). */
+static void check_attention(llm_backend *cpu, quant_type t, int head, int lng, int window)
 {
     enum { BS = 16, NH = 8, NKV = 2 };
     int dim = NKV * head, blocks = lng ? 256 : 8, hist_a = lng ? 3001 : 23, hist_b = lng ? 701 : 43;
@@ -231,7 +241,7 @@ static void check_attention(llm_backend *cpu, quant_type t, int head, int lng)
     int n_rows = seqs[1].tok0 + seqs[1].n_tok, max_len = 0;
     float scale = 1.0f / sqrtf((float)head);
     float *q = rand_host((size_t)n_rows * NH * head), *ref = malloc((size_t)n_rows * NH * head * 4);
-    llm_attn_args a = {q, ref, NH, NKV, head, scale, seqs, 2, &kv};
+    llm_attn_args a = {q, ref, NH, NKV, head, scale, seqs, 2, &kv, window};
     if (llm_backend_attention(cpu, &a))
         exit(2);
     int32_t row_pos[33], row_table[33];
@@ -250,16 +260,17 @@ static void check_attention(llm_backend *cpu, quant_type t, int head, int lng)
             *drt = to_dev(row_table, sizeof(int32_t) * (size_t)n_rows),
             *dtab = to_dev(tables, sizeof(int32_t) * (size_t)blocks);
     if (!lng && head == 64) { /* a length of 0 is refused, not launched as an empty grid */
-        int rc = lk_attention(dq, dout, n_rows, NH, NKV, head, scale, dpos, drt, dtab, (int)t, dk, dv, rb, BS, 0, dwork, NULL);
+        int rc = lk_attention(dq, dout, n_rows, NH, NKV, head, scale, dpos, drt, dtab, (int)t, dk, dv, rb, BS, 0, window,
+                              dwork, NULL);
         int launch = (int)cudaGetLastError();
         printf("%-28s rc %d launch error %d %s\n", "attention max_len 0", rc, launch,
                rc == LK_UNSUPPORTED && !launch ? "PASS" : "FAIL");
         g_fail |= rc != LK_UNSUPPORTED || launch;
     }
     CK((cudaError_t)lk_attention(dq, dout, n_rows, NH, NKV, head, scale, dpos, drt, dtab, (int)t, dk, dv, rb, BS,
-                                 max_len, dwork, NULL));
+                                 max_len, window, dwork, NULL));
     char what[64];
-    snprintf(what, sizeof what, "attention %s d%d %s", quant_type_name(t), head, lng ? "split" : "rows");
+    snprintf(what, sizeof what, "attention %s d%d %s w%d", quant_type_name(t), head, lng ? "split" : "rows", window);
     compare(what, dout, ref, (size_t)n_rows * NH * head, 2e-5, 1e-4);
     if (t == QT_F16 && head % 16 == 0) { /* the tensor-core kernel on the same rows: 16-row tiles per sequence */
         int32_t tiles[4 * 8];
@@ -273,8 +284,8 @@ static void check_attention(llm_backend *cpu, quant_type t, int head, int lng)
             }
         int32_t *dtiles = to_dev(tiles, sizeof(int32_t) * 4 * (size_t)nt);
         CK(cudaMemset(dout, 0xff, (size_t)n_rows * NH * head * 4));
-        CK((cudaError_t)lk_attention_tc(dq, dout, nt, dtiles, NH, NKV, head, scale, dtab, dk, dv, rb, BS, NULL));
-        snprintf(what, sizeof what, "attention_tc d%d %s", head, lng ? "long" : "rows");
+        CK((cudaError_t)lk_attention_tc(dq, dout, nt, dtiles, NH, NKV, head, scale, dtab, dk, dv, rb, BS, window, NULL));
+        snprintf(what, sizeof what, "attention_tc d%d %s w%d", head, lng ? "long" : "rows", window);
         compare(what, dout, ref, (size_t)n_rows * NH * head, 4e-3, 1e-2); /* Q and P rounded to half */
         cudaFree(dtiles);
     }
@@ -547,11 +558,15 @@ int main(void)
     for (size_t i = 0; i < sizeof kv_types / sizeof *kv_types; i++) check_kv_write(cpu, kv_types[i]);
     for (size_t i = 0; i < sizeof kv_types / sizeof *kv_types; i++)
         for (int lng = 0; lng < 2; lng++) {
-            check_attention(cpu, kv_types[i], 64, lng);
-            check_attention(cpu, kv_types[i], 128, lng);
+            check_attention(cpu, kv_types[i], 64, lng, 0);
+            check_attention(cpu, kv_types[i], 128, lng, 0);
             if (kv_types[i] != QT_Q8_0) /* Q8_0 rows need heads of whole 32-blocks */
-                check_attention(cpu, kv_types[i], 8, lng);
+                check_attention(cpu, kv_types[i], 8, lng, 0);
+            /* sliding windows: 7 cuts into every short row's history (and
+             * whole 16-row tiles); 1000 cuts the long row's first splits */
+            check_attention(cpu, kv_types[i], 128, lng, lng ? 1000 : 7);
         }
+    check_attention(cpu, QT_F16, 256, 0, 19); /* gemma3's head size */
     static const int batches[] = {1, 3, 8};
     static const quant_type gemv_types[] = {QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q8_0, QT_Q4_K, QT_Q6_K};
     for (size_t i = 0; i < sizeof gemv_types / sizeof *gemv_types; i++)

@@ -167,8 +167,8 @@ static void test_corruptions(void **state)
     expect_fail(b, t + 4, &u64, 8, "not a multiple");
     u64 = 1ull << 40;
     expect_fail(b, t + 12, &u64, 8, "t.q8: data [");
-    u32 = 3; /* Q4_1: a real type we do not load */
-    expect_fail(b, t + 20, &u32, 4, "type Q4_1 is not supported");
+    u32 = 16; /* IQ2_XXS: a real type we do not load */
+    expect_fail(b, t + 20, &u32, 4, "type IQ2_XXS is not supported");
     u32 = 200;
     expect_fail(b, t + 20, &u32, 4, "invalid type id 200");
     u64 = 3;

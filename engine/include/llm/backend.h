@@ -64,7 +64,8 @@ typedef struct llm_batch_seq {
 
 /* Causal attention for every row of a batch: row t of sequence s attends
  * to positions [0, pos0 + t] of that sequence's K/V (which must already
- * hold them, the batch's own rows included). */
+ * hold them, the batch's own rows included); with a sliding window w > 0,
+ * to the last w of them only: [max(0, pos0 + t - w + 1), pos0 + t]. */
 typedef struct llm_attn_args {
     const float *q;   /* (n_rows, n_head * head_dim) */
     float *out;       /* (n_rows, n_head * head_dim) */
@@ -73,7 +74,11 @@ typedef struct llm_attn_args {
     const llm_batch_seq *seqs;
     int n_seqs;
     const llm_kv_layer *kv;
+    int window;       /* sliding window in positions; 0: none */
 } llm_attn_args;
+
+/* The first position a row at position pos attends to. */
+static inline int llm_attn_first(int pos, int window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
 
 /* Largest rot_dim a backend must handle; model loading rejects more. */
 #define LLM_MAX_ROT_DIM 1024
@@ -158,8 +163,13 @@ struct llm_backend_i {
     void (*rope)(llm_backend *b, const llm_rope_args *a);
     /* out = silu(gate) * up, n elements */
     void (*swiglu)(llm_backend *b, const float *gate, const float *up, size_t n, float *out);
+    /* out = gelu(gate) * up, n elements; GELU with the tanh approximation
+     * 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (gemma) */
+    void (*geglu)(llm_backend *b, const float *gate, const float *up, size_t n, float *out);
     /* y += x, n elements */
     void (*add)(llm_backend *b, float *y, const float *x, size_t n);
+    /* x *= s, n elements */
+    void (*scale)(llm_backend *b, float *x, float s, size_t n);
     /* x[t] += bias for each of n_tok rows of dim */
     void (*add_bias)(llm_backend *b, float *x, const float *bias, int n_tok, int dim);
     /* out (n, emb->cols) = rows ids of emb, dequantized; ids already checked */
@@ -239,7 +249,10 @@ static inline void llm_backend_rmsnorm(llm_backend *b, const float *x, const flo
 static inline void llm_backend_rope(llm_backend *b, const llm_rope_args *a) { b->iface->rope(b, a); }
 static inline void llm_backend_swiglu(llm_backend *b, const float *g, const float *u, size_t n, float *out)
 { b->iface->swiglu(b, g, u, n, out); }
+static inline void llm_backend_geglu(llm_backend *b, const float *g, const float *u, size_t n, float *out)
+{ b->iface->geglu(b, g, u, n, out); }
 static inline void llm_backend_add(llm_backend *b, float *y, const float *x, size_t n) { b->iface->add(b, y, x, n); }
+static inline void llm_backend_scale(llm_backend *b, float *x, float s, size_t n) { b->iface->scale(b, x, s, n); }
 static inline void llm_backend_add_bias(llm_backend *b, float *x, const float *bias, int n_tok, int dim)
 { b->iface->add_bias(b, x, bias, n_tok, dim); }
 static inline void llm_backend_get_rows(llm_backend *b, const llm_weight *emb, const int32_t *ids, int n, float *out)

@@ -2,7 +2,11 @@
  * and a single-sequence session that runs the forward pass through a backend.
  *
  * Supported `general.architecture`: llama (Llama 2/3, TinyLlama, Mistral,
- * SmolLM) and qwen2 (adds Q/K/V biases, NEOX-style RoPE).
+ * SmolLM), qwen2 (adds Q/K/V biases, NEOX-style RoPE), qwen3 (Q/K
+ * RMSNorm per head instead of biases) and gemma3 (embeddings scaled by
+ * sqrt(n_embd), Q/K norms, norms after attention and MLP as well as
+ * before, GELU-gated MLP, sliding-window layers with their own RoPE base
+ * between global ones).
  *
  * Ownership: llm_model_load returns a model the caller frees with
  * llm_model_free; weights are used in place from the mmap (nothing copied
@@ -22,7 +26,7 @@
 #include "llm/status.h"
 #include "llm/tokenizer.h"
 
-typedef enum llm_arch { LLM_ARCH_LLAMA = 0, LLM_ARCH_QWEN2 = 1 } llm_arch;
+typedef enum llm_arch { LLM_ARCH_LLAMA = 0, LLM_ARCH_QWEN2 = 1, LLM_ARCH_QWEN3 = 2, LLM_ARCH_GEMMA3 = 3 } llm_arch;
 
 typedef struct llm_hparams {
     llm_arch arch;
@@ -30,13 +34,21 @@ typedef struct llm_hparams {
     int n_head, n_head_kv, head_dim, rot_dim;
     float eps, rope_theta, rope_freq_scale;
     int rope_neox;
+    int n_swa;          /* sliding window of the local layers; 0: none */
+    float embd_scale;   /* token embeddings are multiplied by this (gemma3: sqrt(n_embd)) */
+    float attn_scale;   /* scores = q . k * attn_scale (1 / sqrt(head_dim)) */
+    int ffn_gelu;       /* 1: GELU(tanh)-gated MLP (gemma3); 0: SwiGLU */
 } llm_hparams;
 
 typedef struct llm_layer {
     const float *attn_norm, *ffn_norm;  /* (n_embd) */
+    const float *attn_q_norm, *attn_k_norm;      /* (head_dim) each head's Q/K RMSNorm: qwen3, gemma3; else NULL */
+    const float *attn_post_norm, *ffn_post_norm; /* (n_embd) norms of the blocks' outputs: gemma3; else NULL */
     const float *bq, *bk, *bv;          /* qwen2 only, else NULL */
     llm_weight wq, wk, wv, wo;          /* (n_head*hd, n_embd) ... (n_embd, n_head*hd) */
     llm_weight w_gate, w_up, w_down;    /* (n_ff, n_embd), (n_ff, n_embd), (n_embd, n_ff) */
+    int window;                         /* this layer's sliding window (0: attends to everything) */
+    float rope_theta, rope_freq_scale;  /* this layer's RoPE (local layers have their own base) */
 } llm_layer;
 
 typedef struct llm_model {
