@@ -158,45 +158,58 @@ static llm_status act_reserve(cpu_ctx *c, size_t bytes)
     return LLM_OK;
 }
 
-/* Converts x to activation format a into slot `slot` of the activation
- * buffer; few tokens are converted on this thread, since waking the pool
- * costs more than the work. */
-static llm_status convert_x(cpu_ctx *c, const cpu_act *a, const float *x, int cols, int n_tok, int slot, mm_part *p)
+/* Bytes one conversion of n_tok rows of cols values to format a takes
+ * (whole 8-row tiles where the format has them), rounded to 64. */
+static size_t act_bytes(const cpu_act *a, int cols, int n_tok)
 {
-    size_t row = a->row_bytes(cols), rows = (size_t)(n_tok > tiled_tokens(a, n_tok) ? n_tok : tiled_tokens(a, n_tok));
-    size_t slot_bytes = (row * rows + 63) / 64 * 64;
-    if (act_reserve(c, slot_bytes * 2))
-        return LLM_ERR_NOMEM;
-    q_job q = {a, x, (char *)c->act + slot_bytes * (size_t)slot, row, cols, n_tok};
+    size_t rows = (size_t)(n_tok > tiled_tokens(a, n_tok) ? n_tok : tiled_tokens(a, n_tok));
+    return (a->row_bytes(cols) * rows + 63) / 64 * 64;
+}
+
+/* Converts x to format a at dst; few tokens are converted on this thread,
+ * since waking the pool costs more than the work. */
+static void convert_x(cpu_ctx *c, const cpu_act *a, const float *x, int cols, int n_tok, void *dst)
+{
+    q_job q = {a, x, dst, a->row_bytes(cols), cols, n_tok};
     if (n_tok < 4)
         q_worker(&q, 0, 1);
     else
         tp_run(c->pool, q_worker, &q);
-    p->act = q.dst;
-    p->act_row = row;
-    return LLM_OK;
 }
 
-/* Sets part i's activation: x itself, an earlier part's conversion of the
- * same kind, or a new conversion (at most two kinds per group). */
-static llm_status group_act(cpu_ctx *c, mm_job *j, int i, const float *x, int n_tok, int *n_slots)
+/* Sets every part's activation: x itself for float formats, else one
+ * conversion per format kind (at most two per group, checked by the
+ * caller), all sized first so that one reservation holds them (a second
+ * reservation could move the first conversion). */
+static llm_status group_acts(cpu_ctx *c, mm_job *j, const float *x, int n_tok)
 {
-    mm_part *p = &j->parts[i];
-    const cpu_act *a = p->k->act[p->w->type];
-    if (a->kind == 0) {
-        p->act = x;
-        p->act_row = (size_t)p->w->cols * sizeof(float);
-        return LLM_OK;
-    }
-    for (int k = 0; k < i; k++)
-        if (j->parts[k].k->act[j->parts[k].w->type]->kind == a->kind) {
-            p->act = j->parts[k].act;
-            p->act_row = j->parts[k].act_row;
-            return LLM_OK;
+    const cpu_act *fmt[2];
+    size_t off[2], total = 0;
+    int n_fmt = 0, which[LLM_MATMUL_MAX_GROUP], cols = (int)j->parts[0].w->cols;
+    for (int i = 0; i < j->n_parts; i++) {
+        const cpu_act *a = j->parts[i].k->act[j->parts[i].w->type];
+        which[i] = -1;
+        for (int m = 0; a->kind && m < n_fmt && which[i] < 0; m++)
+            if (fmt[m]->kind == a->kind)
+                which[i] = m;
+        if (a->kind && which[i] < 0) {
+            if (n_fmt == 2)
+                return LLM_ERR_INVALID_ARG;
+            fmt[n_fmt] = a;
+            off[n_fmt] = total;
+            total += act_bytes(a, cols, n_tok);
+            which[i] = n_fmt++;
         }
-    if (*n_slots == 2)
-        return LLM_ERR_INVALID_ARG;
-    return convert_x(c, a, x, (int)p->w->cols, n_tok, (*n_slots)++, p);
+    }
+    if (act_reserve(c, total))
+        return LLM_ERR_NOMEM;
+    for (int m = 0; m < n_fmt; m++) convert_x(c, fmt[m], x, cols, n_tok, (char *)c->act + off[m]);
+    for (int i = 0; i < j->n_parts; i++) {
+        mm_part *p = &j->parts[i];
+        p->act = which[i] < 0 ? (const void *)x : (const char *)c->act + off[which[i]];
+        p->act_row = which[i] < 0 ? (size_t)cols * sizeof(float) : fmt[which[i]]->row_bytes(cols);
+    }
+    return LLM_OK;
 }
 
 /* Activation kinds the group needs converted (float32 needs none). */
@@ -233,7 +246,6 @@ static llm_status cpu_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, c
         return LLM_OK;
     }
     mm_job j = {{{0}}, n_ops, n_tok, 0, 0};
-    int n_slots = 0;
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].w->cols != ops[0].w->cols)
             return LLM_ERR_INVALID_ARG;
@@ -241,10 +253,10 @@ static llm_status cpu_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, c
         j.parts[i].w = ops[i].w;
         j.parts[i].y = ops[i].y;
         j.total_rows += ops[i].w->rows;
-        llm_status st = group_act(c, &j, i, x, n_tok, &n_slots);
-        if (st)
-            return st;
     }
+    llm_status st = group_acts(c, &j, x, n_tok);
+    if (st)
+        return st;
     tp_run(c->pool, mm_worker, &j);
     return LLM_OK;
 }

@@ -2,8 +2,11 @@
  * vocab, like llama.cpp's llama-tokenize, so the two can be compared.
  *   llm-tokenize -m MODEL.gguf [--pieces] [--no-bos] [--parse-special] (TEXT | --file F)
  * --words prints the pre-tokenizer's words instead, one per line in hex
- * (for comparing the split with the reference regular expressions). */
+ * (for comparing the split with the reference regular expressions).
+ * --time prints "tokenize: N ids in T ms" (the tokenization alone) to
+ * stderr. */
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "llm/gguf.h"
@@ -11,7 +14,8 @@
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: llm-tokenize -m MODEL.gguf [--pieces | --words] [--no-bos] [--parse-special] (TEXT | --file F)\n");
+    fprintf(stderr, "usage: llm-tokenize -m MODEL.gguf [--pieces | --words] [--no-bos] [--parse-special] [--time] "
+                    "(TEXT | --file F)\n");
     return 2;
 }
 
@@ -58,7 +62,7 @@ static void print_piece(const llm_vocab *v, int32_t id)
 int main(int argc, char **argv)
 {
     const char *model = NULL, *file = NULL, *text = NULL;
-    int pieces = 0, bos = 1, special = 0, words = 0;
+    int pieces = 0, bos = 1, special = 0, words = 0, timed = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--file") && i + 1 < argc) file = argv[++i];
@@ -66,6 +70,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--words")) words = 1;
         else if (!strcmp(argv[i], "--no-bos")) bos = 0;
         else if (!strcmp(argv[i], "--parse-special")) special = 1;
+        else if (!strcmp(argv[i], "--time")) timed = 1;
         else if (argv[i][0] == '-' && argv[i][1]) return usage();
         else text = argv[i];
     }
@@ -88,11 +93,17 @@ int main(int argc, char **argv)
             fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     if ((file && !owned) || llm_tokenize(v, file ? owned : text, len, bos, special, &ids, &n, &err)) {
         if (!file || owned)
             fprintf(stderr, "error: %s\n", err.msg);
         rc = 1;
     }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (timed && !rc)
+        fprintf(stderr, "tokenize: %d ids in %.3f ms\n", n,
+                (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
     for (int i = 0; i < n; i++) {
         if (pieces) print_piece(v, ids[i]);
         else printf(i ? " %d" : "%d", ids[i]);

@@ -15,6 +15,7 @@
 #include "testutil.h"
 
 #include "cpu/kernels.h"
+#include "llm/backend.h"
 #include "llm/quant.h"
 
 static uint64_t seed = 12345;
@@ -406,6 +407,47 @@ static void run_simd(const cpu_kernels *k, const char *what)
     run_kernel_set(k);
 }
 
+/* A matmul group whose weights need different activation formats (a
+ * Q4_K_M file's Q4_K next to a Q8_0 or Q5_0 fallback) equals the same
+ * matmuls made one by one, bit for bit, on every kernel set and batch size.
+ * Regression: the second format's conversion could move the buffer that
+ * held the first (a use after free that gave NaN logits on Gemma 3). */
+static void test_mixed_group(void **state)
+{
+    (void)state;
+    enum { COLS = 512, ROWS = 40, MAXT = 17 };
+    static const quant_type groups[][3] = {{QT_Q4_K, QT_Q8_0, QT_Q8_0}, {QT_Q5_0, QT_Q5_0, QT_Q8_0},
+                                           {QT_Q8_0, QT_Q4_K, QT_Q5_1}, {QT_Q5_0, QT_Q4_K, QT_Q8_0}};
+    static float x[MAXT * COLS], w[ROWS * COLS], yg[3][MAXT * ROWS], y1[MAXT * ROWS];
+    static uint8_t q[3][ROWS * COLS * 2];
+    for (int i = 0; i < MAXT * COLS; i++) x[i] = test_randf(&seed) * (i % 61 == 0 ? 50.0f : 1.0f);
+    for (int i = 0; i < ROWS * COLS; i++) w[i] = test_randf(&seed);
+    for (const cpu_kernels *const *ks = cpu_kernels_all(); *ks; ks++) {
+        llm_backend *b;
+        llm_error err = {0};
+        assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 2, .kernels = (*ks)->name}, &b, &err), 0);
+        for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
+            llm_weight wt[3];
+            for (int k = 0; k < 3; k++) {
+                size_t rb = quant_row_bytes(groups[g][k], COLS);
+                for (int r = 0; r < ROWS; r++) quant_quantize_row(groups[g][k], w + (size_t)r * COLS, q[k] + r * rb, COLS);
+                wt[k] = (llm_weight){groups[g][k], ROWS, COLS, rb, q[k]};
+            }
+            for (int n = 1; n <= MAXT; n += 4) {
+                llm_matmul ops[3] = {{&wt[0], yg[0]}, {&wt[1], yg[1]}, {&wt[2], yg[2]}};
+                assert_int_equal(llm_backend_matmul_group(b, ops, 3, x, n), 0);
+                for (int k = 0; k < 3; k++) {
+                    assert_int_equal(llm_backend_matmul(b, &wt[k], x, n, y1), 0);
+                    if (memcmp(y1, yg[k], sizeof(float) * (size_t)n * ROWS))
+                        fail_msg("%s kernels, group %zu (%s), %d tokens: weight %d differs from its matmul alone",
+                                 (*ks)->name, g, quant_type_name(groups[g][k]), n, k);
+                }
+            }
+        }
+        llm_backend_free(b);
+    }
+}
+
 static void test_kernels_avx2(void **state) { (void)state; run_simd(cpu_kernels_avx2(), "AVX2/FMA"); }
 static void test_kernels_vnni(void **state) { (void)state; run_simd(cpu_kernels_vnni(), "AVX512-VNNI"); }
 
@@ -419,6 +461,7 @@ int main(void)
         cmocka_unit_test(test_kernels_scalar),
         cmocka_unit_test(test_kernels_avx2),
         cmocka_unit_test(test_kernels_vnni),
+        cmocka_unit_test(test_mixed_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
