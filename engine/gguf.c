@@ -236,7 +236,8 @@ static llm_status read_tensor_info(cursor *c, gguf_tensor *ti)
         return llm_errf(c->err, LLM_ERR_FORMAT, "%s: tensor %s: invalid type id %u", c->name, name, type);
     if (!quant_supported((quant_type)type))
         return llm_errf(c->err, LLM_ERR_UNSUPPORTED, "%s: tensor %s: type %s is not supported "
-                        "(supported: F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K)", c->name, name, quant_type_name(type));
+                        "(supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
+                        c->name, name, quant_type_name(type));
     ti->type = (quant_type)type;
     return LLM_OK;
 }

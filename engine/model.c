@@ -128,12 +128,17 @@ static llm_status read_hparams(loader *L)
     hp->rope_freq_scale = 1.0f;
     hp->rope_neox = hp->arch != LLM_ARCH_LLAMA;
     hp->embd_scale = hp->arch == LLM_ARCH_GEMMA3 ? sqrtf((float)hp->n_embd) : 1.0f;
-    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    /* Gemma 3 27B (62 layers) scales queries by its model width per head,
+     * not its head size (Google's config; llama.cpp does the same) */
+    int q_width = hp->arch == LLM_ARCH_GEMMA3 && hp->n_layer == 62 ? hp->n_embd / hp->n_head : hp->head_dim;
+    hp->attn_scale = 1.0f / sqrtf((float)q_width);
     hp->ffn_gelu = hp->arch == LLM_ARCH_GEMMA3;
-    if ((st = get_int(L, "attention.sliding_window", &hp->n_swa, 0, 0)))
+    if (!(isfinite(hp->eps) && hp->eps >= 0.0f) || !(isfinite(hp->rope_theta) && hp->rope_theta > 0.0f))
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: layer_norm_rms_epsilon %g must be finite and >= 0, rope.freq_base %g "
+                        "finite and > 0", gguf_name(L->f), hp->eps, hp->rope_theta);
+    /* only gemma3 here has local layers; other families' keys are not read */
+    if (hp->arch == LLM_ARCH_GEMMA3 && (st = get_int(L, "attention.sliding_window", &hp->n_swa, 0, 0)))
         return st;
-    if (hp->arch != LLM_ARCH_GEMMA3)
-        hp->n_swa = 0; /* other families here have no local layers */
     return read_rope_scaling(L, hp);
 }
 
@@ -171,6 +176,11 @@ static llm_status layer_windows(loader *L)
          (st = get_float(L, "rope.freq_base_swa", &base_swa, 10000.0f)))) {
         free(is_local);
         return st;
+    }
+    if (!(isfinite(base_swa) && base_swa > 0.0f)) {
+        free(is_local);
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: %s.rope.freq_base_swa %g must be finite and > 0", gguf_name(L->f),
+                        L->arch, base_swa);
     }
     for (int i = 0; i < hp->n_layer; i++) {
         llm_layer *l = &L->m->layers[i];
@@ -268,6 +278,10 @@ static llm_status bind_layer(loader *L, int i, llm_layer *l)
     if ((st = bind_vector(L, NAME("attn_q_norm.weight"), hp->head_dim, &l->attn_q_norm, !qk_norm)) ||
         (st = bind_vector(L, NAME("attn_k_norm.weight"), hp->head_dim, &l->attn_k_norm, !qk_norm)))
         return st;
+    if (!l->attn_q_norm != !l->attn_k_norm) /* the forward pass normalises Q and K together */
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: layer %d has %s but not %s", gguf_name(L->f), i,
+                        l->attn_q_norm ? "attn_q_norm.weight" : "attn_k_norm.weight",
+                        l->attn_q_norm ? "attn_k_norm.weight" : "attn_q_norm.weight");
     if (!post) /* a post-norm found in a family that has none would be ignored: refuse nothing, bind nothing */
         return LLM_OK;
     if ((st = bind_vector(L, NAME("post_attention_norm.weight"), hp->n_embd, &l->attn_post_norm, 0)) ||

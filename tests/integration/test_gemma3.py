@@ -22,8 +22,9 @@ REFS = json.loads((ROOT / "tests/data/gemma3-270m-llama.cpp.json").read_text())
 # engine's logits sit up to ~1 away from the exact ones (max over the 262k
 # vocabulary; measured on 10 positions, both engines alike, against the same
 # weights dequantized to F32, where the two agree within 0.015). A top-2 gap
-# below this is a coin toss between correct engines.
-NEAR_TIE = 0.5
+# below this is a coin toss between correct engines (the gaps seen at the
+# divergences are 0.03-0.1).
+NEAR_TIE = 0.2
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +95,7 @@ def test_openai_client_on_gemma(gemma):
     from test_server import Server
 
     s = Server(gemma)
+    ok = False
     try:
         oa = s.client()
         whole = oa.completions.create(model="test-model", prompt="The capital of France is", max_tokens=24,
@@ -113,5 +115,7 @@ def test_openai_client_on_gemma(gemma):
         assert chat.usage.prompt_tokens == len(run(tool("llm-tokenize"), "-m", gemma, "--parse-special",
                                                    "<start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n")
                                                .stdout.split())
+        ok = True
     finally:
-        assert s.stop() == 0
+        rc = s.stop()
+    assert not ok or rc == 0, s.log

