@@ -5,6 +5,7 @@
  * against; they favour clarity over speed (except f16->f32, a table). */
 #include "llm/quant.h"
 #include "llm/status.h"
+#include "quant_impl.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -255,44 +256,18 @@ static void deq_q4_0(const block_q4_0 *b, float *y, size_t nb)
     }
 }
 
-static void deq_q4_1(const block_q4_1 *b, float *y, size_t nb)
-{
-    for (size_t i = 0; i < nb; i++, y += QK4_0) {
-        float d = quant_f16_to_f32(b[i].d), m = quant_f16_to_f32(b[i].m);
-        for (int j = 0; j < QK4_0 / 2; j++) {
-            y[j] = d * (b[i].qs[j] & 0xf) + m;
-            y[j + 16] = d * (b[i].qs[j] >> 4) + m;
-        }
-    }
-}
-
-/* The 5-bit quants of a Q5_0/Q5_1 block: nibbles plus bit j of qh. */
-static void q5_unpack(const uint8_t *qs, const uint8_t *qh8, int *q)
-{
-    uint32_t qh = (uint32_t)qh8[0] | (uint32_t)qh8[1] << 8 | (uint32_t)qh8[2] << 16 | (uint32_t)qh8[3] << 24;
-    for (int j = 0; j < 16; j++) {
-        q[j] = (qs[j] & 0xf) | (int)((qh >> j) & 1) << 4;
-        q[j + 16] = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
-    }
-}
-
-static void deq_q5_0(const block_q5_0 *b, float *y, size_t nb)
+/* Q4_1, Q5_0, Q5_1: x = d * q + m (Q5_0: m = -16 d); qh NULL for Q4_1. */
+static void deq_affine32(const uint8_t *blk, size_t bb, int qh_off, int qs_off, int has_m, float *y, size_t nb)
 {
     int q[QK4_0];
-    for (size_t i = 0; i < nb; i++, y += QK4_0) {
-        float d = quant_f16_to_f32(b[i].d);
-        q5_unpack(b[i].qs, b[i].qh, q);
-        for (int j = 0; j < QK4_0; j++) y[j] = d * (q[j] - 16);
-    }
-}
-
-static void deq_q5_1(const block_q5_1 *b, float *y, size_t nb)
-{
-    int q[QK4_0];
-    for (size_t i = 0; i < nb; i++, y += QK4_0) {
-        float d = quant_f16_to_f32(b[i].d), m = quant_f16_to_f32(b[i].m);
-        q5_unpack(b[i].qs, b[i].qh, q);
-        for (int j = 0; j < QK4_0; j++) y[j] = d * q[j] + m;
+    for (size_t i = 0; i < nb; i++, blk += bb, y += QK4_0) {
+        quant_f16 d16, m16 = 0;
+        memcpy(&d16, blk, 2);
+        if (has_m)
+            memcpy(&m16, blk + 2, 2);
+        float d = quant_f16_to_f32(d16), m = has_m ? quant_f16_to_f32(m16) : -16.0f * d;
+        quant_unpack32(blk + qs_off, qh_off ? blk + qh_off : NULL, q);
+        for (int j = 0; j < QK4_0; j++) y[j] = has_m ? d * (float)q[j] + m : d * (float)(q[j] - 16);
     }
 }
 
@@ -302,20 +277,9 @@ static void deq_q2_K(const block_q2_K *b, float *y, size_t nb)
     for (size_t i = 0; i < nb; i++, b++) {
         float d = quant_f16_to_f32(b->d), dmin = quant_f16_to_f32(b->dmin);
         for (int e = 0; e < QK_K; e++) {
-            int half = e / 128, j = (e % 128) / 32, l = e % 32, sc = b->scales[e / 16];
-            int q = (b->qs[32 * half + l] >> (2 * j)) & 3;
-            *y++ = d * (float)(sc & 0xf) * (float)q - dmin * (float)(sc >> 4);
+            int sc = b->scales[e / 16];
+            *y++ = d * (float)(sc & 0xf) * (float)quant_k2_bits(b->qs, e) - dmin * (float)(sc >> 4);
         }
-    }
-}
-
-/* The 16 signed 6-bit scales of a Q3_K block: a low nibble from
- * scales[0..7] (low then high halves) and two high bits from scales[8..11]. */
-void quant_q3k_scales(const uint8_t *s, int *out)
-{
-    for (int j = 0; j < 16; j++) {
-        int lo = j < 8 ? s[j] & 0xf : s[j - 8] >> 4, hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-        out[j] = (lo | hi << 4) - 32;
     }
 }
 
@@ -324,59 +288,30 @@ static void deq_q3_K(const block_q3_K *b, float *y, size_t nb)
     int sc[16];
     for (size_t i = 0; i < nb; i++, b++) {
         float d = quant_f16_to_f32(b->d);
-        quant_q3k_scales(b->scales, sc);
+        quant_k3_scales(b->scales, sc);
         for (int e = 0; e < QK_K; e++) {
-            int half = e / 128, j = (e % 128) / 32, l = e % 32;
-            int q = (b->qs[32 * half + l] >> (2 * j)) & 3;
-            if (!(b->hmask[l] & (1 << (4 * half + j))))
-                q -= 4;
+            /* the quant loses 4 unless bit e / 32 of hmask[e % 32] is set */
+            int q = quant_k2_bits(b->qs, e) - ((b->hmask[e % 32] >> (e / 32)) & 1 ? 0 : 4);
             *y++ = d * (float)sc[e / 16] * (float)q;
         }
     }
 }
 
-/* Unpacks the j-th 6-bit (scale, min) pair of a Q4_K block. */
-static void q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
+/* Q4_K and Q5_K (qh: the fifth bits, NULL for Q4_K): sub-block sb (32
+ * values) takes the low (even sb) or high (odd sb) nibbles of qs[32 *
+ * (sb / 2) ...], plus 16 where bit sb of qh[l] is set. */
+static void deq_k4(quant_f16 d16, quant_f16 dmin16, const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
+                   float *y)
 {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
-static void deq_q4_K(const block_q4_K *b, float *y, size_t nb)
-{
-    for (size_t i = 0; i < nb; i++, b++) {
-        float d = quant_f16_to_f32(b->d), dmin = quant_f16_to_f32(b->dmin);
-        const uint8_t *q = b->qs;
-        for (int j = 0; j < QK_K; j += 64, q += 32) {
-            uint8_t sc, m;
-            q4k_scale_min(j / 32, b->scales, &sc, &m);
-            float d1 = d * sc, m1 = dmin * m;
-            q4k_scale_min(j / 32 + 1, b->scales, &sc, &m);
-            float d2 = d * sc, m2 = dmin * m;
-            for (int l = 0; l < 32; l++) *y++ = d1 * (q[l] & 0xf) - m1;
-            for (int l = 0; l < 32; l++) *y++ = d2 * (q[l] >> 4) - m2;
-        }
-    }
-}
-
-static void deq_q5_K(const block_q5_K *b, float *y, size_t nb)
-{
-    for (size_t i = 0; i < nb; i++, b++) {
-        float d = quant_f16_to_f32(b->d), dmin = quant_f16_to_f32(b->dmin);
-        for (int sb = 0; sb < 8; sb++) {
-            uint8_t sc, m;
-            q4k_scale_min(sb, b->scales, &sc, &m);
-            float d1 = d * sc, m1 = dmin * m;
-            const uint8_t *ql = b->qs + 32 * (sb / 2);
-            for (int l = 0; l < 32; l++) {
-                int q = (sb & 1 ? ql[l] >> 4 : ql[l] & 0xf) | ((b->qh[l] >> sb) & 1) << 4;
-                *y++ = d1 * (float)q - m1;
-            }
+    float d = quant_f16_to_f32(d16), dmin = quant_f16_to_f32(dmin16);
+    for (int sb = 0; sb < 8; sb++) {
+        int sc, m;
+        quant_k4_scale_min(sb, scales, &sc, &m);
+        float d1 = d * (float)sc, m1 = dmin * (float)m;
+        const uint8_t *ql = qs + 32 * (sb / 2);
+        for (int l = 0; l < 32; l++) {
+            int q = (sb & 1 ? ql[l] >> 4 : ql[l] & 0xf) | (qh ? ((qh[l] >> sb) & 1) << 4 : 0);
+            *y++ = d1 * (float)q - m1;
         }
     }
 }
@@ -422,14 +357,28 @@ void quant_dequantize_row(quant_type t, const void *src, float *dst, size_t n)
         for (size_t i = 0; i < n; i++) dst[i] = quant_bf16_to_f32(((const uint16_t *)src)[i]);
         break;
     case QT_Q4_0: deq_q4_0(src, dst, nb); break;
-    case QT_Q4_1: deq_q4_1(src, dst, nb); break;
-    case QT_Q5_0: deq_q5_0(src, dst, nb); break;
-    case QT_Q5_1: deq_q5_1(src, dst, nb); break;
+    case QT_Q4_1: deq_affine32(src, sizeof(block_q4_1), 0, offsetof(block_q4_1, qs), 1, dst, nb); break;
+    case QT_Q5_0:
+        deq_affine32(src, sizeof(block_q5_0), offsetof(block_q5_0, qh), offsetof(block_q5_0, qs), 0, dst, nb);
+        break;
+    case QT_Q5_1:
+        deq_affine32(src, sizeof(block_q5_1), offsetof(block_q5_1, qh), offsetof(block_q5_1, qs), 1, dst, nb);
+        break;
     case QT_Q8_0: deq_q8_0(src, dst, nb); break;
     case QT_Q2_K: deq_q2_K(src, dst, nb); break;
     case QT_Q3_K: deq_q3_K(src, dst, nb); break;
-    case QT_Q4_K: deq_q4_K(src, dst, nb); break;
-    case QT_Q5_K: deq_q5_K(src, dst, nb); break;
+    case QT_Q4_K:
+        for (size_t i = 0; i < nb; i++) {
+            const block_q4_K *b = (const block_q4_K *)src + i;
+            deq_k4(b->d, b->dmin, b->scales, b->qs, NULL, dst + i * QK_K);
+        }
+        break;
+    case QT_Q5_K:
+        for (size_t i = 0; i < nb; i++) {
+            const block_q5_K *b = (const block_q5_K *)src + i;
+            deq_k4(b->d, b->dmin, b->scales, b->qs, b->qh, dst + i * QK_K);
+        }
+        break;
     case QT_Q6_K: deq_q6_K(src, dst, nb); break;
     case QT_Q8_K: deq_q8_K(src, dst, nb); break;
     default: LLM_ASSERT(!"dequantize: unsupported type");
@@ -556,7 +505,7 @@ static void q_q2_K_block(const float *x, block_q2_K *b)
         float de = d * ls, me = dmin * lm;
         for (int l = 0; l < 16; l++) {
             int e = 16 * j + l, q = de ? clampi((int)lrintf((x[e] + me) / de), 0, 3) : 0;
-            b->qs[32 * (e / 128) + e % 32] |= (uint8_t)(q << (2 * ((e % 128) / 32)));
+            b->qs[quant_k2_byte(e)] |= (uint8_t)(q << quant_k2_shift(e));
         }
     }
 }
@@ -582,15 +531,14 @@ static void q_q3_K_block(const float *x, block_q3_K *b)
         float de = d * ls;
         for (int l = 0; l < 16; l++) {
             int e = 16 * j + l, q = de ? clampi((int)lrintf(x[e] / de), -4, 3) + 4 : 4;
-            int half = e / 128, k = (e % 128) / 32;
             if (q > 3)
-                b->hmask[e % 32] |= (uint8_t)(1 << (4 * half + k));
-            b->qs[32 * half + e % 32] |= (uint8_t)((q & 3) << (2 * k));
+                b->hmask[e % 32] |= (uint8_t)(1 << (e / 32));
+            b->qs[quant_k2_byte(e)] |= (uint8_t)((q & 3) << quant_k2_shift(e));
         }
     }
 }
 
-/* Packs 8 6-bit scales and mins the way q4k_scale_min unpacks them. */
+/* Packs 8 6-bit scales and mins the way quant_k4_scale_min unpacks them. */
 static void q4k_pack_scales(const int *ls, const int *lm, uint8_t *s)
 {
     memset(s, 0, K_SCALE_SIZE);

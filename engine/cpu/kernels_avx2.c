@@ -112,6 +112,77 @@ static float w_q4_0(const void *w, const void *x, int n)
     return hsum8(acc);
 }
 
+/* ---- Q4_1, Q5_0, Q5_1 against Q8_0 activations (one row) ------------------ */
+
+/* The 32 nibbles of a block in element order (low nibbles: 0..15). */
+static inline __m256i nibbles32(const uint8_t *qs)
+{
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf));
+}
+
+/* Byte j = 0xff where bit j of the little-endian 32 bits at p is set. */
+static inline __m256i bits32(const uint8_t *p)
+{
+    uint32_t x;
+    memcpy(&x, p, 4);
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), spread);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
+}
+
+/* Unsigned quants q (0..31) times signed activations: (sum q*y, sum y). */
+static inline void udot(__m256i q, __m256i y, __m256i *qy, __m256i *sy)
+{
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    *qy = _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones16);
+    *sy = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), y), ones16);
+}
+
+static float w_q5_0(const void *w, const void *x, int n)
+{
+    const block_q5_0 *a = w;
+    const block_q8_0 *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK8_0; i++) {
+        _mm_prefetch((const char *)(a + i) + CPU_PREFETCH, _MM_HINT_T0);
+        /* nibble | 0xf0 where the fifth bit is clear is nibble - 16 as int8,
+         * and nibble where it is set is (nibble + 16) - 16 */
+        __m256i q = _mm256_or_si256(nibbles32(a[i].qs), _mm256_andnot_si256(bits32(a[i].qh), _mm256_set1_epi8((char)0xf0)));
+        __m256i qb = _mm256_loadu_si256((const __m256i *)b[i].qs);
+        __m256 d = _mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(q, qb)), acc);
+    }
+    return hsum8(acc);
+}
+
+/* Q4_1/Q5_1: d * dy * sum(q y) + m * dy * sum(y) per block. */
+static float affine_dot(const void *w, size_t bb, int has_qh, const void *x, int n)
+{
+    const block_q8_0 *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < n / QK8_0; i++) {
+        const uint8_t *blk = (const uint8_t *)w + (size_t)i * bb;
+        _mm_prefetch((const char *)blk + CPU_PREFETCH, _MM_HINT_T0);
+        quant_f16 d, m;
+        memcpy(&d, blk, 2);
+        memcpy(&m, blk + 2, 2);
+        __m256i q = nibbles32(blk + 4 + 4 * has_qh);
+        if (has_qh)
+            q = _mm256_or_si256(q, _mm256_and_si256(bits32(blk + 4), _mm256_set1_epi8(0x10)));
+        __m256i qy, sy;
+        udot(q, _mm256_loadu_si256((const __m256i *)b[i].qs), &qy, &sy);
+        float dy = h2f(b[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(d) * dy), _mm256_cvtepi32_ps(qy), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(m) * dy), _mm256_cvtepi32_ps(sy), acc);
+    }
+    return hsum8(acc);
+}
+
+static float w_q4_1(const void *w, const void *x, int n) { return affine_dot(w, sizeof(block_q4_1), 0, x, n); }
+static float w_q5_1(const void *w, const void *x, int n) { return affine_dot(w, sizeof(block_q5_1), 1, x, n); }
+
 /* ---- four activation rows per weight row (prefill) ----------------------- */
 
 
@@ -142,6 +213,25 @@ static void w_q4_0_x4(const void *w, const void *x, size_t stride, int n, float 
     for (int i = 0; i < n / QK4_0; i++) {
         __m128i raw = _mm_loadu_si128((const __m128i *)a[i].qs);
         __m256i q = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), lo), eight);
+        __m256i ax = _mm256_sign_epi8(q, q);
+        float da = h2f(a[i].d);
+        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
+            __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)b[t][i].qs), q);
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(da * h2f(b[t][i].d)), _mm256_cvtepi32_ps(p), acc[t]);
+        }
+    }
+    for (int t = 0; t < 4; t++) out[t] = hsum8(acc[t]);
+}
+
+static void w_q5_0_x4(const void *w, const void *x, size_t stride, int n, float *out)
+{
+    const block_q5_0 *a = w;
+    const block_q8_0 *b[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
+    const __m256i ones = _mm256_set1_epi16(1), hi = _mm256_set1_epi8((char)0xf0);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int i = 0; i < n / QK8_0; i++) {
+        __m256i q = _mm256_or_si256(nibbles32(a[i].qs), _mm256_andnot_si256(bits32(a[i].qh), hi)); /* as w_q5_0 */
         __m256i ax = _mm256_sign_epi8(q, q);
         float da = h2f(a[i].d);
         _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
@@ -365,11 +455,13 @@ static void f32_to_f16(const float *src, quant_f16 *dst, int n)
 static const cpu_kernels avx2 = {
     .name = "avx2",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
-            [QT_Q4_0] = w_q4_0, [QT_Q4_K] = w_q4_K, [QT_Q6_K] = w_q6_K},
+            [QT_Q4_0] = w_q4_0, [QT_Q4_1] = w_q4_1, [QT_Q5_0] = w_q5_0, [QT_Q5_1] = w_q5_1,
+            [QT_Q4_K] = w_q4_K, [QT_Q6_K] = w_q6_K},
     .dot4 = {[QT_F32] = w_f32_x4, [QT_F16] = w_f16_x4, [QT_Q8_0] = w_q8_0_x4, [QT_Q4_0] = w_q4_0_x4,
-             [QT_Q4_K] = w_q4_K_x4, [QT_Q6_K] = w_q6_K_x4},
+             [QT_Q5_0] = w_q5_0_x4, [QT_Q4_K] = w_q4_K_x4, [QT_Q6_K] = w_q6_K_x4},
     .act = {[QT_F32] = &cpu_act_f32, [QT_F16] = &cpu_act_f32, [QT_BF16] = &cpu_act_f32, [QT_Q8_0] = &act_q8_0,
-            [QT_Q4_0] = &act_q8_0, [QT_Q4_K] = &act_q8_K, [QT_Q6_K] = &act_q8_K},
+            [QT_Q4_0] = &act_q8_0, [QT_Q4_1] = &act_q8_0, [QT_Q5_0] = &act_q8_0, [QT_Q5_1] = &act_q8_0,
+            [QT_Q4_K] = &act_q8_K, [QT_Q6_K] = &act_q8_K},
     .dot_f32 = dot_f32,
     .axpy = axpy,
     .attn_dots = attn_dots,

@@ -1,6 +1,8 @@
 /* kernels_scalar.c - portable reference kernels and run-time selection. */
 #include "kernels.h"
+#include "quant_impl.h"
 
+#include <stddef.h>
 #include <string.h>
 
 static size_t f32_row(int n) { return (size_t)n * sizeof(float); }
@@ -68,16 +70,24 @@ static float w_q4_0(const void *w, const void *x, int n)
     return s;
 }
 
-/* Same unpacking as quant.c's q4k_scale_min (kept local: hot loop). */
-static void scale_min(int j, const uint8_t *q, int *sc, int *m)
+/* One Q4_K/Q5_K block (qh NULL for Q4_K) against a Q8_K block: the
+ * 6-bit scales times each 32-value sub-block's integer dot, minus the mins
+ * times the activation sums (bsums). */
+static float k4_block(quant_f16 d, quant_f16 dmin, const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
+                      const block_q8_K *b)
 {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    int isum = 0, msum = 0;
+    for (int j = 0; j < 8; j++) {
+        int sc, m, acc = 0;
+        quant_k4_scale_min(j, scales, &sc, &m);
+        const uint8_t *q = qs + (j / 2) * 32;
+        const int8_t *y = b->qs + j * 32;
+        for (int l = 0; l < 32; l++)
+            acc += (((j & 1) ? (q[l] >> 4) : (q[l] & 0xf)) | (qh ? ((qh[l] >> j) & 1) << 4 : 0)) * y[l];
+        isum += sc * acc;
+        msum += m * (b->bsums[2 * j] + b->bsums[2 * j + 1]);
     }
+    return b->d * (quant_f16_to_f32(d) * (float)isum - quant_f16_to_f32(dmin) * (float)msum);
 }
 
 static float w_q4_K(const void *w, const void *x, int n)
@@ -85,19 +95,16 @@ static float w_q4_K(const void *w, const void *x, int n)
     const block_q4_K *a = w;
     const block_q8_K *b = x;
     float s = 0;
-    for (int i = 0; i < n / QK_K; i++) {
-        int isum = 0, msum = 0;
-        for (int j = 0; j < 8; j++) {
-            int sc, m, acc = 0;
-            scale_min(j, a[i].scales, &sc, &m);
-            const uint8_t *q = a[i].qs + (j / 2) * 32;
-            const int8_t *y = b[i].qs + j * 32;
-            for (int l = 0; l < 32; l++) acc += ((j & 1) ? (q[l] >> 4) : (q[l] & 0xf)) * y[l];
-            isum += sc * acc;
-            msum += m * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
-        }
-        s += b[i].d * (quant_f16_to_f32(a[i].d) * isum - quant_f16_to_f32(a[i].dmin) * msum);
-    }
+    for (int i = 0; i < n / QK_K; i++) s += k4_block(a[i].d, a[i].dmin, a[i].scales, a[i].qs, NULL, &b[i]);
+    return s;
+}
+
+static float w_q5_K(const void *w, const void *x, int n)
+{
+    const block_q5_K *a = w;
+    const block_q8_K *b = x;
+    float s = 0;
+    for (int i = 0; i < n / QK_K; i++) s += k4_block(a[i].d, a[i].dmin, a[i].scales, a[i].qs, a[i].qh, &b[i]);
     return s;
 }
 
@@ -129,77 +136,43 @@ static float w_q6_K(const void *w, const void *x, int n)
     return s;
 }
 
-/* Q4_1/Q5_1/Q5_0: quants q[32] of one weight block against an activation
- * block: (sum q*y, sum y). */
-static void dot32(const int *q, const block_q8_0 *b, int *qy, int *sy)
+/* Q4_1, Q5_0, Q5_1 blocks (bb bytes, qh at qh_off or none, qs at qs_off,
+ * a min after d when has_m) against Q8_0 activations: per block
+ * d * dy * sum(q y) + m * dy * sum(y), Q5_0's m being -16 d. */
+static float affine_dot(const uint8_t *w, size_t bb, int qh_off, int qs_off, int has_m, const block_q8_0 *b, int n)
 {
-    *qy = *sy = 0;
-    for (int j = 0; j < QK8_0; j++) {
-        *qy += q[j] * b->qs[j];
-        *sy += b->qs[j];
+    float s = 0;
+    int q[QK8_0];
+    for (int i = 0; i < n / QK8_0; i++, w += bb) {
+        quant_f16 d16, m16 = 0;
+        memcpy(&d16, w, 2);
+        if (has_m)
+            memcpy(&m16, w + 2, 2);
+        quant_unpack32(w + qs_off, qh_off ? w + qh_off : NULL, q);
+        int qy = 0, sy = 0;
+        for (int j = 0; j < QK8_0; j++) {
+            qy += q[j] * b[i].qs[j];
+            sy += b[i].qs[j];
+        }
+        float d = quant_f16_to_f32(d16), dy = quant_f16_to_f32(b[i].d);
+        s += has_m ? d * dy * (float)qy + quant_f16_to_f32(m16) * dy * (float)sy : d * dy * (float)(qy - 16 * sy);
     }
-}
-
-static void unpack4(const uint8_t *qs, int *q)
-{
-    for (int j = 0; j < 16; j++) {
-        q[j] = qs[j] & 0xf;
-        q[j + 16] = qs[j] >> 4;
-    }
-}
-
-static void unpack5(const uint8_t *qs, const uint8_t *qh8, int *q)
-{
-    uint32_t qh;
-    memcpy(&qh, qh8, 4);
-    for (int j = 0; j < 16; j++) {
-        q[j] = (qs[j] & 0xf) | (int)((qh >> j) & 1) << 4;
-        q[j + 16] = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
-    }
+    return s;
 }
 
 static float w_q4_1(const void *w, const void *x, int n)
 {
-    const block_q4_1 *a = w;
-    const block_q8_0 *b = x;
-    float s = 0;
-    int q[QK8_0], qy, sy;
-    for (int i = 0; i < n / QK8_0; i++) {
-        unpack4(a[i].qs, q);
-        dot32(q, &b[i], &qy, &sy);
-        float dy = quant_f16_to_f32(b[i].d);
-        s += quant_f16_to_f32(a[i].d) * dy * (float)qy + quant_f16_to_f32(a[i].m) * dy * (float)sy;
-    }
-    return s;
+    return affine_dot(w, sizeof(block_q4_1), 0, offsetof(block_q4_1, qs), 1, x, n);
 }
 
 static float w_q5_0(const void *w, const void *x, int n)
 {
-    const block_q5_0 *a = w;
-    const block_q8_0 *b = x;
-    float s = 0;
-    int q[QK8_0], qy, sy;
-    for (int i = 0; i < n / QK8_0; i++) {
-        unpack5(a[i].qs, a[i].qh, q);
-        dot32(q, &b[i], &qy, &sy);
-        s += quant_f16_to_f32(a[i].d) * quant_f16_to_f32(b[i].d) * (float)(qy - 16 * sy);
-    }
-    return s;
+    return affine_dot(w, sizeof(block_q5_0), offsetof(block_q5_0, qh), offsetof(block_q5_0, qs), 0, x, n);
 }
 
 static float w_q5_1(const void *w, const void *x, int n)
 {
-    const block_q5_1 *a = w;
-    const block_q8_0 *b = x;
-    float s = 0;
-    int q[QK8_0], qy, sy;
-    for (int i = 0; i < n / QK8_0; i++) {
-        unpack5(a[i].qs, a[i].qh, q);
-        dot32(q, &b[i], &qy, &sy);
-        float dy = quant_f16_to_f32(b[i].d);
-        s += quant_f16_to_f32(a[i].d) * dy * (float)qy + quant_f16_to_f32(a[i].m) * dy * (float)sy;
-    }
-    return s;
+    return affine_dot(w, sizeof(block_q5_1), offsetof(block_q5_1, qh), offsetof(block_q5_1, qs), 1, x, n);
 }
 
 /* Q2_K: sum over 16 sub-blocks of scale * (q . y) minus min * bsum. */
@@ -212,10 +185,7 @@ static float w_q2_K(const void *w, const void *x, int n)
         int isum = 0, msum = 0;
         for (int j = 0; j < 16; j++) {
             int acc = 0;
-            for (int l = 0; l < 16; l++) {
-                int e = 16 * j + l, q = (a[i].qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
-                acc += q * b[i].qs[e];
-            }
+            for (int l = 0; l < 16; l++) acc += quant_k2_bits(a[i].qs, 16 * j + l) * b[i].qs[16 * j + l];
             isum += (a[i].scales[j] & 0xf) * acc;
             msum += (a[i].scales[j] >> 4) * b[i].bsums[j];
         }
@@ -231,40 +201,17 @@ static float w_q3_K(const void *w, const void *x, int n)
     float s = 0;
     int sc[16];
     for (int i = 0; i < n / QK_K; i++) {
-        quant_q3k_scales(a[i].scales, sc);
+        quant_k3_scales(a[i].scales, sc);
         int isum = 0;
         for (int j = 0; j < 16; j++) {
             int acc = 0;
             for (int l = 0; l < 16; l++) {
-                int e = 16 * j + l, half = e / 128, k = (e % 128) / 32;
-                int q = ((a[i].qs[32 * half + e % 32] >> (2 * k)) & 3) - (a[i].hmask[e % 32] >> (4 * half + k) & 1 ? 0 : 4);
+                int e = 16 * j + l, q = quant_k2_bits(a[i].qs, e) - ((a[i].hmask[e % 32] >> (e / 32)) & 1 ? 0 : 4);
                 acc += q * b[i].qs[e];
             }
             isum += sc[j] * acc;
         }
         s += b[i].d * quant_f16_to_f32(a[i].d) * (float)isum;
-    }
-    return s;
-}
-
-static float w_q5_K(const void *w, const void *x, int n)
-{
-    const block_q5_K *a = w;
-    const block_q8_K *b = x;
-    float s = 0;
-    for (int i = 0; i < n / QK_K; i++) {
-        int isum = 0, msum = 0;
-        for (int j = 0; j < 8; j++) {
-            int sc, m, acc = 0;
-            scale_min(j, a[i].scales, &sc, &m);
-            const uint8_t *q = a[i].qs + (j / 2) * 32;
-            const int8_t *y = b[i].qs + j * 32;
-            for (int l = 0; l < 32; l++)
-                acc += (((j & 1) ? (q[l] >> 4) : (q[l] & 0xf)) | ((a[i].qh[l] >> j) & 1) << 4) * y[l];
-            isum += sc * acc;
-            msum += m * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
-        }
-        s += b[i].d * (quant_f16_to_f32(a[i].d) * (float)isum - quant_f16_to_f32(a[i].dmin) * (float)msum);
     }
     return s;
 }

@@ -107,16 +107,13 @@ size_t quant_block_bytes(quant_type t);
 /* The first of n elements that is not finite, or n: F32/F16/BF16 values
  * that are NaN or infinite, and for block types the first element of a
  * block whose half-precision scale (d, and m or dmin where the type has
- * one) is (their quants are integers: only scales can be). Only types quant_supported() accepts are
+ * one) is not finite (their quants are integers: only scales can be). Only types quant_supported() accepts are
  * checked; others return n. n is a multiple of the block (a partial
  * trailing block is not read); data is aligned as the type's scalars (2
  * or 4 bytes; GGUF tensor data always is). */
 size_t quant_find_nonfinite(quant_type t, const void *data, size_t n);
 /* Bytes of a row of n elements; 0 when n is not a multiple of the block. */
 size_t quant_row_bytes(quant_type t, size_t n);
-
-/* The 16 scales of a Q3_K block (-32..31) from its 12 packed bytes. */
-void quant_q3k_scales(const uint8_t *scales, int *out);
 
 void quant_init(void);
 float quant_f16_to_f32(quant_f16 h);
