@@ -42,7 +42,7 @@ ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/controller/kube_config.o $(
              $(BUILD)/controller/kube_watch.o $(BUILD)/controller/autoscale.o \
              $(BUILD)/controller/http_get.o
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
-ORACLE_BIN = $(BUILD)/tests/dequant_rows
+ORACLE_BIN = $(BUILD)/tests/dequant_rows $(BUILD)/tests/logits_rows
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 LIB = $(BUILD)/libllm.a
@@ -114,7 +114,7 @@ $(BUILD)/tests/test_torture: tests/unit/test_torture.c tests/unit/testutil.h $(L
 	  $(LDLIBS) $(TORTURE_WRAP) -o $@
 
 # Small programs the Python oracle tests drive.
-$(BUILD)/tests/dequant_rows: tests/oracle/dequant_rows.c $(LIB)
+$(ORACLE_BIN): $(BUILD)/tests/%: tests/oracle/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $< $(LIB) $(LDLIBS) -o $@

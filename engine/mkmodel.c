@@ -15,15 +15,21 @@
 #include "unicode.h"
 
 static const llm_shape shapes[] = {
-    {"tiny", "llama", "gpt-2", 256, 512, 2, 4, 2, 512, 512, 10000.f, 0},
-    {"tiny-qwen2", "qwen2", "qwen2", 256, 512, 2, 4, 2, 512, 512, 1000000.f, 1},
-    {"tiny-llama3", "llama", "llama-bpe", 256, 512, 2, 4, 1, 512, 512, 500000.f, 1},
-    {"tiny-starcoder", "llama", "starcoder", 256, 512, 1, 4, 4, 512, 512, 10000.f, 0},
-    {"llama-110m", "llama", "gpt-2", 768, 2048, 12, 12, 12, 32000, 1024, 10000.f, 0},
-    {"tinyllama-1.1b", "llama", "gpt-2", 2048, 5632, 22, 32, 4, 32000, 2048, 10000.f, 0},
-    {"llama-3.2-1b", "llama", "llama-bpe", 2048, 8192, 16, 32, 8, 128256, 131072, 500000.f, 1},
-    {"qwen2-0.5b", "qwen2", "qwen2", 896, 4864, 24, 14, 2, 151936, 32768, 1000000.f, 1},
-    {"llama-8b", "llama", "llama-bpe", 4096, 14336, 32, 32, 8, 128256, 131072, 500000.f, 0},
+    {"tiny", "llama", "gpt-2", 256, 512, 2, 4, 2, 512, 512, 10000.f, 0, 0, 0, 0},
+    {"tiny-qwen2", "qwen2", "qwen2", 256, 512, 2, 4, 2, 512, 512, 1000000.f, 1, 0, 0, 0},
+    {"tiny-llama3", "llama", "llama-bpe", 256, 512, 2, 4, 1, 512, 512, 500000.f, 1, 0, 0, 0},
+    {"tiny-starcoder", "llama", "starcoder", 256, 512, 1, 4, 4, 512, 512, 10000.f, 0, 0, 0, 0},
+    {"llama-110m", "llama", "gpt-2", 768, 2048, 12, 12, 12, 32000, 1024, 10000.f, 0, 0, 0, 0},
+    {"tinyllama-1.1b", "llama", "gpt-2", 2048, 5632, 22, 32, 4, 32000, 2048, 10000.f, 0, 0, 0, 0},
+    {"llama-3.2-1b", "llama", "llama-bpe", 2048, 8192, 16, 32, 8, 128256, 131072, 500000.f, 1, 0, 0, 0},
+    {"qwen2-0.5b", "qwen2", "qwen2", 896, 4864, 24, 14, 2, 151936, 32768, 1000000.f, 1, 0, 0, 0},
+    {"llama-8b", "llama", "llama-bpe", 4096, 14336, 32, 32, 8, 128256, 131072, 500000.f, 0, 0, 0, 0},
+    /* head size unlike n_embd / n_head, as both families have */
+    {"tiny-qwen3", "qwen3", "qwen2", 256, 512, 2, 4, 2, 512, 512, 1000000.f, 1, 96, 0, 0},
+    /* window 8 so a 21-token prompt crosses it; layers 0 and 2 local */
+    {"tiny-gemma3", "gemma3", "gpt-2", 256, 512, 4, 4, 1, 512, 512, 1000000.f, 1, 128, 8, 2},
+    {"qwen3-0.6b", "qwen3", "qwen2", 1024, 3072, 28, 16, 8, 151936, 40960, 1000000.f, 1, 128, 0, 0},
+    {"gemma3-270m", "gemma3", "gpt-2", 640, 2048, 18, 4, 1, 262144, 32768, 1000000.f, 1, 256, 512, 6},
 };
 #define N_SHAPES (sizeof shapes / sizeof *shapes)
 
@@ -244,26 +250,37 @@ static void add_w(mk_ctx *m, const char *name, quant_type t, uint64_t cols, uint
         w->scale = 0.1f;
 }
 
+static uint64_t head_dim(const llm_shape *s) { return (uint64_t)(s->head_dim ? s->head_dim : s->n_embd / s->n_head); }
+
 static void layer_weights(mk_ctx *m, const llm_shape *s, quant_type t, int il)
 {
-    uint64_t E = (uint64_t)s->n_embd, hd = E / (uint64_t)s->n_head, kv = hd * (uint64_t)s->n_head_kv;
+    uint64_t E = (uint64_t)s->n_embd, hd = head_dim(s), q = hd * (uint64_t)s->n_head, kv = hd * (uint64_t)s->n_head_kv;
+    int gemma = !strcmp(s->arch, "gemma3");
     char n[64];
 #define W(suffix, cols, rows) \
     (snprintf(n, sizeof n, "blk.%d.%s", il, suffix), add_w(m, n, pick_type(t, n, cols, il, s->n_layer), cols, rows))
     W("attn_norm.weight", E, 0);
-    W("attn_q.weight", E, E);
+    W("attn_q.weight", E, q);
     W("attn_k.weight", E, kv);
     W("attn_v.weight", E, kv);
     if (!strcmp(s->arch, "qwen2")) {
-        W("attn_q.bias", E, 0);
+        W("attn_q.bias", q, 0);
         W("attn_k.bias", kv, 0);
         W("attn_v.bias", kv, 0);
     }
-    W("attn_output.weight", E, E);
+    if (gemma || !strcmp(s->arch, "qwen3")) {
+        W("attn_q_norm.weight", hd, 0);
+        W("attn_k_norm.weight", hd, 0);
+    }
+    W("attn_output.weight", q, E);
+    if (gemma)
+        W("post_attention_norm.weight", E, 0);
     W("ffn_norm.weight", E, 0);
     W("ffn_gate.weight", E, (uint64_t)s->n_ff);
     W("ffn_up.weight", E, (uint64_t)s->n_ff);
     W("ffn_down.weight", (uint64_t)s->n_ff, E);
+    if (gemma)
+        W("post_ffw_norm.weight", E, 0);
 #undef W
 }
 
@@ -285,6 +302,19 @@ static int fill(void *ctx, int i, void *dst, size_t nbytes)
     return rows * rb == nbytes ? 0 : -1;
 }
 
+/* llama.cpp's LLAMA_FTYPE for a file of type t (mixes as their _M kind). */
+static uint32_t file_type(quant_type t)
+{
+    static const struct { quant_type t; uint32_t ft; } map[] = {
+        {QT_F32, 0}, {QT_F16, 1}, {QT_Q4_0, 2}, {QT_Q4_1, 3}, {QT_Q8_0, 7}, {QT_Q5_0, 8}, {QT_Q5_1, 9},
+        {QT_Q2_K, 10}, {QT_Q3_K, 12}, {QT_Q4_K, 15}, {QT_Q5_K, 17}, {QT_Q6_K, 18}, {QT_BF16, 32},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof *map; i++)
+        if (map[i].t == t)
+            return map[i].ft;
+    return 32;
+}
+
 static llm_status write_hparams(gguf_writer *w, const llm_shape *s, quant_type t)
 {
     char k[96];
@@ -292,14 +322,22 @@ static llm_status write_hparams(gguf_writer *w, const llm_shape *s, quant_type t
 #define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", s->arch, suffix), k)
     st |= gguf_writer_str(w, "general.architecture", s->arch);
     st |= gguf_writer_str(w, "general.name", s->name);
-    st |= gguf_writer_u32(w, "general.file_type", t == QT_Q4_K ? 15 : t == QT_F32 ? 0 : t == QT_F16 ? 1 : t == QT_Q8_0 ? 7 : t == QT_Q4_0 ? 2 : 32);
+    st |= gguf_writer_u32(w, "general.file_type", file_type(t));
     st |= gguf_writer_u32(w, KEY("context_length"), (uint32_t)s->n_ctx);
     st |= gguf_writer_u32(w, KEY("embedding_length"), (uint32_t)s->n_embd);
     st |= gguf_writer_u32(w, KEY("feed_forward_length"), (uint32_t)s->n_ff);
     st |= gguf_writer_u32(w, KEY("block_count"), (uint32_t)s->n_layer);
     st |= gguf_writer_u32(w, KEY("attention.head_count"), (uint32_t)s->n_head);
     st |= gguf_writer_u32(w, KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
-    st |= gguf_writer_u32(w, KEY("rope.dimension_count"), (uint32_t)(s->n_embd / s->n_head));
+    st |= gguf_writer_u32(w, KEY("rope.dimension_count"), (uint32_t)head_dim(s));
+    if (s->head_dim) {
+        st |= gguf_writer_u32(w, KEY("attention.key_length"), (uint32_t)s->head_dim);
+        st |= gguf_writer_u32(w, KEY("attention.value_length"), (uint32_t)s->head_dim);
+    }
+    if (s->n_swa) {
+        st |= gguf_writer_u32(w, KEY("attention.sliding_window"), (uint32_t)s->n_swa);
+        st |= gguf_writer_u32(w, KEY("attention.sliding_window_pattern"), (uint32_t)s->swa_pattern);
+    }
     st |= gguf_writer_f32(w, KEY("rope.freq_base"), s->rope_theta);
     st |= gguf_writer_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
 #undef KEY
@@ -320,11 +358,11 @@ static void model_weights(mk_ctx *m, const llm_shape *s, quant_type t)
 
 llm_status llm_mkmodel(const llm_shape *s, quant_type t, uint64_t seed, const char *path, llm_error *err)
 {
-    if (t != QT_F32 && t != QT_F16 && t != QT_BF16 && t != QT_Q8_0 && t != QT_Q4_0 && t != QT_Q4_K)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "mkmodel: type %s not offered (F32, F16, BF16, Q8_0, Q4_0, Q4_K)",
-                        quant_type_name(t) ? quant_type_name(t) : "?");
+    if (t == QT_Q8_K || !quant_supported(t))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "mkmodel: type %s not offered (F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
+                        "Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)", quant_type_name(t) ? quant_type_name(t) : "?");
     quant_init();
-    mk_ctx m = {calloc((size_t)s->n_layer * 16 + 8, sizeof(wspec)), 0, seed};
+    mk_ctx m = {calloc((size_t)s->n_layer * 20 + 8, sizeof(wspec)), 0, seed};
     vocab_build vb = {0};
     gguf_writer *w = gguf_writer_new();
     llm_status st = LLM_OK;

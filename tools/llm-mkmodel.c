@@ -1,6 +1,6 @@
 /* llm-mkmodel - write a GGUF model of a named shape with seeded random
  * weights (tests, benchmarks, the default model of `make run`).
- *   llm-mkmodel --shape NAME --type Q8_0|Q4_K|Q4_0|F16|BF16|F32 -o FILE.gguf [--seed S] */
+ *   llm-mkmodel --shape NAME --type Q8_0|Q4_K|Q4_0|Q4_1|Q5_0|Q5_1|Q2_K|Q3_K|Q5_K|Q6_K|F16|BF16|F32 -o FILE.gguf [--seed S] */
 #include <string.h>
 
 #include "cli.h"
@@ -8,7 +8,7 @@
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: llm-mkmodel --shape NAME --type Q8_0|Q4_K|Q4_0|F16|BF16|F32 -o FILE.gguf [--seed S]\nshapes:");
+    fprintf(stderr, "usage: llm-mkmodel --shape NAME --type Q8_0|Q4_K|Q4_0|Q4_1|Q5_0|Q5_1|Q2_K|Q3_K|Q5_K|Q6_K|F16|BF16|F32 -o FILE.gguf [--seed S]\nshapes:");
     for (const char *const *n = llm_shape_names(); *n; n++) fprintf(stderr, " %s", *n);
     fprintf(stderr, "\n");
     return 2;
@@ -18,7 +18,8 @@ static int parse_type(const char *s, quant_type *t)
 {
     static const struct { const char *n; quant_type t; } types[] = {
         {"F32", QT_F32}, {"F16", QT_F16}, {"BF16", QT_BF16}, {"Q8_0", QT_Q8_0}, {"Q4_0", QT_Q4_0}, {"Q4_K", QT_Q4_K},
-        {"Q4_K_M", QT_Q4_K},
+        {"Q4_K_M", QT_Q4_K}, {"Q4_1", QT_Q4_1}, {"Q5_0", QT_Q5_0}, {"Q5_1", QT_Q5_1}, {"Q2_K", QT_Q2_K},
+        {"Q3_K", QT_Q3_K}, {"Q5_K", QT_Q5_K}, {"Q6_K", QT_Q6_K},
     };
     for (size_t i = 0; i < sizeof types / sizeof *types; i++)
         if (!strcasecmp(s, types[i].n)) {

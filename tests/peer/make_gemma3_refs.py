@@ -70,7 +70,7 @@ def main():
         out = peer(p, 64)
         greedy.append({"prompt": p, "prompt_ids": ids(out, "prompt ids"), "ids": ids(out, "generated ids")})
     sha = hashlib.sha256(pathlib.Path(model).read_bytes()).hexdigest()
-    OUT.write_text(json.dumps({"model_sha256": sha, "peer": f"llama.cpp at {root.name}, greedy, F16 KV cache",
+    OUT.write_text(json.dumps({"model_sha256": sha, "peer": f"{'/'.join(root.parts[-3:])}, greedy, F16 KV cache",
                                "tokenize": tok, "greedy": greedy}, ensure_ascii=False, indent=1) + "\n")
     print(f"wrote {OUT}: {len(tok)} tokenizations, {len(greedy)} greedy runs")
 

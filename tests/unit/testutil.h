@@ -63,17 +63,24 @@ typedef struct test_tiny {
 } test_tiny;
 
 /* 0, or -1 with the reason on stderr. */
-static inline int test_tiny_open(test_tiny *t, const char *tag, quant_type qt, uint64_t seed, int n_threads)
+/* As test_tiny_open, for any llm-mkmodel shape. */
+static inline int test_shape_open(test_tiny *t, const char *shape, const char *tag, quant_type qt, uint64_t seed,
+                                  int n_threads)
 {
     llm_error err = {0};
     memset(t, 0, sizeof *t);
     test_tmpfile(tag, t->path, sizeof t->path);
-    if (llm_mkmodel(llm_shape_find("tiny"), qt, seed, t->path, &err) || llm_model_load(t->path, &t->m, &err) ||
+    if (llm_mkmodel(llm_shape_find(shape), qt, seed, t->path, &err) || llm_model_load(t->path, &t->m, &err) ||
         llm_backend_cpu_new(&(llm_cpu_config){n_threads, 0, NULL}, &t->b, &err)) {
         fprintf(stderr, "%s: setup: %s\n", tag, err.msg);
         return -1;
     }
     return 0;
+}
+
+static inline int test_tiny_open(test_tiny *t, const char *tag, quant_type qt, uint64_t seed, int n_threads)
+{
+    return test_shape_open(t, "tiny", tag, qt, seed, n_threads);
 }
 
 static inline void test_tiny_close(test_tiny *t)

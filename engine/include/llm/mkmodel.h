@@ -14,11 +14,13 @@
 
 typedef struct llm_shape {
     const char *name;
-    const char *arch;   /* "llama" or "qwen2" */
+    const char *arch;   /* "llama", "qwen2", "qwen3" or "gemma3" */
     const char *pre;    /* tokenizer.ggml.pre */
     int n_embd, n_ff, n_layer, n_head, n_head_kv, n_vocab, n_ctx;
     float rope_theta;
     int tied;           /* no output.weight: the embedding is reused */
+    int head_dim;       /* 0: n_embd / n_head */
+    int n_swa, swa_pattern; /* gemma3: sliding window, and every swa_pattern-th layer global */
 } llm_shape;
 
 /* NULL for an unknown name. */
@@ -26,7 +28,9 @@ const llm_shape *llm_shape_find(const char *name);
 /* Names of all shapes, NULL-terminated. */
 const char *const *llm_shape_names(void);
 
-/* type: F32, F16, BF16, Q8_0, Q4_0 or Q4_K (Q4_K_M-like mix with Q6_K). */
+/* type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K
+ * (every matrix of that type, Q8_0 where a row does not fit a 256-block)
+ * or Q4_K (Q4_K_M-like mix with Q6_K). */
 llm_status llm_mkmodel(const llm_shape *shape, quant_type type, uint64_t seed, const char *path, llm_error *err);
 
 #endif
