@@ -27,7 +27,7 @@ ENGINE_SRC = engine/status.c engine/quant.c engine/gguf.c engine/gguf_writer.c e
              engine/strbuf.c engine/log.c engine/sampler.c engine/model.c engine/forward.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c \
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c \
              engine/mkmodel.c
-TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench
+TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench llm-perplexity
 SERVER_SRC = server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_metrics.c server/srv_canary.c \
              server/srv_load.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o

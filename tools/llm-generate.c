@@ -162,7 +162,8 @@ int main(int argc, char **argv)
         goto fail;
     if (ctx == 0) /* a training context of 128k would reserve gigabytes of KV */
         ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
-    llm_session_config sc = {(int)ctx, 512, (int)o.kv_type, (int)o.tp, b};
+    llm_session_config sc = {.n_ctx = (int)ctx, .max_batch = 512, .kv_type = (int)o.kv_type, .tensor_parallel = (int)o.tp,
+                             .tp_backends = b};
     if (llm_session_new(m, b[0], &sc, &s, &err))
         goto fail;
     rc = generate(&o, m, s, &err);

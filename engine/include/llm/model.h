@@ -87,6 +87,7 @@ typedef struct llm_session_config {
     int kv_type;   /* an llm_kv_type (kv_cache.h); 0: F16 */
     int tensor_parallel;             /* ranks (tp.h); 0 or 1: b alone */
     llm_backend *const *tp_backends; /* (tensor_parallel) with [0] == b */
+    int logit_rows;  /* most logit rows per step for llm_session_eval_each (each n_vocab floats); 0: 1 */
 } llm_session_config;
 
 /* A single sequence over its own paged KV cache (no prefix caching): the
@@ -99,6 +100,15 @@ void llm_session_free(llm_session *s);
  * context would overflow. Returns a pointer to n_vocab logits owned by the
  * session, valid until the next call. */
 llm_status llm_session_eval(llm_session *s, const int32_t *tokens, int n, const float **logits, llm_error *err);
+/* As llm_session_eval, but every token's logits: fn(ctx, i, logits) for
+ * i = 0 .. n-1 in order (logits: n_vocab floats owned by the session,
+ * valid during the call), so perplexity can be scored without n x n_vocab
+ * floats. Runs in steps of at most logit_rows tokens. A non-zero return
+ * from fn stops the evaluation with LLM_ERR_CANCELLED (the tokens of the
+ * step it was in are evaluated). */
+typedef int (*llm_logits_fn)(void *ctx, int i, const float *logits);
+llm_status llm_session_eval_each(llm_session *s, const int32_t *tokens, int n, llm_logits_fn fn, void *ctx,
+                                 llm_error *err);
 int llm_session_pos(const llm_session *s);
 int llm_session_n_ctx(const llm_session *s);
 /* Forgets the KV contents: the next eval starts at position 0. */
