@@ -39,7 +39,9 @@ _Static_assert(LK_SAMPLE_NAN == LLM_SAMPLE_NAN, "a NaN row picks the same id on 
 _Static_assert(LK_SAMPLE_GREEDY_BELOW == LLM_SAMPLING_GREEDY_BELOW, "host and device agree on what is greedy");
 _Static_assert((int)LK_T_F32 == (int)QT_F32 && (int)LK_T_F16 == (int)QT_F16 && (int)LK_T_BF16 == (int)QT_BF16 &&
                    (int)LK_T_Q4_0 == (int)QT_Q4_0 && (int)LK_T_Q8_0 == (int)QT_Q8_0 && (int)LK_T_Q4_K == (int)QT_Q4_K &&
-                   (int)LK_T_Q6_K == (int)QT_Q6_K,
+                   (int)LK_T_Q6_K == (int)QT_Q6_K && (int)LK_T_Q4_1 == (int)QT_Q4_1 && (int)LK_T_Q5_0 == (int)QT_Q5_0 &&
+                   (int)LK_T_Q5_1 == (int)QT_Q5_1 && (int)LK_T_Q2_K == (int)QT_Q2_K && (int)LK_T_Q3_K == (int)QT_Q3_K &&
+                   (int)LK_T_Q5_K == (int)QT_Q5_K,
                "the kernels' type numbers are quant_type's");
 
 enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_SAMPLE, ST_TILES, ST_FREQ, ST_KINDS };
@@ -557,7 +559,7 @@ static void graphs_free(cu_ctx *c)
 
 static int gemv_type(quant_type t)
 {
-    return t == QT_F32 || t == QT_F16 || t == QT_BF16 || t == QT_Q4_0 || t == QT_Q8_0 || t == QT_Q4_K || t == QT_Q6_K;
+    return quant_supported(t) && t != QT_Q8_K; /* lk_weight_type: every loadable type */
 }
 
 /* Quantized weights are dequantized to F32 in slabs of at most this many
@@ -943,8 +945,8 @@ static llm_status cuda_model_upload(llm_backend *b, const llm_model *m, llm_mode
     quant_type bad;
     const char *which = unsupported_matrix(m, &bad);
     if (which) /* refused at load, not at every request's first matmul */
-        return llm_errf(err, LLM_ERR_UNSUPPORTED, "cuda backend: %s has %s weights (%s): not supported on CUDA yet "
-                        "(F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K)", m->name, quant_type_name(bad), which);
+        return llm_errf(err, LLM_ERR_UNSUPPORTED, "cuda backend: %s has %s weights (%s): not supported on CUDA",
+                        m->name, quant_type_name(bad), which);
     llm_status st = LLM_ERR_NOMEM;
     size_t nf = m->rope_freqs ? (size_t)m->hp.rot_dim / 2 : 0, need = 0, fr = 0, total = 0;
     cu_model *cm = calloc(1, sizeof *cm);

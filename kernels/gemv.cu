@@ -5,7 +5,9 @@
  * Q8_0 four lanes per block (the warp reads contiguous bytes), Q4_K and
  * Q6_K eight lanes per 256-value super-block, a 32-value sub-block each
  * (dequantized on the fly as the CPU dequantizer does; activations stay
- * float). x rows must be 16-byte aligned (cudaMalloc'd activations are).
+ * float); Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K a lane per column through
+ * the element decoder (correct, not yet tuned). x rows must be 16-byte
+ * aligned (cudaMalloc'd activations are).
  * Larger batches go to cuBLAS (backend_cuda.c). */
 #include "common.cuh"
 #include "dequant.cuh"
@@ -153,7 +155,7 @@ __device__ static void row_f32(const uint8_t *w, int cols, const float *x, float
     }
 }
 
-/* Other F32/F16/BF16 rows: a lane per column (coalesced). */
+/* Other rows: a lane per column (coalesced for float types). */
 template <int T>
 __device__ static void row_scalar(int type, const uint8_t *w, int cols, const float *x, float *acc, int lane)
 {

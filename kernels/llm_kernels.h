@@ -27,8 +27,14 @@ enum {
     LK_T_F32 = 0,
     LK_T_F16 = 1,
     LK_T_Q4_0 = 2,
+    LK_T_Q4_1 = 3,
+    LK_T_Q5_0 = 6,
+    LK_T_Q5_1 = 7,
     LK_T_Q8_0 = 8,
+    LK_T_Q2_K = 10,
+    LK_T_Q3_K = 11,
     LK_T_Q4_K = 12,
+    LK_T_Q5_K = 13,
     LK_T_Q6_K = 14,
     LK_T_BF16 = 30
 };

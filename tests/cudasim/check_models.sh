@@ -3,8 +3,10 @@
 # backend on the CUDA-on-CPU emulator (make cudasim):
 #   - tests/gpu/check_model: logits after a prompt (the cuBLAS path) and
 #     after single steps (the GEMV path) against the CPU backend, and
-#     greedy tokens, on stories260K (../shared) and llm-mkmodel's tiny
-#     model in every weight type the backend takes;
+#     greedy tokens, on stories260K (../shared), llm-mkmodel's tiny
+#     model in every weight type the backend takes, and its tiny gemma3
+#     (sliding window 8, Q/K norms, post-norms, GELU, scaled embeddings)
+#     and qwen3 models;
 #   - the engine's decode steps (device sampling, CUDA graphs captured and
 #     replayed) through llm-bench: the same ids with graphs, without them
 #     (LLM_CUDA_GRAPHS=0), with tensor parallelism over two emulated
@@ -27,6 +29,14 @@ for t in F32 BF16 F16 Q8_0 Q4_0 Q4_K; do
         models="$models $dir/tiny-$t.gguf"
     else
         fail "llm-mkmodel tiny $t"
+    fi
+done
+for st in tiny-gemma3:Q5_0 tiny-gemma3:Q3_K tiny-qwen3:Q5_K tiny-qwen3:Q2_K tiny-gemma3:F32; do
+    s=${st%%:*} t=${st##*:}
+    if "$b/bin/llm-mkmodel" --shape $s --type $t -o "$dir/$s-$t.gguf" >/dev/null 2>&1; then
+        models="$models $dir/$s-$t.gguf"
+    else
+        fail "llm-mkmodel $s $t"
     fi
 done
 

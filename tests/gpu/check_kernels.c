@@ -552,7 +552,8 @@ int main(void)
     for (int neox = 0; neox < 2; neox++)
         for (int f = 0; f < 2; f++) check_rope(cpu, neox, f);
     check_elementwise(cpu, 1000003);
-    static const quant_type types[] = {QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q8_0, QT_Q4_K, QT_Q6_K};
+    static const quant_type types[] = {QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q8_0, QT_Q4_K, QT_Q6_K, QT_Q4_1, QT_Q5_0,
+                                       QT_Q5_1, QT_Q2_K, QT_Q3_K, QT_Q5_K};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) check_get_rows(cpu, types[i]);
     static const quant_type kv_types[] = {QT_F32, QT_F16, QT_Q8_0};
     for (size_t i = 0; i < sizeof kv_types / sizeof *kv_types; i++) check_kv_write(cpu, kv_types[i]);
@@ -568,11 +569,12 @@ int main(void)
         }
     check_attention(cpu, QT_F16, 256, 0, 19); /* gemma3's head size */
     static const int batches[] = {1, 3, 8};
-    static const quant_type gemv_types[] = {QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q8_0, QT_Q4_K, QT_Q6_K};
+    static const quant_type gemv_types[] = {QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q8_0, QT_Q4_K, QT_Q6_K, QT_Q4_1,
+                                            QT_Q5_0, QT_Q5_1, QT_Q2_K, QT_Q3_K, QT_Q5_K};
     for (size_t i = 0; i < sizeof gemv_types / sizeof *gemv_types; i++)
         for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
             check_gemv(gemv_types[i], batches[b], 512); /* the vector paths */
-            if (gemv_types[i] != QT_Q4_K && gemv_types[i] != QT_Q6_K)
+            if (quant_block_elems(gemv_types[i]) < 256)
                 check_gemv(gemv_types[i], batches[b], 288); /* a partial pass; half types by the scalar path */
         }
     for (size_t i = 0; i < sizeof gemv_types / sizeof *gemv_types; i++) check_dequant(gemv_types[i]);
