@@ -7,8 +7,13 @@
  * fast on CPUs). Each set chooses its formats: the scalar and AVX2 sets use
  * ggml's Q8_0/Q8_K blocks; the VNNI set stores Q8_0-weight activations
  * offset to unsigned bytes with float scales, which its instruction needs.
- * The scalar set is the reference; a SIMD set must agree with float64 sums
- * of the same decoded operands. All functions are pure and thread-safe. */
+ * The scalar set is the reference and has every loadable type; a SIMD set
+ * must agree with float64 sums of the same decoded operands, and may
+ * leave a type out (dot[T] NULL): the backend then uses the scalar set's
+ * kernel and activation format for it. Activation-format kind numbers are
+ * global across sets (the same kind is the same bytes), since one
+ * conversion may feed kernels of two sets in a group. All functions are
+ * pure and thread-safe. */
 #ifndef LLM_CPU_KERNELS_H
 #define LLM_CPU_KERNELS_H
 
