@@ -114,24 +114,6 @@ static float w_q4_0(const void *w, const void *x, int n)
 
 /* ---- Q4_1, Q5_0, Q5_1 against Q8_0 activations (one row) ------------------ */
 
-/* The 32 nibbles of a block in element order (low nibbles: 0..15). */
-static inline __m256i nibbles32(const uint8_t *qs)
-{
-    __m128i raw = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf));
-}
-
-/* Byte j = 0xff where bit j of the little-endian 32 bits at p is set. */
-static inline __m256i bits32(const uint8_t *p)
-{
-    uint32_t x;
-    memcpy(&x, p, 4);
-    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), spread);
-    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
-}
-
 /* Unsigned quants q (0..31) times signed activations: (sum q*y, sum y). */
 static inline void udot(__m256i q, __m256i y, __m256i *qy, __m256i *sy)
 {
@@ -147,9 +129,7 @@ static float w_q5_0(const void *w, const void *x, int n)
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / QK8_0; i++) {
         _mm_prefetch((const char *)(a + i) + CPU_PREFETCH, _MM_HINT_T0);
-        /* nibble | 0xf0 where the fifth bit is clear is nibble - 16 as int8,
-         * and nibble where it is set is (nibble + 16) - 16 */
-        __m256i q = _mm256_or_si256(nibbles32(a[i].qs), _mm256_andnot_si256(bits32(a[i].qh), _mm256_set1_epi8((char)0xf0)));
+        __m256i q = q5_0_quants(&a[i]);
         __m256i qb = _mm256_loadu_si256((const __m256i *)b[i].qs);
         __m256 d = _mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(q, qb)), acc);
@@ -228,10 +208,10 @@ static void w_q5_0_x4(const void *w, const void *x, size_t stride, int n, float 
 {
     const block_q5_0 *a = w;
     const block_q8_0 *b[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
-    const __m256i ones = _mm256_set1_epi16(1), hi = _mm256_set1_epi8((char)0xf0);
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int i = 0; i < n / QK8_0; i++) {
-        __m256i q = _mm256_or_si256(nibbles32(a[i].qs), _mm256_andnot_si256(bits32(a[i].qh), hi)); /* as w_q5_0 */
+        __m256i q = q5_0_quants(&a[i]);
         __m256i ax = _mm256_sign_epi8(q, q);
         float da = h2f(a[i].d);
         _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {

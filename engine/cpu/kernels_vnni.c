@@ -1,6 +1,7 @@
 /* kernels_vnni.c - the AVX2 set with AVX512-VNNI dot products on 256-bit
  * registers: vpdpbusd for Q8_0 weights, vpdpwssd for the K-quants' scaled
- * sums. Compiled with the AVX512 VNNI/VL flags; cpu_kernels_vnni() checks
+ * sums, Q5_0 weights decoded to the same bytes as Q8_0's. Compiled with
+ * the AVX512 VNNI/VL flags; cpu_kernels_vnni() checks
  * the CPU at run time.
  *
  * vpdpbusd multiplies unsigned by signed bytes. Activations are stored
@@ -88,58 +89,87 @@ static inline __m256i minus_offset(__m256i w)
     return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), w));
 }
 
-static inline __m256i q8_block(const block_q8_0 *a, const uint8_t *xq, int i)
+/* Block i's 32 signed weights and its scale: Q8_0's as stored, Q5_0's
+ * decoded (q - 16). Everything below is written once for both types;
+ * q5 is a constant at each call, so each kernel compiles to its own loop. */
+static inline __attribute__((always_inline)) __m256i wblock(int q5, const void *w, int i, float *d)
 {
-    __m256i wq = _mm256_loadu_si256((const __m256i *)a[i].qs);
+    if (q5) {
+        const block_q5_0 *b = (const block_q5_0 *)w + i;
+        *d = _cvtsh_ss(b->d);
+        return q5_0_quants(b);
+    }
+    const block_q8_0 *b = (const block_q8_0 *)w + i;
+    *d = _cvtsh_ss(b->d);
+    return _mm256_loadu_si256((const __m256i *)b->qs);
+}
+
+static inline __m256i u8_block(__m256i wq, const uint8_t *xq, int i)
+{
     return _mm256_dpbusd_epi32(minus_offset(wq), _mm256_loadu_si256((const __m256i *)(xq + QK8_0 * i)), wq);
 }
 
 /* Each block's integer sum is reduced exactly, then block i is added (one
  * fma) to float chain i % 4, and the chains are summed as
- * (c0 + c1) + (c2 + c3): exactly what q8_0_dot8 does in each of its lanes,
+ * (c0 + c1) + (c2 + c3): exactly what u8_dot8 does in each of its lanes,
  * so a token gives bit-identical results alone or in a tile (batch
  * invariance). Four chains also keep fma latency off the critical path. */
-static float q8_0_dot(const void *w, const void *x, int n)
+static inline __attribute__((always_inline)) float u8_dot(int q5, const void *w, const void *x, int n)
 {
-    const block_q8_0 *a = w;
     const uint8_t *xq = x;
     const float *xd = (const float *)(xq + n);
+    size_t bb = q5 ? sizeof(block_q5_0) : sizeof(block_q8_0);
     __m128 acc = _mm_setzero_ps();
     int nb = n / QK8_0, i = 0;
+    float d[4];
     for (; i + 4 <= nb; i += 4) {
         /* decode streams weights once: fetch ahead, past page ends (CPU_PREFETCH) */
-        _mm_prefetch((const char *)(a + i) + 4096, _MM_HINT_T0);
-        _mm_prefetch((const char *)(a + i) + 4096 + 64, _MM_HINT_T0);
-        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(q8_block(a, xq, i), q8_block(a, xq, i + 1)),
-                                      _mm256_hadd_epi32(q8_block(a, xq, i + 2), q8_block(a, xq, i + 3)));
+        _mm_prefetch((const char *)w + (size_t)i * bb + 4096, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + (size_t)i * bb + 4096 + 64, _MM_HINT_T0);
+        __m256i s0 = u8_block(wblock(q5, w, i, &d[0]), xq, i), s1 = u8_block(wblock(q5, w, i + 1, &d[1]), xq, i + 1);
+        __m256i s2 = u8_block(wblock(q5, w, i + 2, &d[2]), xq, i + 2), s3 = u8_block(wblock(q5, w, i + 3, &d[3]), xq, i + 3);
+        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        __m128i d16 = _mm_setr_epi16((short)a[i].d, (short)a[i + 1].d, (short)a[i + 2].d, (short)a[i + 3].d, 0, 0, 0, 0);
-        __m128 d = _mm_mul_ps(_mm_cvtph_ps(d16), _mm_loadu_ps(xd + i));
-        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(s4), d, acc);
+        __m128 dd = _mm_mul_ps(_mm_loadu_ps(d), _mm_loadu_ps(xd + i));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(s4), dd, acc);
     }
     float c[4];
     _mm_storeu_ps(c, acc);
-    for (; i < nb; i++) c[i & 3] = fmaf((float)hsum8i(q8_block(a, xq, i)), _cvtsh_ss(a[i].d) * xd[i], c[i & 3]);
+    for (; i < nb; i++) {
+        __m256i wq = wblock(q5, w, i, &d[0]);
+        c[i & 3] = fmaf((float)hsum8i(u8_block(wq, xq, i)), d[0] * xd[i], c[i & 3]);
+    }
     return (c[0] + c[1]) + (c[2] + c[3]);
+}
+
+/* 128 * the sum of a block's 32 weights, in every lane. */
+static inline __m256i offset_all(__m256i wq)
+{
+    __m256i off = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), wq);
+    __m128i o4 = _mm_add_epi32(_mm256_castsi256_si128(off), _mm256_extracti128_si256(off, 1));
+    o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0x4e));
+    o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0xb1));
+    return _mm256_broadcastd_epi32(o4);
 }
 
 /* One weight row against an 8-token tile (see u8_quant8): each 4 weights
  * are broadcast to all lanes and vpdpbusd adds lane t's token t products,
  * so the 8 lanes end as the 8 tokens' block sums: one instruction per 4
  * weights for all eight tokens, and one scale multiply per block. */
-static void q8_0_dot8(const void *w, const void *x, size_t stride, int n, float *out)
+static inline __attribute__((always_inline)) void u8_dot8(int q5, const void *w, const void *x, int n, float *out)
 {
-    (void)stride;
-    const block_q8_0 *a = w;
     const uint8_t *xq = x;
     const float *xd = (const float *)(xq + 8 * (size_t)n);
+    size_t bb = q5 ? sizeof(block_q5_0) : sizeof(block_q8_0);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int i = 0; i < n / QK8_0; i++) {
         /* small batches stream weights from DRAM: fetch ahead as the one-row kernel does */
-        _mm_prefetch((const char *)(a + i) + 4096, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + (size_t)i * bb + 4096, _MM_HINT_T0);
         const uint8_t *tile = xq + (size_t)i * 256;
+        float dw;
+        __m256i wq = wblock(q5, w, i, &dw);
         int32_t wg[8];
-        memcpy(wg, a[i].qs, 32);
+        _mm256_storeu_si256((__m256i *)wg, wq);
         /* two exact integer chains halve the dpbusd latency chain */
         __m256i s = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
         _Pragma("GCC unroll 4") for (int g = 0; g < 8; g += 2) {
@@ -147,35 +177,32 @@ static void q8_0_dot8(const void *w, const void *x, size_t stride, int n, float 
             s1 = _mm256_dpbusd_epi32(s1, _mm256_loadu_si256((const __m256i *)(tile + 32 * g + 32)),
                                      _mm256_set1_epi32(wg[g + 1]));
         }
-        s = _mm256_add_epi32(s, s1);
         /* remove the +128 offset: 128 * sum of the block's weights, same for every token */
-        __m256i off = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80),
-                                          _mm256_loadu_si256((const __m256i *)a[i].qs));
-        __m128i o4 = _mm_add_epi32(_mm256_castsi256_si128(off), _mm256_extracti128_si256(off, 1));
-        o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0x4e));
-        o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0xb1));
-        s = _mm256_sub_epi32(s, _mm256_broadcastd_epi32(o4));
-        __m256 dd = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(a[i].d)), _mm256_loadu_ps(xd + 8 * (size_t)i));
-        acc[i & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc[i & 3]); /* chain i % 4, as q8_0_dot */
+        s = _mm256_sub_epi32(_mm256_add_epi32(s, s1), offset_all(wq));
+        __m256 dd = _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(xd + 8 * (size_t)i));
+        acc[i & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc[i & 3]); /* chain i % 4, as u8_dot */
     }
     _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }
 
 /* Two 8-token tiles (x and x + 8 * stride) against one weight row: each
  * broadcast weight group, offset correction and weight scale serves 16
- * tokens. Every lane computes exactly what q8_0_dot8 computes for it. */
-static void q8_0_dot16(const void *w, const void *x, size_t stride, int n, float *out)
+ * tokens. Every lane computes exactly what u8_dot8 computes for it. */
+static inline __attribute__((always_inline)) void u8_dot16(int q5, const void *w, const void *x, size_t stride, int n,
+                                                             float *out)
 {
-    const block_q8_0 *a = w;
     const uint8_t *xa = x, *xb = xa + 8 * stride;
     const float *da = (const float *)(xa + 8 * (size_t)n), *db = (const float *)(xb + 8 * (size_t)n);
+    size_t bb = q5 ? sizeof(block_q5_0) : sizeof(block_q8_0);
     __m256 acc_a[4], acc_b[4];
     for (int c = 0; c < 4; c++) acc_a[c] = acc_b[c] = _mm256_setzero_ps();
     for (int i = 0; i < n / QK8_0; i++) {
-        _mm_prefetch((const char *)(a + i) + 4096, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + (size_t)i * bb + 4096, _MM_HINT_T0);
         const uint8_t *ta = xa + (size_t)i * 256, *tb = xb + (size_t)i * 256;
+        float dwf;
+        __m256i wq = wblock(q5, w, i, &dwf);
         int32_t wg[8];
-        memcpy(wg, a[i].qs, 32);
+        _mm256_storeu_si256((__m256i *)wg, wq);
         __m256i sa = _mm256_setzero_si256(), sa1 = sa, sb = sa, sb1 = sa;
         _Pragma("GCC unroll 4") for (int g = 0; g < 8; g += 2) {
             __m256i w0 = _mm256_set1_epi32(wg[g]), w1 = _mm256_set1_epi32(wg[g + 1]);
@@ -184,15 +211,10 @@ static void q8_0_dot16(const void *w, const void *x, size_t stride, int n, float
             sb = _mm256_dpbusd_epi32(sb, _mm256_loadu_si256((const __m256i *)(tb + 32 * g)), w0);
             sb1 = _mm256_dpbusd_epi32(sb1, _mm256_loadu_si256((const __m256i *)(tb + 32 * g + 32)), w1);
         }
-        __m256i off = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80),
-                                          _mm256_loadu_si256((const __m256i *)a[i].qs));
-        __m128i o4 = _mm_add_epi32(_mm256_castsi256_si128(off), _mm256_extracti128_si256(off, 1));
-        o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0x4e));
-        o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0xb1));
-        __m256i o8 = _mm256_broadcastd_epi32(o4);
+        __m256i o8 = offset_all(wq);
         sa = _mm256_sub_epi32(_mm256_add_epi32(sa, sa1), o8);
         sb = _mm256_sub_epi32(_mm256_add_epi32(sb, sb1), o8);
-        __m256 dw = _mm256_set1_ps(_cvtsh_ss(a[i].d));
+        __m256 dw = _mm256_set1_ps(dwf);
         __m256 dda = _mm256_mul_ps(dw, _mm256_loadu_ps(da + 8 * (size_t)i));
         __m256 ddb = _mm256_mul_ps(dw, _mm256_loadu_ps(db + 8 * (size_t)i));
         acc_a[i & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), dda, acc_a[i & 3]);
@@ -201,6 +223,21 @@ static void q8_0_dot16(const void *w, const void *x, size_t stride, int n, float
     _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(acc_a[0], acc_a[1]), _mm256_add_ps(acc_a[2], acc_a[3])));
     _mm256_storeu_ps(out + 8, _mm256_add_ps(_mm256_add_ps(acc_b[0], acc_b[1]), _mm256_add_ps(acc_b[2], acc_b[3])));
 }
+
+static float q8_0_dot(const void *w, const void *x, int n) { return u8_dot(0, w, x, n); }
+static float q5_0_dot(const void *w, const void *x, int n) { return u8_dot(1, w, x, n); }
+static void q8_0_dot8(const void *w, const void *x, size_t stride, int n, float *out)
+{
+    (void)stride;
+    u8_dot8(0, w, x, n, out);
+}
+static void q5_0_dot8(const void *w, const void *x, size_t stride, int n, float *out)
+{
+    (void)stride;
+    u8_dot8(1, w, x, n, out);
+}
+static void q8_0_dot16(const void *w, const void *x, size_t stride, int n, float *out) { u8_dot16(0, w, x, stride, n, out); }
+static void q5_0_dot16(const void *w, const void *x, size_t stride, int n, float *out) { u8_dot16(1, w, x, stride, n, out); }
 
 static cpu_kernels vnni;
 static pthread_once_t vnni_once = PTHREAD_ONCE_INIT;
@@ -218,6 +255,11 @@ static void vnni_init(void)
     vnni.dot[QT_Q6_K] = w_q6_K;
     vnni.dot4[QT_Q6_K] = w_q6_K_x4;
     vnni.act[QT_Q8_0] = &act_u8;
+    vnni.dot[QT_Q5_0] = q5_0_dot; /* Q5_0 weights decoded to the same signed bytes */
+    vnni.dot4[QT_Q5_0] = NULL;
+    vnni.dot8[QT_Q5_0] = q5_0_dot8;
+    vnni.dot16[QT_Q5_0] = q5_0_dot16;
+    vnni.act[QT_Q5_0] = &act_u8;
 }
 
 const cpu_kernels *cpu_kernels_vnni(void)

@@ -34,6 +34,32 @@ static inline int hsum8i(__m256i v)
 
 static inline float h2f(quant_f16 h) { return _cvtsh_ss(h); }
 
+/* The 32 nibbles of a block in element order (low nibbles: 0..15). */
+static inline __m256i nibbles32(const uint8_t *qs)
+{
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf));
+}
+
+/* Byte j = 0xff where bit j of the little-endian 32 bits at p is set. */
+static inline __m256i bits32(const uint8_t *p)
+{
+    uint32_t x;
+    memcpy(&x, p, 4);
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), spread);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
+}
+
+/* Q5_0's 32 quants minus 16 as signed bytes: nibble | 0xf0 where the
+ * fifth bit is clear is nibble - 16 as int8, and where it is set the
+ * nibble is (nibble + 16) - 16. */
+static inline __m256i q5_0_quants(const block_q5_0 *b)
+{
+    return _mm256_or_si256(nibbles32(b->qs), _mm256_andnot_si256(bits32(b->qh), _mm256_set1_epi8((char)0xf0)));
+}
+
 /* Bytes ahead of the current block that the decode kernels prefetch: one
  * page, enough requests in flight to cover DRAM latency (measured: 1 KiB
  * ahead gave ~15, 4 KiB ~21, 8 KiB ~21 tok/s, tinyllama Q8_0, 2 threads). */
