@@ -273,6 +273,43 @@ static void patch_file(const char *path, const char *from, const char *to)
     fail_msg("'%s' not found in %s", from, path);
 }
 
+/* Every occurrence of from (in the first MiB) replaced by to. */
+static void patch_all(const char *path, const char *from, const char *to)
+{
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf, f), hits = 0;
+    for (size_t i = 0; i + strlen(from) <= n; i++)
+        if (!memcmp(buf + i, from, strlen(from))) {
+            fseek(f, (long)i, SEEK_SET);
+            fwrite(to, 1, strlen(to), f);
+            hits++;
+        }
+    fclose(f);
+    if (!hits)
+        fail_msg("'%s' not found in %s", from, path);
+}
+
+/* A qwen3 file relabelled llama (same key prefix length) whose layer 0
+ * lost attn_k_norm: llama binds Q/K norms when present, but only both. */
+static void test_one_qk_norm_refused(void **state)
+{
+    (void)state;
+    char path[256];
+    test_tmpfile("qknorm", path, sizeof path);
+    llm_error err = {0};
+    assert_int_equal(llm_mkmodel(llm_shape_find("tiny-qwen3"), QT_F32, 1, path, &err), LLM_OK);
+    patch_all(path, "qwen3", "llama");
+    patch_file(path, "blk.0.attn_k_norm", "blk.0.attn_k_norX");
+    llm_model *m = (llm_model *)1;
+    assert_int_not_equal(llm_model_load(path, &m, &err), LLM_OK);
+    assert_null(m);
+    if (!strstr(err.msg, "layer 0 has attn_q_norm.weight but not attn_k_norm.weight"))
+        fail_msg("message '%s'", err.msg);
+    remove(path);
+}
+
 static void expect_load_error(const char *from, const char *to, const char *needle)
 {
     char path[256];
@@ -390,6 +427,8 @@ static void test_load_errors(void **state)
     expect_load_error("blk.1.ffn_up.weight", "blk.1.ffn_uX.weight", "missing tensor blk.1.ffn_up.weight");
     expect_load_error("llama.block_count", "llama.block_coun_", "missing required key llama.block_count");
     expect_load_error("gpt-2", "gpt-9", "pre-tokenizer 'gpt-9'");
+    /* the RMS epsilon 1e-5 (0x3727c5ac, little-endian in the metadata) made negative */
+    expect_load_error("\xac\xc5\x27\x37", "\xac\xc5\x27\xb7", "layer_norm_rms_epsilon -1e-05 must be finite");
 }
 
 int main(void)
@@ -399,6 +438,7 @@ int main(void)
         cmocka_unit_test(test_f16), cmocka_unit_test(test_bf16), cmocka_unit_test(test_q8_0),
         cmocka_unit_test(test_q4_0), cmocka_unit_test(test_q4_k), cmocka_unit_test(test_q4_k_scalar),
         cmocka_unit_test(test_long_prompts), cmocka_unit_test(test_kv_types), cmocka_unit_test(test_incremental), cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_one_qk_norm_refused),
         cmocka_unit_test(test_nonfinite_weights), cmocka_unit_test(test_forward_token_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
