@@ -115,9 +115,11 @@ long srv_rss_bytes(void)
 static void render_http(llm_strbuf *b, const srv_metrics *m)
 {
     llm_strbuf_printf(b, "# HELP llm_http_requests HTTP requests by route and status class\n# TYPE llm_http_requests counter\n");
+    /* every route's 2xx series always (a scrape racing the first request's
+     * count still finds the family); other classes once they happen */
     for (int r = 0; r < SRV_N_ROUTES; r++)
         for (int c = 0; c < 6; c++)
-            if (m->requests[r][c])
+            if (m->requests[r][c] || c == 0)
                 llm_strbuf_printf(b, "llm_http_requests_total{route=\"%s\",status=\"%s\"} %llu\n", srv_route_names[r], status_names[c],
                     (unsigned long long)m->requests[r][c]);
     static const char *const why[3] = {"stop", "length", "abort"};
