@@ -275,6 +275,7 @@ typedef struct ew_job {
     float eps;
     float s;        /* scale's factor */
     const llm_rope_args *rope;
+    const cpu_kernels *k; /* geglu's kernel */
 } ew_job;
 
 static void rmsnorm_rows(const ew_job *j, long lo, long hi)
@@ -304,19 +305,13 @@ static void swiglu_worker(void *arg, int ith, int nth)
     for (long i = lo; i < hi; i++) j->out[i] = j->a[i] / (1.0f + expf(-j->a[i])) * j->b[i];
 }
 
-/* GELU, tanh form; tanhf saturates cleanly for large |g| (no inf/inf). */
-static float gelu(float g)
-{
-    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
-}
-
 static void geglu_worker(void *arg, int ith, int nth)
 {
     ew_job *j = arg;
     long lo, hi;
     tp_range((long)j->n, ith, nth, &lo, &hi);
-    for (long i = lo; i < hi; i++) j->out[i] = gelu(j->a[i]) * j->b[i];
+    if (hi > lo)
+        j->k->geglu(j->a + lo, j->b + lo, j->out + lo, (int)(hi - lo));
 }
 
 static void scale_worker(void *arg, int ith, int nth)
@@ -392,7 +387,7 @@ static void cpu_swiglu(llm_backend *b, const float *g, const float *u, size_t n,
 
 static void cpu_geglu(llm_backend *b, const float *g, const float *u, size_t n, float *out)
 {
-    ew_job j = {.a = g, .b = u, .out = out, .n = n};
+    ew_job j = {.a = g, .b = u, .out = out, .n = n, .k = ctx_of(b)->k};
     run_ew(ctx_of(b), geglu_worker, &j, n);
 }
 

@@ -66,6 +66,9 @@ typedef struct cpu_kernels {
     void (*to_f32[QT_COUNT])(const void *src, float *dst, int n);
     /* float -> F16, round to nearest even (as quant_f32_to_f16) */
     void (*to_f16)(const float *src, quant_f16 *dst, int n);
+    /* out[i] = gelu(g[i]) * u[i], GELU's tanh form (llm_backend_i.geglu);
+     * within a few float ulps of the scalar set's libm tanhf */
+    void (*geglu)(const float *g, const float *u, float *out, int n);
 } cpu_kernels;
 
 const cpu_kernels *cpu_kernels_scalar(void);

@@ -2,6 +2,7 @@
 #include "kernels.h"
 #include "quant_impl.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -260,6 +261,12 @@ static void f32_to_f16(const float *src, quant_f16 *dst, int n)
     for (int i = 0; i < n; i++) dst[i] = quant_f32_to_f16(src[i]);
 }
 
+static void geglu(const float *g, const float *u, float *out, int n)
+{
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int i = 0; i < n; i++) out[i] = 0.5f * g[i] * (1.0f + tanhf(k * (g[i] + 0.044715f * g[i] * g[i] * g[i]))) * u[i];
+}
+
 static const cpu_kernels scalar = {
     .name = "scalar",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
@@ -277,6 +284,7 @@ static const cpu_kernels scalar = {
     .attn_wsum_f16 = attn_wsum_f16,
     .to_f32 = {[QT_F16] = f16_to_f32, [QT_Q8_0] = q8_0_to_f32},
     .to_f16 = f32_to_f16,
+    .geglu = geglu,
 };
 
 const cpu_kernels *cpu_kernels_scalar(void) { return &scalar; }

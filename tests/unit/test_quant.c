@@ -381,6 +381,21 @@ static void run_kernel_set(const cpu_kernels *k)
                 fail_msg("%s attn_wsum hd=%d dim %d: %g vs %g (must not touch dims >= hd)", k->name, hd, d, o[d], ref);
         }
     }
+    { /* GELU-gated MLP vs float64: the curved middle, the tails, tiny and huge inputs */
+        enum { NG = 203 };
+        static float g[NG], u[NG], o[NG];
+        for (int i = 0; i < NG; i++) {
+            g[i] = i < 180 ? -12.0f + 24.0f * (float)i / 179.0f : (float[]){1e-8f, -1e-8f, 0.0f, 40.0f, -40.0f, 1e4f, -1e4f,
+                                                                            1e30f, -1e30f, 3e-3f, -3e-3f, 0.5f}[i % 12];
+            u[i] = test_randf(&seed) + 1.5f;
+        }
+        k->geglu(g, u, o, NG);
+        for (int i = 0; i < NG; i++) {
+            double x = g[i], v = 0.7978845608028654 * (x + 0.044715 * x * x * x), ref = 0.5 * x * (1 + tanh(v)) * u[i];
+            if (!(fabs(o[i] - ref) <= 3e-6 * fabs(0.5 * x * u[i]) + 1e-37))
+                fail_msg("%s geglu(%g) * %g = %.9g, float64 %.9g", k->name, g[i], u[i], o[i], ref);
+        }
+    }
     for (int n = 1; n < 70; n += 3) { /* float helpers */
         float a[80], b[80], y[80], y0[80];
         double ref = 0, mag = 0;
