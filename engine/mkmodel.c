@@ -26,8 +26,8 @@ static const llm_shape shapes[] = {
     {"llama-8b", "llama", "llama-bpe", 4096, 14336, 32, 32, 8, 128256, 131072, 500000.f, 0, 0, 0, 0},
     /* head size unlike n_embd / n_head, as both families have */
     {"tiny-qwen3", "qwen3", "qwen2", 256, 512, 2, 4, 2, 512, 512, 1000000.f, 1, 96, 0, 0},
-    /* window 8 so a 21-token prompt crosses it; layers 0 and 2 local */
-    {"tiny-gemma3", "gemma3", "gpt-2", 256, 512, 4, 4, 1, 512, 512, 1000000.f, 1, 128, 8, 2},
+    /* window 8 so a 21-token prompt crosses it; layers 0 and 2 local; 2 KV heads so TP=2 splits it */
+    {"tiny-gemma3", "gemma3", "gpt-2", 256, 512, 4, 4, 2, 512, 512, 1000000.f, 1, 128, 8, 2},
     {"qwen3-0.6b", "qwen3", "qwen2", 1024, 3072, 28, 16, 8, 151936, 40960, 1000000.f, 1, 128, 0, 0},
     {"gemma3-270m", "gemma3", "gpt-2", 640, 2048, 18, 4, 1, 262144, 32768, 1000000.f, 1, 256, 512, 6},
 };

@@ -231,6 +231,15 @@ static void test_logits(void **st)
     check_logits(sc, 4);
     llm_model_free(sc);
     remove(p2);
+    /* per-head Q/K norms, post-norms, GELU, sliding windows on every rank */
+    static const char *const shapes[] = {"tiny-qwen3", "tiny-gemma3"};
+    for (int i = 0; i < 2; i++) {
+        llm_model *m = make_model(shapes[i], QT_Q8_0, p2, sizeof p2);
+        assert_non_null(m);
+        check_logits(m, 2);
+        llm_model_free(m);
+        remove(p2);
+    }
     SKIP_UNLESS_STORY();
     check_logits(g_story, 2);
     check_logits(g_story, 4);
