@@ -65,14 +65,16 @@ def test_mkmodel_files(peer, models, shape):
         compare(peer, model, p, 24)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K_M", "Q8_0", "Q4_0", "Q6_K", "F16"])
-def test_files_quantized_by_llamacpp(peer, models, tmp_path, qtype):
-    """Files made by llama.cpp's own quantizer (its Q4_K_M mix, not ours) load
+@pytest.mark.parametrize("shape", ["tiny", "tiny-gemma3"])
+@pytest.mark.parametrize("qtype", ["Q4_K_M", "Q8_0", "Q4_0", "Q6_K", "F16", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M",
+                                   "Q5_K_M", "Q3_K_S", "Q5_K_S"])
+def test_files_quantized_by_llamacpp(peer, models, tmp_path, shape, qtype):
+    """Files made by llama.cpp's own quantizer (its mixes, not ours) load
     and generate the same greedy ids in both engines."""
     quantize = pathlib.Path(os.environ["LLAMA_CPP_DIR"]) / "build" / "bin" / "llama-quantize"
     if not quantize.exists():
         pytest.skip(f"{quantize} missing: cmake --build build --target llama-quantize")
-    out = tmp_path / f"tiny-{qtype}.gguf"
-    subprocess.run([str(quantize), str(models("tiny", "F32")), str(out), qtype], check=True, capture_output=True)
+    out = tmp_path / f"{shape}-{qtype}.gguf"
+    subprocess.run([str(quantize), str(models(shape, "F32")), str(out), qtype], check=True, capture_output=True)
     for p in PROMPTS[:4]:
         compare(peer, out, p, 24)
