@@ -38,7 +38,7 @@ typedef struct scorer {
     quant_f16 *row16;      /* (n_vocab) */
     double *lp;            /* (n_vocab) this model's log-probs */
     float *kl;             /* (scored positions) */
-    int failed;
+    int failed;            /* 1: the logits file could not be read or written; 2: the base holds a NaN */
 } scorer;
 
 static int usage(void)
@@ -64,9 +64,11 @@ static int parse(int argc, char **argv, opts *o)
         else if (!strcmp(a, "--kv-type") && v) {
             llm_kv_type t;
             llm_error err = {0};
-            if ((rc = llm_kv_type_parse(v, &t, &err) ? -1 : 0))
+            rc = llm_kv_type_parse(v, &t, &err) ? -1 : 0;
+            if (rc)
                 fprintf(stderr, "error: --kv-type: %s\n", err.msg);
-            o->kv_type = (long)t;
+            else
+                o->kv_type = (long)t;
         } else
             used = 0;
         if (rc)
@@ -124,9 +126,12 @@ static double kl_position(scorer *s, int n, int best, int *agree)
         double b = quant_f16_to_f32(s->row16[i]);
         if (b > quant_f16_to_f32(s->row16[bbest]))
             bbest = i;
-        kl += exp(b) * (b - s->lp[i]);
+        if (b != -INFINITY) /* a token the base gives no weight adds nothing (0 * -inf is not 0) */
+            kl += exp(b) * (b - s->lp[i]);
     }
     *agree = bbest == best;
+    if (!isfinite(kl))
+        return NAN; /* a NaN in the base: the caller refuses the file */
     return kl > 0 ? kl : 0; /* F16 rounding of the base can make a tiny KL negative */
 }
 
@@ -149,8 +154,10 @@ static int score(void *ctx, int i, const float *logits)
             s->failed = 1;
         } else {
             int agree;
-            s->kl[s->count] = (float)kl_position(s, n, best, &agree);
+            double kl = kl_position(s, n, best, &agree);
+            s->kl[s->count] = (float)kl;
             s->top1 += agree;
+            s->failed |= isnan(kl) ? 2 : 0;
         }
     }
     s->count++;
@@ -170,7 +177,11 @@ static int kl_header(scorer *s, const int32_t *tok, long n_chunks)
                    ? (fprintf(stderr, "error: %s: %s\n", s->o->save, strerror(errno)), -1)
                    : 0;
     int32_t *bt = malloc(sizeof *bt * nt);
-    int ok = bt && fread(magic, 1, 8, s->base) == 8 && !memcmp(magic, KL_MAGIC, 8) && fread(g, sizeof g, 1, s->base) == 1;
+    if (!bt) {
+        fprintf(stderr, "error: no memory for %zu tokens\n", nt);
+        return -1;
+    }
+    int ok = fread(magic, 1, 8, s->base) == 8 && !memcmp(magic, KL_MAGIC, 8) && fread(g, sizeof g, 1, s->base) == 1;
     if (ok && (g[0] != h[0] || g[1] != h[1] || g[2] < h[2]))
         fprintf(stderr, "error: %s: base has vocab %u, ctx %u, %u chunks; this run has %u, %u, %u\n", s->o->base, g[0],
                 g[1], g[2], h[0], h[1], h[2]), ok = 0;
@@ -219,8 +230,15 @@ static int run_chunks(scorer *s, llm_session *ses, const llm_vocab *v, int32_t *
         llm_session_reset(ses);
         llm_status st = llm_session_eval_each(ses, chunk, (int)s->o->ctx, score, s, &err);
         chunk[0] = first;
-        if (st || s->failed) {
-            fprintf(stderr, "error: chunk %ld: %s\n", c, st ? err.msg : "cannot read or write the logits file");
+        if (s->failed) { /* checked first: it is why the evaluation stopped */
+            const char *file = s->save ? s->o->save : s->o->base;
+            fprintf(stderr, "error: chunk %ld: %s: %s\n", c, file,
+                    s->failed == 2 ? "holds a NaN log-probability (a corrupt base)"
+                    : s->base && feof(s->base) ? "ends early (a truncated base)" : strerror(errno));
+            return -1;
+        }
+        if (st) {
+            fprintf(stderr, "error: chunk %ld: %s\n", c, err.msg);
             return -1;
         }
         fprintf(stderr, "[%ld] %.4f\n", c + 1, exp(s->nll / (double)s->count));

@@ -5,7 +5,7 @@
  * float weights, 8-bit blocks with a scale for quantized weights (integer
  * dot products over 8-bit activations are what makes quantized matmuls
  * fast on CPUs). Each set chooses its formats: the scalar and AVX2 sets use
- * ggml's Q8_0/Q8_K blocks; the VNNI set stores Q8_0-weight activations
+ * ggml's Q8_0/Q8_K blocks; the VNNI set stores Q8_0- and Q5_0-weight activations
  * offset to unsigned bytes with float scales, which its instruction needs.
  * The scalar set is the reference and has every loadable type; a SIMD set
  * must agree with float64 sums of the same decoded operands, and may
@@ -66,8 +66,9 @@ typedef struct cpu_kernels {
     void (*to_f32[QT_COUNT])(const void *src, float *dst, int n);
     /* float -> F16, round to nearest even (as quant_f32_to_f16) */
     void (*to_f16)(const float *src, quant_f16 *dst, int n);
-    /* out[i] = gelu(g[i]) * u[i], GELU's tanh form (llm_backend_i.geglu);
-     * within a few float ulps of the scalar set's libm tanhf */
+    /* out[i] = gelu(g[i]) * u[i], GELU's tanh form (llm_backend_i.geglu)
+     * computed as g u / (1 + e^(-2v)); each element's result depends only
+     * on its own g, u (no position-dependent tail path) */
     void (*geglu)(const float *g, const float *u, float *out, int n);
 } cpu_kernels;
 

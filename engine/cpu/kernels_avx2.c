@@ -451,24 +451,29 @@ static inline __m256 exp8(__m256 x)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-/* gelu(g) u with tanh(v) = 1 - 2 / (e^(2v) + 1): saturates to +-1 without
- * inf / inf (e^(2v) is clamped), and the absolute error near 0 (where the
- * form cancels) is a few 1e-8, well below what 1 + tanh keeps. */
+/* Eight lanes of gelu(g) u, as g u / (1 + e^(-2v)) (= 0.5 g (1 + tanh v)
+ * without the cancellation of 1 + tanh v in the negative tail; e^(-2v) is
+ * clamped, so no inf / inf). */
+static inline __m256 geglu8(__m256 x, __m256 u)
+{
+    const __m256 k = _mm256_set1_ps(-2.0f * 0.7978845608028654f), c = _mm256_set1_ps(0.044715f);
+    __m256 v2 = _mm256_mul_ps(k, _mm256_fmadd_ps(_mm256_mul_ps(c, x), _mm256_mul_ps(x, x), x)); /* -2v */
+    return _mm256_div_ps(_mm256_mul_ps(x, u), _mm256_add_ps(exp8(v2), _mm256_set1_ps(1.0f)));
+}
+
+/* Every element through geglu8, the tail too (zero-padded), so a value's
+ * result does not depend on where a thread's range starts or how long the
+ * row is (batch invariance). */
 static void geglu(const float *g, const float *u, float *out, int n)
 {
-    const __m256 k = _mm256_set1_ps(0.7978845608028654f), c = _mm256_set1_ps(0.044715f), one = _mm256_set1_ps(1.0f);
-    const __m256 two = _mm256_set1_ps(2.0f), half = _mm256_set1_ps(0.5f);
     int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_loadu_ps(g + i);
-        __m256 v = _mm256_mul_ps(k, _mm256_fmadd_ps(_mm256_mul_ps(c, x), _mm256_mul_ps(x, x), x));
-        __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(exp8(_mm256_add_ps(v, v)), one)));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, t)),
-                                                _mm256_loadu_ps(u + i)));
-    }
-    for (; i < n; i++) {
-        float v = 0.7978845608028654f * (g[i] + 0.044715f * g[i] * g[i] * g[i]);
-        out[i] = 0.5f * g[i] * (1.0f + tanhf(v)) * u[i];
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, geglu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        float gt[8] = {0}, ut[8] = {0}, ot[8];
+        memcpy(gt, g + i, sizeof(float) * (size_t)(n - i));
+        memcpy(ut, u + i, sizeof(float) * (size_t)(n - i));
+        _mm256_storeu_ps(ot, geglu8(_mm256_loadu_ps(gt), _mm256_loadu_ps(ut)));
+        memcpy(out + i, ot, sizeof(float) * (size_t)(n - i));
     }
 }
 

@@ -261,10 +261,12 @@ static void f32_to_f16(const float *src, quant_f16 *dst, int n)
     for (int i = 0; i < n; i++) dst[i] = quant_f32_to_f16(src[i]);
 }
 
+/* gelu(g) u = g u / (1 + e^(-2v)), v = sqrt(2/pi) (g + 0.044715 g^3): the
+ * tanh form without its cancellation in the negative tail. */
 static void geglu(const float *g, const float *u, float *out, int n)
 {
-    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-    for (int i = 0; i < n; i++) out[i] = 0.5f * g[i] * (1.0f + tanhf(k * (g[i] + 0.044715f * g[i] * g[i] * g[i]))) * u[i];
+    const float k = -2.0f * 0.7978845608028654f;
+    for (int i = 0; i < n; i++) out[i] = g[i] * u[i] / (1.0f + expf(k * (g[i] + 0.044715f * g[i] * g[i] * g[i])));
 }
 
 static const cpu_kernels scalar = {

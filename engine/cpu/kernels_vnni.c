@@ -8,7 +8,8 @@
  * offset by +128 as unsigned bytes (row layout: n bytes, then n/32 float
  * scales), so w . x = w . (x + 128) - 128 * sum(w); the correction is the
  * dot of the weights with a vector of 128s, computed once per weight block
- * and used as the accumulator's starting value for every token. */
+ * (the one-row kernel starts its accumulator there, the tiles subtract it
+ * from every token's block sum). */
 #include "kernels.h"
 
 #if defined(__x86_64__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -124,8 +125,8 @@ static inline __attribute__((always_inline)) float u8_dot(int q5, const void *w,
     float d[4];
     for (; i + 4 <= nb; i += 4) {
         /* decode streams weights once: fetch ahead, past page ends (CPU_PREFETCH) */
-        _mm_prefetch((const char *)w + (size_t)i * bb + 4096, _MM_HINT_T0);
-        _mm_prefetch((const char *)w + (size_t)i * bb + 4096 + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + (size_t)i * bb + CPU_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + (size_t)i * bb + CPU_PREFETCH + 64, _MM_HINT_T0);
         __m256i s0 = u8_block(wblock(q5, w, i, &d[0]), xq, i), s1 = u8_block(wblock(q5, w, i + 1, &d[1]), xq, i + 1);
         __m256i s2 = u8_block(wblock(q5, w, i + 2, &d[2]), xq, i + 2), s3 = u8_block(wblock(q5, w, i + 3, &d[3]), xq, i + 3);
         __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
@@ -164,7 +165,7 @@ static inline __attribute__((always_inline)) void u8_dot8(int q5, const void *w,
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int i = 0; i < n / QK8_0; i++) {
         /* small batches stream weights from DRAM: fetch ahead as the one-row kernel does */
-        _mm_prefetch((const char *)w + (size_t)i * bb + 4096, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + (size_t)i * bb + CPU_PREFETCH, _MM_HINT_T0);
         const uint8_t *tile = xq + (size_t)i * 256;
         float dw;
         __m256i wq = wblock(q5, w, i, &dw);
@@ -197,7 +198,7 @@ static inline __attribute__((always_inline)) void u8_dot16(int q5, const void *w
     __m256 acc_a[4], acc_b[4];
     for (int c = 0; c < 4; c++) acc_a[c] = acc_b[c] = _mm256_setzero_ps();
     for (int i = 0; i < n / QK8_0; i++) {
-        _mm_prefetch((const char *)w + (size_t)i * bb + 4096, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + (size_t)i * bb + CPU_PREFETCH, _MM_HINT_T0);
         const uint8_t *ta = xa + (size_t)i * 256, *tb = xb + (size_t)i * 256;
         float dwf;
         __m256i wq = wblock(q5, w, i, &dwf);

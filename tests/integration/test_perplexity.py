@@ -59,6 +59,7 @@ def test_kl_divergence(models, text, tmp_path):
     same = run(tool("llm-perplexity"), "-m", base, "-f", text, "--ctx", 64, "--chunks", 4, "--kl-divergence",
                saved).stdout
     m = re.search(r"mean ([\d.]+), p99 ([\d.]+).*agreement ([\d.]+)% \((\d+) samples", same)
+    assert m, same
     # only the F16 rounding of the saved log-probs: tiny KL, and the top-1
     # differs only where this random model's top logits are within F16's step
     self_kl = float(m.group(1))
