@@ -21,10 +21,11 @@ REFS = json.loads((ROOT / "tests/data/gemma3-270m-llama.cpp.json").read_text())
 # Gemma's residual stream has outliers (embeddings are scaled by 25), so each
 # engine's logits sit up to ~1 away from the exact ones (max over the 262k
 # vocabulary; measured on 10 positions, both engines alike, against the same
-# weights dequantized to F32, where the two agree within 0.015). A top-2 gap
-# below this is a coin toss between correct engines (the gaps seen at the
-# divergences are 0.03-0.3).
-NEAR_TIE = 0.5
+# weights dequantized to F32, where the two agree within 0.015), and the two
+# engines' logits differ by 0.34-1.37 (max per position, same 10 positions).
+# A top-2 gap below that is a coin toss between correct engines (the gaps
+# seen at the divergences are 0.03-0.55).
+NEAR_TIE = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_greedy_equals_llamacpp(gemma):
         matched.append(n == len(theirs))
     print("\n".join(report))
     # Every divergence must be a near tie (asserted above); the gaps seen are
-    # 0.03-0.3. Measured 2026-12-02: 4 of the 10 prompts equal for all 64
+    # 0.03-0.55. Measured 2026-12-02: 4 of the 10 prompts equal for all 64
     # tokens, the other 6 equal up to a near tie after 4-44 tokens.
     assert sum(matched) >= 3, (matched, report)
 
