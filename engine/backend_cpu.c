@@ -178,13 +178,12 @@ static void convert_x(cpu_ctx *c, const cpu_act *a, const float *x, int cols, in
 }
 
 /* Sets every part's activation: x itself for float formats, else one
- * conversion per format kind (at most two per group, checked by the
- * caller), all sized first so that one reservation holds them (a second
- * reservation could move the first conversion). */
+ * conversion per format kind, all sized first so that one reservation
+ * holds them (a second reservation could move the first conversion). */
 static llm_status group_acts(cpu_ctx *c, mm_job *j, const float *x, int n_tok)
 {
-    const cpu_act *fmt[2];
-    size_t off[2], total = 0;
+    const cpu_act *fmt[LLM_MATMUL_MAX_GROUP];
+    size_t off[LLM_MATMUL_MAX_GROUP], total = 0;
     int n_fmt = 0, which[LLM_MATMUL_MAX_GROUP], cols = (int)j->parts[0].w->cols;
     for (int i = 0; i < j->n_parts; i++) {
         const cpu_act *a = j->parts[i].k->act[j->parts[i].w->type];
@@ -193,8 +192,6 @@ static llm_status group_acts(cpu_ctx *c, mm_job *j, const float *x, int n_tok)
             if (fmt[m]->kind == a->kind)
                 which[i] = m;
         if (a->kind && which[i] < 0) {
-            if (n_fmt == 2)
-                return LLM_ERR_INVALID_ARG;
             fmt[n_fmt] = a;
             off[n_fmt] = total;
             total += act_bytes(a, cols, n_tok);
@@ -212,20 +209,6 @@ static llm_status group_acts(cpu_ctx *c, mm_job *j, const float *x, int n_tok)
     return LLM_OK;
 }
 
-/* Activation kinds the group needs converted (float32 needs none). */
-static int group_kinds(const cpu_kernels *k, const llm_matmul *ops, int n_ops)
-{
-    int kinds[LLM_MATMUL_MAX_GROUP], n = 0;
-    for (int i = 0; i < n_ops; i++) {
-        const cpu_kernels *ki = k->dot[ops[i].w->type] ? k : cpu_kernels_scalar();
-        int kind = ki->act[ops[i].w->type]->kind, seen = kind == 0;
-        for (int m = 0; m < n && !seen; m++) seen = kinds[m] == kind;
-        if (!seen)
-            kinds[n++] = kind;
-    }
-    return n;
-}
-
 static llm_status cpu_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok)
 {
     cpu_ctx *c = ctx_of(b);
@@ -234,17 +217,6 @@ static llm_status cpu_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, c
     for (int i = 0; i < n_ops; i++)
         if (!quant_supported(ops[i].w->type) || !cpu_kernels_scalar()->dot[ops[i].w->type])
             return LLM_ERR_UNSUPPORTED;
-    /* mixed files (Q5_0 next to Q8_0 next to Q4_K) can give a group three
-     * activation formats; the buffer holds two, so such a group runs as
-     * single matmuls (same results: each weight's dot is the same) */
-    if (n_ops > 1 && group_kinds(c->k, ops, n_ops) > 2) {
-        for (int i = 0; i < n_ops; i++) {
-            llm_status st = cpu_matmul(b, &ops[i], 1, x, n_tok);
-            if (st)
-                return st;
-        }
-        return LLM_OK;
-    }
     mm_job j = {{{0}}, n_ops, n_tok, 0, 0};
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].w->cols != ops[0].w->cols)
