@@ -80,37 +80,51 @@ static inline __m256i dot_i8(__m256i a, __m256i b)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
 }
 
-static float w_q8_0(const void *w, const void *x, int n)
+/* Q8_0, Q4_0 and Q5_0 weights against Q8_0 activations: block i's 32
+ * quants as signed bytes (Q8_0 as stored, Q4_0 nibble - 8, Q5_0 q - 16)
+ * and its scale. The kernels below are written once for the three; t is a
+ * constant at each call, so each compiles to its own loop. */
+static inline __attribute__((always_inline)) const uint8_t *i8_block(quant_type t, const void *w, int i, __m256i *q,
+                                                                      float *d)
 {
-    const block_q8_0 *a = w, *b = x;
+    if (t == QT_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)w + i;
+        *q = _mm256_loadu_si256((const __m256i *)b->qs);
+        *d = h2f(b->d);
+        return (const uint8_t *)b;
+    }
+    if (t == QT_Q5_0) {
+        const block_q5_0 *b = (const block_q5_0 *)w + i;
+        *q = q5_0_quants(b);
+        *d = h2f(b->d);
+        return (const uint8_t *)b;
+    }
+    const block_q4_0 *b = (const block_q4_0 *)w + i;
+    __m128i raw = _mm_loadu_si128((const __m128i *)b->qs);
+    *q = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf)),
+                         _mm256_set1_epi8(8));
+    *d = h2f(b->d);
+    return (const uint8_t *)b;
+}
+
+static inline __attribute__((always_inline)) float i8_dot(quant_type t, const void *w, const void *x, int n)
+{
+    const block_q8_0 *b = x;
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n / QK8_0; i++) {
-        _mm_prefetch((const char *)(a + i) + CPU_PREFETCH, _MM_HINT_T0);
-        __m256i qa = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        __m256i q;
+        float da;
+        _mm_prefetch((const char *)i8_block(t, w, i, &q, &da) + CPU_PREFETCH, _MM_HINT_T0);
         __m256i qb = _mm256_loadu_si256((const __m256i *)b[i].qs);
-        __m256 d = _mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qa, qb)), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(da * h2f(b[i].d)), _mm256_cvtepi32_ps(dot_i8(q, qb)), acc);
     }
     return hsum8(acc);
 }
 
-static float w_q4_0(const void *w, const void *x, int n)
-{
-    const block_q4_0 *a = w;
-    const block_q8_0 *b = x;
-    const __m256i lo = _mm256_set1_epi8(0xf), eight = _mm256_set1_epi8(8);
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n / QK4_0; i++) {
-        _mm_prefetch((const char *)(a + i) + CPU_PREFETCH, _MM_HINT_T0);
-        __m128i raw = _mm_loadu_si128((const __m128i *)a[i].qs);
-        __m256i q = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-        q = _mm256_sub_epi8(_mm256_and_si256(q, lo), eight);
-        __m256i qb = _mm256_loadu_si256((const __m256i *)b[i].qs);
-        __m256 d = _mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(q, qb)), acc);
-    }
-    return hsum8(acc);
-}
+static float w_q8_0(const void *w, const void *x, int n) { return i8_dot(QT_Q8_0, w, x, n); }
+static float w_q4_0(const void *w, const void *x, int n) { return i8_dot(QT_Q4_0, w, x, n); }
+static float w_q5_0(const void *w, const void *x, int n) { return i8_dot(QT_Q5_0, w, x, n); }
+
 
 /* ---- Q4_1, Q5_0, Q5_1 against Q8_0 activations (one row) ------------------ */
 
@@ -122,20 +136,6 @@ static inline void udot(__m256i q, __m256i y, __m256i *qy, __m256i *sy)
     *sy = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), y), ones16);
 }
 
-static float w_q5_0(const void *w, const void *x, int n)
-{
-    const block_q5_0 *a = w;
-    const block_q8_0 *b = x;
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < n / QK8_0; i++) {
-        _mm_prefetch((const char *)(a + i) + CPU_PREFETCH, _MM_HINT_T0);
-        __m256i q = q5_0_quants(&a[i]);
-        __m256i qb = _mm256_loadu_si256((const __m256i *)b[i].qs);
-        __m256 d = _mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(q, qb)), acc);
-    }
-    return hsum8(acc);
-}
 
 /* Q4_1/Q5_1: d * dy * sum(q y) + m * dy * sum(y) per block. */
 static float affine_dot(const void *w, size_t bb, int has_qh, const void *x, int n)
@@ -166,62 +166,44 @@ static float w_q5_1(const void *w, const void *x, int n) { return affine_dot(w, 
 /* ---- four activation rows per weight row (prefill) ----------------------- */
 
 
-static void w_q8_0_x4(const void *w, const void *x, size_t stride, int n, float *out)
+/* As i8_dot for four activation rows: each weight block decoded once. */
+static inline __attribute__((always_inline)) void i8_dot4(quant_type t, const void *w, const void *x, size_t stride,
+                                                           int n, float *out)
 {
-    const block_q8_0 *a = w, *b[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const block_q8_0 *b[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
     const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int i = 0; i < n / QK8_0; i++) {
-        __m256i qa = _mm256_loadu_si256((const __m256i *)a[i].qs);
-        __m256i ax = _mm256_sign_epi8(qa, qa);
-        float da = h2f(a[i].d);
-        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
-            __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)b[t][i].qs), qa);
+        __m256i q;
+        float da;
+        i8_block(t, w, i, &q, &da);
+        __m256i ax = _mm256_sign_epi8(q, q);
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)b[k][i].qs), q);
             __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(da * h2f(b[t][i].d)), _mm256_cvtepi32_ps(p), acc[t]);
+            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(da * h2f(b[k][i].d)), _mm256_cvtepi32_ps(p), acc[k]);
         }
     }
-    for (int t = 0; t < 4; t++) out[t] = hsum8(acc[t]);
+    for (int k = 0; k < 4; k++) out[k] = hsum8(acc[k]);
+}
+
+static void w_q8_0_x4(const void *w, const void *x, size_t stride, int n, float *out)
+{
+    i8_dot4(QT_Q8_0, w, x, stride, n, out);
 }
 
 static void w_q4_0_x4(const void *w, const void *x, size_t stride, int n, float *out)
 {
-    const block_q4_0 *a = w;
-    const block_q8_0 *b[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
-    const __m256i lo = _mm256_set1_epi8(0xf), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int i = 0; i < n / QK4_0; i++) {
-        __m128i raw = _mm_loadu_si128((const __m128i *)a[i].qs);
-        __m256i q = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), lo), eight);
-        __m256i ax = _mm256_sign_epi8(q, q);
-        float da = h2f(a[i].d);
-        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
-            __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)b[t][i].qs), q);
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(da * h2f(b[t][i].d)), _mm256_cvtepi32_ps(p), acc[t]);
-        }
-    }
-    for (int t = 0; t < 4; t++) out[t] = hsum8(acc[t]);
+    i8_dot4(QT_Q4_0, w, x, stride, n, out);
 }
 
 static void w_q5_0_x4(const void *w, const void *x, size_t stride, int n, float *out)
 {
-    const block_q5_0 *a = w;
-    const block_q8_0 *b[4] = {X4(x, stride, 0), X4(x, stride, 1), X4(x, stride, 2), X4(x, stride, 3)};
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int i = 0; i < n / QK8_0; i++) {
-        __m256i q = q5_0_quants(&a[i]);
-        __m256i ax = _mm256_sign_epi8(q, q);
-        float da = h2f(a[i].d);
-        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
-            __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)b[t][i].qs), q);
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(da * h2f(b[t][i].d)), _mm256_cvtepi32_ps(p), acc[t]);
-        }
-    }
-    for (int t = 0; t < 4; t++) out[t] = hsum8(acc[t]);
+    i8_dot4(QT_Q5_0, w, x, stride, n, out);
 }
+
+
+
 
 static void w_f16_x4(const void *w, const void *x, size_t stride, int n, float *out)
 {
