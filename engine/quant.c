@@ -479,22 +479,32 @@ static void q_q5_0(const float *x, block_q5_0 *b, size_t nb)
     }
 }
 
+/* The K-quants with mins (Q2_K, Q4_K, Q5_K): for each of n_sub runs of
+ * len values, the step of `levels` levels over [min(lo, 0), hi] and the
+ * min to subtract, and the largest of each over the block. */
+static void k_ranges(const float *x, int n_sub, int len, int levels, float *scale, float *mins, float *maxs,
+                     float *maxm)
+{
+    *maxs = *maxm = 0;
+    for (int j = 0; j < n_sub; j++) {
+        float lo = x[len * j], hi = x[len * j];
+        for (int l = 1; l < len; l++) {
+            lo = fminf(lo, x[len * j + l]);
+            hi = fmaxf(hi, x[len * j + l]);
+        }
+        lo = fminf(lo, 0.f);
+        scale[j] = (hi - lo) / (float)levels;
+        mins[j] = -lo;
+        *maxs = fmaxf(*maxs, scale[j]);
+        *maxm = fmaxf(*maxm, mins[j]);
+    }
+}
+
 /* Q2_K: per 16 values a 4-bit scale and min over d and dmin; 2-bit quants. */
 static void q_q2_K_block(const float *x, block_q2_K *b)
 {
-    float scale[16], mins[16], maxs = 0, maxm = 0;
-    for (int j = 0; j < 16; j++) {
-        float lo = x[16 * j], hi = x[16 * j];
-        for (int l = 1; l < 16; l++) {
-            lo = fminf(lo, x[16 * j + l]);
-            hi = fmaxf(hi, x[16 * j + l]);
-        }
-        lo = fminf(lo, 0.f);
-        scale[j] = (hi - lo) / 3.f;
-        mins[j] = -lo;
-        maxs = fmaxf(maxs, scale[j]);
-        maxm = fmaxf(maxm, mins[j]);
-    }
+    float scale[16], mins[16], maxs, maxm;
+    k_ranges(x, 16, 16, 3, scale, mins, &maxs, &maxm);
     b->d = quant_f32_to_f16(maxs / 15.f);
     b->dmin = quant_f32_to_f16(maxm / 15.f);
     float d = quant_f16_to_f32(b->d), dmin = quant_f16_to_f32(b->dmin);
@@ -558,19 +568,8 @@ static void q4k_pack_scales(const int *ls, const int *lm, uint8_t *s)
  * 0..levels (15 or 31) into L. */
 static void q_k4_scales(const float *x, int levels, quant_f16 *d16, quant_f16 *dmin16, uint8_t *scales, uint8_t *L)
 {
-    float scale[8], mins[8], maxs = 0, maxm = 0;
-    for (int j = 0; j < 8; j++) {
-        float lo = x[32 * j], hi = x[32 * j];
-        for (int l = 1; l < 32; l++) {
-            lo = fminf(lo, x[32 * j + l]);
-            hi = fmaxf(hi, x[32 * j + l]);
-        }
-        lo = fminf(lo, 0.f);
-        scale[j] = (hi - lo) / (float)levels;
-        mins[j] = -lo;
-        maxs = fmaxf(maxs, scale[j]);
-        maxm = fmaxf(maxm, mins[j]);
-    }
+    float scale[8], mins[8], maxs, maxm;
+    k_ranges(x, 8, 32, levels, scale, mins, &maxs, &maxm);
     float d = maxs / 63.f, dmin = maxm / 63.f;
     int ls[8], lm[8];
     for (int j = 0; j < 8; j++) {
