@@ -52,7 +52,7 @@ __global__ static void attention_kernel(att_args a)
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS], s_acc[ATT_WARPS][PER * 32];
     int row = blockIdx.x, h = blockIdx.y, split = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = h / (a.n_head / a.n_head_kv), last = a.row_pos[row];
-    int first = a.window > 0 && last >= a.window ? last - a.window + 1 : 0; /* llm_attn_first */
+    int first = lk_attn_first(last, a.window);
     int p0 = max(split * a.chunk, first), p1 = min(last + 1, split * a.chunk + a.chunk);
     const int32_t *table = a.tables + a.row_table[row];
     const float *qr = a.q + ((size_t)row * a.n_head + h) * a.head_dim;

@@ -32,8 +32,6 @@ typedef struct tc_args {
     int window; /* 0: none */
 } tc_args;
 
-/* The first position a row at pos sees (llm_attn_first). */
-__device__ static inline int tc_first(int pos, int window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
 
 /* Dynamic shared memory: Q, K, V tiles (half), O (float), S (float), P
  * (half), per-row max, sum and rescale. */
@@ -48,7 +46,7 @@ __global__ static void attention_tc_kernel(tc_args a)
     const int32_t *tile = a.tiles + 4 * blockIdx.x;
     int row0 = tile[0], n = tile[1], pos0 = tile[2], h = blockIdx.y;
     const int32_t *table = a.tables + tile[3];
-    int g = h / (a.n_head / a.n_head_kv), last = pos0 + n - 1, first = tc_first(pos0, a.window);
+    int g = h / (a.n_head / a.n_head_kv), last = pos0 + n - 1, first = lk_attn_first(pos0, a.window);
     for (int i = lane; i < TC_ROWS * D; i += 32) {
         int r = i / D, d = i % D;
         sQ[i] = __float2half_rn(r < n ? a.q[((size_t)(row0 + r) * a.n_head + h) * D + d] * a.scale : 0.f);
@@ -83,7 +81,7 @@ __global__ static void attention_tc_kernel(tc_args a)
         wmma::store_matrix_sync(sS, s, TC_ROWS, wmma::mem_row_major);
         __syncwarp();
         if (lane < TC_ROWS) { /* lane r: row r's online softmax over this tile */
-            int r = lane, qp = pos0 + r, lo = tc_first(qp, a.window);
+            int r = lane, qp = pos0 + r, lo = lk_attn_first(qp, a.window);
             float mx = sM[r];
             for (int c = 0; c < TC_ROWS; c++)
                 if (r < n && t0 + c <= qp && t0 + c >= lo)

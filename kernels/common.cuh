@@ -43,4 +43,11 @@ __device__ static inline float lk_bf16(uint16_t h)
     return __uint_as_float((uint32_t)h << 16);
 }
 
+/* The first position a row at pos attends to with a sliding window
+ * (0: none); the engine's llm_attn_first. */
+__device__ static inline int lk_attn_first(int pos, int window)
+{
+    return window > 0 && pos >= window ? pos - window + 1 : 0;
+}
+
 #endif
