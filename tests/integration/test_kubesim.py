@@ -217,10 +217,19 @@ def test_faults_conflict_and_restart(kubectl, client, tmp_path, sim):
     v1.patch_namespaced_config_map("f", "default", {"data": {"v": "2"}})  # only one was asked for
     rv = v1.list_namespaced_config_map("default").metadata.resource_version
     port = int((sim / "port").read_text())
-    fault(kubectl, tmp_path, {"restart": {"downSeconds": 1.5}})
-    time.sleep(0.5)
-    with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    hold = tmp_path / "hold-down"
+    hold.write_text("")
+    fault(kubectl, tmp_path, {"restart": {"downSeconds": 0.5, "holdFile": str(hold)}})
+
+    def refused():
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return False
+        except OSError:
+            return True
+    wait_for(refused, 30)  # down: it stays so until the hold file goes
+    assert refused()
+    hold.unlink()
     got = wait_for(lambda: kubectl("get", "cm", "f", "-o", "json", check=False), 10)
     while got.returncode:
         time.sleep(0.2)

@@ -356,8 +356,12 @@ def test_faults_restart_conflict_killed_pod(cluster):
     ctl, url = c.controller()
     c.apply(replicas=1)
     wait_for(lambda: c.status().get("phase") == "Ready", 90)
-    c.fault({"restart": {"downSeconds": 2}})
-    time.sleep(3)
+    hold = c.tmp / "hold-down"
+    hold.write_text("")
+    c.fault({"restart": {"downSeconds": 2, "holdFile": str(hold)}})
+    wait_for(lambda: c.k("get", "--raw", "/healthz", check=False).returncode != 0, 30)  # it is down
+    hold.unlink()
+    wait_for(lambda: c.k("get", "--raw", "/healthz", check=False).returncode == 0, 30)  # and back
     c.k("scale", "llmd/story", "--replicas=2")
     wait_for(lambda: (s := c.status()).get("readyReplicas") == 2 and s.get("phase") == "Ready", 90)
     assert metrics(url)[("llm_controller_watch_relists_total", ())] >= 1

@@ -13,6 +13,7 @@ import base64
 import copy
 import datetime
 import json
+import os
 import threading
 import time
 import urllib.parse
@@ -352,7 +353,9 @@ class Handler(BaseHTTPRequestHandler):
         deployments answer 409; {"restart": {"downSeconds": 2}}: the API
         server "restarts" - every connection (watches too) breaks, it
         refuses connections for downSeconds, and every resourceVersion
-        clients hold becomes too old (410 on resume)."""
+        clients hold becomes too old (410 on resume); with "holdFile": a
+        path, it stays down after that until the file is gone, so a test
+        on a loaded machine can see it down without racing a timer."""
         if method != "POST":
             raise ApiError(405, "MethodNotAllowed", "POST a fault")
         if "system:masters" not in self.user.groups:
@@ -364,7 +367,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
         if req.get("restart") is not None:
             down = float((req["restart"] or {}).get("downSeconds", 1))
-            threading.Thread(target=self.api.restart, args=(down,), daemon=True).start()
+            hold = (req["restart"] or {}).get("holdFile")
+            threading.Thread(target=self.api.restart, args=(down, hold), daemon=True).start()
         self.close_connection = True
 
     def request_counts(self, method):
@@ -869,16 +873,19 @@ def serve(host, port, token, window, tls=None, image_map=None, data_dir=None, ca
     Handler.api = api = Api(token, window, image_map, incluster)
     current = [httpd]
 
-    def restart(down):
+    def restart(down, hold=None):
         """Stops listening, breaks every connection, compacts the watch
-        history, and listens again on the same port after down seconds;
-        the objects themselves survive (they live in etcd)."""
+        history, and listens again on the same port after down seconds
+        (and once the hold file, if any, is gone); the objects themselves
+        survive (they live in etcd)."""
         time.sleep(0.2)  # let the fault request's answer go out
         api.epoch += 1
         api.store.compact()
         current[0].shutdown()
         current[0].server_close()
         time.sleep(down)
+        while hold and os.path.exists(hold):
+            time.sleep(0.05)
         current[0] = listen(port)
 
     api.restart = restart
