@@ -70,10 +70,10 @@ struct llm_engine {
     int n_reqs;
     llm_request_id next_id;
     /* step buffers (engine thread) */
-    int32_t *b_tokens, *b_logit_rows, *cp_src, *cp_dst;
+    int32_t *b_tokens, *b_logit_rows, *cp_src, *cp_dst; /* copies: global pool's, then local pool's */
     llm_sample_params *b_params; /* (max_seqs) device picks of a step */
     llm_batch_seq *b_seqs;
-    int n_copies;
+    int n_copies, n_local_copies;
     llm_stats st;
     double gen_t[GEN_WINDOW];
     uint64_t gen_n[GEN_WINDOW];
@@ -445,6 +445,9 @@ void llm_engine_stats(llm_engine *e, llm_stats *out)
     out->kv_blocks_total = kc.n_blocks;
     out->kv_blocks_used = kc.used;
     out->kv_blocks_cached = kc.cached;
+    out->kv_local_blocks_total = kc.local_blocks;
+    out->kv_local_blocks_used = kc.local_used;
+    out->kv_window = kv_cache_window(e->kv);
     out->kv_block_size = kv_cache_block_size(e->kv);
     out->preemptions = e->s.stats.preemptions;
     out->prompt_tokens = e->s.stats.prompt_tokens;
@@ -471,7 +474,7 @@ static void step_prepare(llm_engine *e, llm_forward_batch *bt)
         const sched_item *it = &s->items[i];
         eng_seq *q = it->seq->user;
         memcpy(e->b_tokens + row, q->tokens + it->pos0, sizeof(int32_t) * (size_t)it->n);
-        e->b_seqs[i] = (llm_batch_seq){row, it->n, it->pos0, it->seq->kv.blocks};
+        e->b_seqs[i] = (llm_batch_seq){row, it->n, it->pos0, it->seq->kv.blocks, it->seq->kv.lblocks};
         row += it->n;
         if (it->logits)
             e->b_logit_rows[n_logits++] = row - 1;
@@ -481,9 +484,12 @@ static void step_prepare(llm_engine *e, llm_forward_batch *bt)
     }
     *bt = (llm_forward_batch){e->b_tokens, row, e->b_seqs, s->n_items, e->b_logit_rows, n_logits};
     const int32_t *src, *dst;
-    e->n_copies = kv_cache_copies(e->kv, &src, &dst);
+    e->n_copies = kv_cache_copies(e->kv, 0, &src, &dst);
     memcpy(e->cp_src, src, sizeof(int32_t) * (size_t)e->n_copies);
     memcpy(e->cp_dst, dst, sizeof(int32_t) * (size_t)e->n_copies);
+    e->n_local_copies = kv_cache_copies(e->kv, 1, &src, &dst);
+    memcpy(e->cp_src + e->n_copies, src, sizeof(int32_t) * (size_t)e->n_local_copies);
+    memcpy(e->cp_dst + e->n_copies, dst, sizeof(int32_t) * (size_t)e->n_local_copies);
     kv_cache_copies_done(e->kv);
 }
 
@@ -542,8 +548,13 @@ static llm_status step_run(llm_engine *e, const llm_forward_batch *bt)
 {
     const float *logits;
     for (int i = 0; i < e->s.n_items; i++) ((eng_seq *)e->s.items[i].seq->user)->fail.code = LLM_OK;
+    const llm_kv_layer *kv = kv_cache_layers(e->kv);
+    int local = kv_cache_window(e->kv) > 0;
     if (e->n_copies > 0)
-        llm_forward_kv_copy(e->fwd, kv_cache_layers(e->kv), e->cp_src, e->cp_dst, e->n_copies);
+        llm_forward_kv_copy(e->fwd, kv, local ? LLM_KV_COPY_GLOBAL : LLM_KV_COPY_ALL, e->cp_src, e->cp_dst, e->n_copies);
+    if (e->n_local_copies > 0)
+        llm_forward_kv_copy(e->fwd, kv, LLM_KV_COPY_LOCAL, e->cp_src + e->n_copies, e->cp_dst + e->n_copies,
+                            e->n_local_copies);
     if (all_on_device(e))
         return step_on_device(e, bt);
     llm_status st = llm_forward_eval(e->fwd, bt, kv_cache_layers(e->kv), &logits);
@@ -763,39 +774,77 @@ static llm_status config_defaults(llm_engine_config *c, const llm_model *m, llm_
 
 static int n_ranks(const llm_engine_config *c) { return c->tensor_parallel > 1 ? c->tensor_parallel : 1; }
 
-/* Blocks for the pool: the budget, at most max_seqs full contexts, at
- * least one full context (else the setting is an error). */
-static llm_status kv_blocks(const llm_engine_config *c, const llm_model *m, int *n_blocks, llm_error *err)
+/* The KV pools' shape: block counts of the global pool (n) and of the
+ * sliding-window layers' pool (n_local; 0 without one), the window, and
+ * which layers are local (flags, n_layer bytes, owned by the caller). */
+typedef struct kv_shape {
+    int n, n_local, window;
+    unsigned char *local;
+} kv_shape;
+
+/* Local blocks the running sequences can hold at once: each at most its
+ * window and one more position (kv_cache keeps the row before the next
+ * for forks) plus its rows of a step, with a partial block at each end;
+ * the rows of a step are at most max_batch_tokens in all. More would
+ * never be used; a pool this size is never what stops a step. */
+static size_t kv_local_need(const llm_engine_config *c, int window)
+{
+    size_t bs = (size_t)c->block_size, per = ((size_t)window + bs - 1) / bs + 2;
+    return per * (size_t)c->max_seqs + ((size_t)c->max_batch_tokens + bs - 1) / bs;
+}
+
+/* Blocks for the pools: the budget, at most max_seqs full contexts, at
+ * least one full context (else the setting is an error). With
+ * sliding-window layers the local pool takes what its sequences can use
+ * (kv_local_need) and the global layers the rest. */
+static llm_status kv_blocks(const llm_engine_config *c, const llm_model *m, kv_shape *sh, llm_error *err)
 {
     const llm_hparams *hp = &m->hp;
-    size_t per = kv_cache_block_bytes(c->kv_type, c->block_size, hp->n_layer, hp->n_head_kv / n_ranks(c) * hp->head_dim);
+    int n_local_layers = 0;
+    for (int l = 0; l < hp->n_layer; l++) n_local_layers += sh->local[l];
+    size_t u = kv_cache_block_bytes(c->kv_type, c->block_size, 1, hp->n_head_kv / n_ranks(c) * hp->head_dim);
+    size_t g = u * (size_t)(hp->n_layer - n_local_layers), l = u * (size_t)n_local_layers, per = g + l;
     size_t bytes = c->kv_cache_bytes ? c->kv_cache_bytes
                                      : (size_t)((double)llm_backend_mem_available(c->backend) * c->kv_cache_fraction);
-    size_t per_seq = (size_t)(c->n_ctx + c->block_size - 1) / (size_t)c->block_size, n = bytes / per;
+    size_t per_seq = (size_t)(c->n_ctx + c->block_size - 1) / (size_t)c->block_size, n = bytes / per, nl = n;
+    size_t need = sh->window > 0 ? kv_local_need(c, sh->window) : 0;
+    if (sh->window > 0 && n > need) { /* local blocks beyond the need go to the global layers */
+        nl = need;
+        n = g ? (bytes - need * l) / g : SIZE_MAX;
+    }
     if (n > per_seq * (size_t)c->max_seqs)
         n = per_seq * (size_t)c->max_seqs;
     if (n < per_seq)
         return llm_errf(err, LLM_ERR_INVALID_ARG,
                         "engine: the KV budget of %zu bytes holds %zu blocks of %zu bytes; one sequence of n_ctx %d needs %zu",
                         bytes, n, per, c->n_ctx, per_seq);
-    *n_blocks = (int)n;
+    sh->n = (int)n;
+    sh->n_local = sh->window > 0 ? (int)(nl < n ? nl : n) : 0;
     return LLM_OK;
 }
 
 static llm_status engine_alloc(llm_engine *e, llm_error *err)
 {
     const llm_engine_config *c = &e->cfg;
-    int n_blocks = 0, nr = n_ranks(c);
+    int nr = n_ranks(c);
     llm_backend *const *ranks = nr > 1 ? c->tp_backends : &e->b;
+    const llm_hparams *hp = &e->m->hp;
+    kv_shape sh = {.local = calloc((size_t)hp->n_layer, 1)};
+    if (!sh.local)
+        return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory");
+    sh.window = c->kv_keep_all ? 0 : llm_model_windows(e->m, sh.local);
     /* weights and activations first: on a device the KV pool is a share of
      * what they leave */
     llm_status st = llm_forward_new_tp(e->m, ranks, nr, c->max_batch_tokens, c->max_seqs, &e->fwd, err);
-    if (st || (st = kv_blocks(c, e->m, &n_blocks, err)))
+    if (!st && !(st = kv_blocks(c, e->m, &sh, err))) {
+        kv_cache_config kc = {c->block_size, c->kv_type, sh.n, 0, !c->no_prefix_cache, ranks, nr,
+                              sh.window, sh.local, sh.n_local};
+        st = kv_cache_new(&kc, e->b, hp->n_layer, hp->n_head_kv / nr, hp->head_dim, &e->kv, err);
+    }
+    free(sh.local);
+    if (st)
         return st;
-    kv_cache_config kc = {c->block_size, c->kv_type, n_blocks, 0, !c->no_prefix_cache, ranks, nr};
-    const llm_hparams *hp = &e->m->hp;
-    if ((st = kv_cache_new(&kc, e->b, hp->n_layer, hp->n_head_kv / nr, hp->head_dim, &e->kv, err)))
-        return st;
+    int n_blocks = sh.n;
     sched_config sc = {c->max_seqs, c->max_batch_tokens, c->aging_ms};
     if ((st = sched_init(&e->s, &sc, e->kv, err)))
         return st;
@@ -803,8 +852,8 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     e->b_logit_rows = malloc(sizeof(int32_t) * (size_t)c->max_seqs);
     e->b_params = malloc(sizeof(llm_sample_params) * (size_t)c->max_seqs);
     e->b_seqs = malloc(sizeof(llm_batch_seq) * (size_t)c->max_seqs);
-    e->cp_src = malloc(sizeof(int32_t) * (size_t)n_blocks);
-    e->cp_dst = malloc(sizeof(int32_t) * (size_t)n_blocks);
+    e->cp_src = malloc(sizeof(int32_t) * 2 * (size_t)n_blocks); /* the local pool is never larger */
+    e->cp_dst = malloc(sizeof(int32_t) * 2 * (size_t)n_blocks);
     if (!e->b_tokens || !e->b_logit_rows || !e->b_params || !e->b_seqs || !e->cp_src || !e->cp_dst)
         return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory");
     return LLM_OK;

@@ -26,6 +26,8 @@ struct llm_forward {
     llm_comm *comm;               /* tensor-parallel rank: sums partial outputs; NULL alone */
     int rank;
     tp_group *tp;                 /* a tensor-parallel driver: the fields above are unused */
+    llm_batch_seq *lseqs;         /* the batch's sequences with their local tables, for sliding-window layers */
+    int lseqs_cap;
 };
 
 static float *act(llm_backend *b, size_t n, int *fail)
@@ -118,12 +120,25 @@ void forward_set_comm(llm_forward *f, llm_comm *c, int rank)
     f->rank = rank;
 }
 
-void llm_forward_kv_copy(llm_forward *f, const llm_kv_layer *layers, const int32_t *src, const int32_t *dst, int n)
+void forward_kv_copy_on(llm_backend *b, const llm_model *m, const llm_kv_layer *layers, llm_kv_copy_layers which,
+                        const int32_t *src, const int32_t *dst, int n)
+{
+    if (which == LLM_KV_COPY_ALL) {
+        llm_backend_kv_copy(b, layers, m->hp.n_layer, src, dst, n);
+        return;
+    }
+    for (int l = 0; l < m->hp.n_layer; l++) /* the two pools' layers interleave: one layer at a time */
+        if ((m->layers[l].window > 0) == (which == LLM_KV_COPY_LOCAL))
+            llm_backend_kv_copy(b, &layers[l], 1, src, dst, n);
+}
+
+void llm_forward_kv_copy(llm_forward *f, const llm_kv_layer *layers, llm_kv_copy_layers which, const int32_t *src,
+                         const int32_t *dst, int n)
 {
     if (f->tp)
-        tp_group_kv_copy(f->tp, layers, src, dst, n);
+        tp_group_kv_copy(f->tp, f->m, layers, which, src, dst, n);
     else
-        llm_backend_kv_copy(f->b, layers, f->m->hp.n_layer, src, dst, n);
+        forward_kv_copy_on(f->b, f->m, layers, which, src, dst, n);
 }
 
 void llm_forward_free(llm_forward *f)
@@ -139,6 +154,7 @@ void llm_forward_free(llm_forward *f)
     free(f->ids);
     free(f->greedy);
     free(f->pos);
+    free(f->lseqs);
     free(f);
 }
 
@@ -154,7 +170,8 @@ static llm_status reduce(llm_forward *f, float *buf, size_t n)
     return f->comm ? llm_comm_allreduce(f->comm, f->rank, buf, n) : LLM_OK;
 }
 
-static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *kv, int il)
+static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, const llm_batch_seq *seqs,
+                                  const llm_kv_layer *kv, int il)
 {
     const llm_hparams *hp = &f->m->hp;
     const llm_layer *l = &f->m->layers[il];
@@ -178,9 +195,9 @@ static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, c
     r.x = f->k;
     r.n_head = hp->n_head_kv;
     llm_backend_rope(b, &r);
-    llm_backend_kv_write(b, kv, bt->seqs, bt->n_seqs, f->k, f->v);
+    llm_backend_kv_write(b, kv, seqs, bt->n_seqs, f->k, f->v);
     llm_attn_args a = {f->q, f->att, hp->n_head, hp->n_head_kv, hp->head_dim, hp->attn_scale,
-                       bt->seqs, bt->n_seqs, kv, l->window};
+                       seqs, bt->n_seqs, kv, l->window};
     if ((st = llm_backend_attention(b, &a)) || (st = llm_backend_matmul(b, &l->wo, f->att, n, f->xb)) ||
         (st = reduce(f, f->xb, (size_t)n * hp->n_embd)))
         return st;
@@ -220,7 +237,8 @@ static int batch_positions(llm_forward *f, const llm_forward_batch *bt)
     int row = 0;
     for (int s = 0; s < bt->n_seqs; s++) {
         const llm_batch_seq *q = &bt->seqs[s];
-        if (q->tok0 != row || q->n_tok < 1 || q->pos0 < 0 || row + q->n_tok > bt->n_rows)
+        if (q->tok0 != row || q->n_tok < 1 || q->pos0 < 0 || row + q->n_tok > bt->n_rows ||
+            !q->local_table != !bt->seqs[0].local_table) /* local tables for all or none */
             return -1;
         for (int t = 0; t < q->n_tok; t++) f->pos[row + t] = q->pos0 + t;
         row += q->n_tok;
@@ -232,6 +250,29 @@ static int batch_positions(llm_forward *f, const llm_forward_batch *bt)
         if (bt->tokens[i] < 0 || bt->tokens[i] >= f->m->hp.n_vocab)
             return -1;
     return row == bt->n_rows ? 0 : -1;
+}
+
+/* The batch's sequences as sliding-window layers see them: with their
+ * local tables, when the cache keeps those layers apart (NULL: it does
+ * not, every layer reads bt->seqs). -1: no memory. */
+static int local_seqs(llm_forward *f, const llm_forward_batch *bt, const llm_batch_seq **out)
+{
+    *out = NULL;
+    if (bt->n_seqs < 1 || !bt->seqs[0].local_table)
+        return 0;
+    if (bt->n_seqs > f->lseqs_cap) {
+        llm_batch_seq *p = realloc(f->lseqs, sizeof *p * (size_t)bt->n_seqs);
+        if (!p)
+            return -1;
+        f->lseqs = p;
+        f->lseqs_cap = bt->n_seqs;
+    }
+    for (int s = 0; s < bt->n_seqs; s++) {
+        f->lseqs[s] = bt->seqs[s];
+        f->lseqs[s].block_table = bt->seqs[s].local_table;
+    }
+    *out = f->lseqs;
+    return 0;
 }
 
 /* The longest sequence's length after the batch. */
@@ -269,8 +310,11 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
         return LLM_ERR_INVALID_ARG;
     const llm_hparams *hp = &f->m->hp;
     llm_status st = LLM_OK;
+    const llm_batch_seq *lseqs;
     if (batch_positions(f, bt))
         return LLM_ERR_INVALID_ARG;
+    if (local_seqs(f, bt, &lseqs))
+        return LLM_ERR_NOMEM;
     if (f->b->iface->step_begin)
         f->b->iface->step_begin(f->b, &(llm_step_info){bt->n_rows, bt->n_seqs, bt->n_logits, step_len(bt),
                                                          bt->n_rows == bt->n_seqs, pick && f->b->iface->sample});
@@ -278,7 +322,8 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
     if (hp->embd_scale != 1.0f)
         llm_backend_scale(f->b, f->x, hp->embd_scale, (size_t)bt->n_rows * hp->n_embd);
     for (int il = 0; il < hp->n_layer; il++)
-        if ((st = attention_block(f, bt, &layers[il], il)) || (st = mlp_block(f, il, bt->n_rows)))
+        if ((st = attention_block(f, bt, lseqs && f->m->layers[il].window > 0 ? lseqs : bt->seqs, &layers[il], il)) ||
+            (st = mlp_block(f, il, bt->n_rows)))
             return st;
     if (bt->n_logits > 0) {
         /* the rows wanted, gathered as rows of an F32 table */

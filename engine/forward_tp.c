@@ -151,9 +151,10 @@ llm_status tp_group_eval(tp_group *g, const llm_forward_batch *bt, const llm_kv_
     return first_cause(g);
 }
 
-void tp_group_kv_copy(tp_group *g, const llm_kv_layer *layers, const int32_t *src, const int32_t *dst, int n)
+void tp_group_kv_copy(tp_group *g, const llm_model *m, const llm_kv_layer *layers, llm_kv_copy_layers which,
+                      const int32_t *src, const int32_t *dst, int n)
 {
-    for (int r = 0; r < g->n; r++) llm_backend_kv_copy(g->b[r], layers + (size_t)r * g->n_layer, g->n_layer, src, dst, n);
+    for (int r = 0; r < g->n; r++) forward_kv_copy_on(g->b[r], m, layers + (size_t)r * g->n_layer, which, src, dst, n);
 }
 
 void tp_group_free(tp_group *g)

@@ -1,7 +1,9 @@
 /* kv_cache.c - paged KV blocks: free stack, reference counts, a hash index
  * of full blocks by content, an LRU list of cached unreferenced blocks, and
- * copy-on-write. See kv_cache.h for the contract and
- * docs/internals/kv-cache.md for the design. */
+ * copy-on-write; with sliding-window layers, a second pool of blocks for
+ * them whose blocks are dropped once every window has passed them. See
+ * kv_cache.h for the contract and docs/internals/kv-cache.md for the
+ * design. */
 #include <string.h>
 
 #include "llm/kv_cache.h"
@@ -17,27 +19,41 @@ typedef struct kv_block {
     int32_t ref;
     int32_t hnext;        /* next block in its hash bucket */
     int32_t prev, next;   /* LRU links while cached and unreferenced */
-    uint8_t hashed;       /* content known: in the hash index */
+    int32_t twin;         /* global block: the local block with the same positions' K/V of local layers (or NIL) */
+    uint8_t hashed;       /* content known: in the hash index (local block: linked as its owner's twin) */
     uint32_t gen;         /* bumped when its content is forgotten: children keyed on it go stale */
-    uint64_t pkey, hash;  /* key of what precedes it; hash of the whole key (bucket) */
+    uint64_t pkey, hash;  /* key of what precedes it; hash of the whole key (bucket); local block: owner id */
 } kv_block;
 
-struct kv_cache {
-    llm_backend *b[LLM_MAX_RANKS];
+/* One pool of blocks: the global pool holds every layer's K/V (or, with
+ * sliding-window layers, the global layers'); the local pool the
+ * sliding-window layers'. A local block's content is known through its
+ * owner, the global block of the same positions and prefix: it is found
+ * as that block's twin, never by hash. */
+typedef struct kv_pool {
     void *storage[LLM_MAX_RANKS];
-    llm_kv_layer *layers; /* (n_ranks, n_layer) */
-    int n_ranks, n_layer, bs, n_blocks, prefix_cache;
-    kv_block *blk;        /* (n_blocks) */
-    int32_t *tokens;      /* (n_blocks, bs): a hashed block's own tokens, to confirm a hit */
-    int32_t *bucket;      /* (n_buckets) */
-    uint64_t bucket_mask;
-    int32_t *free_stack;  /* (n_blocks) */
+    int n_blocks;
+    kv_block *blk;            /* (n_blocks) */
+    int32_t *free_stack;      /* (n_blocks) */
     int n_free;
     int32_t lru_head, lru_tail; /* cached unreferenced: evicted from the head */
     int n_cached, n_used;
     uint64_t evictions;
     int32_t *cp_src, *cp_dst; /* (n_blocks) queued copies */
     int n_copies;
+} kv_pool;
+
+enum { GLOBAL = 0, LOCAL = 1 };
+
+struct kv_cache {
+    llm_backend *b[LLM_MAX_RANKS];
+    llm_kv_layer *layers; /* (n_ranks, n_layer) */
+    int n_ranks, n_layer, bs, prefix_cache;
+    int window;           /* > 0: local layers keep only this many positions back */
+    kv_pool pool[2];      /* global, local (used when window > 0) */
+    int32_t *tokens;      /* (global n_blocks, bs): a hashed block's own tokens, to confirm a hit */
+    int32_t *bucket;      /* (n_buckets) */
+    uint64_t bucket_mask;
 };
 
 static const char *const kv_names[] = {"f16", "f32", "q8_0"};
@@ -79,20 +95,21 @@ static uint64_t block_hash(uint64_t pkey, const int32_t *t, int n)
     return h;
 }
 
+/* A global block by physical id and generation. */
+static uint64_t block_key(const kv_cache *c, int32_t i) { return (uint64_t)(uint32_t)i << 32 | c->pool[GLOBAL].blk[i].gen; }
+
 /* The key of what precedes block k of s: block k-1 (id, generation), or
  * for the first block the sequence's salt (top bit set: never an id). */
 static uint64_t parent_key(const kv_cache *c, const kv_seq *s, int k)
 {
-    if (k == 0)
-        return s->salt | (1ULL << 63);
-    int32_t p = s->blocks[k - 1];
-    return (uint64_t)(uint32_t)p << 32 | c->blk[p].gen;
+    return k == 0 ? s->salt | (1ULL << 63) : block_key(c, s->blocks[k - 1]);
 }
 
 static int32_t index_find(const kv_cache *c, uint64_t h, uint64_t pkey, const int32_t *t)
 {
-    for (int32_t i = c->bucket[h & c->bucket_mask]; i != NIL; i = c->blk[i].hnext)
-        if (c->blk[i].hash == h && c->blk[i].pkey == pkey &&
+    const kv_block *blk = c->pool[GLOBAL].blk;
+    for (int32_t i = c->bucket[h & c->bucket_mask]; i != NIL; i = blk[i].hnext)
+        if (blk[i].hash == h && blk[i].pkey == pkey &&
             !memcmp(c->tokens + (size_t)i * c->bs, t, sizeof(int32_t) * (size_t)c->bs))
             return i;
     return NIL;
@@ -100,7 +117,7 @@ static int32_t index_find(const kv_cache *c, uint64_t h, uint64_t pkey, const in
 
 static void index_add(kv_cache *c, int32_t i, uint64_t h, uint64_t pkey, const int32_t *t)
 {
-    kv_block *b = &c->blk[i];
+    kv_block *b = &c->pool[GLOBAL].blk[i];
     b->hash = h;
     b->pkey = pkey;
     b->hashed = 1;
@@ -109,78 +126,117 @@ static void index_add(kv_cache *c, int32_t i, uint64_t h, uint64_t pkey, const i
     c->bucket[h & c->bucket_mask] = i;
 }
 
-static void index_remove(kv_cache *c, int32_t i)
-{
-    int32_t *p = &c->bucket[c->blk[i].hash & c->bucket_mask];
-    while (*p != i) {
-        LLM_ASSERT(*p != NIL);
-        p = &c->blk[*p].hnext;
-    }
-    *p = c->blk[i].hnext;
-    c->blk[i].hashed = 0;
-    c->blk[i].gen++;
-}
-
 /* ---- LRU of cached, unreferenced blocks ------------------------------------ */
 
-static void lru_unlink(kv_cache *c, int32_t i)
+static void lru_unlink(kv_pool *p, int32_t i)
 {
-    kv_block *b = &c->blk[i];
-    if (b->prev != NIL) c->blk[b->prev].next = b->next; else c->lru_head = b->next;
-    if (b->next != NIL) c->blk[b->next].prev = b->prev; else c->lru_tail = b->prev;
+    kv_block *b = &p->blk[i];
+    if (b->prev != NIL) p->blk[b->prev].next = b->next; else p->lru_head = b->next;
+    if (b->next != NIL) p->blk[b->next].prev = b->prev; else p->lru_tail = b->prev;
     b->prev = b->next = NIL;
-    c->n_cached--;
+    p->n_cached--;
 }
 
-static void lru_append(kv_cache *c, int32_t i)
+static void lru_append(kv_pool *p, int32_t i)
 {
-    kv_block *b = &c->blk[i];
-    b->prev = c->lru_tail;
+    kv_block *b = &p->blk[i];
+    b->prev = p->lru_tail;
     b->next = NIL;
-    if (c->lru_tail != NIL) c->blk[c->lru_tail].next = i; else c->lru_head = i;
-    c->lru_tail = i;
-    c->n_cached++;
+    if (p->lru_tail != NIL) p->blk[p->lru_tail].next = i; else p->lru_head = i;
+    p->lru_tail = i;
+    p->n_cached++;
+}
+
+/* ---- forgetting content ------------------------------------------------------ */
+
+/* Local block j's content is no longer known (its owner was forgotten, or
+ * it is evicted or about to be written): unlinked from its owner; an
+ * unreferenced one goes from the LRU to the free stack. */
+static void local_forget(kv_cache *c, int32_t j)
+{
+    kv_pool *p = &c->pool[LOCAL];
+    kv_block *b = &p->blk[j];
+    if (!b->hashed)
+        return;
+    kv_block *owner = &c->pool[GLOBAL].blk[(int32_t)(b->pkey >> 32)];
+    if (owner->twin == j)
+        owner->twin = NIL;
+    b->hashed = 0;
+    if (b->ref == 0) {
+        lru_unlink(p, j);
+        p->free_stack[p->n_free++] = j;
+    }
+}
+
+/* Global block i leaves the index (evicted, or about to be rewritten): its
+ * generation moves on, so blocks keyed on it go stale, and its twin's
+ * content is no longer reachable. */
+static void index_remove(kv_cache *c, int32_t i)
+{
+    kv_block *blk = c->pool[GLOBAL].blk;
+    int32_t *p = &c->bucket[blk[i].hash & c->bucket_mask];
+    while (*p != i) {
+        LLM_ASSERT(*p != NIL);
+        p = &blk[*p].hnext;
+    }
+    *p = blk[i].hnext;
+    blk[i].hashed = 0;
+    blk[i].gen++;
+    if (blk[i].twin != NIL)
+        local_forget(c, blk[i].twin);
+}
+
+static void forget(kv_cache *c, int pool, int32_t i)
+{
+    if (pool == GLOBAL)
+        index_remove(c, i);
+    else
+        local_forget(c, i);
 }
 
 /* ---- blocks ------------------------------------------------------------------ */
 
-/* A block with ref 1: a free one, else the least recently released cached
- * one (forgetting its content). Callers check kv_cache_available first. */
-static int32_t block_alloc(kv_cache *c)
+/* A block of pool with ref 1: a free one, else the least recently released
+ * cached one (forgetting its content). Callers check availability first. */
+static int32_t block_alloc(kv_cache *c, int pool)
 {
+    kv_pool *p = &c->pool[pool];
     int32_t i;
-    if (c->n_free > 0) {
-        i = c->free_stack[--c->n_free];
+    if (p->n_free > 0) {
+        i = p->free_stack[--p->n_free];
     } else {
-        i = c->lru_head;
+        i = p->lru_head;
         LLM_ASSERT(i != NIL);
-        lru_unlink(c, i);
-        index_remove(c, i);
-        c->evictions++;
+        forget(c, pool, i); /* a local block goes to the free stack: take it back */
+        if (pool == LOCAL)
+            p->n_free--;
+        else
+            lru_unlink(p, i);
+        p->evictions++;
     }
-    c->blk[i].ref = 1;
-    c->n_used++;
+    p->blk[i].ref = 1;
+    p->n_used++;
     return i;
 }
 
-static void block_ref(kv_cache *c, int32_t i)
+static void block_ref(kv_pool *p, int32_t i)
 {
-    if (c->blk[i].ref++ == 0) {
-        lru_unlink(c, i); /* only hashed blocks sit unreferenced outside the free stack */
-        c->n_used++;
+    if (p->blk[i].ref++ == 0) {
+        lru_unlink(p, i); /* only blocks with known content sit unreferenced outside the free stack */
+        p->n_used++;
     }
 }
 
-static void block_unref(kv_cache *c, int32_t i)
+static void block_unref(kv_pool *p, int32_t i)
 {
-    LLM_ASSERT(c->blk[i].ref > 0);
-    if (--c->blk[i].ref > 0)
+    LLM_ASSERT(p->blk[i].ref > 0);
+    if (--p->blk[i].ref > 0)
         return;
-    c->n_used--;
-    if (c->blk[i].hashed)
-        lru_append(c, i);
+    p->n_used--;
+    if (p->blk[i].hashed)
+        lru_append(p, i);
     else
-        c->free_stack[c->n_free++] = i;
+        p->free_stack[p->n_free++] = i;
 }
 
 /* ---- the cache ----------------------------------------------------------------- */
@@ -196,30 +252,78 @@ static llm_status cache_check(const kv_cache_config *cfg, int bs, int n_head_kv,
                         QK8_0, head_dim);
     if (n_head_kv < 1 || head_dim < 1)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "kv cache: bad head shape %d x %d", n_head_kv, head_dim);
+    if (cfg->window < 0 || cfg->n_local_blocks < 0)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "kv cache: window %d and local blocks %d must not be negative",
+                        cfg->window, cfg->n_local_blocks);
     return LLM_OK;
 }
 
-static llm_status cache_alloc_meta(kv_cache *c)
+static llm_status pool_alloc(kv_pool *p, int n_blocks)
 {
-    size_t nb = (size_t)c->n_blocks, nbk = 1;
+    size_t nb = (size_t)n_blocks;
+    p->n_blocks = n_blocks;
+    p->blk = calloc(nb, sizeof *p->blk);
+    p->free_stack = malloc(nb * sizeof(int32_t));
+    p->cp_src = malloc(nb * sizeof(int32_t));
+    p->cp_dst = malloc(nb * sizeof(int32_t));
+    if (!p->blk || !p->free_stack || !p->cp_src || !p->cp_dst)
+        return LLM_ERR_NOMEM;
+    for (int i = 0; i < n_blocks; i++) {
+        p->blk[i].hnext = p->blk[i].prev = p->blk[i].next = p->blk[i].twin = NIL;
+        p->free_stack[i] = n_blocks - 1 - i; /* block 0 handed out first */
+    }
+    p->n_free = n_blocks;
+    p->lru_head = p->lru_tail = NIL;
+    return LLM_OK;
+}
+
+static llm_status cache_alloc_meta(kv_cache *c, int n_local)
+{
+    size_t nb = (size_t)c->pool[GLOBAL].n_blocks, nbk = 1;
     while (nbk < nb) nbk <<= 1;
     c->bucket_mask = nbk - 1;
-    c->blk = calloc(nb, sizeof *c->blk);
     c->tokens = malloc(nb * (size_t)c->bs * sizeof(int32_t));
     c->bucket = malloc(nbk * sizeof(int32_t));
-    c->free_stack = malloc(nb * sizeof(int32_t));
-    c->cp_src = malloc(nb * sizeof(int32_t));
-    c->cp_dst = malloc(nb * sizeof(int32_t));
     c->layers = calloc((size_t)c->n_layer * (size_t)c->n_ranks, sizeof *c->layers);
-    if (!c->blk || !c->tokens || !c->bucket || !c->free_stack || !c->cp_src || !c->cp_dst || !c->layers)
+    if (!c->tokens || !c->bucket || !c->layers || pool_alloc(&c->pool[GLOBAL], (int)nb) ||
+        (c->window > 0 && pool_alloc(&c->pool[LOCAL], n_local)))
         return LLM_ERR_NOMEM;
     for (size_t i = 0; i < nbk; i++) c->bucket[i] = NIL;
-    for (int i = 0; i < c->n_blocks; i++) {
-        c->blk[i].hnext = c->blk[i].prev = c->blk[i].next = NIL;
-        c->free_stack[i] = c->n_blocks - 1 - i; /* block 0 handed out first */
+    return LLM_OK;
+}
+
+/* Layers in each pool (with a window, the flagged ones are local). */
+static int pool_layers(const kv_cache_config *cfg, int n_layer, int pool)
+{
+    int n = 0;
+    for (int l = 0; l < n_layer; l++) n += (cfg->window > 0 && cfg->local && cfg->local[l]) == pool;
+    return n;
+}
+
+/* Each pool's storage on every rank, and every layer's view into its pool. */
+static llm_status cache_storage(kv_cache *c, const kv_cache_config *cfg, int kv_dim, llm_error *err)
+{
+    quant_type qt = kv_qtype(cfg->type);
+    size_t row = quant_row_bytes(qt, (size_t)kv_dim);
+    for (int pl = 0; pl < (c->window > 0 ? 2 : 1); pl++) {
+        kv_pool *p = &c->pool[pl];
+        size_t half = (size_t)c->bs * row * (size_t)p->n_blocks, bytes = 2 * half * (size_t)pool_layers(cfg, c->n_layer, pl);
+        for (int r = 0; r < c->n_ranks && bytes > 0; r++) { /* every layer local: the global pool is bookkeeping only */
+            if (!(p->storage[r] = llm_backend_buffer_alloc(c->b[r], bytes)))
+                return llm_errf(err, LLM_ERR_NOMEM,
+                                "kv cache: cannot allocate %d %s blocks (%zu MiB) on backend %s rank %d; %zu MiB available",
+                                p->n_blocks, pl ? "local" : "global", bytes >> 20, c->b[r]->iface->name, r,
+                                llm_backend_mem_available(c->b[r]) >> 20);
+            char *base = p->storage[r];
+            for (int l = 0, k = 0; l < c->n_layer; l++) {
+                if ((c->window > 0 && cfg->local && cfg->local[l]) != pl)
+                    continue;
+                c->layers[r * c->n_layer + l] = (llm_kv_layer){base + 2 * (size_t)k * half,
+                                                               base + (2 * (size_t)k + 1) * half, qt, c->bs, kv_dim, row};
+                k++;
+            }
+        }
     }
-    c->n_free = c->n_blocks;
-    c->lru_head = c->lru_tail = NIL;
     return LLM_OK;
 }
 
@@ -231,11 +335,13 @@ llm_status kv_cache_new(const kv_cache_config *cfg, llm_backend *b, int n_layer,
     llm_status st = cache_check(cfg, bs, n_head_kv, head_dim, err);
     if (st)
         return st;
+    int window = cfg->window > 0 && pool_layers(cfg, n_layer, LOCAL) > 0 ? cfg->window : 0;
     size_t per_block = kv_cache_block_bytes(cfg->type, bs, n_layer, kv_dim);
     size_t n = cfg->n_blocks > 0 ? (size_t)cfg->n_blocks : cfg->bytes / per_block;
     if (n < 1 || n > INT32_MAX / KV_MAX_BLOCK)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "kv cache: %zu bytes hold %zu blocks of %zu bytes (need 1 to %d)",
                         cfg->bytes, n, per_block, INT32_MAX / KV_MAX_BLOCK);
+    int n_local = cfg->n_local_blocks > 0 && (size_t)cfg->n_local_blocks < n ? cfg->n_local_blocks : (int)n;
     int n_ranks = cfg->n_ranks > 1 ? cfg->n_ranks : 1;
     if (n_ranks > LLM_MAX_RANKS || (n_ranks > 1 && !cfg->ranks))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "kv cache: %d ranks (at most %d, each with a backend)", n_ranks,
@@ -243,83 +349,105 @@ llm_status kv_cache_new(const kv_cache_config *cfg, llm_backend *b, int n_layer,
     kv_cache *c = calloc(1, sizeof *c);
     if (!c)
         return llm_errf(err, LLM_ERR_NOMEM, "kv cache: no memory");
-    *c = (kv_cache){.n_ranks = n_ranks, .n_layer = n_layer, .bs = bs, .n_blocks = (int)n, .prefix_cache = cfg->prefix_cache};
-    if (cache_alloc_meta(c)) {
+    *c = (kv_cache){.n_ranks = n_ranks, .n_layer = n_layer, .bs = bs, .prefix_cache = cfg->prefix_cache, .window = window};
+    c->pool[GLOBAL].n_blocks = (int)n;
+    for (int r = 0; r < n_ranks; r++) c->b[r] = r ? cfg->ranks[r] : b;
+    if (cache_alloc_meta(c, n_local)) {
         kv_cache_free(c);
         return llm_errf(err, LLM_ERR_NOMEM, "kv cache: no memory for %zu blocks", n);
     }
-    quant_type qt = kv_qtype(cfg->type);
-    size_t row = quant_row_bytes(qt, (size_t)kv_dim), half = (size_t)bs * row * n;
-    for (int r = 0; r < n_ranks; r++) {
-        c->b[r] = r ? cfg->ranks[r] : b;
-        if (!(c->storage[r] = llm_backend_buffer_alloc(c->b[r], per_block * n))) {
-            size_t avail = llm_backend_mem_available(c->b[r]);
-            const char *name = c->b[r]->iface->name;
-            kv_cache_free(c);
-            return llm_errf(err, LLM_ERR_NOMEM,
-                            "kv cache: cannot allocate %zu blocks (%zu MiB) on backend %s rank %d; %zu MiB available", n,
-                            per_block * n >> 20, name, r, avail >> 20);
-        }
-        char *base = c->storage[r];
-        for (int l = 0; l < n_layer; l++)
-            c->layers[r * n_layer + l] = (llm_kv_layer){base + 2 * (size_t)l * half, base + (2 * (size_t)l + 1) * half,
-                                                        qt, bs, kv_dim, row};
+    if ((st = cache_storage(c, cfg, kv_dim, err))) {
+        kv_cache_free(c);
+        return st;
     }
     *out = c;
     return LLM_OK;
+}
+
+static void pool_free(kv_cache *c, kv_pool *p)
+{
+    for (int r = 0; r < c->n_ranks; r++)
+        if (c->b[r] && p->storage[r])
+            llm_backend_buffer_free(c->b[r], p->storage[r]);
+    free(p->blk);
+    free(p->free_stack);
+    free(p->cp_src);
+    free(p->cp_dst);
 }
 
 void kv_cache_free(kv_cache *c)
 {
     if (!c)
         return;
-    for (int r = 0; r < c->n_ranks; r++)
-        if (c->b[r])
-            llm_backend_buffer_free(c->b[r], c->storage[r]);
-    free(c->blk);
+    pool_free(c, &c->pool[GLOBAL]);
+    pool_free(c, &c->pool[LOCAL]);
     free(c->tokens);
     free(c->bucket);
-    free(c->free_stack);
-    free(c->cp_src);
-    free(c->cp_dst);
     free(c->layers);
     free(c);
 }
 
 const llm_kv_layer *kv_cache_layers(const kv_cache *c) { return c->layers; }
 int kv_cache_block_size(const kv_cache *c) { return c->bs; }
-int kv_cache_n_blocks(const kv_cache *c) { return c->n_blocks; }
-int kv_cache_available(const kv_cache *c) { return c->n_free + c->n_cached; }
+int kv_cache_n_blocks(const kv_cache *c) { return c->pool[GLOBAL].n_blocks; }
+int kv_cache_window(const kv_cache *c) { return c->window; }
+
+static int pool_available(const kv_pool *p) { return p->n_free + p->n_cached; }
+int kv_cache_available(const kv_cache *c) { return pool_available(&c->pool[GLOBAL]); }
 
 void kv_cache_get_stats(const kv_cache *c, kv_cache_stats *out)
 {
-    *out = (kv_cache_stats){c->n_blocks, c->n_used, c->n_cached, c->n_free, c->evictions};
+    const kv_pool *g = &c->pool[GLOBAL], *l = &c->pool[LOCAL];
+    *out = (kv_cache_stats){g->n_blocks, g->n_used, g->n_cached, g->n_free, g->evictions,
+                            l->n_blocks, l->n_used, l->n_cached, l->n_free, l->evictions};
 }
 
-int kv_cache_copies(const kv_cache *c, const int32_t **src, const int32_t **dst)
+int kv_cache_copies(const kv_cache *c, int local, const int32_t **src, const int32_t **dst)
 {
-    *src = c->cp_src;
-    *dst = c->cp_dst;
-    return c->n_copies;
+    const kv_pool *p = &c->pool[local ? LOCAL : GLOBAL];
+    *src = p->cp_src;
+    *dst = p->cp_dst;
+    return p->n_copies;
 }
 
-void kv_cache_copies_done(kv_cache *c) { c->n_copies = 0; }
+void kv_cache_copies_done(kv_cache *c) { c->pool[GLOBAL].n_copies = c->pool[LOCAL].n_copies = 0; }
 
 /* ---- sequences ------------------------------------------------------------------ */
 
 void kv_seq_init(kv_seq *s) { memset(s, 0, sizeof *s); }
 
+/* The first block a row at position pos or later still reads in local
+ * layers: earlier ones have left every window. */
+static int local_first(const kv_cache *c, int pos)
+{
+    return pos - c->window + 1 > 0 ? (pos - c->window + 1) / c->bs : 0;
+}
+
+/* Drops s's local blocks before block `first`. */
+static void local_trim(kv_cache *c, kv_seq *s, int first)
+{
+    for (; s->lfirst < first && s->lfirst < s->n_blocks; s->lfirst++) {
+        block_unref(&c->pool[LOCAL], s->lblocks[s->lfirst]);
+        s->lblocks[s->lfirst] = NIL;
+    }
+}
+
 void kv_seq_release(kv_cache *c, kv_seq *s)
 {
     /* last blocks first, so a prefix's tail is evicted before its head */
-    for (int i = s->n_blocks - 1; i >= 0; i--) block_unref(c, s->blocks[i]);
+    for (int i = s->n_blocks - 1; i >= 0; i--) {
+        block_unref(&c->pool[GLOBAL], s->blocks[i]);
+        if (c->window > 0 && i >= s->lfirst)
+            block_unref(&c->pool[LOCAL], s->lblocks[i]);
+    }
     free(s->blocks);
+    free(s->lblocks);
     uint64_t salt = s->salt; /* the sequence's, for when it is matched again */
     kv_seq_init(s);
     s->salt = salt;
 }
 
-static int seq_grow(kv_seq *s, int n_blocks)
+static int seq_grow(const kv_cache *c, kv_seq *s, int n_blocks)
 {
     if (n_blocks <= s->cap)
         return 0;
@@ -329,14 +457,34 @@ static int seq_grow(kv_seq *s, int n_blocks)
     if (!p)
         return -1;
     s->blocks = p;
+    if (c->window > 0) {
+        if (!(p = realloc(s->lblocks, sizeof(int32_t) * (size_t)cap)))
+            return -1; /* blocks grew: harmless, cap stays (both are at least cap long) */
+        s->lblocks = p;
+    }
     s->cap = cap;
+    return 0;
+}
+
+/* How many of the first m matched blocks s can keep: all of them when the
+ * local blocks the rows after them read (their windows) are cached as the
+ * matched blocks' twins, else fewer (m = 0 always works). */
+static int local_match(const kv_cache *c, const kv_seq *s, int m)
+{
+    const kv_block *g = c->pool[GLOBAL].blk;
+    for (; m > 0; m--) {
+        int k = local_first(c, m * c->bs);
+        while (k < m && g[s->blocks[k]].twin != NIL) k++;
+        if (k == m)
+            return m;
+    }
     return 0;
 }
 
 int kv_seq_match(kv_cache *c, kv_seq *s, const int32_t *tokens, int n)
 {
     LLM_ASSERT(s->n_blocks == 0);
-    if (!c->prefix_cache || seq_grow(s, n / c->bs + 1))
+    if (!c->prefix_cache || seq_grow(c, s, n / c->bs + 1))
         return 0;
     for (int k = 0; (k + 1) * c->bs <= n; k++) {
         const int32_t *t = tokens + (size_t)k * c->bs;
@@ -344,8 +492,18 @@ int kv_seq_match(kv_cache *c, kv_seq *s, const int32_t *tokens, int n)
         int32_t i = index_find(c, block_hash(pk, t, c->bs), pk, t);
         if (i == NIL)
             break;
-        block_ref(c, i);
+        block_ref(&c->pool[GLOBAL], i);
         s->blocks[s->n_blocks++] = i;
+    }
+    if (c->window > 0) {
+        int keep = local_match(c, s, s->n_blocks);
+        while (s->n_blocks > keep) block_unref(&c->pool[GLOBAL], s->blocks[--s->n_blocks]);
+        s->lfirst = local_first(c, keep * c->bs);
+        for (int k = 0; k < keep; k++) {
+            s->lblocks[k] = k < s->lfirst ? NIL : c->pool[GLOBAL].blk[s->blocks[k]].twin;
+            if (k >= s->lfirst)
+                block_ref(&c->pool[LOCAL], s->lblocks[k]);
+        }
     }
     s->n_tokens = s->n_blocks * c->bs;
     s->n_hashed = s->n_blocks; /* a block count, like kv_seq_commit reads it */
@@ -355,53 +513,111 @@ int kv_seq_match(kv_cache *c, kv_seq *s, const int32_t *tokens, int n)
 llm_status kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src, int n_tokens)
 {
     LLM_ASSERT(dst->n_blocks == 0 && n_tokens <= src->n_tokens);
-    int nb = (n_tokens + c->bs - 1) / c->bs;
-    if (seq_grow(dst, nb))
+    int nb = (n_tokens + c->bs - 1) / c->bs, lfirst = c->window > 0 ? local_first(c, n_tokens) : 0;
+    if (lfirst < src->lfirst)
+        return LLM_ERR_KV_FULL; /* src moved on and dropped local blocks dst's windows read */
+    if (seq_grow(c, dst, nb))
         return LLM_ERR_NOMEM;
     for (int i = 0; i < nb; i++) {
-        block_ref(c, src->blocks[i]);
+        block_ref(&c->pool[GLOBAL], src->blocks[i]);
         dst->blocks[i] = src->blocks[i];
+        if (c->window > 0) {
+            dst->lblocks[i] = i < lfirst ? NIL : src->lblocks[i];
+            if (i >= lfirst)
+                block_ref(&c->pool[LOCAL], src->lblocks[i]);
+        }
     }
     dst->n_blocks = nb;
+    dst->lfirst = lfirst;
     dst->n_tokens = n_tokens;
     dst->n_hashed = n_tokens / c->bs;
     dst->salt = src->salt;
     return LLM_OK;
 }
 
-/* The block that the next write lands in, when it already exists. */
-static int32_t write_block(const kv_cache *c, const kv_seq *s)
+/* The block of table t (s->blocks or s->lblocks) that the next write lands
+ * in, when it already exists. */
+static int32_t write_block(const kv_cache *c, const kv_seq *s, const int32_t *t)
 {
     int k = s->n_tokens / c->bs;
-    return k < s->n_blocks ? s->blocks[k] : NIL;
+    return k < s->n_blocks ? t[k] : NIL;
 }
 
-int kv_seq_blocks_needed(const kv_cache *c, const kv_seq *s, int n)
+/* Blocks pool must give for writing n more tokens: new ones, plus a copy
+ * of a shared block the write lands in. */
+static int pool_needed(const kv_cache *c, const kv_seq *s, int pool, int n)
 {
     int want = (s->n_tokens + n + c->bs - 1) / c->bs, extra = want > s->n_blocks ? want - s->n_blocks : 0;
-    int32_t w = write_block(c, s);
-    return extra + (n > 0 && w != NIL && c->blk[w].ref > 1);
+    int32_t w = write_block(c, s, pool == LOCAL ? s->lblocks : s->blocks);
+    return extra + (n > 0 && w != NIL && c->pool[pool].blk[w].ref > 1);
+}
+
+int kv_seq_blocks_needed(const kv_cache *c, const kv_seq *s, int n) { return pool_needed(c, s, GLOBAL, n); }
+
+/* Makes the write block of table t private (a queued copy when shared;
+ * forgotten content when cached), then appends new blocks up to want. */
+static void pool_reserve(kv_cache *c, kv_seq *s, int pool, int32_t *t, int n, int want)
+{
+    kv_pool *p = &c->pool[pool];
+    int32_t w = n > 0 ? write_block(c, s, t) : NIL;
+    if (w != NIL && p->blk[w].ref > 1) { /* shared: write into a private copy */
+        int32_t cp = block_alloc(c, pool);
+        p->cp_src[p->n_copies] = w;
+        p->cp_dst[p->n_copies++] = cp;
+        block_unref(p, w);
+        t[s->n_tokens / c->bs] = cp;
+    } else if (w != NIL && p->blk[w].hashed) { /* ours alone, but its content is about to change */
+        forget(c, pool, w);
+    }
+    for (int k = s->n_blocks; k < want; k++) t[k] = block_alloc(c, pool);
 }
 
 llm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int n)
 {
-    int need = kv_seq_blocks_needed(c, s, n), want = (s->n_tokens + n + c->bs - 1) / c->bs;
-    if (need > kv_cache_available(c))
+    int want = (s->n_tokens + n + c->bs - 1) / c->bs;
+    if (pool_needed(c, s, GLOBAL, n) > pool_available(&c->pool[GLOBAL]) ||
+        (c->window > 0 && pool_needed(c, s, LOCAL, n) > pool_available(&c->pool[LOCAL])))
         return LLM_ERR_KV_FULL;
-    if (seq_grow(s, want))
+    if (seq_grow(c, s, want))
         return LLM_ERR_NOMEM;
-    int32_t w = n > 0 ? write_block(c, s) : NIL;
-    if (w != NIL && c->blk[w].ref > 1) { /* shared: write into a private copy */
-        int32_t cp = block_alloc(c);
-        c->cp_src[c->n_copies] = w;
-        c->cp_dst[c->n_copies++] = cp;
-        block_unref(c, w);
-        s->blocks[s->n_tokens / c->bs] = cp;
-    } else if (w != NIL && c->blk[w].hashed) { /* ours alone, but its content is about to change */
-        index_remove(c, w);
-    }
-    while (s->n_blocks < want) s->blocks[s->n_blocks++] = block_alloc(c);
+    pool_reserve(c, s, GLOBAL, s->blocks, n, want);
+    if (c->window > 0)
+        pool_reserve(c, s, LOCAL, s->lblocks, n, want);
+    if (want > s->n_blocks)
+        s->n_blocks = want;
     return LLM_OK;
+}
+
+/* Global block k of s was just registered: its local block becomes its
+ * twin, findable by later matches through it. */
+static void local_link(kv_cache *c, kv_seq *s, int k)
+{
+    int32_t i = s->blocks[k], j = s->lblocks[k];
+    if (j == NIL || c->pool[LOCAL].blk[j].hashed)
+        return; /* already dropped (a window shorter than a block), or another owner's twin */
+    c->pool[GLOBAL].blk[i].twin = j;
+    c->pool[LOCAL].blk[j].hashed = 1;
+    c->pool[LOCAL].blk[j].pkey = block_key(c, i);
+}
+
+/* Whether block k of s should take the place of the unreferenced entry e
+ * with the same key: e lost its twin (a match then keeps less than e's
+ * prefix and recomputes), while s holds the same positions' local block.
+ * Without this the recomputed chain would never be registered and every
+ * later match of the prefix would recompute again. */
+static int supersedes(const kv_cache *c, const kv_seq *s, int k, int32_t e)
+{
+    const kv_block *b = &c->pool[GLOBAL].blk[e];
+    return c->window > 0 && b->ref == 0 && b->twin == NIL && s->lblocks[k] != NIL;
+}
+
+/* Unreferenced global block e leaves the index and goes to the free stack. */
+static void index_drop(kv_cache *c, int32_t e)
+{
+    kv_pool *p = &c->pool[GLOBAL];
+    index_remove(c, e);
+    lru_unlink(p, e);
+    p->free_stack[p->n_free++] = e;
 }
 
 void kv_seq_commit(kv_cache *c, kv_seq *s, const int32_t *tokens, int n)
@@ -412,13 +628,25 @@ void kv_seq_commit(kv_cache *c, kv_seq *s, const int32_t *tokens, int n)
         int k = s->n_hashed;
         const int32_t *t = tokens + (size_t)k * c->bs;
         int32_t i = s->blocks[k];
+        kv_block *blk = c->pool[GLOBAL].blk;
         /* only under a known parent (else no match can reach it), and not
          * when a block with this key is known already (another sequence
          * computed the same prefix at the same time: it keeps the entry) */
-        if (!c->prefix_cache || c->blk[i].hashed || (k > 0 && !c->blk[s->blocks[k - 1]].hashed))
+        if (!c->prefix_cache || blk[i].hashed || (k > 0 && !blk[s->blocks[k - 1]].hashed))
             continue;
         uint64_t pk = parent_key(c, s, k), h = block_hash(pk, t, c->bs);
-        if (index_find(c, h, pk, t) == NIL)
-            index_add(c, i, h, pk, t);
+        int32_t e = index_find(c, h, pk, t);
+        if (e != NIL && !supersedes(c, s, k, e))
+            continue;
+        if (e != NIL)
+            index_drop(c, e);
+        index_add(c, i, h, pk, t);
+        if (c->window > 0)
+            local_link(c, s, k);
     }
+    /* kept from the row before the next one on: a sibling forked at that
+     * row (n > 1 completions fork at the prompt's last token, after the
+     * first completion computed it) still finds every block it reads */
+    if (c->window > 0)
+        local_trim(c, s, local_first(c, s->n_tokens - 1));
 }

@@ -382,6 +382,16 @@ out:
     return st;
 }
 
+int llm_model_windows(const llm_model *m, unsigned char *local)
+{
+    int w = 0;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        local[l] = m->layers[l].window > 0;
+        w = m->layers[l].window > w ? m->layers[l].window : w;
+    }
+    return w;
+}
+
 void llm_model_free(llm_model *m)
 {
     if (!m)

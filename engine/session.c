@@ -38,13 +38,20 @@ llm_status llm_session_new(const llm_model *m, llm_backend *b, const llm_session
     kv_seq_init(&s->seq);
     int nr = cfg && cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1;
     llm_backend *const *ranks = nr > 1 ? cfg->tp_backends : &s->b;
-    kv_cache_config kc = {.type = cfg ? (llm_kv_type)cfg->kv_type : LLM_KV_F16,
-                          .n_blocks = (n_ctx + KV_DEFAULT_BLOCK - 1) / KV_DEFAULT_BLOCK, .ranks = ranks, .n_ranks = nr};
-    llm_status st = nr > 1 && (!ranks || ranks[0] != b)
+    /* sliding-window layers keep their window, the row before it (as the
+     * engine's cache does) and one chunk, with a partial block at each end */
+    unsigned char *local = calloc((size_t)m->hp.n_layer, 1);
+    int bs = KV_DEFAULT_BLOCK, window = local ? llm_model_windows(m, local) : 0;
+    kv_cache_config kc = {.type = cfg ? (llm_kv_type)cfg->kv_type : LLM_KV_F16, .n_blocks = (n_ctx + bs - 1) / bs,
+                          .ranks = ranks, .n_ranks = nr, .window = window, .local = local,
+                          .n_local_blocks = (window + bs - 1) / bs + (max_batch + bs - 1) / bs + 2};
+    llm_status st = !local ? llm_errf(err, LLM_ERR_NOMEM, "session: no memory")
+                    : nr > 1 && (!ranks || ranks[0] != b)
                         ? llm_errf(err, LLM_ERR_INVALID_ARG, "session: tensor_parallel %d needs its backends", nr)
                         : llm_forward_new_tp(m, ranks, nr, max_batch, logit_rows, &s->fwd, err);
     if (!st)
         st = kv_cache_new(&kc, b, m->hp.n_layer, m->hp.n_head_kv / nr, m->hp.head_dim, &s->kv, err);
+    free(local);
     if (!st && !(s->tokens = malloc(sizeof(int32_t) * (size_t)n_ctx)))
         st = llm_errf(err, LLM_ERR_NOMEM, "session: no memory");
     if (st) {
@@ -78,7 +85,7 @@ static llm_status eval_chunk(llm_session *s, const int32_t *tokens, int n, const
     llm_status st = kv_seq_reserve(s->kv, &s->seq, n);
     if (st)
         return st;
-    llm_batch_seq bs = {0, n, s->seq.n_tokens, s->seq.blocks};
+    llm_batch_seq bs = {0, n, s->seq.n_tokens, s->seq.blocks, s->seq.lblocks};
     int32_t last = n - 1;
     llm_forward_batch bt = {tokens, n, &bs, 1, rows ? rows : &last, rows ? n : 1};
     if ((st = llm_forward_eval(s->fwd, &bt, kv_cache_layers(s->kv), logits)))

@@ -179,6 +179,10 @@ static void render_engine(llm_strbuf *b, const llm_stats *s)
     gauge(b, "llm_kv_cache_usage_ratio", "Share of KV blocks referenced by sequences", usage);
     gauge(b, "llm_kv_cache_blocks", "KV blocks in the pool", s->kv_blocks_total);
     gauge(b, "llm_kv_cache_cached_blocks", "Unreferenced KV blocks kept for prefix reuse", s->kv_blocks_cached);
+    gauge(b, "llm_kv_cache_local_blocks", "KV blocks of sliding-window layers (their own pool; 0: none)",
+          s->kv_local_blocks_total);
+    gauge(b, "llm_kv_cache_local_used_blocks", "Sliding-window layers' KV blocks referenced by sequences",
+          s->kv_local_blocks_used);
     counter(b, "llm_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", (double)s->prompt_tokens);
     counter(b, "llm_prefix_cache_hits", "Prompt tokens served from the prefix cache (not those shared by n > 1 siblings)",
             (double)(s->cached_tokens - s->forked_tokens));

@@ -158,7 +158,7 @@ static llm_status prefill_all(llm_forward *f, kv_cache *kv, kv_seq *s, int n_seq
         int rows = 0, n = 0;
         while (i < n_seqs && rows < max_rows) {
             int take = ctx - done < max_rows - rows ? ctx - done : max_rows - rows;
-            bs[n++] = (llm_batch_seq){rows, take, done, s[i].blocks};
+            bs[n++] = (llm_batch_seq){rows, take, done, s[i].blocks, s[i].lblocks};
             rows += take;
             if ((done += take) == ctx) {
                 i++;
@@ -205,7 +205,7 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
             t0 = cli_now();
         int p = ctx + (step < 0 ? 0 : step);
         for (int i = 0; i < n_seqs; i++) {
-            bs[i] = (llm_batch_seq){i, 1, p, s[i].blocks};
+            bs[i] = (llm_batch_seq){i, 1, p, s[i].blocks, s[i].lblocks};
             rows[i] = i;
         }
         llm_forward_batch bt = {toks, n_seqs, bs, n_seqs, rows, n_seqs};

@@ -95,7 +95,7 @@ static void steps_init(steps *s, int n_rows, int max_len)
         _exit(3);
     s->table[0] = 0;
     for (int i = 0; i < n_rows; i++) {
-        s->seqs[i] = (llm_batch_seq){i, 1, 5, s->table};
+        s->seqs[i] = (llm_batch_seq){i, 1, 5, s->table, NULL};
         s->params[i] = (llm_sample_params){0, 0, 1, 0, 0};
     }
 }

@@ -179,7 +179,7 @@ static void check_kv_write(llm_backend *cpu, quant_type t)
     size_t rb = quant_row_bytes(t, DIM), bytes = (size_t)BLOCKS * BS * rb;
     unsigned char *kc = calloc(1, bytes), *vc = calloc(1, bytes);
     int32_t bt0[] = {5, 2}, bt1[] = {7, 0, 3};
-    llm_batch_seq seqs[2] = {{0, 20, 3, bt0}, {20, 13, 30, bt1}}; /* rows 0..19 at 3..22, rows 20..32 at 30..42 */
+    llm_batch_seq seqs[2] = {{0, 20, 3, bt0, NULL}, {20, 13, 30, bt1, NULL}}; /* rows 0..19 at 3..22, rows 20..32 at 30..42 */
     int n_rows = 33;
     float *k = rand_host((size_t)n_rows * DIM), *v = rand_host((size_t)n_rows * DIM);
     llm_kv_layer kv = {kc, vc, t, BS, DIM, rb};
@@ -232,12 +232,12 @@ static void check_attention(llm_backend *cpu, quant_type t, int head, int lng, i
     for (int i = 0; i < blocks; i++) tables[i] = (int32_t)((i * 97 + 5) % blocks); /* a permutation: blocks is 8 or 256 */
     int tb = (hist_a + BS - 1) / BS; /* sequence B's table starts after A's */
     llm_kv_layer kv = {kc, vc, t, BS, dim, rb};
-    llm_batch_seq hist[2] = {{0, hist_a, 0, tables}, {hist_a, hist_b, 0, tables + tb}};
+    llm_batch_seq hist[2] = {{0, hist_a, 0, tables, NULL}, {hist_a, hist_b, 0, tables + tb, NULL}};
     float *hk = rand_host((size_t)(hist_a + hist_b) * dim), *hv = rand_host((size_t)(hist_a + hist_b) * dim);
     llm_backend_kv_write(cpu, &kv, hist, 2, hk, hv);
     /* short: rows 0..19 at 3..22 of A, rows 20..32 at 30..42 of B; long: one row each at the end */
-    llm_batch_seq seqs[2] = {{0, lng ? 1 : 20, lng ? hist_a - 1 : 3, tables},
-                             {lng ? 1 : 20, lng ? 1 : 13, lng ? hist_b - 1 : 30, tables + tb}};
+    llm_batch_seq seqs[2] = {{0, lng ? 1 : 20, lng ? hist_a - 1 : 3, tables, NULL},
+                             {lng ? 1 : 20, lng ? 1 : 13, lng ? hist_b - 1 : 30, tables + tb, NULL}};
     int n_rows = seqs[1].tok0 + seqs[1].n_tok, max_len = 0;
     float scale = 1.0f / sqrtf((float)head);
     float *q = rand_host((size_t)n_rows * NH * head), *ref = malloc((size_t)n_rows * NH * head * 4);

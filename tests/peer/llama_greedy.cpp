@@ -27,7 +27,7 @@ int main(int argc, char **argv)
         return 1;
     toks.resize(n);
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 512;
+    cp.n_ctx = n + atoi(argv[3]) + 16 > 512 ? n + atoi(argv[3]) + 16 : 512; /* the whole prompt in one batch (n_batch 2048) */
     cp.n_threads = cp.n_threads_batch = 2;
     llama_context *ctx = llama_init_from_model(model, cp);
     fprintf(stderr, "prompt ids:");

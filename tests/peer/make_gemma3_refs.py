@@ -1,8 +1,8 @@
 """Writes tests/data/gemma3-270m-llama.cpp.json: what llama.cpp (the peer,
 built from LLAMA_CPP_DIR, e.g. llama-cpp-python 0.3.36's vendor/llama.cpp)
 answers on Gemma 3 270M Q4_K_M: prompt ids of llama.cpp's SentencePiece
-tokenizer vectors and of mixed strings, and greedy ids of 10 prompts for
-64 tokens. tests/integration/test_gemma3.py holds our engine against it.
+tokenizer vectors and of mixed strings, and greedy ids of 10 short prompts
+and one past the sliding window for 64 tokens. tests/integration/test_gemma3.py holds our engine against it.
 
     LLAMA_CPP_DIR=... python3 tests/peer/make_gemma3_refs.py MODEL.gguf VECTORS.inp"""
 import hashlib
@@ -45,6 +45,11 @@ PROMPTS = ["The capital of France is", "Once upon a time", "def quicksort(arr):"
            "The three laws of thermodynamics are", "Dear Sir or Madam,", "import numpy as np\n"]
 
 
+# Past the 512-token window of Gemma's local layers (and past one 512-row
+# prefill chunk): the opening of Debian's GPL-3 text (base-files), ~800 ids.
+LONG = pathlib.Path("/usr/share/common-licenses/GPL-3").read_text()[:3600]
+
+
 def ids(line, what):
     m = re.search(rf"^{what}:(.*)$", line, re.M)
     return [int(x) for x in m.group(1).split()]
@@ -66,7 +71,7 @@ def main():
     texts = [t for t in pathlib.Path(vectors).read_text().split("\n__ggml_vocab_test__\n") if t] + MIXED
     tok = [{"text": t, "ids": ids(peer(t, 0), "prompt ids")} for t in texts]
     greedy = []
-    for p in PROMPTS:
+    for p in PROMPTS + [LONG]:
         out = peer(p, 64)
         greedy.append({"prompt": p, "prompt_ids": ids(out, "prompt ids"), "ids": ids(out, "generated ids")})
     sha = hashlib.sha256(pathlib.Path(model).read_bytes()).hexdigest()

@@ -22,12 +22,30 @@ static fx make(int n_blocks, int prefix)
     return f;
 }
 
+/* The first block a row at pos reads in a layer with this window. */
+static int lfirst(int pos, int window) { return pos - window + 1 > 0 ? (pos - window + 1) / BS : 0; }
+
+/* Layer 0 local with this window (layer 1 global), n_local local blocks. */
+static fx make_window(int n_blocks, int n_local, int window)
+{
+    fx f;
+    llm_error err = {0};
+    static const unsigned char local[LAYERS] = {1, 0};
+    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &f.b, &err), LLM_OK);
+    kv_cache_config cfg = {.block_size = BS, .type = LLM_KV_F32, .n_blocks = n_blocks, .prefix_cache = 1,
+                           .window = window, .local = local, .n_local_blocks = n_local};
+    assert_int_equal(kv_cache_new(&cfg, f.b, LAYERS, HEADS, HD, &f.c, &err), LLM_OK);
+    return f;
+}
+
 static void done(fx *f)
 {
     kv_cache_stats st;
     kv_cache_get_stats(f->c, &st);
     assert_int_equal(st.used, 0); /* every test gives every block back */
+    assert_int_equal(st.local_used, 0);
     assert_int_equal(st.free + st.cached, st.n_blocks);
+    assert_int_equal(st.local_free + st.local_cached, st.local_blocks);
     kv_cache_free(f->c);
     llm_backend_free(f->b);
 }
@@ -236,9 +254,9 @@ static void test_fork_cow(void **st)
     assert_int_equal(b.n_tokens, 6);
     assert_int_equal(b.blocks[1], a.blocks[1]);
     const int32_t *src, *dst;
-    assert_int_equal(kv_cache_copies(f.c, &src, &dst), 0);
+    assert_int_equal(kv_cache_copies(f.c, 0, &src, &dst), 0);
     feed(&f, &b, T, 1); /* writes position 6 of a shared block: copy first */
-    assert_int_equal(kv_cache_copies(f.c, &src, &dst), 1);
+    assert_int_equal(kv_cache_copies(f.c, 0, &src, &dst), 1);
     assert_int_equal(src[0], a.blocks[1]);
     assert_int_equal(dst[0], b.blocks[1]);
     assert_true(a.blocks[1] != b.blocks[1]);
@@ -248,7 +266,7 @@ static void test_fork_cow(void **st)
     for (int l = 0; l < LAYERS; l++)
         assert_true(((float *)L[l].k)[(size_t)b.blocks[1] * bb / 4 + 5] == (float)(l + 1));
     feed(&f, &a, T + 7, 1); /* a's block is its own again: no copy */
-    assert_int_equal(kv_cache_copies(f.c, &src, &dst), 0);
+    assert_int_equal(kv_cache_copies(f.c, 0, &src, &dst), 0);
     kv_seq_release(f.c, &a);
     kv_seq_release(f.c, &b);
     done(&f);
@@ -272,7 +290,7 @@ static void test_fork_unindexes(void **st)
     tb[7] = 77;
     feed(&f, &b, tb, 1); /* b's position 7 now differs from T[7] */
     const int32_t *src, *dst;
-    assert_int_equal(kv_cache_copies(f.c, &src, &dst), 0);
+    assert_int_equal(kv_cache_copies(f.c, 0, &src, &dst), 0);
     assert_int_equal(kv_seq_match(f.c, &c, T, 8), 4); /* only the untouched block */
     kv_seq_release(f.c, &b);
     kv_seq_release(f.c, &c);
@@ -391,7 +409,7 @@ static void test_random_churn(void **st)
             int n = 1 + (int)(test_rng(&seed) % 6);
             if (kv_seq_reserve(f.c, &s[i], n) == LLM_OK) {
                 const int32_t *src, *dst;
-                int nc = kv_cache_copies(f.c, &src, &dst);
+                int nc = kv_cache_copies(f.c, 0, &src, &dst);
                 for (int k = 0; k < nc; k++) sh[dst[k]] = sh[src[k]];
                 kv_cache_copies_done(f.c);
                 shadow_write(sh, &s[i], toks[i], n);
@@ -405,6 +423,169 @@ static void test_random_churn(void **st)
     done(&f);
 }
 
+/* Sliding-window layers: a long sequence holds only its window's local
+ * blocks; the local layer's storage is its own (not the global layer's);
+ * a match reuses local blocks as twins, and keeps fewer blocks when the
+ * twins its windows need are gone. */
+static void test_window_bounded(void **st)
+{
+    (void)st;
+    fx f = make_window(16, 6, 6); /* window 6: the next row reads at most 2 earlier blocks */
+    const llm_kv_layer *L = kv_cache_layers(f.c);
+    assert_true(L[0].k != L[1].k && L[0].k != L[1].v);
+    assert_int_equal(kv_cache_window(f.c), 6);
+    kv_seq a, b;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    for (int i = 0; i < 32; i++) { /* 32 tokens: 8 global blocks, never more than 3 local ones */
+        feed(&f, &a, T, 1);
+        kv_cache_stats cs;
+        kv_cache_get_stats(f.c, &cs);
+        assert_true(cs.local_used <= 3);
+        assert_int_equal(a.lfirst, lfirst(a.n_tokens - 1, 6));
+        for (int k = 0; k < a.lfirst; k++) assert_int_equal(a.lblocks[k], -1);
+    }
+    kv_seq_release(f.c, &a);
+    /* the whole prompt is found: the blocks before its end have their twins */
+    assert_int_equal(kv_seq_match(f.c, &b, T, 32), 32);
+    assert_int_equal(b.lfirst, 6);
+    assert_true(b.lblocks[6] >= 0 && b.lblocks[7] >= 0);
+    kv_seq_release(f.c, &b);
+    /* but not a shorter prompt whose window reaches blocks dropped long ago
+     * (evicted: 6 local blocks, the oldest reused first) */
+    kv_seq c;
+    kv_seq_init(&c);
+    int32_t u[40];
+    for (int i = 0; i < 40; i++) u[i] = 500 + i;
+    feed(&f, &c, u, 20); /* other content takes local blocks over */
+    kv_seq_release(f.c, &c);
+    assert_int_equal(kv_seq_match(f.c, &b, T, 16), 0);
+    kv_seq_release(f.c, &b);
+    done(&f);
+}
+
+/* A fork needs its parent to still hold the local blocks its windows read. */
+static void test_window_fork(void **st)
+{
+    (void)st;
+    fx f = make_window(16, 16, 4);
+    kv_seq a, b, c;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    kv_seq_init(&c);
+    feed(&f, &a, T, 7);
+    assert_int_equal(kv_seq_fork(f.c, &b, &a, 6), LLM_OK); /* reads positions 3..6: a still has blocks 0 and 1 */
+    assert_int_equal(b.lblocks[1], a.lblocks[1]);
+    feed(&f, &b, T, 1); /* position 6 in the shared partial block: copied in both pools */
+    const int32_t *src, *dst;
+    assert_int_equal(kv_cache_copies(f.c, 0, &src, &dst), 1);
+    assert_int_equal(kv_cache_copies(f.c, 1, &src, &dst), 1);
+    assert_int_equal(src[0], a.lblocks[1]);
+    assert_int_equal(dst[0], b.lblocks[1]);
+    kv_cache_copies_done(f.c);
+    feed(&f, &a, T + 7, 9); /* a moves on to 16 tokens and drops blocks 0..2 */
+    assert_int_equal(kv_seq_fork(f.c, &c, &a, 6), LLM_ERR_KV_FULL);
+    assert_int_equal(c.n_blocks, 0);
+    kv_seq_release(f.c, &a);
+    kv_seq_release(f.c, &b);
+    done(&f);
+}
+
+/* Blocks of a sequence's table as the test tracks their content. */
+static void shadow_table_write(shadow *sh, const kv_seq *s, const int32_t *table, const int32_t *toks, int n)
+{
+    for (int q = s->n_tokens; q < s->n_tokens + n; q++) {
+        shadow *b = &sh[table[q / BS]];
+        b->pos0 = q / BS * BS;
+        memcpy(b->prefix, toks, sizeof(int32_t) * (size_t)(q + 1));
+        b->filled = q % BS + 1;
+    }
+}
+
+/* Every local block s holds is the one for its prefix and positions (up
+ * to what s has written), it holds every block its next row reads, and
+ * none before what the row before that read. */
+static void shadow_check_local(const shadow *sh, const kv_seq *s, const int32_t *toks, int window)
+{
+    int first = s->lfirst;
+    assert_true(first <= lfirst(s->n_tokens, window) && first >= lfirst(s->n_tokens - 1, window));
+    for (int k = 0; k < s->n_blocks; k++) {
+        if (k < first) {
+            assert_int_equal(s->lblocks[k], -1);
+            continue;
+        }
+        const shadow *b = &sh[s->lblocks[k]];
+        int have = s->n_tokens - k * BS < BS ? s->n_tokens - k * BS : BS;
+        if (have <= 0)
+            continue;
+        assert_int_equal(b->pos0, k * BS);
+        assert_true(b->filled >= have);
+        assert_memory_equal(b->prefix, toks, sizeof(int32_t) * (size_t)(k * BS + have));
+    }
+}
+
+/* The churn with a window: both pools' blocks hold the right content for
+ * every sequence after every operation, the local pool never holds more
+ * than the windows need, and references return to zero. */
+static void test_window_churn(void **st)
+{
+    (void)st;
+    enum { N = 6, W = 7, LOCAL_BLOCKS = N * ((W + BS - 1) / BS + 4) };
+    fx f = make_window(CHURN_BLOCKS, LOCAL_BLOCKS, W);
+    kv_seq s[N];
+    int32_t toks[N][CHURN_LEN];
+    static shadow sh[CHURN_BLOCKS], lsh[LOCAL_BLOCKS];
+    int32_t base[3][CHURN_LEN];
+    int live[N] = {0};
+    memset(sh, 0, sizeof sh);
+    memset(lsh, 0, sizeof lsh);
+    uint64_t seed = 11;
+    int hits = 0, forks = 0, full = 0;
+    for (int b = 0; b < 3; b++)
+        for (int k = 0; k < CHURN_LEN; k++) base[b][k] = (int32_t)(test_rng(&seed) % 3);
+    for (int i = 0; i < N; i++) kv_seq_init(&s[i]);
+    for (int step = 0; step < 20000; step++) {
+        int i = (int)(test_rng(&seed) % N), op = (int)(test_rng(&seed) % 10);
+        if (op == 0 || s[i].n_tokens > 56) {
+            kv_seq_release(f.c, &s[i]);
+            live[i] = 0;
+        } else if (!live[i]) {
+            live[i] = 1;
+            int j = (int)(test_rng(&seed) % N);
+            churn_tokens(toks[i], base, &seed);
+            if (op < 4 && s[j].n_tokens > 1 && j != i) {
+                memcpy(toks[i], toks[j], sizeof toks[i]);
+                forks += kv_seq_fork(f.c, &s[i], &s[j], s[j].n_tokens - 1) == LLM_OK;
+            } else {
+                int n = 1 + (int)(test_rng(&seed) % 56);
+                hits += kv_seq_match(f.c, &s[i], toks[i], n) > 0;
+                shadow_check_match(sh, &s[i], toks[i]);
+            }
+            shadow_check_local(lsh, &s[i], toks[i], W);
+        } else {
+            int n = 1 + (int)(test_rng(&seed) % 6);
+            llm_status rs = kv_seq_reserve(f.c, &s[i], n);
+            full += rs == LLM_ERR_KV_FULL;
+            if (rs == LLM_OK) {
+                const int32_t *src, *dst;
+                int nc = kv_cache_copies(f.c, 0, &src, &dst);
+                for (int k = 0; k < nc; k++) sh[dst[k]] = sh[src[k]];
+                nc = kv_cache_copies(f.c, 1, &src, &dst);
+                for (int k = 0; k < nc; k++) lsh[dst[k]] = lsh[src[k]];
+                kv_cache_copies_done(f.c);
+                shadow_table_write(sh, &s[i], s[i].blocks, toks[i], n);
+                shadow_table_write(lsh, &s[i], s[i].lblocks, toks[i], n);
+                kv_seq_commit(f.c, &s[i], toks[i], n);
+                shadow_check_local(lsh, &s[i], toks[i], W);
+            }
+        }
+    }
+    print_message("window churn: %d matches hit, %d forks, %d reservations refused\n", hits, forks, full);
+    assert_true(hits > 100 && forks > 100);
+    for (int i = 0; i < N; i++) kv_seq_release(f.c, &s[i]);
+    done(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -414,7 +595,8 @@ int main(void)
         cmocka_unit_test(test_prefix_off),    cmocka_unit_test(test_lru_eviction),
         cmocka_unit_test(test_full_changes_nothing), cmocka_unit_test(test_fork_cow),
         cmocka_unit_test(test_fork_unindexes), cmocka_unit_test(test_config_errors),
-        cmocka_unit_test(test_random_churn),
+        cmocka_unit_test(test_random_churn),  cmocka_unit_test(test_window_bounded),
+        cmocka_unit_test(test_window_fork),   cmocka_unit_test(test_window_churn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -188,7 +188,7 @@ static void logits_of(const llm_model *m, int n_ranks, float *out)
         kv_seq_init(&s[i]);
         assert_int_equal(kv_seq_reserve(kv, &s[i], i ? 10 : 14), LLM_OK);
     }
-    llm_batch_seq bs[2] = {{0, 14, 0, s[0].blocks}, {14, 10, 0, s[1].blocks}};
+    llm_batch_seq bs[2] = {{0, 14, 0, s[0].blocks, NULL}, {14, 10, 0, s[1].blocks, NULL}};
     llm_forward_batch bt = {tok, L_ROWS, bs, 2, rows, 2};
     const float *lg;
     assert_int_equal(llm_forward_eval(f, &bt, kv_cache_layers(kv), &lg), LLM_OK);

@@ -287,12 +287,15 @@ static void *reader_main(void *arg)
     return NULL;
 }
 
-/* One completion alone on a fresh engine, prefix cache off: rq (n = 1)
- * read into *out. 0, or -1 (printed) when it failed. */
+/* One completion alone on a fresh engine, prefix cache off, and on the
+ * windowed model one KV pool that keeps every position (so the trace's
+ * two pools, with local blocks dropped and matched as twins, are checked
+ * against the layout without either): rq (n = 1) read into *out. 0, or -1
+ * (printed) when it failed. */
 static int alone(const tr_trace *t, const llm_request *rq, tr_comp *out)
 {
     llm_engine_config c = {.model = g_m, .backend = g_b, .n_ctx = t->cfg.n_ctx, .block_size = t->cfg.block_size,
-                           .kv_type = t->cfg.kv_type, .no_prefix_cache = 1, .max_seqs = 4};
+                           .kv_type = t->cfg.kv_type, .no_prefix_cache = 1, .max_seqs = 4, .kv_keep_all = 1};
     llm_error err = {0};
     static tr_req one;
     memset(&one, 0, sizeof one);
@@ -426,8 +429,12 @@ static int check_engine(const tr_trace *t, llm_engine *e)
     g_tot.forked += st.forked_tokens;
     g_tot.cancels += (uint64_t)cancels;
     const char *why = NULL;
-    if (st.kv_blocks_used != 0)
+    int w = g_m->layers[0].window, bs = t->cfg.block_size; /* tiny gemma3's first layer is local */
+    int need = t->cfg.max_seqs * ((w + bs - 1) / bs + 2) + (t->cfg.max_batch_tokens + bs - 1) / bs;
+    if (st.kv_blocks_used != 0 || st.kv_local_blocks_used != 0)
         why = "KV blocks still referenced after the trace";
+    else if (w > 0 && (st.kv_window != w || st.kv_local_blocks_total > need))
+        why = "the windowed layers' pool is not bounded by their windows"; /* every sequence ran within it */
     else if (st.prompt_tokens < lo || st.prompt_tokens > hi)
         why = "prompt_tokens is not the sum of the admitted sequences' prompts";
     else if (cancels == 0 && (st.prompt_tokens != lo || st.cached_tokens != cached))

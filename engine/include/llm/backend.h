@@ -56,10 +56,13 @@ typedef struct llm_kv_layer {
 
 /* One sequence's rows of a batch: rows [tok0, tok0 + n_tok) sit at
  * positions [pos0, pos0 + n_tok); logical position p lives in physical
- * block block_table[p / block_size]. */
+ * block block_table[p / block_size]. local_table, when set, is the table
+ * of the sliding-window layers' own pool (kv_cache.h): its entries before
+ * the first block a window reaches are -1 and never read. */
 typedef struct llm_batch_seq {
     int tok0, n_tok, pos0;
     const int32_t *block_table;
+    const int32_t *local_table; /* NULL: every layer uses block_table */
 } llm_batch_seq;
 
 /* Causal attention for every row of a batch: row t of sequence s attends

@@ -45,6 +45,8 @@ typedef struct llm_engine_config {
     float kv_cache_fraction; /* 0: 0.25; the pool is capped at max_seqs full contexts either way */
     int aging_ms;            /* waiting this long is worth one priority level; 0: 1000 */
     int no_prefix_cache;     /* 1: do not keep or reuse blocks by content */
+    int kv_keep_all;         /* 1: sliding-window layers keep every position like the others (one pool, as
+                              * before windows freed memory; tests compare the two) */
     int tensor_parallel;     /* ranks (tp.h); 0 or 1: backend alone */
     llm_backend *const *tp_backends; /* (tensor_parallel) borrowed, [0] == backend; the KV budget is per rank */
 } llm_engine_config;
@@ -102,6 +104,8 @@ typedef struct llm_stats {
     int running, waiting;    /* sequences */
     int requests;            /* requests not yet fully read */
     int kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_block_size;
+    int kv_local_blocks_total, kv_local_blocks_used; /* sliding-window layers' pool (0 without one) */
+    int kv_window;           /* the positions that pool keeps per sequence; 0: none */
     uint64_t steps, preemptions, requests_done;
     uint64_t prompt_tokens;  /* prompt tokens admitted */
     uint64_t cached_tokens;  /* of those, not computed thanks to the prefix cache or a sibling */

@@ -50,9 +50,14 @@ llm_status llm_forward_eval_sample(llm_forward *f, const llm_forward_batch *batc
 llm_status llm_forward_new_tp(const llm_model *m, llm_backend *const *b, int n_ranks, int max_rows, int max_logits,
                               llm_forward **out, llm_error *err);
 
-/* Copy-on-write of K/V blocks src[i] -> dst[i] in every layer of every
- * rank (layers as for llm_forward_eval). */
-void llm_forward_kv_copy(llm_forward *f, const llm_kv_layer *layers, const int32_t *src, const int32_t *dst, int n);
+/* Which layers a block copy applies to: every layer (one pool), or with a
+ * sliding-window pool (kv_cache.h) the global or the local layers. */
+typedef enum llm_kv_copy_layers { LLM_KV_COPY_ALL = 0, LLM_KV_COPY_GLOBAL, LLM_KV_COPY_LOCAL } llm_kv_copy_layers;
+
+/* Copy-on-write of K/V blocks src[i] -> dst[i] in the `which` layers of
+ * every rank (layers as for llm_forward_eval). */
+void llm_forward_kv_copy(llm_forward *f, const llm_kv_layer *layers, llm_kv_copy_layers which, const int32_t *src,
+                         const int32_t *dst, int n);
 
 /* Runs the batch, storing its K/V into layers (model n_layer entries per
  * rank, rank-major, as kv_cache_layers hands them out; with room reserved

@@ -12,6 +12,15 @@
  * queued here and performed by the caller through the backend before the
  * forward pass that writes.
  *
+ * Sliding-window layers (kv_cache_config.window and .local) keep their
+ * K/V in a second pool: a sequence holds local blocks only for positions
+ * some later row's window can still read (kv_seq.lblocks, NIL before
+ * kv_seq.lfirst), so their memory per sequence is bounded by the window.
+ * A cached local block is found as the twin of the global block of the
+ * same positions and prefix; a prefix match keeps only as many blocks as
+ * it also has the local blocks for (their windows' worth before the
+ * match's end), and recomputes the rest.
+ *
  * Storage comes from the backend (kv_cache_layers() hands out each layer's
  * K/V arrays in the backend.h layout); everything else here is plain host
  * bookkeeping, the same for every backend.
@@ -51,6 +60,13 @@ typedef struct kv_cache_config {
      * one rank's count and the byte budget is per rank. */
     llm_backend *const *ranks;
     int n_ranks;
+    /* Sliding-window layers: with window > 0 and local[l] set for some
+     * layer, those layers keep only the last `window` positions of each
+     * sequence in a pool of n_local_blocks blocks (0, or more than the
+     * global pool: as many as the global pool). */
+    int window;
+    const unsigned char *local; /* (n_layer) flags, or NULL; read by kv_cache_new only */
+    int n_local_blocks;
 } kv_cache_config;
 
 typedef struct kv_cache kv_cache;
@@ -59,7 +75,8 @@ typedef struct kv_cache kv_cache;
  * n_hashed full blocks have been offered to the prefix index. */
 typedef struct kv_seq {
     int32_t *blocks; /* logical -> physical block */
-    int n_blocks, cap;
+    int32_t *lblocks; /* with a window: logical -> local block; -1 before lfirst (dropped); else NULL */
+    int n_blocks, cap, lfirst;
     int n_tokens;
     int n_hashed;
     uint64_t salt;   /* set before kv_seq_match (0 after init): prefixes are shared only among sequences with the same
@@ -72,6 +89,8 @@ typedef struct kv_cache_stats {
     int cached;     /* unreferenced, content kept for reuse (evictable) */
     int free;       /* unreferenced, no content: free + cached is what can be allocated */
     uint64_t evictions;
+    int local_blocks, local_used, local_cached, local_free; /* the local pool (0 without one) */
+    uint64_t local_evictions;
 } kv_cache_stats;
 
 /* Sizes and allocates the pool. Errors: LLM_ERR_INVALID_ARG (block size,
@@ -87,15 +106,20 @@ size_t kv_cache_block_bytes(llm_kv_type type, int block_size, int n_layer, int k
  * the cache's life. */
 const llm_kv_layer *kv_cache_layers(const kv_cache *c);
 int kv_cache_block_size(const kv_cache *c);
+/* Blocks of the global pool (every layer's, or the global layers' with a
+ * local pool). */
 int kv_cache_n_blocks(const kv_cache *c);
-/* Blocks an allocation could get now (free + evictable). */
+/* The window local layers keep; 0 when there is no local pool. */
+int kv_cache_window(const kv_cache *c);
+/* Global blocks an allocation could get now (free + evictable). */
 int kv_cache_available(const kv_cache *c);
 void kv_cache_get_stats(const kv_cache *c, kv_cache_stats *out);
 
-/* Queued copy-on-write copies: *src and *dst get n block ids; the caller
- * copies them (llm_backend_kv_copy) before the next forward pass, then
- * calls kv_cache_copies_done. */
-int kv_cache_copies(const kv_cache *c, const int32_t **src, const int32_t **dst);
+/* Queued copy-on-write copies of the global (local 0) or the local pool
+ * (local 1): *src and *dst get n block ids; the caller copies them in that
+ * pool's layers (llm_forward_kv_copy) before the next forward pass, then
+ * calls kv_cache_copies_done (for both). */
+int kv_cache_copies(const kv_cache *c, int local, const int32_t **src, const int32_t **dst);
 void kv_cache_copies_done(kv_cache *c);
 
 void kv_seq_init(kv_seq *s);
@@ -111,18 +135,21 @@ int kv_seq_match(kv_cache *c, kv_seq *s, const int32_t *tokens, int n);
 
 /* For an empty dst: shares the blocks holding positions [0, n_tokens) of
  * src (and its salt). A block both then write into is copied first (see
- * kv_seq_reserve). LLM_ERR_NOMEM changes nothing. */
+ * kv_seq_reserve). LLM_ERR_NOMEM, and LLM_ERR_KV_FULL when src already
+ * dropped local blocks dst's windows read, change nothing. */
 llm_status kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src, int n_tokens);
 
-/* Makes positions [n_tokens, n_tokens + n) writable: allocates blocks and
- * queues a copy when the block at n_tokens is shared. LLM_ERR_KV_FULL (not
- * enough blocks) and LLM_ERR_NOMEM change nothing. */
+/* Makes positions [n_tokens, n_tokens + n) writable: allocates blocks (in
+ * both pools) and queues a copy when the block at n_tokens is shared.
+ * LLM_ERR_KV_FULL (not enough blocks in either pool) and LLM_ERR_NOMEM
+ * change nothing. */
 llm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int n);
-/* How many blocks kv_seq_reserve(c, s, n) would allocate. */
+/* How many global blocks kv_seq_reserve(c, s, n) would allocate. */
 int kv_seq_blocks_needed(const kv_cache *c, const kv_seq *s, int n);
 
 /* After a forward pass stored K/V for [n_tokens, n_tokens + n): advances
- * n_tokens and registers blocks that became full. tokens holds the
+ * n_tokens, registers blocks that became full (with their local twins) and
+ * drops local blocks no later row's window reads. tokens holds the
  * sequence's tokens from position 0. */
 void kv_seq_commit(kv_cache *c, kv_seq *s, const int32_t *tokens, int n);
 

@@ -71,6 +71,10 @@ typedef struct llm_model {
  * or tensor at fault. */
 llm_status llm_model_load(const char *path, llm_model **out, llm_error *err);
 void llm_model_free(llm_model *m);
+
+/* Marks the sliding-window layers in local (n_layer flags) and returns the
+ * widest window (0: none) - what a KV cache keeps apart for them. */
+int llm_model_windows(const llm_model *m, unsigned char *local);
 /* Bytes of all weights (for the bandwidth roofline). */
 size_t llm_model_weight_bytes(const llm_model *m);
 /* Reads every page of the weights once, so the first request does not pay
