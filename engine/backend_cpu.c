@@ -382,6 +382,20 @@ static void cpu_add_bias(llm_backend *b, float *x, const float *bias, int n_tok,
         for (int i = 0; i < dim; i++) x[(size_t)t * dim + i] += bias[i];
 }
 
+static void cpu_add_rows(llm_backend *b, float *y, const int32_t *rows, const float *w, const float *x, int n, int dim,
+                         int set)
+{
+    (void)b;
+    for (int i = 0; i < n; i++) {
+        float *yr = y + (size_t)rows[i] * dim;
+        const float *xr = x + (size_t)i * dim;
+        if (set)
+            for (int j = 0; j < dim; j++) yr[j] = w[i] * xr[j];
+        else
+            for (int j = 0; j < dim; j++) yr[j] += w[i] * xr[j];
+    }
+}
+
 static void cpu_get_rows(llm_backend *b, const llm_weight *emb, const int32_t *ids, int n, float *out)
 {
     (void)b;
@@ -472,6 +486,7 @@ static const struct llm_backend_i cpu_iface = {
     .add = cpu_add,
     .scale = cpu_scale,
     .add_bias = cpu_add_bias,
+    .add_rows = cpu_add_rows,
     .get_rows = cpu_get_rows,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,

@@ -44,7 +44,7 @@ _Static_assert((int)LK_T_F32 == (int)QT_F32 && (int)LK_T_F16 == (int)QT_F16 && (
                    (int)LK_T_Q5_K == (int)QT_Q5_K,
                "the kernels' type numbers are quant_type's");
 
-enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_SAMPLE, ST_TILES, ST_FREQ, ST_KINDS };
+enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_SAMPLE, ST_TILES, ST_FREQ, ST_ROWS, ST_KINDS };
 
 typedef struct cu_alloc {
     void *p;
@@ -461,7 +461,7 @@ static void cuda_step_begin(llm_backend *b, const llm_step_info *si)
         graph_abort(c); /* the last step ended without its pick */
     g->pad = 0;
     g->warm = NULL;
-    if (c->in_comm || !si->pick || !si->decode || si->n_rows > 512 || c->failed)
+    if (c->in_comm || !si->pick || !si->decode || si->host_sync || si->n_rows > 512 || c->failed)
         return;
     /* a graph's shape: padded attention whether or not graphs are on, so
      * LLM_CUDA_GRAPHS=0 runs the very same kernels, eagerly */
@@ -704,6 +704,22 @@ static void cuda_get_rows(llm_backend *b, const llm_weight *emb, const int32_t *
     const int32_t *d = stage(c, ST_IDS, ids, (size_t)n);
     if (d)
         LK(c, lk_get_rows((int)emb->type, emb->data, emb->row_bytes, (int)emb->cols, d, n, out, c->stream));
+}
+
+/* rows and weights go up as one array: [rows (n) | weights' bits (n)]. */
+static void cuda_add_rows(llm_backend *b, float *y, const int32_t *rows, const float *w, const float *x, int n, int dim,
+                          int set)
+{
+    cu_ctx *c = ctx_of(b);
+    use_device(c);
+    int32_t *p = n > 0 ? pack(c, 2 * (size_t)n) : NULL;
+    if (!p)
+        return;
+    memcpy(p, rows, sizeof(int32_t) * (size_t)n);
+    memcpy(p + n, w, sizeof(float) * (size_t)n);
+    const int32_t *d = stage(c, ST_ROWS, p, 2 * (size_t)n);
+    if (d)
+        LK(c, lk_add_rows(y, d, (const float *)(d + n), x, n, dim, set, c->stream));
 }
 
 static void cuda_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *seqs, int n_seqs, const float *k,
@@ -1147,6 +1163,7 @@ static const struct llm_backend_i cuda_iface = {
     .add = cuda_add,
     .scale = cuda_scale,
     .add_bias = cuda_add_bias,
+    .add_rows = cuda_add_rows,
     .get_rows = cuda_get_rows,
     .kv_write = cuda_kv_write,
     .attention = cuda_attention,

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "forward_impl.h"
+#include "llm/moe.h"
 
 struct llm_forward {
     const llm_model *m;           /* the model, or the backend's copy of its weights (same hparams) */
@@ -28,6 +29,11 @@ struct llm_forward {
     tp_group *tp;                 /* a tensor-parallel driver: the fields above are unused */
     llm_batch_seq *lseqs;         /* the batch's sequences with their local tables, for sliding-window layers */
     int lseqs_cap;
+    /* mixture of experts: router logits (on the backend, and read back to
+     * the host when it is a device), one expert's input and output rows,
+     * the layer's combined output, and the routing plan */
+    float *router, *router_host, *xe, *ye, *moe;
+    llm_moe_plan plan;
 };
 
 static float *act(llm_backend *b, size_t n, int *fail)
@@ -51,8 +57,19 @@ static llm_status alloc_acts(llm_forward *f, llm_error *err)
     f->k = act(b, R * kvd, &fail);
     f->v = act(b, R * kvd, &fail);
     f->att = act(b, R * qd, &fail);
-    f->hb = act(b, R * hp->n_ff, &fail);
-    f->hb2 = act(b, R * hp->n_ff, &fail);
+    size_t ff = hp->n_ff > hp->n_ff_exp ? (size_t)hp->n_ff : (size_t)hp->n_ff_exp;
+    f->hb = act(b, R * ff, &fail);
+    f->hb2 = act(b, R * ff, &fail);
+    if (hp->n_expert > 0) {
+        f->router = act(b, R * hp->n_expert, &fail);
+        f->xe = act(b, R * hp->n_embd, &fail);
+        f->ye = act(b, R * hp->n_embd, &fail);
+        f->moe = act(b, R * hp->n_embd, &fail);
+        if (!fail && !llm_backend_host_memory(b) && !(f->router_host = malloc(R * hp->n_expert * sizeof(float))))
+            fail = 1;
+        if (!fail && llm_moe_plan_alloc(&f->plan, hp->n_expert, hp->n_expert_used, f->max_rows, err))
+            return LLM_ERR_NOMEM;
+    }
     f->last = act(b, (size_t)f->max_logits * hp->n_embd, &fail);
     f->logits = act(b, (size_t)f->max_logits * hp->n_vocab, &fail);
     if (!fail && !llm_backend_host_memory(b) &&
@@ -146,7 +163,8 @@ void llm_forward_free(llm_forward *f)
     if (!f)
         return;
     tp_group_free(f->tp);
-    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->last, f->logits};
+    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->last, f->logits, f->router, f->xe, f->ye,
+                     f->moe};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) llm_backend_buffer_free(f->b, bufs[i]);
     if (f->dev_m)
         f->b->iface->model_release(f->b, f->dev_m);
@@ -155,6 +173,8 @@ void llm_forward_free(llm_forward *f)
     free(f->greedy);
     free(f->pos);
     free(f->lseqs);
+    free(f->router_host);
+    llm_moe_plan_free(&f->plan);
     free(f);
 }
 
@@ -226,6 +246,64 @@ static llm_status mlp_block(llm_forward *f, int il, int n)
     if (l->ffn_post_norm)
         llm_backend_rmsnorm(b, f->xb, l->ffn_post_norm, n, hp->n_embd, hp->eps, f->xb);
     llm_backend_add(b, f->x, f->xb, (size_t)n * hp->n_embd);
+    return LLM_OK;
+}
+
+/* One expert over the rows the plan gave it: its SwiGLU MLP on those rows
+ * of f->xb, weighted into f->moe (set for rows it is the first expert of,
+ * added for the others). */
+static llm_status expert_run(llm_forward *f, const llm_layer *l, int e, int n)
+{
+    const llm_hparams *hp = &f->m->hp;
+    const llm_moe_plan *p = &f->plan;
+    llm_backend *b = f->b;
+    int o = p->off[e], cnt = p->off[e + 1] - o, nf = p->n_first[e];
+    llm_weight rows = {QT_F32, n, hp->n_embd, sizeof(float) * (size_t)hp->n_embd, f->xb};
+    llm_backend_get_rows(b, &rows, p->rows + o, cnt, f->xe);
+    llm_matmul gate_up[2] = {{&l->exp_gate[e], f->hb}, {&l->exp_up[e], f->hb2}};
+    llm_status st = llm_backend_matmul_group(b, gate_up, 2, f->xe, cnt);
+    if (st)
+        return st;
+    llm_backend_swiglu(b, f->hb, f->hb2, (size_t)cnt * hp->n_ff_exp, f->hb);
+    if ((st = llm_backend_matmul(b, &l->exp_down[e], f->hb, cnt, f->ye)))
+        return st;
+    if (nf > 0)
+        llm_backend_add_rows(b, f->moe, p->rows + o, p->weight + o, f->ye, nf, hp->n_embd, 1);
+    if (cnt > nf)
+        llm_backend_add_rows(b, f->moe, p->rows + o + nf, p->weight + o + nf, f->ye + (size_t)nf * hp->n_embd,
+                             cnt - nf, hp->n_embd, 0);
+    return LLM_OK;
+}
+
+/* The mixture-of-experts MLP: router logits (read back to the host, where
+ * the plan is made), then each expert with rows, in ascending id, so each
+ * row's output sums its experts in the same order whatever else is in the
+ * batch. A rank of tensor parallelism holds a share of every expert's
+ * hidden units: the partial sums are reduced like a dense MLP's. */
+static llm_status moe_block(llm_forward *f, int il, int n)
+{
+    const llm_hparams *hp = &f->m->hp;
+    const llm_layer *l = &f->m->layers[il];
+    llm_backend *b = f->b;
+    llm_status st;
+    llm_backend_rmsnorm(b, f->x, l->ffn_norm, n, hp->n_embd, hp->eps, f->xb);
+    if ((st = llm_backend_matmul(b, &l->w_router, f->xb, n, f->router)))
+        return st;
+    const float *logits = f->router;
+    if (f->router_host) {
+        if ((st = llm_backend_read(b, f->router_host, f->router, sizeof(float) * (size_t)n * hp->n_expert)))
+            return st;
+        logits = f->router_host;
+    }
+    llm_moe_route(&f->plan, logits, n, hp->expert_scale);
+    for (int e = 0; e < hp->n_expert; e++)
+        if (f->plan.off[e + 1] > f->plan.off[e] && (st = expert_run(f, l, e, n)))
+            return st;
+    if ((st = reduce(f, f->moe, (size_t)n * hp->n_embd)))
+        return st;
+    if (l->ffn_post_norm)
+        llm_backend_rmsnorm(b, f->moe, l->ffn_post_norm, n, hp->n_embd, hp->eps, f->moe);
+    llm_backend_add(b, f->x, f->moe, (size_t)n * hp->n_embd);
     return LLM_OK;
 }
 
@@ -317,13 +395,14 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
         return LLM_ERR_NOMEM;
     if (f->b->iface->step_begin)
         f->b->iface->step_begin(f->b, &(llm_step_info){bt->n_rows, bt->n_seqs, bt->n_logits, step_len(bt),
-                                                         bt->n_rows == bt->n_seqs, pick && f->b->iface->sample});
+                                                         bt->n_rows == bt->n_seqs, pick && f->b->iface->sample,
+                                                         hp->n_expert > 0});
     llm_backend_get_rows(f->b, &f->m->tok_embd, bt->tokens, bt->n_rows, f->x);
     if (hp->embd_scale != 1.0f)
         llm_backend_scale(f->b, f->x, hp->embd_scale, (size_t)bt->n_rows * hp->n_embd);
     for (int il = 0; il < hp->n_layer; il++)
         if ((st = attention_block(f, bt, lseqs && f->m->layers[il].window > 0 ? lseqs : bt->seqs, &layers[il], il)) ||
-            (st = mlp_block(f, il, bt->n_rows)))
+            (st = (hp->n_expert > 0 ? moe_block : mlp_block)(f, il, bt->n_rows)))
             return st;
     if (bt->n_logits > 0) {
         /* the rows wanted, gathered as rows of an F32 table */

@@ -15,21 +15,25 @@
 #include "unicode.h"
 
 static const llm_shape shapes[] = {
-    {"tiny", "llama", "gpt-2", 256, 512, 2, 4, 2, 512, 512, 10000.f, 0, 0, 0, 0},
-    {"tiny-qwen2", "qwen2", "qwen2", 256, 512, 2, 4, 2, 512, 512, 1000000.f, 1, 0, 0, 0},
-    {"tiny-llama3", "llama", "llama-bpe", 256, 512, 2, 4, 1, 512, 512, 500000.f, 1, 0, 0, 0},
-    {"tiny-starcoder", "llama", "starcoder", 256, 512, 1, 4, 4, 512, 512, 10000.f, 0, 0, 0, 0},
-    {"llama-110m", "llama", "gpt-2", 768, 2048, 12, 12, 12, 32000, 1024, 10000.f, 0, 0, 0, 0},
-    {"tinyllama-1.1b", "llama", "gpt-2", 2048, 5632, 22, 32, 4, 32000, 2048, 10000.f, 0, 0, 0, 0},
-    {"llama-3.2-1b", "llama", "llama-bpe", 2048, 8192, 16, 32, 8, 128256, 131072, 500000.f, 1, 0, 0, 0},
-    {"qwen2-0.5b", "qwen2", "qwen2", 896, 4864, 24, 14, 2, 151936, 32768, 1000000.f, 1, 0, 0, 0},
-    {"llama-8b", "llama", "llama-bpe", 4096, 14336, 32, 32, 8, 128256, 131072, 500000.f, 0, 0, 0, 0},
+    {"tiny", "llama", "gpt-2", 256, 512, 2, 4, 2, 512, 512, 10000.f, 0, 0, 0, 0, 0, 0, 0},
+    {"tiny-qwen2", "qwen2", "qwen2", 256, 512, 2, 4, 2, 512, 512, 1000000.f, 1, 0, 0, 0, 0, 0, 0},
+    {"tiny-llama3", "llama", "llama-bpe", 256, 512, 2, 4, 1, 512, 512, 500000.f, 1, 0, 0, 0, 0, 0, 0},
+    {"tiny-starcoder", "llama", "starcoder", 256, 512, 1, 4, 4, 512, 512, 10000.f, 0, 0, 0, 0, 0, 0, 0},
+    {"llama-110m", "llama", "gpt-2", 768, 2048, 12, 12, 12, 32000, 1024, 10000.f, 0, 0, 0, 0, 0, 0, 0},
+    {"tinyllama-1.1b", "llama", "gpt-2", 2048, 5632, 22, 32, 4, 32000, 2048, 10000.f, 0, 0, 0, 0, 0, 0, 0},
+    {"llama-3.2-1b", "llama", "llama-bpe", 2048, 8192, 16, 32, 8, 128256, 131072, 500000.f, 1, 0, 0, 0, 0, 0, 0},
+    {"qwen2-0.5b", "qwen2", "qwen2", 896, 4864, 24, 14, 2, 151936, 32768, 1000000.f, 1, 0, 0, 0, 0, 0, 0},
+    {"llama-8b", "llama", "llama-bpe", 4096, 14336, 32, 32, 8, 128256, 131072, 500000.f, 0, 0, 0, 0, 0, 0, 0},
     /* head size unlike n_embd / n_head, as both families have */
-    {"tiny-qwen3", "qwen3", "qwen2", 256, 512, 2, 4, 2, 512, 512, 1000000.f, 1, 96, 0, 0},
+    {"tiny-qwen3", "qwen3", "qwen2", 256, 512, 2, 4, 2, 512, 512, 1000000.f, 1, 96, 0, 0, 0, 0, 0},
     /* window 8 so a 21-token prompt crosses it; layers 0 and 2 local; 2 KV heads so TP=2 splits it */
-    {"tiny-gemma3", "gemma3", "gpt-2", 256, 512, 4, 4, 2, 512, 512, 1000000.f, 1, 128, 8, 2},
-    {"qwen3-0.6b", "qwen3", "qwen2", 1024, 3072, 28, 16, 8, 151936, 40960, 1000000.f, 1, 128, 0, 0},
-    {"gemma3-270m", "gemma3", "gpt-2", 640, 2048, 18, 4, 1, 262144, 32768, 1000000.f, 1, 256, 512, 6},
+    {"tiny-gemma3", "gemma3", "gpt-2", 256, 512, 4, 4, 2, 512, 512, 1000000.f, 1, 128, 8, 2, 0, 0, 0},
+    {"qwen3-0.6b", "qwen3", "qwen2", 1024, 3072, 28, 16, 8, 151936, 40960, 1000000.f, 1, 128, 0, 0, 0, 0, 0},
+    {"gemma3-270m", "gemma3", "gpt-2", 640, 2048, 18, 4, 1, 262144, 32768, 1000000.f, 1, 256, 512, 6, 0, 0, 0},
+    /* 8 experts, 2 per token; expert rows of 256 so K-quants apply; 2 KV heads so TP=2 splits it */
+    {"tiny-qwen3moe", "qwen3moe", "qwen2", 256, 512, 2, 4, 2, 512, 512, 1000000.f, 0, 64, 0, 0, 8, 2, 256},
+    /* Qwen3-30B-A3B's layout (128 experts, 8 per token, head 128, 4 KV heads) scaled to ~1B parameters */
+    {"qwen3moe-1b", "qwen3moe", "qwen2", 1024, 3072, 12, 16, 4, 151936, 40960, 1000000.f, 0, 128, 0, 0, 64, 8, 256},
 };
 #define N_SHAPES (sizeof shapes / sizeof *shapes)
 
@@ -216,6 +220,7 @@ typedef struct wspec {
     char name[64];
     quant_type type;
     uint64_t cols, rows; /* rows 0: a vector */
+    uint64_t n;          /* > 1: a stack of n matrices (experts), 3-D */
     float scale;         /* uniform in [-scale, scale]; 0: all ones (norms) */
 } wspec;
 
@@ -244,6 +249,7 @@ static void add_w(mk_ctx *m, const char *name, quant_type t, uint64_t cols, uint
     w->type = rows ? t : QT_F32;
     w->cols = cols;
     w->rows = rows;
+    w->n = 1;
     /* ~1/sqrt(fan-in) keeps activations in range through many layers */
     w->scale = rows ? (float)(1.0 / sqrt((double)cols)) : 0.0f;
     if (strstr(name, "bias"))
@@ -268,7 +274,7 @@ static void layer_weights(mk_ctx *m, const llm_shape *s, quant_type t, int il)
         W("attn_k.bias", kv, 0);
         W("attn_v.bias", kv, 0);
     }
-    if (gemma || !strcmp(s->arch, "qwen3")) {
+    if (gemma || !strncmp(s->arch, "qwen3", 5)) {
         W("attn_q_norm.weight", hd, 0);
         W("attn_k_norm.weight", hd, 0);
     }
@@ -276,9 +282,18 @@ static void layer_weights(mk_ctx *m, const llm_shape *s, quant_type t, int il)
     if (gemma)
         W("post_attention_norm.weight", E, 0);
     W("ffn_norm.weight", E, 0);
-    W("ffn_gate.weight", E, (uint64_t)s->n_ff);
-    W("ffn_up.weight", E, (uint64_t)s->n_ff);
-    W("ffn_down.weight", (uint64_t)s->n_ff, E);
+    if (s->n_expert) { /* the router stays F32, as llama-quantize leaves it */
+        uint64_t ne = (uint64_t)s->n_expert, ff = (uint64_t)s->n_ff_exp;
+        snprintf(n, sizeof n, "blk.%d.ffn_gate_inp.weight", il);
+        add_w(m, n, QT_F32, E, ne);
+        W("ffn_gate_exps.weight", E, ff), m->w[m->n - 1].n = ne;
+        W("ffn_up_exps.weight", E, ff), m->w[m->n - 1].n = ne;
+        W("ffn_down_exps.weight", ff, E), m->w[m->n - 1].n = ne;
+    } else {
+        W("ffn_gate.weight", E, (uint64_t)s->n_ff);
+        W("ffn_up.weight", E, (uint64_t)s->n_ff);
+        W("ffn_down.weight", (uint64_t)s->n_ff, E);
+    }
     if (gemma)
         W("post_ffw_norm.weight", E, 0);
 #undef W
@@ -288,7 +303,7 @@ static int fill(void *ctx, int i, void *dst, size_t nbytes)
 {
     mk_ctx *m = ctx;
     const wspec *w = &m->w[i];
-    uint64_t rows = w->rows ? w->rows : 1, x = m->seed * 1000003ull + (uint64_t)i;
+    uint64_t rows = (w->rows ? w->rows : 1) * w->n, x = m->seed * 1000003ull + (uint64_t)i;
     float *row = malloc(sizeof(float) * w->cols);
     if (!row)
         return -1;
@@ -334,6 +349,11 @@ static llm_status write_hparams(gguf_writer *w, const llm_shape *s, quant_type t
         st |= gguf_writer_u32(w, KEY("attention.key_length"), (uint32_t)s->head_dim);
         st |= gguf_writer_u32(w, KEY("attention.value_length"), (uint32_t)s->head_dim);
     }
+    if (s->n_expert) {
+        st |= gguf_writer_u32(w, KEY("expert_count"), (uint32_t)s->n_expert);
+        st |= gguf_writer_u32(w, KEY("expert_used_count"), (uint32_t)s->n_expert_used);
+        st |= gguf_writer_u32(w, KEY("expert_feed_forward_length"), (uint32_t)s->n_ff_exp);
+    }
     if (s->n_swa) {
         st |= gguf_writer_u32(w, KEY("attention.sliding_window"), (uint32_t)s->n_swa);
         st |= gguf_writer_u32(w, KEY("attention.sliding_window_pattern"), (uint32_t)s->swa_pattern);
@@ -376,8 +396,8 @@ llm_status llm_mkmodel(const llm_shape *s, quant_type t, uint64_t seed, const ch
         goto out;
     }
     for (int i = 0; i < m.n && !st; i++) {
-        uint64_t ne[2] = {m.w[i].cols, m.w[i].rows};
-        st = gguf_writer_tensor(w, m.w[i].name, m.w[i].type, m.w[i].rows ? 2 : 1, ne);
+        uint64_t ne[3] = {m.w[i].cols, m.w[i].rows, m.w[i].n};
+        st = gguf_writer_tensor(w, m.w[i].name, m.w[i].type, m.w[i].n > 1 ? 3 : m.w[i].rows ? 2 : 1, ne);
         if (st)
             llm_errf(err, st, "mkmodel: tensor %s (%s, %llu cols) rejected", m.w[i].name,
                      quant_type_name(m.w[i].type), (unsigned long long)m.w[i].cols);

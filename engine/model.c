@@ -67,9 +67,12 @@ static llm_status read_arch(loader *L)
         L->m->hp.arch = LLM_ARCH_QWEN3;
     else if (!strcmp(L->arch, "gemma3"))
         L->m->hp.arch = LLM_ARCH_GEMMA3;
+    else if (!strcmp(L->arch, "qwen3moe"))
+        L->m->hp.arch = LLM_ARCH_QWEN3MOE;
     else
         return llm_errf(L->err, LLM_ERR_UNSUPPORTED,
-                        "%s: architecture '%s' is not supported (llama, qwen2, qwen3, gemma3)", gguf_name(L->f), L->arch);
+                        "%s: architecture '%s' is not supported (llama, qwen2, qwen3, gemma3, qwen3moe)", gguf_name(L->f),
+                        L->arch);
     return LLM_OK;
 }
 
@@ -97,13 +100,42 @@ static llm_status read_rope_scaling(loader *L, llm_hparams *hp)
     return LLM_OK;
 }
 
+/* qwen3moe's experts: how many, how many per token, their hidden size
+ * (feed_forward_length is then optional: no dense MLP uses it). */
+static llm_status read_experts(loader *L, llm_hparams *hp)
+{
+    llm_status st;
+    hp->expert_scale = 1.0f;
+    if (hp->arch != LLM_ARCH_QWEN3MOE)
+        return LLM_OK;
+    if ((st = get_int(L, "expert_count", &hp->n_expert, 1, 0)) ||
+        (st = get_int(L, "expert_used_count", &hp->n_expert_used, 1, 0)) ||
+        (st = get_int(L, "expert_feed_forward_length", &hp->n_ff_exp, 1, 0)) ||
+        (st = get_float(L, "expert_weights_scale", &hp->expert_scale, 0.0f)))
+        return st;
+    if (hp->n_expert < 1 || hp->n_expert > LLM_MAX_EXPERTS || hp->n_expert_used < 1 ||
+        hp->n_expert_used > hp->n_expert || hp->n_ff_exp < 1)
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: %d experts (1 to %d), %d used per token (1 to the experts), "
+                        "expert_feed_forward_length %d (> 0)", gguf_name(L->f), hp->n_expert, LLM_MAX_EXPERTS,
+                        hp->n_expert_used, hp->n_ff_exp);
+    if (!isfinite(hp->expert_scale) || hp->expert_scale < 0.0f)
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: expert_weights_scale %g must be finite and >= 0", gguf_name(L->f),
+                        hp->expert_scale);
+    if (hp->expert_scale == 0.0f) /* llama.cpp reads 0 (absent) as no scaling */
+        hp->expert_scale = 1.0f;
+    if (hp->n_ff == 0)
+        hp->n_ff = hp->n_ff_exp;
+    return LLM_OK;
+}
+
 static llm_status read_hparams(loader *L)
 {
     llm_hparams *hp = &L->m->hp;
     llm_status st;
+    int moe = hp->arch == LLM_ARCH_QWEN3MOE;
     if ((st = get_int(L, "context_length", &hp->n_ctx_train, 1, 0)) ||
         (st = get_int(L, "embedding_length", &hp->n_embd, 1, 0)) ||
-        (st = get_int(L, "feed_forward_length", &hp->n_ff, 1, 0)) ||
+        (st = get_int(L, "feed_forward_length", &hp->n_ff, !moe, 0)) || (st = read_experts(L, hp)) ||
         (st = get_int(L, "block_count", &hp->n_layer, 1, 0)) ||
         (st = get_int(L, "attention.head_count", &hp->n_head, 1, 0)))
         return st;
@@ -252,6 +284,49 @@ static llm_status bind_vector(loader *L, const char *name, int64_t n, const floa
     return LLM_OK;
 }
 
+/* A 3-D tensor of n matrices (ne = {cols, rows, n}) as n weight views,
+ * in an array the model owns. */
+static llm_status bind_stack(loader *L, const char *name, int64_t cols, int64_t rows, int n, llm_weight **out)
+{
+    const gguf_tensor *t = gguf_find_tensor(L->f, name);
+    if (!t)
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: missing tensor %s", gguf_name(L->f), name);
+    if (t->n_dims != 3 || (int64_t)t->ne[0] != cols || (int64_t)t->ne[1] != rows || (int64_t)t->ne[2] != n)
+        return llm_errf(L->err, LLM_ERR_FORMAT, "%s: tensor %s has shape [%llu, %llu, %llu], expected [%lld, %lld, %d]",
+                        gguf_name(L->f), name, (unsigned long long)t->ne[0],
+                        (unsigned long long)(t->n_dims > 1 ? t->ne[1] : 1),
+                        (unsigned long long)(t->n_dims > 2 ? t->ne[2] : 1), (long long)cols, (long long)rows, n);
+    void **owned = realloc(L->m->owned, sizeof(void *) * (size_t)(L->m->n_owned + 1));
+    llm_weight *w = calloc((size_t)n, sizeof *w);
+    if (owned)
+        L->m->owned = owned;
+    if (!owned || !w) {
+        free(w);
+        return llm_errf(L->err, LLM_ERR_NOMEM, "%s: no memory for tensor %s", gguf_name(L->f), name);
+    }
+    L->m->owned[L->m->n_owned++] = w;
+    size_t rb = quant_row_bytes(t->type, (size_t)cols);
+    for (int e = 0; e < n; e++)
+        w[e] = (llm_weight){t->type, rows, cols, rb, (const char *)t->data + (size_t)e * (size_t)rows * rb};
+    *out = w;
+    return LLM_OK;
+}
+
+/* A mixture-of-experts MLP: the router and the experts' three stacks. */
+static llm_status bind_experts(loader *L, int i, llm_layer *l)
+{
+    const llm_hparams *hp = &L->m->hp;
+    char n[96];
+    llm_status st;
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d.%s", i, s), n)
+    if ((st = bind_matrix(L, NAME("ffn_gate_inp.weight"), hp->n_embd, hp->n_expert, &l->w_router)) ||
+        (st = bind_stack(L, NAME("ffn_gate_exps.weight"), hp->n_embd, hp->n_ff_exp, hp->n_expert, &l->exp_gate)) ||
+        (st = bind_stack(L, NAME("ffn_up_exps.weight"), hp->n_embd, hp->n_ff_exp, hp->n_expert, &l->exp_up)))
+        return st;
+    return bind_stack(L, NAME("ffn_down_exps.weight"), hp->n_ff_exp, hp->n_embd, hp->n_expert, &l->exp_down);
+#undef NAME
+}
+
 static llm_status bind_layer(loader *L, int i, llm_layer *l)
 {
     const llm_hparams *hp = &L->m->hp;
@@ -264,17 +339,22 @@ static llm_status bind_layer(loader *L, int i, llm_layer *l)
         (st = bind_matrix(L, NAME("attn_q.weight"), hp->n_embd, qd, &l->wq)) ||
         (st = bind_matrix(L, NAME("attn_k.weight"), hp->n_embd, kvd, &l->wk)) ||
         (st = bind_matrix(L, NAME("attn_v.weight"), hp->n_embd, kvd, &l->wv)) ||
-        (st = bind_matrix(L, NAME("attn_output.weight"), qd, hp->n_embd, &l->wo)) ||
-        (st = bind_matrix(L, NAME("ffn_gate.weight"), hp->n_embd, hp->n_ff, &l->w_gate)) ||
-        (st = bind_matrix(L, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &l->w_up)) ||
-        (st = bind_matrix(L, NAME("ffn_down.weight"), hp->n_ff, hp->n_embd, &l->w_down)))
+        (st = bind_matrix(L, NAME("attn_output.weight"), qd, hp->n_embd, &l->wo)))
+        return st;
+    if (hp->n_expert > 0)
+        st = bind_experts(L, i, l);
+    else if (!(st = bind_matrix(L, NAME("ffn_gate.weight"), hp->n_embd, hp->n_ff, &l->w_gate)) &&
+             !(st = bind_matrix(L, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &l->w_up)))
+        st = bind_matrix(L, NAME("ffn_down.weight"), hp->n_ff, hp->n_embd, &l->w_down);
+    if (st)
         return st;
     /* qwen2 always has Q/K/V biases; llama files may carry them too */
     if ((st = bind_vector(L, NAME("attn_q.bias"), qd, &l->bq, hp->arch != LLM_ARCH_QWEN2)) ||
         (st = bind_vector(L, NAME("attn_k.bias"), kvd, &l->bk, hp->arch != LLM_ARCH_QWEN2)) ||
         (st = bind_vector(L, NAME("attn_v.bias"), kvd, &l->bv, hp->arch != LLM_ARCH_QWEN2)))
         return st;
-    int qk_norm = hp->arch == LLM_ARCH_QWEN3 || hp->arch == LLM_ARCH_GEMMA3, post = hp->arch == LLM_ARCH_GEMMA3;
+    int qk_norm = hp->arch == LLM_ARCH_QWEN3 || hp->arch == LLM_ARCH_QWEN3MOE || hp->arch == LLM_ARCH_GEMMA3,
+        post = hp->arch == LLM_ARCH_GEMMA3;
     if ((st = bind_vector(L, NAME("attn_q_norm.weight"), hp->head_dim, &l->attn_q_norm, !qk_norm)) ||
         (st = bind_vector(L, NAME("attn_k_norm.weight"), hp->head_dim, &l->attn_k_norm, !qk_norm)))
         return st;

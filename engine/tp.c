@@ -23,14 +23,17 @@ llm_status llm_tp_check(const llm_model *m, int n_ranks, llm_error *err)
     const llm_hparams *hp = &m->hp;
     if (n_ranks < 1 || n_ranks > LLM_MAX_RANKS)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "tensor parallel %d: must be 1 to %d", n_ranks, LLM_MAX_RANKS);
-    if (hp->n_head % n_ranks || hp->n_head_kv % n_ranks || hp->n_ff % n_ranks)
+    if (hp->n_head % n_ranks || hp->n_head_kv % n_ranks || hp->n_ff % n_ranks || hp->n_ff_exp % n_ranks)
         return llm_errf(err, LLM_ERR_UNSUPPORTED,
-                        "tensor parallel %d: the model's heads (%d), KV heads (%d) and n_ff (%d) must all divide by it",
-                        n_ranks, hp->n_head, hp->n_head_kv, hp->n_ff);
+                        "tensor parallel %d: the model's heads (%d), KV heads (%d), n_ff (%d) and experts' n_ff (%d) "
+                        "must all divide by it", n_ranks, hp->n_head, hp->n_head_kv, hp->n_ff, hp->n_ff_exp);
     llm_status st = LLM_OK;
-    for (int l = 0; l < hp->n_layer && !st; l++)
-        if (!(st = check_cols("attn_output", &m->layers[l].wo, n_ranks, err)))
-            st = check_cols("ffn_down", &m->layers[l].w_down, n_ranks, err);
+    for (int l = 0; l < hp->n_layer && !st; l++) {
+        const llm_layer *L = &m->layers[l];
+        if (!(st = check_cols("attn_output", &L->wo, n_ranks, err)))
+            st = hp->n_expert ? check_cols("ffn_down_exps", &L->exp_down[0], n_ranks, err)
+                              : check_cols("ffn_down", &L->w_down, n_ranks, err);
+    }
     return st;
 }
 
@@ -54,6 +57,34 @@ static void *col_slice(const llm_weight *w, int64_t c0, int64_t n, llm_weight *o
 
 static const float *vec_slice(const float *v, size_t off) { return v ? v + off : NULL; }
 
+/* Every expert's share, as a dense MLP's: rows of gate and up, columns
+ * of down (copied, one allocation for all of the layer's experts; the
+ * three view arrays in one more). owned gets both. */
+static int part_experts(const llm_model *m, const llm_layer *L, int rank, int n_ranks, llm_layer *P, void **owned)
+{
+    int ne = m->hp.n_expert;
+    int64_t ff = m->hp.n_ff_exp / n_ranks;
+    const llm_weight *d = &L->exp_down[0];
+    size_t rb = quant_row_bytes(d->type, (size_t)ff), per = rb * (size_t)d->rows;
+    llm_weight *views = owned[0] = malloc(sizeof *views * 3 * (size_t)ne);
+    char *down = owned[1] = malloc(per * (size_t)ne);
+    if (!views || !down)
+        return -1;
+    P->exp_gate = views;
+    P->exp_up = views + ne;
+    P->exp_down = views + 2 * ne;
+    for (int e = 0; e < ne; e++) {
+        P->exp_gate[e] = row_slice(&L->exp_gate[e], rank * ff, ff);
+        P->exp_up[e] = row_slice(&L->exp_up[e], rank * ff, ff);
+        const llm_weight *w = &L->exp_down[e];
+        size_t off = quant_row_bytes(w->type, (size_t)(rank * ff));
+        char *p = down + (size_t)e * per;
+        for (int64_t r = 0; r < w->rows; r++) memcpy(p + (size_t)r * rb, (const char *)w->data + (size_t)r * w->row_bytes + off, rb);
+        P->exp_down[e] = (llm_weight){w->type, w->rows, ff, rb, p};
+    }
+    return 0;
+}
+
 static int part_layer(const llm_model *m, const llm_layer *L, int rank, int n_ranks, llm_layer *P, void **owned)
 {
     const llm_hparams *hp = &m->hp;
@@ -66,11 +97,15 @@ static int part_layer(const llm_model *m, const llm_layer *L, int rank, int n_ra
     P->bq = vec_slice(L->bq, (size_t)(rank * qd));
     P->bk = vec_slice(L->bk, (size_t)(rank * kvd));
     P->bv = vec_slice(L->bv, (size_t)(rank * kvd));
+    owned[0] = col_slice(&L->wo, rank * qd, qd, &P->wo);
+    if (!owned[0])
+        return -1;
+    if (m->hp.n_expert)
+        return part_experts(m, L, rank, n_ranks, P, owned + 1);
     P->w_gate = row_slice(&L->w_gate, rank * ff, ff);
     P->w_up = row_slice(&L->w_up, rank * ff, ff);
-    owned[0] = col_slice(&L->wo, rank * qd, qd, &P->wo);
     owned[1] = col_slice(&L->w_down, rank * ff, ff, &P->w_down);
-    return owned[0] && owned[1] ? 0 : -1;
+    return owned[1] ? 0 : -1;
 }
 
 llm_status llm_tp_partition(const llm_model *m, int rank, int n_ranks, llm_model **out, llm_error *err)
@@ -91,12 +126,13 @@ llm_status llm_tp_partition(const llm_model *m, int rank, int n_ranks, llm_model
     p->hp.n_head /= n_ranks;
     p->hp.n_head_kv /= n_ranks;
     p->hp.n_ff /= n_ranks;
+    p->hp.n_ff_exp /= n_ranks;
     p->layers = calloc((size_t)nl, sizeof *p->layers);
-    p->owned = calloc((size_t)nl * 2, sizeof *p->owned);
-    p->n_owned = p->owned ? nl * 2 : 0;
+    p->owned = calloc((size_t)nl * 3, sizeof *p->owned);
+    p->n_owned = p->owned ? nl * 3 : 0;
     int fail = !p->layers || !p->owned;
     for (int l = 0; l < nl && !fail; l++)
-        fail = part_layer(m, &m->layers[l], rank, n_ranks, &p->layers[l], &p->owned[2 * l]);
+        fail = part_layer(m, &m->layers[l], rank, n_ranks, &p->layers[l], &p->owned[3 * l]);
     if (fail) {
         llm_tp_part_free(p);
         return llm_errf(err, LLM_ERR_NOMEM, "tensor parallel: no memory for rank %d's column slices", rank);

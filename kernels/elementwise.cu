@@ -30,6 +30,16 @@ __global__ static void add_kernel(float *y, const float *x, size_t n)
         y[i] += x[i];
 }
 
+/* One block per expert output row: y[rows[i]] (=, or +=) w[i] * x[i].
+ * The product is rounded before the add (no FMA), as the CPU does. */
+__global__ static void add_rows_kernel(float *y, const int32_t *rows, const float *w, const float *x, int dim, int set)
+{
+    float *yr = y + (size_t)rows[blockIdx.x] * dim, s = w[blockIdx.x];
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x)
+        yr[c] = set ? __fmul_rn(s, xr[c]) : __fadd_rn(yr[c], __fmul_rn(s, xr[c]));
+}
+
 /* One block per output row; type as in llm_kernels.h. */
 __global__ static void get_rows_kernel(int type, const uint8_t *emb, size_t row_bytes, int cols, const int32_t *ids,
                                        float *out)
@@ -68,6 +78,15 @@ extern "C" int lk_add(float *y, const float *x, size_t n, void *stream)
     if (!n)
         return 0;
     LK_LAUNCH(add_kernel, lk_blocks(n, LK_THREADS), LK_THREADS, 0, (cudaStream_t)stream)(y, x, n);
+    return lk_status();
+}
+
+extern "C" int lk_add_rows(float *y, const int32_t *rows, const float *w, const float *x, int n, int dim, int set,
+                           void *stream)
+{
+    if (n <= 0 || dim <= 0)
+        return 0;
+    LK_LAUNCH(add_rows_kernel, n, LK_THREADS, 0, (cudaStream_t)stream)(y, rows, w, x, dim, set);
     return lk_status();
 }
 

@@ -57,6 +57,9 @@ int lk_geglu(const float *gate, const float *up, size_t n, float *out, void *str
 int lk_add(float *y, const float *x, size_t n, void *stream);
 /* x *= s */
 int lk_scale(float *x, float s, size_t n, void *stream);
+/* y[rows[i]] = w[i] * x[i] (set) or += (not set), n rows of dim (rows and
+ * w in device memory; rows distinct) */
+int lk_add_rows(float *y, const int32_t *rows, const float *w, const float *x, int n, int dim, int set, void *stream);
 
 /* out (n, cols) = rows ids of the embedding table, dequantized as the CPU
  * does; type is a quant_type: F32 (0), F16 (1), BF16 (30), Q4_0 (2),

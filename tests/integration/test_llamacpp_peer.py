@@ -58,14 +58,14 @@ def test_stories260k_many_prompts(peer):
     assert sum(matched) >= 0.8 * 100 * len(PROMPTS), matched
 
 
-@pytest.mark.parametrize("shape", ["tiny", "tiny-qwen2", "tiny-llama3"])
+@pytest.mark.parametrize("shape", ["tiny", "tiny-qwen2", "tiny-llama3", "tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe"])
 def test_mkmodel_files(peer, models, shape):
     model = models(shape, "F32")
     for p in PROMPTS[:4]:
         compare(peer, model, p, 24)
 
 
-@pytest.mark.parametrize("shape", ["tiny", "tiny-gemma3"])
+@pytest.mark.parametrize("shape", ["tiny", "tiny-gemma3", "tiny-qwen3moe"])
 @pytest.mark.parametrize("qtype", ["Q4_K_M", "Q8_0", "Q4_0", "Q6_K", "F16", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M",
                                    "Q5_K_M", "Q3_K_S", "Q5_K_S"])
 def test_files_quantized_by_llamacpp(peer, models, tmp_path, shape, qtype):

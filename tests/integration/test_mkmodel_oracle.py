@@ -1,6 +1,6 @@
 """The engine's logits against llama.cpp's on llm-mkmodel's tiny gemma3
-(sliding window 8, every other layer global, head size 128) and qwen3 (head
-size 96) files in every tensor type (tests/data/mkmodel-llama.cpp.json,
+(sliding window 8, every other layer global, head size 128), qwen3 (head
+size 96) and qwen3moe (8 experts, 2 per token) files in every tensor type (tests/data/mkmodel-llama.cpp.json,
 written by tests/peer/make_mkmodel_refs.py): at 7 of 23 positions, the
 peer's 8 largest logits must be ours within TOL of the largest |logit|, and
 our largest must be its largest unless the two are a near tie.
@@ -9,7 +9,11 @@ Tolerances: float types differ only by rounding order and llama.cpp's F16
 rounding of the GELU input and BF16 activations (measured max 3.7e-4); quantized types
 add each engine's own 8-bit rounding of the activations before every
 matmul (measured below 2e-3; the bound leaves room for another CPU's
-kernels)."""
+kernels). The MoE file's logits are more sensitive to that rounding: on its
+Q8_0 and Q4_K files each engine is 4e-3 to 1.2e-2 from the exact logits
+(the same weights dequantized to F32 by llama-quantize, where the two agree
+within 2.8e-4), both alike, and the two differ by up to 9.6e-3; its BF16
+file by 1.1e-3."""
 import hashlib
 import json
 import subprocess
@@ -34,7 +38,8 @@ def test_logits_equal_llamacpp(case, tmp_path):
     assert r.returncode == 0, r.stderr.decode(errors="replace")
     out = r.stdout
     ours = np.frombuffer(out, np.float32).reshape(len(REFS["ids"]), -1)
-    tol = 1e-3 if case["type"] in FLOAT else 5e-3
+    moe = case["shape"].endswith("moe")
+    tol = (2e-3 if moe else 1e-3) if case["type"] in FLOAT else (1.5e-2 if moe else 5e-3)
     worst = 0.0
     for p in case["positions"]:
         row, ids, want = ours[p["pos"]], p["ids"], np.array(p["logits"])

@@ -1,6 +1,6 @@
 """Writes tests/data/mkmodel-llama.cpp.json: llama.cpp's logits (the peer,
 built from LLAMA_CPP_DIR, e.g. llama-cpp-python 0.3.36's vendor/llama.cpp)
-on llm-mkmodel's tiny gemma3 and qwen3 files in every tensor type, for 23
+on llm-mkmodel's tiny gemma3, qwen3 and qwen3moe files in every tensor type, for 23
 token ids in one batch: the 8 largest logits at some positions (the window
 of tiny-gemma3 is 8, so later positions are past it). The files' sha256
 is kept so a change of llm-mkmodel shows as such.
@@ -19,7 +19,7 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests/data/mkmodel-llama.cpp.json"
-SHAPES = ["tiny-gemma3", "tiny-qwen3"]
+SHAPES = ["tiny-gemma3", "tiny-qwen3", "tiny-qwen3moe"]
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 IDS = [510, 297, 99, 101, 32, 117, 112, 273, 259, 256, 105, 274, 300, 12, 45, 99, 400, 250, 7, 18, 260, 301, 402]
 POSITIONS = [0, 3, 7, 8, 12, 16, 22]

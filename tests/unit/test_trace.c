@@ -14,10 +14,12 @@
  * 1, small token budgets (chunked prefill), greedy and seeded sampling,
  * penalties. After each trace: no block referenced, nothing queued, and
  * the stats add up (each admitted sequence's prompt counted once).
- * Odd seeds run on the tiny llama model, even seeds on the tiny gemma3
- * one, whose local layers attend through a sliding window of 8 positions
- * (prompts of hundreds of tokens, prefix hits and preemption all reach
- * past it).
+ * Odd seeds run on the tiny llama model; seeds divisible by 4 on the tiny
+ * gemma3 one, whose local layers attend through a sliding window of 8
+ * positions (prompts of hundreds of tokens, prefix hits and preemption all
+ * reach past it); the other even seeds on the tiny qwen3moe one (8
+ * experts, 2 per token: each expert runs once over the rows routed to it,
+ * so a row's experts see different company in a batch than alone).
  *
  *   test_trace                    the fixed seeds (make test), cmocka;
  *                                 LLM_TRACE_SEEDS=N runs seeds 1..N
@@ -83,7 +85,7 @@ typedef struct tr_totals {
     uint64_t traces, requests, completions, steps, preemptions, cached, forked, cancels;
 } tr_totals;
 
-static test_tiny g_tiny, g_gemma; /* the models (and backends) below take turns by seed */
+static test_tiny g_tiny, g_gemma, g_moe; /* the models (and backends) below take turns by seed */
 static llm_model *g_m;
 static llm_backend *g_b;
 static int g_verbose;
@@ -463,7 +465,7 @@ static void trace_print(const tr_trace *t)
 static int trace_run(uint64_t seed)
 {
     static tr_trace t;
-    const test_tiny *model = seed % 2 ? &g_tiny : &g_gemma;
+    const test_tiny *model = seed % 2 ? &g_tiny : seed % 4 ? &g_moe : &g_gemma;
     g_m = model->m;
     g_b = model->b;
     trace_make(&t, seed);
@@ -512,7 +514,8 @@ static int setup(void **st)
 {
     (void)st;
     if (test_tiny_open(&g_tiny, "trace-tiny", QT_Q8_0, 23, 2) ||
-        test_shape_open(&g_gemma, "tiny-gemma3", "trace-gemma3", QT_Q5_0, 23, 2))
+        test_shape_open(&g_gemma, "tiny-gemma3", "trace-gemma3", QT_Q5_0, 23, 2) ||
+        test_shape_open(&g_moe, "tiny-qwen3moe", "trace-qwen3moe", QT_Q4_K, 23, 2))
         return -1;
     return 0;
 }
@@ -522,6 +525,7 @@ static int teardown(void **st)
     (void)st;
     test_tiny_close(&g_tiny);
     test_tiny_close(&g_gemma);
+    test_tiny_close(&g_moe);
     return 0;
 }
 

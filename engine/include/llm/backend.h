@@ -143,6 +143,7 @@ typedef struct llm_step_info {
     int max_len;   /* longest sequence's positions after the step */
     int decode;    /* 1: every sequence adds one row */
     int pick;      /* 1: the step ends with sample (ids only), 0: with read (logits) */
+    int host_sync; /* 1: the pass reads results back midway (expert routing), so it cannot be replayed as a whole */
 } llm_step_info;
 
 /* What a backend's memory holds, for /metrics. */
@@ -175,6 +176,11 @@ struct llm_backend_i {
     void (*scale)(llm_backend *b, float *x, float s, size_t n);
     /* x[t] += bias for each of n_tok rows of dim */
     void (*add_bias)(llm_backend *b, float *x, const float *bias, int n_tok, int dim);
+    /* y[rows[i]] = w[i] * x[i] (set 1) or y[rows[i]] += w[i] * x[i] (set
+     * 0) for n rows of dim: an expert's outputs into the rows it served
+     * (rows distinct; rows and w are host arrays) */
+    void (*add_rows)(llm_backend *b, float *y, const int32_t *rows, const float *w, const float *x, int n, int dim,
+                     int set);
     /* out (n, emb->cols) = rows ids of emb, dequantized; ids already checked */
     void (*get_rows)(llm_backend *b, const llm_weight *emb, const int32_t *ids, int n, float *out);
     /* Stores the float K/V rows (n_rows, kv_dim) of a batch at their
@@ -258,6 +264,11 @@ static inline void llm_backend_add(llm_backend *b, float *y, const float *x, siz
 static inline void llm_backend_scale(llm_backend *b, float *x, float s, size_t n) { b->iface->scale(b, x, s, n); }
 static inline void llm_backend_add_bias(llm_backend *b, float *x, const float *bias, int n_tok, int dim)
 { b->iface->add_bias(b, x, bias, n_tok, dim); }
+static inline void llm_backend_add_rows(llm_backend *b, float *y, const int32_t *rows, const float *w, const float *x,
+                                        int n, int dim, int set)
+{
+    b->iface->add_rows(b, y, rows, w, x, n, dim, set);
+}
 static inline void llm_backend_get_rows(llm_backend *b, const llm_weight *emb, const int32_t *ids, int n, float *out)
 { b->iface->get_rows(b, emb, ids, n, out); }
 static inline void llm_backend_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *seqs, int n_seqs,

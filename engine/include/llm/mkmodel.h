@@ -14,13 +14,14 @@
 
 typedef struct llm_shape {
     const char *name;
-    const char *arch;   /* "llama", "qwen2", "qwen3" or "gemma3" */
+    const char *arch;   /* "llama", "qwen2", "qwen3", "gemma3" or "qwen3moe" */
     const char *pre;    /* tokenizer.ggml.pre */
     int n_embd, n_ff, n_layer, n_head, n_head_kv, n_vocab, n_ctx;
     float rope_theta;
     int tied;           /* no output.weight: the embedding is reused */
     int head_dim;       /* 0: n_embd / n_head */
     int n_swa, swa_pattern; /* gemma3: sliding window, and every swa_pattern-th layer global */
+    int n_expert, n_expert_used, n_ff_exp; /* qwen3moe: experts, per token, and their hidden size */
 } llm_shape;
 
 /* NULL for an unknown name. */

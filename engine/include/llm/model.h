@@ -6,7 +6,10 @@
  * RMSNorm per head instead of biases) and gemma3 (embeddings scaled by
  * sqrt(n_embd), Q/K norms, norms after attention and MLP as well as
  * before, GELU-gated MLP, sliding-window layers with their own RoPE base
- * between global ones).
+ * between global ones) and qwen3moe (qwen3's attention; each layer's MLP
+ * is n_expert SwiGLU experts of which a router picks n_expert_used per
+ * token: softmax over all experts, the top k, weights renormalised to sum
+ * to 1).
  *
  * Ownership: llm_model_load returns a model the caller frees with
  * llm_model_free; weights are used in place from the mmap (nothing copied
@@ -26,7 +29,15 @@
 #include "llm/status.h"
 #include "llm/tokenizer.h"
 
-typedef enum llm_arch { LLM_ARCH_LLAMA = 0, LLM_ARCH_QWEN2 = 1, LLM_ARCH_QWEN3 = 2, LLM_ARCH_GEMMA3 = 3 } llm_arch;
+typedef enum llm_arch {
+    LLM_ARCH_LLAMA = 0,
+    LLM_ARCH_QWEN2 = 1,
+    LLM_ARCH_QWEN3 = 2,
+    LLM_ARCH_GEMMA3 = 3,
+    LLM_ARCH_QWEN3MOE = 4
+} llm_arch;
+
+#define LLM_MAX_EXPERTS 512
 
 typedef struct llm_hparams {
     llm_arch arch;
@@ -38,6 +49,9 @@ typedef struct llm_hparams {
     float embd_scale;   /* token embeddings are multiplied by this (gemma3: sqrt(n_embd)) */
     float attn_scale;   /* scores = q . k * attn_scale (1 / sqrt(head_dim)) */
     int ffn_gelu;       /* 1: GELU(tanh)-gated MLP (gemma3); 0: SwiGLU */
+    int n_expert, n_expert_used; /* mixture of experts (qwen3moe); 0: dense MLP */
+    int n_ff_exp;       /* an expert's hidden size */
+    float expert_scale; /* routing weights are multiplied by this (1: none) */
 } llm_hparams;
 
 typedef struct llm_layer {
@@ -46,7 +60,10 @@ typedef struct llm_layer {
     const float *attn_post_norm, *ffn_post_norm; /* (n_embd) norms of the blocks' outputs: gemma3; else NULL */
     const float *bq, *bk, *bv;          /* qwen2 only, else NULL */
     llm_weight wq, wk, wv, wo;          /* (n_head*hd, n_embd) ... (n_embd, n_head*hd) */
-    llm_weight w_gate, w_up, w_down;    /* (n_ff, n_embd), (n_ff, n_embd), (n_embd, n_ff) */
+    llm_weight w_gate, w_up, w_down;    /* (n_ff, n_embd), (n_ff, n_embd), (n_embd, n_ff); unset with experts */
+    llm_weight w_router;                /* (n_expert, n_embd) with experts */
+    llm_weight *exp_gate, *exp_up, *exp_down; /* (n_expert) each expert's (n_ff_exp, n_embd) ... (n_embd, n_ff_exp):
+                                         * views into the file's 3-D tensors, arrays owned by the model */
     int window;                         /* this layer's sliding window (0: attends to everything) */
     float rope_theta, rope_freq_scale;  /* this layer's RoPE (local layers have their own base) */
 } llm_layer;
