@@ -100,6 +100,7 @@ typedef struct cu_model {
     llm_model m;       /* first: the forward pass sees this */
     void *base;
     float *rope_host;  /* host copy of m.rope_freqs' values (cuda_rope computes the table), or NULL */
+    llm_weight *experts; /* the layers' expert views (gate, up, down per layer), pointing at device copies */
     struct cu_model *next;
 } cu_model;
 
@@ -917,10 +918,35 @@ static void upload_all(up_state *u, const llm_model *m, llm_model *d)
         D->bq = put_vec(u, L->bq, qd);
         D->bk = put_vec(u, L->bk, kvd);
         D->bv = put_vec(u, L->bv, kvd);
-        const llm_weight *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        llm_weight *ds[] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->w_gate, &D->w_up, &D->w_down};
+        const llm_weight *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->w_router};
+        llm_weight *ds[] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->w_gate, &D->w_up, &D->w_down, &D->w_router};
         for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) put_weight(u, ms[i], ds[i]);
+        for (int e = 0; e < hp->n_expert; e++) { /* D's expert arrays are the upload's own (experts_copy) */
+            put_weight(u, &L->exp_gate[e], &D->exp_gate[e]);
+            put_weight(u, &L->exp_up[e], &D->exp_up[e]);
+            put_weight(u, &L->exp_down[e], &D->exp_down[e]);
+        }
     }
+}
+
+/* The device model's own expert views (the host model's arrays must not
+ * be written): one array of 3 * n_expert per layer, copied from m's. */
+static llm_weight *experts_copy(const llm_model *m, llm_layer *layers)
+{
+    size_t ne = (size_t)m->hp.n_expert;
+    if (!ne)
+        return NULL;
+    llm_weight *x = malloc(sizeof *x * 3 * ne * (size_t)m->hp.n_layer);
+    for (int l = 0; x && l < m->hp.n_layer; l++) {
+        llm_weight *g = x + 3 * ne * (size_t)l;
+        memcpy(g, m->layers[l].exp_gate, sizeof *g * ne);
+        memcpy(g + ne, m->layers[l].exp_up, sizeof *g * ne);
+        memcpy(g + 2 * ne, m->layers[l].exp_down, sizeof *g * ne);
+        layers[l].exp_gate = g;
+        layers[l].exp_up = g + ne;
+        layers[l].exp_down = g + 2 * ne;
+    }
+    return x;
 }
 
 static void model_free(cu_model *cm)
@@ -928,6 +954,7 @@ static void model_free(cu_model *cm)
     if (cm) {
         free(cm->m.layers);
         free(cm->rope_host);
+        free(cm->experts);
         free(cm);
     }
 }
@@ -946,6 +973,11 @@ static const char *unsupported_matrix(const llm_model *m, quant_type *t)
         for (size_t i = 0; i < sizeof w / sizeof *w; i++)
             if (!gemv_type(*t = w[i]->type))
                 return names[i];
+        if (m->hp.n_expert && !gemv_type(*t = L->w_router.type))
+            return "ffn_gate_inp";
+        if (m->hp.n_expert && (!gemv_type(*t = L->exp_gate[0].type) || !gemv_type(*t = L->exp_up[0].type) ||
+                               !gemv_type(*t = L->exp_down[0].type)))
+            return "ffn_*_exps";
     }
     return NULL;
 }
@@ -977,6 +1009,11 @@ static llm_status cuda_model_upload(llm_backend *b, const llm_model *m, llm_mode
     cm->m = *m;
     memcpy(layers, m->layers, sizeof *layers * (size_t)m->hp.n_layer);
     cm->m.layers = layers;
+    if (m->hp.n_expert && !(cm->experts = experts_copy(m, layers))) {
+        llm_errf(err, st, "cuda backend: no host memory to upload %s", m->name);
+        cm->rope_host = rope;
+        goto out;
+    }
     cm->m.owned = NULL;
     cm->m.n_owned = 0;
     if (nf)

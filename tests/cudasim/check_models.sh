@@ -5,8 +5,8 @@
 #     after single steps (the GEMV path) against the CPU backend, and
 #     greedy tokens, on stories260K (../shared), llm-mkmodel's tiny
 #     model in every weight type the backend takes, and its tiny gemma3
-#     (sliding window 8, Q/K norms, post-norms, GELU, scaled embeddings)
-#     and qwen3 models;
+#     (sliding window 8, Q/K norms, post-norms, GELU, scaled embeddings),
+#     qwen3 and qwen3moe (8 experts, 2 per token) models;
 #   - the engine's decode steps (device sampling, CUDA graphs captured and
 #     replayed) through llm-bench: the same ids with graphs, without them
 #     (LLM_CUDA_GRAPHS=0), with tensor parallelism over two emulated
@@ -31,7 +31,8 @@ for t in F32 BF16 F16 Q8_0 Q4_0 Q4_K; do
         fail "llm-mkmodel tiny $t"
     fi
 done
-for st in tiny-gemma3:Q5_0 tiny-gemma3:Q3_K tiny-qwen3:Q5_K tiny-qwen3:Q2_K tiny-gemma3:F32; do
+for st in tiny-gemma3:Q5_0 tiny-gemma3:Q3_K tiny-qwen3:Q5_K tiny-qwen3:Q2_K tiny-gemma3:F32 tiny-qwen3moe:Q4_K \
+          tiny-qwen3moe:F32; do
     s=${st%%:*} t=${st##*:}
     if "$b/bin/llm-mkmodel" --shape $s --type $t -o "$dir/$s-$t.gguf" >/dev/null 2>&1; then
         models="$models $dir/$s-$t.gguf"
@@ -59,6 +60,17 @@ echo "cpu:    $(echo $cpu)"
 [ -n "$graphs" ] && [ "$graphs" = "$eager" ] || fail "graphs and eager steps picked different ids"
 [ -n "$tp2" ] && [ "$graphs" = "$tp2" ] || fail "tensor parallelism 2 (NCCL) picked other ids"
 [ -n "$cpu" ] && [ "$graphs" = "$cpu" ] || fail "the CUDA backend and the CPU backend picked different ids"
+
+echo "== mixture-of-experts decode steps (routing read back each layer: never a graph): the same ids"
+m="$dir/tiny-qwen3moe-F32.gguf"
+graphs=$(LLM_CUDA_LIB=$lib bench --backend cuda)
+tp2=$(LLM_CUDA_LIB=$lib bench --backend cuda --tp 2)
+cpu=$(bench)
+echo "cuda: $(echo $graphs)"
+echo "tp 2: $(echo $tp2)"
+echo "cpu:  $(echo $cpu)"
+[ -n "$graphs" ] && [ "$graphs" = "$tp2" ] || fail "MoE: tensor parallelism 2 picked other ids"
+[ -n "$cpu" ] && [ "$graphs" = "$cpu" ] || fail "MoE: the CUDA backend and the CPU backend picked different ids"
 
 if [ -s "$story" ]; then
     echo "== greedy text of stories260K: cuda = cpu"
