@@ -136,10 +136,18 @@ static float w_q4_K(const void *w, const void *x, int n)
     return hsum8(acc) - hsum4(mins);
 }
 
-/* int16 lanes: first 8 carry scale s0, last 8 scale s1 (two 16-quant groups). */
-static inline __m256i scale_pair(int s0, int s1)
+/* A half block's 8 scales as int16, in both 128-bit lanes. */
+static inline __m256i q6k_scales(const int8_t *sc)
 {
-    return _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
+    return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+}
+
+/* int16 lanes: the first 8 carry scale 2k of scv, the last 8 scale 2k + 1
+ * (the two 16-quant groups of 32 quants), by one in-lane shuffle. */
+static inline __m256i q6k_scale_pair(__m256i scv, int k)
+{
+    return _mm256_shuffle_epi8(scv, _mm256_set_m128i(_mm_set1_epi16((short)(((4 * k + 3) << 8) | (4 * k + 2))),
+                                                     _mm_set1_epi16((short)(((4 * k + 1) << 8) | (4 * k)))));
 }
 
 /* Decodes one half (128 quants, unsigned 0..63) of a Q6_K block. */
@@ -156,11 +164,13 @@ static inline void q6k_half(const uint8_t *ql, const uint8_t *qh, __m256i q[4])
                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
 }
 
-/* sum_j scales[j] * bsums[j] over the 16 sub-blocks: the -32 offset's share. */
-static inline int q6k_bias(const block_q6_K *a, const block_q8_K *y)
+/* 32 * scales[j] * bsums[j] over the 16 sub-blocks, in 8 int32 lanes:
+ * the -32 offset's share, subtracted from the block's integer sum before
+ * it is scaled (exact: every term fits int32 with room). */
+static inline __m256i q6k_bias(const block_q6_K *a, const block_q8_K *y)
 {
     __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales));
-    return hsum8i(_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)y->bsums)));
+    return _mm256_slli_epi32(_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)y->bsums)), 5);
 }
 
 static float w_q6_K(const void *w, const void *x, int n)
@@ -168,26 +178,22 @@ static float w_q6_K(const void *w, const void *x, int n)
     const block_q6_K *a = w;
     const block_q8_K *b = x;
     __m256 acc = _mm256_setzero_ps();
-    float bias = 0;
     for (int i = 0; i < n / QK_K; i++) {
         _mm_prefetch((const char *)(a + i) + CPU_PREFETCH, _MM_HINT_T0);
         _mm_prefetch((const char *)(a + i) + CPU_PREFETCH + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)(a + i) + CPU_PREFETCH + 128, _MM_HINT_T0);
-        __m256i isum = _mm256_setzero_si256();
+        __m256i isum = _mm256_sub_epi32(_mm256_setzero_si256(), q6k_bias(&a[i], &b[i]));
         for (int h = 0; h < 2; h++) {
-            __m256i q[4];
+            __m256i q[4], scv = q6k_scales(a[i].scales + 8 * h);
             q6k_half(a[i].ql + 64 * h, a[i].qh + 32 * h, q);
-            const int8_t *sc = a[i].scales + 8 * h;
             for (int k = 0; k < 4; k++) {
                 __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(b[i].qs + 128 * h + 32 * k)));
-                isum = KQ_ACC(isum, p, scale_pair(sc[2 * k], sc[2 * k + 1]));
+                isum = KQ_ACC(isum, p, q6k_scale_pair(scv, k));
             }
         }
-        float d = b[i].d * h2f(a[i].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-        bias = fmaf(d, 32.f * (float)q6k_bias(&a[i], &b[i]), bias); /* as the tile kernel rounds it */
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(b[i].d * h2f(a[i].d)), _mm256_cvtepi32_ps(isum), acc);
     }
-    return hsum8(acc) - bias;
+    return hsum8(acc);
 }
 
 #define Q4K_TOKEN(t)                                                                                        \
@@ -244,27 +250,22 @@ static void w_q4_K_x4(const void *w, const void *x, size_t stride, int n, float 
         is##t = KQ_ACC(is##t, _mm256_maddubs_epi16(q[k], y), s);                                       \
     } while (0)
 
-#define Q6K_FINISH(t)                                                                                 \
-    do {                                                                                              \
-        __m256 dd = _mm256_set1_ps(d * b##t[i].d);                                                    \
-        acc##t = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(is##t), acc##t);                              \
-        bias##t = _mm256_fmadd_ps(dd, _mm256_set1_ps(32.f * (float)q6k_bias(&a[i], &b##t[i])), bias##t); \
-    } while (0)
+#define Q6K_FINISH(t) (acc##t = _mm256_fmadd_ps(_mm256_set1_ps(b##t[i].d * d), _mm256_cvtepi32_ps(is##t), acc##t))
 
 static void w_q6_K_x4(const void *w, const void *x, size_t stride, int n, float *out)
 {
     const block_q6_K *a = w;
     const block_q8_K *b0 = X4(x, stride, 0), *b1 = X4(x, stride, 1), *b2 = X4(x, stride, 2), *b3 = X4(x, stride, 3);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-    __m256 bias0 = acc0, bias1 = acc0, bias2 = acc0, bias3 = acc0; /* only lane 0 matters */
     for (int i = 0; i < n / QK_K; i++) {
-        __m256i is0 = _mm256_setzero_si256(), is1 = is0, is2 = is0, is3 = is0;
+        const __m256i z = _mm256_setzero_si256();
+        __m256i is0 = _mm256_sub_epi32(z, q6k_bias(&a[i], &b0[i])), is1 = _mm256_sub_epi32(z, q6k_bias(&a[i], &b1[i]));
+        __m256i is2 = _mm256_sub_epi32(z, q6k_bias(&a[i], &b2[i])), is3 = _mm256_sub_epi32(z, q6k_bias(&a[i], &b3[i]));
         for (int h = 0; h < 2; h++) {
-            __m256i q[4];
+            __m256i q[4], scv = q6k_scales(a[i].scales + 8 * h);
             q6k_half(a[i].ql + 64 * h, a[i].qh + 32 * h, q);
-            const int8_t *sc = a[i].scales + 8 * h;
             for (int k = 0; k < 4; k++) {
-                __m256i s = scale_pair(sc[2 * k], sc[2 * k + 1]);
+                __m256i s = q6k_scale_pair(scv, k);
                 Q6K_TOKEN(0);
                 Q6K_TOKEN(1);
                 Q6K_TOKEN(2);
@@ -277,10 +278,10 @@ static void w_q6_K_x4(const void *w, const void *x, size_t stride, int n, float 
         Q6K_FINISH(2);
         Q6K_FINISH(3);
     }
-    out[0] = hsum8(acc0) - _mm256_cvtss_f32(bias0);
-    out[1] = hsum8(acc1) - _mm256_cvtss_f32(bias1);
-    out[2] = hsum8(acc2) - _mm256_cvtss_f32(bias2);
-    out[3] = hsum8(acc3) - _mm256_cvtss_f32(bias3);
+    out[0] = hsum8(acc0);
+    out[1] = hsum8(acc1);
+    out[2] = hsum8(acc2);
+    out[3] = hsum8(acc3);
 }
 
 #endif
