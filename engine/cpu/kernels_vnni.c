@@ -251,8 +251,15 @@ static void vnni_init(void)
     vnni.dot4[QT_Q8_0] = NULL; /* tokens past the last tile of 8 go one by one */
     vnni.dot8[QT_Q8_0] = q8_0_dot8;
     vnni.dot16[QT_Q8_0] = q8_0_dot16;
+    /* the K-quants: the shared kernels compiled with vpdpwssd */
+    vnni.dot[QT_Q2_K] = w_q2_K;
+    vnni.dot4[QT_Q2_K] = w_q2_K_x4;
+    vnni.dot[QT_Q3_K] = w_q3_K;
+    vnni.dot4[QT_Q3_K] = w_q3_K_x4;
     vnni.dot[QT_Q4_K] = w_q4_K;
     vnni.dot4[QT_Q4_K] = w_q4_K_x4;
+    vnni.dot[QT_Q5_K] = w_q5_K;
+    vnni.dot4[QT_Q5_K] = w_q5_K_x4;
     vnni.dot[QT_Q6_K] = w_q6_K;
     vnni.dot4[QT_Q6_K] = w_q6_K_x4;
     vnni.act[QT_Q8_0] = &act_u8;
