@@ -310,12 +310,12 @@ static void test_one_qk_norm_refused(void **state)
     remove(path);
 }
 
-static void expect_load_error(const char *from, const char *to, const char *needle)
+static void expect_shape_error(const char *shape, const char *from, const char *to, const char *needle)
 {
     char path[256];
     test_tmpfile("bad", path, sizeof path);
     llm_error err = {0};
-    assert_int_equal(llm_mkmodel(llm_shape_find("tiny"), QT_F32, 1, path, &err), LLM_OK);
+    assert_int_equal(llm_mkmodel(llm_shape_find(shape), QT_F32, 1, path, &err), LLM_OK);
     patch_file(path, from, to);
     llm_model *m = (llm_model *)1;
     assert_int_not_equal(llm_model_load(path, &m, &err), LLM_OK);
@@ -323,6 +323,11 @@ static void expect_load_error(const char *from, const char *to, const char *need
     if (!strstr(err.msg, needle))
         fail_msg("message '%s' lacks '%s'", err.msg, needle);
     remove(path);
+}
+
+static void expect_load_error(const char *from, const char *to, const char *needle)
+{
+    expect_shape_error("tiny", from, to, needle);
 }
 
 /* A model file with one value (or one block scale) set to bits: the load
@@ -429,6 +434,13 @@ static void test_load_errors(void **state)
     expect_load_error("gpt-2", "gpt-9", "pre-tokenizer 'gpt-9'");
     /* the RMS epsilon 1e-5 (0x3727c5ac, little-endian in the metadata) made negative */
     expect_load_error("\xac\xc5\x27\x37", "\xac\xc5\x27\xb7", "layer_norm_rms_epsilon -1e-05 must be finite");
+    /* a mixture of experts without its counts or one of its stacks */
+    expect_shape_error("tiny-qwen3moe", "expert_used_count", "expert_used_counX",
+                       "missing required key qwen3moe.expert_used_count");
+    expect_shape_error("tiny-qwen3moe", "blk.1.ffn_down_exps", "blk.1.ffn_down_expX",
+                       "missing tensor blk.1.ffn_down_exps.weight");
+    expect_shape_error("tiny-qwen3moe", "blk.0.ffn_gate_inp", "blk.0.ffn_gate_inX",
+                       "missing tensor blk.0.ffn_gate_inp.weight");
 }
 
 int main(void)
