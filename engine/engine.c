@@ -462,6 +462,18 @@ void llm_engine_stats(llm_engine *e, llm_stats *out)
 
 /* ---- the step loop (engine thread) ----------------------------------------- */
 
+/* Pool's queued copies into e->cp_src/cp_dst from index at; how many. */
+static int take_copies(llm_engine *e, kv_pool_id pool, int at)
+{
+    const int32_t *src, *dst;
+    int n = kv_cache_copies(e->kv, pool, &src, &dst);
+    if (n > 0) {
+        memcpy(e->cp_src + at, src, sizeof(int32_t) * (size_t)n);
+        memcpy(e->cp_dst + at, dst, sizeof(int32_t) * (size_t)n);
+    }
+    return n;
+}
+
 /* Under the lock: the plan as a forward batch; copies to make; requests
  * marked in flight so cancel waits for them. */
 static void step_prepare(llm_engine *e, llm_forward_batch *bt)
@@ -483,13 +495,8 @@ static void step_prepare(llm_engine *e, llm_forward_batch *bt)
             q->r->t_sched = now;
     }
     *bt = (llm_forward_batch){e->b_tokens, row, e->b_seqs, s->n_items, e->b_logit_rows, n_logits};
-    const int32_t *src, *dst;
-    e->n_copies = kv_cache_copies(e->kv, 0, &src, &dst);
-    memcpy(e->cp_src, src, sizeof(int32_t) * (size_t)e->n_copies);
-    memcpy(e->cp_dst, dst, sizeof(int32_t) * (size_t)e->n_copies);
-    e->n_local_copies = kv_cache_copies(e->kv, 1, &src, &dst);
-    memcpy(e->cp_src + e->n_copies, src, sizeof(int32_t) * (size_t)e->n_local_copies);
-    memcpy(e->cp_dst + e->n_copies, dst, sizeof(int32_t) * (size_t)e->n_local_copies);
+    e->n_copies = take_copies(e, KV_POOL_GLOBAL, 0);
+    e->n_local_copies = take_copies(e, KV_POOL_LOCAL, e->n_copies);
     kv_cache_copies_done(e->kv);
 }
 
@@ -782,21 +789,10 @@ typedef struct kv_shape {
     unsigned char *local;
 } kv_shape;
 
-/* Local blocks the running sequences can hold at once: each at most its
- * window and one more position (kv_cache keeps the row before the next
- * for forks) plus its rows of a step, with a partial block at each end;
- * the rows of a step are at most max_batch_tokens in all. More would
- * never be used; a pool this size is never what stops a step. */
-static size_t kv_local_need(const llm_engine_config *c, int window)
-{
-    size_t bs = (size_t)c->block_size, per = ((size_t)window + bs - 1) / bs + 2;
-    return per * (size_t)c->max_seqs + ((size_t)c->max_batch_tokens + bs - 1) / bs;
-}
-
 /* Blocks for the pools: the budget, at most max_seqs full contexts, at
  * least one full context (else the setting is an error). With
  * sliding-window layers the local pool takes what its sequences can use
- * (kv_local_need) and the global layers the rest. */
+ * (kv_cache_local_need) and the global layers the rest. */
 static llm_status kv_blocks(const llm_engine_config *c, const llm_model *m, kv_shape *sh, llm_error *err)
 {
     const llm_hparams *hp = &m->hp;
@@ -807,7 +803,7 @@ static llm_status kv_blocks(const llm_engine_config *c, const llm_model *m, kv_s
     size_t bytes = c->kv_cache_bytes ? c->kv_cache_bytes
                                      : (size_t)((double)llm_backend_mem_available(c->backend) * c->kv_cache_fraction);
     size_t per_seq = (size_t)(c->n_ctx + c->block_size - 1) / (size_t)c->block_size, n = bytes / per, nl = n;
-    size_t need = sh->window > 0 ? kv_local_need(c, sh->window) : 0;
+    size_t need = sh->window > 0 ? kv_cache_local_need(sh->window, c->block_size, c->max_seqs, c->max_batch_tokens) : 0;
     if (sh->window > 0 && n > need) { /* local blocks beyond the need go to the global layers */
         nl = need;
         n = g ? (bytes - need * l) / g : SIZE_MAX;

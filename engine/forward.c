@@ -27,8 +27,8 @@ struct llm_forward {
     llm_comm *comm;               /* tensor-parallel rank: sums partial outputs; NULL alone */
     int rank;
     tp_group *tp;                 /* a tensor-parallel driver: the fields above are unused */
-    llm_batch_seq *lseqs;         /* the batch's sequences with their local tables, for sliding-window layers */
-    int lseqs_cap;
+    llm_batch_seq *lseqs;         /* (max_rows) the batch's sequences with their local tables, for sliding-window
+                                   * layers (a batch has at most as many sequences as rows) */
     /* mixture of experts: router logits (on the backend, and read back to
      * the host when it is a device), one expert's input and output rows,
      * the layer's combined output, and the routing plan */
@@ -57,7 +57,7 @@ static llm_status alloc_acts(llm_forward *f, llm_error *err)
     f->k = act(b, R * kvd, &fail);
     f->v = act(b, R * kvd, &fail);
     f->att = act(b, R * qd, &fail);
-    size_t ff = hp->n_ff > hp->n_ff_exp ? (size_t)hp->n_ff : (size_t)hp->n_ff_exp;
+    size_t ff = hp->n_expert > 0 ? (size_t)hp->n_ff_exp : (size_t)hp->n_ff; /* a MoE model has no dense MLP */
     f->hb = act(b, R * ff, &fail);
     f->hb2 = act(b, R * ff, &fail);
     if (hp->n_expert > 0) {
@@ -67,8 +67,9 @@ static llm_status alloc_acts(llm_forward *f, llm_error *err)
         f->moe = act(b, R * hp->n_embd, &fail);
         if (!fail && !llm_backend_host_memory(b) && !(f->router_host = malloc(R * hp->n_expert * sizeof(float))))
             fail = 1;
-        if (!fail && llm_moe_plan_alloc(&f->plan, hp->n_expert, hp->n_expert_used, f->max_rows, err))
-            return LLM_ERR_NOMEM;
+        llm_status st = fail ? LLM_OK : llm_moe_plan_alloc(&f->plan, hp->n_expert, hp->n_expert_used, f->max_rows, err);
+        if (st)
+            return st;
     }
     f->last = act(b, (size_t)f->max_logits * hp->n_embd, &fail);
     f->logits = act(b, (size_t)f->max_logits * hp->n_vocab, &fail);
@@ -99,6 +100,7 @@ llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int
     if (b->iface->model_upload && !(st = b->iface->model_upload(b, m, &f->dev_m, err)))
         f->m = f->dev_m;
     if (!st && (!(f->pos = malloc(sizeof(int32_t) * (size_t)max_rows)) ||
+                !(f->lseqs = malloc(sizeof *f->lseqs * (size_t)max_rows)) ||
                 !(f->ids = malloc(sizeof(int32_t) * (size_t)max_logits)) ||
                 !(f->greedy = calloc((size_t)max_logits, sizeof *f->greedy))))
         st = llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
@@ -332,25 +334,28 @@ static int batch_positions(llm_forward *f, const llm_forward_batch *bt)
 
 /* The batch's sequences as sliding-window layers see them: with their
  * local tables, when the cache keeps those layers apart (NULL: it does
- * not, every layer reads bt->seqs). -1: no memory. */
-static int local_seqs(llm_forward *f, const llm_forward_batch *bt, const llm_batch_seq **out)
+ * not, every layer reads bt->seqs). batch_positions checked the count. */
+static const llm_batch_seq *local_seqs(llm_forward *f, const llm_forward_batch *bt)
 {
-    *out = NULL;
     if (bt->n_seqs < 1 || !bt->seqs[0].local_table)
-        return 0;
-    if (bt->n_seqs > f->lseqs_cap) {
-        llm_batch_seq *p = realloc(f->lseqs, sizeof *p * (size_t)bt->n_seqs);
-        if (!p)
-            return -1;
-        f->lseqs = p;
-        f->lseqs_cap = bt->n_seqs;
-    }
+        return NULL;
     for (int s = 0; s < bt->n_seqs; s++) {
         f->lseqs[s] = bt->seqs[s];
         f->lseqs[s].block_table = bt->seqs[s].local_table;
     }
-    *out = f->lseqs;
-    return 0;
+    return f->lseqs;
+}
+
+/* One layer: attention (a sliding-window layer through the local tables
+ * when there are any), then its MLP, dense or experts. */
+static llm_status layer_run(llm_forward *f, const llm_forward_batch *bt, const llm_batch_seq *lseqs,
+                            const llm_kv_layer *kv, int il)
+{
+    const llm_batch_seq *seqs = lseqs && f->m->layers[il].window > 0 ? lseqs : bt->seqs;
+    llm_status st = attention_block(f, bt, seqs, kv, il);
+    if (st)
+        return st;
+    return f->m->hp.n_expert > 0 ? moe_block(f, il, bt->n_rows) : mlp_block(f, il, bt->n_rows);
 }
 
 /* The longest sequence's length after the batch. */
@@ -388,11 +393,9 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
         return LLM_ERR_INVALID_ARG;
     const llm_hparams *hp = &f->m->hp;
     llm_status st = LLM_OK;
-    const llm_batch_seq *lseqs;
     if (batch_positions(f, bt))
         return LLM_ERR_INVALID_ARG;
-    if (local_seqs(f, bt, &lseqs))
-        return LLM_ERR_NOMEM;
+    const llm_batch_seq *lseqs = local_seqs(f, bt);
     if (f->b->iface->step_begin)
         f->b->iface->step_begin(f->b, &(llm_step_info){bt->n_rows, bt->n_seqs, bt->n_logits, step_len(bt),
                                                          bt->n_rows == bt->n_seqs, pick && f->b->iface->sample,
@@ -401,8 +404,7 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
     if (hp->embd_scale != 1.0f)
         llm_backend_scale(f->b, f->x, hp->embd_scale, (size_t)bt->n_rows * hp->n_embd);
     for (int il = 0; il < hp->n_layer; il++)
-        if ((st = attention_block(f, bt, lseqs && f->m->layers[il].window > 0 ? lseqs : bt->seqs, &layers[il], il)) ||
-            (st = (hp->n_expert > 0 ? moe_block : mlp_block)(f, il, bt->n_rows)))
+        if ((st = layer_run(f, bt, lseqs, &layers[il], il)))
             return st;
     if (bt->n_logits > 0) {
         /* the rows wanted, gathered as rows of an F32 table */

@@ -20,9 +20,10 @@ typedef struct kv_block {
     int32_t hnext;        /* next block in its hash bucket */
     int32_t prev, next;   /* LRU links while cached and unreferenced */
     int32_t twin;         /* global block: the local block with the same positions' K/V of local layers (or NIL) */
-    uint8_t hashed;       /* content known: in the hash index (local block: linked as its owner's twin) */
+    int32_t owner;        /* local block linked as a twin: the global block it is the twin of */
+    uint8_t hashed;       /* content known: global, in the hash index; local, linked as its owner's twin */
     uint32_t gen;         /* bumped when its content is forgotten: children keyed on it go stale */
-    uint64_t pkey, hash;  /* key of what precedes it; hash of the whole key (bucket); local block: owner id */
+    uint64_t pkey, hash;  /* global: key of what precedes it; hash of the whole key (bucket) */
 } kv_block;
 
 /* One pool of blocks: the global pool holds every layer's K/V (or, with
@@ -42,8 +43,6 @@ typedef struct kv_pool {
     int32_t *cp_src, *cp_dst; /* (n_blocks) queued copies */
     int n_copies;
 } kv_pool;
-
-enum { GLOBAL = 0, LOCAL = 1 };
 
 struct kv_cache {
     llm_backend *b[LLM_MAX_RANKS];
@@ -96,7 +95,7 @@ static uint64_t block_hash(uint64_t pkey, const int32_t *t, int n)
 }
 
 /* A global block by physical id and generation. */
-static uint64_t block_key(const kv_cache *c, int32_t i) { return (uint64_t)(uint32_t)i << 32 | c->pool[GLOBAL].blk[i].gen; }
+static uint64_t block_key(const kv_cache *c, int32_t i) { return (uint64_t)(uint32_t)i << 32 | c->pool[KV_POOL_GLOBAL].blk[i].gen; }
 
 /* The key of what precedes block k of s: block k-1 (id, generation), or
  * for the first block the sequence's salt (top bit set: never an id). */
@@ -107,7 +106,7 @@ static uint64_t parent_key(const kv_cache *c, const kv_seq *s, int k)
 
 static int32_t index_find(const kv_cache *c, uint64_t h, uint64_t pkey, const int32_t *t)
 {
-    const kv_block *blk = c->pool[GLOBAL].blk;
+    const kv_block *blk = c->pool[KV_POOL_GLOBAL].blk;
     for (int32_t i = c->bucket[h & c->bucket_mask]; i != NIL; i = blk[i].hnext)
         if (blk[i].hash == h && blk[i].pkey == pkey &&
             !memcmp(c->tokens + (size_t)i * c->bs, t, sizeof(int32_t) * (size_t)c->bs))
@@ -117,7 +116,7 @@ static int32_t index_find(const kv_cache *c, uint64_t h, uint64_t pkey, const in
 
 static void index_add(kv_cache *c, int32_t i, uint64_t h, uint64_t pkey, const int32_t *t)
 {
-    kv_block *b = &c->pool[GLOBAL].blk[i];
+    kv_block *b = &c->pool[KV_POOL_GLOBAL].blk[i];
     b->hash = h;
     b->pkey = pkey;
     b->hashed = 1;
@@ -154,11 +153,11 @@ static void lru_append(kv_pool *p, int32_t i)
  * unreferenced one goes from the LRU to the free stack. */
 static void local_forget(kv_cache *c, int32_t j)
 {
-    kv_pool *p = &c->pool[LOCAL];
+    kv_pool *p = &c->pool[KV_POOL_LOCAL];
     kv_block *b = &p->blk[j];
     if (!b->hashed)
         return;
-    kv_block *owner = &c->pool[GLOBAL].blk[(int32_t)(b->pkey >> 32)];
+    kv_block *owner = &c->pool[KV_POOL_GLOBAL].blk[b->owner];
     if (owner->twin == j)
         owner->twin = NIL;
     b->hashed = 0;
@@ -173,7 +172,7 @@ static void local_forget(kv_cache *c, int32_t j)
  * content is no longer reachable. */
 static void index_remove(kv_cache *c, int32_t i)
 {
-    kv_block *blk = c->pool[GLOBAL].blk;
+    kv_block *blk = c->pool[KV_POOL_GLOBAL].blk;
     int32_t *p = &c->bucket[blk[i].hash & c->bucket_mask];
     while (*p != i) {
         LLM_ASSERT(*p != NIL);
@@ -186,9 +185,9 @@ static void index_remove(kv_cache *c, int32_t i)
         local_forget(c, blk[i].twin);
 }
 
-static void forget(kv_cache *c, int pool, int32_t i)
+static void forget(kv_cache *c, kv_pool_id pool, int32_t i)
 {
-    if (pool == GLOBAL)
+    if (pool == KV_POOL_GLOBAL)
         index_remove(c, i);
     else
         local_forget(c, i);
@@ -198,22 +197,22 @@ static void forget(kv_cache *c, int pool, int32_t i)
 
 /* A block of pool with ref 1: a free one, else the least recently released
  * cached one (forgetting its content). Callers check availability first. */
-static int32_t block_alloc(kv_cache *c, int pool)
+static int32_t block_alloc(kv_cache *c, kv_pool_id pool)
 {
     kv_pool *p = &c->pool[pool];
-    int32_t i;
-    if (p->n_free > 0) {
-        i = p->free_stack[--p->n_free];
-    } else {
-        i = p->lru_head;
+    if (p->n_free == 0) { /* evict the least recently released: forgetting it frees it */
+        int32_t i = p->lru_head;
         LLM_ASSERT(i != NIL);
-        forget(c, pool, i); /* a local block goes to the free stack: take it back */
-        if (pool == LOCAL)
-            p->n_free--;
-        else
+        if (pool == KV_POOL_LOCAL) {
+            local_forget(c, i); /* unreferenced: moves it from the LRU to the free stack */
+        } else {
+            index_remove(c, i);
             lru_unlink(p, i);
+            p->free_stack[p->n_free++] = i;
+        }
         p->evictions++;
     }
+    int32_t i = p->free_stack[--p->n_free];
     p->blk[i].ref = 1;
     p->n_used++;
     return i;
@@ -279,52 +278,63 @@ static llm_status pool_alloc(kv_pool *p, int n_blocks)
 
 static llm_status cache_alloc_meta(kv_cache *c, int n_local)
 {
-    size_t nb = (size_t)c->pool[GLOBAL].n_blocks, nbk = 1;
+    size_t nb = (size_t)c->pool[KV_POOL_GLOBAL].n_blocks, nbk = 1;
     while (nbk < nb) nbk <<= 1;
     c->bucket_mask = nbk - 1;
     c->tokens = malloc(nb * (size_t)c->bs * sizeof(int32_t));
     c->bucket = malloc(nbk * sizeof(int32_t));
     c->layers = calloc((size_t)c->n_layer * (size_t)c->n_ranks, sizeof *c->layers);
-    if (!c->tokens || !c->bucket || !c->layers || pool_alloc(&c->pool[GLOBAL], (int)nb) ||
-        (c->window > 0 && pool_alloc(&c->pool[LOCAL], n_local)))
+    if (!c->tokens || !c->bucket || !c->layers || pool_alloc(&c->pool[KV_POOL_GLOBAL], (int)nb) ||
+        (c->window > 0 && pool_alloc(&c->pool[KV_POOL_LOCAL], n_local)))
         return LLM_ERR_NOMEM;
     for (size_t i = 0; i < nbk; i++) c->bucket[i] = NIL;
     return LLM_OK;
 }
 
-/* Layers in each pool (with a window, the flagged ones are local). */
-static int pool_layers(const kv_cache_config *cfg, int n_layer, int pool)
+/* The pool layer l keeps its K/V in (with a window, flagged layers are local). */
+static kv_pool_id layer_pool(const kv_cache_config *cfg, int l)
+{
+    return cfg->window > 0 && cfg->local && cfg->local[l] ? KV_POOL_LOCAL : KV_POOL_GLOBAL;
+}
+
+static int pool_layers(const kv_cache_config *cfg, int n_layer, kv_pool_id pool)
 {
     int n = 0;
-    for (int l = 0; l < n_layer; l++) n += (cfg->window > 0 && cfg->local && cfg->local[l]) == pool;
+    for (int l = 0; l < n_layer; l++) n += layer_pool(cfg, l) == pool;
     return n;
 }
 
-/* Each pool's storage on every rank, and every layer's view into its pool. */
-static llm_status cache_storage(kv_cache *c, const kv_cache_config *cfg, int kv_dim, llm_error *err)
+/* One pool's storage on every rank, and its layers' views into it (K then
+ * V of each of its layers, in layer order). A pool with no layers (every
+ * layer local) is bookkeeping only. */
+static llm_status pool_storage(kv_cache *c, const kv_cache_config *cfg, kv_pool_id pl, quant_type qt, int kv_dim,
+                               llm_error *err)
 {
-    quant_type qt = kv_qtype(cfg->type);
-    size_t row = quant_row_bytes(qt, (size_t)kv_dim);
-    for (int pl = 0; pl < (c->window > 0 ? 2 : 1); pl++) {
-        kv_pool *p = &c->pool[pl];
-        size_t half = (size_t)c->bs * row * (size_t)p->n_blocks, bytes = 2 * half * (size_t)pool_layers(cfg, c->n_layer, pl);
-        for (int r = 0; r < c->n_ranks && bytes > 0; r++) { /* every layer local: the global pool is bookkeeping only */
-            if (!(p->storage[r] = llm_backend_buffer_alloc(c->b[r], bytes)))
-                return llm_errf(err, LLM_ERR_NOMEM,
-                                "kv cache: cannot allocate %d %s blocks (%zu MiB) on backend %s rank %d; %zu MiB available",
-                                p->n_blocks, pl ? "local" : "global", bytes >> 20, c->b[r]->iface->name, r,
-                                llm_backend_mem_available(c->b[r]) >> 20);
-            char *base = p->storage[r];
-            for (int l = 0, k = 0; l < c->n_layer; l++) {
-                if ((c->window > 0 && cfg->local && cfg->local[l]) != pl)
-                    continue;
+    kv_pool *p = &c->pool[pl];
+    size_t row = quant_row_bytes(qt, (size_t)kv_dim), half = (size_t)c->bs * row * (size_t)p->n_blocks;
+    size_t bytes = 2 * half * (size_t)pool_layers(cfg, c->n_layer, pl);
+    for (int r = 0; r < c->n_ranks && bytes > 0; r++) {
+        if (!(p->storage[r] = llm_backend_buffer_alloc(c->b[r], bytes)))
+            return llm_errf(err, LLM_ERR_NOMEM,
+                            "kv cache: cannot allocate %d %s blocks (%zu MiB) on backend %s rank %d; %zu MiB available",
+                            p->n_blocks, pl == KV_POOL_LOCAL ? "local" : "global", bytes >> 20, c->b[r]->iface->name,
+                            r, llm_backend_mem_available(c->b[r]) >> 20);
+        char *base = p->storage[r];
+        for (int l = 0, k = 0; l < c->n_layer; l++)
+            if (layer_pool(cfg, l) == pl) {
                 c->layers[r * c->n_layer + l] = (llm_kv_layer){base + 2 * (size_t)k * half,
                                                                base + (2 * (size_t)k + 1) * half, qt, c->bs, kv_dim, row};
                 k++;
             }
-        }
     }
     return LLM_OK;
+}
+
+static llm_status cache_storage(kv_cache *c, const kv_cache_config *cfg, int kv_dim, llm_error *err)
+{
+    quant_type qt = kv_qtype(cfg->type);
+    llm_status st = pool_storage(c, cfg, KV_POOL_GLOBAL, qt, kv_dim, err);
+    return st || c->window == 0 ? st : pool_storage(c, cfg, KV_POOL_LOCAL, qt, kv_dim, err);
 }
 
 llm_status kv_cache_new(const kv_cache_config *cfg, llm_backend *b, int n_layer, int n_head_kv, int head_dim,
@@ -335,7 +345,7 @@ llm_status kv_cache_new(const kv_cache_config *cfg, llm_backend *b, int n_layer,
     llm_status st = cache_check(cfg, bs, n_head_kv, head_dim, err);
     if (st)
         return st;
-    int window = cfg->window > 0 && pool_layers(cfg, n_layer, LOCAL) > 0 ? cfg->window : 0;
+    int window = cfg->window > 0 && pool_layers(cfg, n_layer, KV_POOL_LOCAL) > 0 ? cfg->window : 0;
     size_t per_block = kv_cache_block_bytes(cfg->type, bs, n_layer, kv_dim);
     size_t n = cfg->n_blocks > 0 ? (size_t)cfg->n_blocks : cfg->bytes / per_block;
     if (n < 1 || n > INT32_MAX / KV_MAX_BLOCK)
@@ -350,7 +360,7 @@ llm_status kv_cache_new(const kv_cache_config *cfg, llm_backend *b, int n_layer,
     if (!c)
         return llm_errf(err, LLM_ERR_NOMEM, "kv cache: no memory");
     *c = (kv_cache){.n_ranks = n_ranks, .n_layer = n_layer, .bs = bs, .prefix_cache = cfg->prefix_cache, .window = window};
-    c->pool[GLOBAL].n_blocks = (int)n;
+    c->pool[KV_POOL_GLOBAL].n_blocks = (int)n;
     for (int r = 0; r < n_ranks; r++) c->b[r] = r ? cfg->ranks[r] : b;
     if (cache_alloc_meta(c, n_local)) {
         kv_cache_free(c);
@@ -379,38 +389,44 @@ void kv_cache_free(kv_cache *c)
 {
     if (!c)
         return;
-    pool_free(c, &c->pool[GLOBAL]);
-    pool_free(c, &c->pool[LOCAL]);
+    pool_free(c, &c->pool[KV_POOL_GLOBAL]);
+    pool_free(c, &c->pool[KV_POOL_LOCAL]);
     free(c->tokens);
     free(c->bucket);
     free(c->layers);
     free(c);
 }
 
+size_t kv_cache_local_need(int window, int block_size, int max_seqs, int max_rows)
+{
+    size_t bs = (size_t)block_size, per = ((size_t)window + bs - 1) / bs + 2;
+    return per * (size_t)max_seqs + ((size_t)max_rows + bs - 1) / bs;
+}
+
 const llm_kv_layer *kv_cache_layers(const kv_cache *c) { return c->layers; }
 int kv_cache_block_size(const kv_cache *c) { return c->bs; }
-int kv_cache_n_blocks(const kv_cache *c) { return c->pool[GLOBAL].n_blocks; }
+int kv_cache_n_blocks(const kv_cache *c) { return c->pool[KV_POOL_GLOBAL].n_blocks; }
 int kv_cache_window(const kv_cache *c) { return c->window; }
 
 static int pool_available(const kv_pool *p) { return p->n_free + p->n_cached; }
-int kv_cache_available(const kv_cache *c) { return pool_available(&c->pool[GLOBAL]); }
+int kv_cache_available(const kv_cache *c) { return pool_available(&c->pool[KV_POOL_GLOBAL]); }
 
 void kv_cache_get_stats(const kv_cache *c, kv_cache_stats *out)
 {
-    const kv_pool *g = &c->pool[GLOBAL], *l = &c->pool[LOCAL];
+    const kv_pool *g = &c->pool[KV_POOL_GLOBAL], *l = &c->pool[KV_POOL_LOCAL];
     *out = (kv_cache_stats){g->n_blocks, g->n_used, g->n_cached, g->n_free, g->evictions,
                             l->n_blocks, l->n_used, l->n_cached, l->n_free, l->evictions};
 }
 
-int kv_cache_copies(const kv_cache *c, int local, const int32_t **src, const int32_t **dst)
+int kv_cache_copies(const kv_cache *c, kv_pool_id pool, const int32_t **src, const int32_t **dst)
 {
-    const kv_pool *p = &c->pool[local ? LOCAL : GLOBAL];
+    const kv_pool *p = &c->pool[pool == KV_POOL_LOCAL ? KV_POOL_LOCAL : KV_POOL_GLOBAL];
     *src = p->cp_src;
     *dst = p->cp_dst;
     return p->n_copies;
 }
 
-void kv_cache_copies_done(kv_cache *c) { c->pool[GLOBAL].n_copies = c->pool[LOCAL].n_copies = 0; }
+void kv_cache_copies_done(kv_cache *c) { c->pool[KV_POOL_GLOBAL].n_copies = c->pool[KV_POOL_LOCAL].n_copies = 0; }
 
 /* ---- sequences ------------------------------------------------------------------ */
 
@@ -427,7 +443,7 @@ static int local_first(const kv_cache *c, int pos)
 static void local_trim(kv_cache *c, kv_seq *s, int first)
 {
     for (; s->lfirst < first && s->lfirst < s->n_blocks; s->lfirst++) {
-        block_unref(&c->pool[LOCAL], s->lblocks[s->lfirst]);
+        block_unref(&c->pool[KV_POOL_LOCAL], s->lblocks[s->lfirst]);
         s->lblocks[s->lfirst] = NIL;
     }
 }
@@ -436,15 +452,34 @@ void kv_seq_release(kv_cache *c, kv_seq *s)
 {
     /* last blocks first, so a prefix's tail is evicted before its head */
     for (int i = s->n_blocks - 1; i >= 0; i--) {
-        block_unref(&c->pool[GLOBAL], s->blocks[i]);
+        block_unref(&c->pool[KV_POOL_GLOBAL], s->blocks[i]);
         if (c->window > 0 && i >= s->lfirst)
-            block_unref(&c->pool[LOCAL], s->lblocks[i]);
+            block_unref(&c->pool[KV_POOL_LOCAL], s->lblocks[i]);
     }
     free(s->blocks);
     free(s->lblocks);
     uint64_t salt = s->salt; /* the sequence's, for when it is matched again */
     kv_seq_init(s);
     s->salt = salt;
+}
+
+int kv_seq_truncate(kv_cache *c, kv_seq *s, int n_tokens)
+{
+    LLM_ASSERT(n_tokens >= 0 && n_tokens <= s->n_tokens);
+    if (c->window > 0 && local_first(c, n_tokens) < s->lfirst) { /* its windows' blocks are gone */
+        kv_seq_release(c, s);
+        return 0;
+    }
+    int keep = (n_tokens + c->bs - 1) / c->bs;
+    for (int k = s->n_blocks - 1; k >= keep; k--) { /* later writes must not land in blocks others may share */
+        block_unref(&c->pool[KV_POOL_GLOBAL], s->blocks[k]);
+        if (c->window > 0)
+            block_unref(&c->pool[KV_POOL_LOCAL], s->lblocks[k]);
+    }
+    s->n_blocks = keep < s->n_blocks ? keep : s->n_blocks;
+    s->n_tokens = n_tokens;
+    s->n_hashed = s->n_hashed < n_tokens / c->bs ? s->n_hashed : n_tokens / c->bs;
+    return n_tokens;
 }
 
 static int seq_grow(const kv_cache *c, kv_seq *s, int n_blocks)
@@ -471,7 +506,7 @@ static int seq_grow(const kv_cache *c, kv_seq *s, int n_blocks)
  * matched blocks' twins, else fewer (m = 0 always works). */
 static int local_match(const kv_cache *c, const kv_seq *s, int m)
 {
-    const kv_block *g = c->pool[GLOBAL].blk;
+    const kv_block *g = c->pool[KV_POOL_GLOBAL].blk;
     for (; m > 0; m--) {
         int k = local_first(c, m * c->bs);
         while (k < m && g[s->blocks[k]].twin != NIL) k++;
@@ -492,17 +527,17 @@ int kv_seq_match(kv_cache *c, kv_seq *s, const int32_t *tokens, int n)
         int32_t i = index_find(c, block_hash(pk, t, c->bs), pk, t);
         if (i == NIL)
             break;
-        block_ref(&c->pool[GLOBAL], i);
+        block_ref(&c->pool[KV_POOL_GLOBAL], i);
         s->blocks[s->n_blocks++] = i;
     }
     if (c->window > 0) {
         int keep = local_match(c, s, s->n_blocks);
-        while (s->n_blocks > keep) block_unref(&c->pool[GLOBAL], s->blocks[--s->n_blocks]);
+        while (s->n_blocks > keep) block_unref(&c->pool[KV_POOL_GLOBAL], s->blocks[--s->n_blocks]);
         s->lfirst = local_first(c, keep * c->bs);
         for (int k = 0; k < keep; k++) {
-            s->lblocks[k] = k < s->lfirst ? NIL : c->pool[GLOBAL].blk[s->blocks[k]].twin;
+            s->lblocks[k] = k < s->lfirst ? NIL : c->pool[KV_POOL_GLOBAL].blk[s->blocks[k]].twin;
             if (k >= s->lfirst)
-                block_ref(&c->pool[LOCAL], s->lblocks[k]);
+                block_ref(&c->pool[KV_POOL_LOCAL], s->lblocks[k]);
         }
     }
     s->n_tokens = s->n_blocks * c->bs;
@@ -519,12 +554,12 @@ llm_status kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src, int n_tokens
     if (seq_grow(c, dst, nb))
         return LLM_ERR_NOMEM;
     for (int i = 0; i < nb; i++) {
-        block_ref(&c->pool[GLOBAL], src->blocks[i]);
+        block_ref(&c->pool[KV_POOL_GLOBAL], src->blocks[i]);
         dst->blocks[i] = src->blocks[i];
         if (c->window > 0) {
             dst->lblocks[i] = i < lfirst ? NIL : src->lblocks[i];
             if (i >= lfirst)
-                block_ref(&c->pool[LOCAL], src->lblocks[i]);
+                block_ref(&c->pool[KV_POOL_LOCAL], src->lblocks[i]);
         }
     }
     dst->n_blocks = nb;
@@ -545,18 +580,18 @@ static int32_t write_block(const kv_cache *c, const kv_seq *s, const int32_t *t)
 
 /* Blocks pool must give for writing n more tokens: new ones, plus a copy
  * of a shared block the write lands in. */
-static int pool_needed(const kv_cache *c, const kv_seq *s, int pool, int n)
+static int pool_needed(const kv_cache *c, const kv_seq *s, kv_pool_id pool, int n)
 {
     int want = (s->n_tokens + n + c->bs - 1) / c->bs, extra = want > s->n_blocks ? want - s->n_blocks : 0;
-    int32_t w = write_block(c, s, pool == LOCAL ? s->lblocks : s->blocks);
+    int32_t w = write_block(c, s, pool == KV_POOL_LOCAL ? s->lblocks : s->blocks);
     return extra + (n > 0 && w != NIL && c->pool[pool].blk[w].ref > 1);
 }
 
-int kv_seq_blocks_needed(const kv_cache *c, const kv_seq *s, int n) { return pool_needed(c, s, GLOBAL, n); }
+int kv_seq_blocks_needed(const kv_cache *c, const kv_seq *s, int n) { return pool_needed(c, s, KV_POOL_GLOBAL, n); }
 
 /* Makes the write block of table t private (a queued copy when shared;
  * forgotten content when cached), then appends new blocks up to want. */
-static void pool_reserve(kv_cache *c, kv_seq *s, int pool, int32_t *t, int n, int want)
+static void pool_reserve(kv_cache *c, kv_seq *s, kv_pool_id pool, int32_t *t, int n, int want)
 {
     kv_pool *p = &c->pool[pool];
     int32_t w = n > 0 ? write_block(c, s, t) : NIL;
@@ -575,14 +610,14 @@ static void pool_reserve(kv_cache *c, kv_seq *s, int pool, int32_t *t, int n, in
 llm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int n)
 {
     int want = (s->n_tokens + n + c->bs - 1) / c->bs;
-    if (pool_needed(c, s, GLOBAL, n) > pool_available(&c->pool[GLOBAL]) ||
-        (c->window > 0 && pool_needed(c, s, LOCAL, n) > pool_available(&c->pool[LOCAL])))
+    if (pool_needed(c, s, KV_POOL_GLOBAL, n) > pool_available(&c->pool[KV_POOL_GLOBAL]) ||
+        (c->window > 0 && pool_needed(c, s, KV_POOL_LOCAL, n) > pool_available(&c->pool[KV_POOL_LOCAL])))
         return LLM_ERR_KV_FULL;
     if (seq_grow(c, s, want))
         return LLM_ERR_NOMEM;
-    pool_reserve(c, s, GLOBAL, s->blocks, n, want);
+    pool_reserve(c, s, KV_POOL_GLOBAL, s->blocks, n, want);
     if (c->window > 0)
-        pool_reserve(c, s, LOCAL, s->lblocks, n, want);
+        pool_reserve(c, s, KV_POOL_LOCAL, s->lblocks, n, want);
     if (want > s->n_blocks)
         s->n_blocks = want;
     return LLM_OK;
@@ -593,11 +628,11 @@ llm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int n)
 static void local_link(kv_cache *c, kv_seq *s, int k)
 {
     int32_t i = s->blocks[k], j = s->lblocks[k];
-    if (j == NIL || c->pool[LOCAL].blk[j].hashed)
+    if (j == NIL || c->pool[KV_POOL_LOCAL].blk[j].hashed)
         return; /* already dropped (a window shorter than a block), or another owner's twin */
-    c->pool[GLOBAL].blk[i].twin = j;
-    c->pool[LOCAL].blk[j].hashed = 1;
-    c->pool[LOCAL].blk[j].pkey = block_key(c, i);
+    c->pool[KV_POOL_GLOBAL].blk[i].twin = j;
+    c->pool[KV_POOL_LOCAL].blk[j].hashed = 1;
+    c->pool[KV_POOL_LOCAL].blk[j].owner = i;
 }
 
 /* Whether block k of s should take the place of the unreferenced entry e
@@ -607,14 +642,14 @@ static void local_link(kv_cache *c, kv_seq *s, int k)
  * later match of the prefix would recompute again. */
 static int supersedes(const kv_cache *c, const kv_seq *s, int k, int32_t e)
 {
-    const kv_block *b = &c->pool[GLOBAL].blk[e];
+    const kv_block *b = &c->pool[KV_POOL_GLOBAL].blk[e];
     return c->window > 0 && b->ref == 0 && b->twin == NIL && s->lblocks[k] != NIL;
 }
 
 /* Unreferenced global block e leaves the index and goes to the free stack. */
 static void index_drop(kv_cache *c, int32_t e)
 {
-    kv_pool *p = &c->pool[GLOBAL];
+    kv_pool *p = &c->pool[KV_POOL_GLOBAL];
     index_remove(c, e);
     lru_unlink(p, e);
     p->free_stack[p->n_free++] = e;
@@ -628,7 +663,7 @@ void kv_seq_commit(kv_cache *c, kv_seq *s, const int32_t *tokens, int n)
         int k = s->n_hashed;
         const int32_t *t = tokens + (size_t)k * c->bs;
         int32_t i = s->blocks[k];
-        kv_block *blk = c->pool[GLOBAL].blk;
+        kv_block *blk = c->pool[KV_POOL_GLOBAL].blk;
         /* only under a known parent (else no match can reach it), and not
          * when a block with this key is known already (another sequence
          * computed the same prefix at the same time: it keeps the entry) */

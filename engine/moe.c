@@ -75,8 +75,17 @@ static void top_k(float *probs, int n, int k, float scale, int32_t *sel, float *
     for (int j = 0; j < k; j++) w[j] = w[j] / norm * scale;
 }
 
+/* Row t's lowest-id expert. */
+static int lowest(const int32_t *sel, int k)
+{
+    int lo = sel[0];
+    for (int j = 1; j < k; j++) lo = sel[j] < lo ? sel[j] : lo;
+    return lo;
+}
+
 void llm_moe_route(llm_moe_plan *p, const float *logits, int n_rows, float scale)
 {
+    LLM_ASSERT(n_rows >= 0 && n_rows <= p->max_rows);
     int ne = p->n_expert, k = p->n_used;
     memset(p->off, 0, sizeof(int32_t) * (size_t)(ne + 1));
     memset(p->n_first, 0, sizeof(int32_t) * (size_t)ne);
@@ -84,10 +93,8 @@ void llm_moe_route(llm_moe_plan *p, const float *logits, int n_rows, float scale
         int32_t *sel = p->sel + (size_t)t * k;
         softmax(logits + (size_t)t * ne, ne, p->probs);
         top_k(p->probs, ne, k, scale, sel, p->sel_w + (size_t)t * k);
-        int lo = sel[0];
-        for (int j = 1; j < k; j++) lo = sel[j] < lo ? sel[j] : lo;
         for (int j = 0; j < k; j++) p->off[sel[j] + 1]++;
-        p->n_first[lo]++;
+        p->n_first[lowest(sel, k)]++;
     }
     for (int e = 0; e < ne; e++) {
         p->off[e + 1] += p->off[e];
@@ -96,8 +103,7 @@ void llm_moe_route(llm_moe_plan *p, const float *logits, int n_rows, float scale
     }
     for (int t = 0; t < n_rows; t++) { /* rows in ascending order within each group */
         const int32_t *sel = p->sel + (size_t)t * k;
-        int lo = sel[0];
-        for (int j = 1; j < k; j++) lo = sel[j] < lo ? sel[j] : lo;
+        int lo = lowest(sel, k);
         for (int j = 0; j < k; j++) {
             int32_t at = p->cur[2 * sel[j] + (sel[j] != lo)]++;
             p->rows[at] = t;

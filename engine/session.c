@@ -38,17 +38,19 @@ llm_status llm_session_new(const llm_model *m, llm_backend *b, const llm_session
     kv_seq_init(&s->seq);
     int nr = cfg && cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1;
     llm_backend *const *ranks = nr > 1 ? cfg->tp_backends : &s->b;
-    /* sliding-window layers keep their window, the row before it (as the
-     * engine's cache does) and one chunk, with a partial block at each end */
+    /* sliding-window layers keep what one sequence's windows and chunk read */
     unsigned char *local = calloc((size_t)m->hp.n_layer, 1);
     int bs = KV_DEFAULT_BLOCK, window = local ? llm_model_windows(m, local) : 0;
     kv_cache_config kc = {.type = cfg ? (llm_kv_type)cfg->kv_type : LLM_KV_F16, .n_blocks = (n_ctx + bs - 1) / bs,
                           .ranks = ranks, .n_ranks = nr, .window = window, .local = local,
-                          .n_local_blocks = (window + bs - 1) / bs + (max_batch + bs - 1) / bs + 2};
-    llm_status st = !local ? llm_errf(err, LLM_ERR_NOMEM, "session: no memory")
-                    : nr > 1 && (!ranks || ranks[0] != b)
-                        ? llm_errf(err, LLM_ERR_INVALID_ARG, "session: tensor_parallel %d needs its backends", nr)
-                        : llm_forward_new_tp(m, ranks, nr, max_batch, logit_rows, &s->fwd, err);
+                          .n_local_blocks = (int)kv_cache_local_need(window, bs, 1, max_batch)};
+    llm_status st = LLM_OK;
+    if (!local)
+        st = llm_errf(err, LLM_ERR_NOMEM, "session: no memory");
+    else if (nr > 1 && (!ranks || ranks[0] != b))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "session: tensor_parallel %d needs its backends", nr);
+    if (!st)
+        st = llm_forward_new_tp(m, ranks, nr, max_batch, logit_rows, &s->fwd, err);
     if (!st)
         st = kv_cache_new(&kc, b, m->hp.n_layer, m->hp.n_head_kv / nr, m->hp.head_dim, &s->kv, err);
     free(local);
@@ -112,11 +114,14 @@ static llm_status check_input(const llm_session *s, const int32_t *tokens, int n
 }
 
 /* A failed step: forget the partial input (positions past pos are
- * overwritten next time). */
+ * overwritten next time), or everything when sliding-window layers had
+ * already dropped K/V that position pos's window reads. */
 static llm_status rewind_to(llm_session *s, int pos, llm_status st, llm_error *err)
 {
-    s->seq.n_tokens = pos;
-    s->seq.n_hashed = s->seq.n_hashed < pos / KV_DEFAULT_BLOCK ? s->seq.n_hashed : pos / KV_DEFAULT_BLOCK;
+    if (kv_seq_truncate(s->kv, &s->seq, pos) != pos)
+        return llm_errf(err, st, "eval: backend %s failed: %s; the session was reset (its sliding-window K/V for "
+                        "position %d was already dropped): evaluate again from the start", s->b->iface->name,
+                        llm_status_str(st), pos);
     return llm_errf(err, st, "eval: backend %s failed: %s", s->b->iface->name, llm_status_str(st));
 }
 

@@ -23,10 +23,11 @@ llm_status llm_tp_check(const llm_model *m, int n_ranks, llm_error *err)
     const llm_hparams *hp = &m->hp;
     if (n_ranks < 1 || n_ranks > LLM_MAX_RANKS)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "tensor parallel %d: must be 1 to %d", n_ranks, LLM_MAX_RANKS);
-    if (hp->n_head % n_ranks || hp->n_head_kv % n_ranks || hp->n_ff % n_ranks || hp->n_ff_exp % n_ranks)
+    int ff = hp->n_expert ? hp->n_ff_exp : hp->n_ff; /* a MoE model's MLPs are its experts */
+    if (hp->n_head % n_ranks || hp->n_head_kv % n_ranks || ff % n_ranks)
         return llm_errf(err, LLM_ERR_UNSUPPORTED,
-                        "tensor parallel %d: the model's heads (%d), KV heads (%d), n_ff (%d) and experts' n_ff (%d) "
-                        "must all divide by it", n_ranks, hp->n_head, hp->n_head_kv, hp->n_ff, hp->n_ff_exp);
+                        "tensor parallel %d: the model's heads (%d), KV heads (%d) and %s (%d) must all divide by it",
+                        n_ranks, hp->n_head, hp->n_head_kv, hp->n_expert ? "experts' n_ff" : "n_ff", ff);
     llm_status st = LLM_OK;
     for (int l = 0; l < hp->n_layer && !st; l++) {
         const llm_layer *L = &m->layers[l];
@@ -43,15 +44,22 @@ static llm_weight row_slice(const llm_weight *w, int64_t r0, int64_t n)
     return (llm_weight){w->type, n, w->cols, w->row_bytes, (const char *)w->data + (size_t)r0 * w->row_bytes};
 }
 
-/* Columns [c0, c0 + n) of every row of w, copied (whole blocks). */
-static void *col_slice(const llm_weight *w, int64_t c0, int64_t n, llm_weight *out)
+/* Columns [c0, c0 + n) of every row of w into p (whole blocks): *out
+ * describes them there. */
+static void col_copy(const llm_weight *w, int64_t c0, int64_t n, char *p, llm_weight *out)
 {
     size_t rb = quant_row_bytes(w->type, (size_t)n), off = quant_row_bytes(w->type, (size_t)c0);
-    char *p = malloc(rb * (size_t)w->rows);
-    if (!p)
-        return NULL;
-    for (int64_t r = 0; r < w->rows; r++) memcpy(p + (size_t)r * rb, (const char *)w->data + (size_t)r * w->row_bytes + off, rb);
+    for (int64_t r = 0; r < w->rows; r++)
+        memcpy(p + (size_t)r * rb, (const char *)w->data + (size_t)r * w->row_bytes + off, rb);
     *out = (llm_weight){w->type, w->rows, n, rb, p};
+}
+
+/* Columns [c0, c0 + n) of every row of w, copied into a new allocation. */
+static void *col_slice(const llm_weight *w, int64_t c0, int64_t n, llm_weight *out)
+{
+    char *p = malloc(quant_row_bytes(w->type, (size_t)n) * (size_t)w->rows);
+    if (p)
+        col_copy(w, c0, n, p, out);
     return p;
 }
 
@@ -76,11 +84,7 @@ static int part_experts(const llm_model *m, const llm_layer *L, int rank, int n_
     for (int e = 0; e < ne; e++) {
         P->exp_gate[e] = row_slice(&L->exp_gate[e], rank * ff, ff);
         P->exp_up[e] = row_slice(&L->exp_up[e], rank * ff, ff);
-        const llm_weight *w = &L->exp_down[e];
-        size_t off = quant_row_bytes(w->type, (size_t)(rank * ff));
-        char *p = down + (size_t)e * per;
-        for (int64_t r = 0; r < w->rows; r++) memcpy(p + (size_t)r * rb, (const char *)w->data + (size_t)r * w->row_bytes + off, rb);
-        P->exp_down[e] = (llm_weight){w->type, w->rows, ff, rb, p};
+        col_copy(&L->exp_down[e], rank * ff, ff, down + (size_t)e * per, &P->exp_down[e]);
     }
     return 0;
 }

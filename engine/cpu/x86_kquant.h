@@ -174,7 +174,7 @@ static inline __m256i q6k_scales(const int8_t *sc)
 
 /* int16 lanes: the first 8 carry scale 2k of scv, the last 8 scale 2k + 1
  * (the two 16-quant groups of 32 quants), by one in-lane shuffle. */
-static inline __m256i q6k_scale_pair(__m256i scv, int k)
+static inline __m256i scale_pair16(__m256i scv, int k)
 {
     return _mm256_shuffle_epi8(scv, _mm256_set_m128i(_mm_set1_epi16((short)(((4 * k + 3) << 8) | (4 * k + 2))),
                                                      _mm_set1_epi16((short)(((4 * k + 1) << 8) | (4 * k)))));
@@ -219,7 +219,7 @@ static float w_q6_K(const void *w, const void *x, int n)
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) { /* two exact chains, as in w_q3_K */
                 __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(b[i].qs + 128 * h + 32 * k)));
-                is[k & 1] = KQ_ACC(is[k & 1], p, q6k_scale_pair(scv, k));
+                is[k & 1] = KQ_ACC(is[k & 1], p, scale_pair16(scv, k));
             }
         }
         __m256i isum = _mm256_add_epi32(is[0], is[1]);
@@ -301,7 +301,7 @@ static void w_q6_K_x4(const void *w, const void *x, size_t stride, int n, float 
             __m256i q[4], scv = q6k_scales(a[i].scales + 8 * h);
             q6k_half(a[i].ql + 64 * h, a[i].qh + 32 * h, q);
             for (int k = 0; k < 4; k++) {
-                __m256i s = q6k_scale_pair(scv, k);
+                __m256i s = scale_pair16(scv, k);
                 Q6K_TOKEN(0);
                 Q6K_TOKEN(1);
                 Q6K_TOKEN(2);
@@ -347,7 +347,7 @@ static inline __m256i half_scales(__m256i sc16, int h)
 }
 
 /* One Q2_K block against one Q8_K block: the integer sum of
- * scale * (q . y) in 8 lanes, and the mins times the activation sums. */
+ * scale * (q . y) in 8 lanes (q2k_msum has the mins' share). */
 static inline __m256i q2k_isum(const block_q2_K *a, const block_q8_K *y, __m256i sc16)
 {
     __m256i is[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}; /* two chains, as in w_q3_K */
@@ -357,7 +357,7 @@ static inline __m256i q2k_isum(const block_q2_K *a, const block_q8_K *y, __m256i
         for (int k = 0; k < 4; k++) {
             __m256i p = _mm256_maddubs_epi16(k2_quants(a->qs + 32 * h, k),
                                              _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * k)));
-            is[k & 1] = KQ_ACC(is[k & 1], p, q6k_scale_pair(scv, k));
+            is[k & 1] = KQ_ACC(is[k & 1], p, scale_pair16(scv, k));
         }
     }
     return _mm256_add_epi32(is[0], is[1]);
@@ -401,7 +401,7 @@ static void w_q2_K_x4(const void *w, const void *x, size_t stride, int n, float 
         q2k_scales(a[i].scales, &sc16, &m16);
         for (int h = 0; h < 2; h++) {
             __m256i scv = half_scales(sc16, h);
-            for (int k = 0; k < 4; k++) KX4_DOT(k2_quants(a[i].qs + 32 * h, k), 128 * h + 32 * k, q6k_scale_pair(scv, k));
+            for (int k = 0; k < 4; k++) KX4_DOT(k2_quants(a[i].qs + 32 * h, k), 128 * h + 32 * k, scale_pair16(scv, k));
         }
         float d = h2f(a[i].d), dmin = h2f(a[i].dmin);
         K2X4_FINISH(0);
@@ -465,7 +465,7 @@ static float w_q3_K(const void *w, const void *x, int n)
             for (int k = 0; k < 4; k++) {
                 __m256i p = _mm256_maddubs_epi16(q3k_quants(&a[i], hm, h, k),
                                                  _mm256_loadu_si256((const __m256i *)(b[i].qs + 128 * h + 32 * k)));
-                is[k & 1] = KQ_ACC(is[k & 1], p, q6k_scale_pair(scv, k));
+                is[k & 1] = KQ_ACC(is[k & 1], p, scale_pair16(scv, k));
             }
         }
         __m256i isum = _mm256_add_epi32(is[0], is[1]);
@@ -488,7 +488,7 @@ static void w_q3_K_x4(const void *w, const void *x, size_t stride, int n, float 
         __m256i is2 = _mm256_sub_epi32(z, q3k_bias(sc16, &b2[i])), is3 = _mm256_sub_epi32(z, q3k_bias(sc16, &b3[i]));
         for (int h = 0; h < 2; h++) {
             __m256i scv = half_scales(sc16, h);
-            for (int k = 0; k < 4; k++) KX4_DOT(q3k_quants(&a[i], hm, h, k), 128 * h + 32 * k, q6k_scale_pair(scv, k));
+            for (int k = 0; k < 4; k++) KX4_DOT(q3k_quants(&a[i], hm, h, k), 128 * h + 32 * k, scale_pair16(scv, k));
         }
         float d = h2f(a[i].d);
         K3X4_FINISH(0);

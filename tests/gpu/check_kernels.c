@@ -322,6 +322,33 @@ static void check_gemv(quant_type t, int n_tok, int cols)
     cudaFree(dq), cudaFree(dx), cudaFree(dy), free(w), free(x), free(deq), free(q), free(ref);
 }
 
+/* An expert's outputs into the rows it served (lk_add_rows): rows 1, 4,
+ * 5, ... of y set, then others added to, with the CPU's rounding (the
+ * product rounded before the add): exact. */
+static void check_add_rows(int rows, int cols)
+{
+    size_t n = (size_t)rows * cols;
+    int k = rows / 3, rs[64], ra[64];
+    float *y = rand_host(n), *x = rand_host((size_t)k * cols), *w = rand_host((size_t)k), *want = malloc(n * 4);
+    memcpy(want, y, n * 4);
+    for (int i = 0; i < k; i++) {
+        rs[i] = (3 * i + 1) % rows; /* distinct within a call */
+        ra[i] = (3 * i + 2) % rows;
+        for (int c = 0; c < cols; c++) want[(size_t)rs[i] * cols + c] = w[i] * x[(size_t)i * cols + c];
+    }
+    for (int i = 0; i < k; i++)
+        for (int c = 0; c < cols; c++) {
+            float p = w[i] * x[(size_t)i * cols + c];
+            want[(size_t)ra[i] * cols + c] = want[(size_t)ra[i] * cols + c] + p;
+        }
+    float *dy = to_dev(y, n * 4), *dx = to_dev(x, (size_t)k * cols * 4), *dw = to_dev(w, (size_t)k * 4);
+    int32_t *drs = to_dev(rs, sizeof(int32_t) * (size_t)k), *dra = to_dev(ra, sizeof(int32_t) * (size_t)k);
+    CK((cudaError_t)lk_add_rows(dy, drs, dw, dx, k, cols, 1, NULL));
+    CK((cudaError_t)lk_add_rows(dy, dra, dw, dx, k, cols, 0, NULL));
+    compare("add_rows", dy, want, n, 0, 0);
+    cudaFree(dy), cudaFree(dx), cudaFree(dw), cudaFree(drs), cudaFree(dra), free(y), free(x), free(w), free(want);
+}
+
 /* Weights dequantized to float for cuBLAS: the CPU dequantizer's values,
  * exactly. Also the per-row bias add (exact). */
 static void check_dequant(quant_type t)
@@ -350,6 +377,7 @@ static void check_dequant(quant_type t)
         CK((cudaError_t)lk_add_bias(dx, db, rows, cols, NULL));
         compare("add_bias", dx, want, n, 0, 0);
         cudaFree(dx), cudaFree(db), free(b), free(x), free(want);
+        check_add_rows(rows, cols);
     }
     cudaFree(dq), cudaFree(dout), free(w), free(ref), free(q), free(got);
 }

@@ -38,6 +38,15 @@ static fx make_window(int n_blocks, int n_local, int window)
     return f;
 }
 
+static void done(fx *f);
+
+/* Releases s, then checks and frees f. */
+static void done_seq(fx *f, kv_seq *s)
+{
+    kv_seq_release(f->c, s);
+    done(f);
+}
+
 static void done(fx *f)
 {
     kv_cache_stats st;
@@ -254,9 +263,9 @@ static void test_fork_cow(void **st)
     assert_int_equal(b.n_tokens, 6);
     assert_int_equal(b.blocks[1], a.blocks[1]);
     const int32_t *src, *dst;
-    assert_int_equal(kv_cache_copies(f.c, 0, &src, &dst), 0);
+    assert_int_equal(kv_cache_copies(f.c, KV_POOL_GLOBAL, &src, &dst), 0);
     feed(&f, &b, T, 1); /* writes position 6 of a shared block: copy first */
-    assert_int_equal(kv_cache_copies(f.c, 0, &src, &dst), 1);
+    assert_int_equal(kv_cache_copies(f.c, KV_POOL_GLOBAL, &src, &dst), 1);
     assert_int_equal(src[0], a.blocks[1]);
     assert_int_equal(dst[0], b.blocks[1]);
     assert_true(a.blocks[1] != b.blocks[1]);
@@ -266,7 +275,7 @@ static void test_fork_cow(void **st)
     for (int l = 0; l < LAYERS; l++)
         assert_true(((float *)L[l].k)[(size_t)b.blocks[1] * bb / 4 + 5] == (float)(l + 1));
     feed(&f, &a, T + 7, 1); /* a's block is its own again: no copy */
-    assert_int_equal(kv_cache_copies(f.c, 0, &src, &dst), 0);
+    assert_int_equal(kv_cache_copies(f.c, KV_POOL_GLOBAL, &src, &dst), 0);
     kv_seq_release(f.c, &a);
     kv_seq_release(f.c, &b);
     done(&f);
@@ -290,7 +299,7 @@ static void test_fork_unindexes(void **st)
     tb[7] = 77;
     feed(&f, &b, tb, 1); /* b's position 7 now differs from T[7] */
     const int32_t *src, *dst;
-    assert_int_equal(kv_cache_copies(f.c, 0, &src, &dst), 0);
+    assert_int_equal(kv_cache_copies(f.c, KV_POOL_GLOBAL, &src, &dst), 0);
     assert_int_equal(kv_seq_match(f.c, &c, T, 8), 4); /* only the untouched block */
     kv_seq_release(f.c, &b);
     kv_seq_release(f.c, &c);
@@ -409,7 +418,7 @@ static void test_random_churn(void **st)
             int n = 1 + (int)(test_rng(&seed) % 6);
             if (kv_seq_reserve(f.c, &s[i], n) == LLM_OK) {
                 const int32_t *src, *dst;
-                int nc = kv_cache_copies(f.c, 0, &src, &dst);
+                int nc = kv_cache_copies(f.c, KV_POOL_GLOBAL, &src, &dst);
                 for (int k = 0; k < nc; k++) sh[dst[k]] = sh[src[k]];
                 kv_cache_copies_done(f.c);
                 shadow_write(sh, &s[i], toks[i], n);
@@ -464,6 +473,64 @@ static void test_window_bounded(void **st)
     done(&f);
 }
 
+/* A match whose twins were evicted keeps less and recomputes; the
+ * recomputed blocks take the place of the twinless entries, so the next
+ * match of the same prefix hits in full again. */
+static void test_window_recompute_supersedes(void **st)
+{
+    (void)st;
+    fx f = make_window(32, 4, 4); /* 4 local blocks: evicted fast */
+    kv_seq a, b, c;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    kv_seq_init(&c);
+    feed(&f, &a, T, 16);
+    kv_seq_release(f.c, &a);
+    int32_t u[16];
+    for (int i = 0; i < 16; i++) u[i] = 700 + i;
+    feed(&f, &b, u, 16); /* other content takes every local block over */
+    kv_seq_release(f.c, &b);
+    assert_int_equal(kv_seq_match(f.c, &c, T, 16), 0); /* no twins left: recompute */
+    feed(&f, &c, T, 16);
+    kv_seq_release(f.c, &c);
+    assert_int_equal(kv_seq_match(f.c, &c, T, 16), 16); /* the recomputed chain is the index's now */
+    kv_seq_release(f.c, &c);
+    done(&f);
+}
+
+/* Forgetting a failed step's positions: blocks past the kept position go
+ * back; with a window, a position whose window's blocks were dropped
+ * empties the sequence instead (its K/V cannot be read again). */
+static void test_truncate(void **st)
+{
+    (void)st;
+    fx f = make_window(16, 16, 4);
+    kv_seq a;
+    kv_seq_init(&a);
+    feed(&f, &a, T, 20); /* lfirst 4: the row at 19 reads from position 16 */
+    assert_int_equal(a.lfirst, 4);
+    assert_int_equal(kv_seq_truncate(f.c, &a, 19), 19);
+    assert_int_equal(a.n_blocks, 5);
+    assert_int_equal(kv_seq_truncate(f.c, &a, 18), 0); /* 18's window starts at 15: block 3, dropped */
+    assert_int_equal(a.n_blocks, 0);
+    assert_int_equal(a.n_tokens, 0);
+    feed(&f, &a, T, 12);
+    done_seq(&f, &a);
+    fx g = make(16, 1);
+    kv_seq b;
+    kv_seq_init(&b);
+    feed(&g, &b, T, 14);
+    assert_int_equal(kv_seq_truncate(g.c, &b, 5), 5); /* blocks 2 and 3 go back, block 1 (positions 4-7) stays */
+    assert_int_equal(b.n_blocks, 2);
+    assert_int_equal(b.n_hashed, 1);
+    kv_cache_stats cs;
+    kv_cache_get_stats(g.c, &cs);
+    assert_int_equal(cs.used, 2);
+    feed(&g, &b, T, 3); /* the tokens from position 0, as commit reads them */
+    kv_seq_release(g.c, &b);
+    done(&g);
+}
+
 /* A fork needs its parent to still hold the local blocks its windows read. */
 static void test_window_fork(void **st)
 {
@@ -478,8 +545,8 @@ static void test_window_fork(void **st)
     assert_int_equal(b.lblocks[1], a.lblocks[1]);
     feed(&f, &b, T, 1); /* position 6 in the shared partial block: copied in both pools */
     const int32_t *src, *dst;
-    assert_int_equal(kv_cache_copies(f.c, 0, &src, &dst), 1);
-    assert_int_equal(kv_cache_copies(f.c, 1, &src, &dst), 1);
+    assert_int_equal(kv_cache_copies(f.c, KV_POOL_GLOBAL, &src, &dst), 1);
+    assert_int_equal(kv_cache_copies(f.c, KV_POOL_LOCAL, &src, &dst), 1);
     assert_int_equal(src[0], a.lblocks[1]);
     assert_int_equal(dst[0], b.lblocks[1]);
     kv_cache_copies_done(f.c);
@@ -568,9 +635,9 @@ static void test_window_churn(void **st)
             full += rs == LLM_ERR_KV_FULL;
             if (rs == LLM_OK) {
                 const int32_t *src, *dst;
-                int nc = kv_cache_copies(f.c, 0, &src, &dst);
+                int nc = kv_cache_copies(f.c, KV_POOL_GLOBAL, &src, &dst);
                 for (int k = 0; k < nc; k++) sh[dst[k]] = sh[src[k]];
-                nc = kv_cache_copies(f.c, 1, &src, &dst);
+                nc = kv_cache_copies(f.c, KV_POOL_LOCAL, &src, &dst);
                 for (int k = 0; k < nc; k++) lsh[dst[k]] = lsh[src[k]];
                 kv_cache_copies_done(f.c);
                 shadow_table_write(sh, &s[i], s[i].blocks, toks[i], n);
@@ -579,6 +646,12 @@ static void test_window_churn(void **st)
                 shadow_check_local(lsh, &s[i], toks[i], W);
             }
         }
+        /* each sequence holds at most its window, the row before, and one
+         * reservation of up to 6 tokens, with a partial block at each end
+         * (without dropping, a 56-token sequence alone holds 14) */
+        kv_cache_stats cs;
+        kv_cache_get_stats(f.c, &cs);
+        assert_true(cs.local_used <= N * ((W + 6 + BS - 1) / BS + 1));
     }
     print_message("window churn: %d matches hit, %d forks, %d reservations refused\n", hits, forks, full);
     assert_true(hits > 100 && forks > 100);
@@ -597,6 +670,7 @@ int main(void)
         cmocka_unit_test(test_fork_unindexes), cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_random_churn),  cmocka_unit_test(test_window_bounded),
         cmocka_unit_test(test_window_fork),   cmocka_unit_test(test_window_churn),
+        cmocka_unit_test(test_window_recompute_supersedes), cmocka_unit_test(test_truncate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -431,12 +431,14 @@ static int check_engine(const tr_trace *t, llm_engine *e)
     g_tot.forked += st.forked_tokens;
     g_tot.cancels += (uint64_t)cancels;
     const char *why = NULL;
-    int w = g_m->layers[0].window, bs = t->cfg.block_size; /* tiny gemma3's first layer is local */
-    int need = t->cfg.max_seqs * ((w + bs - 1) / bs + 2) + (t->cfg.max_batch_tokens + bs - 1) / bs;
+    /* tiny gemma3's first layer is local: its pool is sized to the windows,
+     * not to the sequences' lengths, and every request still ran within it */
+    int w = g_m->layers[0].window;
+    size_t need = kv_cache_local_need(w, t->cfg.block_size, t->cfg.max_seqs, t->cfg.max_batch_tokens);
     if (st.kv_blocks_used != 0 || st.kv_local_blocks_used != 0)
         why = "KV blocks still referenced after the trace";
-    else if (w > 0 && (st.kv_window != w || st.kv_local_blocks_total > need))
-        why = "the windowed layers' pool is not bounded by their windows"; /* every sequence ran within it */
+    else if (w > 0 && (st.kv_window != w || (size_t)st.kv_local_blocks_total > need))
+        why = "the windowed layers' pool is not the size their windows need";
     else if (st.prompt_tokens < lo || st.prompt_tokens > hi)
         why = "prompt_tokens is not the sum of the admitted sequences' prompts";
     else if (cancels == 0 && (st.prompt_tokens != lo || st.cached_tokens != cached))

@@ -45,8 +45,8 @@ typedef struct llm_engine_config {
     float kv_cache_fraction; /* 0: 0.25; the pool is capped at max_seqs full contexts either way */
     int aging_ms;            /* waiting this long is worth one priority level; 0: 1000 */
     int no_prefix_cache;     /* 1: do not keep or reuse blocks by content */
-    int kv_keep_all;         /* 1: sliding-window layers keep every position like the others (one pool, as
-                              * before windows freed memory; tests compare the two) */
+    int kv_keep_all;         /* 1: one KV pool for every layer, sliding-window layers keeping every position
+                              * like the others (tests compare the two layouts) */
     int tensor_parallel;     /* ranks (tp.h); 0 or 1: backend alone */
     llm_backend *const *tp_backends; /* (tensor_parallel) borrowed, [0] == backend; the KV budget is per rank */
 } llm_engine_config;

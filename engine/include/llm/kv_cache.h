@@ -1,6 +1,7 @@
-/* kv_cache.h - the paged KV cache: one pool of fixed-size blocks holding
- * K/V rows for every layer, per-sequence block tables, reference counts,
- * automatic prefix caching and copy-on-write.
+/* kv_cache.h - the paged KV cache: a pool of fixed-size blocks holding
+ * K/V rows for every layer (a second one for sliding-window layers, below),
+ * per-sequence block tables, reference counts, automatic prefix caching and
+ * copy-on-write.
  *
  * A full block is known by its own tokens and the block before it in its
  * sequence (physical id and generation; the first block by the sequence's
@@ -14,7 +15,7 @@
  *
  * Sliding-window layers (kv_cache_config.window and .local) keep their
  * K/V in a second pool: a sequence holds local blocks only for positions
- * some later row's window can still read (kv_seq.lblocks, NIL before
+ * some later row's window can still read (kv_seq.lblocks, -1 before
  * kv_seq.lfirst), so their memory per sequence is bounded by the window.
  * A cached local block is found as the twin of the global block of the
  * same positions and prefix; a prefix match keeps only as many blocks as
@@ -100,6 +101,13 @@ llm_status kv_cache_new(const kv_cache_config *cfg, llm_backend *b, int n_layer,
                         kv_cache **out, llm_error *err);
 void kv_cache_free(kv_cache *c);
 
+/* Local blocks that running sequences can hold at once: each at most its
+ * window and one more position (the row before the next is kept for
+ * forks) plus its rows of a step, with a partial block at each end, and
+ * the rows of a step are at most max_rows in all. A local pool this size
+ * is never what stops a step (but keeps few cached twins under load). */
+size_t kv_cache_local_need(int window, int block_size, int max_seqs, int max_rows);
+
 /* Bytes one block takes over all layers, K and V (for budgets). */
 size_t kv_cache_block_bytes(llm_kv_type type, int block_size, int n_layer, int kv_dim);
 /* Per-layer storage views (n_layer entries per rank, rank-major), valid for
@@ -115,11 +123,15 @@ int kv_cache_window(const kv_cache *c);
 int kv_cache_available(const kv_cache *c);
 void kv_cache_get_stats(const kv_cache *c, kv_cache_stats *out);
 
-/* Queued copy-on-write copies of the global (local 0) or the local pool
- * (local 1): *src and *dst get n block ids; the caller copies them in that
- * pool's layers (llm_forward_kv_copy) before the next forward pass, then
- * calls kv_cache_copies_done (for both). */
-int kv_cache_copies(const kv_cache *c, int local, const int32_t **src, const int32_t **dst);
+/* The two pools: every layer's (or, with sliding-window layers, the global
+ * layers') and the sliding-window layers'. */
+typedef enum kv_pool_id { KV_POOL_GLOBAL = 0, KV_POOL_LOCAL = 1 } kv_pool_id;
+
+/* Queued copy-on-write copies of one pool: *src and *dst get n block ids
+ * (n 0: possibly NULL); the caller copies them in that pool's layers
+ * (llm_forward_kv_copy) before the next forward pass, then calls
+ * kv_cache_copies_done (for both pools). */
+int kv_cache_copies(const kv_cache *c, kv_pool_id pool, const int32_t **src, const int32_t **dst);
 void kv_cache_copies_done(kv_cache *c);
 
 void kv_seq_init(kv_seq *s);
@@ -146,6 +158,13 @@ llm_status kv_seq_fork(kv_cache *c, kv_seq *dst, const kv_seq *src, int n_tokens
 llm_status kv_seq_reserve(kv_cache *c, kv_seq *s, int n);
 /* How many global blocks kv_seq_reserve(c, s, n) would allocate. */
 int kv_seq_blocks_needed(const kv_cache *c, const kv_seq *s, int n);
+
+/* Forgets positions from n_tokens on (a failed step's partial input):
+ * blocks past the one holding position n_tokens go back. Returns n_tokens,
+ * or 0 when s had already dropped local blocks the windows of positions
+ * from n_tokens on read: s is then emptied (its salt stays) and must be
+ * computed again from position 0. */
+int kv_seq_truncate(kv_cache *c, kv_seq *s, int n_tokens);
 
 /* After a forward pass stored K/V for [n_tokens, n_tokens + n): advances
  * n_tokens, registers blocks that became full (with their local twins) and

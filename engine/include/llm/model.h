@@ -118,8 +118,11 @@ llm_status llm_session_new(const llm_model *m, llm_backend *b, const llm_session
 void llm_session_free(llm_session *s);
 /* Appends n tokens at the current position and computes the logits of the
  * last one. Fails (changing nothing) on a token id out of range or when the
- * context would overflow. Returns a pointer to n_vocab logits owned by the
- * session, valid until the next call. */
+ * context would overflow. A backend failure midway leaves the session at
+ * its position before the call, or - when sliding-window layers had
+ * already dropped K/V that position's window reads - reset to position 0
+ * (llm_session_pos says which; the message too). Returns a pointer to
+ * n_vocab logits owned by the session, valid until the next call. */
 llm_status llm_session_eval(llm_session *s, const int32_t *tokens, int n, const float **logits, llm_error *err);
 /* As llm_session_eval, but every token's logits: fn(ctx, i, logits) for
  * i = 0 .. n-1 in order (logits: n_vocab floats owned by the session,

@@ -8,8 +8,9 @@
  * least 2^-14, as llama.cpp does) and multiplied by scale.
  *
  * Ownership: a plan's arrays are the caller's (llm_moe_plan_alloc sizes
- * them for max_rows rows; llm_moe_plan_free). Thread-safety: none needed;
- * routing is a pure function of its inputs. */
+ * them for max_rows rows; llm_moe_plan_free). Thread-safety: a plan (its
+ * result and scratch) belongs to one thread at a time; the routing itself
+ * depends only on its inputs. */
 #ifndef LLM_MOE_H
 #define LLM_MOE_H
 
@@ -33,7 +34,11 @@ typedef struct llm_moe_plan {
     int32_t *cur;     /* (2 * n_expert) fill cursors */
 } llm_moe_plan;
 
+/* Sizes p for up to max_rows rows. LLM_ERR_INVALID_ARG (counts out of
+ * range: 1 <= n_used <= n_expert, max_rows >= 1) or LLM_ERR_NOMEM, naming
+ * the cause; p is then empty (freeing it is harmless). */
 llm_status llm_moe_plan_alloc(llm_moe_plan *p, int n_expert, int n_used, int max_rows, llm_error *err);
+/* Frees p's arrays and empties it (an empty or failed plan is fine). */
 void llm_moe_plan_free(llm_moe_plan *p);
 
 /* Routes n_rows rows (n_rows <= max_rows) given their router logits
