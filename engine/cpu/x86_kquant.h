@@ -194,13 +194,19 @@ static inline void q6k_half(const uint8_t *ql, const uint8_t *qh, __m256i q[4])
                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
 }
 
+/* sc16[j] * bsums[j] over a Q8_K block's 16 sub-blocks, in 8 int32
+ * lanes: the share of a per-sub-block constant (an offset or a min). */
+static inline __m256i bsum_dot(__m256i sc16, const block_q8_K *y)
+{
+    return _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y->bsums));
+}
+
 /* 32 * scales[j] * bsums[j] over the 16 sub-blocks, in 8 int32 lanes:
  * the -32 offset's share, subtracted from the block's integer sum before
  * it is scaled (exact: every term fits int32 with room). */
 static inline __m256i q6k_bias(const block_q6_K *a, const block_q8_K *y)
 {
-    __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales));
-    return _mm256_slli_epi32(_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)y->bsums)), 5);
+    return _mm256_slli_epi32(bsum_dot(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales)), y), 5);
 }
 
 static float w_q6_K(const void *w, const void *x, int n)
@@ -231,10 +237,11 @@ static float w_q6_K(const void *w, const void *x, int n)
 /* The four tokens of a tile: is##t += s . (q x token t's 32 quants at off). */
 #define KX4_DOT(q, off, s)                                                                                   \
     do {                                                                                                     \
-        is0 = KQ_ACC(is0, _mm256_maddubs_epi16((q), _mm256_loadu_si256((const __m256i *)(b0[i].qs + (off)))), (s)); \
-        is1 = KQ_ACC(is1, _mm256_maddubs_epi16((q), _mm256_loadu_si256((const __m256i *)(b1[i].qs + (off)))), (s)); \
-        is2 = KQ_ACC(is2, _mm256_maddubs_epi16((q), _mm256_loadu_si256((const __m256i *)(b2[i].qs + (off)))), (s)); \
-        is3 = KQ_ACC(is3, _mm256_maddubs_epi16((q), _mm256_loadu_si256((const __m256i *)(b3[i].qs + (off)))), (s)); \
+        const __m256i q_ = (q), s_ = (s); /* decoded once for the four tokens */                            \
+        is0 = KQ_ACC(is0, _mm256_maddubs_epi16(q_, _mm256_loadu_si256((const __m256i *)(b0[i].qs + (off)))), s_); \
+        is1 = KQ_ACC(is1, _mm256_maddubs_epi16(q_, _mm256_loadu_si256((const __m256i *)(b1[i].qs + (off)))), s_); \
+        is2 = KQ_ACC(is2, _mm256_maddubs_epi16(q_, _mm256_loadu_si256((const __m256i *)(b2[i].qs + (off)))), s_); \
+        is3 = KQ_ACC(is3, _mm256_maddubs_epi16(q_, _mm256_loadu_si256((const __m256i *)(b3[i].qs + (off)))), s_); \
     } while (0)
 
 /* One token's block into its float sums, rounded as the one-row kernels
@@ -280,13 +287,10 @@ static inline __attribute__((always_inline)) void k4_dot_x4(int q5, const void *
 static void w_q4_K_x4(const void *w, const void *x, size_t stride, int n, float *out) { k4_dot_x4(0, w, x, stride, n, out); }
 static void w_q5_K_x4(const void *w, const void *x, size_t stride, int n, float *out) { k4_dot_x4(1, w, x, stride, n, out); }
 
-#define Q6K_TOKEN(t)                                                                                  \
-    do {                                                                                              \
-        __m256i y = _mm256_loadu_si256((const __m256i *)(b##t[i].qs + 128 * h + 32 * k));               \
-        is##t = KQ_ACC(is##t, _mm256_maddubs_epi16(q[k], y), s);                                       \
-    } while (0)
-
-#define Q6K_FINISH(t) (acc##t = _mm256_fmadd_ps(_mm256_set1_ps(b##t[i].d * d), _mm256_cvtepi32_ps(is##t), acc##t))
+/* One token's block into its float sum, for the kernels whose offset is
+ * in the integer sum (Q3_K, Q6_K): (y d * w d), then one FMA, as the
+ * one-row kernels round. */
+#define KX4_FINISH(t) (acc##t = _mm256_fmadd_ps(_mm256_set1_ps(b##t[i].d * d), _mm256_cvtepi32_ps(is##t), acc##t))
 
 static void w_q6_K_x4(const void *w, const void *x, size_t stride, int n, float *out)
 {
@@ -300,19 +304,13 @@ static void w_q6_K_x4(const void *w, const void *x, size_t stride, int n, float 
         for (int h = 0; h < 2; h++) {
             __m256i q[4], scv = q6k_scales(a[i].scales + 8 * h);
             q6k_half(a[i].ql + 64 * h, a[i].qh + 32 * h, q);
-            for (int k = 0; k < 4; k++) {
-                __m256i s = scale_pair16(scv, k);
-                Q6K_TOKEN(0);
-                Q6K_TOKEN(1);
-                Q6K_TOKEN(2);
-                Q6K_TOKEN(3);
-            }
+            for (int k = 0; k < 4; k++) KX4_DOT(q[k], 128 * h + 32 * k, scale_pair16(scv, k));
         }
         float d = h2f(a[i].d);
-        Q6K_FINISH(0);
-        Q6K_FINISH(1);
-        Q6K_FINISH(2);
-        Q6K_FINISH(3);
+        KX4_FINISH(0);
+        KX4_FINISH(1);
+        KX4_FINISH(2);
+        KX4_FINISH(3);
     }
     out[0] = hsum8(acc0);
     out[1] = hsum8(acc1);
@@ -363,10 +361,7 @@ static inline __m256i q2k_isum(const block_q2_K *a, const block_q8_K *y, __m256i
     return _mm256_add_epi32(is[0], is[1]);
 }
 
-static inline __m256i q2k_msum(__m256i m16, const block_q8_K *y)
-{
-    return _mm256_madd_epi16(m16, _mm256_loadu_si256((const __m256i *)y->bsums));
-}
+static inline __m256i q2k_msum(__m256i m16, const block_q8_K *y) { return bsum_dot(m16, y); }
 
 static float w_q2_K(const void *w, const void *x, int n)
 {
@@ -441,10 +436,7 @@ static inline __m256i q3k_quants(const block_q3_K *a, __m256i hm, int h, int k)
     return _mm256_or_si256(k2_quants(a->qs + 32 * h, k), _mm256_slli_epi16(hb, 2));
 }
 
-static inline __m256i q3k_bias(__m256i sc16, const block_q8_K *y)
-{
-    return _mm256_slli_epi32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y->bsums)), 2);
-}
+static inline __m256i q3k_bias(__m256i sc16, const block_q8_K *y) { return _mm256_slli_epi32(bsum_dot(sc16, y), 2); }
 
 static float w_q3_K(const void *w, const void *x, int n)
 {
@@ -474,8 +466,6 @@ static float w_q3_K(const void *w, const void *x, int n)
     return hsum8(acc);
 }
 
-#define K3X4_FINISH(t) (acc##t = _mm256_fmadd_ps(_mm256_set1_ps(b##t[i].d * d), _mm256_cvtepi32_ps(is##t), acc##t))
-
 static void w_q3_K_x4(const void *w, const void *x, size_t stride, int n, float *out)
 {
     const block_q3_K *a = w;
@@ -491,10 +481,10 @@ static void w_q3_K_x4(const void *w, const void *x, size_t stride, int n, float 
             for (int k = 0; k < 4; k++) KX4_DOT(q3k_quants(&a[i], hm, h, k), 128 * h + 32 * k, scale_pair16(scv, k));
         }
         float d = h2f(a[i].d);
-        K3X4_FINISH(0);
-        K3X4_FINISH(1);
-        K3X4_FINISH(2);
-        K3X4_FINISH(3);
+        KX4_FINISH(0);
+        KX4_FINISH(1);
+        KX4_FINISH(2);
+        KX4_FINISH(3);
     }
     out[0] = hsum8(acc0);
     out[1] = hsum8(acc1);
