@@ -229,6 +229,25 @@ static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, c
     return LLM_OK;
 }
 
+/* A gated MLP on n rows of x into out: gate and up as one matmul group,
+ * the family's activation (GELU for gemma3, else SiLU), down. The dense
+ * MLP and each expert. */
+static llm_status gated_mlp(llm_forward *f, const llm_weight *gate, const llm_weight *up, const llm_weight *down,
+                            const float *x, int n, float *out)
+{
+    llm_backend *b = f->b;
+    llm_matmul gate_up[2] = {{gate, f->hb}, {up, f->hb2}};
+    llm_status st = llm_backend_matmul_group(b, gate_up, 2, x, n);
+    if (st)
+        return st;
+    size_t m = (size_t)n * (size_t)gate->rows;
+    if (f->m->hp.ffn_gelu)
+        llm_backend_geglu(b, f->hb, f->hb2, m, f->hb);
+    else
+        llm_backend_swiglu(b, f->hb, f->hb2, m, f->hb);
+    return llm_backend_matmul(b, down, f->hb, n, out);
+}
+
 static llm_status mlp_block(llm_forward *f, int il, int n)
 {
     const llm_hparams *hp = &f->m->hp;
@@ -236,14 +255,8 @@ static llm_status mlp_block(llm_forward *f, int il, int n)
     llm_backend *b = f->b;
     llm_status st;
     llm_backend_rmsnorm(b, f->x, l->ffn_norm, n, hp->n_embd, hp->eps, f->xb);
-    llm_matmul gate_up[2] = {{&l->w_gate, f->hb}, {&l->w_up, f->hb2}};
-    if ((st = llm_backend_matmul_group(b, gate_up, 2, f->xb, n)))
-        return st;
-    if (hp->ffn_gelu)
-        llm_backend_geglu(b, f->hb, f->hb2, (size_t)n * hp->n_ff, f->hb);
-    else
-        llm_backend_swiglu(b, f->hb, f->hb2, (size_t)n * hp->n_ff, f->hb);
-    if ((st = llm_backend_matmul(b, &l->w_down, f->hb, n, f->xb)) || (st = reduce(f, f->xb, (size_t)n * hp->n_embd)))
+    if ((st = gated_mlp(f, &l->w_gate, &l->w_up, &l->w_down, f->xb, n, f->xb)) ||
+        (st = reduce(f, f->xb, (size_t)n * hp->n_embd)))
         return st;
     if (l->ffn_post_norm)
         llm_backend_rmsnorm(b, f->xb, l->ffn_post_norm, n, hp->n_embd, hp->eps, f->xb);
@@ -251,7 +264,7 @@ static llm_status mlp_block(llm_forward *f, int il, int n)
     return LLM_OK;
 }
 
-/* One expert over the rows the plan gave it: its SwiGLU MLP on those rows
+/* One expert over the rows the plan gave it: its gated MLP on those rows
  * of f->xb, weighted into f->moe (set for rows it is the first expert of,
  * added for the others). */
 static llm_status expert_run(llm_forward *f, const llm_layer *l, int e, int n)
@@ -262,12 +275,8 @@ static llm_status expert_run(llm_forward *f, const llm_layer *l, int e, int n)
     int o = p->off[e], cnt = p->off[e + 1] - o, nf = p->n_first[e];
     llm_weight rows = {QT_F32, n, hp->n_embd, sizeof(float) * (size_t)hp->n_embd, f->xb};
     llm_backend_get_rows(b, &rows, p->rows + o, cnt, f->xe);
-    llm_matmul gate_up[2] = {{&l->exp_gate[e], f->hb}, {&l->exp_up[e], f->hb2}};
-    llm_status st = llm_backend_matmul_group(b, gate_up, 2, f->xe, cnt);
+    llm_status st = gated_mlp(f, &l->exp_gate[e], &l->exp_up[e], &l->exp_down[e], f->xe, cnt, f->ye);
     if (st)
-        return st;
-    llm_backend_swiglu(b, f->hb, f->hb2, (size_t)cnt * hp->n_ff_exp, f->hb);
-    if ((st = llm_backend_matmul(b, &l->exp_down[e], f->hb, cnt, f->ye)))
         return st;
     if (nf > 0)
         llm_backend_add_rows(b, f->moe, p->rows + o, p->weight + o, f->ye, nf, hp->n_embd, 1);
