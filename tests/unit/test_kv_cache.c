@@ -12,15 +12,20 @@ typedef struct fx {
     kv_cache *c;
 } fx;
 
-static fx make(int n_blocks, int prefix)
+/* A CPU backend and a cache of cfg (block size, type and pool size set here). */
+static fx make_cfg(kv_cache_config cfg, int n_blocks)
 {
     fx f;
     llm_error err = {0};
     assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &f.b, &err), LLM_OK);
-    kv_cache_config cfg = {.block_size = BS, .type = LLM_KV_F32, .n_blocks = n_blocks, .prefix_cache = prefix};
+    cfg.block_size = BS;
+    cfg.type = LLM_KV_F32;
+    cfg.n_blocks = n_blocks;
     assert_int_equal(kv_cache_new(&cfg, f.b, LAYERS, HEADS, HD, &f.c, &err), LLM_OK);
     return f;
 }
+
+static fx make(int n_blocks, int prefix) { return make_cfg((kv_cache_config){.prefix_cache = prefix}, n_blocks); }
 
 /* The first block a row at pos reads in a layer with this window. */
 static int lfirst(int pos, int window) { return pos - window + 1 > 0 ? (pos - window + 1) / BS : 0; }
@@ -28,23 +33,9 @@ static int lfirst(int pos, int window) { return pos - window + 1 > 0 ? (pos - wi
 /* Layer 0 local with this window (layer 1 global), n_local local blocks. */
 static fx make_window(int n_blocks, int n_local, int window)
 {
-    fx f;
-    llm_error err = {0};
     static const unsigned char local[LAYERS] = {1, 0};
-    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &f.b, &err), LLM_OK);
-    kv_cache_config cfg = {.block_size = BS, .type = LLM_KV_F32, .n_blocks = n_blocks, .prefix_cache = 1,
-                           .window = window, .local = local, .n_local_blocks = n_local};
-    assert_int_equal(kv_cache_new(&cfg, f.b, LAYERS, HEADS, HD, &f.c, &err), LLM_OK);
-    return f;
-}
-
-static void done(fx *f);
-
-/* Releases s, then checks and frees f. */
-static void done_seq(fx *f, kv_seq *s)
-{
-    kv_seq_release(f->c, s);
-    done(f);
+    return make_cfg((kv_cache_config){.prefix_cache = 1, .window = window, .local = local, .n_local_blocks = n_local},
+                    n_blocks);
 }
 
 static void done(fx *f)
@@ -515,7 +506,8 @@ static void test_truncate(void **st)
     assert_int_equal(a.n_blocks, 0);
     assert_int_equal(a.n_tokens, 0);
     feed(&f, &a, T, 12);
-    done_seq(&f, &a);
+    kv_seq_release(f.c, &a);
+    done(&f);
     fx g = make(16, 1);
     kv_seq b;
     kv_seq_init(&b);
