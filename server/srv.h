@@ -48,7 +48,8 @@ typedef struct srv_canary {
 
 typedef struct srv {
     srv_config cfg;
-    struct mg_context *mg;
+    struct http_guard *http;   /* the API listener */
+    struct http_guard *health; /* the probes' own listener (health_port), or NULL */
     llm_model *model;
     llm_backend *backends[LLM_MAX_RANKS]; /* one per tensor-parallel rank */
     int n_backends;
@@ -119,6 +120,8 @@ int srv_parse_completion(const srv *s, int chat_tmpl, const char *body, size_t l
                          srv_err *e);
 void srv_completion_free(srv_completion *c);
 
+/* Starts the API listener (and the health one when health_port is set);
+ * 0, or -1 with err naming the port. */
 int srv_http_start(srv *s, llm_error *err);
 
 /* srv_load.c: bringing a model up, for the loader thread (srv_main.c)

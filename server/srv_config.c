@@ -36,7 +36,13 @@ static const key_def keys[] = {
      "ranks the model is split over: GPUs (cuda: devices device..device+N-1) or CPU thread groups"},
     {"device", K_INT, F(device), 0, 63, "0", "first CUDA device"},
     {"threads", K_INT, F(threads), 0, 1024, "0", "CPU threads for inference (0: all; shared among the ranks)"},
-    {"http_threads", K_INT, F(http_threads), 2, 1024, "64", "HTTP worker threads (concurrent connections)"},
+    {"max_connections", K_INT, F(max_connections), 1, 16384, "512",
+     "API connections held at once (each holds a thread); above it new ones get 503 with Retry-After at once"},
+    {"header_timeout_s", K_INT, F(header_timeout_s), 1, 3600, "10", "time a request's headers may take to arrive, in all"},
+    {"body_timeout_s", K_INT, F(body_timeout_s), 1, 3600, "60", "time a request's body may take to arrive, in all"},
+    {"keep_alive_s", K_INT, F(keep_alive_s), 0, 3600, "30", "idle time a connection waits for its next request (0: close after each)"},
+    {"health_port", K_INT, F(health_port), 0, 65535, "0",
+     "port of a listener of its own for the probes and /metrics, which API traffic cannot delay (0: none)"},
     {"n_ctx", K_INT, F(n_ctx), 0, 1 << 24, "0", "tokens per sequence (0: the model's, at most 4096)"},
     {"max_seqs", K_INT, F(max_seqs), 1, 4096, "64", "sequences decoded together"},
     {"max_batch_tokens", K_INT, F(max_batch_tokens), 1, 65536, "512", "tokens per engine step"},
@@ -273,6 +279,9 @@ llm_status srv_config_load(int argc, char **argv, srv_config *c, int *help, llm_
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: model is required (-m FILE.gguf, LLM_SERVER_MODEL or model: in the file)");
     if (!st && !*help && strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda"))
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: backend '%s' is not cpu or cuda", c->backend);
+    if (!st && !*help && c->health_port == c->port)
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: health_port %ld is the API port: it needs a port of its own",
+                      c->health_port);
     return st;
 }
 

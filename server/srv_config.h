@@ -24,7 +24,10 @@ typedef struct srv_config {
     long tensor_parallel;   /* ranks (1: no split) */
     long device;            /* first CUDA device */
     long threads;           /* CPU threads for the engine; 0: all */
-    long http_threads;      /* civetweb worker threads */
+    long max_connections;   /* API connections held at once (http_guard.h) */
+    long header_timeout_s, body_timeout_s; /* total time for a request's headers, its body */
+    long keep_alive_s;      /* idle wait for a connection's next request; 0: no keep-alive */
+    long health_port;       /* probes and /metrics on a listener of their own; 0: none */
     long n_ctx, max_seqs, max_batch_tokens, max_waiting, block_size;
     char *kv_type;          /* f16 | f32 | q8_0 */
     long prefix_cache;      /* 1: reuse cached prompt prefixes (default) */

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "http_guard.h"
 #include "srv.h"
 #include "textout.h"
 
@@ -24,8 +25,8 @@ static double now_s(void)
 static int send_text(struct mg_connection *c, int status, const char *type, const char *body, const char *extra)
 {
     size_t n = body ? strlen(body) : 0;
-    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n", status,
-              mg_get_response_code_text(c, status), type, n, extra ? extra : "");
+    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: %s\r\n\r\n", status,
+              mg_get_response_code_text(c, status), type, n, extra ? extra : "", http_guard_connection(c));
     if (n)
         mg_write(c, body, n);
     return status;
@@ -56,7 +57,9 @@ static int send_err(struct mg_connection *c, const srv_err *e)
 
 /* ---- request bodies and access ------------------------------------------------ */
 
-/* Reads the whole body, at most max_body_bytes; 0 or an error status. */
+/* Reads the whole body, at most max_body_bytes within body_timeout_s in
+ * all (checked after each read, which civetweb bounds by header_timeout_s);
+ * 0 or an error status. */
 static int read_body(const srv *s, struct mg_connection *c, char **out, size_t *len, srv_err *e)
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
@@ -65,8 +68,16 @@ static int read_body(const srv *s, struct mg_connection *c, char **out, size_t *
         srv_err_set(e, 413, NULL, "request body of %lld bytes is over the limit of %zu", ri->content_length, max);
         return 413;
     }
+    double deadline = now_s() + (double)s->cfg.body_timeout_s;
+    http_guard_arm(c, (double)s->cfg.body_timeout_s); /* mg_read would wait for a trickled body to fill its buffer */
     char *buf = malloc(cap + 1);
     for (int r; buf; n += (size_t)r) {
+        if (now_s() > deadline) {
+            free(buf);
+            http_guard_disarm(c);
+            srv_err_set(e, 408, NULL, "the request body did not arrive within body_timeout_s (%ld s)", s->cfg.body_timeout_s);
+            return 408;
+        }
         if (n == cap) {
             char *p = cap < max + 1 ? realloc(buf, (cap *= 2) + 1) : NULL;
             if (!p) {
@@ -80,10 +91,19 @@ static int read_body(const srv *s, struct mg_connection *c, char **out, size_t *
             break;
         if (n + (size_t)r > max) {
             free(buf);
+            http_guard_disarm(c);
             srv_err_set(e, 413, NULL, "request body is over the limit of %zu bytes", max);
             return 413;
         }
     }
+    http_guard_disarm(c);
+    if (buf && ri->content_length >= 0 && (long long)n < ri->content_length) {
+        free(buf); /* the client left, or its time ran out, before the body was in */
+        srv_err_set(e, 408, NULL, "the request body ended after %zu of %lld bytes (the client left, or body_timeout_s ran out)", n, ri->content_length);
+        return 408;
+    }
+    if (buf)
+        http_guard_body_read(c);
     if (!buf) {
         srv_err_set(e, n > max ? 413 : 503, NULL, n > max ? "request body too large" : "out of memory");
         return e->status;
@@ -244,6 +264,22 @@ static json_t *usage_json(const run *r)
 /* What writing a part of the answer came to. */
 enum { OUT_OK = 0, OUT_GONE = -1, OUT_NOMEM = -2 };
 
+/* One SSE event "data: TEXT" as an HTTP chunk (a stream is chunked so
+ * that its connection can be kept alive), written at once: 1, or 0 when
+ * the client is gone. */
+static int sse_data(struct mg_connection *c, const char *text)
+{
+    size_t n = strlen(text) + 8; /* "data: " TEXT "\n\n" */
+    return mg_printf(c, "%zx\r\ndata: %s\n\n\r\n", n, text) > 0;
+}
+
+/* The end of a stream: [DONE] when done, then the last chunk, in one
+ * write (a client that stops reading at [DONE] may still find the end). */
+static void sse_end(struct mg_connection *c, int done)
+{
+    mg_printf(c, "%s0\r\n\r\n", done ? "e\r\ndata: [DONE]\n\n\r\n" : "");
+}
+
 /* One SSE event (consumes j): OUT_OK, OUT_GONE when the client is gone,
  * OUT_NOMEM when j (NULL) or its text could not be made. */
 static int sse_send(struct mg_connection *c, json_t *j)
@@ -252,7 +288,7 @@ static int sse_send(struct mg_connection *c, json_t *j)
     json_decref(j);
     if (!s)
         return OUT_NOMEM;
-    int ok = mg_printf(c, "data: %s\n\n", s) > 0;
+    int ok = sse_data(c, s);
     free(s);
     return ok ? OUT_OK : OUT_GONE;
 }
@@ -430,7 +466,7 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
     snprintf(r.cid, sizeof r.cid, "%s-%llu", cp->chat ? "chatcmpl" : "cmpl", (unsigned long long)r.id);
     if (cp->stream)
         mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     "Connection: close\r\n\r\n");
+                     "Transfer-Encoding: chunked\r\nConnection: %s\r\n\r\n", http_guard_connection(c));
     int status = run_events(&r, e);
     if (!cp->stream)
         status = status ? send_err(c, e) : respond_whole(&r);
@@ -442,14 +478,14 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
                      : OUT_OK;
         if (rc == OUT_NOMEM) {
             srv_err_set(e, 503, NULL, "out of memory while writing the usage");
-            mg_printf(c, "data: %s\n\n", OOM_BODY);
+            sse_data(c, OOM_BODY);
         }
-        if (status == 0)
-            mg_printf(c, "data: [DONE]\n\n");
+        sse_end(c, status == 0);
         status = rc == OUT_NOMEM ? 503 : status ? status : 200;
     } else { /* a failure mid-stream: an error event, then the end */
         char *body = srv_err_body(e);
-        mg_printf(c, "data: %s\n\ndata: [DONE]\n\n", body ? body : OOM_BODY);
+        sse_data(c, body ? body : OOM_BODY);
+        sse_end(c, 1);
         free(body);
     }
     run_free(&r);
@@ -471,6 +507,7 @@ static int api(srv *s, struct mg_connection *c, int route, const char *method, a
     if (!status && !strcmp(method, "POST"))
         status = read_body(s, c, &body, &len, &e);
     status = status ? send_err(c, &e) : fn(s, c, body, len, &e);
+    http_guard_discard(c, 4 * s->cfg.max_body_bytes, 2); /* refused before its body was read */
     free(body);
     srv_metrics_request(&s->metrics, route, status);
     atomic_fetch_sub(&s->active, 1);
@@ -647,6 +684,9 @@ static int h_metrics(struct mg_connection *c, void *cb)
     srv *s = cb;
     int p = atomic_load(&s->phase);
     int up = p >= SRV_READY && p != SRV_FAILED;
+    http_guard_stats gs;
+    http_guard_stats_get(s->http, &gs);
+    srv_metrics_connections(&s->metrics, (const long long[4]){gs.open, gs.accepted, gs.refused, gs.cut});
     char *text = srv_metrics_render(&s->metrics, up ? s->engine : NULL, p, s->backends, up ? s->n_backends : 0);
     int st = send_text(c, text ? 200 : 503, "text/plain; version=0.0.4; charset=utf-8", text ? text : "", NULL);
     free(text);
@@ -661,7 +701,7 @@ extern const size_t srv_playground_html_len;
 static int h_root(struct mg_connection *c, void *cb)
 {
     mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %zu\r\n"
-                 "Cache-Control: no-cache\r\nConnection: close\r\n\r\n", srv_playground_html_len);
+                 "Cache-Control: no-cache\r\nConnection: %s\r\n\r\n", srv_playground_html_len, http_guard_connection(c));
     mg_write(c, srv_playground_html, srv_playground_html_len);
     srv_metrics_request(&((srv *)cb)->metrics, R_ROOT, 200);
     return 200;
@@ -721,16 +761,42 @@ static int h_admin_canary(struct mg_connection *c, void *cb)
     return status;
 }
 
+/* The probes and /metrics on the health port: a listener with threads of
+ * its own, so that no amount of API traffic can delay them. */
+static llm_status start_health(srv *s, llm_error *err)
+{
+    char ports[300];
+    snprintf(ports, sizeof ports, "%s:%ld", s->cfg.host, s->cfg.health_port);
+    const char *opts[] = {"listening_ports", ports, NULL};
+    http_guard_cfg g = {.max_connections = 16, .header_timeout_s = 2, .keep_alive_s = 10};
+    llm_status st = http_guard_start(&g, opts, &s->health, err);
+    if (st)
+        return st;
+    struct mg_context *mg = http_guard_mg(s->health);
+    mg_set_request_handler(mg, "/livez$", h_livez, s);
+    mg_set_request_handler(mg, "/readyz$", h_readyz, s);
+    mg_set_request_handler(mg, "/startupz$", h_startupz, s);
+    mg_set_request_handler(mg, "/metrics$", h_metrics, s);
+    mg_set_request_handler(mg, "/", h_other, s);
+    return LLM_OK;
+}
+
 int srv_http_start(srv *s, llm_error *err)
 {
-    char ports[300], threads[16];
+    char ports[300], backlog[24];
     snprintf(ports, sizeof ports, "%s:%ld", s->cfg.host, s->cfg.port);
-    snprintf(threads, sizeof threads, "%ld", s->cfg.http_threads);
-    const char *opts[] = {"listening_ports", ports, "num_threads", threads, "enable_keep_alive", "no", NULL};
-    struct mg_callbacks cb;
-    memset(&cb, 0, sizeof cb);
-    if (!(s->mg = mg_start(&cb, s, opts)))
-        return llm_errf(err, LLM_ERR_IO, "cannot listen on %s (in use, or not an address of this machine)", ports), -1;
+    snprintf(backlog, sizeof backlog, "%ld", s->cfg.max_connections > 128 ? s->cfg.max_connections : 128);
+    const char *opts[] = {"listening_ports", ports, "listen_backlog", backlog, NULL};
+    http_guard_cfg g = {.max_connections = (int)s->cfg.max_connections, .header_timeout_s = (double)s->cfg.header_timeout_s,
+                        .keep_alive_s = (double)s->cfg.keep_alive_s};
+    if (http_guard_start(&g, opts, &s->http, err))
+        return -1;
+    if (s->cfg.health_port && start_health(s, err)) {
+        http_guard_stop(s->http);
+        s->http = NULL;
+        return -1;
+    }
+    struct mg_context *mg = http_guard_mg(s->http);
     static const struct { const char *uri; mg_request_handler fn; } routes[] = {
         {"/v1/completions$", h_completions}, {"/v1/chat/completions$", h_chat}, {"/v1/models$", h_models},
         {"/tokenize$", h_tokenize},          {"/detokenize$", h_detokenize},    {"/livez$", h_livez},
@@ -738,6 +804,6 @@ int srv_http_start(srv *s, llm_error *err)
         {"/readyz$", h_readyz},              {"/startupz$", h_startupz},        {"/metrics$", h_metrics},
         {"/admin/canary$", h_admin_canary},  {"/", h_other},
     };
-    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) mg_set_request_handler(s->mg, routes[i].uri, routes[i].fn, s);
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) mg_set_request_handler(mg, routes[i].uri, routes[i].fn, s);
     return 0;
 }

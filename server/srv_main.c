@@ -15,6 +15,7 @@
 
 #include "llm/log.h"
 #include "llm/chat.h"
+#include "http_guard.h"
 #include "srv.h"
 
 static volatile sig_atomic_t g_stop;
@@ -110,6 +111,7 @@ static void *loader(void *arg)
  * meanwhile must not fail), then refused; those in flight may finish. */
 static void drain(srv *s)
 {
+    http_guard_closing(s->http); /* answers say Connection: close: clients move to other pods */
     if (atomic_load(&s->phase) == SRV_READY) {
         atomic_store(&s->phase, SRV_DRAINING);
         if (s->cfg.shutdown_delay_s > 0)
@@ -149,10 +151,13 @@ int main(int argc, char **argv)
         return 1;
     }
     logf_("listening on %s:%ld", s.cfg.host, s.cfg.port);
+    if (s.cfg.health_port)
+        logf_("probes and /metrics also on %s:%ld", s.cfg.host, s.cfg.health_port);
     while (!g_stop) usleep(50000);
     pthread_join(th, NULL); /* a load in progress finishes first */
     drain(&s);
-    mg_stop(s.mg);
+    http_guard_stop(s.http);
+    http_guard_stop(s.health);
     srv_canary_free(&s);
     llm_engine_close(s.engine);
     srv_load_close_backends(s.backends, s.n_backends);

@@ -38,6 +38,13 @@ static int status_class(int status)
     return status >= 500 ? 4 : status >= 400 ? 1 : 0;
 }
 
+void srv_metrics_connections(srv_metrics *m, const long long conns[4])
+{
+    pthread_mutex_lock(&m->mu);
+    memcpy(m->conns, conns, sizeof m->conns);
+    pthread_mutex_unlock(&m->mu);
+}
+
 void srv_metrics_request(srv_metrics *m, int route, int status)
 {
     pthread_mutex_lock(&m->mu);
@@ -122,6 +129,15 @@ static void render_http(llm_strbuf *b, const srv_metrics *m)
             if (m->requests[r][c] || c == 0)
                 llm_strbuf_printf(b, "llm_http_requests_total{route=\"%s\",status=\"%s\"} %llu\n", srv_route_names[r], status_names[c],
                     (unsigned long long)m->requests[r][c]);
+    llm_strbuf_printf(b, "# HELP llm_http_connections API connections open\n# TYPE llm_http_connections gauge\n"
+                         "llm_http_connections %lld\n", m->conns[0]);
+    static const char *const conn_what[3][2] = {{"accepted", "API connections accepted"},
+        {"refused", "API connections refused above max_connections (503)"},
+        {"cut", "API connections cut when a request body ran past body_timeout_s"}};
+    for (int i = 0; i < 3; i++)
+        llm_strbuf_printf(b, "# HELP llm_http_connections_%s %s\n# TYPE llm_http_connections_%s counter\n"
+                             "llm_http_connections_%s_total %lld\n", conn_what[i][0], conn_what[i][1], conn_what[i][0],
+                          conn_what[i][0], m->conns[i + 1]);
     static const char *const why[3] = {"stop", "length", "abort"};
     llm_strbuf_printf(b, "# HELP llm_request_success Finished completions by reason\n# TYPE llm_request_success counter\n");
     for (int i = 0; i < 3; i++)

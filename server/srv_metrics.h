@@ -36,6 +36,7 @@ typedef struct srv_metrics {
     uint64_t rev_codes[2][4];
     srv_hist rev_ttft[2], rev_itl[2];
     int canary_weight, canary_loaded;   /* gauges, set by the canary */
+    long long conns[4];                 /* API connections: open; accepted, refused, cut (http_guard.h) */
 } srv_metrics;
 
 extern const char *const srv_route_names[SRV_N_ROUTES];
@@ -53,6 +54,9 @@ void srv_metrics_finished(srv_metrics *m, int reason);
 void srv_metrics_revision(srv_metrics *m, int rev, int status);
 void srv_metrics_rev_observe(srv_metrics *m, int rev, int itl, double seconds);
 void srv_metrics_canary(srv_metrics *m, int loaded, int weight);
+/* The API listener's connection counts (http_guard_stats: open, accepted,
+ * refused, cut), set before a render. */
+void srv_metrics_connections(srv_metrics *m, const long long conns[4]);
 /* This process's resident memory in bytes (0 when unknown). */
 long srv_rss_bytes(void);
 /* The exposition text; engine may be NULL while loading (and the n

@@ -32,6 +32,7 @@
 #include "llm/mkmodel.h"
 #include <civetweb.h>
 
+#include "http_guard.h"
 #include "srv.h"
 
 /* ---- the allocator hook ---------------------------------------------------- */
@@ -350,7 +351,7 @@ static void server_start(void)
 {
     char port[16];
     snprintf(port, sizeof port, "%d", free_port());
-    char *argv[] = {"llm-server", "-m", g_tiny.path, "--host", "127.0.0.1", "--port", port, "--http_threads", "4", NULL};
+    char *argv[] = {"llm-server", "-m", g_tiny.path, "--host", "127.0.0.1", "--port", port, "--max_connections", "4", NULL};
     int help = 0;
     llm_error err = {0};
     if (srv_config_load(9, argv, &g_srv.cfg, &help, &err))
@@ -368,12 +369,30 @@ static void server_start(void)
 
 static void server_stop(void)
 {
-    mg_stop(g_srv.mg);
+    http_guard_stop(g_srv.http);
     srv_canary_free(&g_srv);
     llm_engine_close(g_srv.engine);
     srv_metrics_free(&g_srv.metrics);
     srv_config_free(&g_srv.cfg);
     memset(&g_srv, 0, sizeof g_srv);
+}
+
+/* A chunked body (a stream) in place as its plain bytes. */
+static void dechunk(char *resp)
+{
+    char *body = strstr(resp, "\r\n\r\n"), *out, *p;
+    if (!body || !strstr(resp, "Transfer-Encoding: chunked") || strstr(resp, "Transfer-Encoding: chunked") > body)
+        return;
+    for (out = p = body + 4;;) {
+        char *end;
+        unsigned long n = strtoul(p, &end, 16);
+        if (end == p || strncmp(end, "\r\n", 2) || n == 0 || strlen(end + 2) < n + 2)
+            break;
+        memmove(out, end + 2, n);
+        out += n;
+        p = end + 2 + n + 2;
+    }
+    *out = 0;
 }
 
 /* POSTs body to path with a plain socket (nothing allocated here) and
@@ -398,6 +417,7 @@ static int post(const char *path, const char *body, char *resp, size_t cap)
         for (ssize_t k; got + 1 < cap && (k = read(fd, resp + got, cap - 1 - got)) > 0;) got += (size_t)k;
     close(fd);
     resp[got] = 0;
+    dechunk(resp);
     int status = 0;
     return sscanf(resp, "HTTP/1.1 %d", &status) == 1 ? status : 0;
 }

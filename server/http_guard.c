@@ -1,0 +1,365 @@
+/* http_guard.c - a connection limit and keep-alive for a civetweb
+ * context (see http_guard.h for what and why).
+ *
+ * Each connection gets a record (civetweb's per-connection user data)
+ * from init_connection to connection_close; mu guards the counts. The
+ * header deadline is civetweb's own: in 1.15 (Debian bookworm, what we
+ * build against) request_timeout_ms bounds a request's headers in all,
+ * checked after every read, and keep_alive_timeout_ms those of a kept-alive
+ * connection's next request (tests/integration/test_hostile.py holds it to
+ * that: a newer civetweb that timed each read instead would fail there).
+ *
+ * A body is another matter: civetweb's mg_read fills the buffer it is
+ * given, so a client sending a byte every second keeps one call going for
+ * hours. A handler arms a deadline for such a phase; a watchdog thread
+ * finds the connection's socket when the deadline passes and shuts it,
+ * which ends the read. civetweb hands out no descriptor, so the watchdog
+ * scans the process's descriptors for the one whose two addresses are the
+ * connection's (known once its headers are in). civetweb calls
+ * connection_close, which takes mu, before it closes a socket: while the
+ * watchdog holds mu no socket it sees can close and its number be reused,
+ * so it never shuts another's. Scans happen only when a deadline passed. */
+#include "http_guard.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+
+typedef struct guard_conn {
+    struct guard_conn *prev, *next; /* armed ones, under mu */
+    int over;         /* opened above the limit: refused */
+    int body_read;    /* the current request's body was read whole */
+    double deadline;  /* CLOCK_MONOTONIC seconds, while armed */
+    int shut;         /* the watchdog shut its socket */
+    char addr[48];    /* the client's address and port, our port: finds the socket */
+    int port, server_port;
+} guard_conn;
+
+enum { GUARD_RESERVE = 32, WATCH_MS = 100 };
+
+struct http_guard {
+    http_guard_cfg cfg;
+    struct mg_context *mg;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;      /* stop */
+    guard_conn armed;         /* sentinel of the circular list of armed connections */
+    int n, closing, stop;
+    http_guard_stats stats;   /* accepted, refused, cut (open is n) */
+    pthread_t watchdog;
+    int watching;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int http_guard_threads(int max_connections) { return max_connections + GUARD_RESERVE; }
+
+static http_guard *guard_of(const struct mg_connection *c) { return mg_get_user_data(mg_get_context(c)); }
+
+static guard_conn *rec_of(const struct mg_connection *c) { return mg_get_user_connection_data(c); }
+
+/* ---- civetweb callbacks ----------------------------------------------------- */
+
+static int on_init(const struct mg_connection *c, void **data)
+{
+    http_guard *g = guard_of(c);
+    guard_conn *k = calloc(1, sizeof *k); /* NULL: refused in on_begin (it cannot be counted) */
+    if (k) {
+        pthread_mutex_lock(&g->mu);
+        k->over = ++g->n > g->cfg.max_connections;
+        g->stats.accepted++;
+        pthread_mutex_unlock(&g->mu);
+    }
+    *data = k;
+    return 0;
+}
+
+/* Before civetweb closes the socket; always takes mu (see the top). */
+static void on_close(const struct mg_connection *c)
+{
+    http_guard *g = guard_of(c);
+    guard_conn *k = rec_of(c);
+    pthread_mutex_lock(&g->mu);
+    if (k && k->next) { /* still armed: a handler that left early */
+        k->prev->next = k->next;
+        k->next->prev = k->prev;
+    }
+    g->n -= k != NULL;
+    pthread_mutex_unlock(&g->mu);
+    free(k);
+}
+
+/* Headers are in. A connection above the limit is answered here, before
+ * any handler, and closed. */
+static int on_begin(struct mg_connection *c)
+{
+    http_guard *g = guard_of(c);
+    guard_conn *k = rec_of(c);
+    if (k && !k->over) {
+        k->body_read = 0; /* only this connection's thread touches k */
+        return 0;
+    }
+    pthread_mutex_lock(&g->mu);
+    g->stats.refused++;
+    pthread_mutex_unlock(&g->mu);
+    char body[200];
+    int n = snprintf(body, sizeof body, "{\"error\":{\"message\":\"too many connections (limit %d); retry shortly\","
+                     "\"type\":\"server_error\",\"code\":\"too_many_connections\"}}", g->cfg.max_connections);
+    mg_disable_connection_keep_alive(c);
+    mg_printf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                 "Retry-After: 1\r\nConnection: close\r\n\r\n%s", n, body);
+    return 503;
+}
+
+/* ---- the watchdog ------------------------------------------------------------- */
+
+/* The expired, not yet shut armed connection whose addresses are those of
+ * socket fd, or NULL. Under mu. */
+static guard_conn *expired_for(http_guard *g, int fd, double now)
+{
+    struct sockaddr_storage peer, self;
+    socklen_t pl = sizeof peer, sl = sizeof self;
+    if (getpeername(fd, (struct sockaddr *)&peer, &pl) || getsockname(fd, (struct sockaddr *)&self, &sl))
+        return NULL; /* not a connected socket */
+    char addr[INET6_ADDRSTRLEN] = "";
+    int port, sport;
+    if (peer.ss_family == AF_INET && self.ss_family == AF_INET) {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&peer)->sin_addr, addr, sizeof addr);
+        port = ntohs(((struct sockaddr_in *)&peer)->sin_port);
+        sport = ntohs(((struct sockaddr_in *)&self)->sin_port);
+    } else if (peer.ss_family == AF_INET6 && self.ss_family == AF_INET6) {
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&peer)->sin6_addr, addr, sizeof addr);
+        port = ntohs(((struct sockaddr_in6 *)&peer)->sin6_port);
+        sport = ntohs(((struct sockaddr_in6 *)&self)->sin6_port);
+    } else {
+        return NULL;
+    }
+    for (guard_conn *k = g->armed.next; k != &g->armed; k = k->next)
+        if (!k->shut && k->deadline < now && k->port == port && k->server_port == sport && !strcmp(k->addr, addr))
+            return k;
+    return NULL;
+}
+
+/* Shuts the sockets of the armed connections past their deadlines. Under mu. */
+static void shut_expired(http_guard *g, double now)
+{
+    int any = 0;
+    for (guard_conn *k = g->armed.next; k != &g->armed && !any; k = k->next)
+        any = !k->shut && k->deadline < now;
+    DIR *d = any ? opendir("/proc/self/fd") : NULL;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        guard_conn *k = *end || fd < 0 || fd == dirfd(d) ? NULL : expired_for(g, (int)fd, now);
+        if (k && !shutdown((int)fd, SHUT_RDWR)) {
+            k->shut = 1;
+            g->stats.cut++;
+        }
+    }
+    if (d)
+        closedir(d);
+}
+
+static void *watch(void *arg)
+{
+    http_guard *g = arg;
+    pthread_mutex_lock(&g->mu);
+    while (!g->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += WATCH_MS * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&g->wake, &g->mu, &ts);
+        if (!g->stop)
+            shut_expired(g, now_s());
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+/* ---- the API ------------------------------------------------------------------ */
+
+static void guard_free(http_guard *g)
+{
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->wake);
+    free(g);
+}
+
+llm_status http_guard_start(const http_guard_cfg *cfg, const char *const *opts, http_guard **out, llm_error *err)
+{
+    http_guard *g = calloc(1, sizeof *g);
+    const char *all[64];
+    char threads[16], req_ms[24], ka_ms[24], ports[300] = "";
+    size_t n = 0;
+    if (!g)
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory for the HTTP guard");
+    g->cfg = *cfg;
+    g->armed.next = g->armed.prev = &g->armed;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->wake, NULL);
+    snprintf(threads, sizeof threads, "%d", http_guard_threads(cfg->max_connections));
+    snprintf(req_ms, sizeof req_ms, "%.0f", cfg->header_timeout_s * 1e3);
+    snprintf(ka_ms, sizeof ka_ms, "%.0f", (cfg->keep_alive_s + cfg->header_timeout_s) * 1e3);
+    for (; opts[n] && n + 10 < sizeof all / sizeof *all; n += 2) {
+        all[n] = opts[n];
+        all[n + 1] = opts[n + 1];
+        if (!strcmp(opts[n], "listening_ports"))
+            snprintf(ports, sizeof ports, "%s", opts[n + 1]);
+    }
+    /* tcp_nodelay: a response goes out in more than one write; with Nagle on,
+     * a kept-alive client would wait on its delayed ACK for the rest */
+    const char *mine[] = {"tcp_nodelay", "1", "num_threads", threads, "request_timeout_ms", req_ms, "enable_keep_alive",
+                          cfg->keep_alive_s > 0 ? "yes" : "no", "keep_alive_timeout_ms", ka_ms, NULL};
+    for (size_t i = 0; mine[i]; i++) all[n++] = mine[i];
+    all[n] = NULL;
+    struct mg_callbacks cb;
+    memset(&cb, 0, sizeof cb);
+    cb.init_connection = on_init;
+    cb.connection_close = on_close;
+    cb.begin_request = on_begin;
+    if (!(g->mg = mg_start(&cb, g, all))) {
+        guard_free(g);
+        return llm_errf(err, LLM_ERR_IO, "cannot listen on %s (in use, or not an address of this machine)", ports);
+    }
+    int rc = pthread_create(&g->watchdog, NULL, watch, g);
+    if (rc) {
+        mg_stop(g->mg);
+        guard_free(g);
+        return llm_errf(err, LLM_ERR_IO, "cannot start the HTTP watchdog thread: %s", strerror(rc));
+    }
+    g->watching = 1;
+    *out = g;
+    return LLM_OK;
+}
+
+struct mg_context *http_guard_mg(const http_guard *g) { return g->mg; }
+
+void http_guard_stop(http_guard *g)
+{
+    if (!g)
+        return;
+    mg_stop(g->mg); /* every connection closes (on_close) before this returns */
+    pthread_mutex_lock(&g->mu);
+    g->stop = 1;
+    pthread_cond_signal(&g->wake);
+    pthread_mutex_unlock(&g->mu);
+    if (g->watching)
+        pthread_join(g->watchdog, NULL);
+    guard_free(g);
+}
+
+void http_guard_closing(http_guard *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->closing = 1;
+    pthread_mutex_unlock(&g->mu);
+}
+
+void http_guard_stats_get(http_guard *g, http_guard_stats *out)
+{
+    pthread_mutex_lock(&g->mu);
+    *out = g->stats;
+    out->open = g->n;
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Whether the client lets the connection stay open (civetweb's rule:
+ * its Connection header when present, else HTTP/1.1). */
+static int client_keeps(const struct mg_request_info *ri, const char *conn_hdr)
+{
+    if (!conn_hdr)
+        return ri->http_version && !strcmp(ri->http_version, "1.1");
+    for (const char *p = conn_hdr; (p = strcasestr(p, "keep-alive")); p++)
+        if ((p == conn_hdr || p[-1] == ' ' || p[-1] == ',') && (!p[10] || p[10] == ',' || p[10] == ' '))
+            return 1;
+    return 0;
+}
+
+const char *http_guard_connection(struct mg_connection *c)
+{
+    http_guard *g = guard_of(c);
+    guard_conn *k = rec_of(c);
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    /* a body left unread would be taken for the next request: civetweb closes then */
+    int body_done = ri->content_length == 0 || (ri->content_length < 0 && !mg_get_header(c, "Transfer-Encoding")) ||
+                    (k && k->body_read);
+    pthread_mutex_lock(&g->mu);
+    int keep = k && !g->closing && g->cfg.keep_alive_s > 0 && body_done && client_keeps(ri, mg_get_header(c, "Connection"));
+    pthread_mutex_unlock(&g->mu);
+    if (!keep)
+        mg_disable_connection_keep_alive(c);
+    return keep ? "keep-alive" : "close";
+}
+
+void http_guard_body_read(struct mg_connection *c)
+{
+    guard_conn *k = rec_of(c);
+    if (k)
+        k->body_read = 1; /* only this connection's thread reads or writes it */
+}
+
+void http_guard_discard(struct mg_connection *c, long long max, double seconds)
+{
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    guard_conn *k = rec_of(c);
+    if ((k && k->body_read) || ri->content_length <= 0 || ri->content_length > max)
+        return;
+    char buf[16384];
+    http_guard_arm(c, seconds);
+    for (long long left = ri->content_length; left > 0;) {
+        int r = mg_read(c, buf, sizeof buf);
+        if (r <= 0)
+            break;
+        left -= r;
+    }
+    http_guard_disarm(c);
+}
+
+void http_guard_arm(struct mg_connection *c, double seconds)
+{
+    http_guard *g = guard_of(c);
+    guard_conn *k = rec_of(c);
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    if (!k || !ri)
+        return;
+    pthread_mutex_lock(&g->mu);
+    if (!k->next) {
+        snprintf(k->addr, sizeof k->addr, "%s", ri->remote_addr);
+        k->port = ri->remote_port;
+        k->server_port = ri->server_port;
+        k->next = g->armed.next;
+        k->prev = &g->armed;
+        g->armed.next->prev = k;
+        g->armed.next = k;
+    }
+    k->deadline = now_s() + seconds;
+    pthread_mutex_unlock(&g->mu);
+}
+
+void http_guard_disarm(struct mg_connection *c)
+{
+    http_guard *g = guard_of(c);
+    guard_conn *k = rec_of(c);
+    if (!k)
+        return;
+    pthread_mutex_lock(&g->mu);
+    if (k->next) {
+        k->prev->next = k->next;
+        k->next->prev = k->prev;
+        k->next = k->prev = NULL;
+    }
+    pthread_mutex_unlock(&g->mu);
+}

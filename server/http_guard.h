@@ -1,0 +1,81 @@
+/* http_guard.h - the limits civetweb lacks for a server that hostile
+ * clients can reach, shared by llm-server and llm-router.
+ *
+ * civetweb gives each connection a worker thread; connections above the
+ * thread count wait unseen in its accept queue, and it counts nothing. The
+ * guard, installed through civetweb's callbacks:
+ *  - counts connections and answers those above max_connections at once
+ *    with 503 and Retry-After (the context gets http_guard_threads() worker
+ *    threads: the connections plus a reserve that answers the refused);
+ *  - bounds a request's headers to header_timeout_s in all (civetweb's
+ *    request_timeout_ms) and a kept-alive connection's wait for its next
+ *    request to keep_alive_s more;
+ *  - says per response whether the connection stays open (keep-alive,
+ *    unless the client asked otherwise, the body was left unread or the
+ *    guard is closing for a drain).
+ * A handler gives a phase of its own a deadline (http_guard_arm: reading a
+ * body, which civetweb does not bound) and disarms it after; past it, the
+ * guard's watchdog shuts the connection's socket, so the read fails.
+ *
+ * Thread-safety: every function may be called from any thread; the
+ * per-connection calls only from the thread serving that connection. */
+#ifndef HTTP_GUARD_H
+#define HTTP_GUARD_H
+
+#include <civetweb.h>
+
+#include "llm/status.h"
+
+typedef struct http_guard http_guard;
+
+typedef struct http_guard_cfg {
+    int max_connections;     /* above it: 503 at once */
+    double header_timeout_s; /* a request's headers, from its first byte */
+    double keep_alive_s;     /* idle time for a kept-alive connection's next request; 0: no keep-alive */
+} http_guard_cfg;
+
+/* Worker threads a context guarded for max_connections needs: the
+ * connections plus a reserve that answers the ones above the limit. */
+int http_guard_threads(int max_connections);
+
+/* Starts civetweb with opts (NULL-terminated pairs; the guard adds
+ * num_threads, request_timeout_ms, enable_keep_alive and keep_alive_timeout_ms)
+ * (tcp_nodelay too) and the guard's watchdog thread. *out gets the guard; http_guard_mg(*out) the
+ * context, whose request handlers are the caller's to set (its user data
+ * is the guard's: handlers get theirs as cbdata). LLM_ERR_IO when
+ * civetweb cannot listen (err names the ports), LLM_ERR_NOMEM. */
+llm_status http_guard_start(const http_guard_cfg *cfg, const char *const *opts, http_guard **out, llm_error *err);
+struct mg_context *http_guard_mg(const http_guard *g);
+/* Stops civetweb (connections are closed), then the watchdog; frees g.
+ * NULL is a no-op. */
+void http_guard_stop(http_guard *g);
+
+/* From now on every response says Connection: close (a drain: clients
+ * move to other pods). */
+void http_guard_closing(http_guard *g);
+/* What the guard has seen: connections open now (those above the limit
+ * included) and, since the start, accepted, refused above the limit and
+ * cut at an armed deadline. */
+typedef struct http_guard_stats {
+    long long open, accepted, refused, cut;
+} http_guard_stats;
+void http_guard_stats_get(http_guard *g, http_guard_stats *out);
+
+/* The Connection header value for the response being written on c,
+ * "keep-alive" or "close"; with "close" civetweb is told to close it
+ * after the response. */
+const char *http_guard_connection(struct mg_connection *c);
+/* The request's body was read to its end (keep-alive may follow). */
+void http_guard_body_read(struct mg_connection *c);
+/* After an answer sent without reading the request's body: reads and
+ * drops the body (when it is declared and at most max bytes) within
+ * seconds, so that a client still sending it reads the answer rather than
+ * a reset. The connection closes after it in any case. */
+void http_guard_discard(struct mg_connection *c, long long max, double seconds);
+/* Gives the request a deadline seconds from now (again: moves it), after
+ * which its socket is shut and a read or write on it fails; disarm ends
+ * it. For a handler, about its connection. */
+void http_guard_arm(struct mg_connection *c, double seconds);
+void http_guard_disarm(struct mg_connection *c);
+
+#endif

@@ -1,0 +1,301 @@
+"""llm-server under hostile and overloaded clients (issue 17): probes on the
+health port answer within 100 ms while 200 connections trickle their
+headers a byte at a time and 64 streams run; header and body deadlines are
+totals, not per read; connections above max_connections get 503 with
+Retry-After at once; keep-alive is on and real clients (the openai package,
+http.client) reuse their connections; 1,000 idle kept-alive connections are
+held and stay usable. Each case prints what it measured."""
+import http.client
+import json
+import socket
+import threading
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from test_server import NAME, STORIES, Server, free_port
+
+
+def wait_for(pred, timeout=30, what="the condition"):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not met within {timeout} s")
+
+
+def health_metrics(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if not s.labels:
+                out[s.name] = s.value
+    return out
+
+
+def probe_ms(port, path):
+    """One probe on a fresh connection (as kubelet does): status, ms."""
+    t = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        got = b""
+        while part := s.recv(4096):
+            got += part
+    return int(got.split()[1]), (time.perf_counter() - t) * 1e3
+
+
+class Tricklers:
+    """n connections that send a request's header one byte per period;
+    cut[i] is when connection i was found cut (None: still open)."""
+
+    def __init__(self, port, n, period=0.3, body=False):
+        self.socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+        self.cut = [None] * n
+        self.t0 = time.time()
+        if body:  # whole headers, then the body a byte at a time
+            head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
+            for s in self.socks:
+                s.sendall(head.encode())
+            self.data = b"{" + b" " * 4998 + b"}"
+        else:
+            self.data = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 4000
+        self.period, self.stop = period, threading.Event()
+        self.th = threading.Thread(target=self.run, daemon=True)
+        self.th.start()
+
+    def run(self):
+        i = 0
+        while not self.stop.is_set() and i < len(self.data):
+            for k, s in enumerate(self.socks):
+                if self.cut[k] is None:
+                    try:
+                        s.send(self.data[i:i + 1])
+                    except OSError:
+                        self.cut[k] = time.time() - self.t0
+            i += 1
+            self.stop.wait(self.period)
+
+    def open(self):
+        return sum(c is None for c in self.cut)
+
+    def close(self):
+        self.stop.set()
+        self.th.join()
+        for s in self.socks:
+            s.close()
+
+
+def stream(port, prompt, out, idx):
+    """A long streamed completion; out[idx] is set at its first token and
+    the stream is read until the socket is closed under it."""
+    s = socket.create_connection(("127.0.0.1", port))
+    body = json.dumps({"prompt": prompt, "ignore_eos": True, "stream": True, "temperature": 0.8})  # to n_ctx
+    s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    out[idx] = s
+    got = b""
+    try:
+        while b"data:" not in got and b"\r\n\r\n{" not in got and (part := s.recv(4096)):
+            got += part
+    except OSError:
+        pass
+    out[idx + len(out) // 2] = got
+
+
+@pytest.fixture(scope="module")
+def model(models):
+    return STORIES if STORIES.exists() else models("tiny", "Q8_0")
+
+
+@pytest.fixture(scope="module")
+def big(models):
+    return models("llama-110m", "Q8_0")
+
+
+def test_probes_answer_under_trickle_and_streams(big):
+    """200 trickling connections and 64 long streams at once: /livez and
+    /readyz on the health port answer within 100 ms (p95; max printed),
+    and the API port still answers a plain request."""
+    hp = free_port()
+    srv = Server(big, "--health_port", hp, "--threads", 1, "--max_connections", 400, "--header_timeout_s", 120)
+    try:
+        tr = Tricklers(srv.port, 200, period=0.5)
+        socks = [None] * 128
+        ths = [threading.Thread(target=stream, args=(srv.port, f"Story {i}:", socks, i), daemon=True) for i in range(64)]
+        for t in ths:
+            t.start()
+        wait_for(lambda: all(x is not None for x in socks[64:]), timeout=240, what="64 streams at their first token")
+        assert all(b"data:" in x for x in socks[64:]), [x[:300] for x in socks[64:] if b"data:" not in x][:1]
+        assert tr.open() == 200
+        assert health_metrics(hp)["llm_http_connections"] >= 264
+        times = []
+        for i in range(60):
+            st, ms = probe_ms(hp, "/livez" if i % 2 else "/readyz")
+            assert st == 200
+            times.append(ms)
+        api_status, api_ms = probe_ms(srv.port, "/v1/models")
+        times.sort()
+        p95 = times[int(0.95 * len(times)) - 1]
+        print(f"probes under 200 tricklers + 64 streams: median {times[len(times) // 2]:.1f} ms, p95 {p95:.1f} ms, "
+              f"max {times[-1]:.1f} ms; API /v1/models {api_ms:.1f} ms")
+        assert p95 < 100, times
+        assert api_status == 200
+        assert tr.open() == 200  # nobody was cut early: the deadline is 120 s
+        tr.close()
+        for s in socks[:64]:
+            s.close()
+        for t in ths:
+            t.join(30)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_health_port_survives_a_saturated_api_port(big):
+    """More trickling connections than max_connections and its reserve:
+    the API port is saturated, the health port still answers at once."""
+    hp = free_port()
+    srv = Server(big, "--health_port", hp, "--threads", 1, "--max_connections", 20, "--header_timeout_s", 120)
+    try:
+        tr = Tricklers(srv.port, 120, period=0.5)
+        wait_for(lambda: health_metrics(hp)["llm_http_connections"] >= 52, timeout=60, what="every worker thread held")
+        times = sorted(probe_ms(hp, "/livez")[1] for _ in range(20))
+        print(f"health port with the API port saturated: median {times[10]:.1f} ms, max {times[-1]:.1f} ms")
+        assert times[18] < 100
+        tr.close()
+    finally:
+        assert srv.stop() == 0
+
+
+def test_header_and_body_deadlines_are_totals(big):
+    """Clients that trickle a byte every 0.3 s never let a read time out;
+    they are cut when header_timeout_s / body_timeout_s run out in all."""
+    hp = free_port()
+    srv = Server(big, "--health_port", hp, "--header_timeout_s", 2, "--body_timeout_s", 3)
+    try:
+        heads, bodies = Tricklers(srv.port, 20), Tricklers(srv.port, 5, body=True)
+        wait_for(lambda: heads.open() == 0 and bodies.open() == 0, timeout=30, what="every trickler cut")
+        print(f"header tricklers cut at {min(heads.cut):.1f}-{max(heads.cut):.1f} s (deadline 2 s), "
+              f"body tricklers at {min(bodies.cut):.1f}-{max(bodies.cut):.1f} s (deadline 3 s)")
+        assert 1.5 <= min(heads.cut) and max(heads.cut) <= 4.5
+        assert 2.5 <= min(bodies.cut) and max(bodies.cut) <= 5.5
+        assert health_metrics(hp)["llm_http_connections_cut_total"] == 5  # the bodies; civetweb cuts headers itself
+        heads.close()
+        bodies.close()
+        assert srv.get("/v1/models")[0] == 200
+    finally:
+        assert srv.stop() == 0
+
+
+def test_connection_limit_refuses_at_once(big):
+    """max_connections held by idle kept-alive clients: the next connection
+    gets 503 with Retry-After at once; a freed slot is usable again."""
+    hp = free_port()
+    srv = Server(big, "--health_port", hp, "--max_connections", 6)
+    try:
+        held = []
+        for _ in range(6):
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+            c.request("GET", "/v1/models")
+            r = c.getresponse()
+            r.read()
+            assert r.status == 200 and r.getheader("Connection") == "keep-alive"
+            held.append(c)
+        t = time.perf_counter()
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        c.request("GET", "/v1/models")
+        r = c.getresponse()
+        body = json.loads(r.read())
+        ms = (time.perf_counter() - t) * 1e3
+        print(f"connection 7 of 6 refused in {ms:.1f} ms")
+        assert r.status == 503 and r.getheader("Retry-After") == "1" and ms < 1000
+        assert body["error"]["code"] == "too_many_connections"
+        for c in held[:3]:
+            c.close()
+        wait_for(lambda: health_metrics(hp)["llm_http_connections"] <= 3, timeout=30, what="three connections closed")
+        assert srv.get("/v1/models")[0] == 200
+        assert health_metrics(hp)["llm_http_connections_refused_total"] == 1
+    finally:
+        assert srv.stop() == 0
+
+
+def test_clients_reuse_connections(model):
+    """Keep-alive: the openai client's pool and one http.client connection
+    serve many requests (streamed, whole, refused with 4xx) on one
+    connection each; after SIGTERM answers say Connection: close."""
+    hp = free_port()
+    srv = Server(model, "--health_port", hp, "--shutdown_delay_s", 30)
+    try:
+        before = health_metrics(hp)["llm_http_connections_accepted_total"]
+        cl = srv.client()
+        for i in range(8):  # (the openai client drops a stream's connection at [DONE]: whole answers here)
+            if i % 2:
+                cl.completions.create(model=NAME, prompt="Once", max_tokens=4)
+            else:
+                cl.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert health_metrics(hp)["llm_http_connections_accepted_total"] - before == 1
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        ports = set()
+        stream = {"prompt": "Once", "max_tokens": 4, "stream": True}
+        for path, body in [("/v1/models", None), ("/nope", None), ("/v1/completions", {"prompt": 5}),
+                           ("/v1/completions", stream), ("/tokenize", {"content": "hi"}), ("/v1/completions", stream),
+                           ("/v1/models", None)]:
+            c.request("POST" if body else "GET", path, body=json.dumps(body) if body else None,
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            text = r.read()
+            assert r.getheader("Connection") == "keep-alive", (path, r.status)
+            assert not body or "stream" not in body or text.endswith(b"data: [DONE]\n\n")
+            ports.add(c.sock.getsockname()[1])
+        assert len(ports) == 1
+        srv.proc.send_signal(15)
+        wait_for(lambda: srv.get("/readyz")[0] == 503, timeout=30, what="not ready after SIGTERM")
+        c.request("GET", "/v1/models")
+        r = c.getresponse()
+        r.read()
+        assert r.status == 200 and r.getheader("Connection") == "close"
+    finally:
+        srv.proc.kill()
+        srv.stop()
+
+
+def test_thousand_idle_keepalive_connections(model):
+    """1,000 clients each holding an idle kept-alive connection: all are
+    held (a thread each), the server still answers, and every one of them
+    is still usable afterwards."""
+    hp = free_port()
+    srv = Server(model, "--health_port", hp, "--max_connections", 1100, "--keep_alive_s", 120)
+    try:
+        rss0 = health_metrics(hp)["process_resident_memory_bytes"]
+        conns = []
+        for _ in range(1000):
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+            c.request("GET", "/v1/models")
+            r = c.getresponse()
+            r.read()
+            assert r.status == 200
+            conns.append(c)
+        m = health_metrics(hp)
+        assert m["llm_http_connections"] >= 1000
+        t = time.perf_counter()
+        assert srv.client().completions.create(model=NAME, prompt="Once", max_tokens=4).choices
+        ms = (time.perf_counter() - t) * 1e3
+        probes = sorted(probe_ms(hp, "/readyz")[1] for _ in range(10))
+        print(f"1000 idle kept-alive connections: RSS +{(m['process_resident_memory_bytes'] - rss0) / 2**20:.1f} MiB, "
+              f"a completion beside them {ms:.1f} ms, probes max {probes[-1]:.1f} ms")
+        ports = {c.sock.getsockname()[1] for c in conns}
+        for c in conns:  # each still open and served on the same socket
+            c.request("GET", "/v1/models")
+            r = c.getresponse()
+            r.read()
+            assert r.status == 200
+        assert {c.sock.getsockname()[1] for c in conns} == ports
+        for c in conns:
+            c.close()
+    finally:
+        assert srv.stop() == 0
