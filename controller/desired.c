@@ -150,7 +150,8 @@ json_t *des_configmap(json_t *d, char *msg, size_t mn)
     char y[4096] = "# llm-server configuration, written by llm-controller from the LLMDeployment spec\n";
     yaml_line(y, sizeof y, "model", "%s", model ? model : "\"\"");
     yaml_line(y, sizeof y, "model_name", "%s", served ? served : "\"\"");
-    yaml_line(y, sizeof y, "port", "%lld", spec_int(spec, "server", "port", 8080));
+    yaml_line(y, sizeof y, "port", "%lld", des_server_port(d));
+    yaml_line(y, sizeof y, "health_port", "%lld", des_health_port(d));
     yaml_line(y, sizeof y, "threads", "%lld", spec_int(spec, "engine", "threads", 0));
     yaml_line(y, sizeof y, "n_ctx", "%lld", spec_int(spec, "engine", "contextLength", 0));
     yaml_line(y, sizeof y, "max_seqs", "%lld", spec_int(spec, "engine", "maxSeqs", 64));
@@ -198,6 +199,17 @@ static json_t *model_volume(json_t *spec)
     if (json_object_get(v, "image"))
         return json_pack("{s:s,s:O}", "name", "model", "image", json_object_get(v, "image"));
     return NULL;
+}
+
+long long des_server_port(json_t *llmd)
+{
+    return spec_int(json_object_get(llmd, "spec"), "server", "port", 8080);
+}
+
+long long des_health_port(json_t *llmd)
+{
+    long long p = des_server_port(llmd);
+    return p < 65535 ? p + 1 : p - 1;
 }
 
 static json_t *probe(const char *path, long long port, long long period, long long failures)
@@ -258,11 +270,12 @@ static json_t *container(json_t *d)
     if (get2(spec, "model", "volume"))
         json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "model", "mountPath", mp ? mp : "/models",
                                                 "readOnly", 1));
-    long long startup = spec_int(spec, "probes", "startupTimeoutSeconds", 600);
-    return json_pack("{s:s,s:O,s:o,s:o,s:[{s:s,s:I}],s:o,s:o,s:o,s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name", "llm-server",
-                     "image", json_object_get(spec, "image"), "args", args, "env", env, "ports", "name", "http",
-                     "containerPort", (json_int_t)port, "startupProbe", probe("/startupz", port, 2, startup / 2 + 1),
-                     "readinessProbe", probe("/readyz", port, 2, 3), "livenessProbe", probe("/livez", port, 10, 3),
+    long long startup = spec_int(spec, "probes", "startupTimeoutSeconds", 600), hp = des_health_port(d);
+    return json_pack("{s:s,s:O,s:o,s:o,s:[{s:s,s:I},{s:s,s:I}],s:o,s:o,s:o,s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name",
+                     "llm-server", "image", json_object_get(spec, "image"), "args", args, "env", env, "ports", "name",
+                     "http", "containerPort", (json_int_t)port, "name", "health", "containerPort", (json_int_t)hp,
+                     "startupProbe", probe("/startupz", hp, 2, startup / 2 + 1), "readinessProbe", probe("/readyz", hp, 2, 3),
+                     "livenessProbe", probe("/livez", hp, 10, 3),
                      "resources", resources(spec), "volumeMounts", mounts, "securityContext",
                      "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1, "capabilities", "drop", "ALL");
 }

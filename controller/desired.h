@@ -35,6 +35,11 @@ json_t *des_service(json_t *llmd);
 int des_router_enabled(json_t *llmd);
 int des_canary_enabled(json_t *llmd);
 #define DES_ROUTER_PORT 8000
+/* The llm-server pods' ports: the API (spec.server.port, 8080) and the
+ * health listener's (probes and /metrics on threads of their own, which no
+ * API traffic can delay): the API port + 1 (- 1 at 65535). */
+long long des_server_port(json_t *llmd);
+long long des_health_port(json_t *llmd);
 /* With the router: NAME-router Deployment, its ServiceAccount/Role/
  * RoleBinding (which 0..2: EndpointSlices read access in the namespace),
  * and NAME-backends, the Service of the llm-server pods it follows. */

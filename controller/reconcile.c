@@ -70,8 +70,7 @@ static void autoscale(kube_client *k, json_t *d, children *c)
     if (!split && c->cur)
         current = (int)json_integer_value(get2(json_object_get(c->cur, "spec"), "replicas", NULL));
     int n = 0;
-    long long port = json_integer_value(get2(json_object_get(spec, "server"), "port", NULL));
-    double v = pm_read_signal(k, ns, name, port ? port : 8080, c->as.metric, &n);
+    double v = pm_read_signal(k, ns, name, des_health_port(d), c->as.metric, &n);
     as_decision dec;
     as_config running = c->as; /* zero is scale to zero's call, not the signal's */
     if (running.min < 1)
@@ -264,7 +263,7 @@ static void judge(kube_client *k, json_t *d, json_t *dep, verdict *v)
     pod_diag pd;
     pod_diag_examine(k, json_string_value(get2(d, "metadata", "namespace")),
                      json_string_value(get2(d, "metadata", "name")),
-                     json_integer_value(get2(get2(d, "spec", "server"), "port", NULL)) ?: 8080, &pd);
+                     des_health_port(d), &pd);
     json_t *prev = old_condition(d, "Degraded");
     const char *pr = json_string_value(json_object_get(prev, "reason"));
     int same_gen = json_integer_value(json_object_get(prev, "observedGeneration")) ==

@@ -65,11 +65,6 @@ static int sample_routers(kube_client *k, json_t *d, cn_sample *s)
     return pm_scrape_each(k, str(json_object_get(d, "metadata"), "namespace"), inst, DES_ROUTER_PORT, add_router, s);
 }
 
-static long long server_port(json_t *d)
-{
-    return json_integer_value(get2(json_object_get(d, "spec"), "server", "port")) ?: 8080;
-}
-
 static int colocated(const rollout *ro)
 {
     return same(str(ro->state, "mode"), "colocated");
@@ -83,7 +78,7 @@ static int sample(kube_client *k, json_t *d, const rollout *ro, cn_sample *s)
         return sample_routers(k, d, s);
     memset(s, 0, sizeof *s);
     return pm_scrape_each(k, str(json_object_get(d, "metadata"), "namespace"),
-                          str(json_object_get(d, "metadata"), "name"), server_port(d), add_router, s);
+                          str(json_object_get(d, "metadata"), "name"), des_health_port(d), add_router, s);
 }
 
 /* ---- a canary colocated in the stable pods ------------------------------------------ */
@@ -99,7 +94,7 @@ static int ask_pod(void *arg, const char *ip)
 {
     coloc *c = arg;
     char url[300], *resp = NULL;
-    snprintf(url, sizeof url, "http://%s:%lld/admin/canary", ip, server_port(c->d));
+    snprintf(url, sizeof url, "http://%s:%lld/admin/canary", ip, des_server_port(c->d));
     long code = http_request(NULL, url, c->token, c->body, 3000, 1 << 16, &resp);
     json_t *j = resp ? json_loads(resp, 0, NULL) : NULL;
     const char *state = str(j, "state"), *msg = str(j, "message");
@@ -246,7 +241,7 @@ static void starting(kube_client *k, json_t *d, rollout *ro, json_t *canary)
     char inst[300];
     snprintf(inst, sizeof inst, "%s-canary", str(json_object_get(d, "metadata"), "name"));
     pod_diag_examine(k, str(json_object_get(d, "metadata"), "namespace"), inst,
-                     json_integer_value(get2(json_object_get(d, "spec"), "server", "port")) ?: 8080, &pd);
+                     des_health_port(d), &pd);
     if (pd.degraded)
         rollback(k, d, ro, pd.reason, pd.message);
 }

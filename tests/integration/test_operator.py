@@ -196,9 +196,13 @@ def test_apply_serve_scale_delete(cluster):
     pod = dep["spec"]["template"]["spec"]
     ctr = pod["containers"][0]
     assert ctr["startupProbe"]["httpGet"]["path"] == "/startupz" and ctr["securityContext"]["readOnlyRootFilesystem"]
+    # the probes go to the health listener (threads of its own), not the API port
+    assert {p["name"]: p["containerPort"] for p in ctr["ports"]} == {"http": 8080, "health": 8081}
+    assert {ctr[k]["httpGet"]["port"] for k in ("startupProbe", "readinessProbe", "livenessProbe")} == {8081}
     assert pod["terminationGracePeriodSeconds"] == 2 + 20 + 10 and pod["securityContext"]["runAsNonRoot"]
     cfg = c.get("configmap", "story-config")["data"]["config.yaml"]
     assert f'model: "{c.model}"' in cfg and "max_seqs: 8" in cfg and "shutdown_delay_s: 2" in cfg
+    assert "health_port: 8081" in cfg
     assert c.get("pdb", "story")["spec"]["maxUnavailable"] == 1
     ip = wait_for(lambda: c.ready_ips(), 30)[0]
     assert complete(ip)["usage"]["completion_tokens"] == 4
