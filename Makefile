@@ -38,7 +38,7 @@ CONTROLLER_SRC = controller/ctl_main.c controller/kube_config.c controller/kube_
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_proxy.c
 # what the router shares with the controller: the API client and watch, the Prometheus text reader, pod GETs
-ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/controller/kube_config.o $(BUILD)/controller/kube_client.o \
+ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/server/http_guard.o $(BUILD)/controller/kube_config.o $(BUILD)/controller/kube_client.o \
              $(BUILD)/controller/kube_watch.o $(BUILD)/controller/autoscale.o \
              $(BUILD)/controller/http_get.o
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
@@ -80,7 +80,7 @@ $(BUILD)/bin/llm-server: $(SERVER_OBJ) $(LIB)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $(SERVER_OBJ) $(LIB) -lcivetweb -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
-$(BUILD)/router/%.o: EXTRA_CFLAGS = -Icontroller
+$(BUILD)/router/%.o: EXTRA_CFLAGS = -Icontroller -Iserver
 $(BUILD)/%.o: %.c $(wildcard engine/include/llm/*.h engine/*.h engine/cpu/*.h server/*.h controller/*.h router/*.h)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"

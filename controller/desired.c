@@ -442,12 +442,21 @@ json_t *des_router(json_t *d)
     snprintf(hold, sizeof hold, "%lld", spec_int(spec, "router", "holdSeconds", 0));
     json_t *lab = json_pack("{s:s,s:s,s:s}", "app.kubernetes.io/name", "llm-router", REC_INSTANCE, n, REC_MANAGED_BY,
                             REC_CONTROLLER);
-    json_t *probe = json_pack("{s:{s:s,s:i},s:i}", "httpGet", "path", "/healthz", "port", DES_ROUTER_PORT, "periodSeconds", 5);
-    json_t *ctr = json_pack("{s:s,s:s,s:[s,s,s,s,s,s,s,s],s:[{s:s,s:i}],s:o,s:{s:b,s:b,s:{s:[s]}}}", "name", "llm-router",
-                            "image", image ? image : "llm-router:latest", "args", "--port", port, "--service", svc,
-                            "--policy", policy ? policy : "least-loaded", "--hold-seconds", hold, "ports", "name", "http",
-                            "containerPort", DES_ROUTER_PORT, "livenessProbe", probe, "securityContext",
-                            "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1, "capabilities", "drop", "ALL");
+    /* SIGTERM: not ready, still routing while endpoints drop the pod, then streams drain (as the servers do) */
+    long long delay = spec_int(spec, "probes", "shutdownDelaySeconds", 5), drain = spec_int(spec, "probes", "drainSeconds", 30);
+    char sdelay[24], sdrain[24];
+    snprintf(sdelay, sizeof sdelay, "%lld", delay);
+    snprintf(sdrain, sizeof sdrain, "%lld", drain);
+    json_t *live = json_pack("{s:{s:s,s:i},s:i}", "httpGet", "path", "/healthz", "port", DES_ROUTER_PORT, "periodSeconds", 5);
+    json_t *ready = json_pack("{s:{s:s,s:i},s:i,s:i}", "httpGet", "path", "/readyz", "port", DES_ROUTER_PORT,
+                              "periodSeconds", 2, "failureThreshold", 2);
+    json_t *ctr = json_pack("{s:s,s:s,s:[s,s,s,s,s,s,s,s,s,s,s,s],s:[{s:s,s:i}],s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name",
+                            "llm-router", "image", image ? image : "llm-router:latest", "args", "--port", port,
+                            "--service", svc, "--policy", policy ? policy : "least-loaded", "--hold-seconds", hold,
+                            "--shutdown-delay-s", sdelay, "--drain-timeout-s", sdrain, "ports", "name", "http",
+                            "containerPort", DES_ROUTER_PORT, "livenessProbe", live, "readinessProbe", ready,
+                            "securityContext", "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1, "capabilities",
+                            "drop", "ALL");
     json_t *args = json_object_get(ctr, "args");
     if (ctr && json_is_true(get2(rt, "affinityUser", NULL)))
         json_array_append_new(args, json_string("--affinity-user"));
@@ -460,11 +469,12 @@ json_t *des_router(json_t *d)
         json_array_append_new(args, json_string("--weight-configmap"));
         json_array_append_new(args, json_string(wcm));
     }
-    return json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:{s:o},s:{s:s,s:{s:b,s:I},s:[o]}}}}", "apiVersion",
+    return json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:{s:o},s:{s:s,s:I,s:{s:b,s:I},s:[o]}}}}", "apiVersion",
                      "apps/v1", "kind", "Deployment", "metadata", meta(d, n), "spec", "replicas",
                      (json_int_t)spec_int(spec, "router", "replicas", 2), "selector", "matchLabels", REC_INSTANCE, n,
                      REC_MANAGED_BY, REC_CONTROLLER, "template", "metadata", "labels", lab, "spec", "serviceAccountName",
-                     n, "securityContext", "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "containers", ctr);
+                     n, "terminationGracePeriodSeconds", (json_int_t)(delay + drain + 10), "securityContext", "runAsNonRoot", 1,
+                     "runAsUser", (json_int_t)65532, "containers", ctr);
 }
 
 json_t *des_router_weight(json_t *d, int weight)

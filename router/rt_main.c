@@ -22,6 +22,7 @@
 
 #include "autoscale.h" /* as_prom_value: the Prometheus text reader */
 #include "http_get.h"
+#include "http_guard.h"
 #include "llm/log.h"
 #include "kube_watch.h"
 #include "rt_proxy.h"
@@ -57,6 +58,8 @@ struct router {
     disc d[2];
     const char *admin_token;
     char weight_ns[254], weight_cm[254]; /* --weight-configmap */
+    http_guard *http;
+    int draining;                        /* SIGTERM came: /readyz fails */
 };
 
 #define logf_(...) llm_log("llm-router", __VA_ARGS__)
@@ -244,16 +247,21 @@ static void *follow_weight(void *arg)
 static int h_healthz(struct mg_connection *c, void *cb)
 {
     (void)cb;
-    mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n");
+    mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\nConnection: %s\r\n\r\nok\n",
+              http_guard_connection(c));
     return 200;
 }
 
+/* Ready with a backend to send to (or, scaling from zero, a hold to
+ * offer), and not shutting down. */
 static int h_readyz(struct mg_connection *c, void *cb)
 {
     router *r = cb;
-    int ok = rt_pool_size(r->pool) > 0;
-    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-              ok ? 200 : 503, ok ? "OK" : "Service Unavailable", ok ? 3 : 12, ok ? "ok\n" : "no backends\n");
+    int draining = __atomic_load_n(&r->draining, __ATOMIC_RELAXED);
+    int ok = !draining && (rt_pool_size(r->pool) > 0 || r->px.hold_s > 0);
+    const char *why = ok ? "ok\n" : draining ? "shutting down\n" : "no backends\n";
+    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\nConnection: %s\r\n\r\n%s",
+              ok ? 200 : 503, ok ? "OK" : "Service Unavailable", strlen(why), http_guard_connection(c), why);
     return ok ? 200 : 503;
 }
 
@@ -261,7 +269,7 @@ static int h_metrics(struct mg_connection *c, void *cb)
 {
     router *r = cb;
     char *text = rt_pool_metrics(r->pool);
-    char extra[768];
+    char extra[1280];
     snprintf(extra, sizeof extra, "# HELP llm_router_no_backend_total Requests answered 503 for want of a backend.\n"
                                   "# TYPE llm_router_no_backend_total counter\nllm_router_no_backend_total %llu\n"
                                   "# HELP llm_router_held_requests Requests held while no backend exists (scale from zero).\n"
@@ -270,9 +278,19 @@ static int h_metrics(struct mg_connection *c, void *cb)
                                   "# TYPE llm_router_held_total counter\nllm_router_held_total %llu\n",
              __atomic_load_n(&r->px.no_backend, __ATOMIC_RELAXED), __atomic_load_n(&r->px.held, __ATOMIC_RELAXED),
              __atomic_load_n(&r->px.held_total, __ATOMIC_RELAXED));
+    http_guard_stats gs;
+    http_guard_stats_get(r->http, &gs);
+    size_t k = strlen(extra);
+    snprintf(extra + k, sizeof extra - k, "# HELP llm_router_backends Backends known (both revisions).\n"
+                                          "# TYPE llm_router_backends gauge\nllm_router_backends %d\n"
+                                          "# HELP llm_http_connections Client connections open.\n"
+                                          "# TYPE llm_http_connections gauge\nllm_http_connections %lld\n"
+                                          "# HELP llm_http_connections_refused Connections refused above --max-connections.\n"
+                                          "# TYPE llm_http_connections_refused counter\nllm_http_connections_refused_total %lld\n",
+             rt_pool_size(r->pool), gs.open, gs.refused);
     size_t n = (text ? strlen(text) : 0) + strlen(extra);
     mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %zu\r\n"
-                 "Connection: close\r\n\r\n%s%s", n, text ? text : "", extra);
+                 "Connection: %s\r\n\r\n%s%s", n, http_guard_connection(c), text ? text : "", extra);
     free(text);
     return 200;
 }
@@ -299,12 +317,29 @@ static int h_admin(struct mg_connection *c, void *cb)
     const char *msg = code == 200 ? "{\"ok\":true}" : code == 404 ? "{\"error\":\"admin is off (no --admin-token)\"}"
                       : code == 401 ? "{\"error\":\"admin token required\"}" : code == 405 ? "{\"error\":\"use POST\"}"
                       : "{\"error\":\"weight: an integer 0..100\"}";
-    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
-              code, code == 200 ? "OK" : "Error", strlen(msg), msg);
+    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: %s\r\n\r\n%s",
+              code, code == 200 ? "OK" : "Error", strlen(msg), http_guard_connection(c), msg);
     return code;
 }
 
 /* ---- main --------------------------------------------------------------------------- */
+
+/* SIGTERM: /readyz fails at once while requests are still taken for
+ * delay_s (endpoints take a moment to drop this pod), then answers say
+ * Connection: close and requests in flight (streams too) get up to
+ * drain_s to finish. */
+static void drain(router *r, double delay_s, double drain_s)
+{
+    __atomic_store_n(&r->draining, 1, __ATOMIC_RELAXED);
+    logf_("not ready; still taking requests for %.0f s while endpoints drop this pod", delay_s);
+    for (double t = 0; t < delay_s; t += 0.02) usleep(20000);
+    http_guard_closing(r->http);
+    logf_("draining: %d requests in flight, up to %.0f s", __atomic_load_n(&r->px.active, __ATOMIC_RELAXED), drain_s);
+    double t = 0;
+    for (; __atomic_load_n(&r->px.active, __ATOMIC_RELAXED) > 0 && t < drain_s; t += 0.02) usleep(20000);
+    if (__atomic_load_n(&r->px.active, __ATOMIC_RELAXED) > 0)
+        logf_("drain timeout: %d requests still running are cut off", __atomic_load_n(&r->px.active, __ATOMIC_RELAXED));
+}
 
 /* A number flag; 0 when v is not all number. */
 static int num(const char *v, double *out)
@@ -321,7 +356,9 @@ static int usage(void)
                     "                  [--admin-token T] [--weight-configmap NS/NAME]  (canaryWeight key)\n"
                     "                  [--policy least-loaded|round-robin] [--affinity-header NAME] [--affinity-user]\n"
                     "                  [--retries 2] [--eject-after 3] [--eject-seconds 10] [--poll-ms 500]\n"
-                    "                  [--max-body-bytes 1048576] [--timeout-s 600] [--http-threads 64]\n"
+                    "                  [--max-body-bytes 1048576] [--timeout-s 600] [--max-connections 512]\n"
+                    "                  [--header-timeout-s 10] [--body-timeout-s 60] [--keep-alive-s 30]\n"
+                    "                  [--shutdown-delay-s 0] [--drain-timeout-s 30]  (SIGTERM: not ready, serve, drain)\n"
                     "                  [--hold-seconds 0] [--hold-max 64]   (scale from zero: hold requests while no backend)\n"
                     "                  [--prefix-affinity BYTES]            (same prompt start -> same pod)\n");
     return 2;
@@ -330,12 +367,14 @@ static int usage(void)
 int main(int argc, char **argv)
 {
     static router r;
-    const char *host = "0.0.0.0", *port = "8000", *kubeconfig = NULL, *threads = "64";
+    const char *host = "0.0.0.0", *port = "8000", *kubeconfig = NULL;
+    http_guard_cfg gc = {.max_connections = 512, .header_timeout_s = 10, .keep_alive_s = 30};
+    double shutdown_delay_s = 0, drain_timeout_s = 30;
     const char *backends[RT_MAX_BACKENDS], *canaries[RT_MAX_BACKENDS], *services[2] = {NULL, NULL};
     int nb = 0, nc = 0, weight = 0;
     rt_pool_config pc = {RT_LEAST_LOADED, 3, 10};
     r.px = (rt_proxy){.retries = 2, .max_body = 1 << 20, .timeout_s = 600, .affinity_header = "X-Session-Id",
-                      .hold_max = 64};
+                      .hold_max = 64, .body_timeout_s = 60};
     r.poll_ms = 500;
     double x = 0;
     for (int i = 1; i < argc; i++) {
@@ -391,8 +430,18 @@ int main(int argc, char **argv)
             r.px.hold_max = (int)x;
         else if (!strcmp(a, "--timeout-s") && num(v, &x) && x >= 1)
             r.px.timeout_s = (long)x;
-        else if (!strcmp(a, "--http-threads"))
-            threads = v;
+        else if (!strcmp(a, "--max-connections") && num(v, &x) && x >= 1 && x <= 16384)
+            gc.max_connections = (int)x;
+        else if (!strcmp(a, "--header-timeout-s") && num(v, &x) && x >= 1 && x <= 3600)
+            gc.header_timeout_s = x;
+        else if (!strcmp(a, "--body-timeout-s") && num(v, &x) && x >= 1 && x <= 3600)
+            r.px.body_timeout_s = x;
+        else if (!strcmp(a, "--keep-alive-s") && num(v, &x) && x >= 0 && x <= 3600)
+            gc.keep_alive_s = x;
+        else if (!strcmp(a, "--shutdown-delay-s") && num(v, &x) && x >= 0 && x <= 3600)
+            shutdown_delay_s = x;
+        else if (!strcmp(a, "--drain-timeout-s") && num(v, &x) && x >= 0 && x <= 86400)
+            drain_timeout_s = x;
         else
             return usage();
     }
@@ -424,14 +473,12 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%s", host, port);
-    const char *opts[] = {"listening_ports", listen, "num_threads", threads, "enable_keep_alive", "no", NULL};
-    struct mg_callbacks cb;
-    memset(&cb, 0, sizeof cb);
-    struct mg_context *mg = mg_start(&cb, &r, opts);
-    if (!mg) {
-        fprintf(stderr, "llm-router: cannot listen on %s\n", listen);
+    const char *opts[] = {"listening_ports", listen, NULL};
+    if (http_guard_start(&gc, opts, &r.http, &err)) {
+        fprintf(stderr, "llm-router: %s\n", err.msg);
         return 1;
     }
+    struct mg_context *mg = http_guard_mg(r.http);
     mg_set_request_handler(mg, "/healthz$", h_healthz, &r);
     mg_set_request_handler(mg, "/readyz$", h_readyz, &r);
     mg_set_request_handler(mg, "/metrics$", h_metrics, &r);
@@ -448,7 +495,8 @@ int main(int argc, char **argv)
     logf_("listening on %s, %s, %s, canary weight %d%%", listen, pc.policy == RT_ROUND_ROBIN ? "round robin" : "least loaded",
           r.n_disc ? "backends from EndpointSlices" : "static backends", weight);
     while (!g_stop) usleep(50000);
-    mg_stop(mg); /* requests in flight finish first */
+    drain(&r, shutdown_delay_s, drain_timeout_s);
+    http_guard_stop(r.http);
     if (polling)
         pthread_join(poll_th, NULL);
     for (int k = 0; k < discovering; k++) pthread_join(disc_th[k], NULL);

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "http_guard.h"
 #include "rt_proxy.h"
 
 #define ERR_BODY_MAX 65536
@@ -23,20 +24,22 @@ static double mono_s(void)
 static int reply(struct mg_connection *c, int code, const char *type, const char *msg)
 {
     json_t *j = json_pack("{s:{s:s,s:s,s:n,s:n}}", "error", "message", msg, "type",
-                          code == 503 ? "service_unavailable" : code == 413 ? "invalid_request_error" : "server_error",
+                          code == 503 ? "service_unavailable" : code == 413 || code == 408 ? "invalid_request_error" : "server_error",
                           "param", "code");
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
     const char *b = body ? body : "{\"error\":{\"message\":\"router error\"}}";
-    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n%s", code,
-              code == 503 ? "Service Unavailable" : code == 413 ? "Payload Too Large" : "Bad Gateway", type,
-              strlen(b), code == 503 ? "Retry-After: 1\r\n" : "", b);
+    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: %s\r\n\r\n%s", code,
+              code == 503 ? "Service Unavailable" : code == 413 ? "Payload Too Large" : code == 408 ? "Request Timeout"
+              : code == 504 ? "Gateway Timeout" : "Bad Gateway", type, strlen(b), code == 503 ? "Retry-After: 1\r\n" : "",
+              http_guard_connection(c), b);
     free(body);
     json_decref(j);
     return code;
 }
 
-/* The whole request body, at most max bytes; NULL and *status set when not. */
-static char *read_body(struct mg_connection *c, long max, size_t *len, int *status)
+/* The whole request body, at most max bytes, within seconds in all (the
+ * guard cuts a client that trickles it); NULL and *status set when not. */
+static char *read_body(struct mg_connection *c, long max, double seconds, size_t *len, int *status)
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
     *status = 0;
@@ -46,11 +49,13 @@ static char *read_body(struct mg_connection *c, long max, size_t *len, int *stat
     }
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap + 1);
+    http_guard_arm(c, seconds);
     for (int r; buf;) {
         if (n == cap) {
             char *p = cap < (size_t)max + 1 ? realloc(buf, (cap *= 2) + 1) : NULL;
             if (!p) {
                 free(buf);
+                http_guard_disarm(c);
                 *status = 413;
                 return NULL;
             }
@@ -61,17 +66,40 @@ static char *read_body(struct mg_connection *c, long max, size_t *len, int *stat
         n += (size_t)r;
         if (n > (size_t)max) {
             free(buf);
+            http_guard_disarm(c);
             *status = 413;
             return NULL;
         }
     }
-    if (!buf) {
-        *status = 500;
+    http_guard_disarm(c);
+    if (buf && ri->content_length >= 0 && (long long)n < ri->content_length) {
+        free(buf); /* the client left, or its time ran out */
+        *status = 408;
         return NULL;
     }
+    if (!buf) {
+        *status = *status ? *status : 500;
+        return NULL;
+    }
+    http_guard_body_read(c);
     buf[n] = 0;
     *len = n;
     return buf;
+}
+
+/* Writes one piece of a chunked answer in one write when it is small
+ * (each write is a packet with tcp_nodelay); 1, or 0 when the client is
+ * gone. */
+static int chunk_write(struct mg_connection *c, const char *d, size_t len)
+{
+    char buf[16384];
+    int h = snprintf(buf, sizeof buf, "%zx\r\n", len);
+    if (len + (size_t)h + 2 <= sizeof buf) {
+        memcpy(buf + h, d, len);
+        memcpy(buf + h + len, "\r\n", 2);
+        return mg_write(c, buf, (size_t)h + len + 2) > 0;
+    }
+    return mg_write(c, buf, (size_t)h) > 0 && mg_write(c, d, len) > 0 && mg_write(c, "\r\n", 2) > 0;
 }
 
 /* One attempt's state. */
@@ -135,14 +163,14 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
     if (!a->started) {
         a->started = 1;
         if (mg_printf(a->c, "HTTP/1.1 %ld %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\nX-Backend: %s\r\n"
-                            "X-Revision: %s\r\nConnection: close\r\n\r\n",
+                            "X-Revision: %s\r\nTransfer-Encoding: chunked\r\nConnection: %s\r\n\r\n",
                       a->status, a->status < 300 ? "OK" : "Error", a->ctype[0] ? a->ctype : "application/json",
-                      a->backend, a->revision) <= 0) {
+                      a->backend, a->revision, http_guard_connection(a->c)) <= 0) {
             a->client_gone = 1;
             return 0;
         }
     }
-    if (len && mg_write(a->c, d, len) <= 0) { /* the client left: abort, the backend cancels */
+    if (len && !chunk_write(a->c, d, len)) { /* the client left: abort, the backend cancels */
         a->client_gone = 1;
         return 0;
     }
@@ -221,6 +249,18 @@ static CURLcode send_to(rt_proxy *px, struct mg_connection *c, const char *url, 
     return rc;
 }
 
+static const char WAITING[] = ": waiting for a backend\n\n";
+static const char NO_BACKEND_EVENT[] =
+    "data: {\"error\":{\"message\":\"no backend could take the request\",\"type\":\"service_unavailable\"}}\n\n";
+
+/* A backend's 5xx answer held back while others are tried. */
+typedef struct held_err {
+    char *body;
+    size_t len;
+    long status;
+    char type[128];
+} held_err;
+
 /* Holds a request while no backend is known (scaled to zero). 1 when one
  * appeared; 0 when the hold timed out or the client left (*answered set
  * when a response was already begun: a stream's head and comments). */
@@ -239,10 +279,11 @@ static int hold(rt_proxy *px, struct mg_connection *c, int stream, int *answered
     while (!ok && mono_s() < end) {
         if (stream && mono_s() >= next_comment) {
             if (!*answered && mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                                           "Cache-Control: no-cache\r\nConnection: close\r\n\r\n") <= 0)
+                                           "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
+                                           "Connection: %s\r\n\r\n", http_guard_connection(c)) <= 0)
                 break;
             *answered = 1;
-            if (mg_printf(c, ": waiting for a backend\n\n") <= 0)
+            if (!chunk_write(c, WAITING, sizeof WAITING - 1))
                 break; /* the client left */
             next_comment = mono_s() + 2;
         }
@@ -288,70 +329,105 @@ static void session_of(rt_proxy *px, struct mg_connection *c, json_t *j, char *o
         prompt_prefix(j, out, (size_t)px->prefix_affinity + 3 < n ? (size_t)px->prefix_affinity + 3 : n);
 }
 
+/* Whether a failed attempt may go to another backend: the backend could
+ * not be reached or dropped the connection before answering. A timeout
+ * once the request was sent is the request's own (a long generation, a
+ * client's deadline): another backend would only run it again. */
+static int retriable(CURL *h, CURLcode rc)
+{
+    curl_off_t sent = 0;
+    if (rc == CURLE_OPERATION_TIMEDOUT)
+        return curl_easy_getinfo(h, CURLINFO_PRETRANSFER_TIME_T, &sent) != CURLE_OK || sent == 0;
+    return rc != CURLE_OK;
+}
+
+/* One pass over the backends: the answer is sent here unless none could
+ * take it. Returns the status sent, or 0 (*held* keeps the last 5xx, owned
+ * by the caller). */
+static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, const char *body, size_t len,
+                    int answered, held_err *held)
+{
+    unsigned char avoid[RT_MAX_BACKENDS / 8] = {0};
+    char url[256];
+    for (int attempt_no = 0; attempt_no <= px->retries; attempt_no++) {
+        int idx = rt_pick(px->pool, session, avoid, url, sizeof url);
+        if (idx < 0)
+            return 0;
+        attempt a = {.c = c, .backend = url, .t0 = mono_s(), .started = answered, /* a held stream has its head */
+                     .revision = rt_pool_revision(px->pool, idx) ? "canary" : "stable"};
+        CURLcode rc = send_to(px, c, url, body, len, &a);
+        int retry = !a.started && (retriable(thread_curl(), rc) || (rc == CURLE_OK && a.status >= 500));
+        a.res.ok = !retry; /* the breaker counts only what a retry would avoid */
+        a.res.seconds = mono_s() - a.t0;
+        a.res.ttfb = a.first ? a.first - a.t0 : -1;
+        a.res.status = rc == CURLE_OK || a.started ? (int)a.status : rc == CURLE_OPERATION_TIMEDOUT ? 504 : 0;
+        rt_release(px->pool, idx, &a.res);
+        avoid[idx / 8] |= (unsigned char)(1u << (idx % 8));
+        if (!retry) {
+            free(a.err_body);
+            if (a.started) {
+                mg_printf(c, "0\r\n\r\n"); /* the last chunk */
+                return a.status ? (int)a.status : 200;
+            }
+            if (rc != CURLE_OK)
+                return reply(c, 504, "application/json", "the backend did not answer within the router's timeout_s");
+            mg_printf(c, "HTTP/1.1 %ld OK\r\nContent-Length: 0\r\nConnection: %s\r\n\r\n", a.status,
+                      http_guard_connection(c)); /* an empty body: the head still goes out */
+            return (int)a.status;
+        }
+        if (rc == CURLE_OK) { /* a 5xx before any byte: keep it in case no one else answers */
+            free(held->body);
+            held->body = a.err_body, held->len = a.err_len, held->status = a.status;
+            snprintf(held->type, sizeof held->type, "%s", a.ctype);
+            a.err_body = NULL;
+        }
+        free(a.err_body);
+    }
+    return 0;
+}
+
 int rt_proxy_handle(struct mg_connection *c, void *cbdata)
 {
     rt_proxy *px = cbdata;
     size_t len = 0;
     int bad = 0;
-    char *body = read_body(c, px->max_body, &len, &bad);
-    if (!body)
-        return reply(c, bad, "application/json", bad == 413 ? "request body over the router's limit" : "no memory");
-    char session[4200], url[256];
+    __atomic_add_fetch(&px->active, 1, __ATOMIC_RELAXED);
+    char *body = read_body(c, px->max_body, px->body_timeout_s, &len, &bad);
+    if (!body) {
+        __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);
+        return reply(c, bad, "application/json", bad == 413 ? "request body over the router's limit"
+                                                 : bad == 408 ? "the request body did not arrive in time" : "no memory");
+    }
+    char session[4200];
     json_t *parsed = len ? json_loadb(body, len, 0, NULL) : NULL; /* once: session key and stream flag */
     session_of(px, c, parsed, session, sizeof session);
     int stream = json_is_true(json_object_get(parsed, "stream"));
     json_decref(parsed);
-    int answered = 0;
+    int answered = 0, code = 0;
+    held_err held = {0};
     if (rt_pool_size(px->pool) == 0 && !hold(px, c, stream, &answered) && answered) {
-        mg_printf(c, "data: {\"error\":{\"message\":\"no backend became ready in time\",\"type\":\"service_unavailable\"}}\n\n");
-        free(body);
-        return 503;
-    }
-    unsigned char avoid[RT_MAX_BACKENDS / 8] = {0};
-    int code = 0;
-    char *held = NULL;
-    size_t held_len = 0;
-    long held_status = 0;
-    char held_type[128] = "";
-    for (int attempt_no = 0; attempt_no <= px->retries && !code; attempt_no++) {
-        int idx = rt_pick(px->pool, session, avoid, url, sizeof url);
-        if (idx < 0)
-            break;
-        attempt a = {.c = c, .backend = url, .t0 = mono_s(), .started = answered, /* a held stream has its head */
-                     .revision = rt_pool_revision(px->pool, idx) ? "canary" : "stable"};
-        CURLcode rc = send_to(px, c, url, body, len, &a);
-        a.res.ok = a.started ? (rc == CURLE_OK || a.client_gone) : rc == CURLE_OK && a.status < 500;
-        a.res.seconds = mono_s() - a.t0;
-        a.res.ttfb = a.first ? a.first - a.t0 : -1;
-        a.res.status = rc == CURLE_OK || a.started ? (int)a.status : 0;
-        rt_release(px->pool, idx, &a.res);
-        avoid[idx / 8] |= (unsigned char)(1u << (idx % 8));
-        if (a.started || (rc == CURLE_OK && a.status < 500)) {
-            code = a.status ? (int)a.status : 200;
-            if (!a.started) /* an empty body: the head still goes out */
-                mg_printf(c, "HTTP/1.1 %ld OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", a.status);
-        } else if (rc == CURLE_OK) { /* a 5xx before any byte: keep it in case no one else answers */
-            free(held);
-            held = a.err_body, held_len = a.err_len, held_status = a.status;
-            snprintf(held_type, sizeof held_type, "%s", a.ctype);
-            a.err_body = NULL;
-        }
-        free(a.err_body);
+        chunk_write(c, NO_BACKEND_EVENT, sizeof NO_BACKEND_EVENT - 1);
+        mg_printf(c, "0\r\n\r\n");
+        code = 503;
+    } else {
+        code = attempts(px, c, session, body, len, answered, &held);
     }
     free(body);
     if (!code && answered) { /* a held stream: its head is out; the error goes as an event */
-        mg_printf(c, "data: {\"error\":{\"message\":\"no backend could take the request\"}}\n\n");
+        chunk_write(c, NO_BACKEND_EVENT, sizeof NO_BACKEND_EVENT - 1);
+        mg_printf(c, "0\r\n\r\n");
         code = 503;
-    } else if (!code && held) {
-        mg_printf(c, "HTTP/1.1 %ld Error\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-                  held_status, held_type[0] ? held_type : "application/json", held_len);
-        mg_write(c, held, held_len);
-        code = (int)held_status;
+    } else if (!code && held.body) {
+        mg_printf(c, "HTTP/1.1 %ld Error\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: %s\r\n\r\n",
+                  held.status, held.type[0] ? held.type : "application/json", held.len, http_guard_connection(c));
+        mg_write(c, held.body, held.len);
+        code = (int)held.status;
     } else if (!code) {
         __atomic_add_fetch(&px->no_backend, 1, __ATOMIC_RELAXED);
         code = reply(c, 503, "application/json", rt_pool_size(px->pool) ? "no backend could take the request"
                                                                            : "no backends known yet");
     }
-    free(held);
+    free(held.body);
+    __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);
     return code;
 }

@@ -2,10 +2,13 @@
  * whole, bounded) goes to a backend chosen by the pool; the answer streams
  * back as it arrives (SSE included: nothing is buffered), and a client that
  * goes away aborts the upstream request, so the backend cancels it. A
- * backend that cannot be reached, or answers 5xx before anything was sent
- * to the client, counts as a failure and the request is tried on another
- * backend (at most `retries` more times); once bytes have gone out it is
- * never retried.
+ * backend that cannot be reached (or drops the connection before
+ * answering), or answers 5xx before anything was sent to the client, counts
+ * as a failure and the request is tried on another backend (at most
+ * `retries` more times); once bytes have gone out it is never retried. A
+ * request that runs past timeout_s once sent is the request's own doing:
+ * 504, no retry, and no failure counted toward the breaker. Answers go to
+ * the client chunked (keep-alive; http_guard.h).
  *
  * Scale from zero: while no backend is known at all, a request is held for
  * up to hold_s (at most hold_max at once; beyond that 503 with
@@ -36,6 +39,8 @@ typedef struct rt_proxy {
     int hold_max;              /* at most this many held at once; beyond, 503 + Retry-After */
     int held;                  /* requests being held now */
     unsigned long long held_total;
+    double body_timeout_s;     /* a request body must arrive within this, in all */
+    int active;                /* requests in the handler now (the drain waits for 0) */
 } rt_proxy;
 
 /* The civetweb handler for the proxied routes (cbdata: rt_proxy *). */

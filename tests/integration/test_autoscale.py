@@ -57,14 +57,13 @@ def load(c, stop, n=8):
     return th
 
 
-def router_ready(ip):
-    """The router's /readyz status: 503 while it knows no backend."""
+def router_backends(ip):
+    """The backends the router knows (its llm_router_backends gauge)."""
     try:
-        return urllib.request.urlopen(f"http://{ip}:8000/readyz", timeout=5).status
-    except urllib.error.HTTPError as e:
-        return e.code
+        text = urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=5).read().decode()
     except OSError:
         return None
+    return next(int(float(l.split()[1])) for l in text.splitlines() if l.startswith("llm_router_backends "))
 
 
 def replicas(c):
@@ -199,7 +198,9 @@ def test_scale_to_zero_and_wake_once_per_burst(tmp_path, models):
         # the router learns of the gone pod from its own EndpointSlice watch,
         # a moment after the Endpoints the test reads; until then it would
         # still send the burst to the draining pod (which answers: no wait)
-        wait_for(lambda: router_ready(router) == 503, 30)
+        wait_for(lambda: router_backends(router) == 0, 30)
+        # scaling from zero, it stays ready: it holds requests until a pod is up
+        assert urllib.request.urlopen(f"http://{router}:8000/readyz", timeout=5).status == 200
         ready = c.cond("Ready")
         assert ready["status"] == "True" and ready["reason"] == "ScaledToZero", ready
         oa = openai.OpenAI(base_url=f"http://{router}:8000/v1", api_key="none", max_retries=0, timeout=90)

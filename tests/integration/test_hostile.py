@@ -299,3 +299,71 @@ def test_thousand_idle_keepalive_connections(model):
             c.close()
     finally:
         assert srv.stop() == 0
+
+
+# ---- llm-router ---------------------------------------------------------------
+
+def router(*args):
+    from test_router import Router
+    return Router(*args)
+
+
+def test_router_keeps_alive_and_drains(big):
+    """Through the router: one client connection serves whole and streamed
+    answers (chunked, keep-alive). On SIGTERM /readyz fails at once while
+    requests are still served for the shutdown delay; a stream running
+    then finishes whole (the drain), and the router exits 0."""
+    backend = Server(big, "--threads", 1)
+    r = router("--backend", backend.base, "--shutdown-delay-s", 2, "--drain-timeout-s", 60)
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", r.port, timeout=30)
+        ports = set()
+        for body in ({"prompt": "Once", "max_tokens": 4}, {"prompt": "Once", "max_tokens": 4, "stream": True},
+                     {"prompt": 7}, {"prompt": "Once", "max_tokens": 3}):
+            c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+            resp = c.getresponse()
+            text = resp.read()
+            assert resp.getheader("Connection") == "keep-alive", (body, resp.status, text[:200])
+            assert resp.status == (400 if body["prompt"] == 7 else 200)
+            assert not body.get("stream") or text.endswith(b"data: [DONE]\n\n")
+            ports.add(c.sock.getsockname()[1])
+        assert len(ports) == 1
+        long = {"prompt": "Once", "max_tokens": 300, "stream": True, "ignore_eos": True}
+        s = http.client.HTTPConnection("127.0.0.1", r.port, timeout=60)
+        s.request("POST", "/v1/completions", body=json.dumps(long), headers={"Content-Type": "application/json"})
+        sresp = s.getresponse()
+        first = sresp.read(6)  # the stream is under way
+        assert first == b"data: "
+        r.proc.send_signal(15)
+        wait_for(lambda: r.code("/readyz") == 503, timeout=10, what="router not ready after SIGTERM")
+        assert r.post({"prompt": "Once", "max_tokens": 2})[0] == 200  # still served during the delay
+        rest = sresp.read()
+        assert rest.count(b"data: ") >= 300 and rest.endswith(b"data: [DONE]\n\n"), rest[-200:]
+        assert r.proc.wait(30) == 0
+        log = r.proc.stderr.read()
+        assert "draining: 1 requests in flight" in log, log  # the stream outlived the delay: the drain carried it
+    finally:
+        r.proc.kill()
+        r.proc.wait()
+        assert backend.stop() == 0
+
+
+def test_router_does_not_retry_or_eject_on_a_request_timeout(model):
+    """A request that runs past the router's --timeout-s is the request's
+    own doing: 504 once, no retry on the other backend, and no breaker
+    failure counted (both backends stay up)."""
+    a, b = Server(model, "--fault_delay_ms", 3000), Server(model, "--fault_delay_ms", 3000)
+    r = router("--backend", a.base, "--backend", b.base, "--timeout-s", 1, "--eject-after", 1)
+    try:
+        code, body, _ = r.post({"prompt": "Once", "max_tokens": 2})
+        assert code == 504 and "timeout" in body["error"]["message"]
+        m = r.metrics()
+        tried = sum(v for (n, lab), v in m.items() if n == "llm_router_requests_total")
+        failures = sum(v for (n, lab), v in m.items() if n == "llm_router_backend_failures_total")
+        up = [v for (n, lab), v in m.items() if n == "llm_router_backend_up"]
+        print(f"a 1 s request timeout: {tried:.0f} attempt(s), {failures:.0f} breaker failures, backends up {up}")
+        assert tried == 1 and failures == 0 and up == [1.0, 1.0]
+    finally:
+        r.stop()
+        a.stop()
+        b.stop()
