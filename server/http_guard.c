@@ -12,18 +12,19 @@
  * A body is another matter: civetweb's mg_read fills the buffer it is
  * given, so a client sending a byte every second keeps one call going for
  * hours. A handler arms a deadline for such a phase; a watchdog thread
- * finds the connection's socket when the deadline passes and shuts it,
- * which ends the read. civetweb hands out no descriptor, so the watchdog
- * scans the process's descriptors for the one whose two addresses are the
- * connection's (known once its headers are in). civetweb calls
- * connection_close, which takes mu, before it closes a socket: while the
- * watchdog holds mu no socket it sees can close and its number be reused,
- * so it never shuts another's. Scans happen only when a deadline passed. */
+ * shuts the connection's socket when it passes, which ends the read.
+ * civetweb hands out no descriptor: the handler's thread finds it once per
+ * connection among the process's descriptors by its two addresses (known
+ * once the headers are in; sock_of). An armed record is unlinked in
+ * connection_close, which takes mu and runs before civetweb closes the
+ * socket, so the watchdog (under mu) never shuts a reused number. The same
+ * descriptor tells a handler whether its client has gone (client_gone). */
 #include "http_guard.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,8 +39,7 @@ typedef struct guard_conn {
     int body_read;    /* the current request's body was read whole */
     double deadline;  /* CLOCK_MONOTONIC seconds, while armed */
     int shut;         /* the watchdog shut its socket */
-    char addr[48];    /* the client's address and port, our port: finds the socket */
-    int port, server_port;
+    int fd, fd_known; /* the socket (sock_of), once looked up; -1: not found */
 } guard_conn;
 
 enum { GUARD_RESERVE = 32, WATCH_MS = 100 };
@@ -122,53 +122,66 @@ static int on_begin(struct mg_connection *c)
     return 503;
 }
 
-/* ---- the watchdog ------------------------------------------------------------- */
+/* ---- the connection's socket ------------------------------------------------------ */
 
-/* The expired, not yet shut armed connection whose addresses are those of
- * socket fd, or NULL. Under mu. */
-static guard_conn *expired_for(http_guard *g, int fd, double now)
+/* Whether socket fd connects the client addr:port to our port sport. */
+static int sock_is(int fd, const char *addr, int port, int sport)
 {
     struct sockaddr_storage peer, self;
     socklen_t pl = sizeof peer, sl = sizeof self;
     if (getpeername(fd, (struct sockaddr *)&peer, &pl) || getsockname(fd, (struct sockaddr *)&self, &sl))
-        return NULL; /* not a connected socket */
-    char addr[INET6_ADDRSTRLEN] = "";
-    int port, sport;
+        return 0; /* not a connected socket */
+    char a[INET6_ADDRSTRLEN] = "";
+    int p, sp;
     if (peer.ss_family == AF_INET && self.ss_family == AF_INET) {
-        inet_ntop(AF_INET, &((struct sockaddr_in *)&peer)->sin_addr, addr, sizeof addr);
-        port = ntohs(((struct sockaddr_in *)&peer)->sin_port);
-        sport = ntohs(((struct sockaddr_in *)&self)->sin_port);
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&peer)->sin_addr, a, sizeof a);
+        p = ntohs(((struct sockaddr_in *)&peer)->sin_port);
+        sp = ntohs(((struct sockaddr_in *)&self)->sin_port);
     } else if (peer.ss_family == AF_INET6 && self.ss_family == AF_INET6) {
-        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&peer)->sin6_addr, addr, sizeof addr);
-        port = ntohs(((struct sockaddr_in6 *)&peer)->sin6_port);
-        sport = ntohs(((struct sockaddr_in6 *)&self)->sin6_port);
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&peer)->sin6_addr, a, sizeof a);
+        p = ntohs(((struct sockaddr_in6 *)&peer)->sin6_port);
+        sp = ntohs(((struct sockaddr_in6 *)&self)->sin6_port);
     } else {
-        return NULL;
+        return 0;
     }
-    for (guard_conn *k = g->armed.next; k != &g->armed; k = k->next)
-        if (!k->shut && k->deadline < now && k->port == port && k->server_port == sport && !strcmp(k->addr, addr))
-            return k;
-    return NULL;
+    return p == port && sp == sport && !strcmp(a, addr);
 }
 
-/* Shuts the sockets of the armed connections past their deadlines. Under mu. */
-static void shut_expired(http_guard *g, double now)
+/* The descriptor of c's socket, looked up once per connection (civetweb
+ * does not hand it out): the one whose addresses are the request's. Called
+ * by the handler's thread: civetweb closes the socket only after the
+ * handler returns, and no other socket can have its two addresses, so the
+ * scan needs no lock. -1 when not found. */
+static int sock_of(struct mg_connection *c, guard_conn *k)
 {
-    int any = 0;
-    for (guard_conn *k = g->armed.next; k != &g->armed && !any; k = k->next)
-        any = !k->shut && k->deadline < now;
-    DIR *d = any ? opendir("/proc/self/fd") : NULL;
-    for (struct dirent *e; d && (e = readdir(d));) {
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    if (k->fd_known)
+        return k->fd;
+    k->fd_known = 1;
+    k->fd = -1;
+    DIR *d = ri ? opendir("/proc/self/fd") : NULL;
+    for (struct dirent *e; d && k->fd < 0 && (e = readdir(d));) {
         char *end;
         long fd = strtol(e->d_name, &end, 10);
-        guard_conn *k = *end || fd < 0 || fd == dirfd(d) ? NULL : expired_for(g, (int)fd, now);
-        if (k && !shutdown((int)fd, SHUT_RDWR)) {
-            k->shut = 1;
-            g->stats.cut++;
-        }
+        if (!*end && fd >= 0 && fd != dirfd(d) && sock_is((int)fd, ri->remote_addr, ri->remote_port, ri->server_port))
+            k->fd = (int)fd;
     }
     if (d)
         closedir(d);
+    return k->fd;
+}
+
+/* ---- the watchdog ------------------------------------------------------------- */
+
+/* Shuts the sockets of the armed connections past their deadlines. Under
+ * mu: an armed connection's socket stays open until on_close, which takes mu. */
+static void shut_expired(http_guard *g, double now)
+{
+    for (guard_conn *k = g->armed.next; k != &g->armed; k = k->next)
+        if (!k->shut && k->deadline < now && k->fd >= 0 && !shutdown(k->fd, SHUT_RDWR)) {
+            k->shut = 1;
+            g->stats.cut++;
+        }
 }
 
 static void *watch(void *arg)
@@ -332,14 +345,10 @@ void http_guard_arm(struct mg_connection *c, double seconds)
 {
     http_guard *g = guard_of(c);
     guard_conn *k = rec_of(c);
-    const struct mg_request_info *ri = mg_get_request_info(c);
-    if (!k || !ri)
-        return;
+    if (!k || sock_of(c, k) < 0)
+        return; /* not found: civetweb's per-read timeout is all there is */
     pthread_mutex_lock(&g->mu);
     if (!k->next) {
-        snprintf(k->addr, sizeof k->addr, "%s", ri->remote_addr);
-        k->port = ri->remote_port;
-        k->server_port = ri->server_port;
         k->next = g->armed.next;
         k->prev = &g->armed;
         g->armed.next->prev = k;
@@ -362,4 +371,17 @@ void http_guard_disarm(struct mg_connection *c)
         k->next = k->prev = NULL;
     }
     pthread_mutex_unlock(&g->mu);
+}
+
+int http_guard_client_gone(struct mg_connection *c)
+{
+    guard_conn *k = rec_of(c);
+    int fd = k ? sock_of(c, k) : -1;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (fd < 0 || poll(&p, 1, 0) <= 0)
+        return 0;
+    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP))
+        return 1;
+    char b; /* readable: a pipelined request (not gone), or the end of the stream */
+    return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }

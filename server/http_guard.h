@@ -77,5 +77,9 @@ void http_guard_discard(struct mg_connection *c, long long max, double seconds);
  * it. For a handler, about its connection. */
 void http_guard_arm(struct mg_connection *c, double seconds);
 void http_guard_disarm(struct mg_connection *c);
+/* 1 when the client has closed its connection (a handler's check while it
+ * computes an answer without writing: a non-streamed completion); 0 while
+ * it is open or cannot be told. Never blocks. */
+int http_guard_client_gone(struct mg_connection *c);
 
 #endif

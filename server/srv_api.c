@@ -302,6 +302,24 @@ static int parse_messages(int tmpl, json_t *o, srv_completion *c, srv_err *e)
     return rc;
 }
 
+/* A whole answer is built in memory before it is sent: refuse one whose
+ * size could pass max_answer_bytes, from the request alone (per token:
+ * its text, escaped, about 32 bytes; each logprob entry with its bytes
+ * array about 96). max_tokens unset means up to the context. */
+static int answer_too_big(const srv *s, const srv_completion *c, srv_err *e)
+{
+    double tokens = c->rq.max_tokens ? c->rq.max_tokens : s->cfg.n_ctx ? s->cfg.n_ctx : 4096;
+    double per = 32 + (c->n_logprobs >= 0 ? 96.0 * (1 + c->n_logprobs) : 0);
+    double est = (c->rq.n > 0 ? c->rq.n : 1) * tokens * per;
+    if (est <= (double)s->cfg.max_answer_bytes)
+        return 0;
+    srv_err_set(e, 400, c->n_logprobs > 0 ? "top_logprobs" : c->rq.n > 1 ? "n" : "max_tokens",
+                "a whole answer of n %d x %.0f tokens%s could reach %.0f MiB, over max_answer_bytes (%.0f MiB): "
+                "lower n, max_tokens or the logprobs, or stream it", c->rq.n > 0 ? c->rq.n : 1, tokens,
+                c->n_logprobs >= 0 ? " with logprobs" : "", est / 1048576, (double)s->cfg.max_answer_bytes / 1048576);
+    return 1;
+}
+
 static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
 {
     json_t *m = json_object_get(o, "model");
@@ -349,6 +367,8 @@ static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
     }
     c->rq.max_tokens = (int)max_tokens;
     c->n_logprobs = (int)logprobs;
+    if (!c->stream && answer_too_big(s, c, e))
+        return -1;
     if (logprobs >= 0) {
         c->rq.sampling.logprobs = 1;
         c->rq.sampling.n_logprobs = (int)logprobs;

@@ -54,6 +54,8 @@ static const key_def keys[] = {
     {"kv_cache_mb", K_INT, F(kv_cache_mb), 0, 1 << 30, "0", "KV cache size in MiB (0: kv_cache_fraction of free memory)"},
     {"kv_cache_fraction", K_REAL, F(kv_cache_fraction), 0.001, 1, "0.25", "share of free memory for the KV cache"},
     {"max_body_bytes", K_INT, F(max_body_bytes), 1024, 1 << 30, "1048576", "largest request body (413 above)"},
+    {"max_answer_bytes", K_INT, F(max_answer_bytes), 1 << 20, 1L << 30, "67108864",
+     "largest whole (non-streamed) answer a request may ask for: n x tokens x logprobs, estimated (400 above)"},
     {"shutdown_delay_s", K_INT, F(shutdown_delay_s), 0, 3600, "0",
      "on SIGTERM, keep taking requests this long while /readyz fails (load balancers drop the pod first)"},
     {"drain_timeout_s", K_INT, F(drain_timeout_s), 0, 86400, "30", "on SIGTERM, time for requests in flight"},

@@ -34,6 +34,7 @@ typedef struct srv_config {
     long kv_cache_mb;       /* 0: kv_cache_fraction of free memory */
     double kv_cache_fraction;
     long max_body_bytes;
+    long max_answer_bytes;  /* a whole answer's estimated size (srv_api.c) */
     long shutdown_delay_s;  /* SIGTERM: keep serving while endpoints drop this pod */
     long drain_timeout_s;   /* SIGTERM: how long requests in flight may finish */
     long request_timeout_s; /* a request running longer ends with an error */

@@ -356,7 +356,16 @@ static int run_events(run *r, srv_err *e)
     double deadline = r->t_start + (double)r->s->cfg.request_timeout_s;
     while (r->n_done < r->cp->rq.n) {
         llm_event ev;
-        llm_status st = llm_engine_next(r->eng, r->id, &ev, 1000);
+        /* a whole answer writes nothing until the end: a client that left is
+         * seen by looking, at each token and at least every 100 ms */
+        llm_status st = llm_engine_next(r->eng, r->id, &ev, r->cp->stream ? 1000 : 100);
+        if (!r->cp->stream && (st == LLM_OK || st == LLM_ERR_TIMEOUT) && http_guard_client_gone(r->c)) {
+            if (st == LLM_OK)
+                llm_event_clear(&ev);
+            llm_engine_cancel(r->eng, r->id);
+            srv_metrics_finished(&r->s->metrics, 2);
+            return 499;
+        }
         if (st == LLM_OK && now_s() > deadline) { /* events keep coming, but time is up */
             llm_event_clear(&ev);
             st = LLM_ERR_TIMEOUT;

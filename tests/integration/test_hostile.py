@@ -367,3 +367,50 @@ def test_router_does_not_retry_or_eject_on_a_request_timeout(model):
         r.stop()
         a.stop()
         b.stop()
+
+
+# ---- answers: size and abandoned requests -----------------------------------------
+
+def test_huge_whole_answer_refused(model):
+    """n 16 x top_logprobs 20 x the whole context, not streamed, could build
+    hundreds of MB of JSON: 400 naming the field; streamed it is fine (the
+    answer goes out as it is made), and so is a modest whole one."""
+    srv = Server(model)
+    try:
+        huge = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "n": 16, "logprobs": True,
+                "top_logprobs": 20, "ignore_eos": True}
+        st, body, _ = srv.post("/v1/chat/completions", huge)
+        assert st == 400 and body["error"]["param"] == "top_logprobs" and "max_answer_bytes" in body["error"]["message"]
+        st, text, _ = srv.request("POST", "/v1/chat/completions", {**huge, "stream": True, "max_tokens": 8})
+        assert st == 200 and text.endswith("data: [DONE]\n\n")
+        st, body, _ = srv.post("/v1/chat/completions", {**huge, "n": 2, "top_logprobs": 2, "max_tokens": 8})
+        assert st == 200 and len(body["choices"]) == 2
+    finally:
+        assert srv.stop() == 0
+
+
+def test_client_gone_cancels_a_whole_request(big):
+    """A non-streamed request whose client leaves is cancelled at once (it
+    used to run to the end: nothing is written until then)."""
+    hp = free_port()
+    srv = Server(big, "--health_port", hp, "--threads", 1)
+    try:
+        def running():
+            return health_metrics(hp).get("vllm:num_requests_running", 0)
+        body = json.dumps({"prompt": "Once", "max_tokens": 400, "ignore_eos": True})
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+        wait_for(lambda: running() == 1, timeout=30, what="the request running")
+        t = time.time()
+        s.close()
+        wait_for(lambda: running() == 0, timeout=30, what="the request cancelled")
+        ms = (time.time() - t) * 1e3
+        print(f"whole request cancelled {ms:.0f} ms after its client left")
+        assert ms < 2000
+        m = text_string_to_metric_families(srv.get("/metrics")[1])
+        abort = [s.value for f in m for s in f.samples
+                 if s.name == "llm_request_success_total" and s.labels.get("finished_reason") == "abort"]
+        assert abort == [1.0], abort
+    finally:
+        assert srv.stop() == 0
