@@ -2,22 +2,51 @@
  * renderer appends turns to a growing buffer; the formats follow the
  * templates these families ship in their GGUF files. */
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "llm/chat.h"
 #include "llm/strbuf.h"
 
-static void cat(llm_strbuf *b, const char *s)
+/* The text being rendered and where its message contents lie. */
+typedef struct chat_out {
+    llm_strbuf b;
+    llm_span *sp;
+    int n, cap;
+    int oom;
+} chat_out;
+
+static void cat(chat_out *o, const char *s)
 {
-    llm_strbuf_append(b, s, strlen(s)); /* a failure is remembered: checked once at the end */
+    llm_strbuf_append(&o->b, s, strlen(s)); /* a failure is remembered: checked once at the end */
 }
 
-static void cats(llm_strbuf *b, int n, ...)
+static void cats(chat_out *o, int n, ...)
 {
     va_list ap;
     va_start(ap, n);
-    for (int i = 0; i < n; i++) cat(b, va_arg(ap, const char *));
+    for (int i = 0; i < n; i++) cat(o, va_arg(ap, const char *));
     va_end(ap);
+}
+
+/* A message's own text (a client's: never markup), its span recorded. */
+static void content(chat_out *o, const char *s)
+{
+    size_t start = o->b.len;
+    cat(o, s);
+    if (o->b.len == start)
+        return;
+    if (o->n == o->cap) {
+        int cap = o->cap ? 2 * o->cap : 16;
+        llm_span *p = realloc(o->sp, sizeof *p * (size_t)cap);
+        if (!p) {
+            o->oom = 1;
+            return;
+        }
+        o->sp = p;
+        o->cap = cap;
+    }
+    o->sp[o->n++] = (llm_span){start, o->b.len};
 }
 
 llm_chat_template llm_chat_detect(const char *t, size_t len)
@@ -53,22 +82,29 @@ const char *llm_chat_name(llm_chat_template t)
 
 static int is(const llm_chat_msg *m, const char *role) { return !strcmp(m->role, role); }
 
-static void render_chatml(llm_strbuf *b, const llm_chat_msg *m, int n)
+static void render_chatml(chat_out *b, const llm_chat_msg *m, int n)
 {
-    for (int i = 0; i < n; i++) cats(b, 5, "<|im_start|>", m[i].role, "\n", m[i].content, "<|im_end|>\n");
+    for (int i = 0; i < n; i++) {
+        cats(b, 3, "<|im_start|>", m[i].role, "\n");
+        content(b, m[i].content);
+        cat(b, "<|im_end|>\n");
+    }
     cat(b, "<|im_start|>assistant\n");
 }
 
-static void render_llama3(llm_strbuf *b, const llm_chat_msg *m, int n)
+static void render_llama3(chat_out *b, const llm_chat_msg *m, int n)
 {
-    for (int i = 0; i < n; i++)
-        cats(b, 5, "<|start_header_id|>", m[i].role, "<|end_header_id|>\n\n", m[i].content, "<|eot_id|>");
+    for (int i = 0; i < n; i++) {
+        cats(b, 3, "<|start_header_id|>", m[i].role, "<|end_header_id|>\n\n");
+        content(b, m[i].content);
+        cat(b, "<|eot_id|>");
+    }
     cat(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 /* llama-2: the system prompt goes inside the first [INST] block. Mistral:
  * no system block, the system text leads the first user message. */
-static void render_inst(llm_strbuf *b, const llm_chat_msg *m, int n, int llama2)
+static void render_inst(chat_out *b, const llm_chat_msg *m, int n, int llama2)
 {
     const char *sys = NULL;
     int first = 1;
@@ -77,28 +113,36 @@ static void render_inst(llm_strbuf *b, const llm_chat_msg *m, int n, int llama2)
             sys = m[i].content;
         } else if (is(&m[i], "user")) {
             cat(b, first || !llama2 ? "[INST] " : "<s>[INST] "); /* llama-2 repeats BOS per turn */
-            if (sys && llama2)
-                cats(b, 3, "<<SYS>>\n", sys, "\n<</SYS>>\n\n");
-            else if (sys)
-                cats(b, 2, sys, "\n\n");
-            cats(b, 2, m[i].content, " [/INST]");
+            if (sys) {
+                cat(b, llama2 ? "<<SYS>>\n" : "");
+                content(b, sys);
+                cat(b, llama2 ? "\n<</SYS>>\n\n" : "\n\n");
+            }
+            content(b, m[i].content);
+            cat(b, " [/INST]");
             sys = NULL;
             first = 0;
         } else {
-            cats(b, 3, llama2 ? " " : "", m[i].content, llama2 ? " </s>" : "</s>");
+            cat(b, llama2 ? " " : "");
+            content(b, m[i].content);
+            cat(b, llama2 ? " </s>" : "</s>");
         }
     }
 }
 
-static void render_zephyr(llm_strbuf *b, const llm_chat_msg *m, int n)
+static void render_zephyr(chat_out *b, const llm_chat_msg *m, int n)
 {
-    for (int i = 0; i < n; i++) cats(b, 5, "<|", m[i].role, "|>\n", m[i].content, "</s>\n");
+    for (int i = 0; i < n; i++) {
+        cats(b, 3, "<|", m[i].role, "|>\n");
+        content(b, m[i].content);
+        cat(b, "</s>\n");
+    }
     cat(b, "<|assistant|>\n");
 }
 
 /* Gemma has user and model turns only: a system message leads the next
  * user turn. */
-static void render_gemma(llm_strbuf *b, const llm_chat_msg *m, int n)
+static void render_gemma(chat_out *b, const llm_chat_msg *m, int n)
 {
     const char *sys = NULL;
     for (int i = 0; i < n; i++) {
@@ -107,16 +151,22 @@ static void render_gemma(llm_strbuf *b, const llm_chat_msg *m, int n)
             continue;
         }
         cats(b, 3, "<start_of_turn>", is(&m[i], "assistant") ? "model" : "user", "\n");
-        if (sys && is(&m[i], "user"))
-            cats(b, 2, sys, "\n\n");
+        if (sys && is(&m[i], "user")) {
+            content(b, sys);
+            cat(b, "\n\n");
+        }
         sys = is(&m[i], "user") ? NULL : sys;
-        cats(b, 2, m[i].content, "<end_of_turn>\n");
+        content(b, m[i].content);
+        cat(b, "<end_of_turn>\n");
     }
     cat(b, "<start_of_turn>model\n");
 }
 
-char *llm_chat_render(llm_chat_template t, const llm_chat_msg *m, int n, llm_error *err)
+char *llm_chat_render_spans(llm_chat_template t, const llm_chat_msg *m, int n, llm_span **spans, int *n_spans,
+                           llm_error *err)
 {
+    *spans = NULL;
+    *n_spans = 0;
     if (n < 1) {
         llm_errf(err, LLM_ERR_INVALID_ARG, "messages: at least one message is needed");
         return NULL;
@@ -126,17 +176,32 @@ char *llm_chat_render(llm_chat_template t, const llm_chat_msg *m, int n, llm_err
             llm_errf(err, LLM_ERR_INVALID_ARG, "messages[%d]: role must be system, user or assistant, with content", i);
             return NULL;
         }
-    llm_strbuf b = {0};
+    chat_out o = {0};
     switch (t) {
-    case LLM_CHAT_LLAMA3: render_llama3(&b, m, n); break;
-    case LLM_CHAT_LLAMA2: render_inst(&b, m, n, 1); break;
-    case LLM_CHAT_MISTRAL: render_inst(&b, m, n, 0); break;
-    case LLM_CHAT_ZEPHYR: render_zephyr(&b, m, n); break;
-    case LLM_CHAT_GEMMA: render_gemma(&b, m, n); break;
-    default: render_chatml(&b, m, n); break;
+    case LLM_CHAT_LLAMA3: render_llama3(&o, m, n); break;
+    case LLM_CHAT_LLAMA2: render_inst(&o, m, n, 1); break;
+    case LLM_CHAT_MISTRAL: render_inst(&o, m, n, 0); break;
+    case LLM_CHAT_ZEPHYR: render_zephyr(&o, m, n); break;
+    case LLM_CHAT_GEMMA: render_gemma(&o, m, n); break;
+    default: render_chatml(&o, m, n); break;
     }
-    char *text = llm_strbuf_take(&b);
-    if (!text)
+    char *text = llm_strbuf_take(&o.b);
+    if (!text || o.oom) {
+        free(text);
+        free(o.sp);
         llm_errf(err, LLM_ERR_NOMEM, "chat template: no memory");
+        return NULL;
+    }
+    *spans = o.sp;
+    *n_spans = o.n;
+    return text;
+}
+
+char *llm_chat_render(llm_chat_template t, const llm_chat_msg *m, int n, llm_error *err)
+{
+    llm_span *sp;
+    int k;
+    char *text = llm_chat_render_spans(t, m, n, &sp, &k, err);
+    free(sp);
     return text;
 }

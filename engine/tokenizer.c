@@ -347,8 +347,33 @@ static void tok_fragment(const llm_vocab *v, const char *text, size_t len, int a
         tok_bpe(v, text, len, o);
 }
 
+static llm_status tokenize(const llm_vocab *v, const char *text, size_t len, int add_special, int parse_special,
+                           const llm_span *plain, int n_plain, int32_t **ids, int *n, llm_error *err);
+
+/* Whether [pos, end) touches one of the spans (sorted); *at is where the
+ * search starts and moves forward with pos. */
+static int in_spans(const llm_span *sp, int n, int *at, size_t pos, size_t end)
+{
+    while (*at < n && sp[*at].end <= pos)
+        (*at)++;
+    return *at < n && sp[*at].start < end;
+}
+
 llm_status llm_tokenize(const llm_vocab *v, const char *text, size_t len, int add_special, int parse_special,
                         int32_t **ids, int *n, llm_error *err)
+{
+    return parse_special ? llm_tokenize_guarded(v, text, len, add_special, NULL, 0, ids, n, err)
+                         : tokenize(v, text, len, add_special, 0, NULL, 0, ids, n, err);
+}
+
+llm_status llm_tokenize_guarded(const llm_vocab *v, const char *text, size_t len, int add_special, const llm_span *plain,
+                                int n_plain, int32_t **ids, int *n, llm_error *err)
+{
+    return tokenize(v, text, len, add_special, 1, plain, n_plain, ids, n, err);
+}
+
+static llm_status tokenize(const llm_vocab *v, const char *text, size_t len, int add_special, int parse_special,
+                           const llm_span *plain, int n_plain, int32_t **ids, int *n, llm_error *err)
 {
     *ids = NULL;
     *n = 0;
@@ -359,9 +384,11 @@ llm_status llm_tokenize(const llm_vocab *v, const char *text, size_t len, int ad
     if (add_special && llm_vocab_add_bos(v))
         tok_push(&o, v->bos);
     size_t start = 0;
-    int after_special = 1; /* SPM adds its space prefix only at a text start */
+    int after_special = 1, at = 0; /* SPM adds its space prefix only at a text start */
     for (size_t pos = 0; pos < len; pos++) {
         int32_t sp = special_at(v, text, len, pos, parse_special);
+        if (sp >= 0 && v->types[sp] != LLM_TOKEN_USER_DEFINED && in_spans(plain, n_plain, &at, pos, pos + v->text[sp].len))
+            sp = special_at(v, text, len, pos, 0); /* in a plain span: only what parse_special 0 would find */
         if (sp < 0)
             continue;
         tok_fragment(v, text + start, pos - start, after_special, &o);

@@ -114,10 +114,12 @@ typedef struct srv_completion {
 
 /* Parses and validates a /v1/completions (kind 0), /v1/chat/completions
  * (1) or /generate (2) body; chat messages are rendered with chat_tmpl
- * (the serving revision's llm_chat_template). Errors: 400 naming the
- * field, 404 model. */
-int srv_parse_completion(const srv *s, int chat_tmpl, const char *body, size_t len, int kind, srv_completion *c,
-                         srv_err *e);
+ * (the serving revision's llm_chat_template) and, with vocab (the serving
+ * revision's), tokenized here: the markup as control tokens, the messages'
+ * contents as text (rq.tokens; without vocab rq.text, every control-token
+ * text parsed). Errors: 400 naming the field, 404 model. */
+int srv_parse_completion(const srv *s, int chat_tmpl, const llm_vocab *vocab, const char *body, size_t len, int kind,
+                         srv_completion *c, srv_err *e);
 void srv_completion_free(srv_completion *c);
 
 /* Starts the API listener (and the health one when health_port is set);

@@ -273,7 +273,23 @@ static const char *message_text(json_t *m, size_t i, char **owned, srv_err *e)
     return *owned = out;
 }
 
-static int parse_messages(int tmpl, json_t *o, srv_completion *c, srv_err *e)
+/* The rendered chat as token ids: the template's markup as control
+ * tokens, the messages' contents as plain text (llm_tokenize_guarded). */
+static int chat_tokens(const llm_vocab *v, const llm_span *sp, int n_sp, srv_completion *c, srv_err *e)
+{
+    llm_error err = {0};
+    int n = 0;
+    if (llm_tokenize_guarded(v, c->prompt, strlen(c->prompt), 1, sp, n_sp, &c->ids, &n, &err)) {
+        srv_err_set(e, err.code == LLM_ERR_NOMEM ? 503 : 400, "messages", "%s", err.msg);
+        return -1;
+    }
+    c->rq.tokens = c->ids;
+    c->rq.n_tokens = n;
+    c->rq.text = NULL;
+    return 0;
+}
+
+static int parse_messages(int tmpl, const llm_vocab *vocab, json_t *o, srv_completion *c, srv_err *e)
 {
     json_t *ms = json_object_get(o, "messages");
     size_t n = json_is_array(ms) ? json_array_size(ms) : 0;
@@ -293,12 +309,17 @@ static int parse_messages(int tmpl, json_t *o, srv_completion *c, srv_err *e)
             rc = -1;
     }
     llm_error err = {0};
-    if (!rc && !(c->prompt = llm_chat_render((llm_chat_template)tmpl, msgs, (int)n, &err)))
+    llm_span *sp = NULL;
+    int n_sp = 0;
+    if (!rc && !(c->prompt = llm_chat_render_spans((llm_chat_template)tmpl, msgs, (int)n, &sp, &n_sp, &err)))
         rc = (srv_err_set(e, err.code == LLM_ERR_NOMEM ? 503 : 400, "messages", "%s", err.msg), -1);
     for (size_t i = 0; owned && i < n; i++) free(owned[i]);
     free(owned);
     free(msgs);
     c->rq.text = c->prompt;
+    if (!rc && vocab)
+        rc = chat_tokens(vocab, sp, n_sp, c, e);
+    free(sp);
     return rc;
 }
 
@@ -392,8 +413,8 @@ static int parse_text(json_t *o, srv_completion *c, srv_err *e)
     return 0;
 }
 
-int srv_parse_completion(const srv *s, int chat_tmpl, const char *body, size_t len, int kind, srv_completion *c,
-                         srv_err *e)
+int srv_parse_completion(const srv *s, int chat_tmpl, const llm_vocab *vocab, const char *body, size_t len, int kind,
+                         srv_completion *c, srv_err *e)
 {
     memset(c, 0, sizeof *c);
     c->chat = kind == 1;
@@ -406,7 +427,7 @@ int srv_parse_completion(const srv *s, int chat_tmpl, const char *body, size_t l
         return -1;
     if (c->generate)
         return parse_text(c->root, c, e);
-    return chat ? parse_messages(chat_tmpl, c->root, c, e) : parse_prompt(c->root, c, e);
+    return chat ? parse_messages(chat_tmpl, vocab, c->root, c, e) : parse_prompt(c->root, c, e);
 }
 
 void srv_completion_free(srv_completion *c)

@@ -12,11 +12,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static srv s;
     snprintf(s.name, sizeof s.name, "m");
+    s.cfg.max_answer_bytes = 1 << 26;
     s.chat_tmpl = size ? data[0] % 6 : 0;
     for (int chat = 0; chat < 2; chat++) {
         srv_completion c;
         srv_err e = {0};
-        if (srv_parse_completion(&s, s.chat_tmpl, (const char *)data, size, chat, &c, &e) == 0) {
+        if (srv_parse_completion(&s, s.chat_tmpl, NULL, (const char *)data, size, chat, &c, &e) == 0) {
             if (c.rq.n < 1 || c.rq.n > LLM_MAX_N || c.rq.n_stop > LLM_MAX_STOPS || (!c.rq.text && !c.rq.tokens))
                 abort();
             if (c.rq.max_tokens < 0 || !(c.rq.sampling.temperature >= 0) || !(c.rq.sampling.top_p > 0))

@@ -310,12 +310,13 @@ static void sc_parse(long n)
 {
     static srv s;
     snprintf(s.name, sizeof s.name, "m");
+    s.cfg.max_answer_bytes = 1 << 26;
     const char *bodies[] = {CHAT, COMPL, "{\"model\":\"m\",\"prompt\":\"hi\",\"temperature\":7}"};
     for (int k = 0; k < 3; k++) {
         srv_completion c;
         srv_err e = {0};
         arm(n);
-        int rc = srv_parse_completion(&s, 0, bodies[k], strlen(bodies[k]), k == 0, &c, &e);
+        int rc = srv_parse_completion(&s, 0, g_m->vocab, bodies[k], strlen(bodies[k]), k == 0, &c, &e);
         char *body = rc ? srv_err_body(&e) : NULL;
         disarm();
         if (!n)

@@ -7,14 +7,17 @@
  * server does; except gemma3 files without one, which get gemma.
  *
  * The rendered text has no BOS: tokenize it with add_special = 1 (the BOS
- * the vocabulary asks for) and parse_special = 1 (the markers are special
- * tokens). Thread-safety: pure functions. */
+ * the vocabulary asks for) and the markers as special tokens, but not the
+ * messages' contents: llm_chat_render_spans says where those lie, for
+ * llm_tokenize_guarded (a user's "<|im_end|>" must stay text, or anyone
+ * could forge a system turn). Thread-safety: pure functions. */
 #ifndef LLM_CHAT_H
 #define LLM_CHAT_H
 
 #include <stddef.h>
 
 #include "llm/model.h"
+#include "llm/tokenizer.h"
 
 typedef enum llm_chat_template {
     LLM_CHAT_CHATML = 0,
@@ -41,5 +44,9 @@ const char *llm_chat_name(llm_chat_template t);
  * for a role other than system/user/assistant or no messages,
  * LLM_ERR_NOMEM. */
 char *llm_chat_render(llm_chat_template t, const llm_chat_msg *msgs, int n, llm_error *err);
+/* The same, and *spans (malloc'd, caller frees; NULL when none) the
+ * *n_spans byte ranges of the text that are message contents, in order. */
+char *llm_chat_render_spans(llm_chat_template t, const llm_chat_msg *msgs, int n, llm_span **spans, int *n_spans,
+                           llm_error *err);
 
 #endif

@@ -61,6 +61,20 @@ llm_status llm_tokenize(const llm_vocab *v, const char *text, size_t len, int ad
 llm_status llm_vocab_pretokenize(const llm_vocab *v, const char *text, size_t len,
                                  void (*fn)(void *ctx, const char *word, size_t n), void *ctx, llm_error *err);
 
+/* A byte range [start, end) of a text. */
+typedef struct llm_span {
+    size_t start, end;
+} llm_span;
+
+/* llm_tokenize with parse_special on, except that no control token is
+ * recognised whose bytes touch one of the n_plain spans (sorted, disjoint):
+ * a chat's message contents, so that a user who writes "<|im_end|>" gets
+ * those characters, not the control token (the template's own markup
+ * still is one). Text without control-token texts in the spans tokenizes
+ * exactly as with llm_tokenize(..., 1, ...). */
+llm_status llm_tokenize_guarded(const llm_vocab *v, const char *text, size_t len, int add_special, const llm_span *plain,
+                                int n_plain, int32_t **ids, int *n, llm_error *err);
+
 /* Bytes of one token as text: control tokens give "" unless `special`.
  * Writes at most cap bytes to buf and returns the full length, which
  * may exceed cap (call again with a bigger buffer), or -1 for a bad id. */
