@@ -59,7 +59,7 @@ all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(ORACLE_BIN) $(BUILD)/bin/llm-server $(BUIL
 $(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $(ROUTER_OBJ) $(LIB) -lcivetweb -lcurl -ljansson -lyaml $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(ROUTER_OBJ) $(LIB) -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
 $(BUILD)/bin/llm-controller: $(CONTROLLER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)

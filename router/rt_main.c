@@ -56,7 +56,8 @@ struct router {
     kube_config cfg;
     int n_disc;
     disc d[2];
-    const char *admin_token;
+    const char *admin_token;             /* --admin-token-file, LLM_ROUTER_ADMIN_TOKEN or --admin-token */
+    char admin_buf[256];
     char weight_ns[254], weight_cm[254]; /* --weight-configmap */
     http_guard *http;
     int draining;                        /* SIGTERM came: /readyz fails */
@@ -301,12 +302,11 @@ static int h_admin(struct mg_connection *c, void *cb)
 {
     router *r = cb;
     const char *auth = mg_get_header(c, "Authorization");
-    char want[600], body[256] = "";
-    snprintf(want, sizeof want, "Bearer %s", r->admin_token ? r->admin_token : "");
+    char body[256] = "";
     int n = mg_read(c, body, sizeof body - 1);
     body[n > 0 ? n : 0] = 0;
     json_t *j = json_loads(body, 0, NULL), *w = json_object_get(j, "weight");
-    int code = !r->admin_token ? 404 : !auth || strcmp(auth, want) ? 401
+    int code = !r->admin_token ? 404 : !http_guard_bearer_ok(auth, r->admin_token) ? 401
                : strcmp(mg_get_request_info(c)->request_method, "POST") ? 405
                : !json_is_integer(w) || json_integer_value(w) < 0 || json_integer_value(w) > 100 ? 400 : 200;
     if (code == 200) {
@@ -353,7 +353,8 @@ static int usage(void)
 {
     fprintf(stderr, "usage: llm-router [--host H] [--port 8000] (--backend URL ... | --service NS/NAME [--kubeconfig F])\n"
                     "                  [--canary-backend URL ... | --canary-service NS/NAME] [--canary-weight 0..100]\n"
-                    "                  [--admin-token T] [--weight-configmap NS/NAME]  (canaryWeight key)\n"
+                    "                  [--admin-token-file F] [--weight-configmap NS/NAME]  (canaryWeight key)\n"
+                    "                  (or LLM_ROUTER_ADMIN_TOKEN; --admin-token T works but shows in ps)\n"
                     "                  [--policy least-loaded|round-robin] [--affinity-header NAME] [--affinity-user]\n"
                     "                  [--retries 2] [--eject-after 3] [--eject-seconds 10] [--poll-ms 500]\n"
                     "                  [--max-body-bytes 1048576] [--timeout-s 600] [--max-connections 512]\n"
@@ -402,6 +403,8 @@ int main(int argc, char **argv)
             weight = (int)x;
         else if (!strcmp(a, "--admin-token") && *v)
             r.admin_token = v;
+        else if (!strcmp(a, "--admin-token-file") && !http_guard_token_file(v, r.admin_buf, sizeof r.admin_buf))
+            r.admin_token = r.admin_buf;
         else if (!strcmp(a, "--weight-configmap") && strchr(v, '/') && strchr(v, '/') != v && strchr(v, '/')[1] &&
                  strlen(v) < sizeof r.weight_ns) {
             snprintf(r.weight_ns, sizeof r.weight_ns, "%.*s", (int)(strchr(v, '/') - v), v);
@@ -445,6 +448,8 @@ int main(int argc, char **argv)
         else
             return usage();
     }
+    if (!r.admin_token && getenv("LLM_ROUTER_ADMIN_TOKEN") && *getenv("LLM_ROUTER_ADMIN_TOKEN"))
+        r.admin_token = getenv("LLM_ROUTER_ADMIN_TOKEN");
     if ((nb > 0) == (services[0] != NULL) || (nc > 0 && services[1]) || (nb && services[1]) || (nc && services[0]))
         return usage();
     for (int k = 0; k < 2; k++) {

@@ -24,6 +24,8 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -384,4 +386,35 @@ int http_guard_client_gone(struct mg_connection *c)
         return 1;
     char b; /* readable: a pipelined request (not gone), or the end of the stream */
     return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+int http_guard_bearer_ok(const char *authorization, const char *token)
+{
+    unsigned char a[32], b[32];
+    unsigned int na = 0, nb = 0;
+    if (!authorization || !token || strncmp(authorization, "Bearer ", 7))
+        return 0;
+    if (!EVP_Digest(authorization + 7, strlen(authorization + 7), a, &na, EVP_sha256(), NULL) ||
+        !EVP_Digest(token, strlen(token), b, &nb, EVP_sha256(), NULL) || na != 32 || nb != 32)
+        return 0;
+    return CRYPTO_memcmp(a, b, 32) == 0;
+}
+
+int http_guard_token_file(const char *path, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char line[1024];
+    int ok = fgets(line, sizeof line, f) != NULL;
+    fclose(f);
+    char *p = line, *end;
+    while (ok && (*p == ' ' || *p == '\t'))
+        p++;
+    for (end = p + (ok ? strlen(p) : 0); end > p && strchr(" \t\r\n", end[-1]); end--) {}
+    if (!ok || end == p || (size_t)(end - p) >= cap)
+        return -1;
+    memcpy(out, p, (size_t)(end - p));
+    out[end - p] = 0;
+    return 0;
 }

@@ -77,6 +77,15 @@ void http_guard_discard(struct mg_connection *c, long long max, double seconds);
  * it. For a handler, about its connection. */
 void http_guard_arm(struct mg_connection *c, double seconds);
 void http_guard_disarm(struct mg_connection *c);
+/* Whether an Authorization header value is "Bearer TOKEN" with token's
+ * text, compared in constant time (digests of both: neither the content
+ * nor the length leaks through timing). */
+int http_guard_bearer_ok(const char *authorization, const char *token);
+/* Reads a token from a file (a mounted Secret): its first line, without
+ * surrounding white space, into out; 0, or -1 when it cannot be read or is
+ * empty or longer than cap - 1. */
+int http_guard_token_file(const char *path, char *out, size_t cap);
+
 /* 1 when the client has closed its connection (a handler's check while it
  * computes an answer without writing: a non-streamed completion); 0 while
  * it is open or cannot be told. Never blocks. */

@@ -44,6 +44,7 @@ typedef struct srv_canary {
     int loader_started;        /* a loader thread to join */
     pthread_t loader;
     unsigned long gen;         /* bumped by each request: a stale load is dropped */
+    _Atomic int abort;         /* the load in progress should stop (unload, shutdown) */
 } srv_canary;
 
 typedef struct srv {
@@ -131,9 +132,10 @@ int srv_http_start(srv *s, llm_error *err);
  * with err naming the cause; nothing is left allocated on failure.
  *
  * The file's SHA-256 equals want (hex, any case); "" or NULL skips the
- * check. LLM_ERR_IO (cannot open/read), LLM_ERR_FORMAT (mismatch: both
- * digests in the message). */
-llm_status srv_load_verify_sha256(const char *path, const char *want, llm_error *err);
+ * check. LLM_ERR_IO (cannot open/read), LLM_ERR_FORMAT (mismatch: the file's
+ * digest goes to the log only), LLM_ERR_CANCELLED when *abort (may be
+ * NULL) turned nonzero meanwhile. */
+llm_status srv_load_verify_sha256(const char *path, const char *want, const _Atomic int *abort, llm_error *err);
 /* The configured backends (backend, tensor_parallel, device, threads) into
  * out; *n gets their count. Free them with srv_load_close_backends. */
 llm_status srv_load_backends(srv *s, llm_backend **out, int *n, llm_error *err);
@@ -148,7 +150,9 @@ llm_status srv_load_warm_up(llm_engine *e, llm_model *m, llm_error *err);
 
 /* Colocated canary (srv_canary.c). The controller (or an operator) asks
  * through POST /admin/canary {"model": PATH or null, "sha256": HEX,
- * "weight": 0..100} with the bearer admin_token: the model is loaded in the
+ * "weight": 0..100} with the bearer admin token (admin_token_file): PATH
+ * must resolve to a regular file inside model_dir (else the stable
+ * model's directory); the model is loaded in the
  * background next to the stable one when it fits in the memory budget
  * (memory_budget_mb, else the cgroup's limit; "does_not_fit" says by how
  * much otherwise), then takes weight percent of the completion requests
@@ -156,7 +160,12 @@ llm_status srv_load_warm_up(llm_engine *e, llm_model *m, llm_error *err);
  * null unloads it once its requests end. Thread-safety: all calls may
  * come from any thread. */
 void srv_canary_init(srv *s);
-void srv_canary_free(srv *s); /* after the drain */
+/* Shutting down: a load in progress stops where it can (a digest check). */
+void srv_canary_abort(srv *s);
+/* After the drain. A load in progress is asked to stop and waited for up
+ * to 2 s; 1 when it still runs (then nothing is freed: the caller exits
+ * without freeing what the loader may use), else 0. */
+int srv_canary_free(srv *s);
 /* The canary for this request (its users counted), or NULL for stable. */
 srv_rev *srv_canary_pick(srv *s, const char *session);
 void srv_canary_release(srv_rev *r);

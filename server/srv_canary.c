@@ -3,6 +3,9 @@
  * taking a share of the completions; see srv.h. It lets a canary run on
  * the GPUs (or memory) the stable pods already hold. */
 #include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,15 +41,34 @@ static void reap(srv_canary *c)
     }
 }
 
-void srv_canary_free(srv *s)
+void srv_canary_abort(srv *s) { atomic_store(&s->canary.abort, 1); }
+
+int srv_canary_free(srv *s)
 {
     srv_canary *c = &s->canary;
+    atomic_store(&c->abort, 1); /* a digest check in progress stops */
+    for (int ms = 0; c->loader_started && ms < 2000; ms += 20) {
+        pthread_mutex_lock(&c->mu);
+        int loading = c->loading;
+        pthread_mutex_unlock(&c->mu);
+        if (!loading)
+            break;
+        usleep(20000);
+    }
+    pthread_mutex_lock(&c->mu);
+    int left = c->loading; /* paging a big file in: the process exits without it */
+    pthread_mutex_unlock(&c->mu);
+    if (left) {
+        fprintf(stderr, "llm-server: the canary %s is still loading; not waiting for it\n", c->path);
+        return 1;
+    }
     if (c->loader_started)
         pthread_join(c->loader, NULL);
     rev_free(c->rev);
     rev_free(c->retired);
     c->rev = c->retired = NULL;
     pthread_mutex_destroy(&c->mu);
+    return 0;
 }
 
 static unsigned int hash32(const char *p)
@@ -132,6 +154,8 @@ static llm_status fits(const srv *s, const char *path, llm_error *err)
 typedef struct load_job {
     srv *s;
     char path[4096], sha256[72];
+    int fd;                /* the file, opened and checked by open_model */
+    char fd_path[64];      /* /proc/self/fd/N: what is loaded (the file checked, whatever the path names now) */
     unsigned long gen;
 } load_job;
 
@@ -140,13 +164,24 @@ static void quiet(void *ctx, double done)
     (void)ctx, (void)done;
 }
 
+/* What an admin caller is told of a file that would not load: the path
+ * and the kind of failure; the details (they may quote the file's bytes)
+ * go to the log. */
+static llm_status load_failed(const load_job *j, llm_status st, llm_error *err)
+{
+    fprintf(stderr, "llm-server: canary %s: %s\n", j->path, err->msg);
+    return llm_errf(err, st, "%s is not a model this server can load (the server log says why)", j->path);
+}
+
 static llm_status load(srv *s, const load_job *j, srv_rev *r, llm_error *err)
 {
     snprintf(r->path, sizeof r->path, "%s", j->path);
-    llm_status st = fits(s, j->path, err);
+    llm_status st = fits(s, j->fd_path, err);
     if (!st)
-        st = srv_load_verify_sha256(j->path, j->sha256, err);
-    if (!st && !(st = llm_model_load(j->path, &r->model, err)))
+        st = srv_load_verify_sha256(j->fd_path, j->sha256, &s->canary.abort, err);
+    if (!st && (st = llm_model_load(j->fd_path, &r->model, err)))
+        st = load_failed(j, st, err);
+    if (!st && !atomic_load(&s->canary.abort))
         llm_model_prefault(r->model, quiet, NULL);
     if (!st)
         st = srv_load_backends(s, r->backends, &r->n_backends, err); /* its own: the engines step independently */
@@ -180,6 +215,7 @@ static void *loader(void *arg)
     pthread_mutex_unlock(&c->mu);
     fprintf(stderr, "llm-server: canary %s: %s\n", j->path, st ? err.msg : "loaded");
     rev_free(r);
+    close(j->fd);
     free(j);
     return NULL;
 }
@@ -212,11 +248,56 @@ static int retire(srv_canary *c, srv_err *e)
     return 0;
 }
 
+/* The directory canary models must lie in (model_dir, else the stable
+ * model's), resolved; 0 or a 500 naming it. */
+static int model_dir(const srv *s, char *out, srv_err *e)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", s->cfg.model_dir[0] ? s->cfg.model_dir : s->cfg.model);
+    const char *d = s->cfg.model_dir[0] ? dir : dirname(dir);
+    if (!realpath(d, out)) {
+        srv_err_set(e, 500, NULL, "the model directory %s cannot be resolved: %s", d, strerror(errno));
+        return 500;
+    }
+    return 0;
+}
+
+/* Opens the canary's model file after the rules: path resolves (symbolic
+ * links followed) inside the model directory, is a regular file, and has
+ * a size; opened without blocking (a FIFO would block an open). *fd gets it.
+ * The messages name the path and the rule, and tell nothing of files
+ * outside the directory (not even whether they exist). */
+static int open_model(const srv *s, const char *path, int *fd, srv_err *e)
+{
+    char dir[PATH_MAX], real[PATH_MAX];
+    struct stat st;
+    if (model_dir(s, dir, e))
+        return e->status;
+    size_t n = strlen(dir);
+    if (!realpath(path, real) || strncmp(real, dir, n) || real[n] != '/') {
+        srv_err_set(e, 400, "model", "'model' %s is not a file inside the model directory %s", path, dir);
+        return 400;
+    }
+    if ((*fd = open(real, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW)) < 0 || fstat(*fd, &st) || !S_ISREG(st.st_mode) ||
+        st.st_size <= 0) {
+        srv_err_set(e, 400, "model", "'model' %s is not a regular file with data (in %s)", path, dir);
+        if (*fd >= 0)
+            close(*fd);
+        *fd = -1;
+        return 400;
+    }
+    return 0;
+}
+
 static int start_load(srv *s, const char *path, const char *sha, srv_err *e)
 {
     srv_canary *c = &s->canary;
+    int fd;
+    if (open_model(s, path, &fd, e))
+        return e->status;
     load_job *j = calloc(1, sizeof *j);
     if (!j) {
+        close(fd);
         srv_err_set(e, 503, NULL, "no memory");
         return 503;
     }
@@ -225,10 +306,13 @@ static int start_load(srv *s, const char *path, const char *sha, srv_err *e)
     c->loader_started = 0;
     snprintf(c->path, sizeof c->path, "%s", path);
     snprintf(c->sha256, sizeof c->sha256, "%s", sha);
-    *j = (load_job){.s = s, .gen = ++c->gen};
+    *j = (load_job){.s = s, .gen = ++c->gen, .fd = fd};
+    atomic_store(&c->abort, 0);
+    snprintf(j->fd_path, sizeof j->fd_path, "/proc/self/fd/%d", fd);
     snprintf(j->path, sizeof j->path, "%s", path);
     snprintf(j->sha256, sizeof j->sha256, "%s", sha);
     if (pthread_create(&c->loader, NULL, loader, j)) {
+        close(fd);
         free(j);
         snprintf(c->state, sizeof c->state, "failed");
         snprintf(c->message, sizeof c->message, "cannot start the loader thread");
@@ -267,8 +351,10 @@ int srv_canary_admin(srv *s, json_t *req, json_t **out, srv_err *e)
     pthread_mutex_lock(&c->mu);
     int status = 0;
     if (!path) { /* unload */
-        if (c->loading)
+        if (c->loading) {
             c->gen++; /* the load in progress is dropped when it ends */
+            atomic_store(&c->abort, 1); /* and stops early when it can */
+        }
         if (!(status = retire(c, e))) {
             snprintf(c->state, sizeof c->state, "none");
             c->path[0] = c->sha256[0] = c->message[0] = 0;

@@ -66,7 +66,11 @@ static const key_def keys[] = {
     {"fault_delay_ms", K_INT, F(fault_delay_ms), 0, 600000, "0", "testing: delay added before each completion"},
     {"api_keys_file", K_STR, F(api_keys_file), 0, 0, "", "file of API keys, one per line (or LLM_SERVER_API_KEYS)"},
     {"admin_token", K_STR, F(admin_token), 0, 0, "",
-     "bearer token of /admin/canary (or LLM_SERVER_ADMIN_TOKEN); empty: the admin route is off"},
+     "bearer token of /admin/canary (or LLM_SERVER_ADMIN_TOKEN); prefer admin_token_file; empty: the route is off"},
+    {"admin_token_file", K_STR, F(admin_token_file), 0, 0, "",
+     "file holding the bearer token of /admin/canary (a mounted Secret; read at startup)"},
+    {"model_dir", K_STR, F(model_dir), 0, 0, "",
+     "directory a colocated canary's model must lie in (symbolic links resolved); empty: the model's own directory"},
     {"memory_budget_mb", K_INT, F(memory_budget_mb), 0, 1 << 30, "0",
      "memory a colocated canary must fit in beside the stable model (0: the cgroup's limit, if any)"},
 };

@@ -42,7 +42,9 @@ typedef struct srv_config {
     double fault_error_ratio; /* testing: share of completions failed on purpose */
     long fault_delay_ms;    /* testing: delay before each completion */
     char *api_keys_file;    /* one key per line; "" -> LLM_SERVER_API_KEYS or none */
-    char *admin_token;      /* bearer for /admin/canary; "" -> LLM_SERVER_ADMIN_TOKEN or off */
+    char *admin_token;      /* bearer for /admin/canary; "" -> admin_token_file, LLM_SERVER_ADMIN_TOKEN or off */
+    char *admin_token_file; /* the bearer, from a file (a mounted Secret) */
+    char *model_dir;        /* a canary's model lies in here; "" -> dirname(model) */
     long memory_budget_mb;  /* a colocated canary must fit in this; 0: the cgroup's limit */
 } srv_config;
 

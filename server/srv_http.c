@@ -119,12 +119,10 @@ static int authorized(const srv *s, struct mg_connection *c)
     if (!s->n_keys)
         return 1;
     const char *h = mg_get_header(c, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7))
-        return 0;
-    for (int i = 0; i < s->n_keys; i++)
-        if (!strcmp(h + 7, s->keys[i]))
-            return 1;
-    return 0;
+    int ok = 0;
+    for (int i = 0; i < s->n_keys; i++) /* every key, in constant time each: no early exit to time */
+        ok |= http_guard_bearer_ok(h, s->keys[i]);
+    return ok;
 }
 
 /* Common gate of the API routes: method, phase, key. 0 to go on. */
@@ -729,9 +727,14 @@ static int h_other(struct mg_connection *c, void *cb)
     return send_err(c, &e);
 }
 
-/* The admin bearer token (config, else LLM_SERVER_ADMIN_TOKEN); NULL: off. */
-static const char *admin_token(const srv *s)
+/* The admin bearer token: admin_token_file (read at each request, so a
+ * rotated Secret takes effect), else admin_token, else
+ * LLM_SERVER_ADMIN_TOKEN; NULL: the route is off (also when the file
+ * cannot be read: never open by accident). */
+static const char *admin_token(const srv *s, char *buf, size_t cap)
 {
+    if (s->cfg.admin_token_file && *s->cfg.admin_token_file)
+        return http_guard_token_file(s->cfg.admin_token_file, buf, cap) ? NULL : buf;
     const char *t = s->cfg.admin_token && *s->cfg.admin_token ? s->cfg.admin_token : getenv("LLM_SERVER_ADMIN_TOKEN");
     return t && *t ? t : NULL;
 }
@@ -741,14 +744,16 @@ static int h_admin_canary(struct mg_connection *c, void *cb)
 {
     srv *s = cb;
     srv_err e = {0};
-    const char *tok = admin_token(s), *auth = mg_get_header(c, "Authorization"), *m = mg_get_request_info(c)->request_method;
+    char tbuf[256];
+    const char *tok = admin_token(s, tbuf, sizeof tbuf), *auth = mg_get_header(c, "Authorization"),
+               *m = mg_get_request_info(c)->request_method;
     char *body = NULL;
     size_t len = 0;
     json_t *out = NULL;
     int status;
     if (!tok)
-        srv_err_set(&e, 404, NULL, "the admin route is off (no admin_token)");
-    else if (!auth || strncmp(auth, "Bearer ", 7) || strcmp(auth + 7, tok))
+        srv_err_set(&e, 404, NULL, "the admin route is off (no admin token: admin_token_file unset or unreadable)");
+    else if (!http_guard_bearer_ok(auth, tok))
         srv_err_set(&e, 401, NULL, "the admin token is required (Authorization: Bearer TOKEN)");
     else if (strcmp(m, "GET") && strcmp(m, "POST"))
         srv_err_set(&e, 405, NULL, "use GET or POST for /admin/canary");

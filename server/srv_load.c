@@ -62,8 +62,9 @@ llm_status srv_load_warm_up(llm_engine *e, llm_model *m, llm_error *err)
 }
 
 /* model_sha256: the file's digest before anything trusts it (a truncated
- * or swapped file on a shared volume is caught here, by name). */
-llm_status srv_load_verify_sha256(const char *path, const char *want, llm_error *err)
+ * or swapped file on a shared volume is caught here, by name). The file's
+ * own digest is logged, never put in err: err reaches API callers. */
+llm_status srv_load_verify_sha256(const char *path, const char *want, const _Atomic int *abort, llm_error *err)
 {
     if (!want || !*want)
         return LLM_OK;
@@ -76,7 +77,9 @@ llm_status srv_load_verify_sha256(const char *path, const char *want, llm_error 
     llm_status st = md && buf && EVP_DigestInit_ex(md, EVP_sha256(), NULL) ? LLM_OK
                     : llm_errf(err, LLM_ERR_NOMEM, "cannot set up SHA-256");
     for (size_t got; !st && (got = fread(buf, 1, 1 << 22, f)) > 0;)
-        if (!EVP_DigestUpdate(md, buf, got))
+        if (abort && atomic_load(abort))
+            st = llm_errf(err, LLM_ERR_CANCELLED, "%s: the sha256 check was abandoned", path);
+        else if (!EVP_DigestUpdate(md, buf, got))
             st = llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 update failed");
     if (!st && ferror(f))
         st = llm_errf(err, LLM_ERR_IO, "%s: read error while checking sha256", path);
@@ -84,11 +87,13 @@ llm_status srv_load_verify_sha256(const char *path, const char *want, llm_error 
         st = llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 final failed");
     char hex[2 * EVP_MAX_MD_SIZE + 1] = "";
     for (unsigned int i = 0; !st && i < n; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
-    if (!st && strcasecmp(hex, want))
-        st = llm_errf(err, LLM_ERR_FORMAT, "%s: sha256 mismatch: expected %s, the file has %s", path, want, hex);
+    if (!st && strcasecmp(hex, want)) {
+        fprintf(stderr, "llm-server: %s: sha256 is %s, expected %s\n", path, hex, want);
+        st = llm_errf(err, LLM_ERR_FORMAT, "%s: sha256 mismatch: the file is not the one expected (%.12s...)", path,
+                      want);
+    }
     EVP_MD_CTX_free(md);
     free(buf);
     fclose(f);
     return st;
 }
-

@@ -75,7 +75,7 @@ static void *loader(void *arg)
     logf_("loading %s", s->cfg.model);
     if (s->cfg.model_sha256 && *s->cfg.model_sha256)
         snprintf(s->status, sizeof s->status, "checking the sha256 of %s", s->cfg.model);
-    llm_status st = srv_load_verify_sha256(s->cfg.model, s->cfg.model_sha256, &err);
+    llm_status st = srv_load_verify_sha256(s->cfg.model, s->cfg.model_sha256, NULL, &err);
     if (!st)
         st = llm_model_load(s->cfg.model, &s->model, &err);
     if (!st) {
@@ -154,11 +154,15 @@ int main(int argc, char **argv)
     if (s.cfg.health_port)
         logf_("probes and /metrics also on %s:%ld", s.cfg.host, s.cfg.health_port);
     while (!g_stop) usleep(50000);
+    srv_canary_abort(&s);
     pthread_join(th, NULL); /* a load in progress finishes first */
     drain(&s);
     http_guard_stop(s.http);
     http_guard_stop(s.health);
-    srv_canary_free(&s);
+    if (srv_canary_free(&s)) { /* its loader may still use the engine's settings: leave it all to the exit */
+        logf_("stopped");
+        return 0;
+    }
     llm_engine_close(s.engine);
     srv_load_close_backends(s.backends, s.n_backends);
     llm_model_free(s.model);

@@ -60,7 +60,7 @@ def canary_model(tmp_path, models):
 
 
 def test_colocated_canary_serves_its_weight(models, canary_model):
-    srv = Server(models("tiny", "Q8_0"), "--admin_token", TOKEN)
+    srv = Server(models("tiny", "Q8_0"), "--admin_token", TOKEN, "--model_dir", canary_model.parent)
     try:
         assert admin(srv)[1] == {"state": "none", "model": "", "weight": 0, "message": "", "requests": 0}
         assert admin(srv, token=None)[0] == 401 and admin(srv, token="wrong")[0] == 401
@@ -117,14 +117,13 @@ def test_colocated_refusals(models, canary_model, tmp_path):
         assert admin(off)[0] == 404  # no admin_token: the route is off
     finally:
         assert off.stop() == 0
-    srv = Server(models("tiny", "Q8_0"), "--admin_token", TOKEN, "--memory_budget_mb", 1)
+    srv = Server(models("tiny", "Q8_0"), "--admin_token", TOKEN, "--memory_budget_mb", 1, "--model_dir", tmp_path)
     try:
         admin(srv, {"model": str(canary_model), "weight": 10})
         st = wait_state(srv, "does_not_fit")
         assert "the canary needs" in st["message"] and "MiB budget" in st["message"], st
-        admin(srv, {"model": str(tmp_path / "missing.gguf"), "weight": 10})
-        st = wait_state(srv, "failed")
-        assert "missing.gguf" in st["message"], st
+        status, body = admin(srv, {"model": str(tmp_path / "missing.gguf"), "weight": 10})
+        assert status == 400 and "missing.gguf" in body["error"]["message"], body  # refused at once
         assert metric(srv.metrics(), "llm_canary_loaded") == 0
     finally:
         assert srv.stop() == 0, srv.log

@@ -414,3 +414,76 @@ def test_client_gone_cancels_a_whole_request(big):
         assert abort == [1.0], abort
     finally:
         assert srv.stop() == 0
+
+
+# ---- the admin route -------------------------------------------------------------
+
+ADMIN = "s3cret-admin-token"
+
+
+def admin(srv, body=None, token=ADMIN):
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    st, text, _ = srv.request("POST" if body is not None else "GET", "/admin/canary", body, headers)
+    return st, json.loads(text)
+
+
+def test_admin_route_cannot_be_abused(tmp_path, models):
+    """The admin token comes from a file; the old derivable token and
+    near misses are refused; a canary model must be a regular file inside
+    the model directory (not /dev/zero, a FIFO, a path or symbolic link
+    leading out); errors never echo a file's digest or bytes; a load in
+    progress is abandoned on unload and does not hold up SIGTERM."""
+    import hashlib
+    import os
+    import shutil
+    mdir = tmp_path / "models"
+    mdir.mkdir()
+    stable = mdir / "stable.gguf"
+    shutil.copy(models("tiny", "Q8_0"), stable)
+    (tmp_path / "token").write_text(ADMIN + "\n")
+    srv = Server(stable, "--admin_token_file", tmp_path / "token")
+    try:
+        assert admin(srv)[0] == 200
+        derived = hashlib.sha256(b"some-uid/").hexdigest()
+        for bad in (None, derived, ADMIN[:-1], ADMIN + "x", "", ADMIN.upper()):
+            assert admin(srv, token=bad)[0] == 401, bad
+        os.mkfifo(mdir / "fifo.gguf")
+        (mdir / "link.gguf").symlink_to("/etc/passwd")
+        (mdir / "empty.gguf").write_bytes(b"")
+        junk = mdir / "junk.gguf"
+        junk.write_bytes(b"SECRETBYTES" + os.urandom(64))
+        digest = hashlib.sha256(junk.read_bytes()).hexdigest()
+        for path in ("/dev/zero", str(mdir / "fifo.gguf"), str(mdir / "link.gguf"), str(mdir / "../token"),
+                     "/etc/passwd", str(mdir / "empty.gguf"), str(mdir / "nope.gguf")):
+            t = time.time()
+            st, body = admin(srv, {"model": path, "weight": 10})
+            assert st == 400 and body["error"]["param"] == "model" and path in body["error"]["message"], (path, body)
+            assert time.time() - t < 5, path  # answered at once: nothing was opened that blocks
+        # a wrong digest, then not a model: the caller learns neither the digest nor the bytes
+        st, _ = admin(srv, {"model": str(junk), "sha256": "0" * 64, "weight": 10})
+        assert st == 200
+        deadline = time.time() + 30
+        while (state := admin(srv)[1])["state"] == "loading" and time.time() < deadline:
+            time.sleep(0.05)
+        assert state["state"] == "failed" and digest not in json.dumps(state), state
+        admin(srv, {"model": None})
+        admin(srv, {"model": str(junk), "weight": 10})
+        while (state := admin(srv)[1])["state"] == "loading" and time.time() < deadline:
+            time.sleep(0.05)
+        text = json.dumps(state)
+        assert state["state"] == "failed" and "SECRETBYTES" not in text and "0x" not in text, state
+        # a big file being hashed: unload abandons it, SIGTERM does not wait on it
+        big = mdir / "big.gguf"
+        with open(big, "wb") as f:
+            f.truncate(6 << 30)  # sparse: 6 GiB of zeros to hash
+        admin(srv, {"model": None})
+        assert admin(srv, {"model": str(big), "sha256": "1" * 64, "weight": 10})[1]["state"] == "loading"
+        t = time.time()
+        assert srv.stop() == 0
+        print(f"SIGTERM with a 6 GiB digest check under way: exited in {time.time() - t:.2f} s")
+        assert time.time() - t < 10
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
