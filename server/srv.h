@@ -14,6 +14,7 @@
 
 #include "llm/engine.h"
 #include "srv_config.h"
+#include "srv_keys.h"
 #include "srv_metrics.h"
 
 typedef enum srv_phase { SRV_LOADING = 0, SRV_READY = 1, SRV_DRAINING = 2, SRV_FAILED = 3 } srv_phase;
@@ -63,8 +64,7 @@ typedef struct srv {
     int chat_tmpl;             /* llm_chat_template of the model */
     long created;              /* unix time the model was loaded */
     srv_metrics metrics;
-    char **keys;               /* API keys, NULL when open */
-    int n_keys;
+    srv_keys keys;             /* API keys and their tenants; none: the API is open */
     srv_canary canary;         /* colocated canary (admin_token) */
 } srv;
 
@@ -122,6 +122,11 @@ typedef struct srv_completion {
 int srv_parse_completion(const srv *s, int chat_tmpl, const llm_vocab *vocab, const char *body, size_t len, int kind,
                          srv_completion *c, srv_err *e);
 void srv_completion_free(srv_completion *c);
+/* The fields of a POST /admin/canary body: model (an absolute path, or
+ * null/absent: *path NULL), sha256 (64 hex digits or absent), weight
+ * (0..100; absent: -1). The strings point into req. 0, or the status (400
+ * naming the field) with e set. */
+int srv_parse_admin(json_t *req, const char **path, const char **sha, int *weight, srv_err *e);
 
 /* Starts the API listener (and the health one when health_port is set);
  * 0, or -1 with err naming the port. */

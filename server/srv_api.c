@@ -437,3 +437,18 @@ void srv_completion_free(srv_completion *c)
     free(c->ids);
     memset(c, 0, sizeof *c);
 }
+
+int srv_parse_admin(json_t *req, const char **path, const char **sha, int *weight, srv_err *e)
+{
+    json_t *m = json_object_get(req, "model"), *h = json_object_get(req, "sha256"), *w = json_object_get(req, "weight");
+    *path = json_string_value(m);
+    *sha = json_string_value(h);
+    if (!json_is_object(req) || (m && !json_is_null(m) && (!*path || **path != '/' || strlen(*path) >= 4096)))
+        srv_err_set(e, 400, "model", "'model' must be an absolute path to a GGUF file, or null to unload");
+    else if (h && !json_is_null(h) && (!*sha || strlen(*sha) != 64 || strspn(*sha, "0123456789abcdefABCDEF") != 64))
+        srv_err_set(e, 400, "sha256", "'sha256' must be 64 hex digits");
+    else if (w && (!json_is_integer(w) || json_integer_value(w) < 0 || json_integer_value(w) > 100))
+        srv_err_set(e, 400, "weight", "'weight' must be an integer 0..100");
+    *weight = w ? (int)json_integer_value(w) : -1;
+    return e->status;
+}

@@ -324,29 +324,13 @@ static int start_load(srv *s, const char *path, const char *sha, srv_err *e)
     return 0;
 }
 
-/* Field checks: model a string path or null, sha256 64 hex digits, weight 0..100. */
-static int check(json_t *req, const char **path, const char **sha, int *weight, srv_err *e)
-{
-    json_t *m = json_object_get(req, "model"), *h = json_object_get(req, "sha256"), *w = json_object_get(req, "weight");
-    *path = json_string_value(m);
-    *sha = json_string_value(h);
-    if (!json_is_object(req) || (m && !json_is_null(m) && (!*path || **path != '/' || strlen(*path) >= 4096)))
-        srv_err_set(e, 400, "model", "'model' must be an absolute path to a GGUF file, or null to unload");
-    else if (h && !json_is_null(h) && (!*sha || strlen(*sha) != 64 || strspn(*sha, "0123456789abcdefABCDEF") != 64))
-        srv_err_set(e, 400, "sha256", "'sha256' must be 64 hex digits");
-    else if (w && (!json_is_integer(w) || json_integer_value(w) < 0 || json_integer_value(w) > 100))
-        srv_err_set(e, 400, "weight", "'weight' must be an integer 0..100");
-    *weight = w ? (int)json_integer_value(w) : -1;
-    return e->status;
-}
-
 int srv_canary_admin(srv *s, json_t *req, json_t **out, srv_err *e)
 {
     srv_canary *c = &s->canary;
     const char *path, *sha;
     int weight;
     *out = NULL;
-    if (check(req, &path, &sha, &weight, e))
+    if (srv_parse_admin(req, &path, &sha, &weight, e))
         return e->status;
     pthread_mutex_lock(&c->mu);
     int status = 0;

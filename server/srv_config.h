@@ -41,7 +41,8 @@ typedef struct srv_config {
     long liveness_timeout_s; /* an engine step hung this long turns /livez 503 */
     double fault_error_ratio; /* testing: share of completions failed on purpose */
     long fault_delay_ms;    /* testing: delay before each completion */
-    char *api_keys_file;    /* one key per line; "" -> LLM_SERVER_API_KEYS or none */
+    char *api_keys_file;    /* srv_keys.h's format; "" -> LLM_SERVER_API_KEYS or none */
+    long max_priority_anonymous; /* priority ceiling without keys */
     char *admin_token;      /* bearer for /admin/canary; "" -> admin_token_file, LLM_SERVER_ADMIN_TOKEN or off */
     char *admin_token_file; /* the bearer, from a file (a mounted Secret) */
     char *model_dir;        /* a canary's model lies in here; "" -> dirname(model) */

@@ -114,25 +114,25 @@ static int read_body(const srv *s, struct mg_connection *c, char **out, size_t *
     return 0;
 }
 
-static int authorized(const srv *s, struct mg_connection *c)
+/* The caller's key (NULL without keys, or when it names none). */
+static const srv_key *caller(const srv *s, struct mg_connection *c)
 {
-    if (!s->n_keys)
-        return 1;
-    const char *h = mg_get_header(c, "Authorization");
-    int ok = 0;
-    for (int i = 0; i < s->n_keys; i++) /* every key, in constant time each: no early exit to time */
-        ok |= http_guard_bearer_ok(h, s->keys[i]);
-    return ok;
+    return s->keys.n ? srv_keys_find(&s->keys, mg_get_header(c, "Authorization")) : NULL;
 }
 
 /* Common gate of the API routes: method, phase, key. 0 to go on. */
 static int api_gate(srv *s, struct mg_connection *c, const char *method, srv_err *e)
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
+    const srv_key *key = NULL;
+    double retry = 0;
     if (strcmp(ri->request_method, method))
         srv_err_set(e, 405, NULL, "use %s for %s", method, ri->local_uri);
-    else if (!authorized(s, c))
+    else if (s->keys.n && !(key = caller(s, c)))
         srv_err_set(e, 401, NULL, "a valid API key is required (Authorization: Bearer KEY)");
+    else if (!srv_keys_admit(&s->keys, key, now_s(), &retry))
+        srv_err_set(e, 429, NULL, "tenant '%s' is over its rate of %g requests/s; retry in %.1f s", key->tenant,
+                    key->rate, retry);
     else if (atomic_load(&s->phase) != SRV_READY && (atomic_load(&s->phase) != SRV_DRAINING || atomic_load(&s->refusing)))
         srv_err_set(e, 503, NULL, "%s", atomic_load(&s->phase) == SRV_LOADING ? "the model is still loading"
                                         : atomic_load(&s->phase) == SRV_DRAINING ? "the server is shutting down"
@@ -444,15 +444,16 @@ static uint64_t salt_mix(uint64_t h, const char *s)
     return h * 0x94d049bb133111ebULL;
 }
 
-/* The request's prefix cache partition: with API keys each key has its
- * own (cache hits, usage.cached_tokens and time to first token would
- * otherwise tell a tenant which prompts another sent); a cache_salt field
- * partitions further. No keys and no field: the common cache. */
-static uint64_t cache_salt(const srv *s, struct mg_connection *c, const char *field)
+/* The request's prefix cache partition: with API keys each tenant has
+ * its own, shared by its keys (cache hits, usage.cached_tokens and time
+ * to first token would otherwise tell a tenant which prompts another
+ * sent); a cache_salt field partitions further. No keys and no field: the
+ * common cache. */
+static uint64_t cache_salt(const srv_key *key, const char *field)
 {
     uint64_t h = 0;
-    if (s->n_keys)
-        h = salt_mix(0xcbf29ce484222325ULL, mg_get_header(c, "Authorization"));
+    if (key)
+        h = salt_mix(0xcbf29ce484222325ULL, key->tenant);
     if (field)
         h = salt_mix(h ^ 0x9e3779b97f4a7c15ULL, field);
     return h;
@@ -464,7 +465,11 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
     run r = {.s = s, .c = c, .cp = cp, .created = (long)time(NULL), .t_start = now_s(),
              .eng = rv ? rv->engine : s->engine, .vocab = rv ? rv->model->vocab : s->model->vocab, .rev = rv != NULL};
     llm_error err = {0};
-    cp->rq.cache_salt = cache_salt(s, c, cp->cache_salt);
+    const srv_key *key = caller(s, c);
+    int ceiling = key ? key->max_priority : (int)s->cfg.max_priority_anonymous;
+    cp->rq.cache_salt = cache_salt(key, cp->cache_salt);
+    if (cp->rq.priority > ceiling) /* a caller's priority goes as high as its key allows, no further */
+        cp->rq.priority = ceiling;
     llm_status st = llm_engine_submit(r.eng, &cp->rq, &r.id, &err);
     if (st) {
         srv_err_set(e, srv_status_of(st), st == LLM_ERR_TOO_LONG ? "max_tokens" : NULL, "%s", err.msg);

@@ -28,38 +28,6 @@ static void on_signal(int sig)
 
 #define logf_(...) llm_log("llm-server", __VA_ARGS__)
 
-/* API keys from the file named in the config, else LLM_SERVER_API_KEYS
- * (comma-separated). */
-static llm_status load_keys(srv *s, llm_error *err)
-{
-    char *text = NULL;
-    if (s->cfg.api_keys_file[0]) {
-        FILE *f = fopen(s->cfg.api_keys_file, "r");
-        if (!f)
-            return llm_errf(err, LLM_ERR_IO, "api_keys_file %s: %s", s->cfg.api_keys_file, strerror(errno));
-        text = calloc(1, 65537);
-        size_t n = text ? fread(text, 1, 65536, f) : 0;
-        fclose(f);
-        if (!text)
-            return llm_errf(err, LLM_ERR_NOMEM, "no memory");
-        text[n] = 0;
-    } else if (getenv("LLM_SERVER_API_KEYS")) {
-        text = strdup(getenv("LLM_SERVER_API_KEYS"));
-    }
-    for (char *save = NULL, *k = text ? strtok_r(text, ",\r\n", &save) : NULL; k; k = strtok_r(NULL, ",\r\n", &save)) {
-        while (*k == ' ') k++;
-        char **p = *k ? realloc(s->keys, sizeof *p * (size_t)(s->n_keys + 1)) : NULL;
-        if (p && (p[s->n_keys] = strdup(k))) {
-            s->keys = p;
-            s->n_keys++;
-        } else if (p) {
-            s->keys = p;
-        }
-    }
-    free(text);
-    return LLM_OK;
-}
-
 static void load_progress(void *ctx, double done)
 {
     srv *s = ctx;
@@ -146,7 +114,8 @@ int main(int argc, char **argv)
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     pthread_t th;
-    if (load_keys(&s, &err) || srv_http_start(&s, &err) || pthread_create(&th, NULL, loader, &s)) {
+    if (srv_keys_load(s.cfg.api_keys_file, "LLM_SERVER_API_KEYS", &s.keys, &err) || srv_http_start(&s, &err) ||
+        pthread_create(&th, NULL, loader, &s)) {
         fprintf(stderr, "llm-server: %s\n", err.msg[0] ? err.msg : "cannot start the loader thread");
         return 1;
     }
@@ -166,8 +135,7 @@ int main(int argc, char **argv)
     llm_engine_close(s.engine);
     srv_load_close_backends(s.backends, s.n_backends);
     llm_model_free(s.model);
-    for (int i = 0; i < s.n_keys; i++) free(s.keys[i]);
-    free(s.keys);
+    srv_keys_free(&s.keys);
     srv_metrics_free(&s.metrics);
     srv_config_free(&s.cfg);
     logf_("stopped");

@@ -13,7 +13,9 @@ REQ_TIME ?= 10
 LLMD_TIME ?= 10
 
 .PHONY: run
-run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd
+TENANT_TIME ?= 10
+
+run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd $(FUZZ_BUILD)/fuzz_tenant
 	@rm -rf $(FUZZ_BUILD)/corpus && mkdir -p $(FUZZ_BUILD)/corpus
 	@python3 tests/fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
 	@$(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/seeds/* > $(FUZZ_BUILD)/regress.log 2>&1 || \
@@ -32,7 +34,12 @@ run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd
 	@mkdir -p $(FUZZ_BUILD)/llmd-corpus && cp tests/fuzz/llmd/* $(FUZZ_BUILD)/llmd-corpus/
 	@$(FUZZ_BUILD)/fuzz_llmd -max_total_time=$(LLMD_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
 	  $(FUZZ_BUILD)/llmd-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
-	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 3 passed, 0 failed" || (echo "fuzz: 2 passed, 1 failed (LLMDeployment specs)"; exit 1)
+	  test $${PIPESTATUS[0]} -eq 0 || (echo "fuzz: 2 passed, 1 failed (LLMDeployment specs)"; exit 1)
+	@echo "fuzz: $(TENANT_TIME) s of fuzzing llm-server's API keys file and admin body"
+	@mkdir -p $(FUZZ_BUILD)/tenant-corpus && cp tests/fuzz/tenant/* $(FUZZ_BUILD)/tenant-corpus/
+	@$(FUZZ_BUILD)/fuzz_tenant -max_total_time=$(TENANT_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+	  $(FUZZ_BUILD)/tenant-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
+	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 4 passed, 0 failed" || (echo "fuzz: 3 passed, 1 failed (keys file, admin body)"; exit 1)
 
 $(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*.h engine/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
@@ -48,3 +55,10 @@ $(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c controller/desired.c controller/
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Icontroller tests/fuzz/fuzz_llmd.c controller/desired.c controller/canary.c engine/status.c -lm -ljansson -lcrypto -o $@
+
+TENANT_SRC = server/srv_keys.c server/srv_api.c server/http_guard.c engine/chat.c engine/strbuf.c engine/sampler.c
+
+$(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h)
+	@mkdir -p $(FUZZ_BUILD)
+	@echo "  CLANG $@"
+	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) -lcivetweb -ljansson -lcrypto -lm -lpthread -o $@

@@ -8,12 +8,14 @@ held and stay usable. Each case prints what it measured."""
 import http.client
 import json
 import socket
+import subprocess
 import threading
 import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import tool
 from test_server import NAME, STORIES, Server, free_port
 
 
@@ -487,3 +489,75 @@ def test_admin_route_cannot_be_abused(tmp_path, models):
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
+
+
+# ---- tenants: keys, priorities, rates, cache partitions ----------------------------
+
+def keyed(model, tmp_path, text, *args):
+    (tmp_path / "keys").write_text(text)
+    return Server(model, "--api_keys_file", tmp_path / "keys", *args)
+
+
+def ask(srv, key, body, path="/v1/completions"):
+    return srv.request("POST", path, body, {"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+
+
+def test_keys_file_tenants_rates_and_cache(model, tmp_path):
+    """Keys of one tenant share its prefix cache, another tenant's key sees
+    none of it; a tenant over its rate gets 429 naming it; a bad keys file
+    stops the server with the line and setting named."""
+    srv = keyed(model, tmp_path, "# tenants\na1 tenant=A\na2 tenant=A max_priority=3\nb1 tenant=B rate=2\n")
+    try:
+        prompt = {"prompt": "Once upon a time there was a little girl who lived in a village near the forest. " * 2,
+                  "max_tokens": 2, "temperature": 0}
+        assert srv.request("POST", "/v1/completions", prompt)[0] == 401
+        cached = lambda st_text: json.loads(st_text[1])["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached(ask(srv, "a1", prompt)) == 0
+        assert cached(ask(srv, "a2", prompt)) > 0   # same tenant: shared
+        assert cached(ask(srv, "b1", prompt)) == 0  # another tenant: its own partition
+        codes = [ask(srv, "b1", {"prompt": "x", "max_tokens": 1}) for _ in range(6)]
+        limited = [r for r in codes if r[0] == 429]
+        assert limited and "tenant 'B'" in json.loads(limited[0][1])["error"]["message"]
+        assert limited[0][2].getheader("Retry-After")
+        assert all(ask(srv, "a1", {"prompt": "x", "max_tokens": 1})[0] == 200 for _ in range(6))  # no rate: A
+    finally:
+        assert srv.stop() == 0
+    for bad, words in (("k1 tenant=\n", "line 1"), ("k1\nk1\n", "twice"), ("k1 max_priority=big\n", "max_priority"),
+                       ("k1 color=red\n", "color=red")):
+        (tmp_path / "keys").write_text(bad)
+        p = subprocess.run([tool("llm-server"), "-m", str(model), "--port", str(free_port()), "--api_keys_file",
+                            str(tmp_path / "keys")], capture_output=True, text=True, timeout=60)
+        assert p.returncode != 0 and words in p.stderr, (bad, p.stderr)
+
+
+def test_priority_flood_is_bounded(model, tmp_path):
+    """A tenant flooding at priority 1,000,000 is capped at its key's
+    max_priority (2); with aging at one level a second, another tenant's
+    request waits at most about 2 s behind the flood, however long it lasts
+    (p99 measured)."""
+    srv = keyed(model, tmp_path, "flood tenant=F max_priority=2\nnorm tenant=N\n", "--max_seqs", 1)
+    stop = threading.Event()
+    try:
+        def flood():
+            while not stop.is_set():
+                ask(srv, "flood", {"prompt": "Once", "max_tokens": 24, "ignore_eos": True, "priority": 1000000})
+        th = [threading.Thread(target=flood, daemon=True) for _ in range(8)]
+        for t in th:
+            t.start()
+        wait_for(lambda: srv.metrics().get(("vllm:num_requests_waiting", ()), 0) >= 4, what="the flood queued")
+        waits = []
+        for i in range(8):
+            t = time.perf_counter()
+            st, _, _ = ask(srv, "norm", {"prompt": f"Tale {i}", "max_tokens": 1, "priority": 0})
+            assert st == 200
+            waits.append(time.perf_counter() - t)
+        stop.set()
+        for t in th:
+            t.join(30)
+        waits.sort()
+        print(f"behind a priority flood capped at 2: waits {', '.join(f'{w:.2f}' for w in waits)} s")
+        assert waits[-1] < 4.5, waits   # the bound: max_priority x aging (2 s) + a request's service
+        assert waits[len(waits) // 2] > 1.0, waits  # and the flood did come first (the test can fail)
+    finally:
+        stop.set()
+        assert srv.stop() == 0

@@ -1,0 +1,180 @@
+/* srv_keys.c - API keys with tenants, priority ceilings and rates; see
+ * srv_keys.h. Our own small line format rather than YAML: one key per
+ * line is what the file held before (and what a Secret's value holds
+ * naturally), and the settings are a few words after it. */
+#include "srv_keys.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http_guard.h"
+
+void srv_keys_free(srv_keys *k)
+{
+    for (int i = 0; i < k->n; i++) {
+        free(k->k[i].key);
+        free(k->k[i].tenant);
+    }
+    free(k->k);
+    k->k = NULL;
+    k->n = 0;
+}
+
+/* Printable ASCII without spaces, 1..SRV_KEY_MAX_LEN bytes. */
+static int word_ok(const char *w, size_t n)
+{
+    if (n < 1 || n > SRV_KEY_MAX_LEN)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (w[i] <= ' ' || w[i] > '~')
+            return 0;
+    return 1;
+}
+
+/* One "name=value" setting of key k; 0 or -1 with err naming it. */
+static int setting(srv_key *k, const char *w, size_t n, int line, llm_error *err)
+{
+    const char *eq = memchr(w, '=', n);
+    char val[64];
+    size_t nl = eq ? (size_t)(eq - w) : n, nv = eq ? n - nl - 1 : 0;
+    char *end;
+    if (eq && nv < sizeof val) {
+        memcpy(val, eq + 1, nv);
+        val[nv] = 0;
+    }
+    if (eq && nl == 6 && !memcmp(w, "tenant", 6) && word_ok(eq + 1, nv)) {
+        free(k->tenant);
+        return (k->tenant = strndup(eq + 1, nv)) ? 0 : (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
+    }
+    if (eq && nl == 12 && !memcmp(w, "max_priority", 12) && nv && nv < sizeof val) {
+        long p = strtol(val, &end, 10);
+        if (!*end && p >= -1000000 && p <= 1000000)
+            return k->max_priority = (int)p, 0;
+    }
+    if (eq && nl == 4 && !memcmp(w, "rate", 4) && nv && nv < sizeof val) {
+        double r = strtod(val, &end);
+        if (!*end && r >= 0 && r <= 1e6)
+            return k->rate = r, 0;
+    }
+    llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: '%.*s' is not tenant=NAME, max_priority=N (-1e6..1e6) or rate=R "
+             "(0..1e6 requests/s)", line, (int)(n > 80 ? 80 : n), w);
+    return -1;
+}
+
+/* One line's key and settings appended to out; 0 or -1. Blank lines and
+ * comments add nothing. */
+static int parse_line(const char *p, size_t n, int line, srv_keys *out, llm_error *err)
+{
+    srv_key k = {0};
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc;) {
+        while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r')) i++;
+        size_t j = i;
+        while (j < n && p[j] != ' ' && p[j] != '\t' && p[j] != '\r') j++;
+        if (j == i || (!k.key && p[i] == '#'))
+            break;
+        if (!k.key && !word_ok(p + i, j - i))
+            rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: a key is 1 to %d printable characters", line,
+                           SRV_KEY_MAX_LEN), -1);
+        else if (!k.key)
+            rc = (k.key = strndup(p + i, j - i)) ? 0 : (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
+        else
+            rc = setting(&k, p + i, j - i, line, err);
+        i = j;
+    }
+    for (int i = 0; !rc && k.key && i < out->n; i++)
+        if (!strcmp(out->k[i].key, k.key))
+            rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: a key given twice", line), -1);
+    if (!rc && k.key && out->n >= SRV_KEYS_MAX)
+        rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: more than %d keys", SRV_KEYS_MAX), -1);
+    if (!rc && k.key && !k.tenant && !(k.tenant = strdup(k.key)))
+        rc = (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
+    srv_key *grown = !rc && k.key ? realloc(out->k, sizeof *grown * (size_t)(out->n + 1)) : NULL;
+    if (!rc && k.key && !grown)
+        rc = (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
+    if (rc || !k.key) {
+        free(k.key);
+        free(k.tenant);
+        return rc;
+    }
+    out->k = grown;
+    k.tokens = k.rate > 1 ? k.rate : 1;
+    out->k[out->n++] = k;
+    return 0;
+}
+
+/* An empty set whose lock needs no destroying (a static initializer). */
+static void keys_init(srv_keys *k)
+{
+    memset(k, 0, sizeof *k);
+    k->mu = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+}
+
+llm_status srv_keys_parse(const char *text, size_t len, const char *sep, srv_keys *out, llm_error *err)
+{
+    keys_init(out);
+    int line = 1;
+    for (size_t i = 0; i <= len; line++) {
+        size_t j = i;
+        while (j < len && !strchr(sep, text[j])) j++;
+        if (parse_line(text + i, j - i, line, out, err)) {
+            srv_keys_free(out);
+            return err->code;
+        }
+        i = j + 1;
+    }
+    return LLM_OK;
+}
+
+llm_status srv_keys_load(const char *path, const char *env, srv_keys *out, llm_error *err)
+{
+    keys_init(out);
+    if (!path || !*path) {
+        const char *v = getenv(env);
+        return v ? srv_keys_parse(v, strlen(v), ",\n", out, err) : LLM_OK;
+    }
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return llm_errf(err, LLM_ERR_IO, "api_keys_file %s: cannot open it", path);
+    size_t cap = 4u << 20;
+    char *text = malloc(cap + 1);
+    size_t n = text ? fread(text, 1, cap + 1, f) : 0;
+    int bad = ferror(f);
+    fclose(f);
+    llm_status st = !text ? llm_errf(err, LLM_ERR_NOMEM, "keys: no memory")
+                    : bad ? llm_errf(err, LLM_ERR_IO, "api_keys_file %s: read error", path)
+                    : n > cap ? llm_errf(err, LLM_ERR_TOO_LONG, "api_keys_file %s: over 4 MiB", path)
+                              : srv_keys_parse(text, n, "\n", out, err);
+    free(text);
+    return st;
+}
+
+const srv_key *srv_keys_find(const srv_keys *k, const char *authorization)
+{
+    const srv_key *found = NULL;
+    for (int i = 0; i < k->n; i++) /* all of them: when it matched must not show */
+        if (http_guard_bearer_ok(authorization, k->k[i].key))
+            found = &k->k[i];
+    return found;
+}
+
+int srv_keys_admit(srv_keys *k, const srv_key *key, double now, double *retry_s)
+{
+    if (!key || key->rate <= 0)
+        return 1;
+    srv_key *m = (srv_key *)key; /* the bucket is the only mutable part, under mu */
+    double cap = m->rate > 1 ? m->rate : 1;
+    pthread_mutex_lock(&k->mu);
+    m->tokens += (now - m->last) * m->rate;
+    if (m->tokens > cap || m->last == 0)
+        m->tokens = cap;
+    m->last = now;
+    int ok = m->tokens >= 1;
+    if (ok)
+        m->tokens -= 1;
+    else
+        *retry_s = (1 - m->tokens) / m->rate;
+    pthread_mutex_unlock(&k->mu);
+    return ok;
+}

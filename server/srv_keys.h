@@ -1,0 +1,61 @@
+/* srv_keys.h - who may call llm-server and with what standing: API keys,
+ * each belonging to a tenant, with a priority ceiling and a request rate.
+ *
+ * The keys file (api_keys_file, else LLM_SERVER_API_KEYS) has one key per
+ * line (or, in the variable, per comma), optionally followed by settings:
+ *
+ *     sk-team-a-1  tenant=team-a  max_priority=10  rate=5
+ *     sk-batch     tenant=batch   max_priority=-5
+ *     # a comment; a key alone is its own tenant, max_priority 0, no rate limit
+ *     sk-plain
+ *
+ * tenant: keys of one tenant share its prefix cache partition (and only
+ * they); max_priority: a request's "priority" is capped at it (without
+ * keys: at max_priority_anonymous); rate: requests per second (a token
+ * bucket holding one second's worth, at least 1), 429 above it.
+ *
+ * Ownership: srv_keys is caller-owned; parse/load fill it (strings owned),
+ * srv_keys_free releases it. Thread-safety: after loading, find is
+ * read-only and admit locks; both may be called from any thread. */
+#ifndef SRV_KEYS_H
+#define SRV_KEYS_H
+
+#include <pthread.h>
+#include <stddef.h>
+
+#include "llm/status.h"
+
+#define SRV_KEYS_MAX 10000      /* keys in a file */
+#define SRV_KEY_MAX_LEN 256     /* bytes of a key or a tenant name */
+
+typedef struct srv_key {
+    char *key, *tenant;
+    int max_priority;
+    double rate;                /* requests/s; 0: unlimited */
+    double tokens, last;        /* the bucket, under srv_keys.mu */
+} srv_key;
+
+typedef struct srv_keys {
+    srv_key *k;
+    int n;
+    pthread_mutex_t mu;
+} srv_keys;
+
+/* Parses a keys text (sep: the line separators, "\n" or ",\n"). Errors
+ * name the line and the setting: LLM_ERR_INVALID_ARG (bad setting, key or
+ * tenant too long or with other than printable ASCII, a key twice, more
+ * than SRV_KEYS_MAX), LLM_ERR_NOMEM. Nothing is left allocated on failure. */
+llm_status srv_keys_parse(const char *text, size_t len, const char *sep, srv_keys *out, llm_error *err);
+/* From the file path (at most 4 MiB) when path is not empty, else from
+ * the environment variable env; none: no keys (the API is open). */
+llm_status srv_keys_load(const char *path, const char *env, srv_keys *out, llm_error *err);
+void srv_keys_free(srv_keys *k);
+
+/* The key an Authorization header ("Bearer KEY") names, or NULL; every key
+ * is compared, each in constant time. */
+const srv_key *srv_keys_find(const srv_keys *k, const char *authorization);
+/* Takes one request from key's bucket at time now (seconds): 1, or 0 when
+ * over its rate (*retry_s: when a request would be let in). */
+int srv_keys_admit(srv_keys *k, const srv_key *key, double now, double *retry_s);
+
+#endif
