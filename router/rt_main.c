@@ -303,12 +303,17 @@ static int h_admin(struct mg_connection *c, void *cb)
     router *r = cb;
     const char *auth = mg_get_header(c, "Authorization");
     char body[256] = "";
-    int n = mg_read(c, body, sizeof body - 1);
-    body[n > 0 ? n : 0] = 0;
-    json_t *j = json_loads(body, 0, NULL), *w = json_object_get(j, "weight");
     int code = !r->admin_token ? 404 : !http_guard_bearer_ok(auth, r->admin_token) ? 401
-               : strcmp(mg_get_request_info(c)->request_method, "POST") ? 405
-               : !json_is_integer(w) || json_integer_value(w) < 0 || json_integer_value(w) > 100 ? 400 : 200;
+               : strcmp(mg_get_request_info(c)->request_method, "POST") ? 405 : 0;
+    if (!code) { /* only an authorized caller's body is read, and within a deadline */
+        http_guard_arm(c, 10);
+        int n = mg_read(c, body, sizeof body - 1);
+        http_guard_disarm(c);
+        body[n > 0 ? n : 0] = 0;
+    }
+    json_t *j = code ? NULL : json_loads(body, 0, NULL), *w = json_object_get(j, "weight");
+    if (!code)
+        code = !json_is_integer(w) || json_integer_value(w) < 0 || json_integer_value(w) > 100 ? 400 : 200;
     if (code == 200) {
         rt_pool_set_weight(r->pool, (int)json_integer_value(w));
         logf_("canary weight %d%%", (int)json_integer_value(w));
@@ -403,8 +408,14 @@ int main(int argc, char **argv)
             weight = (int)x;
         else if (!strcmp(a, "--admin-token") && *v)
             r.admin_token = v;
-        else if (!strcmp(a, "--admin-token-file") && !http_guard_token_file(v, r.admin_buf, sizeof r.admin_buf))
-            r.admin_token = r.admin_buf;
+        else if (!strcmp(a, "--admin-token-file")) {
+            if (http_guard_token_file(v, r.admin_buf, sizeof r.admin_buf)) {
+                fprintf(stderr, "llm-router: --admin-token-file %s: cannot read a token from it (one line, 1-255 "
+                                "characters)\n", v);
+                return 2;
+            }
+            r.admin_token = r.admin_buf; /* read once: restart the router to rotate it */
+        }
         else if (!strcmp(a, "--weight-configmap") && strchr(v, '/') && strchr(v, '/') != v && strchr(v, '/')[1] &&
                  strlen(v) < sizeof r.weight_ns) {
             snprintf(r.weight_ns, sizeof r.weight_ns, "%.*s", (int)(strchr(v, '/') - v), v);

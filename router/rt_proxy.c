@@ -24,13 +24,14 @@ static double mono_s(void)
 static int reply(struct mg_connection *c, int code, const char *type, const char *msg)
 {
     json_t *j = json_pack("{s:{s:s,s:s,s:n,s:n}}", "error", "message", msg, "type",
-                          code == 503 ? "service_unavailable" : code == 413 || code == 408 ? "invalid_request_error" : "server_error",
+                          code == 503 ? "service_unavailable" : code == 413 || code == 408 || code == 400 ? "invalid_request_error"
+                                                                                    : "server_error",
                           "param", "code");
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
     const char *b = body ? body : "{\"error\":{\"message\":\"router error\"}}";
     mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: %s\r\n\r\n%s", code,
               code == 503 ? "Service Unavailable" : code == 413 ? "Payload Too Large" : code == 408 ? "Request Timeout"
-              : code == 504 ? "Gateway Timeout" : "Bad Gateway", type, strlen(b), code == 503 ? "Retry-After: 1\r\n" : "",
+              : code == 504 ? "Gateway Timeout" : code == 400 ? "Bad Request" : "Bad Gateway", type, strlen(b), code == 503 ? "Retry-After: 1\r\n" : "",
               http_guard_connection(c), b);
     free(body);
     json_decref(j);
@@ -61,8 +62,15 @@ static char *read_body(struct mg_connection *c, long max, double seconds, size_t
             }
             buf = p;
         }
-        if ((r = mg_read(c, buf + n, cap - n)) <= 0)
+        if ((r = mg_read(c, buf + n, cap - n)) <= 0) {
+            if (r < 0) { /* cut (the deadline) or broken */
+                free(buf);
+                http_guard_disarm(c);
+                *status = 408;
+                return NULL;
+            }
             break;
+        }
         n += (size_t)r;
         if (n > (size_t)max) {
             free(buf);
@@ -94,12 +102,12 @@ static int chunk_write(struct mg_connection *c, const char *d, size_t len)
 {
     char buf[16384];
     int h = snprintf(buf, sizeof buf, "%zx\r\n", len);
-    if (len + (size_t)h + 2 <= sizeof buf) {
+    if (len + (size_t)h + 2 <= sizeof buf) { /* a short write (a timeout midway) breaks the framing: gone */
         memcpy(buf + h, d, len);
         memcpy(buf + h + len, "\r\n", 2);
-        return mg_write(c, buf, (size_t)h + len + 2) > 0;
+        return mg_write(c, buf, (size_t)h + len + 2) == (int)((size_t)h + len + 2);
     }
-    return mg_write(c, buf, (size_t)h) > 0 && mg_write(c, d, len) > 0 && mg_write(c, "\r\n", 2) > 0;
+    return mg_write(c, buf, (size_t)h) == h && mg_write(c, d, len) == (int)len && mg_write(c, "\r\n", 2) == 2;
 }
 
 /* One attempt's state. */
@@ -216,6 +224,18 @@ static CURL *thread_curl(void)
     return h;
 }
 
+/* curl's progress callback (about once a second, and on each transfer):
+ * a client that left while a whole answer is made upstream (nothing is
+ * written to it until the end) aborts the transfer; the backend cancels. */
+static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
+{
+    attempt *a = arg;
+    (void)dt, (void)dn, (void)ut, (void)un;
+    if (!a->client_gone && http_guard_client_gone(a->c))
+        a->client_gone = 1;
+    return a->client_gone;
+}
+
 /* One attempt at backend url; returns the curl result. */
 static CURLcode send_to(rt_proxy *px, struct mg_connection *c, const char *url, const char *body, size_t len,
                         attempt *a)
@@ -244,6 +264,9 @@ static CURLcode send_to(rt_proxy *px, struct mg_connection *c, const char *url, 
     curl_easy_setopt(h, CURLOPT_TIMEOUT, px->timeout_s);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, a);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
     CURLcode rc = curl_easy_perform(h);
     curl_slist_free_all(hdr);
     return rc;
@@ -252,6 +275,9 @@ static CURLcode send_to(rt_proxy *px, struct mg_connection *c, const char *url, 
 static const char WAITING[] = ": waiting for a backend\n\n";
 static const char NO_BACKEND_EVENT[] =
     "data: {\"error\":{\"message\":\"no backend could take the request\",\"type\":\"service_unavailable\"}}\n\n";
+
+static const char CUT_EVENT[] =
+    "data: {\"error\":{\"message\":\"the backend failed midway\",\"type\":\"server_error\"}}\n\n";
 
 /* A backend's 5xx answer held back while others are tried. */
 typedef struct held_err {
@@ -336,9 +362,30 @@ static void session_of(rt_proxy *px, struct mg_connection *c, json_t *j, char *o
 static int retriable(CURL *h, CURLcode rc)
 {
     curl_off_t sent = 0;
-    if (rc == CURLE_OPERATION_TIMEDOUT)
+    switch (rc) {
+    case CURLE_OPERATION_TIMEDOUT:
         return curl_easy_getinfo(h, CURLINFO_PRETRANSFER_TIME_T, &sent) != CURLE_OK || sent == 0;
-    return rc != CURLE_OK;
+    case CURLE_COULDNT_RESOLVE_HOST: case CURLE_COULDNT_CONNECT: case CURLE_SEND_ERROR: case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING: case CURLE_PARTIAL_FILE:
+        return 1;
+    default: /* ours (a URL curl refuses, no memory) or the client's (it left): not the backend's fault */
+        return 0;
+    }
+}
+
+/* The end of an answer that went out: its last chunk; or, when the
+ * backend failed midway, an error event (a stream) and a close without
+ * the last chunk, so the client sees the answer cut rather than whole. */
+static int finish(struct mg_connection *c, const attempt *a, CURLcode rc)
+{
+    if (rc == CURLE_OK) {
+        mg_printf(c, "0\r\n\r\n");
+        return a->status ? (int)a->status : 200;
+    }
+    if (strstr(a->ctype, "event-stream"))
+        chunk_write(c, CUT_EVENT, sizeof CUT_EVENT - 1);
+    mg_disable_connection_keep_alive(c);
+    return 502;
 }
 
 /* One pass over the backends: the answer is sent here unless none could
@@ -356,8 +403,10 @@ static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, 
         attempt a = {.c = c, .backend = url, .t0 = mono_s(), .started = answered, /* a held stream has its head */
                      .revision = rt_pool_revision(px->pool, idx) ? "canary" : "stable"};
         CURLcode rc = send_to(px, c, url, body, len, &a);
-        int retry = !a.started && (retriable(thread_curl(), rc) || (rc == CURLE_OK && a.status >= 500));
-        a.res.ok = !retry; /* the breaker counts only what a retry would avoid */
+        /* the backend's fault: unreachable, dropped, 5xx before a byte went out */
+        int fault = !a.client_gone && (retriable(thread_curl(), rc) || (rc == CURLE_OK && a.status >= 500 && !a.started));
+        int retry = fault && !a.started;
+        a.res.ok = !fault; /* the breaker counts only the backend's faults */
         a.res.seconds = mono_s() - a.t0;
         a.res.ttfb = a.first ? a.first - a.t0 : -1;
         a.res.status = rc == CURLE_OK || a.started ? (int)a.status : rc == CURLE_OPERATION_TIMEDOUT ? 504 : 0;
@@ -365,12 +414,14 @@ static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, 
         avoid[idx / 8] |= (unsigned char)(1u << (idx % 8));
         if (!retry) {
             free(a.err_body);
-            if (a.started) {
-                mg_printf(c, "0\r\n\r\n"); /* the last chunk */
-                return a.status ? (int)a.status : 200;
-            }
-            if (rc != CURLE_OK)
+            if (a.client_gone)
+                return 499;
+            if (a.started)
+                return finish(c, &a, rc);
+            if (rc == CURLE_OPERATION_TIMEDOUT)
                 return reply(c, 504, "application/json", "the backend did not answer within the router's timeout_s");
+            if (rc != CURLE_OK)
+                return reply(c, 502, "application/json", "the router could not pass the request on");
             mg_printf(c, "HTTP/1.1 %ld OK\r\nContent-Length: 0\r\nConnection: %s\r\n\r\n", a.status,
                       http_guard_connection(c)); /* an empty body: the head still goes out */
             return (int)a.status;
@@ -386,11 +437,26 @@ static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, 
     return 0;
 }
 
+/* civetweb hands handlers the path percent-decoded: forwarding it as is
+ * would let "%20" make curl refuse the URL and "%252e%252e" reach the
+ * backend's other routes. API paths are plain: anything else is refused. */
+static int plain_path(const char *p)
+{
+    if (!p || *p != '/')
+        return 0;
+    for (const char *q = p; *q; q++)
+        if (*q <= ' ' || *q > '~' || *q == '%' || *q == '\\' || (*q == '.' && q[-1] == '/'))
+            return 0;
+    return 1;
+}
+
 int rt_proxy_handle(struct mg_connection *c, void *cbdata)
 {
     rt_proxy *px = cbdata;
     size_t len = 0;
     int bad = 0;
+    if (!plain_path(mg_get_request_info(c)->local_uri))
+        return reply(c, 400, "application/json", "the path is not a plain API path (printable ASCII, no '%', no dot segments)");
     __atomic_add_fetch(&px->active, 1, __ATOMIC_RELAXED);
     char *body = read_body(c, px->max_body, px->body_timeout_s, &len, &bad);
     if (!body) {

@@ -32,6 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <errno.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -206,6 +208,27 @@ static void *watch(void *arg)
 
 /* ---- the API ------------------------------------------------------------------ */
 
+/* Each connection is a descriptor: the soft limit goes up to the hard one
+ * when it is below what max_connections needs (plus the model files, the
+ * backends' and the health listener's); LLM_ERR_INVALID_ARG naming both
+ * when even the hard limit is too low. */
+static llm_status fd_room(int max_connections, llm_error *err)
+{
+    struct rlimit rl;
+    rlim_t need = (rlim_t)max_connections + GUARD_RESERVE + 256;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur >= need)
+        return LLM_OK;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "max_connections %d needs %llu open files; the limit is %llu "
+                        "(raise it, or lower max_connections)", max_connections, (unsigned long long)need,
+                        (unsigned long long)rl.rlim_max);
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? need : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl))
+        return llm_errf(err, LLM_ERR_IO, "cannot raise the open files limit to %llu: %s", (unsigned long long)rl.rlim_cur,
+                        strerror(errno));
+    return LLM_OK;
+}
+
 static void guard_free(http_guard *g)
 {
     pthread_mutex_destroy(&g->mu);
@@ -228,7 +251,12 @@ llm_status http_guard_start(const http_guard_cfg *cfg, const char *const *opts, 
     snprintf(threads, sizeof threads, "%d", http_guard_threads(cfg->max_connections));
     snprintf(req_ms, sizeof req_ms, "%.0f", cfg->header_timeout_s * 1e3);
     snprintf(ka_ms, sizeof ka_ms, "%.0f", (cfg->keep_alive_s + cfg->header_timeout_s) * 1e3);
-    for (; opts[n] && n + 10 < sizeof all / sizeof *all; n += 2) {
+    for (; opts[n]; n += 2) {
+        if (n + 12 >= sizeof all / sizeof *all) {
+            guard_free(g);
+            return llm_errf(err, LLM_ERR_INVALID_ARG, "HTTP guard: more than %zu civetweb options",
+                            sizeof all / sizeof *all / 2 - 6);
+        }
         all[n] = opts[n];
         all[n + 1] = opts[n + 1];
         if (!strcmp(opts[n], "listening_ports"))
@@ -240,6 +268,10 @@ llm_status http_guard_start(const http_guard_cfg *cfg, const char *const *opts, 
                           cfg->keep_alive_s > 0 ? "yes" : "no", "keep_alive_timeout_ms", ka_ms, NULL};
     for (size_t i = 0; mine[i]; i++) all[n++] = mine[i];
     all[n] = NULL;
+    if (fd_room(cfg->max_connections, err)) {
+        guard_free(g);
+        return err->code;
+    }
     struct mg_callbacks cb;
     memset(&cb, 0, sizeof cb);
     cb.init_connection = on_init;
@@ -312,7 +344,9 @@ const char *http_guard_connection(struct mg_connection *c)
     int body_done = ri->content_length == 0 || (ri->content_length < 0 && !mg_get_header(c, "Transfer-Encoding")) ||
                     (k && k->body_read);
     pthread_mutex_lock(&g->mu);
-    int keep = k && !g->closing && g->cfg.keep_alive_s > 0 && body_done && client_keeps(ri, mg_get_header(c, "Connection"));
+    /* HEAD: civetweb writes our bodies anyway; a kept-alive client would read one as the next answer */
+    int keep = k && !g->closing && g->cfg.keep_alive_s > 0 && body_done && strcmp(ri->request_method, "HEAD") &&
+               client_keeps(ri, mg_get_header(c, "Connection"));
     pthread_mutex_unlock(&g->mu);
     if (!keep)
         mg_disable_connection_keep_alive(c);

@@ -40,10 +40,12 @@ int http_guard_threads(int max_connections);
 
 /* Starts civetweb with opts (NULL-terminated pairs; the guard adds
  * num_threads, request_timeout_ms, enable_keep_alive and keep_alive_timeout_ms)
- * (tcp_nodelay too) and the guard's watchdog thread. *out gets the guard; http_guard_mg(*out) the
+ * (tcp_nodelay too) and the guard's watchdog thread; the open files
+ * limit is raised to fit max_connections. *out gets the guard; http_guard_mg(*out) the
  * context, whose request handlers are the caller's to set (its user data
  * is the guard's: handlers get theirs as cbdata). LLM_ERR_IO when
- * civetweb cannot listen (err names the ports), LLM_ERR_NOMEM. */
+ * civetweb cannot listen (err names the ports), LLM_ERR_INVALID_ARG when
+ * the open files limit cannot fit max_connections, LLM_ERR_NOMEM. */
 llm_status http_guard_start(const http_guard_cfg *cfg, const char *const *opts, http_guard **out, llm_error *err);
 struct mg_context *http_guard_mg(const http_guard *g);
 /* Stops civetweb (connections are closed), then the watchdog; frees g.
@@ -74,7 +76,9 @@ void http_guard_body_read(struct mg_connection *c);
 void http_guard_discard(struct mg_connection *c, long long max, double seconds);
 /* Gives the request a deadline seconds from now (again: moves it), after
  * which its socket is shut and a read or write on it fails; disarm ends
- * it. For a handler, about its connection. */
+ * it. For a handler, about its connection. When the socket cannot be
+ * found (no /proc), nothing is armed: civetweb's per-read timeout
+ * (header_timeout_s) is then the only bound. */
 void http_guard_arm(struct mg_connection *c, double seconds);
 void http_guard_disarm(struct mg_connection *c);
 /* Whether an Authorization header value is "Bearer TOKEN" with token's

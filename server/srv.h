@@ -74,6 +74,7 @@ typedef struct srv_err {
     const char *type;
     char param[64];
     char msg[512];
+    int retry_s;               /* 429: when to retry (Retry-After); 0: 1 s */
 } srv_err;
 
 void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));

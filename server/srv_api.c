@@ -324,13 +324,14 @@ static int parse_messages(int tmpl, const llm_vocab *vocab, json_t *o, srv_compl
 }
 
 /* A whole answer is built in memory before it is sent: refuse one whose
- * size could pass max_answer_bytes, from the request alone (per token:
- * its text, escaped, about 32 bytes; each logprob entry with its bytes
- * array about 96). max_tokens unset means up to the context. */
+ * size could pass max_answer_bytes, from the request alone. Per token: its
+ * text, about 64 bytes; each logprob entry about 1 KiB, which is what one
+ * costs as jansson objects (a token with 20 alternatives measured 17.9 KiB
+ * of heap) before it is printed. max_tokens unset means up to the context. */
 static int answer_too_big(const srv *s, const srv_completion *c, srv_err *e)
 {
     double tokens = c->rq.max_tokens ? c->rq.max_tokens : s->cfg.n_ctx ? s->cfg.n_ctx : 4096;
-    double per = 32 + (c->n_logprobs >= 0 ? 96.0 * (1 + c->n_logprobs) : 0);
+    double per = 64 + (c->n_logprobs >= 0 ? 1024.0 * (1 + c->n_logprobs) : 0);
     double est = (c->rq.n > 0 ? c->rq.n : 1) * tokens * per;
     if (est <= (double)s->cfg.max_answer_bytes)
         return 0;

@@ -278,7 +278,15 @@ static int open_model(const srv *s, const char *path, int *fd, srv_err *e)
         srv_err_set(e, 400, "model", "'model' %s is not a file inside the model directory %s", path, dir);
         return 400;
     }
-    if ((*fd = open(real, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW)) < 0 || fstat(*fd, &st) || !S_ISREG(st.st_mode) ||
+    char opened[PATH_MAX + 1], link[64];
+    ssize_t k = -1;
+    if ((*fd = open(real, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW)) >= 0) { /* what was opened, not what was named */
+        snprintf(link, sizeof link, "/proc/self/fd/%d", *fd);
+        k = readlink(link, opened, sizeof opened - 1);
+    }
+    if (k >= 0)
+        opened[k] = 0;
+    if (*fd < 0 || k < 0 || strncmp(opened, dir, n) || opened[n] != '/' || fstat(*fd, &st) || !S_ISREG(st.st_mode) ||
         st.st_size <= 0) {
         srv_err_set(e, 400, "model", "'model' %s is not a regular file with data (in %s)", path, dir);
         if (*fd >= 0)

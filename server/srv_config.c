@@ -71,7 +71,7 @@ static const key_def keys[] = {
     {"admin_token", K_STR, F(admin_token), 0, 0, "",
      "bearer token of /admin/canary (or LLM_SERVER_ADMIN_TOKEN); prefer admin_token_file; empty: the route is off"},
     {"admin_token_file", K_STR, F(admin_token_file), 0, 0, "",
-     "file holding the bearer token of /admin/canary (a mounted Secret; read at startup)"},
+     "file holding the bearer token of /admin/canary (a mounted Secret; read at each admin request)"},
     {"model_dir", K_STR, F(model_dir), 0, 0, "",
      "directory a colocated canary's model must lie in (symbolic links resolved); empty: the model's own directory"},
     {"memory_budget_mb", K_INT, F(memory_budget_mb), 0, 1 << 30, "0",

@@ -9,9 +9,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
 #include "http_guard.h"
 #include "srv.h"
 #include "textout.h"
+
+/* A body refused unread is read and dropped, up to this many times
+ * max_body_bytes within DISCARD_S seconds, so the client reads the answer. */
+enum { DISCARD_BODIES = 4, DISCARD_S = 2 };
 
 enum { R_COMPLETIONS, R_CHAT, R_MODELS, R_GENERATE, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_PROBES, R_ROOT, R_OTHER };
 
@@ -48,9 +54,10 @@ static int send_json(struct mg_connection *c, int status, json_t *j)
 
 static int send_err(struct mg_connection *c, const srv_err *e)
 {
-    char *body = srv_err_body(e);
+    char *body = srv_err_body(e), retry[40];
+    snprintf(retry, sizeof retry, "Retry-After: %d\r\n", e->retry_s > 1 ? e->retry_s : 1);
     int rc = send_text(c, e->status, "application/json", body ? body : "{}",
-                       e->status == 429 ? "Retry-After: 1\r\n" : e->status == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL);
+                       e->status == 429 ? retry : e->status == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL);
     free(body);
     return rc;
 }
@@ -87,8 +94,15 @@ static int read_body(const srv *s, struct mg_connection *c, char **out, size_t *
             }
             buf = p;
         }
-        if ((r = mg_read(c, buf + n, cap - n)) <= 0)
+        if ((r = mg_read(c, buf + n, cap - n)) <= 0) {
+            if (r < 0) { /* cut (the deadline) or broken: not a body to act on */
+                free(buf);
+                http_guard_disarm(c);
+                srv_err_set(e, 408, NULL, "the request body did not arrive whole");
+                return 408;
+            }
             break;
+        }
         if (n + (size_t)r > max) {
             free(buf);
             http_guard_disarm(c);
@@ -130,9 +144,11 @@ static int api_gate(srv *s, struct mg_connection *c, const char *method, srv_err
         srv_err_set(e, 405, NULL, "use %s for %s", method, ri->local_uri);
     else if (s->keys.n && !(key = caller(s, c)))
         srv_err_set(e, 401, NULL, "a valid API key is required (Authorization: Bearer KEY)");
-    else if (!srv_keys_admit(&s->keys, key, now_s(), &retry))
+    else if (!srv_keys_admit(&s->keys, key, now_s(), &retry)) {
         srv_err_set(e, 429, NULL, "tenant '%s' is over its rate of %g requests/s; retry in %.1f s", key->tenant,
                     key->rate, retry);
+        e->retry_s = retry < 3600 ? (int)ceil(retry) : 3600;
+    }
     else if (atomic_load(&s->phase) != SRV_READY && (atomic_load(&s->phase) != SRV_DRAINING || atomic_load(&s->refusing)))
         srv_err_set(e, 503, NULL, "%s", atomic_load(&s->phase) == SRV_LOADING ? "the model is still loading"
                                         : atomic_load(&s->phase) == SRV_DRAINING ? "the server is shutting down"
@@ -268,7 +284,9 @@ enum { OUT_OK = 0, OUT_GONE = -1, OUT_NOMEM = -2 };
 static int sse_data(struct mg_connection *c, const char *text)
 {
     size_t n = strlen(text) + 8; /* "data: " TEXT "\n\n" */
-    return mg_printf(c, "%zx\r\ndata: %s\n\n\r\n", n, text) > 0;
+    int hex = snprintf(NULL, 0, "%zx", n);
+    /* all of it or gone: a short write (a timeout midway) leaves the framing broken */
+    return mg_printf(c, "%zx\r\ndata: %s\n\n\r\n", n, text) == (int)(n + (size_t)hex + 4);
 }
 
 /* The end of a stream: [DONE] when done, then the last chunk, in one
@@ -357,7 +375,8 @@ static int run_events(run *r, srv_err *e)
         /* a whole answer writes nothing until the end: a client that left is
          * seen by looking, at each token and at least every 100 ms */
         llm_status st = llm_engine_next(r->eng, r->id, &ev, r->cp->stream ? 1000 : 100);
-        if (!r->cp->stream && (st == LLM_OK || st == LLM_ERR_TIMEOUT) && http_guard_client_gone(r->c)) {
+        /* (a stream writes at each token; one still queued is looked at on each timeout) */
+        if ((st == LLM_ERR_TIMEOUT || (st == LLM_OK && !r->cp->stream)) && http_guard_client_gone(r->c)) {
             if (st == LLM_OK)
                 llm_event_clear(&ev);
             llm_engine_cancel(r->eng, r->id);
@@ -437,11 +456,13 @@ static void run_free(run *r)
     }
 }
 
-static uint64_t salt_mix(uint64_t h, const char *s)
+
+static unsigned char g_salt_secret[32];
+
+static void salt_secret(void)
 {
-    for (; s && *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL; /* FNV-1a */
-    h ^= h >> 31;
-    return h * 0x94d049bb133111ebULL;
+    if (getentropy(g_salt_secret, sizeof g_salt_secret))
+        for (size_t i = 0; i < sizeof g_salt_secret; i++) g_salt_secret[i] = (unsigned char)(rand() ^ (int)i);
 }
 
 /* The request's prefix cache partition: with API keys each tenant has
@@ -451,12 +472,25 @@ static uint64_t salt_mix(uint64_t h, const char *s)
  * common cache. */
 static uint64_t cache_salt(const srv_key *key, const char *field)
 {
+    if (!key && !field)
+        return 0;
+    /* a digest under a per-process random key over both, length-prefixed:
+     * no tenant can choose a salt that lands in another's partition */
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, salt_secret);
+    const char *t = key ? key->tenant : "", *f = field ? field : "";
+    char buf[1200];
+    int n = snprintf(buf, sizeof buf, "%zu:%s|%zu:%s|%d", strlen(t), t, strlen(f), f, field != NULL);
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned int dn = 0;
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    int ok = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) && EVP_DigestUpdate(md, g_salt_secret, sizeof g_salt_secret) &&
+             EVP_DigestUpdate(md, buf, (size_t)(n < (int)sizeof buf ? n : (int)sizeof buf - 1)) &&
+             EVP_DigestFinal_ex(md, d, &dn) && dn >= 8;
+    EVP_MD_CTX_free(md);
     uint64_t h = 0;
-    if (key)
-        h = salt_mix(0xcbf29ce484222325ULL, key->tenant);
-    if (field)
-        h = salt_mix(h ^ 0x9e3779b97f4a7c15ULL, field);
-    return h;
+    for (int i = 0; ok && i < 8; i++) h = h << 8 | d[i];
+    return ok ? (h ? h : 1) : 1; /* a failed digest: a partition of its own for all such (never the common 0) */
 }
 
 /* Streams or collects; the response is sent here. */
@@ -519,7 +553,7 @@ static int api(srv *s, struct mg_connection *c, int route, const char *method, a
     if (!status && !strcmp(method, "POST"))
         status = read_body(s, c, &body, &len, &e);
     status = status ? send_err(c, &e) : fn(s, c, body, len, &e);
-    http_guard_discard(c, 4 * s->cfg.max_body_bytes, 2); /* refused before its body was read */
+    http_guard_discard(c, DISCARD_BODIES * s->cfg.max_body_bytes, DISCARD_S); /* refused before its body was read */
     free(body);
     srv_metrics_request(&s->metrics, route, status);
     atomic_fetch_sub(&s->active, 1);
@@ -788,7 +822,8 @@ static llm_status start_health(srv *s, llm_error *err)
     char ports[300];
     snprintf(ports, sizeof ports, "%s:%ld", s->cfg.host, s->cfg.health_port);
     const char *opts[] = {"listening_ports", ports, NULL};
-    http_guard_cfg g = {.max_connections = 16, .header_timeout_s = 2, .keep_alive_s = 10};
+    /* no keep-alive: kubelet opens a connection per probe, and idle ones would hold the few threads */
+    http_guard_cfg g = {.max_connections = 64, .header_timeout_s = 2, .keep_alive_s = 0};
     llm_status st = http_guard_start(&g, opts, &s->health, err);
     if (st)
         return st;

@@ -8,17 +8,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http_guard.h"
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 void srv_keys_free(srv_keys *k)
 {
+    if (!k)
+        return;
+    free(k->bucket);
+    k->bucket = NULL;
     for (int i = 0; i < k->n; i++) {
         free(k->k[i].key);
         free(k->k[i].tenant);
     }
     free(k->k);
     k->k = NULL;
-    k->n = 0;
+    k->n = k->cap = 0;
 }
 
 /* Printable ASCII without spaces, 1..SRV_KEY_MAX_LEN bytes. */
@@ -62,6 +67,24 @@ static int setting(srv_key *k, const char *w, size_t n, int line, llm_error *err
     return -1;
 }
 
+/* Room for one more key (doubling); 0 or -1. */
+static int grow(srv_keys *out)
+{
+    if (out->n < out->cap)
+        return 0;
+    int cap = out->cap ? 2 * out->cap : 8;
+    srv_key *k = realloc(out->k, sizeof *k * (size_t)cap);
+    if (k)
+        out->k = k;
+    srv_bucket *b = k ? realloc(out->bucket, sizeof *b * (size_t)cap) : NULL;
+    if (b)
+        out->bucket = b;
+    if (!b)
+        return -1;
+    out->cap = cap;
+    return 0;
+}
+
 /* One line's key and settings appended to out; 0 or -1. Blank lines and
  * comments add nothing. */
 static int parse_line(const char *p, size_t n, int line, srv_keys *out, llm_error *err)
@@ -90,16 +113,16 @@ static int parse_line(const char *p, size_t n, int line, srv_keys *out, llm_erro
         rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: more than %d keys", SRV_KEYS_MAX), -1);
     if (!rc && k.key && !k.tenant && !(k.tenant = strdup(k.key)))
         rc = (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
-    srv_key *grown = !rc && k.key ? realloc(out->k, sizeof *grown * (size_t)(out->n + 1)) : NULL;
-    if (!rc && k.key && !grown)
+    if (!rc && k.key && grow(out))
         rc = (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
+    if (!rc && k.key && !EVP_Digest(k.key, strlen(k.key), k.digest, NULL, EVP_sha256(), NULL))
+        rc = (llm_errf(err, LLM_ERR_INTERNAL, "keys: SHA-256 failed"), -1);
     if (rc || !k.key) {
         free(k.key);
         free(k.tenant);
         return rc;
     }
-    out->k = grown;
-    k.tokens = k.rate > 1 ? k.rate : 1;
+    out->bucket[out->n] = (srv_bucket){.tokens = k.rate > 1 ? k.rate : 1};
     out->k[out->n++] = k;
     return 0;
 }
@@ -117,7 +140,7 @@ llm_status srv_keys_parse(const char *text, size_t len, const char *sep, srv_key
     int line = 1;
     for (size_t i = 0; i <= len; line++) {
         size_t j = i;
-        while (j < len && !strchr(sep, text[j])) j++;
+        while (j < len && !(text[j] && strchr(sep, text[j]))) j++; /* (a NUL is no separator: a key refuses it) */
         if (parse_line(text + i, j - i, line, out, err)) {
             srv_keys_free(out);
             return err->code;
@@ -152,9 +175,13 @@ llm_status srv_keys_load(const char *path, const char *env, srv_keys *out, llm_e
 
 const srv_key *srv_keys_find(const srv_keys *k, const char *authorization)
 {
+    unsigned char d[32];
+    if (!authorization || strncmp(authorization, "Bearer ", 7) ||
+        !EVP_Digest(authorization + 7, strlen(authorization + 7), d, NULL, EVP_sha256(), NULL))
+        return NULL;
     const srv_key *found = NULL;
     for (int i = 0; i < k->n; i++) /* all of them: when it matched must not show */
-        if (http_guard_bearer_ok(authorization, k->k[i].key))
+        if (!CRYPTO_memcmp(d, k->k[i].digest, sizeof d))
             found = &k->k[i];
     return found;
 }
@@ -163,10 +190,10 @@ int srv_keys_admit(srv_keys *k, const srv_key *key, double now, double *retry_s)
 {
     if (!key || key->rate <= 0)
         return 1;
-    srv_key *m = (srv_key *)key; /* the bucket is the only mutable part, under mu */
-    double cap = m->rate > 1 ? m->rate : 1;
+    srv_bucket *m = &k->bucket[key - k->k];
+    double cap = key->rate > 1 ? key->rate : 1;
     pthread_mutex_lock(&k->mu);
-    m->tokens += (now - m->last) * m->rate;
+    m->tokens += (now - m->last) * key->rate;
     if (m->tokens > cap || m->last == 0)
         m->tokens = cap;
     m->last = now;
@@ -174,7 +201,7 @@ int srv_keys_admit(srv_keys *k, const srv_key *key, double now, double *retry_s)
     if (ok)
         m->tokens -= 1;
     else
-        *retry_s = (1 - m->tokens) / m->rate;
+        *retry_s = (1 - m->tokens) / key->rate;
     pthread_mutex_unlock(&k->mu);
     return ok;
 }

@@ -32,12 +32,18 @@ typedef struct srv_key {
     char *key, *tenant;
     int max_priority;
     double rate;                /* requests/s; 0: unlimited */
-    double tokens, last;        /* the bucket, under srv_keys.mu */
+    unsigned char digest[32];   /* SHA-256 of key: what a header is compared with */
 } srv_key;
+
+/* A key's rate bucket (srv_keys.bucket[i] for k[i]), under mu. */
+typedef struct srv_bucket {
+    double tokens, last;
+} srv_bucket;
 
 typedef struct srv_keys {
     srv_key *k;
-    int n;
+    srv_bucket *bucket;
+    int n, cap;
     pthread_mutex_t mu;
 } srv_keys;
 
@@ -49,10 +55,10 @@ llm_status srv_keys_parse(const char *text, size_t len, const char *sep, srv_key
 /* From the file path (at most 4 MiB) when path is not empty, else from
  * the environment variable env; none: no keys (the API is open). */
 llm_status srv_keys_load(const char *path, const char *env, srv_keys *out, llm_error *err);
-void srv_keys_free(srv_keys *k);
+void srv_keys_free(srv_keys *k); /* NULL: nothing */
 
-/* The key an Authorization header ("Bearer KEY") names, or NULL; every key
- * is compared, each in constant time. */
+/* The key an Authorization header ("Bearer KEY") names, or NULL: the
+ * header's digest against every key's, each in constant time. */
 const srv_key *srv_keys_find(const srv_keys *k, const char *authorization);
 /* Takes one request from key's bucket at time now (seconds): 1, or 0 when
  * over its rate (*retry_s: when a request would be let in). */

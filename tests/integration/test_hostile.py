@@ -125,7 +125,7 @@ def test_probes_answer_under_trickle_and_streams(big):
     /readyz on the health port answer within 100 ms (p95; max printed),
     and the API port still answers a plain request."""
     hp = free_port()
-    srv = Server(big, "--health_port", hp, "--threads", 1, "--max_connections", 400, "--header_timeout_s", 120)
+    srv = Server(big, "--health_port", hp, "--threads", 1, "--max_connections", 400, "--header_timeout_s", 900)
     try:
         tr = Tricklers(srv.port, 200, period=0.5)
         socks = [None] * 128
@@ -148,7 +148,7 @@ def test_probes_answer_under_trickle_and_streams(big):
               f"max {times[-1]:.1f} ms; API /v1/models {api_ms:.1f} ms")
         assert p95 < 100, times
         assert api_status == 200
-        assert tr.open() == 200  # nobody was cut early: the deadline is 120 s
+        assert tr.open() == 200  # nobody was cut early: the deadline is 900 s
         tr.close()
         for s in socks[:64]:
             s.close()
@@ -270,6 +270,11 @@ def test_thousand_idle_keepalive_connections(model):
     """1,000 clients each holding an idle kept-alive connection: all are
     held (a thread each), the server still answers, and every one of them
     is still usable afterwards."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2600:
+        pytest.skip(f"the open files limit ({hard}) is below 2,600: 1,000 sockets on each side")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2600), hard))  # ours; the server raises its own
     hp = free_port()
     srv = Server(model, "--health_port", hp, "--max_connections", 1100, "--keep_alive_s", 120)
     try:
@@ -330,7 +335,7 @@ def test_router_keeps_alive_and_drains(big):
             assert not body.get("stream") or text.endswith(b"data: [DONE]\n\n")
             ports.add(c.sock.getsockname()[1])
         assert len(ports) == 1
-        long = {"prompt": "Once", "max_tokens": 300, "stream": True, "ignore_eos": True}
+        long = {"prompt": "Once", "max_tokens": 500, "stream": True, "ignore_eos": True}
         s = http.client.HTTPConnection("127.0.0.1", r.port, timeout=60)
         s.request("POST", "/v1/completions", body=json.dumps(long), headers={"Content-Type": "application/json"})
         sresp = s.getresponse()
@@ -340,7 +345,7 @@ def test_router_keeps_alive_and_drains(big):
         wait_for(lambda: r.code("/readyz") == 503, timeout=10, what="router not ready after SIGTERM")
         assert r.post({"prompt": "Once", "max_tokens": 2})[0] == 200  # still served during the delay
         rest = sresp.read()
-        assert rest.count(b"data: ") >= 300 and rest.endswith(b"data: [DONE]\n\n"), rest[-200:]
+        assert rest.count(b"data: ") >= 500 and rest.endswith(b"data: [DONE]\n\n"), rest[-200:]
         assert r.proc.wait(30) == 0
         log = r.proc.stderr.read()
         assert "draining: 1 requests in flight" in log, log  # the stream outlived the delay: the drain carried it
@@ -486,6 +491,7 @@ def test_admin_route_cannot_be_abused(tmp_path, models):
         assert srv.stop() == 0
         print(f"SIGTERM with a 6 GiB digest check under way: exited in {time.time() - t:.2f} s")
         assert time.time() - t < 10
+        assert "the sha256 check was abandoned" in srv.log, srv.log[-2000:]  # it was under way, and stopped
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
@@ -506,7 +512,7 @@ def test_keys_file_tenants_rates_and_cache(model, tmp_path):
     """Keys of one tenant share its prefix cache, another tenant's key sees
     none of it; a tenant over its rate gets 429 naming it; a bad keys file
     stops the server with the line and setting named."""
-    srv = keyed(model, tmp_path, "# tenants\na1 tenant=A\na2 tenant=A max_priority=3\nb1 tenant=B rate=2\n")
+    srv = keyed(model, tmp_path, "# tenants\na1 tenant=A\na2 tenant=A max_priority=3\nb1 tenant=B rate=0.2\n")
     try:
         prompt = {"prompt": "Once upon a time there was a little girl who lived in a village near the forest. " * 2,
                   "max_tokens": 2, "temperature": 0}
@@ -515,10 +521,10 @@ def test_keys_file_tenants_rates_and_cache(model, tmp_path):
         assert cached(ask(srv, "a1", prompt)) == 0
         assert cached(ask(srv, "a2", prompt)) > 0   # same tenant: shared
         assert cached(ask(srv, "b1", prompt)) == 0  # another tenant: its own partition
-        codes = [ask(srv, "b1", {"prompt": "x", "max_tokens": 1}) for _ in range(6)]
+        codes = [ask(srv, "b1", {"prompt": "x", "max_tokens": 1}) for _ in range(3)]  # one per 5 s: the 2nd waits
         limited = [r for r in codes if r[0] == 429]
         assert limited and "tenant 'B'" in json.loads(limited[0][1])["error"]["message"]
-        assert limited[0][2].getheader("Retry-After")
+        assert 1 <= int(limited[0][2].getheader("Retry-After")) <= 5
         assert all(ask(srv, "a1", {"prompt": "x", "max_tokens": 1})[0] == 200 for _ in range(6))  # no rate: A
     finally:
         assert srv.stop() == 0
@@ -561,3 +567,26 @@ def test_priority_flood_is_bounded(model, tmp_path):
     finally:
         stop.set()
         assert srv.stop() == 0
+
+
+def test_router_refuses_odd_paths_without_blaming_backends(model):
+    """civetweb decodes the path: '%20' once made curl refuse the URL, which
+    counted against (and ejected) healthy backends, and '%252e%252e' reached
+    the backend's other routes. Such paths are 400 now; the backend stays up."""
+    backend = Server(model)
+    r = router("--backend", backend.base, "--eject-after", 1)
+    try:
+        for path in ("/v1/%20", "/v1/%0a", "/v1/%252e%252e/admin/canary", "/v1/../admin/canary", "/v1/./models"):
+            c = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
+            c.request("GET", path)
+            resp = c.getresponse()
+            resp.read()
+            assert resp.status in (400, 404), (path, resp.status)
+            c.close()
+        m = r.metrics()
+        assert [v for (n, _), v in m.items() if n == "llm_router_backend_up"] == [1.0]
+        assert sum(v for (n, _), v in m.items() if n == "llm_router_backend_failures_total") == 0
+        assert r.post({"prompt": "Once", "max_tokens": 2})[0] == 200
+    finally:
+        r.stop()
+        backend.stop()
