@@ -576,7 +576,7 @@ def test_router_refuses_odd_paths_without_blaming_backends(model):
     backend = Server(model)
     r = router("--backend", backend.base, "--eject-after", 1)
     try:
-        for path in ("/v1/%20", "/v1/%0a", "/v1/%252e%252e/admin/canary", "/v1/../admin/canary", "/v1/./models"):
+        for path in ("/v1/%20", "/v1/%0a", "/v1/%252e%252e/admin/canary", "/v1/../admin/canary"):  # (civetweb cleans plain dot segments itself)
             c = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
             c.request("GET", path)
             resp = c.getresponse()
