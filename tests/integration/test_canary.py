@@ -250,7 +250,7 @@ def test_colocated_canary_promotes_inside_the_stable_pods(cluster):
     shutil.copy(c.model, copy)
     steps = [{"weight": 50, "pause": 4}]
     ip = start(c, colocated_spec(steps))
-    pods0 = c.ready_ips("story-backends")
+    pods0 = wait_for(lambda: c.ready_ips("story-backends"), 60)  # (a loaded machine: the pod may still be turning ready)
     client = Client(ip)
     try:
         time.sleep(1)

@@ -321,7 +321,7 @@ def test_router_keeps_alive_and_drains(big):
     requests are still served for the shutdown delay; a stream running
     then finishes whole (the drain), and the router exits 0."""
     backend = Server(big, "--threads", 1)
-    r = router("--backend", backend.base, "--shutdown-delay-s", 2, "--drain-timeout-s", 60)
+    r = router("--backend", backend.base, "--shutdown-delay-s", 1, "--drain-timeout-s", 60)
     try:
         c = http.client.HTTPConnection("127.0.0.1", r.port, timeout=30)
         ports = set()

@@ -226,6 +226,7 @@ def test_backends_from_endpointslices(tmp_path, models):
         wait_for(lambda: len(c.ready_ips()) == 2, 90)
         r = Router("--service", "default/story", "--kubeconfig", c.dir / "kubeconfig")
         wait_for(lambda: r.code("/readyz") == 200, 20)
+        wait_for(lambda: r.metrics().get(("llm_router_backends", ()), 0) == 2, 30)  # both known before the count
         hits = {r.post({"model": "story", "prompt": "Once", "max_tokens": 2})[2] for _ in range(6)}
         assert hits == {f"http://{ip}:8080" for ip in c.ready_ips()}
         c.k("scale", "llmd/story", "--replicas=1")
