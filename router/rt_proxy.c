@@ -38,63 +38,6 @@ static int reply(struct mg_connection *c, int code, const char *type, const char
     return code;
 }
 
-/* The whole request body, at most max bytes, within seconds in all (the
- * guard cuts a client that trickles it); NULL and *status set when not. */
-static char *read_body(struct mg_connection *c, long max, double seconds, size_t *len, int *status)
-{
-    const struct mg_request_info *ri = mg_get_request_info(c);
-    *status = 0;
-    if (ri->content_length > max) {
-        *status = 413;
-        return NULL;
-    }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap + 1);
-    http_guard_arm(c, seconds);
-    for (int r; buf;) {
-        if (n == cap) {
-            char *p = cap < (size_t)max + 1 ? realloc(buf, (cap *= 2) + 1) : NULL;
-            if (!p) {
-                free(buf);
-                http_guard_disarm(c);
-                *status = 413;
-                return NULL;
-            }
-            buf = p;
-        }
-        if ((r = mg_read(c, buf + n, cap - n)) <= 0) {
-            if (r < 0) { /* cut (the deadline) or broken */
-                free(buf);
-                http_guard_disarm(c);
-                *status = 408;
-                return NULL;
-            }
-            break;
-        }
-        n += (size_t)r;
-        if (n > (size_t)max) {
-            free(buf);
-            http_guard_disarm(c);
-            *status = 413;
-            return NULL;
-        }
-    }
-    http_guard_disarm(c);
-    if (buf && ri->content_length >= 0 && (long long)n < ri->content_length) {
-        free(buf); /* the client left, or its time ran out */
-        *status = 408;
-        return NULL;
-    }
-    if (!buf) {
-        *status = *status ? *status : 500;
-        return NULL;
-    }
-    http_guard_body_read(c);
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
 /* Writes one piece of a chunked answer in one write when it is small
  * (each write is a packet with tcp_nodelay); 1, or 0 when the client is
  * gone. */
@@ -454,12 +397,12 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
 {
     rt_proxy *px = cbdata;
     size_t len = 0;
-    int bad = 0;
     if (!plain_path(mg_get_request_info(c)->local_uri))
         return reply(c, 400, "application/json", "the path is not a plain API path (printable ASCII, no '%', no dot segments)");
     __atomic_add_fetch(&px->active, 1, __ATOMIC_RELAXED);
-    char *body = read_body(c, px->max_body, px->body_timeout_s, &len, &bad);
-    if (!body) {
+    char *body = NULL;
+    int bad = http_guard_read_body(c, (size_t)px->max_body, px->body_timeout_s, &body, &len);
+    if (bad) {
         __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);
         return reply(c, bad, "application/json", bad == 413 ? "request body over the router's limit"
                                                  : bad == 408 ? "the request body did not arrive in time" : "no memory");

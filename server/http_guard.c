@@ -353,6 +353,52 @@ const char *http_guard_connection(struct mg_connection *c)
     return keep ? "keep-alive" : "close";
 }
 
+/* The body into buf as it arrives; 0 or the status (see the header). */
+static int read_all(struct mg_connection *c, size_t max, double deadline, char **buf, size_t *n)
+{
+    size_t cap = 4096;
+    if (!(*buf = malloc(cap + 1)))
+        return 503;
+    for (int r;; *n += (size_t)r) {
+        if (now_s() > deadline)
+            return 408;
+        if (*n == cap) {
+            char *p = cap <= max ? realloc(*buf, 2 * cap + 1) : NULL;
+            if (!p)
+                return cap <= max ? 503 : 413;
+            *buf = p;
+            cap *= 2;
+        }
+        if ((r = mg_read(c, *buf + *n, cap - *n)) <= 0)
+            return r < 0 ? 408 : 0; /* < 0: cut (the deadline) or broken: not a body to act on */
+        if (*n + (size_t)r > max)
+            return 413;
+    }
+}
+
+int http_guard_read_body(struct mg_connection *c, size_t max, double seconds, char **out, size_t *len)
+{
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    char *buf = NULL;
+    size_t n = 0;
+    if (ri->content_length > (long long)max)
+        return 413;
+    http_guard_arm(c, seconds); /* mg_read would wait for a trickled body to fill its buffer */
+    int st = read_all(c, max, now_s() + seconds, &buf, &n);
+    http_guard_disarm(c);
+    if (!st && ri->content_length >= 0 && (long long)n < ri->content_length)
+        st = 408; /* the client left, or its time ran out, before the body was in */
+    if (st) {
+        free(buf);
+        return st;
+    }
+    buf[n] = 0;
+    http_guard_body_read(c);
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
 void http_guard_body_read(struct mg_connection *c)
 {
     guard_conn *k = rec_of(c);

@@ -67,6 +67,12 @@ void http_guard_stats_get(http_guard *g, http_guard_stats *out);
  * "keep-alive" or "close"; with "close" civetweb is told to close it
  * after the response. */
 const char *http_guard_connection(struct mg_connection *c);
+/* Reads the request's whole body, at most max bytes, within seconds in
+ * all (armed: a client that trickles it is cut; also checked after each
+ * read). 0 with *out (malloc'd, NUL-terminated; caller frees) and *len,
+ * and the connection may be kept alive after it; else 413 (over max), 408
+ * (not whole in time, or the client left) or 503 (no memory). */
+int http_guard_read_body(struct mg_connection *c, size_t max, double seconds, char **out, size_t *len);
 /* The request's body was read to its end (keep-alive may follow). */
 void http_guard_body_read(struct mg_connection *c);
 /* After an answer sent without reading the request's body: reads and

@@ -65,67 +65,18 @@ static int send_err(struct mg_connection *c, const srv_err *e)
 /* ---- request bodies and access ------------------------------------------------ */
 
 /* Reads the whole body, at most max_body_bytes within body_timeout_s in
- * all (checked after each read, which civetweb bounds by header_timeout_s);
- * 0 or an error status. */
+ * all; 0 or an error status with e set. */
 static int read_body(const srv *s, struct mg_connection *c, char **out, size_t *len, srv_err *e)
 {
-    const struct mg_request_info *ri = mg_get_request_info(c);
-    size_t max = (size_t)s->cfg.max_body_bytes, cap = 4096, n = 0;
-    if (ri->content_length > (long long)max) {
-        srv_err_set(e, 413, NULL, "request body of %lld bytes is over the limit of %zu", ri->content_length, max);
-        return 413;
-    }
-    double deadline = now_s() + (double)s->cfg.body_timeout_s;
-    http_guard_arm(c, (double)s->cfg.body_timeout_s); /* mg_read would wait for a trickled body to fill its buffer */
-    char *buf = malloc(cap + 1);
-    for (int r; buf; n += (size_t)r) {
-        if (now_s() > deadline) {
-            free(buf);
-            http_guard_disarm(c);
-            srv_err_set(e, 408, NULL, "the request body did not arrive within body_timeout_s (%ld s)", s->cfg.body_timeout_s);
-            return 408;
-        }
-        if (n == cap) {
-            char *p = cap < max + 1 ? realloc(buf, (cap *= 2) + 1) : NULL;
-            if (!p) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = p;
-        }
-        if ((r = mg_read(c, buf + n, cap - n)) <= 0) {
-            if (r < 0) { /* cut (the deadline) or broken: not a body to act on */
-                free(buf);
-                http_guard_disarm(c);
-                srv_err_set(e, 408, NULL, "the request body did not arrive whole");
-                return 408;
-            }
-            break;
-        }
-        if (n + (size_t)r > max) {
-            free(buf);
-            http_guard_disarm(c);
-            srv_err_set(e, 413, NULL, "request body is over the limit of %zu bytes", max);
-            return 413;
-        }
-    }
-    http_guard_disarm(c);
-    if (buf && ri->content_length >= 0 && (long long)n < ri->content_length) {
-        free(buf); /* the client left, or its time ran out, before the body was in */
-        srv_err_set(e, 408, NULL, "the request body ended after %zu of %lld bytes (the client left, or body_timeout_s ran out)", n, ri->content_length);
-        return 408;
-    }
-    if (buf)
-        http_guard_body_read(c);
-    if (!buf) {
-        srv_err_set(e, n > max ? 413 : 503, NULL, n > max ? "request body too large" : "out of memory");
-        return e->status;
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
+    int st = http_guard_read_body(c, (size_t)s->cfg.max_body_bytes, (double)s->cfg.body_timeout_s, out, len);
+    if (st == 413)
+        srv_err_set(e, 413, NULL, "request body is over the limit of %ld bytes", s->cfg.max_body_bytes);
+    else if (st == 408)
+        srv_err_set(e, 408, NULL, "the request body did not arrive whole within body_timeout_s (%ld s)",
+                    s->cfg.body_timeout_s);
+    else if (st)
+        srv_err_set(e, st, NULL, "out of memory");
+    return st;
 }
 
 /* The caller's key (NULL without keys, or when it names none). */

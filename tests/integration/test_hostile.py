@@ -41,6 +41,14 @@ def health_metrics(port):
     return out
 
 
+def models_on(c):
+    """GET /v1/models on connection c (kept open): the response, read."""
+    c.request("GET", "/v1/models")
+    r = c.getresponse()
+    r.read()
+    return r
+
+
 def probe_ms(port, path):
     """One probe on a fresh connection (as kubelet does): status, ms."""
     t = time.perf_counter()
@@ -203,9 +211,7 @@ def test_connection_limit_refuses_at_once(big):
         held = []
         for _ in range(6):
             c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
-            c.request("GET", "/v1/models")
-            r = c.getresponse()
-            r.read()
+            r = models_on(c)
             assert r.status == 200 and r.getheader("Connection") == "keep-alive"
             held.append(c)
         t = time.perf_counter()
@@ -257,9 +263,7 @@ def test_clients_reuse_connections(model):
         assert len(ports) == 1
         srv.proc.send_signal(15)
         wait_for(lambda: srv.get("/readyz")[0] == 503, timeout=30, what="not ready after SIGTERM")
-        c.request("GET", "/v1/models")
-        r = c.getresponse()
-        r.read()
+        r = models_on(c)
         assert r.status == 200 and r.getheader("Connection") == "close"
     finally:
         srv.proc.kill()
@@ -282,10 +286,7 @@ def test_thousand_idle_keepalive_connections(model):
         conns = []
         for _ in range(1000):
             c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
-            c.request("GET", "/v1/models")
-            r = c.getresponse()
-            r.read()
-            assert r.status == 200
+            assert models_on(c).status == 200
             conns.append(c)
         m = health_metrics(hp)
         assert m["llm_http_connections"] >= 1000
@@ -297,10 +298,7 @@ def test_thousand_idle_keepalive_connections(model):
               f"a completion beside them {ms:.1f} ms, probes max {probes[-1]:.1f} ms")
         ports = {c.sock.getsockname()[1] for c in conns}
         for c in conns:  # each still open and served on the same socket
-            c.request("GET", "/v1/models")
-            r = c.getresponse()
-            r.read()
-            assert r.status == 200
+            assert models_on(c).status == 200
         assert {c.sock.getsockname()[1] for c in conns} == ports
         for c in conns:
             c.close()
