@@ -87,16 +87,15 @@ static int colocated(json_t *d)
     return m && !strcmp(m, "colocated");
 }
 
-void des_admin_token(json_t *d, char out[65])
+json_t *des_admin_secret(json_t *d, const char *token)
 {
-    const char *uid = json_string_value(get2(d, "metadata", "uid")), *secret = getenv("LLM_CONTROLLER_ADMIN_SECRET");
-    char in[512];
-    int n = snprintf(in, sizeof in, "%s/%s", uid ? uid : "", secret ? secret : "");
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int len = 0;
-    out[0] = 0;
-    if (n > 0 && EVP_Digest(in, (size_t)(n < (int)sizeof in ? n : (int)sizeof in - 1), md, &len, EVP_sha256(), NULL))
-        for (unsigned int i = 0; i < len && i < 32; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+    char n[300], b64[96];
+    snprintf(n, sizeof n, "%s" DES_ADMIN_SUFFIX, name_of(d));
+    size_t len = strlen(token);
+    if (len > 64 || EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)token, (int)len) < 0)
+        return NULL;
+    return json_pack("{s:s,s:s,s:o,s:s,s:{s:s}}", "apiVersion", "v1", "kind", "Secret", "metadata", meta(d, n), "type",
+                     "Opaque", "data", DES_ADMIN_KEY, b64);
 }
 
 /* ---- ConfigMap: llm-server's YAML ---------------------------------------------------- */
@@ -171,11 +170,6 @@ json_t *des_configmap(json_t *d, char *msg, size_t mn)
         yaml_line(y, sizeof y, "tensor_parallel", "%lld", tp);
     if (json_is_false(get2(spec, "engine", "prefixCache"))) /* only when off: others keep their config (and pods) */
         yaml_line(y, sizeof y, "prefix_cache", "%s", "false");
-    if (colocated(d)) { /* the controller's key to the pods' /admin/canary */
-        char tok[65];
-        des_admin_token(d, tok);
-        yaml_line(y, sizeof y, "admin_token", "%s", tok);
-    }
     free(model);
     free(served);
     char cmname[300];
@@ -254,6 +248,10 @@ static json_t *container(json_t *d)
     json_t *spec = json_object_get(d, "spec");
     long long port = spec_int(spec, "server", "port", 8080);
     json_t *args = json_pack("[s,s,s,s]", "--config", DES_CONFIG_DIR "/config.yaml", "--host", "$(POD_IP)");
+    if (colocated(d)) { /* the controller's key to the pods' /admin/canary, a mounted Secret */
+        json_array_append_new(args, json_string("--admin_token_file"));
+        json_array_append_new(args, json_string(DES_ADMIN_DIR "/" DES_ADMIN_KEY));
+    }
     json_t *extra = get2(spec, "server", "extraArgs");
     if (json_is_array(extra))
         json_array_extend(args, extra);
@@ -270,6 +268,8 @@ static json_t *container(json_t *d)
     if (get2(spec, "model", "volume"))
         json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "model", "mountPath", mp ? mp : "/models",
                                                 "readOnly", 1));
+    if (colocated(d))
+        json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "admin", "mountPath", DES_ADMIN_DIR, "readOnly", 1));
     long long startup = spec_int(spec, "probes", "startupTimeoutSeconds", 600), hp = des_health_port(d);
     return json_pack("{s:s,s:O,s:o,s:o,s:[{s:s,s:I},{s:s,s:I}],s:o,s:o,s:o,s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name",
                      "llm-server", "image", json_object_get(spec, "image"), "args", args, "env", env, "ports", "name",
@@ -338,6 +338,12 @@ json_t *des_deployment(json_t *d, const char *config_hash, char *msg, size_t mn)
     json_t *vol = model_volume(spec);
     if (vol)
         json_array_append_new(volumes, vol);
+    if (colocated(d)) { /* 0440 with fsGroup: the server's user reads it, nobody else's */
+        char sec[300];
+        snprintf(sec, sizeof sec, "%s" DES_ADMIN_SUFFIX, name);
+        json_array_append_new(volumes, json_pack("{s:s,s:{s:s,s:i}}", "name", "admin", "secret", "secretName", sec,
+                                                 "defaultMode", 0440));
+    }
     json_t *pod = json_pack("{s:I,s:{s:b,s:I,s:I},s:[o],s:o,s:b}", "terminationGracePeriodSeconds", (json_int_t)grace,
                             "securityContext", "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "fsGroup",
                             (json_int_t)65532, "containers", container(d), "volumes", volumes,

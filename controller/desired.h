@@ -7,7 +7,8 @@
  *
  * The Deployment's pods: llm-server with --config from the ConfigMap
  * (whose hash is in the pod template, so a config change rolls the pods),
- * --host $(POD_IP), API keys from the named Secret, probes on /startupz,
+ * --host $(POD_IP), API keys from the named Secret (and with a colocated
+ * canary --admin_token_file from NAME-admin), probes on /startupz,
  * /readyz and /livez sized to the spec, a shutdown delay and grace period
  * that let endpoints drop a pod before it stops taking requests, non-root,
  * read-only root filesystem, no capabilities, the model volume read-only,
@@ -62,9 +63,14 @@ json_t *des_canary_service(json_t *llmd);
 #define DES_BASE_ANN "llmk8s.io/base-hash"
 void des_base_hash(json_t *llmd, char out[17]);
 /* The bearer token of the pods' /admin/canary (spec.canary.mode
- * colocated): SHA-256 of the object's uid and the controller's
- * LLM_CONTROLLER_ADMIN_SECRET (environment), 64 hex digits. */
-void des_admin_token(json_t *llmd, char out[65]);
+ * colocated) lives in Secret NAME-admin, key "token" (random, made once by
+ * admin_secret.c), mounted at DES_ADMIN_DIR; the pods' args name the file
+ * (--admin_token_file). des_admin_secret: that Secret holding
+ * token (at most 64 characters; NULL otherwise). */
+#define DES_ADMIN_SUFFIX "-admin"
+#define DES_ADMIN_KEY "token"
+#define DES_ADMIN_DIR "/etc/llm-admin"
+json_t *des_admin_secret(json_t *llmd, const char *token);
 /* The llm-server backend for a spec: spec.engine.backend, or for auto (the
  * default) cuda when the container asks for GPUs, else cpu. */
 const char *des_backend(json_t *spec);

@@ -3,6 +3,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "admin_secret.h"
 #include "autoscale.h"
 #include "desired.h"
 #include "kube_apply.h"
@@ -192,7 +193,12 @@ static llm_status apply_children(kube_client *k, json_t *d, children *c, llm_err
     snprintf(svcs, sizeof svcs, "/api/v1/namespaces/%s/services", ns);
     snprintf(pdbs, sizeof pdbs, "/apis/policy/v1/namespaces/%s/poddisruptionbudgets", ns);
     kube_applied did;
-    llm_status st = c->ro.keep_config ? LLM_OK : kube_apply(k, cms, c->cm, &did, err);
+    const char *mode = json_string_value(get2(get2(d, "spec", "canary"), "mode", NULL));
+    llm_status st = LLM_OK;
+    if (mode && !strcmp(mode, "colocated")) /* before the pods that mount it */
+        st = admin_secret_ensure(k, d, NULL, err);
+    if (!st && !c->ro.keep_config)
+        st = kube_apply(k, cms, c->cm, &did, err);
     if (!st) /* before the stable Deployment: the weight moves before its pods do */
         st = ro_apply(k, d, &c->ro, err);
     if (!st && !(st = kube_apply_over(k, deps, c->dep, c->cur, &did, &c->now, err)))

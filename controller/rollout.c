@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "admin_secret.h"
 #include "desired.h"
 #include "http_get.h"
 #include "kube_apply.h"
@@ -117,7 +118,11 @@ static void colocate(kube_client *k, json_t *d, int unload, int weight, coloc *c
 {
     memset(c, 0, sizeof *c);
     c->d = d;
-    des_admin_token(d, c->token);
+    llm_error err = {0};
+    if (admin_secret_token(k, d, c->token, &err)) { /* no pod asked: the caller sees none answered, and why */
+        snprintf(c->message, sizeof c->message, "%s", err.msg);
+        return;
+    }
     json_t *m = json_object_get(json_object_get(d, "spec"), "model");
     json_t *req = json_pack("{s:o,s:i}", "model", unload ? json_null() : json_incref(json_object_get(m, "path")),
                             "weight", weight);
@@ -219,6 +224,8 @@ static void starting_colocated(kube_client *k, json_t *d, rollout *ro)
         colocate(k, d, 0, ro->cn.steps[0].weight, &w);
         kube_event(k, d, "Normal", "CanaryStep", "revision %.10s takes %d%% of requests inside the stable pods "
                    "(step 1 of %d)", str(ro->state, "revision") ?: "", ro->cn.steps[0].weight, ro->cn.n_steps);
+    } else if (!c.pods && c.message[0]) { /* no pod asked (the admin Secret unreadable): say why while waiting */
+        set_str(ro->state, "message", c.message);
     }
 }
 

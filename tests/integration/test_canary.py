@@ -15,11 +15,15 @@ streamed completions through the official openai package:
 - mode colocated: a new model loads inside the stable pods and is promoted
   from their own per-revision metrics; when it does not fit the memory
   budget the canary falls back to pods of its own, saying why."""
+import base64
 import datetime
+import hashlib
 import json
+import re
 import shutil
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -241,6 +245,31 @@ def apply_model(c, path, extra):
                                               image="llm-server:test", seqs=8, extra=extra))
 
 
+def admin_token_is_a_secret(c, ip):
+    """The pods' /admin/canary token: 64 random hex digits in the
+    controller's Secret story-admin (owned by the LLMDeployment), mounted
+    as a file; not in the ConfigMap, and the token the controller used to
+    derive from the object's uid is refused."""
+    sec = c.get("secret", "story-admin")
+    assert sec["metadata"]["ownerReferences"][0]["kind"] == "LLMDeployment", sec["metadata"]
+    token = base64.b64decode(sec["data"]["token"]).decode()
+    assert re.fullmatch("[0-9a-f]{64}", token), token
+    assert token not in c.get("configmap", "story-config")["data"]["config.yaml"]
+    pod = c.get("deployment", "story")["spec"]["template"]["spec"]
+    assert "/etc/llm-admin/token" in pod["containers"][0]["args"], pod["containers"][0]["args"]
+    assert {"name": "admin", "secret": {"secretName": "story-admin", "defaultMode": 0o440}} in pod["volumes"]
+    uid = c.get("llmd", "story")["metadata"]["uid"]
+
+    def code(tok):
+        req = urllib.request.Request(f"http://{ip}:8080/admin/canary", headers={"Authorization": f"Bearer {tok}"})
+        try:
+            return urllib.request.urlopen(req, timeout=5).status
+        except urllib.error.HTTPError as e:
+            return e.code
+    assert code(token) == 200
+    assert code(hashlib.sha256(f"{uid}/".encode()).hexdigest()) == 401
+
+
 def test_colocated_canary_promotes_inside_the_stable_pods(cluster):
     """mode colocated, only the model changed: the new model loads inside
     the stable pods (no canary Deployment), they split the requests, the
@@ -262,6 +291,7 @@ def test_colocated_canary_promotes_inside_the_stable_pods(cluster):
         assert c.ready_ips("story-backends") == pods0, (pods0, c.ready_ips("story-backends"))
         m = urllib.request.urlopen(f"http://{pods0[0]}:8080/metrics", timeout=5).read().decode()
         assert "llm_canary_loaded 1" in m and "llm_canary_weight 50" in m
+        admin_token_is_a_secret(c, pods0[0])
         wait_phase(c, "Promoted", 90)
     finally:
         client.finish()
@@ -270,6 +300,26 @@ def test_colocated_canary_promotes_inside_the_stable_pods(cluster):
     assert c.cond("CanaryPromoted")["status"] == "True"
     analysis = canary(c)["lastAnalysis"]
     assert analysis["result"] == "Pass" and analysis["canaryRequests"] >= 10, analysis
+
+
+def test_colocated_refuses_a_secret_it_did_not_make(cluster):
+    """A Secret story-admin that llm-controller did not make (its token
+    known to whoever made it) is never used nor overwritten: the
+    LLMDeployment says why; once it is deleted, the next edit makes a
+    random one and the pods come up with it."""
+    c = cluster
+    c.k("create", "secret", "generic", "story-admin", "--from-literal=token=" + "0" * 64)
+    c.controller()
+    c.apply(extra=colocated_spec([{"weight": 50, "pause": 4}]))
+    wait_for(lambda: c.cond("Ready").get("reason") == "InvalidSpec", 30)
+    assert "Secret story-admin exists and was not made by llm-controller" in c.cond("Ready")["message"], c.status()
+    assert base64.b64decode(c.get("secret", "story-admin")["data"]["token"]).decode() == "0" * 64
+    assert c.get("deployment", "story") is None
+    c.k("delete", "secret", "story-admin")
+    c.apply(seqs=9, extra=colocated_spec([{"weight": 50, "pause": 4}]))
+    wait_for(lambda: c.status().get("phase") == "Ready", 90)
+    ip = wait_for(lambda: c.ready_ips("story-backends"), 60)[0]
+    admin_token_is_a_secret(c, ip)
 
 
 def test_colocated_falls_back_to_pods_when_it_does_not_fit(cluster):

@@ -97,7 +97,11 @@ def test_rbac_is_enough_and_needed(sim, kubectl, tmp_path):  # noqa: F811
     r = kubectl(*as_sa, "delete", "pod", "x", check=False)
     assert r.returncode and 'cannot delete resource "pods"' in r.stderr  # pods: read only
     r = kubectl(*as_sa, "get", "secrets", check=False)
-    assert r.returncode and 'cannot list resource "secrets"' in r.stderr  # never secrets
+    assert r.returncode and 'cannot list resource "secrets"' in r.stderr  # never lists secrets
+    r = kubectl(*as_sa, "get", "secret", "story-admin", check=False)  # but reads its own by name
+    assert r.returncode and "NotFound" in r.stderr and "forbidden" not in r.stderr.lower(), r.stderr
+    r = kubectl(*as_sa, "delete", "secret", "story-admin", check=False)
+    assert r.returncode and 'cannot delete resource "secrets"' in r.stderr
 
 
 def test_watch_sync_changes_and_relist(tmp_path):
