@@ -456,10 +456,13 @@ json_t *des_router(json_t *d)
     json_t *live = json_pack("{s:{s:s,s:i},s:i}", "httpGet", "path", "/healthz", "port", DES_ROUTER_PORT, "periodSeconds", 5);
     json_t *ready = json_pack("{s:{s:s,s:i},s:i,s:i}", "httpGet", "path", "/readyz", "port", DES_ROUTER_PORT,
                               "periodSeconds", 2, "failureThreshold", 2);
-    json_t *ctr = json_pack("{s:s,s:s,s:[s,s,s,s,s,s,s,s,s,s,s,s],s:[{s:s,s:i}],s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name",
-                            "llm-router", "image", image ? image : "llm-router:latest", "args", "--port", port,
+    /* --host $(POD_IP), as the servers: the pod's address only (and pods that share a network, as kubesim's, coexist) */
+    json_t *ctr = json_pack("{s:s,s:s,s:[s,s,s,s,s,s,s,s,s,s,s,s,s,s],s:[{s:s,s:{s:{s:s}}}],s:[{s:s,s:i}],s:o,s:o,"
+                            "s:{s:b,s:b,s:{s:[s]}}}", "name",
+                            "llm-router", "image", image ? image : "llm-router:latest", "args", "--host", "$(POD_IP)", "--port", port,
                             "--service", svc, "--policy", policy ? policy : "least-loaded", "--hold-seconds", hold,
-                            "--shutdown-delay-s", sdelay, "--drain-timeout-s", sdrain, "ports", "name", "http",
+                            "--shutdown-delay-s", sdelay, "--drain-timeout-s", sdrain, "env", "name", "POD_IP",
+                            "valueFrom", "fieldRef", "fieldPath", "status.podIP", "ports", "name", "http",
                             "containerPort", DES_ROUTER_PORT, "livenessProbe", live, "readinessProbe", ready,
                             "securityContext", "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1, "capabilities",
                             "drop", "ALL");

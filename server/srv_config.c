@@ -65,7 +65,11 @@ static const key_def keys[] = {
      "testing: share of completion requests answered 500 on purpose (e.g. a canary made to fail)"},
     {"fault_delay_ms", K_INT, F(fault_delay_ms), 0, 600000, "0", "testing: delay added before each completion"},
     {"api_keys_file", K_STR, F(api_keys_file), 0, 0, "",
-     "file of API keys, one per line: KEY [tenant=NAME] [max_priority=N] [rate=R/s] (or LLM_SERVER_API_KEYS)"},
+     "file of API keys, one per line: KEY [tenant=NAME] [max_priority=N] [rate=R/s] [max_inflight=N] "
+     "(or LLM_SERVER_API_KEYS)"},
+    {"tenant_max_inflight", K_INT, F(tenant_max_inflight), 0, 1000000, "0",
+     "with API keys: sequences a tenant may have queued or running at once when its keys give no max_inflight; "
+     "0: no cap"},
     {"max_priority_anonymous", K_INT, F(max_priority_anonymous), -1000000, 1000000, "0",
      "a request's priority is capped at this without API keys (with keys: the key's max_priority)"},
     {"admin_token", K_STR, F(admin_token), 0, 0, "",

@@ -43,6 +43,7 @@ typedef struct srv_config {
     long fault_delay_ms;    /* testing: delay before each completion */
     char *api_keys_file;    /* srv_keys.h's format; "" -> LLM_SERVER_API_KEYS or none */
     long max_priority_anonymous; /* priority ceiling without keys */
+    long tenant_max_inflight; /* a tenant's sequences in flight when its keys set none; 0: no cap */
     char *admin_token;      /* bearer for /admin/canary; "" -> admin_token_file, LLM_SERVER_ADMIN_TOKEN or off */
     char *admin_token_file; /* the bearer, from a file (a mounted Secret) */
     char *model_dir;        /* a canary's model lies in here; "" -> dirname(model) */

@@ -96,8 +96,8 @@ static int api_gate(srv *s, struct mg_connection *c, const char *method, srv_err
     else if (s->keys.n && !(key = caller(s, c)))
         srv_err_set(e, 401, NULL, "a valid API key is required (Authorization: Bearer KEY)");
     else if (!srv_keys_admit(&s->keys, key, now_s(), &retry)) {
-        srv_err_set(e, 429, NULL, "tenant '%s' is over its rate of %g requests/s; retry in %.1f s", key->tenant,
-                    key->rate, retry);
+        srv_err_set(e, 429, NULL, "this API key (tenant '%s') is over its rate of %g requests/s; retry in %.1f s",
+                    key->tenant, key->rate, retry);
         e->retry_s = retry < 3600 ? (int)ceil(retry) : 3600;
     }
     else if (atomic_load(&s->phase) != SRV_READY && (atomic_load(&s->phase) != SRV_DRAINING || atomic_load(&s->refusing)))
@@ -455,8 +455,16 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
     cp->rq.cache_salt = cache_salt(key, cp->cache_salt);
     if (cp->rq.priority > ceiling) /* a caller's priority goes as high as its key allows, no further */
         cp->rq.priority = ceiling;
+    int cap = 0;
+    if (!srv_keys_take(&s->keys, key, cp->rq.n, (int)s->cfg.tenant_max_inflight, &cap)) {
+        srv_err_set(e, 429, NULL, "tenant '%s' has its max_inflight of %d sequences queued or running; retry when "
+                    "one ends", key->tenant, cap);
+        e->retry_s = 1;
+        return send_err(c, e);
+    }
     llm_status st = llm_engine_submit(r.eng, &cp->rq, &r.id, &err);
     if (st) {
+        srv_keys_give(&s->keys, key, cp->rq.n);
         srv_err_set(e, srv_status_of(st), st == LLM_ERR_TOO_LONG ? "max_tokens" : NULL, "%s", err.msg);
         return send_err(c, e);
     }
@@ -486,6 +494,7 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
         free(body);
     }
     run_free(&r);
+    srv_keys_give(&s->keys, key, cp->rq.n);
     return status;
 }
 

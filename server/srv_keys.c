@@ -62,8 +62,13 @@ static int setting(srv_key *k, const char *w, size_t n, int line, llm_error *err
         if (!*end && r >= 0 && r <= 1e6)
             return k->rate = r, 0;
     }
-    llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: '%.*s' is not tenant=NAME, max_priority=N (-1e6..1e6) or rate=R "
-             "(0..1e6 requests/s)", line, (int)(n > 80 ? 80 : n), w);
+    if (eq && nl == 12 && !memcmp(w, "max_inflight", 12) && nv && nv < sizeof val) {
+        long m = strtol(val, &end, 10);
+        if (!*end && m >= 1 && m <= 1000000)
+            return k->max_inflight = (int)m, 0;
+    }
+    llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: '%.*s' is not tenant=NAME, max_priority=N (-1e6..1e6), rate=R "
+             "(0..1e6 requests/s) or max_inflight=N (1..1e6 sequences)", line, (int)(n > 80 ? 80 : n), w);
     return -1;
 }
 
@@ -106,13 +111,23 @@ static int parse_line(const char *p, size_t n, int line, srv_keys *out, llm_erro
             rc = setting(&k, p + i, j - i, line, err);
         i = j;
     }
-    for (int i = 0; !rc && k.key && i < out->n; i++)
-        if (!strcmp(out->k[i].key, k.key))
-            rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: a key given twice", line), -1);
-    if (!rc && k.key && out->n >= SRV_KEYS_MAX)
-        rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: more than %d keys", SRV_KEYS_MAX), -1);
     if (!rc && k.key && !k.tenant && !(k.tenant = strdup(k.key)))
         rc = (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
+    k.tenant_ix = out->n;
+    for (int i = 0; !rc && k.key && i < out->n; i++) {
+        if (!strcmp(out->k[i].key, k.key))
+            rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: a key given twice", line), -1);
+        if (k.tenant_ix == out->n && !strcmp(out->k[i].tenant, k.tenant))
+            k.tenant_ix = out->k[i].tenant_ix;
+    }
+    srv_key *owner = !rc && k.key && k.tenant_ix < out->n ? &out->k[k.tenant_ix] : NULL;
+    if (owner && k.max_inflight && owner->max_inflight && k.max_inflight != owner->max_inflight)
+        rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: tenant '%s' has max_inflight=%d on an earlier line, "
+                       "not %d", line, k.tenant, owner->max_inflight, k.max_inflight), -1);
+    else if (owner && k.max_inflight)
+        owner->max_inflight = k.max_inflight; /* the tenant's, kept on its first key */
+    if (!rc && k.key && out->n >= SRV_KEYS_MAX)
+        rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: more than %d keys", SRV_KEYS_MAX), -1);
     if (!rc && k.key && grow(out))
         rc = (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
     if (!rc && k.key && !EVP_Digest(k.key, strlen(k.key), k.digest, NULL, EVP_sha256(), NULL))
@@ -204,4 +219,29 @@ int srv_keys_admit(srv_keys *k, const srv_key *key, double now, double *retry_s)
         *retry_s = (1 - m->tokens) / key->rate;
     pthread_mutex_unlock(&k->mu);
     return ok;
+}
+
+int srv_keys_take(srv_keys *k, const srv_key *key, int n, int dflt, int *cap)
+{
+    if (!key)
+        return 1;
+    const srv_key *t = &k->k[key->tenant_ix];
+    int limit = t->max_inflight ? t->max_inflight : dflt;
+    pthread_mutex_lock(&k->mu);
+    int *have = &k->bucket[key->tenant_ix].inflight;
+    int ok = limit <= 0 || *have + n <= limit;
+    if (ok)
+        *have += n;
+    pthread_mutex_unlock(&k->mu);
+    *cap = limit;
+    return ok;
+}
+
+void srv_keys_give(srv_keys *k, const srv_key *key, int n)
+{
+    if (!key)
+        return;
+    pthread_mutex_lock(&k->mu);
+    k->bucket[key->tenant_ix].inflight -= n;
+    pthread_mutex_unlock(&k->mu);
 }

@@ -21,9 +21,15 @@ static void keys(const char *p, size_t n)
     for (int i = 0; i < k.n; i++) {
         const srv_key *f = &k.k[i];
         if (!f->key[0] || strlen(f->key) > SRV_KEY_MAX_LEN || !f->tenant[0] || f->rate < 0 ||
-            f->max_priority < -1000000 || f->max_priority > 1000000)
+            f->max_priority < -1000000 || f->max_priority > 1000000 || f->tenant_ix < 0 || f->tenant_ix > i ||
+            strcmp(k.k[f->tenant_ix].tenant, f->tenant) || k.k[f->tenant_ix].tenant_ix != f->tenant_ix ||
+            f->max_inflight < 0)
             abort();
     }
+    int cap = 0; /* a tenant's in-flight count: taken and given back, never past its cap */
+    for (int i = 0; i < k.n; i++)
+        if (srv_keys_take(&k, &k.k[i], 1, 2, &cap) && cap > 0 && k.bucket[k.k[i].tenant_ix].inflight > cap)
+            abort();
     double retry = 0;
     if (k.n && !srv_keys_admit(&k, &k.k[0], 1.0, &retry) && !(retry > 0))
         abort();

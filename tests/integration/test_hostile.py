@@ -534,6 +534,75 @@ def test_keys_file_tenants_rates_and_cache(model, tmp_path):
         assert p.returncode != 0 and words in p.stderr, (bad, p.stderr)
 
 
+def open_streams(srv, key, n):
+    """n streamed completions sent at once by key (each runs to n_ctx);
+    [(status, connection or error text)]: a 200's connection is left
+    open (its sequence stays in flight until it is closed)."""
+    out = [None] * n
+
+    def one(i):
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+        body = json.dumps({"prompt": f"Story {i}", "ignore_eos": True, "stream": True})
+        c.request("POST", "/v1/completions", body, {"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        r = c.getresponse()
+        if r.status == 200:
+            out[i] = (200, c)
+        else:
+            out[i] = (r.status, json.loads(r.read())["error"]["message"])
+            c.close()
+    th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(60)
+    return out
+
+
+def test_a_tenant_cannot_fill_the_queue(big, tmp_path):
+    """Tenant A (max_inflight=3) sends 8 streams at once: 3 are taken, 5
+    get 429 naming its max_inflight, and tenant B is still served. The
+    control: tenant C without a cap fills max_seqs + max_waiting (6) and B
+    is refused - what the cap prevents. (Phase A holds whatever the
+    engine's pace: 3 + 1 fit in max_waiting alone.)"""
+    srv = keyed(big, tmp_path, "a tenant=A max_inflight=3\nb tenant=B\nc tenant=C\n", "--max_seqs", 2,
+                "--max_waiting", 4, "--n_ctx", 512)
+    idle = lambda: srv.metrics().get(("vllm:num_requests_running", ()), 0) + \
+        srv.metrics().get(("vllm:num_requests_waiting", ()), 0) == 0
+    try:
+        a = open_streams(srv, "a", 8)
+        codes = sorted(st for st, _ in a)
+        assert codes == [200] * 3 + [429] * 5, a
+        assert all("tenant 'A' has its max_inflight of 3" in m for st, m in a if st == 429), a
+        for _ in range(3):
+            st, text, _ = ask(srv, "b", {"prompt": "Hello", "max_tokens": 1})
+            assert st == 200, text
+        for st, c in a:
+            if st == 200:
+                c.close()  # the client leaves: the engine cancels
+        wait_for(idle, what="the streams cancelled")
+        cflood = []
+
+        def fill():  # C adds streams until 2 run and 4 wait (how many fit at once depends on the engine's pace)
+            m = srv.metrics()
+            run, wait = m.get(("vllm:num_requests_running", ()), 0), m.get(("vllm:num_requests_waiting", ()), 0)
+            if run + wait < 6:
+                cflood.extend(open_streams(srv, "c", 1))
+            return run == 2 and wait == 4
+        wait_for(fill, what="tenant C holding max_seqs + max_waiting")
+        st, text, _ = ask(srv, "b", {"prompt": "Hello", "max_tokens": 1})
+        assert st == 429 and "sequences waiting" in text, text  # without a cap one tenant shuts others out
+        for st, c in cflood:
+            if st == 200:
+                c.close()
+        wait_for(idle, what="the streams cancelled")
+    finally:
+        assert srv.stop() == 0
+    (tmp_path / "keys").write_text("a1 tenant=A max_inflight=2\na2 tenant=A max_inflight=5\n")
+    p = subprocess.run([tool("llm-server"), "-m", str(big), "--port", str(free_port()), "--api_keys_file",
+                        str(tmp_path / "keys")], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "tenant 'A' has max_inflight=2 on an earlier line, not 5" in p.stderr, p.stderr
+
+
 def test_priority_flood_is_bounded(model, tmp_path):
     """A tenant flooding at priority 1,000,000 is capped at its key's
     max_priority (2); with aging at one level a second, another tenant's

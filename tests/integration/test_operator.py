@@ -241,11 +241,13 @@ def test_apply_serve_scale_delete(cluster):
 
 
 class Traffic:
-    """A client that keeps sending completions, each to a ready endpoint
-    of the Service read just before (as kube-proxy would route)."""
+    """A client that keeps sending completions (send(ip), default
+    complete), each to a ready endpoint of the Service read just before
+    (as kube-proxy would route)."""
 
-    def __init__(self, c):
+    def __init__(self, c, send=None):
         self.c, self.ok, self.failures, self.stop = c, 0, [], threading.Event()
+        self.send = send or complete
         import kubernetes
         self.api = kubernetes.config.new_client_from_config(str(c.dir / "kubeconfig"))
         self.v1 = kubernetes.client.CoreV1Api(self.api)
@@ -261,7 +263,7 @@ class Traffic:
                 time.sleep(0.1)
                 continue
             try:
-                complete(random.choice(ips))
+                self.send(random.choice(ips))
                 self.ok += 1
             except Exception as e:  # noqa: BLE001 - any failure counts
                 self.failures.append(repr(e))
@@ -272,9 +274,48 @@ class Traffic:
         self.api.close()
 
 
-def pod_names(c):
-    pods = json.loads(c.k("get", "pods", "-l", "app.kubernetes.io/instance=story", "-o", "json").stdout)["items"]
+def pod_names(c, instance="story"):
+    pods = json.loads(c.k("get", "pods", "-l", f"app.kubernetes.io/instance={instance}", "-o", "json").stdout)["items"]
     return {p["metadata"]["name"] for p in pods}
+
+
+def test_router_rollout_loses_no_request(cluster):
+    """spec.router with 2 replicas: changing its policy rolls the router
+    pods (surge; each old one turns not ready, keeps routing through its
+    shutdown delay, then drains its streams) while the official openai
+    client, without retries, streams completions to a ready endpoint of
+    the Service read before each: not one fails."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("kubernetes")
+    c = cluster
+
+    def stream(ip):
+        oa = openai.OpenAI(base_url=f"http://{ip}:8000/v1", api_key="none", max_retries=0, timeout=30)
+        try:
+            chunks = oa.completions.create(model="story", prompt="Once upon a time", max_tokens=16, stream=True,
+                                           temperature=0)
+            if not "".join(ch.choices[0].text for ch in chunks if ch.choices):
+                raise AssertionError(f"empty answer from router {ip}")
+        finally:
+            oa.close()
+
+    c.controller()
+    c.apply(extra="  router: {enabled: true, image: llm-router:test, replicas: 2}\n")
+    wait_for(lambda: c.status().get("phase") == "Ready", 90)
+    wait_for(lambda: len(c.ready_ips()) == 2 and c.ready_ips("story-backends"), 60)
+    before = pod_names(c, "story-router")
+    t = Traffic(c, send=stream)
+    try:
+        wait_for(lambda: t.ok >= 5 or t.failures, 60)
+        c.apply(extra="  router: {enabled: true, image: llm-router:test, replicas: 2, policy: round-robin}\n")
+        wait_for(lambda: len(c.ready_ips()) == 2 and not (pod_names(c, "story-router") & before), 120)
+        ok = t.ok
+        wait_for(lambda: t.ok >= ok + 5 or t.failures, 60)  # served by the new pods too
+    finally:
+        t.finish()
+    assert t.failures == [] and t.ok >= 10, (t.ok, t.failures[:5])
+    args = c.get("deployment", "story-router")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--policy") + 1] == "round-robin", args
 
 
 def test_rollouts_lose_no_request(cluster):
