@@ -103,12 +103,13 @@ $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary: $(BUILD)/tests/test_%:
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(BUILD)/controller/$*.o $(LIB) -lcmocka -lcurl -ljansson $(LDLIBS) -o $@
 
-# llm-server's keys and the guard's token helpers (http_guard links civetweb).
-$(BUILD)/tests/test_srv_keys: tests/unit/test_srv_keys.c tests/unit/testutil.h $(LIB) $(BUILD)/server/srv_keys.o $(BUILD)/server/http_guard.o
+# llm-server's keys; the guard's token helpers (http_guard links civetweb).
+$(BUILD)/tests/test_srv_keys: $(BUILD)/server/srv_keys.o
+$(BUILD)/tests/test_http_guard: $(BUILD)/server/http_guard.o
+$(BUILD)/tests/test_srv_keys $(BUILD)/tests/test_http_guard: $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testutil.h $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Itests/unit -Iserver $< $(BUILD)/server/srv_keys.o $(BUILD)/server/http_guard.o $(LIB) -lcmocka \
-	  -lcivetweb -lcrypto $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) -Itests/unit -Iserver $< $(filter %.o,$^) $(LIB) -lcmocka -lcivetweb -lcrypto $(LDLIBS) -o $@
 
 # Allocation-failure torture: every malloc & co of the objects linked in
 # goes through the test's wrappers (ld --wrap), which fail the Nth.

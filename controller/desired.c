@@ -81,7 +81,7 @@ static json_t *meta(json_t *d, const char *name)
                      json_object_get(md, "uid"), "controller", 1, "blockOwnerDeletion", 1, "annotations");
 }
 
-static int colocated(json_t *d)
+int des_colocated(json_t *d)
 {
     const char *m = json_string_value(json_object_get(json_object_get(json_object_get(d, "spec"), "canary"), "mode"));
     return m && !strcmp(m, "colocated");
@@ -248,7 +248,7 @@ static json_t *container(json_t *d)
     json_t *spec = json_object_get(d, "spec");
     long long port = spec_int(spec, "server", "port", 8080);
     json_t *args = json_pack("[s,s,s,s]", "--config", DES_CONFIG_DIR "/config.yaml", "--host", "$(POD_IP)");
-    if (colocated(d)) { /* the controller's key to the pods' /admin/canary, a mounted Secret */
+    if (des_colocated(d)) { /* the controller's key to the pods' /admin/canary, a mounted Secret */
         json_array_append_new(args, json_string("--admin_token_file"));
         json_array_append_new(args, json_string(DES_ADMIN_DIR "/" DES_ADMIN_KEY));
     }
@@ -268,7 +268,7 @@ static json_t *container(json_t *d)
     if (get2(spec, "model", "volume"))
         json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "model", "mountPath", mp ? mp : "/models",
                                                 "readOnly", 1));
-    if (colocated(d))
+    if (des_colocated(d))
         json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "admin", "mountPath", DES_ADMIN_DIR, "readOnly", 1));
     long long startup = spec_int(spec, "probes", "startupTimeoutSeconds", 600), hp = des_health_port(d);
     return json_pack("{s:s,s:O,s:o,s:o,s:[{s:s,s:I},{s:s,s:I}],s:o,s:o,s:o,s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name",
@@ -338,7 +338,7 @@ json_t *des_deployment(json_t *d, const char *config_hash, char *msg, size_t mn)
     json_t *vol = model_volume(spec);
     if (vol)
         json_array_append_new(volumes, vol);
-    if (colocated(d)) { /* 0440 with fsGroup: the server's user reads it, nobody else's */
+    if (des_colocated(d)) { /* 0440 with fsGroup: the server's user reads it, nobody else's */
         char sec[300];
         snprintf(sec, sizeof sec, "%s" DES_ADMIN_SUFFIX, name);
         json_array_append_new(volumes, json_pack("{s:s,s:{s:s,s:i}}", "name", "admin", "secret", "secretName", sec,
@@ -467,6 +467,10 @@ json_t *des_router(json_t *d)
                             "securityContext", "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1, "capabilities",
                             "drop", "ALL");
     json_t *args = json_object_get(ctr, "args");
+    char mport[24]; /* the load poll reads the pods' health listener, which no API flood can fill */
+    snprintf(mport, sizeof mport, "%lld", des_health_port(d));
+    json_array_append_new(args, json_string("--metrics-port"));
+    json_array_append_new(args, json_string(mport));
     if (ctr && json_is_true(get2(rt, "affinityUser", NULL)))
         json_array_append_new(args, json_string("--affinity-user"));
     if (ctr && des_canary_enabled(d)) {

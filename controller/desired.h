@@ -67,6 +67,7 @@ void des_base_hash(json_t *llmd, char out[17]);
  * admin_secret.c), mounted at DES_ADMIN_DIR; the pods' args name the file
  * (--admin_token_file). des_admin_secret: that Secret holding
  * token (at most 64 characters; NULL otherwise). */
+int des_colocated(json_t *llmd); /* spec.canary.mode is colocated */
 #define DES_ADMIN_SUFFIX "-admin"
 #define DES_ADMIN_KEY "token"
 #define DES_ADMIN_DIR "/etc/llm-admin"

@@ -109,8 +109,7 @@ static llm_status build(kube_client *k, json_t *d, children *c, llm_error *err)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg);
     des_hash(get2(json_object_get(c->dep, "spec"), "template", NULL), c->template_hash);
     json_object_set_new(get2(c->dep, "metadata", "annotations"), DES_TEMPLATE_ANN, json_string(c->template_hash));
-    const char *mode = json_string_value(get2(get2(d, "spec", "canary"), "mode", NULL));
-    if (mode && !strcmp(mode, "colocated")) { /* only a colocated canary compares it: no second build otherwise */
+    if (des_colocated(d)) { /* only a colocated canary compares it: no second build otherwise */
         char base[17];
         des_base_hash(d, base);
         json_object_set_new(get2(c->dep, "metadata", "annotations"), DES_BASE_ANN, json_string(base));
@@ -193,10 +192,11 @@ static llm_status apply_children(kube_client *k, json_t *d, children *c, llm_err
     snprintf(svcs, sizeof svcs, "/api/v1/namespaces/%s/services", ns);
     snprintf(pdbs, sizeof pdbs, "/apis/policy/v1/namespaces/%s/poddisruptionbudgets", ns);
     kube_applied did;
-    const char *mode = json_string_value(get2(get2(d, "spec", "canary"), "mode", NULL));
-    llm_status st = LLM_OK;
-    if (mode && !strcmp(mode, "colocated")) /* before the pods that mount it */
-        st = admin_secret_ensure(k, d, NULL, err);
+    llm_status st = des_colocated(d) ? admin_secret_ensure(k, d, err) : LLM_OK; /* before the pods that mount it */
+    if (st == LLM_ERR_INVALID_ARG) { /* a Secret not ours: said, and retried with back-off until it goes */
+        kube_event(k, d, "Warning", "AdminSecretConflict", "%s", err->msg);
+        st = LLM_ERR_FORBIDDEN; /* (not INVALID_ARG: that stops retries until the spec changes) */
+    }
     if (!st && !c->ro.keep_config)
         st = kube_apply(k, cms, c->cm, &did, err);
     if (!st) /* before the stable Deployment: the weight moves before its pods do */

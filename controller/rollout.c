@@ -119,8 +119,11 @@ static void colocate(kube_client *k, json_t *d, int unload, int weight, coloc *c
     memset(c, 0, sizeof *c);
     c->d = d;
     llm_error err = {0};
-    if (admin_secret_token(k, d, c->token, &err)) { /* no pod asked: the caller sees none answered, and why */
+    if (admin_secret_token(k, d, c->token, &err)) { /* no pod asked: the caller sees none answered; an unload
+                                                      * too, so the event says it (the pods keep the canary) */
         snprintf(c->message, sizeof c->message, "%s", err.msg);
+        kube_event(k, d, "Warning", "AdminSecretUnreadable", "cannot %s the colocated canary: %s",
+                   unload ? "unload" : "set", err.msg);
         return;
     }
     json_t *m = json_object_get(json_object_get(d, "spec"), "model");

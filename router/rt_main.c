@@ -53,6 +53,7 @@ struct router {
     rt_pool *pool;
     rt_proxy px;
     long poll_ms;
+    long metrics_port;                   /* --metrics-port: the backends' /metrics (their health port); 0: theirs */
     kube_config cfg;
     int n_disc;
     disc d[2];
@@ -76,7 +77,11 @@ static void *poller(void *arg)
             char base[256], url[300], *text;
             if (!rt_pool_url(r->pool, i, base, sizeof base))
                 continue;
-            snprintf(url, sizeof url, "%s/metrics", base);
+            char *colon = strrchr(base, ':'); /* base is http://IP:PORT */
+            if (r->metrics_port && colon && colon > base + 5)
+                snprintf(url, sizeof url, "%.*s:%ld/metrics", (int)(colon - base), base, r->metrics_port);
+            else
+                snprintf(url, sizeof url, "%s/metrics", base);
             int ok = http_get(h, url, 1000, 4u << 20, &text) == 200, f;
             rt_pool_report(r->pool, i, ok, ok ? as_prom_value(text, "llm_requests_waiting", &f) : 0,
                            ok ? as_prom_value(text, "llm_requests_running", &f) : 0,
@@ -342,8 +347,11 @@ static void drain(router *r, double delay_s, double drain_s)
     logf_("draining: %d requests in flight, up to %.0f s", __atomic_load_n(&r->px.active, __ATOMIC_RELAXED), drain_s);
     double t = 0;
     for (; __atomic_load_n(&r->px.active, __ATOMIC_RELAXED) > 0 && t < drain_s; t += 0.02) usleep(20000);
-    if (__atomic_load_n(&r->px.active, __ATOMIC_RELAXED) > 0)
-        logf_("drain timeout: %d requests still running are cut off", __atomic_load_n(&r->px.active, __ATOMIC_RELAXED));
+    if (__atomic_load_n(&r->px.active, __ATOMIC_RELAXED) == 0)
+        return;
+    logf_("drain timeout: %d requests still running are cut off", __atomic_load_n(&r->px.active, __ATOMIC_RELAXED));
+    __atomic_store_n(&r->px.cutting, 1, __ATOMIC_RELAXED); /* their transfers end at curl's next progress call */
+    for (int ms = 0; __atomic_load_n(&r->px.active, __ATOMIC_RELAXED) > 0 && ms < 3000; ms += 20) usleep(20000);
 }
 
 /* A number flag; 0 when v is not all number. */
@@ -362,6 +370,7 @@ static int usage(void)
                     "                  (or LLM_ROUTER_ADMIN_TOKEN; --admin-token T works but shows in ps)\n"
                     "                  [--policy least-loaded|round-robin] [--affinity-header NAME] [--affinity-user]\n"
                     "                  [--retries 2] [--eject-after 3] [--eject-seconds 10] [--poll-ms 500]\n"
+                    "                  [--metrics-port P]  (the backends' /metrics on their health port, not the API's)\n"
                     "                  [--max-body-bytes 1048576] [--timeout-s 600] [--max-connections 512]\n"
                     "                  [--header-timeout-s 10] [--body-timeout-s 60] [--keep-alive-s 30]\n"
                     "                  [--shutdown-delay-s 0] [--drain-timeout-s 30]  (SIGTERM: not ready, serve, drain)\n"
@@ -432,6 +441,8 @@ int main(int argc, char **argv)
             pc.threshold = (int)x;
         else if (!strcmp(a, "--eject-seconds") && num(v, &x) && x > 0)
             pc.eject_s = x;
+        else if (!strcmp(a, "--metrics-port") && num(v, &x) && x >= 1 && x <= 65535)
+            r.metrics_port = (long)x;
         else if (!strcmp(a, "--poll-ms") && num(v, &x) && x >= 10)
             r.poll_ms = (long)x;
         else if (!strcmp(a, "--max-body-bytes") && num(v, &x) && x >= 1)

@@ -56,6 +56,7 @@ static int chunk_write(struct mg_connection *c, const char *d, size_t len)
 /* One attempt's state. */
 typedef struct attempt {
     struct mg_connection *c;
+    const int *cutting;        /* the proxy's: shutting down past the drain timeout */
     const char *backend;
     const char *revision;      /* "stable" or "canary", for the X-Revision header */
     double t0, first, last;    /* start, first and latest body byte (0: none yet) */
@@ -169,14 +170,15 @@ static CURL *thread_curl(void)
 
 /* curl's progress callback (about once a second, and on each transfer):
  * a client that left while a whole answer is made upstream (nothing is
- * written to it until the end) aborts the transfer; the backend cancels. */
+ * written to it until the end) aborts the transfer; the backend cancels.
+ * So does the drain timeout: the answer ends with an error, not a reset. */
 static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
 {
     attempt *a = arg;
     (void)dt, (void)dn, (void)ut, (void)un;
     if (!a->client_gone && http_guard_client_gone(a->c))
         a->client_gone = 1;
-    return a->client_gone;
+    return a->client_gone || __atomic_load_n(a->cutting, __ATOMIC_RELAXED);
 }
 
 /* One attempt at backend url; returns the curl result. */
@@ -343,12 +345,15 @@ static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, 
         int idx = rt_pick(px->pool, session, avoid, url, sizeof url);
         if (idx < 0)
             return 0;
-        attempt a = {.c = c, .backend = url, .t0 = mono_s(), .started = answered, /* a held stream has its head */
+        attempt a = {.c = c, .cutting = &px->cutting, .backend = url, .t0 = mono_s(), .started = answered, /* a held stream has its head */
                      .revision = rt_pool_revision(px->pool, idx) ? "canary" : "stable"};
         CURLcode rc = send_to(px, c, url, body, len, &a);
-        /* the backend's fault: unreachable, dropped, 5xx before a byte went out */
-        int fault = !a.client_gone && (retriable(thread_curl(), rc) || (rc == CURLE_OK && a.status >= 500 && !a.started));
-        int retry = fault && !a.started;
+        /* the backend's fault: unreachable, dropped, 5xx before a byte went out; but a 503 is "not now"
+         * (its connections full, loading, draining): another backend is tried, the breaker not told */
+        int busy = rc == CURLE_OK && a.status == 503 && !a.started && !a.client_gone;
+        int fault = !a.client_gone && !busy &&
+                    (retriable(thread_curl(), rc) || (rc == CURLE_OK && a.status >= 500 && !a.started));
+        int retry = (fault || busy) && !a.started;
         a.res.ok = !fault; /* the breaker counts only the backend's faults */
         a.res.seconds = mono_s() - a.t0;
         a.res.ttfb = a.first ? a.first - a.t0 : -1;

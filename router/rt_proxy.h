@@ -41,6 +41,7 @@ typedef struct rt_proxy {
     unsigned long long held_total;
     double body_timeout_s;     /* a request body must arrive within this, in all */
     int active;                /* requests in the handler now (the drain waits for 0) */
+    int cutting;               /* set past the drain timeout: transfers still running end now (atomic) */
 } rt_proxy;
 
 /* The civetweb handler for the proxied routes (cbdata: rt_proxy *). */

@@ -59,6 +59,7 @@ typedef struct srv {
     _Atomic int phase;
     _Atomic int active;        /* API requests being served */
     _Atomic int refusing;      /* draining and past the shutdown delay: new requests get 503 */
+    _Atomic int cutting;       /* past drain_timeout_s: requests still running end with an error now */
     char status[512];          /* load progress or failure, for the probes */
     char name[128];            /* served model name */
     int chat_tmpl;             /* llm_chat_template of the model */

@@ -334,6 +334,14 @@ static int run_events(run *r, srv_err *e)
             srv_metrics_finished(&r->s->metrics, 2);
             return 499;
         }
+        if (atomic_load(&r->s->cutting)) { /* shutting down past drain_timeout_s */
+            if (st == LLM_OK)
+                llm_event_clear(&ev);
+            llm_engine_cancel(r->eng, r->id);
+            srv_err_set(e, 503, NULL, "the server is shutting down and drain_timeout_s (%ld s) has passed",
+                        r->s->cfg.drain_timeout_s);
+            return 503;
+        }
         if (st == LLM_OK && now_s() > deadline) { /* events keep coming, but time is up */
             llm_event_clear(&ev);
             st = LLM_ERR_TIMEOUT;
@@ -444,6 +452,26 @@ static uint64_t cache_salt(const srv_key *key, const char *field)
     return ok ? (h ? h : 1) : 1; /* a failed digest: a partition of its own for all such (never the common 0) */
 }
 
+/* Takes n sequences of key's tenant's max_inflight: 0, or the refusal in
+ * e - 400 when n alone is over the cap (no retry helps), 429 when the
+ * tenant's requests in flight hold it. */
+static int tenant_take(srv *s, const srv_key *key, int n, srv_err *e)
+{
+    int dflt = (int)s->cfg.tenant_max_inflight, cap = srv_keys_cap(&s->keys, key, dflt);
+    const char *from = key && cap != dflt ? "its keys' max_inflight" : "tenant_max_inflight";
+    if (srv_keys_take(&s->keys, key, n, dflt))
+        return 0;
+    if (n > cap) {
+        srv_err_set(e, 400, "n", "n %d is over tenant '%s''s cap of %d sequences in flight (%s)", n, key->tenant, cap,
+                    from);
+        return 400;
+    }
+    srv_err_set(e, 429, NULL, "tenant '%s' has its cap of %d sequences queued or running (%s); retry when one ends",
+                key->tenant, cap, from);
+    e->retry_s = 1;
+    return 429;
+}
+
 /* Streams or collects; the response is sent here. */
 static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_completion *cp, srv_err *e)
 {
@@ -455,13 +483,8 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
     cp->rq.cache_salt = cache_salt(key, cp->cache_salt);
     if (cp->rq.priority > ceiling) /* a caller's priority goes as high as its key allows, no further */
         cp->rq.priority = ceiling;
-    int cap = 0;
-    if (!srv_keys_take(&s->keys, key, cp->rq.n, (int)s->cfg.tenant_max_inflight, &cap)) {
-        srv_err_set(e, 429, NULL, "tenant '%s' has its max_inflight of %d sequences queued or running; retry when "
-                    "one ends", key->tenant, cap);
-        e->retry_s = 1;
+    if (tenant_take(s, key, cp->rq.n, e))
         return send_err(c, e);
-    }
     llm_status st = llm_engine_submit(r.eng, &cp->rq, &r.id, &err);
     if (st) {
         srv_keys_give(&s->keys, key, cp->rq.n);
@@ -473,8 +496,8 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
         mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      "Transfer-Encoding: chunked\r\nConnection: %s\r\n\r\n", http_guard_connection(c));
     int status = run_events(&r, e);
-    if (!cp->stream)
-        status = status ? send_err(c, e) : respond_whole(&r);
+    if (!cp->stream) /* (499: the client left, nobody to answer) */
+        status = status == 499 ? 499 : status ? send_err(c, e) : respond_whole(&r);
     else if (status == 0 || status == 499) {
         int rc = status == 0 && cp->include_usage
                      ? sse_send(c, json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", r.cid, "object",

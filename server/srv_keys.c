@@ -37,8 +37,9 @@ static int word_ok(const char *w, size_t n)
     return 1;
 }
 
-/* One "name=value" setting of key k; 0 or -1 with err naming it. */
-static int setting(srv_key *k, const char *w, size_t n, int line, llm_error *err)
+/* One "name=value" setting of key k (the word-th after it); 0 or -1 with
+ * err naming the line and the setting. */
+static int setting(srv_key *k, const char *w, size_t n, int line, int word, llm_error *err)
 {
     const char *eq = memchr(w, '=', n);
     char val[64];
@@ -67,9 +68,30 @@ static int setting(srv_key *k, const char *w, size_t n, int line, llm_error *err
         if (!*end && m >= 1 && m <= 1000000)
             return k->max_inflight = (int)m, 0;
     }
-    llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: '%.*s' is not tenant=NAME, max_priority=N (-1e6..1e6), rate=R "
-             "(0..1e6 requests/s) or max_inflight=N (1..1e6 sequences)", line, (int)(n > 80 ? 80 : n), w);
+    /* the setting's name only: a stray word may be a key (two on one line) that the log must not show */
+    static const char *const known[] = {"tenant", "max_priority", "rate", "max_inflight"};
+    int named = 0;
+    for (size_t i = 0; eq && i < sizeof known / sizeof *known; i++) named |= nl == strlen(known[i]) && !memcmp(w, known[i], nl);
+    if (named)
+        llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: a bad value for '%.*s' (settings: tenant=NAME, "
+                 "max_priority=N (-1e6..1e6), rate=R (0..1e6 requests/s), max_inflight=N (1..1e6 sequences))", line,
+                 (int)nl, w);
+    else
+        llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: word %d after the key is no setting (settings: tenant=NAME, "
+                 "max_priority=N, rate=R, max_inflight=N; one key per line)", line, word);
     return -1;
+}
+
+/* The tenant of a key that names none: "key-" and 12 hex digits of its
+ * digest - never the key itself, which error messages would echo. */
+static char *implicit_tenant(const unsigned char digest[32])
+{
+    char *t = malloc(17);
+    if (t) {
+        memcpy(t, "key-", 4);
+        for (int i = 0; i < 6; i++) snprintf(t + 4 + 2 * i, 3, "%02x", digest[i]);
+    }
+    return t;
 }
 
 /* Room for one more key (doubling); 0 or -1. */
@@ -95,7 +117,7 @@ static int grow(srv_keys *out)
 static int parse_line(const char *p, size_t n, int line, srv_keys *out, llm_error *err)
 {
     srv_key k = {0};
-    int rc = 0;
+    int rc = 0, words = 0;
     for (size_t i = 0; i < n && !rc;) {
         while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r')) i++;
         size_t j = i;
@@ -108,10 +130,12 @@ static int parse_line(const char *p, size_t n, int line, srv_keys *out, llm_erro
         else if (!k.key)
             rc = (k.key = strndup(p + i, j - i)) ? 0 : (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
         else
-            rc = setting(&k, p + i, j - i, line, err);
+            rc = setting(&k, p + i, j - i, line, ++words, err);
         i = j;
     }
-    if (!rc && k.key && !k.tenant && !(k.tenant = strdup(k.key)))
+    if (!rc && k.key && !EVP_Digest(k.key, strlen(k.key), k.digest, NULL, EVP_sha256(), NULL))
+        rc = (llm_errf(err, LLM_ERR_INTERNAL, "keys: SHA-256 failed"), -1);
+    if (!rc && k.key && !k.tenant && !(k.tenant = implicit_tenant(k.digest)))
         rc = (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
     k.tenant_ix = out->n;
     for (int i = 0; !rc && k.key && i < out->n; i++) {
@@ -130,8 +154,6 @@ static int parse_line(const char *p, size_t n, int line, srv_keys *out, llm_erro
         rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: more than %d keys", SRV_KEYS_MAX), -1);
     if (!rc && k.key && grow(out))
         rc = (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
-    if (!rc && k.key && !EVP_Digest(k.key, strlen(k.key), k.digest, NULL, EVP_sha256(), NULL))
-        rc = (llm_errf(err, LLM_ERR_INTERNAL, "keys: SHA-256 failed"), -1);
     if (rc || !k.key) {
         free(k.key);
         free(k.tenant);
@@ -221,19 +243,23 @@ int srv_keys_admit(srv_keys *k, const srv_key *key, double now, double *retry_s)
     return ok;
 }
 
-int srv_keys_take(srv_keys *k, const srv_key *key, int n, int dflt, int *cap)
+int srv_keys_cap(const srv_keys *k, const srv_key *key, int dflt)
+{
+    int own = key ? k->k[key->tenant_ix].max_inflight : 0;
+    return own ? own : dflt;
+}
+
+int srv_keys_take(srv_keys *k, const srv_key *key, int n, int dflt)
 {
     if (!key)
         return 1;
-    const srv_key *t = &k->k[key->tenant_ix];
-    int limit = t->max_inflight ? t->max_inflight : dflt;
+    int limit = srv_keys_cap(k, key, dflt);
     pthread_mutex_lock(&k->mu);
     int *have = &k->bucket[key->tenant_ix].inflight;
     int ok = limit <= 0 || *have + n <= limit;
     if (ok)
         *have += n;
     pthread_mutex_unlock(&k->mu);
-    *cap = limit;
     return ok;
 }
 
@@ -242,6 +268,8 @@ void srv_keys_give(srv_keys *k, const srv_key *key, int n)
     if (!key)
         return;
     pthread_mutex_lock(&k->mu);
-    k->bucket[key->tenant_ix].inflight -= n;
+    int *have = &k->bucket[key->tenant_ix].inflight;
+    LLM_ASSERT(*have >= n); /* every give matches a take */
+    *have -= n;
     pthread_mutex_unlock(&k->mu);
 }

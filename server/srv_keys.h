@@ -20,7 +20,7 @@
  *
  * Ownership: srv_keys is caller-owned; parse/load fill it (strings owned),
  * srv_keys_free releases it. Thread-safety: after loading, find is
- * read-only and admit locks; both may be called from any thread. */
+ * read-only; admit, take and give lock; all may be called from any thread. */
 #ifndef SRV_KEYS_H
 #define SRV_KEYS_H
 
@@ -71,10 +71,11 @@ const srv_key *srv_keys_find(const srv_keys *k, const char *authorization);
 /* Takes one request from key's bucket at time now (seconds): 1, or 0 when
  * over its rate (*retry_s: when a request would be let in). */
 int srv_keys_admit(srv_keys *k, const srv_key *key, double now, double *retry_s);
-/* Takes n sequences of key's tenant's max_inflight (dflt for a tenant
- * that gives none; 0: no cap): 1, or 0 when they would pass it (*cap: the
- * cap). No key: always 1. Every 1 is given back with srv_keys_give. */
-int srv_keys_take(srv_keys *k, const srv_key *key, int n, int dflt, int *cap);
+/* The max_inflight of key's tenant: its own, else dflt (0: no cap). */
+int srv_keys_cap(const srv_keys *k, const srv_key *key, int dflt);
+/* Takes n sequences of that cap: 1, or 0 when they would pass it. No
+ * key: always 1. Every 1 is given back with srv_keys_give. */
+int srv_keys_take(srv_keys *k, const srv_key *key, int n, int dflt);
 void srv_keys_give(srv_keys *k, const srv_key *key, int n);
 
 #endif

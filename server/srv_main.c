@@ -89,8 +89,11 @@ static void drain(srv *s)
     atomic_store(&s->refusing, 1);
     logf_("draining: %d requests in flight, up to %ld s", atomic_load(&s->active), s->cfg.drain_timeout_s);
     for (long ms = 0; atomic_load(&s->active) > 0 && ms < s->cfg.drain_timeout_s * 1000; ms += 20) usleep(20000);
-    if (atomic_load(&s->active) > 0)
-        logf_("drain timeout: %d requests still running are cut off", atomic_load(&s->active));
+    if (atomic_load(&s->active) == 0)
+        return;
+    logf_("drain timeout: %d requests still running are cut off", atomic_load(&s->active));
+    atomic_store(&s->cutting, 1); /* each ends at its next event (within 1 s) with an error, not a reset */
+    for (int ms = 0; atomic_load(&s->active) > 0 && ms < 3000; ms += 20) usleep(20000);
 }
 
 int main(int argc, char **argv)
@@ -119,6 +122,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "llm-server: %s\n", err.msg[0] ? err.msg : "cannot start the loader thread");
         return 1;
     }
+    if (!s.keys.n && s.cfg.tenant_max_inflight)
+        logf_("warning: tenant_max_inflight %ld has no effect without API keys (no tenants)", s.cfg.tenant_max_inflight);
     logf_("listening on %s:%ld", s.cfg.host, s.cfg.port);
     if (s.cfg.health_port)
         logf_("probes and /metrics also on %s:%ld", s.cfg.host, s.cfg.health_port);

@@ -303,20 +303,21 @@ def test_colocated_canary_promotes_inside_the_stable_pods(cluster):
 
 
 def test_colocated_refuses_a_secret_it_did_not_make(cluster):
-    """A Secret story-admin that llm-controller did not make (its token
-    known to whoever made it) is never used nor overwritten: the
-    LLMDeployment says why; once it is deleted, the next edit makes a
-    random one and the pods come up with it."""
+    """A Secret story-admin that is not the LLMDeployment's (its token
+    known to whoever made it; our managed-by label on it is not enough)
+    is never used nor overwritten: an event says why; once it is deleted
+    the controller, retrying, makes a random one and the pods come up
+    with it."""
     c = cluster
     c.k("create", "secret", "generic", "story-admin", "--from-literal=token=" + "0" * 64)
+    c.k("label", "secret", "story-admin", "app.kubernetes.io/managed-by=llm-controller")  # a label is not enough
     c.controller()
     c.apply(extra=colocated_spec([{"weight": 50, "pause": 4}]))
-    wait_for(lambda: c.cond("Ready").get("reason") == "InvalidSpec", 30)
-    assert "Secret story-admin exists and was not made by llm-controller" in c.cond("Ready")["message"], c.status()
+    wait_for(lambda: "AdminSecretConflict" in events(c), 30)
+    assert "Secret story-admin exists and is not this LLMDeployment's" in events(c), events(c)
     assert base64.b64decode(c.get("secret", "story-admin")["data"]["token"]).decode() == "0" * 64
     assert c.get("deployment", "story") is None
-    c.k("delete", "secret", "story-admin")
-    c.apply(seqs=9, extra=colocated_spec([{"weight": 50, "pause": 4}]))
+    c.k("delete", "secret", "story-admin")  # retried with back-off: no edit needed
     wait_for(lambda: c.status().get("phase") == "Ready", 90)
     ip = wait_for(lambda: c.ready_ips("story-backends"), 60)[0]
     admin_token_is_a_secret(c, ip)

@@ -353,6 +353,72 @@ def test_router_keeps_alive_and_drains(big):
         assert backend.stop() == 0
 
 
+def long_stream(port):
+    """A stream to n_ctx, under way: (connection, response)."""
+    s = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    s.request("POST", "/v1/completions", body=json.dumps({"prompt": "Once", "stream": True, "ignore_eos": True}),
+              headers={"Content-Type": "application/json"})
+    resp = s.getresponse()
+    assert resp.status == 200 and resp.read(6) == b"data: "
+    return s, resp
+
+
+def test_drain_timeout_ends_streams_with_an_error(big):
+    """Past drain_timeout_s (0 here: the stream, to n_ctx, outlives it) a
+    stream still running ends with an error event naming the cause
+    (server) or the router's cut event, never a reset at the grace
+    period's SIGKILL; both exit 0 within seconds."""
+    srv = Server(big, "--threads", 1, "--shutdown_delay_s", 0, "--drain_timeout_s", 0)
+    _, resp = long_stream(srv.port)
+    t = time.monotonic()
+    srv.proc.send_signal(15)
+    rest = resp.read()
+    assert b"the server is shutting down and drain_timeout_s (0 s) has passed" in rest, rest[-300:]
+    assert srv.stop() == 0 and time.monotonic() - t < 10, time.monotonic() - t
+    backend = Server(big, "--threads", 1)
+    r = router("--backend", backend.base, "--shutdown-delay-s", 0, "--drain-timeout-s", 0)
+    try:
+        _, resp = long_stream(r.port)
+        t = time.monotonic()
+        r.proc.send_signal(15)
+        with pytest.raises(http.client.IncompleteRead) as cut:  # no last chunk: the client sees it cut
+            resp.read()
+        rest = cut.value.partial
+        assert b"the backend failed midway" in rest and b"[DONE]" not in rest, rest[-300:]
+        assert r.proc.wait(10) == 0 and time.monotonic() - t < 10, time.monotonic() - t
+        assert "cut off" in r.proc.stderr.read()
+    finally:
+        r.proc.kill()
+        r.proc.wait()
+        assert backend.stop() == 0
+
+
+def test_router_polls_the_health_port(model):
+    """A backend whose API port is saturated (every worker held by a
+    trickler) stays up in a router that polls its load on the health port
+    (--metrics-port, as the controller sets it); a router polling the API
+    port - the control - cannot connect and ejects it. (A router that
+    polled before keeps its kept-alive connection, so the routers start
+    after the tricklers.)"""
+    hp = free_port()
+    srv = Server(model, "--health_port", hp, "--max_connections", 2, "--header_timeout_s", 120)
+    tr = Tricklers(srv.port, 40, period=0.5)
+    health = api = None
+    try:
+        wait_for(lambda: health_metrics(hp)["llm_http_connections"] >= 34, what="every worker thread held")
+        health, api = router("--backend", srv.base, "--metrics-port", hp), router("--backend", srv.base)
+        up = lambda r: r.metrics().get(("llm_router_backend_up", (("backend", srv.base),)))
+        wait_for(lambda: up(api) == 0, what="the API-port poller ejecting the backend")
+        assert up(health) == 1 and health.metrics()[("llm_router_backend_failures_total", (("backend", srv.base),))] == 0
+    finally:
+        tr.close()
+        for r in (health, api):
+            if r:
+                r.proc.kill()
+                r.proc.wait()
+        assert srv.stop() == 0
+
+
 def test_router_does_not_retry_or_eject_on_a_request_timeout(model):
     """A request that runs past the router's --timeout-s is the request's
     own doing: 504 once, no retry on the other backend, and no breaker
@@ -527,7 +593,7 @@ def test_keys_file_tenants_rates_and_cache(model, tmp_path):
     finally:
         assert srv.stop() == 0
     for bad, words in (("k1 tenant=\n", "line 1"), ("k1\nk1\n", "twice"), ("k1 max_priority=big\n", "max_priority"),
-                       ("k1 color=red\n", "color=red")):
+                       ("k1 color=red\n", "word 1 after the key")):
         (tmp_path / "keys").write_text(bad)
         p = subprocess.run([tool("llm-server"), "-m", str(model), "--port", str(free_port()), "--api_keys_file",
                             str(tmp_path / "keys")], capture_output=True, text=True, timeout=60)
@@ -555,6 +621,7 @@ def open_streams(srv, key, n):
         t.start()
     for t in th:
         t.join(60)
+    assert None not in out, out  # every request answered
     return out
 
 
@@ -572,13 +639,20 @@ def test_a_tenant_cannot_fill_the_queue(big, tmp_path):
         a = open_streams(srv, "a", 8)
         codes = sorted(st for st, _ in a)
         assert codes == [200] * 3 + [429] * 5, a
-        assert all("tenant 'A' has its max_inflight of 3" in m for st, m in a if st == 429), a
+        assert all("tenant 'A' has its cap of 3 sequences" in m for st, m in a if st == 429), a
         for _ in range(3):
             st, text, _ = ask(srv, "b", {"prompt": "Hello", "max_tokens": 1})
             assert st == 200, text
         for st, c in a:
             if st == 200:
                 c.close()  # the client leaves: the engine cancels
+        wait_for(idle, what="the streams cancelled")
+        again = open_streams(srv, "a", 3)  # every sequence taken was given back
+        assert [st for st, _ in again] == [200] * 3, again
+        for _, c in again:
+            c.close()
+        st, text, _ = ask(srv, "a", {"prompt": "Hello", "max_tokens": 1, "n": 4})
+        assert st == 400 and "n 4 is over tenant 'A''s cap of 3" in text, text  # no retry would help
         wait_for(idle, what="the streams cancelled")
         cflood = []
 

@@ -307,9 +307,11 @@ def test_router_rollout_loses_no_request(cluster):
     t = Traffic(c, send=stream)
     try:
         wait_for(lambda: t.ok >= 5 or t.failures, 60)
+        ok0 = t.ok
         c.apply(extra="  router: {enabled: true, image: llm-router:test, replicas: 2, policy: round-robin}\n")
         wait_for(lambda: len(c.ready_ips()) == 2 and not (pod_names(c, "story-router") & before), 120)
         ok = t.ok
+        assert ok - ok0 >= 5, (ok0, ok)  # requests went on during the rollout
         wait_for(lambda: t.ok >= ok + 5 or t.failures, 60)  # served by the new pods too
     finally:
         t.finish()

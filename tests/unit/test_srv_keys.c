@@ -2,14 +2,9 @@
  * worked by hand: the keys file's settings and its errors (naming the line
  * and the setting), lookups by Authorization header, the rate bucket's
  * refill and Retry-After, a tenant's max_inflight shared by its keys
- * (and refused when two keys give different values), bearer tokens and
- * token files (first line, trimmed; empty, missing or too long refused). */
+ * (and refused when two keys give different values). */
 #include "testutil.h"
 
-#include <stdio.h>
-#include <unistd.h>
-
-#include "http_guard.h"
 #include "srv_keys.h"
 
 static void parse_ok(const char *text, srv_keys *k)
@@ -38,7 +33,7 @@ static void test_settings_and_lookup(void **st)
     assert_string_equal(k.k[0].tenant, "A");
     assert_int_equal(k.k[0].max_priority, 7);
     assert_true(k.k[0].rate == 2.5);
-    assert_string_equal(k.k[1].tenant, "kb1"); /* a key alone is its own tenant */
+    assert_string_equal(k.k[1].tenant, "key-ef7a30aa80d5"); /* a key alone: its own tenant, named by its digest */
     assert_int_equal(k.k[1].max_inflight, 4);
     assert_int_equal(k.k[2].tenant_ix, 0);       /* A's counters live on its first key */
     assert_ptr_equal(srv_keys_find(&k, "Bearer ka2"), &k.k[2]);
@@ -48,10 +43,14 @@ static void test_settings_and_lookup(void **st)
     srv_keys_free(&k);
     parse_bad("k1 tenant=\n", "line 1");
     parse_bad("k1\nk2\nk1\n", "line 3: a key given twice");
-    parse_bad("k1 max_priority=2000000\n", "max_priority=2000000");
-    parse_bad("k1 rate=-1\n", "rate=-1");
-    parse_bad("k1 max_inflight=0\n", "max_inflight=0");
-    parse_bad("k1 color=red\n", "color=red");
+    parse_bad("k1 max_priority=2000000\n", "a bad value for 'max_priority'");
+    parse_bad("k1 rate=-1\n", "a bad value for 'rate'");
+    parse_bad("k1 max_inflight=0\n", "a bad value for 'max_inflight'");
+    parse_bad("k1 color=red\n", "line 1: word 1 after the key is no setting");
+    llm_error e2 = {0};
+    assert_int_equal(srv_keys_parse("sk-one tenant=T sk-two\n", 22, "\n", &k, &e2), LLM_ERR_INVALID_ARG);
+    assert_null(strstr(e2.msg, "sk-two")); /* a second key on the line is never echoed */
+    assert_non_null(strstr(e2.msg, "word 2"));
     parse_bad("a tenant=T max_inflight=2\nb tenant=T\nc tenant=T max_inflight=3\n",
               "line 3: tenant 'T' has max_inflight=2 on an earlier line, not 3");
 }
@@ -80,47 +79,18 @@ static void test_inflight(void **st)
     (void)st;
     srv_keys k;
     parse_ok("a1 tenant=A\na2 tenant=A max_inflight=5\nb tenant=B\n", &k);
-    int cap = 0;
-    assert_true(srv_keys_take(&k, &k.k[0], 3, 0, &cap)); /* A's cap comes from a2, shared with a1 */
-    assert_int_equal(cap, 5);
-    assert_false(srv_keys_take(&k, &k.k[1], 3, 0, &cap));
-    assert_true(srv_keys_take(&k, &k.k[1], 2, 0, &cap));
-    assert_false(srv_keys_take(&k, &k.k[0], 1, 0, &cap));
-    assert_true(srv_keys_take(&k, &k.k[2], 100, 0, &cap)); /* B: no cap of its own and no default */
-    assert_false(srv_keys_take(&k, &k.k[2], 1, 100, &cap)); /* the default applies to B */
-    assert_int_equal(cap, 100);
+    assert_int_equal(srv_keys_cap(&k, &k.k[0], 0), 5); /* A's cap comes from a2, shared with a1 */
+    assert_int_equal(srv_keys_cap(&k, &k.k[2], 7), 7);  /* B gives none: the default */
+    assert_true(srv_keys_take(&k, &k.k[0], 3, 0));
+    assert_false(srv_keys_take(&k, &k.k[1], 3, 0));
+    assert_true(srv_keys_take(&k, &k.k[1], 2, 0));
+    assert_false(srv_keys_take(&k, &k.k[0], 1, 0));
+    assert_true(srv_keys_take(&k, &k.k[2], 100, 0));   /* B: no cap of its own and no default */
+    assert_false(srv_keys_take(&k, &k.k[2], 1, 100)); /* the default applies to B */
     srv_keys_give(&k, &k.k[0], 3);
-    assert_true(srv_keys_take(&k, &k.k[0], 3, 0, &cap));
-    assert_true(srv_keys_take(&k, NULL, 1000, 1, &cap)); /* anonymous: no tenant */
+    assert_true(srv_keys_take(&k, &k.k[0], 3, 0));
+    assert_true(srv_keys_take(&k, NULL, 1000, 1)); /* anonymous: no tenant */
     srv_keys_free(&k);
-}
-
-static void test_bearer_and_token_file(void **st)
-{
-    (void)st;
-    assert_true(http_guard_bearer_ok("Bearer s3cret", "s3cret"));
-    assert_false(http_guard_bearer_ok("Bearer s3cret2", "s3cret"));
-    assert_false(http_guard_bearer_ok("Bearer s3cre", "s3cret"));
-    assert_false(http_guard_bearer_ok("bearer s3cret", "s3cret"));
-    assert_false(http_guard_bearer_ok(NULL, "s3cret"));
-    char path[] = "/tmp/test_srv_keys_XXXXXX", out[16];
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    FILE *f = fdopen(fd, "w");
-    fputs("  tok-1 \nsecond line\n", f);
-    fclose(f);
-    assert_int_equal(http_guard_token_file(path, out, sizeof out), 0);
-    assert_string_equal(out, "tok-1");
-    f = fopen(path, "w");
-    fputs(" \n", f);
-    fclose(f);
-    assert_int_equal(http_guard_token_file(path, out, sizeof out), -1); /* empty */
-    f = fopen(path, "w");
-    fputs("0123456789abcdef\n", f); /* 16 characters: no room for the NUL in 16 */
-    fclose(f);
-    assert_int_equal(http_guard_token_file(path, out, sizeof out), -1);
-    unlink(path);
-    assert_int_equal(http_guard_token_file(path, out, sizeof out), -1); /* gone */
 }
 
 int main(void)
@@ -129,7 +99,6 @@ int main(void)
         cmocka_unit_test(test_settings_and_lookup),
         cmocka_unit_test(test_rate_bucket),
         cmocka_unit_test(test_inflight),
-        cmocka_unit_test(test_bearer_and_token_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
