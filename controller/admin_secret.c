@@ -1,107 +1,181 @@
 /* admin_secret.c - the colocated canary's admin token; see admin_secret.h. */
-#include <ctype.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/rand.h>
 
 #include "admin_secret.h"
 #include "desired.h"
 #include "reconcile.h"
 
+#define KEY_FIELD "key"
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_ns[254] = "default", g_name[254] = "llm-controller-admin-key";
+static unsigned char g_key[32];
+static int g_have;
+
 static const char *str2(json_t *o, const char *a, const char *b)
 {
     return json_string_value(json_object_get(json_object_get(o, a), b));
 }
 
-static void path_of(json_t *d, char *out, size_t n)
+void admin_secret_key(const char *ns, const char *name)
 {
-    snprintf(out, n, "/api/v1/namespaces/%s/secrets/%s" DES_ADMIN_SUFFIX, str2(d, "metadata", "namespace"),
-             str2(d, "metadata", "name"));
+    pthread_mutex_lock(&g_mu);
+    snprintf(g_ns, sizeof g_ns, "%s", ns && *ns ? ns : "default");
+    snprintf(g_name, sizeof g_name, "%s", name && *name ? name : "llm-controller-admin-key");
+    g_have = 0;
+    pthread_mutex_unlock(&g_mu);
 }
 
-/* Whether Secret s is this LLMDeployment's own: labelled as ours and
- * owned (controller reference) by d's uid - a label alone anyone who may
- * create Secrets could add to one whose token they know. */
-static int ours(json_t *s, json_t *d)
+/* The key out of the key Secret s (base64 of 32 bytes). */
+static llm_status key_of(json_t *s, llm_error *err)
 {
-    json_t *md = json_object_get(s, "metadata"), *ref;
-    const char *by = json_string_value(json_object_get(json_object_get(md, "labels"), REC_MANAGED_BY));
-    const char *uid = str2(d, "metadata", "uid");
-    size_t i;
-    if (!by || strcmp(by, REC_CONTROLLER) || !uid)
-        return 0;
-    json_array_foreach(json_object_get(md, "ownerReferences"), i, ref) {
-        const char *u = json_string_value(json_object_get(ref, "uid"));
-        if (u && !strcmp(u, uid) && json_is_true(json_object_get(ref, "controller")))
-            return 1;
-    }
-    return 0;
-}
-
-/* The token of Secret s into out, or an error naming the Secret and the rule. */
-static llm_status token_of(json_t *s, json_t *d, char out[65], llm_error *err)
-{
-    const char *name = str2(d, "metadata", "name");
-    if (!ours(s, d))
-        return llm_errf(err, LLM_ERR_INVALID_ARG,
-                        "Secret %s" DES_ADMIN_SUFFIX " exists and is not this LLMDeployment's (label %s=%s and its "
-                        "ownerReference): llm-controller neither uses nor overwrites it; delete it", name,
-                        REC_MANAGED_BY, REC_CONTROLLER);
-    const char *b64 = str2(s, "data", DES_ADMIN_KEY);
-    unsigned char raw[100];
-    size_t blen = b64 ? strlen(b64) : 0;
-    int n = blen && blen <= 88 ? EVP_DecodeBlock(raw, (const unsigned char *)b64, (int)blen) : -1;
-    /* EVP_DecodeBlock counts base64 padding as bytes: 64 characters encode in 88 with 2 '=' */
-    int ok = n == 66 && b64[blen - 1] == '=' && b64[blen - 2] == '=';
-    for (int i = 0; ok && i < 64; i++) ok = isxdigit(raw[i]) != 0;
-    if (!ok)
-        return llm_errf(err, LLM_ERR_INVALID_ARG,
-                        "Secret %s" DES_ADMIN_SUFFIX ": key " DES_ADMIN_KEY " is not 64 hex digits; delete the "
-                        "Secret and llm-controller makes a new one", name);
-    memcpy(out, raw, 64);
-    out[64] = 0;
+    const char *b64 = str2(s, "data", KEY_FIELD);
+    unsigned char raw[64];
+    size_t n = b64 ? strlen(b64) : 0;
+    /* 32 bytes encode in 44 characters, one '=': EVP_DecodeBlock counts it as a byte */
+    if (n != 44 || b64[43] != '=' || b64[42] == '=' || EVP_DecodeBlock(raw, (const unsigned char *)b64, 44) != 33)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "Secret %s/%s: key '" KEY_FIELD "' is not 32 bytes of base64; "
+                        "delete the Secret and llm-controller makes a new key", g_ns, g_name);
+    memcpy(g_key, raw, 32);
+    OPENSSL_cleanse(raw, sizeof raw);
+    g_have = 1;
     return LLM_OK;
 }
 
-llm_status admin_secret_token(kube_client *k, json_t *d, char out[65], llm_error *err)
+/* Posts a new random key; a concurrent create (another replica) is read back. */
+static llm_status make_key(kube_client *k, const char *path, llm_error *err)
 {
-    char path[1024];
-    path_of(d, path, sizeof path);
-    json_t *s = NULL;
-    llm_status st = kube_request(k, "GET", path, NULL, NULL, &s, err);
+    unsigned char raw[32];
+    char b64[48];
+    if (RAND_bytes(raw, sizeof raw) != 1)
+        return llm_errf(err, LLM_ERR_INTERNAL, "cannot make the admin key: OpenSSL's RAND_bytes failed");
+    EVP_EncodeBlock((unsigned char *)b64, raw, sizeof raw);
+    OPENSSL_cleanse(raw, sizeof raw);
+    char coll[400];
+    snprintf(coll, sizeof coll, "/api/v1/namespaces/%s/secrets", g_ns);
+    json_t *want = json_pack("{s:s,s:s,s:{s:s,s:s,s:{s:s}},s:s,s:{s:s}}", "apiVersion", "v1", "kind", "Secret", "metadata",
+                             "name", g_name, "namespace", g_ns, "labels", REC_MANAGED_BY, REC_CONTROLLER, "type", "Opaque",
+                             "data", KEY_FIELD, b64);
+    OPENSSL_cleanse(b64, sizeof b64);
+    if (!want)
+        return llm_errf(err, LLM_ERR_NOMEM, "cannot build Secret %s/%s", g_ns, g_name);
+    json_t *made = NULL;
+    llm_status st = kube_request(k, "POST", coll, want, NULL, &made, err);
+    json_decref(want);
+    if (st == LLM_ERR_CONFLICT)
+        st = kube_request(k, "GET", path, NULL, NULL, &made, err);
     if (!st)
-        st = token_of(s, d, out, err);
-    json_decref(s);
+        st = key_of(made, err);
+    json_decref(made);
     return st;
 }
 
-/* Posts a new Secret with a random token; a concurrent create (409) is
- * read back and judged as any other. */
-static llm_status create(kube_client *k, json_t *d, llm_error *err)
+/* The key, read (or made) once. */
+static llm_status load_key(kube_client *k, llm_error *err)
 {
-    unsigned char raw[32];
-    char tok[65];
-    if (RAND_bytes(raw, sizeof raw) != 1)
-        return llm_errf(err, LLM_ERR_INTERNAL, "cannot make the admin token: OpenSSL's RAND_bytes failed");
-    for (int i = 0; i < 32; i++) snprintf(tok + 2 * i, 3, "%02x", raw[i]);
-    json_t *want = des_admin_secret(d, tok);
-    OPENSSL_cleanse(tok, sizeof tok);
-    if (!want)
-        return llm_errf(err, LLM_ERR_NOMEM, "cannot build Secret %s" DES_ADMIN_SUFFIX, str2(d, "metadata", "name"));
-    char coll[512];
-    snprintf(coll, sizeof coll, "/api/v1/namespaces/%s/secrets", str2(d, "metadata", "namespace"));
-    llm_status st = kube_request(k, "POST", coll, want, NULL, NULL, err);
-    json_decref(want);
-    return st == LLM_ERR_CONFLICT ? admin_secret_token(k, d, tok, err) : st;
+    pthread_mutex_lock(&g_mu);
+    llm_status st = LLM_OK;
+    if (!g_have) {
+        char path[600];
+        snprintf(path, sizeof path, "/api/v1/namespaces/%s/secrets/%s", g_ns, g_name);
+        json_t *s = NULL;
+        st = kube_request(k, "GET", path, NULL, NULL, &s, err);
+        st = st == LLM_ERR_NOT_FOUND ? make_key(k, path, err) : st ? st : key_of(s, err);
+        json_decref(s);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return st;
+}
+
+/* HMAC-SHA256(key, what "/" uid) as hex into out (2 x bytes digits). */
+static int mac_hex(const char *what, const char *uid, char *out, int bytes)
+{
+    char msg[400];
+    unsigned char md[32];
+    unsigned int len = 0;
+    int n = snprintf(msg, sizeof msg, "%s/%s", what, uid);
+    if (n < 0 || n >= (int)sizeof msg || !HMAC(EVP_sha256(), g_key, sizeof g_key, (unsigned char *)msg, (size_t)n, md, &len))
+        return -1;
+    for (int i = 0; i < bytes; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+    OPENSSL_cleanse(md, sizeof md);
+    return 0;
+}
+
+llm_status admin_secret_derive(kube_client *k, json_t *d, char name[300], char token[65], llm_error *err)
+{
+    const char *uid = str2(d, "metadata", "uid"), *n = str2(d, "metadata", "name");
+    if (!uid || !n)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "the LLMDeployment has no uid or name yet");
+    llm_status st = load_key(k, err);
+    if (st)
+        return st;
+    char h[21];
+    if ((name && mac_hex("name", uid, h, 5)) || (token && mac_hex("token", uid, token, 32)))
+        return llm_errf(err, LLM_ERR_INTERNAL, "HMAC-SHA256 failed for %s", n);
+    if (name)
+        snprintf(name, 300, "%s" DES_ADMIN_SUFFIX "-%s", n, h);
+    return LLM_OK;
+}
+
+/* Secrets made or found here lately, by name: not posted again for
+ * CONFIRM_S (each reconcile of a colocated canary would post one). */
+#define CONFIRMED 256
+#define CONFIRM_S 300
+static struct {
+    char name[300];
+    time_t at;
+} g_confirmed[CONFIRMED];
+
+static int confirmed(const char *name, int set)
+{
+    time_t now = time(NULL);
+    int slot = 0;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < CONFIRMED; i++) {
+        if (!strcmp(g_confirmed[i].name, name) && now - g_confirmed[i].at < CONFIRM_S && !set) {
+            pthread_mutex_unlock(&g_mu);
+            return 1;
+        }
+        if (g_confirmed[i].at < g_confirmed[slot].at)
+            slot = i; /* the oldest goes */
+    }
+    if (set) {
+        snprintf(g_confirmed[slot].name, sizeof g_confirmed[slot].name, "%s", name);
+        g_confirmed[slot].at = now;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return 0;
 }
 
 llm_status admin_secret_ensure(kube_client *k, json_t *d, llm_error *err)
 {
-    char tok[65];
-    llm_status st = admin_secret_token(k, d, tok, err);
-    OPENSSL_cleanse(tok, sizeof tok);
-    return st == LLM_ERR_NOT_FOUND ? create(k, d, err) : st;
+    char name[300], token[65];
+    llm_status st = admin_secret_derive(k, d, name, token, err);
+    if (!st && confirmed(name, 0)) {
+        OPENSSL_cleanse(token, sizeof token);
+        return LLM_OK;
+    }
+    json_t *want = st ? NULL : des_admin_secret(d, name, token);
+    OPENSSL_cleanse(token, sizeof token);
+    if (st)
+        return st;
+    if (!want)
+        return llm_errf(err, LLM_ERR_NOMEM, "cannot build Secret %s", name);
+    char coll[512];
+    snprintf(coll, sizeof coll, "/api/v1/namespaces/%s/secrets", str2(d, "metadata", "namespace"));
+    st = kube_request(k, "POST", coll, want, NULL, NULL, err);
+    json_decref(want);
+    if (st == LLM_ERR_CONFLICT) /* there already: its name is ours alone to know */
+        st = LLM_OK;
+    if (!st)
+        confirmed(name, 1);
+    return st;
 }

@@ -1,27 +1,36 @@
-/* admin_secret.h - the bearer token of llm-server's /admin/canary for one
- * LLMDeployment with a colocated canary: 32 random bytes (64 hex digits,
- * OpenSSL's RAND_bytes) in Secret NAME-admin, key "token", owned by the
- * LLMDeployment (deleted with it). The controller makes it once, mounts it
- * into the pods (desired.c) and reads it back when it calls them, so no
- * one who can read the LLMDeployment, a ConfigMap or the controller's
- * environment can derive it. A Secret of that name that is not this
- * LLMDeployment's (managed-by label and a controller ownerReference to its
- * uid) or whose token is not 64 hex digits is refused, never used or
- * overwritten: LLM_ERR_INVALID_ARG naming the Secret and the rule (the
- * caller says so in an event and retries with back-off; the controller
- * does not watch Secrets).
+/* admin_secret.h - the bearer token of llm-server's /admin/canary for an
+ * LLMDeployment with a colocated canary, without the controller holding a
+ * cluster-wide right to read Secrets.
  *
- * Ownership: llmd is borrowed. Thread-safety: as the client's. */
+ * The controller keeps one random 32-byte key in a Secret of its own
+ * namespace (admin_secret_key: "NS/NAME", made on first use; a namespaced
+ * Role lets it get and create only there). For an LLMDeployment with uid U
+ * the token is HMAC-SHA256(key, "token/" U) in hex and it lives in Secret
+ * NAME-admin-H, H = 10 hex digits of HMAC-SHA256(key, "name/" U), owned
+ * by the LLMDeployment, which the controller creates (create is all it may
+ * do with Secrets elsewhere) and the pods mount (desired.c). No one who can
+ * read the LLMDeployment, a ConfigMap or the controller's environment can
+ * derive the token, and no one can plant a Secret under a name they
+ * cannot predict before the controller makes it. The controller never
+ * reads the per-deployment Secret back: it derives the token again.
+ * Deleting the key Secret makes a new key: every colocated deployment's
+ * Secret name, and so its pods, change once.
+ *
+ * Ownership: llmd is borrowed. Thread-safety: the key is loaded once
+ * under a lock; everything else is per call. */
 #ifndef ADMIN_SECRET_H
 #define ADMIN_SECRET_H
 
 #include "kube_client.h"
 
-/* Creates the Secret when missing (a concurrent create is read back and
- * judged as any other). */
-llm_status admin_secret_ensure(kube_client *k, json_t *llmd, llm_error *err);
+/* Where the key lives ("NS/NAME"); before the first reconcile. */
+void admin_secret_key(const char *ns, const char *name);
 
-/* The token of an existing Secret (LLM_ERR_NOT_FOUND when none yet). */
-llm_status admin_secret_token(kube_client *k, json_t *llmd, char out[65], llm_error *err);
+/* The per-deployment Secret's name into name (NAME-admin-H) and token into
+ * token (either may be NULL). */
+llm_status admin_secret_derive(kube_client *k, json_t *llmd, char name[300], char token[65], llm_error *err);
+
+/* Creates the per-deployment Secret when missing (409: it is there). */
+llm_status admin_secret_ensure(kube_client *k, json_t *llmd, llm_error *err);
 
 #endif

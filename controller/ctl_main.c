@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "admin_secret.h"
 #include "ctl_loop.h"
 #include "ctl_obs.h"
 #include "kube_watch.h"
@@ -20,12 +21,15 @@ static int usage(void)
     fprintf(stderr,
             "usage: llm-controller [--kubeconfig FILE] [--http-addr [HOST:]PORT] [--leader-elect]\n"
             "                      [--leader-elect-namespace NS] [--leader-elect-name NAME] [--lease-duration S]\n"
-            "                      [--renew-deadline S] [--retry-period S]\n"
+            "                      [--renew-deadline S] [--retry-period S] [--admin-key-secret NAME]\n"
             "       llm-controller [--kubeconfig FILE] [--namespace NS] --check\n"
             "       llm-controller [--kubeconfig FILE] --watch PATH [--max-events N]\n"
             "  --http-addr      /healthz, /readyz and /metrics (default 8081; \"\" for none)\n"
             "  --leader-elect   run as one of several replicas: only the holder of the Lease\n"
-            "                   (default llm-controller in the pod's namespace) reconciles\n");
+            "                   (default llm-controller in the pod's namespace) reconciles\n"
+            "  --admin-key-secret  the Secret, in the pod's namespace, holding the key the colocated\n"
+            "                   canaries' admin tokens derive from (default llm-controller-admin-key;\n"
+            "                   made on first use)\n");
     return 2;
 }
 
@@ -104,6 +108,7 @@ static int check(kube_client *k, const kube_config *cfg, const char *ns)
 int main(int argc, char **argv)
 {
     const char *kubeconfig = NULL, *ns = NULL, *watch = NULL, *http = "8081", *lease_ns = NULL;
+    const char *admin_key = "llm-controller-admin-key";
     int do_check = 0, bad = 0;
     watch_print wp = {-1};
     char id[512];
@@ -135,6 +140,8 @@ int main(int argc, char **argv)
             kubeconfig = argv[++i];
         else if (!strcmp(argv[i], "--namespace") && i + 1 < argc)
             ns = argv[++i];
+        else if (!strcmp(argv[i], "--admin-key-secret") && i + 1 < argc)
+            admin_key = argv[++i];
         else
             return usage();
     }
@@ -151,7 +158,9 @@ int main(int argc, char **argv)
     if (!do_check && !watch) { /* the controller proper */
         signal(SIGTERM, on_signal);
         signal(SIGINT, on_signal);
-        opt.lease.ns = lease_ns ? lease_ns : getenv("POD_NAMESPACE") ? getenv("POD_NAMESPACE") : cfg.ns ? cfg.ns : "default";
+        const char *own_ns = getenv("POD_NAMESPACE") ? getenv("POD_NAMESPACE") : cfg.ns ? cfg.ns : "default";
+        opt.lease.ns = lease_ns ? lease_ns : own_ns;
+        admin_secret_key(own_ns, admin_key); /* the colocated canaries' key: a Secret in our own namespace */
         ctl_log(CTL_INFO, "managing LLMDeployments", "server", cfg.server, "credentials", cfg.source, "identity",
                 opt.leader_elect ? id : NULL, "lease_namespace", opt.leader_elect ? opt.lease.ns : NULL,
                 "http", *http ? http : NULL, (const char *)NULL);

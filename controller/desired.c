@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 
 #include "desired.h"
@@ -35,7 +36,7 @@ void des_base_hash(json_t *d, char out[17])
     char msg[256], cfg[17];
     json_t *cm = bare ? des_configmap(bare, msg, sizeof msg) : NULL;
     des_hash(json_object_get(cm, "data"), cfg);
-    json_t *dep = cm ? des_deployment(bare, cfg, msg, sizeof msg) : NULL;
+    json_t *dep = cm ? des_deployment(bare, cfg, NULL, msg, sizeof msg) : NULL;
     des_hash(json_object_get(json_object_get(dep, "spec"), "template"), out);
     json_decref(dep);
     json_decref(cm);
@@ -87,15 +88,16 @@ int des_colocated(json_t *d)
     return m && !strcmp(m, "colocated");
 }
 
-json_t *des_admin_secret(json_t *d, const char *token)
+json_t *des_admin_secret(json_t *d, const char *name, const char *token)
 {
-    char n[300], b64[96];
-    snprintf(n, sizeof n, "%s" DES_ADMIN_SUFFIX, name_of(d));
+    char b64[96];
     size_t len = strlen(token);
     if (len > 64 || EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)token, (int)len) < 0)
         return NULL;
-    return json_pack("{s:s,s:s,s:o,s:s,s:{s:s}}", "apiVersion", "v1", "kind", "Secret", "metadata", meta(d, n), "type",
-                     "Opaque", "data", DES_ADMIN_KEY, b64);
+    json_t *out = json_pack("{s:s,s:s,s:o,s:s,s:{s:s}}", "apiVersion", "v1", "kind", "Secret", "metadata",
+                            meta(d, name), "type", "Opaque", "data", DES_ADMIN_KEY, b64);
+    OPENSSL_cleanse(b64, sizeof b64);
+    return out;
 }
 
 /* ---- ConfigMap: llm-server's YAML ---------------------------------------------------- */
@@ -243,12 +245,12 @@ static json_t *resources(json_t *spec)
     return r;
 }
 
-static json_t *container(json_t *d)
+static json_t *container(json_t *d, const char *admin_secret)
 {
     json_t *spec = json_object_get(d, "spec");
     long long port = spec_int(spec, "server", "port", 8080);
     json_t *args = json_pack("[s,s,s,s]", "--config", DES_CONFIG_DIR "/config.yaml", "--host", "$(POD_IP)");
-    if (des_colocated(d)) { /* the controller's key to the pods' /admin/canary, a mounted Secret */
+    if (des_colocated(d) && admin_secret) { /* the controller's key to the pods' /admin/canary, a mounted Secret */
         json_array_append_new(args, json_string("--admin_token_file"));
         json_array_append_new(args, json_string(DES_ADMIN_DIR "/" DES_ADMIN_KEY));
     }
@@ -268,7 +270,7 @@ static json_t *container(json_t *d)
     if (get2(spec, "model", "volume"))
         json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "model", "mountPath", mp ? mp : "/models",
                                                 "readOnly", 1));
-    if (des_colocated(d))
+    if (des_colocated(d) && admin_secret)
         json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "admin", "mountPath", DES_ADMIN_DIR, "readOnly", 1));
     long long startup = spec_int(spec, "probes", "startupTimeoutSeconds", 600), hp = des_health_port(d);
     return json_pack("{s:s,s:O,s:o,s:o,s:[{s:s,s:I},{s:s,s:I}],s:o,s:o,s:o,s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name",
@@ -327,7 +329,7 @@ static void merge(json_t *dst, json_t *src)
     }
 }
 
-json_t *des_deployment(json_t *d, const char *config_hash, char *msg, size_t mn)
+json_t *des_deployment(json_t *d, const char *config_hash, const char *admin_secret, char *msg, size_t mn)
 {
     json_t *spec = json_object_get(d, "spec");
     const char *name = name_of(d);
@@ -338,15 +340,12 @@ json_t *des_deployment(json_t *d, const char *config_hash, char *msg, size_t mn)
     json_t *vol = model_volume(spec);
     if (vol)
         json_array_append_new(volumes, vol);
-    if (des_colocated(d)) { /* 0440 with fsGroup: the server's user reads it, nobody else's */
-        char sec[300];
-        snprintf(sec, sizeof sec, "%s" DES_ADMIN_SUFFIX, name);
-        json_array_append_new(volumes, json_pack("{s:s,s:{s:s,s:i}}", "name", "admin", "secret", "secretName", sec,
-                                                 "defaultMode", 0440));
-    }
+    if (des_colocated(d) && admin_secret) /* 0440 with fsGroup: the server's user reads it, nobody else's */
+        json_array_append_new(volumes, json_pack("{s:s,s:{s:s,s:i}}", "name", "admin", "secret", "secretName",
+                                                 admin_secret, "defaultMode", 0440));
     json_t *pod = json_pack("{s:I,s:{s:b,s:I,s:I},s:[o],s:o,s:b}", "terminationGracePeriodSeconds", (json_int_t)grace,
                             "securityContext", "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "fsGroup",
-                            (json_int_t)65532, "containers", container(d), "volumes", volumes,
+                            (json_int_t)65532, "containers", container(d, admin_secret), "volumes", volumes,
                             "automountServiceAccountToken", 0);
     static const char *const copied[] = {"nodeSelector", "tolerations", "affinity", "priorityClassName"};
     for (size_t i = 0; pod && i < sizeof copied / sizeof *copied; i++)

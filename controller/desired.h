@@ -8,7 +8,7 @@
  * The Deployment's pods: llm-server with --config from the ConfigMap
  * (whose hash is in the pod template, so a config change rolls the pods),
  * --host $(POD_IP), API keys from the named Secret (and with a colocated
- * canary --admin_token_file from NAME-admin), probes on /startupz,
+ * canary --admin_token_file from the admin Secret), probes on /startupz,
  * /readyz and /livez sized to the spec, a shutdown delay and grace period
  * that let endpoints drop a pod before it stops taking requests, non-root,
  * read-only root filesystem, no capabilities, the model volume read-only,
@@ -28,7 +28,8 @@
 #define DES_TEMPLATE_ANN "llmk8s.io/template-hash"
 
 json_t *des_configmap(json_t *llmd, char *msg, size_t mn);
-json_t *des_deployment(json_t *llmd, const char *config_hash, char *msg, size_t mn);
+/* admin_secret: the colocated canary's Secret to mount (NULL: none). */
+json_t *des_deployment(json_t *llmd, const char *config_hash, const char *admin_secret, char *msg, size_t mn);
 /* The Service NAME clients call: the llm-server pods, or the llm-router
  * pods when spec.router.enabled. */
 json_t *des_service(json_t *llmd);
@@ -63,15 +64,15 @@ json_t *des_canary_service(json_t *llmd);
 #define DES_BASE_ANN "llmk8s.io/base-hash"
 void des_base_hash(json_t *llmd, char out[17]);
 /* The bearer token of the pods' /admin/canary (spec.canary.mode
- * colocated) lives in Secret NAME-admin, key "token" (random, made once by
- * admin_secret.c), mounted at DES_ADMIN_DIR; the pods' args name the file
- * (--admin_token_file). des_admin_secret: that Secret holding
- * token (at most 64 characters; NULL otherwise). */
+ * colocated) lives in a Secret of the name admin_secret.c derives
+ * (NAME-admin-H), key "token", mounted at DES_ADMIN_DIR; the pods' args
+ * name the file (--admin_token_file). des_admin_secret: that Secret named
+ * name, holding token (at most 64 characters; NULL otherwise). */
 int des_colocated(json_t *llmd); /* spec.canary.mode is colocated */
 #define DES_ADMIN_SUFFIX "-admin"
 #define DES_ADMIN_KEY "token"
 #define DES_ADMIN_DIR "/etc/llm-admin"
-json_t *des_admin_secret(json_t *llmd, const char *token);
+json_t *des_admin_secret(json_t *llmd, const char *name, const char *token);
 /* The llm-server backend for a spec: spec.engine.backend, or for auto (the
  * default) cuda when the container asks for GPUs, else cpu. */
 const char *des_backend(json_t *spec);

@@ -105,7 +105,16 @@ static llm_status build(kube_client *k, json_t *d, children *c, llm_error *err)
     if (!(c->cm = des_configmap(d, msg, sizeof msg)))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg[0] ? msg : "cannot build the ConfigMap");
     des_hash(json_object_get(c->cm, "data"), cfg_hash);
-    if (!(c->dep = des_deployment(d, cfg_hash, msg, sizeof msg)))
+    char admin[300];
+    if (des_colocated(d) && (st = admin_secret_derive(k, d, admin, NULL, err)) == LLM_ERR_INVALID_ARG) {
+        /* the key Secret spoilt: said, and retried with back-off until it is mended (INVALID_ARG would stop
+         * retries until the spec changes) */
+        kube_event(k, d, "Warning", "AdminKeyInvalid", "%s", err->msg);
+        return LLM_ERR_FORBIDDEN;
+    }
+    if (st)
+        return st;
+    if (!(c->dep = des_deployment(d, cfg_hash, des_colocated(d) ? admin : NULL, msg, sizeof msg)))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg);
     des_hash(get2(json_object_get(c->dep, "spec"), "template", NULL), c->template_hash);
     json_object_set_new(get2(c->dep, "metadata", "annotations"), DES_TEMPLATE_ANN, json_string(c->template_hash));
@@ -193,10 +202,6 @@ static llm_status apply_children(kube_client *k, json_t *d, children *c, llm_err
     snprintf(pdbs, sizeof pdbs, "/apis/policy/v1/namespaces/%s/poddisruptionbudgets", ns);
     kube_applied did;
     llm_status st = des_colocated(d) ? admin_secret_ensure(k, d, err) : LLM_OK; /* before the pods that mount it */
-    if (st == LLM_ERR_INVALID_ARG) { /* a Secret not ours: said, and retried with back-off until it goes */
-        kube_event(k, d, "Warning", "AdminSecretConflict", "%s", err->msg);
-        st = LLM_ERR_FORBIDDEN; /* (not INVALID_ARG: that stops retries until the spec changes) */
-    }
     if (!st && !c->ro.keep_config)
         st = kube_apply(k, cms, c->cm, &did, err);
     if (!st) /* before the stable Deployment: the weight moves before its pods do */

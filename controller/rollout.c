@@ -119,10 +119,10 @@ static void colocate(kube_client *k, json_t *d, int unload, int weight, coloc *c
     memset(c, 0, sizeof *c);
     c->d = d;
     llm_error err = {0};
-    if (admin_secret_token(k, d, c->token, &err)) { /* no pod asked: the caller sees none answered; an unload
+    if (admin_secret_derive(k, d, NULL, c->token, &err)) { /* no pod asked: the caller sees none answered; an unload
                                                       * too, so the event says it (the pods keep the canary) */
         snprintf(c->message, sizeof c->message, "%s", err.msg);
-        kube_event(k, d, "Warning", "AdminSecretUnreadable", "cannot %s the colocated canary: %s",
+        kube_event(k, d, "Warning", "AdminKeyUnreadable", "cannot %s the colocated canary: %s",
                    unload ? "unload" : "set", err.msg);
         return;
     }
@@ -227,7 +227,7 @@ static void starting_colocated(kube_client *k, json_t *d, rollout *ro)
         colocate(k, d, 0, ro->cn.steps[0].weight, &w);
         kube_event(k, d, "Normal", "CanaryStep", "revision %.10s takes %d%% of requests inside the stable pods "
                    "(step 1 of %d)", str(ro->state, "revision") ?: "", ro->cn.steps[0].weight, ro->cn.n_steps);
-    } else if (!c.pods && c.message[0]) { /* no pod asked (the admin Secret unreadable): say why while waiting */
+    } else if (!c.pods && c.message[0]) { /* no pod asked (the admin key unreadable): say why while waiting */
         set_str(ro->state, "message", c.message);
     }
 }

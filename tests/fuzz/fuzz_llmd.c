@@ -56,7 +56,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     des_hash(cm, hash);
     check(cm);
     msg[0] = 0;
-    json_t *dep = des_deployment(d, "0123456789abcdef", msg, sizeof msg);
+    json_t *dep = des_deployment(d, "0123456789abcdef", "x-admin-0123456789", msg, sizeof msg);
     if (!dep && !msg[0])
         abort();
     check(des_service(d));

@@ -246,18 +246,24 @@ def apply_model(c, path, extra):
 
 
 def admin_token_is_a_secret(c, ip):
-    """The pods' /admin/canary token: 64 random hex digits in the
-    controller's Secret story-admin (owned by the LLMDeployment), mounted
-    as a file; not in the ConfigMap, and the token the controller used to
-    derive from the object's uid is refused."""
-    sec = c.get("secret", "story-admin")
+    """The pods' /admin/canary token: 64 hex digits in the Secret
+    story-admin-H that the controller made (owned by the LLMDeployment; H
+    and the token derive from a random key in the controller's own Secret),
+    mounted as a file; not in the ConfigMap, and the token the controller
+    used to derive from the object's uid alone is refused. Returns the
+    Secret's name."""
+    pod = c.get("deployment", "story")["spec"]["template"]["spec"]
+    vol = next(v for v in pod["volumes"] if v["name"] == "admin")
+    name = vol["secret"]["secretName"]
+    assert re.fullmatch("story-admin-[0-9a-f]{10}", name) and vol["secret"]["defaultMode"] == 0o440, vol
+    assert "/etc/llm-admin/token" in pod["containers"][0]["args"], pod["containers"][0]["args"]
+    sec = c.get("secret", name)
     assert sec["metadata"]["ownerReferences"][0]["kind"] == "LLMDeployment", sec["metadata"]
     token = base64.b64decode(sec["data"]["token"]).decode()
     assert re.fullmatch("[0-9a-f]{64}", token), token
     assert token not in c.get("configmap", "story-config")["data"]["config.yaml"]
-    pod = c.get("deployment", "story")["spec"]["template"]["spec"]
-    assert "/etc/llm-admin/token" in pod["containers"][0]["args"], pod["containers"][0]["args"]
-    assert {"name": "admin", "secret": {"secretName": "story-admin", "defaultMode": 0o440}} in pod["volumes"]
+    key = c.get("secret", "llm-controller-admin-key")
+    assert len(base64.b64decode(key["data"]["key"])) == 32
     uid = c.get("llmd", "story")["metadata"]["uid"]
 
     def code(tok):
@@ -268,6 +274,7 @@ def admin_token_is_a_secret(c, ip):
             return e.code
     assert code(token) == 200
     assert code(hashlib.sha256(f"{uid}/".encode()).hexdigest()) == 401
+    return name
 
 
 def test_colocated_canary_promotes_inside_the_stable_pods(cluster):
@@ -302,25 +309,24 @@ def test_colocated_canary_promotes_inside_the_stable_pods(cluster):
     assert analysis["result"] == "Pass" and analysis["canaryRequests"] >= 10, analysis
 
 
-def test_colocated_refuses_a_secret_it_did_not_make(cluster):
-    """A Secret story-admin that is not the LLMDeployment's (its token
-    known to whoever made it; our managed-by label on it is not enough)
-    is never used nor overwritten: an event says why; once it is deleted
-    the controller, retrying, makes a random one and the pods come up
-    with it."""
+def test_colocated_admin_secret_cannot_be_planted(cluster):
+    """A Secret planted where the old controller kept the token (story-admin,
+    with our managed-by label) is never used: the pods mount the Secret
+    whose name the controller derives from its own key, which no one else
+    can predict. A spoilt key is said in an event until it is mended."""
     c = cluster
     c.k("create", "secret", "generic", "story-admin", "--from-literal=token=" + "0" * 64)
-    c.k("label", "secret", "story-admin", "app.kubernetes.io/managed-by=llm-controller")  # a label is not enough
+    c.k("label", "secret", "story-admin", "app.kubernetes.io/managed-by=llm-controller")
+    c.k("create", "secret", "generic", "llm-controller-admin-key", "--from-literal=key=short")
     c.controller()
     c.apply(extra=colocated_spec([{"weight": 50, "pause": 4}]))
-    wait_for(lambda: "AdminSecretConflict" in events(c), 30)
-    assert "Secret story-admin exists and is not this LLMDeployment's" in events(c), events(c)
-    assert base64.b64decode(c.get("secret", "story-admin")["data"]["token"]).decode() == "0" * 64
+    wait_for(lambda: "AdminKeyInvalid" in events(c), 30)
+    assert "is not 32 bytes of base64" in events(c), events(c)
     assert c.get("deployment", "story") is None
-    c.k("delete", "secret", "story-admin")  # retried with back-off: no edit needed
+    c.k("delete", "secret", "llm-controller-admin-key")  # retried with back-off: a new key, no edit needed
     wait_for(lambda: c.status().get("phase") == "Ready", 90)
     ip = wait_for(lambda: c.ready_ips("story-backends"), 60)[0]
-    admin_token_is_a_secret(c, ip)
+    assert admin_token_is_a_secret(c, ip) != "story-admin"
 
 
 def test_colocated_falls_back_to_pods_when_it_does_not_fit(cluster):

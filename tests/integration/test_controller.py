@@ -83,7 +83,7 @@ def test_rbac_is_enough_and_needed(sim, kubectl, tmp_path):  # noqa: F811
     assert r.returncode == 1 and "HTTP 403" in r.stderr and "llmdeployments" in r.stderr
     docs = yaml.safe_load_all((ROOT / "manifests" / "operator" / "llm-operator.yaml").read_text())
     rbac = [d for d in docs if d and d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
-    assert len(rbac) == 4
+    assert len(rbac) == 6
     kubectl("apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump_all(rbac))
     r = ctl("--check", env=env)
     assert r.returncode == 0, r.stderr
@@ -98,10 +98,18 @@ def test_rbac_is_enough_and_needed(sim, kubectl, tmp_path):  # noqa: F811
     assert r.returncode and 'cannot delete resource "pods"' in r.stderr  # pods: read only
     r = kubectl(*as_sa, "get", "secrets", check=False)
     assert r.returncode and 'cannot list resource "secrets"' in r.stderr  # never lists secrets
-    r = kubectl(*as_sa, "get", "secret", "story-admin", check=False)  # but reads its own by name
-    assert r.returncode and "NotFound" in r.stderr and "forbidden" not in r.stderr.lower(), r.stderr
-    r = kubectl(*as_sa, "delete", "secret", "story-admin", check=False)
+    kubectl("create", "secret", "generic", "story-admin-0123456789", "--from-literal=token=x")
+    r = kubectl(*as_sa, "get", "secret", "story-admin-0123456789", check=False)  # nor reads one
+    assert r.returncode and 'cannot get resource "secrets"' in r.stderr, r.stderr
+    r = kubectl(*as_sa, "delete", "secret", "story-admin-0123456789", check=False)
     assert r.returncode and 'cannot delete resource "secrets"' in r.stderr
+    kubectl(*as_sa, "create", "secret", "generic", "made-by-it", "--from-literal=token=x")  # it creates them
+    own = ["--token", token, "-n", "llm-system"]  # and reads its key, in its own namespace, by that name alone
+    r = kubectl(*own, "get", "secret", "llm-operator-admin-key", check=False)
+    assert r.returncode and "NotFound" in r.stderr, r.stderr
+    kubectl("-n", "llm-system", "create", "secret", "generic", "other", "--from-literal=a=1")
+    r = kubectl(*own, "get", "secret", "other", check=False)
+    assert r.returncode and 'cannot get resource "secrets"' in r.stderr, r.stderr
 
 
 def test_watch_sync_changes_and_relist(tmp_path):
