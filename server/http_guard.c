@@ -359,19 +359,22 @@ static int read_all(struct mg_connection *c, size_t max, double deadline, char *
     size_t cap = 4096;
     if (!(*buf = malloc(cap + 1)))
         return 503;
-    for (int r;; *n += (size_t)r) {
+    for (;;) {
         if (now_s() > deadline)
             return 408;
-        if (*n == cap) {
-            char *p = cap <= max ? realloc(*buf, 2 * cap + 1) : NULL;
+        if (*n == cap) { /* grows to max + 1 at most: one byte past max tells a body too large */
+            size_t next = 2 * cap < max + 1 ? 2 * cap : max + 1;
+            char *p = cap <= max ? realloc(*buf, next + 1) : NULL;
             if (!p)
                 return cap <= max ? 503 : 413;
             *buf = p;
-            cap *= 2;
+            cap = next;
         }
-        if ((r = mg_read(c, *buf + *n, cap - *n)) <= 0)
+        int r = mg_read(c, *buf + *n, cap - *n);
+        if (r <= 0)
             return r < 0 ? 408 : 0; /* < 0: cut (the deadline) or broken: not a body to act on */
-        if (*n + (size_t)r > max)
+        *n += (size_t)r;
+        if (*n > max)
             return 413;
     }
 }
