@@ -19,6 +19,8 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static char g_ns[254] = "default", g_name[254] = "llm-controller-admin-key";
 static unsigned char g_key[32];
 static int g_have;
+static time_t g_loaded; /* re-read after KEY_TTL_S: a deleted or replaced key takes over within it */
+#define KEY_TTL_S 60
 
 static const char *str2(json_t *o, const char *a, const char *b)
 {
@@ -34,10 +36,15 @@ void admin_secret_key(const char *ns, const char *name)
     pthread_mutex_unlock(&g_mu);
 }
 
-/* The key out of the key Secret s (base64 of 32 bytes). */
+/* The key out of the key Secret s (base64 of 32 bytes, labelled ours). */
 static llm_status key_of(json_t *s, llm_error *err)
 {
     const char *b64 = str2(s, "data", KEY_FIELD);
+    const char *by = json_string_value(json_object_get(json_object_get(json_object_get(s, "metadata"), "labels"),
+                                                       REC_MANAGED_BY));
+    if (!by || strcmp(by, REC_CONTROLLER))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "Secret %s/%s is not labelled %s=%s: llm-controller makes its key "
+                        "itself; delete that Secret", g_ns, g_name, REC_MANAGED_BY, REC_CONTROLLER);
     unsigned char raw[64];
     size_t n = b64 ? strlen(b64) : 0;
     /* 32 bytes encode in 44 characters, one '=': EVP_DecodeBlock counts it as a byte */
@@ -47,6 +54,7 @@ static llm_status key_of(json_t *s, llm_error *err)
     memcpy(g_key, raw, 32);
     OPENSSL_cleanse(raw, sizeof raw);
     g_have = 1;
+    g_loaded = time(NULL);
     return LLM_OK;
 }
 
@@ -78,12 +86,13 @@ static llm_status make_key(kube_client *k, const char *path, llm_error *err)
     return st;
 }
 
-/* The key, read (or made) once. */
-static llm_status load_key(kube_client *k, llm_error *err)
+/* The key into key: read (or made) at first and again after KEY_TTL_S. */
+static llm_status load_key(kube_client *k, unsigned char key[32], llm_error *err)
 {
     pthread_mutex_lock(&g_mu);
     llm_status st = LLM_OK;
-    if (!g_have) {
+    if (!g_have || time(NULL) - g_loaded >= KEY_TTL_S) {
+        g_have = 0;
         char path[600];
         snprintf(path, sizeof path, "/api/v1/namespaces/%s/secrets/%s", g_ns, g_name);
         json_t *s = NULL;
@@ -91,18 +100,20 @@ static llm_status load_key(kube_client *k, llm_error *err)
         st = st == LLM_ERR_NOT_FOUND ? make_key(k, path, err) : st ? st : key_of(s, err);
         json_decref(s);
     }
+    if (!st)
+        memcpy(key, g_key, 32);
     pthread_mutex_unlock(&g_mu);
     return st;
 }
 
 /* HMAC-SHA256(key, what "/" uid) as hex into out (2 x bytes digits). */
-static int mac_hex(const char *what, const char *uid, char *out, int bytes)
+static int mac_hex(const unsigned char key[32], const char *what, const char *uid, char *out, int bytes)
 {
     char msg[400];
     unsigned char md[32];
     unsigned int len = 0;
     int n = snprintf(msg, sizeof msg, "%s/%s", what, uid);
-    if (n < 0 || n >= (int)sizeof msg || !HMAC(EVP_sha256(), g_key, sizeof g_key, (unsigned char *)msg, (size_t)n, md, &len))
+    if (n < 0 || n >= (int)sizeof msg || !HMAC(EVP_sha256(), key, 32, (unsigned char *)msg, (size_t)n, md, &len))
         return -1;
     for (int i = 0; i < bytes; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
     OPENSSL_cleanse(md, sizeof md);
@@ -114,11 +125,14 @@ llm_status admin_secret_derive(kube_client *k, json_t *d, char name[300], char t
     const char *uid = str2(d, "metadata", "uid"), *n = str2(d, "metadata", "name");
     if (!uid || !n)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "the LLMDeployment has no uid or name yet");
-    llm_status st = load_key(k, err);
+    unsigned char key[32];
+    llm_status st = load_key(k, key, err);
     if (st)
         return st;
     char h[21];
-    if ((name && mac_hex("name", uid, h, 5)) || (token && mac_hex("token", uid, token, 32)))
+    int bad = (name && mac_hex(key, "name", uid, h, 5)) || (token && mac_hex(key, "token", uid, token, 32));
+    OPENSSL_cleanse(key, sizeof key);
+    if (bad)
         return llm_errf(err, LLM_ERR_INTERNAL, "HMAC-SHA256 failed for %s", n);
     if (name)
         snprintf(name, 300, "%s" DES_ADMIN_SUFFIX "-%s", n, h);
@@ -126,9 +140,10 @@ llm_status admin_secret_derive(kube_client *k, json_t *d, char name[300], char t
 }
 
 /* Secrets made or found here lately, by name: not posted again for
- * CONFIRM_S (each reconcile of a colocated canary would post one). */
+ * CONFIRM_S (each reconcile of a colocated canary would post one; a
+ * deleted one is made again after at most that). */
 #define CONFIRMED 256
-#define CONFIRM_S 300
+#define CONFIRM_S 60
 static struct {
     char name[300];
     time_t at;

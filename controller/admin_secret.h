@@ -13,11 +13,15 @@
  * derive the token, and no one can plant a Secret under a name they
  * cannot predict before the controller makes it. The controller never
  * reads the per-deployment Secret back: it derives the token again.
- * Deleting the key Secret makes a new key: every colocated deployment's
- * Secret name, and so its pods, change once.
+ * The per-deployment Secret is immutable (a swap needs delete and
+ * create rights in the namespace). The key is read again every minute: a
+ * deleted key Secret is made anew and every colocated deployment's Secret
+ * name, and so its pods, change once. The key Secret must carry our
+ * managed-by label; whoever may create Secrets in the controller's
+ * namespace could still plant one - that right is as good as the key.
  *
- * Ownership: llmd is borrowed. Thread-safety: the key is loaded once
- * under a lock; everything else is per call. */
+ * Ownership: llmd is borrowed. Thread-safety: the key is loaded under a
+ * lock and copied out per call. */
 #ifndef ADMIN_SECRET_H
 #define ADMIN_SECRET_H
 

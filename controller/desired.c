@@ -94,8 +94,8 @@ json_t *des_admin_secret(json_t *d, const char *name, const char *token)
     size_t len = strlen(token);
     if (len > 64 || EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)token, (int)len) < 0)
         return NULL;
-    json_t *out = json_pack("{s:s,s:s,s:o,s:s,s:{s:s}}", "apiVersion", "v1", "kind", "Secret", "metadata",
-                            meta(d, name), "type", "Opaque", "data", DES_ADMIN_KEY, b64);
+    json_t *out = json_pack("{s:s,s:s,s:o,s:s,s:b,s:{s:s}}", "apiVersion", "v1", "kind", "Secret", "metadata",
+                            meta(d, name), "type", "Opaque", "immutable", 1, "data", DES_ADMIN_KEY, b64);
     OPENSSL_cleanse(b64, sizeof b64);
     return out;
 }

@@ -37,6 +37,7 @@ typedef struct backend {
     double waiting, running, kv; /* polled from its /metrics */
     int failures;              /* consecutive */
     double ejected_until;      /* monotonic seconds; 0: closed */
+    double busy_until;         /* answered 503 lately: others are picked first until then */
     int trial;                 /* the half-open trial request is out */
     int ejections;
     unsigned long long requests, failed, codes[5]; /* 2xx 3xx 4xx 5xx none */
@@ -184,7 +185,7 @@ int rt_pool_size(rt_pool *p)
 static int usable(rt_pool *p, int i, int rev, const unsigned char *avoid, double now)
 {
     backend *b = &p->b[i];
-    if (!b->live || b->rev != rev || (avoid && (avoid[i / 8] >> (i % 8) & 1)))
+    if (!b->live || b->rev != rev || (avoid && (avoid[i / 8] >> (i % 8) & 1)) || b->busy_until > now)
         return 0;
     if (b->ejected_until == 0)
         return 1;
@@ -299,7 +300,7 @@ void rt_release(rt_pool *p, int idx, const rt_result *res)
     b->sum += res->seconds;
     revstats *r = &p->rs[b->rev];
     r->codes[cls]++;
-    r->failed += !res->ok;
+    r->failed += !res->ok && !res->busy;
     if (res->ttfb >= 0) {
         r->ttfb[rt_bucket(res->ttfb)]++;
         r->ttfb_sum += res->ttfb;
@@ -308,7 +309,9 @@ void rt_release(rt_pool *p, int idx, const rt_result *res)
     for (int k = 0; k <= N_BUCKETS; k++) r->itl[k] += res->itl[k];
     r->itl_sum += res->itl_sum;
     r->itl_n += res->itl_n;
-    if (res->ok) {
+    if (res->busy) { /* the breaker is told nothing; picks pass it by for a second */
+        b->busy_until = now + 1.0;
+    } else if (res->ok) {
         b->failures = 0;
         b->ejected_until = 0;
         b->trial = 0;

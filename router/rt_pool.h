@@ -69,6 +69,7 @@ int rt_bucket(double seconds);
 /* What one attempt saw. */
 typedef struct rt_result {
     int ok;              /* 0 counts a failure toward the breaker */
+    int busy;            /* a 503 ("not now"): neither a failure nor a success for the breaker */
     double seconds;      /* pick to last byte */
     double ttfb;         /* to the first byte; < 0: none came */
     int status;          /* HTTP status; 0: no answer */

@@ -247,7 +247,7 @@ static int hold(rt_proxy *px, struct mg_connection *c, int stream, int *answered
     __atomic_add_fetch(&px->held_total, 1, __ATOMIC_RELAXED);
     double end = mono_s() + px->hold_s, next_comment = 0;
     int ok = 0;
-    while (!ok && mono_s() < end) {
+    while (!ok && mono_s() < end && !__atomic_load_n(&px->cutting, __ATOMIC_RELAXED)) {
         if (stream && mono_s() >= next_comment) {
             if (!*answered && mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                            "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
@@ -355,6 +355,7 @@ static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, 
                     (retriable(thread_curl(), rc) || (rc == CURLE_OK && a.status >= 500 && !a.started));
         int retry = (fault || busy) && !a.started;
         a.res.ok = !fault; /* the breaker counts only the backend's faults */
+        a.res.busy = busy;
         a.res.seconds = mono_s() - a.t0;
         a.res.ttfb = a.first ? a.first - a.t0 : -1;
         a.res.status = rc == CURLE_OK || a.started ? (int)a.status : rc == CURLE_OPERATION_TIMEDOUT ? 504 : 0;

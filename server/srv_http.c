@@ -338,6 +338,7 @@ static int run_events(run *r, srv_err *e)
             if (st == LLM_OK)
                 llm_event_clear(&ev);
             llm_engine_cancel(r->eng, r->id);
+            srv_metrics_finished(&r->s->metrics, 2);
             srv_err_set(e, 503, NULL, "the server is shutting down and drain_timeout_s (%ld s) has passed",
                         r->s->cfg.drain_timeout_s);
             return 503;

@@ -37,6 +37,18 @@ static int word_ok(const char *w, size_t n)
     return 1;
 }
 
+/* Whether a tenant name has the form of a key's implicit one (key- and
+ * 12 hex digits): an explicit one so would share that key's cap and cache. */
+static int implicit_name(const char *t, size_t n)
+{
+    if (n != 16 || memcmp(t, "key-", 4))
+        return 0;
+    for (size_t i = 4; i < n; i++)
+        if (!strchr("0123456789abcdef", t[i]))
+            return 0;
+    return 1;
+}
+
 /* One "name=value" setting of key k (the word-th after it); 0 or -1 with
  * err naming the line and the setting. */
 static int setting(srv_key *k, const char *w, size_t n, int line, int word, llm_error *err)
@@ -49,7 +61,7 @@ static int setting(srv_key *k, const char *w, size_t n, int line, int word, llm_
         memcpy(val, eq + 1, nv);
         val[nv] = 0;
     }
-    if (eq && nl == 6 && !memcmp(w, "tenant", 6) && word_ok(eq + 1, nv)) {
+    if (eq && nl == 6 && !memcmp(w, "tenant", 6) && word_ok(eq + 1, nv) && !implicit_name(eq + 1, nv)) {
         free(k->tenant);
         return (k->tenant = strndup(eq + 1, nv)) ? 0 : (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
     }

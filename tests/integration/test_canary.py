@@ -318,6 +318,7 @@ def test_colocated_admin_secret_cannot_be_planted(cluster):
     c.k("create", "secret", "generic", "story-admin", "--from-literal=token=" + "0" * 64)
     c.k("label", "secret", "story-admin", "app.kubernetes.io/managed-by=llm-controller")
     c.k("create", "secret", "generic", "llm-controller-admin-key", "--from-literal=key=short")
+    c.k("label", "secret", "llm-controller-admin-key", "app.kubernetes.io/managed-by=llm-controller")
     c.controller()
     c.apply(extra=colocated_spec([{"weight": 50, "pause": 4}]))
     wait_for(lambda: "AdminKeyInvalid" in events(c), 30)

@@ -419,6 +419,64 @@ def test_router_polls_the_health_port(model):
         assert srv.stop() == 0
 
 
+class Refuser:
+    """A backend whose /metrics answers (idle) and whose API answers every
+    request with status (503: "not now", 500: broken)."""
+
+    def __init__(self, status):
+        import http.server
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def reply(self, code, body):
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self.reply(200, b"llm_requests_waiting 0\n")
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.reply(status, b'{"error":{"message":"no"}}')
+
+            def log_message(self, *a):
+                pass
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_router_passes_a_busy_backend_by(model):
+    """A backend answering 503 ("not now": its connections full, loading,
+    draining) is passed by: every request is answered by the other one,
+    and the breaker never ejects it. The control: one answering 500 is
+    ejected."""
+    srv = Server(model)
+    try:
+        for status, ejected in ((503, False), (500, True)):
+            bad = Refuser(status)
+            r = router("--backend", bad.base, "--backend", srv.base, "--eject-after", 1, "--eject-seconds", 60)
+            try:
+                codes = [r.post({"prompt": "Once", "max_tokens": 1})[0] for _ in range(10)]
+                assert codes == [200] * 10, (status, codes)
+                m = r.metrics()
+                up = m[("llm_router_backend_up", (("backend", bad.base),))]
+                fails = m[("llm_router_backend_failures_total", (("backend", bad.base),))]
+                assert (up, fails > 0) == ((0, True) if ejected else (1, False)), (status, up, fails)
+            finally:
+                r.proc.kill()
+                r.proc.wait()
+                bad.close()
+    finally:
+        assert srv.stop() == 0
+
+
 def test_router_does_not_retry_or_eject_on_a_request_timeout(model):
     """A request that runs past the router's --timeout-s is the request's
     own doing: 504 once, no retry on the other backend, and no breaker

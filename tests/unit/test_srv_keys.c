@@ -47,6 +47,7 @@ static void test_settings_and_lookup(void **st)
     parse_bad("k1 rate=-1\n", "a bad value for 'rate'");
     parse_bad("k1 max_inflight=0\n", "a bad value for 'max_inflight'");
     parse_bad("k1 color=red\n", "line 1: word 1 after the key is no setting");
+    parse_bad("k1 tenant=key-ef7a30aa80d5\n", "a bad value for 'tenant'"); /* kb1's implicit name: refused */
     llm_error e2 = {0};
     assert_int_equal(srv_keys_parse("sk-one tenant=T sk-two\n", 22, "\n", &k, &e2), LLM_ERR_INVALID_ARG);
     assert_null(strstr(e2.msg, "sk-two")); /* a second key on the line is never echoed */
