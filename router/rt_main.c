@@ -372,7 +372,7 @@ static int usage(void)
                     "                  [--retries 2] [--eject-after 3] [--eject-seconds 10] [--poll-ms 500]\n"
                     "                  [--metrics-port P]  (the backends' /metrics on their health port, not the API's)\n"
                     "                  [--max-body-bytes 1048576] [--timeout-s 600] [--max-connections 512]\n"
-                    "                  [--header-timeout-s 10] [--body-timeout-s 60] [--keep-alive-s 30]\n"
+                    "                  [--header-timeout-s 10] [--body-timeout-s 60] [--keep-alive-s 30] [--send-timeout-s 30]\n"
                     "                  [--shutdown-delay-s 0] [--drain-timeout-s 30]  (SIGTERM: not ready, serve, drain)\n"
                     "                  [--hold-seconds 0] [--hold-max 64]   (scale from zero: hold requests while no backend)\n"
                     "                  [--prefix-affinity BYTES]            (same prompt start -> same pod)\n");
@@ -383,7 +383,7 @@ int main(int argc, char **argv)
 {
     static router r;
     const char *host = "0.0.0.0", *port = "8000", *kubeconfig = NULL;
-    http_guard_cfg gc = {.max_connections = 512, .header_timeout_s = 10, .keep_alive_s = 30};
+    http_guard_cfg gc = {.max_connections = 512, .header_timeout_s = 10, .keep_alive_s = 30, .send_timeout_s = 30};
     double shutdown_delay_s = 0, drain_timeout_s = 30;
     const char *backends[RT_MAX_BACKENDS], *canaries[RT_MAX_BACKENDS], *services[2] = {NULL, NULL};
     int nb = 0, nc = 0, weight = 0;
@@ -459,6 +459,8 @@ int main(int argc, char **argv)
             gc.max_connections = (int)x;
         else if (!strcmp(a, "--header-timeout-s") && num(v, &x) && x >= 1 && x <= 3600)
             gc.header_timeout_s = x;
+        else if (!strcmp(a, "--send-timeout-s") && num(v, &x) && x >= 0 && x <= 3600)
+            gc.send_timeout_s = x;
         else if (!strcmp(a, "--body-timeout-s") && num(v, &x) && x >= 1 && x <= 3600)
             r.px.body_timeout_s = x;
         else if (!strcmp(a, "--keep-alive-s") && num(v, &x) && x >= 0 && x <= 3600)

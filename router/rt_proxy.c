@@ -41,7 +41,7 @@ static int reply(struct mg_connection *c, int code, const char *type, const char
 /* Writes one piece of a chunked answer in one write when it is small
  * (each write is a packet with tcp_nodelay); 1, or 0 when the client is
  * gone. */
-static int chunk_write(struct mg_connection *c, const char *d, size_t len)
+static int chunk_put(struct mg_connection *c, const char *d, size_t len)
 {
     char buf[16384];
     int h = snprintf(buf, sizeof buf, "%zx\r\n", len);
@@ -51,6 +51,15 @@ static int chunk_write(struct mg_connection *c, const char *d, size_t len)
         return mg_write(c, buf, (size_t)h + len + 2) == (int)((size_t)h + len + 2);
     }
     return mg_write(c, buf, (size_t)h) == h && mg_write(c, d, len) == (int)len && mg_write(c, "\r\n", 2) == 2;
+}
+
+/* chunk_put under the send deadline. */
+static int chunk_write(struct mg_connection *c, const char *d, size_t len)
+{
+    http_guard_sending(c, len); /* a client that does not take its answer is cut */
+    int ok = chunk_put(c, d, len);
+    http_guard_disarm(c);
+    return ok;
 }
 
 /* One attempt's state. */

@@ -443,6 +443,13 @@ void http_guard_arm(struct mg_connection *c, double seconds)
     pthread_mutex_unlock(&g->mu);
 }
 
+void http_guard_sending(struct mg_connection *c, size_t n)
+{
+    double t = guard_of(c)->cfg.send_timeout_s;
+    if (t > 0)
+        http_guard_arm(c, t + (double)n / 16384.0);
+}
+
 void http_guard_disarm(struct mg_connection *c)
 {
     http_guard *g = guard_of(c);

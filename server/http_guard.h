@@ -32,6 +32,8 @@ typedef struct http_guard_cfg {
     int max_connections;     /* above it: 503 at once */
     double header_timeout_s; /* a request's headers, from its first byte */
     double keep_alive_s;     /* idle time for a kept-alive connection's next request; 0: no keep-alive */
+    double send_timeout_s;   /* a response write may wait this long for the client to take it (plus 1 s per
+                              * 16 KiB); 0: no bound (see http_guard_sending) */
 } http_guard_cfg;
 
 /* Worker threads a context guarded for max_connections needs: the
@@ -87,6 +89,11 @@ void http_guard_discard(struct mg_connection *c, long long max, double seconds);
  * (header_timeout_s) is then the only bound. */
 void http_guard_arm(struct mg_connection *c, double seconds);
 void http_guard_disarm(struct mg_connection *c);
+/* Arms the send deadline for a write of n bytes (send_timeout_s + n /
+ * 16 KiB s): a client that stops reading (or reads a byte now and then,
+ * which civetweb counts as progress) cannot hold its connection, and the
+ * request behind it, for longer. Disarm after the write. */
+void http_guard_sending(struct mg_connection *c, size_t n);
 /* Whether an Authorization header value is "Bearer TOKEN" with token's
  * text, compared in constant time (digests of both: neither the content
  * nor the length leaks through timing). */

@@ -40,6 +40,8 @@ static const key_def keys[] = {
      "API connections held at once (each holds a thread); above it new ones get 503 with Retry-After at once"},
     {"header_timeout_s", K_INT, F(header_timeout_s), 1, 3600, "10", "time a request's headers may take to arrive, in all"},
     {"body_timeout_s", K_INT, F(body_timeout_s), 1, 3600, "60", "time a request's body may take to arrive, in all"},
+    {"send_timeout_s", K_INT, F(send_timeout_s), 0, 3600, "30",
+     "time a client may take to accept one write of an answer (plus 1 s per 16 KiB); then it is cut (0: no bound)"},
     {"keep_alive_s", K_INT, F(keep_alive_s), 0, 3600, "30", "idle time a connection waits for its next request (0: close after each)"},
     {"health_port", K_INT, F(health_port), 0, 65535, "0",
      "port of a listener of its own for the probes and /metrics, which API traffic cannot delay (0: none)"},

@@ -26,6 +26,7 @@ typedef struct srv_config {
     long threads;           /* CPU threads for the engine; 0: all */
     long max_connections;   /* API connections held at once (http_guard.h) */
     long header_timeout_s, body_timeout_s; /* total time for a request's headers, its body */
+    long send_timeout_s;    /* a client's time to accept one write of an answer (+1 s per 16 KiB) */
     long keep_alive_s;      /* idle wait for a connection's next request; 0: no keep-alive */
     long health_port;       /* probes and /metrics on a listener of their own; 0: none */
     long n_ctx, max_seqs, max_batch_tokens, max_waiting, block_size;

@@ -31,10 +31,12 @@ static double now_s(void)
 static int send_text(struct mg_connection *c, int status, const char *type, const char *body, const char *extra)
 {
     size_t n = body ? strlen(body) : 0;
+    http_guard_sending(c, n); /* a client that does not take its answer is cut */
     mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: %s\r\n\r\n", status,
               mg_get_response_code_text(c, status), type, n, extra ? extra : "", http_guard_connection(c));
     if (n)
         mg_write(c, body, n);
+    http_guard_disarm(c);
     return status;
 }
 
@@ -237,7 +239,10 @@ static int sse_data(struct mg_connection *c, const char *text)
     size_t n = strlen(text) + 8; /* "data: " TEXT "\n\n" */
     int hex = snprintf(NULL, 0, "%zx", n);
     /* all of it or gone: a short write (a timeout midway) leaves the framing broken */
-    return mg_printf(c, "%zx\r\ndata: %s\n\n\r\n", n, text) == (int)(n + (size_t)hex + 4);
+    http_guard_sending(c, n);
+    int ok = mg_printf(c, "%zx\r\ndata: %s\n\n\r\n", n, text) == (int)(n + (size_t)hex + 4);
+    http_guard_disarm(c);
+    return ok;
 }
 
 /* The end of a stream: [DONE] when done, then the last chunk, in one
@@ -827,7 +832,7 @@ int srv_http_start(srv *s, llm_error *err)
     snprintf(backlog, sizeof backlog, "%ld", s->cfg.max_connections > 128 ? s->cfg.max_connections : 128);
     const char *opts[] = {"listening_ports", ports, "listen_backlog", backlog, NULL};
     http_guard_cfg g = {.max_connections = (int)s->cfg.max_connections, .header_timeout_s = (double)s->cfg.header_timeout_s,
-                        .keep_alive_s = (double)s->cfg.keep_alive_s};
+                        .keep_alive_s = (double)s->cfg.keep_alive_s, .send_timeout_s = (double)s->cfg.send_timeout_s};
     if (http_guard_start(&g, opts, &s->http, err))
         return -1;
     if (s->cfg.health_port && start_health(s, err)) {

@@ -500,6 +500,30 @@ def test_router_does_not_retry_or_eject_on_a_request_timeout(model):
 
 # ---- answers: size and abandoned requests -----------------------------------------
 
+def test_a_client_that_stops_reading_is_cut(big):
+    """A stream whose client stops reading (a small receive buffer, never
+    read) fills the socket buffers (16 choices x 1000 tokens x 20 logprobs,
+    tens of MB); past send_timeout_s on one write the connection is cut and
+    the request cancelled, so it holds neither a worker nor its sequences
+    (measured: cut about 7 s in, llama-110m, 2 cores)."""
+    srv = Server(big, "--send_timeout_s", 2, "--max_seqs", 16, "--n_ctx", 1024)
+    try:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", srv.port))
+        body = json.dumps({"prompt": "Once", "n": 16, "logprobs": 20, "ignore_eos": True, "stream": True,
+                           "max_tokens": 1000})
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+        cut = lambda: srv.metrics().get(("llm_http_connections_cut_total", ()), 0)
+        wait_for(lambda: cut() >= 1, timeout=120, what="the stalled stream cut")
+        wait_for(lambda: srv.metrics().get(("vllm:num_requests_running", ()), 0) == 0, what="its request cancelled")
+        s.close()
+        assert srv.request("POST", "/v1/completions", {"prompt": "Once", "max_tokens": 2})[0] == 200
+    finally:
+        assert srv.stop() == 0
+
+
 def test_huge_whole_answer_refused(model):
     """n 16 x top_logprobs 20 x the whole context, not streamed, could build
     hundreds of MB of JSON: 400 naming the field; streamed it is fine (the
