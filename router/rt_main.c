@@ -516,6 +516,7 @@ int main(int argc, char **argv)
     mg_set_request_handler(mg, "/generate$", rt_proxy_handle, &r.px);
     mg_set_request_handler(mg, "/tokenize$", rt_proxy_handle, &r.px);
     mg_set_request_handler(mg, "/detokenize$", rt_proxy_handle, &r.px);
+    http_guard_serve(r.http);
     pthread_t poll_th, disc_th[2], weight_th;
     int polling = pthread_create(&poll_th, NULL, poller, &r) == 0, discovering = 0;
     int weighing = r.weight_cm[0] && pthread_create(&weight_th, NULL, follow_weight, &r) == 0;

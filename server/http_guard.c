@@ -55,6 +55,7 @@ struct http_guard {
     pthread_cond_t wake;      /* stop */
     guard_conn armed;         /* sentinel of the circular list of armed connections */
     int n, closing, stop;
+    int serving;              /* the caller's handlers are set (http_guard_serve); atomic */
     http_guard_stats stats;   /* accepted, refused, cut (open is n) */
     pthread_t watchdog;
     int watching;
@@ -104,12 +105,20 @@ static void on_close(const struct mg_connection *c)
     free(k);
 }
 
-/* Headers are in. A connection above the limit is answered here, before
- * any handler, and closed. */
+/* Headers are in. A connection above the limit, or a request before the
+ * handlers are set (civetweb listens from mg_start on: it would answer
+ * 404), is answered here, before any handler, and closed. */
 static int on_begin(struct mg_connection *c)
 {
     http_guard *g = guard_of(c);
     guard_conn *k = rec_of(c);
+    if (!__atomic_load_n(&g->serving, __ATOMIC_ACQUIRE)) {
+        static const char body[] = "{\"error\":{\"message\":\"starting; retry shortly\",\"type\":\"server_error\"}}";
+        mg_disable_connection_keep_alive(c);
+        mg_printf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                     "Retry-After: 1\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
+        return 503;
+    }
     if (k && !k->over) {
         k->body_read = 0; /* only this connection's thread touches k */
         return 0;
@@ -441,6 +450,11 @@ void http_guard_arm(struct mg_connection *c, double seconds)
     }
     k->deadline = now_s() + seconds;
     pthread_mutex_unlock(&g->mu);
+}
+
+void http_guard_serve(http_guard *g)
+{
+    __atomic_store_n(&g->serving, 1, __ATOMIC_RELEASE);
 }
 
 void http_guard_sending(struct mg_connection *c, size_t n)

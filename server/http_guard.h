@@ -89,6 +89,9 @@ void http_guard_discard(struct mg_connection *c, long long max, double seconds);
  * (header_timeout_s) is then the only bound. */
 void http_guard_arm(struct mg_connection *c, double seconds);
 void http_guard_disarm(struct mg_connection *c);
+/* The handlers are set: requests reach them from now on (before, each
+ * gets 503 and Retry-After: civetweb listens from its start). */
+void http_guard_serve(http_guard *g);
 /* Arms the send deadline for a write of n bytes (send_timeout_s + n /
  * 16 KiB s): a client that stops reading (or reads a byte now and then,
  * which civetweb counts as progress) cannot hold its connection, and the

@@ -822,6 +822,7 @@ static llm_status start_health(srv *s, llm_error *err)
     mg_set_request_handler(mg, "/startupz$", h_startupz, s);
     mg_set_request_handler(mg, "/metrics$", h_metrics, s);
     mg_set_request_handler(mg, "/", h_other, s);
+    http_guard_serve(s->health);
     return LLM_OK;
 }
 
@@ -849,5 +850,6 @@ int srv_http_start(srv *s, llm_error *err)
         {"/admin/canary$", h_admin_canary},  {"/", h_other},
     };
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) mg_set_request_handler(mg, routes[i].uri, routes[i].fn, s);
+    http_guard_serve(s->http);
     return 0;
 }

@@ -105,7 +105,8 @@ def stream(port, prompt, out, idx):
     """A long streamed completion; out[idx] is set at its first token and
     the stream is read until the socket is closed under it."""
     s = socket.create_connection(("127.0.0.1", port))
-    body = json.dumps({"prompt": prompt, "ignore_eos": True, "stream": True, "temperature": 0.8})  # to n_ctx
+    body = json.dumps({"prompt": prompt, "ignore_eos": True, "stream": True, "temperature": 0.8,
+                       "max_tokens": 1000})  # to n_ctx (1024; completions stop at 16 by default)
     s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
     out[idx] = s
@@ -356,7 +357,8 @@ def test_router_keeps_alive_and_drains(big):
 def long_stream(port):
     """A stream to n_ctx, under way: (connection, response)."""
     s = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    s.request("POST", "/v1/completions", body=json.dumps({"prompt": "Once", "stream": True, "ignore_eos": True}),
+    s.request("POST", "/v1/completions", body=json.dumps({"prompt": "Once", "stream": True, "ignore_eos": True,
+                                                          "max_tokens": 1000}),
               headers={"Content-Type": "application/json"})
     resp = s.getresponse()
     assert resp.status == 200 and resp.read(6) == b"data: "
@@ -683,14 +685,15 @@ def test_keys_file_tenants_rates_and_cache(model, tmp_path):
 
 
 def open_streams(srv, key, n):
-    """n streamed completions sent at once by key (each runs to n_ctx);
+    """n streamed completions sent at once by key (each runs to n_ctx: 480
+    tokens, many seconds here, so all n arrive while the first still run);
     [(status, connection or error text)]: a 200's connection is left
     open (its sequence stays in flight until it is closed)."""
     out = [None] * n
 
     def one(i):
         c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
-        body = json.dumps({"prompt": f"Story {i}", "ignore_eos": True, "stream": True})
+        body = json.dumps({"prompt": f"Story {i}", "ignore_eos": True, "stream": True, "max_tokens": 480})
         c.request("POST", "/v1/completions", body, {"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
         r = c.getresponse()
         if r.status == 200:
