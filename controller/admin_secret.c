@@ -154,20 +154,21 @@ static int confirmed(const char *name, int set)
     time_t now = time(NULL);
     int slot = 0;
     pthread_mutex_lock(&g_mu);
-    for (int i = 0; i < CONFIRMED; i++) {
-        if (!strcmp(g_confirmed[i].name, name) && now - g_confirmed[i].at < CONFIRM_S && !set) {
-            pthread_mutex_unlock(&g_mu);
-            return 1;
-        }
+    int i = 0;
+    while (i < CONFIRMED && strcmp(g_confirmed[i].name, name)) {
         if (g_confirmed[i].at < g_confirmed[slot].at)
-            slot = i; /* the oldest goes */
+            slot = i; /* the oldest goes, when name has no entry */
+        i++;
     }
+    if (i < CONFIRMED)
+        slot = i;
+    int fresh = i < CONFIRMED && now - g_confirmed[i].at < CONFIRM_S;
     if (set) {
         snprintf(g_confirmed[slot].name, sizeof g_confirmed[slot].name, "%s", name);
         g_confirmed[slot].at = now;
     }
     pthread_mutex_unlock(&g_mu);
-    return 0;
+    return fresh && !set;
 }
 
 llm_status admin_secret_ensure(kube_client *k, json_t *d, llm_error *err)

@@ -250,7 +250,7 @@ static json_t *container(json_t *d, const char *admin_secret)
     json_t *spec = json_object_get(d, "spec");
     long long port = spec_int(spec, "server", "port", 8080);
     json_t *args = json_pack("[s,s,s,s]", "--config", DES_CONFIG_DIR "/config.yaml", "--host", "$(POD_IP)");
-    if (des_colocated(d) && admin_secret) { /* the controller's key to the pods' /admin/canary, a mounted Secret */
+    if (admin_secret) { /* the controller's key to the pods' /admin/canary, a mounted Secret */
         json_array_append_new(args, json_string("--admin_token_file"));
         json_array_append_new(args, json_string(DES_ADMIN_DIR "/" DES_ADMIN_KEY));
     }
@@ -270,7 +270,7 @@ static json_t *container(json_t *d, const char *admin_secret)
     if (get2(spec, "model", "volume"))
         json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "model", "mountPath", mp ? mp : "/models",
                                                 "readOnly", 1));
-    if (des_colocated(d) && admin_secret)
+    if (admin_secret)
         json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "admin", "mountPath", DES_ADMIN_DIR, "readOnly", 1));
     long long startup = spec_int(spec, "probes", "startupTimeoutSeconds", 600), hp = des_health_port(d);
     return json_pack("{s:s,s:O,s:o,s:o,s:[{s:s,s:I},{s:s,s:I}],s:o,s:o,s:o,s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name",
@@ -340,7 +340,7 @@ json_t *des_deployment(json_t *d, const char *config_hash, const char *admin_sec
     json_t *vol = model_volume(spec);
     if (vol)
         json_array_append_new(volumes, vol);
-    if (des_colocated(d) && admin_secret) /* 0440 with fsGroup: the server's user reads it, nobody else's */
+    if (admin_secret) /* 0440 with fsGroup: the server's user reads it, nobody else's */
         json_array_append_new(volumes, json_pack("{s:s,s:{s:s,s:i}}", "name", "admin", "secret", "secretName",
                                                  admin_secret, "defaultMode", 0440));
     json_t *pod = json_pack("{s:I,s:{s:b,s:I,s:I},s:[o],s:o,s:b}", "terminationGracePeriodSeconds", (json_int_t)grace,
