@@ -748,6 +748,59 @@ def test_apply_validation_and_server_side_apply(kubectl):
     assert data["x"] == "2" and data.get("k") == "keep"  # k is still kubectl's
 
 
+SSA_DEP = """apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: ssa-dep
+spec:
+  selector: {{matchLabels: {{app: ssa}}}}
+  template:
+    metadata: {{labels: {{app: ssa}}}}
+    spec:
+{spec}
+"""
+
+
+def test_server_side_apply_lists_and_removal(kubectl):
+    """kubectl apply --server-side through kubesim's field ownership: keyed
+    lists merge item by item between managers, a field a manager stops
+    applying leaves the object (and only its own), another manager's
+    change to an applied field is a conflict naming it, forced back."""
+    def apply(manager, spec, force=False, check=True):
+        args = ["apply", "--server-side", f"--field-manager={manager}", "-f", "-"]
+        return kubectl(*args + (["--force-conflicts"] if force else []), stdin=SSA_DEP.format(spec=spec), check=check)
+
+    def get():
+        return json.loads(kubectl("get", "deploy", "ssa-dep", "-o", "json", "--show-managed-fields").stdout)
+
+    apply("ctl", "      nodeSelector: {disk: ssd}\n      tolerations: [{key: a, operator: Exists}]\n"
+                 "      containers:\n      - name: c\n        image: img:1\n"
+                 "        env: [{name: A, value: '1'}]\n        ports: [{containerPort: 80}]")
+    apply("other", "      containers:\n      - name: c\n        env: [{name: B, value: '2'}]")
+    pod = get()["spec"]["template"]["spec"]
+    assert [e["name"] for e in pod["containers"][0]["env"]] == ["A", "B"]  # merged by name, not replaced
+    own = {m["manager"]: m["fieldsV1"] for m in get()["metadata"]["managedFields"]}
+    assert 'k:{"name":"c"}' in own["ctl"]["f:spec"]["f:template"]["f:spec"]["f:containers"]
+    # ctl drops nodeSelector, tolerations and env A: they leave; other's env B stays
+    apply("ctl", "      containers:\n      - name: c\n        image: img:1\n        ports: [{containerPort: 80}]")
+    pod = get()["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+    assert [e["name"] for e in pod["containers"][0]["env"]] == ["B"]
+    # a hand edit of an applied field: the next apply conflicts naming its writer, unless forced
+    kubectl("set", "image", "deploy/ssa-dep", "c=img:hand")
+    r = apply("ctl", "      containers:\n      - name: c\n        image: img:1", check=False)
+    assert r.returncode and 'conflict with "kubectl-set"' in r.stderr and 'containers[name="c"].image' in r.stderr
+    apply("ctl", "      containers:\n      - name: c\n        image: img:1", force=True)
+    c = get()["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == "img:1" and "ports" not in c and [e["name"] for e in c["env"]] == ["B"]
+    # a container only other had a field in stays when ctl stops applying it; one ctl alone had goes
+    apply("ctl", "      containers:\n      - name: c\n        image: img:1\n      - name: side\n        image: s:1")
+    assert [x["name"] for x in get()["spec"]["template"]["spec"]["containers"]] == ["c", "side"]
+    apply("ctl", "      containers:\n      - name: other-only\n        image: o:1", force=True)
+    names = [x["name"] for x in get()["spec"]["template"]["spec"]["containers"]]
+    assert names == ["c", "other-only"], names  # c keeps other's env B (and only that)
+
+
 INCLUSTER_CLIENT = '''
 import json, os, ssl, sys, urllib.request, urllib.error
 d = os.environ["KUBESIM_SERVICEACCOUNT_DIR"]

@@ -602,6 +602,7 @@ class Handler(BaseHTTPRequestHandler):
         obj = self.checked_body(r, ns)
         if r.plural == "customresourcedefinitions":
             obj["status"] = crd_status(obj)
+        ssa.record_update(None, obj, self.field_manager(q))
         out = self.api.store.create(r.key, ns, obj)
         if r.plural == "customresourcedefinitions":
             self.api.crd_changed(out)
@@ -623,10 +624,22 @@ class Handler(BaseHTTPRequestHandler):
         if sub == "scale":
             return self.send_json(200, self.write_scale(r, ns, name, self.body()))
         obj = self.checked_body(r, ns, name)
+        if sub is None:  # (a status write keeps the object's managedFields as they were)
+            try:
+                ssa.record_update(self.api.store.get(r.key, ns, name), obj, self.field_manager(q))
+            except ApiError as e:
+                if e.code != 404:
+                    raise
         out = self.api.store.update(r.key, ns, name, obj, sub, "status" in r.subresources)
         if r.plural == "customresourcedefinitions":
             self.api.crd_changed(out)
         self.send_json(200, out)
+
+    def field_manager(self, q):
+        """The writer's name in managedFields: ?fieldManager, else the
+        User-Agent's first word (as the API server derives it)."""
+        ua = (self.headers.get("User-Agent") or "").split("/")[0].strip()
+        return q.get("fieldManager") or ua or "unknown"
 
     def server_side_apply(self, r, ns, name, q):
         applied = ssa.parse_body(self.raw_body())
@@ -683,7 +696,7 @@ class Handler(BaseHTTPRequestHandler):
                 new = merge_patch(cur, patch)
             new.setdefault("metadata", {})["resourceVersion"] = cur["metadata"]["resourceVersion"]
             self.validate(r, new)
-            ssa.record_update(cur, new, q.get("fieldManager") or "unknown")
+            ssa.record_update(cur, new, self.field_manager(q))
             try:
                 out = self.api.store.update(r.key, ns, name, new, sub, "status" in r.subresources)
                 if r.plural == "customresourcedefinitions":
