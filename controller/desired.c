@@ -343,10 +343,18 @@ json_t *des_deployment(json_t *d, const char *config_hash, const char *admin_sec
     if (admin_secret) /* 0440 with fsGroup: the server's user reads it, nobody else's */
         json_array_append_new(volumes, json_pack("{s:s,s:{s:s,s:i}}", "name", "admin", "secret", "secretName",
                                                  admin_secret, "defaultMode", 0440));
-    json_t *pod = json_pack("{s:I,s:{s:b,s:I,s:I},s:[o],s:o,s:b}", "terminationGracePeriodSeconds", (json_int_t)grace,
+    json_t *ctr = container(d, admin_secret);
+    if (spec_int(spec, "engine", "tensorParallelSize", 1) > 1 && ctr) {
+        /* NCCL's peers on one node talk through /dev/shm, which a container gets at 64 MiB */
+        json_array_append_new(volumes, json_pack("{s:s,s:{s:s}}", "name", "dshm", "emptyDir", "medium", "Memory"));
+        json_array_append_new(json_object_get(ctr, "volumeMounts"), json_pack("{s:s,s:s}", "name", "dshm", "mountPath", "/dev/shm"));
+    }
+    /* Pod Security "restricted": non-root, the runtime's seccomp profile (and, in the container, no
+     * privilege escalation, no capabilities) */
+    json_t *pod = json_pack("{s:I,s:{s:b,s:I,s:I,s:{s:s}},s:[o],s:o,s:b}", "terminationGracePeriodSeconds", (json_int_t)grace,
                             "securityContext", "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "fsGroup",
-                            (json_int_t)65532, "containers", container(d, admin_secret), "volumes", volumes,
-                            "automountServiceAccountToken", 0);
+                            (json_int_t)65532, "seccompProfile", "type", "RuntimeDefault", "containers", ctr, "volumes",
+                            volumes, "automountServiceAccountToken", 0);
     static const char *const copied[] = {"nodeSelector", "tolerations", "affinity", "priorityClassName"};
     for (size_t i = 0; pod && i < sizeof copied / sizeof *copied; i++)
         if (json_object_get(spec, copied[i]))
@@ -356,7 +364,12 @@ json_t *des_deployment(json_t *d, const char *config_hash, const char *admin_sec
     json_t *over = json_object_get(spec, "podTemplate");
     if (tmpl && json_is_object(over)) {
         merge(tmpl, over);
-        json_object_set_new(json_object_get(tmpl, "metadata"), "labels", labels(name)); /* the selector's */
+        json_t *lab = get2(tmpl, "metadata", "labels"), *ours = labels(name);
+        if (json_is_object(lab)) /* the spec's labels merge; the selector's stay ours */
+            json_object_update(lab, ours);
+        else
+            json_object_set(json_object_get(tmpl, "metadata"), "labels", ours);
+        json_decref(ours);
         json_object_set_new(json_object_get(json_object_get(tmpl, "metadata"), "annotations"), DES_CONFIG_HASH,
                             json_string(config_hash));
     }
@@ -465,6 +478,10 @@ json_t *des_router(json_t *d)
                             "containerPort", DES_ROUTER_PORT, "livenessProbe", live, "readinessProbe", ready,
                             "securityContext", "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1, "capabilities",
                             "drop", "ALL");
+    json_t *res = json_object_get(rt, "resources"); /* a proxy: small, but never unbounded */
+    json_object_set_new(ctr, "resources", res ? json_deep_copy(res)
+                                              : json_pack("{s:{s:s,s:s},s:{s:s}}", "requests", "cpu", "100m", "memory",
+                                                          "64Mi", "limits", "memory", "256Mi"));
     json_t *args = json_object_get(ctr, "args");
     char mport[24]; /* the load poll reads the pods' health listener, which no API flood can fill */
     snprintf(mport, sizeof mport, "%lld", des_health_port(d));
@@ -481,12 +498,12 @@ json_t *des_router(json_t *d)
         json_array_append_new(args, json_string("--weight-configmap"));
         json_array_append_new(args, json_string(wcm));
     }
-    return json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:{s:o},s:{s:s,s:I,s:{s:b,s:I},s:[o]}}}}", "apiVersion",
+    return json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:{s:o},s:{s:s,s:I,s:{s:b,s:I,s:{s:s}},s:[o]}}}}", "apiVersion",
                      "apps/v1", "kind", "Deployment", "metadata", meta(d, n), "spec", "replicas",
                      (json_int_t)spec_int(spec, "router", "replicas", 2), "selector", "matchLabels", REC_INSTANCE, n,
                      REC_MANAGED_BY, REC_CONTROLLER, "template", "metadata", "labels", lab, "spec", "serviceAccountName",
                      n, "terminationGracePeriodSeconds", (json_int_t)(delay + drain + 10), "securityContext", "runAsNonRoot", 1,
-                     "runAsUser", (json_int_t)65532, "containers", ctr);
+                     "runAsUser", (json_int_t)65532, "seccompProfile", "type", "RuntimeDefault", "containers", ctr);
 }
 
 json_t *des_router_weight(json_t *d, int weight)

@@ -1,10 +1,11 @@
-/* kube_apply.c - create, merge or delete a child; see kube_apply.h. */
+/* kube_apply.c - server-side apply, ownership and deletion of children; see kube_apply.h. */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "desired.h"
 #include "kube_apply.h"
-#include "reconcile.h"
 
 static json_t *get2(json_t *o, const char *a, const char *b)
 {
@@ -26,44 +27,165 @@ static int same_hash(json_t *cur, const char *hash)
     return have && !strcmp(have, hash);
 }
 
-/* Reads the object and creates or merges it; *now (optional): the
- * object afterwards. */
-static llm_status write_fresh(kube_client *k, const char *coll, const char *path, const char *hash, json_t *want,
-                              kube_applied *did, json_t **now, llm_error *err)
+const char *kube_controller_uid(json_t *o)
 {
-    json_t *cur = NULL;
-    *did = KUBE_SAME;
-    llm_status st = kube_request(k, "GET", path, NULL, NULL, &cur, err);
-    if (st == LLM_ERR_NOT_FOUND) {
-        *did = KUBE_CREATED;
-        return kube_request(k, "POST", coll, want, NULL, now, err);
+    json_t *refs = get2(o, "metadata", "ownerReferences");
+    for (size_t i = 0; i < json_array_size(refs); i++)
+        if (json_is_true(json_object_get(json_array_get(refs, i), "controller")))
+            return json_string_value(json_object_get(json_array_get(refs, i), "uid"));
+    return NULL;
+}
+
+/* ---- kube_covers --------------------------------------------------------------- */
+
+/* A quantity ("1Gi", "500m", "2", "1e3") as a number; 0 when it is not one. */
+static int quantity(const char *s, double *out)
+{
+    static const struct { const char *sfx; double mul; } units[] = {
+        {"Ki", 0x1p10}, {"Mi", 0x1p20}, {"Gi", 0x1p30}, {"Ti", 0x1p40}, {"Pi", 0x1p50}, {"Ei", 0x1p60},
+        {"m", 1e-3}, {"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"P", 1e15}, {"E", 1e18}, {"", 1}};
+    char *end;
+    if (!s || !*s || strchr(" \t\n+", *s))
+        return 0;
+    double v = strtod(s, &end);
+    if (end == s || !isfinite(v))
+        return 0;
+    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+        if (!strcmp(end, units[i].sfx))
+            return *out = v * units[i].mul, 1;
+    return 0;
+}
+
+static int same_scalar(json_t *a, json_t *b, int amounts)
+{
+    if (json_equal(a, b))
+        return 1;
+    if (json_is_number(a) && json_is_number(b))
+        return json_number_value(a) == json_number_value(b);
+    double x, y; /* the API server writes quantities in its canonical form ("1024Mi" comes back "1Gi") */
+    if (amounts && json_is_string(a) && json_is_string(b) && quantity(json_string_value(a), &x) &&
+        quantity(json_string_value(b), &y))
+        return fabs(x - y) <= 1e-9 * fmax(fabs(x), fabs(y));
+    return 0;
+}
+
+static int covers(json_t *want, json_t *cur, int amounts);
+
+/* The merge key of a list item: the field that names it. */
+static const char *item_key(json_t *item)
+{
+    static const char *const keys[] = {"name", "containerPort", "port", "mountPath", "type", "uid"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        if (json_object_get(item, keys[i]))
+            return keys[i];
+    return NULL;
+}
+
+static int covers_list(json_t *want, json_t *cur, int amounts)
+{
+    size_t i;
+    json_t *w;
+    const char *key = json_array_size(want) ? item_key(json_array_get(want, 0)) : NULL;
+    if (!key && json_array_size(want) != json_array_size(cur))
+        return 0; /* an atomic list: ours, whole */
+    json_array_foreach(want, i, w) {
+        if (!key) {
+            if (!covers(w, json_array_get(cur, i), amounts))
+                return 0;
+            continue;
+        }
+        json_t *id = json_object_get(w, key), *match = NULL;
+        for (size_t j = 0; !match && j < json_array_size(cur); j++)
+            if (id && json_equal(json_object_get(json_array_get(cur, j), key), id))
+                match = json_array_get(cur, j);
+        if (!match || !covers(w, match, amounts))
+            return 0;
     }
-    if (!st && !same_hash(cur, hash)) {
-        json_object_set(json_object_get(want, "metadata"), "resourceVersion", get2(cur, "metadata", "resourceVersion"));
-        st = kube_request(k, "PATCH", path, want, "application/merge-patch+json", now, err);
-        json_object_del(json_object_get(want, "metadata"), "resourceVersion");
-        *did = KUBE_UPDATED;
-    } else if (!st && now) {
-        *now = json_incref(cur);
+    return 1;
+}
+
+static int covers(json_t *want, json_t *cur, int amounts)
+{
+    if (json_is_object(want)) {
+        const char *k;
+        json_t *v;
+        if (!json_is_object(cur))
+            return 0;
+        json_object_foreach(want, k, v)
+            if (!covers(v, json_object_get(cur, k), amounts || !strcmp(k, "resources")))
+                return 0;
+        return 1;
     }
-    json_decref(cur);
-    return st;
+    if (json_is_array(want))
+        return json_is_array(cur) && covers_list(want, cur, amounts);
+    return cur && same_scalar(want, cur, amounts);
+}
+
+int kube_covers(json_t *want, json_t *cur)
+{
+    return covers(want, cur, 0);
+}
+
+/* ---- apply --------------------------------------------------------------------- */
+
+/* The error for an object with a child's name that is not ours: whose it is. */
+static llm_status foreign(json_t *cur, json_t *want, const char *uid, llm_error *err)
+{
+    json_t *refs = get2(cur, "metadata", "ownerReferences"), *by = NULL;
+    for (size_t i = 0; i < json_array_size(refs); i++)
+        if (json_is_true(json_object_get(json_array_get(refs, i), "controller")))
+            by = json_array_get(refs, i);
+    json_t *mf = get2(cur, "metadata", "managedFields");
+    const char *writer = json_string_value(json_object_get(json_array_get(mf, 0), "manager"));
+    char whose[400];
+    if (by)
+        snprintf(whose, sizeof whose, "it is controlled by %s %s (uid %s)",
+                 json_string_value(json_object_get(by, "kind")) ?: "?", json_string_value(json_object_get(by, "name")) ?: "?",
+                 json_string_value(json_object_get(by, "uid")) ?: "?");
+    else
+        snprintf(whose, sizeof whose, "it has no controlling owner%s%s", writer ? "; written by " : "", writer ? writer : "");
+    return llm_errf(err, LLM_ERR_EXISTS, "%s %s exists and is not this LLMDeployment's (uid %s): %s; rename or delete it",
+                    json_string_value(json_object_get(want, "kind")) ?: "object",
+                    json_string_value(get2(want, "metadata", "name")) ?: "?", uid ? uid : "?", whose);
+}
+
+static llm_status server_apply(kube_client *k, const char *path, json_t *want, json_t **now, llm_error *err)
+{
+    char url[1200];
+    snprintf(url, sizeof url, "%s?fieldManager=" KUBE_FIELD_MANAGER "&force=true", path);
+    /* JSON is YAML: the apply body needs no YAML writer */
+    return kube_request(k, "PATCH", url, want, "application/apply-patch+yaml", now, err);
 }
 
 llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_t *cur, kube_applied *did, json_t **now,
                            llm_error *err)
 {
     char hash[17], path[1024];
+    json_t *read = NULL;
     if (now)
         *now = NULL;
+    *did = KUBE_SAME;
     stamp(coll, want, hash, path);
-    if (cur && same_hash(cur, hash)) { /* the common case: nothing to write, nothing more to read */
-        *did = KUBE_SAME;
+    if (!cur) {
+        llm_status st = kube_request(k, "GET", path, NULL, NULL, &read, err);
+        if (st && st != LLM_ERR_NOT_FOUND)
+            return st;
+        cur = read;
+    }
+    const char *uid = json_string_value(json_object_get(json_array_get(get2(want, "metadata", "ownerReferences"), 0), "uid"));
+    const char *has = kube_controller_uid(cur);
+    llm_status st = LLM_OK;
+    if (cur && (!uid || !has || strcmp(uid, has))) {
+        st = foreign(cur, want, uid, err); /* never adopted: its owner may be anyone */
+    } else if (cur && same_hash(cur, hash) && kube_covers(want, cur)) { /* at rest: nothing to write */
         if (now)
             *now = json_incref(cur);
-        return LLM_OK;
+    } else {
+        *did = cur ? KUBE_UPDATED : KUBE_CREATED;
+        st = server_apply(k, path, want, now, err);
     }
-    return write_fresh(k, coll, path, hash, want, did, now, err);
+    json_decref(read);
+    return st;
 }
 
 llm_status kube_apply(kube_client *k, const char *coll, json_t *want, kube_applied *did, llm_error *err)
@@ -71,13 +193,13 @@ llm_status kube_apply(kube_client *k, const char *coll, json_t *want, kube_appli
     return kube_apply_over(k, coll, want, NULL, did, NULL, err);
 }
 
-llm_status kube_remove_ours(kube_client *k, const char *path, llm_error *err)
+llm_status kube_remove_ours(kube_client *k, const char *path, const char *owner_uid, llm_error *err)
 {
     json_t *cur = NULL;
-    llm_status st = LLM_OK;
-    if (kube_request(k, "GET", path, NULL, NULL, &cur, NULL) == LLM_OK) {
-        const char *by = json_string_value(json_object_get(get2(cur, "metadata", "labels"), REC_MANAGED_BY));
-        if (by && !strcmp(by, REC_CONTROLLER))
+    llm_status st = kube_request(k, "GET", path, NULL, NULL, &cur, err);
+    if (!st) {
+        const char *uid = kube_controller_uid(cur);
+        if (uid && owner_uid && !strcmp(uid, owner_uid))
             st = kube_request(k, "DELETE", path, NULL, NULL, NULL, err);
     }
     json_decref(cur);

@@ -1,9 +1,18 @@
-/* kube_apply.h - desired children written to the API server: created when
- * missing, merged in (at the version read, so a conflict is retried) when
- * their content changed, left alone when not - a hash of the desired
- * object is kept in an annotation, so an unchanged spec writes nothing -
- * and deleted again only when they carry llm-controller's managed-by
- * label.
+/* kube_apply.h - desired children written to the API server by
+ * server-side apply (application/apply-patch+yaml, fieldManager
+ * llm-controller, force): the server merges what we send with what other
+ * managers wrote, puts our fields back where someone changed them, and
+ * drops fields we stopped sending (a nodeSelector taken out of the spec
+ * leaves the Deployment). Nothing is written when the object already
+ * says what we want: the hash of the last applied object is kept in an
+ * annotation, and the object must still carry every field of it (a hand
+ * edit of one is put back).
+ *
+ * Ownership of the objects themselves: want names its owner in
+ * metadata.ownerReferences[0]; an existing object that is not controlled
+ * by that owner (uid) is never written (LLM_ERR_EXISTS, the message
+ * says whose it is), and kube_remove_ours deletes only what the owner
+ * controls.
  *
  * Ownership: want and cur are borrowed (want's hash annotation is added
  * in place); *now, when asked for, is a new reference for the caller.
@@ -14,22 +23,34 @@
 #include "kube_client.h"
 
 #define KUBE_HASH_ANN "llmk8s.io/desired-hash"
+#define KUBE_FIELD_MANAGER "llm-controller"
 
 typedef enum kube_applied { KUBE_SAME, KUBE_CREATED, KUBE_UPDATED } kube_applied;
 
 /* coll: the collection path (".../namespaces/x/deployments"); want must
- * have metadata.name and metadata.annotations. */
+ * have apiVersion, kind, metadata.name, metadata.annotations and an
+ * ownerReference. */
 llm_status kube_apply(kube_client *k, const char *coll, json_t *want, kube_applied *did, llm_error *err);
 
 /* As kube_apply, for a caller that has read the object already: cur
- * (borrowed) saves the GET when it shows nothing to change; NULL (not
- * read, or not there) and any write read it first, so a write is at the
- * latest resourceVersion. *now, when asked for (now may be NULL), is the object
- * as the API server holds it afterwards (new reference). */
+ * (borrowed; NULL: not read, or not there - it is read then) saves the
+ * GET. *now, when asked for (now may be NULL), is the object as the API
+ * server holds it afterwards (new reference). */
 llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_t *cur, kube_applied *did, json_t **now,
                            llm_error *err);
 
-/* Deletes path when the object is ours; LLM_OK when gone or not ours. */
-llm_status kube_remove_ours(kube_client *k, const char *path, llm_error *err);
+/* Deletes path when the object there is controlled by owner_uid; LLM_OK
+ * when gone or not ours; a failed read is the read's error. */
+llm_status kube_remove_ours(kube_client *k, const char *path, const char *owner_uid, llm_error *err);
+
+/* 1 when cur carries every field of want with the same value (maps by
+ * key; lists of named items by name, port or mountPath, other lists item
+ * by item; quantities under resources by amount: "1Gi" is "1024Mi"),
+ * whatever else it has (defaults, other managers' fields). */
+int kube_covers(json_t *want, json_t *cur);
+
+/* The uid of o's controller (the ownerReference with controller: true),
+ * or NULL. */
+const char *kube_controller_uid(json_t *o);
 
 #endif

@@ -78,6 +78,7 @@ struct curl_slist *kube_curl_login(kube_config *cfg, CURL *c)
         curl_easy_setopt(c, CURLOPT_SSLKEY_BLOB, &key);
         curl_easy_setopt(c, CURLOPT_SSLKEYTYPE, "PEM");
     }
+    curl_easy_setopt(c, CURLOPT_USERAGENT, cfg->agent[0] ? cfg->agent : "llm-k8s");
     struct curl_slist *h = curl_slist_append(NULL, "Accept: application/json");
     char tok[8192];
     if (kube_config_token(cfg, tok, sizeof tok)) {

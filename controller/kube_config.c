@@ -201,6 +201,7 @@ llm_status kube_config_load(const char *kubeconfig, kube_config *c, llm_error *e
 {
     memset(c, 0, sizeof *c);
     pthread_mutex_init(&c->mu, NULL);
+    snprintf(c->agent, sizeof c->agent, "llm-k8s");
     const char *env = getenv("KUBECONFIG"), *home = getenv("HOME");
     llm_status st;
     if (kubeconfig || (env && *env)) {

@@ -34,6 +34,8 @@ typedef struct kube_config {
     size_t cert_len, key_len;
     char *ns;                /* default namespace */
     char source[512];        /* where it came from, for messages */
+    char agent[64];          /* User-Agent: the API server names our writes after it (managedFields);
+                              * "llm-k8s" unless the program sets its own after loading */
     pthread_mutex_t mu;      /* guards token and token_mtime */
 } kube_config;
 

@@ -164,14 +164,15 @@ static llm_status apply_router(kube_client *k, json_t *d, children *c, llm_error
 {
     const char *ns = json_string_value(get2(d, "metadata", "namespace"));
     const char *name = json_string_value(get2(d, "metadata", "name"));
+    const char *uid = json_string_value(get2(d, "metadata", "uid"));
     char deps[512], svcs[512], path[1024];
     snprintf(deps, sizeof deps, "/apis/apps/v1/namespaces/%s/deployments", ns);
     snprintf(svcs, sizeof svcs, "/api/v1/namespaces/%s/services", ns);
     if (!c->router) {
         snprintf(path, sizeof path, "%s/%s-router", deps, name);
-        llm_status st = kube_remove_ours(k, path, err);
+        llm_status st = kube_remove_ours(k, path, uid, err);
         snprintf(path, sizeof path, "%s/%s-backends", svcs, name);
-        return st ? st : kube_remove_ours(k, path, err);
+        return st ? st : kube_remove_ours(k, path, uid, err);
     }
     static const char *const colls[3] = {"/api/v1/namespaces/%s/serviceaccounts",
                                          "/apis/rbac.authorization.k8s.io/v1/namespaces/%s/roles",
@@ -195,6 +196,7 @@ static llm_status apply_router(kube_client *k, json_t *d, children *c, llm_error
 static llm_status apply_children(kube_client *k, json_t *d, children *c, llm_error *err)
 {
     const char *ns = json_string_value(get2(d, "metadata", "namespace"));
+    const char *uid = json_string_value(get2(d, "metadata", "uid"));
     char cms[512], deps[512], svcs[512], pdbs[512];
     snprintf(cms, sizeof cms, "/api/v1/namespaces/%s/configmaps", ns);
     snprintf(deps, sizeof deps, "/apis/apps/v1/namespaces/%s/deployments", ns);
@@ -220,7 +222,7 @@ static llm_status apply_children(kube_client *k, json_t *d, children *c, llm_err
         if (!st && did == KUBE_CREATED)
             kube_event(k, d, "Normal", "Created", "created HorizontalPodAutoscaler on %s", c->as.metric);
     } else if (!st) { /* autoscaling off or built-in: an HPA of ours would fight it */
-        st = kube_remove_ours(k, hpa, err);
+        st = kube_remove_ours(k, hpa, uid, err);
     }
     return st ? st : apply_router(k, d, c, err);
 }
@@ -400,11 +402,14 @@ static void canary_status(json_t *d, const rollout *ro, json_t *status)
     json_object_set_new(status, "canaryWeight", ro->state ? json_integer(ro->weight) : json_null());
 }
 
-/* A spec the API server refused for a child: say so in the status. */
-static llm_status invalid_spec(kube_client *k, const char *path, json_t *d, const char *why, llm_error *err)
+/* A child that cannot be written - a spec the API server refused for it
+ * (InvalidSpec), an object of its name that is not ours (ChildConflict):
+ * say so in the status. */
+static llm_status child_refused(kube_client *k, const char *path, json_t *d, const char *reason, const char *why,
+                                llm_error *err)
 {
     verdict v = {.phase = "Degraded", .degraded = 1};
-    snprintf(v.reason, sizeof v.reason, "InvalidSpec");
+    snprintf(v.reason, sizeof v.reason, "%s", reason);
     snprintf(v.message, sizeof v.message, "%s", why);
     status_events(k, d, &v);
     json_t *want = status_of(d, &v, json_string_value(get2(d, "status", "stableRevision")) ?: "", NULL);
@@ -435,7 +440,12 @@ llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, doubl
     if (!st)
         st = apply_children(k, d, &c, err);
     if (st == LLM_ERR_INVALID_ARG) { /* the spec, not the moment: no retry until it changes */
-        st = invalid_spec(k, path, d, err->msg, err);
+        st = child_refused(k, path, d, "InvalidSpec", err->msg, err);
+        goto out;
+    }
+    if (st == LLM_ERR_EXISTS) { /* a foreign object holds a child's name */
+        st = child_refused(k, path, d, "ChildConflict", err->msg, err);
+        *requeue_s = 15; /* until its owner removes it */
         goto out;
     }
     verdict v;

@@ -440,6 +440,7 @@ llm_status ro_plan(kube_client *k, json_t *d, json_t *stable, const char *new_re
 llm_status ro_apply(kube_client *k, json_t *d, rollout *ro, llm_error *err)
 {
     const char *ns = str(json_object_get(d, "metadata"), "namespace"), *name = str(json_object_get(d, "metadata"), "name");
+    const char *uid = str(json_object_get(d, "metadata"), "uid");
     char cms[512], deps[512], svcs[512], path[1024];
     snprintf(cms, sizeof cms, "/api/v1/namespaces/%s/configmaps", ns);
     snprintf(deps, sizeof deps, "/apis/apps/v1/namespaces/%s/deployments", ns);
@@ -450,7 +451,7 @@ llm_status ro_apply(kube_client *k, json_t *d, rollout *ro, llm_error *err)
         st = kube_apply(k, cms, ro->weight_cm, &did, err);
     else if (json_is_object(get2(d, "status", "canary"))) { /* spec.canary was removed */
         snprintf(path, sizeof path, "%s/%s-router", cms, name);
-        st = kube_remove_ours(k, path, err);
+        st = kube_remove_ours(k, path, uid, err);
     }
     if (ro->canary_dep) {
         if (!st)
@@ -465,13 +466,13 @@ llm_status ro_apply(kube_client *k, json_t *d, rollout *ro, llm_error *err)
         return st; /* never had a canary: nothing to look for */
     snprintf(path, sizeof path, "%s/%s-canary", deps, name);
     if (!st)
-        st = kube_remove_ours(k, path, err);
+        st = kube_remove_ours(k, path, uid, err);
     snprintf(path, sizeof path, "%s/%s-canary-backends", svcs, name);
     if (!st)
-        st = kube_remove_ours(k, path, err);
+        st = kube_remove_ours(k, path, uid, err);
     snprintf(path, sizeof path, "%s/%s-canary-config", cms, name);
     if (!st)
-        st = kube_remove_ours(k, path, err);
+        st = kube_remove_ours(k, path, uid, err);
     return st;
 }
 

@@ -25,6 +25,7 @@ const char *llm_status_str(llm_status s)
     case LLM_ERR_GONE: return "gone";
     case LLM_ERR_FORBIDDEN: return "forbidden";
     case LLM_ERR_NUMERIC: return "non-finite number";
+    case LLM_ERR_EXISTS: return "name taken";
     }
     return "unknown status";
 }

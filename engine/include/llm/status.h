@@ -30,6 +30,7 @@ typedef enum llm_status {
     LLM_ERR_GONE = 16,       /* Kubernetes 410: resourceVersion too old (relist) */
     LLM_ERR_FORBIDDEN = 17,  /* Kubernetes 401/403: credentials or RBAC */
     LLM_ERR_NUMERIC = 18,    /* NaN or infinity where a finite number is needed (logits, weights) */
+    LLM_ERR_EXISTS = 19,     /* the name is taken by an object that is not ours */
 } llm_status;
 
 #define LLM_ERROR_MSG_MAX 512

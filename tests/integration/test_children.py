@@ -1,0 +1,81 @@
+"""What the spec says is what the children carry, on kubesim with the real
+controller: its server-side applies merge podTemplate labels, take out
+what the spec no longer names (nodeSelector, tolerations, affinity,
+priorityClassName), put a hand-edited field of ours back while leaving
+other managers' fields alone, write nothing at rest, and never take over
+an object of a child's name that is not theirs."""
+import json
+
+from test_kubesim import wait_for
+from test_operator import api_requests, cluster, metrics, model  # noqa: F401 (fixtures)
+
+PLACEMENT = """  nodeSelector: {disk: ssd}
+  tolerations: [{key: gpu, operator: Exists, effect: NoSchedule}]
+  affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: zone, operator: In, values: [a]}]}]}}}
+  priorityClassName: high
+  podTemplate:
+    metadata: {labels: {team: search}, annotations: {note: kept}}
+"""
+
+
+def template(c):
+    dep = c.get("deployment", "story") or {}
+    return (dep.get("spec") or {}).get("template") or {}
+
+
+def test_spec_removals_drift_and_other_managers(cluster):  # noqa: F811
+    c = cluster
+    _, url = c.controller()
+    c.apply(replicas=0, extra=PLACEMENT)
+    t = wait_for(lambda: (t := template(c)).get("spec", {}).get("nodeSelector") and t, 30)
+    labels = t["metadata"]["labels"]
+    assert labels["team"] == "search" and labels["app.kubernetes.io/instance"] == "story"  # merged, selector kept
+    assert t["metadata"]["annotations"]["note"] == "kept"
+    pod = t["spec"]
+    assert pod["tolerations"][0]["key"] == "gpu" and pod["priorityClassName"] == "high" and "nodeAffinity" in pod["affinity"]
+    # another manager's field on the Deployment: kept through our applies
+    c.k("annotate", "deployment", "story", "example.com/owner=platform")
+    # the spec loses its placement: the Deployment does too
+    c.apply(replicas=0)
+    t = wait_for(lambda: "nodeSelector" not in (t := template(c)).get("spec", {}) and t, 30)
+    assert not {"tolerations", "affinity", "priorityClassName"} & set(t["spec"]), t["spec"]
+    assert "team" not in t["metadata"]["labels"] and "note" not in t["metadata"].get("annotations", {})
+    # a hand edit of a field of ours is put back (the Deployment's change queues its owner)
+    c.k("set", "image", "deployment/story", "llm-server=evil:1")
+    wait_for(lambda: template(c)["spec"]["containers"][0]["image"] == "llm-server:test", 30)
+    dep = c.get("deployment", "story")
+    assert dep["metadata"]["annotations"]["example.com/owner"] == "platform"
+    managers = {m["manager"] for m in json.loads(c.k("get", "deployment", "story", "-o", "json",
+                                                      "--show-managed-fields").stdout)["metadata"]["managedFields"]}
+    assert "llm-controller" in managers, managers
+    # at rest: a reconcile (queued by another manager's change to a child) writes nothing
+    def writes():
+        return api_requests(url, "PATCH") + api_requests(url, "POST") + api_requests(url, "PUT")
+
+    def reconciles():
+        return metrics(url)[("llm_controller_reconciles_total", (("result", "success"),))]
+    wait_for(lambda: c.status().get("phase") == "Idle", 30)
+    for poke in ("1", "2"):  # the first flushes what the image fix left queued
+        w0, r0 = writes(), reconciles()
+        c.k("annotate", "deployment", "story", f"example.com/poke={poke}", "--overwrite")
+        wait_for(lambda: reconciles() > r0, 30)
+    assert writes() == w0, "a reconcile at rest wrote"
+
+def test_foreign_child_is_not_taken(cluster):  # noqa: F811
+    c = cluster
+    c.controller()
+    c.k("create", "service", "clusterip", "story", "--tcp=80:8080")
+    before = c.get("service", "story")
+    c.apply(replicas=0)
+    cond = wait_for(lambda: (d := c.cond("Degraded")).get("reason") == "ChildConflict" and d, 30)
+    assert "Service story exists and is not this LLMDeployment's" in cond["message"], cond
+    assert "no controlling owner" in cond["message"] and "kubectl-create" in cond["message"]
+    svc = c.get("service", "story")
+    assert svc["spec"]["selector"] == before["spec"]["selector"] and not svc["metadata"].get("ownerReferences")
+    assert svc["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    events = c.k("get", "events", "--field-selector", "reason=ChildConflict", "-o", "name").stdout
+    assert events.strip(), "no ChildConflict event"
+    # its owner removes it: the controller makes its own and the condition clears
+    c.k("delete", "service", "story")
+    wait_for(lambda: ((c.get("service", "story") or {}).get("metadata") or {}).get("ownerReferences"), 40)
+    wait_for(lambda: c.cond("Degraded").get("status") == "False", 30)
