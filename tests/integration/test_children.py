@@ -33,6 +33,10 @@ def test_spec_removals_drift_and_other_managers(cluster):  # noqa: F811
     assert t["metadata"]["annotations"]["note"] == "kept"
     pod = t["spec"]
     assert pod["tolerations"][0]["key"] == "gpu" and pod["priorityClassName"] == "high" and "nodeAffinity" in pod["affinity"]
+    # Pod Security "restricted" asks for these of every pod
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"} and pod["securityContext"]["runAsNonRoot"]
+    ctr = pod["containers"][0]["securityContext"]
+    assert ctr["allowPrivilegeEscalation"] is False and ctr["capabilities"] == {"drop": ["ALL"]}
     # another manager's field on the Deployment: kept through our applies
     c.k("annotate", "deployment", "story", "example.com/owner=platform")
     # the spec loses its placement: the Deployment does too

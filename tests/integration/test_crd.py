@@ -33,7 +33,7 @@ def test_samples_accepted_with_defaults(k):
     assert gpu["engine"]["tensorParallelSize"] == 2 and gpu["rollout"]["maxSurge"] == 0
     assert gpu["resources"]["limits"]["nvidia.com/gpu"] == 2  # preserved as given
     table = k("get", "llmd").stdout.splitlines()
-    assert table[0].split() == ["NAME", "MODEL", "READY", "DESIRED", "CANARY", "PHASE", "AGE"]
+    assert table[0].split() == ["NAME", "MODEL", "READY", "PODS", "DESIRED", "CANARY", "PHASE", "AGE"]
     assert table[1].split()[:2] == ["llama-8b", "llama-3.1-8b"]
     assert "scaled" in k("scale", "llmd/tinyllama", "--replicas=3").stdout
     assert k("get", "llmd", "tinyllama", "-o", "jsonpath={.spec.replicas}").stdout == "3"
@@ -51,6 +51,15 @@ BASE = "apiVersion: llmk8s.io/v1alpha1\nkind: LLMDeployment\nmetadata: {{name: b
     ("  model: {path: /m/x.gguf}\n  engine: {tensorParallelSize: 9}\n", "spec.engine.tensorParallelSize: Invalid value: 9"),
     ("  model: {path: /m/x.gguf}\n  server: {port: 70000}\n", "spec.server.port: Invalid value: 70000"),
     ("  model: {path: /m/x.gguf}\n  engine: {prefixCache: maybe}\n", "spec.engine.prefixCache: Invalid value"),
+    # CEL rules (x-kubernetes-validations; kubesim evaluates them with cel-python)
+    ("  model: {path: /m/x.gguf, volume: {pvc: {claimName: a}, hostPath: {path: /m}}}\n",
+     "spec.model.volume: Invalid value: \"object\": exactly one of pvc, hostPath and image"),
+    ("  model: {path: /m/x.gguf}\n  autoscaling: {enabled: true, minReplicas: 5, maxReplicas: 2}\n",
+     "spec.autoscaling: Invalid value: \"object\": minReplicas must not exceed maxReplicas"),
+    ("  model: {path: /m/x.gguf}\n  autoscaling: {enabled: true, minReplicas: 0}\n",
+     "autoscaling.minReplicas 0 needs mode builtin and spec.router"),
+    ("  model: {path: /m/x.gguf}\n  autoscaling: {enabled: true, minReplicas: 0}\n  router: {enabled: true}\n",
+     "autoscaling.minReplicas 0 needs mode builtin and spec.router"),
 ])
 def test_bad_specs_rejected(k, spec, needle):
     r = k("apply", "--validate=false", "-f", "-", check=False, stdin=BASE.format(spec))
@@ -63,3 +72,21 @@ def test_explain(k):
     if out.returncode:
         pytest.skip(f"kubectl explain against kubesim: {out.stderr.strip()[:200]}")
     assert "Absolute path of the GGUF file" in out.stdout
+
+
+def test_cel_rules_accept_what_the_controller_runs(k):
+    """The rules refuse only what the controller would refuse: scale to zero
+    behind a holding router, one volume, min == max, and names up to 47."""
+    pytest.importorskip("celpy")
+    ok = ("  model: {path: /m/x.gguf, volume: {image: {reference: r}}}\n"
+          "  autoscaling: {enabled: true, minReplicas: 0, maxReplicas: 0}\n  router: {enabled: true, holdSeconds: 5}\n")
+    r = k("apply", "--validate=false", "-f", "-", check=False, stdin=BASE.format(ok))
+    assert r.returncode and "minReplicas must not exceed" not in r.stderr  # max 0 is below the schema's minimum 1
+    ok = ok.replace("maxReplicas: 0", "maxReplicas: 1")
+    k("apply", "--validate=false", "-f", "-", stdin=BASE.format(ok))
+    for name, good in (("a" * 47, True), ("a" * 48, False), ("x1-b", True), ("1abc", False), ("ab-", False)):
+        doc = BASE.replace("{{name: bad}}", f"{{{{name: {name}}}}}").format("  model: {path: /m/x.gguf}\n")
+        r = k("apply", "--validate=false", "-f", "-", check=False, stdin=doc)
+        assert (r.returncode == 0) == good, (name, r.stderr)
+        if not good:
+            assert "at most 47 characters" in r.stderr or "DNS-1035 label" in r.stderr, r.stderr

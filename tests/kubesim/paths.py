@@ -1,20 +1,30 @@
 """paths.py - the simple JSON paths that printer columns and scale
 subresources use (".spec.replicas", ".status.conditions[0].type")."""
+import re
+
+
+_TOKEN = re.compile(r"""\.?([A-Za-z0-9_-]+)|\[(-?\d+)\]|\[\?\(@\.([A-Za-z0-9_-]+)\s*==\s*["'](.*?)["']\)\]""")
 
 
 def jsonpath(obj, path):
-    """Value at a simple dotted path (".spec.replicas", ".status.conditions[0].type"); None if absent."""
-    parts = [p for p in (path or "").strip().lstrip(".").split(".") if p]
-    if not parts:
+    """Value at a simple path (".spec.replicas", ".status.conditions[0].type",
+    '.status.conditions[?(@.type=="Ready")].status': the first match); None if absent."""
+    path, cur, pos = (path or "").strip(), obj, 0
+    if not path.lstrip("."):
         return None
-    cur = obj
-    for part in parts:
-        idx = None
-        if part.endswith("]") and "[" in part:
-            part, idx = part[:-1].split("[")
-        cur = cur.get(part) if isinstance(cur, dict) else None
-        if idx is not None:
-            cur = cur[int(idx)] if isinstance(cur, list) and -len(cur) <= int(idx) < len(cur) else None
+    while pos < len(path) and cur is not None:
+        m = _TOKEN.match(path, pos)
+        if not m:
+            return None
+        pos = m.end()
+        if m.group(1) is not None:
+            cur = cur.get(m.group(1)) if isinstance(cur, dict) else None
+        elif m.group(2) is not None:
+            i = int(m.group(2))
+            cur = cur[i] if isinstance(cur, list) and -len(cur) <= i < len(cur) else None
+        else:
+            cur = next((x for x in cur if isinstance(x, dict) and str(x.get(m.group(3))) == m.group(4)), None) \
+                if isinstance(cur, list) else None
     return cur
 
 

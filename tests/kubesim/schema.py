@@ -1,8 +1,18 @@
 """schema.py - structural OpenAPI v3 schema handling for custom resources,
 as the API server does it: defaults applied, unknown fields pruned (unless
 x-kubernetes-preserve-unknown-fields), then validation of types, required,
-enum, bounds, lengths and patterns. Errors carry field paths."""
+enum, bounds, lengths and patterns, and the CEL rules of
+x-kubernetes-validations (evaluated by cel-python, the Common Expression
+Language's Python implementation; the root's rules see metadata.name).
+Errors carry field paths."""
 import re
+
+try:
+    import celpy
+except ImportError:  # make deps installs it; without it the rules are not enforced
+    celpy = None
+
+_CEL = {}
 
 TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
 
@@ -54,6 +64,7 @@ def validate(schema, v, path, errs):
         allowed = ", ".join(f'"{e}"' for e in schema["enum"])
         errs.append((path, f"Unsupported value: {_show(v)}: supported values: {allowed}"))
     _bounds(schema, v, path, errs)
+    cel_rules(schema, v, path, errs)
     if isinstance(v, dict):
         for k in schema.get("required", []):
             if k not in v:
@@ -98,3 +109,22 @@ def _kind(v):
 
 def _show(v):
     return f'"{v}"' if isinstance(v, str) else str(v)
+
+
+def cel_rules(schema, v, path, errs):
+    """x-kubernetes-validations: each rule, with self = v, must hold."""
+    for rule in schema.get("x-kubernetes-validations") or []:
+        if celpy is None:
+            return
+        prog = _CEL.get(rule["rule"])
+        if prog is None:
+            env = celpy.Environment()
+            prog = _CEL[rule["rule"]] = env.program(env.compile(rule["rule"]))
+        try:
+            ok = prog.evaluate({"self": celpy.json_to_cel(v)})
+        except Exception as e:  # a rule that cannot be evaluated is an error, as on the API server
+            ok = False
+            rule = {**rule, "message": f"{rule.get('message') or rule['rule']} (evaluation error: {e})"}
+        if ok is not True and not (isinstance(ok, celpy.celtypes.BoolType) and bool(ok)):
+            msg = rule.get("message") or f"failed rule: {rule['rule']}"
+            errs.append((path + (rule.get("fieldPath") or ""), f'Invalid value: "{_kind(v)}": {msg}'))

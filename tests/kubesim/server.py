@@ -558,7 +558,11 @@ class Handler(BaseHTTPRequestHandler):
         keep = {k: obj.pop(k) for k in ("apiVersion", "kind", "metadata") if k in obj}
         crschema.default_and_prune(r.schema, obj)
         errs = []
-        crschema.validate({k: v for k, v in r.schema.items() if k != "required"} | {"type": "object"}, obj, "", errs)
+        root = {k: v for k, v in r.schema.items() if k not in ("required", "x-kubernetes-validations")}
+        crschema.validate(root | {"type": "object"}, obj, "", errs)
+        md = keep.get("metadata") or {}  # the root's CEL rules see metadata.name and generateName, nothing else
+        crschema.cel_rules(r.schema, {**obj, "metadata": {k: md[k] for k in ("name", "generateName") if k in md}},
+                           "", errs)
         for k in r.schema.get("required", []):
             if k not in obj and k not in keep:
                 errs.append((f".{k}", "Required value"))
