@@ -84,13 +84,21 @@ double as_prom_value(const char *text, const char *name, int *found)
     *found = 0;
     for (const char *p = text; p && *p;) {
         const char *eol = strchr(p, '\n');
-        if (*p != '#' && !strncmp(p, name, n) && (p[n] == ' ' || p[n] == '{')) {
-            const char *v = p + n;
-            if (*v == '{')
-                v = strchr(v, '}');
-            char *end;
-            double x = v ? strtod(v + 1, &end) : NAN;
-            if (v && end != v + 1 && isfinite(x)) {
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        if (*p != '#' && len > n && !strncmp(p, name, n) && (p[n] == ' ' || p[n] == '{')) {
+            /* within this line only: a label set left open must not send the search down the page
+             * (quadratic on a big one), nor the number be read off the next line */
+            const char *v = p[n] == '{' ? memchr(p + n, '}', len - n) : p + n;
+            char num[64], *end;
+            size_t k = v ? len - (size_t)(v + 1 - p) : 0;
+            double x = NAN;
+            if (v && k > 0 && k < sizeof num) {
+                memcpy(num, v + 1, k);
+                num[k] = 0;
+                x = strtod(num, &end);
+                x = end != num && isfinite(x) ? x : NAN;
+            }
+            if (isfinite(x)) {
                 sum += x;
                 *found = 1;
             }

@@ -9,38 +9,18 @@
 
 #include "ctl_loop.h"
 #include "ctl_obs.h"
+#include "ctl_queue.h"
 #include "kube_watch.h"
 #include "reconcile.h"
 
-#define KEY_MAX 320
 /* Watches last this long before they are renewed (a stop is noticed within
  * a second regardless): at rest the controller makes about one request per
  * informer per WATCH_TIMEOUT_S. */
 #define WATCH_TIMEOUT_S 300
-#define QUEUE_MAX 65536
-
-typedef struct qitem {
-    char key[KEY_MAX];
-    double not_before;   /* back-off: not before this time */
-    int failures;
-    int queued;          /* waiting to be processed */
-} qitem;
-
-typedef struct queue {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    qitem *items;        /* every key seen (failure counts live here) */
-    int n;
-    int active;          /* 0 while another replica leads: keys wait */
-} queue;
-
-/* Keys waiting (due or backing off), for the queue-depth gauge; under mu. */
-static void q_gauge(queue *q)
-{
-    long depth = 0;
-    for (int i = 0; i < q->n; i++) depth += q->items[i].queued;
-    ctl_obs_set_queue(depth);
-}
+/* Keys the work queue knows at most: live LLMDeployments (deleted ones
+ * leave it); past it a new one is refused with an error log. */
+#define QUEUE_MAX (1 << 20)
+#define KEY_MAX CTL_KEY_MAX
 
 static double now_s(void)
 {
@@ -49,117 +29,41 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Queues key (once, however often it is added). */
-static void q_add(queue *q, const char *key, double delay)
+/* The queue gauges after a change. */
+static void q_gauge(ctl_queue *q)
 {
-    pthread_mutex_lock(&q->mu);
-    int i = 0;
-    while (i < q->n && strcmp(q->items[i].key, key)) i++;
-    if (i == q->n && q->n < QUEUE_MAX) {
-        snprintf(q->items[q->n].key, KEY_MAX, "%s", key);
-        q->items[q->n].failures = 0;
-        q->n++;
-    }
-    if (i < q->n && (!q->items[i].queued || now_s() + delay < q->items[i].not_before)) {
-        q->items[i].queued = 1;
-        q->items[i].not_before = now_s() + delay;
-        pthread_cond_signal(&q->cv);
-    }
+    size_t known, waiting;
+    ctl_queue_stats(q, &known, &waiting);
+    ctl_obs_set_queue((long)waiting);
+    ctl_obs_set_queue_keys((long)known);
+}
+
+static void q_add(ctl_queue *q, const char *key, double delay)
+{
+    llm_error err = {0};
+    if (ctl_queue_add(q, key, delay, &err))
+        ctl_log(CTL_ERROR, "cannot queue a reconcile", "key", key, "error", err.msg, (const char *)NULL);
     q_gauge(q);
-    pthread_mutex_unlock(&q->mu);
-}
-
-/* The next due key (copied to key); 0 when stopping. */
-static int q_next(queue *q, char *key, volatile int *stop)
-{
-    pthread_mutex_lock(&q->mu);
-    while (!*stop) {
-        ctl_obs_heartbeat();
-        double now = now_s(), soonest = now + 1;
-        for (int i = 0; i < q->n && q->active; i++) {
-            if (!q->items[i].queued)
-                continue;
-            if (q->items[i].not_before <= now) {
-                q->items[i].queued = 0;
-                snprintf(key, KEY_MAX, "%s", q->items[i].key);
-                q_gauge(q);
-                pthread_mutex_unlock(&q->mu);
-                return 1;
-            }
-            soonest = q->items[i].not_before < soonest ? q->items[i].not_before : soonest;
-        }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        double wait = soonest - now;
-        ts.tv_sec += (time_t)wait;
-        ts.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&q->cv, &q->mu, &ts);
-    }
-    pthread_mutex_unlock(&q->mu);
-    return 0;
-}
-
-/* Back-off bookkeeping after a reconcile. */
-static void q_done(queue *q, const char *key, int failed)
-{
-    pthread_mutex_lock(&q->mu);
-    for (int i = 0; i < q->n; i++)
-        if (!strcmp(q->items[i].key, key)) {
-            q->items[i].failures = failed ? q->items[i].failures + 1 : 0;
-            break;
-        }
-    pthread_mutex_unlock(&q->mu);
-}
-
-static double q_backoff(queue *q, const char *key)
-{
-    double d = 0.2;
-    pthread_mutex_lock(&q->mu);
-    for (int i = 0; i < q->n; i++)
-        if (!strcmp(q->items[i].key, key))
-            for (int f = 1; f < q->items[i].failures && d < 30; f++) d *= 2;
-    pthread_mutex_unlock(&q->mu);
-    return d < 30 ? d : 30;
 }
 
 /* Leadership won: every known key is looked at again; lost: keys wait. */
 static void q_activate(void *arg, int active)
 {
-    queue *q = arg;
-    pthread_mutex_lock(&q->mu);
-    q->active = active;
-    for (int i = 0; active && i < q->n; i++) {
-        q->items[i].queued = 1;
-        q->items[i].not_before = 0;
-    }
-    q_gauge(q);
-    pthread_cond_broadcast(&q->cv);
-    pthread_mutex_unlock(&q->mu);
+    ctl_queue_activate(arg, active);
+    q_gauge(arg);
 }
 
 typedef struct ctl {
     kube_config *cfg;
-    queue q;
-    volatile int *stop;
+    ctl_queue *q;
+    atomic_int *stop;
 } ctl;
-
-/* What an LLMDeployment was last seen as, less its status. */
-typedef struct seen {
-    char key[KEY_MAX];
-    uint64_t fp;
-} seen;
 
 typedef struct informer {
     ctl *c;
     int index;
     const char *path;
     int owned;           /* children: the key is their LLMDeployment owner's */
-    seen *seen;          /* the owners' fingerprints (informer thread only) */
-    int n_seen, cap_seen;
 } informer;
 
 /* A hash of the object without what changes on every status write:
@@ -178,28 +82,6 @@ static uint64_t fingerprint(json_t *obj)
     return text ? h : 0;
 }
 
-/* 1 when key was seen before as fp (a write to its status only: the
- * controller's own, which needs no second look); records fp otherwise. */
-static int only_status_changed(informer *in, const char *key, uint64_t fp)
-{
-    int i = 0;
-    while (i < in->n_seen && strcmp(in->seen[i].key, key)) i++;
-    if (i < in->n_seen && fp && in->seen[i].fp == fp)
-        return 1;
-    if (i == in->n_seen) {
-        if (in->n_seen == in->cap_seen) {
-            int cap = in->cap_seen ? in->cap_seen * 2 : 16;
-            seen *p = realloc(in->seen, (size_t)cap * sizeof *p);
-            if (!p)
-                return 0; /* no room to remember: look at it anyway */
-            in->seen = p, in->cap_seen = cap;
-        }
-        snprintf(in->seen[in->n_seen++].key, KEY_MAX, "%s", key);
-    }
-    in->seen[i].fp = fp;
-    return 0;
-}
-
 /* One informer's events: readiness after its first full list, relists
  * counted, and the LLMDeployment concerned queued. */
 static int on_event(void *arg, const char *type, json_t *obj)
@@ -212,11 +94,17 @@ static int on_event(void *arg, const char *type, json_t *obj)
     json_t *md = json_object_get(obj, "metadata");
     const char *ns = json_string_value(json_object_get(md, "namespace"));
     char key[KEY_MAX];
-    if (!in->owned && obj && ns && strcmp(type, "DELETED")) {
+    if (!in->owned && obj && ns) {
         snprintf(key, sizeof key, "%s/%s", ns, json_string_value(json_object_get(md, "name")));
-        /* a status write (ours) would otherwise queue a reconcile that writes the status again */
-        if (!(only_status_changed(in, key, fingerprint(obj)) && !strcmp(type, "MODIFIED")))
-            q_add(&in->c->q, key, 0);
+        llm_error err = {0};
+        int skipped = 0;
+        if (!strcmp(type, "DELETED")) /* its children go with it (ownerReferences): nothing left to do */
+            ctl_queue_forget(in->c->q, key);
+        else if (ctl_queue_add_changed(in->c->q, key, fingerprint(obj), &skipped, &err))
+            ctl_log(CTL_ERROR, "cannot queue a reconcile", "key", key, "error", err.msg, (const char *)NULL);
+        else if (skipped && strcmp(type, "MODIFIED")) /* ADDED, SYNC (a relist): looked at, whatever it was */
+            q_add(in->c->q, key, 0);
+        q_gauge(in->c->q);
     }
     json_t *owners = in->owned ? json_object_get(md, "ownerReferences") : NULL;
     for (size_t i = 0; ns && i < json_array_size(owners); i++) {
@@ -224,10 +112,10 @@ static int on_event(void *arg, const char *type, json_t *obj)
         const char *kind = json_string_value(json_object_get(o, "kind"));
         if (kind && !strcmp(kind, "LLMDeployment") && json_string_value(json_object_get(o, "name"))) {
             snprintf(key, sizeof key, "%s/%s", ns, json_string_value(json_object_get(o, "name")));
-            q_add(&in->c->q, key, 0); /* a child changed or went: look at its owner again */
+            q_add(in->c->q, key, 0); /* a child changed or went: look at its owner again */
         }
     }
-    return *in->c->stop;
+    return atomic_load(in->c->stop);
 }
 
 /* Runs one informer until stop. Errors retrying cannot fix by itself (RBAC
@@ -238,7 +126,7 @@ static void *inform(void *arg)
 {
     informer *in = arg;
     double backoff = 1;
-    while (!*in->c->stop) {
+    while (!atomic_load(in->c->stop)) {
         kube_client *k = NULL;
         llm_error err = {0};
         llm_status st = kube_client_new(in->c->cfg, &k, &err);
@@ -251,7 +139,7 @@ static void *inform(void *arg)
         snprintf(retry, sizeof retry, "%.0f", backoff);
         ctl_log(backoff >= 16 ? CTL_ERROR : CTL_WARN, "watch failed, will retry", "path", in->path, "error", err.msg, "retry_s", retry,
                 (const char *)NULL);
-        for (double t = 0; t < backoff && !*in->c->stop; t += 0.1) usleep(100000);
+        for (double t = 0; t < backoff && !atomic_load(in->c->stop); t += 0.1) usleep(100000);
         backoff = backoff < 30 ? backoff * 2 : 30;
     }
     return NULL;
@@ -260,47 +148,54 @@ static void *inform(void *arg)
 static void work(ctl *c, kube_client *k)
 {
     char key[KEY_MAX];
-    while (q_next(&c->q, key, c->stop)) {
+    while (ctl_queue_next(c->q, key, c->stop, ctl_obs_heartbeat)) {
+        q_gauge(c->q);
         char ns[KEY_MAX];
         snprintf(ns, sizeof ns, "%s", key);
         char *name = strchr(ns, '/');
-        if (!name)
+        if (!name) {
+            ctl_queue_done(c->q, key, 0);
             continue;
+        }
         *name++ = 0;
         llm_error err = {0};
-        double t0 = now_s();
-        double again = 0;
+        double t0 = now_s(), again = 0;
         llm_status st = rec_reconcile(k, ns, name, &again, &err);
         double took = now_s() - t0;
-        q_done(&c->q, key, st != LLM_OK);
+        int gone = st == LLM_ERR_NOT_FOUND; /* deleted: nothing more to do, nothing to remember */
+        if (gone)
+            st = LLM_OK;
+        double retry = ctl_queue_done(c->q, key, st != LLM_OK);
+        if (gone)
+            ctl_queue_forget(c->q, key);
         ctl_obs_reconcile_seconds(took);
         ctl_obs_count(st ? CTL_M_RECONCILE_ERR : CTL_M_RECONCILE_OK);
         if (!st && again > 0)
-            q_add(&c->q, key, again);
-        char ms[32], retry[32];
+            q_add(c->q, key, again);
+        q_gauge(c->q);
+        char ms[32], rs[32];
         snprintf(ms, sizeof ms, "%.1f", took * 1e3);
         if (st) {
-            double d = q_backoff(&c->q, key);
-            snprintf(retry, sizeof retry, "%.1f", d);
+            snprintf(rs, sizeof rs, "%.1f", retry);
             ctl_log(st == LLM_ERR_CONFLICT ? CTL_INFO : CTL_WARN, "reconcile failed, will retry", "key", key, "error",
-                    err.msg, "retry_s", retry, (const char *)NULL);
-            q_add(&c->q, key, d);
+                    err.msg, "retry_s", rs, (const char *)NULL);
         } else {
             ctl_log(CTL_DEBUG, "reconciled", "key", key, "ms", ms, (const char *)NULL);
         }
     }
 }
 
-llm_status ctl_run(kube_config *cfg, const ctl_options *opt, volatile int *stop, llm_error *err)
+llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, llm_error *err)
 {
-    ctl c = {.cfg = cfg, .stop = stop, .q.active = !opt->leader_elect};
+    ctl c = {.cfg = cfg, .stop = stop};
     ctl_lease *lease = NULL;
     ctl_obs_set_leader(!opt->leader_elect);
-    pthread_mutex_init(&c.q.mu, NULL);
-    pthread_cond_init(&c.q.cv, NULL);
-    c.q.items = calloc(QUEUE_MAX, sizeof *c.q.items);
     kube_client *k = NULL;
-    llm_status st = c.q.items ? kube_client_new(cfg, &k, err) : llm_errf(err, LLM_ERR_NOMEM, "no memory");
+    llm_status st = ctl_queue_new(QUEUE_MAX, &c.q, err);
+    if (!st && !opt->leader_elect)
+        ctl_queue_activate(c.q, 1);
+    if (!st)
+        st = kube_client_new(cfg, &k, err);
 #define OWNED "?labelSelector=" REC_MANAGED_BY "%3D" REC_CONTROLLER
     informer in[] = {{.c = &c, .index = 0, .path = "/apis/llmk8s.io/v1alpha1/llmdeployments"},
                      {.c = &c, .index = 1, .path = "/apis/apps/v1/deployments" OWNED, .owned = 1},
@@ -320,19 +215,17 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, volatile int *stop,
     if (!st && opt->leader_elect) {
         ctl_lease_config lc = opt->lease;
         lc.on_change = q_activate;
-        lc.ctx = &c.q;
+        lc.ctx = c.q;
         st = ctl_lease_start(cfg, &lc, &lease, err);
     }
     if (!st)
         work(&c, k);
     ctl_lease_stop(lease); /* gives the lease up for a standby */
-    *stop = 1;
-    pthread_cond_broadcast(&c.q.cv);
+    atomic_store(stop, 1);
+    if (c.q)
+        ctl_queue_wake(c.q);
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-    for (int i = 0; i < N_INFORMERS; i++) free(in[i].seen);
     kube_client_free(k);
-    free(c.q.items);
-    pthread_mutex_destroy(&c.q.mu);
-    pthread_cond_destroy(&c.q.cv);
+    ctl_queue_free(c.q);
     return st;
 }

@@ -11,6 +11,8 @@
 #ifndef CTL_LOOP_H
 #define CTL_LOOP_H
 
+#include <stdatomic.h>
+
 #include "ctl_lease.h"
 #include "kube_client.h"
 
@@ -19,6 +21,6 @@ typedef struct ctl_options {
     ctl_lease_config lease; /* ns, name, identity, timings (on_change is set by ctl_run) */
 } ctl_options;
 
-llm_status ctl_run(kube_config *cfg, const ctl_options *opt, volatile int *stop, llm_error *err);
+llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, llm_error *err);
 
 #endif

@@ -4,6 +4,7 @@
  * diagnostics: --check lists the LLMDeployments it would manage; --watch
  * PATH prints a collection's events as the informer sees them. */
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "admin_secret.h"
 #include "ctl_loop.h"
 #include "ctl_obs.h"
+#include "kube_apply.h"
 #include "kube_watch.h"
 
 #define API_PATH "/apis/llmk8s.io/v1alpha1"
@@ -50,7 +52,7 @@ static int parse_seconds(const char *s, double *out)
     return *end || *out <= 0;
 }
 
-static volatile int g_stop;
+static atomic_int g_stop; /* set by the signal handler (lock-free: async-signal-safe), read by every thread */
 
 static void on_signal(int sig)
 {
@@ -150,7 +152,10 @@ int main(int argc, char **argv)
     kube_config cfg;
     kube_client *k = NULL;
     llm_error err = {0};
-    if (kube_config_load(kubeconfig, &cfg, &err) || kube_client_new(&cfg, &k, &err)) {
+    llm_status loaded = kube_config_load(kubeconfig, &cfg, &err);
+    if (!loaded) /* our writes carry this name in managedFields (applies name it as their fieldManager) */
+        snprintf(cfg.agent, sizeof cfg.agent, "%s", KUBE_FIELD_MANAGER);
+    if (loaded || kube_client_new(&cfg, &k, &err)) {
         fprintf(stderr, "llm-controller: %s\n", err.msg);
         return 1;
     }

@@ -23,7 +23,7 @@ static struct {
     unsigned long long buckets[N_BUCKETS + 1]; /* the last is +Inf */
     double sum;
     unsigned long long n;
-    long queue;
+    long queue, queue_keys;
     int leader;
     unsigned synced, expected; /* bit per informer */
     double heartbeat; /* monotonic seconds; 0 before the worker starts */
@@ -101,6 +101,7 @@ void ctl_obs_reconcile_seconds(double s)
         pthread_mutex_unlock(&g.mu);        \
     }
 SETTER(ctl_obs_set_queue, long, queue)
+SETTER(ctl_obs_set_queue_keys, long, queue_keys)
 SETTER(ctl_obs_set_leader, int, leader)
 
 void ctl_obs_expect_informers(int n)
@@ -154,6 +155,8 @@ char *ctl_obs_render(void)
         cum + g.buckets[N_BUCKETS], g.sum, g.n);
     llm_strbuf_printf(&b, "# HELP llm_controller_queue_depth Keys waiting in the work queue (due or backing off).\n"
             "# TYPE llm_controller_queue_depth gauge\nllm_controller_queue_depth %ld\n", g.queue);
+    llm_strbuf_printf(&b, "# HELP llm_controller_queue_keys Keys the work queue knows (one per live LLMDeployment).\n"
+            "# TYPE llm_controller_queue_keys gauge\nllm_controller_queue_keys %ld\n", g.queue_keys);
     llm_strbuf_printf(&b, "# HELP llm_controller_watch_relists_total Full relists after a watch expired (410 Gone).\n"
             "# TYPE llm_controller_watch_relists_total counter\nllm_controller_watch_relists_total %llu\n",
         g.counters[CTL_M_RELISTS]);

@@ -35,6 +35,7 @@ typedef enum ctl_counter {
 void ctl_obs_count(ctl_counter c);
 void ctl_obs_reconcile_seconds(double s);
 void ctl_obs_set_queue(long depth);
+void ctl_obs_set_queue_keys(long keys); /* keys the work queue knows (live LLMDeployments) */
 void ctl_obs_set_leader(int leader);
 /* Readiness: n informers must have listed; informer i (0..n-1) has. */
 void ctl_obs_expect_informers(int n);

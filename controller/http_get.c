@@ -1,6 +1,7 @@
 /* http_get.c - a bounded GET or JSON POST; see http_get.h. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "http_get.h"
 
@@ -71,4 +72,67 @@ long http_request(CURL *h, const char *url, const char *bearer, const char *json
     }
     *body = b.p ? b.p : calloc(1, 1);
     return *body ? code : 0;
+}
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void http_get_many(const char *const *urls, size_t n, long budget_ms, size_t max, long *codes, char **bodies)
+{
+    CURLM *m = curl_multi_init();
+    CURL **hs = calloc(n ? n : 1, sizeof *hs);
+    http_body *bs = calloc(n ? n : 1, sizeof *bs);
+    for (size_t i = 0; i < n; i++) codes[i] = 0, bodies[i] = NULL;
+    if (!m || !hs || !bs)
+        goto out; /* no memory: nobody answered */
+    for (size_t i = 0; i < n; i++) {
+        if (!(hs[i] = curl_easy_init()))
+            continue;
+        bs[i].max = max;
+        curl_easy_setopt(hs[i], CURLOPT_URL, urls[i]);
+        curl_easy_setopt(hs[i], CURLOPT_TIMEOUT_MS, budget_ms);
+        curl_easy_setopt(hs[i], CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(hs[i], CURLOPT_WRITEFUNCTION, http_body_write);
+        curl_easy_setopt(hs[i], CURLOPT_WRITEDATA, &bs[i]);
+        if (curl_multi_add_handle(m, hs[i]) != CURLM_OK) {
+            curl_easy_cleanup(hs[i]);
+            hs[i] = NULL;
+        }
+    }
+    long long end = now_ms() + budget_ms;
+    int running = 1;
+    while (running && now_ms() < end) {
+        if (curl_multi_perform(m, &running) != CURLM_OK)
+            break;
+        long left = (long)(end - now_ms());
+        if (running && left > 0 && curl_multi_poll(m, NULL, 0, (int)(left < 100 ? left : 100), NULL) != CURLM_OK)
+            break;
+    }
+    CURLMsg *msg;
+    int queued;
+    while ((msg = curl_multi_info_read(m, &queued)))
+        if (msg->msg == CURLMSG_DONE && msg->data.result == CURLE_OK)
+            for (size_t i = 0; i < n; i++)
+                if (hs[i] == msg->easy_handle)
+                    curl_easy_getinfo(hs[i], CURLINFO_RESPONSE_CODE, &codes[i]);
+    for (size_t i = 0; i < n; i++) {
+        if (codes[i] && !(bodies[i] = bs[i].p ? bs[i].p : calloc(1, 1)))
+            codes[i] = 0;
+        if (!codes[i])
+            free(bs[i].p);
+    }
+out:
+    for (size_t i = 0; hs && i < n; i++)
+        if (hs[i]) {
+            curl_multi_remove_handle(m, hs[i]);
+            curl_easy_cleanup(hs[i]);
+        }
+    free(hs);
+    free(bs);
+    if (m)
+        curl_multi_cleanup(m);
 }

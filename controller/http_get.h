@@ -31,4 +31,11 @@ long http_get(CURL *h, const char *url, long timeout_ms, size_t max, char **body
 long http_request(CURL *h, const char *url, const char *bearer, const char *json, long timeout_ms, size_t max,
                   char **body);
 
+/* GETs n urls at once (libcurl's multi interface), every transfer within
+ * budget_ms of the call together: a pod that never answers costs the
+ * budget once, not once per pod. codes[i]: the HTTP status, 0 when url i
+ * did not answer in time or its body exceeded max bytes; bodies[i]: the
+ * body (malloc'd, the caller frees) or NULL. */
+void http_get_many(const char *const *urls, size_t n, long budget_ms, size_t max, long *codes, char **bodies);
+
 #endif

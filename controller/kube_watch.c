@@ -13,7 +13,7 @@ typedef struct wstate {
     kube_event_fn fn;
     void *ctx;
     int stopped, gone, too_long;
-    volatile int *stop;    /* the caller's: ends a quiet stream at once */
+    atomic_int *stop;      /* the caller's: ends a quiet stream at once */
 } wstate;
 
 /* libcurl calls this about once a second even on a quiet stream. */
@@ -21,7 +21,7 @@ static int on_progress(void *arg, curl_off_t a, curl_off_t b, curl_off_t c, curl
 {
     wstate *w = arg;
     (void)a, (void)b, (void)c, (void)d;
-    return w->stop && *w->stop;
+    return w->stop && atomic_load(w->stop);
 }
 
 static void set_rv(wstate *w, json_t *obj)
@@ -103,7 +103,7 @@ static llm_status watch_once(kube_config *cfg, const char *path, int timeout_s, 
     w->len = 0;
     if (code == 410)
         w->gone = 1;
-    if (w->gone || w->stopped || (w->stop && *w->stop))
+    if (w->gone || w->stopped || (w->stop && atomic_load(w->stop)))
         return LLM_OK;
     if (code == 401 || code == 403 || code == 404)
         return llm_errf(err, code == 404 ? LLM_ERR_NOT_FOUND : LLM_ERR_FORBIDDEN, "watch %s: HTTP %ld", path, code);
@@ -131,12 +131,12 @@ static llm_status relist(kube_client *k, const char *path, wstate *w, llm_error 
 }
 
 llm_status kube_list_watch(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_event_fn fn,
-                           void *ctx, volatile int *stop, llm_error *err)
+                           void *ctx, atomic_int *stop, llm_error *err)
 {
     wstate w = {.fn = fn, .ctx = ctx, .stop = stop};
     llm_status st = LLM_OK;
     int backoff_ms = 100, listed = 0;
-    while (!w.stopped && !(stop && *stop)) {
+    while (!w.stopped && !(stop && atomic_load(stop))) {
         if (!listed) {
             if (w.gone)
                 w.stopped = fn(ctx, "RELIST", NULL);

@@ -15,6 +15,8 @@
 
 #include <jansson.h>
 
+#include <stdatomic.h>
+
 #include "kube_client.h"
 
 #define KUBE_WATCH_MAX_LINE (16u << 20)
@@ -29,6 +31,6 @@ typedef int (*kube_event_fn)(void *ctx, const char *type, json_t *obj);
  * end it after timeout_s seconds (then it resumes). LLM_OK when stopped; an error only for what
  * retrying cannot fix (401/403, 404: the resource is not served). */
 llm_status kube_list_watch(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_event_fn fn,
-                           void *ctx, volatile int *stop, llm_error *err);
+                           void *ctx, atomic_int *stop, llm_error *err);
 
 #endif

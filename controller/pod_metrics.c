@@ -49,26 +49,49 @@ int pm_each_ready_pod(kube_client *k, const char *ns, const char *instance, pm_p
     return n;
 }
 
-typedef struct scrape_ctx {
-    long long port;
-    pm_text_fn fn;
-    void *ctx;
-} scrape_ctx;
+#define SCRAPE_BUDGET_MS 2000 /* every pod together: pods that never answer cost this once */
+#define SCRAPE_PODS_MAX 1024
 
-static int scrape_one(void *arg, const char *ip)
+typedef struct ips {
+    char (*ip)[64];
+    size_t n;
+} ips;
+
+static int collect(void *arg, const char *ip)
 {
-    scrape_ctx *s = arg;
-    char url[256], *text = NULL;
-    snprintf(url, sizeof url, "http://%s:%lld/metrics", ip, s->port);
-    int ok = http_get(NULL, url, 1000, SCRAPE_MAX, &text) == 200 && s->fn(s->ctx, text);
-    free(text);
-    return ok;
+    ips *s = arg;
+    if (s->n >= SCRAPE_PODS_MAX || strlen(ip) >= 64)
+        return 0;
+    snprintf(s->ip[s->n++], 64, "%s", ip);
+    return 1;
 }
 
 int pm_scrape_each(kube_client *k, const char *ns, const char *instance, long long port, pm_text_fn fn, void *ctx)
 {
-    scrape_ctx s = {port, fn, ctx};
-    return pm_each_ready_pod(k, ns, instance, scrape_one, &s);
+    ips s = {calloc(SCRAPE_PODS_MAX, 64), 0};
+    char(*urls)[128] = calloc(SCRAPE_PODS_MAX, 128);
+    const char **up = calloc(SCRAPE_PODS_MAX, sizeof *up);
+    long *codes = calloc(SCRAPE_PODS_MAX, sizeof *codes);
+    char **bodies = calloc(SCRAPE_PODS_MAX, sizeof *bodies);
+    int n = 0;
+    if (s.ip && urls && up && codes && bodies) {
+        pm_each_ready_pod(k, ns, instance, collect, &s);
+        for (size_t i = 0; i < s.n; i++) {
+            snprintf(urls[i], 128, "http://%s:%lld/metrics", s.ip[i], port);
+            up[i] = urls[i];
+        }
+        http_get_many(up, s.n, SCRAPE_BUDGET_MS, SCRAPE_MAX, codes, bodies);
+        for (size_t i = 0; i < s.n; i++) {
+            n += codes[i] == 200 && fn(ctx, bodies[i]);
+            free(bodies[i]);
+        }
+    }
+    free(s.ip);
+    free(urls);
+    free(up);
+    free(codes);
+    free(bodies);
+    return n;
 }
 
 typedef struct signal_sum {

@@ -14,6 +14,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,7 @@
 
 #define MAX_SLICES 64
 
-static volatile int g_stop;
+static atomic_int g_stop; /* set by the signal handler (lock-free: async-signal-safe), read by every thread */
 
 static void on_signal(int sig)
 {
@@ -496,6 +497,7 @@ int main(int argc, char **argv)
         return 1;
     }
     r.px.pool = r.pool;
+    snprintf(r.cfg.agent, sizeof r.cfg.agent, "llm-router");
     rt_pool_set_weight(r.pool, weight);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGTERM, on_signal);

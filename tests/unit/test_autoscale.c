@@ -6,6 +6,9 @@
 #include "testutil.h"
 
 #include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "autoscale.h"
 
@@ -179,6 +182,22 @@ static void test_config_errors_and_prom(void **st)
     assert_true(as_prom_value(text, "x", &found) == 7.5 && found);
     assert_true(as_prom_value(text, "vllm:num_requests_waiting", &found) == 7.0 && found);
     assert_true(as_prom_value(text, "absent", &found) == 0.0 && !found);
+    /* a label set left open: nothing read, and nothing taken off the next line */
+    assert_true(as_prom_value("x{a=\"1\"\n9\nx 2\n", "x", &found) == 2.0 && found);
+    assert_true(as_prom_value("x{a=\"1\"}\n9\n", "x", &found) == 0.0 && !found);
+    /* a 4 MiB page of such lines (a pod's answer) is read in one pass: it took minutes when the search
+     * for '}' ran down the page from every line */
+    size_t lines = (4u << 20) / 8;
+    char *page = malloc(lines * 8 + 1);
+    assert_non_null(page);
+    for (size_t i = 0; i < lines; i++) memcpy(page + i * 8, "x{a=\"1\n", 8);
+    page[lines * 8] = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_true(as_prom_value(page, "x", &found) == 0.0 && !found);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_true((double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9 < 2.0);
+    free(page);
 }
 
 /* Scale to zero: minReplicas 0 behind a holding router. */
