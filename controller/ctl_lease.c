@@ -99,7 +99,10 @@ static int try_hold(ctl_lease *l)
     }
     snprintf(l->holder, sizeof l->holder, "%s", holder ? holder : "");
     int mine = holder && !strcmp(holder, l->identity);
-    int free_now = !holder || !*holder || now - l->seen_at >= l->c.duration_s;
+    /* the holder's own promise (its leaseDurationSeconds), not ours: replicas may be configured apart */
+    json_int_t held = json_integer_value(json_object_get(spec, "leaseDurationSeconds"));
+    double duration = held > 0 ? (double)held : l->c.duration_s;
+    int free_now = !holder || !*holder || now - l->seen_at >= duration;
     if (!mine && !free_now) {
         json_decref(cur);
         return 0;
@@ -153,14 +156,8 @@ static void *run(void *arg)
             set_leader(l, 0, "another replica holds the lease");
         }
         pthread_mutex_lock(&l->mu);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        double wait = l->c.retry_s - (mono_s() - t0);
-        wait = wait > 0 ? wait : 0;
-        ts.tv_sec += (time_t)wait;
-        ts.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
-        if (ts.tv_nsec >= 1000000000L)
-            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        double at = t0 + l->c.retry_s; /* the condition variable waits on CLOCK_MONOTONIC */
+        struct timespec ts = {(time_t)at, (long)((at - (double)(time_t)at) * 1e9)};
         if (!l->stop)
             pthread_cond_timedwait(&l->cv, &l->mu, &ts);
     }
@@ -188,8 +185,17 @@ llm_status ctl_lease_start(kube_config *cfg, const ctl_lease_config *lc, ctl_lea
     snprintf(l->identity, sizeof l->identity, "%s", lc->identity);
     snprintf(l->path, sizeof l->path, "/apis/coordination.k8s.io/v1/namespaces/%s/leases/%s", l->ns, l->name);
     pthread_mutex_init(&l->mu, NULL);
-    pthread_cond_init(&l->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&l->cv, &ca);
+    pthread_condattr_destroy(&ca);
     llm_status st = kube_client_new(cfg, &l->k, err);
+    /* a round (a GET and a PUT) ends within the renew deadline less a retry period: a call the API server
+     * stalls cannot keep us leading past the deadline (curl's 60 s would) */
+    double call_s = (lc->renew_deadline_s - lc->retry_s) / 2;
+    if (!st)
+        kube_client_set_timeout(l->k, (long)((call_s > 0.5 ? call_s : 0.5) * 1000));
     if (!st && pthread_create(&l->th, NULL, run, l))
         st = llm_errf(err, LLM_ERR_INTERNAL, "cannot start the leader-election thread");
     if (st) {

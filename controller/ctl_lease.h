@@ -2,10 +2,13 @@
  * two or more llm-controller replicas can run and exactly one reconciles.
  *
  * The holder renews the lease every retry_s; a candidate takes it over
- * when the holder has not renewed it for duration_s as measured on the
+ * when the holder has not renewed it for the lease's leaseDurationSeconds
+ * (the holder's promise; duration_s when absent) as measured on the
  * candidate's own monotonic clock (from when it last saw the lease change,
  * so clock skew between machines does not matter). A holder that cannot
- * renew for renew_deadline_s stops leading before anyone else may start.
+ * renew for renew_deadline_s stops leading before anyone else may start:
+ * each API call of a round is cut at (renew_deadline_s - retry_s) / 2, so
+ * a stalled API server cannot hold a round past the deadline.
  * Writes carry the resourceVersion read, so two candidates racing for an
  * expired lease cannot both win. On stop the holder releases the lease
  * (empty holderIdentity) so a standby takes over at once.

@@ -46,17 +46,14 @@ static void q_add(ctl_queue *q, const char *key, double delay)
     q_gauge(q);
 }
 
-/* Leadership won: every known key is looked at again; lost: keys wait. */
-static void q_activate(void *arg, int active)
-{
-    ctl_queue_activate(arg, active);
-    q_gauge(arg);
-}
 
 typedef struct ctl {
     kube_config *cfg;
     ctl_queue *q;
     atomic_int *stop;
+    atomic_int cancel;   /* the worker's requests end at once (the lease was lost) */
+    atomic_int lost;
+    int led;             /* this replica led once (lease thread only) */
 } ctl;
 
 typedef struct informer {
@@ -145,6 +142,25 @@ static void *inform(void *arg)
     return NULL;
 }
 
+/* Leadership won: every known key is looked at again. Lost (other than by
+ * our own stop): the reconcile in flight is cut at once - its requests are
+ * cancelled, so nothing of ours is written once another replica may lead -
+ * and the controller exits, to come back as a clean candidate. */
+static void on_leader(void *arg, int leader)
+{
+    ctl *c = arg;
+    ctl_queue_activate(c->q, leader);
+    q_gauge(c->q);
+    if (leader) {
+        c->led = 1;
+    } else if (c->led && !atomic_load(c->stop)) {
+        atomic_store(&c->cancel, 1);
+        atomic_store(&c->lost, 1);
+        atomic_store(c->stop, 1);
+        ctl_queue_wake(c->q);
+    }
+}
+
 static void work(ctl *c, kube_client *k)
 {
     char key[KEY_MAX];
@@ -196,6 +212,8 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, l
         ctl_queue_activate(c.q, 1);
     if (!st)
         st = kube_client_new(cfg, &k, err);
+    if (!st)
+        kube_client_set_cancel(k, &c.cancel);
 #define OWNED "?labelSelector=" REC_MANAGED_BY "%3D" REC_CONTROLLER
     informer in[] = {{.c = &c, .index = 0, .path = "/apis/llmk8s.io/v1alpha1/llmdeployments"},
                      {.c = &c, .index = 1, .path = "/apis/apps/v1/deployments" OWNED, .owned = 1},
@@ -214,8 +232,8 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, l
             started++;
     if (!st && opt->leader_elect) {
         ctl_lease_config lc = opt->lease;
-        lc.on_change = q_activate;
-        lc.ctx = c.q;
+        lc.on_change = on_leader;
+        lc.ctx = &c;
         st = ctl_lease_start(cfg, &lc, &lease, err);
     }
     if (!st)
@@ -227,5 +245,7 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, l
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     kube_client_free(k);
     ctl_queue_free(c.q);
+    if (!st && atomic_load(&c.lost))
+        st = llm_errf(err, LLM_ERR_CANCELLED, "lost the leader lease: exiting, to start again as a clean candidate");
     return st;
 }

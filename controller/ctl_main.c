@@ -154,7 +154,7 @@ int main(int argc, char **argv)
     llm_error err = {0};
     llm_status loaded = kube_config_load(kubeconfig, &cfg, &err);
     if (!loaded) /* our writes carry this name in managedFields (applies name it as their fieldManager) */
-        snprintf(cfg.agent, sizeof cfg.agent, "%s", KUBE_FIELD_MANAGER);
+        snprintf(cfg.agent, sizeof cfg.agent, KUBE_FIELD_MANAGER "/0.1 (%s)", id); /* the replica, for audit logs */
     if (loaded || kube_client_new(&cfg, &k, &err)) {
         fprintf(stderr, "llm-controller: %s\n", err.msg);
         return 1;

@@ -1,8 +1,10 @@
 /* kube_client.c - see kube_client.h. One curl easy handle, reused (its
  * connection stays open between requests), behind a mutex. */
+#include <ctype.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "http_get.h" /* http_body: the bounded response buffer */
 #include "kube_client.h"
@@ -13,6 +15,9 @@ struct kube_client {
     kube_config *cfg;
     CURL *curl;
     pthread_mutex_t mu;
+    long timeout_ms;        /* each request's whole time */
+    atomic_int *cancel;     /* set: requests in flight end at once, new ones fail */
+    double retry_after_s;   /* the last answer's Retry-After (0 none) */
 };
 
 static const char *const method_names[KUBE_N_METHODS] = {"GET", "POST", "PUT", "PATCH", "DELETE"};
@@ -50,9 +55,61 @@ llm_status kube_client_new(kube_config *cfg, kube_client **out, llm_error *err)
         return llm_errf(err, LLM_ERR_NOMEM, "kube client: cannot create a curl handle");
     }
     k->cfg = cfg;
+    k->timeout_ms = 60000;
     pthread_mutex_init(&k->mu, NULL);
     *out = k;
     return LLM_OK;
+}
+
+void kube_client_set_timeout(kube_client *k, long timeout_ms)
+{
+    pthread_mutex_lock(&k->mu);
+    k->timeout_ms = timeout_ms > 0 ? timeout_ms : 60000;
+    pthread_mutex_unlock(&k->mu);
+}
+
+void kube_client_set_cancel(kube_client *k, atomic_int *cancel)
+{
+    pthread_mutex_lock(&k->mu);
+    k->cancel = cancel;
+    pthread_mutex_unlock(&k->mu);
+}
+
+double kube_client_retry_after(kube_client *k)
+{
+    pthread_mutex_lock(&k->mu);
+    double v = k->retry_after_s;
+    pthread_mutex_unlock(&k->mu);
+    return v;
+}
+
+double kube_retry_after_header(const char *line, size_t n)
+{
+    static const char name[] = "retry-after:";
+    if (n <= sizeof name - 1 || strncasecmp(line, name, sizeof name - 1))
+        return -1;
+    char v[32];
+    size_t i = sizeof name - 1, j = 0;
+    while (i < n && (line[i] == ' ' || line[i] == '\t')) i++;
+    while (i < n && j + 1 < sizeof v && isdigit((unsigned char)line[i])) v[j++] = line[i++];
+    v[j] = 0;
+    /* seconds only (the API server sends seconds; an HTTP date is read as none) */
+    return j && j < 7 ? atof(v) : -1;
+}
+
+static size_t on_header(char *line, size_t size, size_t n, void *arg)
+{
+    double v = kube_retry_after_header(line, size * n);
+    if (v >= 0)
+        ((kube_client *)arg)->retry_after_s = v;
+    return size * n;
+}
+
+static int on_progress(void *arg, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d)
+{
+    kube_client *k = arg;
+    (void)a, (void)b, (void)c, (void)d;
+    return k->cancel && atomic_load(k->cancel);
 }
 
 void kube_client_free(kube_client *k)
@@ -107,6 +164,8 @@ static llm_status perform(kube_client *k, const char *method, const char *url, c
 {
     CURL *c = k->curl;
     char ct[128];
+    if (k->cancel && atomic_load(k->cancel))
+        return llm_errf(err, LLM_ERR_CANCELLED, "%s %s: cancelled (this replica stopped leading)", method, url);
     curl_easy_reset(c);
     struct curl_slist *h = kube_curl_login(k->cfg, c);
     snprintf(ct, sizeof ct, "Content-Type: %s", ctype ? ctype : "application/json");
@@ -117,14 +176,22 @@ static llm_status perform(kube_client *k, const char *method, const char *url, c
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, http_body_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, b);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 10L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, k->timeout_ms);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, k->timeout_ms < 10000 ? k->timeout_ms : 10000L);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, k);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, k);
+    k->retry_after_s = 0;
     if (body)
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
     CURLcode rc = curl_easy_perform(c);
     curl_slist_free_all(h);
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, code);
+    if (rc == CURLE_ABORTED_BY_CALLBACK)
+        return llm_errf(err, LLM_ERR_CANCELLED, "%s %s: cancelled (this replica stopped leading)", method, url);
     if (rc != CURLE_OK)
         return llm_errf(err, LLM_ERR_IO, "%s %s: %s%s", method, url, curl_easy_strerror(rc),
                         b->over ? " (response over 64 MiB)" : b->nomem ? " (no memory for the response)" : "");

@@ -14,6 +14,7 @@
 
 #include <curl/curl.h>
 #include <jansson.h>
+#include <stdatomic.h>
 
 #include "kube_config.h"
 
@@ -21,6 +22,19 @@ typedef struct kube_client kube_client;
 
 llm_status kube_client_new(kube_config *cfg, kube_client **out, llm_error *err);
 void kube_client_free(kube_client *k);
+
+/* Each request's whole time (default 60 s; the leader lease's client uses
+ * less than its renew deadline). */
+void kube_client_set_timeout(kube_client *k, long timeout_ms);
+/* cancel (borrowed; NULL: none): once set, the request in flight ends
+ * within a moment and later ones fail at once (LLM_ERR_CANCELLED) - how a
+ * replica that stopped leading stops writing. */
+void kube_client_set_cancel(kube_client *k, atomic_int *cancel);
+/* The Retry-After of the last answer, in seconds (0: none). */
+double kube_client_retry_after(kube_client *k);
+/* The seconds of a "Retry-After: N" header line (any case), -1 when the
+ * line is not one. */
+double kube_retry_after_header(const char *line, size_t n);
 
 /* method: GET, POST, PUT, PATCH, DELETE; path from the API root
  * ("/api/v1/namespaces/x/pods"); body may be NULL; content_type for PATCH

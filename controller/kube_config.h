@@ -34,7 +34,7 @@ typedef struct kube_config {
     size_t cert_len, key_len;
     char *ns;                /* default namespace */
     char source[512];        /* where it came from, for messages */
-    char agent[64];          /* User-Agent: the API server names our writes after it (managedFields);
+    char agent[600];         /* User-Agent: the API server names our writes after its first word (managedFields);
                               * "llm-k8s" unless the program sets its own after loading */
     pthread_mutex_t mu;      /* guards token and token_mtime */
 } kube_config;

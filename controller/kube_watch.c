@@ -1,7 +1,9 @@
 /* kube_watch.c - see kube_watch.h. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kube_watch.h"
@@ -13,6 +15,10 @@ typedef struct wstate {
     kube_event_fn fn;
     void *ctx;
     int stopped, gone, too_long;
+    long error_code;       /* an ERROR event other than 410: the server is in trouble */
+    char error_msg[256];
+    long events;           /* delivered by the current stream */
+    double retry_after;    /* the answer's Retry-After (seconds; 0 none) */
     atomic_int *stop;      /* the caller's: ends a quiet stream at once */
 } wstate;
 
@@ -38,8 +44,15 @@ static void on_line(wstate *w, const char *s, size_t n)
     const char *type = json_string_value(json_object_get(ev, "type"));
     json_t *obj = json_object_get(ev, "object");
     if (type && !strcmp(type, "ERROR")) {
-        w->gone = json_integer_value(json_object_get(obj, "code")) == 410;
+        json_int_t code = json_integer_value(json_object_get(obj, "code"));
+        w->gone = code == 410;
+        if (!w->gone) { /* 500, 429...: the stream ends here and the next one waits */
+            w->error_code = code ? (long)code : 500;
+            snprintf(w->error_msg, sizeof w->error_msg, "%s",
+                     json_string_value(json_object_get(obj, "message")) ?: "(no message)");
+        }
     } else if (type && obj) {
+        w->events++;
         set_rv(w, obj);
         if (strcmp(type, "BOOKMARK") && w->fn(w->ctx, type, obj))
             w->stopped = 1;
@@ -51,7 +64,7 @@ static size_t on_data(char *d, size_t sz, size_t n, void *arg)
 {
     wstate *w = arg;
     size_t len = sz * n;
-    for (size_t i = 0; i < len && !w->stopped; i++) {
+    for (size_t i = 0; i < len && !w->stopped && !w->error_code; i++) {
         if (d[i] == '\n') {
             on_line(w, w->line ? w->line : "", w->len);
             w->len = 0;
@@ -69,7 +82,15 @@ static size_t on_data(char *d, size_t sz, size_t n, void *arg)
         }
         w->line[w->len++] = d[i];
     }
-    return w->stopped ? 0 : len;
+    return w->stopped || w->error_code ? 0 : len;
+}
+
+static size_t on_header(char *line, size_t size, size_t n, void *arg)
+{
+    double v = kube_retry_after_header(line, size * n);
+    if (v >= 0)
+        ((wstate *)arg)->retry_after = v;
+    return size * n;
 }
 
 /* One watch request from w->rv; returns when the stream ends. */
@@ -86,6 +107,8 @@ static llm_status watch_once(kube_config *cfg, const char *path, int timeout_s, 
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, w);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, w);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)timeout_s + 30);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
@@ -95,6 +118,9 @@ static llm_status watch_once(kube_config *cfg, const char *path, int timeout_s, 
     curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(c, CURLOPT_TCP_KEEPIDLE, 30L);
     curl_easy_setopt(c, CURLOPT_TCP_KEEPINTVL, 10L);
+    w->retry_after = 0;
+    w->error_code = 0;
+    w->events = 0;
     CURLcode rc = curl_easy_perform(c);
     long code = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
@@ -107,6 +133,10 @@ static llm_status watch_once(kube_config *cfg, const char *path, int timeout_s, 
         return LLM_OK;
     if (code == 401 || code == 403 || code == 404)
         return llm_errf(err, code == 404 ? LLM_ERR_NOT_FOUND : LLM_ERR_FORBIDDEN, "watch %s: HTTP %ld", path, code);
+    if (code && (code < 200 || code > 299)) /* 429, 5xx: the server asks us to wait (or is in trouble) */
+        return llm_errf(err, LLM_ERR_IO, "watch %s: HTTP %ld", path, code);
+    if (w->error_code)
+        return llm_errf(err, LLM_ERR_IO, "watch %s: ERROR event %ld: %s", path, w->error_code, w->error_msg);
     if (rc != CURLE_OK && rc != CURLE_OPERATION_TIMEDOUT)
         return llm_errf(err, LLM_ERR_IO, "watch %s: %s%s", path, curl_easy_strerror(rc),
                         w->too_long ? " (an event over 16 MiB)" : "");
@@ -130,29 +160,52 @@ static llm_status relist(kube_client *k, const char *path, wstate *w, llm_error 
     return LLM_OK;
 }
 
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Waits s seconds, or until *stop. */
+static void pause_s(double s, atomic_int *stop)
+{
+    for (double end = mono_s() + s; mono_s() < end && !(stop && atomic_load(stop));) usleep(50000);
+}
+
 llm_status kube_list_watch(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_event_fn fn,
                            void *ctx, atomic_int *stop, llm_error *err)
 {
     wstate w = {.fn = fn, .ctx = ctx, .stop = stop};
     llm_status st = LLM_OK;
-    int backoff_ms = 100, listed = 0;
+    double backoff = 0.2;
+    int listed = 0;
+    unsigned seed = (unsigned)(mono_s() * 1e6) ^ (unsigned)(uintptr_t)&w;
     while (!w.stopped && !(stop && atomic_load(stop))) {
+        double t0 = mono_s(), retry_after = 0;
+        int quick = 0;
         if (!listed) {
             if (w.gone)
                 w.stopped = fn(ctx, "RELIST", NULL);
             w.gone = 0;
             st = relist(k, path, &w, err);
+            retry_after = kube_client_retry_after(k);
         } else {
             st = watch_once(cfg, path, timeout_s, &w, err);
+            retry_after = w.retry_after;
+            /* a stream the server ends at once with nothing in it, again and again, is trouble too */
+            quick = !st && !w.gone && !w.events && mono_s() - t0 < 1;
         }
         if (st == LLM_ERR_FORBIDDEN || st == LLM_ERR_NOT_FOUND)
             break;
-        if (st) { /* the server is away: try again, more slowly each time */
-            usleep((useconds_t)backoff_ms * 1000);
-            backoff_ms = backoff_ms < 5000 ? backoff_ms * 2 : 5000;
+        if (st || quick) { /* back off: doubling to 30 s, jittered (replicas do not come back in step), at
+                            * least what Retry-After asks */
+            double d = backoff * (0.5 + 0.5 * (double)rand_r(&seed) / RAND_MAX);
+            pause_s(d > retry_after ? d : retry_after, stop);
+            backoff = backoff < 15 ? backoff * 2 : 30;
             continue;
         }
-        backoff_ms = 100;
+        backoff = 0.2;
         listed = !w.gone;
     }
     free(w.line);

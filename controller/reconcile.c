@@ -379,7 +379,10 @@ static llm_status update_status(kube_client *k, const char *path, json_t *d, jso
         return LLM_OK;
     char sp[1100];
     snprintf(sp, sizeof sp, "%s/status", path);
-    json_t *patch = json_pack("{s:O}", "status", want);
+    /* at the version this reconcile read: a status computed from an older spec, or sent by a replica
+     * that has stopped leading and was overtaken, is refused (409) rather than written over a newer one */
+    json_t *patch = json_pack("{s:{s:O},s:O}", "metadata", "resourceVersion", get2(d, "metadata", "resourceVersion"),
+                              "status", want);
     llm_status st = kube_request(k, "PATCH", sp, patch, "application/merge-patch+json", NULL, err);
     json_decref(patch);
     return st;
@@ -428,7 +431,7 @@ llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, doubl
     children c = {0};
     llm_status st = kube_request(k, "GET", path, NULL, NULL, &d, err);
     if (st == LLM_ERR_NOT_FOUND)
-        return LLM_OK; /* deleted: its children go with it (ownerReferences) */
+        return st; /* deleted: its children go with it (ownerReferences) */
     if (st || get2(d, "metadata", "deletionTimestamp"))
         goto out;
     /* read once: the autoscaler, the canary's plan, the apply and the status all use it */

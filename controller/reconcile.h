@@ -21,7 +21,9 @@
 
 #include "kube_client.h"
 
-/* LLM_OK when done or when the object is gone; an error to retry later.
+/* LLM_OK when done; LLM_ERR_NOT_FOUND when the object is gone (its
+ * children go with it: nothing to retry, nothing to remember); another
+ * error to retry later.
  * *requeue_s > 0 asks for another look after that many seconds (while
  * pods load or fail, whose /startupz the status reports). */
 llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, double *requeue_s, llm_error *err);

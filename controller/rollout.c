@@ -306,10 +306,13 @@ static void clear_action(kube_client *k, json_t *d)
     char path[1024];
     snprintf(path, sizeof path, "/apis/llmk8s.io/v1alpha1/namespaces/%s/llmdeployments/%s",
              str(json_object_get(d, "metadata"), "namespace"), str(json_object_get(d, "metadata"), "name"));
-    json_t *patch = json_pack("{s:{s:{s:n}}}", "metadata", "annotations", RO_ACTION_ANN);
+    json_t *patch = json_pack("{s:{s:{s:n}}}", "metadata", "annotations", RO_ACTION_ANN), *now = NULL;
     llm_error e = {0};
-    if (kube_request(k, "PATCH", path, patch, "application/merge-patch+json", NULL, &e))
+    if (kube_request(k, "PATCH", path, patch, "application/merge-patch+json", &now, &e))
         fprintf(stderr, "llm-controller: cannot remove %s from %s: %s\n", RO_ACTION_ANN, path, e.msg);
+    else /* our own write: the status written at the end of this reconcile is at its version */
+        json_object_set(json_object_get(d, "metadata"), "resourceVersion", get2(now, "metadata", "resourceVersion") ?: json_null());
+    json_decref(now);
     json_decref(patch);
 }
 

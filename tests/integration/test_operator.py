@@ -53,13 +53,14 @@ def free_port():
 class Cluster:
     """kubesim with the CRD, the real llm-server image, and controllers."""
 
-    def __init__(self, tmp_path, model, env=None):
+    def __init__(self, tmp_path, model, env=None, images=None):
         self.tmp, self.model = tmp_path, model
-        images = tmp_path / "images.yaml"
+        extra, images = images, tmp_path / "images.yaml"
         crash = [sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"]
         images.write_text(f"llm-server:test: {json.dumps([tool('llm-server')])}\n"
                           f"llm-router:test: {json.dumps([tool('llm-router')])}\n"
-                          f"crash:test: {json.dumps(crash)}\n")
+                          f"crash:test: {json.dumps(crash)}\n" +
+                          "".join(f"{k}: {json.dumps(v)}\n" for k, v in (extra or {}).items()))
         saved = {k: os.environ.get(k) for k in env or {}}
         os.environ.update(env or {})
         try:
@@ -126,14 +127,14 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running(tmp_path, model, env=None, quiet=False):
+def running(tmp_path, model, env=None, quiet=False, images=None):
     """A Cluster for one test (skipped without kubectl), closed afterwards:
     when the test passed, every controller must have exited 0 and (quiet)
     logged no error - checked after the close, so a failing test's own
     error is what pytest shows."""
     if not shutil.which("kubectl"):
         pytest.skip("kubectl not installed")
-    c = Cluster(tmp_path, model, env=env)
+    c = Cluster(tmp_path, model, env=env, images=images)
     try:
         yield c
     finally:
@@ -438,7 +439,7 @@ def test_leader_election(cluster):
     """Two replicas: one holds the Lease and reconciles; killed, the other
     takes over within the lease duration and reconciles new objects."""
     c = cluster
-    args = ["--leader-elect", "--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5"]
+    args = ["--leader-elect", "--lease-duration", "6", "--renew-deadline", "4", "--retry-period", "0.5"]
     (a, ua), (b, ub) = c.controller(*args), c.controller(*args)
     wait_for(lambda: metrics(ua)[("llm_controller_leader", ())] + metrics(ub)[("llm_controller_leader", ())] == 1, 20)
     leader, standby, surl = (a, b, ub) if metrics(ua)[("llm_controller_leader", ())] == 1 else (b, a, ua)
@@ -451,7 +452,7 @@ def test_leader_election(cluster):
     leader.wait()
     t0 = time.time()
     wait_for(lambda: metrics(surl)[("llm_controller_leader", ())] == 1, 15)
-    assert time.time() - t0 < 3 + 2  # the lease duration, plus a retry period or so
+    assert time.time() - t0 < 6 + 2  # the lease duration, plus a retry period or so
     c.apply("two", replicas=0)
     wait_for(lambda: c.get("deployment", "two") is not None and c.status("two").get("phase") == "Idle", 30)
     assert c.get("lease", "llm-controller")["spec"]["holderIdentity"].endswith(f"_{standby.pid}")

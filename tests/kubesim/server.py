@@ -153,6 +153,9 @@ class Api:
         self.epoch = 0         # bumped by a simulated restart: older connections are dropped
         self.conflicts = {}    # plural -> writes still to answer 409 (fault injection)
         self.requests = {}     # "VERB plural[/name]" -> requests authorized (GET /kubesim/requests)
+        self.watch_unavailable = None  # a file: while it exists, watches answer 503 + Retry-After
+        self.delays = []       # [(User-Agent substring, seconds, methods)]: such clients' requests wait first
+        self.status_writes = []  # [{time, user_agent, path, code}] of status subresource writes
         self.restart = None    # set by serve(): fn(down_seconds)
         self.store = Store(window)
         self.gc = Collector(self.store)
@@ -246,12 +249,17 @@ class Handler(BaseHTTPRequestHandler):
     def send_json(self, code, obj):
         body = json.dumps(obj).encode()
         self.send_response(code)
+        if getattr(self, "retry_after", None):
+            self.send_header("Retry-After", str(self.retry_after))
+            self.retry_after = None
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
     def fail(self, e):
+        if e.code in (429, 503):
+            self.retry_after = e.details.get("retryAfterSeconds") if isinstance(e.details, dict) else None
         self.send_json(e.code, e.status())
 
     def read_chunked(self):
@@ -327,13 +335,26 @@ class Handler(BaseHTTPRequestHandler):
                 return self.faults(method)
             if url.path == "/kubesim/requests":
                 return self.request_counts(method)
+            if url.path == "/kubesim/status-writes":
+                with self.api.store.lock:
+                    return self.send_json(200, {"writes": list(self.api.status_writes)})
             if self.discovery(url.path):
                 return
+            ua = self.headers.get("User-Agent") or ""
+            for needle, seconds, methods in list(self.api.delays):  # a client whose calls the server stalls
+                if needle in ua and (not methods or method in methods):
+                    time.sleep(seconds)
             route = parse_path(url.path)
             if route is None or route[3] is None:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({url.path})")
             verb = self.authorize(method, route, q)
             self.api.count(verb, route[3], route[4])
+            hold = self.api.watch_unavailable
+            if verb == "watch" and hold and os.path.exists(hold):
+                raise ApiError(503, "ServiceUnavailable", "the watch cache is not ready (injected)",
+                               {"retryAfterSeconds": 2})
+            if route[5] == "status" and method in ("PUT", "PATCH"):
+                return self.logged_status_write(method, route, q, ua)
             if method in ("PUT", "PATCH") and self.api.take_conflict(route[3]):
                 raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {route[3]} "{route[4]}": '
                                "the object has been modified; please apply your changes to the latest version "
@@ -355,12 +376,22 @@ class Handler(BaseHTTPRequestHandler):
         refuses connections for downSeconds, and every resourceVersion
         clients hold becomes too old (410 on resume); with "holdFile": a
         path, it stays down after that until the file is gone, so a test
-        on a loaded machine can see it down without racing a timer."""
+        on a loaded machine can see it down without racing a timer;
+        {"watchUnavailable": {"holdFile": path}}: while the file exists,
+        every watch request answers 503 with Retry-After: 2 (an API server
+        in trouble); {"delays": [{"userAgent": s, "seconds": n}]}: every
+        request whose User-Agent contains s waits n seconds before it is
+        served (a replica cut off behind a stalled link - its requests are
+        still carried out, late)."""
         if method != "POST":
             raise ApiError(405, "MethodNotAllowed", "POST a fault")
         if "system:masters" not in self.user.groups:
             raise ApiError(403, "Forbidden", "fault injection is for the admin")
         req = self.body() or {}
+        if "watchUnavailable" in req:
+            self.api.watch_unavailable = (req["watchUnavailable"] or {}).get("holdFile")
+        for d in req.get("delays") or []:
+            self.api.delays.append((d["userAgent"], float(d["seconds"]), tuple(d.get("methods") or ())))
         for plural, n in (req.get("conflicts") or {}).items():
             with self.api.store.lock:
                 self.api.conflicts[plural] = self.api.conflicts.get(plural, 0) + int(n)
@@ -370,6 +401,20 @@ class Handler(BaseHTTPRequestHandler):
             hold = (req["restart"] or {}).get("holdFile")
             threading.Thread(target=self.api.restart, args=(down, hold), daemon=True).start()
         self.close_connection = True
+
+    def logged_status_write(self, method, route, q, ua):
+        """A status write, recorded with its client and outcome in the order
+        the server carries them out (GET /kubesim/status-writes)."""
+        code = 200
+        try:
+            getattr(self, "do_" + method.lower() + "_obj")(route, q)
+        except ApiError as e:
+            code = e.code
+            raise
+        finally:
+            with self.api.store.lock:
+                self.api.status_writes.append({"time": time.time(), "userAgent": ua, "code": code,
+                                               "path": "/".join(x or "" for x in route[2:5])})
 
     def request_counts(self, method):
         """GET /kubesim/requests: {"get deployments/story": 12, "list pods":
@@ -698,7 +743,10 @@ class Handler(BaseHTTPRequestHandler):
                 new = strategic_merge(cur, patch)
             else:
                 new = merge_patch(cur, patch)
-            new.setdefault("metadata", {})["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            # a resourceVersion in the patch is a precondition (409 when the object moved on), as on the
+            # API server; without one the patch applies to whatever is current
+            asked = (patch.get("metadata") or {}).get("resourceVersion") if isinstance(patch, dict) else None
+            new.setdefault("metadata", {})["resourceVersion"] = asked or cur["metadata"]["resourceVersion"]
             self.validate(r, new)
             ssa.record_update(cur, new, self.field_manager(q))
             try:
