@@ -59,7 +59,7 @@ typedef struct ctl {
 typedef struct informer {
     ctl *c;
     int index;
-    const char *path;
+    char path[512];
     int owned;           /* children: the key is their LLMDeployment owner's */
 } informer;
 
@@ -215,13 +215,19 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, l
     if (!st)
         kube_client_set_cancel(k, &c.cancel);
 #define OWNED "?labelSelector=" REC_MANAGED_BY "%3D" REC_CONTROLLER
-    informer in[] = {{.c = &c, .index = 0, .path = "/apis/llmk8s.io/v1alpha1/llmdeployments"},
-                     {.c = &c, .index = 1, .path = "/apis/apps/v1/deployments" OWNED, .owned = 1},
-                     {.c = &c, .index = 2, .path = "/api/v1/services" OWNED, .owned = 1},
-                     {.c = &c, .index = 3, .path = "/api/v1/configmaps" OWNED, .owned = 1},
-                     {.c = &c, .index = 4, .path = "/apis/policy/v1/poddisruptionbudgets" OWNED, .owned = 1},
-                     {.c = &c, .index = 5, .path = "/apis/autoscaling/v2/horizontalpodautoscalers" OWNED, .owned = 1}};
-    enum { N_INFORMERS = sizeof in / sizeof *in };
+    static const struct { const char *prefix, *plural; } watched[] = {
+        {"/apis/llmk8s.io/v1alpha1", "llmdeployments"}, {"/apis/apps/v1", "deployments"}, {"/api/v1", "services"},
+        {"/api/v1", "configmaps"}, {"/apis/policy/v1", "poddisruptionbudgets"},
+        {"/apis/autoscaling/v2", "horizontalpodautoscalers"}};
+    enum { N_INFORMERS = sizeof watched / sizeof *watched };
+    informer in[N_INFORMERS];
+    for (int i = 0; i < N_INFORMERS; i++) { /* the children: ours alone (the label), keyed by their owner */
+        char ns[300] = "";
+        if (opt->ns && *opt->ns)
+            snprintf(ns, sizeof ns, "/namespaces/%s", opt->ns);
+        in[i] = (informer){.c = &c, .index = i, .owned = i > 0};
+        snprintf(in[i].path, sizeof in[i].path, "%s%s/%s%s", watched[i].prefix, ns, watched[i].plural, i ? OWNED : "");
+    }
     ctl_obs_expect_informers(N_INFORMERS);
     pthread_t th[N_INFORMERS];
     int started = 0;

@@ -17,6 +17,7 @@
 #include "kube_client.h"
 
 typedef struct ctl_options {
+    const char *ns;        /* manage LLMDeployments of this namespace only (NULL or "": every namespace) */
     int leader_elect;      /* 0: this replica always reconciles */
     ctl_lease_config lease; /* ns, name, identity, timings (on_change is set by ctl_run) */
 } ctl_options;

@@ -24,8 +24,10 @@ static int usage(void)
             "usage: llm-controller [--kubeconfig FILE] [--http-addr [HOST:]PORT] [--leader-elect]\n"
             "                      [--leader-elect-namespace NS] [--leader-elect-name NAME] [--lease-duration S]\n"
             "                      [--renew-deadline S] [--retry-period S] [--admin-key-secret NAME]\n"
+            "                      [--namespace NS]\n"
             "       llm-controller [--kubeconfig FILE] [--namespace NS] --check\n"
             "       llm-controller [--kubeconfig FILE] --watch PATH [--max-events N]\n"
+            "  --namespace      manage (or list) the LLMDeployments of NS only (default: every namespace)\n"
             "  --http-addr      /healthz, /readyz and /metrics (default 8081; \"\" for none)\n"
             "  --leader-elect   run as one of several replicas: only the holder of the Lease\n"
             "                   (default llm-controller in the pod's namespace) reconciles\n"
@@ -165,10 +167,11 @@ int main(int argc, char **argv)
         signal(SIGINT, on_signal);
         const char *own_ns = getenv("POD_NAMESPACE") ? getenv("POD_NAMESPACE") : cfg.ns ? cfg.ns : "default";
         opt.lease.ns = lease_ns ? lease_ns : own_ns;
+        opt.ns = ns;
         admin_secret_key(own_ns, admin_key); /* the colocated canaries' key: a Secret in our own namespace */
         ctl_log(CTL_INFO, "managing LLMDeployments", "server", cfg.server, "credentials", cfg.source, "identity",
                 opt.leader_elect ? id : NULL, "lease_namespace", opt.leader_elect ? opt.lease.ns : NULL,
-                "http", *http ? http : NULL, (const char *)NULL);
+                "http", *http ? http : NULL, "namespace", ns && *ns ? ns : "(all)", (const char *)NULL);
         llm_status st = ctl_obs_http_start(http, &err);
         if (!st)
             st = ctl_run(&cfg, &opt, &g_stop, &err);

@@ -1,6 +1,5 @@
 /* desired.c - an LLMDeployment's children from its spec; see desired.h. */
 #include <ctype.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +8,7 @@
 #include <openssl/evp.h>
 
 #include "desired.h"
+#include "llm/strbuf.h"
 #include "reconcile.h"
 
 static json_t *get2(json_t *o, const char *a, const char *b)
@@ -102,23 +102,14 @@ json_t *des_admin_secret(json_t *d, const char *name, const char *token)
 
 /* ---- ConfigMap: llm-server's YAML ---------------------------------------------------- */
 
-static void yaml_line(char *buf, size_t n, const char *key, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void yaml_line(char *buf, size_t n, const char *key, const char *fmt, ...)
-{
-    size_t have = strlen(buf);
-    if (have + 1 >= n)
-        return;
-    int k = snprintf(buf + have, n - have, "%s: ", key);
-    if (k < 0 || (size_t)k >= n - have)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + have + (size_t)k, n - have - (size_t)k, fmt, ap);
-    va_end(ap);
-    have = strlen(buf);
-    if (have + 1 < n)
-        memcpy(buf + have, "\n", 2);
-}
+/* One "key: value" line of the configuration (the buffer grows: a
+ * 4,096-character model path fits; a failed allocation shows at the end). */
+#define yaml_line(b, key, ...)                   \
+    do {                                         \
+        llm_strbuf_printf((b), "%s: ", (key));   \
+        llm_strbuf_printf((b), __VA_ARGS__);     \
+        llm_strbuf_printf((b), "\n");            \
+    } while (0)
 
 /* A YAML double-quoted scalar of s (JSON strings are valid YAML ones). */
 static char *yaml_str(const char *s)
@@ -148,36 +139,41 @@ json_t *des_configmap(json_t *d, char *msg, size_t mn)
     char *served = yaml_str(mname ? mname : name_of(d));
     const char *kv = json_string_value(get2(spec, "engine", "kvCacheType"));
     const char *sha = json_string_value(get2(spec, "model", "sha256"));
-    char y[4096] = "# llm-server configuration, written by llm-controller from the LLMDeployment spec\n";
-    yaml_line(y, sizeof y, "model", "%s", model ? model : "\"\"");
-    yaml_line(y, sizeof y, "model_name", "%s", served ? served : "\"\"");
-    yaml_line(y, sizeof y, "port", "%lld", des_server_port(d));
-    yaml_line(y, sizeof y, "health_port", "%lld", des_health_port(d));
-    yaml_line(y, sizeof y, "threads", "%lld", spec_int(spec, "engine", "threads", 0));
-    yaml_line(y, sizeof y, "n_ctx", "%lld", spec_int(spec, "engine", "contextLength", 0));
-    yaml_line(y, sizeof y, "max_seqs", "%lld", spec_int(spec, "engine", "maxSeqs", 64));
-    yaml_line(y, sizeof y, "max_batch_tokens", "%lld", spec_int(spec, "engine", "maxBatchTokens", 512));
-    yaml_line(y, sizeof y, "max_waiting", "%lld", spec_int(spec, "engine", "maxWaiting", 256));
-    yaml_line(y, sizeof y, "kv_type", "%s", kv ? kv : "f16");
-    yaml_line(y, sizeof y, "kv_cache_mb", "%lld", kv_mb);
-    yaml_line(y, sizeof y, "shutdown_delay_s", "%lld", spec_int(spec, "probes", "shutdownDelaySeconds", 5));
-    yaml_line(y, sizeof y, "drain_timeout_s", "%lld", spec_int(spec, "probes", "drainSeconds", 30));
+    llm_strbuf yb = {0}, *y = &yb;
+    llm_strbuf_printf(y, "# llm-server configuration, written by llm-controller from the LLMDeployment spec\n");
+    yaml_line(y, "model", "%s", model ? model : "\"\"");
+    yaml_line(y, "model_name", "%s", served ? served : "\"\"");
+    yaml_line(y, "port", "%lld", des_server_port(d));
+    yaml_line(y, "health_port", "%lld", des_health_port(d));
+    yaml_line(y, "threads", "%lld", spec_int(spec, "engine", "threads", 0));
+    yaml_line(y, "n_ctx", "%lld", spec_int(spec, "engine", "contextLength", 0));
+    yaml_line(y, "max_seqs", "%lld", spec_int(spec, "engine", "maxSeqs", 64));
+    yaml_line(y, "max_batch_tokens", "%lld", spec_int(spec, "engine", "maxBatchTokens", 512));
+    yaml_line(y, "max_waiting", "%lld", spec_int(spec, "engine", "maxWaiting", 256));
+    yaml_line(y, "kv_type", "%s", kv ? kv : "f16");
+    yaml_line(y, "kv_cache_mb", "%lld", kv_mb);
+    yaml_line(y, "shutdown_delay_s", "%lld", spec_int(spec, "probes", "shutdownDelaySeconds", 5));
+    yaml_line(y, "drain_timeout_s", "%lld", spec_int(spec, "probes", "drainSeconds", 30));
     if (sha)
-        yaml_line(y, sizeof y, "model_sha256", "%s", sha);
+        yaml_line(y, "model_sha256", "%s", sha);
     long long tp = spec_int(spec, "engine", "tensorParallelSize", 1);
     const char *be = des_backend(spec);
     if (strcmp(be, "cpu")) /* only when not the default, so CPU deployments keep their config (and pods) */
-        yaml_line(y, sizeof y, "backend", "%s", be);
+        yaml_line(y, "backend", "%s", be);
     if (tp > 1)
-        yaml_line(y, sizeof y, "tensor_parallel", "%lld", tp);
+        yaml_line(y, "tensor_parallel", "%lld", tp);
     if (json_is_false(get2(spec, "engine", "prefixCache"))) /* only when off: others keep their config (and pods) */
-        yaml_line(y, sizeof y, "prefix_cache", "%s", "false");
+        yaml_line(y, "prefix_cache", "%s", "false");
     free(model);
     free(served);
-    char cmname[300];
+    char cmname[300], *text = llm_strbuf_take(y);
     snprintf(cmname, sizeof cmname, "%s-config", name_of(d));
-    return json_pack("{s:s,s:s,s:o,s:{s:s}}", "apiVersion", "v1", "kind", "ConfigMap", "metadata", meta(d, cmname),
-                     "data", "config.yaml", y);
+    json_t *out = text ? json_pack("{s:s,s:s,s:o,s:{s:s}}", "apiVersion", "v1", "kind", "ConfigMap", "metadata",
+                                   meta(d, cmname), "data", "config.yaml", text) : NULL;
+    if (!out)
+        snprintf(msg, mn, "no memory for the ConfigMap");
+    free(text);
+    return out;
 }
 
 /* ---- Deployment ------------------------------------------------------------------------ */

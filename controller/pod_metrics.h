@@ -15,7 +15,9 @@
 /* The mean of metric (an autoscaling signal name: queueDepth, ...) over the
  * ready pods of instance that answered (*n_pods of them); -1 when none did. */
 /* Calls fn with the IP of each ready pod of instance (not terminating);
- * fn returns nonzero when it got what it wanted. Returns how many did. */
+ * fn returns nonzero when it got what it wanted. Returns how many did - 0
+ * also when the pods cannot be listed: callers read 0 as "no reading"
+ * (no recommendation, no scale to zero), never as "no load". */
 typedef int (*pm_pod_fn)(void *ctx, const char *ip);
 int pm_each_ready_pod(kube_client *k, const char *ns, const char *instance, pm_pod_fn fn, void *ctx);
 

@@ -414,7 +414,10 @@ llm_status ro_plan(kube_client *k, json_t *d, json_t *stable, const char *new_re
     char path[1024];
     json_t *canary = NULL;
     snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s-canary", ns, name);
-    kube_request(k, "GET", path, NULL, NULL, &canary, NULL);
+    st = kube_request(k, "GET", path, NULL, NULL, &canary, err);
+    if (st && st != LLM_ERR_NOT_FOUND) /* a failed read is not "no canary pods": the analysis would judge none */
+        return st;
+    st = LLM_OK;
     const char *srev = str(get2(stable, "metadata", "annotations"), DES_TEMPLATE_ANN);
     snprintf(ro->stable_rev, sizeof ro->stable_rev, "%s", srev ? srev : new_rev);
     json_t *prev = get2(d, "status", "canary");

@@ -44,6 +44,35 @@ def test_values_schema():
             jsonschema.validate({**values, **bad}, schema)
 
 
+def test_chart_options():
+    """nameOverride/fullnameOverride name the objects, global is accepted,
+    watchNamespace binds the controller's ClusterRole in that namespace only
+    (a RoleBinding) and passes --namespace, a PDB keeps one of two replicas
+    through drains (none with one replica), and the PodMonitors scrape the
+    servers' health port and the routers."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    jsonschema.validate({**values, "global": {"imageRegistry": "r"}, "nameOverride": "ops", "watchNamespace": "team-a"},
+                        schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**values, "watchNamespace": "Team_A"}, schema)
+    out = docs(render("-n", "ops", "--name", "r1", "--set", "fullnameOverride=llmop", "--set", "global.x=1"))
+    assert {d["metadata"]["name"] for d in out if d["kind"] in ("Deployment", "ClusterRole")} == {"llmop"}
+    assert docs(render("--name", "r1", "--set", "nameOverride=ops"))[1]["metadata"]["name"].startswith("r1-ops")
+    out = docs(render("-n", "ops", "--set", "watchNamespace=team-a"))
+    binds = [d for d in out if d["kind"] in ("RoleBinding", "ClusterRoleBinding") and d["roleRef"]["kind"] == "ClusterRole"]
+    assert [(d["kind"], d["metadata"].get("namespace")) for d in binds] == [("RoleBinding", "team-a")]
+    args = next(d for d in out if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--namespace") + 1] == "team-a"
+    pdbs = [d for d in docs(render("-n", "ops")) if d["kind"] == "PodDisruptionBudget"]
+    assert len(pdbs) == 1 and pdbs[0]["spec"]["minAvailable"] == 1
+    assert not [d for d in docs(render("--set", "replicaCount=1")) if d["kind"] == "PodDisruptionBudget"]
+    mons = [d for d in docs(render("--set", "podMonitor.enabled=true")) if d["kind"] == "PodMonitor"]
+    assert {m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"]: m["spec"]["podMetricsEndpoints"][0]["port"]
+            for m in mons} == {"llm-server": "health", "llm-router": "http"}
+
+
 def controller_metrics(tmp_path):
     """The exposition text of a llm-controller (its API server unreachable:
     the metrics endpoint answers all the same)."""

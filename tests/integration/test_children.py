@@ -83,3 +83,23 @@ def test_foreign_child_is_not_taken(cluster):  # noqa: F811
     c.k("delete", "service", "story")
     wait_for(lambda: ((c.get("service", "story") or {}).get("metadata") or {}).get("ownerReferences"), 40)
     wait_for(lambda: c.cond("Degraded").get("status") == "False", 30)
+
+
+def test_one_namespace_and_a_long_model_path(cluster):  # noqa: F811
+    """--namespace: only that namespace's LLMDeployments are managed (the
+    chart's watchNamespace). A model path as long as the CRD allows reaches
+    llm-server's configuration whole (it was cut at 4 KiB of YAML)."""
+    c = cluster
+    c.k("create", "namespace", "team-a")
+    c.controller("--namespace", "team-a")
+    long_dir = "/m/" + "d" * 4000
+    doc = ("apiVersion: llmk8s.io/v1alpha1\nkind: LLMDeployment\nmetadata: {{name: s, namespace: {ns}}}\n"
+           "spec: {{replicas: 0, model: {{path: {path}}}}}\n")
+    c.k("apply", "-f", "-", stdin=doc.format(ns="team-a", path=long_dir + "/x.gguf"))
+    c.k("apply", "-f", "-", stdin=doc.format(ns="default", path="/m/x.gguf"))
+    cm = wait_for(lambda: json.loads(r.stdout) if not (r := c.k("-n", "team-a", "get", "cm", "s-config", "-o", "json",
+                                                                 check=False)).returncode else None, 30)
+    assert f'model: "{long_dir}/x.gguf"' in cm["data"]["config.yaml"]
+    assert cm["data"]["config.yaml"].rstrip().endswith("drain_timeout_s: 30")
+    wait_for(lambda: json.loads(c.k("-n", "team-a", "get", "llmd", "s", "-o", "json").stdout).get("status"), 30)
+    assert c.get("deployment", "s") is None and not (c.get("llmd", "s") or {}).get("status")  # default: not ours
