@@ -34,7 +34,7 @@ SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 CONTROLLER_SRC = controller/ctl_main.c controller/kube_config.c controller/kube_client.c controller/kube_watch.c \
                  controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
                  controller/desired.c controller/pod_diag.c controller/kube_event.c controller/autoscale.c controller/pod_metrics.c controller/http_get.c \
-                 controller/canary.c controller/kube_apply.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c
+                 controller/canary.c controller/kube_apply.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c controller/kube_cache.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_proxy.c
 # what the router shares with the controller: the API client and watch, the Prometheus text reader, pod GETs

@@ -10,6 +10,7 @@
 #include "ctl_loop.h"
 #include "ctl_obs.h"
 #include "ctl_queue.h"
+#include "kube_cache.h"
 #include "kube_watch.h"
 #include "reconcile.h"
 
@@ -61,6 +62,7 @@ typedef struct informer {
     int index;
     char path[512];
     int owned;           /* children: the key is their LLMDeployment owner's */
+    kube_cache *cache;   /* what it has seen (the reconciles read it) */
 } informer;
 
 /* A hash of the object without what changes on every status write:
@@ -88,6 +90,10 @@ static int on_event(void *arg, const char *type, json_t *obj)
         ctl_obs_set_synced(in->index, 1);
     else if (!strcmp(type, "RELIST"))
         ctl_obs_count(CTL_M_RELISTS);
+    /* the cache first: the reconcile this event queues must read at least this */
+    if (kube_cache_event(in->cache, type, obj))
+        ctl_log(CTL_ERROR, "cannot keep an object in the cache (its reads go to the API server until the next list)",
+                "collection", in->path, (const char *)NULL);
     json_t *md = json_object_get(obj, "metadata");
     const char *ns = json_string_value(json_object_get(md, "namespace"));
     char key[KEY_MAX];
@@ -170,7 +176,7 @@ static void work(ctl *c, kube_client *k)
         snprintf(ns, sizeof ns, "%s", key);
         char *name = strchr(ns, '/');
         if (!name) {
-            ctl_queue_done(c->q, key, 0);
+            ctl_queue_done(c->q, key, CTL_DONE_GONE);
             continue;
         }
         *name++ = 0;
@@ -181,9 +187,7 @@ static void work(ctl *c, kube_client *k)
         int gone = st == LLM_ERR_NOT_FOUND; /* deleted: nothing more to do, nothing to remember */
         if (gone)
             st = LLM_OK;
-        double retry = ctl_queue_done(c->q, key, st != LLM_OK);
-        if (gone)
-            ctl_queue_forget(c->q, key);
+        double retry = ctl_queue_done(c->q, key, gone ? CTL_DONE_GONE : st ? CTL_DONE_FAILED : CTL_DONE_OK);
         ctl_obs_reconcile_seconds(took);
         ctl_obs_count(st ? CTL_M_RECONCILE_ERR : CTL_M_RECONCILE_OK);
         if (!st && again > 0)
@@ -221,13 +225,19 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, l
         {"/apis/autoscaling/v2", "horizontalpodautoscalers"}};
     enum { N_INFORMERS = sizeof watched / sizeof *watched };
     informer in[N_INFORMERS];
+    kube_cache_set caches = {.n = 0};
     for (int i = 0; i < N_INFORMERS; i++) { /* the children: ours alone (the label), keyed by their owner */
         char ns[300] = "";
         if (opt->ns && *opt->ns)
             snprintf(ns, sizeof ns, "/namespaces/%s", opt->ns);
         in[i] = (informer){.c = &c, .index = i, .owned = i > 0};
         snprintf(in[i].path, sizeof in[i].path, "%s%s/%s%s", watched[i].prefix, ns, watched[i].plural, i ? OWNED : "");
+        /* LLMDeployments: all of them (complete); children: ours only (the label) */
+        if (!st && !(st = kube_cache_new(watched[i].plural, i == 0, &in[i].cache, err)))
+            caches.caches[caches.n++] = in[i].cache;
     }
+    if (!st)
+        kube_client_set_caches(k, &caches);
     ctl_obs_expect_informers(N_INFORMERS);
     pthread_t th[N_INFORMERS];
     int started = 0;
@@ -251,6 +261,7 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, l
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     kube_client_free(k);
     ctl_queue_free(c.q);
+    for (int i = 0; i < caches.n; i++) kube_cache_free(caches.caches[i]);
     if (!st && atomic_load(&c.lost))
         st = llm_errf(err, LLM_ERR_CANCELLED, "lost the leader lease: exiting, to start again as a clean candidate");
     return st;

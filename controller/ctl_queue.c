@@ -192,15 +192,17 @@ llm_status ctl_queue_new(size_t max_keys, ctl_queue **out, llm_error *err)
     if (q)
         q->buckets = malloc(64 * sizeof *q->buckets);
     pthread_condattr_t ca;
-    if (!q || !q->buckets || pthread_condattr_init(&ca)) {
+    int bad = !q || !q->buckets || pthread_condattr_init(&ca);
+    if (!bad) { /* waits on the monotonic clock: a wall-clock jump must not stall or spin them */
+        bad = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) || pthread_cond_init(&q->cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    if (bad) {
         if (q)
             free(q->buckets);
         free(q);
-        return llm_errf(err, LLM_ERR_NOMEM, "work queue: no memory");
+        return llm_errf(err, LLM_ERR_NOMEM, "work queue: no memory, or no monotonic condition variable");
     }
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* waits do not jump with the wall clock */
-    pthread_cond_init(&q->cv, &ca);
-    pthread_condattr_destroy(&ca);
     pthread_mutex_init(&q->mu, NULL);
     q->n_buckets = 64;
     for (size_t i = 0; i < q->n_buckets; i++) q->buckets[i] = NONE;
@@ -314,8 +316,9 @@ int ctl_queue_next(ctl_queue *q, char *key, atomic_int *stop, void (*tick)(void)
     return 0;
 }
 
-double ctl_queue_done(ctl_queue *q, const char *key, int failed)
+double ctl_queue_done(ctl_queue *q, const char *key, int outcome)
 {
+    int failed = outcome == CTL_DONE_FAILED;
     double delay = 0;
     pthread_mutex_lock(&q->mu);
     size_t i = find(q, key);
@@ -328,7 +331,7 @@ double ctl_queue_done(ctl_queue *q, const char *key, int failed)
             for (int f = 1; f < it->failures && delay < 30; f++) delay *= 2;
             delay = delay < 30 ? delay : 30;
         }
-        if (it->forget) {
+        if (it->forget || (outcome == CTL_DONE_GONE && !it->again)) {
             unlink_item(q, i);
         } else {
             int again = it->again;

@@ -24,6 +24,8 @@
 
 typedef struct ctl_queue ctl_queue;
 
+/* A queue of at most max_keys keys, inactive; the caller frees it with
+ * ctl_queue_free once no thread uses it. */
 llm_status ctl_queue_new(size_t max_keys, ctl_queue **out, llm_error *err);
 void ctl_queue_free(ctl_queue *q);
 
@@ -39,12 +41,16 @@ llm_status ctl_queue_add_changed(ctl_queue *q, const char *key, uint64_t fp, int
 void ctl_queue_forget(ctl_queue *q, const char *key);
 /* Waits for a due key (while active), copies it to key[CTL_KEY_MAX] and
  * marks it in flight; 0 once *stop. tick (may be NULL) is called at least
- * once a second while waiting (the worker's heartbeat). */
+ * once a second while waiting (the worker's heartbeat), under the queue's
+ * lock: it must not call the queue. */
 int ctl_queue_next(ctl_queue *q, char *key, atomic_int *stop, void (*tick)(void));
-/* The worker is done with key. Failed: it is queued again after its
- * back-off (0.2 s doubling to 30 s with each failure in a row; sooner when
- * added meanwhile), which is returned (0 when it did not fail). */
-double ctl_queue_done(ctl_queue *q, const char *key, int failed);
+/* How a turn ended: CTL_DONE_OK, CTL_DONE_FAILED (queued again after its
+ * back-off: 0.2 s doubling to 30 s with each failure in a row; sooner when
+ * added meanwhile), CTL_DONE_GONE (its object is gone: the key is
+ * forgotten - unless it was added meanwhile, a new object of the name). */
+enum { CTL_DONE_OK, CTL_DONE_FAILED, CTL_DONE_GONE };
+/* The worker is done with key; returns the back-off (0 unless failed). */
+double ctl_queue_done(ctl_queue *q, const char *key, int outcome);
 /* Active (this replica leads): every known key is queued at once;
  * inactive: keys wait. */
 void ctl_queue_activate(ctl_queue *q, int active);

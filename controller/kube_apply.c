@@ -6,6 +6,7 @@
 
 #include "desired.h"
 #include "kube_apply.h"
+#include "kube_cache.h"
 
 static json_t *get2(json_t *o, const char *a, const char *b)
 {
@@ -157,6 +158,60 @@ static llm_status server_apply(kube_client *k, const char *path, json_t *want, j
     return kube_request(k, "PATCH", url, want, "application/apply-patch+yaml", now, err);
 }
 
+/* ns, plural and name of an object path (".../namespaces/NS/PLURAL/NAME",
+ * nothing after); -1 when it is not one. */
+static int parse_path(const char *path, char *ns, char *plural, char *name, size_t n)
+{
+    const char *p = strstr(path, "/namespaces/");
+    if (!p)
+        return -1;
+    p += strlen("/namespaces/");
+    const char *parts[3] = {p, NULL, NULL};
+    for (int i = 1; i < 3; i++) {
+        const char *slash = strchr(parts[i - 1], '/');
+        if (!slash)
+            return -1;
+        parts[i] = slash + 1;
+    }
+    char *outs[3] = {ns, plural, name};
+    for (int i = 0; i < 3; i++) {
+        size_t len = i < 2 ? (size_t)(strchr(parts[i], '/') - parts[i]) : strlen(parts[i]);
+        if (!len || len >= n || (i == 2 && strchr(parts[i], '/')))
+            return -1;
+        memcpy(outs[i], parts[i], len);
+        outs[i][len] = 0;
+    }
+    return 0;
+}
+
+/* The informers' view of path: HIT (*out set), ABSENT, or UNKNOWN. */
+static kube_cached cached(kube_client *k, const char *path, json_t **out)
+{
+    char ns[256], plural[256], name[256];
+    kube_cache *c = parse_path(path, ns, plural, name, sizeof ns) ? NULL
+                    : kube_cache_find(kube_client_caches(k), plural);
+    *out = NULL;
+    return c ? kube_cache_get(c, ns, name, out) : KUBE_CACHE_UNKNOWN;
+}
+
+static int cache_complete(kube_client *k, const char *path)
+{
+    char ns[256], plural[256], name[256];
+    kube_cache *c = parse_path(path, ns, plural, name, sizeof ns) ? NULL
+                    : kube_cache_find(kube_client_caches(k), plural);
+    return c && kube_cache_is_complete(c);
+}
+
+llm_status kube_read(kube_client *k, const char *path, json_t **out, llm_error *err)
+{
+    kube_cached r = cached(k, path, out);
+    if (r == KUBE_CACHE_HIT)
+        return LLM_OK;
+    if (r == KUBE_CACHE_ABSENT && cache_complete(k, path))
+        return llm_errf(err, LLM_ERR_NOT_FOUND, "%s: not there", path);
+    return kube_request(k, "GET", path, NULL, NULL, out, err); /* not cached, not listed yet, or maybe not ours */
+}
+
 llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_t *cur, kube_applied *did, json_t **now,
                            llm_error *err)
 {
@@ -167,7 +222,7 @@ llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_
     *did = KUBE_SAME;
     stamp(coll, want, hash, path);
     if (!cur) {
-        llm_status st = kube_request(k, "GET", path, NULL, NULL, &read, err);
+        llm_status st = kube_read(k, path, &read, err);
         if (st && st != LLM_ERR_NOT_FOUND)
             return st;
         cur = read;
@@ -196,7 +251,10 @@ llm_status kube_apply(kube_client *k, const char *coll, json_t *want, kube_appli
 llm_status kube_remove_ours(kube_client *k, const char *path, const char *owner_uid, llm_error *err)
 {
     json_t *cur = NULL;
-    llm_status st = kube_request(k, "GET", path, NULL, NULL, &cur, err);
+    kube_cached r = cached(k, path, &cur);
+    if (r == KUBE_CACHE_ABSENT) /* ours carry the managed-by label: even an ours-only cache knows them all */
+        return LLM_OK;
+    llm_status st = r == KUBE_CACHE_HIT ? LLM_OK : kube_request(k, "GET", path, NULL, NULL, &cur, err);
     if (!st) {
         const char *uid = kube_controller_uid(cur);
         if (uid && owner_uid && !strcmp(uid, owner_uid))

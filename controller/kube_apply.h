@@ -4,7 +4,9 @@
  * managers wrote, puts our fields back where someone changed them, and
  * drops fields we stopped sending (a nodeSelector taken out of the spec
  * leaves the Deployment). Nothing is written when the object already
- * says what we want: the hash of the last applied object is kept in an
+ * says what we want (read from the informers' caches when the client
+ * carries them: at rest a reconcile makes no request): the hash of the
+ * last applied object is kept in an
  * annotation, and the object must still carry every field of it (a hand
  * edit of one is put back).
  *
@@ -39,8 +41,17 @@ llm_status kube_apply(kube_client *k, const char *coll, json_t *want, kube_appli
 llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_t *cur, kube_applied *did, json_t **now,
                            llm_error *err);
 
+/* Reads the object at path from the informers' caches the client carries
+ * (kube_cache.h) when they can answer, else from the API server: a hit is
+ * a copy; a complete cache's miss is LLM_ERR_NOT_FOUND; an ours-only
+ * cache's miss, an uncached collection or a cache not listed yet is a GET
+ * (an object of that name may exist that is not ours). *out: new
+ * reference. */
+llm_status kube_read(kube_client *k, const char *path, json_t **out, llm_error *err);
+
 /* Deletes path when the object there is controlled by owner_uid; LLM_OK
- * when gone or not ours; a failed read is the read's error. */
+ * when gone or not ours (an ours-only cache's miss is enough: our objects
+ * carry the label); a failed read is the read's error. */
 llm_status kube_remove_ours(kube_client *k, const char *path, const char *owner_uid, llm_error *err);
 
 /* 1 when cur carries every field of want with the same value (maps by

@@ -18,6 +18,7 @@ struct kube_client {
     long timeout_ms;        /* each request's whole time */
     atomic_int *cancel;     /* set: requests in flight end at once, new ones fail */
     double retry_after_s;   /* the last answer's Retry-After (0 none) */
+    const struct kube_cache_set *caches; /* set once, before sharing: read without the lock */
 };
 
 static const char *const method_names[KUBE_N_METHODS] = {"GET", "POST", "PUT", "PATCH", "DELETE"};
@@ -73,6 +74,16 @@ void kube_client_set_cancel(kube_client *k, atomic_int *cancel)
     pthread_mutex_lock(&k->mu);
     k->cancel = cancel;
     pthread_mutex_unlock(&k->mu);
+}
+
+void kube_client_set_caches(kube_client *k, const struct kube_cache_set *caches)
+{
+    k->caches = caches;
+}
+
+const struct kube_cache_set *kube_client_caches(kube_client *k)
+{
+    return k->caches;
 }
 
 double kube_client_retry_after(kube_client *k)

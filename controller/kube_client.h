@@ -30,6 +30,11 @@ void kube_client_set_timeout(kube_client *k, long timeout_ms);
  * within a moment and later ones fail at once (LLM_ERR_CANCELLED) - how a
  * replica that stopped leading stops writing. */
 void kube_client_set_cancel(kube_client *k, atomic_int *cancel);
+/* The informers' caches (borrowed; NULL: none) that kube_read answers
+ * from (kube_apply.h). Set before the client is shared. */
+struct kube_cache_set;
+void kube_client_set_caches(kube_client *k, const struct kube_cache_set *caches);
+const struct kube_cache_set *kube_client_caches(kube_client *k);
 /* The Retry-After of the last answer, in seconds (0: none). */
 double kube_client_retry_after(kube_client *k);
 /* The seconds of a "Retry-After: N" header line (any case), -1 when the

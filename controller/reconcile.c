@@ -429,13 +429,13 @@ llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, doubl
     snprintf(dpath, sizeof dpath, "/apis/apps/v1/namespaces/%s/deployments/%s", ns, name);
     json_t *d = NULL, *status = NULL;
     children c = {0};
-    llm_status st = kube_request(k, "GET", path, NULL, NULL, &d, err);
+    llm_status st = kube_read(k, path, &d, err); /* (the informers' copies: no request at rest) */
     if (st == LLM_ERR_NOT_FOUND)
         return st; /* deleted: its children go with it (ownerReferences) */
     if (st || get2(d, "metadata", "deletionTimestamp"))
         goto out;
     /* read once: the autoscaler, the canary's plan, the apply and the status all use it */
-    st = kube_request(k, "GET", dpath, NULL, NULL, &c.cur, err);
+    st = kube_read(k, dpath, &c.cur, err);
     if (st == LLM_ERR_NOT_FOUND)
         st = LLM_OK;
     if (!st)

@@ -414,7 +414,7 @@ llm_status ro_plan(kube_client *k, json_t *d, json_t *stable, const char *new_re
     char path[1024];
     json_t *canary = NULL;
     snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s-canary", ns, name);
-    st = kube_request(k, "GET", path, NULL, NULL, &canary, err);
+    st = kube_read(k, path, &canary, err);
     if (st && st != LLM_ERR_NOT_FOUND) /* a failed read is not "no canary pods": the analysis would judge none */
         return st;
     st = LLM_OK;

@@ -137,11 +137,12 @@ AT_REST = """  autoscaling:
 """
 
 
-def test_one_read_of_the_deployment_per_reconcile(tmp_path, models):
+def test_no_read_of_the_deployment_at_rest(tmp_path, models):
     """At rest the built-in autoscaler reconciles once every interval -
     its status write does not wake the controller again - and each
-    reconcile reads the Deployment once (autoscaler, canary plan, apply and
-    status share it) and writes nothing to it - counted by kubesim."""
+    reconcile reads the LLMDeployment and its Deployment from the informers'
+    caches (no GET) and writes nothing to the Deployment; its requests are
+    the pods' list for the signal - counted by kubesim."""
     with running(tmp_path, models("tiny", "Q8_0")) as c:
         _, url = c.controller()
         c.apply(replicas=1, extra=AT_REST)
@@ -159,8 +160,8 @@ def test_one_read_of_the_deployment_per_reconcile(tmp_path, models):
         # every 1 s interval, and no more: the controller's own status
         # writes must not queue it again (that made a loop of ~45 a second)
         assert 3 <= reconciles <= 8, (reconciles, delta)
-        gets = delta.get("get deployments/story", 0)
-        assert reconciles - 1 <= gets <= reconciles + 1, (reconciles, delta)
+        assert not any(k.startswith(("get deployments", "get llmdeployments")) for k in delta), delta
+        assert reconciles - 1 <= delta.get("list pods", 0) <= reconciles + 1, (reconciles, delta)
         assert not any(k.startswith(("patch deployments", "update deployments", "create deployments"))
                        for k in delta), delta
         # the controller's /metrics count of its API requests agrees with the

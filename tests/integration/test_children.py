@@ -64,6 +64,11 @@ def test_spec_removals_drift_and_other_managers(cluster):  # noqa: F811
         c.k("annotate", "deployment", "story", f"example.com/poke={poke}", "--overwrite")
         wait_for(lambda: reconciles() > r0, 30)
     assert writes() == w0, "a reconcile at rest wrote"
+    # nor read: the LLMDeployment and its children come from the informers' caches
+    a0, r0 = api_requests(url), reconciles()
+    c.k("annotate", "deployment", "story", "example.com/poke=3", "--overwrite")
+    wait_for(lambda: reconciles() > r0, 30)
+    assert api_requests(url) == a0, "a reconcile at rest asked the API server"
 
 def test_foreign_child_is_not_taken(cluster):  # noqa: F811
     c = cluster

@@ -498,3 +498,9 @@ def test_two_hundred_converge_then_rest(cluster):
           f"RSS {rss0} -> {rss1} KiB, {n1 - n0:.0f} reconciles")
     assert n1 == n0  # nothing polls at rest
     assert cpu1 - cpu0 < 0.2 and rss1 - rss0 < 1024
+    # a reconcile of each at rest (a metadata change queues them all) asks the API server nothing:
+    # the LLMDeployments and their children are read from the informers' caches, nothing differs
+    a0 = api_requests(url)
+    c.k("annotate", "llmd", "--all", "example.com/poke=1")
+    wait_for(lambda: metrics(url)[("llm_controller_reconcile_duration_seconds_count", ())] >= n1 + 200, 60)
+    assert api_requests(url) == a0, f"{api_requests(url) - a0} API requests for 200 reconciles at rest"

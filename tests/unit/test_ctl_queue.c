@@ -43,6 +43,32 @@ static int take(ctl_queue *q, char *key)
     return ctl_queue_next(q, key, &stop, NULL);
 }
 
+/* Seconds until the soonest queued key is due: next is asked with a
+ * thread that sets the stop flag after 50 ms; it returns 0 if nothing was
+ * due by then. */
+#include <pthread.h>
+static atomic_int g_stop;
+static void *stopper(void *arg)
+{
+    usleep(50000);
+    atomic_store(&g_stop, 1);
+    ctl_queue_wake(arg);
+    return NULL;
+}
+
+static double due_in(ctl_queue *q)
+{
+    char key[CTL_KEY_MAX];
+    pthread_t th;
+    atomic_store(&g_stop, 0);
+    assert_int_equal(pthread_create(&th, NULL, stopper, q), 0);
+    int got = ctl_queue_next(q, key, &g_stop, NULL);
+    pthread_join(th, NULL);
+    if (got) /* it was due: put it back as it was */
+        ctl_queue_done(q, key, CTL_DONE_OK), ctl_queue_add(q, key, 0, NULL);
+    return got ? 0 : 1;
+}
+
 static void test_dedup_order_flight(void **st)
 {
     (void)st;
@@ -61,11 +87,11 @@ static void test_dedup_order_flight(void **st)
     assert_true(take(q, key));
     assert_string_equal(key, "ns/a");
     assert_int_equal(take(q, key), 0); /* b is still in flight */
-    assert_true(ctl_queue_done(q, "ns/b", 0) == 0);
+    assert_true(ctl_queue_done(q, "ns/b", CTL_DONE_OK) == 0);
     assert_true(take(q, key));
     assert_string_equal(key, "ns/b");
-    ctl_queue_done(q, "ns/b", 0);
-    ctl_queue_done(q, "ns/a", 0);
+    ctl_queue_done(q, "ns/b", CTL_DONE_OK);
+    ctl_queue_done(q, "ns/a", CTL_DONE_OK);
     known(q, &w);
     assert_int_equal(w, 0);
     /* the earlier due time wins */
@@ -73,7 +99,7 @@ static void test_dedup_order_flight(void **st)
     assert_int_equal(ctl_queue_add(q, "ns/c", 0, &err), LLM_OK);
     assert_true(take(q, key));
     assert_string_equal(key, "ns/c");
-    ctl_queue_done(q, "ns/c", 0);
+    ctl_queue_done(q, "ns/c", CTL_DONE_OK);
     char big[CTL_KEY_MAX + 8];
     memset(big, 'x', sizeof big - 1);
     big[sizeof big - 1] = 0;
@@ -91,16 +117,23 @@ static void test_backoff_forget_limit(void **st)
     double want = 0.2;
     for (int i = 0; i < 12; i++) {
         assert_true(take(q, key) || (ctl_queue_forget(q, "a/x"), 0)); /* due: the back-off is asked below */
-        double d = ctl_queue_done(q, "a/x", 1);
+        double d = ctl_queue_done(q, "a/x", CTL_DONE_FAILED);
         assert_true(d > want * 0.999 && d < want * 1.001);
         want = want * 2 < 30 ? want * 2 : 30;
         ctl_queue_add(q, "a/x", 0, &err); /* an event: sooner than the back-off */
     }
     assert_true(take(q, key));
-    assert_true(ctl_queue_done(q, "a/x", 0) == 0); /* success resets it */
+    ctl_queue_done(q, "a/x", CTL_DONE_FAILED);
+    size_t w;
+    known(q, &w);
+    assert_int_equal(w, 1); /* queued, but held back by its back-off: next would wait, not hand it out */
+    assert_true(due_in(q) > 0.1);
+    ctl_queue_add(q, "a/x", 0, &err);
+    assert_true(take(q, key));
+    assert_true(ctl_queue_done(q, "a/x", CTL_DONE_OK) == 0); /* success resets it */
     assert_true(take(q, key) == 0);
     ctl_queue_add(q, "a/x", 0, &err);
-    assert_true(ctl_queue_done(q, "a/x", 1) > 0.19); /* (done without next: fine) */
+    assert_true(ctl_queue_done(q, "a/x", CTL_DONE_FAILED) > 0.19); /* (done without next: fine) */
     /* forget: queued or in flight */
     ctl_queue_add(q, "a/y", 0, &err);
     ctl_queue_forget(q, "a/y");
@@ -109,7 +142,17 @@ static void test_backoff_forget_limit(void **st)
     assert_string_equal(key, "a/x");
     ctl_queue_forget(q, "a/x");
     assert_int_equal(known(q, NULL), 1); /* in flight: it goes when done */
-    ctl_queue_done(q, "a/x", 1);
+    ctl_queue_done(q, "a/x", CTL_DONE_FAILED);
+    assert_int_equal(known(q, NULL), 0);
+    /* gone while a new object of the name was added meanwhile (delete, then apply again): kept */
+    ctl_queue_add(q, "a/z", 0, &err);
+    assert_true(take(q, key));
+    ctl_queue_forget(q, "a/z"); /* DELETED */
+    ctl_queue_add(q, "a/z", 0, &err); /* ADDED */
+    ctl_queue_done(q, "a/z", CTL_DONE_GONE); /* the reconcile saw 404 */
+    assert_true(take(q, key));
+    assert_string_equal(key, "a/z");
+    ctl_queue_done(q, "a/z", CTL_DONE_GONE); /* and really gone now */
     assert_int_equal(known(q, NULL), 0);
     /* the limit refuses, naming the key */
     ctl_queue_add(q, "n/1", 0, &err);
@@ -139,7 +182,7 @@ static void test_inactive_and_fingerprint(void **st)
     assert_true(skipped);
     ctl_queue_activate(q, 1);
     assert_true(take(q, key));
-    ctl_queue_done(q, key, 0);
+    ctl_queue_done(q, key, CTL_DONE_OK);
     assert_int_equal(ctl_queue_add_changed(q, "s/a", 42, &skipped, &err), LLM_OK);
     assert_true(skipped); /* same object: not queued */
     assert_false(take(q, key));
@@ -171,7 +214,7 @@ static void test_churn_against_model(void **st)
         else
             fail_msg("model full");
         if (test_rng(&rng) % 3 == 0 && take(q, key)) { /* the worker gets one, reconciles it, it is gone */
-            ctl_queue_done(q, key, 0);
+            ctl_queue_done(q, key, CTL_DONE_OK);
             ctl_queue_forget(q, key);
             for (int j = 0; j < n_model; j++)
                 if (!strcmp(model[j], key)) {
