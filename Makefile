@@ -104,6 +104,14 @@ $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(BUILD)/controller/$*.o $(LIB) -lcmocka -lcurl -ljansson $(LDLIBS) -o $@
 
+# kube_covers (kube_apply links the API client and the desired-state builder).
+KUBE_APPLY_DEPS = $(BUILD)/controller/kube_apply.o $(BUILD)/controller/kube_cache.o $(BUILD)/controller/kube_client.o \
+                  $(BUILD)/controller/kube_config.o $(BUILD)/controller/desired.o $(BUILD)/controller/http_get.o
+$(BUILD)/tests/test_kube_apply: tests/unit/test_kube_apply.c tests/unit/testutil.h $(KUBE_APPLY_DEPS) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(KUBE_APPLY_DEPS) $(LIB) -lcmocka -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+
 # llm-server's keys; the guard's token helpers (http_guard links civetweb).
 $(BUILD)/tests/test_srv_keys: $(BUILD)/server/srv_keys.o
 $(BUILD)/tests/test_http_guard: $(BUILD)/server/http_guard.o

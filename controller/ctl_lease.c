@@ -20,6 +20,7 @@ struct ctl_lease {
     char seen[512];       /* holder + renewTime + resourceVersion last seen */
     char holder[256];     /* holderIdentity last seen */
     double seen_at;       /* when that last changed */
+    double call_s;        /* a lease call's time at most */
 };
 
 static double mono_s(void)
@@ -66,19 +67,38 @@ static json_t *lease_spec(ctl_lease *l, const char *holder, json_t *old, int tak
     return spec;
 }
 
+/* Arms the next lease call: at most call_s, and while leading never past
+ * the renew deadline (a leader that cannot renew by then must have stopped
+ * before a candidate may take over - every call in flight ends by it).
+ * 0 when no time is left. */
+static int arm(ctl_lease *l)
+{
+    double left = l->call_s;
+    if (ctl_lease_is_leader(l)) {
+        double to_deadline = l->renewed + l->c.renew_deadline_s - mono_s();
+        left = to_deadline < left ? to_deadline : left;
+    }
+    if (left < 0.05)
+        return 0;
+    kube_client_set_timeout(l->k, (long)(left * 1000));
+    return 1;
+}
+
 /* One round: create, renew or take over the lease. 1 when this replica
  * holds it afterwards. */
 static int try_hold(ctl_lease *l)
 {
     json_t *cur = NULL;
     llm_error err = {0};
+    if (!arm(l))
+        return 0;
     llm_status st = kube_request(l->k, "GET", l->path, NULL, NULL, &cur, &err);
     if (st == LLM_ERR_NOT_FOUND) {
         char coll[512];
         snprintf(coll, sizeof coll, "/apis/coordination.k8s.io/v1/namespaces/%s/leases", l->ns);
         json_t *obj = json_pack("{s:s,s:s,s:{s:s,s:s},s:o}", "apiVersion", "coordination.k8s.io/v1", "kind", "Lease",
                                 "metadata", "name", l->name, "namespace", l->ns, "spec", lease_spec(l, l->identity, NULL, 1));
-        st = kube_request(l->k, "POST", coll, obj, NULL, NULL, &err);
+        st = arm(l) ? kube_request(l->k, "POST", coll, obj, NULL, NULL, &err) : LLM_ERR_TIMEOUT;
         json_decref(obj);
         return st == LLM_OK;
     }
@@ -111,7 +131,8 @@ static int try_hold(ctl_lease *l)
                              lease_spec(l, l->identity, spec, !mine));
     json_object_set_new(want, "apiVersion", json_string("coordination.k8s.io/v1"));
     json_object_set_new(want, "kind", json_string("Lease"));
-    st = kube_request(l->k, "PUT", l->path, want, NULL, NULL, &err);
+    st = arm(l) ? kube_request(l->k, "PUT", l->path, want, NULL, NULL, &err)
+                : llm_errf(&err, LLM_ERR_TIMEOUT, "no time left before the renew deadline");
     json_decref(want);
     json_decref(cur);
     if (st && st != LLM_ERR_CONFLICT)
@@ -150,7 +171,8 @@ static void *run(void *arg)
         if (try_hold(l)) {
             l->renewed = t0;
             set_leader(l, 1, "lease acquired or renewed");
-        } else if (ctl_lease_is_leader(l) && mono_s() - l->renewed >= l->c.renew_deadline_s) {
+        } else if (ctl_lease_is_leader(l) && mono_s() + l->c.retry_s >= l->renewed + l->c.renew_deadline_s) {
+            /* the next round would start past the deadline: stop now, not a retry period late */
             set_leader(l, 0, "could not renew the lease within the renew deadline");
         } else if (ctl_lease_is_leader(l) && *l->holder && strcmp(l->holder, l->identity)) {
             set_leader(l, 0, "another replica holds the lease");
@@ -194,8 +216,7 @@ llm_status ctl_lease_start(kube_config *cfg, const ctl_lease_config *lc, ctl_lea
     /* a round (a GET and a PUT) ends within the renew deadline less a retry period: a call the API server
      * stalls cannot keep us leading past the deadline (curl's 60 s would) */
     double call_s = (lc->renew_deadline_s - lc->retry_s) / 2;
-    if (!st)
-        kube_client_set_timeout(l->k, (long)((call_s > 0.5 ? call_s : 0.5) * 1000));
+    l->call_s = call_s > 0.5 ? call_s : 0.5;
     if (!st && pthread_create(&l->th, NULL, run, l))
         st = llm_errf(err, LLM_ERR_INTERNAL, "cannot start the leader-election thread");
     if (st) {

@@ -7,8 +7,9 @@
  * candidate's own monotonic clock (from when it last saw the lease change,
  * so clock skew between machines does not matter). A holder that cannot
  * renew for renew_deadline_s stops leading before anyone else may start:
- * each API call of a round is cut at (renew_deadline_s - retry_s) / 2, so
- * a stalled API server cannot hold a round past the deadline.
+ * each lease call is cut at (renew_deadline_s - retry_s) / 2 and, while
+ * leading, at the renew deadline itself, so a stalled API server cannot
+ * hold a round past it (and the loss is seen by then).
  * Writes carry the resourceVersion read, so two candidates racing for an
  * expired lease cannot both win. On stop the holder releases the lease
  * (empty holderIdentity) so a standby takes over at once.

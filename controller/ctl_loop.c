@@ -1,4 +1,5 @@
 /* ctl_loop.c - informers, work queue and worker; see ctl_loop.h. */
+#include <ctype.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -55,6 +56,7 @@ typedef struct ctl {
     atomic_int cancel;   /* the worker's requests end at once (the lease was lost) */
     atomic_int lost;
     int led;             /* this replica led once (lease thread only) */
+    kube_cache *owners;  /* the LLMDeployments' cache */
 } ctl;
 
 typedef struct informer {
@@ -79,6 +81,36 @@ static uint64_t fingerprint(json_t *obj)
     for (const char *p = text; p && *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
     free(text);
     return text ? h : 0;
+}
+
+/* A DNS-1123 subdomain (what the API server takes as an object name): a
+ * name from a child's ownerReference is anyone's words, and it goes into
+ * request paths. */
+static int valid_name(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (!n || n > 253 || !isalnum((unsigned char)s[0]) || !isalnum((unsigned char)s[n - 1]))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(islower((unsigned char)s[i]) || isdigit((unsigned char)s[i]) || s[i] == '-' || s[i] == '.') ||
+            (s[i] == '.' && s[i + 1] == '.'))
+            return 0;
+    return 1;
+}
+
+/* Queues a child's owner - when it is an LLMDeployment the informer knows
+ * (deleted owners' children go with them and must not bring their keys
+ * back; forged references to names that never existed queue nothing). */
+static void queue_owner(informer *in, const char *ns, const char *kind, const char *name)
+{
+    char key[KEY_MAX];
+    json_t *known = NULL;
+    if (!kind || strcmp(kind, "LLMDeployment") || !valid_name(name) || !valid_name(ns) ||
+        snprintf(key, sizeof key, "%s/%s", ns, name) >= (int)sizeof key ||
+        kube_cache_get(in->c->owners, ns, name, &known) == KUBE_CACHE_ABSENT)
+        return;
+    json_decref(known);
+    q_add(in->c->q, key, 0);
 }
 
 /* One informer's events: readiness after its first full list, relists
@@ -112,11 +144,8 @@ static int on_event(void *arg, const char *type, json_t *obj)
     json_t *owners = in->owned ? json_object_get(md, "ownerReferences") : NULL;
     for (size_t i = 0; ns && i < json_array_size(owners); i++) {
         json_t *o = json_array_get(owners, i);
-        const char *kind = json_string_value(json_object_get(o, "kind"));
-        if (kind && !strcmp(kind, "LLMDeployment") && json_string_value(json_object_get(o, "name"))) {
-            snprintf(key, sizeof key, "%s/%s", ns, json_string_value(json_object_get(o, "name")));
-            q_add(in->c->q, key, 0); /* a child changed or went: look at its owner again */
-        }
+        if (json_is_true(json_object_get(o, "controller"))) /* one owner per child: a child changed or went */
+            queue_owner(in, ns, json_string_value(json_object_get(o, "kind")), json_string_value(json_object_get(o, "name")));
     }
     return atomic_load(in->c->stop);
 }
@@ -236,8 +265,10 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, l
         if (!st && !(st = kube_cache_new(watched[i].plural, i == 0, &in[i].cache, err)))
             caches.caches[caches.n++] = in[i].cache;
     }
-    if (!st)
+    if (!st) {
         kube_client_set_caches(k, &caches);
+        c.owners = in[0].cache;
+    }
     ctl_obs_expect_informers(N_INFORMERS);
     pthread_t th[N_INFORMERS];
     int started = 0;

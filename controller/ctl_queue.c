@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "ctl_queue.h"
@@ -33,6 +34,7 @@ struct ctl_queue {
     size_t *buckets, n_buckets; /* heads of the hash chains */
     size_t *heap, n_heap;       /* item indices, soonest first */
     int active;
+    uint64_t seed;
 };
 
 static double now_s(void)
@@ -42,11 +44,15 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static uint64_t hash(const char *s)
+/* FNV-1a from a random start, mixed: the keys are tenants' names, which
+ * must not be choosable to fall into one chain. */
+static uint64_t hash(const ctl_queue *q, const char *s)
 {
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = q->seed;
     for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    return h ^ (h >> 33);
 }
 
 /* ---- heap ------------------------------------------------------------------------ */
@@ -118,7 +124,7 @@ static void enqueue(ctl_queue *q, size_t idx, double t)
 
 static size_t find(ctl_queue *q, const char *key)
 {
-    for (size_t i = q->buckets[hash(key) & (q->n_buckets - 1)]; i != NONE; i = q->items[i].next)
+    for (size_t i = q->buckets[hash(q, key) & (q->n_buckets - 1)]; i != NONE; i = q->items[i].next)
         if (!strcmp(q->items[i].key, key))
             return i;
     return NONE;
@@ -126,7 +132,7 @@ static size_t find(ctl_queue *q, const char *key)
 
 static void link_item(ctl_queue *q, size_t idx)
 {
-    size_t b = hash(q->items[idx].key) & (q->n_buckets - 1);
+    size_t b = hash(q, q->items[idx].key) & (q->n_buckets - 1);
     q->items[idx].next = q->buckets[b];
     q->buckets[b] = idx;
 }
@@ -174,7 +180,7 @@ static size_t new_slot(ctl_queue *q)
 
 static void unlink_item(ctl_queue *q, size_t idx)
 {
-    size_t *p = &q->buckets[hash(q->items[idx].key) & (q->n_buckets - 1)];
+    size_t *p = &q->buckets[hash(q, q->items[idx].key) & (q->n_buckets - 1)];
     while (*p != idx) p = &q->items[*p].next;
     *p = q->items[idx].next;
     heap_remove(q, idx);
@@ -208,6 +214,8 @@ llm_status ctl_queue_new(size_t max_keys, ctl_queue **out, llm_error *err)
     for (size_t i = 0; i < q->n_buckets; i++) q->buckets[i] = NONE;
     q->free_head = NONE;
     q->max_keys = max_keys;
+    if (getrandom(&q->seed, sizeof q->seed, GRND_NONBLOCK) != (ssize_t)sizeof q->seed)
+        q->seed = (uint64_t)now_s() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)q; /* (entropy not ready: still varied) */
     *out = q;
     return LLM_OK;
 }

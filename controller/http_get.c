@@ -89,6 +89,7 @@ void http_get_many(const char *const *urls, size_t n, long budget_ms, size_t max
     for (size_t i = 0; i < n; i++) codes[i] = 0, bodies[i] = NULL;
     if (!m || !hs || !bs)
         goto out; /* no memory: nobody answered */
+    curl_multi_setopt(m, CURLMOPT_MAX_TOTAL_CONNECTIONS, 64L); /* the rest wait their turn (within the budget) */
     for (size_t i = 0; i < n; i++) {
         if (!(hs[i] = curl_easy_init()))
             continue;

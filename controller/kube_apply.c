@@ -63,9 +63,13 @@ static int same_scalar(json_t *a, json_t *b, int amounts)
         return 1;
     if (json_is_number(a) && json_is_number(b))
         return json_number_value(a) == json_number_value(b);
-    double x, y; /* the API server writes quantities in its canonical form ("1024Mi" comes back "1Gi") */
-    if (amounts && json_is_string(a) && json_is_string(b) && quantity(json_string_value(a), &x) &&
-        quantity(json_string_value(b), &y))
+    /* the API server writes quantities in its canonical form, as strings ("1024Mi" comes back "1Gi",
+     * cpu: 1 comes back "1") */
+    double x, y;
+    char na[32], nb[32];
+    const char *sa = json_is_number(a) && snprintf(na, sizeof na, "%.17g", json_number_value(a)) > 0 ? na : json_string_value(a);
+    const char *sb = json_is_number(b) && snprintf(nb, sizeof nb, "%.17g", json_number_value(b)) > 0 ? nb : json_string_value(b);
+    if (amounts && sa && sb && quantity(sa, &x) && quantity(sb, &y))
         return fabs(x - y) <= 1e-9 * fmax(fabs(x), fabs(y));
     return 0;
 }
@@ -75,7 +79,9 @@ static int covers(json_t *want, json_t *cur, int amounts);
 /* The merge key of a list item: the field that names it. */
 static const char *item_key(json_t *item)
 {
-    static const char *const keys[] = {"name", "containerPort", "port", "mountPath", "type", "uid"};
+    /* the API server's merge keys: a volumeMount by mountPath (its name is the volume's, and one volume
+     * may be mounted twice), ports by number, the rest by name */
+    static const char *const keys[] = {"mountPath", "containerPort", "port", "name", "type", "uid"};
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
         if (json_object_get(item, keys[i]))
             return keys[i];
@@ -237,7 +243,12 @@ llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_
             *now = json_incref(cur);
     } else {
         *did = cur ? KUBE_UPDATED : KUBE_CREATED;
+        /* the object we judged ours, no other: one deleted and made again by someone else meanwhile has
+         * another uid, and the API server refuses the write */
+        if (cur)
+            json_object_set(json_object_get(want, "metadata"), "uid", get2(cur, "metadata", "uid"));
         st = server_apply(k, path, want, now, err);
+        json_object_del(json_object_get(want, "metadata"), "uid");
     }
     json_decref(read);
     return st;

@@ -104,8 +104,10 @@ double kube_retry_after_header(const char *line, size_t n)
     while (i < n && (line[i] == ' ' || line[i] == '\t')) i++;
     while (i < n && j + 1 < sizeof v && isdigit((unsigned char)line[i])) v[j++] = line[i++];
     v[j] = 0;
-    /* seconds only (the API server sends seconds; an HTTP date is read as none) */
-    return j && j < 7 ? atof(v) : -1;
+    /* seconds only (the API server sends seconds; an HTTP date is read as none), at most a minute: a
+     * proxy's answer must not park a watch for a day */
+    double s = j ? strtod(v, NULL) : -1;
+    return s < 0 ? -1 : s < 60 ? s : 60;
 }
 
 static size_t on_header(char *line, size_t size, size_t n, void *arg)

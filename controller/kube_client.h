@@ -23,19 +23,21 @@ typedef struct kube_client kube_client;
 llm_status kube_client_new(kube_config *cfg, kube_client **out, llm_error *err);
 void kube_client_free(kube_client *k);
 
-/* Each request's whole time (default 60 s; the leader lease's client uses
- * less than its renew deadline). */
+/* Each request's whole time (default 60 s; the leader lease's client arms
+ * each call within its renew deadline). Call it between requests: it waits
+ * for the one in flight. */
 void kube_client_set_timeout(kube_client *k, long timeout_ms);
 /* cancel (borrowed; NULL: none): once set, the request in flight ends
  * within a moment and later ones fail at once (LLM_ERR_CANCELLED) - how a
- * replica that stopped leading stops writing. */
+ * replica that stopped leading stops writing. Set it before first use. */
 void kube_client_set_cancel(kube_client *k, atomic_int *cancel);
 /* The informers' caches (borrowed; NULL: none) that kube_read answers
  * from (kube_apply.h). Set before the client is shared. */
 struct kube_cache_set;
 void kube_client_set_caches(kube_client *k, const struct kube_cache_set *caches);
 const struct kube_cache_set *kube_client_caches(kube_client *k);
-/* The Retry-After of the last answer, in seconds (0: none). */
+/* The Retry-After of this client's last answer, in seconds (0: none; at
+ * most 60). Per client: one client per thread that needs it. */
 double kube_client_retry_after(kube_client *k);
 /* The seconds of a "Retry-After: N" header line (any case), -1 when the
  * line is not one. */

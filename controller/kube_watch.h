@@ -2,8 +2,12 @@
  * informer: the current objects are delivered as SYNC events and SYNCED
  * once all are, then changes as ADDED, MODIFIED, DELETED, resuming from
  * the last resourceVersion seen (bookmarks included) when the stream ends
- * or breaks (with back-off), and
+ * or breaks, and
  * relisting (a RELIST event, then SYNCs) when the server answers 410 Gone.
+ *
+ * A watch or list the server answers 429/5xx, a stream ending in an ERROR
+ * event other than 410, or one closed at once with nothing in it, backs
+ * off: 0.2 s doubling to 30 s, jittered, never sooner than Retry-After.
  *
  * The stream is read through a bounded line assembler (a line over
  * KUBE_WATCH_MAX_LINE bytes is an error, never an unbounded buffer).

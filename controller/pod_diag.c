@@ -44,18 +44,6 @@ static void offer(pod_diag *d, int severity, const char *reason, const char *pod
         snprintf(d->message + n, sizeof d->message - (size_t)n, fmt, x ? x : "", y ? y : "");
 }
 
-/* GET http://ip:port/startupz (1 s budget): llm-server's load phase and
- * detail (any status: a failed load answers 503); NULL when the pod does
- * not answer. */
-static json_t *startupz(const char *ip, long long port)
-{
-    char url[256], *body;
-    snprintf(url, sizeof url, "http://%s:%lld/startupz", ip, port);
-    json_t *j = http_get(NULL, url, 1000, 65536, &body) ? json_loads(body, 0, NULL) : NULL;
-    free(body);
-    return j;
-}
-
 static void scheduling(json_t *pod, const char *name, pod_diag *d)
 {
     json_t *conds = get2(pod, "status", "conditions");
@@ -94,14 +82,10 @@ static void container(json_t *pod, const char *name, pod_diag *d)
     }
 }
 
-/* What llm-server itself says about loading. */
-static void engine(json_t *pod, const char *name, long long port, pod_diag *d)
+/* What llm-server says of its load (/startupz; any status: a failed load
+ * answers 503). */
+static void engine(json_t *st, const char *name, pod_diag *d)
 {
-    const char *ip = str2(pod, "status", "podIP");
-    json_t *cs = json_array_get(get2(pod, "status", "containerStatuses"), 0);
-    if (!ip || !json_object_get(json_object_get(cs, "state"), "running"))
-        return;
-    json_t *st = startupz(ip, port);
     const char *phase = json_string_value(json_object_get(st, "phase"));
     const char *detail = json_string_value(json_object_get(st, "detail"));
     if (phase && detail && !strcmp(phase, "failed")) {
@@ -112,14 +96,44 @@ static void engine(json_t *pod, const char *name, long long port, pod_diag *d)
     } else if (phase && detail && !strcmp(phase, "loading")) {
         offer(d, S_LOADING, "EngineLoading", name, "%s", detail, NULL);
     }
-    json_decref(st);
+}
+
+/* Every running pod's /startupz at once, 1 s for all of them (a sample of
+ * DIAG_PODS: enough to say why), so pods that never answer cost the budget
+ * once. */
+#define DIAG_PODS 64
+static void engines(json_t *items, long long port, pod_diag *d)
+{
+    char urls[DIAG_PODS][128], *bodies[DIAG_PODS];
+    const char *up[DIAG_PODS], *names[DIAG_PODS];
+    long codes[DIAG_PODS];
+    size_t n = 0;
+    for (size_t i = 0; i < json_array_size(items) && n < DIAG_PODS; i++) {
+        json_t *p = json_array_get(items, i);
+        const char *ip = str2(p, "status", "podIP"), *name = str2(p, "metadata", "name");
+        json_t *cs = json_array_get(get2(p, "status", "containerStatuses"), 0);
+        if (!ip || !name || get2(p, "metadata", "deletionTimestamp") || !json_object_get(json_object_get(cs, "state"), "running") ||
+            snprintf(urls[n], sizeof urls[n], "http://%s:%lld/startupz", ip, port) >= (int)sizeof urls[n])
+            continue;
+        up[n] = urls[n];
+        names[n++] = name;
+    }
+    http_get_many(up, n, 1000, 65536, codes, bodies);
+    for (size_t i = 0; i < n; i++) {
+        json_t *st = codes[i] ? json_loads(bodies[i], 0, NULL) : NULL;
+        if (st && d->severity < S_ENGINE)
+            engine(st, names[i], d);
+        json_decref(st);
+        free(bodies[i]);
+    }
 }
 
 void pod_diag_examine(kube_client *k, const char *ns, const char *instance, long long port, pod_diag *out)
 {
     memset(out, 0, sizeof *out);
     char path[768];
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" REC_INSTANCE "%%3D%s", ns, instance);
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" REC_INSTANCE "%%3D%s%%2C" REC_MANAGED_BY
+             "%%3D" REC_CONTROLLER, ns, instance);
     json_t *pods = NULL;
     if (kube_request(k, "GET", path, NULL, NULL, &pods, NULL))
         return;
@@ -131,9 +145,9 @@ void pod_diag_examine(kube_client *k, const char *ns, const char *instance, long
             continue;
         scheduling(p, name, out);
         container(p, name, out);
-        if (out->severity < S_ENGINE)
-            engine(p, name, port, out);
     }
+    if (out->severity < S_ENGINE)
+        engines(items, port, out);
     json_decref(pods);
 }
 

@@ -1,6 +1,6 @@
 /* pod_diag.h - why an LLMDeployment's pods are not all ready, in words a
  * human can act on: read from the pods' own status (scheduler, image pull,
- * restarts) and from llm-server's /startupz on each running pod (load
+ * restarts) and from llm-server's /startupz on the running pods (load
  * progress, or the load error naming the file).
  *
  * Reasons, most serious first: ModelNotFound, ModelChecksumMismatch,
@@ -9,7 +9,9 @@
  * themselves), then Unschedulable, WaitingForGPU, EngineLoading.
  *
  * Ownership: fills a caller-owned struct. Thread-safety: reentrant; it
- * makes one list request and one 1-second HTTP call per running pod. */
+ * makes one list request (pods with the instance and our managed-by
+ * label), then asks up to 64 running pods' /startupz at once, within 1 s
+ * for all of them. */
 #ifndef POD_DIAG_H
 #define POD_DIAG_H
 

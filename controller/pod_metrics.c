@@ -10,7 +10,11 @@
 #include "pod_metrics.h"
 #include "reconcile.h"
 
-#define SCRAPE_MAX (4u << 20)
+/* A pod's page, and all pages of one scrape together: the pods are the
+ * tenant's, and the controller (128 MiB in the chart) holds every answer
+ * of a scrape at once. llm-server's and llm-router's pages are tens of KiB. */
+#define SCRAPE_MAX (512u << 10)
+#define SCRAPE_TOTAL (16u << 20)
 
 static json_t *get2(json_t *o, const char *a, const char *b)
 {
@@ -33,7 +37,8 @@ static int pod_ready(json_t *pod)
 int pm_each_ready_pod(kube_client *k, const char *ns, const char *instance, pm_pod_fn fn, void *ctx)
 {
     char path[768];
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" REC_INSTANCE "%%3D%s", ns, instance);
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" REC_INSTANCE "%%3D%s%%2C" REC_MANAGED_BY
+             "%%3D" REC_CONTROLLER, ns, instance);
     json_t *pods = NULL;
     if (kube_request(k, "GET", path, NULL, NULL, &pods, NULL))
         return 0;
@@ -80,7 +85,8 @@ int pm_scrape_each(kube_client *k, const char *ns, const char *instance, long lo
             snprintf(urls[i], 128, "http://%s:%lld/metrics", s.ip[i], port);
             up[i] = urls[i];
         }
-        http_get_many(up, s.n, SCRAPE_BUDGET_MS, SCRAPE_MAX, codes, bodies);
+        size_t each = s.n && SCRAPE_TOTAL / s.n < SCRAPE_MAX ? SCRAPE_TOTAL / s.n : SCRAPE_MAX;
+        http_get_many(up, s.n, SCRAPE_BUDGET_MS, each, codes, bodies);
         for (size_t i = 0; i < s.n; i++) {
             n += codes[i] == 200 && fn(ctx, bodies[i]);
             free(bodies[i]);

@@ -470,6 +470,8 @@ llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, doubl
     if (!st && c.autoscaled && (*requeue_s == 0 || c.as.interval_s < *requeue_s))
         *requeue_s = c.as.interval_s; /* the autoscaler reads its signal every interval */
 out:
+    if (st == LLM_ERR_NOT_FOUND) /* a 404 past the first read is a failure (an API not served), not "gone" */
+        st = llm_errf(err, LLM_ERR_UNSUPPORTED, "%s", err->msg);
     json_decref(d);
     json_decref(status);
     children_free(&c);

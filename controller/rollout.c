@@ -417,6 +417,12 @@ llm_status ro_plan(kube_client *k, json_t *d, json_t *stable, const char *new_re
     st = kube_read(k, path, &canary, err);
     if (st && st != LLM_ERR_NOT_FOUND) /* a failed read is not "no canary pods": the analysis would judge none */
         return st;
+    const char *uid = str(json_object_get(d, "metadata"), "uid"), *by = kube_controller_uid(canary);
+    if (canary && (!uid || !by || strcmp(uid, by))) { /* e.g. the Deployment of an LLMDeployment named NAME-canary */
+        json_decref(canary);
+        return llm_errf(err, LLM_ERR_EXISTS, "Deployment %s-canary exists and is not this LLMDeployment's (uid %s): "
+                        "rename or delete it", name, uid ? uid : "?");
+    }
     st = LLM_OK;
     const char *srev = str(get2(stable, "metadata", "annotations"), DES_TEMPLATE_ANN);
     snprintf(ro->stable_rev, sizeof ro->stable_rev, "%s", srev ? srev : new_rev);

@@ -103,7 +103,7 @@ while True:
         data = s.recv(4096)
         if not data:
             held.remove(s); s.close(); continue
-        if b"/metrics" in data.split(b"\r\n")[0]:
+        if b"/metrics" in data.split(b"\r\n")[0] or os.environ.get("HANG_ALL"):
             continue  # never answered: the connection is held open
         s.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 '''
@@ -114,11 +114,14 @@ HANG_PODS = """  autoscaling: {enabled: true, minReplicas: 70, maxReplicas: 80, 
 
 def test_pods_whose_metrics_hang(tmp_path, model):  # noqa: F811
     """70 ready pods whose /metrics never answers: each autoscaler turn costs
-    one scrape budget (2 s for all), not 70 s; /healthz stays 200 and
-    another LLMDeployment is served meanwhile."""
+    one scrape budget (2 s for all), not 70 s; then 20 more pods that answer
+    nothing at all (never ready: each reconcile asks their /startupz why) -
+    1 s for all, not 20 s; /healthz stays 200 and another LLMDeployment is
+    served meanwhile."""
     script = tmp_path / "hang.py"
     script.write_text(HANG)
-    with running(tmp_path, model, images={"hang:test": [sys.executable, str(script)]}) as c:
+    hang_all = ["env", "HANG_ALL=1", sys.executable, str(script)]
+    with running(tmp_path, model, images={"hang:test": [sys.executable, str(script)], "hangall:test": hang_all}) as c:
         _, url = c.controller()
         c.apply("hang", replicas=70, image="hang:test", extra=HANG_PODS)
         wait_for(lambda: c.status("hang").get("readyReplicas") == 70, 240)
@@ -133,6 +136,13 @@ def test_pods_whose_metrics_hang(tmp_path, model):  # noqa: F811
         t0 = time.monotonic()
         wait_for(lambda: c.status("other").get("phase") == "Idle", 30)
         assert time.monotonic() - t0 < 15
+        # pods that answer nothing (never ready): each reconcile asks 20 of them why, within 1 s for all
+        c.apply("stuck", replicas=20, image="hangall:test")
+        wait_for(lambda: c.status("stuck").get("phase") in ("Loading", "Pending", "Progressing"), 120)
+        n0 = count("+Inf")
+        wait_for(lambda: count("+Inf") >= n0 + 6, 90)  # the stuck one is looked at every 5 s, the other each second
+        assert count("+Inf") == count("10"), "a reconcile took over 10 s"
+        assert http_code(url + "/healthz") == 200
 
 
 def test_created_and_deleted_leave_the_queue(cluster):  # noqa: F811

@@ -703,6 +703,11 @@ class Handler(BaseHTTPRequestHandler):
                 if e.code != 404:
                     raise
                 cur = None
+            want_uid = md.get("uid")
+            if want_uid and (cur is None or cur["metadata"].get("uid") != want_uid):
+                # a uid in the body is a precondition, as the API server's object meta check makes it
+                raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {want_uid}, UID in "
+                               f"object meta: {(cur or {}).get('metadata', {}).get('uid')}")
             new = ssa.apply(cur, applied, manager, force)
             new["metadata"]["name"] = name
             new.setdefault("kind", r.kind)
