@@ -16,7 +16,9 @@ CHART = ROOT / "charts" / "llm-operator"
 SHIPPED = sorted([*ROOT.glob("manifests/**/*.yaml"), *CHART.glob("crds/*.yaml"), CHART / "values.yaml",
                   CHART / "Chart.yaml"])
 # shared libraries the base images carry (glibc, the compiler's runtime; CUDA's own in nvidia/cuda runtime)
-BASE = re.compile(r"^(libc|libm|libpthread|libdl|librt|ld-linux-x86-64|libgcc_s|libstdc\+\+)\.so|^libcublas(Lt)?\.so")
+# (and the sanitizers' runtimes, in make asan/tsan's builds: never shipped)
+BASE = re.compile(r"^(libc|libm|libpthread|libdl|librt|ld-linux-x86-64|libgcc_s|libstdc\+\+)\.so|^libcublas(Lt)?\.so"
+                  r"|^lib(a|ub|t|l)san\.so")
 NOT_DPKG = {"libnccl.so.2": "libnccl2"}  # NVIDIA's apt repository: not installed through dpkg here
 
 
