@@ -249,6 +249,8 @@ llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_
             json_object_set(json_object_get(want, "metadata"), "uid", get2(cur, "metadata", "uid"));
         st = server_apply(k, path, want, now, err);
         json_object_del(json_object_get(want, "metadata"), "uid");
+        if (st == LLM_ERR_INVALID_ARG && err && strstr(err->msg, "metadata.uid")) /* (422: the API server's words) */
+            st = llm_errf(err, LLM_ERR_CONFLICT, "%s: the object was replaced meanwhile; looking again", path);
     }
     json_decref(read);
     return st;

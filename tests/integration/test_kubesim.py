@@ -746,6 +746,10 @@ def test_apply_validation_and_server_side_apply(kubectl):
             stdin="apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ssa\ndata:\n  x: \"2\"\n")
     data = json.loads(kubectl("get", "cm", "ssa", "-o", "json").stdout)["data"]
     assert data["x"] == "2" and data.get("k") == "keep"  # k is still kubectl's
+    # a uid in the body must be the object's: another is refused as the API server refuses it (422)
+    r = kubectl("apply", "--server-side", "-f", "-", check=False,
+                stdin="apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ssa\n  uid: 00000000-0000-0000-0000-000000000000\n")
+    assert r.returncode and "metadata.uid" in r.stderr and "field is immutable" in r.stderr, r.stderr
 
 
 SSA_DEP = """apiVersion: apps/v1

@@ -705,9 +705,10 @@ class Handler(BaseHTTPRequestHandler):
                 cur = None
             want_uid = md.get("uid")
             if want_uid and (cur is None or cur["metadata"].get("uid") != want_uid):
-                # a uid in the body is a precondition, as the API server's object meta check makes it
-                raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {want_uid}, UID in "
-                               f"object meta: {(cur or {}).get('metadata', {}).get('uid')}")
+                # a uid in the body acts as a precondition: the API server refuses to change it (422, its
+                # object meta validation: kubernetes/kubernetes#127625 shows the words)
+                raise ApiError(422, "Invalid", f'{r.kind} "{name}" is invalid: metadata.uid: Invalid value: '
+                               f'"{want_uid}": field is immutable')
             new = ssa.apply(cur, applied, manager, force)
             new["metadata"]["name"] = name
             new.setdefault("kind", r.kind)
