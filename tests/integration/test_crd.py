@@ -90,3 +90,37 @@ def test_cel_rules_accept_what_the_controller_runs(k):
         assert (r.returncode == 0) == good, (name, r.stderr)
         if not good:
             assert "at most 47 characters" in r.stderr or "DNS-1035 label" in r.stderr, r.stderr
+
+
+def test_crd_upgrade_path(kubectl, tmp_path):  # noqa: F811
+    """Helm installs crds/ once and never upgrades them; the README's path is
+    `kubectl apply --server-side --force-conflicts -f` the new CRD. From an
+    older CRD (made here by taking this one's newer parts out) with objects
+    in it: the new one takes over (its columns, fields and rules), the
+    objects stay as they were, and the new fields are kept, not pruned."""
+    import yaml
+    crd = yaml.safe_load(CRD.read_text())
+    old = json.loads(json.dumps(crd))
+    ver = old["spec"]["versions"][0]
+    schema = ver["schema"]["openAPIV3Schema"]
+    schema.pop("x-kubernetes-validations", None)
+    del schema["properties"]["spec"]["properties"]["router"]["properties"]["resources"]
+    ver["additionalPrinterColumns"] = [c for c in ver["additionalPrinterColumns"] if c["name"] != "Pods"]
+    path = tmp_path / "old-crd.yaml"
+    path.write_text(yaml.safe_dump(old))
+    kubectl("create", "-f", str(path))  # as helm install creates it
+    kubectl("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
+    kubectl("apply", "-f", "-", stdin=BASE.replace("bad", "before").format(
+        "  model: {path: /m/x.gguf}\n  router: {enabled: true, resources: {limits: {memory: 1Gi}}}\n"))
+    assert "resources" not in json.loads(kubectl("get", "llmd", "before", "-o", "json").stdout)["spec"]["router"]  # pruned
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kubectl("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
+    assert "PODS" in kubectl("get", "llmd").stdout.splitlines()[0].split()
+    before = json.loads(kubectl("get", "llmd", "before", "-o", "json").stdout)
+    assert before["spec"]["model"]["path"] == "/m/x.gguf" and before["spec"]["router"]["enabled"] is True
+    kubectl("apply", "-f", "-", stdin=BASE.replace("bad", "after").format(
+        "  model: {path: /m/x.gguf}\n  router: {enabled: true, resources: {limits: {memory: 1Gi}}}\n"))
+    after = json.loads(kubectl("get", "llmd", "after", "-o", "json").stdout)
+    assert after["spec"]["router"]["resources"] == {"limits": {"memory": "1Gi"}}
+    r = kubectl("apply", "-f", "-", check=False, stdin=BASE.replace("bad", "x" * 48).format("  model: {path: /m/x.gguf}\n"))
+    assert r.returncode and "at most 47 characters" in r.stderr  # the new rules hold

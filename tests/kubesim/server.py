@@ -716,10 +716,15 @@ class Handler(BaseHTTPRequestHandler):
             self.validate(r, new)
             try:
                 if cur is None:
-                    return self.send_json(201, self.api.store.create(r.key, ns, new))
-                new["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
-                return self.send_json(200, self.api.store.update(r.key, ns, name, new, None,
-                                                                 "status" in r.subresources))
+                    if r.plural == "customresourcedefinitions":
+                        new["status"] = crd_status(new)
+                    out, code = self.api.store.create(r.key, ns, new), 201
+                else:
+                    new["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+                    out, code = self.api.store.update(r.key, ns, name, new, None, "status" in r.subresources), 200
+                if r.plural == "customresourcedefinitions":  # its schema, columns and rules serve at once
+                    self.api.crd_changed(out)
+                return self.send_json(code, out)
             except ApiError as e:
                 if e.code != 409 or "Conflict" != e.reason:
                     raise
