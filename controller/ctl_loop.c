@@ -245,8 +245,12 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, l
         ctl_queue_activate(c.q, 1);
     if (!st)
         st = kube_client_new(cfg, &k, err);
-    if (!st)
+    if (!st) {
         kube_client_set_cancel(k, &c.cancel);
+        /* the heartbeat moves with every request the worker completes, not only between reconciles */
+        kube_client_set_progress(k, ctl_obs_heartbeat);
+        kube_client_set_timeout(k, 30000);
+    }
 #define OWNED "?labelSelector=" REC_MANAGED_BY "%3D" REC_CONTROLLER
     static const struct { const char *prefix, *plural; } watched[] = {
         {"/apis/llmk8s.io/v1alpha1", "llmdeployments"}, {"/apis/apps/v1", "deployments"}, {"/api/v1", "services"},

@@ -40,7 +40,7 @@ void ctl_obs_set_leader(int leader);
 /* Readiness: n informers must have listed; informer i (0..n-1) has. */
 void ctl_obs_expect_informers(int n);
 void ctl_obs_set_synced(int informer, int synced);
-void ctl_obs_heartbeat(void);                       /* the worker came round its loop */
+void ctl_obs_heartbeat(void);                       /* the worker moved: came round its loop, finished a call */
 
 /* The exposition text (malloc'd; the caller frees it); NULL without memory. */
 char *ctl_obs_render(void);

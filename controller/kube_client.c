@@ -19,6 +19,7 @@ struct kube_client {
     atomic_int *cancel;     /* set: requests in flight end at once, new ones fail */
     double retry_after_s;   /* the last answer's Retry-After (0 none) */
     const struct kube_cache_set *caches; /* set once, before sharing: read without the lock */
+    void (*progress)(void);
 };
 
 static const char *const method_names[KUBE_N_METHODS] = {"GET", "POST", "PUT", "PATCH", "DELETE"};
@@ -74,6 +75,11 @@ void kube_client_set_cancel(kube_client *k, atomic_int *cancel)
     pthread_mutex_lock(&k->mu);
     k->cancel = cancel;
     pthread_mutex_unlock(&k->mu);
+}
+
+void kube_client_set_progress(kube_client *k, void (*fn)(void))
+{
+    k->progress = fn;
 }
 
 void kube_client_set_caches(kube_client *k, const struct kube_cache_set *caches)
@@ -224,6 +230,8 @@ llm_status kube_request(kube_client *k, const char *method, const char *path, js
     pthread_mutex_lock(&k->mu);
     llm_status st = perform(k, method, url, text, content_type, &b, &code, err);
     pthread_mutex_unlock(&k->mu);
+    if (k->progress)
+        k->progress();
     count(method, st ? 0 : code);
     free(text);
     if (!st && (code < 200 || code > 299))

@@ -36,6 +36,11 @@ void kube_client_set_cancel(kube_client *k, atomic_int *cancel);
 struct kube_cache_set;
 void kube_client_set_caches(kube_client *k, const struct kube_cache_set *caches);
 const struct kube_cache_set *kube_client_caches(kube_client *k);
+/* fn (NULL: none) is called after each request this client completes,
+ * answered or not: the controller's worker ticks its heartbeat with it, so
+ * /healthz says the loop moves, however long one reconcile takes. Set it
+ * before first use. */
+void kube_client_set_progress(kube_client *k, void (*fn)(void));
 /* The Retry-After of this client's last answer, in seconds (0: none; at
  * most 60). Per client: one client per thread that needs it. */
 double kube_client_retry_after(kube_client *k);

@@ -9,6 +9,7 @@
 #include "desired.h"
 #include "http_get.h"
 #include "kube_apply.h"
+#include "ctl_obs.h"
 #include "kube_event.h"
 #include "pod_diag.h"
 #include "pod_metrics.h"
@@ -97,6 +98,7 @@ static int ask_pod(void *arg, const char *ip)
     char url[300], *resp = NULL;
     snprintf(url, sizeof url, "http://%s:%lld/admin/canary", ip, des_server_port(c->d));
     long code = http_request(NULL, url, c->token, c->body, 3000, 1 << 16, &resp);
+    ctl_obs_heartbeat(); /* pod by pod: the loop moves */
     json_t *j = resp ? json_loads(resp, 0, NULL) : NULL;
     const char *state = str(j, "state"), *msg = str(j, "message");
     c->pods++;
