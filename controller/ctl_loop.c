@@ -255,7 +255,8 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, l
     static const struct { const char *prefix, *plural; } watched[] = {
         {"/apis/llmk8s.io/v1alpha1", "llmdeployments"}, {"/apis/apps/v1", "deployments"}, {"/api/v1", "services"},
         {"/api/v1", "configmaps"}, {"/apis/policy/v1", "poddisruptionbudgets"},
-        {"/apis/autoscaling/v2", "horizontalpodautoscalers"}};
+        {"/apis/autoscaling/v2", "horizontalpodautoscalers"}, {"/api/v1", "serviceaccounts"},
+        {"/apis/rbac.authorization.k8s.io/v1", "roles"}, {"/apis/rbac.authorization.k8s.io/v1", "rolebindings"}};
     enum { N_INFORMERS = sizeof watched / sizeof *watched };
     informer in[N_INFORMERS];
     kube_cache_set caches = {.n = 0};

@@ -108,3 +108,21 @@ def test_one_namespace_and_a_long_model_path(cluster):  # noqa: F811
     assert cm["data"]["config.yaml"].rstrip().endswith("drain_timeout_s: 30")
     wait_for(lambda: json.loads(c.k("-n", "team-a", "get", "llmd", "s", "-o", "json").stdout).get("status"), 30)
     assert c.get("deployment", "s") is None and not (c.get("llmd", "s") or {}).get("status")  # default: not ours
+
+
+def test_router_children_at_rest(cluster):  # noqa: F811
+    """With spec.router the router's Deployment, Services, ServiceAccount,
+    Role and RoleBinding are read from the informers' caches too: a
+    reconcile at rest asks the API server nothing."""
+    c = cluster
+    _, url = c.controller()
+    c.apply(replicas=0, extra="  router: {enabled: true, image: llm-router:test, replicas: 1}\n")
+    wait_for(lambda: c.get("rolebinding", "story-router") is not None and c.status().get("phase") == "Idle", 60)
+
+    def reconciles():
+        return metrics(url)[("llm_controller_reconciles_total", (("result", "success"),))]
+    for poke in ("1", "2"):  # the first flushes what creating them left queued
+        a0, r0 = api_requests(url), reconciles()
+        c.k("annotate", "llmd", "story", f"example.com/poke={poke}", "--overwrite")
+        wait_for(lambda: reconciles() > r0, 30)
+    assert api_requests(url) == a0, f"{api_requests(url) - a0} API requests for a reconcile at rest"
