@@ -99,7 +99,8 @@ $(BUILD)/bin/%: tools/%.c $(LIB)
 $(BUILD)/tests/test_autoscale: $(BUILD)/controller/autoscale.o
 $(BUILD)/tests/test_canary: $(BUILD)/controller/canary.o
 $(BUILD)/tests/test_ctl_queue: $(BUILD)/controller/ctl_queue.o
-$(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue: $(BUILD)/tests/test_%: tests/unit/test_%.c $(LIB)
+$(BUILD)/tests/test_kube_cache: $(BUILD)/controller/kube_cache.o
+$(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache: $(BUILD)/tests/test_%: tests/unit/test_%.c $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(BUILD)/controller/$*.o $(LIB) -lcmocka -lcurl -ljansson $(LDLIBS) -o $@
