@@ -51,10 +51,10 @@ $(FUZZ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) $(w
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) -ljansson -lm -lpthread -o $@
 
-$(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c controller/desired.c controller/canary.c engine/status.c $(wildcard controller/*.h)
+$(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c controller/desired.c controller/canary.c engine/status.c engine/strbuf.c $(wildcard controller/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
-	@clang $(FUZZ_CFLAGS) -Icontroller tests/fuzz/fuzz_llmd.c controller/desired.c controller/canary.c engine/status.c -lm -ljansson -lcrypto -o $@
+	@clang $(FUZZ_CFLAGS) -Icontroller tests/fuzz/fuzz_llmd.c controller/desired.c controller/canary.c engine/status.c engine/strbuf.c -lm -ljansson -lcrypto -o $@
 
 TENANT_SRC = server/srv_keys.c server/srv_api.c server/http_guard.c engine/chat.c engine/strbuf.c engine/sampler.c
 
