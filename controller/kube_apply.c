@@ -28,13 +28,19 @@ static int same_hash(json_t *cur, const char *hash)
     return have && !strcmp(have, hash);
 }
 
-const char *kube_controller_uid(json_t *o)
+/* o's controlling ownerReference (the API server allows one), or NULL. */
+static json_t *controller_ref(json_t *o)
 {
     json_t *refs = get2(o, "metadata", "ownerReferences");
     for (size_t i = 0; i < json_array_size(refs); i++)
         if (json_is_true(json_object_get(json_array_get(refs, i), "controller")))
-            return json_string_value(json_object_get(json_array_get(refs, i), "uid"));
+            return json_array_get(refs, i);
     return NULL;
+}
+
+const char *kube_controller_uid(json_t *o)
+{
+    return json_string_value(json_object_get(controller_ref(o), "uid"));
 }
 
 /* ---- kube_covers --------------------------------------------------------------- */
@@ -138,11 +144,7 @@ int kube_covers(json_t *want, json_t *cur)
 /* The error for an object with a child's name that is not ours: whose it is. */
 static llm_status foreign(json_t *cur, json_t *want, const char *uid, llm_error *err)
 {
-    json_t *refs = get2(cur, "metadata", "ownerReferences"), *by = NULL;
-    for (size_t i = 0; i < json_array_size(refs); i++)
-        if (json_is_true(json_object_get(json_array_get(refs, i), "controller")))
-            by = json_array_get(refs, i);
-    json_t *mf = get2(cur, "metadata", "managedFields");
+    json_t *by = controller_ref(cur), *mf = get2(cur, "metadata", "managedFields");
     const char *writer = json_string_value(json_object_get(json_array_get(mf, 0), "manager"));
     char whose[400];
     if (by)
@@ -190,30 +192,26 @@ static int parse_path(const char *path, char *ns, char *plural, char *name, size
     return 0;
 }
 
-/* The informers' view of path: HIT (*out set), ABSENT, or UNKNOWN. */
-static kube_cached cached(kube_client *k, const char *path, json_t **out)
+/* The informers' view of path: HIT (*out set), ABSENT, or UNKNOWN;
+ * *complete (may be NULL): whether that cache sees every object. */
+static kube_cached cached(kube_client *k, const char *path, json_t **out, int *complete)
 {
     char ns[256], plural[256], name[256];
     kube_cache *c = parse_path(path, ns, plural, name, sizeof ns) ? NULL
                     : kube_cache_find(kube_client_caches(k), plural);
     *out = NULL;
+    if (complete)
+        *complete = c && kube_cache_is_complete(c);
     return c ? kube_cache_get(c, ns, name, out) : KUBE_CACHE_UNKNOWN;
-}
-
-static int cache_complete(kube_client *k, const char *path)
-{
-    char ns[256], plural[256], name[256];
-    kube_cache *c = parse_path(path, ns, plural, name, sizeof ns) ? NULL
-                    : kube_cache_find(kube_client_caches(k), plural);
-    return c && kube_cache_is_complete(c);
 }
 
 llm_status kube_read(kube_client *k, const char *path, json_t **out, llm_error *err)
 {
-    kube_cached r = cached(k, path, out);
+    int complete;
+    kube_cached r = cached(k, path, out, &complete);
     if (r == KUBE_CACHE_HIT)
         return LLM_OK;
-    if (r == KUBE_CACHE_ABSENT && cache_complete(k, path))
+    if (r == KUBE_CACHE_ABSENT && complete)
         return llm_errf(err, LLM_ERR_NOT_FOUND, "%s: not there", path);
     return kube_request(k, "GET", path, NULL, NULL, out, err); /* not cached, not listed yet, or maybe not ours */
 }
@@ -264,7 +262,7 @@ llm_status kube_apply(kube_client *k, const char *coll, json_t *want, kube_appli
 llm_status kube_remove_ours(kube_client *k, const char *path, const char *owner_uid, llm_error *err)
 {
     json_t *cur = NULL;
-    kube_cached r = cached(k, path, &cur);
+    kube_cached r = cached(k, path, &cur, NULL);
     if (r == KUBE_CACHE_ABSENT) /* ours carry the managed-by label: even an ours-only cache knows them all */
         return LLM_OK;
     llm_status st = r == KUBE_CACHE_HIT ? LLM_OK : kube_request(k, "GET", path, NULL, NULL, &cur, err);
