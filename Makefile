@@ -33,8 +33,8 @@ SERVER_SRC = server/http_guard.c server/srv_keys.c server/srv_main.c server/srv_
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 CONTROLLER_SRC = controller/ctl_main.c controller/kube_config.c controller/kube_client.c controller/kube_watch.c \
                  controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
-                 controller/desired.c controller/pod_diag.c controller/kube_event.c controller/autoscale.c controller/pod_metrics.c controller/http_get.c \
-                 controller/canary.c controller/kube_apply.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c controller/kube_cache.c
+                 controller/desired.c controller/pod_diag.c controller/kube_event.c controller/autoscale.c controller/podsig.c controller/plan.c controller/http_get.c \
+                 controller/canary.c controller/kube_apply.c controller/kube_meta.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c controller/kube_cache.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_proxy.c
 # what the router shares with the controller: the API client and watch, the Prometheus text reader, pod GETs
@@ -106,12 +106,21 @@ $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl
 	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(BUILD)/controller/$*.o $(LIB) -lcmocka -lcurl -ljansson $(LDLIBS) -o $@
 
 # kube_covers (kube_apply links the API client and the desired-state builder).
-KUBE_APPLY_DEPS = $(BUILD)/controller/kube_apply.o $(BUILD)/controller/kube_cache.o $(BUILD)/controller/kube_client.o \
+KUBE_APPLY_DEPS = $(BUILD)/controller/kube_apply.o $(BUILD)/controller/kube_meta.o $(BUILD)/controller/kube_cache.o $(BUILD)/controller/kube_client.o \
                   $(BUILD)/controller/kube_config.o $(BUILD)/controller/desired.o $(BUILD)/controller/http_get.o
 $(BUILD)/tests/test_kube_apply: tests/unit/test_kube_apply.c tests/unit/testutil.h $(KUBE_APPLY_DEPS) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(KUBE_APPLY_DEPS) $(LIB) -lcmocka -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+
+# The planner: pure, it links the decision modules alone (no API client, no HTTP).
+PLAN_DEPS = $(BUILD)/controller/plan.o $(BUILD)/controller/rollout.o $(BUILD)/controller/canary.o \
+            $(BUILD)/controller/autoscale.o $(BUILD)/controller/pod_diag.o $(BUILD)/controller/desired.o \
+            $(BUILD)/controller/kube_meta.o
+$(BUILD)/tests/test_plan: tests/unit/test_plan.c tests/unit/testutil.h $(PLAN_DEPS) $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(PLAN_DEPS) $(LIB) -lcmocka -ljansson -lcrypto $(LDLIBS) -o $@
 
 # llm-server's keys; the guard's token helpers (http_guard links civetweb).
 $(BUILD)/tests/test_srv_keys: $(BUILD)/server/srv_keys.o

@@ -13,6 +13,7 @@
 #include "ctl_queue.h"
 #include "kube_cache.h"
 #include "kube_watch.h"
+#include "podsig.h"
 #include "reconcile.h"
 
 /* Watches last this long before they are renewed (a stop is noticed within
@@ -57,6 +58,7 @@ typedef struct ctl {
     atomic_int lost;
     int led;             /* this replica led once (lease thread only) */
     kube_cache *owners;  /* the LLMDeployments' cache */
+    podsig *signals;     /* the pods' signals, read off the worker's path */
 } ctl;
 
 typedef struct informer {
@@ -133,8 +135,10 @@ static int on_event(void *arg, const char *type, json_t *obj)
         snprintf(key, sizeof key, "%s/%s", ns, json_string_value(json_object_get(md, "name")));
         llm_error err = {0};
         int skipped = 0;
-        if (!strcmp(type, "DELETED")) /* its children go with it (ownerReferences): nothing left to do */
+        if (!strcmp(type, "DELETED")) { /* its children go with it (ownerReferences): nothing left to do */
             ctl_queue_forget(in->c->q, key);
+            podsig_forget(in->c->signals, key);
+        }
         else if (ctl_queue_add_changed(in->c->q, key, fingerprint(obj), &skipped, &err))
             ctl_log(CTL_ERROR, "cannot queue a reconcile", "key", key, "error", err.msg, (const char *)NULL);
         else if (skipped && strcmp(type, "MODIFIED")) /* ADDED, SYNC (a relist): looked at, whatever it was */
@@ -211,7 +215,7 @@ static void work(ctl *c, kube_client *k)
         *name++ = 0;
         llm_error err = {0};
         double t0 = now_s(), again = 0;
-        llm_status st = rec_reconcile(k, ns, name, &again, &err);
+        llm_status st = rec_reconcile(k, c->signals, ns, name, &again, &err);
         double took = now_s() - t0;
         int gone = st == LLM_ERR_NOT_FOUND; /* deleted: nothing more to do, nothing to remember */
         if (gone)
@@ -273,6 +277,7 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, l
     if (!st) {
         kube_client_set_caches(k, &caches);
         c.owners = in[0].cache;
+        st = podsig_new(cfg, opt->ns, ctl_obs_heartbeat_signals, &c.signals, err);
     }
     ctl_obs_expect_informers(N_INFORMERS);
     pthread_t th[N_INFORMERS];
@@ -295,6 +300,7 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, l
     if (c.q)
         ctl_queue_wake(c.q);
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    podsig_free(c.signals);
     kube_client_free(k);
     ctl_queue_free(c.q);
     for (int i = 0; i < caches.n; i++) kube_cache_free(caches.caches[i]);

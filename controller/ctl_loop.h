@@ -2,6 +2,8 @@
  * on the Deployments it manages feed a de-duplicating work queue of
  * namespace/name keys; one worker reconciles them (reconcile.h), retrying
  * failures with per-key exponential back-off (0.2 s doubling to 30 s).
+ * A thread of its own reads the pods for the reconciles (podsig.h), so
+ * no reconcile waits for a pod.
  *
  * With leader election on, the informers run on every replica (so a new
  * leader starts with every key known) but the worker only reconciles

@@ -27,6 +27,7 @@ static struct {
     int leader;
     unsigned synced, expected; /* bit per informer */
     double heartbeat; /* monotonic seconds; 0 before the worker starts */
+    double signals_beat; /* the pod signals' thread; 0 before it starts */
     struct mg_context *mg;
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -129,6 +130,14 @@ void ctl_obs_heartbeat(void)
     pthread_mutex_unlock(&g.mu);
 }
 
+void ctl_obs_heartbeat_signals(void)
+{
+    double t = mono_s();
+    pthread_mutex_lock(&g.mu);
+    g.signals_beat = t;
+    pthread_mutex_unlock(&g.mu);
+}
+
 /* ---- exposition ---------------------------------------------------------------- */
 
 char *ctl_obs_render(void)
@@ -162,6 +171,14 @@ char *ctl_obs_render(void)
         g.counters[CTL_M_RELISTS]);
     llm_strbuf_printf(&b, "# HELP llm_controller_events_total Kubernetes Events posted.\n"
             "# TYPE llm_controller_events_total counter\nllm_controller_events_total %llu\n", g.counters[CTL_M_EVENTS]);
+    llm_strbuf_printf(&b, "# HELP llm_controller_pod_signal_rounds_total Rounds of reading the pods' /metrics and "
+                          "/startupz (off the reconciles' path).\n# TYPE llm_controller_pod_signal_rounds_total counter\n"
+                          "llm_controller_pod_signal_rounds_total %llu\n", g.counters[CTL_M_SIGNAL_ROUNDS]);
+    llm_strbuf_printf(&b, "# HELP llm_controller_pod_pages_total Pod pages those rounds asked for, by whether they "
+                          "answered in time.\n# TYPE llm_controller_pod_pages_total counter\n"
+                          "llm_controller_pod_pages_total{result=\"answered\"} %llu\n"
+                          "llm_controller_pod_pages_total{result=\"unanswered\"} %llu\n",
+                      g.counters[CTL_M_PAGES_ANSWERED], g.counters[CTL_M_PAGES_UNANSWERED]);
     llm_strbuf_printf(&b, "# HELP llm_controller_api_requests_total Requests to the Kubernetes API server (watch streams "
                           "aside), by method and status class.\n# TYPE llm_controller_api_requests_total counter\n");
     for (int m = 0; m < KUBE_N_METHODS; m++)
@@ -187,9 +204,12 @@ static int on_healthz(struct mg_connection *c, void *arg)
 {
     (void)arg;
     pthread_mutex_lock(&g.mu);
-    int ok = g.heartbeat == 0 || mono_s() - g.heartbeat < STUCK_S;
+    double t = mono_s();
+    int worker = g.heartbeat == 0 || t - g.heartbeat < STUCK_S;
+    int signals = g.signals_beat == 0 || t - g.signals_beat < STUCK_S;
     pthread_mutex_unlock(&g.mu);
-    return reply(c, ok ? 200 : 503, "text/plain", ok ? "ok\n" : "worker stuck for over 60 s\n");
+    return reply(c, worker && signals ? 200 : 503, "text/plain",
+                 !worker ? "worker stuck for over 60 s\n" : !signals ? "pod signals' thread stuck for over 60 s\n" : "ok\n");
 }
 
 static int on_readyz(struct mg_connection *c, void *arg)

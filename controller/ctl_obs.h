@@ -4,9 +4,11 @@
  * /metrics) on a civetweb server.
  *
  * Metrics: llm_controller_reconciles_total{result}, the reconcile latency
- * histogram, queue depth, watch relists, events posted, leader (0/1).
- * /healthz fails when the worker has not come round its loop for 60 s
- * (stuck on something); /readyz when the informers have not listed yet.
+ * histogram, queue depth, watch relists, events posted, leader (0/1), the
+ * pod signals' rounds and pages {result="answered"|"unanswered"}.
+ * /healthz fails when the worker or the pod signals' thread has not come
+ * round its loop for 60 s (stuck on something): each call the worker makes
+ * is bounded (30 s), so a long reconcile of many calls is not "stuck"; /readyz when the informers have not listed yet.
  *
  * Ownership: one process-wide state (ctl_obs_*), started with
  * ctl_obs_http_start and stopped with ctl_obs_http_stop. Thread-safety:
@@ -29,6 +31,9 @@ typedef enum ctl_counter {
     CTL_M_RECONCILE_ERR,
     CTL_M_RELISTS,
     CTL_M_EVENTS,
+    CTL_M_SIGNAL_ROUNDS,     /* the pod signals' rounds (podsig.h) */
+    CTL_M_PAGES_ANSWERED,    /* pod pages they read, answered */
+    CTL_M_PAGES_UNANSWERED,  /* ... and not (timed out, refused, too big) */
     CTL_M_COUNTERS
 } ctl_counter;
 
@@ -41,6 +46,7 @@ void ctl_obs_set_leader(int leader);
 void ctl_obs_expect_informers(int n);
 void ctl_obs_set_synced(int informer, int synced);
 void ctl_obs_heartbeat(void);                       /* the worker moved: came round its loop, finished a call */
+void ctl_obs_heartbeat_signals(void);               /* the pod signals' thread came round (podsig.h) */
 
 /* The exposition text (malloc'd; the caller frees it); NULL without memory. */
 char *ctl_obs_render(void);

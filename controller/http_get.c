@@ -1,4 +1,5 @@
 /* http_get.c - a bounded GET or JSON POST; see http_get.h. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -83,23 +84,62 @@ static long long now_ms(void)
 
 void http_get_many(const char *const *urls, size_t n, long budget_ms, size_t max, long *codes, char **bodies)
 {
+    http_many(urls, n, NULL, NULL, budget_ms, max, codes, bodies);
+}
+
+/* One transfer of a multi request: the url, the bearer and a JSON body. */
+static CURL *many_handle(const char *url, struct curl_slist *hdr, const char *json, long budget_ms, http_body *b, size_t i)
+{
+    CURL *h = curl_easy_init();
+    if (!h)
+        return NULL;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, budget_ms);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, http_body_write);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, b);
+    curl_easy_setopt(h, CURLOPT_PRIVATE, (void *)(uintptr_t)i); /* its index, when it is done */
+    if (hdr)
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+    if (json)
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, json);
+    return h;
+}
+
+/* The headers every transfer shares: the bearer, the JSON content type.
+ * NULL also when there are none. */
+static struct curl_slist *many_headers(const char *bearer, const char *json, int *ok)
+{
+    struct curl_slist *hdr = NULL, *t;
+    char auth[600];
+    *ok = 1;
+    if (bearer && (snprintf(auth, sizeof auth, "Authorization: Bearer %s", bearer) >= (int)sizeof auth ||
+                   !(hdr = curl_slist_append(hdr, auth))))
+        *ok = 0;
+    if (*ok && json) {
+        if ((t = curl_slist_append(hdr, "Content-Type: application/json")))
+            hdr = t;
+        else
+            *ok = 0;
+    }
+    return hdr;
+}
+
+void http_many(const char *const *urls, size_t n, const char *bearer, const char *json, long budget_ms, size_t max,
+               long *codes, char **bodies)
+{
     CURLM *m = curl_multi_init();
     CURL **hs = calloc(n ? n : 1, sizeof *hs);
     http_body *bs = calloc(n ? n : 1, sizeof *bs);
+    int hdr_ok = 0;
+    struct curl_slist *hdr = many_headers(bearer, json, &hdr_ok);
     for (size_t i = 0; i < n; i++) codes[i] = 0, bodies[i] = NULL;
-    if (!m || !hs || !bs)
+    if (!m || !hs || !bs || !hdr_ok)
         goto out; /* no memory: nobody answered */
     curl_multi_setopt(m, CURLMOPT_MAX_TOTAL_CONNECTIONS, 64L); /* the rest wait their turn (within the budget) */
     for (size_t i = 0; i < n; i++) {
-        if (!(hs[i] = curl_easy_init()))
-            continue;
         bs[i].max = max;
-        curl_easy_setopt(hs[i], CURLOPT_URL, urls[i]);
-        curl_easy_setopt(hs[i], CURLOPT_TIMEOUT_MS, budget_ms);
-        curl_easy_setopt(hs[i], CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(hs[i], CURLOPT_WRITEFUNCTION, http_body_write);
-        curl_easy_setopt(hs[i], CURLOPT_WRITEDATA, &bs[i]);
-        if (curl_multi_add_handle(m, hs[i]) != CURLM_OK) {
+        if ((hs[i] = many_handle(urls[i], hdr, json, budget_ms, &bs[i], i)) && curl_multi_add_handle(m, hs[i]) != CURLM_OK) {
             curl_easy_cleanup(hs[i]);
             hs[i] = NULL;
         }
@@ -115,11 +155,12 @@ void http_get_many(const char *const *urls, size_t n, long budget_ms, size_t max
     }
     CURLMsg *msg;
     int queued;
-    while ((msg = curl_multi_info_read(m, &queued)))
-        if (msg->msg == CURLMSG_DONE && msg->data.result == CURLE_OK)
-            for (size_t i = 0; i < n; i++)
-                if (hs[i] == msg->easy_handle)
-                    curl_easy_getinfo(hs[i], CURLINFO_RESPONSE_CODE, &codes[i]);
+    while ((msg = curl_multi_info_read(m, &queued))) {
+        void *priv = NULL;
+        if (msg->msg == CURLMSG_DONE && msg->data.result == CURLE_OK &&
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&priv) == CURLE_OK && (uintptr_t)priv < n)
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &codes[(uintptr_t)priv]);
+    }
     for (size_t i = 0; i < n; i++) {
         if (codes[i] && !(bodies[i] = bs[i].p ? bs[i].p : calloc(1, 1)))
             codes[i] = 0;
@@ -132,6 +173,7 @@ out:
             curl_multi_remove_handle(m, hs[i]);
             curl_easy_cleanup(hs[i]);
         }
+    curl_slist_free_all(hdr);
     free(hs);
     free(bs);
     if (m)

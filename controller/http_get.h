@@ -37,5 +37,10 @@ long http_request(CURL *h, const char *url, const char *bearer, const char *json
  * did not answer in time or its body exceeded max bytes; bodies[i]: the
  * body (malloc'd, the caller frees) or NULL. */
 void http_get_many(const char *const *urls, size_t n, long budget_ms, size_t max, long *codes, char **bodies);
+/* The same with a bearer token (may be NULL) and, when json is not NULL, as
+ * POSTs of that body: the controller driving every pod's /admin/canary at
+ * once. */
+void http_many(const char *const *urls, size_t n, const char *bearer, const char *json, long budget_ms, size_t max,
+               long *codes, char **bodies);
 
 #endif

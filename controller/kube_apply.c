@@ -6,6 +6,7 @@
 
 #include "desired.h"
 #include "kube_apply.h"
+#include "kube_meta.h"
 #include "kube_cache.h"
 
 static json_t *get2(json_t *o, const char *a, const char *b)
@@ -29,20 +30,6 @@ static int same_hash(json_t *cur, const char *hash)
 }
 
 /* o's controlling ownerReference (the API server allows one), or NULL. */
-static json_t *controller_ref(json_t *o)
-{
-    json_t *refs = get2(o, "metadata", "ownerReferences");
-    for (size_t i = 0; i < json_array_size(refs); i++)
-        if (json_is_true(json_object_get(json_array_get(refs, i), "controller")))
-            return json_array_get(refs, i);
-    return NULL;
-}
-
-const char *kube_controller_uid(json_t *o)
-{
-    return json_string_value(json_object_get(controller_ref(o), "uid"));
-}
-
 /* ---- kube_covers --------------------------------------------------------------- */
 
 /* A quantity ("1Gi", "500m", "2", "1e3") as a number; 0 when it is not one. */
@@ -144,7 +131,7 @@ int kube_covers(json_t *want, json_t *cur)
 /* The error for an object with a child's name that is not ours: whose it is. */
 static llm_status foreign(json_t *cur, json_t *want, const char *uid, llm_error *err)
 {
-    json_t *by = controller_ref(cur), *mf = get2(cur, "metadata", "managedFields");
+    json_t *by = kube_controller_ref(cur), *mf = get2(cur, "metadata", "managedFields");
     const char *writer = json_string_value(json_object_get(json_array_get(mf, 0), "manager"));
     char whose[400];
     if (by)

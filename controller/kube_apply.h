@@ -23,6 +23,7 @@
 #define KUBE_APPLY_H
 
 #include "kube_client.h"
+#include "kube_meta.h" /* kube_controller_uid, for its callers */
 
 #define KUBE_HASH_ANN "llmk8s.io/desired-hash"
 #define KUBE_FIELD_MANAGER "llm-controller"
@@ -59,9 +60,5 @@ llm_status kube_remove_ours(kube_client *k, const char *path, const char *owner_
  * by item; quantities under resources by amount: "1Gi" is "1024Mi"),
  * whatever else it has (defaults, other managers' fields). */
 int kube_covers(json_t *want, json_t *cur);
-
-/* The uid of o's controller (the ownerReference with controller: true),
- * or NULL. */
-const char *kube_controller_uid(json_t *o);
 
 #endif

@@ -3,9 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http_get.h"
 #include "pod_diag.h"
-#include "reconcile.h"
 
 enum {
     S_LOADING = 1,
@@ -98,57 +96,29 @@ static void engine(json_t *st, const char *name, pod_diag *d)
     }
 }
 
-/* Every running pod's /startupz at once, 1 s for all of them (a sample of
- * DIAG_PODS: enough to say why), so pods that never answer cost the budget
- * once. */
-#define DIAG_PODS 64
-static void engines(json_t *items, long long port, pod_diag *d)
+int pod_diag_wants_startupz(json_t *pod)
 {
-    char urls[DIAG_PODS][128], *bodies[DIAG_PODS];
-    const char *up[DIAG_PODS], *names[DIAG_PODS];
-    long codes[DIAG_PODS];
-    size_t n = 0;
-    for (size_t i = 0; i < json_array_size(items) && n < DIAG_PODS; i++) {
-        json_t *p = json_array_get(items, i);
-        const char *ip = str2(p, "status", "podIP"), *name = str2(p, "metadata", "name");
-        json_t *cs = json_array_get(get2(p, "status", "containerStatuses"), 0);
-        if (!ip || !name || get2(p, "metadata", "deletionTimestamp") || !json_object_get(json_object_get(cs, "state"), "running") ||
-            snprintf(urls[n], sizeof urls[n], "http://%s:%lld/startupz", ip, port) >= (int)sizeof urls[n])
-            continue;
-        up[n] = urls[n];
-        names[n++] = name;
-    }
-    http_get_many(up, n, 1000, 65536, codes, bodies);
-    for (size_t i = 0; i < n; i++) {
-        json_t *st = codes[i] ? json_loads(bodies[i], 0, NULL) : NULL;
-        if (st && d->severity < S_ENGINE)
-            engine(st, names[i], d);
-        json_decref(st);
-        free(bodies[i]);
-    }
+    json_t *cs = json_array_get(get2(pod, "status", "containerStatuses"), 0);
+    return str2(pod, "status", "podIP") && str2(pod, "metadata", "name") && !get2(pod, "metadata", "deletionTimestamp") &&
+           json_object_get(json_object_get(cs, "state"), "running");
 }
 
-void pod_diag_examine(kube_client *k, const char *ns, const char *instance, long long port, pod_diag *out)
+void pod_diag_judge(json_t *pods, json_t *startupz, pod_diag *out)
 {
     memset(out, 0, sizeof *out);
-    char path[768];
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" REC_INSTANCE "%%3D%s%%2C" REC_MANAGED_BY
-             "%%3D" REC_CONTROLLER, ns, instance);
-    json_t *pods = NULL;
-    if (kube_request(k, "GET", path, NULL, NULL, &pods, NULL))
-        return;
-    json_t *items = json_object_get(pods, "items");
-    for (size_t i = 0; i < json_array_size(items); i++) {
-        json_t *p = json_array_get(items, i);
+    for (size_t i = 0; i < json_array_size(pods); i++) {
+        json_t *p = json_array_get(pods, i);
         const char *name = str2(p, "metadata", "name");
         if (!name || get2(p, "metadata", "deletionTimestamp"))
             continue;
         scheduling(p, name, out);
         container(p, name, out);
     }
-    if (out->severity < S_ENGINE)
-        engines(items, port, out);
-    json_decref(pods);
+    const char *name;
+    json_t *body;
+    json_object_foreach(startupz, name, body)
+        if (out->severity < S_ENGINE)
+            engine(body, name, out);
 }
 
 int pod_diag_is_engine_failure(const char *reason)

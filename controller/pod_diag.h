@@ -8,14 +8,13 @@
  * ImagePullFailed, CrashLooping (all "degraded": they will not fix
  * themselves), then Unschedulable, WaitingForGPU, EngineLoading.
  *
- * Ownership: fills a caller-owned struct. Thread-safety: reentrant; it
- * makes one list request (pods with the instance and our managed-by
- * label), then asks up to 64 running pods' /startupz at once, within 1 s
- * for all of them. */
+ * Pure: the pods and their pages are read by podsig.h's thread; this
+ * only judges them. Ownership: fills a caller-owned struct; inputs are
+ * borrowed. Thread-safety: reentrant. */
 #ifndef POD_DIAG_H
 #define POD_DIAG_H
 
-#include "kube_client.h"
+#include <jansson.h>
 
 typedef struct pod_diag {
     int severity;        /* 0: nothing found */
@@ -25,7 +24,14 @@ typedef struct pod_diag {
     char message[1024];  /* "pod NAME: ..." */
 } pod_diag;
 
-void pod_diag_examine(kube_client *k, const char *ns, const char *instance, long long port, pod_diag *out);
+/* 1 when pod's /startupz is worth reading: it has an IP, a running
+ * container and is not terminating. */
+int pod_diag_wants_startupz(json_t *pod);
+
+/* The most serious reason among pods (a list's items) and the /startupz
+ * answers of some of them (startupz: pod name -> its parsed body; may be
+ * NULL or empty). */
+void pod_diag_judge(json_t *pods, json_t *startupz, pod_diag *out);
 
 /* 1 when reason is one the engine itself reported (load failures); such a
  * reason outlives the restarts that follow it. */

@@ -6,6 +6,12 @@
  * reasons say what is wrong (pod_diag.h). Events record creations,
  * rollouts, scaling and changes of condition.
  *
+ * Observe -> plan -> act: it reads the LLMDeployment and its Deployments
+ * (the informers' caches), the colocated canary's key and the pods'
+ * signals (podsig.h: read by another thread, no wait here); plan.h decides
+ * from them alone; then the plan's pod call, steps, status and events are
+ * carried out, and podsig is told what to read for the next turn.
+ *
  * Level-based: it reads the current objects and changes only what differs
  * (a hash of each desired child is kept in an annotation, so an unchanged
  * spec writes nothing), and it is safe to run any number of times. A spec
@@ -20,17 +26,17 @@
 #include <jansson.h>
 
 #include "kube_client.h"
+#include "podsig.h"
 
 /* LLM_OK when done; LLM_ERR_NOT_FOUND when the object is gone (its
- * children go with it: nothing to retry, nothing to remember); another
- * error to retry later.
+ * children go with it: nothing to retry, nothing to remember; ps forgets
+ * it); another error to retry later.
  * *requeue_s > 0 asks for another look after that many seconds (while
- * pods load or fail, whose /startupz the status reports). */
-llm_status rec_reconcile(kube_client *k, const char *ns, const char *name, double *requeue_s, llm_error *err);
-
-/* A status condition {type, status True/False, reason, message,
- * observedGeneration} (new reference). */
-json_t *rec_condition(const char *type, int on, const char *reason, const char *msg, json_int_t generation);
+ * pods load or fail, a canary is analysed, the autoscaler decides).
+ * ps (may be NULL: no pod signals) gives the pods' signals and is told
+ * what to read next. */
+llm_status rec_reconcile(kube_client *k, podsig *ps, const char *ns, const char *name, double *requeue_s,
+                         llm_error *err);
 
 #define REC_MANAGED_BY "app.kubernetes.io/managed-by"
 #define REC_INSTANCE "app.kubernetes.io/instance"

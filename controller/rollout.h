@@ -22,15 +22,22 @@
  * the step; failures still roll back), resume, promote, abort; the
  * controller removes resume/promote/abort once done.
  *
- * Ownership: ro_plan fills a caller-owned struct whose JSON members are
- * new references (ro_free). Thread-safety: as the client's. */
+ * A colocated canary is driven through the stable pods' /admin/canary:
+ * the plan asks for a call (ro.admin), the controller makes it, and the
+ * next plan reads the pods' answers (podsig_admin).
+ *
+ * Pure: ro_plan reads only its arguments (the time among them) and asks
+ * for everything else it wants done through the rollout it fills (events,
+ * the pod call, the annotation to clear, what to read next). Ownership:
+ * ro_plan fills a caller-owned struct whose JSON members are new
+ * references (ro_free). Thread-safety: reentrant. */
 #ifndef ROLLOUT_H
 #define ROLLOUT_H
 
 #include <jansson.h>
 
 #include "canary.h"
-#include "kube_client.h"
+#include "podsig.h"
 
 #define RO_ACTION_ANN "llmk8s.io/canary-action"
 
@@ -51,21 +58,30 @@ typedef struct rollout {
     json_t *canary_cm, *canary_dep, *canary_svc; /* NULL: none wanted */
     int keep_config;         /* NAME-config keeps its data (the stable's) */
     double requeue_s;        /* > 0: look again after this long */
+    json_t *events;          /* [{type, reason, message}] of the decisions made (plan_event) */
+    int admin, admin_weight; /* /admin/canary on the stable pods: 0 none, 1 serve at admin_weight, 2 unload */
+    int clear_action;        /* remove the one-shot RO_ACTION_ANN (resume, promote, abort: done) */
+    int need_counters;       /* read next: 1 the routers' counters, 2 the stable pods' own */
+    int need_diag;           /* read next: why NAME-canary's pods are not ready */
 } rollout;
 
-/* Decides the canary's next state from status.canary, the stable and
- * canary Deployments and (while it is analysed) the routers' metrics.
- * stable: the stable Deployment as just read (borrowed; NULL when not
- * created yet). new_rev: the desired template's revision; total: the replicas wanted in
- * all; cm, dep: the desired ConfigMap and Deployment, dep rewritten in
- * place to keep the stable template and take the stable share of pods.
- * LLM_ERR_INVALID_ARG when spec.canary is unusable. */
-llm_status ro_plan(kube_client *k, json_t *d, json_t *stable, const char *new_rev, int total, json_t *cm, json_t *dep,
-                   rollout *ro, llm_error *err);
+/* What ro_plan reads besides the LLMDeployment and its stable Deployment. */
+typedef struct ro_seen {
+    json_t *canary;               /* NAME-canary as read (NULL: none); refused unless ours */
+    const podsig_reading *pods;   /* counters, NAME-canary's diagnosis, /admin/canary answers (NULL: none) */
+    double now;                   /* unix seconds */
+} ro_seen;
 
-/* Writes the routers' weight, then the canary's objects, or removes them
- * when none are wanted. */
-llm_status ro_apply(kube_client *k, json_t *d, rollout *ro, llm_error *err);
+/* Decides the canary's next state from status.canary, the stable and
+ * canary Deployments and (while it is analysed) the pods' counters.
+ * stable: the stable Deployment as read (borrowed; NULL when not created
+ * yet). new_rev: the desired template's revision; total: the replicas
+ * wanted in all; cm, dep: the desired ConfigMap and Deployment, dep
+ * rewritten in place to keep the stable template and take the stable
+ * share of pods. LLM_ERR_INVALID_ARG when spec.canary is unusable,
+ * LLM_ERR_EXISTS when NAME-canary is not this LLMDeployment's. */
+llm_status ro_plan(json_t *d, json_t *stable, const char *new_rev, int total, json_t *cm, json_t *dep,
+                   const ro_seen *seen, rollout *ro, llm_error *err);
 
 /* Conditions CanaryProgressing, CanaryPromoted and CanaryRolledBack
  * (only with spec.canary), appended to conds. */

@@ -51,10 +51,13 @@ $(FUZZ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) $(w
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) -ljansson -lm -lpthread -o $@
 
-$(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c controller/desired.c controller/canary.c engine/status.c engine/strbuf.c $(wildcard controller/*.h)
+# the planner and what it decides with (pure: no API client)
+LLMD_SRC = controller/desired.c controller/canary.c controller/plan.c controller/rollout.c controller/autoscale.c \
+           controller/pod_diag.c controller/kube_meta.c engine/status.c engine/strbuf.c
+$(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controller/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
-	@clang $(FUZZ_CFLAGS) -Icontroller tests/fuzz/fuzz_llmd.c controller/desired.c controller/canary.c engine/status.c engine/strbuf.c -lm -ljansson -lcrypto -o $@
+	@clang $(FUZZ_CFLAGS) -Icontroller tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
 
 TENANT_SRC = server/srv_keys.c server/srv_api.c server/http_guard.c engine/chat.c engine/strbuf.c engine/sampler.c
 

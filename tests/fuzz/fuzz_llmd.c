@@ -2,7 +2,10 @@
  * JSON as an LLMDeployment's spec (the API server guarantees only the
  * metadata; a schema can be changed or bypassed) must give children or a
  * clear refusal, never a crash, leak or UB (ASan + UBSan); the same for the
- * canary's configuration and objects. Also Kubernetes quantities and the
+ * canary's configuration and objects, and the whole plan (plan.h) with the
+ * input's "status" member as the status a previous leader wrote, its
+ * "annotations" as kubectl's levers and pod signals made of its bytes: a
+ * plan or a refusal with a message. Also Kubernetes quantities and the
  * canary analysis's reading of router /metrics from arbitrary text. */
 #include <jansson.h>
 #include <stdint.h>
@@ -11,12 +14,51 @@
 
 #include "canary.h"
 #include "desired.h"
+#include "plan.h"
 
 static void check(json_t *o)
 {
     if (o && !json_is_string(json_object_get(json_object_get(o, "metadata"), "name")))
         abort();
     json_decref(o);
+}
+
+/* Plans d against its own desired Deployment (what a cache would hold once
+ * applied) and against none, with pod signals made of the input. */
+static void plan_twice(json_t *d, json_t *dep, const cn_sample *smp, const uint8_t *data, size_t size)
+{
+    json_t *spec = json_object_get(d, "spec");
+    if (json_is_object(json_object_get(spec, "status")))
+        json_object_set(d, "status", json_object_get(spec, "status"));
+    if (json_is_object(json_object_get(spec, "annotations")))
+        json_object_set(json_object_get(d, "metadata"), "annotations", json_object_get(spec, "annotations"));
+    podsig_reading r = {.age_s = size % 7, .signal = size ? data[0] : -1, .signal_pods = size > 1 ? data[1] % 5 : 0,
+                        .canary_pods = size > 2 ? data[2] % 3 : 0, .canary = *smp};
+    snprintf(r.need.metric, sizeof r.need.metric, "%s", size % 2 ? "queueDepth" : "kvCacheUsage");
+    r.need.canary = (int)(size % 3);
+    r.need.diag = 1;
+    r.need.activity = 1;
+    r.activity = (as_activity){.routers = (int)(size % 2), .held = size % 5, .requests = (double)size};
+    r.admin = (podsig_admin){.valid = 1, .pods = 2, .ready = (int)(size % 3), .failed = size % 11 == 0,
+                             .misfit = size % 13 == 0, .weight = (int)(size % 101)};
+    snprintf(r.admin.rev, sizeof r.admin.rev, "%s",
+             json_string_value(json_object_get(json_object_get(spec, "status"), "canaryRevision")) ?: "");
+    for (int i = 0; i < 2; i++) {
+        plan_input in = {.llmd = d, .stable = i ? dep : NULL, .pods = &r, .admin_secret = des_colocated(d) ? "fz-admin-x" : NULL,
+                         .now = 1.7e9 + (double)size};
+        plan p;
+        llm_error err = {0};
+        llm_status st = plan_children(&in, &p, &err);
+        if (st && !err.msg[0])
+            abort(); /* a refusal says why */
+        json_t *status = st ? NULL : plan_status(&in, &p, in.stable);
+        if (!st && (!status || !json_is_array(p.steps) || !json_array_size(p.steps)))
+            abort();
+        if (st == LLM_OK && p.requeue_s < 0)
+            abort();
+        json_decref(status);
+        plan_free(&p);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -75,6 +117,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(des_router(d));
         check(des_router_weight(d, 50));
     }
+    plan_twice(d, dep, &smp, data, size);
     check(dep);
     json_decref(d);
     return 0;

@@ -141,8 +141,9 @@ def test_no_read_of_the_deployment_at_rest(tmp_path, models):
     """At rest the built-in autoscaler reconciles once every interval -
     its status write does not wake the controller again - and each
     reconcile reads the LLMDeployment and its Deployment from the informers'
-    caches (no GET) and writes nothing to the Deployment; its requests are
-    the pods' list for the signal - counted by kubesim."""
+    caches (no GET) and writes nothing to the Deployment; the requests are
+    the pod signals' rounds' lists of the pods (one a round, a round every
+    interval) - counted by kubesim."""
     with running(tmp_path, models("tiny", "Q8_0")) as c:
         _, url = c.controller()
         c.apply(replicas=1, extra=AT_REST)
@@ -161,7 +162,7 @@ def test_no_read_of_the_deployment_at_rest(tmp_path, models):
         # writes must not queue it again (that made a loop of ~45 a second)
         assert 3 <= reconciles <= 8, (reconciles, delta)
         assert not any(k.startswith(("get deployments", "get llmdeployments")) for k in delta), delta
-        assert reconciles - 1 <= delta.get("list pods", 0) <= reconciles + 1, (reconciles, delta)
+        assert reconciles - 2 <= delta.get("list pods", 0) <= reconciles + 2, (reconciles, delta)
         assert not any(k.startswith(("patch deployments", "update deployments", "create deployments"))
                        for k in delta), delta
         # the controller's /metrics count of its API requests agrees with the

@@ -1,0 +1,680 @@
+/* test_plan.c - the planner (plan.h) held to tables of cases: an
+ * LLMDeployment, its Deployments as observed and the pods' signals in; the
+ * steps, events, pod call, replicas, status and next reads out. And what
+ * makes it a planner: the same inputs give the same plan, and the inputs
+ * are left as they were. */
+#include "testutil.h"
+
+#include <jansson.h>
+
+#include "desired.h"
+#include "plan.h"
+
+#define NOW 1700000000.0
+
+static json_t *merge(json_t *into, json_t *from) /* from's members over into's, recursively; consumes from */
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach(from, k, v) {
+        json_t *old = json_object_get(into, k);
+        if (json_is_object(old) && json_is_object(v))
+            merge(old, json_incref(v));
+        else
+            json_object_set(into, k, v);
+    }
+    json_decref(from);
+    return into;
+}
+
+static json_t *parse(const char *text)
+{
+    json_error_t e;
+    json_t *j = json_loads(text, 0, &e);
+    if (!j)
+        fail_msg("bad test JSON (%s): %s", e.text, text);
+    return j;
+}
+
+/* LLMDeployment m in ns with spec/status merged over a minimal one. */
+static json_t *llmd(const char *spec, const char *status)
+{
+    json_t *d = parse("{\"apiVersion\":\"llmk8s.io/v1alpha1\",\"kind\":\"LLMDeployment\","
+                      "\"metadata\":{\"name\":\"m\",\"namespace\":\"ns\",\"uid\":\"u-1\",\"generation\":1,"
+                      "\"resourceVersion\":\"7\"},"
+                      "\"spec\":{\"model\":{\"path\":\"/models/a.gguf\",\"volume\":{\"pvc\":{\"claimName\":\"models\"}}},"
+                      "\"image\":\"llm-server:1\",\"replicas\":2}}");
+    if (spec)
+        merge(json_object_get(d, "spec"), parse(spec));
+    if (status)
+        json_object_set_new(d, "status", parse(status));
+    return d;
+}
+
+typedef struct result {
+    llm_status st;
+    char err[512];
+    plan p;
+    json_t *status;
+    char steps[4096];   /* "apply configmaps m-config; remove deployments m-router; ..." */
+    char events[2048];  /* reasons, "; "-separated */
+} result;
+
+static void describe(result *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < json_array_size(r->p.steps); i++) {
+        json_t *s = json_array_get(r->p.steps, i);
+        const char *op = json_string_value(json_object_get(s, "op"));
+        const char *coll = json_string_value(json_object_get(s, "collection"));
+        const char *path = json_string_value(json_object_get(s, "path"));
+        const char *name = json_string_value(json_object_get(json_object_get(json_object_get(s, "object"), "metadata"), "name"));
+        const char *where = coll ? strrchr(coll, '/') + 1 : path ? path : "";
+        char what[512];
+        if (path) { /* .../plural/name */
+            const char *slash = strrchr(path, '/');
+            const char *prev = slash;
+            while (prev > path && prev[-1] != '/') prev--;
+            snprintf(what, sizeof what, "%.*s %s", (int)(slash - prev), prev, slash + 1);
+        } else {
+            snprintf(what, sizeof what, "%s%s%s", where, name ? " " : "", name ? name : "");
+        }
+        n += (size_t)snprintf(r->steps + n, sizeof r->steps - n, "%s%s %s", n ? "; " : "", op, what);
+    }
+    n = 0;
+    for (size_t i = 0; i < json_array_size(r->p.events); i++)
+        n += (size_t)snprintf(r->events + n, sizeof r->events - n, "%s%s", n ? "; " : "",
+                              json_string_value(json_object_get(json_array_get(r->p.events, i), "reason")));
+}
+
+static void run(const plan_input *in, result *r)
+{
+    memset(r, 0, sizeof *r);
+    llm_error err = {0};
+    r->st = plan_children(in, &r->p, &err);
+    snprintf(r->err, sizeof r->err, "%s", err.msg);
+    if (r->st)
+        print_message("plan: %d %s\n", r->st, err.msg);
+    if (!r->st) {
+        json_t *stable = NULL;
+        for (size_t i = 0; i < json_array_size(r->p.steps); i++)
+            if (json_is_true(json_object_get(json_array_get(r->p.steps, i), "stable")))
+                stable = json_object_get(json_array_get(r->p.steps, i), "object");
+        json_t *dep = in->stable ? in->stable : stable; /* as the apply left it: what was there, or new */
+        r->status = plan_status(in, &r->p, dep);
+        assert_non_null(r->status);
+    }
+    describe(r);
+}
+
+static void done(result *r)
+{
+    plan_free(&r->p);
+    json_decref(r->status);
+}
+
+/* The planned object of a step whose description contains what. */
+static json_t *object_of(result *r, const char *plural, const char *name)
+{
+    for (size_t i = 0; i < json_array_size(r->p.steps); i++) {
+        json_t *s = json_array_get(r->p.steps, i), *o = json_object_get(s, "object");
+        const char *c = json_string_value(json_object_get(s, "collection"));
+        const char *n = json_string_value(json_object_get(json_object_get(o, "metadata"), "name"));
+        if (c && n && !strcmp(strrchr(c, '/') + 1, plural) && !strcmp(n, name))
+            return o;
+    }
+    return NULL;
+}
+
+static const char *cond_reason(json_t *status, const char *type)
+{
+    json_t *cs = json_object_get(status, "conditions");
+    for (size_t i = 0; i < json_array_size(cs); i++)
+        if (!strcmp(json_string_value(json_object_get(json_array_get(cs, i), "type")), type))
+            return json_string_value(json_object_get(json_array_get(cs, i), "reason"));
+    return NULL;
+}
+
+static const char *phase(result *r)
+{
+    return json_string_value(json_object_get(r->status, "phase"));
+}
+
+static long long replicas_of(json_t *dep)
+{
+    return (long long)json_integer_value(json_object_get(json_object_get(dep, "spec"), "replicas"));
+}
+
+/* The Deployment NAME as the planner wants it for d, rolled out with
+ * `ready` of its pods ready: what the cache holds at rest. */
+static json_t *settled(json_t *d, int ready)
+{
+    plan_input in = {.llmd = d, .now = NOW};
+    result r;
+    run(&in, &r);
+    assert_int_equal(r.st, LLM_OK);
+    json_t *dep = json_deep_copy(object_of(&r, "deployments", "m"));
+    done(&r);
+    json_int_t want = (json_int_t)replicas_of(dep);
+    json_object_set_new(json_object_get(dep, "metadata"), "generation", json_integer(1));
+    json_object_set_new(dep, "status", json_pack("{s:I,s:I,s:I,s:i}", "replicas", want, "readyReplicas",
+                                                 ready < 0 ? want : (json_int_t)ready, "updatedReplicas", want,
+                                                 "observedGeneration", 1));
+    return dep;
+}
+
+static podsig_reading reading(const char *metric)
+{
+    podsig_reading r = {.age_s = 0.5, .signal = -1};
+    if (metric)
+        snprintf(r.need.metric, sizeof r.need.metric, "%s", metric);
+    return r;
+}
+
+/* ---- children ---------------------------------------------------------------------------- */
+
+static void test_fresh_and_at_rest(void **st)
+{
+    (void)st;
+    /* nothing there yet: every child in dependency order, the router's removal looked for */
+    json_t *d = llmd(NULL, NULL);
+    plan_input in = {.llmd = d, .now = NOW};
+    result r;
+    run(&in, &r);
+    assert_int_equal(r.st, LLM_OK);
+    assert_string_equal(r.steps, "apply configmaps m-config; apply deployments m; apply services m; "
+                                 "apply poddisruptionbudgets m; remove horizontalpodautoscalers m; "
+                                 "remove deployments m-router; remove services m-backends");
+    assert_string_equal(r.events, "");
+    assert_string_equal(phase(&r), "Pending");
+    assert_true(r.p.need.diag); /* why not ready: the pods are read */
+    assert_true(r.p.requeue_s > 0 && r.p.requeue_s <= 5);
+    done(&r);
+    /* at rest: ready, its phase already said - no event, nothing to read, no requeue */
+    json_t *dep = settled(d, -1);
+    json_t *d2 = llmd(NULL, "{\"phase\":\"Ready\"}");
+    plan_input rest = {.llmd = d2, .stable = dep, .now = NOW};
+    run(&rest, &r);
+    assert_string_equal(phase(&r), "Ready");
+    assert_string_equal(r.events, "");
+    assert_false(r.p.need.diag || r.p.need.metric[0] || r.p.need.canary || r.p.need.activity);
+    assert_true(r.p.requeue_s == 0);
+    assert_true(json_equal(object_of(&r, "deployments", "m"), json_object_get(json_array_get(r.p.steps, 1), "object")));
+    done(&r);
+    /* first time Ready: one event */
+    plan_input first = {.llmd = d, .stable = dep, .now = NOW};
+    run(&first, &r);
+    assert_string_equal(r.events, "Ready");
+    done(&r);
+    json_decref(dep);
+    json_decref(d);
+    json_decref(d2);
+}
+
+static void test_router_and_hpa_steps(void **st)
+{
+    (void)st;
+    json_t *d = llmd("{\"router\":{\"enabled\":true,\"image\":\"r:1\"},"
+                     "\"autoscaling\":{\"enabled\":true,\"mode\":\"hpa\",\"minReplicas\":1,\"maxReplicas\":4}}", NULL);
+    plan_input in = {.llmd = d, .now = NOW};
+    result r;
+    run(&in, &r);
+    assert_int_equal(r.st, LLM_OK);
+    assert_string_equal(r.steps, "apply configmaps m-config; apply deployments m; apply services m; "
+                                 "apply poddisruptionbudgets m; apply horizontalpodautoscalers m; "
+                                 "apply serviceaccounts m-router; apply roles m-router; apply rolebindings m-router; "
+                                 "apply services m-backends; apply deployments m-router");
+    assert_false(r.p.need.metric[0]); /* the HPA reads the signal, not us */
+    done(&r);
+    json_decref(d);
+}
+
+static void test_refusals(void **st)
+{
+    (void)st;
+    static const struct { const char *spec, *want; llm_status st; } cases[] = {
+        {"{\"autoscaling\":{\"enabled\":true,\"minReplicas\":5,\"maxReplicas\":2}}", "minReplicas", LLM_ERR_INVALID_ARG},
+        {"{\"autoscaling\":{\"enabled\":true,\"metric\":\"cpu\"}}", "cpu", LLM_ERR_INVALID_ARG},
+        {"{\"canary\":{\"mode\":\"sideways\"}}", "spec.canary.mode", LLM_ERR_INVALID_ARG},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        json_t *d = llmd(cases[i].spec, NULL);
+        plan_input in = {.llmd = d, .now = NOW};
+        result r;
+        run(&in, &r);
+        assert_int_equal(r.st, cases[i].st);
+        assert_non_null(strstr(r.err, cases[i].want));
+        done(&r);
+        json_decref(d);
+    }
+    /* NAME-canary that is another's: never adopted */
+    json_t *d = llmd("{\"canary\":{\"steps\":[{\"weight\":50}]}}", NULL);
+    json_t *foreign = parse("{\"metadata\":{\"name\":\"m-canary\",\"ownerReferences\":[{\"controller\":true,\"uid\":\"u-2\"}]}}");
+    plan_input in = {.llmd = d, .canary = foreign, .now = NOW};
+    result r;
+    run(&in, &r);
+    assert_int_equal(r.st, LLM_ERR_EXISTS);
+    done(&r);
+    /* the refusal's status: Degraded with the reason, its event once */
+    json_t *events = json_array();
+    json_t *s = plan_refused(&in, "ChildConflict", "Service m exists and is not ours", events);
+    assert_string_equal(json_string_value(json_object_get(s, "phase")), "Degraded");
+    assert_string_equal(cond_reason(s, "Degraded"), "ChildConflict");
+    assert_int_equal(json_array_size(events), 1);
+    json_decref(s);
+    json_decref(events);
+    json_decref(foreign);
+    json_decref(d);
+}
+
+/* ---- status from the pods' diagnosis ------------------------------------------------------- */
+
+static void test_diagnosis_table(void **st)
+{
+    (void)st;
+    static const struct {
+        const char *prev;       /* status before */
+        int diag, severity, degraded;
+        const char *reason;     /* the pods' reason (diag) */
+        const char *phase, *degraded_reason, *events;
+    } cases[] = {
+        /* no round yet: the Deployment's own words */
+        {NULL, 0, 0, 0, "", "Loading", "AsExpected", ""},
+        {NULL, 1, 9, 1, "ModelNotFound", "Degraded", "ModelNotFound", "ModelNotFound"},
+        {NULL, 1, 1, 0, "EngineLoading", "Loading", "AsExpected", ""},
+        /* said before: no second event */
+        {"{\"conditions\":[{\"type\":\"Degraded\",\"status\":\"True\",\"reason\":\"ModelNotFound\",\"observedGeneration\":1,"
+         "\"message\":\"pod p: gone\"}]}", 1, 9, 1, "ModelNotFound", "Degraded", "ModelNotFound", ""},
+        /* an engine failure stands while its pod restarts (a crash loop is not news) */
+        {"{\"conditions\":[{\"type\":\"Degraded\",\"status\":\"True\",\"reason\":\"EngineFailed\",\"observedGeneration\":1,"
+         "\"message\":\"pod p: bad\"}]}", 1, 4, 1, "CrashLooping", "Degraded", "EngineFailed", ""},
+        /* ... and while no round has read the pods yet */
+        {"{\"conditions\":[{\"type\":\"Degraded\",\"status\":\"True\",\"reason\":\"EngineFailed\",\"observedGeneration\":1,"
+         "\"message\":\"pod p: bad\"}]}", 0, 0, 0, "", "Degraded", "EngineFailed", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        json_t *d = llmd(NULL, cases[i].prev), *dep = settled(d, 0);
+        json_object_set_new(json_object_get(dep, "status"), "readyReplicas", json_integer(0));
+        podsig_reading pods = reading(NULL);
+        pods.need.diag = cases[i].diag;
+        pods.diag.severity = cases[i].severity;
+        pods.diag.degraded = cases[i].degraded;
+        snprintf(pods.diag.reason, sizeof pods.diag.reason, "%s", cases[i].reason);
+        snprintf(pods.diag.message, sizeof pods.diag.message, "pod p: %s", cases[i].reason);
+        plan_input in = {.llmd = d, .stable = dep, .pods = &pods, .now = NOW};
+        result r;
+        run(&in, &r);
+        print_message("case %zu: %s %s [%s]\n", i, phase(&r), cond_reason(r.status, "Degraded"), r.events);
+        assert_string_equal(phase(&r), cases[i].phase);
+        assert_string_equal(cond_reason(r.status, "Degraded"), cases[i].degraded_reason);
+        assert_string_equal(r.events, cases[i].events);
+        assert_true(r.p.need.diag);
+        done(&r);
+        json_decref(dep);
+        json_decref(d);
+    }
+}
+
+/* ---- the built-in autoscaler ------------------------------------------------------------- */
+
+#define AS "{\"autoscaling\":{\"enabled\":true,\"minReplicas\":1,\"maxReplicas\":10,\"target\":4,\"intervalSeconds\":3," \
+           "\"scaleUpStabilizationSeconds\":0}}"
+
+static void test_autoscale_table(void **st)
+{
+    (void)st;
+    static const struct {
+        const char *metric;  /* the reading's (NULL: no reading) */
+        double age, signal;
+        int pods;
+        long long want;      /* replicas planned (2 now) */
+        const char *events;
+    } cases[] = {
+        {"queueDepth", 0.5, 12, 2, 6, "Autoscaled"},  /* 2 * 12 / 4 */
+        {"queueDepth", 0.5, 4, 2, 2, ""},             /* on target */
+        {"queueDepth", 0.5, 12, 0, 2, ""},            /* no pod answered: hold */
+        {"queueDepth", 60, 12, 2, 2, ""},             /* stale (3 intervals and more): hold */
+        {"kvCacheUsage", 0.5, 12, 2, 2, ""},          /* read for another metric: hold */
+        {NULL, 0, 0, 0, 2, ""},                       /* never read: hold */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        json_t *d = llmd(AS, NULL), *dep = settled(d, -1);
+        podsig_reading pods = reading(cases[i].metric);
+        pods.age_s = cases[i].metric ? cases[i].age : -1;
+        pods.signal = cases[i].signal;
+        pods.signal_pods = cases[i].pods;
+        plan_input in = {.llmd = d, .stable = dep, .pods = &pods, .now = NOW};
+        result r;
+        run(&in, &r);
+        print_message("case %zu: %lld replicas [%s]\n", i, replicas_of(object_of(&r, "deployments", "m")), r.events);
+        assert_int_equal(r.st, LLM_OK);
+        assert_int_equal(replicas_of(object_of(&r, "deployments", "m")), cases[i].want);
+        assert_non_null(strstr(r.events, cases[i].events));
+        assert_string_equal(r.p.need.metric, "queueDepth"); /* what to read next */
+        assert_true(r.p.need.every_s == 3 && r.p.requeue_s == 3);
+        assert_non_null(json_object_get(r.status, "autoscaling"));
+        /* the autoscaler's event, not a second "Scaled" one, when the apply changes the Deployment */
+        json_t *upd = json_object_get(json_array_get(r.p.steps, 1), "updated");
+        for (size_t j = 0; j < json_array_size(upd); j++)
+            assert_string_not_equal(json_string_value(json_object_get(json_array_get(upd, j), "reason")), "Scaled");
+        done(&r);
+        json_decref(dep);
+        json_decref(d);
+    }
+}
+
+static void test_scale_to_zero(void **st)
+{
+    (void)st;
+    const char *spec = "{\"router\":{\"enabled\":true,\"image\":\"r:1\",\"holdSeconds\":30},"
+                       "\"autoscaling\":{\"enabled\":true,\"minReplicas\":0,\"maxReplicas\":2,\"intervalSeconds\":1,"
+                       "\"scaleToZeroAfterSeconds\":5}}";
+    /* idle since long ago (state says so): to zero; routers unknown: hold */
+    static const struct { int routers; double held; long long want; } cases[] = {{1, 0, 0}, {0, 0, 2}, {1, 3, 2}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char status[256];
+        snprintf(status, sizeof status, "{\"autoscaling\":{\"desiredReplicas\":2,\"lastActivityTime\":%.0f,"
+                 "\"routerRequests\":10}}", NOW - 600);
+        json_t *d = llmd(spec, status), *dep = settled(d, -1);
+        podsig_reading pods = reading("queueDepth");
+        pods.need.activity = 1;
+        pods.signal = 4; /* on target: the signal holds 2, scale to zero decides */
+        pods.signal_pods = 2;
+        pods.activity = (as_activity){.routers = cases[i].routers, .held = cases[i].held, .requests = 10};
+        plan_input in = {.llmd = d, .stable = dep, .pods = &pods, .now = NOW};
+        result r;
+        run(&in, &r);
+        print_message("case %zu: %lld [%s]\n", i, replicas_of(object_of(&r, "deployments", "m")), r.events);
+        assert_int_equal(replicas_of(object_of(&r, "deployments", "m")), cases[i].want);
+        assert_true(r.p.need.activity);
+        done(&r);
+        json_decref(dep);
+        json_decref(d);
+    }
+}
+
+/* ---- the canary ----------------------------------------------------------------------------- */
+
+#define CANARY(mode) "{\"router\":{\"image\":\"r:1\"},\"canary\":{\"mode\":\"" mode "\",\"intervalSeconds\":2," \
+                     "\"steps\":[{\"weight\":30,\"pause\":0},{\"weight\":70,\"pause\":0}],\"analysis\":{\"minRequests\":10}}}"
+
+/* The stable Deployment of the old spec, and d of the new one with
+ * status.canary as given: a colocated canary's revision changes the model
+ * alone, a canary in pods an engine setting. */
+static const char *change(const char *mode, int now)
+{
+    if (strstr(mode, "colocated"))
+        return now ? "{\"model\":{\"path\":\"/models/b.gguf\"}}" : "{\"model\":{\"path\":\"/models/a.gguf\"}}";
+    return now ? "{\"engine\":{\"maxSeqs\":8}}" : "{\"engine\":{\"maxSeqs\":4}}";
+}
+
+static json_t *old_stable(const char *mode)
+{
+    json_t *old = llmd(mode, NULL);
+    merge(json_object_get(old, "spec"), parse(change(mode, 0)));
+    json_t *dep = settled(old, -1);
+    json_decref(old);
+    return dep;
+}
+
+static json_t *new_llmd(const char *mode, const char *canary_status)
+{
+    json_t *d = llmd(mode, "{\"phase\":\"Ready\"}");
+    merge(json_object_get(d, "spec"), parse(change(mode, 1)));
+    if (canary_status)
+        json_object_set_new(json_object_get(d, "status"), "canary", parse(canary_status));
+    return d;
+}
+
+static const char *canary_phase(result *r)
+{
+    return json_string_value(json_object_get(json_object_get(r->status, "canary"), "phase"));
+}
+
+static json_t *ready_canary(int n)
+{
+    return json_pack("{s:{s:s,s:i,s:[{s:b,s:s}]},s:{s:i},s:{s:i,s:i,s:i,s:i}}", "metadata", "name", "m-canary",
+                     "generation", 1, "ownerReferences", "controller", 1, "uid", "u-1", "spec", "replicas", n, "status",
+                     "replicas", n, "readyReplicas", n, "updatedReplicas", n, "observedGeneration", 1);
+}
+
+static void test_canary_pods_table(void **st)
+{
+    (void)st;
+    json_t *stable = old_stable(CANARY("pods"));
+    const char *stable_rev = json_string_value(json_object_get(json_object_get(json_object_get(stable, "metadata"),
+                                                                                "annotations"), DES_TEMPLATE_ANN));
+    /* a new revision starts: the canary's objects, the stable keeps its template */
+    json_t *d = new_llmd(CANARY("pods"), NULL);
+    podsig_reading pods = reading(NULL);
+    plan_input in = {.llmd = d, .stable = stable, .pods = &pods, .now = NOW};
+    result r;
+    run(&in, &r);
+    assert_int_equal(r.st, LLM_OK);
+    assert_string_equal(canary_phase(&r), "Starting");
+    assert_string_equal(r.events, "CanaryStarted");
+    assert_non_null(strstr(r.steps, "apply configmaps m-router; apply configmaps m-canary-config; "
+                                    "apply services m-canary-backends; apply deployments m-canary; apply deployments m"));
+    assert_null(strstr(r.steps, "apply configmaps m-config")); /* the stable keeps its config */
+    json_t *dep = object_of(&r, "deployments", "m");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_object_get(dep, "metadata"), "annotations"),
+                                                          DES_TEMPLATE_ANN)), stable_rev);
+    assert_int_equal(r.p.need.canary, 1);
+    assert_true(r.p.ro.need_diag);
+    json_t *state = json_deep_copy(json_object_get(r.status, "canary"));
+    done(&r);
+    json_decref(d);
+
+    /* its pods ready, but no round has read the routers' counters yet: wait (no window from nothing) */
+    char *st_text = json_dumps(state, JSON_COMPACT);
+    d = new_llmd(CANARY("pods"), st_text);
+    json_t *can = ready_canary(1);
+    pods = reading(NULL);
+    pods.age_s = -1;
+    in = (plan_input){.llmd = d, .stable = stable, .canary = can, .pods = &pods, .now = NOW + 2};
+    run(&in, &r);
+    assert_string_equal(canary_phase(&r), "Starting");
+    assert_string_equal(r.events, "");
+    done(&r);
+    /* ... once read: step 1 at 30% */
+    pods = reading(NULL);
+    pods.need.canary = 1;
+    pods.canary_pods = 1;
+    run(&in, &r);
+    assert_string_equal(canary_phase(&r), "Progressing");
+    assert_string_equal(r.events, "CanaryStep");
+    assert_int_equal(json_integer_value(json_object_get(r.status, "canaryWeight")), 30);
+    json_t *progressing = json_deep_copy(json_object_get(r.status, "canary"));
+    done(&r);
+    json_decref(d);
+    free(st_text);
+
+    /* Progressing: the window decides */
+    static const struct {
+        double req[2], err[2];
+        const char *action;
+        const char *phase, *events;
+        int clear;
+    } cases[] = {
+        {{100, 50}, {0, 0}, NULL, "Progressing", "CanaryStep", 0},       /* passes: step 2 */
+        {{100, 50}, {0, 40}, NULL, "RolledBack", "CanaryRolledBack", 0}, /* errors: back */
+        {{100, 5}, {0, 0}, NULL, "Progressing", "", 0},                  /* too few requests: hold */
+        {{100, 50}, {0, 0}, "pause", "Paused", "", 0},
+        {{100, 50}, {0, 0}, "abort", "RolledBack", "CanaryRolledBack", 1},
+        {{100, 50}, {0, 0}, "promote", "Promoting", "CanaryPromoting", 1},
+    };
+    st_text = json_dumps(progressing, JSON_COMPACT);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        d = new_llmd(CANARY("pods"), st_text);
+        if (cases[i].action)
+            json_object_set_new(json_object_get(d, "metadata"), "annotations",
+                                json_pack("{s:s}", RO_ACTION_ANN, cases[i].action));
+        pods = reading(NULL);
+        pods.need.canary = 1;
+        pods.canary_pods = 1;
+        for (int k = 0; k < 2; k++) pods.canary.requests[k] = cases[i].req[k], pods.canary.errors[k] = cases[i].err[k];
+        in = (plan_input){.llmd = d, .stable = stable, .canary = can, .pods = &pods, .now = NOW + 10};
+        run(&in, &r);
+        print_message("case %zu: %s [%s] %s\n", i, canary_phase(&r), r.events, r.steps);
+        assert_string_equal(canary_phase(&r), cases[i].phase);
+        assert_string_equal(r.events, cases[i].events);
+        assert_int_equal(r.p.ro.clear_action, cases[i].clear);
+        if (!strcmp(cases[i].phase, "RolledBack")) /* the canary goes, traffic first */
+            assert_non_null(strstr(r.steps, "apply configmaps m-router; remove deployments m-canary; "
+                                            "remove services m-canary-backends; remove configmaps m-canary-config"));
+        done(&r);
+        json_decref(d);
+    }
+    free(st_text);
+    json_decref(progressing);
+    json_decref(state);
+    json_decref(can);
+    json_decref(stable);
+}
+
+static void test_canary_colocated_table(void **st)
+{
+    (void)st;
+    json_t *stable = old_stable(CANARY("colocated"));
+    json_t *d = new_llmd(CANARY("colocated"), NULL);
+    plan_input in = {.llmd = d, .stable = stable, .admin_secret = "m-admin-0123456789", .now = NOW};
+    result r;
+    run(&in, &r);
+    assert_int_equal(r.st, LLM_OK);
+    assert_string_equal(canary_phase(&r), "Starting");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(r.status, "canary"), "mode")), "colocated");
+    assert_int_equal(r.p.ro.admin, 1); /* load it, at weight 0 */
+    assert_int_equal(r.p.ro.admin_weight, 0);
+    assert_null(strstr(r.steps, "apply deployments m-canary")); /* no pods of its own */
+    assert_string_equal(json_string_value(json_object_get(json_array_get(r.p.steps, 0), "op")), "adminSecret");
+    char *starting = json_dumps(json_object_get(r.status, "canary"), JSON_COMPACT);
+    const char *rev = json_string_value(json_object_get(json_object_get(r.status, "canary"), "revision"));
+    char revision[17];
+    snprintf(revision, sizeof revision, "%s", rev);
+    done(&r);
+    json_decref(d);
+
+    static const struct {
+        int valid, pods, ready, failed, misfit, weight;
+        int counters;             /* a round read the pods' counters */
+        const char *phase, *mode, *events;
+        int admin, admin_weight;
+    } cases[] = {
+        {0, 0, 0, 0, 0, 0, 1, "Starting", "colocated", "", 1, 0},                              /* not asked yet */
+        {1, 2, 1, 0, 0, 0, 1, "Starting", "colocated", "", 1, 0},                              /* loading */
+        {1, 2, 2, 0, 0, 0, 1, "Progressing", "colocated", "CanaryStep", 1, 30},                /* step 1 */
+        {1, 2, 2, 0, 0, 0, 0, "Starting", "colocated", "", 1, 0},                              /* no counters yet */
+        {1, 2, 0, 0, 1, 0, 1, "Starting", "pods", "ColocationDoesNotFit", 2, 0},               /* own pods */
+        {1, 2, 1, 1, 0, 0, 1, "RolledBack", "colocated", "CanaryRolledBack", 2, 0},            /* failed: unload */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        d = new_llmd(CANARY("colocated"), starting);
+        podsig_reading pods = reading(NULL);
+        pods.need.canary = cases[i].counters ? 2 : 0;
+        pods.admin = (podsig_admin){.valid = cases[i].valid, .pods = cases[i].pods, .ready = cases[i].ready,
+                                    .failed = cases[i].failed, .misfit = cases[i].misfit, .weight = cases[i].weight};
+        snprintf(pods.admin.rev, sizeof pods.admin.rev, "%s", revision);
+        snprintf(pods.admin.message, sizeof pods.admin.message, "pod 10.0.0.1: %s", "it said so");
+        in = (plan_input){.llmd = d, .stable = stable, .admin_secret = "m-admin-0123456789", .pods = &pods, .now = NOW + 2};
+        run(&in, &r);
+        print_message("case %zu: %s %s [%s] admin %d/%d\n", i, canary_phase(&r),
+                      json_string_value(json_object_get(json_object_get(r.status, "canary"), "mode")), r.events,
+                      r.p.ro.admin, r.p.ro.admin_weight);
+        assert_string_equal(canary_phase(&r), cases[i].phase);
+        assert_string_equal(json_string_value(json_object_get(json_object_get(r.status, "canary"), "mode")), cases[i].mode);
+        assert_string_equal(r.events, cases[i].events);
+        assert_int_equal(r.p.ro.admin, cases[i].admin);
+        assert_int_equal(r.p.ro.admin_weight, cases[i].admin_weight);
+        done(&r);
+        json_decref(d);
+    }
+    /* answers for another revision are not this one's */
+    d = new_llmd(CANARY("colocated"), starting);
+    podsig_reading pods = reading(NULL);
+    pods.need.canary = 2;
+    pods.admin = (podsig_admin){.valid = 1, .pods = 2, .ready = 2};
+    snprintf(pods.admin.rev, sizeof pods.admin.rev, "0000000000000000");
+    in = (plan_input){.llmd = d, .stable = stable, .admin_secret = "m-admin-0123456789", .pods = &pods, .now = NOW + 2};
+    run(&in, &r);
+    assert_string_equal(canary_phase(&r), "Starting");
+    done(&r);
+    json_decref(d);
+
+    /* Promoting: every pod on the new model at 100 first, then the stable rolls to it */
+    json_t *promoting = parse(starting);
+    json_object_set_new(promoting, "phase", json_string("Promoting"));
+    char *ptext = json_dumps(promoting, JSON_COMPACT);
+    for (int w = 30; w <= 100; w += 70) {
+        d = new_llmd(CANARY("colocated"), ptext);
+        pods = reading(NULL);
+        pods.admin = (podsig_admin){.valid = 1, .pods = 2, .ready = 2, .weight = w};
+        snprintf(pods.admin.rev, sizeof pods.admin.rev, "%s", revision);
+        in = (plan_input){.llmd = d, .stable = stable, .admin_secret = "m-admin-0123456789", .pods = &pods, .now = NOW + 4};
+        run(&in, &r);
+        json_t *dep = object_of(&r, "deployments", "m");
+        const char *t = json_string_value(json_object_get(json_object_get(json_object_get(dep, "metadata"), "annotations"),
+                                                          DES_TEMPLATE_ANN));
+        assert_int_equal(r.p.ro.admin, 1);
+        assert_int_equal(r.p.ro.admin_weight, 100);
+        if (w == 100)
+            assert_string_equal(t, revision); /* the stable rolls to the new revision */
+        else
+            assert_string_not_equal(t, revision);
+        done(&r);
+        json_decref(d);
+    }
+    free(ptext);
+    json_decref(promoting);
+    free(starting);
+    json_decref(stable);
+}
+
+/* ---- what makes it a planner ---------------------------------------------------------------- */
+
+static void test_same_input_same_plan_inputs_untouched(void **st)
+{
+    (void)st;
+    const char *specs[] = {NULL, AS, CANARY("pods"), CANARY("colocated"),
+                           "{\"router\":{\"enabled\":true,\"image\":\"r:1\"}}"};
+    for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
+        json_t *stable = old_stable(specs[i] ? specs[i] : "{}");
+        json_t *d = new_llmd(specs[i] ? specs[i] : "{}", NULL);
+        json_t *d0 = json_deep_copy(d), *s0 = json_deep_copy(stable);
+        podsig_reading pods = reading("queueDepth");
+        pods.signal = 9;
+        pods.signal_pods = 2;
+        plan_input in = {.llmd = d, .stable = stable, .pods = &pods, .admin_secret = "m-admin-x", .now = NOW};
+        result a, b;
+        run(&in, &a);
+        run(&in, &b);
+        assert_int_equal(a.st, LLM_OK);
+        assert_true(json_equal(a.p.steps, b.p.steps));
+        assert_true(json_equal(a.p.events, b.p.events));
+        assert_true(json_equal(a.status, b.status));
+        assert_true(a.p.requeue_s == b.p.requeue_s && a.p.ro.admin == b.p.ro.admin);
+        assert_true(json_equal(d, d0)); /* nothing written into the observed objects */
+        assert_true(json_equal(stable, s0));
+        done(&a);
+        done(&b);
+        json_decref(d);
+        json_decref(d0);
+        json_decref(s0);
+        json_decref(stable);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fresh_and_at_rest),
+        cmocka_unit_test(test_router_and_hpa_steps),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_diagnosis_table),
+        cmocka_unit_test(test_autoscale_table),
+        cmocka_unit_test(test_scale_to_zero),
+        cmocka_unit_test(test_canary_pods_table),
+        cmocka_unit_test(test_canary_colocated_table),
+        cmocka_unit_test(test_same_input_same_plan_inputs_untouched),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
