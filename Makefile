@@ -19,33 +19,41 @@ PYTHON ?= python3
 # WERROR= turns warnings back into warnings (tests/gpu/run.sh, on another compiler version)
 WERROR ?= -Werror
 CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra $(WERROR) -Wshadow -Wstrict-prototypes \
-              -Iengine/include -Iengine $(SAN)
+              -Icommon/include -Iengine/include -Iengine $(SAN)
 LDLIBS = -lm -lpthread -ldl
 
-ENGINE_SRC = engine/status.c engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c \
+# The common library: status codes, text buffer, log line, monotonic clock - all four programs use it.
+COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c
+ENGINE_SRC = engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c \
              engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
-             engine/strbuf.c engine/log.c engine/sampler.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c \
+             engine/sampler.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c \
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c \
              engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench llm-perplexity
 SERVER_SRC = server/http_guard.c server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_metrics.c server/srv_canary.c \
              server/srv_load.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
-CONTROLLER_SRC = controller/ctl_main.c controller/kube_config.c controller/kube_client.c controller/kube_watch.c \
-                 controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
-                 controller/desired.c controller/pod_diag.c controller/kube_event.c controller/autoscale.c controller/podsig.c controller/plan.c controller/http_get.c \
-                 controller/canary.c controller/kube_apply.c controller/kube_meta.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c controller/kube_cache.c
+# The Kubernetes client library (controller and router): API client, config, watch, caches, server-side
+# apply, object metadata, plain HTTP to pods, the Prometheus text reader.
+KUBE_SRC = kube/kube_config.c kube/kube_client.c kube/kube_watch.c kube/kube_cache.c kube/kube_apply.c kube/kube_meta.c \
+           kube/http_client.c kube/prom_text.c
+CONTROLLER_SRC = controller/ctl_main.c controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
+                 controller/desired.c controller/pod_diag.c controller/ctl_event.c controller/autoscale.c controller/podsig.c \
+                 controller/plan.c controller/canary.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_proxy.c
-# what the router shares with the controller: the API client and watch, the Prometheus text reader, pod GETs
-ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/server/http_guard.o $(BUILD)/controller/kube_config.o $(BUILD)/controller/kube_client.o \
-             $(BUILD)/controller/kube_watch.o $(BUILD)/controller/autoscale.o \
-             $(BUILD)/controller/http_get.o
+# the router: its own modules, the server's connection guard, the Kubernetes and common libraries (no engine)
+ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/server/http_guard.o
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 ORACLE_BIN = $(BUILD)/tests/dequant_rows $(BUILD)/tests/logits_rows
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
+COMMON_OBJ = $(COMMON_SRC:%.c=$(BUILD)/%.o)
+KUBE_OBJ = $(KUBE_SRC:%.c=$(BUILD)/%.o)
+# libllm.a: the engine with the common library in it (one archive for the server and the tools)
 LIB = $(BUILD)/libllm.a
+COMMON_LIB = $(BUILD)/libllmcommon.a
+KUBE_LIB = $(BUILD)/libllmkube.a
 TOOL_BIN = $(TOOLS:%=$(BUILD)/bin/%)
 UNIT_BIN = $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
@@ -56,15 +64,15 @@ $(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f
 .PHONY: all run test asan bench bench-router bench-load deps deps-run lint clean unit pytest fuzz models tsan manifests FORCE
 all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(ORACLE_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
 
-$(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(LIB)
+$(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(KUBE_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $(ROUTER_OBJ) $(LIB) -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(ROUTER_OBJ) $(KUBE_LIB) $(COMMON_LIB) -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
-$(BUILD)/bin/llm-controller: $(CONTROLLER_OBJ) $(LIB)
+$(BUILD)/bin/llm-controller: $(CONTROLLER_OBJ) $(KUBE_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $(CONTROLLER_OBJ) $(LIB) -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(CONTROLLER_OBJ) $(KUBE_LIB) $(COMMON_LIB) -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
 # The playground page is compiled into the binary (no files to ship).
 $(BUILD)/gen/playground.c: server/playground.html tools/gen/embed.py
@@ -80,13 +88,22 @@ $(BUILD)/bin/llm-server: $(SERVER_OBJ) $(LIB)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $(SERVER_OBJ) $(LIB) -lcivetweb -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
-$(BUILD)/router/%.o: EXTRA_CFLAGS = -Icontroller -Iserver
-$(BUILD)/%.o: %.c $(wildcard engine/include/llm/*.h engine/*.h engine/cpu/*.h server/*.h controller/*.h router/*.h)
+$(BUILD)/router/%.o: EXTRA_CFLAGS = -Ikube -Iserver
+$(BUILD)/controller/%.o: EXTRA_CFLAGS = -Ikube
+$(BUILD)/%.o: %.c $(wildcard common/include/llm/*.h engine/include/llm/*.h engine/*.h engine/cpu/*.h server/*.h controller/*.h router/*.h kube/*.h)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
 	@$(CC) $(CFLAGS_BASE) $(EXTRA_CFLAGS) -c $< -o $@
 
-$(LIB): $(ENGINE_OBJ)
+$(LIB): $(ENGINE_OBJ) $(COMMON_OBJ)
+	@echo "  AR    $@"
+	@rm -f $@ && ar rcs $@ $^
+
+$(COMMON_LIB): $(COMMON_OBJ)
+	@echo "  AR    $@"
+	@rm -f $@ && ar rcs $@ $^
+
+$(KUBE_LIB): $(KUBE_OBJ)
 	@echo "  AR    $@"
 	@rm -f $@ && ar rcs $@ $^
 
@@ -95,32 +112,29 @@ $(BUILD)/bin/%: tools/%.c $(LIB)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $< $(LIB) $(LDLIBS) -o $@
 
-# Controller logic with unit tests of its own (pure decisions, no API server).
-$(BUILD)/tests/test_autoscale: $(BUILD)/controller/autoscale.o
-$(BUILD)/tests/test_canary: $(BUILD)/controller/canary.o
+# Controller logic with unit tests of its own (pure decisions, no API server), and the Kubernetes
+# library's parts that need none: the caches, kube_apply_covers (the apply links the API client).
+$(BUILD)/tests/test_autoscale: $(BUILD)/controller/autoscale.o $(KUBE_LIB)
+$(BUILD)/tests/test_canary: $(BUILD)/controller/canary.o $(KUBE_LIB)
 $(BUILD)/tests/test_ctl_queue: $(BUILD)/controller/ctl_queue.o
-$(BUILD)/tests/test_kube_cache: $(BUILD)/controller/kube_cache.o
-$(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache: $(BUILD)/tests/test_%: tests/unit/test_%.c $(LIB)
+$(BUILD)/tests/test_kube_cache: $(BUILD)/kube/kube_cache.o
+$(BUILD)/tests/test_kube_apply: $(KUBE_LIB)
+$(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
+$(BUILD)/tests/test_kube_apply: $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testutil.h $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(BUILD)/controller/$*.o $(LIB) -lcmocka -lcurl -ljansson $(LDLIBS) -o $@
-
-# kube_covers (kube_apply links the API client and the desired-state builder).
-KUBE_APPLY_DEPS = $(BUILD)/controller/kube_apply.o $(BUILD)/controller/kube_meta.o $(BUILD)/controller/kube_cache.o $(BUILD)/controller/kube_client.o \
-                  $(BUILD)/controller/kube_config.o $(BUILD)/controller/desired.o $(BUILD)/controller/http_get.o
-$(BUILD)/tests/test_kube_apply: tests/unit/test_kube_apply.c tests/unit/testutil.h $(KUBE_APPLY_DEPS) $(LIB)
-	@mkdir -p $(dir $@)
-	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(KUBE_APPLY_DEPS) $(LIB) -lcmocka -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller -Ikube $< $(filter %.o,$^) $(filter $(KUBE_LIB),$^) $(COMMON_LIB) \
+	  -lcmocka -lcurl -ljansson -lyaml -lcrypto \
+	  $(LDLIBS) -o $@
 
 # The planner: pure, it links the decision modules alone (no API client, no HTTP).
 PLAN_DEPS = $(BUILD)/controller/plan.o $(BUILD)/controller/rollout.o $(BUILD)/controller/canary.o \
             $(BUILD)/controller/autoscale.o $(BUILD)/controller/pod_diag.o $(BUILD)/controller/desired.o \
-            $(BUILD)/controller/kube_meta.o
-$(BUILD)/tests/test_plan: tests/unit/test_plan.c tests/unit/testutil.h $(PLAN_DEPS) $(LIB)
+            $(BUILD)/kube/kube_meta.o $(BUILD)/kube/prom_text.o
+$(BUILD)/tests/test_plan: tests/unit/test_plan.c tests/unit/testutil.h $(PLAN_DEPS) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller $< $(PLAN_DEPS) $(LIB) -lcmocka -ljansson -lcrypto $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller -Ikube $< $(PLAN_DEPS) $(COMMON_LIB) -lcmocka -ljansson -lcrypto $(LDLIBS) -o $@
 
 # llm-server's keys; the guard's token helpers (http_guard links civetweb).
 $(BUILD)/tests/test_srv_keys: $(BUILD)/server/srv_keys.o
@@ -321,7 +335,7 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.cuh) kernels/llm_kernels
 # The CUDA backend as a plugin (llm_backend_cuda_new loads it), with its own
 # position-independent copies of the few engine files it uses; cudart is
 # linked statically, cuBLAS and NCCL from the CUDA install.
-CUDA_PLUGIN_SRC = engine/backend_cuda.c engine/status.c engine/quant.c
+CUDA_PLUGIN_SRC = engine/backend_cuda.c common/status.c engine/quant.c
 # NCCL (tensor parallelism across GPUs) where its header is found; without
 # it the plugin still builds and tensor_parallel > 1 on cuda says why.
 NCCL_HOME ?=
@@ -329,7 +343,7 @@ NCCL_H = $(firstword $(wildcard $(NCCL_HOME)/include/nccl.h $(CUDA_HOME)/include
 NCCL_FLAGS = $(if $(NCCL_H),-isystem $(dir $(NCCL_H)),-DLLM_NO_NCCL)
 NCCL_LIBS = $(if $(NCCL_H),$(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Xlinker -rpath=$(NCCL_HOME)/lib) -lnccl)
 CUDA_PLUGIN_OBJ = $(CUDA_PLUGIN_SRC:%.c=$(BUILD)/pic/%.o)
-$(BUILD)/pic/%.o: %.c $(wildcard engine/include/llm/*.h) kernels/llm_kernels.h
+$(BUILD)/pic/%.o: %.c $(wildcard common/include/llm/*.h engine/include/llm/*.h) kernels/llm_kernels.h
 	@mkdir -p $(dir $@)
 	@echo "  CC    $< (plugin)"
 	@$(CC) $(CFLAGS_BASE) -fPIC -fvisibility=hidden -isystem $(CUDA_HOME)/include $(NCCL_FLAGS) -Ikernels -c $< -o $@
@@ -392,7 +406,7 @@ $(SIM_LIB): $(SIM_KOBJ) $(SIM_RTOBJ)
 # The CUDA backend as a plugin over the emulator: LLM_CUDA_LIB=$(SIM)/libllm_cuda.so
 # runs any program's backend cuda on the CPU.
 SIM_PLUGIN_OBJ = $(CUDA_PLUGIN_SRC:%.c=$(SIM)/pic/%.o)
-$(SIM)/pic/%.o: %.c $(wildcard engine/include/llm/*.h) $(SIM_HDR)
+$(SIM)/pic/%.o: %.c $(wildcard common/include/llm/*.h engine/include/llm/*.h) $(SIM_HDR)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $< (cudasim plugin)"
 	@$(CC) $(CFLAGS_BASE) -fPIC -fvisibility=hidden $(SIM_INC) -c $< -o $@
@@ -434,7 +448,7 @@ cudasim: $(SIM_BIN) $(TOOL_BIN)
 	@sh tests/cudasim/check_models.sh $(BUILD)
 
 lint:
-	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ENGINE_SRC) engine/backend_cuda.c $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c tests/gpu/*.c tests/cudasim/*.c tests/cudasim/*.cu tests/cudasim/*.h tests/cudasim/include/*.h kernels/*.cu kernels/*.cuh kernels/*.h || (echo "lint: banned call" && false)
+	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(COMMON_SRC) $(KUBE_SRC) $(ENGINE_SRC) engine/backend_cuda.c $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c tests/gpu/*.c tests/cudasim/*.c tests/cudasim/*.cu tests/cudasim/*.h tests/cudasim/include/*.h kernels/*.cu kernels/*.cuh kernels/*.h || (echo "lint: banned call" && false)
 
 clean:
 	rm -rf build build-asan build-tsan

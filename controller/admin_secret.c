@@ -11,7 +11,6 @@
 
 #include "admin_secret.h"
 #include "desired.h"
-#include "reconcile.h"
 
 #define KEY_FIELD "key"
 
@@ -41,10 +40,10 @@ static llm_status key_of(json_t *s, llm_error *err)
 {
     const char *b64 = str2(s, "data", KEY_FIELD);
     const char *by = json_string_value(json_object_get(json_object_get(json_object_get(s, "metadata"), "labels"),
-                                                       REC_MANAGED_BY));
-    if (!by || strcmp(by, REC_CONTROLLER))
+                                                       DESIRED_MANAGED_BY));
+    if (!by || strcmp(by, DESIRED_CONTROLLER))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "Secret %s/%s is not labelled %s=%s: llm-controller makes its key "
-                        "itself; delete that Secret", g_ns, g_name, REC_MANAGED_BY, REC_CONTROLLER);
+                        "itself; delete that Secret", g_ns, g_name, DESIRED_MANAGED_BY, DESIRED_CONTROLLER);
     unsigned char raw[64];
     size_t n = b64 ? strlen(b64) : 0;
     /* 32 bytes encode in 44 characters, one '=': EVP_DecodeBlock counts it as a byte */
@@ -70,16 +69,16 @@ static llm_status make_key(kube_client *k, const char *path, llm_error *err)
     char coll[400];
     snprintf(coll, sizeof coll, "/api/v1/namespaces/%s/secrets", g_ns);
     json_t *want = json_pack("{s:s,s:s,s:{s:s,s:s,s:{s:s}},s:s,s:{s:s}}", "apiVersion", "v1", "kind", "Secret", "metadata",
-                             "name", g_name, "namespace", g_ns, "labels", REC_MANAGED_BY, REC_CONTROLLER, "type", "Opaque",
+                             "name", g_name, "namespace", g_ns, "labels", DESIRED_MANAGED_BY, DESIRED_CONTROLLER, "type", "Opaque",
                              "data", KEY_FIELD, b64);
     OPENSSL_cleanse(b64, sizeof b64);
     if (!want)
         return llm_errf(err, LLM_ERR_NOMEM, "cannot build Secret %s/%s", g_ns, g_name);
     json_t *made = NULL;
-    llm_status st = kube_request(k, "POST", coll, want, NULL, &made, err);
+    llm_status st = kube_client_request(k, "POST", coll, want, NULL, &made, err);
     json_decref(want);
-    if (st == LLM_ERR_CONFLICT)
-        st = kube_request(k, "GET", path, NULL, NULL, &made, err);
+    if (st == KUBE_ERR_CONFLICT)
+        st = kube_client_request(k, "GET", path, NULL, NULL, &made, err);
     if (!st)
         st = key_of(made, err);
     json_decref(made);
@@ -96,7 +95,7 @@ static llm_status load_key(kube_client *k, unsigned char key[32], llm_error *err
         char path[600];
         snprintf(path, sizeof path, "/api/v1/namespaces/%s/secrets/%s", g_ns, g_name);
         json_t *s = NULL;
-        st = kube_request(k, "GET", path, NULL, NULL, &s, err);
+        st = kube_client_request(k, "GET", path, NULL, NULL, &s, err);
         st = st == LLM_ERR_NOT_FOUND ? make_key(k, path, err) : st ? st : key_of(s, err);
         json_decref(s);
     }
@@ -135,7 +134,7 @@ llm_status admin_secret_derive(kube_client *k, json_t *d, char name[300], char t
     if (bad)
         return llm_errf(err, LLM_ERR_INTERNAL, "HMAC-SHA256 failed for %s", n);
     if (name)
-        snprintf(name, 300, "%s" DES_ADMIN_SUFFIX "-%s", n, h);
+        snprintf(name, 300, "%s" DESIRED_ADMIN_SUFFIX "-%s", n, h);
     return LLM_OK;
 }
 
@@ -179,7 +178,7 @@ llm_status admin_secret_ensure(kube_client *k, json_t *d, llm_error *err)
         OPENSSL_cleanse(token, sizeof token);
         return LLM_OK;
     }
-    json_t *want = st ? NULL : des_admin_secret(d, name, token);
+    json_t *want = st ? NULL : desired_admin_secret(d, name, token);
     OPENSSL_cleanse(token, sizeof token);
     if (st)
         return st;
@@ -187,9 +186,9 @@ llm_status admin_secret_ensure(kube_client *k, json_t *d, llm_error *err)
         return llm_errf(err, LLM_ERR_NOMEM, "cannot build Secret %s", name);
     char coll[512];
     snprintf(coll, sizeof coll, "/api/v1/namespaces/%s/secrets", str2(d, "metadata", "namespace"));
-    st = kube_request(k, "POST", coll, want, NULL, NULL, err);
+    st = kube_client_request(k, "POST", coll, want, NULL, NULL, err);
     json_decref(want);
-    if (st == LLM_ERR_CONFLICT) /* there already: its name is ours alone to know */
+    if (st == KUBE_ERR_CONFLICT) /* there already: its name is ours alone to know */
         st = LLM_OK;
     if (!st)
         confirmed(name, 1);

@@ -6,7 +6,7 @@
 #include <time.h>
 
 #include "autoscale.h"
-#include "reconcile.h" /* label names */
+#include "desired.h" /* label names */
 
 #define HISTORY_MAX 5
 
@@ -22,7 +22,7 @@ static double num_of(json_t *o, const char *k, double def)
     return json_is_number(v) ? json_number_value(v) : def;
 }
 
-const char *as_metric_name(const char *metric)
+const char *autoscale_metric_name(const char *metric)
 {
     if (!strcmp(metric, "kvCacheUsage"))
         return "llm_kv_cache_usage_ratio";
@@ -31,7 +31,7 @@ const char *as_metric_name(const char *metric)
     return "llm_requests_waiting";
 }
 
-llm_status as_config_from_spec(json_t *spec, as_config *c, llm_error *err)
+llm_status autoscale_config_from_spec(json_t *spec, autoscale_config *c, llm_error *err)
 {
     json_t *a = json_object_get(spec, "autoscaling");
     memset(c, 0, sizeof *c);
@@ -75,39 +75,6 @@ llm_status as_config_from_spec(json_t *spec, as_config *c, llm_error *err)
     return LLM_OK;
 }
 
-/* ---- reading the signal ------------------------------------------------------------ */
-
-double as_prom_value(const char *text, const char *name, int *found)
-{
-    size_t n = strlen(name);
-    double sum = 0;
-    *found = 0;
-    for (const char *p = text; p && *p;) {
-        const char *eol = strchr(p, '\n');
-        size_t len = eol ? (size_t)(eol - p) : strlen(p);
-        if (*p != '#' && len > n && !strncmp(p, name, n) && (p[n] == ' ' || p[n] == '{')) {
-            /* within this line only: a label set left open must not send the search down the page
-             * (quadratic on a big one), nor the number be read off the next line */
-            const char *v = p[n] == '{' ? memchr(p + n, '}', len - n) : p + n;
-            char num[64], *end;
-            size_t k = v ? len - (size_t)(v + 1 - p) : 0;
-            double x = NAN;
-            if (v && k > 0 && k < sizeof num) {
-                memcpy(num, v + 1, k);
-                num[k] = 0;
-                x = strtod(num, &end);
-                x = end != num && isfinite(x) ? x : NAN;
-            }
-            if (isfinite(x)) {
-                sum += x;
-                *found = 1;
-            }
-        }
-        p = eol ? eol + 1 : NULL;
-    }
-    return sum;
-}
-
 /* ---- deciding ------------------------------------------------------------------------ */
 
 static void iso_time(double unix_s, char out[32])
@@ -127,7 +94,7 @@ static void record_decision(json_t *hist, const char *when, int from, int to, co
 /* What the reading alone asks for. Unready pods count as idle when scaling
  * up (their share of the signal is 0) and are left out when scaling down,
  * as the HPA does, so a loading pod neither triggers nor blocks a step. */
-static int raw_recommendation(const as_config *c, int current, double value, int n_pods, char *why, size_t wn)
+static int raw_recommendation(const autoscale_config *c, int current, double value, int n_pods, char *why, size_t wn)
 {
     if (n_pods <= 0 || current <= 0) {
         snprintf(why, wn, "no ready pod to read %s from", c->metric);
@@ -144,8 +111,8 @@ static int raw_recommendation(const as_config *c, int current, double value, int
     return want < c->min ? c->min : want > c->max ? c->max : want;
 }
 
-json_t *as_decide(const as_config *c, int current, double value, int n_pods, json_t *prev, double now_unix,
-                  as_decision *out)
+json_t *autoscale_decide(const autoscale_config *c, int current, double value, int n_pods, json_t *prev, double now_unix,
+                  autoscale_decision *out)
 {
     memset(out, 0, sizeof *out);
     char why[200];
@@ -204,11 +171,11 @@ json_t *as_decide(const as_config *c, int current, double value, int n_pods, jso
     return st;
 }
 
-/* as_decide's last decision replaced by `desired` for `why`. */
-static void override(json_t *state, int current, int desired, const char *why, double now_unix, as_decision *out)
+/* autoscale_decide's last decision replaced by `desired` for `why`. */
+static void override(json_t *state, int current, int desired, const char *why, double now_unix, autoscale_decision *out)
 {
     json_t *hist = json_object_get(state, "history");
-    if (out->changed) /* as_decide recorded a change that is not happening */
+    if (out->changed) /* autoscale_decide recorded a change that is not happening */
         json_array_remove(hist, json_array_size(hist) - 1);
     out->desired = desired;
     out->changed = desired != current;
@@ -222,8 +189,8 @@ static void override(json_t *state, int current, int desired, const char *why, d
     }
 }
 
-void as_zero(const as_config *c, int current, const as_activity *a, json_t *prev, json_t *state, double now_unix,
-             as_decision *out)
+void autoscale_zero(const autoscale_config *c, int current, const autoscale_activity *a, json_t *prev, json_t *state, double now_unix,
+             autoscale_decision *out)
 {
     json_t *lt = json_object_get(prev, "lastActivityTime"), *rq = json_object_get(prev, "routerRequests");
     double last = json_is_number(lt) ? json_number_value(lt) : now_unix; /* the idle clock starts now */
@@ -258,7 +225,7 @@ static void quantity(double v, char out[32])
         snprintf(out, 32, "%.0fm", v * 1000);
 }
 
-json_t *as_hpa(json_t *d, const as_config *c)
+json_t *autoscale_hpa(json_t *d, const autoscale_config *c)
 {
     json_t *md = json_object_get(d, "metadata");
     const char *name = json_string_value(json_object_get(md, "name"));
@@ -270,13 +237,13 @@ json_t *as_hpa(json_t *d, const as_config *c)
         char q[32];
         quantity(c->target, q);
         metric = json_pack("{s:s,s:{s:{s:s},s:{s:s,s:s}}}", "type", "Pods", "pods", "metric", "name",
-                           as_metric_name(c->metric), "target", "type", "AverageValue", "averageValue", q);
+                           autoscale_metric_name(c->metric), "target", "type", "AverageValue", "averageValue", q);
     }
     return json_pack("{s:s,s:s,s:{s:s,s:O,s:{s:s,s:s,s:s},s:[{s:s,s:s,s:O,s:O,s:b,s:b}],s:{}},"
                      "s:{s:{s:s,s:s,s:s},s:i,s:i,s:[o],s:{s:{s:i},s:{s:i}}}}",
                      "apiVersion", "autoscaling/v2", "kind", "HorizontalPodAutoscaler", "metadata", "name", name,
                      "namespace", json_object_get(md, "namespace"), "labels", "app.kubernetes.io/name", "llm-server",
-                     REC_INSTANCE, name, REC_MANAGED_BY, REC_CONTROLLER, "ownerReferences", "apiVersion",
+                     DESIRED_INSTANCE, name, DESIRED_MANAGED_BY, DESIRED_CONTROLLER, "ownerReferences", "apiVersion",
                      "llmk8s.io/v1alpha1", "kind", "LLMDeployment", "name", json_object_get(md, "name"), "uid",
                      json_object_get(md, "uid"), "controller", 1, "blockOwnerDeletion", 1, "annotations", "spec",
                      "scaleTargetRef", "apiVersion", "llmk8s.io/v1alpha1", "kind", "LLMDeployment", "name", name,

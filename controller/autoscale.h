@@ -20,56 +20,52 @@
 
 #include "llm/status.h"
 
-typedef struct as_config {
+typedef struct autoscale_config {
     int enabled, hpa;        /* hpa: mode "hpa" (a HorizontalPodAutoscaler child) */
     int min, max, max_up_step; /* min 0: scale to zero (builtin mode, behind the router) */
     int zero_after_s;        /* with min 0: idle this long before sleeping */
     char metric[32];         /* queueDepth, kvCacheUsage, tokensPerSecond, cpu */
     double target, tolerance;
     int interval_s, up_window_s, down_window_s;
-} as_config;
+} autoscale_config;
 
 /* From spec.autoscaling (defaults as the CRD's); LLM_ERR_INVALID_ARG with
  * the field when it cannot work (min > max, cpu in builtin mode). */
-llm_status as_config_from_spec(json_t *spec, as_config *c, llm_error *err);
+llm_status autoscale_config_from_spec(json_t *spec, autoscale_config *c, llm_error *err);
 
 /* The server metric behind a signal name ("llm_requests_waiting", ...). */
-const char *as_metric_name(const char *metric);
+const char *autoscale_metric_name(const char *metric);
 
-/* One reading of a Prometheus text exposition: the sum of every series of
- * name; 0 (and *found 0) when absent. */
-double as_prom_value(const char *text, const char *name, int *found);
-
-typedef struct as_decision {
+typedef struct autoscale_decision {
     int desired;             /* replicas to run */
     int changed;             /* desired != current */
     char reason[256];        /* "queueDepth 12.0 per pod over target 4.0" */
-} as_decision;
+} autoscale_decision;
 
 /* Decides from the current replicas, the reading (value per pod over
  * n_pods ready pods; n_pods 0: no reading, hold) and the previous state
  * (status.autoscaling or NULL); returns the new state to store. */
-json_t *as_decide(const as_config *c, int current, double value, int n_pods, json_t *prev, double now_unix,
-                  as_decision *out);
+json_t *autoscale_decide(const autoscale_config *c, int current, double value, int n_pods, json_t *prev, double now_unix,
+                  autoscale_decision *out);
 
 /* What the routers in front saw, for scale to zero. */
-typedef struct as_activity {
+typedef struct autoscale_activity {
     int routers;             /* routers that answered; 0: nothing is known */
     double held;             /* requests held now for want of a pod */
     double requests;         /* requests proxied, all time (a change is activity) */
     double inflight;         /* requests in flight */
-} as_activity;
+} autoscale_activity;
 
-/* Scale to zero (min 0), after as_decide (run with min 1): a deployment at
+/* Scale to zero (min 0), after autoscale_decide (run with min 1): a deployment at
  * zero wakes to one pod when the routers hold requests, and one idle -
  * no request seen, held or in flight - for zero_after_s sleeps. Rewrites
- * out and the state as_decide returned (desiredReplicas, the last
+ * out and the state autoscale_decide returned (desiredReplicas, the last
  * decision, lastActivityTime and routerRequests, carried from prev). */
-void as_zero(const as_config *c, int current, const as_activity *a, json_t *prev, json_t *state, double now_unix,
-             as_decision *out);
+void autoscale_zero(const autoscale_config *c, int current, const autoscale_activity *a, json_t *prev, json_t *state, double now_unix,
+             autoscale_decision *out);
 
 /* The HorizontalPodAutoscaler (autoscaling/v2) for mode "hpa", targeting
  * the LLMDeployment's scale subresource. */
-json_t *as_hpa(json_t *llmd, const as_config *c);
+json_t *autoscale_hpa(json_t *llmd, const autoscale_config *c);
 
 #endif

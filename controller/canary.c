@@ -9,7 +9,7 @@
 
 /* ---- configuration ---------------------------------------------------------------- */
 
-double cn_duration(json_t *v)
+double canary_duration(json_t *v)
 {
     if (json_is_integer(v))
         return json_integer_value(v) >= 0 ? (double)json_integer_value(v) : -1;
@@ -42,15 +42,15 @@ static llm_status number(json_t *o, const char *key, double def, double lo, doub
     return LLM_OK;
 }
 
-static llm_status steps_from_spec(json_t *steps, cn_config *c, llm_error *err)
+static llm_status steps_from_spec(json_t *steps, canary_config *c, llm_error *err)
 {
-    if (!json_is_array(steps) || json_array_size(steps) == 0 || json_array_size(steps) > CN_MAX_STEPS)
+    if (!json_is_array(steps) || json_array_size(steps) == 0 || json_array_size(steps) > CANARY_MAX_STEPS)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.steps: want 1 to %d steps like {weight: 10, pause: 2m}",
-                        CN_MAX_STEPS);
+                        CANARY_MAX_STEPS);
     int last = 0;
     for (size_t i = 0; i < json_array_size(steps); i++) {
         json_t *s = json_array_get(steps, i), *w = json_object_get(s, "weight");
-        double pause = json_object_get(s, "pause") ? cn_duration(json_object_get(s, "pause")) : 0;
+        double pause = json_object_get(s, "pause") ? canary_duration(json_object_get(s, "pause")) : 0;
         if (!json_is_integer(w) || json_integer_value(w) < 1 || json_integer_value(w) > 100 ||
             json_integer_value(w) < last)
             return llm_errf(err, LLM_ERR_INVALID_ARG,
@@ -58,12 +58,12 @@ static llm_status steps_from_spec(json_t *steps, cn_config *c, llm_error *err)
         if (pause < 0)
             return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.steps[%zu].pause: want a duration like 90s or 2m", i);
         last = (int)json_integer_value(w);
-        c->steps[c->n_steps++] = (cn_step){last, pause};
+        c->steps[c->n_steps++] = (canary_step){last, pause};
     }
     return LLM_OK;
 }
 
-llm_status cn_config_from_spec(json_t *spec, cn_config *c, llm_error *err)
+llm_status canary_config_from_spec(json_t *spec, canary_config *c, llm_error *err)
 {
     memset(c, 0, sizeof *c);
     json_t *cn = json_object_get(spec, "canary");
@@ -117,12 +117,12 @@ static int label(const char *lb, const char *rb, const char *key, char *out, siz
 }
 
 /* Index of bucket bound le, added (in order) when new; -1 when full. */
-static int le_index(cn_sample *s, double le)
+static int le_index(canary_sample *s, double le)
 {
     for (int i = 0; i < s->n_le; i++)
         if (s->le[i] == le)
             return i;
-    if (s->n_le == CN_MAX_BUCKETS)
+    if (s->n_le == CANARY_MAX_BUCKETS)
         return -1;
     int i = s->n_le++;
     while (i > 0 && s->le[i - 1] > le) { /* keep bounds sorted: shift counts with them */
@@ -135,7 +135,7 @@ static int le_index(cn_sample *s, double le)
     return i;
 }
 
-static void sample_line(cn_sample *s, const char *p, const char *eol)
+static void sample_line(canary_sample *s, const char *p, const char *eol)
 {
     /* llm-router's series, or llm-server's for a colocated canary (the same without "router_") */
     static const char req[] = "revision_requests_total{", ttft[] = "revision_ttfb_seconds_bucket{",
@@ -165,12 +165,12 @@ static void sample_line(cn_sample *s, const char *p, const char *eol)
     }
     if (kind == 1 || !label(lb, rb, "le", le, sizeof le))
         return;
-    double (*h)[CN_MAX_BUCKETS + 1] = kind == 2 ? s->ttft : s->itl;
+    double (*h)[CANARY_MAX_BUCKETS + 1] = kind == 2 ? s->ttft : s->itl;
     double bound = strtod(le, &end);
     if (*end || end == le)
         return;
     if (!isfinite(bound)) { /* "+Inf" (and other spellings of it) */
-        h[r][CN_MAX_BUCKETS] += v;
+        h[r][CANARY_MAX_BUCKETS] += v;
         return;
     }
     int i = le_index(s, bound);
@@ -178,7 +178,7 @@ static void sample_line(cn_sample *s, const char *p, const char *eol)
         h[r][i] += v;
 }
 
-void cn_sample_add(cn_sample *s, const char *text)
+void canary_sample_add(canary_sample *s, const char *text)
 {
     for (const char *p = text; p && *p;) {
         const char *eol = strchr(p, '\n');
@@ -190,20 +190,20 @@ void cn_sample_add(cn_sample *s, const char *text)
     }
 }
 
-void cn_sample_diff(const cn_sample *now, const cn_sample *then, cn_sample *out)
+void canary_sample_diff(const canary_sample *now, const canary_sample *then, canary_sample *out)
 {
     int reset = then->n_le && then->n_le != now->n_le;
     for (int r = 0; r < 2; r++)
         reset |= now->requests[r] < then->requests[r] || now->errors[r] < then->errors[r] ||
-                 now->ttft[r][CN_MAX_BUCKETS] < then->ttft[r][CN_MAX_BUCKETS] ||
-                 now->itl[r][CN_MAX_BUCKETS] < then->itl[r][CN_MAX_BUCKETS];
+                 now->ttft[r][CANARY_MAX_BUCKETS] < then->ttft[r][CANARY_MAX_BUCKETS] ||
+                 now->itl[r][CANARY_MAX_BUCKETS] < then->itl[r][CANARY_MAX_BUCKETS];
     *out = *now;
     if (reset)
         return;
     for (int r = 0; r < 2; r++) {
         out->requests[r] -= then->requests[r];
         out->errors[r] -= then->errors[r];
-        for (int i = 0; i <= CN_MAX_BUCKETS; i++) {
+        for (int i = 0; i <= CANARY_MAX_BUCKETS; i++) {
             out->ttft[r][i] -= then->ttft[r][i];
             out->itl[r][i] -= then->itl[r][i];
         }
@@ -214,11 +214,11 @@ static json_t *counts(const double *h, int n_le)
 {
     json_t *a = json_array();
     for (int i = 0; a && i < n_le; i++) json_array_append_new(a, json_real(h[i]));
-    json_array_append_new(a, json_real(h[CN_MAX_BUCKETS]));
+    json_array_append_new(a, json_real(h[CANARY_MAX_BUCKETS]));
     return a;
 }
 
-json_t *cn_sample_to_json(const cn_sample *s)
+json_t *canary_sample_to_json(const canary_sample *s)
 {
     json_t *le = json_array();
     for (int i = 0; le && i < s->n_le; i++) json_array_append_new(le, json_real(s->le[i]));
@@ -227,11 +227,11 @@ json_t *cn_sample_to_json(const cn_sample *s)
                      counts(s->ttft[1], s->n_le), "itl", counts(s->itl[0], s->n_le), counts(s->itl[1], s->n_le));
 }
 
-int cn_sample_from_json(json_t *j, cn_sample *s)
+int canary_sample_from_json(json_t *j, canary_sample *s)
 {
     memset(s, 0, sizeof *s);
     json_t *le = json_object_get(j, "le");
-    if (!json_is_array(le) || json_array_size(le) > CN_MAX_BUCKETS)
+    if (!json_is_array(le) || json_array_size(le) > CANARY_MAX_BUCKETS)
         return 0;
     s->n_le = (int)json_array_size(le);
     for (int i = 0; i < s->n_le; i++) s->le[i] = json_number_value(json_array_get(le, (size_t)i));
@@ -244,7 +244,7 @@ int cn_sample_from_json(json_t *j, cn_sample *s)
             return 0;
         }
         for (int i = 0; i <= s->n_le; i++) {
-            int k = i == s->n_le ? CN_MAX_BUCKETS : i;
+            int k = i == s->n_le ? CANARY_MAX_BUCKETS : i;
             s->ttft[r][k] = json_number_value(json_array_get(t, (size_t)i));
             s->itl[r][k] = json_number_value(json_array_get(g, (size_t)i));
         }
@@ -252,9 +252,9 @@ int cn_sample_from_json(json_t *j, cn_sample *s)
     return 1;
 }
 
-double cn_quantile(const double *le, int n_le, const double *cum, double q)
+double canary_quantile(const double *le, int n_le, const double *cum, double q)
 {
-    double total = cum[CN_MAX_BUCKETS];
+    double total = cum[CANARY_MAX_BUCKETS];
     if (!(total > 0))
         return -1;
     double rank = q * total, below = 0, lo = 0;
@@ -275,33 +275,33 @@ double cn_quantile(const double *le, int n_le, const double *cum, double q)
 /* A latency signal fails when the canary's p99 is over ratio x stable's
  * and slower by more than the tolerance; the verdict names it. */
 static int latency_fails(const char *signal, const char *what, const double p99[2], double ratio, double tol,
-                         cn_analysis *a)
+                         canary_analysis *a)
 {
     if (!(p99[1] >= 0 && p99[0] >= 0 && p99[1] > p99[0] * ratio && p99[1] - p99[0] > tol))
         return 0;
-    a->verdict = CN_FAIL;
+    a->verdict = CANARY_FAIL;
     snprintf(a->signal, sizeof a->signal, "%s", signal);
     snprintf(a->message, sizeof a->message, "canary p99 %s %.3f s is %.2fx stable's %.3f s (limit %.2fx)", what, p99[1],
              p99[1] / (p99[0] > 0 ? p99[0] : 1e-9), p99[0], ratio);
     return 1;
 }
 
-void cn_analyse(const cn_config *c, const cn_sample *w, cn_analysis *a)
+void canary_analyse(const canary_config *c, const canary_sample *w, canary_analysis *a)
 {
     memset(a, 0, sizeof *a);
     for (int r = 0; r < 2; r++) {
         a->requests[r] = w->requests[r];
         a->error_ratio[r] = w->requests[r] > 0 ? w->errors[r] / w->requests[r] : -1;
-        a->ttft_p99[r] = cn_quantile(w->le, w->n_le, w->ttft[r], 0.99);
-        a->itl_p99[r] = cn_quantile(w->le, w->n_le, w->itl[r], 0.99);
+        a->ttft_p99[r] = canary_quantile(w->le, w->n_le, w->ttft[r], 0.99);
+        a->itl_p99[r] = canary_quantile(w->le, w->n_le, w->itl[r], 0.99);
     }
     double es = a->error_ratio[0] > 0 ? a->error_ratio[0] : 0;
     if (w->requests[1] < c->min_requests) {
-        a->verdict = CN_INCONCLUSIVE;
+        a->verdict = CANARY_INCONCLUSIVE;
         snprintf(a->message, sizeof a->message, "%.0f of the %d canary requests needed so far", w->requests[1],
                  c->min_requests);
     } else if (a->error_ratio[1] > es + c->max_error_ratio) {
-        a->verdict = CN_FAIL;
+        a->verdict = CANARY_FAIL;
         snprintf(a->signal, sizeof a->signal, "ErrorRatio");
         snprintf(a->message, sizeof a->message,
                  "canary error ratio %.3f (%.0f of %.0f requests) exceeds stable's %.3f by more than %.3f",
@@ -310,7 +310,7 @@ void cn_analyse(const cn_config *c, const cn_sample *w, cn_analysis *a)
                               c->tolerance_s, a) &&
                !latency_fails("InterTokenLatency", "inter-token latency", a->itl_p99, c->max_itl_ratio, c->tolerance_s,
                               a)) {
-        a->verdict = CN_PASS;
+        a->verdict = CANARY_PASS;
         snprintf(a->message, sizeof a->message,
                  "%.0f canary requests: error ratio %.3f (stable %.3f), p99 TTFT %.3f s (stable %.3f s), p99 ITL %.3f s "
                  "(stable %.3f s)", w->requests[1], a->error_ratio[1], es, a->ttft_p99[1], a->ttft_p99[0], a->itl_p99[1],
@@ -318,16 +318,16 @@ void cn_analyse(const cn_config *c, const cn_sample *w, cn_analysis *a)
     }
 }
 
-cn_action cn_decide(const cn_config *c, int step, double step_age_s, cn_verdict v, int paused)
+canary_action canary_decide(const canary_config *c, int step, double step_age_s, canary_verdict v, int paused)
 {
-    if (v == CN_FAIL)
-        return CN_ROLLBACK;
-    if (paused || v != CN_PASS || step < 0 || step >= c->n_steps || step_age_s < c->steps[step].pause_s)
-        return CN_HOLD;
-    return step + 1 < c->n_steps ? CN_ADVANCE : CN_PROMOTE;
+    if (v == CANARY_FAIL)
+        return CANARY_ROLLBACK;
+    if (paused || v != CANARY_PASS || step < 0 || step >= c->n_steps || step_age_s < c->steps[step].pause_s)
+        return CANARY_HOLD;
+    return step + 1 < c->n_steps ? CANARY_ADVANCE : CANARY_PROMOTE;
 }
 
-void cn_split(int total, int weight, int *stable, int *canary)
+void canary_split(int total, int weight, int *stable, int *canary)
 {
     if (total < 1)
         total = 1;

@@ -11,7 +11,7 @@
  * difference of two samples; samples are kept in the LLMDeployment's status
  * as JSON, so a new leader continues the same window.
  *
- * Ownership: cn_sample_to_json returns a new reference; nothing else
+ * Ownership: canary_sample_to_json returns a new reference; nothing else
  * allocates. Thread-safety: pure functions. */
 #ifndef CANARY_H
 #define CANARY_H
@@ -20,75 +20,75 @@
 
 #include "llm/status.h"
 
-#define CN_MAX_STEPS 16
-#define CN_MAX_BUCKETS 32
+#define CANARY_MAX_STEPS 16
+#define CANARY_MAX_BUCKETS 32
 
-typedef struct cn_step {
+typedef struct canary_step {
     int weight;      /* percent of requests for the canary */
     double pause_s;  /* least time at this weight before the next step */
-} cn_step;
+} canary_step;
 
-typedef struct cn_config {
+typedef struct canary_config {
     int enabled;
     int colocated;           /* mode colocated: the new model inside the stable pods */
     int n_steps;
-    cn_step steps[CN_MAX_STEPS];
+    canary_step steps[CANARY_MAX_STEPS];
     double interval_s;       /* analysis period */
     double max_error_ratio;  /* canary's error ratio may exceed stable's by this much */
     double max_ttft_ratio;   /* p99 time to first token, canary over stable */
     double max_itl_ratio;    /* p99 inter-token latency, canary over stable */
     double tolerance_s;      /* latency differences below this never fail */
     int min_requests;        /* canary requests in a window before it is judged */
-} cn_config;
+} canary_config;
 
 /* From spec.canary (absent: enabled 0). LLM_ERR_INVALID_ARG naming the
  * field when it cannot be used. */
-llm_status cn_config_from_spec(json_t *spec, cn_config *c, llm_error *err);
+llm_status canary_config_from_spec(json_t *spec, canary_config *c, llm_error *err);
 
 /* "90", "90s", "2m", "1h", "1m30s" or an integer, in seconds; -1 when not
  * a duration. */
-double cn_duration(json_t *v);
+double canary_duration(json_t *v);
 
 /* Counters of both revisions (index 0 stable, 1 canary), summed over the
  * router pods. Histograms are cumulative by bucket as exported; the last
  * count is +Inf. */
-typedef struct cn_sample {
+typedef struct canary_sample {
     double requests[2], errors[2];
     int n_le;
-    double le[CN_MAX_BUCKETS];
-    double ttft[2][CN_MAX_BUCKETS + 1], itl[2][CN_MAX_BUCKETS + 1];
-} cn_sample;
+    double le[CANARY_MAX_BUCKETS];
+    double ttft[2][CANARY_MAX_BUCKETS + 1], itl[2][CANARY_MAX_BUCKETS + 1];
+} canary_sample;
 
 /* Adds one router's /metrics text to s (start from a zeroed sample). */
-void cn_sample_add(cn_sample *s, const char *text);
+void canary_sample_add(canary_sample *s, const char *text);
 /* now - then, per counter; a counter that went down (a router restarted)
  * makes the whole window start again from zero (*out = now). */
-void cn_sample_diff(const cn_sample *now, const cn_sample *then, cn_sample *out);
-json_t *cn_sample_to_json(const cn_sample *s);
+void canary_sample_diff(const canary_sample *now, const canary_sample *then, canary_sample *out);
+json_t *canary_sample_to_json(const canary_sample *s);
 /* 0 when j is not a sample (then s is zeroed). */
-int cn_sample_from_json(json_t *j, cn_sample *s);
+int canary_sample_from_json(json_t *j, canary_sample *s);
 /* The q-quantile of a cumulative histogram (Prometheus' histogram_quantile:
  * linear within the bucket); -1 when it is empty. */
-double cn_quantile(const double *le, int n_le, const double *cum, double q);
+double canary_quantile(const double *le, int n_le, const double *cum, double q);
 
-typedef enum cn_verdict { CN_INCONCLUSIVE, CN_PASS, CN_FAIL } cn_verdict;
+typedef enum canary_verdict { CANARY_INCONCLUSIVE, CANARY_PASS, CANARY_FAIL } canary_verdict;
 
-typedef struct cn_analysis {
-    cn_verdict verdict;
+typedef struct canary_analysis {
+    canary_verdict verdict;
     char signal[32];     /* on failure: ErrorRatio, TimeToFirstToken, InterTokenLatency */
     char message[512];   /* what was measured, against what */
     double requests[2], error_ratio[2], ttft_p99[2], itl_p99[2]; /* -1: no data */
-} cn_analysis;
+} canary_analysis;
 
-void cn_analyse(const cn_config *c, const cn_sample *window, cn_analysis *a);
+void canary_analyse(const canary_config *c, const canary_sample *window, canary_analysis *a);
 
-typedef enum cn_action { CN_HOLD, CN_ADVANCE, CN_PROMOTE, CN_ROLLBACK } cn_action;
+typedef enum canary_action { CANARY_HOLD, CANARY_ADVANCE, CANARY_PROMOTE, CANARY_ROLLBACK } canary_action;
 
 /* What to do at step `step` (0-based) after step_age_s seconds there. */
-cn_action cn_decide(const cn_config *c, int step, double step_age_s, cn_verdict v, int paused);
+canary_action canary_decide(const canary_config *c, int step, double step_age_s, canary_verdict v, int paused);
 
 /* Pods per revision while the canary takes weight percent of total
  * replicas: each at least one, together about total. */
-void cn_split(int total, int weight, int *stable, int *canary);
+void canary_split(int total, int weight, int *stable, int *canary);
 
 #endif

@@ -7,6 +7,7 @@
 
 #include "ctl_lease.h"
 #include "ctl_obs.h"
+#include "llm/clock.h"
 
 struct ctl_lease {
     ctl_lease_config c;
@@ -22,13 +23,6 @@ struct ctl_lease {
     double seen_at;       /* when that last changed */
     double call_s;        /* a lease call's time at most */
 };
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void micro_time(char out[40])
 {
@@ -49,7 +43,7 @@ static void set_leader(ctl_lease *l, int leader, const char *why)
     if (!changed)
         return;
     ctl_obs_set_leader(leader);
-    ctl_log(leader ? CTL_INFO : CTL_WARN, leader ? "became leader" : "stopped leading", "lease", l->path,
+    ctl_obs_log(leader ? CTL_INFO : CTL_WARN, leader ? "became leader" : "stopped leading", "lease", l->path,
             "identity", l->identity, "why", why, (const char *)NULL);
     if (l->c.on_change)
         l->c.on_change(l->c.ctx, leader);
@@ -75,7 +69,7 @@ static int arm(ctl_lease *l)
 {
     double left = l->call_s;
     if (ctl_lease_is_leader(l)) {
-        double to_deadline = l->renewed + l->c.renew_deadline_s - mono_s();
+        double to_deadline = l->renewed + l->c.renew_deadline_s - llm_clock_mono_s();
         left = to_deadline < left ? to_deadline : left;
     }
     if (left < 0.05)
@@ -92,18 +86,18 @@ static int try_hold(ctl_lease *l)
     llm_error err = {0};
     if (!arm(l))
         return 0;
-    llm_status st = kube_request(l->k, "GET", l->path, NULL, NULL, &cur, &err);
+    llm_status st = kube_client_request(l->k, "GET", l->path, NULL, NULL, &cur, &err);
     if (st == LLM_ERR_NOT_FOUND) {
         char coll[512];
         snprintf(coll, sizeof coll, "/apis/coordination.k8s.io/v1/namespaces/%s/leases", l->ns);
         json_t *obj = json_pack("{s:s,s:s,s:{s:s,s:s},s:o}", "apiVersion", "coordination.k8s.io/v1", "kind", "Lease",
                                 "metadata", "name", l->name, "namespace", l->ns, "spec", lease_spec(l, l->identity, NULL, 1));
-        st = arm(l) ? kube_request(l->k, "POST", coll, obj, NULL, NULL, &err) : LLM_ERR_TIMEOUT;
+        st = arm(l) ? kube_client_request(l->k, "POST", coll, obj, NULL, NULL, &err) : LLM_ERR_TIMEOUT;
         json_decref(obj);
         return st == LLM_OK;
     }
     if (st) {
-        ctl_log(CTL_WARN, "cannot read the leader lease", "lease", l->path, "error", err.msg, (const char *)NULL);
+        ctl_obs_log(CTL_WARN, "cannot read the leader lease", "lease", l->path, "error", err.msg, (const char *)NULL);
         return 0;
     }
     json_t *spec = json_object_get(cur, "spec");
@@ -112,7 +106,7 @@ static int try_hold(ctl_lease *l)
     const char *rv = json_string_value(json_object_get(json_object_get(cur, "metadata"), "resourceVersion"));
     char seen[512];
     snprintf(seen, sizeof seen, "%s|%s|%s", holder ? holder : "", renew ? renew : "", rv ? rv : "");
-    double now = mono_s();
+    double now = llm_clock_mono_s();
     if (strcmp(seen, l->seen)) {
         snprintf(l->seen, sizeof l->seen, "%s", seen);
         l->seen_at = now;
@@ -131,12 +125,12 @@ static int try_hold(ctl_lease *l)
                              lease_spec(l, l->identity, spec, !mine));
     json_object_set_new(want, "apiVersion", json_string("coordination.k8s.io/v1"));
     json_object_set_new(want, "kind", json_string("Lease"));
-    st = arm(l) ? kube_request(l->k, "PUT", l->path, want, NULL, NULL, &err)
+    st = arm(l) ? kube_client_request(l->k, "PUT", l->path, want, NULL, NULL, &err)
                 : llm_errf(&err, LLM_ERR_TIMEOUT, "no time left before the renew deadline");
     json_decref(want);
     json_decref(cur);
-    if (st && st != LLM_ERR_CONFLICT)
-        ctl_log(CTL_WARN, "cannot write the leader lease", "lease", l->path, "error", err.msg, (const char *)NULL);
+    if (st && st != KUBE_ERR_CONFLICT)
+        ctl_obs_log(CTL_WARN, "cannot write the leader lease", "lease", l->path, "error", err.msg, (const char *)NULL);
     return st == LLM_OK;
 }
 
@@ -144,7 +138,7 @@ static int try_hold(ctl_lease *l)
 static void release(ctl_lease *l)
 {
     json_t *cur = NULL;
-    if (kube_request(l->k, "GET", l->path, NULL, NULL, &cur, NULL))
+    if (kube_client_request(l->k, "GET", l->path, NULL, NULL, &cur, NULL))
         return;
     json_t *spec = json_object_get(cur, "spec");
     const char *holder = json_string_value(json_object_get(spec, "holderIdentity"));
@@ -153,10 +147,10 @@ static void release(ctl_lease *l)
         json_object_set_new(ns, "leaseDurationSeconds", json_integer(1));
         json_object_set_new(cur, "spec", ns);
         llm_error err = {0};
-        if (kube_request(l->k, "PUT", l->path, cur, NULL, NULL, &err))
-            ctl_log(CTL_WARN, "cannot release the leader lease", "error", err.msg, (const char *)NULL);
+        if (kube_client_request(l->k, "PUT", l->path, cur, NULL, NULL, &err))
+            ctl_obs_log(CTL_WARN, "cannot release the leader lease", "error", err.msg, (const char *)NULL);
         else
-            ctl_log(CTL_INFO, "released the leader lease", "lease", l->path, (const char *)NULL);
+            ctl_obs_log(CTL_INFO, "released the leader lease", "lease", l->path, (const char *)NULL);
     }
     json_decref(cur);
 }
@@ -167,11 +161,11 @@ static void *run(void *arg)
     pthread_mutex_lock(&l->mu);
     while (!l->stop) {
         pthread_mutex_unlock(&l->mu);
-        double t0 = mono_s();
+        double t0 = llm_clock_mono_s();
         if (try_hold(l)) {
             l->renewed = t0;
             set_leader(l, 1, "lease acquired or renewed");
-        } else if (ctl_lease_is_leader(l) && mono_s() + l->c.retry_s >= l->renewed + l->c.renew_deadline_s) {
+        } else if (ctl_lease_is_leader(l) && llm_clock_mono_s() + l->c.retry_s >= l->renewed + l->c.renew_deadline_s) {
             /* the next round would start past the deadline: stop now, not a retry period late */
             set_leader(l, 0, "could not renew the lease within the renew deadline");
         } else if (ctl_lease_is_leader(l) && *l->holder && strcmp(l->holder, l->identity)) {

@@ -14,7 +14,9 @@
 #include "kube_cache.h"
 #include "kube_watch.h"
 #include "podsig.h"
+#include "desired.h"
 #include "reconcile.h"
+#include "llm/clock.h"
 
 /* Watches last this long before they are renewed (a stop is noticed within
  * a second regardless): at rest the controller makes about one request per
@@ -24,13 +26,6 @@
  * leave it); past it a new one is refused with an error log. */
 #define QUEUE_MAX (1 << 20)
 #define KEY_MAX CTL_KEY_MAX
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* The queue gauges after a change. */
 static void q_gauge(ctl_queue *q)
@@ -45,7 +40,7 @@ static void q_add(ctl_queue *q, const char *key, double delay)
 {
     llm_error err = {0};
     if (ctl_queue_add(q, key, delay, &err))
-        ctl_log(CTL_ERROR, "cannot queue a reconcile", "key", key, "error", err.msg, (const char *)NULL);
+        ctl_obs_log(CTL_ERROR, "cannot queue a reconcile", "key", key, "error", err.msg, (const char *)NULL);
     q_gauge(q);
 }
 
@@ -126,7 +121,7 @@ static int on_event(void *arg, const char *type, json_t *obj)
         ctl_obs_count(CTL_M_RELISTS);
     /* the cache first: the reconcile this event queues must read at least this */
     if (kube_cache_event(in->cache, type, obj))
-        ctl_log(CTL_ERROR, "cannot keep an object in the cache (its reads go to the API server until the next list)",
+        ctl_obs_log(CTL_ERROR, "cannot keep an object in the cache (its reads go to the API server until the next list)",
                 "collection", in->path, (const char *)NULL);
     json_t *md = json_object_get(obj, "metadata");
     const char *ns = json_string_value(json_object_get(md, "namespace"));
@@ -140,7 +135,7 @@ static int on_event(void *arg, const char *type, json_t *obj)
             podsig_forget(in->c->signals, key);
         }
         else if (ctl_queue_add_changed(in->c->q, key, fingerprint(obj), &skipped, &err))
-            ctl_log(CTL_ERROR, "cannot queue a reconcile", "key", key, "error", err.msg, (const char *)NULL);
+            ctl_obs_log(CTL_ERROR, "cannot queue a reconcile", "key", key, "error", err.msg, (const char *)NULL);
         else if (skipped && strcmp(type, "MODIFIED")) /* ADDED, SYNC (a relist): looked at, whatever it was */
             q_add(in->c->q, key, 0);
         q_gauge(in->c->q);
@@ -167,13 +162,13 @@ static void *inform(void *arg)
         llm_error err = {0};
         llm_status st = kube_client_new(in->c->cfg, &k, &err);
         if (!st)
-            st = kube_list_watch(k, in->c->cfg, in->path, WATCH_TIMEOUT_S, on_event, in, in->c->stop, &err);
+            st = kube_watch_run(k, in->c->cfg, in->path, WATCH_TIMEOUT_S, on_event, in, in->c->stop, &err);
         kube_client_free(k);
         if (!st)
             break;
         char retry[32];
         snprintf(retry, sizeof retry, "%.0f", backoff);
-        ctl_log(backoff >= 16 ? CTL_ERROR : CTL_WARN, "watch failed, will retry", "path", in->path, "error", err.msg, "retry_s", retry,
+        ctl_obs_log(backoff >= 16 ? CTL_ERROR : CTL_WARN, "watch failed, will retry", "path", in->path, "error", err.msg, "retry_s", retry,
                 (const char *)NULL);
         for (double t = 0; t < backoff && !atomic_load(in->c->stop); t += 0.1) usleep(100000);
         backoff = backoff < 30 ? backoff * 2 : 30;
@@ -214,9 +209,9 @@ static void work(ctl *c, kube_client *k)
         }
         *name++ = 0;
         llm_error err = {0};
-        double t0 = now_s(), again = 0;
-        llm_status st = rec_reconcile(k, c->signals, ns, name, &again, &err);
-        double took = now_s() - t0;
+        double t0 = llm_clock_mono_s(), again = 0;
+        llm_status st = reconcile_run(k, c->signals, ns, name, &again, &err);
+        double took = llm_clock_mono_s() - t0;
         int gone = st == LLM_ERR_NOT_FOUND; /* deleted: nothing more to do, nothing to remember */
         if (gone)
             st = LLM_OK;
@@ -230,15 +225,15 @@ static void work(ctl *c, kube_client *k)
         snprintf(ms, sizeof ms, "%.1f", took * 1e3);
         if (st) {
             snprintf(rs, sizeof rs, "%.1f", retry);
-            ctl_log(st == LLM_ERR_CONFLICT ? CTL_INFO : CTL_WARN, "reconcile failed, will retry", "key", key, "error",
+            ctl_obs_log(st == KUBE_ERR_CONFLICT ? CTL_INFO : CTL_WARN, "reconcile failed, will retry", "key", key, "error",
                     err.msg, "retry_s", rs, (const char *)NULL);
         } else {
-            ctl_log(CTL_DEBUG, "reconciled", "key", key, "ms", ms, (const char *)NULL);
+            ctl_obs_log(CTL_DEBUG, "reconciled", "key", key, "ms", ms, (const char *)NULL);
         }
     }
 }
 
-llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, llm_error *err)
+llm_status ctl_loop_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, llm_error *err)
 {
     ctl c = {.cfg = cfg, .stop = stop};
     ctl_lease *lease = NULL;
@@ -255,7 +250,7 @@ llm_status ctl_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, l
         kube_client_set_progress(k, ctl_obs_heartbeat);
         kube_client_set_timeout(k, 30000);
     }
-#define OWNED "?labelSelector=" REC_MANAGED_BY "%3D" REC_CONTROLLER
+#define OWNED "?labelSelector=" DESIRED_MANAGED_BY "%3D" DESIRED_CONTROLLER
     static const struct { const char *prefix, *plural; } watched[] = {
         {"/apis/llmk8s.io/v1alpha1", "llmdeployments"}, {"/apis/apps/v1", "deployments"}, {"/api/v1", "services"},
         {"/api/v1", "configmaps"}, {"/apis/policy/v1", "poddisruptionbudgets"},

@@ -87,7 +87,7 @@ static int check(kube_client *k, const kube_config *cfg, const char *ns)
         snprintf(path, sizeof path, API_PATH "/llmdeployments");
     llm_error err = {0};
     json_t *list = NULL;
-    llm_status st = kube_request(k, "GET", path, NULL, NULL, &list, &err);
+    llm_status st = kube_client_request(k, "GET", path, NULL, NULL, &list, &err);
     if (st == LLM_ERR_NOT_FOUND && !ns) {
         fprintf(stderr, "llm-controller: the LLMDeployment CRD is not installed (%s); apply manifests/crd first\n", err.msg);
         return 1;
@@ -169,22 +169,22 @@ int main(int argc, char **argv)
         opt.lease.ns = lease_ns ? lease_ns : own_ns;
         opt.ns = ns;
         admin_secret_key(own_ns, admin_key); /* the colocated canaries' key: a Secret in our own namespace */
-        ctl_log(CTL_INFO, "managing LLMDeployments", "server", cfg.server, "credentials", cfg.source, "identity",
+        ctl_obs_log(CTL_INFO, "managing LLMDeployments", "server", cfg.server, "credentials", cfg.source, "identity",
                 opt.leader_elect ? id : NULL, "lease_namespace", opt.leader_elect ? opt.lease.ns : NULL,
                 "http", *http ? http : NULL, "namespace", ns && *ns ? ns : "(all)", (const char *)NULL);
         llm_status st = ctl_obs_http_start(http, &err);
         if (!st)
-            st = ctl_run(&cfg, &opt, &g_stop, &err);
+            st = ctl_loop_run(&cfg, &opt, &g_stop, &err);
         ctl_obs_http_stop();
         if (st)
-            ctl_log(CTL_ERROR, "stopped", "error", err.msg, (const char *)NULL);
+            ctl_obs_log(CTL_ERROR, "stopped", "error", err.msg, (const char *)NULL);
         else
-            ctl_log(CTL_INFO, "stopped", (const char *)NULL);
+            ctl_obs_log(CTL_INFO, "stopped", (const char *)NULL);
         rc = st ? 1 : 0;
     } else if (watch) {
         signal(SIGTERM, on_signal);
         signal(SIGINT, on_signal);
-        llm_status st = kube_list_watch(k, &cfg, watch, 2, print_event, &wp, &g_stop, &err);
+        llm_status st = kube_watch_run(k, &cfg, watch, 2, print_event, &wp, &g_stop, &err);
         if (st)
             fprintf(stderr, "llm-controller: %s\n", err.msg);
         rc = st ? 1 : 0;

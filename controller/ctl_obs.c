@@ -12,6 +12,7 @@
 #include "ctl_obs.h"
 #include "kube_client.h"
 #include "llm/strbuf.h"
+#include "llm/clock.h"
 
 #define N_BUCKETS 12
 static const double bucket_le[N_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
@@ -31,13 +32,6 @@ static struct {
     struct mg_context *mg;
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static ctl_level min_level(void)
 {
     static const char *const names[] = {"debug", "info", "warn", "error"};
@@ -48,7 +42,7 @@ static ctl_level min_level(void)
     return CTL_INFO;
 }
 
-void ctl_log(ctl_level lvl, const char *msg, ...)
+void ctl_obs_log(ctl_level lvl, const char *msg, ...)
 {
     static const char *const names[] = {"debug", "info", "warn", "error"};
     if (lvl < min_level())
@@ -124,7 +118,7 @@ void ctl_obs_set_synced(int informer, int synced)
 
 void ctl_obs_heartbeat(void)
 {
-    double t = mono_s();
+    double t = llm_clock_mono_s();
     pthread_mutex_lock(&g.mu);
     g.heartbeat = t;
     pthread_mutex_unlock(&g.mu);
@@ -132,7 +126,7 @@ void ctl_obs_heartbeat(void)
 
 void ctl_obs_heartbeat_signals(void)
 {
-    double t = mono_s();
+    double t = llm_clock_mono_s();
     pthread_mutex_lock(&g.mu);
     g.signals_beat = t;
     pthread_mutex_unlock(&g.mu);
@@ -184,7 +178,7 @@ char *ctl_obs_render(void)
     for (int m = 0; m < KUBE_N_METHODS; m++)
         for (int o = 0; o < KUBE_N_OUTCOMES; o++)
             llm_strbuf_printf(&b, "llm_controller_api_requests_total{method=\"%s\",code=\"%s\"} %llu\n",
-                              kube_method_name(m), kube_outcome_name(o), kube_request_count(m, o));
+                              kube_client_method_name(m), kube_client_outcome_name(o), kube_client_request_count(m, o));
     llm_strbuf_printf(&b, "# HELP llm_controller_leader 1 while this replica holds the leader lease.\n"
             "# TYPE llm_controller_leader gauge\nllm_controller_leader %d\n", g.leader);
     pthread_mutex_unlock(&g.mu);
@@ -204,7 +198,7 @@ static int on_healthz(struct mg_connection *c, void *arg)
 {
     (void)arg;
     pthread_mutex_lock(&g.mu);
-    double t = mono_s();
+    double t = llm_clock_mono_s();
     int worker = g.heartbeat == 0 || t - g.heartbeat < STUCK_S;
     int signals = g.signals_beat == 0 || t - g.signals_beat < STUCK_S;
     pthread_mutex_unlock(&g.mu);

@@ -24,7 +24,7 @@ typedef enum ctl_level { CTL_DEBUG, CTL_INFO, CTL_WARN, CTL_ERROR } ctl_level;
  * variable arguments alternate key and value strings and end with NULL (a
  * NULL value skips its key). Minimum level from LLM_CONTROLLER_LOG_LEVEL
  * (debug, info, warn, error; default info). */
-void ctl_log(ctl_level lvl, const char *msg, ...) __attribute__((sentinel));
+void ctl_obs_log(ctl_level lvl, const char *msg, ...) __attribute__((sentinel));
 
 typedef enum ctl_counter {
     CTL_M_RECONCILE_OK,

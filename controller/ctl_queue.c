@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "ctl_queue.h"
+#include "llm/clock.h"
 
 #define NONE ((size_t)-1)
 
@@ -36,13 +37,6 @@ struct ctl_queue {
     int active;
     uint64_t seed;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* FNV-1a from a random start, mixed: the keys are tenants' names, which
  * must not be choosable to fall into one chain. */
@@ -215,7 +209,7 @@ llm_status ctl_queue_new(size_t max_keys, ctl_queue **out, llm_error *err)
     q->free_head = NONE;
     q->max_keys = max_keys;
     if (getrandom(&q->seed, sizeof q->seed, GRND_NONBLOCK) != (ssize_t)sizeof q->seed)
-        q->seed = (uint64_t)now_s() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)q; /* (entropy not ready: still varied) */
+        q->seed = (uint64_t)llm_clock_mono_s() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)q; /* (entropy not ready: still varied) */
     *out = q;
     return LLM_OK;
 }
@@ -260,7 +254,7 @@ static llm_status add(ctl_queue *q, const char *key, double delay_s, uint64_t fp
     }
     if (!st && !*skipped) {
         qitem *it = &q->items[i];
-        double t = now_s() + (delay_s > 0 ? delay_s : 0);
+        double t = llm_clock_mono_s() + (delay_s > 0 ? delay_s : 0);
         if (fp)
             it->fp = fp;
         if (it->in_flight) { /* after the worker is done with it */
@@ -305,7 +299,7 @@ int ctl_queue_next(ctl_queue *q, char *key, atomic_int *stop, void (*tick)(void)
     while (!atomic_load(stop)) {
         if (tick)
             tick();
-        double now = now_s(), wake = now + 1;
+        double now = llm_clock_mono_s(), wake = now + 1;
         if (q->active && q->n_heap) {
             size_t top = q->heap[0];
             if (q->items[top].due <= now) {
@@ -347,7 +341,7 @@ double ctl_queue_done(ctl_queue *q, const char *key, int outcome)
             if (again) /* changed meanwhile: look again at once (failed or not) */
                 enqueue(q, i, it->due);
             else if (failed)
-                enqueue(q, i, now_s() + delay);
+                enqueue(q, i, llm_clock_mono_s() + delay);
         }
     }
     pthread_mutex_unlock(&q->mu);
@@ -358,7 +352,7 @@ void ctl_queue_activate(ctl_queue *q, int active)
 {
     pthread_mutex_lock(&q->mu);
     q->active = active;
-    double now = now_s();
+    double now = llm_clock_mono_s();
     for (size_t i = 0; active && i < q->n_items; i++)
         if (q->items[i].live && !q->items[i].in_flight)
             enqueue(q, i, now);

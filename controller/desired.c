@@ -8,8 +8,8 @@
 #include <openssl/evp.h>
 
 #include "desired.h"
+#include "kube_meta.h"
 #include "llm/strbuf.h"
-#include "reconcile.h"
 
 static json_t *get2(json_t *o, const char *a, const char *b)
 {
@@ -28,31 +28,22 @@ static const char *name_of(json_t *d)
     return json_string_value(get2(d, "metadata", "name"));
 }
 
-void des_base_hash(json_t *d, char out[17])
+void desired_base_hash(json_t *d, char out[17])
 {
     json_t *bare = json_deep_copy(d), *model = json_object_get(json_object_get(bare, "spec"), "model");
     json_object_del(model, "path");
     json_object_del(model, "sha256");
     char msg[256], cfg[17];
-    json_t *cm = bare ? des_configmap(bare, msg, sizeof msg) : NULL;
-    des_hash(json_object_get(cm, "data"), cfg);
-    json_t *dep = cm ? des_deployment(bare, cfg, NULL, msg, sizeof msg) : NULL;
-    des_hash(json_object_get(json_object_get(dep, "spec"), "template"), out);
+    json_t *cm = bare ? desired_configmap(bare, msg, sizeof msg) : NULL;
+    kube_meta_hash(json_object_get(cm, "data"), cfg);
+    json_t *dep = cm ? desired_deployment(bare, cfg, NULL, msg, sizeof msg) : NULL;
+    kube_meta_hash(json_object_get(json_object_get(dep, "spec"), "template"), out);
     json_decref(dep);
     json_decref(cm);
     json_decref(bare);
 }
 
-void des_hash(json_t *o, char out[17])
-{
-    char *s = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
-    unsigned long long h = 1469598103934665603ULL;
-    for (const char *p = s ? s : ""; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-    free(s);
-    snprintf(out, 17, "%016llx", h);
-}
-
-long long des_quantity(const char *q)
+long long desired_quantity(const char *q)
 {
     static const struct { const char *sfx; double mul; } units[] = {
         {"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", 1073741824.0}, {"Ti", 1099511627776.0},
@@ -69,8 +60,8 @@ long long des_quantity(const char *q)
 
 static json_t *labels(const char *name)
 {
-    return json_pack("{s:s,s:s,s:s}", "app.kubernetes.io/name", "llm-server", REC_INSTANCE, name, REC_MANAGED_BY,
-                     REC_CONTROLLER);
+    return json_pack("{s:s,s:s,s:s}", "app.kubernetes.io/name", "llm-server", DESIRED_INSTANCE, name, DESIRED_MANAGED_BY,
+                     DESIRED_CONTROLLER);
 }
 
 static json_t *meta(json_t *d, const char *name)
@@ -82,20 +73,20 @@ static json_t *meta(json_t *d, const char *name)
                      json_object_get(md, "uid"), "controller", 1, "blockOwnerDeletion", 1, "annotations");
 }
 
-int des_colocated(json_t *d)
+int desired_colocated(json_t *d)
 {
     const char *m = json_string_value(json_object_get(json_object_get(json_object_get(d, "spec"), "canary"), "mode"));
     return m && !strcmp(m, "colocated");
 }
 
-json_t *des_admin_secret(json_t *d, const char *name, const char *token)
+json_t *desired_admin_secret(json_t *d, const char *name, const char *token)
 {
     char b64[96];
     size_t len = strlen(token);
     if (len > 64 || EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)token, (int)len) < 0)
         return NULL;
     json_t *out = json_pack("{s:s,s:s,s:o,s:s,s:b,s:{s:s}}", "apiVersion", "v1", "kind", "Secret", "metadata",
-                            meta(d, name), "type", "Opaque", "immutable", 1, "data", DES_ADMIN_KEY, b64);
+                            meta(d, name), "type", "Opaque", "immutable", 1, "data", DESIRED_ADMIN_KEY, b64);
     OPENSSL_cleanse(b64, sizeof b64);
     return out;
 }
@@ -120,13 +111,13 @@ static char *yaml_str(const char *s)
     return out;
 }
 
-json_t *des_configmap(json_t *d, char *msg, size_t mn)
+json_t *desired_configmap(json_t *d, char *msg, size_t mn)
 {
     json_t *spec = json_object_get(d, "spec");
     long long kv_mb = 0;
     json_t *kvm = get2(spec, "engine", "kvCacheMemory");
     if (kvm) {
-        long long bytes = json_is_integer(kvm) ? json_integer_value(kvm) : des_quantity(json_string_value(kvm));
+        long long bytes = json_is_integer(kvm) ? json_integer_value(kvm) : desired_quantity(json_string_value(kvm));
         if (bytes <= 0) {
             snprintf(msg, mn, "spec.engine.kvCacheMemory: %s is not a quantity like 2Gi",
                      json_is_string(kvm) ? json_string_value(kvm) : "value");
@@ -143,8 +134,8 @@ json_t *des_configmap(json_t *d, char *msg, size_t mn)
     llm_strbuf_printf(y, "# llm-server configuration, written by llm-controller from the LLMDeployment spec\n");
     yaml_line(y, "model", "%s", model ? model : "\"\"");
     yaml_line(y, "model_name", "%s", served ? served : "\"\"");
-    yaml_line(y, "port", "%lld", des_server_port(d));
-    yaml_line(y, "health_port", "%lld", des_health_port(d));
+    yaml_line(y, "port", "%lld", desired_server_port(d));
+    yaml_line(y, "health_port", "%lld", desired_health_port(d));
     yaml_line(y, "threads", "%lld", spec_int(spec, "engine", "threads", 0));
     yaml_line(y, "n_ctx", "%lld", spec_int(spec, "engine", "contextLength", 0));
     yaml_line(y, "max_seqs", "%lld", spec_int(spec, "engine", "maxSeqs", 64));
@@ -157,7 +148,7 @@ json_t *des_configmap(json_t *d, char *msg, size_t mn)
     if (sha)
         yaml_line(y, "model_sha256", "%s", sha);
     long long tp = spec_int(spec, "engine", "tensorParallelSize", 1);
-    const char *be = des_backend(spec);
+    const char *be = desired_backend(spec);
     if (strcmp(be, "cpu")) /* only when not the default, so CPU deployments keep their config (and pods) */
         yaml_line(y, "backend", "%s", be);
     if (tp > 1)
@@ -193,14 +184,14 @@ static json_t *model_volume(json_t *spec)
     return NULL;
 }
 
-long long des_server_port(json_t *llmd)
+long long desired_server_port(json_t *llmd)
 {
     return spec_int(json_object_get(llmd, "spec"), "server", "port", 8080);
 }
 
-long long des_health_port(json_t *llmd)
+long long desired_health_port(json_t *llmd)
 {
-    long long p = des_server_port(llmd);
+    long long p = desired_server_port(llmd);
     return p < 65535 ? p + 1 : p - 1;
 }
 
@@ -213,7 +204,7 @@ static json_t *probe(const char *path, long long port, long long period, long lo
 /* spec.engine.backend, auto resolved: cuda when the container asks for
  * GPUs (nvidia.com/gpu limits, or tensor parallelism, which asks for them
  * in resources() below), else cpu. */
-const char *des_backend(json_t *spec)
+const char *desired_backend(json_t *spec)
 {
     const char *be = json_string_value(get2(spec, "engine", "backend"));
     if (be && strcmp(be, "auto"))
@@ -245,10 +236,10 @@ static json_t *container(json_t *d, const char *admin_secret)
 {
     json_t *spec = json_object_get(d, "spec");
     long long port = spec_int(spec, "server", "port", 8080);
-    json_t *args = json_pack("[s,s,s,s]", "--config", DES_CONFIG_DIR "/config.yaml", "--host", "$(POD_IP)");
+    json_t *args = json_pack("[s,s,s,s]", "--config", DESIRED_CONFIG_DIR "/config.yaml", "--host", "$(POD_IP)");
     if (admin_secret) { /* the controller's key to the pods' /admin/canary, a mounted Secret */
         json_array_append_new(args, json_string("--admin_token_file"));
-        json_array_append_new(args, json_string(DES_ADMIN_DIR "/" DES_ADMIN_KEY));
+        json_array_append_new(args, json_string(DESIRED_ADMIN_DIR "/" DESIRED_ADMIN_KEY));
     }
     json_t *extra = get2(spec, "server", "extraArgs");
     if (json_is_array(extra))
@@ -261,14 +252,14 @@ static json_t *container(json_t *d, const char *admin_secret)
                                              "secretKeyRef", "name", json_object_get(secret, "name"), "key",
                                              key ? key : "api-keys"));
     }
-    json_t *mounts = json_pack("[{s:s,s:s,s:b}]", "name", "config", "mountPath", DES_CONFIG_DIR, "readOnly", 1);
+    json_t *mounts = json_pack("[{s:s,s:s,s:b}]", "name", "config", "mountPath", DESIRED_CONFIG_DIR, "readOnly", 1);
     const char *mp = json_string_value(get2(get2(spec, "model", "volume"), "mountPath", NULL));
     if (get2(spec, "model", "volume"))
         json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "model", "mountPath", mp ? mp : "/models",
                                                 "readOnly", 1));
     if (admin_secret)
-        json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "admin", "mountPath", DES_ADMIN_DIR, "readOnly", 1));
-    long long startup = spec_int(spec, "probes", "startupTimeoutSeconds", 600), hp = des_health_port(d);
+        json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "admin", "mountPath", DESIRED_ADMIN_DIR, "readOnly", 1));
+    long long startup = spec_int(spec, "probes", "startupTimeoutSeconds", 600), hp = desired_health_port(d);
     return json_pack("{s:s,s:O,s:o,s:o,s:[{s:s,s:I},{s:s,s:I}],s:o,s:o,s:o,s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name",
                      "llm-server", "image", json_object_get(spec, "image"), "args", args, "env", env, "ports", "name",
                      "http", "containerPort", (json_int_t)port, "name", "health", "containerPort", (json_int_t)hp,
@@ -325,7 +316,7 @@ static void merge(json_t *dst, json_t *src)
     }
 }
 
-json_t *des_deployment(json_t *d, const char *config_hash, const char *admin_secret, char *msg, size_t mn)
+json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin_secret, char *msg, size_t mn)
 {
     json_t *spec = json_object_get(d, "spec");
     const char *name = name_of(d);
@@ -356,7 +347,7 @@ json_t *des_deployment(json_t *d, const char *config_hash, const char *admin_sec
         if (json_object_get(spec, copied[i]))
             json_object_set(pod, copied[i], json_object_get(spec, copied[i]));
     json_t *tmpl = json_pack("{s:{s:o,s:{s:s}},s:o}", "metadata", "labels", labels(name), "annotations",
-                             DES_CONFIG_HASH, config_hash, "spec", pod);
+                             DESIRED_CONFIG_HASH, config_hash, "spec", pod);
     json_t *over = json_object_get(spec, "podTemplate");
     if (tmpl && json_is_object(over)) {
         merge(tmpl, over);
@@ -366,28 +357,28 @@ json_t *des_deployment(json_t *d, const char *config_hash, const char *admin_sec
         else
             json_object_set(json_object_get(tmpl, "metadata"), "labels", ours);
         json_decref(ours);
-        json_object_set_new(json_object_get(json_object_get(tmpl, "metadata"), "annotations"), DES_CONFIG_HASH,
+        json_object_set_new(json_object_get(json_object_get(tmpl, "metadata"), "annotations"), DESIRED_CONFIG_HASH,
                             json_string(config_hash));
     }
     json_t *out = json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:s,s:o},s:o}}", "apiVersion", "apps/v1", "kind",
                             "Deployment", "metadata", meta(d, name), "spec", "replicas",
-                            (json_int_t)spec_int(d, "spec", "replicas", 1), "selector", "matchLabels", REC_INSTANCE,
-                            name, REC_MANAGED_BY, REC_CONTROLLER, "strategy", "type", "RollingUpdate", "rollingUpdate",
+                            (json_int_t)spec_int(d, "spec", "replicas", 1), "selector", "matchLabels", DESIRED_INSTANCE,
+                            name, DESIRED_MANAGED_BY, DESIRED_CONTROLLER, "strategy", "type", "RollingUpdate", "rollingUpdate",
                             rolling(spec), "template", tmpl);
     if (!out)
         snprintf(msg, mn, "cannot build the Deployment from the spec");
     return out;
 }
 
-int des_canary_enabled(json_t *d)
+int desired_canary_enabled(json_t *d)
 {
     json_t *cn = json_object_get(json_object_get(d, "spec"), "canary");
     return cn && !json_is_null(cn);
 }
 
-int des_router_enabled(json_t *d)
+int desired_router_enabled(json_t *d)
 {
-    return des_canary_enabled(d) || /* the split between revisions happens in the router */
+    return desired_canary_enabled(d) || /* the split between revisions happens in the router */
            json_is_true(json_object_get(json_object_get(json_object_get(d, "spec"), "router"), "enabled"));
 }
 
@@ -395,22 +386,22 @@ int des_router_enabled(json_t *d)
 static json_t *service_for(json_t *d, const char *svc, const char *inst, json_int_t port, json_int_t target)
 {
     return json_pack("{s:s,s:s,s:o,s:{s:{s:s,s:s},s:[{s:s,s:I,s:I}]}}", "apiVersion", "v1", "kind", "Service",
-                     "metadata", meta(d, svc), "spec", "selector", REC_INSTANCE, inst, REC_MANAGED_BY, REC_CONTROLLER,
+                     "metadata", meta(d, svc), "spec", "selector", DESIRED_INSTANCE, inst, DESIRED_MANAGED_BY, DESIRED_CONTROLLER,
                      "ports", "name", "http", "port", port, "targetPort", target);
 }
 
-json_t *des_service(json_t *d)
+json_t *desired_service(json_t *d)
 {
     const char *name = name_of(d);
     json_int_t port = spec_int(json_object_get(d, "spec"), "server", "port", 8080);
-    if (!des_router_enabled(d))
+    if (!desired_router_enabled(d))
         return service_for(d, name, name, port, port);
     char inst[300];
     snprintf(inst, sizeof inst, "%s-router", name);
-    return service_for(d, name, inst, port, DES_ROUTER_PORT); /* clients reach the router */
+    return service_for(d, name, inst, port, DESIRED_ROUTER_PORT); /* clients reach the router */
 }
 
-json_t *des_backend_service(json_t *d)
+json_t *desired_backend_service(json_t *d)
 {
     char svc[300];
     snprintf(svc, sizeof svc, "%s-backends", name_of(d));
@@ -420,7 +411,7 @@ json_t *des_backend_service(json_t *d)
 
 /* The router's identity: a ServiceAccount allowed to read EndpointSlices
  * in this namespace (its Role and RoleBinding). which: 0, 1, 2. */
-json_t *des_router_rbac(json_t *d, int which)
+json_t *desired_router_rbac(json_t *d, int which)
 {
     char n[300];
     snprintf(n, sizeof n, "%s-router", name_of(d));
@@ -430,7 +421,7 @@ json_t *des_router_rbac(json_t *d, int which)
         json_t *role = json_pack("{s:s,s:s,s:o,s:[{s:[s],s:[s],s:[s,s,s]}]}", "apiVersion", "rbac.authorization.k8s.io/v1",
                                  "kind", "Role", "metadata", meta(d, n), "rules", "apiGroups", "discovery.k8s.io",
                                  "resources", "endpointslices", "verbs", "get", "list", "watch");
-        if (role && des_canary_enabled(d)) /* the canary weight's ConfigMap */
+        if (role && desired_canary_enabled(d)) /* the canary weight's ConfigMap */
             json_array_append_new(json_object_get(role, "rules"),
                                   json_pack("{s:[s],s:[s],s:[s,s,s]}", "apiGroups", "", "resources", "configmaps",
                                             "verbs", "get", "list", "watch"));
@@ -444,7 +435,7 @@ json_t *des_router_rbac(json_t *d, int which)
 
 /* llm-router pods in front of the llm-server pods: they follow the
  * NAME-backends Service's EndpointSlices. */
-json_t *des_router(json_t *d)
+json_t *desired_router(json_t *d)
 {
     json_t *spec = json_object_get(d, "spec"), *rt = json_object_get(spec, "router");
     const char *name = name_of(d), *ns = json_string_value(get2(json_object_get(d, "metadata"), "namespace", NULL));
@@ -452,17 +443,17 @@ json_t *des_router(json_t *d)
     char n[300], svc[600], port[16], hold[32];
     snprintf(n, sizeof n, "%s-router", name);
     snprintf(svc, sizeof svc, "%s/%s-backends", ns ? ns : "default", name);
-    snprintf(port, sizeof port, "%d", DES_ROUTER_PORT);
+    snprintf(port, sizeof port, "%d", DESIRED_ROUTER_PORT);
     snprintf(hold, sizeof hold, "%lld", spec_int(spec, "router", "holdSeconds", 0));
-    json_t *lab = json_pack("{s:s,s:s,s:s}", "app.kubernetes.io/name", "llm-router", REC_INSTANCE, n, REC_MANAGED_BY,
-                            REC_CONTROLLER);
+    json_t *lab = json_pack("{s:s,s:s,s:s}", "app.kubernetes.io/name", "llm-router", DESIRED_INSTANCE, n, DESIRED_MANAGED_BY,
+                            DESIRED_CONTROLLER);
     /* SIGTERM: not ready, still routing while endpoints drop the pod, then streams drain (as the servers do) */
     long long delay = spec_int(spec, "probes", "shutdownDelaySeconds", 5), drain = spec_int(spec, "probes", "drainSeconds", 30);
     char sdelay[24], sdrain[24];
     snprintf(sdelay, sizeof sdelay, "%lld", delay);
     snprintf(sdrain, sizeof sdrain, "%lld", drain);
-    json_t *live = json_pack("{s:{s:s,s:i},s:i}", "httpGet", "path", "/healthz", "port", DES_ROUTER_PORT, "periodSeconds", 5);
-    json_t *ready = json_pack("{s:{s:s,s:i},s:i,s:i}", "httpGet", "path", "/readyz", "port", DES_ROUTER_PORT,
+    json_t *live = json_pack("{s:{s:s,s:i},s:i}", "httpGet", "path", "/healthz", "port", DESIRED_ROUTER_PORT, "periodSeconds", 5);
+    json_t *ready = json_pack("{s:{s:s,s:i},s:i,s:i}", "httpGet", "path", "/readyz", "port", DESIRED_ROUTER_PORT,
                               "periodSeconds", 2, "failureThreshold", 2);
     /* --host $(POD_IP), as the servers: the pod's address only (and pods that share a network, as kubesim's, coexist) */
     json_t *ctr = json_pack("{s:s,s:s,s:[s,s,s,s,s,s,s,s,s,s,s,s,s,s],s:[{s:s,s:{s:{s:s}}}],s:[{s:s,s:i}],s:o,s:o,"
@@ -471,7 +462,7 @@ json_t *des_router(json_t *d)
                             "--service", svc, "--policy", policy ? policy : "least-loaded", "--hold-seconds", hold,
                             "--shutdown-delay-s", sdelay, "--drain-timeout-s", sdrain, "env", "name", "POD_IP",
                             "valueFrom", "fieldRef", "fieldPath", "status.podIP", "ports", "name", "http",
-                            "containerPort", DES_ROUTER_PORT, "livenessProbe", live, "readinessProbe", ready,
+                            "containerPort", DESIRED_ROUTER_PORT, "livenessProbe", live, "readinessProbe", ready,
                             "securityContext", "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1, "capabilities",
                             "drop", "ALL");
     json_t *res = json_object_get(rt, "resources"); /* a proxy: small, but never unbounded */
@@ -480,12 +471,12 @@ json_t *des_router(json_t *d)
                                                           "64Mi", "limits", "memory", "256Mi"));
     json_t *args = json_object_get(ctr, "args");
     char mport[24]; /* the load poll reads the pods' health listener, which no API flood can fill */
-    snprintf(mport, sizeof mport, "%lld", des_health_port(d));
+    snprintf(mport, sizeof mport, "%lld", desired_health_port(d));
     json_array_append_new(args, json_string("--metrics-port"));
     json_array_append_new(args, json_string(mport));
     if (ctr && json_is_true(get2(rt, "affinityUser", NULL)))
         json_array_append_new(args, json_string("--affinity-user"));
-    if (ctr && des_canary_enabled(d)) {
+    if (ctr && desired_canary_enabled(d)) {
         char csvc[700], wcm[600];
         snprintf(csvc, sizeof csvc, "%s/%s-canary-backends", ns ? ns : "default", name);
         snprintf(wcm, sizeof wcm, "%s/%s-router", ns ? ns : "default", name);
@@ -496,13 +487,13 @@ json_t *des_router(json_t *d)
     }
     return json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:{s:o},s:{s:s,s:I,s:{s:b,s:I,s:{s:s}},s:[o]}}}}", "apiVersion",
                      "apps/v1", "kind", "Deployment", "metadata", meta(d, n), "spec", "replicas",
-                     (json_int_t)spec_int(spec, "router", "replicas", 2), "selector", "matchLabels", REC_INSTANCE, n,
-                     REC_MANAGED_BY, REC_CONTROLLER, "template", "metadata", "labels", lab, "spec", "serviceAccountName",
+                     (json_int_t)spec_int(spec, "router", "replicas", 2), "selector", "matchLabels", DESIRED_INSTANCE, n,
+                     DESIRED_MANAGED_BY, DESIRED_CONTROLLER, "template", "metadata", "labels", lab, "spec", "serviceAccountName",
                      n, "terminationGracePeriodSeconds", (json_int_t)(delay + drain + 10), "securityContext", "runAsNonRoot", 1,
                      "runAsUser", (json_int_t)65532, "seccompProfile", "type", "RuntimeDefault", "containers", ctr);
 }
 
-json_t *des_router_weight(json_t *d, int weight)
+json_t *desired_router_weight(json_t *d, int weight)
 {
     char n[300], w[16];
     snprintf(n, sizeof n, "%s-router", name_of(d));
@@ -511,7 +502,7 @@ json_t *des_router_weight(json_t *d, int weight)
                      "canaryWeight", w);
 }
 
-json_t *des_canary_configmap(json_t *d, json_t *cm)
+json_t *desired_canary_configmap(json_t *d, json_t *cm)
 {
     char n[300];
     snprintf(n, sizeof n, "%s-canary-config", name_of(d));
@@ -521,7 +512,7 @@ json_t *des_canary_configmap(json_t *d, json_t *cm)
     return out;
 }
 
-json_t *des_canary_service(json_t *d)
+json_t *desired_canary_service(json_t *d)
 {
     char svc[300], inst[300];
     snprintf(svc, sizeof svc, "%s-canary-backends", name_of(d));
@@ -530,7 +521,7 @@ json_t *des_canary_service(json_t *d)
     return service_for(d, svc, inst, port, port);
 }
 
-json_t *des_canary_deployment(json_t *d, json_t *dep, int replicas)
+json_t *desired_canary_deployment(json_t *d, json_t *dep, int replicas)
 {
     char n[300], cm[300];
     snprintf(n, sizeof n, "%s-canary", name_of(d));
@@ -541,8 +532,8 @@ json_t *des_canary_deployment(json_t *d, json_t *dep, int replicas)
         return json_decref(out), NULL;
     json_object_set_new(json_object_get(out, "metadata"), "name", json_string(n));
     json_object_set_new(spec, "replicas", json_integer(replicas));
-    json_object_set_new(get2(spec, "selector", "matchLabels"), REC_INSTANCE, json_string(n));
-    json_object_set_new(json_object_get(tmeta, "labels"), REC_INSTANCE, json_string(n));
+    json_object_set_new(get2(spec, "selector", "matchLabels"), DESIRED_INSTANCE, json_string(n));
+    json_object_set_new(json_object_get(tmeta, "labels"), DESIRED_INSTANCE, json_string(n));
     json_t *vols = get2(get2(json_object_get(spec, "template"), "spec", NULL), "volumes", NULL);
     for (size_t i = 0; i < json_array_size(vols); i++) { /* its own copy of the new configuration */
         json_t *v = json_array_get(vols, i);
@@ -554,10 +545,10 @@ json_t *des_canary_deployment(json_t *d, json_t *dep, int replicas)
 
 /* At most one pod down at a time in voluntary disruptions (node drains),
  * so a drain never takes the whole service away. */
-json_t *des_pdb(json_t *d)
+json_t *desired_pdb(json_t *d)
 {
     const char *name = name_of(d);
     return json_pack("{s:s,s:s,s:o,s:{s:i,s:{s:{s:s,s:s}}}}", "apiVersion", "policy/v1", "kind", "PodDisruptionBudget",
-                     "metadata", meta(d, name), "spec", "maxUnavailable", 1, "selector", "matchLabels", REC_INSTANCE,
-                     name, REC_MANAGED_BY, REC_CONTROLLER);
+                     "metadata", meta(d, name), "spec", "maxUnavailable", 1, "selector", "matchLabels", DESIRED_INSTANCE,
+                     name, DESIRED_MANAGED_BY, DESIRED_CONTROLLER);
 }

@@ -22,66 +22,73 @@
 
 #include <jansson.h>
 
-#define DES_CONFIG_DIR "/etc/llm-server"
-#define DES_CONFIG_HASH "llmk8s.io/config-hash"
-/* on Deployments: the revision (hash) of their pod template */
-#define DES_TEMPLATE_ANN "llmk8s.io/template-hash"
+#include "kube_meta.h" /* kube_meta_hash: the revisions */
 
-json_t *des_configmap(json_t *llmd, char *msg, size_t mn);
+/* The labels every object and pod of ours carries: the controller's
+ * watches, the pod signals' list and the admin calls select by them. */
+#define DESIRED_MANAGED_BY "app.kubernetes.io/managed-by"
+#define DESIRED_INSTANCE "app.kubernetes.io/instance"
+#define DESIRED_CONTROLLER "llm-controller"
+#define DESIRED_APP "app.kubernetes.io/name" /* llm-server or llm-router */
+
+#define DESIRED_CONFIG_DIR "/etc/llm-server"
+#define DESIRED_CONFIG_HASH "llmk8s.io/config-hash"
+/* on Deployments: the revision (hash) of their pod template */
+#define DESIRED_TEMPLATE_ANN "llmk8s.io/template-hash"
+
+json_t *desired_configmap(json_t *llmd, char *msg, size_t mn);
 /* admin_secret: the colocated canary's Secret to mount (NULL: none). */
-json_t *des_deployment(json_t *llmd, const char *config_hash, const char *admin_secret, char *msg, size_t mn);
+json_t *desired_deployment(json_t *llmd, const char *config_hash, const char *admin_secret, char *msg, size_t mn);
 /* The Service NAME clients call: the llm-server pods, or the llm-router
  * pods when spec.router.enabled. */
-json_t *des_service(json_t *llmd);
+json_t *desired_service(json_t *llmd);
 /* spec.router.enabled, or a canary (whose split the router makes). */
-int des_router_enabled(json_t *llmd);
-int des_canary_enabled(json_t *llmd);
-#define DES_ROUTER_PORT 8000
+int desired_router_enabled(json_t *llmd);
+int desired_canary_enabled(json_t *llmd);
+#define DESIRED_ROUTER_PORT 8000
 /* The llm-server pods' ports: the API (spec.server.port, 8080) and the
  * health listener's (probes and /metrics on threads of their own, which no
  * API traffic can delay): the API port + 1 (- 1 at 65535). */
-long long des_server_port(json_t *llmd);
-long long des_health_port(json_t *llmd);
+long long desired_server_port(json_t *llmd);
+long long desired_health_port(json_t *llmd);
 /* With the router: NAME-router Deployment, its ServiceAccount/Role/
  * RoleBinding (which 0..2: EndpointSlices read access in the namespace),
  * and NAME-backends, the Service of the llm-server pods it follows. */
-json_t *des_router(json_t *llmd);
-json_t *des_router_rbac(json_t *llmd, int which);
-json_t *des_backend_service(json_t *llmd);
-json_t *des_pdb(json_t *llmd);
+json_t *desired_router(json_t *llmd);
+json_t *desired_router_rbac(json_t *llmd, int which);
+json_t *desired_backend_service(json_t *llmd);
+json_t *desired_pdb(json_t *llmd);
 
 /* A canary revision beside the stable one (spec.canary): NAME-router, the
  * ConfigMap whose canaryWeight the routers follow; NAME-canary-config,
  * NAME-canary (the new revision's Deployment, from the desired one, its
  * pods labelled instance NAME-canary) and NAME-canary-backends. */
-json_t *des_router_weight(json_t *llmd, int weight);
-json_t *des_canary_configmap(json_t *llmd, json_t *configmap);
-json_t *des_canary_deployment(json_t *llmd, json_t *deployment, int replicas);
-json_t *des_canary_service(json_t *llmd);
+json_t *desired_router_weight(json_t *llmd, int weight);
+json_t *desired_canary_configmap(json_t *llmd, json_t *configmap);
+json_t *desired_canary_deployment(json_t *llmd, json_t *deployment, int replicas);
+json_t *desired_canary_service(json_t *llmd);
 
 /* on Deployments: the revision with the model left out - equal for two
  * specs that differ only in model.path/sha256 (a colocated canary's case) */
-#define DES_BASE_ANN "llmk8s.io/base-hash"
-void des_base_hash(json_t *llmd, char out[17]);
+#define DESIRED_BASE_ANN "llmk8s.io/base-hash"
+void desired_base_hash(json_t *llmd, char out[17]);
 /* The bearer token of the pods' /admin/canary (spec.canary.mode
  * colocated) lives in a Secret of the name admin_secret.c derives
- * (NAME-admin-H), key "token", mounted at DES_ADMIN_DIR; the pods' args
- * name the file (--admin_token_file). des_admin_secret: that Secret named
+ * (NAME-admin-H), key "token", mounted at DESIRED_ADMIN_DIR; the pods' args
+ * name the file (--admin_token_file). desired_admin_secret: that Secret named
  * name, holding token (at most 64 characters; NULL otherwise). */
-int des_colocated(json_t *llmd); /* spec.canary.mode is colocated */
-#define DES_ADMIN_SUFFIX "-admin"
-#define DES_ADMIN_KEY "token"
-#define DES_ADMIN_DIR "/etc/llm-admin"
-json_t *des_admin_secret(json_t *llmd, const char *name, const char *token);
+int desired_colocated(json_t *llmd); /* spec.canary.mode is colocated */
+#define DESIRED_ADMIN_SUFFIX "-admin"
+#define DESIRED_ADMIN_KEY "token"
+#define DESIRED_ADMIN_DIR "/etc/llm-admin"
+json_t *desired_admin_secret(json_t *llmd, const char *name, const char *token);
 /* The llm-server backend for a spec: spec.engine.backend, or for auto (the
  * default) cuda when the container asks for GPUs, else cpu. */
-const char *des_backend(json_t *spec);
+const char *desired_backend(json_t *spec);
 
-/* FNV-1a of the object's canonical JSON, as 16 hex digits. */
-void des_hash(json_t *o, char out[17]);
 
 /* A Kubernetes quantity ("2Gi", "512M", "1073741824") in bytes; -1 when
  * it is not one. */
-long long des_quantity(const char *q);
+long long desired_quantity(const char *q);
 
 #endif

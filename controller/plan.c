@@ -6,7 +6,6 @@
 
 #include "desired.h"
 #include "plan.h"
-#include "reconcile.h"
 
 static json_t *get2(json_t *o, const char *a, const char *b)
 {
@@ -47,7 +46,7 @@ json_t *plan_condition(const char *type, int on, const char *reason, const char 
 
 void plan_free(plan *p)
 {
-    ro_free(&p->ro);
+    rollout_free(&p->ro);
     json_decref(p->steps);
     json_decref(p->events);
     json_decref(p->autoscaling);
@@ -102,20 +101,22 @@ static llm_status autoscale(const plan_input *in, json_t *d, plan *p, llm_error 
     int current = json_is_integer(json_object_get(prev, "desiredReplicas"))
                       ? (int)json_integer_value(json_object_get(prev, "desiredReplicas"))
                       : (int)json_integer_value(json_object_get(spec, "replicas"));
-    int split = ro_in_flight(get2(d, "status", "canary")); /* the Deployment holds only the stable share */
+    int split = rollout_in_flight(get2(d, "status", "canary")); /* the Deployment holds only the stable share */
     if (!split && in->stable)
         current = (int)json_integer_value(get2(json_object_get(in->stable, "spec"), "replicas", NULL));
     const podsig_reading *r = fresh(in, p->as.interval_s);
     int have = r && !strcmp(r->need.metric, p->as.metric);
-    as_decision dec;
-    as_config running = p->as; /* zero is scale to zero's call, not the signal's */
+    autoscale_decision dec;
+    autoscale_config running = p->as; /* zero is scale to zero's call, not the signal's */
     if (running.min < 1)
         running.min = 1;
-    if (!(p->autoscaling = as_decide(&running, current, have ? r->signal : -1, have ? r->signal_pods : 0, prev, in->now, &dec)))
+    /* the mean is a sample's (podsig shares its pages out); the load it stands for is every serving pod's */
+    int pods = !have || !r->signal_pods ? 0 : r->serving_pods > r->signal_pods ? r->serving_pods : r->signal_pods;
+    if (!(p->autoscaling = autoscale_decide(&running, current, have ? r->signal : -1, pods, prev, in->now, &dec)))
         return llm_errf(err, LLM_ERR_NOMEM, "no memory for the autoscaler's state");
     if (p->as.min == 0 && !split) {
-        as_activity none = {0}; /* routers 0: nothing known, no sleep and no wake */
-        as_zero(&p->as, current, r && r->need.activity ? &r->activity : &none, prev, p->autoscaling, in->now, &dec);
+        autoscale_activity none = {0}; /* routers 0: nothing known, no sleep and no wake */
+        autoscale_zero(&p->as, current, r && r->need.activity ? &r->activity : &none, prev, p->autoscaling, in->now, &dec);
     }
     json_object_set_new(spec, "replicas", json_integer(dec.desired));
     if (dec.changed)
@@ -136,7 +137,7 @@ static json_t *deployment_events(json_t *old, json_t *want, int autoscaled)
     json_int_t now = json_integer_value(get2(json_object_get(want, "spec"), "replicas", NULL));
     if (was != now && !autoscaled) /* the autoscaler posts its own, with the reason */
         plan_event(ev, "Normal", "Scaled", "scaled from %lld to %lld replicas", (long long)was, (long long)now);
-    const char *t0 = ann(old, DES_TEMPLATE_ANN), *t1 = ann(want, DES_TEMPLATE_ANN);
+    const char *t0 = ann(old, DESIRED_TEMPLATE_ANN), *t1 = ann(want, DESIRED_TEMPLATE_ANN);
     if (!t0 || !t1 || strcmp(t0, t1))
         plan_event(ev, "Normal", "RollingUpdate", "rolling the pods to revision %.10s (was %.10s)", t1 ? t1 : "?",
                    t0 ? t0 : "?");
@@ -179,16 +180,16 @@ static int router_steps(json_t *d, plan *p, const char *ns, const char *name)
 {
     char n[320];
     int bad = 0;
-    if (!des_router_enabled(d)) {
+    if (!desired_router_enabled(d)) {
         snprintf(n, sizeof n, "%s-router", name);
         bad |= step_remove(p, APPS, ns, "deployments", n);
         snprintf(n, sizeof n, "%s-backends", name);
         return bad | step_remove(p, CORE, ns, "services", n);
     }
     static const char *const group[3] = {CORE, RBAC, RBAC}, *const plural[3] = {"serviceaccounts", "roles", "rolebindings"};
-    for (int i = 0; i < 3; i++) bad |= !step_apply(p, group[i], ns, plural[i], des_router_rbac(d, i));
-    bad |= !step_apply(p, CORE, ns, "services", des_backend_service(d));
-    json_t *s = step_apply(p, APPS, ns, "deployments", des_router(d));
+    for (int i = 0; i < 3; i++) bad |= !step_apply(p, group[i], ns, plural[i], desired_router_rbac(d, i));
+    bad |= !step_apply(p, CORE, ns, "services", desired_backend_service(d));
+    json_t *s = step_apply(p, APPS, ns, "deployments", desired_router(d));
     char msg[400];
     snprintf(msg, sizeof msg, "created llm-router %s-router in front of the pods", name);
     return bad | !s | json_object_set_new(s, "created", json_string(msg));
@@ -208,17 +209,17 @@ static int stable_step(const plan_input *in, plan *p, json_t *dep, const char *n
 static llm_status server_objects(const plan_input *in, json_t *d, plan *p, json_t **cm, json_t **dep, llm_error *err)
 {
     char msg[512] = "", cfg_hash[17];
-    if (!(*cm = des_configmap(d, msg, sizeof msg)))
+    if (!(*cm = desired_configmap(d, msg, sizeof msg)))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg[0] ? msg : "cannot build the ConfigMap");
-    des_hash(json_object_get(*cm, "data"), cfg_hash);
-    if (!(*dep = des_deployment(d, cfg_hash, in->admin_secret, msg, sizeof msg)))
+    kube_meta_hash(json_object_get(*cm, "data"), cfg_hash);
+    if (!(*dep = desired_deployment(d, cfg_hash, in->admin_secret, msg, sizeof msg)))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg);
-    des_hash(get2(json_object_get(*dep, "spec"), "template", NULL), p->template_hash);
-    json_object_set_new(get2(*dep, "metadata", "annotations"), DES_TEMPLATE_ANN, json_string(p->template_hash));
-    if (des_colocated(d)) { /* only a colocated canary compares it: no second build otherwise */
+    kube_meta_hash(get2(json_object_get(*dep, "spec"), "template", NULL), p->template_hash);
+    json_object_set_new(get2(*dep, "metadata", "annotations"), DESIRED_TEMPLATE_ANN, json_string(p->template_hash));
+    if (desired_colocated(d)) { /* only a colocated canary compares it: no second build otherwise */
         char base[17];
-        des_base_hash(d, base);
-        json_object_set_new(get2(*dep, "metadata", "annotations"), DES_BASE_ANN, json_string(base));
+        desired_base_hash(d, base);
+        json_object_set_new(get2(*dep, "metadata", "annotations"), DESIRED_BASE_ANN, json_string(base));
     }
     return LLM_OK;
 }
@@ -228,16 +229,16 @@ static llm_status steps(const plan_input *in, json_t *d, plan *p, json_t *cm, js
 {
     const char *ns = str2(d, "metadata", "namespace"), *name = str2(d, "metadata", "name");
     int bad = 0;
-    if (des_colocated(d)) /* before the pods that mount it */
+    if (desired_colocated(d)) /* before the pods that mount it */
         bad |= json_array_append_new(p->steps, json_pack("{s:s}", "op", "adminSecret"));
     if (!p->ro.keep_config)
         bad |= !step_apply(p, CORE, ns, "configmaps", json_incref(cm));
     bad |= canary_steps(d, p, ns, name); /* before the stable Deployment: the weight moves before its pods do */
     bad |= stable_step(in, p, dep, ns, name, p->autoscaling != NULL);
-    bad |= !step_apply(p, CORE, ns, "services", des_service(d));
-    bad |= !step_apply(p, PDBS, ns, "poddisruptionbudgets", des_pdb(d));
+    bad |= !step_apply(p, CORE, ns, "services", desired_service(d));
+    bad |= !step_apply(p, PDBS, ns, "poddisruptionbudgets", desired_pdb(d));
     if (p->as.enabled && p->as.hpa) {
-        json_t *s = step_apply(p, HPAS, ns, "horizontalpodautoscalers", as_hpa(d, &p->as));
+        json_t *s = step_apply(p, HPAS, ns, "horizontalpodautoscalers", autoscale_hpa(d, &p->as));
         char msg[300];
         snprintf(msg, sizeof msg, "created HorizontalPodAutoscaler on %s", p->as.metric);
         bad |= !s || json_object_set_new(s, "created", json_string(msg));
@@ -256,21 +257,22 @@ llm_status plan_children(const plan_input *in, plan *p, llm_error *err)
         json_decref(d);
         return llm_errf(err, LLM_ERR_NOMEM, "no memory for a plan");
     }
-    p->need.port = des_health_port(d);
-    llm_status st = as_config_from_spec(json_object_get(d, "spec"), &p->as, err);
+    p->need.port = desired_health_port(d);
+    llm_status st = autoscale_config_from_spec(json_object_get(d, "spec"), &p->as, err);
     if (!st && p->as.enabled && !p->as.hpa)
         st = autoscale(in, d, p, err);
     if (!st)
         st = server_objects(in, d, p, &cm, &dep, err);
-    ro_seen seen = {.canary = in->canary, .pods = in->pods, .now = in->now};
+    rollout_seen seen = {.canary = in->canary, .pods = in->pods, .now = in->now};
     if (!st)
-        st = ro_plan(d, in->stable, p->template_hash,
+        st = rollout_plan(d, in->stable, p->template_hash,
                      (int)json_integer_value(get2(json_object_get(dep, "spec"), "replicas", NULL)), cm, dep, &seen, &p->ro, err);
     if (!st)
         st = steps(in, d, p, cm, dep, err);
     if (!st && json_array_extend(p->events, p->ro.events))
         st = llm_errf(err, LLM_ERR_NOMEM, "no memory for the plan's events");
     p->need.canary = p->ro.need_counters;
+    p->need.diag = p->ro.need_diag; /* NAME-canary's pods, while it starts (plan_status adds NAME's) */
     if (p->ro.requeue_s > 0)
         p->requeue_s = p->ro.requeue_s; /* the canary's analysis interval */
     if (p->autoscaling && (p->requeue_s == 0 || p->as.interval_s < p->requeue_s))
@@ -366,7 +368,7 @@ static json_t *status_of(json_t *d, const verdict *v, const char *revision, json
     const char *name = str2(d, "metadata", "name"), *ns = str2(d, "metadata", "namespace");
     json_int_t gen = json_integer_value(get2(d, "metadata", "generation"));
     char sel[256], ep[512], rev[11];
-    snprintf(sel, sizeof sel, REC_INSTANCE "=%s," REC_MANAGED_BY "=" REC_CONTROLLER, name);
+    snprintf(sel, sizeof sel, DESIRED_INSTANCE "=%s," DESIRED_MANAGED_BY "=" DESIRED_CONTROLLER, name);
     snprintf(ep, sizeof ep, "http://%s.%s.svc:%lld", name, ns,
              (long long)(json_integer_value(get2(get2(d, "spec", "server"), "port", NULL)) ?: 8080));
     snprintf(rev, sizeof rev, "%.10s", revision);
@@ -413,10 +415,10 @@ static void status_events(json_t *d, const verdict *v, json_t *events)
  * that is gone left behind. */
 static void canary_status(json_t *d, const rollout *ro, json_t *status)
 {
-    int live = ro_in_flight(ro->state);
+    int live = rollout_in_flight(ro->state);
     if (ro->state) {
         json_object_set(status, "canary", ro->state);
-        ro_conditions(ro, json_object_get(status, "conditions"), json_integer_value(get2(d, "metadata", "generation")));
+        rollout_conditions(ro, json_object_get(status, "conditions"), json_integer_value(get2(d, "metadata", "generation")));
     } else if (get2(d, "status", "canary")) {
         json_object_set_new(status, "canary", json_null());
     }

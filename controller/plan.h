@@ -47,7 +47,7 @@ typedef struct plan {
     json_t *steps;                /* in order (above) */
     json_t *events;               /* [{type, reason, message}]: post once the status is written */
     rollout ro;                   /* the canary's decision: admin call, clear_action, state */
-    as_config as;
+    autoscale_config as;
     json_t *autoscaling;          /* status.autoscaling when the built-in autoscaler decided; else NULL */
     char template_hash[17];       /* the spec's pod template revision */
     podsig_need need;             /* what to read of the pods next (plan_status adds diag) */
@@ -55,7 +55,7 @@ typedef struct plan {
 } plan;
 
 /* The children. LLM_ERR_INVALID_ARG with the reason when the spec cannot
- * give them (InvalidSpec), LLM_ERR_EXISTS when NAME-canary is not ours
+ * give them (InvalidSpec), KUBE_ERR_EXISTS when NAME-canary is not ours
  * (ChildConflict). */
 llm_status plan_children(const plan_input *in, plan *p, llm_error *err);
 

@@ -7,10 +7,11 @@
 
 #include "ctl_obs.h"
 #include "desired.h"
-#include "http_get.h"
+#include "http_client.h"
 #include "kube_client.h"
 #include "podsig.h"
-#include "reconcile.h"
+#include "prom_text.h"
+#include "llm/clock.h"
 
 #define KEY_MAX 320
 #define PODS_PER_LLMD 1024 /* pages per LLMDeployment and kind in one round */
@@ -19,8 +20,10 @@
 #define PAGE_MAX (512u << 10)
 #define ROUND_BYTES (16u << 20)
 #define LIST_TIMEOUT_MS 10000
+#define LIST_PAGE 500      /* pods per list response */
+#define LIST_PAGES_MAX 64  /* 32,000 pods a round at most */
 #define MIN_GAP_S 0.25
-#define APP_NAME "app.kubernetes.io/name"     /* between rounds, however often new needs wake the thread */
+#define DESIRED_APP "app.kubernetes.io/name"     /* between rounds, however often new needs wake the thread */
 
 typedef struct target {
     char key[KEY_MAX];
@@ -30,7 +33,7 @@ typedef struct target {
 } target;
 
 struct podsig {
-    kube_config *cfg;
+    kube_client *k;        /* the thread's own (made before it starts: a failure is podsig_new's) */
     char ns[256];
     void (*beat)(void);
     pthread_mutex_t mu;
@@ -42,13 +45,6 @@ struct podsig {
     size_t n, cap;
     json_t *index;
 };
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static json_t *get2(json_t *o, const char *a, const char *b)
 {
@@ -73,14 +69,14 @@ void podsig_add_server_page(podsig_reading *r, const char *text)
 {
     int found = 0;
     if (r->need.metric[0]) {
-        double v = as_prom_value(text, as_metric_name(r->need.metric), &found);
+        double v = prom_text_value(text, autoscale_metric_name(r->need.metric), &found);
         if (found) {
             r->signal += v;
             r->signal_pods++;
         }
     }
     if (r->need.canary == 2 && strstr(text, "revision_requests_total{")) {
-        cn_sample_add(&r->canary, text);
+        canary_sample_add(&r->canary, text);
         r->canary_pods++;
     }
 }
@@ -89,15 +85,15 @@ void podsig_add_router_page(podsig_reading *r, const char *text)
 {
     if (r->need.activity) {
         int f1 = 0, f2 = 0, f3 = 0;
-        as_activity *a = &r->activity;
-        a->held += as_prom_value(text, "llm_router_held_requests", &f1);
-        a->requests += as_prom_value(text, "llm_router_revision_requests_total", &f2) +
-                       as_prom_value(text, "llm_router_held_total", &f3);
-        a->inflight += as_prom_value(text, "llm_router_backend_inflight", &f3);
+        autoscale_activity *a = &r->activity;
+        a->held += prom_text_value(text, "llm_router_held_requests", &f1);
+        a->requests += prom_text_value(text, "llm_router_revision_requests_total", &f2) +
+                       prom_text_value(text, "llm_router_held_total", &f3);
+        a->inflight += prom_text_value(text, "llm_router_backend_inflight", &f3);
         a->routers += f1 && f2;
     }
     if (r->need.canary == 1 && strstr(text, "revision_requests_total{")) {
-        cn_sample_add(&r->canary, text);
+        canary_sample_add(&r->canary, text);
         r->canary_pods++;
     }
 }
@@ -114,45 +110,52 @@ typedef struct snap {          /* a target as the round saw it */
     json_t *pods[K_KINDS];     /* for the diagnosis (NAME, NAME-canary) */
     json_t *startupz[K_KINDS]; /* pod name -> parsed body */
     int pages[K_KINDS][2];     /* pages asked, per kind and page */
+    int asked;                 /* all of them */
 } snap;
 
 typedef struct page {
     size_t snap;
     int kind, what;
+    int nth;                   /* its LLMDeployment's nth page this round: pages are asked round-robin */
     const char *pod;           /* the pod's name (borrowed from the list) */
     char url[128];
 } page;
 
-typedef struct round {
+typedef struct sig_round {
     snap *s;
     size_t n;
     json_t *by_instance;       /* "ns/instance" -> [snap index, kind] */
     page *p;
     size_t np;
     int share;                 /* metrics pages per LLMDeployment and kind: the round's pages shared out */
-} round;
+} sig_round;
 
-static int pod_ready(json_t *pod)
+int podsig_pod_serving(json_t *pod)
 {
     json_t *cs = get2(pod, "status", "conditions");
+    int ready = 0;
     for (size_t i = 0; i < json_array_size(cs); i++) {
         json_t *c = json_array_get(cs, i);
         const char *t = json_string_value(json_object_get(c, "type"));
         const char *st = json_string_value(json_object_get(c, "status"));
         if (t && st && !strcmp(t, "Ready"))
-            return !strcmp(st, "True");
+            ready = !strcmp(st, "True");
     }
-    return 0;
+    return ready && json_is_string(get2(pod, "status", "podIP")) && !get2(pod, "metadata", "deletionTimestamp");
 }
 
 /* The instances of every target: NAME, NAME-router, NAME-canary. */
-static int index_instances(round *rd)
+static int index_instances(sig_round *rd)
 {
     if (!(rd->by_instance = json_object()))
         return -1;
     static const char *const suffix[K_KINDS] = {"", "-router", "-canary"};
-    for (size_t i = 0; i < rd->n; i++)
-        for (int k = 0; k < K_KINDS; k++) {
+    /* NAME-canary's own servers and NAME's canary pods share instance and app: the LLMDeployment
+     * NAME-canary keeps its own (indexed last, so they win); NAME's canary is then not diagnosed */
+    static const int order[K_KINDS] = {K_CANARY, K_ROUTER, K_SERVER};
+    for (int o = 0; o < K_KINDS; o++)
+        for (size_t i = 0; i < rd->n; i++) {
+            int k = order[o];
             char inst[KEY_MAX + 32];
             snprintf(inst, sizeof inst, "%s%s %s", rd->s[i].key, suffix[k], k == K_ROUTER ? "llm-router" : "llm-server");
             if (json_object_set_new(rd->by_instance, inst, json_pack("[I,i]", (json_int_t)i, k)))
@@ -161,28 +164,30 @@ static int index_instances(round *rd)
     return 0;
 }
 
-static void add_page(round *rd, size_t i, int kind, int what, const char *pod, const char *ip, long long port)
+static void add_page(sig_round *rd, size_t i, int kind, int what, const char *pod, const char *ip, long long port)
 {
     snap *s = &rd->s[i];
     int cap = what == P_STARTUPZ ? DIAG_PODS : rd->share;
     if (rd->np >= ROUND_PAGES || s->pages[kind][what] >= cap)
         return;
     page *p = &rd->p[rd->np];
-    if (snprintf(p->url, sizeof p->url, "http://%s:%lld/%s", ip, port, what == P_STARTUPZ ? "startupz" : "metrics") >=
-        (int)sizeof p->url)
+    int v6 = strchr(ip, ':') != NULL;
+    if (snprintf(p->url, sizeof p->url, "http://%s%s%s:%lld/%s", v6 ? "[" : "", ip, v6 ? "]" : "", port,
+                 what == P_STARTUPZ ? "startupz" : "metrics") >= (int)sizeof p->url)
         return;
     p->snap = i, p->kind = kind, p->what = what, p->pod = pod;
+    p->nth = s->asked++;
     rd->np++;
     s->pages[kind][what]++;
 }
 
 /* One pod of the list: kept for its target's diagnosis, its pages asked. */
-static void place_pod(round *rd, json_t *pod)
+static void place_pod(sig_round *rd, json_t *pod)
 {
     json_t *md = json_object_get(pod, "metadata");
     const char *ns = json_string_value(json_object_get(md, "namespace"));
-    const char *inst = json_string_value(get2(md, "labels", REC_INSTANCE));
-    const char *app = json_string_value(get2(md, "labels", APP_NAME)); /* NAME-router's routers, or LLMDeployment NAME-router's servers */
+    const char *inst = json_string_value(get2(md, "labels", DESIRED_INSTANCE));
+    const char *app = json_string_value(get2(md, "labels", DESIRED_APP)); /* NAME-router's routers, or LLMDeployment NAME-router's servers */
     char key[KEY_MAX + 32];
     if (!ns || !inst || !app || snprintf(key, sizeof key, "%s/%s %s", ns, inst, app) >= (int)sizeof key)
         return;
@@ -200,24 +205,53 @@ static void place_pod(round *rd, json_t *pod)
         if (pod_diag_wants_startupz(pod))
             add_page(rd, i, kind, P_STARTUPZ, name, ip, s->need.port);
     }
-    if (!ip || !name || !pod_ready(pod) || json_object_get(md, "deletionTimestamp"))
+    if (!name || !podsig_pod_serving(pod))
         return;
+    if (kind == K_SERVER)
+        s->r.serving_pods++;
     if (kind == K_SERVER && (s->need.metric[0] || s->need.canary == 2))
         add_page(rd, i, kind, P_METRICS, name, ip, s->need.port);
     else if (kind == K_ROUTER && (s->need.activity || s->need.canary == 1))
-        add_page(rd, i, kind, P_METRICS, name, ip, DES_ROUTER_PORT);
+        add_page(rd, i, kind, P_METRICS, name, ip, DESIRED_ROUTER_PORT);
+}
+
+static int by_turn(const void *a, const void *b)
+{
+    const page *x = a, *y = b;
+    return x->nth != y->nth ? (x->nth < y->nth ? -1 : 1) : x->snap < y->snap ? -1 : x->snap > y->snap;
+}
+
+/* What the diagnosis reads of a /startupz answer - its phase and detail,
+ * cut short - and no more: the page is the pod's, and a parsed tree of a
+ * big one is many times its size, so none is kept. */
+static json_t *startupz_of(const char *body)
+{
+    json_t *j = json_loads(body, 0, NULL);
+    const char *phase = json_string_value(json_object_get(j, "phase"));
+    const char *detail = json_string_value(json_object_get(j, "detail"));
+    char d[600];
+    snprintf(d, sizeof d, "%s", detail ? detail : "");
+    json_t *out = phase && detail ? json_pack("{s:s%,s:s}", "phase", phase, strlen(phase) < 32 ? strlen(phase) : 32,
+                                              "detail", d)
+                                  : json_null();
+    json_decref(j);
+    return out ? out : json_null();
 }
 
 /* Every page at once; each answer added to its target's reading. */
-static void read_pages(round *rd)
+/* 0, or -1 without memory (nothing read: the round stores nothing). */
+static int read_pages(sig_round *rd)
 {
     const char **urls = calloc(rd->np ? rd->np : 1, sizeof *urls);
     long *codes = calloc(rd->np ? rd->np : 1, sizeof *codes);
     char **bodies = calloc(rd->np ? rd->np : 1, sizeof *bodies);
     if (urls && codes && bodies) {
+        /* round-robin across LLMDeployments: the connections go to everyone's first pages before anyone's
+         * second, so one LLMDeployment's pods that hold them cannot starve the others' */
+        qsort(rd->p, rd->np, sizeof *rd->p, by_turn);
         for (size_t i = 0; i < rd->np; i++) urls[i] = rd->p[i].url;
         size_t each = rd->np && ROUND_BYTES / rd->np < PAGE_MAX ? ROUND_BYTES / rd->np : PAGE_MAX;
-        http_get_many(urls, rd->np, PODSIG_BUDGET_MS, each, codes, bodies);
+        http_client_get_many(urls, rd->np, PODSIG_BUDGET_MS, each, codes, bodies);
         for (size_t i = 0; i < rd->np; i++) {
             page *p = &rd->p[i];
             snap *s = &rd->s[p->snap];
@@ -225,13 +259,15 @@ static void read_pages(round *rd)
             if (codes[i] == 200 && p->what == P_METRICS)
                 (p->kind == K_SERVER ? podsig_add_server_page : podsig_add_router_page)(&s->r, bodies[i]);
             else if (codes[i] && p->what == P_STARTUPZ) /* any status: a failed load answers 503 */
-                json_object_set_new(s->startupz[p->kind], p->pod, json_loads(bodies[i], 0, NULL) ?: json_null());
+                json_object_set_new(s->startupz[p->kind], p->pod, startupz_of(bodies[i]));
             free(bodies[i]);
         }
     }
+    int ok = urls && codes && bodies;
     free(urls);
     free(codes);
     free(bodies);
+    return ok ? 0 : -1;
 }
 
 static void finish(snap *s)
@@ -246,8 +282,9 @@ static void finish(snap *s)
     }
 }
 
-/* The targets' needs, copied under the lock. 0 when there are none. */
-static size_t take_snapshot(podsig *ps, round *rd)
+/* The targets' needs, copied under the lock. 0 when there are none or
+ * no memory for them. */
+static size_t take_snapshot(podsig *ps, sig_round *rd)
 {
     pthread_mutex_lock(&ps->mu);
     rd->s = calloc(ps->n ? ps->n : 1, sizeof *rd->s);
@@ -259,18 +296,17 @@ static size_t take_snapshot(podsig *ps, round *rd)
         s->need = s->r.need = ps->t[i].need;
     }
     pthread_mutex_unlock(&ps->mu);
+    int bad = 0;
     for (size_t i = 0; i < rd->n; i++)
-        for (int k = 0; k < K_KINDS; k++) {
-            rd->s[i].pods[k] = json_array();
-            rd->s[i].startupz[k] = json_object();
-        }
-    return rd->n;
+        for (int k = 0; k < K_KINDS; k++)
+            bad |= !(rd->s[i].pods[k] = json_array()) | !(rd->s[i].startupz[k] = json_object());
+    return bad ? 0 : rd->n;
 }
 
 /* The readings, for targets whose need is still the one read for. */
-static void store(podsig *ps, round *rd)
+static void store(podsig *ps, sig_round *rd)
 {
-    double now = mono_s();
+    double now = llm_clock_mono_s();
     pthread_mutex_lock(&ps->mu);
     for (size_t i = 0; i < rd->n; i++) {
         json_t *at = json_object_get(ps->index, rd->s[i].key);
@@ -285,7 +321,7 @@ static void store(podsig *ps, round *rd)
     pthread_mutex_unlock(&ps->mu);
 }
 
-static void round_free(round *rd)
+static void round_free(sig_round *rd)
 {
     for (size_t i = 0; i < rd->n; i++)
         for (int k = 0; k < K_KINDS; k++) {
@@ -297,32 +333,60 @@ static void round_free(round *rd)
     json_decref(rd->by_instance);
 }
 
+/* Our pods, a page of LIST_PAGE at a time (no one response of every pod
+ * there is: anyone may label pods as ours). The pages are kept in *pages
+ * (the round borrows their pods); LLM_OK or the failed request's error. */
+static llm_status list_pods(podsig *ps, kube_client *k, json_t **pages, llm_error *err)
+{
+    char path[1024], cont[512] = "";
+    if (!(*pages = json_array()))
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory for the pod list");
+    for (int n = 0; n < LIST_PAGES_MAX; n++) {
+        json_t *resp = NULL;
+        snprintf(path, sizeof path, "/api/v1%s%s/pods?labelSelector=" DESIRED_MANAGED_BY "%%3D" DESIRED_CONTROLLER
+                 "&limit=%d%s%s", ps->ns[0] ? "/namespaces/" : "", ps->ns, LIST_PAGE, cont[0] ? "&continue=" : "", cont);
+        llm_status st = kube_client_request(k, "GET", path, NULL, NULL, &resp, err);
+        if (st)
+            return st;
+        json_array_append_new(*pages, resp);
+        const char *next = json_string_value(json_object_get(json_object_get(resp, "metadata"), "continue"));
+        /* the token goes back in a query: only what it is made of (base64url and '=') */
+        if (!next || !*next || strlen(next) >= sizeof cont || strspn(next, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                                        "0123456789-_=") != strlen(next))
+            return LLM_OK;
+        snprintf(cont, sizeof cont, "%s", next);
+    }
+    return LLM_OK; /* the rest are not read this round */
+}
+
 static void round_once(podsig *ps, kube_client *k)
 {
-    round rd = {0};
-    json_t *list = NULL;
-    char path[512];
-    snprintf(path, sizeof path, "/api/v1%s%s/pods?labelSelector=" REC_MANAGED_BY "%%3D" REC_CONTROLLER,
-             ps->ns[0] ? "/namespaces/" : "", ps->ns);
+    sig_round rd = {0};
+    json_t *pages = NULL;
     llm_error err = {0};
     if (!take_snapshot(ps, &rd) || index_instances(&rd) || !(rd.p = calloc(ROUND_PAGES, sizeof *rd.p)))
         goto out;
-    if (kube_request(k, "GET", path, NULL, NULL, &list, &err)) {
-        fprintf(stderr, "llm-controller: cannot list the pods for their signals: %s\n", err.msg);
+    if (list_pods(ps, k, &pages, &err)) {
+        ctl_obs_log(CTL_WARN, "cannot list the pods for their signals", "error", err.msg, (const char *)NULL);
         goto out; /* the readings age; the planner holds on old or no readings */
     }
     /* a fair share each (a sample of an LLMDeployment's pods still gives its mean signal): one tenant's
      * thousands of pods do not crowd out another's few */
     rd.share = (int)(ROUND_PAGES / rd.n);
     rd.share = rd.share > PODS_PER_LLMD ? PODS_PER_LLMD : rd.share < 4 ? 4 : rd.share;
-    json_t *items = json_object_get(list, "items");
-    for (size_t i = 0; i < json_array_size(items); i++) place_pod(&rd, json_array_get(items, i));
-    read_pages(&rd);
+    for (size_t p = 0; p < json_array_size(pages); p++) {
+        json_t *items = json_object_get(json_array_get(pages, p), "items");
+        for (size_t i = 0; i < json_array_size(items); i++) place_pod(&rd, json_array_get(items, i));
+    }
+    if (read_pages(&rd)) { /* no memory: the readings age rather than read "nothing answered" */
+        ctl_obs_log(CTL_ERROR, "no memory to read the pods' pages", (const char *)NULL);
+        goto out;
+    }
     for (size_t i = 0; i < rd.n; i++) finish(&rd.s[i]);
     store(ps, &rd);
     ctl_obs_count(CTL_M_SIGNAL_ROUNDS);
 out:
-    json_decref(list);
+    json_decref(pages);
     round_free(&rd);
 }
 
@@ -344,20 +408,13 @@ static double period_locked(podsig *ps)
 static void *run(void *arg)
 {
     podsig *ps = arg;
-    kube_client *k = NULL;
-    llm_error err = {0};
-    if (kube_client_new(ps->cfg, &k, &err)) {
-        fprintf(stderr, "llm-controller: the pod signals' thread has no client: %s\n", err.msg);
-        return NULL;
-    }
-    kube_client_set_timeout(k, LIST_TIMEOUT_MS);
-    kube_client_set_cancel(k, &ps->cancel);
+    kube_client *k = ps->k;
     double last = 0;
     pthread_mutex_lock(&ps->mu);
     while (!ps->stopping) {
         if (ps->beat)
             ps->beat();
-        double p = period_locked(ps), now = mono_s();
+        double p = period_locked(ps), now = llm_clock_mono_s();
         int due = p > 0 && (now - last >= p || (ps->wake && now - last >= MIN_GAP_S));
         if (!due) { /* a second at most: the heartbeat ticks while nothing is needed */
             struct timespec ts;
@@ -368,34 +425,54 @@ static void *run(void *arg)
         }
         ps->wake = 0;
         pthread_mutex_unlock(&ps->mu);
-        last = mono_s();
+        last = llm_clock_mono_s();
         round_once(ps, k);
         pthread_mutex_lock(&ps->mu);
     }
     pthread_mutex_unlock(&ps->mu);
-    kube_client_free(k);
     return NULL;
+}
+
+/* The lock and the condition variable (its waits on the monotonic clock,
+ * which does not jump with the wall clock). */
+static int sync_init(podsig *ps)
+{
+    pthread_condattr_t ca;
+    int rc = pthread_condattr_init(&ca);
+    if (rc)
+        return rc;
+    if (!(rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC)) && !(rc = pthread_mutex_init(&ps->mu, NULL)) &&
+        (rc = pthread_cond_init(&ps->cv, &ca)))
+        pthread_mutex_destroy(&ps->mu);
+    pthread_condattr_destroy(&ca);
+    return rc;
 }
 
 llm_status podsig_new(kube_config *cfg, const char *ns, void (*beat)(void), podsig **out, llm_error *err)
 {
     podsig *ps = calloc(1, sizeof *ps);
-    pthread_condattr_t ca;
     if (!ps || !(ps->index = json_object())) {
         free(ps);
         return llm_errf(err, LLM_ERR_NOMEM, "no memory for the pod signals");
     }
-    ps->cfg = cfg;
     ps->beat = beat;
     snprintf(ps->ns, sizeof ps->ns, "%s", ns ? ns : "");
-    pthread_mutex_init(&ps->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* waits do not jump with the wall clock */
-    pthread_cond_init(&ps->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    if (pthread_create(&ps->th, NULL, run, ps)) {
+    int rc = sync_init(ps);
+    if (rc) {
+        json_decref(ps->index);
+        free(ps);
+        return llm_errf(err, LLM_ERR_INTERNAL, "cannot make the pod signals' lock: %s", strerror(rc));
+    }
+    llm_status st = kube_client_new(cfg, &ps->k, err);
+    if (st) {
         podsig_free(ps);
-        return llm_errf(err, LLM_ERR_INTERNAL, "cannot start the pod signals' thread");
+        return st;
+    }
+    kube_client_set_timeout(ps->k, LIST_TIMEOUT_MS);
+    kube_client_set_cancel(ps->k, &ps->cancel);
+    if ((rc = pthread_create(&ps->th, NULL, run, ps))) {
+        podsig_free(ps);
+        return llm_errf(err, LLM_ERR_INTERNAL, "cannot start the pod signals' thread: %s", strerror(rc));
     }
     ps->started = 1;
     *out = ps;
@@ -413,6 +490,7 @@ void podsig_free(podsig *ps)
     atomic_store(&ps->cancel, 1);
     if (ps->started)
         pthread_join(ps->th, NULL);
+    kube_client_free(ps->k);
     pthread_cond_destroy(&ps->cv);
     pthread_mutex_destroy(&ps->mu);
     json_decref(ps->index);
@@ -471,7 +549,7 @@ void podsig_read(podsig *ps, const char *key, podsig_reading *out)
     target *t = find_locked(ps, key);
     if (t) {
         *out = t->r;
-        out->age_s = t->done_at > 0 ? mono_s() - t->done_at : -1;
+        out->age_s = t->done_at > 0 ? llm_clock_mono_s() - t->done_at : -1;
     }
     pthread_mutex_unlock(&ps->mu);
 }

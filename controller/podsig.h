@@ -5,9 +5,9 @@
  * colocated canary's counters, llm-router's /metrics for scale to zero
  * and the canary analysis, /startupz of pods that are not ready - all at
  * once, within PODSIG_BUDGET_MS per round for every page together. A pod
- * that never answers costs that budget once per round, and nothing of it
- * reaches the reconciles: they read the last round's results without
- * waiting (podsig_read) and say what they need next (podsig_want, from the
+ * that never answers costs that budget once per round, and no reconcile
+ * waits for it: they read the last round's results without waiting
+ * (podsig_read) and say what they need next (podsig_want, from the
  * planner's plan.need). The thread ticks ctl_obs_heartbeat_signals each
  * round.
  *
@@ -16,7 +16,10 @@
  * 4,096 pages per round, each LLMDeployment's /metrics pages per kind at
  * most its share of them (4,096 / LLMDeployments read, 4 to 1,024: a
  * sample of the pods), 64 /startupz per instance, 512 KiB a page and
- * 16 MiB for every page of a round together. Pods are told apart by
+ * 16 MiB for every page of a round together. Pages are taken in the pod
+ * list's order up to the round's 4,096: past that (over 512
+ * LLMDeployments read at once, or many diagnosed), those later in the
+ * list are not read that round. Pods are told apart by
  * instance and app name (llm-server, llm-router), so LLMDeployment
  * NAME-router's servers are not NAME's routers.
  *
@@ -38,7 +41,7 @@
 /* What one LLMDeployment wants read (all zero: nothing; it is dropped). */
 typedef struct podsig_need {
     long long port;          /* llm-server's health port: /metrics and /startupz */
-    char metric[32];         /* the autoscaler's signal (as_metric_name's input); "": none */
+    char metric[32];         /* the autoscaler's signal (autoscale_metric_name's input); "": none */
     int activity;            /* the routers' activity (scale to zero) */
     int canary;              /* 1: the routers' per-revision counters; 2: the pods' own (a colocated canary) */
     int diag;                /* why its pods, and NAME-canary's, are not ready */
@@ -58,11 +61,12 @@ typedef struct podsig_admin {
 typedef struct podsig_reading {
     podsig_need need;        /* what this reading was read for */
     double age_s;            /* since its round ended; < 0: no round yet for this need */
-    double signal;           /* the mean of need.metric over signal_pods pods that had it */
+    double signal;           /* the mean of need.metric over signal_pods pods that had it (a sample) */
     int signal_pods;
-    as_activity activity;    /* need.activity */
+    int serving_pods;        /* NAME's pods serving (ready, with an IP, not terminating): what the mean is of */
+    autoscale_activity activity;    /* need.activity */
     int canary_pods;         /* pages of need.canary that had the counters (0: none answered) */
-    cn_sample canary;
+    canary_sample canary;
     pod_diag diag, canary_diag; /* need.diag: NAME's and NAME-canary's pods */
     podsig_admin admin;
 } podsig_reading;
@@ -87,8 +91,11 @@ void podsig_note_admin(podsig *s, const char *key, const podsig_admin *a);
 /* key's LLMDeployment is gone. */
 void podsig_forget(podsig *s, const char *key);
 
-/* The parts of one reading (pure; exposed for the unit tests): adds a
- * server pod's /metrics text to r for its need, or a router pod's. */
+/* 1 when pod (a list's item) serves: Ready, with an IP, not terminating. */
+int podsig_pod_serving(json_t *pod);
+
+/* The parts of one reading (pure): adds a server pod's /metrics text to r
+ * for its need, or a router pod's. */
 void podsig_add_server_page(podsig_reading *r, const char *text);
 void podsig_add_router_page(podsig_reading *r, const char *text);
 

@@ -8,15 +8,16 @@
 #include "admin_secret.h"
 #include "ctl_obs.h"
 #include "desired.h"
-#include "http_get.h"
+#include "http_client.h"
 #include "kube_apply.h"
-#include "kube_event.h"
+#include "ctl_event.h"
 #include "plan.h"
 #include "reconcile.h"
 
 #define API "/apis/llmk8s.io/v1alpha1"
 #define ADMIN_BUDGET_MS 3000 /* every pod's /admin/canary answer together */
 #define ADMIN_PODS 1024
+#define ADMIN_ANSWER_MAX 4096 /* {"state","model","weight","message"}: a pod's longer answer is no answer */
 
 static json_t *get2(json_t *o, const char *a, const char *b)
 {
@@ -47,7 +48,7 @@ static void seen_free(seen *o)
 /* A read whose "not there" is an answer. */
 static llm_status read_opt(kube_client *k, const char *path, json_t **out, llm_error *err)
 {
-    llm_status st = kube_read(k, path, out, err);
+    llm_status st = kube_apply_read(k, path, out, err);
     return st == LLM_ERR_NOT_FOUND ? LLM_OK : st;
 }
 
@@ -61,13 +62,13 @@ static llm_status observe(kube_client *k, podsig *ps, const char *key, seen *o, 
     snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s", ns, name);
     llm_status st = read_opt(k, path, &o->stable, err);
     snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s-canary", ns, name);
-    if (!st && des_canary_enabled(o->d)) /* a failed read is not "no canary pods": the analysis would judge none */
+    if (!st && desired_canary_enabled(o->d)) /* a failed read is not "no canary pods": the analysis would judge none */
         st = read_opt(k, path, &o->canary, err);
-    if (!st && des_colocated(o->d) && (st = admin_secret_derive(k, o->d, o->admin_name, o->token, err)) == LLM_ERR_INVALID_ARG) {
+    if (!st && desired_colocated(o->d) && (st = admin_secret_derive(k, o->d, o->admin_name, o->token, err)) == LLM_ERR_INVALID_ARG) {
         /* the key Secret spoilt: said, and retried with back-off until it is mended (INVALID_ARG would stop
          * retries until the spec changes) */
-        kube_event(k, o->d, "Warning", "AdminKeyInvalid", "%s", err->msg);
-        st = LLM_ERR_FORBIDDEN;
+        ctl_event(k, o->d, "Warning", "AdminKeyInvalid", "%s", err->msg);
+        st = KUBE_ERR_FORBIDDEN;
     }
     podsig_read(ps, key, &o->pods);
     return st;
@@ -79,20 +80,8 @@ static void post_events(kube_client *k, json_t *d, json_t *events)
 {
     for (size_t i = 0; i < json_array_size(events); i++) {
         json_t *e = json_array_get(events, i);
-        kube_event(k, d, str2(e, "type", NULL), str2(e, "reason", NULL), "%s", str2(e, "message", NULL));
+        ctl_event(k, d, str2(e, "type", NULL), str2(e, "reason", NULL), "%s", str2(e, "message", NULL));
     }
-}
-
-static int pod_ready(json_t *pod)
-{
-    json_t *cs = get2(pod, "status", "conditions");
-    for (size_t i = 0; i < json_array_size(cs); i++) {
-        json_t *c = json_array_get(cs, i);
-        const char *t = str2(c, "type", NULL), *st = str2(c, "status", NULL);
-        if (t && st && !strcmp(t, "Ready"))
-            return !strcmp(st, "True");
-    }
-    return 0;
 }
 
 /* The answers, counted. */
@@ -127,28 +116,35 @@ static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, con
         json_object_set(req, "sha256", json_object_get(m, "sha256"));
     char *body = req ? json_dumps(req, JSON_COMPACT) : NULL, path[768];
     json_decref(req);
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" REC_INSTANCE "%%3D%s%%2C" REC_MANAGED_BY
-             "%%3D" REC_CONTROLLER, str2(d, "metadata", "namespace"), str2(d, "metadata", "name"));
+    /* the servers of this LLMDeployment alone: LLMDeployment NAME's routers are instance NAME-router too */
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" DESIRED_INSTANCE "%%3D%s%%2C" DESIRED_MANAGED_BY
+             "%%3D" DESIRED_CONTROLLER "%%2C" DESIRED_APP "%%3Dllm-server", str2(d, "metadata", "namespace"),
+             str2(d, "metadata", "name"));
     json_t *pods = NULL;
     llm_error err = {0};
     char(*urls)[128] = calloc(ADMIN_PODS, 128);
     const char **up = calloc(ADMIN_PODS, sizeof *up);
     long *codes = calloc(ADMIN_PODS, sizeof *codes);
     char **bodies = calloc(ADMIN_PODS, sizeof *bodies);
-    if (!body || !urls || !up || !codes || !bodies) {
+    if (!o->token[0]) { /* colocation turned off meanwhile: no key derived, nothing to say it with */
+        snprintf(a.message, sizeof a.message, "no admin key: spec.canary.mode is no longer colocated");
+    } else if (!body || !urls || !up || !codes || !bodies) {
         snprintf(a.message, sizeof a.message, "no memory to call the pods");
-    } else if (kube_request(k, "GET", path, NULL, NULL, &pods, &err)) {
+    } else if (kube_client_request(k, "GET", path, NULL, NULL, &pods, &err)) {
         snprintf(a.message, sizeof a.message, "cannot list the pods: %.400s", err.msg);
     } else {
         json_t *items = json_object_get(pods, "items");
         for (size_t i = 0; i < json_array_size(items) && (size_t)a.pods < ADMIN_PODS; i++) {
             json_t *pod = json_array_get(items, i);
             const char *ip = str2(pod, "status", "podIP");
-            if (ip && pod_ready(pod) && !get2(pod, "metadata", "deletionTimestamp") &&
-                snprintf(urls[a.pods], 128, "http://%s:%lld/admin/canary", ip, des_server_port(d)) < 128)
+            int v6 = ip && strchr(ip, ':');
+            /* not a host-network pod: its IP is the node's, whatever listens there would get the token */
+            if (podsig_pod_serving(pod) && !json_is_true(get2(json_object_get(pod, "spec"), "hostNetwork", NULL)) &&
+                snprintf(urls[a.pods], 128, "http://%s%s%s:%lld/admin/canary", v6 ? "[" : "", ip, v6 ? "]" : "",
+                         desired_server_port(d)) < 128)
                 up[a.pods] = urls[a.pods], a.pods++;
         }
-        http_many(up, (size_t)a.pods, o->token, body, ADMIN_BUDGET_MS, 1 << 16, codes, bodies);
+        http_client_many(up, (size_t)a.pods, o->token, body, ADMIN_BUDGET_MS, ADMIN_ANSWER_MAX, codes, bodies);
         admin_answers(&a, urls, (size_t)a.pods, codes, bodies);
     }
     podsig_note_admin(ps, key, &a);
@@ -161,17 +157,15 @@ static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, con
 }
 
 /* The one-shot canary action is removed once done (pause stays until
- * resumed); the status written next is at the version this write made. */
-static void clear_action(kube_client *k, json_t *d, const char *path)
+ * resumed). A failure fails the reconcile: the lever stays, and the next
+ * plan asks again. */
+static llm_status clear_action(kube_client *k, const char *path, llm_error *err)
 {
-    json_t *patch = json_pack("{s:{s:{s:n}}}", "metadata", "annotations", RO_ACTION_ANN), *now = NULL;
-    llm_error e = {0};
-    if (kube_request(k, "PATCH", path, patch, "application/merge-patch+json", &now, &e))
-        fprintf(stderr, "llm-controller: cannot remove %s from %s: %s\n", RO_ACTION_ANN, path, e.msg);
-    else
-        json_object_set(json_object_get(d, "metadata"), "resourceVersion", get2(now, "metadata", "resourceVersion") ?: json_null());
-    json_decref(now);
+    json_t *patch = json_pack("{s:{s:{s:n}}}", "metadata", "annotations", ROLLOUT_ACTION_ANN);
+    llm_status st = patch ? kube_client_request(k, "PATCH", path, patch, "application/merge-patch+json", NULL, err)
+                          : llm_errf(err, LLM_ERR_NOMEM, "no memory to remove %s", ROLLOUT_ACTION_ANN);
     json_decref(patch);
+    return st;
 }
 
 /* The plan's steps in order; *dep_now: the Deployment NAME as the apply
@@ -187,16 +181,20 @@ static llm_status act(kube_client *k, seen *o, const plan *p, json_t **dep_now, 
         if (!strcmp(op, "adminSecret")) {
             st = admin_secret_ensure(k, o->d, err);
         } else if (!strcmp(op, "remove")) {
-            st = kube_remove_ours(k, str2(s, "path", NULL), uid, err);
+            st = kube_apply_remove_ours(k, str2(s, "path", NULL), uid, err);
         } else if (json_is_true(json_object_get(s, "stable"))) {
             st = kube_apply_over(k, str2(s, "collection", NULL), json_object_get(s, "object"), o->stable, &did, dep_now, err);
         } else {
             st = kube_apply(k, str2(s, "collection", NULL), json_object_get(s, "object"), &did, err);
         }
         if (!st && did == KUBE_CREATED && str2(s, "created", NULL))
-            kube_event(k, o->d, "Normal", "Created", "%s", str2(s, "created", NULL));
-        else if (!st && did == KUBE_UPDATED)
+            ctl_event(k, o->d, "Normal", "Created", "%s", str2(s, "created", NULL));
+        else if (!st && (did == KUBE_UPDATED || did == KUBE_TAKEN_BACK))
             post_events(k, o->d, json_object_get(s, "updated"));
+        if (!st && did == KUBE_TAKEN_BACK) /* whose edit was undone, in the API server's words */
+            ctl_event(k, o->d, "Warning", "FieldsTakenBack", "%s %s: %s",
+                      str2(json_object_get(s, "object"), "kind", NULL) ?: "object",
+                      str2(get2(json_object_get(s, "object"), "metadata", NULL), "name", NULL) ?: "?", err->msg);
     }
     return st;
 }
@@ -229,7 +227,8 @@ static llm_status update_status(kube_client *k, const char *path, json_t *d, jso
      * that has stopped leading and was overtaken, is refused (409) rather than written over a newer one */
     json_t *patch = json_pack("{s:{s:O},s:O}", "metadata", "resourceVersion", get2(d, "metadata", "resourceVersion"),
                               "status", want);
-    llm_status st = kube_request(k, "PATCH", sp, patch, "application/merge-patch+json", NULL, err);
+    llm_status st = patch ? kube_client_request(k, "PATCH", sp, patch, "application/merge-patch+json", NULL, err)
+                          : llm_errf(err, LLM_ERR_NOMEM, "no memory for the status of %s (or no resourceVersion)", sp);
     json_decref(patch);
     return st;
 }
@@ -259,23 +258,26 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, const char *key, cons
     plan p;
     json_t *dep_now = NULL, *status = NULL;
     llm_status st = plan_children(&in, &p, err);
-    if (!st && p.ro.admin)
-        admin_call(k, ps, key, o, &p);
-    if (!st && p.ro.clear_action)
-        clear_action(k, o->d, path);
     if (!st)
         st = act(k, o, &p, &dep_now, err);
     if (st == LLM_ERR_INVALID_ARG) { /* the spec, not the moment: no retry until it changes */
         st = child_refused(k, path, &in, "InvalidSpec", err->msg, err);
-    } else if (st == LLM_ERR_EXISTS) { /* a foreign object holds a child's name */
+    } else if (st == KUBE_ERR_EXISTS) { /* a foreign object holds a child's name */
         st = child_refused(k, path, &in, "ChildConflict", err->msg, err);
         *requeue_s = 15; /* until its owner removes it */
     } else if (!st && !(status = plan_status(&in, &p, dep_now ? dep_now : o->stable))) {
         st = llm_errf(err, LLM_ERR_NOMEM, "%s: cannot build the status", key);
     } else if (!st && !(st = update_status(k, path, o->d, status, err))) {
-        post_events(k, o->d, p.events); /* once the decisions they tell of are recorded */
+        /* once the decisions are recorded (a failed write makes them again): their events, the pods' part,
+         * the lever's removal */
+        post_events(k, o->d, p.events);
+        if (p.ro.admin)
+            admin_call(k, ps, key, o, &p);
+        if (p.ro.clear_action)
+            st = clear_action(k, path, err);
         *requeue_s = p.requeue_s;
-        st = podsig_want(ps, key, &p.need, err);
+        if (!st)
+            st = podsig_want(ps, key, &p.need, err);
     }
     json_decref(status);
     json_decref(dep_now);
@@ -283,14 +285,14 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, const char *key, cons
     return st;
 }
 
-llm_status rec_reconcile(kube_client *k, podsig *ps, const char *ns, const char *name, double *requeue_s, llm_error *err)
+llm_status reconcile_run(kube_client *k, podsig *ps, const char *ns, const char *name, double *requeue_s, llm_error *err)
 {
     *requeue_s = 0;
     char path[1024], key[640];
     snprintf(path, sizeof path, API "/namespaces/%s/llmdeployments/%s", ns, name);
     snprintf(key, sizeof key, "%s/%s", ns, name);
     seen o = {0};
-    llm_status st = kube_read(k, path, &o.d, err); /* (the informers' copies: no request at rest) */
+    llm_status st = kube_apply_read(k, path, &o.d, err); /* (the informers' copies: no request at rest) */
     if (st == LLM_ERR_NOT_FOUND) {
         podsig_forget(ps, key);
         return st; /* deleted: its children go with it (ownerReferences) */

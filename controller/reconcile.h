@@ -35,11 +35,8 @@
  * pods load or fail, a canary is analysed, the autoscaler decides).
  * ps (may be NULL: no pod signals) gives the pods' signals and is told
  * what to read next. */
-llm_status rec_reconcile(kube_client *k, podsig *ps, const char *ns, const char *name, double *requeue_s,
+llm_status reconcile_run(kube_client *k, podsig *ps, const char *ns, const char *name, double *requeue_s,
                          llm_error *err);
 
-#define REC_MANAGED_BY "app.kubernetes.io/managed-by"
-#define REC_INSTANCE "app.kubernetes.io/instance"
-#define REC_CONTROLLER "llm-controller"
 
 #endif

@@ -8,6 +8,7 @@
 
 #include "desired.h"
 #include "kube_meta.h"
+#include "kube_status.h"
 #include "plan.h"
 #include "rollout.h"
 
@@ -65,7 +66,7 @@ static void event(rollout *ro, const char *type, const char *reason, const char 
 /* The counters the analysis reads - the routers', or the stable pods' own
  * for a canary colocated in them - as the last round read them; 0 when no
  * round has read them for this mode yet (nothing to start a window from). */
-static int sample(const rollout *ro, const ro_seen *seen, cn_sample *s)
+static int sample(const rollout *ro, const rollout_seen *seen, canary_sample *s)
 {
     const podsig_reading *r = seen->pods;
     memset(s, 0, sizeof *s);
@@ -77,7 +78,7 @@ static int sample(const rollout *ro, const ro_seen *seen, cn_sample *s)
 
 /* The pods' answers to the last /admin/canary call for this revision
  * (serving it, not unloading); NULL when there are none. */
-static const podsig_admin *answers(const rollout *ro, const ro_seen *seen)
+static const podsig_admin *answers(const rollout *ro, const rollout_seen *seen)
 {
     const podsig_admin *a = seen->pods ? &seen->pods->admin : NULL;
     return a && a->valid && !a->unload && same(a->rev, str(ro->state, "revision")) ? a : NULL;
@@ -121,7 +122,7 @@ static void rollback(rollout *ro, const char *signal, const char *msg)
     set_str(st, "signal", signal);
     set_str(st, "message", msg);
     event(ro, "Warning", "CanaryRolledBack", "revision %.10s rolled back: %s: %s", rev, signal, msg);
-    ro->mode = RO_ROLLED_BACK;
+    ro->mode = ROLLOUT_ROLLED_BACK;
 }
 
 static void promote(rollout *ro, const char *why)
@@ -131,16 +132,16 @@ static void promote(rollout *ro, const char *why)
     event(ro, "Normal", "CanaryPromoting", "revision %.10s: %s", str(ro->state, "revision") ?: "", why);
 }
 
-static void begin_step(rollout *ro, int step, const cn_sample *now, double now_unix)
+static void begin_step(rollout *ro, int step, const canary_sample *now, double now_unix)
 {
     json_object_set_new(ro->state, "step", json_integer(step));
     json_object_set_new(ro->state, "weight", json_integer(ro->cn.steps[step].weight));
     json_object_set_new(ro->state, "stepStartTime", json_integer((json_int_t)now_unix));
-    json_object_set_new(ro->state, "window", cn_sample_to_json(now));
+    json_object_set_new(ro->state, "window", canary_sample_to_json(now));
     json_object_set_new(ro->state, "phase", json_string("Progressing"));
 }
 
-static void record(rollout *ro, const cn_analysis *a, double now_unix)
+static void record(rollout *ro, const canary_analysis *a, double now_unix)
 {
     static const char *const verdicts[] = {"Inconclusive", "Pass", "Fail"};
     char now[32];
@@ -156,10 +157,10 @@ static void record(rollout *ro, const cn_analysis *a, double now_unix)
 /* Starting, colocated: the stable pods load the canary's model (at weight
  * 0); its first step begins once they all serve it. One that does not fit
  * goes back to pods of its own; one that fails to load is rolled back. */
-static void starting_colocated(rollout *ro, const ro_seen *seen)
+static void starting_colocated(rollout *ro, const rollout_seen *seen)
 {
     const podsig_admin *a = answers(ro, seen);
-    cn_sample now;
+    canary_sample now;
     if (a && a->misfit) { /* back to pods of its own, saying why */
         admin(ro, 1, 0);
         char why[600];
@@ -183,13 +184,13 @@ static void starting_colocated(rollout *ro, const ro_seen *seen)
     }
 }
 
-static void starting(rollout *ro, const ro_seen *seen)
+static void starting(rollout *ro, const rollout_seen *seen)
 {
     if (colocated(ro)) {
         starting_colocated(ro, seen);
         return;
     }
-    cn_sample now;
+    canary_sample now;
     if (ready_pods(seen->canary) > 0 && sample(ro, seen, &now)) {
         begin_step(ro, 0, &now, seen->now);
         set_str(ro->state, "message", "step 1 began");
@@ -203,29 +204,29 @@ static void starting(rollout *ro, const ro_seen *seen)
 }
 
 /* Progressing: one analysis of the window since the step began. */
-static void analyse(rollout *ro, const ro_seen *seen, int paused)
+static void analyse(rollout *ro, const rollout_seen *seen, int paused)
 {
-    cn_sample now, base, win;
-    cn_analysis a;
+    canary_sample now, base, win;
+    canary_analysis a;
     if (colocated(ro)) /* keep every pod (a restarted one too) on the step's weight */
         admin(ro, 0, (int)json_integer_value(json_object_get(ro->state, "weight")));
     if (!sample(ro, seen, &now) || !seen->pods->canary_pods) {
         memset(&a, 0, sizeof a);
         snprintf(a.message, sizeof a.message, "no %s answered on /metrics", colocated(ro) ? "pod" : "router");
     } else {
-        if (!cn_sample_from_json(json_object_get(ro->state, "window"), &base))
-            json_object_set_new(ro->state, "window", cn_sample_to_json(&now)), base = now;
-        cn_sample_diff(&now, &base, &win);
-        cn_analyse(&ro->cn, &win, &a);
+        if (!canary_sample_from_json(json_object_get(ro->state, "window"), &base))
+            json_object_set_new(ro->state, "window", canary_sample_to_json(&now)), base = now;
+        canary_sample_diff(&now, &base, &win);
+        canary_analyse(&ro->cn, &win, &a);
     }
     record(ro, &a, seen->now);
     int step = (int)json_integer_value(json_object_get(ro->state, "step"));
     double age = seen->now - (double)json_integer_value(json_object_get(ro->state, "stepStartTime"));
-    switch (cn_decide(&ro->cn, step, age, a.verdict, paused)) {
-    case CN_ROLLBACK:
+    switch (canary_decide(&ro->cn, step, age, a.verdict, paused)) {
+    case CANARY_ROLLBACK:
         rollback(ro, a.signal, a.message);
         break;
-    case CN_ADVANCE:
+    case CANARY_ADVANCE:
         begin_step(ro, step + 1, &now, seen->now);
         set_str(ro->state, "message", a.message);
         if (colocated(ro))
@@ -233,10 +234,10 @@ static void analyse(rollout *ro, const ro_seen *seen, int paused)
         event(ro, "Normal", "CanaryStep", "revision %.10s takes %d%% of requests (step %d of %d): %s",
               str(ro->state, "revision") ?: "", ro->cn.steps[step + 1].weight, step + 2, ro->cn.n_steps, a.message);
         break;
-    case CN_PROMOTE:
+    case CANARY_PROMOTE:
         promote(ro, a.message);
         break;
-    case CN_HOLD:
+    case CANARY_HOLD:
         json_object_set_new(ro->state, "phase", json_string(paused ? "Paused" : "Progressing"));
         break;
     }
@@ -245,40 +246,43 @@ static void analyse(rollout *ro, const ro_seen *seen, int paused)
 /* Promoting: every stable pod serves the canary's model at weight 100
  * (colocated), or the canary's own pods can carry all replicas; then the
  * stable rolls to the new template. */
-static void promoting(rollout *ro, const ro_seen *seen, int total)
+static void promoting(rollout *ro, const rollout_seen *seen, int total)
 {
     if (colocated(ro)) {
         const podsig_admin *a = answers(ro, seen);
         admin(ro, 0, 100);
         if (a && a->weight == 100 && a->pods > 0 && a->ready == a->pods)
-            ro->mode = RO_PROMOTING;
+            ro->mode = ROLLOUT_PROMOTING;
     } else if (ready_pods(seen->canary) >= total && dep_done(seen->canary)) {
-        ro->mode = RO_PROMOTING; /* the canary can carry it all: shift, then roll the stable */
+        ro->mode = ROLLOUT_PROMOTING; /* the canary can carry it all: shift, then roll the stable */
     }
     ro->requeue_s = 2;
 }
 
 /* A canary in flight: the kubectl levers, then its phase's turn. */
-static void progress(json_t *d, rollout *ro, const ro_seen *seen, int total)
+static void progress(json_t *d, rollout *ro, const rollout_seen *seen, int total)
 {
-    const char *action = str(get2(d, "metadata", "annotations"), RO_ACTION_ANN);
+    const char *action = str(get2(d, "metadata", "annotations"), ROLLOUT_ACTION_ANN);
     ro->clear_action = same(action, "resume") || same(action, "promote") || same(action, "abort");
-    ro->mode = RO_CANARY;
+    ro->mode = ROLLOUT_CANARY;
     ro->requeue_s = ro->cn.interval_s;
     if (same(str(ro->state, "phase"), "Promoting")) {
+        if (ro->clear_action && !same(action, "promote")) /* past the point of return: said, not done */
+            event(ro, "Warning", "CanaryActionIgnored", "%s: the canary is being promoted; the %s annotation is removed",
+                  action, ROLLOUT_ACTION_ANN);
         promoting(ro, seen, total);
     } else if (same(action, "abort")) {
-        rollback(ro, "Aborted", "aborted through the " RO_ACTION_ANN " annotation");
+        rollback(ro, "Aborted", "aborted through the " ROLLOUT_ACTION_ANN " annotation");
     } else if (same(action, "promote")) {
-        promote(ro, "promoted through the " RO_ACTION_ANN " annotation");
+        promote(ro, "promoted through the " ROLLOUT_ACTION_ANN " annotation");
         ro->requeue_s = 1;
     } else if (same(str(ro->state, "phase"), "Starting")) {
         starting(ro, seen);
-        ro->requeue_s = ro->mode == RO_CANARY ? 2 : 0;
+        ro->requeue_s = ro->mode == ROLLOUT_CANARY ? 2 : 0;
     } else {
         analyse(ro, seen, same(action, "pause"));
     }
-    if (ro->mode == RO_ROLLED_BACK && colocated(ro)) /* out of the stable pods again */
+    if (ro->mode == ROLLOUT_ROLLED_BACK && colocated(ro)) /* out of the stable pods again */
         admin(ro, 1, 0);
 }
 
@@ -288,9 +292,9 @@ static void settle(rollout *ro, json_t *stable, const char *new_rev)
 {
     const char *phase = str(ro->state, "phase");
     int promoting = same(phase, "Promoting") && same(str(ro->state, "revision"), new_rev);
-    ro->mode = RO_NONE;
+    ro->mode = ROLLOUT_NONE;
     if (promoting && !dep_done(stable)) {
-        ro->mode = RO_PROMOTING;
+        ro->mode = ROLLOUT_PROMOTING;
         ro->requeue_s = 2;
     } else if (promoting) {
         json_object_set_new(ro->state, "phase", json_string("Promoted"));
@@ -310,47 +314,47 @@ static void settle(rollout *ro, json_t *stable, const char *new_rev)
 static llm_status objects(json_t *d, rollout *ro, json_t *stable, int total, json_t *cm, json_t *dep, llm_error *err)
 {
     int w = (int)json_integer_value(json_object_get(ro->state, "weight")), s_rep = total, c_rep = total;
-    int col = colocated(ro) && (ro->mode == RO_CANARY || ro->mode == RO_PROMOTING);
-    ro->weight = ro->mode == RO_PROMOTING ? 100 : ro->mode == RO_CANARY ? w : 0;
-    if (ro->mode == RO_CANARY && !col && !same(str(ro->state, "phase"), "Promoting"))
-        cn_split(total, w, &s_rep, &c_rep);
-    ro->weight_cm = des_router_weight(d, col ? 0 : ro->weight); /* colocated: the pods split, not the routers */
-    if (!col && (ro->mode == RO_CANARY || ro->mode == RO_PROMOTING) &&
-        (!(ro->canary_cm = des_canary_configmap(d, cm)) || !(ro->canary_dep = des_canary_deployment(d, dep, c_rep)) ||
-         !(ro->canary_svc = des_canary_service(d))))
+    int col = colocated(ro) && (ro->mode == ROLLOUT_CANARY || ro->mode == ROLLOUT_PROMOTING);
+    ro->weight = ro->mode == ROLLOUT_PROMOTING ? 100 : ro->mode == ROLLOUT_CANARY ? w : 0;
+    if (ro->mode == ROLLOUT_CANARY && !col && !same(str(ro->state, "phase"), "Promoting"))
+        canary_split(total, w, &s_rep, &c_rep);
+    ro->weight_cm = desired_router_weight(d, col ? 0 : ro->weight); /* colocated: the pods split, not the routers */
+    if (!col && (ro->mode == ROLLOUT_CANARY || ro->mode == ROLLOUT_PROMOTING) &&
+        (!(ro->canary_cm = desired_canary_configmap(d, cm)) || !(ro->canary_dep = desired_canary_deployment(d, dep, c_rep)) ||
+         !(ro->canary_svc = desired_canary_service(d))))
         return llm_errf(err, LLM_ERR_NOMEM, "cannot build the canary's objects");
-    if (ro->mode == RO_CANARY || ro->mode == RO_ROLLED_BACK) { /* the stable pods keep what they run */
+    if (ro->mode == ROLLOUT_CANARY || ro->mode == ROLLOUT_ROLLED_BACK) { /* the stable pods keep what they run */
         json_t *tmpl = json_deep_copy(get2(stable, "spec", "template"));
         if (!tmpl)
             return llm_errf(err, LLM_ERR_NOMEM, "cannot copy the stable pod template");
         json_object_set_new(json_object_get(dep, "spec"), "template", tmpl);
-        json_object_set_new(get2(dep, "metadata", "annotations"), DES_TEMPLATE_ANN, json_string(ro->stable_rev));
-        const char *base = str(get2(stable, "metadata", "annotations"), DES_BASE_ANN);
+        json_object_set_new(get2(dep, "metadata", "annotations"), DESIRED_TEMPLATE_ANN, json_string(ro->stable_rev));
+        const char *base = str(get2(stable, "metadata", "annotations"), DESIRED_BASE_ANN);
         if (base) /* what the stable pods run, not the spec's */
-            json_object_set_new(get2(dep, "metadata", "annotations"), DES_BASE_ANN, json_string(base));
+            json_object_set_new(get2(dep, "metadata", "annotations"), DESIRED_BASE_ANN, json_string(base));
         else
-            json_object_del(get2(dep, "metadata", "annotations"), DES_BASE_ANN);
+            json_object_del(get2(dep, "metadata", "annotations"), DESIRED_BASE_ANN);
         json_object_set_new(json_object_get(dep, "spec"), "replicas", json_integer(s_rep));
         ro->keep_config = 1;
     }
     return ro->weight_cm ? LLM_OK : llm_errf(err, LLM_ERR_NOMEM, "cannot build the router's weight ConfigMap");
 }
 
-llm_status ro_plan(json_t *d, json_t *stable, const char *new_rev, int total, json_t *cm, json_t *dep,
-                   const ro_seen *seen, rollout *ro, llm_error *err)
+llm_status rollout_plan(json_t *d, json_t *stable, const char *new_rev, int total, json_t *cm, json_t *dep,
+                   const rollout_seen *seen, rollout *ro, llm_error *err)
 {
     memset(ro, 0, sizeof *ro);
     if (!(ro->events = json_array()))
         return llm_errf(err, LLM_ERR_NOMEM, "no memory for the canary's events");
-    llm_status st = cn_config_from_spec(json_object_get(d, "spec"), &ro->cn, err);
+    llm_status st = canary_config_from_spec(json_object_get(d, "spec"), &ro->cn, err);
     if (st || !ro->cn.enabled)
         return st;
     const char *name = str(json_object_get(d, "metadata"), "name"), *uid = str(json_object_get(d, "metadata"), "uid");
-    const char *by = kube_controller_uid(seen->canary);
+    const char *by = kube_meta_controller_uid(seen->canary);
     if (seen->canary && (!uid || !by || strcmp(uid, by))) /* e.g. the Deployment of an LLMDeployment named NAME-canary */
-        return llm_errf(err, LLM_ERR_EXISTS, "Deployment %s-canary exists and is not this LLMDeployment's (uid %s): "
+        return llm_errf(err, KUBE_ERR_EXISTS, "Deployment %s-canary exists and is not this LLMDeployment's (uid %s): "
                         "rename or delete it", name, uid ? uid : "?");
-    const char *srev = str(get2(stable, "metadata", "annotations"), DES_TEMPLATE_ANN);
+    const char *srev = str(get2(stable, "metadata", "annotations"), DESIRED_TEMPLATE_ANN);
     snprintf(ro->stable_rev, sizeof ro->stable_rev, "%s", srev ? srev : new_rev);
     json_t *prev = get2(d, "status", "canary");
     ro->state = json_is_object(prev) ? json_deep_copy(prev) : json_object();
@@ -359,14 +363,20 @@ llm_status ro_plan(json_t *d, json_t *stable, const char *new_rev, int total, js
     if (!srev || !strcmp(srev, new_rev))
         settle(ro, stable, new_rev);
     else if (same(str(ro->state, "rolledBackRevision"), new_rev))
-        ro->mode = RO_ROLLED_BACK;
+        ro->mode = ROLLOUT_ROLLED_BACK;
     else {
-        if (!same(str(ro->state, "revision"), new_rev))
+        /* a new revision, or one whose canary ended (cancelled by a spec that went back): from the start */
+        if (!same(str(ro->state, "revision"), new_rev) || !rollout_in_flight(ro->state))
             start(ro, new_rev, srev,
-                  same(str(get2(stable, "metadata", "annotations"), DES_BASE_ANN),
-                       str(get2(dep, "metadata", "annotations"), DES_BASE_ANN)));
+                  same(str(get2(stable, "metadata", "annotations"), DESIRED_BASE_ANN),
+                       str(get2(dep, "metadata", "annotations"), DESIRED_BASE_ANN)));
+        if (!ro->state)
+            return llm_errf(err, LLM_ERR_NOMEM, "no memory for the canary's state");
         progress(d, ro, seen, total);
     }
+    const char *lever = str(get2(d, "metadata", "annotations"), ROLLOUT_ACTION_ANN);
+    if (same(lever, "resume") || same(lever, "promote") || same(lever, "abort"))
+        ro->clear_action = 1; /* done, or nothing left to do it to: a lever left behind would act on the next canary */
     const char *phase = str(ro->state, "phase");
     if (same(phase, "Starting") || same(phase, "Progressing") || same(phase, "Paused")) { /* read for the next turn */
         ro->need_counters = colocated(ro) ? 2 : 1;
@@ -375,19 +385,19 @@ llm_status ro_plan(json_t *d, json_t *stable, const char *new_rev, int total, js
     return objects(d, ro, stable, total, cm, dep, err);
 }
 
-int ro_in_flight(json_t *canary_status)
+int rollout_in_flight(json_t *canary_status)
 {
     const char *phase = str(canary_status, "phase");
     return same(phase, "Starting") || same(phase, "Progressing") || same(phase, "Paused") || same(phase, "Promoting");
 }
 
-void ro_conditions(const rollout *ro, json_t *conds, json_int_t gen)
+void rollout_conditions(const rollout *ro, json_t *conds, json_int_t gen)
 {
     if (!ro->state)
         return;
     const char *phase = str(ro->state, "phase") ?: "None", *msg = str(ro->state, "message") ?: "";
     const char *analysis = str(json_object_get(ro->state, "lastAnalysis"), "message");
-    int live = ro_in_flight(ro->state);
+    int live = rollout_in_flight(ro->state);
     char text[1024];
     snprintf(text, sizeof text, "step %lld of %d at %lld%%: %s", (long long)json_integer_value(json_object_get(ro->state, "step")) + 1,
              ro->cn.n_steps, (long long)json_integer_value(json_object_get(ro->state, "weight")), analysis ? analysis : msg);
@@ -410,7 +420,7 @@ void ro_conditions(const rollout *ro, json_t *conds, json_int_t gen)
                                            back ? msg : "no rollback", gen));
 }
 
-void ro_free(rollout *ro)
+void rollout_free(rollout *ro)
 {
     json_decref(ro->events);
     json_decref(ro->state);

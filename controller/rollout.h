@@ -15,7 +15,7 @@
  *
  * State lives in status.canary (so a new leader continues): revision,
  * stableRevision, phase (Starting, Progressing, Paused, Promoting,
- * Promoted, RolledBack), step, weight, stepStartTime, window (the counters
+ * Promoted, RolledBack, Cancelled), step, weight, stepStartTime, window (the counters
  * at the step's start), lastAnalysis, rolledBackRevision, signal, message.
  *
  * kubectl's levers, the annotation llmk8s.io/canary-action: pause (holds
@@ -26,11 +26,11 @@
  * the plan asks for a call (ro.admin), the controller makes it, and the
  * next plan reads the pods' answers (podsig_admin).
  *
- * Pure: ro_plan reads only its arguments (the time among them) and asks
+ * Pure: rollout_plan reads only its arguments (the time among them) and asks
  * for everything else it wants done through the rollout it fills (events,
  * the pod call, the annotation to clear, what to read next). Ownership:
- * ro_plan fills a caller-owned struct whose JSON members are new
- * references (ro_free). Thread-safety: reentrant. */
+ * rollout_plan fills a caller-owned struct whose JSON members are new
+ * references (rollout_free). Thread-safety: reentrant. */
 #ifndef ROLLOUT_H
 #define ROLLOUT_H
 
@@ -39,18 +39,18 @@
 #include "canary.h"
 #include "podsig.h"
 
-#define RO_ACTION_ANN "llmk8s.io/canary-action"
+#define ROLLOUT_ACTION_ANN "llmk8s.io/canary-action"
 
-typedef enum ro_mode {
-    RO_NONE,        /* no canary: the stable Deployment follows the spec */
-    RO_CANARY,      /* both revisions run; the stable keeps its template */
-    RO_ROLLED_BACK, /* the spec's revision failed: the stable keeps its template */
-    RO_PROMOTING    /* all traffic on the canary while the stable rolls to it */
-} ro_mode;
+typedef enum rollout_mode {
+    ROLLOUT_NONE,        /* no canary: the stable Deployment follows the spec */
+    ROLLOUT_CANARY,      /* both revisions run; the stable keeps its template */
+    ROLLOUT_ROLLED_BACK, /* the spec's revision failed: the stable keeps its template */
+    ROLLOUT_PROMOTING    /* all traffic on the canary while the stable rolls to it */
+} rollout_mode;
 
 typedef struct rollout {
-    cn_config cn;
-    ro_mode mode;
+    canary_config cn;
+    rollout_mode mode;
     int weight;              /* the routers' canary share */
     char stable_rev[17];     /* what the stable pods run */
     json_t *state;           /* status.canary; NULL without spec.canary */
@@ -60,17 +60,17 @@ typedef struct rollout {
     double requeue_s;        /* > 0: look again after this long */
     json_t *events;          /* [{type, reason, message}] of the decisions made (plan_event) */
     int admin, admin_weight; /* /admin/canary on the stable pods: 0 none, 1 serve at admin_weight, 2 unload */
-    int clear_action;        /* remove the one-shot RO_ACTION_ANN (resume, promote, abort: done) */
+    int clear_action;        /* remove the one-shot ROLLOUT_ACTION_ANN (resume, promote, abort: done) */
     int need_counters;       /* read next: 1 the routers' counters, 2 the stable pods' own */
     int need_diag;           /* read next: why NAME-canary's pods are not ready */
 } rollout;
 
-/* What ro_plan reads besides the LLMDeployment and its stable Deployment. */
-typedef struct ro_seen {
+/* What rollout_plan reads besides the LLMDeployment and its stable Deployment. */
+typedef struct rollout_seen {
     json_t *canary;               /* NAME-canary as read (NULL: none); refused unless ours */
     const podsig_reading *pods;   /* counters, NAME-canary's diagnosis, /admin/canary answers (NULL: none) */
     double now;                   /* unix seconds */
-} ro_seen;
+} rollout_seen;
 
 /* Decides the canary's next state from status.canary, the stable and
  * canary Deployments and (while it is analysed) the pods' counters.
@@ -79,18 +79,18 @@ typedef struct ro_seen {
  * wanted in all; cm, dep: the desired ConfigMap and Deployment, dep
  * rewritten in place to keep the stable template and take the stable
  * share of pods. LLM_ERR_INVALID_ARG when spec.canary is unusable,
- * LLM_ERR_EXISTS when NAME-canary is not this LLMDeployment's. */
-llm_status ro_plan(json_t *d, json_t *stable, const char *new_rev, int total, json_t *cm, json_t *dep,
-                   const ro_seen *seen, rollout *ro, llm_error *err);
+ * KUBE_ERR_EXISTS when NAME-canary is not this LLMDeployment's. */
+llm_status rollout_plan(json_t *d, json_t *stable, const char *new_rev, int total, json_t *cm, json_t *dep,
+                   const rollout_seen *seen, rollout *ro, llm_error *err);
 
 /* Conditions CanaryProgressing, CanaryPromoted and CanaryRolledBack
  * (only with spec.canary), appended to conds. */
-void ro_conditions(const rollout *ro, json_t *conds, json_int_t generation);
+void rollout_conditions(const rollout *ro, json_t *conds, json_int_t generation);
 
-void ro_free(rollout *ro);
+void rollout_free(rollout *ro);
 
 /* 1 while the canary of status.canary (may be NULL) is in flight:
  * Starting, Progressing, Paused or Promoting. */
-int ro_in_flight(json_t *canary_status);
+int rollout_in_flight(json_t *canary_status);
 
 #endif

@@ -21,8 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "autoscale.h" /* as_prom_value: the Prometheus text reader */
-#include "http_get.h"
+#include "prom_text.h"
+#include "http_client.h"
 #include "http_guard.h"
 #include "llm/log.h"
 #include "kube_watch.h"
@@ -83,10 +83,10 @@ static void *poller(void *arg)
                 snprintf(url, sizeof url, "%.*s:%ld/metrics", (int)(colon - base), base, r->metrics_port);
             else
                 snprintf(url, sizeof url, "%s/metrics", base);
-            int ok = http_get(h, url, 1000, 4u << 20, &text) == 200, f;
-            rt_pool_report(r->pool, i, ok, ok ? as_prom_value(text, "llm_requests_waiting", &f) : 0,
-                           ok ? as_prom_value(text, "llm_requests_running", &f) : 0,
-                           ok ? as_prom_value(text, "llm_kv_cache_usage_ratio", &f) : 0);
+            int ok = http_client_get(h, url, 1000, 4u << 20, &text) == 200, f;
+            rt_pool_report(r->pool, i, ok, ok ? prom_text_value(text, "llm_requests_waiting", &f) : 0,
+                           ok ? prom_text_value(text, "llm_requests_running", &f) : 0,
+                           ok ? prom_text_value(text, "llm_kv_cache_usage_ratio", &f) : 0);
             free(text);
         }
         usleep((useconds_t)r->poll_ms * 1000);
@@ -106,7 +106,7 @@ static void watch_until_stopped(kube_config *cfg, const char *path, kube_event_f
         llm_error err = {0};
         llm_status st = kube_client_new(cfg, &k, &err);
         if (!st)
-            st = kube_list_watch(k, cfg, path, 300, fn, ctx, &g_stop, &err);
+            st = kube_watch_run(k, cfg, path, 300, fn, ctx, &g_stop, &err);
         kube_client_free(k);
         if (!st)
             break;

@@ -7,6 +7,7 @@
 
 #include "llm/strbuf.h"
 #include "rt_pool.h"
+#include "llm/clock.h"
 
 #define VNODES 64
 #define N_BUCKETS RT_N_BUCKETS
@@ -15,7 +16,7 @@
 const double rt_bucket_le[RT_N_BUCKETS] = {0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15,
                                            0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 
-int rt_bucket(double seconds)
+int rt_pool_bucket(double seconds)
 {
     int k = 0;
     while (k < N_BUCKETS && seconds > bucket_le[k]) k++;
@@ -62,13 +63,6 @@ struct rt_pool {
     int split;                 /* smooth counter of the split */
     revstats rs[2];
 };
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* FNV-1a, then a finaliser so nearby strings spread over the ring. */
 static unsigned int hash32(const char *s, int salt)
@@ -242,10 +236,10 @@ static int by_session(rt_pool *p, const char *session, int rev, const unsigned c
     return -1;
 }
 
-int rt_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *url, size_t un)
+int rt_pool_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *url, size_t un)
 {
     pthread_mutex_lock(&p->mu);
-    double now = mono_s();
+    double now = llm_clock_mono_s();
     int has_session = session && *session, rev, retry = 0;
     for (int k = 0; avoid && k < RT_MAX_BACKENDS / 8 && !retry; k++) retry = avoid[k] != 0;
     if (retry) {
@@ -285,24 +279,24 @@ static void failed(rt_pool *p, backend *b, double now)
     b->trial = 0;
 }
 
-void rt_release(rt_pool *p, int idx, const rt_result *res)
+void rt_pool_release(rt_pool *p, int idx, const rt_result *res)
 {
     if (idx < 0 || idx >= RT_MAX_BACKENDS)
         return;
     pthread_mutex_lock(&p->mu);
     backend *b = &p->b[idx];
-    double now = mono_s();
+    double now = llm_clock_mono_s();
     int cls = res->status >= 200 && res->status < 600 ? res->status / 100 - 2 : 4;
     b->inflight--;
     b->requests++;
     b->codes[cls]++;
-    b->hist[rt_bucket(res->seconds)]++;
+    b->hist[rt_pool_bucket(res->seconds)]++;
     b->sum += res->seconds;
     revstats *r = &p->rs[b->rev];
     r->codes[cls]++;
     r->failed += !res->ok && !res->busy;
     if (res->ttfb >= 0) {
-        r->ttfb[rt_bucket(res->ttfb)]++;
+        r->ttfb[rt_pool_bucket(res->ttfb)]++;
         r->ttfb_sum += res->ttfb;
         r->ttfb_n++;
     }
@@ -342,9 +336,9 @@ void rt_pool_report(rt_pool *p, int idx, int reachable, double waiting, double r
         b->waiting = waiting;
         b->running = running;
         b->kv = kv_usage;
-    } else if (b->live && b->ejected_until <= mono_s()) {
+    } else if (b->live && b->ejected_until <= llm_clock_mono_s()) {
         b->trial = 0;
-        failed(p, b, mono_s()); /* a dead backend is ejected before a request finds it */
+        failed(p, b, llm_clock_mono_s()); /* a dead backend is ejected before a request finds it */
     }
     pthread_mutex_unlock(&p->mu);
 }
@@ -386,7 +380,7 @@ char *rt_pool_metrics(rt_pool *p)
     static const char *const code[5] = {"2xx", "3xx", "4xx", "5xx", "none"};
     llm_strbuf t = {0};
     pthread_mutex_lock(&p->mu);
-    double now = mono_s();
+    double now = llm_clock_mono_s();
     llm_strbuf_printf(&t, "# HELP llm_router_requests_total Requests proxied, by backend and status class.\n"
             "# TYPE llm_router_requests_total counter\n");
     for (int i = 0; i < p->n; i++)

@@ -23,8 +23,8 @@
  * then one trial request is let through (half open): success closes it,
  * failure ejects it again.
  *
- * Ownership: the pool copies URLs. rt_pick returns an index valid until
- * rt_release. Thread-safety: every function may be called from any thread. */
+ * Ownership: the pool copies URLs. rt_pool_pick returns an index valid until
+ * rt_pool_release. Thread-safety: every function may be called from any thread. */
 #ifndef RT_POOL_H
 #define RT_POOL_H
 
@@ -58,13 +58,13 @@ int rt_pool_size(rt_pool *p);
 /* Chooses a backend for a request (session may be NULL), skipping those in
  * avoid (bitmap over indexes, for retries); -1 when none is usable. The
  * URL is copied to url. Counts the request in flight. */
-int rt_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *url, size_t un);
+int rt_pool_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *url, size_t un);
 /* Latency histograms' bucket bounds (seconds), shared by the request
  * duration, time-to-first-byte and inter-token histograms. */
 #define RT_N_BUCKETS 16
 extern const double rt_bucket_le[RT_N_BUCKETS];
 /* The bucket of a duration: 0..RT_N_BUCKETS (the last is +Inf). */
-int rt_bucket(double seconds);
+int rt_pool_bucket(double seconds);
 
 /* What one attempt saw. */
 typedef struct rt_result {
@@ -80,7 +80,7 @@ typedef struct rt_result {
 } rt_result;
 
 /* The request ended. */
-void rt_release(rt_pool *p, int idx, const rt_result *r);
+void rt_pool_release(rt_pool *p, int idx, const rt_result *r);
 /* Revision of backend idx (0 stable, 1 canary). */
 int rt_pool_revision(rt_pool *p, int idx);
 

@@ -11,15 +11,9 @@
 
 #include "http_guard.h"
 #include "rt_proxy.h"
+#include "llm/clock.h"
 
 #define ERR_BODY_MAX 65536
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int reply(struct mg_connection *c, int code, const char *type, const char *msg)
 {
@@ -100,11 +94,11 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
 {
     attempt *a = arg;
     size_t len = sz * n;
-    double now = mono_s();
+    double now = llm_clock_mono_s();
     if (!a->first)
         a->first = now;
     else if (strstr(a->ctype, "event-stream")) { /* one chunk per token: the gap is the inter-token latency */
-        a->res.itl[rt_bucket(now - a->last)]++;
+        a->res.itl[rt_pool_bucket(now - a->last)]++;
         a->res.itl_sum += now - a->last;
         a->res.itl_n++;
     }
@@ -254,10 +248,10 @@ static int hold(rt_proxy *px, struct mg_connection *c, int stream, int *answered
         return 0;
     }
     __atomic_add_fetch(&px->held_total, 1, __ATOMIC_RELAXED);
-    double end = mono_s() + px->hold_s, next_comment = 0;
+    double end = llm_clock_mono_s() + px->hold_s, next_comment = 0;
     int ok = 0;
-    while (!ok && mono_s() < end && !__atomic_load_n(&px->cutting, __ATOMIC_RELAXED)) {
-        if (stream && mono_s() >= next_comment) {
+    while (!ok && llm_clock_mono_s() < end && !__atomic_load_n(&px->cutting, __ATOMIC_RELAXED)) {
+        if (stream && llm_clock_mono_s() >= next_comment) {
             if (!*answered && mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                            "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
                                            "Connection: %s\r\n\r\n", http_guard_connection(c)) <= 0)
@@ -265,7 +259,7 @@ static int hold(rt_proxy *px, struct mg_connection *c, int stream, int *answered
             *answered = 1;
             if (!chunk_write(c, WAITING, sizeof WAITING - 1))
                 break; /* the client left */
-            next_comment = mono_s() + 2;
+            next_comment = llm_clock_mono_s() + 2;
         }
         usleep(100000);
         ok = rt_pool_size(px->pool) > 0;
@@ -351,10 +345,10 @@ static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, 
     unsigned char avoid[RT_MAX_BACKENDS / 8] = {0};
     char url[256];
     for (int attempt_no = 0; attempt_no <= px->retries; attempt_no++) {
-        int idx = rt_pick(px->pool, session, avoid, url, sizeof url);
+        int idx = rt_pool_pick(px->pool, session, avoid, url, sizeof url);
         if (idx < 0)
             return 0;
-        attempt a = {.c = c, .cutting = &px->cutting, .backend = url, .t0 = mono_s(), .started = answered, /* a held stream has its head */
+        attempt a = {.c = c, .cutting = &px->cutting, .backend = url, .t0 = llm_clock_mono_s(), .started = answered, /* a held stream has its head */
                      .revision = rt_pool_revision(px->pool, idx) ? "canary" : "stable"};
         CURLcode rc = send_to(px, c, url, body, len, &a);
         /* the backend's fault: unreachable, dropped, 5xx before a byte went out; but a 503 is "not now"
@@ -365,10 +359,10 @@ static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, 
         int retry = (fault || busy) && !a.started;
         a.res.ok = !fault; /* the breaker counts only the backend's faults */
         a.res.busy = busy;
-        a.res.seconds = mono_s() - a.t0;
+        a.res.seconds = llm_clock_mono_s() - a.t0;
         a.res.ttfb = a.first ? a.first - a.t0 : -1;
         a.res.status = rc == CURLE_OK || a.started ? (int)a.status : rc == CURLE_OPERATION_TIMEDOUT ? 504 : 0;
-        rt_release(px->pool, idx, &a.res);
+        rt_pool_release(px->pool, idx, &a.res);
         avoid[idx / 8] |= (unsigned char)(1u << (idx % 8));
         if (!retry) {
             free(a.err_body);

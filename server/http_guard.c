@@ -37,6 +37,8 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "llm/clock.h"
+
 typedef struct guard_conn {
     struct guard_conn *prev, *next; /* armed ones, under mu */
     int over;         /* opened above the limit: refused */
@@ -60,13 +62,6 @@ struct http_guard {
     pthread_t watchdog;
     int watching;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 int http_guard_threads(int max_connections) { return max_connections + GUARD_RESERVE; }
 
@@ -209,7 +204,7 @@ static void *watch(void *arg)
         ts.tv_nsec %= 1000000000L;
         pthread_cond_timedwait(&g->wake, &g->mu, &ts);
         if (!g->stop)
-            shut_expired(g, now_s());
+            shut_expired(g, llm_clock_mono_s());
     }
     pthread_mutex_unlock(&g->mu);
     return NULL;
@@ -369,7 +364,7 @@ static int read_all(struct mg_connection *c, size_t max, double deadline, char *
     if (!(*buf = malloc(cap + 1)))
         return 503;
     for (;;) {
-        if (now_s() > deadline)
+        if (llm_clock_mono_s() > deadline)
             return 408;
         if (*n == cap) { /* grows to max + 1 at most: one byte past max tells a body too large */
             size_t next = 2 * cap < max + 1 ? 2 * cap : max + 1;
@@ -396,7 +391,7 @@ int http_guard_read_body(struct mg_connection *c, size_t max, double seconds, ch
     if (ri->content_length > (long long)max)
         return 413;
     http_guard_arm(c, seconds); /* mg_read would wait for a trickled body to fill its buffer */
-    int st = read_all(c, max, now_s() + seconds, &buf, &n);
+    int st = read_all(c, max, llm_clock_mono_s() + seconds, &buf, &n);
     http_guard_disarm(c);
     if (!st && ri->content_length >= 0 && (long long)n < ri->content_length)
         st = 408; /* the client left, or its time ran out, before the body was in */
@@ -448,7 +443,7 @@ void http_guard_arm(struct mg_connection *c, double seconds)
         g->armed.next->prev = k;
         g->armed.next = k;
     }
-    k->deadline = now_s() + seconds;
+    k->deadline = llm_clock_mono_s() + seconds;
     pthread_mutex_unlock(&g->mu);
 }
 

@@ -14,19 +14,13 @@
 #include "http_guard.h"
 #include "srv.h"
 #include "textout.h"
+#include "llm/clock.h"
 
 /* A body refused unread is read and dropped, up to this many times
  * max_body_bytes within DISCARD_S seconds, so the client reads the answer. */
 enum { DISCARD_BODIES = 4, DISCARD_S = 2 };
 
 enum { R_COMPLETIONS, R_CHAT, R_MODELS, R_GENERATE, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_PROBES, R_ROOT, R_OTHER };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int send_text(struct mg_connection *c, int status, const char *type, const char *body, const char *extra)
 {
@@ -97,7 +91,7 @@ static int api_gate(srv *s, struct mg_connection *c, const char *method, srv_err
         srv_err_set(e, 405, NULL, "use %s for %s", method, ri->local_uri);
     else if (s->keys.n && !(key = caller(s, c)))
         srv_err_set(e, 401, NULL, "a valid API key is required (Authorization: Bearer KEY)");
-    else if (!srv_keys_admit(&s->keys, key, now_s(), &retry)) {
+    else if (!srv_keys_admit(&s->keys, key, llm_clock_mono_s(), &retry)) {
         srv_err_set(e, 429, NULL, "this API key (tenant '%s') is over its rate of %g requests/s; retry in %.1f s",
                     key->tenant, key->rate, retry);
         e->retry_s = retry < 3600 ? (int)ceil(retry) : 3600;
@@ -286,7 +280,7 @@ static json_t *chunk(run *r, int index, const char *text, size_t n, json_t *lp, 
 static int on_token(run *r, const llm_event *ev)
 {
     choice *ch = &r->ch[ev->index];
-    double t = now_s();
+    double t = llm_clock_mono_s();
     if (ev->index == 0 && r->t_last > 0) {
         srv_metrics_observe(&r->s->metrics, H_ITL, t - r->t_last);
         srv_metrics_rev_observe(&r->s->metrics, r->rev, 1, t - r->t_last);
@@ -348,11 +342,11 @@ static int run_events(run *r, srv_err *e)
                         r->s->cfg.drain_timeout_s);
             return 503;
         }
-        if (st == LLM_OK && now_s() > deadline) { /* events keep coming, but time is up */
+        if (st == LLM_OK && llm_clock_mono_s() > deadline) { /* events keep coming, but time is up */
             llm_event_clear(&ev);
             st = LLM_ERR_TIMEOUT;
         }
-        if (st == LLM_ERR_TIMEOUT && now_s() < deadline)
+        if (st == LLM_ERR_TIMEOUT && llm_clock_mono_s() < deadline)
             continue;
         if (st) {
             llm_engine_cancel(r->eng, r->id);
@@ -481,7 +475,7 @@ static int tenant_take(srv *s, const srv_key *key, int n, srv_err *e)
 /* Streams or collects; the response is sent here. */
 static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_completion *cp, srv_err *e)
 {
-    run r = {.s = s, .c = c, .cp = cp, .created = (long)time(NULL), .t_start = now_s(),
+    run r = {.s = s, .c = c, .cp = cp, .created = (long)time(NULL), .t_start = llm_clock_mono_s(),
              .eng = rv ? rv->engine : s->engine, .vocab = rv ? rv->model->vocab : s->model->vocab, .rev = rv != NULL};
     llm_error err = {0};
     const srv_key *key = caller(s, c);

@@ -3,12 +3,12 @@
 # top-level Makefile's `fuzz` target.
 FUZZ_TIME ?= 20
 FUZZ_BUILD = build-fuzz
-FUZZ_SRC = engine/status.c engine/quant.c engine/gguf.c engine/unicode.c engine/unicode_data.c \
+FUZZ_SRC = common/status.c engine/quant.c engine/gguf.c engine/unicode.c engine/unicode_data.c \
            engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c
-FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Iengine/include -Iengine \
+FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Icommon/include -Iengine/include -Iengine \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 
-REQ_SRC = server/srv_api.c engine/chat.c engine/strbuf.c engine/sampler.c
+REQ_SRC = server/srv_api.c engine/chat.c common/strbuf.c engine/sampler.c
 REQ_TIME ?= 10
 LLMD_TIME ?= 10
 
@@ -53,13 +53,13 @@ $(FUZZ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) $(w
 
 # the planner and what it decides with (pure: no API client)
 LLMD_SRC = controller/desired.c controller/canary.c controller/plan.c controller/rollout.c controller/autoscale.c \
-           controller/pod_diag.c controller/kube_meta.c engine/status.c engine/strbuf.c
-$(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controller/*.h)
+           controller/pod_diag.c kube/kube_meta.c kube/prom_text.c common/status.c common/strbuf.c
+$(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controller/*.h kube/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
-	@clang $(FUZZ_CFLAGS) -Icontroller tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
+	@clang $(FUZZ_CFLAGS) -Icontroller -Ikube tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
 
-TENANT_SRC = server/srv_keys.c server/srv_api.c server/http_guard.c engine/chat.c engine/strbuf.c engine/sampler.c
+TENANT_SRC = server/srv_keys.c server/srv_api.c server/http_guard.c engine/chat.c common/strbuf.c common/clock.c engine/sampler.c
 
 $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)

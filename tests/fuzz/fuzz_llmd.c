@@ -25,7 +25,7 @@ static void check(json_t *o)
 
 /* Plans d against its own desired Deployment (what a cache would hold once
  * applied) and against none, with pod signals made of the input. */
-static void plan_twice(json_t *d, json_t *dep, const cn_sample *smp, const uint8_t *data, size_t size)
+static void plan_twice(json_t *d, json_t *dep, const canary_sample *smp, const uint8_t *data, size_t size)
 {
     json_t *spec = json_object_get(d, "spec");
     if (json_is_object(json_object_get(spec, "status")))
@@ -38,14 +38,24 @@ static void plan_twice(json_t *d, json_t *dep, const cn_sample *smp, const uint8
     r.need.canary = (int)(size % 3);
     r.need.diag = 1;
     r.need.activity = 1;
-    r.activity = (as_activity){.routers = (int)(size % 2), .held = size % 5, .requests = (double)size};
+    r.activity = (autoscale_activity){.routers = (int)(size % 2), .held = size % 5, .requests = (double)size};
     r.admin = (podsig_admin){.valid = 1, .pods = 2, .ready = (int)(size % 3), .failed = size % 11 == 0,
                              .misfit = size % 13 == 0, .weight = (int)(size % 101)};
     snprintf(r.admin.rev, sizeof r.admin.rev, "%s",
              json_string_value(json_object_get(json_object_get(spec, "status"), "canaryRevision")) ?: "");
-    for (int i = 0; i < 2; i++) {
-        plan_input in = {.llmd = d, .stable = i ? dep : NULL, .pods = &r, .admin_secret = des_colocated(d) ? "fz-admin-x" : NULL,
-                         .now = 1.7e9 + (double)size};
+    /* the Deployments as a cache would hold them: the stable with a status made of the input, a canary
+     * that is ours or another's, ready or not */
+    json_t *stable = dep ? json_deep_copy(dep) : NULL;
+    int n = size > 3 ? data[3] % 4 : 0;
+    if (stable)
+        json_object_set_new(stable, "status", json_pack("{s:i,s:i,s:i,s:i}", "replicas", n, "readyReplicas", n / 2,
+                                                        "updatedReplicas", n, "observedGeneration", (int)(size % 3)));
+    json_t *canary = json_pack("{s:{s:s,s:[{s:b,s:s}]},s:{s:i},s:{s:i,s:i,s:i}}", "metadata", "name", "fz-canary",
+                               "ownerReferences", "controller", 1, "uid", size % 5 ? "u-1" : "u-2", "spec", "replicas", n,
+                               "status", "replicas", n, "readyReplicas", n, "updatedReplicas", n);
+    for (int i = 0; i < 3; i++) {
+        plan_input in = {.llmd = d, .stable = i ? stable : NULL, .canary = i == 2 ? canary : NULL, .pods = &r,
+                         .admin_secret = desired_colocated(d) ? "fz-admin-x" : NULL, .now = 1.7e9 + (double)size};
         plan p;
         llm_error err = {0};
         llm_status st = plan_children(&in, &p, &err);
@@ -59,6 +69,8 @@ static void plan_twice(json_t *d, json_t *dep, const cn_sample *smp, const uint8
         json_decref(status);
         plan_free(&p);
     }
+    json_decref(stable);
+    json_decref(canary);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -68,18 +80,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     memcpy(text, data, size);
     text[size] = 0;
-    long long q = des_quantity(text);
+    long long q = desired_quantity(text);
     if (q < -1)
         abort();
-    cn_sample smp = {0}, win;
-    cn_sample_add(&smp, text);
-    cn_sample_add(&smp, text);
-    cn_sample_diff(&smp, &(cn_sample){0}, &win);
-    if (win.n_le > CN_MAX_BUCKETS)
+    canary_sample smp = {0}, win;
+    canary_sample_add(&smp, text);
+    canary_sample_add(&smp, text);
+    canary_sample_diff(&smp, &(canary_sample){0}, &win);
+    if (win.n_le > CANARY_MAX_BUCKETS)
         abort();
-    json_t *sj = cn_sample_to_json(&smp);
-    cn_sample back;
-    if (sj && !cn_sample_from_json(sj, &back))
+    json_t *sj = canary_sample_to_json(&smp);
+    canary_sample back;
+    if (sj && !canary_sample_from_json(sj, &back))
         abort(); /* what it writes, it reads */
     json_decref(sj);
     json_t *spec = json_loadb((const char *)data, size, JSON_DECODE_ANY, NULL);
@@ -92,30 +104,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!d)
         return 0;
     char msg[512] = "", hash[17];
-    json_t *cm = des_configmap(d, msg, sizeof msg);
+    json_t *cm = desired_configmap(d, msg, sizeof msg);
     if (!cm && !msg[0])
         abort(); /* a refusal says why */
-    des_hash(cm, hash);
+    kube_meta_hash(cm, hash);
     check(cm);
     msg[0] = 0;
-    json_t *dep = des_deployment(d, "0123456789abcdef", "x-admin-0123456789", msg, sizeof msg);
+    json_t *dep = desired_deployment(d, "0123456789abcdef", "x-admin-0123456789", msg, sizeof msg);
     if (!dep && !msg[0])
         abort();
-    check(des_service(d));
-    check(des_pdb(d));
-    cn_config cn;
+    check(desired_service(d));
+    check(desired_pdb(d));
+    canary_config cn;
     llm_error err = {0};
-    if (cn_config_from_spec(spec, &cn, &err) != LLM_OK && !err.msg[0])
+    if (canary_config_from_spec(spec, &cn, &err) != LLM_OK && !err.msg[0])
         abort();
     if (cn.enabled && cn.n_steps > 0) {
-        cn_analysis a;
-        cn_analyse(&cn, &win, &a);
-        (void)cn_decide(&cn, 0, 1e9, a.verdict, 0);
+        canary_analysis a;
+        canary_analyse(&cn, &win, &a);
+        (void)canary_decide(&cn, 0, 1e9, a.verdict, 0);
     }
-    if (dep && des_canary_enabled(d)) {
-        check(des_canary_deployment(d, dep, 2));
-        check(des_router(d));
-        check(des_router_weight(d, 50));
+    if (dep && desired_canary_enabled(d)) {
+        check(desired_canary_deployment(d, dep, 2));
+        check(desired_router(d));
+        check(desired_router_weight(d, 50));
     }
     plan_twice(d, dep, &smp, data, size);
     check(dep);

@@ -110,3 +110,25 @@ def test_dockerfile_ships_what_it_needs(dockerfile):
             if not BASE.match(so) and package_of(so).removesuffix("t64") not in packages:
                 missing.append(f"{f} needs {so} ({package_of(so)})")
     assert not missing, f"{dockerfile.name}'s runtime stage lacks: {missing}"
+
+
+def engine_symbols():
+    """Every function libllm.a defines that the common library does not:
+    the engine's own."""
+    def defined(path):
+        out = subprocess.run(["nm", "--defined-only", str(path)], capture_output=True, text=True, check=True).stdout
+        return {ln.split()[-1] for ln in out.splitlines() if re.match(r"^[0-9a-f]+ T ", ln)}
+    return defined(BUILD / "libllm.a") - defined(BUILD / "libllmcommon.a")
+
+
+@pytest.mark.parametrize("prog", ["llm-controller", "llm-router"])
+def test_operator_programs_link_no_engine_code(prog):
+    """llm-controller and llm-router are built from the Kubernetes and the
+    common libraries: none of the engine's functions is in them."""
+    engine = engine_symbols()
+    assert len(engine) > 100, "libllm.a has no engine in it?"
+    out = subprocess.run(["nm", "--defined-only", str(BUILD / "bin" / prog)], capture_output=True, text=True,
+                         check=True).stdout
+    mine = {ln.split()[-1] for ln in out.splitlines() if re.match(r"^[0-9a-f]+ [Tt] ", ln)}
+    assert not (mine & engine), sorted(mine & engine)[:20]
+    assert "llm_errf" in mine  # the common library is (a check that reads symbols at all)

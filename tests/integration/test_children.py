@@ -47,6 +47,10 @@ def test_spec_removals_drift_and_other_managers(cluster):  # noqa: F811
     # a hand edit of a field of ours is put back (the Deployment's change queues its owner)
     c.k("set", "image", "deployment/story", "llm-server=evil:1")
     wait_for(lambda: template(c)["spec"]["containers"][0]["image"] == "llm-server:test", 30)
+    # ... and said: the event names the manager whose field was taken back (kubectl's)
+    taken = wait_for(lambda: [e for e in json.loads(c.k("get", "events", "--field-selector", "reason=FieldsTakenBack",
+                                                        "-o", "json").stdout)["items"]], 30)
+    assert any("kubectl" in e["message"] and "image" in e["message"] for e in taken), [e["message"] for e in taken]
     dep = c.get("deployment", "story")
     assert dep["metadata"]["annotations"]["example.com/owner"] == "platform"
     managers = {m["manager"] for m in json.loads(c.k("get", "deployment", "story", "-o", "json",

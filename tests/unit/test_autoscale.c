@@ -11,15 +11,16 @@
 #include <time.h>
 
 #include "autoscale.h"
+#include "prom_text.h"
 
-static as_config cfg(void)
+static autoscale_config cfg(void)
 {
     json_t *spec = json_pack("{s:{s:b,s:i,s:i,s:s,s:f,s:i,s:i,s:i}}", "autoscaling", "enabled", 1, "minReplicas", 1,
                              "maxReplicas", 10, "metric", "queueDepth", "target", 4.0, "scaleUpStabilizationSeconds", 0,
                              "scaleDownStabilizationSeconds", 60, "maxScaleUpStep", 4);
-    as_config c;
+    autoscale_config c;
     llm_error err = {0};
-    assert_int_equal(as_config_from_spec(spec, &c, &err), LLM_OK);
+    assert_int_equal(autoscale_config_from_spec(spec, &c, &err), LLM_OK);
     json_decref(spec);
     return c;
 }
@@ -27,16 +28,16 @@ static as_config cfg(void)
 static void test_proportional_and_tolerance(void **st)
 {
     (void)st;
-    as_config c = cfg();
-    as_decision d;
-    json_t *s = as_decide(&c, 2, 12.0, 2, NULL, 1000, &d); /* 2 pods x 12 waiting / 4 = 6 */
+    autoscale_config c = cfg();
+    autoscale_decision d;
+    json_t *s = autoscale_decide(&c, 2, 12.0, 2, NULL, 1000, &d); /* 2 pods x 12 waiting / 4 = 6 */
     assert_int_equal(d.desired, 6);
     assert_true(d.changed);
     assert_non_null(strstr(d.reason, "queueDepth 12.00 per pod (2 ready) over target 4.00"));
     assert_int_equal(json_integer_value(json_object_get(s, "desiredReplicas")), 6);
     assert_int_equal(json_array_size(json_object_get(s, "history")), 1);
     json_decref(s);
-    s = as_decide(&c, 3, 4.3, 3, NULL, 1000, &d); /* within 10% */
+    s = autoscale_decide(&c, 3, 4.3, 3, NULL, 1000, &d); /* within 10% */
     assert_int_equal(d.desired, 3);
     assert_false(d.changed);
     assert_int_equal(json_array_size(json_object_get(s, "history")), 0);
@@ -46,15 +47,15 @@ static void test_proportional_and_tolerance(void **st)
 static void test_unready_pods_and_no_reading(void **st)
 {
     (void)st;
-    as_config c = cfg();
-    as_decision d;
+    autoscale_config c = cfg();
+    autoscale_decision d;
     /* 4 replicas, 1 ready with 8 waiting: counting the loading pods as idle
      * it is 2 per pod (no scale-up); per ready pod it is 8 (no scale-down) */
-    json_t *s = as_decide(&c, 4, 8.0, 1, NULL, 1000, &d);
+    json_t *s = autoscale_decide(&c, 4, 8.0, 1, NULL, 1000, &d);
     assert_int_equal(d.desired, 4);
     assert_non_null(strstr(d.reason, "near target"));
     json_decref(s);
-    s = as_decide(&c, 4, 0, 0, NULL, 1000, &d);
+    s = autoscale_decide(&c, 4, 0, 0, NULL, 1000, &d);
     assert_int_equal(d.desired, 4);
     assert_non_null(strstr(d.reason, "no ready pod"));
     json_decref(s);
@@ -63,16 +64,16 @@ static void test_unready_pods_and_no_reading(void **st)
 static void test_step_and_bounds(void **st)
 {
     (void)st;
-    as_config c = cfg();
-    as_decision d;
-    json_t *s = as_decide(&c, 1, 100.0, 1, NULL, 1000, &d); /* wants 25: +4 at most, then max 10 later */
+    autoscale_config c = cfg();
+    autoscale_decision d;
+    json_t *s = autoscale_decide(&c, 1, 100.0, 1, NULL, 1000, &d); /* wants 25: +4 at most, then max 10 later */
     assert_int_equal(d.desired, 5);
     json_decref(s);
-    s = as_decide(&c, 9, 100.0, 9, NULL, 1000, &d);
+    s = autoscale_decide(&c, 9, 100.0, 9, NULL, 1000, &d);
     assert_int_equal(d.desired, 10);
     json_decref(s);
     c.min = 3;
-    s = as_decide(&c, 1, 0.0, 1, NULL, 1000, &d); /* below min: up to min at once */
+    s = autoscale_decide(&c, 1, 0.0, 1, NULL, 1000, &d); /* below min: up to min at once */
     assert_int_equal(d.desired, 3);
     json_decref(s);
 }
@@ -82,18 +83,18 @@ static void test_step_and_bounds(void **st)
 static void test_down_window_survives_restart(void **st)
 {
     (void)st;
-    as_config c = cfg();
-    as_decision d;
-    json_t *s = as_decide(&c, 6, 4.0, 6, NULL, 1000, &d); /* steady at 6 */
+    autoscale_config c = cfg();
+    autoscale_decision d;
+    json_t *s = autoscale_decide(&c, 6, 4.0, 6, NULL, 1000, &d); /* steady at 6 */
     assert_int_equal(d.desired, 6);
     char *stored = json_dumps(s, 0); /* written to status, read back by the next leader */
     json_decref(s);
     json_t *prev = json_loads(stored, 0, NULL);
     free(stored);
-    s = as_decide(&c, 6, 0.0, 6, prev, 1030, &d); /* load gone: wants 1, but 6 was recommended 30 s ago */
+    s = autoscale_decide(&c, 6, 0.0, 6, prev, 1030, &d); /* load gone: wants 1, but 6 was recommended 30 s ago */
     json_decref(prev);
     assert_int_equal(d.desired, 6);
-    json_t *s2 = as_decide(&c, 6, 0.0, 6, s, 1061, &d); /* the 6 left the window; the 1 from t=1030 remains */
+    json_t *s2 = autoscale_decide(&c, 6, 0.0, 6, s, 1061, &d); /* the 6 left the window; the 1 from t=1030 remains */
     assert_int_equal(d.desired, 1);
     assert_true(d.changed);
     json_t *h = json_array_get(json_object_get(s2, "history"), 0);
@@ -107,13 +108,13 @@ static void test_down_window_survives_restart(void **st)
 static void test_up_window(void **st)
 {
     (void)st;
-    as_config c = cfg();
+    autoscale_config c = cfg();
     c.up_window_s = 30;
-    as_decision d;
-    json_t *s = as_decide(&c, 2, 4.0, 2, NULL, 1000, &d);
-    json_t *s2 = as_decide(&c, 2, 16.0, 2, s, 1010, &d); /* a spike: lowest of the window is 2 */
+    autoscale_decision d;
+    json_t *s = autoscale_decide(&c, 2, 4.0, 2, NULL, 1000, &d);
+    json_t *s2 = autoscale_decide(&c, 2, 16.0, 2, s, 1010, &d); /* a spike: lowest of the window is 2 */
     assert_int_equal(d.desired, 2);
-    json_t *s3 = as_decide(&c, 2, 16.0, 2, s2, 1031, &d); /* sustained past the window */
+    json_t *s3 = autoscale_decide(&c, 2, 16.0, 2, s2, 1031, &d); /* sustained past the window */
     assert_int_equal(d.desired, 6);                      /* 8 wanted, +4 at most */
     json_decref(s);
     json_decref(s2);
@@ -123,13 +124,13 @@ static void test_up_window(void **st)
 static void test_history_is_bounded(void **st)
 {
     (void)st;
-    as_config c = cfg();
+    autoscale_config c = cfg();
     c.down_window_s = 0;
-    as_decision d;
+    autoscale_decision d;
     json_t *s = NULL;
     int cur = 1;
     for (int i = 0; i < 12; i++) {
-        json_t *n = as_decide(&c, cur, i % 2 ? 0.0 : 40.0, cur, s, 1000 + i, &d);
+        json_t *n = autoscale_decide(&c, cur, i % 2 ? 0.0 : 40.0, cur, s, 1000 + i, &d);
         json_decref(s);
         s = n;
         cur = d.desired;
@@ -143,13 +144,13 @@ static void test_history_is_bounded(void **st)
 static void test_one_recommendation_per_second(void **st)
 {
     (void)st;
-    as_config c = cfg();
-    as_decision d;
+    autoscale_config c = cfg();
+    autoscale_decision d;
     json_t *s = NULL;
     const double at[] = {1000.1, 1000.5, 1000.9, 1001.2};
     const double load[] = {40.0, 4.0, 8.0, 4.0};
     for (int i = 0; i < 4; i++) {
-        json_t *n = as_decide(&c, 2, load[i], 2, s, at[i], &d);
+        json_t *n = autoscale_decide(&c, 2, load[i], 2, s, at[i], &d);
         json_decref(s);
         s = n;
         json_t *recs = json_object_get(s, "recommendations");
@@ -165,26 +166,26 @@ static void test_config_errors_and_prom(void **st)
 {
     (void)st;
     llm_error err = {0};
-    as_config c;
+    autoscale_config c;
     json_t *spec = json_pack("{s:{s:b,s:i,s:i}}", "autoscaling", "enabled", 1, "minReplicas", 5, "maxReplicas", 2);
-    assert_int_equal(as_config_from_spec(spec, &c, &err), LLM_ERR_INVALID_ARG);
+    assert_int_equal(autoscale_config_from_spec(spec, &c, &err), LLM_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "minReplicas 5 and maxReplicas 2"));
     json_decref(spec);
     spec = json_pack("{s:{s:b,s:s}}", "autoscaling", "enabled", 1, "metric", "cpu");
-    assert_int_equal(as_config_from_spec(spec, &c, &err), LLM_ERR_INVALID_ARG);
+    assert_int_equal(autoscale_config_from_spec(spec, &c, &err), LLM_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "cpu needs mode hpa"));
     json_decref(spec);
     int found;
     const char *text = "# HELP llm_requests_waiting x\n# TYPE llm_requests_waiting gauge\nllm_requests_waiting 3\n"
                        "llm_requests_waiting_other 100\nvllm:num_requests_waiting{model=\"m\"} 7\n"
                        "x{a=\"1\"} 2\nx{a=\"2\"} 5.5\n";
-    assert_true(as_prom_value(text, "llm_requests_waiting", &found) == 3.0 && found);
-    assert_true(as_prom_value(text, "x", &found) == 7.5 && found);
-    assert_true(as_prom_value(text, "vllm:num_requests_waiting", &found) == 7.0 && found);
-    assert_true(as_prom_value(text, "absent", &found) == 0.0 && !found);
+    assert_true(prom_text_value(text, "llm_requests_waiting", &found) == 3.0 && found);
+    assert_true(prom_text_value(text, "x", &found) == 7.5 && found);
+    assert_true(prom_text_value(text, "vllm:num_requests_waiting", &found) == 7.0 && found);
+    assert_true(prom_text_value(text, "absent", &found) == 0.0 && !found);
     /* a label set left open: nothing read, and nothing taken off the next line */
-    assert_true(as_prom_value("x{a=\"1\"\n9\nx 2\n", "x", &found) == 2.0 && found);
-    assert_true(as_prom_value("x{a=\"1\"}\n9\n", "x", &found) == 0.0 && !found);
+    assert_true(prom_text_value("x{a=\"1\"\n9\nx 2\n", "x", &found) == 2.0 && found);
+    assert_true(prom_text_value("x{a=\"1\"}\n9\n", "x", &found) == 0.0 && !found);
     /* a 4 MiB page of such lines (a pod's answer) is read in one pass: it took minutes when the search
      * for '}' ran down the page from every line */
     size_t lines = (4u << 20) / 8;
@@ -194,7 +195,7 @@ static void test_config_errors_and_prom(void **st)
     page[lines * 8] = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    assert_true(as_prom_value(page, "x", &found) == 0.0 && !found);
+    assert_true(prom_text_value(page, "x", &found) == 0.0 && !found);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     assert_true((double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9 < 2.0);
     free(page);
@@ -205,37 +206,37 @@ static void test_scale_to_zero(void **st)
 {
     (void)st;
     llm_error err = {0};
-    as_config c;
+    autoscale_config c;
     json_t *spec = json_pack("{s:{s:b,s:i,s:i}}", "autoscaling", "enabled", 1, "minReplicas", 0, "maxReplicas", 3);
-    assert_int_equal(as_config_from_spec(spec, &c, &err), LLM_ERR_INVALID_ARG); /* no router to hold requests */
+    assert_int_equal(autoscale_config_from_spec(spec, &c, &err), LLM_ERR_INVALID_ARG); /* no router to hold requests */
     assert_non_null(strstr(err.msg, "minReplicas 0 needs mode builtin and spec.router"));
     json_decref(spec);
     spec = json_pack("{s:{s:b,s:i,s:i,s:i},s:{s:b,s:i}}", "autoscaling", "enabled", 1, "minReplicas", 0, "maxReplicas",
                      3, "scaleToZeroAfterSeconds", 60, "router", "enabled", 1, "holdSeconds", 30);
-    assert_int_equal(as_config_from_spec(spec, &c, &err), LLM_OK);
+    assert_int_equal(autoscale_config_from_spec(spec, &c, &err), LLM_OK);
     json_decref(spec);
     assert_int_equal(c.zero_after_s, 60);
-    as_config running = c;
+    autoscale_config running = c;
     running.min = 1;
-    as_decision d;
+    autoscale_decision d;
     /* t=1000, one idle pod, the routers have seen 5 requests: the idle clock starts */
-    as_activity idle = {1, 0, 5, 0};
-    json_t *s1 = as_decide(&running, 1, 0, 1, NULL, 1000, &d);
-    as_zero(&c, 1, &idle, NULL, s1, 1000, &d);
+    autoscale_activity idle = {1, 0, 5, 0};
+    json_t *s1 = autoscale_decide(&running, 1, 0, 1, NULL, 1000, &d);
+    autoscale_zero(&c, 1, &idle, NULL, s1, 1000, &d);
     assert_int_equal(d.desired, 1);
     assert_true(json_number_value(json_object_get(s1, "lastActivityTime")) == 1000);
     /* t=1030: a request came (6): activity at 1030 */
-    as_activity busy = {1, 0, 6, 0};
-    json_t *s2 = as_decide(&running, 1, 0, 1, s1, 1030, &d);
-    as_zero(&c, 1, &busy, s1, s2, 1030, &d);
+    autoscale_activity busy = {1, 0, 6, 0};
+    json_t *s2 = autoscale_decide(&running, 1, 0, 1, s1, 1030, &d);
+    autoscale_zero(&c, 1, &busy, s1, s2, 1030, &d);
     assert_int_equal(d.desired, 1);
     /* t=1089: 59 s idle: stays; t=1090: 60 s: sleeps, recorded once */
-    as_activity quiet = {1, 0, 6, 0};
-    json_t *s3 = as_decide(&running, 1, 0, 1, s2, 1089, &d);
-    as_zero(&c, 1, &quiet, s2, s3, 1089, &d);
+    autoscale_activity quiet = {1, 0, 6, 0};
+    json_t *s3 = autoscale_decide(&running, 1, 0, 1, s2, 1089, &d);
+    autoscale_zero(&c, 1, &quiet, s2, s3, 1089, &d);
     assert_int_equal(d.desired, 1);
-    json_t *s4 = as_decide(&running, 1, 0, 1, s3, 1090, &d);
-    as_zero(&c, 1, &quiet, s3, s4, 1090, &d);
+    json_t *s4 = autoscale_decide(&running, 1, 0, 1, s3, 1090, &d);
+    autoscale_zero(&c, 1, &quiet, s3, s4, 1090, &d);
     assert_int_equal(d.desired, 0);
     assert_true(d.changed);
     assert_non_null(strstr(d.reason, "no request for 60 s"));
@@ -243,23 +244,23 @@ static void test_scale_to_zero(void **st)
     json_t *h = json_object_get(s4, "history");
     assert_int_equal(json_integer_value(json_object_get(json_array_get(h, json_array_size(h) - 1), "to")), 0);
     /* at zero, no router answering or nothing held: stays asleep, no decision recorded */
-    as_activity none = {0, 0, 0, 0};
-    json_t *s5 = as_decide(&running, 0, 0, 0, s4, 1100, &d);
-    as_zero(&c, 0, &none, s4, s5, 1100, &d);
+    autoscale_activity none = {0, 0, 0, 0};
+    json_t *s5 = autoscale_decide(&running, 0, 0, 0, s4, 1100, &d);
+    autoscale_zero(&c, 0, &none, s4, s5, 1100, &d);
     assert_int_equal(d.desired, 0);
     assert_false(d.changed);
     assert_int_equal(json_array_size(json_object_get(s5, "history")), json_array_size(h));
     /* three requests held: wakes to one pod */
-    as_activity held = {1, 3, 9, 0};
-    json_t *s6 = as_decide(&running, 0, 0, 0, s5, 1110, &d);
-    as_zero(&c, 0, &held, s5, s6, 1110, &d);
+    autoscale_activity held = {1, 3, 9, 0};
+    json_t *s6 = autoscale_decide(&running, 0, 0, 0, s5, 1110, &d);
+    autoscale_zero(&c, 0, &held, s5, s6, 1110, &d);
     assert_int_equal(d.desired, 1);
     assert_true(d.changed);
     assert_non_null(strstr(d.reason, "3 requests held by the router: waking"));
     /* in flight counts as activity even with an unchanged count */
-    as_activity streaming = {1, 0, 9, 2};
-    json_t *s7 = as_decide(&running, 1, 0, 1, s6, 1500, &d);
-    as_zero(&c, 1, &streaming, s6, s7, 1500, &d);
+    autoscale_activity streaming = {1, 0, 9, 2};
+    json_t *s7 = autoscale_decide(&running, 1, 0, 1, s6, 1500, &d);
+    autoscale_zero(&c, 1, &streaming, s6, s7, 1500, &d);
     assert_int_equal(d.desired, 1);
     assert_true(json_number_value(json_object_get(s7, "lastActivityTime")) == 1500);
     json_t *all[] = {s1, s2, s3, s4, s5, s6, s7};

@@ -18,13 +18,13 @@
             fail_msg("%s = %.9g, want %.9g", #a, a_, b_);                            \
     } while (0)
 
-static cn_config cfg_of(const char *json, llm_status want, const char *msg)
+static canary_config cfg_of(const char *json, llm_status want, const char *msg)
 {
     json_t *spec = json_loads(json, 0, NULL);
     assert_non_null(spec);
-    cn_config c;
+    canary_config c;
     llm_error err = {0};
-    assert_int_equal(cn_config_from_spec(spec, &c, &err), want);
+    assert_int_equal(canary_config_from_spec(spec, &c, &err), want);
     if (msg)
         assert_non_null(strstr(err.msg, msg));
     json_decref(spec);
@@ -34,7 +34,7 @@ static cn_config cfg_of(const char *json, llm_status want, const char *msg)
 static void test_config(void **st)
 {
     (void)st;
-    cn_config c = cfg_of("{}", LLM_OK, NULL);
+    canary_config c = cfg_of("{}", LLM_OK, NULL);
     assert_int_equal(c.enabled, 0);
     c = cfg_of("{\"canary\":{\"steps\":[{\"weight\":10,\"pause\":\"2m\"},{\"weight\":50,\"pause\":\"1m30s\"},"
                "{\"weight\":50,\"pause\":45}],\"intervalSeconds\":3,\"analysis\":{\"maxErrorRatio\":0.1}}}",
@@ -79,66 +79,66 @@ static const char router_a[] =
 static void test_sample_and_quantile(void **st)
 {
     (void)st;
-    cn_sample s = {0};
-    cn_sample_add(&s, router_a);
-    cn_sample_add(&s, router_a); /* two routers: every counter doubles */
+    canary_sample s = {0};
+    canary_sample_add(&s, router_a);
+    canary_sample_add(&s, router_a); /* two routers: every counter doubles */
     assert_true(s.requests[0] == 182 && s.errors[0] == 2);
     assert_true(s.requests[1] == 20 && s.errors[1] == 4); /* "none": no answer counts as an error */
     assert_int_equal(s.n_le, 3);
-    assert_true(s.ttft[0][0] == 100 && s.ttft[0][1] == 180 && s.ttft[0][2] == 200 && s.ttft[0][CN_MAX_BUCKETS] == 200);
+    assert_true(s.ttft[0][0] == 100 && s.ttft[0][1] == 180 && s.ttft[0][2] == 200 && s.ttft[0][CANARY_MAX_BUCKETS] == 200);
     /* p99: rank 198 lies in (0.2, 0.5] with 180 below and 20 inside: 0.2 + 0.3 * 18/20 = 0.47 */
-    assert_double_close(cn_quantile(s.le, s.n_le, s.ttft[0], 0.99), 0.47, 1e-9);
+    assert_double_close(canary_quantile(s.le, s.n_le, s.ttft[0], 0.99), 0.47, 1e-9);
     /* p50: rank 100 ends the first bucket: 0.1 */
-    assert_double_close(cn_quantile(s.le, s.n_le, s.ttft[0], 0.5), 0.1, 1e-9);
-    assert_double_close(cn_quantile(s.le, s.n_le, s.ttft[1], 0.99), -1, 0); /* no data */
+    assert_double_close(canary_quantile(s.le, s.n_le, s.ttft[0], 0.5), 0.1, 1e-9);
+    assert_double_close(canary_quantile(s.le, s.n_le, s.ttft[1], 0.99), -1, 0); /* no data */
     /* all in +Inf: the highest bound is all a histogram can say */
-    assert_double_close(cn_quantile(s.le, s.n_le, s.itl[1], 0.99), 0.5, 0);
+    assert_double_close(canary_quantile(s.le, s.n_le, s.itl[1], 0.99), 0.5, 0);
     /* a bound appearing out of order is put in place with its counts */
-    cn_sample u = {0};
-    cn_sample_add(&u, "llm_router_revision_itl_seconds_bucket{revision=\"stable\",le=\"0.5\"} 7\n"
+    canary_sample u = {0};
+    canary_sample_add(&u, "llm_router_revision_itl_seconds_bucket{revision=\"stable\",le=\"0.5\"} 7\n"
                       "llm_router_revision_itl_seconds_bucket{revision=\"stable\",le=\"0.1\"} 3\n");
     assert_true(u.n_le == 2 && u.le[0] == 0.1 && u.le[1] == 0.5 && u.itl[0][0] == 3 && u.itl[0][1] == 7);
     /* llm-server's series of a colocated canary read alike; others not */
-    cn_sample v = {0};
-    cn_sample_add(&v, "llm_revision_requests_total{revision=\"canary\",code=\"5xx\"} 4\n"
+    canary_sample v = {0};
+    canary_sample_add(&v, "llm_revision_requests_total{revision=\"canary\",code=\"5xx\"} 4\n"
                       "llm_revision_requests_total{revision=\"canary\",code=\"2xx\"} 6\n"
                       "xllm_revision_requests_total{revision=\"canary\",code=\"2xx\"} 100\n");
     assert_true(v.requests[1] == 10 && v.errors[1] == 4);
     /* +Inf however spelled goes to the +Inf count, never into the bounds */
-    cn_sample w = {0};
-    cn_sample_add(&w, "llm_router_revision_ttfb_seconds_bucket{revision=\"stable\",le=\"+InF\"} 5\n"
+    canary_sample w = {0};
+    canary_sample_add(&w, "llm_router_revision_ttfb_seconds_bucket{revision=\"stable\",le=\"+InF\"} 5\n"
                       "llm_router_revision_ttfb_seconds_bucket{revision=\"stable\",le=\"inf\"} 2\n"
                       "llm_router_revision_ttfb_seconds_bucket{revision=\"stable\",le=\"x\"} 9\n");
-    assert_true(w.n_le == 0 && w.ttft[0][CN_MAX_BUCKETS] == 7);
+    assert_true(w.n_le == 0 && w.ttft[0][CANARY_MAX_BUCKETS] == 7);
 }
 
 static void test_window_and_json(void **st)
 {
     (void)st;
-    cn_sample then = {0}, now = {0}, w;
-    cn_sample_add(&then, router_a);
-    cn_sample_add(&now, router_a);
-    cn_sample_add(&now, "llm_router_revision_requests_total{revision=\"canary\",code=\"2xx\"} 5\n");
-    cn_sample_diff(&now, &then, &w);
-    assert_true(w.requests[1] == 5 && w.errors[1] == 0 && w.requests[0] == 0 && w.ttft[0][CN_MAX_BUCKETS] == 0);
-    cn_sample diff_back; /* a router restarted: counters went down, the window starts over */
-    cn_sample_diff(&then, &now, &diff_back);
+    canary_sample then = {0}, now = {0}, w;
+    canary_sample_add(&then, router_a);
+    canary_sample_add(&now, router_a);
+    canary_sample_add(&now, "llm_router_revision_requests_total{revision=\"canary\",code=\"2xx\"} 5\n");
+    canary_sample_diff(&now, &then, &w);
+    assert_true(w.requests[1] == 5 && w.errors[1] == 0 && w.requests[0] == 0 && w.ttft[0][CANARY_MAX_BUCKETS] == 0);
+    canary_sample diff_back; /* a router restarted: counters went down, the window starts over */
+    canary_sample_diff(&then, &now, &diff_back);
     assert_true(diff_back.requests[1] == then.requests[1]);
-    json_t *j = cn_sample_to_json(&now);
+    json_t *j = canary_sample_to_json(&now);
     assert_non_null(j);
-    cn_sample back;
-    assert_int_equal(cn_sample_from_json(j, &back), 1);
+    canary_sample back;
+    assert_int_equal(canary_sample_from_json(j, &back), 1);
     assert_true(back.n_le == 3 && back.requests[1] == 15 && back.errors[1] == 2 && back.ttft[0][2] == 100 &&
-                back.ttft[0][CN_MAX_BUCKETS] == 100 && back.itl[1][CN_MAX_BUCKETS] == 10);
+                back.ttft[0][CANARY_MAX_BUCKETS] == 100 && back.itl[1][CANARY_MAX_BUCKETS] == 10);
     json_decref(j);
-    assert_int_equal(cn_sample_from_json(json_null(), &back), 0);
+    assert_int_equal(canary_sample_from_json(json_null(), &back), 0);
 }
 
 /* A window with stable at p99 ~0.047 s and the canary as given. */
-static cn_sample window(double creq, double cerr, double cttft_bucket)
+static canary_sample window(double creq, double cerr, double cttft_bucket)
 {
-    cn_sample w = {0};
-    cn_sample_add(&w, "llm_router_revision_ttfb_seconds_bucket{revision=\"stable\",le=\"0.05\"} 100\n"
+    canary_sample w = {0};
+    canary_sample_add(&w, "llm_router_revision_ttfb_seconds_bucket{revision=\"stable\",le=\"0.05\"} 100\n"
                       "llm_router_revision_ttfb_seconds_bucket{revision=\"stable\",le=\"0.1\"} 100\n"
                       "llm_router_revision_ttfb_seconds_bucket{revision=\"stable\",le=\"0.5\"} 100\n"
                       "llm_router_revision_ttfb_seconds_bucket{revision=\"stable\",le=\"+Inf\"} 100\n"
@@ -147,48 +147,48 @@ static cn_sample window(double creq, double cerr, double cttft_bucket)
     w.errors[1] = cerr;
     int b = cttft_bucket <= 0.05 ? 0 : cttft_bucket <= 0.1 ? 1 : 2;
     for (int i = b; i < 3; i++) w.ttft[1][i] = creq;
-    w.ttft[1][CN_MAX_BUCKETS] = creq;
+    w.ttft[1][CANARY_MAX_BUCKETS] = creq;
     return w;
 }
 
 static void test_analysis(void **st)
 {
     (void)st;
-    cn_config c = cfg_of("{\"canary\":{\"steps\":[{\"weight\":10}],\"analysis\":{\"minRequests\":10}}}", LLM_OK, NULL);
-    cn_analysis a;
-    cn_sample w = window(5, 5, 0.05);
-    cn_analyse(&c, &w, &a);
-    assert_int_equal(a.verdict, CN_INCONCLUSIVE);
+    canary_config c = cfg_of("{\"canary\":{\"steps\":[{\"weight\":10}],\"analysis\":{\"minRequests\":10}}}", LLM_OK, NULL);
+    canary_analysis a;
+    canary_sample w = window(5, 5, 0.05);
+    canary_analyse(&c, &w, &a);
+    assert_int_equal(a.verdict, CANARY_INCONCLUSIVE);
     assert_non_null(strstr(a.message, "5 of the 10 canary requests"));
     w = window(20, 4, 0.05); /* 0.2 > 0 + 0.05 */
-    cn_analyse(&c, &w, &a);
-    assert_int_equal(a.verdict, CN_FAIL);
+    canary_analyse(&c, &w, &a);
+    assert_int_equal(a.verdict, CANARY_FAIL);
     assert_string_equal(a.signal, "ErrorRatio");
     assert_non_null(strstr(a.message, "canary error ratio 0.200 (4 of 20 requests) exceeds stable's 0.000"));
     w = window(20, 1, 0.05); /* 0.05 is not more than 0.05 */
-    cn_analyse(&c, &w, &a);
-    assert_int_equal(a.verdict, CN_PASS);
+    canary_analyse(&c, &w, &a);
+    assert_int_equal(a.verdict, CANARY_PASS);
     /* canary p99 in (0.1, 0.5]: 0.1 + 0.4 * 0.99 = 0.496 s against stable 0.0495 s: 10x */
     w = window(20, 0, 0.5);
-    cn_analyse(&c, &w, &a);
-    assert_int_equal(a.verdict, CN_FAIL);
+    canary_analyse(&c, &w, &a);
+    assert_int_equal(a.verdict, CANARY_FAIL);
     assert_string_equal(a.signal, "TimeToFirstToken");
     assert_string_equal(a.message, "canary p99 time to first token 0.496 s is 10.02x stable's 0.050 s (limit 1.50x)");
     assert_double_close(a.ttft_p99[1], 0.496, 1e-9);
     assert_double_close(a.ttft_p99[0], 0.0495, 1e-9);
     /* in (0.05, 0.1]: 0.0995 is 2x stable but only 0.05 s more: within the tolerance */
     w = window(20, 0, 0.1);
-    cn_analyse(&c, &w, &a);
-    assert_int_equal(a.verdict, CN_PASS);
+    canary_analyse(&c, &w, &a);
+    assert_int_equal(a.verdict, CANARY_PASS);
     c.tolerance_s = 0.01;
-    cn_analyse(&c, &w, &a);
-    assert_int_equal(a.verdict, CN_FAIL);
+    canary_analyse(&c, &w, &a);
+    assert_int_equal(a.verdict, CANARY_FAIL);
     /* inter-token latency alone */
     w = window(20, 0, 0.05);
-    w.itl[0][0] = w.itl[0][1] = w.itl[0][2] = w.itl[0][CN_MAX_BUCKETS] = 100;
-    w.itl[1][2] = w.itl[1][CN_MAX_BUCKETS] = 100;
-    cn_analyse(&c, &w, &a);
-    assert_int_equal(a.verdict, CN_FAIL);
+    w.itl[0][0] = w.itl[0][1] = w.itl[0][2] = w.itl[0][CANARY_MAX_BUCKETS] = 100;
+    w.itl[1][2] = w.itl[1][CANARY_MAX_BUCKETS] = 100;
+    canary_analyse(&c, &w, &a);
+    assert_int_equal(a.verdict, CANARY_FAIL);
     assert_string_equal(a.signal, "InterTokenLatency");
     assert_non_null(strstr(a.message, "canary p99 inter-token latency"));
 }
@@ -196,24 +196,24 @@ static void test_analysis(void **st)
 static void test_decide_and_split(void **st)
 {
     (void)st;
-    cn_config c = cfg_of("{\"canary\":{\"steps\":[{\"weight\":10,\"pause\":60},{\"weight\":50,\"pause\":30}]}}",
+    canary_config c = cfg_of("{\"canary\":{\"steps\":[{\"weight\":10,\"pause\":60},{\"weight\":50,\"pause\":30}]}}",
                          LLM_OK, NULL);
-    assert_int_equal(cn_decide(&c, 0, 100, CN_FAIL, 1), CN_ROLLBACK); /* failing rolls back even when paused */
-    assert_int_equal(cn_decide(&c, 0, 100, CN_PASS, 1), CN_HOLD);
-    assert_int_equal(cn_decide(&c, 0, 59, CN_PASS, 0), CN_HOLD);
-    assert_int_equal(cn_decide(&c, 0, 60, CN_INCONCLUSIVE, 0), CN_HOLD);
-    assert_int_equal(cn_decide(&c, 0, 60, CN_PASS, 0), CN_ADVANCE);
-    assert_int_equal(cn_decide(&c, 1, 30, CN_PASS, 0), CN_PROMOTE);
+    assert_int_equal(canary_decide(&c, 0, 100, CANARY_FAIL, 1), CANARY_ROLLBACK); /* failing rolls back even when paused */
+    assert_int_equal(canary_decide(&c, 0, 100, CANARY_PASS, 1), CANARY_HOLD);
+    assert_int_equal(canary_decide(&c, 0, 59, CANARY_PASS, 0), CANARY_HOLD);
+    assert_int_equal(canary_decide(&c, 0, 60, CANARY_INCONCLUSIVE, 0), CANARY_HOLD);
+    assert_int_equal(canary_decide(&c, 0, 60, CANARY_PASS, 0), CANARY_ADVANCE);
+    assert_int_equal(canary_decide(&c, 1, 30, CANARY_PASS, 0), CANARY_PROMOTE);
     int s, k;
-    cn_split(1, 30, &s, &k);
+    canary_split(1, 30, &s, &k);
     assert_true(s == 1 && k == 1);
-    cn_split(4, 50, &s, &k);
+    canary_split(4, 50, &s, &k);
     assert_true(s == 2 && k == 2);
-    cn_split(10, 10, &s, &k);
+    canary_split(10, 10, &s, &k);
     assert_true(s == 9 && k == 1);
-    cn_split(3, 100, &s, &k);
+    canary_split(3, 100, &s, &k);
     assert_true(s == 3 && k == 3);
-    cn_split(0, 0, &s, &k);
+    canary_split(0, 0, &s, &k);
     assert_true(s == 1 && k == 1);
 }
 
@@ -225,11 +225,11 @@ static void test_durations(void **st)
         {"90", 90}, {"90s", 90}, {"2m", 120}, {"1h", 3600}, {"1m30s", 90}, {"", -1}, {"m", -1}, {"5d", -1}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         v = json_string(cases[i].s);
-        assert_double_close(cn_duration(v), cases[i].want, 0);
+        assert_double_close(canary_duration(v), cases[i].want, 0);
         json_decref(v);
     }
     v = json_integer(-3);
-    assert_double_close(cn_duration(v), -1, 0);
+    assert_double_close(canary_duration(v), -1, 0);
     json_decref(v);
 }
 

@@ -1,4 +1,4 @@
-/* test_kube_apply.c - kube_covers, the judge of "the child already says
+/* test_kube_apply.c - kube_apply_covers, the judge of "the child already says
  * what we want": defaults and other managers' fields are allowed; a field
  * of ours missing or changed is not; keyed lists match by the API server's
  * merge keys (a volumeMount by mountPath); atomic lists whole; quantities
@@ -15,7 +15,7 @@ static int covers(const char *want, const char *cur)
     json_t *w = json_loads(want, 0, NULL), *c = json_loads(cur, 0, NULL);
     assert_non_null(w);
     assert_non_null(c);
-    int r = kube_covers(w, c);
+    int r = kube_apply_covers(w, c);
     json_decref(w);
     json_decref(c);
     return r;

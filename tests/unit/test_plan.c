@@ -8,6 +8,7 @@
 #include <jansson.h>
 
 #include "desired.h"
+#include "kube_status.h"
 #include "plan.h"
 
 #define NOW 1700000000.0
@@ -124,6 +125,19 @@ static json_t *object_of(result *r, const char *plural, const char *name)
             return o;
     }
     return NULL;
+}
+
+/* The step of the Deployment NAME (flagged stable). */
+static json_t *stable_step(result *r)
+{
+    json_t *found = NULL;
+    for (size_t i = 0; i < json_array_size(r->p.steps); i++)
+        if (json_is_true(json_object_get(json_array_get(r->p.steps, i), "stable"))) {
+            assert_null(found); /* one */
+            found = json_array_get(r->p.steps, i);
+        }
+    assert_non_null(found);
+    return found;
 }
 
 static const char *cond_reason(json_t *status, const char *type)
@@ -253,7 +267,7 @@ static void test_refusals(void **st)
     plan_input in = {.llmd = d, .canary = foreign, .now = NOW};
     result r;
     run(&in, &r);
-    assert_int_equal(r.st, LLM_ERR_EXISTS);
+    assert_int_equal(r.st, KUBE_ERR_EXISTS);
     done(&r);
     /* the refusal's status: Degraded with the reason, its event once */
     json_t *events = json_array();
@@ -296,6 +310,7 @@ static void test_diagnosis_table(void **st)
         json_t *d = llmd(NULL, cases[i].prev), *dep = settled(d, 0);
         json_object_set_new(json_object_get(dep, "status"), "readyReplicas", json_integer(0));
         podsig_reading pods = reading(NULL);
+        pods.age_s = cases[i].diag ? 0.5 : -1; /* no round yet: nothing read */
         pods.need.diag = cases[i].diag;
         pods.diag.severity = cases[i].severity;
         pods.diag.degraded = cases[i].degraded;
@@ -338,7 +353,7 @@ static void test_autoscale_table(void **st)
         {NULL, 0, 0, 0, 2, ""},                       /* never read: hold */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        json_t *d = llmd(AS, NULL), *dep = settled(d, -1);
+        json_t *d = llmd(AS, "{\"phase\":\"Ready\"}"), *dep = settled(d, -1);
         podsig_reading pods = reading(cases[i].metric);
         pods.age_s = cases[i].metric ? cases[i].age : -1;
         pods.signal = cases[i].signal;
@@ -349,12 +364,13 @@ static void test_autoscale_table(void **st)
         print_message("case %zu: %lld replicas [%s]\n", i, replicas_of(object_of(&r, "deployments", "m")), r.events);
         assert_int_equal(r.st, LLM_OK);
         assert_int_equal(replicas_of(object_of(&r, "deployments", "m")), cases[i].want);
-        assert_non_null(strstr(r.events, cases[i].events));
+        assert_string_equal(r.events, cases[i].events);
         assert_string_equal(r.p.need.metric, "queueDepth"); /* what to read next */
         assert_true(r.p.need.every_s == 3 && r.p.requeue_s == 3);
         assert_non_null(json_object_get(r.status, "autoscaling"));
         /* the autoscaler's event, not a second "Scaled" one, when the apply changes the Deployment */
-        json_t *upd = json_object_get(json_array_get(r.p.steps, 1), "updated");
+        json_t *upd = json_object_get(stable_step(&r), "updated");
+        assert_non_null(upd);
         for (size_t j = 0; j < json_array_size(upd); j++)
             assert_string_not_equal(json_string_value(json_object_get(json_array_get(upd, j), "reason")), "Scaled");
         done(&r);
@@ -380,7 +396,7 @@ static void test_scale_to_zero(void **st)
         pods.need.activity = 1;
         pods.signal = 4; /* on target: the signal holds 2, scale to zero decides */
         pods.signal_pods = 2;
-        pods.activity = (as_activity){.routers = cases[i].routers, .held = cases[i].held, .requests = 10};
+        pods.activity = (autoscale_activity){.routers = cases[i].routers, .held = cases[i].held, .requests = 10};
         plan_input in = {.llmd = d, .stable = dep, .pods = &pods, .now = NOW};
         result r;
         run(&in, &r);
@@ -443,7 +459,7 @@ static void test_canary_pods_table(void **st)
     (void)st;
     json_t *stable = old_stable(CANARY("pods"));
     const char *stable_rev = json_string_value(json_object_get(json_object_get(json_object_get(stable, "metadata"),
-                                                                                "annotations"), DES_TEMPLATE_ANN));
+                                                                                "annotations"), DESIRED_TEMPLATE_ANN));
     /* a new revision starts: the canary's objects, the stable keeps its template */
     json_t *d = new_llmd(CANARY("pods"), NULL);
     podsig_reading pods = reading(NULL);
@@ -458,9 +474,10 @@ static void test_canary_pods_table(void **st)
     assert_null(strstr(r.steps, "apply configmaps m-config")); /* the stable keeps its config */
     json_t *dep = object_of(&r, "deployments", "m");
     assert_string_equal(json_string_value(json_object_get(json_object_get(json_object_get(dep, "metadata"), "annotations"),
-                                                          DES_TEMPLATE_ANN)), stable_rev);
+                                                          DESIRED_TEMPLATE_ANN)), stable_rev);
     assert_int_equal(r.p.need.canary, 1);
-    assert_true(r.p.ro.need_diag);
+    assert_true(r.p.need.diag); /* the canary's pods are diagnosed while it starts, the stable being Ready */
+    assert_string_equal(phase(&r), "Ready");
     json_t *state = json_deep_copy(json_object_get(r.status, "canary"));
     done(&r);
     json_decref(d);
@@ -476,6 +493,20 @@ static void test_canary_pods_table(void **st)
     assert_string_equal(canary_phase(&r), "Starting");
     assert_string_equal(r.events, "");
     done(&r);
+    /* its pods crash-looping (a round diagnosed them): rolled back, naming why */
+    {
+        json_t *sick = ready_canary(1);
+        json_object_set_new(json_object_get(sick, "status"), "readyReplicas", json_integer(0));
+        podsig_reading diag = reading(NULL);
+        diag.need.diag = 1;
+        diag.canary_diag = (pod_diag){.severity = 4, .degraded = 1, .reason = "CrashLooping", .message = "pod c: restarted"};
+        plan_input bad = {.llmd = d, .stable = stable, .canary = sick, .pods = &diag, .now = NOW + 2};
+        run(&bad, &r);
+        assert_string_equal(canary_phase(&r), "RolledBack");
+        assert_string_equal(json_string_value(json_object_get(json_object_get(r.status, "canary"), "signal")), "CrashLooping");
+        done(&r);
+        json_decref(sick);
+    }
     /* ... once read: step 1 at 30% */
     pods = reading(NULL);
     pods.need.canary = 1;
@@ -494,21 +525,21 @@ static void test_canary_pods_table(void **st)
         double req[2], err[2];
         const char *action;
         const char *phase, *events;
-        int clear;
+        int clear, weight;       /* canaryWeight after */
     } cases[] = {
-        {{100, 50}, {0, 0}, NULL, "Progressing", "CanaryStep", 0},       /* passes: step 2 */
-        {{100, 50}, {0, 40}, NULL, "RolledBack", "CanaryRolledBack", 0}, /* errors: back */
-        {{100, 5}, {0, 0}, NULL, "Progressing", "", 0},                  /* too few requests: hold */
-        {{100, 50}, {0, 0}, "pause", "Paused", "", 0},
-        {{100, 50}, {0, 0}, "abort", "RolledBack", "CanaryRolledBack", 1},
-        {{100, 50}, {0, 0}, "promote", "Promoting", "CanaryPromoting", 1},
+        {{100, 50}, {0, 0}, NULL, "Progressing", "CanaryStep", 0, 70},       /* passes: step 2 */
+        {{100, 50}, {0, 40}, NULL, "RolledBack", "CanaryRolledBack", 0, 0}, /* errors: back */
+        {{100, 5}, {0, 0}, NULL, "Progressing", "", 0, 30},                  /* too few requests: hold */
+        {{100, 50}, {0, 0}, "pause", "Paused", "", 0, 30},
+        {{100, 50}, {0, 0}, "abort", "RolledBack", "CanaryRolledBack", 1, 0},
+        {{100, 50}, {0, 0}, "promote", "Promoting", "CanaryPromoting", 1, 30},
     };
     st_text = json_dumps(progressing, JSON_COMPACT);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         d = new_llmd(CANARY("pods"), st_text);
         if (cases[i].action)
             json_object_set_new(json_object_get(d, "metadata"), "annotations",
-                                json_pack("{s:s}", RO_ACTION_ANN, cases[i].action));
+                                json_pack("{s:s}", ROLLOUT_ACTION_ANN, cases[i].action));
         pods = reading(NULL);
         pods.need.canary = 1;
         pods.canary_pods = 1;
@@ -519,12 +550,47 @@ static void test_canary_pods_table(void **st)
         assert_string_equal(canary_phase(&r), cases[i].phase);
         assert_string_equal(r.events, cases[i].events);
         assert_int_equal(r.p.ro.clear_action, cases[i].clear);
+        assert_int_equal(json_integer_value(json_object_get(r.status, "canaryWeight")), cases[i].weight);
+        assert_int_equal(r.p.ro.admin, 0); /* pods of its own: no pod is driven */
+        if (cases[i].weight == 70) /* 70% of 2 replicas: 2 canary pods, 1 stable */
+            assert_int_equal(replicas_of(object_of(&r, "deployments", "m-canary")), 2);
         if (!strcmp(cases[i].phase, "RolledBack")) /* the canary goes, traffic first */
             assert_non_null(strstr(r.steps, "apply configmaps m-router; remove deployments m-canary; "
                                             "remove services m-canary-backends; remove configmaps m-canary-config"));
         done(&r);
         json_decref(d);
     }
+    /* a canary cancelled (the spec went back), then the same revision again: it starts over */
+    json_t *cancelled = json_deep_copy(progressing);
+    json_object_set_new(cancelled, "phase", json_string("Cancelled"));
+    char *c_text = json_dumps(cancelled, JSON_COMPACT);
+    d = new_llmd(CANARY("pods"), c_text);
+    pods = reading(NULL);
+    pods.age_s = -1; /* its counters not read again yet: it waits in Starting */
+    in = (plan_input){.llmd = d, .stable = stable, .canary = can, .pods = &pods, .now = NOW + 20};
+    run(&in, &r);
+    assert_string_equal(canary_phase(&r), "Starting");
+    assert_string_equal(r.events, "CanaryStarted");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(r.status, "canary"), "step")), -1);
+    done(&r);
+    json_decref(d);
+    free(c_text);
+    json_decref(cancelled);
+    /* promoting: an abort is too late - said, and the lever removed */
+    json_t *promoting = json_deep_copy(progressing);
+    json_object_set_new(promoting, "phase", json_string("Promoting"));
+    char *p_text = json_dumps(promoting, JSON_COMPACT);
+    d = new_llmd(CANARY("pods"), p_text);
+    json_object_set_new(json_object_get(d, "metadata"), "annotations", json_pack("{s:s}", ROLLOUT_ACTION_ANN, "abort"));
+    in.llmd = d;
+    run(&in, &r);
+    assert_string_equal(canary_phase(&r), "Promoting");
+    assert_string_equal(r.events, "CanaryActionIgnored");
+    assert_true(r.p.ro.clear_action);
+    done(&r);
+    json_decref(d);
+    free(p_text);
+    json_decref(promoting);
     free(st_text);
     json_decref(progressing);
     json_decref(state);
@@ -588,6 +654,40 @@ static void test_canary_colocated_table(void **st)
         done(&r);
         json_decref(d);
     }
+    /* Progressing inside the stable pods: each turn keeps every pod on the step's weight; a pass moves
+     * it, a failure takes the model out of them */
+    {
+        json_t *prog = parse(starting);
+        json_object_set_new(prog, "phase", json_string("Progressing"));
+        json_object_set_new(prog, "step", json_integer(0));
+        json_object_set_new(prog, "weight", json_integer(30));
+        json_object_set_new(prog, "stepStartTime", json_integer((json_int_t)NOW));
+        canary_sample zero = {0};
+        json_object_set_new(prog, "window", canary_sample_to_json(&zero));
+        char *text = json_dumps(prog, JSON_COMPACT);
+        static const struct { double err; const char *phase, *events; int admin, weight; } rows[] = {
+            {0, "Progressing", "CanaryStep", 1, 70},
+            {40, "RolledBack", "CanaryRolledBack", 2, 0},
+        };
+        for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+            d = new_llmd(CANARY("colocated"), text);
+            podsig_reading pods = reading(NULL);
+            pods.need.canary = 2;
+            pods.canary_pods = 2;
+            pods.canary.requests[0] = 100, pods.canary.requests[1] = 50, pods.canary.errors[1] = rows[i].err;
+            in = (plan_input){.llmd = d, .stable = stable, .admin_secret = "m-admin-0123456789", .pods = &pods, .now = NOW + 10};
+            run(&in, &r);
+            assert_string_equal(canary_phase(&r), rows[i].phase);
+            assert_string_equal(r.events, rows[i].events);
+            assert_int_equal(r.p.ro.admin, rows[i].admin);
+            assert_int_equal(r.p.ro.admin_weight, rows[i].weight);
+            assert_int_equal(r.p.need.canary, rows[i].admin == 1 ? 2 : 0); /* the pods' own counters, while it runs */
+            done(&r);
+            json_decref(d);
+        }
+        free(text);
+        json_decref(prog);
+    }
     /* answers for another revision are not this one's */
     d = new_llmd(CANARY("colocated"), starting);
     podsig_reading pods = reading(NULL);
@@ -613,7 +713,7 @@ static void test_canary_colocated_table(void **st)
         run(&in, &r);
         json_t *dep = object_of(&r, "deployments", "m");
         const char *t = json_string_value(json_object_get(json_object_get(json_object_get(dep, "metadata"), "annotations"),
-                                                          DES_TEMPLATE_ANN));
+                                                          DESIRED_TEMPLATE_ANN));
         assert_int_equal(r.p.ro.admin, 1);
         assert_int_equal(r.p.ro.admin_weight, 100);
         if (w == 100)
@@ -652,6 +752,12 @@ static void test_same_input_same_plan_inputs_untouched(void **st)
         assert_true(json_equal(a.p.events, b.p.events));
         assert_true(json_equal(a.status, b.status));
         assert_true(a.p.requeue_s == b.p.requeue_s && a.p.ro.admin == b.p.ro.admin);
+        assert_true(a.p.ro.admin_weight == b.p.ro.admin_weight && a.p.ro.clear_action == b.p.ro.clear_action);
+        assert_memory_equal(&a.p.need, &b.p.need, sizeof a.p.need);
+        assert_string_equal(a.p.template_hash, b.p.template_hash);
+        /* its time is the input's, not the clock's: NOW is 2023-11-14T22:13:20Z */
+        json_t *c0 = json_array_get(json_object_get(a.status, "conditions"), 0);
+        assert_string_equal(json_string_value(json_object_get(c0, "lastTransitionTime")), "2023-11-14T22:13:20Z");
         assert_true(json_equal(d, d0)); /* nothing written into the observed objects */
         assert_true(json_equal(stable, s0));
         done(&a);

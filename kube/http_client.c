@@ -1,14 +1,17 @@
-/* http_get.c - a bounded GET or JSON POST; see http_get.h. */
+/* http_client_get.c - a bounded GET or JSON POST; see http_client_get.h. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "http_get.h"
+#include "http_client.h"
+#include "llm/clock.h"
 
-size_t http_body_write(char *d, size_t sz, size_t nm, void *arg)
+#define CONNECT_MS 500 /* in-cluster: a pod that takes longer to accept is not there */
+
+size_t http_client_body_write(char *d, size_t sz, size_t nm, void *arg)
 {
-    http_body *b = arg;
+    http_client_body *b = arg;
     size_t add = sz * nm;
     if (b->n + add > b->max) {
         b->over = 1;
@@ -31,12 +34,12 @@ size_t http_body_write(char *d, size_t sz, size_t nm, void *arg)
     return add;
 }
 
-long http_get(CURL *h, const char *url, long timeout_ms, size_t max, char **body)
+long http_client_get(CURL *h, const char *url, long timeout_ms, size_t max, char **body)
 {
-    return http_request(h, url, NULL, NULL, timeout_ms, max, body);
+    return http_client_request(h, url, NULL, NULL, timeout_ms, max, body);
 }
 
-long http_request(CURL *h, const char *url, const char *bearer, const char *json, long timeout_ms, size_t max,
+long http_client_request(CURL *h, const char *url, const char *bearer, const char *json, long timeout_ms, size_t max,
                   char **body)
 {
     *body = NULL;
@@ -45,11 +48,12 @@ long http_request(CURL *h, const char *url, const char *bearer, const char *json
         return 0;
     if (h)
         curl_easy_reset(c);
-    http_body b = {.max = max};
+    http_client_body b = {.max = max};
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(c, CURLOPT_PROXY, ""); /* pods directly, whatever *_proxy the environment has */
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, http_body_write);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, http_client_body_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
     struct curl_slist *hdr = NULL;
     char auth[600];
@@ -75,28 +79,24 @@ long http_request(CURL *h, const char *url, const char *bearer, const char *json
     return *body ? code : 0;
 }
 
-static long long now_ms(void)
+void http_client_get_many(const char *const *urls, size_t n, long budget_ms, size_t max, long *codes, char **bodies)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-void http_get_many(const char *const *urls, size_t n, long budget_ms, size_t max, long *codes, char **bodies)
-{
-    http_many(urls, n, NULL, NULL, budget_ms, max, codes, bodies);
+    http_client_many(urls, n, NULL, NULL, budget_ms, max, codes, bodies);
 }
 
 /* One transfer of a multi request: the url, the bearer and a JSON body. */
-static CURL *many_handle(const char *url, struct curl_slist *hdr, const char *json, long budget_ms, http_body *b, size_t i)
+static CURL *many_handle(const char *url, struct curl_slist *hdr, const char *json, long budget_ms, http_client_body *b, size_t i)
 {
     CURL *h = curl_easy_init();
     if (!h)
         return NULL;
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, budget_ms);
+    /* a pod that drops the connection frees its slot soon: the others queued behind it get their turn */
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, budget_ms < CONNECT_MS ? budget_ms : (long)CONNECT_MS);
+    curl_easy_setopt(h, CURLOPT_PROXY, ""); /* pods directly: a bearer token never goes through an *_proxy of the environment */
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, http_body_write);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, http_client_body_write);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, b);
     curl_easy_setopt(h, CURLOPT_PRIVATE, (void *)(uintptr_t)i); /* its index, when it is done */
     if (hdr)
@@ -125,12 +125,12 @@ static struct curl_slist *many_headers(const char *bearer, const char *json, int
     return hdr;
 }
 
-void http_many(const char *const *urls, size_t n, const char *bearer, const char *json, long budget_ms, size_t max,
+void http_client_many(const char *const *urls, size_t n, const char *bearer, const char *json, long budget_ms, size_t max,
                long *codes, char **bodies)
 {
     CURLM *m = curl_multi_init();
     CURL **hs = calloc(n ? n : 1, sizeof *hs);
-    http_body *bs = calloc(n ? n : 1, sizeof *bs);
+    http_client_body *bs = calloc(n ? n : 1, sizeof *bs);
     int hdr_ok = 0;
     struct curl_slist *hdr = many_headers(bearer, json, &hdr_ok);
     for (size_t i = 0; i < n; i++) codes[i] = 0, bodies[i] = NULL;
@@ -144,12 +144,12 @@ void http_many(const char *const *urls, size_t n, const char *bearer, const char
             hs[i] = NULL;
         }
     }
-    long long end = now_ms() + budget_ms;
+    long long end = (long long)(llm_clock_mono_s() * 1000) + budget_ms;
     int running = 1;
-    while (running && now_ms() < end) {
+    while (running && (long long)(llm_clock_mono_s() * 1000) < end) {
         if (curl_multi_perform(m, &running) != CURLM_OK)
             break;
-        long left = (long)(end - now_ms());
+        long left = (long)(end - (long long)(llm_clock_mono_s() * 1000));
         if (running && left > 0 && curl_multi_poll(m, NULL, 0, (int)(left < 100 ? left : 100), NULL) != CURLM_OK)
             break;
     }

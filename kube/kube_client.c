@@ -6,7 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "http_get.h" /* http_body: the bounded response buffer */
+#include "http_client.h" /* http_client_body: the bounded response buffer */
 #include "kube_client.h"
 
 #define KUBE_MAX_BODY (64u << 20) /* a list of thousands of objects fits */
@@ -26,10 +26,10 @@ static const char *const method_names[KUBE_N_METHODS] = {"GET", "POST", "PUT", "
 static const char *const outcome_names[KUBE_N_OUTCOMES] = {"2xx", "3xx", "4xx", "5xx", "error"};
 static unsigned long long counts[KUBE_N_METHODS][KUBE_N_OUTCOMES];
 
-const char *kube_method_name(int m) { return m >= 0 && m < KUBE_N_METHODS ? method_names[m] : "?"; }
-const char *kube_outcome_name(int o) { return o >= 0 && o < KUBE_N_OUTCOMES ? outcome_names[o] : "?"; }
+const char *kube_client_method_name(int m) { return m >= 0 && m < KUBE_N_METHODS ? method_names[m] : "?"; }
+const char *kube_client_outcome_name(int o) { return o >= 0 && o < KUBE_N_OUTCOMES ? outcome_names[o] : "?"; }
 
-unsigned long long kube_request_count(int m, int o)
+unsigned long long kube_client_request_count(int m, int o)
 {
     return m >= 0 && m < KUBE_N_METHODS && o >= 0 && o < KUBE_N_OUTCOMES ? __atomic_load_n(&counts[m][o], __ATOMIC_RELAXED)
                                                                          : 0;
@@ -100,7 +100,7 @@ double kube_client_retry_after(kube_client *k)
     return v;
 }
 
-double kube_retry_after_header(const char *line, size_t n)
+double kube_client_retry_after_header(const char *line, size_t n)
 {
     static const char name[] = "retry-after:";
     if (n <= sizeof name - 1 || strncasecmp(line, name, sizeof name - 1))
@@ -118,7 +118,7 @@ double kube_retry_after_header(const char *line, size_t n)
 
 static size_t on_header(char *line, size_t size, size_t n, void *arg)
 {
-    double v = kube_retry_after_header(line, size * n);
+    double v = kube_client_retry_after_header(line, size * n);
     if (v >= 0)
         ((kube_client *)arg)->retry_after_s = v;
     return size * n;
@@ -140,7 +140,7 @@ void kube_client_free(kube_client *k)
     free(k);
 }
 
-struct curl_slist *kube_curl_login(kube_config *cfg, CURL *c)
+struct curl_slist *kube_client_curl_login(kube_config *cfg, CURL *c)
 {
     if (cfg->ca_pem) {
         struct curl_blob ca = {cfg->ca_pem, cfg->ca_len, CURL_BLOB_COPY};
@@ -166,12 +166,12 @@ struct curl_slist *kube_curl_login(kube_config *cfg, CURL *c)
 }
 
 /* The API's error for an HTTP status, with its Status message. */
-static llm_status http_error(long code, const char *method, const char *path, const http_body *b, llm_error *err)
+static llm_status http_error(long code, const char *method, const char *path, const http_client_body *b, llm_error *err)
 {
     json_t *j = b->p ? json_loads(b->p, 0, NULL) : NULL;
     const char *msg = json_string_value(json_object_get(j, "message"));
-    llm_status st = code == 404 ? LLM_ERR_NOT_FOUND : code == 409 ? LLM_ERR_CONFLICT : code == 410 ? LLM_ERR_GONE
-                  : code == 422 || code == 400 ? LLM_ERR_INVALID_ARG : code == 401 || code == 403 ? LLM_ERR_FORBIDDEN
+    llm_status st = code == 404 ? LLM_ERR_NOT_FOUND : code == 409 ? KUBE_ERR_CONFLICT : code == 410 ? KUBE_ERR_GONE
+                  : code == 422 || code == 400 ? LLM_ERR_INVALID_ARG : code == 401 || code == 403 ? KUBE_ERR_FORBIDDEN
                   : LLM_ERR_IO;
     llm_errf(err, st, "%s %s: HTTP %ld: %s", method, path, code, msg ? msg : b->p ? b->p : "(no body)");
     json_decref(j);
@@ -179,21 +179,21 @@ static llm_status http_error(long code, const char *method, const char *path, co
 }
 
 static llm_status perform(kube_client *k, const char *method, const char *url, const char *body, const char *ctype,
-                          http_body *b, long *code, llm_error *err)
+                          http_client_body *b, long *code, llm_error *err)
 {
     CURL *c = k->curl;
     char ct[128];
     if (k->cancel && atomic_load(k->cancel))
         return llm_errf(err, LLM_ERR_CANCELLED, "%s %s: cancelled (this replica stopped leading)", method, url);
     curl_easy_reset(c);
-    struct curl_slist *h = kube_curl_login(k->cfg, c);
+    struct curl_slist *h = kube_client_curl_login(k->cfg, c);
     snprintf(ct, sizeof ct, "Content-Type: %s", ctype ? ctype : "application/json");
     if (body)
         h = curl_slist_append(h, ct);
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, http_body_write);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, http_client_body_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, b);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, k->timeout_ms);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, k->timeout_ms < 10000 ? k->timeout_ms : 10000L);
@@ -217,7 +217,7 @@ static llm_status perform(kube_client *k, const char *method, const char *url, c
     return LLM_OK;
 }
 
-llm_status kube_request(kube_client *k, const char *method, const char *path, json_t *body, const char *content_type,
+llm_status kube_client_request(kube_client *k, const char *method, const char *path, json_t *body, const char *content_type,
                         json_t **out, llm_error *err)
 {
     char url[4096];
@@ -225,7 +225,7 @@ llm_status kube_request(kube_client *k, const char *method, const char *path, js
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     if (body && !text)
         return llm_errf(err, LLM_ERR_NOMEM, "no memory");
-    http_body b = {.max = KUBE_MAX_BODY};
+    http_client_body b = {.max = KUBE_MAX_BODY};
     long code = 0;
     pthread_mutex_lock(&k->mu);
     llm_status st = perform(k, method, url, text, content_type, &b, &code, err);

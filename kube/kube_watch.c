@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "kube_watch.h"
+#include "llm/clock.h"
 
 typedef struct wstate {
     char *line;            /* the partial line being assembled */
@@ -87,7 +88,7 @@ static size_t on_data(char *d, size_t sz, size_t n, void *arg)
 
 static size_t on_header(char *line, size_t size, size_t n, void *arg)
 {
-    double v = kube_retry_after_header(line, size * n);
+    double v = kube_client_retry_after_header(line, size * n);
     if (v >= 0)
         ((wstate *)arg)->retry_after = v;
     return size * n;
@@ -102,7 +103,7 @@ static llm_status watch_once(kube_config *cfg, const char *path, int timeout_s, 
     CURL *c = curl_easy_init();
     if (!c)
         return llm_errf(err, LLM_ERR_NOMEM, "watch: no curl handle");
-    struct curl_slist *h = kube_curl_login(cfg, c); /* client certificates too, as for requests */
+    struct curl_slist *h = kube_client_curl_login(cfg, c); /* client certificates too, as for requests */
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
@@ -132,7 +133,7 @@ static llm_status watch_once(kube_config *cfg, const char *path, int timeout_s, 
     if (w->gone || w->stopped || (w->stop && atomic_load(w->stop)))
         return LLM_OK;
     if (code == 401 || code == 403 || code == 404)
-        return llm_errf(err, code == 404 ? LLM_ERR_NOT_FOUND : LLM_ERR_FORBIDDEN, "watch %s: HTTP %ld", path, code);
+        return llm_errf(err, code == 404 ? LLM_ERR_NOT_FOUND : KUBE_ERR_FORBIDDEN, "watch %s: HTTP %ld", path, code);
     if (code && (code < 200 || code > 299)) /* 429, 5xx: the server asks us to wait (or is in trouble) */
         return llm_errf(err, LLM_ERR_IO, "watch %s: HTTP %ld", path, code);
     if (w->error_code)
@@ -147,7 +148,7 @@ static llm_status watch_once(kube_config *cfg, const char *path, int timeout_s, 
 static llm_status relist(kube_client *k, const char *path, wstate *w, llm_error *err)
 {
     json_t *list = NULL;
-    llm_status st = kube_request(k, "GET", path, NULL, NULL, &list, err);
+    llm_status st = kube_client_request(k, "GET", path, NULL, NULL, &list, err);
     if (st)
         return st;
     json_t *items = json_object_get(list, "items");
@@ -160,29 +161,22 @@ static llm_status relist(kube_client *k, const char *path, wstate *w, llm_error 
     return LLM_OK;
 }
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Waits s seconds, or until *stop. */
 static void pause_s(double s, atomic_int *stop)
 {
-    for (double end = mono_s() + s; mono_s() < end && !(stop && atomic_load(stop));) usleep(50000);
+    for (double end = llm_clock_mono_s() + s; llm_clock_mono_s() < end && !(stop && atomic_load(stop));) usleep(50000);
 }
 
-llm_status kube_list_watch(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_event_fn fn,
+llm_status kube_watch_run(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_event_fn fn,
                            void *ctx, atomic_int *stop, llm_error *err)
 {
     wstate w = {.fn = fn, .ctx = ctx, .stop = stop};
     llm_status st = LLM_OK;
     double backoff = 0.2;
     int listed = 0;
-    unsigned seed = (unsigned)(mono_s() * 1e6) ^ (unsigned)(uintptr_t)&w;
+    unsigned seed = (unsigned)(llm_clock_mono_s() * 1e6) ^ (unsigned)(uintptr_t)&w;
     while (!w.stopped && !(stop && atomic_load(stop))) {
-        double t0 = mono_s(), retry_after = 0;
+        double t0 = llm_clock_mono_s(), retry_after = 0;
         int quick = 0;
         if (!listed) {
             if (w.gone)
@@ -194,9 +188,9 @@ llm_status kube_list_watch(kube_client *k, kube_config *cfg, const char *path, i
             st = watch_once(cfg, path, timeout_s, &w, err);
             retry_after = w.retry_after;
             /* a stream the server ends at once with nothing in it, again and again, is trouble too */
-            quick = !st && !w.gone && !w.events && mono_s() - t0 < 1;
+            quick = !st && !w.gone && !w.events && llm_clock_mono_s() - t0 < 1;
         }
-        if (st == LLM_ERR_FORBIDDEN || st == LLM_ERR_NOT_FOUND)
+        if (st == KUBE_ERR_FORBIDDEN || st == LLM_ERR_NOT_FOUND)
             break;
         if (st || quick) { /* back off: doubling to 30 s, jittered (replicas do not come back in step), at
                             * least what Retry-After asks */
@@ -209,5 +203,5 @@ llm_status kube_list_watch(kube_client *k, kube_config *cfg, const char *path, i
         listed = !w.gone;
     }
     free(w.line);
-    return st == LLM_ERR_FORBIDDEN || st == LLM_ERR_NOT_FOUND ? st : LLM_OK;
+    return st == KUBE_ERR_FORBIDDEN || st == LLM_ERR_NOT_FOUND ? st : LLM_OK;
 }

@@ -34,7 +34,7 @@ typedef int (*kube_event_fn)(void *ctx, const char *type, json_t *obj);
  * a second, even on a quiet stream); each watch request asks the server to
  * end it after timeout_s seconds (then it resumes). LLM_OK when stopped; an error only for what
  * retrying cannot fix (401/403, 404: the resource is not served). */
-llm_status kube_list_watch(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_event_fn fn,
+llm_status kube_watch_run(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_event_fn fn,
                            void *ctx, atomic_int *stop, llm_error *err);
 
 #endif

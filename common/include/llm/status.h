@@ -1,4 +1,5 @@
-/* status.h - the project-wide status codes and the error-detail buffer.
+/* status.h - the project-wide status codes and the error-detail buffer
+ * (the common library: engine, server, router and controller use it).
  *
  * Every fallible library call returns an llm_status and, when given a non-NULL
  * llm_error, fills it with a message naming the cause (file, field, value).
@@ -26,11 +27,9 @@ typedef enum llm_status {
     LLM_ERR_NOT_FOUND = 12,  /* no such request (finished, cancelled or never there) */
     LLM_ERR_TIMEOUT = 13,    /* nothing happened within the time asked for */
     LLM_ERR_SHUTDOWN = 14,   /* the engine is closing */
-    LLM_ERR_CONFLICT = 15,   /* Kubernetes 409: stale resourceVersion or already exists */
-    LLM_ERR_GONE = 16,       /* Kubernetes 410: resourceVersion too old (relist) */
-    LLM_ERR_FORBIDDEN = 17,  /* Kubernetes 401/403: credentials or RBAC */
+    /* 15, 16, 17 and 19 belong to the Kubernetes client (kube/kube_client.h,
+     * KUBE_ERR_*): kept free here so its answers pass through llm_status */
     LLM_ERR_NUMERIC = 18,    /* NaN or infinity where a finite number is needed (logits, weights) */
-    LLM_ERR_EXISTS = 19,     /* the name is taken by an object that is not ours */
 } llm_status;
 
 #define LLM_ERROR_MSG_MAX 512

@@ -12,8 +12,8 @@
  *
  * Ownership of the objects themselves: want names its owner in
  * metadata.ownerReferences[0]; an existing object that is not controlled
- * by that owner (uid) is never written (LLM_ERR_EXISTS, the message
- * says whose it is), and kube_remove_ours deletes only what the owner
+ * by that owner (uid) is never written (KUBE_ERR_EXISTS, the message
+ * says whose it is), and kube_apply_remove_ours deletes only what the owner
  * controls.
  *
  * Ownership: want and cur are borrowed (want's hash annotation is added
@@ -23,12 +23,16 @@
 #define KUBE_APPLY_H
 
 #include "kube_client.h"
-#include "kube_meta.h" /* kube_controller_uid, for its callers */
+#include "kube_meta.h" /* kube_meta_controller_uid, for its callers */
 
 #define KUBE_HASH_ANN "llmk8s.io/desired-hash"
 #define KUBE_FIELD_MANAGER "llm-controller"
 
-typedef enum kube_applied { KUBE_SAME, KUBE_CREATED, KUBE_UPDATED } kube_applied;
+/* KUBE_TAKEN_BACK: updated, after the API server refused the unforced
+ * apply because other managers held fields of it (a hand edit, another
+ * controller); they were taken back with force, and err->msg (the call
+ * returning LLM_OK) names them, for an event. */
+typedef enum kube_applied { KUBE_SAME, KUBE_CREATED, KUBE_UPDATED, KUBE_TAKEN_BACK } kube_applied;
 
 /* coll: the collection path (".../namespaces/x/deployments"); want must
  * have apiVersion, kind, metadata.name, metadata.annotations and an
@@ -48,17 +52,17 @@ llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_
  * cache's miss, an uncached collection or a cache not listed yet is a GET
  * (an object of that name may exist that is not ours). *out: new
  * reference. */
-llm_status kube_read(kube_client *k, const char *path, json_t **out, llm_error *err);
+llm_status kube_apply_read(kube_client *k, const char *path, json_t **out, llm_error *err);
 
 /* Deletes path when the object there is controlled by owner_uid; LLM_OK
  * when gone or not ours (an ours-only cache's miss is enough: our objects
  * carry the label); a failed read is the read's error. */
-llm_status kube_remove_ours(kube_client *k, const char *path, const char *owner_uid, llm_error *err);
+llm_status kube_apply_remove_ours(kube_client *k, const char *path, const char *owner_uid, llm_error *err);
 
 /* 1 when cur carries every field of want with the same value (maps by
  * key; lists of named items by name, port or mountPath, other lists item
  * by item; quantities under resources by amount: "1Gi" is "1024Mi"),
  * whatever else it has (defaults, other managers' fields). */
-int kube_covers(json_t *want, json_t *cur);
+int kube_apply_covers(json_t *want, json_t *cur);
 
 #endif

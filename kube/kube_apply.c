@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "desired.h"
 #include "kube_apply.h"
 #include "kube_meta.h"
 #include "kube_cache.h"
@@ -18,7 +17,7 @@ static json_t *get2(json_t *o, const char *a, const char *b)
 static void stamp(const char *coll, json_t *want, char hash[17], char path[1024])
 {
     json_object_del(get2(want, "metadata", "annotations"), KUBE_HASH_ANN); /* not part of its own hash */
-    des_hash(want, hash);
+    kube_meta_hash(want, hash);
     json_object_set_new(get2(want, "metadata", "annotations"), KUBE_HASH_ANN, json_string(hash));
     snprintf(path, 1024, "%s/%s", coll, json_string_value(get2(want, "metadata", "name")));
 }
@@ -30,7 +29,7 @@ static int same_hash(json_t *cur, const char *hash)
 }
 
 /* o's controlling ownerReference (the API server allows one), or NULL. */
-/* ---- kube_covers --------------------------------------------------------------- */
+/* ---- kube_apply_covers --------------------------------------------------------------- */
 
 /* A quantity ("1Gi", "500m", "2", "1e3") as a number; 0 when it is not one. */
 static int quantity(const char *s, double *out)
@@ -121,7 +120,7 @@ static int covers(json_t *want, json_t *cur, int amounts)
     return cur && same_scalar(want, cur, amounts);
 }
 
-int kube_covers(json_t *want, json_t *cur)
+int kube_apply_covers(json_t *want, json_t *cur)
 {
     return covers(want, cur, 0);
 }
@@ -131,7 +130,7 @@ int kube_covers(json_t *want, json_t *cur)
 /* The error for an object with a child's name that is not ours: whose it is. */
 static llm_status foreign(json_t *cur, json_t *want, const char *uid, llm_error *err)
 {
-    json_t *by = kube_controller_ref(cur), *mf = get2(cur, "metadata", "managedFields");
+    json_t *by = kube_meta_controller_ref(cur), *mf = get2(cur, "metadata", "managedFields");
     const char *writer = json_string_value(json_object_get(json_array_get(mf, 0), "manager"));
     char whose[400];
     if (by)
@@ -140,17 +139,31 @@ static llm_status foreign(json_t *cur, json_t *want, const char *uid, llm_error 
                  json_string_value(json_object_get(by, "uid")) ?: "?");
     else
         snprintf(whose, sizeof whose, "it has no controlling owner%s%s", writer ? "; written by " : "", writer ? writer : "");
-    return llm_errf(err, LLM_ERR_EXISTS, "%s %s exists and is not this LLMDeployment's (uid %s): %s; rename or delete it",
+    return llm_errf(err, KUBE_ERR_EXISTS, "%s %s exists and is not this LLMDeployment's (uid %s): %s; rename or delete it",
                     json_string_value(json_object_get(want, "kind")) ?: "object",
                     json_string_value(get2(want, "metadata", "name")) ?: "?", uid ? uid : "?", whose);
 }
 
-static llm_status server_apply(kube_client *k, const char *path, json_t *want, json_t **now, llm_error *err)
+/* Applies want; *taken set when other managers held fields of it (a hand
+ * edit, another controller): they were taken back with force, and err->msg
+ * says from whom (the API server's words). */
+static llm_status server_apply(kube_client *k, const char *path, json_t *want, json_t **now, int *taken, llm_error *err)
 {
     char url[1200];
-    snprintf(url, sizeof url, "%s?fieldManager=" KUBE_FIELD_MANAGER "&force=true", path);
+    llm_error first = {0};
+    *taken = 0;
+    snprintf(url, sizeof url, "%s?fieldManager=" KUBE_FIELD_MANAGER, path);
     /* JSON is YAML: the apply body needs no YAML writer */
-    return kube_request(k, "PATCH", url, want, "application/apply-patch+yaml", now, err);
+    llm_status st = kube_client_request(k, "PATCH", url, want, "application/apply-patch+yaml", now, &first);
+    if (st != KUBE_ERR_CONFLICT || !strstr(first.msg, "conflict with")) /* not another manager's fields */
+        return st ? llm_errf(err, st, "%s", first.msg) : LLM_OK;
+    /* every field we apply is ours by design (the spec says it): taken back, and said */
+    snprintf(url, sizeof url, "%s?fieldManager=" KUBE_FIELD_MANAGER "&force=true", path);
+    if ((st = kube_client_request(k, "PATCH", url, want, "application/apply-patch+yaml", now, err)))
+        return st;
+    *taken = 1;
+    llm_errf(err, LLM_OK, "%s", first.msg);
+    return LLM_OK;
 }
 
 /* ns, plural and name of an object path (".../namespaces/NS/PLURAL/NAME",
@@ -192,7 +205,7 @@ static kube_cached cached(kube_client *k, const char *path, json_t **out, int *c
     return c ? kube_cache_get(c, ns, name, out) : KUBE_CACHE_UNKNOWN;
 }
 
-llm_status kube_read(kube_client *k, const char *path, json_t **out, llm_error *err)
+llm_status kube_apply_read(kube_client *k, const char *path, json_t **out, llm_error *err)
 {
     int complete;
     kube_cached r = cached(k, path, out, &complete);
@@ -200,7 +213,7 @@ llm_status kube_read(kube_client *k, const char *path, json_t **out, llm_error *
         return LLM_OK;
     if (r == KUBE_CACHE_ABSENT && complete)
         return llm_errf(err, LLM_ERR_NOT_FOUND, "%s: not there", path);
-    return kube_request(k, "GET", path, NULL, NULL, out, err); /* not cached, not listed yet, or maybe not ours */
+    return kube_client_request(k, "GET", path, NULL, NULL, out, err); /* not cached, not listed yet, or maybe not ours */
 }
 
 llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_t *cur, kube_applied *did, json_t **now,
@@ -213,17 +226,17 @@ llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_
     *did = KUBE_SAME;
     stamp(coll, want, hash, path);
     if (!cur) {
-        llm_status st = kube_read(k, path, &read, err);
+        llm_status st = kube_apply_read(k, path, &read, err);
         if (st && st != LLM_ERR_NOT_FOUND)
             return st;
         cur = read;
     }
     const char *uid = json_string_value(json_object_get(json_array_get(get2(want, "metadata", "ownerReferences"), 0), "uid"));
-    const char *has = kube_controller_uid(cur);
+    const char *has = kube_meta_controller_uid(cur);
     llm_status st = LLM_OK;
     if (cur && (!uid || !has || strcmp(uid, has))) {
         st = foreign(cur, want, uid, err); /* never adopted: its owner may be anyone */
-    } else if (cur && same_hash(cur, hash) && kube_covers(want, cur)) { /* at rest: nothing to write */
+    } else if (cur && same_hash(cur, hash) && kube_apply_covers(want, cur)) { /* at rest: nothing to write */
         if (now)
             *now = json_incref(cur);
     } else {
@@ -232,10 +245,13 @@ llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_
          * another uid, and the API server refuses the write */
         if (cur)
             json_object_set(json_object_get(want, "metadata"), "uid", get2(cur, "metadata", "uid"));
-        st = server_apply(k, path, want, now, err);
+        int taken = 0;
+        st = server_apply(k, path, want, now, &taken, err);
+        if (!st && taken)
+            *did = KUBE_TAKEN_BACK;
         json_object_del(json_object_get(want, "metadata"), "uid");
         if (st == LLM_ERR_INVALID_ARG && err && strstr(err->msg, "metadata.uid")) /* (422: the API server's words) */
-            st = llm_errf(err, LLM_ERR_CONFLICT, "%s: the object was replaced meanwhile; looking again", path);
+            st = llm_errf(err, KUBE_ERR_CONFLICT, "%s: the object was replaced meanwhile; looking again", path);
     }
     json_decref(read);
     return st;
@@ -246,17 +262,17 @@ llm_status kube_apply(kube_client *k, const char *coll, json_t *want, kube_appli
     return kube_apply_over(k, coll, want, NULL, did, NULL, err);
 }
 
-llm_status kube_remove_ours(kube_client *k, const char *path, const char *owner_uid, llm_error *err)
+llm_status kube_apply_remove_ours(kube_client *k, const char *path, const char *owner_uid, llm_error *err)
 {
     json_t *cur = NULL;
     kube_cached r = cached(k, path, &cur, NULL);
     if (r == KUBE_CACHE_ABSENT) /* ours carry the managed-by label: even an ours-only cache knows them all */
         return LLM_OK;
-    llm_status st = r == KUBE_CACHE_HIT ? LLM_OK : kube_request(k, "GET", path, NULL, NULL, &cur, err);
+    llm_status st = r == KUBE_CACHE_HIT ? LLM_OK : kube_client_request(k, "GET", path, NULL, NULL, &cur, err);
     if (!st) {
-        const char *uid = kube_controller_uid(cur);
+        const char *uid = kube_meta_controller_uid(cur);
         if (uid && owner_uid && !strcmp(uid, owner_uid))
-            st = kube_request(k, "DELETE", path, NULL, NULL, NULL, err);
+            st = kube_client_request(k, "DELETE", path, NULL, NULL, NULL, err);
     }
     json_decref(cur);
     return st == LLM_ERR_NOT_FOUND ? LLM_OK : st;

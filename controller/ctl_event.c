@@ -1,13 +1,13 @@
-/* kube_event.c - posting Events; see kube_event.h. */
+/* ctl_event.c - posting Events; see ctl_event.h. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include "ctl_obs.h"
-#include "kube_event.h"
+#include "ctl_event.h"
 
-void kube_event(kube_client *k, json_t *obj, const char *type, const char *reason, const char *fmt, ...)
+void ctl_event(kube_client *k, json_t *obj, const char *type, const char *reason, const char *fmt, ...)
 {
     json_t *md = json_object_get(obj, "metadata");
     const char *ns = json_string_value(json_object_get(md, "namespace"));
@@ -35,14 +35,14 @@ void kube_event(kube_client *k, json_t *obj, const char *type, const char *reaso
                            "lastTimestamp", now, "count", 1, "reportingComponent", "llm-controller");
     llm_error err = {0};
     if (!ev) {
-        ctl_log(CTL_WARN, "cannot build an event", "reason", reason, (const char *)NULL);
+        ctl_obs_log(CTL_WARN, "cannot build an event", "reason", reason, (const char *)NULL);
         return;
     }
-    if (kube_request(k, "POST", path, ev, NULL, NULL, &err))
-        ctl_log(CTL_WARN, "cannot post an event", "reason", reason, "error", err.msg, (const char *)NULL);
+    if (kube_client_request(k, "POST", path, ev, NULL, NULL, &err))
+        ctl_obs_log(CTL_WARN, "cannot post an event", "reason", reason, "error", err.msg, (const char *)NULL);
     else
         ctl_obs_count(CTL_M_EVENTS);
-    ctl_log(strcmp(type, "Warning") ? CTL_INFO : CTL_WARN, msg, "event", reason, "object", name, "namespace", ns,
+    ctl_obs_log(strcmp(type, "Warning") ? CTL_INFO : CTL_WARN, msg, "event", reason, "object", name, "namespace", ns,
             (const char *)NULL);
     json_decref(ev);
 }

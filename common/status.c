@@ -21,13 +21,9 @@ const char *llm_status_str(llm_status s)
     case LLM_ERR_NOT_FOUND: return "not found";
     case LLM_ERR_TIMEOUT: return "timeout";
     case LLM_ERR_SHUTDOWN: return "shutting down";
-    case LLM_ERR_CONFLICT: return "conflict";
-    case LLM_ERR_GONE: return "gone";
-    case LLM_ERR_FORBIDDEN: return "forbidden";
     case LLM_ERR_NUMERIC: return "non-finite number";
-    case LLM_ERR_EXISTS: return "name taken";
     }
-    return "unknown status";
+    return "unknown status"; /* a layer's own (KUBE_ERR_*): its message says what */
 }
 
 llm_status llm_errf(llm_error *err, llm_status code, const char *fmt, ...)
