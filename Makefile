@@ -449,6 +449,8 @@ cudasim: $(SIM_BIN) $(TOOL_BIN)
 
 lint:
 	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(COMMON_SRC) $(KUBE_SRC) $(ENGINE_SRC) engine/backend_cuda.c $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c tests/gpu/*.c tests/cudasim/*.c tests/cudasim/*.cu tests/cudasim/*.h tests/cudasim/include/*.h kernels/*.cu kernels/*.cuh kernels/*.h || (echo "lint: banned call" && false)
+	@! grep -nE '#include "llm/' controller/*.[ch] kube/*.[ch] router/*.[ch] | grep -vE 'llm/(status|strbuf|log|clock)\.h' || \
+	  (echo "lint: controller, kube and router use the common library, not the engine's headers" && false)
 
 clean:
 	rm -rf build build-asan build-tsan

@@ -11,7 +11,7 @@
  *
  * Also the HorizontalPodAutoscaler child for mode "hpa".
  *
- * Reading the signal is pod_metrics.h's job. Ownership: returned JSON
+ * Reading the signal is podsig.h's job. Ownership: returned JSON
  * belongs to the caller. Thread-safety: pure functions. */
 #ifndef AUTOSCALE_H
 #define AUTOSCALE_H

@@ -22,8 +22,7 @@
 #define LIST_TIMEOUT_MS 10000
 #define LIST_PAGE 500      /* pods per list response */
 #define LIST_PAGES_MAX 64  /* 32,000 pods a round at most */
-#define MIN_GAP_S 0.25
-#define DESIRED_APP "app.kubernetes.io/name"     /* between rounds, however often new needs wake the thread */
+#define MIN_GAP_S 0.25     /* between rounds, however often new needs wake the thread */
 
 typedef struct target {
     char key[KEY_MAX];
@@ -221,6 +220,19 @@ static int by_turn(const void *a, const void *b)
     return x->nth != y->nth ? (x->nth < y->nth ? -1 : 1) : x->snap < y->snap ? -1 : x->snap > y->snap;
 }
 
+/* s without a last character that was cut short. */
+static void utf8_cut(char *s)
+{
+    size_t len = strlen(s), i = len;
+    while (i > 0 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) i--; /* back over continuation bytes */
+    if (i == 0)
+        return;
+    unsigned char lead = (unsigned char)s[i - 1];
+    size_t want = lead < 0x80 ? 1 : lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    if (i - 1 + want > len)
+        s[i - 1] = 0;
+}
+
 /* What the diagnosis reads of a /startupz answer - its phase and detail,
  * cut short - and no more: the page is the pod's, and a parsed tree of a
  * big one is many times its size, so none is kept. */
@@ -230,7 +242,8 @@ static json_t *startupz_of(const char *body)
     const char *phase = json_string_value(json_object_get(j, "phase"));
     const char *detail = json_string_value(json_object_get(j, "detail"));
     char d[600];
-    snprintf(d, sizeof d, "%s", detail ? detail : "");
+    if ((size_t)snprintf(d, sizeof d, "%s", detail ? detail : "") >= sizeof d)
+        utf8_cut(d); /* json_pack refuses a cut character, and the phase would go with it */
     json_t *out = phase && detail ? json_pack("{s:s%,s:s}", "phase", phase, strlen(phase) < 32 ? strlen(phase) : 32,
                                               "detail", d)
                                   : json_null();
@@ -348,7 +361,8 @@ static llm_status list_pods(podsig *ps, kube_client *k, json_t **pages, llm_erro
         llm_status st = kube_client_request(k, "GET", path, NULL, NULL, &resp, err);
         if (st)
             return st;
-        json_array_append_new(*pages, resp);
+        if (json_array_append_new(*pages, resp)) /* (resp is gone with the failure) */
+            return llm_errf(err, LLM_ERR_NOMEM, "no memory for the pod list");
         const char *next = json_string_value(json_object_get(json_object_get(resp, "metadata"), "continue"));
         /* the token goes back in a query: only what it is made of (base64url and '=') */
         if (!next || !*next || strlen(next) >= sizeof cont || strspn(next, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

@@ -54,7 +54,8 @@ typedef struct podsig_admin {
     int valid;               /* 0: no call made yet (or none remembered) */
     char rev[17];            /* the canary revision the call was for */
     int weight, unload;      /* what it asked */
-    int pods, ready, failed, misfit; /* pods asked; serving it; failed to load; could not fit it */
+    int pods, answered;      /* pods asked; those that answered 200 */
+    int ready, failed, misfit; /* serving it; failed to load; could not fit it */
     char message[512];       /* a failure's words, "pod IP: ..." */
 } podsig_admin;
 

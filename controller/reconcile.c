@@ -91,6 +91,7 @@ static void admin_answers(podsig_admin *a, char (*urls)[128], size_t n, const lo
         json_t *j = codes[i] ? json_loads(bodies[i], 0, NULL) : NULL;
         const char *state = str2(j, "state", NULL), *msg = str2(j, "message", NULL);
         int ok = codes[i] == 200 && state;
+        a->answered += codes[i] == 200;
         a->ready += ok && !strcmp(state, "ready");
         a->failed += ok && !strcmp(state, "failed");
         a->misfit += ok && !strcmp(state, "does_not_fit");
@@ -273,11 +274,10 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, const char *key, cons
         post_events(k, o->d, p.events);
         if (p.ro.admin)
             admin_call(k, ps, key, o, &p);
-        if (p.ro.clear_action)
-            st = clear_action(k, path, err);
         *requeue_s = p.requeue_s;
-        if (!st)
-            st = podsig_want(ps, key, &p.need, err);
+        st = podsig_want(ps, key, &p.need, err);
+        if (!st && p.ro.clear_action)
+            st = clear_action(k, path, err);
     }
     json_decref(status);
     json_decref(dep_now);

@@ -84,6 +84,14 @@ static const podsig_admin *answers(const rollout *ro, const rollout_seen *seen)
     return a && a->valid && !a->unload && same(a->rev, str(ro->state, "revision")) ? a : NULL;
 }
 
+/* 1 when the last /admin/canary call unloaded this revision from every
+ * pod asked. */
+static int unloaded(const rollout *ro, const rollout_seen *seen)
+{
+    const podsig_admin *a = seen->pods ? &seen->pods->admin : NULL;
+    return a && a->valid && a->unload && same(a->rev, str(ro->state, "revision")) && a->answered == a->pods;
+}
+
 /* The next /admin/canary call: every ready stable pod serves the spec's
  * model as the canary at weight (or unloads it); the latest wish wins. */
 static void admin(rollout *ro, int unload, int weight)
@@ -362,8 +370,13 @@ llm_status rollout_plan(json_t *d, json_t *stable, const char *new_rev, int tota
         return llm_errf(err, LLM_ERR_NOMEM, "no memory for the canary's state");
     if (!srev || !strcmp(srev, new_rev))
         settle(ro, stable, new_rev);
-    else if (same(str(ro->state, "rolledBackRevision"), new_rev))
+    else if (same(str(ro->state, "rolledBackRevision"), new_rev)) {
         ro->mode = ROLLOUT_ROLLED_BACK;
+        if (colocated(ro) && !unloaded(ro, seen)) { /* until every pod said it let the model go */
+            admin(ro, 1, 0);
+            ro->requeue_s = 5;
+        }
+    }
     else {
         /* a new revision, or one whose canary ended (cancelled by a spec that went back): from the start */
         if (!same(str(ro->state, "revision"), new_rev) || !rollout_in_flight(ro->state))

@@ -1,4 +1,4 @@
-/* http_client_get.c - a bounded GET or JSON POST; see http_client_get.h. */
+/* http_client.c - a bounded GET or JSON POST; see http_client.h. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* http_client_get.h - one small plain-HTTP GET to a pod (its /startupz or
+/* http_client.h - one small plain-HTTP GET to a pod (its /startupz or
  * /metrics) with a deadline and a bounded body; shared by the controller's
  * pod diagnostics and autoscaler and by llm-router's load poller.
  *

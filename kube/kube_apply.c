@@ -155,14 +155,17 @@ static llm_status server_apply(kube_client *k, const char *path, json_t *want, j
     snprintf(url, sizeof url, "%s?fieldManager=" KUBE_FIELD_MANAGER, path);
     /* JSON is YAML: the apply body needs no YAML writer */
     llm_status st = kube_client_request(k, "PATCH", url, want, "application/apply-patch+yaml", now, &first);
-    if (st != KUBE_ERR_CONFLICT || !strstr(first.msg, "conflict with")) /* not another manager's fields */
+    /* the API server's words: "Apply failed with 1 conflict: conflict with "M" using apps/v1: .spec...",
+     * or "... with N conflicts: conflicts with "M" ...:\n- .spec...\n- ..." */
+    const char *said = st == KUBE_ERR_CONFLICT ? strstr(first.msg, "Apply failed with") : NULL;
+    if (!said) /* not other managers' fields */
         return st ? llm_errf(err, st, "%s", first.msg) : LLM_OK;
     /* every field we apply is ours by design (the spec says it): taken back, and said */
     snprintf(url, sizeof url, "%s?fieldManager=" KUBE_FIELD_MANAGER "&force=true", path);
     if ((st = kube_client_request(k, "PATCH", url, want, "application/apply-patch+yaml", now, err)))
         return st;
     *taken = 1;
-    llm_errf(err, LLM_OK, "%s", first.msg);
+    llm_errf(err, LLM_OK, "%s", said);
     return LLM_OK;
 }
 

@@ -1,6 +1,7 @@
 /* kube_apply.h - desired children written to the API server by
  * server-side apply (application/apply-patch+yaml, fieldManager
- * llm-controller, force): the server merges what we send with what other
+ * llm-controller; unforced first, then forced over the fields other
+ * managers took, which the result names): the server merges what we send with what other
  * managers wrote, puts our fields back where someone changed them, and
  * drops fields we stopped sending (a nodeSelector taken out of the spec
  * leaves the Deployment). Nothing is written when the object already

@@ -14,7 +14,7 @@
  * retry, never a wrong write.
  *
  * kube_cache_set: the caches of a process, by resource plural, which a
- * kube_client can carry (kube_client_set_caches) for kube_get_cached.
+ * kube_client can carry (kube_client_set_caches) for kube_apply_read.
  *
  * Ownership: the cache keeps its own references to stored objects; reads
  * return deep copies the caller owns. Thread-safety: every call takes the

@@ -13,7 +13,7 @@ typedef struct wstate {
     char *line;            /* the partial line being assembled */
     size_t len, cap;
     char rv[64];           /* last resourceVersion seen */
-    kube_event_fn fn;
+    kube_watch_event_fn fn;
     void *ctx;
     int stopped, gone, too_long;
     long error_code;       /* an ERROR event other than 410: the server is in trouble */
@@ -167,7 +167,7 @@ static void pause_s(double s, atomic_int *stop)
     for (double end = llm_clock_mono_s() + s; llm_clock_mono_s() < end && !(stop && atomic_load(stop));) usleep(50000);
 }
 
-llm_status kube_watch_run(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_event_fn fn,
+llm_status kube_watch_run(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_watch_event_fn fn,
                            void *ctx, atomic_int *stop, llm_error *err)
 {
     wstate w = {.fn = fn, .ctx = ctx, .stop = stop};

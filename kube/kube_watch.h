@@ -28,13 +28,13 @@
 /* type: "SYNC" (an object of the list), "SYNCED" (the list is complete),
  * "RELIST", "ADDED", "MODIFIED", "DELETED". Return nonzero to stop. obj is
  * NULL for SYNCED and RELIST. */
-typedef int (*kube_event_fn)(void *ctx, const char *type, json_t *obj);
+typedef int (*kube_watch_event_fn)(void *ctx, const char *type, json_t *obj);
 
 /* Runs until fn asks to stop or *stop becomes nonzero (noticed within about
  * a second, even on a quiet stream); each watch request asks the server to
  * end it after timeout_s seconds (then it resumes). LLM_OK when stopped; an error only for what
  * retrying cannot fix (401/403, 404: the resource is not served). */
-llm_status kube_watch_run(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_event_fn fn,
+llm_status kube_watch_run(kube_client *k, kube_config *cfg, const char *path, int timeout_s, kube_watch_event_fn fn,
                            void *ctx, atomic_int *stop, llm_error *err);
 
 #endif

@@ -99,7 +99,7 @@ static void *poller(void *arg)
 
 /* Lists and watches path until the router stops, starting again (after
  * 5 s) when the watch fails for good (RBAC not yet bound, say). */
-static void watch_until_stopped(kube_config *cfg, const char *path, kube_event_fn fn, void *ctx)
+static void watch_until_stopped(kube_config *cfg, const char *path, kube_watch_event_fn fn, void *ctx)
 {
     while (!g_stop) {
         kube_client *k = NULL;

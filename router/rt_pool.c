@@ -11,9 +11,9 @@
 
 #define VNODES 64
 #define N_BUCKETS RT_N_BUCKETS
-#define bucket_le rt_bucket_le
+#define bucket_le rt_pool_bucket_le /* (short, for the loops below) */
 /* fine below 0.25 s, where time to first token and inter-token gaps live */
-const double rt_bucket_le[RT_N_BUCKETS] = {0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15,
+const double rt_pool_bucket_le[RT_N_BUCKETS] = {0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15,
                                            0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 
 int rt_pool_bucket(double seconds)

@@ -62,7 +62,7 @@ int rt_pool_pick(rt_pool *p, const char *session, const unsigned char *avoid, ch
 /* Latency histograms' bucket bounds (seconds), shared by the request
  * duration, time-to-first-byte and inter-token histograms. */
 #define RT_N_BUCKETS 16
-extern const double rt_bucket_le[RT_N_BUCKETS];
+extern const double rt_pool_bucket_le[RT_N_BUCKETS];
 /* The bucket of a duration: 0..RT_N_BUCKETS (the last is +Inf). */
 int rt_pool_bucket(double seconds);
 

@@ -147,19 +147,46 @@ static struct curl_slist *forward_headers(struct mg_connection *c)
     return h;
 }
 
-/* One curl handle per worker thread keeps backend connections alive; it
- * is cleaned up when the thread ends. */
+/* One curl handle per worker thread (cleaned up when the thread ends); the
+ * backend connections they keep alive are one pool shared by every thread,
+ * KEEP_CONNS at most. A pool per thread kept an idle connection per thread
+ * and backend: with 512 worker threads, one client's requests one after
+ * another (each on the next thread) filled a backend's own connection limit
+ * with the router's idle keep-alives, and it refused everyone (503). */
+#define KEEP_CONNS 64
 static pthread_key_t curl_key;
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLSH *conn_pool; /* NULL: could not be made (each thread keeps its own, a few) */
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void drop_curl(void *h)
 {
     curl_easy_cleanup(h);
 }
 
+static void pool_lock(CURL *h, curl_lock_data d, curl_lock_access a, void *u)
+{
+    (void)h, (void)d, (void)a, (void)u;
+    pthread_mutex_lock(&pool_mu);
+}
+
+static void pool_unlock(CURL *h, curl_lock_data d, void *u)
+{
+    (void)h, (void)d, (void)u;
+    pthread_mutex_unlock(&pool_mu);
+}
+
 static void make_key(void)
 {
     pthread_key_create(&curl_key, drop_curl);
+    CURLSH *sh = curl_share_init();
+    if (sh && (curl_share_setopt(sh, CURLSHOPT_LOCKFUNC, pool_lock) != CURLSHE_OK ||
+               curl_share_setopt(sh, CURLSHOPT_UNLOCKFUNC, pool_unlock) != CURLSHE_OK ||
+               curl_share_setopt(sh, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT) != CURLSHE_OK)) {
+        curl_share_cleanup(sh);
+        sh = NULL;
+    }
+    conn_pool = sh; /* lives as long as the process */
 }
 
 static CURL *thread_curl(void)
@@ -196,6 +223,9 @@ static CURLcode send_to(rt_proxy *px, struct mg_connection *c, const char *url, 
     if (!h)
         return CURLE_FAILED_INIT;
     curl_easy_reset(h);
+    if (conn_pool)
+        curl_easy_setopt(h, CURLOPT_SHARE, conn_pool);
+    curl_easy_setopt(h, CURLOPT_MAXCONNECTS, (long)KEEP_CONNS);
     struct curl_slist *hdr = forward_headers(c);
     curl_easy_setopt(h, CURLOPT_URL, full);
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, ri->request_method);

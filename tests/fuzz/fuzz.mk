@@ -41,12 +41,12 @@ run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd 
 	  $(FUZZ_BUILD)/tenant-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
 	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 4 passed, 0 failed" || (echo "fuzz: 3 passed, 1 failed (keys file, admin body)"; exit 1)
 
-$(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*.h engine/include/llm/*.h)
+$(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -lm -lpthread -o $@
 
-$(FUZZ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h)
+$(FUZZ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) -ljansson -lm -lpthread -o $@
@@ -54,14 +54,14 @@ $(FUZZ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c $(REQ_SRC) $(FUZZ_SRC) $(w
 # the planner and what it decides with (pure: no API client)
 LLMD_SRC = controller/desired.c controller/canary.c controller/plan.c controller/rollout.c controller/autoscale.c \
            controller/pod_diag.c kube/kube_meta.c kube/prom_text.c common/status.c common/strbuf.c
-$(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controller/*.h kube/*.h)
+$(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controller/*.h kube/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Icontroller -Ikube tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
 
 TENANT_SRC = server/srv_keys.c server/srv_api.c server/http_guard.c engine/chat.c common/strbuf.c common/clock.c engine/sampler.c
 
-$(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h)
+$(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) -lcivetweb -ljansson -lcrypto -lm -lpthread -o $@

@@ -51,6 +51,16 @@ def test_spec_removals_drift_and_other_managers(cluster):  # noqa: F811
     taken = wait_for(lambda: [e for e in json.loads(c.k("get", "events", "--field-selector", "reason=FieldsTakenBack",
                                                         "-o", "json").stdout)["items"]], 30)
     assert any("kubectl" in e["message"] and "image" in e["message"] for e in taken), [e["message"] for e in taken]
+    # two of our fields at once (the API server lists them): both back, both named
+    c.k("patch", "deployment", "story", "--type=json", "-p",
+        '[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"evil:2"},'
+        '{"op":"replace","path":"/spec/strategy/rollingUpdate/maxSurge","value":3}]')
+    wait_for(lambda: (d := c.get("deployment", "story"))["spec"]["strategy"]["rollingUpdate"]["maxSurge"] != 3
+             and d["spec"]["template"]["spec"]["containers"][0]["image"] == "llm-server:test", 30)
+    taken = wait_for(lambda: [e["message"] for e in json.loads(c.k("get", "events", "--field-selector",
+                                                                   "reason=FieldsTakenBack", "-o", "json").stdout)["items"]
+                              if "2 conflicts" in e["message"]], 30)
+    assert "maxSurge" in taken[0] and "image" in taken[0], taken
     dep = c.get("deployment", "story")
     assert dep["metadata"]["annotations"]["example.com/owner"] == "platform"
     managers = {m["manager"] for m in json.loads(c.k("get", "deployment", "story", "-o", "json",

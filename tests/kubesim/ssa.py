@@ -261,8 +261,19 @@ def apply(current, applied, manager, force):
     mine = walk(applied)
     conflicts = _conflicts(current, mine, own, me)
     if conflicts and not force:
-        detail = "\n".join(f'- conflict with "{m}": {path_str(p)}' for m, p in conflicts)
-        raise ApiError(409, "Conflict", f"Apply failed with {len(conflicts)} conflict(s): {detail}",
+        # the API server's wording (apimachinery's conflict message): one conflict on a line, several listed
+        gv = (current or {}).get("apiVersion") or applied.get("apiVersion", "v1")
+        if len(conflicts) == 1:
+            m, p = conflicts[0]
+            msg = f'Apply failed with 1 conflict: conflict with "{m}" using {gv}: {path_str(p)}'
+        else:
+            by = {}
+            for m, p in conflicts:
+                by.setdefault(m, []).append(path_str(p))
+            parts = [f'conflict{"s" if len(ps) > 1 else ""} with "{m}" using {gv}:' +
+                     "".join(f"\n- {p}" for p in ps) for m, ps in by.items()]
+            msg = f"Apply failed with {len(conflicts)} conflicts: " + "\n".join(parts)
+        raise ApiError(409, "Conflict", msg,
                        {"causes": [{"reason": "FieldManagerConflict", "message": f'conflict with "{m}"',
                                     "field": path_str(p)} for m, p in conflicts]})
     new = merge(copy.deepcopy(current) if current else {"metadata": {}}, applied)

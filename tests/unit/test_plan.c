@@ -688,6 +688,35 @@ static void test_canary_colocated_table(void **st)
         free(text);
         json_decref(prog);
     }
+    /* rolled back: the unload is asked again until every pod said it let the model go */
+    {
+        json_t *back = parse(starting);
+        json_object_set_new(back, "phase", json_string("RolledBack"));
+        json_object_set_new(back, "rolledBackRevision", json_string(revision));
+        char *text = json_dumps(back, JSON_COMPACT);
+        static const struct { int valid, unload, pods, answered, admin; } rows[] = {
+            {0, 0, 0, 0, 2},  /* nothing known (a new leader): unload */
+            {1, 1, 2, 1, 2},  /* one pod did not answer: again */
+            {1, 1, 2, 2, 0},  /* all did: done */
+            {1, 0, 2, 2, 2},  /* the last call was not an unload */
+        };
+        for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+            d = new_llmd(CANARY("colocated"), text);
+            podsig_reading pods = reading(NULL);
+            pods.admin = (podsig_admin){.valid = rows[i].valid, .unload = rows[i].unload, .pods = rows[i].pods,
+                                        .answered = rows[i].answered};
+            snprintf(pods.admin.rev, sizeof pods.admin.rev, "%s", revision);
+            in = (plan_input){.llmd = d, .stable = stable, .admin_secret = "m-admin-0123456789", .pods = &pods, .now = NOW + 30};
+            run(&in, &r);
+            assert_string_equal(canary_phase(&r), "RolledBack");
+            assert_int_equal(r.p.ro.admin, rows[i].admin);
+            assert_true(rows[i].admin ? r.p.requeue_s > 0 : 1);
+            done(&r);
+            json_decref(d);
+        }
+        free(text);
+        json_decref(back);
+    }
     /* answers for another revision are not this one's */
     d = new_llmd(CANARY("colocated"), starting);
     podsig_reading pods = reading(NULL);

@@ -27,9 +27,13 @@ typedef enum llm_status {
     LLM_ERR_NOT_FOUND = 12,  /* no such request (finished, cancelled or never there) */
     LLM_ERR_TIMEOUT = 13,    /* nothing happened within the time asked for */
     LLM_ERR_SHUTDOWN = 14,   /* the engine is closing */
-    /* 15, 16, 17 and 19 belong to the Kubernetes client (kube/kube_client.h,
-     * KUBE_ERR_*): kept free here so its answers pass through llm_status */
+    /* 15, 16, 17 and 19 are held for another layer's codes (kube/kube_status.h's
+     * KUBE_ERR_*), so they pass through llm_status; a placeholder keeps each taken */
+    LLM_STATUS_HELD_15 = 15,
+    LLM_STATUS_HELD_16 = 16,
+    LLM_STATUS_HELD_17 = 17,
     LLM_ERR_NUMERIC = 18,    /* NaN or infinity where a finite number is needed (logits, weights) */
+    LLM_STATUS_HELD_19 = 19,
 } llm_status;
 
 #define LLM_ERROR_MSG_MAX 512
