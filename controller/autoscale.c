@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "autoscale.h"
+#include "llm/clock.h"
 #include "desired.h" /* label names */
 
 #define HISTORY_MAX 5
@@ -77,13 +78,6 @@ llm_status autoscale_config_from_spec(json_t *spec, autoscale_config *c, llm_err
 
 /* ---- deciding ------------------------------------------------------------------------ */
 
-static void iso_time(double unix_s, char out[32])
-{
-    time_t t = (time_t)unix_s;
-    struct tm tm;
-    strftime(out, 32, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
-}
-
 /* A decision at the end of the history, which keeps the last HISTORY_MAX. */
 static void record_decision(json_t *hist, const char *when, int from, int to, const char *why)
 {
@@ -154,7 +148,7 @@ json_t *autoscale_decide(const autoscale_config *c, int current, double value, i
          i < json_array_size(oh); i++)
         json_array_append(hist, json_array_get(oh, i));
     char when[32];
-    iso_time(now_unix, when);
+    llm_clock_rfc3339(now_unix, when);
     json_t *last = json_object_get(prev, "lastScaleTime");
     if (out->changed) {
         record_decision(hist, when, current, desired, why);
@@ -183,7 +177,7 @@ static void override(json_t *state, int current, int desired, const char *why, d
     json_object_set_new(state, "desiredReplicas", json_integer(desired));
     if (out->changed) {
         char when[32];
-        iso_time(now_unix, when);
+        llm_clock_rfc3339(now_unix, when);
         record_decision(hist, when, current, desired, why);
         json_object_set_new(state, "lastScaleTime", json_string(when));
     }

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "desired.h"
+#include "llm/clock.h"
 #include "plan.h"
 
 static json_t *get2(json_t *o, const char *a, const char *b)
@@ -387,9 +388,7 @@ static json_t *status_of(json_t *d, const verdict *v, const char *revision, json
 static void keep_transition_times(json_t *d, json_t *want, double now_unix)
 {
     char now[32];
-    time_t t = (time_t)now_unix;
-    struct tm tm;
-    strftime(now, sizeof now, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+    llm_clock_rfc3339(now_unix, now);
     json_t *cs = json_object_get(want, "conditions");
     for (size_t i = 0; i < json_array_size(cs); i++) {
         json_t *c = json_array_get(cs, i);

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "desired.h"
+#include "llm/clock.h"
 #include "kube_meta.h"
 #include "kube_status.h"
 #include "plan.h"
@@ -153,9 +154,7 @@ static void record(rollout *ro, const canary_analysis *a, double now_unix)
 {
     static const char *const verdicts[] = {"Inconclusive", "Pass", "Fail"};
     char now[32];
-    time_t t = (time_t)now_unix;
-    struct tm tm;
-    strftime(now, sizeof now, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+    llm_clock_rfc3339(now_unix, now);
     json_object_set_new(ro->state, "lastAnalysis",
                         json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:f}", "time", now, "result", verdicts[a->verdict], "message",
                                   a->message, "canaryRequests", a->requests[1], "canaryErrorRatio", a->error_ratio[1],
