@@ -18,7 +18,13 @@ struct llm_sampler {
     int *counts;      /* occurrences of each id within the ring */
     float *work;      /* penalized logits */
     cand *c;
+    llm_logit_bias *bias; /* copied from p (p.bias points here) */
+    uint32_t *ban;    /* (n_words) tokens a bias bans; NULL: none */
+    uint32_t *mask;   /* (n_words) this step's allowed tokens; NULL until a step needs it */
+    int n_words;
 };
+
+static int bit_get(const uint32_t *w, int i) { return (int)(w[i >> 5] >> (i & 31)) & 1; }
 
 llm_sampling llm_sampling_default(void)
 {
@@ -47,6 +53,12 @@ llm_status llm_sampling_check(const llm_sampling *p, llm_error *err)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "penalty_last_n %d not in [0, 1048576]", p->penalty_last_n);
     if (p->n_logprobs < 0 || p->n_logprobs > LLM_MAX_LOGPROBS)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "logprobs %d not in [0, %d]", p->n_logprobs, LLM_MAX_LOGPROBS);
+    if (p->n_bias < 0 || p->n_bias > LLM_MAX_LOGIT_BIAS || (p->n_bias && !p->bias))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "%d logit biases (at most %d)", p->n_bias, LLM_MAX_LOGIT_BIAS);
+    for (int i = 0; i < p->n_bias; i++)
+        if (!(fabsf(p->bias[i].bias) <= 100))
+            return llm_errf(err, LLM_ERR_INVALID_ARG, "logit bias %g for token %d not in [-100, 100]", p->bias[i].bias,
+                            p->bias[i].id);
     return LLM_OK;
 }
 
@@ -73,6 +85,32 @@ static double rng_uniform(uint64_t *s)
     return (double)(r >> 11) * (1.0 / 9007199254740992.0);
 }
 
+/* Copies the biases and marks the banned ids; every id is checked. */
+static llm_status bias_init(llm_sampler *s, const llm_sampling *p, llm_error *err)
+{
+    int n_banned = 0;
+    if (!p->n_bias)
+        return LLM_OK;
+    s->bias = malloc(sizeof *s->bias * (size_t)p->n_bias);
+    s->ban = calloc((size_t)s->n_words, sizeof(uint32_t));
+    if (!s->bias || !s->ban)
+        return llm_errf(err, LLM_ERR_NOMEM, "sampler: no memory for %d logit biases", p->n_bias);
+    memcpy(s->bias, p->bias, sizeof *s->bias * (size_t)p->n_bias);
+    s->p.bias = s->bias;
+    for (int i = 0; i < p->n_bias; i++) {
+        int32_t id = s->bias[i].id;
+        if (id < 0 || id >= s->n_vocab)
+            return llm_errf(err, LLM_ERR_INVALID_ARG, "logit_bias names token %d, not in [0, %d)", id, s->n_vocab);
+        if (s->bias[i].bias <= LLM_LOGIT_BIAS_BAN && !bit_get(s->ban, id)) {
+            s->ban[id >> 5] |= 1u << (id & 31);
+            n_banned++;
+        }
+    }
+    if (n_banned == s->n_vocab)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "logit_bias bans every token of the vocabulary");
+    return LLM_OK;
+}
+
 llm_status llm_sampler_new(const llm_sampling *p, int n_vocab, llm_sampler **out, llm_error *err)
 {
     *out = NULL;
@@ -83,7 +121,9 @@ llm_status llm_sampler_new(const llm_sampling *p, int n_vocab, llm_sampler **out
     if (!s)
         return llm_errf(err, LLM_ERR_NOMEM, "sampler: no memory");
     s->p = *p;
+    s->p.bias = NULL;
     s->n_vocab = n_vocab;
+    s->n_words = (n_vocab + 31) / 32;
     s->hist_cap = p->penalty_last_n ? p->penalty_last_n : 4096;
     s->hist = malloc(sizeof(int32_t) * (size_t)s->hist_cap);
     s->counts = calloc((size_t)n_vocab, sizeof(int));
@@ -92,6 +132,10 @@ llm_status llm_sampler_new(const llm_sampling *p, int n_vocab, llm_sampler **out
     if (!s->hist || !s->counts || !s->work || !s->c) {
         llm_sampler_free(s);
         return llm_errf(err, LLM_ERR_NOMEM, "sampler: no memory for %d-token vocab", n_vocab);
+    }
+    if ((st = bias_init(s, p, err))) {
+        llm_sampler_free(s);
+        return st;
     }
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix(&x);
@@ -107,6 +151,9 @@ void llm_sampler_free(llm_sampler *s)
     free(s->counts);
     free(s->work);
     free(s->c);
+    free(s->bias);
+    free(s->ban);
+    free(s->mask);
     free(s);
 }
 
@@ -142,14 +189,15 @@ static void apply_penalties(llm_sampler *s)
             s->counts[s->hist[i]] = -s->counts[s->hist[i]];
 }
 
-/* The lowest id of the largest value; NaN never wins (as on the device).
- * Callers reject NaN logits first, so this is only consistency. */
-static int32_t argmax(const float *v, int n)
+/* The lowest id of the largest value among those mask allows (NULL: all;
+ * it allows one at least); NaN never wins (as on the device). Callers
+ * reject NaN logits first, so this is only consistency. */
+static int32_t argmax(const float *v, int n, const uint32_t *mask)
 {
     int32_t best = 0;
-    while (best < n - 1 && isnan(v[best])) best++;
+    while (best < n - 1 && (isnan(v[best]) || (mask && !bit_get(mask, best)))) best++;
     for (int i = best + 1; i < n; i++)
-        if (v[i] > v[best])
+        if (v[i] > v[best] && (!mask || bit_get(mask, i)))
             best = i;
     return best;
 }
@@ -163,7 +211,7 @@ typedef struct lnorm {
 
 static lnorm log_norm(const float *v, int n)
 {
-    float mx = v[argmax(v, n)];
+    float mx = v[argmax(v, n, NULL)];
     lnorm z = {0, 0};
     if (isinf(mx) && mx > 0) {
         for (int i = 0; i < n; i++) z.n_inf += v[i] == mx;
@@ -182,10 +230,12 @@ static float logprob_of(float v, lnorm z)
     return !(lp >= LLM_LOGPROB_FLOOR) ? LLM_LOGPROB_FLOOR : (float)lp;
 }
 
-static void top_logprobs(const llm_sampler *s, lnorm z, llm_sample_result *r)
+static void top_logprobs(const llm_sampler *s, const uint32_t *mask, lnorm z, llm_sample_result *r)
 {
     r->n_top = 0;
     for (int i = 0; i < s->n_vocab; i++) {
+        if (mask && !bit_get(mask, i))
+            continue;
         float lp = logprob_of(s->work[i], z);
         if (r->n_top == s->p.n_logprobs && (r->n_top == 0 || lp <= r->top[r->n_top - 1].logprob))
             continue;
@@ -244,11 +294,13 @@ static int32_t draw(llm_sampler *s, int n, double sum)
 /* Temperature with top-k, min-p and top-p; the argmax when the scaled
  * logits are not finite (an infinite logit, or logit / T overflowing) or
  * the filters leave nothing to draw from. */
-static int32_t sample_filtered(llm_sampler *s)
+static int32_t sample_filtered(llm_sampler *s, const uint32_t *mask)
 {
     const llm_sampling *p = &s->p;
-    int n = s->n_vocab;
-    for (int i = 0; i < n; i++) s->c[i] = (cand){i, s->work[i] / p->temperature};
+    int n = 0;
+    for (int i = 0; i < s->n_vocab; i++)
+        if (!mask || bit_get(mask, i))
+            s->c[n++] = (cand){i, s->work[i] / p->temperature};
     if (p->top_k > 0 && p->top_k < n) {
         select_top(s->c, n, p->top_k);
         n = p->top_k;
@@ -256,7 +308,7 @@ static int32_t sample_filtered(llm_sampler *s)
     float mx = s->c[0].v;
     for (int i = 1; i < n; i++) mx = fmaxf(mx, s->c[i].v);
     if (!isfinite(mx))
-        return argmax(s->work, s->n_vocab);
+        return argmax(s->work, s->n_vocab, mask);
     double sum = 0;
     for (int i = 0; i < n; i++) sum += (s->c[i].v = expf(s->c[i].v - mx));
     if (p->min_p > 0) { /* keep tokens with p >= min_p * p_max; p_max is exp(0) = 1 */
@@ -276,7 +328,7 @@ static int32_t sample_filtered(llm_sampler *s)
         sum = acc;
     }
     int32_t id = draw(s, n, sum);
-    return id >= 0 ? id : argmax(s->work, s->n_vocab);
+    return id >= 0 ? id : argmax(s->work, s->n_vocab, mask);
 }
 
 static int greedy(const llm_sampling *p) { return !(p->temperature >= LLM_SAMPLING_GREEDY_BELOW); }
@@ -285,7 +337,7 @@ int llm_sampler_device_ok(const llm_sampler *s)
 {
     const llm_sampling *p = &s->p;
     return p->repetition_penalty == 1 && p->presence_penalty == 0 && p->frequency_penalty == 0 && !p->logprobs &&
-           !p->n_logprobs;
+           !p->n_logprobs && !p->n_bias;
 }
 
 void llm_sampler_device_params(llm_sampler *s, llm_sample_params *out)
@@ -298,7 +350,40 @@ void llm_sampler_device_params(llm_sampler *s, llm_sample_params *out)
         out->u = 0.99999994f;
 }
 
-llm_status llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *r, llm_error *err)
+/* The step's mask: allow and not banned, or NULL when both are absent;
+ * -1 when it allows no token. Disallowed logits become -inf, so the
+ * normalizer and the log-probabilities are those of the allowed set. */
+static int step_mask(llm_sampler *s, const uint32_t *allow, const uint32_t **mask)
+{
+    *mask = NULL;
+    if (!allow && !s->ban)
+        return 0;
+    if (!s->mask && !(s->mask = malloc(sizeof(uint32_t) * (size_t)s->n_words)))
+        return -2;
+    int any = 0;
+    for (int w = 0; w < s->n_words; w++) {
+        uint32_t m = (allow ? allow[w] : ~0u) & (s->ban ? ~s->ban[w] : ~0u);
+        if (w == s->n_words - 1 && (s->n_vocab & 31))
+            m &= (1u << (s->n_vocab & 31)) - 1;
+        any |= m != 0;
+        s->mask[w] = m;
+    }
+    for (int i = 0; i < s->n_vocab; i++)
+        if (!bit_get(s->mask, i))
+            s->work[i] = -INFINITY;
+    *mask = s->mask;
+    return any ? 0 : -1;
+}
+
+static void apply_bias(llm_sampler *s)
+{
+    for (int i = 0; i < s->p.n_bias; i++)
+        if (s->bias[i].bias > LLM_LOGIT_BIAS_BAN)
+            s->work[s->bias[i].id] += s->bias[i].bias;
+}
+
+llm_status llm_sampler_sample_masked(llm_sampler *s, const float *logits, const uint32_t *allow, llm_sample_result *r,
+                                     llm_error *err)
 {
     r->id = 0;
     r->logprob = 0;
@@ -308,14 +393,26 @@ llm_status llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_re
             return llm_errf(err, LLM_ERR_NUMERIC, "the model produced a NaN logit (token id %d): no token can be sampled", i);
     memcpy(s->work, logits, sizeof(float) * (size_t)s->n_vocab);
     apply_penalties(s);
-    r->id = greedy(&s->p) ? argmax(s->work, s->n_vocab) : sample_filtered(s);
+    apply_bias(s);
+    const uint32_t *mask;
+    int m = step_mask(s, allow, &mask);
+    if (m == -2)
+        return llm_errf(err, LLM_ERR_NOMEM, "sampler: no memory for a token mask");
+    if (m < 0)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "no token is allowed at this step (the constraints and biases exclude all)");
+    r->id = greedy(&s->p) ? argmax(s->work, s->n_vocab, mask) : sample_filtered(s, mask);
     if (!s->p.logprobs && !s->p.n_logprobs)
         return LLM_OK; /* the normalizer costs as much as the rest: only when asked */
     lnorm z = log_norm(s->work, s->n_vocab);
     r->logprob = logprob_of(s->work[r->id], z);
     if (s->p.n_logprobs)
-        top_logprobs(s, z, r);
+        top_logprobs(s, mask, z, r);
     return LLM_OK;
+}
+
+llm_status llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *r, llm_error *err)
+{
+    return llm_sampler_sample_masked(s, logits, NULL, r, err);
 }
 
 long llm_stop_find(const char *text, size_t len, const char *const *stops, int n_stops, size_t *hold)

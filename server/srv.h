@@ -113,6 +113,7 @@ typedef struct srv_completion {
     int32_t *ids;              /* prompt given as token ids */
     const char *stops[LLM_MAX_STOPS];
     const char *cache_salt;    /* the body's "cache_salt" (a partition of the prefix cache), or NULL */
+    llm_logit_bias *bias;      /* rq.sampling.bias (owned) */
 } srv_completion;
 
 /* Parses and validates a /v1/completions (kind 0), /v1/chat/completions

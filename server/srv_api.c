@@ -1,13 +1,17 @@
 /* srv_api.c - OpenAI request bodies to engine requests, with validation
  * that names the field at fault, and the error body. Completions take
  * `prompt` as a string, a one-element array of strings, or token ids. */
+#include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "llm/chat.h"
 #include "srv.h"
+#include "srv_fields.h"
 
 void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...)
 {
@@ -398,6 +402,74 @@ static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
     return 0;
 }
 
+/* logit_bias: {"token id": bias in [-100, 100], ...}; ids are checked
+ * against the vocabulary by the engine (its error names the token). */
+static int parse_logit_bias(json_t *o, const llm_vocab *vocab, srv_completion *c, srv_err *e)
+{
+    json_t *b = json_object_get(o, "logit_bias"), *v;
+    const char *k;
+    if (!b || json_is_null(b))
+        return 0;
+    size_t n = json_is_object(b) ? json_object_size(b) : 0;
+    if (!json_is_object(b) || n > LLM_MAX_LOGIT_BIAS) {
+        srv_err_set(e, 400, "logit_bias", "'logit_bias' must be an object of at most %d token ids to biases",
+                    LLM_MAX_LOGIT_BIAS);
+        return -1;
+    }
+    if (n && !(c->bias = calloc(n, sizeof *c->bias))) {
+        srv_err_set(e, 503, "logit_bias", "no memory for the logit biases");
+        return -1;
+    }
+    json_object_foreach(b, k, v) {
+        char *end = NULL;
+        errno = 0;
+        long id = strtol(k, &end, 10);
+        double x = json_number_value(v);
+        if (!*k || *end || errno || id < 0 || id > INT32_MAX || *k == '+' || *k == '-' || *k == ' ') {
+            srv_err_set(e, 400, "logit_bias", "logit_bias key '%.32s' is not a token id", k);
+            return -1;
+        }
+        if (vocab && id >= llm_vocab_n(vocab)) {
+            srv_err_set(e, 400, "logit_bias", "logit_bias names token %ld, not in [0, %d)", id, llm_vocab_n(vocab));
+            return -1;
+        }
+        if (!json_is_number(v) || !(x >= -100 && x <= 100)) {
+            srv_err_set(e, 400, "logit_bias", "logit_bias for token %ld must be a number in [-100, 100]", id);
+            return -1;
+        }
+        c->bias[c->rq.sampling.n_bias++] = (llm_logit_bias){(int32_t)id, (float)x};
+    }
+    c->rq.sampling.bias = c->bias;
+    return 0;
+}
+
+/* Fields whose effect is not built refuse any value that asks for it
+ * (srv_fields.h: nothing is silently ignored). */
+static int parse_unbuilt(json_t *o, srv_completion *c, srv_err *e)
+{
+    json_t *rf = json_object_get(o, "response_format"), *tools = json_object_get(o, "tools");
+    json_t *tc = json_object_get(o, "tool_choice"), *mod = json_object_get(o, "modalities");
+    json_t *bo = json_object_get(o, "best_of"), *suf = json_object_get(o, "suffix");
+    const char *rft = json_string_value(json_object_get(rf, "type"));
+    if (rf && !json_is_null(rf) && !(rft && !strcmp(rft, "text")))
+        return srv_err_set(e, 400, "response_format", "response_format %s is not supported (only {\"type\": \"text\"})",
+                           rft ? rft : "without a string type"), -1;
+    if (tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
+        return srv_err_set(e, 400, "tools", "tool calling is not supported"), -1;
+    if (tc && !json_is_null(tc) && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") ||
+                                                            !strcmp(json_string_value(tc), "auto"))))
+        return srv_err_set(e, 400, "tool_choice", "'tool_choice' may only be \"none\" or \"auto\" without tools"), -1;
+    if (mod && !json_is_null(mod) &&
+        !(json_is_array(mod) && json_array_size(mod) == 1 && json_is_string(json_array_get(mod, 0)) &&
+          !strcmp(json_string_value(json_array_get(mod, 0)), "text")))
+        return srv_err_set(e, 400, "modalities", "only the \"text\" modality is supported"), -1;
+    if (bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == (c->rq.n ? c->rq.n : 1)))
+        return srv_err_set(e, 400, "best_of", "'best_of' other than n is not supported"), -1;
+    if (suf && !json_is_null(suf) && !(json_is_string(suf) && json_string_length(suf) == 0))
+        return srv_err_set(e, 400, "suffix", "'suffix' (insertion) is not supported"), -1;
+    return 0;
+}
+
 /* /generate: the prompt is "text", a string. */
 static int parse_text(json_t *o, srv_completion *c, srv_err *e)
 {
@@ -424,7 +496,8 @@ int srv_parse_completion(const srv *s, int chat_tmpl, const llm_vocab *vocab, co
     c->rq.sampling = llm_sampling_default();
     if (!(c->root = srv_json_object(body, len, e)))
         return -1;
-    if (parse_common(s, c->root, c, e))
+    if (srv_fields_check(c->root, kind, e) || parse_common(s, c->root, c, e) || parse_logit_bias(c->root, vocab, c, e) ||
+        parse_unbuilt(c->root, c, e))
         return -1;
     if (c->generate)
         return parse_text(c->root, c, e);
@@ -436,6 +509,7 @@ void srv_completion_free(srv_completion *c)
     json_decref(c->root);
     free(c->prompt);
     free(c->ids);
+    free(c->bias);
     memset(c, 0, sizeof *c);
 }
 

@@ -370,6 +370,114 @@ static void test_top_k_ties(void **state)
             assert_true(seen[i] > 0); /* all eight are drawn */
 }
 
+/* A bias shifts the distribution exactly as if added to the logit: the
+ * frequencies match softmax(l + b) within 5 standard errors. */
+static void test_logit_bias(void **state)
+{
+    (void)state;
+    llm_logit_bias b[2] = {{6, 5.5f}, {1, -2.0f}};
+    llm_sampling p = llm_sampling_default();
+    p.temperature = 1.f, p.seed = 7, p.bias = b, p.n_bias = 2;
+    float lb[V];
+    memcpy(lb, logits, sizeof lb);
+    lb[6] += 5.5f, lb[1] -= 2.0f;
+    double want[V];
+    softmax(lb, 1.0, want);
+    int counts[V], n = 20000;
+    histogram(p, n, counts);
+    for (int i = 0; i < V; i++) {
+        double se = sqrt(want[i] * (1 - want[i]) / n);
+        if (fabs((double)counts[i] / n - want[i]) > 5 * se + 1e-9)
+            fail_msg("id %d: %d of %d, want p=%g", i, counts[i], n, want[i]);
+    }
+}
+
+/* A banned token (-100) is never picked: not when it is the argmax, not
+ * when every other logit is -inf (the fallback), not at any temperature;
+ * and its logprob is not among the alternatives. */
+static void test_logit_bias_ban(void **state)
+{
+    (void)state;
+    float l[V];
+    for (int i = 0; i < V; i++) l[i] = -INFINITY;
+    l[1] = 10.f; /* the only finite logit, and banned */
+    llm_logit_bias b[2] = {{1, -100.f}, {0, -100.f}};
+    float temps[3] = {0.f, 1.f, 50.f};
+    for (int t = 0; t < 3; t++) {
+        llm_sampling p = llm_sampling_default();
+        p.temperature = temps[t], p.seed = 3, p.bias = b, p.n_bias = 2, p.n_logprobs = 5;
+        llm_sampler *s = make(p);
+        assert_int_equal(llm_sampler_device_ok(s), 0);
+        for (int k = 0; k < 50; k++) {
+            llm_sample_result r;
+            assert_int_equal(llm_sampler_sample(s, k & 1 ? logits : l, &r, NULL), LLM_OK);
+            assert_true(r.id != 1 && r.id != 0);
+            for (int j = 0; j < r.n_top; j++) assert_true(r.top[j].id != 1 && r.top[j].id != 0);
+        }
+        llm_sampler_free(s);
+    }
+}
+
+static void test_logit_bias_errors(void **state)
+{
+    (void)state;
+    llm_sampler *s = NULL;
+    llm_error err = {0};
+    llm_logit_bias all[V], bad = {V, 1.f}, big = {0, 101.f};
+    for (int i = 0; i < V; i++) all[i] = (llm_logit_bias){i, -100.f};
+    llm_sampling p = llm_sampling_default();
+    p.bias = all, p.n_bias = V;
+    assert_int_equal(llm_sampler_new(&p, V, &s, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "every token"));
+    p.bias = &bad, p.n_bias = 1;
+    assert_int_equal(llm_sampler_new(&p, V, &s, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "token 8"));
+    p.bias = &big;
+    assert_int_equal(llm_sampling_check(&p, &err), LLM_ERR_INVALID_ARG);
+    assert_null(s);
+}
+
+/* Masked sampling draws only allowed ids, with the frequencies of the
+ * distribution restricted to them, and logprobs normalised over them;
+ * an empty mask is an error that does not advance the generator. */
+static void test_masked(void **state)
+{
+    (void)state;
+    uint32_t allow = (1u << 0) | (1u << 3) | (1u << 7), none = 0;
+    llm_sampling p = llm_sampling_default();
+    p.temperature = 1.f, p.seed = 11, p.logprobs = 1, p.n_logprobs = 3;
+    llm_sampler *s = make(p);
+    int counts[V] = {0}, n = 20000;
+    double z = exp(logits[0]) + exp(logits[3]) + exp(logits[7]);
+    for (int k = 0; k < n; k++) {
+        llm_sample_result r;
+        assert_int_equal(llm_sampler_sample_masked(s, logits, &allow, &r, NULL), LLM_OK);
+        assert_true((allow >> r.id) & 1);
+        counts[r.id]++;
+        assert_true(fabs(r.logprob - (logits[r.id] - log(z))) < 1e-4);
+        assert_int_equal(r.n_top, 3);
+        assert_int_equal(r.top[0].id, 0);
+    }
+    for (int i = 0; i < V; i++) {
+        double want = (allow >> i) & 1 ? exp(logits[i]) / z : 0, se = sqrt(want * (1 - want) / n);
+        if (fabs((double)counts[i] / n - want) > 5 * se + 1e-9)
+            fail_msg("id %d: %d of %d, want p=%g", i, counts[i], n, want);
+    }
+    llm_error err = {0};
+    llm_sample_result r;
+    assert_int_equal(llm_sampler_sample_masked(s, logits, &none, &r, &err), LLM_ERR_INVALID_ARG);
+    llm_sampler_free(s);
+    p.temperature = 0; /* greedy within the mask, and the fallback too */
+    s = make(p);
+    assert_int_equal(llm_sampler_sample_masked(s, logits, &allow, &r, NULL), LLM_OK);
+    assert_int_equal(r.id, 0);
+    float l[V];
+    for (int i = 0; i < V; i++) l[i] = i == 2 ? 1.f : -INFINITY;
+    assert_int_equal(llm_sampler_sample_masked(s, l, &allow, &r, NULL), LLM_OK);
+    assert_int_equal(r.id, 0);
+    llm_sampler_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -377,7 +485,8 @@ int main(void)
         cmocka_unit_test(test_non_finite_logits), cmocka_unit_test(test_random_edges), cmocka_unit_test(test_temperature_distribution),
         cmocka_unit_test(test_filters), cmocka_unit_test(test_seed), cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_logprobs), cmocka_unit_test(test_check), cmocka_unit_test(test_stop),
-        cmocka_unit_test(test_top_k_ties),
+        cmocka_unit_test(test_top_k_ties), cmocka_unit_test(test_logit_bias), cmocka_unit_test(test_logit_bias_ban),
+        cmocka_unit_test(test_logit_bias_errors), cmocka_unit_test(test_masked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,6 +25,13 @@
  * tokens that cannot be picked; JSON has no -Infinity). */
 #define LLM_LOGPROB_FLOOR (-9999.0f)
 
+/* A bias added to one token's logit (OpenAI's logit_bias). At or below
+ * LLM_LOGIT_BIAS_BAN the token is banned: never picked, not even as the
+ * fallback when nothing else keeps a weight. */
+typedef struct llm_logit_bias { int32_t id; float bias; } llm_logit_bias;
+#define LLM_LOGIT_BIAS_BAN (-100.0f)
+#define LLM_MAX_LOGIT_BIAS 4096
+
 typedef struct llm_sampling {
     float temperature;        /* < LLM_SAMPLING_GREEDY_BELOW: greedy */
     int top_k;                /* <= 0: off */
@@ -37,6 +44,9 @@ typedef struct llm_sampling {
     uint64_t seed;
     int logprobs;             /* 1: report the chosen token's log-probability (costs a pass over the vocabulary) */
     int n_logprobs;           /* 0..LLM_MAX_LOGPROBS most likely alternatives (implies logprobs) */
+    const llm_logit_bias *bias; /* n_bias entries in [-100, 100], borrowed: llm_sampler_new copies them; an
+                                 * id may repeat (the biases add up) */
+    int n_bias;
 } llm_sampling;
 
 typedef struct llm_logprob { int32_t id; float logprob; } llm_logprob;
@@ -50,10 +60,13 @@ typedef struct llm_sample_result {
 
 /* Greedy, no penalties, seed 0. */
 llm_sampling llm_sampling_default(void);
-/* LLM_OK or LLM_ERR_INVALID_ARG naming the first bad field. */
+/* LLM_OK or LLM_ERR_INVALID_ARG naming the first bad field (bias ids are
+ * checked against the vocabulary by llm_sampler_new). */
 llm_status llm_sampling_check(const llm_sampling *p, llm_error *err);
 
 typedef struct llm_sampler llm_sampler;
+/* LLM_ERR_INVALID_ARG for a bad field, a bias id outside [0, n_vocab) or
+ * biases that ban every token; LLM_ERR_NOMEM. */
 llm_status llm_sampler_new(const llm_sampling *p, int n_vocab, llm_sampler **out, llm_error *err);
 void llm_sampler_free(llm_sampler *s);
 /* Records a token (prompt or generated) for the penalties. */
@@ -66,8 +79,15 @@ void llm_sampler_accept(llm_sampler *s, int32_t id);
  * generator is not advanced) when a logit is NaN: no token is sampled
  * from a distribution that does not exist. */
 llm_status llm_sampler_sample(llm_sampler *s, const float *logits, llm_sample_result *out, llm_error *err);
+/* llm_sampler_sample among the tokens allow permits (bit id % 32 of word
+ * id / 32 set; NULL: all) and the biases do not ban: the pick is always
+ * one of them, the filters and the fallback work within them, and
+ * log-probabilities are those of the distribution restricted to them.
+ * LLM_ERR_INVALID_ARG (generator not advanced) when none is left. */
+llm_status llm_sampler_sample_masked(llm_sampler *s, const float *logits, const uint32_t *allow, llm_sample_result *out,
+                                     llm_error *err);
 /* 1 when this sampler's choice needs no host pass over the logits (no
- * penalties, no logprobs), so a device may pick the token itself. */
+ * penalties, biases or logprobs), so a device may pick the token itself. */
 int llm_sampler_device_ok(const llm_sampler *s);
 /* For a device pick: *out gets the settings (temperature 0 when greedy)
  * and, unless greedy, the next uniform draw of the generator (consumed). */

@@ -1,0 +1,22 @@
+/* srv_fields.h - which fields of an OpenAI request body llm-server knows,
+ * so that none is silently ignored: a field whose effect is not built
+ * (an answer would differ from what the client asked for) is refused with
+ * a 400 naming it; a field never heard of is logged once per name (vLLM
+ * does the same) and otherwise ignored, because clients send extensions
+ * of other servers freely.
+ * Thread-safety: may be called from any thread (the set of names already
+ * logged is under a mutex). */
+#ifndef SRV_FIELDS_H
+#define SRV_FIELDS_H
+
+#include <jansson.h>
+
+struct srv_err;
+
+/* Checks body's field names for a /v1/completions (kind 0),
+ * /v1/chat/completions (1) or /generate (2) request: 0, or -1 with e set
+ * (400 naming the refused field). Values of known fields are checked by
+ * the parser, not here. */
+int srv_fields_check(json_t *body, int kind, struct srv_err *e);
+
+#endif
