@@ -26,7 +26,7 @@ LDLIBS = -lm -lpthread -ldl
 COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c
 ENGINE_SRC = engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c \
              engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
-             engine/sampler.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c \
+             engine/sampler.c engine/grammar.c engine/gmatch.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c \
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c \
              engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench llm-perplexity
@@ -45,7 +45,7 @@ ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_proxy.c
 # the router: its own modules, the server's connection guard, the Kubernetes and common libraries (no engine)
 ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/server/http_guard.o
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
-ORACLE_BIN = $(BUILD)/tests/dequant_rows $(BUILD)/tests/logits_rows
+ORACLE_BIN = $(BUILD)/tests/dequant_rows $(BUILD)/tests/logits_rows $(BUILD)/tests/grammar_match
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 COMMON_OBJ = $(COMMON_SRC:%.c=$(BUILD)/%.o)

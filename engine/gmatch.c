@@ -1,0 +1,595 @@
+/* gmatch.c - the grammar matcher and token masks (gmatch.h).
+ *
+ * A stack is a chain of nodes, top first: the top's position is the
+ * character element to match next, each node below it the position to
+ * continue at once the rule above it ends. Chains share their tails, so a
+ * step that advances one stack allocates only the nodes it changes. A rule
+ * reference at the end of an alternative pushes no continuation (a tail
+ * call), so X* and the like run in constant depth.
+ *
+ * Nodes and the stack lists of states live in two arrays used as stacks:
+ * the committed state at the bottom, a mask walk's states above it (each
+ * depth's share popped when the walk backs up), and after a token is
+ * accepted the new state is copied down to a fresh bottom. */
+#include "llm/gmatch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar_impl.h"
+
+#define GM_CACHE 16          /* masks kept per matcher */
+#define GM_MAX_EXPAND 8192   /* nested expansions for one push (far above a sane grammar's) */
+
+struct llm_gmatch_vocab {
+    int n_vocab;
+    char *bytes;             /* pieces, concatenated */
+    int32_t *off;            /* (n_vocab + 1) piece id is bytes[off[id] .. off[id + 1]) */
+    int32_t *order;          /* (n_text) text tokens sorted by piece */
+    int32_t *lcp;            /* (n_text) bytes order[i] shares with order[i - 1] */
+    int n_text;
+    int32_t *eog;            /* (n_eog) end-of-generation ids */
+    int n_eog;
+    unsigned char *kind;     /* (n_vocab) GM_TEXT, GM_EOG or 0 */
+    int max_len;
+};
+
+enum { GM_TEXT = 1, GM_EOG = 2 };
+
+typedef struct gnode {
+    int32_t pos, parent;     /* parent -1: the bottom */
+    int32_t depth;
+    uint64_t hash;           /* of the whole chain */
+} gnode;
+
+/* A set of stacks (node ids in sv[first .. first + n); -1 is the empty
+ * stack: the output is complete) and a character begun but not ended. */
+typedef struct gstate {
+    int32_t first, n;
+    uint32_t cp;             /* its bits so far */
+    int32_t rem, len;        /* continuation bytes still to come; its whole length */
+} gstate;
+
+struct llm_gmatch {
+    const llm_grammar *g;
+    const llm_gmatch_vocab *gv;
+    gnode *nodes, *nodes2;   /* nodes2: where the next committed state is compacted */
+    int n_nodes, cap_nodes, cap_nodes2;
+    int32_t *sv, *sv2;
+    int n_sv, cap_sv, cap_sv2;
+    gstate cur;
+    gstate *walk;            /* (max_len + 1) a mask walk's states by depth */
+    int32_t *mark_nodes, *mark_sv; /* (max_len + 1) arena tops after walk[k] */
+    int32_t *remap;          /* compaction: old node id -> new */
+    int32_t chain[LLM_GMATCH_MAX_DEPTH + 1]; /* compaction: one stack's nodes not copied yet */
+    int cap_remap;
+    uint64_t cache_key[GM_CACHE];
+    uint32_t *cache_bits;    /* (GM_CACHE, n_words) */
+    int cache_n, cache_next, n_words;
+    uint64_t masks, cached;
+    int overflow;            /* a bound was hit while building the last state: 1 stacks, 2 depth, 3 expansion */
+};
+
+/* ---- the vocabulary index ----------------------------------------------------------- */
+
+static int gm_piece_cmp(const void *a, const void *b, void *ctx)
+{
+    const llm_gmatch_vocab *gv = ctx;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    int32_t lx = gv->off[x + 1] - gv->off[x], ly = gv->off[y + 1] - gv->off[y];
+    int c = memcmp(gv->bytes + gv->off[x], gv->bytes + gv->off[y], (size_t)(lx < ly ? lx : ly));
+    return c ? c : lx != ly ? (lx < ly ? -1 : 1) : (x < y ? -1 : x > y);
+}
+
+/* Every piece into gv->bytes / gv->off, and each id's kind. */
+static llm_status gm_vocab_pieces(llm_gmatch_vocab *gv, const llm_vocab *v, llm_error *err)
+{
+    size_t cap = 1 << 16, used = 0;
+    if (!(gv->bytes = malloc(cap)))
+        return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for the vocabulary's pieces");
+    for (int id = 0; id < gv->n_vocab; id++) {
+        int type = llm_vocab_token_type(v, id), n;
+        gv->off[id] = (int32_t)used;
+        while ((n = llm_token_to_piece(v, id, 0, gv->bytes + used, cap - used)) > 0 && (size_t)n > cap - used) {
+            char *nb = cap < (1u << 30) ? realloc(gv->bytes, cap * 2) : NULL; /* lint: realloc checked */
+            if (!nb)
+                return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for the vocabulary's pieces");
+            gv->bytes = nb, cap *= 2;
+        }
+        int eog = llm_vocab_is_eog(v, id), text = n > 0 && !eog && type != LLM_TOKEN_CONTROL &&
+                                                     type != LLM_TOKEN_UNUSED && type != LLM_TOKEN_UNKNOWN;
+        gv->kind[id] = eog ? GM_EOG : text ? GM_TEXT : 0;
+        if (text) {
+            used += (size_t)n;
+            gv->max_len = n > gv->max_len ? n : gv->max_len;
+        }
+        gv->n_text += text, gv->n_eog += eog;
+    }
+    gv->off[gv->n_vocab] = (int32_t)used;
+    return LLM_OK;
+}
+
+llm_status llm_gmatch_vocab_new(const llm_vocab *v, llm_gmatch_vocab **out, llm_error *err)
+{
+    *out = NULL;
+    llm_gmatch_vocab *gv = calloc(1, sizeof *gv);
+    int n = llm_vocab_n(v);
+    if (gv) {
+        gv->n_vocab = n;
+        gv->off = malloc(sizeof *gv->off * (size_t)(n + 1));
+        gv->kind = calloc((size_t)n, 1);
+    }
+    if (!gv || !gv->off || !gv->kind) {
+        llm_gmatch_vocab_free(gv);
+        return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a %d-token vocabulary index", n);
+    }
+    llm_status st = gm_vocab_pieces(gv, v, err);
+    if (!st && (!(gv->order = malloc(sizeof(int32_t) * (size_t)(gv->n_text + 1))) ||
+                !(gv->lcp = malloc(sizeof(int32_t) * (size_t)(gv->n_text + 1))) ||
+                !(gv->eog = malloc(sizeof(int32_t) * (size_t)(gv->n_eog + 1)))))
+        st = llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a %d-token vocabulary index", n);
+    if (st) {
+        llm_gmatch_vocab_free(gv);
+        return st;
+    }
+    int t = 0, e = 0;
+    for (int id = 0; id < n; id++) {
+        if (gv->kind[id] == GM_TEXT)
+            gv->order[t++] = id;
+        else if (gv->kind[id] == GM_EOG)
+            gv->eog[e++] = id;
+    }
+    qsort_r(gv->order, (size_t)t, sizeof *gv->order, gm_piece_cmp, gv);
+    for (int i = 0; i < t; i++) {
+        int32_t a = i ? gv->order[i - 1] : 0, b = gv->order[i], k = 0;
+        int32_t la = i ? gv->off[a + 1] - gv->off[a] : 0, lb = gv->off[b + 1] - gv->off[b];
+        while (k < la && k < lb && gv->bytes[gv->off[a] + k] == gv->bytes[gv->off[b] + k]) k++;
+        gv->lcp[i] = k;
+    }
+    *out = gv;
+    return LLM_OK;
+}
+
+void llm_gmatch_vocab_free(llm_gmatch_vocab *gv)
+{
+    if (!gv)
+        return;
+    free(gv->bytes);
+    free(gv->off);
+    free(gv->order);
+    free(gv->lcp);
+    free(gv->eog);
+    free(gv->kind);
+    free(gv);
+}
+
+/* ---- stacks ------------------------------------------------------------------------ */
+
+static uint64_t gm_mix(uint64_t h, uint64_t x)
+{
+    h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xbf58476d1ce4e5b9ull;
+    return h ^ (h >> 31);
+}
+
+#define GM_EMPTY_HASH 0x51ed270b27a3c9d1ull
+
+static uint64_t gm_hash_of(const llm_gmatch *m, int32_t node) { return node < 0 ? GM_EMPTY_HASH : m->nodes[node].hash; }
+
+/* Grows *v (n used, *cap) to hold one more item of size sz. */
+static int gm_grow(void **v, int n, int *cap, size_t sz)
+{
+    if (n < *cap)
+        return 0;
+    int nc = *cap ? *cap * 2 : 64;
+    void *nv = realloc(*v, sz * (size_t)nc); /* lint: realloc checked */
+    if (!nv)
+        return -1;
+    *v = nv;
+    *cap = nc;
+    return 0;
+}
+
+/* A new node (pos over parent); -1 too deep (overflow set), -2 no memory. */
+static int32_t gm_node(llm_gmatch *m, int32_t pos, int32_t parent)
+{
+    int32_t depth = parent < 0 ? 1 : m->nodes[parent].depth + 1;
+    if (depth > LLM_GMATCH_MAX_DEPTH) {
+        m->overflow = 2;
+        return -1;
+    }
+    if (gm_grow((void **)&m->nodes, m->n_nodes, &m->cap_nodes, sizeof *m->nodes))
+        return -2;
+    m->nodes[m->n_nodes] = (gnode){pos, parent, depth, gm_mix(gm_hash_of(m, parent), (uint64_t)pos)};
+    return m->n_nodes++;
+}
+
+static int gm_same(const llm_gmatch *m, int32_t a, int32_t b)
+{
+    while (a >= 0 && b >= 0 && a != b) {
+        if (m->nodes[a].pos != m->nodes[b].pos || m->nodes[a].hash != m->nodes[b].hash)
+            return 0;
+        a = m->nodes[a].parent, b = m->nodes[b].parent;
+    }
+    return a == b;
+}
+
+/* Adds stack s to the set being built (sv[first ..]) unless there already. */
+static int gm_add(llm_gmatch *m, int32_t first, int32_t s)
+{
+    uint64_t h = gm_hash_of(m, s);
+    for (int i = first; i < m->n_sv; i++)
+        if (gm_hash_of(m, m->sv[i]) == h && gm_same(m, m->sv[i], s))
+            return 0;
+    if (m->n_sv - first >= LLM_GMATCH_MAX_STACKS) {
+        m->overflow = 1;
+        return 0;
+    }
+    if (gm_grow((void **)&m->sv, m->n_sv, &m->cap_sv, sizeof *m->sv))
+        return -1;
+    m->sv[m->n_sv++] = s;
+    return 0;
+}
+
+static int gm_push(llm_gmatch *m, int32_t first, int32_t parent, int32_t pos, int guard);
+
+/* Brings stack s (its top a character, a reference, or s == -1) to
+ * character tops, adding each to the set. */
+static int gm_settle(llm_gmatch *m, int32_t first, int32_t s, int guard)
+{
+    if (s < 0 || m->g->el[m->nodes[s].pos].type == GEL_CHAR)
+        return gm_add(m, first, s);
+    return gm_push(m, first, m->nodes[s].parent, m->nodes[s].pos, guard);
+}
+
+/* Continues at pos over parent: an end pops, a character is a top, a
+ * reference expands into its rule's alternatives. 0, or -1 (no memory). */
+static int gm_push(llm_gmatch *m, int32_t first, int32_t parent, int32_t pos, int guard)
+{
+    const llm_grammar *g = m->g;
+    const gel *e = &g->el[pos];
+    if (guard > GM_MAX_EXPAND) {
+        m->overflow = 3;
+        return 0;
+    }
+    if (e->type == GEL_END)
+        return parent < 0 ? gm_add(m, first, -1) : gm_settle(m, first, parent, guard + 1);
+    if (e->type == GEL_CHAR) {
+        int32_t n = gm_node(m, pos, parent);
+        return n == -2 ? -1 : n < 0 ? 0 : gm_add(m, first, n);
+    }
+    int32_t cont = parent;
+    if (g->el[pos + 1].type != GEL_END && (cont = gm_node(m, pos + 1, parent)) < 0)
+        return cont == -2 ? -1 : 0;
+    for (int a = g->rule_alt[e->arg]; a < g->rule_alt[e->arg + 1]; a++)
+        if (gm_push(m, first, cont, g->alt[a], guard + 1))
+            return -1;
+    return 0;
+}
+
+/* ---- advancing ------------------------------------------------------------------- */
+
+static const uint32_t gm_utf8_min[5] = {0, 0, 0x80, 0x800, 0x10000};
+
+/* to = from after code point cp. 0, or -1 (no memory). */
+static int gm_step_cp(llm_gmatch *m, const gstate *from, uint32_t cp, gstate *to)
+{
+    *to = (gstate){.first = m->n_sv};
+    for (int i = 0; i < from->n; i++) {
+        int32_t s = m->sv[from->first + i];
+        if (s < 0 || !grammar_class_has(m->g, m->g->el[m->nodes[s].pos].arg, cp))
+            continue;
+        if (gm_push(m, to->first, m->nodes[s].parent, m->nodes[s].pos + 1, 0))
+            return -1;
+    }
+    to->n = m->n_sv - to->first;
+    return 0;
+}
+
+/* to = from's stacks that can take some code point of [lo, hi] (a
+ * character begun, not ended). */
+static int gm_step_partial(llm_gmatch *m, const gstate *from, uint32_t cp, int rem, int len, gstate *to)
+{
+    *to = (gstate){.first = m->n_sv, .cp = cp, .rem = rem, .len = len};
+    uint32_t lo = cp << (6 * rem), hi = lo | ((1u << (6 * rem)) - 1);
+    lo = lo < gm_utf8_min[len] ? gm_utf8_min[len] : lo;
+    hi = hi > 0x10FFFF ? 0x10FFFF : hi;
+    for (int i = 0; lo <= hi && i < from->n; i++) {
+        int32_t s = m->sv[from->first + i];
+        if (s < 0 || !grammar_class_meets(m->g, m->g->el[m->nodes[s].pos].arg, lo, hi))
+            continue;
+        if (gm_grow((void **)&m->sv, m->n_sv, &m->cap_sv, sizeof *m->sv))
+            return -1;
+        m->sv[m->n_sv++] = s;
+    }
+    to->n = m->n_sv - to->first;
+    return 0;
+}
+
+/* to = from after byte b (to->n 0: dead). 0, or -1 (no memory). */
+static int gm_step(llm_gmatch *m, const gstate *from, unsigned char b, gstate *to)
+{
+    if (from->rem == 0) {
+        if (b < 0x80)
+            return gm_step_cp(m, from, b, to);
+        int len = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+        if (!len) {
+            *to = (gstate){.first = m->n_sv};
+            return 0;
+        }
+        return gm_step_partial(m, from, b & (0x7Fu >> len), len - 1, len, to);
+    }
+    uint32_t cp = (from->cp << 6) | (b & 0x3F);
+    if ((b & 0xC0) != 0x80) {
+        *to = (gstate){.first = m->n_sv};
+        return 0;
+    }
+    if (from->rem > 1)
+        return gm_step_partial(m, from, cp, from->rem - 1, from->len, to);
+    if (cp < gm_utf8_min[from->len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+        *to = (gstate){.first = m->n_sv};
+        return 0;
+    }
+    return gm_step_cp(m, from, cp, to);
+}
+
+static int gm_has_empty(const llm_gmatch *m, const gstate *s)
+{
+    for (int i = 0; i < s->n; i++)
+        if (m->sv[s->first + i] < 0)
+            return 1;
+    return 0;
+}
+
+int llm_gmatch_complete(const llm_gmatch *m) { return m->cur.rem == 0 && gm_has_empty(m, &m->cur); }
+int llm_gmatch_finished(const llm_gmatch *m) { return llm_gmatch_complete(m) && m->cur.n == 1; }
+
+/* ---- committing a state ------------------------------------------------------------ */
+
+/* The node x copied into nodes2 (parents first), its new id. */
+static int32_t gm_copy(llm_gmatch *m, int32_t x, int *n2)
+{
+    int chain = 0;
+    for (int32_t y = x; y >= 0 && m->remap[y] < 0; y = m->nodes[y].parent) m->chain[chain++] = y;
+    while (chain > 0) { /* bottom up: a parent is copied before its children */
+        int32_t y = m->chain[--chain];
+        gnode c = m->nodes[y];
+        c.parent = c.parent < 0 ? -1 : m->remap[c.parent];
+        m->nodes2[*n2] = c;
+        m->remap[y] = (*n2)++;
+    }
+    return x < 0 ? -1 : m->remap[x];
+}
+
+/* Makes st (built above the committed state) the committed one, copied
+ * to a fresh bottom so the arrays do not grow with the output. */
+static int gm_commit(llm_gmatch *m, const gstate *st)
+{
+    if (m->cap_remap < m->n_nodes) {
+        free(m->remap);
+        m->cap_remap = m->n_nodes;
+        if (!(m->remap = malloc(sizeof *m->remap * (size_t)m->cap_remap)))
+            return m->cap_remap = 0, -1;
+    }
+    if (m->cap_nodes2 < m->n_nodes) {
+        free(m->nodes2);
+        if (!(m->nodes2 = malloc(sizeof *m->nodes2 * (size_t)m->n_nodes)))
+            return m->cap_nodes2 = 0, -1;
+        m->cap_nodes2 = m->n_nodes;
+    }
+    if (m->cap_sv2 < st->n) {
+        free(m->sv2);
+        if (!(m->sv2 = malloc(sizeof *m->sv2 * (size_t)st->n)))
+            return m->cap_sv2 = 0, -1;
+        m->cap_sv2 = st->n;
+    }
+    memset(m->remap, 0xff, sizeof *m->remap * (size_t)m->n_nodes);
+    int n2 = 0;
+    for (int i = 0; i < st->n; i++) m->sv2[i] = gm_copy(m, m->sv[st->first + i], &n2);
+    gnode *tn = m->nodes; m->nodes = m->nodes2; m->nodes2 = tn;
+    int tc = m->cap_nodes; m->cap_nodes = m->cap_nodes2; m->cap_nodes2 = tc;
+    int32_t *ts = m->sv; m->sv = m->sv2; m->sv2 = ts;
+    tc = m->cap_sv; m->cap_sv = m->cap_sv2; m->cap_sv2 = tc;
+    m->n_nodes = n2;
+    m->n_sv = st->n;
+    m->cur = (gstate){0, st->n, st->cp, st->rem, st->len};
+    return 0;
+}
+
+static llm_status gm_overflow_err(const llm_gmatch *m, llm_error *err)
+{
+    if (m->overflow == 1)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: more than %d possible parses at once (the grammar is too ambiguous)",
+                        LLM_GMATCH_MAX_STACKS);
+    if (m->overflow == 2)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: output nested deeper than %d", LLM_GMATCH_MAX_DEPTH);
+    return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: a rule expansion deeper than %d", GM_MAX_EXPAND);
+}
+
+/* st = the committed state after n bytes, built above it (st->n 0:
+ * dead). -1 on no memory. */
+static int gm_run(llm_gmatch *m, const char *bytes, size_t n, gstate *st)
+{
+    *st = m->cur;
+    m->overflow = 0;
+    for (size_t i = 0; i < n && st->n > 0; i++) {
+        gstate next;
+        if (gm_step(m, st, (unsigned char)bytes[i], &next))
+            return -1;
+        *st = next;
+    }
+    return 0;
+}
+
+int llm_gmatch_viable(llm_gmatch *m, const char *bytes, size_t n)
+{
+    int nodes0 = m->n_nodes, sv0 = m->n_sv;
+    gstate st;
+    int rc = gm_run(m, bytes, n, &st) || m->overflow ? -1 : st.n > 0;
+    m->n_nodes = nodes0, m->n_sv = sv0;
+    return rc;
+}
+
+llm_status llm_gmatch_feed(llm_gmatch *m, const char *bytes, size_t n, llm_error *err)
+{
+    int nodes0 = m->n_nodes, sv0 = m->n_sv;
+    gstate st;
+    if (gm_run(m, bytes, n, &st)) {
+        m->n_nodes = nodes0, m->n_sv = sv0;
+        return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory");
+    }
+    if (st.n == 0 || m->overflow) { /* an overflow dropped stacks: the state would be wrong */
+        int of = m->overflow;
+        m->n_nodes = nodes0, m->n_sv = sv0;
+        return of ? gm_overflow_err(m, err) : llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: the output cannot continue with these bytes");
+    }
+    if (gm_commit(m, &st)) {
+        m->n_nodes = nodes0, m->n_sv = sv0;
+        return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory");
+    }
+    return LLM_OK;
+}
+
+llm_status llm_gmatch_accept(llm_gmatch *m, int32_t id, llm_error *err)
+{
+    const llm_gmatch_vocab *gv = m->gv;
+    if (!gv || id < 0 || id >= gv->n_vocab)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: token %d is not in the vocabulary index", id);
+    if (gv->kind[id] == GM_EOG)
+        return llm_gmatch_complete(m) ? LLM_OK
+                                      : llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: the output ended before the grammar was complete");
+    if (gv->kind[id] != GM_TEXT)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: token %d has no text to match", id);
+    return llm_gmatch_feed(m, gv->bytes + gv->off[id], (size_t)(gv->off[id + 1] - gv->off[id]), err);
+}
+
+/* ---- masks ------------------------------------------------------------------------- */
+
+static uint64_t gm_state_key(const llm_gmatch *m, const gstate *s)
+{
+    uint64_t sum = 0, x = 0; /* order-free over the stacks: their hashes summed and xored */
+    for (int i = 0; i < s->n; i++) {
+        uint64_t h = gm_hash_of(m, m->sv[s->first + i]);
+        sum += h, x ^= gm_mix(h, 1);
+    }
+    return gm_mix(gm_mix(sum, x), ((uint64_t)s->cp << 8) | ((uint64_t)s->rem << 4) | (uint64_t)s->len);
+}
+
+/* Walks the sorted pieces from the committed state, setting the bits of
+ * those that survive. -1 on no memory. */
+static int gm_walk(llm_gmatch *m, uint32_t *allow)
+{
+    const llm_gmatch_vocab *gv = m->gv;
+    int valid = 0; /* walk[0 .. valid] hold the states along the previous piece */
+    m->walk[0] = m->cur;
+    m->mark_nodes[0] = m->n_nodes, m->mark_sv[0] = m->n_sv;
+    for (int i = 0; i < gv->n_text; i++) {
+        int32_t id = gv->order[i], len = gv->off[id + 1] - gv->off[id];
+        const unsigned char *p = (const unsigned char *)gv->bytes + gv->off[id];
+        int k = gv->lcp[i] < valid ? gv->lcp[i] : valid;
+        m->n_nodes = m->mark_nodes[k], m->n_sv = m->mark_sv[k];
+        for (; k < len && m->walk[k].n > 0; k++) {
+            if (gm_step(m, &m->walk[k], p[k], &m->walk[k + 1]))
+                return -1;
+            m->mark_nodes[k + 1] = m->n_nodes, m->mark_sv[k + 1] = m->n_sv;
+        }
+        valid = k;
+        if (k == len && m->walk[k].n > 0)
+            allow[id >> 5] |= 1u << (id & 31);
+    }
+    m->n_nodes = m->mark_nodes[0], m->n_sv = m->mark_sv[0];
+    return 0;
+}
+
+static uint32_t *gm_cached(llm_gmatch *m, uint64_t key)
+{
+    for (int i = 0; i < m->cache_n; i++)
+        if (m->cache_key[i] == key)
+            return m->cache_bits + (size_t)i * (size_t)m->n_words;
+    return NULL;
+}
+
+llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
+{
+    const llm_gmatch_vocab *gv = m->gv;
+    if (!gv)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: a matcher without a vocabulary index has no masks");
+    uint64_t key = gm_state_key(m, &m->cur);
+    uint32_t *hit = gm_cached(m, key);
+    m->masks++;
+    if (hit) {
+        m->cached++;
+        memcpy(allow, hit, sizeof *allow * (size_t)m->n_words);
+        return LLM_OK;
+    }
+    memset(allow, 0, sizeof *allow * (size_t)m->n_words);
+    m->overflow = 0;
+    if (!llm_gmatch_finished(m) && gm_walk(m, allow))
+        return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a mask");
+    if (m->overflow)
+        return gm_overflow_err(m, err); /* a stack was dropped: the mask could miss tokens */
+    if (llm_gmatch_complete(m))
+        for (int i = 0; i < gv->n_eog; i++) allow[gv->eog[i] >> 5] |= 1u << (gv->eog[i] & 31);
+    int slot = m->cache_n < GM_CACHE ? m->cache_n++ : m->cache_next++ % GM_CACHE;
+    m->cache_key[slot] = key;
+    memcpy(m->cache_bits + (size_t)slot * (size_t)m->n_words, allow, sizeof *allow * (size_t)m->n_words);
+    return LLM_OK;
+}
+
+void llm_gmatch_stats(const llm_gmatch *m, uint64_t *masks, uint64_t *cached)
+{
+    *masks = m->masks;
+    *cached = m->cached;
+}
+
+/* ---- life ------------------------------------------------------------------------- */
+
+llm_status llm_gmatch_new(const llm_grammar *g, const llm_gmatch_vocab *gv, llm_gmatch **out, llm_error *err)
+{
+    *out = NULL;
+    llm_gmatch *m = calloc(1, sizeof *m);
+    if (!m)
+        return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a matcher");
+    m->g = g, m->gv = gv;
+    if (gv) {
+        size_t d = (size_t)gv->max_len + 1;
+        m->n_words = (gv->n_vocab + 31) / 32;
+        m->walk = malloc(sizeof *m->walk * d);
+        m->mark_nodes = malloc(sizeof(int32_t) * d);
+        m->mark_sv = malloc(sizeof(int32_t) * d);
+        m->cache_bits = malloc(sizeof(uint32_t) * (size_t)m->n_words * GM_CACHE);
+        if (!m->walk || !m->mark_nodes || !m->mark_sv || !m->cache_bits) {
+            llm_gmatch_free(m);
+            return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a matcher");
+        }
+    }
+    llm_status st = LLM_OK;
+    for (int a = g->rule_alt[g->root]; !st && a < g->rule_alt[g->root + 1]; a++)
+        if (gm_push(m, 0, -1, g->alt[a], 0))
+            st = llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a matcher");
+    if (!st && m->overflow)
+        st = gm_overflow_err(m, err);
+    if (st) {
+        llm_gmatch_free(m);
+        return st;
+    }
+    m->cur = (gstate){0, m->n_sv, 0, 0, 0};
+    *out = m;
+    return LLM_OK;
+}
+
+void llm_gmatch_free(llm_gmatch *m)
+{
+    if (!m)
+        return;
+    free(m->nodes);
+    free(m->nodes2);
+    free(m->sv);
+    free(m->sv2);
+    free(m->walk);
+    free(m->mark_nodes);
+    free(m->mark_sv);
+    free(m->remap);
+    free(m->cache_bits);
+    free(m);
+}

@@ -1,0 +1,83 @@
+/* grammar_impl.h - the compiled form of a grammar, shared by grammar.c
+ * (which builds it) and gmatch.c (which walks it). Not a public API.
+ *
+ * Every alternative of every rule is a run of elements in el[] ended by
+ * GEL_END; a position is an index into el[]. Rule r's alternatives start
+ * at alt[rule_alt[r] .. rule_alt[r + 1]). A character element names a
+ * class: ranges rng[cls.first .. cls.first + cls.n) of code points,
+ * inclusive, sorted and disjoint, matched or (neg) excluded. */
+#ifndef LLM_GRAMMAR_IMPL_H
+#define LLM_GRAMMAR_IMPL_H
+
+#include <stdint.h>
+
+#include "llm/grammar.h"
+
+typedef enum gel_type { GEL_END = 0, GEL_CHAR = 1, GEL_REF = 2 } gel_type;
+
+typedef struct gel {
+    int32_t type; /* gel_type */
+    int32_t arg;  /* GEL_CHAR: class; GEL_REF: rule */
+} gel;
+
+typedef struct gclass {
+    int32_t first, n;
+    int32_t neg;
+} gclass;
+
+typedef struct grange {
+    uint32_t lo, hi;
+} grange;
+
+struct llm_grammar {
+    gel *el;
+    int n_el;
+    int32_t *alt;      /* (n_alt) start positions */
+    int n_alt;
+    int32_t *rule_alt; /* (n_rule + 1) */
+    int n_rule;
+    gclass *cls;
+    int n_cls;
+    grange *rng;
+    int n_rng;
+    int root;
+};
+
+/* 1 when code point cp is in class c. */
+static inline int grammar_class_has(const struct llm_grammar *g, int c, uint32_t cp)
+{
+    const gclass *k = &g->cls[c];
+    int lo = k->first, hi = k->first + k->n - 1, in = 0;
+    while (lo <= hi && !in) { /* ranges sorted and disjoint: binary search */
+        int mid = (lo + hi) / 2;
+        if (cp < g->rng[mid].lo)
+            hi = mid - 1;
+        else if (cp > g->rng[mid].hi)
+            lo = mid + 1;
+        else
+            in = 1;
+    }
+    return in != k->neg;
+}
+
+/* 1 when class c holds some code point of [lo, hi]. */
+static inline int grammar_class_meets(const struct llm_grammar *g, int c, uint32_t lo, uint32_t hi)
+{
+    const gclass *k = &g->cls[c];
+    uint32_t at = lo; /* first point of [lo, hi] not covered by a range yet */
+    for (int i = k->first; i < k->first + k->n; i++) {
+        const grange *r = &g->rng[i];
+        if (r->hi < lo || r->lo > hi)
+            continue;
+        if (!k->neg)
+            return 1;
+        if (r->lo > at)
+            return 1; /* a gap before this range */
+        at = r->hi + 1;
+        if (r->hi >= hi)
+            return 0;
+    }
+    return k->neg ? at <= hi : 0;
+}
+
+#endif

@@ -1,0 +1,78 @@
+/* gmatch.h - a matcher that walks a compiled grammar (grammar.h) over the
+ * bytes one sequence generates, and the per-step token masks the sampler
+ * takes (llm_sampler_sample_masked).
+ *
+ * The matcher's state is a set of stacks of grammar positions (several
+ * when the grammar is ambiguous so far) plus a UTF-8 character begun by
+ * one token and ended by a later one. A mask is found by walking the
+ * vocabulary's pieces in sorted order, so that pieces sharing a prefix
+ * share the work for it and a dead prefix rejects all the pieces that
+ * start with it; masks are cached per state, since generated text keeps
+ * coming back to the same states (inside a string, between fields).
+ *
+ * Ownership: llm_gmatch_vocab_new and llm_gmatch_new return objects the
+ * caller frees (the _free functions accept NULL). A matcher borrows its
+ * grammar and vocabulary index: both must outlive it.
+ * Thread-safety: a vocabulary index is immutable and may be shared; a
+ * matcher belongs to one sequence and one thread at a time. */
+#ifndef LLM_GMATCH_H
+#define LLM_GMATCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llm/grammar.h"
+#include "llm/status.h"
+#include "llm/tokenizer.h"
+
+/* Bounds: stacks alive at once (an ambiguous grammar), stack depth
+ * (nesting in the output). Past them the request fails with an error
+ * naming the bound, never a wrong mask. */
+#define LLM_GMATCH_MAX_STACKS 1024
+#define LLM_GMATCH_MAX_DEPTH 4096
+
+typedef struct llm_gmatch_vocab llm_gmatch_vocab;
+typedef struct llm_gmatch llm_gmatch;
+
+/* The vocabulary's pieces sorted for mask walks. Text tokens are those
+ * with a non-empty piece that are not control, unused or unknown tokens;
+ * end-of-generation tokens are allowed exactly when the output is a whole
+ * string of the grammar; other tokens never are. LLM_ERR_NOMEM. */
+llm_status llm_gmatch_vocab_new(const llm_vocab *v, llm_gmatch_vocab **out, llm_error *err);
+void llm_gmatch_vocab_free(llm_gmatch_vocab *gv);
+
+/* A matcher at the start of g. gv may be NULL for a matcher that is only
+ * fed bytes (llm_gmatch_feed), never asked for a mask. LLM_ERR_NOMEM,
+ * or the bounds above when g's start already exceeds them. */
+llm_status llm_gmatch_new(const llm_grammar *g, const llm_gmatch_vocab *gv, llm_gmatch **out, llm_error *err);
+void llm_gmatch_free(llm_gmatch *m);
+
+/* The tokens that may come next: allow (one bit per token id, (n_vocab +
+ * 31) / 32 words, overwritten) gets every text token whose bytes keep the
+ * output a prefix of some string of the grammar, and the end-of-generation
+ * tokens when the output is already one. LLM_ERR_INVALID_ARG (no vocabulary
+ * index, or a bound exceeded: err says which), LLM_ERR_NOMEM. */
+llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err);
+
+/* Advances by token id (an end-of-generation token is accepted when the
+ * output is complete and changes nothing). LLM_ERR_INVALID_ARG when the
+ * token is not allowed here (the state is then unchanged). */
+llm_status llm_gmatch_accept(llm_gmatch *m, int32_t id, llm_error *err);
+
+/* Advances by n bytes of output. LLM_ERR_INVALID_ARG (state unchanged)
+ * when they cannot continue any string of the grammar. */
+llm_status llm_gmatch_feed(llm_gmatch *m, const char *bytes, size_t n, llm_error *err);
+
+/* 1 when n more bytes of output would be accepted by llm_gmatch_feed;
+ * the state is not changed. -1 on no memory or a bound exceeded. */
+int llm_gmatch_viable(llm_gmatch *m, const char *bytes, size_t n);
+
+/* 1 when the output so far is a whole string of the grammar. */
+int llm_gmatch_complete(const llm_gmatch *m);
+/* 1 when it is, and no byte can follow (only an end may come). */
+int llm_gmatch_finished(const llm_gmatch *m);
+
+/* Masks asked for, and how many came from the cache. */
+void llm_gmatch_stats(const llm_gmatch *m, uint64_t *masks, uint64_t *cached);
+
+#endif

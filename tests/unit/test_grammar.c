@@ -1,0 +1,222 @@
+/* test_grammar.c - token masks against a brute force: on real vocabularies
+ * (../shared's Qwen2 byte-level BPE, 151k tokens, and Llama's SentencePiece
+ * with byte tokens), along random walks through a grammar, every bit of
+ * llm_gmatch_mask equals "this token's bytes keep the output viable"
+ * asked of the matcher token by token (llm_gmatch_viable), and the end
+ * tokens are allowed exactly when the output is complete. Also the
+ * accept rules and the mask's cost per step (printed for the notes). */
+#include <time.h>
+
+#include "testutil.h"
+
+#include "llm/gguf.h"
+#include "llm/gmatch.h"
+#include "llm/tokenizer.h"
+
+typedef struct tvocab {
+    gguf_file *f;
+    llm_vocab *v;
+    llm_gmatch_vocab *gv;
+} tvocab;
+
+static int open_vocab(const char *rel, tvocab *t)
+{
+    char buf[512];
+    const char *path = shared_path(rel, buf, sizeof buf);
+    if (!path) {
+        print_message("skipped: ../shared/%s not present\n", rel);
+        return 0;
+    }
+    llm_error err = {0};
+    if (gguf_open(path, &t->f, &err) || llm_vocab_load(t->f, &t->v, &err) || llm_gmatch_vocab_new(t->v, &t->gv, &err))
+        fail_msg("%s: %s", rel, err.msg);
+    return 1;
+}
+
+static void close_vocab(tvocab *t)
+{
+    llm_gmatch_vocab_free(t->gv);
+    llm_vocab_free(t->v);
+    gguf_close(t->f);
+}
+
+static llm_grammar *compile(const char *text, const char *root)
+{
+    llm_grammar *g;
+    llm_error err = {0};
+    if (llm_grammar_compile(text, strlen(text), root, &g, &err))
+        fail_msg("%s", err.msg);
+    return g;
+}
+
+/* Every token's bit against the brute force; returns how many are allowed. */
+static int check_mask(const tvocab *t, llm_gmatch *m, const uint32_t *allow)
+{
+    int n = llm_vocab_n(t->v), n_allowed = 0;
+    char piece[512];
+    for (int id = 0; id < n; id++) {
+        int bit = (int)(allow[id >> 5] >> (id & 31)) & 1, want = 0;
+        int len = llm_token_to_piece(t->v, id, 0, piece, sizeof piece), type = llm_vocab_token_type(t->v, id);
+        if (llm_vocab_is_eog(t->v, id))
+            want = llm_gmatch_complete(m);
+        else if (len > 0 && len <= (int)sizeof piece && type != LLM_TOKEN_CONTROL && type != LLM_TOKEN_UNUSED &&
+                 type != LLM_TOKEN_UNKNOWN)
+            want = llm_gmatch_viable(m, piece, (size_t)len) == 1;
+        if (bit != want)
+            fail_msg("token %d (%.*s): mask %d, brute force %d", id, len > 0 ? len : 0, piece, bit, want);
+        n_allowed += bit;
+    }
+    return n_allowed;
+}
+
+/* A random walk of steps tokens (seeded), checking each step's mask. */
+static void walk(const tvocab *t, const char *grammar, const char *root, uint64_t seed, int steps)
+{
+    llm_grammar *g = compile(grammar, root);
+    llm_gmatch *m;
+    llm_error err = {0};
+    assert_int_equal(llm_gmatch_new(g, t->gv, &m, &err), LLM_OK);
+    int n = llm_vocab_n(t->v);
+    uint32_t *allow = malloc(sizeof(uint32_t) * (size_t)(n + 31) / 32);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+    assert_non_null(allow);
+    assert_non_null(ids);
+    for (int s = 0; s < steps; s++) {
+        assert_int_equal(llm_gmatch_mask(m, allow, &err), LLM_OK);
+        int k = check_mask(t, m, allow), c = 0;
+        assert_true(k > 0);
+        for (int id = 0; id < n; id++)
+            if ((allow[id >> 5] >> (id & 31)) & 1 && !llm_vocab_is_eog(t->v, id))
+                ids[c++] = id;
+        if (!c)
+            break; /* finished: only an end may come */
+        int32_t pick = ids[test_rng(&seed) % (uint64_t)c];
+        assert_int_equal(llm_gmatch_accept(m, pick, &err), LLM_OK);
+    }
+    free(allow);
+    free(ids);
+    llm_gmatch_free(m);
+    llm_grammar_free(g);
+}
+
+static const char *const multibyte =
+    "root ::= ( [\\u00e0-\\u00ff] | [\\u4e00-\\u9fff] | \"ab\" | [\\U0001F600-\\U0001F64F] )+ \"!\"\n";
+static const char *const numbers = "root ::= \"[\" ( n ( \", \" n ){0,3} )? \"]\"\nn ::= \"-\"? [1-9] [0-9]{0,2}\n";
+
+static void test_masks_qwen2(void **state)
+{
+    (void)state;
+    tvocab t = {0};
+    if (!open_vocab("testdata/tokenizer/ggml-vocab-qwen2.gguf", &t))
+        skip();
+    for (uint64_t seed = 1; seed <= 3; seed++) walk(&t, llm_grammar_json, "jsonobject", seed, 12);
+    walk(&t, multibyte, NULL, 9, 12);
+    walk(&t, numbers, NULL, 4, 20);
+    close_vocab(&t);
+}
+
+static void test_masks_spm(void **state)
+{
+    (void)state;
+    tvocab t = {0};
+    if (!open_vocab("testdata/tokenizer/ggml-vocab-llama-spm.gguf", &t))
+        skip();
+    for (uint64_t seed = 1; seed <= 3; seed++) walk(&t, llm_grammar_json, "jsonobject", seed, 15);
+    walk(&t, multibyte, NULL, 2, 15);
+    walk(&t, numbers, NULL, 4, 20);
+    close_vocab(&t);
+}
+
+/* The end comes only when the output is complete; once nothing can
+ * follow, only the end is allowed; a refused token changes nothing. */
+static void test_accept_rules(void **state)
+{
+    (void)state;
+    tvocab t = {0};
+    if (!open_vocab("testdata/tokenizer/ggml-vocab-qwen2.gguf", &t))
+        skip();
+    llm_grammar *g = compile("root ::= \"ok\" | \"okay\"\n", NULL);
+    llm_gmatch *m;
+    llm_error err = {0};
+    assert_int_equal(llm_gmatch_new(g, t.gv, &m, &err), LLM_OK);
+    int32_t eos = llm_vocab_eos(t.v), ok = llm_vocab_find(t.v, "ok", 2), ay = llm_vocab_find(t.v, "ay", 2);
+    int32_t x = llm_vocab_find(t.v, "x", 1);
+    assert_true(eos >= 0 && ok >= 0 && ay >= 0 && x >= 0);
+    assert_int_equal(llm_gmatch_accept(m, eos, &err), LLM_ERR_INVALID_ARG);
+    assert_int_equal(llm_gmatch_accept(m, x, &err), LLM_ERR_INVALID_ARG);
+    assert_int_equal(llm_gmatch_accept(m, ok, &err), LLM_OK);
+    assert_true(llm_gmatch_complete(m) && !llm_gmatch_finished(m));
+    assert_int_equal(llm_gmatch_accept(m, ay, &err), LLM_OK);
+    assert_true(llm_gmatch_finished(m));
+    uint32_t *allow = malloc(sizeof(uint32_t) * (size_t)(llm_vocab_n(t.v) + 31) / 32);
+    assert_non_null(allow);
+    assert_int_equal(llm_gmatch_mask(m, allow, &err), LLM_OK);
+    int n = 0;
+    for (int id = 0; id < llm_vocab_n(t.v); id++)
+        if ((allow[id >> 5] >> (id & 31)) & 1) {
+            assert_true(llm_vocab_is_eog(t.v, id));
+            n++;
+        }
+    assert_true(n >= 1);
+    assert_int_equal(llm_gmatch_accept(m, eos, &err), LLM_OK);
+    free(allow);
+    llm_gmatch_free(m);
+    llm_grammar_free(g);
+    close_vocab(&t);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Cost of a mask on 151k tokens: a fresh state (walk) and a cached one,
+ * along a JSON object's text. Printed, not asserted (machines differ);
+ * the notes quote it. */
+static void test_mask_cost(void **state)
+{
+    (void)state;
+    tvocab t = {0};
+    if (!open_vocab("testdata/tokenizer/ggml-vocab-qwen2.gguf", &t))
+        skip();
+    llm_grammar *g = compile(llm_grammar_json, "jsonobject");
+    const char *text = "{\"name\": \"Ada Lovelace\", \"born\": 1815, \"tags\": [\"math\", \"poetry\"], \"ok\": true}";
+    int32_t *ids = NULL, n = 0;
+    llm_error err = {0};
+    assert_int_equal(llm_tokenize(t.v, text, strlen(text), 0, 0, &ids, &n, &err), LLM_OK);
+    uint32_t *allow = malloc(sizeof(uint32_t) * (size_t)(llm_vocab_n(t.v) + 31) / 32);
+    assert_non_null(allow);
+    double walk_ms = 0, max_ms = 0;
+    uint64_t masks, cached;
+    llm_gmatch *m;
+    assert_int_equal(llm_gmatch_new(g, t.gv, &m, &err), LLM_OK);
+    for (int i = 0; i < n; i++) {
+        double t0 = now_ms();
+        assert_int_equal(llm_gmatch_mask(m, allow, &err), LLM_OK);
+        double dt = now_ms() - t0;
+        walk_ms += dt;
+        max_ms = dt > max_ms ? dt : max_ms;
+        assert_true((allow[ids[i] >> 5] >> (ids[i] & 31)) & 1);
+        assert_int_equal(llm_gmatch_accept(m, ids[i], &err), LLM_OK);
+    }
+    assert_true(llm_gmatch_finished(m));
+    llm_gmatch_stats(m, &masks, &cached);
+    print_message("grammar mask cost (jsonobject, qwen2 151k vocab, %d tokens): %.2f ms mean, %.2f ms max, %llu of %llu "
+                  "from the cache\n", n, walk_ms / n, max_ms, (unsigned long long)cached, (unsigned long long)masks);
+    llm_gmatch_free(m);
+    free(allow);
+    free(ids);
+    llm_grammar_free(g);
+    close_vocab(&t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_masks_qwen2), cmocka_unit_test(test_masks_spm), cmocka_unit_test(test_accept_rules),
+        cmocka_unit_test(test_mask_cost),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
