@@ -10,6 +10,7 @@
 
 #include "llm/engine.h"
 #include "llm/forward.h"
+#include "llm/gmatch.h"
 #include "llm/scheduler.h"
 #include "textout.h"
 
@@ -28,6 +29,7 @@ typedef struct eng_seq {
     int32_t *tokens;      /* (cap) prompt, then generated */
     int n_gen, finished;
     llm_sampler *smp;
+    llm_gmatch *gm;        /* the request's grammar, this completion's place in it; NULL: unconstrained */
     textout out;
     llm_sample_result res; /* this step's sample (engine thread) */
     llm_error fail;        /* this step's sampling failed (code != 0): the request fails with it */
@@ -40,6 +42,7 @@ struct eng_req {
     int n, n_done, n_read_done;
     eng_seq *seqs;
     int max_gen, ignore_eos;
+    llm_grammar *grammar;  /* compiled at submit; NULL: none */
     char **stops;
     int n_stops;
     ev_node *head, *tail;
@@ -72,6 +75,9 @@ struct llm_engine {
     /* step buffers (engine thread) */
     int32_t *b_tokens, *b_logit_rows, *cp_src, *cp_dst; /* copies: global pool's, then local pool's */
     llm_sample_params *b_params; /* (max_seqs) device picks of a step */
+    pthread_mutex_t gv_mu;       /* builds gv once, on the first constrained request's thread */
+    llm_gmatch_vocab *gv;        /* the vocabulary sorted for grammar masks; NULL until then */
+    uint32_t *b_mask;            /* (n_vocab / 32 words) a constrained sequence's mask (engine thread) */
     llm_batch_seq *b_seqs;
     int n_copies, n_local_copies;
     llm_stats st;
@@ -98,9 +104,11 @@ static void req_free(eng_req *r)
     for (int i = 0; r->seqs && i < r->n; i++) {
         free(r->seqs[i].tokens);
         llm_sampler_free(r->seqs[i].smp);
+        llm_gmatch_free(r->seqs[i].gm);
         textout_free(&r->seqs[i].out);
     }
     free(r->seqs);
+    llm_grammar_free(r->grammar);
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
     for (ev_node *n = r->head, *nx; n; n = nx) {
@@ -231,6 +239,24 @@ static llm_status gen_limit(const llm_engine *e, const llm_request *rq, int n_pr
     return LLM_OK;
 }
 
+/* The request's grammar compiled, and the vocabulary index built once for
+ * all requests (on this, the submitting thread: the engine's steps never
+ * wait for it). */
+static llm_status grammar_prepare(llm_engine *e, const llm_request *rq, llm_grammar **g, llm_error *err)
+{
+    llm_status st = llm_grammar_compile(rq->grammar, rq->grammar_len, rq->grammar_root, g, err);
+    pthread_mutex_lock(&e->gv_mu);
+    if (!st && !e->gv) {
+        int n_words = (e->m->hp.n_vocab + 31) / 32;
+        if (!(e->b_mask = malloc(sizeof(uint32_t) * (size_t)n_words)))
+            st = llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for a token mask");
+        else
+            st = llm_gmatch_vocab_new(e->m->vocab, &e->gv, err);
+    }
+    pthread_mutex_unlock(&e->gv_mu);
+    return st;
+}
+
 static llm_status seq_init(llm_engine *e, eng_req *r, int i, const llm_request *rq, const int32_t *prompt, int n_prompt,
                            llm_error *err)
 {
@@ -246,6 +272,8 @@ static llm_status seq_init(llm_engine *e, eng_req *r, int i, const llm_request *
     if (st)
         return st;
     for (int k = 0; k < n_prompt; k++) llm_sampler_accept(s->smp, prompt[k]);
+    if (r->grammar && (st = llm_gmatch_new(r->grammar, e->gv, &s->gm, err)))
+        return st;
     textout_init(&s->out, (const char *const *)r->stops, r->n_stops);
     s->q = (sched_seq){.tokens = s->tokens, .n_tokens = n_prompt, .n_prompt = n_prompt, .priority = rq->priority,
                        .arrival_ms = (int64_t)r->t_submit, .fork_of = i ? &r->seqs[0].q : NULL,
@@ -270,6 +298,8 @@ static llm_status req_new(llm_engine *e, const llm_request *rq, const int32_t *p
     for (int i = 0; !st && i < rq->n_stop; i++, r->n_stops++)
         if (!(r->stops[i] = strdup(rq->stop[i])))
             st = llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for a stop string");
+    if (!st && rq->grammar)
+        st = grammar_prepare(e, rq, &r->grammar, err);
     for (int i = 0; !st && i < r->n; i++) st = seq_init(e, r, i, rq, prompt, n_prompt, err);
     if (st) {
         req_free(r);
@@ -508,9 +538,11 @@ static int all_on_device(llm_engine *e)
 {
     if (!llm_forward_device_sample(e->fwd))
         return 0;
-    for (int i = 0; i < e->s.n_items; i++)
-        if (e->s.items[i].logits && !llm_sampler_device_ok(((eng_seq *)e->s.items[i].seq->user)->smp))
-            return 0;
+    for (int i = 0; i < e->s.n_items; i++) {
+        const eng_seq *q = e->s.items[i].seq->user;
+        if (e->s.items[i].logits && (!llm_sampler_device_ok(q->smp) || q->gm))
+            return 0; /* a penalty, logprobs or a grammar's mask: the host samples this step */
+    }
     for (int i = 0, k = 0; i < e->s.n_items; i++)
         if (e->s.items[i].logits)
             llm_sampler_device_params(((eng_seq *)e->s.items[i].seq->user)->smp, &e->b_params[k++]);
@@ -548,6 +580,20 @@ static llm_status step_on_device(llm_engine *e, const llm_forward_batch *bt)
     return LLM_OK;
 }
 
+/* q's pick from its logits row: within its grammar's mask, which then
+ * advances by the pick (an end token leaves it as it is). */
+static llm_status sample_one(llm_engine *e, eng_seq *q, const float *row)
+{
+    if (!q->gm)
+        return llm_sampler_sample(q->smp, row, &q->res, &q->fail);
+    llm_status st = llm_gmatch_mask(q->gm, e->b_mask, &q->fail);
+    if (!st)
+        st = llm_sampler_sample_masked(q->smp, row, e->b_mask, &q->res, &q->fail);
+    if (!st && !llm_vocab_is_eog(e->m->vocab, q->res.id))
+        st = llm_gmatch_accept(q->gm, q->res.id, &q->fail);
+    return st;
+}
+
 /* Without the lock: copies, the forward pass, and sampling (samplers and
  * the plan's items are only touched by this thread). A sequence whose
  * sampling fails keeps the error in q->fail; the others go on. */
@@ -572,7 +618,7 @@ static llm_status step_run(llm_engine *e, const llm_forward_batch *bt)
         if (!e->s.items[i].logits)
             continue;
         eng_seq *q = e->s.items[i].seq->user;
-        if (llm_sampler_sample(q->smp, logits + (size_t)k++ * n_vocab, &q->res, &q->fail) == LLM_OK)
+        if (sample_one(e, q, logits + (size_t)k++ * n_vocab) == LLM_OK)
             seq_take(e, q, q->res.id);
     }
     return LLM_OK;
@@ -652,7 +698,7 @@ static void seq_emit(llm_engine *e, eng_seq *q)
     if (q->n_gen++ == 0)
         q->t_first = now_ms();
     e->st.generated_tokens++;
-    if (!r->ignore_eos && llm_vocab_is_eog(e->m->vocab, tok)) {
+    if ((!r->ignore_eos || q->gm) && llm_vocab_is_eog(e->m->vocab, tok)) {
         seq_finish(e, q, LLM_FINISH_STOP);
         return;
     }
@@ -665,7 +711,7 @@ static void seq_emit(llm_engine *e, eng_seq *q)
         return;
     }
     req_push(r, &ev);
-    if (stop) {
+    if (stop || (q->gm && llm_gmatch_finished(q->gm))) { /* a grammar nothing can extend ends the text */
         seq_finish(e, q, LLM_FINISH_STOP);
     } else if (q->n_gen == r->max_gen) {
         seq_finish(e, q, LLM_FINISH_LENGTH);
@@ -871,6 +917,9 @@ static void engine_free(llm_engine *e)
     free(e->b_logit_rows);
     free(e->b_params);
     free(e->b_seqs);
+    free(e->b_mask);
+    llm_gmatch_vocab_free(e->gv);
+    pthread_mutex_destroy(&e->gv_mu);
     free(e->cp_src);
     free(e->cp_dst);
     pthread_mutex_destroy(&e->mu);
@@ -886,6 +935,7 @@ llm_status llm_engine_open(const llm_engine_config *cfg, llm_engine **out, llm_e
     if (!e)
         return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory");
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->gv_mu, NULL);
     pthread_cond_init(&e->work, NULL);
     pthread_cond_init(&e->step_done, NULL);
     e->cfg = *cfg;

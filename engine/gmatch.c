@@ -67,7 +67,9 @@ struct llm_gmatch {
     uint32_t *cache_bits;    /* (GM_CACHE, n_words) */
     int cache_n, cache_next, n_words;
     uint64_t masks, cached;
-    int overflow;            /* a bound was hit while building the last state: 1 stacks, 2 depth, 3 expansion */
+    long work, max_work;     /* stack operations in this call (bounded by LLM_GMATCH_MAX_WORK), the most yet */
+    int overflow;            /* a bound was hit while building the last state: 1 stacks, 2 depth, 3 expansion,
+                              * 4 work */
 };
 
 /* ---- the vocabulary index ----------------------------------------------------------- */
@@ -218,6 +220,7 @@ static int gm_same(const llm_gmatch *m, int32_t a, int32_t b)
 static int gm_add(llm_gmatch *m, int32_t first, int32_t s)
 {
     uint64_t h = gm_hash_of(m, s);
+    m->work += m->n_sv - first + 1;
     for (int i = first; i < m->n_sv; i++)
         if (gm_hash_of(m, m->sv[i]) == h && gm_same(m, m->sv[i], s))
             return 0;
@@ -248,8 +251,8 @@ static int gm_push(llm_gmatch *m, int32_t first, int32_t parent, int32_t pos, in
 {
     const llm_grammar *g = m->g;
     const gel *e = &g->el[pos];
-    if (guard > GM_MAX_EXPAND) {
-        m->overflow = 3;
+    if (guard > GM_MAX_EXPAND || ++m->work > LLM_GMATCH_MAX_WORK) {
+        m->overflow = guard > GM_MAX_EXPAND ? 3 : 4;
         return 0;
     }
     if (e->type == GEL_END)
@@ -275,6 +278,7 @@ static const uint32_t gm_utf8_min[5] = {0, 0, 0x80, 0x800, 0x10000};
 static int gm_step_cp(llm_gmatch *m, const gstate *from, uint32_t cp, gstate *to)
 {
     *to = (gstate){.first = m->n_sv};
+    m->work += from->n;
     for (int i = 0; i < from->n; i++) {
         int32_t s = m->sv[from->first + i];
         if (s < 0 || !grammar_class_has(m->g, m->g->el[m->nodes[s].pos].arg, cp))
@@ -294,6 +298,7 @@ static int gm_step_partial(llm_gmatch *m, const gstate *from, uint32_t cp, int r
     uint32_t lo = cp << (6 * rem), hi = lo | ((1u << (6 * rem)) - 1);
     lo = lo < gm_utf8_min[len] ? gm_utf8_min[len] : lo;
     hi = hi > 0x10FFFF ? 0x10FFFF : hi;
+    m->work += from->n;
     for (int i = 0; lo <= hi && i < from->n; i++) {
         int32_t s = m->sv[from->first + i];
         if (s < 0 || !grammar_class_meets(m->g, m->g->el[m->nodes[s].pos].arg, lo, hi))
@@ -403,6 +408,9 @@ static llm_status gm_overflow_err(const llm_gmatch *m, llm_error *err)
                         LLM_GMATCH_MAX_STACKS);
     if (m->overflow == 2)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: output nested deeper than %d", LLM_GMATCH_MAX_DEPTH);
+    if (m->overflow == 4)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: a step would take more than %ld stack operations "
+                        "(the grammar is too costly to match)", LLM_GMATCH_MAX_WORK);
     return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: a rule expansion deeper than %d", GM_MAX_EXPAND);
 }
 
@@ -412,6 +420,7 @@ static int gm_run(llm_gmatch *m, const char *bytes, size_t n, gstate *st)
 {
     *st = m->cur;
     m->overflow = 0;
+    m->work = 0;
     for (size_t i = 0; i < n && st->n > 0; i++) {
         gstate next;
         if (gm_step(m, st, (unsigned char)bytes[i], &next))
@@ -483,7 +492,7 @@ static int gm_walk(llm_gmatch *m, uint32_t *allow)
     int valid = 0; /* walk[0 .. valid] hold the states along the previous piece */
     m->walk[0] = m->cur;
     m->mark_nodes[0] = m->n_nodes, m->mark_sv[0] = m->n_sv;
-    for (int i = 0; i < gv->n_text; i++) {
+    for (int i = 0; i < gv->n_text && !m->overflow; i++) {
         int32_t id = gv->order[i], len = gv->off[id + 1] - gv->off[id];
         const unsigned char *p = (const unsigned char *)gv->bytes + gv->off[id];
         int k = gv->lcp[i] < valid ? gv->lcp[i] : valid;
@@ -524,8 +533,10 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
     }
     memset(allow, 0, sizeof *allow * (size_t)m->n_words);
     m->overflow = 0;
+    m->work = 0;
     if (!llm_gmatch_finished(m) && gm_walk(m, allow))
         return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a mask");
+    m->max_work = m->work > m->max_work ? m->work : m->max_work;
     if (m->overflow)
         return gm_overflow_err(m, err); /* a stack was dropped: the mask could miss tokens */
     if (llm_gmatch_complete(m))
@@ -536,10 +547,11 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
     return LLM_OK;
 }
 
-void llm_gmatch_stats(const llm_gmatch *m, uint64_t *masks, uint64_t *cached)
+void llm_gmatch_stats(const llm_gmatch *m, uint64_t *masks, uint64_t *cached, long *max_work)
 {
     *masks = m->masks;
     *cached = m->cached;
+    *max_work = m->max_work;
 }
 
 /* ---- life ------------------------------------------------------------------------- */

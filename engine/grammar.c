@@ -29,10 +29,13 @@ typedef struct prule {
     int n_alts, cap_alts;
 } prule;
 
+#define GP_NAME_SLOTS (2 * LLM_GRAMMAR_MAX_RULES) /* open addressing, at most half full */
+
 typedef struct gparse {
     const char *text, *end, *at;
     prule *rules;
     int n_rules, cap_rules;
+    int32_t *names;  /* (GP_NAME_SLOTS) named rules by hash of the name, -1 free: a lookup costs no scan */
     gclass *cls;
     int n_cls, cap_cls;
     grange *rng;
@@ -114,10 +117,18 @@ static int gp_rule_new(gparse *p, const char *name, int len)
 
 static int gp_rule_id(gparse *p, const char *name, int len)
 {
-    for (int i = 0; i < p->n_rules; i++)
-        if (p->rules[i].name && p->rules[i].name_len == len && !memcmp(p->rules[i].name, name, (size_t)len))
-            return i;
-    return gp_rule_new(p, name, len);
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (int i = 0; i < len; i++) h = (h ^ (unsigned char)name[i]) * 16777619u;
+    for (uint32_t k = h % GP_NAME_SLOTS;; k = (k + 1) % GP_NAME_SLOTS) {
+        int32_t r = p->names[k];
+        if (r < 0) {
+            if ((r = gp_rule_new(p, name, len)) >= 0)
+                p->names[k] = r;
+            return r;
+        }
+        if (p->rules[r].name_len == len && !memcmp(p->rules[r].name, name, (size_t)len))
+            return r;
+    }
 }
 
 /* Adds alternative a (taken over) to rule r. */
@@ -522,6 +533,7 @@ static void gp_free(gparse *p)
         free(p->rules[i].alts);
     }
     free(p->rules);
+    free(p->names);
     free(p->cls);
     free(p->rng);
 }
@@ -657,7 +669,11 @@ llm_status llm_grammar_compile(const char *text, size_t len, const char *root, l
     copy[len] = 0;
     gparse p = {.text = copy, .end = copy + len, .at = copy, .err = err};
     const char *rn = root ? root : "root";
-    if (memchr(copy, 0, len))
+    if (!(p.names = malloc(sizeof *p.names * GP_NAME_SLOTS)))
+        gp_nomem(&p);
+    else
+        memset(p.names, 0xff, sizeof *p.names * GP_NAME_SLOTS);
+    if (!p.st && memchr(copy, 0, len))
         gp_fail(&p, LLM_ERR_INVALID_ARG, memchr(copy, 0, len), "NUL byte in the grammar");
     g->root = -1;
     if (!p.st && !gp_grammar(&p)) {
@@ -693,7 +709,9 @@ void llm_grammar_free(llm_grammar *g)
 
 int llm_grammar_n_rules(const llm_grammar *g) { return g->n_rule; }
 
-/* "{0,20}": LLM_GRAMMAR_JSON_WS (a string literal cannot take the macro). */
+/* "{0,20}": LLM_GRAMMAR_JSON_WS (a string literal cannot take the macro).
+ * At most one line break per gap: small models otherwise fill the
+ * output with blank lines that the grammar would have to allow. */
 const char llm_grammar_json[] =
     "json       ::= ws value ws\n"
     "jsonobject ::= ws object\n"
@@ -704,4 +722,4 @@ const char llm_grammar_json[] =
     "string     ::= \"\\\"\" char* \"\\\"\"\n"
     "char       ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )\n"
     "number     ::= \"-\"? ( \"0\" | [1-9] [0-9]* ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
-    "ws         ::= [ \\t\\n\\r]{0,20}\n";
+    "ws         ::= [ \\t]{0,20} ( \"\\r\"? \"\\n\" [ \\t]{0,20} )?\n";

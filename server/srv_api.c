@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "llm/chat.h"
+#include "llm/grammar.h"
 #include "srv.h"
 #include "srv_fields.h"
 
@@ -443,17 +444,45 @@ static int parse_logit_bias(json_t *o, const llm_vocab *vocab, srv_completion *c
     return 0;
 }
 
+/* response_format (json_object: the JSON grammar's object rule) and the
+ * llama.cpp extension "grammar" (GBNF text) become the request's grammar;
+ * the engine compiles it, and its errors name the field (grammar_param). */
+static int parse_constraint(json_t *o, srv_completion *c, srv_err *e)
+{
+    json_t *rf = json_object_get(o, "response_format"), *gr = json_object_get(o, "grammar");
+    const char *type = json_string_value(json_object_get(rf, "type"));
+    int has_rf = rf && !json_is_null(rf) && !(type && !strcmp(type, "text"));
+    if (rf && !json_is_null(rf) && !json_is_object(rf))
+        return srv_err_set(e, 400, "response_format", "'response_format' must be an object"), -1;
+    if (gr && !json_is_null(gr) && (!json_is_string(gr) || json_string_length(gr) > LLM_GRAMMAR_MAX_BYTES))
+        return srv_err_set(e, 400, "grammar", "'grammar' must be a string of at most %u bytes", LLM_GRAMMAR_MAX_BYTES), -1;
+    if (has_rf && json_is_string(gr))
+        return srv_err_set(e, 400, "grammar", "'grammar' and 'response_format' cannot both be given"), -1;
+    if (json_is_string(gr)) {
+        c->rq.grammar = json_string_value(gr);
+        c->rq.grammar_len = json_string_length(gr);
+        c->grammar_param = "grammar";
+        return 0;
+    }
+    if (!has_rf)
+        return 0;
+    if (!type || strcmp(type, "json_object"))
+        return srv_err_set(e, 400, "response_format", "response_format type '%.32s' is not supported (text, json_object)",
+                           type ? type : "(none)"), -1;
+    c->rq.grammar = llm_grammar_json;
+    c->rq.grammar_len = strlen(llm_grammar_json);
+    c->rq.grammar_root = "jsonobject";
+    c->grammar_param = "response_format";
+    return 0;
+}
+
 /* Fields whose effect is not built refuse any value that asks for it
  * (srv_fields.h: nothing is silently ignored). */
 static int parse_unbuilt(json_t *o, srv_completion *c, srv_err *e)
 {
-    json_t *rf = json_object_get(o, "response_format"), *tools = json_object_get(o, "tools");
+    json_t *tools = json_object_get(o, "tools");
     json_t *tc = json_object_get(o, "tool_choice"), *mod = json_object_get(o, "modalities");
     json_t *bo = json_object_get(o, "best_of"), *suf = json_object_get(o, "suffix");
-    const char *rft = json_string_value(json_object_get(rf, "type"));
-    if (rf && !json_is_null(rf) && !(rft && !strcmp(rft, "text")))
-        return srv_err_set(e, 400, "response_format", "response_format %s is not supported (only {\"type\": \"text\"})",
-                           rft ? rft : "without a string type"), -1;
     if (tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
         return srv_err_set(e, 400, "tools", "tool calling is not supported"), -1;
     if (tc && !json_is_null(tc) && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") ||
@@ -497,7 +526,7 @@ int srv_parse_completion(const srv *s, int chat_tmpl, const llm_vocab *vocab, co
     if (!(c->root = srv_json_object(body, len, e)))
         return -1;
     if (srv_fields_check(c->root, kind, e) || parse_common(s, c->root, c, e) || parse_logit_bias(c->root, vocab, c, e) ||
-        parse_unbuilt(c->root, c, e))
+        parse_constraint(c->root, c, e) || parse_unbuilt(c->root, c, e))
         return -1;
     if (c->generate)
         return parse_text(c->root, c, e);

@@ -62,6 +62,7 @@ static const fld fld_table[] = {
     {"service_tier", K_CHAT, FLD_HINT, NULL},
     {"parallel_tool_calls", K_CHAT, FLD_HINT, NULL},
     {"response_format", K_OAI, FLD_USED, NULL},
+    {"grammar", K_ALL, FLD_USED, NULL},
     {"tools", K_CHAT, FLD_USED, NULL},
     {"tool_choice", K_CHAT, FLD_USED, NULL},
     {"functions", K_CHAT, FLD_REFUSED, "the deprecated 'functions' is not supported; use 'tools'"},

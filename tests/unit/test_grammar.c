@@ -190,6 +190,7 @@ static void test_mask_cost(void **state)
     assert_non_null(allow);
     double walk_ms = 0, max_ms = 0;
     uint64_t masks, cached;
+    long max_work;
     llm_gmatch *m;
     assert_int_equal(llm_gmatch_new(g, t.gv, &m, &err), LLM_OK);
     for (int i = 0; i < n; i++) {
@@ -202,9 +203,11 @@ static void test_mask_cost(void **state)
         assert_int_equal(llm_gmatch_accept(m, ids[i], &err), LLM_OK);
     }
     assert_true(llm_gmatch_finished(m));
-    llm_gmatch_stats(m, &masks, &cached);
+    llm_gmatch_stats(m, &masks, &cached, &max_work);
     print_message("grammar mask cost (jsonobject, qwen2 151k vocab, %d tokens): %.2f ms mean, %.2f ms max, %llu of %llu "
-                  "from the cache\n", n, walk_ms / n, max_ms, (unsigned long long)cached, (unsigned long long)masks);
+                  "from the cache, at most %ld stack operations (budget %ld)\n", n, walk_ms / n, max_ms,
+                  (unsigned long long)cached, (unsigned long long)masks, max_work, LLM_GMATCH_MAX_WORK);
+    assert_true(max_work * 4 < LLM_GMATCH_MAX_WORK); /* room for grammars that branch more than JSON */
     llm_gmatch_free(m);
     free(allow);
     free(ids);

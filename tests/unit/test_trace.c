@@ -12,7 +12,7 @@
  * position, n > 1 forks, priorities, a KV pool small enough to preempt and
  * evict, cancellations at random points, stop strings, logprobs, max_tokens
  * 1, small token budgets (chunked prefill), greedy and seeded sampling,
- * penalties. After each trace: no block referenced, nothing queued, and
+ * penalties, grammars (JSON objects, a short finite language). After each trace: no block referenced, nothing queued, and
  * the stats add up (each admitted sequence's prompt counted once).
  * Odd seeds run on the tiny llama model; seeds divisible by 4 on the tiny
  * gemma3 one, whose local layers attend through a sliding window of 8
@@ -33,6 +33,7 @@
 #include "testutil.h"
 
 #include "llm/engine.h"
+#include "llm/grammar.h"
 #include "llm/mkmodel.h"
 
 enum { MAX_REQS = 14, MAX_PROMPT = 400, MAX_GEN = 20, N_BASES = 3 };
@@ -83,6 +84,7 @@ typedef struct tr_trace {
 
 typedef struct tr_totals {
     uint64_t traces, requests, completions, steps, preemptions, cached, forked, cancels;
+    uint64_t constrained, grammar_ends; /* requests with a grammar; completions it ended (finish STOP) */
 } tr_totals;
 
 static test_tiny g_tiny, g_gemma, g_moe; /* the models (and backends) below take turns by seed */
@@ -166,6 +168,22 @@ static void sampling_make(tr_req *r, uint64_t *s)
     sp->n_logprobs = (int)rnd(s, 5);
 }
 
+/* A quarter of the requests are constrained: the JSON object grammar (it
+ * rarely ends within MAX_GEN tokens) or a short finite one (it ends by
+ * itself). Drawn from a stream of their own, so that the traces of the
+ * seeds before grammars existed stay what they were. */
+static void grammar_make(const tr_trace *t, int i, tr_req *r)
+{
+    static const char *const short_g = "root ::= [a-c]{1,5} (\" \" [a-c]{1,3})? \".\"\n";
+    uint64_t g = t->seed * 0x9e3779b97f4a7c15ull + (uint64_t)i * 7919u + 17;
+    uint64_t k = test_rng(&g) % 8;
+    if (k > 1)
+        return;
+    r->rq.grammar = k ? llm_grammar_json : short_g;
+    r->rq.grammar_len = strlen(r->rq.grammar);
+    r->rq.grammar_root = k ? "jsonobject" : NULL;
+}
+
 /* Request i's fields; a later turn's prompt is filled in by later_turn(). */
 static void request_make(tr_trace *t, int i, int32_t base[N_BASES][MAX_PROMPT], uint64_t *s)
 {
@@ -197,6 +215,7 @@ static void request_make(tr_trace *t, int i, int32_t base[N_BASES][MAX_PROMPT], 
     if (!rnd(s, 6))
         r->cancel_after = (int)rnd(s, (uint64_t)r->rq.max_tokens + 1);
     r->gap = (int)rnd(s, 24);
+    grammar_make(t, i, r);
 }
 
 static void trace_make(tr_trace *t, uint64_t seed)
@@ -384,8 +403,10 @@ static int check_request(const tr_trace *t, int i)
     int n = r->rq.n ? r->rq.n : 1, bad = 0;
     if (r->err.code)
         return fail_at(t, i, 0, r->err.msg);
+    g_tot.constrained += r->rq.grammar != NULL;
     for (int k = 0; k < n && !bad; k++) {
         const tr_comp *g = &r->got[k], *w = &r->want[k];
+        g_tot.grammar_ends += r->rq.grammar && g->done && g->finish == LLM_FINISH_STOP;
         if (r->cancelled && !g->done) { /* what arrived before the cancel is a prefix */
             if (g->n_tok > w->n_tok || !tokens_equal(g, w, g->n_tok))
                 bad = fail_at(t, i, k, "tokens before the cancel differ from the request alone");
@@ -534,10 +555,12 @@ static int teardown(void **st)
 static void totals_print(double secs)
 {
     print_message("trace: %llu traces, %llu requests, %llu steps, %llu preemptions, %llu prompt tokens from the prefix "
-                  "cache, %llu shared by forks, %llu cancels in %.1f s\n",
+                  "cache, %llu shared by forks, %llu cancels, %llu constrained requests (%llu completions ended by "
+                  "their grammar) in %.1f s\n",
                   (unsigned long long)g_tot.traces, (unsigned long long)g_tot.requests, (unsigned long long)g_tot.steps,
                   (unsigned long long)g_tot.preemptions, (unsigned long long)g_tot.cached,
-                  (unsigned long long)g_tot.forked, (unsigned long long)g_tot.cancels, secs);
+                  (unsigned long long)g_tot.forked, (unsigned long long)g_tot.cancels,
+                  (unsigned long long)g_tot.constrained, (unsigned long long)g_tot.grammar_ends, secs);
 }
 
 static void test_regressions(void **st)
@@ -565,6 +588,7 @@ static void test_quick_seeds(void **st)
     assert_true(g_tot.cached > 0); /* prefix cache hits, forks aside */
     assert_true(g_tot.forked > 0);
     assert_true(g_tot.cancels > 0);
+    assert_true(g_tot.constrained > 0 && g_tot.grammar_ends > 0);
 }
 
 /* --time S: random seeds (from --seed, else the clock) until S seconds pass. */

@@ -66,6 +66,12 @@ typedef struct llm_request {
     int ignore_eos;          /* 1: end-of-generation tokens do not stop */
     uint64_t cache_salt;     /* prefix cache partition: cached prefixes are shared only among requests with the same
                               * salt (0: the common one); a server gives each tenant its own */
+    const char *grammar;     /* constrained decoding (grammar.h): every completion is a prefix of a string of this
+                              * grammar, and ends (finish STOP) when it is a whole one that nothing can extend;
+                              * an end-of-generation token comes only where the string is whole (ignore_eos
+                              * does not apply). Borrowed: submit compiles it. NULL: none */
+    size_t grammar_len;
+    const char *grammar_root; /* its start rule; NULL: "root" */
 } llm_request;
 
 typedef enum llm_event_type { LLM_EVENT_TOKEN = 1, LLM_EVENT_DONE = 2, LLM_EVENT_ERROR = 3 } llm_event_type;

@@ -26,10 +26,15 @@
 #include "llm/tokenizer.h"
 
 /* Bounds: stacks alive at once (an ambiguous grammar), stack depth
- * (nesting in the output). Past them the request fails with an error
- * naming the bound, never a wrong mask. */
-#define LLM_GMATCH_MAX_STACKS 1024
+ * (nesting in the output), and the work one mask or feed may take (stack
+ * operations: a grammar a tenant wrote must not stall the steps of every
+ * other request; on a 151k vocabulary a JSON object's costliest mask takes about
+ * a fifth of it, some 30 ms on a 2-core EPYC).
+ * Past them the call fails with an error naming the bound, never a
+ * wrong mask. */
+#define LLM_GMATCH_MAX_STACKS 256
 #define LLM_GMATCH_MAX_DEPTH 4096
+#define LLM_GMATCH_MAX_WORK 20000000L
 
 typedef struct llm_gmatch_vocab llm_gmatch_vocab;
 typedef struct llm_gmatch llm_gmatch;
@@ -72,7 +77,8 @@ int llm_gmatch_complete(const llm_gmatch *m);
 /* 1 when it is, and no byte can follow (only an end may come). */
 int llm_gmatch_finished(const llm_gmatch *m);
 
-/* Masks asked for, and how many came from the cache. */
-void llm_gmatch_stats(const llm_gmatch *m, uint64_t *masks, uint64_t *cached);
+/* Masks asked for, how many came from the cache, and the most work one
+ * took (in the units of LLM_GMATCH_MAX_WORK). */
+void llm_gmatch_stats(const llm_gmatch *m, uint64_t *masks, uint64_t *cached, long *max_work);
 
 #endif

@@ -42,9 +42,10 @@ void llm_grammar_free(llm_grammar *g);
 
 /* JSON (RFC 8259) as a grammar, with two start rules: "json" (any
  * JSON text) and "jsonobject" (an object after optional whitespace,
- * nothing after it: what response_format json_object asks for). Runs of
- * whitespace between tokens are at most LLM_GRAMMAR_JSON_WS characters so
- * that a model cannot pad forever. Other grammars may include it and
+ * nothing after it: what response_format json_object asks for). The
+ * whitespace between tokens is at most one line break with at most
+ * LLM_GRAMMAR_JSON_WS spaces or tabs either side, so that a model cannot
+ * pad forever. Other grammars may include it and
  * refer to its rules (value, object, array, string, number, ws). */
 #define LLM_GRAMMAR_JSON_WS 20
 extern const char llm_grammar_json[];
