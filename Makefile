@@ -30,7 +30,7 @@ ENGINE_SRC = engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c 
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c \
              engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench llm-perplexity
-SERVER_SRC = server/http_guard.c server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_fields.c server/srv_metrics.c server/srv_canary.c \
+SERVER_SRC = server/http_guard.c server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_metrics.c server/srv_canary.c \
              server/srv_load.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 # The Kubernetes client library (controller and router): API client, config, watch, caches, server-side
@@ -46,6 +46,7 @@ ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_proxy.c
 ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/server/http_guard.o
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 ORACLE_BIN = $(BUILD)/tests/dequant_rows $(BUILD)/tests/logits_rows $(BUILD)/tests/grammar_match
+SCHEMA_BIN = $(BUILD)/tests/schema_grammar
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 COMMON_OBJ = $(COMMON_SRC:%.c=$(BUILD)/%.o)
@@ -62,7 +63,7 @@ $(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 $(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
 .PHONY: all run test asan bench bench-router bench-load deps deps-run lint clean unit pytest fuzz models tsan manifests FORCE
-all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(ORACLE_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
+all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
 
 $(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(KUBE_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
@@ -155,6 +156,11 @@ $(BUILD)/tests/test_torture: tests/unit/test_torture.c tests/unit/testutil.h $(L
 	  $(LDLIBS) $(TORTURE_WRAP) -o $@
 
 # Small programs the Python oracle tests drive.
+$(BUILD)/tests/schema_grammar: tests/oracle/schema_grammar.c $(LIB) $(TORTURE_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) -Iserver $< $(TORTURE_OBJ) $(LIB) -lcivetweb -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+
 $(ORACLE_BIN): $(BUILD)/tests/%: tests/oracle/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
@@ -265,7 +271,7 @@ manifests: $(BUILD)/bin/helm-render
 unit: $(UNIT_BIN)
 	@fail=0; for t in $(UNIT_BIN); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
-pytest: $(TOOL_BIN) $(ORACLE_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render $(BUILD)/bin/yaml-strict
+pytest: $(TOOL_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render $(BUILD)/bin/yaml-strict
 	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration
 
 FUZZ_TIME ?= 20

@@ -115,6 +115,7 @@ typedef struct srv_completion {
     const char *cache_salt;    /* the body's "cache_salt" (a partition of the prefix cache), or NULL */
     llm_logit_bias *bias;      /* rq.sampling.bias (owned) */
     const char *grammar_param; /* the field rq.grammar came from, for the engine's errors about it */
+    char *schema_grammar;      /* rq.grammar made from a JSON schema (owned), or NULL */
 } srv_completion;
 
 /* Parses and validates a /v1/completions (kind 0), /v1/chat/completions

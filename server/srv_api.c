@@ -13,6 +13,7 @@
 #include "llm/grammar.h"
 #include "srv.h"
 #include "srv_fields.h"
+#include "srv_schema.h"
 
 void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...)
 {
@@ -444,6 +445,23 @@ static int parse_logit_bias(json_t *o, const llm_vocab *vocab, srv_completion *c
     return 0;
 }
 
+/* response_format json_schema: {"json_schema": {"name": ..., "schema":
+ * {...}, "strict": ...}}; the schema becomes a grammar (srv_schema.h; it
+ * is always followed strictly). */
+static int parse_json_schema(json_t *rf, srv_completion *c, srv_err *e)
+{
+    json_t *js = json_object_get(rf, "json_schema"), *schema = json_object_get(js, "schema");
+    if (!json_is_object(js) || !(json_is_object(schema) || json_is_true(schema)))
+        return srv_err_set(e, 400, "response_format", "response_format json_schema needs \"json_schema\": {\"schema\": {...}}"),
+               -1;
+    if (!(c->schema_grammar = srv_schema_grammar(schema, e)))
+        return -1;
+    c->rq.grammar = c->schema_grammar;
+    c->rq.grammar_len = strlen(c->schema_grammar);
+    c->grammar_param = "response_format";
+    return 0;
+}
+
 /* response_format (json_object: the JSON grammar's object rule) and the
  * llama.cpp extension "grammar" (GBNF text) become the request's grammar;
  * the engine compiles it, and its errors name the field (grammar_param). */
@@ -466,8 +484,11 @@ static int parse_constraint(json_t *o, srv_completion *c, srv_err *e)
     }
     if (!has_rf)
         return 0;
+    if (type && !strcmp(type, "json_schema"))
+        return parse_json_schema(rf, c, e);
     if (!type || strcmp(type, "json_object"))
-        return srv_err_set(e, 400, "response_format", "response_format type '%.32s' is not supported (text, json_object)",
+        return srv_err_set(e, 400, "response_format",
+                           "response_format type '%.32s' is not supported (text, json_object, json_schema)",
                            type ? type : "(none)"), -1;
     c->rq.grammar = llm_grammar_json;
     c->rq.grammar_len = strlen(llm_grammar_json);
@@ -539,6 +560,7 @@ void srv_completion_free(srv_completion *c)
     free(c->prompt);
     free(c->ids);
     free(c->bias);
+    free(c->schema_grammar);
     memset(c, 0, sizeof *c);
 }
 

@@ -1,0 +1,1000 @@
+/* srv_schema.c - JSON Schema to grammar (srv_schema.h).
+ *
+ * Every schema node becomes one rule "s<N>" written after the rules it
+ * refers to; a $ref's target gets its rule number before its body is
+ * built, so recursive schemas become recursive rules. The engine's JSON
+ * grammar is appended for the pieces every schema shares (ws, string,
+ * number, value). Written here: the C libraries that do this (xgrammar,
+ * llama.cpp's json-schema-to-grammar) are C++ and tied to their matchers. */
+#include "srv_schema.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "llm/grammar.h"
+#include "llm/strbuf.h"
+#include "srv.h"
+
+#define SG_MAX_REFS 256
+#define SG_MAX_DEPTH 64
+
+typedef struct sg {
+    llm_strbuf out;            /* finished rules */
+    json_t *doc;
+    int n_rules;
+    json_t *ref_node[SG_MAX_REFS];
+    int ref_rule[SG_MAX_REFS], n_refs;
+    int depth;
+    srv_err *e;
+} sg;
+
+static int sg_fail(sg *g, const char *fmt, const char *what)
+{
+    if (!g->e->status)
+        srv_err_set(g->e, 400, "response_format", fmt, what);
+    return -1;
+}
+
+/* s as a grammar literal: "..." with the grammar's escapes. */
+static void sg_lit(llm_strbuf *b, const char *s, size_t n)
+{
+    llm_strbuf_append(b, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            llm_strbuf_printf(b, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f)
+            llm_strbuf_printf(b, "\\x%02X", c);
+        else
+            llm_strbuf_append(b, (const char *)&c, 1);
+    }
+    llm_strbuf_append(b, "\"", 1);
+}
+
+/* A JSON value's compact text as a literal. */
+static int sg_json_lit(sg *g, llm_strbuf *b, json_t *v)
+{
+    char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!t)
+        return srv_err_set(g->e, 503, "response_format", "no memory for the schema"), -1;
+    sg_lit(b, t, strlen(t));
+    free(t);
+    return 0;
+}
+
+/* Appends "s<id> ::= body\n" to the finished rules. */
+static int sg_rule(sg *g, int id, llm_strbuf *body)
+{
+    char *t = llm_strbuf_take(body);
+    if (!t)
+        return srv_err_set(g->e, 503, "response_format", "no memory for the schema"), -1;
+    llm_strbuf_printf(&g->out, "s%d ::= %s\n", id, t);
+    free(t);
+    if (g->out.len > LLM_GRAMMAR_MAX_BYTES)
+        return sg_fail(g, "the schema's grammar exceeds %s bytes", "1048576");
+    return 0;
+}
+
+static int sg_node(sg *g, json_t *s);
+static int sg_node_as(sg *g, json_t *s, int id);
+
+/* ---- keywords -------------------------------------------------------------------- */
+
+static const char *const sg_annotations[] = {"title", "description", "default", "examples", "$schema", "$id", "$comment",
+                                             "deprecated", "readOnly", "writeOnly", "$defs", "definitions", NULL};
+static const char *const sg_keywords[] = {"type", "properties", "required", "additionalProperties", "items", "minItems",
+                                          "maxItems", "enum", "const", "pattern", "format", "minLength", "maxLength",
+                                          "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf",
+                                          "allOf", "$ref", "nullable", NULL};
+
+static int sg_in(const char *const *list, const char *k)
+{
+    for (int i = 0; list[i]; i++)
+        if (!strcmp(list[i], k))
+            return 1;
+    return 0;
+}
+
+static int sg_check_keywords(sg *g, json_t *s)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach(s, k, v) {
+        if (!sg_in(sg_keywords, k) && !sg_in(sg_annotations, k))
+            return sg_fail(g, "JSON Schema keyword '%.64s' is not supported", k);
+    }
+    return 0;
+}
+
+/* ---- numbers --------------------------------------------------------------------- */
+
+/* Decimal numerals of [a, b] without leading zeros, all of length len
+ * (a and b have that many digits), as an alternation into b. */
+static void sg_same_len(llm_strbuf *out, const char *a, const char *b, int len)
+{
+    if (len == 0)
+        return;
+    if (a[0] == b[0]) {
+        llm_strbuf_printf(out, "\"%c\" ", a[0]);
+        if (len > 1) {
+            llm_strbuf_append(out, "( ", 2);
+            sg_same_len(out, a + 1, b + 1, len - 1);
+            llm_strbuf_append(out, ") ", 2);
+        }
+        return;
+    }
+    int a_low = (int)strspn(a + 1, "0") == len - 1, b_high = (int)strspn(b + 1, "9") == len - 1;
+    char lo = a_low ? a[0] : (char)(a[0] + 1), hi = b_high ? b[0] : (char)(b[0] - 1);
+    int first = 1;
+    char nines[24], zeros[24];
+    memset(nines, '9', sizeof nines), memset(zeros, '0', sizeof zeros);
+    if (!a_low) {
+        llm_strbuf_printf(out, "\"%c\" ( ", a[0]);
+        sg_same_len(out, a + 1, nines, len - 1);
+        llm_strbuf_append(out, ") ", 2);
+        first = 0;
+    }
+    if (lo <= hi) {
+        llm_strbuf_printf(out, "%s[%c-%c] ", first ? "" : "| ", lo, hi);
+        if (len > 1)
+            llm_strbuf_printf(out, "[0-9]{%d} ", len - 1);
+        first = 0;
+    }
+    if (!b_high) {
+        llm_strbuf_printf(out, "%s\"%c\" ( ", first ? "" : "| ", b[0]);
+        sg_same_len(out, zeros, b + 1, len - 1);
+        llm_strbuf_append(out, ") ", 2);
+    }
+}
+
+/* Numerals of [a, b] (b < 0: unbounded), a >= 0, as an alternation. */
+static void sg_int_range(llm_strbuf *out, long long a, long long b)
+{
+    char sa[24], sb[24];
+    int la = snprintf(sa, sizeof sa, "%lld", a), first = 1;
+    long long p10 = 1;
+    for (int i = 1; i < la; i++) p10 *= 10;
+    for (int len = la; len <= 19; len++, p10 = len <= 18 ? p10 * 10 : p10) {
+        long long lo = len == la ? a : p10, top = len == 19 ? INT64_MAX : p10 * 10 - 1;
+        long long hi = b >= 0 && b < top ? b : top;
+        if (b >= 0 && lo > b)
+            break;
+        snprintf(sa, sizeof sa, "%lld", lo), snprintf(sb, sizeof sb, "%lld", hi);
+        llm_strbuf_append(out, first ? "( " : "| ( ", first ? 2 : 4);
+        sg_same_len(out, sa, sb, len);
+        llm_strbuf_append(out, ") ", 2);
+        first = 0;
+        if (b >= 0 && b <= top)
+            return;
+        if (b < 0) { /* unbounded: every longer numeral */
+            llm_strbuf_printf(out, "| [1-9] [0-9]{%d,} ", len);
+            return;
+        }
+    }
+}
+
+typedef struct sg_bound {
+    int has, excl;
+    double v;
+} sg_bound;
+
+static int sg_bound_of(sg *g, json_t *s, const char *incl, const char *excl, sg_bound *b)
+{
+    json_t *i = json_object_get(s, incl), *x = json_object_get(s, excl);
+    if ((i && !json_is_number(i)) || (x && !json_is_number(x)))
+        return sg_fail(g, "'%s' must be a number", i && !json_is_number(i) ? incl : excl);
+    if (i && x)
+        return sg_fail(g, "both '%s' and its exclusive form are given", incl);
+    *b = (sg_bound){i || x, x != NULL, json_number_value(i ? i : x)};
+    if (b->has && !(fabs(b->v) < 1e15))
+        return sg_fail(g, "'%s' is beyond 1e15", incl);
+    return 0;
+}
+
+/* An integer between the bounds (made inclusive), as a rule body. */
+static int sg_integer(sg *g, json_t *s, llm_strbuf *b)
+{
+    sg_bound lo, hi;
+    if (sg_bound_of(g, s, "minimum", "exclusiveMinimum", &lo) || sg_bound_of(g, s, "maximum", "exclusiveMaximum", &hi))
+        return -1;
+    if (!lo.has && !hi.has) {
+        llm_strbuf_printf(b, "%s", "\"0\" | \"-\"? [1-9] [0-9]*"); /* no "-0": one spelling per integer */
+        return 0;
+    }
+    long long l = lo.has ? (long long)(lo.excl ? floor(lo.v) + 1 : ceil(lo.v)) : 0;
+    long long h = hi.has ? (long long)(hi.excl ? ceil(hi.v) - 1 : floor(hi.v)) : 0;
+    if (lo.has && hi.has && l > h)
+        return sg_fail(g, "no integer satisfies the bounds%s", "");
+    int pos = !hi.has || h >= 0, neg = !lo.has || l < 0;
+    if (pos) {
+        llm_strbuf_printf(b, "( ");
+        sg_int_range(b, lo.has && l > 0 ? l : 0, hi.has ? h : -1);
+        llm_strbuf_printf(b, ")");
+    }
+    if (neg) {
+        llm_strbuf_printf(b, "%s\"-\" ( ", pos ? " | " : "");
+        sg_int_range(b, hi.has && h < -1 ? -h : 1, lo.has ? -l : -1);
+        llm_strbuf_printf(b, ")");
+    }
+    return 0;
+}
+
+/* A non-negative decimal v = ip.frac with lo <= v <= hi (either exclusive
+ * or absent), lo and hi whole and >= 0; alternatives appended, *any set
+ * when at least one was. */
+static void sg_magnitude(llm_strbuf *b, sg_bound lo, sg_bound hi, int *any)
+{
+    long long l = lo.has ? (long long)lo.v : 0, h = hi.has ? (long long)hi.v : -1;
+    long long ip_lo = lo.has && lo.excl ? l + 1 : l, ip_hi = hi.has ? h - 1 : -1;
+    const char *frac = "( \".\" [0-9]+ )?";
+    if (!hi.has || ip_lo <= ip_hi) { /* whole parts strictly inside: any fraction */
+        llm_strbuf_printf(b, "%s( ", *any ? "| " : "");
+        sg_int_range(b, ip_lo, ip_hi);
+        llm_strbuf_printf(b, ") %s ", frac);
+        *any = 1;
+    }
+    if (lo.has && lo.excl && (!hi.has || l < h)) { /* just above an exclusive lower bound */
+        llm_strbuf_printf(b, "%s\"%lld\" \".\" [0-9]* [1-9] [0-9]* ", *any ? "| " : "", l);
+        *any = 1;
+    }
+    if (hi.has && !hi.excl && (!lo.has || h > l || (h == l && !lo.excl))) { /* the upper bound itself */
+        llm_strbuf_printf(b, "%s\"%lld\" ( \".\" \"0\"+ )? ", *any ? "| " : "", h);
+        *any = 1;
+    }
+}
+
+/* A number between the bounds as a rule body: the library's number rule
+ * when unbounded, else sign and magnitude without exponents. */
+static int sg_number(sg *g, json_t *s, llm_strbuf *b)
+{
+    sg_bound lo, hi;
+    if (sg_bound_of(g, s, "minimum", "exclusiveMinimum", &lo) || sg_bound_of(g, s, "maximum", "exclusiveMaximum", &hi))
+        return -1;
+    if (!lo.has && !hi.has) {
+        llm_strbuf_append(b, "number", 6);
+        return 0;
+    }
+    if ((lo.has && lo.v != floor(lo.v)) || (hi.has && hi.v != floor(hi.v)))
+        return sg_fail(g, "bounds of a number must be whole numbers (%s)", lo.has && lo.v != floor(lo.v) ? "minimum" : "maximum");
+    int any = 0;
+    if (!hi.has || hi.v >= 0) { /* v >= 0 */
+        sg_bound plo = lo.has && lo.v >= 0 ? lo : (sg_bound){1, 0, 0};
+        sg_magnitude(b, plo, hi, &any);
+    }
+    if (!lo.has || lo.v < 0) { /* v = -w, w > 0 */
+        sg_bound wlo = hi.has && hi.v < 0 ? (sg_bound){1, hi.excl, -hi.v} : (sg_bound){1, 1, 0};
+        sg_bound whi = lo.has ? (sg_bound){1, lo.excl, -lo.v} : (sg_bound){0, 0, 0};
+        llm_strbuf_printf(b, "%s\"-\" ( ", any ? "| " : "");
+        int inner = 0;
+        sg_magnitude(b, wlo, whi, &inner);
+        llm_strbuf_append(b, ") ", 2);
+        any |= inner;
+    }
+    return any ? 0 : sg_fail(g, "no number satisfies the bounds%s", "");
+}
+
+/* ---- strings --------------------------------------------------------------------- */
+
+#define SG_CSET_MAX 64
+
+typedef struct sg_cset {
+    uint32_t lo[SG_CSET_MAX], hi[SG_CSET_MAX];
+    int n, over;
+} sg_cset;
+
+static void cset_add(sg_cset *c, uint32_t lo, uint32_t hi)
+{
+    if (c->n == SG_CSET_MAX) {
+        c->over = 1;
+        return;
+    }
+    c->lo[c->n] = lo, c->hi[c->n++] = hi;
+}
+
+/* Sorted, merged. */
+static void cset_norm(sg_cset *c)
+{
+    for (int i = 1; i < c->n; i++) /* insertion sort: a handful of ranges */
+        for (int j = i; j > 0 && c->lo[j - 1] > c->lo[j]; j--) {
+            uint32_t l = c->lo[j], h = c->hi[j];
+            c->lo[j] = c->lo[j - 1], c->hi[j] = c->hi[j - 1];
+            c->lo[j - 1] = l, c->hi[j - 1] = h;
+        }
+    int k = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (k && c->lo[i] <= c->hi[k - 1] + 1) {
+            c->hi[k - 1] = c->hi[i] > c->hi[k - 1] ? c->hi[i] : c->hi[k - 1];
+        } else {
+            c->lo[k] = c->lo[i], c->hi[k++] = c->hi[i];
+        }
+    }
+    c->n = k;
+}
+
+static void cset_complement(sg_cset *c)
+{
+    sg_cset r = {0};
+    uint32_t at = 0;
+    cset_norm(c);
+    for (int i = 0; i < c->n; i++) {
+        if (c->lo[i] > at)
+            cset_add(&r, at, c->lo[i] - 1);
+        at = c->hi[i] + 1;
+    }
+    if (at <= 0x10FFFF)
+        cset_add(&r, at, 0x10FFFF);
+    r.over |= c->over;
+    *c = r;
+}
+
+static int cset_has(const sg_cset *c, uint32_t cp)
+{
+    for (int i = 0; i < c->n; i++)
+        if (cp >= c->lo[i] && cp <= c->hi[i])
+            return 1;
+    return 0;
+}
+
+/* Adds [lo, hi] minus what a JSON string cannot hold raw (controls, '"'
+ * and '\\'). */
+static void cset_add_clean(sg_cset *ok, uint32_t lo, uint32_t hi)
+{
+    static const uint32_t cut[2] = {'"', '\\'};
+    lo = lo < 0x20 ? 0x20 : lo;
+    for (int k = 0; k < 2 && lo <= hi; k++)
+        if (cut[k] >= lo && cut[k] <= hi) {
+            if (cut[k] > lo)
+                cset_add(ok, lo, cut[k] - 1);
+            lo = cut[k] + 1;
+        }
+    if (lo <= hi)
+        cset_add(ok, lo, hi);
+}
+
+/* The characters of c as they appear inside a JSON string: raw where JSON
+ * allows, escaped for '"', '\\' and the common control characters (the
+ * others cannot be produced: a narrower language, never a wrong one). */
+static int sg_emit_cset(sg *g, llm_strbuf *b, sg_cset *c)
+{
+    static const struct { uint32_t cp; const char *esc; } special[] = {
+        {'"', "\\\""}, {'\\', "\\\\"}, {'\n', "\\n"}, {'\t', "\\t"}, {'\r', "\\r"}};
+    cset_norm(c);
+    if (c->over)
+        return sg_fail(g, "a pattern's class has more than %s ranges", "64");
+    int alts = 0;
+    llm_strbuf_append(b, "( ", 2);
+    sg_cset ok = {0};
+    for (int i = 0; i < c->n; i++) cset_add_clean(&ok, c->lo[i], c->hi[i]);
+    if (ok.n) {
+        llm_strbuf_append(b, "[", 1);
+        for (int i = 0; i < ok.n; i++) llm_strbuf_printf(b, "\\U%08X-\\U%08X", ok.lo[i], ok.hi[i]);
+        llm_strbuf_append(b, "] ", 2);
+        alts++;
+    }
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++)
+        if (cset_has(c, special[i].cp)) {
+            if (alts++)
+                llm_strbuf_append(b, "| ", 2);
+            sg_lit(b, special[i].esc, 2);
+            llm_strbuf_append(b, " ", 1);
+        }
+    llm_strbuf_append(b, ")", 1);
+    return alts ? 0 : sg_fail(g, "a pattern's class matches no character a JSON string can hold%s", "");
+}
+
+/* A regular-expression subset (ECMA-262 as JSON Schema has it) to grammar
+ * elements over a JSON string's characters. */
+typedef struct sg_rx {
+    sg *g;
+    const char *p, *end;
+    int depth, top_alt;
+} sg_rx;
+
+static int rx_alt(sg_rx *r, llm_strbuf *b);
+
+static int rx_fail(sg_rx *r, const char *what) { return sg_fail(r->g, "pattern: %s is not supported", what); }
+
+/* One UTF-8 character of the pattern (jansson gave valid UTF-8). */
+static uint32_t rx_utf8(sg_rx *r)
+{
+    const unsigned char *s = (const unsigned char *)r->p;
+    int n = s[0] < 0x80 ? 1 : s[0] < 0xE0 ? 2 : s[0] < 0xF0 ? 3 : 4;
+    uint32_t cp = n == 1 ? s[0] : s[0] & (0x7Fu >> n);
+    for (int i = 1; i < n && r->p + i < r->end; i++) cp = (cp << 6) | (s[i] & 0x3F);
+    r->p += n;
+    return cp;
+}
+
+/* c cut to ASCII. \d, \w and \s are ASCII in ECMA-262 but Unicode in
+ * Python's re (what validators such as jsonschema run): a complement of
+ * them is taken within ASCII, which is inside both readings. */
+static void cset_ascii(sg_cset *c)
+{
+    int k = 0;
+    for (int i = 0; i < c->n; i++)
+        if (c->lo[i] <= 0x7F)
+            c->lo[k] = c->lo[i], c->hi[k++] = c->hi[i] > 0x7F ? 0x7F : c->hi[i];
+    c->n = k;
+}
+
+/* \d \w \s and their negations into cs: 1 when c was one of them. */
+static int rx_class_escape(char c, sg_cset *cs)
+{
+    sg_cset t = {0};
+    char lc = (char)(c | 0x20);
+    if (lc == 'd')
+        cset_add(&t, '0', '9');
+    else if (lc == 'w')
+        cset_add(&t, '0', '9'), cset_add(&t, 'A', 'Z'), cset_add(&t, 'a', 'z'), cset_add(&t, '_', '_');
+    else if (lc == 's')
+        cset_add(&t, '\t', '\r'), cset_add(&t, ' ', ' ');
+    else
+        return 0;
+    if (c != lc)
+        cset_complement(&t), cset_ascii(&t);
+    for (int i = 0; i < t.n; i++) cset_add(cs, t.lo[i], t.hi[i]);
+    return 1;
+}
+
+/* The character an escape stands for (after the backslash). */
+static int rx_escape_char(sg_rx *r, uint32_t *cp)
+{
+    char c = *r->p++;
+    const char *plain = "\\/.-^$*+?()[]{}|";
+    if (c == 'n' || c == 't' || c == 'r' || c == 'f' || c == 'v') {
+        *cp = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c == 'f' ? '\f' : '\v';
+        return 0;
+    }
+    if (c == 'u' && r->end - r->p >= 4) {
+        char hex[5] = {r->p[0], r->p[1], r->p[2], r->p[3], 0}, *e;
+        *cp = (uint32_t)strtoul(hex, &e, 16);
+        r->p += 4;
+        return *e ? rx_fail(r, "a \\u escape without 4 hex digits") : 0;
+    }
+    if (c && (strchr(plain, c) || (c >= 0x20 && c < 0x7f && !((c | 0x20) >= 'a' && (c | 0x20) <= 'z') &&
+                                   !(c >= '0' && c <= '9')))) { /* identity escapes of punctuation */
+        *cp = (uint32_t)c;
+        return 0;
+    }
+    char what[32];
+    snprintf(what, sizeof what, "the escape \\%c", c ? c : '?');
+    return rx_fail(r, what);
+}
+
+/* [...] after the '['. */
+static int rx_class(sg_rx *r, sg_cset *cs)
+{
+    int neg = r->p < r->end && *r->p == '^', unicode = 0; /* unicode: holds \d, \w or \s (see cset_ascii) */
+    r->p += neg;
+    while (r->p < r->end && *r->p != ']') {
+        uint32_t lo, hi;
+        if (*r->p == '\\' && r->p + 1 < r->end && rx_class_escape(r->p[1], cs)) {
+            r->p += 2;
+            unicode = 1;
+            continue;
+        }
+        if (*r->p == '\\' ? (r->p++, rx_escape_char(r, &lo)) : (lo = rx_utf8(r), 0))
+            return -1;
+        hi = lo;
+        if (r->end - r->p >= 2 && *r->p == '-' && r->p[1] != ']') {
+            r->p++;
+            if (*r->p == '\\' ? (r->p++, rx_escape_char(r, &hi)) : (hi = rx_utf8(r), 0))
+                return -1;
+            if (hi < lo)
+                return rx_fail(r, "a reversed class range");
+        }
+        cset_add(cs, lo, hi);
+    }
+    if (r->p >= r->end)
+        return rx_fail(r, "an unclosed '['");
+    r->p++;
+    if (neg)
+        cset_complement(cs);
+    if (neg && unicode)
+        cset_ascii(cs);
+    return cs->n ? 0 : rx_fail(r, "an empty class");
+}
+
+static int rx_group(sg_rx *r, llm_strbuf *b)
+{
+    if (r->end - r->p >= 2 && r->p[0] == '?' && r->p[1] == ':')
+        r->p += 2;
+    else if (r->p < r->end && *r->p == '?')
+        return rx_fail(r, "a lookaround or named group");
+    if (++r->depth > SG_MAX_DEPTH)
+        return rx_fail(r, "nesting this deep");
+    llm_strbuf_append(b, "( ", 2);
+    if (rx_alt(r, b))
+        return -1;
+    if (r->p >= r->end || *r->p != ')')
+        return rx_fail(r, "an unclosed '('");
+    r->p++;
+    r->depth--;
+    llm_strbuf_append(b, ") ", 2);
+    return 0;
+}
+
+static int rx_atom(sg_rx *r, llm_strbuf *b)
+{
+    char c = *r->p;
+    sg_cset cs = {0};
+    uint32_t cp;
+    if (c == '(') {
+        r->p++;
+        return rx_group(r, b);
+    }
+    if (strchr("*+?", c) || c == ')' || c == '^' || c == '$')
+        return rx_fail(r, c == '^' || c == '$' ? "an anchor inside the pattern" : "a quantifier with nothing to repeat");
+    if (c == '[') {
+        r->p++;
+        if (rx_class(r, &cs))
+            return -1;
+    } else if (c == '.') {
+        r->p++;
+        cset_add(&cs, '\n', '\n');
+        cset_complement(&cs);
+    } else if (c == '\\' && r->p + 1 < r->end && rx_class_escape(r->p[1], &cs)) {
+        r->p += 2;
+    } else {
+        if (c == '\\' ? (r->p++, rx_escape_char(r, &cp)) : (cp = rx_utf8(r), 0))
+            return -1;
+        cset_add(&cs, cp, cp);
+    }
+    return sg_emit_cset(r->g, b, &cs);
+}
+
+/* A quantifier after an atom, if any. */
+static int rx_quant(sg_rx *r, llm_strbuf *b)
+{
+    if (r->p >= r->end)
+        return 0;
+    char c = *r->p;
+    if (c == '*' || c == '+' || c == '?') {
+        r->p++;
+        llm_strbuf_append(b, &c, 1);
+    } else if (c == '{' && r->p + 1 < r->end && r->p[1] >= '0' && r->p[1] <= '9') {
+        const char *close = memchr(r->p, '}', (size_t)(r->end - r->p));
+        if (!close || close - r->p > 24)
+            return rx_fail(r, "a '{' that is not a repetition");
+        llm_strbuf_append(b, r->p, (size_t)(close - r->p + 1));
+        r->p = close + 1;
+    } else {
+        return 0;
+    }
+    if (r->p < r->end && *r->p == '?')
+        r->p++; /* lazy: the same strings */
+    if (r->p < r->end && (*r->p == '+' || *r->p == '*' || *r->p == '{'))
+        return rx_fail(r, "a possessive or doubled quantifier");
+    return 0;
+}
+
+static int rx_concat(sg_rx *r, llm_strbuf *b)
+{
+    int n = 0;
+    while (r->p < r->end && *r->p != '|' && *r->p != ')') {
+        if (rx_atom(r, b) || rx_quant(r, b))
+            return -1;
+        llm_strbuf_append(b, " ", 1);
+        n++;
+    }
+    if (!n)
+        llm_strbuf_append(b, "\"\" ", 3);
+    return 0;
+}
+
+static int rx_alt(sg_rx *r, llm_strbuf *b)
+{
+    if (rx_concat(r, b))
+        return -1;
+    while (r->p < r->end && *r->p == '|') {
+        r->p++;
+        r->top_alt |= r->depth == 0;
+        llm_strbuf_append(b, "| ", 2);
+        if (rx_concat(r, b))
+            return -1;
+    }
+    return 0;
+}
+
+/* A string's characters matching pattern (a search, as JSON Schema has it,
+ * unless anchored at both ends). */
+static int sg_pattern(sg *g, const char *pat, size_t n, llm_strbuf *b)
+{
+    int a0 = n && pat[0] == '^';
+    int a1 = n > (size_t)a0 && pat[n - 1] == '$' && !(n >= 2 && pat[n - 2] == '\\');
+    sg_rx r = {g, pat + a0, pat + n - a1, 0, 0};
+    llm_strbuf_printf(b, "%s( ", a0 ? "" : "char* ");
+    if (rx_alt(&r, b))
+        return -1;
+    if (r.p != r.end)
+        return rx_fail(&r, "an unmatched ')'");
+    if ((a0 || a1) && r.top_alt)
+        return rx_fail(&r, "an anchor with a top-level '|'");
+    llm_strbuf_printf(b, ")%s", a1 ? "" : " char*");
+    return 0;
+}
+
+static const char *const sg_formats[][2] = {
+    {"date", "( [1-9] [0-9]{3} | \"0\" [1-9] [0-9]{2} | \"00\" [1-9] [0-9] | \"000\" [1-9] ) \"-\" ( ( \"0\" [13578] | \"1\" [02] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] ) | "
+             "( \"0\" [469] | \"11\" ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"30\" ) | \"02-\" ( \"0\" [1-9] | \"1\" [0-9] | "
+             "\"2\" [0-8] ) )"},
+    {"time", "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,9} )? ( \"Z\" | [+-] "
+             "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )"},
+    {"uuid", "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}"},
+};
+
+/* A string as a rule body: format, pattern, or length bounds. */
+static int sg_string(sg *g, json_t *s, llm_strbuf *b)
+{
+    json_t *fmt = json_object_get(s, "format"), *pat = json_object_get(s, "pattern");
+    json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
+    if ((fmt || pat) && (mn || mx))
+        return sg_fail(g, "'%s' together with minLength/maxLength is not supported", fmt ? "format" : "pattern");
+    if (fmt && pat)
+        return sg_fail(g, "'format' together with '%s' is not supported", "pattern");
+    llm_strbuf_append(b, "\"\\\"\" ", 5);
+    if (fmt) {
+        const char *f = json_string_value(fmt);
+        int k = -1;
+        for (int i = 0; f && i < 3; i++) k = !strcmp(f, sg_formats[i][0]) ? i : k;
+        if (f && !strcmp(f, "date-time"))
+            llm_strbuf_printf(b, "( %s ) \"T\" ( %s )", sg_formats[0][1], sg_formats[1][1]);
+        else if (k >= 0)
+            llm_strbuf_printf(b, "( %s )", sg_formats[k][1]);
+        else
+            return sg_fail(g, "string format '%.64s' is not supported (date, time, date-time, uuid)", f ? f : "?");
+    } else if (pat) {
+        if (!json_is_string(pat) || sg_pattern(g, json_string_value(pat), json_string_length(pat), b))
+            return json_is_string(pat) ? -1 : sg_fail(g, "'%s' must be a string", "pattern");
+    } else if (mn || mx) {
+        long lo = json_is_integer(mn) ? (long)json_integer_value(mn) : 0;
+        long hi = json_is_integer(mx) ? (long)json_integer_value(mx) : -1;
+        if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)) || lo < 0 || lo > LLM_GRAMMAR_MAX_REPEAT ||
+            hi > LLM_GRAMMAR_MAX_REPEAT || (mx && hi < lo))
+            return sg_fail(g, "minLength/maxLength must be integers with 0 <= minLength <= maxLength <= %s", "10000");
+        /* one element per character: escapes other than \u only, so that
+         * each counts as one code point as the schema counts them */
+        llm_strbuf_printf(b, "( [^\"\\\\\\x00-\\x1F] | \"\\\\\" [\"\\\\/bfnrt] ){%ld,", lo);
+        if (hi >= 0)
+            llm_strbuf_printf(b, "%ld", hi);
+        llm_strbuf_append(b, "}", 1);
+    } else {
+        llm_strbuf_append(b, "char*", 5);
+    }
+    llm_strbuf_append(b, " \"\\\"\"", 5);
+    return 0;
+}
+
+/* ---- objects and arrays ------------------------------------------------------------ */
+
+static int sg_required(json_t *req, const char *key)
+{
+    size_t i;
+    json_t *v;
+    json_array_foreach(req, i, v) {
+        if (json_is_string(v) && !strcmp(json_string_value(v), key))
+            return 1;
+    }
+    return 0;
+}
+
+/* Properties in the listed order, each optional one possibly left out,
+ * commas only between those present: rules first_i (nothing written yet)
+ * and rest_i (something was) for i = n..0, then the body. */
+static int sg_members(sg *g, json_t *props, json_t *req, const char **keys, int n, const char *extra, int first)
+{
+    int rest = first + n + 1;
+    llm_strbuf f = {0}, r = {0};
+    if (*extra) { /* after the listed ones: any other key with a value of that rule */
+        llm_strbuf_printf(&f, "( string ws \":\" ws %s ( ws \",\" ws string ws \":\" ws %s )* )?", extra, extra);
+        llm_strbuf_printf(&r, "( ws \",\" ws string ws \":\" ws %s )*", extra);
+    } else {
+        llm_strbuf_printf(&f, "\"\"");
+        llm_strbuf_printf(&r, "\"\"");
+    }
+    if (sg_rule(g, first + n, &f) || sg_rule(g, rest + n, &r))
+        return -1;
+    for (int i = n - 1; i >= 0; i--) {
+        int vr = sg_node(g, json_object_get(props, keys[i]));
+        if (vr < 0)
+            return -1;
+        json_t *k = json_string(keys[i]);
+        llm_strbuf m = {0};
+        int bad = !k || sg_json_lit(g, &m, k);
+        json_decref(k);
+        llm_strbuf_printf(&m, " ws \":\" ws s%d", vr);
+        char *mt = llm_strbuf_take(&m);
+        int opt = !sg_required(req, keys[i]);
+        if (bad || !mt) {
+            free(mt);
+            return g->e->status ? -1 : (srv_err_set(g->e, 503, "response_format", "no memory for the schema"), -1);
+        }
+        llm_strbuf_printf(&f, "%s s%d", mt, rest + i + 1);
+        llm_strbuf_printf(&r, "ws \",\" ws %s s%d", mt, rest + i + 1);
+        if (opt)
+            llm_strbuf_printf(&f, " | s%d", first + i + 1), llm_strbuf_printf(&r, " | s%d", rest + i + 1);
+        free(mt);
+        if (sg_rule(g, first + i, &f) || sg_rule(g, rest + i, &r))
+            return -1;
+    }
+    return 0;
+}
+
+static int sg_object(sg *g, json_t *s, llm_strbuf *b)
+{
+    json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+    json_t *add = json_object_get(s, "additionalProperties"), *v;
+    if ((props && !json_is_object(props)) || (req && !json_is_array(req)))
+        return sg_fail(g, "'%s' has the wrong type", props && !json_is_object(props) ? "properties" : "required");
+    size_t i;
+    json_array_foreach(req, i, v) {
+        if (!json_is_string(v) || !json_object_get(props, json_string_value(v)))
+            return sg_fail(g, "'required' names '%.64s', which is not among the properties",
+                           json_is_string(v) ? json_string_value(v) : "?");
+    }
+    char extra[32] = ""; /* the rule of additional members' values; "": none (strict mode's default) */
+    if (add && !json_is_false(add)) {
+        int r = json_is_true(add) ? -2 : sg_node(g, add);
+        if (r == -1)
+            return -1;
+        snprintf(extra, sizeof extra, r == -2 ? "value" : "s%d", r);
+    }
+    int n = props ? (int)json_object_size(props) : 0, k = 0;
+    const char **keys = malloc(sizeof *keys * (size_t)(n + 1)), *key;
+    if (!keys)
+        return srv_err_set(g->e, 503, "response_format", "no memory for the schema"), -1;
+    json_object_foreach(props, key, v) keys[k++] = key;
+    int first = g->n_rules;
+    g->n_rules += 2 * (n + 1);
+    int rc = sg_members(g, props, req, keys, n, extra, first);
+    free(keys);
+    if (!rc)
+        llm_strbuf_printf(b, "\"{\" ws s%d ws \"}\"", first);
+    return rc;
+}
+
+/* items, minItems, maxItems as a rule body. */
+static int sg_array(sg *g, json_t *s, llm_strbuf *b)
+{
+    json_t *items = json_object_get(s, "items"), *mn = json_object_get(s, "minItems"), *mx = json_object_get(s, "maxItems");
+    long lo = json_is_integer(mn) ? (long)json_integer_value(mn) : 0, hi = json_is_integer(mx) ? (long)json_integer_value(mx) : -1;
+    if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)) || lo < 0 || lo > LLM_GRAMMAR_MAX_REPEAT ||
+        hi > LLM_GRAMMAR_MAX_REPEAT || (mx && hi < lo))
+        return sg_fail(g, "minItems/maxItems must be integers with 0 <= minItems <= maxItems <= %s", "10000");
+    if (json_is_false(items) || hi == 0) {
+        if (lo > 0)
+            return sg_fail(g, "no array satisfies %s", "minItems");
+        llm_strbuf_printf(b, "\"[\" ws \"]\"");
+        return 0;
+    }
+    char it[32] = "value";
+    if (items && !json_is_true(items)) {
+        int r = sg_node(g, items);
+        if (r < 0)
+            return -1;
+        snprintf(it, sizeof it, "s%d", r);
+    }
+    llm_strbuf_printf(b, "\"[\" ws %s%s ( ws \",\" ws %s )", lo ? "" : "( ", it, it);
+    if (hi < 0)
+        llm_strbuf_printf(b, "{%ld,}", lo > 1 ? lo - 1 : 0);
+    else
+        llm_strbuf_printf(b, "{%ld,%ld}", lo > 1 ? lo - 1 : 0, hi - 1);
+    llm_strbuf_printf(b, "%s ws \"]\"", lo ? "" : " )?");
+    return 0;
+}
+
+/* ---- schema nodes ------------------------------------------------------------------ */
+
+static int sg_ref(sg *g, json_t *ref)
+{
+    const char *r = json_string_value(ref);
+    const char *name = NULL;
+    json_t *defs = NULL;
+    if (r && !strncmp(r, "#/$defs/", 8))
+        defs = json_object_get(g->doc, "$defs"), name = r + 8;
+    else if (r && !strncmp(r, "#/definitions/", 14))
+        defs = json_object_get(g->doc, "definitions"), name = r + 14;
+    else if (r && !strcmp(r, "#"))
+        defs = NULL, name = "";
+    json_t *target = name && !*name && !defs ? g->doc : name && !strpbrk(name, "/~") ? json_object_get(defs, name) : NULL;
+    if (!target)
+        return sg_fail(g, "$ref '%.64s' does not name a definition of this schema (#/$defs/NAME)", r ? r : "?");
+    for (int i = 0; i < g->n_refs; i++)
+        if (g->ref_node[i] == target)
+            return g->ref_rule[i];
+    if (g->n_refs == SG_MAX_REFS)
+        return sg_fail(g, "more than %s distinct $ref targets", "256");
+    int id = g->n_rules++;
+    g->ref_node[g->n_refs] = target, g->ref_rule[g->n_refs++] = id;
+    return sg_node_as(g, target, id) ? -1 : id;
+}
+
+static int sg_typed(sg *g, json_t *s, const char *type, llm_strbuf *b)
+{
+    if (!strcmp(type, "object"))
+        return sg_object(g, s, b);
+    if (!strcmp(type, "array"))
+        return sg_array(g, s, b);
+    if (!strcmp(type, "string"))
+        return sg_string(g, s, b);
+    if (!strcmp(type, "integer"))
+        return sg_integer(g, s, b);
+    if (!strcmp(type, "number"))
+        return sg_number(g, s, b);
+    if (!strcmp(type, "boolean") || !strcmp(type, "null")) {
+        llm_strbuf_printf(b, "%s", type[0] == 'b' ? "\"true\" | \"false\"" : "\"null\"");
+        return 0;
+    }
+    return sg_fail(g, "type '%.32s' is not a JSON Schema type", type);
+}
+
+/* The type a schema without "type" implies by its keywords, or NULL. */
+static const char *sg_implied_type(json_t *s)
+{
+    static const char *const by[][2] = {{"properties", "object"}, {"additionalProperties", "object"},
+                                        {"required", "object"},   {"items", "array"},
+                                        {"minItems", "array"},    {"maxItems", "array"},
+                                        {"pattern", "string"},    {"format", "string"},
+                                        {"minLength", "string"},  {"maxLength", "string"},
+                                        {"minimum", "number"},    {"maximum", "number"},
+                                        {"exclusiveMinimum", "number"}, {"exclusiveMaximum", "number"}};
+    for (size_t i = 0; i < sizeof by / sizeof *by; i++)
+        if (json_object_get(s, by[i][0]))
+            return by[i][1];
+    return NULL;
+}
+
+/* 1 when JSON value v is of the schema type t. */
+static int sg_type_ok(json_t *v, const char *t)
+{
+    return !strcmp(t, "string") ? json_is_string(v) : !strcmp(t, "integer") ? json_is_integer(v) || (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)))
+         : !strcmp(t, "number") ? json_is_number(v) : !strcmp(t, "boolean") ? json_is_boolean(v)
+         : !strcmp(t, "null") ? json_is_null(v) : !strcmp(t, "object") ? json_is_object(v) : json_is_array(v);
+}
+
+/* enum / const: the values as literals, each of the schema's type if it has one. */
+static int sg_values(sg *g, json_t *s, json_t *vals, llm_strbuf *b)
+{
+    json_t *type = json_object_get(s, "type"), *v;
+    size_t i;
+    if (!json_is_array(vals) || !json_array_size(vals))
+        return sg_fail(g, "'%s' must be a non-empty array", "enum");
+    json_array_foreach(vals, i, v) {
+        if (json_is_string(type) && !sg_type_ok(v, json_string_value(type)))
+            return sg_fail(g, "an enum or const value is not of the schema's type '%.32s'", json_string_value(type));
+        if (i)
+            llm_strbuf_append(b, " | ", 3);
+        if (sg_json_lit(g, b, v))
+            return -1;
+    }
+    return 0;
+}
+
+/* anyOf / oneOf / allOf (one element): the choices' rules as alternatives. */
+static int sg_choices(sg *g, json_t *s, llm_strbuf *b)
+{
+    json_t *any = json_object_get(s, "anyOf"), *one = json_object_get(s, "oneOf"), *all = json_object_get(s, "allOf"), *v;
+    json_t *arr = any ? any : one ? one : all;
+    const char *kw = any ? "anyOf" : one ? "oneOf" : "allOf";
+    size_t i;
+    if (!json_is_array(arr) || !json_array_size(arr) || (all && json_array_size(arr) != 1) || (!!any + !!one + !!all) > 1)
+        return sg_fail(g, all ? "'allOf' with other than one schema is not supported%s" : "'%s' must be a non-empty array "
+                                                                                          "(and only one of anyOf/oneOf/allOf)",
+                       all ? "" : kw);
+    json_array_foreach(arr, i, v) {
+        int r = sg_node(g, v);
+        if (r < 0)
+            return -1;
+        llm_strbuf_printf(b, "%ss%d", i ? " | " : "", r);
+    }
+    return 0;
+}
+
+/* 1 when s has a constraining keyword besides those of one kind. */
+static int sg_mixed(json_t *s, const char *const *own)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach(s, k, v) {
+        if (sg_in(sg_keywords, k) && !sg_in(own, k) && strcmp(k, "nullable"))
+            return 1;
+    }
+    return 0;
+}
+
+static int sg_body(sg *g, json_t *s, llm_strbuf *b)
+{
+    static const char *const refk[] = {"$ref", NULL}, *const choice[] = {"anyOf", "oneOf", "allOf", NULL};
+    static const char *const values[] = {"enum", "const", "type", NULL};
+    if (json_is_true(s) || (json_is_object(s) && !json_object_size(s))) {
+        llm_strbuf_printf(b, "value");
+        return 0;
+    }
+    if (!json_is_object(s))
+        return sg_fail(g, "a schema must be an object or true%s", "");
+    if (sg_check_keywords(g, s))
+        return -1;
+    json_t *type = json_object_get(s, "type"), *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
+    if (json_object_get(s, "$ref")) {
+        if (sg_mixed(s, refk))
+            return sg_fail(g, "'%s' alongside other keywords is not supported", "$ref");
+        int r = sg_ref(g, json_object_get(s, "$ref"));
+        return r < 0 ? -1 : (llm_strbuf_printf(b, "s%d", r), 0);
+    }
+    if (json_object_get(s, "anyOf") || json_object_get(s, "oneOf") || json_object_get(s, "allOf"))
+        return sg_mixed(s, choice) ? sg_fail(g, "'%s' alongside other keywords is not supported", "anyOf/oneOf/allOf")
+                                   : sg_choices(g, s, b);
+    if (en || cn) {
+        if (sg_mixed(s, values) || (en && cn))
+            return sg_fail(g, "'%s' alongside keywords other than type is not supported", en ? "enum" : "const");
+        if (en)
+            return sg_values(g, s, en, b);
+        json_t *one = json_pack("[O]", cn);
+        int rc = one ? sg_values(g, s, one, b) : (srv_err_set(g->e, 503, "response_format", "no memory"), -1);
+        json_decref(one);
+        return rc;
+    }
+    if (json_is_array(type)) {
+        size_t i;
+        json_t *t;
+        if (!json_array_size(type))
+            return sg_fail(g, "'%s' must not be an empty list", "type");
+        json_array_foreach(type, i, t) {
+            llm_strbuf_printf(b, "%s( ", i ? " | " : "");
+            if (!json_is_string(t) || sg_typed(g, s, json_string_value(t), b))
+                return json_is_string(t) ? -1 : sg_fail(g, "'%s' must list strings", "type");
+            llm_strbuf_printf(b, " )");
+        }
+        return 0;
+    }
+    if (type && !json_is_string(type))
+        return sg_fail(g, "'%s' must be a string or a list of strings", "type");
+    const char *t = type ? json_string_value(type) : sg_implied_type(s);
+    if (!t) {
+        llm_strbuf_printf(b, "value");
+        return 0;
+    }
+    return sg_typed(g, s, t, b);
+}
+
+static int sg_node_as(sg *g, json_t *s, int id)
+{
+    if (++g->depth > SG_MAX_DEPTH)
+        return sg_fail(g, "the schema is nested deeper than %s", "64");
+    llm_strbuf b = {0};
+    int nullable = json_is_object(s) && json_is_true(json_object_get(s, "nullable"));
+    if (nullable)
+        llm_strbuf_printf(&b, "( ");
+    int rc = sg_body(g, s, &b);
+    if (nullable)
+        llm_strbuf_printf(&b, " ) | \"null\"");
+    g->depth--;
+    if (rc) {
+        llm_strbuf_free(&b);
+        return -1;
+    }
+    return sg_rule(g, id, &b);
+}
+
+static int sg_node(sg *g, json_t *s)
+{
+    int id = g->n_rules++;
+    return sg_node_as(g, s, id) ? -1 : id;
+}
+
+char *srv_schema_grammar(json_t *schema, srv_err *e)
+{
+    sg g = {.doc = schema, .e = e, .n_rules = 1, .n_refs = 1};
+    g.ref_node[0] = schema, g.ref_rule[0] = 0;
+    if (sg_node_as(&g, schema, 0)) {
+        llm_strbuf_free(&g.out);
+        return NULL;
+    }
+    llm_strbuf_printf(&g.out, "root ::= ws s0\n%s", llm_grammar_json);
+    char *t = llm_strbuf_take(&g.out);
+    if (!t)
+        srv_err_set(e, 503, "response_format", "no memory for the schema's grammar");
+    return t;
+}
