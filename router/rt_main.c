@@ -292,8 +292,8 @@ static int h_metrics(struct mg_connection *c, void *cb)
                                           "# TYPE llm_router_backends gauge\nllm_router_backends %d\n"
                                           "# HELP llm_http_connections Client connections open.\n"
                                           "# TYPE llm_http_connections gauge\nllm_http_connections %lld\n"
-                                          "# HELP llm_http_connections_refused Connections refused above --max-connections.\n"
-                                          "# TYPE llm_http_connections_refused counter\nllm_http_connections_refused_total %lld\n",
+                                          "# HELP llm_http_connections_refused_total Connections refused above --max-connections.\n"
+                                          "# TYPE llm_http_connections_refused_total counter\nllm_http_connections_refused_total %lld\n",
              rt_pool_size(r->pool), gs.open, gs.refused);
     size_t n = (text ? strlen(text) : 0) + strlen(extra);
     mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %zu\r\n"

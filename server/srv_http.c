@@ -309,6 +309,12 @@ static int on_done(run *r, const llm_event *ev)
     srv_metrics_rev_observe(&r->s->metrics, r->rev, 0, ev->usage.ttft_ms / 1e3);
     srv_metrics_observe(&r->s->metrics, H_QUEUE, ev->usage.queue_ms / 1e3);
     srv_metrics_observe(&r->s->metrics, H_E2E, ev->usage.total_ms / 1e3);
+    srv_metrics_observe(&r->s->metrics, H_PREFILL, (ev->usage.ttft_ms - ev->usage.queue_ms) / 1e3);
+    srv_metrics_observe(&r->s->metrics, H_DECODE, (ev->usage.total_ms - ev->usage.ttft_ms) / 1e3);
+    srv_metrics_observe(&r->s->metrics, H_PROMPT_TOKENS, ev->usage.prompt_tokens);
+    srv_metrics_observe(&r->s->metrics, H_GEN_TOKENS, ev->usage.completion_tokens);
+    long room = (r->s->cfg.n_ctx > 0 ? r->s->cfg.n_ctx : r->s->model->hp.n_ctx_train) - ev->usage.prompt_tokens;
+    srv_metrics_observe(&r->s->metrics, H_MAX_TOKENS, r->cp->rq.max_tokens ? r->cp->rq.max_tokens : (double)room);
     r->n_done++;
     if (!r->cp->stream)
         return llm_strbuf_append(&ch->text, ev->text, ev->text_len) ? OUT_NOMEM : OUT_OK;
@@ -719,7 +725,7 @@ static int h_metrics(struct mg_connection *c, void *cb)
     http_guard_stats gs;
     http_guard_stats_get(s->http, &gs);
     srv_metrics_connections(&s->metrics, (const long long[4]){gs.open, gs.accepted, gs.refused, gs.cut});
-    char *text = srv_metrics_render(&s->metrics, up ? s->engine : NULL, p, s->backends, up ? s->n_backends : 0);
+    char *text = srv_metrics_render(&s->metrics, up ? s->engine : NULL, p, s->backends, up ? s->n_backends : 0, s->name);
     int st = send_text(c, text ? 200 : 503, "text/plain; version=0.0.4; charset=utf-8", text ? text : "", NULL);
     free(text);
     srv_metrics_request(&s->metrics, R_METRICS, st);
@@ -814,6 +820,7 @@ static llm_status start_health(srv *s, llm_error *err)
         return st;
     struct mg_context *mg = http_guard_mg(s->health);
     mg_set_request_handler(mg, "/livez$", h_livez, s);
+    mg_set_request_handler(mg, "/health$", h_livez, s); /* probe templates written for vLLM and llama.cpp */
     mg_set_request_handler(mg, "/readyz$", h_readyz, s);
     mg_set_request_handler(mg, "/startupz$", h_startupz, s);
     mg_set_request_handler(mg, "/metrics$", h_metrics, s);
@@ -841,7 +848,7 @@ int srv_http_start(srv *s, llm_error *err)
     static const struct { const char *uri; mg_request_handler fn; } routes[] = {
         {"/v1/completions$", h_completions}, {"/v1/chat/completions$", h_chat}, {"/v1/models$", h_models},
         {"/tokenize$", h_tokenize},          {"/detokenize$", h_detokenize},    {"/livez$", h_livez},
-        {"/generate$", h_generate},
+        {"/generate$", h_generate},          {"/health$", h_livez},
         {"/readyz$", h_readyz},              {"/startupz$", h_startupz},        {"/metrics$", h_metrics},
         {"/admin/canary$", h_admin_canary},  {"/", h_other},
     };

@@ -1,7 +1,8 @@
 /* srv_metrics.h - the server's Prometheus metrics: request counters by
  * route and status, latency histograms, and (at scrape time) the engine's
- * gauges and counters, also under the vLLM names that Kubernetes inference
- * routers and autoscalers read (vllm:num_requests_waiting, ...).
+ * gauges and counters, also under the vLLM names (vllm:*, with a
+ * model_name label) that dashboards, alerts, KEDA and the Gateway API
+ * inference extension's endpoint picker read unchanged.
  *
  * Ownership: caller-owned struct (srv_metrics_init cannot fail); text from
  * srv_metrics_render is malloc'd, the caller frees it. Thread-safety:
@@ -17,7 +18,13 @@
 #define SRV_N_ROUTES 10
 #define SRV_HIST_BUCKETS 16
 
-typedef enum srv_hist_id { H_TTFT, H_ITL, H_QUEUE, H_E2E, H_COUNT } srv_hist_id;
+/* Per-request histograms: seconds (time to first token, between tokens,
+ * queued, end to end, prefill = first scheduled to first token, decode =
+ * first token to the last), then token counts (prompt, generated, the
+ * max_tokens asked for). */
+typedef enum srv_hist_id {
+    H_TTFT, H_ITL, H_QUEUE, H_E2E, H_PREFILL, H_DECODE, H_PROMPT_TOKENS, H_GEN_TOKENS, H_MAX_TOKENS, H_COUNT
+} srv_hist_id;
 
 typedef struct srv_hist {
     uint64_t counts[SRV_HIST_BUCKETS + 1]; /* the last is +Inf */
@@ -45,8 +52,8 @@ void srv_metrics_init(srv_metrics *m);
 void srv_metrics_free(srv_metrics *m);
 /* Counts one finished HTTP request of route (an index of srv_route_names). */
 void srv_metrics_request(srv_metrics *m, int route, int status);
-/* Seconds into a histogram. */
-void srv_metrics_observe(srv_metrics *m, srv_hist_id h, double seconds);
+/* A value (seconds, or tokens for the token histograms) into a histogram. */
+void srv_metrics_observe(srv_metrics *m, srv_hist_id h, double v);
 /* reason: 0 stop, 1 length, 2 abort */
 void srv_metrics_finished(srv_metrics *m, int reason);
 /* A completion's status, and its latencies (itl 0: time to first token,
@@ -59,8 +66,12 @@ void srv_metrics_canary(srv_metrics *m, int loaded, int weight);
 void srv_metrics_connections(srv_metrics *m, const long long conns[4]);
 /* This process's resident memory in bytes (0 when unknown). */
 long srv_rss_bytes(void);
-/* The exposition text; engine may be NULL while loading (and the n
- * backends, whose memory is shown per rank, then 0). */
-char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase, llm_backend *const *backends, int n);
+/* The exposition text (Prometheus text format 0.0.4; a counter's # TYPE
+ * line names its sample, NAME_total, so that Go's expfmt and Python's
+ * prometheus_client both read it as a counter). engine may be NULL while
+ * loading (and the n backends, whose memory is shown per rank, then 0).
+ * model_name labels the vLLM-named series, as vLLM labels them. */
+char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase, llm_backend *const *backends, int n,
+                         const char *model_name);
 
 #endif

@@ -18,6 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import tool
 from test_server import NAME, STORIES, Server, free_port
 
+VLLM_LABELS = (("model_name", NAME),)  # vLLM's series carry the served model's name
+
 
 def wait_for(pred, timeout=30, what="the condition"):
     end = time.time() + timeout
@@ -36,7 +38,7 @@ def health_metrics(port):
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if not s.labels:
+            if not s.labels or set(s.labels) == {"model_name"}:  # vLLM's series carry the model's name
                 out[s.name] = s.value
     return out
 
@@ -519,7 +521,7 @@ def test_a_client_that_stops_reading_is_cut(big):
                   f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
         cut = lambda: srv.metrics().get(("llm_http_connections_cut_total", ()), 0)
         wait_for(lambda: cut() >= 1, timeout=120, what="the stalled stream cut")
-        wait_for(lambda: srv.metrics().get(("vllm:num_requests_running", ()), 0) == 0, what="its request cancelled")
+        wait_for(lambda: srv.metrics().get(("vllm:num_requests_running", VLLM_LABELS), 0) == 0, what="its request cancelled")
         s.close()
         assert srv.request("POST", "/v1/completions", {"prompt": "Once", "max_tokens": 2})[0] == 200
     finally:
@@ -718,8 +720,8 @@ def test_a_tenant_cannot_fill_the_queue(big, tmp_path):
     engine's pace: 3 + 1 fit in max_waiting alone.)"""
     srv = keyed(big, tmp_path, "a tenant=A max_inflight=3\nb tenant=B\nc tenant=C\n", "--max_seqs", 2,
                 "--max_waiting", 4, "--n_ctx", 512)
-    idle = lambda: srv.metrics().get(("vllm:num_requests_running", ()), 0) + \
-        srv.metrics().get(("vllm:num_requests_waiting", ()), 0) == 0
+    idle = lambda: srv.metrics().get(("vllm:num_requests_running", VLLM_LABELS), 0) + \
+        srv.metrics().get(("vllm:num_requests_waiting", VLLM_LABELS), 0) == 0
     try:
         a = open_streams(srv, "a", 8)
         codes = sorted(st for st, _ in a)
@@ -743,7 +745,7 @@ def test_a_tenant_cannot_fill_the_queue(big, tmp_path):
 
         def fill():  # C adds streams until 2 run and 4 wait (how many fit at once depends on the engine's pace)
             m = srv.metrics()
-            run, wait = m.get(("vllm:num_requests_running", ()), 0), m.get(("vllm:num_requests_waiting", ()), 0)
+            run, wait = m.get(("vllm:num_requests_running", VLLM_LABELS), 0), m.get(("vllm:num_requests_waiting", VLLM_LABELS), 0)
             if run + wait < 6:
                 cflood.extend(open_streams(srv, "c", 1))
             return run == 2 and wait == 4
@@ -776,7 +778,7 @@ def test_priority_flood_is_bounded(model, tmp_path):
         th = [threading.Thread(target=flood, daemon=True) for _ in range(8)]
         for t in th:
             t.start()
-        wait_for(lambda: srv.metrics().get(("vllm:num_requests_waiting", ()), 0) >= 4, what="the flood queued")
+        wait_for(lambda: srv.metrics().get(("vllm:num_requests_waiting", VLLM_LABELS), 0) >= 4, what="the flood queued")
         waits = []
         for i in range(8):
             t = time.perf_counter()

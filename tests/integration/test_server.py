@@ -207,7 +207,7 @@ def test_metrics_move(srv):
         metric(before, "llm_http_requests_total", route="/v1/completions", status="2xx")
     assert metric(after, "llm_time_to_first_token_seconds_count") > metric(before, "llm_time_to_first_token_seconds_count")
     for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
-        assert (name, ()) in after
+        assert (name, (("model_name", NAME),)) in after
     info = [k for k in after if k[0] == "vllm:cache_config_info"]
     assert info and dict(info[0][1])["block_size"] == "16"
     assert metric(after, "process_resident_memory_bytes") > 1e6
@@ -230,11 +230,11 @@ def test_disconnect_frees_request(models):
     sock.close()
     for _ in range(200):
         m = srv.metrics()
-        if metric(m, "llm_request_success_total", finished_reason="abort") >= 1 and metric(m, "vllm:num_requests_running") == 0:
+        if metric(m, "llm_request_success_total", finished_reason="abort") >= 1 and metric(m, "vllm:num_requests_running", model_name=NAME) == 0:
             break
         time.sleep(0.05)
     assert metric(m, "llm_request_success_total", finished_reason="abort") == 1
-    assert metric(m, "vllm:kv_cache_usage_perc") == 0
+    assert metric(m, "vllm:kv_cache_usage_perc", model_name=NAME) == 0
     assert metric(m, "llm_generation_tokens_total") < 900
     assert srv.stop() == 0
 
@@ -439,5 +439,5 @@ def test_request_deadline(models):
     st, r, _ = s.post("/v1/completions", {"model": name, "prompt": "x", "max_tokens": 1000})
     assert st == 504 and "deadline" in r["error"]["message"] and time.time() - t0 < 10
     m = s.metrics()
-    assert metric(m, "vllm:num_requests_running") == 0 and metric(m, "vllm:kv_cache_usage_perc") == 0
+    assert metric(m, "vllm:num_requests_running", model_name=NAME) == 0 and metric(m, "vllm:kv_cache_usage_perc", model_name=NAME) == 0
     assert s.stop() == 0
