@@ -110,6 +110,15 @@ static int sg_check_keywords(sg *g, json_t *s)
 
 /* ---- numbers --------------------------------------------------------------------- */
 
+/* 1 when the n characters at s are all c (s need not end in a NUL). */
+static int sg_all(const char *s, int n, char c)
+{
+    for (int i = 0; i < n; i++)
+        if (s[i] != c)
+            return 0;
+    return 1;
+}
+
 /* Decimal numerals of [a, b] without leading zeros, all of length len
  * (a and b have that many digits), as an alternation into b. */
 static void sg_same_len(llm_strbuf *out, const char *a, const char *b, int len)
@@ -125,7 +134,7 @@ static void sg_same_len(llm_strbuf *out, const char *a, const char *b, int len)
         }
         return;
     }
-    int a_low = (int)strspn(a + 1, "0") == len - 1, b_high = (int)strspn(b + 1, "9") == len - 1;
+    int a_low = sg_all(a + 1, len - 1, '0'), b_high = sg_all(b + 1, len - 1, '9');
     char lo = a_low ? a[0] : (char)(a[0] + 1), hi = b_high ? b[0] : (char)(b[0] - 1);
     int first = 1;
     char nines[24], zeros[24];

@@ -8,14 +8,18 @@ FUZZ_SRC = common/status.c engine/quant.c engine/gguf.c engine/unicode.c engine/
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Icommon/include -Iengine/include -Iengine \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 
-REQ_SRC = server/srv_api.c engine/chat.c common/strbuf.c engine/sampler.c
+REQ_SRC = server/srv_api.c server/srv_fields.c server/srv_schema.c engine/grammar.c engine/chat.c common/strbuf.c \
+          common/log.c common/clock.c engine/sampler.c
 REQ_TIME ?= 10
 LLMD_TIME ?= 10
 
 .PHONY: run
 TENANT_TIME ?= 10
+GRAMMAR_TIME ?= 10
+SCHEMA_TIME ?= 10
 
-run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd $(FUZZ_BUILD)/fuzz_tenant
+run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd $(FUZZ_BUILD)/fuzz_tenant \
+     $(FUZZ_BUILD)/fuzz_grammar $(FUZZ_BUILD)/fuzz_schema
 	@rm -rf $(FUZZ_BUILD)/corpus && mkdir -p $(FUZZ_BUILD)/corpus
 	@python3 tests/fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
 	@$(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/seeds/* > $(FUZZ_BUILD)/regress.log 2>&1 || \
@@ -39,7 +43,17 @@ run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd 
 	@mkdir -p $(FUZZ_BUILD)/tenant-corpus && cp tests/fuzz/tenant/* $(FUZZ_BUILD)/tenant-corpus/
 	@$(FUZZ_BUILD)/fuzz_tenant -max_total_time=$(TENANT_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
 	  $(FUZZ_BUILD)/tenant-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
-	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 4 passed, 0 failed" || (echo "fuzz: 3 passed, 1 failed (keys file, admin body)"; exit 1)
+	  test $${PIPESTATUS[0]} -eq 0 || (echo "fuzz: 3 passed, 1 failed (keys file, admin body)"; exit 1)
+	@echo "fuzz: $(GRAMMAR_TIME) s of fuzzing the grammar compiler and matcher"
+	@mkdir -p $(FUZZ_BUILD)/grammar-corpus && cp tests/fuzz/grammars/* $(FUZZ_BUILD)/grammar-corpus/
+	@$(FUZZ_BUILD)/fuzz_grammar -max_total_time=$(GRAMMAR_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+	  $(FUZZ_BUILD)/grammar-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
+	  test $${PIPESTATUS[0]} -eq 0 || (echo "fuzz: 4 passed, 1 failed (grammars)"; exit 1)
+	@echo "fuzz: $(SCHEMA_TIME) s of fuzzing llm-server's JSON Schema to grammar conversion"
+	@mkdir -p $(FUZZ_BUILD)/schema-corpus && cp tests/fuzz/schemas/* $(FUZZ_BUILD)/schema-corpus/
+	@$(FUZZ_BUILD)/fuzz_schema -max_total_time=$(SCHEMA_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+	  $(FUZZ_BUILD)/schema-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
+	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 6 passed, 0 failed" || (echo "fuzz: 5 passed, 1 failed (JSON schemas)"; exit 1)
 
 $(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
@@ -59,9 +73,24 @@ $(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controlle
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Icontroller -Ikube tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
 
-TENANT_SRC = server/srv_keys.c server/srv_api.c server/http_guard.c engine/chat.c common/strbuf.c common/clock.c engine/sampler.c
+TENANT_SRC = server/srv_keys.c server/srv_api.c server/srv_fields.c server/srv_schema.c engine/grammar.c server/http_guard.c \
+             engine/chat.c common/strbuf.c common/clock.c common/log.c engine/sampler.c
 
 $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) -lcivetweb -ljansson -lcrypto -lm -lpthread -o $@
+
+GRAMMAR_SRC = engine/grammar.c engine/gmatch.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c engine/unicode.c \
+              engine/unicode_data.c engine/gguf.c engine/quant.c common/status.c
+$(FUZZ_BUILD)/fuzz_grammar: tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) $(wildcard engine/*.h engine/include/llm/*.h common/include/llm/*.h)
+	@mkdir -p $(FUZZ_BUILD)
+	@echo "  CLANG $@"
+	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) -lm -lpthread -o $@
+
+SCHEMA_SRC = server/srv_schema.c server/srv_api.c server/srv_fields.c engine/grammar.c engine/chat.c engine/sampler.c \
+             common/strbuf.c common/log.c common/clock.c
+$(FUZZ_BUILD)/fuzz_schema: tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
+	@mkdir -p $(FUZZ_BUILD)
+	@echo "  CLANG $@"
+	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(filter-out engine/grammar.c,$(FUZZ_SRC)) -ljansson -lm -lpthread -o $@
