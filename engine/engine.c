@@ -57,6 +57,7 @@ struct eng_req {
 };
 
 #define GEN_WINDOW 32 /* (time, generated) samples for tokens/s */
+#define ENG_GRAMMAR_CACHE_BYTES (16u << 20) /* masks kept across constrained requests: ~500 of a 262k vocabulary */
 
 struct llm_engine {
     llm_engine_config cfg;
@@ -77,6 +78,7 @@ struct llm_engine {
     llm_sample_params *b_params; /* (max_seqs) device picks of a step */
     pthread_mutex_t gv_mu;       /* builds gv once, on the first constrained request's thread */
     llm_gmatch_vocab *gv;        /* the vocabulary sorted for grammar masks; NULL until then */
+    llm_gmatch_cache *gcache;    /* masks shared by all constrained sequences (engine thread) */
     uint32_t *b_mask;            /* (n_vocab / 32 words) a constrained sequence's mask (engine thread) */
     llm_batch_seq *b_seqs;
     int n_copies, n_local_copies;
@@ -248,8 +250,9 @@ static llm_status grammar_prepare(llm_engine *e, const llm_request *rq, llm_gram
     pthread_mutex_lock(&e->gv_mu);
     if (!st && !e->gv) {
         int n_words = (e->m->hp.n_vocab + 31) / 32;
-        if (!(e->b_mask = malloc(sizeof(uint32_t) * (size_t)n_words)))
-            st = llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for a token mask");
+        if (!(e->b_mask = malloc(sizeof(uint32_t) * (size_t)n_words)) ||
+            !(e->gcache = llm_gmatch_cache_new(e->m->hp.n_vocab, ENG_GRAMMAR_CACHE_BYTES)))
+            st = llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for token masks");
         else
             st = llm_gmatch_vocab_new(e->m->vocab, &e->gv, err);
     }
@@ -272,7 +275,7 @@ static llm_status seq_init(llm_engine *e, eng_req *r, int i, const llm_request *
     if (st)
         return st;
     for (int k = 0; k < n_prompt; k++) llm_sampler_accept(s->smp, prompt[k]);
-    if (r->grammar && (st = llm_gmatch_new(r->grammar, e->gv, &s->gm, err)))
+    if (r->grammar && (st = llm_gmatch_new(r->grammar, e->gv, e->gcache, &s->gm, err)))
         return st;
     textout_init(&s->out, (const char *const *)r->stops, r->n_stops);
     s->q = (sched_seq){.tokens = s->tokens, .n_tokens = n_prompt, .n_prompt = n_prompt, .priority = rq->priority,
@@ -919,6 +922,7 @@ static void engine_free(llm_engine *e)
     free(e->b_seqs);
     free(e->b_mask);
     llm_gmatch_vocab_free(e->gv);
+    llm_gmatch_cache_free(e->gcache);
     pthread_mutex_destroy(&e->gv_mu);
     free(e->cp_src);
     free(e->cp_dst);

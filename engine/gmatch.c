@@ -18,8 +18,14 @@
 
 #include "grammar_impl.h"
 
-#define GM_CACHE 16          /* masks kept per matcher */
+#define GM_CACHE 16          /* masks a matcher keeps when it has no shared cache */
 #define GM_MAX_EXPAND 8192   /* nested expansions for one push (far above a sane grammar's) */
+
+struct llm_gmatch_cache {
+    int n_words, cap, n, next;
+    uint64_t *key;           /* (cap) grammar fingerprint mixed with the state's key */
+    uint32_t *bits;          /* (cap, n_words) */
+};
 
 struct llm_gmatch_vocab {
     int n_vocab;
@@ -63,9 +69,8 @@ struct llm_gmatch {
     int32_t *remap;          /* compaction: old node id -> new */
     int32_t chain[LLM_GMATCH_MAX_DEPTH + 1]; /* compaction: one stack's nodes not copied yet */
     int cap_remap;
-    uint64_t cache_key[GM_CACHE];
-    uint32_t *cache_bits;    /* (GM_CACHE, n_words) */
-    int cache_n, cache_next, n_words;
+    llm_gmatch_cache *cache; /* shared (borrowed) or own */
+    int own_cache, n_words;
     uint64_t masks, cached;
     long work, max_work;     /* stack operations in this call (bounded by LLM_GMATCH_MAX_WORK), the most yet */
     int overflow;            /* a bound was hit while building the last state: 1 stacks, 2 depth, 3 expansion,
@@ -510,12 +515,46 @@ static int gm_walk(llm_gmatch *m, uint32_t *allow)
     return 0;
 }
 
-static uint32_t *gm_cached(llm_gmatch *m, uint64_t key)
+llm_gmatch_cache *llm_gmatch_cache_new(int n_vocab, size_t max_bytes)
 {
-    for (int i = 0; i < m->cache_n; i++)
-        if (m->cache_key[i] == key)
-            return m->cache_bits + (size_t)i * (size_t)m->n_words;
+    llm_gmatch_cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->n_words = (n_vocab + 31) / 32;
+    size_t each = sizeof(uint32_t) * (size_t)c->n_words + sizeof(uint64_t);
+    c->cap = max_bytes / each < 16 ? 16 : max_bytes / each > 4096 ? 4096 : (int)(max_bytes / each);
+    c->key = malloc(sizeof *c->key * (size_t)c->cap);
+    c->bits = malloc(sizeof *c->bits * (size_t)c->n_words * (size_t)c->cap);
+    if (!c->key || !c->bits) {
+        llm_gmatch_cache_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void llm_gmatch_cache_free(llm_gmatch_cache *c)
+{
+    if (!c)
+        return;
+    free(c->key);
+    free(c->bits);
+    free(c);
+}
+
+static uint32_t *gm_cached(const llm_gmatch_cache *c, uint64_t key)
+{
+    for (int i = 0; i < c->n; i++)
+        if (c->key[i] == key)
+            return c->bits + (size_t)i * (size_t)c->n_words;
     return NULL;
+}
+
+/* Keeps a mask, replacing the oldest once full. */
+static void gm_cache_put(llm_gmatch_cache *c, uint64_t key, const uint32_t *allow)
+{
+    int slot = c->n < c->cap ? c->n++ : c->next++ % c->cap;
+    c->key[slot] = key;
+    memcpy(c->bits + (size_t)slot * (size_t)c->n_words, allow, sizeof *allow * (size_t)c->n_words);
 }
 
 llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
@@ -523,8 +562,8 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
     const llm_gmatch_vocab *gv = m->gv;
     if (!gv)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: a matcher without a vocabulary index has no masks");
-    uint64_t key = gm_state_key(m, &m->cur);
-    uint32_t *hit = gm_cached(m, key);
+    uint64_t key = gm_mix(gm_state_key(m, &m->cur), m->g->fingerprint);
+    uint32_t *hit = gm_cached(m->cache, key);
     m->masks++;
     if (hit) {
         m->cached++;
@@ -541,9 +580,7 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
         return gm_overflow_err(m, err); /* a stack was dropped: the mask could miss tokens */
     if (llm_gmatch_complete(m))
         for (int i = 0; i < gv->n_eog; i++) allow[gv->eog[i] >> 5] |= 1u << (gv->eog[i] & 31);
-    int slot = m->cache_n < GM_CACHE ? m->cache_n++ : m->cache_next++ % GM_CACHE;
-    m->cache_key[slot] = key;
-    memcpy(m->cache_bits + (size_t)slot * (size_t)m->n_words, allow, sizeof *allow * (size_t)m->n_words);
+    gm_cache_put(m->cache, key, allow);
     return LLM_OK;
 }
 
@@ -556,7 +593,8 @@ void llm_gmatch_stats(const llm_gmatch *m, uint64_t *masks, uint64_t *cached, lo
 
 /* ---- life ------------------------------------------------------------------------- */
 
-llm_status llm_gmatch_new(const llm_grammar *g, const llm_gmatch_vocab *gv, llm_gmatch **out, llm_error *err)
+llm_status llm_gmatch_new(const llm_grammar *g, const llm_gmatch_vocab *gv, llm_gmatch_cache *cache, llm_gmatch **out,
+                          llm_error *err)
 {
     *out = NULL;
     llm_gmatch *m = calloc(1, sizeof *m);
@@ -569,8 +607,9 @@ llm_status llm_gmatch_new(const llm_grammar *g, const llm_gmatch_vocab *gv, llm_
         m->walk = malloc(sizeof *m->walk * d);
         m->mark_nodes = malloc(sizeof(int32_t) * d);
         m->mark_sv = malloc(sizeof(int32_t) * d);
-        m->cache_bits = malloc(sizeof(uint32_t) * (size_t)m->n_words * GM_CACHE);
-        if (!m->walk || !m->mark_nodes || !m->mark_sv || !m->cache_bits) {
+        m->own_cache = !cache || cache->n_words != m->n_words;
+        m->cache = m->own_cache ? llm_gmatch_cache_new(gv->n_vocab, 0) : cache;
+        if (!m->walk || !m->mark_nodes || !m->mark_sv || !m->cache) {
             llm_gmatch_free(m);
             return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a matcher");
         }
@@ -602,6 +641,7 @@ void llm_gmatch_free(llm_gmatch *m)
     free(m->mark_nodes);
     free(m->mark_sv);
     free(m->remap);
-    free(m->cache_bits);
+    if (m->own_cache)
+        llm_gmatch_cache_free(m->cache);
     free(m);
 }
