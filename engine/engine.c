@@ -248,13 +248,14 @@ static llm_status grammar_prepare(llm_engine *e, const llm_request *rq, llm_gram
 {
     llm_status st = llm_grammar_compile(rq->grammar, rq->grammar_len, rq->grammar_root, g, err);
     pthread_mutex_lock(&e->gv_mu);
-    if (!st && !e->gv) {
+    if (!st && !e->gv) { /* each piece once: a failed attempt leaves what it made for the next one */
         int n_words = (e->m->hp.n_vocab + 31) / 32;
-        if (!(e->b_mask = malloc(sizeof(uint32_t) * (size_t)n_words)) ||
-            !(e->gcache = llm_gmatch_cache_new(e->m->hp.n_vocab, ENG_GRAMMAR_CACHE_BYTES)))
-            st = llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for token masks");
-        else
-            st = llm_gmatch_vocab_new(e->m->vocab, &e->gv, err);
+        if (!e->b_mask)
+            e->b_mask = malloc(sizeof(uint32_t) * (size_t)n_words);
+        if (!e->gcache)
+            e->gcache = llm_gmatch_cache_new(e->m->hp.n_vocab, ENG_GRAMMAR_CACHE_BYTES);
+        st = e->b_mask && e->gcache ? llm_gmatch_vocab_new(e->m->vocab, &e->gv, err)
+                                    : llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for token masks");
     }
     pthread_mutex_unlock(&e->gv_mu);
     return st;

@@ -74,7 +74,7 @@ struct llm_gmatch {
     uint64_t masks, cached;
     long work, max_work;     /* stack operations in this call (bounded by LLM_GMATCH_MAX_WORK), the most yet */
     int overflow;            /* a bound was hit while building the last state: 1 stacks, 2 depth, 3 expansion,
-                              * 4 work */
+                              * 4 work, 5 nodes */
 };
 
 /* ---- the vocabulary index ----------------------------------------------------------- */
@@ -203,6 +203,10 @@ static int32_t gm_node(llm_gmatch *m, int32_t pos, int32_t parent)
     int32_t depth = parent < 0 ? 1 : m->nodes[parent].depth + 1;
     if (depth > LLM_GMATCH_MAX_DEPTH) {
         m->overflow = 2;
+        return -1;
+    }
+    if (m->n_nodes >= LLM_GMATCH_MAX_NODES) {
+        m->overflow = 5;
         return -1;
     }
     if (gm_grow((void **)&m->nodes, m->n_nodes, &m->cap_nodes, sizeof *m->nodes))
@@ -409,14 +413,16 @@ static int gm_commit(llm_gmatch *m, const gstate *st)
 static llm_status gm_overflow_err(const llm_gmatch *m, llm_error *err)
 {
     if (m->overflow == 1)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: more than %d possible parses at once (the grammar is too ambiguous)",
+        return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: more than %d possible parses at once (the grammar is too ambiguous)",
                         LLM_GMATCH_MAX_STACKS);
     if (m->overflow == 2)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: output nested deeper than %d", LLM_GMATCH_MAX_DEPTH);
+        return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: output nested deeper than %d", LLM_GMATCH_MAX_DEPTH);
+    if (m->overflow == 5)
+        return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: more than %d stack nodes alive in one step", LLM_GMATCH_MAX_NODES);
     if (m->overflow == 4)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: a step would take more than %ld stack operations "
+        return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: a step would take more than %ld stack operations "
                         "(the grammar is too costly to match)", LLM_GMATCH_MAX_WORK);
-    return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: a rule expansion deeper than %d", GM_MAX_EXPAND);
+    return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: a rule expansion deeper than %d", GM_MAX_EXPAND);
 }
 
 /* st = the committed state after n bytes, built above it (st->n 0:
@@ -455,7 +461,7 @@ llm_status llm_gmatch_feed(llm_gmatch *m, const char *bytes, size_t n, llm_error
     if (st.n == 0 || m->overflow) { /* an overflow dropped stacks: the state would be wrong */
         int of = m->overflow;
         m->n_nodes = nodes0, m->n_sv = sv0;
-        return of ? gm_overflow_err(m, err) : llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: the output cannot continue with these bytes");
+        return of ? gm_overflow_err(m, err) : llm_errf(err, LLM_ERR_GRAMMAR, "grammar: the output cannot continue with these bytes");
     }
     if (gm_commit(m, &st)) {
         m->n_nodes = nodes0, m->n_sv = sv0;
@@ -468,12 +474,12 @@ llm_status llm_gmatch_accept(llm_gmatch *m, int32_t id, llm_error *err)
 {
     const llm_gmatch_vocab *gv = m->gv;
     if (!gv || id < 0 || id >= gv->n_vocab)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: token %d is not in the vocabulary index", id);
+        return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: token %d is not in the vocabulary index", id);
     if (gv->kind[id] == GM_EOG)
         return llm_gmatch_complete(m) ? LLM_OK
-                                      : llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: the output ended before the grammar was complete");
+                                      : llm_errf(err, LLM_ERR_GRAMMAR, "grammar: the output ended before the grammar was complete");
     if (gv->kind[id] != GM_TEXT)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: token %d has no text to match", id);
+        return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: token %d has no text to match", id);
     return llm_gmatch_feed(m, gv->bytes + gv->off[id], (size_t)(gv->off[id + 1] - gv->off[id]), err);
 }
 
@@ -561,7 +567,7 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
 {
     const llm_gmatch_vocab *gv = m->gv;
     if (!gv)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: a matcher without a vocabulary index has no masks");
+        return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: a matcher without a vocabulary index has no masks");
     uint64_t key = gm_mix(gm_state_key(m, &m->cur), m->g->fingerprint);
     uint32_t *hit = gm_cached(m->cache, key);
     m->masks++;

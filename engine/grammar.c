@@ -24,7 +24,7 @@ typedef struct prule {
     const char *name; /* into the text; NULL for a synthesized rule */
     int name_len;
     int defined;
-    const char *used_at; /* first reference, for the error */
+    const char *used_at; /* first reference (a synthesized rule: where it was made), for errors */
     gvec *alts;
     int n_alts, cap_alts;
 } prule;
@@ -35,7 +35,8 @@ typedef struct gparse {
     const char *text, *end, *at;
     prule *rules;
     int n_rules, cap_rules;
-    int32_t *names;  /* (GP_NAME_SLOTS) named rules by hash of the name, -1 free: a lookup costs no scan */
+    int32_t *names;  /* (n_slots) named rules by hash of the name, -1 free: a lookup costs no scan */
+    int n_slots;
     gclass *cls;
     int n_cls, cap_cls;
     grange *rng;
@@ -94,7 +95,7 @@ static int gp_grow(gparse *p, void **v, int n, int *cap, size_t sz)
 static int gvec_push(gparse *p, gvec *a, gel e)
 {
     if (++p->n_el > LLM_GRAMMAR_MAX_ELEMENTS)
-        return gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "more than %d elements once repetitions are expanded",
+        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "more than %d elements once repetitions are expanded",
                        LLM_GRAMMAR_MAX_ELEMENTS);
     if (gp_grow(p, (void **)&a->v, a->n, &a->cap, sizeof *a->v))
         return -1;
@@ -107,11 +108,11 @@ static int gvec_push(gparse *p, gvec *a, gel e)
 static int gp_rule_new(gparse *p, const char *name, int len)
 {
     if (p->n_rules >= LLM_GRAMMAR_MAX_RULES)
-        return gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "more than %d rules (with those groups and repetitions make)",
+        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "more than %d rules (with those groups and repetitions make)",
                        LLM_GRAMMAR_MAX_RULES);
     if (gp_grow(p, (void **)&p->rules, p->n_rules, &p->cap_rules, sizeof *p->rules))
         return -1;
-    p->rules[p->n_rules] = (prule){.name = name, .name_len = len};
+    p->rules[p->n_rules] = (prule){.name = name, .name_len = len, .used_at = name ? NULL : p->at};
     return p->n_rules++;
 }
 
@@ -119,7 +120,7 @@ static int gp_rule_id(gparse *p, const char *name, int len)
 {
     uint32_t h = 2166136261u; /* FNV-1a */
     for (int i = 0; i < len; i++) h = (h ^ (unsigned char)name[i]) * 16777619u;
-    for (uint32_t k = h % GP_NAME_SLOTS;; k = (k + 1) % GP_NAME_SLOTS) {
+    for (uint32_t k = h % (uint32_t)p->n_slots;; k = (k + 1) % (uint32_t)p->n_slots) {
         int32_t r = p->names[k];
         if (r < 0) {
             if ((r = gp_rule_new(p, name, len)) >= 0)
@@ -146,23 +147,20 @@ static int gp_add_alt(gparse *p, int r, gvec *a)
     return 0;
 }
 
-/* A synthesized rule of the given alternatives (each NULL-terminated
- * list of elements, copied). */
-static int gp_rule_of(gparse *p, const gel *a, int na, const gel *b, int nb, int with_b)
+/* A synthesized rule whose one alternative is the n elements of a (copied),
+ * with an empty second alternative when optional; its index or -1. */
+static int gp_rule_of(gparse *p, const gel *a, int n, int optional)
 {
     int r = gp_rule_new(p, NULL, 0);
     gvec x = {0}, y = {0};
     if (r < 0)
         return -1;
-    for (int i = 0; i < na; i++)
-        if (gvec_push(p, &x, a[i]))
-            return free(x.v), -1;
-    if (gp_add_alt(p, r, &x))
-        return -1;
-    for (int i = 0; with_b && i < nb; i++)
-        if (gvec_push(p, &y, b[i]))
-            return free(y.v), -1;
-    if (with_b && gp_add_alt(p, r, &y))
+    for (int i = 0; i < n; i++)
+        if (gvec_push(p, &x, a[i])) {
+            free(x.v);
+            return -1;
+        }
+    if (gp_add_alt(p, r, &x) || (optional && gp_add_alt(p, r, &y)))
         return -1;
     return r;
 }
@@ -213,10 +211,10 @@ static int gp_hex(gparse *p, int digits, uint32_t *cp)
         char c = p->at < p->end ? *p->at : 0;
         int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
         if (v < 0)
-            return gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "escape needs %d hex digits", digits);
+            return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "escape needs %d hex digits", digits);
         *cp = *cp * 16 + (uint32_t)v;
     }
-    return *cp > 0x10FFFF ? gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "code point above U+10FFFF") : 0;
+    return *cp > 0x10FFFF ? gp_fail(p, LLM_ERR_GRAMMAR, p->at, "code point above U+10FFFF") : 0;
 }
 
 /* One UTF-8 character of the grammar text. */
@@ -226,15 +224,15 @@ static int gp_utf8(gparse *p, uint32_t *cp)
     int n = s[0] < 0x80 ? 1 : (s[0] & 0xE0) == 0xC0 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3 : (s[0] & 0xF8) == 0xF0 ? 4 : 0;
     static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
     if (!n || p->end - p->at < n)
-        return gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "invalid UTF-8");
+        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "invalid UTF-8");
     *cp = n == 1 ? s[0] : s[0] & (0x7F >> n);
     for (int i = 1; i < n; i++) {
         if ((s[i] & 0xC0) != 0x80)
-            return gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "invalid UTF-8");
+            return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "invalid UTF-8");
         *cp = (*cp << 6) | (s[i] & 0x3F);
     }
     if (*cp < min[n] || *cp > 0x10FFFF || (*cp >= 0xD800 && *cp <= 0xDFFF))
-        return gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "invalid UTF-8");
+        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "invalid UTF-8");
     p->at += n;
     return 0;
 }
@@ -243,11 +241,11 @@ static int gp_utf8(gparse *p, uint32_t *cp)
 static int gp_char(gparse *p, uint32_t *cp)
 {
     if (p->at >= p->end)
-        return gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "unterminated literal or class");
+        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "unterminated literal or class");
     if (*p->at != '\\')
         return gp_utf8(p, cp);
     if (++p->at >= p->end)
-        return gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "unterminated escape");
+        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "unterminated escape");
     char c = *p->at++;
     switch (c) {
     case 'n': *cp = '\n'; return 0;
@@ -257,7 +255,7 @@ static int gp_char(gparse *p, uint32_t *cp)
     case 'u': return gp_hex(p, 4, cp);
     case 'U': return gp_hex(p, 8, cp);
     case '\\': case '"': case '\'': case '[': case ']': case '-': case '^': case '.': case '/': *cp = (uint32_t)c; return 0;
-    default: return gp_fail(p, LLM_ERR_INVALID_ARG, p->at - 2, "unknown escape '\\%c'", c);
+    default: return gp_fail(p, LLM_ERR_GRAMMAR, p->at - 2, "unknown escape '\\%c'", c);
     }
 }
 
@@ -309,7 +307,7 @@ static int gp_class(gparse *p, gvec *out)
             p->at++;
             if (gp_char(p, &hi))
                 break;
-            if (hi < lo && gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "class range U+%04X-U+%04X is reversed", lo, hi))
+            if (hi < lo && gp_fail(p, LLM_ERR_GRAMMAR, p->at, "class range U+%04X-U+%04X is reversed", lo, hi))
                 break;
         }
         if (gp_grow(p, (void **)&r, n, &cap, sizeof *r))
@@ -360,19 +358,19 @@ static int gp_primary(gparse *p, gvec *out)
     if (c == '(') {
         const char *open = p->at++;
         if (++p->depth > LLM_GRAMMAR_MAX_NESTING)
-            return gp_fail(p, LLM_ERR_INVALID_ARG, open, "groups nested deeper than %d", LLM_GRAMMAR_MAX_NESTING);
+            return gp_fail(p, LLM_ERR_GRAMMAR, open, "groups nested deeper than %d", LLM_GRAMMAR_MAX_NESTING);
         int r = gp_rule_new(p, NULL, 0);
         if (r < 0 || gp_alternation(p, r))
             return -1;
         if (p->at >= p->end || *p->at != ')')
-            return gp_fail(p, LLM_ERR_INVALID_ARG, open, "'(' is not closed");
+            return gp_fail(p, LLM_ERR_GRAMMAR, open, "'(' is not closed");
         p->at++;
         p->depth--;
         return gvec_push(p, out, (gel){GEL_REF, r});
     }
     int n = gp_name_len(p);
     if (!n)
-        return gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "unexpected '%c'", c);
+        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "unexpected '%c'", c);
     int r = gp_rule_id(p, p->at, n);
     if (r < 0)
         return -1;
@@ -386,10 +384,10 @@ static int gp_count(gparse *p, long *v)
 {
     char *end;
     if (p->at >= p->end || *p->at < '0' || *p->at > '9')
-        return gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "repetition needs a count");
+        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "repetition needs a count");
     *v = strtol(p->at, &end, 10); /* the text ends in a NUL (compile copies it) */
     if (*v > LLM_GRAMMAR_MAX_REPEAT)
-        return gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "repetition count above %d", LLM_GRAMMAR_MAX_REPEAT);
+        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "repetition count above %d", LLM_GRAMMAR_MAX_REPEAT);
     p->at = end;
     return 0;
 }
@@ -412,10 +410,10 @@ static int gp_braces(gparse *p, long *min, long *max)
         gp_ws(p);
     }
     if (p->at >= p->end || *p->at != '}')
-        return gp_fail(p, LLM_ERR_INVALID_ARG, open, "'{' is not closed");
+        return gp_fail(p, LLM_ERR_GRAMMAR, open, "'{' is not closed");
     p->at++;
     if (*max >= 0 && *max < *min)
-        return gp_fail(p, LLM_ERR_INVALID_ARG, open, "repetition {%ld,%ld} has max below min", *min, *max);
+        return gp_fail(p, LLM_ERR_GRAMMAR, open, "repetition {%ld,%ld} has max below min", *min, *max);
     return 0;
 }
 
@@ -437,7 +435,7 @@ static int gp_repeat(gparse *p, gel u, long min, long max, gvec *out)
     int prev = -1; /* O_k ::= u O_(k-1) | "" */
     for (long k = 0; k < max - min; k++) {
         gel body[2] = {u, {GEL_REF, prev}};
-        if ((prev = gp_rule_of(p, body, prev < 0 ? 1 : 2, NULL, 0, 1)) < 0)
+        if ((prev = gp_rule_of(p, body, prev < 0 ? 1 : 2, 1)) < 0)
             return -1;
     }
     return prev < 0 ? 0 : gvec_push(p, out, (gel){GEL_REF, prev});
@@ -455,12 +453,13 @@ static int gp_item(gparse *p, gvec *out)
     if (op != '*' && op != '+' && op != '?' && op != '{') {
         p->at = save;
         int rc = 0;
-        for (int i = 0; i < one.n && !rc; i++) rc = gvec_push(p, out, one.v[i]); /* counted twice: an overestimate */
+        p->n_el -= one.n; /* moved, not made: counted once */
+        for (int i = 0; i < one.n && !rc; i++) rc = gvec_push(p, out, one.v[i]);
         free(one.v);
         return rc;
     }
     p->at++;
-    gel u = one.n == 1 ? one.v[0] : (gel){GEL_REF, gp_rule_of(p, one.v, one.n, NULL, 0, 0)};
+    gel u = one.n == 1 ? one.v[0] : (gel){GEL_REF, gp_rule_of(p, one.v, one.n, 0)};
     free(one.v);
     long min = op == '+', max = op == '?' ? 1 : -1;
     if (u.arg < 0 || (op == '{' && gp_braces(p, &min, &max)))
@@ -499,7 +498,7 @@ static int gp_definition(gparse *p)
     if (r < 0)
         return -1;
     if (p->rules[r].defined)
-        return gp_fail(p, LLM_ERR_INVALID_ARG, at, "rule '%.*s' is defined twice", n, at);
+        return gp_fail(p, LLM_ERR_GRAMMAR, at, "rule '%.*s' is defined twice", n, at);
     p->rules[r].defined = 1;
     p->at += n;
     gp_ws(p);
@@ -507,7 +506,7 @@ static int gp_definition(gparse *p)
     if (gp_alternation(p, r))
         return -1;
     if (p->at < p->end && *p->at == ')')
-        return gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "')' without '('");
+        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "')' without '('");
     return 0;
 }
 
@@ -516,7 +515,7 @@ static int gp_grammar(gparse *p)
     gp_ws(p);
     while (p->at < p->end) {
         if (!gp_at_definition(p))
-            return gp_fail(p, LLM_ERR_INVALID_ARG, p->at, "expected a rule definition 'name ::= ...'");
+            return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "expected a rule definition 'name ::= ...'");
         if (gp_definition(p))
             return -1;
         gp_ws(p);
@@ -542,7 +541,7 @@ static int gp_check_defined(gparse *p)
 {
     for (int i = 0; i < p->n_rules; i++)
         if (p->rules[i].name && !p->rules[i].defined)
-            return gp_fail(p, LLM_ERR_INVALID_ARG, p->rules[i].used_at ? p->rules[i].used_at : p->end,
+            return gp_fail(p, LLM_ERR_GRAMMAR, p->rules[i].used_at ? p->rules[i].used_at : p->end,
                            "rule '%.*s' is used but never defined", p->rules[i].name_len, p->rules[i].name);
     return 0;
 }
@@ -588,7 +587,7 @@ static void g_nullable(const llm_grammar *g, unsigned char *nullable)
     }
 }
 
-/* The rule r can reach before consuming a character: calls fn for each. */
+/* The rules r can reach before consuming a character, into out; their count. */
 static int g_left_edges(const llm_grammar *g, const unsigned char *nullable, int r, int *out)
 {
     int n = 0;
@@ -645,7 +644,7 @@ static int gp_check_left(gparse *p, const llm_grammar *g)
         int r = g_left_recursive(g, nullable, state, stack, edges, at, cnt);
         const prule *pr = r >= 0 ? &p->rules[r] : NULL;
         if (pr)
-            rc = gp_fail(p, LLM_ERR_INVALID_ARG, pr->name ? pr->name : p->end,
+            rc = gp_fail(p, LLM_ERR_GRAMMAR, pr->name ? pr->name : pr->used_at ? pr->used_at : p->end,
                          "%s%.*s%s is left-recursive (it can reach itself before matching a character)",
                          pr->name ? "rule '" : "a group or repetition", pr->name ? pr->name_len : 0, pr->name ? pr->name : "",
                          pr->name ? "'" : "");
@@ -676,7 +675,7 @@ llm_status llm_grammar_compile(const char *text, size_t len, const char *root, l
 {
     *out = NULL;
     if (len > LLM_GRAMMAR_MAX_BYTES)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "grammar: %zu bytes (at most %u)", len, LLM_GRAMMAR_MAX_BYTES);
+        return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: %zu bytes (at most %u)", len, LLM_GRAMMAR_MAX_BYTES);
     char *copy = malloc(len + 1); /* NUL-terminated for strtol */
     llm_grammar *g = calloc(1, sizeof *g);
     if (!copy || !g) {
@@ -687,19 +686,20 @@ llm_status llm_grammar_compile(const char *text, size_t len, const char *root, l
     copy[len] = 0;
     gparse p = {.text = copy, .end = copy + len, .at = copy, .err = err};
     const char *rn = root ? root : "root";
-    if (!(p.names = malloc(sizeof *p.names * GP_NAME_SLOTS)))
+    p.n_slots = len + 64 < GP_NAME_SLOTS ? (int)len + 64 : GP_NAME_SLOTS; /* named rules <= len / 2: at most half full */
+    if (!(p.names = malloc(sizeof *p.names * (size_t)p.n_slots)))
         gp_nomem(&p);
     else
-        memset(p.names, 0xff, sizeof *p.names * GP_NAME_SLOTS);
+        memset(p.names, 0xff, sizeof *p.names * (size_t)p.n_slots);
     if (!p.st && memchr(copy, 0, len))
-        gp_fail(&p, LLM_ERR_INVALID_ARG, memchr(copy, 0, len), "NUL byte in the grammar");
+        gp_fail(&p, LLM_ERR_GRAMMAR, memchr(copy, 0, len), "NUL byte in the grammar");
     g->root = -1;
     if (!p.st && !gp_grammar(&p)) {
         for (int i = 0; i < p.n_rules && g->root < 0; i++)
             if (p.rules[i].name && p.rules[i].name_len == (int)strlen(rn) && !memcmp(p.rules[i].name, rn, strlen(rn)))
                 g->root = i;
         if (g->root < 0)
-            gp_fail(&p, LLM_ERR_INVALID_ARG, p.end, "no rule named '%.64s'", rn);
+            gp_fail(&p, LLM_ERR_GRAMMAR, p.end, "no rule named '%.64s'", rn);
         else if (!gp_check_defined(&p) && !gp_flatten(&p, g))
             gp_check_left(&p, g);
     }
@@ -726,7 +726,6 @@ void llm_grammar_free(llm_grammar *g)
     free(g);
 }
 
-int llm_grammar_n_rules(const llm_grammar *g) { return g->n_rule; }
 
 /* "{0,20}": LLM_GRAMMAR_JSON_WS (a string literal cannot take the macro).
  * At most one line break per gap: small models otherwise fill the

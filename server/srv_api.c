@@ -95,7 +95,7 @@ int srv_status_of(llm_status st)
     switch (st) {
     case LLM_ERR_QUEUE_FULL: return 429;
     case LLM_ERR_SHUTDOWN: return 503;
-    case LLM_ERR_INVALID_ARG: case LLM_ERR_TOO_LONG: case LLM_ERR_KV_FULL: return 400;
+    case LLM_ERR_INVALID_ARG: case LLM_ERR_TOO_LONG: case LLM_ERR_KV_FULL: case LLM_ERR_GRAMMAR: return 400;
     case LLM_ERR_NOMEM: return 503;
     default: return 500;
     }

@@ -494,8 +494,7 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
     llm_status st = llm_engine_submit(r.eng, &cp->rq, &r.id, &err);
     if (st) {
         srv_keys_give(&s->keys, key, cp->rq.n);
-        const char *param = st == LLM_ERR_TOO_LONG ? "max_tokens"
-                            : !strncmp(err.msg, "grammar:", 8) ? cp->grammar_param : NULL;
+        const char *param = st == LLM_ERR_TOO_LONG ? "max_tokens" : st == LLM_ERR_GRAMMAR ? cp->grammar_param : NULL;
         srv_err_set(e, srv_status_of(st), param, "%s", err.msg);
         return send_err(c, e);
     }

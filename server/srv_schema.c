@@ -9,6 +9,7 @@
 #include "srv_schema.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -30,10 +31,17 @@ typedef struct sg {
     srv_err *e;
 } sg;
 
-static int sg_fail(sg *g, const char *fmt, const char *what)
+/* A 400 naming the cause (the first failure is kept); returns -1. */
+static int sg_fail(sg *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int sg_fail(sg *g, const char *fmt, ...)
 {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
     if (!g->e->status)
-        srv_err_set(g->e, 400, "response_format", fmt, what);
+        srv_err_set(g->e, 400, "response_format", "%s", msg);
     return -1;
 }
 
@@ -73,7 +81,7 @@ static int sg_rule(sg *g, int id, llm_strbuf *body)
     llm_strbuf_printf(&g->out, "s%d ::= %s\n", id, t);
     free(t);
     if (g->out.len > LLM_GRAMMAR_MAX_BYTES)
-        return sg_fail(g, "the schema's grammar exceeds %s bytes", "1048576");
+        return sg_fail(g, "the schema's grammar exceeds %u bytes", LLM_GRAMMAR_MAX_BYTES);
     return 0;
 }
 
@@ -215,7 +223,7 @@ static int sg_integer(sg *g, json_t *s, llm_strbuf *b)
     long long l = lo.has ? (long long)(lo.excl ? floor(lo.v) + 1 : ceil(lo.v)) : 0;
     long long h = hi.has ? (long long)(hi.excl ? ceil(hi.v) - 1 : floor(hi.v)) : 0;
     if (lo.has && hi.has && l > h)
-        return sg_fail(g, "no integer satisfies the bounds%s", "");
+        return sg_fail(g, "no integer satisfies the bounds");
     int pos = !hi.has || h >= 0, neg = !lo.has || l < 0;
     if (pos) {
         llm_strbuf_printf(b, "( ");
@@ -281,7 +289,7 @@ static int sg_number(sg *g, json_t *s, llm_strbuf *b)
         llm_strbuf_append(b, ") ", 2);
         any |= inner;
     }
-    return any ? 0 : sg_fail(g, "no number satisfies the bounds%s", "");
+    return any ? 0 : sg_fail(g, "no number satisfies the bounds");
 }
 
 /* ---- strings --------------------------------------------------------------------- */
@@ -371,7 +379,7 @@ static int sg_emit_cset(sg *g, llm_strbuf *b, sg_cset *c)
         {'"', "\\\""}, {'\\', "\\\\"}, {'\n', "\\n"}, {'\t', "\\t"}, {'\r', "\\r"}};
     cset_norm(c);
     if (c->over)
-        return sg_fail(g, "a pattern's class has more than %s ranges", "64");
+        return sg_fail(g, "a pattern's class has more than %d ranges", SG_CSET_MAX);
     int alts = 0;
     llm_strbuf_append(b, "( ", 2);
     sg_cset ok = {0};
@@ -390,7 +398,7 @@ static int sg_emit_cset(sg *g, llm_strbuf *b, sg_cset *c)
             llm_strbuf_append(b, " ", 1);
         }
     llm_strbuf_append(b, ")", 1);
-    return alts ? 0 : sg_fail(g, "a pattern's class matches no character a JSON string can hold%s", "");
+    return alts ? 0 : sg_fail(g, "a pattern's class matches no character a JSON string can hold");
 }
 
 /* A regular-expression subset (ECMA-262 as JSON Schema has it) to grammar
@@ -554,6 +562,27 @@ static int rx_atom(sg_rx *r, llm_strbuf *b)
     return sg_emit_cset(r->g, b, &cs);
 }
 
+/* {m}, {m,} or {m,n} at r->p, checked here so that a bad one is named
+ * as the pattern's (not as a line of a grammar the client never saw);
+ * *hi -1 for unbounded. */
+static int rx_braces(sg_rx *r, long *lo, long *hi)
+{
+    char *end;
+    *lo = strtol(r->p + 1, &end, 10);
+    *hi = *lo;
+    if (end < r->end && *end == ',') {
+        end++;
+        *hi = -1;
+        if (end < r->end && *end >= '0' && *end <= '9')
+            *hi = strtol(end, &end, 10);
+    }
+    if (end >= r->end || *end != '}' || *lo > LLM_GRAMMAR_MAX_REPEAT || *hi > LLM_GRAMMAR_MAX_REPEAT ||
+        (*hi >= 0 && *hi < *lo))
+        return rx_fail(r, "a {m,n} repetition that is malformed, reversed or above 10000");
+    r->p = end + 1;
+    return 0;
+}
+
 /* A quantifier after an atom, if any. */
 static int rx_quant(sg_rx *r, llm_strbuf *b)
 {
@@ -564,11 +593,13 @@ static int rx_quant(sg_rx *r, llm_strbuf *b)
         r->p++;
         llm_strbuf_append(b, &c, 1);
     } else if (c == '{' && r->p + 1 < r->end && r->p[1] >= '0' && r->p[1] <= '9') {
-        const char *close = memchr(r->p, '}', (size_t)(r->end - r->p));
-        if (!close || close - r->p > 24)
-            return rx_fail(r, "a '{' that is not a repetition");
-        llm_strbuf_append(b, r->p, (size_t)(close - r->p + 1));
-        r->p = close + 1;
+        long lo, hi;
+        if (rx_braces(r, &lo, &hi))
+            return -1;
+        if (hi < 0)
+            llm_strbuf_printf(b, "{%ld,}", lo);
+        else
+            llm_strbuf_printf(b, "{%ld,%ld}", lo, hi);
     } else {
         return 0;
     }
@@ -642,7 +673,7 @@ static int sg_string(sg *g, json_t *s, llm_strbuf *b)
     if ((fmt || pat) && (mn || mx))
         return sg_fail(g, "'%s' together with minLength/maxLength is not supported", fmt ? "format" : "pattern");
     if (fmt && pat)
-        return sg_fail(g, "'format' together with '%s' is not supported", "pattern");
+        return sg_fail(g, "'format' together with 'pattern' is not supported");
     llm_strbuf_append(b, "\"\\\"\" ", 5);
     if (fmt) {
         const char *f = json_string_value(fmt);
@@ -656,13 +687,14 @@ static int sg_string(sg *g, json_t *s, llm_strbuf *b)
             return sg_fail(g, "string format '%.64s' is not supported (date, time, date-time, uuid)", f ? f : "?");
     } else if (pat) {
         if (!json_is_string(pat) || sg_pattern(g, json_string_value(pat), json_string_length(pat), b))
-            return json_is_string(pat) ? -1 : sg_fail(g, "'%s' must be a string", "pattern");
+            return json_is_string(pat) ? -1 : sg_fail(g, "'pattern' must be a string");
     } else if (mn || mx) {
         long lo = json_is_integer(mn) ? (long)json_integer_value(mn) : 0;
         long hi = json_is_integer(mx) ? (long)json_integer_value(mx) : -1;
         if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)) || lo < 0 || lo > LLM_GRAMMAR_MAX_REPEAT ||
             hi > LLM_GRAMMAR_MAX_REPEAT || (mx && hi < lo))
-            return sg_fail(g, "minLength/maxLength must be integers with 0 <= minLength <= maxLength <= %s", "10000");
+            return sg_fail(g, "minLength/maxLength must be integers with 0 <= minLength <= maxLength <= %d",
+                           LLM_GRAMMAR_MAX_REPEAT);
         /* one element per character: escapes other than \u only, so that
          * each counts as one code point as the schema counts them */
         llm_strbuf_printf(b, "( [^\"\\\\\\x00-\\x1F] | \"\\\\\" [\"\\\\/bfnrt] ){%ld,", lo);
@@ -703,7 +735,8 @@ static int sg_members(sg *g, json_t *props, json_t *req, const char **keys, int 
         llm_strbuf_printf(&f, "\"\"");
         llm_strbuf_printf(&r, "\"\"");
     }
-    if (sg_rule(g, first + n, &f) || sg_rule(g, rest + n, &r))
+    int bad_first = sg_rule(g, first + n, &f), bad_rest = sg_rule(g, rest + n, &r);
+    if (bad_first || bad_rest)
         return -1;
     for (int i = n - 1; i >= 0; i--) {
         int vr = sg_node(g, json_object_get(props, keys[i]));
@@ -725,7 +758,8 @@ static int sg_members(sg *g, json_t *props, json_t *req, const char **keys, int 
         if (opt)
             llm_strbuf_printf(&f, " | s%d", first + i + 1), llm_strbuf_printf(&r, " | s%d", rest + i + 1);
         free(mt);
-        if (sg_rule(g, first + i, &f) || sg_rule(g, rest + i, &r))
+        int bad_f = sg_rule(g, first + i, &f), bad_r = sg_rule(g, rest + i, &r); /* both: each takes its buffer */
+        if (bad_f || bad_r)
             return -1;
     }
     return 0;
@@ -771,10 +805,11 @@ static int sg_array(sg *g, json_t *s, llm_strbuf *b)
     long lo = json_is_integer(mn) ? (long)json_integer_value(mn) : 0, hi = json_is_integer(mx) ? (long)json_integer_value(mx) : -1;
     if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)) || lo < 0 || lo > LLM_GRAMMAR_MAX_REPEAT ||
         hi > LLM_GRAMMAR_MAX_REPEAT || (mx && hi < lo))
-        return sg_fail(g, "minItems/maxItems must be integers with 0 <= minItems <= maxItems <= %s", "10000");
+        return sg_fail(g, "minItems/maxItems must be integers with 0 <= minItems <= maxItems <= %d",
+                           LLM_GRAMMAR_MAX_REPEAT);
     if (json_is_false(items) || hi == 0) {
         if (lo > 0)
-            return sg_fail(g, "no array satisfies %s", "minItems");
+            return sg_fail(g, "no array satisfies minItems");
         llm_strbuf_printf(b, "\"[\" ws \"]\"");
         return 0;
     }
@@ -814,7 +849,7 @@ static int sg_ref(sg *g, json_t *ref)
         if (g->ref_node[i] == target)
             return g->ref_rule[i];
     if (g->n_refs == SG_MAX_REFS)
-        return sg_fail(g, "more than %s distinct $ref targets", "256");
+        return sg_fail(g, "more than %d distinct $ref targets", SG_MAX_REFS);
     int id = g->n_rules++;
     g->ref_node[g->n_refs] = target, g->ref_rule[g->n_refs++] = id;
     return sg_node_as(g, target, id) ? -1 : id;
@@ -869,7 +904,7 @@ static int sg_values(sg *g, json_t *s, json_t *vals, llm_strbuf *b)
     json_t *type = json_object_get(s, "type"), *v;
     size_t i;
     if (!json_is_array(vals) || !json_array_size(vals))
-        return sg_fail(g, "'%s' must be a non-empty array", "enum");
+        return sg_fail(g, "'enum' must be a non-empty array");
     json_array_foreach(vals, i, v) {
         if (json_is_string(type) && !sg_type_ok(v, json_string_value(type)))
             return sg_fail(g, "an enum or const value is not of the schema's type '%.32s'", json_string_value(type));
@@ -889,9 +924,8 @@ static int sg_choices(sg *g, json_t *s, llm_strbuf *b)
     const char *kw = any ? "anyOf" : one ? "oneOf" : "allOf";
     size_t i;
     if (!json_is_array(arr) || !json_array_size(arr) || (all && json_array_size(arr) != 1) || (!!any + !!one + !!all) > 1)
-        return sg_fail(g, all ? "'allOf' with other than one schema is not supported%s" : "'%s' must be a non-empty array "
-                                                                                          "(and only one of anyOf/oneOf/allOf)",
-                       all ? "" : kw);
+        return all ? sg_fail(g, "'allOf' with other than one schema is not supported")
+                   : sg_fail(g, "'%s' must be a non-empty array (and only one of anyOf/oneOf/allOf)", kw);
     json_array_foreach(arr, i, v) {
         int r = sg_node(g, v);
         if (r < 0)
@@ -922,18 +956,18 @@ static int sg_body(sg *g, json_t *s, llm_strbuf *b)
         return 0;
     }
     if (!json_is_object(s))
-        return sg_fail(g, "a schema must be an object or true%s", "");
+        return sg_fail(g, "a schema must be an object or true");
     if (sg_check_keywords(g, s))
         return -1;
     json_t *type = json_object_get(s, "type"), *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
     if (json_object_get(s, "$ref")) {
         if (sg_mixed(s, refk))
-            return sg_fail(g, "'%s' alongside other keywords is not supported", "$ref");
+            return sg_fail(g, "'$ref' alongside other keywords is not supported");
         int r = sg_ref(g, json_object_get(s, "$ref"));
         return r < 0 ? -1 : (llm_strbuf_printf(b, "s%d", r), 0);
     }
     if (json_object_get(s, "anyOf") || json_object_get(s, "oneOf") || json_object_get(s, "allOf"))
-        return sg_mixed(s, choice) ? sg_fail(g, "'%s' alongside other keywords is not supported", "anyOf/oneOf/allOf")
+        return sg_mixed(s, choice) ? sg_fail(g, "'anyOf/oneOf/allOf' alongside other keywords is not supported")
                                    : sg_choices(g, s, b);
     if (en || cn) {
         if (sg_mixed(s, values) || (en && cn))
@@ -949,17 +983,17 @@ static int sg_body(sg *g, json_t *s, llm_strbuf *b)
         size_t i;
         json_t *t;
         if (!json_array_size(type))
-            return sg_fail(g, "'%s' must not be an empty list", "type");
+            return sg_fail(g, "'type' must not be an empty list");
         json_array_foreach(type, i, t) {
             llm_strbuf_printf(b, "%s( ", i ? " | " : "");
             if (!json_is_string(t) || sg_typed(g, s, json_string_value(t), b))
-                return json_is_string(t) ? -1 : sg_fail(g, "'%s' must list strings", "type");
+                return json_is_string(t) ? -1 : sg_fail(g, "'type' must list strings");
             llm_strbuf_printf(b, " )");
         }
         return 0;
     }
     if (type && !json_is_string(type))
-        return sg_fail(g, "'%s' must be a string or a list of strings", "type");
+        return sg_fail(g, "'type' must be a string or a list of strings");
     const char *t = type ? json_string_value(type) : sg_implied_type(s);
     if (!t) {
         llm_strbuf_printf(b, "value");
@@ -971,7 +1005,7 @@ static int sg_body(sg *g, json_t *s, llm_strbuf *b)
 static int sg_node_as(sg *g, json_t *s, int id)
 {
     if (++g->depth > SG_MAX_DEPTH)
-        return sg_fail(g, "the schema is nested deeper than %s", "64");
+        return sg_fail(g, "the schema is nested deeper than %d", SG_MAX_DEPTH);
     llm_strbuf b = {0};
     int nullable = json_is_object(s) && json_is_true(json_object_get(s, "nullable"));
     if (nullable)

@@ -145,8 +145,8 @@ static void test_accept_rules(void **state)
     int32_t eos = llm_vocab_eos(t.v), ok = llm_vocab_find(t.v, "ok", 2), ay = llm_vocab_find(t.v, "ay", 2);
     int32_t x = llm_vocab_find(t.v, "x", 1);
     assert_true(eos >= 0 && ok >= 0 && ay >= 0 && x >= 0);
-    assert_int_equal(llm_gmatch_accept(m, eos, &err), LLM_ERR_INVALID_ARG);
-    assert_int_equal(llm_gmatch_accept(m, x, &err), LLM_ERR_INVALID_ARG);
+    assert_int_equal(llm_gmatch_accept(m, eos, &err), LLM_ERR_GRAMMAR);
+    assert_int_equal(llm_gmatch_accept(m, x, &err), LLM_ERR_GRAMMAR);
     assert_int_equal(llm_gmatch_accept(m, ok, &err), LLM_OK);
     assert_true(llm_gmatch_complete(m) && !llm_gmatch_finished(m));
     assert_int_equal(llm_gmatch_accept(m, ay, &err), LLM_OK);
@@ -225,9 +225,62 @@ static void test_mask_cost(void **state)
     close_vocab(&t);
 }
 
+static llm_status compile_err(const char *text, size_t n, llm_error *err)
+{
+    llm_grammar *g = NULL;
+    llm_status st = llm_grammar_compile(text, n, NULL, &g, err);
+    llm_grammar_free(g);
+    return st;
+}
+
+/* Every declared bound is an error naming it (no vocabulary needed). */
+static void test_limits(void **state)
+{
+    (void)state;
+    llm_error err = {0};
+    size_t big = LLM_GRAMMAR_MAX_BYTES + 1;
+    char *text = malloc(big + 64);
+    assert_non_null(text);
+    memset(text, ' ', big);
+    assert_int_equal(compile_err(text, big, &err), LLM_ERR_GRAMMAR);
+    assert_non_null(strstr(err.msg, "bytes"));
+    size_t n = (size_t)snprintf(text, 64, "root ::= ");
+    for (int i = 0; i < 250; i++) n += (size_t)snprintf(text + n, 64, "\"a\"{10000} ");
+    assert_int_equal(compile_err(text, n, &err), LLM_ERR_GRAMMAR);
+    assert_non_null(strstr(err.msg, "elements"));
+    assert_int_equal(compile_err("root ::= x", 10, &err), LLM_ERR_GRAMMAR);
+    assert_string_equal(err.msg, "grammar: line 1, column 10: rule 'x' is used but never defined");
+    assert_int_equal(compile_err("root ::= (\"a\"?)*", 17, &err), LLM_ERR_GRAMMAR);
+    assert_non_null(strstr(err.msg, "line 1, column 1")); /* where the group was made, not the end */
+
+    llm_grammar *g = compile("root ::= \"(\" root \")\" | \"x\"\n", NULL);
+    llm_gmatch *m;
+    assert_int_equal(llm_gmatch_new(g, NULL, NULL, &m, &err), LLM_OK);
+    memset(text, '(', LLM_GMATCH_MAX_DEPTH + 8);
+    assert_int_equal(llm_gmatch_feed(m, text, LLM_GMATCH_MAX_DEPTH + 8, &err), LLM_ERR_GRAMMAR);
+    assert_non_null(strstr(err.msg, "nested deeper"));
+    assert_int_equal(llm_gmatch_feed(m, "(x)", 3, &err), LLM_OK); /* a refused feed changed nothing */
+    assert_true(llm_gmatch_finished(m));
+    uint32_t allow[4];
+    assert_int_equal(llm_gmatch_mask(m, allow, &err), LLM_ERR_GRAMMAR); /* no vocabulary index */
+    llm_gmatch_free(m);
+    llm_grammar_free(g);
+
+    g = compile("root ::= x\nx ::= \"a\" x \"b\" | \"a\" x | \"\"\n", NULL); /* ~3n parses after n a's */
+    assert_int_equal(llm_gmatch_new(g, NULL, NULL, &m, &err), LLM_OK);
+    memset(text, 'a', LLM_GMATCH_MAX_STACKS);
+    assert_int_equal(llm_gmatch_feed(m, text, LLM_GMATCH_MAX_STACKS / 8, &err), LLM_OK);
+    assert_int_equal(llm_gmatch_feed(m, text, LLM_GMATCH_MAX_STACKS, &err), LLM_ERR_GRAMMAR);
+    assert_non_null(strstr(err.msg, "ambiguous"));
+    llm_gmatch_free(m);
+    llm_grammar_free(g);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_limits),
         cmocka_unit_test(test_masks_qwen2), cmocka_unit_test(test_masks_spm), cmocka_unit_test(test_accept_rules),
         cmocka_unit_test(test_mask_cost),
     };

@@ -34,6 +34,7 @@ typedef enum llm_status {
     LLM_STATUS_HELD_17 = 17,
     LLM_ERR_NUMERIC = 18,    /* NaN or infinity where a finite number is needed (logits, weights) */
     LLM_STATUS_HELD_19 = 19,
+    LLM_ERR_GRAMMAR = 20,    /* a grammar does not compile, or the output cannot follow it within its bounds */
 } llm_status;
 
 #define LLM_ERROR_MSG_MAX 512

@@ -131,8 +131,12 @@ typedef struct llm_engine llm_engine;
 llm_status llm_engine_open(const llm_engine_config *cfg, llm_engine **out, llm_error *err);
 void llm_engine_close(llm_engine *e);
 
-/* Validates and queues a request; *id identifies it for next/cancel.
+/* Validates and queues a request; *id identifies it for next/cancel. A
+ * request's grammar is compiled here; the first constrained request also
+ * builds the vocabulary's index for masks (tens of milliseconds for a 150k
+ * vocabulary; later submits wait for it, the engine's steps do not).
  * Errors (nothing queued): LLM_ERR_INVALID_ARG (a field, named),
+ * LLM_ERR_GRAMMAR (the grammar, with its line and column), LLM_ERR_NOMEM,
  * LLM_ERR_TOO_LONG (prompt plus max_tokens over n_ctx), LLM_ERR_KV_FULL
  * (one sequence would need more blocks than the pool has),
  * LLM_ERR_QUEUE_FULL (too many waiting: retry later), LLM_ERR_SHUTDOWN. */

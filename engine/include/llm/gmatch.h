@@ -26,15 +26,18 @@
 #include "llm/tokenizer.h"
 
 /* Bounds: stacks alive at once (an ambiguous grammar), stack depth
- * (nesting in the output), and the work one mask or feed may take (stack
- * operations: a grammar a tenant wrote must not stall the steps of every
- * other request; on a 151k vocabulary a JSON object's costliest mask takes about
- * a fifth of it, some 30 ms on a 2-core EPYC).
+ * (nesting in the output), stack nodes alive in one walk, and the work one
+ * mask or feed may take (stack operations, about 150 ms of one 2-core
+ * EPYC core: on a 151k vocabulary a JSON object's costliest mask takes a
+ * fifth of it, some 30 ms). The work bound is per mask: a step with N
+ * constrained sequences whose masks all miss the cache may take N times
+ * it (masks are found one after another on the engine's thread).
  * Past them the call fails with an error naming the bound, never a
  * wrong mask. */
 #define LLM_GMATCH_MAX_STACKS 256
 #define LLM_GMATCH_MAX_DEPTH 4096
 #define LLM_GMATCH_MAX_WORK 20000000L
+#define LLM_GMATCH_MAX_NODES (1 << 20) /* stack nodes alive in one mask walk: 24 MiB */
 
 typedef struct llm_gmatch_vocab llm_gmatch_vocab;
 typedef struct llm_gmatch llm_gmatch;
@@ -67,16 +70,16 @@ void llm_gmatch_free(llm_gmatch *m);
 /* The tokens that may come next: allow (one bit per token id, (n_vocab +
  * 31) / 32 words, overwritten) gets every text token whose bytes keep the
  * output a prefix of some string of the grammar, and the end-of-generation
- * tokens when the output is already one. LLM_ERR_INVALID_ARG (no vocabulary
+ * tokens when the output is already one. LLM_ERR_GRAMMAR (no vocabulary
  * index, or a bound exceeded: err says which), LLM_ERR_NOMEM. */
 llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err);
 
 /* Advances by token id (an end-of-generation token is accepted when the
- * output is complete and changes nothing). LLM_ERR_INVALID_ARG when the
+ * output is complete and changes nothing). LLM_ERR_GRAMMAR when the
  * token is not allowed here (the state is then unchanged). */
 llm_status llm_gmatch_accept(llm_gmatch *m, int32_t id, llm_error *err);
 
-/* Advances by n bytes of output. LLM_ERR_INVALID_ARG (state unchanged)
+/* Advances by n bytes of output. LLM_ERR_GRAMMAR (state unchanged)
  * when they cannot continue any string of the grammar. */
 llm_status llm_gmatch_feed(llm_gmatch *m, const char *bytes, size_t n, llm_error *err);
 

@@ -34,7 +34,7 @@
 typedef struct llm_grammar llm_grammar;
 
 /* Compiles len bytes of grammar text; root names the start rule (NULL:
- * "root"). LLM_ERR_INVALID_ARG with err giving the line, column and the
+ * "root"). LLM_ERR_GRAMMAR with err giving the line, column and the
  * construct at fault (syntax, an undefined or left-recursive rule, a
  * bound above), LLM_ERR_NOMEM. */
 llm_status llm_grammar_compile(const char *text, size_t len, const char *root, llm_grammar **out, llm_error *err);
@@ -49,9 +49,5 @@ void llm_grammar_free(llm_grammar *g);
  * refer to its rules (value, object, array, string, number, ws). */
 #define LLM_GRAMMAR_JSON_WS 20
 extern const char llm_grammar_json[];
-
-/* Rules after compilation (the synthesized ones for groups and
- * repetitions included), for tests and limits. */
-int llm_grammar_n_rules(const llm_grammar *g);
 
 #endif
