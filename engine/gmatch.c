@@ -377,26 +377,26 @@ static int32_t gm_copy(llm_gmatch *m, int32_t x, int *n2)
 
 /* Makes st (built above the committed state) the committed one, copied
  * to a fresh bottom so the arrays do not grow with the output. */
+/* Makes room for n items of size sz in *v (capacity *cap, contents not
+ * kept). -1 on no memory (*cap 0 then). */
+static int gm_reserve(void **v, int *cap, int n, size_t sz)
+{
+    if (*cap >= n)
+        return 0;
+    free(*v);
+    *cap = 0;
+    if (!(*v = malloc(sz * (size_t)(n > 0 ? n : 1))))
+        return -1;
+    *cap = n;
+    return 0;
+}
+
 static int gm_commit(llm_gmatch *m, const gstate *st)
 {
-    if (m->cap_remap < m->n_nodes) {
-        free(m->remap);
-        m->cap_remap = m->n_nodes;
-        if (!(m->remap = malloc(sizeof *m->remap * (size_t)m->cap_remap)))
-            return m->cap_remap = 0, -1;
-    }
-    if (m->cap_nodes2 < m->n_nodes) {
-        free(m->nodes2);
-        if (!(m->nodes2 = malloc(sizeof *m->nodes2 * (size_t)m->n_nodes)))
-            return m->cap_nodes2 = 0, -1;
-        m->cap_nodes2 = m->n_nodes;
-    }
-    if (m->cap_sv2 < st->n) {
-        free(m->sv2);
-        if (!(m->sv2 = malloc(sizeof *m->sv2 * (size_t)st->n)))
-            return m->cap_sv2 = 0, -1;
-        m->cap_sv2 = st->n;
-    }
+    if (gm_reserve((void **)&m->remap, &m->cap_remap, m->n_nodes, sizeof *m->remap) ||
+        gm_reserve((void **)&m->nodes2, &m->cap_nodes2, m->n_nodes, sizeof *m->nodes2) ||
+        gm_reserve((void **)&m->sv2, &m->cap_sv2, st->n, sizeof *m->sv2))
+        return -1;
     memset(m->remap, 0xff, sizeof *m->remap * (size_t)m->n_nodes);
     int n2 = 0;
     for (int i = 0; i < st->n; i++) m->sv2[i] = gm_copy(m, m->sv[st->first + i], &n2);

@@ -428,8 +428,10 @@ static int gp_repeat(gparse *p, gel u, long min, long max, gvec *out)
         gel body[2] = {u, {GEL_REF, r}};
         gvec a = {0}, b = {0};
         if (r < 0 || gvec_push(p, &a, body[0]) || gvec_push(p, &a, body[1]) || gp_add_alt(p, r, &a) ||
-            gp_add_alt(p, r, &b))
-            return free(a.v), -1;
+            gp_add_alt(p, r, &b)) {
+            free(a.v);
+            return -1;
+        }
         return gvec_push(p, out, (gel){GEL_REF, r});
     }
     int prev = -1; /* O_k ::= u O_(k-1) | "" */
@@ -445,8 +447,10 @@ static int gp_repeat(gparse *p, gel u, long min, long max, gvec *out)
 static int gp_item(gparse *p, gvec *out)
 {
     gvec one = {0};
-    if (gp_primary(p, &one))
-        return free(one.v), -1;
+    if (gp_primary(p, &one)) {
+        free(one.v);
+        return -1;
+    }
     const char *save = p->at;
     gp_ws(p);
     char op = p->at < p->end ? *p->at : 0;
@@ -482,8 +486,10 @@ static int gp_alternation(gparse *p, int rule)
 {
     for (;;) {
         gvec seq = {0};
-        if (gp_sequence(p, &seq) || gp_add_alt(p, rule, &seq))
-            return free(seq.v), -1;
+        if (gp_sequence(p, &seq) || gp_add_alt(p, rule, &seq)) {
+            free(seq.v);
+            return -1;
+        }
         if (p->at >= p->end || *p->at != '|')
             return 0;
         p->at++;

@@ -79,6 +79,8 @@ typedef struct srv_err {
 } srv_err;
 
 void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* srv_err_set, then -1: `return srv_fail(e, 400, "n", "...");` */
+int srv_fail(srv_err *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* Makes jansson allocate through the server's allocator, so a parse or
  * print that ran out of memory is known as such (call once, before any
  * thread). Without it the two functions below still work but may take a

@@ -101,6 +101,17 @@ int srv_status_of(llm_status st)
     }
 }
 
+int srv_fail(srv_err *e, int status, const char *param, const char *fmt, ...)
+{
+    char msg[sizeof e->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    srv_err_set(e, status, param, "%s", msg);
+    return -1;
+}
+
 /* ---- typed fields ------------------------------------------------------------ */
 
 /* A number field in [lo, hi], or absent (out unchanged). 0 ok, -1 error set. */
@@ -471,11 +482,11 @@ static int parse_constraint(json_t *o, srv_completion *c, srv_err *e)
     const char *type = json_string_value(json_object_get(rf, "type"));
     int has_rf = rf && !json_is_null(rf) && !(type && !strcmp(type, "text"));
     if (rf && !json_is_null(rf) && !json_is_object(rf))
-        return srv_err_set(e, 400, "response_format", "'response_format' must be an object"), -1;
+        return srv_fail(e, 400, "response_format", "'response_format' must be an object");
     if (gr && !json_is_null(gr) && (!json_is_string(gr) || json_string_length(gr) > LLM_GRAMMAR_MAX_BYTES))
-        return srv_err_set(e, 400, "grammar", "'grammar' must be a string of at most %u bytes", LLM_GRAMMAR_MAX_BYTES), -1;
+        return srv_fail(e, 400, "grammar", "'grammar' must be a string of at most %u bytes", LLM_GRAMMAR_MAX_BYTES);
     if (has_rf && json_is_string(gr))
-        return srv_err_set(e, 400, "grammar", "'grammar' and 'response_format' cannot both be given"), -1;
+        return srv_fail(e, 400, "grammar", "'grammar' and 'response_format' cannot both be given");
     if (json_is_string(gr)) {
         c->rq.grammar = json_string_value(gr);
         c->rq.grammar_len = json_string_length(gr);
@@ -487,9 +498,9 @@ static int parse_constraint(json_t *o, srv_completion *c, srv_err *e)
     if (type && !strcmp(type, "json_schema"))
         return parse_json_schema(rf, c, e);
     if (!type || strcmp(type, "json_object"))
-        return srv_err_set(e, 400, "response_format",
+        return srv_fail(e, 400, "response_format",
                            "response_format type '%.32s' is not supported (text, json_object, json_schema)",
-                           type ? type : "(none)"), -1;
+                           type ? type : "(none)");
     c->rq.grammar = llm_grammar_json;
     c->rq.grammar_len = strlen(llm_grammar_json);
     c->rq.grammar_root = "jsonobject";
@@ -505,18 +516,18 @@ static int parse_unbuilt(json_t *o, srv_completion *c, srv_err *e)
     json_t *tc = json_object_get(o, "tool_choice"), *mod = json_object_get(o, "modalities");
     json_t *bo = json_object_get(o, "best_of"), *suf = json_object_get(o, "suffix");
     if (tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
-        return srv_err_set(e, 400, "tools", "tool calling is not supported"), -1;
+        return srv_fail(e, 400, "tools", "tool calling is not supported");
     if (tc && !json_is_null(tc) && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") ||
                                                             !strcmp(json_string_value(tc), "auto"))))
-        return srv_err_set(e, 400, "tool_choice", "'tool_choice' may only be \"none\" or \"auto\" without tools"), -1;
+        return srv_fail(e, 400, "tool_choice", "'tool_choice' may only be \"none\" or \"auto\" without tools");
     if (mod && !json_is_null(mod) &&
         !(json_is_array(mod) && json_array_size(mod) == 1 && json_is_string(json_array_get(mod, 0)) &&
           !strcmp(json_string_value(json_array_get(mod, 0)), "text")))
-        return srv_err_set(e, 400, "modalities", "only the \"text\" modality is supported"), -1;
+        return srv_fail(e, 400, "modalities", "only the \"text\" modality is supported");
     if (bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == (c->rq.n ? c->rq.n : 1)))
-        return srv_err_set(e, 400, "best_of", "'best_of' other than n is not supported"), -1;
+        return srv_fail(e, 400, "best_of", "'best_of' other than n is not supported");
     if (suf && !json_is_null(suf) && !(json_is_string(suf) && json_string_length(suf) == 0))
-        return srv_err_set(e, 400, "suffix", "'suffix' (insertion) is not supported"), -1;
+        return srv_fail(e, 400, "suffix", "'suffix' (insertion) is not supported");
     return 0;
 }
 

@@ -66,7 +66,7 @@ static int sg_json_lit(sg *g, llm_strbuf *b, json_t *v)
 {
     char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     if (!t)
-        return srv_err_set(g->e, 503, "response_format", "no memory for the schema"), -1;
+        return srv_fail(g->e, 503, "response_format", "no memory for the schema");
     sg_lit(b, t, strlen(t));
     free(t);
     return 0;
@@ -77,7 +77,7 @@ static int sg_rule(sg *g, int id, llm_strbuf *body)
 {
     char *t = llm_strbuf_take(body);
     if (!t)
-        return srv_err_set(g->e, 503, "response_format", "no memory for the schema"), -1;
+        return srv_fail(g->e, 503, "response_format", "no memory for the schema");
     llm_strbuf_printf(&g->out, "s%d ::= %s\n", id, t);
     free(t);
     if (g->out.len > LLM_GRAMMAR_MAX_BYTES)
@@ -751,7 +751,7 @@ static int sg_members(sg *g, json_t *props, json_t *req, const char **keys, int 
         int opt = !sg_required(req, keys[i]);
         if (bad || !mt) {
             free(mt);
-            return g->e->status ? -1 : (srv_err_set(g->e, 503, "response_format", "no memory for the schema"), -1);
+            return g->e->status ? -1 : srv_fail(g->e, 503, "response_format", "no memory for the schema");
         }
         llm_strbuf_printf(&f, "%s s%d", mt, rest + i + 1);
         llm_strbuf_printf(&r, "ws \",\" ws %s s%d", mt, rest + i + 1);
@@ -787,7 +787,7 @@ static int sg_object(sg *g, json_t *s, llm_strbuf *b)
     int n = props ? (int)json_object_size(props) : 0, k = 0;
     const char **keys = malloc(sizeof *keys * (size_t)(n + 1)), *key;
     if (!keys)
-        return srv_err_set(g->e, 503, "response_format", "no memory for the schema"), -1;
+        return srv_fail(g->e, 503, "response_format", "no memory for the schema");
     json_object_foreach(props, key, v) keys[k++] = key;
     int first = g->n_rules;
     g->n_rules += 2 * (n + 1);
@@ -975,7 +975,7 @@ static int sg_body(sg *g, json_t *s, llm_strbuf *b)
         if (en)
             return sg_values(g, s, en, b);
         json_t *one = json_pack("[O]", cn);
-        int rc = one ? sg_values(g, s, one, b) : (srv_err_set(g->e, 503, "response_format", "no memory"), -1);
+        int rc = one ? sg_values(g, s, one, b) : srv_fail(g->e, 503, "response_format", "no memory");
         json_decref(one);
         return rc;
     }
