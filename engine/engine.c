@@ -593,7 +593,7 @@ static llm_status sample_one(llm_engine *e, eng_seq *q, const float *row)
     llm_status st = llm_gmatch_mask(q->gm, e->b_mask, &q->fail);
     if (!st)
         st = llm_sampler_sample_masked(q->smp, row, e->b_mask, &q->res, &q->fail);
-    if (!st && !llm_vocab_is_eog(e->m->vocab, q->res.id))
+    if (!st) /* an end token too: it is accepted only where the text is whole, whatever the mask said */
         st = llm_gmatch_accept(q->gm, q->res.id, &q->fail);
     return st;
 }

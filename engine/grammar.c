@@ -11,9 +11,12 @@
 #include "grammar_impl.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 typedef struct gvec {
     gel *v;
@@ -116,9 +119,24 @@ static int gp_rule_new(gparse *p, const char *name, int len)
     return p->n_rules++;
 }
 
+/* A per-process seed for the name table's hash, so that no one can craft
+ * names that all land in one slot (lookups would turn quadratic). */
+static uint32_t gp_seed(void)
+{
+    static _Atomic uint32_t seed;
+    uint32_t v = atomic_load(&seed);
+    if (!v) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        v = ((uint32_t)ts.tv_nsec ^ (uint32_t)(uintptr_t)&ts ^ (uint32_t)getpid() << 16) | 1u;
+        atomic_store(&seed, v);
+    }
+    return v;
+}
+
 static int gp_rule_id(gparse *p, const char *name, int len)
 {
-    uint32_t h = 2166136261u; /* FNV-1a */
+    uint32_t h = 2166136261u ^ gp_seed(); /* FNV-1a, seeded */
     for (int i = 0; i < len; i++) h = (h ^ (unsigned char)name[i]) * 16777619u;
     for (uint32_t k = h % (uint32_t)p->n_slots;; k = (k + 1) % (uint32_t)p->n_slots) {
         int32_t r = p->names[k];
@@ -578,19 +596,45 @@ static int gp_flatten(gparse *p, llm_grammar *g)
     return 0;
 }
 
-/* nullable[r]: rule r can match the empty string (to a fixed point). */
-static void g_nullable(const llm_grammar *g, unsigned char *nullable)
+/* nullable[r]: rule r can match the empty string. A worklist: each
+ * alternative counts its references not yet known nullable, and a rule
+ * found nullable decrements the alternatives that mention it, so the work
+ * is linear in the elements (a fixed point over all rules is quadratic on
+ * a chain of rules). -1 on no memory. */
+static int g_nullable(const llm_grammar *g, unsigned char *nullable)
 {
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (int r = 0; r < g->n_rule; r++)
-            for (int a = g->rule_alt[r]; !nullable[r] && a < g->rule_alt[r + 1]; a++) {
-                int pos = g->alt[a];
-                while (g->el[pos].type == GEL_REF && nullable[g->el[pos].arg]) pos++;
-                if (g->el[pos].type == GEL_END)
-                    nullable[r] = 1, changed = 1;
-            }
+    int n_alt = g->n_alt, n_rule = g->n_rule, rc = -1;
+    int *cnt = calloc((size_t)n_alt + 1, sizeof(int)), *of = malloc(sizeof(int) * ((size_t)n_alt + 1));
+    int *occ_at = calloc((size_t)n_rule + 2, sizeof(int)), *occ = malloc(sizeof(int) * ((size_t)g->n_el + 1));
+    int *queue = malloc(sizeof(int) * ((size_t)n_rule + 1)), qh = 0, qt = 0;
+    if (!cnt || !of || !occ_at || !occ || !queue)
+        goto out;
+    for (int r = 0; r < n_rule; r++) /* of[a]: a's rule; cnt[a]: its references, -1 with a character */
+        for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
+            of[a] = r;
+            for (int pos = g->alt[a]; g->el[pos].type != GEL_END && cnt[a] >= 0; pos++)
+                cnt[a] = g->el[pos].type == GEL_CHAR ? -1 : cnt[a] + 1;
+        }
+    for (int a = 0; a < n_alt; a++) /* occurrences counted only in alternatives without characters */
+        for (int pos = g->alt[a]; cnt[a] > 0 && g->el[pos].type == GEL_REF; pos++) occ_at[g->el[pos].arg + 1]++;
+    for (int r = 0; r < n_rule; r++) occ_at[r + 1] += occ_at[r];
+    for (int a = 0; a < n_alt; a++) /* occ: the alternatives mentioning each rule, by rule */
+        for (int pos = g->alt[a]; cnt[a] > 0 && g->el[pos].type == GEL_REF; pos++) occ[occ_at[g->el[pos].arg]++] = a;
+    for (int r = n_rule; r > 0; r--) occ_at[r] = occ_at[r - 1]; /* back to starts */
+    occ_at[0] = 0;
+    for (int a = 0; a < n_alt; a++)
+        if (cnt[a] == 0 && !nullable[of[a]])
+            nullable[of[a]] = 1, queue[qt++] = of[a];
+    while (qh < qt) {
+        int r = queue[qh++];
+        for (int k = occ_at[r]; k < occ_at[r + 1]; k++)
+            if (--cnt[occ[k]] == 0 && !nullable[of[occ[k]]])
+                nullable[of[occ[k]]] = 1, queue[qt++] = of[occ[k]];
     }
+    rc = 0;
+out:
+    free(cnt), free(of), free(occ_at), free(occ), free(queue);
+    return rc;
 }
 
 /* The rules r can reach before consuming a character, into out; their count. */
@@ -645,8 +689,9 @@ static int gp_check_left(gparse *p, const llm_grammar *g)
     int *state = calloc(n, sizeof(int)), *stack = malloc(sizeof(int) * n);
     int *edges = malloc(sizeof(int) * (size_t)(g->n_el + 1)), *at = malloc(sizeof(int) * n), *cnt = malloc(sizeof(int) * n);
     int rc = nullable && state && stack && edges && at && cnt ? 0 : gp_nomem(p);
+    if (!rc && g_nullable(g, nullable))
+        rc = gp_nomem(p);
     if (!rc) {
-        g_nullable(g, nullable);
         int r = g_left_recursive(g, nullable, state, stack, edges, at, cnt);
         const prule *pr = r >= 0 ? &p->rules[r] : NULL;
         if (pr)

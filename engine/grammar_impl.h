@@ -62,24 +62,24 @@ static inline int grammar_class_has(const struct llm_grammar *g, int c, uint32_t
     return in != k->neg;
 }
 
-/* 1 when class c holds some code point of [lo, hi]. */
+/* 1 when class c holds some code point of [lo, hi]. O(log ranges): a
+ * class may have hundreds of thousands of ranges, and this runs for every
+ * stack at every byte of a partial character. */
 static inline int grammar_class_meets(const struct llm_grammar *g, int c, uint32_t lo, uint32_t hi)
 {
     const gclass *k = &g->cls[c];
-    uint32_t at = lo; /* first point of [lo, hi] not covered by a range yet */
-    for (int i = k->first; i < k->first + k->n; i++) {
-        const grange *r = &g->rng[i];
-        if (r->hi < lo || r->lo > hi)
-            continue;
-        if (!k->neg)
-            return 1;
-        if (r->lo > at)
-            return 1; /* a gap before this range */
-        at = r->hi + 1;
-        if (r->hi >= hi)
-            return 0;
+    int a = k->first, b = k->first + k->n; /* the first range ending at or after lo: in [a, b] */
+    while (a < b) {
+        int mid = (a + b) / 2;
+        if (g->rng[mid].hi < lo)
+            a = mid + 1;
+        else
+            b = mid;
     }
-    return k->neg ? at <= hi : 0;
+    int overlaps = a < k->first + k->n && g->rng[a].lo <= hi;
+    if (!k->neg)
+        return overlaps;
+    return !(overlaps && g->rng[a].lo <= lo && g->rng[a].hi >= hi); /* ranges are merged: one covers it or none */
 }
 
 #endif

@@ -24,6 +24,9 @@ void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_start(ap, fmt);
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    for (char *c = e->msg; *c; c++) /* a client's bytes may be in it: the JSON error body needs valid UTF-8 */
+        if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f)
+            *c = '?';
     va_end(ap);
 }
 
@@ -438,7 +441,8 @@ static int parse_logit_bias(json_t *o, const llm_vocab *vocab, srv_completion *c
         errno = 0;
         long id = strtol(k, &end, 10);
         double x = json_number_value(v);
-        if (!*k || *end || errno || id < 0 || id > INT32_MAX || *k == '+' || *k == '-' || *k == ' ') {
+        if (!*k || *end || errno || id < 0 || id > INT32_MAX || *k < '0' || *k > '9' || (*k == '0' && k[1])) {
+            /* canonical decimals only: "7" and "007" must not both bias token 7 */
             srv_err_set(e, 400, "logit_bias", "logit_bias key '%.32s' is not a token id", k);
             return -1;
         }

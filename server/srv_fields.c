@@ -12,7 +12,7 @@
 typedef enum fld_use {
     FLD_USED = 1,     /* parsed and honoured */
     FLD_HINT,         /* accepted; it asks for nothing an answer shows (user, metadata, store) */
-    FLD_REFUSED,      /* any value but null (or the listed neutral ones) is a 400 */
+    FLD_REFUSED,      /* any value but null is a 400 */
 } fld_use;
 
 typedef struct fld {
@@ -43,7 +43,7 @@ static const fld fld_table[] = {
     {"seed", K_ALL, FLD_USED, NULL},
     {"stop", K_ALL, FLD_USED, NULL},
     {"stream", K_ALL, FLD_USED, NULL},
-    {"stream_options", K_OAI, FLD_USED, NULL},
+    {"stream_options", K_ALL, FLD_USED, NULL},
     {"logprobs", K_ALL, FLD_USED, NULL},
     {"top_logprobs", K_CHAT, FLD_USED, NULL},
     {"presence_penalty", K_ALL, FLD_USED, NULL},
@@ -61,7 +61,7 @@ static const fld fld_table[] = {
     {"store", K_CHAT, FLD_HINT, NULL},
     {"service_tier", K_CHAT, FLD_HINT, NULL},
     {"parallel_tool_calls", K_CHAT, FLD_HINT, NULL},
-    {"response_format", K_OAI, FLD_USED, NULL},
+    {"response_format", K_ALL, FLD_USED, NULL},
     {"grammar", K_ALL, FLD_USED, NULL},
     {"tools", K_CHAT, FLD_USED, NULL},
     {"tool_choice", K_CHAT, FLD_USED, NULL},

@@ -20,6 +20,7 @@
 
 #define SG_MAX_REFS 256
 #define SG_MAX_DEPTH 64
+#define SG_MAX_NODES 20000 /* subschemas converted: bounds the work a request can ask for */
 
 typedef struct sg {
     llm_strbuf out;            /* finished rules */
@@ -27,7 +28,7 @@ typedef struct sg {
     int n_rules;
     json_t *ref_node[SG_MAX_REFS];
     int ref_rule[SG_MAX_REFS], n_refs;
-    int depth;
+    int depth, n_nodes;
     srv_err *e;
 } sg;
 
@@ -464,11 +465,16 @@ static int rx_escape_char(sg_rx *r, uint32_t *cp)
         *cp = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c == 'f' ? '\f' : '\v';
         return 0;
     }
-    if (c == 'u' && r->end - r->p >= 4) {
-        char hex[5] = {r->p[0], r->p[1], r->p[2], r->p[3], 0}, *e;
-        *cp = (uint32_t)strtoul(hex, &e, 16);
-        r->p += 4;
-        return *e ? rx_fail(r, "a \\u escape without 4 hex digits") : 0;
+    if (c == 'u') { /* exactly four hex digits (strtoul would take signs, spaces and 0x) */
+        *cp = 0;
+        for (int i = 0; i < 4; i++, r->p++) {
+            char h = r->p < r->end ? *r->p : 0;
+            int v = h >= '0' && h <= '9' ? h - '0' : (h | 0x20) >= 'a' && (h | 0x20) <= 'f' ? (h | 0x20) - 'a' + 10 : -1;
+            if (v < 0)
+                return rx_fail(r, "a \\u escape without 4 hex digits");
+            *cp = *cp * 16 + (uint32_t)v;
+        }
+        return 0;
     }
     if (c && (strchr(plain, c) || (c >= 0x20 && c < 0x7f && !((c | 0x20) >= 'a' && (c | 0x20) <= 'z') &&
                                    !(c >= '0' && c <= '9')))) { /* identity escapes of punctuation */
@@ -772,6 +778,8 @@ static int sg_object(sg *g, json_t *s, llm_strbuf *b)
     if ((props && !json_is_object(props)) || (req && !json_is_array(req)))
         return sg_fail(g, "'%s' has the wrong type", props && !json_is_object(props) ? "properties" : "required");
     size_t i;
+    if (json_array_size(req) > json_object_size(props)) /* a name twice; also keeps the checks below linear */
+        return sg_fail(g, "'required' lists more names than there are properties");
     json_array_foreach(req, i, v) {
         if (!json_is_string(v) || !json_object_get(props, json_string_value(v)))
             return sg_fail(g, "'required' names '%.64s', which is not among the properties",
@@ -842,7 +850,7 @@ static int sg_ref(sg *g, json_t *ref)
         defs = json_object_get(g->doc, "definitions"), name = r + 14;
     else if (r && !strcmp(r, "#"))
         defs = NULL, name = "";
-    json_t *target = name && !*name && !defs ? g->doc : name && !strpbrk(name, "/~") ? json_object_get(defs, name) : NULL;
+    json_t *target = r && !strcmp(r, "#") ? g->doc : name && *name && !strpbrk(name, "/~") ? json_object_get(defs, name) : NULL;
     if (!target)
         return sg_fail(g, "$ref '%.64s' does not name a definition of this schema (#/$defs/NAME)", r ? r : "?");
     for (int i = 0; i < g->n_refs; i++)
@@ -982,9 +990,12 @@ static int sg_body(sg *g, json_t *s, llm_strbuf *b)
     if (json_is_array(type)) {
         size_t i;
         json_t *t;
-        if (!json_array_size(type))
-            return sg_fail(g, "'type' must not be an empty list");
+        if (!json_array_size(type) || json_array_size(type) > 7)
+            return sg_fail(g, "'type' must list 1 to 7 types");
         json_array_foreach(type, i, t) {
+            for (size_t k = 0; k < i; k++)
+                if (json_equal(json_array_get(type, k), t))
+                    return sg_fail(g, "'type' lists a type twice");
             llm_strbuf_printf(b, "%s( ", i ? " | " : "");
             if (!json_is_string(t) || sg_typed(g, s, json_string_value(t), b))
                 return json_is_string(t) ? -1 : sg_fail(g, "'type' must list strings");
@@ -1004,6 +1015,8 @@ static int sg_body(sg *g, json_t *s, llm_strbuf *b)
 
 static int sg_node_as(sg *g, json_t *s, int id)
 {
+    if (++g->n_nodes > SG_MAX_NODES)
+        return sg_fail(g, "the schema has more than %d subschemas", SG_MAX_NODES);
     if (++g->depth > SG_MAX_DEPTH)
         return sg_fail(g, "the schema is nested deeper than %d", SG_MAX_DEPTH);
     llm_strbuf b = {0};

@@ -62,6 +62,8 @@ def test_bias_boost(srv):
 
 @pytest.mark.parametrize("body,param", [
     ({"logit_bias": {"x1": 5}}, "logit_bias"),
+    ({"logit_bias": {"007": 5}}, "logit_bias"),  # "7" and "007" would both bias token 7
+    ({"logit_bias": {"+7": 5}}, "logit_bias"),
     ({"logit_bias": {"-1": 5}}, "logit_bias"),
     ({"logit_bias": {"3": 101}}, "logit_bias"),
     ({"logit_bias": {"3": "5"}}, "logit_bias"),

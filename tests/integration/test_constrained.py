@@ -113,6 +113,7 @@ def test_json_object(srv):
     ({"grammar": "root ::= x\n"}, "grammar", "rule 'x' is used but never defined"),
     ({"grammar": "root ::= root \"a\"\n"}, "grammar", "left-recursive"),
     ({"grammar": 5}, "grammar", "must be a string"),
+    ({"grammar": "root ::= \u00e9\n"}, "grammar", "unexpected"),  # the client's byte reaches the message: still JSON
     ({"grammar": "root ::= \"a\"\n", "response_format": {"type": "json_object"}}, "grammar", "cannot both"),
     ({"response_format": {"type": "yaml"}}, "response_format", "not supported"),
     ({"response_format": "json"}, "response_format", "must be an object"),

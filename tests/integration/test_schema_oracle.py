@@ -302,6 +302,13 @@ def test_composite_schemas(seed, tmp_path):
     ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "'b'"),
     ({"type": "string", "pattern": "a", "maxLength": 3}, "pattern"),
     ({"type": "frob"}, "frob"),
+    ({"type": "object", "properties": {"a": {}}, "required": ["a", "a"]}, "more names"),
+    ({"type": ["string", "string"]}, "twice"),
+    ({"$ref": "#/$defs/"}, "$ref"),
+    ({"type": "string", "pattern": "^\\u+041$"}, "\\u"),
+    ({"type": "string", "pattern": "^[^a-\\u-001]$"}, "\\u"),
+    ({"type": "string", "pattern": "a{3,2}"}, "repetition"),
+    ({"type": "string", "pattern": "a{99999}"}, "repetition"),
 ])
 def test_refused(schema, word):
     g, err = grammar_of(schema)
