@@ -5,6 +5,7 @@
  * stats under the lock. See docs/internals/scheduler.md. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -42,7 +43,8 @@ struct eng_req {
     int n, n_done, n_read_done;
     eng_seq *seqs;
     int max_gen, ignore_eos;
-    llm_grammar *grammar;  /* compiled at submit; NULL: none */
+    llm_grammar *grammar;  /* compiled at submit (shared through slot, or owned when slot is NULL); NULL: none */
+    struct eng_grammar *slot;
     char **stops;
     int n_stops;
     ev_node *head, *tail;
@@ -57,6 +59,21 @@ struct eng_req {
 };
 
 #define GEN_WINDOW 32 /* (time, generated) samples for tokens/s */
+#define ENG_GRAMMARS 32                /* compiled grammars kept for requests that send the same text */
+#define ENG_GRAMMAR_SHARE_MAX (64u << 10) /* longer grammar texts are compiled for their request alone */
+
+/* A compiled grammar shared by the requests that send the same text and
+ * start rule: they then meet the same states, and the mask cache serves
+ * them all. refs counts its requests; one with none is kept until its
+ * slot is wanted. Under gv_mu except refs. */
+typedef struct eng_grammar {
+    char *text;            /* the text, a NUL, the start rule ("" for root) */
+    size_t len;            /* of the text */
+    uint64_t hash;
+    llm_grammar *g;
+    _Atomic int refs;
+    uint64_t used;         /* when last taken (eng's grammar_clock) */
+} eng_grammar;
 #define ENG_GRAMMAR_CACHE_BYTES (16u << 20) /* masks kept across constrained requests: ~500 of a 262k vocabulary */
 
 struct llm_engine {
@@ -79,6 +96,8 @@ struct llm_engine {
     pthread_mutex_t gv_mu;       /* builds gv once, on the first constrained request's thread */
     llm_gmatch_vocab *gv;        /* the vocabulary sorted for grammar masks; NULL until then */
     llm_gmatch_cache *gcache;    /* masks shared by all constrained sequences (engine thread) */
+    eng_grammar grammars[ENG_GRAMMARS]; /* under gv_mu */
+    uint64_t grammar_clock;
     uint32_t *b_mask;            /* (n_vocab / 32 words) a constrained sequence's mask (engine thread) */
     llm_batch_seq *b_seqs;
     int n_copies, n_local_copies;
@@ -110,7 +129,10 @@ static void req_free(eng_req *r)
         textout_free(&r->seqs[i].out);
     }
     free(r->seqs);
-    llm_grammar_free(r->grammar);
+    if (r->slot)
+        atomic_fetch_sub(&r->slot->refs, 1);
+    else
+        llm_grammar_free(r->grammar);
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
     for (ev_node *n = r->head, *nx; n; n = nx) {
@@ -241,12 +263,81 @@ static llm_status gen_limit(const llm_engine *e, const llm_request *rq, int n_pr
     return LLM_OK;
 }
 
-/* The request's grammar compiled, and the vocabulary index built once for
- * all requests (on this, the submitting thread: the engine's steps never
- * wait for it). */
-static llm_status grammar_prepare(llm_engine *e, const llm_request *rq, llm_grammar **g, llm_error *err)
+static uint64_t grammar_hash(const char *text, size_t len, const char *root)
 {
-    llm_status st = llm_grammar_compile(rq->grammar, rq->grammar_len, rq->grammar_root, g, err);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)text[i]) * 0x100000001b3ull;
+    for (const char *c = root; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
+    return h;
+}
+
+/* Under gv_mu: the slot holding this exact text and root (taken), or NULL. */
+static eng_grammar *grammar_find(llm_engine *e, const char *text, size_t len, const char *root, uint64_t h)
+{
+    for (int i = 0; i < ENG_GRAMMARS; i++) {
+        eng_grammar *x = &e->grammars[i];
+        if (x->g && x->hash == h && x->len == len && !memcmp(x->text, text, len) && !strcmp(x->text + len + 1, root)) {
+            atomic_fetch_add(&x->refs, 1);
+            x->used = ++e->grammar_clock;
+            return x;
+        }
+    }
+    return NULL;
+}
+
+/* Under gv_mu: g kept in a free slot or the least recently used idle one
+ * (taken), or NULL when every slot is in use or memory ran out (the
+ * request then owns g). */
+static eng_grammar *grammar_keep(llm_engine *e, const char *text, size_t len, const char *root, uint64_t h, llm_grammar *g)
+{
+    eng_grammar *best = NULL;
+    for (int i = 0; i < ENG_GRAMMARS; i++) {
+        eng_grammar *x = &e->grammars[i];
+        if (!x->g) {
+            best = x;
+            break;
+        }
+        if (atomic_load(&x->refs) == 0 && (!best || x->used < best->used))
+            best = x;
+    }
+    char *copy = best ? malloc(len + strlen(root) + 2) : NULL;
+    if (!copy)
+        return NULL;
+    memcpy(copy, text, len);
+    copy[len] = 0;
+    memcpy(copy + len + 1, root, strlen(root) + 1);
+    llm_grammar_free(best->g);
+    free(best->text);
+    best->text = copy, best->len = len, best->hash = h, best->g = g, best->used = ++e->grammar_clock;
+    atomic_store(&best->refs, 1);
+    return best;
+}
+
+/* The request's grammar: a compiled one that another request sent the same
+ * text for, or compiled here (on the submitting thread: the engine's steps
+ * never wait for it); and the vocabulary index built once for all requests. */
+static llm_status grammar_prepare(llm_engine *e, const llm_request *rq, eng_req *r, llm_error *err)
+{
+    const char *root = rq->grammar_root ? rq->grammar_root : "";
+    int share = rq->grammar_len <= ENG_GRAMMAR_SHARE_MAX;
+    uint64_t h = grammar_hash(rq->grammar, rq->grammar_len, root);
+    llm_status st = LLM_OK;
+    pthread_mutex_lock(&e->gv_mu);
+    r->slot = share ? grammar_find(e, rq->grammar, rq->grammar_len, root, h) : NULL;
+    pthread_mutex_unlock(&e->gv_mu);
+    if (r->slot) {
+        r->grammar = r->slot->g;
+    } else {
+        st = llm_grammar_compile(rq->grammar, rq->grammar_len, rq->grammar_root, &r->grammar, err);
+        pthread_mutex_lock(&e->gv_mu);
+        if (!st && share && !(r->slot = grammar_find(e, rq->grammar, rq->grammar_len, root, h)))
+            r->slot = grammar_keep(e, rq->grammar, rq->grammar_len, root, h, r->grammar);
+        else if (!st && r->slot) /* another request compiled it meanwhile */
+            llm_grammar_free(r->grammar);
+        if (r->slot)
+            r->grammar = r->slot->g;
+        pthread_mutex_unlock(&e->gv_mu);
+    }
     pthread_mutex_lock(&e->gv_mu);
     if (!st && !e->gv) { /* each piece once: a failed attempt leaves what it made for the next one */
         int n_words = (e->m->hp.n_vocab + 31) / 32;
@@ -276,7 +367,7 @@ static llm_status seq_init(llm_engine *e, eng_req *r, int i, const llm_request *
     if (st)
         return st;
     for (int k = 0; k < n_prompt; k++) llm_sampler_accept(s->smp, prompt[k]);
-    if (r->grammar && (st = llm_gmatch_new(r->grammar, e->gv, e->gcache, &s->gm, err)))
+    if (r->grammar && (st = llm_gmatch_new(r->grammar, e->gv, e->gcache, rq->cache_salt, &s->gm, err)))
         return st;
     textout_init(&s->out, (const char *const *)r->stops, r->n_stops);
     s->q = (sched_seq){.tokens = s->tokens, .n_tokens = n_prompt, .n_prompt = n_prompt, .priority = rq->priority,
@@ -303,7 +394,7 @@ static llm_status req_new(llm_engine *e, const llm_request *rq, const int32_t *p
         if (!(r->stops[i] = strdup(rq->stop[i])))
             st = llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for a stop string");
     if (!st && rq->grammar)
-        st = grammar_prepare(e, rq, &r->grammar, err);
+        st = grammar_prepare(e, rq, r, err);
     for (int i = 0; !st && i < r->n; i++) st = seq_init(e, r, i, rq, prompt, n_prompt, err);
     if (st) {
         req_free(r);
@@ -924,6 +1015,10 @@ static void engine_free(llm_engine *e)
     free(e->b_mask);
     llm_gmatch_vocab_free(e->gv);
     llm_gmatch_cache_free(e->gcache);
+    for (int i = 0; i < ENG_GRAMMARS; i++) {
+        llm_grammar_free(e->grammars[i].g);
+        free(e->grammars[i].text);
+    }
     pthread_mutex_destroy(&e->gv_mu);
     free(e->cp_src);
     free(e->cp_dst);

@@ -21,9 +21,16 @@
 #define GM_CACHE 16          /* masks a matcher keeps when it has no shared cache */
 #define GM_MAX_EXPAND 8192   /* nested expansions for one push (far above a sane grammar's) */
 
+#define GM_KEY_MAX 512        /* a state longer than this (stack positions) is not cached */
+
+/* A mask is found again only for an exact (grammar id, partition, state):
+ * the hash only picks the candidates. */
 struct llm_gmatch_cache {
     int n_words, cap, n, next;
-    uint64_t *key;           /* (cap) grammar fingerprint mixed with the state's key */
+    uint64_t *hash;          /* (cap) of the three below */
+    uint64_t *grammar, *part; /* (cap) */
+    int32_t *key_len;        /* (cap) */
+    int32_t *key;            /* (cap, GM_KEY_MAX) the state: each stack's positions top down, then -1 */
     uint32_t *bits;          /* (cap, n_words) */
 };
 
@@ -71,6 +78,9 @@ struct llm_gmatch {
     int cap_remap;
     llm_gmatch_cache *cache; /* shared (borrowed) or own */
     int own_cache, n_words;
+    uint64_t partition;
+    int32_t key[GM_KEY_MAX]; /* the committed state, serialized for the cache */
+    int key_len;             /* -1: too long to cache */
     uint64_t masks, cached;
     long work, max_work;     /* stack operations in this call (bounded by LLM_GMATCH_MAX_WORK), the most yet */
     int overflow;            /* a bound was hit while building the last state: 1 stacks, 2 depth, 3 expansion,
@@ -485,16 +495,6 @@ llm_status llm_gmatch_accept(llm_gmatch *m, int32_t id, llm_error *err)
 
 /* ---- masks ------------------------------------------------------------------------- */
 
-static uint64_t gm_state_key(const llm_gmatch *m, const gstate *s)
-{
-    uint64_t sum = 0, x = 0; /* order-free over the stacks: their hashes summed and xored */
-    for (int i = 0; i < s->n; i++) {
-        uint64_t h = gm_hash_of(m, m->sv[s->first + i]);
-        sum += h, x ^= gm_mix(h, 1);
-    }
-    return gm_mix(gm_mix(sum, x), ((uint64_t)s->cp << 8) | ((uint64_t)s->rem << 4) | (uint64_t)s->len);
-}
-
 /* Walks the sorted pieces from the committed state, setting the bits of
  * those that survive. -1 on no memory. */
 static int gm_walk(llm_gmatch *m, uint32_t *allow)
@@ -527,11 +527,15 @@ llm_gmatch_cache *llm_gmatch_cache_new(int n_vocab, size_t max_bytes)
     if (!c)
         return NULL;
     c->n_words = (n_vocab + 31) / 32;
-    size_t each = sizeof(uint32_t) * (size_t)c->n_words + sizeof(uint64_t);
+    size_t each = sizeof(uint32_t) * (size_t)c->n_words + sizeof(int32_t) * (GM_KEY_MAX + 1) + 3 * sizeof(uint64_t);
     c->cap = max_bytes / each < 16 ? 16 : max_bytes / each > 4096 ? 4096 : (int)(max_bytes / each);
-    c->key = malloc(sizeof *c->key * (size_t)c->cap);
+    c->hash = malloc(sizeof *c->hash * (size_t)c->cap);
+    c->grammar = malloc(sizeof *c->grammar * (size_t)c->cap);
+    c->part = malloc(sizeof *c->part * (size_t)c->cap);
+    c->key_len = malloc(sizeof *c->key_len * (size_t)c->cap);
+    c->key = malloc(sizeof *c->key * (size_t)c->cap * GM_KEY_MAX);
     c->bits = malloc(sizeof *c->bits * (size_t)c->n_words * (size_t)c->cap);
-    if (!c->key || !c->bits) {
+    if (!c->hash || !c->grammar || !c->part || !c->key_len || !c->key || !c->bits) {
         llm_gmatch_cache_free(c);
         return NULL;
     }
@@ -542,24 +546,72 @@ void llm_gmatch_cache_free(llm_gmatch_cache *c)
 {
     if (!c)
         return;
+    free(c->hash);
+    free(c->grammar);
+    free(c->part);
+    free(c->key_len);
     free(c->key);
     free(c->bits);
     free(c);
 }
 
-static uint32_t *gm_cached(const llm_gmatch_cache *c, uint64_t key)
+static int gm_node_cmp(const void *a, const void *b)
+{
+    uint64_t x = ((const uint64_t *)a)[0], y = ((const uint64_t *)b)[0];
+    return x < y ? -1 : x > y;
+}
+
+/* m->key = the committed state, canonical: the stacks in the order of
+ * their hashes (stacks whose hashes collide may come in either order: the
+ * key then differs between matchers, a missed hit, never a false one),
+ * each as its positions top down and -1, then the partial character.
+ * m->key_len -1 when it does not fit. */
+static void gm_serialize(llm_gmatch *m)
+{
+    const gstate *st = &m->cur;
+    uint64_t order[LLM_GMATCH_MAX_STACKS][2];
+    int n = 0, k = 0;
+    for (int i = 0; i < st->n && n < LLM_GMATCH_MAX_STACKS; i++) {
+        int32_t s = m->sv[st->first + i];
+        order[n][0] = gm_hash_of(m, s), order[n++][1] = (uint64_t)(int64_t)s;
+    }
+    qsort(order, (size_t)n, sizeof order[0], gm_node_cmp);
+    for (int i = 0; i < n && k >= 0; i++) {
+        for (int32_t s = (int32_t)(int64_t)order[i][1]; s >= 0 && k >= 0; s = m->nodes[s].parent)
+            k = k < GM_KEY_MAX - 4 ? (m->key[k] = m->nodes[s].pos, k + 1) : -1;
+        if (k >= 0)
+            m->key[k++] = -1;
+    }
+    if (k >= 0 && k <= GM_KEY_MAX - 3) {
+        m->key[k++] = (int32_t)st->cp, m->key[k++] = st->rem, m->key[k++] = st->len;
+    } else {
+        k = -1;
+    }
+    m->key_len = k;
+}
+
+static uint64_t gm_key_hash(const llm_gmatch *m)
+{
+    uint64_t h = gm_mix(m->g->id, m->partition);
+    for (int i = 0; i < m->key_len; i++) h = gm_mix(h, (uint64_t)(uint32_t)m->key[i]);
+    return h;
+}
+
+static uint32_t *gm_cached(const llm_gmatch_cache *c, const llm_gmatch *m, uint64_t h)
 {
     for (int i = 0; i < c->n; i++)
-        if (c->key[i] == key)
+        if (c->hash[i] == h && c->grammar[i] == m->g->id && c->part[i] == m->partition && c->key_len[i] == m->key_len &&
+            !memcmp(c->key + (size_t)i * GM_KEY_MAX, m->key, sizeof *m->key * (size_t)m->key_len))
             return c->bits + (size_t)i * (size_t)c->n_words;
     return NULL;
 }
 
 /* Keeps a mask, replacing the oldest once full. */
-static void gm_cache_put(llm_gmatch_cache *c, uint64_t key, const uint32_t *allow)
+static void gm_cache_put(llm_gmatch_cache *c, const llm_gmatch *m, uint64_t h, const uint32_t *allow)
 {
     int slot = c->n < c->cap ? c->n++ : c->next++ % c->cap;
-    c->key[slot] = key;
+    c->hash[slot] = h, c->grammar[slot] = m->g->id, c->part[slot] = m->partition, c->key_len[slot] = m->key_len;
+    memcpy(c->key + (size_t)slot * GM_KEY_MAX, m->key, sizeof *m->key * (size_t)m->key_len);
     memcpy(c->bits + (size_t)slot * (size_t)c->n_words, allow, sizeof *allow * (size_t)c->n_words);
 }
 
@@ -568,8 +620,9 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
     const llm_gmatch_vocab *gv = m->gv;
     if (!gv)
         return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: a matcher without a vocabulary index has no masks");
-    uint64_t key = gm_mix(gm_state_key(m, &m->cur), m->g->fingerprint);
-    uint32_t *hit = gm_cached(m->cache, key);
+    gm_serialize(m);
+    uint64_t h = m->key_len >= 0 ? gm_key_hash(m) : 0;
+    uint32_t *hit = m->key_len >= 0 ? gm_cached(m->cache, m, h) : NULL;
     m->masks++;
     if (hit) {
         m->cached++;
@@ -586,7 +639,8 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
         return gm_overflow_err(m, err); /* a stack was dropped: the mask could miss tokens */
     if (llm_gmatch_complete(m))
         for (int i = 0; i < gv->n_eog; i++) allow[gv->eog[i] >> 5] |= 1u << (gv->eog[i] & 31);
-    gm_cache_put(m->cache, key, allow);
+    if (m->key_len >= 0)
+        gm_cache_put(m->cache, m, h, allow);
     return LLM_OK;
 }
 
@@ -599,14 +653,14 @@ void llm_gmatch_stats(const llm_gmatch *m, uint64_t *masks, uint64_t *cached, lo
 
 /* ---- life ------------------------------------------------------------------------- */
 
-llm_status llm_gmatch_new(const llm_grammar *g, const llm_gmatch_vocab *gv, llm_gmatch_cache *cache, llm_gmatch **out,
-                          llm_error *err)
+llm_status llm_gmatch_new(const llm_grammar *g, const llm_gmatch_vocab *gv, llm_gmatch_cache *cache, uint64_t partition,
+                          llm_gmatch **out, llm_error *err)
 {
     *out = NULL;
     llm_gmatch *m = calloc(1, sizeof *m);
     if (!m)
         return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a matcher");
-    m->g = g, m->gv = gv;
+    m->g = g, m->gv = gv, m->partition = partition;
     if (gv) {
         size_t d = (size_t)gv->max_len + 1;
         m->n_words = (gv->n_vocab + 31) / 32;

@@ -704,24 +704,6 @@ static int gp_check_left(gparse *p, const llm_grammar *g)
     return rc;
 }
 
-/* FNV-1a over n bytes, continuing h. */
-static uint64_t g_fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
-static uint64_t g_fingerprint(const llm_grammar *g)
-{
-    uint64_t h = g_fnv(0xcbf29ce484222325ull, &g->root, sizeof g->root);
-    h = g_fnv(h, g->el, sizeof *g->el * (size_t)g->n_el);
-    h = g_fnv(h, g->alt, sizeof *g->alt * (size_t)g->n_alt);
-    h = g_fnv(h, g->rule_alt, sizeof *g->rule_alt * (size_t)(g->n_rule + 1));
-    h = g_fnv(h, g->cls, sizeof *g->cls * (size_t)g->n_cls);
-    return g_fnv(h, g->rng, sizeof *g->rng * (size_t)g->n_rng);
-}
-
 llm_status llm_grammar_compile(const char *text, size_t len, const char *root, llm_grammar **out, llm_error *err)
 {
     *out = NULL;
@@ -760,7 +742,8 @@ llm_status llm_grammar_compile(const char *text, size_t len, const char *root, l
         llm_grammar_free(g);
         return p.st;
     }
-    g->fingerprint = g_fingerprint(g);
+    static _Atomic uint64_t next_id;
+    g->id = atomic_fetch_add(&next_id, 1) + 1;
     *out = g;
     return LLM_OK;
 }

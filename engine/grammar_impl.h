@@ -41,8 +41,8 @@ struct llm_grammar {
     grange *rng;
     int n_rng;
     int root;
-    uint64_t fingerprint; /* of all the above: equal grammars (the same text) have equal ones, so their
-                           * matchers' states and masks may be shared (gmatch.c's cache) */
+    uint64_t id;          /* unique to this compiled grammar in the process (never reused): masks cached for
+                           * its states are kept under it (gmatch.c), never under a hash a client could aim */
 };
 
 /* 1 when code point cp is in class c. */

@@ -13,7 +13,7 @@ static void walk(const llm_grammar *g, const char *out, size_t n)
 {
     llm_gmatch *m;
     llm_error err = {0};
-    if (llm_gmatch_new(g, NULL, NULL, &m, &err))
+    if (llm_gmatch_new(g, NULL, NULL, 0, &m, &err))
         return;
     for (size_t i = 0; i < n;) {
         size_t k = 1 + (unsigned char)out[i] % 3;

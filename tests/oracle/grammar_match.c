@@ -28,7 +28,7 @@ static const char *verdict(const llm_grammar *g, const char *s, size_t n)
 {
     llm_gmatch *m;
     llm_error err = {0};
-    if (llm_gmatch_new(g, NULL, NULL, &m, &err))
+    if (llm_gmatch_new(g, NULL, NULL, 0, &m, &err))
         return "no";
     const char *v = llm_gmatch_feed(m, s, n, &err) ? "no" : llm_gmatch_complete(m) ? "full" : "prefix";
     llm_gmatch_free(m);

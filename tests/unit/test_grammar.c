@@ -78,7 +78,7 @@ static void walk(const tvocab *t, const char *grammar, const char *root, uint64_
     llm_grammar *g = compile(grammar, root);
     llm_gmatch *m;
     llm_error err = {0};
-    assert_int_equal(llm_gmatch_new(g, t->gv, t->cache, &m, &err), LLM_OK);
+    assert_int_equal(llm_gmatch_new(g, t->gv, t->cache, 0, &m, &err), LLM_OK);
     int n = llm_vocab_n(t->v);
     uint32_t *allow = malloc(sizeof(uint32_t) * (size_t)(n + 31) / 32);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
@@ -141,7 +141,7 @@ static void test_accept_rules(void **state)
     llm_grammar *g = compile("root ::= \"ok\" | \"okay\"\n", NULL);
     llm_gmatch *m;
     llm_error err = {0};
-    assert_int_equal(llm_gmatch_new(g, t.gv, NULL, &m, &err), LLM_OK);
+    assert_int_equal(llm_gmatch_new(g, t.gv, NULL, 0, &m, &err), LLM_OK);
     int32_t eos = llm_vocab_eos(t.v), ok = llm_vocab_find(t.v, "ok", 2), ay = llm_vocab_find(t.v, "ay", 2);
     int32_t x = llm_vocab_find(t.v, "x", 1);
     assert_true(eos >= 0 && ok >= 0 && ay >= 0 && x >= 0);
@@ -198,7 +198,7 @@ static void test_mask_cost(void **state)
         uint64_t masks, cached;
         long max_work;
         llm_gmatch *m;
-        assert_int_equal(llm_gmatch_new(g, t.gv, t.cache, &m, &err), LLM_OK);
+        assert_int_equal(llm_gmatch_new(g, t.gv, t.cache, 0, &m, &err), LLM_OK);
         for (int i = 0; i < n; i++) {
             double t0 = now_ms();
             assert_int_equal(llm_gmatch_mask(m, allow, &err), LLM_OK);
@@ -255,7 +255,7 @@ static void test_limits(void **state)
 
     llm_grammar *g = compile("root ::= \"(\" root \")\" | \"x\"\n", NULL);
     llm_gmatch *m;
-    assert_int_equal(llm_gmatch_new(g, NULL, NULL, &m, &err), LLM_OK);
+    assert_int_equal(llm_gmatch_new(g, NULL, NULL, 0, &m, &err), LLM_OK);
     memset(text, '(', LLM_GMATCH_MAX_DEPTH + 8);
     assert_int_equal(llm_gmatch_feed(m, text, LLM_GMATCH_MAX_DEPTH + 8, &err), LLM_ERR_GRAMMAR);
     assert_non_null(strstr(err.msg, "nested deeper"));
@@ -267,7 +267,7 @@ static void test_limits(void **state)
     llm_grammar_free(g);
 
     g = compile("root ::= x\nx ::= \"a\" x \"b\" | \"a\" x | \"\"\n", NULL); /* ~3n parses after n a's */
-    assert_int_equal(llm_gmatch_new(g, NULL, NULL, &m, &err), LLM_OK);
+    assert_int_equal(llm_gmatch_new(g, NULL, NULL, 0, &m, &err), LLM_OK);
     memset(text, 'a', LLM_GMATCH_MAX_STACKS);
     assert_int_equal(llm_gmatch_feed(m, text, LLM_GMATCH_MAX_STACKS / 8, &err), LLM_OK);
     assert_int_equal(llm_gmatch_feed(m, text, LLM_GMATCH_MAX_STACKS, &err), LLM_ERR_GRAMMAR);
@@ -294,7 +294,7 @@ static void test_compile_linear(void **state)
     llm_gmatch *m;
     llm_error err = {0};
     /* expanding 50,000 nested rules before the first character is past a bound of its own */
-    assert_int_equal(llm_gmatch_new(g, NULL, NULL, &m, &err), LLM_ERR_GRAMMAR);
+    assert_int_equal(llm_gmatch_new(g, NULL, NULL, 0, &m, &err), LLM_ERR_GRAMMAR);
     assert_non_null(strstr(err.msg, "expansion deeper"));
     print_message("compile of a 50,000-rule chain: %.0f ms\n", ms);
     assert_true(ms < 5000);
@@ -302,12 +302,60 @@ static void test_compile_linear(void **state)
     free(text);
 }
 
+/* Feeds text through a matcher of g in partition, counting masks and hits. */
+static void run_text(tvocab *t, const llm_grammar *g, uint64_t partition, const int32_t *ids, int n, uint64_t *masks,
+                     uint64_t *cached)
+{
+    llm_gmatch *m;
+    llm_error err = {0};
+    long work;
+    uint32_t *allow = malloc(sizeof(uint32_t) * (size_t)(llm_vocab_n(t->v) + 31) / 32);
+    assert_non_null(allow);
+    assert_int_equal(llm_gmatch_new(g, t->gv, t->cache, partition, &m, &err), LLM_OK);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(llm_gmatch_mask(m, allow, &err), LLM_OK);
+        assert_int_equal(llm_gmatch_accept(m, ids[i], &err), LLM_OK);
+    }
+    llm_gmatch_stats(m, masks, cached, &work);
+    llm_gmatch_free(m);
+    free(allow);
+}
+
+/* The shared cache serves a partition and a compiled grammar only its own
+ * masks: another tenant, or another compilation of the same text, finds
+ * none of them (it walks as a fresh cache would), the same one finds all. */
+static void test_cache_isolation(void **state)
+{
+    (void)state;
+    tvocab t = {0};
+    if (!open_vocab("testdata/tokenizer/ggml-vocab-qwen2.gguf", &t))
+        skip();
+    const char *text = "{\"a\": [1, 22, 333], \"b\": {\"c\": \"d e f\"}}";
+    int32_t *ids = NULL, n = 0;
+    llm_error err = {0};
+    assert_int_equal(llm_tokenize(t.v, text, strlen(text), 0, 0, &ids, &n, &err), LLM_OK);
+    llm_grammar *g = compile(llm_grammar_json, "jsonobject"), *g2 = compile(llm_grammar_json, "jsonobject");
+    uint64_t m1, c1, m2, c2, m3, c3, m4, c4;
+    run_text(&t, g, 7, ids, n, &m1, &c1);  /* a fresh cache: hits only on states this text repeats */
+    run_text(&t, g, 8, ids, n, &m2, &c2);  /* another partition */
+    run_text(&t, g2, 7, ids, n, &m3, &c3); /* the same text compiled again */
+    run_text(&t, g, 7, ids, n, &m4, &c4);  /* the first again */
+    assert_true(c1 < m1);
+    assert_int_equal(c2, c1);
+    assert_int_equal(c3, c1);
+    assert_int_equal(c4, m4);
+    llm_grammar_free(g);
+    llm_grammar_free(g2);
+    free(ids);
+    close_vocab(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_limits), cmocka_unit_test(test_compile_linear),
         cmocka_unit_test(test_masks_qwen2), cmocka_unit_test(test_masks_spm), cmocka_unit_test(test_accept_rules),
-        cmocka_unit_test(test_mask_cost),
+        cmocka_unit_test(test_mask_cost), cmocka_unit_test(test_cache_isolation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

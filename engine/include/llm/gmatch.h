@@ -50,21 +50,26 @@ typedef struct llm_gmatch_cache llm_gmatch_cache;
 llm_status llm_gmatch_vocab_new(const llm_vocab *v, llm_gmatch_vocab **out, llm_error *err);
 void llm_gmatch_vocab_free(llm_gmatch_vocab *gv);
 
-/* Masks kept for any matcher of any grammar over a vocabulary of n_vocab
- * tokens: at most max_bytes of them (at least 16 masks). Requests that use
- * the same grammar (one JSON schema, json_object) keep meeting the same
- * states, so one request's walks serve the next. Thread-safety: none; the
- * matchers that share it must run on one thread (the engine's). NULL on
- * no memory. */
+/* Masks kept for matchers over a vocabulary of n_vocab tokens: at most
+ * max_bytes of them (at least 16 masks). A mask is found again only for
+ * the same compiled grammar (its identity, not a hash of it), the same
+ * partition and the very same state (compared in full, not by hash), so no
+ * request can plant a mask another one reads. Matchers of requests that
+ * share a compiled grammar (the engine compiles each text once while it is
+ * in use) keep meeting the same states: one request's walks serve the
+ * next. Thread-safety: none; the matchers that share it must run on one
+ * thread (the engine's). NULL on no memory. */
 llm_gmatch_cache *llm_gmatch_cache_new(int n_vocab, size_t max_bytes);
 void llm_gmatch_cache_free(llm_gmatch_cache *c);
 
 /* A matcher at the start of g. gv may be NULL for a matcher that is only
  * fed bytes (llm_gmatch_feed), never asked for a mask. cache (borrowed,
- * NULL: a small one of its own) keeps its masks. LLM_ERR_NOMEM, or the
- * bounds above when g's start already exceeds them. */
-llm_status llm_gmatch_new(const llm_grammar *g, const llm_gmatch_vocab *gv, llm_gmatch_cache *cache, llm_gmatch **out,
-                          llm_error *err);
+ * NULL: a small one of its own) keeps its masks, apart from those of other
+ * partitions (a server gives each tenant its own, as for the prefix
+ * cache: whether a state's mask was cached tells nothing across them).
+ * LLM_ERR_NOMEM, or the bounds above when g's start already exceeds them. */
+llm_status llm_gmatch_new(const llm_grammar *g, const llm_gmatch_vocab *gv, llm_gmatch_cache *cache, uint64_t partition,
+                          llm_gmatch **out, llm_error *err);
 void llm_gmatch_free(llm_gmatch *m);
 
 /* The tokens that may come next: allow (one bit per token id, (n_vocab +
