@@ -34,6 +34,8 @@
 
 #include "http_guard.h"
 #include "srv.h"
+#include "srv_schema.h"
+#include "llm/gmatch.h"
 
 /* ---- the allocator hook ---------------------------------------------------- */
 
@@ -297,6 +299,80 @@ static void sc_cancel(long n)
     llm_engine_close(e);
 }
 
+/* A constrained request (the JSON object grammar, a logit bias): the
+ * grammar compiled, the vocabulary index and mask cache built by the first
+ * one, masks and the matcher's compactions while decoding. */
+static answer g_ref_json;
+static llm_logit_bias g_bias[1] = {{11, 2.5f}};
+
+static void sc_constrained(long n)
+{
+    llm_engine *e = open_clean();
+    llm_request rq = request(P, 30);
+    rq.grammar = llm_grammar_json, rq.grammar_len = strlen(llm_grammar_json), rq.grammar_root = "jsonobject";
+    rq.sampling.bias = g_bias, rq.sampling.n_bias = 1;
+    rq.n_stop = 0;
+    llm_request_id id;
+    llm_error err = {0};
+    arm(n);
+    llm_status st = llm_engine_submit(e, &rq, &id, &err);
+    if (st) {
+        disarm();
+        assert_true(err.msg[0] != 0);
+    } else {
+        static answer got;
+        int ok = drain(e, id, n ? &got : &g_ref_json);
+        disarm();
+        if (ok && n)
+            assert_memory_equal(&got, &g_ref_json, sizeof got);
+        if (!n && !ok)
+            fail_msg("the clean run failed");
+    }
+    still_serves(e);
+    llm_engine_close(e);
+}
+
+/* The grammar library alone, and llm-server's JSON Schema conversion. */
+static void sc_grammar(long n)
+{
+    static const char schema_text[] = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":-5,"
+                                      "\"maximum\":120},\"b\":{\"type\":\"string\",\"pattern\":\"^[a-z]+\\\\d?$\"},\"c\":{"
+                                      "\"$ref\":\"#/$defs/d\"}},\"required\":[\"a\"],\"$defs\":{\"d\":{\"enum\":[1,\"x\"]}}}";
+    json_t *schema = json_loads(schema_text, 0, NULL);
+    assert_non_null(schema);
+    llm_grammar *g = NULL;
+    llm_gmatch_vocab *gv = NULL;
+    llm_gmatch *m = NULL;
+    llm_error err = {0};
+    srv_err se = {0};
+    uint32_t *allow = __real_malloc(sizeof(uint32_t) * (size_t)(llm_vocab_n(g_m->vocab) + 31) / 32);
+    arm(n);
+    char *text = srv_schema_grammar(schema, &se);
+    llm_status st = text ? llm_grammar_compile(text, strlen(text), NULL, &g, &err) : LLM_ERR_NOMEM;
+    if (!st)
+        st = llm_gmatch_vocab_new(g_m->vocab, &gv, &err);
+    if (!st)
+        st = llm_gmatch_new(g, gv, NULL, 0, &m, &err);
+    for (int k = 0; !st && k < 3; k++) {
+        st = llm_gmatch_mask(m, allow, &err);
+        if (!st)
+            st = llm_gmatch_feed(m, k == 0 ? " {" : k == 1 ? "\"a\": " : "12", k == 1 ? 5 : 2, &err);
+    }
+    disarm();
+    if (!n && (st || !text))
+        fail_msg("the clean run failed: %s %s", err.msg, se.msg);
+    if (!text && (se.status != 503 || !se.msg[0]))
+        fail_msg("a failed allocation in the schema conversion gave %d: %s", se.status, se.msg);
+    if (text && st && (st != LLM_ERR_NOMEM || !err.msg[0]))
+        fail_msg("a failed allocation gave %s: %s", llm_status_str(st), err.msg);
+    llm_gmatch_free(m);
+    llm_gmatch_vocab_free(gv);
+    llm_grammar_free(g);
+    free(text);
+    __real_free(allow);
+    json_decref(schema);
+}
+
 /* ---- llm-server's request path ---------------------------------------------- */
 
 static const char CHAT[] =
@@ -537,6 +613,18 @@ static void test_cancel(void **st)
     torture("cancel", sc_cancel);
 }
 
+static void test_constrained(void **st)
+{
+    (void)st;
+    torture("constrained request", sc_constrained);
+}
+
+static void test_grammar(void **st)
+{
+    (void)st;
+    torture("grammar and schema", sc_grammar);
+}
+
 static void test_parse(void **st)
 {
     (void)st;
@@ -559,6 +647,8 @@ int main(void)
         cmocka_unit_test(test_open),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_constrained),
+        cmocka_unit_test(test_grammar),
         cmocka_unit_test(test_http),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
