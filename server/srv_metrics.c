@@ -133,13 +133,11 @@ static void gauge_l(llm_strbuf *b, const char *name, const char *help, const cha
     llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s{%s} %.17g\n", name, help, name, name, labels, v);
 }
 
-/* A histogram's series; labels "" or `k="v"` (le is added). */
-static void hist_render(llm_strbuf *b, const char *name, const char *help, const char *labels, const srv_hist *x,
-                        const double *bd)
+/* One histogram series (no # lines); labels "" or `k="v"` (le is added). */
+static void hist_series(llm_strbuf *b, const char *name, const char *labels, const srv_hist *x, const double *bd)
 {
     const char *sep = *labels ? "," : "";
     uint64_t acc = 0;
-    llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     for (int i = 0; i < SRV_HIST_BUCKETS; i++) {
         acc += x->counts[i];
         llm_strbuf_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, bd[i], (unsigned long long)acc);
@@ -147,6 +145,14 @@ static void hist_render(llm_strbuf *b, const char *name, const char *help, const
     llm_strbuf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n%s_sum%s%s%s %.9g\n%s_count%s%s%s %llu\n", name, labels, sep,
                       (unsigned long long)x->n, name, *labels ? "{" : "", labels, *labels ? "}" : "", x->sum, name,
                       *labels ? "{" : "", labels, *labels ? "}" : "", (unsigned long long)x->n);
+}
+
+/* A histogram family of one series. */
+static void hist_render(llm_strbuf *b, const char *name, const char *help, const char *labels, const srv_hist *x,
+                        const double *bd)
+{
+    llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    hist_series(b, name, labels, x, bd);
 }
 
 long srv_rss_bytes(void)
@@ -216,16 +222,9 @@ static void render_revisions(llm_strbuf *b, const srv_metrics *m)
     for (int k = 0; k < 2; k++) {
         llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", names[k][0], names[k][1], names[k][0]);
         for (int r = 0; r < 2; r++) {
-            const srv_hist *x = k ? &m->rev_itl[r] : &m->rev_ttft[r];
-            uint64_t acc = 0;
-            for (int i = 0; i < SRV_HIST_BUCKETS; i++) {
-                acc += x->counts[i];
-                llm_strbuf_printf(b, "%s_bucket{revision=\"%s\",le=\"%g\"} %llu\n", names[k][0], rev[r], bounds[i],
-                                  (unsigned long long)acc);
-            }
-            llm_strbuf_printf(b, "%s_bucket{revision=\"%s\",le=\"+Inf\"} %llu\n%s_sum{revision=\"%s\"} %.9g\n"
-                                 "%s_count{revision=\"%s\"} %llu\n", names[k][0], rev[r], (unsigned long long)x->n,
-                              names[k][0], rev[r], x->sum, names[k][0], rev[r], (unsigned long long)x->n);
+            char lab[32];
+            snprintf(lab, sizeof lab, "revision=\"%s\"", rev[r]);
+            hist_series(b, names[k][0], lab, k ? &m->rev_itl[r] : &m->rev_ttft[r], bounds);
         }
     }
     gauge(b, "llm_canary_loaded", "1 when a colocated canary model serves beside the stable one", m->canary_loaded);
