@@ -20,6 +20,7 @@
 
 #define GM_CACHE 16          /* masks a matcher keeps when it has no shared cache */
 #define GM_MAX_EXPAND 8192   /* nested expansions for one push (far above a sane grammar's) */
+#define GM_KEEP_NODES 65536  /* node capacity a matcher keeps between masks (1.5 MiB) */
 
 #define GM_KEY_MAX 512        /* a state longer than this (stack positions) is not cached */
 
@@ -597,6 +598,19 @@ static uint64_t gm_key_hash(const llm_gmatch *m)
     return h;
 }
 
+/* A walk may have grown the node array far past what the committed state
+ * needs; a sequence keeps its matcher for its whole life, so give the
+ * excess back (a failed shrink keeps the larger array, which is fine). */
+static void gm_shrink(llm_gmatch *m)
+{
+    if (m->cap_nodes <= GM_KEEP_NODES || m->n_nodes > m->cap_nodes / 4)
+        return;
+    int cap = m->n_nodes * 2 > GM_KEEP_NODES ? m->n_nodes * 2 : GM_KEEP_NODES;
+    gnode *p = realloc(m->nodes, sizeof *p * (size_t)cap); /* lint: realloc checked */
+    if (p)
+        m->nodes = p, m->cap_nodes = cap;
+}
+
 static uint32_t *gm_cached(const llm_gmatch_cache *c, const llm_gmatch *m, uint64_t h)
 {
     for (int i = 0; i < c->n; i++)
@@ -635,6 +649,7 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
     if (!llm_gmatch_finished(m) && gm_walk(m, allow))
         return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a mask");
     m->max_work = m->work > m->max_work ? m->work : m->max_work;
+    gm_shrink(m);
     if (m->overflow)
         return gm_overflow_err(m, err); /* a stack was dropped: the mask could miss tokens */
     if (llm_gmatch_complete(m))

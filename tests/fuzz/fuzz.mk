@@ -8,7 +8,7 @@ FUZZ_SRC = common/status.c engine/quant.c engine/gguf.c engine/unicode.c engine/
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Icommon/include -Iengine/include -Iengine \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 
-REQ_SRC = server/srv_api.c server/srv_fields.c server/srv_schema.c engine/grammar.c engine/chat.c common/strbuf.c \
+REQ_SRC = server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c engine/grammar.c engine/chat.c common/strbuf.c \
           common/log.c common/clock.c engine/sampler.c
 REQ_TIME ?= 10
 LLMD_TIME ?= 10
@@ -73,7 +73,7 @@ $(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controlle
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Icontroller -Ikube tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
 
-TENANT_SRC = server/srv_keys.c server/srv_api.c server/srv_fields.c server/srv_schema.c engine/grammar.c server/http_guard.c \
+TENANT_SRC = server/srv_keys.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c engine/grammar.c server/http_guard.c \
              engine/chat.c common/strbuf.c common/clock.c common/log.c engine/sampler.c
 
 $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
@@ -88,7 +88,7 @@ $(FUZZ_BUILD)/fuzz_grammar: tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) $(wildcard 
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) -lm -lpthread -o $@
 
-SCHEMA_SRC = server/srv_schema.c server/srv_api.c server/srv_fields.c engine/grammar.c engine/chat.c engine/sampler.c \
+SCHEMA_SRC = server/srv_schema.c server/srv_regex.c server/srv_api.c server/srv_fields.c engine/grammar.c engine/chat.c engine/sampler.c \
              common/strbuf.c common/log.c common/clock.c
 $(FUZZ_BUILD)/fuzz_schema: tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
