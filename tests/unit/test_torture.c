@@ -255,29 +255,36 @@ static void sc_open(long n)
     llm_engine_close(e);
 }
 
-/* Submit and the steps that follow, with the failure anywhere in them. */
-static void sc_request(long n)
+/* rq submitted and read to its end with the failure anywhere in them: an
+ * error, or (ref's) whole right answer; the clean run (n 0) records ref. */
+static void submit_and_read(long n, const llm_request *rq, answer *ref)
 {
     llm_engine *e = open_clean();
-    llm_request rq = request(P, 30);
     llm_request_id id;
     llm_error err = {0};
     arm(n);
-    llm_status st = llm_engine_submit(e, &rq, &id, &err);
+    llm_status st = llm_engine_submit(e, rq, &id, &err);
     if (st) {
         disarm();
         assert_true(err.msg[0] != 0);
     } else {
         static answer got;
-        int ok = drain(e, id, n ? &got : &g_ref);
+        int ok = drain(e, id, n ? &got : ref);
         disarm();
         if (ok && n)
-            assert_memory_equal(&got, &g_ref, sizeof got); /* a success is the whole right answer */
+            assert_memory_equal(&got, ref, sizeof got); /* a success is the whole right answer */
         if (!n && !ok)
             fail_msg("the clean run failed");
     }
     still_serves(e);
     llm_engine_close(e);
+}
+
+/* Submit and the steps that follow, with the failure anywhere in them. */
+static void sc_request(long n)
+{
+    llm_request rq = request(P, 30);
+    submit_and_read(n, &rq, &g_ref);
 }
 
 /* A request cancelled after its first event, the failure anywhere. */
@@ -307,29 +314,11 @@ static llm_logit_bias g_bias[1] = {{11, 2.5f}};
 
 static void sc_constrained(long n)
 {
-    llm_engine *e = open_clean();
     llm_request rq = request(P, 30);
     rq.grammar = llm_grammar_json, rq.grammar_len = strlen(llm_grammar_json), rq.grammar_root = "jsonobject";
     rq.sampling.bias = g_bias, rq.sampling.n_bias = 1;
     rq.n_stop = 0;
-    llm_request_id id;
-    llm_error err = {0};
-    arm(n);
-    llm_status st = llm_engine_submit(e, &rq, &id, &err);
-    if (st) {
-        disarm();
-        assert_true(err.msg[0] != 0);
-    } else {
-        static answer got;
-        int ok = drain(e, id, n ? &got : &g_ref_json);
-        disarm();
-        if (ok && n)
-            assert_memory_equal(&got, &g_ref_json, sizeof got);
-        if (!n && !ok)
-            fail_msg("the clean run failed");
-    }
-    still_serves(e);
-    llm_engine_close(e);
+    submit_and_read(n, &rq, &g_ref_json);
 }
 
 /* The grammar library alone, and llm-server's JSON Schema conversion. */
