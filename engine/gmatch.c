@@ -194,19 +194,7 @@ static uint64_t gm_mix(uint64_t h, uint64_t x)
 
 static uint64_t gm_hash_of(const llm_gmatch *m, int32_t node) { return node < 0 ? GM_EMPTY_HASH : m->nodes[node].hash; }
 
-/* Grows *v (n used, *cap) to hold one more item of size sz. */
-static int gm_grow(void **v, int n, int *cap, size_t sz)
-{
-    if (n < *cap)
-        return 0;
-    int nc = *cap ? *cap * 2 : 64;
-    void *nv = realloc(*v, sz * (size_t)nc); /* lint: realloc checked */
-    if (!nv)
-        return -1;
-    *v = nv;
-    *cap = nc;
-    return 0;
-}
+static int gm_grow(void **v, int n, int *cap, size_t sz) { return grammar_grow(v, n, cap, sz, 64); }
 
 /* A new node (pos over parent); -1 too deep (overflow set), -2 no memory. */
 static int32_t gm_node(llm_gmatch *m, int32_t pos, int32_t parent)

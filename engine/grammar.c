@@ -81,18 +81,10 @@ static int gp_fail(gparse *p, llm_status st, const char *at, const char *fmt, ..
 
 static int gp_nomem(gparse *p) { return gp_fail(p, LLM_ERR_NOMEM, p->at, "no memory"); }
 
-/* Makes room for one more item of size sz in *v (count n, capacity *cap). */
+/* grammar_grow, recording the failure. */
 static int gp_grow(gparse *p, void **v, int n, int *cap, size_t sz)
 {
-    if (n < *cap)
-        return 0;
-    int nc = *cap ? *cap * 2 : 8;
-    void *nv = realloc(*v, sz * (size_t)nc); /* lint: realloc checked */
-    if (!nv)
-        return gp_nomem(p);
-    *v = nv;
-    *cap = nc;
-    return 0;
+    return grammar_grow(v, n, cap, sz, 8) ? gp_nomem(p) : 0;
 }
 
 static int gvec_push(gparse *p, gvec *a, gel e)

@@ -10,6 +10,7 @@
 #define LLM_GRAMMAR_IMPL_H
 
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "llm/grammar.h"
 
@@ -44,6 +45,22 @@ struct llm_grammar {
     uint64_t id;          /* unique to this compiled grammar in the process (never reused): masks cached for
                            * its states are kept under it (gmatch.c), never under a hash a client could aim */
 };
+
+/* Makes room in *v (n items used, capacity *cap) for one more of size sz,
+ * doubling from first: the parser's and the matcher's growing arrays.
+ * 0, or -1 on no memory (*v unchanged). */
+static inline int grammar_grow(void **v, int n, int *cap, size_t sz, int first)
+{
+    if (n < *cap)
+        return 0;
+    int nc = *cap ? *cap * 2 : first;
+    void *nv = realloc(*v, sz * (size_t)nc); /* lint: realloc checked */
+    if (!nv)
+        return -1;
+    *v = nv;
+    *cap = nc;
+    return 0;
+}
 
 /* 1 when code point cp is in class c. */
 static inline int grammar_class_has(const struct llm_grammar *g, int c, uint32_t cp)
