@@ -26,11 +26,11 @@ LDLIBS = -lm -lpthread -ldl
 COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c
 ENGINE_SRC = engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c \
              engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
-             engine/sampler.c engine/grammar.c engine/gmatch.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c \
+             engine/sampler.c engine/grammar.c engine/gmatch.c engine/jinja_value.c engine/jinja_parse.c engine/jinja_eval.c engine/jinja_lib.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c \
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c \
              engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench llm-perplexity
-SERVER_SRC = server/http_guard.c server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c server/srv_metrics.c server/srv_canary.c \
+SERVER_SRC = server/http_guard.c server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c server/srv_chat.c server/srv_metrics.c server/srv_canary.c \
              server/srv_load.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 # The Kubernetes client library (controller and router): API client, config, watch, caches, server-side
@@ -46,7 +46,7 @@ ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_proxy.c
 ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/server/http_guard.o
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 ORACLE_BIN = $(BUILD)/tests/dequant_rows $(BUILD)/tests/logits_rows $(BUILD)/tests/grammar_match
-SCHEMA_BIN = $(BUILD)/tests/schema_grammar
+SCHEMA_BIN = $(BUILD)/tests/schema_grammar $(BUILD)/tests/jinja_render
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 COMMON_OBJ = $(COMMON_SRC:%.c=$(BUILD)/%.o)
@@ -156,7 +156,7 @@ $(BUILD)/tests/test_torture: tests/unit/test_torture.c tests/unit/testutil.h $(L
 	  $(LDLIBS) $(TORTURE_WRAP) -o $@
 
 # Small programs the Python oracle tests drive.
-$(BUILD)/tests/schema_grammar: tests/oracle/schema_grammar.c $(LIB) $(TORTURE_OBJ)
+$(SCHEMA_BIN): $(BUILD)/tests/%: tests/oracle/%.c $(LIB) $(TORTURE_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) -Iserver $< $(TORTURE_OBJ) $(LIB) -lcivetweb -ljansson -lyaml -lcrypto $(LDLIBS) -o $@

@@ -23,6 +23,7 @@ const char *llm_status_str(llm_status s)
     case LLM_ERR_SHUTDOWN: return "shutting down";
     case LLM_ERR_NUMERIC: return "non-finite number";
     case LLM_ERR_GRAMMAR: return "grammar error";
+    case LLM_ERR_TEMPLATE: return "template error";
     case LLM_STATUS_HELD_15: /* another layer's: its message says what */
     case LLM_STATUS_HELD_16:
     case LLM_STATUS_HELD_17:

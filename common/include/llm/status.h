@@ -35,6 +35,7 @@ typedef enum llm_status {
     LLM_ERR_NUMERIC = 18,    /* NaN or infinity where a finite number is needed (logits, weights) */
     LLM_STATUS_HELD_19 = 19,
     LLM_ERR_GRAMMAR = 20,    /* a grammar does not compile, or the output cannot follow it within its bounds */
+    LLM_ERR_TEMPLATE = 21,   /* a Jinja template does not compile, or its rendering failed or raised */
 } llm_status;
 
 #define LLM_ERROR_MSG_MAX 512
