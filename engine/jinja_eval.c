@@ -58,6 +58,15 @@ static _Noreturn void undefined_use(jx_run *r, const llm_jv *u)
     jx_fail(r->c, "'%s' is undefined", u->undef_name ? u->undef_name : "value");
 }
 
+llm_jv *jx_hashable(jx_run *r, llm_jv *k)
+{
+    int ok = k->kind != JV_DICT && k->kind != JV_NS && (k->kind != JV_LIST || k->u.list.tuple || k->u.list.lazy);
+    for (size_t i = 0; ok && k->kind == JV_LIST && i < k->u.list.n; i++) jx_hashable(r, k->u.list.items[i]);
+    if (!ok)
+        jx_fail(r->c, "unhashable type: '%s'", jv_type_name(k));
+    return k;
+}
+
 /* ---- attribute and item access -------------------------------------------------------------- */
 
 llm_jv *jx_getattr(jx_run *r, llm_jv *obj, const char *name)
@@ -84,7 +93,7 @@ static llm_jv *index_of(jx_run *r, llm_jv *obj, llm_jv *key)
     if (key->kind != JV_INT && key->kind != JV_BOOL)
         return NULL;
     if (obj->kind == JV_LIST && obj->u.list.lazy)
-        jx_fail(r->c, "'%s' object is not subscriptable", jv_type_name(obj));
+        return NULL;
     long long i = key->kind == JV_INT ? key->u.i : key->u.b;
     if (obj->kind == JV_LIST) {
         long long n = (long long)obj->u.list.n;
@@ -137,8 +146,6 @@ static void slice_bounds(jx_run *r, llm_jv *a, llm_jv *b, llm_jv *st, long long 
     for (int k = 0; k < 2; k++) {
         if (!in[k] || in[k]->kind == JV_NONE)
             continue;
-        if (in[k]->kind != JV_INT)
-            jx_fail(r->c, "slice indices must be integers or None");
         long long v = in[k]->u.i;
         if (v < 0)
             v += n;
@@ -152,8 +159,15 @@ static llm_jv *slice(jx_run *r, llm_jv *obj, llm_jv *a, llm_jv *b, llm_jv *st)
 {
     if (obj->kind == JV_UNDEF)
         undefined_use(r, obj);
+    /* jinja2 writes a slice as Python's own subscript: no Undefined fallback */
+    if (obj->kind == JV_DICT || obj->kind == JV_NS)
+        jx_fail(r->c, "unhashable type: 'slice'");
     if ((obj->kind != JV_LIST && obj->kind != JV_STR) || (obj->kind == JV_LIST && obj->u.list.lazy))
         jx_fail(r->c, "'%s' object is not subscriptable", jv_type_name(obj));
+    llm_jv *ix[3] = {a, b, st};
+    for (int k = 0; k < 3; k++)
+        if (ix[k] && ix[k]->kind != JV_NONE && ix[k]->kind != JV_INT && ix[k]->kind != JV_BOOL)
+            jx_fail(r->c, "slice indices must be integers or None");
     int is_str = obj->kind == JV_STR;
     long long n = is_str ? (long long)jv_utf8_len(obj->u.str.s, obj->u.str.n) : (long long)obj->u.list.n;
     long long start, stop, step;
@@ -261,6 +275,41 @@ static void eval_args(jx_run *r, jx_scope *s, const jx_node *n, llm_jv *first, j
     }
 }
 
+/* jinja2's generator filters run when their result is first iterated, so
+ * an error in one stays unseen by code that only tests or prints the
+ * result: run it now, and keep a failure in the value (lazy 3). Running
+ * out of memory or steps is never deferred. */
+static llm_jv *run_generator(jx_run *r, jx_builtin fn, llm_jv *operand, const jx_args *a)
+{
+    jmp_buf jb, *saved = r->c->fail;
+    r->c->fail = &jb;
+    if (setjmp(jb)) {
+        r->c->fail = saved;
+        if (r->c->err->code == LLM_ERR_NOMEM || r->steps > r->c->lim.max_steps)
+            longjmp(*saved, 1);
+        llm_jv *g = jv_list(r->c, 1);
+        g->u.list.lazy = 3;
+        size_t n = strlen(r->c->err->msg);
+        char *msg = jx_alloc(r->c, n + 1);
+        memcpy(msg, r->c->err->msg, n);
+        g->undef_name = msg;
+        r->c->err->code = LLM_OK;
+        return g;
+    }
+    llm_jv *v = fn(r, operand, a);
+    r->c->fail = saved;
+    return v;
+}
+
+static int is_generator_filter(const char *name)
+{
+    static const char *const gen[] = {"map", "select", "reject", "selectattr", "rejectattr", "unique", "items", NULL};
+    for (int i = 0; gen[i]; i++)
+        if (!strcmp(gen[i], name))
+            return 1;
+    return 0;
+}
+
 static llm_jv *apply_filter(jx_run *r, jx_scope *s, const jx_node *f, llm_jv *operand)
 {
     jx_builtin fn = jx_filter_fn(f->name);
@@ -268,6 +317,8 @@ static llm_jv *apply_filter(jx_run *r, jx_scope *s, const jx_node *f, llm_jv *op
         jx_fail(r->c, "line %d: no filter named '%s'", f->line, f->name);
     jx_args a;
     eval_args(r, s, f, NULL, &a);
+    if (is_generator_filter(f->name))
+        return run_generator(r, fn, operand, &a);
     return fn(r, operand, &a);
 }
 
@@ -318,6 +369,7 @@ static llm_jv *repeat(jx_run *r, llm_jv *seq, long long times)
     llm_jv *l = jv_list(r->c, 0);
     for (long long i = 0; i < times; i++)
         for (size_t k = 0; k < seq->u.list.n; k++) jv_push(r->c, l, seq->u.list.items[k]);
+    l->u.list.tuple = seq->u.list.tuple;
     return l;
 }
 
@@ -345,10 +397,15 @@ static llm_jv *arith(jx_run *r, int op, llm_jv *a, llm_jv *b)
         out->u.str.safe = safe;
         return out;
     }
+    if ((a->kind == JV_LIST && a->u.list.lazy) || (b->kind == JV_LIST && b->u.list.lazy))
+        bad_operands(r, names[op], a, b);
+    if (op == JO_ADD && a->kind == JV_LIST && b->kind == JV_LIST && a->u.list.tuple != b->u.list.tuple)
+        jx_fail(r->c, "can only concatenate %s (not \"%s\") to %s", jv_type_name(a), jv_type_name(b), jv_type_name(a));
     if (op == JO_ADD && a->kind == JV_LIST && b->kind == JV_LIST) {
         llm_jv *l = jv_list(r->c, a->u.list.n + b->u.list.n);
         for (size_t i = 0; i < a->u.list.n; i++) jv_push(r->c, l, a->u.list.items[i]);
         for (size_t i = 0; i < b->u.list.n; i++) jv_push(r->c, l, b->u.list.items[i]);
+        l->u.list.tuple = a->u.list.tuple;
         return l;
     }
     if (op == JO_MUL && (a->kind == JV_STR || a->kind == JV_LIST) && is_int(b))
@@ -356,7 +413,7 @@ static llm_jv *arith(jx_run *r, int op, llm_jv *a, llm_jv *b)
     if (op == JO_MUL && (b->kind == JV_STR || b->kind == JV_LIST) && is_int(a))
         return repeat(r, b, int_of(a));
     if (op == JO_MOD && a->kind == JV_STR)
-        jx_fail(r->c, "printf-style string formatting ('%%') is not supported; use format()");
+        return jx_percent_format(r, a, b);
     if (!is_number(a) || !is_number(b))
         bad_operands(r, names[op], a, b);
     if (is_int(a) && is_int(b) && op != JO_DIV) {
@@ -425,12 +482,15 @@ static int contains(jx_run *r, llm_jv *hay, llm_jv *needle)
             return 1;
         return memmem(hay->u.str.s, hay->u.str.n, needle->u.str.s, needle->u.str.n) != NULL;
     case JV_LIST:
+        hay = jx_iterable(r, hay); /* a failed generator raises here */
         for (size_t i = 0; i < hay->u.list.n; i++)
             if (jv_equal(hay->u.list.items[i], needle))
                 return 1;
         return 0;
     case JV_DICT:
-    case JV_NS: return jv_dict_get(hay, needle) != NULL;
+    case JV_NS:
+        jx_hashable(r, needle);
+        return jv_dict_get(hay, needle) != NULL;
     default: jx_fail(r->c, "argument of type '%s' is not iterable", jv_type_name(hay));
     }
 }
@@ -466,7 +526,10 @@ static llm_jv *eval_container(jx_run *r, jx_scope *s, const jx_node *n)
 {
     if (n->kind == JN_DICT) {
         llm_jv *d = jv_dict(r->c);
-        for (int i = 0; i + 1 < n->n_kids; i += 2) jv_dict_set(r->c, d, eval(r, s, n->kids[i]), eval(r, s, n->kids[i + 1]));
+        for (int i = 0; i + 1 < n->n_kids; i += 2) {
+            llm_jv *k = jx_hashable(r, eval(r, s, n->kids[i]));
+            jv_dict_set(r->c, d, k, eval(r, s, n->kids[i + 1]));
+        }
         return d;
     }
     llm_jv *l = jv_list(r->c, (size_t)n->n_kids);
@@ -600,9 +663,9 @@ static flow exec_set(jx_run *r, jx_scope *s, const jx_node *n)
     return FLOW_NORMAL;
 }
 
-static llm_jv *apply_chain(jx_run *r, jx_scope *s, const jx_node *n, llm_jv *v)
+static llm_jv *apply_chain(jx_run *r, jx_scope *s, const jx_node *chain, llm_jv *v)
 {
-    for (int i = 0; i < n->n_kids; i++) v = apply_filter(r, s, n->kids[i], v);
+    for (int i = 0; chain && i < chain->n_kids; i++) v = apply_filter(r, s, chain->kids[i], v);
     return v;
 }
 
@@ -682,7 +745,7 @@ static flow exec(jx_run *r, jx_scope *s, const jx_node *n)
     case JN_SETBLOCK: {
         llm_jv *v;
         exec_body_captured(r, s, n->b, &v);
-        scope_set(r, s, n->names[0], apply_chain(r, s, n, v));
+        scope_set(r, s, n->names[0], apply_chain(r, s, n->a, v));
         return FLOW_NORMAL;
     }
     case JN_MACRO: {
@@ -696,7 +759,7 @@ static flow exec(jx_run *r, jx_scope *s, const jx_node *n)
     case JN_FILTERBLOCK: {
         llm_jv *v;
         exec_body_captured(r, s, n->b, &v);
-        jv_write_str(r->out, apply_chain(r, s, n, v));
+        jv_write_str(r->out, apply_chain(r, s, n->a, v));
         return FLOW_NORMAL;
     }
     case JN_SCOPE: return exec(r, scope_new(r, s), n->b);

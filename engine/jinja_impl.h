@@ -80,7 +80,8 @@ struct llm_jv {
             size_t n, cap;
             int tuple;
             int lazy; /* what jinja2 gives as an iterator: 1 a generator (map, select, ...: no len(), always
-                       * true), 2 a dict view (items(), keys(): len() works); neither indexes nor goes to JSON */
+                       * true), 2 a dict view (items(), keys(): len() works), 3 a generator whose filter
+                       * failed, which raises (undef_name) once iterated; none indexes nor goes to JSON */
         } list;
         struct { /* JV_DICT and JV_NS (a namespace: the same, assignable attributes) */
             jv_entry *e;
@@ -204,6 +205,8 @@ struct jx_run {
     jx_sb *out;
 };
 
+/* k, when Python could hash it (a dict key): else an error. */
+llm_jv *jx_hashable(jx_run *r, llm_jv *k);
 /* A value's attribute (obj.name) and item (obj[key]), Jinja's rules. */
 llm_jv *jx_getattr(jx_run *r, llm_jv *obj, const char *name);
 llm_jv *jx_getitem(jx_run *r, llm_jv *obj, llm_jv *key);
@@ -214,6 +217,8 @@ llm_jv *jx_method(jx_run *r, llm_jv *self, const char *name);
 /* Filter and test by name: NULL when there is none. */
 jx_builtin jx_filter_fn(const char *name);
 jx_builtin jx_test_fn(const char *name);
+/* Python's fmt % args for %s %r %d %i %%: other conversions are refused. */
+llm_jv *jx_percent_format(jx_run *r, llm_jv *fmt, llm_jv *args);
 /* markupsafe.escape(s): & < > " ' as HTML entities, marked safe. */
 llm_jv *jx_html_escape(jx_run *r, llm_jv *s);
 /* A global function (range, namespace, raise_exception, strftime_now, ...). */

@@ -6,7 +6,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <locale.h>
+#include <pthread.h>
 #include <time.h>
+#include <wctype.h>
 
 #include "jinja_impl.h"
 
@@ -112,16 +115,8 @@ static llm_jv *m_split(jx_run *r, llm_jv *s, const jx_args *a)
             if (at >= n)
                 break;
             size_t end = at;
-            if (max >= 0 && (long long)out->u.list.n >= max) {
-                end = n;
-                while (end > at) { /* Python drops the trailing blanks of the rest */
-                    size_t q = end - 1;
-                    while (q > at && ((unsigned char)p[q] & 0xC0) == 0x80) q--;
-                    if (!py_space(cp_at(p, n, q, &l)))
-                        break;
-                    end = q;
-                }
-                jv_push(r->c, out, sub(r, s, at, end));
+            if (max >= 0 && (long long)out->u.list.n >= max) { /* the rest, trailing blanks and all */
+                jv_push(r->c, out, sub(r, s, at, n));
                 break;
             }
             while (end < n && !py_space(cp_at(p, n, end, &l))) end += l;
@@ -207,26 +202,80 @@ static llm_jv *m_replace(jx_run *r, llm_jv *s, const jx_args *a)
     return replace(r, s, arg(a, 0, NULL), arg(a, 1, NULL), arg(a, 2, "count"));
 }
 
-/* ASCII case mapping (bytes keep their marks); other scripts unchanged. */
+static locale_t case_loc;
+
+static void case_locale_init(void)
+{
+    case_loc = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+}
+
+/* The C.UTF-8 locale, made once; (locale_t)0 when the system lacks it. */
+static locale_t case_locale(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, case_locale_init);
+    return case_loc;
+}
+
+/* The C library's Unicode case mapping (the C.UTF-8 locale: simple
+ * mappings, so 'ß' stays one letter where Python writes "SS"); ASCII only
+ * when that locale is missing. Each code point keeps its tenant mark. */
+static unsigned long map_case(unsigned long cp, int upper)
+{
+    locale_t loc = case_locale();
+    if (cp < 0x80 || !loc)
+        return cp < 0x80 ? (unsigned long)(upper ? toupper((int)cp) : tolower((int)cp)) : cp;
+    return (unsigned long)(upper ? towupper_l((wint_t)cp, loc) : towlower_l((wint_t)cp, loc));
+}
+
+static int is_alnum(unsigned long cp)
+{
+    locale_t loc = case_locale();
+    return cp < 0x80 ? isalnum((int)cp) != 0 : loc ? iswalnum_l((wint_t)cp, loc) != 0 : 1;
+}
+
+static int is_cased_letter(unsigned long cp)
+{
+    return cp < 0x80 ? isalpha((int)cp) != 0 : map_case(cp, 0) != cp || map_case(cp, 1) != cp;
+}
+
+/* mode 0 upper, 1 lower, 2 capitalize, 3 Python's str.title */
 static llm_jv *recase(jx_run *r, llm_jv *s, int mode)
 {
-    llm_jv *o = jv_str(r->c, s->u.str.s, s->u.str.n, s->u.str.taint);
-    char *p = (char *)o->u.str.s;
+    jx_sb b;
+    jx_sb_init(&b, r->c);
     int word_start = 1;
-    for (size_t i = 0; i < o->u.str.n; i++) {
-        unsigned char ch = (unsigned char)p[i];
-        int alpha = isalpha(ch);
-        if (mode == 0)
-            p[i] = (char)toupper(ch);
-        else if (mode == 1)
-            p[i] = (char)tolower(ch);
-        else if (mode == 2) /* capitalize */
-            p[i] = (char)(i == 0 ? toupper(ch) : tolower(ch));
-        else /* title */
-            p[i] = (char)(word_start ? toupper(ch) : tolower(ch));
-        word_start = !alpha && ch < 0x80;
+    for (size_t i = 0, l; i < s->u.str.n; i += l) {
+        unsigned long cp = cp_at(s->u.str.s, s->u.str.n, i, &l);
+        int up = mode == 0 || (mode == 2 && i == 0) || (mode == 3 && word_start);
+        unsigned long m = map_case(cp, up);
+        word_start = !is_cased_letter(cp);
+        char u[4];
+        int k = 0;
+        if (m < 0x80)
+            u[k++] = (char)m;
+        else if (m < 0x800) {
+            u[k++] = (char)(0xC0 | (m >> 6));
+            u[k++] = (char)(0x80 | (m & 0x3F));
+        } else if (m < 0x10000) {
+            u[k++] = (char)(0xE0 | (m >> 12));
+            u[k++] = (char)(0x80 | ((m >> 6) & 0x3F));
+            u[k++] = (char)(0x80 | (m & 0x3F));
+        } else {
+            u[k++] = (char)(0xF0 | (m >> 18));
+            u[k++] = (char)(0x80 | ((m >> 12) & 0x3F));
+            u[k++] = (char)(0x80 | ((m >> 6) & 0x3F));
+            u[k++] = (char)(0x80 | (m & 0x3F));
+        }
+        if (l == 1 && (unsigned char)s->u.str.s[i] >= 0x80) { /* a stray byte stays as it is */
+            u[0] = s->u.str.s[i];
+            k = 1;
+        }
+        unsigned char t[4];
+        memset(t, s->u.str.taint ? s->u.str.taint[i] : 0, sizeof t);
+        jx_sb_put(&b, u, (size_t)k, s->u.str.taint ? t : NULL);
     }
-    return o;
+    return jx_sb_value(&b);
 }
 
 static llm_jv *m_upper(jx_run *r, llm_jv *s, const jx_args *a) { (void)a; return recase(r, s, 0); }
@@ -348,6 +397,51 @@ static llm_jv *m_isalpha(jx_run *r, llm_jv *s, const jx_args *a) { (void)a; retu
 static llm_jv *m_isalnum(jx_run *r, llm_jv *s, const jx_args *a) { (void)a; return classify(r, s, isalnum); }
 static llm_jv *m_isspace(jx_run *r, llm_jv *s, const jx_args *a) { (void)a; return classify(r, s, isspace); }
 
+llm_jv *jx_percent_format(jx_run *r, llm_jv *fmt, llm_jv *args)
+{
+    llm_jv *one[1] = {args};
+    llm_jv **av = one;
+    size_t an = 1, used = 0;
+    if (args->kind == JV_LIST && args->u.list.tuple) {
+        av = args->u.list.items;
+        an = args->u.list.n;
+    }
+    jx_sb b;
+    jx_sb_init(&b, r->c);
+    const char *p = fmt->u.str.s;
+    for (size_t i = 0; i < fmt->u.str.n; i++) {
+        if (p[i] != '%') {
+            jx_sb_put(&b, p + i, 1, fmt->u.str.taint ? fmt->u.str.taint + i : NULL);
+            continue;
+        }
+        char c = i + 1 < fmt->u.str.n ? p[++i] : 0;
+        if (c == '%') {
+            jx_sb_puts(&b, "%");
+            continue;
+        }
+        if (c != 's' && c != 'r' && c != 'd' && c != 'i')
+            jx_fail(r->c, "%% formatting: only %%s %%r %%d %%i and %%%% are supported");
+        if (used >= an)
+            jx_fail(r->c, "not enough arguments for format string");
+        llm_jv *v = av[used++];
+        if (c == 's')
+            jv_write_str(&b, v);
+        else if (c == 'r')
+            jv_write_repr(&b, v);
+        else if (v->kind == JV_INT || v->kind == JV_BOOL)
+            jx_sb_printf(&b, "%lld", v->kind == JV_INT ? v->u.i : v->u.b);
+        else if (v->kind == JV_FLOAT && isfinite(v->u.f))
+            jx_sb_printf(&b, "%.0f", trunc(v->u.f));
+        else
+            jx_fail(r->c, "%%d format: a real number is required, not %s", jv_type_name(v));
+    }
+    /* Python takes any non-tuple with __getitem__ (dict, list, Undefined) as a mapping, which may go unused */
+    int mapping = args->kind == JV_DICT || args->kind == JV_UNDEF || (args->kind == JV_LIST && !args->u.list.tuple);
+    if (used < an && !mapping)
+        jx_fail(r->c, "not all arguments converted during string formatting");
+    return jx_sb_value(&b);
+}
+
 /* ---- dict and list methods ------------------------------------------------------------------------- */
 
 static llm_jv *m_get(jx_run *r, llm_jv *d, const jx_args *a)
@@ -373,13 +467,20 @@ static llm_jv *pairs(jx_run *r, llm_jv *d)
 }
 
 static llm_jv *lazy(llm_jv *l, int kind);
-static llm_jv *m_items(jx_run *r, llm_jv *d, const jx_args *a) { (void)a; return lazy(pairs(r, d), 2); }
+static llm_jv *view(llm_jv *l, const char *name)
+{
+    l->u.list.lazy = 2;
+    l->undef_name = name;
+    return l;
+}
+
+static llm_jv *m_items(jx_run *r, llm_jv *d, const jx_args *a) { (void)a; return view(pairs(r, d), "dict_items"); }
 
 static llm_jv *m_keys(jx_run *r, llm_jv *d, const jx_args *a)
 {
     (void)a;
     llm_jv *keys = jx_iterable(r, d);
-    return keys == d ? keys : lazy(keys, 2);
+    return keys == d ? keys : view(keys, "dict_keys");
 }
 
 static llm_jv *m_values(jx_run *r, llm_jv *d, const jx_args *a)
@@ -387,7 +488,7 @@ static llm_jv *m_values(jx_run *r, llm_jv *d, const jx_args *a)
     (void)a;
     llm_jv *out = jv_list(r->c, d->u.dict.n);
     for (size_t i = 0; i < d->u.dict.n; i++) jv_push(r->c, out, d->u.dict.e[i].val);
-    return lazy(out, 2);
+    return view(out, "dict_values");
 }
 
 static llm_jv *m_index(jx_run *r, llm_jv *l, const jx_args *a)
@@ -420,7 +521,7 @@ static const char *const MUTATORS[] = {"append", "pop", "insert", "extend", "rem
 llm_jv *jx_method(jx_run *r, llm_jv *self, const char *name)
 {
     const method *t = self->kind == JV_STR ? STR_METHODS : self->kind == JV_DICT ? DICT_METHODS
-                      : self->kind == JV_LIST ? LIST_METHODS : NULL;
+                      : self->kind == JV_LIST && !self->u.list.lazy ? LIST_METHODS : NULL;
     for (int i = 0; t && t[i].name; i++)
         if (!strcmp(t[i].name, name)) {
             llm_jv *f = jv_new(r->c, JV_FUNC);
@@ -443,7 +544,10 @@ llm_jv *jx_iterable(jx_run *r, llm_jv *v)
 {
     switch (v->kind) {
     case JV_UNDEF: return jv_list(r->c, 1);
-    case JV_LIST: return v;
+    case JV_LIST:
+        if (v->u.list.lazy == 3)
+            jx_fail(r->c, "%s", v->undef_name);
+        return v;
     case JV_DICT: {
         llm_jv *out = jv_list(r->c, v->u.dict.n);
         for (size_t i = 0; i < v->u.dict.n; i++) jv_push(r->c, out, v->u.dict.e[i].key);
@@ -520,7 +624,7 @@ static llm_jv *f_length(jx_run *r, llm_jv *v, const jx_args *a)
     case JV_UNDEF: return jv_int(r->c, 0);
     case JV_STR: return jv_int(r->c, (long long)jv_utf8_len(v->u.str.s, v->u.str.n));
     case JV_LIST:
-        if (v->u.list.lazy == 1)
+        if (v->u.list.lazy == 1 || v->u.list.lazy == 3)
             break;
         return jv_int(r->c, (long long)v->u.list.n);
     case JV_DICT:
@@ -590,7 +694,7 @@ static llm_jv *f_items(jx_run *r, llm_jv *v, const jx_args *a)
 {
     (void)a;
     if (v->kind == JV_UNDEF)
-        return jv_list(r->c, 1);
+        return lazy(jv_list(r->c, 1), 1);
     if (v->kind != JV_DICT)
         jx_fail(r->c, "items: can only get item pairs from a mapping, not %s", jv_type_name(v));
     return lazy(pairs(r, v), 1);
@@ -599,7 +703,28 @@ static llm_jv *f_items(jx_run *r, llm_jv *v, const jx_args *a)
 static llm_jv *f_upper(jx_run *r, llm_jv *v, const jx_args *a) { (void)a; return recase(r, jv_to_str(r->c, v), 0); }
 static llm_jv *f_lower(jx_run *r, llm_jv *v, const jx_args *a) { (void)a; return recase(r, jv_to_str(r->c, v), 1); }
 static llm_jv *f_capitalize(jx_run *r, llm_jv *v, const jx_args *a) { (void)a; return recase(r, jv_to_str(r->c, v), 2); }
-static llm_jv *f_title(jx_run *r, llm_jv *v, const jx_args *a) { (void)a; return recase(r, jv_to_str(r->c, v), 3); }
+/* jinja2's title: words start after '-', whitespace, '(', '{', '[' or '<' */
+static llm_jv *f_title(jx_run *r, llm_jv *v, const jx_args *a)
+{
+    (void)a;
+    llm_jv *s = jv_to_str(r->c, v);
+    jx_sb b;
+    jx_sb_init(&b, r->c);
+    for (size_t i = 0, j; i < s->u.str.n; i = j) {
+        j = i;
+        while (j < s->u.str.n && (strchr("-({[<", s->u.str.s[j]) || isspace((unsigned char)s->u.str.s[j]))) j++;
+        jx_sb_put(&b, s->u.str.s + i, j - i, s->u.str.taint ? s->u.str.taint + i : NULL);
+        size_t w = j;
+        while (j < s->u.str.n && !strchr("-({[<", s->u.str.s[j]) && !isspace((unsigned char)s->u.str.s[j])) j++;
+        if (j > w) { /* item[0].upper() + item[1:].lower() */
+            size_t l;
+            cp_at(s->u.str.s, s->u.str.n, w, &l);
+            jx_sb_putv(&b, recase(r, sub(r, s, w, w + l), 0));
+            jx_sb_putv(&b, recase(r, sub(r, s, w + l, j), 1));
+        }
+    }
+    return jx_sb_value(&b);
+}
 
 static llm_jv *f_safe(jx_run *r, llm_jv *v, const jx_args *a)
 {
@@ -732,6 +857,8 @@ static llm_jv *f_reverse(jx_run *r, llm_jv *v, const jx_args *a)
     (void)a;
     llm_jv *items = jx_iterable(r, v), *out = jv_list(r->c, items->u.list.n);
     for (size_t i = items->u.list.n; i > 0; i--) jv_push(r->c, out, items->u.list.items[i - 1]);
+    if (v->kind == JV_LIST && v->u.list.lazy) /* reversed() refuses an iterator: jinja2 makes a list */
+        return out;
     if (v->kind != JV_STR)
         return lazy(out, 1);
     jx_sb b;
@@ -743,6 +870,8 @@ static llm_jv *f_reverse(jx_run *r, llm_jv *v, const jx_args *a)
 static llm_jv *f_int(jx_run *r, llm_jv *v, const jx_args *a)
 {
     llm_jv *d = arg(a, 0, "default");
+    if (v->kind == JV_UNDEF) /* int(Undefined) raises, beyond the filter's fallback */
+        jx_fail(r->c, "'%s' is undefined", v->undef_name ? v->undef_name : "value");
     if (v->kind == JV_INT)
         return v;
     if (v->kind == JV_BOOL)
@@ -770,6 +899,8 @@ static llm_jv *f_int(jx_run *r, llm_jv *v, const jx_args *a)
 static llm_jv *f_float(jx_run *r, llm_jv *v, const jx_args *a)
 {
     llm_jv *d = arg(a, 0, "default");
+    if (v->kind == JV_UNDEF)
+        jx_fail(r->c, "'%s' is undefined", v->undef_name ? v->undef_name : "value");
     if (v->kind == JV_FLOAT)
         return v;
     if (v->kind == JV_INT || v->kind == JV_BOOL)
@@ -790,6 +921,8 @@ static llm_jv *f_float(jx_run *r, llm_jv *v, const jx_args *a)
 static llm_jv *f_abs(jx_run *r, llm_jv *v, const jx_args *a)
 {
     (void)a;
+    if (v->kind == JV_BOOL)
+        return jv_int(r->c, v->u.b);
     if (v->kind == JV_INT)
         return v->u.i == INT64_MIN ? (jx_fail(r->c, "integer overflow"), v) : jv_int(r->c, v->u.i < 0 ? -v->u.i : v->u.i);
     if (v->kind == JV_FLOAT)
@@ -818,10 +951,19 @@ static llm_jv *f_sum(jx_run *r, llm_jv *v, const jx_args *a)
         acc = jv_int(r->c, 0);
     for (size_t i = 0; i < items->u.list.n; i++) {
         llm_jv *x = attr ? attr_path(r, items->u.list.items[i], attr) : items->u.list.items[i];
-        if ((acc->kind != JV_INT && acc->kind != JV_FLOAT) || (x->kind != JV_INT && x->kind != JV_FLOAT))
-            jx_fail(r->c, "sum: numbers expected");
-        acc = acc->kind == JV_INT && x->kind == JV_INT ? jv_int(r->c, acc->u.i + x->u.i)
-              : jv_float(r->c, (acc->kind == JV_INT ? (double)acc->u.i : acc->u.f) + (x->kind == JV_INT ? (double)x->u.i : x->u.f));
+        llm_jv *two[2] = {acc, x};
+        for (int k = 0; k < 2; k++)
+            if (two[k]->kind != JV_INT && two[k]->kind != JV_FLOAT && two[k]->kind != JV_BOOL)
+                jx_fail(r->c, "sum: unsupported operand type(s) for +: '%s' and '%s'", jv_type_name(acc),
+                        jv_type_name(x));
+        if (acc->kind != JV_FLOAT && x->kind != JV_FLOAT) {
+            long long p = acc->kind == JV_INT ? acc->u.i : acc->u.b, q = x->kind == JV_INT ? x->u.i : x->u.b;
+            if ((q > 0 && p > INT64_MAX - q) || (q < 0 && p < INT64_MIN - q))
+                jx_fail(r->c, "integer overflow (beyond 64 bits)");
+            acc = jv_int(r->c, p + q);
+        } else
+            acc = jv_float(r->c, (acc->kind == JV_FLOAT ? acc->u.f : acc->kind == JV_INT ? (double)acc->u.i : acc->u.b) +
+                                     (x->kind == JV_FLOAT ? x->u.f : x->kind == JV_INT ? (double)x->u.i : x->u.b));
     }
     return acc;
 }
@@ -843,7 +985,9 @@ static llm_jv *f_indent(jx_run *r, llm_jv *v, const jx_args *a)
         ind = jx_sb_value(&sp);
     } else
         jx_fail(r->c, "indent: width must be a string or an integer 0..1024");
-    llm_jv *s = jv_to_str(r->c, v);
+    if (v->kind != JV_STR) /* jinja2 adds "\n" to the value: only a string takes it */
+        jx_fail(r->c, "indent: '%s' object has no attribute 'splitlines'", jv_type_name(v));
+    llm_jv *s = v;
     jx_args none = {0};
     jx_sb t;
     jx_sb_init(&t, r->c);
@@ -908,11 +1052,20 @@ static llm_jv *f_attr(jx_run *r, llm_jv *v, const jx_args *a)
     return jx_getattr(r, v, name);
 }
 
+/* jinja2 counts the runs of \w (letters, digits, '_'; any non-ASCII letter) */
 static llm_jv *f_wordcount(jx_run *r, llm_jv *v, const jx_args *a)
 {
-    jx_args none = {0};
     (void)a;
-    return jv_int(r->c, (long long)m_split(r, jv_to_str(r->c, v), &none)->u.list.n);
+    llm_jv *s = jv_to_str(r->c, v);
+    long long k = 0;
+    int in_word = 0;
+    for (size_t i = 0, l; i < s->u.str.n; i += l) {
+        unsigned long cp = cp_at(s->u.str.s, s->u.str.n, i, &l);
+        int w = cp < 0x80 ? (isalnum((int)cp) || cp == '_') : is_alnum(cp);
+        k += w && !in_word;
+        in_word = w;
+    }
+    return jv_int(r->c, k);
 }
 
 /* select/reject/selectattr/rejectattr: keep the items whose test says keep. */
@@ -1012,7 +1165,8 @@ TEST(t_none, v->kind == JV_NONE)
 TEST(t_string, v->kind == JV_STR)
 TEST(t_mapping, v->kind == JV_DICT)
 TEST(t_iterable, v->kind == JV_STR || v->kind == JV_LIST || v->kind == JV_DICT || v->kind == JV_UNDEF)
-TEST(t_sequence, v->kind == JV_STR || v->kind == JV_LIST || v->kind == JV_DICT || v->kind == JV_UNDEF)
+TEST(t_sequence, v->kind == JV_STR || (v->kind == JV_LIST && !v->u.list.lazy) || v->kind == JV_DICT ||
+                     v->kind == JV_UNDEF)
 TEST(t_number, v->kind == JV_INT || v->kind == JV_FLOAT || v->kind == JV_BOOL)
 TEST(t_integer, v->kind == JV_INT)
 TEST(t_float, v->kind == JV_FLOAT)
@@ -1021,28 +1175,43 @@ TEST(t_true, v->kind == JV_BOOL && v->u.b)
 TEST(t_false, v->kind == JV_BOOL && !v->u.b)
 TEST(t_callable, v->kind == JV_FUNC)
 
+/* Python's value % m for the numeric tests (bool and float included). */
+static double py_mod(jx_run *r, llm_jv *v, llm_jv *m, const char *test)
+{
+    int num_v = v->kind == JV_INT || v->kind == JV_BOOL || v->kind == JV_FLOAT;
+    int num_m = m && (m->kind == JV_INT || m->kind == JV_BOOL || m->kind == JV_FLOAT);
+    if (!num_v || !num_m)
+        jx_fail(r->c, "%s: numbers expected", test);
+    double x = v->kind == JV_FLOAT ? v->u.f : v->kind == JV_INT ? (double)v->u.i : v->u.b;
+    double y = m->kind == JV_FLOAT ? m->u.f : m->kind == JV_INT ? (double)m->u.i : m->u.b;
+    if (y == 0)
+        jx_fail(r->c, "%s: modulo by zero", test);
+    if (v->kind != JV_FLOAT && m->kind != JV_FLOAT) {
+        long long a = v->kind == JV_INT ? v->u.i : v->u.b, b = m->kind == JV_INT ? m->u.i : m->u.b;
+        long long q = a % b;
+        return (double)(q != 0 && ((q < 0) != (b < 0)) ? q + b : q);
+    }
+    double q = fmod(x, y);
+    return q != 0 && ((q < 0) != (y < 0)) ? q + y : q;
+}
+
 static llm_jv *t_odd(jx_run *r, llm_jv *v, const jx_args *a)
 {
     (void)a;
-    if (v->kind != JV_INT)
-        jx_fail(r->c, "odd: an integer expected");
-    return jv_bool(r->c, v->u.i % 2 != 0);
+    llm_jv two = {.kind = JV_INT, .u.i = 2};
+    return jv_bool(r->c, py_mod(r, v, &two, "odd") == 1);
 }
 
 static llm_jv *t_even(jx_run *r, llm_jv *v, const jx_args *a)
 {
     (void)a;
-    if (v->kind != JV_INT)
-        jx_fail(r->c, "even: an integer expected");
-    return jv_bool(r->c, v->u.i % 2 == 0);
+    llm_jv two = {.kind = JV_INT, .u.i = 2};
+    return jv_bool(r->c, py_mod(r, v, &two, "even") == 0);
 }
 
 static llm_jv *t_divisibleby(jx_run *r, llm_jv *v, const jx_args *a)
 {
-    llm_jv *d = arg(a, 0, "num");
-    if (v->kind != JV_INT || !d || d->kind != JV_INT || d->u.i == 0)
-        jx_fail(r->c, "divisibleby: non-zero integers expected");
-    return jv_bool(r->c, v->u.i % d->u.i == 0);
+    return jv_bool(r->c, py_mod(r, v, arg(a, 0, "num"), "divisibleby") == 0);
 }
 
 static llm_jv *cmp_test(jx_run *r, llm_jv *v, const jx_args *a, int op)

@@ -959,8 +959,10 @@ static jx_node *parse_for(parser *P, int line)
     return n;
 }
 
-static void parse_filter_chain(parser *P, jx_node *n)
+/* | f | g ... as a node whose kids are the filters (operands NULL). */
+static jx_node *parse_filter_chain(parser *P)
 {
+    jx_node *n = mk(P, JN_BODY);
     nvec v = {0};
     do {
         if (v.n)
@@ -968,6 +970,7 @@ static void parse_filter_chain(parser *P, jx_node *n)
         nv_push(P, &v, parse_filter(P, NULL), NULL);
     } while (is_op(P, "|"));
     set_kids(n, &v);
+    return n;
 }
 
 static jx_node *parse_set(parser *P, int line)
@@ -1002,7 +1005,7 @@ static jx_node *parse_set(parser *P, int line)
         jx_fail(P->c, "line %d: a block set takes one name", line);
     if (is_op(P, "|")) {
         P->at++;
-        parse_filter_chain(P, n);
+        n->a = parse_filter_chain(P);
     }
     end_tag(P);
     static const char *const stops[] = {"endset", NULL};
@@ -1062,7 +1065,7 @@ static jx_node *parse_statement(parser *P)
     }
     if (!strcmp(kw, "filter")) {
         jx_node *n = mk(P, JN_FILTERBLOCK);
-        parse_filter_chain(P, n);
+        n->a = parse_filter_chain(P);
         end_tag(P);
         static const char *const stops[] = {"endfilter", NULL};
         n->b = body_until(P, stops, &s, "filter", line);

@@ -277,7 +277,7 @@ int jv_truthy(const llm_jv *v)
     case JV_INT: return v->u.i != 0;
     case JV_FLOAT: return v->u.f != 0;
     case JV_STR: return v->u.str.n > 0;
-    case JV_LIST: return v->u.list.lazy == 1 || v->u.list.n > 0;
+    case JV_LIST: return v->u.list.lazy == 1 || v->u.list.lazy == 3 || v->u.list.n > 0;
     case JV_DICT: return v->u.dict.n > 0;
     default: return 1;
     }
@@ -307,6 +307,8 @@ int jv_equal(const llm_jv *a, const llm_jv *b)
     case JV_NONE: return 1;
     case JV_STR: return a->u.str.n == b->u.str.n && !memcmp(a->u.str.s, b->u.str.s, a->u.str.n);
     case JV_LIST:
+        if (a->u.list.lazy || b->u.list.lazy) /* iterators compare by identity */
+            return a == b;
         if (a->u.list.n != b->u.list.n || a->u.list.tuple != b->u.list.tuple)
             return 0;
         for (size_t i = 0; i < a->u.list.n; i++)
@@ -331,7 +333,7 @@ const char *jv_type_name(const llm_jv *v)
     static const char *names[] = {"Undefined", "NoneType", "bool", "int", "float", "str", "list", "dict",
                                   "Namespace", "function"};
     if (v->kind == JV_LIST && v->u.list.lazy)
-        return v->u.list.lazy == 1 ? "generator" : "dict view";
+        return v->u.list.lazy == 2 ? "dict view" : "generator";
     return v->kind == JV_LIST && v->u.list.tuple ? "tuple" : names[v->kind];
 }
 
@@ -350,7 +352,7 @@ int jv_compare(llm_jctx *c, const llm_jv *a, const llm_jv *b)
             return r < 0 ? -1 : 1;
         return (a->u.str.n > b->u.str.n) - (a->u.str.n < b->u.str.n);
     }
-    if (a->kind == JV_LIST && b->kind == JV_LIST) {
+    if (a->kind == JV_LIST && b->kind == JV_LIST && !a->u.list.lazy && !b->u.list.lazy) {
         for (size_t i = 0; i < a->u.list.n && i < b->u.list.n; i++) {
             if (jv_equal(a->u.list.items[i], b->u.list.items[i]))
                 continue;
@@ -545,7 +547,10 @@ static void write_any(jx_sb *b, const llm_jv *v, int repr, int depth)
 {
     char num[40];
     switch (v->kind) {
-    case JV_UNDEF: return;
+    case JV_UNDEF:
+        if (repr) /* inside a container */
+            jx_sb_puts(b, "Undefined");
+        return;
     case JV_NONE: jx_sb_puts(b, "None"); return;
     case JV_BOOL: jx_sb_puts(b, v->u.b ? "True" : "False"); return;
     case JV_INT: jx_sb_printf(b, "%lld", v->u.i); return;
@@ -568,8 +573,17 @@ static void write_container(jx_sb *b, const llm_jv *v, int depth)
 {
     if (depth > 256)
         jx_fail(b->c, "a value nested more than 256 deep");
+    if (v->kind == JV_LIST && v->u.list.lazy == 2) { /* dict_items([...]) */
+        llm_jv plain = *v;
+        plain.u.list.lazy = 0;
+        jx_sb_puts(b, v->undef_name);
+        jx_sb_puts(b, "(");
+        write_container(b, &plain, depth + 1);
+        jx_sb_puts(b, ")");
+        return;
+    }
     if (v->kind == JV_LIST && v->u.list.lazy) {
-        jx_sb_puts(b, v->u.list.lazy == 1 ? "<generator object>" : "<dict view>");
+        jx_sb_puts(b, "<generator object>");
         return;
     }
     if (v->kind == JV_LIST) {
@@ -730,7 +744,7 @@ void jv_write_json(jx_sb *b, const llm_jv *v, int indent, const char *isep, cons
     case JV_STR: json_str(b, v); return;
     case JV_LIST:
         if (v->u.list.lazy)
-            jx_fail(b->c, "Object of type %s is not JSON serializable", v->u.list.lazy == 1 ? "generator" : "dict view");
+            jx_fail(b->c, "Object of type %s is not JSON serializable", jv_type_name(v));
         if (v->u.list.n == 0) {
             jx_sb_puts(b, "[]");
             return;

@@ -69,34 +69,58 @@ static json_t *render(const llm_jinja *t, json_t *in, double now)
     return out;
 }
 
+/* --each: every line carries its own template ({"template": ..., and the variables}). */
+static json_t *render_each(json_t *in, double now)
+{
+    json_t *src = json_object_get(in, "template");
+    llm_jinja *t = NULL;
+    llm_error err = {0};
+    if (!json_is_string(src))
+        return json_pack("{s:b,s:s}", "ok", 0, "error", "no template");
+    if (llm_jinja_compile(json_string_value(src), json_string_length(src), &t, &err))
+        return json_pack("{s:b,s:b,s:s}", "ok", 0, "compile", 1, "error", err.msg);
+    json_object_del(in, "template");
+    json_t *out = render(t, in, now);
+    llm_jinja_free(t);
+    return out;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: jinja_render TEMPLATE [NOW] < cases.jsonl\n");
+        fprintf(stderr, "usage: jinja_render TEMPLATE|--each [NOW] < cases.jsonl\n");
         return 2;
     }
-    size_t n = 0;
-    char *src = slurp(argv[1], &n);
-    if (!src) {
-        fprintf(stderr, "jinja_render: cannot read %s\n", argv[1]);
-        return 2;
-    }
+    int each = !strcmp(argv[1], "--each");
     llm_jinja *t = NULL;
-    llm_error err = {0};
-    if (llm_jinja_compile(src, n, &t, &err)) {
-        printf("{\"compile_error\": \"%s\"}\n", err.msg);
+    if (!each) {
+        size_t n = 0;
+        char *src = slurp(argv[1], &n);
+        if (!src) {
+            fprintf(stderr, "jinja_render: cannot read %s\n", argv[1]);
+            return 2;
+        }
+        llm_error err = {0};
+        if (llm_jinja_compile(src, n, &t, &err)) {
+            json_t *o = json_pack("{s:s}", "compile_error", err.msg);
+            char *s = json_dumps(o, JSON_COMPACT);
+            puts(s ? s : "{}");
+            free(s);
+            json_decref(o);
+            free(src);
+            return 3;
+        }
         free(src);
-        return 3;
     }
-    free(src);
     double now = argc > 2 ? atof(argv[2]) : 0;
     json_error_t je;
-    char *big = NULL;
+    char *line = NULL;
     size_t cap = 0;
     ssize_t got;
-    while ((got = getline(&big, &cap, stdin)) > 0) {
-        json_t *in = json_loadb(big, (size_t)got, 0, &je);
-        json_t *out = in ? render(t, in, now) : json_pack("{s:b,s:s}", "ok", 0, "error", je.text);
+    while ((got = getline(&line, &cap, stdin)) > 0) {
+        json_t *in = json_loadb(line, (size_t)got, 0, &je);
+        json_t *out = !in ? json_pack("{s:b,s:s}", "ok", 0, "error", je.text)
+                      : each ? render_each(in, now) : render(t, in, now);
         char *s = json_dumps(out, JSON_COMPACT | JSON_ENSURE_ASCII);
         puts(s ? s : "{\"ok\": false, \"error\": \"no memory\"}");
         fflush(stdout);
@@ -104,7 +128,7 @@ int main(int argc, char **argv)
         json_decref(out);
         json_decref(in);
     }
-    free(big);
+    free(line);
     llm_jinja_free(t);
     return 0;
 }
