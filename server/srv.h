@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 
 #include "llm/engine.h"
+#include "srv_chat.h"
 #include "srv_config.h"
 #include "srv_keys.h"
 #include "srv_metrics.h"
@@ -27,7 +28,7 @@ typedef struct srv_rev {
     llm_backend *backends[LLM_MAX_RANKS]; /* one per tensor-parallel rank */
     int n_backends;
     llm_engine *engine;
-    int chat_tmpl;
+    srv_chat *chat;
     _Atomic int users;
     char path[4096];
 } srv_rev;
@@ -62,7 +63,7 @@ typedef struct srv {
     _Atomic int cutting;       /* past drain_timeout_s: requests still running end with an error now */
     char status[512];          /* load progress or failure, for the probes */
     char name[128];            /* served model name */
-    int chat_tmpl;             /* llm_chat_template of the model */
+    srv_chat *chat;            /* the model's chat renderer */
     long created;              /* unix time the model was loaded */
     srv_metrics metrics;
     srv_keys keys;             /* API keys and their tenants; none: the API is open */
@@ -121,12 +122,12 @@ typedef struct srv_completion {
 } srv_completion;
 
 /* Parses and validates a /v1/completions (kind 0), /v1/chat/completions
- * (1) or /generate (2) body; chat messages are rendered with chat_tmpl
- * (the serving revision's llm_chat_template) and, with vocab (the serving
+ * (1) or /generate (2) body; chat messages are rendered with chat (the
+ * serving revision's renderer) and, with vocab (the serving
  * revision's), tokenized here: the markup as control tokens, the messages'
  * contents as text (rq.tokens; without vocab rq.text, every control-token
  * text parsed). Errors: 400 naming the field, 404 model. */
-int srv_parse_completion(const srv *s, int chat_tmpl, const llm_vocab *vocab, const char *body, size_t len, int kind,
+int srv_parse_completion(const srv *s, const srv_chat *chat, const llm_vocab *vocab, const char *body, size_t len, int kind,
                          srv_completion *c, srv_err *e);
 void srv_completion_free(srv_completion *c);
 /* The fields of a POST /admin/canary body: model (an absolute path, or

@@ -259,40 +259,6 @@ static int parse_prompt(json_t *o, srv_completion *c, srv_err *e)
     return 0;
 }
 
-/* content: a string, or an array of {"type": "text", "text": ...} parts
- * (joined). NULL with e set otherwise; *owned gets a joined copy to free. */
-static const char *message_text(json_t *m, size_t i, char **owned, srv_err *e)
-{
-    json_t *ct = json_object_get(m, "content");
-    if (json_is_string(ct))
-        return json_string_value(ct);
-    if (!json_is_array(ct)) {
-        srv_err_set(e, 400, "messages", "messages[%zu].content must be a string or an array of text parts", i);
-        return NULL;
-    }
-    size_t total = 1, at = 0;
-    for (size_t k = 0; k < json_array_size(ct); k++) {
-        json_t *p = json_array_get(ct, k), *t = json_object_get(p, "text"), *ty = json_object_get(p, "type");
-        if (!json_is_string(t) || !json_is_string(ty) || strcmp(json_string_value(ty), "text")) {
-            srv_err_set(e, 400, "messages", "messages[%zu].content[%zu] must be a text part", i, k);
-            return NULL;
-        }
-        total += json_string_length(t);
-    }
-    char *out = malloc(total);
-    if (!out) {
-        srv_err_set(e, 503, NULL, "out of memory");
-        return NULL;
-    }
-    for (size_t k = 0; k < json_array_size(ct); k++) {
-        json_t *t = json_object_get(json_array_get(ct, k), "text");
-        memcpy(out + at, json_string_value(t), json_string_length(t));
-        at += json_string_length(t);
-    }
-    out[at] = 0;
-    return *owned = out;
-}
-
 /* The rendered chat as token ids: the template's markup as control
  * tokens, the messages' contents as plain text (llm_tokenize_guarded). */
 static int chat_tokens(const llm_vocab *v, const llm_span *sp, int n_sp, srv_completion *c, srv_err *e)
@@ -309,36 +275,15 @@ static int chat_tokens(const llm_vocab *v, const llm_span *sp, int n_sp, srv_com
     return 0;
 }
 
-static int parse_messages(int tmpl, const llm_vocab *vocab, json_t *o, srv_completion *c, srv_err *e)
+static int parse_messages(const srv_chat *chat, const llm_vocab *vocab, json_t *o, size_t body_len, srv_completion *c,
+                          srv_err *e)
 {
-    json_t *ms = json_object_get(o, "messages");
-    size_t n = json_is_array(ms) ? json_array_size(ms) : 0;
-    if (n == 0 || n > 4096) {
-        srv_err_set(e, 400, "messages", "'messages' must be a non-empty array (at most 4096)");
-        return -1;
-    }
-    llm_chat_msg *msgs = calloc(n, sizeof *msgs);
-    char **owned = calloc(n, sizeof *owned);
-    int rc = msgs && owned ? 0 : (srv_err_set(e, 503, NULL, "out of memory"), -1);
-    for (size_t i = 0; !rc && i < n; i++) {
-        json_t *m = json_array_get(ms, i), *role = json_object_get(m, "role");
-        msgs[i].role = json_is_string(role) ? json_string_value(role) : NULL;
-        if (!json_is_object(m) || !msgs[i].role)
-            rc = (srv_err_set(e, 400, "messages", "messages[%zu] must be an object with a string role", i), -1);
-        else if (!(msgs[i].content = message_text(m, i, &owned[i], e)))
-            rc = -1;
-    }
-    llm_error err = {0};
     llm_span *sp = NULL;
     int n_sp = 0;
-    if (!rc && !(c->prompt = llm_chat_render_spans((llm_chat_template)tmpl, msgs, (int)n, &sp, &n_sp, &err)))
-        rc = (srv_err_set(e, err.code == LLM_ERR_NOMEM ? 503 : 400, "messages", "%s", err.msg), -1);
-    for (size_t i = 0; owned && i < n; i++) free(owned[i]);
-    free(owned);
-    free(msgs);
+    if (!(c->prompt = srv_chat_render(chat, o, body_len, &sp, &n_sp, e)))
+        return -1;
     c->rq.text = c->prompt;
-    if (!rc && vocab)
-        rc = chat_tokens(vocab, sp, n_sp, c, e);
+    int rc = vocab ? chat_tokens(vocab, sp, n_sp, c, e) : 0;
     free(sp);
     return rc;
 }
@@ -551,13 +496,13 @@ static int parse_text(json_t *o, srv_completion *c, srv_err *e)
     return 0;
 }
 
-int srv_parse_completion(const srv *s, int chat_tmpl, const llm_vocab *vocab, const char *body, size_t len, int kind,
+int srv_parse_completion(const srv *s, const srv_chat *chat, const llm_vocab *vocab, const char *body, size_t len, int kind,
                          srv_completion *c, srv_err *e)
 {
     memset(c, 0, sizeof *c);
     c->chat = kind == 1;
     c->generate = kind == 2;
-    int chat = c->chat;
+    int is_chat = c->chat;
     c->rq.sampling = llm_sampling_default();
     if (!(c->root = srv_json_object(body, len, e)))
         return -1;
@@ -566,7 +511,7 @@ int srv_parse_completion(const srv *s, int chat_tmpl, const llm_vocab *vocab, co
         return -1;
     if (c->generate)
         return parse_text(c->root, c, e);
-    return chat ? parse_messages(chat_tmpl, vocab, c->root, c, e) : parse_prompt(c->root, c, e);
+    return is_chat ? parse_messages(chat, vocab, c->root, len, c, e) : parse_prompt(c->root, c, e);
 }
 
 void srv_completion_free(srv_completion *c)

@@ -28,6 +28,7 @@ static void rev_free(srv_rev *r)
         return;
     llm_engine_close(r->engine);
     srv_load_close_backends(r->backends, r->n_backends);
+    srv_chat_free(r->chat);
     llm_model_free(r->model);
     free(r);
 }
@@ -189,8 +190,8 @@ static llm_status load(srv *s, const load_job *j, srv_rev *r, llm_error *err)
         st = srv_load_engine(s, r->model, r->backends, r->n_backends, &r->engine, err);
     if (!st)
         st = srv_load_warm_up(r->engine, r->model, err);
-    if (!st)
-        r->chat_tmpl = (int)llm_chat_for_model(r->model);
+    if (!st && !(r->chat = srv_chat_new(r->model, s->cfg.chat_template, s->cfg.chat_template_file, err)))
+        st = err->code;
     return st;
 }
 

@@ -1,6 +1,10 @@
 /* srv_chat.c - chat requests as Jinja template variables (see srv_chat.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "srv.h"
 #include "srv_chat.h"
 
 static llm_jv *value(llm_jctx *c, json_t *v, int tenant, int depth, llm_error *err)
@@ -129,4 +133,260 @@ llm_jv *srv_chat_vars(llm_jctx *c, json_t *messages, json_t *tools, int add_gene
         set(c, vars, "eos_token", llm_jv_str(c, eos ? eos : "", eos ? strlen(eos) : 0, 0), err))
         return NULL;
     return vars;
+}
+
+/* ---- the renderer ------------------------------------------------------------------------ */
+
+static char *token_text(const llm_vocab *v, int32_t id)
+{
+    if (!v || id < 0)
+        return strdup("");
+    gguf_str t = llm_vocab_text(v, id);
+    return strndup(t.data ? t.data : "", t.data ? (size_t)t.len : 0);
+}
+
+/* The template in file (malloc'd, *n bytes), or NULL with err set. */
+static char *read_template(const char *file, size_t *n, llm_error *err)
+{
+    FILE *f = fopen(file, "rb");
+    char *buf = f ? malloc(((size_t)1 << 20) + 1) : NULL;
+    *n = buf ? fread(buf, 1, ((size_t)1 << 20) + 1, f) : 0;
+    int bad = !f || !buf || ferror(f);
+    if (f)
+        fclose(f);
+    if (bad || *n > ((size_t)1 << 20)) {
+        free(buf);
+        llm_errf(err, !buf && f ? LLM_ERR_NOMEM : bad ? LLM_ERR_IO : LLM_ERR_TOO_LONG, "chat_template_file %s: %s", file,
+                 !f ? strerror(errno) : bad ? "cannot read it" : "over 1 MiB");
+        return NULL;
+    }
+    return buf;
+}
+
+srv_chat *srv_chat_new(const llm_model *m, const char *mode, const char *file, llm_error *err)
+{
+    int builtin = mode && !strcmp(mode, "builtin");
+    if (mode && *mode && !builtin && strcmp(mode, "auto")) {
+        llm_errf(err, LLM_ERR_INVALID_ARG, "chat_template: '%s' is neither auto nor builtin", mode);
+        return NULL;
+    }
+    srv_chat *c = calloc(1, sizeof *c);
+    if (!c || !(c->bos = token_text(m->vocab, llm_vocab_bos(m->vocab))) ||
+        !(c->eos = token_text(m->vocab, llm_vocab_eos(m->vocab)))) {
+        srv_chat_free(c);
+        llm_errf(err, LLM_ERR_NOMEM, "no memory for the chat template");
+        return NULL;
+    }
+    c->drop_bos = m->vocab && llm_vocab_add_bos(m->vocab) && *c->bos;
+    c->family = llm_chat_for_model(m);
+    if (!builtin && file && *file) { /* the operator's own template: it must work */
+        size_t n;
+        char *src = read_template(file, &n, err);
+        if (!src || llm_jinja_compile(src, n, &c->tmpl, err)) {
+            free(src);
+            srv_chat_free(c);
+            return NULL;
+        }
+        free(src);
+        snprintf(c->what, sizeof c->what, "the Jinja template of %.200s (%zu bytes)", file, n);
+        return c;
+    }
+    gguf_str s;
+    if (builtin || gguf_get_str(m->gguf, "tokenizer.chat_template", &s, NULL)) {
+        snprintf(c->what, sizeof c->what, "built-in %s (%s)", llm_chat_name(c->family),
+                 builtin ? "chat_template: builtin" : "the model has no tokenizer.chat_template");
+        return c;
+    }
+    llm_error jerr = {0};
+    if (llm_jinja_compile(s.data, (size_t)s.len, &c->tmpl, &jerr)) {
+        if (jerr.code == LLM_ERR_NOMEM) {
+            srv_chat_free(c);
+            llm_errf(err, LLM_ERR_NOMEM, "no memory for the chat template");
+            return NULL;
+        }
+        snprintf(c->what, sizeof c->what, "built-in %s: the model's template does not compile (%.160s)",
+                 llm_chat_name(c->family), jerr.msg);
+        return c;
+    }
+    snprintf(c->what, sizeof c->what, "the model's Jinja template (%zu bytes)", (size_t)s.len);
+    return c;
+}
+
+void srv_chat_free(srv_chat *c)
+{
+    if (!c)
+        return;
+    llm_jinja_free(c->tmpl);
+    free(c->bos);
+    free(c->eos);
+    free(c);
+}
+
+/* A message's content as one string: a string, null (absent), or text
+ * parts joined. NULL with e set otherwise; *owned holds a joined copy. */
+static const char *content_text(json_t *m, size_t i, char **owned, srv_err *e)
+{
+    json_t *ct = json_object_get(m, "content");
+    *owned = NULL;
+    if (json_is_string(ct))
+        return json_string_value(ct);
+    if (!ct || json_is_null(ct))
+        return "";
+    if (!json_is_array(ct)) {
+        srv_err_set(e, 400, "messages", "messages[%zu].content must be a string or an array of text parts", i);
+        return NULL;
+    }
+    size_t total = 1, at = 0;
+    for (size_t k = 0; k < json_array_size(ct); k++) {
+        json_t *p = json_array_get(ct, k), *t = json_object_get(p, "text"), *ty = json_object_get(p, "type");
+        if (!json_is_string(t) || !json_is_string(ty) || strcmp(json_string_value(ty), "text")) {
+            srv_err_set(e, 400, "messages", "messages[%zu].content[%zu] must be a text part", i, k);
+            return NULL;
+        }
+        total += json_string_length(t);
+    }
+    char *out = malloc(total);
+    if (!out) {
+        srv_err_set(e, 503, NULL, "out of memory");
+        return NULL;
+    }
+    for (size_t k = 0; k < json_array_size(ct); k++) {
+        json_t *t = json_object_get(json_array_get(ct, k), "text");
+        memcpy(out + at, json_string_value(t), json_string_length(t));
+        at += json_string_length(t);
+    }
+    out[at] = 0;
+    return *owned = out;
+}
+
+/* A shallow copy of an object, or NULL: json_copy drops members whose
+ * allocation fails (a message without its role) instead of failing. */
+static json_t *copy_members(json_t *m)
+{
+    json_t *o = json_object(), *v;
+    const char *k;
+    json_object_foreach(m, k, v) {
+        if (o && json_object_set(o, k, v)) {
+            json_decref(o);
+            o = NULL;
+        }
+    }
+    return o;
+}
+
+/* The messages with each content as one string (text parts joined): a
+ * new array, or NULL with e set. */
+static json_t *flat_messages(json_t *ms, srv_err *e)
+{
+    size_t n = json_is_array(ms) ? json_array_size(ms) : 0;
+    if (n == 0 || n > 4096) {
+        srv_err_set(e, 400, "messages", "'messages' must be a non-empty array (at most 4096)");
+        return NULL;
+    }
+    json_t *out = json_array();
+    for (size_t i = 0; out && i < n; i++) {
+        json_t *m = json_array_get(ms, i), *role = json_object_get(m, "role");
+        char *owned;
+        const char *text;
+        if (!json_is_object(m) || !json_is_string(role) || !role_ok(json_string_value(role))) {
+            srv_err_set(e, 400, "messages", "messages[%zu] must be an object with a role of lower-case letters and "
+                                            "'_' (at most 32)", i);
+            json_decref(out);
+            return NULL;
+        }
+        if (!(text = content_text(m, i, &owned, e))) {
+            json_decref(out);
+            return NULL;
+        }
+        json_t *copy = copy_members(m);
+        int bad = !copy || json_object_set_new(copy, "content", json_stringn(text, strlen(text)));
+        if (bad)
+            json_decref(copy);
+        else
+            bad = json_array_append_new(out, copy) != 0; /* which releases copy when it fails */
+        if (bad) {
+            json_decref(out);
+            out = NULL;
+        }
+        free(owned);
+    }
+    if (!out)
+        srv_err_set(e, 503, NULL, "out of memory");
+    return out;
+}
+
+static char *render_family(const srv_chat *c, json_t *ms, llm_span **spans, int *n_spans, srv_err *e)
+{
+    size_t n = json_array_size(ms);
+    llm_chat_msg *msgs = calloc(n, sizeof *msgs);
+    if (!msgs) {
+        srv_err_set(e, 503, NULL, "out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(ms, i);
+        msgs[i].role = json_string_value(json_object_get(m, "role"));
+        msgs[i].content = json_string_value(json_object_get(m, "content"));
+    }
+    llm_error err = {0};
+    char *text = llm_chat_render_spans(c->family, msgs, (int)n, spans, n_spans, &err);
+    free(msgs);
+    if (!text)
+        srv_err_set(e, err.code == LLM_ERR_NOMEM ? 503 : 400, "messages", "%s", err.msg);
+    return text;
+}
+
+/* A render's leading bos_token goes when the tokenizer adds its own. */
+static void drop_bos(const srv_chat *c, char *text, llm_span *sp, int n_sp)
+{
+    size_t k = strlen(c->bos);
+    if (!c->drop_bos || strncmp(text, c->bos, k) || (n_sp > 0 && sp[0].start < k))
+        return;
+    memmove(text, text + k, strlen(text + k) + 1);
+    for (int i = 0; i < n_sp; i++) {
+        sp[i].start -= k;
+        sp[i].end -= k;
+    }
+}
+
+static char *render_jinja(const srv_chat *c, json_t *body, json_t *ms, size_t body_bytes, llm_span **spans,
+                          int *n_spans, srv_err *e)
+{
+    json_t *agp = json_object_get(body, "add_generation_prompt"), *kw = json_object_get(body, "chat_template_kwargs");
+    json_t *tools = json_object_get(body, "tools");
+    if ((agp && !json_is_boolean(agp)) || (kw && !json_is_object(kw) && !json_is_null(kw))) {
+        srv_err_set(e, 400, agp && !json_is_boolean(agp) ? "add_generation_prompt" : "chat_template_kwargs",
+                    "'%s' must be %s", agp && !json_is_boolean(agp) ? "add_generation_prompt" : "chat_template_kwargs",
+                    agp && !json_is_boolean(agp) ? "a boolean" : "an object");
+        return NULL;
+    }
+    /* a render holds its values and text: room for templates that copy the request a few times over */
+    llm_jinja_limits lim = {.max_bytes = ((size_t)16 << 20) + 16 * body_bytes};
+    llm_jctx *jc = llm_jctx_new(&lim);
+    llm_error err = {0};
+    llm_jv *vars = jc ? srv_chat_vars(jc, ms, json_is_array(tools) && json_array_size(tools) ? tools : NULL,
+                                      !agp || json_is_true(agp), c->bos, c->eos, kw, &err)
+                      : NULL;
+    char *text = vars ? llm_jinja_render(c->tmpl, jc, vars, NULL, spans, n_spans, &err) : NULL;
+    llm_jctx_free(jc);
+    if (!jc)
+        srv_err_set(e, 503, NULL, "out of memory");
+    else if (!text)
+        srv_err_set(e, err.code == LLM_ERR_NOMEM ? 503 : 400, "messages", "chat template: %s", err.msg);
+    return text;
+}
+
+char *srv_chat_render(const srv_chat *c, json_t *body, size_t body_len, llm_span **spans, int *n_spans, srv_err *e)
+{
+    *spans = NULL;
+    *n_spans = 0;
+    json_t *ms = flat_messages(json_object_get(body, "messages"), e);
+    if (!ms)
+        return NULL;
+    char *text = c->tmpl ? render_jinja(c, body, ms, body_len, spans, n_spans, e)
+                         : render_family(c, ms, spans, n_spans, e);
+    json_decref(ms);
+    if (text)
+        drop_bos(c, text, *spans, *n_spans);
+    return text;
 }

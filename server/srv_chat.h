@@ -1,7 +1,11 @@
-/* srv_chat.h - a chat request as the variables of a Jinja chat template
- * (engine/include/llm/jinja.h): messages, tools, add_generation_prompt,
- * bos_token, eos_token and the request's chat_template_kwargs, converted
- * from the request's JSON.
+/* srv_chat.h - chat requests rendered into prompt text with the model's
+ * own chat template: the GGUF's tokenizer.chat_template run by the Jinja
+ * interpreter (engine/include/llm/jinja.h) with the variables messages,
+ * tools, add_generation_prompt, bos_token, eos_token and the request's
+ * chat_template_kwargs; or, when the template does not compile or the
+ * server is told so (chat_template: builtin), the built-in family renderer
+ * (engine/include/llm/chat.h). Message contents are strings or arrays of
+ * text parts (joined).
  *
  * Every string from the request is tenant data (its bytes become spans
  * that are tokenized as plain text) except a message's role, which must be
@@ -15,9 +19,39 @@
 
 #include <jansson.h>
 
+#include "llm/chat.h"
 #include "llm/jinja.h"
+#include "llm/model.h"
 
 #define SRV_CHAT_DEPTH 64
+
+struct srv_err;
+
+/* A model's chat renderer; immutable once made (any thread may render). */
+typedef struct srv_chat {
+    llm_jinja *tmpl;          /* the model's template; NULL: the family renderer */
+    llm_chat_template family; /* used when tmpl is NULL */
+    char *bos, *eos;          /* token texts for bos_token and eos_token */
+    int drop_bos;             /* the tokenizer adds BOS itself: a render's leading bos_token goes */
+    char what[256];           /* which renderer, and why, for the log */
+} srv_chat;
+
+/* The renderer for m. mode "auto": the template of file (a path; NULL or
+ * "": none) or else the model's, when it compiles, else the model's family
+ * (what says why); "builtin": the family. NULL with err set:
+ * LLM_ERR_INVALID_ARG (mode), LLM_ERR_IO (file unreadable),
+ * LLM_ERR_TEMPLATE (file does not compile), LLM_ERR_NOMEM. */
+srv_chat *srv_chat_new(const llm_model *m, const char *mode, const char *file, llm_error *err);
+void srv_chat_free(srv_chat *c);
+
+/* The prompt text for a chat body (its messages, tools,
+ * add_generation_prompt, chat_template_kwargs; body_len its size as
+ * received, which scales the render's memory bound), malloc'd, and *spans
+ * (malloc'd, caller frees; NULL when none) the byte ranges of request text
+ * in it. NULL with e set: 400 naming the field (a bad message, the
+ * template raised or failed: its message), 503 out of memory. */
+char *srv_chat_render(const srv_chat *c, json_t *body, size_t body_len, llm_span **spans, int *n_spans,
+                      struct srv_err *e);
 
 /* A JSON value as a template value; tenant marks its strings (and keys).
  * NULL with err set: LLM_ERR_INVALID_ARG (too deep), LLM_ERR_NOMEM. */

@@ -56,6 +56,10 @@ static const key_def keys[] = {
     {"kv_cache_mb", K_INT, F(kv_cache_mb), 0, 1 << 30, "0", "KV cache size in MiB (0: kv_cache_fraction of free memory)"},
     {"kv_cache_fraction", K_REAL, F(kv_cache_fraction), 0.001, 1, "0.25", "share of free memory for the KV cache"},
     {"max_body_bytes", K_INT, F(max_body_bytes), 1024, 1 << 30, "1048576", "largest request body (413 above)"},
+    {"chat_template", K_STR, F(chat_template), 0, 0, "auto",
+     "chat prompts: auto (the model's Jinja template, or its built-in family when that does not compile) or builtin"},
+    {"chat_template_file", K_STR, F(chat_template_file), 0, 0, "",
+     "a Jinja chat template file used instead of the model's (it must compile)"},
     {"max_answer_bytes", K_INT, F(max_answer_bytes), 1 << 20, 1L << 30, "67108864",
      "largest whole (non-streamed) answer a request may ask for: n x tokens x logprobs, estimated (400 above)"},
     {"shutdown_delay_s", K_INT, F(shutdown_delay_s), 0, 3600, "0",
@@ -294,6 +298,8 @@ llm_status srv_config_load(int argc, char **argv, srv_config *c, int *help, llm_
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: model is required (-m FILE.gguf, LLM_SERVER_MODEL or model: in the file)");
     if (!st && !*help && strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda"))
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: backend '%s' is not cpu or cuda", c->backend);
+    if (!st && !*help && strcmp(c->chat_template, "auto") && strcmp(c->chat_template, "builtin"))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: chat_template '%s' is not auto or builtin", c->chat_template);
     if (!st && !*help && c->health_port == c->port)
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: health_port %ld is the API port: it needs a port of its own",
                       c->health_port);

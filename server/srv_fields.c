@@ -72,6 +72,8 @@ static const fld fld_table[] = {
     {"reasoning_effort", K_CHAT, FLD_REFUSED, "'reasoning_effort' is not supported with this model"},
     {"web_search_options", K_CHAT, FLD_REFUSED, "web search is not supported"},
     {"modalities", K_CHAT, FLD_USED, NULL},
+    {"chat_template_kwargs", K_CHAT, FLD_USED, NULL},
+    {"add_generation_prompt", K_CHAT, FLD_USED, NULL},
 };
 
 static const fld *fld_find(const char *name)

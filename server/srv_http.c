@@ -573,7 +573,7 @@ static int do_completion(srv *s, struct mg_connection *c, const char *body, size
     srv_rev *rv = srv_canary_pick(s, mg_get_header(c, "X-Session-Id")); /* NULL: the stable model */
     srv_completion cp = {0};
     int status = injected_fault(s, e) ? send_err(c, e)
-                 : srv_parse_completion(s, rv ? rv->chat_tmpl : s->chat_tmpl, rv ? rv->model->vocab : s->model->vocab,
+                 : srv_parse_completion(s, rv ? rv->chat : s->chat, rv ? rv->model->vocab : s->model->vocab,
                                         body, len, kind, &cp, e) ? send_err(c, e)
                  : complete(s, rv, c, &cp, e);
     srv_completion_free(&cp);

@@ -65,8 +65,13 @@ static void *loader(void *arg)
         return NULL;
     }
     snprintf(s->name, sizeof s->name, "%s", s->cfg.model_name[0] ? s->cfg.model_name : s->model->name);
-    s->chat_tmpl = (int)llm_chat_for_model(s->model);
-    logf_("chat template: %s", llm_chat_name((llm_chat_template)s->chat_tmpl));
+    if (!(s->chat = srv_chat_new(s->model, s->cfg.chat_template, s->cfg.chat_template_file, &err))) {
+        snprintf(s->status, sizeof s->status, "%s", err.msg);
+        logf_("failed: %s", err.msg);
+        atomic_store(&s->phase, SRV_FAILED);
+        return NULL;
+    }
+    logf_("chat template: %s", s->chat->what);
     s->created = (long)time(NULL);
     snprintf(s->status, sizeof s->status, "serving %s", s->name);
     atomic_store(&s->phase, SRV_READY);
@@ -139,6 +144,7 @@ int main(int argc, char **argv)
     }
     llm_engine_close(s.engine);
     srv_load_close_backends(s.backends, s.n_backends);
+    srv_chat_free(s.chat);
     llm_model_free(s.model);
     srv_keys_free(&s.keys);
     srv_metrics_free(&s.metrics);

@@ -79,6 +79,8 @@ class Server:
         return out
 
     def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.proc.stderr.closed:  # stopped already
+            return self.proc.returncode
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         rc = self.proc.wait(timeout)

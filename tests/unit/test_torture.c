@@ -376,19 +376,29 @@ static void sc_parse(long n)
     static srv s;
     snprintf(s.name, sizeof s.name, "m");
     s.cfg.max_answer_bytes = 1 << 26;
-    const char *bodies[] = {CHAT, COMPL, "{\"model\":\"m\",\"prompt\":\"hi\",\"temperature\":7}"};
-    for (int k = 0; k < 3; k++) {
+    static char none[] = "";
+    static srv_chat chatml = {.family = LLM_CHAT_CHATML, .bos = none, .eos = none}, jinja = {.bos = none, .eos = none};
+    static const char tmpl[] = "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+                               "<|im_start|>{{ m.role }}\n{{ m.content | trim }}{{ m | tojson }}<|im_end|>\n{% endfor %}"
+                               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{{ ns.n }}";
+    if (!jinja.tmpl && llm_jinja_compile(tmpl, strlen(tmpl), &jinja.tmpl, NULL))
+        fail_msg("the torture template does not compile");
+    const char *bodies[] = {CHAT, COMPL, "{\"model\":\"m\",\"prompt\":\"hi\",\"temperature\":7}", CHAT};
+    for (int k = 0; k < 4; k++) {
         srv_completion c;
         srv_err e = {0};
         arm(n);
-        int rc = srv_parse_completion(&s, 0, g_m->vocab, bodies[k], strlen(bodies[k]), k == 0, &c, &e);
+        int rc = srv_parse_completion(&s, k == 3 ? &jinja : &chatml, g_m->vocab, bodies[k], strlen(bodies[k]),
+                                      k == 0 || k == 3, &c, &e);
         char *body = rc ? srv_err_body(&e) : NULL;
         disarm();
         if (!n)
             assert_int_equal(rc != 0, k == 2); /* clean: the third is refused (temperature), the others parse */
+        if (!n && k == 3)
+            assert_non_null(strstr(c.prompt, "<|im_start|>assistant\n"));
         if (rc) {
             assert_true(e.status >= 400 && e.status <= 599 && e.msg[0]);
-            if (n && e.status == 400 && k < 2)
+            if (n && e.status == 400 && k != 2)
                 fail_msg("body %d: a failed allocation reported as a bad request: %s", k, e.msg);
         }
         free(body); /* NULL when its own allocation failed: the server then sends a fixed body */
@@ -426,7 +436,8 @@ static void server_start(void)
     srv_canary_init(&g_srv);
     g_srv.model = g_m;
     g_srv.engine = open_clean();
-    g_srv.chat_tmpl = (int)llm_chat_for_model(g_m);
+    if (!(g_srv.chat = srv_chat_new(g_m, "auto", NULL, &err)))
+        fail_msg("chat: %s", err.msg);
     snprintf(g_srv.name, sizeof g_srv.name, "m");
     atomic_store(&g_srv.phase, SRV_READY);
     if (srv_http_start(&g_srv, &err))
@@ -438,6 +449,7 @@ static void server_stop(void)
     http_guard_stop(g_srv.http);
     srv_canary_free(&g_srv);
     llm_engine_close(g_srv.engine);
+    srv_chat_free(g_srv.chat);
     srv_metrics_free(&g_srv.metrics);
     srv_config_free(&g_srv.cfg);
     memset(&g_srv, 0, sizeof g_srv);
