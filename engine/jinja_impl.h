@@ -26,6 +26,7 @@ typedef struct jx_block jx_block;
 struct llm_jctx {
     jx_block *head;
     size_t used, limit;
+    int over_budget; /* the last failed allocation hit limit (rather than malloc failing) */
     llm_jinja_limits lim;
     jmp_buf *fail;   /* set while a render or compile runs: where an error unwinds to */
     llm_error *err;

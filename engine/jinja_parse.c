@@ -3,6 +3,7 @@
  * keep_trailing_newline off) as it cuts the text; the parser follows
  * jinja2's grammar and operator precedence. Errors name the line. */
 #include <ctype.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -210,10 +211,10 @@ static void lex_number(lexer *L)
         emit(L, T_FLOAT, NULL, 0, jv_float(L->c, strtod(buf, NULL)));
         return;
     }
-    char *end;
-    long long v = strtoll(buf, &end, 10);
-    if (k > 18 && (v == 0 || strlen(buf) > 18) && (v == 0x7fffffffffffffffLL))
-        jx_fail(L->c, "line %d: integer %s too large", L->line, buf);
+    errno = 0;
+    long long v = strtoll(buf, NULL, 10);
+    if (errno == ERANGE || k >= sizeof buf - 1)
+        jx_fail(L->c, "line %d: integer %.20s... beyond 64 bits", L->line, buf);
     emit(L, T_INT, NULL, 0, jv_int(L->c, v));
 }
 

@@ -26,8 +26,12 @@ void *jx_alloc_or_null(llm_jctx *c, size_t n)
     jx_block *b = c->head;
     if (!b || b->cap - b->used < n) {
         size_t cap = n > JX_BLOCK / 4 ? n : JX_BLOCK;
-        if (c->used + cap + sizeof *b > c->limit)
+        if (c->used + cap + sizeof *b > c->limit && c->used + n + sizeof *b <= c->limit)
+            cap = n; /* a small budget: blocks just as big as asked */
+        if (c->used + cap + sizeof *b > c->limit) {
+            c->over_budget = 1;
             return NULL;
+        }
         if (!(b = malloc(sizeof *b + cap)))
             return NULL;
         c->used += cap + sizeof *b;
@@ -63,11 +67,15 @@ _Noreturn void jx_fail(llm_jctx *c, const char *fmt, ...)
 
 void *jx_alloc(llm_jctx *c, size_t n)
 {
+    c->over_budget = 0;
     void *p = jx_alloc_or_null(c, n);
     if (!p) {
-        if (c->err)
-            c->err->code = LLM_ERR_NOMEM;
-        jx_fail(c, "the template used more than its %zu MiB of memory", c->limit >> 20);
+        if (!c->over_budget) { /* the system's memory, not the render's budget: no fault of the template */
+            if (c->err)
+                c->err->code = LLM_ERR_NOMEM;
+            jx_fail(c, "out of memory");
+        }
+        jx_fail(c, "the template used more than its %zu KiB of memory", c->limit >> 10);
     }
     return p;
 }

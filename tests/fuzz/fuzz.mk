@@ -8,8 +8,10 @@ FUZZ_SRC = common/status.c engine/quant.c engine/gguf.c engine/unicode.c engine/
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Icommon/include -Iengine/include -Iengine \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 
+# the Jinja interpreter and the server's chat renderer on it
+JINJA_SRC = engine/jinja_value.c engine/jinja_parse.c engine/jinja_eval.c engine/jinja_lib.c server/srv_chat.c
 REQ_SRC = server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c engine/grammar.c engine/chat.c common/strbuf.c \
-          common/log.c common/clock.c engine/sampler.c
+          common/log.c common/clock.c engine/sampler.c $(JINJA_SRC)
 REQ_TIME ?= 10
 LLMD_TIME ?= 10
 
@@ -17,9 +19,10 @@ LLMD_TIME ?= 10
 TENANT_TIME ?= 10
 GRAMMAR_TIME ?= 10
 SCHEMA_TIME ?= 10
+JINJA_TIME ?= 15
 
 run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd $(FUZZ_BUILD)/fuzz_tenant \
-     $(FUZZ_BUILD)/fuzz_grammar $(FUZZ_BUILD)/fuzz_schema
+     $(FUZZ_BUILD)/fuzz_grammar $(FUZZ_BUILD)/fuzz_schema $(FUZZ_BUILD)/fuzz_jinja
 	@rm -rf $(FUZZ_BUILD)/corpus && mkdir -p $(FUZZ_BUILD)/corpus
 	@python3 tests/fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
 	@$(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/seeds/* > $(FUZZ_BUILD)/regress.log 2>&1 || \
@@ -53,7 +56,13 @@ run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd 
 	@mkdir -p $(FUZZ_BUILD)/schema-corpus && cp tests/fuzz/schemas/* $(FUZZ_BUILD)/schema-corpus/
 	@$(FUZZ_BUILD)/fuzz_schema -max_total_time=$(SCHEMA_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
 	  $(FUZZ_BUILD)/schema-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
-	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 6 passed, 0 failed" || (echo "fuzz: 5 passed, 1 failed (JSON schemas)"; exit 1)
+	  test $${PIPESTATUS[0]} -eq 0 || (echo "fuzz: 5 passed, 1 failed (JSON schemas)"; exit 1)
+	@echo "fuzz: $(JINJA_TIME) s of fuzzing the Jinja interpreter (seeds: tests/fuzz/jinja and ../shared's chat templates)"
+	@mkdir -p $(FUZZ_BUILD)/jinja-corpus && cp tests/fuzz/jinja/* $(FUZZ_BUILD)/jinja-corpus/
+	@if [ -d ../shared/testdata/chat-templates ]; then cp ../shared/testdata/chat-templates/*.jinja $(FUZZ_BUILD)/jinja-corpus/; fi
+	@$(FUZZ_BUILD)/fuzz_jinja -max_total_time=$(JINJA_TIME) -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
+	  $(FUZZ_BUILD)/jinja-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
+	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 7 passed, 0 failed" || (echo "fuzz: 6 passed, 1 failed (Jinja)"; exit 1)
 
 $(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
@@ -74,7 +83,7 @@ $(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controlle
 	@clang $(FUZZ_CFLAGS) -Icontroller -Ikube tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
 
 TENANT_SRC = server/srv_keys.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c engine/grammar.c server/http_guard.c \
-             engine/chat.c common/strbuf.c common/clock.c common/log.c engine/sampler.c
+             engine/chat.c common/strbuf.c common/clock.c common/log.c engine/sampler.c $(JINJA_SRC)
 
 $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
@@ -89,8 +98,13 @@ $(FUZZ_BUILD)/fuzz_grammar: tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) $(wildcard 
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) -lm -lpthread -o $@
 
 SCHEMA_SRC = server/srv_schema.c server/srv_regex.c server/srv_api.c server/srv_fields.c engine/grammar.c engine/chat.c engine/sampler.c \
-             common/strbuf.c common/log.c common/clock.c
+             common/strbuf.c common/log.c common/clock.c $(JINJA_SRC)
 $(FUZZ_BUILD)/fuzz_schema: tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(filter-out engine/grammar.c,$(FUZZ_SRC)) -ljansson -lm -lpthread -o $@
+
+$(FUZZ_BUILD)/fuzz_jinja: tests/fuzz/fuzz_jinja.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/*.h engine/include/llm/*.h common/include/llm/*.h)
+	@mkdir -p $(FUZZ_BUILD)
+	@echo "  CLANG $@"
+	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_jinja.c $(REQ_SRC) $(FUZZ_SRC) -ljansson -lm -lpthread -o $@

@@ -24,7 +24,8 @@
  * to tokenize as plain text (llm_tokenize_guarded), never as control tokens.
  *
  * Bounds: a render fails with LLM_ERR_TEMPLATE once it has used more than
- * llm_jinja_limits.max_bytes of memory or max_steps evaluation steps, or
+ * llm_jinja_limits.max_bytes of memory or max_steps evaluation steps
+ * (LLM_ERR_NOMEM is for the system's memory running out), or
  * nests macros, values or expressions deeper than 256; the template text
  * is at most 1 MiB.
  *
