@@ -119,6 +119,8 @@ typedef struct srv_completion {
     llm_logit_bias *bias;      /* rq.sampling.bias (owned) */
     const char *grammar_param; /* the field rq.grammar came from, for the engine's errors about it */
     char *schema_grammar;      /* rq.grammar made from a JSON schema (owned), or NULL */
+    srv_tools tools;           /* chat: the request's tools and how calls come out */
+    char *tool_prefill;        /* a forced call's opening, appended to the prompt (owned), or NULL */
 } srv_completion;
 
 /* Parses and validates a /v1/completions (kind 0), /v1/chat/completions

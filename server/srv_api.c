@@ -275,13 +275,50 @@ static int chat_tokens(const llm_vocab *v, const llm_span *sp, int n_sp, srv_com
     return 0;
 }
 
+/* tools, tool_choice: a forced call (required, named) opens the answer
+ * (tool_prefill, after the rendered prompt) and follows a grammar. */
+static int parse_tools(const srv_chat *chat, json_t *o, srv_completion *c, srv_err *e)
+{
+    if (srv_tools_parse(o, chat->tools, &c->tools, e))
+        return -1;
+    if (c->tools.choice < SRV_TOOL_REQUIRED)
+        return 0;
+    if (c->rq.grammar)
+        return srv_fail(e, 400, "tool_choice", "a required or named tool call cannot be combined with '%s'",
+                        c->grammar_param);
+    if (srv_tools_forced(&c->tools, &c->tool_prefill, &c->schema_grammar, e))
+        return -1;
+    c->rq.grammar = c->schema_grammar;
+    c->rq.grammar_len = strlen(c->schema_grammar);
+    c->grammar_param = "tools";
+    return 0;
+}
+
+/* The rendered prompt and the forced call's opening after it. */
+static int add_prefill(srv_completion *c, srv_err *e)
+{
+    if (!c->tool_prefill || !*c->tool_prefill)
+        return 0;
+    size_t a = strlen(c->prompt), b = strlen(c->tool_prefill);
+    char *p = realloc(c->prompt, a + b + 1);
+    if (!p)
+        return srv_fail(e, 503, NULL, "out of memory");
+    memcpy(p + a, c->tool_prefill, b + 1);
+    c->prompt = p;
+    return 0;
+}
+
 static int parse_messages(const srv_chat *chat, const llm_vocab *vocab, json_t *o, size_t body_len, srv_completion *c,
                           srv_err *e)
 {
     llm_span *sp = NULL;
     int n_sp = 0;
-    if (!(c->prompt = srv_chat_render(chat, o, body_len, &sp, &n_sp, e)))
+    if (parse_tools(chat, o, c, e) || !(c->prompt = srv_chat_render(chat, o, body_len, &c->tools, &sp, &n_sp, e)))
         return -1;
+    if (add_prefill(c, e)) {
+        free(sp);
+        return -1;
+    }
     c->rq.text = c->prompt;
     int rc = vocab ? chat_tokens(vocab, sp, n_sp, c, e) : 0;
     free(sp);
@@ -461,14 +498,8 @@ static int parse_constraint(json_t *o, srv_completion *c, srv_err *e)
  * (srv_fields.h: nothing is silently ignored). */
 static int parse_unbuilt(json_t *o, srv_completion *c, srv_err *e)
 {
-    json_t *tools = json_object_get(o, "tools");
-    json_t *tc = json_object_get(o, "tool_choice"), *mod = json_object_get(o, "modalities");
+    json_t *mod = json_object_get(o, "modalities");
     json_t *bo = json_object_get(o, "best_of"), *suf = json_object_get(o, "suffix");
-    if (tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
-        return srv_fail(e, 400, "tools", "tool calling is not supported");
-    if (tc && !json_is_null(tc) && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") ||
-                                                            !strcmp(json_string_value(tc), "auto"))))
-        return srv_fail(e, 400, "tool_choice", "'tool_choice' may only be \"none\" or \"auto\" without tools");
     if (mod && !json_is_null(mod) &&
         !(json_is_array(mod) && json_array_size(mod) == 1 && json_is_string(json_array_get(mod, 0)) &&
           !strcmp(json_string_value(json_array_get(mod, 0)), "text")))
@@ -521,6 +552,7 @@ void srv_completion_free(srv_completion *c)
     free(c->ids);
     free(c->bias);
     free(c->schema_grammar);
+    free(c->tool_prefill);
     memset(c, 0, sizeof *c);
 }
 

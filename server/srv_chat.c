@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "llm/strbuf.h"
 #include "srv.h"
 #include "srv_chat.h"
 
@@ -187,8 +188,10 @@ srv_chat *srv_chat_new(const llm_model *m, const char *mode, const char *file, l
             srv_chat_free(c);
             return NULL;
         }
+        c->tools = srv_tools_format(src, n);
         free(src);
-        snprintf(c->what, sizeof c->what, "the Jinja template of %.200s (%zu bytes)", file, n);
+        snprintf(c->what, sizeof c->what, "the Jinja template of %.200s (%zu bytes; tool calls: %s)", file, n,
+                 srv_tools_format_name(c->tools));
         return c;
     }
     gguf_str s;
@@ -208,7 +211,9 @@ srv_chat *srv_chat_new(const llm_model *m, const char *mode, const char *file, l
                  llm_chat_name(c->family), jerr.msg);
         return c;
     }
-    snprintf(c->what, sizeof c->what, "the model's Jinja template (%zu bytes)", (size_t)s.len);
+    c->tools = srv_tools_format(s.data, (size_t)s.len);
+    snprintf(c->what, sizeof c->what, "the model's Jinja template (%zu bytes; tool calls: %s)", (size_t)s.len,
+             srv_tools_format_name(c->tools));
     return c;
 }
 
@@ -274,9 +279,138 @@ static json_t *copy_members(json_t *m)
     return o;
 }
 
-/* The messages with each content as one string (text parts joined): a
- * new array, or NULL with e set. */
-static json_t *flat_messages(json_t *ms, srv_err *e)
+/* An assistant message's tool_calls as the template gets them: each
+ * call's function.arguments an object when it was a JSON text of one (as
+ * transformers' templates expect; agents send OpenAI's strings). */
+static json_t *calls_for_template(json_t *calls)
+{
+    json_t *out = json_array(), *c;
+    size_t i;
+    json_array_foreach(calls, i, c) {
+        json_t *fn = json_object_get(c, "function"), *args = json_object_get(fn, "arguments");
+        json_t *obj = json_is_string(args) ? json_loads(json_string_value(args), JSON_REJECT_DUPLICATES, NULL) : NULL;
+        json_t *nc = copy_members(c), *nfn = json_is_object(fn) ? copy_members(fn) : NULL;
+        int bad = !out || !nc || (json_is_object(fn) && !nfn);
+        if (!bad && nfn && json_is_object(obj))
+            bad = json_object_set(nfn, "arguments", obj) != 0;
+        if (!bad && nfn)
+            bad = json_object_set(nc, "function", nfn) != 0;
+        json_decref(obj);
+        json_decref(nfn);
+        if (bad || json_array_append_new(out, nc)) { /* append releases nc when it fails */
+            if (bad)
+                json_decref(nc);
+            json_decref(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+/* Generic tool format: an assistant's calls as the JSON text it was told
+ * to write, and a tool's result as a user turn (templates without tools
+ * know neither). */
+static int generic_history(json_t *copy, json_t *m, const char *text, srv_err *e)
+{
+    const char *role = json_string_value(json_object_get(m, "role"));
+    json_t *calls = json_object_get(m, "tool_calls");
+    llm_strbuf b = {0};
+    if (!strcmp(role, "tool")) {
+        llm_strbuf_printf(&b, "Tool result%s%s: %s", json_is_string(json_object_get(m, "tool_call_id")) ? " for " : "",
+                          json_is_string(json_object_get(m, "tool_call_id"))
+                              ? json_string_value(json_object_get(m, "tool_call_id")) : "", text);
+        if (json_object_set_new(copy, "role", json_string("user")))
+            b.failed = 1;
+    } else if (json_is_array(calls) && json_array_size(calls)) {
+        json_t *list = json_array(), *c;
+        size_t i;
+        json_array_foreach(calls, i, c) {
+            json_t *fn = json_object_get(c, "function"), *args = json_object_get(fn, "arguments");
+            json_t *a = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : json_incref(args);
+            if (!list || json_array_append_new(list, json_pack("{s:O,s:o}", "name", json_object_get(fn, "name"),
+                                                               "arguments", a ? a : json_object())))
+                b.failed = 1;
+        }
+        json_t *w = list ? json_pack("{s:O}", "tool_calls", list) : NULL;
+        char *s = w ? json_dumps(w, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        llm_strbuf_printf(&b, "%s%s%s", text, *text ? "\n" : "", s ? s : "");
+        b.failed |= !s;
+        free(s);
+        json_decref(w);
+        json_decref(list);
+        json_object_del(copy, "tool_calls");
+    } else
+        llm_strbuf_append(&b, text, strlen(text));
+    char *t = llm_strbuf_take(&b);
+    int bad = !t || json_object_set_new(copy, "content", json_string(t));
+    free(t);
+    return bad ? srv_fail(e, 503, NULL, "out of memory") : 0;
+}
+
+/* One message as the template gets it: content as one string, tool calls
+ * with object arguments (or, generic, as text). NULL with e set. */
+static json_t *flat_message(json_t *m, size_t i, int generic, srv_err *e)
+{
+    json_t *role = json_object_get(m, "role");
+    char *owned;
+    const char *text;
+    if (!json_is_object(m) || !json_is_string(role) || !role_ok(json_string_value(role))) {
+        srv_err_set(e, 400, "messages", "messages[%zu] must be an object with a role of lower-case letters and "
+                                        "'_' (at most 32)", i);
+        return NULL;
+    }
+    json_t *calls = json_object_get(m, "tool_calls");
+    if (calls && !json_is_null(calls) && !json_is_array(calls)) {
+        srv_err_set(e, 400, "messages", "messages[%zu].tool_calls must be an array", i);
+        return NULL;
+    }
+    if (!(text = content_text(m, i, &owned, e)))
+        return NULL;
+    json_t *copy = copy_members(m);
+    int bad = !copy;
+    if (!bad && generic)
+        bad = generic_history(copy, m, text, e);
+    else if (!bad) {
+        bad = json_object_set_new(copy, "content", json_string(text)) != 0;
+        if (!bad && json_is_array(calls))
+            bad = json_object_set_new(copy, "tool_calls", calls_for_template(calls)) != 0;
+        if (bad)
+            srv_err_set(e, 503, NULL, "out of memory");
+    } else
+        srv_err_set(e, 503, NULL, "out of memory");
+    free(owned);
+    if (bad) {
+        json_decref(copy);
+        return NULL;
+    }
+    return copy;
+}
+
+/* Generic tool format: the instructions go before the first system
+ * message's text, or else the first message's. */
+static int add_instructions(json_t *ms, const srv_tools *t, srv_err *e)
+{
+    char *ins = srv_tools_instructions(t);
+    size_t i, at = 0;
+    json_t *m;
+    json_array_foreach(ms, i, m) if (!strcmp(json_string_value(json_object_get(m, "role")), "system")) {
+        at = i;
+        break;
+    }
+    m = json_array_get(ms, at);
+    const char *old = json_string_value(json_object_get(m, "content"));
+    llm_strbuf b = {0};
+    llm_strbuf_printf(&b, "%s%s%s", ins ? ins : "", old && *old ? "\n\n" : "", old ? old : "");
+    char *s = ins ? llm_strbuf_take(&b) : NULL;
+    llm_strbuf_free(&b);
+    int bad = !s || json_object_set_new(m, "content", json_string(s));
+    free(s);
+    free(ins);
+    return bad ? srv_fail(e, 503, NULL, "out of memory") : 0;
+}
+
+/* The messages as the template gets them (a new array), or NULL with e set. */
+static json_t *flat_messages(json_t *ms, const srv_tools *t, int generic, srv_err *e)
 {
     size_t n = json_is_array(ms) ? json_array_size(ms) : 0;
     if (n == 0 || n > 4096) {
@@ -284,34 +418,21 @@ static json_t *flat_messages(json_t *ms, srv_err *e)
         return NULL;
     }
     json_t *out = json_array();
-    for (size_t i = 0; out && i < n; i++) {
-        json_t *m = json_array_get(ms, i), *role = json_object_get(m, "role");
-        char *owned;
-        const char *text;
-        if (!json_is_object(m) || !json_is_string(role) || !role_ok(json_string_value(role))) {
-            srv_err_set(e, 400, "messages", "messages[%zu] must be an object with a role of lower-case letters and "
-                                            "'_' (at most 32)", i);
-            json_decref(out);
-            return NULL;
-        }
-        if (!(text = content_text(m, i, &owned, e))) {
-            json_decref(out);
-            return NULL;
-        }
-        json_t *copy = copy_members(m);
-        int bad = !copy || json_object_set_new(copy, "content", json_stringn(text, strlen(text)));
-        if (bad)
-            json_decref(copy);
-        else
-            bad = json_array_append_new(out, copy) != 0; /* which releases copy when it fails */
-        if (bad) {
-            json_decref(out);
-            out = NULL;
-        }
-        free(owned);
-    }
     if (!out)
-        srv_err_set(e, 503, NULL, "out of memory");
+        return srv_err_set(e, 503, NULL, "out of memory"), NULL;
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = flat_message(json_array_get(ms, i), i, generic, e);
+        if (!m || json_array_append_new(out, m)) {
+            if (m)
+                srv_err_set(e, 503, NULL, "out of memory");
+            json_decref(out);
+            return NULL;
+        }
+    }
+    if (generic && t && t->choice != SRV_TOOL_NONE && add_instructions(out, t, e)) {
+        json_decref(out);
+        return NULL;
+    }
     return out;
 }
 
@@ -349,11 +470,11 @@ static void drop_bos(const srv_chat *c, char *text, llm_span *sp, int n_sp)
     }
 }
 
-static char *render_jinja(const srv_chat *c, json_t *body, json_t *ms, size_t body_bytes, llm_span **spans,
-                          int *n_spans, srv_err *e)
+static char *render_jinja(const srv_chat *c, json_t *body, json_t *ms, size_t body_bytes, const srv_tools *t,
+                          llm_span **spans, int *n_spans, srv_err *e)
 {
     json_t *agp = json_object_get(body, "add_generation_prompt"), *kw = json_object_get(body, "chat_template_kwargs");
-    json_t *tools = json_object_get(body, "tools");
+    json_t *tools = t && t->choice != SRV_TOOL_NONE && c->tools != SRV_TOOLS_GENERIC ? t->tools : NULL;
     if ((agp && !json_is_boolean(agp)) || (kw && !json_is_object(kw) && !json_is_null(kw))) {
         srv_err_set(e, 400, agp && !json_is_boolean(agp) ? "add_generation_prompt" : "chat_template_kwargs",
                     "'%s' must be %s", agp && !json_is_boolean(agp) ? "add_generation_prompt" : "chat_template_kwargs",
@@ -364,7 +485,7 @@ static char *render_jinja(const srv_chat *c, json_t *body, json_t *ms, size_t bo
     llm_jinja_limits lim = {.max_bytes = ((size_t)16 << 20) + 16 * body_bytes};
     llm_jctx *jc = llm_jctx_new(&lim);
     llm_error err = {0};
-    llm_jv *vars = jc ? srv_chat_vars(jc, ms, json_is_array(tools) && json_array_size(tools) ? tools : NULL,
+    llm_jv *vars = jc ? srv_chat_vars(jc, ms, tools,
                                       !agp || json_is_true(agp), c->bos, c->eos, kw, &err)
                       : NULL;
     char *text = vars ? llm_jinja_render(c->tmpl, jc, vars, NULL, spans, n_spans, &err) : NULL;
@@ -376,14 +497,16 @@ static char *render_jinja(const srv_chat *c, json_t *body, json_t *ms, size_t bo
     return text;
 }
 
-char *srv_chat_render(const srv_chat *c, json_t *body, size_t body_len, llm_span **spans, int *n_spans, srv_err *e)
+char *srv_chat_render(const srv_chat *c, json_t *body, size_t body_len, const srv_tools *t, llm_span **spans,
+                      int *n_spans, srv_err *e)
 {
     *spans = NULL;
     *n_spans = 0;
-    json_t *ms = flat_messages(json_object_get(body, "messages"), e);
+    int generic = !c->tmpl || c->tools == SRV_TOOLS_GENERIC;
+    json_t *ms = flat_messages(json_object_get(body, "messages"), t, generic, e);
     if (!ms)
         return NULL;
-    char *text = c->tmpl ? render_jinja(c, body, ms, body_len, spans, n_spans, e)
+    char *text = c->tmpl ? render_jinja(c, body, ms, body_len, t, spans, n_spans, e)
                          : render_family(c, ms, spans, n_spans, e);
     json_decref(ms);
     if (text)

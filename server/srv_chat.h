@@ -22,6 +22,7 @@
 #include "llm/chat.h"
 #include "llm/jinja.h"
 #include "llm/model.h"
+#include "srv_tools.h"
 
 #define SRV_CHAT_DEPTH 64
 
@@ -33,6 +34,7 @@ typedef struct srv_chat {
     llm_chat_template family; /* used when tmpl is NULL */
     char *bos, *eos;          /* token texts for bos_token and eos_token */
     int drop_bos;             /* the tokenizer adds BOS itself: a render's leading bos_token goes */
+    srv_tool_format tools;    /* how the template shows tools and the model writes calls */
     char what[256];           /* which renderer, and why, for the log */
 } srv_chat;
 
@@ -44,14 +46,17 @@ typedef struct srv_chat {
 srv_chat *srv_chat_new(const llm_model *m, const char *mode, const char *file, llm_error *err);
 void srv_chat_free(srv_chat *c);
 
-/* The prompt text for a chat body (its messages, tools,
- * add_generation_prompt, chat_template_kwargs; body_len its size as
- * received, which scales the render's memory bound), malloc'd, and *spans
- * (malloc'd, caller frees; NULL when none) the byte ranges of request text
- * in it. NULL with e set: 400 naming the field (a bad message, the
- * template raised or failed: its message), 503 out of memory. */
-char *srv_chat_render(const srv_chat *c, json_t *body, size_t body_len, llm_span **spans, int *n_spans,
-                      struct srv_err *e);
+/* The prompt text for a chat body (its messages, add_generation_prompt,
+ * chat_template_kwargs; body_len its size as received, which scales the
+ * render's memory bound) and the request's tools t (NULL: none; the
+ * template shows them, or in the generic format the conversation does),
+ * malloc'd, and *spans (malloc'd, caller frees; NULL when none) the byte
+ * ranges of request text in it. Assistant tool_calls reach the template
+ * with their arguments as objects. NULL with e set: 400 naming the field
+ * (a bad message, the template raised or failed: its message), 503 out of
+ * memory. */
+char *srv_chat_render(const srv_chat *c, json_t *body, size_t body_len, const srv_tools *t, llm_span **spans,
+                      int *n_spans, struct srv_err *e);
 
 /* A JSON value as a template value; tenant marks its strings (and keys).
  * NULL with err set: LLM_ERR_INVALID_ARG (too deep), LLM_ERR_NOMEM. */

@@ -113,6 +113,9 @@ typedef struct choice {
     json_t *lp;          /* logprobs object (completions or chat form), or NULL */
     size_t offset;       /* text offset of the next token */
     int started;         /* chat stream: the role delta went out */
+    size_t sent;         /* chat stream with tools: bytes of text sent as content */
+    json_t *calls;       /* the tool calls parsed from the answer, or NULL */
+    char *content;       /* with calls: the answer's text outside them, or NULL */
 } choice;
 
 typedef struct run {
@@ -259,14 +262,10 @@ static int sse_send(struct mg_connection *c, json_t *j)
     return ok ? OUT_OK : OUT_GONE;
 }
 
-static json_t *chunk(run *r, int index, const char *text, size_t n, json_t *lp, const char *finish)
+/* A chat chunk with delta (consumed; NULL: out of memory). */
+static json_t *delta_chunk(run *r, int index, json_t *delta, json_t *lp, const char *finish)
 {
     json_t *lpj = lp ? lp : json_null(), *fin = finish ? json_string(finish) : json_null();
-    if (!r->cp->chat)
-        return json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:s%,s:o,s:o}]}", "id", r->cid, "object", "text_completion", "created",
-                         (json_int_t)r->created, "model", r->s->name, "choices", "index", index, "text", text, n,
-                         "logprobs", lpj, "finish_reason", fin);
-    json_t *delta = finish && !n ? json_object() : json_pack("{s:s%}", "content", text, n);
     if (delta && !r->ch[index].started && json_object_set_new(delta, "role", json_string("assistant"))) {
         json_decref(delta); /* no first chunk without its role */
         delta = NULL;
@@ -275,6 +274,65 @@ static json_t *chunk(run *r, int index, const char *text, size_t n, json_t *lp, 
     return json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:o,s:o,s:o}]}", "id", r->cid, "object", "chat.completion.chunk",
                      "created", (json_int_t)r->created, "model", r->s->name, "choices", "index", index, "delta", delta,
                      "logprobs", lpj, "finish_reason", fin);
+}
+
+static json_t *chunk(run *r, int index, const char *text, size_t n, json_t *lp, const char *finish)
+{
+    if (!r->cp->chat)
+        return json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:s%,s:o,s:o}]}", "id", r->cid, "object", "text_completion", "created",
+                         (json_int_t)r->created, "model", r->s->name, "choices", "index", index, "text", text, n,
+                         "logprobs", lp ? lp : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
+    return delta_chunk(r, index, finish && !n ? json_object() : json_pack("{s:s%}", "content", text, n), lp, finish);
+}
+
+/* ---- tool calls in answers ------------------------------------------------------- */
+
+static int tools_on(const run *r)
+{
+    return r->cp->chat && r->cp->tools.choice != SRV_TOOL_NONE;
+}
+
+/* Streaming with tools: the text that cannot be (the start of) a call
+ * goes out as content; the rest waits for the end. */
+static int release_content(run *r, int index, size_t upto)
+{
+    choice *ch = &r->ch[index];
+    if (upto <= ch->sent)
+        return OUT_OK;
+    json_t *lp = ch->lp;
+    ch->lp = NULL;
+    int rc = sse_send(r->c, chunk(r, index, ch->text.p + ch->sent, upto - ch->sent, lp, NULL));
+    ch->sent = upto;
+    return rc;
+}
+
+/* The end of an answer with tools: its calls parsed; streamed, the held
+ * text and then each call as a tool_calls delta. */
+static int finish_tools(run *r, int index)
+{
+    choice *ch = &r->ch[index];
+    const char *text = ch->text.p ? ch->text.p : "";
+    ch->calls = srv_tools_extract(&r->cp->tools, r->cp->tool_prefill, text, ch->text.len, &ch->content);
+    if (ch->calls)
+        ch->finish = "tool_calls";
+    if (!r->cp->stream)
+        return OUT_OK;
+    /* content before the first call (all of it without calls; none after a forced call's opening) */
+    size_t upto = !ch->calls ? ch->text.len
+                  : r->cp->tools.choice != SRV_TOOL_AUTO ? 0
+                  : srv_tools_releasable(&(srv_tools){.choice = SRV_TOOL_AUTO, .out = r->cp->tools.out}, text,
+                                         ch->text.len);
+    int rc = release_content(r, index, upto);
+    size_t i;
+    json_t *c;
+    json_array_foreach(ch->calls, i, c) {
+        if (rc)
+            return rc;
+        json_t *d = json_pack("{s:[{s:i,s:O,s:s,s:O}]}", "tool_calls", "index", (int)i, "id", json_object_get(c, "id"),
+                              "type", "function", "function", json_object_get(c, "function"));
+        rc = sse_send(r->c, delta_chunk(r, index, d, NULL, NULL));
+    }
+    return rc;
 }
 
 static int on_token(run *r, const llm_event *ev)
@@ -290,8 +348,13 @@ static int on_token(run *r, const llm_event *ev)
     if (r->cp->n_logprobs >= 0 && add_logprobs(r->vocab, ch, ev, r->cp->chat))
         return OUT_NOMEM;
     ch->offset += ev->text_len;
-    if (!r->cp->stream)
-        return llm_strbuf_append(&ch->text, ev->text, ev->text_len) ? OUT_NOMEM : OUT_OK;
+    if (!r->cp->stream || tools_on(r)) {
+        if (llm_strbuf_append(&ch->text, ev->text, ev->text_len))
+            return OUT_NOMEM;
+        if (!r->cp->stream)
+            return OUT_OK;
+        return release_content(r, ev->index, srv_tools_releasable(&r->cp->tools, ch->text.p, ch->text.len));
+    }
     json_t *lp = ch->lp;
     ch->lp = NULL;
     return sse_send(r->c, chunk(r, ev->index, ev->text, ev->text_len, lp, NULL));
@@ -316,8 +379,14 @@ static int on_done(run *r, const llm_event *ev)
     long room = (r->s->cfg.n_ctx > 0 ? r->s->cfg.n_ctx : r->s->model->hp.n_ctx_train) - ev->usage.prompt_tokens;
     srv_metrics_observe(&r->s->metrics, H_MAX_TOKENS, r->cp->rq.max_tokens ? r->cp->rq.max_tokens : (double)room);
     r->n_done++;
-    if (!r->cp->stream)
-        return llm_strbuf_append(&ch->text, ev->text, ev->text_len) ? OUT_NOMEM : OUT_OK;
+    if (!r->cp->stream || tools_on(r)) {
+        if (llm_strbuf_append(&ch->text, ev->text, ev->text_len))
+            return OUT_NOMEM;
+        int rc = tools_on(r) ? finish_tools(r, ev->index) : OUT_OK;
+        if (rc || !r->cp->stream)
+            return rc;
+        return sse_send(r->c, chunk(r, ev->index, "", 0, NULL, ch->finish));
+    }
     return sse_send(r->c, chunk(r, ev->index, ev->text, ev->text_len, NULL, ch->finish));
 }
 
@@ -388,6 +457,10 @@ static json_t *whole_choice(run *r, int i)
     json_t *lp = ch->lp ? ch->lp : json_null();
     const char *fin = ch->finish ? ch->finish : "stop", *text = ch->text.p ? ch->text.p : "";
     ch->lp = NULL;
+    if (r->cp->chat && ch->calls) /* content null when the answer is only calls, as OpenAI's */
+        return json_pack("{s:i,s:{s:s,s:o,s:O},s:o,s:s}", "index", i, "message", "role", "assistant", "content",
+                         ch->content ? json_string(ch->content) : json_null(), "tool_calls", ch->calls, "logprobs", lp,
+                         "finish_reason", fin);
     if (r->cp->chat)
         return json_pack("{s:i,s:{s:s,s:s%},s:o,s:s}", "index", i, "message", "role", "assistant", "content", text,
                          ch->text.len, "logprobs", lp, "finish_reason", fin);
@@ -418,6 +491,8 @@ static void run_free(run *r)
     for (int i = 0; i < LLM_MAX_N; i++) {
         llm_strbuf_free(&r->ch[i].text);
         json_decref(r->ch[i].lp);
+        json_decref(r->ch[i].calls);
+        free(r->ch[i].content);
     }
 }
 

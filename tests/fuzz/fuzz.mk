@@ -9,7 +9,7 @@ FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Icommon/include -Iengine/include -I
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 
 # the Jinja interpreter and the server's chat renderer on it
-JINJA_SRC = engine/jinja_value.c engine/jinja_parse.c engine/jinja_eval.c engine/jinja_lib.c server/srv_chat.c
+JINJA_SRC = engine/jinja_value.c engine/jinja_parse.c engine/jinja_eval.c engine/jinja_lib.c server/srv_chat.c server/srv_tools.c
 REQ_SRC = server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c engine/grammar.c engine/chat.c common/strbuf.c \
           common/log.c common/clock.c engine/sampler.c $(JINJA_SRC)
 REQ_TIME ?= 10

@@ -1,0 +1,453 @@
+/* srv_tools.c - tool calling (see srv_tools.h). */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "llm/strbuf.h"
+#include "srv.h"
+#include "srv_schema.h"
+#include "srv_tools.h"
+
+#define TOOLS_MAX 128
+
+/* ---- formats ------------------------------------------------------------------------------ */
+
+static int has(const char *t, size_t n, const char *what)
+{
+    return t && memmem(t, n, what, strlen(what)) != NULL;
+}
+
+srv_tool_format srv_tools_format(const char *t, size_t n)
+{
+    if (!t || !has(t, n, "tools"))
+        return SRV_TOOLS_GENERIC; /* a template that never shows the tools */
+    if (has(t, n, "[TOOL_CALLS]"))
+        return has(t, n, "[ARGS]") ? SRV_TOOLS_MISTRAL_ARGS : SRV_TOOLS_MISTRAL;
+    if (has(t, n, "<tool_call>") && !has(t, n, "<function="))
+        return SRV_TOOLS_HERMES;
+    if (has(t, n, "<|start_header_id|>") && has(t, n, "parameters"))
+        return SRV_TOOLS_LLAMA3;
+    return SRV_TOOLS_GENERIC; /* a format not built here: the generic one, described to the model */
+}
+
+const char *srv_tools_format_name(srv_tool_format f)
+{
+    static const char *const n[] = {"generic", "hermes", "llama3", "mistral", "mistral-args"};
+    return (unsigned)f < 5 ? n[f] : "?";
+}
+
+/* ---- the request --------------------------------------------------------------------------- */
+
+static int name_ok(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > 64)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-' && s[i] != '.')
+            return 0;
+    return 1;
+}
+
+static json_t *tool_fn(json_t *tool)
+{
+    return json_object_get(tool, "function");
+}
+
+static const char *tool_name(json_t *tool)
+{
+    return json_string_value(json_object_get(tool_fn(tool), "name"));
+}
+
+static int check_tools(json_t *tools, srv_err *e)
+{
+    if (!json_is_array(tools) || json_array_size(tools) > TOOLS_MAX)
+        return srv_fail(e, 400, "tools", "'tools' must be an array of at most %d tools", TOOLS_MAX);
+    size_t i, k;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *fn = tool_fn(t), *params = json_object_get(fn, "parameters");
+        const char *type = json_string_value(json_object_get(t, "type"));
+        if (!type || strcmp(type, "function") || !json_is_object(fn))
+            return srv_fail(e, 400, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
+        if (!name_ok(tool_name(t)))
+            return srv_fail(e, 400, "tools", "tools[%zu].function.name must be 1-64 of a-z, A-Z, 0-9, '_', '-', '.'", i);
+        if (params && !json_is_object(params) && !json_is_null(params))
+            return srv_fail(e, 400, "tools", "tools[%zu].function.parameters must be a JSON Schema object", i);
+        for (k = 0; k < i; k++)
+            if (!strcmp(tool_name(json_array_get(tools, k)), tool_name(t)))
+                return srv_fail(e, 400, "tools", "tools[%zu]: a second function named '%s'", i, tool_name(t));
+    }
+    return 0;
+}
+
+static json_t *find_tool(const srv_tools *t, const char *name)
+{
+    size_t i;
+    json_t *x;
+    json_array_foreach(t->tools, i, x) if (name && !strcmp(tool_name(x), name)) return x;
+    return NULL;
+}
+
+int srv_tools_parse(json_t *body, srv_tool_format fmt, srv_tools *t, srv_err *e)
+{
+    memset(t, 0, sizeof *t);
+    t->fmt = t->out = fmt;
+    json_t *tools = json_object_get(body, "tools"), *tc = json_object_get(body, "tool_choice");
+    json_t *par = json_object_get(body, "parallel_tool_calls");
+    if (par && !json_is_null(par) && !json_is_boolean(par))
+        return srv_fail(e, 400, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+    t->parallel = !json_is_false(par);
+    int any = tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0);
+    if (any && check_tools(tools, e))
+        return -1;
+    const char *s = json_string_value(tc);
+    if (!tc || json_is_null(tc) || (s && !strcmp(s, "auto")))
+        t->choice = any ? SRV_TOOL_AUTO : SRV_TOOL_NONE;
+    else if (s && !strcmp(s, "none"))
+        t->choice = SRV_TOOL_NONE;
+    else if (s && !strcmp(s, "required"))
+        t->choice = SRV_TOOL_REQUIRED;
+    else if (json_is_object(tc) && !strcmp(json_string_value(json_object_get(tc, "type")) ? json_string_value(json_object_get(tc, "type")) : "", "function")) {
+        t->choice = SRV_TOOL_NAMED;
+        t->named = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+    } else
+        return srv_fail(e, 400, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                               "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    if (t->choice >= SRV_TOOL_REQUIRED && !any)
+        return srv_fail(e, 400, "tool_choice", "'tool_choice' asks for a tool call but there are no 'tools'");
+    t->tools = any ? tools : NULL;
+    if (t->choice == SRV_TOOL_NAMED && !find_tool(t, t->named))
+        return srv_fail(e, 400, "tool_choice", "'tool_choice' names function '%.64s', which is not in 'tools'",
+                        t->named ? t->named : "(none)");
+    return 0;
+}
+
+/* ---- forcing a call ---------------------------------------------------------------------------- */
+
+/* {"type": "object", "properties": {name: {"const": N}, args: P}, ...}: one
+ * call to tool x in the order the format writes it. */
+static json_t *call_schema(json_t *x, const char *args_key)
+{
+    json_t *params = json_object_get(tool_fn(x), "parameters");
+    json_t *p = json_is_object(params) ? json_incref(params) : json_pack("{s:s,s:{}}", "type", "object", "properties");
+    return json_pack("{s:s,s:{s:{s:s},s:o},s:[s,s],s:b}", "type", "object", "properties", "name", "const",
+                     tool_name(x), args_key, p, "required", "name", args_key, "additionalProperties", 0);
+}
+
+/* Any of the calls the choice allows. */
+static json_t *calls_schema(const srv_tools *t, const char *args_key)
+{
+    json_t *any = json_array();
+    size_t i;
+    json_t *x;
+    json_array_foreach(t->tools, i, x) {
+        if (t->choice == SRV_TOOL_NAMED && strcmp(tool_name(x), t->named))
+            continue;
+        if (json_array_append_new(any, call_schema(x, args_key))) {
+            json_decref(any);
+            return NULL;
+        }
+    }
+    return any ? json_pack("{s:o}", "anyOf", any) : NULL;
+}
+
+static json_t *list_of(const srv_tools *t, json_t *item)
+{
+    json_t *s = item ? json_pack("{s:s,s:o,s:i}", "type", "array", "items", item, "minItems", 1) : NULL;
+    if (s && !t->parallel && json_object_set_new(s, "maxItems", json_integer(1))) {
+        json_decref(s);
+        return NULL;
+    }
+    return s;
+}
+
+int srv_tools_forced(srv_tools *t, char **prefill, char **grammar, srv_err *e)
+{
+    *prefill = *grammar = NULL;
+    json_t *schema = NULL;
+    const char *pre = "";
+    char named_pre[128];
+    srv_tool_format f = t->fmt;
+    if (f == SRV_TOOLS_MISTRAL_ARGS && t->choice != SRV_TOOL_NAMED && json_array_size(t->tools) > 1)
+        f = SRV_TOOLS_GENERIC; /* the name and [ARGS] (a control token) cannot both be in one grammar */
+    switch (f) {
+    case SRV_TOOLS_HERMES:
+        pre = "<tool_call>\n"; /* one call: the closing tag may be a control token */
+        schema = calls_schema(t, "arguments");
+        break;
+    case SRV_TOOLS_LLAMA3: schema = calls_schema(t, "parameters"); break;
+    case SRV_TOOLS_MISTRAL:
+        pre = "[TOOL_CALLS]";
+        schema = list_of(t, calls_schema(t, "arguments"));
+        break;
+    case SRV_TOOLS_MISTRAL_ARGS: {
+        json_t *x = t->choice == SRV_TOOL_NAMED ? find_tool(t, t->named) : json_array_get(t->tools, 0);
+        json_t *params = json_object_get(tool_fn(x), "parameters");
+        snprintf(named_pre, sizeof named_pre, "[TOOL_CALLS]%s[ARGS]", tool_name(x));
+        pre = named_pre;
+        schema = json_is_object(params) ? json_incref(params) : json_pack("{s:s,s:{}}", "type", "object", "properties");
+        break;
+    }
+    default: schema = json_pack("{s:s,s:{s:o},s:[s],s:b}", "type", "object", "properties", "tool_calls",
+                                list_of(t, calls_schema(t, "arguments")), "required", "tool_calls",
+                                "additionalProperties", 0);
+    }
+    t->out = f;
+    if (!schema || !(*prefill = strdup(pre))) {
+        json_decref(schema);
+        return srv_fail(e, 503, NULL, "out of memory");
+    }
+    *grammar = srv_schema_grammar(schema, e);
+    json_decref(schema);
+    if (!*grammar) {
+        free(*prefill);
+        *prefill = NULL;
+        snprintf(e->param, sizeof e->param, "tools");
+        return -1;
+    }
+    return 0;
+}
+
+char *srv_tools_instructions(const srv_tools *t)
+{
+    llm_strbuf b = {0};
+    static const char head[] = "You can call these tools (each function's arguments as a JSON Schema):\n";
+    llm_strbuf_append(&b, head, sizeof head - 1);
+    size_t i;
+    json_t *x;
+    json_array_foreach(t->tools, i, x) {
+        json_t *fn = tool_fn(x);
+        json_t *d = json_pack("{s:O,s:O,s:O}", "name", json_object_get(fn, "name"), "description",
+                              json_object_get(fn, "description") ? json_object_get(fn, "description") : json_string(""),
+                              "parameters", json_object_get(fn, "parameters") ? json_object_get(fn, "parameters")
+                                                                              : json_object());
+        char *s = d ? json_dumps(d, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(d);
+        if (!s) {
+            llm_strbuf_free(&b);
+            return NULL;
+        }
+        llm_strbuf_append(&b, s, strlen(s));
+        llm_strbuf_append(&b, "\n", 1);
+        free(s);
+    }
+    static const char tail[] = "To call tools, answer with only this JSON and nothing else: "
+                               "{\"tool_calls\": [{\"name\": \"<tool name>\", \"arguments\": {<its arguments>}}]}\n"
+                               "Otherwise answer normally.";
+    llm_strbuf_append(&b, tail, sizeof tail - 1);
+    return llm_strbuf_take(&b);
+}
+
+/* ---- reading calls back -------------------------------------------------------------------------- */
+
+/* "call_" and 24 random letters and digits; for Mistral's formats 9 of
+ * them alone (its templates refuse any other id). */
+static void call_id(srv_tool_format f, char out[32])
+{
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    int mistral = f == SRV_TOOLS_MISTRAL || f == SRV_TOOLS_MISTRAL_ARGS;
+    size_t n = mistral ? 9 : 24, at = mistral ? 0 : 5;
+    unsigned char r[24];
+    if (getentropy(r, sizeof r))
+        for (size_t i = 0; i < sizeof r; i++) r[i] = (unsigned char)rand();
+    memcpy(out, "call_", at);
+    for (size_t i = 0; i < n; i++) out[at + i] = abc[r[i] % (sizeof abc - 1)];
+    out[at + n] = 0;
+}
+
+/* One OpenAI tool call for name(args), or NULL when name is not a tool or
+ * args not an object (a JSON text of one counts). */
+static json_t *make_call(const srv_tools *t, const char *name, json_t *args)
+{
+    json_t *parsed = NULL;
+    if (json_is_string(args))
+        args = parsed = json_loads(json_string_value(args), JSON_REJECT_DUPLICATES, NULL);
+    if (!find_tool(t, name) || !json_is_object(args)) {
+        json_decref(parsed);
+        return NULL;
+    }
+    char *a = json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER), id[32];
+    json_decref(parsed);
+    call_id(t->fmt, id);
+    json_t *c = a ? json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function", "name", name,
+                              "arguments", a)
+                  : NULL;
+    free(a);
+    return c;
+}
+
+/* A JSON value at the start of s (after blanks); *used gets the bytes it
+ * took. NULL when none parses. */
+static json_t *json_at(const char *s, size_t n, size_t *used)
+{
+    size_t k = 0;
+    while (k < n && isspace((unsigned char)s[k])) k++;
+    json_error_t je;
+    json_t *v = json_loadb(s + k, n - k, JSON_DISABLE_EOF_CHECK | JSON_DECODE_ANY, &je);
+    *used = v ? k + (size_t)je.position : 0;
+    return v;
+}
+
+static int push(json_t *calls, json_t *c)
+{
+    return c && !json_array_append_new(calls, c) ? 0 : -1;
+}
+
+/* {"name": ..., args_key: {...}} -> a call, or -1. */
+static int object_call(const srv_tools *t, json_t *o, const char *args_key, json_t *calls)
+{
+    json_t *args = json_object_get(o, args_key);
+    if (!args && !strcmp(args_key, "parameters"))
+        args = json_object_get(o, "arguments");
+    return json_is_object(o) ? push(calls, make_call(t, json_string_value(json_object_get(o, "name")), args)) : -1;
+}
+
+static int skip(const char **p, const char *end, const char *marker)
+{
+    while (*p < end && isspace((unsigned char)**p)) (*p)++;
+    size_t k = strlen(marker);
+    if ((size_t)(end - *p) >= k && !memcmp(*p, marker, k)) {
+        *p += k;
+        return 1;
+    }
+    return 0;
+}
+
+static int blank(const char *p, const char *end)
+{
+    while (p < end && isspace((unsigned char)*p)) p++;
+    return p == end;
+}
+
+/* <tool_call>{...}</tool_call> blocks; the text around them is content. */
+static int hermes_calls(const srv_tools *t, const char *s, size_t n, json_t *calls, llm_strbuf *content)
+{
+    const char *p = s, *end = s + n;
+    for (;;) {
+        const char *open = memmem(p, (size_t)(end - p), "<tool_call>", 11);
+        if (!open) {
+            llm_strbuf_append(content, p, (size_t)(end - p));
+            return json_array_size(calls) ? 0 : -1;
+        }
+        llm_strbuf_append(content, p, (size_t)(open - p));
+        size_t used;
+        json_t *o = json_at(open + 11, (size_t)(end - open - 11), &used);
+        int bad = object_call(t, o, "arguments", calls);
+        json_decref(o);
+        if (bad)
+            return -1;
+        p = open + 11 + used;
+        skip(&p, end, "</tool_call>");
+    }
+}
+
+/* [TOOL_CALLS] then [{...}, ...] or name[ARGS]{...} (markers optional). */
+static int mistral_calls(const srv_tools *t, const char *s, size_t n, json_t *calls)
+{
+    const char *p = s, *end = s + n;
+    while (skip(&p, end, "[TOOL_CALLS]") || !blank(p, end)) {
+        size_t used;
+        while (p < end && isspace((unsigned char)*p)) p++;
+        if (p < end && *p == '[') {
+            json_t *a = json_at(p, (size_t)(end - p), &used);
+            size_t i;
+            json_t *o;
+            int bad = !json_is_array(a) || json_array_size(a) == 0;
+            json_array_foreach(a, i, o) bad |= object_call(t, o, "arguments", calls);
+            json_decref(a);
+            if (bad)
+                return -1;
+            p += used;
+            continue;
+        }
+        const char *name = p;
+        while (p < end && (isalnum((unsigned char)*p) || *p == '_' || *p == '-' || *p == '.')) p++;
+        char nm[80];
+        if (p == name || p - name >= (long)sizeof nm)
+            return -1;
+        snprintf(nm, sizeof nm, "%.*s", (int)(p - name), name);
+        skip(&p, end, "[ARGS]");
+        json_t *args = json_at(p, (size_t)(end - p), &used);
+        int bad = push(calls, make_call(t, nm, args));
+        json_decref(args);
+        if (bad)
+            return -1;
+        p += used;
+    }
+    return json_array_size(calls) ? 0 : -1;
+}
+
+json_t *srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, char **content)
+{
+    *content = NULL;
+    llm_strbuf all = {0}, rest = {0};
+    llm_strbuf_append(&all, prefill ? prefill : "", prefill ? strlen(prefill) : 0);
+    llm_strbuf_append(&all, text, n);
+    json_t *calls = json_array();
+    const char *s = all.p ? all.p : "", *end = s + all.len, *p = s;
+    int bad = !calls || all.failed;
+    if (!bad && t->out == SRV_TOOLS_HERMES)
+        bad = hermes_calls(t, s, all.len, calls, &rest);
+    else if (!bad && (t->out == SRV_TOOLS_MISTRAL || t->out == SRV_TOOLS_MISTRAL_ARGS))
+        bad = mistral_calls(t, s, all.len, calls);
+    else if (!bad) { /* one JSON object is the whole answer */
+        size_t used;
+        skip(&p, end, "<|python_tag|>");
+        json_t *o = json_at(p, (size_t)(end - p), &used);
+        if (t->out == SRV_TOOLS_LLAMA3)
+            bad = object_call(t, o, "parameters", calls);
+        else {
+            json_t *list = json_object_get(o, "tool_calls"), *c;
+            size_t i;
+            bad = !json_is_array(list) || json_array_size(list) == 0;
+            json_array_foreach(list, i, c) bad |= object_call(t, c, "arguments", calls);
+        }
+        json_decref(o);
+        bad |= !blank(p + used, end);
+    }
+    if (bad) { /* no valid call: all of it is content */
+        json_decref(calls);
+        calls = NULL;
+        llm_strbuf_free(&rest);
+        llm_strbuf_append(&rest, text, n);
+    }
+    if (rest.len && !blank(rest.p, rest.p + rest.len))
+        *content = llm_strbuf_take(&rest);
+    llm_strbuf_free(&rest);
+    llm_strbuf_free(&all);
+    return calls;
+}
+
+size_t srv_tools_releasable(const srv_tools *t, const char *text, size_t n)
+{
+    if (t->choice == SRV_TOOL_NONE)
+        return n;
+    if (t->choice != SRV_TOOL_AUTO)
+        return 0; /* a forced answer is all call */
+    if (t->out == SRV_TOOLS_HERMES) {
+        const char *open = memmem(text, n, "<tool_call>", 11);
+        if (open)
+            return (size_t)(open - text);
+        for (size_t k = n < 10 ? n : 10; k > 0; k--) /* a tail that may be the tag's start waits */
+            if (!memcmp(text + n - k, "<tool_call>", k))
+                return n - k;
+        return n;
+    }
+    /* the other formats put the call first: hold an answer that starts like one */
+    size_t k = 0;
+    while (k < n && isspace((unsigned char)text[k])) k++;
+    if (k == n)
+        return 0;
+    char c = text[k];
+    int may = c == '{' || c == '<' || ((t->out == SRV_TOOLS_MISTRAL || t->out == SRV_TOOLS_MISTRAL_ARGS) &&
+                                       (c == '[' || isalpha((unsigned char)c)));
+    if (t->out == SRV_TOOLS_MISTRAL_ARGS && may && isalpha((unsigned char)c)) { /* name[ARGS]{...}: a name, then { */
+        size_t j = k;
+        while (j < n && (isalnum((unsigned char)text[j]) || text[j] == '_' || text[j] == '-' || text[j] == '.')) j++;
+        may = j == n || text[j] == '{' || text[j] == '[';
+    }
+    return may ? 0 : n;
+}

@@ -1,0 +1,76 @@
+/* srv_tools.h - tool calling: the request's tools, tool_choice and
+ * parallel_tool_calls; how the model writes calls (its template's format);
+ * the prompt prefill and grammar that force a call (tool_choice required
+ * or a named function); and the calls parsed back out of the model's text
+ * as OpenAI tool_calls (arguments as a JSON string).
+ *
+ * Formats, told from the chat template's text:
+ *   hermes   <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one
+ *            block per call (Qwen 2.5/3, Hermes, SmolLM3, GLM ...);
+ *   llama3   the whole answer a JSON object {"name": ..., "parameters":
+ *            {...}} (Llama 3.1-3.3; <|python_tag|> before it is skipped);
+ *   mistral  [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (Nemo);
+ *   mistral-args  [TOOL_CALLS]name[ARGS]{...} (Mistral Small 3.2, Devstral);
+ *   generic  templates that do not show tools (and the built-in families):
+ *            the tools are described in the conversation and the model
+ *            answers {"tool_calls": [{"name": ..., "arguments": {...}}]}.
+ * Control tokens are not in the engine's text, so a parser takes each
+ * format with or without its markers.
+ *
+ * Thread-safety: reentrant; srv_tools borrows the request's JSON. */
+#ifndef SRV_TOOLS_H
+#define SRV_TOOLS_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+struct srv_err;
+
+typedef enum srv_tool_format {
+    SRV_TOOLS_GENERIC = 0,
+    SRV_TOOLS_HERMES,
+    SRV_TOOLS_LLAMA3,
+    SRV_TOOLS_MISTRAL,
+    SRV_TOOLS_MISTRAL_ARGS,
+} srv_tool_format;
+
+typedef enum srv_tool_choice { SRV_TOOL_NONE = 0, SRV_TOOL_AUTO, SRV_TOOL_REQUIRED, SRV_TOOL_NAMED } srv_tool_choice;
+
+typedef struct srv_tools {
+    json_t *tools;          /* the request's tools (borrowed); NULL: none */
+    srv_tool_choice choice; /* NONE when there are no tools */
+    const char *named;      /* SRV_TOOL_NAMED: the function */
+    int parallel;           /* parallel_tool_calls (default true) */
+    srv_tool_format fmt;    /* how the model writes calls */
+    srv_tool_format out;    /* how this request's calls come out (a forced call may use another) */
+} srv_tools;
+
+/* The format a chat template's text shows tools in (NULL: generic). */
+srv_tool_format srv_tools_format(const char *tmpl, size_t len);
+const char *srv_tools_format_name(srv_tool_format f);
+
+/* Reads tools, tool_choice and parallel_tool_calls from a chat body. 0,
+ * or -1 with e set (400 naming the field). */
+int srv_tools_parse(json_t *body, srv_tool_format fmt, srv_tools *t, struct srv_err *e);
+
+/* For tool_choice required or named: *prefill, text that opens the call
+ * (appended to the prompt as markup), and *grammar, what the answer must
+ * then be (both malloc'd; caller frees). 0, or -1 with e set (400: a tool's
+ * parameters use a JSON Schema keyword that is not built, naming it). */
+int srv_tools_forced(srv_tools *t, char **prefill, char **grammar, struct srv_err *e);
+
+/* Generic format: the text that tells the model its tools and how to call
+ * them (malloc'd), or NULL when memory ran out. */
+char *srv_tools_instructions(const srv_tools *t);
+
+/* The calls in a model's answer (prefill, then text): a JSON array of
+ * OpenAI tool calls, or NULL when the answer holds no valid call (then it
+ * is all content). *content gets the text outside the calls (malloc'd;
+ * NULL when there is none). Calls name only the request's tools. */
+json_t *srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, char **content);
+
+/* Streaming: how many bytes of the answer so far may go out as content
+ * (the rest may be, or start, a call). */
+size_t srv_tools_releasable(const srv_tools *t, const char *text, size_t n);
+
+#endif
