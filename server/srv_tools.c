@@ -219,11 +219,10 @@ char *srv_tools_instructions(const srv_tools *t)
     size_t i;
     json_t *x;
     json_array_foreach(t->tools, i, x) {
-        json_t *fn = tool_fn(x);
-        json_t *d = json_pack("{s:O,s:O,s:O}", "name", json_object_get(fn, "name"), "description",
-                              json_object_get(fn, "description") ? json_object_get(fn, "description") : json_string(""),
-                              "parameters", json_object_get(fn, "parameters") ? json_object_get(fn, "parameters")
-                                                                              : json_object());
+        json_t *fn = tool_fn(x), *params = json_object_get(fn, "parameters");
+        const char *desc = json_string_value(json_object_get(fn, "description"));
+        json_t *d = json_pack("{s:O,s:s,s:o}", "name", json_object_get(fn, "name"), "description", desc ? desc : "",
+                              "parameters", json_is_object(params) ? json_incref(params) : json_object());
         char *s = d ? json_dumps(d, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         json_decref(d);
         if (!s) {
