@@ -12,6 +12,7 @@
 #include <wctype.h>
 
 #include "jinja_impl.h"
+#include "unicode.h"
 
 #define JX_MAX_RANGE 100000 /* jinja2's sandbox refuses longer ranges */
 
@@ -251,22 +252,7 @@ static llm_jv *recase(jx_run *r, llm_jv *s, int mode)
         unsigned long m = map_case(cp, up);
         word_start = !is_cased_letter(cp);
         char u[4];
-        int k = 0;
-        if (m < 0x80)
-            u[k++] = (char)m;
-        else if (m < 0x800) {
-            u[k++] = (char)(0xC0 | (m >> 6));
-            u[k++] = (char)(0x80 | (m & 0x3F));
-        } else if (m < 0x10000) {
-            u[k++] = (char)(0xE0 | (m >> 12));
-            u[k++] = (char)(0x80 | ((m >> 6) & 0x3F));
-            u[k++] = (char)(0x80 | (m & 0x3F));
-        } else {
-            u[k++] = (char)(0xF0 | (m >> 18));
-            u[k++] = (char)(0x80 | ((m >> 12) & 0x3F));
-            u[k++] = (char)(0x80 | ((m >> 6) & 0x3F));
-            u[k++] = (char)(0x80 | (m & 0x3F));
-        }
+        int k = unicode_encode((uint32_t)m, u);
         if (l == 1 && (unsigned char)s->u.str.s[i] >= 0x80) { /* a stray byte stays as it is */
             u[0] = s->u.str.s[i];
             k = 1;
@@ -1259,33 +1245,23 @@ static llm_jv *t_sameas(jx_run *r, llm_jv *v, const jx_args *a)
     return jv_bool(r->c, same);
 }
 
-static llm_jv *t_lower(jx_run *r, llm_jv *v, const jx_args *a)
+/* str.islower()/isupper(): some cased letter, none of the other case (ASCII) */
+static llm_jv *case_test(jx_run *r, llm_jv *v, int upper)
 {
-    (void)a;
     if (v->kind != JV_STR)
         return jv_bool(r->c, 0);
     int cased = 0;
     for (size_t i = 0; i < v->u.str.n; i++) {
-        if (isupper((unsigned char)v->u.str.s[i]))
+        unsigned char ch = (unsigned char)v->u.str.s[i];
+        if (upper ? islower(ch) : isupper(ch))
             return jv_bool(r->c, 0);
-        cased |= islower((unsigned char)v->u.str.s[i]) != 0;
+        cased |= (upper ? isupper(ch) : islower(ch)) != 0;
     }
     return jv_bool(r->c, cased);
 }
 
-static llm_jv *t_upper(jx_run *r, llm_jv *v, const jx_args *a)
-{
-    (void)a;
-    if (v->kind != JV_STR)
-        return jv_bool(r->c, 0);
-    int cased = 0;
-    for (size_t i = 0; i < v->u.str.n; i++) {
-        if (islower((unsigned char)v->u.str.s[i]))
-            return jv_bool(r->c, 0);
-        cased |= isupper((unsigned char)v->u.str.s[i]) != 0;
-    }
-    return jv_bool(r->c, cased);
-}
+static llm_jv *t_lower(jx_run *r, llm_jv *v, const jx_args *a) { (void)a; return case_test(r, v, 0); }
+static llm_jv *t_upper(jx_run *r, llm_jv *v, const jx_args *a) { (void)a; return case_test(r, v, 1); }
 
 static const named_fn TESTS[] = {
     {"defined", t_defined}, {"undefined", t_undefined}, {"none", t_none}, {"string", t_string},

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "jinja_impl.h"
+#include "unicode.h"
 
 /* ---- tokens ----------------------------------------------------------------------- */
 
@@ -130,16 +131,8 @@ static llm_jv *lex_string(lexer *L)
             unsigned v = (unsigned)(e - '0');
             for (int i = 0; i < 2 && L->pos < L->n && L->src[L->pos] >= '0' && L->src[L->pos] <= '7'; i++)
                 v = v * 8 + (unsigned)(L->src[L->pos++] - '0');
-            digits = -1;
             char u[4];
-            int k = 0;
-            if (v < 0x80)
-                u[k++] = (char)v;
-            else {
-                u[k++] = (char)(0xC0 | (v >> 6));
-                u[k++] = (char)(0x80 | (v & 0x3F));
-            }
-            jx_sb_put(&b, u, (size_t)k, NULL);
+            jx_sb_put(&b, u, (size_t)unicode_encode(v, u), NULL);
             continue;
         }
         if (!digits) { /* Python keeps an unknown escape as it is */
@@ -157,23 +150,7 @@ static llm_jv *lex_string(lexer *L)
         if (cp > 0x10FFFF)
             jx_fail(L->c, "line %d: escape beyond U+10FFFF", L->line);
         char u[4];
-        int k = 0;
-        if (cp < 0x80)
-            u[k++] = (char)cp;
-        else if (cp < 0x800) {
-            u[k++] = (char)(0xC0 | (cp >> 6));
-            u[k++] = (char)(0x80 | (cp & 0x3F));
-        } else if (cp < 0x10000) {
-            u[k++] = (char)(0xE0 | (cp >> 12));
-            u[k++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-            u[k++] = (char)(0x80 | (cp & 0x3F));
-        } else {
-            u[k++] = (char)(0xF0 | (cp >> 18));
-            u[k++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-            u[k++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-            u[k++] = (char)(0x80 | (cp & 0x3F));
-        }
-        jx_sb_put(&b, u, (size_t)k, NULL);
+        jx_sb_put(&b, u, (size_t)unicode_encode((uint32_t)cp, u), NULL);
     }
     if (L->pos >= L->n)
         jx_fail(L->c, "line %d: a string without its closing quote", L->line);
@@ -828,30 +805,28 @@ static jx_node *parse_not(parser *P)
     return parse_compare(P);
 }
 
-static jx_node *parse_and(parser *P)
+/* operand (word operand)*, left-associative: "and", "or" */
+static jx_node *parse_logic(parser *P, const char *word, jn_kind kind, jx_node *(*operand)(parser *))
 {
-    jx_node *n = parse_not(P);
-    while (is_name(P, "and")) {
+    jx_node *n = operand(P);
+    while (is_name(P, word)) {
         P->at++;
-        jx_node *a = mk(P, JN_AND);
-        a->a = n;
-        a->b = parse_not(P);
-        n = a;
+        jx_node *x = mk(P, kind);
+        x->a = n;
+        x->b = operand(P);
+        n = x;
     }
     return n;
 }
 
+static jx_node *parse_and(parser *P)
+{
+    return parse_logic(P, "and", JN_AND, parse_not);
+}
+
 static jx_node *parse_or(parser *P)
 {
-    jx_node *n = parse_and(P);
-    while (is_name(P, "or")) {
-        P->at++;
-        jx_node *o = mk(P, JN_OR);
-        o->a = n;
-        o->b = parse_and(P);
-        n = o;
-    }
-    return n;
+    return parse_logic(P, "or", JN_OR, parse_and);
 }
 
 static jx_node *parse_expr(parser *P, int with_cond)
