@@ -23,7 +23,7 @@ CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra $(WERROR) -Wshadow 
 LDLIBS = -lm -lpthread -ldl
 
 # The common library: status codes, text buffer, log line, monotonic clock - all four programs use it.
-COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c
+COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c common/hash.c
 ENGINE_SRC = engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c \
              engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
              engine/sampler.c engine/grammar.c engine/gmatch.c engine/jinja_value.c engine/jinja_parse.c engine/jinja_eval.c engine/jinja_lib.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c \

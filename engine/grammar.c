@@ -9,6 +9,7 @@
  * the matcher's expansion endless). Written here rather than taken from
  * llama.cpp: its parser is C++ and tied to its sampler. */
 #include "grammar_impl.h"
+#include "llm/hash.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -111,25 +112,10 @@ static int gp_rule_new(gparse *p, const char *name, int len)
     return p->n_rules++;
 }
 
-/* A per-process seed for the name table's hash, so that no one can craft
- * names that all land in one slot (lookups would turn quadratic). */
-static uint32_t gp_seed(void)
-{
-    static _Atomic uint32_t seed;
-    uint32_t v = atomic_load(&seed);
-    if (!v) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        v = ((uint32_t)ts.tv_nsec ^ (uint32_t)(uintptr_t)&ts ^ (uint32_t)getpid() << 16) | 1u;
-        atomic_store(&seed, v);
-    }
-    return v;
-}
-
 static int gp_rule_id(gparse *p, const char *name, int len)
 {
-    uint32_t h = 2166136261u ^ gp_seed(); /* FNV-1a, seeded */
-    for (int i = 0; i < len; i++) h = (h ^ (unsigned char)name[i]) * 16777619u;
+    /* keyed (llm/hash.h): a request's grammar names its rules, and must not pick colliding names */
+    uint32_t h = (uint32_t)llm_hash(name, (size_t)len);
     for (uint32_t k = h % (uint32_t)p->n_slots;; k = (k + 1) % (uint32_t)p->n_slots) {
         int32_t r = p->names[k];
         if (r < 0) {

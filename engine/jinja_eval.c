@@ -10,8 +10,6 @@
 
 typedef enum { FLOW_NORMAL, FLOW_BREAK, FLOW_CONTINUE } flow;
 
-#define JX_MACRO_DEPTH 64
-
 static llm_jv *eval(jx_run *r, jx_scope *s, const jx_node *n);
 static flow exec(jx_run *r, jx_scope *s, const jx_node *n);
 
@@ -282,9 +280,13 @@ static void eval_args(jx_run *r, jx_scope *s, const jx_node *n, llm_jv *first, j
 static llm_jv *run_generator(jx_run *r, jx_builtin fn, llm_jv *operand, const jx_args *a)
 {
     jmp_buf jb, *saved = r->c->fail;
+    jx_sb *out = r->out; /* what an error deep inside may have left pointing elsewhere */
+    int depth = r->depth;
     r->c->fail = &jb;
     if (setjmp(jb)) {
         r->c->fail = saved;
+        r->out = out;
+        r->depth = depth;
         if (r->c->err->code == LLM_ERR_NOMEM || r->steps > r->c->lim.max_steps)
             longjmp(*saved, 1);
         llm_jv *g = jv_list(r->c, 1);
@@ -358,19 +360,43 @@ static llm_jv *repeat(jx_run *r, llm_jv *seq, long long times)
     if (times < 0)
         times = 0;
     size_t unit = seq->kind == JV_STR ? seq->u.str.n : seq->u.list.n;
+    if (unit == 0) /* nothing to repeat, however many times */
+        times = 0;
     if (unit && (unsigned long long)times > r->c->limit / unit)
         jx_fail(r->c, "a repetition larger than the template's memory");
     if (seq->kind == JV_STR) {
         jx_sb b;
         jx_sb_init(&b, r->c);
-        for (long long i = 0; i < times; i++) jx_sb_putv(&b, seq);
+        for (long long i = 0; i < times; i++) {
+            jx_step(r);
+            jx_sb_putv(&b, seq);
+        }
         return jx_sb_value(&b);
     }
     llm_jv *l = jv_list(r->c, 0);
-    for (long long i = 0; i < times; i++)
+    for (long long i = 0; i < times; i++) {
+        jx_step(r);
         for (size_t k = 0; k < seq->u.list.n; k++) jv_push(r->c, l, seq->u.list.items[k]);
+    }
     l->u.list.tuple = seq->u.list.tuple;
     return l;
+}
+
+/* x ** y for y >= 0 by squaring (at most 64 rounds, whatever y is), or an
+ * overflow error once a value leaves 64 bits. */
+static __int128 int_pow(jx_run *r, __int128 x, __int128 y)
+{
+    __int128 p = 1;
+    while (y > 0) {
+        if (y & 1)
+            p *= x;
+        y >>= 1;
+        if (p > INT64_MAX || p < INT64_MIN || (y > 0 && (x > 3037000499 || x < -3037000499)))
+            jx_fail(r->c, "integer overflow (beyond 64 bits)");
+        if (y > 0)
+            x *= x;
+    }
+    return p;
 }
 
 static llm_jv *int_result(jx_run *r, __int128 v)
@@ -434,15 +460,8 @@ static llm_jv *arith(jx_run *r, int op, llm_jv *a, llm_jv *b)
             return int_result(r, op == JO_MOD ? m : q);
         }
         case JO_POW:
-            if (y >= 0) {
-                __int128 p = 1;
-                for (__int128 i = 0; i < y; i++) {
-                    p *= x;
-                    if (p > INT64_MAX || p < INT64_MIN)
-                        jx_fail(r->c, "integer overflow (beyond 64 bits)");
-                }
-                return int_result(r, p);
-            }
+            if (y >= 0)
+                return int_result(r, int_pow(r, x, y));
             break;
         }
     }
@@ -776,8 +795,8 @@ llm_status llm_jinja_compile(const char *src, size_t len, llm_jinja **out, llm_e
     *out = NULL;
     if (!src)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "no template text");
-    if (len > ((size_t)1 << 20))
-        return llm_errf(err, LLM_ERR_TOO_LONG, "a template of %zu bytes (at most 1 MiB)", len);
+    if (len > LLM_JINJA_MAX_SRC)
+        return llm_errf(err, LLM_ERR_TOO_LONG, "a template of %zu bytes (at most %zu)", len, LLM_JINJA_MAX_SRC);
     llm_jinja_limits lim = {.max_bytes = 64u << 20};
     llm_jinja *t = calloc(1, sizeof *t);
     llm_jctx *c = llm_jctx_new(&lim);
@@ -830,7 +849,7 @@ static int spans_of(const jx_sb *b, llm_span **spans, int *n_spans)
         while (j < b->n && b->taint[j]) j++;
         if (k == cap) {
             cap = cap ? cap * 2 : 16;
-            llm_span *ns = realloc(*spans, cap * sizeof *ns);
+            llm_span *ns = realloc(*spans, cap * sizeof *ns); /* lint: realloc checked */
             if (!ns) {
                 free(*spans);
                 *spans = NULL;

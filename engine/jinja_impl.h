@@ -20,6 +20,11 @@
 
 #include "llm/jinja.h"
 
+/* How deep values (in str(), repr() and tojson), expressions and blocks
+ * (when parsing) may nest, and macro calls at run time. */
+#define JX_MAX_DEPTH 256
+#define JX_MACRO_DEPTH 64
+
 /* ---- arena ---------------------------------------------------------------- */
 
 typedef struct jx_block jx_block;

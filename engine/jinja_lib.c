@@ -302,7 +302,7 @@ static llm_jv *m_format(jx_run *r, llm_jv *s, const jx_args *a)
             v = auto_ix < a->n_pos ? a->pos[auto_ix] : NULL;
             auto_ix++;
         } else if (isdigit((unsigned char)field[0])) {
-            int k = atoi(field);
+            long k = strtol(field, NULL, 10);
             v = k < a->n_pos ? a->pos[k] : NULL;
         } else
             for (int k = 0; k < a->n_kw; k++)
@@ -401,8 +401,8 @@ llm_jv *jx_percent_format(jx_run *r, llm_jv *fmt, llm_jv *args)
             continue;
         }
         char c = i + 1 < fmt->u.str.n ? p[++i] : 0;
-        if (c == '%') {
-            jx_sb_puts(&b, "%");
+        if (c == '%') { /* keeps the format's mark: a tenant's "%%" stays the tenant's */
+            jx_sb_put(&b, "%", 1, fmt->u.str.taint ? fmt->u.str.taint + i : NULL);
             continue;
         }
         if (c != 's' && c != 'r' && c != 'd' && c != 'i')
@@ -1338,14 +1338,16 @@ static llm_jv *g_strftime_now(jx_run *r, llm_jv *self, const jx_args *a)
     llm_jv *f = want_str(r, arg(a, 0, "format"), "strftime_now");
     if (f->u.str.n > 200)
         jx_fail(r->c, "strftime_now: a format over 200 bytes");
-    char fmt[256], out[512];
+    char fmt[256];
+    size_t cap = 16384; /* 200 bytes of conversions, each at most a few dozen characters */
+    char *out = jx_alloc(r->c, cap);
     memcpy(fmt, f->u.str.s, f->u.str.n);
     fmt[f->u.str.n] = 0;
     time_t now = r->c->lim.now > 0 ? (time_t)r->c->lim.now : time(NULL);
     struct tm tm;
     if (!localtime_r(&now, &tm))
         jx_fail(r->c, "strftime_now: no local time");
-    size_t n = strftime(out, sizeof out, fmt, &tm);
+    size_t n = strftime(out, cap, fmt, &tm);
     return jv_str(r->c, out, n, NULL);
 }
 

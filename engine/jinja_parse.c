@@ -444,8 +444,8 @@ static jx_node *parse_postfix(parser *P, jx_node *n);
 
 static void enter(parser *P)
 {
-    if (++P->depth > 256)
-        jx_fail(P->c, "line %d: expressions or blocks nested more than 256 deep", cur(P)->line);
+    if (++P->depth > JX_MAX_DEPTH)
+        jx_fail(P->c, "line %d: expressions or blocks nested more than %d deep", cur(P)->line, JX_MAX_DEPTH);
 }
 
 /* a, b, c (a tuple when there is a comma); explicit: inside parentheses */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "jinja_impl.h"
+#include "llm/hash.h"
 
 /* ---- arena ------------------------------------------------------------------------ */
 
@@ -188,22 +189,23 @@ llm_jv *jv_dict(llm_jctx *c)
     return jv_new(c, JV_DICT);
 }
 
-/* Python's hash, as far as equality needs: equal numbers hash alike. */
+/* A key's slot hash, keyed per process (llm/hash.h: request JSON picks
+ * the keys); equal numbers hash alike, as Python's equality needs. */
 static uint64_t jv_hash(const llm_jv *k)
 {
-    uint64_t h = 1469598103934665603ull;
+    long long i;
     switch (k->kind) {
-    case JV_STR:
-        for (size_t i = 0; i < k->u.str.n; i++) h = (h ^ (unsigned char)k->u.str.s[i]) * 1099511628211ull;
-        return h;
-    case JV_INT: return (uint64_t)k->u.i * 0x9E3779B97F4A7C15ull;
-    case JV_BOOL: return (uint64_t)k->u.b * 0x9E3779B97F4A7C15ull;
+    case JV_STR: return llm_hash(k->u.str.s, k->u.str.n);
+    case JV_INT: i = k->u.i; break;
+    case JV_BOOL: i = k->u.b; break;
     case JV_FLOAT:
-        if (k->u.f == floor(k->u.f) && fabs(k->u.f) < 9.2e18)
-            return (uint64_t)(long long)k->u.f * 0x9E3779B97F4A7C15ull;
-        return (uint64_t)(k->u.f * 1e6) ^ 0xabcdef;
+        if (!(k->u.f == floor(k->u.f) && fabs(k->u.f) < 9.2e18))
+            return llm_hash(&k->u.f, sizeof k->u.f);
+        i = (long long)k->u.f;
+        break;
     default: return (uint64_t)k->kind;
     }
+    return llm_hash(&i, sizeof i);
 }
 
 static void dict_reindex(llm_jctx *c, llm_jv *d)
@@ -443,12 +445,17 @@ void jx_sb_puts(jx_sb *b, const char *s)
 
 void jx_sb_printf(jx_sb *b, const char *fmt, ...)
 {
-    char buf[256];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap); /* sized first: a number's digits are never cut */
     va_end(ap);
-    jx_sb_put(b, buf, n < 0 ? 0 : (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1, NULL);
+    if (n <= 0)
+        return;
+    char *buf = jx_alloc(b->c, (size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(buf, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    jx_sb_put(b, buf, (size_t)n, NULL);
 }
 
 void jx_sb_putv(jx_sb *b, const llm_jv *s)
@@ -489,7 +496,7 @@ static void float_repr(double f, char *out, size_t cap)
         if (*q != '.')
             digits[nd++] = *q;
     digits[nd] = 0;
-    int exp = atoi(q + 1);
+    int exp = (int)strtol(q + 1, NULL, 10);
     while (nd > 1 && digits[nd - 1] == '0') digits[--nd] = 0;
     char *o = out;
     size_t left = cap;
@@ -579,8 +586,8 @@ static void write_any(jx_sb *b, const llm_jv *v, int repr, int depth)
 
 static void write_container(jx_sb *b, const llm_jv *v, int depth)
 {
-    if (depth > 256)
-        jx_fail(b->c, "a value nested more than 256 deep");
+    if (depth > JX_MAX_DEPTH)
+        jx_fail(b->c, "a value nested more than %d deep", JX_MAX_DEPTH);
     if (v->kind == JV_LIST && v->u.list.lazy == 2) { /* dict_items([...]) */
         llm_jv plain = *v;
         plain.u.list.lazy = 0;
@@ -735,8 +742,8 @@ static void json_dict(jx_sb *b, const llm_jv *v, int indent, const char *isep, c
 void jv_write_json(jx_sb *b, const llm_jv *v, int indent, const char *isep, const char *ksep, int sort, int depth)
 {
     char num[40];
-    if (depth > 256)
-        jx_fail(b->c, "tojson: a value nested more than 256 deep");
+    if (depth > JX_MAX_DEPTH)
+        jx_fail(b->c, "tojson: a value nested more than %d deep", JX_MAX_DEPTH);
     switch (v->kind) {
     case JV_NONE: jx_sb_puts(b, "null"); return;
     case JV_BOOL: jx_sb_puts(b, v->u.b ? "true" : "false"); return;

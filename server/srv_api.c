@@ -11,6 +11,7 @@
 
 #include "llm/chat.h"
 #include "llm/grammar.h"
+#include "llm/strbuf.h"
 #include "srv.h"
 #include "srv_fields.h"
 #include "srv_schema.h"
@@ -275,6 +276,26 @@ static int chat_tokens(const llm_vocab *v, const llm_span *sp, int n_sp, srv_com
     return 0;
 }
 
+/* A whole answer is built in memory before it is sent: refuse one whose
+ * size could pass max_answer_bytes, from the request alone. Per token: its
+ * text, about 64 bytes; each logprob entry about 1 KiB, which is what one
+ * costs as jansson objects (a token with 20 alternatives measured 17.9 KiB
+ * of heap) before it is printed. max_tokens unset means up to the context. */
+static int answer_too_big(const srv *s, const srv_completion *c, srv_err *e)
+{
+    double tokens = c->rq.max_tokens ? c->rq.max_tokens : s->cfg.n_ctx ? s->cfg.n_ctx : 4096;
+    double per = 64 + (c->n_logprobs >= 0 ? 1024.0 * (1 + c->n_logprobs) : 0);
+    double est = (c->rq.n > 0 ? c->rq.n : 1) * tokens * per;
+    if (est <= (double)s->cfg.max_answer_bytes)
+        return 0;
+    srv_err_set(e, 400, c->n_logprobs > 0 ? "top_logprobs" : c->rq.n > 1 ? "n" : "max_tokens",
+                "a whole answer of n %d x %.0f tokens%s could reach %.0f MiB, over max_answer_bytes (%.0f MiB): "
+                "lower n, max_tokens or the logprobs%s", c->rq.n > 0 ? c->rq.n : 1, tokens,
+                c->n_logprobs >= 0 ? " with logprobs" : "", est / 1048576, (double)s->cfg.max_answer_bytes / 1048576,
+                c->stream ? " (a stream with tools is held until its calls are known)" : ", or stream it");
+    return 1;
+}
+
 /* tools, tool_choice: a forced call (required, named) opens the answer
  * (tool_prefill, after the rendered prompt) and follows a grammar. */
 static int parse_tools(const srv_chat *chat, json_t *o, srv_completion *c, srv_err *e)
@@ -299,21 +320,27 @@ static int add_prefill(srv_completion *c, srv_err *e)
 {
     if (!c->tool_prefill || !*c->tool_prefill)
         return 0;
-    size_t a = strlen(c->prompt), b = strlen(c->tool_prefill);
-    char *p = realloc(c->prompt, a + b + 1);
+    llm_strbuf b = {0};
+    llm_strbuf_printf(&b, "%s%s", c->prompt, c->tool_prefill);
+    char *p = llm_strbuf_take(&b);
     if (!p)
         return srv_fail(e, 503, NULL, "out of memory");
-    memcpy(p + a, c->tool_prefill, b + 1);
+    free(c->prompt);
     c->prompt = p;
     return 0;
 }
 
-static int parse_messages(const srv_chat *chat, const llm_vocab *vocab, json_t *o, size_t body_len, srv_completion *c,
-                          srv_err *e)
+static int parse_messages(const srv *s, const srv_chat *chat, const llm_vocab *vocab, json_t *o, size_t body_len,
+                          srv_completion *c, srv_err *e)
 {
     llm_span *sp = NULL;
     int n_sp = 0;
-    if (parse_tools(chat, o, c, e) || !(c->prompt = srv_chat_render(chat, o, body_len, &c->tools, &sp, &n_sp, e)))
+    if (parse_tools(chat, o, c, e))
+        return -1;
+    /* a stream with tools is held in memory until its calls are known, like a whole answer */
+    if (c->stream && c->tools.choice != SRV_TOOL_NONE && answer_too_big(s, c, e))
+        return -1;
+    if (!(c->prompt = srv_chat_render(chat, o, body_len, &c->tools, &sp, &n_sp, e)))
         return -1;
     if (add_prefill(c, e)) {
         free(sp);
@@ -325,24 +352,6 @@ static int parse_messages(const srv_chat *chat, const llm_vocab *vocab, json_t *
     return rc;
 }
 
-/* A whole answer is built in memory before it is sent: refuse one whose
- * size could pass max_answer_bytes, from the request alone. Per token: its
- * text, about 64 bytes; each logprob entry about 1 KiB, which is what one
- * costs as jansson objects (a token with 20 alternatives measured 17.9 KiB
- * of heap) before it is printed. max_tokens unset means up to the context. */
-static int answer_too_big(const srv *s, const srv_completion *c, srv_err *e)
-{
-    double tokens = c->rq.max_tokens ? c->rq.max_tokens : s->cfg.n_ctx ? s->cfg.n_ctx : 4096;
-    double per = 64 + (c->n_logprobs >= 0 ? 1024.0 * (1 + c->n_logprobs) : 0);
-    double est = (c->rq.n > 0 ? c->rq.n : 1) * tokens * per;
-    if (est <= (double)s->cfg.max_answer_bytes)
-        return 0;
-    srv_err_set(e, 400, c->n_logprobs > 0 ? "top_logprobs" : c->rq.n > 1 ? "n" : "max_tokens",
-                "a whole answer of n %d x %.0f tokens%s could reach %.0f MiB, over max_answer_bytes (%.0f MiB): "
-                "lower n, max_tokens or the logprobs, or stream it", c->rq.n > 0 ? c->rq.n : 1, tokens,
-                c->n_logprobs >= 0 ? " with logprobs" : "", est / 1048576, (double)s->cfg.max_answer_bytes / 1048576);
-    return 1;
-}
 
 static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
 {
@@ -542,7 +551,7 @@ int srv_parse_completion(const srv *s, const srv_chat *chat, const llm_vocab *vo
         return -1;
     if (c->generate)
         return parse_text(c->root, c, e);
-    return is_chat ? parse_messages(chat, vocab, c->root, len, c, e) : parse_prompt(c->root, c, e);
+    return is_chat ? parse_messages(s, chat, vocab, c->root, len, c, e) : parse_prompt(c->root, c, e);
 }
 
 void srv_completion_free(srv_completion *c)

@@ -150,12 +150,12 @@ static char *token_text(const llm_vocab *v, int32_t id)
 static char *read_template(const char *file, size_t *n, llm_error *err)
 {
     FILE *f = fopen(file, "rb");
-    char *buf = f ? malloc(((size_t)1 << 20) + 1) : NULL;
-    *n = buf ? fread(buf, 1, ((size_t)1 << 20) + 1, f) : 0;
+    char *buf = f ? malloc(LLM_JINJA_MAX_SRC + 1) : NULL;
+    *n = buf ? fread(buf, 1, LLM_JINJA_MAX_SRC + 1, f) : 0;
     int bad = !f || !buf || ferror(f);
     if (f)
         fclose(f);
-    if (bad || *n > ((size_t)1 << 20)) {
+    if (bad || *n > LLM_JINJA_MAX_SRC) {
         free(buf);
         llm_errf(err, !buf && f ? LLM_ERR_NOMEM : bad ? LLM_ERR_IO : LLM_ERR_TOO_LONG, "chat_template_file %s: %s", file,
                  !f ? strerror(errno) : bad ? "cannot read it" : "over 1 MiB");
@@ -326,7 +326,10 @@ static int generic_history(json_t *copy, json_t *m, const char *text, srv_err *e
         size_t i;
         json_array_foreach(calls, i, c) {
             json_t *fn = json_object_get(c, "function"), *args = json_object_get(fn, "arguments");
+            /* a JSON text as its value; any other text stays a string, as it was sent */
             json_t *a = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : json_incref(args);
+            if (!a && json_is_string(args))
+                a = json_incref(args);
             if (!list || json_array_append_new(list, json_pack("{s:O,s:o}", "name", json_object_get(fn, "name"),
                                                                "arguments", a ? a : json_object())))
                 b.failed = 1;
@@ -347,6 +350,29 @@ static int generic_history(json_t *copy, json_t *m, const char *text, srv_err *e
     return bad ? srv_fail(e, 503, NULL, "out of memory") : 0;
 }
 
+/* tool_calls: null, or an array of {"function": {"name": a string,
+ * "arguments": a string or an object}}; 1 (e set) otherwise. */
+static int bad_calls(json_t *calls, size_t i, srv_err *e)
+{
+    if (!calls || json_is_null(calls))
+        return 0;
+    if (!json_is_array(calls)) {
+        srv_err_set(e, 400, "messages", "messages[%zu].tool_calls must be an array", i);
+        return 1;
+    }
+    size_t k;
+    json_t *c;
+    json_array_foreach(calls, k, c) {
+        json_t *fn = json_object_get(c, "function"), *args = json_object_get(fn, "arguments");
+        if (!json_is_string(json_object_get(fn, "name")) || (args && !json_is_string(args) && !json_is_object(args))) {
+            srv_err_set(e, 400, "messages", "messages[%zu].tool_calls[%zu] must be {\"function\": {\"name\": "
+                                            "string, \"arguments\": string or object}}", i, k);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* One message as the template gets it: content as one string, tool calls
  * with object arguments (or, generic, as text). NULL with e set. */
 static json_t *flat_message(json_t *m, size_t i, int generic, srv_err *e)
@@ -360,10 +386,8 @@ static json_t *flat_message(json_t *m, size_t i, int generic, srv_err *e)
         return NULL;
     }
     json_t *calls = json_object_get(m, "tool_calls");
-    if (calls && !json_is_null(calls) && !json_is_array(calls)) {
-        srv_err_set(e, 400, "messages", "messages[%zu].tool_calls must be an array", i);
+    if (bad_calls(calls, i, e))
         return NULL;
-    }
     if (!(text = content_text(m, i, &owned, e)))
         return NULL;
     json_t *copy = copy_members(m);
@@ -481,6 +505,10 @@ static char *render_jinja(const srv_chat *c, json_t *body, json_t *ms, size_t bo
                     agp && !json_is_boolean(agp) ? "a boolean" : "an object");
         return NULL;
     }
+    static const char *const own[] = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"};
+    for (size_t i = 0; json_is_object(kw) && i < sizeof own / sizeof *own; i++)
+        if (json_object_get(kw, own[i])) /* the server's own variables (tools would skip their checks) */
+            return srv_err_set(e, 400, "chat_template_kwargs", "chat_template_kwargs may not set '%s'", own[i]), NULL;
     /* a render holds its values and text: room for templates that copy the request a few times over */
     llm_jinja_limits lim = {.max_bytes = ((size_t)16 << 20) + 16 * body_bytes};
     llm_jctx *jc = llm_jctx_new(&lim);

@@ -312,17 +312,20 @@ static int finish_tools(run *r, int index)
 {
     choice *ch = &r->ch[index];
     const char *text = ch->text.p ? ch->text.p : "";
-    ch->calls = srv_tools_extract(&r->cp->tools, r->cp->tool_prefill, text, ch->text.len, &ch->content);
+    if (srv_tools_extract(&r->cp->tools, r->cp->tool_prefill, text, ch->text.len, &ch->calls, &ch->content))
+        return OUT_NOMEM;
     if (ch->calls)
         ch->finish = "tool_calls";
     if (!r->cp->stream)
         return OUT_OK;
-    /* content before the first call (all of it without calls; none after a forced call's opening) */
-    size_t upto = !ch->calls ? ch->text.len
-                  : r->cp->tools.choice != SRV_TOOL_AUTO ? 0
-                  : srv_tools_releasable(&(srv_tools){.choice = SRV_TOOL_AUTO, .out = r->cp->tools.out}, text,
-                                         ch->text.len);
-    int rc = release_content(r, index, upto);
+    int rc = OUT_OK;
+    if (!ch->calls) /* no call after all: the held text is content */
+        rc = release_content(r, index, ch->text.len);
+    else if (ch->content && strlen(ch->content) > ch->sent) { /* the rest of the text around the calls */
+        /* what went out is where the content starts: streaming stops before the first call */
+        rc = sse_send(r->c, chunk(r, index, ch->content + ch->sent, strlen(ch->content) - ch->sent, NULL, NULL));
+        ch->sent = strlen(ch->content);
+    }
     size_t i;
     json_t *c;
     json_array_foreach(ch->calls, i, c) {
@@ -353,7 +356,7 @@ static int on_token(run *r, const llm_event *ev)
             return OUT_NOMEM;
         if (!r->cp->stream)
             return OUT_OK;
-        return release_content(r, ev->index, srv_tools_releasable(&r->cp->tools, ch->text.p, ch->text.len));
+        return release_content(r, ev->index, srv_tools_releasable(&r->cp->tools, ch->text.p, ch->text.len, ch->sent));
     }
     json_t *lp = ch->lp;
     ch->lp = NULL;

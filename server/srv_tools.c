@@ -40,15 +40,12 @@ const char *srv_tools_format_name(srv_tool_format f)
 
 /* ---- the request --------------------------------------------------------------------------- */
 
+static size_t name_end(const char *s, size_t n, size_t at);
+
 static int name_ok(const char *s)
 {
     size_t n = s ? strlen(s) : 0;
-    if (n == 0 || n > 64)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-' && s[i] != '.')
-            return 0;
-    return 1;
+    return n > 0 && n <= 64 && name_end(s, n, 0) == n;
 }
 
 static json_t *tool_fn(json_t *tool)
@@ -258,8 +255,8 @@ static void call_id(srv_tool_format f, char out[32])
 }
 
 /* One OpenAI tool call for name(args), or NULL when name is not a tool or
- * args not an object (a JSON text of one counts). */
-static json_t *make_call(const srv_tools *t, const char *name, json_t *args)
+ * args not an object (a JSON text of one counts), or memory ran out (*oom). */
+static json_t *make_call(const srv_tools *t, const char *name, json_t *args, int *oom)
 {
     json_t *parsed = NULL;
     if (json_is_string(args))
@@ -275,6 +272,7 @@ static json_t *make_call(const srv_tools *t, const char *name, json_t *args)
                               "arguments", a)
                   : NULL;
     free(a);
+    *oom |= !c;
     return c;
 }
 
@@ -290,18 +288,25 @@ static json_t *json_at(const char *s, size_t n, size_t *used)
     return v;
 }
 
-static int push(json_t *calls, json_t *c)
+static int push(json_t *calls, json_t *c, int *oom)
 {
-    return c && !json_array_append_new(calls, c) ? 0 : -1;
+    if (!c)
+        return -1;
+    if (json_array_append_new(calls, c)) {
+        *oom = 1;
+        return -1;
+    }
+    return 0;
 }
 
 /* {"name": ..., args_key: {...}} -> a call, or -1. */
-static int object_call(const srv_tools *t, json_t *o, const char *args_key, json_t *calls)
+static int object_call(const srv_tools *t, json_t *o, const char *args_key, json_t *calls, int *oom)
 {
     json_t *args = json_object_get(o, args_key);
     if (!args && !strcmp(args_key, "parameters"))
         args = json_object_get(o, "arguments");
-    return json_is_object(o) ? push(calls, make_call(t, json_string_value(json_object_get(o, "name")), args)) : -1;
+    return json_is_object(o) ? push(calls, make_call(t, json_string_value(json_object_get(o, "name")), args, oom), oom)
+                             : -1;
 }
 
 static int skip(const char **p, const char *end, const char *marker)
@@ -322,7 +327,7 @@ static int blank(const char *p, const char *end)
 }
 
 /* <tool_call>{...}</tool_call> blocks; the text around them is content. */
-static int hermes_calls(const srv_tools *t, const char *s, size_t n, json_t *calls, llm_strbuf *content)
+static int hermes_calls(const srv_tools *t, const char *s, size_t n, json_t *calls, llm_strbuf *content, int *oom)
 {
     const char *p = s, *end = s + n;
     for (;;) {
@@ -334,7 +339,7 @@ static int hermes_calls(const srv_tools *t, const char *s, size_t n, json_t *cal
         llm_strbuf_append(content, p, (size_t)(open - p));
         size_t used;
         json_t *o = json_at(open + 11, (size_t)(end - open - 11), &used);
-        int bad = object_call(t, o, "arguments", calls);
+        int bad = object_call(t, o, "arguments", calls, oom);
         json_decref(o);
         if (bad)
             return -1;
@@ -344,7 +349,7 @@ static int hermes_calls(const srv_tools *t, const char *s, size_t n, json_t *cal
 }
 
 /* [TOOL_CALLS] then [{...}, ...] or name[ARGS]{...} (markers optional). */
-static int mistral_calls(const srv_tools *t, const char *s, size_t n, json_t *calls)
+static int mistral_calls(const srv_tools *t, const char *s, size_t n, json_t *calls, int *oom)
 {
     const char *p = s, *end = s + n;
     while (skip(&p, end, "[TOOL_CALLS]") || !blank(p, end)) {
@@ -355,7 +360,7 @@ static int mistral_calls(const srv_tools *t, const char *s, size_t n, json_t *ca
             size_t i;
             json_t *o;
             int bad = !json_is_array(a) || json_array_size(a) == 0;
-            json_array_foreach(a, i, o) bad |= object_call(t, o, "arguments", calls);
+            json_array_foreach(a, i, o) bad |= object_call(t, o, "arguments", calls, oom);
             json_decref(a);
             if (bad)
                 return -1;
@@ -363,14 +368,19 @@ static int mistral_calls(const srv_tools *t, const char *s, size_t n, json_t *ca
             continue;
         }
         const char *name = p;
-        while (p < end && (isalnum((unsigned char)*p) || *p == '_' || *p == '-' || *p == '.')) p++;
+        p = s + name_end(s, n, (size_t)(p - s));
         char nm[80];
         if (p == name || p - name >= (long)sizeof nm)
             return -1;
         snprintf(nm, sizeof nm, "%.*s", (int)(p - name), name);
-        skip(&p, end, "[ARGS]");
+        if (end - p >= 6 && !memcmp(p, "[ARGS]", 6)) { /* written out (a forced call's prefill): blanks may follow */
+            p += 6;
+            while (p < end && isspace((unsigned char)*p)) p++;
+        }
+        if (p >= end || *p != '{') /* else the arguments right after the name, as streaming holds them */
+            return -1;
         json_t *args = json_at(p, (size_t)(end - p), &used);
-        int bad = push(calls, make_call(t, nm, args));
+        int bad = push(calls, make_call(t, nm, args, oom), oom);
         json_decref(args);
         if (bad)
             return -1;
@@ -379,30 +389,32 @@ static int mistral_calls(const srv_tools *t, const char *s, size_t n, json_t *ca
     return json_array_size(calls) ? 0 : -1;
 }
 
-json_t *srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, char **content)
+int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, json_t **out, char **content)
 {
     *content = NULL;
+    *out = NULL;
+    int oom = 0;
     llm_strbuf all = {0}, rest = {0};
     llm_strbuf_append(&all, prefill ? prefill : "", prefill ? strlen(prefill) : 0);
     llm_strbuf_append(&all, text, n);
     json_t *calls = json_array();
     const char *s = all.p ? all.p : "", *end = s + all.len, *p = s;
-    int bad = !calls || all.failed;
+    int bad = oom = !calls || all.failed;
     if (!bad && t->out == SRV_TOOLS_HERMES)
-        bad = hermes_calls(t, s, all.len, calls, &rest);
+        bad = hermes_calls(t, s, all.len, calls, &rest, &oom);
     else if (!bad && (t->out == SRV_TOOLS_MISTRAL || t->out == SRV_TOOLS_MISTRAL_ARGS))
-        bad = mistral_calls(t, s, all.len, calls);
+        bad = mistral_calls(t, s, all.len, calls, &oom);
     else if (!bad) { /* one JSON object is the whole answer */
         size_t used;
         skip(&p, end, "<|python_tag|>");
         json_t *o = json_at(p, (size_t)(end - p), &used);
         if (t->out == SRV_TOOLS_LLAMA3)
-            bad = object_call(t, o, "parameters", calls);
+            bad = object_call(t, o, "parameters", calls, &oom);
         else {
             json_t *list = json_object_get(o, "tool_calls"), *c;
             size_t i;
             bad = !json_is_array(list) || json_array_size(list) == 0;
-            json_array_foreach(list, i, c) bad |= object_call(t, c, "arguments", calls);
+            json_array_foreach(list, i, c) bad |= object_call(t, c, "arguments", calls, &oom);
         }
         json_decref(o);
         bad |= !blank(p + used, end);
@@ -413,40 +425,57 @@ json_t *srv_tools_extract(const srv_tools *t, const char *prefill, const char *t
         llm_strbuf_free(&rest);
         llm_strbuf_append(&rest, text, n);
     }
-    if (rest.len && !blank(rest.p, rest.p + rest.len))
-        *content = llm_strbuf_take(&rest);
+    oom |= rest.failed;
+    if (!oom && rest.len && !blank(rest.p, rest.p + rest.len) && !(*content = llm_strbuf_take(&rest)))
+        oom = 1;
     llm_strbuf_free(&rest);
     llm_strbuf_free(&all);
-    return calls;
+    if (oom) {
+        json_decref(calls);
+        return -1;
+    }
+    *out = calls;
+    return 0;
 }
 
-size_t srv_tools_releasable(const srv_tools *t, const char *text, size_t n)
+/* The end of a tool name's characters (a-z A-Z 0-9 _ - .) from at. */
+static size_t name_end(const char *s, size_t n, size_t at)
 {
+    while (at < n && (isalnum((unsigned char)s[at]) || s[at] == '_' || s[at] == '-' || s[at] == '.')) at++;
+    return at;
+}
+
+size_t srv_tools_releasable(const srv_tools *t, const char *text, size_t n, size_t from)
+{
+    if (n == 0 || from > n)
+        return n;
     if (t->choice == SRV_TOOL_NONE)
         return n;
     if (t->choice != SRV_TOOL_AUTO)
         return 0; /* a forced answer is all call */
-    if (t->out == SRV_TOOLS_HERMES) {
-        const char *open = memmem(text, n, "<tool_call>", 11);
+    if (t->out == SRV_TOOLS_HERMES) { /* text before from held no tag: look from there on */
+        const char *open = memmem(text + from, n - from, "<tool_call>", 11);
         if (open)
             return (size_t)(open - text);
-        for (size_t k = n < 10 ? n : 10; k > 0; k--) /* a tail that may be the tag's start waits */
+        for (size_t k = n - from < 10 ? n - from : 10; k > 0; k--) /* a tail that may be the tag's start waits */
             if (!memcmp(text + n - k, "<tool_call>", k))
                 return n - k;
         return n;
     }
-    /* the other formats put the call first: hold an answer that starts like one */
+    if (from > 0) /* the other formats put the call first: once content went out, all of it is content */
+        return n;
     size_t k = 0;
     while (k < n && isspace((unsigned char)text[k])) k++;
     if (k == n)
         return 0;
     char c = text[k];
-    int may = c == '{' || c == '<' || ((t->out == SRV_TOOLS_MISTRAL || t->out == SRV_TOOLS_MISTRAL_ARGS) &&
-                                       (c == '[' || isalpha((unsigned char)c)));
-    if (t->out == SRV_TOOLS_MISTRAL_ARGS && may && isalpha((unsigned char)c)) { /* name[ARGS]{...}: a name, then { */
-        size_t j = k;
-        while (j < n && (isalnum((unsigned char)text[j]) || text[j] == '_' || text[j] == '-' || text[j] == '.')) j++;
-        may = j == n || text[j] == '{' || text[j] == '[';
+    int mistral = t->out == SRV_TOOLS_MISTRAL || t->out == SRV_TOOLS_MISTRAL_ARGS;
+    if (c == '{' || c == '<' || (mistral && c == '['))
+        return 0;
+    if (t->out == SRV_TOOLS_MISTRAL_ARGS && name_end(text, n, k) > k) { /* name[ARGS]{...}: a name, then {[ */
+        size_t j = name_end(text, n, k);
+        if (j == n || text[j] == '{' || text[j] == '[')
+            return 0;
     }
-    return may ? 0 : n;
+    return n;
 }

@@ -63,14 +63,18 @@ int srv_tools_forced(srv_tools *t, char **prefill, char **grammar, struct srv_er
  * them (malloc'd), or NULL when memory ran out. */
 char *srv_tools_instructions(const srv_tools *t);
 
-/* The calls in a model's answer (prefill, then text): a JSON array of
- * OpenAI tool calls, or NULL when the answer holds no valid call (then it
- * is all content). *content gets the text outside the calls (malloc'd;
- * NULL when there is none). Calls name only the request's tools. */
-json_t *srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, char **content);
+/* The calls in a model's answer (prefill, then text): *calls a JSON array
+ * of OpenAI tool calls, or NULL when the answer holds no valid call (then
+ * it is all content); *content the text outside the calls (malloc'd; NULL
+ * when there is none). Calls name only the request's tools. 0, or -1 when
+ * memory ran out (nothing is returned then). */
+int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, json_t **calls,
+                      char **content);
 
-/* Streaming: how many bytes of the answer so far may go out as content
- * (the rest may be, or start, a call). */
-size_t srv_tools_releasable(const srv_tools *t, const char *text, size_t n);
+/* Streaming: how many bytes of the answer so far (text, n bytes, of which
+ * the first from went out already, and this said so) may go out as
+ * content; the rest may be, or start, a call. Looks only past from where
+ * it can, so a stream costs linear time. */
+size_t srv_tools_releasable(const srv_tools *t, const char *text, size_t n, size_t from);
 
 #endif

@@ -3,7 +3,7 @@
 # top-level Makefile's `fuzz` target.
 FUZZ_TIME ?= 20
 FUZZ_BUILD = build-fuzz
-FUZZ_SRC = common/status.c engine/quant.c engine/gguf.c engine/unicode.c engine/unicode_data.c \
+FUZZ_SRC = common/status.c common/hash.c engine/quant.c engine/gguf.c engine/unicode.c engine/unicode_data.c \
            engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Icommon/include -Iengine/include -Iengine \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
@@ -91,7 +91,7 @@ $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) -lcivetweb -ljansson -lcrypto -lm -lpthread -o $@
 
 GRAMMAR_SRC = engine/grammar.c engine/gmatch.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c engine/unicode.c \
-              engine/unicode_data.c engine/gguf.c engine/quant.c common/status.c
+              engine/unicode_data.c engine/gguf.c engine/quant.c common/status.c common/hash.c
 $(FUZZ_BUILD)/fuzz_grammar: tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) $(wildcard engine/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"

@@ -115,6 +115,10 @@ def conversations():
         out.append((f"tools_call-gen{int(gen)}", tc))
     out.append(("kwargs_thinking", {"messages": [u1], "add_generation_prompt": True, "bos_token": "<s>",
                                     "eos_token": "</s>", "enable_thinking": False}))
+    # the variables Fireworks' template reads (its own serving stack passes them)
+    out.append(("kwargs_functions", {"messages": [sys_, u1], "add_generation_prompt": True, "bos_token": "<s>",
+                                     "eos_token": "</s>", "functions": json.dumps([WEATHER["function"]]),
+                                     "datetime": "2025-12-03"}))
     return out
 
 
@@ -154,8 +158,9 @@ def tenant_texts(variables):
             for k, x in v.items():
                 out.append(k)
                 walk(x)
-    walk(variables["messages"])
-    walk(variables.get("tools", []))
+    for k, v in variables.items():  # all but the server's own variables come from the request
+        if k not in ("bos_token", "eos_token", "add_generation_prompt"):
+            walk(v)
     return out
 
 
@@ -197,6 +202,7 @@ def test_template_matches_jinja2(path):
         kinds = {oracle(src, v)[0] for _, v in CASES}
         assert kinds == {"compile"}, f"ours refuses to compile ({compile_error}); jinja2 does: {kinds}"
         return
+    assert len(got) == len(CASES), f"{len(got)} answers for {len(CASES)} cases"
     bad, matched = [], 0
     for (name, variables), g in zip(CASES, got):
         kind, want = oracle(src, variables)
@@ -216,6 +222,7 @@ def test_template_matches_jinja2(path):
         matched += 1
         bad += [f"{name}: {p}" for p in span_problems(g["text"], [tuple(s) for s in g["spans"]], variables)]
     assert not bad, "\n".join(bad[:20])
+    assert matched > 0, "jinja2 raised on every conversation: nothing was compared"
 
 
 # ---- the language, snippet by snippet and on random expressions ----------------------------------
@@ -310,8 +317,9 @@ def differences(templates, variables):
     address (<generator object f at 0x...>): both sides' become <object>."""
     import re
     obj = re.compile(r"<[\w ]*object[\w ]*(?: at 0x[0-9a-f]+)?>")
-    bad = []
-    for t, g in zip(templates, ours_each(templates, variables)):
+    bad, answers = [], ours_each(templates, variables)
+    assert len(answers) == len(templates), f"{len(answers)} answers for {len(templates)} templates"
+    for t, g in zip(templates, answers):
         kind, want = oracle(t, variables)
         if kind == "ok":
             want = obj.sub("<object>", want)

@@ -79,21 +79,9 @@ def test_named_and_required_calls(fmt_srv):
 def test_stream_deltas_add_up_to_the_calls(fmt_srv):
     name, s = fmt_srv
     whole = ask(s, tool_choice="required").choices[0].message.tool_calls
-    calls, finish, content = {}, None, ""
-    for ch in ask(s, tool_choice="required", stream=True):
-        if not ch.choices:
-            continue
-        d = ch.choices[0].delta
-        content += d.content or ""
-        for tc in d.tool_calls or []:
-            c = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
-            c["id"] += tc.id or ""
-            c["name"] += tc.function.name or ""
-            c["arguments"] += tc.function.arguments or ""
-        finish = ch.choices[0].finish_reason or finish
+    content, calls, finish = collect_stream(ask(s, tool_choice="required", stream=True))
     assert finish == "tool_calls" and content == "", (name, content)
-    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == \
-           [(c.function.name, json.loads(c.function.arguments)) for c in whole]
+    assert calls == [(c.function.name, json.loads(c.function.arguments)) for c in whole]
 
 
 def test_round_trip(fmt_srv):
@@ -129,3 +117,36 @@ def test_bad_tool_requests(fmt_srv):
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(model=NAME, messages=ASK, max_tokens=4, **kw)
         assert e.value.body["param"] == param, (kw, e.value.body)
+
+
+def collect_stream(stream):
+    """(content, [(name, arguments)], finish) from a chat stream's deltas."""
+    calls, finish, content = {}, None, ""
+    for ch in stream:
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        content += d.content or ""
+        for tc in d.tool_calls or []:
+            c = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+            c["name"] += tc.function.name or ""
+            c["arguments"] += tc.function.arguments or ""
+        finish = ch.choices[0].finish_reason or finish
+    return content, [(c["name"], json.loads(c["arguments"])) for c in calls.values()], finish
+
+
+@pytest.mark.parametrize("prompt", ["What is the weather in Paris?", "Add 2 and 3.", "Say hello."])
+def test_auto_stream_equals_whole(fmt_srv, prompt):
+    """tool_choice auto, greedy: whatever the model writes (text, calls or
+    both), the stream's content and calls are the whole answer's."""
+    name, s = fmt_srv
+    msgs = [{"role": "user", "content": prompt}]
+    whole = ask(s, messages=msgs, tool_choice="auto", max_tokens=48).choices[0]
+    content, calls, finish = collect_stream(ask(s, messages=msgs, tool_choice="auto", max_tokens=48, stream=True))
+    assert finish == whole.finish_reason, name
+    assert calls == [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls or []]
+    if whole.message.tool_calls:
+        check_calls(whole.message.tool_calls, {"add", "get_weather"})
+        assert content.strip() == (whole.message.content or "").strip()
+    else:
+        assert content == whole.message.content

@@ -132,8 +132,8 @@ static void test_value_api_takes_nulls(void **state)
 }
 
 typedef struct shared_tmpl {
-    llm_jinja *t;
-    int ok;
+    const llm_jinja *t;
+    int ok; /* this thread's own result */
 } shared_tmpl;
 
 static void *render_many(void *arg)
@@ -160,15 +160,21 @@ static void *render_many(void *arg)
 static void test_one_template_many_threads(void **state)
 {
     (void)state;
-    shared_tmpl s = {.ok = 1};
+    llm_jinja *t = NULL;
     llm_error err = {0};
     const char *src = "{% set ns = namespace(n=0) %}{% for v in l %}{% set ns.n = ns.n + v %}{% endfor %}{{ ns.n }}";
-    assert_int_equal(llm_jinja_compile(src, strlen(src), &s.t, &err), LLM_OK);
+    assert_int_equal(llm_jinja_compile(src, strlen(src), &t, &err), LLM_OK);
+    shared_tmpl s[4];
     pthread_t th[4];
-    for (int i = 0; i < 4; i++) assert_int_equal(pthread_create(&th[i], NULL, render_many, &s), 0);
-    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
-    assert_true(s.ok);
-    llm_jinja_free(s.t);
+    for (int i = 0; i < 4; i++) {
+        s[i] = (shared_tmpl){t, 1};
+        assert_int_equal(pthread_create(&th[i], NULL, render_many, &s[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_true(s[i].ok);
+    }
+    llm_jinja_free(t);
 }
 
 int main(void)

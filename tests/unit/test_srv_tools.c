@@ -8,6 +8,7 @@
 #include "testutil.h"
 
 #include "srv.h"
+#include "srv_chat.h"
 #include "srv_tools.h"
 
 static json_t *g_body;
@@ -31,7 +32,8 @@ static void expect(srv_tool_format f, const char *text, const char *want_calls, 
 {
     srv_tools t = tools_for(f, NULL);
     char *content = NULL, got[512] = "";
-    json_t *calls = srv_tools_extract(&t, NULL, text, strlen(text), &content);
+    json_t *calls = NULL;
+    assert_int_equal(srv_tools_extract(&t, NULL, text, strlen(text), &calls, &content), 0);
     size_t i;
     json_t *c;
     json_array_foreach(calls, i, c) {
@@ -96,6 +98,7 @@ static void test_llama3_mistral_generic(void **state)
     expect(SRV_TOOLS_MISTRAL_ARGS, "add{\"a\": 1, \"b\": 2}add{\"a\": 3, \"b\": 4}", "add({\"a\":1,\"b\":2});add({\"a\":3,\"b\":4});",
            NULL);
     expect(SRV_TOOLS_MISTRAL_ARGS, "Hello there", "none", "Hello there");
+    expect(SRV_TOOLS_MISTRAL_ARGS, "add {\"a\": 1}", "none", "add {\"a\": 1}"); /* streamed as content: not a call */
     expect(SRV_TOOLS_GENERIC, " {\"tool_calls\": [{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}]}\n",
            "add({\"a\":1,\"b\":2});", NULL);
     expect(SRV_TOOLS_GENERIC, "{\"answer\": 4}", "none", "{\"answer\": 4}");
@@ -108,15 +111,24 @@ static void test_streaming_holds_back_calls(void **state)
     srv_tools h = tools_for(SRV_TOOLS_HERMES, NULL), l = tools_for(SRV_TOOLS_LLAMA3, NULL);
     srv_tools req = tools_for(SRV_TOOLS_HERMES, "required"), none = tools_for(SRV_TOOLS_HERMES, "none");
     const char *t1 = "Sure, <tool_c";
-    assert_int_equal(srv_tools_releasable(&h, t1, strlen(t1)), 6); /* "<tool_c" may be the tag */
+    assert_int_equal(srv_tools_releasable(&h, t1, strlen(t1), 0), 6); /* "<tool_c" may be the tag */
     const char *t2 = "Sure, <tool_cab> is not it";
-    assert_int_equal(srv_tools_releasable(&h, t2, strlen(t2)), strlen(t2));
+    assert_int_equal(srv_tools_releasable(&h, t2, strlen(t2), 0), strlen(t2));
     const char *t3 = "Sure.<tool_call>{\"na";
-    assert_int_equal(srv_tools_releasable(&h, t3, strlen(t3)), 5);
-    assert_int_equal(srv_tools_releasable(&l, "  {\"name", 8), 0);
-    assert_int_equal(srv_tools_releasable(&l, "The", 3), 3);
-    assert_int_equal(srv_tools_releasable(&req, "The", 3), 0); /* a forced answer is all call */
-    assert_int_equal(srv_tools_releasable(&none, "<tool_call>", 11), 11);
+    assert_int_equal(srv_tools_releasable(&h, t3, strlen(t3), 0), 5);
+    assert_int_equal(srv_tools_releasable(&l, "  {\"name", 8, 0), 0);
+    assert_int_equal(srv_tools_releasable(&l, "The", 3, 0), 3);
+    assert_int_equal(srv_tools_releasable(&req, "The", 3, 0), 0); /* a forced answer is all call */
+    assert_int_equal(srv_tools_releasable(&none, "<tool_call>", 11, 0), 11);
+    /* past what went out: a later tag is found, earlier text is not looked at again */
+    const char *t4 = "Hi there. More<tool_call>{";
+    assert_int_equal(srv_tools_releasable(&h, t4, strlen(t4), 9), 14);
+    assert_int_equal(srv_tools_releasable(&l, "The {\"name\"", 12, 3), 12); /* content went out: no call now */
+    srv_tools ma = tools_for(SRV_TOOLS_MISTRAL_ARGS, NULL);
+    assert_int_equal(srv_tools_releasable(&ma, "get_weather", 11, 0), 0);
+    assert_int_equal(srv_tools_releasable(&ma, "get_weather{", 12, 0), 0);
+    assert_int_equal(srv_tools_releasable(&ma, "get_weather is", 14, 0), 14); /* and then parsed as content */
+    json_decref(ma.tools);
     json_decref(h.tools);
     json_decref(l.tools);
     json_decref(req.tools);
@@ -139,11 +151,7 @@ static void test_formats_of_real_templates(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char rel[256], buf[512];
         snprintf(rel, sizeof rel, "testdata/chat-templates/%s", cases[i].file);
-        const char *path = shared_path(rel, buf, sizeof buf);
-        if (!path) {
-            print_message("skipped: ../shared/%s not present\n", rel);
-            continue;
-        }
+        SKIP_UNLESS_SHARED(path, rel, buf);
         FILE *f = fopen(path, "rb");
         assert_non_null(f);
         static char text[1 << 17];
@@ -196,6 +204,58 @@ static void test_bad_requests(void **state)
     json_decref(body);
 }
 
+/* Assistant tool_calls reach a template with their arguments as objects
+ * (a JSON text of one parsed), and a tool's result as it was sent; in the
+ * generic format (a template without tools) the calls become the JSON
+ * text the model is told to write and the result a user turn. */
+static void test_history_reaches_the_template(void **state)
+{
+    (void)state;
+    static const char tmpl[] =
+        "{% for m in messages %}[{{ m.role }}]{% for c in m.tool_calls | default([]) %}"
+        "{{ c.function.name }}:{{ c.function.arguments is mapping }}:{{ c.function.arguments.city }};"
+        "{% endfor %}{{ m.content }}{% endfor %}{{ tools | length }}";
+    static char none[] = "";
+    srv_chat chat = {.bos = none, .eos = none, .tools = SRV_TOOLS_HERMES}, fam = {.bos = none, .eos = none};
+    llm_error err = {0};
+    assert_int_equal(llm_jinja_compile(tmpl, strlen(tmpl), &chat.tmpl, &err), LLM_OK);
+    json_t *body = json_loads(
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"weather?\"}, {\"role\": \"assistant\", \"content\": null, "
+        "\"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+        "\"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"call_1\", "
+        "\"content\": \"21 C\"}]}", 0, NULL);
+    assert_non_null(body);
+    json_object_set(body, "tools", json_object_get(g_body, "tools"));
+    srv_tools t;
+    srv_err e = {0};
+    assert_int_equal(srv_tools_parse(body, SRV_TOOLS_HERMES, &t, &e), 0);
+    llm_span *sp = NULL;
+    int n = 0;
+    char *text = srv_chat_render(&chat, body, 1000, &t, &sp, &n, &e);
+    if (!text)
+        fail_msg("render: %s", e.msg);
+    assert_string_equal(text, "[user]weather?[assistant]get_weather:True:Paris;[tool]21 C2");
+    free(text);
+    free(sp);
+    fam.family = LLM_CHAT_CHATML; /* the built-in renderer: generic */
+    text = srv_chat_render(&fam, body, 1000, &t, &sp, &n, &e);
+    if (!text)
+        fail_msg("render: %s", e.msg);
+    assert_non_null(strstr(text, "You can call these tools"));
+    assert_non_null(strstr(text, "<|im_start|>assistant\n{\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}]}"));
+    assert_non_null(strstr(text, "<|im_start|>user\nTool result for call_1: 21 C"));
+    free(text);
+    free(sp);
+    /* a call without a name is the client's mistake: a 400 */
+    json_t *asst = json_array_get(json_object_get(body, "messages"), 1);
+    json_object_del(json_object_get(json_array_get(json_object_get(asst, "tool_calls"), 0), "function"), "name");
+    assert_null(srv_chat_render(&chat, body, 1000, &t, &sp, &n, &e));
+    assert_int_equal(e.status, 400);
+    assert_non_null(strstr(e.msg, "tool_calls[0]"));
+    json_decref(body);
+    llm_jinja_free(chat.tmpl);
+}
+
 int main(void)
 {
     g_body = json_loads("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
@@ -207,6 +267,7 @@ int main(void)
         cmocka_unit_test(test_streaming_holds_back_calls),
         cmocka_unit_test(test_formats_of_real_templates),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_history_reaches_the_template),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     json_decref(g_body);

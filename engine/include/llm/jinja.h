@@ -25,9 +25,9 @@
  *
  * Bounds: a render fails with LLM_ERR_TEMPLATE once it has used more than
  * llm_jinja_limits.max_bytes of memory or max_steps evaluation steps
- * (LLM_ERR_NOMEM is for the system's memory running out), or
- * nests macros, values or expressions deeper than 256; the template text
- * is at most 1 MiB.
+ * (LLM_ERR_NOMEM is for the system's memory running out), nests macro
+ * calls deeper than 64 or values or expressions deeper than 256; the
+ * template text is at most LLM_JINJA_MAX_SRC.
  *
  * Ownership: a compiled llm_jinja is immutable and may render from several
  * threads at once. Values live in an llm_jctx (an arena): made there, freed
@@ -39,6 +39,8 @@
 
 #include "llm/status.h"
 #include "llm/tokenizer.h"
+
+#define LLM_JINJA_MAX_SRC ((size_t)1 << 20) /* template text, bytes */
 
 typedef struct llm_jinja llm_jinja;
 typedef struct llm_jctx llm_jctx;
@@ -71,10 +73,11 @@ llm_jv *llm_jv_float(llm_jctx *c, double f);
 llm_jv *llm_jv_str(llm_jctx *c, const char *s, size_t n, int tenant);
 llm_jv *llm_jv_list(llm_jctx *c);
 llm_jv *llm_jv_dict(llm_jctx *c);
-/* Appends v to list; LLM_ERR_NOMEM (or LLM_ERR_INVALID_ARG for a NULL or
- * a non-list). */
+/* Appends v to list; LLM_ERR_NOMEM (also for a NULL list or v, which is
+ * what a failed constructor gave), LLM_ERR_INVALID_ARG for a non-list. */
 llm_status llm_jv_append(llm_jctx *c, llm_jv *list, llm_jv *v);
-/* Sets dict[key] = v (a key made with llm_jv_str, tenant as given). */
+/* Sets dict[key] = v (a key made with llm_jv_str, tenant as given); errors
+ * as llm_jv_append (a non-dict is LLM_ERR_INVALID_ARG). */
 llm_status llm_jv_set(llm_jctx *c, llm_jv *dict, const char *key, size_t key_len, int tenant, llm_jv *v);
 
 /* Renders t with the variables of vars (a dict). Returns the text
