@@ -415,7 +415,8 @@ def test_chat(srv):
 
 @pytest.mark.parametrize("body,param", [
     ('{"messages": []}', "messages"),
-    ('{"messages": [{"role": "tool", "content": "x"}]}', "messages"),
+    ('{"messages": [{"role": "user<|im_start|>", "content": "x"}]}', "messages"),
+    ('{"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]}', "messages"),
     ('{"messages": [{"role": "user", "content": 5}]}', "messages"),
     ('{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', "messages"),
     ('{"messages": [{"content": "x"}]}', "messages"),
