@@ -1128,12 +1128,18 @@ static const named_fn FILTERS[] = {
     {"reject", f_reject}, {"selectattr", f_selectattr}, {"rejectattr", f_rejectattr}, {"map", f_map},
     {NULL, NULL}};
 
+/* The function called name in a table ending with {NULL, NULL}, or NULL. */
+static jx_builtin find_fn(const named_fn *t, const char *name)
+{
+    for (int i = 0; t[i].name; i++)
+        if (!strcmp(t[i].name, name))
+            return t[i].fn;
+    return NULL;
+}
+
 jx_builtin jx_filter_fn(const char *name)
 {
-    for (int i = 0; FILTERS[i].name; i++)
-        if (!strcmp(FILTERS[i].name, name))
-            return FILTERS[i].fn;
-    return NULL;
+    return find_fn(FILTERS, name);
 }
 
 /* ---- tests ----------------------------------------------------------------------------------------- */
@@ -1274,10 +1280,7 @@ static const named_fn TESTS[] = {
 
 jx_builtin jx_test_fn(const char *name)
 {
-    for (int i = 0; TESTS[i].name; i++)
-        if (!strcmp(TESTS[i].name, name))
-            return TESTS[i].fn;
-    return NULL;
+    return find_fn(TESTS, name);
 }
 
 /* ---- globals ---------------------------------------------------------------------------------------- */
@@ -1357,8 +1360,5 @@ static const named_fn GLOBALS[] = {{"range", g_range}, {"namespace", g_namespace
 
 jx_builtin jx_global_fn(const char *name)
 {
-    for (int i = 0; GLOBALS[i].name; i++)
-        if (!strcmp(GLOBALS[i].name, name))
-            return GLOBALS[i].fn;
-    return NULL;
+    return find_fn(GLOBALS, name);
 }

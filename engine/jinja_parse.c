@@ -604,6 +604,31 @@ static jx_node *parse_filter_expr(parser *P, jx_node *n)
     }
 }
 
+/* [a, b, ...] or {k: v, ...} (a trailing comma allowed), the opening
+ * bracket current; a dict's kids alternate key, value. */
+static jx_node *parse_items(parser *P)
+{
+    int dict = is_op(P, "{");
+    const char *close = dict ? "}" : "]";
+    nvec v = {0};
+    P->at++;
+    while (!is_op(P, close)) {
+        if (v.n)
+            expect_op(P, ",");
+        if (is_op(P, close))
+            break;
+        nv_push(P, &v, parse_expr(P, 1), NULL);
+        if (dict) {
+            expect_op(P, ":");
+            nv_push(P, &v, parse_expr(P, 1), NULL);
+        }
+    }
+    P->at++;
+    jx_node *n = mk(P, dict ? JN_DICT : JN_LIST);
+    set_kids(n, &v);
+    return n;
+}
+
 static jx_node *parse_primary(parser *P)
 {
     tok *k = cur(P);
@@ -638,34 +663,8 @@ static jx_node *parse_primary(parser *P)
         P->at++;
         n = parse_tuple(P, 1, 1);
         expect_op(P, ")");
-    } else if (is_op(P, "[")) {
-        P->at++;
-        nvec v = {0};
-        while (!is_op(P, "]")) {
-            if (v.n)
-                expect_op(P, ",");
-            if (is_op(P, "]"))
-                break;
-            nv_push(P, &v, parse_expr(P, 1), NULL);
-        }
-        P->at++;
-        n = mk(P, JN_LIST);
-        set_kids(n, &v);
-    } else if (is_op(P, "{")) {
-        P->at++;
-        nvec v = {0};
-        while (!is_op(P, "}")) {
-            if (v.n)
-                expect_op(P, ",");
-            if (is_op(P, "}"))
-                break;
-            nv_push(P, &v, parse_expr(P, 1), NULL);
-            expect_op(P, ":");
-            nv_push(P, &v, parse_expr(P, 1), NULL);
-        }
-        P->at++;
-        n = mk(P, JN_DICT);
-        set_kids(n, &v);
+    } else if (is_op(P, "[") || is_op(P, "{")) {
+        n = parse_items(P);
     } else
         unexpected(P, "an expression");
     P->depth--;

@@ -124,12 +124,18 @@ int srv_tools_parse(json_t *body, srv_tool_format fmt, srv_tools *t, srv_err *e)
 
 /* ---- forcing a call ---------------------------------------------------------------------------- */
 
+/* Tool x's parameters schema (a new reference); none given: an empty object. */
+static json_t *params_schema(json_t *x)
+{
+    json_t *params = json_object_get(tool_fn(x), "parameters");
+    return json_is_object(params) ? json_incref(params) : json_pack("{s:s,s:{}}", "type", "object", "properties");
+}
+
 /* {"type": "object", "properties": {name: {"const": N}, args: P}, ...}: one
  * call to tool x in the order the format writes it. */
 static json_t *call_schema(json_t *x, const char *args_key)
 {
-    json_t *params = json_object_get(tool_fn(x), "parameters");
-    json_t *p = json_is_object(params) ? json_incref(params) : json_pack("{s:s,s:{}}", "type", "object", "properties");
+    json_t *p = params_schema(x);
     return json_pack("{s:s,s:{s:{s:s},s:o},s:[s,s],s:b}", "type", "object", "properties", "name", "const",
                      tool_name(x), args_key, p, "required", "name", args_key, "additionalProperties", 0);
 }
@@ -182,10 +188,9 @@ int srv_tools_forced(srv_tools *t, char **prefill, char **grammar, srv_err *e)
         break;
     case SRV_TOOLS_MISTRAL_ARGS: {
         json_t *x = t->choice == SRV_TOOL_NAMED ? find_tool(t, t->named) : json_array_get(t->tools, 0);
-        json_t *params = json_object_get(tool_fn(x), "parameters");
         snprintf(named_pre, sizeof named_pre, "[TOOL_CALLS]%s[ARGS]", tool_name(x));
         pre = named_pre;
-        schema = json_is_object(params) ? json_incref(params) : json_pack("{s:s,s:{}}", "type", "object", "properties");
+        schema = params_schema(x);
         break;
     }
     default: schema = json_pack("{s:s,s:{s:o},s:[s],s:b}", "type", "object", "properties", "tool_calls",

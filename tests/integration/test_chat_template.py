@@ -13,8 +13,6 @@ chat_template_file serves the same from a file; chat_template: builtin
 serves the built-in family instead."""
 import subprocess
 import sys
-import time
-import json
 
 import gguf
 import openai
@@ -22,7 +20,7 @@ import pytest
 
 from conftest import shared
 from test_jinja_oracle import ENV
-from test_server import NAME, Server
+from test_server import NAME, Server, failed_detail
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Name a colour."}],
@@ -147,19 +145,6 @@ def test_template_file_serves_the_same(gemma, gemma_tmpl, gemma_srv, template_fi
     embedded = Server(gemma_tmpl, "--n_ctx", "512")
     embedded.stop()
     assert "chat template: the model's Jinja template" in embedded.log
-
-
-def failed_detail(s, timeout=60):
-    """The load failure /startupz reports (the server stays up to say so)."""
-    end, body = time.time() + timeout, {}
-    while time.time() < end and body.get("phase") != "failed":
-        time.sleep(0.05)
-        try:
-            body = json.loads(s.get("/startupz")[1])
-        except OSError:
-            pass  # not listening yet
-    assert body.get("phase") == "failed", body
-    return body["detail"]
 
 
 def test_template_file_must_load_and_compile(gemma, tmp_path):

@@ -309,6 +309,19 @@ def test_shutdown_delay_keeps_serving(model):
     assert "still taking requests for 2 s" in s.log
 
 
+def failed_detail(s, timeout=60):
+    """The load failure /startupz reports (the server stays up to say so)."""
+    end, body = time.time() + timeout, {}
+    while time.time() < end and body.get("phase") != "failed":
+        time.sleep(0.05)
+        try:
+            body = json.loads(s.get("/startupz")[1])
+        except OSError:
+            pass  # not listening yet
+    assert body.get("phase") == "failed", body
+    return body["detail"]
+
+
 def test_model_sha256(model):
     """model_sha256: the right digest loads; a wrong one fails the load,
     /startupz saying so (what the controller shows as
@@ -320,14 +333,8 @@ def test_model_sha256(model):
     assert s.get("/readyz")[0] == 200
     assert s.stop() == 0
     s = Server(model, "--model_sha256", "0" * 64, wait=False)
-    end, body = time.time() + 30, {}
-    while time.time() < end and body.get("phase") != "failed":
-        time.sleep(0.05)
-        try:
-            body = json.loads(s.get("/startupz")[1])
-        except OSError:
-            pass  # not listening yet
-    assert body["phase"] == "failed" and "sha256 mismatch" in body["detail"] and digest not in body["detail"]
+    detail = failed_detail(s, 30)
+    assert "sha256 mismatch" in detail and digest not in detail
     assert s.stop() == 0
     assert digest in s.log
 
