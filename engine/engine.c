@@ -4,6 +4,7 @@
  * without the lock -> sampling without the lock -> events, finishing and
  * stats under the lock. See docs/internals/scheduler.md. */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -35,6 +36,9 @@ typedef struct eng_seq {
     llm_sample_result res; /* this step's sample (engine thread) */
     llm_error fail;        /* this step's sampling failed (code != 0): the request fails with it */
     double t_first;
+    double *pool;          /* an embedding request's (n_embd) sum of hidden rows, or the last row (engine thread) */
+    int n_pooled;          /* positions [0, n_pooled) are in pool: a recomputation after preemption skips them */
+    int h0, hn;            /* this step's hidden rows of it: [h0, h0 + hn) of the batch's hidden_rows */
 } eng_seq;
 
 struct eng_req {
@@ -43,6 +47,7 @@ struct eng_req {
     int n, n_done, n_read_done;
     eng_seq *seqs;
     int max_gen, ignore_eos;
+    llm_pooling pooling;  /* not NONE: an embedding request */
     llm_grammar *grammar;  /* compiled at submit (shared through slot, or owned when slot is NULL); NULL: none */
     struct eng_grammar *slot;
     char **stops;
@@ -92,6 +97,7 @@ struct llm_engine {
     llm_request_id next_id;
     /* step buffers (engine thread) */
     int32_t *b_tokens, *b_logit_rows, *cp_src, *cp_dst; /* copies: global pool's, then local pool's */
+    int32_t *b_hidden_rows;      /* (max_batch_tokens) rows embedding requests pool */
     llm_sample_params *b_params; /* (max_seqs) device picks of a step */
     pthread_mutex_t gv_mu;       /* builds gv once, on the first constrained request's thread */
     llm_gmatch_vocab *gv;        /* the vocabulary sorted for grammar masks; NULL until then */
@@ -127,6 +133,7 @@ static void req_free(eng_req *r)
         llm_sampler_free(r->seqs[i].smp);
         llm_gmatch_free(r->seqs[i].gm);
         textout_free(&r->seqs[i].out);
+        free(r->seqs[i].pool);
     }
     free(r->seqs);
     if (r->slot)
@@ -149,8 +156,11 @@ void llm_event_clear(llm_event *ev)
     if (!ev)
         return;
     free(ev->text);
+    free(ev->embedding);
     ev->text = NULL;
     ev->text_len = 0;
+    ev->embedding = NULL;
+    ev->n_embedding = 0;
 }
 
 static eng_req *req_find(llm_engine *e, llm_request_id id)
@@ -220,6 +230,10 @@ static llm_status check_fields(const llm_engine *e, const llm_request *rq, llm_e
     }
     if (!rq->tokens && !rq->text)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "request has neither prompt tokens nor text");
+    if (rq->pooling != LLM_POOL_NONE && rq->pooling != LLM_POOL_MEAN && rq->pooling != LLM_POOL_LAST)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "pooling %d is not one of none, mean, last", (int)rq->pooling);
+    if (rq->pooling && (rq->n > 1 || rq->grammar))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "an embedding request has one sequence and no grammar");
     (void)e;
     return LLM_OK;
 }
@@ -242,6 +256,19 @@ static llm_status prompt_ids(const llm_engine *e, const llm_request *rq, int32_t
     return LLM_OK;
 }
 
+/* An embedding request's prompt: it fits the context and the pool. */
+static llm_status embed_limit(const llm_engine *e, int n_prompt, int *max_gen, llm_error *err)
+{
+    int bs = kv_cache_block_size(e->kv), need = (n_prompt + bs - 1) / bs;
+    *max_gen = 0;
+    if (n_prompt > e->cfg.n_ctx)
+        return llm_errf(err, LLM_ERR_TOO_LONG, "input of %d tokens does not fit the context of %d", n_prompt, e->cfg.n_ctx);
+    if (need > kv_cache_n_blocks(e->kv))
+        return llm_errf(err, LLM_ERR_KV_FULL, "one sequence of %d tokens needs %d KV blocks; the pool has %d", n_prompt,
+                        need, kv_cache_n_blocks(e->kv));
+    return LLM_OK;
+}
+
 /* How many tokens each completion may generate; errors when the prompt or
  * one sequence's blocks do not fit. */
 static llm_status gen_limit(const llm_engine *e, const llm_request *rq, int n_prompt, int *max_gen, llm_error *err)
@@ -249,6 +276,8 @@ static llm_status gen_limit(const llm_engine *e, const llm_request *rq, int n_pr
     int n_ctx = e->cfg.n_ctx, bs = kv_cache_block_size(e->kv);
     if (n_prompt < 1)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "the prompt is empty");
+    if (rq->pooling) /* nothing is generated: the whole context is the prompt's */
+        return embed_limit(e, n_prompt, max_gen, err);
     if (n_prompt >= n_ctx)
         return llm_errf(err, LLM_ERR_TOO_LONG, "prompt of %d tokens does not fit the context of %d (one token must be left to generate)",
                         n_prompt, n_ctx);
@@ -369,10 +398,12 @@ static llm_status seq_init(llm_engine *e, eng_req *r, int i, const llm_request *
     for (int k = 0; k < n_prompt; k++) llm_sampler_accept(s->smp, prompt[k]);
     if (r->grammar && (st = llm_gmatch_new(r->grammar, e->gv, e->gcache, rq->cache_salt, &s->gm, err)))
         return st;
+    if (r->pooling && !(s->pool = calloc((size_t)e->m->hp.n_embd, sizeof *s->pool)))
+        return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for an embedding");
     textout_init(&s->out, (const char *const *)r->stops, r->n_stops);
     s->q = (sched_seq){.tokens = s->tokens, .n_tokens = n_prompt, .n_prompt = n_prompt, .priority = rq->priority,
                        .arrival_ms = (int64_t)r->t_submit, .fork_of = i ? &r->seqs[0].q : NULL,
-                       .salt = rq->cache_salt, .user = s};
+                       .salt = rq->cache_salt, .no_reuse = r->pooling == LLM_POOL_MEAN, .user = s};
     return LLM_OK;
 }
 
@@ -386,6 +417,7 @@ static llm_status req_new(llm_engine *e, const llm_request *rq, const int32_t *p
     r->n = rq->n ? rq->n : 1;
     r->max_gen = max_gen;
     r->ignore_eos = rq->ignore_eos;
+    r->pooling = rq->pooling;
     r->t_submit = now_ms();
     r->seqs = calloc((size_t)r->n, sizeof *r->seqs);
     r->stops = calloc((size_t)rq->n_stop + 1, sizeof *r->stops);
@@ -601,10 +633,33 @@ static int take_copies(llm_engine *e, kv_pool_id pool, int at)
 
 /* Under the lock: the plan as a forward batch; copies to make; requests
  * marked in flight so cancel waits for them. */
+/* Whether plan item i samples a token this step: its prompt is through and
+ * it generates (an embedding request pools instead). */
+static int item_samples(const llm_engine *e, int i)
+{
+    return e->s.items[i].logits && !((const eng_seq *)e->s.items[i].seq->user)->r->pooling;
+}
+
+/* The rows of item it (from batch row `row`) that embedding sequence q
+ * pools, appended to e->b_hidden_rows from *n: every position not pooled
+ * yet (mean), or the prompt's last (last). */
+static void hidden_rows(llm_engine *e, const sched_item *it, eng_seq *q, int row, int *n)
+{
+    q->h0 = *n;
+    if (q->r->pooling == LLM_POOL_MEAN) {
+        for (int t = 0; t < it->n; t++)
+            if (it->pos0 + t >= q->n_pooled)
+                e->b_hidden_rows[(*n)++] = row + t;
+    } else if (q->r->pooling == LLM_POOL_LAST && it->logits) {
+        e->b_hidden_rows[(*n)++] = row + it->n - 1;
+    }
+    q->hn = *n - q->h0;
+}
+
 static void step_prepare(llm_engine *e, llm_forward_batch *bt)
 {
     const sched *s = &e->s;
-    int row = 0, n_logits = 0;
+    int row = 0, n_logits = 0, n_hidden = 0;
     double now = now_ms();
     e->step_t0 = now;
     for (int i = 0; i < s->n_items; i++) {
@@ -612,14 +667,16 @@ static void step_prepare(llm_engine *e, llm_forward_batch *bt)
         eng_seq *q = it->seq->user;
         memcpy(e->b_tokens + row, q->tokens + it->pos0, sizeof(int32_t) * (size_t)it->n);
         e->b_seqs[i] = (llm_batch_seq){row, it->n, it->pos0, it->seq->kv.blocks, it->seq->kv.lblocks};
+        hidden_rows(e, it, q, row, &n_hidden);
         row += it->n;
-        if (it->logits)
+        if (item_samples(e, i))
             e->b_logit_rows[n_logits++] = row - 1;
         q->r->in_flight++;
         if (q->r->t_sched == 0)
             q->r->t_sched = now;
     }
-    *bt = (llm_forward_batch){e->b_tokens, row, e->b_seqs, s->n_items, e->b_logit_rows, n_logits};
+    *bt = (llm_forward_batch){e->b_tokens, row, e->b_seqs, s->n_items, e->b_logit_rows, n_logits,
+                              e->b_hidden_rows, n_hidden};
     e->n_copies = take_copies(e, KV_POOL_GLOBAL, 0);
     e->n_local_copies = take_copies(e, KV_POOL_LOCAL, e->n_copies);
     kv_cache_copies_done(e->kv);
@@ -635,11 +692,11 @@ static int all_on_device(llm_engine *e)
         return 0;
     for (int i = 0; i < e->s.n_items; i++) {
         const eng_seq *q = e->s.items[i].seq->user;
-        if (e->s.items[i].logits && (!llm_sampler_device_ok(q->smp) || q->gm))
+        if (item_samples(e, i) && (!llm_sampler_device_ok(q->smp) || q->gm))
             return 0; /* a penalty, logprobs or a grammar's mask: the host samples this step */
     }
     for (int i = 0, k = 0; i < e->s.n_items; i++)
-        if (e->s.items[i].logits)
+        if (item_samples(e, i))
             llm_sampler_device_params(((eng_seq *)e->s.items[i].seq->user)->smp, &e->b_params[k++]);
     return 1;
 }
@@ -666,7 +723,7 @@ static llm_status step_on_device(llm_engine *e, const llm_forward_batch *bt)
     if (st)
         return st;
     for (int i = 0, k = 0; i < e->s.n_items; i++) {
-        if (!e->s.items[i].logits)
+        if (!item_samples(e, i))
             continue;
         eng_seq *q = e->s.items[i].seq->user;
         q->res = (llm_sample_result){0};
@@ -689,12 +746,46 @@ static llm_status sample_one(llm_engine *e, eng_seq *q, const float *row)
     return st;
 }
 
-/* Without the lock: copies, the forward pass, and sampling (samplers and
- * the plan's items are only touched by this thread). A sequence whose
- * sampling fails keeps the error in q->fail; the others go on. */
-static llm_status step_run(llm_engine *e, const llm_forward_batch *bt)
+static llm_status step_on_host(llm_engine *e, const llm_forward_batch *bt)
 {
     const float *logits;
+    llm_status st = llm_forward_eval(e->fwd, bt, kv_cache_layers(e->kv), &logits);
+    if (st)
+        return st;
+    int k = 0, n_vocab = e->m->hp.n_vocab;
+    for (int i = 0; i < e->s.n_items; i++) {
+        if (!item_samples(e, i))
+            continue;
+        eng_seq *q = e->s.items[i].seq->user;
+        if (sample_one(e, q, logits + (size_t)k++ * n_vocab) == LLM_OK)
+            seq_take(e, q, q->res.id);
+    }
+    return LLM_OK;
+}
+
+/* After a pass: each embedding sequence's hidden rows into its pool, summed
+ * in double (a mean's division cancels in the normalisation) or, for the
+ * last position, copied. */
+static void pool_rows(llm_engine *e)
+{
+    const float *h = llm_forward_hidden(e->fwd);
+    int d = e->m->hp.n_embd;
+    for (int i = 0; h && i < e->s.n_items; i++) {
+        eng_seq *q = e->s.items[i].seq->user;
+        for (int j = 0; j < q->hn; j++) {
+            const float *row = h + (size_t)(q->h0 + j) * d;
+            for (int k = 0; k < d; k++) q->pool[k] = q->r->pooling == LLM_POOL_LAST ? row[k] : q->pool[k] + row[k];
+        }
+        q->n_pooled += q->hn;
+    }
+}
+
+/* Without the lock: copies, the forward pass, sampling and pooling
+ * (samplers, pools and the plan's items are only touched by this thread).
+ * A sequence whose sampling fails keeps the error in q->fail; the others
+ * go on. */
+static llm_status step_run(llm_engine *e, const llm_forward_batch *bt)
+{
     for (int i = 0; i < e->s.n_items; i++) ((eng_seq *)e->s.items[i].seq->user)->fail.code = LLM_OK;
     const llm_kv_layer *kv = kv_cache_layers(e->kv);
     int local = kv_cache_window(e->kv) > 0;
@@ -703,20 +794,10 @@ static llm_status step_run(llm_engine *e, const llm_forward_batch *bt)
     if (e->n_local_copies > 0)
         llm_forward_kv_copy(e->fwd, kv, LLM_KV_COPY_LOCAL, e->cp_src + e->n_copies, e->cp_dst + e->n_copies,
                             e->n_local_copies);
-    if (all_on_device(e))
-        return step_on_device(e, bt);
-    llm_status st = llm_forward_eval(e->fwd, bt, kv_cache_layers(e->kv), &logits);
-    if (st)
-        return st;
-    int k = 0, n_vocab = e->m->hp.n_vocab;
-    for (int i = 0; i < e->s.n_items; i++) {
-        if (!e->s.items[i].logits)
-            continue;
-        eng_seq *q = e->s.items[i].seq->user;
-        if (sample_one(e, q, logits + (size_t)k++ * n_vocab) == LLM_OK)
-            seq_take(e, q, q->res.id);
-    }
-    return LLM_OK;
+    llm_status st = all_on_device(e) ? step_on_device(e, bt) : step_on_host(e, bt);
+    if (!st && bt->n_hidden > 0)
+        pool_rows(e);
+    return st;
 }
 
 static void usage_of(const eng_seq *q, double now, llm_usage *u)
@@ -763,6 +844,41 @@ static void seq_finish(llm_engine *e, eng_seq *q, llm_finish why)
     }
     req_push(q->r, &ev);
     if (!q->r->failed && ++q->r->n_done == q->r->n) /* a DONE that could not be queued failed the request */
+        e->st.requests_done++;
+}
+
+/* Under the lock: an embedding request's prompt is through: DONE with its
+ * pool at unit length (an all-zero one stays zero). */
+static void embed_finish(llm_engine *e, eng_seq *q)
+{
+    int d = e->m->hp.n_embd;
+    llm_event ev = {.type = LLM_EVENT_DONE, .index = q->index, .finish = LLM_FINISH_STOP, .n_embedding = d};
+    double ss = 0;
+    for (int k = 0; k < d; k++) ss += q->pool[k] * q->pool[k];
+    llm_error why = {0};
+    if (q->r->pooling == LLM_POOL_MEAN && q->n_pooled != q->q.n_prompt)
+        llm_errf(&why, LLM_ERR_INTERNAL, "pooled %d of %d positions", q->n_pooled, q->q.n_prompt);
+    else if (!(ss == ss) || ss > 1e300)
+        llm_errf(&why, LLM_ERR_NUMERIC, "the model produced a NaN or infinite hidden state");
+    if (why.code) {
+        req_fail(e, q->r, &why);
+        return;
+    }
+    double scale = ss > 0 ? 1.0 / sqrt(ss) : 0.0;
+    ev.embedding = malloc(sizeof(float) * (size_t)d);
+    ev.text = calloc(1, 1);
+    for (int k = 0; ev.embedding && k < d; k++) ev.embedding[k] = (float)(q->pool[k] * scale);
+    q->t_first = now_ms();
+    usage_of(q, q->t_first, &ev.usage);
+    q->finished = 1;
+    sched_remove(&e->s, &q->q);
+    if (!ev.embedding || !ev.text) {
+        llm_event_clear(&ev);
+        req_fail_nomem(e, q->r, "an embedding");
+        return;
+    }
+    req_push(q->r, &ev);
+    if (!q->r->failed && ++q->r->n_done == q->r->n)
         e->st.requests_done++;
 }
 
@@ -831,6 +947,8 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
                 continue;
             if (q->fail.code)
                 req_fail(e, q->r, &q->fail);
+            else if (q->r->pooling)
+                embed_finish(e, q);
             else
                 seq_emit(e, q);
         }
@@ -987,11 +1105,12 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
         return st;
     e->b_tokens = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
     e->b_logit_rows = malloc(sizeof(int32_t) * (size_t)c->max_seqs);
+    e->b_hidden_rows = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
     e->b_params = malloc(sizeof(llm_sample_params) * (size_t)c->max_seqs);
     e->b_seqs = malloc(sizeof(llm_batch_seq) * (size_t)c->max_seqs);
     e->cp_src = malloc(sizeof(int32_t) * 2 * (size_t)n_blocks); /* the local pool is never larger */
     e->cp_dst = malloc(sizeof(int32_t) * 2 * (size_t)n_blocks);
-    if (!e->b_tokens || !e->b_logit_rows || !e->b_params || !e->b_seqs || !e->cp_src || !e->cp_dst)
+    if (!e->b_tokens || !e->b_logit_rows || !e->b_hidden_rows || !e->b_params || !e->b_seqs || !e->cp_src || !e->cp_dst)
         return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory");
     return LLM_OK;
 }
@@ -1010,6 +1129,7 @@ static void engine_free(llm_engine *e)
     kv_cache_free(e->kv);
     free(e->b_tokens);
     free(e->b_logit_rows);
+    free(e->b_hidden_rows);
     free(e->b_params);
     free(e->b_seqs);
     free(e->b_mask);

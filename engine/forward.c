@@ -22,6 +22,8 @@ struct llm_forward {
     float *last;                  /* (max_logits, n_embd) rows gathered for the output */
     float *logits;                /* (max_logits, n_vocab) */
     float *logits_host;           /* logits read back from a device; NULL on the host */
+    float *hidden_host;           /* (max_rows, n_embd) hidden rows read back from a device, made on first use */
+    const float *hidden;          /* the last pass's hidden rows (xb on the host); NULL: none asked for */
     int32_t *ids;                 /* (max_logits) picked ids */
     llm_sample_params *greedy;    /* (max_logits) argmax settings, for a device pick without p */
     llm_comm *comm;               /* tensor-parallel rank: sums partial outputs; NULL alone */
@@ -171,6 +173,7 @@ void llm_forward_free(llm_forward *f)
     if (f->dev_m)
         f->b->iface->model_release(f->b, f->dev_m);
     free(f->logits_host);
+    free(f->hidden_host);
     free(f->ids);
     free(f->greedy);
     free(f->pos);
@@ -335,6 +338,11 @@ static int batch_positions(llm_forward *f, const llm_forward_batch *bt)
     for (int i = 0; i < bt->n_logits; i++)
         if (bt->logit_rows[i] < 0 || bt->logit_rows[i] >= bt->n_rows)
             return -1;
+    if (bt->n_hidden < 0 || bt->n_hidden > bt->n_rows)
+        return -1;
+    for (int i = 0; i < bt->n_hidden; i++)
+        if (bt->hidden_rows[i] < 0 || bt->hidden_rows[i] >= bt->n_rows)
+            return -1;
     for (int i = 0; i < bt->n_rows; i++) /* ids index the embedding table: never past it */
         if (bt->tokens[i] < 0 || bt->tokens[i] >= f->m->hp.n_vocab)
             return -1;
@@ -393,6 +401,27 @@ static void host_argmax(const float *lg, int n_rows, int n_vocab, int32_t *out)
     }
 }
 
+/* The hidden rows asked for, through the output norm into f->xb (free
+ * once the logits are computed: the device queue keeps the order) and,
+ * from a device, read back into host memory. */
+static llm_status hidden_out(llm_forward *f, const llm_forward_batch *bt)
+{
+    const llm_hparams *hp = &f->m->hp;
+    llm_weight rows = {QT_F32, bt->n_rows, hp->n_embd, sizeof(float) * (size_t)hp->n_embd, f->x};
+    llm_backend_get_rows(f->b, &rows, bt->hidden_rows, bt->n_hidden, f->xb);
+    llm_backend_rmsnorm(f->b, f->xb, f->m->output_norm, bt->n_hidden, hp->n_embd, hp->eps, f->xb);
+    if (llm_backend_host_memory(f->b)) {
+        f->hidden = f->xb;
+        return LLM_OK;
+    }
+    if (!f->hidden_host && !(f->hidden_host = malloc(sizeof(float) * (size_t)f->max_rows * hp->n_embd)))
+        return LLM_ERR_NOMEM;
+    llm_status st = llm_backend_read(f->b, f->hidden_host, f->xb, sizeof(float) * (size_t)bt->n_hidden * hp->n_embd);
+    if (!st)
+        f->hidden = f->hidden_host;
+    return st;
+}
+
 llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const llm_kv_layer *layers, int pick,
                              const llm_sample_params *sp, const float **logits, const int32_t **ids)
 {
@@ -402,6 +431,7 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
         return LLM_ERR_INVALID_ARG;
     const llm_hparams *hp = &f->m->hp;
     llm_status st = LLM_OK;
+    f->hidden = NULL;
     if (batch_positions(f, bt))
         return LLM_ERR_INVALID_ARG;
     const llm_batch_seq *lseqs = local_seqs(f, bt);
@@ -423,6 +453,8 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
         if ((st = llm_backend_matmul(f->b, &f->m->output, f->xb, bt->n_logits, f->logits)))
             return st;
     }
+    if (bt->n_hidden > 0 && (st = hidden_out(f, bt)))
+        return st;
     if (pick && f->b->iface->sample)
         st = f->b->iface->sample(f->b, f->logits, bt->n_logits, hp->n_vocab, sp ? sp : f->greedy, f->ids);
     else if (f->logits_host)
@@ -449,6 +481,11 @@ llm_status llm_forward_eval_sample(llm_forward *f, const llm_forward_batch *bt, 
                                    const llm_sample_params *p, const int32_t **ids)
 {
     return forward_eval_mode(f, bt, layers, 1, p, NULL, ids);
+}
+
+const float *llm_forward_hidden(const llm_forward *f)
+{
+    return f->tp ? tp_group_hidden(f->tp) : f->hidden;
 }
 
 int llm_forward_device_sample(const llm_forward *f)

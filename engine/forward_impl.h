@@ -24,6 +24,7 @@ llm_status tp_group_new(const llm_model *m, llm_backend *const *b, int n_ranks, 
 llm_status tp_group_eval(tp_group *g, const llm_forward_batch *bt, const llm_kv_layer *layers, int pick,
                          const llm_sample_params *sp, const float **logits, const int32_t **ids);
 int tp_group_device_sample(const tp_group *g);
+const float *tp_group_hidden(const tp_group *g); /* rank 0's */
 void tp_group_kv_copy(tp_group *g, const llm_model *m, const llm_kv_layer *layers, llm_kv_copy_layers which,
                       const int32_t *src, const int32_t *dst, int n);
 void tp_group_free(tp_group *g); /* NULL ok */

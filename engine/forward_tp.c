@@ -130,12 +130,15 @@ static llm_status first_cause(const tp_group *g)
 
 int tp_group_device_sample(const tp_group *g) { return llm_forward_device_sample(g->f[0]); }
 
+const float *tp_group_hidden(const tp_group *g) { return llm_forward_hidden(g->f[0]); }
+
 llm_status tp_group_eval(tp_group *g, const llm_forward_batch *bt, const llm_kv_layer *layers, int pick,
                          const llm_sample_params *sp, const float **logits, const int32_t **ids)
 {
     pthread_mutex_lock(&g->mu);
     g->rest = *bt;
     g->rest.n_logits = 0;
+    g->rest.n_hidden = 0;
     g->layers = layers;
     g->done = 0;
     g->job++;

@@ -196,6 +196,9 @@ static int fork_state(const sched_seq *q)
 static int attach(sched *s, sched_seq *q, int fork, int *forked)
 {
     q->kv.salt = q->salt;
+    *forked = 0;
+    if (q->no_reuse)
+        return 0;
     *forked = fork && kv_seq_fork(s->kv, &q->kv, &q->fork_of->kv, q->n_prompt - 1) == LLM_OK;
     if (*forked)
         return q->kv.n_tokens;

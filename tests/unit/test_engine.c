@@ -4,13 +4,16 @@
  * completions equal separate requests with their seeds; cancellation frees
  * blocks at once; priorities cut time to first token; bad requests and a
  * full queue fail with clear errors and change nothing; stop strings and
- * text. Every test ends with the KV pool fully free. */
+ * text; embeddings (mean and last pooling) equal a direct pass over the
+ * whole prompt bit for bit under batching, chunking and preemption. Every
+ * test ends with the KV pool fully free. */
 #include <math.h>
 #include <pthread.h>
 
 #include "testutil.h"
 
 #include "llm/engine.h"
+#include "llm/forward.h"
 #include "llm/mkmodel.h"
 
 static llm_model *g_tiny;   /* synthetic "tiny" Q8_0: quantized kernels, 8-token tiles */
@@ -64,7 +67,7 @@ static void close_engine(llm_engine *e)
     llm_engine_close(e);
 }
 
-enum { MAXGEN = 96 };
+enum { MAXGEN = 160 };
 
 typedef struct result {
     int32_t tok[LLM_MAX_N][MAXGEN];
@@ -612,6 +615,202 @@ static void test_numeric_faults(void **st)
     check_fault(0, -5, 1, LLM_ERR_BACKEND, "sampled token id -5");
 }
 
+/* ---- embeddings ----------------------------------------------------------- */
+
+enum { EP = 12, ELEN = 200, EGEN = 150 };
+
+/* The oracle: the whole prompt in one forward pass of its own (no engine,
+ * no chunks), every row's hidden state pooled in double in position order
+ * and scaled to unit length. */
+static void embed_direct(const llm_model *m, const int32_t *p, int n, llm_pooling pool, float *out)
+{
+    llm_error err = {0};
+    kv_cache *kv;
+    kv_cache_config kc = {.type = LLM_KV_F16, .n_blocks = (n + 15) / 16 + 1};
+    llm_forward *f;
+    if (kv_cache_new(&kc, g_b, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, &kv, &err) ||
+        llm_forward_new(m, g_b, n, 1, &f, &err))
+        fail_msg("direct: %s", err.msg);
+    kv_seq s;
+    kv_seq_init(&s);
+    assert_int_equal(kv_seq_reserve(kv, &s, n), LLM_OK);
+    int32_t rows[ELEN], last = n - 1;
+    for (int i = 0; i < n; i++) rows[i] = i;
+    llm_batch_seq bs = {0, n, 0, s.blocks, NULL};
+    llm_forward_batch bt = {p, n, &bs, 1, &last, 1, rows, n};
+    const float *lg;
+    assert_int_equal(llm_forward_eval(f, &bt, kv_cache_layers(kv), &lg), LLM_OK);
+    const float *h = llm_forward_hidden(f);
+    int d = m->hp.n_embd;
+    double acc[4096] = {0}, ss = 0;
+    assert_true(d <= 4096);
+    for (int i = pool == LLM_POOL_LAST ? n - 1 : 0; i < n; i++)
+        for (int k = 0; k < d; k++) acc[k] += h[(size_t)i * d + k];
+    for (int k = 0; k < d; k++) ss += acc[k] * acc[k];
+    for (int k = 0; k < d; k++) out[k] = (float)(acc[k] / sqrt(ss));
+    kv_seq_release(kv, &s);
+    llm_forward_free(f);
+    kv_cache_free(kv);
+}
+
+/* Reads an embedding request's single DONE into out; returns its usage. */
+static llm_usage embed_collect(llm_engine *e, llm_request_id id, float *out, int d)
+{
+    llm_event ev;
+    if (llm_engine_next(e, id, &ev, 60000))
+        fail_msg("embedding: next timed out");
+    if (ev.type == LLM_EVENT_ERROR)
+        fail_msg("embedding failed: %s", ev.error.msg);
+    assert_int_equal(ev.type, LLM_EVENT_DONE);
+    assert_int_equal(ev.n_embedding, d);
+    assert_non_null(ev.embedding);
+    memcpy(out, ev.embedding, sizeof(float) * (size_t)d);
+    llm_usage u = ev.usage;
+    llm_event_clear(&ev);
+    assert_int_equal(llm_engine_next(e, id, &ev, 0), LLM_ERR_NOT_FOUND);
+    return u;
+}
+
+static int embed_prompt(const llm_model *m, int k, int32_t *p)
+{
+    int n = 3 + (k * 37) % (ELEN - 3);
+    uint64_t s = 77 + (uint64_t)k;
+    for (int i = 0; i < n; i++) p[i] = (int32_t)(test_rng(&s) % (uint64_t)m->hp.n_vocab);
+    if (k % 3 == 1) /* a shared prefix: a cache hit for last pooling, never read for mean */
+        for (int i = 0; i < n && i < 40; i++) p[i] = (int32_t)(i + 1);
+    return n;
+}
+
+/* One round of test_embeddings: the requests at once, each checked; how
+ * many times its embedding requests were preempted. */
+static int embed_round(llm_engine *e, int32_t (*p)[ELEN], const int *n, float (*want)[4096], const result *gen_ref)
+{
+    int d = g_tiny->hp.n_embd, preempted = 0;
+    llm_request_id ids[EP], gids[2];
+    int32_t gp[2][64];
+    static float got[4096];
+    static result gen;
+    for (int g = 0; g < 2; g++) {
+        int gn = make_prompt(g_tiny, g, gp[g]);
+        llm_request rq = greedy(gp[g], gn, EGEN);
+        gids[g] = submit(e, &rq);
+    }
+    for (int k = 0; k < EP; k++) {
+        llm_request rq = {.tokens = p[k], .n_tokens = n[k], .sampling = llm_sampling_default(),
+                          .pooling = k % 2 ? LLM_POOL_LAST : LLM_POOL_MEAN, .priority = k % 3 - 2};
+        ids[k] = submit(e, &rq);
+    }
+    for (int k = 0; k < EP; k++) {
+        llm_usage u = embed_collect(e, ids[k], got, d);
+        assert_int_equal(u.prompt_tokens, n[k]);
+        assert_int_equal(u.completion_tokens, 0);
+        preempted += u.preemptions;
+        double ss = 0;
+        for (int i = 0; i < d; i++) ss += (double)got[i] * got[i];
+        assert_true(fabs(ss - 1) < 1e-5);
+        if (memcmp(got, want[k], sizeof(float) * (size_t)d))
+            fail_msg("input %d (%d tokens, %s pooling, preempted %d times): differs from the direct pass", k, n[k],
+                     k % 2 ? "last" : "mean", u.preemptions);
+    }
+    for (int g = 0; g < 2; g++) {
+        collect(e, gids[g], 1, &gen);
+        assert_memory_equal(gen.tok[0], gen_ref[g].tok[0], sizeof(int32_t) * EGEN);
+    }
+    return preempted;
+}
+
+/* Embedding requests of both poolings, submitted all at once beside two
+ * long generations of higher priority, chunked 24 rows a step, in a KV
+ * pool of 16 blocks (the generations alone outgrow it), so embedding
+ * sequences are preempted and recomputed: each equals its prompt's
+ * embedding computed alone in one pass (bit for bit: the kernels are
+ * batch-invariant and the pool sums in position order), is unit length,
+ * and the generations equal theirs alone. Rounds repeat (at most 8) until
+ * an embedding was preempted, so the test does not rest on timing. */
+static void test_embeddings(void **st)
+{
+    (void)st;
+    const llm_model *m = g_tiny;
+    static int32_t p[EP][ELEN];
+    static float want[EP][4096];
+    int n[EP];
+    for (int k = 0; k < EP; k++) {
+        n[k] = embed_prompt(m, k, p[k]);
+        embed_direct(m, p[k], n[k], k % 2 ? LLM_POOL_LAST : LLM_POOL_MEAN, want[k]);
+    }
+    static result gen_ref[2];
+    llm_engine *e = open_engine(m, (llm_engine_config){.n_ctx = 256});
+    for (int g = 0; g < 2; g++) {
+        int32_t gp[64];
+        int gn = make_prompt(m, g, gp);
+        llm_request rq = greedy(gp, gn, EGEN);
+        collect(e, submit(e, &rq), 1, &gen_ref[g]);
+    }
+    close_engine(e);
+    e = open_engine(m, (llm_engine_config){.n_ctx = 256, .max_batch_tokens = 24, .max_seqs = 6,
+                                           .kv_cache_bytes = 16 * 16384}); /* 16 blocks of the tiny model */
+    int preempted = 0, rounds = 0;
+    while (rounds < 8 && !preempted) {
+        preempted = embed_round(e, p, n, want, gen_ref);
+        rounds++;
+    }
+    print_message("embeddings: %d rounds, the last preempted embeddings %d times\n", rounds, preempted);
+    assert_true(preempted > 0);
+    close_engine(e);
+}
+
+/* The prefix cache: a last-pooled input whose prefix is cached reads it
+ * and gives the same embedding as the first time; a mean-pooled one never
+ * reads it (every position must be computed to be pooled). */
+static void test_embedding_cache(void **st)
+{
+    (void)st;
+    int d = g_tiny->hp.n_embd;
+    int32_t p[ELEN];
+    static float a[4096], b[4096];
+    int n = embed_prompt(g_tiny, 5, p);
+    llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 256});
+    for (int pool = LLM_POOL_MEAN; pool <= LLM_POOL_LAST; pool++) {
+        llm_request rq = {.tokens = p, .n_tokens = n, .sampling = llm_sampling_default(), .pooling = pool};
+        llm_usage u1 = embed_collect(e, submit(e, &rq), a, d);
+        llm_usage u2 = embed_collect(e, submit(e, &rq), b, d);
+        /* mean goes first: the cache is empty, then holds what it wrote */
+        int hit = pool == LLM_POOL_LAST ? (n - 1) / 16 * 16 : 0;
+        assert_int_equal(u1.cached_tokens, hit);
+        assert_int_equal(u2.cached_tokens, hit);
+        assert_memory_equal(a, b, sizeof(float) * (size_t)d);
+    }
+    close_engine(e);
+}
+
+/* An embedding request may fill the whole context (nothing is generated);
+ * longer ones, n > 1, a grammar or an unknown pooling are refused. */
+static void test_embedding_limits(void **st)
+{
+    (void)st;
+    llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 64});
+    llm_error err = {0};
+    llm_request_id id;
+    int32_t p[65] = {0};
+    float v[4096];
+    llm_request rq = {.tokens = p, .n_tokens = 64, .sampling = llm_sampling_default(), .pooling = LLM_POOL_MEAN};
+    embed_collect(e, submit(e, &rq), v, g_tiny->hp.n_embd);
+    rq.n_tokens = 65;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_TOO_LONG);
+    rq.n_tokens = 10;
+    rq.n = 2;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    rq.n = 1;
+    rq.grammar = "root ::= \"a\"";
+    rq.grammar_len = strlen(rq.grammar);
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    rq.grammar = NULL;
+    rq.pooling = (llm_pooling)7;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "pooling 7"));
+    close_engine(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -625,6 +824,9 @@ int main(void)
         cmocka_unit_test(test_text_and_stop),
         cmocka_unit_test(test_stress),
         cmocka_unit_test(test_numeric_faults),
+        cmocka_unit_test(test_embeddings),
+        cmocka_unit_test(test_embedding_cache),
+        cmocka_unit_test(test_embedding_limits),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

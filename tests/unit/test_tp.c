@@ -169,7 +169,7 @@ static void test_check(void **st)
 enum { L_ROWS = 24 };
 
 /* Logits of two sequences' prompts (rows 0-13 and 14-23) at their last
- * rows, through n_ranks ranks. */
+ * rows, then the hidden states of rows 0, 13 and 20, through n_ranks ranks. */
 static void logits_of(const llm_model *m, int n_ranks, float *out)
 {
     llm_error err = {0};
@@ -181,7 +181,7 @@ static void logits_of(const llm_model *m, int n_ranks, float *out)
     if (llm_forward_new_tp(m, g_b, n_ranks, L_ROWS, 2, &f, &err))
         fail_msg("forward: %s", err.msg);
     kv_seq s[2];
-    int32_t tok[L_ROWS], rows[2] = {13, 23};
+    int32_t tok[L_ROWS], rows[2] = {13, 23}, hid[3] = {0, 13, 20};
     uint64_t rs = 9;
     for (int i = 0; i < L_ROWS; i++) tok[i] = (int32_t)(test_rng(&rs) % (uint64_t)m->hp.n_vocab);
     for (int i = 0; i < 2; i++) {
@@ -189,33 +189,39 @@ static void logits_of(const llm_model *m, int n_ranks, float *out)
         assert_int_equal(kv_seq_reserve(kv, &s[i], i ? 10 : 14), LLM_OK);
     }
     llm_batch_seq bs[2] = {{0, 14, 0, s[0].blocks, NULL}, {14, 10, 0, s[1].blocks, NULL}};
-    llm_forward_batch bt = {tok, L_ROWS, bs, 2, rows, 2};
+    llm_forward_batch bt = {tok, L_ROWS, bs, 2, rows, 2, hid, 3};
     const float *lg;
     assert_int_equal(llm_forward_eval(f, &bt, kv_cache_layers(kv), &lg), LLM_OK);
     memcpy(out, lg, sizeof(float) * 2 * (size_t)m->hp.n_vocab);
+    assert_non_null(llm_forward_hidden(f));
+    memcpy(out + 2 * (size_t)m->hp.n_vocab, llm_forward_hidden(f), sizeof(float) * 3 * (size_t)m->hp.n_embd);
     for (int i = 0; i < 2; i++) kv_seq_release(kv, &s[i]);
     llm_forward_free(f);
     kv_cache_free(kv);
 }
 
-/* TP changes only the order of float sums in wo and w_down: logits agree
- * with TP=1 to 1e-4 of their largest magnitude. */
+/* TP changes only the order of float sums in wo and w_down: logits and
+ * hidden states agree with TP=1 to 1e-4 of their largest magnitude. */
 static void check_logits(const llm_model *m, int n_ranks)
 {
-    size_t n = 2 * (size_t)m->hp.n_vocab;
+    size_t n = 2 * (size_t)m->hp.n_vocab + 3 * (size_t)m->hp.n_embd;
     float *ref = malloc(n * sizeof *ref), *got = malloc(n * sizeof *got);
     assert_non_null(ref);
     assert_non_null(got);
     logits_of(m, 1, ref);
     logits_of(m, n_ranks, got);
-    double amax = 0, dmax = 0;
-    for (size_t i = 0; i < n; i++) {
-        amax = fmax(amax, fabs(ref[i]));
-        dmax = fmax(dmax, fabs((double)ref[i] - got[i]));
+    size_t parts[3] = {0, 2 * (size_t)m->hp.n_vocab, n}; /* logits, then hidden states */
+    for (int p = 0; p < 2; p++) {
+        double amax = 0, dmax = 0;
+        for (size_t i = parts[p]; i < parts[p + 1]; i++) {
+            amax = fmax(amax, fabs(ref[i]));
+            dmax = fmax(dmax, fabs((double)ref[i] - got[i]));
+        }
+        print_message("TP=%d: max |%s| %.3f, max difference from TP=1 %.2e\n", n_ranks, p ? "hidden" : "logit", amax,
+                      dmax);
+        assert_true(amax > 0.1);
+        assert_true(dmax <= 1e-4 * amax);
     }
-    print_message("TP=%d: max |logit| %.3f, max difference from TP=1 %.2e\n", n_ranks, amax, dmax);
-    assert_true(amax > 0.1);
-    assert_true(dmax <= 1e-4 * amax);
     free(ref);
     free(got);
 }

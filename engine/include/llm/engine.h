@@ -53,6 +53,10 @@ typedef struct llm_engine_config {
 
 typedef uint64_t llm_request_id;
 
+/* An embedding request's pooling of the final hidden states (after the
+ * output norm) over the prompt's positions. */
+typedef enum llm_pooling { LLM_POOL_NONE = 0, LLM_POOL_MEAN = 1, LLM_POOL_LAST = 2 } llm_pooling;
+
 typedef struct llm_request {
     const int32_t *tokens;   /* prompt ids, or NULL to tokenize text */
     int n_tokens;
@@ -72,6 +76,10 @@ typedef struct llm_request {
                               * does not apply). Borrowed: submit compiles it. NULL: none */
     size_t grammar_len;
     const char *grammar_root; /* its start rule; NULL: "root" */
+    llm_pooling pooling;     /* not NONE: an embedding request: the prompt (up to the whole context) is run and
+                              * nothing is generated; one DONE carries the pooled hidden state, L2-normalised (a
+                              * mean pools every position: the prefix cache is not read for it, only written).
+                              * n must be 0 or 1, with no grammar; sampling, max_tokens, stops do not apply */
 } llm_request;
 
 typedef enum llm_event_type { LLM_EVENT_TOKEN = 1, LLM_EVENT_DONE = 2, LLM_EVENT_ERROR = 3 } llm_event_type;
@@ -96,6 +104,8 @@ typedef struct llm_event {
     size_t text_len;
     llm_sample_result sample; /* TOKEN: logprob and the top alternatives when asked for */
     llm_finish finish;       /* DONE */
+    float *embedding;        /* DONE of an embedding request: (n_embedding) floats, unit length; caller frees */
+    int n_embedding;
     llm_usage usage;         /* DONE */
     llm_error error;         /* ERROR: the request is over; code LLM_ERR_NUMERIC (NaN logits), LLM_ERR_NOMEM
                                 (an event, its text or a sequence's table could not be allocated),

@@ -24,6 +24,9 @@ typedef struct llm_forward_batch {
     int n_seqs;
     const int32_t *logit_rows;  /* (n_logits) rows whose logits are wanted */
     int n_logits;
+    const int32_t *hidden_rows; /* (n_hidden) rows whose final hidden state (after the output norm, the input of
+                                 * the output matmul) is wanted: embeddings; see llm_forward_hidden */
+    int n_hidden;               /* 0 to n_rows */
 } llm_forward_batch;
 
 /* max_rows: most rows per batch; max_logits: most logit rows per batch. */
@@ -67,5 +70,11 @@ void llm_forward_kv_copy(llm_forward *f, const llm_kv_layer *layers, llm_kv_copy
  * before anything runs), or the backend's status. */
 llm_status llm_forward_eval(llm_forward *f, const llm_forward_batch *batch, const llm_kv_layer *layers,
                             const float **logits);
+
+/* The last pass's hidden rows: (n_hidden, n_embd) floats in host memory,
+ * owned by f, valid until the next pass; NULL when it asked for none.
+ * With tensor parallelism they come from rank 0 (every rank holds the
+ * whole residual stream). */
+const float *llm_forward_hidden(const llm_forward *f);
 
 #endif

@@ -38,6 +38,8 @@ struct sched_seq {
     int64_t arrival_ms;
     sched_seq *fork_of;     /* n > 1: a sibling whose prompt K/V this one may share */
     uint64_t salt;          /* prefix cache partition (kv_seq.salt): 0 shared */
+    int no_reuse;           /* 1: every admission computes from position 0, reading neither the prefix cache nor
+                             * a sibling (its blocks are still offered to the cache) */
     void *user;
     /* owned by the scheduler */
     kv_seq kv;              /* kv.n_tokens of the tokens have K/V */
