@@ -30,7 +30,7 @@ ENGINE_SRC = engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c 
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c \
              engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench llm-perplexity
-SERVER_SRC = server/http_guard.c server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c server/srv_chat.c server/srv_tools.c server/srv_metrics.c server/srv_canary.c \
+SERVER_SRC = server/http_guard.c server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c server/srv_chat.c server/srv_embed.c server/srv_tools.c server/srv_metrics.c server/srv_canary.c \
              server/srv_load.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 # The Kubernetes client library (controller and router): API client, config, watch, caches, server-side

@@ -64,6 +64,7 @@ typedef struct srv {
     char status[512];          /* load progress or failure, for the probes */
     char name[128];            /* served model name */
     srv_chat *chat;            /* the model's chat renderer */
+    llm_pooling embed_pooling; /* /v1/embeddings' default (srv_embed.h) */
     long created;              /* unix time the model was loaded */
     srv_metrics metrics;
     srv_keys keys;             /* API keys and their tenants; none: the API is open */

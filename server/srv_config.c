@@ -60,6 +60,8 @@ static const key_def keys[] = {
      "chat prompts: auto (the model's Jinja template, or its built-in family when that does not compile) or builtin"},
     {"chat_template_file", K_STR, F(chat_template_file), 0, 0, "",
      "a Jinja chat template file used instead of the model's (it must compile)"},
+    {"embedding_pooling", K_STR, F(embedding_pooling), 0, 0, "auto",
+     "/v1/embeddings pooling: auto (the GGUF's pooling_type; last without one), mean or last"},
     {"max_answer_bytes", K_INT, F(max_answer_bytes), 1 << 20, 1L << 30, "67108864",
      "largest whole (non-streamed) answer a request may ask for: n x tokens x logprobs, estimated (400 above)"},
     {"shutdown_delay_s", K_INT, F(shutdown_delay_s), 0, 3600, "0",
@@ -300,6 +302,10 @@ llm_status srv_config_load(int argc, char **argv, srv_config *c, int *help, llm_
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: backend '%s' is not cpu or cuda", c->backend);
     if (!st && !*help && strcmp(c->chat_template, "auto") && strcmp(c->chat_template, "builtin"))
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: chat_template '%s' is not auto or builtin", c->chat_template);
+    if (!st && !*help && strcmp(c->embedding_pooling, "auto") && strcmp(c->embedding_pooling, "mean") &&
+        strcmp(c->embedding_pooling, "last"))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: embedding_pooling '%s' is not auto, mean or last",
+                      c->embedding_pooling);
     if (!st && !*help && c->health_port == c->port)
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: health_port %ld is the API port: it needs a port of its own",
                       c->health_port);

@@ -38,6 +38,7 @@ typedef struct srv_config {
     long max_answer_bytes;  /* a whole answer's estimated size (srv_api.c) */
     char *chat_template;    /* auto: the model's Jinja template when it compiles; builtin: the family renderer */
     char *chat_template_file; /* a Jinja template used instead of the model's ("": none) */
+    char *embedding_pooling; /* auto | mean | last (srv_embed.h) */
     long shutdown_delay_s;  /* SIGTERM: keep serving while endpoints drop this pod */
     long drain_timeout_s;   /* SIGTERM: how long requests in flight may finish */
     long request_timeout_s; /* a request running longer ends with an error */

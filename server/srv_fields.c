@@ -25,11 +25,16 @@ typedef struct fld {
 #define K_CMPL 1u
 #define K_CHAT 2u
 #define K_GEN 4u
+#define K_EMB 8u
 #define K_OAI (K_CMPL | K_CHAT)
 #define K_ALL (K_CMPL | K_CHAT | K_GEN)
 
 static const fld fld_table[] = {
-    {"model", K_ALL, FLD_USED, NULL},
+    {"model", K_ALL | K_EMB, FLD_USED, NULL},
+    {"input", K_EMB, FLD_USED, NULL},
+    {"encoding_format", K_EMB, FLD_USED, NULL},
+    {"dimensions", K_EMB, FLD_USED, NULL},
+    {"pooling", K_EMB, FLD_USED, NULL},
     {"prompt", K_CMPL, FLD_USED, NULL},
     {"messages", K_CHAT, FLD_USED, NULL},
     {"text", K_GEN, FLD_USED, NULL},
@@ -50,13 +55,13 @@ static const fld fld_table[] = {
     {"frequency_penalty", K_ALL, FLD_USED, NULL},
     {"repetition_penalty", K_ALL, FLD_USED, NULL},
     {"logit_bias", K_ALL, FLD_USED, NULL},
-    {"priority", K_ALL, FLD_USED, NULL},
+    {"priority", K_ALL | K_EMB, FLD_USED, NULL},
     {"ignore_eos", K_ALL, FLD_USED, NULL},
-    {"cache_salt", K_ALL, FLD_USED, NULL},
+    {"cache_salt", K_ALL | K_EMB, FLD_USED, NULL},
     {"echo", K_CMPL, FLD_USED, NULL},
     {"best_of", K_CMPL, FLD_USED, NULL},
     {"suffix", K_CMPL, FLD_USED, NULL},
-    {"user", K_ALL, FLD_HINT, NULL},
+    {"user", K_ALL | K_EMB, FLD_HINT, NULL},
     {"metadata", K_CHAT, FLD_HINT, NULL},
     {"store", K_CHAT, FLD_HINT, NULL},
     {"service_tier", K_CHAT, FLD_HINT, NULL},
@@ -103,7 +108,7 @@ static void fld_clean(const char *name, char *out)
 
 static void fld_log_unknown(const char *name, int kind)
 {
-    static const char *const path[3] = {"/v1/completions", "/v1/chat/completions", "/generate"};
+    static const char *const path[4] = {"/v1/completions", "/v1/chat/completions", "/generate", "/v1/embeddings"};
     char clean[FLD_NAME_MAX];
     fld_clean(name, clean);
     pthread_mutex_lock(&fld_mu);

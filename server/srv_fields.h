@@ -13,10 +13,12 @@
 
 struct srv_err;
 
-/* Checks body's field names for a /v1/completions (kind 0),
- * /v1/chat/completions (1) or /generate (2) request: 0, or -1 with e set
- * (400 naming the refused field). Values of known fields are checked by
- * the parser, not here. */
+/* The endpoints whose fields are known. */
+enum { SRV_FIELDS_COMPLETIONS = 0, SRV_FIELDS_CHAT = 1, SRV_FIELDS_GENERATE = 2, SRV_FIELDS_EMBED = 3 };
+
+/* Checks body's field names for a request to endpoint kind (SRV_FIELDS_*):
+ * 0, or -1 with e set (400 naming the refused field). Values of known
+ * fields are checked by the parser, not here. */
 int srv_fields_check(json_t *body, int kind, struct srv_err *e);
 
 #endif

@@ -13,6 +13,7 @@
 
 #include "http_guard.h"
 #include "srv.h"
+#include "srv_embed.h"
 #include "textout.h"
 #include "llm/clock.h"
 
@@ -20,7 +21,8 @@
  * max_body_bytes within DISCARD_S seconds, so the client reads the answer. */
 enum { DISCARD_BODIES = 4, DISCARD_S = 2 };
 
-enum { R_COMPLETIONS, R_CHAT, R_MODELS, R_GENERATE, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_PROBES, R_ROOT, R_OTHER };
+enum { R_COMPLETIONS, R_CHAT, R_MODELS, R_GENERATE, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_PROBES, R_ROOT, R_OTHER,
+       R_EMBEDDINGS };
 
 static int send_text(struct mg_connection *c, int status, const char *type, const char *body, const char *extra)
 {
@@ -748,12 +750,49 @@ static int fn_detokenize(srv *s, struct mg_connection *c, const char *b, size_t 
     return rc;
 }
 
+/* Embeddings come from the stable model only: vectors of two revisions
+ * are not comparable, and a client stores them side by side. */
+static int fn_embeddings(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
+{
+    srv_embed q = {0};
+    const srv_key *key = caller(s, c);
+    double t0 = llm_clock_mono_s();
+    int status = srv_embed_parse(s, b, n, &q, e) ? e->status : 0;
+    if (!status) {
+        int ceiling = key ? key->max_priority : (int)s->cfg.max_priority_anonymous;
+        int cap = srv_keys_cap(&s->keys, key, (int)s->cfg.tenant_max_inflight);
+        int window = q.n < SRV_EMBED_WINDOW ? q.n : SRV_EMBED_WINDOW;
+        if (cap > 0 && window > cap) /* a tenant's cap limits how many of its inputs run at once, not how many it sends */
+            window = cap;
+        if (q.priority > ceiling)
+            q.priority = ceiling;
+        status = tenant_take(s, key, window, e);
+        if (!status) {
+            status = srv_embed_run(s, s->engine, c, &q, cache_salt(key, q.cache_salt), window, e);
+            srv_keys_give(&s->keys, key, window);
+        }
+    }
+    if (!status) {
+        char *text = srv_embed_answer(&q, s->name);
+        status = send_text(c, text ? 200 : 503, "application/json", text ? text : OOM_BODY, NULL);
+        free(text);
+        srv_metrics_finished(&s->metrics, 0);
+        srv_metrics_observe(&s->metrics, H_E2E, llm_clock_mono_s() - t0);
+        srv_metrics_observe(&s->metrics, H_PROMPT_TOKENS, (double)q.prompt_tokens);
+    } else if (status != 499) {
+        status = send_err(c, e);
+    }
+    srv_embed_free(&q);
+    return status;
+}
+
 static int h_completions(struct mg_connection *c, void *s) { return api(s, c, R_COMPLETIONS, "POST", fn_completions); }
 static int h_chat(struct mg_connection *c, void *s) { return api(s, c, R_CHAT, "POST", fn_chat); }
 static int h_models(struct mg_connection *c, void *s) { return api(s, c, R_MODELS, "GET", fn_models); }
 static int h_generate(struct mg_connection *c, void *s) { return api(s, c, R_GENERATE, "POST", fn_generate); }
 static int h_tokenize(struct mg_connection *c, void *s) { return api(s, c, R_TOKENIZE, "POST", fn_tokenize); }
 static int h_detokenize(struct mg_connection *c, void *s) { return api(s, c, R_DETOKENIZE, "POST", fn_detokenize); }
+static int h_embeddings(struct mg_connection *c, void *s) { return api(s, c, R_EMBEDDINGS, "POST", fn_embeddings); }
 
 /* ---- probes and metrics ---------------------------------------------------------- */
 
@@ -927,7 +966,7 @@ int srv_http_start(srv *s, llm_error *err)
         {"/tokenize$", h_tokenize},          {"/detokenize$", h_detokenize},    {"/livez$", h_livez},
         {"/generate$", h_generate},          {"/health$", h_livez},
         {"/readyz$", h_readyz},              {"/startupz$", h_startupz},        {"/metrics$", h_metrics},
-        {"/admin/canary$", h_admin_canary},  {"/", h_other},
+        {"/v1/embeddings$", h_embeddings},   {"/admin/canary$", h_admin_canary},  {"/", h_other},
     };
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) mg_set_request_handler(mg, routes[i].uri, routes[i].fn, s);
     http_guard_serve(s->http);

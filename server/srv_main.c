@@ -17,6 +17,7 @@
 #include "llm/chat.h"
 #include "http_guard.h"
 #include "srv.h"
+#include "srv_embed.h"
 
 static volatile sig_atomic_t g_stop;
 
@@ -72,6 +73,8 @@ static void *loader(void *arg)
         return NULL;
     }
     logf_("chat template: %s", s->chat->what);
+    s->embed_pooling = srv_embed_default_pooling(s->model, s->cfg.embedding_pooling);
+    logf_("embeddings: %s pooling", s->embed_pooling == LLM_POOL_MEAN ? "mean" : "last");
     s->created = (long)time(NULL);
     snprintf(s->status, sizeof s->status, "serving %s", s->name);
     atomic_store(&s->phase, SRV_READY);

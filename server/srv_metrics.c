@@ -11,6 +11,7 @@
 const char *const srv_route_names[SRV_N_ROUTES] = {
     "/v1/completions", "/v1/chat/completions", "/v1/models", "/generate", "/tokenize",
     "/detokenize",     "/metrics",             "/probes",    "/",         "other",
+    "/v1/embeddings",
 };
 static const char *const status_names[6] = {"2xx", "4xx", "429", "499", "5xx", "503"};
 static const char *const srv_finish_names[3] = {"stop", "length", "abort"};

@@ -15,7 +15,7 @@
 
 #include "llm/engine.h"
 
-#define SRV_N_ROUTES 10
+#define SRV_N_ROUTES 11
 #define SRV_HIST_BUCKETS 16
 
 /* Per-request histograms: seconds (time to first token, between tokens,

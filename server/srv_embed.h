@@ -1,0 +1,67 @@
+/* srv_embed.h - POST /v1/embeddings: a body's inputs (a string, strings,
+ * token ids, or arrays of them) become engine embedding requests
+ * (engine.h: pooling mean or last, unit length), run SRV_EMBED_WINDOW at
+ * a time so one body cannot fill the engine's queue, and come back as
+ * OpenAI's answer: floats, or base64 of little-endian float32.
+ *
+ * Pooling: the request's "pooling" field (an extension: mean | last), else
+ * the server's embedding_pooling setting, where auto is the GGUF's
+ * <arch>.pooling_type (1 mean, 3 last) and last for a file without one
+ * (a decoder's last position is the one that has read the whole input).
+ *
+ * Ownership: srv_embed is caller-owned, zeroed before srv_embed_parse;
+ * srv_embed_free releases what parse and run stored in it.
+ * Thread-safety: each call works on its own srv_embed; the engine is
+ * thread-safe. */
+#ifndef SRV_EMBED_H
+#define SRV_EMBED_H
+
+#include <jansson.h>
+
+#include "llm/engine.h"
+
+#define SRV_EMBED_MAX_INPUTS 2048 /* OpenAI's limit per request */
+#define SRV_EMBED_WINDOW 16       /* inputs of one request in the engine at once */
+
+struct srv;
+struct srv_err;
+struct mg_connection;
+
+typedef struct srv_embed {
+    json_t *root;              /* the parsed body (owns cache_salt) */
+    int n;                     /* inputs */
+    int32_t **ids;             /* (n) each input's token ids, owned */
+    int *n_ids;                /* (n) */
+    int base64;                /* encoding_format base64 */
+    llm_pooling pooling;
+    int priority;
+    const char *cache_salt;    /* the body's "cache_salt", or NULL */
+    int dim;                   /* the model's embedding size */
+    float *vecs;               /* (n, dim) after srv_embed_run */
+    long prompt_tokens;        /* after srv_embed_run */
+} srv_embed;
+
+/* The server's pooling from its setting (auto | mean | last) and the model
+ * file; LLM_POOL_NONE for an unknown setting. */
+llm_pooling srv_embed_default_pooling(const llm_model *m, const char *setting);
+
+/* Parses and tokenizes a body: 0, or -1 with e set (400 naming the field:
+ * no input, an empty one, more than SRV_EMBED_MAX_INPUTS, a token id
+ * outside the vocabulary, dimensions other than the model's, an unknown
+ * encoding_format or pooling; 404 another model's name). */
+int srv_embed_parse(const struct srv *s, const char *body, size_t len, srv_embed *q, struct srv_err *e);
+
+/* Runs q's inputs on engine eng, window at a time (1..SRV_EMBED_WINDOW),
+ * under prefix-cache partition salt: 0 with q->vecs and q->prompt_tokens
+ * filled, or an HTTP status with e set (499: the client left; 504: past
+ * request_timeout_s; the engine's refusals as for completions). Every
+ * input submitted is read to its end or cancelled before it returns. */
+int srv_embed_run(struct srv *s, llm_engine *eng, struct mg_connection *c, srv_embed *q, uint64_t salt, int window,
+                  struct srv_err *e);
+
+/* The answer's JSON text (malloc'd; NULL: out of memory). */
+char *srv_embed_answer(const srv_embed *q, const char *model);
+
+void srv_embed_free(srv_embed *q);
+
+#endif
