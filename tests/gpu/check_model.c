@@ -18,12 +18,16 @@
  * float, TF32 in the prompt's GEMM). Greedy tokens: both backends are fed the CPU's choices (teacher
  * forcing) and must pick the same token at every step where the CPU's top
  * two logits are further apart than 4x the largest logit difference seen;
- * closer steps are counted, not failed. Exit 0 pass, 1 fail, 2 no device. */
+ * closer steps are counted, not failed. The prompt's final hidden states
+ * (what /v1/embeddings pools, read back from the device) are held to the
+ * prompt's tolerance row by row. Exit 0 pass, 1 fail, 2 no device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "llm/forward.h"
+#include "llm/kv_cache.h"
 #include "llm/model.h"
 
 /* Single steps (GEMV, decode attention, all in float32 on the GPU): the
@@ -73,6 +77,56 @@ static int top2(const float *v, int n, double *margin)
     }
     *margin = b < 0 ? INFINITY : (double)v[a] - v[b];
     return a;
+}
+
+/* Every row's final hidden state after n prompt tokens in one pass on b,
+ * into out (n, n_embd). */
+static int hidden_of(const llm_model *m, llm_backend *b, const int32_t *t, int n, float *out, llm_error *err)
+{
+    kv_cache *kv = NULL;
+    llm_forward *f = NULL;
+    kv_cache_config kc = {.type = LLM_KV_F16, .n_blocks = (n + 15) / 16 + 1};
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)n), last = n - 1;
+    kv_seq s;
+    kv_seq_init(&s);
+    int rc = -1;
+    if (!rows || kv_cache_new(&kc, b, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, &kv, err) ||
+        llm_forward_new(m, b, n, 1, &f, err) || kv_seq_reserve(kv, &s, n))
+        goto out;
+    for (int i = 0; i < n; i++) rows[i] = i;
+    llm_batch_seq bs = {0, n, 0, s.blocks, NULL};
+    llm_forward_batch bt = {t, n, &bs, 1, &last, 1, rows, n};
+    const float *lg;
+    if (llm_forward_eval(f, &bt, kv_cache_layers(kv), &lg) || !llm_forward_hidden(f))
+        goto out;
+    memcpy(out, llm_forward_hidden(f), sizeof(float) * (size_t)n * m->hp.n_embd);
+    rc = 0;
+out:
+    if (kv)
+        kv_seq_release(kv, &s);
+    llm_forward_free(f);
+    kv_cache_free(kv);
+    free(rows);
+    return rc;
+}
+
+/* The worst row's ||gpu - cpu|| / ||cpu|| of the prompt's hidden states;
+ * -1 when either pass failed. */
+static double hidden_rel(const llm_model *m, llm_backend *cpu, llm_backend *gpu, const int32_t *t, int n, llm_error *err)
+{
+    size_t d = (size_t)m->hp.n_embd;
+    float *a = malloc(sizeof(float) * (size_t)n * d), *g = malloc(sizeof(float) * (size_t)n * d);
+    double worst = -1, maxd;
+    if (a && g && !hidden_of(m, cpu, t, n, a, err) && !hidden_of(m, gpu, t, n, g, err)) {
+        worst = 0;
+        for (int i = 0; i < n; i++) {
+            double r = rel_err(g + (size_t)i * d, a + (size_t)i * d, (int)d, &maxd);
+            worst = r > worst || r != r ? r : worst;
+        }
+    }
+    free(a);
+    free(g);
+    return worst;
 }
 
 typedef struct side {
@@ -160,10 +214,13 @@ int main(int argc, char **argv)
         worst_step = r > worst_step ? r : worst_step;
         worst_abs = maxd > worst_abs ? maxd : worst_abs;
     }
-    if (!(worst_prompt <= tol_prompt) || !(worst_step <= tol) || must_fail)
+    double hid = hidden_rel(m, cpu.b, gpu.b, toks, n_prompt, &err);
+    if (hid < 0)
+        fprintf(stderr, "hidden states: %s\n", err.msg[0] ? err.msg : "no memory");
+    if (!(worst_prompt <= tol_prompt) || !(worst_step <= tol) || must_fail || !(hid >= 0 && hid <= tol_prompt))
         rc = 1;
-    printf("model=%s backend=%s type=%s prompt_rel=%.2e step_rel=%.2e max_abs=%.2e tol=%.0e/%.0e greedy_agree=%d/%d close=%d wrong=%d %s\n",
-           m->name, gpu.b->iface->name, quant_type_name(m->layers[0].wq.type), worst_prompt, worst_step, worst_abs, tol_prompt, tol, agree, n_gen,
+    printf("model=%s backend=%s type=%s prompt_rel=%.2e hidden_rel=%.2e step_rel=%.2e max_abs=%.2e tol=%.0e/%.0e greedy_agree=%d/%d close=%d wrong=%d %s\n",
+           m->name, gpu.b->iface->name, quant_type_name(m->layers[0].wq.type), worst_prompt, hid, worst_step, worst_abs, tol_prompt, tol, agree, n_gen,
            close_steps, must_fail, rc ? "FAIL" : "ok");
     llm_session_free(cpu.s);
     llm_session_free(gpu.s);
