@@ -12,7 +12,9 @@
  * position, n > 1 forks, priorities, a KV pool small enough to preempt and
  * evict, cancellations at random points, stop strings, logprobs, max_tokens
  * 1, small token budgets (chunked prefill), greedy and seeded sampling,
- * penalties, grammars (JSON objects, a short finite language). After each trace: no block referenced, nothing queued, and
+ * penalties, grammars (JSON objects, a short finite language), embedding
+ * requests (mean and last pooling: vectors bit for bit). After each trace:
+ * no block referenced, nothing queued, and
  * the stats add up (each admitted sequence's prompt counted once).
  * Odd seeds run on the tiny llama model; seeds divisible by 4 on the tiny
  * gemma3 one, whose local layers attend through a sliding window of 8
@@ -36,7 +38,7 @@
 #include "llm/grammar.h"
 #include "llm/mkmodel.h"
 
-enum { MAX_REQS = 14, MAX_PROMPT = 400, MAX_GEN = 20, N_BASES = 3 };
+enum { MAX_REQS = 14, MAX_PROMPT = 400, MAX_GEN = 20, N_BASES = 3, MAX_EMBD = 512 };
 
 /* Seeds that once failed: run first, always. 3: a far block found at a
  * near position (kv_seq_match counted n_hashed in tokens). */
@@ -54,6 +56,8 @@ typedef struct tr_comp {
     llm_finish finish;
     int done;
     llm_usage usage;
+    int n_emb;          /* an embedding request's vector */
+    float emb[MAX_EMBD];
 } tr_comp;
 
 typedef struct tr_req {
@@ -85,6 +89,7 @@ typedef struct tr_trace {
 typedef struct tr_totals {
     uint64_t traces, requests, completions, steps, preemptions, cached, forked, cancels;
     uint64_t constrained, grammar_ends; /* requests with a grammar; completions it ended (finish STOP) */
+    uint64_t embeddings;                /* embedding requests checked */
 } tr_totals;
 
 static test_tiny g_tiny, g_gemma, g_moe; /* the models (and backends) below take turns by seed */
@@ -184,6 +189,20 @@ static void grammar_make(const tr_trace *t, int i, tr_req *r)
     r->rq.grammar_root = k ? "jsonobject" : NULL;
 }
 
+/* An eighth of the requests are embedding requests (mean or last pooling,
+ * one sequence, no grammar), from a stream of their own as grammars are. */
+static void embed_make(const tr_trace *t, int i, tr_req *r)
+{
+    uint64_t g = t->seed * 0xbf58476d1ce4e5b9ull + (uint64_t)i * 104729u + 5;
+    uint64_t k = test_rng(&g) % 16;
+    if (k > 1)
+        return;
+    r->rq.pooling = k ? LLM_POOL_LAST : LLM_POOL_MEAN;
+    r->rq.n = 1;
+    r->rq.grammar = NULL;
+    r->rq.grammar_len = 0;
+}
+
 /* Request i's fields; a later turn's prompt is filled in by later_turn(). */
 static void request_make(tr_trace *t, int i, int32_t base[N_BASES][MAX_PROMPT], uint64_t *s)
 {
@@ -216,6 +235,7 @@ static void request_make(tr_trace *t, int i, int32_t base[N_BASES][MAX_PROMPT], 
         r->cancel_after = (int)rnd(s, (uint64_t)r->rq.max_tokens + 1);
     r->gap = (int)rnd(s, 24);
     grammar_make(t, i, r);
+    embed_make(t, i, r);
 }
 
 static void trace_make(tr_trace *t, uint64_t seed)
@@ -269,6 +289,9 @@ static void comp_add(tr_comp *c, const llm_event *ev)
         c->finish = ev->finish;
         c->usage = ev->usage;
         c->done = 1;
+        c->n_emb = ev->embedding && ev->n_embedding <= MAX_EMBD ? ev->n_embedding : 0;
+        if (c->n_emb)
+            memcpy(c->emb, ev->embedding, sizeof(float) * (size_t)c->n_emb);
     }
 }
 
@@ -404,6 +427,7 @@ static int check_request(const tr_trace *t, int i)
     if (r->err.code)
         return fail_at(t, i, 0, r->err.msg);
     g_tot.constrained += r->rq.grammar != NULL;
+    g_tot.embeddings += r->rq.pooling != LLM_POOL_NONE;
     for (int k = 0; k < n && !bad; k++) {
         const tr_comp *g = &r->got[k], *w = &r->want[k];
         g_tot.grammar_ends += r->rq.grammar && g->done && g->finish == LLM_FINISH_STOP;
@@ -418,6 +442,9 @@ static int check_request(const tr_trace *t, int i)
             bad = fail_at(t, i, k, "finish reason or text differs from the request alone");
         else if (g->usage.prompt_tokens != r->rq.n_tokens || g->usage.completion_tokens != w->usage.completion_tokens)
             bad = fail_at(t, i, k, "usage differs");
+        else if (r->rq.pooling &&
+                 (!w->n_emb || g->n_emb != w->n_emb || memcmp(g->emb, w->emb, sizeof(float) * (size_t)w->n_emb)))
+            bad = fail_at(t, i, k, "the embedding differs from the request alone");
     }
     return bad;
 }
@@ -556,11 +583,12 @@ static void totals_print(double secs)
 {
     print_message("trace: %llu traces, %llu requests, %llu steps, %llu preemptions, %llu prompt tokens from the prefix "
                   "cache, %llu shared by forks, %llu cancels, %llu constrained requests (%llu completions ended by "
-                  "their grammar) in %.1f s\n",
+                  "their grammar), %llu embedding requests in %.1f s\n",
                   (unsigned long long)g_tot.traces, (unsigned long long)g_tot.requests, (unsigned long long)g_tot.steps,
                   (unsigned long long)g_tot.preemptions, (unsigned long long)g_tot.cached,
                   (unsigned long long)g_tot.forked, (unsigned long long)g_tot.cancels,
-                  (unsigned long long)g_tot.constrained, (unsigned long long)g_tot.grammar_ends, secs);
+                  (unsigned long long)g_tot.constrained, (unsigned long long)g_tot.grammar_ends,
+                  (unsigned long long)g_tot.embeddings, secs);
 }
 
 static void test_regressions(void **st)
