@@ -311,3 +311,35 @@ def test_client_gone_cancels(story_srv):
     print(f"stopped {time.time() - t0:.2f} s after the client left, {done:.0f} of 204800 tokens computed")
     assert done < 204800 / 2
     assert story_srv.post("/v1/embeddings", {"input": "x"})[0] == 200
+
+
+def with_pooling_type(src, out, value):
+    """A copy of src with llama.pooling_type = value (the gguf package's
+    metadata copier, as llama.cpp's converters write that key)."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+    reader = gguf.GGUFReader(str(src))
+    writer = gguf.GGUFWriter(str(out), arch="llama", endianess=reader.endianess)
+    copy_with_new_metadata(reader, writer, {"llama.pooling_type": MetadataDetails(gguf.GGUFValueType.UINT32, value)}, [])
+    return out
+
+
+def test_pooling_type_from_the_file(tmp_path):
+    """embedding_pooling auto follows the GGUF's pooling_type: 1 is mean,
+    3 last; a type we do not pool by (2, cls) leaves last."""
+    if not STORIES.exists():
+        pytest.skip("../shared/models/stories260K.gguf not present")
+    srv = Server(STORIES)
+    try:
+        want = {p: srv.post("/v1/embeddings", {"input": TEXTS[0], "pooling": p})[1]["data"][0]["embedding"]
+                for p in ("mean", "last")}
+    finally:
+        assert srv.stop() == 0
+    for value, pooling in ((1, "mean"), (3, "last"), (2, "last")):
+        srv = Server(with_pooling_type(STORIES, tmp_path / f"p{value}.gguf", value))
+        try:
+            got = srv.post("/v1/embeddings", {"input": TEXTS[0]})[1]["data"][0]["embedding"]
+            assert got == want[pooling], (value, pooling)
+        finally:
+            assert srv.stop() == 0
+        assert f"embeddings: {pooling} pooling" in srv.log
