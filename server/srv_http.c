@@ -538,14 +538,14 @@ static uint64_t cache_salt(const srv_key *key, const char *field)
     return ok ? (h ? h : 1) : 1; /* a failed digest: a partition of its own for all such (never the common 0) */
 }
 
-/* Takes n sequences of key's tenant's max_inflight: 0, or the refusal in
- * e - 400 when n alone is over the cap (no retry helps), 429 when the
- * tenant's requests in flight hold it. */
-static int tenant_take(srv *s, const srv_key *key, int n, srv_err *e)
+/* Grows a request's share of key's tenant's max_inflight from held to n
+ * sequences: 0, or the refusal in e - 400 when n alone is over the cap (no
+ * retry helps), 429 when the tenant's requests in flight hold it. */
+static int tenant_take(srv *s, const srv_key *key, int n, int held, srv_err *e)
 {
     int dflt = (int)s->cfg.tenant_max_inflight, cap = srv_keys_cap(&s->keys, key, dflt);
     const char *from = key && cap != dflt ? "its keys' max_inflight" : "tenant_max_inflight";
-    if (srv_keys_take(&s->keys, key, n, dflt))
+    if (n <= held || srv_keys_take(&s->keys, key, n - held, dflt))
         return 0;
     if (n > cap) {
         srv_err_set(e, 400, "n", "n %d is over tenant '%s''s cap of %d sequences in flight (%s)", n, key->tenant, cap,
@@ -558,8 +558,9 @@ static int tenant_take(srv *s, const srv_key *key, int n, srv_err *e)
     return 429;
 }
 
-/* Streams or collects; the response is sent here. */
-static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_completion *cp, srv_err *e)
+/* Streams or collects; the response is sent here. *held: the sequences
+ * of the tenant's cap the request holds, grown to its n here. */
+static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_completion *cp, int *held, srv_err *e)
 {
     run r = {.s = s, .c = c, .cp = cp, .created = (long)time(NULL), .t_start = llm_clock_mono_s(),
              .eng = rv ? rv->engine : s->engine, .vocab = rv ? rv->model->vocab : s->model->vocab, .rev = rv != NULL};
@@ -569,11 +570,11 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
     cp->rq.cache_salt = cache_salt(key, cp->cache_salt);
     if (cp->rq.priority > ceiling) /* a caller's priority goes as high as its key allows, no further */
         cp->rq.priority = ceiling;
-    if (tenant_take(s, key, cp->rq.n, e))
+    if (tenant_take(s, key, cp->rq.n, *held, e))
         return send_err(c, e);
+    *held = cp->rq.n;
     llm_status st = llm_engine_submit(r.eng, &cp->rq, &r.id, &err);
     if (st) {
-        srv_keys_give(&s->keys, key, cp->rq.n);
         const char *param = st == LLM_ERR_TOO_LONG ? "max_tokens" : st == LLM_ERR_GRAMMAR ? cp->grammar_param : NULL;
         srv_err_set(e, srv_status_of(st), param, "%s", err.msg);
         return send_err(c, e);
@@ -604,7 +605,6 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
         free(body);
     }
     run_free(&r);
-    srv_keys_give(&s->keys, key, cp->rq.n);
     return status;
 }
 
@@ -650,12 +650,19 @@ static int injected_fault(srv *s, srv_err *e)
 
 static int do_completion(srv *s, struct mg_connection *c, const char *body, size_t len, int kind, srv_err *e)
 {
+    /* one sequence of the tenant's cap before any parsing: a tenant at its
+     * cap gets its 429 without a template rendered or a prompt tokenized */
+    const srv_key *key = caller(s, c);
+    int held = 1;
+    if (tenant_take(s, key, 1, 0, e))
+        return send_err(c, e);
     srv_rev *rv = srv_canary_pick(s, mg_get_header(c, "X-Session-Id")); /* NULL: the stable model */
     srv_completion cp = {0};
     int status = injected_fault(s, e) ? send_err(c, e)
                  : srv_parse_completion(s, rv ? rv->chat : s->chat, rv ? rv->model->vocab : s->model->vocab,
                                         body, len, kind, &cp, e) ? send_err(c, e)
-                 : complete(s, rv, c, &cp, e);
+                 : complete(s, rv, c, &cp, &held, e);
+    srv_keys_give(&s->keys, key, held);
     srv_completion_free(&cp);
     srv_metrics_revision(&s->metrics, rv != NULL, status);
     srv_canary_release(rv);
@@ -757,7 +764,10 @@ static int fn_embeddings(srv *s, struct mg_connection *c, const char *b, size_t 
     srv_embed q = {0};
     const srv_key *key = caller(s, c);
     double t0 = llm_clock_mono_s();
-    int status = srv_embed_parse(s, b, n, &q, e) ? e->status : 0;
+    /* as for completions: one of the tenant's cap before the inputs are tokenized */
+    int status = tenant_take(s, key, 1, 0, e), held = status ? 0 : 1;
+    if (!status && srv_embed_parse(s, b, n, &q, e))
+        status = e->status;
     if (!status) {
         int ceiling = key ? key->max_priority : (int)s->cfg.max_priority_anonymous;
         int cap = srv_keys_cap(&s->keys, key, (int)s->cfg.tenant_max_inflight);
@@ -766,12 +776,13 @@ static int fn_embeddings(srv *s, struct mg_connection *c, const char *b, size_t 
             window = cap;
         if (q.priority > ceiling)
             q.priority = ceiling;
-        status = tenant_take(s, key, window, e);
+        status = tenant_take(s, key, window, held, e);
         if (!status) {
+            held = window;
             status = srv_embed_run(s, s->engine, c, &q, cache_salt(key, q.cache_salt), window, e);
-            srv_keys_give(&s->keys, key, window);
         }
     }
+    srv_keys_give(&s->keys, key, held);
     if (!status) {
         char *text = srv_embed_answer(&q, s->name);
         status = send_text(c, text ? 200 : 503, "application/json", text ? text : OOM_BODY, NULL);

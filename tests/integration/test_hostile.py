@@ -738,9 +738,12 @@ def test_a_tenant_cannot_fill_the_queue(big, tmp_path):
         assert [st for st, _ in again] == [200] * 3, again
         for _, c in again:
             c.close()
-        st, text, _ = ask(srv, "a", {"prompt": "Hello", "max_tokens": 1, "n": 4})
-        assert st == 400 and "n 4 is over tenant 'A''s cap of 3" in text, text  # no retry would help
         wait_for(idle, what="the streams cancelled")
+        # (at its cap a tenant's request is refused before its body is read: 429; with room, n over the cap is a 400)
+        n4 = lambda: ask(srv, "a", {"prompt": "Hello", "max_tokens": 1, "n": 4})
+        wait_for(lambda: n4()[0] == 400, what="A's slots given back")  # (the handlers give them back as they end)
+        st, text, _ = n4()
+        assert st == 400 and "n 4 is over tenant 'A''s cap of 3" in text, text  # no retry would help
         cflood = []
 
         def fill():  # C adds streams until 2 run and 4 wait (how many fit at once depends on the engine's pace)
@@ -818,3 +821,35 @@ def test_router_refuses_odd_paths_without_blaming_backends(model):
     finally:
         r.stop()
         backend.stop()
+
+
+def test_cap_is_taken_before_the_body_is_parsed(big, tmp_path):
+    """A tenant at its max_inflight gets its 429 before its body is parsed:
+    no chat template rendered, no prompt or embedding input tokenized (a
+    malformed body shows it: 429, where another tenant gets the body's
+    400). A's one slot is held by a 480-token completion; A is seen at its
+    cap before the checks and still after them, so they all ran while it
+    was held (a round where the completion ended first is run again)."""
+    srv = keyed(big, tmp_path, "a tenant=A max_inflight=1\nb tenant=B\n", "--n_ctx", 512)
+    at_cap = lambda: ask(srv, "a", {"prompt": "x", "max_tokens": 1})[0] == 429
+    bodies = (("/v1/chat/completions", {"messages": [{"role": "Bad Role", "content": "x"}]}),
+              ("/v1/completions", {"prompt": []}), ("/v1/embeddings", {"input": ""}), ("/generate", {"text": 5}))
+    try:
+        for _ in range(5):
+            hold = threading.Thread(target=ask, args=(srv, "a", {"prompt": "Once", "ignore_eos": True,
+                                                                 "max_tokens": 480}))
+            hold.start()  # (probing A's cap here would race it for the one slot: the engine says when it runs)
+            wait_for(lambda: srv.metrics().get(("vllm:num_requests_running", VLLM_LABELS), 0) >= 1,
+                     what="A's completion running")
+            for path, body in bodies:
+                st, text, _ = ask(srv, "a", body, path)
+                assert st == 429 and "tenant 'A' has its cap of 1 sequences" in text, (path, text)
+                assert ask(srv, "b", body, path)[0] == 400, path
+            held = at_cap()
+            hold.join()
+            if held:
+                break
+        else:
+            raise AssertionError("the 480-token completion never outlasted the checks")
+    finally:
+        assert srv.stop() == 0
