@@ -438,7 +438,7 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
     if (f->b->iface->step_begin)
         f->b->iface->step_begin(f->b, &(llm_step_info){bt->n_rows, bt->n_seqs, bt->n_logits, step_len(bt),
                                                          bt->n_rows == bt->n_seqs, pick && f->b->iface->sample,
-                                                         hp->n_expert > 0});
+                                                         hp->n_expert > 0 || bt->n_hidden > 0});
     llm_backend_get_rows(f->b, &f->m->tok_embd, bt->tokens, bt->n_rows, f->x);
     if (hp->embd_scale != 1.0f)
         llm_backend_scale(f->b, f->x, hp->embd_scale, (size_t)bt->n_rows * hp->n_embd);

@@ -3,7 +3,8 @@
  * as CUDA graphs when a step's indices do not fit the graph arena, when
  * stream capture or a graph launch fails (CUSIM_FAIL), and the cuBLAS
  * path of quantized weights (activations beyond half precision's range,
- * the scratch it needs) against the CPU backend.
+ * the scratch it needs) against the CPU backend; embedding requests
+ * beside a generation (steps with hidden rows are never captured).
  *
  * Each test runs in a child process (the emulator is set up once per
  * process, CUSIM_FAIL with it); the parent never touches CUDA. */
@@ -15,6 +16,8 @@
 #include "testutil.h"
 
 #include "llm/backend.h"
+#include "llm/engine.h"
+#include "llm/mkmodel.h"
 #include "llm/model.h"
 #include "llm/quant.h"
 
@@ -287,6 +290,86 @@ static void test_quantized_gemm(void **st)
     in_child(gemm_main, NULL, NULL, 0);
 }
 
+/* ---- embeddings through the engine ------------------------------------------ */
+
+enum { E_ROUNDS = 4, E_DIM_MAX = 1024 };
+
+/* One engine on b: a 60-token generation and, beside it, E_ROUNDS rounds of
+ * two one-token embedding inputs per pooling (steps of one row per
+ * sequence: decode-shaped, the shape graphs are made of); vectors into
+ * out[round][input] (dim floats). 0, or -1 with the reason on stderr. */
+static int embed_run(const llm_model *m, llm_backend *b, float (*out)[4][E_DIM_MAX])
+{
+    llm_error err = {0};
+    llm_engine *e = NULL;
+    if (llm_engine_open(&(llm_engine_config){.model = m, .backend = b, .n_ctx = 128}, &e, &err)) {
+        fprintf(stderr, "engine: %s\n", err.msg);
+        return -1;
+    }
+    int32_t prompt[5] = {1, 2, 3, 4, 5}, one[4] = {5, 6, 7, 8};
+    llm_request gen = {.tokens = prompt, .n_tokens = 5, .sampling = llm_sampling_default(), .max_tokens = 60,
+                       .ignore_eos = 1};
+    llm_request_id gid, id;
+    int rc = llm_engine_submit(e, &gen, &gid, &err) ? -1 : 0;
+    for (int r = 0; !rc && r < E_ROUNDS; r++)
+        for (int i = 0; !rc && i < 4; i++) {
+            llm_request rq = {.tokens = &one[i], .n_tokens = 1, .sampling = llm_sampling_default(),
+                              .pooling = i < 2 ? LLM_POOL_LAST : LLM_POOL_MEAN};
+            llm_event ev;
+            rc = llm_engine_submit(e, &rq, &id, &err) || llm_engine_next(e, id, &ev, 60000) ? -1 : 0;
+            if (!rc && (ev.type != LLM_EVENT_DONE || ev.n_embedding != m->hp.n_embd)) {
+                fprintf(stderr, "embedding %d.%d: %s\n", r, i, ev.type == LLM_EVENT_ERROR ? ev.error.msg : "no vector");
+                rc = -1;
+            }
+            if (!rc)
+                memcpy(out[r][i], ev.embedding, sizeof(float) * (size_t)m->hp.n_embd);
+            if (!rc || ev.type)
+                llm_event_clear(&ev);
+        }
+    for (int done = 0; !rc && !done;) {
+        llm_event ev;
+        if (llm_engine_next(e, gid, &ev, 60000) || ev.type == LLM_EVENT_ERROR) {
+            fprintf(stderr, "generation: %s\n", ev.type == LLM_EVENT_ERROR ? ev.error.msg : "lost");
+            rc = -1;
+        }
+        done = !rc && ev.type == LLM_EVENT_DONE;
+        llm_event_clear(&ev);
+    }
+    if (rc && err.msg[0])
+        fprintf(stderr, "%s\n", err.msg);
+    llm_engine_close(e);
+    return rc;
+}
+
+/* One-token embedding inputs beside a generation make decode-shaped steps
+ * with hidden rows, read back midway: a captured graph refused that read
+ * and failed the whole pass, the generation of another tenant with it.
+ * Every request succeeds, and the vectors equal the CPU backend's within
+ * 1e-3 (F32 weights; unit vectors). */
+static int embed_main(void)
+{
+    test_tiny t;
+    llm_backend *cuda = open_cuda();
+    static float cpu[E_ROUNDS][4][E_DIM_MAX], dev[E_ROUNDS][4][E_DIM_MAX];
+    if (test_tiny_open(&t, "cudasim-embed", QT_F32, 3, 2) || t.m->hp.n_embd > E_DIM_MAX ||
+        embed_run(t.m, t.b, cpu) || embed_run(t.m, cuda, dev))
+        return 1;
+    double worst = 0;
+    for (int r = 0; r < E_ROUNDS; r++)
+        for (int i = 0; i < 4; i++)
+            for (int k = 0; k < t.m->hp.n_embd; k++) worst = fmax(worst, fabs((double)cpu[r][i][k] - dev[r][i][k]));
+    fprintf(stderr, "embeddings: cuda - cpu max |difference| %.2e\n", worst);
+    llm_backend_free(cuda);
+    test_tiny_close(&t);
+    return worst <= 1e-3 ? 0 : 1;
+}
+
+static void test_embeddings_beside_graphs(void **st)
+{
+    (void)st;
+    in_child(embed_main, NULL, NULL, 0);
+}
+
 int main(void)
 {
     if (!getenv("LLM_CUDA_LIB")) {
@@ -299,6 +382,7 @@ int main(void)
         cmocka_unit_test(test_graph_launch_fails),
         cmocka_unit_test(test_graphs_replay),
         cmocka_unit_test(test_quantized_gemm),
+        cmocka_unit_test(test_embeddings_beside_graphs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

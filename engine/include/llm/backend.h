@@ -143,7 +143,8 @@ typedef struct llm_step_info {
     int max_len;   /* longest sequence's positions after the step */
     int decode;    /* 1: every sequence adds one row */
     int pick;      /* 1: the step ends with sample (ids only), 0: with read (logits) */
-    int host_sync; /* 1: the pass reads results back midway (expert routing), so it cannot be replayed as a whole */
+    int host_sync; /* 1: the pass reads results back midway (expert routing, embeddings' hidden rows), so it
+                    * cannot be replayed as a whole */
 } llm_step_info;
 
 /* What a backend's memory holds, for /metrics. */
