@@ -232,8 +232,10 @@ static llm_status check_fields(const llm_engine *e, const llm_request *rq, llm_e
         return llm_errf(err, LLM_ERR_INVALID_ARG, "request has neither prompt tokens nor text");
     if (rq->pooling != LLM_POOL_NONE && rq->pooling != LLM_POOL_MEAN && rq->pooling != LLM_POOL_LAST)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "pooling %d is not one of none, mean, last", (int)rq->pooling);
-    if (rq->pooling && (rq->n > 1 || rq->grammar))
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "an embedding request has one sequence and no grammar");
+    if (rq->pooling && rq->n > 1)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "an embedding request has one sequence, not n %d", rq->n);
+    if (rq->pooling && rq->grammar)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "an embedding request generates nothing: no grammar applies");
     (void)e;
     return LLM_OK;
 }
@@ -605,6 +607,7 @@ void llm_engine_stats(llm_engine *e, llm_stats *out)
     out->kv_local_blocks_total = kc.local_blocks;
     out->kv_local_blocks_used = kc.local_used;
     out->kv_window = kv_cache_window(e->kv);
+    out->n_ctx = e->cfg.n_ctx;
     out->kv_block_size = kv_cache_block_size(e->kv);
     out->preemptions = e->s.stats.preemptions;
     out->prompt_tokens = e->s.stats.prompt_tokens;
@@ -631,8 +634,6 @@ static int take_copies(llm_engine *e, kv_pool_id pool, int at)
     return n;
 }
 
-/* Under the lock: the plan as a forward batch; copies to make; requests
- * marked in flight so cancel waits for them. */
 /* Whether plan item i samples a token this step: its prompt is through and
  * it generates (an embedding request pools instead). */
 static int item_samples(const llm_engine *e, int i)
@@ -656,6 +657,8 @@ static void hidden_rows(llm_engine *e, const sched_item *it, eng_seq *q, int row
     q->hn = *n - q->h0;
 }
 
+/* Under the lock: the plan as a forward batch; copies to make; requests
+ * marked in flight so cancel waits for them. */
 static void step_prepare(llm_engine *e, llm_forward_batch *bt)
 {
     const sched *s = &e->s;
@@ -856,7 +859,7 @@ static void embed_finish(llm_engine *e, eng_seq *q)
     double ss = 0;
     for (int k = 0; k < d; k++) ss += q->pool[k] * q->pool[k];
     llm_error why = {0};
-    if (q->r->pooling == LLM_POOL_MEAN && q->n_pooled != q->q.n_prompt)
+    if (q->r->pooling == LLM_POOL_MEAN ? q->n_pooled != q->q.n_prompt : q->n_pooled < 1)
         llm_errf(&why, LLM_ERR_INTERNAL, "pooled %d of %d positions", q->n_pooled, q->q.n_prompt);
     else if (!(ss == ss) || ss > 1e300)
         llm_errf(&why, LLM_ERR_NUMERIC, "the model produced a NaN or infinite hidden state");

@@ -401,15 +401,23 @@ static void host_argmax(const float *lg, int n_rows, int n_vocab, int32_t *out)
     }
 }
 
+/* Rows of the last layer's output (f->x, all the batch's rows) gathered
+ * into tmp, then through the output norm into out (tmp may be out). */
+static void final_rows(llm_forward *f, const llm_forward_batch *bt, const int32_t *which, int n, float *tmp, float *out)
+{
+    const llm_hparams *hp = &f->m->hp;
+    llm_weight rows = {QT_F32, bt->n_rows, hp->n_embd, sizeof(float) * (size_t)hp->n_embd, f->x};
+    llm_backend_get_rows(f->b, &rows, which, n, tmp);
+    llm_backend_rmsnorm(f->b, tmp, f->m->output_norm, n, hp->n_embd, hp->eps, out);
+}
+
 /* The hidden rows asked for, through the output norm into f->xb (free
  * once the logits are computed: the device queue keeps the order) and,
  * from a device, read back into host memory. */
 static llm_status hidden_out(llm_forward *f, const llm_forward_batch *bt)
 {
     const llm_hparams *hp = &f->m->hp;
-    llm_weight rows = {QT_F32, bt->n_rows, hp->n_embd, sizeof(float) * (size_t)hp->n_embd, f->x};
-    llm_backend_get_rows(f->b, &rows, bt->hidden_rows, bt->n_hidden, f->xb);
-    llm_backend_rmsnorm(f->b, f->xb, f->m->output_norm, bt->n_hidden, hp->n_embd, hp->eps, f->xb);
+    final_rows(f, bt, bt->hidden_rows, bt->n_hidden, f->xb, f->xb);
     if (llm_backend_host_memory(f->b)) {
         f->hidden = f->xb;
         return LLM_OK;
@@ -446,10 +454,7 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
         if ((st = layer_run(f, bt, lseqs, &layers[il], il)))
             return st;
     if (bt->n_logits > 0) {
-        /* the rows wanted, gathered as rows of an F32 table */
-        llm_weight rows = {QT_F32, bt->n_rows, hp->n_embd, sizeof(float) * (size_t)hp->n_embd, f->x};
-        llm_backend_get_rows(f->b, &rows, bt->logit_rows, bt->n_logits, f->last);
-        llm_backend_rmsnorm(f->b, f->last, f->m->output_norm, bt->n_logits, hp->n_embd, hp->eps, f->xb);
+        final_rows(f, bt, bt->logit_rows, bt->n_logits, f->last, f->xb);
         if ((st = llm_backend_matmul(f->b, &f->m->output, f->xb, bt->n_logits, f->logits)))
             return st;
     }

@@ -104,6 +104,13 @@ json_t *srv_json_object(const char *body, size_t len, srv_err *e);
 char *srv_err_body(const srv_err *e);
 /* HTTP status for an engine status (429 queue full, 503 shutting down...). */
 int srv_status_of(llm_status st);
+/* An integer field of o in [lo, hi], or absent (*out unchanged): 0, or -1
+ * with e set (400 naming it). */
+int srv_int_field(json_t *o, const char *k, long lo, long hi, long *out, srv_err *e);
+/* The fields every API body shares: model (404 when another one), cache_salt
+ * (1 to 256 bytes; *cache_salt points into o, NULL when absent) and user (a
+ * string). 0, or -1 with e set naming the field. */
+int srv_check_envelope(const srv *s, json_t *o, const char **cache_salt, srv_err *e);
 
 /* A parsed completion request; strings it points to are owned by it. */
 typedef struct srv_completion {
@@ -124,8 +131,9 @@ typedef struct srv_completion {
     char *tool_prefill;        /* a forced call's opening, appended to the prompt (owned), or NULL */
 } srv_completion;
 
-/* Parses and validates a /v1/completions (kind 0), /v1/chat/completions
- * (1) or /generate (2) body; chat messages are rendered with chat (the
+/* Parses and validates a /v1/completions (kind SRV_FIELDS_COMPLETIONS),
+ * /v1/chat/completions (SRV_FIELDS_CHAT) or /generate (SRV_FIELDS_GENERATE)
+ * body; chat messages are rendered with chat (the
  * serving revision's renderer) and, with vocab (the serving
  * revision's), tokenized here: the markup as control tokens, the messages'
  * contents as text (rq.tokens; without vocab rq.text, every control-token

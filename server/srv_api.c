@@ -137,7 +137,7 @@ static int num_field(json_t *o, const char *k, double lo, double hi, double *out
     return 0;
 }
 
-static int int_field(json_t *o, const char *k, long lo, long hi, long *out, srv_err *e)
+int srv_int_field(json_t *o, const char *k, long lo, long hi, long *out, srv_err *e)
 {
     json_t *v = json_object_get(o, k);
     if (!v || json_is_null(v))
@@ -178,8 +178,8 @@ static int parse_sampling(json_t *o, llm_request *rq, srv_err *e)
     if (num_field(o, "temperature", 0, 2, &t, e) || num_field(o, "top_p", 0, 1, &top_p, e) ||
         num_field(o, "min_p", 0, 1, &min_p, e) || num_field(o, "presence_penalty", -2, 2, &pres, e) ||
         num_field(o, "frequency_penalty", -2, 2, &freq, e) || num_field(o, "repetition_penalty", 0.01, 10, &rep, e) ||
-        int_field(o, "top_k", -1, 1 << 30, &top_k, e) || int_field(o, "seed", -(1L << 62), 1L << 62, &seed, e) ||
-        int_field(o, "n", 1, LLM_MAX_N, &n, e) || int_field(o, "priority", -1000000, 1000000, &prio, e))
+        srv_int_field(o, "top_k", -1, 1 << 30, &top_k, e) || srv_int_field(o, "seed", -(1L << 62), 1L << 62, &seed, e) ||
+        srv_int_field(o, "n", 1, LLM_MAX_N, &n, e) || srv_int_field(o, "priority", -1000000, 1000000, &prio, e))
         return -1;
     if (top_p <= 0) {
         srv_err_set(e, 400, "top_p", "'top_p' must be greater than 0");
@@ -353,27 +353,38 @@ static int parse_messages(const srv *s, const srv_chat *chat, const llm_vocab *v
 }
 
 
+int srv_check_envelope(const srv *s, json_t *o, const char **cache_salt, srv_err *e)
+{
+    json_t *m = json_object_get(o, "model"), *salt = json_object_get(o, "cache_salt"), *u = json_object_get(o, "user");
+    if (m && !json_is_null(m) && (!json_is_string(m) || strcmp(json_string_value(m), s->name)))
+        return srv_fail(e, json_is_string(m) ? 404 : 400, "model", "model '%s' is not served here (this server has '%s')",
+                        json_is_string(m) ? json_string_value(m) : "?", s->name);
+    if (salt && !json_is_null(salt) &&
+        (!json_is_string(salt) || json_string_length(salt) < 1 || json_string_length(salt) > 256))
+        return srv_fail(e, 400, "cache_salt", "'cache_salt' must be a string of 1 to 256 bytes");
+    if (u && !json_is_null(u) && !json_is_string(u))
+        return srv_fail(e, 400, "user", "'user' must be a string");
+    *cache_salt = json_string_value(salt);
+    return 0;
+}
+
 static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
 {
-    json_t *m = json_object_get(o, "model");
-    if (m && !json_is_null(m) && (!json_is_string(m) || strcmp(json_string_value(m), s->name))) {
-        srv_err_set(e, json_is_string(m) ? 404 : 400, "model", "model '%s' is not served here (this server has '%s')",
-                    json_is_string(m) ? json_string_value(m) : "?", s->name);
+    if (srv_check_envelope(s, o, &c->cache_salt, e))
         return -1;
-    }
     long max_tokens = c->chat ? 0 : 16, logprobs = -1; /* OpenAI's defaults: 16, and none for chat */
     json_t *opts = json_object_get(o, "stream_options");
-    if (int_field(o, c->chat ? "max_completion_tokens" : "max_tokens", 1, 1 << 24, &max_tokens, e) ||
-        (c->chat && int_field(o, "max_tokens", 1, 1 << 24, &max_tokens, e)) || bool_field(o, "stream", &c->stream, e) ||
+    if (srv_int_field(o, c->chat ? "max_completion_tokens" : "max_tokens", 1, 1 << 24, &max_tokens, e) ||
+        (c->chat && srv_int_field(o, "max_tokens", 1, 1 << 24, &max_tokens, e)) || bool_field(o, "stream", &c->stream, e) ||
         bool_field(o, "echo", &c->echo, e) || bool_field(o, "ignore_eos", &c->rq.ignore_eos, e) ||
         parse_sampling(o, &c->rq, e) || parse_stop(o, c, e))
         return -1;
-    if (!c->chat && int_field(o, "logprobs", 0, LLM_MAX_LOGPROBS, &logprobs, e))
+    if (!c->chat && srv_int_field(o, "logprobs", 0, LLM_MAX_LOGPROBS, &logprobs, e))
         return -1;
     if (c->chat) {
         int want = 0;
         long top = 0;
-        if (bool_field(o, "logprobs", &want, e) || int_field(o, "top_logprobs", 0, LLM_MAX_LOGPROBS, &top, e))
+        if (bool_field(o, "logprobs", &want, e) || srv_int_field(o, "top_logprobs", 0, LLM_MAX_LOGPROBS, &top, e))
             return -1;
         logprobs = want ? top : -1;
     }
@@ -382,20 +393,8 @@ static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
             srv_err_set(e, 400, "stream_options", "'stream_options' must be an object");
         return -1;
     }
-    json_t *salt = json_object_get(o, "cache_salt");
-    if (salt && !json_is_null(salt) &&
-        (!json_is_string(salt) || json_string_length(salt) < 1 || json_string_length(salt) > 256)) {
-        srv_err_set(e, 400, "cache_salt", "'cache_salt' must be a string of 1 to 256 bytes");
-        return -1;
-    }
-    c->cache_salt = json_string_value(salt);
     if (c->echo) {
         srv_err_set(e, 400, "echo", "'echo' is not supported");
-        return -1;
-    }
-    json_t *u = json_object_get(o, "user");
-    if (u && !json_is_null(u) && !json_is_string(u)) {
-        srv_err_set(e, 400, "user", "'user' must be a string");
         return -1;
     }
     c->rq.max_tokens = (int)max_tokens;
@@ -540,8 +539,8 @@ int srv_parse_completion(const srv *s, const srv_chat *chat, const llm_vocab *vo
                          srv_completion *c, srv_err *e)
 {
     memset(c, 0, sizeof *c);
-    c->chat = kind == 1;
-    c->generate = kind == 2;
+    c->chat = kind == SRV_FIELDS_CHAT;
+    c->generate = kind == SRV_FIELDS_GENERATE;
     int is_chat = c->chat;
     c->rq.sampling = llm_sampling_default();
     if (!(c->root = srv_json_object(body, len, e)))

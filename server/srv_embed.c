@@ -9,6 +9,7 @@
 
 #include "http_guard.h"
 #include "llm/clock.h"
+#include "llm/strbuf.h"
 #include "srv.h"
 #include "srv_fields.h"
 
@@ -39,6 +40,8 @@ static int ids_of(json_t *a, int n_vocab, int idx, int32_t **out, int *n, srv_er
     size_t k = json_array_size(a);
     if (k == 0)
         return srv_fail(e, 400, "input", "input %d is an empty array of token ids", idx);
+    if (k > (size_t)INT32_MAX)
+        return srv_fail(e, 400, "input", "input %d has too many token ids", idx);
     if (!(*out = malloc(sizeof(int32_t) * k)))
         return srv_fail(e, 503, NULL, "out of memory");
     for (size_t i = 0; i < k; i++) {
@@ -65,8 +68,8 @@ static int ids_of_text(const srv *s, json_t *str, int idx, int32_t **out, int *n
 }
 
 /* The inputs: a string, an array of token ids, or an array of strings or
- * of arrays of token ids (one input each). */
-static int parse_input(const srv *s, json_t *in, srv_embed *q, srv_err *e)
+ * of arrays of token ids (one input each); each of at most max_tokens. */
+static int parse_input(const srv *s, json_t *in, int max_tokens, srv_embed *q, srv_err *e)
 {
     int n_vocab = llm_vocab_n(s->model->vocab);
     int many = json_is_array(in) && json_array_size(in) > 0 && !json_is_integer(json_array_get(in, 0));
@@ -86,19 +89,23 @@ static int parse_input(const srv *s, json_t *in, srv_embed *q, srv_err *e)
                                     : srv_fail(e, 400, "input", "input %zu is neither a string nor an array of token ids", i);
         if (rc)
             return rc;
+        if (q->n_ids[i] > max_tokens) /* found before anything runs: a bad request changes nothing */
+            return srv_fail(e, 400, "input", "input %zu has %d tokens; one sequence holds at most %d here", i,
+                            q->n_ids[i], max_tokens);
     }
     return 0;
 }
 
-/* encoding_format, dimensions, pooling, priority, cache_salt, user. */
-static int parse_options(const srv *s, json_t *o, srv_embed *q, srv_err *e)
+/* encoding_format, dimensions, pooling, priority. */
+static int parse_options(json_t *o, srv_embed *q, srv_err *e)
 {
     json_t *f = json_object_get(o, "encoding_format"), *d = json_object_get(o, "dimensions"),
-           *p = json_object_get(o, "pooling"), *pr = json_object_get(o, "priority"),
-           *salt = json_object_get(o, "cache_salt"), *u = json_object_get(o, "user");
-    if (f && !json_is_null(f) && !(json_is_string(f) && (!strcmp(json_string_value(f), "float") ||
-                                                          (q->base64 = !strcmp(json_string_value(f), "base64")))))
+           *p = json_object_get(o, "pooling");
+    const char *fmt = json_is_string(f) ? json_string_value(f) : "";
+    long prio = 0;
+    if (f && !json_is_null(f) && strcmp(fmt, "float") && strcmp(fmt, "base64"))
         return srv_fail(e, 400, "encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
+    q->base64 = !strcmp(fmt, "base64");
     if (d && !json_is_null(d) && (!json_is_integer(d) || json_integer_value(d) != q->dim))
         return srv_fail(e, 400, "dimensions", "'dimensions' must be %d: this model's embeddings cannot be shortened",
                         q->dim);
@@ -108,38 +115,36 @@ static int parse_options(const srv *s, json_t *o, srv_embed *q, srv_err *e)
         if (!q->pooling)
             return srv_fail(e, 400, "pooling", "'pooling' must be \"mean\" or \"last\"");
     }
-    if (pr && !json_is_null(pr) && (!json_is_integer(pr) || json_integer_value(pr) < -1000000 ||
-                                    json_integer_value(pr) > 1000000))
-        return srv_fail(e, 400, "priority", "'priority' must be an integer in [-1000000, 1000000]");
-    q->priority = pr && json_is_integer(pr) ? (int)json_integer_value(pr) : 0;
-    if (salt && !json_is_null(salt) &&
-        (!json_is_string(salt) || json_string_length(salt) < 1 || json_string_length(salt) > 256))
-        return srv_fail(e, 400, "cache_salt", "'cache_salt' must be a string of 1 to 256 bytes");
-    q->cache_salt = json_string_value(salt);
-    if (u && !json_is_null(u) && !json_is_string(u))
-        return srv_fail(e, 400, "user", "'user' must be a string");
-    (void)s;
+    if (srv_int_field(o, "priority", -1000000, 1000000, &prio, e))
+        return -1;
+    q->priority = (int)prio;
     return 0;
 }
 
-int srv_embed_parse(const srv *s, const char *body, size_t len, srv_embed *q, srv_err *e)
+/* The answer's size, an upper bound: each value at its longest, each item's
+ * fields, the envelope. */
+static double answer_bound(const srv_embed *q, size_t n_inputs)
+{
+    double value = q->base64 ? 4.0 * 4 / 3 + 1 : SRV_EMBED_VALUE_BYTES;
+    return (double)n_inputs * ((double)q->dim * value + 64) + 256 + 2 * 128;
+}
+
+int srv_embed_parse(const srv *s, int max_tokens, const char *body, size_t len, srv_embed *q, srv_err *e)
 {
     q->dim = s->model->hp.n_embd;
     q->pooling = s->embed_pooling;
-    if (!(q->root = srv_json_object(body, len, e)) || srv_fields_check(q->root, SRV_FIELDS_EMBED, e))
+    if (!(q->root = srv_json_object(body, len, e)) || srv_fields_check(q->root, SRV_FIELDS_EMBED, e) ||
+        srv_check_envelope(s, q->root, &q->cache_salt, e) || parse_options(q->root, q, e))
         return -1;
-    json_t *m = json_object_get(q->root, "model");
-    if (m && !json_is_null(m) && (!json_is_string(m) || strcmp(json_string_value(m), s->name)))
-        return srv_fail(e, json_is_string(m) ? 404 : 400, "model", "model '%s' is not served here (this server has '%s')",
-                        json_is_string(m) ? json_string_value(m) : "?", s->name);
-    if (parse_options(s, q->root, q, e) || parse_input(s, json_object_get(q->root, "input"), q, e))
-        return -1;
-    /* the answer's size, estimated as the answers of completions are */
-    size_t per = q->base64 ? 6 : 16; /* bytes a value takes in the text */
-    if ((double)q->n * q->dim * per > (double)s->cfg.max_answer_bytes)
-        return srv_fail(e, 400, "input", "%d inputs of %d values each make an answer over max_answer_bytes (%ld)", q->n,
+    json_t *in = json_object_get(q->root, "input");
+    size_t n = json_is_array(in) ? json_array_size(in) : 1;
+    if (json_is_array(in) && n > 0 && json_is_integer(json_array_get(in, 0)))
+        n = 1; /* one input of token ids */
+    /* before the inputs are tokenized: an answer too big for max_answer_bytes */
+    if (answer_bound(q, n) > (double)s->cfg.max_answer_bytes)
+        return srv_fail(e, 400, "input", "%zu inputs of %d values each make an answer over max_answer_bytes (%ld)", n,
                         q->dim, s->cfg.max_answer_bytes);
-    return 0;
+    return parse_input(s, in, max_tokens, q, e);
 }
 
 /* ---- running ------------------------------------------------------------------- */
@@ -248,61 +253,66 @@ int srv_embed_run(srv *s, llm_engine *eng, struct mg_connection *c, srv_embed *q
 
 /* ---- the answer ------------------------------------------------------------------- */
 
-/* One embedding as base64 of its little-endian float32 bytes. */
-static json_t *base64_of(const float *v, int dim)
+/* One embedding as base64 of its little-endian float32 bytes, appended. */
+static void put_base64(llm_strbuf *b, const float *v, int dim)
 {
     size_t n = sizeof(float) * (size_t)dim;
     unsigned char *raw = malloc(n), *txt = malloc(4 * ((n + 2) / 3) + 1);
-    json_t *out = NULL;
+    int len = -1;
     if (raw && txt) {
         for (int i = 0; i < dim; i++) {
             uint32_t u;
             memcpy(&u, &v[i], 4);
-            for (int b = 0; b < 4; b++) raw[4 * (size_t)i + (size_t)b] = (unsigned char)(u >> (8 * b));
+            for (int k = 0; k < 4; k++) raw[4 * (size_t)i + (size_t)k] = (unsigned char)(u >> (8 * k));
         }
-        int len = EVP_EncodeBlock(txt, raw, (int)n);
-        out = len >= 0 ? json_stringn((const char *)txt, (size_t)len) : NULL;
+        len = EVP_EncodeBlock(txt, raw, (int)n);
     }
+    if (len < 0 || llm_strbuf_append(b, "\"", 1) || llm_strbuf_append(b, (const char *)txt, (size_t)len) ||
+        llm_strbuf_append(b, "\"", 1))
+        b->failed = 1;
     free(raw);
     free(txt);
-    return out;
 }
 
-static json_t *floats_of(const float *v, int dim)
+/* One embedding as a JSON array; 9 significant digits give back every
+ * float32 exactly. */
+static void put_floats(llm_strbuf *b, const float *v, int dim)
 {
-    json_t *a = json_array();
-    for (int i = 0; a && i < dim; i++)
-        if (json_array_append_new(a, json_real(v[i]))) {
-            json_decref(a);
-            a = NULL;
-        }
-    return a;
+    llm_strbuf_append(b, "[", 1);
+    for (int i = 0; i < dim; i++) llm_strbuf_printf(b, i ? ",%.9g" : "%.9g", (double)v[i]);
+    llm_strbuf_append(b, "]", 1);
 }
 
 char *srv_embed_answer(const srv_embed *q, const char *model)
 {
-    json_t *data = json_array();
-    for (int i = 0; data && i < q->n; i++) {
+    json_t *name = json_string(model);
+    char *quoted = name ? json_dumps(name, JSON_ENCODE_ANY) : NULL; /* the name as a JSON string */
+    json_decref(name);
+    if (!quoted)
+        return NULL;
+    llm_strbuf b = {0};
+    llm_strbuf_printf(&b, "{\"object\":\"list\",\"data\":[");
+    for (int i = 0; i < q->n && !b.failed; i++) {
+        llm_strbuf_printf(&b, "%s{\"object\":\"embedding\",\"index\":%d,\"embedding\":", i ? "," : "", i);
         const float *v = q->vecs + (size_t)i * q->dim;
-        json_t *emb = q->base64 ? base64_of(v, q->dim) : floats_of(v, q->dim);
-        json_t *item = emb ? json_pack("{s:s,s:i,s:o}", "object", "embedding", "index", i, "embedding", emb) : NULL;
-        if (!item || json_array_append_new(data, item)) {
-            json_decref(data);
-            data = NULL;
-        }
+        if (q->base64)
+            put_base64(&b, v, q->dim);
+        else
+            put_floats(&b, v, q->dim);
+        llm_strbuf_append(&b, "}", 1);
     }
-    json_t *j = data ? json_pack("{s:s,s:o,s:s,s:{s:I,s:I}}", "object", "list", "data", data, "model", model, "usage",
-                                 "prompt_tokens", (json_int_t)q->prompt_tokens, "total_tokens",
-                                 (json_int_t)q->prompt_tokens)
-                     : NULL;
-    /* 9 significant digits give back every float32 exactly */
-    char *text = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
-    json_decref(j);
+    llm_strbuf_printf(&b, "],\"model\":%s,\"usage\":{\"prompt_tokens\":%ld,\"total_tokens\":%ld}}", quoted,
+                      q->prompt_tokens, q->prompt_tokens);
+    free(quoted);
+    char *text = llm_strbuf_take(&b);
+    llm_strbuf_free(&b);
     return text;
 }
 
 void srv_embed_free(srv_embed *q)
 {
+    if (!q)
+        return;
     for (int i = 0; q->ids && i < q->n; i++) free(q->ids[i]);
     free(q->ids);
     free(q->n_ids);

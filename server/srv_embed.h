@@ -21,7 +21,8 @@
 #include "llm/engine.h"
 
 #define SRV_EMBED_MAX_INPUTS 2048 /* OpenAI's limit per request */
-#define SRV_EMBED_WINDOW 16       /* inputs of one request in the engine at once */
+#define SRV_EMBED_WINDOW 16       /* inputs of one request in the engine at once, at most */
+#define SRV_EMBED_VALUE_BYTES 17  /* the most a float takes in the answer: "-1.23456789e-38," */
 
 struct srv;
 struct srv_err;
@@ -41,27 +42,31 @@ typedef struct srv_embed {
     long prompt_tokens;        /* after srv_embed_run */
 } srv_embed;
 
-/* The server's pooling from its setting (auto | mean | last) and the model
- * file; LLM_POOL_NONE for an unknown setting. */
+/* The pooling a setting names (auto | mean | last) for model m: auto reads
+ * the file. LLM_POOL_NONE for any other setting. */
 llm_pooling srv_embed_default_pooling(const llm_model *m, const char *setting);
 
-/* Parses and tokenizes a body: 0, or -1 with e set (400 naming the field:
- * no input, an empty one, more than SRV_EMBED_MAX_INPUTS, a token id
- * outside the vocabulary, dimensions other than the model's, an unknown
- * encoding_format or pooling; 404 another model's name). */
-int srv_embed_parse(const struct srv *s, const char *body, size_t len, srv_embed *q, struct srv_err *e);
+/* Parses and tokenizes a body, every input checked before any runs: 0, or
+ * -1 with e set (400 naming the field: no input, an empty one, more than
+ * SRV_EMBED_MAX_INPUTS, a token id outside the vocabulary, an input over
+ * max_tokens (what one sequence may hold: the context, and the KV pool),
+ * an answer over max_answer_bytes, dimensions other than the model's, an
+ * unknown encoding_format or pooling; 404 another model's name). */
+int srv_embed_parse(const struct srv *s, int max_tokens, const char *body, size_t len, srv_embed *q, struct srv_err *e);
 
 /* Runs q's inputs on engine eng, window at a time (1..SRV_EMBED_WINDOW),
  * under prefix-cache partition salt: 0 with q->vecs and q->prompt_tokens
- * filled, or an HTTP status with e set (499: the client left; 504: past
- * request_timeout_s; the engine's refusals as for completions). Every
- * input submitted is read to its end or cancelled before it returns. */
+ * filled, or an HTTP status (499: the client left, e untouched; else e set:
+ * 504 past request_timeout_s, 503 cut by a shutdown, the engine's refusals
+ * as for completions). Every input submitted is read to its end or
+ * cancelled before it returns. */
 int srv_embed_run(struct srv *s, llm_engine *eng, struct mg_connection *c, srv_embed *q, uint64_t salt, int window,
                   struct srv_err *e);
 
-/* The answer's JSON text (malloc'd; NULL: out of memory). */
+/* The answer's JSON text (malloc'd; NULL: out of memory), written
+ * directly: no JSON tree of n x dim values. */
 char *srv_embed_answer(const srv_embed *q, const char *model);
 
-void srv_embed_free(srv_embed *q);
+void srv_embed_free(srv_embed *q); /* NULL ok */
 
 #endif

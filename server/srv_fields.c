@@ -89,12 +89,13 @@ static const fld *fld_find(const char *name)
     return NULL;
 }
 
-/* Names logged already: at most FLD_LOGGED_MAX, so a client that sends
- * fresh names forever costs bounded memory and log lines. */
+/* Route and name pairs logged already ("1:name"): at most FLD_LOGGED_MAX,
+ * so a client that sends fresh names forever costs bounded memory and log
+ * lines. */
 #define FLD_LOGGED_MAX 128
 #define FLD_NAME_MAX 64
 static pthread_mutex_t fld_mu = PTHREAD_MUTEX_INITIALIZER;
-static char fld_logged[FLD_LOGGED_MAX][FLD_NAME_MAX];
+static char fld_logged[FLD_LOGGED_MAX][FLD_NAME_MAX + 2];
 static int fld_n_logged;
 
 /* The name as a log can show it: printable ASCII, at most 63 bytes. */
@@ -109,14 +110,18 @@ static void fld_clean(const char *name, char *out)
 static void fld_log_unknown(const char *name, int kind)
 {
     static const char *const path[4] = {"/v1/completions", "/v1/chat/completions", "/generate", "/v1/embeddings"};
+    if (kind < 0 || kind > 3)
+        return;
     char clean[FLD_NAME_MAX];
     fld_clean(name, clean);
+    char key[FLD_NAME_MAX + 2] = {(char)('0' + kind), ':'}; /* once per route and name */
+    memcpy(key + 2, clean, sizeof clean);
     pthread_mutex_lock(&fld_mu);
     int seen = 0;
-    for (int i = 0; i < fld_n_logged && !seen; i++) seen = !strcmp(fld_logged[i], clean);
+    for (int i = 0; i < fld_n_logged && !seen; i++) seen = !strcmp(fld_logged[i], key);
     int log = !seen && fld_n_logged < FLD_LOGGED_MAX;
     if (log)
-        memcpy(fld_logged[fld_n_logged++], clean, sizeof clean);
+        memcpy(fld_logged[fld_n_logged++], key, sizeof key);
     pthread_mutex_unlock(&fld_mu);
     if (log)
         llm_log("llm-server", "ignoring the unknown request field '%s' (%s; logged once per name)", clean, path[kind]);

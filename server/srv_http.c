@@ -14,6 +14,7 @@
 #include "http_guard.h"
 #include "srv.h"
 #include "srv_embed.h"
+#include "srv_fields.h"
 #include "textout.h"
 #include "llm/clock.h"
 
@@ -538,6 +539,12 @@ static uint64_t cache_salt(const srv_key *key, const char *field)
     return ok ? (h ? h : 1) : 1; /* a failed digest: a partition of its own for all such (never the common 0) */
 }
 
+/* A caller's priority goes as high as its key allows, no further. */
+static int priority_ceiling(const srv *s, const srv_key *key)
+{
+    return key ? key->max_priority : (int)s->cfg.max_priority_anonymous;
+}
+
 /* Grows a request's share of key's tenant's max_inflight from held to n
  * sequences: 0, or the refusal in e - 400 when n alone is over the cap (no
  * retry helps), 429 when the tenant's requests in flight hold it. */
@@ -566,10 +573,9 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
              .eng = rv ? rv->engine : s->engine, .vocab = rv ? rv->model->vocab : s->model->vocab, .rev = rv != NULL};
     llm_error err = {0};
     const srv_key *key = caller(s, c);
-    int ceiling = key ? key->max_priority : (int)s->cfg.max_priority_anonymous;
     cp->rq.cache_salt = cache_salt(key, cp->cache_salt);
-    if (cp->rq.priority > ceiling) /* a caller's priority goes as high as its key allows, no further */
-        cp->rq.priority = ceiling;
+    if (cp->rq.priority > priority_ceiling(s, key))
+        cp->rq.priority = priority_ceiling(s, key);
     if (tenant_take(s, key, cp->rq.n, *held, e))
         return send_err(c, e);
     *held = cp->rq.n;
@@ -671,17 +677,17 @@ static int do_completion(srv *s, struct mg_connection *c, const char *body, size
 
 static int fn_completions(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
 {
-    return do_completion(s, c, b, n, 0, e);
+    return do_completion(s, c, b, n, SRV_FIELDS_COMPLETIONS, e);
 }
 
 static int fn_chat(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
 {
-    return do_completion(s, c, b, n, 1, e);
+    return do_completion(s, c, b, n, SRV_FIELDS_CHAT, e);
 }
 
 static int fn_generate(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
 {
-    return do_completion(s, c, b, n, 2, e);
+    return do_completion(s, c, b, n, SRV_FIELDS_GENERATE, e);
 }
 
 static int fn_models(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
@@ -757,42 +763,64 @@ static int fn_detokenize(srv *s, struct mg_connection *c, const char *b, size_t 
     return rc;
 }
 
+/* The most tokens one embedding input may have: the context, and what the
+ * KV pool holds for one sequence. */
+static int embed_max_tokens(srv *s)
+{
+    llm_stats st;
+    llm_engine_stats(s->engine, &st);
+    long pool = (long)st.kv_blocks_total * st.kv_block_size;
+    return pool < st.n_ctx ? (int)pool : st.n_ctx;
+}
+
+/* Grows a request's share of its tenant's cap from held towards want: as
+ * many as are free now, at least what it holds (its inputs then run fewer
+ * at a time instead of being refused). Returns the share. */
+static int tenant_grow(srv *s, const srv_key *key, int held, int want)
+{
+    for (int w = want; w > held; w--)
+        if (srv_keys_take(&s->keys, key, w - held, (int)s->cfg.tenant_max_inflight))
+            return w;
+    return held;
+}
+
+/* Sends q's answer and counts it (a pooling request finishes with reason
+ * stop, as vLLM counts them). */
+static int embed_answer(srv *s, struct mg_connection *c, const srv_embed *q, double t0)
+{
+    char *text = srv_embed_answer(q, s->name);
+    int status = send_text(c, text ? 200 : 503, "application/json", text ? text : OOM_BODY, NULL);
+    free(text);
+    srv_metrics_finished(&s->metrics, 0);
+    srv_metrics_observe(&s->metrics, H_E2E, llm_clock_mono_s() - t0);
+    srv_metrics_observe(&s->metrics, H_PROMPT_TOKENS, (double)q->prompt_tokens);
+    return status;
+}
+
 /* Embeddings come from the stable model only: vectors of two revisions
- * are not comparable, and a client stores them side by side. */
+ * are not comparable, and a client stores them side by side. As for
+ * completions one sequence of the tenant's cap is taken before the body is
+ * parsed; the share is held until the answer is sent, so a slow reader of
+ * a large answer keeps its cap taken. */
 static int fn_embeddings(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
 {
     srv_embed q = {0};
     const srv_key *key = caller(s, c);
     double t0 = llm_clock_mono_s();
-    /* as for completions: one of the tenant's cap before the inputs are tokenized */
     int status = tenant_take(s, key, 1, 0, e), held = status ? 0 : 1;
-    if (!status && srv_embed_parse(s, b, n, &q, e))
+    if (!status && srv_embed_parse(s, embed_max_tokens(s), b, n, &q, e))
         status = e->status;
     if (!status) {
-        int ceiling = key ? key->max_priority : (int)s->cfg.max_priority_anonymous;
-        int cap = srv_keys_cap(&s->keys, key, (int)s->cfg.tenant_max_inflight);
-        int window = q.n < SRV_EMBED_WINDOW ? q.n : SRV_EMBED_WINDOW;
-        if (cap > 0 && window > cap) /* a tenant's cap limits how many of its inputs run at once, not how many it sends */
-            window = cap;
-        if (q.priority > ceiling)
-            q.priority = ceiling;
-        status = tenant_take(s, key, window, held, e);
-        if (!status) {
-            held = window;
-            status = srv_embed_run(s, s->engine, c, &q, cache_salt(key, q.cache_salt), window, e);
-        }
+        held = tenant_grow(s, key, held, q.n < SRV_EMBED_WINDOW ? q.n : SRV_EMBED_WINDOW);
+        if (q.priority > priority_ceiling(s, key))
+            q.priority = priority_ceiling(s, key);
+        status = srv_embed_run(s, s->engine, c, &q, cache_salt(key, q.cache_salt), held, e);
     }
-    srv_keys_give(&s->keys, key, held);
-    if (!status) {
-        char *text = srv_embed_answer(&q, s->name);
-        status = send_text(c, text ? 200 : 503, "application/json", text ? text : OOM_BODY, NULL);
-        free(text);
-        srv_metrics_finished(&s->metrics, 0);
-        srv_metrics_observe(&s->metrics, H_E2E, llm_clock_mono_s() - t0);
-        srv_metrics_observe(&s->metrics, H_PROMPT_TOKENS, (double)q.prompt_tokens);
-    } else if (status != 499) {
+    if (!status)
+        status = embed_answer(s, c, &q, t0);
+    else if (status != 499)
         status = send_err(c, e);
-    }
+    srv_keys_give(&s->keys, key, held);
     srv_embed_free(&q);
     return status;
 }

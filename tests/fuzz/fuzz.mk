@@ -34,7 +34,7 @@ run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd 
 	  test $${PIPESTATUS[0]} -eq 0 || (echo "fuzz: 0 passed, 1 failed (GGUF reader)"; exit 1)
 	@echo "fuzz: $(REQ_TIME) s of fuzzing llm-server's request parsing"
 	@mkdir -p $(FUZZ_BUILD)/req-corpus && cp tests/fuzz/requests/* $(FUZZ_BUILD)/req-corpus/
-	@$(FUZZ_BUILD)/fuzz_request -max_total_time=$(REQ_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+	@FUZZ_VOCAB=$(FUZZ_BUILD)/seeds/spm.gguf $(FUZZ_BUILD)/fuzz_request -max_total_time=$(REQ_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
 	  $(FUZZ_BUILD)/req-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
 	  test $${PIPESTATUS[0]} -eq 0 || (echo "fuzz: 1 passed, 1 failed (request parsing)"; exit 1)
 	@echo "fuzz: $(LLMD_TIME) s of fuzzing llm-controller's desired state from LLMDeployment specs"

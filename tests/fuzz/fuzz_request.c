@@ -57,13 +57,16 @@ static void embed_one(srv *s, const uint8_t *data, size_t size)
     srv_err e = {0};
     s->model = embed_model();
     s->embed_pooling = LLM_POOL_LAST;
-    if (srv_embed_parse(s, (const char *)data, size, &q, &e) == 0) {
+    if (srv_embed_parse(s, 64, (const char *)data, size, &q, &e) == 0) {
         if (q.n < 1 || q.n > SRV_EMBED_MAX_INPUTS || q.dim != 8 || !q.pooling)
             abort();
-        for (int i = 0; i < q.n; i++)
+        for (int i = 0; i < q.n; i++) {
+            if (q.n_ids[i] < 1 || q.n_ids[i] > 64 || !q.ids[i])
+                abort();
             for (int k = 0; k < q.n_ids[i]; k++)
-                if (q.n_ids[i] < 1 || q.ids[i][k] < 0 || q.ids[i][k] >= llm_vocab_n(s->model->vocab))
+                if (q.ids[i][k] < 0 || q.ids[i][k] >= llm_vocab_n(s->model->vocab))
                     abort();
+        }
     } else if (e.status < 400 || e.status > 599 || !e.msg[0]) {
         abort();
     }

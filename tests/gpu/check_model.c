@@ -90,15 +90,21 @@ static int hidden_of(const llm_model *m, llm_backend *b, const int32_t *t, int n
     kv_seq s;
     kv_seq_init(&s);
     int rc = -1;
+    llm_status st = LLM_OK;
     if (!rows || kv_cache_new(&kc, b, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, &kv, err) ||
-        llm_forward_new(m, b, n, 1, &f, err) || kv_seq_reserve(kv, &s, n))
+        llm_forward_new(m, b, n, 1, &f, err) || (st = kv_seq_reserve(kv, &s, n))) {
+        if (st || !rows)
+            llm_errf(err, st ? st : LLM_ERR_NOMEM, "hidden states: %s", st ? llm_status_str(st) : "no memory");
         goto out;
+    }
     for (int i = 0; i < n; i++) rows[i] = i;
     llm_batch_seq bs = {0, n, 0, s.blocks, NULL};
     llm_forward_batch bt = {t, n, &bs, 1, &last, 1, rows, n};
     const float *lg;
-    if (llm_forward_eval(f, &bt, kv_cache_layers(kv), &lg) || !llm_forward_hidden(f))
+    if ((st = llm_forward_eval(f, &bt, kv_cache_layers(kv), &lg)) || !llm_forward_hidden(f)) {
+        llm_errf(err, st ? st : LLM_ERR_INTERNAL, "hidden states: the pass %s", st ? llm_status_str(st) : "gave none");
         goto out;
+    }
     memcpy(out, llm_forward_hidden(f), sizeof(float) * (size_t)n * m->hp.n_embd);
     rc = 0;
 out:
@@ -216,7 +222,7 @@ int main(int argc, char **argv)
     }
     double hid = hidden_rel(m, cpu.b, gpu.b, toks, n_prompt, &err);
     if (hid < 0)
-        fprintf(stderr, "hidden states: %s\n", err.msg[0] ? err.msg : "no memory");
+        fprintf(stderr, "%s\n", err.msg[0] ? err.msg : "hidden states: no memory");
     if (!(worst_prompt <= tol_prompt) || !(worst_step <= tol) || must_fail || !(hid >= 0 && hid <= tol_prompt))
         rc = 1;
     printf("model=%s backend=%s type=%s prompt_rel=%.2e hidden_rel=%.2e step_rel=%.2e max_abs=%.2e tol=%.0e/%.0e greedy_agree=%d/%d close=%d wrong=%d %s\n",

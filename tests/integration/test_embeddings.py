@@ -206,7 +206,7 @@ def test_openai_client(story_srv):
     ({"input": "x", "cache_salt": ""}, "cache_salt", "1 to 256"),
     ({"input": "x", "user": 3}, "user", "string"),
     ({"input": "x", "model": "other"}, "model", "not served"),
-    ({"input": list(range(3, 200))}, "input", "context of 128"),
+    ({"input": list(range(3, 200))}, "input", "holds at most 128"),
 ])
 def test_bad_requests(story_srv, body, param, words):
     s, out, _ = story_srv.post("/v1/embeddings", body)
@@ -214,6 +214,32 @@ def test_bad_requests(story_srv, body, param, words):
     assert out["error"]["param"] == param and words in out["error"]["message"], out
     st = story_srv.metrics()
     assert metric(st, "llm_requests_running") == 0 and metric(st, "llm_requests_waiting") == 0
+
+
+def test_bad_input_is_refused_before_anything_runs(story_srv):
+    """An input over the context at the end of a batch: 400 naming it, and
+    not one token of the inputs before it was run."""
+    before = metric(story_srv.metrics(), "vllm:prompt_tokens_total", model_name=NAME)
+    s, out, _ = story_srv.post("/v1/embeddings", {"input": [[5] * 100] * 50 + [[5] * 129]})
+    assert s == 400 and out["error"]["param"] == "input" and "input 50 has 129 tokens" in out["error"]["message"], out
+    assert metric(story_srv.metrics(), "vllm:prompt_tokens_total", model_name=NAME) == before
+
+
+def test_answer_bound(tmp_path):
+    """max_answer_bytes bounds the answer before anything is tokenized: the
+    same inputs are refused as floats and taken as base64 (a third of the
+    size) when the bound lies between."""
+    if not STORIES.exists():
+        pytest.skip("../shared/models/stories260K.gguf not present")
+    srv = Server(STORIES, "--max_answer_bytes", 1 << 20)
+    try:
+        body = {"input": [[5]] * 1000}  # 1000 x 64 values: ~1.1 MB as floats (bound), ~0.4 MB as base64
+        s, out, _ = srv.post("/v1/embeddings", body)
+        assert s == 400 and "max_answer_bytes" in out["error"]["message"], out
+        s, out, _ = srv.post("/v1/embeddings", {**body, "encoding_format": "base64"})
+        assert s == 200 and len(out["data"]) == 1000
+    finally:
+        assert srv.stop() == 0
 
 
 def test_methods_and_metrics(story_srv):
@@ -265,6 +291,39 @@ def test_gemma_sentences(gemma):
         assert srv.stop() == 0
 
 
+def test_window_shrinks_to_the_free_slots(models, tmp_path):
+    """A tenant (max_inflight=2) with a long completion in flight sends 10
+    inputs: they run one at a time in its free slot (not a 429). The
+    completion runs before and still after the request (a round where it
+    ended first is run again)."""
+    model = models("llama-110m", "Q8_0")
+    (tmp_path / "keys").write_text("a tenant=A max_inflight=2\n")
+    srv = Server(model, "--api_keys_file", tmp_path / "keys", "--n_ctx", 512)
+    hdr = {"Content-Type": "application/json", "Authorization": "Bearer a"}
+    running = lambda: metric(srv.metrics(), "vllm:num_requests_running", model_name=NAME) >= 1
+    try:
+        import time
+        for _ in range(5):
+            hold = threading.Thread(target=srv.request, args=("POST", "/v1/completions",
+                                    {"prompt": "Once", "ignore_eos": True, "max_tokens": 480}, hdr))
+            hold.start()
+            end = time.time() + 30
+            while not running() and time.time() < end:
+                time.sleep(0.02)
+            s, text, _ = srv.request("POST", "/v1/embeddings", {"input": [f"Story {i}" for i in range(10)]}, hdr)
+            assert s == 200, text
+            assert len(json.loads(text)["data"]) == 10
+            # still held: a request for both slots is refused now
+            still = srv.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1, "n": 2}, hdr)[0] == 429
+            hold.join()
+            if still:
+                break
+        else:
+            raise AssertionError("the completion never outlasted the embeddings request")
+    finally:
+        assert srv.stop() == 0
+
+
 def test_tenant_cap_limits_the_window(tmp_path):
     """A tenant with max_inflight=2 may send 10 inputs in one request: they
     run 2 at a time (never a 400 or 429 for the count alone)."""
@@ -285,7 +344,7 @@ def test_tenant_cap_limits_the_window(tmp_path):
 def test_client_gone_cancels(story_srv):
     """A client that leaves in the middle of a long request: its inputs
     stop being computed (nothing stays running or waiting, and most of its
-    204,800 tokens are never run)."""
+    204,800 tokens are never admitted to the engine)."""
     import socket
     import time
     body = json.dumps({"input": [[(i * 7 + j) % 500 + 3 for j in range(100)] for i in range(2048)]}).encode()
@@ -308,7 +367,7 @@ def test_client_gone_cancels(story_srv):
     st = story_srv.metrics()
     assert metric(st, "llm_requests_running") == 0 and metric(st, "llm_requests_waiting") == 0
     done = metric(st, "vllm:prompt_tokens_total", model_name=NAME) - before
-    print(f"stopped {time.time() - t0:.2f} s after the client left, {done:.0f} of 204800 tokens computed")
+    print(f"stopped {time.time() - t0:.2f} s after the client left, {done:.0f} of 204800 tokens admitted")
     assert done < 204800 / 2
     assert story_srv.post("/v1/embeddings", {"input": "x"})[0] == 200
 

@@ -617,7 +617,7 @@ static void test_numeric_faults(void **st)
 
 /* ---- embeddings ----------------------------------------------------------- */
 
-enum { EP = 12, ELEN = 200, EGEN = 150 };
+enum { EP = 12, ELEN = 200, EGEN = 150, E_DIM_MAX = 4096 }; /* E_DIM_MAX: widest n_embd the tests take */
 
 /* The oracle: the whole prompt in one forward pass of its own (no engine,
  * no chunks), every row's hidden state pooled in double in position order
@@ -642,8 +642,8 @@ static void embed_direct(const llm_model *m, const int32_t *p, int n, llm_poolin
     assert_int_equal(llm_forward_eval(f, &bt, kv_cache_layers(kv), &lg), LLM_OK);
     const float *h = llm_forward_hidden(f);
     int d = m->hp.n_embd;
-    double acc[4096] = {0}, ss = 0;
-    assert_true(d <= 4096);
+    double acc[E_DIM_MAX] = {0}, ss = 0;
+    assert_true(d <= E_DIM_MAX);
     for (int i = pool == LLM_POOL_LAST ? n - 1 : 0; i < n; i++)
         for (int k = 0; k < d; k++) acc[k] += h[(size_t)i * d + k];
     for (int k = 0; k < d; k++) ss += acc[k] * acc[k];
@@ -683,12 +683,12 @@ static int embed_prompt(const llm_model *m, int k, int32_t *p)
 
 /* One round of test_embeddings: the requests at once, each checked; how
  * many times its embedding requests were preempted. */
-static int embed_round(llm_engine *e, int32_t (*p)[ELEN], const int *n, float (*want)[4096], const result *gen_ref)
+static int embed_round(llm_engine *e, int32_t (*p)[ELEN], const int *n, float (*want)[E_DIM_MAX], const result *gen_ref)
 {
     int d = g_tiny->hp.n_embd, preempted = 0;
     llm_request_id ids[EP], gids[2];
     int32_t gp[2][64];
-    static float got[4096];
+    static float got[E_DIM_MAX];
     static result gen;
     for (int g = 0; g < 2; g++) {
         int gn = make_prompt(g_tiny, g, gp[g]);
@@ -732,7 +732,7 @@ static void test_embeddings(void **st)
     (void)st;
     const llm_model *m = g_tiny;
     static int32_t p[EP][ELEN];
-    static float want[EP][4096];
+    static float want[EP][E_DIM_MAX];
     int n[EP];
     for (int k = 0; k < EP; k++) {
         n[k] = embed_prompt(m, k, p[k]);
@@ -767,7 +767,7 @@ static void test_embedding_cache(void **st)
     (void)st;
     int d = g_tiny->hp.n_embd;
     int32_t p[ELEN];
-    static float a[4096], b[4096];
+    static float a[E_DIM_MAX], b[E_DIM_MAX];
     int n = embed_prompt(g_tiny, 5, p);
     llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 256});
     for (int pool = LLM_POOL_MEAN; pool <= LLM_POOL_LAST; pool++) {
@@ -792,7 +792,7 @@ static void test_embedding_limits(void **st)
     llm_error err = {0};
     llm_request_id id;
     int32_t p[65] = {0};
-    float v[4096];
+    float v[E_DIM_MAX];
     llm_request rq = {.tokens = p, .n_tokens = 64, .sampling = llm_sampling_default(), .pooling = LLM_POOL_MEAN};
     embed_collect(e, submit(e, &rq), v, g_tiny->hp.n_embd);
     rq.n_tokens = 65;

@@ -89,7 +89,7 @@ typedef struct tr_trace {
 typedef struct tr_totals {
     uint64_t traces, requests, completions, steps, preemptions, cached, forked, cancels;
     uint64_t constrained, grammar_ends; /* requests with a grammar; completions it ended (finish STOP) */
-    uint64_t embeddings;                /* embedding requests checked */
+    uint64_t embeddings;                /* embedding requests compared with the request alone */
 } tr_totals;
 
 static test_tiny g_tiny, g_gemma, g_moe; /* the models (and backends) below take turns by seed */
@@ -427,7 +427,6 @@ static int check_request(const tr_trace *t, int i)
     if (r->err.code)
         return fail_at(t, i, 0, r->err.msg);
     g_tot.constrained += r->rq.grammar != NULL;
-    g_tot.embeddings += r->rq.pooling != LLM_POOL_NONE;
     for (int k = 0; k < n && !bad; k++) {
         const tr_comp *g = &r->got[k], *w = &r->want[k];
         g_tot.grammar_ends += r->rq.grammar && g->done && g->finish == LLM_FINISH_STOP;
@@ -445,6 +444,8 @@ static int check_request(const tr_trace *t, int i)
         else if (r->rq.pooling &&
                  (!w->n_emb || g->n_emb != w->n_emb || memcmp(g->emb, w->emb, sizeof(float) * (size_t)w->n_emb)))
             bad = fail_at(t, i, k, "the embedding differs from the request alone");
+        else
+            g_tot.embeddings += r->rq.pooling != LLM_POOL_NONE; /* compared and equal */
     }
     return bad;
 }
@@ -617,6 +618,7 @@ static void test_quick_seeds(void **st)
     assert_true(g_tot.forked > 0);
     assert_true(g_tot.cancels > 0);
     assert_true(g_tot.constrained > 0 && g_tot.grammar_ends > 0);
+    assert_true(g_tot.embeddings > 0);
 }
 
 /* --time S: random seeds (from --seed, else the clock) until S seconds pass. */

@@ -107,10 +107,11 @@ typedef struct llm_event {
     float *embedding;        /* DONE of an embedding request: (n_embedding) floats, unit length; caller frees */
     int n_embedding;
     llm_usage usage;         /* DONE */
-    llm_error error;         /* ERROR: the request is over; code LLM_ERR_NUMERIC (NaN logits), LLM_ERR_NOMEM
-                                (an event, its text or a sequence's table could not be allocated),
-                                LLM_ERR_BACKEND (the forward pass failed, or a device picked an id
-                                outside the vocabulary), ... */
+    llm_error error;         /* ERROR: the request is over; code LLM_ERR_NUMERIC (NaN logits, or a NaN or
+                                infinite hidden state to pool), LLM_ERR_NOMEM (an event, its text, an
+                                embedding or a sequence's table could not be allocated), LLM_ERR_BACKEND
+                                (the forward pass failed, or a device picked an id outside the
+                                vocabulary), LLM_ERR_INTERNAL (an embedding missed positions: a bug), ... */
 } llm_event;
 
 #define LLM_BATCH_BUCKETS 12
@@ -122,6 +123,7 @@ typedef struct llm_stats {
     int kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_block_size;
     int kv_local_blocks_total, kv_local_blocks_used; /* sliding-window layers' pool (0 without one) */
     int kv_window;           /* the positions that pool keeps per sequence; 0: none */
+    int n_ctx;               /* tokens per sequence (the configuration's, resolved) */
     uint64_t steps, preemptions, requests_done;
     uint64_t prompt_tokens;  /* prompt tokens admitted */
     uint64_t cached_tokens;  /* of those, not computed thanks to the prefix cache or a sibling */
