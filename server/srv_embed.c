@@ -132,7 +132,7 @@ static double answer_bound(const srv_embed *q, size_t n_inputs)
 int srv_embed_parse(const srv *s, int max_tokens, const char *body, size_t len, srv_embed *q, srv_err *e)
 {
     q->dim = s->model->hp.n_embd;
-    q->pooling = s->embed_pooling;
+    q->pooling = s->embed_pooling ? s->embed_pooling : LLM_POOL_LAST; /* (a server that never chose: last) */
     if (!(q->root = srv_json_object(body, len, e)) || srv_fields_check(q->root, SRV_FIELDS_EMBED, e) ||
         srv_check_envelope(s, q->root, &q->cache_salt, e) || parse_options(q->root, q, e))
         return -1;

@@ -509,7 +509,9 @@ static const char HTTP_STREAM[] =
 static const char HTTP_CHAT_STREAM[] =
     "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a dog\"}],\"max_tokens\":5,\"temperature\":0,"
     "\"stream\":true,\"logprobs\":true,\"top_logprobs\":1}";
-static char g_http_ref[3][32768];
+static const char HTTP_EMBED[] = "{\"model\":\"m\",\"input\":[\"the cat\",[5,6,7]],\"pooling\":\"mean\"}";
+static const char HTTP_EMBED64[] = "{\"input\":\"a dog and a cat\",\"encoding_format\":\"base64\"}";
+static char g_http_ref[5][32768];
 
 /* The answer without what differs per call: the body without the headers
  * (Content-Length), ids, creation times and cached_tokens (a failed
@@ -560,6 +562,8 @@ static void sc_http(long n)
     http_case(n, 0, "/v1/chat/completions", HTTP_CHAT);
     http_case(n, 1, "/v1/completions", HTTP_STREAM);
     http_case(n, 2, "/v1/chat/completions", HTTP_CHAT_STREAM);
+    http_case(n, 3, "/v1/embeddings", HTTP_EMBED);
+    http_case(n, 4, "/v1/embeddings", HTTP_EMBED64);
     /* the server still answers right */
     assert_int_equal(post("/v1/chat/completions", HTTP_CHAT, resp, sizeof resp), 200);
     normalize(resp, norm, sizeof norm);
