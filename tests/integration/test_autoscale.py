@@ -229,9 +229,11 @@ def test_scale_to_zero_and_wake_once_per_burst(tmp_path, models):
         assert errors == [] and len(results) == 4, errors
         assert all(text for _, text, _ in results), results
         assert min(took for _, _, took in results) > 0.5, results  # they waited for a pod to start
-        wakes = [e["message"] for e in json.loads(c.k("get", "events", "--field-selector", "reason=Autoscaled",
-                                                         "-o", "json").stdout)["items"] if "waking" in e["message"]]
-        assert len(wakes) == 1 and "0 -> 1 replicas" in wakes[0], wakes
+        wakes = lambda: [e["message"] for e in json.loads(c.k("get", "events", "--field-selector", "reason=Autoscaled",
+                                                               "-o", "json").stdout)["items"] if "waking" in e["message"]]
+        # the controller records its Event after it scaled: the pod can serve the burst before the Event is listed
+        wait_for(lambda: wakes(), 30)
+        assert len(wakes()) == 1 and "0 -> 1 replicas" in wakes()[0], wakes()
         wait_for(lambda: c.status().get("phase") == "Idle" and replicas(c) == 0, 30)  # asleep again
         hist = c.status()["autoscaling"]["history"]
         assert [h["to"] for h in hist[-3:]] == [0, 1, 0], hist
