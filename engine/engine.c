@@ -258,32 +258,20 @@ static llm_status prompt_ids(const llm_engine *e, const llm_request *rq, int32_t
     return LLM_OK;
 }
 
-/* An embedding request's prompt: it fits the context and the pool. */
-static llm_status embed_limit(const llm_engine *e, int n_prompt, int *max_gen, llm_error *err)
-{
-    int bs = kv_cache_block_size(e->kv), need = (n_prompt + bs - 1) / bs;
-    *max_gen = 0;
-    if (n_prompt > e->cfg.n_ctx)
-        return llm_errf(err, LLM_ERR_TOO_LONG, "input of %d tokens does not fit the context of %d", n_prompt, e->cfg.n_ctx);
-    if (need > kv_cache_n_blocks(e->kv))
-        return llm_errf(err, LLM_ERR_KV_FULL, "one sequence of %d tokens needs %d KV blocks; the pool has %d", n_prompt,
-                        need, kv_cache_n_blocks(e->kv));
-    return LLM_OK;
-}
-
-/* How many tokens each completion may generate; errors when the prompt or
+/* How many tokens each completion may generate (an embedding request:
+ * none, and its prompt may fill the context); errors when the prompt or
  * one sequence's blocks do not fit. */
 static llm_status gen_limit(const llm_engine *e, const llm_request *rq, int n_prompt, int *max_gen, llm_error *err)
 {
     int n_ctx = e->cfg.n_ctx, bs = kv_cache_block_size(e->kv);
     if (n_prompt < 1)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "the prompt is empty");
-    if (rq->pooling) /* nothing is generated: the whole context is the prompt's */
-        return embed_limit(e, n_prompt, max_gen, err);
-    if (n_prompt >= n_ctx)
+    if (rq->pooling && n_prompt > n_ctx)
+        return llm_errf(err, LLM_ERR_TOO_LONG, "input of %d tokens does not fit the context of %d", n_prompt, n_ctx);
+    if (!rq->pooling && n_prompt >= n_ctx)
         return llm_errf(err, LLM_ERR_TOO_LONG, "prompt of %d tokens does not fit the context of %d (one token must be left to generate)",
                         n_prompt, n_ctx);
-    *max_gen = rq->max_tokens ? rq->max_tokens : n_ctx - n_prompt;
+    *max_gen = rq->pooling ? 0 : rq->max_tokens ? rq->max_tokens : n_ctx - n_prompt;
     if (n_prompt + *max_gen > n_ctx)
         return llm_errf(err, LLM_ERR_TOO_LONG, "prompt of %d tokens plus max_tokens %d exceeds the context of %d", n_prompt,
                         *max_gen, n_ctx);
@@ -829,6 +817,24 @@ static void req_fail_nomem(llm_engine *e, eng_req *r, const char *what)
     req_fail(e, r, &why);
 }
 
+/* Under the lock: q is over and its blocks go back; ev, its DONE (usage
+ * filled in here), is queued when it was built whole (ok), else the request
+ * fails for want of memory for what. */
+static void seq_done(llm_engine *e, eng_seq *q, llm_event *ev, int ok, const char *what)
+{
+    usage_of(q, now_ms(), &ev->usage);
+    q->finished = 1;
+    sched_remove(&e->s, &q->q);
+    if (!ok) {
+        llm_event_clear(ev);
+        req_fail_nomem(e, q->r, what);
+        return;
+    }
+    req_push(q->r, ev);
+    if (!q->r->failed && ++q->r->n_done == q->r->n) /* a DONE that could not be queued failed the request */
+        e->st.requests_done++;
+}
+
 /* The completion is over: DONE (with any text held back, unless a stop
  * string ended it), blocks released. */
 static void seq_finish(llm_engine *e, eng_seq *q, llm_finish why)
@@ -838,16 +844,7 @@ static void seq_finish(llm_engine *e, eng_seq *q, llm_finish why)
     size_t n;
     textout_flush(&q->out, &t, &n);
     ev.text = textout_utf8_dup(t, n, &ev.text_len);
-    usage_of(q, now_ms(), &ev.usage);
-    q->finished = 1;
-    sched_remove(&e->s, &q->q);
-    if (!ev.text) { /* the held-back text would be lost: no DONE without it */
-        req_fail_nomem(e, q->r, "the generated text");
-        return;
-    }
-    req_push(q->r, &ev);
-    if (!q->r->failed && ++q->r->n_done == q->r->n) /* a DONE that could not be queued failed the request */
-        e->st.requests_done++;
+    seq_done(e, q, &ev, ev.text != NULL, "the generated text"); /* the held-back text would be lost: no DONE without it */
 }
 
 /* Under the lock: an embedding request's prompt is through: DONE with its
@@ -871,18 +868,8 @@ static void embed_finish(llm_engine *e, eng_seq *q)
     ev.embedding = malloc(sizeof(float) * (size_t)d);
     ev.text = calloc(1, 1);
     for (int k = 0; ev.embedding && k < d; k++) ev.embedding[k] = (float)(q->pool[k] * scale);
-    q->t_first = now_ms();
-    usage_of(q, q->t_first, &ev.usage);
-    q->finished = 1;
-    sched_remove(&e->s, &q->q);
-    if (!ev.embedding || !ev.text) {
-        llm_event_clear(&ev);
-        req_fail_nomem(e, q->r, "an embedding");
-        return;
-    }
-    req_push(q->r, &ev);
-    if (!q->r->failed && ++q->r->n_done == q->r->n)
-        e->st.requests_done++;
+    q->t_first = now_ms(); /* its one answer is its first */
+    seq_done(e, q, &ev, ev.embedding && ev.text, "an embedding");
 }
 
 /* Text of one token: a piece through the stop/UTF-8 filter. Returns the

@@ -13,14 +13,16 @@
 #include "srv.h"
 #include "srv_fields.h"
 
+/* The pooling a name says (mean | last), else LLM_POOL_NONE. */
+static llm_pooling pooling_named(const char *v)
+{
+    return !strcmp(v, "mean") ? LLM_POOL_MEAN : !strcmp(v, "last") ? LLM_POOL_LAST : LLM_POOL_NONE;
+}
+
 llm_pooling srv_embed_default_pooling(const llm_model *m, const char *setting)
 {
-    if (!strcmp(setting, "mean"))
-        return LLM_POOL_MEAN;
-    if (!strcmp(setting, "last"))
-        return LLM_POOL_LAST;
-    if (strcmp(setting, "auto"))
-        return LLM_POOL_NONE;
+    if (pooling_named(setting) || strcmp(setting, "auto"))
+        return pooling_named(setting);
     gguf_str arch;
     uint64_t type = 0;
     char key[96];
@@ -67,13 +69,20 @@ static int ids_of_text(const srv *s, json_t *str, int idx, int32_t **out, int *n
     return 0;
 }
 
+/* How many inputs "input" holds: an array of them (*many), or one (a
+ * string, or an array of token ids). */
+static size_t input_count(json_t *in, int *many)
+{
+    *many = json_is_array(in) && json_array_size(in) > 0 && !json_is_integer(json_array_get(in, 0));
+    return *many ? json_array_size(in) : 1;
+}
+
 /* The inputs: a string, an array of token ids, or an array of strings or
  * of arrays of token ids (one input each); each of at most max_tokens. */
 static int parse_input(const srv *s, json_t *in, int max_tokens, srv_embed *q, srv_err *e)
 {
-    int n_vocab = llm_vocab_n(s->model->vocab);
-    int many = json_is_array(in) && json_array_size(in) > 0 && !json_is_integer(json_array_get(in, 0));
-    size_t n = many ? json_array_size(in) : 1;
+    int n_vocab = llm_vocab_n(s->model->vocab), many;
+    size_t n = input_count(in, &many);
     if (!in || (!json_is_string(in) && !json_is_array(in)) || (json_is_array(in) && json_array_size(in) == 0))
         return srv_fail(e, 400, "input", "'input' must be a non-empty string, array of strings, array of token ids "
                                          "or array of arrays of token ids");
@@ -110,8 +119,7 @@ static int parse_options(json_t *o, srv_embed *q, srv_err *e)
         return srv_fail(e, 400, "dimensions", "'dimensions' must be %d: this model's embeddings cannot be shortened",
                         q->dim);
     if (p && !json_is_null(p)) {
-        const char *v = json_is_string(p) ? json_string_value(p) : "";
-        q->pooling = !strcmp(v, "mean") ? LLM_POOL_MEAN : !strcmp(v, "last") ? LLM_POOL_LAST : LLM_POOL_NONE;
+        q->pooling = pooling_named(json_is_string(p) ? json_string_value(p) : "");
         if (!q->pooling)
             return srv_fail(e, 400, "pooling", "'pooling' must be \"mean\" or \"last\"");
     }
@@ -137,9 +145,8 @@ int srv_embed_parse(const srv *s, int max_tokens, const char *body, size_t len, 
         srv_check_envelope(s, q->root, &q->cache_salt, e) || parse_options(q->root, q, e))
         return -1;
     json_t *in = json_object_get(q->root, "input");
-    size_t n = json_is_array(in) ? json_array_size(in) : 1;
-    if (json_is_array(in) && n > 0 && json_is_integer(json_array_get(in, 0)))
-        n = 1; /* one input of token ids */
+    int many;
+    size_t n = input_count(in, &many);
     /* before the inputs are tokenized: an answer too big for max_answer_bytes */
     if (answer_bound(q, n) > (double)s->cfg.max_answer_bytes)
         return srv_fail(e, 400, "input", "%zu inputs of %d values each make an answer over max_answer_bytes (%ld)", n,
