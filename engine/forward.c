@@ -99,7 +99,7 @@ llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int
     f->max_rows = max_rows;
     f->max_logits = max_logits;
     llm_status st = LLM_OK;
-    if (b->iface->model_upload && !(st = b->iface->model_upload(b, m, &f->dev_m, err)))
+    if (b->iface->model_upload && !(st = b->iface->model_upload(b, m, &f->dev_m, err)) && f->dev_m)
         f->m = f->dev_m;
     if (!st && (!(f->pos = malloc(sizeof(int32_t) * (size_t)max_rows)) ||
                 !(f->lseqs = malloc(sizeof *f->lseqs * (size_t)max_rows)) ||
@@ -276,7 +276,7 @@ static llm_status expert_run(llm_forward *f, const llm_layer *l, int e, int n)
     const llm_moe_plan *p = &f->plan;
     llm_backend *b = f->b;
     int o = p->off[e], cnt = p->off[e + 1] - o, nf = p->n_first[e];
-    llm_weight rows = {QT_F32, n, hp->n_embd, sizeof(float) * (size_t)hp->n_embd, f->xb};
+    llm_weight rows = {QT_F32, n, hp->n_embd, sizeof(float) * (size_t)hp->n_embd, f->xb, NULL};
     llm_backend_get_rows(b, &rows, p->rows + o, cnt, f->xe);
     llm_status st = gated_mlp(f, &l->exp_gate[e], &l->exp_up[e], &l->exp_down[e], f->xe, cnt, f->ye);
     if (st)
@@ -406,7 +406,7 @@ static void host_argmax(const float *lg, int n_rows, int n_vocab, int32_t *out)
 static void final_rows(llm_forward *f, const llm_forward_batch *bt, const int32_t *which, int n, float *tmp, float *out)
 {
     const llm_hparams *hp = &f->m->hp;
-    llm_weight rows = {QT_F32, bt->n_rows, hp->n_embd, sizeof(float) * (size_t)hp->n_embd, f->x};
+    llm_weight rows = {QT_F32, bt->n_rows, hp->n_embd, sizeof(float) * (size_t)hp->n_embd, f->x, NULL};
     llm_backend_get_rows(f->b, &rows, which, n, tmp);
     llm_backend_rmsnorm(f->b, tmp, f->m->output_norm, n, hp->n_embd, hp->eps, out);
 }

@@ -307,7 +307,7 @@ static llm_status bind_stack(loader *L, const char *name, int64_t cols, int64_t 
     L->m->owned[L->m->n_owned++] = w;
     size_t rb = quant_row_bytes(t->type, (size_t)cols);
     for (int e = 0; e < n; e++)
-        w[e] = (llm_weight){t->type, rows, cols, rb, (const char *)t->data + (size_t)e * (size_t)rows * rb};
+        w[e] = (llm_weight){t->type, rows, cols, rb, (const char *)t->data + (size_t)e * (size_t)rows * rb, NULL};
     *out = w;
     return LLM_OK;
 }

@@ -41,7 +41,7 @@ llm_status llm_tp_check(const llm_model *m, int n_ranks, llm_error *err)
 /* Rows [r0, r0 + n) of w, in place. */
 static llm_weight row_slice(const llm_weight *w, int64_t r0, int64_t n)
 {
-    return (llm_weight){w->type, n, w->cols, w->row_bytes, (const char *)w->data + (size_t)r0 * w->row_bytes};
+    return (llm_weight){w->type, n, w->cols, w->row_bytes, (const char *)w->data + (size_t)r0 * w->row_bytes, NULL};
 }
 
 /* Columns [c0, c0 + n) of every row of w into p (whole blocks): *out
@@ -51,7 +51,7 @@ static void col_copy(const llm_weight *w, int64_t c0, int64_t n, char *p, llm_we
     size_t rb = quant_row_bytes(w->type, (size_t)n), off = quant_row_bytes(w->type, (size_t)c0);
     for (int64_t r = 0; r < w->rows; r++)
         memcpy(p + (size_t)r * rb, (const char *)w->data + (size_t)r * w->row_bytes + off, rb);
-    *out = (llm_weight){w->type, w->rows, n, rb, p};
+    *out = (llm_weight){w->type, w->rows, n, rb, p, NULL};
 }
 
 /* Columns [c0, c0 + n) of every row of w, copied into a new allocation. */

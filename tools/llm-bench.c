@@ -366,7 +366,7 @@ static void do_gemm(void *p)
 static double gemm_tflops(llm_backend *b)
 {
     int host = llm_backend_host_memory(b), rows = host ? 1024 : 8192, cols = rows, n_tok = host ? 256 : 4096;
-    gemm_arg g = {b, {QT_BF16, rows, cols, (size_t)cols * 2, NULL}, NULL, NULL, n_tok};
+    gemm_arg g = {b, {QT_BF16, rows, cols, (size_t)cols * 2, NULL, NULL}, NULL, NULL, n_tok};
     void *w = llm_backend_buffer_alloc(b, (size_t)rows * cols * 2);
     g.x = llm_backend_buffer_alloc(b, (size_t)n_tok * cols * 4);
     g.y = llm_backend_buffer_alloc(b, (size_t)n_tok * rows * 4);

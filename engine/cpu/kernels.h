@@ -43,6 +43,23 @@ typedef struct cpu_act {
 
 extern const cpu_act cpu_act_f32;
 
+/* Packed weights: a set may keep a weight type in its own layout, made
+ * once when the backend takes a model (llm_weight.packed), which its tile
+ * kernel reads: rows in groups of `group`, each group packed on its own
+ * and padded with zero rows. gemm computes rows of groups [g0, g1) for
+ * n_tok activation rows x (format act, x_row bytes apart) into
+ * y[t * y_stride + r], writing no row >= rows; a token's results do not
+ * depend on n_tok or on the groups asked for (batch invariance). pack and
+ * gemm are pure and thread-safe; disjoint group ranges may run at once. */
+typedef struct cpu_pack {
+    int group;
+    size_t (*bytes)(int64_t rows, int64_t cols);
+    void (*pack)(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1, void *dst);
+    void (*gemm)(const void *packed, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x, size_t x_row,
+                 int n_tok, float *y, size_t y_stride);
+    const cpu_act *act;
+} cpu_pack;
+
 typedef struct cpu_kernels {
     const char *name;
     cpu_dot_fn dot[QT_COUNT];          /* by weight type */
@@ -50,6 +67,7 @@ typedef struct cpu_kernels {
     cpu_dot4_fn dot8[QT_COUNT];        /* optional: eight activation rows */
     cpu_dot4_fn dot16[QT_COUNT];       /* optional: two 8-row tiles, 8 * stride bytes apart */
     const cpu_act *act[QT_COUNT];      /* by weight type */
+    const cpu_pack *pack[QT_COUNT];    /* optional, by weight type */
     float (*dot_f32)(const float *a, const float *b, int n);
     /* y += a * x */
     void (*axpy)(float *y, float a, const float *x, int n);
@@ -78,6 +96,9 @@ const cpu_kernels *cpu_kernels_avx2(void);
 /* The AVX2 set with AVX512-VNNI (256-bit) dot products for Q8_0 weights;
  * NULL when the CPU lacks AVX512-VNNI/VL. */
 const cpu_kernels *cpu_kernels_vnni(void);
+/* The AVX512-VNNI set with packed 512-bit tiles (cpu_pack) for Q8_0;
+ * NULL when the CPU lacks AVX-512 F/BW/VL/VNNI. */
+const cpu_kernels *cpu_kernels_avx512(void);
 /* Every set usable on this CPU, best first, NULL-terminated. */
 const cpu_kernels *const *cpu_kernels_all(void);
 const cpu_kernels *cpu_kernels_best(void);

@@ -293,8 +293,9 @@ const cpu_kernels *cpu_kernels_scalar(void) { return &scalar; }
 
 const cpu_kernels *const *cpu_kernels_all(void)
 {
-    static const cpu_kernels *all[4];
+    static const cpu_kernels *all[5];
     int n = 0;
+    if (cpu_kernels_avx512()) all[n++] = cpu_kernels_avx512();
     if (cpu_kernels_vnni()) all[n++] = cpu_kernels_vnni();
     if (cpu_kernels_avx2()) all[n++] = cpu_kernels_avx2();
     all[n++] = &scalar;

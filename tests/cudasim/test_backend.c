@@ -241,8 +241,8 @@ static int gemm_main(void)
     llm_model m = {0};
     m.hp.n_vocab = NT, m.hp.n_embd = COLS;
     m.layers = &none;
-    m.tok_embd = (llm_weight){QT_F32, NT, COLS, sizeof(float) * COLS, x};
-    m.output = (llm_weight){QT_Q8_0, rows, COLS, rb, q};
+    m.tok_embd = (llm_weight){QT_F32, NT, COLS, sizeof(float) * COLS, x, NULL};
+    m.output = (llm_weight){QT_Q8_0, rows, COLS, rb, q, NULL};
     llm_model *dm = NULL;
     llm_error err = {0};
     if (b->iface->model_upload(b, &m, &dm, &err)) {

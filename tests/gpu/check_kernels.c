@@ -158,7 +158,7 @@ static void check_get_rows(llm_backend *cpu, quant_type t)
     unsigned char *q = malloc((size_t)rows * rb);
     for (int r = 0; r < rows; r++) quant_quantize_row(t, src + (size_t)r * cols, q + (size_t)r * rb, (size_t)cols);
     int32_t ids[9] = {0, 99, 5, 5, 42, 17, 63, 1, 98};
-    llm_weight emb = {t, rows, cols, rb, q};
+    llm_weight emb = {t, rows, cols, rb, q, NULL};
     float *ref = malloc((size_t)ids_n * cols * 4);
     llm_backend_get_rows(cpu, &emb, ids, ids_n, ref);
     void *dq = to_dev(q, (size_t)rows * rb);

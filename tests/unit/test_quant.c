@@ -332,6 +332,59 @@ static void check_dot(const cpu_kernels *k, quant_type wt, int n)
     free(w); free(a); free(x); free(wf); free(af);
 }
 
+/* A set's packed tiles for weight type wt, rows x cols, against float64
+ * sums of the same decoded operands, on every token count up to 19; a
+ * token's results equal, bit for bit, those it gets alone and those of a
+ * call for part of the groups (batch invariance: the engine relies on
+ * it), and no row past the weight's is written. */
+static void check_packed(const cpu_kernels *k, quant_type wt, int rows, int cols)
+{
+    enum { MAXT = 19 };
+    const cpu_pack *pk = k->pack[wt];
+    const cpu_act *act = pk->act;
+    size_t wb = quant_row_bytes(wt, (size_t)cols), ab = act->row_bytes(cols), ys = (size_t)rows + 3;
+    long groups = (rows + pk->group - 1) / pk->group;
+    uint8_t *w = malloc(wb * (size_t)rows), *a = malloc(ab * MAXT), *pw = malloc(pk->bytes(rows, cols));
+    float *x = malloc(sizeof(float) * (size_t)cols * MAXT), *wf = malloc(sizeof(float) * (size_t)cols * (size_t)rows),
+          *af = malloc(sizeof(float) * (size_t)cols), *y = malloc(sizeof(float) * ys * MAXT),
+          *y1 = malloc(sizeof(float) * ys * MAXT);
+    for (size_t b = 0; b < wb * (size_t)rows / quant_block_bytes(wt); b++) random_block(wt, w + b * quant_block_bytes(wt));
+    for (int r = 0; r < rows; r++) quant_dequantize_row(wt, w + (size_t)r * wb, wf + (size_t)r * cols, (size_t)cols);
+    for (int i = 0; i < cols * MAXT; i++) x[i] = test_randf(&seed) * (i % 37 == 0 ? 30.0f : 1.0f);
+    for (int t = 0; t < MAXT; t++) act->quantize(x + (size_t)t * cols, a + (size_t)t * ab, cols);
+    pk->pack(w, wb, rows, cols, 0, groups / 2, pw); /* in two calls, as threads do */
+    pk->pack(w, wb, rows, cols, groups / 2, groups, pw);
+    for (int n = 1; n <= MAXT; n += n < 9 ? 1 : 5) {
+        for (size_t i = 0; i < ys * MAXT; i++) y[i] = y1[i] = -7.0f;
+        pk->gemm(pw, rows, cols, 0, groups, a, ab, n, y, ys);
+        for (int t = 0; t < n; t++) {
+            act->dequant(a + (size_t)t * ab, af, cols);
+            for (int r = 0; r < rows; r++) {
+                double ref = 0, mag = 0;
+                for (int i = 0; i < cols; i++) {
+                    ref += (double)wf[(size_t)r * cols + i] * af[i];
+                    mag += fabs((double)wf[(size_t)r * cols + i] * af[i]);
+                }
+                if (fabs(y[(size_t)t * ys + (size_t)r] - ref) > 1e-5 * mag + 1e-30)
+                    fail_msg("%s packed %s %dx%d, %d tokens, token %d row %d: %.9g vs float64 %.9g", k->name,
+                             quant_type_name(wt), rows, cols, n, t, r, y[(size_t)t * ys + (size_t)r], ref);
+            }
+            for (size_t r = (size_t)rows; r < ys; r++)
+                if (y[(size_t)t * ys + r] != -7.0f)
+                    fail_msg("%s packed %s: row %zu written past the weight's %d rows", k->name, quant_type_name(wt), r, rows);
+        }
+        for (int t = 0; t < n; t++) /* alone, in two group ranges */
+            for (long g = 0; g < groups; g += (groups + 1) / 2) {
+                long g1 = g + (groups + 1) / 2 < groups ? g + (groups + 1) / 2 : groups;
+                pk->gemm(pw, rows, cols, g, g1, a + (size_t)t * ab, ab, 1, y1 + (size_t)t * ys, ys);
+            }
+        if (memcmp(y, y1, sizeof(float) * ys * (size_t)n))
+            fail_msg("%s packed %s %dx%d: %d tokens together differ from each alone", k->name, quant_type_name(wt), rows,
+                     cols, n);
+    }
+    free(w); free(a); free(pw); free(x); free(wf); free(af); free(y); free(y1);
+}
+
 static void run_kernel_set(const cpu_kernels *k)
 {
     static const quant_type all[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
@@ -346,6 +399,9 @@ static void run_kernel_set(const cpu_kernels *k)
         int be = (int)quant_block_elems(all[i]);
         int sizes_f[] = {1, 7, 33, 257, 1031}, sizes_b[] = {1, 3, 7, 11};
         for (int s = 0; s < (be == 1 ? 5 : 4); s++) check_dot(k, all[i], be == 1 ? sizes_f[s] : sizes_b[s] * be);
+        static const int shapes[][2] = {{1, 1}, {15, 3}, {16, 1}, {17, 9}, {50, 2}, {64, 40}};
+        for (size_t s = 0; k->pack[all[i]] && s < sizeof shapes / sizeof *shapes; s++)
+            check_packed(k, all[i], shapes[s][0], shapes[s][1] * be);
     }
     for (int hd = 4; hd <= 136; hd += 12) { /* attention helpers over a block of rows */
         enum { ROWS = 19, STRIDE = 150 };
@@ -452,7 +508,7 @@ static void test_mixed_group(void **state)
             for (int k = 0; k < 3; k++) {
                 size_t rb = quant_row_bytes(groups[g][k], COLS);
                 for (int r = 0; r < ROWS; r++) quant_quantize_row(groups[g][k], w + (size_t)r * COLS, q[k] + r * rb, COLS);
-                wt[k] = (llm_weight){groups[g][k], ROWS, COLS, rb, q[k]};
+                wt[k] = (llm_weight){groups[g][k], ROWS, COLS, rb, q[k], NULL};
             }
             for (int n = 1; n <= MAXT; n += 4) {
                 llm_matmul ops[3] = {{&wt[0], yg[0]}, {&wt[1], yg[1]}, {&wt[2], yg[2]}};
@@ -471,6 +527,7 @@ static void test_mixed_group(void **state)
 
 static void test_kernels_avx2(void **state) { (void)state; run_simd(cpu_kernels_avx2(), "AVX2/FMA"); }
 static void test_kernels_vnni(void **state) { (void)state; run_simd(cpu_kernels_vnni(), "AVX512-VNNI"); }
+static void test_kernels_avx512(void **state) { (void)state; run_simd(cpu_kernels_avx512(), "AVX-512 F/BW/VL/VNNI"); }
 
 int main(void)
 {
@@ -482,6 +539,7 @@ int main(void)
         cmocka_unit_test(test_kernels_scalar),
         cmocka_unit_test(test_kernels_avx2),
         cmocka_unit_test(test_kernels_vnni),
+        cmocka_unit_test(test_kernels_avx512),
         cmocka_unit_test(test_mixed_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -239,13 +239,15 @@ static void test_logits(void **st)
     remove(p2);
     /* per-head Q/K norms, post-norms, GELU, sliding windows on every rank;
      * every expert's share of a mixture of experts (the same routing on
-     * each). The MoE file is F16: with 8-bit activations a last-bit change
-     * of an input (TP sums wo in another order) can move one activation by a
-     * quantum, and its 24 rows through 2 of 8 experts showed that as 0.5%
-     * of a logit (Q8_0 on the VNNI set; F16 and F32 agree to 4e-7). */
+     * each). The Gemma 3 and MoE files are F16: with 8-bit activations a
+     * last-bit change of an input (TP sums wo in another order) can move one
+     * activation by a quantum, and its 24 rows through 2 of 8 experts showed
+     * that as 0.5% of a logit (Q8_0 on the VNNI set; F16 and F32 agree to
+     * 4e-7); Gemma 3's logits (|140|) moved 0.05% (Q8_0, mkmodel seed 8 on
+     * the VNNI set, seed 7 on the packed avx512 set). */
     static const char *const shapes[] = {"tiny-qwen3", "tiny-gemma3", "tiny-qwen3moe"};
     for (int i = 0; i < 3; i++) {
-        llm_model *m = make_model(shapes[i], i == 2 ? QT_F16 : QT_Q8_0, p2, sizeof p2);
+        llm_model *m = make_model(shapes[i], i ? QT_F16 : QT_Q8_0, p2, sizeof p2);
         assert_non_null(m);
         check_logits(m, 2);
         llm_model_free(m);

@@ -7,7 +7,8 @@
  * CPU backend, device memory for CUDA). Small index arrays (ids, positions,
  * block tables, llm_batch_seq) are host memory; a device backend uploads
  * them. Weights are used through the backend's copy of the model
- * (llm_backend_model_upload; the CPU backend uses the mapping in place).
+ * (llm_backend_model_upload; the CPU backend reads the mapping in place
+ * and adds packed copies of the matrices its kernel set tiles).
  * llm_backend_read brings results (logits) to the host.
  *
  * Tensor conventions: activations are row-major float32, one row per token.
@@ -42,6 +43,10 @@ typedef struct llm_weight {
     int64_t rows, cols;
     size_t row_bytes;
     const void *data; /* rows * row_bytes bytes, not owned */
+    /* The backend's own layout of the same weight, set only in a backend's
+     * copy of a model (model_upload; the CPU backend's packed tiles), else
+     * NULL. Not owned. */
+    const void *packed;
 } llm_weight;
 
 /* One layer's K/V storage: n_blocks blocks of block_size token rows; a row
@@ -204,8 +209,9 @@ struct llm_backend_i {
     llm_status (*comm_new)(llm_backend *const *ranks, int n, struct llm_comm **out, llm_error *err);
     /* Optional (NULL: the model is used in place): *dev gets the backend's
      * copy of m's weights (same hparams, pointers into the backend's
-     * memory), released with model_release. Errors name the bytes asked
-     * for and the bytes free. */
+     * memory), released with model_release; *dev NULL with LLM_OK: the
+     * model is used in place. Errors name the bytes asked for and the
+     * bytes free. */
     llm_status (*model_upload)(llm_backend *b, const struct llm_model *m, struct llm_model **dev, llm_error *err);
     void (*model_release)(llm_backend *b, struct llm_model *dev);
     /* Optional (NULL: backend memory is host memory, read in place): copies

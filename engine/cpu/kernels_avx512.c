@@ -1,0 +1,213 @@
+/* kernels_avx512.c - the "avx512" kernel set: the AVX512-VNNI set plus
+ * packed weights with 512-bit tiles (cpu_pack) for Q8_0. Compiled with the
+ * AVX-512 F/BW/VL/VNNI flags; cpu_kernels_avx512() checks the CPU at run
+ * time.
+ *
+ * Why a packed layout: the row kernels (one weight row against 8 or 16
+ * tokens) spend most of their instructions on loads, offsets and scale
+ * handling per 32 weights, and reach about a third of the cores' vpdpbusd
+ * rate. Here a group of 16 rows is interleaved so that one 64-byte load
+ * holds 4 consecutive weights of each of the 16 rows, a zmm lane per row;
+ * a token's 4 activations are broadcast (vpdpbusd's signed operand) and
+ * one instruction adds 64 products. A tile keeps 2 groups x 8 tokens of
+ * accumulators in registers, so each weight load serves 8 tokens and each
+ * activation broadcast 32 rows.
+ *
+ * vpdpbusd multiplies unsigned by signed bytes: packed Q8_0 weights are
+ * stored + 128 (a flip of the top bit) and activations stay signed, so
+ * w . x = (w + 128) . x - 128 * sum(x); the activation format carries each
+ * block's sum, and every token's integer chain starts at -128 * sum.
+ *
+ * Batch invariance: a (row, token) lane sees the same operations in the
+ * same order whatever the tile (2 or 1 groups, 8, 4 or 1 tokens): per
+ * block an exact integer sum, then f = ((float)s * dx) * dw + f in block
+ * order. So a token's result does not depend on its batch. */
+#include "kernels.h"
+
+#if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#define PK_ROWS 16                  /* rows per packed group: one zmm lane each */
+#define PK_Q8_BLOCK (32 + 16 * 32)  /* a group's block: 16 f16 scales, then 8 x (16 rows x 4 bytes) */
+
+/* ---- activations: signed bytes, a float scale and the integer sum per block ---- */
+
+/* Row layout: n int8, then n/32 float scales, then n/32 int32 sums. */
+static size_t s8_row(int n) { return (size_t)n + (size_t)n / QK8_0 * (sizeof(float) + sizeof(int32_t)); }
+
+static void s8_quant(const float *x, void *dst, int n)
+{
+    int8_t *q = dst;
+    float *d = (float *)(q + n);
+    int32_t *sum = (int32_t *)(d + n / QK8_0);
+    for (int b = 0; b < n / QK8_0; b++, x += QK8_0) {
+        __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        float s = amax / 127.f;
+        __m512 id = _mm512_set1_ps(s ? 1.f / s : 0.f);
+        /* round to nearest even, as the other sets' formats */
+        __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
+        _mm_storeu_si128((__m128i *)(q + QK8_0 * b), _mm512_cvtepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(q + QK8_0 * b + 16), _mm512_cvtepi32_epi8(i1));
+        d[b] = s;
+        sum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+    }
+}
+
+static void s8_deq(const void *a, float *dst, int n)
+{
+    const int8_t *q = a;
+    const float *d = (const float *)(q + n);
+    for (int i = 0; i < n; i++) dst[i] = d[i / QK8_0] * (float)q[i];
+}
+
+static const cpu_act act_s8 = {4, s8_row, s8_quant, s8_deq, NULL};
+
+/* ---- Q8_0 ---------------------------------------------------------------------- */
+
+static size_t q8_groups(int64_t rows) { return (size_t)((rows + PK_ROWS - 1) / PK_ROWS); }
+
+static size_t q8_packed_bytes(int64_t rows, int64_t cols)
+{
+    return q8_groups(rows) * (size_t)(cols / QK8_0) * PK_Q8_BLOCK;
+}
+
+/* Group g, block b: 16 f16 scales (rows past the end: 0), then for each 4
+ * weights j of the block, 16 rows x 4 bytes, each weight + 128. */
+static void q8_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1, void *dst)
+{
+    int nb = (int)(cols / QK8_0);
+    for (int64_t g = g0; g < g1; g++) {
+        uint8_t *o = (uint8_t *)dst + (size_t)g * (size_t)nb * PK_Q8_BLOCK;
+        for (int b = 0; b < nb; b++, o += PK_Q8_BLOCK) {
+            quant_f16 *d = (quant_f16 *)o;
+            uint8_t *q = o + PK_ROWS * sizeof(quant_f16);
+            for (int r = 0; r < PK_ROWS; r++) {
+                int64_t row = g * PK_ROWS + r;
+                const block_q8_0 *blk = row < rows ? (const block_q8_0 *)((const char *)w + (size_t)row * row_bytes) + b
+                                                   : NULL;
+                d[r] = blk ? blk->d : 0;
+                for (int j = 0; j < QK8_0 / 4; j++)
+                    for (int k = 0; k < 4; k++)
+                        q[64 * j + 4 * r + k] = (uint8_t)((blk ? blk->qs[4 * j + k] : 0) ^ 0x80);
+            }
+        }
+    }
+}
+
+/* R groups (gstride bytes apart) x T tokens (x_row bytes apart) of one
+ * tile; y gets token t's rows at y + t * y_stride, the last group's rows
+ * past `valid` (1..16) left alone. R and T are constants at every call. */
+static inline __attribute__((always_inline)) void q8_tile(const int R, const int T, const uint8_t *w, size_t gstride,
+                                                           int nb, const int8_t *x, size_t x_row, int n, float *y,
+                                                           size_t y_stride, int valid)
+{
+    __m512 f[2][8];
+    const float *xd[8];
+    const int32_t *xs[8];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        xd[t] = (const float *)(x + (size_t)t * x_row + n);
+        xs[t] = (const int32_t *)(xd[t] + nb);
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) f[r][t] = _mm512_setzero_ps();
+    }
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * PK_Q8_BLOCK;
+        __m512i s[2][8];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) { /* -128 * sum(x): the +128 of the weights */
+            __m512i c = _mm512_set1_epi32(-128 * xs[t][b]);
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = c;
+        }
+        _Pragma("GCC unroll 8") for (int j = 0; j < QK8_0 / 4; j++) {
+            __m512i wq[2];
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+                wq[r] = _mm512_loadu_si512(wb + (size_t)r * gstride + PK_ROWS * sizeof(quant_f16) + 64 * j);
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                int32_t x4;
+                memcpy(&x4, x + (size_t)t * x_row + QK8_0 * b + 4 * j, 4);
+                __m512i xb = _mm512_set1_epi32(x4);
+                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = _mm512_dpbusd_epi32(s[r][t], wq[r], xb);
+            }
+        }
+        __m512 dw[2];
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+            dw[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + (size_t)r * gstride)));
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            __m512 dx = _mm512_set1_ps(xd[t][b]);
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+                f[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[r][t]), dx), dw[r], f[r][t]);
+        }
+    }
+    __mmask16 last = (__mmask16)((1u << valid) - 1);
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+    {
+        float *yt = y + (size_t)t * y_stride + PK_ROWS * r;
+        if (r == R - 1 && valid < PK_ROWS)
+            _mm512_mask_storeu_ps(yt, last, f[r][t]);
+        else
+            _mm512_storeu_ps(yt, f[r][t]);
+    }
+}
+
+/* One R-group column of the output, every token: 8 at a time, then 4, then
+ * one by one. */
+static inline __attribute__((always_inline)) void q8_col(const int R, const uint8_t *w, size_t gstride, int nb,
+                                                          const int8_t *x, size_t x_row, int n_tok, int n, float *y,
+                                                          size_t y_stride, int valid)
+{
+    int t = 0;
+    for (; t + 8 <= n_tok; t += 8)
+        q8_tile(R, 8, w, gstride, nb, x + (size_t)t * x_row, x_row, n, y + (size_t)t * y_stride, y_stride, valid);
+    for (; t + 4 <= n_tok; t += 4)
+        q8_tile(R, 4, w, gstride, nb, x + (size_t)t * x_row, x_row, n, y + (size_t)t * y_stride, y_stride, valid);
+    for (; t < n_tok; t++)
+        q8_tile(R, 1, w, gstride, nb, x + (size_t)t * x_row, x_row, n, y + (size_t)t * y_stride, y_stride, valid);
+}
+
+static void q8_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x, size_t x_row,
+                    int n_tok, float *y, size_t y_stride)
+{
+    int nb = (int)(cols / QK8_0);
+    size_t gstride = (size_t)nb * PK_Q8_BLOCK;
+    for (int64_t g = g0; g < g1;) {
+        const uint8_t *w = (const uint8_t *)pw + (size_t)g * gstride;
+        float *yg = y + (size_t)g * PK_ROWS;
+        int R = g + 1 < g1 ? 2 : 1;
+        int64_t end = (g + R) * PK_ROWS;
+        int valid = end <= rows ? PK_ROWS : (int)(rows - (end - PK_ROWS));
+        if (R == 2)
+            q8_col(2, w, gstride, nb, x, x_row, n_tok, (int)cols, yg, y_stride, valid);
+        else
+            q8_col(1, w, gstride, nb, x, x_row, n_tok, (int)cols, yg, y_stride, valid);
+        g += R;
+    }
+}
+
+static const cpu_pack pack_q8_0 = {PK_ROWS, q8_packed_bytes, q8_pack, q8_gemm, &act_s8};
+
+/* ---- the set ------------------------------------------------------------------- */
+
+static cpu_kernels avx512;
+static pthread_once_t avx512_once = PTHREAD_ONCE_INIT;
+
+static void avx512_init(void)
+{
+    avx512 = *cpu_kernels_vnni();
+    avx512.name = "avx512";
+    avx512.pack[QT_Q8_0] = &pack_q8_0;
+}
+
+const cpu_kernels *cpu_kernels_avx512(void)
+{
+    __builtin_cpu_init();
+    if (!cpu_kernels_vnni() || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw"))
+        return NULL;
+    pthread_once(&avx512_once, avx512_init);
+    return &avx512;
+}
+#else
+const cpu_kernels *cpu_kernels_avx512(void) { return NULL; }
+#endif
