@@ -129,22 +129,12 @@ typedef struct q_job {
     int cols, n_tok;
 } q_job;
 
-/* Tokens that go through 8-token tiles: whole tiles, plus a zero-padded
- * one for a remainder of 4..7 (its wasted lanes still cost less than
- * the one-row kernel); 0 without a tile format. */
-static int tiled_tokens(const cpu_act *a, int n_tok)
-{
-    if (!a->quantize8)
-        return 0;
-    return n_tok % 8 >= 4 ? (n_tok + 7) / 8 * 8 : n_tok / 8 * 8;
-}
-
 /* Work units: 8-token tiles first (when the format has them), then single
  * rows; a tile occupies the bytes of its 8 rows. */
 static void q_worker(void *arg, int ith, int nth)
 {
     q_job *j = arg;
-    int tiles = tiled_tokens(j->a, j->n_tok) / 8, tiled = tiles * 8;
+    int tiles = cpu_act_tiled(j->a, j->n_tok) / 8, tiled = tiles * 8;
     long lo, hi;
     tp_range(tiles + (j->n_tok > tiled ? j->n_tok - tiled : 0), ith, nth, &lo, &hi);
     for (long u = lo; u < hi; u++) {
@@ -175,7 +165,7 @@ static llm_status act_reserve(cpu_ctx *c, size_t bytes)
  * (whole 8-row tiles where the format has them), rounded to 64. */
 static size_t act_bytes(const cpu_act *a, int cols, int n_tok)
 {
-    size_t rows = (size_t)(n_tok > tiled_tokens(a, n_tok) ? n_tok : tiled_tokens(a, n_tok));
+    size_t rows = (size_t)(n_tok > cpu_act_tiled(a, n_tok) ? n_tok : cpu_act_tiled(a, n_tok));
     return (a->row_bytes(cols) * rows + 63) / 64 * 64;
 }
 

@@ -43,14 +43,27 @@ typedef struct cpu_act {
 
 extern const cpu_act cpu_act_f32;
 
+/* How many of n_tok rows a conversion to a puts in 8-row tiles (the rest
+ * follow in row format): whole tiles, plus a zero-padded one for a
+ * remainder of 4..7 (its wasted lanes cost less than the one-row path);
+ * 0 without a tile format. */
+static inline int cpu_act_tiled(const cpu_act *a, int n_tok)
+{
+    if (!a->quantize8)
+        return 0;
+    return n_tok % 8 >= 4 ? (n_tok + 7) / 8 * 8 : n_tok / 8 * 8;
+}
+
 /* Packed weights: a set may keep a weight type in its own layout, made
  * once when the backend takes a model (llm_weight.packed), which its tile
  * kernel reads: rows in groups of `group`, each group packed on its own
  * and padded with zero rows. gemm computes rows of groups [g0, g1) for
- * n_tok activation rows x (format act, x_row bytes apart) into
- * y[t * y_stride + r], writing no row >= rows; a token's results do not
- * depend on n_tok or on the groups asked for (batch invariance). pack and
- * gemm are pure and thread-safe; disjoint group ranges may run at once. */
+ * n_tok activations x in format act (the first cpu_act_tiled(act, n_tok)
+ * in 8-row tiles, then rows; x_row = act->row_bytes(cols)) into
+ * y[t * y_stride + r], writing no row >= rows and no token >= n_tok; a
+ * token's results do not depend on n_tok or on the groups asked for
+ * (batch invariance). pack and gemm are pure and thread-safe; disjoint
+ * group ranges may run at once. */
 typedef struct cpu_pack {
     int group;
     size_t (*bytes)(int64_t rows, int64_t cols);

@@ -36,14 +36,15 @@
 
 /* ---- activations: signed bytes, a float scale and the integer sum per block ---- */
 
-/* Row layout: n int8, then n/32 float scales, then n/32 int32 sums. */
+/* Row layout: n int8, then n/32 float scales, then n/32 int32 negated sums
+ * (what the tiles' offset corrections start from: a broadcast load). */
 static size_t s8_row(int n) { return (size_t)n + (size_t)n / QK8_0 * (sizeof(float) + sizeof(int32_t)); }
 
 static void s8_quant(const float *x, void *dst, int n)
 {
     int8_t *q = dst;
     float *d = (float *)(q + n);
-    int32_t *sum = (int32_t *)(d + n / QK8_0);
+    int32_t *nsum = (int32_t *)(d + n / QK8_0);
     for (int b = 0; b < n / QK8_0; b++, x += QK8_0) {
         __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
@@ -54,7 +55,7 @@ static void s8_quant(const float *x, void *dst, int n)
         _mm_storeu_si128((__m128i *)(q + QK8_0 * b), _mm512_cvtepi32_epi8(i0));
         _mm_storeu_si128((__m128i *)(q + QK8_0 * b + 16), _mm512_cvtepi32_epi8(i1));
         d[b] = s;
-        sum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        nsum[b] = -_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
     }
 }
 
@@ -65,7 +66,56 @@ static void s8_deq(const void *a, float *dst, int n)
     for (int i = 0; i < n; i++) dst[i] = d[i / QK8_0] * (float)q[i];
 }
 
-static const cpu_act act_s8 = {4, s8_row, s8_quant, s8_deq, NULL};
+/* Tile of 8 rows: for each block of 32, eight groups of 4 quants, each
+ * holding tokens 0..7 side by side (4 bytes each), so the tile kernel
+ * finds token t's 4 quants of group j of block b at 256 b + 32 j + 4 t;
+ * then the scales (nb x 8 floats), then the negated sums (nb x 8 int32). */
+static void s8_quant8(const float *x, size_t x_stride, int rows, void *dst, int n)
+{
+    static const float zeros[4096];
+    _Alignas(64) int8_t row[4096 + 4096 / QK8_0 * 8];
+    int nb = n / QK8_0;
+    int8_t *q = dst;
+    float *d = (float *)(q + 8 * (size_t)n);
+    int32_t *nsum = (int32_t *)(d + 8 * (size_t)nb);
+    for (int t = 0; t < 8; t++)
+        for (int c0 = 0; c0 < n; c0 += 4096) { /* row-format scratch, 4096 columns at a time */
+            int cn = n - c0 < 4096 ? n - c0 : 4096, b0 = c0 / QK8_0;
+            s8_quant(t < rows ? x + (size_t)t * x_stride + c0 : zeros, row, cn);
+            const float *rd = (const float *)(row + cn);
+            const int32_t *rs = (const int32_t *)(rd + cn / QK8_0);
+            for (int b = 0; b < cn / QK8_0; b++) {
+                for (int j = 0; j < QK8_0 / 4; j++) memcpy(q + 256 * (size_t)(b0 + b) + 32 * j + 4 * t, row + 32 * b + 4 * j, 4);
+                d[8 * (size_t)(b0 + b) + t] = rd[b];
+                nsum[8 * (size_t)(b0 + b) + t] = rs[b];
+            }
+        }
+}
+
+static const cpu_act act_s8 = {4, s8_row, s8_quant, s8_deq, s8_quant8};
+
+/* Where a tile kernel finds its tokens' activations: token t's quants j
+ * of block b at q[qb * b + qj * j + 4 t], its scale and negated sum at
+ * [sb * b + t]. A tile (8 tokens): 256, 32, 8; a row (1 token): 32, 4, 1. */
+typedef struct s8_view {
+    const int8_t *q;
+    const float *d;
+    const int32_t *nsum;
+} s8_view;
+
+static s8_view s8_tile_view(const void *x, int n)
+{
+    const int8_t *q = x;
+    const float *d = (const float *)(q + 8 * (size_t)n);
+    return (s8_view){q, d, (const int32_t *)(d + 8 * (size_t)(n / QK8_0))};
+}
+
+static s8_view s8_row_view(const void *x, int n)
+{
+    const int8_t *q = x;
+    const float *d = (const float *)(q + n);
+    return (s8_view){q, d, (const int32_t *)(d + n / QK8_0)};
+}
 
 /* ---- Q8_0 ---------------------------------------------------------------------- */
 
@@ -99,26 +149,24 @@ static void q8_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols,
     }
 }
 
-/* R groups (gstride bytes apart) x T tokens (x_row bytes apart) of one
- * tile; y gets token t's rows at y + t * y_stride, the last group's rows
- * past `valid` (1..16) left alone. R and T are constants at every call. */
+/* R groups (gstride bytes apart) x T tokens (a tile's 8, or a row's 1)
+ * of one tile; y gets token t's rows at y + t * y_stride, tokens past
+ * n_valid and the last group's rows past `valid` (1..16) left alone. R and
+ * T are constants at every call. */
 static inline __attribute__((always_inline)) void q8_tile(const int R, const int T, const uint8_t *w, size_t gstride,
-                                                           int nb, const int8_t *x, size_t x_row, int n, float *y,
-                                                           size_t y_stride, int valid)
+                                                           int nb, s8_view x, float *y, size_t y_stride, int n_valid,
+                                                           int valid)
 {
+    const int qb = T == 8 ? 256 : 32, qj = T == 8 ? 32 : 4, sb = T == 8 ? 8 : 1;
     __m512 f[2][8];
-    const float *xd[8];
-    const int32_t *xs[8];
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-        xd[t] = (const float *)(x + (size_t)t * x_row + n);
-        xs[t] = (const int32_t *)(xd[t] + nb);
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) f[r][t] = _mm512_setzero_ps();
-    }
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+        f[r][t] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * PK_Q8_BLOCK;
+        const int8_t *xq = x.q + (size_t)qb * b;
         __m512i s[2][8];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) { /* -128 * sum(x): the +128 of the weights */
-            __m512i c = _mm512_set1_epi32(-128 * xs[t][b]);
+            __m512i c = _mm512_slli_epi32(_mm512_set1_epi32(x.nsum[sb * b + t]), 7);
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = c;
         }
         _Pragma("GCC unroll 8") for (int j = 0; j < QK8_0 / 4; j++) {
@@ -127,7 +175,7 @@ static inline __attribute__((always_inline)) void q8_tile(const int R, const int
                 wq[r] = _mm512_loadu_si512(wb + (size_t)r * gstride + PK_ROWS * sizeof(quant_f16) + 64 * j);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 int32_t x4;
-                memcpy(&x4, x + (size_t)t * x_row + QK8_0 * b + 4 * j, 4);
+                memcpy(&x4, xq + qj * j + 4 * t, 4);
                 __m512i xb = _mm512_set1_epi32(x4);
                 _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = _mm512_dpbusd_epi32(s[r][t], wq[r], xb);
             }
@@ -136,7 +184,7 @@ static inline __attribute__((always_inline)) void q8_tile(const int R, const int
         _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
             dw[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + (size_t)r * gstride)));
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            __m512 dx = _mm512_set1_ps(xd[t][b]);
+            __m512 dx = _mm512_set1_ps(x.d[sb * b + t]);
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
                 f[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[r][t]), dx), dw[r], f[r][t]);
         }
@@ -145,6 +193,8 @@ static inline __attribute__((always_inline)) void q8_tile(const int R, const int
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
     {
         float *yt = y + (size_t)t * y_stride + PK_ROWS * r;
+        if (t >= n_valid)
+            break;
         if (r == R - 1 && valid < PK_ROWS)
             _mm512_mask_storeu_ps(yt, last, f[r][t]);
         else
@@ -152,19 +202,18 @@ static inline __attribute__((always_inline)) void q8_tile(const int R, const int
     }
 }
 
-/* One R-group column of the output, every token: 8 at a time, then 4, then
- * one by one. */
+/* One R-group column of the output, every token: the tiles, then the rows. */
 static inline __attribute__((always_inline)) void q8_col(const int R, const uint8_t *w, size_t gstride, int nb,
-                                                          const int8_t *x, size_t x_row, int n_tok, int n, float *y,
+                                                          const char *x, size_t x_row, int n_tok, int n, float *y,
                                                           size_t y_stride, int valid)
 {
-    int t = 0;
-    for (; t + 8 <= n_tok; t += 8)
-        q8_tile(R, 8, w, gstride, nb, x + (size_t)t * x_row, x_row, n, y + (size_t)t * y_stride, y_stride, valid);
-    for (; t + 4 <= n_tok; t += 4)
-        q8_tile(R, 4, w, gstride, nb, x + (size_t)t * x_row, x_row, n, y + (size_t)t * y_stride, y_stride, valid);
+    int t = 0, tiled = cpu_act_tiled(&act_s8, n_tok);
+    for (; t < tiled; t += 8)
+        q8_tile(R, 8, w, gstride, nb, s8_tile_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride, y_stride,
+                n_tok - t, valid);
     for (; t < n_tok; t++)
-        q8_tile(R, 1, w, gstride, nb, x + (size_t)t * x_row, x_row, n, y + (size_t)t * y_stride, y_stride, valid);
+        q8_tile(R, 1, w, gstride, nb, s8_row_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride, y_stride, 1,
+                valid);
 }
 
 static void q8_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x, size_t x_row,

@@ -344,21 +344,26 @@ static void check_packed(const cpu_kernels *k, quant_type wt, int rows, int cols
     const cpu_act *act = pk->act;
     size_t wb = quant_row_bytes(wt, (size_t)cols), ab = act->row_bytes(cols), ys = (size_t)rows + 3;
     long groups = (rows + pk->group - 1) / pk->group;
-    uint8_t *w = malloc(wb * (size_t)rows), *a = malloc(ab * MAXT), *pw = malloc(pk->bytes(rows, cols));
+    uint8_t *w = malloc(wb * (size_t)rows), *a = malloc(ab * (MAXT + 8)), *pw = malloc(pk->bytes(rows, cols));
     float *x = malloc(sizeof(float) * (size_t)cols * MAXT), *wf = malloc(sizeof(float) * (size_t)cols * (size_t)rows),
           *af = malloc(sizeof(float) * (size_t)cols), *y = malloc(sizeof(float) * ys * MAXT),
           *y1 = malloc(sizeof(float) * ys * MAXT);
     for (size_t b = 0; b < wb * (size_t)rows / quant_block_bytes(wt); b++) random_block(wt, w + b * quant_block_bytes(wt));
     for (int r = 0; r < rows; r++) quant_dequantize_row(wt, w + (size_t)r * wb, wf + (size_t)r * cols, (size_t)cols);
     for (int i = 0; i < cols * MAXT; i++) x[i] = test_randf(&seed) * (i % 37 == 0 ? 30.0f : 1.0f);
-    for (int t = 0; t < MAXT; t++) act->quantize(x + (size_t)t * cols, a + (size_t)t * ab, cols);
+    uint8_t *ar = malloc(ab * MAXT); /* each token in row format: what it is alone */
+    for (int t = 0; t < MAXT; t++) act->quantize(x + (size_t)t * cols, ar + (size_t)t * ab, cols);
     pk->pack(w, wb, rows, cols, 0, groups / 2, pw); /* in two calls, as threads do */
     pk->pack(w, wb, rows, cols, groups / 2, groups, pw);
     for (int n = 1; n <= MAXT; n += n < 9 ? 1 : 5) {
+        int tiled = cpu_act_tiled(act, n); /* the backend's conversion: 8-row tiles, then rows */
+        for (int t = 0; t < tiled; t += 8)
+            act->quantize8(x + (size_t)t * cols, (size_t)cols, n - t < 8 ? n - t : 8, a + (size_t)t * ab, cols);
+        memcpy(a + (size_t)tiled * ab, ar + (size_t)tiled * ab, (size_t)(n > tiled ? n - tiled : 0) * ab);
         for (size_t i = 0; i < ys * MAXT; i++) y[i] = y1[i] = -7.0f;
         pk->gemm(pw, rows, cols, 0, groups, a, ab, n, y, ys);
         for (int t = 0; t < n; t++) {
-            act->dequant(a + (size_t)t * ab, af, cols);
+            act->dequant(ar + (size_t)t * ab, af, cols);
             for (int r = 0; r < rows; r++) {
                 double ref = 0, mag = 0;
                 for (int i = 0; i < cols; i++) {
@@ -373,16 +378,19 @@ static void check_packed(const cpu_kernels *k, quant_type wt, int rows, int cols
                 if (y[(size_t)t * ys + r] != -7.0f)
                     fail_msg("%s packed %s: row %zu written past the weight's %d rows", k->name, quant_type_name(wt), r, rows);
         }
+        for (size_t i = (size_t)n * ys; i < ys * MAXT; i++)
+            if (y[i] != -7.0f)
+                fail_msg("%s packed %s: %d tokens wrote token %zu", k->name, quant_type_name(wt), n, i / ys);
         for (int t = 0; t < n; t++) /* alone, in two group ranges */
             for (long g = 0; g < groups; g += (groups + 1) / 2) {
                 long g1 = g + (groups + 1) / 2 < groups ? g + (groups + 1) / 2 : groups;
-                pk->gemm(pw, rows, cols, g, g1, a + (size_t)t * ab, ab, 1, y1 + (size_t)t * ys, ys);
+                pk->gemm(pw, rows, cols, g, g1, ar + (size_t)t * ab, ab, 1, y1 + (size_t)t * ys, ys);
             }
         if (memcmp(y, y1, sizeof(float) * ys * (size_t)n))
             fail_msg("%s packed %s %dx%d: %d tokens together differ from each alone", k->name, quant_type_name(wt), rows,
                      cols, n);
     }
-    free(w); free(a); free(pw); free(x); free(wf); free(af); free(y); free(y1);
+    free(w); free(a); free(ar); free(pw); free(x); free(wf); free(af); free(y); free(y1);
 }
 
 static void run_kernel_set(const cpu_kernels *k)
