@@ -1,5 +1,5 @@
 /* kernels_avx512.c - the "avx512" kernel set: the AVX512-VNNI set plus
- * packed weights with 512-bit tiles (cpu_pack) for Q8_0. Compiled with the
+ * packed weights with 512-bit tiles (cpu_pack) for Q8_0 and Q4_0. Compiled with the
  * AVX-512 F/BW/VL/VNNI flags; cpu_kernels_avx512() checks the CPU at run
  * time.
  *
@@ -32,7 +32,6 @@
 #include <string.h>
 
 #define PK_ROWS 16                  /* rows per packed group: one zmm lane each */
-#define PK_Q8_BLOCK (32 + 16 * 32)  /* a group's block: 16 f16 scales, then 8 x (16 rows x 4 bytes) */
 
 /* ---- activations: signed bytes, a float scale and the integer sum per block ---- */
 
@@ -117,62 +116,105 @@ static s8_view s8_row_view(const void *x, int n)
     return (s8_view){q, d, (const int32_t *)(d + n / QK8_0)};
 }
 
-/* ---- Q8_0 ---------------------------------------------------------------------- */
+/* ---- Q8_0 and Q4_0: one f16 scale per 32 weights ------------------------------- */
 
-static size_t q8_groups(int64_t rows) { return (size_t)((rows + PK_ROWS - 1) / PK_ROWS); }
+/* A group's block (16 rows x 32 columns): 16 f16 scales (0 for rows past
+ * the end), then the quants as vectors of 16 rows x 4 bytes:
+ *   Q8_0: 8 vectors, vector j = columns 4j..4j+3, each weight + 128;
+ *   Q4_0: 4 vectors, vector j = the file's bytes 4j..4j+3 of each row:
+ *         low nibbles columns 4j.., high nibbles 16 + 4j.. (0..15, the
+ *         weight + 8), so a mask and a shift give two vectors of bytes.
+ * Either way w . x = q . x - offset * sum(x), offset 128 or 8: a token's
+ * integer chain starts at its negated block sum shifted by 7 or 3. */
+enum { PK_Q8, PK_Q4 };
+
+static int pk_block_bytes(int kind) { return PK_ROWS * 2 + PK_ROWS * (kind == PK_Q8 ? 32 : 16); }
+
+static size_t pk_groups(int64_t rows) { return (size_t)((rows + PK_ROWS - 1) / PK_ROWS); }
 
 static size_t q8_packed_bytes(int64_t rows, int64_t cols)
 {
-    return q8_groups(rows) * (size_t)(cols / QK8_0) * PK_Q8_BLOCK;
+    return pk_groups(rows) * (size_t)(cols / QK8_0) * (size_t)pk_block_bytes(PK_Q8);
 }
 
-/* Group g, block b: 16 f16 scales (rows past the end: 0), then for each 4
- * weights j of the block, 16 rows x 4 bytes, each weight + 128. */
+static size_t q4_packed_bytes(int64_t rows, int64_t cols)
+{
+    return pk_groups(rows) * (size_t)(cols / QK4_0) * (size_t)pk_block_bytes(PK_Q4);
+}
+
+/* Row r's part of block b of a group: its scale and quant bytes. */
+static void pk_row(int kind, const void *w, size_t row_bytes, int64_t row, int64_t rows, int b, int r, uint8_t *o)
+{
+    quant_f16 *d = (quant_f16 *)o;
+    uint8_t *q = o + PK_ROWS * sizeof(quant_f16);
+    const char *src = row < rows ? (const char *)w + (size_t)row * row_bytes : NULL;
+    if (kind == PK_Q8) {
+        const block_q8_0 *blk = src ? (const block_q8_0 *)src + b : NULL;
+        d[r] = blk ? blk->d : 0;
+        for (int j = 0; j < QK8_0 / 4; j++)
+            for (int k = 0; k < 4; k++) q[64 * j + 4 * r + k] = (uint8_t)((blk ? blk->qs[4 * j + k] : 0) ^ 0x80);
+    } else {
+        const block_q4_0 *blk = src ? (const block_q4_0 *)src + b : NULL;
+        d[r] = blk ? blk->d : 0;
+        for (int j = 0; j < QK4_0 / 8; j++)
+            for (int k = 0; k < 4; k++) q[64 * j + 4 * r + k] = blk ? blk->qs[4 * j + k] : 0x88;
+    }
+}
+
+static inline __attribute__((always_inline)) void pk_pack(int kind, const void *w, size_t row_bytes, int64_t rows,
+                                                           int64_t cols, int64_t g0, int64_t g1, void *dst)
+{
+    int nb = (int)(cols / QK8_0), bb = pk_block_bytes(kind);
+    for (int64_t g = g0; g < g1; g++) {
+        uint8_t *o = (uint8_t *)dst + (size_t)g * (size_t)nb * (size_t)bb;
+        for (int b = 0; b < nb; b++, o += bb)
+            for (int r = 0; r < PK_ROWS; r++) pk_row(kind, w, row_bytes, g * PK_ROWS + r, rows, b, r, o);
+    }
+}
+
 static void q8_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1, void *dst)
 {
-    int nb = (int)(cols / QK8_0);
-    for (int64_t g = g0; g < g1; g++) {
-        uint8_t *o = (uint8_t *)dst + (size_t)g * (size_t)nb * PK_Q8_BLOCK;
-        for (int b = 0; b < nb; b++, o += PK_Q8_BLOCK) {
-            quant_f16 *d = (quant_f16 *)o;
-            uint8_t *q = o + PK_ROWS * sizeof(quant_f16);
-            for (int r = 0; r < PK_ROWS; r++) {
-                int64_t row = g * PK_ROWS + r;
-                const block_q8_0 *blk = row < rows ? (const block_q8_0 *)((const char *)w + (size_t)row * row_bytes) + b
-                                                   : NULL;
-                d[r] = blk ? blk->d : 0;
-                for (int j = 0; j < QK8_0 / 4; j++)
-                    for (int k = 0; k < 4; k++)
-                        q[64 * j + 4 * r + k] = (uint8_t)((blk ? blk->qs[4 * j + k] : 0) ^ 0x80);
-            }
-        }
-    }
+    pk_pack(PK_Q8, w, row_bytes, rows, cols, g0, g1, dst);
+}
+
+static void q4_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1, void *dst)
+{
+    pk_pack(PK_Q4, w, row_bytes, rows, cols, g0, g1, dst);
+}
+
+/* Group r's quants of columns 4j..4j+3 of the block at wb, as bytes. */
+static inline __attribute__((always_inline)) __m512i pk_quants(int kind, const uint8_t *wb, int j)
+{
+    const uint8_t *q = wb + PK_ROWS * sizeof(quant_f16);
+    if (kind == PK_Q8)
+        return _mm512_loadu_si512(q + 64 * j);
+    __m512i v = _mm512_loadu_si512(q + 64 * (j & 3));
+    return _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f));
 }
 
 /* R groups (gstride bytes apart) x T tokens (a tile's 8, or a row's 1)
  * of one tile; y gets token t's rows at y + t * y_stride, tokens past
- * n_valid and the last group's rows past `valid` (1..16) left alone. R and
- * T are constants at every call. */
-static inline __attribute__((always_inline)) void q8_tile(const int R, const int T, const uint8_t *w, size_t gstride,
-                                                           int nb, s8_view x, float *y, size_t y_stride, int n_valid,
-                                                           int valid)
+ * n_valid and the last group's rows past `valid` (1..16) left alone.
+ * kind, R and T are constants at every call. */
+static inline __attribute__((always_inline)) void pk_tile(const int kind, const int R, const int T, const uint8_t *w,
+                                                           size_t gstride, int nb, s8_view x, float *y,
+                                                           size_t y_stride, int n_valid, int valid)
 {
-    const int qb = T == 8 ? 256 : 32, qj = T == 8 ? 32 : 4, sb = T == 8 ? 8 : 1;
+    const int qb = T == 8 ? 256 : 32, qj = T == 8 ? 32 : 4, sb = T == 8 ? 8 : 1, bb = pk_block_bytes(kind);
     __m512 f[2][8];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
         f[r][t] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *wb = w + (size_t)b * PK_Q8_BLOCK;
+        const uint8_t *wb = w + (size_t)b * (size_t)bb;
         const int8_t *xq = x.q + (size_t)qb * b;
         __m512i s[2][8];
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) { /* -128 * sum(x): the +128 of the weights */
-            __m512i c = _mm512_slli_epi32(_mm512_set1_epi32(x.nsum[sb * b + t]), 7);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) { /* -offset * sum(x) */
+            __m512i c = _mm512_slli_epi32(_mm512_set1_epi32(x.nsum[sb * b + t]), kind == PK_Q8 ? 7 : 3);
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = c;
         }
         _Pragma("GCC unroll 8") for (int j = 0; j < QK8_0 / 4; j++) {
             __m512i wq[2];
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-                wq[r] = _mm512_loadu_si512(wb + (size_t)r * gstride + PK_ROWS * sizeof(quant_f16) + 64 * j);
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) wq[r] = pk_quants(kind, wb + (size_t)r * gstride, j);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 int32_t x4;
                 memcpy(&x4, xq + qj * j + 4 * t, 4);
@@ -203,24 +245,26 @@ static inline __attribute__((always_inline)) void q8_tile(const int R, const int
 }
 
 /* One R-group column of the output, every token: the tiles, then the rows. */
-static inline __attribute__((always_inline)) void q8_col(const int R, const uint8_t *w, size_t gstride, int nb,
-                                                          const char *x, size_t x_row, int n_tok, int n, float *y,
-                                                          size_t y_stride, int valid)
+static inline __attribute__((always_inline)) void pk_col(const int kind, const int R, const uint8_t *w, size_t gstride,
+                                                          int nb, const char *x, size_t x_row, int n_tok, int n,
+                                                          float *y, size_t y_stride, int valid)
 {
     int t = 0, tiled = cpu_act_tiled(&act_s8, n_tok);
     for (; t < tiled; t += 8)
-        q8_tile(R, 8, w, gstride, nb, s8_tile_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride, y_stride,
-                n_tok - t, valid);
+        pk_tile(kind, R, 8, w, gstride, nb, s8_tile_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride,
+                y_stride, n_tok - t, valid);
     for (; t < n_tok; t++)
-        q8_tile(R, 1, w, gstride, nb, s8_row_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride, y_stride, 1,
-                valid);
+        pk_tile(kind, R, 1, w, gstride, nb, s8_row_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride, y_stride,
+                1, valid);
 }
 
-static void q8_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x, size_t x_row,
-                    int n_tok, float *y, size_t y_stride)
+/* Groups [g0, g1) two at a time (one at the end). */
+static inline __attribute__((always_inline)) void pk_gemm(const int kind, const void *pw, int64_t rows, int64_t cols,
+                                                           int64_t g0, int64_t g1, const void *x, size_t x_row,
+                                                           int n_tok, float *y, size_t y_stride)
 {
     int nb = (int)(cols / QK8_0);
-    size_t gstride = (size_t)nb * PK_Q8_BLOCK;
+    size_t gstride = (size_t)nb * (size_t)pk_block_bytes(kind);
     for (int64_t g = g0; g < g1;) {
         const uint8_t *w = (const uint8_t *)pw + (size_t)g * gstride;
         float *yg = y + (size_t)g * PK_ROWS;
@@ -228,14 +272,27 @@ static void q8_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int6
         int64_t end = (g + R) * PK_ROWS;
         int valid = end <= rows ? PK_ROWS : (int)(rows - (end - PK_ROWS));
         if (R == 2)
-            q8_col(2, w, gstride, nb, x, x_row, n_tok, (int)cols, yg, y_stride, valid);
+            pk_col(kind, 2, w, gstride, nb, x, x_row, n_tok, (int)cols, yg, y_stride, valid);
         else
-            q8_col(1, w, gstride, nb, x, x_row, n_tok, (int)cols, yg, y_stride, valid);
+            pk_col(kind, 1, w, gstride, nb, x, x_row, n_tok, (int)cols, yg, y_stride, valid);
         g += R;
     }
 }
 
+static void q8_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x, size_t x_row,
+                    int n_tok, float *y, size_t y_stride)
+{
+    pk_gemm(PK_Q8, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);
+}
+
+static void q4_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x, size_t x_row,
+                    int n_tok, float *y, size_t y_stride)
+{
+    pk_gemm(PK_Q4, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);
+}
+
 static const cpu_pack pack_q8_0 = {PK_ROWS, q8_packed_bytes, q8_pack, q8_gemm, &act_s8};
+static const cpu_pack pack_q4_0 = {PK_ROWS, q4_packed_bytes, q4_pack, q4_gemm, &act_s8};
 
 /* ---- the set ------------------------------------------------------------------- */
 
@@ -247,6 +304,7 @@ static void avx512_init(void)
     avx512 = *cpu_kernels_vnni();
     avx512.name = "avx512";
     avx512.pack[QT_Q8_0] = &pack_q8_0;
+    avx512.pack[QT_Q4_0] = &pack_q4_0;
 }
 
 const cpu_kernels *cpu_kernels_avx512(void)
