@@ -4,9 +4,12 @@
  *   llm-bench --bandwidth [-t THREADS]
  *   llm-bench -m MODEL.gguf --batch 1,16,64 [--backend cuda] [--tp N] [-p CTX] [-n STEPS] [--prefill 512]
  *   llm-bench --bandwidth --backend cuda | --gemm [--backend cuda]
+ *   llm-bench --peak [-t THREADS]
  * Prints key=value lines (parsed by tests/bench/bench.py and run.sh): the
  * first form the mean and standard deviation over REPS runs after one
- * warm-up run (llama-bench's statistics) of one sequence on the CPU; with
+ * warm-up run (llama-bench's statistics) of one sequence on the CPU, and
+ * the operations a token's matmuls take (for GOP/s); --peak the CPU kernel
+ * set's int8 multiply-add rate with THREADS threads busy at once; with
  * --batch, one line per batch size of decode steps over that many
  * sequences of CTX tokens each (greedy: ids picked on the device), and the
  * prefill rate of one --prefill-token prompt; on a device, --bandwidth is a
@@ -86,6 +89,23 @@ static double mean_sd(const double *v, int n, double *sd)
 
 static llm_kv_type g_kv; /* --kv-type */
 
+/* Billions of operations (a multiply and an add each) a token's matmuls
+ * take: every dense matrix, and the experts a token is routed to. */
+static double matmul_gop(const llm_model *m)
+{
+    double macs = (double)m->output.rows * (double)m->output.cols;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const llm_layer *L = &m->layers[l];
+        const llm_weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->w_router};
+        for (size_t i = 0; i < sizeof w / sizeof *w; i++) macs += (double)w[i]->rows * (double)w[i]->cols;
+        for (int e = 0; m->hp.n_expert && e < 3; e++) {
+            const llm_weight *x = e == 0 ? L->exp_gate : e == 1 ? L->exp_up : L->exp_down;
+            macs += (double)m->hp.n_expert_used * (double)x->rows * (double)x->cols;
+        }
+    }
+    return 2 * macs / 1e9;
+}
+
 static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
 {
     llm_error err = {0};
@@ -123,8 +143,8 @@ static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
     size_t emb = (size_t)m->tok_embd.rows * m->tok_embd.row_bytes;
     size_t step = llm_model_weight_bytes(m) - (m->output.data == m->tok_embd.data ? 0 : emb);
     printf("model=%s threads=%d kernels=%s weight_bytes=%zu decode_bytes=%zu prefill_tps=%.2f prefill_sd=%.2f "
-           "decode_tps=%.2f decode_sd=%.2f\n", m->name, threads, llm_backend_cpu_kernels(b), llm_model_weight_bytes(m),
-           step, pp_mean, pp_sd, tg_mean, tg_sd);
+           "decode_tps=%.2f decode_sd=%.2f matmul_gop_per_token=%.4f\n", m->name, threads, llm_backend_cpu_kernels(b),
+           llm_model_weight_bytes(m), step, pp_mean, pp_sd, tg_mean, tg_sd, matmul_gop(m));
     rc = 0;
 out:
     if (rc)
@@ -414,11 +434,12 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *batch = NULL;
     long p = 128, n = 64, t = 1, r = 3, tp = 1, prefill = 512;
-    int bw = 0, gemm = 0;
+    int bw = 0, gemm = 0, peak = 0;
     llm_backend_spec spec = {"cpu", 1, {0, 0, getenv("LLM_KERNELS")}, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--bandwidth")) { bw = 1; continue; }
+        if (!strcmp(a, "--peak")) { peak = 1; continue; }
         if (!strcmp(a, "--gemm")) { gemm = 1; continue; }
         if (!strcmp(a, "-m") && v) model = v;
         else if (!strcmp(a, "--backend") && v) spec.kind = v;
@@ -437,7 +458,7 @@ int main(int argc, char **argv)
             }
         }
         else {
-            fprintf(stderr, "usage: llm-bench -m MODEL.gguf [-p 128] [-n 64] [-t 1] [-r 3] [--kv-type f16|f32|q8_0] | --bandwidth [-t N]\n"
+            fprintf(stderr, "usage: llm-bench -m MODEL.gguf [-p 128] [-n 64] [-t 1] [-r 3] [--kv-type f16|f32|q8_0] | --bandwidth [-t N] | --peak [-t N]\n"
                             "       llm-bench -m MODEL.gguf --batch 1,16,64 [--backend cpu|cuda] [--tp N] [-p CTX] [-n STEPS] [--prefill N]\n"
                             "       llm-bench --backend cuda [--bandwidth] [--gemm]\n");
             return 2;
@@ -454,6 +475,18 @@ int main(int argc, char **argv)
         return device_figures(&spec, bw, gemm);
     if (batch && model)
         return batch_bench(model, &spec, batch, (int)p, (int)n, (int)prefill);
+    if (peak) {
+        llm_backend *pb = NULL;
+        llm_error err = {0};
+        if (llm_backend_cpu_new(&spec.cpu, &pb, &err)) {
+            fprintf(stderr, "error: %s\n", err.msg);
+            return 1;
+        }
+        printf("int8_peak_gops=%.1f kernels=%s threads=%ld\n", llm_backend_cpu_int8_peak(pb) / 1e9,
+               llm_backend_cpu_kernels(pb), t);
+        llm_backend_free(pb);
+        return 0;
+    }
     if (bw) {
         double copy = bandwidth((int)t, 1), rd = bandwidth((int)t, 0);
         if (copy == 0 || rd == 0) {

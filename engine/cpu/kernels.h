@@ -101,6 +101,11 @@ typedef struct cpu_kernels {
      * computed as g u / (1 + e^(-2v)); each element's result depends only
      * on its own g, u (no position-dependent tail path) */
     void (*geglu)(const float *g, const float *u, float *out, int n);
+    /* Optional: iters rounds of the set's widest int8 multiply-add on 12
+     * independent registers (no memory traffic); returns the int8
+     * operations done, a multiply and an add each: what the int8 peak
+     * estimate (llm_backend_cpu_int8_peak) times. */
+    double (*int8_spin)(long iters, int seed);
 } cpu_kernels;
 
 const cpu_kernels *cpu_kernels_scalar(void);

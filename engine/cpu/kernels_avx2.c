@@ -459,6 +459,23 @@ static void geglu(const float *g, const float *u, float *out, int n)
     }
 }
 
+/* The peak estimate's loop: 12 chains of vpmaddubsw (32 multiply-adds
+ * into int16 pairs), vpmaddwd to int32 and an add: how the AVX2 kernels
+ * multiply 8-bit quants. */
+static double spin_avx2(long iters, int seed)
+{
+    __m256i a[12], w = _mm256_set1_epi8((char)(seed | 1)), x = _mm256_set1_epi8((char)(seed + 3)),
+                   one = _mm256_set1_epi16(1);
+    for (int i = 0; i < 12; i++) a[i] = _mm256_set1_epi32(seed + i);
+    for (long it = 0; it < iters; it++)
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
+            a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_xor_si256(w, a[i]), x), one));
+    volatile int sink = 0;
+    for (int i = 0; i < 12; i++) sink += hsum8i(a[i]);
+    (void)sink;
+    return 12.0 * 64.0 * (double)iters;
+}
+
 static const cpu_kernels avx2 = {
     .name = "avx2",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
@@ -480,6 +497,7 @@ static const cpu_kernels avx2 = {
     .to_f32 = {[QT_F16] = f16_to_f32, [QT_Q8_0] = q8_0_to_f32},
     .to_f16 = f32_to_f16,
     .geglu = geglu,
+    .int8_spin = spin_avx2,
 };
 
 const cpu_kernels *cpu_kernels_avx2(void)

@@ -294,6 +294,19 @@ static void q4_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int6
 static const cpu_pack pack_q8_0 = {PK_ROWS, q8_packed_bytes, q8_pack, q8_gemm, &act_s8};
 static const cpu_pack pack_q4_0 = {PK_ROWS, q4_packed_bytes, q4_pack, q4_gemm, &act_s8};
 
+/* The peak estimate's loop: 12 vpdpbusd chains of 64 multiply-adds. */
+static double spin512(long iters, int seed)
+{
+    __m512i a[12], w = _mm512_set1_epi8((char)(seed | 1)), x = _mm512_set1_epi8((char)(seed + 3));
+    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_epi32(seed + i); /* distinct: no chain merges with another */
+    for (long it = 0; it < iters; it++)
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) a[i] = _mm512_dpbusd_epi32(a[i], w, x);
+    volatile int sink = 0;
+    for (int i = 0; i < 12; i++) sink += _mm512_reduce_add_epi32(a[i]);
+    (void)sink;
+    return 12.0 * 128.0 * (double)iters;
+}
+
 /* ---- the set ------------------------------------------------------------------- */
 
 static cpu_kernels avx512;
@@ -305,6 +318,7 @@ static void avx512_init(void)
     avx512.name = "avx512";
     avx512.pack[QT_Q8_0] = &pack_q8_0;
     avx512.pack[QT_Q4_0] = &pack_q4_0;
+    avx512.int8_spin = spin512;
 }
 
 const cpu_kernels *cpu_kernels_avx512(void)

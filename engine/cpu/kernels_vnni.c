@@ -240,6 +240,19 @@ static void q5_0_dot8(const void *w, const void *x, size_t stride, int n, float 
 static void q8_0_dot16(const void *w, const void *x, size_t stride, int n, float *out) { u8_dot16(0, w, x, stride, n, out); }
 static void q5_0_dot16(const void *w, const void *x, size_t stride, int n, float *out) { u8_dot16(1, w, x, stride, n, out); }
 
+/* The peak estimate's loop: 12 vpdpbusd (256-bit) chains of 32 multiply-adds. */
+static double spin256(long iters, int seed)
+{
+    __m256i a[12], w = _mm256_set1_epi8((char)(seed | 1)), x = _mm256_set1_epi8((char)(seed + 3));
+    for (int i = 0; i < 12; i++) a[i] = _mm256_set1_epi32(seed + i); /* distinct: no chain merges with another */
+    for (long it = 0; it < iters; it++)
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) a[i] = _mm256_dpbusd_epi32(a[i], w, x);
+    volatile int sink = 0;
+    for (int i = 0; i < 12; i++) sink += hsum8i(a[i]);
+    (void)sink;
+    return 12.0 * 64.0 * (double)iters;
+}
+
 static cpu_kernels vnni;
 static pthread_once_t vnni_once = PTHREAD_ONCE_INIT;
 
@@ -268,6 +281,7 @@ static void vnni_init(void)
     vnni.dot8[QT_Q5_0] = q5_0_dot8;
     vnni.dot16[QT_Q5_0] = q5_0_dot16;
     vnni.act[QT_Q5_0] = &act_u8;
+    vnni.int8_spin = spin256;
 }
 
 const cpu_kernels *cpu_kernels_vnni(void)

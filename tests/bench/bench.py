@@ -71,7 +71,37 @@ def peer_env():
 
 def ours(build, path, threads, p, n, reps):
     r = kv(sh([build / "bin" / "llm-bench", "-m", path, "-p", p, "-n", n, "-t", threads, "-r", reps]))
-    return float(r["prefill_tps"]), float(r["decode_tps"]), float(r["decode_bytes"])
+    return (float(r["prefill_tps"]), float(r["decode_tps"]), float(r["decode_bytes"]), float(r["matmul_gop_per_token"]),
+            r["kernels"], int(r["weight_bytes"]))
+
+
+def machine():
+    """The CPU's model name, its int8-relevant ISA extensions and its
+    last-level cache in bytes (0 when unknown), for the header that says
+    where the figures were measured and which files are cache-resident."""
+    name, flags = "unknown CPU", set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, val = line.partition(":")
+            if key.strip() == "model name":
+                name = val.strip()
+            elif key.strip() == "flags":
+                flags = set(val.split())
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni", "amx_int8") if f in flags]
+    llc = 0
+    for idx in sorted(pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            size = (idx / "size").read_text().strip()
+            llc = max(llc, int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20}.get(size[-1], 1) if size[-1] in "KM" else int(size))
+        except (OSError, ValueError):
+            pass
+    return name, isa, llc
+
+
+def int8_peak(build, threads):
+    return float(kv(sh([build / "bin" / "llm-bench", "--peak", "-t", threads]))["int8_peak_gops"])
 
 
 def batched_bench(exe, path, threads, pp, tg, npl):
@@ -165,7 +195,15 @@ def single_section(a, build):
         bw[t]["copy"] = max(bw[t]["copy"], float(r["bandwidth_gbs"]) / 2)  # bytes copied per second
         bw[t]["read"] = max(bw[t]["read"], float(r["read_gbs"]))
 
-    head = f"{'model':<16}{'type':<6}{'thr':>4}{'prefill t/s':>13}{'decode t/s':>12}{'copy roof':>10}{'read roof':>10}"
+    name, isa, llc = machine()
+    peak = {t: int8_peak(build, t) for t in threads}
+    print(f"CPU: {name}; {' '.join(isa) or 'no AVX2'}; last-level cache {llc >> 20} MiB; kernel set "
+          f"{os.environ.get('LLM_KERNELS') or 'best'}; int8 peak (llm-bench --peak) "
+          + ", ".join(f"{peak[t]:.0f} GOP/s at {t} thread(s)" for t in threads))
+    print("GOP/s: the prefill's matmul operations per second (a multiply and an add each); % peak: of that int8 peak; "
+          "'L3' after a model: its weights fit in the last-level cache")
+    head = (f"{'model':<19}{'type':<6}{'thr':>4}{'prefill t/s':>13}{'GOP/s':>8}{'% peak':>8}{'decode t/s':>12}"
+            f"{'copy roof':>10}{'read roof':>10}")
     if peer:
         head += f"{'llama.cpp pp':>14}{'tg':>9}{'pp ratio':>10}{'tg ratio':>10}"
     print(head)
@@ -181,17 +219,19 @@ def single_section(a, build):
                         theirs.append(llama_bench(peer, path, t, a.p, a.n, a.r))
                 pp = statistics.median(m[0] for m in mine)
                 tg = statistics.median(m[1] for m in mine)
-                step = mine[0][2]
+                step, gop, kset, wbytes = mine[0][2], mine[0][3], mine[0][4], mine[0][5]
                 measure(t)
                 copy_roof = bw[t]["copy"] * 1e9 / step
                 read_roof = bw[t]["read"] * 1e9 / step
-                line = f"{shape:<16}{qtype:<6}{t:>4}{pp:>13.1f}{tg:>12.2f}{tg / copy_roof:>9.0%} {tg / read_roof:>9.0%} "
+                label = shape + (" L3" if llc and wbytes <= llc else "")
+                line = (f"{label:<19}{qtype:<6}{t:>4}{pp:>13.1f}{pp * gop:>8.0f}{pp * gop / peak[t]:>8.0%}"
+                        f"{tg:>12.2f}{tg / copy_roof:>9.0%} {tg / read_roof:>9.0%} ")
                 if peer:
                     lpp = statistics.median(x[0] for x in theirs)
                     ltg = statistics.median(x[1] for x in theirs)
                     line += f"{lpp:>13.1f}{ltg:>9.2f}{pp / lpp:>10.2f}{tg / ltg:>10.2f}"
                 print(line, flush=True)
-    print("best bandwidth seen: " + ", ".join(f"copy {bw[t]['copy']:.1f} GB/s (bytes copied), read-only "
+    print(f"kernel set used: {kset}; best bandwidth seen: " + ", ".join(f"copy {bw[t]['copy']:.1f} GB/s (bytes copied), read-only "
                                               f"{bw[t]['read']:.1f} GB/s at {t} thread(s)" for t in threads))
 
 

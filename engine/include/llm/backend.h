@@ -242,14 +242,19 @@ typedef struct llm_cpu_config {
     int n_threads;  /* 0: number of online CPUs */
     int force_scalar; /* 1: skip the SIMD kernels (tests, debugging) */
     const char *kernels; /* NULL: the best set for this CPU; else a set's name
-                            ("avx512vnni", "avx2", "scalar"), an error if unusable */
+                            ("avx512", "avx512vnni", "avx2", "scalar"), an error if unusable */
 } llm_cpu_config;
 
 /* Creates the CPU backend with its thread pool. Caller frees with
  * llm_backend_free (accepts NULL). */
 llm_status llm_backend_cpu_new(const llm_cpu_config *cfg, llm_backend **out, llm_error *err);
-/* Name of the CPU kernel set in use ("avx2", "scalar"). */
+/* Name of the CPU kernel set in use ("avx512", "avx2", "scalar"). */
 const char *llm_backend_cpu_kernels(const llm_backend *b);
+/* The kernel set's int8 multiply-add rate with every pool thread busy at
+ * once, in operations (a multiply and an add each) per second, from a
+ * ~0.3 s register-only loop: the ceiling int8 matmuls are measured
+ * against. 0 for a set without int8 instructions (scalar) or a CUDA b. */
+double llm_backend_cpu_int8_peak(llm_backend *b);
 
 void llm_backend_free(llm_backend *b);
 
