@@ -26,7 +26,7 @@ LDLIBS = -lm -lpthread -ldl
 COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c common/hash.c
 ENGINE_SRC = engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c \
              engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
-             engine/sampler.c engine/grammar.c engine/gmatch.c engine/jinja_value.c engine/jinja_parse.c engine/jinja_eval.c engine/jinja_lib.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c \
+             engine/sampler.c engine/grammar.c engine/gmatch.c engine/jinja_value.c engine/jinja_parse.c engine/jinja_eval.c engine/jinja_lib.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c engine/cpu/cpu_pack.c \
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c engine/cpu/kernels_avx512.c \
              engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench llm-perplexity

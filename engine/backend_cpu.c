@@ -12,7 +12,6 @@
 
 #include "cpu/cpu_impl.h"
 #include "llm/clock.h"
-#include "llm/model.h"
 
 #define CPU_ROW_CHUNK 16  /* weight rows kept hot in cache while tokens loop */
 #define CPU_WORK_ROWS 32  /* prefill work unit: two 16-row packed groups, one tile's rows */
@@ -92,10 +91,13 @@ static void mm_range(const mm_job *j, long lo, long hi)
     for (int i = 0; i < j->n_parts; i++) {
         const mm_part *p = &j->parts[i];
         long a = lo > base ? lo - base : 0, b = hi - base < p->w->rows ? hi - base : p->w->rows;
-        if (p->pk && a < b)
-            mm_packed(p, j->n_tok, a, b);
-        for (long r0 = a; !p->pk && r0 < b; r0 += CPU_ROW_CHUNK)
-            mm_rows(p, j->n_tok, r0, r0 + CPU_ROW_CHUNK < b ? r0 + CPU_ROW_CHUNK : b);
+        if (p->pk) {
+            if (a < b)
+                mm_packed(p, j->n_tok, a, b);
+        } else {
+            for (long r0 = a; r0 < b; r0 += CPU_ROW_CHUNK)
+                mm_rows(p, j->n_tok, r0, r0 + CPU_ROW_CHUNK < b ? r0 + CPU_ROW_CHUNK : b);
+        }
         base += p->w->rows;
     }
 }
@@ -458,7 +460,7 @@ static void cpu_mem_stats(llm_backend *b, llm_backend_mem *out)
 
 /* MemAvailable from /proc/meminfo: what the kernel could give without
  * swapping; free pages where that file is missing. */
-static size_t cpu_mem_available(llm_backend *b)
+size_t cpu_mem_available(llm_backend *b)
 {
     (void)b;
     size_t avail = meminfo("MemAvailable");
@@ -466,139 +468,6 @@ static size_t cpu_mem_available(llm_backend *b)
         return avail;
     long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
-}
-
-/* ---- packed weights -------------------------------------------------------- */
-
-/* The backend's copy of a model whose dense matrices the set packs: the
- * same tensors (data still points into the mapping, which the token
- * embedding's rows and unpacked matrices read) plus one buffer of packed
- * copies. m comes first: model_release gets &m. */
-typedef struct cpu_model {
-    llm_model m;
-    llm_layer *layers;
-    void *packed;
-    size_t bytes;
-} cpu_model;
-
-typedef struct pack_job {
-    const cpu_kernels *k;
-    llm_weight **w;
-    int n;
-    size_t *off;  /* (n) each weight's bytes into base */
-    long *first;  /* (n + 1) each weight's first group in the job's numbering */
-    char *base;
-} pack_job;
-
-/* The matrices of m that k packs (MoE experts stay as they are); out may
- * be NULL to count them. */
-static int packable(llm_model *m, const cpu_kernels *k, llm_weight **out)
-{
-    int n = 0;
-    for (int l = 0; l <= m->hp.n_layer; l++) {
-        llm_layer *L = l < m->hp.n_layer ? &m->layers[l] : NULL;
-        llm_weight *w[] = {L ? &L->wq : &m->output, L ? &L->wk : NULL, L ? &L->wv : NULL, L ? &L->wo : NULL,
-                           L ? &L->w_gate : NULL, L ? &L->w_up : NULL, L ? &L->w_down : NULL};
-        for (size_t i = 0; i < sizeof w / sizeof *w; i++)
-            if (w[i] && w[i]->data && w[i]->rows > 0 && k->pack[w[i]->type]) {
-                if (out)
-                    out[n] = w[i];
-                n++;
-            }
-    }
-    return n;
-}
-
-/* Every weight's groups, split evenly over the pool's threads. */
-static void pack_worker(void *arg, int ith, int nth)
-{
-    pack_job *j = arg;
-    long lo, hi;
-    tp_range(j->first[j->n], ith, nth, &lo, &hi);
-    for (int i = 0; i < j->n && lo < hi; i++) {
-        const llm_weight *w = j->w[i];
-        long a = lo > j->first[i] ? lo : j->first[i], b = hi < j->first[i + 1] ? hi : j->first[i + 1];
-        if (a < b)
-            j->k->pack[w->type]->pack(w->data, w->row_bytes, w->rows, w->cols, a - j->first[i], b - j->first[i],
-                                      j->base + j->off[i]);
-    }
-}
-
-static void cpu_model_release(llm_backend *b, llm_model *dev)
-{
-    cpu_model *cm = (cpu_model *)dev;
-    if (!cm)
-        return;
-    atomic_fetch_sub(&ctx_of(b)->used, cm->bytes);
-    free(cm->packed);
-    free(cm->layers);
-    free(cm);
-}
-
-/* Sizes, allocates and fills the packed copies of pj's n weights. */
-static llm_status pack_all(cpu_ctx *c, cpu_model *cm, pack_job *pj, llm_error *err)
-{
-    size_t total = 0;
-    for (int i = 0; i < pj->n; i++) {
-        const cpu_pack *pk = c->k->pack[pj->w[i]->type];
-        pj->off[i] = total;
-        pj->first[i + 1] = pj->first[i] + (pj->w[i]->rows + pk->group - 1) / pk->group;
-        total += (pk->bytes(pj->w[i]->rows, pj->w[i]->cols) + 63) / 64 * 64;
-    }
-    size_t avail = cpu_mem_available(NULL);
-    if ((avail && total > avail) || !(cm->packed = aligned_alloc(64, total)))
-        return llm_errf(err, LLM_ERR_NOMEM,
-                        "cpu backend: the %s kernels' packed copies of %s's matrices need %zu MiB; %zu MiB are "
-                        "available (LLM_KERNELS=avx512vnni uses them unpacked)",
-                        c->k->name, cm->m.name, total >> 20, avail >> 20);
-    cm->bytes = total;
-    pj->base = cm->packed;
-    tp_run(c->pool, pack_worker, pj);
-    for (int i = 0; i < pj->n; i++) pj->w[i]->packed = pj->base + pj->off[i];
-    atomic_fetch_add(&c->used, total);
-    return LLM_OK;
-}
-
-/* No packing set, or nothing the set packs: the model is used in place. */
-static llm_status cpu_model_upload(llm_backend *b, const llm_model *m, llm_model **dev, llm_error *err)
-{
-    cpu_ctx *c = ctx_of(b);
-    *dev = NULL;
-    cpu_model *cm = calloc(1, sizeof *cm);
-    llm_layer *layers = calloc((size_t)m->hp.n_layer + 1, sizeof *layers);
-    if (!cm || !layers) {
-        free(cm);
-        free(layers);
-        return llm_errf(err, LLM_ERR_NOMEM, "cpu backend: no memory to copy %s", m->name);
-    }
-    cm->m = *m;
-    memcpy(layers, m->layers, sizeof *layers * (size_t)m->hp.n_layer);
-    cm->m.layers = cm->layers = layers;
-    cm->m.owned = NULL; /* the host model still owns them */
-    cm->m.n_owned = 0;
-    int n = packable(&cm->m, c->k, NULL);
-    if (!n) {
-        cpu_model_release(b, &cm->m);
-        return LLM_OK;
-    }
-    pack_job pj = {c->k, malloc(sizeof *pj.w * (size_t)n), n, malloc(sizeof *pj.off * (size_t)n),
-                   calloc((size_t)n + 1, sizeof *pj.first), NULL};
-    llm_status st = !pj.w || !pj.off || !pj.first ? llm_errf(err, LLM_ERR_NOMEM, "cpu backend: no memory to copy %s",
-                                                             m->name)
-                                                  : LLM_OK;
-    if (!st) {
-        packable(&cm->m, c->k, pj.w);
-        st = pack_all(c, cm, &pj, err);
-    }
-    free(pj.w);
-    free(pj.off);
-    free(pj.first);
-    if (st) {
-        cpu_model_release(b, &cm->m);
-        return st;
-    }
-    *dev = &cm->m;
-    return LLM_OK;
 }
 
 /* ---- lifecycle ----------------------------------------------------------- */
@@ -633,8 +502,8 @@ static const struct llm_backend_i cpu_iface = {
     .buffer_free = cpu_buffer_free,
     .mem_available = cpu_mem_available,
     .mem_stats = cpu_mem_stats,
-    .model_upload = cpu_model_upload,
-    .model_release = cpu_model_release,
+    .model_upload = cpu_pack_model,
+    .model_release = cpu_pack_release,
 };
 
 llm_status llm_backend_cpu_new(const llm_cpu_config *cfg, llm_backend **out, llm_error *err)

@@ -6,7 +6,9 @@
  * dot products over 8-bit activations are what makes quantized matmuls
  * fast on CPUs). Each set chooses its formats: the scalar and AVX2 sets use
  * ggml's Q8_0/Q8_K blocks; the VNNI set stores Q8_0- and Q5_0-weight activations
- * offset to unsigned bytes with float scales, which its instruction needs.
+ * offset to unsigned bytes with float scales, which its instruction needs;
+ * the avx512 set's packed tiles (cpu_pack) read signed bytes with a float
+ * scale and the block's negated sum.
  * The scalar set is the reference and has every loadable type; a SIMD set
  * must agree with float64 sums of the same decoded operands, and may
  * leave a type out (dot[T] NULL): the backend then uses the scalar set's
@@ -33,7 +35,8 @@ typedef struct cpu_act {
     cpu_quant_fn quantize;
     void (*dequant)(const void *a, float *dst, int n); /* the values the dots use (tests) */
     /* Optional: converts `rows` (1..8) rows x_stride floats apart into one
-     * tile of 8 * row_bytes bytes, the layout the set's dot8 kernels read;
+     * tile of 8 * row_bytes bytes, the layout the set's dot8 kernels (or
+     * its packed tiles, for a cpu_pack's act) read;
      * missing rows are zeros (a tile for the last 4..7 tokens, whose
      * lanes are computed and thrown away). Each row's values are exactly
      * those quantize gives; only the order differs. When NULL, dot8 reads
@@ -42,6 +45,14 @@ typedef struct cpu_act {
 } cpu_act;
 
 extern const cpu_act cpu_act_f32;
+
+/* A quantize8 made of a row format's quantize: `rows` (1..8) rows, x_stride
+ * floats apart (missing rows: zeros), each converted by quant to n bytes
+ * followed by n_words 4-byte arrays of n/32 values (scales, sums), are
+ * scattered into the 8-row tile: per block of 32, eight groups of 4 bytes
+ * token by token (token t's group j of block b at 256 b + 32 j + 4 t),
+ * then each word array as (n/32 blocks, 8 tokens). */
+void cpu_tile8(cpu_quant_fn quant, int n_words, const float *x, size_t x_stride, int rows, void *dst, int n);
 
 /* How many of n_tok rows a conversion to a puts in 8-row tiles (the rest
  * follow in row format): whole tiles, plus a zero-padded one for a

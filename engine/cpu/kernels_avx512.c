@@ -71,24 +71,7 @@ static void s8_deq(const void *a, float *dst, int n)
  * then the scales (nb x 8 floats), then the negated sums (nb x 8 int32). */
 static void s8_quant8(const float *x, size_t x_stride, int rows, void *dst, int n)
 {
-    static const float zeros[4096];
-    _Alignas(64) int8_t row[4096 + 4096 / QK8_0 * 8];
-    int nb = n / QK8_0;
-    int8_t *q = dst;
-    float *d = (float *)(q + 8 * (size_t)n);
-    int32_t *nsum = (int32_t *)(d + 8 * (size_t)nb);
-    for (int t = 0; t < 8; t++)
-        for (int c0 = 0; c0 < n; c0 += 4096) { /* row-format scratch, 4096 columns at a time */
-            int cn = n - c0 < 4096 ? n - c0 : 4096, b0 = c0 / QK8_0;
-            s8_quant(t < rows ? x + (size_t)t * x_stride + c0 : zeros, row, cn);
-            const float *rd = (const float *)(row + cn);
-            const int32_t *rs = (const int32_t *)(rd + cn / QK8_0);
-            for (int b = 0; b < cn / QK8_0; b++) {
-                for (int j = 0; j < QK8_0 / 4; j++) memcpy(q + 256 * (size_t)(b0 + b) + 32 * j + 4 * t, row + 32 * b + 4 * j, 4);
-                d[8 * (size_t)(b0 + b) + t] = rd[b];
-                nsum[8 * (size_t)(b0 + b) + t] = rs[b];
-            }
-        }
+    cpu_tile8(s8_quant, 2, x, x_stride, rows, dst, n);
 }
 
 static const cpu_act act_s8 = {4, s8_row, s8_quant, s8_deq, s8_quant8};
@@ -232,11 +215,9 @@ static inline __attribute__((always_inline)) void pk_tile(const int kind, const 
         }
     }
     __mmask16 last = (__mmask16)((1u << valid) - 1);
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+    _Pragma("GCC unroll 8") for (int t = 0; t < T && t < n_valid; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
     {
         float *yt = y + (size_t)t * y_stride + PK_ROWS * r;
-        if (t >= n_valid)
-            break;
         if (r == R - 1 && valid < PK_ROWS)
             _mm512_mask_storeu_ps(yt, last, f[r][t]);
         else

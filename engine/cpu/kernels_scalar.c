@@ -291,6 +291,27 @@ static const cpu_kernels scalar = {
 
 const cpu_kernels *cpu_kernels_scalar(void) { return &scalar; }
 
+void cpu_tile8(cpu_quant_fn quant, int n_words, const float *x, size_t x_stride, int rows, void *dst, int n)
+{
+    enum { CHUNK = 4096 }; /* columns converted at a time into the row scratch */
+    static const float zeros[CHUNK];
+    _Alignas(64) uint8_t row[CHUNK + CHUNK / QK8_0 * 8];
+    uint8_t *q = dst;
+    uint32_t *words = (uint32_t *)(q + 8 * (size_t)n);
+    size_t nb = (size_t)n / QK8_0;
+    for (int t = 0; t < 8; t++)
+        for (int c0 = 0; c0 < n; c0 += CHUNK) {
+            int cn = n - c0 < CHUNK ? n - c0 : CHUNK;
+            size_t b0 = (size_t)c0 / QK8_0;
+            quant(t < rows ? x + (size_t)t * x_stride + c0 : zeros, row, cn);
+            for (size_t b = 0; b < (size_t)cn / QK8_0; b++) {
+                for (int j = 0; j < QK8_0 / 4; j++) memcpy(q + 256 * (b0 + b) + 32 * j + 4 * t, row + 32 * b + 4 * j, 4);
+                for (int w = 0; w < n_words; w++)
+                    memcpy(words + (size_t)w * nb * 8 + 8 * (b0 + b) + t, row + cn + 4 * ((size_t)w * cn / QK8_0 + b), 4);
+            }
+        }
+}
+
 const cpu_kernels *const *cpu_kernels_all(void)
 {
     static const cpu_kernels *all[5];

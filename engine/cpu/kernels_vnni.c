@@ -67,19 +67,7 @@ static void u8_deq(const void *a, float *dst, int n)
  *   bytes: (n/32 blocks, 8 groups, 8 tokens, 4), then floats: (n/32, 8) */
 static void u8_quant8(const float *x, size_t x_stride, int rows, void *dst, int n)
 {
-    static const float zeros[4096];
-    uint8_t row[8][4096 + 512], *q = dst;
-    float *d = (float *)(q + 8 * (size_t)n);
-    for (int c0 = 0; c0 < n; c0 += 4096) { /* row-format scratch, 4096 columns at a time */
-        int cn = n - c0 < 4096 ? n - c0 : 4096, nb = cn / QK8_0;
-        for (int t = 0; t < 8; t++) u8_quant(t < rows ? x + (size_t)t * x_stride + c0 : zeros, row[t], cn);
-        for (int b = 0; b < nb; b++) {
-            uint8_t *tile = q + (size_t)(c0 / QK8_0 + b) * 256;
-            for (int g = 0; g < 8; g++)
-                for (int t = 0; t < 8; t++) memcpy(tile + 32 * g + 4 * t, row[t] + QK8_0 * b + 4 * g, 4);
-            for (int t = 0; t < 8; t++) d[(size_t)(c0 / QK8_0 + b) * 8 + t] = ((const float *)(row[t] + cn))[b];
-        }
-    }
+    cpu_tile8(u8_quant, 1, x, x_stride, rows, dst, n);
 }
 
 static const cpu_act act_u8 = {3, u8_row, u8_quant, u8_deq, u8_quant8};

@@ -353,7 +353,24 @@ static void check_packed(const cpu_kernels *k, quant_type wt, int rows, int cols
     for (int i = 0; i < cols * MAXT; i++) x[i] = test_randf(&seed) * (i % 37 == 0 ? 30.0f : 1.0f);
     uint8_t *ar = malloc(ab * MAXT); /* each token in row format: what it is alone */
     for (int t = 0; t < MAXT; t++) act->quantize(x + (size_t)t * cols, ar + (size_t)t * ab, cols);
+    for (int t = 0; t < MAXT; t++) { /* the tiles' format holds x to half a step of its block's scale */
+        act->dequant(ar + (size_t)t * ab, af, cols);
+        for (int b0 = 0; b0 < cols; b0 += 32) {
+            float amax = 0;
+            for (int i = b0; i < b0 + 32; i++) amax = fmaxf(amax, fabsf(x[(size_t)t * cols + i]));
+            for (int i = b0; i < b0 + 32; i++)
+                if (fabsf(af[i] - x[(size_t)t * cols + i]) > amax * (0.5001f / 127.f) + 1e-7f)
+                    fail_msg("%s packed %s activations, token %d elem %d: %g for %g", k->name, quant_type_name(wt), t,
+                             i, af[i], x[(size_t)t * cols + i]);
+        }
+    }
+    size_t pbytes = pk->bytes(rows, cols);
+    memset(pw, 0xa5, pbytes);
     pk->pack(w, wb, rows, cols, 0, groups / 2, pw); /* in two calls, as threads do */
+    for (size_t i = pbytes * (size_t)(groups / 2) / (size_t)groups; i < pbytes; i++)
+        if (pw[i] != 0xa5)
+            fail_msg("%s packed %s: packing groups [0, %ld) wrote byte %zu of %zu", k->name, quant_type_name(wt),
+                     groups / 2, i, pbytes);
     pk->pack(w, wb, rows, cols, groups / 2, groups, pw);
     for (int n = 1; n <= MAXT; n += n < 9 ? 1 : 5) {
         int tiled = cpu_act_tiled(act, n); /* the backend's conversion: 8-row tiles, then rows */
@@ -407,7 +424,8 @@ static void run_kernel_set(const cpu_kernels *k)
         int be = (int)quant_block_elems(all[i]);
         int sizes_f[] = {1, 7, 33, 257, 1031}, sizes_b[] = {1, 3, 7, 11};
         for (int s = 0; s < (be == 1 ? 5 : 4); s++) check_dot(k, all[i], be == 1 ? sizes_f[s] : sizes_b[s] * be);
-        static const int shapes[][2] = {{1, 1}, {15, 3}, {16, 1}, {17, 9}, {50, 2}, {64, 40}};
+        /* (rows, blocks): partial, single and odd groups; > 4096 columns (the tile conversion's chunks) */
+        static const int shapes[][2] = {{1, 1}, {15, 3}, {16, 1}, {17, 9}, {50, 2}, {64, 40}, {5, 130}};
         for (size_t s = 0; k->pack[all[i]] && s < sizeof shapes / sizeof *shapes; s++)
             check_packed(k, all[i], shapes[s][0], shapes[s][1] * be);
     }

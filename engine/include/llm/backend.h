@@ -7,7 +7,7 @@
  * CPU backend, device memory for CUDA). Small index arrays (ids, positions,
  * block tables, llm_batch_seq) are host memory; a device backend uploads
  * them. Weights are used through the backend's copy of the model
- * (llm_backend_model_upload; the CPU backend reads the mapping in place
+ * (llm_backend_i.model_upload; the CPU backend reads the mapping in place
  * and adds packed copies of the matrices its kernel set tiles).
  * llm_backend_read brings results (logits) to the host.
  *

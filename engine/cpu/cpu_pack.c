@@ -1,0 +1,219 @@
+/* cpu_pack.c - the CPU backend's copy of a model (model_upload): the same
+ * tensors, plus packed copies of the dense matrices its kernel set tiles
+ * (kernels.h, cpu_pack), made once on the backend's threads.
+ *
+ * Memory: the packed copies are as large as the matrices they replace, so
+ * packing must not make a model that ran unpacked fail to load or get its
+ * pod killed: it is skipped (the model runs unpacked, with a log line
+ * saying why) when the copies would not fit in MemAvailable or in the
+ * cgroup's remaining memory.max, or their allocation fails. Once packed,
+ * the mapping's pages of those matrices are only read again through the
+ * unpacked path (never, for this backend), so they are handed back to the
+ * kernel with MADV_PAGEOUT: the process's resident memory stays about one
+ * model, not two. Page-out is advice: data stays intact (a file mapping is
+ * re-read, anonymous memory is swapped or kept). */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "cpu/cpu_impl.h"
+#include "llm/log.h"
+#include "llm/model.h"
+
+/* The copy; m comes first: model_release gets &m. */
+typedef struct cpu_model {
+    llm_model m;
+    llm_layer *layers;
+    void *packed;
+    size_t bytes;
+} cpu_model;
+
+typedef struct pack_job {
+    const cpu_kernels *k;
+    llm_weight **w;
+    int n;
+    size_t *off;  /* (n) each weight's bytes into base */
+    long *first;  /* (n + 1) each weight's first group in the job's numbering */
+    char *base;
+} pack_job;
+
+/* The matrices of m that k packs (MoE experts stay as they are); out may
+ * be NULL to count them. */
+static int packable(llm_model *m, const cpu_kernels *k, llm_weight **out)
+{
+    int n = 0;
+    for (int l = 0; l <= m->hp.n_layer; l++) {
+        llm_layer *L = l < m->hp.n_layer ? &m->layers[l] : NULL;
+        llm_weight *w[] = {L ? &L->wq : &m->output, L ? &L->wk : NULL, L ? &L->wv : NULL, L ? &L->wo : NULL,
+                           L ? &L->w_gate : NULL, L ? &L->w_up : NULL, L ? &L->w_down : NULL};
+        for (size_t i = 0; i < sizeof w / sizeof *w; i++)
+            if (w[i] && w[i]->data && w[i]->rows > 0 && k->pack[w[i]->type]) {
+                if (out)
+                    out[n] = w[i];
+                n++;
+            }
+    }
+    return n;
+}
+
+/* Every weight's groups, split evenly over the pool's threads. */
+static void pack_worker(void *arg, int ith, int nth)
+{
+    pack_job *j = arg;
+    long lo, hi;
+    tp_range(j->first[j->n], ith, nth, &lo, &hi);
+    for (int i = 0; i < j->n && lo < hi; i++) {
+        const llm_weight *w = j->w[i];
+        long a = lo > j->first[i] ? lo : j->first[i], b = hi < j->first[i + 1] ? hi : j->first[i + 1];
+        if (a < b)
+            j->k->pack[w->type]->pack(w->data, w->row_bytes, w->rows, w->cols, a - j->first[i], b - j->first[i],
+                                      j->base + j->off[i]);
+    }
+}
+
+/* A number from a cgroup file (key NULL: its first word; else the value
+ * of the line "key N"); -1 when missing or "max". */
+static long long cgroup_value(const char *path, const char *key)
+{
+    FILE *f = fopen(path, "r");
+    char line[256];
+    long long v = -1;
+    size_t klen = key ? strlen(key) : 0;
+    while (f && fgets(line, sizeof line, f)) {
+        if (key && (strncmp(line, key, klen) || line[klen] != ' '))
+            continue;
+        if (sscanf(line + klen, "%lld", &v) != 1)
+            v = -1;
+        break;
+    }
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* What this process may still allocate: MemAvailable (which counts the
+ * page cache, the model's mapping included, as free), less where its
+ * cgroup (v2) limit leaves less beyond the group's anonymous memory (its
+ * page cache is reclaimed before the limit bites); 0 when unknown. */
+static size_t budget(llm_backend *b)
+{
+    size_t avail = cpu_mem_available(b);
+    long long max = cgroup_value("/sys/fs/cgroup/memory.max", NULL);
+    long long anon = cgroup_value("/sys/fs/cgroup/memory.stat", "anon");
+    if (max > 0 && anon >= 0 && max < (1LL << 60)) {
+        size_t left = max > anon ? (size_t)(max - anon) : 0;
+        if (!avail || left < avail)
+            avail = left;
+    }
+    return avail;
+}
+
+/* The whole pages of w's rows in the mapping, back to the kernel. */
+static void page_out(const llm_weight *w)
+{
+#ifdef MADV_PAGEOUT
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)w->data, hi = lo + (size_t)w->rows * w->row_bytes;
+    if (page <= 0)
+        return;
+    lo = (lo + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+    hi = hi / (uintptr_t)page * (uintptr_t)page;
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_PAGEOUT); /* advice: a kernel without it changes nothing */
+#else
+    (void)w;
+#endif
+}
+
+/* Sizes the packed copies of pj's n weights: offsets and group numbering. */
+static size_t layout(const cpu_kernels *k, pack_job *pj)
+{
+    size_t total = 0;
+    for (int i = 0; i < pj->n; i++) {
+        const cpu_pack *pk = k->pack[pj->w[i]->type];
+        pj->off[i] = total;
+        pj->first[i + 1] = pj->first[i] + (pj->w[i]->rows + pk->group - 1) / pk->group;
+        total += (pk->bytes(pj->w[i]->rows, pj->w[i]->cols) + 63) / 64 * 64;
+    }
+    return total;
+}
+
+/* Fills cm->packed with pj's weights, or leaves it NULL (saying why) when
+ * they do not fit. */
+static void pack_all(llm_backend *b, cpu_ctx *c, cpu_model *cm, pack_job *pj, const llm_model *host)
+{
+    size_t total = layout(c->k, pj), avail = budget(b);
+    if (avail && total > avail) {
+        llm_log("llm-engine", "cpu backend: %s runs unpacked (the %s set's tiled copies need %zu MiB; %zu MiB are "
+                "free to this process)", host->name, c->k->name, total >> 20, avail >> 20);
+        return;
+    }
+    cm->packed = aligned_alloc(64, total);
+    if (!cm->packed) {
+        llm_log("llm-engine", "cpu backend: %s runs unpacked (no memory for the %s set's %zu MiB of tiled copies)",
+                host->name, c->k->name, total >> 20);
+        return;
+    }
+    cm->bytes = total;
+    pj->base = cm->packed;
+    tp_run(c->pool, pack_worker, pj);
+    for (int i = 0; i < pj->n; i++) {
+        pj->w[i]->packed = pj->base + pj->off[i];
+        int tied = pj->w[i] == &cm->m.output && host->output.data == host->tok_embd.data;
+        if (!tied) /* the token embedding's rows are still read */
+            page_out(pj->w[i]);
+    }
+    atomic_fetch_add(&c->used, total);
+}
+
+void cpu_pack_release(llm_backend *b, llm_model *dev)
+{
+    cpu_model *cm = (cpu_model *)dev;
+    if (!cm)
+        return;
+    atomic_fetch_sub(&((cpu_ctx *)b->ctx)->used, cm->bytes);
+    free(cm->packed);
+    free(cm->layers);
+    free(cm);
+}
+
+/* *dev stays NULL (the model used in place) when the set packs nothing of
+ * m or the copies do not fit; errors only for want of a few bytes. */
+llm_status cpu_pack_model(llm_backend *b, const llm_model *m, llm_model **dev, llm_error *err)
+{
+    cpu_ctx *c = b->ctx;
+    *dev = NULL;
+    int n = packable((llm_model *)m, c->k, NULL); /* counting only: m is not written */
+    if (!n)
+        return LLM_OK;
+    llm_status st = LLM_OK;
+    cpu_model *cm = calloc(1, sizeof *cm);
+    llm_layer *layers = calloc((size_t)m->hp.n_layer + 1, sizeof *layers); /* + 1: never a zero-size request */
+    pack_job pj = {c->k, calloc((size_t)n, sizeof *pj.w), n, calloc((size_t)n, sizeof *pj.off),
+                   calloc((size_t)n + 1, sizeof *pj.first), NULL};
+    if (!cm || !layers || !pj.w || !pj.off || !pj.first) {
+        free(cm);
+        free(layers);
+        st = llm_errf(err, LLM_ERR_NOMEM, "cpu backend: no memory to copy %s", m->name);
+        goto out;
+    }
+    cm->m = *m;
+    memcpy(layers, m->layers, sizeof *layers * (size_t)m->hp.n_layer);
+    cm->m.layers = cm->layers = layers;
+    cm->m.owned = NULL; /* the host model still owns them */
+    cm->m.n_owned = 0;
+    packable(&cm->m, c->k, pj.w);
+    pack_all(b, c, cm, &pj, m);
+    if (cm->packed)
+        *dev = &cm->m;
+    else
+        cpu_pack_release(b, &cm->m);
+out:
+    free(pj.w);
+    free(pj.off);
+    free(pj.first);
+    return st;
+}
