@@ -1,5 +1,5 @@
 /* kernels_avx512.c - the "avx512" kernel set: the AVX512-VNNI set plus
- * packed weights with 512-bit tiles (cpu_pack) for Q8_0 and Q4_0. Compiled with the
+ * packed weights with 512-bit tiles (cpu_pack) for Q8_0, Q4_0 and Q4_K. Compiled with the
  * AVX-512 F/BW/VL/VNNI flags; cpu_kernels_avx512() checks the CPU at run
  * time.
  *
@@ -23,6 +23,7 @@
  * block an exact integer sum, then f = ((float)s * dx) * dw + f in block
  * order. So a token's result does not depend on its batch. */
 #include "kernels.h"
+#include "quant_impl.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
@@ -99,58 +100,100 @@ static s8_view s8_row_view(const void *x, int n)
     return (s8_view){q, d, (const int32_t *)(d + n / QK8_0)};
 }
 
-/* ---- Q8_0 and Q4_0: one f16 scale per 32 weights ------------------------------- */
+/* ---- Q8_0, Q4_0, Q4_K: 16-row groups of 32-column blocks ------------------------ */
 
-/* A group's block (16 rows x 32 columns): 16 f16 scales (0 for rows past
- * the end), then the quants as vectors of 16 rows x 4 bytes:
+/* A group's block (16 rows x 32 columns) of quants, as vectors of 16 rows
+ * x 4 bytes:
  *   Q8_0: 8 vectors, vector j = columns 4j..4j+3, each weight + 128;
- *   Q4_0: 4 vectors, vector j = the file's bytes 4j..4j+3 of each row:
- *         low nibbles columns 4j.., high nibbles 16 + 4j.. (0..15, the
- *         weight + 8), so a mask and a shift give two vectors of bytes.
- * Either way w . x = q . x - offset * sum(x), offset 128 or 8: a token's
- * integer chain starts at its negated block sum shifted by 7 or 3. */
-enum { PK_Q8, PK_Q4 };
+ *   Q4_0, Q4_K: 4 vectors, vector j holding in each row's 4 bytes columns
+ *         4j.. (low nibbles) and 16 + 4j.. (high nibbles), unsigned
+ *         (Q4_0: the file's bytes 4j..4j+3, the weight + 8), so a mask and
+ *         a shift give two vectors of bytes.
+ * Q8_0 and Q4_0 blocks start with their 16 rows' f16 scales; w . x =
+ * q . x - offset * sum(x), offset 128 or 8, so a token's integer chain
+ * starts at its negated block sum shifted by 7 or 3. A Q4_K super-block
+ * (256 columns) starts with a header - 16 f16 d, 16 f16 dmin, then the
+ * 6-bit scales and mins as bytes, 16 rows per sub-block - and holds its 8
+ * blocks; w = d sc q - dmin m, so a block adds (q . x) dx d sc and takes
+ * off dmin m dx sum(xq). */
+enum { PK_Q8, PK_Q4, PK_Q4K };
+
+#define PK_Q4K_HEAD (PK_ROWS * 2 * 2 + PK_ROWS * 8 * 2) /* d, dmin; sc, m bytes */
+#define PK_Q4K_SUPER (PK_Q4K_HEAD + 8 * PK_ROWS * 16)   /* header + 8 blocks of nibbles */
 
 static int pk_block_bytes(int kind) { return PK_ROWS * 2 + PK_ROWS * (kind == PK_Q8 ? 32 : 16); }
 
+/* Bytes of one group over cols columns. */
+static size_t pk_group_bytes(int kind, int64_t cols)
+{
+    if (kind == PK_Q4K)
+        return (size_t)(cols / QK_K) * PK_Q4K_SUPER;
+    return (size_t)(cols / QK8_0) * (size_t)pk_block_bytes(kind);
+}
+
 static size_t pk_groups(int64_t rows) { return (size_t)((rows + PK_ROWS - 1) / PK_ROWS); }
 
-static size_t q8_packed_bytes(int64_t rows, int64_t cols)
+static size_t q8_packed_bytes(int64_t rows, int64_t cols) { return pk_groups(rows) * pk_group_bytes(PK_Q8, cols); }
+static size_t q4_packed_bytes(int64_t rows, int64_t cols) { return pk_groups(rows) * pk_group_bytes(PK_Q4, cols); }
+static size_t q4k_packed_bytes(int64_t rows, int64_t cols) { return pk_groups(rows) * pk_group_bytes(PK_Q4K, cols); }
+
+/* The quant vectors of block b (32 columns) of the group at g. */
+static inline const uint8_t *pk_qs(int kind, const uint8_t *g, int b)
 {
-    return pk_groups(rows) * (size_t)(cols / QK8_0) * (size_t)pk_block_bytes(PK_Q8);
+    if (kind == PK_Q4K)
+        return g + (size_t)(b / 8) * PK_Q4K_SUPER + PK_Q4K_HEAD + (size_t)(b % 8) * PK_ROWS * 16;
+    return g + (size_t)b * (size_t)pk_block_bytes(kind) + PK_ROWS * sizeof(quant_f16);
 }
 
-static size_t q4_packed_bytes(int64_t rows, int64_t cols)
+/* 32 nibble quants (0..15) of row r into the block's 4 vectors at q. */
+static void pk_nibbles(const int *v, int r, uint8_t *q)
 {
-    return pk_groups(rows) * (size_t)(cols / QK4_0) * (size_t)pk_block_bytes(PK_Q4);
+    for (int j = 0; j < 4; j++)
+        for (int k = 0; k < 4; k++) q[64 * j + 4 * r + k] = (uint8_t)(v[4 * j + k] | v[16 + 4 * j + k] << 4);
 }
 
-/* Row r's part of block b of a group: its scale and quant bytes. */
-static void pk_row(int kind, const void *w, size_t row_bytes, int64_t row, int64_t rows, int b, int r, uint8_t *o)
+/* Row r (row `row` of the weight; past `rows`: zeros) of block b of the
+ * group at g. */
+static void pk_row(int kind, const void *w, size_t row_bytes, int64_t row, int64_t rows, int b, int r, uint8_t *g)
 {
-    quant_f16 *d = (quant_f16 *)o;
-    uint8_t *q = o + PK_ROWS * sizeof(quant_f16);
     const char *src = row < rows ? (const char *)w + (size_t)row * row_bytes : NULL;
+    uint8_t *q = (uint8_t *)pk_qs(kind, g, b);
+    int v[32] = {0};
     if (kind == PK_Q8) {
         const block_q8_0 *blk = src ? (const block_q8_0 *)src + b : NULL;
-        d[r] = blk ? blk->d : 0;
+        ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
         for (int j = 0; j < QK8_0 / 4; j++)
             for (int k = 0; k < 4; k++) q[64 * j + 4 * r + k] = (uint8_t)((blk ? blk->qs[4 * j + k] : 0) ^ 0x80);
-    } else {
+    } else if (kind == PK_Q4) {
         const block_q4_0 *blk = src ? (const block_q4_0 *)src + b : NULL;
-        d[r] = blk ? blk->d : 0;
-        for (int j = 0; j < QK4_0 / 8; j++)
-            for (int k = 0; k < 4; k++) q[64 * j + 4 * r + k] = blk ? blk->qs[4 * j + k] : 0x88;
+        ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
+        if (blk)
+            quant_unpack32(blk->qs, NULL, v);
+        pk_nibbles(v, r, q);
+    } else {
+        const block_q4_K *blk = src ? (const block_q4_K *)src + b / 8 : NULL;
+        uint8_t *h = g + (size_t)(b / 8) * PK_Q4K_SUPER;
+        int j = b % 8, sc = 0, m = 0;
+        if (blk) {
+            quant_k4_scale_min(j, blk->scales, &sc, &m);
+            for (int i = 0; i < 32; i++) v[i] = (blk->qs[32 * (j / 2) + i] >> (4 * (j % 2))) & 0xf;
+        }
+        ((quant_f16 *)h)[r] = blk ? blk->d : 0;
+        ((quant_f16 *)h)[PK_ROWS + r] = blk ? blk->dmin : 0;
+        h[64 + PK_ROWS * j + r] = (uint8_t)sc;
+        h[64 + PK_ROWS * 8 + PK_ROWS * j + r] = (uint8_t)m;
+        pk_nibbles(v, r, q);
     }
 }
 
 static inline __attribute__((always_inline)) void pk_pack(int kind, const void *w, size_t row_bytes, int64_t rows,
                                                            int64_t cols, int64_t g0, int64_t g1, void *dst)
 {
-    int nb = (int)(cols / QK8_0), bb = pk_block_bytes(kind);
+    int nb = (int)(cols / QK8_0);
+    size_t gb = pk_group_bytes(kind, cols);
     for (int64_t g = g0; g < g1; g++) {
-        uint8_t *o = (uint8_t *)dst + (size_t)g * (size_t)nb * (size_t)bb;
-        for (int b = 0; b < nb; b++, o += bb)
+        uint8_t *o = (uint8_t *)dst + (size_t)g * gb;
+        for (int b = 0; b < nb; b++)
             for (int r = 0; r < PK_ROWS; r++) pk_row(kind, w, row_bytes, g * PK_ROWS + r, rows, b, r, o);
     }
 }
@@ -165,10 +208,31 @@ static void q4_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols,
     pk_pack(PK_Q4, w, row_bytes, rows, cols, g0, g1, dst);
 }
 
-/* Group r's quants of columns 4j..4j+3 of the block at wb, as bytes. */
-static inline __attribute__((always_inline)) __m512i pk_quants(int kind, const uint8_t *wb, int j)
+static void q4k_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1, void *dst)
 {
-    const uint8_t *q = wb + PK_ROWS * sizeof(quant_f16);
+    pk_pack(PK_Q4K, w, row_bytes, rows, cols, g0, g1, dst);
+}
+
+/* Block b's per-row scale of q . x (dw) and, for Q4_K, of the block sum
+ * (*mn = dmin m). */
+static inline __attribute__((always_inline)) __m512 pk_scale(int kind, const uint8_t *g, int b, __m512 *mn)
+{
+    if (kind != PK_Q4K)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pk_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16))));
+    const uint8_t *h = g + (size_t)(b / 8) * PK_Q4K_SUPER;
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+    __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32)));
+    __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + 64 + PK_ROWS * (b % 8)))));
+    __m512 m = _mm512_cvtepi32_ps(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + 64 + PK_ROWS * 8 + PK_ROWS * (b % 8)))));
+    *mn = _mm512_mul_ps(dmin, m); /* both exact: an f16 times a 6-bit integer */
+    return _mm512_mul_ps(d, sc);
+}
+
+/* The quants of columns 4j..4j+3 of a block whose vectors are at q, as
+ * unsigned bytes (16 rows x 4). */
+static inline __attribute__((always_inline)) __m512i pk_quants(int kind, const uint8_t *q, int j)
+{
     if (kind == PK_Q8)
         return _mm512_loadu_si512(q + 64 * j);
     __m512i v = _mm512_loadu_si512(q + 64 * (j & 3));
@@ -183,21 +247,22 @@ static inline __attribute__((always_inline)) void pk_tile(const int kind, const 
                                                            size_t gstride, int nb, s8_view x, float *y,
                                                            size_t y_stride, int n_valid, int valid)
 {
-    const int qb = T == 8 ? 256 : 32, qj = T == 8 ? 32 : 4, sb = T == 8 ? 8 : 1, bb = pk_block_bytes(kind);
+    const int qb = T == 8 ? 256 : 32, qj = T == 8 ? 32 : 4, sb = T == 8 ? 8 : 1;
     __m512 f[2][8];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
         f[r][t] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *wb = w + (size_t)b * (size_t)bb;
         const int8_t *xq = x.q + (size_t)qb * b;
         __m512i s[2][8];
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) { /* -offset * sum(x) */
-            __m512i c = _mm512_slli_epi32(_mm512_set1_epi32(x.nsum[sb * b + t]), kind == PK_Q8 ? 7 : 3);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) { /* -offset * sum(x); Q4_K: its mins, below */
+            __m512i c = kind == PK_Q4K ? _mm512_setzero_si512()
+                                       : _mm512_slli_epi32(_mm512_set1_epi32(x.nsum[sb * b + t]), kind == PK_Q8 ? 7 : 3);
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = c;
         }
         _Pragma("GCC unroll 8") for (int j = 0; j < QK8_0 / 4; j++) {
             __m512i wq[2];
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) wq[r] = pk_quants(kind, wb + (size_t)r * gstride, j);
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+                wq[r] = pk_quants(kind, pk_qs(kind, w + (size_t)r * gstride, b), j);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 int32_t x4;
                 memcpy(&x4, xq + qj * j + 4 * t, 4);
@@ -205,13 +270,17 @@ static inline __attribute__((always_inline)) void pk_tile(const int kind, const 
                 _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = _mm512_dpbusd_epi32(s[r][t], wq[r], xb);
             }
         }
-        __m512 dw[2];
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-            dw[r] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + (size_t)r * gstride)));
+        __m512 dw[2], mn[2];
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) dw[r] = pk_scale(kind, w + (size_t)r * gstride, b, &mn[r]);
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
             __m512 dx = _mm512_set1_ps(x.d[sb * b + t]);
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+            /* Q4_K: the dequantized block sum, dx * sum(xq) */
+            __m512 xs = _mm512_set1_ps(kind == PK_Q4K ? x.d[sb * b + t] * (float)-x.nsum[sb * b + t] : 0.0f);
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
                 f[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[r][t]), dx), dw[r], f[r][t]);
+                if (kind == PK_Q4K)
+                    f[r][t] = _mm512_fnmadd_ps(mn[r], xs, f[r][t]);
+            }
         }
     }
     __mmask16 last = (__mmask16)((1u << valid) - 1);
@@ -245,7 +314,7 @@ static inline __attribute__((always_inline)) void pk_gemm(const int kind, const 
                                                            int n_tok, float *y, size_t y_stride)
 {
     int nb = (int)(cols / QK8_0);
-    size_t gstride = (size_t)nb * (size_t)pk_block_bytes(kind);
+    size_t gstride = pk_group_bytes(kind, cols);
     for (int64_t g = g0; g < g1;) {
         const uint8_t *w = (const uint8_t *)pw + (size_t)g * gstride;
         float *yg = y + (size_t)g * PK_ROWS;
@@ -272,8 +341,15 @@ static void q4_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int6
     pk_gemm(PK_Q4, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);
 }
 
+static void q4k_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x, size_t x_row,
+                     int n_tok, float *y, size_t y_stride)
+{
+    pk_gemm(PK_Q4K, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);
+}
+
 static const cpu_pack pack_q8_0 = {PK_ROWS, q8_packed_bytes, q8_pack, q8_gemm, &act_s8};
 static const cpu_pack pack_q4_0 = {PK_ROWS, q4_packed_bytes, q4_pack, q4_gemm, &act_s8};
+static const cpu_pack pack_q4_K = {PK_ROWS, q4k_packed_bytes, q4k_pack, q4k_gemm, &act_s8};
 
 /* The peak estimate's loop: 12 vpdpbusd chains of 64 multiply-adds. */
 static double spin512(long iters, int seed)
@@ -299,6 +375,7 @@ static void avx512_init(void)
     avx512.name = "avx512";
     avx512.pack[QT_Q8_0] = &pack_q8_0;
     avx512.pack[QT_Q4_0] = &pack_q4_0;
+    avx512.pack[QT_Q4_K] = &pack_q4_K;
     avx512.int8_spin = spin512;
 }
 
