@@ -6,7 +6,7 @@
  * packing must not make a model that ran unpacked fail to load or get its
  * pod killed: it is skipped (the model runs unpacked, with a log line
  * saying why) when the copies would not fit in MemAvailable or in the
- * cgroup's remaining memory.max, or their allocation fails. Once packed,
+ * cgroup's remaining memory.max. Once packed,
  * the mapping's pages of those matrices are only read again through the
  * unpacked path (never, for this backend), so they are handed back to the
  * kernel with MADV_PAGEOUT: the process's resident memory stays about one
@@ -142,21 +142,22 @@ static size_t layout(const cpu_kernels *k, pack_job *pj)
 }
 
 /* Fills cm->packed with pj's weights, or leaves it NULL (saying why) when
- * they do not fit. */
-static void pack_all(llm_backend *b, cpu_ctx *c, cpu_model *cm, pack_job *pj, const llm_model *host)
+ * they would not fit the memory left; LLM_ERR_NOMEM when they should have
+ * but the allocation failed (a transient shortage: the load fails rather
+ * than run unpacked, whose results differ in their last bits). */
+static llm_status pack_all(llm_backend *b, cpu_ctx *c, cpu_model *cm, pack_job *pj, const llm_model *host,
+                           llm_error *err)
 {
     size_t total = layout(c->k, pj), avail = budget(b);
     if (avail && total > avail) {
         llm_log("llm-engine", "cpu backend: %s runs unpacked (the %s set's tiled copies need %zu MiB; %zu MiB are "
                 "free to this process)", host->name, c->k->name, total >> 20, avail >> 20);
-        return;
+        return LLM_OK;
     }
     cm->packed = aligned_alloc(64, total);
-    if (!cm->packed) {
-        llm_log("llm-engine", "cpu backend: %s runs unpacked (no memory for the %s set's %zu MiB of tiled copies)",
-                host->name, c->k->name, total >> 20);
-        return;
-    }
+    if (!cm->packed)
+        return llm_errf(err, LLM_ERR_NOMEM, "cpu backend: no memory for the %s set's %zu MiB of tiled copies of %s",
+                        c->k->name, total >> 20, host->name);
     cm->bytes = total;
     pj->base = cm->packed;
     tp_run(c->pool, pack_worker, pj);
@@ -167,6 +168,7 @@ static void pack_all(llm_backend *b, cpu_ctx *c, cpu_model *cm, pack_job *pj, co
             page_out(pj->w[i]);
     }
     atomic_fetch_add(&c->used, total);
+    return LLM_OK;
 }
 
 void cpu_pack_release(llm_backend *b, llm_model *dev)
@@ -181,7 +183,7 @@ void cpu_pack_release(llm_backend *b, llm_model *dev)
 }
 
 /* *dev stays NULL (the model used in place) when the set packs nothing of
- * m or the copies do not fit; errors only for want of a few bytes. */
+ * m or the copies would not fit; LLM_ERR_NOMEM when an allocation fails. */
 llm_status cpu_pack_model(llm_backend *b, const llm_model *m, llm_model **dev, llm_error *err)
 {
     cpu_ctx *c = b->ctx;
@@ -206,7 +208,7 @@ llm_status cpu_pack_model(llm_backend *b, const llm_model *m, llm_model **dev, l
     cm->m.owned = NULL; /* the host model still owns them */
     cm->m.n_owned = 0;
     packable(&cm->m, c->k, pj.w);
-    pack_all(b, c, cm, &pj, m);
+    st = pack_all(b, c, cm, &pj, m, err);
     if (cm->packed)
         *dev = &cm->m;
     else
