@@ -16,6 +16,7 @@
 
 #include "cpu/kernels.h"
 #include "llm/backend.h"
+#include "llm/model.h"
 #include "llm/quant.h"
 
 static uint64_t seed = 12345;
@@ -551,6 +552,71 @@ static void test_mixed_group(void **state)
     }
 }
 
+/* The backend's copy of a model (model_upload) on the avx512 set: a
+ * matrix repeated in every layer (a tied or hostile file's shared tensor)
+ * is packed once and the copies are counted in `used` until release; a
+ * file whose matrices' bytes overlap without being equal runs unpacked
+ * (no copy: a small file must not cost the memory of a large one); a
+ * packed matmul gives the same rows as the unpacked one within 1e-5 of
+ * their magnitude. */
+static void test_packed_upload(void **state)
+{
+    (void)state;
+    if (!cpu_kernels_avx512()) {
+        print_message("skipped: this CPU or build has no avx512 kernel set\n");
+        skip();
+    }
+    enum { ROWS = 48, COLS = 256, LAYERS = 6, NT = 5 };
+    size_t rb = quant_row_bytes(QT_Q8_0, COLS);
+    static uint8_t q[(ROWS + 1) * COLS * 2], out_q[ROWS * COLS * 2];
+    static float wf[ROWS * COLS], x[NT * COLS], y_packed[NT * ROWS], y_plain[NT * ROWS];
+    for (int i = 0; i < ROWS * COLS; i++) wf[i] = test_randf(&seed);
+    for (int i = 0; i < NT * COLS; i++) x[i] = test_randf(&seed);
+    for (int r = 0; r < ROWS; r++) {
+        quant_quantize_row(QT_Q8_0, wf + (size_t)r * COLS, q + r * rb, COLS);
+        quant_quantize_row(QT_Q8_0, wf + (size_t)r * COLS, out_q + r * rb, COLS);
+    }
+    llm_weight w = {QT_Q8_0, ROWS, COLS, rb, q, NULL};
+    llm_layer layers[LAYERS];
+    memset(layers, 0, sizeof layers);
+    for (int l = 0; l < LAYERS; l++) layers[l].wq = layers[l].wk = layers[l].wv = layers[l].wo = w;
+    llm_model m;
+    memset(&m, 0, sizeof m);
+    m.hp.n_layer = LAYERS;
+    m.layers = layers;
+    m.output = (llm_weight){QT_Q8_0, ROWS, COLS, rb, out_q, NULL};
+    m.tok_embd = (llm_weight){QT_Q8_0, ROWS, COLS, rb, out_q, NULL}; /* tied */
+    snprintf(m.name, sizeof m.name, "shared-tensors");
+    llm_backend *b;
+    llm_error err = {0};
+    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 2, .kernels = "avx512"}, &b, &err), 0);
+    llm_backend_mem before, after;
+    llm_backend_mem_stats(b, &before);
+    llm_model *dev = NULL;
+    assert_int_equal(b->iface->model_upload(b, &m, &dev, &err), 0);
+    assert_non_null(dev);
+    llm_backend_mem_stats(b, &after);
+    size_t one = (cpu_kernels_avx512()->pack[QT_Q8_0]->bytes(ROWS, COLS) + 63) / 64 * 64;
+    if (after.used - before.used != 2 * one) /* the repeated matrix once, the output once */
+        fail_msg("packed copies take %zu bytes; want %zu (one per distinct matrix)", after.used - before.used, 2 * one);
+    assert_ptr_equal(dev->layers[LAYERS - 1].wo.packed, dev->layers[0].wq.packed);
+    assert_null(m.layers[0].wq.packed); /* the host model is not written */
+    assert_int_equal(llm_backend_matmul(b, &dev->layers[3].wv, x, NT, y_packed), 0);
+    assert_int_equal(llm_backend_matmul(b, &w, x, NT, y_plain), 0);
+    for (int i = 0; i < NT * ROWS; i++)
+        if (fabsf(y_packed[i] - y_plain[i]) > 1e-5f * (fabsf(y_plain[i]) + 1.0f))
+            fail_msg("packed row %d: %g vs unpacked %g", i, y_packed[i], y_plain[i]);
+    b->iface->model_release(b, dev);
+    llm_backend_mem_stats(b, &after);
+    assert_int_equal(after.used, before.used);
+    layers[2].wk.data = q + rb; /* overlaps layer 0's rows 1.. without being the same matrix */
+    assert_int_equal(b->iface->model_upload(b, &m, &dev, &err), 0);
+    assert_null(dev);
+    llm_backend_mem_stats(b, &after);
+    assert_int_equal(after.used, before.used);
+    llm_backend_free(b);
+}
+
 static void test_kernels_avx2(void **state) { (void)state; run_simd(cpu_kernels_avx2(), "AVX2/FMA"); }
 static void test_kernels_vnni(void **state) { (void)state; run_simd(cpu_kernels_vnni(), "AVX512-VNNI"); }
 static void test_kernels_avx512(void **state) { (void)state; run_simd(cpu_kernels_avx512(), "AVX-512 F/BW/VL/VNNI"); }
@@ -567,6 +633,7 @@ int main(void)
         cmocka_unit_test(test_kernels_vnni),
         cmocka_unit_test(test_kernels_avx512),
         cmocka_unit_test(test_mixed_group),
+        cmocka_unit_test(test_packed_upload),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
