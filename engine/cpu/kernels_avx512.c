@@ -1,5 +1,5 @@
 /* kernels_avx512.c - the "avx512" kernel set: the AVX512-VNNI set plus
- * packed weights with 512-bit tiles (cpu_pack) for Q8_0, Q4_0 and Q4_K. Compiled with the
+ * packed weights with 512-bit tiles (cpu_pack) for Q8_0, Q4_0, Q5_0 and Q4_K. Compiled with the
  * AVX-512 F/BW/VL/VNNI flags; cpu_kernels_avx512() checks the CPU at run
  * time.
  *
@@ -109,19 +109,25 @@ static s8_view s8_row_view(const void *x, int n)
  *         4j.. (low nibbles) and 16 + 4j.. (high nibbles), unsigned
  *         (Q4_0: the file's bytes 4j..4j+3, the weight + 8), so a mask and
  *         a shift give two vectors of bytes.
- * Q8_0 and Q4_0 blocks start with their 16 rows' f16 scales; w . x =
- * q . x - offset * sum(x), offset 128 or 8, so a token's integer chain
- * starts at its negated block sum shifted by 7 or 3. A Q4_K super-block
+ *   Q5_0: Q4_0's nibbles (the low 4 bits), then 8 x 64 fifth bits, bit
+ *         4r + k of mask j for row r, column 4j + k (a mask register made
+ *         bytes of 16 adds them: vpmovm2b).
+ * Q8_0, Q4_0 and Q5_0 blocks start with their 16 rows' f16 scales; w . x
+ * = q . x - offset * sum(x), offset 128, 8 or 16, so a token's integer
+ * chain starts at its negated block sum shifted by 7, 3 or 4. A Q4_K super-block
  * (256 columns) starts with a header - 16 f16 d, 16 f16 dmin, then the
  * 6-bit scales and mins as bytes, 16 rows per sub-block - and holds its 8
  * blocks; w = d sc q - dmin m, so a block adds (q . x) dx d sc and takes
  * off dmin m dx sum(xq). */
-enum { PK_Q8, PK_Q4, PK_Q4K };
+enum { PK_Q8, PK_Q4, PK_Q4K, PK_Q5 };
 
 #define PK_Q4K_HEAD (PK_ROWS * 2 * 2 + PK_ROWS * 8 * 2) /* d, dmin; sc, m bytes */
 #define PK_Q4K_SUPER (PK_Q4K_HEAD + 8 * PK_ROWS * 16)   /* header + 8 blocks of nibbles */
 
-static int pk_block_bytes(int kind) { return PK_ROWS * 2 + PK_ROWS * (kind == PK_Q8 ? 32 : 16); }
+static int pk_block_bytes(int kind)
+{
+    return PK_ROWS * 2 + PK_ROWS * (kind == PK_Q8 ? 32 : 16) + (kind == PK_Q5 ? PK_ROWS * 4 : 0);
+}
 
 /* Bytes of one group over cols columns. */
 static size_t pk_group_bytes(int kind, int64_t cols)
@@ -136,6 +142,7 @@ static size_t pk_groups(int64_t rows) { return (size_t)((rows + PK_ROWS - 1) / P
 static size_t q8_packed_bytes(int64_t rows, int64_t cols) { return pk_groups(rows) * pk_group_bytes(PK_Q8, cols); }
 static size_t q4_packed_bytes(int64_t rows, int64_t cols) { return pk_groups(rows) * pk_group_bytes(PK_Q4, cols); }
 static size_t q4k_packed_bytes(int64_t rows, int64_t cols) { return pk_groups(rows) * pk_group_bytes(PK_Q4K, cols); }
+static size_t q5_packed_bytes(int64_t rows, int64_t cols) { return pk_groups(rows) * pk_group_bytes(PK_Q5, cols); }
 
 /* The quant vectors of block b (32 columns) of the group at g. */
 static inline const uint8_t *pk_qs(int kind, const uint8_t *g, int b)
@@ -170,6 +177,19 @@ static void pk_row(int kind, const void *w, size_t row_bytes, int64_t row, int64
         if (blk)
             quant_unpack32(blk->qs, NULL, v);
         pk_nibbles(v, r, q);
+    } else if (kind == PK_Q5) { /* nibbles as Q4_0's, then the fifth bits: 64 per 4 columns, bit 4r + k */
+        const block_q5_0 *blk = src ? (const block_q5_0 *)src + b : NULL;
+        ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
+        if (blk)
+            quant_unpack32(blk->qs, blk->qh, v);
+        int lo[32];
+        for (int i = 0; i < 32; i++) lo[i] = v[i] & 0xf;
+        pk_nibbles(lo, r, q);
+        for (int j = 0; j < QK8_0 / 4; j++)
+            for (int k = 0; k < 4; k++) {
+                uint8_t *byte = q + PK_ROWS * 16 + 8 * j + (4 * r + k) / 8;
+                *byte = (uint8_t)((*byte & ~(1u << ((4 * r + k) % 8))) | (unsigned)((v[4 * j + k] >> 4) & 1) << ((4 * r + k) % 8));
+            }
     } else {
         const block_q4_K *blk = src ? (const block_q4_K *)src + b / 8 : NULL;
         uint8_t *h = g + (size_t)(b / 8) * PK_Q4K_SUPER;
@@ -213,6 +233,11 @@ static void q4k_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols
     pk_pack(PK_Q4K, w, row_bytes, rows, cols, g0, g1, dst);
 }
 
+static void q5_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1, void *dst)
+{
+    pk_pack(PK_Q5, w, row_bytes, rows, cols, g0, g1, dst);
+}
+
 /* Block b's per-row scale of q . x (dw) and, for Q4_K, of the block sum
  * (*mn = dmin m). */
 static inline __attribute__((always_inline)) __m512 pk_scale(int kind, const uint8_t *g, int b, __m512 *mn)
@@ -236,7 +261,13 @@ static inline __attribute__((always_inline)) __m512i pk_quants(int kind, const u
     if (kind == PK_Q8)
         return _mm512_loadu_si512(q + 64 * j);
     __m512i v = _mm512_loadu_si512(q + 64 * (j & 3));
-    return _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f));
+    v = _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f));
+    if (kind == PK_Q5) { /* the fifth bits: a 64-bit mask made bytes of 16 */
+        uint64_t bits;
+        memcpy(&bits, q + PK_ROWS * 16 + 8 * j, 8);
+        v = _mm512_or_si512(v, _mm512_and_si512(_mm512_movm_epi8(bits), _mm512_set1_epi8(0x10)));
+    }
+    return v;
 }
 
 /* R groups (gstride bytes apart) x T tokens (a tile's 8, or a row's 1)
@@ -256,7 +287,7 @@ static inline __attribute__((always_inline)) void pk_tile(const int kind, const 
         __m512i s[2][8];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) { /* -offset * sum(x); Q4_K: its mins, below */
             __m512i c = kind == PK_Q4K ? _mm512_setzero_si512()
-                                       : _mm512_slli_epi32(_mm512_set1_epi32(x.nsum[sb * b + t]), kind == PK_Q8 ? 7 : 3);
+                                       : _mm512_slli_epi32(_mm512_set1_epi32(x.nsum[sb * b + t]), kind == PK_Q8 ? 7 : kind == PK_Q5 ? 4 : 3);
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = c;
         }
         _Pragma("GCC unroll 8") for (int j = 0; j < QK8_0 / 4; j++) {
@@ -347,9 +378,16 @@ static void q4k_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int
     pk_gemm(PK_Q4K, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);
 }
 
+static void q5_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x, size_t x_row,
+                    int n_tok, float *y, size_t y_stride)
+{
+    pk_gemm(PK_Q5, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);
+}
+
 static const cpu_pack pack_q8_0 = {PK_ROWS, q8_packed_bytes, q8_pack, q8_gemm, &act_s8};
 static const cpu_pack pack_q4_0 = {PK_ROWS, q4_packed_bytes, q4_pack, q4_gemm, &act_s8};
 static const cpu_pack pack_q4_K = {PK_ROWS, q4k_packed_bytes, q4k_pack, q4k_gemm, &act_s8};
+static const cpu_pack pack_q5_0 = {PK_ROWS, q5_packed_bytes, q5_pack, q5_gemm, &act_s8};
 
 /* The peak estimate's loop: 12 vpdpbusd chains of 64 multiply-adds. */
 static double spin512(long iters, int seed)
@@ -376,6 +414,7 @@ static void avx512_init(void)
     avx512.pack[QT_Q8_0] = &pack_q8_0;
     avx512.pack[QT_Q4_0] = &pack_q4_0;
     avx512.pack[QT_Q4_K] = &pack_q4_K;
+    avx512.pack[QT_Q5_0] = &pack_q5_0;
     avx512.int8_spin = spin512;
 }
 
