@@ -677,7 +677,9 @@ static int sg_node(sg *g, json_t *s)
     return sg_node_as(g, s, id) ? -1 : id;
 }
 
-char *srv_schema_grammar(json_t *schema, srv_err *e)
+/* The schema's rules, then the shared JSON rules with their whitespace
+ * rule (the last one) as it is or, compact, at most one space per gap. */
+static char *schema_grammar(json_t *schema, int compact, srv_err *e)
 {
     sg g = {.doc = schema, .e = e, .n_rules = 1, .n_refs = 1};
     g.ref_node[0] = schema, g.ref_rule[0] = 0;
@@ -685,9 +687,16 @@ char *srv_schema_grammar(json_t *schema, srv_err *e)
         llm_strbuf_free(&g.out);
         return NULL;
     }
-    llm_strbuf_printf(&g.out, "root ::= ws s0\n%s", llm_grammar_json);
+    const char *ws = strstr(llm_grammar_json, "\nws ");
+    int shared = compact && ws ? (int)(ws - llm_grammar_json) + 1 : (int)strlen(llm_grammar_json);
+    llm_strbuf_printf(&g.out, "root ::= ws s0\n%.*s%s", shared, llm_grammar_json,
+                      shared < (int)strlen(llm_grammar_json) ? "ws ::= \" \"?\n" : "");
     char *t = llm_strbuf_take(&g.out);
     if (!t)
         srv_err_set(e, 503, "response_format", "no memory for the schema's grammar");
     return t;
 }
+
+char *srv_schema_grammar(json_t *schema, srv_err *e) { return schema_grammar(schema, 0, e); }
+
+char *srv_schema_grammar_compact(json_t *schema, srv_err *e) { return schema_grammar(schema, 1, e); }

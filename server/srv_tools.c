@@ -202,7 +202,7 @@ int srv_tools_forced(srv_tools *t, char **prefill, char **grammar, srv_err *e)
         json_decref(schema);
         return srv_fail(e, 503, NULL, "out of memory");
     }
-    *grammar = srv_schema_grammar(schema, e);
+    *grammar = srv_schema_grammar_compact(schema, e);
     json_decref(schema);
     if (!*grammar) {
         free(*prefill);

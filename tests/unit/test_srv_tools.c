@@ -202,6 +202,19 @@ static void test_bad_requests(void **state)
     assert_string_equal(e.param, "tools");
     assert_non_null(strstr(e.msg, "contentMediaType"));
     json_decref(body);
+    /* a forced call's grammar allows one space per gap and no line break:
+     * a small model would spend max_tokens on indentation otherwise */
+    body = json_loads("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a\", \"parameters\": "
+                      "{\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"string\"}}}}}], "
+                      "\"tool_choice\": \"required\"}", 0, NULL);
+    assert_int_equal(srv_tools_parse(body, SRV_TOOLS_HERMES, &t, &e), 0);
+    assert_int_equal(srv_tools_forced(&t, &pre, &g, &e), 0);
+    const char *ws = strstr(g, "\nws ");
+    assert_non_null(ws);
+    assert_string_equal(ws, "\nws ::= \" \"?\n");
+    free(pre);
+    free(g);
+    json_decref(body);
 }
 
 /* Assistant tool_calls reach a template with their arguments as objects
