@@ -140,10 +140,6 @@ static size_t pk_group_bytes(int kind, int64_t cols)
 
 static size_t pk_groups(int64_t rows) { return (size_t)((rows + PK_ROWS - 1) / PK_ROWS); }
 
-static size_t q8_packed_bytes(int64_t rows, int64_t cols) { return pk_groups(rows) * pk_group_bytes(PK_Q8, cols); }
-static size_t q4_packed_bytes(int64_t rows, int64_t cols) { return pk_groups(rows) * pk_group_bytes(PK_Q4, cols); }
-static size_t q4k_packed_bytes(int64_t rows, int64_t cols) { return pk_groups(rows) * pk_group_bytes(PK_Q4K, cols); }
-static size_t q5_packed_bytes(int64_t rows, int64_t cols) { return pk_groups(rows) * pk_group_bytes(PK_Q5, cols); }
 
 /* The quant vectors of block b (32 columns) of the group at g. */
 static inline const uint8_t *pk_qs(int kind, const uint8_t *g, int b)
@@ -217,26 +213,6 @@ static inline __attribute__((always_inline)) void pk_pack(int kind, const void *
         for (int b = 0; b < nb; b++)
             for (int r = 0; r < PK_ROWS; r++) pk_row(kind, w, row_bytes, g * PK_ROWS + r, rows, b, r, o);
     }
-}
-
-static void q8_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1, void *dst)
-{
-    pk_pack(PK_Q8, w, row_bytes, rows, cols, g0, g1, dst);
-}
-
-static void q4_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1, void *dst)
-{
-    pk_pack(PK_Q4, w, row_bytes, rows, cols, g0, g1, dst);
-}
-
-static void q4k_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1, void *dst)
-{
-    pk_pack(PK_Q4K, w, row_bytes, rows, cols, g0, g1, dst);
-}
-
-static void q5_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1, void *dst)
-{
-    pk_pack(PK_Q5, w, row_bytes, rows, cols, g0, g1, dst);
 }
 
 /* Block b's per-row scale of q . x (dw) and, for Q4_K, of the block sum
@@ -361,34 +337,26 @@ static inline __attribute__((always_inline)) void pk_gemm(const int kind, const 
     }
 }
 
-static void q8_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x, size_t x_row,
-                    int n_tok, float *y, size_t y_stride)
-{
-    pk_gemm(PK_Q8, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);
-}
+/* A type's cpu_pack: its size, pack and gemm entry points, each the
+ * shared code with the kind a constant (the tile is compiled per kind). */
+#define PK_TYPE(name, kind)                                                                                       \
+    static size_t name##_bytes(int64_t rows, int64_t cols) { return pk_groups(rows) * pk_group_bytes(kind, cols); } \
+    static void name##_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1,    \
+                            void *dst)                                                                            \
+    {                                                                                                             \
+        pk_pack(kind, w, row_bytes, rows, cols, g0, g1, dst);                                                     \
+    }                                                                                                             \
+    static void name##_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x,     \
+                            size_t x_row, int n_tok, float *y, size_t y_stride)                                   \
+    {                                                                                                             \
+        pk_gemm(kind, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);                                      \
+    }                                                                                                             \
+    static const cpu_pack name = {PK_ROWS, name##_bytes, name##_pack, name##_gemm, &act_s8};
 
-static void q4_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x, size_t x_row,
-                    int n_tok, float *y, size_t y_stride)
-{
-    pk_gemm(PK_Q4, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);
-}
-
-static void q4k_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x, size_t x_row,
-                     int n_tok, float *y, size_t y_stride)
-{
-    pk_gemm(PK_Q4K, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);
-}
-
-static void q5_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x, size_t x_row,
-                    int n_tok, float *y, size_t y_stride)
-{
-    pk_gemm(PK_Q5, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);
-}
-
-static const cpu_pack pack_q8_0 = {PK_ROWS, q8_packed_bytes, q8_pack, q8_gemm, &act_s8};
-static const cpu_pack pack_q4_0 = {PK_ROWS, q4_packed_bytes, q4_pack, q4_gemm, &act_s8};
-static const cpu_pack pack_q4_K = {PK_ROWS, q4k_packed_bytes, q4k_pack, q4k_gemm, &act_s8};
-static const cpu_pack pack_q5_0 = {PK_ROWS, q5_packed_bytes, q5_pack, q5_gemm, &act_s8};
+PK_TYPE(pack_q8_0, PK_Q8)
+PK_TYPE(pack_q4_0, PK_Q4)
+PK_TYPE(pack_q4_K, PK_Q4K)
+PK_TYPE(pack_q5_0, PK_Q5)
 
 /* The peak estimate's loop: 12 vpdpbusd chains of 64 multiply-adds. */
 static double spin512(long iters, int seed)
