@@ -39,6 +39,11 @@ typedef struct eng_seq {
     double *pool;          /* an embedding request's (n_embd) sum of hidden rows, or the last row (engine thread) */
     int n_pooled;          /* positions [0, n_pooled) are in pool: a recomputation after preemption skips them */
     int h0, hn;            /* this step's hidden rows of it: [h0, h0 + hn) of the batch's hidden_rows */
+    /* A pick put off because the step's grammar work was spent (engine thread): */
+    float *held;           /* (n_vocab) the logits row it will be made from; NULL until the first */
+    int hold;              /* 1: held has a row whose token is not picked yet */
+    int picked;            /* in a picks round: it was made */
+    uint64_t hold_no;      /* when it was put off: older ones go first */
 } eng_seq;
 
 struct eng_req {
@@ -105,6 +110,13 @@ struct llm_engine {
     eng_grammar grammars[ENG_GRAMMARS]; /* under gv_mu */
     uint64_t grammar_clock;
     uint32_t *b_mask;            /* (n_vocab / 32 words) a constrained sequence's mask (engine thread) */
+    /* Picks put off to a later step (engine thread): */
+    long mask_work;              /* grammar work in this round of picks (units of LLM_GMATCH_MAX_WORK) */
+    eng_seq **b_held;            /* (max_seqs) the held picks this round makes, oldest first */
+    int n_held;
+    int n_holding;               /* sequences holding a pick (at least; 0: none) */
+    uint64_t hold_clock, new_holds;
+    double grammar_ms;           /* time in masks and accepts, not yet in st */
     llm_batch_seq *b_seqs;
     int n_copies, n_local_copies;
     llm_stats st;
@@ -134,6 +146,7 @@ static void req_free(eng_req *r)
         llm_gmatch_free(r->seqs[i].gm);
         textout_free(&r->seqs[i].out);
         free(r->seqs[i].pool);
+        free(r->seqs[i].held);
     }
     free(r->seqs);
     if (r->slot)
@@ -724,17 +737,50 @@ static llm_status step_on_device(llm_engine *e, const llm_forward_batch *bt)
 }
 
 /* q's pick from its logits row: within its grammar's mask, which then
- * advances by the pick (an end token leaves it as it is). */
+ * advances by the pick (an end token leaves it as it is). The grammar's
+ * work is counted against the round's budget. */
 static llm_status sample_one(llm_engine *e, eng_seq *q, const float *row)
 {
     if (!q->gm)
         return llm_sampler_sample(q->smp, row, &q->res, &q->fail);
+    double t0 = now_ms();
     llm_status st = llm_gmatch_mask(q->gm, e->b_mask, &q->fail);
+    e->mask_work += llm_gmatch_work(q->gm);
+    double t1 = now_ms();
     if (!st)
         st = llm_sampler_sample_masked(q->smp, row, e->b_mask, &q->res, &q->fail);
-    if (!st) /* an end token too: it is accepted only where the text is whole, whatever the mask said */
+    double t2 = now_ms();
+    if (!st) { /* an end token too: it is accepted only where the text is whole, whatever the mask said */
         st = llm_gmatch_accept(q->gm, q->res.id, &q->fail);
+        e->mask_work += llm_gmatch_work(q->gm);
+    }
+    e->grammar_ms += t1 - t0 + now_ms() - t2;
     return st;
+}
+
+/* Whether q's pick waits for a later round: the round's grammar work is
+ * spent and q's mask would have to be walked. Then its row is kept
+ * (`row` may be q->held itself) and the token comes from it later, as it
+ * would have now: a mask depends only on the grammar's state, and the
+ * sampler's draws only on its own sequence. So many costly grammars slow
+ * their own sequences, not every other request's steps. Without memory
+ * for the row, q is picked now. */
+static int pick_held(llm_engine *e, eng_seq *q, const float *row)
+{
+    if (!q->gm || e->mask_work < e->cfg.mask_step_work || llm_gmatch_mask_cached(q->gm))
+        return 0;
+    size_t n = (size_t)e->m->hp.n_vocab;
+    if (!q->held && !(q->held = malloc(sizeof(float) * n)))
+        return 0;
+    if (q->held != row)
+        memcpy(q->held, row, sizeof(float) * n);
+    if (!q->hold) {
+        q->hold = 1;
+        q->hold_no = ++e->hold_clock;
+        e->n_holding++;
+        e->new_holds++;
+    }
+    return 1;
 }
 
 static llm_status step_on_host(llm_engine *e, const llm_forward_batch *bt)
@@ -748,7 +794,8 @@ static llm_status step_on_host(llm_engine *e, const llm_forward_batch *bt)
         if (!item_samples(e, i))
             continue;
         eng_seq *q = e->s.items[i].seq->user;
-        if (sample_one(e, q, logits + (size_t)k++ * n_vocab) == LLM_OK)
+        const float *row = logits + (size_t)k++ * n_vocab;
+        if (!pick_held(e, q, row) && sample_one(e, q, row) == LLM_OK)
             seq_take(e, q, q->res.id);
     }
     return LLM_OK;
@@ -933,7 +980,7 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
         sched_commit(s);
         for (int i = 0; i < s->n_items; i++) {
             eng_seq *q = s->items[i].seq->user;
-            if (!s->items[i].logits || q->r->cancelled || q->r->failed || q->finished)
+            if (!s->items[i].logits || q->r->cancelled || q->r->failed || q->finished || q->hold)
                 continue;
             if (q->fail.code)
                 req_fail(e, q->r, &q->fail);
@@ -948,6 +995,7 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
                 req_drop_seqs(e, r); /* before the next plan can pick them again */
         }
         e->st.steps++;
+        e->st.step_ms += now_ms() - e->step_t0;
         e->st.computed_tokens += (uint64_t)n_rows;
         int b = 0;
         while (b < LLM_BATCH_BUCKETS - 1 && n_rows > LLM_BATCH_BUCKET(b)) b++;
@@ -977,23 +1025,115 @@ static void fail_oom(llm_engine *e)
     }
 }
 
+/* Adds q to the round's held picks (b_held, oldest first, at most
+ * max_seqs: a newer one past them waits for a later round). */
+static void held_add(llm_engine *e, eng_seq *q)
+{
+    int j = e->n_held;
+    if (j == e->cfg.max_seqs && e->b_held[j - 1]->hold_no < q->hold_no)
+        return;
+    if (j < e->cfg.max_seqs)
+        e->n_held++;
+    else
+        j--;
+    for (; j > 0 && e->b_held[j - 1]->hold_no > q->hold_no; j--) e->b_held[j] = e->b_held[j - 1];
+    e->b_held[j] = q;
+}
+
+/* Under the lock, after the plan: the held picks this round makes. One
+ * whose sequence is in the plan gets fresh logits there instead (the same
+ * row: outputs do not depend on the batch); one whose request is over is
+ * let go. Their requests are marked in flight so cancel waits for them. */
+static void picks_prepare(llm_engine *e)
+{
+    e->n_held = 0;
+    if (e->n_holding == 0)
+        return;
+    e->n_holding = 0;
+    for (eng_req *r = e->reqs; r; r = r->next)
+        for (int i = 0; i < r->n; i++) {
+            eng_seq *q = &r->seqs[i];
+            if (q->hold && (q->q.in_plan || r->cancelled || r->failed || q->finished))
+                q->hold = 0;
+            if (q->hold) {
+                e->n_holding++;
+                held_add(e, q);
+            }
+        }
+    for (int i = 0; i < e->n_held; i++) e->b_held[i]->r->in_flight++;
+}
+
+/* Without the lock: the held picks, oldest first; the first is always
+ * made (every round makes progress), the others while the budget lasts. */
+static void picks_run(llm_engine *e)
+{
+    e->mask_work = 0;
+    for (int i = 0; i < e->n_held; i++) {
+        eng_seq *q = e->b_held[i];
+        q->fail.code = LLM_OK;
+        q->picked = 0;
+        if (i > 0 && pick_held(e, q, q->held))
+            continue;
+        q->hold = 0;
+        q->picked = 1;
+        e->n_holding--;
+        if (sample_one(e, q, q->held) == LLM_OK)
+            seq_take(e, q, q->res.id);
+    }
+}
+
+/* Under the lock: the picks made become events, as a step's do. */
+static void picks_finish(llm_engine *e)
+{
+    for (int i = 0; i < e->n_held; i++) {
+        eng_seq *q = e->b_held[i];
+        eng_req *r = q->r;
+        if (q->picked && !r->cancelled && !r->failed && !q->finished) {
+            if (q->fail.code)
+                req_fail(e, r, &q->fail);
+            else
+                seq_emit(e, q);
+        }
+    }
+    for (int i = 0; i < e->n_held; i++) {
+        eng_req *r = e->b_held[i]->r;
+        if (--r->in_flight == 0 && (r->failed || r->cancelled))
+            req_drop_seqs(e, r);
+    }
+    e->n_held = 0;
+    e->st.held_picks += e->new_holds;
+    e->new_holds = 0;
+    e->st.grammar_ms += e->grammar_ms;
+    e->grammar_ms = 0;
+}
+
+/* One round: the plan's step and the picks held from earlier rounds
+ * (made first: they have waited). */
 static void *engine_main(void *arg)
 {
     llm_engine *e = arg;
     pthread_mutex_lock(&e->mu);
     while (!e->stop) {
         fail_oom(e);
-        if (sched_plan(&e->s) == 0) {
+        int planned = sched_plan(&e->s) > 0;
+        picks_prepare(e);
+        if (!planned && e->n_held == 0) {
             if (e->s.stats.oom == e->oom_seen) /* else: fail those first */
                 pthread_cond_wait(&e->work, &e->mu);
             continue;
         }
-        llm_forward_batch bt;
-        step_prepare(e, &bt);
+        llm_forward_batch bt = {0};
+        if (planned)
+            step_prepare(e, &bt);
         pthread_mutex_unlock(&e->mu);
-        llm_status st = step_run(e, &bt);
+        picks_run(e);
+        llm_status st = planned ? step_run(e, &bt) : LLM_OK;
         pthread_mutex_lock(&e->mu);
-        step_finish(e, st, bt.n_rows);
+        picks_finish(e);
+        if (planned)
+            step_finish(e, st, bt.n_rows);
+        else
+            pthread_cond_broadcast(&e->step_done);
     }
     pthread_mutex_unlock(&e->mu);
     return NULL;
@@ -1013,6 +1153,7 @@ static llm_status config_defaults(llm_engine_config *c, const llm_model *m, llm_
     c->block_size = c->block_size ? c->block_size : KV_DEFAULT_BLOCK;
     c->kv_cache_fraction = c->kv_cache_fraction > 0 ? c->kv_cache_fraction : 0.25f;
     c->aging_ms = c->aging_ms ? c->aging_ms : 1000;
+    c->mask_step_work = c->mask_step_work ? c->mask_step_work : LLM_GMATCH_MAX_WORK / 4;
     if (c->n_ctx < 2 || c->n_ctx > m->hp.n_ctx_train)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: n_ctx %d not in [2, %d] (the model's training context)", c->n_ctx,
                         m->hp.n_ctx_train);
@@ -1022,9 +1163,10 @@ static llm_status config_defaults(llm_engine_config *c, const llm_model *m, llm_
     if (c->tensor_parallel > 1 && (!c->tp_backends || c->tp_backends[0] != c->backend))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: tensor_parallel %d needs its backends, the first being backend",
                         c->tensor_parallel);
-    if (c->max_waiting < 1 || c->aging_ms < 1 || c->kv_cache_fraction > 1)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: max_waiting %d, aging_ms %d or kv_cache_fraction %g out of range",
-                        c->max_waiting, c->aging_ms, c->kv_cache_fraction);
+    if (c->max_waiting < 1 || c->aging_ms < 1 || c->kv_cache_fraction > 1 || c->mask_step_work < 1)
+        return llm_errf(err, LLM_ERR_INVALID_ARG,
+                        "engine: max_waiting %d, aging_ms %d, kv_cache_fraction %g or mask_step_work %ld out of range",
+                        c->max_waiting, c->aging_ms, c->kv_cache_fraction, c->mask_step_work);
     return LLM_OK;
 }
 
@@ -1098,9 +1240,10 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     e->b_hidden_rows = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
     e->b_params = malloc(sizeof(llm_sample_params) * (size_t)c->max_seqs);
     e->b_seqs = malloc(sizeof(llm_batch_seq) * (size_t)c->max_seqs);
+    e->b_held = malloc(sizeof(eng_seq *) * (size_t)c->max_seqs);
     e->cp_src = malloc(sizeof(int32_t) * 2 * (size_t)n_blocks); /* the local pool is never larger */
     e->cp_dst = malloc(sizeof(int32_t) * 2 * (size_t)n_blocks);
-    if (!e->b_tokens || !e->b_logit_rows || !e->b_hidden_rows || !e->b_params || !e->b_seqs || !e->cp_src || !e->cp_dst)
+    if (!e->b_tokens || !e->b_logit_rows || !e->b_hidden_rows || !e->b_params || !e->b_seqs || !e->b_held || !e->cp_src || !e->cp_dst)
         return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory");
     return LLM_OK;
 }
@@ -1122,6 +1265,7 @@ static void engine_free(llm_engine *e)
     free(e->b_hidden_rows);
     free(e->b_params);
     free(e->b_seqs);
+    free(e->b_held);
     free(e->b_mask);
     llm_gmatch_vocab_free(e->gv);
     llm_gmatch_cache_free(e->gcache);

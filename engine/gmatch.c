@@ -626,6 +626,7 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
     uint64_t h = m->key_len >= 0 ? gm_key_hash(m) : 0;
     uint32_t *hit = m->key_len >= 0 ? gm_cached(m->cache, m, h) : NULL;
     m->masks++;
+    m->work = 0;
     if (hit) {
         m->cached++;
         memcpy(allow, hit, sizeof *allow * (size_t)m->n_words);
@@ -633,7 +634,6 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
     }
     memset(allow, 0, sizeof *allow * (size_t)m->n_words);
     m->overflow = 0;
-    m->work = 0;
     if (!llm_gmatch_finished(m) && gm_walk(m, allow))
         return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a mask");
     m->max_work = m->work > m->max_work ? m->work : m->max_work;
@@ -646,6 +646,16 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
         gm_cache_put(m->cache, m, h, allow);
     return LLM_OK;
 }
+
+int llm_gmatch_mask_cached(llm_gmatch *m)
+{
+    if (!m->gv)
+        return 0;
+    gm_serialize(m);
+    return m->key_len >= 0 && gm_cached(m->cache, m, gm_key_hash(m)) != NULL;
+}
+
+long llm_gmatch_work(const llm_gmatch *m) { return m->work; }
 
 void llm_gmatch_stats(const llm_gmatch *m, uint64_t *masks, uint64_t *cached, long *max_work)
 {

@@ -9,19 +9,24 @@
  *                     sequences are decoding, and alone
  *   --prefix P        time to first token with a shared P-token system
  *                     prompt: cold (not cached) and warm (cached)
+ *   --grammar json    the --npl requests are constrained to a JSON object
+ *                     (the built-in grammar): what masks cost a step
  *   llm-serve-bench -m MODEL.gguf [-t THREADS] [-p 32] [-n 64] [-r REPS]
  *                   [--npl LIST] [--load N] [--prefix P] [--kv-type f16]
+ *                   [--grammar json]
  * Medians over REPS repetitions, after one warm-up request. */
 #include <string.h>
 
 #include "cli.h"
 #include "llm/engine.h"
+#include "llm/grammar.h"
 
 typedef struct opts {
     const char *model;
     long threads, pp, tg, reps, load, prefix;
     int npl[16], n_npl;
     llm_kv_type kv;
+    int json;          /* --grammar json */
 } opts;
 
 static uint64_t g_seed = 1;
@@ -46,16 +51,27 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* Submits a greedy request for p; returns its id or 0 (message printed). */
-static llm_request_id submit(llm_engine *e, const int32_t *p, int n, int max_tokens)
+/* Submits a greedy request for p, constrained to a JSON object when json;
+ * returns its id or 0 (message printed). */
+static llm_request_id submit_json(llm_engine *e, const int32_t *p, int n, int max_tokens, int json)
 {
     llm_request rq = {.tokens = p, .n_tokens = n, .sampling = llm_sampling_default(), .max_tokens = max_tokens,
                       .ignore_eos = 1};
+    if (json) {
+        rq.grammar = llm_grammar_json;
+        rq.grammar_len = strlen(llm_grammar_json);
+        rq.grammar_root = "jsonobject";
+    }
     llm_error err = {0};
     llm_request_id id = 0;
     if (llm_engine_submit(e, &rq, &id, &err))
         fprintf(stderr, "error: submit: %s\n", err.msg);
     return id;
+}
+
+static llm_request_id submit(llm_engine *e, const int32_t *p, int n, int max_tokens)
+{
+    return submit_json(e, p, n, max_tokens, 0);
 }
 
 /* Reads a request to its end; *u gets its usage. 0 on success. */
@@ -94,7 +110,9 @@ static void print_head(const char *mode, const llm_model *m, const opts *o)
 }
 
 /* One round of npl concurrent requests: prefill and decode tokens/s and
- * the mean time to first token. */
+ * the mean time to first token. Decode counts the tokens generated (a
+ * grammar may end a completion early) over the time from the last first
+ * token to the last token. */
 static int npl_round(llm_engine *e, const llm_model *m, const opts *o, int npl, double *pp, double *tg, double *ttft)
 {
     int n = (int)o->pp;
@@ -103,18 +121,19 @@ static int npl_round(llm_engine *e, const llm_model *m, const opts *o, int npl, 
     int rc = !p || !ids;
     for (int k = 0; !rc && k < npl; k++) {
         random_prompt(p + (size_t)k * n, n, m->hp.n_vocab);
-        rc = !(ids[k] = submit(e, p + (size_t)k * n, n, (int)o->tg));
+        rc = !(ids[k] = submit_json(e, p + (size_t)k * n, n, (int)o->tg, o->json));
     }
-    double max_ttft = 0, max_total = 0, sum_ttft = 0;
+    double max_ttft = 0, max_total = 0, sum_ttft = 0, decoded = 0;
     for (int k = 0; !rc && k < npl; k++) {
         llm_usage u = {0};
         rc = drain(e, ids[k], &u);
         max_ttft = u.ttft_ms > max_ttft ? u.ttft_ms : max_ttft;
         max_total = u.total_ms > max_total ? u.total_ms : max_total;
         sum_ttft += u.ttft_ms;
+        decoded += u.completion_tokens > 1 ? u.completion_tokens - 1 : 0;
     }
     *pp = npl * (double)n / (max_ttft / 1e3);
-    *tg = npl * (double)(o->tg - 1) / ((max_total - max_ttft) / 1e3);
+    *tg = decoded / ((max_total - max_ttft) / 1e3);
     *ttft = sum_ttft / npl;
     free(p);
     free(ids);
@@ -128,9 +147,14 @@ static int bench_npl(const llm_model *m, llm_backend *b, const opts *o, int npl)
     int rc = !e || npl_round(e, m, o, 1, pp, tg, ttft); /* warm-up */
     for (int r = 0; !rc && r < o->reps; r++) rc = npl_round(e, m, o, npl, &pp[r], &tg[r], &ttft[r]);
     if (!rc) {
+        llm_stats st;
+        llm_engine_stats(e, &st);
         print_head("npl", m, o);
-        printf("npl=%d pp=%ld tg=%ld prefill_tps=%.2f decode_tps=%.2f ttft_ms=%.1f\n", npl, o->pp, o->tg,
-               median(pp, (int)o->reps), median(tg, (int)o->reps), median(ttft, (int)o->reps));
+        printf("npl=%d pp=%ld tg=%ld grammar=%s prefill_tps=%.2f decode_tps=%.2f ttft_ms=%.1f step_ms=%.2f "
+               "grammar_step_share=%.4f\n",
+               npl, o->pp, o->tg, o->json ? "json" : "none", median(pp, (int)o->reps), median(tg, (int)o->reps),
+               median(ttft, (int)o->reps), st.steps ? st.step_ms / (double)st.steps : 0,
+               st.step_ms > 0 ? st.grammar_ms / st.step_ms : 0);
     }
     llm_engine_close(e);
     return rc;
@@ -238,7 +262,7 @@ static int parse_list(const char *s, opts *o)
 static int usage(void)
 {
     fprintf(stderr, "usage: llm-serve-bench -m MODEL.gguf [-t THREADS] [-p 32] [-n 64] [-r 3] [--npl 1,4,16,64]\n"
-                    "       [--load N] [--prefix P] [--kv-type f16|f32|q8_0]\n");
+                    "       [--load N] [--prefix P] [--kv-type f16|f32|q8_0] [--grammar json]\n");
     return 2;
 }
 
@@ -259,6 +283,7 @@ static int parse(int argc, char **argv, opts *o)
         else if (!strcmp(a, "--prefix")) bad = cli_int(a, v, 1, 1 << 16, &o->prefix);
         else if (!strcmp(a, "--npl")) bad = parse_list(v, o);
         else if (!strcmp(a, "--kv-type")) bad = llm_kv_type_parse(v, &o->kv, &err) != LLM_OK;
+        else if (!strcmp(a, "--grammar")) bad = !(o->json = !strcmp(v, "json"));
         else return usage();
         if (bad)
             return usage();

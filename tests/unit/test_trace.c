@@ -90,6 +90,7 @@ typedef struct tr_totals {
     uint64_t traces, requests, completions, steps, preemptions, cached, forked, cancels;
     uint64_t constrained, grammar_ends; /* requests with a grammar; completions it ended (finish STOP) */
     uint64_t embeddings;                /* embedding requests compared with the request alone */
+    uint64_t held_picks;                /* constrained picks put off to a later step (mask_step_work spent) */
 } tr_totals;
 
 static test_tiny g_tiny, g_gemma, g_moe; /* the models (and backends) below take turns by seed */
@@ -176,17 +177,21 @@ static void sampling_make(tr_req *r, uint64_t *s)
 /* A quarter of the requests are constrained: the JSON object grammar (it
  * rarely ends within MAX_GEN tokens) or a short finite one (it ends by
  * itself). Drawn from a stream of their own, so that the traces of the
- * seeds before grammars existed stay what they were. */
+ * seeds before grammars existed stay what they were. Seeds with the least
+ * mask budget (mask_budget_make) constrain another quarter with a counted
+ * repetition, every count a state of its own: masks the cache has not
+ * seen yet, several in a step, so picks are held to later rounds. */
 static void grammar_make(const tr_trace *t, int i, tr_req *r)
 {
     static const char *const short_g = "root ::= [a-c]{1,5} (\" \" [a-c]{1,3})? \".\"\n";
+    static const char *const counted_g = "root ::= [a-z ]{1,40} \".\"\n";
     uint64_t g = t->seed * 0x9e3779b97f4a7c15ull + (uint64_t)i * 7919u + 17;
     uint64_t k = test_rng(&g) % 8;
-    if (k > 1)
+    if (k > 3 || (k > 1 && t->cfg.mask_step_work != 1))
         return;
-    r->rq.grammar = k ? llm_grammar_json : short_g;
+    r->rq.grammar = k == 0 ? short_g : k == 1 ? llm_grammar_json : counted_g;
     r->rq.grammar_len = strlen(r->rq.grammar);
-    r->rq.grammar_root = k ? "jsonobject" : NULL;
+    r->rq.grammar_root = k == 1 ? "jsonobject" : NULL;
 }
 
 /* An eighth of the requests are embedding requests (mean or last pooling,
@@ -238,6 +243,19 @@ static void request_make(tr_trace *t, int i, int32_t base[N_BASES][MAX_PROMPT], 
     embed_make(t, i, r);
 }
 
+/* Half the seeds give a step's grammar picks the least work budget: every
+ * pick past the first whose mask is not cached waits for the next round.
+ * Drawn from a stream of its own; the regression seeds keep the traces
+ * they were found with. */
+static void mask_budget_make(tr_trace *t)
+{
+    uint64_t g = t->seed * 0x94d049bb133111ebull + 3;
+    t->cfg.mask_step_work = test_rng(&g) % 2 ? 1 : 0;
+    for (size_t i = 0; i < sizeof REGRESS / sizeof *REGRESS; i++)
+        if (REGRESS[i] == t->seed)
+            t->cfg.mask_step_work = 0;
+}
+
 static void trace_make(tr_trace *t, uint64_t seed)
 {
     uint64_t s = seed * 0x2545f4914f6cdd1dull + 1;
@@ -245,6 +263,7 @@ static void trace_make(tr_trace *t, uint64_t seed)
     memset(t, 0, sizeof *t);
     t->seed = seed;
     config_make(t, &s);
+    mask_budget_make(t);
     /* a small alphabet now and then: the same block content recurs at many positions */
     uint64_t alpha = rnd(&s, 3) ? (uint64_t)g_m->hp.n_vocab : 3;
     for (int b = 0; b < N_BASES; b++)
@@ -478,6 +497,7 @@ static int check_engine(const tr_trace *t, llm_engine *e)
     g_tot.preemptions += st.preemptions;
     g_tot.cached += st.cached_tokens - st.forked_tokens;
     g_tot.forked += st.forked_tokens;
+    g_tot.held_picks += st.held_picks;
     g_tot.cancels += (uint64_t)cancels;
     const char *why = NULL;
     /* tiny gemma3's first layer is local: its pool is sized to the windows,
@@ -507,9 +527,10 @@ static int check_engine(const tr_trace *t, llm_engine *e)
 static void trace_print(const tr_trace *t)
 {
     const llm_engine_config *c = &t->cfg;
-    print_message("seed %llu: n_ctx %d block %d kv %s pool %zu B max_seqs %d budget %d aging %d, %d requests\n",
+    print_message("seed %llu: n_ctx %d block %d kv %s pool %zu B max_seqs %d budget %d aging %d mask work %ld, %d "
+                  "requests\n",
                   (unsigned long long)t->seed, c->n_ctx, c->block_size, llm_kv_type_name(c->kv_type), c->kv_cache_bytes,
-                  c->max_seqs, c->max_batch_tokens, c->aging_ms, t->n_req);
+                  c->max_seqs, c->max_batch_tokens, c->aging_ms, c->mask_step_work, t->n_req);
 }
 
 /* Runs seed's trace; 0 when every check passed. */
@@ -584,12 +605,12 @@ static void totals_print(double secs)
 {
     print_message("trace: %llu traces, %llu requests, %llu steps, %llu preemptions, %llu prompt tokens from the prefix "
                   "cache, %llu shared by forks, %llu cancels, %llu constrained requests (%llu completions ended by "
-                  "their grammar), %llu embedding requests in %.1f s\n",
+                  "their grammar, %llu picks held to a later step), %llu embedding requests in %.1f s\n",
                   (unsigned long long)g_tot.traces, (unsigned long long)g_tot.requests, (unsigned long long)g_tot.steps,
                   (unsigned long long)g_tot.preemptions, (unsigned long long)g_tot.cached,
                   (unsigned long long)g_tot.forked, (unsigned long long)g_tot.cancels,
                   (unsigned long long)g_tot.constrained, (unsigned long long)g_tot.grammar_ends,
-                  (unsigned long long)g_tot.embeddings, secs);
+                  (unsigned long long)g_tot.held_picks, (unsigned long long)g_tot.embeddings, secs);
 }
 
 static void test_regressions(void **st)
@@ -617,7 +638,7 @@ static void test_quick_seeds(void **st)
     assert_true(g_tot.cached > 0); /* prefix cache hits, forks aside */
     assert_true(g_tot.forked > 0);
     assert_true(g_tot.cancels > 0);
-    assert_true(g_tot.constrained > 0 && g_tot.grammar_ends > 0);
+    assert_true(g_tot.constrained > 0 && g_tot.grammar_ends > 0 && g_tot.held_picks > 0);
     assert_true(g_tot.embeddings > 0);
 }
 

@@ -49,6 +49,9 @@ typedef struct llm_engine_config {
                               * like the others (tests compare the two layouts) */
     int tensor_parallel;     /* ranks (tp.h); 0 or 1: backend alone */
     llm_backend *const *tp_backends; /* (tensor_parallel) borrowed, [0] == backend; the KV budget is per rank */
+    long mask_step_work;     /* grammar work (gmatch.h's units) a step's constrained picks may take; once it is
+                              * spent, picks whose mask is not cached wait for the next step (their sequences
+                              * only; the oldest waiting pick is always made). 0: LLM_GMATCH_MAX_WORK / 4 */
 } llm_engine_config;
 
 typedef uint64_t llm_request_id;
@@ -130,6 +133,9 @@ typedef struct llm_stats {
     uint64_t forked_tokens;  /* of cached_tokens, shared from a sibling (n > 1), not the prefix cache */
     uint64_t computed_tokens; /* tokens run through the model */
     uint64_t generated_tokens;
+    uint64_t held_picks;     /* constrained picks put off to a later step: that step's grammar work was spent */
+    double step_ms;          /* time in steps (a pass, its sampling and its events), summed */
+    double grammar_ms;       /* of the steps and held picks, time finding grammar masks and advancing grammars */
     double prefix_hit_rate;  /* cached_tokens / prompt_tokens */
     double gen_tokens_per_s; /* over the last few seconds */
     double step_running_ms;  /* how long the step in progress has run; 0 when idle (liveness) */

@@ -97,6 +97,14 @@ int llm_gmatch_complete(const llm_gmatch *m);
 /* 1 when it is, and no byte can follow (only an end may come). */
 int llm_gmatch_finished(const llm_gmatch *m);
 
+/* 1 when the next llm_gmatch_mask would come from the cache (nothing to
+ * walk), so a caller can tell a cheap mask from a costly one beforehand. */
+int llm_gmatch_mask_cached(llm_gmatch *m);
+
+/* The work (units of LLM_GMATCH_MAX_WORK) the last mask, accept, feed or
+ * viable call took: 0 for a mask from the cache. */
+long llm_gmatch_work(const llm_gmatch *m);
+
 /* Masks asked for, how many came from the cache, and the most work one
  * took (in the units of LLM_GMATCH_MAX_WORK). */
 void llm_gmatch_stats(const llm_gmatch *m, uint64_t *masks, uint64_t *cached, long *max_work);
