@@ -4,7 +4,9 @@
  * stream capture or a graph launch fails (CUSIM_FAIL), and the cuBLAS
  * path of quantized weights (activations beyond half precision's range,
  * the scratch it needs) against the CPU backend; embedding requests
- * beside a generation (steps with hidden rows are never captured).
+ * beside a generation (steps with hidden rows are never captured);
+ * constrained and logit-biased requests beside a free one (their steps
+ * are sampled on the host, the others on the device).
  *
  * Each test runs in a child process (the emulator is set up once per
  * process, CUSIM_FAIL with it); the parent never touches CUDA. */
@@ -17,6 +19,8 @@
 
 #include "llm/backend.h"
 #include "llm/engine.h"
+#include "llm/gmatch.h"
+#include "llm/grammar.h"
 #include "llm/mkmodel.h"
 #include "llm/model.h"
 #include "llm/quant.h"
@@ -370,6 +374,129 @@ static void test_embeddings_beside_graphs(void **st)
     in_child(embed_main, NULL, NULL, 0);
 }
 
+/* ---- constrained and biased requests on the device backend ----------------- */
+
+enum { C_GEN = 40, C_REQS = 5 };
+
+typedef struct c_out {
+    int32_t tok[C_GEN];
+    int n;
+    char text[4096];
+    size_t len;
+    llm_finish finish;
+} c_out;
+
+/* Reads request id to its end into o. 0, or -1 with the reason on stderr. */
+static int c_collect(llm_engine *e, llm_request_id id, c_out *o)
+{
+    memset(o, 0, sizeof *o);
+    for (;;) {
+        llm_event ev;
+        if (llm_engine_next(e, id, &ev, 60000) || ev.type == LLM_EVENT_ERROR) {
+            fprintf(stderr, "request: %s\n", ev.type == LLM_EVENT_ERROR ? ev.error.msg : "lost");
+            return -1;
+        }
+        if (ev.type == LLM_EVENT_TOKEN && o->n < C_GEN)
+            o->tok[o->n++] = ev.token;
+        if (o->len + ev.text_len < sizeof o->text) {
+            memcpy(o->text + o->len, ev.text, ev.text_len);
+            o->len += ev.text_len;
+        }
+        o->finish = ev.finish;
+        int done = ev.type == LLM_EVENT_DONE;
+        llm_event_clear(&ev);
+        if (done)
+            return 0;
+    }
+}
+
+static const char *const C_GRAMMAR = "root ::= [a-z ]{1,30} \".\"\n";
+
+/* Whether o's text is in C_GRAMMAR's language (whole when it stopped). */
+static int c_valid(const c_out *o)
+{
+    llm_grammar *g = NULL;
+    llm_gmatch *m = NULL;
+    llm_error err = {0};
+    int ok = !llm_grammar_compile(C_GRAMMAR, strlen(C_GRAMMAR), NULL, &g, &err) &&
+             !llm_gmatch_new(g, NULL, NULL, 0, &m, &err) && !llm_gmatch_feed(m, o->text, o->len, &err) &&
+             (o->finish != LLM_FINISH_STOP || llm_gmatch_complete(m));
+    if (!ok)
+        fprintf(stderr, "constrained text \"%.*s\" is not in the grammar: %s\n", (int)o->len, o->text, err.msg);
+    llm_gmatch_free(m);
+    llm_grammar_free(g);
+    return ok;
+}
+
+/* Request k of the mix: 0 free and greedy; 1-3 constrained at temperature
+ * 1; 4 greedy with every token of free's answer banned (bias -100), 8
+ * tokens long, so the steps after it hold only free and constrained rows. */
+static llm_request c_request(int k, const int32_t *prompt, const c_out *free_run, llm_logit_bias *ban)
+{
+    llm_request rq = {.tokens = prompt, .n_tokens = 5, .sampling = llm_sampling_default(), .max_tokens = C_GEN,
+                      .ignore_eos = 1};
+    if (k >= 1 && k <= 3) {
+        rq.grammar = C_GRAMMAR;
+        rq.grammar_len = strlen(C_GRAMMAR);
+        rq.sampling.temperature = 1.0f;
+        rq.sampling.seed = (uint64_t)k;
+    } else if (k == 4) {
+        for (int i = 0; i < free_run->n; i++) ban[i] = (llm_logit_bias){free_run->tok[i], -100.0f};
+        rq.sampling.bias = ban;
+        rq.sampling.n_bias = free_run->n;
+        rq.max_tokens = 8;
+    }
+    return rq;
+}
+
+/* On the device backend: the free request alone, then beside constrained
+ * and biased ones. The free answer is the same both times (other tenants'
+ * grammars and biases move its steps to host sampling, never its tokens),
+ * every constrained text is in the grammar, and the biased answer holds
+ * none of its banned tokens. */
+static int constrained_main(void)
+{
+    test_tiny t;
+    llm_backend *cuda = open_cuda();
+    llm_error err = {0};
+    llm_engine *e = NULL;
+    int32_t prompt[5] = {1, 2, 3, 4, 5};
+    static c_out alone, out[C_REQS];
+    llm_logit_bias ban[C_GEN];
+    llm_request_id ids[C_REQS];
+    if (test_tiny_open(&t, "cudasim-constrained", QT_F32, 3, 2) ||
+        llm_engine_open(&(llm_engine_config){.model = t.m, .backend = cuda, .n_ctx = 128}, &e, &err))
+        return fprintf(stderr, "setup: %s\n", err.msg), 1;
+    llm_request rq = c_request(0, prompt, NULL, NULL);
+    int rc = llm_engine_submit(e, &rq, &ids[0], &err) || c_collect(e, ids[0], &alone);
+    for (int k = 0; !rc && k < C_REQS; k++) {
+        rq = c_request(k, prompt, &alone, ban);
+        rc = llm_engine_submit(e, &rq, &ids[k], &err) != LLM_OK;
+    }
+    for (int k = 0; !rc && k < C_REQS; k++) rc = c_collect(e, ids[k], &out[k]);
+    if (!rc && (out[0].n != alone.n || memcmp(out[0].tok, alone.tok, sizeof(int32_t) * (size_t)alone.n)))
+        rc = fprintf(stderr, "the free request's answer changed beside constrained ones\n");
+    for (int k = 1; !rc && k <= 3; k++) rc = !c_valid(&out[k]);
+    for (int i = 0; !rc && i < out[4].n; i++)
+        for (int j = 0; !rc && j < alone.n; j++)
+            if (out[4].tok[i] == alone.tok[j])
+                rc = fprintf(stderr, "banned token %d was picked\n", alone.tok[j]);
+    if (rc && err.msg[0])
+        fprintf(stderr, "%s\n", err.msg);
+    fprintf(stderr, "constrained on the device backend: %s (first text \"%.*s\")\n", rc ? "FAILED" : "ok",
+            (int)out[1].len, out[1].text);
+    llm_engine_close(e);
+    llm_backend_free(cuda);
+    test_tiny_close(&t);
+    return rc ? 1 : 0;
+}
+
+static void test_constrained_beside_free(void **st)
+{
+    (void)st;
+    in_child(constrained_main, NULL, NULL, 0);
+}
+
 int main(void)
 {
     if (!getenv("LLM_CUDA_LIB")) {
@@ -383,6 +510,7 @@ int main(void)
         cmocka_unit_test(test_graphs_replay),
         cmocka_unit_test(test_quantized_gemm),
         cmocka_unit_test(test_embeddings_beside_graphs),
+        cmocka_unit_test(test_constrained_beside_free),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
