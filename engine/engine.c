@@ -52,6 +52,7 @@ struct eng_req {
     int n, n_done, n_read_done;
     eng_seq *seqs;
     int max_gen, ignore_eos;
+    int special_text;     /* control tokens' text is in the output text */
     llm_pooling pooling;  /* not NONE: an embedding request */
     llm_grammar *grammar;  /* compiled at submit (shared through slot, or owned when slot is NULL); NULL: none */
     struct eng_grammar *slot;
@@ -420,6 +421,7 @@ static llm_status req_new(llm_engine *e, const llm_request *rq, const int32_t *p
     r->n = rq->n ? rq->n : 1;
     r->max_gen = max_gen;
     r->ignore_eos = rq->ignore_eos;
+    r->special_text = rq->special_text != 0;
     r->pooling = rq->pooling;
     r->t_submit = now_ms();
     r->seqs = calloc((size_t)r->n, sizeof *r->seqs);
@@ -924,9 +926,10 @@ static void embed_finish(llm_engine *e, eng_seq *q)
 static int token_text(const llm_engine *e, eng_seq *q, int32_t tok, llm_event *ev)
 {
     char small[256], *buf = small;
-    int n = llm_token_to_piece(e->m->vocab, tok, 0, small, sizeof small);
+    int special = q->r->special_text;
+    int n = llm_token_to_piece(e->m->vocab, tok, special, small, sizeof small);
     if (n > (int)sizeof small && (buf = malloc((size_t)n)))
-        llm_token_to_piece(e->m->vocab, tok, 0, buf, (size_t)n);
+        llm_token_to_piece(e->m->vocab, tok, special, buf, (size_t)n);
     if (!buf)
         return -1; /* no memory for a long piece: the request fails rather than lose text */
     const char *out;

@@ -302,6 +302,7 @@ static int parse_tools(const srv_chat *chat, json_t *o, srv_completion *c, srv_e
 {
     if (srv_tools_parse(o, chat->tools, &c->tools, e))
         return -1;
+    c->rq.special_text = srv_tools_special_text(&c->tools); /* a forced call below writes the generic shape */
     if (c->tools.choice < SRV_TOOL_REQUIRED)
         return 0;
     if (c->rq.grammar)
@@ -312,6 +313,7 @@ static int parse_tools(const srv_chat *chat, json_t *o, srv_completion *c, srv_e
     c->rq.grammar = c->schema_grammar;
     c->rq.grammar_len = strlen(c->schema_grammar);
     c->grammar_param = "tools";
+    c->rq.special_text = 0;
     return 0;
 }
 

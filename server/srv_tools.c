@@ -25,6 +25,10 @@ srv_tool_format srv_tools_format(const char *t, size_t n)
         return SRV_TOOLS_GENERIC; /* a template that never shows the tools */
     if (has(t, n, "[TOOL_CALLS]"))
         return has(t, n, "[ARGS]") ? SRV_TOOLS_MISTRAL_ARGS : SRV_TOOLS_MISTRAL;
+    if (has(t, n, "<|tool_call>call:"))
+        return SRV_TOOLS_GEMMA4;
+    if (has(t, n, "<function=") && has(t, n, "<parameter="))
+        return SRV_TOOLS_XML;
     if (has(t, n, "<tool_call>") && !has(t, n, "<function="))
         return SRV_TOOLS_HERMES;
     if (has(t, n, "<|start_header_id|>") && has(t, n, "parameters"))
@@ -34,8 +38,8 @@ srv_tool_format srv_tools_format(const char *t, size_t n)
 
 const char *srv_tools_format_name(srv_tool_format f)
 {
-    static const char *const n[] = {"generic", "hermes", "llama3", "mistral", "mistral-args"};
-    return (unsigned)f < 5 ? n[f] : "?";
+    static const char *const n[] = {"generic", "hermes", "llama3", "mistral", "mistral-args", "xml", "gemma4"};
+    return (unsigned)f < sizeof n / sizeof *n ? n[f] : "?";
 }
 
 /* ---- the request --------------------------------------------------------------------------- */
@@ -176,6 +180,8 @@ int srv_tools_forced(srv_tools *t, char **prefill, char **grammar, srv_err *e)
     srv_tool_format f = t->fmt;
     if (f == SRV_TOOLS_MISTRAL_ARGS && t->choice != SRV_TOOL_NAMED && json_array_size(t->tools) > 1)
         f = SRV_TOOLS_GENERIC; /* the name and [ARGS] (a control token) cannot both be in one grammar */
+    if (f == SRV_TOOLS_XML || f == SRV_TOOLS_GEMMA4)
+        f = SRV_TOOLS_GENERIC; /* raw parameter text, or control-token quotes: no grammar can hold them */
     switch (f) {
     case SRV_TOOLS_HERMES:
         pre = "<tool_call>\n"; /* one call: the closing tag may be a control token */
@@ -314,6 +320,12 @@ static int object_call(const srv_tools *t, json_t *o, const char *args_key, json
                              : -1;
 }
 
+static int starts(const char *p, const char *end, const char *lit)
+{
+    size_t k = strlen(lit);
+    return (size_t)(end - p) >= k && !memcmp(p, lit, k);
+}
+
 static int skip(const char **p, const char *end, const char *marker)
 {
     while (*p < end && isspace((unsigned char)**p)) (*p)++;
@@ -378,6 +390,8 @@ static int mistral_calls(const srv_tools *t, const char *s, size_t n, json_t *ca
         if (p == name || p - name >= (long)sizeof nm)
             return -1;
         snprintf(nm, sizeof nm, "%.*s", (int)(p - name), name);
+        if (starts(p, end, "[CALL_ID]")) /* Mistral Small 3.2's templates write the call's id there */
+            p = s + name_end(s, n, (size_t)(p + 9 - s));
         if (end - p >= 6 && !memcmp(p, "[ARGS]", 6)) { /* written out (a forced call's prefill): blanks may follow */
             p += 6;
             while (p < end && isspace((unsigned char)*p)) p++;
@@ -394,6 +408,260 @@ static int mistral_calls(const srv_tools *t, const char *s, size_t n, json_t *ca
     return json_array_size(calls) ? 0 : -1;
 }
 
+/* A Python literal (True, False, None as templates print them) or a JSON
+ * text as JSON; NULL when it is neither. */
+static json_t *literal(const char *v, size_t n)
+{
+    if (n == 4 && !memcmp(v, "True", 4))
+        return json_true();
+    if (n == 5 && !memcmp(v, "False", 5))
+        return json_false();
+    if (n == 4 && !memcmp(v, "None", 4))
+        return json_null();
+    return json_loadb(v, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL);
+}
+
+/* ---- xml: <function=name><parameter=key>value</parameter>...</function> ---------------------- */
+
+/* The type tool's schema gives parameter key ("" when it says none). */
+static const char *param_type(json_t *tool, const char *key)
+{
+    json_t *props = json_object_get(json_object_get(tool_fn(tool), "parameters"), "properties");
+    const char *ty = json_string_value(json_object_get(json_object_get(props, key), "type"));
+    return ty ? ty : "";
+}
+
+/* Parameter text as its value (the newline the templates put on each
+ * side dropped): the text for a string parameter, else what it parses to,
+ * or the text when it parses to nothing. NULL: not UTF-8, or no memory. */
+static json_t *xml_value(json_t *tool, const char *key, const char *v, size_t n)
+{
+    if (n && v[0] == '\n')
+        v++, n--;
+    if (n && v[n - 1] == '\n')
+        n--;
+    json_t *j = strcmp(param_type(tool, key), "string") ? literal(v, n) : NULL;
+    return j ? j : json_stringn(v, n);
+}
+
+/* The </parameter> that ends a value starting at v: the first one that
+ * another parameter, </function> or the end of the answer follows (the
+ * templates write a value raw, so the tag may be in it). NULL: none. */
+static const char *param_close(const char *v, const char *end)
+{
+    for (const char *c = v; (c = memmem(c, (size_t)(end - c), "</parameter>", 12)); c += 12) {
+        const char *p = c + 12;
+        while (p < end && isspace((unsigned char)*p)) p++;
+        if (p == end || starts(p, end, "<parameter=") || starts(p, end, "</function>"))
+            return c;
+    }
+    return NULL;
+}
+
+/* The parameters from *pp (just past <function=name>) up to </function>
+ * or the end into args; *pp moves past them. 0, or -1 when they are not
+ * parameters (or one repeats). */
+static int xml_params(json_t *tool, const char **pp, const char *end, json_t *args)
+{
+    const char *p = *pp;
+    for (;;) {
+        while (p < end && isspace((unsigned char)*p)) p++;
+        if (p >= end || skip(&p, end, "</function>"))
+            break;
+        if (!starts(p, end, "<parameter="))
+            return -1;
+        p += 11;
+        const char *gt = memchr(p, '>', (size_t)(end - p));
+        char key[128];
+        if (!gt || gt == p || gt - p >= (long)sizeof key)
+            return -1;
+        snprintf(key, sizeof key, "%.*s", (int)(gt - p), p);
+        const char *v = gt + 1, *close = param_close(v, end);
+        const char *vend = close ? close : end; /* unclosed at the end of the answer still counts */
+        json_t *val = json_object_get(args, key) ? NULL : xml_value(tool, key, v, (size_t)(vend - v));
+        if (!val || json_object_set_new(args, key, val))
+            return -1;
+        p = close ? close + 12 : end;
+    }
+    *pp = p;
+    return 0;
+}
+
+/* One <function=name>...</function> block at *pp; *pp moves past it. */
+static int xml_call(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *oom)
+{
+    const char *p = *pp + 10, *gt = memchr(p, '>', (size_t)(end - p));
+    char name[80];
+    if (!gt || gt == p || gt - p >= (long)sizeof name)
+        return -1;
+    snprintf(name, sizeof name, "%.*s", (int)(gt - p), p);
+    json_t *tool = find_tool(t, name), *args = json_object();
+    p = gt + 1;
+    int bad = !tool || !args || xml_params(tool, &p, end, args);
+    if (!bad)
+        bad = push(calls, make_call(t, name, args, oom), oom);
+    *oom |= !args;
+    json_decref(args);
+    *pp = p;
+    return bad ? -1 : 0;
+}
+
+/* Where the wrapper before a <function= at f starts (f when there is none). */
+static const char *xml_wrapper(const char *s, const char *f)
+{
+    static const char *const open[] = {"<tool_call>", "<seed:tool_call>"};
+    const char *p = f;
+    while (p > s && isspace((unsigned char)p[-1])) p--;
+    for (size_t i = 0; i < 2; i++) {
+        size_t k = strlen(open[i]);
+        if ((size_t)(p - s) >= k && !memcmp(p - k, open[i], k))
+            return p - k;
+    }
+    return f;
+}
+
+static int xml_calls(const srv_tools *t, const char *s, size_t n, json_t *calls, llm_strbuf *content, int *oom)
+{
+    const char *p = s, *end = s + n;
+    for (;;) {
+        const char *f = memmem(p, (size_t)(end - p), "<function=", 10);
+        if (!f) {
+            llm_strbuf_append(content, p, (size_t)(end - p));
+            return json_array_size(calls) ? 0 : -1;
+        }
+        llm_strbuf_append(content, p, (size_t)(xml_wrapper(p, f) - p));
+        if (xml_call(t, &f, end, calls, oom))
+            return -1;
+        p = f;
+        if (!skip(&p, end, "</tool_call>"))
+            skip(&p, end, "</seed:tool_call>");
+    }
+}
+
+/* ---- gemma4: <|tool_call>call:name{key:value,...}<tool_call|> --------------------------------- */
+
+#define G4_QUOTE "<|\"|>"
+#define G4_DEPTH 64
+
+static void g4_blank(const char **p, const char *end)
+{
+    while (*p < end && isspace((unsigned char)**p)) (*p)++;
+}
+
+static json_t *g4_value(const char **pp, const char *end, int depth);
+
+/* <|"|>text<|"|> at *pp. */
+static json_t *g4_string(const char **pp, const char *end)
+{
+    const char *v = *pp + 5, *close = memmem(v, (size_t)(end - v), G4_QUOTE, 5);
+    if (!close)
+        return NULL;
+    *pp = close + 5;
+    return json_stringn(v, (size_t)(close - v));
+}
+
+/* A key: bare (name characters) or quoted. NULL when there is none. */
+static json_t *g4_key(const char **pp, const char *end)
+{
+    if (starts(*pp, end, G4_QUOTE))
+        return g4_string(pp, end);
+    const char *k = *pp, *p = k;
+    while (p < end && (isalnum((unsigned char)*p) || *p == '_' || *p == '-' || *p == '.' || *p == '$')) p++;
+    *pp = p;
+    return p > k ? json_stringn(k, (size_t)(p - k)) : NULL;
+}
+
+/* {key:value,...} or [value,...] at *pp; closing is '}' or ']'. */
+static json_t *g4_container(const char **pp, const char *end, int depth, char closing)
+{
+    const char *p = *pp + 1;
+    json_t *c = closing == '}' ? json_object() : json_array();
+    int bad = !c;
+    for (int first = 1; !bad; first = 0) {
+        g4_blank(&p, end);
+        if (p < end && *p == closing) {
+            p++;
+            break;
+        }
+        if (!first && !(p < end && *p == ',' && (p++, g4_blank(&p, end), 1)))
+            bad = 1;
+        json_t *k = !bad && closing == '}' ? g4_key(&p, end) : NULL;
+        if (!bad && closing == '}')
+            g4_blank(&p, end);
+        bad = bad || (closing == '}' && (!k || !(p < end && *p == ':' && (p++, 1))));
+        json_t *v = bad ? NULL : g4_value(&p, end, depth + 1);
+        if (!v || (k && json_object_get(c, json_string_value(k)))) { /* a repeated key is no call */
+            json_decref(v);
+            bad = 1;
+        } else if (k ? json_object_set_new(c, json_string_value(k), v) : json_array_append_new(c, v)) {
+            bad = 1; /* (json_*_new frees the value it could not take) */
+        }
+        json_decref(k);
+    }
+    if (bad) {
+        json_decref(c);
+        return NULL;
+    }
+    *pp = p;
+    return c;
+}
+
+/* A value: a quoted string, an object, an array, or a bare literal
+ * (numbers, true/false/null, Python's True/False/None) up to , } or ]. */
+static json_t *g4_value(const char **pp, const char *end, int depth)
+{
+    g4_blank(pp, end);
+    if (depth > G4_DEPTH || *pp >= end)
+        return NULL;
+    if (starts(*pp, end, G4_QUOTE))
+        return g4_string(pp, end);
+    if (**pp == '{' || **pp == '[')
+        return g4_container(pp, end, depth, **pp == '{' ? '}' : ']');
+    const char *v = *pp, *p = v;
+    while (p < end && *p != ',' && *p != '}' && *p != ']' && !starts(p, end, "<")) p++;
+    size_t n = (size_t)(p - v);
+    while (n && isspace((unsigned char)v[n - 1])) n--;
+    json_t *j = n ? literal(v, n) : NULL;
+    if (j && (json_is_string(j) || json_is_object(j) || json_is_array(j))) { /* bare text is not a value here */
+        json_decref(j);
+        return NULL;
+    }
+    *pp = p;
+    return j;
+}
+
+static int gemma4_calls(const srv_tools *t, const char *s, size_t n, json_t *calls, llm_strbuf *content, int *oom)
+{
+    const char *p = s, *end = s + n;
+    for (;;) {
+        const char *open = memmem(p, (size_t)(end - p), "<|tool_call>", 12);
+        if (!open) {
+            llm_strbuf_append(content, p, (size_t)(end - p));
+            return json_array_size(calls) ? 0 : -1;
+        }
+        llm_strbuf_append(content, p, (size_t)(open - p));
+        p = open + 12;
+        const char *name = p + 5;
+        if (!starts(p, end, "call:") || (p = s + name_end(s, n, (size_t)(name - s))) == name || p - name >= 80 ||
+            p >= end || *p != '{')
+            return -1;
+        char nm[80];
+        snprintf(nm, sizeof nm, "%.*s", (int)(p - name), name);
+        json_t *args = g4_container(&p, end, 0, '}');
+        int bad = push(calls, make_call(t, nm, args, oom), oom);
+        json_decref(args);
+        if (bad)
+            return -1;
+        skip(&p, end, "<tool_call|>");
+        skip(&p, end, "<|tool_response>"); /* where the template has the tool's answer come */
+    }
+}
+
+int srv_tools_special_text(const srv_tools *t)
+{
+    return t->choice != SRV_TOOL_NONE && t->out == SRV_TOOLS_GEMMA4;
+}
+
 int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, json_t **out, char **content)
 {
     *content = NULL;
@@ -407,6 +675,10 @@ int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text,
     int bad = oom = !calls || all.failed;
     if (!bad && t->out == SRV_TOOLS_HERMES)
         bad = hermes_calls(t, s, all.len, calls, &rest, &oom);
+    else if (!bad && t->out == SRV_TOOLS_XML)
+        bad = xml_calls(t, s, all.len, calls, &rest, &oom);
+    else if (!bad && t->out == SRV_TOOLS_GEMMA4)
+        bad = gemma4_calls(t, s, all.len, calls, &rest, &oom);
     else if (!bad && (t->out == SRV_TOOLS_MISTRAL || t->out == SRV_TOOLS_MISTRAL_ARGS))
         bad = mistral_calls(t, s, all.len, calls, &oom);
     else if (!bad) { /* one JSON object is the whole answer */
@@ -450,6 +722,29 @@ static size_t name_end(const char *s, size_t n, size_t at)
     return at;
 }
 
+/* Formats whose calls may follow content: what may go out is the text
+ * before the first opening tag at or past from (text before from held
+ * none), and a tail that may be a tag's start waits. */
+static size_t held_from(const char *text, size_t n, size_t from, const char *const *tags)
+{
+    size_t cut = n;
+    for (size_t i = 0; tags[i]; i++) {
+        const char *open = memmem(text + from, n - from, tags[i], strlen(tags[i]));
+        if (open && (size_t)(open - text) < cut)
+            cut = (size_t)(open - text);
+    }
+    size_t tail = n;
+    for (size_t i = 0; cut == n && tags[i]; i++) {
+        size_t len = strlen(tags[i]);
+        for (size_t k = n - from < len - 1 ? n - from : len - 1; k > 0; k--)
+            if (!memcmp(text + n - k, tags[i], k)) {
+                tail = n - k < tail ? n - k : tail;
+                break; /* the longest tail of this tag */
+            }
+    }
+    return cut < n ? cut : tail;
+}
+
 size_t srv_tools_releasable(const srv_tools *t, const char *text, size_t n, size_t from)
 {
     if (n == 0 || from > n)
@@ -458,15 +753,10 @@ size_t srv_tools_releasable(const srv_tools *t, const char *text, size_t n, size
         return n;
     if (t->choice != SRV_TOOL_AUTO)
         return 0; /* a forced answer is all call */
-    if (t->out == SRV_TOOLS_HERMES) { /* text before from held no tag: look from there on */
-        const char *open = memmem(text + from, n - from, "<tool_call>", 11);
-        if (open)
-            return (size_t)(open - text);
-        for (size_t k = n - from < 10 ? n - from : 10; k > 0; k--) /* a tail that may be the tag's start waits */
-            if (!memcmp(text + n - k, "<tool_call>", k))
-                return n - k;
-        return n;
-    }
+    static const char *const hermes[] = {"<tool_call>", NULL}, *const gemma4[] = {"<|tool_call>", NULL};
+    static const char *const xml[] = {"<tool_call>", "<seed:tool_call>", "<function=", NULL};
+    if (t->out == SRV_TOOLS_HERMES || t->out == SRV_TOOLS_XML || t->out == SRV_TOOLS_GEMMA4)
+        return held_from(text, n, from, t->out == SRV_TOOLS_HERMES ? hermes : t->out == SRV_TOOLS_XML ? xml : gemma4);
     if (from > 0) /* the other formats put the call first: once content went out, all of it is content */
         return n;
     size_t k = 0;

@@ -11,11 +11,22 @@
  *            {...}} (Llama 3.1-3.3; <|python_tag|> before it is skipped);
  *   mistral  [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (Nemo);
  *   mistral-args  [TOOL_CALLS]name[ARGS]{...} (Mistral Small 3.2, Devstral);
+ *   xml      <tool_call><function=name><parameter=key>value</parameter>...
+ *            </function></tool_call> (Qwen3-Coder, Qwen 3.5, Nemotron 3,
+ *            Step 3.5; Seed-OSS's <seed:tool_call>): a value is text, read
+ *            as the parameter's schema type says (JSON when it is not a
+ *            string, or when there is no schema and it parses);
+ *   gemma4   <|tool_call>call:name{key:value,...}<tool_call|> (Gemma 4):
+ *            keys bare, strings between <|"|> quotes, the rest JSON-like;
+ *            its markers are control tokens, so a request in this format
+ *            asks the engine for their text (srv_tools_special_text).
  *   generic  templates that do not show tools (and the built-in families):
  *            the tools are described in the conversation and the model
  *            answers {"tool_calls": [{"name": ..., "arguments": {...}}]}.
- * Control tokens are not in the engine's text, so a parser takes each
- * format with or without its markers.
+ * Control tokens are not in the engine's text (but for gemma4), so a
+ * parser takes each format with or without its markers. A forced call in
+ * the xml and gemma4 formats uses the generic shape: a grammar can hold
+ * neither raw parameter text nor control-token quotes.
  *
  * Thread-safety: reentrant; srv_tools borrows the request's JSON. */
 #ifndef SRV_TOOLS_H
@@ -32,6 +43,8 @@ typedef enum srv_tool_format {
     SRV_TOOLS_LLAMA3,
     SRV_TOOLS_MISTRAL,
     SRV_TOOLS_MISTRAL_ARGS,
+    SRV_TOOLS_XML,
+    SRV_TOOLS_GEMMA4,
 } srv_tool_format;
 
 typedef enum srv_tool_choice { SRV_TOOL_NONE = 0, SRV_TOOL_AUTO, SRV_TOOL_REQUIRED, SRV_TOOL_NAMED } srv_tool_choice;
@@ -70,6 +83,10 @@ char *srv_tools_instructions(const srv_tools *t);
  * memory ran out (nothing is returned then). */
 int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, json_t **calls,
                       char **content);
+
+/* 1 when the model's answer must carry control tokens' text (the gemma4
+ * format's markers and quotes) for its calls to be read back. */
+int srv_tools_special_text(const srv_tools *t);
 
 /* Streaming: how many bytes of the answer so far (text, n bytes, of which
  * the first from went out already, and this said so) may go out as

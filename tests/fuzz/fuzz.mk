@@ -20,9 +20,10 @@ TENANT_TIME ?= 10
 GRAMMAR_TIME ?= 10
 SCHEMA_TIME ?= 10
 JINJA_TIME ?= 15
+TOOLS_TIME ?= 10
 
 run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd $(FUZZ_BUILD)/fuzz_tenant \
-     $(FUZZ_BUILD)/fuzz_grammar $(FUZZ_BUILD)/fuzz_schema $(FUZZ_BUILD)/fuzz_jinja
+     $(FUZZ_BUILD)/fuzz_grammar $(FUZZ_BUILD)/fuzz_schema $(FUZZ_BUILD)/fuzz_jinja $(FUZZ_BUILD)/fuzz_tools
 	@rm -rf $(FUZZ_BUILD)/corpus && mkdir -p $(FUZZ_BUILD)/corpus
 	@python3 tests/fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
 	@$(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/seeds/* > $(FUZZ_BUILD)/regress.log 2>&1 || \
@@ -62,7 +63,12 @@ run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd 
 	@if [ -d ../shared/testdata/chat-templates ]; then cp ../shared/testdata/chat-templates/*.jinja $(FUZZ_BUILD)/jinja-corpus/; fi
 	@$(FUZZ_BUILD)/fuzz_jinja -max_total_time=$(JINJA_TIME) -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
 	  $(FUZZ_BUILD)/jinja-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
-	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 7 passed, 0 failed" || (echo "fuzz: 6 passed, 1 failed (Jinja)"; exit 1)
+	  test $${PIPESTATUS[0]} -eq 0 || (echo "fuzz: 6 passed, 1 failed (Jinja)"; exit 1)
+	@echo "fuzz: $(TOOLS_TIME) s of fuzzing tool calls read back from model answers"
+	@mkdir -p $(FUZZ_BUILD)/tools-corpus && cp tests/fuzz/tools/* $(FUZZ_BUILD)/tools-corpus/
+	@$(FUZZ_BUILD)/fuzz_tools -max_total_time=$(TOOLS_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+	  $(FUZZ_BUILD)/tools-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
+	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 8 passed, 0 failed" || (echo "fuzz: 7 passed, 1 failed (tool calls)"; exit 1)
 
 $(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
@@ -105,6 +111,11 @@ $(FUZZ_BUILD)/fuzz_schema: tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(FUZZ_SRC) $(
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(filter-out engine/grammar.c,$(FUZZ_SRC)) -ljansson -lm -lpthread -o $@
+
+$(FUZZ_BUILD)/fuzz_tools: tests/fuzz/fuzz_tools.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
+	@mkdir -p $(FUZZ_BUILD)
+	@echo "  CLANG $@"
+	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_tools.c $(REQ_SRC) $(FUZZ_SRC) -ljansson -lm -lpthread -o $@
 
 $(FUZZ_BUILD)/fuzz_jinja: tests/fuzz/fuzz_jinja.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)

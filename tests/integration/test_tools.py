@@ -2,7 +2,9 @@
 with each call format: its own built-in template (generic: the tools
 described in the conversation) and published templates given by
 chat_template_file (Qwen 2.5: hermes; Llama 3.1: llama3; Mistral Nemo:
-mistral; Mistral Small 3.2: mistral-args). For each: a named call and a
+mistral; Mistral Small 3.2: mistral-args; Qwen3-Coder: xml; Gemma 4:
+gemma4, whose answers carry control tokens' text; a forced call in the
+last two takes the generic shape). For each: a named call and a
 required call (whole and streamed) come back as tool_calls whose
 arguments validate against the tool's parameters (jsonschema), finish
 reason tool_calls, content null; the stream's deltas add up to the whole
@@ -38,6 +40,8 @@ FORMATS = {
     "llama3": "meta-llama-Llama-3.1-8B-Instruct.jinja",
     "mistral": "mistralai-Mistral-Nemo-Instruct-2407.jinja",
     "mistral-args": "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+    "xml": "Qwen3-Coder.jinja",
+    "gemma4": "google-gemma-4-31B-it.jinja",
 }
 
 

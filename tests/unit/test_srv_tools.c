@@ -105,6 +105,50 @@ static void test_llama3_mistral_generic(void **state)
     expect(SRV_TOOLS_GENERIC, "{\"tool_calls\": []}", "none", "{\"tool_calls\": []}");
 }
 
+static void test_xml(void **state)
+{
+    (void)state;
+    expect(SRV_TOOLS_XML, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                          "</tool_call>",
+           "get_weather({\"city\":\"Paris\"});", NULL);
+    /* add has no schema: values are read as literals, else kept as text */
+    expect(SRV_TOOLS_XML, "Let me add.\n\n<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n"
+                          "True\n</parameter>\n<parameter=c>\n[1, {\"x\": null}]\n</parameter>\n<parameter=d>\ntwo words\n"
+                          "</parameter>\n</function>\n</tool_call>",
+           "add({\"a\":1,\"b\":true,\"c\":[1,{\"x\":null}],\"d\":\"two words\"});", "Let me add.\n\n");
+    /* a string parameter stays text, lines and all; Seed-OSS's wrapper, values without newlines */
+    expect(SRV_TOOLS_XML, "<seed:tool_call>\n<function=get_weather>\n<parameter=city>5\nSt </parameter>\n</function>\n"
+                          "</seed:tool_call><function=add>\n<parameter=a>2</parameter>\n</function>",
+           "get_weather({\"city\":\"5\\nSt \"});add({\"a\":2});", NULL);
+    expect(SRV_TOOLS_XML, "<tool_call>\n<function=add>\n<parameter=a>\n1", "add({\"a\":1});", NULL); /* cut short */
+    expect(SRV_TOOLS_XML, "<function=rm_rf>\n</function>", "none", "<function=rm_rf>\n</function>");
+    expect(SRV_TOOLS_XML, "<function=add>\nhello\n</function>", "none", "<function=add>\nhello\n</function>");
+    expect(SRV_TOOLS_XML, "<function=add>\n<parameter=a>1</parameter><parameter=a>2</parameter></function>", "none",
+           "<function=add>\n<parameter=a>1</parameter><parameter=a>2</parameter></function>");
+    expect(SRV_TOOLS_XML, "plain answer", "none", "plain answer");
+}
+
+static void test_gemma4(void **state)
+{
+    (void)state;
+    expect(SRV_TOOLS_GEMMA4, "<|tool_call>call:get_weather{city:<|\"|>Paris, \"FR\" {x}<|\"|>}<tool_call|>",
+           "get_weather({\"city\":\"Paris, \\\"FR\\\" {x}\"});", NULL);
+    expect(SRV_TOOLS_GEMMA4, "Checking.<|tool_call>call:add{a:1,b:2.5}<tool_call|><|tool_response>",
+           "add({\"a\":1,\"b\":2.5});", "Checking.");
+    expect(SRV_TOOLS_GEMMA4, "<|tool_call>call:add{a:{x:[1,<|\"|>y]<|\"|>,true],<|\"|>k k<|\"|>:None},b:false}<tool_call|>"
+                             "<|tool_call>call:add{}<tool_call|>",
+           "add({\"a\":{\"x\":[1,\"y]\",true],\"k k\":null},\"b\":false});add({});", NULL);
+    static const char *const bad[] = {
+        "<|tool_call>call:add{a:1", "<|tool_call>call:add{a:hello}<tool_call|>", "<|tool_call>call:nope{}<tool_call|>",
+        "<|tool_call>call:add{a:1,a:2}<tool_call|>", "<|tool_call>call:add{a:<|\"|>open}<tool_call|>",
+        "<|tool_call>call:add[1]<tool_call|>", "<|tool_call>add{a:1}<tool_call|>",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) expect(SRV_TOOLS_GEMMA4, bad[i], "none", bad[i]);
+    char deep[400] = "<|tool_call>call:add{a:";
+    for (int i = 0; i < 80; i++) strcat(deep, "[");
+    expect(SRV_TOOLS_GEMMA4, deep, "none", deep); /* nesting past the bound */
+}
+
 static void test_streaming_holds_back_calls(void **state)
 {
     (void)state;
@@ -128,6 +172,18 @@ static void test_streaming_holds_back_calls(void **state)
     assert_int_equal(srv_tools_releasable(&ma, "get_weather", 11, 0), 0);
     assert_int_equal(srv_tools_releasable(&ma, "get_weather{", 12, 0), 0);
     assert_int_equal(srv_tools_releasable(&ma, "get_weather is", 14, 0), 14); /* and then parsed as content */
+    srv_tools x = tools_for(SRV_TOOLS_XML, NULL), g = tools_for(SRV_TOOLS_GEMMA4, NULL);
+    assert_int_equal(srv_tools_releasable(&x, "Sure <seed:tool", 15, 0), 5);
+    assert_int_equal(srv_tools_releasable(&x, "Sure <func", 10, 0), 5);
+    assert_int_equal(srv_tools_releasable(&x, "Sure <function=add>", 19, 0), 5);
+    assert_int_equal(srv_tools_releasable(&x, "a <b> c", 7, 0), 7);
+    assert_int_equal(srv_tools_releasable(&g, "Hi <|tool", 9, 0), 3);
+    assert_int_equal(srv_tools_releasable(&g, "Hi <|tool_call>call:", 20, 0), 3);
+    assert_int_equal(srv_tools_releasable(&g, "Hi <tool_call>", 14, 0), 14);
+    assert_false(srv_tools_special_text(&x));
+    assert_true(srv_tools_special_text(&g));
+    json_decref(x.tools);
+    json_decref(g.tools);
     json_decref(ma.tools);
     json_decref(h.tools);
     json_decref(l.tools);
@@ -146,7 +202,13 @@ static void test_formats_of_real_templates(void **state)
         {"mistralai-Mistral-Nemo-Instruct-2407.jinja", SRV_TOOLS_MISTRAL},
         {"Mistral-Small-3.2-24B-Instruct-2506.jinja", SRV_TOOLS_MISTRAL_ARGS},
         {"google-gemma-2-2b-it.jinja", SRV_TOOLS_GENERIC},
-        {"Qwen3-Coder.jinja", SRV_TOOLS_GENERIC}, /* XML calls: not built, described generically */
+        {"Qwen3-Coder.jinja", SRV_TOOLS_XML},
+        {"Qwen3.5-4B.jinja", SRV_TOOLS_XML},
+        {"NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", SRV_TOOLS_XML},
+        {"ByteDance-Seed-OSS.jinja", SRV_TOOLS_XML},
+        {"StepFun3.5-Flash.jinja", SRV_TOOLS_XML},
+        {"google-gemma-4-31B-it.jinja", SRV_TOOLS_GEMMA4},
+        {"Qwen-Qwen3-0.6B.jinja", SRV_TOOLS_HERMES},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char rel[256], buf[512];
@@ -269,18 +331,147 @@ static void test_history_reaches_the_template(void **state)
     llm_jinja_free(chat.tmpl);
 }
 
+/* ---- calls as real templates write them, read back ---------------------------------- */
+
+/* Template file (../shared) as text; NULL when it is absent. */
+static char *template_text(const char *file)
+{
+    char rel[256], buf[512];
+    snprintf(rel, sizeof rel, "testdata/chat-templates/%s", file);
+    const char *path = shared_path(rel, buf, sizeof buf);
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f)
+        return NULL;
+    static char text[1 << 17];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    return text;
+}
+
+/* The conversation rendered with the template: the user's turn alone with
+ * the generation prompt (agp 1), or with the assistant's calls after it. */
+static char *render_turns(srv_chat *chat, const srv_tools *t, json_t *calls, int agp)
+{
+    json_t *body = json_pack("{s:[{s:s,s:s}],s:O,s:b}", "messages", "role", "user", "content", "Weather?", "tools",
+                             json_object_get(g_body, "tools"), "add_generation_prompt", agp);
+    if (calls)
+        json_array_append_new(json_object_get(body, "messages"),
+                              json_pack("{s:s,s:s,s:O}", "role", "assistant", "content", "", "tool_calls", calls));
+    llm_span *sp = NULL;
+    int n = 0;
+    srv_err e = {0};
+    char *text = srv_chat_render(chat, body, 1000, t, &sp, &n, &e);
+    if (!text)
+        fail_msg("render: %s", e.msg);
+    free(sp);
+    json_decref(body);
+    return text;
+}
+
+/* What the model would have written for the calls: the text the
+ * assistant's turn adds past the generation prompt, up to its end marker
+ * (the token that stops generation, not part of the answer). */
+static char *answer_of(const char *prompt, const char *whole)
+{
+    static const char *const ends[] = {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "</s>", "<turn|>", "<|endoftext|>"};
+    size_t k = 0;
+    while (prompt[k] && prompt[k] == whole[k]) k++;
+    while (prompt[k] && k > 0 && whole[k - 1] != '\n') /* the generation prompt holds more (Gemma 4's empty thought) */
+        k--;
+    const char *a = whole + k, *cut = a + strlen(a);
+    for (size_t i = 0; i < sizeof ends / sizeof *ends; i++) {
+        const char *at = strstr(a, ends[i]);
+        cut = at && at < cut ? at : cut;
+    }
+    return strndup(a, (size_t)(cut - a));
+}
+
+/* For each template that writes calls its own way: an assistant turn with
+ * calls (strings holding the formats' own delimiters, numbers, booleans,
+ * nested values where the template writes them as JSON) rendered by the
+ * template itself (our Jinja, held to jinja2 by test_jinja_oracle), then
+ * read back by the format's parser: the same names and arguments. */
+static void test_calls_round_trip(void **state)
+{
+    (void)state;
+    static const struct { const char *file; srv_tool_format f; int nested; } cases[] = {
+        {"Qwen-Qwen2.5-7B-Instruct.jinja", SRV_TOOLS_HERMES, 1},
+        {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", SRV_TOOLS_HERMES, 1},
+        {"meta-llama-Llama-3.1-8B-Instruct.jinja", SRV_TOOLS_LLAMA3, 1},
+        {"mistralai-Mistral-Nemo-Instruct-2407.jinja", SRV_TOOLS_MISTRAL, 1},
+        {"Mistral-Small-3.2-24B-Instruct-2506.jinja", SRV_TOOLS_MISTRAL_ARGS, 1},
+        {"Qwen3-Coder.jinja", SRV_TOOLS_XML, 1},
+        {"Qwen3.5-4B.jinja", SRV_TOOLS_XML, 1},
+        {"NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", SRV_TOOLS_XML, 1},
+        {"StepFun3.5-Flash.jinja", SRV_TOOLS_XML, 1},
+        {"ByteDance-Seed-OSS.jinja", SRV_TOOLS_XML, 0}, /* writes a nested value as Python's str() */
+        {"google-gemma-4-31B-it.jinja", SRV_TOOLS_GEMMA4, 1},
+    };
+    static const char *const args[] = {
+        "{\"city\": \"Paris, \\\"FR\\\" {x} </parameter> [y]\", \"days\": 3, \"metric\": true}",
+        "{\"city\": \"two\\nlines\", \"opts\": {\"units\": \"C\", \"alts\": [1, 2.5, null]}}",
+    };
+    int checked = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *text = template_text(cases[i].file);
+        if (!text) {
+            print_message("skipped: %s not in ../shared\n", cases[i].file);
+            continue;
+        }
+        static char none[] = "", eos[] = "</s>";
+        srv_chat chat = {.bos = none, .eos = eos, .tools = cases[i].f};
+        llm_error err = {0};
+        assert_int_equal(llm_jinja_compile(text, strlen(text), &chat.tmpl, &err), LLM_OK);
+        assert_int_equal(srv_tools_format(text, strlen(text)), cases[i].f);
+        srv_tools t = tools_for(cases[i].f, NULL);
+        for (int a = 0; a < 1 + cases[i].nested; a++) {
+            json_t *want = json_loads(args[a], 0, NULL);
+            assert_non_null(want);
+            json_t *calls = json_pack("[{s:s,s:s,s:{s:s,s:s}}]", "id", "abcdefghi", "type", "function", "function",
+                                      "name", "get_weather", "arguments", args[a]);
+            char *prompt = render_turns(&chat, &t, NULL, 1), *whole = render_turns(&chat, &t, calls, 0);
+            char *answer = answer_of(prompt, whole), *content = NULL;
+            json_t *got = NULL;
+            assert_int_equal(srv_tools_extract(&t, NULL, answer, strlen(answer), &got, &content), 0);
+            json_t *fn = json_object_get(json_array_get(got, 0), "function");
+            json_t *got_args = json_loads(json_string_value(json_object_get(fn, "arguments")), 0, NULL);
+            if (json_array_size(got) != 1 || strcmp(json_string_value(json_object_get(fn, "name")), "get_weather") ||
+                !json_equal(got_args, want))
+                fail_msg("%s: the call the template wrote, read back, differs:\n%s\n", cases[i].file, answer);
+            json_decref(got_args);
+            json_decref(got);
+            json_decref(want);
+            json_decref(calls);
+            free(content);
+            free(answer);
+            free(prompt);
+            free(whole);
+            checked++;
+        }
+        json_decref(t.tools);
+        llm_jinja_free(chat.tmpl);
+    }
+    print_message("round trip: %d calls written by real templates read back\n", checked);
+}
+
 int main(void)
 {
-    g_body = json_loads("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
-                        "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}, {\"type\": "
-                        "\"function\", \"function\": {\"name\": \"add\"}}]}", 0, NULL);
+    g_body = json_loads("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+                        "\"The weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
+                        "\"string\", \"description\": \"A city\"}}}}}, {\"type\": \"function\", \"function\": {\"name\": "
+                        "\"add\", \"description\": \"Adds\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}]}",
+                        0, NULL);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hermes),
         cmocka_unit_test(test_llama3_mistral_generic),
+        cmocka_unit_test(test_xml),
+        cmocka_unit_test(test_gemma4),
         cmocka_unit_test(test_streaming_holds_back_calls),
         cmocka_unit_test(test_formats_of_real_templates),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_history_reaches_the_template),
+        cmocka_unit_test(test_calls_round_trip),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     json_decref(g_body);

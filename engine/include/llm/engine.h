@@ -71,6 +71,9 @@ typedef struct llm_request {
     int priority;            /* larger is more urgent; 0 default */
     int n;                   /* completions; 0: 1 */
     int ignore_eos;          /* 1: end-of-generation tokens do not stop */
+    int special_text;        /* 1: control tokens' text (other than the end-of-generation token that stops) is
+                              * part of the output text, and stop strings see it: for a tool format whose
+                              * markers are control tokens. 0: their text is left out */
     uint64_t cache_salt;     /* prefix cache partition: cached prefixes are shared only among requests with the same
                               * salt (0: the common one); a server gives each tenant its own */
     const char *grammar;     /* constrained decoding (grammar.h): every completion is a prefix of a string of this
