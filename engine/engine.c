@@ -52,7 +52,8 @@ struct eng_req {
     int n, n_done, n_read_done;
     eng_seq *seqs;
     int max_gen, ignore_eos;
-    int special_text;     /* control tokens' text is in the output text */
+    int32_t shown[LLM_MAX_SHOWN]; /* control tokens whose text is in the output text */
+    int n_shown;
     llm_pooling pooling;  /* not NONE: an embedding request */
     llm_grammar *grammar;  /* compiled at submit (shared through slot, or owned when slot is NULL); NULL: none */
     struct eng_grammar *slot;
@@ -250,7 +251,11 @@ static llm_status check_fields(const llm_engine *e, const llm_request *rq, llm_e
         return llm_errf(err, LLM_ERR_INVALID_ARG, "an embedding request has one sequence, not n %d", rq->n);
     if (rq->pooling && rq->grammar)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "an embedding request generates nothing: no grammar applies");
-    (void)e;
+    if (rq->n_shown < 0 || rq->n_shown > LLM_MAX_SHOWN)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "%d shown control tokens (at most %d)", rq->n_shown, LLM_MAX_SHOWN);
+    for (int i = 0; i < rq->n_shown; i++)
+        if (rq->shown[i] < 0 || rq->shown[i] >= e->m->hp.n_vocab)
+            return llm_errf(err, LLM_ERR_INVALID_ARG, "shown token %d is outside the vocabulary", rq->shown[i]);
     return LLM_OK;
 }
 
@@ -421,7 +426,8 @@ static llm_status req_new(llm_engine *e, const llm_request *rq, const int32_t *p
     r->n = rq->n ? rq->n : 1;
     r->max_gen = max_gen;
     r->ignore_eos = rq->ignore_eos;
-    r->special_text = rq->special_text != 0;
+    memcpy(r->shown, rq->shown, sizeof r->shown);
+    r->n_shown = rq->n_shown;
     r->pooling = rq->pooling;
     r->t_submit = now_ms();
     r->seqs = calloc((size_t)r->n, sizeof *r->seqs);
@@ -772,7 +778,9 @@ static int pick_held(llm_engine *e, eng_seq *q, const float *row)
     if (!q->gm || e->mask_work < e->cfg.mask_step_work || llm_gmatch_mask_cached(q->gm))
         return 0;
     size_t n = (size_t)e->m->hp.n_vocab;
-    if (!q->held && !(q->held = malloc(sizeof(float) * n)))
+    if (!q->held) /* kept only while the hold lasts (hold_end) */
+        q->held = malloc(sizeof(float) * n);
+    if (!q->held)
         return 0;
     if (q->held != row)
         memcpy(q->held, row, sizeof(float) * n);
@@ -926,7 +934,8 @@ static void embed_finish(llm_engine *e, eng_seq *q)
 static int token_text(const llm_engine *e, eng_seq *q, int32_t tok, llm_event *ev)
 {
     char small[256], *buf = small;
-    int special = q->r->special_text;
+    int special = 0;
+    for (int i = 0; i < q->r->n_shown; i++) special |= q->r->shown[i] == tok;
     int n = llm_token_to_piece(e->m->vocab, tok, special, small, sizeof small);
     if (n > (int)sizeof small && (buf = malloc((size_t)n)))
         llm_token_to_piece(e->m->vocab, tok, special, buf, (size_t)n);
@@ -969,6 +978,29 @@ static void seq_emit(llm_engine *e, eng_seq *q)
     }
 }
 
+/* Under the lock: q's pick (or pooled state) this round becomes its
+ * events, or its request's failure. */
+static void seq_result(llm_engine *e, eng_seq *q)
+{
+    if (q->r->cancelled || q->r->failed || q->finished)
+        return;
+    if (q->fail.code)
+        req_fail(e, q->r, &q->fail);
+    else if (q->r->pooling)
+        embed_finish(e, q);
+    else
+        seq_emit(e, q);
+}
+
+/* Under the lock: r has one sequence fewer in the round; once none is,
+ * a request failed or cancelled meanwhile drops its sequences (before
+ * the next plan can pick them again). */
+static void req_leave(llm_engine *e, eng_req *r)
+{
+    if (--r->in_flight == 0 && (r->failed || r->cancelled))
+        req_drop_seqs(e, r);
+}
+
 /* Under the lock again: commit, events, stats; wake cancel waiters. */
 static void step_finish(llm_engine *e, llm_status st, int n_rows)
 {
@@ -983,20 +1015,10 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
         sched_commit(s);
         for (int i = 0; i < s->n_items; i++) {
             eng_seq *q = s->items[i].seq->user;
-            if (!s->items[i].logits || q->r->cancelled || q->r->failed || q->finished || q->hold)
-                continue;
-            if (q->fail.code)
-                req_fail(e, q->r, &q->fail);
-            else if (q->r->pooling)
-                embed_finish(e, q);
-            else
-                seq_emit(e, q);
+            if (s->items[i].logits && !q->hold) /* a held pick comes in a later round */
+                seq_result(e, q);
         }
-        for (int i = 0; i < s->n_items; i++) {
-            eng_req *r = ((eng_seq *)s->items[i].seq->user)->r;
-            if (--r->in_flight == 0 && (r->failed || r->cancelled))
-                req_drop_seqs(e, r); /* before the next plan can pick them again */
-        }
+        for (int i = 0; i < s->n_items; i++) req_leave(e, ((eng_seq *)s->items[i].seq->user)->r);
         e->st.steps++;
         e->st.step_ms += now_ms() - e->step_t0;
         e->st.computed_tokens += (uint64_t)n_rows;
@@ -1028,6 +1050,14 @@ static void fail_oom(llm_engine *e)
     }
 }
 
+/* q's hold is over: its row goes. */
+static void hold_end(eng_seq *q)
+{
+    q->hold = 0;
+    free(q->held);
+    q->held = NULL;
+}
+
 /* Adds q to the round's held picks (b_held, oldest first, at most
  * max_seqs: a newer one past them waits for a later round). */
 static void held_add(llm_engine *e, eng_seq *q)
@@ -1057,7 +1087,7 @@ static void picks_prepare(llm_engine *e)
         for (int i = 0; i < r->n; i++) {
             eng_seq *q = &r->seqs[i];
             if (q->hold && (q->q.in_plan || r->cancelled || r->failed || q->finished))
-                q->hold = 0;
+                hold_end(q);
             if (q->hold) {
                 e->n_holding++;
                 held_add(e, q);
@@ -1077,32 +1107,21 @@ static void picks_run(llm_engine *e)
         q->picked = 0;
         if (i > 0 && pick_held(e, q, q->held))
             continue;
-        q->hold = 0;
         q->picked = 1;
         e->n_holding--;
         if (sample_one(e, q, q->held) == LLM_OK)
             seq_take(e, q, q->res.id);
+        hold_end(q);
     }
 }
 
 /* Under the lock: the picks made become events, as a step's do. */
 static void picks_finish(llm_engine *e)
 {
-    for (int i = 0; i < e->n_held; i++) {
-        eng_seq *q = e->b_held[i];
-        eng_req *r = q->r;
-        if (q->picked && !r->cancelled && !r->failed && !q->finished) {
-            if (q->fail.code)
-                req_fail(e, r, &q->fail);
-            else
-                seq_emit(e, q);
-        }
-    }
-    for (int i = 0; i < e->n_held; i++) {
-        eng_req *r = e->b_held[i]->r;
-        if (--r->in_flight == 0 && (r->failed || r->cancelled))
-            req_drop_seqs(e, r);
-    }
+    for (int i = 0; i < e->n_held; i++)
+        if (e->b_held[i]->picked)
+            seq_result(e, e->b_held[i]);
+    for (int i = 0; i < e->n_held; i++) req_leave(e, e->b_held[i]->r);
     e->n_held = 0;
     e->st.held_picks += e->new_holds;
     e->new_holds = 0;
@@ -1128,15 +1147,20 @@ static void *engine_main(void *arg)
         llm_forward_batch bt = {0};
         if (planned)
             step_prepare(e, &bt);
+        else
+            e->step_t0 = now_ms(); /* a round of held picks alone: busy all the same (liveness) */
         pthread_mutex_unlock(&e->mu);
         picks_run(e);
         llm_status st = planned ? step_run(e, &bt) : LLM_OK;
         pthread_mutex_lock(&e->mu);
-        picks_finish(e);
-        if (planned)
+        if (planned) /* the plan is committed first: a held pick that fails drops its request's sequences, which
+                      * may be in the plan (a sibling, n > 1) */
             step_finish(e, st, bt.n_rows);
         else
-            pthread_cond_broadcast(&e->step_done);
+            e->st.step_ms += now_ms() - e->step_t0;
+        picks_finish(e);
+        e->step_t0 = 0;
+        pthread_cond_broadcast(&e->step_done);
     }
     pthread_mutex_unlock(&e->mu);
     return NULL;

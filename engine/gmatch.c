@@ -472,6 +472,7 @@ llm_status llm_gmatch_feed(llm_gmatch *m, const char *bytes, size_t n, llm_error
 llm_status llm_gmatch_accept(llm_gmatch *m, int32_t id, llm_error *err)
 {
     const llm_gmatch_vocab *gv = m->gv;
+    m->work = 0; /* an end or a token without text walks nothing */
     if (!gv || id < 0 || id >= gv->n_vocab)
         return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: token %d is not in the vocabulary index", id);
     if (gv->kind[id] == GM_EOG)
@@ -651,6 +652,8 @@ int llm_gmatch_mask_cached(llm_gmatch *m)
 {
     if (!m->gv)
         return 0;
+    if (llm_gmatch_finished(m))
+        return 1; /* only an end may come: nothing to walk */
     gm_serialize(m);
     return m->key_len >= 0 && gm_cached(m->cache, m, gm_key_hash(m)) != NULL;
 }

@@ -302,9 +302,14 @@ static int parse_tools(const srv_chat *chat, json_t *o, srv_completion *c, srv_e
 {
     if (srv_tools_parse(o, chat->tools, &c->tools, e))
         return -1;
-    c->rq.special_text = srv_tools_special_text(&c->tools); /* a forced call below writes the generic shape */
-    if (c->tools.choice < SRV_TOOL_REQUIRED)
+    if (c->tools.choice < SRV_TOOL_REQUIRED) {
+        if (srv_tools_shows_markers(&c->tools)) { /* the answer carries the markers' text for its calls */
+            _Static_assert(sizeof c->rq.shown >= sizeof chat->markers, "every marker fits");
+            memcpy(c->rq.shown, chat->markers, sizeof chat->markers);
+            c->rq.n_shown = chat->n_markers;
+        }
         return 0;
+    }
     if (c->rq.grammar)
         return srv_fail(e, 400, "tool_choice", "a required or named tool call cannot be combined with '%s'",
                         c->grammar_param);
@@ -313,7 +318,6 @@ static int parse_tools(const srv_chat *chat, json_t *o, srv_completion *c, srv_e
     c->rq.grammar = c->schema_grammar;
     c->rq.grammar_len = strlen(c->schema_grammar);
     c->grammar_param = "tools";
-    c->rq.special_text = 0;
     return 0;
 }
 

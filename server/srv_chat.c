@@ -146,6 +146,19 @@ static char *token_text(const llm_vocab *v, int32_t id)
     return strndup(t.data ? t.data : "", t.data ? (size_t)t.len : 0);
 }
 
+/* The tool format's markers that v has as control tokens (their text is
+ * otherwise left out of answers). */
+static void chat_markers(srv_chat *c, const llm_vocab *v)
+{
+    const char *const *mk = srv_tools_markers(c->tools);
+    c->n_markers = 0;
+    for (size_t i = 0; v && mk[i] && c->n_markers < (int)(sizeof c->markers / sizeof *c->markers); i++) {
+        int32_t id = llm_vocab_find(v, mk[i], strlen(mk[i]));
+        if (id >= 0 && llm_vocab_token_type(v, id) == LLM_TOKEN_CONTROL)
+            c->markers[c->n_markers++] = id;
+    }
+}
+
 /* The template in file (malloc'd, *n bytes), or NULL with err set. */
 static char *read_template(const char *file, size_t *n, llm_error *err)
 {
@@ -189,6 +202,7 @@ srv_chat *srv_chat_new(const llm_model *m, const char *mode, const char *file, l
             return NULL;
         }
         c->tools = srv_tools_format(src, n);
+        chat_markers(c, m->vocab);
         free(src);
         snprintf(c->what, sizeof c->what, "the Jinja template of %.200s (%zu bytes; tool calls: %s)", file, n,
                  srv_tools_format_name(c->tools));
@@ -212,6 +226,7 @@ srv_chat *srv_chat_new(const llm_model *m, const char *mode, const char *file, l
         return c;
     }
     c->tools = srv_tools_format(s.data, (size_t)s.len);
+    chat_markers(c, m->vocab);
     snprintf(c->what, sizeof c->what, "the model's Jinja template (%zu bytes; tool calls: %s)", (size_t)s.len,
              srv_tools_format_name(c->tools));
     return c;

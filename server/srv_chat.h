@@ -35,6 +35,8 @@ typedef struct srv_chat {
     char *bos, *eos;          /* token texts for bos_token and eos_token */
     int drop_bos;             /* the tokenizer adds BOS itself: a render's leading bos_token goes */
     srv_tool_format tools;    /* how the template shows tools and the model writes calls */
+    int32_t markers[8];       /* that format's markers which are control tokens in this vocabulary */
+    int n_markers;
     char what[256];           /* which renderer, and why, for the log */
 } srv_chat;
 

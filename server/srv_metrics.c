@@ -251,7 +251,7 @@ static void render_engine(llm_strbuf *b, const llm_stats *s, const char *lab)
     counter(b, "llm_prompt_tokens", "Prompt tokens admitted", (double)s->prompt_tokens);
     counter(b, "llm_generation_tokens", "Tokens generated", (double)s->generated_tokens);
     counter(b, "llm_engine_steps", "Engine steps (batched forward passes)", (double)s->steps);
-    counter(b, "llm_grammar_held_picks", "Constrained picks put off to the next step: the step's grammar work was spent",
+    counter(b, "llm_grammar_held_picks", "Constrained picks put off to a later step: the step's grammar work was spent",
             (double)s->held_picks);
     gauge(b, "llm_generation_tokens_per_second", "Generated tokens per second over the last seconds", s->gen_tokens_per_s);
     llm_strbuf_printf(b, "# HELP llm_batch_size_tokens Tokens per engine step (one batched forward pass)\n"

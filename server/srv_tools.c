@@ -44,12 +44,25 @@ const char *srv_tools_format_name(srv_tool_format f)
 
 /* ---- the request --------------------------------------------------------------------------- */
 
-static size_t name_end(const char *s, size_t n, size_t at);
+#define TOOL_NAME_MAX 64
+
+static int name_char(char c)
+{
+    return isalnum((unsigned char)c) || c == '_' || c == '-' || c == '.';
+}
+
+/* The end of the tool name characters from p. */
+static const char *name_span(const char *p, const char *end)
+{
+    while (p < end && name_char(*p)) p++;
+    return p;
+}
+
 
 static int name_ok(const char *s)
 {
     size_t n = s ? strlen(s) : 0;
-    return n > 0 && n <= 64 && name_end(s, n, 0) == n;
+    return n > 0 && n <= TOOL_NAME_MAX && name_span(s, s + n) == s + n;
 }
 
 static json_t *tool_fn(json_t *tool)
@@ -320,87 +333,141 @@ static int object_call(const srv_tools *t, json_t *o, const char *args_key, json
                              : -1;
 }
 
+#define G4_QUOTE "<|\"|>"
+#define G4_DEPTH 64 /* nesting of a gemma4 value */
+
+/* The bytes [a, b) as a tool name in out; -1 when empty or too long. */
+static int copy_name(const char *a, const char *b, char out[TOOL_NAME_MAX + 1])
+{
+    if (b <= a || b - a > TOOL_NAME_MAX)
+        return -1;
+    memcpy(out, a, (size_t)(b - a));
+    out[b - a] = 0;
+    return 0;
+}
+
+static void blanks(const char **p, const char *end)
+{
+    while (*p < end && isspace((unsigned char)**p)) (*p)++;
+}
+
 static int starts(const char *p, const char *end, const char *lit)
 {
     size_t k = strlen(lit);
     return (size_t)(end - p) >= k && !memcmp(p, lit, k);
 }
 
+/* Past blanks and marker at *p, when it is there (1); else *p is past the blanks (0). */
 static int skip(const char **p, const char *end, const char *marker)
 {
-    while (*p < end && isspace((unsigned char)**p)) (*p)++;
-    size_t k = strlen(marker);
-    if ((size_t)(end - *p) >= k && !memcmp(*p, marker, k)) {
-        *p += k;
-        return 1;
-    }
-    return 0;
+    blanks(p, end);
+    if (!starts(*p, end, marker))
+        return 0;
+    *p += strlen(marker);
+    return 1;
 }
 
 static int blank(const char *p, const char *end)
 {
-    while (p < end && isspace((unsigned char)*p)) p++;
+    blanks(&p, end);
     return p == end;
 }
 
-/* <tool_call>{...}</tool_call> blocks; the text around them is content. */
-static int hermes_calls(const srv_tools *t, const char *s, size_t n, json_t *calls, llm_strbuf *content, int *oom)
+/* Reads the call whose opening tag is at *pp and moves *pp past it. 0, or
+ * -1 when it is not a valid call. */
+typedef int (*call_reader)(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *oom);
+
+/* Where a wrapper (one of wraps, NULL-terminated; NULL: none) that ends
+ * in blanks just before at starts; at when there is none. */
+static const char *wrapper_start(const char *s, const char *at, const char *const *wraps)
+{
+    const char *p = at;
+    while (p > s && isspace((unsigned char)p[-1])) p--;
+    for (size_t i = 0; wraps && wraps[i]; i++) {
+        size_t k = strlen(wraps[i]);
+        if ((size_t)(p - s) >= k && !memcmp(p - k, wraps[i], k))
+            return p - k;
+    }
+    return at;
+}
+
+/* The formats whose calls open with tag anywhere in the answer (hermes,
+ * xml, gemma4): each read by read; the text around them is content, less
+ * a wrapper before a tag. */
+static int tagged_calls(const srv_tools *t, const char *s, size_t n, const char *tag, const char *const *wraps,
+                        call_reader read, json_t *calls, llm_strbuf *content, int *oom)
 {
     const char *p = s, *end = s + n;
     for (;;) {
-        const char *open = memmem(p, (size_t)(end - p), "<tool_call>", 11);
-        if (!open) {
+        const char *at = memmem(p, (size_t)(end - p), tag, strlen(tag));
+        if (!at) {
             llm_strbuf_append(content, p, (size_t)(end - p));
             return json_array_size(calls) ? 0 : -1;
         }
-        llm_strbuf_append(content, p, (size_t)(open - p));
-        size_t used;
-        json_t *o = json_at(open + 11, (size_t)(end - open - 11), &used);
-        int bad = object_call(t, o, "arguments", calls, oom);
-        json_decref(o);
-        if (bad)
+        llm_strbuf_append(content, p, (size_t)(wrapper_start(p, at, wraps) - p));
+        if (read(t, &at, end, calls, oom))
             return -1;
-        p = open + 11 + used;
-        skip(&p, end, "</tool_call>");
+        p = at;
     }
 }
 
-/* [TOOL_CALLS] then [{...}, ...] or name[ARGS]{...} (markers optional). */
+/* ---- hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call> ------------------------ */
+
+static int hermes_call(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *oom)
+{
+    const char *p = *pp;
+    size_t used;
+    skip(&p, end, "<tool_call>");
+    json_t *o = json_at(p, (size_t)(end - p), &used);
+    int bad = object_call(t, o, "arguments", calls, oom);
+    json_decref(o);
+    p += used;
+    skip(&p, end, "</tool_call>");
+    *pp = p;
+    return bad;
+}
+
+/* ---- mistral: [TOOL_CALLS] then [{...}, ...] or name[ARGS]{...} (markers optional) ------------- */
+
+/* name[CALL_ID]id[ARGS]{...} at *pp (the markers optional). */
+static int mistral_named(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *oom)
+{
+    const char *p = *pp, *name = p;
+    char nm[TOOL_NAME_MAX + 1];
+    p = name_span(p, end);
+    if (copy_name(name, p, nm))
+        return -1;
+    if (starts(p, end, "[CALL_ID]")) /* Mistral Small 3.2's templates write the call's id there */
+        p = name_span(p + strlen("[CALL_ID]"), end);
+    if (starts(p, end, "[ARGS]")) { /* written out (a forced call's prefill): blanks may follow */
+        p += strlen("[ARGS]");
+        blanks(&p, end);
+    }
+    if (p >= end || *p != '{') /* else the arguments right after the name, as streaming holds them */
+        return -1;
+    size_t used;
+    json_t *args = json_at(p, (size_t)(end - p), &used);
+    int bad = push(calls, make_call(t, nm, args, oom), oom);
+    json_decref(args);
+    *pp = p + used;
+    return bad;
+}
+
 static int mistral_calls(const srv_tools *t, const char *s, size_t n, json_t *calls, int *oom)
 {
     const char *p = s, *end = s + n;
     while (skip(&p, end, "[TOOL_CALLS]") || !blank(p, end)) {
-        size_t used;
-        while (p < end && isspace((unsigned char)*p)) p++;
-        if (p < end && *p == '[') {
-            json_t *a = json_at(p, (size_t)(end - p), &used);
-            size_t i;
-            json_t *o;
-            int bad = !json_is_array(a) || json_array_size(a) == 0;
-            json_array_foreach(a, i, o) bad |= object_call(t, o, "arguments", calls, oom);
-            json_decref(a);
-            if (bad)
+        blanks(&p, end);
+        if (p >= end || *p != '[') {
+            if (mistral_named(t, &p, end, calls, oom))
                 return -1;
-            p += used;
             continue;
         }
-        const char *name = p;
-        p = s + name_end(s, n, (size_t)(p - s));
-        char nm[80];
-        if (p == name || p - name >= (long)sizeof nm)
-            return -1;
-        snprintf(nm, sizeof nm, "%.*s", (int)(p - name), name);
-        if (starts(p, end, "[CALL_ID]")) /* Mistral Small 3.2's templates write the call's id there */
-            p = s + name_end(s, n, (size_t)(p + 9 - s));
-        if (end - p >= 6 && !memcmp(p, "[ARGS]", 6)) { /* written out (a forced call's prefill): blanks may follow */
-            p += 6;
-            while (p < end && isspace((unsigned char)*p)) p++;
-        }
-        if (p >= end || *p != '{') /* else the arguments right after the name, as streaming holds them */
-            return -1;
-        json_t *args = json_at(p, (size_t)(end - p), &used);
-        int bad = push(calls, make_call(t, nm, args, oom), oom);
-        json_decref(args);
+        size_t used, i;
+        json_t *a = json_at(p, (size_t)(end - p), &used), *o;
+        int bad = !json_is_array(a) || json_array_size(a) == 0;
+        json_array_foreach(a, i, o) bad |= object_call(t, o, "arguments", calls, oom);
+        json_decref(a);
         if (bad)
             return -1;
         p += used;
@@ -422,6 +489,8 @@ static json_t *literal(const char *v, size_t n)
 }
 
 /* ---- xml: <function=name><parameter=key>value</parameter>...</function> ---------------------- */
+
+#define XML_PARAM_END "</parameter>"
 
 /* The type tool's schema gives parameter key ("" when it says none). */
 static const char *param_type(json_t *tool, const char *key)
@@ -445,56 +514,53 @@ static json_t *xml_value(json_t *tool, const char *key, const char *v, size_t n)
 }
 
 /* The </parameter> that ends a value starting at v: the first one that
- * another parameter, </function> or the end of the answer follows (the
- * templates write a value raw, so the tag may be in it). NULL: none. */
+ * another parameter or </function> follows (the templates write a value
+ * raw, so the tag may be in it). NULL: none (the call was cut short). */
 static const char *param_close(const char *v, const char *end)
 {
-    for (const char *c = v; (c = memmem(c, (size_t)(end - c), "</parameter>", 12)); c += 12) {
-        const char *p = c + 12;
-        while (p < end && isspace((unsigned char)*p)) p++;
-        if (p == end || starts(p, end, "<parameter=") || starts(p, end, "</function>"))
+    size_t k = strlen(XML_PARAM_END);
+    for (const char *c = v; (c = memmem(c, (size_t)(end - c), XML_PARAM_END, k)) != NULL; c += k) {
+        const char *p = c + k;
+        blanks(&p, end);
+        if (starts(p, end, "<parameter=") || starts(p, end, "</function>"))
             return c;
     }
     return NULL;
 }
 
-/* The parameters from *pp (just past <function=name>) up to </function>
- * or the end into args; *pp moves past them. 0, or -1 when they are not
- * parameters (or one repeats). */
+/* The parameters from *pp (just past <function=name>) through
+ * </function> into args; *pp moves past them. 0, or -1 when they are
+ * not parameters, one repeats, or the call is cut short. */
 static int xml_params(json_t *tool, const char **pp, const char *end, json_t *args)
 {
     const char *p = *pp;
-    for (;;) {
-        while (p < end && isspace((unsigned char)*p)) p++;
-        if (p >= end || skip(&p, end, "</function>"))
-            break;
-        if (!starts(p, end, "<parameter="))
-            return -1;
-        p += 11;
-        const char *gt = memchr(p, '>', (size_t)(end - p));
+    while (!skip(&p, end, "</function>")) {
         char key[128];
+        if (!skip(&p, end, "<parameter="))
+            return -1;
+        const char *gt = memchr(p, '>', (size_t)(end - p));
         if (!gt || gt == p || gt - p >= (long)sizeof key)
             return -1;
         snprintf(key, sizeof key, "%.*s", (int)(gt - p), p);
         const char *v = gt + 1, *close = param_close(v, end);
-        const char *vend = close ? close : end; /* unclosed at the end of the answer still counts */
-        json_t *val = json_object_get(args, key) ? NULL : xml_value(tool, key, v, (size_t)(vend - v));
+        json_t *val = close && !json_object_get(args, key) ? xml_value(tool, key, v, (size_t)(close - v)) : NULL;
         if (!val || json_object_set_new(args, key, val))
             return -1;
-        p = close ? close + 12 : end;
+        p = close + strlen(XML_PARAM_END);
     }
     *pp = p;
     return 0;
 }
 
-/* One <function=name>...</function> block at *pp; *pp moves past it. */
+/* One <function=name>...</function> block at *pp, and the wrapper's end. */
 static int xml_call(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *oom)
 {
-    const char *p = *pp + 10, *gt = memchr(p, '>', (size_t)(end - p));
-    char name[80];
-    if (!gt || gt == p || gt - p >= (long)sizeof name)
+    const char *p = *pp;
+    char name[TOOL_NAME_MAX + 1];
+    skip(&p, end, "<function=");
+    const char *gt = memchr(p, '>', (size_t)(end - p));
+    if (!gt || copy_name(p, gt, name))
         return -1;
-    snprintf(name, sizeof name, "%.*s", (int)(gt - p), p);
     json_t *tool = find_tool(t, name), *args = json_object();
     p = gt + 1;
     int bad = !tool || !args || xml_params(tool, &p, end, args);
@@ -502,73 +568,59 @@ static int xml_call(const srv_tools *t, const char **pp, const char *end, json_t
         bad = push(calls, make_call(t, name, args, oom), oom);
     *oom |= !args;
     json_decref(args);
+    if (!skip(&p, end, "</tool_call>"))
+        skip(&p, end, "</seed:tool_call>");
     *pp = p;
     return bad ? -1 : 0;
 }
 
-/* Where the wrapper before a <function= at f starts (f when there is none). */
-static const char *xml_wrapper(const char *s, const char *f)
-{
-    static const char *const open[] = {"<tool_call>", "<seed:tool_call>"};
-    const char *p = f;
-    while (p > s && isspace((unsigned char)p[-1])) p--;
-    for (size_t i = 0; i < 2; i++) {
-        size_t k = strlen(open[i]);
-        if ((size_t)(p - s) >= k && !memcmp(p - k, open[i], k))
-            return p - k;
-    }
-    return f;
-}
-
-static int xml_calls(const srv_tools *t, const char *s, size_t n, json_t *calls, llm_strbuf *content, int *oom)
-{
-    const char *p = s, *end = s + n;
-    for (;;) {
-        const char *f = memmem(p, (size_t)(end - p), "<function=", 10);
-        if (!f) {
-            llm_strbuf_append(content, p, (size_t)(end - p));
-            return json_array_size(calls) ? 0 : -1;
-        }
-        llm_strbuf_append(content, p, (size_t)(xml_wrapper(p, f) - p));
-        if (xml_call(t, &f, end, calls, oom))
-            return -1;
-        p = f;
-        if (!skip(&p, end, "</tool_call>"))
-            skip(&p, end, "</seed:tool_call>");
-    }
-}
-
 /* ---- gemma4: <|tool_call>call:name{key:value,...}<tool_call|> --------------------------------- */
-
-#define G4_QUOTE "<|\"|>"
-#define G4_DEPTH 64
-
-static void g4_blank(const char **p, const char *end)
-{
-    while (*p < end && isspace((unsigned char)**p)) (*p)++;
-}
 
 static json_t *g4_value(const char **pp, const char *end, int depth);
 
 /* <|"|>text<|"|> at *pp. */
 static json_t *g4_string(const char **pp, const char *end)
 {
-    const char *v = *pp + 5, *close = memmem(v, (size_t)(end - v), G4_QUOTE, 5);
+    size_t q = strlen(G4_QUOTE);
+    const char *v = *pp + q, *close = memmem(v, (size_t)(end - v), G4_QUOTE, q);
     if (!close)
         return NULL;
-    *pp = close + 5;
+    *pp = close + q;
     return json_stringn(v, (size_t)(close - v));
 }
 
-/* A key: bare (name characters) or quoted. NULL when there is none. */
+/* A key: bare (name characters or '$') or quoted; NULL when there is none. */
 static json_t *g4_key(const char **pp, const char *end)
 {
     if (starts(*pp, end, G4_QUOTE))
         return g4_string(pp, end);
     const char *k = *pp, *p = k;
-    while (p < end && (isalnum((unsigned char)*p) || *p == '_' || *p == '-' || *p == '.' || *p == '$')) p++;
+    while (p < end && (name_char(*p) || *p == '$')) p++;
     *pp = p;
     return p > k ? json_stringn(k, (size_t)(p - k)) : NULL;
+}
+
+/* One member (key:value) or item of container c at *p; -1 when none. */
+static int g4_member(json_t *c, const char **p, const char *end, int depth)
+{
+    json_t *k = NULL;
+    if (json_is_object(c)) {
+        k = g4_key(p, end);
+        blanks(p, end);
+        if (!k || *p >= end || **p != ':') {
+            json_decref(k);
+            return -1;
+        }
+        (*p)++;
+    }
+    json_t *v = g4_value(p, end, depth + 1);
+    int bad = !v || (k && json_object_get(c, json_string_value(k))); /* a repeated key is no call */
+    if (bad)
+        json_decref(v);
+    else /* (json_*_new free the value they could not take) */
+        bad = k ? json_object_set_new(c, json_string_value(k), v) : json_array_append_new(c, v);
+    json_decref(k);
+    return bad ? -1 : 0;
 }
 
 /* {key:value,...} or [value,...] at *pp; closing is '}' or ']'. */
@@ -578,25 +630,15 @@ static json_t *g4_container(const char **pp, const char *end, int depth, char cl
     json_t *c = closing == '}' ? json_object() : json_array();
     int bad = !c;
     for (int first = 1; !bad; first = 0) {
-        g4_blank(&p, end);
+        blanks(&p, end);
         if (p < end && *p == closing) {
             p++;
             break;
         }
-        if (!first && !(p < end && *p == ',' && (p++, g4_blank(&p, end), 1)))
+        if (!first && !skip(&p, end, ","))
             bad = 1;
-        json_t *k = !bad && closing == '}' ? g4_key(&p, end) : NULL;
-        if (!bad && closing == '}')
-            g4_blank(&p, end);
-        bad = bad || (closing == '}' && (!k || !(p < end && *p == ':' && (p++, 1))));
-        json_t *v = bad ? NULL : g4_value(&p, end, depth + 1);
-        if (!v || (k && json_object_get(c, json_string_value(k)))) { /* a repeated key is no call */
-            json_decref(v);
-            bad = 1;
-        } else if (k ? json_object_set_new(c, json_string_value(k), v) : json_array_append_new(c, v)) {
-            bad = 1; /* (json_*_new frees the value it could not take) */
-        }
-        json_decref(k);
+        else
+            bad = g4_member(c, &p, end, depth);
     }
     if (bad) {
         json_decref(c);
@@ -610,7 +652,7 @@ static json_t *g4_container(const char **pp, const char *end, int depth, char cl
  * (numbers, true/false/null, Python's True/False/None) up to , } or ]. */
 static json_t *g4_value(const char **pp, const char *end, int depth)
 {
-    g4_blank(pp, end);
+    blanks(pp, end);
     if (depth > G4_DEPTH || *pp >= end)
         return NULL;
     if (starts(*pp, end, G4_QUOTE))
@@ -618,7 +660,7 @@ static json_t *g4_value(const char **pp, const char *end, int depth)
     if (**pp == '{' || **pp == '[')
         return g4_container(pp, end, depth, **pp == '{' ? '}' : ']');
     const char *v = *pp, *p = v;
-    while (p < end && *p != ',' && *p != '}' && *p != ']' && !starts(p, end, "<")) p++;
+    while (p < end && *p != ',' && *p != '}' && *p != ']' && *p != '<') p++;
     size_t n = (size_t)(p - v);
     while (n && isspace((unsigned char)v[n - 1])) n--;
     json_t *j = n ? literal(v, n) : NULL;
@@ -630,36 +672,37 @@ static json_t *g4_value(const char **pp, const char *end, int depth)
     return j;
 }
 
-static int gemma4_calls(const srv_tools *t, const char *s, size_t n, json_t *calls, llm_strbuf *content, int *oom)
+/* <|tool_call>call:name{...}<tool_call|> at *pp. */
+static int gemma4_call(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *oom)
 {
-    const char *p = s, *end = s + n;
-    for (;;) {
-        const char *open = memmem(p, (size_t)(end - p), "<|tool_call>", 12);
-        if (!open) {
-            llm_strbuf_append(content, p, (size_t)(end - p));
-            return json_array_size(calls) ? 0 : -1;
-        }
-        llm_strbuf_append(content, p, (size_t)(open - p));
-        p = open + 12;
-        const char *name = p + 5;
-        if (!starts(p, end, "call:") || (p = s + name_end(s, n, (size_t)(name - s))) == name || p - name >= 80 ||
-            p >= end || *p != '{')
-            return -1;
-        char nm[80];
-        snprintf(nm, sizeof nm, "%.*s", (int)(p - name), name);
-        json_t *args = g4_container(&p, end, 0, '}');
-        int bad = push(calls, make_call(t, nm, args, oom), oom);
-        json_decref(args);
-        if (bad)
-            return -1;
-        skip(&p, end, "<tool_call|>");
-        skip(&p, end, "<|tool_response>"); /* where the template has the tool's answer come */
-    }
+    const char *p = *pp;
+    char nm[TOOL_NAME_MAX + 1];
+    skip(&p, end, "<|tool_call>");
+    if (!skip(&p, end, "call:"))
+        return -1;
+    const char *name = p;
+    p = name_span(p, end);
+    if (copy_name(name, p, nm) || p >= end || *p != '{')
+        return -1;
+    json_t *args = g4_container(&p, end, 0, '}');
+    int bad = push(calls, make_call(t, nm, args, oom), oom);
+    json_decref(args);
+    skip(&p, end, "<tool_call|>");
+    skip(&p, end, "<|tool_response>"); /* where the template has the tool's answer come */
+    *pp = p;
+    return bad;
 }
 
-int srv_tools_special_text(const srv_tools *t)
+const char *const *srv_tools_markers(srv_tool_format f)
 {
-    return t->choice != SRV_TOOL_NONE && t->out == SRV_TOOLS_GEMMA4;
+    static const char *const gemma4[] = {"<|tool_call>", "<tool_call|>", G4_QUOTE, "<|tool_response>", NULL};
+    static const char *const none[] = {NULL};
+    return f == SRV_TOOLS_GEMMA4 ? gemma4 : none;
+}
+
+int srv_tools_shows_markers(const srv_tools *t)
+{
+    return t->choice != SRV_TOOL_NONE && t->out == t->fmt && *srv_tools_markers(t->out);
 }
 
 int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, json_t **out, char **content)
@@ -673,12 +716,13 @@ int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text,
     json_t *calls = json_array();
     const char *s = all.p ? all.p : "", *end = s + all.len, *p = s;
     int bad = oom = !calls || all.failed;
+    static const char *const xml_wraps[] = {"<tool_call>", "<seed:tool_call>", NULL};
     if (!bad && t->out == SRV_TOOLS_HERMES)
-        bad = hermes_calls(t, s, all.len, calls, &rest, &oom);
+        bad = tagged_calls(t, s, all.len, "<tool_call>", NULL, hermes_call, calls, &rest, &oom);
     else if (!bad && t->out == SRV_TOOLS_XML)
-        bad = xml_calls(t, s, all.len, calls, &rest, &oom);
+        bad = tagged_calls(t, s, all.len, "<function=", xml_wraps, xml_call, calls, &rest, &oom);
     else if (!bad && t->out == SRV_TOOLS_GEMMA4)
-        bad = gemma4_calls(t, s, all.len, calls, &rest, &oom);
+        bad = tagged_calls(t, s, all.len, "<|tool_call>", NULL, gemma4_call, calls, &rest, &oom);
     else if (!bad && (t->out == SRV_TOOLS_MISTRAL || t->out == SRV_TOOLS_MISTRAL_ARGS))
         bad = mistral_calls(t, s, all.len, calls, &oom);
     else if (!bad) { /* one JSON object is the whole answer */
@@ -715,21 +759,16 @@ int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text,
     return 0;
 }
 
-/* The end of a tool name's characters (a-z A-Z 0-9 _ - .) from at. */
-static size_t name_end(const char *s, size_t n, size_t at)
-{
-    while (at < n && (isalnum((unsigned char)s[at]) || s[at] == '_' || s[at] == '-' || s[at] == '.')) at++;
-    return at;
-}
-
 /* Formats whose calls may follow content: what may go out is the text
  * before the first opening tag at or past from (text before from held
  * none), and a tail that may be a tag's start waits. */
 static size_t held_from(const char *text, size_t n, size_t from, const char *const *tags)
 {
     size_t cut = n;
-    for (size_t i = 0; tags[i]; i++) {
-        const char *open = memmem(text + from, n - from, tags[i], strlen(tags[i]));
+    for (size_t i = 0; tags[i]; i++) { /* a later tag only counts where it starts before the cut: a stream holding a
+                                         * call back looks at a few bytes per tag, not the whole call each time */
+        size_t len = strlen(tags[i]), lim = cut == n ? n : cut + len - 1 < n ? cut + len - 1 : n;
+        const char *open = memmem(text + from, lim - from, tags[i], len);
         if (open && (size_t)(open - text) < cut)
             cut = (size_t)(open - text);
     }
@@ -767,8 +806,8 @@ size_t srv_tools_releasable(const srv_tools *t, const char *text, size_t n, size
     int mistral = t->out == SRV_TOOLS_MISTRAL || t->out == SRV_TOOLS_MISTRAL_ARGS;
     if (c == '{' || c == '<' || (mistral && c == '['))
         return 0;
-    if (t->out == SRV_TOOLS_MISTRAL_ARGS && name_end(text, n, k) > k) { /* name[ARGS]{...}: a name, then {[ */
-        size_t j = name_end(text, n, k);
+    size_t j = (size_t)(name_span(text + k, text + n) - text);
+    if (t->out == SRV_TOOLS_MISTRAL_ARGS && j > k) { /* name[ARGS]{...}: a name, then {[ */
         if (j == n || text[j] == '{' || text[j] == '[')
             return 0;
     }

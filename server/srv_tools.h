@@ -19,7 +19,7 @@
  *   gemma4   <|tool_call>call:name{key:value,...}<tool_call|> (Gemma 4):
  *            keys bare, strings between <|"|> quotes, the rest JSON-like;
  *            its markers are control tokens, so a request in this format
- *            asks the engine for their text (srv_tools_special_text).
+ *            asks the engine for their text (srv_tools_markers).
  *   generic  templates that do not show tools (and the built-in families):
  *            the tools are described in the conversation and the model
  *            answers {"tool_calls": [{"name": ..., "arguments": {...}}]}.
@@ -84,9 +84,14 @@ char *srv_tools_instructions(const srv_tools *t);
 int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, json_t **calls,
                       char **content);
 
-/* 1 when the model's answer must carry control tokens' text (the gemma4
- * format's markers and quotes) for its calls to be read back. */
-int srv_tools_special_text(const srv_tools *t);
+/* The texts of format f's markers that vocabularies make control tokens
+ * (gemma4's tags and quotes), whose text an answer must carry for its
+ * calls to be read back; NULL-terminated, static, empty for the others. */
+const char *const *srv_tools_markers(srv_tool_format f);
+
+/* 1 when this request's answer is read in a format with such markers
+ * (tools offered, the call not forced into the generic shape). */
+int srv_tools_shows_markers(const srv_tools *t);
 
 /* Streaming: how many bytes of the answer so far (text, n bytes, of which
  * the first from went out already, and this said so) may go out as

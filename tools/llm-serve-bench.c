@@ -259,6 +259,13 @@ static int parse_list(const char *s, opts *o)
     return o->n_npl ? 0 : -1;
 }
 
+/* --grammar: only the built-in JSON object grammar is offered. */
+static int parse_grammar(const char *v, opts *o)
+{
+    o->json = !strcmp(v, "json");
+    return o->json ? 0 : -1;
+}
+
 static int usage(void)
 {
     fprintf(stderr, "usage: llm-serve-bench -m MODEL.gguf [-t THREADS] [-p 32] [-n 64] [-r 3] [--npl 1,4,16,64]\n"
@@ -283,7 +290,7 @@ static int parse(int argc, char **argv, opts *o)
         else if (!strcmp(a, "--prefix")) bad = cli_int(a, v, 1, 1 << 16, &o->prefix);
         else if (!strcmp(a, "--npl")) bad = parse_list(v, o);
         else if (!strcmp(a, "--kv-type")) bad = llm_kv_type_parse(v, &o->kv, &err) != LLM_OK;
-        else if (!strcmp(a, "--grammar")) bad = !(o->json = !strcmp(v, "json"));
+        else if (!strcmp(a, "--grammar")) bad = parse_grammar(v, o);
         else return usage();
         if (bad)
             return usage();

@@ -391,7 +391,7 @@ static int c_collect(llm_engine *e, llm_request_id id, c_out *o)
 {
     memset(o, 0, sizeof *o);
     for (;;) {
-        llm_event ev;
+        llm_event ev = {0};
         if (llm_engine_next(e, id, &ev, 60000) || ev.type == LLM_EVENT_ERROR) {
             fprintf(stderr, "request: %s\n", ev.type == LLM_EVENT_ERROR ? ev.error.msg : "lost");
             return -1;
@@ -465,8 +465,10 @@ static int constrained_main(void)
     llm_logit_bias ban[C_GEN];
     llm_request_id ids[C_REQS];
     if (test_tiny_open(&t, "cudasim-constrained", QT_F32, 3, 2) ||
-        llm_engine_open(&(llm_engine_config){.model = t.m, .backend = cuda, .n_ctx = 128}, &e, &err))
-        return fprintf(stderr, "setup: %s\n", err.msg), 1;
+        llm_engine_open(&(llm_engine_config){.model = t.m, .backend = cuda, .n_ctx = 128}, &e, &err)) {
+        fprintf(stderr, "setup: %s\n", err.msg);
+        return 1;
+    }
     llm_request rq = c_request(0, prompt, NULL, NULL);
     int rc = llm_engine_submit(e, &rq, &ids[0], &err) || c_collect(e, ids[0], &alone);
     for (int k = 0; !rc && k < C_REQS; k++) {
@@ -474,13 +476,17 @@ static int constrained_main(void)
         rc = llm_engine_submit(e, &rq, &ids[k], &err) != LLM_OK;
     }
     for (int k = 0; !rc && k < C_REQS; k++) rc = c_collect(e, ids[k], &out[k]);
-    if (!rc && (out[0].n != alone.n || memcmp(out[0].tok, alone.tok, sizeof(int32_t) * (size_t)alone.n)))
-        rc = fprintf(stderr, "the free request's answer changed beside constrained ones\n");
+    if (!rc && (out[0].n != alone.n || memcmp(out[0].tok, alone.tok, sizeof(int32_t) * (size_t)alone.n))) {
+        fprintf(stderr, "the free request's answer changed beside constrained ones\n");
+        rc = 1;
+    }
     for (int k = 1; !rc && k <= 3; k++) rc = !c_valid(&out[k]);
     for (int i = 0; !rc && i < out[4].n; i++)
         for (int j = 0; !rc && j < alone.n; j++)
-            if (out[4].tok[i] == alone.tok[j])
-                rc = fprintf(stderr, "banned token %d was picked\n", alone.tok[j]);
+            if (out[4].tok[i] == alone.tok[j]) {
+                fprintf(stderr, "banned token %d was picked\n", alone.tok[j]);
+                rc = 1;
+            }
     if (rc && err.msg[0])
         fprintf(stderr, "%s\n", err.msg);
     fprintf(stderr, "constrained on the device backend: %s (first text \"%.*s\")\n", rc ? "FAILED" : "ok",

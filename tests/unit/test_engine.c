@@ -409,6 +409,41 @@ static void test_n_completions(void **st)
     close_engine(e);
 }
 
+/* A control token's text is left out of the output unless the request
+ * shows it (a tool format's markers): BOS, forced by a bias, three times. */
+static void test_shown_controls(void **st)
+{
+    (void)st;
+    llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 64});
+    int32_t p[64], bos = llm_vocab_bos(g_tiny->vocab);
+    assert_true(bos >= 0 && llm_vocab_token_type(g_tiny->vocab, bos) == LLM_TOKEN_CONTROL);
+    llm_logit_bias up = {bos, 100.0f};
+    llm_request rq = greedy(p, make_prompt(g_tiny, 3, p), 3);
+    rq.sampling.bias = &up;
+    rq.sampling.n_bias = 1;
+    static result hidden, shown;
+    collect(e, submit(e, &rq), 1, &hidden);
+    rq.shown[0] = bos;
+    rq.n_shown = 1;
+    collect(e, submit(e, &rq), 1, &shown);
+    gguf_str t = llm_vocab_text(g_tiny->vocab, bos);
+    char want[256];
+    snprintf(want, sizeof want, "%.*s%.*s%.*s", (int)t.len, t.data, (int)t.len, t.data, (int)t.len, t.data);
+    assert_int_equal(hidden.n_tok[0], 3);
+    assert_int_equal(hidden.tok[0][0], bos);
+    assert_int_equal(hidden.text_len[0], 0);
+    assert_true(t.len > 0);
+    assert_int_equal(shown.text_len[0], strlen(want));
+    assert_memory_equal(shown.text[0], want, strlen(want));
+    llm_error err = {0};
+    llm_request_id id;
+    rq.shown[0] = g_tiny->hp.n_vocab;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    rq.n_shown = LLM_MAX_SHOWN + 1;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    close_engine(e);
+}
+
 enum { NG = 6 };
 
 /* NG constrained requests (each its own cache partition, a counted
@@ -457,6 +492,50 @@ static void test_mask_budget(void **st)
         assert_memory_equal(held_run[k].tok[0], free_run[k].tok[0], sizeof(int32_t) * (size_t)free_run[k].n_tok[0]);
         assert_int_equal(held_run[k].finish[0], free_run[k].finish[0]);
     }
+}
+
+/* A held pick that fails (its grammar and biases leave no token) fails
+ * its request, whose other completions are in the step being committed:
+ * the engine commits the step first (it used to release a sibling's K/V
+ * under the plan and trip the KV cache's assert; found by review). Every
+ * request ends, with its error or its answer. */
+static void test_held_pick_fails(void **st)
+{
+    (void)st;
+    if (!g_story)
+        skip();
+    static llm_logit_bias ban[4096];
+    int nb = 0, errors = 0;
+    for (int t = 0; t < g_story->hp.n_vocab && nb < 4096; t++) {
+        char piece[64];
+        if (llm_token_to_piece(g_story->vocab, t, 0, piece, sizeof piece) > 0 && piece[0] == 'Q')
+            ban[nb++] = (llm_logit_bias){t, -100.0f};
+    }
+    static const char *g = "root ::= \"a\" A | \"e\" E | \"i\" I\nA ::= [a-z] [a-z] [a-z] \"Q\"\n"
+                           "E ::= [a-z] [a-z] \"Q\"\nI ::= [a-z] \"Q\"\n";
+    for (int seed = 0; seed < 12; seed++) {
+        llm_engine *e = open_engine(g_story, (llm_engine_config){.n_ctx = 64, .max_seqs = 8, .mask_step_work = 1});
+        int32_t p[64];
+        llm_request rq = greedy(p, make_prompt(g_story, seed, p), 20);
+        rq.n = 4;
+        rq.sampling.temperature = 1.5f;
+        rq.sampling.seed = (uint64_t)seed;
+        rq.sampling.bias = ban;
+        rq.sampling.n_bias = nb;
+        rq.grammar = g;
+        rq.grammar_len = strlen(g);
+        llm_request_id id = submit(e, &rq);
+        for (int done = 0; done < rq.n;) { /* its four DONEs, or its ERROR */
+            llm_event ev;
+            assert_int_equal(llm_engine_next(e, id, &ev, 60000), LLM_OK);
+            done += ev.type == LLM_EVENT_DONE ? 1 : ev.type == LLM_EVENT_ERROR ? rq.n : 0;
+            errors += ev.type == LLM_EVENT_ERROR;
+            llm_event_clear(&ev);
+        }
+        close_engine(e);
+    }
+    print_message("held picks that fail: %d of 12 requests ended with their error\n", errors);
+    assert_true(errors > 0);
 }
 
 /* Text: the concatenated event text is the detokenized output; a stop
@@ -873,6 +952,8 @@ int main(void)
         cmocka_unit_test(test_n_completions),
         cmocka_unit_test(test_text_and_stop),
         cmocka_unit_test(test_mask_budget),
+        cmocka_unit_test(test_shown_controls),
+        cmocka_unit_test(test_held_pick_fails),
         cmocka_unit_test(test_stress),
         cmocka_unit_test(test_numeric_faults),
         cmocka_unit_test(test_embeddings),

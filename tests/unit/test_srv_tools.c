@@ -97,6 +97,7 @@ static void test_llama3_mistral_generic(void **state)
            NULL);
     expect(SRV_TOOLS_MISTRAL_ARGS, "add{\"a\": 1, \"b\": 2}add{\"a\": 3, \"b\": 4}", "add({\"a\":1,\"b\":2});add({\"a\":3,\"b\":4});",
            NULL);
+    expect(SRV_TOOLS_MISTRAL_ARGS, "[TOOL_CALLS]add[ARGS] {\"a\": 1}", "add({\"a\":1});", NULL); /* a forced call's */
     expect(SRV_TOOLS_MISTRAL_ARGS, "Hello there", "none", "Hello there");
     expect(SRV_TOOLS_MISTRAL_ARGS, "add {\"a\": 1}", "none", "add {\"a\": 1}"); /* streamed as content: not a call */
     expect(SRV_TOOLS_GENERIC, " {\"tool_calls\": [{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}]}\n",
@@ -120,7 +121,10 @@ static void test_xml(void **state)
     expect(SRV_TOOLS_XML, "<seed:tool_call>\n<function=get_weather>\n<parameter=city>5\nSt </parameter>\n</function>\n"
                           "</seed:tool_call><function=add>\n<parameter=a>2</parameter>\n</function>",
            "get_weather({\"city\":\"5\\nSt \"});add({\"a\":2});", NULL);
-    expect(SRV_TOOLS_XML, "<tool_call>\n<function=add>\n<parameter=a>\n1", "add({\"a\":1});", NULL); /* cut short */
+    /* cut short (max_tokens): not a call, as the other formats refuse a call whose JSON is not closed */
+    expect(SRV_TOOLS_XML, "<tool_call>\n<function=add>\n<parameter=a>\n1", "none", "<tool_call>\n<function=add>\n<parameter=a>\n1");
+    expect(SRV_TOOLS_XML, "<function=add>\n<parameter=a>\n1\n</parameter>\n", "none",
+           "<function=add>\n<parameter=a>\n1\n</parameter>\n");
     expect(SRV_TOOLS_XML, "<function=rm_rf>\n</function>", "none", "<function=rm_rf>\n</function>");
     expect(SRV_TOOLS_XML, "<function=add>\nhello\n</function>", "none", "<function=add>\nhello\n</function>");
     expect(SRV_TOOLS_XML, "<function=add>\n<parameter=a>1</parameter><parameter=a>2</parameter></function>", "none",
@@ -180,8 +184,16 @@ static void test_streaming_holds_back_calls(void **state)
     assert_int_equal(srv_tools_releasable(&g, "Hi <|tool", 9, 0), 3);
     assert_int_equal(srv_tools_releasable(&g, "Hi <|tool_call>call:", 20, 0), 3);
     assert_int_equal(srv_tools_releasable(&g, "Hi <tool_call>", 14, 0), 14);
-    assert_false(srv_tools_special_text(&x));
-    assert_true(srv_tools_special_text(&g));
+    assert_false(srv_tools_shows_markers(&x));
+    assert_true(srv_tools_shows_markers(&g));
+    srv_tools gr = tools_for(SRV_TOOLS_GEMMA4, "required");
+    char *pre = NULL, *gram = NULL;
+    srv_err e = {0};
+    assert_int_equal(srv_tools_forced(&gr, &pre, &gram, &e), 0);
+    assert_false(srv_tools_shows_markers(&gr)); /* a forced call takes the generic shape: plain text */
+    free(pre);
+    free(gram);
+    json_decref(gr.tools);
     json_decref(x.tools);
     json_decref(g.tools);
     json_decref(ma.tools);
@@ -453,6 +465,8 @@ static void test_calls_round_trip(void **state)
         llm_jinja_free(chat.tmpl);
     }
     print_message("round trip: %d calls written by real templates read back\n", checked);
+    if (checked == 0)
+        skip(); /* no template in ../shared: nothing was checked */
 }
 
 int main(void)

@@ -31,6 +31,7 @@
 #define LLM_MAX_N 16         /* completions per request */
 #define LLM_MAX_STOPS 8      /* stop strings per request */
 #define LLM_MAX_STOP_LEN 256 /* bytes per stop string */
+#define LLM_MAX_SHOWN 8      /* control tokens a request may show as text */
 
 typedef struct llm_engine_config {
     const llm_model *model;  /* borrowed */
@@ -50,8 +51,10 @@ typedef struct llm_engine_config {
     int tensor_parallel;     /* ranks (tp.h); 0 or 1: backend alone */
     llm_backend *const *tp_backends; /* (tensor_parallel) borrowed, [0] == backend; the KV budget is per rank */
     long mask_step_work;     /* grammar work (gmatch.h's units) a step's constrained picks may take; once it is
-                              * spent, picks whose mask is not cached wait for the next step (their sequences
-                              * only; the oldest waiting pick is always made). 0: LLM_GMATCH_MAX_WORK / 4 */
+                              * spent, picks whose mask must be walked wait for a later round (their sequences
+                              * only; the oldest waiting pick is always made), so a step takes about this
+                              * plus one mask, not one mask per constrained sequence.
+                              * 0: LLM_GMATCH_MAX_WORK / 4 */
 } llm_engine_config;
 
 typedef uint64_t llm_request_id;
@@ -71,9 +74,10 @@ typedef struct llm_request {
     int priority;            /* larger is more urgent; 0 default */
     int n;                   /* completions; 0: 1 */
     int ignore_eos;          /* 1: end-of-generation tokens do not stop */
-    int special_text;        /* 1: control tokens' text (other than the end-of-generation token that stops) is
-                              * part of the output text, and stop strings see it: for a tool format whose
-                              * markers are control tokens. 0: their text is left out */
+    int32_t shown[LLM_MAX_SHOWN]; /* control tokens whose text is part of the output text (stop strings see it
+                              * too): a tool format whose markers are control tokens. Every other control
+                              * token's text is left out */
+    int n_shown;
     uint64_t cache_salt;     /* prefix cache partition: cached prefixes are shared only among requests with the same
                               * salt (0: the common one); a server gives each tenant its own */
     const char *grammar;     /* constrained decoding (grammar.h): every completion is a prefix of a string of this
@@ -136,9 +140,9 @@ typedef struct llm_stats {
     uint64_t forked_tokens;  /* of cached_tokens, shared from a sibling (n > 1), not the prefix cache */
     uint64_t computed_tokens; /* tokens run through the model */
     uint64_t generated_tokens;
-    uint64_t held_picks;     /* constrained picks put off to a later step: that step's grammar work was spent */
-    double step_ms;          /* time in steps (a pass, its sampling and its events), summed */
-    double grammar_ms;       /* of the steps and held picks, time finding grammar masks and advancing grammars */
+    uint64_t held_picks;     /* constrained picks put off to a later round: that step's grammar work was spent */
+    double step_ms;          /* time in steps (a pass, its sampling and events) and in rounds of held picks alone */
+    double grammar_ms;       /* of that, time finding grammar masks and advancing grammars */
     double prefix_hit_rate;  /* cached_tokens / prompt_tokens */
     double gen_tokens_per_s; /* over the last few seconds */
     double step_running_ms;  /* how long the step in progress has run; 0 when idle (liveness) */

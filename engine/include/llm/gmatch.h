@@ -29,10 +29,10 @@
  * (nesting in the output), stack nodes alive in one walk, and the work one
  * mask or feed may take (stack operations, about 150 ms of one 2-core
  * EPYC core: on a 151k vocabulary a JSON object's costliest mask takes a
- * fifth of it, some 30 ms). The work bound is per mask: a step with N
- * constrained sequences whose masks all miss the cache may take N times
- * it (masks are found one after another on the engine's thread).
- * Past them the call fails with an error naming the bound, never a
+ * fifth of it, some 30 ms). The work bound is per mask; the engine bounds
+ * a step's too (llm_engine_config.mask_step_work: masks are found one
+ * after another on its thread, and past that budget a pick whose mask
+ * must be walked waits for a later step). Past them the call fails with an error naming the bound, never a
  * wrong mask. */
 #define LLM_GMATCH_MAX_STACKS 256
 #define LLM_GMATCH_MAX_DEPTH 4096
@@ -97,8 +97,10 @@ int llm_gmatch_complete(const llm_gmatch *m);
 /* 1 when it is, and no byte can follow (only an end may come). */
 int llm_gmatch_finished(const llm_gmatch *m);
 
-/* 1 when the next llm_gmatch_mask would come from the cache (nothing to
- * walk), so a caller can tell a cheap mask from a costly one beforehand. */
+/* 1 when the next llm_gmatch_mask walks nothing (it is in the cache, or
+ * the output is finished), so a caller can tell a cheap mask from a
+ * costly one beforehand; 0 also for a state too long to cache. Costs a
+ * serialisation and a cache lookup. */
 int llm_gmatch_mask_cached(llm_gmatch *m);
 
 /* The work (units of LLM_GMATCH_MAX_WORK) the last mask, accept, feed or
