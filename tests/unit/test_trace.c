@@ -638,7 +638,9 @@ static void test_quick_seeds(void **st)
     assert_true(g_tot.cached > 0); /* prefix cache hits, forks aside */
     assert_true(g_tot.forked > 0);
     assert_true(g_tot.cancels > 0);
-    assert_true(g_tot.constrained > 0 && g_tot.grammar_ends > 0 && g_tot.held_picks > 0);
+    assert_true(g_tot.constrained > 0 && g_tot.grammar_ends > 0);
+    if (n >= N_QUICK) /* holds need two uncached masks in one step: the 100 quick seeds have ~50, TSan's 8 may have none */
+        assert_true(g_tot.held_picks > 0);
     assert_true(g_tot.embeddings > 0);
 }
 
