@@ -525,6 +525,13 @@ llm_status llm_backend_cpu_new(const llm_cpu_config *cfg, llm_backend **out, llm
         return st;
     }
     c->k = cfg && cfg->force_scalar ? cpu_kernels_scalar() : cpu_kernels_best();
+    c->pack = cfg ? cfg->pack : LLM_CPU_PACK_AUTO;
+    if (c->pack != LLM_CPU_PACK_AUTO && c->pack != LLM_CPU_PACK_OFF && c->pack != LLM_CPU_PACK_ON) {
+        tp_free(c->pool);
+        free(c);
+        free(b);
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "cpu backend: pack %d is not auto, off or on", (int)cfg->pack);
+    }
     if (cfg && cfg->kernels) {
         const cpu_kernels *const *all = cpu_kernels_all();
         while (*all && strcmp((*all)->name, cfg->kernels)) all++;

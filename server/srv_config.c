@@ -36,6 +36,9 @@ static const key_def keys[] = {
      "ranks the model is split over: GPUs (cuda: devices device..device+N-1) or CPU thread groups"},
     {"device", K_INT, F(device), 0, 63, "0", "first CUDA device"},
     {"threads", K_INT, F(threads), 0, 1024, "0", "CPU threads for inference (0: all; shared among the ranks)"},
+    {"cpu_pack", K_STR, F(cpu_pack), 0, 0, "auto",
+     "cpu backend: copy the matrices into the kernel set's tiled layout at load: auto (when the copies fit the memory "
+     "left), on (or the load fails), off; packed and unpacked answers differ in their last bits"},
     {"max_connections", K_INT, F(max_connections), 1, 16384, "512",
      "API connections held at once (each holds a thread); above it new ones get 503 with Retry-After at once"},
     {"header_timeout_s", K_INT, F(header_timeout_s), 1, 3600, "10", "time a request's headers may take to arrive, in all"},
@@ -283,6 +286,15 @@ static llm_status load_flags(int argc, char **argv, srv_config *c, const char **
     return LLM_OK;
 }
 
+int srv_config_cpu_pack(const srv_config *c)
+{
+    static const char *const names[] = {"auto", "off", "on"}; /* llm_cpu_pack's order */
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(c->cpu_pack, names[i]))
+            return i;
+    return -1;
+}
+
 llm_status srv_config_load(int argc, char **argv, srv_config *c, int *help, llm_error *err)
 {
     const char *cfg_path = getenv("LLM_SERVER_CONFIG");
@@ -300,6 +312,8 @@ llm_status srv_config_load(int argc, char **argv, srv_config *c, int *help, llm_
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: model is required (-m FILE.gguf, LLM_SERVER_MODEL or model: in the file)");
     if (!st && !*help && strcmp(c->backend, "cpu") && strcmp(c->backend, "cuda"))
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: backend '%s' is not cpu or cuda", c->backend);
+    if (!st && !*help && srv_config_cpu_pack(c) < 0)
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: cpu_pack '%s' is not auto, on or off", c->cpu_pack);
     if (!st && !*help && strcmp(c->chat_template, "auto") && strcmp(c->chat_template, "builtin"))
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: chat_template '%s' is not auto or builtin", c->chat_template);
     if (!st && !*help && strcmp(c->embedding_pooling, "auto") && strcmp(c->embedding_pooling, "mean") &&

@@ -30,6 +30,7 @@ typedef struct srv_config {
     long keep_alive_s;      /* idle wait for a connection's next request; 0: no keep-alive */
     long health_port;       /* probes and /metrics on a listener of their own; 0: none */
     long n_ctx, max_seqs, max_batch_tokens, max_waiting, block_size;
+    char *cpu_pack;         /* auto | on | off (llm_cpu_pack) */
     char *kv_type;          /* f16 | f32 | q8_0 */
     long prefix_cache;      /* 1: reuse cached prompt prefixes (default) */
     long kv_cache_mb;       /* 0: kv_cache_fraction of free memory */
@@ -59,6 +60,10 @@ typedef struct srv_config {
  * err->msg; *help set when --help was asked for (nothing else filled). */
 llm_status srv_config_load(int argc, char **argv, srv_config *c, int *help, llm_error *err);
 void srv_config_free(srv_config *c);
+
+/* cpu_pack as an llm_cpu_pack (backend.h), or -1 when it names none
+ * (srv_config_load refuses that). */
+int srv_config_cpu_pack(const srv_config *c);
 /* The usage text: every key with its default. */
 void srv_config_usage(FILE *out);
 

@@ -17,6 +17,7 @@ typedef struct cpu_ctx {
     float *scratch;     /* attention: per thread, scratch_per_thread floats */
     size_t scratch_per_thread;
     _Atomic size_t used; /* bytes of buffer_alloc and packed weights (read by /metrics threads) */
+    llm_cpu_pack pack;   /* llm_cpu_config's */
 } cpu_ctx;
 
 void cpu_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *seqs, int n_seqs, const float *k,

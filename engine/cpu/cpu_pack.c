@@ -236,11 +236,19 @@ static llm_status pack_all(llm_backend *b, cpu_ctx *c, cpu_model *cm, pack_job *
     llm_status st = layout(c->k, pj, &total, err);
     if (st)
         return st;
+    int must = c->pack == LLM_CPU_PACK_ON;
     if (total == SIZE_MAX) {
+        if (must)
+            return llm_errf(err, LLM_ERR_NOMEM, "cpu backend: cpu_pack on, but %s's matrices' bytes overlap (it can "
+                            "only run unpacked)", host->name);
         llm_log("llm-engine", "cpu backend: %s runs unpacked (its matrices' bytes overlap)", host->name);
         return LLM_OK;
     }
     if (avail && total > avail) {
+        if (must)
+            return llm_errf(err, LLM_ERR_NOMEM, "cpu backend: cpu_pack on, but the %s set's tiled copies of %s need "
+                            "%zu MiB and %zu MiB are free to this process", c->k->name, host->name, total >> 20,
+                            avail >> 20);
         llm_log("llm-engine", "cpu backend: %s runs unpacked (the %s set's tiled copies need %zu MiB; %zu MiB are "
                 "free to this process)", host->name, c->k->name, total >> 20, avail >> 20);
         return LLM_OK;
@@ -281,6 +289,10 @@ llm_status cpu_pack_model(llm_backend *b, const llm_model *m, llm_model **dev, l
     int n = packable((llm_model *)m, c->k, NULL); /* counting only: m is not written */
     if (!n)
         return LLM_OK;
+    if (c->pack == LLM_CPU_PACK_OFF) {
+        llm_log("llm-engine", "cpu backend: %s runs unpacked (cpu_pack off)", m->name);
+        return LLM_OK;
+    }
     llm_status st = LLM_OK;
     cpu_model *cm = calloc(1, sizeof *cm);
     llm_layer *layers = calloc((size_t)m->hp.n_layer + 1, sizeof *layers); /* + 1: never a zero-size request */

@@ -565,7 +565,7 @@ int main(void)
     g_quick = getenv("CHECK_QUICK") && strtol(getenv("CHECK_QUICK"), NULL, 10);
     llm_backend *cpu = NULL;
     llm_error err = {0};
-    llm_cpu_config cc = {2, 0, NULL};
+    llm_cpu_config cc = {.n_threads = 2, .force_scalar = 0, .kernels = NULL};
     if (llm_backend_cpu_new(&cc, &cpu, &err)) {
         fprintf(stderr, "check_kernels: %s\n", err.msg);
         return 2;

@@ -174,11 +174,11 @@ int main(int argc, char **argv)
     llm_model *m = NULL;
     side cpu = {0}, gpu = {0};
     llm_cuda_config gc = {0};
-    if (llm_model_load(argv[1], &m, &err) || llm_backend_cpu_new(&(llm_cpu_config){0, 0, NULL}, &cpu.b, &err)) {
+    if (llm_model_load(argv[1], &m, &err) || llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 0, .force_scalar = 0, .kernels = NULL}, &cpu.b, &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
         return 1;
     }
-    if (scalar ? llm_backend_cpu_new(&(llm_cpu_config){0, 1, NULL}, &gpu.b, &err) : llm_backend_cuda_new(&gc, &gpu.b, &err)) {
+    if (scalar ? llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 0, .force_scalar = 1, .kernels = NULL}, &gpu.b, &err) : llm_backend_cuda_new(&gc, &gpu.b, &err)) {
         fprintf(stderr, "no device: %s\n", err.msg);
         return 2;
     }

@@ -369,6 +369,8 @@ def test_config_sources(tmp_path, model):
     assert r.returncode == 2 and "port" in r.stderr and "99999" in r.stderr
     r = run(tool("llm-server"), check=False)
     assert r.returncode == 2 and "model is required" in r.stderr
+    r = run(tool("llm-server"), "-m", model, "--cpu_pack", "maybe", check=False)
+    assert r.returncode == 2 and "cpu_pack 'maybe' is not auto, on or off" in r.stderr
 
 
 def test_api_keys_and_loading_probes(tmp_path, model):

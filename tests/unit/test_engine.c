@@ -27,7 +27,7 @@ static int setup(void **st)
     llm_error err = {0};
     test_tmpfile("engine-tiny", g_path, sizeof g_path);
     if (llm_mkmodel(llm_shape_find("tiny"), QT_Q8_0, 11, g_path, &err) || llm_model_load(g_path, &g_tiny, &err) ||
-        llm_backend_cpu_new(&(llm_cpu_config){2, 0, NULL}, &g_b, &err))
+        llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 2, .force_scalar = 0, .kernels = NULL}, &g_b, &err))
         return -1;
     char buf[512];
     const char *p = shared_path("models/stories260K.gguf", buf, sizeof buf);

@@ -17,7 +17,7 @@ static fx make_cfg(kv_cache_config cfg, int n_blocks)
 {
     fx f;
     llm_error err = {0};
-    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &f.b, &err), LLM_OK);
+    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 1, .force_scalar = 0, .kernels = NULL}, &f.b, &err), LLM_OK);
     cfg.block_size = BS;
     cfg.type = LLM_KV_F32;
     cfg.n_blocks = n_blocks;
@@ -303,7 +303,7 @@ static void test_config_errors(void **st)
     llm_backend *b;
     llm_error err = {0};
     kv_cache *c = NULL;
-    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &b, &err), LLM_OK);
+    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 1, .force_scalar = 0, .kernels = NULL}, &b, &err), LLM_OK);
     kv_cache_config q8 = {.block_size = 16, .type = LLM_KV_Q8_0, .n_blocks = 4, .prefix_cache = 1};
     assert_int_equal(kv_cache_new(&q8, b, 2, 4, 8, &c, &err), LLM_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "multiple of 32"));

@@ -162,7 +162,7 @@ static double engine_vs_ref_with(const char *shape, quant_type t, int scalar, co
     llm_model *m = make_model(shape, t, path, sizeof path);
     llm_backend *b;
     llm_session *s;
-    llm_cpu_config cc = {2, scalar, NULL};
+    llm_cpu_config cc = {.n_threads = 2, .force_scalar = scalar, .kernels = NULL};
     llm_error err = {0};
     assert_int_equal(llm_backend_cpu_new(&cc, &b, &err), LLM_OK);
     assert_int_equal(llm_session_new(m, b, &(llm_session_config){.n_ctx = 64, .max_batch = batch, .kv_type = (int)g_kv}, &s, &err), LLM_OK);
@@ -406,7 +406,7 @@ static void test_forward_token_bounds(void **state)
     test_tmpfile("bounds", path, sizeof path);
     assert_int_equal(llm_mkmodel(llm_shape_find("tiny"), QT_F32, 3, path, &err), LLM_OK);
     assert_int_equal(llm_model_load(path, &m, &err), LLM_OK);
-    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &b, &err), LLM_OK);
+    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 1, .force_scalar = 0, .kernels = NULL}, &b, &err), LLM_OK);
     assert_int_equal(llm_forward_new(m, b, 4, 4, &f, &err), LLM_OK);
     kv_cache_config kc = {.block_size = 16, .type = LLM_KV_F32, .n_blocks = 1};
     assert_int_equal(kv_cache_new(&kc, b, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, &kv, &err), LLM_OK);

@@ -615,6 +615,24 @@ static void test_packed_upload(void **state)
     llm_backend_mem_stats(b, &after);
     assert_int_equal(after.used, before.used);
     llm_backend_free(b);
+    /* cpu_pack on: what would run unpacked fails the load instead, naming why */
+    assert_int_equal(
+        llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 2, .kernels = "avx512", .pack = LLM_CPU_PACK_ON}, &b, &err), 0);
+    assert_int_equal(b->iface->model_upload(b, &m, &dev, &err), LLM_ERR_NOMEM);
+    assert_null(dev);
+    assert_non_null(strstr(err.msg, "overlap"));
+    layers[2].wk.data = q;
+    assert_int_equal(b->iface->model_upload(b, &m, &dev, &err), 0);
+    assert_non_null(dev);
+    b->iface->model_release(b, dev);
+    llm_backend_free(b);
+    /* off: never packed */
+    assert_int_equal(
+        llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 2, .kernels = "avx512", .pack = LLM_CPU_PACK_OFF}, &b, &err), 0);
+    assert_int_equal(b->iface->model_upload(b, &m, &dev, &err), 0);
+    assert_null(dev);
+    llm_backend_free(b);
+    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){.pack = (llm_cpu_pack)7}, &b, &err), LLM_ERR_INVALID_ARG);
 }
 
 static void test_kernels_avx2(void **state) { (void)state; run_simd(cpu_kernels_avx2(), "AVX2/FMA"); }

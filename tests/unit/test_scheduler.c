@@ -28,7 +28,7 @@ static void sim_init(sim *m, int n_blocks, int max_seqs, int budget)
 {
     llm_error err = {0};
     memset(m, 0, sizeof *m);
-    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &m->b, &err), LLM_OK);
+    assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 1, .force_scalar = 0, .kernels = NULL}, &m->b, &err), LLM_OK);
     kv_cache_config kc = {.block_size = 4, .type = LLM_KV_F32, .n_blocks = n_blocks, .prefix_cache = 1};
     assert_int_equal(kv_cache_new(&kc, m->b, 1, 1, 32, &m->kv, &err), LLM_OK);
     sched_config sc = {max_seqs, budget, 1000};

@@ -39,7 +39,7 @@ static int setup(void **st)
     (void)st;
     llm_error err = {0};
     for (int r = 0; r < 4; r++)
-        if (llm_backend_cpu_new(&(llm_cpu_config){1, 0, NULL}, &g_b[r], &err))
+        if (llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 1, .force_scalar = 0, .kernels = NULL}, &g_b[r], &err))
             return -1;
     g_tiny = make_model("tiny", QT_Q8_0, g_tiny_path, sizeof g_tiny_path);
     g_sc = make_model("tiny-starcoder", QT_Q8_0, g_sc_path, sizeof g_sc_path);

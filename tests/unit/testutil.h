@@ -71,7 +71,7 @@ static inline int test_shape_open(test_tiny *t, const char *shape, const char *t
     memset(t, 0, sizeof *t);
     test_tmpfile(tag, t->path, sizeof t->path);
     if (llm_mkmodel(llm_shape_find(shape), qt, seed, t->path, &err) || llm_model_load(t->path, &t->m, &err) ||
-        llm_backend_cpu_new(&(llm_cpu_config){n_threads, 0, NULL}, &t->b, &err)) {
+        llm_backend_cpu_new(&(llm_cpu_config){.n_threads = n_threads, .force_scalar = 0, .kernels = NULL}, &t->b, &err)) {
         fprintf(stderr, "%s: setup: %s\n", tag, err.msg);
         return -1;
     }

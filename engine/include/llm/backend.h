@@ -238,11 +238,23 @@ struct llm_backend {
     void *ctx;
 };
 
+/* Whether the CPU backend packs a model's matrices into its kernel set's
+ * tiled layout when it takes the model (sets without one never do).
+ * Packed and unpacked results differ in their last bits, so a deployment
+ * that wants the same answers on every pod sets on or off. */
+typedef enum llm_cpu_pack {
+    LLM_CPU_PACK_AUTO = 0, /* pack when the copies fit the memory left, else run unpacked (a log line says why) */
+    LLM_CPU_PACK_OFF = 1,  /* never pack */
+    LLM_CPU_PACK_ON = 2,   /* pack, or fail the load (LLM_ERR_NOMEM, naming the sizes) when the copies do not fit
+                            * or the file's matrices overlap */
+} llm_cpu_pack;
+
 typedef struct llm_cpu_config {
     int n_threads;  /* 0: number of online CPUs */
     int force_scalar; /* 1: skip the SIMD kernels (tests, debugging) */
     const char *kernels; /* NULL: the best set for this CPU; else a set's name
                             ("avx512", "avx512vnni", "avx2", "scalar"), an error if unusable */
+    llm_cpu_pack pack;
 } llm_cpu_config;
 
 /* Creates the CPU backend with its thread pool. Caller frees with
