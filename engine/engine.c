@@ -40,8 +40,7 @@ typedef struct eng_seq {
     int n_pooled;          /* positions [0, n_pooled) are in pool: a recomputation after preemption skips them */
     int h0, hn;            /* this step's hidden rows of it: [h0, h0 + hn) of the batch's hidden_rows */
     /* A pick put off because the step's grammar work was spent (engine thread): */
-    float *held;           /* (n_vocab) the logits row it will be made from; NULL until the first */
-    int hold;              /* 1: held has a row whose token is not picked yet */
+    float *held;           /* (n_vocab) the logits row it will be made from; NULL: no pick is held */
     int picked;            /* in a picks round: it was made */
     uint64_t hold_no;      /* when it was put off: older ones go first */
 } eng_seq;
@@ -796,14 +795,14 @@ static int pick_held(llm_engine *e, eng_seq *q, const float *row)
     if (!q->gm || e->mask_work < e->cfg.mask_step_work || llm_gmatch_mask_cached(q->gm))
         return 0;
     size_t n = (size_t)e->m->hp.n_vocab;
-    if (!q->held) /* kept only while the hold lasts (hold_end) */
+    int fresh = !q->held;
+    if (fresh) /* kept only while the hold lasts (hold_end) */
         q->held = malloc(sizeof(float) * n);
     if (!q->held)
         return 0;
     if (q->held != row)
         memcpy(q->held, row, sizeof(float) * n);
-    if (!q->hold) {
-        q->hold = 1;
+    if (fresh) {
         q->hold_no = ++e->hold_clock;
         e->n_holding++;
         e->new_holds++;
@@ -1033,7 +1032,7 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
         sched_commit(s);
         for (int i = 0; i < s->n_items; i++) {
             eng_seq *q = s->items[i].seq->user;
-            if (s->items[i].logits && !q->hold) /* a held pick comes in a later round */
+            if (s->items[i].logits && !q->held) /* a held pick comes in a later round */
                 seq_result(e, q);
         }
         for (int i = 0; i < s->n_items; i++) req_leave(e, ((eng_seq *)s->items[i].seq->user)->r);
@@ -1071,7 +1070,6 @@ static void fail_oom(llm_engine *e)
 /* q's hold is over: its row goes. */
 static void hold_end(eng_seq *q)
 {
-    q->hold = 0;
     free(q->held);
     q->held = NULL;
 }
@@ -1104,9 +1102,9 @@ static void picks_prepare(llm_engine *e)
     for (eng_req *r = e->reqs; r; r = r->next)
         for (int i = 0; i < r->n; i++) {
             eng_seq *q = &r->seqs[i];
-            if (q->hold && (q->q.in_plan || r->cancelled || r->failed || q->finished))
+            if (q->held && (q->q.in_plan || r->cancelled || r->failed || q->finished))
                 hold_end(q);
-            if (q->hold) {
+            if (q->held) {
                 e->n_holding++;
                 held_add(e, q);
             }
