@@ -99,12 +99,15 @@ static llm_status autoscale(const plan_input *in, json_t *d, plan *p, llm_error 
 {
     json_t *spec = json_object_get(d, "spec");
     json_t *prev = get2(d, "status", "autoscaling");
-    int current = json_is_integer(json_object_get(prev, "desiredReplicas"))
-                      ? (int)json_integer_value(json_object_get(prev, "desiredReplicas"))
-                      : (int)json_integer_value(json_object_get(spec, "replicas"));
+    /* From the autoscaler's own record: the Deployment is patched before the status that records the
+     * step, so when that write is lost (a 409 on a stale copy) the next turn, counting from the record,
+     * takes the step again and records it; counting from the Deployment it would see nothing to do. The
+     * Deployment's count (or the spec's) is the start only while there is no record. */
+    json_t *rec = json_object_get(prev, "desiredReplicas");
     int split = rollout_in_flight(get2(d, "status", "canary")); /* the Deployment holds only the stable share */
-    if (!split && in->stable)
-        current = (int)json_integer_value(get2(json_object_get(in->stable, "spec"), "replicas", NULL));
+    int current = json_is_integer(rec) ? (int)json_integer_value(rec)
+                  : !split && in->stable ? (int)json_integer_value(get2(json_object_get(in->stable, "spec"), "replicas", NULL))
+                                         : (int)json_integer_value(json_object_get(spec, "replicas"));
     const podsig_reading *r = fresh(in, p->as.interval_s);
     int have = r && !strcmp(r->need.metric, p->as.metric);
     autoscale_decision dec;
@@ -434,8 +437,8 @@ json_t *plan_status(const plan_input *in, plan *p, json_t *dep)
     json_t *status = status_of(in->llmd, &v, p->ro.state ? p->ro.stable_rev : p->template_hash, dep);
     if (!status)
         return NULL;
-    if (p->autoscaling)
-        json_object_set(status, "autoscaling", p->autoscaling);
+    /* off (or HPA mode): the record goes, so turning it on again starts from what runs then */
+    json_object_set_new(status, "autoscaling", p->autoscaling ? json_incref(p->autoscaling) : json_null());
     canary_status(in->llmd, &p->ro, status);
     keep_transition_times(in->llmd, status, in->now);
     status_events(in->llmd, &v, p->events);

@@ -379,6 +379,43 @@ static void test_autoscale_table(void **st)
     }
 }
 
+/* The Deployment was patched (3 -> 1) but the status that records the step
+ * was lost (a 409 on a stale copy): the next turn counts from the record,
+ * takes the step again and records it. Autoscaling turned off drops the
+ * record, so turning it on again starts from what runs then. */
+static void test_autoscale_lost_status(void **st)
+{
+    (void)st;
+    json_t *d = llmd(AS, "{\"phase\":\"Ready\",\"autoscaling\":{\"desiredReplicas\":3,"
+                         "\"history\":[{\"time\":\"t\",\"from\":1,\"to\":3,\"reason\":\"over\"}]}}");
+    json_t *dep = settled(d, -1);
+    json_object_set_new(json_object_get(dep, "spec"), "replicas", json_integer(1)); /* patched before the loss */
+    podsig_reading pods = reading("queueDepth");
+    pods.signal = 0;
+    pods.signal_pods = 1;
+    plan_input in = {.llmd = d, .stable = dep, .pods = &pods, .now = NOW};
+    result r;
+    run(&in, &r);
+    assert_int_equal(r.st, LLM_OK);
+    assert_int_equal(replicas_of(object_of(&r, "deployments", "m")), 1);
+    assert_string_equal(r.events, "Autoscaled");
+    json_t *as = json_object_get(r.status, "autoscaling"), *hist = json_object_get(as, "history");
+    json_t *last = json_array_get(hist, json_array_size(hist) - 1);
+    assert_int_equal(json_array_size(hist), 2);
+    assert_int_equal(json_integer_value(json_object_get(last, "from")), 3);
+    assert_int_equal(json_integer_value(json_object_get(last, "to")), 1);
+    assert_int_equal(json_integer_value(json_object_get(as, "desiredReplicas")), 1);
+    done(&r);
+    /* off: the record is removed (a merge patch's null) */
+    json_object_set_new(json_object_get(json_object_get(d, "spec"), "autoscaling"), "enabled", json_false());
+    run(&in, &r);
+    assert_int_equal(r.st, LLM_OK);
+    assert_true(json_is_null(json_object_get(r.status, "autoscaling")));
+    done(&r);
+    json_decref(dep);
+    json_decref(d);
+}
+
 static void test_scale_to_zero(void **st)
 {
     (void)st;
@@ -806,6 +843,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_diagnosis_table),
         cmocka_unit_test(test_autoscale_table),
+        cmocka_unit_test(test_autoscale_lost_status),
         cmocka_unit_test(test_scale_to_zero),
         cmocka_unit_test(test_canary_pods_table),
         cmocka_unit_test(test_canary_colocated_table),
