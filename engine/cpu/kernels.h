@@ -125,12 +125,9 @@ const cpu_kernels *cpu_kernels_avx2(void);
 /* The AVX2 set with AVX512-VNNI (256-bit) dot products for Q8_0 weights;
  * NULL when the CPU lacks AVX512-VNNI/VL. */
 const cpu_kernels *cpu_kernels_vnni(void);
-/* The AVX512-VNNI set with packed 512-bit tiles (cpu_pack) for Q8_0, Q4_0 and Q5_0;
+/* The AVX512-VNNI set with packed 512-bit tiles (cpu_pack) for Q8_0, Q4_0, Q5_0 and Q4_K;
  * NULL when the CPU lacks AVX-512 F/BW/VL/VNNI. */
 const cpu_kernels *cpu_kernels_avx512(void);
-/* Its Q4_K tiles, built and tested but not in the set (batch-1 decode
- * slower than the row kernels); NULL where the set is. */
-const cpu_pack *cpu_kernels_avx512_q4_K(void);
 /* Every set usable on this CPU, best first, NULL-terminated. */
 const cpu_kernels *const *cpu_kernels_all(void);
 const cpu_kernels *cpu_kernels_best(void);

@@ -641,10 +641,6 @@ static void test_kernels_avx512(void **state)
 {
     (void)state;
     run_simd(cpu_kernels_avx512(), "AVX-512 F/BW/VL/VNNI");
-    cpu_kernels with_q4_K = *cpu_kernels_avx512(); /* the Q4_K tiles the set does not use yet */
-    with_q4_K.pack[QT_Q4_K] = cpu_kernels_avx512_q4_K();
-    static const int shapes[][2] = {{1, 1}, {17, 2}, {50, 3}};
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) check_packed(&with_q4_K, QT_Q4_K, shapes[s][0], shapes[s][1] * 256);
 }
 
 int main(void)
