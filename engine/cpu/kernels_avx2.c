@@ -365,14 +365,15 @@ DEF_ATTN_DOTS(attn_dots_f16, quant_f16, LD_F16, dot_q_f16)
     {                                                                                           \
         int d = 0;                                                                              \
         for (; d + 64 <= hd; d += 64) {                                                         \
-            __m256 a[8];                                                                        \
-            for (int c = 0; c < 8; c++) a[c] = _mm256_loadu_ps(o + d + 8 * c);                 \
+            __m256 a[8]; /* unrolled, or a[] lives on the stack: a store-forward per multiply-add */ \
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) a[c] = _mm256_loadu_ps(o + d + 8 * c); \
             for (int i = 0; i < n; i++) {                                                       \
                 __m256 wi = _mm256_broadcast_ss(w + i);                                         \
                 const T *vi = v + (size_t)i * stride + d;                                       \
-                for (int c = 0; c < 8; c++) a[c] = _mm256_fmadd_ps(wi, LD(vi + 8 * c), a[c]);  \
+                _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++)                             \
+                    a[c] = _mm256_fmadd_ps(wi, LD(vi + 8 * c), a[c]);                           \
             }                                                                                   \
-            for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d + 8 * c, a[c]);                  \
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d + 8 * c, a[c]); \
         }                                                                                       \
         for (int i = 0; d < hd && i < n; i++) {                                                 \
             const T *vi = v + (size_t)i * stride;                                               \
