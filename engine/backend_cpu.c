@@ -233,10 +233,12 @@ static llm_status cpu_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, c
         j.parts[i].y = ops[i].y;
         j.total_rows += ops[i].w->rows;
     }
+    double t0 = llm_clock_mono_s();
     llm_status st = group_acts(c, &j, x, n_tok);
     if (st)
         return st;
     tp_run(c->pool, mm_worker, &j);
+    atomic_fetch_add_explicit(&c->matmul_ns, (uint64_t)((llm_clock_mono_s() - t0) * 1e9), memory_order_relaxed);
     return LLM_OK;
 }
 
@@ -482,6 +484,14 @@ static void cpu_free(llm_backend *b)
     free(b);
 }
 
+static llm_status cpu_attention_timed(llm_backend *b, const llm_attn_args *a)
+{
+    double t0 = llm_clock_mono_s();
+    llm_status st = cpu_attention(b, a);
+    atomic_fetch_add_explicit(&ctx_of(b)->attn_ns, (uint64_t)((llm_clock_mono_s() - t0) * 1e9), memory_order_relaxed);
+    return st;
+}
+
 static const struct llm_backend_i cpu_iface = {
     .name = "cpu",
     .free = cpu_free,
@@ -496,7 +506,7 @@ static const struct llm_backend_i cpu_iface = {
     .add_rows = cpu_add_rows,
     .get_rows = cpu_get_rows,
     .kv_write = cpu_kv_write,
-    .attention = cpu_attention,
+    .attention = cpu_attention_timed,
     .kv_copy = cpu_kv_copy,
     .buffer_alloc = cpu_buffer_alloc,
     .buffer_free = cpu_buffer_free,
@@ -551,6 +561,13 @@ llm_status llm_backend_cpu_new(const llm_cpu_config *cfg, llm_backend **out, llm
 }
 
 const char *llm_backend_cpu_kernels(const llm_backend *b) { return ((const cpu_ctx *)b->ctx)->k->name; }
+
+void llm_backend_cpu_times(llm_backend *b, uint64_t *matmul_ns, uint64_t *attn_ns)
+{
+    int cpu = b && b->iface == &cpu_iface;
+    *matmul_ns = cpu ? atomic_load_explicit(&ctx_of(b)->matmul_ns, memory_order_relaxed) : 0;
+    *attn_ns = cpu ? atomic_load_explicit(&ctx_of(b)->attn_ns, memory_order_relaxed) : 0;
+}
 
 typedef struct peak_job {
     const cpu_kernels *k;

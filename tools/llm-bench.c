@@ -196,8 +196,9 @@ static llm_status prefill_all(llm_forward *f, kv_cache *kv, kv_seq *s, int n_seq
 
 /* Decode steps of n_seqs sequences at context ctx: tokens per second. */
 static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, double *tps, unsigned long long *ids_hash,
-                              llm_error *err)
+                              double split[2], llm_error *err)
 {
+    uint64_t mm0 = 0, at0 = 0, mm1, at1;
     const llm_hparams *hp = &d->m->hp;
     int max_rows = n_seqs > 512 ? n_seqs : 512, per = (ctx + steps + KV_DEFAULT_BLOCK - 1) / KV_DEFAULT_BLOCK;
     kv_cache_config kc = {.type = LLM_KV_F16, .n_blocks = per * n_seqs, .ranks = d->b, .n_ranks = d->n_ranks};
@@ -221,8 +222,10 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
         st = prefill_all(f, kv, s, n_seqs, ctx, max_rows, toks);
     double t0 = 0;
     for (int step = -2; !st && step < steps; step++) { /* steps -2, -1: warm-up (a graph is captured at the second) */
-        if (step == 0)
+        if (step == 0) {
             t0 = cli_now();
+            llm_backend_cpu_times(d->b[0], &mm0, &at0);
+        }
         int p = ctx + (step < 0 ? 0 : step);
         for (int i = 0; i < n_seqs; i++) {
             bs[i] = (llm_batch_seq){i, 1, p, s[i].blocks, s[i].lblocks};
@@ -239,8 +242,13 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
             toks[i] = ids[i] >= 0 && ids[i] < hp->n_vocab ? ids[i] : 0;
         }
     }
-    if (!st)
-        *tps = (double)n_seqs * steps / (cli_now() - t0);
+    if (!st) {
+        double wall = cli_now() - t0;
+        *tps = (double)n_seqs * steps / wall;
+        llm_backend_cpu_times(d->b[0], &mm1, &at1); /* the step's shares in matmuls and attention (CPU) */
+        split[0] = (double)(mm1 - mm0) * 1e-9 / wall;
+        split[1] = (double)(at1 - at0) * 1e-9 / wall;
+    }
     else if (!err->msg[0])
         llm_errf(err, st, "bench: a forward pass of %d sequences failed (%s)", n_seqs, llm_status_str(st));
     for (int i = 0; kv && s && i < n_seqs; i++) kv_seq_release(kv, &s[i]);
@@ -307,12 +315,15 @@ static int batch_bench(const char *path, const llm_backend_spec *spec, const cha
             llm_errf(&err, LLM_ERR_INVALID_ARG, "--batch: '%s' is not a list of sizes 1-4096", list);
             goto out;
         }
-        double tps = 0;
+        double tps = 0, split[2] = {0, 0};
         unsigned long long ids_hash = 0;
-        if (decode_rate(&d, (int)b, ctx, steps, &tps, &ids_hash, &err))
+        if (decode_rate(&d, (int)b, ctx, steps, &tps, &ids_hash, split, &err))
             goto out;
-        printf("decode_batch=%ld ctx=%d decode_tps=%.2f step_ms=%.3f ids_hash=%llu\n", b, ctx, tps, 1e3 * (double)b / tps,
+        printf("decode_batch=%ld ctx=%d decode_tps=%.2f step_ms=%.3f ids_hash=%llu", b, ctx, tps, 1e3 * (double)b / tps,
                ids_hash);
+        if (split[0] > 0) /* a CPU backend: where the step went */
+            printf(" matmul_share=%.3f attn_share=%.3f other_share=%.3f", split[0], split[1], 1 - split[0] - split[1]);
+        printf("\n");
         fflush(stdout);
         p = *end == ',' ? end + 1 : end;
     }

@@ -18,6 +18,9 @@ typedef struct cpu_ctx {
     size_t scratch_per_thread;
     _Atomic size_t used; /* bytes of buffer_alloc and packed weights (read by /metrics threads) */
     llm_cpu_pack pack;   /* llm_cpu_config's */
+    /* nanoseconds spent in matmuls and in attention (llm_backend_cpu_times); relaxed atomics, since a
+     * reader may be another thread than the one running the passes */
+    _Atomic uint64_t matmul_ns, attn_ns;
 } cpu_ctx;
 
 void cpu_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *seqs, int n_seqs, const float *k,

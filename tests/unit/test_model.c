@@ -237,7 +237,12 @@ static void test_incremental(void **state)
     assert_int_equal(llm_session_new(m, b, &(llm_session_config){.n_ctx = 32, .max_batch = 512, .kv_type = LLM_KV_F32}, &s1, &err), LLM_OK);
     assert_int_equal(llm_session_new(m, b, &(llm_session_config){.n_ctx = 32, .max_batch = 512, .kv_type = LLM_KV_F32}, &s2, &err), LLM_OK);
     const float *l1, *l2;
+    uint64_t mm0, at0, mm1, at1;
+    llm_backend_cpu_times(b, &mm0, &at0);
+    assert_true(mm0 == 0 && at0 == 0); /* a new backend */
     assert_int_equal(llm_session_eval(s1, prompt, NP, &l1, &err), LLM_OK);
+    llm_backend_cpu_times(b, &mm1, &at1); /* llm-bench's step split: both counted */
+    assert_true(mm1 > 0 && at1 > 0);
     for (int i = 0; i < NP; i++) assert_int_equal(llm_session_eval(s2, prompt + i, 1, &l2, &err), LLM_OK);
     for (int i = 0; i < m->hp.n_vocab; i++) assert_true(fabsf(l1[i] - l2[i]) <= 1e-5f * (1 + fabsf(l1[i])));
     /* bad input changes nothing */
