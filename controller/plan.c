@@ -1,6 +1,7 @@
 /* plan.c - an LLMDeployment's children and status, decided from what was
  * observed; see plan.h. */
 #include <stdio.h>
+#include <limits.h>
 #include <string.h>
 #include <time.h>
 
@@ -92,6 +93,31 @@ static const podsig_reading *fresh(const plan_input *in, double interval_s)
     return r && r->age_s >= 0 && r->age_s <= 3 * (interval_s > 1 ? interval_s : 1) ? r : NULL;
 }
 
+/* The replicas a turn starts from: the autoscaler's own record
+ * (status.autoscaling.desiredReplicas). The Deployment is patched before
+ * the status that records the step, so when that write is lost (a 409 on a
+ * stale copy) the next turn, counting from the record, takes the step
+ * again and records it; counting from the Deployment it would see nothing
+ * to do. So a Deployment scaled by hand is put back (it is the
+ * controller's field). The Deployment's count (or, while a canary splits
+ * it, the spec's) is the start when there is no record, when the record
+ * is outside [0, maxReplicas] (the status is writable by others), and when
+ * the record says 0 but pods run: a wake whose record was lost, whose pod
+ * the idle timer, not the zero branch, decides about. */
+static int autoscale_start(const plan_input *in, json_t *prev, json_t *spec, int split, const autoscale_config *as)
+{
+    json_t *rec = json_object_get(prev, "desiredReplicas");
+    json_int_t dep = !split && in->stable ? json_integer_value(get2(json_object_get(in->stable, "spec"), "replicas", NULL))
+                                          : -1;
+    json_int_t r = json_is_integer(rec) ? json_integer_value(rec) : -1;
+    if (r >= 0 && r <= as->max && !(r == 0 && dep > 0))
+        return (int)r;
+    if (dep >= 0 && dep <= INT_MAX)
+        return (int)dep;
+    json_int_t want = json_integer_value(json_object_get(spec, "replicas"));
+    return want >= 0 && want <= INT_MAX ? (int)want : 0;
+}
+
 /* Its turn: the replicas to run, from the pods' signal and the state kept
  * in status.autoscaling; written into our copy of the spec so the desired
  * Deployment carries them. */
@@ -99,15 +125,8 @@ static llm_status autoscale(const plan_input *in, json_t *d, plan *p, llm_error 
 {
     json_t *spec = json_object_get(d, "spec");
     json_t *prev = get2(d, "status", "autoscaling");
-    /* From the autoscaler's own record: the Deployment is patched before the status that records the
-     * step, so when that write is lost (a 409 on a stale copy) the next turn, counting from the record,
-     * takes the step again and records it; counting from the Deployment it would see nothing to do. The
-     * Deployment's count (or the spec's) is the start only while there is no record. */
-    json_t *rec = json_object_get(prev, "desiredReplicas");
     int split = rollout_in_flight(get2(d, "status", "canary")); /* the Deployment holds only the stable share */
-    int current = json_is_integer(rec) ? (int)json_integer_value(rec)
-                  : !split && in->stable ? (int)json_integer_value(get2(json_object_get(in->stable, "spec"), "replicas", NULL))
-                                         : (int)json_integer_value(json_object_get(spec, "replicas"));
+    int current = autoscale_start(in, prev, spec, split, &p->as);
     const podsig_reading *r = fresh(in, p->as.interval_s);
     int have = r && !strcmp(r->need.metric, p->as.metric);
     autoscale_decision dec;

@@ -562,11 +562,11 @@ llm_status llm_backend_cpu_new(const llm_cpu_config *cfg, llm_backend **out, llm
 
 const char *llm_backend_cpu_kernels(const llm_backend *b) { return ((const cpu_ctx *)b->ctx)->k->name; }
 
-void llm_backend_cpu_times(llm_backend *b, uint64_t *matmul_ns, uint64_t *attn_ns)
+void llm_backend_cpu_times(const llm_backend *b, uint64_t *matmul_ns, uint64_t *attn_ns)
 {
-    int cpu = b && b->iface == &cpu_iface;
-    *matmul_ns = cpu ? atomic_load_explicit(&ctx_of(b)->matmul_ns, memory_order_relaxed) : 0;
-    *attn_ns = cpu ? atomic_load_explicit(&ctx_of(b)->attn_ns, memory_order_relaxed) : 0;
+    cpu_ctx *c = b && b->iface == &cpu_iface ? b->ctx : NULL;
+    *matmul_ns = c ? atomic_load_explicit(&c->matmul_ns, memory_order_relaxed) : 0;
+    *attn_ns = c ? atomic_load_explicit(&c->attn_ns, memory_order_relaxed) : 0;
 }
 
 typedef struct peak_job {

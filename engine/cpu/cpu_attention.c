@@ -65,6 +65,7 @@ typedef struct attn_job {
     int group;      /* query heads per KV head */
     int rows;       /* query rows per item */
     int whole;      /* a one-row sequence is one item over every KV head (see seq_heads) */
+    size_t per_row; /* score rows an item may need: group x rows, or every query head (whole) */
     long n_items;
     _Atomic long next;
 } attn_job;
@@ -244,8 +245,7 @@ static void attn_worker(void *arg, int ith, int nth)
     const llm_attn_args *a = j->a;
     float *base = j->c->scratch + (size_t)ith * j->c->scratch_per_thread;
     size_t tile = (size_t)a->kv->block_size * (size_t)a->head_dim;
-    size_t per_row = (size_t)j->group * j->rows > (size_t)a->n_head ? (size_t)j->group * j->rows : (size_t)a->n_head;
-    attn_scratch w = {base + tile, base, (j->c->scratch_per_thread - tile) / per_row};
+    attn_scratch w = {base + tile, base, (j->c->scratch_per_thread - tile) / j->per_row};
     int s = 0;
     long s_first = 0; /* first item of sequence s; a thread's items only grow */
     for (;;) {
@@ -285,15 +285,17 @@ llm_status cpu_attention(llm_backend *b, const llm_attn_args *a)
     int group = a->n_head / a->n_head_kv, max_pos = 0;
     /* whole sequences per item once there are enough of them to share out */
     attn_job j = {a, c, group, ATTN_ROWS_HEADS / group > 1 ? ATTN_ROWS_HEADS / group : 1,
-                  a->n_seqs >= 4 * tp_size(c->pool), 0, 0};
+                  a->n_seqs >= 4 * tp_size(c->pool), 0, 0, 0};
+    j.per_row = (size_t)group * (size_t)j.rows;
+    if (j.whole && (size_t)a->n_head > j.per_row)
+        j.per_row = (size_t)a->n_head;
     for (int s = 0; s < a->n_seqs; s++) {
         j.n_items += seq_items(&j, &a->seqs[s]);
         if (a->seqs[s].pos0 + a->seqs[s].n_tok > max_pos)
             max_pos = a->seqs[s].pos0 + a->seqs[s].n_tok;
     }
     size_t sc = ((size_t)max_pos + 15) / 16 * 16;
-    size_t per_row = (size_t)group * j.rows > (size_t)a->n_head ? (size_t)group * j.rows : (size_t)a->n_head;
-    if (scratch_reserve(c, (size_t)a->kv->block_size * a->head_dim + sc * per_row))
+    if (scratch_reserve(c, (size_t)a->kv->block_size * a->head_dim + sc * j.per_row))
         return LLM_ERR_NOMEM;
     if (j.n_items < 2)
         attn_worker(&j, 0, 1);

@@ -406,6 +406,15 @@ static void test_autoscale_lost_status(void **st)
     assert_int_equal(json_integer_value(json_object_get(last, "to")), 1);
     assert_int_equal(json_integer_value(json_object_get(as, "desiredReplicas")), 1);
     done(&r);
+    /* a record outside [0, maxReplicas] (the status is writable by others): from the Deployment's 1, held */
+    json_object_set_new(json_object_get(json_object_get(d, "status"), "autoscaling"), "desiredReplicas",
+                        json_integer((json_int_t)1 << 40));
+    pods.signal = 4; /* on target */
+    run(&in, &r);
+    assert_int_equal(r.st, LLM_OK);
+    assert_int_equal(replicas_of(object_of(&r, "deployments", "m")), 1);
+    assert_string_equal(r.events, "");
+    done(&r);
     /* off: the record is removed (a merge patch's null) */
     json_object_set_new(json_object_get(json_object_get(d, "spec"), "autoscaling"), "enabled", json_false());
     run(&in, &r);
@@ -444,6 +453,25 @@ static void test_scale_to_zero(void **st)
         json_decref(dep);
         json_decref(d);
     }
+    /* a wake (0 -> 1) whose record was lost: the record says 0, a pod runs and serves; the idle timer,
+     * not the zero branch, decides about it */
+    char status[256];
+    snprintf(status, sizeof status, "{\"autoscaling\":{\"desiredReplicas\":0,\"lastActivityTime\":%.0f,"
+             "\"routerRequests\":10}}", NOW - 1);
+    json_t *d = llmd(spec, status), *dep = settled(d, -1);
+    json_object_set_new(json_object_get(dep, "spec"), "replicas", json_integer(1));
+    podsig_reading pods = reading("queueDepth");
+    pods.need.activity = 1;
+    pods.signal = 4;
+    pods.signal_pods = 1;
+    pods.activity = (autoscale_activity){.routers = 1, .inflight = 1, .requests = 10};
+    plan_input in = {.llmd = d, .stable = dep, .pods = &pods, .now = NOW};
+    result r;
+    run(&in, &r);
+    assert_int_equal(replicas_of(object_of(&r, "deployments", "m")), 1);
+    done(&r);
+    json_decref(dep);
+    json_decref(d);
 }
 
 /* ---- the canary ----------------------------------------------------------------------------- */

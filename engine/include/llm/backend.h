@@ -265,7 +265,7 @@ const char *llm_backend_cpu_kernels(const llm_backend *b);
 /* Nanoseconds the CPU backend b has spent in matmuls and in attention since
  * it was made (monotonic clock, all threads of a call counted once): how
  * llm-bench splits a step. Zeros where b is not the CPU backend. Any thread. */
-void llm_backend_cpu_times(llm_backend *b, uint64_t *matmul_ns, uint64_t *attn_ns);
+void llm_backend_cpu_times(const llm_backend *b, uint64_t *matmul_ns, uint64_t *attn_ns);
 /* The kernel set's int8 multiply-add rate with every pool thread busy at
  * once, in operations (a multiply and an add each) per second, from a
  * ~0.3 s register-only loop: the ceiling int8 matmuls are measured
