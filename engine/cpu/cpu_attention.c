@@ -171,6 +171,32 @@ static attn_scratch head_scratch(const attn_job *j, const attn_scratch *w, int t
     return wg;
 }
 
+/* block_dots or block_wsum. */
+typedef void (*block_fn)(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int p0, int n, const float *fb,
+                         size_t stride, const void *raw, int g, const attn_scratch *w);
+
+/* fn over K (or V: base) blocks [first, n_kv) of rows [t0, t1), block by
+ * block and within a block KV head by head, each head's scores in its part
+ * of the scratch; direct: F16 rows read in place, else converted. */
+static void kv_pass(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int g0, int g1, int first, int direct,
+                    void *base, block_fn fn, const attn_scratch *w)
+{
+    const llm_attn_args *a = j->a;
+    int hd = a->head_dim, bs = a->kv->block_size, n_kv = s->pos0 + t1;
+    size_t stride = 0;
+    for (int p0 = first; p0 < n_kv; p0 += bs) {
+        int n = n_kv - p0 < bs ? n_kv - p0 : bs;
+        if (g1 - g0 > 1 && p0 + bs < n_kv)
+            prefetch_rows(a->kv, base, s->block_table, p0 + bs, n_kv - p0 - bs < bs ? n_kv - p0 - bs : bs);
+        for (int g = g0; g < g1; g++) {
+            attn_scratch wg = head_scratch(j, w, t0, t1, g, g0);
+            const float *fb = direct ? NULL : kv_block(j->c->k, a->kv, base, s->block_table, p0, n, g, hd, w->tile, &stride);
+            fn(j, s, t0, t1, p0, n, fb, stride, kv_row(a->kv, base, s->block_table, p0) + quant_row_bytes(a->kv->type, (size_t)g * hd),
+               g, &wg);
+        }
+    }
+}
+
 /* Rows [t0, t1) of sequence s, every query head of KV heads [g0, g1),
  * block by block and within a block head by head (so a block's rows are
  * read while they are near). Each row sees positions [first, pos0 + t]
@@ -182,22 +208,10 @@ static attn_scratch head_scratch(const attn_job *j, const attn_scratch *w, int t
 static void attn_item(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int g0, int g1, const attn_scratch *w)
 {
     const llm_attn_args *a = j->a;
-    const cpu_kernels *k = j->c->k;
-    int hd = a->head_dim, bs = a->kv->block_size, n_kv = s->pos0 + t1;
+    int hd = a->head_dim, bs = a->kv->block_size;
     int direct = a->kv->type == QT_F16 && (t1 - t0) * j->group <= 2;
-    size_t stride = 0;
     int first = llm_attn_first(s->pos0 + t0, a->window) / bs * bs;
-    for (int p0 = first; p0 < n_kv; p0 += bs) {
-        int n = n_kv - p0 < bs ? n_kv - p0 : bs;
-        if (g1 - g0 > 1 && p0 + bs < n_kv)
-            prefetch_rows(a->kv, a->kv->k, s->block_table, p0 + bs, n_kv - p0 - bs < bs ? n_kv - p0 - bs : bs);
-        for (int g = g0; g < g1; g++) {
-            attn_scratch wg = head_scratch(j, w, t0, t1, g, g0);
-            const float *kb = direct ? NULL : kv_block(k, a->kv, a->kv->k, s->block_table, p0, n, g, hd, w->tile, &stride);
-            block_dots(j, s, t0, t1, p0, n, kb, stride,
-                       kv_row(a->kv, a->kv->k, s->block_table, p0) + quant_row_bytes(a->kv->type, (size_t)g * hd), g, &wg);
-        }
-    }
+    kv_pass(j, s, t0, t1, g0, g1, first, direct, a->kv->k, block_dots, w);
     for (int g = g0; g < g1; g++) {
         attn_scratch wg = head_scratch(j, w, t0, t1, g, g0);
         for (int t = t0; t < t1; t++)
@@ -207,17 +221,7 @@ static void attn_item(const attn_job *j, const llm_batch_seq *s, int t0, int t1,
                 memset(a->out + ((size_t)(s->tok0 + t) * a->n_head + g * j->group + h) * hd, 0, sizeof(float) * (size_t)hd);
             }
     }
-    for (int p0 = first; p0 < n_kv; p0 += bs) {
-        int n = n_kv - p0 < bs ? n_kv - p0 : bs;
-        if (g1 - g0 > 1 && p0 + bs < n_kv)
-            prefetch_rows(a->kv, a->kv->v, s->block_table, p0 + bs, n_kv - p0 - bs < bs ? n_kv - p0 - bs : bs);
-        for (int g = g0; g < g1; g++) {
-            attn_scratch wg = head_scratch(j, w, t0, t1, g, g0);
-            const float *vb = direct ? NULL : kv_block(k, a->kv, a->kv->v, s->block_table, p0, n, g, hd, w->tile, &stride);
-            block_wsum(j, s, t0, t1, p0, n, vb, stride,
-                       kv_row(a->kv, a->kv->v, s->block_table, p0) + quant_row_bytes(a->kv->type, (size_t)g * hd), g, &wg);
-        }
-    }
+    kv_pass(j, s, t0, t1, g0, g1, first, direct, a->kv->v, block_wsum, w);
 }
 
 /* KV heads per item of sequence s. Decoding many sequences, one item takes
