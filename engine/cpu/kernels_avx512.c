@@ -260,10 +260,6 @@ static inline __attribute__((always_inline)) void pk_tile(const int kind, const 
                                                            size_t y_stride, int n_valid, int valid)
 {
     const int qb = T == 8 ? 256 : 32, qj = T == 8 ? 32 : 4, sb = T == 8 ? 8 : 1;
-    /* One token alone (decode) would leave R chains of 8 dependent vpdpbusd per block, bound by their
-     * latency rather than the loads: its sums are split over 4 chains (j % 4) and added after the
-     * block. Integer sums are exact in any order, so the lane's result is the tile's. */
-    const int C = T == 1 ? 4 : 1;
     __m512 f[2][8];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
         f[r][t] = _mm512_setzero_ps();
@@ -282,8 +278,6 @@ static inline __attribute__((always_inline)) void pk_tile(const int kind, const 
                                        : _mm512_slli_epi32(_mm512_set1_epi32(x.nsum[sb * b + t]), kind == PK_Q8 ? 7 : kind == PK_Q5 ? 4 : 3);
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = c;
         }
-        _Pragma("GCC unroll 3") for (int c = 1; c < C; c++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-            s[r][c] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int j = 0; j < QK8_0 / 4; j++) {
             __m512i wq[2];
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
@@ -292,13 +286,9 @@ static inline __attribute__((always_inline)) void pk_tile(const int kind, const 
                 int32_t x4;
                 memcpy(&x4, xq + qj * j + 4 * t, 4);
                 __m512i xb = _mm512_set1_epi32(x4);
-                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-                    s[r][t + j % C] = _mm512_dpbusd_epi32(s[r][t + j % C], wq[r], xb);
+                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = _mm512_dpbusd_epi32(s[r][t], wq[r], xb);
             }
         }
-        if (C == 4)
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][0] =
-                _mm512_add_epi32(_mm512_add_epi32(s[r][0], s[r][1]), _mm512_add_epi32(s[r][2], s[r][3]));
         __m512 dw[2], mn[2];
         _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) dw[r] = pk_scale(kind, w + (size_t)r * gstride, b, &mn[r]);
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
