@@ -28,7 +28,7 @@ ENGINE_SRC = engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c 
              engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
              engine/sampler.c engine/grammar.c engine/gmatch.c engine/jinja_value.c engine/jinja_parse.c engine/jinja_eval.c engine/jinja_lib.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c engine/cpu/cpu_pack.c \
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c engine/cpu/kernels_avx512.c \
-             engine/mkmodel.c
+             engine/cpu/pk_layout.c engine/cpu/tiles_avx2.c engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench llm-perplexity
 SERVER_SRC = server/http_guard.c server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c server/srv_chat.c server/srv_embed.c server/srv_tools.c server/srv_metrics.c server/srv_canary.c \
              server/srv_load.c
@@ -60,6 +60,8 @@ UNIT_BIN = $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
 # Only the AVX2 kernel file gets the ISA flags; it checks the CPU at run time.
 $(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
+$(BUILD)/engine/cpu/pk_layout.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
+$(BUILD)/engine/cpu/tiles_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 $(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 $(BUILD)/engine/cpu/kernels_avx512.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 

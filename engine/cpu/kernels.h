@@ -120,8 +120,12 @@ typedef struct cpu_kernels {
 } cpu_kernels;
 
 const cpu_kernels *cpu_kernels_scalar(void);
-/* NULL when not compiled in or the CPU lacks AVX2/FMA/F16C. */
+/* NULL when not compiled in or the CPU lacks AVX2/FMA/F16C. Packed
+ * 256-bit tiles (vpmaddubsw) for Q8_0, Q4_0, Q5_0 and Q4_K. */
 const cpu_kernels *cpu_kernels_avx2(void);
+/* The AVX2 set with its tiles multiplying by AVX-VNNI's vpdpbusd; NULL
+ * when the CPU lacks AVX-VNNI. */
+const cpu_kernels *cpu_kernels_avxvnni(void);
 /* The AVX2 set with AVX512-VNNI (256-bit) dot products for Q8_0 weights;
  * NULL when the CPU lacks AVX512-VNNI/VL. */
 const cpu_kernels *cpu_kernels_vnni(void);

@@ -6,7 +6,10 @@
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
+
+#include "tiles_avx2.h"
 
 #define KQ_ACC(acc, p, s) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (s)))
 #include "x86_kquant.h"
@@ -461,23 +464,25 @@ static void geglu(const float *g, const float *u, float *out, int n)
 }
 
 /* The peak estimate's loop: 12 chains of vpmaddubsw (32 multiply-adds
- * into int16 pairs), vpmaddwd to int32 and an add: how the AVX2 kernels
- * multiply 8-bit quants. */
+ * into int16 pairs) and vpaddw, the step the packed tiles repeat for
+ * nibble quants (tiles_avx2.c). */
 static double spin_avx2(long iters, int seed)
 {
-    __m256i a[12], w = _mm256_set1_epi8((char)(seed | 1)), x = _mm256_set1_epi8((char)(seed + 3)),
-                   one = _mm256_set1_epi16(1);
-    for (int i = 0; i < 12; i++) a[i] = _mm256_set1_epi32(seed + i);
+    __m256i a[12], w = _mm256_set1_epi8((char)(seed | 1)), x = _mm256_set1_epi8((char)(seed + 3));
+    for (int i = 0; i < 12; i++) a[i] = _mm256_set1_epi16((short)(seed + i));
     for (long it = 0; it < iters; it++)
-        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
-            a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_xor_si256(w, a[i]), x), one));
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) {
+            __asm__("" : "+x"(w)); /* w "changes": no product is shared or hoisted, at no instruction's cost */
+            a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(w, x));
+        }
     volatile int sink = 0;
     for (int i = 0; i < 12; i++) sink += hsum8i(a[i]);
     (void)sink;
     return 12.0 * 64.0 * (double)iters;
 }
 
-static const cpu_kernels avx2 = {
+/* The set as compiled; avx2_init adds the packed tiles. */
+static const cpu_kernels avx2_rows = {
     .name = "avx2",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
             [QT_Q4_0] = w_q4_0, [QT_Q4_1] = w_q4_1, [QT_Q5_0] = w_q5_0, [QT_Q5_1] = w_q5_1,
@@ -501,13 +506,38 @@ static const cpu_kernels avx2 = {
     .int8_spin = spin_avx2,
 };
 
+static cpu_kernels avx2, avxvnni;
+static pthread_once_t avx2_once = PTHREAD_ONCE_INIT;
+
+static void avx2_init(void)
+{
+    static const quant_type packed[] = {QT_Q8_0, QT_Q4_0, QT_Q5_0, QT_Q4_K};
+    avx2 = avx2_rows;
+    avxvnni = avx2_rows;
+    avxvnni.name = "avxvnni";
+    avxvnni.int8_spin = tiles_avx2_spin_vnni;
+    for (size_t i = 0; i < sizeof packed / sizeof *packed; i++) {
+        avx2.pack[packed[i]] = tiles_avx2_pack(packed[i], 0);
+        avxvnni.pack[packed[i]] = tiles_avx2_pack(packed[i], 1);
+    }
+}
+
 const cpu_kernels *cpu_kernels_avx2(void)
 {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return &avx2;
-    return NULL;
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        return NULL;
+    pthread_once(&avx2_once, avx2_init);
+    return &avx2;
+}
+
+const cpu_kernels *cpu_kernels_avxvnni(void)
+{
+    if (!cpu_kernels_avx2() || !__builtin_cpu_supports("avxvnni"))
+        return NULL;
+    return &avxvnni;
 }
 #else
 const cpu_kernels *cpu_kernels_avx2(void) { return NULL; }
+const cpu_kernels *cpu_kernels_avxvnni(void) { return NULL; }
 #endif

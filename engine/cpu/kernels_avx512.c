@@ -6,8 +6,9 @@
  * Why a packed layout: the row kernels (one weight row against 8 or 16
  * tokens) spend most of their instructions on loads, offsets and scale
  * handling per 32 weights, and reach about a third of the cores' vpdpbusd
- * rate. Here a group of 16 rows is interleaved so that one 64-byte load
- * holds 4 consecutive weights of each of the 16 rows, a zmm lane per row;
+ * rate. Here a group of 16 rows is interleaved (pk_layout.h) so that one
+ * 64-byte load holds 4 consecutive weights of each of the 16 rows, a zmm
+ * lane per row;
  * a token's 4 activations are broadcast (vpdpbusd's signed operand) and
  * one instruction adds 64 products. A tile keeps 2 groups x 8 tokens of
  * accumulators in registers, so each weight load serves 8 tokens and each
@@ -23,7 +24,7 @@
  * block an exact integer sum, then f = ((float)s * dx) * dw + f in block
  * order. So a token's result does not depend on its batch. */
 #include "kernels.h"
-#include "quant_impl.h"
+#include "pk_layout.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
@@ -37,194 +38,13 @@
  * prefetch left them waiting on memory (tinyllama-1.1b Q4_0 decode 36 ->
  * 42 tok/s, Q8_0 24.4 -> 26; 512 to 4096 alike, 2 threads, this Xeon). */
 #define PK_PF 1024
-#define PK_ROWS 16                  /* rows per packed group: one zmm lane each */
-
-/* ---- activations: signed bytes, a float scale and the integer sum per block ---- */
-
-/* Row layout: n int8, then n/32 float scales, then n/32 int32 negated sums
- * (what the tiles' offset corrections start from: a broadcast load). */
-static size_t s8_row(int n) { return (size_t)n + (size_t)n / QK8_0 * (sizeof(float) + sizeof(int32_t)); }
-
-static void s8_quant(const float *x, void *dst, int n)
-{
-    int8_t *q = dst;
-    float *d = (float *)(q + n);
-    int32_t *nsum = (int32_t *)(d + n / QK8_0);
-    for (int b = 0; b < n / QK8_0; b++, x += QK8_0) {
-        __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-        float s = amax / 127.f;
-        __m512 id = _mm512_set1_ps(s ? 1.f / s : 0.f);
-        /* round to nearest even, as the other sets' formats */
-        __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
-        _mm_storeu_si128((__m128i *)(q + QK8_0 * b), _mm512_cvtepi32_epi8(i0));
-        _mm_storeu_si128((__m128i *)(q + QK8_0 * b + 16), _mm512_cvtepi32_epi8(i1));
-        d[b] = s;
-        nsum[b] = -_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
-    }
-}
-
-static void s8_deq(const void *a, float *dst, int n)
-{
-    const int8_t *q = a;
-    const float *d = (const float *)(q + n);
-    for (int i = 0; i < n; i++) dst[i] = d[i / QK8_0] * (float)q[i];
-}
-
-/* Tile of 8 rows: for each block of 32, eight groups of 4 quants, each
- * holding tokens 0..7 side by side (4 bytes each), so the tile kernel
- * finds token t's 4 quants of group j of block b at 256 b + 32 j + 4 t;
- * then the scales (nb x 8 floats), then the negated sums (nb x 8 int32). */
-static void s8_quant8(const float *x, size_t x_stride, int rows, void *dst, int n)
-{
-    cpu_tile8(s8_quant, 2, x, x_stride, rows, dst, n);
-}
-
-static const cpu_act act_s8 = {4, s8_row, s8_quant, s8_deq, s8_quant8};
-
-/* Where a tile kernel finds its tokens' activations: token t's quants j
- * of block b at q[qb * b + qj * j + 4 t], its scale and negated sum at
- * [sb * b + t]. A tile (8 tokens): 256, 32, 8; a row (1 token): 32, 4, 1. */
-typedef struct s8_view {
-    const int8_t *q;
-    const float *d;
-    const int32_t *nsum;
-} s8_view;
-
-static s8_view s8_tile_view(const void *x, int n)
-{
-    const int8_t *q = x;
-    const float *d = (const float *)(q + 8 * (size_t)n);
-    return (s8_view){q, d, (const int32_t *)(d + 8 * (size_t)(n / QK8_0))};
-}
-
-static s8_view s8_row_view(const void *x, int n)
-{
-    const int8_t *q = x;
-    const float *d = (const float *)(q + n);
-    return (s8_view){q, d, (const int32_t *)(d + n / QK8_0)};
-}
-
-/* ---- Q8_0, Q4_0, Q4_K: 16-row groups of 32-column blocks ------------------------ */
-
-/* A group's block (16 rows x 32 columns) of quants, as vectors of 16 rows
- * x 4 bytes:
- *   Q8_0: 8 vectors, vector j = columns 4j..4j+3, each weight + 128;
- *   Q4_0, Q4_K: 4 vectors, vector j holding in each row's 4 bytes columns
- *         4j.. (low nibbles) and 16 + 4j.. (high nibbles), unsigned
- *         (Q4_0: the file's bytes 4j..4j+3, the weight + 8), so a mask and
- *         a shift give two vectors of bytes.
- *   Q5_0: Q4_0's nibbles (the low 4 bits), then 8 x 64 fifth bits, bit
- *         4r + k of mask j for row r, column 4j + k (a mask register made
- *         bytes of 16 adds them: vpmovm2b).
- * Q8_0, Q4_0 and Q5_0 blocks start with their 16 rows' f16 scales; w . x
- * = q . x - offset * sum(x), offset 128, 8 or 16, so a token's integer
- * chain starts at its negated block sum shifted by 7, 3 or 4. A Q4_K super-block
- * (256 columns) starts with a header - 16 f16 d, 16 f16 dmin, then the
- * 6-bit scales and mins as bytes, 16 rows per sub-block - and holds its 8
- * blocks; w = d sc q - dmin m, so a block adds (q . x) dx d sc and takes
- * off dmin m dx sum(xq). */
-enum { PK_Q8, PK_Q4, PK_Q4K, PK_Q5 };
-
-#define PK_Q4K_HEAD (PK_ROWS * 2 * 2 + PK_ROWS * 8 * 2) /* d, dmin; sc, m bytes */
-#define PK_Q4K_SUPER (PK_Q4K_HEAD + 8 * PK_ROWS * 16)   /* header + 8 blocks of nibbles */
-
-static int pk_block_bytes(int kind)
-{
-    return PK_ROWS * 2 + PK_ROWS * (kind == PK_Q8 ? 32 : 16) + (kind == PK_Q5 ? PK_ROWS * 4 : 0);
-}
-
-/* Bytes of one group over cols columns. */
-static size_t pk_group_bytes(int kind, int64_t cols)
-{
-    if (kind == PK_Q4K)
-        return (size_t)(cols / QK_K) * PK_Q4K_SUPER;
-    return (size_t)(cols / QK8_0) * (size_t)pk_block_bytes(kind);
-}
-
-static size_t pk_groups(int64_t rows) { return (size_t)((rows + PK_ROWS - 1) / PK_ROWS); }
-
-
-/* The quant vectors of block b (32 columns) of the group at g. */
-static inline const uint8_t *pk_qs(int kind, const uint8_t *g, int b)
-{
-    if (kind == PK_Q4K)
-        return g + (size_t)(b / 8) * PK_Q4K_SUPER + PK_Q4K_HEAD + (size_t)(b % 8) * PK_ROWS * 16;
-    return g + (size_t)b * (size_t)pk_block_bytes(kind) + PK_ROWS * sizeof(quant_f16);
-}
-
-/* 32 nibble quants (0..15) of row r into the block's 4 vectors at q. */
-static void pk_nibbles(const int *v, int r, uint8_t *q)
-{
-    for (int j = 0; j < 4; j++)
-        for (int k = 0; k < 4; k++) q[64 * j + 4 * r + k] = (uint8_t)(v[4 * j + k] | v[16 + 4 * j + k] << 4);
-}
-
-/* Row r (row `row` of the weight; past `rows`: zeros) of block b of the
- * group at g. */
-static void pk_row(int kind, const void *w, size_t row_bytes, int64_t row, int64_t rows, int b, int r, uint8_t *g)
-{
-    const char *src = row < rows ? (const char *)w + (size_t)row * row_bytes : NULL;
-    uint8_t *q = (uint8_t *)pk_qs(kind, g, b);
-    int v[32] = {0};
-    if (kind == PK_Q8) {
-        const block_q8_0 *blk = src ? (const block_q8_0 *)src + b : NULL;
-        ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
-        for (int j = 0; j < QK8_0 / 4; j++)
-            for (int k = 0; k < 4; k++) q[64 * j + 4 * r + k] = (uint8_t)((blk ? blk->qs[4 * j + k] : 0) ^ 0x80);
-    } else if (kind == PK_Q4) {
-        const block_q4_0 *blk = src ? (const block_q4_0 *)src + b : NULL;
-        ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
-        if (blk)
-            quant_unpack32(blk->qs, NULL, v);
-        pk_nibbles(v, r, q);
-    } else if (kind == PK_Q5) { /* nibbles as Q4_0's, then the fifth bits: 64 per 4 columns, bit 4r + k */
-        const block_q5_0 *blk = src ? (const block_q5_0 *)src + b : NULL;
-        ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
-        if (blk)
-            quant_unpack32(blk->qs, blk->qh, v);
-        int lo[32];
-        for (int i = 0; i < 32; i++) lo[i] = v[i] & 0xf;
-        pk_nibbles(lo, r, q);
-        for (int j = 0; j < QK8_0 / 4; j++)
-            for (int k = 0; k < 4; k++) {
-                uint8_t *byte = q + PK_ROWS * 16 + 8 * j + (4 * r + k) / 8;
-                *byte = (uint8_t)((*byte & ~(1u << ((4 * r + k) % 8))) | (unsigned)((v[4 * j + k] >> 4) & 1) << ((4 * r + k) % 8));
-            }
-    } else {
-        const block_q4_K *blk = src ? (const block_q4_K *)src + b / 8 : NULL;
-        uint8_t *h = g + (size_t)(b / 8) * PK_Q4K_SUPER;
-        int j = b % 8, sc = 0, m = 0;
-        if (blk) {
-            quant_k4_scale_min(j, blk->scales, &sc, &m);
-            for (int i = 0; i < 32; i++) v[i] = (blk->qs[32 * (j / 2) + i] >> (4 * (j % 2))) & 0xf;
-        }
-        ((quant_f16 *)h)[r] = blk ? blk->d : 0;
-        ((quant_f16 *)h)[PK_ROWS + r] = blk ? blk->dmin : 0;
-        h[64 + PK_ROWS * j + r] = (uint8_t)sc;
-        h[64 + PK_ROWS * 8 + PK_ROWS * j + r] = (uint8_t)m;
-        pk_nibbles(v, r, q);
-    }
-}
-
-static inline __attribute__((always_inline)) void pk_pack(int kind, const void *w, size_t row_bytes, int64_t rows,
-                                                           int64_t cols, int64_t g0, int64_t g1, void *dst)
-{
-    int nb = (int)(cols / QK8_0);
-    size_t gb = pk_group_bytes(kind, cols);
-    for (int64_t g = g0; g < g1; g++) {
-        uint8_t *o = (uint8_t *)dst + (size_t)g * gb;
-        for (int b = 0; b < nb; b++)
-            for (int r = 0; r < PK_ROWS; r++) pk_row(kind, w, row_bytes, g * PK_ROWS + r, rows, b, r, o);
-    }
-}
 
 /* Block b's per-row scale of q . x (dw) and, for Q4_K, of the block sum
  * (*mn = dmin m). */
 static inline __attribute__((always_inline)) __m512 pk_scale(int kind, const uint8_t *g, int b, __m512 *mn)
 {
     if (kind != PK_Q4K)
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pk_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16))));
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pk_layout_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16))));
     const uint8_t *h = g + (size_t)(b / 8) * PK_Q4K_SUPER;
     __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
     __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32)));
@@ -256,7 +76,7 @@ static inline __attribute__((always_inline)) __m512i pk_quants(int kind, const u
  * n_valid and the last group's rows past `valid` (1..16) left alone.
  * kind, R and T are constants at every call. */
 static inline __attribute__((always_inline)) void pk_tile(const int kind, const int R, const int T, const uint8_t *w,
-                                                           size_t gstride, int nb, s8_view x, float *y,
+                                                           size_t gstride, int nb, pk_layout_view x, float *y,
                                                            size_t y_stride, int n_valid, int valid)
 {
     const int qb = T == 8 ? 256 : 32, qj = T == 8 ? 32 : 4, sb = T == 8 ? 8 : 1;
@@ -266,9 +86,9 @@ static inline __attribute__((always_inline)) void pk_tile(const int kind, const 
     for (int b = 0; b < nb; b++) {
         const int8_t *xq = x.q + (size_t)qb * b;
         if (T == 1) { /* the block PK_PF bytes ahead in each group (Q4_K: a block and a bit, its header's share) */
-            const int bb = pk_block_bytes(kind);
+            const int bb = pk_layout_block_bytes(kind);
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                const char *p = (const char *)pk_qs(kind, w + (size_t)r * gstride, b) + PK_PF;
+                const char *p = (const char *)pk_layout_qs(kind, w + (size_t)r * gstride, b) + PK_PF;
                 for (int o = 0; o < bb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
             }
         }
@@ -281,7 +101,7 @@ static inline __attribute__((always_inline)) void pk_tile(const int kind, const 
         _Pragma("GCC unroll 8") for (int j = 0; j < QK8_0 / 4; j++) {
             __m512i wq[2];
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-                wq[r] = pk_quants(kind, pk_qs(kind, w + (size_t)r * gstride, b), j);
+                wq[r] = pk_quants(kind, pk_layout_qs(kind, w + (size_t)r * gstride, b), j);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 int32_t x4;
                 memcpy(&x4, xq + qj * j + 4 * t, 4);
@@ -318,12 +138,12 @@ static inline __attribute__((always_inline)) void pk_col(const int kind, const i
                                                           int nb, const char *x, size_t x_row, int n_tok, int n,
                                                           float *y, size_t y_stride, int valid)
 {
-    int t = 0, tiled = cpu_act_tiled(&act_s8, n_tok);
+    int t = 0, tiled = cpu_act_tiled(&pk_layout_act, n_tok);
     for (; t < tiled; t += 8)
-        pk_tile(kind, R, 8, w, gstride, nb, s8_tile_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride,
+        pk_tile(kind, R, 8, w, gstride, nb, pk_layout_tile_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride,
                 y_stride, n_tok - t, valid);
     for (; t < n_tok; t++)
-        pk_tile(kind, R, 1, w, gstride, nb, s8_row_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride, y_stride,
+        pk_tile(kind, R, 1, w, gstride, nb, pk_layout_row_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride, y_stride,
                 1, valid);
 }
 
@@ -333,7 +153,7 @@ static inline __attribute__((always_inline)) void pk_gemm(const int kind, const 
                                                            int n_tok, float *y, size_t y_stride)
 {
     int nb = (int)(cols / QK8_0);
-    size_t gstride = pk_group_bytes(kind, cols);
+    size_t gstride = pk_layout_group_bytes(kind, cols);
     for (int64_t g = g0; g < g1;) {
         const uint8_t *w = (const uint8_t *)pw + (size_t)g * gstride;
         float *yg = y + (size_t)g * PK_ROWS;
@@ -351,18 +171,18 @@ static inline __attribute__((always_inline)) void pk_gemm(const int kind, const 
 /* A type's cpu_pack: its size, pack and gemm entry points, each the
  * shared code with the kind a constant (the tile is compiled per kind). */
 #define PK_TYPE(name, kind)                                                                                       \
-    static size_t name##_bytes(int64_t rows, int64_t cols) { return pk_groups(rows) * pk_group_bytes(kind, cols); } \
+    static size_t name##_bytes(int64_t rows, int64_t cols) { return pk_layout_groups(rows) * pk_layout_group_bytes(kind, cols); } \
     static void name##_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1,    \
                             void *dst)                                                                            \
     {                                                                                                             \
-        pk_pack(kind, w, row_bytes, rows, cols, g0, g1, dst);                                                     \
+        pk_layout_pack(kind, w, row_bytes, rows, cols, g0, g1, dst);                                                     \
     }                                                                                                             \
     static void name##_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x,     \
                             size_t x_row, int n_tok, float *y, size_t y_stride)                                   \
     {                                                                                                             \
         pk_gemm(kind, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);                                      \
     }                                                                                                             \
-    static const cpu_pack name = {PK_ROWS, name##_bytes, name##_pack, name##_gemm, &act_s8};
+    static const cpu_pack name = {PK_ROWS, name##_bytes, name##_pack, name##_gemm, &pk_layout_act};
 
 PK_TYPE(pack_q8_0, PK_Q8)
 PK_TYPE(pack_q4_0, PK_Q4)

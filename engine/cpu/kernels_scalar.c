@@ -314,10 +314,11 @@ void cpu_tile8(cpu_quant_fn quant, int n_words, const float *x, size_t x_stride,
 
 const cpu_kernels *const *cpu_kernels_all(void)
 {
-    static const cpu_kernels *all[5];
+    static const cpu_kernels *all[6];
     int n = 0;
     if (cpu_kernels_avx512()) all[n++] = cpu_kernels_avx512();
     if (cpu_kernels_vnni()) all[n++] = cpu_kernels_vnni();
+    if (cpu_kernels_avxvnni()) all[n++] = cpu_kernels_avxvnni();
     if (cpu_kernels_avx2()) all[n++] = cpu_kernels_avx2();
     all[n++] = &scalar;
     all[n] = NULL;

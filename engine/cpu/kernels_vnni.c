@@ -248,6 +248,8 @@ static void vnni_init(void)
 {
     vnni = *cpu_kernels_avx2();
     vnni.name = "avx512vnni";
+    /* the row kernels, not the avx2 set's vpmaddubsw tiles (the avx512 set adds its own) */
+    memset(vnni.pack, 0, sizeof vnni.pack);
     vnni.dot[QT_Q8_0] = q8_0_dot;
     vnni.dot4[QT_Q8_0] = NULL; /* tokens past the last tile of 8 go one by one */
     vnni.dot8[QT_Q8_0] = q8_0_dot8;

@@ -167,9 +167,15 @@ static void ref_dequant(quant_type t, const void *blk, double *y)
 
 /* Random quant bits with finite, realistic scales (a min of Q4_1/Q5_1
  * is a signed value). */
-static void random_block(quant_type t, void *blk)
+/* A block of random bytes with a sane scale; extreme: every quant at its
+ * largest magnitude instead (Q8_0 -128, 4-bit 15, 5-bit 31, K-quant
+ * scales 63), where a kernel's narrow intermediate sums would overflow. */
+static void make_block(quant_type t, void *blk, int extreme)
 {
-    rand_bytes(blk, quant_block_bytes(t));
+    if (extreme)
+        memset(blk, t == QT_Q8_0 ? 0x80 : 0xff, quant_block_bytes(t));
+    else
+        rand_bytes(blk, quant_block_bytes(t));
     switch (t) {
     case QT_Q8_0: ((block_q8_0 *)blk)->d = rand_f16_scale(); break;
     case QT_Q4_0: ((block_q4_0 *)blk)->d = rand_f16_scale(); break;
@@ -190,6 +196,8 @@ static void random_block(quant_type t, void *blk)
     default: break;
     }
 }
+
+static void random_block(quant_type t, void *blk) { make_block(t, blk, 0); }
 
 static const quant_type qtypes[] = {QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
                                     QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K};
@@ -334,11 +342,12 @@ static void check_dot(const cpu_kernels *k, quant_type wt, int n)
 }
 
 /* A set's packed tiles for weight type wt, rows x cols, against float64
- * sums of the same decoded operands, on every token count up to 19; a
+ * sums of the same decoded operands, on every token count up to 19
+ * (extreme: make_block's extreme weights, every activation +-127); a
  * token's results equal, bit for bit, those it gets alone and those of a
  * call for part of the groups (batch invariance: the engine relies on
  * it), and no row past the weight's is written. */
-static void check_packed(const cpu_kernels *k, quant_type wt, int rows, int cols)
+static void check_packed(const cpu_kernels *k, quant_type wt, int rows, int cols, int extreme)
 {
     enum { MAXT = 19 };
     const cpu_pack *pk = k->pack[wt];
@@ -349,9 +358,11 @@ static void check_packed(const cpu_kernels *k, quant_type wt, int rows, int cols
     float *x = malloc(sizeof(float) * (size_t)cols * MAXT), *wf = malloc(sizeof(float) * (size_t)cols * (size_t)rows),
           *af = malloc(sizeof(float) * (size_t)cols), *y = malloc(sizeof(float) * ys * MAXT),
           *y1 = malloc(sizeof(float) * ys * MAXT);
-    for (size_t b = 0; b < wb * (size_t)rows / quant_block_bytes(wt); b++) random_block(wt, w + b * quant_block_bytes(wt));
+    for (size_t b = 0; b < wb * (size_t)rows / quant_block_bytes(wt); b++)
+        make_block(wt, w + b * quant_block_bytes(wt), extreme);
     for (int r = 0; r < rows; r++) quant_dequantize_row(wt, w + (size_t)r * wb, wf + (size_t)r * cols, (size_t)cols);
-    for (int i = 0; i < cols * MAXT; i++) x[i] = test_randf(&seed) * (i % 37 == 0 ? 30.0f : 1.0f);
+    for (int i = 0; i < cols * MAXT; i++)
+        x[i] = extreme ? (i / cols % 2 ? -1.0f : 1.0f) : test_randf(&seed) * (i % 37 == 0 ? 30.0f : 1.0f);
     uint8_t *ar = malloc(ab * MAXT); /* each token in row format: what it is alone */
     for (int t = 0; t < MAXT; t++) act->quantize(x + (size_t)t * cols, ar + (size_t)t * ab, cols);
     for (int t = 0; t < MAXT; t++) { /* the tiles' format holds x to half a step of its block's scale */
@@ -428,7 +439,9 @@ static void run_kernel_set(const cpu_kernels *k)
         /* (rows, blocks): partial, single and odd groups; > 4096 columns (the tile conversion's chunks) */
         static const int shapes[][2] = {{1, 1}, {15, 3}, {16, 1}, {17, 9}, {50, 2}, {64, 40}, {5, 130}};
         for (size_t s = 0; k->pack[all[i]] && s < sizeof shapes / sizeof *shapes; s++)
-            check_packed(k, all[i], shapes[s][0], shapes[s][1] * be);
+            check_packed(k, all[i], shapes[s][0], shapes[s][1] * be, 0);
+        if (k->pack[all[i]])
+            check_packed(k, all[i], 17, 9 * be, 1);
     }
     for (int hd = 4; hd <= 136; hd += 12) { /* attention helpers over a block of rows */
         enum { ROWS = 19, STRIDE = 150 };
@@ -636,6 +649,7 @@ static void test_packed_upload(void **state)
 }
 
 static void test_kernels_avx2(void **state) { (void)state; run_simd(cpu_kernels_avx2(), "AVX2/FMA"); }
+static void test_kernels_avxvnni(void **state) { (void)state; run_simd(cpu_kernels_avxvnni(), "AVX-VNNI"); }
 static void test_kernels_vnni(void **state) { (void)state; run_simd(cpu_kernels_vnni(), "AVX512-VNNI"); }
 static void test_kernels_avx512(void **state)
 {
@@ -652,6 +666,7 @@ int main(void)
         cmocka_unit_test(test_quant_roundtrip),
         cmocka_unit_test(test_kernels_scalar),
         cmocka_unit_test(test_kernels_avx2),
+        cmocka_unit_test(test_kernels_avxvnni),
         cmocka_unit_test(test_kernels_vnni),
         cmocka_unit_test(test_kernels_avx512),
         cmocka_unit_test(test_mixed_group),

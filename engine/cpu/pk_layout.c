@@ -1,0 +1,144 @@
+/* pk_layout.c - packing weights into the tiles' layout, and the tiles'
+ * activation format (pk_layout.h). Compiled with the AVX2 flags: only the
+ * sets that need AVX2 call it. */
+#include "pk_layout.h"
+
+#include <string.h>
+
+/* 32 nibble quants (0..15) of row r into the block's 4 vectors at q. */
+static void pk_layout_nibbles(const int *v, int r, uint8_t *q)
+{
+    for (int j = 0; j < 4; j++)
+        for (int k = 0; k < 4; k++) q[64 * j + 4 * r + k] = (uint8_t)(v[4 * j + k] | v[16 + 4 * j + k] << 4);
+}
+
+static void pk_layout_q8(const block_q8_0 *blk, int r, uint8_t *q)
+{
+    ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
+    for (int j = 0; j < QK8_0 / 4; j++)
+        for (int k = 0; k < 4; k++) q[64 * j + 4 * r + k] = (uint8_t)((blk ? blk->qs[4 * j + k] : 0) ^ 0x80);
+}
+
+static void pk_layout_q4(const block_q4_0 *blk, int r, uint8_t *q)
+{
+    int v[32] = {0};
+    ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
+    if (blk)
+        quant_unpack32(blk->qs, NULL, v);
+    pk_layout_nibbles(v, r, q);
+}
+
+/* Q4_0's nibbles of the low 4 bits, then the fifth bits: 64 per 4 columns, bit 4r + k */
+static void pk_layout_q5(const block_q5_0 *blk, int r, uint8_t *q)
+{
+    int v[32] = {0}, lo[32];
+    ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
+    if (blk)
+        quant_unpack32(blk->qs, blk->qh, v);
+    for (int i = 0; i < 32; i++) lo[i] = v[i] & 0xf;
+    pk_layout_nibbles(lo, r, q);
+    for (int j = 0; j < QK8_0 / 4; j++)
+        for (int k = 0; k < 4; k++) {
+            uint8_t *byte = q + PK_ROWS * 16 + 8 * j + (4 * r + k) / 8;
+            unsigned bit = (4u * (unsigned)r + (unsigned)k) % 8;
+            *byte = (uint8_t)((*byte & ~(1u << bit)) | (unsigned)((v[4 * j + k] >> 4) & 1) << bit);
+        }
+}
+
+/* Sub-block j (0..7) of a Q4_K super-block: the header's share of row r
+ * (h: the super-block's header), and the nibbles. */
+static void pk_layout_q4k(const block_q4_K *blk, int j, int r, uint8_t *h, uint8_t *q)
+{
+    int v[32] = {0}, sc = 0, m = 0;
+    if (blk) {
+        quant_k4_scale_min(j, blk->scales, &sc, &m);
+        for (int i = 0; i < 32; i++) v[i] = (blk->qs[32 * (j / 2) + i] >> (4 * (j % 2))) & 0xf;
+    }
+    ((quant_f16 *)h)[r] = blk ? blk->d : 0;
+    ((quant_f16 *)h)[PK_ROWS + r] = blk ? blk->dmin : 0;
+    h[64 + PK_ROWS * j + r] = (uint8_t)sc;
+    h[64 + PK_ROWS * 8 + PK_ROWS * j + r] = (uint8_t)m;
+    pk_layout_nibbles(v, r, q);
+}
+
+/* Row r (row `row` of the weight; past `rows`: zeros) of block b of the
+ * group at g. */
+static void pk_layout_row(int kind, const void *w, size_t row_bytes, int64_t row, int64_t rows, int b, int r,
+                          uint8_t *g)
+{
+    const char *src = row < rows ? (const char *)w + (size_t)row * row_bytes : NULL;
+    uint8_t *q = (uint8_t *)pk_layout_qs(kind, g, b);
+    if (kind == PK_Q8)
+        pk_layout_q8(src ? (const block_q8_0 *)src + b : NULL, r, q);
+    else if (kind == PK_Q4)
+        pk_layout_q4(src ? (const block_q4_0 *)src + b : NULL, r, q);
+    else if (kind == PK_Q5)
+        pk_layout_q5(src ? (const block_q5_0 *)src + b : NULL, r, q);
+    else
+        pk_layout_q4k(src ? (const block_q4_K *)src + b / 8 : NULL, b % 8, r, g + (size_t)(b / 8) * PK_Q4K_SUPER, q);
+}
+
+void pk_layout_pack(int kind, const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1,
+                    void *dst)
+{
+    int nb = (int)(cols / QK8_0);
+    size_t gb = pk_layout_group_bytes(kind, cols);
+    for (int64_t g = g0; g < g1; g++) {
+        uint8_t *o = (uint8_t *)dst + (size_t)g * gb;
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < PK_ROWS; r++) pk_layout_row(kind, w, row_bytes, g * PK_ROWS + r, rows, b, r, o);
+    }
+}
+
+/* ---- activations: signed bytes, a float scale and the negated sum per block ---- */
+
+#if defined(__x86_64__) && defined(__AVX2__)
+#include <immintrin.h>
+
+static size_t pk_layout_act_row(int n) { return (size_t)n + (size_t)n / QK8_0 * (sizeof(float) + sizeof(int32_t)); }
+
+static void pk_layout_act_quant(const float *x, void *dst, int n)
+{
+    int8_t *q = dst;
+    float *d = (float *)(q + n);
+    int32_t *nsum = (int32_t *)(d + n / QK8_0);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < n / QK8_0; b++, x += QK8_0) {
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + 8 * i);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float s = _mm_cvtss_f32(m4) / 127.f;
+        __m256 id = _mm256_set1_ps(s ? 1.f / s : 0.f);
+        /* round to nearest even, as the other sets' formats */
+        __m256i i[4];
+        for (int k = 0; k < 4; k++) i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));
+        __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        _mm256_storeu_si256((__m256i *)(q + QK8_0 * b),
+                            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        d[b] = s;
+        nsum[b] = -_mm_cvtsi128_si32(s4);
+    }
+}
+
+static void pk_layout_act_deq(const void *a, float *dst, int n)
+{
+    const int8_t *q = a;
+    const float *d = (const float *)(q + n);
+    for (int i = 0; i < n; i++) dst[i] = d[i / QK8_0] * (float)q[i];
+}
+
+static void pk_layout_act_quant8(const float *x, size_t x_stride, int rows, void *dst, int n)
+{
+    cpu_tile8(pk_layout_act_quant, 2, x, x_stride, rows, dst, n);
+}
+
+const cpu_act pk_layout_act = {4, pk_layout_act_row, pk_layout_act_quant, pk_layout_act_deq, pk_layout_act_quant8};
+#endif

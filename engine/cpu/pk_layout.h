@@ -1,0 +1,98 @@
+/* pk_layout.h - the packed weight layout that the tile kernels read (the
+ * avx512 set's 512-bit tiles, the avx2 and avxvnni sets' 256-bit ones),
+ * and the activation format they read. Internal to the CPU backend.
+ *
+ * Rows go in groups of PK_ROWS (16); per group and block of 32 columns
+ * the quants are stored as 64-byte vectors of 16 rows x 4 bytes (row r's
+ * 4 bytes at 4r), so one 512-bit load, or two 256-bit ones (rows 0-7,
+ * rows 8-15), gives 4 consecutive columns of every row:
+ *   PK_Q8:  8 vectors, vector j = columns 4j..4j+3, each weight + 128;
+ *   PK_Q4, PK_Q4K: 4 vectors, vector j holding in each row's 4 bytes
+ *           columns 4j.. (low nibbles) and 16 + 4j.. (high nibbles),
+ *           unsigned (Q4_0: the file's bytes 4j..4j+3, the weight + 8);
+ *   PK_Q5:  Q4_0's nibbles (the low 4 bits), then 8 x 64 fifth bits, bit
+ *           4r + k of mask j for row r, column 4j + k.
+ * Q8_0, Q4_0 and Q5_0 blocks start with their 16 rows' f16 scales; w . x
+ * = q . x - offset * sum(x), offset 128, 8 or 16. A Q4_K super-block (256
+ * columns) starts with a header - 16 f16 d, 16 f16 dmin, then the 6-bit
+ * scales and mins as bytes, 16 rows per sub-block - and holds its 8
+ * blocks; w = d sc q - dmin m. The same bytes as the file (Q4_K 2.8%
+ * more), so a decode step reads no more. Rows past the weight's are zeros.
+ *
+ * Activations (pk_layout_act, kind 4): per row n signed bytes, then n/32
+ * float scales, then n/32 int32 negated block sums (the tiles' offset
+ * corrections start from them); in 8-row tiles as cpu_tile8 lays out.
+ * All functions are pure and thread-safe. */
+#ifndef LLM_CPU_PK_LAYOUT_H
+#define LLM_CPU_PK_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"
+#include "quant_impl.h"
+
+#define PK_ROWS 16 /* rows per packed group */
+
+enum { PK_Q8, PK_Q4, PK_Q4K, PK_Q5 };
+
+#define PK_Q4K_HEAD (PK_ROWS * 2 * 2 + PK_ROWS * 8 * 2) /* d, dmin; sc, m bytes */
+#define PK_Q4K_SUPER (PK_Q4K_HEAD + 8 * PK_ROWS * 16)   /* header + 8 blocks of nibbles */
+
+/* Bytes of one block of a group (not PK_Q4K, whose headers are per 256). */
+static inline int pk_layout_block_bytes(int kind)
+{
+    return PK_ROWS * 2 + PK_ROWS * (kind == PK_Q8 ? 32 : 16) + (kind == PK_Q5 ? PK_ROWS * 4 : 0);
+}
+
+/* Bytes of one group over cols columns. */
+static inline size_t pk_layout_group_bytes(int kind, int64_t cols)
+{
+    if (kind == PK_Q4K)
+        return (size_t)(cols / QK_K) * PK_Q4K_SUPER;
+    return (size_t)(cols / QK8_0) * (size_t)pk_layout_block_bytes(kind);
+}
+
+static inline size_t pk_layout_groups(int64_t rows) { return (size_t)((rows + PK_ROWS - 1) / PK_ROWS); }
+
+/* The quant vectors of block b (32 columns) of the group at g; the 16 f16
+ * scales (not PK_Q4K) are just before them. */
+static inline const uint8_t *pk_layout_qs(int kind, const uint8_t *g, int b)
+{
+    if (kind == PK_Q4K)
+        return g + (size_t)(b / 8) * PK_Q4K_SUPER + PK_Q4K_HEAD + (size_t)(b % 8) * PK_ROWS * 16;
+    return g + (size_t)b * (size_t)pk_layout_block_bytes(kind) + PK_ROWS * sizeof(quant_f16);
+}
+
+/* Packs groups [g0, g1) of the weight w (rows x cols of the kind's file
+ * type, row_bytes apart) into dst, which holds every group. */
+void pk_layout_pack(int kind, const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1,
+                    void *dst);
+
+/* Where a tile finds its tokens' activations: token t's quants j of block
+ * b at q[qb * b + qj * j + 4 t], its scale and negated sum at [sb * b + t];
+ * a tile (8 tokens): qb 256, qj 32, sb 8; a row (1 token): 32, 4, 1. */
+typedef struct pk_layout_view {
+    const int8_t *q;
+    const float *d;
+    const int32_t *nsum;
+} pk_layout_view;
+
+static inline pk_layout_view pk_layout_tile_view(const void *x, int n)
+{
+    const int8_t *q = x;
+    const float *d = (const float *)(q + 8 * (size_t)n);
+    return (pk_layout_view){q, d, (const int32_t *)(d + 8 * (size_t)(n / QK8_0))};
+}
+
+static inline pk_layout_view pk_layout_row_view(const void *x, int n)
+{
+    const int8_t *q = x;
+    const float *d = (const float *)(q + n);
+    return (pk_layout_view){q, d, (const int32_t *)(d + n / QK8_0)};
+}
+
+/* The activation format (needs AVX2; only the sets that need AVX2 use it). */
+extern const cpu_act pk_layout_act;
+
+#endif

@@ -1,0 +1,271 @@
+/* tiles_avx2.c - 256-bit tiles over packed weights (pk_layout.h) for the
+ * avx2 and avxvnni kernel sets. Compiled with the AVX2 flags only; the
+ * avxvnni tiles issue vpdpbusd through inline assembly (VEX form), so that
+ * nothing else in this file can be compiled to an instruction the avx2
+ * set's CPUs lack. The sets check the CPU at run time.
+ *
+ * A 16-row group is two halves of 8 rows, a ymm of 8 int32 lanes each (a
+ * lane per row); per 4 columns a 32-byte load gives a half's quants, a
+ * token's 4 activations are broadcast, and the multiply-add is:
+ *   avxvnni: one vpdpbusd (unsigned quants x signed activations, int32);
+ *   avx2:    vpmaddubsw (pairs to int16) then vpaddw into an int16 sum,
+ *            made int32 by one vpmaddwd per 32 columns (nibble quants:
+ *            8 x 2 x 15 x 127 = 30,480 fits int16) or per 16 (Q5_0's
+ *            5 bits: 4 x 2 x 31 x 127 = 31,496); Q8_0 quants would
+ *            saturate vpmaddubsw, so they go signed and unsigned by the
+ *            sign trick (|w| times x with w's sign) into int32 per step.
+ * A tile is one group x 4 tokens (or 1), so each weight load serves 4
+ * tokens and each broadcast 16 rows.
+ *
+ * Batch invariance: a (row, token) lane sees the same operations in the
+ * same order whatever the tile: an exact integer block sum, then
+ * f = ((float)s * dx) * dw + f in block order. */
+#include "tiles_avx2.h"
+
+#include "pk_layout.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* How far ahead (bytes) a one-token tile asks for its weights (as the
+ * avx512 tiles: decode is a memory stream). */
+#define T2_PF 1024
+
+/* acc += w (unsigned bytes) . x (signed bytes), per int32 lane: AVX-VNNI's
+ * vpdpbusd (VEX), which no flag of this file lets the compiler emit. */
+AI __m256i t2_dpbusd(__m256i acc, __m256i w, __m256i x)
+{
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(w), "x"(x));
+    return acc;
+}
+
+/* The unsigned quants of columns 4j..4j+3 of half h (rows 8h..8h+7) of a
+ * block whose vectors are at q. */
+AI __m256i t2_quants(const int kind, const uint8_t *q, int j, int h)
+{
+    if (kind == PK_Q8)
+        return _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
+    __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * (j & 3) + 32 * h));
+    v = _mm256_and_si256(j < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f));
+    if (kind == PK_Q5) { /* the half's 32 fifth bits, bit i for byte i, made bytes of 16 */
+        uint32_t bits;
+        memcpy(&bits, q + PK_ROWS * 16 + 8 * j + 4 * h, 4);
+        __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+                                        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                                         2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        m = _mm256_cmpeq_epi8(_mm256_and_si256(m, bit), bit);
+        v = _mm256_or_si256(v, _mm256_and_si256(m, _mm256_set1_epi8(0x10)));
+    }
+    return v;
+}
+
+/* Half h's per-row scale of q . x for block b of the group at g, and
+ * for Q4_K the scale of the block sum (*mn = dmin m; both products exact
+ * in float: an f16 times a 6-bit integer). */
+AI __m256 t2_scale(const int kind, const uint8_t *g, int b, int h, __m256 *mn)
+{
+    if (kind != PK_Q4K)
+        return _mm256_cvtph_ps(
+            _mm_loadu_si128((const __m128i *)(pk_layout_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16) + 16 * h)));
+    const uint8_t *hd = g + (size_t)(b / 8) * PK_Q4K_SUPER;
+    __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h)));
+    __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 32 + 16 * h)));
+    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(hd + 64 + PK_ROWS * (b % 8) + 8 * h))));
+    __m256 m = _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(hd + 64 + PK_ROWS * 8 + PK_ROWS * (b % 8) + 8 * h))));
+    *mn = _mm256_mul_ps(dmin, m);
+    return _mm256_mul_ps(d, sc);
+}
+
+/* What a token's block sum starts from: -offset * sum(x) (the offset the
+ * unsigned quants carry; the avx2 Q8_0 path uses signed quants). */
+AI int t2_shift(const int kind, const int vnni)
+{
+    if (kind == PK_Q8)
+        return vnni ? 7 : -1;
+    return kind == PK_Q4 ? 3 : kind == PK_Q5 ? 4 : -1;
+}
+
+/* The columns of one step's int16 sum before it is made int32 (avx2). */
+AI int t2_flush(const int kind) { return kind == PK_Q5 ? 4 : 8; }
+
+/* One group (two halves) x T tokens (4 of a tile's 8, or a row's 1):
+ * y gets token t's rows at y + t * y_stride, tokens past n_valid and rows
+ * past `valid` (1..16) left alone. kind, vnni and T are constants. */
+AI void t2_tile(const int kind, const int vnni, const int T, const uint8_t *w, int nb, pk_layout_view x,
+                const int sb, const int qb, const int qj, float *y, size_t y_stride, int n_valid, int valid)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 f[2][4];
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) f[0][t] = f[1][t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *q = pk_layout_qs(kind, w, b);
+        const int8_t *xq = x.q + (size_t)qb * b;
+        if (T == 1) {
+            const int bb = pk_layout_block_bytes(kind);
+            for (int o = 0; o < bb; o += 64) _mm_prefetch((const char *)q + T2_PF + o, _MM_HINT_T0);
+        }
+        __m256i s[2][4], s16[2][4];
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            int sh = t2_shift(kind, vnni);
+            __m256i c = sh < 0 ? _mm256_setzero_si256() : _mm256_set1_epi32(x.nsum[sb * b + t] * (1 << sh));
+            s[0][t] = s[1][t] = c;
+            s16[0][t] = s16[1][t] = _mm256_setzero_si256();
+        }
+        _Pragma("GCC unroll 8") for (int j = 0; j < QK8_0 / 4; j++) {
+            __m256i wq[2], aw[2];
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                wq[h] = t2_quants(kind, q, j, h);
+                if (!vnni && kind == PK_Q8) { /* signed quants and their magnitudes */
+                    wq[h] = _mm256_xor_si256(wq[h], _mm256_set1_epi8((char)0x80));
+                    aw[h] = _mm256_abs_epi8(wq[h]);
+                }
+            }
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                int32_t x4;
+                memcpy(&x4, xq + qj * j + 4 * t, 4);
+                __m256i xb = _mm256_set1_epi32(x4);
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                    if (vnni)
+                        s[h][t] = t2_dpbusd(s[h][t], wq[h], xb);
+                    else if (kind == PK_Q8)
+                        s[h][t] = _mm256_add_epi32(
+                            s[h][t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw[h], _mm256_sign_epi8(xb, wq[h])), ones));
+                    else
+                        s16[h][t] = _mm256_add_epi16(s16[h][t], _mm256_maddubs_epi16(wq[h], xb));
+                }
+            }
+            if (!vnni && kind != PK_Q8 && (j + 1) % t2_flush(kind) == 0)
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+                {
+                    s[h][t] = _mm256_add_epi32(s[h][t], _mm256_madd_epi16(s16[h][t], ones));
+                    s16[h][t] = _mm256_setzero_si256();
+                }
+        }
+        __m256 dw[2], mn[2];
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) dw[h] = t2_scale(kind, w, b, h, &mn[h]);
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            __m256 dx = _mm256_set1_ps(x.d[sb * b + t]);
+            /* Q4_K: the dequantized block sum, dx * sum(xq) */
+            __m256 xs = _mm256_set1_ps(kind == PK_Q4K ? x.d[sb * b + t] * (float)-x.nsum[sb * b + t] : 0.0f);
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                f[h][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[h][t]), dx), dw[h], f[h][t]);
+                if (kind == PK_Q4K)
+                    f[h][t] = _mm256_fnmadd_ps(mn[h], xs, f[h][t]);
+            }
+        }
+    }
+    for (int t = 0; t < T && t < n_valid; t++) {
+        float *yt = y + (size_t)t * y_stride;
+        if (valid == PK_ROWS) {
+            _mm256_storeu_ps(yt, f[0][t]);
+            _mm256_storeu_ps(yt + 8, f[1][t]);
+        } else {
+            float tmp[PK_ROWS];
+            _mm256_storeu_ps(tmp, f[0][t]);
+            _mm256_storeu_ps(tmp + 8, f[1][t]);
+            memcpy(yt, tmp, sizeof(float) * (size_t)valid);
+        }
+    }
+}
+
+/* Groups [g0, g1), every token: the 8-token tiles as two 4-token halves,
+ * then the rows. */
+AI void t2_gemm(const int kind, const int vnni, const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1,
+                const void *x, size_t x_row, int n_tok, float *y, size_t y_stride)
+{
+    int nb = (int)(cols / QK8_0), n = (int)cols, tiled = cpu_act_tiled(&pk_layout_act, n_tok);
+    size_t gstride = pk_layout_group_bytes(kind, cols);
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *w = (const uint8_t *)pw + (size_t)g * gstride;
+        float *yg = y + (size_t)g * PK_ROWS;
+        int64_t end = (g + 1) * PK_ROWS;
+        int valid = end <= rows ? PK_ROWS : (int)(rows - g * PK_ROWS);
+        int t = 0;
+        for (; t < tiled; t += 8) {
+            pk_layout_view v = pk_layout_tile_view((const char *)x + (size_t)t * x_row, n);
+            for (int t0 = 0; t0 < 8 && t + t0 < n_tok; t0 += 4) {
+                pk_layout_view h = {v.q + 4 * t0, v.d + t0, v.nsum + t0};
+                t2_tile(kind, vnni, 4, w, nb, h, 8, 256, 32, yg + (size_t)(t + t0) * y_stride, y_stride,
+                        n_tok - t - t0, valid);
+            }
+        }
+        for (; t < n_tok; t++)
+            t2_tile(kind, vnni, 1, w, nb, pk_layout_row_view((const char *)x + (size_t)t * x_row, n), 1, 32, 4,
+                    yg + (size_t)t * y_stride, y_stride, 1, valid);
+    }
+}
+
+/* A type's cpu_pack for one multiply-add: its size, pack and gemm entry
+ * points, each the shared code with kind and vnni constants. */
+#define T2_TYPE(name, kind, vnni)                                                                                \
+    static size_t name##_bytes(int64_t rows, int64_t cols)                                                       \
+    {                                                                                                            \
+        return pk_layout_groups(rows) * pk_layout_group_bytes(kind, cols);                                       \
+    }                                                                                                            \
+    static void name##_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1, \
+                            void *dst)                                                                           \
+    {                                                                                                            \
+        pk_layout_pack(kind, w, row_bytes, rows, cols, g0, g1, dst);                                             \
+    }                                                                                                            \
+    static void name##_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x,   \
+                            size_t x_row, int n_tok, float *y, size_t y_stride)                                  \
+    {                                                                                                            \
+        t2_gemm(kind, vnni, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);                               \
+    }                                                                                                            \
+    static const cpu_pack name = {PK_ROWS, name##_bytes, name##_pack, name##_gemm, &pk_layout_act};
+
+T2_TYPE(t2_q8_0, PK_Q8, 0)
+T2_TYPE(t2_q4_0, PK_Q4, 0)
+T2_TYPE(t2_q5_0, PK_Q5, 0)
+T2_TYPE(t2_q4_K, PK_Q4K, 0)
+T2_TYPE(t2v_q8_0, PK_Q8, 1)
+T2_TYPE(t2v_q4_0, PK_Q4, 1)
+T2_TYPE(t2v_q5_0, PK_Q5, 1)
+T2_TYPE(t2v_q4_K, PK_Q4K, 1)
+
+const cpu_pack *tiles_avx2_pack(quant_type t, int vnni)
+{
+    switch (t) {
+    case QT_Q8_0: return vnni ? &t2v_q8_0 : &t2_q8_0;
+    case QT_Q4_0: return vnni ? &t2v_q4_0 : &t2_q4_0;
+    case QT_Q5_0: return vnni ? &t2v_q5_0 : &t2_q5_0;
+    case QT_Q4_K: return vnni ? &t2v_q4_K : &t2_q4_K;
+    default: return NULL;
+    }
+}
+
+/* The avxvnni set's peak estimate: 12 vpdpbusd chains of 32 multiply-adds. */
+double tiles_avx2_spin_vnni(long iters, int seed)
+{
+    __m256i a[12], w = _mm256_set1_epi8((char)(seed | 1)), x = _mm256_set1_epi8((char)(seed + 3));
+    for (int i = 0; i < 12; i++) a[i] = _mm256_set1_epi32(seed + i); /* distinct: no chain merges with another */
+    for (long it = 0; it < iters; it++)
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) a[i] = t2_dpbusd(a[i], w, x);
+    volatile int sink = 0;
+    for (int i = 0; i < 12; i++) {
+        int32_t v[8];
+        _mm256_storeu_si256((__m256i *)v, a[i]);
+        sink += v[0];
+    }
+    (void)sink;
+    return 12.0 * 64.0 * (double)iters;
+}
+#else
+const cpu_pack *tiles_avx2_pack(quant_type t, int vnni)
+{
+    (void)t;
+    (void)vnni;
+    return NULL;
+}
+double tiles_avx2_spin_vnni(long iters, int seed)
+{
+    (void)iters;
+    (void)seed;
+    return 0;
+}
+#endif
