@@ -320,21 +320,7 @@ static void deq_q6_K(const block_q6_K *b, float *y, size_t nb)
 {
     for (size_t i = 0; i < nb; i++, b++) {
         float d = quant_f16_to_f32(b->d);
-        const uint8_t *ql = b->ql, *qh = b->qh;
-        const int8_t *sc = b->scales;
-        for (int n = 0; n < QK_K; n += 128, y += 128, ql += 64, qh += 32, sc += 8) {
-            for (int l = 0; l < 32; l++) {
-                int is = l / 16;
-                int q1 = ((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                int q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                y[l] = d * sc[is] * q1;
-                y[l + 32] = d * sc[is + 2] * q2;
-                y[l + 64] = d * sc[is + 4] * q3;
-                y[l + 96] = d * sc[is + 6] * q4;
-            }
-        }
+        for (int e = 0; e < QK_K; e++) *y++ = d * b->scales[e / 16] * (quant_k6_quant(b->ql, b->qh, e) - 32);
     }
 }
 

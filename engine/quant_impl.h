@@ -39,6 +39,17 @@ static inline int quant_k2_byte(int e) { return 32 * (e / 128) + e % 32; }
 static inline int quant_k2_shift(int e) { return 2 * ((e % 128) / 32); }
 static inline int quant_k2_bits(const uint8_t *qs, int e) { return (qs[quant_k2_byte(e)] >> quant_k2_shift(e)) & 3; }
 
+/* The 6-bit quant (0..63; the weight is d * scale * (q - 32)) of element
+ * e (0..255) of a Q6_K block: in each 128-element half h, element
+ * 32 k + l (k 0..3) takes nibble k / 2 of ql[64 h + 32 (k % 2) + l] and
+ * bits 2k..2k+1 of qh[32 h + l] as its top two bits. */
+static inline int quant_k6_quant(const uint8_t *ql, const uint8_t *qh, int e)
+{
+    int h = e / 128, k = e % 128 / 32, l = e % 32;
+    int lo = (ql[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0xf;
+    return lo | ((qh[32 * h + l] >> (2 * k)) & 3) << 4;
+}
+
 /* The 32 quants of a Q4_0/Q4_1 block (nibbles; low ones are elements
  * 0..15) into q, plus 16 times bit j of qh (4 bytes, little-endian) when
  * qh is not NULL (Q5_0/Q5_1). */

@@ -48,7 +48,7 @@ extern const cpu_act cpu_act_f32;
 
 /* A quantize8 made of a row format's quantize: `rows` (1..8) rows, x_stride
  * floats apart (missing rows: zeros), each converted by quant to n bytes
- * followed by n_words 4-byte arrays of n/32 values (scales, sums), are
+ * followed by n_words (at most 4) 4-byte arrays of n/32 values (scales, sums), are
  * scattered into the 8-row tile: per block of 32, eight groups of 4 bytes
  * token by token (token t's group j of block b at 256 b + 32 j + 4 t),
  * then each word array as (n/32 blocks, 8 tokens). */

@@ -39,10 +39,16 @@
  * 42 tok/s, Q8_0 24.4 -> 26; 512 to 4096 alike, 2 threads, this Xeon). */
 #define PK_PF 1024
 
-/* Block b's per-row scale of q . x (dw) and, for Q4_K, of the block sum
- * (*mn = dmin m). */
-static inline __attribute__((always_inline)) __m512 pk_scale(int kind, const uint8_t *g, int b, __m512 *mn)
+/* Block b's (Q6_K: its part p's 16 columns') per-row scale of q . x (dw)
+ * and, for Q4_K, of the block sum (*mn = dmin m). */
+static inline __attribute__((always_inline)) __m512 pk_scale(int kind, const uint8_t *g, int b, int p, __m512 *mn)
 {
+    if (kind == PK_Q6K) { /* d sc: exact, an f16 times an 8-bit integer */
+        const uint8_t *h = g + (size_t)(b / 8) * PK_Q6K_SUPER;
+        __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(h + PK_ROWS * 2 + PK_ROWS * (2 * (b % 8) + p)))));
+        return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)), sc);
+    }
     if (kind != PK_Q4K)
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pk_layout_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16))));
     const uint8_t *h = g + (size_t)(b / 8) * PK_Q4K_SUPER;
@@ -68,7 +74,45 @@ static inline __attribute__((always_inline)) __m512i pk_quants(int kind, const u
         memcpy(&bits, q + PK_ROWS * 16 + 8 * j, 8);
         v = _mm512_or_si512(v, _mm512_and_si512(_mm512_movm_epi8(bits), _mm512_set1_epi8(0x10)));
     }
+    if (kind == PK_Q6K) { /* the top two bits: bits 2 (j % 4) of plane j / 4, moved to bits 4..5 */
+        __m512i top = _mm512_loadu_si512(q + PK_ROWS * 16 + 64 * (j / 4));
+        int sh = 2 * (j % 4);
+        top = sh < 4 ? _mm512_slli_epi16(top, 4 - sh) : sh == 4 ? top : _mm512_srli_epi16(top, 2);
+        v = _mm512_or_si512(v, _mm512_and_si512(top, _mm512_set1_epi8(0x30)));
+    }
     return v;
+}
+
+/* Token t's starting integer sum for part p of block i (its index in
+ * the view): -offset * sum(x) over the part's columns (offset 128, 8, 16
+ * or Q6_K's 32; Q4_K: none, its mins come in the float step). */
+static inline __attribute__((always_inline)) __m512i pk_start(const int kind, pk_layout_view x, size_t i, int p)
+{
+    if (kind == PK_Q4K)
+        return _mm512_setzero_si512();
+    if (kind == PK_Q6K)
+        return _mm512_slli_epi32(_mm512_set1_epi32(p ? x.nsb[i] : x.nsa[i]), 5);
+    return _mm512_slli_epi32(_mm512_set1_epi32(pk_layout_nsum(x, i)), kind == PK_Q8 ? 7 : kind == PK_Q5 ? 4 : 3);
+}
+
+/* The exact integer sums s[r][t] of steps [j0, j1) (4 columns each) of
+ * block b of R groups (gstride bytes apart) against T tokens' quants at
+ * xq (step j of token t at xq + qj j + 4 t); s holds the starting values. */
+static inline __attribute__((always_inline)) void pk_sums(const int kind, const int R, const int T, const uint8_t *w,
+                                                           size_t gstride, int b, const int8_t *xq, const int qj,
+                                                           const int j0, const int j1, __m512i s[2][8])
+{
+    _Pragma("GCC unroll 8") for (int j = j0; j < j1; j++) {
+        __m512i wq[2];
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+            wq[r] = pk_quants(kind, pk_layout_qs(kind, w + (size_t)r * gstride, b), j);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            int32_t x4;
+            memcpy(&x4, xq + qj * j + 4 * t, 4);
+            __m512i xb = _mm512_set1_epi32(x4);
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = _mm512_dpbusd_epi32(s[r][t], wq[r], xb);
+        }
+    }
 }
 
 /* R groups (gstride bytes apart) x T tokens (a tile's 8, or a row's 1)
@@ -80,45 +124,36 @@ static inline __attribute__((always_inline)) void pk_tile(const int kind, const 
                                                            size_t y_stride, int n_valid, int valid)
 {
     const int qb = T == 8 ? 256 : 32, qj = T == 8 ? 32 : 4, sb = T == 8 ? 8 : 1;
+    /* Q6_K's scales are per 16 columns: two parts of a block, each its own integer sum */
+    const int np = kind == PK_Q6K ? 2 : 1, jn = QK8_0 / 4 / np;
     __m512 f[2][8];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
         f[r][t] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const int8_t *xq = x.q + (size_t)qb * b;
-        if (T == 1) { /* the block PK_PF bytes ahead in each group (Q4_K: a block and a bit, its header's share) */
+        if (T == 1) { /* the block PK_PF bytes ahead in each group (K-quants: a block and a bit, its header's share) */
             const int bb = pk_layout_block_bytes(kind);
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
                 const char *p = (const char *)pk_layout_qs(kind, w + (size_t)r * gstride, b) + PK_PF;
                 for (int o = 0; o < bb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
             }
         }
-        __m512i s[2][8];
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) { /* -offset * sum(x); Q4_K: its mins, below */
-            __m512i c = kind == PK_Q4K ? _mm512_setzero_si512()
-                                       : _mm512_slli_epi32(_mm512_set1_epi32(x.nsum[sb * b + t]), kind == PK_Q8 ? 7 : kind == PK_Q5 ? 4 : 3);
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = c;
-        }
-        _Pragma("GCC unroll 8") for (int j = 0; j < QK8_0 / 4; j++) {
-            __m512i wq[2];
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-                wq[r] = pk_quants(kind, pk_layout_qs(kind, w + (size_t)r * gstride, b), j);
+        _Pragma("GCC unroll 2") for (int p = 0; p < np; p++) {
+            __m512i s[2][8];
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+                s[r][t] = pk_start(kind, x, (size_t)sb * b + t, p);
+            pk_sums(kind, R, T, w, gstride, b, x.q + (size_t)qb * b, qj, p * jn, (p + 1) * jn, s);
+            __m512 dw[2], mn[2];
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) dw[r] = pk_scale(kind, w + (size_t)r * gstride, b, p, &mn[r]);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                int32_t x4;
-                memcpy(&x4, xq + qj * j + 4 * t, 4);
-                __m512i xb = _mm512_set1_epi32(x4);
-                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = _mm512_dpbusd_epi32(s[r][t], wq[r], xb);
-            }
-        }
-        __m512 dw[2], mn[2];
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) dw[r] = pk_scale(kind, w + (size_t)r * gstride, b, &mn[r]);
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            __m512 dx = _mm512_set1_ps(x.d[sb * b + t]);
-            /* Q4_K: the dequantized block sum, dx * sum(xq) */
-            __m512 xs = _mm512_set1_ps(kind == PK_Q4K ? x.d[sb * b + t] * (float)-x.nsum[sb * b + t] : 0.0f);
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                f[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[r][t]), dx), dw[r], f[r][t]);
-                if (kind == PK_Q4K)
-                    f[r][t] = _mm512_fnmadd_ps(mn[r], xs, f[r][t]);
+                size_t i = (size_t)sb * b + t;
+                __m512 dx = _mm512_set1_ps(x.d[i]);
+                /* Q4_K: the dequantized block sum, dx * sum(xq) */
+                __m512 xs = _mm512_set1_ps(kind == PK_Q4K ? x.d[i] * (float)-pk_layout_nsum(x, i) : 0.0f);
+                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+                    f[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[r][t]), dx), dw[r], f[r][t]);
+                    if (kind == PK_Q4K)
+                        f[r][t] = _mm512_fnmadd_ps(mn[r], xs, f[r][t]);
+                }
             }
         }
     }
@@ -188,6 +223,7 @@ PK_TYPE(pack_q8_0, PK_Q8)
 PK_TYPE(pack_q4_0, PK_Q4)
 PK_TYPE(pack_q4_K, PK_Q4K)
 PK_TYPE(pack_q5_0, PK_Q5)
+PK_TYPE(pack_q6_K, PK_Q6K)
 
 /* The peak estimate's loop: 12 vpdpbusd chains of 64 multiply-adds. */
 static double spin512(long iters, int seed)
@@ -215,6 +251,7 @@ static void avx512_init(void)
     avx512.pack[QT_Q4_0] = &pack_q4_0;
     avx512.pack[QT_Q5_0] = &pack_q5_0;
     avx512.pack[QT_Q4_K] = &pack_q4_K;
+    avx512.pack[QT_Q6_K] = &pack_q6_K;
     avx512.int8_spin = spin512;
 }
 

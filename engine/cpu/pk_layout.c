@@ -61,6 +61,28 @@ static void pk_layout_q4k(const block_q4_K *blk, int j, int r, uint8_t *h, uint8
     pk_layout_nibbles(v, r, q);
 }
 
+/* Sub-blocks 2j, 2j + 1 of a Q6_K super-block (row r's scales in the
+ * header h) and block j's quants: nibbles as Q4_K's, then the top two
+ * bits of each column 4i + k at bits 2 (i % 4) of byte 4r + k of plane
+ * i / 4. */
+static void pk_layout_q6k(const block_q6_K *blk, int j, int r, uint8_t *h, uint8_t *q)
+{
+    int v[32] = {0}, lo[32];
+    if (blk)
+        for (int i = 0; i < 32; i++) v[i] = quant_k6_quant(blk->ql, blk->qh, 32 * j + i);
+    ((quant_f16 *)h)[r] = blk ? blk->d : 0;
+    for (int s = 0; s < 2; s++) h[PK_ROWS * 2 + PK_ROWS * (2 * j + s) + r] = blk ? (uint8_t)blk->scales[2 * j + s] : 0;
+    for (int i = 0; i < 32; i++) lo[i] = v[i] & 0xf;
+    pk_layout_nibbles(lo, r, q);
+    uint8_t *top = q + PK_ROWS * 16;
+    for (int i = 0; i < QK8_0 / 4; i++)
+        for (int k = 0; k < 4; k++) {
+            uint8_t *byte = top + 64 * (i / 4) + 4 * r + k;
+            unsigned sh = 2u * (unsigned)(i % 4);
+            *byte = (uint8_t)((*byte & ~(3u << sh)) | (unsigned)(v[4 * i + k] >> 4) << sh);
+        }
+}
+
 /* Row r (row `row` of the weight; past `rows`: zeros) of block b of the
  * group at g. */
 static void pk_layout_row(int kind, const void *w, size_t row_bytes, int64_t row, int64_t rows, int b, int r,
@@ -74,6 +96,8 @@ static void pk_layout_row(int kind, const void *w, size_t row_bytes, int64_t row
         pk_layout_q4(src ? (const block_q4_0 *)src + b : NULL, r, q);
     else if (kind == PK_Q5)
         pk_layout_q5(src ? (const block_q5_0 *)src + b : NULL, r, q);
+    else if (kind == PK_Q6K)
+        pk_layout_q6k(src ? (const block_q6_K *)src + b / 8 : NULL, b % 8, r, g + (size_t)(b / 8) * PK_Q6K_SUPER, q);
     else
         pk_layout_q4k(src ? (const block_q4_K *)src + b / 8 : NULL, b % 8, r, g + (size_t)(b / 8) * PK_Q4K_SUPER, q);
 }
@@ -95,13 +119,21 @@ void pk_layout_pack(int kind, const void *w, size_t row_bytes, int64_t rows, int
 #if defined(__x86_64__) && defined(__AVX2__)
 #include <immintrin.h>
 
-static size_t pk_layout_act_row(int n) { return (size_t)n + (size_t)n / QK8_0 * (sizeof(float) + sizeof(int32_t)); }
+static size_t pk_layout_act_row(int n) { return (size_t)n + (size_t)n / QK8_0 * (sizeof(float) + 2 * sizeof(int32_t)); }
+
+static int32_t pk_layout_hsum(__m256i v)
+{
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    return _mm_cvtsi128_si32(s4);
+}
 
 static void pk_layout_act_quant(const float *x, void *dst, int n)
 {
     int8_t *q = dst;
     float *d = (float *)(q + n);
-    int32_t *nsum = (int32_t *)(d + n / QK8_0);
+    int32_t *nsa = (int32_t *)(d + n / QK8_0), *nsb = nsa + n / QK8_0;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int b = 0; b < n / QK8_0; b++, x += QK8_0) {
         __m256 v[4];
@@ -119,12 +151,9 @@ static void pk_layout_act_quant(const float *x, void *dst, int n)
         __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
         _mm256_storeu_si256((__m256i *)(q + QK8_0 * b),
                             _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
         d[b] = s;
-        nsum[b] = -_mm_cvtsi128_si32(s4);
+        nsa[b] = -pk_layout_hsum(_mm256_add_epi32(i[0], i[1]));
+        nsb[b] = -pk_layout_hsum(_mm256_add_epi32(i[2], i[3]));
     }
 }
 
@@ -137,7 +166,7 @@ static void pk_layout_act_deq(const void *a, float *dst, int n)
 
 static void pk_layout_act_quant8(const float *x, size_t x_stride, int rows, void *dst, int n)
 {
-    cpu_tile8(pk_layout_act_quant, 2, x, x_stride, rows, dst, n);
+    cpu_tile8(pk_layout_act_quant, 3, x, x_stride, rows, dst, n);
 }
 
 const cpu_act pk_layout_act = {4, pk_layout_act_row, pk_layout_act_quant, pk_layout_act_deq, pk_layout_act_quant8};

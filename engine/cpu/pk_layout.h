@@ -11,17 +11,24 @@
  *           columns 4j.. (low nibbles) and 16 + 4j.. (high nibbles),
  *           unsigned (Q4_0: the file's bytes 4j..4j+3, the weight + 8);
  *   PK_Q5:  Q4_0's nibbles (the low 4 bits), then 8 x 64 fifth bits, bit
- *           4r + k of mask j for row r, column 4j + k.
+ *           4r + k of mask j for row r, column 4j + k;
+ *   PK_Q6K: Q4_K's 4 vectors of the low 4 bits, then 2 vectors of the top
+ *           two: bits 2 (j % 4) of byte 4r + k of vector j / 4 for row r,
+ *           column 4j + k (so a vector serves 4 steps, one shift each).
  * Q8_0, Q4_0 and Q5_0 blocks start with their 16 rows' f16 scales; w . x
  * = q . x - offset * sum(x), offset 128, 8 or 16. A Q4_K super-block (256
  * columns) starts with a header - 16 f16 d, 16 f16 dmin, then the 6-bit
  * scales and mins as bytes, 16 rows per sub-block - and holds its 8
- * blocks; w = d sc q - dmin m. The same bytes as the file (Q4_K 2.8%
- * more), so a decode step reads no more. Rows past the weight's are zeros.
+ * blocks; w = d sc q - dmin m. A Q6_K super-block starts with 16 f16 d
+ * and the signed 8-bit scales of its 16 sub-blocks of 16 columns, 16 rows
+ * each; w = d sc (q - 32). The same bytes as the file (Q4_K 2.8% more), so
+ * a decode step reads no more. Rows past the weight's are zeros.
  *
  * Activations (pk_layout_act, kind 4): per row n signed bytes, then n/32
- * float scales, then n/32 int32 negated block sums (the tiles' offset
- * corrections start from them); in 8-row tiles as cpu_tile8 lays out.
+ * float scales, then n/32 int32 negated sums of each block's first 16
+ * quants and n/32 of its last 16 (the tiles' offset corrections start from
+ * them: Q6_K's offset applies per 16 columns); in 8-row tiles as cpu_tile8
+ * lays out.
  * All functions are pure and thread-safe. */
 #ifndef LLM_CPU_PK_LAYOUT_H
 #define LLM_CPU_PK_LAYOUT_H
@@ -34,33 +41,41 @@
 
 #define PK_ROWS 16 /* rows per packed group */
 
-enum { PK_Q8, PK_Q4, PK_Q4K, PK_Q5 };
+enum { PK_Q8, PK_Q4, PK_Q4K, PK_Q5, PK_Q6K };
 
 #define PK_Q4K_HEAD (PK_ROWS * 2 * 2 + PK_ROWS * 8 * 2) /* d, dmin; sc, m bytes */
 #define PK_Q4K_SUPER (PK_Q4K_HEAD + 8 * PK_ROWS * 16)   /* header + 8 blocks of nibbles */
+#define PK_Q6K_HEAD (PK_ROWS * 2 + 16 * PK_ROWS)         /* d; 16 sub-blocks' scales */
+#define PK_Q6K_BLOCK (PK_ROWS * 16 + PK_ROWS * 8)        /* nibbles, top bits */
+#define PK_Q6K_SUPER (PK_Q6K_HEAD + 8 * PK_Q6K_BLOCK)
 
-/* Bytes of one block of a group (not PK_Q4K, whose headers are per 256). */
+/* Bytes of one block of a group (the K-quants: without their headers,
+ * which are per 256 columns). */
 static inline int pk_layout_block_bytes(int kind)
 {
+    if (kind == PK_Q6K)
+        return PK_Q6K_BLOCK;
     return PK_ROWS * 2 + PK_ROWS * (kind == PK_Q8 ? 32 : 16) + (kind == PK_Q5 ? PK_ROWS * 4 : 0);
 }
 
 /* Bytes of one group over cols columns. */
 static inline size_t pk_layout_group_bytes(int kind, int64_t cols)
 {
-    if (kind == PK_Q4K)
-        return (size_t)(cols / QK_K) * PK_Q4K_SUPER;
+    if (kind == PK_Q4K || kind == PK_Q6K)
+        return (size_t)(cols / QK_K) * (kind == PK_Q4K ? PK_Q4K_SUPER : PK_Q6K_SUPER);
     return (size_t)(cols / QK8_0) * (size_t)pk_layout_block_bytes(kind);
 }
 
 static inline size_t pk_layout_groups(int64_t rows) { return (size_t)((rows + PK_ROWS - 1) / PK_ROWS); }
 
 /* The quant vectors of block b (32 columns) of the group at g; the 16 f16
- * scales (not PK_Q4K) are just before them. */
+ * scales (not the K-quants) are just before them. */
 static inline const uint8_t *pk_layout_qs(int kind, const uint8_t *g, int b)
 {
     if (kind == PK_Q4K)
         return g + (size_t)(b / 8) * PK_Q4K_SUPER + PK_Q4K_HEAD + (size_t)(b % 8) * PK_ROWS * 16;
+    if (kind == PK_Q6K)
+        return g + (size_t)(b / 8) * PK_Q6K_SUPER + PK_Q6K_HEAD + (size_t)(b % 8) * PK_Q6K_BLOCK;
     return g + (size_t)b * (size_t)pk_layout_block_bytes(kind) + PK_ROWS * sizeof(quant_f16);
 }
 
@@ -70,27 +85,33 @@ void pk_layout_pack(int kind, const void *w, size_t row_bytes, int64_t rows, int
                     void *dst);
 
 /* Where a tile finds its tokens' activations: token t's quants j of block
- * b at q[qb * b + qj * j + 4 t], its scale and negated sum at [sb * b + t];
- * a tile (8 tokens): qb 256, qj 32, sb 8; a row (1 token): 32, 4, 1. */
+ * b at q[qb * b + qj * j + 4 t], its scale and negated half sums at
+ * [sb * b + t]; a tile (8 tokens): qb 256, qj 32, sb 8; a row (1 token):
+ * 32, 4, 1. */
 typedef struct pk_layout_view {
     const int8_t *q;
     const float *d;
-    const int32_t *nsum;
+    const int32_t *nsa, *nsb; /* negated sums of columns 0..15, 16..31 */
 } pk_layout_view;
 
 static inline pk_layout_view pk_layout_tile_view(const void *x, int n)
 {
     const int8_t *q = x;
     const float *d = (const float *)(q + 8 * (size_t)n);
-    return (pk_layout_view){q, d, (const int32_t *)(d + 8 * (size_t)(n / QK8_0))};
+    const int32_t *nsa = (const int32_t *)(d + 8 * (size_t)(n / QK8_0));
+    return (pk_layout_view){q, d, nsa, nsa + 8 * (size_t)(n / QK8_0)};
 }
 
 static inline pk_layout_view pk_layout_row_view(const void *x, int n)
 {
     const int8_t *q = x;
     const float *d = (const float *)(q + n);
-    return (pk_layout_view){q, d, (const int32_t *)(d + n / QK8_0)};
+    const int32_t *nsa = (const int32_t *)(d + n / QK8_0);
+    return (pk_layout_view){q, d, nsa, nsa + n / QK8_0};
 }
+
+/* The negated sum of the 32 quants at index i of a view. */
+static inline int32_t pk_layout_nsum(pk_layout_view x, size_t i) { return x.nsa[i] + x.nsb[i]; }
 
 /* The activation format (needs AVX2; only the sets that need AVX2 use it). */
 extern const cpu_act pk_layout_act;

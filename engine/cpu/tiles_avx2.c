@@ -60,14 +60,27 @@ AI __m256i t2_quants(const int kind, const uint8_t *q, int j, int h)
         m = _mm256_cmpeq_epi8(_mm256_and_si256(m, bit), bit);
         v = _mm256_or_si256(v, _mm256_and_si256(m, _mm256_set1_epi8(0x10)));
     }
+    if (kind == PK_Q6K) { /* the top two bits: bits 2 (j % 4) of plane j / 4, moved to bits 4..5 */
+        __m256i top = _mm256_loadu_si256((const __m256i *)(q + PK_ROWS * 16 + 64 * (j / 4) + 32 * h));
+        int sh = 2 * (j % 4);
+        top = sh < 4 ? _mm256_slli_epi16(top, 4 - sh) : sh == 4 ? top : _mm256_srli_epi16(top, 2);
+        v = _mm256_or_si256(v, _mm256_and_si256(top, _mm256_set1_epi8(0x30)));
+    }
     return v;
 }
 
-/* Half h's per-row scale of q . x for block b of the group at g, and
- * for Q4_K the scale of the block sum (*mn = dmin m; both products exact
- * in float: an f16 times a 6-bit integer). */
-AI __m256 t2_scale(const int kind, const uint8_t *g, int b, int h, __m256 *mn)
+/* Half h's per-row scale of q . x for block b (Q6_K: its part p's 16
+ * columns) of the group at g, and for Q4_K the scale of the block sum
+ * (*mn = dmin m; all products exact in float: an f16 times a 6- or 8-bit
+ * integer). */
+AI __m256 t2_scale(const int kind, const uint8_t *g, int b, int p, int h, __m256 *mn)
 {
+    if (kind == PK_Q6K) {
+        const uint8_t *hd = g + (size_t)(b / 8) * PK_Q6K_SUPER;
+        __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+            _mm_loadl_epi64((const __m128i *)(hd + PK_ROWS * 2 + PK_ROWS * (2 * (b % 8) + p) + 8 * h))));
+        return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h))), sc);
+    }
     if (kind != PK_Q4K)
         return _mm256_cvtph_ps(
             _mm_loadu_si128((const __m128i *)(pk_layout_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16) + 16 * h)));
@@ -87,11 +100,65 @@ AI int t2_shift(const int kind, const int vnni)
 {
     if (kind == PK_Q8)
         return vnni ? 7 : -1;
-    return kind == PK_Q4 ? 3 : kind == PK_Q5 ? 4 : -1;
+    return kind == PK_Q4 ? 3 : kind == PK_Q5 ? 4 : kind == PK_Q6K ? 5 : -1;
 }
 
-/* The columns of one step's int16 sum before it is made int32 (avx2). */
-AI int t2_flush(const int kind) { return kind == PK_Q5 ? 4 : 8; }
+/* Steps (4 columns each) of an int16 sum before it is made int32 (avx2):
+ * 8 x 2 x 15 x 127 fits int16, so do 4 x 2 x 31 x 127 and 2 x 2 x 63 x 127. */
+AI int t2_flush(const int kind) { return kind == PK_Q5 ? 4 : kind == PK_Q6K ? 2 : 8; }
+
+/* Token t's starting integer sum for part p of block i (its index in
+ * the view): -offset * sum(x) over the columns the part covers. */
+AI __m256i t2_start(const int kind, const int vnni, pk_layout_view x, size_t i, int p)
+{
+    int sh = t2_shift(kind, vnni);
+    int32_t ns = kind == PK_Q6K ? (p ? x.nsb[i] : x.nsa[i]) : pk_layout_nsum(x, i);
+    return sh < 0 ? _mm256_setzero_si256() : _mm256_set1_epi32(ns * (1 << sh));
+}
+
+/* The exact integer sums s[h][t] of steps [j0, j1) (4 columns each) of
+ * the block whose quants are at q, against T tokens' quants at xq (step j
+ * of token t at xq + qj j + 4 t); s holds the starting values. */
+AI void t2_sums(const int kind, const int vnni, const int T, const uint8_t *q, const int8_t *xq, const int qj,
+                const int j0, const int j1, __m256i s[2][4])
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s16[2][4];
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) s16[0][t] = s16[1][t] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int j = j0; j < j1; j++) {
+        __m256i wq[2], aw[2];
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            wq[h] = t2_quants(kind, q, j, h);
+            if (!vnni && kind == PK_Q8) { /* signed quants and their magnitudes */
+                wq[h] = _mm256_xor_si256(wq[h], _mm256_set1_epi8((char)0x80));
+                aw[h] = _mm256_abs_epi8(wq[h]);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            int32_t x4;
+            memcpy(&x4, xq + qj * j + 4 * t, 4);
+            __m256i xb = _mm256_set1_epi32(x4);
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                if (vnni)
+                    s[h][t] = t2_dpbusd(s[h][t], wq[h], xb);
+                else if (kind == PK_Q8)
+                    s[h][t] = _mm256_add_epi32(
+                        s[h][t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw[h], _mm256_sign_epi8(xb, wq[h])), ones));
+                else { /* the empty asm keeps each sum a running register: left alone, the compiler
+                        * re-associated the adds and spilled every product to the stack first */
+                    s16[h][t] = _mm256_add_epi16(s16[h][t], _mm256_maddubs_epi16(wq[h], xb));
+                    __asm__("" : "+x"(s16[h][t]));
+                }
+            }
+        }
+        if (!vnni && kind != PK_Q8 && (j + 1) % t2_flush(kind) == 0)
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
+            {
+                s[h][t] = _mm256_add_epi32(s[h][t], _mm256_madd_epi16(s16[h][t], ones));
+                s16[h][t] = _mm256_setzero_si256();
+            }
+    }
+}
 
 /* One group (two halves) x T tokens (4 of a tile's 8, or a row's 1):
  * y gets token t's rows at y + t * y_stride, tokens past n_valid and rows
@@ -99,63 +166,32 @@ AI int t2_flush(const int kind) { return kind == PK_Q5 ? 4 : 8; }
 AI void t2_tile(const int kind, const int vnni, const int T, const uint8_t *w, int nb, pk_layout_view x,
                 const int sb, const int qb, const int qj, float *y, size_t y_stride, int n_valid, int valid)
 {
-    const __m256i ones = _mm256_set1_epi16(1);
+    /* Q6_K's scales are per 16 columns: two parts of a block, each its own integer sum */
+    const int np = kind == PK_Q6K ? 2 : 1, jn = QK8_0 / 4 / np;
     __m256 f[2][4];
     _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) f[0][t] = f[1][t] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = pk_layout_qs(kind, w, b);
-        const int8_t *xq = x.q + (size_t)qb * b;
         if (T == 1) {
             const int bb = pk_layout_block_bytes(kind);
             for (int o = 0; o < bb; o += 64) _mm_prefetch((const char *)q + T2_PF + o, _MM_HINT_T0);
         }
-        __m256i s[2][4], s16[2][4];
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-            int sh = t2_shift(kind, vnni);
-            __m256i c = sh < 0 ? _mm256_setzero_si256() : _mm256_set1_epi32(x.nsum[sb * b + t] * (1 << sh));
-            s[0][t] = s[1][t] = c;
-            s16[0][t] = s16[1][t] = _mm256_setzero_si256();
-        }
-        _Pragma("GCC unroll 8") for (int j = 0; j < QK8_0 / 4; j++) {
-            __m256i wq[2], aw[2];
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                wq[h] = t2_quants(kind, q, j, h);
-                if (!vnni && kind == PK_Q8) { /* signed quants and their magnitudes */
-                    wq[h] = _mm256_xor_si256(wq[h], _mm256_set1_epi8((char)0x80));
-                    aw[h] = _mm256_abs_epi8(wq[h]);
-                }
-            }
+        _Pragma("GCC unroll 2") for (int p = 0; p < np; p++) {
+            __m256i s[2][4];
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) s[0][t] = s[1][t] = t2_start(kind, vnni, x, (size_t)sb * b + t, p);
+            t2_sums(kind, vnni, T, q, x.q + (size_t)qb * b, qj, p * jn, (p + 1) * jn, s);
+            __m256 dw[2], mn[2];
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) dw[h] = t2_scale(kind, w, b, p, h, &mn[h]);
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-                int32_t x4;
-                memcpy(&x4, xq + qj * j + 4 * t, 4);
-                __m256i xb = _mm256_set1_epi32(x4);
+                size_t i = (size_t)sb * b + t;
+                __m256 dx = _mm256_set1_ps(x.d[i]);
+                /* Q4_K: the dequantized block sum, dx * sum(xq) */
+                __m256 xs = _mm256_set1_ps(kind == PK_Q4K ? x.d[i] * (float)-pk_layout_nsum(x, i) : 0.0f);
                 _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                    if (vnni)
-                        s[h][t] = t2_dpbusd(s[h][t], wq[h], xb);
-                    else if (kind == PK_Q8)
-                        s[h][t] = _mm256_add_epi32(
-                            s[h][t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw[h], _mm256_sign_epi8(xb, wq[h])), ones));
-                    else
-                        s16[h][t] = _mm256_add_epi16(s16[h][t], _mm256_maddubs_epi16(wq[h], xb));
+                    f[h][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[h][t]), dx), dw[h], f[h][t]);
+                    if (kind == PK_Q4K)
+                        f[h][t] = _mm256_fnmadd_ps(mn[h], xs, f[h][t]);
                 }
-            }
-            if (!vnni && kind != PK_Q8 && (j + 1) % t2_flush(kind) == 0)
-                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
-                {
-                    s[h][t] = _mm256_add_epi32(s[h][t], _mm256_madd_epi16(s16[h][t], ones));
-                    s16[h][t] = _mm256_setzero_si256();
-                }
-        }
-        __m256 dw[2], mn[2];
-        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) dw[h] = t2_scale(kind, w, b, h, &mn[h]);
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-            __m256 dx = _mm256_set1_ps(x.d[sb * b + t]);
-            /* Q4_K: the dequantized block sum, dx * sum(xq) */
-            __m256 xs = _mm256_set1_ps(kind == PK_Q4K ? x.d[sb * b + t] * (float)-x.nsum[sb * b + t] : 0.0f);
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                f[h][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[h][t]), dx), dw[h], f[h][t]);
-                if (kind == PK_Q4K)
-                    f[h][t] = _mm256_fnmadd_ps(mn[h], xs, f[h][t]);
             }
         }
     }
@@ -189,7 +225,7 @@ AI void t2_gemm(const int kind, const int vnni, const void *pw, int64_t rows, in
         for (; t < tiled; t += 8) {
             pk_layout_view v = pk_layout_tile_view((const char *)x + (size_t)t * x_row, n);
             for (int t0 = 0; t0 < 8 && t + t0 < n_tok; t0 += 4) {
-                pk_layout_view h = {v.q + 4 * t0, v.d + t0, v.nsum + t0};
+                pk_layout_view h = {v.q + 4 * t0, v.d + t0, v.nsa + t0, v.nsb + t0};
                 t2_tile(kind, vnni, 4, w, nb, h, 8, 256, 32, yg + (size_t)(t + t0) * y_stride, y_stride,
                         n_tok - t - t0, valid);
             }
@@ -223,10 +259,12 @@ T2_TYPE(t2_q8_0, PK_Q8, 0)
 T2_TYPE(t2_q4_0, PK_Q4, 0)
 T2_TYPE(t2_q5_0, PK_Q5, 0)
 T2_TYPE(t2_q4_K, PK_Q4K, 0)
+T2_TYPE(t2_q6_K, PK_Q6K, 0)
 T2_TYPE(t2v_q8_0, PK_Q8, 1)
 T2_TYPE(t2v_q4_0, PK_Q4, 1)
 T2_TYPE(t2v_q5_0, PK_Q5, 1)
 T2_TYPE(t2v_q4_K, PK_Q4K, 1)
+T2_TYPE(t2v_q6_K, PK_Q6K, 1)
 
 const cpu_pack *tiles_avx2_pack(quant_type t, int vnni)
 {
@@ -235,6 +273,7 @@ const cpu_pack *tiles_avx2_pack(quant_type t, int vnni)
     case QT_Q4_0: return vnni ? &t2v_q4_0 : &t2_q4_0;
     case QT_Q5_0: return vnni ? &t2v_q5_0 : &t2_q5_0;
     case QT_Q4_K: return vnni ? &t2v_q4_K : &t2_q4_K;
+    case QT_Q6_K: return vnni ? &t2v_q6_K : &t2_q6_K;
     default: return NULL;
     }
 }
