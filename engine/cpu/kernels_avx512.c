@@ -1,5 +1,5 @@
 /* kernels_avx512.c - the "avx512" kernel set: the AVX512-VNNI set plus
- * packed weights with 512-bit tiles (cpu_pack) for Q8_0, Q4_0, Q5_0 and Q4_K. Compiled with the
+ * packed weights with 512-bit tiles (cpu_pack) for Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K. Compiled with the
  * AVX-512 F/BW/VL/VNNI flags; cpu_kernels_avx512() checks the CPU at run
  * time.
  *
@@ -49,9 +49,9 @@ static inline __attribute__((always_inline)) __m512 pk_scale(int kind, const uin
             _mm_loadu_si128((const __m128i *)(h + PK_ROWS * 2 + PK_ROWS * (2 * (b % 8) + p)))));
         return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)), sc);
     }
-    if (kind != PK_Q4K)
+    if (!pk_layout_mins(kind))
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pk_layout_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16))));
-    const uint8_t *h = g + (size_t)(b / 8) * PK_Q4K_SUPER;
+    const uint8_t *h = g + (size_t)(b / 8) * pk_layout_super(kind);
     __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
     __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32)));
     __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + 64 + PK_ROWS * (b % 8)))));
@@ -69,7 +69,7 @@ static inline __attribute__((always_inline)) __m512i pk_quants(int kind, const u
         return _mm512_loadu_si512(q + 64 * j);
     __m512i v = _mm512_loadu_si512(q + 64 * (j & 3));
     v = _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f));
-    if (kind == PK_Q5) { /* the fifth bits: a 64-bit mask made bytes of 16 */
+    if (pk_layout_fifth(kind)) { /* the fifth bits: a 64-bit mask made bytes of 16 */
         uint64_t bits;
         memcpy(&bits, q + PK_ROWS * 16 + 8 * j, 8);
         v = _mm512_or_si512(v, _mm512_and_si512(_mm512_movm_epi8(bits), _mm512_set1_epi8(0x10)));
@@ -88,7 +88,7 @@ static inline __attribute__((always_inline)) __m512i pk_quants(int kind, const u
  * or Q6_K's 32; Q4_K: none, its mins come in the float step). */
 static inline __attribute__((always_inline)) __m512i pk_start(const int kind, pk_layout_view x, size_t i, int p)
 {
-    if (kind == PK_Q4K)
+    if (pk_layout_mins(kind))
         return _mm512_setzero_si512();
     if (kind == PK_Q6K)
         return _mm512_slli_epi32(_mm512_set1_epi32(p ? x.nsb[i] : x.nsa[i]), 5);
@@ -148,10 +148,10 @@ static inline __attribute__((always_inline)) void pk_tile(const int kind, const 
                 size_t i = (size_t)sb * b + t;
                 __m512 dx = _mm512_set1_ps(x.d[i]);
                 /* Q4_K: the dequantized block sum, dx * sum(xq) */
-                __m512 xs = _mm512_set1_ps(kind == PK_Q4K ? x.d[i] * (float)-pk_layout_nsum(x, i) : 0.0f);
+                __m512 xs = _mm512_set1_ps(pk_layout_mins(kind) ? x.d[i] * (float)-pk_layout_nsum(x, i) : 0.0f);
                 _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
                     f[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[r][t]), dx), dw[r], f[r][t]);
-                    if (kind == PK_Q4K)
+                    if (pk_layout_mins(kind))
                         f[r][t] = _mm512_fnmadd_ps(mn[r], xs, f[r][t]);
                 }
             }
@@ -224,6 +224,7 @@ PK_TYPE(pack_q4_0, PK_Q4)
 PK_TYPE(pack_q4_K, PK_Q4K)
 PK_TYPE(pack_q5_0, PK_Q5)
 PK_TYPE(pack_q6_K, PK_Q6K)
+PK_TYPE(pack_q5_K, PK_Q5K)
 
 /* The peak estimate's loop: 12 vpdpbusd chains of 64 multiply-adds. */
 static double spin512(long iters, int seed)
@@ -252,6 +253,7 @@ static void avx512_init(void)
     avx512.pack[QT_Q5_0] = &pack_q5_0;
     avx512.pack[QT_Q4_K] = &pack_q4_K;
     avx512.pack[QT_Q6_K] = &pack_q6_K;
+    avx512.pack[QT_Q5_K] = &pack_q5_K;
     avx512.int8_spin = spin512;
 }
 

@@ -28,13 +28,11 @@ static void pk_layout_q4(const block_q4_0 *blk, int r, uint8_t *q)
     pk_layout_nibbles(v, r, q);
 }
 
-/* Q4_0's nibbles of the low 4 bits, then the fifth bits: 64 per 4 columns, bit 4r + k */
-static void pk_layout_q5(const block_q5_0 *blk, int r, uint8_t *q)
+/* 32 5-bit quants of row r: nibbles of the low 4 bits into the block's 4
+ * vectors at q, then the fifth bits: 64 per 4 columns, bit 4r + k. */
+static void pk_layout_five(const int *v, int r, uint8_t *q)
 {
-    int v[32] = {0}, lo[32];
-    ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
-    if (blk)
-        quant_unpack32(blk->qs, blk->qh, v);
+    int lo[32];
     for (int i = 0; i < 32; i++) lo[i] = v[i] & 0xf;
     pk_layout_nibbles(lo, r, q);
     for (int j = 0; j < QK8_0 / 4; j++)
@@ -45,20 +43,36 @@ static void pk_layout_q5(const block_q5_0 *blk, int r, uint8_t *q)
         }
 }
 
-/* Sub-block j (0..7) of a Q4_K super-block: the header's share of row r
- * (h: the super-block's header), and the nibbles. */
-static void pk_layout_q4k(const block_q4_K *blk, int j, int r, uint8_t *h, uint8_t *q)
+static void pk_layout_q5(const block_q5_0 *blk, int r, uint8_t *q)
+{
+    int v[32] = {0};
+    ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
+    if (blk)
+        quant_unpack32(blk->qs, blk->qh, v);
+    pk_layout_five(v, r, q);
+}
+
+/* Sub-block j (0..7) of a Q4_K (five 0) or Q5_K (five 1) super-block
+ * (its d, dmin, 12 scale bytes, qs and, for Q5_K, qh; scales NULL: a row
+ * of zeros): the header's share of row r (h: the super-block's header),
+ * and the quants. */
+static void pk_layout_k4(int five, quant_f16 d, quant_f16 dmin, const uint8_t *scales, const uint8_t *qs,
+                         const uint8_t *qh, int j, int r, uint8_t *h, uint8_t *q)
 {
     int v[32] = {0}, sc = 0, m = 0;
-    if (blk) {
-        quant_k4_scale_min(j, blk->scales, &sc, &m);
-        for (int i = 0; i < 32; i++) v[i] = (blk->qs[32 * (j / 2) + i] >> (4 * (j % 2))) & 0xf;
+    if (scales) {
+        quant_k4_scale_min(j, scales, &sc, &m);
+        for (int i = 0; i < 32; i++)
+            v[i] = ((qs[32 * (j / 2) + i] >> (4 * (j % 2))) & 0xf) | (five ? ((qh[i] >> j) & 1) << 4 : 0);
     }
-    ((quant_f16 *)h)[r] = blk ? blk->d : 0;
-    ((quant_f16 *)h)[PK_ROWS + r] = blk ? blk->dmin : 0;
+    ((quant_f16 *)h)[r] = scales ? d : 0;
+    ((quant_f16 *)h)[PK_ROWS + r] = scales ? dmin : 0;
     h[64 + PK_ROWS * j + r] = (uint8_t)sc;
     h[64 + PK_ROWS * 8 + PK_ROWS * j + r] = (uint8_t)m;
-    pk_layout_nibbles(v, r, q);
+    if (five)
+        pk_layout_five(v, r, q);
+    else
+        pk_layout_nibbles(v, r, q);
 }
 
 /* Sub-blocks 2j, 2j + 1 of a Q6_K super-block (row r's scales in the
@@ -98,8 +112,15 @@ static void pk_layout_row(int kind, const void *w, size_t row_bytes, int64_t row
         pk_layout_q5(src ? (const block_q5_0 *)src + b : NULL, r, q);
     else if (kind == PK_Q6K)
         pk_layout_q6k(src ? (const block_q6_K *)src + b / 8 : NULL, b % 8, r, g + (size_t)(b / 8) * PK_Q6K_SUPER, q);
-    else
-        pk_layout_q4k(src ? (const block_q4_K *)src + b / 8 : NULL, b % 8, r, g + (size_t)(b / 8) * PK_Q4K_SUPER, q);
+    else if (kind == PK_Q4K) {
+        const block_q4_K *k = src ? (const block_q4_K *)src + b / 8 : NULL;
+        pk_layout_k4(0, k ? k->d : 0, k ? k->dmin : 0, k ? k->scales : NULL, k ? k->qs : NULL, NULL, b % 8, r,
+                     g + (size_t)(b / 8) * PK_Q4K_SUPER, q);
+    } else { /* Q5_K */
+        const block_q5_K *k = src ? (const block_q5_K *)src + b / 8 : NULL;
+        pk_layout_k4(1, k ? k->d : 0, k ? k->dmin : 0, k ? k->scales : NULL, k ? k->qs : NULL, k ? k->qh : NULL,
+                     b % 8, r, g + (size_t)(b / 8) * PK_Q5K_SUPER, q);
+    }
 }
 
 void pk_layout_pack(int kind, const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1,

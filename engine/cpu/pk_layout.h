@@ -10,8 +10,8 @@
  *   PK_Q4, PK_Q4K: 4 vectors, vector j holding in each row's 4 bytes
  *           columns 4j.. (low nibbles) and 16 + 4j.. (high nibbles),
  *           unsigned (Q4_0: the file's bytes 4j..4j+3, the weight + 8);
- *   PK_Q5:  Q4_0's nibbles (the low 4 bits), then 8 x 64 fifth bits, bit
- *           4r + k of mask j for row r, column 4j + k;
+ *   PK_Q5, PK_Q5K: Q4_0's (Q4_K's) nibbles of the low 4 bits, then 8 x 64
+ *           fifth bits, bit 4r + k of mask j for row r, column 4j + k;
  *   PK_Q6K: Q4_K's 4 vectors of the low 4 bits, then 2 vectors of the top
  *           two: bits 2 (j % 4) of byte 4r + k of vector j / 4 for row r,
  *           column 4j + k (so a vector serves 4 steps, one shift each).
@@ -19,7 +19,7 @@
  * = q . x - offset * sum(x), offset 128, 8 or 16. A Q4_K super-block (256
  * columns) starts with a header - 16 f16 d, 16 f16 dmin, then the 6-bit
  * scales and mins as bytes, 16 rows per sub-block - and holds its 8
- * blocks; w = d sc q - dmin m. A Q6_K super-block starts with 16 f16 d
+ * blocks; w = d sc q - dmin m (Q5_K: the same header). A Q6_K super-block starts with 16 f16 d
  * and the signed 8-bit scales of its 16 sub-blocks of 16 columns, 16 rows
  * each; w = d sc (q - 32). The same bytes as the file (Q4_K 2.8% more), so
  * a decode step reads no more. Rows past the weight's are zeros.
@@ -41,10 +41,17 @@
 
 #define PK_ROWS 16 /* rows per packed group */
 
-enum { PK_Q8, PK_Q4, PK_Q4K, PK_Q5, PK_Q6K };
+enum { PK_Q8, PK_Q4, PK_Q4K, PK_Q5, PK_Q6K, PK_Q5K };
+
+/* Kinds whose 5th bits follow the nibbles; kinds with Q4_K's header
+ * (6-bit scales and mins: w = d sc q - dmin m). */
+static inline int pk_layout_fifth(int kind) { return kind == PK_Q5 || kind == PK_Q5K; }
+static inline int pk_layout_mins(int kind) { return kind == PK_Q4K || kind == PK_Q5K; }
 
 #define PK_Q4K_HEAD (PK_ROWS * 2 * 2 + PK_ROWS * 8 * 2) /* d, dmin; sc, m bytes */
 #define PK_Q4K_SUPER (PK_Q4K_HEAD + 8 * PK_ROWS * 16)   /* header + 8 blocks of nibbles */
+#define PK_Q5K_BLOCK (PK_ROWS * 16 + PK_ROWS * 4)        /* nibbles, fifth bits */
+#define PK_Q5K_SUPER (PK_Q4K_HEAD + 8 * PK_Q5K_BLOCK)
 #define PK_Q6K_HEAD (PK_ROWS * 2 + 16 * PK_ROWS)         /* d; 16 sub-blocks' scales */
 #define PK_Q6K_BLOCK (PK_ROWS * 16 + PK_ROWS * 8)        /* nibbles, top bits */
 #define PK_Q6K_SUPER (PK_Q6K_HEAD + 8 * PK_Q6K_BLOCK)
@@ -53,16 +60,22 @@ enum { PK_Q8, PK_Q4, PK_Q4K, PK_Q5, PK_Q6K };
  * which are per 256 columns). */
 static inline int pk_layout_block_bytes(int kind)
 {
-    if (kind == PK_Q6K)
-        return PK_Q6K_BLOCK;
+    if (kind == PK_Q6K || kind == PK_Q5K)
+        return kind == PK_Q6K ? PK_Q6K_BLOCK : PK_Q5K_BLOCK;
     return PK_ROWS * 2 + PK_ROWS * (kind == PK_Q8 ? 32 : 16) + (kind == PK_Q5 ? PK_ROWS * 4 : 0);
+}
+
+/* Bytes of a K-quant kind's super-block (256 columns) of a group. */
+static inline size_t pk_layout_super(int kind)
+{
+    return kind == PK_Q4K ? PK_Q4K_SUPER : kind == PK_Q5K ? PK_Q5K_SUPER : PK_Q6K_SUPER;
 }
 
 /* Bytes of one group over cols columns. */
 static inline size_t pk_layout_group_bytes(int kind, int64_t cols)
 {
-    if (kind == PK_Q4K || kind == PK_Q6K)
-        return (size_t)(cols / QK_K) * (kind == PK_Q4K ? PK_Q4K_SUPER : PK_Q6K_SUPER);
+    if (kind == PK_Q4K || kind == PK_Q5K || kind == PK_Q6K)
+        return (size_t)(cols / QK_K) * pk_layout_super(kind);
     return (size_t)(cols / QK8_0) * (size_t)pk_layout_block_bytes(kind);
 }
 
@@ -74,6 +87,8 @@ static inline const uint8_t *pk_layout_qs(int kind, const uint8_t *g, int b)
 {
     if (kind == PK_Q4K)
         return g + (size_t)(b / 8) * PK_Q4K_SUPER + PK_Q4K_HEAD + (size_t)(b % 8) * PK_ROWS * 16;
+    if (kind == PK_Q5K)
+        return g + (size_t)(b / 8) * PK_Q5K_SUPER + PK_Q4K_HEAD + (size_t)(b % 8) * PK_Q5K_BLOCK;
     if (kind == PK_Q6K)
         return g + (size_t)(b / 8) * PK_Q6K_SUPER + PK_Q6K_HEAD + (size_t)(b % 8) * PK_Q6K_BLOCK;
     return g + (size_t)b * (size_t)pk_layout_block_bytes(kind) + PK_ROWS * sizeof(quant_f16);

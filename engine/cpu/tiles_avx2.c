@@ -50,7 +50,7 @@ AI __m256i t2_quants(const int kind, const uint8_t *q, int j, int h)
         return _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
     __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * (j & 3) + 32 * h));
     v = _mm256_and_si256(j < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f));
-    if (kind == PK_Q5) { /* the half's 32 fifth bits, bit i for byte i, made bytes of 16 */
+    if (pk_layout_fifth(kind)) { /* the half's 32 fifth bits, bit i for byte i, made bytes of 16 */
         uint32_t bits;
         memcpy(&bits, q + PK_ROWS * 16 + 8 * j + 4 * h, 4);
         __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
@@ -81,10 +81,10 @@ AI __m256 t2_scale(const int kind, const uint8_t *g, int b, int p, int h, __m256
             _mm_loadl_epi64((const __m128i *)(hd + PK_ROWS * 2 + PK_ROWS * (2 * (b % 8) + p) + 8 * h))));
         return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h))), sc);
     }
-    if (kind != PK_Q4K)
+    if (!pk_layout_mins(kind))
         return _mm256_cvtph_ps(
             _mm_loadu_si128((const __m128i *)(pk_layout_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16) + 16 * h)));
-    const uint8_t *hd = g + (size_t)(b / 8) * PK_Q4K_SUPER;
+    const uint8_t *hd = g + (size_t)(b / 8) * pk_layout_super(kind);
     __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h)));
     __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 32 + 16 * h)));
     __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(hd + 64 + PK_ROWS * (b % 8) + 8 * h))));
@@ -105,7 +105,7 @@ AI int t2_shift(const int kind, const int vnni)
 
 /* Steps (4 columns each) of an int16 sum before it is made int32 (avx2):
  * 8 x 2 x 15 x 127 fits int16, so do 4 x 2 x 31 x 127 and 2 x 2 x 63 x 127. */
-AI int t2_flush(const int kind) { return kind == PK_Q5 ? 4 : kind == PK_Q6K ? 2 : 8; }
+AI int t2_flush(const int kind) { return pk_layout_fifth(kind) ? 4 : kind == PK_Q6K ? 2 : 8; }
 
 /* Token t's starting integer sum for part p of block i (its index in
  * the view): -offset * sum(x) over the columns the part covers. */
@@ -186,10 +186,10 @@ AI void t2_tile(const int kind, const int vnni, const int T, const uint8_t *w, i
                 size_t i = (size_t)sb * b + t;
                 __m256 dx = _mm256_set1_ps(x.d[i]);
                 /* Q4_K: the dequantized block sum, dx * sum(xq) */
-                __m256 xs = _mm256_set1_ps(kind == PK_Q4K ? x.d[i] * (float)-pk_layout_nsum(x, i) : 0.0f);
+                __m256 xs = _mm256_set1_ps(pk_layout_mins(kind) ? x.d[i] * (float)-pk_layout_nsum(x, i) : 0.0f);
                 _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
                     f[h][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[h][t]), dx), dw[h], f[h][t]);
-                    if (kind == PK_Q4K)
+                    if (pk_layout_mins(kind))
                         f[h][t] = _mm256_fnmadd_ps(mn[h], xs, f[h][t]);
                 }
             }
@@ -260,11 +260,13 @@ T2_TYPE(t2_q4_0, PK_Q4, 0)
 T2_TYPE(t2_q5_0, PK_Q5, 0)
 T2_TYPE(t2_q4_K, PK_Q4K, 0)
 T2_TYPE(t2_q6_K, PK_Q6K, 0)
+T2_TYPE(t2_q5_K, PK_Q5K, 0)
 T2_TYPE(t2v_q8_0, PK_Q8, 1)
 T2_TYPE(t2v_q4_0, PK_Q4, 1)
 T2_TYPE(t2v_q5_0, PK_Q5, 1)
 T2_TYPE(t2v_q4_K, PK_Q4K, 1)
 T2_TYPE(t2v_q6_K, PK_Q6K, 1)
+T2_TYPE(t2v_q5_K, PK_Q5K, 1)
 
 const cpu_pack *tiles_avx2_pack(quant_type t, int vnni)
 {
@@ -274,6 +276,7 @@ const cpu_pack *tiles_avx2_pack(quant_type t, int vnni)
     case QT_Q5_0: return vnni ? &t2v_q5_0 : &t2_q5_0;
     case QT_Q4_K: return vnni ? &t2v_q4_K : &t2_q4_K;
     case QT_Q6_K: return vnni ? &t2v_q6_K : &t2_q6_K;
+    case QT_Q5_K: return vnni ? &t2v_q5_K : &t2_q5_K;
     default: return NULL;
     }
 }
