@@ -121,7 +121,7 @@ typedef struct cpu_kernels {
 
 const cpu_kernels *cpu_kernels_scalar(void);
 /* NULL when not compiled in or the CPU lacks AVX2/FMA/F16C. Packed
- * 256-bit tiles (vpmaddubsw) for Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K. */
+ * 256-bit tiles (vpmaddubsw) for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K. */
 const cpu_kernels *cpu_kernels_avx2(void);
 /* The AVX2 set with its tiles multiplying by AVX-VNNI's vpdpbusd; NULL
  * when the CPU lacks AVX-VNNI. */
@@ -129,7 +129,7 @@ const cpu_kernels *cpu_kernels_avxvnni(void);
 /* The AVX2 set with AVX512-VNNI (256-bit) dot products for Q8_0 weights;
  * NULL when the CPU lacks AVX512-VNNI/VL. */
 const cpu_kernels *cpu_kernels_vnni(void);
-/* The AVX512-VNNI set with packed 512-bit tiles (cpu_pack) for Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K;
+/* The AVX512-VNNI set with packed 512-bit tiles (cpu_pack) for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K;
  * NULL when the CPU lacks AVX-512 F/BW/VL/VNNI. */
 const cpu_kernels *cpu_kernels_avx512(void);
 /* Every set usable on this CPU, best first, NULL-terminated. */

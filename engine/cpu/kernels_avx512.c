@@ -1,5 +1,5 @@
 /* kernels_avx512.c - the "avx512" kernel set: the AVX512-VNNI set plus
- * packed weights with 512-bit tiles (cpu_pack) for Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K. Compiled with the
+ * packed weights with 512-bit tiles (cpu_pack) for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K. Compiled with the
  * AVX-512 F/BW/VL/VNNI flags; cpu_kernels_avx512() checks the CPU at run
  * time.
  *
@@ -40,7 +40,8 @@
 #define PK_PF 1024
 
 /* Block b's (Q6_K: its part p's 16 columns') per-row scale of q . x (dw)
- * and, for Q4_K, of the block sum (*mn = dmin m). */
+ * and, for the kinds with mins, what the block's dequantized activation
+ * sum is taken times (*mn: Q4_K/Q5_K dmin m, Q4_1/Q5_1 -m). */
 static inline __attribute__((always_inline)) __m512 pk_scale(int kind, const uint8_t *g, int b, int p, __m512 *mn)
 {
     if (kind == PK_Q6K) { /* d sc: exact, an f16 times an 8-bit integer */
@@ -49,7 +50,12 @@ static inline __attribute__((always_inline)) __m512 pk_scale(int kind, const uin
             _mm_loadu_si128((const __m128i *)(h + PK_ROWS * 2 + PK_ROWS * (2 * (b % 8) + p)))));
         return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)), sc);
     }
-    if (!pk_layout_mins(kind))
+    if (kind == PK_Q41 || kind == PK_Q51) {
+        const uint8_t *q = pk_layout_qs(kind, g, b);
+        *mn = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q - 32))));
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q - 64)));
+    }
+    if (!pk_layout_k4(kind))
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pk_layout_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16))));
     const uint8_t *h = g + (size_t)(b / 8) * pk_layout_super(kind);
     __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
@@ -225,6 +231,8 @@ PK_TYPE(pack_q4_K, PK_Q4K)
 PK_TYPE(pack_q5_0, PK_Q5)
 PK_TYPE(pack_q6_K, PK_Q6K)
 PK_TYPE(pack_q5_K, PK_Q5K)
+PK_TYPE(pack_q4_1, PK_Q41)
+PK_TYPE(pack_q5_1, PK_Q51)
 
 /* The peak estimate's loop: 12 vpdpbusd chains of 64 multiply-adds. */
 static double spin512(long iters, int seed)
@@ -254,6 +262,8 @@ static void avx512_init(void)
     avx512.pack[QT_Q4_K] = &pack_q4_K;
     avx512.pack[QT_Q6_K] = &pack_q6_K;
     avx512.pack[QT_Q5_K] = &pack_q5_K;
+    avx512.pack[QT_Q4_1] = &pack_q4_1;
+    avx512.pack[QT_Q5_1] = &pack_q5_1;
     avx512.int8_spin = spin512;
 }
 

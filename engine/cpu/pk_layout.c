@@ -43,6 +43,23 @@ static void pk_layout_five(const int *v, int r, uint8_t *q)
         }
 }
 
+/* Q4_1 (qh NULL) and Q5_1: row r's d and m, then the quants */
+static void pk_layout_q51(int five, const void *blk, int r, uint8_t *q)
+{
+    int v[32] = {0};
+    quant_f16 *dm = (quant_f16 *)(q - 2 * PK_ROWS * sizeof(quant_f16));
+    const block_q4_1 *b4 = blk;
+    const block_q5_1 *b5 = blk;
+    dm[r] = !blk ? 0 : five ? b5->d : b4->d;
+    dm[PK_ROWS + r] = !blk ? 0 : five ? b5->m : b4->m;
+    if (blk)
+        quant_unpack32(five ? b5->qs : b4->qs, five ? b5->qh : NULL, v);
+    if (five)
+        pk_layout_five(v, r, q);
+    else
+        pk_layout_nibbles(v, r, q);
+}
+
 static void pk_layout_q5(const block_q5_0 *blk, int r, uint8_t *q)
 {
     int v[32] = {0};
@@ -56,8 +73,8 @@ static void pk_layout_q5(const block_q5_0 *blk, int r, uint8_t *q)
  * (its d, dmin, 12 scale bytes, qs and, for Q5_K, qh; scales NULL: a row
  * of zeros): the header's share of row r (h: the super-block's header),
  * and the quants. */
-static void pk_layout_k4(int five, quant_f16 d, quant_f16 dmin, const uint8_t *scales, const uint8_t *qs,
-                         const uint8_t *qh, int j, int r, uint8_t *h, uint8_t *q)
+static void pk_layout_q45k(int five, quant_f16 d, quant_f16 dmin, const uint8_t *scales, const uint8_t *qs,
+                          const uint8_t *qh, int j, int r, uint8_t *h, uint8_t *q)
 {
     int v[32] = {0}, sc = 0, m = 0;
     if (scales) {
@@ -110,15 +127,19 @@ static void pk_layout_row(int kind, const void *w, size_t row_bytes, int64_t row
         pk_layout_q4(src ? (const block_q4_0 *)src + b : NULL, r, q);
     else if (kind == PK_Q5)
         pk_layout_q5(src ? (const block_q5_0 *)src + b : NULL, r, q);
+    else if (kind == PK_Q41)
+        pk_layout_q51(0, src ? (const block_q4_1 *)src + b : NULL, r, q);
+    else if (kind == PK_Q51)
+        pk_layout_q51(1, src ? (const block_q5_1 *)src + b : NULL, r, q);
     else if (kind == PK_Q6K)
         pk_layout_q6k(src ? (const block_q6_K *)src + b / 8 : NULL, b % 8, r, g + (size_t)(b / 8) * PK_Q6K_SUPER, q);
     else if (kind == PK_Q4K) {
         const block_q4_K *k = src ? (const block_q4_K *)src + b / 8 : NULL;
-        pk_layout_k4(0, k ? k->d : 0, k ? k->dmin : 0, k ? k->scales : NULL, k ? k->qs : NULL, NULL, b % 8, r,
+        pk_layout_q45k(0, k ? k->d : 0, k ? k->dmin : 0, k ? k->scales : NULL, k ? k->qs : NULL, NULL, b % 8, r,
                      g + (size_t)(b / 8) * PK_Q4K_SUPER, q);
     } else { /* Q5_K */
         const block_q5_K *k = src ? (const block_q5_K *)src + b / 8 : NULL;
-        pk_layout_k4(1, k ? k->d : 0, k ? k->dmin : 0, k ? k->scales : NULL, k ? k->qs : NULL, k ? k->qh : NULL,
+        pk_layout_q45k(1, k ? k->d : 0, k ? k->dmin : 0, k ? k->scales : NULL, k ? k->qs : NULL, k ? k->qh : NULL,
                      b % 8, r, g + (size_t)(b / 8) * PK_Q5K_SUPER, q);
     }
 }

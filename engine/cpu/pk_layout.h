@@ -7,16 +7,18 @@
  * 4 bytes at 4r), so one 512-bit load, or two 256-bit ones (rows 0-7,
  * rows 8-15), gives 4 consecutive columns of every row:
  *   PK_Q8:  8 vectors, vector j = columns 4j..4j+3, each weight + 128;
- *   PK_Q4, PK_Q4K: 4 vectors, vector j holding in each row's 4 bytes
- *           columns 4j.. (low nibbles) and 16 + 4j.. (high nibbles),
- *           unsigned (Q4_0: the file's bytes 4j..4j+3, the weight + 8);
- *   PK_Q5, PK_Q5K: Q4_0's (Q4_K's) nibbles of the low 4 bits, then 8 x 64
+ *   PK_Q4, PK_Q41, PK_Q4K: 4 vectors, vector j holding in each row's 4
+ *           bytes columns 4j.. (low nibbles) and 16 + 4j.. (high
+ *           nibbles), unsigned (Q4_0: the file's bytes 4j..4j+3, the
+ *           weight + 8);
+ *   PK_Q5, PK_Q51, PK_Q5K: those nibbles of the low 4 bits, then 8 x 64
  *           fifth bits, bit 4r + k of mask j for row r, column 4j + k;
  *   PK_Q6K: Q4_K's 4 vectors of the low 4 bits, then 2 vectors of the top
  *           two: bits 2 (j % 4) of byte 4r + k of vector j / 4 for row r,
  *           column 4j + k (so a vector serves 4 steps, one shift each).
  * Q8_0, Q4_0 and Q5_0 blocks start with their 16 rows' f16 scales; w . x
- * = q . x - offset * sum(x), offset 128, 8 or 16. A Q4_K super-block (256
+ * = q . x - offset * sum(x), offset 128, 8 or 16. Q4_1 and Q5_1 blocks
+ * start with 16 f16 d, then 16 f16 m; w = d q + m. A Q4_K super-block (256
  * columns) starts with a header - 16 f16 d, 16 f16 dmin, then the 6-bit
  * scales and mins as bytes, 16 rows per sub-block - and holds its 8
  * blocks; w = d sc q - dmin m (Q5_K: the same header). A Q6_K super-block starts with 16 f16 d
@@ -41,12 +43,18 @@
 
 #define PK_ROWS 16 /* rows per packed group */
 
-enum { PK_Q8, PK_Q4, PK_Q4K, PK_Q5, PK_Q6K, PK_Q5K };
+enum { PK_Q8, PK_Q4, PK_Q4K, PK_Q5, PK_Q6K, PK_Q5K, PK_Q41, PK_Q51 };
 
 /* Kinds whose 5th bits follow the nibbles; kinds with Q4_K's header
- * (6-bit scales and mins: w = d sc q - dmin m). */
-static inline int pk_layout_fifth(int kind) { return kind == PK_Q5 || kind == PK_Q5K; }
-static inline int pk_layout_mins(int kind) { return kind == PK_Q4K || kind == PK_Q5K; }
+ * (6-bit scales and mins: w = d sc q - dmin m); kinds whose weights add a
+ * per-block min instead of taking an offset from the quants. */
+static inline int pk_layout_fifth(int kind) { return kind == PK_Q5 || kind == PK_Q5K || kind == PK_Q51; }
+static inline int pk_layout_k4(int kind) { return kind == PK_Q4K || kind == PK_Q5K; }
+static inline int pk_layout_mins(int kind) { return pk_layout_k4(kind) || kind == PK_Q41 || kind == PK_Q51; }
+
+/* Bytes before the quants of a Q8_0, Q4_0, Q5_0, Q4_1 or Q5_1 block: the
+ * 16 rows' d (and m). */
+static inline int pk_layout_head(int kind) { return PK_ROWS * 2 * (kind == PK_Q41 || kind == PK_Q51 ? 2 : 1); }
 
 #define PK_Q4K_HEAD (PK_ROWS * 2 * 2 + PK_ROWS * 8 * 2) /* d, dmin; sc, m bytes */
 #define PK_Q4K_SUPER (PK_Q4K_HEAD + 8 * PK_ROWS * 16)   /* header + 8 blocks of nibbles */
@@ -62,7 +70,7 @@ static inline int pk_layout_block_bytes(int kind)
 {
     if (kind == PK_Q6K || kind == PK_Q5K)
         return kind == PK_Q6K ? PK_Q6K_BLOCK : PK_Q5K_BLOCK;
-    return PK_ROWS * 2 + PK_ROWS * (kind == PK_Q8 ? 32 : 16) + (kind == PK_Q5 ? PK_ROWS * 4 : 0);
+    return pk_layout_head(kind) + PK_ROWS * (kind == PK_Q8 ? 32 : 16) + (pk_layout_fifth(kind) ? PK_ROWS * 4 : 0);
 }
 
 /* Bytes of a K-quant kind's super-block (256 columns) of a group. */
@@ -81,8 +89,8 @@ static inline size_t pk_layout_group_bytes(int kind, int64_t cols)
 
 static inline size_t pk_layout_groups(int64_t rows) { return (size_t)((rows + PK_ROWS - 1) / PK_ROWS); }
 
-/* The quant vectors of block b (32 columns) of the group at g; the 16 f16
- * scales (not the K-quants) are just before them. */
+/* The quant vectors of block b (32 columns) of the group at g; the
+ * block's pk_layout_head bytes (not the K-quants) are just before them. */
 static inline const uint8_t *pk_layout_qs(int kind, const uint8_t *g, int b)
 {
     if (kind == PK_Q4K)
@@ -91,7 +99,7 @@ static inline const uint8_t *pk_layout_qs(int kind, const uint8_t *g, int b)
         return g + (size_t)(b / 8) * PK_Q5K_SUPER + PK_Q4K_HEAD + (size_t)(b % 8) * PK_Q5K_BLOCK;
     if (kind == PK_Q6K)
         return g + (size_t)(b / 8) * PK_Q6K_SUPER + PK_Q6K_HEAD + (size_t)(b % 8) * PK_Q6K_BLOCK;
-    return g + (size_t)b * (size_t)pk_layout_block_bytes(kind) + PK_ROWS * sizeof(quant_f16);
+    return g + (size_t)b * (size_t)pk_layout_block_bytes(kind) + pk_layout_head(kind);
 }
 
 /* Packs groups [g0, g1) of the weight w (rows x cols of the kind's file

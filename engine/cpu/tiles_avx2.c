@@ -81,7 +81,12 @@ AI __m256 t2_scale(const int kind, const uint8_t *g, int b, int p, int h, __m256
             _mm_loadl_epi64((const __m128i *)(hd + PK_ROWS * 2 + PK_ROWS * (2 * (b % 8) + p) + 8 * h))));
         return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h))), sc);
     }
-    if (!pk_layout_mins(kind))
+    if (kind == PK_Q41 || kind == PK_Q51) {
+        const uint8_t *q = pk_layout_qs(kind, g, b);
+        *mn = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(q - 32 + 16 * h))));
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(q - 64 + 16 * h)));
+    }
+    if (!pk_layout_k4(kind))
         return _mm256_cvtph_ps(
             _mm_loadu_si128((const __m128i *)(pk_layout_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16) + 16 * h)));
     const uint8_t *hd = g + (size_t)(b / 8) * pk_layout_super(kind);
@@ -261,12 +266,16 @@ T2_TYPE(t2_q5_0, PK_Q5, 0)
 T2_TYPE(t2_q4_K, PK_Q4K, 0)
 T2_TYPE(t2_q6_K, PK_Q6K, 0)
 T2_TYPE(t2_q5_K, PK_Q5K, 0)
+T2_TYPE(t2_q4_1, PK_Q41, 0)
+T2_TYPE(t2_q5_1, PK_Q51, 0)
 T2_TYPE(t2v_q8_0, PK_Q8, 1)
 T2_TYPE(t2v_q4_0, PK_Q4, 1)
 T2_TYPE(t2v_q5_0, PK_Q5, 1)
 T2_TYPE(t2v_q4_K, PK_Q4K, 1)
 T2_TYPE(t2v_q6_K, PK_Q6K, 1)
 T2_TYPE(t2v_q5_K, PK_Q5K, 1)
+T2_TYPE(t2v_q4_1, PK_Q41, 1)
+T2_TYPE(t2v_q5_1, PK_Q51, 1)
 
 const cpu_pack *tiles_avx2_pack(quant_type t, int vnni)
 {
@@ -277,6 +286,8 @@ const cpu_pack *tiles_avx2_pack(quant_type t, int vnni)
     case QT_Q4_K: return vnni ? &t2v_q4_K : &t2_q4_K;
     case QT_Q6_K: return vnni ? &t2v_q6_K : &t2_q6_K;
     case QT_Q5_K: return vnni ? &t2v_q5_K : &t2_q5_K;
+    case QT_Q4_1: return vnni ? &t2v_q4_1 : &t2_q4_1;
+    case QT_Q5_1: return vnni ? &t2v_q5_1 : &t2_q5_1;
     default: return NULL;
     }
 }
