@@ -35,12 +35,12 @@ static void pk_layout_five(const int *v, int r, uint8_t *q)
     int lo[32];
     for (int i = 0; i < 32; i++) lo[i] = v[i] & 0xf;
     pk_layout_nibbles(lo, r, q);
-    for (int j = 0; j < QK8_0 / 4; j++)
-        for (int k = 0; k < 4; k++) {
-            uint8_t *byte = q + PK_ROWS * 16 + 8 * j + (4 * r + k) / 8;
-            unsigned bit = (4u * (unsigned)r + (unsigned)k) % 8;
-            *byte = (uint8_t)((*byte & ~(1u << bit)) | (unsigned)((v[4 * j + k] >> 4) & 1) << bit);
-        }
+    for (int j = 0; j < QK8_0 / 4; j++) { /* row r's 4 bits of mask j: half of byte r / 2 */
+        unsigned nib = 0, sh = 4u * ((unsigned)r % 2);
+        for (int k = 0; k < 4; k++) nib |= (unsigned)((v[4 * j + k] >> 4) & 1) << k;
+        uint8_t *byte = q + PK_ROWS * 16 + 8 * j + r / 2;
+        *byte = (uint8_t)((*byte & ~(0xfu << sh)) | nib << sh);
+    }
 }
 
 /* Q4_1 (qh NULL) and Q5_1: row r's d and m, then the quants */
@@ -99,18 +99,21 @@ static void pk_layout_q45k(int five, quant_f16 d, quant_f16 dmin, const uint8_t 
 static void pk_layout_q6k(const block_q6_K *blk, int j, int r, uint8_t *h, uint8_t *q)
 {
     int v[32] = {0}, lo[32];
-    if (blk)
-        for (int i = 0; i < 32; i++) v[i] = quant_k6_quant(blk->ql, blk->qh, 32 * j + i);
+    if (blk) { /* quant_k6_quant for elements 32j..32j+31, its indexing hoisted out of the loop */
+        const uint8_t *ql = blk->ql + 64 * (j / 4) + 32 * (j % 2), *qh = blk->qh + 32 * (j / 4);
+        int lsh = 4 * ((j % 4) / 2), hsh = 2 * (j % 4);
+        for (int i = 0; i < 32; i++) v[i] = ((ql[i] >> lsh) & 0xf) | ((qh[i] >> hsh) & 3) << 4;
+    }
     ((quant_f16 *)h)[r] = blk ? blk->d : 0;
     for (int s = 0; s < 2; s++) h[PK_ROWS * 2 + PK_ROWS * (2 * j + s) + r] = blk ? (uint8_t)blk->scales[2 * j + s] : 0;
     for (int i = 0; i < 32; i++) lo[i] = v[i] & 0xf;
     pk_layout_nibbles(lo, r, q);
     uint8_t *top = q + PK_ROWS * 16;
-    for (int i = 0; i < QK8_0 / 4; i++)
+    for (int p = 0; p < 2; p++) /* byte 4r + k of plane p: steps 4p..4p+3 of column k, 2 bits each */
         for (int k = 0; k < 4; k++) {
-            uint8_t *byte = top + 64 * (i / 4) + 4 * r + k;
-            unsigned sh = 2u * (unsigned)(i % 4);
-            *byte = (uint8_t)((*byte & ~(3u << sh)) | (unsigned)(v[4 * i + k] >> 4) << sh);
+            unsigned byte = 0;
+            for (int s = 0; s < 4; s++) byte |= (unsigned)(v[4 * (4 * p + s) + k] >> 4) << (2 * s);
+            top[64 * p + 4 * r + k] = (uint8_t)byte;
         }
 }
 
