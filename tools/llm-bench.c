@@ -201,7 +201,7 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
     uint64_t mm0 = 0, at0 = 0, mm1, at1;
     const llm_hparams *hp = &d->m->hp;
     int max_rows = n_seqs > 512 ? n_seqs : 512, per = (ctx + steps + KV_DEFAULT_BLOCK - 1) / KV_DEFAULT_BLOCK;
-    kv_cache_config kc = {.type = LLM_KV_F16, .n_blocks = per * n_seqs, .ranks = d->b, .n_ranks = d->n_ranks};
+    kv_cache_config kc = {.type = g_kv, .n_blocks = per * n_seqs, .ranks = d->b, .n_ranks = d->n_ranks};
     kv_cache *kv = NULL;
     llm_forward *f = NULL;
     kv_seq *s = calloc((size_t)n_seqs, sizeof *s);
