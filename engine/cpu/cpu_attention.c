@@ -91,14 +91,6 @@ static const float *kv_block(const cpu_kernels *k, const llm_kv_layer *kv, void 
     return tile;
 }
 
-static void softmax(float *x, int n)
-{
-    float mx = -INFINITY, sum = 0;
-    for (int p = 0; p < n; p++) mx = x[p] > mx ? x[p] : mx; /* fmaxf's value (mx is never NaN), without its call */
-    for (int p = 0; p < n; p++) sum += (x[p] = expf(x[p] - mx));
-    for (int p = 0; p < n; p++) x[p] /= sum;
-}
-
 /* The positions [*a0, *a1) of block [p0, p0 + n) that row t of s sees
  * (its window, up to itself); 0 when none. */
 static int row_span(const llm_attn_args *a, const llm_batch_seq *s, int t, int p0, int n, int *a0, int *a1)
@@ -217,7 +209,7 @@ static void attn_item(const attn_job *j, const llm_batch_seq *s, int t0, int t1,
         for (int t = t0; t < t1; t++)
             for (int h = 0; h < j->group; h++) {
                 int lo = llm_attn_first(s->pos0 + t, a->window);
-                softmax(wg.sc + ((size_t)(t - t0) * j->group + h) * w->sc_stride + lo, s->pos0 + t + 1 - lo);
+                j->c->k->softmax(wg.sc + ((size_t)(t - t0) * j->group + h) * w->sc_stride + lo, s->pos0 + t + 1 - lo);
                 memset(a->out + ((size_t)(s->tok0 + t) * a->n_head + g * j->group + h) * hd, 0, sizeof(float) * (size_t)hd);
             }
     }

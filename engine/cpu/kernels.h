@@ -112,6 +112,9 @@ typedef struct cpu_kernels {
      * computed as g u / (1 + e^(-2v)); each element's result depends only
      * on its own g, u (no position-dependent tail path) */
     void (*geglu)(const float *g, const float *u, float *out, int n);
+    /* x[i] = e^(x[i] - max) / sum over the n (>= 1) values: attention's
+     * score rows. A row's result depends only on its own values and n. */
+    void (*softmax)(float *x, int n);
     /* Optional: iters rounds of the set's widest int8 multiply-add on 12
      * independent registers (no memory traffic); returns the int8
      * operations done, a multiply and an add each: what the int8 peak

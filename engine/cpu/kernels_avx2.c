@@ -463,6 +463,40 @@ static void geglu(const float *g, const float *u, float *out, int n)
     }
 }
 
+/* Softmax with exp8: the max and the exponentials 8 lanes at a time (the
+ * last partial vector padded, each element computed as in a full one),
+ * the sum in one 8-lane chain then the tail in order, and one division.
+ * The scalar loop's glibc expf calls, dependent max and sum chains and a
+ * division per element were about a quarter of attention's time at 64
+ * sequences x 1,024 positions (perf, llama-110m). */
+static void softmax(float *x, int n)
+{
+    __m256 m8 = _mm256_set1_ps(-INFINITY), s8 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(x + i));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float mx = _mm_cvtss_f32(m4);
+    for (int p = i; p < n; p++) mx = x[p] > mx ? x[p] : mx;
+    const __m256 vm = _mm256_set1_ps(mx);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, e);
+        s8 = _mm256_add_ps(s8, e);
+    }
+    float sum = hsum8(s8);
+    if (i < n) {
+        float t[8] = {0};
+        memcpy(t, x + i, sizeof(float) * (size_t)(n - i));
+        _mm256_storeu_ps(t, exp8(_mm256_sub_ps(_mm256_loadu_ps(t), vm)));
+        for (int p = 0; p < n - i; p++) sum += (x[i + p] = t[p]);
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    for (; i < n; i++) x[i] *= 1.0f / sum;
+}
+
 /* The peak estimate's loop: 12 chains of vpmaddubsw (32 multiply-adds
  * into int16 pairs) and vpaddw, the step the packed tiles repeat for
  * nibble quants (tiles_avx2.c). */
@@ -503,6 +537,7 @@ static const cpu_kernels avx2_rows = {
     .to_f32 = {[QT_F16] = f16_to_f32, [QT_Q8_0] = q8_0_to_f32},
     .to_f16 = f32_to_f16,
     .geglu = geglu,
+    .softmax = softmax,
     .int8_spin = spin_avx2,
 };
 

@@ -269,6 +269,14 @@ static void geglu(const float *g, const float *u, float *out, int n)
     for (int i = 0; i < n; i++) out[i] = g[i] * u[i] / (1.0f + expf(k * (g[i] + 0.044715f * g[i] * g[i] * g[i])));
 }
 
+static void softmax(float *x, int n)
+{
+    float mx = -INFINITY, sum = 0;
+    for (int p = 0; p < n; p++) mx = x[p] > mx ? x[p] : mx; /* fmaxf's value (mx is never NaN), without its call */
+    for (int p = 0; p < n; p++) sum += (x[p] = expf(x[p] - mx));
+    for (int p = 0; p < n; p++) x[p] /= sum;
+}
+
 static const cpu_kernels scalar = {
     .name = "scalar",
     .dot = {[QT_F32] = w_f32, [QT_F16] = w_f16, [QT_BF16] = w_bf16, [QT_Q8_0] = w_q8_0,
@@ -287,6 +295,7 @@ static const cpu_kernels scalar = {
     .to_f32 = {[QT_F16] = f16_to_f32, [QT_Q8_0] = q8_0_to_f32},
     .to_f16 = f32_to_f16,
     .geglu = geglu,
+    .softmax = softmax,
 };
 
 const cpu_kernels *cpu_kernels_scalar(void) { return &scalar; }

@@ -498,6 +498,26 @@ static void run_kernel_set(const cpu_kernels *k)
                 fail_msg("%s geglu(%g) * %g = %.9g, float64 %.9g", k->name, g[i], u[i], o[i], ref);
         }
     }
+    { /* attention's softmax vs float64: short and long rows, spread scores, one far above the rest */
+        static const int lens[] = {1, 2, 7, 8, 9, 33, 1000, 1031};
+        static float x[1031], x0[1031];
+        for (size_t l = 0; l < sizeof lens / sizeof *lens; l++) {
+            int len = lens[l];
+            for (int i = 0; i < len; i++) x[i] = x0[i] = 12.0f * test_randf(&seed) + (i == len / 3 ? 40.0f : 0.0f);
+            k->softmax(x, len);
+            double mx = -INFINITY, sum = 0, total = 0;
+            for (int i = 0; i < len; i++) mx = x0[i] > mx ? x0[i] : mx;
+            for (int i = 0; i < len; i++) sum += exp((double)x0[i] - mx);
+            for (int i = 0; i < len; i++) {
+                double ref = exp((double)x0[i] - mx) / sum;
+                total += x[i];
+                if (!(fabs(x[i] - ref) <= 1e-5 * ref + 1e-30))
+                    fail_msg("%s softmax n=%d [%d]: %.9g, float64 %.9g", k->name, len, i, x[i], ref);
+            }
+            if (fabs(total - 1.0) > 1e-5)
+                fail_msg("%s softmax n=%d sums to %.9g", k->name, len, total);
+        }
+    }
     for (int n = 1; n < 70; n += 3) { /* float helpers */
         float a[80], b[80], y[80], y0[80];
         double ref = 0, mag = 0;
