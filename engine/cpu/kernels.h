@@ -113,7 +113,9 @@ typedef struct cpu_kernels {
      * on its own g, u (no position-dependent tail path) */
     void (*geglu)(const float *g, const float *u, float *out, int n);
     /* x[i] = e^(x[i] - max) / sum over the n (>= 1) values: attention's
-     * score rows. A row's result depends only on its own values and n. */
+     * score rows (the AVX2 set's exponential stops at e^-87 ~ 1.6e-38
+     * where the true value is smaller). A row's result depends only on its
+     * own values and n. */
     void (*softmax)(float *x, int n);
     /* Optional: iters rounds of the set's widest int8 multiply-add on 12
      * independent registers (no memory traffic); returns the int8

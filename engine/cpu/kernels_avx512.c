@@ -37,17 +37,17 @@
  * token's loads are the step's whole work and the hardware's stream
  * prefetch left them waiting on memory (tinyllama-1.1b Q4_0 decode 36 ->
  * 42 tok/s, Q8_0 24.4 -> 26; 512 to 4096 alike, 2 threads, this Xeon). */
-#define PK_PF 1024
+#define AVX512_PF 1024
 
 /* Block b's (Q6_K: its part p's 16 columns') per-row scale of q . x (dw)
  * and, for the kinds with mins, what the block's dequantized activation
  * sum is taken times (*mn: Q4_K/Q5_K dmin m, Q4_1/Q5_1 -m). */
-static inline __attribute__((always_inline)) __m512 pk_scale(int kind, const uint8_t *g, int b, int p, __m512 *mn)
+static inline __attribute__((always_inline)) __m512 avx512_scale(int kind, const uint8_t *g, int b, int p, __m512 *mn)
 {
     if (kind == PK_Q6K) { /* d sc: exact, an f16 times an 8-bit integer */
-        const uint8_t *h = g + (size_t)(b / 8) * PK_Q6K_SUPER;
-        __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i *)(h + PK_ROWS * 2 + PK_ROWS * (2 * (b % 8) + p)))));
+        const uint8_t *h = pk_layout_super_at(kind, g, b);
+        __m512 sc = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(h + pk_layout_q6k_sc(2 * (b % 8) + p)))));
         return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)), sc);
     }
     if (kind == PK_Q41 || kind == PK_Q51) {
@@ -57,19 +57,18 @@ static inline __attribute__((always_inline)) __m512 pk_scale(int kind, const uin
     }
     if (!pk_layout_k4(kind))
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pk_layout_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16))));
-    const uint8_t *h = g + (size_t)(b / 8) * pk_layout_super(kind);
+    const uint8_t *h = pk_layout_super_at(kind, g, b);
     __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
     __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32)));
-    __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + 64 + PK_ROWS * (b % 8)))));
-    __m512 m = _mm512_cvtepi32_ps(
-        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + 64 + PK_ROWS * 8 + PK_ROWS * (b % 8)))));
+    __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + pk_layout_k4_sc(b % 8)))));
+    __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + pk_layout_k4_min(b % 8)))));
     *mn = _mm512_mul_ps(dmin, m); /* both exact: an f16 times a 6-bit integer */
     return _mm512_mul_ps(d, sc);
 }
 
 /* The quants of columns 4j..4j+3 of a block whose vectors are at q, as
  * unsigned bytes (16 rows x 4). */
-static inline __attribute__((always_inline)) __m512i pk_quants(int kind, const uint8_t *q, int j)
+static inline __attribute__((always_inline)) __m512i avx512_quants(int kind, const uint8_t *q, int j)
 {
     if (kind == PK_Q8)
         return _mm512_loadu_si512(q + 64 * j);
@@ -92,26 +91,25 @@ static inline __attribute__((always_inline)) __m512i pk_quants(int kind, const u
 /* Token t's starting integer sum for part p of block i (its index in
  * the view): -offset * sum(x) over the part's columns (offset 128, 8, 16
  * or Q6_K's 32; Q4_K: none, its mins come in the float step). */
-static inline __attribute__((always_inline)) __m512i pk_start(const int kind, pk_layout_view x, size_t i, int p)
+static inline __attribute__((always_inline)) __m512i avx512_start(const int kind, pk_layout_view x, size_t i, int p)
 {
     if (pk_layout_mins(kind))
         return _mm512_setzero_si512();
-    if (kind == PK_Q6K)
-        return _mm512_slli_epi32(_mm512_set1_epi32(p ? x.nsb[i] : x.nsa[i]), 5);
-    return _mm512_slli_epi32(_mm512_set1_epi32(pk_layout_nsum(x, i)), kind == PK_Q8 ? 7 : kind == PK_Q5 ? 4 : 3);
+    int32_t ns = kind == PK_Q6K ? (p ? x.nsb[i] : x.nsa[i]) : pk_layout_nsum(x, i);
+    return _mm512_slli_epi32(_mm512_set1_epi32(ns), pk_layout_offset_log2(kind));
 }
 
 /* The exact integer sums s[r][t] of steps [j0, j1) (4 columns each) of
  * block b of R groups (gstride bytes apart) against T tokens' quants at
  * xq (step j of token t at xq + qj j + 4 t); s holds the starting values. */
-static inline __attribute__((always_inline)) void pk_sums(const int kind, const int R, const int T, const uint8_t *w,
+static inline __attribute__((always_inline)) void avx512_sums(const int kind, const int R, const int T, const uint8_t *w,
                                                            size_t gstride, int b, const int8_t *xq, const int qj,
                                                            const int j0, const int j1, __m512i s[2][8])
 {
     _Pragma("GCC unroll 8") for (int j = j0; j < j1; j++) {
         __m512i wq[2];
         _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-            wq[r] = pk_quants(kind, pk_layout_qs(kind, w + (size_t)r * gstride, b), j);
+            wq[r] = avx512_quants(kind, pk_layout_qs(kind, w + (size_t)r * gstride, b), j);
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
             int32_t x4;
             memcpy(&x4, xq + qj * j + 4 * t, 4);
@@ -125,7 +123,7 @@ static inline __attribute__((always_inline)) void pk_sums(const int kind, const 
  * of one tile; y gets token t's rows at y + t * y_stride, tokens past
  * n_valid and the last group's rows past `valid` (1..16) left alone.
  * kind, R and T are constants at every call. */
-static inline __attribute__((always_inline)) void pk_tile(const int kind, const int R, const int T, const uint8_t *w,
+static inline __attribute__((always_inline)) void avx512_tile(const int kind, const int R, const int T, const uint8_t *w,
                                                            size_t gstride, int nb, pk_layout_view x, float *y,
                                                            size_t y_stride, int n_valid, int valid)
 {
@@ -136,24 +134,24 @@ static inline __attribute__((always_inline)) void pk_tile(const int kind, const 
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
         f[r][t] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        if (T == 1) { /* the block PK_PF bytes ahead in each group (K-quants: a block and a bit, its header's share) */
+        if (T == 1) { /* the block AVX512_PF bytes ahead in each group (K-quants: a block and a bit, its header's share) */
             const int bb = pk_layout_block_bytes(kind);
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                const char *p = (const char *)pk_layout_qs(kind, w + (size_t)r * gstride, b) + PK_PF;
+                const char *p = (const char *)pk_layout_qs(kind, w + (size_t)r * gstride, b) + AVX512_PF;
                 for (int o = 0; o < bb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
             }
         }
         _Pragma("GCC unroll 2") for (int p = 0; p < np; p++) {
             __m512i s[2][8];
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-                s[r][t] = pk_start(kind, x, (size_t)sb * b + t, p);
-            pk_sums(kind, R, T, w, gstride, b, x.q + (size_t)qb * b, qj, p * jn, (p + 1) * jn, s);
+                s[r][t] = avx512_start(kind, x, (size_t)sb * b + t, p);
+            avx512_sums(kind, R, T, w, gstride, b, x.q + (size_t)qb * b, qj, p * jn, (p + 1) * jn, s);
             __m512 dw[2], mn[2];
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) dw[r] = pk_scale(kind, w + (size_t)r * gstride, b, p, &mn[r]);
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) dw[r] = avx512_scale(kind, w + (size_t)r * gstride, b, p, &mn[r]);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 size_t i = (size_t)sb * b + t;
                 __m512 dx = _mm512_set1_ps(x.d[i]);
-                /* Q4_K: the dequantized block sum, dx * sum(xq) */
+                /* kinds with mins: the dequantized block sum, dx * sum(xq) */
                 __m512 xs = _mm512_set1_ps(pk_layout_mins(kind) ? x.d[i] * (float)-pk_layout_nsum(x, i) : 0.0f);
                 _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
                     f[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[r][t]), dx), dw[r], f[r][t]);
@@ -175,21 +173,21 @@ static inline __attribute__((always_inline)) void pk_tile(const int kind, const 
 }
 
 /* One R-group column of the output, every token: the tiles, then the rows. */
-static inline __attribute__((always_inline)) void pk_col(const int kind, const int R, const uint8_t *w, size_t gstride,
+static inline __attribute__((always_inline)) void avx512_col(const int kind, const int R, const uint8_t *w, size_t gstride,
                                                           int nb, const char *x, size_t x_row, int n_tok, int n,
                                                           float *y, size_t y_stride, int valid)
 {
     int t = 0, tiled = cpu_act_tiled(&pk_layout_act, n_tok);
     for (; t < tiled; t += 8)
-        pk_tile(kind, R, 8, w, gstride, nb, pk_layout_tile_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride,
+        avx512_tile(kind, R, 8, w, gstride, nb, pk_layout_tile_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride,
                 y_stride, n_tok - t, valid);
     for (; t < n_tok; t++)
-        pk_tile(kind, R, 1, w, gstride, nb, pk_layout_row_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride, y_stride,
+        avx512_tile(kind, R, 1, w, gstride, nb, pk_layout_row_view(x + (size_t)t * x_row, n), y + (size_t)t * y_stride, y_stride,
                 1, valid);
 }
 
 /* Groups [g0, g1) two at a time (one at the end). */
-static inline __attribute__((always_inline)) void pk_gemm(const int kind, const void *pw, int64_t rows, int64_t cols,
+static inline __attribute__((always_inline)) void avx512_gemm(const int kind, const void *pw, int64_t rows, int64_t cols,
                                                            int64_t g0, int64_t g1, const void *x, size_t x_row,
                                                            int n_tok, float *y, size_t y_stride)
 {
@@ -202,16 +200,16 @@ static inline __attribute__((always_inline)) void pk_gemm(const int kind, const 
         int64_t end = (g + R) * PK_ROWS;
         int valid = end <= rows ? PK_ROWS : (int)(rows - (end - PK_ROWS));
         if (R == 2)
-            pk_col(kind, 2, w, gstride, nb, x, x_row, n_tok, (int)cols, yg, y_stride, valid);
+            avx512_col(kind, 2, w, gstride, nb, x, x_row, n_tok, (int)cols, yg, y_stride, valid);
         else
-            pk_col(kind, 1, w, gstride, nb, x, x_row, n_tok, (int)cols, yg, y_stride, valid);
+            avx512_col(kind, 1, w, gstride, nb, x, x_row, n_tok, (int)cols, yg, y_stride, valid);
         g += R;
     }
 }
 
 /* A type's cpu_pack: its size, pack and gemm entry points, each the
  * shared code with the kind a constant (the tile is compiled per kind). */
-#define PK_TYPE(name, kind)                                                                                       \
+#define AVX512_TYPE(name, kind)                                                                                       \
     static size_t name##_bytes(int64_t rows, int64_t cols) { return pk_layout_groups(rows) * pk_layout_group_bytes(kind, cols); } \
     static void name##_pack(const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1,    \
                             void *dst)                                                                            \
@@ -221,18 +219,18 @@ static inline __attribute__((always_inline)) void pk_gemm(const int kind, const 
     static void name##_gemm(const void *pw, int64_t rows, int64_t cols, int64_t g0, int64_t g1, const void *x,     \
                             size_t x_row, int n_tok, float *y, size_t y_stride)                                   \
     {                                                                                                             \
-        pk_gemm(kind, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);                                      \
+        avx512_gemm(kind, pw, rows, cols, g0, g1, x, x_row, n_tok, y, y_stride);                                      \
     }                                                                                                             \
     static const cpu_pack name = {PK_ROWS, name##_bytes, name##_pack, name##_gemm, &pk_layout_act};
 
-PK_TYPE(pack_q8_0, PK_Q8)
-PK_TYPE(pack_q4_0, PK_Q4)
-PK_TYPE(pack_q4_K, PK_Q4K)
-PK_TYPE(pack_q5_0, PK_Q5)
-PK_TYPE(pack_q6_K, PK_Q6K)
-PK_TYPE(pack_q5_K, PK_Q5K)
-PK_TYPE(pack_q4_1, PK_Q41)
-PK_TYPE(pack_q5_1, PK_Q51)
+AVX512_TYPE(pack_q8_0, PK_Q8)
+AVX512_TYPE(pack_q4_0, PK_Q4)
+AVX512_TYPE(pack_q4_K, PK_Q4K)
+AVX512_TYPE(pack_q5_0, PK_Q5)
+AVX512_TYPE(pack_q6_K, PK_Q6K)
+AVX512_TYPE(pack_q5_K, PK_Q5K)
+AVX512_TYPE(pack_q4_1, PK_Q41)
+AVX512_TYPE(pack_q5_1, PK_Q51)
 
 /* The peak estimate's loop: 12 vpdpbusd chains of 64 multiply-adds. */
 static double spin512(long iters, int seed)

@@ -1,5 +1,6 @@
 /* kernels_scalar.c - portable reference kernels and run-time selection. */
 #include "kernels.h"
+#include "llm/status.h"
 #include "quant_impl.h"
 
 #include <math.h>
@@ -305,8 +306,7 @@ void cpu_tile8(cpu_quant_fn quant, int n_words, const float *x, size_t x_stride,
     enum { CHUNK = 4096, MAX_WORDS = 4 }; /* columns converted at a time into the row scratch; word arrays */
     static const float zeros[CHUNK];
     _Alignas(64) uint8_t row[CHUNK + CHUNK / QK8_0 * 4 * MAX_WORDS];
-    if (n_words > MAX_WORDS) /* a format this scratch cannot hold: a programming error, caught by test_quant */
-        n_words = MAX_WORDS;
+    LLM_ASSERT(n_words <= MAX_WORDS); /* a format this scratch cannot hold: a programming error */
     uint8_t *q = dst;
     uint32_t *words = (uint32_t *)(q + 8 * (size_t)n);
     size_t nb = (size_t)n / QK8_0;

@@ -36,10 +36,11 @@ static void pk_layout_five(const int *v, int r, uint8_t *q)
     for (int i = 0; i < 32; i++) lo[i] = v[i] & 0xf;
     pk_layout_nibbles(lo, r, q);
     for (int j = 0; j < QK8_0 / 4; j++) { /* row r's 4 bits of mask j: half of byte r / 2 */
-        unsigned nib = 0, sh = 4u * ((unsigned)r % 2);
+        unsigned nib = 0;
         for (int k = 0; k < 4; k++) nib |= (unsigned)((v[4 * j + k] >> 4) & 1) << k;
         uint8_t *byte = q + PK_ROWS * 16 + 8 * j + r / 2;
-        *byte = (uint8_t)((*byte & ~(0xfu << sh)) | nib << sh);
+        /* pk_layout_pack writes rows in order: an even row starts the byte, the odd one after it completes it */
+        *byte = (uint8_t)(r % 2 ? (*byte & 0x0fu) | nib << 4 : nib);
     }
 }
 
@@ -84,8 +85,8 @@ static void pk_layout_q45k(int five, quant_f16 d, quant_f16 dmin, const uint8_t 
     }
     ((quant_f16 *)h)[r] = scales ? d : 0;
     ((quant_f16 *)h)[PK_ROWS + r] = scales ? dmin : 0;
-    h[64 + PK_ROWS * j + r] = (uint8_t)sc;
-    h[64 + PK_ROWS * 8 + PK_ROWS * j + r] = (uint8_t)m;
+    h[pk_layout_k4_sc(j) + (size_t)r] = (uint8_t)sc;
+    h[pk_layout_k4_min(j) + (size_t)r] = (uint8_t)m;
     if (five)
         pk_layout_five(v, r, q);
     else
@@ -105,7 +106,7 @@ static void pk_layout_q6k(const block_q6_K *blk, int j, int r, uint8_t *h, uint8
         for (int i = 0; i < 32; i++) v[i] = ((ql[i] >> lsh) & 0xf) | ((qh[i] >> hsh) & 3) << 4;
     }
     ((quant_f16 *)h)[r] = blk ? blk->d : 0;
-    for (int s = 0; s < 2; s++) h[PK_ROWS * 2 + PK_ROWS * (2 * j + s) + r] = blk ? (uint8_t)blk->scales[2 * j + s] : 0;
+    for (int s = 0; s < 2; s++) h[pk_layout_q6k_sc(2 * j + s) + (size_t)r] = blk ? (uint8_t)blk->scales[2 * j + s] : 0;
     for (int i = 0; i < 32; i++) lo[i] = v[i] & 0xf;
     pk_layout_nibbles(lo, r, q);
     uint8_t *top = q + PK_ROWS * 16;
@@ -124,26 +125,26 @@ static void pk_layout_row(int kind, const void *w, size_t row_bytes, int64_t row
 {
     const char *src = row < rows ? (const char *)w + (size_t)row * row_bytes : NULL;
     uint8_t *q = (uint8_t *)pk_layout_qs(kind, g, b);
-    if (kind == PK_Q8)
-        pk_layout_q8(src ? (const block_q8_0 *)src + b : NULL, r, q);
-    else if (kind == PK_Q4)
-        pk_layout_q4(src ? (const block_q4_0 *)src + b : NULL, r, q);
-    else if (kind == PK_Q5)
-        pk_layout_q5(src ? (const block_q5_0 *)src + b : NULL, r, q);
-    else if (kind == PK_Q41)
-        pk_layout_q51(0, src ? (const block_q4_1 *)src + b : NULL, r, q);
-    else if (kind == PK_Q51)
-        pk_layout_q51(1, src ? (const block_q5_1 *)src + b : NULL, r, q);
-    else if (kind == PK_Q6K)
-        pk_layout_q6k(src ? (const block_q6_K *)src + b / 8 : NULL, b % 8, r, g + (size_t)(b / 8) * PK_Q6K_SUPER, q);
-    else if (kind == PK_Q4K) {
+    uint8_t *h = pk_layout_kquant(kind) ? (uint8_t *)pk_layout_super_at(kind, g, b) : NULL;
+    switch (kind) {
+    case PK_Q8: pk_layout_q8(src ? (const block_q8_0 *)src + b : NULL, r, q); break;
+    case PK_Q4: pk_layout_q4(src ? (const block_q4_0 *)src + b : NULL, r, q); break;
+    case PK_Q5: pk_layout_q5(src ? (const block_q5_0 *)src + b : NULL, r, q); break;
+    case PK_Q41: pk_layout_q51(0, src ? (const block_q4_1 *)src + b : NULL, r, q); break;
+    case PK_Q51: pk_layout_q51(1, src ? (const block_q5_1 *)src + b : NULL, r, q); break;
+    case PK_Q6K: pk_layout_q6k(src ? (const block_q6_K *)src + b / 8 : NULL, b % 8, r, h, q); break;
+    case PK_Q4K: {
         const block_q4_K *k = src ? (const block_q4_K *)src + b / 8 : NULL;
-        pk_layout_q45k(0, k ? k->d : 0, k ? k->dmin : 0, k ? k->scales : NULL, k ? k->qs : NULL, NULL, b % 8, r,
-                     g + (size_t)(b / 8) * PK_Q4K_SUPER, q);
-    } else { /* Q5_K */
+        pk_layout_q45k(0, k ? k->d : 0, k ? k->dmin : 0, k ? k->scales : NULL, k ? k->qs : NULL, NULL, b % 8, r, h, q);
+        break;
+    }
+    case PK_Q5K: {
         const block_q5_K *k = src ? (const block_q5_K *)src + b / 8 : NULL;
         pk_layout_q45k(1, k ? k->d : 0, k ? k->dmin : 0, k ? k->scales : NULL, k ? k->qs : NULL, k ? k->qh : NULL,
-                     b % 8, r, g + (size_t)(b / 8) * PK_Q5K_SUPER, q);
+                       b % 8, r, h, q);
+        break;
+    }
+    default: LLM_ASSERT(!"pk_layout: unknown kind");
     }
 }
 
@@ -152,6 +153,7 @@ void pk_layout_pack(int kind, const void *w, size_t row_bytes, int64_t rows, int
 {
     int nb = (int)(cols / QK8_0);
     size_t gb = pk_layout_group_bytes(kind, cols);
+    LLM_ASSERT(cols % (pk_layout_kquant(kind) ? QK_K : QK8_0) == 0);
     for (int64_t g = g0; g < g1; g++) {
         uint8_t *o = (uint8_t *)dst + (size_t)g * gb;
         for (int b = 0; b < nb; b++)
@@ -192,7 +194,11 @@ static void pk_layout_act_quant(const float *x, void *dst, int n)
         __m256 id = _mm256_set1_ps(s ? 1.f / s : 0.f);
         /* round to nearest even, as the other sets' formats */
         __m256i i[4];
-        for (int k = 0; k < 4; k++) i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));
+        /* clamped: a non-finite x (or a scale whose inverse overflows) would give INT_MIN, a -128 byte
+         * the tiles' sign trick cannot take and sums that wrap */
+        for (int k = 0; k < 4; k++)
+            i[k] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[k], id)), _mm256_set1_epi32(127)),
+                                    _mm256_set1_epi32(-127));
         __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
         _mm256_storeu_si256((__m256i *)(q + QK8_0 * b),
                             _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));

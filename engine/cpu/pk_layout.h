@@ -31,7 +31,8 @@
  * quants and n/32 of its last 16 (the tiles' offset corrections start from
  * them: Q6_K's offset applies per 16 columns); in 8-row tiles as cpu_tile8
  * lays out.
- * All functions are pure and thread-safe. */
+ * The inline accessors are pure; pk_layout_pack writes only its groups,
+ * so threads may pack disjoint group ranges of one copy at once. */
 #ifndef LLM_CPU_PK_LAYOUT_H
 #define LLM_CPU_PK_LAYOUT_H
 
@@ -39,6 +40,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "llm/status.h"
 #include "quant_impl.h"
 
 #define PK_ROWS 16 /* rows per packed group */
@@ -51,6 +53,8 @@ enum { PK_Q8, PK_Q4, PK_Q4K, PK_Q5, PK_Q6K, PK_Q5K, PK_Q41, PK_Q51 };
 static inline int pk_layout_fifth(int kind) { return kind == PK_Q5 || kind == PK_Q5K || kind == PK_Q51; }
 static inline int pk_layout_k4(int kind) { return kind == PK_Q4K || kind == PK_Q5K; }
 static inline int pk_layout_mins(int kind) { return pk_layout_k4(kind) || kind == PK_Q41 || kind == PK_Q51; }
+/* Kinds in 256-column super-blocks with a header each. */
+static inline int pk_layout_kquant(int kind) { return pk_layout_k4(kind) || kind == PK_Q6K; }
 
 /* Bytes before the quants of a Q8_0, Q4_0, Q5_0, Q4_1 or Q5_1 block: the
  * 16 rows' d (and m). */
@@ -68,6 +72,8 @@ static inline int pk_layout_head(int kind) { return PK_ROWS * 2 * (kind == PK_Q4
  * which are per 256 columns). */
 static inline int pk_layout_block_bytes(int kind)
 {
+    if (kind == PK_Q4K)
+        return PK_ROWS * 16;
     if (kind == PK_Q6K || kind == PK_Q5K)
         return kind == PK_Q6K ? PK_Q6K_BLOCK : PK_Q5K_BLOCK;
     return pk_layout_head(kind) + PK_ROWS * (kind == PK_Q8 ? 32 : 16) + (pk_layout_fifth(kind) ? PK_ROWS * 4 : 0);
@@ -79,10 +85,30 @@ static inline size_t pk_layout_super(int kind)
     return kind == PK_Q4K ? PK_Q4K_SUPER : kind == PK_Q5K ? PK_Q5K_SUPER : PK_Q6K_SUPER;
 }
 
+/* The header of the super-block holding block b (K-quants), and in it:
+ * the 16 rows' f16 d (then Q4_K/Q5_K's 16 dmin), the 6-bit scales and mins
+ * of sub-block j (Q4_K/Q5_K), the int8 scales of 16-column sub-block s
+ * (Q6_K), 16 bytes each. */
+static inline const uint8_t *pk_layout_super_at(int kind, const uint8_t *g, int b)
+{
+    return g + (size_t)(b / 8) * pk_layout_super(kind);
+}
+static inline size_t pk_layout_k4_sc(int j) { return 64 + PK_ROWS * (size_t)j; }
+static inline size_t pk_layout_k4_min(int j) { return 64 + PK_ROWS * 8 + PK_ROWS * (size_t)j; }
+static inline size_t pk_layout_q6k_sc(int s) { return PK_ROWS * 2 + PK_ROWS * (size_t)s; }
+
+/* log2 of the offset the unsigned quants of a kind carry (w = q - offset:
+ * Q8_0 128, Q4_0 8, Q5_0 16, Q6_K 32 per 16 columns); -1 for the kinds
+ * with mins, whose quants carry none. */
+static inline int pk_layout_offset_log2(int kind)
+{
+    return kind == PK_Q8 ? 7 : kind == PK_Q4 ? 3 : kind == PK_Q5 ? 4 : kind == PK_Q6K ? 5 : -1;
+}
+
 /* Bytes of one group over cols columns. */
 static inline size_t pk_layout_group_bytes(int kind, int64_t cols)
 {
-    if (kind == PK_Q4K || kind == PK_Q5K || kind == PK_Q6K)
+    if (pk_layout_kquant(kind))
         return (size_t)(cols / QK_K) * pk_layout_super(kind);
     return (size_t)(cols / QK8_0) * (size_t)pk_layout_block_bytes(kind);
 }

@@ -10,8 +10,9 @@
  *   avxvnni: one vpdpbusd (unsigned quants x signed activations, int32);
  *   avx2:    vpmaddubsw (pairs to int16) then vpaddw into an int16 sum,
  *            made int32 by one vpmaddwd per 32 columns (nibble quants:
- *            8 x 2 x 15 x 127 = 30,480 fits int16) or per 16 (Q5_0's
- *            5 bits: 4 x 2 x 31 x 127 = 31,496); Q8_0 quants would
+ *            8 x 2 x 15 x 127 = 30,480 fits int16), per 16 (5-bit quants:
+ *            4 x 2 x 31 x 127 = 31,496) or per 8 (Q6_K: 2 x 2 x 63 x 127
+ *            = 32,004); Q8_0 quants would
  *            saturate vpmaddubsw, so they go signed and unsigned by the
  *            sign trick (|w| times x with w's sign) into int32 per step.
  * A tile is one group x 4 tokens (or 1), so each weight load serves 4
@@ -70,15 +71,16 @@ AI __m256i t2_quants(const int kind, const uint8_t *q, int j, int h)
 }
 
 /* Half h's per-row scale of q . x for block b (Q6_K: its part p's 16
- * columns) of the group at g, and for Q4_K the scale of the block sum
- * (*mn = dmin m; all products exact in float: an f16 times a 6- or 8-bit
- * integer). */
+ * columns) of the group at g, and for the kinds with mins what the
+ * block's dequantized activation sum is taken times (*mn: Q4_K/Q5_K
+ * dmin m, Q4_1/Q5_1 -m; all products exact in float: an f16 times a 6- or
+ * 8-bit integer). */
 AI __m256 t2_scale(const int kind, const uint8_t *g, int b, int p, int h, __m256 *mn)
 {
     if (kind == PK_Q6K) {
-        const uint8_t *hd = g + (size_t)(b / 8) * PK_Q6K_SUPER;
-        __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-            _mm_loadl_epi64((const __m128i *)(hd + PK_ROWS * 2 + PK_ROWS * (2 * (b % 8) + p) + 8 * h))));
+        const uint8_t *hd = pk_layout_super_at(kind, g, b);
+        __m256 sc = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(hd + pk_layout_q6k_sc(2 * (b % 8) + p) + 8 * h))));
         return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h))), sc);
     }
     if (kind == PK_Q41 || kind == PK_Q51) {
@@ -89,12 +91,11 @@ AI __m256 t2_scale(const int kind, const uint8_t *g, int b, int p, int h, __m256
     if (!pk_layout_k4(kind))
         return _mm256_cvtph_ps(
             _mm_loadu_si128((const __m128i *)(pk_layout_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16) + 16 * h)));
-    const uint8_t *hd = g + (size_t)(b / 8) * pk_layout_super(kind);
+    const uint8_t *hd = pk_layout_super_at(kind, g, b);
     __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h)));
     __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 32 + 16 * h)));
-    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(hd + 64 + PK_ROWS * (b % 8) + 8 * h))));
-    __m256 m = _mm256_cvtepi32_ps(
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(hd + 64 + PK_ROWS * 8 + PK_ROWS * (b % 8) + 8 * h))));
+    __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(hd + pk_layout_k4_sc(b % 8) + 8 * h))));
+    __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(hd + pk_layout_k4_min(b % 8) + 8 * h))));
     *mn = _mm256_mul_ps(dmin, m);
     return _mm256_mul_ps(d, sc);
 }
@@ -103,9 +104,7 @@ AI __m256 t2_scale(const int kind, const uint8_t *g, int b, int p, int h, __m256
  * unsigned quants carry; the avx2 Q8_0 path uses signed quants). */
 AI int t2_shift(const int kind, const int vnni)
 {
-    if (kind == PK_Q8)
-        return vnni ? 7 : -1;
-    return kind == PK_Q4 ? 3 : kind == PK_Q5 ? 4 : kind == PK_Q6K ? 5 : -1;
+    return kind == PK_Q8 && !vnni ? -1 : pk_layout_offset_log2(kind);
 }
 
 /* Steps (4 columns each) of an int16 sum before it is made int32 (avx2):
@@ -156,7 +155,7 @@ AI void t2_sums(const int kind, const int vnni, const int T, const uint8_t *q, c
                 }
             }
         }
-        if (!vnni && kind != PK_Q8 && (j + 1) % t2_flush(kind) == 0)
+        if (!vnni && kind != PK_Q8 && ((j + 1) % t2_flush(kind) == 0 || j + 1 == j1))
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++)
             {
                 s[h][t] = _mm256_add_epi32(s[h][t], _mm256_madd_epi16(s16[h][t], ones));
@@ -190,7 +189,7 @@ AI void t2_tile(const int kind, const int vnni, const int T, const uint8_t *w, i
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
                 size_t i = (size_t)sb * b + t;
                 __m256 dx = _mm256_set1_ps(x.d[i]);
-                /* Q4_K: the dequantized block sum, dx * sum(xq) */
+                /* kinds with mins: the dequantized block sum, dx * sum(xq) */
                 __m256 xs = _mm256_set1_ps(pk_layout_mins(kind) ? x.d[i] * (float)-pk_layout_nsum(x, i) : 0.0f);
                 _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
                     f[h][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[h][t]), dx), dw[h], f[h][t]);

@@ -42,8 +42,9 @@ def compare(peer, model, prompt, n, exact=None):
     exact: a callable giving the file with the same weights dequantized to
     F32. Both engines quantize activations (ours per 32 values in the
     packed tiles, llama.cpp per 256 for K-quants), so a wider gap can
-    still split them; then the exact weights with float activations must
-    choose as we did."""
+    still split them; then the exact weights with float activations (our
+    engine on llama-quantize's F32 requantization) must choose as we did:
+    the split is judged by that reference, no longer against llama.cpp."""
     ours = run(tool("llm-generate"), "-m", model, "-p", prompt, "-n", n, "--temp", "0", "--ids").stderr
     theirs = run(peer, model, prompt, n).stderr
     assert parse_ids(ours, "prompt ids") == parse_ids(theirs, "prompt ids"), prompt

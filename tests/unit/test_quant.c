@@ -168,8 +168,9 @@ static void ref_dequant(quant_type t, const void *blk, double *y)
 /* Random quant bits with finite, realistic scales (a min of Q4_1/Q5_1
  * is a signed value). */
 /* A block of random bytes with a sane scale; extreme: every quant at its
- * largest magnitude instead (Q8_0 -128, 4-bit 15, 5-bit 31, K-quant
- * scales 63), where a kernel's narrow intermediate sums would overflow. */
+ * largest magnitude instead (Q8_0 -128, 4-bit 15, 5-bit 31, 6-bit 63,
+ * Q4_K/Q5_K scales 63, Q6_K scales -1), where a kernel's narrow
+ * intermediate sums would overflow. */
 static void make_block(quant_type t, void *blk, int extreme)
 {
     if (extreme)
