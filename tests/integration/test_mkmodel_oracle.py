@@ -13,7 +13,12 @@ kernels). The MoE file's logits are more sensitive to that rounding: on its
 Q8_0 and Q4_K files each engine is 4e-3 to 1.2e-2 from the exact logits
 (the same weights dequantized to F32 by llama-quantize, where the two agree
 within 2.8e-4), both alike, and the two differ by up to 9.6e-3; its BF16
-file by 1.1e-3."""
+file by 1.1e-3. Its Q6_K file since Q6_K runs through the packed tiles
+(activations scaled per 32 values, llama.cpp's per 256 for K-quants,
+measured 2026-12-04): ours 4.8e-3 from the exact logits, llama.cpp's
+2.43e-2, the two 2.62e-2 apart - the peer is the one further from the
+truth, so the MoE bound for quantized files is 3e-2 (the other MoE files
+stay at 3e-3 to 8.5e-3)."""
 import hashlib
 import json
 import subprocess
@@ -39,7 +44,7 @@ def test_logits_equal_llamacpp(case, tmp_path):
     out = r.stdout
     ours = np.frombuffer(out, np.float32).reshape(len(REFS["ids"]), -1)
     moe = case["shape"].endswith("moe")
-    tol = (2e-3 if moe else 1e-3) if case["type"] in FLOAT else (1.5e-2 if moe else 5e-3)
+    tol = (2e-3 if moe else 1e-3) if case["type"] in FLOAT else (3e-2 if moe else 5e-3)
     worst = 0.0
     for p in case["positions"]:
         row, ids, want = ours[p["pos"]], p["ids"], np.array(p["logits"])
