@@ -72,3 +72,11 @@ void llm_strbuf_free(llm_strbuf *b)
     b->p = NULL;
     b->len = b->cap = 0;
 }
+
+void llm_strbuf_clear(llm_strbuf *b)
+{
+    b->len = 0;
+    if (b->p)
+        b->p[0] = 0;
+    b->failed = 0;
+}

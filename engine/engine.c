@@ -118,6 +118,7 @@ struct llm_engine {
     int n_holding;               /* sequences holding a pick (at least; 0: none) */
     uint64_t hold_clock, new_holds;
     double grammar_ms;           /* time in masks and accepts, not yet in st */
+    double forward_ms;           /* this step's forward pass, not yet in st (engine thread) */
     llm_batch_seq *b_seqs;
     int n_copies, n_local_copies;
     llm_stats st;
@@ -748,7 +749,9 @@ static void seq_take(llm_engine *e, eng_seq *q, int32_t id)
 static llm_status step_on_device(llm_engine *e, const llm_forward_batch *bt)
 {
     const int32_t *ids;
+    double t0 = now_ms();
     llm_status st = llm_forward_eval_sample(e->fwd, bt, kv_cache_layers(e->kv), e->b_params, &ids);
+    e->forward_ms = now_ms() - t0;
     if (st)
         return st;
     for (int i = 0, k = 0; i < e->s.n_items; i++) {
@@ -813,7 +816,9 @@ static int pick_held(llm_engine *e, eng_seq *q, const float *row)
 static llm_status step_on_host(llm_engine *e, const llm_forward_batch *bt)
 {
     const float *logits;
+    double t0 = now_ms();
     llm_status st = llm_forward_eval(e->fwd, bt, kv_cache_layers(e->kv), &logits);
+    e->forward_ms = now_ms() - t0;
     if (st)
         return st;
     int k = 0, n_vocab = e->m->hp.n_vocab;
@@ -851,6 +856,7 @@ static void pool_rows(llm_engine *e)
  * go on. */
 static llm_status step_run(llm_engine *e, const llm_forward_batch *bt)
 {
+    e->forward_ms = 0;
     for (int i = 0; i < e->s.n_items; i++) ((eng_seq *)e->s.items[i].seq->user)->fail.code = LLM_OK;
     const llm_kv_layer *kv = kv_cache_layers(e->kv);
     int local = kv_cache_window(e->kv) > 0;
@@ -1038,6 +1044,7 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
         for (int i = 0; i < s->n_items; i++) req_leave(e, ((eng_seq *)s->items[i].seq->user)->r);
         e->st.steps++;
         e->st.step_ms += now_ms() - e->step_t0;
+        e->st.forward_ms += e->forward_ms;
         e->st.computed_tokens += (uint64_t)n_rows;
         int b = 0;
         while (b < LLM_BATCH_BUCKETS - 1 && n_rows > LLM_BATCH_BUCKET(b)) b++;
@@ -1150,6 +1157,7 @@ static void picks_finish(llm_engine *e)
 static void *engine_main(void *arg)
 {
     llm_engine *e = arg;
+    pthread_setname_np(pthread_self(), "llm-engine"); /* per-thread CPU time under load (bench-load) */
     pthread_mutex_lock(&e->mu);
     while (!e->stop) {
         fail_oom(e);

@@ -134,6 +134,8 @@ typedef struct run {
     llm_engine *eng;           /* the serving revision's: stable, or a colocated canary */
     const llm_vocab *vocab;
     int rev;                   /* 0 stable, 1 canary */
+    llm_strbuf out;            /* a stream's frames not yet written (sse_queue, sse_flush) */
+    int out_events;            /* the events in out */
 } run;
 
 /* The token's text as the tokenizer has it (for logprobs), made valid
@@ -231,38 +233,68 @@ static json_t *usage_json(const run *r)
 /* What writing a part of the answer came to. */
 enum { OUT_OK = 0, OUT_GONE = -1, OUT_NOMEM = -2 };
 
-/* One SSE event "data: TEXT" as an HTTP chunk (a stream is chunked so
- * that its connection can be kept alive), written at once: 1, or 0 when
- * the client is gone. */
-static int sse_data(struct mg_connection *c, const char *text)
+/* A stream's frames are gathered in r->out and written when no more
+ * events are ready: the events of one engine step (n > 1 choices, or a
+ * client that fell behind) go out in one write, not one each. */
+enum { SSE_FLUSH_BYTES = 64 * 1024 }; /* written at once past this much, whatever is still ready */
+
+/* Queues one SSE event "data: TEXT" as an HTTP chunk (a stream is chunked
+ * so that its connection can be kept alive): OUT_OK or OUT_NOMEM. */
+static int sse_flush(run *r);
+
+static int sse_queue(run *r, const char *text)
 {
-    size_t n = strlen(text) + 8; /* "data: " TEXT "\n\n" */
-    int hex = snprintf(NULL, 0, "%zx", n);
-    /* all of it or gone: a short write (a timeout midway) leaves the framing broken */
-    http_guard_sending(c, n);
-    int ok = mg_printf(c, "%zx\r\ndata: %s\n\n\r\n", n, text) == (int)(n + (size_t)hex + 4);
-    http_guard_disarm(c);
-    return ok;
+    if (r->out.failed) /* an append failed (out of memory): the whole frames go first, then this one */
+        sse_flush(r);
+    llm_strbuf_printf(&r->out, "%zx\r\ndata: %s\n\n\r\n", strlen(text) + 8, text); /* "data: " TEXT "\n\n" */
+    if (r->out.failed)
+        return OUT_NOMEM;
+    r->out_events++;
+    return OUT_OK;
 }
 
-/* The end of a stream: [DONE] when done, then the last chunk, in one
- * write (a client that stops reading at [DONE] may still find the end). */
-static void sse_end(struct mg_connection *c, int done)
+/* Writes the queued frames (the whole ones, after a failed append) at
+ * once: OUT_OK, or OUT_GONE when the client is gone. */
+static int sse_flush(run *r)
 {
-    mg_printf(c, "%s0\r\n\r\n", done ? "e\r\ndata: [DONE]\n\n\r\n" : "");
+    size_t n = r->out.len;
+    int ok = 1;
+    if (n) { /* all of it or gone: a short write (a timeout midway) leaves the framing broken */
+        http_guard_sending(r->c, n);
+        ok = mg_write(r->c, r->out.p, n) == (int)n;
+        http_guard_disarm(r->c);
+        srv_metrics_stream_write(&r->s->metrics, r->out_events);
+    }
+    llm_strbuf_clear(&r->out);
+    r->out_events = 0;
+    return ok ? OUT_OK : OUT_GONE;
 }
 
-/* One SSE event (consumes j): OUT_OK, OUT_GONE when the client is gone,
- * OUT_NOMEM when j (NULL) or its text could not be made. */
-static int sse_send(struct mg_connection *c, json_t *j)
+/* The end of a stream: [DONE] when done, then the last chunk, with what
+ * is queued, in one write (a client that stops reading at [DONE] may
+ * still find the end). */
+static void sse_end(run *r, int done)
+{
+    const char *tail = done ? "e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n" : "0\r\n\r\n";
+    if (llm_strbuf_append(&r->out, tail, strlen(tail))) { /* no room: the whole frames, then the end alone */
+        sse_flush(r);
+        mg_printf(r->c, "%s", tail);
+        return;
+    }
+    sse_flush(r);
+}
+
+/* Queues one SSE event (consumes j): OUT_OK, or OUT_NOMEM when j (NULL)
+ * or its text could not be made. */
+static int sse_send(run *r, json_t *j)
 {
     char *s = srv_json_text(j);
     json_decref(j);
     if (!s)
         return OUT_NOMEM;
-    int ok = sse_data(c, s);
+    int rc = sse_queue(r, s);
     free(s);
-    return ok ? OUT_OK : OUT_GONE;
+    return rc;
 }
 
 /* A chat chunk with delta (consumed; NULL: out of memory). */
@@ -304,7 +336,7 @@ static int release_content(run *r, int index, size_t upto)
         return OUT_OK;
     json_t *lp = ch->lp;
     ch->lp = NULL;
-    int rc = sse_send(r->c, chunk(r, index, ch->text.p + ch->sent, upto - ch->sent, lp, NULL));
+    int rc = sse_send(r, chunk(r, index, ch->text.p + ch->sent, upto - ch->sent, lp, NULL));
     ch->sent = upto;
     return rc;
 }
@@ -326,7 +358,7 @@ static int finish_tools(run *r, int index)
         rc = release_content(r, index, ch->text.len);
     else if (ch->content && strlen(ch->content) > ch->sent) { /* the rest of the text around the calls */
         /* what went out is where the content starts: streaming stops before the first call */
-        rc = sse_send(r->c, chunk(r, index, ch->content + ch->sent, strlen(ch->content) - ch->sent, NULL, NULL));
+        rc = sse_send(r, chunk(r, index, ch->content + ch->sent, strlen(ch->content) - ch->sent, NULL, NULL));
         ch->sent = strlen(ch->content);
     }
     size_t i;
@@ -336,7 +368,7 @@ static int finish_tools(run *r, int index)
             return rc;
         json_t *d = json_pack("{s:[{s:i,s:O,s:s,s:O}]}", "tool_calls", "index", (int)i, "id", json_object_get(c, "id"),
                               "type", "function", "function", json_object_get(c, "function"));
-        rc = sse_send(r->c, delta_chunk(r, index, d, NULL, NULL));
+        rc = sse_send(r, delta_chunk(r, index, d, NULL, NULL));
     }
     return rc;
 }
@@ -363,7 +395,7 @@ static int on_token(run *r, const llm_event *ev)
     }
     json_t *lp = ch->lp;
     ch->lp = NULL;
-    return sse_send(r->c, chunk(r, ev->index, ev->text, ev->text_len, lp, NULL));
+    return sse_send(r, chunk(r, ev->index, ev->text, ev->text_len, lp, NULL));
 }
 
 static int on_done(run *r, const llm_event *ev)
@@ -391,9 +423,9 @@ static int on_done(run *r, const llm_event *ev)
         int rc = tools_on(r) ? finish_tools(r, ev->index) : OUT_OK;
         if (rc || !r->cp->stream)
             return rc;
-        return sse_send(r->c, chunk(r, ev->index, "", 0, NULL, ch->finish));
+        return sse_send(r, chunk(r, ev->index, "", 0, NULL, ch->finish));
     }
-    return sse_send(r->c, chunk(r, ev->index, ev->text, ev->text_len, NULL, ch->finish));
+    return sse_send(r, chunk(r, ev->index, ev->text, ev->text_len, NULL, ch->finish));
 }
 
 /* Reads the request's events to the end. 0, or an HTTP status (with e
@@ -405,8 +437,16 @@ static int run_events(run *r, srv_err *e)
         llm_event ev;
         /* a whole answer writes nothing until the end: a client that left is
          * seen by looking, at each token and at least every 100 ms */
-        llm_status st = llm_engine_next(r->eng, r->id, &ev, r->cp->stream ? 1000 : 100);
-        /* (a stream writes at each token; one still queued is looked at on each timeout) */
+        /* frames queued: only events ready now join them; none ready, they go out */
+        llm_status st = llm_engine_next(r->eng, r->id, &ev, r->out.len ? 0 : r->cp->stream ? 1000 : 100);
+        if (st == LLM_ERR_TIMEOUT && r->out.len) {
+            if (sse_flush(r) == OUT_OK)
+                continue;
+            llm_engine_cancel(r->eng, r->id); /* the client is gone: free its blocks now */
+            srv_metrics_finished(&r->s->metrics, 2);
+            return 499;
+        }
+        /* (a stream writes at each step; one still queued is looked at on each timeout) */
         if ((st == LLM_ERR_TIMEOUT || (st == LLM_OK && !r->cp->stream)) && http_guard_client_gone(r->c)) {
             if (st == LLM_OK)
                 llm_event_clear(&ev);
@@ -442,6 +482,8 @@ static int run_events(run *r, srv_err *e)
         llm_event_clear(&ev);
         if (ev.type == LLM_EVENT_ERROR)
             return e->status;
+        if (rc == OUT_OK && r->out.len >= SSE_FLUSH_BYTES)
+            rc = sse_flush(r);
         if (rc == OUT_NOMEM) { /* the answer cannot be written whole: no partial one */
             llm_engine_cancel(r->eng, r->id);
             srv_metrics_finished(&r->s->metrics, 2);
@@ -494,6 +536,7 @@ static int respond_whole(run *r)
 
 static void run_free(run *r)
 {
+    llm_strbuf_free(&r->out);
     for (int i = 0; i < LLM_MAX_N; i++) {
         llm_strbuf_free(&r->ch[i].text);
         json_decref(r->ch[i].lp);
@@ -594,20 +637,20 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
         status = status == 499 ? 499 : status ? send_err(c, e) : respond_whole(&r);
     else if (status == 0 || status == 499) {
         int rc = status == 0 && cp->include_usage
-                     ? sse_send(c, json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", r.cid, "object",
+                     ? sse_send(&r, json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", r.cid, "object",
                                              cp->chat ? "chat.completion.chunk" : "text_completion", "created",
                                              (json_int_t)r.created, "model", s->name, "choices", "usage", usage_json(&r)))
                      : OUT_OK;
         if (rc == OUT_NOMEM) {
             srv_err_set(e, 503, NULL, "out of memory while writing the usage");
-            sse_data(c, OOM_BODY);
+            sse_queue(&r, OOM_BODY);
         }
-        sse_end(c, status == 0);
+        sse_end(&r, status == 0);
         status = rc == OUT_NOMEM ? 503 : status ? status : 200;
     } else { /* a failure mid-stream: an error event, then the end */
         char *body = srv_err_body(e);
-        sse_data(c, body ? body : OOM_BODY);
-        sse_end(c, 1);
+        sse_queue(&r, body ? body : OOM_BODY); /* after the frames queued before the failure */
+        sse_end(&r, 1);
         free(body);
     }
     run_free(&r);

@@ -113,6 +113,14 @@ void srv_metrics_finished(srv_metrics *m, int reason)
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_stream_write(srv_metrics *m, int events)
+{
+    pthread_mutex_lock(&m->mu);
+    m->stream_events += (uint64_t)events;
+    m->stream_writes++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* A growing text buffer; on allocation failure it stays NULL. */
 static void gauge(llm_strbuf *b, const char *name, const char *help, double v)
 {
@@ -184,6 +192,10 @@ static void render_http(llm_strbuf *b, const srv_metrics *m)
         {"llm_http_connections_refused", "API connections refused above max_connections (503)"},
         {"llm_http_connections_cut", "API connections cut when a request body ran past body_timeout_s"}};
     for (int i = 0; i < 3; i++) counter(b, conn_what[i][0], conn_what[i][1], (double)m->conns[i + 1]);
+    counter(b, "llm_stream_events", "Server-sent events streamed (a chunk of a choice, the usage, an error)",
+            (double)m->stream_events);
+    counter(b, "llm_stream_writes", "Writes that carried streamed events (an engine step's events go out in one)",
+            (double)m->stream_writes);
     llm_strbuf_printf(b, "# HELP llm_request_success_total Finished completions by reason\n"
                          "# TYPE llm_request_success_total counter\n");
     for (int i = 0; i < 3; i++)
@@ -251,6 +263,12 @@ static void render_engine(llm_strbuf *b, const llm_stats *s, const char *lab)
     counter(b, "llm_prompt_tokens", "Prompt tokens admitted", (double)s->prompt_tokens);
     counter(b, "llm_generation_tokens", "Tokens generated", (double)s->generated_tokens);
     counter(b, "llm_engine_steps", "Engine steps (batched forward passes)", (double)s->steps);
+    /* where a loaded server's time goes (bench-load): busy share, pass vs the rest, grammar */
+    counter(b, "llm_engine_step_seconds", "Time in engine steps (passes, sampling, events) and held-pick rounds",
+            s->step_ms / 1e3);
+    counter(b, "llm_engine_forward_seconds", "Of llm_engine_step_seconds, time in forward passes", s->forward_ms / 1e3);
+    counter(b, "llm_engine_grammar_seconds", "Of llm_engine_step_seconds, time in grammar masks and advances",
+            s->grammar_ms / 1e3);
     counter(b, "llm_grammar_held_picks", "Constrained picks put off to a later step: the step's grammar work was spent",
             (double)s->held_picks);
     gauge(b, "llm_generation_tokens_per_second", "Generated tokens per second over the last seconds", s->gen_tokens_per_s);

@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -54,6 +55,9 @@ static void *worker_main(void *a)
     tp_worker *w = a;
     tp_pool *p = w->pool;
     unsigned seen = 0;
+    char name[16];
+    snprintf(name, sizeof name, "llm-cpu-%d", w->ith); /* per-thread CPU time under load (bench-load) */
+    pthread_setname_np(pthread_self(), name);
     for (;;) {
         wait_for_work(p, seen);
         if (atomic_load(&p->stop))

@@ -5,13 +5,19 @@ sending the traffic mix of this project's origins: 3 short queries (~18-token
 prompt, 16 tokens out) to 1 long one (~250-token prompt, 128 tokens out),
 streamed, greedy, ignore_eos (so both servers generate the same amounts).
 Reports requests/s, generated tokens/s, and p50/p99 time to first token and
-end-to-end latency per concurrency level.
+end-to-end latency per concurrency level; for llm-server also where its time
+went at each level (its /metrics through prometheus_client's parser and its
+threads' CPU time from /proc): steps per second, tokens per step, the share
+of the wall the engine spent in steps and in forward passes, and CPU per
+generated token in the HTTP threads, the engine thread and the compute pool.
 
   python3 tests/bench/load.py --model build/models/llama-110m-q8_0.gguf \\
       [--peer /tmp/llama.cpp/build/bin/llama-server] [--threads 2] [--conc 1,4,16,32] [--requests 48]
 """
 import argparse
+import collections
 import http.client
+import os
 import json
 import pathlib
 import random
@@ -108,6 +114,50 @@ def level(port, conc, reqs):
             "e2e50": q(e2e, 0.5), "e2e99": q(e2e, 0.99)}
 
 
+def scrape(port):
+    """llm-server's counters that say where time goes (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if not smp.labels:
+                out[smp.name] = smp.value
+    return out
+
+
+def thread_cpu(pid):
+    """CPU seconds per thread group of a process: HTTP workers, engine, compute pool, the rest."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = collections.Counter()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        name = st[st.index("(") + 1:st.rindex(")")]
+        f = st[st.rindex(")") + 2:].split()
+        group = "engine" if name == "llm-engine" else "pool" if name.startswith("llm-cpu") else \
+            "http" if name.startswith("civetweb") else "other"
+        out[group] += (int(f[11]) + int(f[12])) / tick  # utime + stime
+    return out
+
+
+def profile(m0, m1, c0, c1, wall):
+    """Where llm-server's time went over one level (deltas of scrape and thread_cpu)."""
+    d = lambda k: m1.get(k, 0) - m0.get(k, 0)
+    steps, gen = d("llm_engine_steps_total"), d("llm_generation_tokens_total")
+    toks = d("llm_batch_size_tokens_sum")
+    cpu = {k: c1[k] - c0[k] for k in ("http", "engine", "pool", "other")}
+    us = lambda k: 1e6 * cpu[k] / gen if gen else 0.0
+    return {"steps_s": steps / wall, "tok_step": toks / steps if steps else 0.0, "gen_step": gen / steps if steps else 0.0,
+            "busy": d("llm_engine_step_seconds_total") / wall, "fwd": d("llm_engine_forward_seconds_total") / wall,
+            "http_us": us("http"), "engine_us": us("engine"), "pool_us": us("pool"), "other_us": us("other")}
+
+
 def run_server(kind, a, port):
     if kind == "ours":
         cmd = [ROOT / a.build / "bin" / "llm-server", "-m", a.model, "--host", "127.0.0.1", "--port", port,
@@ -129,18 +179,23 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--threads", default="2")
     ap.add_argument("--conc", default="1,4,16,32")
-    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--requests", type=int, default=48, help="per concurrency level")
     a = ap.parse_args()
-    reqs = mix(a.requests)
     kinds = ["ours"] + (["llama.cpp"] if a.peer else [])
-    res = {}
+    res, prof = {}, {}
     for kind in kinds:
         port = free_port()
         proc = run_server(kind, a, port)
         try:
             one(port, "warm up", 4)
             for conc in map(int, a.conc.split(",")):
-                res[(kind, conc)] = level(port, conc, reqs)
+                if kind == "ours":
+                    m0, c0, t0 = scrape(port), thread_cpu(proc.pid), time.time()
+                # each level its own prompts (the same for both servers): a level
+                # must not find the last one's prompts in the prefix cache
+                res[(kind, conc)] = level(port, conc, mix(a.requests, seed=conc))
+                if kind == "ours":
+                    prof[conc] = profile(m0, scrape(port), c0, thread_cpu(proc.pid), time.time() - t0)
         finally:
             proc.terminate()
             try:
@@ -152,6 +207,13 @@ def main():
     for (kind, conc), r in sorted(res.items(), key=lambda x: (x[0][1], x[0][0] != "ours")):
         print(f"{kind:<10}{conc:>5}{r['rps']:>8.2f}{r['tps']:>8.1f}{r['ttft50'] * 1e3:>9.0f}ms{r['ttft99'] * 1e3:>6.0f}ms"
               f"{r['e2e50']:>8.2f}s{r['e2e99']:>7.2f}s", flush=True)
+    print("\nllm-server, where the time went (busy/forward: share of the wall in engine steps / forward passes;"
+          " CPU per generated token by thread group)")
+    print(f"{'conc':>5}{'steps/s':>9}{'tok/step':>9}{'gen/step':>9}{'busy':>7}{'fwd':>7}{'http':>9}{'engine':>9}"
+          f"{'pool':>9}{'other':>9}")
+    for conc, p in sorted(prof.items()):
+        print(f"{conc:>5}{p['steps_s']:>9.2f}{p['tok_step']:>9.1f}{p['gen_step']:>9.1f}{p['busy']:>7.2f}{p['fwd']:>7.2f}"
+              f"{p['http_us']:>7.0f}us{p['engine_us']:>7.0f}us{p['pool_us']:>7.0f}us{p['other_us']:>7.0f}us", flush=True)
 
 
 if __name__ == "__main__":

@@ -140,6 +140,23 @@ def test_stream_equals_whole(srv):
     assert chunks[-1].usage.completion_tokens == 24 and not chunks[-1].choices
 
 
+def test_stream_writes_per_step(srv):
+    """The events of one engine step go out in one write: n=4 streamed
+    choices make 4 events a step; one write each (the old way) fails it."""
+    c = srv.client()
+    before = srv.metrics()
+    kw = dict(model=NAME, prompt="The cat", max_tokens=12, temperature=0.9, seed=3, n=4)
+    chunks = list(c.completions.create(stream=True, **kw))
+    after = srv.metrics()
+    d = lambda name: metric(after, name) - metric(before, name)
+    events, writes, steps = d("llm_stream_events_total"), d("llm_stream_writes_total"), d("llm_engine_steps_total")
+    assert events == len(chunks) >= 4 * 12
+    assert 1 <= writes <= steps + 1  # at most one a step, and the end's
+    whole = c.completions.create(**kw)  # and the text is what it was
+    for i in range(4):
+        assert "".join(ch.choices[0].text for ch in chunks if ch.choices[0].index == i) == whole.choices[i].text
+
+
 def test_seed_n_stop_logprobs(srv):
     c = srv.client()
     a = c.completions.create(model=NAME, prompt="One day", max_tokens=16, temperature=0.9, seed=42, n=3)

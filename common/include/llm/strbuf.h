@@ -25,5 +25,8 @@ int llm_strbuf_append(llm_strbuf *b, const char *s, size_t n);
  * NULL when an allocation failed. The buffer is empty afterwards. */
 char *llm_strbuf_take(llm_strbuf *b);
 void llm_strbuf_free(llm_strbuf *b);
+/* Empties the buffer for reuse, keeping its memory; an earlier failure is
+ * forgotten (what len counts was appended whole). */
+void llm_strbuf_clear(llm_strbuf *b);
 
 #endif

@@ -143,6 +143,7 @@ typedef struct llm_stats {
     uint64_t held_picks;     /* constrained picks put off to a later round: that step's grammar work was spent */
     double step_ms;          /* time in steps (a pass, its sampling and events) and in rounds of held picks alone */
     double grammar_ms;       /* of that, time finding grammar masks and advancing grammars */
+    double forward_ms;       /* of that, time in forward passes (the rest: copies, sampling, events) */
     double prefix_hit_rate;  /* cached_tokens / prompt_tokens */
     double gen_tokens_per_s; /* over the last few seconds */
     double step_running_ms;  /* how long the step in progress has run; 0 when idle (liveness) */
