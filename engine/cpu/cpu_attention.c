@@ -146,13 +146,31 @@ static void block_wsum(const attn_job *j, const llm_batch_seq *s, int t0, int t1
     }
 }
 
-/* Asks for rows [p0, p0 + n) whole (one block's, contiguous) ahead of
- * their use: an item over every head reads them whole, and at the row
- * stride, slice by slice, the hardware's prefetch does not follow. */
-static void prefetch_rows(const llm_kv_layer *kv, void *base, const int32_t *table, int p0, int n)
+/* A line into L2. As asm: gcc deletes a loop whose body is only
+ * __builtin_prefetch (a loop without effects), and did here. */
+static inline void prefetch_l2(const char *p)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht1 %0" ::"m"(*p));
+#else
+    __builtin_prefetch(p, 0, 2);
+#endif
+}
+
+/* Asks for slice k of n_slices of rows [p0, p0 + n) (one block's,
+ * contiguous) ahead of their use: an item over every head reads a block
+ * whole, and at the row stride, slice by slice, the hardware's prefetch
+ * does not follow. A slice per head rather than the block in one burst,
+ * which gained almost nothing (the core's miss queue holds a few dozen
+ * lines, not hundreds). llama-110m Q8_0, 32 sequences at 512, F16 K/V, 2
+ * threads, Zen 4: step 64-84 ms with no prefetch, 63-68 with the burst,
+ * 43-48 with slices; same results. */
+static void prefetch_slice(const llm_kv_layer *kv, void *base, const int32_t *table, int p0, int n, int k, int n_slices)
 {
     const char *r = kv_row(kv, base, table, p0);
-    for (size_t o = 0; o < (size_t)n * kv->row_bytes; o += 64) __builtin_prefetch(r + o, 0, 2);
+    size_t all = (size_t)n * kv->row_bytes, per = (all / (size_t)n_slices + 63) / 64 * 64;
+    size_t end = (size_t)(k + 1) * per < all ? (size_t)(k + 1) * per : all;
+    for (size_t o = (size_t)k * per; o < end; o += 64) prefetch_l2(r + o);
 }
 
 /* The scratch of KV head g's scores in an item from g0 over rows [t0, t1). */
@@ -177,10 +195,10 @@ static void kv_pass(const attn_job *j, const llm_batch_seq *s, int t0, int t1, i
     int hd = a->head_dim, bs = a->kv->block_size, n_kv = s->pos0 + t1;
     size_t stride = 0;
     for (int p0 = first; p0 < n_kv; p0 += bs) {
-        int n = n_kv - p0 < bs ? n_kv - p0 : bs;
-        if (g1 - g0 > 1 && p0 + bs < n_kv)
-            prefetch_rows(a->kv, base, s->block_table, p0 + bs, n_kv - p0 - bs < bs ? n_kv - p0 - bs : bs);
+        int n = n_kv - p0 < bs ? n_kv - p0 : bs, next = n_kv - p0 - bs < bs ? n_kv - p0 - bs : bs;
         for (int g = g0; g < g1; g++) {
+            if (g1 - g0 > 1 && next > 0) /* the next block, a slice per head */
+                prefetch_slice(a->kv, base, s->block_table, p0 + bs, next, g - g0, g1 - g0);
             attn_scratch wg = head_scratch(j, w, t0, t1, g, g0);
             const float *fb = direct ? NULL : kv_block(j->c->k, a->kv, base, s->block_table, p0, n, g, hd, w->tile, &stride);
             fn(j, s, t0, t1, p0, n, fb, stride, kv_row(a->kv, base, s->block_table, p0) + quant_row_bytes(a->kv->type, (size_t)g * hd),
