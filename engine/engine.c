@@ -1157,7 +1157,7 @@ static void picks_finish(llm_engine *e)
 static void *engine_main(void *arg)
 {
     llm_engine *e = arg;
-    pthread_setname_np(pthread_self(), "llm-engine"); /* per-thread CPU time under load (bench-load) */
+    (void)pthread_setname_np(pthread_self(), "llm-engine"); /* bench-load's CPU split by thread; a name is only a label */
     pthread_mutex_lock(&e->mu);
     while (!e->stop) {
         fail_oom(e);

@@ -130,7 +130,7 @@ typedef struct run {
     long created;
     int n_done, prompt_tokens, completion_tokens, cached_tokens;
     choice ch[LLM_MAX_N];
-    double t_start, t_last;
+    double t_start, t_last, t_looked; /* t_looked: the last look for a client that left (run_look) */
     llm_engine *eng;           /* the serving revision's: stable, or a colocated canary */
     const llm_vocab *vocab;
     int rev;                   /* 0 stable, 1 canary */
@@ -235,26 +235,15 @@ enum { OUT_OK = 0, OUT_GONE = -1, OUT_NOMEM = -2 };
 
 /* A stream's frames are gathered in r->out and written when no more
  * events are ready: the events of one engine step (n > 1 choices, or a
- * client that fell behind) go out in one write, not one each. */
-enum { SSE_FLUSH_BYTES = 64 * 1024 }; /* written at once past this much, whatever is still ready */
-
-/* Queues one SSE event "data: TEXT" as an HTTP chunk (a stream is chunked
- * so that its connection can be kept alive): OUT_OK or OUT_NOMEM. */
-static int sse_flush(run *r);
-
-static int sse_queue(run *r, const char *text)
-{
-    if (r->out.failed) /* an append failed (out of memory): the whole frames go first, then this one */
-        sse_flush(r);
-    llm_strbuf_printf(&r->out, "%zx\r\ndata: %s\n\n\r\n", strlen(text) + 8, text); /* "data: " TEXT "\n\n" */
-    if (r->out.failed)
-        return OUT_NOMEM;
-    r->out_events++;
-    return OUT_OK;
-}
+ * client that fell behind) go out in one write, not one each. The buffer
+ * holds at most SSE_FLUSH_BYTES plus one event's frames (run_events
+ * flushes past it); a flush that wrote more than twice that gives the
+ * memory back rather than keep it for the rest of the stream. */
+enum { SSE_FLUSH_BYTES = 64 * 1024 };
 
 /* Writes the queued frames (the whole ones, after a failed append) at
- * once: OUT_OK, or OUT_GONE when the client is gone. */
+ * once: OUT_OK, or OUT_GONE when the client is gone. A write that carries
+ * events is counted (llm_stream_writes). */
 static int sse_flush(run *r)
 {
     size_t n = r->out.len;
@@ -263,11 +252,42 @@ static int sse_flush(run *r)
         http_guard_sending(r->c, n);
         ok = mg_write(r->c, r->out.p, n) == (int)n;
         http_guard_disarm(r->c);
-        srv_metrics_stream_write(&r->s->metrics, r->out_events);
+        if (r->out_events)
+            srv_metrics_stream_write(&r->s->metrics, r->out_events);
     }
-    llm_strbuf_clear(&r->out);
+    if (r->out.cap > 2 * SSE_FLUSH_BYTES)
+        llm_strbuf_free(&r->out);
+    else
+        llm_strbuf_clear(&r->out);
     r->out_events = 0;
     return ok ? OUT_OK : OUT_GONE;
+}
+
+/* One SSE event "data: TEXT" as an HTTP chunk (a stream is chunked so that
+ * its connection can be kept alive), queued: OUT_OK, or OUT_NOMEM when it
+ * could not be appended. After an earlier failed append the whole frames
+ * queued before it are written first (so this may write, and then
+ * OUT_GONE says the client is gone). */
+static int sse_queue(run *r, const char *text)
+{
+    if (r->out.failed && sse_flush(r) == OUT_GONE)
+        return OUT_GONE;
+    llm_strbuf_printf(&r->out, "%zx\r\ndata: %s\n\n\r\n", strlen(text) + 8, text); /* "data: " TEXT "\n\n" */
+    if (r->out.failed)
+        return OUT_NOMEM;
+    r->out_events++;
+    return OUT_OK;
+}
+
+/* An error event that must reach the client even when memory is short:
+ * queued after the frames before it, or, when it cannot be, written
+ * alone after them. */
+static void sse_error(run *r, const char *text)
+{
+    if (sse_queue(r, text) != OUT_NOMEM)
+        return;
+    if (sse_flush(r) == OUT_OK) /* the whole frames, then this one directly */
+        mg_printf(r->c, "%zx\r\ndata: %s\n\n\r\n", strlen(text) + 8, text);
 }
 
 /* The end of a stream: [DONE] when done, then the last chunk, with what
@@ -428,6 +448,30 @@ static int on_done(run *r, const llm_event *ev)
     return sse_send(r, chunk(r, ev->index, ev->text, ev->text_len, NULL, ch->finish));
 }
 
+/* Gives up a request whose client is gone or that cannot be answered:
+ * its blocks are freed now; counted as aborted. */
+static int run_abandon(run *r, int status)
+{
+    llm_engine_cancel(r->eng, r->id);
+    srv_metrics_finished(&r->s->metrics, 2);
+    return status;
+}
+
+/* Whether to look for a client that left: on each timeout, and at most
+ * every 100 ms while events come (a whole answer writes nothing until the
+ * end, and a stream with tools may hold its text; a stream that writes
+ * also finds out from its writes). */
+static int run_look(run *r, llm_status st)
+{
+    if (st != LLM_OK)
+        return st == LLM_ERR_TIMEOUT;
+    double now = llm_clock_mono_s();
+    if (now - r->t_looked < 0.1)
+        return 0;
+    r->t_looked = now;
+    return 1;
+}
+
 /* Reads the request's events to the end. 0, or an HTTP status (with e
  * set) when it failed; 499 when a streaming client went away. */
 static int run_events(run *r, srv_err *e)
@@ -435,33 +479,21 @@ static int run_events(run *r, srv_err *e)
     double deadline = r->t_start + (double)r->s->cfg.request_timeout_s;
     while (r->n_done < r->cp->rq.n) {
         llm_event ev;
-        /* a whole answer writes nothing until the end: a client that left is
-         * seen by looking, at each token and at least every 100 ms */
         /* frames queued: only events ready now join them; none ready, they go out */
         llm_status st = llm_engine_next(r->eng, r->id, &ev, r->out.len ? 0 : r->cp->stream ? 1000 : 100);
         if (st == LLM_ERR_TIMEOUT && r->out.len) {
             if (sse_flush(r) == OUT_OK)
                 continue;
-            llm_engine_cancel(r->eng, r->id); /* the client is gone: free its blocks now */
-            srv_metrics_finished(&r->s->metrics, 2);
-            return 499;
+            return run_abandon(r, 499);
         }
-        /* (a stream writes at each step; one still queued is looked at on each timeout) */
-        if ((st == LLM_ERR_TIMEOUT || (st == LLM_OK && !r->cp->stream)) && http_guard_client_gone(r->c)) {
+        int gone = run_look(r, st) && http_guard_client_gone(r->c), cut = atomic_load(&r->s->cutting);
+        if (gone || cut) { /* cut: shutting down past drain_timeout_s */
             if (st == LLM_OK)
                 llm_event_clear(&ev);
-            llm_engine_cancel(r->eng, r->id);
-            srv_metrics_finished(&r->s->metrics, 2);
-            return 499;
-        }
-        if (atomic_load(&r->s->cutting)) { /* shutting down past drain_timeout_s */
-            if (st == LLM_OK)
-                llm_event_clear(&ev);
-            llm_engine_cancel(r->eng, r->id);
-            srv_metrics_finished(&r->s->metrics, 2);
-            srv_err_set(e, 503, NULL, "the server is shutting down and drain_timeout_s (%ld s) has passed",
-                        r->s->cfg.drain_timeout_s);
-            return 503;
+            if (cut)
+                srv_err_set(e, 503, NULL, "the server is shutting down and drain_timeout_s (%ld s) has passed",
+                            r->s->cfg.drain_timeout_s);
+            return run_abandon(r, gone ? 499 : 503);
         }
         if (st == LLM_OK && llm_clock_mono_s() > deadline) { /* events keep coming, but time is up */
             llm_event_clear(&ev);
@@ -485,16 +517,11 @@ static int run_events(run *r, srv_err *e)
         if (rc == OUT_OK && r->out.len >= SSE_FLUSH_BYTES)
             rc = sse_flush(r);
         if (rc == OUT_NOMEM) { /* the answer cannot be written whole: no partial one */
-            llm_engine_cancel(r->eng, r->id);
-            srv_metrics_finished(&r->s->metrics, 2);
             srv_err_set(e, 503, NULL, "out of memory while writing the answer");
-            return 503;
+            return run_abandon(r, 503);
         }
-        if (rc) {
-            llm_engine_cancel(r->eng, r->id); /* the client is gone: free its blocks now */
-            srv_metrics_finished(&r->s->metrics, 2);
-            return 499;
-        }
+        if (rc)
+            return run_abandon(r, 499);
     }
     return 0;
 }
@@ -643,13 +670,13 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
                      : OUT_OK;
         if (rc == OUT_NOMEM) {
             srv_err_set(e, 503, NULL, "out of memory while writing the usage");
-            sse_queue(&r, OOM_BODY);
+            sse_error(&r, OOM_BODY);
         }
         sse_end(&r, status == 0);
         status = rc == OUT_NOMEM ? 503 : status ? status : 200;
     } else { /* a failure mid-stream: an error event, then the end */
         char *body = srv_err_body(e);
-        sse_queue(&r, body ? body : OOM_BODY); /* after the frames queued before the failure */
+        sse_error(&r, body ? body : OOM_BODY); /* after the frames queued before the failure */
         sse_end(&r, 1);
         free(body);
     }

@@ -266,7 +266,8 @@ static void render_engine(llm_strbuf *b, const llm_stats *s, const char *lab)
     /* where a loaded server's time goes (bench-load): busy share, pass vs the rest, grammar */
     counter(b, "llm_engine_step_seconds", "Time in engine steps (passes, sampling, events) and held-pick rounds",
             s->step_ms / 1e3);
-    counter(b, "llm_engine_forward_seconds", "Of llm_engine_step_seconds, time in forward passes", s->forward_ms / 1e3);
+    counter(b, "llm_engine_forward_seconds", "Of llm_engine_step_seconds, time in forward passes (with sampling where the device samples)",
+            s->forward_ms / 1e3);
     counter(b, "llm_engine_grammar_seconds", "Of llm_engine_step_seconds, time in grammar masks and advances",
             s->grammar_ms / 1e3);
     counter(b, "llm_grammar_held_picks", "Constrained picks put off to a later step: the step's grammar work was spent",

@@ -44,7 +44,7 @@ typedef struct srv_metrics {
     srv_hist rev_ttft[2], rev_itl[2];
     int canary_weight, canary_loaded;   /* gauges, set by the canary */
     long long conns[4];                 /* API connections: open; accepted, refused, cut (http_guard.h) */
-    uint64_t stream_events, stream_writes; /* SSE events streamed, and the writes that carried them */
+    uint64_t stream_events, stream_writes; /* SSE events streamed, and the writes that carried them (under mu) */
 } srv_metrics;
 
 extern const char *const srv_route_names[SRV_N_ROUTES];
@@ -62,7 +62,8 @@ void srv_metrics_finished(srv_metrics *m, int reason);
 void srv_metrics_revision(srv_metrics *m, int rev, int status);
 void srv_metrics_rev_observe(srv_metrics *m, int rev, int itl, double seconds);
 void srv_metrics_canary(srv_metrics *m, int loaded, int weight);
-/* One write of a stream that carried events SSE events. */
+/* One write of a stream that carried `events` SSE events (> 0); takes
+ * m->mu, from any HTTP thread. */
 void srv_metrics_stream_write(srv_metrics *m, int events);
 /* The API listener's connection counts (http_guard_stats: open, accepted,
  * refused, cut), set before a render. */

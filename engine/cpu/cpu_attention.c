@@ -147,7 +147,8 @@ static void block_wsum(const attn_job *j, const llm_batch_seq *s, int t0, int t1
 }
 
 /* A line into L2. As asm: gcc deletes a loop whose body is only
- * __builtin_prefetch (a loop without effects), and did here. */
+ * __builtin_prefetch (a loop without effects), and did here. (Elsewhere
+ * than x86 the builtin stays: not checked there.) */
 static inline void prefetch_l2(const char *p)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -160,11 +161,11 @@ static inline void prefetch_l2(const char *p)
 /* Asks for slice k of n_slices of rows [p0, p0 + n) (one block's,
  * contiguous) ahead of their use: an item over every head reads a block
  * whole, and at the row stride, slice by slice, the hardware's prefetch
- * does not follow. A slice per head rather than the block in one burst,
- * which gained almost nothing (the core's miss queue holds a few dozen
- * lines, not hundreds). llama-110m Q8_0, 32 sequences at 512, F16 K/V, 2
- * threads, Zen 4: step 64-84 ms with no prefetch, 63-68 with the burst,
- * 43-48 with slices; same results. */
+ * does not follow. A slice per head rather than the block in one burst of
+ * some 400 prefetches, which gained almost nothing (our guess, not
+ * measured: more than the core's miss queue holds). llama-110m Q8_0, 32
+ * sequences at 512, F16 K/V, 2 threads, Zen 4: step 64-84 ms with no
+ * prefetch, 63-68 with the burst, 40-48 with slices; same results. */
 static void prefetch_slice(const llm_kv_layer *kv, void *base, const int32_t *table, int p0, int n, int k, int n_slices)
 {
     const char *r = kv_row(kv, base, table, p0);

@@ -1,4 +1,5 @@
-/* threadpool.c - spin-then-sleep worker pool (see threadpool.h). */
+/* threadpool.c - spin-then-sleep worker pool (see threadpool.h). Workers
+ * are named llm-cpu-1..N-1 (thread 0 is the caller). */
 #include "threadpool.h"
 
 #include <pthread.h>
@@ -56,8 +57,8 @@ static void *worker_main(void *a)
     tp_pool *p = w->pool;
     unsigned seen = 0;
     char name[16];
-    snprintf(name, sizeof name, "llm-cpu-%d", w->ith); /* per-thread CPU time under load (bench-load) */
-    pthread_setname_np(pthread_self(), name);
+    snprintf(name, sizeof name, "llm-cpu-%d", w->ith); /* bench-load's CPU split by thread */
+    (void)pthread_setname_np(pthread_self(), name);     /* a name is only a label: a failure changes nothing */
     for (;;) {
         wait_for_work(p, seen);
         if (atomic_load(&p->stop))

@@ -3,6 +3,7 @@
  * tp_run hands one function to every thread (the caller is thread 0) and
  * returns when all have finished. Workers spin briefly between runs, since
  * a forward pass issues runs back to back, then sleep on a condition variable.
+ * Workers are named llm-cpu-1..N-1 (per-thread CPU time in bench-load).
  * Ownership: caller frees with tp_free (accepts NULL). Thread-safety: one
  * thread at a time may call tp_run on a pool. */
 #ifndef LLM_CPU_THREADPOOL_H

@@ -9,7 +9,9 @@ end-to-end latency per concurrency level; for llm-server also where its time
 went at each level (its /metrics through prometheus_client's parser and its
 threads' CPU time from /proc): steps per second, tokens per step, the share
 of the wall the engine spent in steps and in forward passes, and CPU per
-generated token in the HTTP threads, the engine thread and the compute pool.
+generated token in the HTTP threads (civetweb's, by name), the engine thread
+(which is also the compute pool's thread 0: its share of the matmuls is
+there) and the pool's other threads.
 
   python3 tests/bench/load.py --model build/models/llama-110m-q8_0.gguf \\
       [--peer /tmp/llama.cpp/build/bin/llama-server] [--threads 2] [--conc 1,4,16,32] [--requests 48]
@@ -120,6 +122,7 @@ def scrape(port):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
+    c.close()
     out = {}
     for fam in text_string_to_metric_families(text):
         for smp in fam.samples:
@@ -211,6 +214,8 @@ def main():
           " CPU per generated token by thread group)")
     print(f"{'conc':>5}{'steps/s':>9}{'tok/step':>9}{'gen/step':>9}{'busy':>7}{'fwd':>7}{'http':>9}{'engine':>9}"
           f"{'pool':>9}{'other':>9}")
+    if prof and all(p["http_us"] == 0 for p in prof.values()):
+        print("(no thread named civetweb-*: this civetweb build does not name its threads; HTTP time is in 'other')")
     for conc, p in sorted(prof.items()):
         print(f"{conc:>5}{p['steps_s']:>9.2f}{p['tok_step']:>9.1f}{p['gen_step']:>9.1f}{p['busy']:>7.2f}{p['fwd']:>7.2f}"
               f"{p['http_us']:>7.0f}us{p['engine_us']:>7.0f}us{p['pool_us']:>7.0f}us{p['other_us']:>7.0f}us", flush=True)

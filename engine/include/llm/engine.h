@@ -143,7 +143,8 @@ typedef struct llm_stats {
     uint64_t held_picks;     /* constrained picks put off to a later round: that step's grammar work was spent */
     double step_ms;          /* time in steps (a pass, its sampling and events) and in rounds of held picks alone */
     double grammar_ms;       /* of that, time finding grammar masks and advancing grammars */
-    double forward_ms;       /* of that, time in forward passes (the rest: copies, sampling, events) */
+    double forward_ms;       /* of that, time in forward passes (the rest: copies, sampling, events; on a
+                              * device backend that samples, its sampling is in the pass) */
     double prefix_hit_rate;  /* cached_tokens / prompt_tokens */
     double gen_tokens_per_s; /* over the last few seconds */
     double step_running_ms;  /* how long the step in progress has run; 0 when idle (liveness) */
@@ -153,7 +154,7 @@ typedef struct llm_stats {
 
 typedef struct llm_engine llm_engine;
 
-/* Sizes the KV pool, starts the engine thread. Errors name the setting. */
+/* Sizes the KV pool, starts the engine thread (named llm-engine). Errors name the setting. */
 llm_status llm_engine_open(const llm_engine_config *cfg, llm_engine **out, llm_error *err);
 void llm_engine_close(llm_engine *e);
 
