@@ -240,6 +240,8 @@ enum { OUT_OK = 0, OUT_GONE = -1, OUT_NOMEM = -2 };
  * flushes past it); a flush that wrote more than twice that gives the
  * memory back rather than keep it for the rest of the stream. */
 enum { SSE_FLUSH_BYTES = 64 * 1024 };
+/* One SSE event "data: TEXT" as an HTTP chunk; its size is strlen(TEXT) + 8. */
+#define SSE_FRAME "%zx\r\ndata: %s\n\n\r\n"
 
 /* Writes the queued frames (the whole ones, after a failed append) at
  * once: OUT_OK, or OUT_GONE when the client is gone. A write that carries
@@ -272,7 +274,7 @@ static int sse_queue(run *r, const char *text)
 {
     if (r->out.failed && sse_flush(r) == OUT_GONE)
         return OUT_GONE;
-    llm_strbuf_printf(&r->out, "%zx\r\ndata: %s\n\n\r\n", strlen(text) + 8, text); /* "data: " TEXT "\n\n" */
+    llm_strbuf_printf(&r->out, SSE_FRAME, strlen(text) + 8, text);
     if (r->out.failed)
         return OUT_NOMEM;
     r->out_events++;
@@ -287,7 +289,7 @@ static void sse_error(run *r, const char *text)
     if (sse_queue(r, text) != OUT_NOMEM)
         return;
     if (sse_flush(r) == OUT_OK) /* the whole frames, then this one directly */
-        mg_printf(r->c, "%zx\r\ndata: %s\n\n\r\n", strlen(text) + 8, text);
+        mg_printf(r->c, SSE_FRAME, strlen(text) + 8, text);
 }
 
 /* The end of a stream: [DONE] when done, then the last chunk, with what

@@ -19,8 +19,8 @@ there) and the pool's other threads.
 import argparse
 import collections
 import http.client
-import os
 import json
+import os
 import pathlib
 import random
 import socket
