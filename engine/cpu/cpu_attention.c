@@ -5,8 +5,9 @@
  * Attention work items are (chunk of query rows, KV head) pairs, handed out
  * on demand since their cost grows with position. An item serves every
  * query head of its GQA group and several rows of one sequence, so a block
- * of F16 or Q8_0 K/V is converted to float once for all of them. Every item runs the same code whatever else
- * is in the batch, so a row's result does not depend on batch composition. */
+ * of F16 or Q8_0 K/V is converted to float once for all of them. Every item
+ * runs the same code whatever else is in the batch, so a row's result does
+ * not depend on batch composition. */
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -102,13 +103,13 @@ static int row_span(const llm_attn_args *a, const llm_batch_seq *s, int t, int p
 }
 
 /* Scores of rows [t0, t1) against the rows [p0, p0 + n) of KV block kb
- * (floats `stride` apart; NULL: F16 rows read in place from kh). */
+ * (floats `stride` apart; NULL: rows read in place from kh). */
 static void block_dots(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int p0, int n, const float *kb,
                        size_t stride, const void *kh, int g, const attn_scratch *w)
 {
     const llm_attn_args *a = j->a;
     int hd = a->head_dim, h0 = g * j->group, a0, a1;
-    size_t hstride = a->kv->row_bytes / 2;
+    size_t rb = a->kv->row_bytes;
     for (int t = t0; t < t1; t++) {
         if (!row_span(a, s, t, p0, n, &a0, &a1))
             continue;
@@ -119,8 +120,8 @@ static void block_dots(const attn_job *j, const llm_batch_seq *s, int t0, int t1
                 j->c->k->attn_dots(q + (size_t)h * hd, kb + (size_t)(a0 - p0) * stride, stride, a1 - a0, hd, a->scale,
                                    sc + h * w->sc_stride);
             else
-                j->c->k->attn_dots_f16(q + (size_t)h * hd, (const quant_f16 *)kh + (size_t)(a0 - p0) * hstride,
-                                       hstride, a1 - a0, hd, a->scale, sc + h * w->sc_stride);
+                j->c->k->attn_dots_kv[a->kv->type](q + (size_t)h * hd, (const char *)kh + (size_t)(a0 - p0) * rb, rb,
+                                                   a1 - a0, hd, a->scale, sc + h * w->sc_stride);
     }
 }
 
@@ -130,7 +131,7 @@ static void block_wsum(const attn_job *j, const llm_batch_seq *s, int t0, int t1
 {
     const llm_attn_args *a = j->a;
     int hd = a->head_dim, h0 = g * j->group, a0, a1;
-    size_t hstride = a->kv->row_bytes / 2;
+    size_t rb = a->kv->row_bytes;
     for (int t = t0; t < t1; t++) {
         if (!row_span(a, s, t, p0, n, &a0, &a1))
             continue;
@@ -141,8 +142,8 @@ static void block_wsum(const attn_job *j, const llm_batch_seq *s, int t0, int t1
                 j->c->k->attn_wsum(o + (size_t)h * hd, sc + h * w->sc_stride, vb + (size_t)(a0 - p0) * stride, stride,
                                    a1 - a0, hd);
             else
-                j->c->k->attn_wsum_f16(o + (size_t)h * hd, sc + h * w->sc_stride,
-                                       (const quant_f16 *)vh + (size_t)(a0 - p0) * hstride, hstride, a1 - a0, hd);
+                j->c->k->attn_wsum_kv[a->kv->type](o + (size_t)h * hd, sc + h * w->sc_stride,
+                                                   (const char *)vh + (size_t)(a0 - p0) * rb, rb, a1 - a0, hd);
     }
 }
 
@@ -188,7 +189,7 @@ typedef void (*block_fn)(const attn_job *j, const llm_batch_seq *s, int t0, int 
 
 /* fn over K (or V: base) blocks [first, n_kv) of rows [t0, t1), block by
  * block and within a block KV head by head, each head's scores in its part
- * of the scratch; direct: F16 rows read in place, else converted. */
+ * of the scratch; direct: rows read in place, else converted. */
 static void kv_pass(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int g0, int g1, int first, int direct,
                     void *base, block_fn fn, const attn_scratch *w)
 {
@@ -212,15 +213,15 @@ static void kv_pass(const attn_job *j, const llm_batch_seq *s, int t0, int t1, i
  * block by block and within a block head by head (so a block's rows are
  * read while they are near). Each row sees positions [first, pos0 + t]
  * (llm_attn_first: its sliding window) and each (row, head) is computed
- * the same way whichever rows and heads share its item. F16 blocks used by
- * one or two (row, head) pairs of a KV head are read in place; otherwise
- * converted once for all of them. Blocks before the first row's window
+ * the same way whichever rows and heads share its item. F16 and Q8_0 blocks
+ * used by one or two (row, head) pairs of a KV head are read in place;
+ * otherwise converted once for all of them (the same floats either way). Blocks before the first row's window
  * are not read. */
 static void attn_item(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int g0, int g1, const attn_scratch *w)
 {
     const llm_attn_args *a = j->a;
     int hd = a->head_dim, bs = a->kv->block_size;
-    int direct = a->kv->type == QT_F16 && (t1 - t0) * j->group <= 2;
+    int direct = j->c->k->attn_dots_kv[a->kv->type] && (t1 - t0) * j->group <= 2;
     int first = llm_attn_first(s->pos0 + t0, a->window) / bs * bs;
     kv_pass(j, s, t0, t1, g0, g1, first, direct, a->kv->k, block_dots, w);
     for (int g = g0; g < g1; g++) {

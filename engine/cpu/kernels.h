@@ -99,10 +99,13 @@ typedef struct cpu_kernels {
      * out[i] = scale * (q . k_i), and o += sum_i w[i] * v_i; hd floats each. */
     void (*attn_dots)(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *out);
     void (*attn_wsum)(float *o, const float *w, const float *v, size_t stride, int n, int hd);
-    /* The same on F16 rows read in place (stride in F16 elements); bit
-     * for bit what attn_dots/attn_wsum give on the converted rows. */
-    void (*attn_dots_f16)(const float *q, const quant_f16 *k, size_t stride, int n, int hd, float scale, float *out);
-    void (*attn_wsum_f16)(float *o, const float *w, const quant_f16 *v, size_t stride, int n, int hd);
+    /* The same on K/V rows read in place in their stored type, by type
+     * (F16; Q8_0 with hd a multiple of 32; NULL: rows are converted first),
+     * rows row_bytes apart: bit for bit what attn_dots/attn_wsum give on
+     * the converted rows. */
+    void (*attn_dots_kv[QT_COUNT])(const float *q, const void *k, size_t row_bytes, int n, int hd, float scale,
+                                   float *out);
+    void (*attn_wsum_kv[QT_COUNT])(float *o, const float *w, const void *v, size_t row_bytes, int n, int hd);
     /* KV rows stored as F16 or Q8_0 back to float (n values; n a multiple
      * of 32 for Q8_0). Exact, so every set gives the same floats. */
     void (*to_f32[QT_COUNT])(const void *src, float *dst, int n);

@@ -310,85 +310,192 @@ static void axpy(float *y, float a, const float *x, int n)
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* The attention kernels exist for float K/V and for F16 K/V read in place
- * (decode: no conversion pass). Both are stamped from one body with a
- * different load, so for the same values they round identically: a row's
- * result does not depend on which path its batch took. */
-#define LD_F32(p) _mm256_loadu_ps(p)
-#define LD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define SC_F32(x) (x)
-#define SC_F16(x) h2f(x)
+/* The attention kernels exist for float K/V and for K/V rows read in
+ * place in their stored type (decode: no conversion pass). All are stamped
+ * from one body with a different load, LD(row, d): dimensions [d, d + 8)
+ * of a row as floats, the same floats the to_f32 conversion gives (a Q8_0
+ * value d * q is exact in float). So for the same values they round
+ * identically: a row's result does not depend on which path its batch
+ * took. */
+#define LD_F32(r, d) _mm256_loadu_ps((const float *)(r) + (d))
+#define LD_F16(r, d) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const quant_f16 *)(r) + (d))))
+#define LD_Q8(r, d) q8_load((const block_q8_0 *)(r) + (d) / QK8_0, (d) % QK8_0)
 
-/* q . k over n dims: two accumulators by 16, one by 8, then the tail. */
-#define DEF_DOT(name, T, LD, SC)                                                     \
-    static float name(const float *a, const T *b, int n)                            \
-    {                                                                                \
-        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                   \
-        int i = 0;                                                                   \
-        for (; i + 16 <= n; i += 16) {                                               \
-            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LD(b + i), s0);             \
-            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), LD(b + i + 8), s1);     \
-        }                                                                            \
-        for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LD(b + i), s0); \
-        float s = hsum8(_mm256_add_ps(s0, s1));                                      \
-        for (; i < n; i++) s += a[i] * SC(b[i]);                                      \
-        return s;                                                                    \
+static inline __m256 q8_load(const block_q8_0 *b, int o)
+{
+    __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + o))));
+    return _mm256_mul_ps(_mm256_set1_ps(h2f(b->d)), q);
+}
+
+/* q . row over hd dims (a multiple of 8): two accumulators by 16, one by
+ * 8; dot_f32's order for the same values. */
+#define DEF_DOT(name, LD)                                                           \
+    static float name(const float *a, const char *r, int hd)                        \
+    {                                                                               \
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                  \
+        int i = 0;                                                                  \
+        for (; i + 16 <= hd; i += 16) {                                             \
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LD(r, i), s0);             \
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), LD(r, i + 8), s1);     \
+        }                                                                           \
+        for (; i + 8 <= hd; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LD(r, i), s0); \
+        return hsum8(_mm256_add_ps(s0, s1));                                        \
     }
-DEF_DOT(dot_q_f16, quant_f16, LD_F16, SC_F16)
+DEF_DOT(dot_row_f16, LD_F16)
+DEF_DOT(dot_row_q8, LD_Q8)
+
+static float dot_row_f32(const float *a, const char *r, int hd) { return dot_f32(a, (const float *)r, hd); }
 
 /* Four keys at a time share each load of q; one horizontal reduction for
- * all four. Dimensions past a multiple of 8 go through the one-key dot. */
-#define DEF_ATTN_DOTS(name, T, LD, DOT1)                                                            \
-    static void name(const float *q, const T *k, size_t stride, int n, int hd, float scale, float *out) \
+ * all four. With hd not a multiple of 8 (float and F16 rows only) every
+ * key goes through dot_f32 (dimensions in order past the last 8). */
+#define DEF_ATTN_DOTS(name, LD, DOT1)                                                               \
+    static void name(const float *q, const void *k, size_t row_bytes, int n, int hd, float scale, float *out) \
     {                                                                                               \
-        int i = 0, d8 = hd & ~7;                                                                    \
-        for (; i + 4 <= n && d8 == hd; i += 4) {                                                    \
-            const T *k0 = k + (size_t)i * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride; \
+        const char *kr = k;                                                                         \
+        int i = 0;                                                                                  \
+        for (; i + 4 <= n && hd % 8 == 0; i += 4) {                                                 \
+            const char *k0 = kr + (size_t)i * row_bytes, *k1 = k0 + row_bytes, *k2 = k1 + row_bytes, \
+                       *k3 = k2 + row_bytes;                                                        \
             __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                             \
             for (int d = 0; d < hd; d += 8) {                                                       \
                 __m256 vq = _mm256_loadu_ps(q + d);                                                 \
-                s0 = _mm256_fmadd_ps(vq, LD(k0 + d), s0);                                           \
-                s1 = _mm256_fmadd_ps(vq, LD(k1 + d), s1);                                           \
-                s2 = _mm256_fmadd_ps(vq, LD(k2 + d), s2);                                           \
-                s3 = _mm256_fmadd_ps(vq, LD(k3 + d), s3);                                           \
+                s0 = _mm256_fmadd_ps(vq, LD(k0, d), s0);                                            \
+                s1 = _mm256_fmadd_ps(vq, LD(k1, d), s1);                                            \
+                s2 = _mm256_fmadd_ps(vq, LD(k2, d), s2);                                            \
+                s3 = _mm256_fmadd_ps(vq, LD(k3, d), s3);                                            \
             }                                                                                       \
             __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));              \
             __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));          \
             _mm_storeu_ps(out + i, _mm_mul_ps(r, _mm_set1_ps(scale)));                              \
         }                                                                                           \
-        for (; i < n; i++) out[i] = scale * DOT1(q, k + (size_t)i * stride, hd);                    \
+        for (; i < n; i++) out[i] = scale * DOT1(q, kr + (size_t)i * row_bytes, hd);                \
     }
-DEF_ATTN_DOTS(attn_dots, float, LD_F32, dot_f32)
-DEF_ATTN_DOTS(attn_dots_f16, quant_f16, LD_F16, dot_q_f16)
+
+static void attn_dots(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *out);
+static float dot_f16_any(const float *q, const char *r, int hd);
+DEF_ATTN_DOTS(attn_dots_rows, LD_F32, dot_row_f32)
+DEF_ATTN_DOTS(attn_dots_f16, LD_F16, dot_f16_any)
+
+static void attn_dots(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *out)
+{
+    attn_dots_rows(q, k, stride * sizeof(float), n, hd, scale, out);
+}
+
+/* An F16 row with any hd, as dot_f32 on its floats: by 16, by 8, then the
+ * rest in order. */
+static float dot_f16_any(const float *q, const char *r, int hd)
+{
+    const quant_f16 *h = (const quant_f16 *)r;
+    int d8 = hd & ~7;
+    float s = d8 ? dot_row_f16(q, r, d8) : 0.0f;
+    for (int i = d8; i < hd; i++) s += q[i] * h2f(h[i]);
+    return s;
+}
 
 /* o stays in registers, 64 dimensions at a time, across all rows; the
  * rest of the dimensions go as in axpy. */
-#define DEF_ATTN_WSUM(name, T, LD, SC)                                                          \
-    static void name(float *o, const float *w, const T *v, size_t stride, int n, int hd)         \
+#define DEF_ATTN_WSUM(name, LD, SC)                                                             \
+    static void name(float *o, const float *w, const void *v, size_t row_bytes, int n, int hd) \
     {                                                                                           \
+        const char *vr = v;                                                                     \
         int d = 0;                                                                              \
         for (; d + 64 <= hd; d += 64) {                                                         \
             __m256 a[8]; /* unrolled, or a[] lives on the stack: a store-forward per multiply-add */ \
             _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) a[c] = _mm256_loadu_ps(o + d + 8 * c); \
             for (int i = 0; i < n; i++) {                                                       \
                 __m256 wi = _mm256_broadcast_ss(w + i);                                         \
-                const T *vi = v + (size_t)i * stride + d;                                       \
+                const char *vi = vr + (size_t)i * row_bytes;                                    \
                 _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++)                             \
-                    a[c] = _mm256_fmadd_ps(wi, LD(vi + 8 * c), a[c]);                           \
+                    a[c] = _mm256_fmadd_ps(wi, LD(vi, d + 8 * c), a[c]);                        \
             }                                                                                   \
             _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) _mm256_storeu_ps(o + d + 8 * c, a[c]); \
         }                                                                                       \
         for (int i = 0; d < hd && i < n; i++) {                                                 \
-            const T *vi = v + (size_t)i * stride;                                               \
+            const char *vi = vr + (size_t)i * row_bytes;                                        \
             __m256 wi = _mm256_set1_ps(w[i]);                                                   \
             int e = d;                                                                          \
             for (; e + 8 <= hd; e += 8)                                                         \
-                _mm256_storeu_ps(o + e, _mm256_fmadd_ps(wi, LD(vi + e), _mm256_loadu_ps(o + e))); \
-            for (; e < hd; e++) o[e] += w[i] * SC(vi[e]);                                       \
+                _mm256_storeu_ps(o + e, _mm256_fmadd_ps(wi, LD(vi, e), _mm256_loadu_ps(o + e)));  \
+            for (; e < hd; e++) o[e] += w[i] * SC(vi, e);                                       \
         }                                                                                       \
     }
-DEF_ATTN_WSUM(attn_wsum, float, LD_F32, SC_F32)
-DEF_ATTN_WSUM(attn_wsum_f16, quant_f16, LD_F16, SC_F16)
+#define SC_F32(r, e) (((const float *)(r))[e])
+#define SC_F16(r, e) h2f(((const quant_f16 *)(r))[e])
+DEF_ATTN_WSUM(attn_wsum_rows, LD_F32, SC_F32)
+DEF_ATTN_WSUM(attn_wsum_f16, LD_F16, SC_F16)
+
+static void attn_wsum(float *o, const float *w, const float *v, size_t stride, int n, int hd)
+{
+    attn_wsum_rows(o, w, v, stride * sizeof(float), n, hd);
+}
+
+/* The Q8_0 kernels are attn_dots_q8_0/attn_wsum_q8_0 as DEF_ATTN_DOTS and
+ * DEF_ATTN_WSUM would stamp them with LD_Q8 (the same multiply-adds in the
+ * same order), but take a block's scale once per row and block rather than
+ * once per 8 values: seven vector operations per 8 values came down to
+ * about four, where a decode step's attention over Q8_0 K/V was bound by
+ * them, not by reading the rows. */
+static inline __m256 q8_part(__m256 d, const int8_t *qs)
+{
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs))));
+}
+
+static void attn_dots_q8_0(const float *q, const void *k, size_t row_bytes, int n, int hd, float scale, float *out)
+{
+    const char *kr = k;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const block_q8_0 *k0 = (const block_q8_0 *)(kr + (size_t)i * row_bytes);
+        const block_q8_0 *k1 = (const block_q8_0 *)((const char *)k0 + row_bytes);
+        const block_q8_0 *k2 = (const block_q8_0 *)((const char *)k1 + row_bytes);
+        const block_q8_0 *k3 = (const block_q8_0 *)((const char *)k2 + row_bytes);
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (int b = 0; b < hd / QK8_0; b++) {
+            __m256 d0 = _mm256_set1_ps(h2f(k0[b].d)), d1 = _mm256_set1_ps(h2f(k1[b].d));
+            __m256 d2 = _mm256_set1_ps(h2f(k2[b].d)), d3 = _mm256_set1_ps(h2f(k3[b].d));
+            _Pragma("GCC unroll 4") for (int e = 0; e < QK8_0; e += 8) {
+                __m256 vq = _mm256_loadu_ps(q + b * QK8_0 + e);
+                s0 = _mm256_fmadd_ps(vq, q8_part(d0, k0[b].qs + e), s0);
+                s1 = _mm256_fmadd_ps(vq, q8_part(d1, k1[b].qs + e), s1);
+                s2 = _mm256_fmadd_ps(vq, q8_part(d2, k2[b].qs + e), s2);
+                s3 = _mm256_fmadd_ps(vq, q8_part(d3, k3[b].qs + e), s3);
+            }
+        }
+        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
+        __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        _mm_storeu_ps(out + i, _mm_mul_ps(r, _mm_set1_ps(scale)));
+    }
+    for (; i < n; i++) out[i] = scale * dot_row_q8(q, kr + (size_t)i * row_bytes, hd);
+}
+
+/* Dimensions [d, d + 32 * nb) (nb: 1 or 2 blocks) of o += sum_i w[i] v_i,
+ * in registers across the rows. */
+static inline void wsum_q8_blocks(float *o, const float *w, const char *v, size_t row_bytes, int n, int d, int nb)
+{
+    __m256 a[8];
+    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) a[c] = c < 4 * nb ? _mm256_loadu_ps(o + d + 8 * c) : _mm256_setzero_ps();
+    for (int i = 0; i < n; i++) {
+        __m256 wi = _mm256_broadcast_ss(w + i);
+        const block_q8_0 *b = (const block_q8_0 *)(v + (size_t)i * row_bytes) + d / QK8_0;
+        __m256 d0 = _mm256_set1_ps(h2f(b[0].d));
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) a[c] = _mm256_fmadd_ps(wi, q8_part(d0, b[0].qs + 8 * c), a[c]);
+        if (nb == 2) {
+            __m256 d1 = _mm256_set1_ps(h2f(b[1].d));
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+                a[4 + c] = _mm256_fmadd_ps(wi, q8_part(d1, b[1].qs + 8 * c), a[4 + c]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int c = 0; c < 4 * nb; c++) _mm256_storeu_ps(o + d + 8 * c, a[c]);
+}
+
+static void attn_wsum_q8_0(float *o, const float *w, const void *v, size_t row_bytes, int n, int hd)
+{
+    int d = 0;
+    for (; d + 64 <= hd; d += 64) wsum_q8_blocks(o, w, v, row_bytes, n, d, 2);
+    if (d < hd)
+        wsum_q8_blocks(o, w, v, row_bytes, n, d, 1);
+}
 
 static void f16_to_f32(const void *src, float *dst, int n)
 {
@@ -532,8 +639,8 @@ static const cpu_kernels avx2_rows = {
     .axpy = axpy,
     .attn_dots = attn_dots,
     .attn_wsum = attn_wsum,
-    .attn_dots_f16 = attn_dots_f16,
-    .attn_wsum_f16 = attn_wsum_f16,
+    .attn_dots_kv = {[QT_F16] = attn_dots_f16, [QT_Q8_0] = attn_dots_q8_0},
+    .attn_wsum_kv = {[QT_F16] = attn_wsum_f16, [QT_Q8_0] = attn_wsum_q8_0},
     .to_f32 = {[QT_F16] = f16_to_f32, [QT_Q8_0] = q8_0_to_f32},
     .to_f16 = f32_to_f16,
     .geglu = geglu,

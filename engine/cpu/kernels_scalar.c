@@ -238,20 +238,51 @@ static void attn_wsum(float *o, const float *w, const float *v, size_t stride, i
     for (int i = 0; i < n; i++) axpy(o, w[i], v + (size_t)i * stride, hd);
 }
 
-/* As attn_dots and attn_wsum, on F16 rows: same order, same rounding. */
-static void attn_dots_f16(const float *q, const quant_f16 *k, size_t stride, int n, int hd, float scale, float *out)
+/* As attn_dots and attn_wsum on rows read in place: each value converted
+ * exactly as the to_f32 conversion does, then the same order and rounding. */
+static float kv_value(quant_type t, const char *row, int d)
+{
+    if (t == QT_F16)
+        return quant_f16_to_f32(((const quant_f16 *)row)[d]);
+    const block_q8_0 *b = (const block_q8_0 *)row + d / QK8_0;
+    return quant_f16_to_f32(b->d) * (float)b->qs[d % QK8_0];
+}
+
+static void dots_kv(quant_type t, const float *q, const void *k, size_t row_bytes, int n, int hd, float scale,
+                    float *out)
 {
     for (int i = 0; i < n; i++) {
+        const char *r = (const char *)k + (size_t)i * row_bytes;
         float s = 0;
-        for (int d = 0; d < hd; d++) s += q[d] * quant_f16_to_f32(k[(size_t)i * stride + d]);
+        for (int d = 0; d < hd; d++) s += q[d] * kv_value(t, r, d);
         out[i] = scale * s;
     }
 }
 
-static void attn_wsum_f16(float *o, const float *w, const quant_f16 *v, size_t stride, int n, int hd)
+static void wsum_kv(quant_type t, float *o, const float *w, const void *v, size_t row_bytes, int n, int hd)
 {
     for (int i = 0; i < n; i++)
-        for (int d = 0; d < hd; d++) o[d] += w[i] * quant_f16_to_f32(v[(size_t)i * stride + d]);
+        for (int d = 0; d < hd; d++) o[d] += w[i] * kv_value(t, (const char *)v + (size_t)i * row_bytes, d);
+}
+
+static void attn_dots_f16(const float *q, const void *k, size_t row_bytes, int n, int hd, float scale, float *out)
+{
+    dots_kv(QT_F16, q, k, row_bytes, n, hd, scale, out);
+}
+
+static void attn_dots_q8_0(const float *q, const void *k, size_t row_bytes, int n, int hd, float scale, float *out)
+{
+    dots_kv(QT_Q8_0, q, k, row_bytes, n, hd, scale, out);
+}
+
+static void attn_wsum_f16(float *o, const float *w, const void *v, size_t row_bytes, int n, int hd)
+{
+    wsum_kv(QT_F16, o, w, v, row_bytes, n, hd);
+}
+
+static void attn_wsum_q8_0(float *o, const float *w, const void *v, size_t row_bytes, int n, int hd)
+{
+    wsum_kv(QT_Q8_0, o, w, v, row_bytes, n, hd);
 }
 
 static void f16_to_f32(const void *src, float *dst, int n) { quant_dequantize_row(QT_F16, src, dst, (size_t)n); }
@@ -291,8 +322,8 @@ static const cpu_kernels scalar = {
     .axpy = axpy,
     .attn_dots = attn_dots,
     .attn_wsum = attn_wsum,
-    .attn_dots_f16 = attn_dots_f16,
-    .attn_wsum_f16 = attn_wsum_f16,
+    .attn_dots_kv = {[QT_F16] = attn_dots_f16, [QT_Q8_0] = attn_dots_q8_0},
+    .attn_wsum_kv = {[QT_F16] = attn_wsum_f16, [QT_Q8_0] = attn_wsum_q8_0},
     .to_f32 = {[QT_F16] = f16_to_f32, [QT_Q8_0] = q8_0_to_f32},
     .to_f16 = f32_to_f16,
     .geglu = geglu,

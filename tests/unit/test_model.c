@@ -260,6 +260,43 @@ static void test_incremental(void **state)
     remove(path);
 }
 
+/* Logits of a prompt whole (K/V blocks converted to float once for all its
+ * rows) or token by token (one row: F16 and Q8_0 rows read in place) are
+ * equal bit for bit for every K/V type: a row's attention must not depend
+ * on the path its batch took. F32 weights, since quantizing activations
+ * to 8 bits would hide a difference of one rounding (it did: a Q8_0 scale
+ * off by one ulp in the in-place kernels passed with Q8_0 weights). 40
+ * tokens: three KV blocks. */
+static void test_incremental_kv(void **state)
+{
+    (void)state;
+    char path[256];
+    llm_model *m = make_model("tiny", QT_F32, path, sizeof path);
+    llm_backend *b;
+    llm_error err = {0};
+    enum { N = 40 };
+    int32_t p[N];
+    for (int i = 0; i < N; i++) p[i] = (int32_t)((i * 37 + 11) % m->hp.n_vocab);
+    assert_int_equal(llm_backend_cpu_new(NULL, &b, &err), LLM_OK);
+    static const llm_kv_type types[] = {LLM_KV_F32, LLM_KV_F16, LLM_KV_Q8_0};
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+        llm_session *s1, *s2;
+        llm_session_config c = {.n_ctx = 64, .max_batch = 512, .kv_type = types[t]};
+        assert_int_equal(llm_session_new(m, b, &c, &s1, &err), LLM_OK);
+        assert_int_equal(llm_session_new(m, b, &c, &s2, &err), LLM_OK);
+        const float *l1, *l2;
+        assert_int_equal(llm_session_eval(s1, p, N, &l1, &err), LLM_OK);
+        for (int i = 0; i < N; i++) assert_int_equal(llm_session_eval(s2, p + i, 1, &l2, &err), LLM_OK);
+        if (memcmp(l1, l2, sizeof(float) * (size_t)m->hp.n_vocab))
+            fail_msg("K/V type %zu: logits of the prompt whole differ from token by token", t);
+        llm_session_free(s1);
+        llm_session_free(s2);
+    }
+    llm_backend_free(b);
+    llm_model_free(m);
+    remove(path);
+}
+
 /* Rewrites the first occurrence of `from` (same length as `to`). */
 static void patch_file(const char *path, const char *from, const char *to)
 {
@@ -454,7 +491,8 @@ int main(void)
         cmocka_unit_test(test_f32_llama), cmocka_unit_test(test_f32_qwen2), cmocka_unit_test(test_f32_scalar),
         cmocka_unit_test(test_f16), cmocka_unit_test(test_bf16), cmocka_unit_test(test_q8_0),
         cmocka_unit_test(test_q4_0), cmocka_unit_test(test_q4_k), cmocka_unit_test(test_q4_k_scalar),
-        cmocka_unit_test(test_long_prompts), cmocka_unit_test(test_kv_types), cmocka_unit_test(test_incremental), cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_long_prompts), cmocka_unit_test(test_kv_types), cmocka_unit_test(test_incremental),
+        cmocka_unit_test(test_incremental_kv), cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_one_qk_norm_refused),
         cmocka_unit_test(test_nonfinite_weights), cmocka_unit_test(test_forward_token_bounds),
     };

@@ -423,6 +423,36 @@ static void check_packed(const cpu_kernels *k, quant_type wt, int rows, int cols
     free(w); free(a); free(ar); free(pw); free(x); free(wf); free(af); free(y); free(y1);
 }
 
+/* K/V rows read in place in their stored type (F16, Q8_0) round exactly
+ * like the floats the set's to_f32 conversion gives: a row's attention must
+ * not depend on whether its batch converted the block. Rows are whole KV
+ * rows of several heads; the head read starts one block in (unaligned). */
+static void check_attn_kv(const cpu_kernels *k, quant_type t, int hd)
+{
+    enum { ROWS = 19, ELEMS = 192, HEAD0 = 32 };
+    static float q[ELEMS], src[ELEMS], conv[ROWS * ELEMS], w[ROWS], o0[ELEMS], o1[ELEMS], o2[ELEMS], d1[ROWS], d2[ROWS];
+    static char raw[ROWS * ELEMS * sizeof(float)];
+    if (!k->attn_dots_kv[t] || !k->attn_wsum_kv[t] || HEAD0 + hd > ELEMS)
+        return;
+    size_t rb = quant_row_bytes(t, ELEMS), off = quant_row_bytes(t, HEAD0);
+    for (int i = 0; i < ELEMS; i++) { q[i] = test_randf(&seed); o0[i] = test_randf(&seed); }
+    for (int r = 0; r < ROWS; r++) {
+        for (int i = 0; i < ELEMS; i++) src[i] = test_randf(&seed) * (r == 3 ? 1e-3f : 4.0f);
+        quant_quantize_row(t, src, raw + (size_t)r * rb, ELEMS);
+        k->to_f32[t](raw + (size_t)r * rb, conv + (size_t)r * ELEMS, ELEMS);
+        w[r] = test_randf(&seed);
+    }
+    memcpy(o1, o0, sizeof o1);
+    memcpy(o2, o0, sizeof o2);
+    k->attn_dots(q, conv + HEAD0, ELEMS, ROWS, hd, 0.125f, d1);
+    k->attn_dots_kv[t](q, raw + off, rb, ROWS, hd, 0.125f, d2);
+    k->attn_wsum(o1, w, conv + HEAD0, ELEMS, ROWS, hd);
+    k->attn_wsum_kv[t](o2, w, raw + off, rb, ROWS, hd);
+    if (memcmp(d1, d2, sizeof d1) || memcmp(o1, o2, sizeof o1))
+        fail_msg("%s: %s attention kernels differ from float ones on the same values (hd=%d)", k->name,
+                 quant_type_name(t), hd);
+}
+
 static void run_kernel_set(const cpu_kernels *k)
 {
     static const quant_type all[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
@@ -452,19 +482,8 @@ static void run_kernel_set(const cpu_kernels *k)
         for (int i = 0; i < ROWS; i++) w[i] = test_randf(&seed);
         k->attn_dots(q, kv, STRIDE, ROWS, hd, 0.125f, dots);
         k->attn_wsum(o, w, kv, STRIDE, ROWS, hd);
-        { /* F16 rows read in place round exactly like their float conversion */
-            static quant_f16 h[ROWS * STRIDE];
-            static float hf[ROWS * STRIDE], d1[ROWS], d2[ROWS], o1[STRIDE], o2[STRIDE];
-            for (int i = 0; i < ROWS * STRIDE; i++) hf[i] = quant_f16_to_f32(h[i] = quant_f32_to_f16(kv[i]));
-            memcpy(o1, o0, sizeof o1);
-            memcpy(o2, o0, sizeof o2);
-            k->attn_dots(q, hf, STRIDE, ROWS, hd, 0.125f, d1);
-            k->attn_dots_f16(q, h, STRIDE, ROWS, hd, 0.125f, d2);
-            k->attn_wsum(o1, w, hf, STRIDE, ROWS, hd);
-            k->attn_wsum_f16(o2, w, h, STRIDE, ROWS, hd);
-            if (memcmp(d1, d2, sizeof d1) || memcmp(o1, o2, sizeof o1))
-                fail_msg("%s: F16 attention kernels differ from float ones on the same values (hd=%d)", k->name, hd);
-        }
+        check_attn_kv(k, QT_F16, hd);
+        check_attn_kv(k, QT_Q8_0, 32 * (hd / 48 + 1)); /* 32, 64, 96 */
         for (int i = 0; i < ROWS; i++) {
             double ref = 0, mag = 0;
             for (int d = 0; d < hd; d++) { ref += (double)q[d] * kv[i * STRIDE + d]; mag += fabs((double)q[d] * kv[i * STRIDE + d]); }
