@@ -241,7 +241,8 @@ def test_disconnect_frees_request(models):
     and its KV blocks are free, long before max_tokens."""
     srv = Server(models("llama-110m", "Q8_0"))
     sock = socket.create_connection(("127.0.0.1", srv.port))
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0.5, "stream": True})
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0.5, "stream": True,
+                       "ignore_eos": True})  # an early end of text would leave nothing to abort
     sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
     got = b""
     while b"data:" not in got:
@@ -467,7 +468,8 @@ def test_request_deadline(models):
     s = Server(models("llama-110m", "Q8_0"), "--request_timeout_s", 1)
     name = s.client().models.list().data[0].id
     t0 = time.time()
-    st, r, _ = s.post("/v1/completions", {"model": name, "prompt": "x", "max_tokens": 1000})
+    # ignore_eos: a sampled end of text before the deadline would answer 200
+    st, r, _ = s.post("/v1/completions", {"model": name, "prompt": "x", "max_tokens": 1000, "ignore_eos": True})
     assert st == 504 and "deadline" in r["error"]["message"] and time.time() - t0 < 10
     m = s.metrics()
     assert metric(m, "vllm:num_requests_running", model_name=NAME) == 0 and metric(m, "vllm:kv_cache_usage_perc", model_name=NAME) == 0
