@@ -4,6 +4,9 @@
 #include "pk_layout.h"
 
 #include <string.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 /* 32 nibble quants (0..15) of row r into the block's 4 vectors at q. */
 static void pk_layout_nibbles(const int *v, int r, uint8_t *q)
@@ -12,20 +15,32 @@ static void pk_layout_nibbles(const int *v, int r, uint8_t *q)
         for (int k = 0; k < 4; k++) q[64 * j + 4 * r + k] = (uint8_t)(v[4 * j + k] | v[16 + 4 * j + k] << 4);
 }
 
+/* 16 bytes of nibble pairs (byte c: column c low, c + 16 high, as Q4_0's
+ * and Q4_1's qs hold them; NULL: zeros) into row r of the block's 4
+ * vectors at q: pk_layout_nibbles without unpacking (a value at a time,
+ * packing was most of a model's load time). */
+static void pk_layout_pairs(const uint8_t *pairs, int r, uint8_t *q)
+{
+    static const uint8_t zeros[16];
+    for (int c = 0; c < 16; c += 4) memcpy(q + 64 * (c / 4) + 4 * r, (pairs ? pairs : zeros) + c, 4);
+}
+
 static void pk_layout_q8(const block_q8_0 *blk, int r, uint8_t *q)
 {
     ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
-    for (int j = 0; j < QK8_0 / 4; j++)
-        for (int k = 0; k < 4; k++) q[64 * j + 4 * r + k] = (uint8_t)((blk ? blk->qs[4 * j + k] : 0) ^ 0x80);
+    for (int j = 0; j < QK8_0 / 4; j++) { /* 4 quants, each + 128 (the top bit flipped) */
+        uint32_t w = 0;
+        if (blk)
+            memcpy(&w, blk->qs + 4 * j, 4);
+        w ^= 0x80808080u;
+        memcpy(q + 64 * j + 4 * r, &w, 4);
+    }
 }
 
 static void pk_layout_q4(const block_q4_0 *blk, int r, uint8_t *q)
 {
-    int v[32] = {0};
     ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
-    if (blk)
-        quant_unpack32(blk->qs, NULL, v);
-    pk_layout_nibbles(v, r, q);
+    pk_layout_pairs(blk ? blk->qs : NULL, r, q);
 }
 
 /* 32 5-bit quants of row r: nibbles of the low 4 bits into the block's 4
@@ -53,12 +68,13 @@ static void pk_layout_q51(int five, const void *blk, int r, uint8_t *q)
     const block_q5_1 *b5 = blk;
     dm[r] = !blk ? 0 : five ? b5->d : b4->d;
     dm[PK_ROWS + r] = !blk ? 0 : five ? b5->m : b4->m;
+    if (!five) {
+        pk_layout_pairs(blk ? b4->qs : NULL, r, q);
+        return;
+    }
     if (blk)
-        quant_unpack32(five ? b5->qs : b4->qs, five ? b5->qh : NULL, v);
-    if (five)
-        pk_layout_five(v, r, q);
-    else
-        pk_layout_nibbles(v, r, q);
+        quant_unpack32(b5->qs, b5->qh, v);
+    pk_layout_five(v, r, q);
 }
 
 static void pk_layout_q5(const block_q5_0 *blk, int r, uint8_t *q)
@@ -70,6 +86,27 @@ static void pk_layout_q5(const block_q5_0 *blk, int r, uint8_t *q)
     pk_layout_five(v, r, q);
 }
 
+/* The 16 pair bytes of 32 nibble quants held as bits sh..sh + 3 of the
+ * 32 bytes at src (column c in byte c; NULL: zeros), 16 at a time, into
+ * row r of the block's 4 vectors at q (Q4_K's and Q6_K's low nibbles). One
+ * value at a time, this was 43% of loading tinyllama-1.1b Q4_K. */
+static void pk_layout_nibbles_at(const uint8_t *src, int sh, int r, uint8_t *q)
+{
+    uint8_t pairs[16] = {0};
+#if defined(__SSE2__)
+    if (src) {
+        const __m128i lo = _mm_set1_epi8(0x0f);
+        __m128i a = _mm_srl_epi16(_mm_loadu_si128((const __m128i *)src), _mm_cvtsi32_si128(sh));
+        __m128i b = _mm_srl_epi16(_mm_loadu_si128((const __m128i *)(src + 16)), _mm_cvtsi32_si128(sh));
+        _mm_storeu_si128((__m128i *)pairs, _mm_or_si128(_mm_and_si128(a, lo), _mm_slli_epi16(_mm_and_si128(b, lo), 4)));
+    }
+#else
+    for (int c = 0; src && c < 16; c++)
+        pairs[c] = (uint8_t)(((src[c] >> sh) & 0xf) | ((src[16 + c] >> sh) & 0xf) << 4);
+#endif
+    pk_layout_pairs(pairs, r, q);
+}
+
 /* Sub-block j (0..7) of a Q4_K (five 0) or Q5_K (five 1) super-block
  * (its d, dmin, 12 scale bytes, qs and, for Q5_K, qh; scales NULL: a row
  * of zeros): the header's share of row r (h: the super-block's header),
@@ -77,20 +114,21 @@ static void pk_layout_q5(const block_q5_0 *blk, int r, uint8_t *q)
 static void pk_layout_q45k(int five, quant_f16 d, quant_f16 dmin, const uint8_t *scales, const uint8_t *qs,
                           const uint8_t *qh, int j, int r, uint8_t *h, uint8_t *q)
 {
-    int v[32] = {0}, sc = 0, m = 0;
-    if (scales) {
+    int sc = 0, m = 0;
+    if (scales)
         quant_k4_scale_min(j, scales, &sc, &m);
-        for (int i = 0; i < 32; i++)
-            v[i] = ((qs[32 * (j / 2) + i] >> (4 * (j % 2))) & 0xf) | (five ? ((qh[i] >> j) & 1) << 4 : 0);
-    }
     ((quant_f16 *)h)[r] = scales ? d : 0;
     ((quant_f16 *)h)[PK_ROWS + r] = scales ? dmin : 0;
     h[pk_layout_k4_sc(j) + (size_t)r] = (uint8_t)sc;
     h[pk_layout_k4_min(j) + (size_t)r] = (uint8_t)m;
-    if (five)
-        pk_layout_five(v, r, q);
-    else
-        pk_layout_nibbles(v, r, q);
+    if (!five) {
+        pk_layout_nibbles_at(qs ? qs + 32 * (j / 2) : NULL, 4 * (j % 2), r, q);
+        return;
+    }
+    int v[32] = {0};
+    for (int i = 0; scales && i < 32; i++)
+        v[i] = ((qs[32 * (j / 2) + i] >> (4 * (j % 2))) & 0xf) | ((qh[i] >> j) & 1) << 4;
+    pk_layout_five(v, r, q);
 }
 
 /* Sub-blocks 2j, 2j + 1 of a Q6_K super-block (row r's scales in the
@@ -99,21 +137,17 @@ static void pk_layout_q45k(int five, quant_f16 d, quant_f16 dmin, const uint8_t 
  * i / 4. */
 static void pk_layout_q6k(const block_q6_K *blk, int j, int r, uint8_t *h, uint8_t *q)
 {
-    int v[32] = {0}, lo[32];
-    if (blk) { /* quant_k6_quant for elements 32j..32j+31, its indexing hoisted out of the loop */
-        const uint8_t *ql = blk->ql + 64 * (j / 4) + 32 * (j % 2), *qh = blk->qh + 32 * (j / 4);
-        int lsh = 4 * ((j % 4) / 2), hsh = 2 * (j % 4);
-        for (int i = 0; i < 32; i++) v[i] = ((ql[i] >> lsh) & 0xf) | ((qh[i] >> hsh) & 3) << 4;
-    }
+    /* quant_k6_quant for elements 32j..32j+31, its indexing hoisted out of the loop */
+    const uint8_t *ql = blk ? blk->ql + 64 * (j / 4) + 32 * (j % 2) : NULL, *qh = blk ? blk->qh + 32 * (j / 4) : NULL;
+    int hsh = 2 * (j % 4);
     ((quant_f16 *)h)[r] = blk ? blk->d : 0;
     for (int s = 0; s < 2; s++) h[pk_layout_q6k_sc(2 * j + s) + (size_t)r] = blk ? (uint8_t)blk->scales[2 * j + s] : 0;
-    for (int i = 0; i < 32; i++) lo[i] = v[i] & 0xf;
-    pk_layout_nibbles(lo, r, q);
+    pk_layout_nibbles_at(ql, 4 * ((j % 4) / 2), r, q);
     uint8_t *top = q + PK_ROWS * 16;
     for (int p = 0; p < 2; p++) /* byte 4r + k of plane p: steps 4p..4p+3 of column k, 2 bits each */
         for (int k = 0; k < 4; k++) {
             unsigned byte = 0;
-            for (int s = 0; s < 4; s++) byte |= (unsigned)(v[4 * (4 * p + s) + k] >> 4) << (2 * s);
+            for (int s = 0; qh && s < 4; s++) byte |= (unsigned)((qh[4 * (4 * p + s) + k] >> hsh) & 3) << (2 * s);
             top[64 * p + 4 * r + k] = (uint8_t)byte;
         }
 }
