@@ -215,13 +215,14 @@ static void kv_pass(const attn_job *j, const llm_batch_seq *s, int t0, int t1, i
  * (llm_attn_first: its sliding window) and each (row, head) is computed
  * the same way whichever rows and heads share its item. F16 and Q8_0 blocks
  * used by one or two (row, head) pairs of a KV head are read in place;
- * otherwise converted once for all of them (the same floats either way). Blocks before the first row's window
- * are not read. */
+ * otherwise converted once for all of them (the same floats either way).
+ * Blocks before the first row's window are not read. */
 static void attn_item(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int g0, int g1, const attn_scratch *w)
 {
     const llm_attn_args *a = j->a;
     int hd = a->head_dim, bs = a->kv->block_size;
-    int direct = j->c->k->attn_dots_kv[a->kv->type] && (t1 - t0) * j->group <= 2;
+    const cpu_kernels *k = j->c->k;
+    int direct = k->attn_dots_kv[a->kv->type] && k->attn_wsum_kv[a->kv->type] && (t1 - t0) * j->group <= 2;
     int first = llm_attn_first(s->pos0 + t0, a->window) / bs * bs;
     kv_pass(j, s, t0, t1, g0, g1, first, direct, a->kv->k, block_dots, w);
     for (int g = g0; g < g1; g++) {

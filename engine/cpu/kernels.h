@@ -100,9 +100,10 @@ typedef struct cpu_kernels {
     void (*attn_dots)(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *out);
     void (*attn_wsum)(float *o, const float *w, const float *v, size_t stride, int n, int hd);
     /* The same on K/V rows read in place in their stored type, by type
-     * (F16; Q8_0 with hd a multiple of 32; NULL: rows are converted first),
-     * rows row_bytes apart: bit for bit what attn_dots/attn_wsum give on
-     * the converted rows. */
+     * (F16; Q8_0 with hd a multiple of 32; a set fills both entries of a
+     * type or neither, NULL: rows are converted first), rows row_bytes
+     * apart: bit for bit what attn_dots/attn_wsum give on the converted
+     * rows. */
     void (*attn_dots_kv[QT_COUNT])(const float *q, const void *k, size_t row_bytes, int n, int hd, float scale,
                                    float *out);
     void (*attn_wsum_kv[QT_COUNT])(float *o, const float *w, const void *v, size_t row_bytes, int n, int hd);

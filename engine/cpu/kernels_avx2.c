@@ -321,11 +321,13 @@ static void axpy(float *y, float a, const float *x, int n)
 #define LD_F16(r, d) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const quant_f16 *)(r) + (d))))
 #define LD_Q8(r, d) q8_load((const block_q8_0 *)(r) + (d) / QK8_0, (d) % QK8_0)
 
-static inline __m256 q8_load(const block_q8_0 *b, int o)
+/* 8 quants at qs as floats times the block's scale d (exact). */
+static inline __m256 q8_part(__m256 d, const int8_t *qs)
 {
-    __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + o))));
-    return _mm256_mul_ps(_mm256_set1_ps(h2f(b->d)), q);
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs))));
 }
+
+static inline __m256 q8_load(const block_q8_0 *b, int o) { return q8_part(_mm256_set1_ps(h2f(b->d)), b->qs + o); }
 
 /* q . row over hd dims (a multiple of 8): two accumulators by 16, one by
  * 8; dot_f32's order for the same values. */
@@ -372,7 +374,6 @@ static float dot_row_f32(const float *a, const char *r, int hd) { return dot_f32
         for (; i < n; i++) out[i] = scale * DOT1(q, kr + (size_t)i * row_bytes, hd);                \
     }
 
-static void attn_dots(const float *q, const float *k, size_t stride, int n, int hd, float scale, float *out);
 static float dot_f16_any(const float *q, const char *r, int hd);
 DEF_ATTN_DOTS(attn_dots_rows, LD_F32, dot_row_f32)
 DEF_ATTN_DOTS(attn_dots_f16, LD_F16, dot_f16_any)
@@ -436,11 +437,6 @@ static void attn_wsum(float *o, const float *w, const float *v, size_t stride, i
  * once per 8 values: seven vector operations per 8 values came down to
  * about four, where a decode step's attention over Q8_0 K/V was bound by
  * them, not by reading the rows. */
-static inline __m256 q8_part(__m256 d, const int8_t *qs)
-{
-    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs))));
-}
-
 static void attn_dots_q8_0(const float *q, const void *k, size_t row_bytes, int n, int hd, float scale, float *out)
 {
     const char *kr = k;
@@ -474,12 +470,14 @@ static void attn_dots_q8_0(const float *q, const void *k, size_t row_bytes, int 
 static inline void wsum_q8_blocks(float *o, const float *w, const char *v, size_t row_bytes, int n, int d, int nb)
 {
     __m256 a[8];
-    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) a[c] = c < 4 * nb ? _mm256_loadu_ps(o + d + 8 * c) : _mm256_setzero_ps();
+    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++)
+        a[c] = c < 4 * nb ? _mm256_loadu_ps(o + d + 8 * c) : _mm256_setzero_ps();
     for (int i = 0; i < n; i++) {
         __m256 wi = _mm256_broadcast_ss(w + i);
         const block_q8_0 *b = (const block_q8_0 *)(v + (size_t)i * row_bytes) + d / QK8_0;
         __m256 d0 = _mm256_set1_ps(h2f(b[0].d));
-        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) a[c] = _mm256_fmadd_ps(wi, q8_part(d0, b[0].qs + 8 * c), a[c]);
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+            a[c] = _mm256_fmadd_ps(wi, q8_part(d0, b[0].qs + 8 * c), a[c]);
         if (nb == 2) {
             __m256 d1 = _mm256_set1_ps(h2f(b[1].d));
             _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)

@@ -244,6 +244,7 @@ static float kv_value(quant_type t, const char *row, int d)
 {
     if (t == QT_F16)
         return quant_f16_to_f32(((const quant_f16 *)row)[d]);
+    LLM_ASSERT(t == QT_Q8_0);
     const block_q8_0 *b = (const block_q8_0 *)row + d / QK8_0;
     return quant_f16_to_f32(b->d) * (float)b->qs[d % QK8_0];
 }

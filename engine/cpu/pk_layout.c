@@ -4,9 +4,6 @@
 #include "pk_layout.h"
 
 #include <string.h>
-#if defined(__SSE2__)
-#include <immintrin.h>
-#endif
 
 /* 32 nibble quants (0..15) of row r into the block's 4 vectors at q. */
 static void pk_layout_nibbles(const int *v, int r, uint8_t *q)
@@ -87,23 +84,15 @@ static void pk_layout_q5(const block_q5_0 *blk, int r, uint8_t *q)
 }
 
 /* The 16 pair bytes of 32 nibble quants held as bits sh..sh + 3 of the
- * 32 bytes at src (column c in byte c; NULL: zeros), 16 at a time, into
- * row r of the block's 4 vectors at q (Q4_K's and Q6_K's low nibbles). One
- * value at a time, this was 43% of loading tinyllama-1.1b Q4_K. */
+ * 32 bytes at src (column c in byte c; NULL: zeros; a loop gcc makes 16
+ * bytes at a time) into row r of the block's 4 vectors at q (Q4_K's and
+ * Q6_K's low nibbles). One value at a time through int arrays, this was
+ * 43% of loading tinyllama-1.1b Q4_K. */
 static void pk_layout_nibbles_at(const uint8_t *src, int sh, int r, uint8_t *q)
 {
     uint8_t pairs[16] = {0};
-#if defined(__SSE2__)
-    if (src) {
-        const __m128i lo = _mm_set1_epi8(0x0f);
-        __m128i a = _mm_srl_epi16(_mm_loadu_si128((const __m128i *)src), _mm_cvtsi32_si128(sh));
-        __m128i b = _mm_srl_epi16(_mm_loadu_si128((const __m128i *)(src + 16)), _mm_cvtsi32_si128(sh));
-        _mm_storeu_si128((__m128i *)pairs, _mm_or_si128(_mm_and_si128(a, lo), _mm_slli_epi16(_mm_and_si128(b, lo), 4)));
-    }
-#else
     for (int c = 0; src && c < 16; c++)
         pairs[c] = (uint8_t)(((src[c] >> sh) & 0xf) | ((src[16 + c] >> sh) & 0xf) << 4);
-#endif
     pk_layout_pairs(pairs, r, q);
 }
 

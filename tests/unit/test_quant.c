@@ -432,7 +432,11 @@ static void check_attn_kv(const cpu_kernels *k, quant_type t, int hd)
     enum { ROWS = 19, ELEMS = 192, HEAD0 = 32 };
     static float q[ELEMS], src[ELEMS], conv[ROWS * ELEMS], w[ROWS], o0[ELEMS], o1[ELEMS], o2[ELEMS], d1[ROWS], d2[ROWS];
     static char raw[ROWS * ELEMS * sizeof(float)];
-    if (!k->attn_dots_kv[t] || !k->attn_wsum_kv[t] || HEAD0 + hd > ELEMS)
+    assert_true(HEAD0 + hd <= ELEMS);
+    /* the scalar set has both for every K/V type that can be read in place; a SIMD set fills both or neither */
+    assert_true(k != cpu_kernels_scalar() || (k->attn_dots_kv[t] && k->attn_wsum_kv[t]));
+    assert_true(!k->attn_dots_kv[t] == !k->attn_wsum_kv[t]);
+    if (!k->attn_dots_kv[t])
         return;
     size_t rb = quant_row_bytes(t, ELEMS), off = quant_row_bytes(t, HEAD0);
     for (int i = 0; i < ELEMS; i++) { q[i] = test_randf(&seed); o0[i] = test_randf(&seed); }
@@ -483,7 +487,6 @@ static void run_kernel_set(const cpu_kernels *k)
         k->attn_dots(q, kv, STRIDE, ROWS, hd, 0.125f, dots);
         k->attn_wsum(o, w, kv, STRIDE, ROWS, hd);
         check_attn_kv(k, QT_F16, hd);
-        check_attn_kv(k, QT_Q8_0, 32 * (hd / 48 + 1)); /* 32, 64, 96 */
         for (int i = 0; i < ROWS; i++) {
             double ref = 0, mag = 0;
             for (int d = 0; d < hd; d++) { ref += (double)q[d] * kv[i * STRIDE + d]; mag += fabs((double)q[d] * kv[i * STRIDE + d]); }
@@ -497,6 +500,8 @@ static void run_kernel_set(const cpu_kernels *k)
                 fail_msg("%s attn_wsum hd=%d dim %d: %g vs %g (must not touch dims >= hd)", k->name, hd, d, o[d], ref);
         }
     }
+    for (int hd = 32; hd <= 128; hd += 32) /* Q8_0 K/V: whole blocks; 128: two 64-wide register passes */
+        check_attn_kv(k, QT_Q8_0, hd);
     { /* GELU-gated MLP vs float64: the curved middle, the tails, tiny and huge inputs */
         enum { NG = 203 };
         static float g[NG], u[NG], o[NG];
