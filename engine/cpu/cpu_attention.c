@@ -297,7 +297,10 @@ llm_status cpu_attention(llm_backend *b, const llm_attn_args *a)
     cpu_ctx *c = b->ctx;
     if (a->n_head_kv <= 0 || a->n_head % a->n_head_kv)
         return LLM_ERR_INVALID_ARG;
-    if (a->kv->type != QT_F32 && !c->k->to_f32[a->kv->type])
+    if ((unsigned)a->kv->type >= QT_COUNT || (a->kv->type != QT_F32 && !c->k->to_f32[a->kv->type]))
+        return LLM_ERR_UNSUPPORTED;
+    /* Q8_0 rows go by whole blocks per head (kv_cache refuses other head sizes; the kernels rely on it) */
+    if (a->kv->type == QT_Q8_0 && a->head_dim % QK8_0)
         return LLM_ERR_UNSUPPORTED;
     int group = a->n_head / a->n_head_kv, max_pos = 0;
     /* whole sequences per item once there are enough of them to share out */
