@@ -5,17 +5,10 @@
 
 #include <string.h>
 
-/* 32 nibble quants (0..15) of row r into the block's 4 vectors at q. */
-static void pk_layout_nibbles(const int *v, int r, uint8_t *q)
-{
-    for (int j = 0; j < 4; j++)
-        for (int k = 0; k < 4; k++) q[64 * j + 4 * r + k] = (uint8_t)(v[4 * j + k] | v[16 + 4 * j + k] << 4);
-}
-
 /* 16 bytes of nibble pairs (byte c: column c low, c + 16 high, as Q4_0's
  * and Q4_1's qs hold them; NULL: zeros) into row r of the block's 4
- * vectors at q: pk_layout_nibbles without unpacking (a value at a time,
- * packing was most of a model's load time). */
+ * vectors at q (byte c of vector 4 j + k: row r's 4 bytes at 4 r). Value
+ * by value through int arrays, packing was most of a model's load time. */
 static void pk_layout_pairs(const uint8_t *pairs, int r, uint8_t *q)
 {
     static const uint8_t zeros[16];
@@ -40,47 +33,43 @@ static void pk_layout_q4(const block_q4_0 *blk, int r, uint8_t *q)
     pk_layout_pairs(blk ? blk->qs : NULL, r, q);
 }
 
-/* 32 5-bit quants of row r: nibbles of the low 4 bits into the block's 4
- * vectors at q, then the fifth bits: 64 per 4 columns, bit 4r + k. */
-static void pk_layout_five(const int *v, int r, uint8_t *q)
+/* Row r's fifth bits of a block (bit i: column i) into the block's 8
+ * masks after its nibbles: mask j's 4 bits of row r are half of byte
+ * r / 2. */
+static void pk_layout_fifth_bits(uint32_t bits, int r, uint8_t *q)
 {
-    int lo[32];
-    for (int i = 0; i < 32; i++) lo[i] = v[i] & 0xf;
-    pk_layout_nibbles(lo, r, q);
-    for (int j = 0; j < QK8_0 / 4; j++) { /* row r's 4 bits of mask j: half of byte r / 2 */
-        unsigned nib = 0;
-        for (int k = 0; k < 4; k++) nib |= (unsigned)((v[4 * j + k] >> 4) & 1) << k;
+    for (int j = 0; j < QK8_0 / 4; j++) {
+        unsigned nib = (bits >> (4 * j)) & 0xf;
         uint8_t *byte = q + PK_ROWS * 16 + 8 * j + r / 2;
         /* pk_layout_pack writes rows in order: an even row starts the byte, the odd one after it completes it */
         *byte = (uint8_t)(r % 2 ? (*byte & 0x0fu) | nib << 4 : nib);
     }
 }
 
+/* Q5_0's and Q5_1's qh: the 32 fifth bits, little-endian. */
+static uint32_t pk_layout_qh32(const uint8_t *qh)
+{
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+}
+
 /* Q4_1 (qh NULL) and Q5_1: row r's d and m, then the quants */
 static void pk_layout_q51(int five, const void *blk, int r, uint8_t *q)
 {
-    int v[32] = {0};
     quant_f16 *dm = (quant_f16 *)(q - 2 * PK_ROWS * sizeof(quant_f16));
     const block_q4_1 *b4 = blk;
     const block_q5_1 *b5 = blk;
     dm[r] = !blk ? 0 : five ? b5->d : b4->d;
     dm[PK_ROWS + r] = !blk ? 0 : five ? b5->m : b4->m;
-    if (!five) {
-        pk_layout_pairs(blk ? b4->qs : NULL, r, q);
-        return;
-    }
-    if (blk)
-        quant_unpack32(b5->qs, b5->qh, v);
-    pk_layout_five(v, r, q);
+    pk_layout_pairs(!blk ? NULL : five ? b5->qs : b4->qs, r, q);
+    if (five)
+        pk_layout_fifth_bits(blk ? pk_layout_qh32(b5->qh) : 0, r, q);
 }
 
 static void pk_layout_q5(const block_q5_0 *blk, int r, uint8_t *q)
 {
-    int v[32] = {0};
     ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
-    if (blk)
-        quant_unpack32(blk->qs, blk->qh, v);
-    pk_layout_five(v, r, q);
+    pk_layout_pairs(blk ? blk->qs : NULL, r, q);
+    pk_layout_fifth_bits(blk ? pk_layout_qh32(blk->qh) : 0, r, q);
 }
 
 /* The 16 pair bytes of 32 nibble quants held as bits sh..sh + 3 of the
@@ -110,14 +99,12 @@ static void pk_layout_q45k(int five, quant_f16 d, quant_f16 dmin, const uint8_t 
     ((quant_f16 *)h)[PK_ROWS + r] = scales ? dmin : 0;
     h[pk_layout_k4_sc(j) + (size_t)r] = (uint8_t)sc;
     h[pk_layout_k4_min(j) + (size_t)r] = (uint8_t)m;
-    if (!five) {
-        pk_layout_nibbles_at(qs ? qs + 32 * (j / 2) : NULL, 4 * (j % 2), r, q);
+    pk_layout_nibbles_at(qs ? qs + 32 * (j / 2) : NULL, 4 * (j % 2), r, q);
+    if (!five)
         return;
-    }
-    int v[32] = {0};
-    for (int i = 0; scales && i < 32; i++)
-        v[i] = ((qs[32 * (j / 2) + i] >> (4 * (j % 2))) & 0xf) | ((qh[i] >> j) & 1) << 4;
-    pk_layout_five(v, r, q);
+    uint32_t bits = 0;
+    for (int i = 0; scales && i < 32; i++) bits |= (uint32_t)((qh[i] >> j) & 1) << i;
+    pk_layout_fifth_bits(bits, r, q);
 }
 
 /* Sub-blocks 2j, 2j + 1 of a Q6_K super-block (row r's scales in the
