@@ -348,6 +348,15 @@ DEF_DOT(dot_row_q8, LD_Q8)
 
 static float dot_row_f32(const float *a, const char *r, int hd) { return dot_f32(a, (const float *)r, hd); }
 
+/* Four keys' 8-lane sums reduced and scaled into out[0..3]; every 4-key
+ * dot kernel reduces by this one tree, so their scores agree bit for bit. */
+static inline void store_scores4(float *out, __m256 s0, __m256 s1, __m256 s2, __m256 s3, float scale)
+{
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(out, _mm_mul_ps(r, _mm_set1_ps(scale)));
+}
+
 /* Four keys at a time share each load of q; one horizontal reduction for
  * all four. With hd not a multiple of 8 (float and F16 rows only) every
  * key goes through dot_f32 (dimensions in order past the last 8). */
@@ -367,9 +376,7 @@ static float dot_row_f32(const float *a, const char *r, int hd) { return dot_f32
                 s2 = _mm256_fmadd_ps(vq, LD(k2, d), s2);                                            \
                 s3 = _mm256_fmadd_ps(vq, LD(k3, d), s3);                                            \
             }                                                                                       \
-            __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));              \
-            __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));          \
-            _mm_storeu_ps(out + i, _mm_mul_ps(r, _mm_set1_ps(scale)));                              \
+            store_scores4(out + i, s0, s1, s2, s3, scale);                                          \
         }                                                                                           \
         for (; i < n; i++) out[i] = scale * DOT1(q, kr + (size_t)i * row_bytes, hd);                \
     }
@@ -458,9 +465,7 @@ static void attn_dots_q8_0(const float *q, const void *k, size_t row_bytes, int 
                 s3 = _mm256_fmadd_ps(vq, q8_part(d3, k3[b].qs + e), s3);
             }
         }
-        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
-        __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        _mm_storeu_ps(out + i, _mm_mul_ps(r, _mm_set1_ps(scale)));
+        store_scores4(out + i, s0, s1, s2, s3, scale);
     }
     for (; i < n; i++) out[i] = scale * dot_row_q8(q, kr + (size_t)i * row_bytes, hd);
 }
