@@ -14,9 +14,9 @@ import subprocess
 import pytest
 import regex
 
-from conftest import ROOT
+from conftest import BUILD
 
-TOOL = ROOT / "build" / "tests" / "grammar_match"
+TOOL = BUILD / "tests" / "grammar_match"
 ALPHABET = ["a", "b", "c", "x", "\u00e9", "\u20ac", "\U0001F600", '"', "\\", "\n", "-", "]"]
 
 

@@ -21,10 +21,10 @@ import jsonschema
 import pytest
 import regex
 
-from conftest import ROOT
+from conftest import BUILD
 from test_grammar_oracle import run_matcher
 
-TOOL = ROOT / "build" / "tests" / "schema_grammar"
+TOOL = BUILD / "tests" / "schema_grammar"
 
 
 def grammar_of(schema):
