@@ -194,6 +194,7 @@ def single_section(a, build):
         r = kv(sh([build / "bin" / "llm-bench", "--bandwidth", "-t", t]))
         bw[t]["copy"] = max(bw[t]["copy"], float(r["bandwidth_gbs"]) / 2)  # bytes copied per second
         bw[t]["read"] = max(bw[t]["read"], float(r["read_gbs"]))
+        return float(r["read_gbs"])
 
     name, isa, llc = machine()
     # the int8 peak moves with the neighbours' load too (800-1400 GOP/s on
@@ -203,8 +204,10 @@ def single_section(a, build):
           f"{os.environ.get('LLM_KERNELS') or 'best'}")
     print("GOP/s: the prefill's matmul operations per second (a multiply and an add each); % peak: of the best int8 "
           "rate llm-bench --peak saw around the row; 'L3' after a model: its weights fit in the last-level cache")
+    print("copy roof, read roof: decode over the best bandwidth seen in the whole run; same round: the median over "
+          "rounds of decode over the read bandwidth measured just before and after that round's run")
     head = (f"{'model':<19}{'type':<6}{'thr':>4}{'prefill t/s':>13}{'GOP/s':>8}{'% peak':>8}{'decode t/s':>12}"
-            f"{'copy roof':>10}{'read roof':>10}")
+            f"{'copy roof':>10}{'read roof':>10}{'same round':>11}")
     if peer:
         head += f"{'llama.cpp pp':>14}{'tg':>9}{'pp ratio':>10}{'tg ratio':>10}"
     print(head)
@@ -212,22 +215,26 @@ def single_section(a, build):
         for qtype in a.types.split(","):
             path = model(build, shape, qtype)
             for t in threads:
-                measure(t)
-                mine, theirs = [], []
+                mine, theirs, adjacent = [], [], []
                 for _ in range(a.rounds):
+                    # the read bandwidth just before and after our run: the
+                    # roof that run saw (the best of the whole run can come
+                    # from a minute when the neighbours were idle)
+                    before = measure(t)
                     mine.append(ours(build, path, t, a.p, a.n, a.r))
+                    after = measure(t)
+                    adjacent.append(mine[-1][1] * mine[-1][2] / ((before + after) / 2 * 1e9))
                     if peer:
                         theirs.append(llama_bench(peer, path, t, a.p, a.n, a.r))
                 pp = statistics.median(m[0] for m in mine)
                 tg = statistics.median(m[1] for m in mine)
                 step, gop, kset, wbytes = mine[0][2], mine[0][3], mine[0][4], mine[0][5]
-                measure(t)
                 peak[t] = max(peak[t], int8_peak(build, t))
                 copy_roof = bw[t]["copy"] * 1e9 / step
                 read_roof = bw[t]["read"] * 1e9 / step
                 label = shape + (" L3" if llc and wbytes <= llc else "")
                 line = (f"{label:<19}{qtype:<6}{t:>4}{pp:>13.1f}{pp * gop:>8.0f}{pp * gop / peak[t]:>8.0%}"
-                        f"{tg:>12.2f}{tg / copy_roof:>9.0%} {tg / read_roof:>9.0%} ")
+                        f"{tg:>12.2f}{tg / copy_roof:>9.0%} {tg / read_roof:>9.0%} {statistics.median(adjacent):>10.0%} ")
                 if peer:
                     lpp = statistics.median(x[0] for x in theirs)
                     ltg = statistics.median(x[1] for x in theirs)
