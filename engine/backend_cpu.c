@@ -256,7 +256,7 @@ typedef struct ew_job {
     float eps;
     float s;        /* scale's factor */
     const llm_rope_args *rope;
-    const cpu_kernels *k; /* geglu's kernel */
+    void (*gated)(const float *g, const float *u, float *out, int n); /* swiglu's or geglu's kernel */
 } ew_job;
 
 static void rmsnorm_rows(const ew_job *j, long lo, long hi)
@@ -278,21 +278,14 @@ static void rmsnorm_worker(void *arg, int ith, int nth)
     rmsnorm_rows(arg, lo, hi);
 }
 
-static void swiglu_worker(void *arg, int ith, int nth)
-{
-    ew_job *j = arg;
-    long lo, hi;
-    tp_range((long)j->n, ith, nth, &lo, &hi);
-    for (long i = lo; i < hi; i++) j->out[i] = j->a[i] / (1.0f + expf(-j->a[i])) * j->b[i];
-}
-
-static void geglu_worker(void *arg, int ith, int nth)
+/* swiglu and geglu: the set's kernel over this thread's range */
+static void gated_worker(void *arg, int ith, int nth)
 {
     ew_job *j = arg;
     long lo, hi;
     tp_range((long)j->n, ith, nth, &lo, &hi);
     if (hi > lo)
-        j->k->geglu(j->a + lo, j->b + lo, j->out + lo, (int)(hi - lo));
+        j->gated(j->a + lo, j->b + lo, j->out + lo, (int)(hi - lo));
 }
 
 static void scale_worker(void *arg, int ith, int nth)
@@ -362,14 +355,14 @@ static void cpu_rope(llm_backend *b, const llm_rope_args *a)
 
 static void cpu_swiglu(llm_backend *b, const float *g, const float *u, size_t n, float *out)
 {
-    ew_job j = {.a = g, .b = u, .out = out, .n = n};
-    run_ew(ctx_of(b), swiglu_worker, &j, n);
+    ew_job j = {.a = g, .b = u, .out = out, .n = n, .gated = ctx_of(b)->k->swiglu};
+    run_ew(ctx_of(b), gated_worker, &j, n);
 }
 
 static void cpu_geglu(llm_backend *b, const float *g, const float *u, size_t n, float *out)
 {
-    ew_job j = {.a = g, .b = u, .out = out, .n = n, .k = ctx_of(b)->k};
-    run_ew(ctx_of(b), geglu_worker, &j, n);
+    ew_job j = {.a = g, .b = u, .out = out, .n = n, .gated = ctx_of(b)->k->geglu};
+    run_ew(ctx_of(b), gated_worker, &j, n);
 }
 
 static void cpu_scale(llm_backend *b, float *x, float s, size_t n)

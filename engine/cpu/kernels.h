@@ -116,6 +116,9 @@ typedef struct cpu_kernels {
      * computed as g u / (1 + e^(-2v)); each element's result depends only
      * on its own g, u (no position-dependent tail path) */
     void (*geglu)(const float *g, const float *u, float *out, int n);
+    /* out[i] = silu(g[i]) * u[i] = g u / (1 + e^(-g)) (llm_backend_i.swiglu);
+     * out may be g; each element's result depends only on its own g, u */
+    void (*swiglu)(const float *g, const float *u, float *out, int n);
     /* x[i] = e^(x[i] - max) / sum over the n (>= 1) values: attention's
      * score rows (the AVX2 set's exponential stops at e^-87 ~ 1.6e-38
      * where the true value is smaller). A row's result depends only on its

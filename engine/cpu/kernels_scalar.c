@@ -302,6 +302,11 @@ static void geglu(const float *g, const float *u, float *out, int n)
     for (int i = 0; i < n; i++) out[i] = g[i] * u[i] / (1.0f + expf(k * (g[i] + 0.044715f * g[i] * g[i] * g[i])));
 }
 
+static void swiglu(const float *g, const float *u, float *out, int n)
+{
+    for (int i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
 static void softmax(float *x, int n)
 {
     float mx = -INFINITY, sum = 0;
@@ -328,6 +333,7 @@ static const cpu_kernels scalar = {
     .to_f32 = {[QT_F16] = f16_to_f32, [QT_Q8_0] = q8_0_to_f32},
     .to_f16 = f32_to_f16,
     .geglu = geglu,
+    .swiglu = swiglu,
     .softmax = softmax,
 };
 

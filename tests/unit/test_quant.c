@@ -342,6 +342,44 @@ static void check_dot(const cpu_kernels *k, quant_type wt, int n)
     free(w); free(a); free(x); free(wf); free(af);
 }
 
+/* The gated MLP kernels vs float64 on the curved middle, the tails, tiny
+ * and huge inputs: geglu within 3e-6 of |x u| / 2 (its tanh form's
+ * error is relative to that, not to the tiny negative tail), swiglu
+ * within 2e-6 of its own value (near 0 for x below -87: 1e-30); neither
+ * result depends on where a call starts, and swiglu may write over g. */
+static void check_gated(const cpu_kernels *k)
+{
+    enum { NG = 203 };
+    static float g[NG], u[NG], o[NG], o2[NG];
+    for (int i = 0; i < NG; i++) {
+        g[i] = i < 180 ? -12.0f + 24.0f * (float)i / 179.0f : (float[]){1e-8f, -1e-8f, 0.0f, 40.0f, -40.0f, 1e4f, -1e4f,
+                                                                        1e30f, -1e30f, 3e-3f, -3e-3f, -86.9f}[i % 12];
+        u[i] = test_randf(&seed) + 1.5f;
+    }
+    for (int swi = 0; swi < 2; swi++) {
+        void (*fn)(const float *, const float *, float *, int) = swi ? k->swiglu : k->geglu;
+        const char *name = swi ? "swiglu" : "geglu";
+        fn(g, u, o, NG);
+        for (int off = 1; off < 8; off++) { /* a value's result does not depend on where its call starts */
+            fn(g + off, u + off, o2, NG - off);
+            if (memcmp(o2, o + off, sizeof(float) * (size_t)(NG - off)))
+                fail_msg("%s %s: results depend on the call's start (offset %d)", k->name, name, off);
+        }
+        for (int i = 0; i < NG; i++) {
+            double x = g[i], v = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+            double ref = swi ? x / (1 + exp(-x)) * u[i] : 0.5 * x * (1 + tanh(v)) * u[i];
+            double tol = swi ? 2e-6 * fabs(ref) + 1e-30 : 3e-6 * fabs(0.5 * x * u[i]) + 1e-37;
+            if (!(fabs(o[i] - ref) <= tol))
+                fail_msg("%s %s(%g) * %g = %.9g, float64 %.9g", k->name, name, g[i], u[i], o[i], ref);
+        }
+    }
+    memcpy(o2, g, sizeof g); /* the forward pass writes swiglu's result over its gate */
+    k->swiglu(o2, u, o2, NG);
+    k->swiglu(g, u, o, NG);
+    if (memcmp(o2, o, sizeof o))
+        fail_msg("%s swiglu: writing over g changes the result", k->name);
+}
+
 /* A set's packed tiles for weight type wt, rows x cols, against float64
  * sums of the same decoded operands, on every token count up to 19
  * (extreme: make_block's extreme weights, every activation +-127); a
@@ -502,27 +540,7 @@ static void run_kernel_set(const cpu_kernels *k)
     }
     for (int hd = 32; hd <= 128; hd += 32) /* Q8_0 K/V: whole blocks; 128: two 64-wide register passes */
         check_attn_kv(k, QT_Q8_0, hd);
-    { /* GELU-gated MLP vs float64: the curved middle, the tails, tiny and huge inputs */
-        enum { NG = 203 };
-        static float g[NG], u[NG], o[NG];
-        for (int i = 0; i < NG; i++) {
-            g[i] = i < 180 ? -12.0f + 24.0f * (float)i / 179.0f : (float[]){1e-8f, -1e-8f, 0.0f, 40.0f, -40.0f, 1e4f, -1e4f,
-                                                                            1e30f, -1e30f, 3e-3f, -3e-3f, 0.5f}[i % 12];
-            u[i] = test_randf(&seed) + 1.5f;
-        }
-        k->geglu(g, u, o, NG);
-        for (int off = 1; off < 8; off++) { /* a value's result does not depend on where its call starts */
-            static float o2[NG];
-            k->geglu(g + off, u + off, o2, NG - off);
-            if (memcmp(o2, o + off, sizeof(float) * (size_t)(NG - off)))
-                fail_msg("%s geglu: results depend on the call's start (offset %d)", k->name, off);
-        }
-        for (int i = 0; i < NG; i++) {
-            double x = g[i], v = 0.7978845608028654 * (x + 0.044715 * x * x * x), ref = 0.5 * x * (1 + tanh(v)) * u[i];
-            if (!(fabs(o[i] - ref) <= 3e-6 * fabs(0.5 * x * u[i]) + 1e-37))
-                fail_msg("%s geglu(%g) * %g = %.9g, float64 %.9g", k->name, g[i], u[i], o[i], ref);
-        }
-    }
+    check_gated(k);
     { /* attention's softmax vs float64: short and long rows, spread scores, one far above the rest */
         static const int lens[] = {1, 2, 7, 8, 9, 33, 1000, 1031};
         static float x[1031], x0[1031];
