@@ -256,7 +256,7 @@ typedef struct ew_job {
     float eps;
     float s;        /* scale's factor */
     const llm_rope_args *rope;
-    void (*gated)(const float *g, const float *u, float *out, int n); /* swiglu's or geglu's kernel */
+    cpu_gated_fn gated; /* swiglu's or geglu's kernel */
 } ew_job;
 
 static void rmsnorm_rows(const ew_job *j, long lo, long hi)

@@ -23,6 +23,10 @@
 
 typedef float (*cpu_dot_fn)(const void *w, const void *x, int n);
 typedef void (*cpu_quant_fn)(const float *x, void *dst, int n);
+/* A gated MLP's activation: out[i] = act(g[i]) * u[i]; out may be g (the
+ * forward pass writes over the gate); each element's result depends only
+ * on its own g, u (no position-dependent tail path). */
+typedef void (*cpu_gated_fn)(const float *g, const float *u, float *out, int n);
 /* One weight row against four activation rows (x, x + stride, ...): the
  * weight is loaded and decoded once for all four (prefill). */
 typedef void (*cpu_dot4_fn)(const void *w, const void *x, size_t stride, int n, float *out);
@@ -112,13 +116,12 @@ typedef struct cpu_kernels {
     void (*to_f32[QT_COUNT])(const void *src, float *dst, int n);
     /* float -> F16, round to nearest even (as quant_f32_to_f16) */
     void (*to_f16)(const float *src, quant_f16 *dst, int n);
-    /* out[i] = gelu(g[i]) * u[i], GELU's tanh form (llm_backend_i.geglu)
-     * computed as g u / (1 + e^(-2v)); each element's result depends only
-     * on its own g, u (no position-dependent tail path) */
-    void (*geglu)(const float *g, const float *u, float *out, int n);
-    /* out[i] = silu(g[i]) * u[i] = g u / (1 + e^(-g)) (llm_backend_i.swiglu);
-     * out may be g; each element's result depends only on its own g, u */
-    void (*swiglu)(const float *g, const float *u, float *out, int n);
+    /* gelu(g) u, GELU's tanh form (llm_backend_i.geglu) computed as
+     * g u / (1 + e^(-2v)) */
+    cpu_gated_fn geglu;
+    /* silu(g) u = g u / (1 + e^(-g)) (llm_backend_i.swiglu; the AVX2 set
+     * gives 0 for g < -87, where the true value is under 1.4e-36 |u|) */
+    cpu_gated_fn swiglu;
     /* x[i] = e^(x[i] - max) / sum over the n (>= 1) values: attention's
      * score rows (the AVX2 set's exponential stops at e^-87 ~ 1.6e-38
      * where the true value is smaller). A row's result depends only on its
