@@ -278,14 +278,16 @@ static void rmsnorm_worker(void *arg, int ith, int nth)
     rmsnorm_rows(arg, lo, hi);
 }
 
-/* swiglu and geglu: the set's kernel over this thread's range */
+/* swiglu and geglu: the set's kernel over this thread's range, in calls
+ * of at most 2^30 elements (its count is an int; where a call starts
+ * does not change an element's result) */
 static void gated_worker(void *arg, int ith, int nth)
 {
     ew_job *j = arg;
     long lo, hi;
     tp_range((long)j->n, ith, nth, &lo, &hi);
-    if (hi > lo)
-        j->gated(j->a + lo, j->b + lo, j->out + lo, (int)(hi - lo));
+    for (long i = lo; i < hi; i += 1L << 30)
+        j->gated(j->a + i, j->b + i, j->out + i, (int)(hi - i < 1L << 30 ? hi - i : 1L << 30));
 }
 
 static void scale_worker(void *arg, int ith, int nth)

@@ -576,14 +576,17 @@ static inline __attribute__((always_inline)) void gated_rows(const float *g, con
 
 static void geglu(const float *g, const float *u, float *out, int n) { gated_rows(g, u, out, n, geglu8); }
 
-/* Eight lanes of silu(g) u = g u / (1 + e^(-g)). Below g = -87 the true
- * value is under 87 e^-87 ~ 1.4e-36 times u, but exp8's clamp would make
- * it g u e^-88 (g = -1e30: -6e-9 u), so those lanes give 0. */
+/* Eight lanes of silu(g) u = g / (1 + e^(-g)) u, in the scalar order (g u
+ * first could overflow where the result is finite). Below g = -87 the true
+ * value is under 87 e^-87 ~ 1.4e-36 |u|, but exp8's clamp would make it
+ * g e^-88 u (g = -1e30: -6e-9 u), so those lanes give (g 0) u: +-0, or
+ * NaN where g or u is NaN or infinite, as glibc's expf overflow gives. */
 static inline __m256 swiglu8(__m256 g, __m256 u)
 {
-    __m256 r = _mm256_div_ps(_mm256_mul_ps(g, u), _mm256_add_ps(exp8(_mm256_sub_ps(_mm256_setzero_ps(), g)),
-                                                                _mm256_set1_ps(1.0f)));
-    return _mm256_andnot_ps(_mm256_cmp_ps(g, _mm256_set1_ps(-87.0f), _CMP_LT_OQ), r);
+    const __m256 z = _mm256_setzero_ps();
+    __m256 s = _mm256_div_ps(g, _mm256_add_ps(exp8(_mm256_sub_ps(z, g)), _mm256_set1_ps(1.0f)));
+    s = _mm256_blendv_ps(s, _mm256_mul_ps(g, z), _mm256_cmp_ps(g, _mm256_set1_ps(-87.0f), _CMP_LT_OQ));
+    return _mm256_mul_ps(s, u);
 }
 
 /* The scalar loop's glibc expf was 3.5% of a tinyllama-1.1b Q4_K
