@@ -74,14 +74,15 @@ AI __m256i t2_quants(const int kind, const uint8_t *q, int j, int h)
  * columns) of the group at g, and for the kinds with mins what the
  * block's dequantized activation sum is taken times (*mn: Q4_K/Q5_K
  * dmin m, Q4_1/Q5_1 -m; all products exact in float: an f16 times a 6- or
- * 8-bit integer). */
-AI __m256 t2_scale(const int kind, const uint8_t *g, int b, int p, int h, __m256 *mn)
+ * 8-bit integer). K-quants: hd is the block's super-block header, kd its
+ * d and dmin for the half (t2_super). */
+AI __m256 t2_scale(const int kind, const uint8_t *g, const uint8_t *hd, const __m256 kd[2], int b, int p, int h,
+                   __m256 *mn)
 {
     if (kind == PK_Q6K) {
-        const uint8_t *hd = pk_layout_super_at(kind, g, b);
         __m256 sc = _mm256_cvtepi32_ps(
             _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(hd + pk_layout_q6k_sc(2 * (b % 8) + p) + 8 * h))));
-        return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h))), sc);
+        return _mm256_mul_ps(kd[0], sc);
     }
     if (kind == PK_Q41 || kind == PK_Q51) {
         const uint8_t *q = pk_layout_qs(kind, g, b);
@@ -91,13 +92,20 @@ AI __m256 t2_scale(const int kind, const uint8_t *g, int b, int p, int h, __m256
     if (!pk_layout_k4(kind))
         return _mm256_cvtph_ps(
             _mm_loadu_si128((const __m128i *)(pk_layout_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16) + 16 * h)));
-    const uint8_t *hd = pk_layout_super_at(kind, g, b);
-    __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h)));
-    __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 32 + 16 * h)));
+    __m256 d = kd[0], dmin = kd[1];
     __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(hd + pk_layout_k4_sc(b % 8) + 8 * h))));
     __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(hd + pk_layout_k4_min(b % 8) + 8 * h))));
     *mn = _mm256_mul_ps(dmin, m);
     return _mm256_mul_ps(d, sc);
+}
+
+/* A K-quant super-block's header (at hd): half h's d and (Q4_K/Q5_K)
+ * dmin as floats, converted once for its 8 blocks. */
+AI void t2_super(const int kind, const uint8_t *hd, int h, __m256 kd[2])
+{
+    kd[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h)));
+    kd[1] = pk_layout_k4(kind) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 32 + 16 * h)))
+                               : _mm256_setzero_ps();
 }
 
 /* What a token's block sum starts from: -offset * sum(x) (the offset the
@@ -174,18 +182,24 @@ AI void t2_tile(const int kind, const int vnni, const int T, const uint8_t *w, i
     const int np = kind == PK_Q6K ? 2 : 1, jn = QK8_0 / 4 / np;
     __m256 f[2][4];
     _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) f[0][t] = f[1][t] = _mm256_setzero_ps();
+    const uint8_t *hd = w;
+    __m256 kd[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
     for (int b = 0; b < nb; b++) {
         const uint8_t *q = pk_layout_qs(kind, w, b);
+        if (pk_layout_kquant(kind) && b % 8 == 0) {
+            hd = pk_layout_super_at(kind, w, b);
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) t2_super(kind, hd, h, kd[h]);
+        }
         if (T == 1) {
             const int bb = pk_layout_block_bytes(kind);
-            for (int o = 0; o < bb; o += 64) _mm_prefetch((const char *)q + T2_PF + o, _MM_HINT_T0);
+            _Pragma("GCC unroll 16") for (int o = 0; o < bb; o += 64) _mm_prefetch((const char *)q + T2_PF + o, _MM_HINT_T0);
         }
         _Pragma("GCC unroll 2") for (int p = 0; p < np; p++) {
             __m256i s[2][4];
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) s[0][t] = s[1][t] = t2_start(kind, vnni, x, (size_t)sb * b + t, p);
             t2_sums(kind, vnni, T, q, x.q + (size_t)qb * b, qj, p * jn, (p + 1) * jn, s);
             __m256 dw[2], mn[2];
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) dw[h] = t2_scale(kind, w, b, p, h, &mn[h]);
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) dw[h] = t2_scale(kind, w, hd, kd[h], b, p, h, &mn[h]);
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
                 size_t i = (size_t)sb * b + t;
                 __m256 dx = _mm256_set1_ps(x.d[i]);
