@@ -182,6 +182,8 @@ AI void t2_tile(const int kind, const int vnni, const int T, const uint8_t *w, i
     const int np = kind == PK_Q6K ? 2 : 1, jn = QK8_0 / 4 / np;
     __m256 f[2][4];
     _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) f[0][t] = f[1][t] = _mm256_setzero_ps();
+    /* K-quants: the current super-block's header and its d, dmin per half, set at
+     * its first block (the zeros only quiet gcc's maybe-uninitialized) */
     const uint8_t *hd = w;
     __m256 kd[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()}, {_mm256_setzero_ps(), _mm256_setzero_ps()}};
     for (int b = 0; b < nb; b++) {
