@@ -4,6 +4,7 @@ with llm-mkmodel once per session."""
 import importlib
 import os
 import pathlib
+import socket
 import subprocess
 
 import pytest
@@ -18,6 +19,23 @@ def tool(name):
     if not path.exists():
         pytest.fail(f"{path} is missing: run make first")
     return str(path)
+
+
+_PORTS_GIVEN = set()
+
+
+def free_port():
+    """A loopback port free now and not handed out before in this process:
+    the kernel may give a just-released port again, and a test that takes two
+    (an API port and a health port) must not get the same one twice."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
+    raise AssertionError("no loopback port left that this test run has not used")
 
 
 def run(*args, check=True, **kw):

@@ -76,7 +76,8 @@ def test_chart_options():
 def controller_metrics(tmp_path):
     """The exposition text of a llm-controller (its API server unreachable:
     the metrics endpoint answers all the same)."""
-    from test_operator import free_port, http_code
+    from conftest import free_port
+    from test_operator import http_code
     cfg = tmp_path / "kubeconfig"
     cfg.write_text("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
                    "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\nusers: [{name: u, user: {}}]\n")

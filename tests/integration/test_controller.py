@@ -177,7 +177,8 @@ def test_token_rotation_and_late_rbac(sim, kubectl, tmp_path):  # noqa: F811
     does not wait for bindings)."""
     import subprocess
     import time
-    from test_operator import free_port, http_code
+    from conftest import free_port
+    from test_operator import http_code
     from test_kubesim import wait_for
     kubectl("apply", "-f", str(CRD))
     kubectl("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")

@@ -15,8 +15,8 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import tool
-from test_server import NAME, STORIES, Server, free_port
+from conftest import free_port, tool
+from test_server import NAME, STORIES, Server
 
 VLLM_LABELS = (("model_name", NAME),)  # vLLM's series carry the served model's name
 

@@ -13,7 +13,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, SHARED, tool
+from conftest import ROOT, SHARED, free_port, tool
 from test_kubesim import start, wait_for
 
 CRD = ROOT / "manifests" / "crd" / "llmdeployments.yaml"
@@ -42,12 +41,6 @@ spec:
   engine: {{threads: 1, contextLength: 128, maxSeqs: {seqs}}}
   probes: {{shutdownDelaySeconds: 2, drainSeconds: 20}}
 {extra}"""
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:

@@ -18,15 +18,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import tool
+from conftest import free_port, tool
 from test_kubesim import wait_for
 from test_server import NAME, Server
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Router:
