@@ -298,6 +298,18 @@ static int gm_step_cp(llm_gmatch *m, const gstate *from, uint32_t cp, gstate *to
     return 0;
 }
 
+/* Whether class `arg` holds a code point of [lo, hi] that UTF-8 can
+ * encode: the surrogates D800-DFFF are not characters (gm_step refuses
+ * them at a character's last byte), so a begun character whose only
+ * endings are surrogates must be dead now; left alive, a mask allowed
+ * the byte (0xED 0xB8) and the next mask then allowed no token at all. */
+static int gm_meets(const llm_gmatch *m, int arg, uint32_t lo, uint32_t hi)
+{
+    if (lo < 0xD800 && grammar_class_meets(m->g, arg, lo, hi < 0xD800 ? hi : 0xD7FF))
+        return 1;
+    return hi > 0xDFFF && grammar_class_meets(m->g, arg, lo > 0xE000 ? lo : 0xE000, hi);
+}
+
 /* to = from's stacks that can take some code point of [lo, hi] (a
  * character begun, not ended). */
 static int gm_step_partial(llm_gmatch *m, const gstate *from, uint32_t cp, int rem, int len, gstate *to)
@@ -309,7 +321,7 @@ static int gm_step_partial(llm_gmatch *m, const gstate *from, uint32_t cp, int r
     m->work += from->n;
     for (int i = 0; lo <= hi && i < from->n; i++) {
         int32_t s = m->sv[from->first + i];
-        if (s < 0 || !grammar_class_meets(m->g, m->g->el[m->nodes[s].pos].arg, lo, hi))
+        if (s < 0 || !gm_meets(m, m->g->el[m->nodes[s].pos].arg, lo, hi))
             continue;
         if (gm_grow((void **)&m->sv, m->n_sv, &m->cap_sv, sizeof *m->sv))
             return -1;

@@ -302,6 +302,51 @@ static void test_compile_linear(void **state)
     free(text);
 }
 
+/* Whether bytes would be taken after prefix by a fresh matcher of g (no
+ * vocabulary: llm_gmatch_viable asks the matcher byte by byte). */
+static int viable_after(const llm_grammar *g, const char *prefix, const char *bytes)
+{
+    llm_gmatch *m;
+    llm_error err = {0};
+    assert_int_equal(llm_gmatch_new(g, NULL, NULL, 0, &m, &err), LLM_OK);
+    assert_int_equal(llm_gmatch_feed(m, prefix, strlen(prefix), &err), LLM_OK);
+    int v = llm_gmatch_viable(m, bytes, strlen(bytes));
+    llm_gmatch_free(m);
+    return v;
+}
+
+/* A character begun but not ended is alive only while some ending of it is
+ * a code point the grammar takes and UTF-8 may encode: the surrogates
+ * D800-DFFF are not, so after 0xED only 0x80-0x9F may come. (A trace once
+ * sampled byte 0xED, then 0xB8 inside a JSON string: both bytes passed the
+ * mask, and the next mask allowed no token at all.) */
+static void test_partial_utf8(void **state)
+{
+    (void)state;
+    llm_grammar *json = compile(llm_grammar_json, "jsonobject");
+    const char *in_string = "{\"";
+    assert_int_equal(viable_after(json, in_string, "\xED"), 1);
+    assert_int_equal(viable_after(json, in_string, "\xED\x9F"), 1);      /* U+D7C0..U+D7FF */
+    assert_int_equal(viable_after(json, in_string, "\xED\x9F\xBF"), 1);  /* U+D7FF */
+    assert_int_equal(viable_after(json, in_string, "\xED\xA0"), 0);      /* only surrogates follow */
+    assert_int_equal(viable_after(json, in_string, "\xED\xB8"), 0);
+    assert_int_equal(viable_after(json, in_string, "\xED\xA0\x80"), 0);  /* U+D800 */
+    assert_int_equal(viable_after(json, "{\"\xED", "\xB8"), 0);   /* the same, a byte at a time */
+    assert_int_equal(viable_after(json, in_string, "\xEE\x80\x80"), 1);  /* U+E000 */
+    llm_grammar_free(json);
+    /* a class beside the surrogates on either side: what remains of a begun
+     * character is met only outside them */
+    llm_grammar *above = compile("root ::= [\\ue000]\n", NULL), *below = compile("root ::= [\\ud7ff]\n", NULL);
+    assert_int_equal(viable_after(above, "", "\xED"), 0);
+    assert_int_equal(viable_after(above, "", "\xEE\x80"), 1);
+    assert_int_equal(viable_after(above, "", "\xEE\x81"), 0);
+    assert_int_equal(viable_after(below, "", "\xED"), 1);
+    assert_int_equal(viable_after(below, "", "\xED\x9F"), 1);
+    assert_int_equal(viable_after(below, "", "\xED\xA0"), 0);
+    llm_grammar_free(above);
+    llm_grammar_free(below);
+}
+
 /* Feeds text through a matcher of g in partition, counting masks and hits. */
 static void run_text(tvocab *t, const llm_grammar *g, uint64_t partition, const int32_t *ids, int n, uint64_t *masks,
                      uint64_t *cached)
@@ -355,7 +400,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_limits), cmocka_unit_test(test_compile_linear),
         cmocka_unit_test(test_masks_qwen2), cmocka_unit_test(test_masks_spm), cmocka_unit_test(test_accept_rules),
-        cmocka_unit_test(test_mask_cost), cmocka_unit_test(test_cache_isolation),
+        cmocka_unit_test(test_mask_cost), cmocka_unit_test(test_cache_isolation), cmocka_unit_test(test_partial_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
