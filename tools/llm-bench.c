@@ -8,7 +8,9 @@
  * Prints key=value lines (parsed by tests/bench/bench.py and run.sh): the
  * first form the mean and standard deviation over REPS runs after one
  * warm-up run (llama-bench's statistics) of one sequence on the CPU, and
- * the operations a token's matmuls take (for GOP/s); --peak the CPU kernel
+ * the operations a token's matmuls take (for GOP/s), and the prefills'
+ * shares of wall time in matmuls and attention with the matmuls' own
+ * GOP/s (the tiles' rate apart from the rest of a forward pass); --peak the CPU kernel
  * set's int8 multiply-add rate with THREADS threads busy at once; with
  * --batch, one line per batch size of decode steps over that many
  * sequences of CTX tokens each (greedy: ids picked on the device), and the
@@ -119,14 +121,23 @@ static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
         llm_session_new(m, b, &(llm_session_config){.n_ctx = n_prompt + n_gen + 1, .max_batch = 512, .kv_type = (int)g_kv}, &s, &err))
         goto out;
     for (int i = 0; i < n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
-    double pp[101], tg[101];
+    double pp[101], tg[101], pp_wall = 0;
+    uint64_t pp_mm = 0, pp_at = 0; /* the prefills' time in matmuls and attention (runs 1..reps) */
     const float *logits;
     for (int r = 0; r <= reps; r++) { /* run 0 warms caches and pages up, as llama-bench does */
         llm_session_reset(s);
+        uint64_t mm0, at0, mm1, at1;
+        llm_backend_cpu_times(b, &mm0, &at0);
         double t0 = cli_now();
         if (llm_session_eval(s, toks, n_prompt, &logits, &err))
             goto out;
         double t1 = cli_now();
+        llm_backend_cpu_times(b, &mm1, &at1);
+        if (r > 0) {
+            pp_wall += t1 - t0;
+            pp_mm += mm1 - mm0;
+            pp_at += at1 - at0;
+        }
         /* decode from an empty context, as llama-bench's tg test does */
         llm_session_reset(s);
         double t2 = cli_now();
@@ -142,9 +153,15 @@ static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
     /* a decode step reads one row of the embedding, unless it is also the output */
     size_t emb = (size_t)m->tok_embd.rows * m->tok_embd.row_bytes;
     size_t step = llm_model_weight_bytes(m) - (m->output.data == m->tok_embd.data ? 0 : emb);
+    /* the prefill's matmul rate counts only the time inside the backend's matmul calls (activation
+     * quantizing and the workers' hand-off included): what the tiles reach, apart from the rest of a
+     * forward pass (attention, norms, rope, the element-wise ops) */
+    double mm_s = (double)pp_mm * 1e-9;
     printf("model=%s threads=%d kernels=%s weight_bytes=%zu decode_bytes=%zu prefill_tps=%.2f prefill_sd=%.2f "
-           "decode_tps=%.2f decode_sd=%.2f matmul_gop_per_token=%.4f\n", m->name, threads, llm_backend_cpu_kernels(b),
-           llm_model_weight_bytes(m), step, pp_mean, pp_sd, tg_mean, tg_sd, matmul_gop(m));
+           "decode_tps=%.2f decode_sd=%.2f matmul_gop_per_token=%.4f prefill_matmul_share=%.3f "
+           "prefill_attn_share=%.3f prefill_matmul_gops=%.1f\n", m->name, threads, llm_backend_cpu_kernels(b),
+           llm_model_weight_bytes(m), step, pp_mean, pp_sd, tg_mean, tg_sd, matmul_gop(m), mm_s / pp_wall,
+           (double)pp_at * 1e-9 / pp_wall, mm_s > 0 ? matmul_gop(m) * n_prompt * reps / mm_s : 0.0);
     rc = 0;
 out:
     if (rc)

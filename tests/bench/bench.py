@@ -72,7 +72,7 @@ def peer_env():
 def ours(build, path, threads, p, n, reps):
     r = kv(sh([build / "bin" / "llm-bench", "-m", path, "-p", p, "-n", n, "-t", threads, "-r", reps]))
     return (float(r["prefill_tps"]), float(r["decode_tps"]), float(r["decode_bytes"]), float(r["matmul_gop_per_token"]),
-            r["kernels"], int(r["weight_bytes"]))
+            r["kernels"], int(r["weight_bytes"]), float(r["prefill_matmul_gops"]))
 
 
 def machine():
@@ -203,10 +203,13 @@ def single_section(a, build):
     print(f"CPU: {name}; {' '.join(isa) or 'no AVX2'}; last-level cache {llc >> 20} MiB; kernel set "
           f"{os.environ.get('LLM_KERNELS') or 'best'}")
     print("GOP/s: the prefill's matmul operations per second (a multiply and an add each); % peak: of the best int8 "
-          "rate llm-bench --peak saw around the row; 'L3' after a model: its weights fit in the last-level cache")
+          "rate llm-bench --peak saw around the row; mm GOP/s, mm %: the same over the time inside the matmuls only "
+          "(the tiles' rate, apart from the rest of a forward pass); 'L3' after a model: its weights fit in the "
+          "last-level cache")
     print("copy roof, read roof: decode over the best bandwidth seen in the whole run; same round: the median over "
           "rounds of decode over the read bandwidth measured just before and after that round's run")
-    head = (f"{'model':<19}{'type':<6}{'thr':>4}{'prefill t/s':>13}{'GOP/s':>8}{'% peak':>8}{'decode t/s':>12}"
+    head = (f"{'model':<19}{'type':<6}{'thr':>4}{'prefill t/s':>13}{'GOP/s':>8}{'% peak':>8}{'mm GOP/s':>10}"
+            f"{'mm %':>6}{'decode t/s':>12}"
             f"{'copy roof':>10}{'read roof':>10}{'same round':>11}")
     if peer:
         head += f"{'llama.cpp pp':>14}{'tg':>9}{'pp ratio':>10}{'tg ratio':>10}"
@@ -233,7 +236,9 @@ def single_section(a, build):
                 copy_roof = bw[t]["copy"] * 1e9 / step
                 read_roof = bw[t]["read"] * 1e9 / step
                 label = shape + (" L3" if llc and wbytes <= llc else "")
+                mm = statistics.median(m[6] for m in mine)
                 line = (f"{label:<19}{qtype:<6}{t:>4}{pp:>13.1f}{pp * gop:>8.0f}{pp * gop / peak[t]:>8.0%}"
+                        f"{mm:>10.0f}{mm / peak[t]:>6.0%}"
                         f"{tg:>12.2f}{tg / copy_roof:>9.0%} {tg / read_roof:>9.0%} {statistics.median(adjacent):>10.0%} ")
                 if peer:
                     lpp = statistics.median(x[0] for x in theirs)
