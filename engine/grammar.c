@@ -210,6 +210,8 @@ static int gp_hex(gparse *p, int digits, uint32_t *cp)
             return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "escape needs %d hex digits", digits);
         *cp = *cp * 16 + (uint32_t)v;
     }
+    if (*cp >= 0xD800 && *cp <= 0xDFFF) /* as gp_utf8: output is UTF-8, which has no surrogates */
+        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "U+%04X is a UTF-16 surrogate, not a character", (unsigned)*cp);
     return *cp > 0x10FFFF ? gp_fail(p, LLM_ERR_GRAMMAR, p->at, "code point above U+10FFFF") : 0;
 }
 
@@ -263,6 +265,20 @@ static int grange_cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Whether a class of the k sorted, merged, disjoint ranges r (negated:
+ * what they leave out) holds no character: none of U+0000-U+D7FF and
+ * U+E000-U+10FFFF. An element that can never match would let a mask allow
+ * the token that reaches it, and the next mask then allow no token. */
+static int gp_class_empty(const grange *r, int k, int neg)
+{
+    int low = 0, high = 0; /* some range meets (neg: covers) [0, D7FF], [E000, 10FFFF] */
+    for (int i = 0; i < k; i++) {
+        low |= neg ? r[i].lo == 0 && r[i].hi >= 0xD7FF : r[i].lo <= 0xD7FF;
+        high |= neg ? r[i].lo <= 0xE000 && r[i].hi >= 0x10FFFF : r[i].hi >= 0xE000;
+    }
+    return neg ? low && high : !low && !high;
+}
+
 /* A class of the n ranges in r (sorted and merged here); its index. */
 static int gp_class_add(gparse *p, grange *r, int n, int neg)
 {
@@ -277,6 +293,8 @@ static int gp_class_add(gparse *p, grange *r, int n, int neg)
             r[k++] = r[i];
         }
     }
+    if (gp_class_empty(r, k, neg))
+        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "a class that matches no character (UTF-8 has no surrogates)");
     if (gp_grow(p, (void **)&p->cls, p->n_cls, &p->cap_cls, sizeof *p->cls))
         return -1;
     p->cls[p->n_cls] = (gclass){p->n_rng, k, neg};

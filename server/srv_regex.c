@@ -109,10 +109,18 @@ static int cset_has(const rx_cset *c, uint32_t cp)
 }
 
 /* Adds [lo, hi] minus what a JSON string cannot hold raw (controls, '"'
- * and '\\'). */
+ * and '\\') and the surrogates, which are not characters (a grammar
+ * refuses them: a class of surrogates alone matches nothing). */
 static void cset_add_clean(rx_cset *ok, uint32_t lo, uint32_t hi)
 {
     static const uint32_t cut[2] = {'"', '\\'};
+    if (lo <= 0xDFFF && hi >= 0xD800) {
+        if (lo < 0xD800)
+            cset_add_clean(ok, lo, 0xD7FF);
+        if (hi > 0xDFFF)
+            cset_add_clean(ok, 0xE000, hi);
+        return;
+    }
     lo = lo < 0x20 ? 0x20 : lo;
     for (int k = 0; k < 2 && lo <= hi; k++)
         if (cut[k] >= lo && cut[k] <= hi) {
@@ -202,6 +210,21 @@ static int rx_class_escape(char c, rx_cset *cs)
     return 1;
 }
 
+/* Exactly four hex digits at r->p into *v (strtoul would take signs,
+ * spaces and 0x). */
+static int rx_hex4(rx *r, uint32_t *v)
+{
+    *v = 0;
+    for (int i = 0; i < 4; i++, r->p++) {
+        char h = r->p < r->end ? *r->p : 0;
+        int d = h >= '0' && h <= '9' ? h - '0' : (h | 0x20) >= 'a' && (h | 0x20) <= 'f' ? (h | 0x20) - 'a' + 10 : -1;
+        if (d < 0)
+            return rx_fail(r, "a \\u escape without 4 hex digits");
+        *v = *v * 16 + (uint32_t)d;
+    }
+    return 0;
+}
+
 /* The character an escape stands for (after the backslash). */
 static int rx_escape_char(rx *r, uint32_t *cp)
 {
@@ -211,16 +234,25 @@ static int rx_escape_char(rx *r, uint32_t *cp)
         *cp = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c == 'f' ? '\f' : '\v';
         return 0;
     }
-    if (c == 'u') { /* exactly four hex digits (strtoul would take signs, spaces and 0x) */
-        *cp = 0;
-        for (int i = 0; i < 4; i++, r->p++) {
-            char h = r->p < r->end ? *r->p : 0;
-            int v = h >= '0' && h <= '9' ? h - '0' : (h | 0x20) >= 'a' && (h | 0x20) <= 'f' ? (h | 0x20) - 'a' + 10 : -1;
-            if (v < 0)
-                return rx_fail(r, "a \\u escape without 4 hex digits");
-            *cp = *cp * 16 + (uint32_t)v;
+    if (c == 'u') {
+        if (rx_hex4(r, cp))
+            return -1;
+        if (*cp < 0xD800 || *cp > 0xDFFF)
+            return 0;
+        /* ECMA-262 (without the u flag) reads UTF-16: a high surrogate then a low one is one character */
+        uint32_t low;
+        if (*cp <= 0xDBFF && r->end - r->p >= 6 && r->p[0] == '\\' && r->p[1] == 'u') {
+            const char *back = r->p;
+            r->p += 2;
+            if (rx_hex4(r, &low))
+                return -1;
+            if (low >= 0xDC00 && low <= 0xDFFF) {
+                *cp = 0x10000 + ((*cp - 0xD800) << 10) + (low - 0xDC00);
+                return 0;
+            }
+            r->p = back;
         }
-        return 0;
+        return rx_fail(r, "a lone surrogate \\u escape (only a high one then a low one make a character)");
     }
     if (c && (strchr(plain, c) || (c >= 0x20 && c < 0x7f && !((c | 0x20) >= 'a' && (c | 0x20) <= 'z') &&
                                    !(c >= '0' && c <= '9')))) { /* identity escapes of punctuation */

@@ -309,7 +309,27 @@ def test_composite_schemas(seed, tmp_path):
     ({"type": "string", "pattern": "^[^a-\\u-001]$"}, "\\u"),
     ({"type": "string", "pattern": "a{3,2}"}, "repetition"),
     ({"type": "string", "pattern": "a{99999}"}, "repetition"),
+    ({"type": "string", "pattern": "^\\ud800$"}, "lone surrogate"),
+    ({"type": "string", "pattern": "^x\\ude00$"}, "lone surrogate"),
+    ({"type": "string", "pattern": "^\\ud83dx$"}, "lone surrogate"),
+    ({"type": "string", "pattern": "^[\\ud800-\\udfff]+$"}, "lone surrogate"),
 ])
 def test_refused(schema, word):
     g, err = grammar_of(schema)
     assert g is None and word in err, (schema, err)
+
+
+def test_surrogate_pairs(tmp_path):
+    """A pattern's \\u escapes read as ECMA-262 reads them without the u
+    flag: a high then a low surrogate are one character (how JavaScript
+    writes an emoji), alone or as a class range's ends; a class that holds
+    only surrogates once the pairs are joined has no character, so it is
+    refused rather than compiled into an element nothing can match (the
+    request would fail mid-generation with no token allowed)."""
+    one = {"type": "string", "pattern": "^\\ud83d\\ude00$"}
+    assert verdicts(one, ['"\U0001F600"', '"x"', '"\U0001F601"'], tmp_path) == ["full", "no", "no"]
+    rng = {"type": "string", "pattern": "^[\\ud83d\\ude00-\\ud83d\\ude4f]+$"}
+    assert verdicts(rng, ['"\U0001F600\U0001F64F"', '"\U0001F650"'], tmp_path) == ["full", "no"]
+    # the complement of everything but the surrogates: nothing a JSON string can hold
+    g, err = grammar_of({"type": "string", "pattern": "^[^\\u0000-\\ud7ff\\ue000-\\uffff\\ud800\\udc00-\\udbff\\udfff]$"})
+    assert g is None and "no character" in err, err

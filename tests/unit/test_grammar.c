@@ -347,6 +347,32 @@ static void test_partial_utf8(void **state)
     llm_grammar_free(below);
 }
 
+/* Grammar text that names only surrogates, or a class of nothing, is
+ * refused at compile time: such an element can never match, so a mask
+ * would allow the token that reaches it and the next mask no token at all. */
+static void test_no_surrogates(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "root ::= \"a\" \"\\ud800\"\n", "root ::= [\\ud800-\\udfff]\n", "root ::= [\\udc00]\n",
+        "root ::= [^\\x00-\\ud7ff\\ue000-\\U0010ffff]\n", "root ::= \"a\" [^\\x00-\\U0010FFFF]\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        llm_grammar *g = NULL;
+        llm_error err = {0};
+        if (llm_grammar_compile(bad[i], strlen(bad[i]), NULL, &g, &err) != LLM_ERR_GRAMMAR)
+            fail_msg("%s compiled", bad[i]);
+        if (!strstr(err.msg, "surrogate"))
+            fail_msg("%s: %s", bad[i], err.msg);
+    }
+    /* ranges across the gap, and classes that leave something beside it, stay */
+    llm_grammar *across = compile("root ::= [\\ud7ff-\\ue000]\n", NULL);
+    assert_int_equal(viable_after(across, "", "\xED\x9F\xBF"), 1);
+    assert_int_equal(viable_after(across, "", "\xEE\x80\x80"), 1);
+    assert_int_equal(viable_after(across, "", "\xED\xA0"), 0);
+    llm_grammar_free(across);
+    llm_grammar_free(compile("root ::= [^\\x00-\\ud7fe\\ue000-\\U0010ffff]\n", NULL));
+}
+
 /* Feeds text through a matcher of g in partition, counting masks and hits. */
 static void run_text(tvocab *t, const llm_grammar *g, uint64_t partition, const int32_t *ids, int n, uint64_t *masks,
                      uint64_t *cached)
@@ -401,6 +427,7 @@ int main(void)
         cmocka_unit_test(test_limits), cmocka_unit_test(test_compile_linear),
         cmocka_unit_test(test_masks_qwen2), cmocka_unit_test(test_masks_spm), cmocka_unit_test(test_accept_rules),
         cmocka_unit_test(test_mask_cost), cmocka_unit_test(test_cache_isolation), cmocka_unit_test(test_partial_utf8),
+        cmocka_unit_test(test_no_surrogates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
