@@ -28,7 +28,7 @@
  *   test_trace --time S [--seed N] random seeds for S seconds (make fuzz)
  *   test_trace --seed N [-v]      one trace, printed
  *
- * A failing seed prints itself; add it to REGRESS below. */
+ * A failing seed prints itself; add it to REGRESS below (before_budget 0). */
 #include <pthread.h>
 #include <time.h>
 
@@ -40,11 +40,16 @@
 
 enum { MAX_REQS = 14, MAX_PROMPT = 400, MAX_GEN = 20, N_BASES = 3, MAX_EMBD = 512 };
 
-/* Seeds that once failed: run first, always. 3: a far block found at a
- * near position (kv_seq_match counted n_hashed in tokens).
- * 1796424761258126: a JSON string's mask allowed byte 0xED then 0xB8, whose
- * only endings are surrogates, and the next mask allowed no token. */
-static const uint64_t REGRESS[] = {3, 1796424761258126u};
+/* Seeds that once failed: run first, always, each with the trace it was
+ * found with (before_budget: found before mask_budget_make drew a budget,
+ * so it runs with none). 3: a far block found at a near position
+ * (kv_seq_match counted n_hashed in tokens). 1796424761258126: a JSON
+ * string's mask allowed byte 0xED then 0xB8, whose only endings are
+ * surrogates, and the next mask allowed no token. */
+static const struct {
+    uint64_t seed;
+    int before_budget;
+} REGRESS[] = {{3, 1}, {1796424761258126u, 0}};
 #define N_QUICK 100 /* seeds 1..N_QUICK in make test; $LLM_TRACE_SEEDS overrides (TSan runs fewer) */
 
 typedef struct tr_comp {
@@ -254,7 +259,7 @@ static void mask_budget_make(tr_trace *t)
     uint64_t g = t->seed * 0x94d049bb133111ebull + 3;
     t->cfg.mask_step_work = test_rng(&g) % 2 ? 1 : 0;
     for (size_t i = 0; i < sizeof REGRESS / sizeof *REGRESS; i++)
-        if (REGRESS[i] == t->seed)
+        if (REGRESS[i].seed == t->seed && REGRESS[i].before_budget)
             t->cfg.mask_step_work = 0;
 }
 
@@ -619,8 +624,8 @@ static void test_regressions(void **st)
 {
     (void)st;
     for (size_t i = 0; i < sizeof REGRESS / sizeof *REGRESS; i++)
-        if (REGRESS[i] && trace_run(REGRESS[i]))
-            fail_msg("regression seed %llu failed", (unsigned long long)REGRESS[i]);
+        if (trace_run(REGRESS[i].seed))
+            fail_msg("regression seed %llu failed", (unsigned long long)REGRESS[i].seed);
 }
 
 /* The fixed seeds; the traces must also have exercised what they claim
