@@ -8,9 +8,11 @@
  * Prints key=value lines (parsed by tests/bench/bench.py and run.sh): the
  * first form the mean and standard deviation over REPS runs after one
  * warm-up run (llama-bench's statistics) of one sequence on the CPU, and
- * the operations a token's matmuls take (for GOP/s), and the prefills'
- * shares of wall time in matmuls and attention with the matmuls' own
- * GOP/s (the tiles' rate apart from the rest of a forward pass); --peak the CPU kernel
+ * the operations a token's matmuls take (a decode step's) and a prompt
+ * token's (the output matrix runs once per chunk), the prefills' shares of
+ * wall time in matmuls and attention, and the matmuls' own GOP/s (their
+ * rate with activation quantizing and the thread hand-off, apart from the
+ * rest of a forward pass); --peak the CPU kernel
  * set's int8 multiply-add rate with THREADS threads busy at once; with
  * --batch, one line per batch size of decode steps over that many
  * sequences of CTX tokens each (greedy: ids picked on the device), and the
@@ -108,6 +110,37 @@ static double matmul_gop(const llm_model *m)
     return 2 * macs / 1e9;
 }
 
+/* BENCH_CHUNK-token chunks of a prompt (run's session max_batch), and the
+ * operations of a whole prompt's matmuls per token: a chunk computes the
+ * output matrix for its last row only. */
+#define BENCH_CHUNK 512
+static double prefill_gop_per_token(const llm_model *m, int n_prompt)
+{
+    double out = 2.0 * (double)m->output.rows * (double)m->output.cols / 1e9;
+    int chunks = (n_prompt + BENCH_CHUNK - 1) / BENCH_CHUNK;
+    return matmul_gop(m) - out + out * chunks / n_prompt;
+}
+
+/* One timed prefill of n tokens from an empty context: its wall seconds,
+ * and the nanoseconds spent in the backend's matmuls and attention added to
+ * *mm and *at. Negative on an error (in *err). */
+static double bench_prefill(llm_session *s, llm_backend *b, const int32_t *toks, int n, uint64_t *mm, uint64_t *at,
+                            llm_error *err)
+{
+    const float *logits;
+    uint64_t mm0, at0, mm1, at1;
+    llm_session_reset(s);
+    llm_backend_cpu_times(b, &mm0, &at0);
+    double t0 = cli_now();
+    if (llm_session_eval(s, toks, n, &logits, err))
+        return -1;
+    double wall = cli_now() - t0;
+    llm_backend_cpu_times(b, &mm1, &at1);
+    *mm += mm1 - mm0;
+    *at += at1 - at0;
+    return wall;
+}
+
 static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
 {
     llm_error err = {0};
@@ -118,26 +151,17 @@ static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_prompt);
     int rc = 1;
     if (!toks || llm_model_load(path, &m, &err) || llm_backend_cpu_new(&cc, &b, &err) ||
-        llm_session_new(m, b, &(llm_session_config){.n_ctx = n_prompt + n_gen + 1, .max_batch = 512, .kv_type = (int)g_kv}, &s, &err))
+        llm_session_new(m, b, &(llm_session_config){.n_ctx = n_prompt + n_gen + 1, .max_batch = BENCH_CHUNK, .kv_type = (int)g_kv}, &s, &err))
         goto out;
     for (int i = 0; i < n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
     double pp[101], tg[101], pp_wall = 0;
-    uint64_t pp_mm = 0, pp_at = 0; /* the prefills' time in matmuls and attention (runs 1..reps) */
+    uint64_t pp_mm = 0, pp_at = 0, warm_mm = 0, warm_at = 0; /* the timed prefills' (runs 1..reps) */
     const float *logits;
     for (int r = 0; r <= reps; r++) { /* run 0 warms caches and pages up, as llama-bench does */
-        llm_session_reset(s);
-        uint64_t mm0, at0, mm1, at1;
-        llm_backend_cpu_times(b, &mm0, &at0);
-        double t0 = cli_now();
-        if (llm_session_eval(s, toks, n_prompt, &logits, &err))
+        double wall = bench_prefill(s, b, toks, n_prompt, r ? &pp_mm : &warm_mm, r ? &pp_at : &warm_at, &err);
+        if (wall < 0)
             goto out;
-        double t1 = cli_now();
-        llm_backend_cpu_times(b, &mm1, &at1);
-        if (r > 0) {
-            pp_wall += t1 - t0;
-            pp_mm += mm1 - mm0;
-            pp_at += at1 - at0;
-        }
+        pp_wall += r ? wall : 0;
         /* decode from an empty context, as llama-bench's tg test does */
         llm_session_reset(s);
         double t2 = cli_now();
@@ -146,7 +170,7 @@ static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
             if (llm_session_eval(s, &t, 1, &logits, &err))
                 goto out;
         }
-        pp[r] = n_prompt / (t1 - t0);
+        pp[r] = n_prompt / wall;
         tg[r] = n_gen / (cli_now() - t2);
     }
     double pp_sd, tg_sd, pp_mean = mean_sd(pp + 1, reps, &pp_sd), tg_mean = mean_sd(tg + 1, reps, &tg_sd);
@@ -154,14 +178,14 @@ static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
     size_t emb = (size_t)m->tok_embd.rows * m->tok_embd.row_bytes;
     size_t step = llm_model_weight_bytes(m) - (m->output.data == m->tok_embd.data ? 0 : emb);
     /* the prefill's matmul rate counts only the time inside the backend's matmul calls (activation
-     * quantizing and the workers' hand-off included): what the tiles reach, apart from the rest of a
-     * forward pass (attention, norms, rope, the element-wise ops) */
-    double mm_s = (double)pp_mm * 1e-9;
+     * quantizing and the workers' hand-off included), apart from the rest of a forward pass (attention,
+     * norms, rope, the element-wise ops) */
+    double mm_s = (double)pp_mm * 1e-9, pgop = prefill_gop_per_token(m, n_prompt);
     printf("model=%s threads=%d kernels=%s weight_bytes=%zu decode_bytes=%zu prefill_tps=%.2f prefill_sd=%.2f "
-           "decode_tps=%.2f decode_sd=%.2f matmul_gop_per_token=%.4f prefill_matmul_share=%.3f "
-           "prefill_attn_share=%.3f prefill_matmul_gops=%.1f\n", m->name, threads, llm_backend_cpu_kernels(b),
-           llm_model_weight_bytes(m), step, pp_mean, pp_sd, tg_mean, tg_sd, matmul_gop(m), mm_s / pp_wall,
-           (double)pp_at * 1e-9 / pp_wall, mm_s > 0 ? matmul_gop(m) * n_prompt * reps / mm_s : 0.0);
+           "decode_tps=%.2f decode_sd=%.2f matmul_gop_per_token=%.6g prefill_gop_per_token=%.6g "
+           "prefill_matmul_share=%.3f prefill_attn_share=%.3f prefill_matmul_gops=%.1f\n", m->name, threads,
+           llm_backend_cpu_kernels(b), llm_model_weight_bytes(m), step, pp_mean, pp_sd, tg_mean, tg_sd, matmul_gop(m),
+           pgop, mm_s / pp_wall, (double)pp_at * 1e-9 / pp_wall, mm_s > 0 ? pgop * n_prompt * reps / mm_s : 0.0);
     rc = 0;
 out:
     if (rc)

@@ -71,7 +71,7 @@ def peer_env():
 
 def ours(build, path, threads, p, n, reps):
     r = kv(sh([build / "bin" / "llm-bench", "-m", path, "-p", p, "-n", n, "-t", threads, "-r", reps]))
-    return (float(r["prefill_tps"]), float(r["decode_tps"]), float(r["decode_bytes"]), float(r["matmul_gop_per_token"]),
+    return (float(r["prefill_tps"]), float(r["decode_tps"]), float(r["decode_bytes"]), float(r["prefill_gop_per_token"]),
             r["kernels"], int(r["weight_bytes"]), float(r["prefill_matmul_gops"]))
 
 
@@ -202,10 +202,10 @@ def single_section(a, build):
     peak = {t: int8_peak(build, t) for t in threads}
     print(f"CPU: {name}; {' '.join(isa) or 'no AVX2'}; last-level cache {llc >> 20} MiB; kernel set "
           f"{os.environ.get('LLM_KERNELS') or 'best'}")
-    print("GOP/s: the prefill's matmul operations per second (a multiply and an add each); % peak: of the best int8 "
-          "rate llm-bench --peak saw around the row; mm GOP/s, mm %: the same over the time inside the matmuls only "
-          "(the tiles' rate, apart from the rest of a forward pass); 'L3' after a model: its weights fit in the "
-          "last-level cache")
+    print("GOP/s: the prefill's matmul operations per second (a multiply and an add each; the output matrix for a "
+          "prompt's last token only); % peak: of the best int8 rate llm-bench --peak saw around the row; mm GOP/s, "
+          "mm %: the same over the time inside the matmul calls only (activation quantizing and the thread hand-off "
+          "included, the rest of a forward pass not); 'L3' after a model: its weights fit in the last-level cache")
     print("copy roof, read roof: decode over the best bandwidth seen in the whole run; same round: the median over "
           "rounds of decode over the read bandwidth measured just before and after that round's run")
     head = (f"{'model':<19}{'type':<6}{'thr':>4}{'prefill t/s':>13}{'GOP/s':>8}{'% peak':>8}{'mm GOP/s':>10}"
