@@ -23,10 +23,17 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n):
+    """n loopback ports, all free now and all different: the sockets are
+    held open together, so the kernel cannot hand one out twice."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def wait_ok(port, path, timeout=120):
@@ -85,7 +92,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=20)
     a = ap.parse_args()
     bin_ = pathlib.Path(a.build) / "bin"
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     servers = [subprocess.Popen([str(bin_ / "llm-server"), "-m", a.model, "--host", "127.0.0.1", "--port", str(p),
                                  "--threads", str(a.threads), "--model_name", "m", "--max_seqs", "4"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for p in ports]
@@ -97,7 +104,7 @@ def main():
         print("| policy | req/s | short p50 | short p99 | all p50 | all p99 |")
         print("|---|---:|---:|---:|---:|---:|")
         for policy in ("round-robin", "least-loaded"):
-            rp = free_port()
+            rp = free_ports(1)[0]  # the back-ends hold theirs: not handed out again
             router = subprocess.Popen([str(bin_ / "llm-router"), "--host", "127.0.0.1", "--port", str(rp), "--policy",
                                        policy, "--poll-ms", "100"] + sum((["--backend", f"http://127.0.0.1:{p}"]
                                                                          for p in ports), []),
