@@ -210,8 +210,6 @@ static int gp_hex(gparse *p, int digits, uint32_t *cp)
             return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "escape needs %d hex digits", digits);
         *cp = *cp * 16 + (uint32_t)v;
     }
-    if (*cp >= 0xD800 && *cp <= 0xDFFF) /* as gp_utf8: output is UTF-8, which has no surrogates */
-        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "U+%04X is a UTF-16 surrogate, not a character", (unsigned)*cp);
     return *cp > 0x10FFFF ? gp_fail(p, LLM_ERR_GRAMMAR, p->at, "code point above U+10FFFF") : 0;
 }
 
@@ -268,7 +266,9 @@ static int grange_cmp(const void *a, const void *b)
 /* Whether a class of the k sorted, merged, disjoint ranges r (negated:
  * what they leave out) holds no character: none of U+0000-U+D7FF and
  * U+E000-U+10FFFF. An element that can never match would let a mask allow
- * the token that reaches it, and the next mask then allow no token. */
+ * the token that reaches it, and the next mask then allow no token. (A
+ * surrogate escape may still end a range or stand in a negated class, as
+ * in [^\uD800-\uDFFF]: only a class of nothing else is refused.) */
 static int gp_class_empty(const grange *r, int k, int neg)
 {
     int low = 0, high = 0; /* some range meets (neg: covers) [0, D7FF], [E000, 10FFFF] */

@@ -109,8 +109,8 @@ static int cset_has(const rx_cset *c, uint32_t cp)
 }
 
 /* Adds [lo, hi] minus what a JSON string cannot hold raw (controls, '"'
- * and '\\') and the surrogates, which are not characters (a grammar
- * refuses them: a class of surrogates alone matches nothing). */
+ * and '\\') and the surrogates, which no JSON text holds as characters
+ * (a class left with nothing is refused: it could never match). */
 static void cset_add_clean(rx_cset *ok, uint32_t lo, uint32_t hi)
 {
     static const uint32_t cut[2] = {'"', '\\'};
@@ -234,26 +234,10 @@ static int rx_escape_char(rx *r, uint32_t *cp)
         *cp = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c == 'f' ? '\f' : '\v';
         return 0;
     }
-    if (c == 'u') {
-        if (rx_hex4(r, cp))
-            return -1;
-        if (*cp < 0xD800 || *cp > 0xDFFF)
-            return 0;
-        /* ECMA-262 (without the u flag) reads UTF-16: a high surrogate then a low one is one character */
-        uint32_t low;
-        if (*cp <= 0xDBFF && r->end - r->p >= 6 && r->p[0] == '\\' && r->p[1] == 'u') {
-            const char *back = r->p;
-            r->p += 2;
-            if (rx_hex4(r, &low))
-                return -1;
-            if (low >= 0xDC00 && low <= 0xDFFF) {
-                *cp = 0x10000 + ((*cp - 0xD800) << 10) + (low - 0xDC00);
-                return 0;
-            }
-            r->p = back;
-        }
-        return rx_fail(r, "a lone surrogate \\u escape (only a high one then a low one make a character)");
-    }
+    /* A surrogate stays one: ECMA-262 without the u flag would pair two into a character, Python's re
+     * never does, so no text both accept holds one (cset_add_clean drops them). */
+    if (c == 'u')
+        return rx_hex4(r, cp);
     if (c && (strchr(plain, c) || (c >= 0x20 && c < 0x7f && !((c | 0x20) >= 'a' && (c | 0x20) <= 'z') &&
                                    !(c >= '0' && c <= '9')))) { /* identity escapes of punctuation */
         *cp = (uint32_t)c;

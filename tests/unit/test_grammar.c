@@ -347,8 +347,8 @@ static void test_partial_utf8(void **state)
     llm_grammar_free(below);
 }
 
-/* Grammar text that names only surrogates, or a class of nothing, is
- * refused at compile time: such an element can never match, so a mask
+/* Grammar text whose class or literal holds only surrogates, or nothing,
+ * is refused at compile time: such an element can never match, so a mask
  * would allow the token that reaches it and the next mask no token at all. */
 static void test_no_surrogates(void **state)
 {
@@ -371,6 +371,15 @@ static void test_no_surrogates(void **state)
     assert_int_equal(viable_after(across, "", "\xED\xA0"), 0);
     llm_grammar_free(across);
     llm_grammar_free(compile("root ::= [^\\x00-\\ud7fe\\ue000-\\U0010ffff]\n", NULL));
+    /* a surrogate may end a range or stand in a negated class: the class keeps its characters */
+    llm_grammar *not_sur = compile("root ::= [^\\ud800-\\udfff]\n", NULL), *to = compile("root ::= [\\x20-\\udfff]\n", NULL);
+    assert_int_equal(viable_after(not_sur, "", "\xED\x9F\xBF"), 1);
+    assert_int_equal(viable_after(not_sur, "", "\xED\xA0"), 0);
+    assert_int_equal(viable_after(not_sur, "", "\xF0\x9F\x98\x80"), 1);
+    assert_int_equal(viable_after(to, "", "\xED\x9F\xBF"), 1);
+    assert_int_equal(viable_after(to, "", "\xEE"), 0);
+    llm_grammar_free(not_sur);
+    llm_grammar_free(to);
 }
 
 /* Feeds text through a matcher of g in partition, counting masks and hits. */
