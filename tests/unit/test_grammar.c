@@ -302,18 +302,34 @@ static void test_compile_linear(void **state)
     free(text);
 }
 
-/* Whether bytes would be taken after prefix by a fresh matcher of g (no
- * vocabulary: llm_gmatch_viable asks the matcher byte by byte). */
-static int viable_after(const llm_grammar *g, const char *prefix, const char *bytes)
+/* Bytes after a prefix, and whether a fresh matcher takes them (1) or not. */
+typedef struct viable_case {
+    const char *prefix, *bytes;
+    int want;
+} viable_case;
+
+/* Each case against a matcher of grammar text (root may be NULL) without a
+ * vocabulary: llm_gmatch_viable asks the matcher byte by byte. */
+static void expect_viable(const char *text, const char *root, const viable_case *c, size_t n)
 {
-    llm_gmatch *m;
-    llm_error err = {0};
-    assert_int_equal(llm_gmatch_new(g, NULL, NULL, 0, &m, &err), LLM_OK);
-    assert_int_equal(llm_gmatch_feed(m, prefix, strlen(prefix), &err), LLM_OK);
-    int v = llm_gmatch_viable(m, bytes, strlen(bytes));
-    llm_gmatch_free(m);
-    return v;
+    llm_grammar *g = compile(text, root);
+    for (size_t i = 0; i < n; i++) {
+        llm_gmatch *m;
+        llm_error err = {0};
+        assert_int_equal(llm_gmatch_new(g, NULL, NULL, 0, &m, &err), LLM_OK);
+        assert_int_equal(llm_gmatch_feed(m, c[i].prefix, strlen(c[i].prefix), &err), LLM_OK);
+        if (llm_gmatch_viable(m, c[i].bytes, strlen(c[i].bytes)) != c[i].want)
+            fail_msg("%.40s...: case %zu: viable %d expected", text, i, c[i].want);
+        llm_gmatch_free(m);
+    }
+    llm_grammar_free(g);
 }
+
+#define EXPECT_VIABLE(text, root, ...)                                                                                \
+    do {                                                                                                              \
+        static const viable_case cases_[] = {__VA_ARGS__};                                                            \
+        expect_viable(text, root, cases_, sizeof cases_ / sizeof *cases_);                                            \
+    } while (0)
 
 /* A character begun but not ended is alive only while some ending of it is
  * a code point the grammar takes and UTF-8 may encode: the surrogates
@@ -323,28 +339,17 @@ static int viable_after(const llm_grammar *g, const char *prefix, const char *by
 static void test_partial_utf8(void **state)
 {
     (void)state;
-    llm_grammar *json = compile(llm_grammar_json, "jsonobject");
-    const char *in_string = "{\"";
-    assert_int_equal(viable_after(json, in_string, "\xED"), 1);
-    assert_int_equal(viable_after(json, in_string, "\xED\x9F"), 1);      /* U+D7C0..U+D7FF */
-    assert_int_equal(viable_after(json, in_string, "\xED\x9F\xBF"), 1);  /* U+D7FF */
-    assert_int_equal(viable_after(json, in_string, "\xED\xA0"), 0);      /* only surrogates follow */
-    assert_int_equal(viable_after(json, in_string, "\xED\xB8"), 0);
-    assert_int_equal(viable_after(json, in_string, "\xED\xA0\x80"), 0);  /* U+D800 */
-    assert_int_equal(viable_after(json, "{\"\xED", "\xB8"), 0);   /* the same, a byte at a time */
-    assert_int_equal(viable_after(json, in_string, "\xEE\x80\x80"), 1);  /* U+E000 */
-    llm_grammar_free(json);
+    EXPECT_VIABLE(llm_grammar_json, "jsonobject", {"{\"", "\xED", 1},
+                  {"{\"", "\xED\x9F", 1},         /* U+D7C0..U+D7FF */
+                  {"{\"", "\xED\x9F\xBF", 1},     /* U+D7FF */
+                  {"{\"", "\xED\xA0", 0},         /* only surrogates follow */
+                  {"{\"", "\xED\xB8", 0}, {"{\"", "\xED\xA0\x80", 0}, /* U+D800 */
+                  {"{\"\xED", "\xB8", 0},         /* the same, a byte at a time */
+                  {"{\"", "\xEE\x80\x80", 1});    /* U+E000 */
     /* a class beside the surrogates on either side: what remains of a begun
      * character is met only outside them */
-    llm_grammar *above = compile("root ::= [\\ue000]\n", NULL), *below = compile("root ::= [\\ud7ff]\n", NULL);
-    assert_int_equal(viable_after(above, "", "\xED"), 0);
-    assert_int_equal(viable_after(above, "", "\xEE\x80"), 1);
-    assert_int_equal(viable_after(above, "", "\xEE\x81"), 0);
-    assert_int_equal(viable_after(below, "", "\xED"), 1);
-    assert_int_equal(viable_after(below, "", "\xED\x9F"), 1);
-    assert_int_equal(viable_after(below, "", "\xED\xA0"), 0);
-    llm_grammar_free(above);
-    llm_grammar_free(below);
+    EXPECT_VIABLE("root ::= [\\ue000]\n", NULL, {"", "\xED", 0}, {"", "\xEE\x80", 1}, {"", "\xEE\x81", 0});
+    EXPECT_VIABLE("root ::= [\\ud7ff]\n", NULL, {"", "\xED", 1}, {"", "\xED\x9F", 1}, {"", "\xED\xA0", 0});
 }
 
 /* Grammar text whose class or literal holds only surrogates, or nothing,
@@ -365,21 +370,13 @@ static void test_no_surrogates(void **state)
             fail_msg("%s: %s", bad[i], err.msg);
     }
     /* ranges across the gap, and classes that leave something beside it, stay */
-    llm_grammar *across = compile("root ::= [\\ud7ff-\\ue000]\n", NULL);
-    assert_int_equal(viable_after(across, "", "\xED\x9F\xBF"), 1);
-    assert_int_equal(viable_after(across, "", "\xEE\x80\x80"), 1);
-    assert_int_equal(viable_after(across, "", "\xED\xA0"), 0);
-    llm_grammar_free(across);
-    llm_grammar_free(compile("root ::= [^\\x00-\\ud7fe\\ue000-\\U0010ffff]\n", NULL));
+    EXPECT_VIABLE("root ::= [\\ud7ff-\\ue000]\n", NULL, {"", "\xED\x9F\xBF", 1}, {"", "\xEE\x80\x80", 1},
+                  {"", "\xED\xA0", 0});
+    EXPECT_VIABLE("root ::= [^\\x00-\\ud7fe\\ue000-\\U0010ffff]\n", NULL, {"", "\xED\x9F\xBF", 1});
     /* a surrogate may end a range or stand in a negated class: the class keeps its characters */
-    llm_grammar *not_sur = compile("root ::= [^\\ud800-\\udfff]\n", NULL), *to = compile("root ::= [\\x20-\\udfff]\n", NULL);
-    assert_int_equal(viable_after(not_sur, "", "\xED\x9F\xBF"), 1);
-    assert_int_equal(viable_after(not_sur, "", "\xED\xA0"), 0);
-    assert_int_equal(viable_after(not_sur, "", "\xF0\x9F\x98\x80"), 1);
-    assert_int_equal(viable_after(to, "", "\xED\x9F\xBF"), 1);
-    assert_int_equal(viable_after(to, "", "\xEE"), 0);
-    llm_grammar_free(not_sur);
-    llm_grammar_free(to);
+    EXPECT_VIABLE("root ::= [^\\ud800-\\udfff]\n", NULL, {"", "\xED\x9F\xBF", 1}, {"", "\xED\xA0", 0},
+                  {"", "\xF0\x9F\x98\x80", 1});
+    EXPECT_VIABLE("root ::= [\\x20-\\udfff]\n", NULL, {"", "\xED\x9F\xBF", 1}, {"", "\xEE", 0});
 }
 
 /* Feeds text through a matcher of g in partition, counting masks and hits. */
