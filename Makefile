@@ -23,7 +23,7 @@ CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra $(WERROR) -Wshadow 
 LDLIBS = -lm -lpthread -ldl
 
 # The common library: status codes, text buffer, log line, monotonic clock - all four programs use it.
-COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c common/hash.c
+COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c common/hash.c common/json.c common/thread.c
 ENGINE_SRC = engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c \
              engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
              engine/sampler.c engine/grammar.c engine/gmatch.c engine/jinja_value.c engine/jinja_parse.c engine/jinja_eval.c engine/jinja_lib.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c engine/cpu/cpu_pack.c \
@@ -158,8 +158,8 @@ $(BUILD)/tests/test_torture: tests/unit/test_torture.c tests/unit/testutil.h $(L
 	@$(CC) $(CFLAGS_BASE) -Itests/unit -Iserver $< $(TORTURE_OBJ) $(LIB) -lcmocka -lcivetweb -ljansson -lyaml -lcrypto \
 	  $(LDLIBS) $(TORTURE_WRAP) -o $@
 
-# Tool calls read back from model text (the server's modules, no HTTP).
-$(BUILD)/tests/test_srv_tools: tests/unit/test_srv_tools.c tests/unit/testutil.h $(LIB) $(TORTURE_OBJ)
+# Tool calls read back from model text (the server's modules, no HTTP); every recursive routine at its limit.
+$(BUILD)/tests/test_srv_tools $(BUILD)/tests/test_depth: $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB) $(TORTURE_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) -Itests/unit -Iserver $< $(TORTURE_OBJ) $(LIB) -lcmocka -lcivetweb -ljansson -lyaml -lcrypto \
@@ -175,6 +175,12 @@ $(ORACLE_BIN): $(BUILD)/tests/%: tests/oracle/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $< $(LIB) $(LDLIBS) -o $@
+
+# The bounded JSON reader (common/json.c) is the one unit test of the common library that needs jansson.
+$(BUILD)/tests/test_json: tests/unit/test_json.c tests/unit/testutil.h $(LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) -Itests/unit $< $(LIB) -lcmocka -ljansson $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
 	@mkdir -p $(dir $@)
@@ -471,8 +477,11 @@ cudasim: $(SIM_BIN) $(TOOL_BIN)
 
 lint:
 	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(COMMON_SRC) $(KUBE_SRC) $(ENGINE_SRC) engine/backend_cuda.c $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c tests/gpu/*.c tests/cudasim/*.c tests/cudasim/*.cu tests/cudasim/*.h tests/cudasim/include/*.h kernels/*.cu kernels/*.cuh kernels/*.h || (echo "lint: banned call" && false)
-	@! grep -nE '#include "llm/' controller/*.[ch] kube/*.[ch] router/*.[ch] | grep -vE 'llm/(status|strbuf|log|clock)\.h' || \
+	@! grep -nE '#include "llm/' controller/*.[ch] kube/*.[ch] router/*.[ch] | grep -vE 'llm/(status|strbuf|log|clock|json|thread)\.h' || \
 	  (echo "lint: controller, kube and router use the common library, not the engine's headers" && false)
+	@! grep -nE '\bjson_load(s|b|f|fd|_file)\s*\(' $(filter-out common/json.c,$(COMMON_SRC)) $(KUBE_SRC) $(ENGINE_SRC) $(SERVER_SRC) \
+	   $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c || \
+	  (echo "lint: JSON text is read through llm_json_load (common/json.c: depth and memory bounds)" && false)
 
 clean:
 	rm -rf build build-asan build-tsan

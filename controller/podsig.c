@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "llm/json.h"
 #include "ctl_obs.h"
 #include "desired.h"
 #include "http_client.h"
@@ -238,7 +239,7 @@ static void utf8_cut(char *s)
  * big one is many times its size, so none is kept. */
 static json_t *startupz_of(const char *body)
 {
-    json_t *j = json_loads(body, 0, NULL);
+    json_t *j = llm_json_loads(body, 0, NULL);
     const char *phase = json_string_value(json_object_get(j, "phase"));
     const char *detail = json_string_value(json_object_get(j, "detail"));
     char d[600];

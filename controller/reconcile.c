@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "llm/json.h"
 #include "admin_secret.h"
 #include "ctl_obs.h"
 #include "desired.h"
@@ -88,7 +89,7 @@ static void post_events(kube_client *k, json_t *d, json_t *events)
 static void admin_answers(podsig_admin *a, char (*urls)[128], size_t n, const long *codes, char **bodies)
 {
     for (size_t i = 0; i < n; i++) {
-        json_t *j = codes[i] ? json_loads(bodies[i], 0, NULL) : NULL;
+        json_t *j = codes[i] ? llm_json_loads(bodies[i], 0, NULL) : NULL;
         const char *state = str2(j, "state", NULL), *msg = str2(j, "message", NULL);
         int ok = codes[i] == 200 && state;
         a->answered += codes[i] == 200;

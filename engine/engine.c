@@ -14,6 +14,7 @@
 #include "llm/forward.h"
 #include "llm/gmatch.h"
 #include "llm/scheduler.h"
+#include "llm/thread.h"
 #include "textout.h"
 
 typedef struct eng_req eng_req;
@@ -263,8 +264,13 @@ static llm_status check_fields(const llm_engine *e, const llm_request *rq, llm_e
 static llm_status prompt_ids(const llm_engine *e, const llm_request *rq, int32_t **ids, int *n, llm_error *err)
 {
     int n_vocab = e->m->hp.n_vocab;
-    if (!rq->tokens)
-        return llm_tokenize(e->m->vocab, rq->text, strlen(rq->text), 1, 1, ids, n, err);
+    if (!rq->tokens) {
+        size_t len = strlen(rq->text), least = llm_vocab_min_tokens(e->m->vocab, len);
+        if (least > (size_t)e->cfg.n_ctx) /* refused before the tokenizer spends time on it */
+            return llm_errf(err, LLM_ERR_TOO_LONG, "a prompt of %zu bytes is at least %zu tokens; the context holds %d",
+                            len, least, e->cfg.n_ctx);
+        return llm_tokenize(e->m->vocab, rq->text, len, 1, 1, ids, n, err);
+    }
     if (rq->n_tokens < 1)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "prompt has %d tokens", rq->n_tokens);
     for (int i = 0; i < rq->n_tokens; i++)
@@ -1349,7 +1355,7 @@ llm_status llm_engine_open(const llm_engine_config *cfg, llm_engine **out, llm_e
     llm_status st = cfg->model ? config_defaults(&e->cfg, e->m, err) : llm_errf(err, LLM_ERR_INVALID_ARG, "engine: no model");
     if (!st)
         st = engine_alloc(e, err);
-    if (!st && pthread_create(&e->thread, NULL, engine_main, e))
+    if (!st && llm_thread_create(&e->thread, LLM_THREAD_STACK, engine_main, e)) /* grammar matching recurses there */
         st = llm_errf(err, LLM_ERR_BACKEND, "engine: cannot start the engine thread");
     if (st) {
         engine_free(e);

@@ -19,7 +19,6 @@
 #include "grammar_impl.h"
 
 #define GM_CACHE 16          /* masks a matcher keeps when it has no shared cache */
-#define GM_MAX_EXPAND 8192   /* nested expansions for one push (far above a sane grammar's) */
 #define GM_KEEP_NODES 65536  /* node capacity a matcher keeps between masks (1.5 MiB) */
 
 #define GM_KEY_MAX 512        /* a state longer than this (stack positions) is not cached */
@@ -259,8 +258,8 @@ static int gm_push(llm_gmatch *m, int32_t first, int32_t parent, int32_t pos, in
 {
     const llm_grammar *g = m->g;
     const gel *e = &g->el[pos];
-    if (guard > GM_MAX_EXPAND || ++m->work > LLM_GMATCH_MAX_WORK) {
-        m->overflow = guard > GM_MAX_EXPAND ? 3 : 4;
+    if (guard > LLM_GMATCH_MAX_EXPAND || ++m->work > LLM_GMATCH_MAX_WORK) {
+        m->overflow = guard > LLM_GMATCH_MAX_EXPAND ? 3 : 4;
         return 0;
     }
     if (e->type == GEL_END)
@@ -433,7 +432,7 @@ static llm_status gm_overflow_err(const llm_gmatch *m, llm_error *err)
     if (m->overflow == 4)
         return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: a step would take more than %ld stack operations "
                         "(the grammar is too costly to match)", LLM_GMATCH_MAX_WORK);
-    return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: a rule expansion deeper than %d", GM_MAX_EXPAND);
+    return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: a rule expansion deeper than %d", LLM_GMATCH_MAX_EXPAND);
 }
 
 /* st = the committed state after n bytes, built above it (st->n 0:

@@ -217,26 +217,56 @@ static void load_byte_tokens(llm_vocab *v)
     }
 }
 
-static int cmp_special_len(const void *a, const void *b, void *ctx)
+/* A trie node: one byte of a special token's text. */
+struct tok_trie {
+    int32_t child, sibling; /* first child, next sibling (0: none; the root is no one's child) */
+    int32_t token;          /* the token whose text ends here, -1 when none */
+    uint8_t byte;
+};
+
+static int is_special(const llm_vocab *v, int i)
 {
-    const llm_vocab *v = ctx;
-    uint64_t la = v->text[*(const int32_t *)a].len, lb = v->text[*(const int32_t *)b].len;
-    return la < lb ? 1 : la > lb ? -1 : 0;
+    int t = v->types[i];
+    return (t == LLM_TOKEN_CONTROL || t == LLM_TOKEN_USER_DEFINED || t == LLM_TOKEN_UNKNOWN) && v->text[i].len;
 }
 
+/* The child of node k for byte b, made when missing (the caller sized the
+ * trie for every byte of every text). */
+static int32_t trie_child(llm_vocab *v, int32_t k, uint8_t b)
+{
+    int32_t c = k ? v->trie[k].child : v->trie_first[b];
+    while (c && v->trie[c].byte != b) c = v->trie[c].sibling;
+    if (c)
+        return c;
+    c = v->n_trie++;
+    v->trie[c] = (struct tok_trie){.child = 0, .sibling = k ? v->trie[k].child : 0, .token = -1, .byte = b};
+    if (k)
+        v->trie[k].child = c;
+    else
+        v->trie_first[b] = c;
+    return c;
+}
+
+/* Builds the trie of the special tokens' texts. A text that two tokens
+ * share keeps the lower id (the first, as the reference's list order). */
 static llm_status load_specials(llm_vocab *v, llm_error *err)
 {
-    v->special = malloc(sizeof(int32_t) * (size_t)v->n);
-    if (!v->special)
-        return llm_errf(err, LLM_ERR_NOMEM, "vocab: no memory");
+    size_t nodes = 1;
+    for (int i = 0; i < v->n; i++)
+        if (is_special(v, i))
+            nodes += v->text[i].len;
+    if (nodes > INT32_MAX || !(v->trie = malloc(sizeof *v->trie * nodes)))
+        return llm_errf(err, LLM_ERR_NOMEM, "vocab: no memory for the special tokens' trie (%zu nodes)", nodes);
+    v->trie[0] = (struct tok_trie){.token = -1};
+    v->n_trie = 1;
     for (int i = 0; i < v->n; i++) {
-        int t = v->types[i];
-        if ((t == LLM_TOKEN_CONTROL || t == LLM_TOKEN_USER_DEFINED || t == LLM_TOKEN_UNKNOWN) && v->text[i].len) {
-            v->special[v->n_special++] = i;
-            v->special_first[(unsigned char)v->text[i].data[0]] = 1;
-        }
+        if (!is_special(v, i))
+            continue;
+        int32_t k = 0;
+        for (uint64_t j = 0; j < v->text[i].len; j++) k = trie_child(v, k, (uint8_t)v->text[i].data[j]);
+        if (v->trie[k].token < 0)
+            v->trie[k].token = i;
     }
-    qsort_r(v->special, (size_t)v->n_special, sizeof(int32_t), cmp_special_len, v);
     return LLM_OK;
 }
 
@@ -256,6 +286,24 @@ static llm_status load_ids(llm_vocab *v, const gguf_file *f, llm_error *err)
     return st;
 }
 
+/* The most bytes of text one token stands for: its longest piece, and at
+ * least a whole UTF-8 character (an unknown one becomes one token). */
+static void load_max_piece(llm_vocab *v)
+{
+    char buf[8];
+    v->max_piece = 4;
+    for (int i = 0; i < v->n; i++) {
+        int k = llm_token_to_piece(v, i, 1, buf, sizeof buf);
+        if (k > v->max_piece)
+            v->max_piece = k;
+    }
+}
+
+size_t llm_vocab_min_tokens(const llm_vocab *v, size_t bytes)
+{
+    return bytes / (size_t)v->max_piece + (bytes % (size_t)v->max_piece != 0);
+}
+
 llm_status llm_vocab_load(const gguf_file *f, llm_vocab **out, llm_error *err)
 {
     *out = NULL;
@@ -270,6 +318,7 @@ llm_status llm_vocab_load(const gguf_file *f, llm_vocab **out, llm_error *err)
         return st;
     }
     load_byte_tokens(v);
+    load_max_piece(v);
     *out = v;
     return LLM_OK;
 }
@@ -280,7 +329,7 @@ void llm_vocab_free(llm_vocab *v)
         return;
     free(v->scores);
     free(v->types);
-    free(v->special);
+    free(v->trie);
     strmap_free(&v->tokens);
     strmap_free(&v->merges);
     free(v);
@@ -322,19 +371,20 @@ int llm_vocab_is_eog(const llm_vocab *v, int32_t id)
 
 /* Finds the longest special token text at text[pos]; -1 if none.
  * User-defined tokens (added words, whitespace runs) always match, as in the
- * reference; control tokens only when parse_special. */
+ * reference; control tokens only when parse_special. A walk down the trie:
+ * at most the longest special text's bytes per position. */
 static int32_t special_at(const llm_vocab *v, const char *text, size_t len, size_t pos, int parse_special)
 {
-    if (!v->special_first[(unsigned char)text[pos]]) /* most bytes start no special token */
-        return -1;
-    for (int i = 0; i < v->n_special; i++) {
-        if (!parse_special && v->types[v->special[i]] != LLM_TOKEN_USER_DEFINED)
-            continue;
-        gguf_str s = v->text[v->special[i]];
-        if (s.len <= len - pos && !memcmp(text + pos, s.data, s.len))
-            return v->special[i];
+    int32_t best = -1, k = v->trie_first[(unsigned char)text[pos]];
+    for (size_t i = pos; k; ) {
+        int32_t t = v->trie[k].token;
+        if (t >= 0 && (parse_special || v->types[t] == LLM_TOKEN_USER_DEFINED))
+            best = t;
+        if (++i == len)
+            break;
+        for (k = v->trie[k].child; k && v->trie[k].byte != (uint8_t)text[i];) k = v->trie[k].sibling;
     }
-    return -1;
+    return best;
 }
 
 static void tok_fragment(const llm_vocab *v, const char *text, size_t len, int after_special, tok_out *o)

@@ -35,10 +35,14 @@ struct llm_vocab {
     strmap merges;          /* "left right" -> rank (BPE) */
     int32_t bos, eos, unk, eot, eom, pad;
     int add_bos, add_eos, add_space_prefix, ignore_merges;
-    int32_t *special;       /* control/user-defined ids, longest text first */
-    int n_special;
-    uint8_t special_first[256]; /* 1 for bytes that start some special text */
+    /* The special (control, user-defined, unknown) tokens' texts as a trie:
+     * matching at a position walks at most the longest such text, whatever
+     * the number of them (Gemma 3 has 6,000+, most starting with '<'). */
+    struct tok_trie *trie;  /* owned; node 0 is the root */
+    int n_trie;
+    int32_t trie_first[256]; /* the root's child for each first byte; 0: none */
     int32_t byte_tok[256];  /* byte fallback tokens (-1 when missing) */
+    int max_piece;          /* the most bytes of text one token stands for (llm_vocab_min_tokens) */
 };
 
 /* Growable id list with a hard cap (LLM_TOKENIZE_MAX_BYTES ids). */

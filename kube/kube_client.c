@@ -7,6 +7,7 @@
 #include <strings.h>
 
 #include "http_client.h" /* http_client_body: the bounded response buffer */
+#include "llm/json.h"
 #include "kube_client.h"
 
 #define KUBE_MAX_BODY (64u << 20) /* a list of thousands of objects fits */
@@ -168,7 +169,7 @@ struct curl_slist *kube_client_curl_login(kube_config *cfg, CURL *c)
 /* The API's error for an HTTP status, with its Status message. */
 static llm_status http_error(long code, const char *method, const char *path, const http_client_body *b, llm_error *err)
 {
-    json_t *j = b->p ? json_loads(b->p, 0, NULL) : NULL;
+    json_t *j = b->p ? llm_json_loads(b->p, 0, NULL) : NULL;
     const char *msg = json_string_value(json_object_get(j, "message"));
     llm_status st = code == 404 ? LLM_ERR_NOT_FOUND : code == 409 ? KUBE_ERR_CONFLICT : code == 410 ? KUBE_ERR_GONE
                   : code == 422 || code == 400 ? LLM_ERR_INVALID_ARG : code == 401 || code == 403 ? KUBE_ERR_FORBIDDEN
@@ -237,9 +238,10 @@ llm_status kube_client_request(kube_client *k, const char *method, const char *p
     if (!st && (code < 200 || code > 299))
         st = http_error(code, method, path, &b, err);
     if (!st && out) {
-        json_error_t je;
-        if (!(*out = json_loads(b.p ? b.p : "{}", 0, &je)))
-            st = llm_errf(err, LLM_ERR_FORMAT, "%s %s: response is not JSON: %s", method, path, je.text);
+        llm_error je = {0};
+        if (!(*out = llm_json_loads(b.p ? b.p : "{}", 0, &je)))
+            st = llm_errf(err, je.code == LLM_ERR_NOMEM ? LLM_ERR_NOMEM : LLM_ERR_FORMAT, "%s %s: response: %s", method,
+                          path, je.msg);
     }
     free(b.p);
     return st;

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "llm/json.h"
 #include "kube_watch.h"
 #include "llm/clock.h"
 
@@ -41,7 +42,7 @@ static void set_rv(wstate *w, json_t *obj)
 /* One complete line: a watch event. */
 static void on_line(wstate *w, const char *s, size_t n)
 {
-    json_t *ev = json_loadb(s, n, 0, NULL);
+    json_t *ev = llm_json_load(s, n, 0, NULL, NULL);
     const char *type = json_string_value(json_object_get(ev, "type"));
     json_t *obj = json_object_get(ev, "object");
     if (type && !strcmp(type, "ERROR")) {

@@ -38,6 +38,7 @@
 #include <time.h>
 
 #include "llm/clock.h"
+#include "llm/thread.h"
 
 typedef struct guard_conn {
     struct guard_conn *prev, *next; /* armed ones, under mu */
@@ -50,6 +51,12 @@ typedef struct guard_conn {
 
 enum { GUARD_RESERVE = 32, WATCH_MS = 100 };
 
+/* A handler set with http_guard_route. */
+typedef struct guard_route {
+    mg_request_handler fn;
+    void *cbdata;
+} guard_route;
+
 struct http_guard {
     http_guard_cfg cfg;
     struct mg_context *mg;
@@ -61,6 +68,8 @@ struct http_guard {
     http_guard_stats stats;   /* accepted, refused, cut (open is n) */
     pthread_t watchdog;
     int watching;
+    guard_route routes[HTTP_GUARD_ROUTES];
+    int n_routes;
 };
 
 int http_guard_threads(int max_connections) { return max_connections + GUARD_RESERVE; }
@@ -445,6 +454,48 @@ void http_guard_arm(struct mg_connection *c, double seconds)
     }
     k->deadline = llm_clock_mono_s() + seconds;
     pthread_mutex_unlock(&g->mu);
+}
+
+/* One request on a big stack: what the civetweb worker hands over. */
+typedef struct route_job {
+    const guard_route *r;
+    struct mg_connection *c;
+    int status;
+} route_job;
+
+static void *route_run(void *arg)
+{
+    route_job *j = arg;
+    j->status = j->r->fn(j->c, j->r->cbdata);
+    return NULL;
+}
+
+/* civetweb's handler for every routed uri: the job on a thread of its own;
+ * the connection is used by that thread alone until it is joined. */
+static int route_trampoline(struct mg_connection *c, void *cbdata)
+{
+    route_job j = {.r = cbdata, .c = c};
+    pthread_t t;
+    if (llm_thread_create(&t, LLM_THREAD_STACK, route_run, &j)) {
+        static const char body[] = "{\"error\":{\"message\":\"no thread for the request; retry shortly\","
+                                   "\"type\":\"server_error\"}}";
+        mg_disable_connection_keep_alive(c);
+        mg_printf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                     "Retry-After: 1\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
+        return 503;
+    }
+    pthread_join(t, NULL);
+    return j.status;
+}
+
+int http_guard_route(http_guard *g, const char *uri, mg_request_handler fn, void *cbdata)
+{
+    if (g->n_routes == HTTP_GUARD_ROUTES)
+        return -1;
+    guard_route *r = &g->routes[g->n_routes++];
+    *r = (guard_route){fn, cbdata};
+    mg_set_request_handler(g->mg, uri, route_trampoline, r);
+    return 0;
 }
 
 void http_guard_serve(http_guard *g)

@@ -16,6 +16,10 @@
  * A handler gives a phase of its own a deadline (http_guard_arm: reading a
  * body, which civetweb does not bound) and disarms it after; past it, the
  * guard's watchdog shuts the connection's socket, so the read fails.
+ * civetweb's worker threads have 100 KiB stacks (compiled in): a handler
+ * set with http_guard_route runs on a thread of LLM_THREAD_STACK instead
+ * (llm/thread.h), where the depth limits of request and model-output code
+ * hold with a wide margin.
  *
  * Thread-safety: every function may be called from any thread; the
  * per-connection calls only from the thread serving that connection. */
@@ -89,6 +93,14 @@ void http_guard_discard(struct mg_connection *c, long long max, double seconds);
  * (header_timeout_s) is then the only bound. */
 void http_guard_arm(struct mg_connection *c, double seconds);
 void http_guard_disarm(struct mg_connection *c);
+/* Sets fn (with cbdata) as the handler of uri, as mg_set_request_handler
+ * does, run on a thread of its own with a stack of LLM_THREAD_STACK while
+ * civetweb's worker waits for it (so a request costs a thread more, and
+ * a recursion in it has the room its limit was sized for). When no thread
+ * can be made the request gets 503 with Retry-After. At most
+ * HTTP_GUARD_ROUTES routes; 0, or -1 past them. */
+#define HTTP_GUARD_ROUTES 32
+int http_guard_route(http_guard *g, const char *uri, mg_request_handler fn, void *cbdata);
 /* The handlers are set: requests reach them from now on (before, each
  * gets 503 and Retry-After: civetweb listens from its start). */
 void http_guard_serve(http_guard *g);

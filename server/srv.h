@@ -77,19 +77,16 @@ typedef struct srv_err {
     const char *type;
     char param[64];
     char msg[512];
-    int retry_s;               /* 429: when to retry (Retry-After); 0: 1 s */
+    int retry_s;               /* 429: when to retry (Retry-After; 0: 1 s); 503: > 0 when the pod, not the
+                                * request, is the cause (loading, draining): Retry-After, so routers pass it by */
 } srv_err;
 
 void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* srv_err_set, then -1: `return srv_fail(e, 400, "n", "...");` */
 int srv_fail(srv_err *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-/* Makes jansson allocate through the server's allocator, so a parse or
- * print that ran out of memory is known as such (call once, before any
- * thread). Without it the two functions below still work but may take a
- * memory failure inside jansson for malformed input. Both may be called
- * from any thread (the failure flag is per thread). */
-void srv_json_init(void);
-/* j as compact JSON text (caller frees), or NULL when j is NULL or memory
+/* (Both below may be called from any thread; bodies are read through
+ * llm_json_load, so within its depth and memory bounds.)
+ * j as compact JSON text (caller frees), or NULL when j is NULL or memory
  * ran out while printing it (never a text with a part missing). */
 char *srv_json_text(const json_t *j);
 /* The body as JSON of any type (caller owns it), or NULL with e set: 400

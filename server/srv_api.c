@@ -11,6 +11,7 @@
 
 #include "llm/chat.h"
 #include "llm/grammar.h"
+#include "llm/json.h"
 #include "llm/strbuf.h"
 #include "srv.h"
 #include "srv_fields.h"
@@ -31,30 +32,13 @@ void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...
     va_end(ap);
 }
 
-/* Set when jansson's allocator fails on this thread: jansson then often
- * reports a syntax error of its own (a string it could not store), which
- * must not reach the client as a 400. */
-static _Thread_local int json_oom;
-
-static void *json_alloc(size_t n)
-{
-    void *p = malloc(n);
-    if (!p)
-        json_oom = 1;
-    return p;
-}
-
-static void json_release(void *p) { free(p); }
-
-void srv_json_init(void) { json_set_alloc_funcs(json_alloc, json_release); }
-
 char *srv_json_text(const json_t *j)
 {
     if (!j)
         return NULL;
-    json_oom = 0;
+    llm_json_oom_reset();
     char *s = json_dumps(j, JSON_COMPACT);
-    if (s && json_oom) { /* jansson 2.14 drops an object key it could not append, and goes on */
+    if (s && llm_json_oom()) { /* jansson 2.14 drops an object key it could not append, and goes on */
         free(s);
         s = NULL;
     }
@@ -63,14 +47,12 @@ char *srv_json_text(const json_t *j)
 
 json_t *srv_json_parse(const char *body, size_t len, srv_err *e)
 {
-    json_error_t je;
-    json_oom = 0;
-    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    /* an empty reason: jansson failed before reading (no buffers) */
-    if (!o && (json_oom || json_error_code(&je) == json_error_out_of_memory || !je.text[0]))
+    llm_error err = {0};
+    json_t *o = llm_json_load(body, len, JSON_REJECT_DUPLICATES, NULL, &err);
+    if (!o && err.code == LLM_ERR_NOMEM)
         srv_err_set(e, 503, NULL, "out of memory while parsing the body");
     else if (!o)
-        srv_err_set(e, 400, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+        srv_err_set(e, 400, NULL, "the body: %s", err.msg);
     return o;
 }
 
@@ -181,8 +163,8 @@ static int parse_sampling(json_t *o, llm_request *rq, srv_err *e)
         srv_int_field(o, "top_k", -1, 1 << 30, &top_k, e) || srv_int_field(o, "seed", -(1L << 62), 1L << 62, &seed, e) ||
         srv_int_field(o, "n", 1, LLM_MAX_N, &n, e) || srv_int_field(o, "priority", -1000000, 1000000, &prio, e))
         return -1;
-    if (top_p <= 0) {
-        srv_err_set(e, 400, "top_p", "'top_p' must be greater than 0");
+    if (!((float)top_p > 0)) { /* 1e-320 is > 0, but not as the engine's float */
+        srv_err_set(e, 400, "top_p", "'top_p' must be greater than 0 (and at least 1e-45, a float's least)");
         return -1;
     }
     p->temperature = (float)t;
@@ -260,12 +242,30 @@ static int parse_prompt(json_t *o, srv_completion *c, srv_err *e)
     return 0;
 }
 
+/* A text of len bytes that cannot fit the context in any tokenization
+ * (llm_vocab_min_tokens) is refused before the tokenizer spends time on
+ * it: 0, or -1 with e set (400 naming param). */
+static int fits_context(const srv *s, const llm_vocab *v, size_t len, const char *param, srv_err *e)
+{
+    llm_stats st;
+    size_t least = llm_vocab_min_tokens(v, len);
+    if (!s->engine) /* (parsing alone, in tests: the engine checks it again in any case) */
+        return 0;
+    llm_engine_stats(s->engine, &st);
+    if (least <= (size_t)st.n_ctx)
+        return 0;
+    return srv_fail(e, 400, param, "the %s of %zu bytes is at least %zu tokens; the context holds %d",
+                    strcmp(param, "prompt") ? "rendered chat" : "prompt", len, least, st.n_ctx);
+}
+
 /* The rendered chat as token ids: the template's markup as control
  * tokens, the messages' contents as plain text (llm_tokenize_guarded). */
-static int chat_tokens(const llm_vocab *v, const llm_span *sp, int n_sp, srv_completion *c, srv_err *e)
+static int chat_tokens(const srv *s, const llm_vocab *v, const llm_span *sp, int n_sp, srv_completion *c, srv_err *e)
 {
     llm_error err = {0};
     int n = 0;
+    if (fits_context(s, v, strlen(c->prompt), "messages", e))
+        return -1;
     if (llm_tokenize_guarded(v, c->prompt, strlen(c->prompt), 1, sp, n_sp, &c->ids, &n, &err)) {
         srv_err_set(e, err.code == LLM_ERR_NOMEM ? 503 : 400, "messages", "%s", err.msg);
         return -1;
@@ -353,7 +353,7 @@ static int parse_messages(const srv *s, const srv_chat *chat, const llm_vocab *v
         return -1;
     }
     c->rq.text = c->prompt;
-    int rc = vocab ? chat_tokens(vocab, sp, n_sp, c, e) : 0;
+    int rc = vocab ? chat_tokens(s, vocab, sp, n_sp, c, e) : 0;
     free(sp);
     return rc;
 }
@@ -556,7 +556,11 @@ int srv_parse_completion(const srv *s, const srv_chat *chat, const llm_vocab *vo
         return -1;
     if (c->generate)
         return parse_text(c->root, c, e);
-    return is_chat ? parse_messages(s, chat, vocab, c->root, len, c, e) : parse_prompt(c->root, c, e);
+    if (is_chat)
+        return parse_messages(s, chat, vocab, c->root, len, c, e);
+    if (parse_prompt(c->root, c, e))
+        return -1;
+    return c->rq.text && vocab ? fits_context(s, vocab, strlen(c->rq.text), "prompt", e) : 0;
 }
 
 void srv_completion_free(srv_completion *c)

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "llm/json.h"
 #include "llm/strbuf.h"
 #include "srv.h"
 #include "srv_chat.h"
@@ -303,7 +304,7 @@ static json_t *calls_for_template(json_t *calls)
     size_t i;
     json_array_foreach(calls, i, c) {
         json_t *fn = json_object_get(c, "function"), *args = json_object_get(fn, "arguments");
-        json_t *obj = json_is_string(args) ? json_loads(json_string_value(args), JSON_REJECT_DUPLICATES, NULL) : NULL;
+        json_t *obj = json_is_string(args) ? llm_json_loads(json_string_value(args), JSON_REJECT_DUPLICATES, NULL) : NULL;
         json_t *nc = copy_members(c), *nfn = json_is_object(fn) ? copy_members(fn) : NULL;
         int bad = !out || !nc || (json_is_object(fn) && !nfn);
         if (!bad && nfn && json_is_object(obj))
@@ -342,7 +343,7 @@ static int generic_history(json_t *copy, json_t *m, const char *text, srv_err *e
         json_array_foreach(calls, i, c) {
             json_t *fn = json_object_get(c, "function"), *args = json_object_get(fn, "arguments");
             /* a JSON text as its value; any other text stays a string, as it was sent */
-            json_t *a = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : json_incref(args);
+            json_t *a = json_is_string(args) ? llm_json_loads(json_string_value(args), 0, NULL) : json_incref(args);
             if (!a && json_is_string(args))
                 a = json_incref(args);
             if (!list || json_array_append_new(list, json_pack("{s:O,s:o}", "name", json_object_get(fn, "name"),
@@ -379,9 +380,17 @@ static int bad_calls(json_t *calls, size_t i, srv_err *e)
     json_t *c;
     json_array_foreach(calls, k, c) {
         json_t *fn = json_object_get(c, "function"), *args = json_object_get(fn, "arguments");
+        llm_error err = {0};
         if (!json_is_string(json_object_get(fn, "name")) || (args && !json_is_string(args) && !json_is_object(args))) {
             srv_err_set(e, 400, "messages", "messages[%zu].tool_calls[%zu] must be {\"function\": {\"name\": "
                                             "string, \"arguments\": string or object}}", i, k);
+            return 1;
+        }
+        /* a JSON text in it is read for the template: too deep is refused here, not taken for plain text */
+        if (json_is_string(args) &&
+            llm_json_scan(json_string_value(args), json_string_length(args), LLM_JSON_MAX_DEPTH, NULL, &err) ==
+                LLM_ERR_TOO_LONG) {
+            srv_err_set(e, 400, "messages", "messages[%zu].tool_calls[%zu].function.arguments: %s", i, k, err.msg);
             return 1;
         }
     }

@@ -58,10 +58,14 @@ static int ids_of(json_t *a, int n_vocab, int idx, int32_t **out, int *n, srv_er
 }
 
 /* One string input, tokenized as a completion's prompt text is. */
-static int ids_of_text(const srv *s, json_t *str, int idx, int32_t **out, int *n, srv_err *e)
+static int ids_of_text(const srv *s, json_t *str, int idx, int max_tokens, int32_t **out, int *n, srv_err *e)
 {
+    size_t least = llm_vocab_min_tokens(s->model->vocab, json_string_length(str));
     if (json_string_length(str) == 0)
         return srv_fail(e, 400, "input", "input %d is an empty string", idx);
+    if (least > (size_t)max_tokens) /* refused before the tokenizer spends time on it */
+        return srv_fail(e, 400, "input", "input %d of %zu bytes is at least %zu tokens; at most %d fit", idx,
+                        json_string_length(str), least, max_tokens);
     llm_error err = {0};
     llm_status st = llm_tokenize(s->model->vocab, json_string_value(str), json_string_length(str), 1, 1, out, n, &err);
     if (st)
@@ -93,7 +97,7 @@ static int parse_input(const srv *s, json_t *in, int max_tokens, srv_embed *q, s
     q->n = (int)n;
     for (size_t i = 0; i < n; i++) {
         json_t *x = many ? json_array_get(in, i) : in;
-        int rc = json_is_string(x)  ? ids_of_text(s, x, (int)i, &q->ids[i], &q->n_ids[i], e)
+        int rc = json_is_string(x)  ? ids_of_text(s, x, (int)i, max_tokens, &q->ids[i], &q->n_ids[i], e)
                  : json_is_array(x) ? ids_of(x, n_vocab, (int)i, &q->ids[i], &q->n_ids[i], e)
                                     : srv_fail(e, 400, "input", "input %zu is neither a string nor an array of token ids", i);
         if (rc)

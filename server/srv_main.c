@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "llm/json.h"
 #include "llm/log.h"
 #include "llm/chat.h"
 #include "http_guard.h"
@@ -109,7 +110,7 @@ int main(int argc, char **argv)
     static srv s;
     llm_error err = {0};
     int help = 0;
-    srv_json_init();
+    llm_json_init();
     if (srv_config_load(argc, argv, &s.cfg, &help, &err)) {
         fprintf(stderr, "llm-server: %s\n", err.msg);
         srv_config_usage(stderr);

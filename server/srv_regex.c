@@ -289,7 +289,7 @@ static int rx_group(rx *r, llm_strbuf *b)
     else if (r->p < r->end && *r->p == '?')
         return rx_fail(r, "a lookaround or named group");
     if (++r->depth > RX_MAX_DEPTH)
-        return rx_fail(r, "nesting this deep");
+        return rx_failf(r, "pattern: groups nested deeper than %d", RX_MAX_DEPTH);
     llm_strbuf_append(b, "( ", 2);
     if (rx_alt(r, b))
         return -1;

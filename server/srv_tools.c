@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "llm/json.h"
 #include "llm/strbuf.h"
 #include "srv.h"
 #include "srv_schema.h"
@@ -278,13 +279,25 @@ static void call_id(srv_tool_format f, char out[32])
     out[at + n] = 0;
 }
 
+/* What reading calls ran into, beside calls that are not valid (*fault
+ * bits): memory ran out; a value nested past LLM_JSON_MAX_DEPTH (or too
+ * costly to hold), which ends the request rather than pass as text. */
+enum { TOOLS_OOM = 1, TOOLS_DEEP = 2 };
+
+/* The fault bit of a failed llm_json_load. */
+static int load_fault(const llm_error *err)
+{
+    return err->code == LLM_ERR_NOMEM ? TOOLS_OOM : err->code == LLM_ERR_TOO_LONG ? TOOLS_DEEP : 0;
+}
+
 /* One OpenAI tool call for name(args), or NULL when name is not a tool or
- * args not an object (a JSON text of one counts), or memory ran out (*oom). */
-static json_t *make_call(const srv_tools *t, const char *name, json_t *args, int *oom)
+ * args not an object (a JSON text of one counts), or a fault (*fault). */
+static json_t *make_call(const srv_tools *t, const char *name, json_t *args, int *fault)
 {
     json_t *parsed = NULL;
-    if (json_is_string(args))
-        args = parsed = json_loads(json_string_value(args), JSON_REJECT_DUPLICATES, NULL);
+    llm_error err = {0};
+    if (json_is_string(args) && !(args = parsed = llm_json_loads(json_string_value(args), JSON_REJECT_DUPLICATES, &err)))
+        *fault |= load_fault(&err);
     if (!find_tool(t, name) || !json_is_object(args)) {
         json_decref(parsed);
         return NULL;
@@ -296,45 +309,47 @@ static json_t *make_call(const srv_tools *t, const char *name, json_t *args, int
                               "arguments", a)
                   : NULL;
     free(a);
-    *oom |= !c;
+    *fault |= c ? 0 : TOOLS_OOM;
     return c;
 }
 
 /* A JSON value at the start of s (after blanks); *used gets the bytes it
- * took. NULL when none parses. */
-static json_t *json_at(const char *s, size_t n, size_t *used)
+ * took. NULL when none parses (*fault says when it was too deep). */
+static json_t *json_at(const char *s, size_t n, size_t *used, int *fault)
 {
-    size_t k = 0;
+    size_t k = 0, took = 0;
     while (k < n && isspace((unsigned char)s[k])) k++;
-    json_error_t je;
-    json_t *v = json_loadb(s + k, n - k, JSON_DISABLE_EOF_CHECK | JSON_DECODE_ANY, &je);
-    *used = v ? k + (size_t)je.position : 0;
+    llm_error err = {0};
+    json_t *v = llm_json_load(s + k, n - k, LLM_JSON_PREFIX | JSON_DECODE_ANY, &took, &err);
+    if (!v)
+        *fault |= load_fault(&err);
+    *used = v ? k + took : 0;
     return v;
 }
 
-static int push(json_t *calls, json_t *c, int *oom)
+static int push(json_t *calls, json_t *c, int *fault)
 {
     if (!c)
         return -1;
     if (json_array_append_new(calls, c)) {
-        *oom = 1;
+        *fault |= TOOLS_OOM;
         return -1;
     }
     return 0;
 }
 
 /* {"name": ..., args_key: {...}} -> a call, or -1. */
-static int object_call(const srv_tools *t, json_t *o, const char *args_key, json_t *calls, int *oom)
+static int object_call(const srv_tools *t, json_t *o, const char *args_key, json_t *calls, int *fault)
 {
     json_t *args = json_object_get(o, args_key);
     if (!args && !strcmp(args_key, "parameters"))
         args = json_object_get(o, "arguments");
-    return json_is_object(o) ? push(calls, make_call(t, json_string_value(json_object_get(o, "name")), args, oom), oom)
+    return json_is_object(o) ? push(calls, make_call(t, json_string_value(json_object_get(o, "name")), args, fault), fault)
                              : -1;
 }
 
 #define G4_QUOTE "<|\"|>"
-#define G4_DEPTH 64 /* nesting of a gemma4 value */
+#define G4_DEPTH LLM_JSON_MAX_DEPTH /* nesting of a gemma4 value: as JSON's */
 
 /* The bytes [a, b) as a tool name in out; -1 when empty or too long. */
 static int copy_name(const char *a, const char *b, char out[TOOL_NAME_MAX + 1])
@@ -375,7 +390,7 @@ static int blank(const char *p, const char *end)
 
 /* Reads the call whose opening tag is at *pp and moves *pp past it. 0, or
  * -1 when it is not a valid call. */
-typedef int (*call_reader)(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *oom);
+typedef int (*call_reader)(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *fault);
 
 /* Where a wrapper (one of wraps, NULL-terminated; NULL: none) that ends
  * in blanks just before at starts; at when there is none. */
@@ -395,7 +410,7 @@ static const char *wrapper_start(const char *s, const char *at, const char *cons
  * xml, gemma4): each read by read; the text around them is content, less
  * a wrapper before a tag. */
 static int tagged_calls(const srv_tools *t, const char *s, size_t n, const char *tag, const char *const *wraps,
-                        call_reader read, json_t *calls, llm_strbuf *content, int *oom)
+                        call_reader read, json_t *calls, llm_strbuf *content, int *fault)
 {
     const char *p = s, *end = s + n;
     for (;;) {
@@ -405,7 +420,7 @@ static int tagged_calls(const srv_tools *t, const char *s, size_t n, const char 
             return json_array_size(calls) ? 0 : -1;
         }
         llm_strbuf_append(content, p, (size_t)(wrapper_start(p, at, wraps) - p));
-        if (read(t, &at, end, calls, oom))
+        if (read(t, &at, end, calls, fault))
             return -1;
         p = at;
     }
@@ -413,13 +428,13 @@ static int tagged_calls(const srv_tools *t, const char *s, size_t n, const char 
 
 /* ---- hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call> ------------------------ */
 
-static int hermes_call(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *oom)
+static int hermes_call(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *fault)
 {
     const char *p = *pp;
     size_t used;
     skip(&p, end, "<tool_call>");
-    json_t *o = json_at(p, (size_t)(end - p), &used);
-    int bad = object_call(t, o, "arguments", calls, oom);
+    json_t *o = json_at(p, (size_t)(end - p), &used, fault);
+    int bad = object_call(t, o, "arguments", calls, fault);
     json_decref(o);
     p += used;
     skip(&p, end, "</tool_call>");
@@ -430,7 +445,7 @@ static int hermes_call(const srv_tools *t, const char **pp, const char *end, jso
 /* ---- mistral: [TOOL_CALLS] then [{...}, ...] or name[ARGS]{...} (markers optional) ------------- */
 
 /* name[CALL_ID]id[ARGS]{...} at *pp (the markers optional). */
-static int mistral_named(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *oom)
+static int mistral_named(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *fault)
 {
     const char *p = *pp, *name = p;
     char nm[TOOL_NAME_MAX + 1];
@@ -446,27 +461,27 @@ static int mistral_named(const srv_tools *t, const char **pp, const char *end, j
     if (p >= end || *p != '{') /* else the arguments right after the name, as streaming holds them */
         return -1;
     size_t used;
-    json_t *args = json_at(p, (size_t)(end - p), &used);
-    int bad = push(calls, make_call(t, nm, args, oom), oom);
+    json_t *args = json_at(p, (size_t)(end - p), &used, fault);
+    int bad = push(calls, make_call(t, nm, args, fault), fault);
     json_decref(args);
     *pp = p + used;
     return bad;
 }
 
-static int mistral_calls(const srv_tools *t, const char *s, size_t n, json_t *calls, int *oom)
+static int mistral_calls(const srv_tools *t, const char *s, size_t n, json_t *calls, int *fault)
 {
     const char *p = s, *end = s + n;
     while (skip(&p, end, "[TOOL_CALLS]") || !blank(p, end)) {
         blanks(&p, end);
         if (p >= end || *p != '[') {
-            if (mistral_named(t, &p, end, calls, oom))
+            if (mistral_named(t, &p, end, calls, fault))
                 return -1;
             continue;
         }
         size_t used, i;
-        json_t *a = json_at(p, (size_t)(end - p), &used), *o;
+        json_t *a = json_at(p, (size_t)(end - p), &used, fault), *o;
         int bad = !json_is_array(a) || json_array_size(a) == 0;
-        json_array_foreach(a, i, o) bad |= object_call(t, o, "arguments", calls, oom);
+        json_array_foreach(a, i, o) bad |= object_call(t, o, "arguments", calls, fault);
         json_decref(a);
         if (bad)
             return -1;
@@ -476,8 +491,8 @@ static int mistral_calls(const srv_tools *t, const char *s, size_t n, json_t *ca
 }
 
 /* A Python literal (True, False, None as templates print them) or a JSON
- * text as JSON; NULL when it is neither. */
-static json_t *literal(const char *v, size_t n)
+ * text as JSON; NULL when it is neither (*fault: or too deep). */
+static json_t *literal(const char *v, size_t n, int *fault)
 {
     if (n == 4 && !memcmp(v, "True", 4))
         return json_true();
@@ -485,7 +500,11 @@ static json_t *literal(const char *v, size_t n)
         return json_false();
     if (n == 4 && !memcmp(v, "None", 4))
         return json_null();
-    return json_loadb(v, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL);
+    llm_error err = {0};
+    json_t *j = llm_json_load(v, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL, &err);
+    if (!j)
+        *fault |= load_fault(&err);
+    return j;
 }
 
 /* ---- xml: <function=name><parameter=key>value</parameter>...</function> ---------------------- */
@@ -503,13 +522,13 @@ static const char *param_type(json_t *tool, const char *key)
 /* Parameter text as its value (the newline the templates put on each
  * side dropped): the text for a string parameter, else what it parses to,
  * or the text when it parses to nothing. NULL: not UTF-8, or no memory. */
-static json_t *xml_value(json_t *tool, const char *key, const char *v, size_t n)
+static json_t *xml_value(json_t *tool, const char *key, const char *v, size_t n, int *fault)
 {
     if (n && v[0] == '\n')
         v++, n--;
     if (n && v[n - 1] == '\n')
         n--;
-    json_t *j = strcmp(param_type(tool, key), "string") ? literal(v, n) : NULL;
+    json_t *j = strcmp(param_type(tool, key), "string") ? literal(v, n, fault) : NULL;
     return j ? j : json_stringn(v, n);
 }
 
@@ -531,7 +550,7 @@ static const char *param_close(const char *v, const char *end)
 /* The parameters from *pp (just past <function=name>) through
  * </function> into args; *pp moves past them. 0, or -1 when they are
  * not parameters, one repeats, or the call is cut short. */
-static int xml_params(json_t *tool, const char **pp, const char *end, json_t *args)
+static int xml_params(json_t *tool, const char **pp, const char *end, json_t *args, int *fault)
 {
     const char *p = *pp;
     while (!skip(&p, end, "</function>")) {
@@ -543,7 +562,7 @@ static int xml_params(json_t *tool, const char **pp, const char *end, json_t *ar
             return -1;
         snprintf(key, sizeof key, "%.*s", (int)(gt - p), p);
         const char *v = gt + 1, *close = param_close(v, end);
-        json_t *val = close && !json_object_get(args, key) ? xml_value(tool, key, v, (size_t)(close - v)) : NULL;
+        json_t *val = close && !json_object_get(args, key) ? xml_value(tool, key, v, (size_t)(close - v), fault) : NULL;
         if (!val || json_object_set_new(args, key, val))
             return -1;
         p = close + strlen(XML_PARAM_END);
@@ -553,7 +572,7 @@ static int xml_params(json_t *tool, const char **pp, const char *end, json_t *ar
 }
 
 /* One <function=name>...</function> block at *pp, and the wrapper's end. */
-static int xml_call(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *oom)
+static int xml_call(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *fault)
 {
     const char *p = *pp;
     char name[TOOL_NAME_MAX + 1];
@@ -563,10 +582,10 @@ static int xml_call(const srv_tools *t, const char **pp, const char *end, json_t
         return -1;
     json_t *tool = find_tool(t, name), *args = json_object();
     p = gt + 1;
-    int bad = !tool || !args || xml_params(tool, &p, end, args);
+    int bad = !tool || !args || xml_params(tool, &p, end, args, fault);
     if (!bad)
-        bad = push(calls, make_call(t, name, args, oom), oom);
-    *oom |= !args;
+        bad = push(calls, make_call(t, name, args, fault), fault);
+    *fault |= args ? 0 : TOOLS_OOM;
     json_decref(args);
     if (!skip(&p, end, "</tool_call>"))
         skip(&p, end, "</seed:tool_call>");
@@ -576,7 +595,7 @@ static int xml_call(const srv_tools *t, const char **pp, const char *end, json_t
 
 /* ---- gemma4: <|tool_call>call:name{key:value,...}<tool_call|> --------------------------------- */
 
-static json_t *g4_value(const char **pp, const char *end, int depth);
+static json_t *g4_value(const char **pp, const char *end, int depth, int *fault);
 
 /* <|"|>text<|"|> at *pp. */
 static json_t *g4_string(const char **pp, const char *end)
@@ -601,7 +620,7 @@ static json_t *g4_key(const char **pp, const char *end)
 }
 
 /* One member (key:value) or item of container c at *p; -1 when none. */
-static int g4_member(json_t *c, const char **p, const char *end, int depth)
+static int g4_member(json_t *c, const char **p, const char *end, int depth, int *fault)
 {
     json_t *k = NULL;
     if (json_is_object(c)) {
@@ -613,7 +632,7 @@ static int g4_member(json_t *c, const char **p, const char *end, int depth)
         }
         (*p)++;
     }
-    json_t *v = g4_value(p, end, depth + 1);
+    json_t *v = g4_value(p, end, depth + 1, fault);
     int bad = !v || (k && json_object_get(c, json_string_value(k))); /* a repeated key is no call */
     if (bad)
         json_decref(v);
@@ -624,7 +643,7 @@ static int g4_member(json_t *c, const char **p, const char *end, int depth)
 }
 
 /* {key:value,...} or [value,...] at *pp; closing is '}' or ']'. */
-static json_t *g4_container(const char **pp, const char *end, int depth, char closing)
+static json_t *g4_container(const char **pp, const char *end, int depth, char closing, int *fault)
 {
     const char *p = *pp + 1;
     json_t *c = closing == '}' ? json_object() : json_array();
@@ -638,7 +657,7 @@ static json_t *g4_container(const char **pp, const char *end, int depth, char cl
         if (!first && !skip(&p, end, ","))
             bad = 1;
         else
-            bad = g4_member(c, &p, end, depth);
+            bad = g4_member(c, &p, end, depth, fault);
     }
     if (bad) {
         json_decref(c);
@@ -650,20 +669,22 @@ static json_t *g4_container(const char **pp, const char *end, int depth, char cl
 
 /* A value: a quoted string, an object, an array, or a bare literal
  * (numbers, true/false/null, Python's True/False/None) up to , } or ]. */
-static json_t *g4_value(const char **pp, const char *end, int depth)
+static json_t *g4_value(const char **pp, const char *end, int depth, int *fault)
 {
     blanks(pp, end);
+    if (depth > G4_DEPTH)
+        *fault |= TOOLS_DEEP;
     if (depth > G4_DEPTH || *pp >= end)
         return NULL;
     if (starts(*pp, end, G4_QUOTE))
         return g4_string(pp, end);
     if (**pp == '{' || **pp == '[')
-        return g4_container(pp, end, depth, **pp == '{' ? '}' : ']');
+        return g4_container(pp, end, depth, **pp == '{' ? '}' : ']', fault);
     const char *v = *pp, *p = v;
     while (p < end && *p != ',' && *p != '}' && *p != ']' && *p != '<') p++;
     size_t n = (size_t)(p - v);
     while (n && isspace((unsigned char)v[n - 1])) n--;
-    json_t *j = n ? literal(v, n) : NULL;
+    json_t *j = n ? literal(v, n, fault) : NULL;
     if (j && (json_is_string(j) || json_is_object(j) || json_is_array(j))) { /* bare text is not a value here */
         json_decref(j);
         return NULL;
@@ -673,7 +694,7 @@ static json_t *g4_value(const char **pp, const char *end, int depth)
 }
 
 /* <|tool_call>call:name{...}<tool_call|> at *pp. */
-static int gemma4_call(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *oom)
+static int gemma4_call(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *fault)
 {
     const char *p = *pp;
     char nm[TOOL_NAME_MAX + 1];
@@ -684,8 +705,8 @@ static int gemma4_call(const srv_tools *t, const char **pp, const char *end, jso
     p = name_span(p, end);
     if (copy_name(name, p, nm) || p >= end || *p != '{')
         return -1;
-    json_t *args = g4_container(&p, end, 0, '}');
-    int bad = push(calls, make_call(t, nm, args, oom), oom);
+    json_t *args = g4_container(&p, end, 0, '}', fault);
+    int bad = push(calls, make_call(t, nm, args, fault), fault);
     json_decref(args);
     skip(&p, end, "<tool_call|>");
     skip(&p, end, "<|tool_response>"); /* where the template has the tool's answer come */
@@ -709,33 +730,34 @@ int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text,
 {
     *content = NULL;
     *out = NULL;
-    int oom = 0;
+    int fault = 0;
     llm_strbuf all = {0}, rest = {0};
     llm_strbuf_append(&all, prefill ? prefill : "", prefill ? strlen(prefill) : 0);
     llm_strbuf_append(&all, text, n);
     json_t *calls = json_array();
     const char *s = all.p ? all.p : "", *end = s + all.len, *p = s;
-    int bad = oom = !calls || all.failed;
+    int bad = !calls || all.failed;
+    fault = bad ? TOOLS_OOM : 0;
     static const char *const xml_wraps[] = {"<tool_call>", "<seed:tool_call>", NULL};
     if (!bad && t->out == SRV_TOOLS_HERMES)
-        bad = tagged_calls(t, s, all.len, "<tool_call>", NULL, hermes_call, calls, &rest, &oom);
+        bad = tagged_calls(t, s, all.len, "<tool_call>", NULL, hermes_call, calls, &rest, &fault);
     else if (!bad && t->out == SRV_TOOLS_XML)
-        bad = tagged_calls(t, s, all.len, "<function=", xml_wraps, xml_call, calls, &rest, &oom);
+        bad = tagged_calls(t, s, all.len, "<function=", xml_wraps, xml_call, calls, &rest, &fault);
     else if (!bad && t->out == SRV_TOOLS_GEMMA4)
-        bad = tagged_calls(t, s, all.len, "<|tool_call>", NULL, gemma4_call, calls, &rest, &oom);
+        bad = tagged_calls(t, s, all.len, "<|tool_call>", NULL, gemma4_call, calls, &rest, &fault);
     else if (!bad && (t->out == SRV_TOOLS_MISTRAL || t->out == SRV_TOOLS_MISTRAL_ARGS))
-        bad = mistral_calls(t, s, all.len, calls, &oom);
+        bad = mistral_calls(t, s, all.len, calls, &fault);
     else if (!bad) { /* one JSON object is the whole answer */
         size_t used;
         skip(&p, end, "<|python_tag|>");
-        json_t *o = json_at(p, (size_t)(end - p), &used);
+        json_t *o = json_at(p, (size_t)(end - p), &used, &fault);
         if (t->out == SRV_TOOLS_LLAMA3)
-            bad = object_call(t, o, "parameters", calls, &oom);
+            bad = object_call(t, o, "parameters", calls, &fault);
         else {
             json_t *list = json_object_get(o, "tool_calls"), *c;
             size_t i;
             bad = !json_is_array(list) || json_array_size(list) == 0;
-            json_array_foreach(list, i, c) bad |= object_call(t, c, "arguments", calls, &oom);
+            json_array_foreach(list, i, c) bad |= object_call(t, c, "arguments", calls, &fault);
         }
         json_decref(o);
         bad |= !blank(p + used, end);
@@ -746,14 +768,14 @@ int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text,
         llm_strbuf_free(&rest);
         llm_strbuf_append(&rest, text, n);
     }
-    oom |= rest.failed;
-    if (!oom && rest.len && !blank(rest.p, rest.p + rest.len) && !(*content = llm_strbuf_take(&rest)))
-        oom = 1;
+    fault |= rest.failed ? TOOLS_OOM : 0;
+    if (!fault && rest.len && !blank(rest.p, rest.p + rest.len) && !(*content = llm_strbuf_take(&rest)))
+        fault |= TOOLS_OOM;
     llm_strbuf_free(&rest);
     llm_strbuf_free(&all);
-    if (oom) {
+    if (fault) {
         json_decref(calls);
-        return -1;
+        return fault & TOOLS_OOM ? -1 : -2;
     }
     *out = calls;
     return 0;

@@ -79,8 +79,10 @@ char *srv_tools_instructions(const srv_tools *t);
 /* The calls in a model's answer (prefill, then text): *calls a JSON array
  * of OpenAI tool calls, or NULL when the answer holds no valid call (then
  * it is all content); *content the text outside the calls (malloc'd; NULL
- * when there is none). Calls name only the request's tools. 0, or -1 when
- * memory ran out (nothing is returned then). */
+ * when there is none). Calls name only the request's tools. 0; -1 when
+ * memory ran out; -2 when a JSON value in it is nested deeper than
+ * LLM_JSON_MAX_DEPTH or over its memory budget (llm/json.h), which no
+ * answer can carry (nothing is returned then). */
 int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, json_t **calls,
                       char **content);
 

@@ -150,7 +150,14 @@ static void test_gemma4(void **state)
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) expect(SRV_TOOLS_GEMMA4, bad[i], "none", bad[i]);
     char deep[400] = "<|tool_call>call:add{a:";
     for (int i = 0; i < 80; i++) strcat(deep, "[");
-    expect(SRV_TOOLS_GEMMA4, deep, "none", deep); /* nesting past the bound */
+    /* nesting past the bound (LLM_JSON_MAX_DEPTH): no answer can carry it, the request ends with an error */
+    srv_tools t = tools_for(SRV_TOOLS_GEMMA4, NULL);
+    json_t *calls = NULL;
+    char *content = NULL;
+    assert_int_equal(srv_tools_extract(&t, NULL, deep, strlen(deep), &calls, &content), -2);
+    assert_null(calls);
+    assert_null(content);
+    json_decref(t.tools);
 }
 
 static void test_streaming_holds_back_calls(void **state)

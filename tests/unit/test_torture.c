@@ -1,7 +1,7 @@
 /* test_torture.c - allocation-failure torture (curl's habit). malloc,
  * calloc, realloc, strdup, aligned_alloc and free of every object linked
  * here are wrapped (ld --wrap, see the Makefile), and jansson allocates
- * through the server's allocator (srv_json_init), so through them too.
+ * through llm_json's hooks (llm_json_init), so through them too.
  * Each scenario first runs clean to count its allocations, then once for
  * every N with the Nth allocation failing (any thread: the engine
  * thread's allocations count too), and once more with every allocation
@@ -29,6 +29,7 @@
 
 #include "llm/chat.h"
 #include "llm/engine.h"
+#include "llm/json.h"
 #include "llm/mkmodel.h"
 #include <civetweb.h>
 
@@ -575,7 +576,7 @@ static void sc_http(long n)
 static int setup(void **st)
 {
     (void)st;
-    srv_json_init(); /* jansson allocates through the server's allocator, wrapped here */
+    llm_json_init(); /* jansson allocates through llm_json's hooks, so through the wrapped malloc */
     if (test_tiny_open(&g_tiny, "torture", QT_Q8_0, 5, 2))
         return -1;
     g_m = g_tiny.m;

@@ -36,6 +36,9 @@
  * wrong mask. */
 #define LLM_GMATCH_MAX_STACKS 256
 #define LLM_GMATCH_MAX_DEPTH 4096
+/* rule expansions nested in one push (far above a sane grammar's; each is a
+ * level of recursion: tests/unit/test_depth holds it to the request stack) */
+#define LLM_GMATCH_MAX_EXPAND 1024
 #define LLM_GMATCH_MAX_WORK 20000000L
 #define LLM_GMATCH_MAX_NODES (1 << 20) /* stack nodes alive in one mask walk: 24 MiB */
 

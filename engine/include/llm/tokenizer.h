@@ -46,6 +46,10 @@ int llm_vocab_is_eog(const llm_vocab *v, int32_t id);
 int llm_vocab_token_type(const llm_vocab *v, int32_t id);
 /* The stored token text (not NUL-terminated); len 0 for a bad id. */
 gguf_str llm_vocab_text(const llm_vocab *v, int32_t id);
+/* The fewest tokens a text of bytes bytes can take (no token stands for
+ * more bytes than the vocabulary's longest piece): a prompt that cannot
+ * fit a context is refused before it is tokenized. */
+size_t llm_vocab_min_tokens(const llm_vocab *v, size_t bytes);
 /* Id of an exact token text, or -1. */
 int32_t llm_vocab_find(const llm_vocab *v, const char *text, size_t len);
 

@@ -1,0 +1,338 @@
+/* json.c - JSON text read within bounds; see llm/json.h.
+ *
+ * The scan keeps the kinds of the open containers as bits of one word
+ * (1: object), which is why the depth it checks is at most 64: it needs
+ * no stack and no memory. jansson's allocator hooks are installed once,
+ * process-wide; they charge a thread's parse to its budget only while
+ * llm_json_load runs on that thread, and otherwise are malloc and free. */
+#include "llm/json.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+/* What a thread's allocations through jansson have come to. */
+typedef struct json_tl {
+    int on;            /* a budgeted parse runs on this thread */
+    int over;          /* it asked for more than its budget */
+    int oom;           /* malloc failed (set with or without a budget) */
+    size_t used, cap;  /* bytes charged, and the budget */
+} json_tl;
+
+static _Thread_local json_tl tl;
+static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
+
+/* A chunk's bookkeeping in glibc's allocator, charged with each allocation. */
+enum { CHUNK_OVERHEAD = 16 };
+
+static void *json_alloc(size_t n)
+{
+    if (tl.on) {
+        if (n > tl.cap - tl.used || n + CHUNK_OVERHEAD > tl.cap - tl.used) {
+            tl.over = 1;
+            return NULL;
+        }
+        tl.used += n + CHUNK_OVERHEAD;
+    }
+    void *p = malloc(n);
+    if (!p)
+        tl.oom = 1;
+    return p;
+}
+
+static void json_release(void *p) { free(p); }
+
+static void hooks_install(void) { json_set_alloc_funcs(json_alloc, json_release); }
+
+void llm_json_init(void) { pthread_once(&hooks_once, hooks_install); }
+
+void llm_json_oom_reset(void)
+{
+    llm_json_init();
+    tl.oom = 0;
+}
+
+int llm_json_oom(void) { return tl.oom; }
+
+/* ---- the scan ------------------------------------------------------------------- */
+
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static size_t skip_ws(const char *s, size_t n, size_t i)
+{
+    while (i < n && is_ws(s[i])) i++;
+    return i;
+}
+
+/* Past the string whose opening quote is at i: the offset after its
+ * closing quote, or n + 1 when it does not close. */
+static size_t skip_string(const char *s, size_t n, size_t i)
+{
+    for (i++; i < n; i++) {
+        if (s[i] == '\\')
+            i++;
+        else if (s[i] == '"')
+            return i + 1;
+    }
+    return n + 1;
+}
+
+/* Past a number or literal at i: the first byte that cannot be in one. */
+static size_t skip_scalar(const char *s, size_t n, size_t i)
+{
+    while (i < n && !is_ws(s[i]) && !strchr(",:[]{}\"", s[i])) i++;
+    return i;
+}
+
+llm_status llm_json_scan(const char *s, size_t n, int max_depth, size_t *end, llm_error *err)
+{
+    uint64_t kinds = 0; /* bit k: the container at depth k + 1 is an object */
+    int depth = 0;
+    size_t i = skip_ws(s, n, 0);
+    if (max_depth > 64)
+        max_depth = 64;
+    if (i == n)
+        return llm_errf(err, LLM_ERR_FORMAT, "no JSON value");
+    while (i < n) {
+        char c = s[i];
+        if (c == '"') {
+            if ((i = skip_string(s, n, i)) > n)
+                return llm_errf(err, LLM_ERR_FORMAT, "a string does not end");
+        } else if (c == '[' || c == '{') {
+            if (depth == max_depth)
+                return llm_errf(err, LLM_ERR_TOO_LONG, "JSON nested deeper than %d levels (at byte %zu)", max_depth, i);
+            kinds = kinds << 1 | (c == '{');
+            depth++;
+            i++;
+        } else if (c == ']' || c == '}') {
+            if (!depth || (int)(kinds & 1) != (c == '}'))
+                return llm_errf(err, LLM_ERR_FORMAT, "'%c' at byte %zu closes nothing open", c, i);
+            kinds >>= 1;
+            depth--;
+            i++;
+        } else if (depth && (is_ws(c) || c == ',' || c == ':')) {
+            i++;
+            continue;
+        } else {
+            size_t k = skip_scalar(s, n, i);
+            i = k > i ? k : i + 1; /* a stray delimiter at the top ends the value */
+        }
+        if (!depth)
+            break;
+    }
+    if (depth)
+        return llm_errf(err, LLM_ERR_FORMAT, "%d bracket%s still open at the end", depth, depth > 1 ? "s" : "");
+    if (end)
+        *end = i;
+    return LLM_OK;
+}
+
+/* ---- parsing ---------------------------------------------------------------------- */
+
+/* The memory budget of a text of n bytes (saturating). */
+static size_t budget_of(size_t n)
+{
+    if (n > (SIZE_MAX - LLM_JSON_COST_FLOOR) / LLM_JSON_COST_PER_BYTE)
+        return SIZE_MAX;
+    return n * LLM_JSON_COST_PER_BYTE + LLM_JSON_COST_FLOOR;
+}
+
+json_t *llm_json_load(const char *s, size_t n, size_t flags, size_t *used, llm_error *err)
+{
+    llm_error scan = {0};
+    if (llm_json_scan(s, n, LLM_JSON_MAX_DEPTH, NULL, &scan) == LLM_ERR_TOO_LONG) {
+        llm_errf(err, LLM_ERR_TOO_LONG, "%s", scan.msg);
+        return NULL;
+    }
+    /* other faults the scan saw are left to jansson, whose message gives line and column; it
+     * stops at or before them, so it never goes deeper than the scan did */
+    llm_json_init();
+    json_error_t je;
+    tl = (json_tl){.on = 1, .cap = budget_of(n)};
+    json_t *v = json_loadb(s, n, flags, &je);
+    json_tl t = tl;
+    tl.on = 0;
+    if (v && used)
+        *used = (size_t)je.position;
+    if (v)
+        return v;
+    if (t.over)
+        llm_errf(err, LLM_ERR_TOO_LONG, "the JSON text of %zu bytes would take more than %zu bytes of memory "
+                 "(%d per byte of text, plus %zu KiB)", n, t.cap, LLM_JSON_COST_PER_BYTE, LLM_JSON_COST_FLOOR >> 10);
+    else if (t.oom || json_error_code(&je) == json_error_out_of_memory || !je.text[0])
+        llm_errf(err, LLM_ERR_NOMEM, "out of memory while parsing JSON");
+    else
+        llm_errf(err, LLM_ERR_FORMAT, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+    return NULL;
+}
+
+json_t *llm_json_loads(const char *s, size_t flags, llm_error *err)
+{
+    return llm_json_load(s, strlen(s), flags, NULL, err);
+}
+
+/* ---- reading a few fields ---------------------------------------------------------- */
+
+/* Past the value at i (ws skipped first): its end, or 0 when none is whole. */
+static size_t value_end(const char *s, size_t n, size_t i)
+{
+    size_t e;
+    i = skip_ws(s, n, i);
+    if (i >= n || llm_json_scan(s + i, n - i, LLM_JSON_MAX_DEPTH, &e, NULL))
+        return 0;
+    return i + e;
+}
+
+int llm_json_item(llm_json_span arr, size_t *pos, llm_json_span *item)
+{
+    const char *s = arr.p;
+    size_t n = arr.n, i = *pos;
+    if (i == 0) { /* the opening bracket */
+        i = skip_ws(s, n, 0);
+        if (i >= n || s[i] != '[')
+            return 0;
+        i++;
+    } else if ((i = skip_ws(s, n, i)) < n && s[i] == ',') {
+        i++;
+    } else {
+        return 0; /* the end (or no comma: malformed) */
+    }
+    i = skip_ws(s, n, i);
+    size_t e = i < n && s[i] != ']' ? value_end(s, n, i) : 0;
+    if (!e)
+        return 0;
+    *item = (llm_json_span){s + i, e - i};
+    *pos = e;
+    return 1;
+}
+
+/* Whether the string span k (quotes included) decodes to key. */
+static int key_is(llm_json_span k, const char *key)
+{
+    size_t len = strlen(key);
+    if (!memchr(k.p, '\\', k.n))
+        return k.n == len + 2 && !memcmp(k.p + 1, key, len);
+    char buf[256];
+    if (len + 5 > sizeof buf)
+        return 0;
+    long got = llm_json_string(k, buf, len + 5); /* room for one character more: a longer one shows */
+    return got == (long)len && !memcmp(buf, key, len);
+}
+
+int llm_json_member(llm_json_span obj, const char *key, llm_json_span *val)
+{
+    const char *s = obj.p;
+    size_t n = obj.n, i = skip_ws(s, n, 0);
+    if (i >= n || s[i] != '{')
+        return 0;
+    for (i = skip_ws(s, n, i + 1); i < n && s[i] == '"';) {
+        size_t ke = skip_string(s, n, i), vs, ve;
+        if (ke > n || (vs = skip_ws(s, n, ke)) >= n || s[vs] != ':' || !(ve = value_end(s, n, vs + 1)))
+            return 0;
+        if (key_is((llm_json_span){s + i, ke - i}, key)) {
+            vs = skip_ws(s, n, vs + 1);
+            *val = (llm_json_span){s + vs, ve - vs};
+            return 1;
+        }
+        i = skip_ws(s, n, ve);
+        if (i >= n || s[i] != ',')
+            return 0;
+        i = skip_ws(s, n, i + 1);
+    }
+    return 0;
+}
+
+/* ---- string values -------------------------------------------------------------------- */
+
+static int hex4(const char *p, size_t left, unsigned *out)
+{
+    unsigned v = 0;
+    for (int k = 0; k < 4; k++) {
+        char c = k < (int)left ? p[k] : 0;
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0)
+            return -1;
+        v = v << 4 | (unsigned)d;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Code point cp as UTF-8 into b (4 bytes room); its length. */
+static int utf8_put(unsigned cp, char *b)
+{
+    if (cp < 0x80)
+        return b[0] = (char)cp, 1;
+    if (cp < 0x800)
+        return b[0] = (char)(0xC0 | cp >> 6), b[1] = (char)(0x80 | (cp & 0x3F)), 2;
+    if (cp < 0x10000)
+        return b[0] = (char)(0xE0 | cp >> 12), b[1] = (char)(0x80 | (cp >> 6 & 0x3F)), b[2] = (char)(0x80 | (cp & 0x3F)), 3;
+    b[0] = (char)(0xF0 | cp >> 18), b[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+    b[2] = (char)(0x80 | (cp >> 6 & 0x3F)), b[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* The escape at p[0] == '\\' (left bytes from it) as UTF-8 into b: its
+ * length, with *used the escape's bytes; -1 when malformed. A lone
+ * surrogate becomes U+FFFD. */
+static int unescape(const char *p, size_t left, char *b, size_t *used)
+{
+    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+    const char *k = left > 1 && p[1] ? strchr(from, p[1]) : NULL;
+    unsigned cp, lo;
+    *used = 2;
+    if (k)
+        return b[0] = to[k - from], 1;
+    if (left < 6 || p[1] != 'u' || hex4(p + 2, left - 2, &cp))
+        return -1;
+    *used = 6;
+    if (cp >= 0xD800 && cp < 0xDC00 && left >= 12 && p[6] == '\\' && p[7] == 'u' && !hex4(p + 8, left - 8, &lo) &&
+        lo >= 0xDC00 && lo < 0xE000) {
+        *used = 12;
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+    } else if (cp >= 0xD800 && cp < 0xE000) {
+        cp = 0xFFFD;
+    }
+    return utf8_put(cp, b);
+}
+
+/* The length of out[0..k) without a last UTF-8 character that is not whole. */
+static size_t utf8_whole(const char *out, size_t k)
+{
+    size_t st = k;
+    while (st && k - st < 4 && ((unsigned char)out[st - 1] & 0xC0) == 0x80) st--;
+    if (!st || !((unsigned char)out[st - 1] & 0x80))
+        return k; /* ASCII last, or stray continuation bytes (kept as they came) */
+    unsigned char lead = (unsigned char)out[st - 1];
+    size_t want = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
+    return k - (st - 1) >= want ? k : st - 1;
+}
+
+long llm_json_string(llm_json_span v, char *out, size_t cap)
+{
+    size_t i, k = 0;
+    int cut = 0;
+    if (!cap || v.n < 2 || v.p[0] != '"')
+        return -1;
+    for (i = 1; i < v.n && v.p[i] != '"';) {
+        char b[4];
+        size_t used = 1;
+        int len = 1;
+        b[0] = v.p[i];
+        if (v.p[i] == '\\' && (len = unescape(v.p + i, v.n - i, b, &used)) < 0)
+            return -1;
+        if (k + (size_t)len >= cap) {
+            cut = 1;
+            break;
+        }
+        memcpy(out + k, b, (size_t)len);
+        k += (size_t)len;
+        i += used;
+    }
+    if (!cut && i >= v.n)
+        return -1; /* no closing quote */
+    if (cut)
+        k = utf8_whole(out, k);
+    out[k] = 0;
+    return (long)k;
+}
