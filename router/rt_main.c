@@ -24,6 +24,7 @@
 #include "prom_text.h"
 #include "http_client.h"
 #include "http_guard.h"
+#include "llm/json.h"
 #include "llm/log.h"
 #include "kube_watch.h"
 #include "rt_proxy.h"
@@ -135,10 +136,14 @@ static char *slice_urls(json_t *slice)
         json_t *e = json_array_get(eps, i);
         json_t *ready = json_object_get(json_object_get(e, "conditions"), "ready");
         const char *ip = json_string_value(json_array_get(json_object_get(e, "addresses"), 0));
+        const char *pod = json_string_value(json_object_get(json_object_get(e, "targetRef"), "name"));
         if (!ip || (ready && !json_is_true(ready)))
             continue;
-        char line[300];
-        int k = snprintf(line, sizeof line, "http://%s:%lld\n", ip, port);
+        char line[600]; /* "POD=URL" (rt_pool_set): X-Backend names the pod, not its address */
+        int k = snprintf(line, sizeof line, "%s%shttp://%s:%lld\n", pod && !strchr(pod, '=') ? pod : "",
+                         pod && !strchr(pod, '=') ? "=" : "", ip, port);
+        if (k >= (int)sizeof line)
+            continue;
         if (n + (size_t)k + 1 > cap) {
             char *p = realloc(out, cap = (n + (size_t)k + 1) * 2);
             if (!p)
@@ -317,7 +322,7 @@ static int h_admin(struct mg_connection *c, void *cb)
         http_guard_disarm(c);
         body[n > 0 ? n : 0] = 0;
     }
-    json_t *j = code ? NULL : json_loads(body, 0, NULL), *w = json_object_get(j, "weight");
+    json_t *j = code ? NULL : llm_json_loads(body, 0, NULL), *w = json_object_get(j, "weight");
     if (!code)
         code = !json_is_integer(w) || json_integer_value(w) < 0 || json_integer_value(w) > 100 ? 400 : 200;
     if (code == 200) {
@@ -370,6 +375,7 @@ static int usage(void)
                     "                  [--admin-token-file F] [--weight-configmap NS/NAME]  (canaryWeight key)\n"
                     "                  (or LLM_ROUTER_ADMIN_TOKEN; --admin-token T works but shows in ps)\n"
                     "                  [--policy least-loaded|round-robin] [--affinity-header NAME] [--affinity-user]\n"
+                    "                  [--expose-backend false]  (true: answers name their backend in X-Backend)\n"
                     "                  [--retries 2] [--eject-after 3] [--eject-seconds 10] [--poll-ms 500]\n"
                     "                  [--metrics-port P]  (the backends' /metrics on their health port, not the API's)\n"
                     "                  [--max-body-bytes 1048576] [--timeout-s 600] [--max-connections 512]\n"
@@ -434,6 +440,8 @@ int main(int argc, char **argv)
             kubeconfig = v;
         else if (!strcmp(a, "--policy") && (!strcmp(v, "least-loaded") || !strcmp(v, "round-robin")))
             pc.policy = !strcmp(v, "round-robin") ? RT_ROUND_ROBIN : RT_LEAST_LOADED;
+        else if (!strcmp(a, "--expose-backend") && (!strcmp(v, "true") || !strcmp(v, "false")))
+            r.px.expose_backend = !strcmp(v, "true");
         else if (!strcmp(a, "--affinity-header"))
             r.px.affinity_header = *v ? v : NULL;
         else if (!strcmp(a, "--retries") && num(v, &x) && x >= 0 && x <= 10)

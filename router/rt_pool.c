@@ -32,6 +32,7 @@ typedef struct revstats {
 
 typedef struct backend {
     char url[256];
+    char name[128];            /* for X-Backend: the pod's name, or the URL as given */
     int rev;                   /* 0 stable, 1 canary */
     int live;                  /* in the current set (slots are kept while requests use them) */
     int inflight;
@@ -42,6 +43,7 @@ typedef struct backend {
     int trial;                 /* the half-open trial request is out */
     int ejections;
     unsigned long long requests, failed, codes[5]; /* 2xx 3xx 4xx 5xx none */
+    unsigned long long dropped;  /* connections it dropped after it had the request (not retried) */
     unsigned long long hist[N_BUCKETS + 1];
     double sum;
 } backend;
@@ -113,8 +115,19 @@ void rt_pool_free(rt_pool *p)
     free(p);
 }
 
+/* The URL of entry e ("NAME=URL" or "URL"): e past "NAME=" when what
+ * follows is an http(s) URL; the name (NAME, else the URL) into name. */
+static const char *entry_url(const char *e, char *name, size_t n)
+{
+    const char *eq = strchr(e, '=');
+    const char *url = eq && (!strncmp(eq + 1, "http://", 7) || !strncmp(eq + 1, "https://", 8)) ? eq + 1 : e;
+    snprintf(name, n, "%.*s", (int)(url == e ? strlen(e) : (size_t)(eq - e)), e);
+    return url;
+}
+
 llm_status rt_pool_set(rt_pool *p, int rev, const char *const *urls, int n, llm_error *err)
 {
+    char name[128];
     rev = rev ? 1 : 0;
     pthread_mutex_lock(&p->mu);
     /* first those that stay (they keep their breaker and load state)... */
@@ -122,13 +135,16 @@ llm_status rt_pool_set(rt_pool *p, int rev, const char *const *urls, int n, llm_
         if (p->b[i].rev != rev)
             continue;
         p->b[i].live = 0;
-        for (int u = 0; u < n && !p->b[i].live; u++) p->b[i].live = !strcmp(p->b[i].url, urls[u]);
+        for (int u = 0; u < n && !p->b[i].live; u++)
+            if ((p->b[i].live = !strcmp(p->b[i].url, entry_url(urls[u], name, sizeof name))))
+                snprintf(p->b[i].name, sizeof p->b[i].name, "%s", name);
     }
     /* ...then the new ones, in slots no request uses any more */
     llm_status st = LLM_OK;
     for (int u = 0; u < n && !st; u++) {
         int i = 0, slot = -1;
-        while (i < p->n && !(p->b[i].live && p->b[i].rev == rev && !strcmp(p->b[i].url, urls[u]))) i++;
+        const char *url = entry_url(urls[u], name, sizeof name);
+        while (i < p->n && !(p->b[i].live && p->b[i].rev == rev && !strcmp(p->b[i].url, url))) i++;
         if (i < p->n)
             continue;
         for (int j = 0; j < p->n && slot < 0; j++)
@@ -141,7 +157,8 @@ llm_status rt_pool_set(rt_pool *p, int rev, const char *const *urls, int n, llm_
         if (slot < 0)
             slot = p->n++;
         memset(&p->b[slot], 0, sizeof p->b[slot]);
-        snprintf(p->b[slot].url, sizeof p->b[slot].url, "%s", urls[u]);
+        snprintf(p->b[slot].url, sizeof p->b[slot].url, "%s", url);
+        snprintf(p->b[slot].name, sizeof p->b[slot].name, "%s", name);
         p->b[slot].rev = rev;
         p->b[slot].live = 1;
     }
@@ -174,6 +191,9 @@ int rt_pool_size(rt_pool *p)
     return n;
 }
 
+/* A backend's load as the choice sees it. Under mu. */
+static double load_of(const backend *b) { return b->inflight + b->waiting; }
+
 /* Usable now: live, not avoided, breaker closed or half-open with no
  * trial out. Under mu. */
 static int usable(rt_pool *p, int i, int rev, const unsigned char *avoid, double now)
@@ -194,7 +214,7 @@ static int least_loaded(rt_pool *p, int rev, const unsigned char *avoid, double 
         int i = (int)((p->rr + (unsigned)k) % (unsigned)p->n); /* rotating start: ties spread */
         if (!usable(p, i, rev, avoid, now))
             continue;
-        double load = p->b[i].inflight + p->b[i].waiting, run = p->b[i].running;
+        double load = load_of(&p->b[i]), run = p->b[i].running;
         if (best < 0 || load < best_load || (load == best_load && run < best_run)) {
             best = i;
             best_load = load;
@@ -215,10 +235,28 @@ static int round_robin(rt_pool *p, int rev, const unsigned char *avoid, double n
     return -1;
 }
 
+/* The most load a session's own backend may carry and still take it:
+ * consistent hashing with bounded loads (Mirrokni et al.), 1.25 times the
+ * average with this request counted, so a session stays put until its
+ * backend is well above the others and then moves along the ring. */
+static double session_bound(rt_pool *p, int rev, const unsigned char *avoid, double now)
+{
+    double total = 1;
+    int n = 0;
+    for (int i = 0; i < p->n; i++)
+        if (usable(p, i, rev, avoid, now)) {
+            total += load_of(&p->b[i]);
+            n++;
+        }
+    return n ? 1.25 * total / n + 1 : 0;
+}
+
 static int by_session(rt_pool *p, const char *session, int rev, const unsigned char *avoid, double now)
 {
     if (!p->n_ring)
         return -1;
+    double bound = session_bound(p, rev, avoid, now);
+    int first = -1;
     unsigned int h = hash32(session, 0);
     int lo = 0, hi = p->n_ring;
     while (lo < hi) {
@@ -230,10 +268,14 @@ static int by_session(rt_pool *p, const char *session, int rev, const unsigned c
     }
     for (int k = 0; k < p->n_ring; k++) {
         int i = p->ring[(lo + k) % p->n_ring].idx;
-        if (usable(p, i, rev, avoid, now))
+        if (!usable(p, i, rev, avoid, now))
+            continue;
+        if (load_of(&p->b[i]) < bound)
             return i;
+        if (first < 0)
+            first = i;
     }
-    return -1;
+    return first;
 }
 
 int rt_pool_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *url, size_t un)
@@ -289,6 +331,7 @@ void rt_pool_release(rt_pool *p, int idx, const rt_result *res)
     int cls = res->status >= 200 && res->status < 600 ? res->status / 100 - 2 : 4;
     b->inflight--;
     b->requests++;
+    b->dropped += res->dropped != 0;
     b->codes[cls]++;
     b->hist[rt_pool_bucket(res->seconds)]++;
     b->sum += res->seconds;
@@ -343,6 +386,16 @@ void rt_pool_report(rt_pool *p, int idx, int reachable, double waiting, double r
     pthread_mutex_unlock(&p->mu);
 }
 
+int rt_pool_name(rt_pool *p, int idx, char *name, size_t n)
+{
+    pthread_mutex_lock(&p->mu);
+    int ok = idx >= 0 && idx < p->n;
+    if (ok)
+        snprintf(name, n, "%s", p->b[idx].name);
+    pthread_mutex_unlock(&p->mu);
+    return ok;
+}
+
 int rt_pool_url(rt_pool *p, int idx, char *url, size_t un)
 {
     pthread_mutex_lock(&p->mu);
@@ -386,11 +439,17 @@ char *rt_pool_metrics(rt_pool *p)
     for (int i = 0; i < p->n; i++)
         for (int c = 0; p->b[i].live && c < 5; c++)
             llm_strbuf_printf(&t, "llm_router_requests_total{backend=\"%s\",code=\"%s\"} %llu\n", p->b[i].url, code[c], p->b[i].codes[c]);
-    llm_strbuf_printf(&t, "# HELP llm_router_backend_failures_total Attempts that failed (no connection or 5xx before any byte).\n"
+    llm_strbuf_printf(&t, "# HELP llm_router_backend_failures_total Attempts that failed (no connection, dropped, or a 5xx other than "
+                          "503 and 504 before any byte).\n"
             "# TYPE llm_router_backend_failures_total counter\n");
     for (int i = 0; i < p->n; i++)
         if (p->b[i].live)
             llm_strbuf_printf(&t, "llm_router_backend_failures_total{backend=\"%s\"} %llu\n", p->b[i].url, p->b[i].failed);
+    llm_strbuf_printf(&t, "# HELP llm_router_backend_dropped_total Attempts the backend dropped after it had the request "
+                          "(answered 502, not retried elsewhere).\n# TYPE llm_router_backend_dropped_total counter\n");
+    for (int i = 0; i < p->n; i++)
+        if (p->b[i].live)
+            llm_strbuf_printf(&t, "llm_router_backend_dropped_total{backend=\"%s\"} %llu\n", p->b[i].url, p->b[i].dropped);
     llm_strbuf_printf(&t, "# HELP llm_router_backend_ejections_total Times the circuit breaker ejected the backend.\n"
             "# TYPE llm_router_backend_ejections_total counter\n");
     for (int i = 0; i < p->n; i++)

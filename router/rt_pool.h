@@ -7,7 +7,10 @@
  *   - round robin (for comparison);
  *   - affinity: a session key (header or the request's "user") is hashed
  *     onto a ring of virtual nodes, so a session stays on one backend while
- *     the set changes little (consistent hashing).
+ *     the set changes little (consistent hashing), unless that backend
+ *     carries more than 1.25 times the average load: then the next one on
+ *     the ring takes it (bounded loads), so one session cannot pin a flood
+ *     to one pod.
  * Revisions: each backend is of the stable (0) or the canary (1) revision;
  * a request goes to the canary with probability weight/100 - exactly that
  * share, by a smooth counter, or by the session key's hash so a session
@@ -48,7 +51,8 @@ llm_status rt_pool_new(const rt_pool_config *c, rt_pool **out, llm_error *err);
 void rt_pool_free(rt_pool *p);
 
 /* Replaces the backends of revision rev (0 stable, 1 canary) with urls
- * ("http://10.0.0.5:8080"); backends that stay keep their state. */
+ * ("http://10.0.0.5:8080", or "NAME=http://..." to name it, e.g. its pod);
+ * backends that stay keep their state. */
 llm_status rt_pool_set(rt_pool *p, int rev, const char *const *urls, int n, llm_error *err);
 /* Share of requests for the canary, 0..100. */
 void rt_pool_set_weight(rt_pool *p, int weight);
@@ -70,6 +74,7 @@ int rt_pool_bucket(double seconds);
 typedef struct rt_result {
     int ok;              /* 0 counts a failure toward the breaker */
     int busy;            /* a 503 ("not now"): neither a failure nor a success for the breaker */
+    int dropped;         /* the backend dropped the connection after it had the request (not retried) */
     double seconds;      /* pick to last byte */
     double ttfb;         /* to the first byte; < 0: none came */
     int status;          /* HTTP status; 0: no answer */
@@ -87,6 +92,8 @@ int rt_pool_revision(rt_pool *p, int idx);
 /* The poller's reading of backend i's own signals; reachable 0 counts as
  * a failure. */
 void rt_pool_report(rt_pool *p, int idx, int reachable, double waiting, double running, double kv_usage);
+/* Name of backend i (its pod's, or its URL) into name; 0 when i is out of range. */
+int rt_pool_name(rt_pool *p, int idx, char *name, size_t n);
 /* URL of backend i into url (for the poller); 0 when i is out of range. */
 int rt_pool_url(rt_pool *p, int idx, char *url, size_t un);
 

@@ -12,6 +12,7 @@
 #include "http_guard.h"
 #include "rt_proxy.h"
 #include "llm/clock.h"
+#include "llm/json.h"
 
 #define ERR_BODY_MAX 65536
 
@@ -32,11 +33,40 @@ static int reply(struct mg_connection *c, int code, const char *type, const char
     return code;
 }
 
+/* An HTTP/1.0 client knows no chunked bodies: a streamed answer goes to it
+ * as it comes, and the connection's close ends it. */
+static int http10(struct mg_connection *c)
+{
+    const char *v = mg_get_request_info(c)->http_version;
+    return !v || strcmp(v, "1.1");
+}
+
+/* The head of a streamed answer: chunked, or for HTTP/1.0 closed at its end.
+ * The number of bytes written (<= 0: the client is gone). */
+static int stream_head(struct mg_connection *c, long status, const char *type, const char *extra)
+{
+    int old = http10(c);
+    if (old)
+        mg_disable_connection_keep_alive(c);
+    return mg_printf(c, "HTTP/1.1 %ld %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\n%s%sConnection: %s\r\n\r\n",
+                     status, status < 300 ? "OK" : "Error", type, extra ? extra : "",
+                     old ? "" : "Transfer-Encoding: chunked\r\n", old ? "close" : http_guard_connection(c));
+}
+
+/* The last chunk of a streamed answer (nothing for HTTP/1.0: the close ends it). */
+static void stream_end(struct mg_connection *c)
+{
+    if (!http10(c))
+        mg_printf(c, "0\r\n\r\n");
+}
+
 /* Writes one piece of a chunked answer in one write when it is small
  * (each write is a packet with tcp_nodelay); 1, or 0 when the client is
- * gone. */
+ * gone. HTTP/1.0: the bytes as they are. */
 static int chunk_put(struct mg_connection *c, const char *d, size_t len)
 {
+    if (http10(c))
+        return mg_write(c, d, len) == (int)len;
     char buf[16384];
     int h = snprintf(buf, sizeof buf, "%zx\r\n", len);
     if (len + (size_t)h + 2 <= sizeof buf) { /* a short write (a timeout midway) breaks the framing: gone */
@@ -60,12 +90,17 @@ static int chunk_write(struct mg_connection *c, const char *d, size_t len)
 typedef struct attempt {
     struct mg_connection *c;
     const int *cutting;        /* the proxy's: shutting down past the drain timeout */
-    const char *backend;
+    const char *name;          /* the backend's name for the X-Backend header; NULL: none (rt_proxy.expose_backend) */
     const char *revision;      /* "stable" or "canary", for the X-Revision header */
     double t0, first, last;    /* start, first and latest body byte (0: none yet) */
     rt_result res;             /* inter-token gaps of a stream, counted here */
     long status;
     char ctype[128];
+    int retry_after;           /* the answer has Retry-After: the backend says "not now" (full, loading, draining) */
+    int has_session;           /* a session key chose the backend: its 429 is held, and the next one tried */
+    const char *body;          /* the request's body, as curl reads it (read_body) */
+    size_t body_len, body_at;
+    int body_sent;             /* curl took the whole body to send: the backend may have acted on it */
     int started;               /* the response head went to the client */
     int client_gone;
     char *err_body;            /* a 5xx body held back (a retry may follow) */
@@ -80,6 +115,9 @@ static size_t on_header(char *d, size_t sz, size_t n, void *arg)
         const char *sp = memchr(d, ' ', len);
         a->status = sp ? strtol(sp + 1, NULL, 10) : 0;
         a->ctype[0] = 0;
+        a->retry_after = 0;
+    } else if (len > 12 && !strncasecmp(d, "Retry-After:", 12)) {
+        a->retry_after = 1;
     } else if (len > 13 && !strncasecmp(d, "Content-Type:", 13)) {
         size_t k = 13;
         while (k < len && d[k] == ' ') k++;
@@ -103,7 +141,8 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
         a->res.itl_n++;
     }
     a->last = now;
-    if (a->status >= 500 && !a->started) { /* hold it: another backend may answer instead */
+    if ((a->status >= 500 || (a->status == 429 && a->has_session)) && !a->started) { /* hold it: another backend may
+                                                                                    * answer instead */
         if (a->err_len + len <= ERR_BODY_MAX) {
             char *p = realloc(a->err_body, a->err_len + len + 1);
             if (p) {
@@ -117,10 +156,10 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
     }
     if (!a->started) {
         a->started = 1;
-        if (mg_printf(a->c, "HTTP/1.1 %ld %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\nX-Backend: %s\r\n"
-                            "X-Revision: %s\r\nTransfer-Encoding: chunked\r\nConnection: %s\r\n\r\n",
-                      a->status, a->status < 300 ? "OK" : "Error", a->ctype[0] ? a->ctype : "application/json",
-                      a->backend, a->revision, http_guard_connection(a->c)) <= 0) {
+        char extra[400];
+        snprintf(extra, sizeof extra, "%s%s%sX-Revision: %s\r\n", a->name ? "X-Backend: " : "", a->name ? a->name : "",
+                 a->name ? "\r\n" : "", a->revision);
+        if (stream_head(a->c, a->status, a->ctype[0] ? a->ctype : "application/json", extra) <= 0) {
             a->client_gone = 1;
             return 0;
         }
@@ -132,16 +171,20 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
     return len;
 }
 
-/* Headers passed on to the backend. */
-static struct curl_slist *forward_headers(struct mg_connection *c)
+/* Headers passed on to the backend: the session's too (a colocated canary
+ * keeps a session on one revision by it). */
+static struct curl_slist *forward_headers(struct mg_connection *c, const char *affinity)
 {
     static const char *const keep[] = {"Content-Type", "Authorization", "Accept", "OpenAI-Organization",
-                                       "X-Request-Id"};
+                                       "X-Request-Id", "X-Session-Id", NULL};
     struct curl_slist *h = curl_slist_append(NULL, "Expect:"); /* no 100-continue round trip */
     for (size_t i = 0; h && i < sizeof keep / sizeof *keep; i++) {
-        const char *v = mg_get_header(c, keep[i]);
+        const char *name = keep[i] ? keep[i] : affinity;
+        if (!name || (!keep[i] && !strcasecmp(name, "X-Session-Id")))
+            continue;
+        const char *v = mg_get_header(c, name);
         char line[8192];
-        if (v && snprintf(line, sizeof line, "%s: %s", keep[i], v) < (int)sizeof line)
+        if (v && snprintf(line, sizeof line, "%s: %s", name, v) < (int)sizeof line)
             h = curl_slist_append(h, line);
     }
     return h;
@@ -211,6 +254,29 @@ static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, c
     return a->client_gone || __atomic_load_n(a->cutting, __ATOMIC_RELAXED);
 }
 
+/* curl's read function: the body, and when it is all taken, body_sent. */
+static size_t read_body(char *buf, size_t sz, size_t n, void *arg)
+{
+    attempt *a = arg;
+    size_t k = a->body_len - a->body_at < sz * n ? a->body_len - a->body_at : sz * n;
+    memcpy(buf, a->body + a->body_at, k);
+    a->body_at += k;
+    if (a->body_at == a->body_len)
+        a->body_sent = 1;
+    return k;
+}
+
+/* curl's seek function: a send on a reused connection that died is tried
+ * again on a new one from the start (body_sent stays set: it went out). */
+static int seek_body(void *arg, curl_off_t off, int origin)
+{
+    attempt *a = arg;
+    if (origin != SEEK_SET || off < 0 || (size_t)off > a->body_len)
+        return CURL_SEEKFUNC_CANTSEEK;
+    a->body_at = (size_t)off;
+    return CURL_SEEKFUNC_OK;
+}
+
 /* One attempt at backend url; returns the curl result. */
 static CURLcode send_to(rt_proxy *px, struct mg_connection *c, const char *url, const char *body, size_t len,
                         attempt *a)
@@ -226,12 +292,19 @@ static CURLcode send_to(rt_proxy *px, struct mg_connection *c, const char *url, 
     if (conn_pool)
         curl_easy_setopt(h, CURLOPT_SHARE, conn_pool);
     curl_easy_setopt(h, CURLOPT_MAXCONNECTS, (long)KEEP_CONNS);
-    struct curl_slist *hdr = forward_headers(c);
+    struct curl_slist *hdr = forward_headers(c, px->affinity_header);
     curl_easy_setopt(h, CURLOPT_URL, full);
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, ri->request_method);
-    if (len || !strcmp(ri->request_method, "POST")) {
-        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    a->body = body ? body : "";
+    a->body_len = len;
+    if (len || !strcmp(ri->request_method, "POST")) { /* read by curl through read_body, which tells when it went out */
+        curl_easy_setopt(h, CURLOPT_POST, 1L);
+        curl_easy_setopt(h, CURLOPT_READFUNCTION, read_body);
+        curl_easy_setopt(h, CURLOPT_READDATA, a);
+        curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, seek_body);
+        curl_easy_setopt(h, CURLOPT_SEEKDATA, a);
         curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+        a->body_sent = len == 0;
     }
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
@@ -265,6 +338,16 @@ typedef struct held_err {
     char type[128];
 } held_err;
 
+/* Sends a backend's answer that was held back whole (status, type, body). */
+static int send_held(struct mg_connection *c, long status, const char *type, const char *body, size_t len)
+{
+    mg_printf(c, "HTTP/1.1 %ld %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: %s\r\n\r\n", status,
+              status < 300 ? "OK" : "Error", type && *type ? type : "application/json", len, http_guard_connection(c));
+    if (len)
+        mg_write(c, body, len);
+    return (int)status;
+}
+
 /* Holds a request while no backend is known (scaled to zero). 1 when one
  * appeared; 0 when the hold timed out or the client left (*answered set
  * when a response was already begun: a stream's head and comments). */
@@ -282,9 +365,7 @@ static int hold(rt_proxy *px, struct mg_connection *c, int stream, int *answered
     int ok = 0;
     while (!ok && llm_clock_mono_s() < end && !__atomic_load_n(&px->cutting, __ATOMIC_RELAXED)) {
         if (stream && llm_clock_mono_s() >= next_comment) {
-            if (!*answered && mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                                           "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
-                                           "Connection: %s\r\n\r\n", http_guard_connection(c)) <= 0)
+            if (!*answered && stream_head(c, 200, "text/event-stream", NULL) <= 0)
                 break;
             *answered = 1;
             if (!chunk_write(c, WAITING, sizeof WAITING - 1))
@@ -299,55 +380,70 @@ static int hold(rt_proxy *px, struct mg_connection *c, int stream, int *answered
 }
 
 /* The start of the prompt: a completion's prompt, or the chat messages'
- * contents in order, up to n-1 bytes ("p:" first, apart from user keys). */
-static void prompt_prefix(json_t *j, char *out, size_t n)
+ * contents in order, up to n-1 bytes ("p:" first, apart from user keys).
+ * Read from the body's text, not parsed: at most n bytes are decoded. */
+static void prompt_prefix(llm_json_span body, char *out, size_t n)
 {
     size_t k = (size_t)snprintf(out, n, "p:");
-    const char *p = json_string_value(json_object_get(j, "prompt"));
-    json_t *msgs = json_object_get(j, "messages");
-    for (size_t i = 0; !p && i < json_array_size(msgs) && k + 1 < n; i++) {
-        const char *t = json_string_value(json_object_get(json_array_get(msgs, i), "content"));
-        k += (size_t)snprintf(out + k, n - k, "%s\x1f", t ? t : "");
+    llm_json_span p, msgs, m, ct;
+    if (llm_json_member(body, "prompt", &p) && llm_json_string(p, out + k, n - k) >= 0)
+        return;
+    out[k] = 0;
+    size_t pos = 0;
+    int chat = llm_json_member(body, "messages", &msgs);
+    while (chat && k + 1 < n && llm_json_item(msgs, &pos, &m)) {
+        long got = llm_json_member(m, "content", &ct) ? llm_json_string(ct, out + k, n - k) : -1;
+        k += got > 0 ? (size_t)got : 0;
+        if (k + 1 < n)
+            out[k++] = '\x1f';
+        out[k] = 0;
     }
-    if (p)
-        snprintf(out + k, n - k, "%s", p);
-    if (strlen(out) <= 2)
+    if (k <= 2)
         out[0] = 0;
 }
 
 /* The session key: the affinity header, else the body's "user", else
  * (with prefix affinity) the prompt's first bytes, so requests sharing a
- * long prefix land on the pod that has it cached. j: the parsed body or NULL. */
-static void session_of(rt_proxy *px, struct mg_connection *c, json_t *j, char *out, size_t n)
+ * long prefix land on the pod that has it cached. body: the request's. */
+static void session_of(rt_proxy *px, struct mg_connection *c, llm_json_span body, char *out, size_t n)
 {
+    llm_json_span u;
     out[0] = 0;
     const char *h = px->affinity_header ? mg_get_header(c, px->affinity_header) : NULL;
     if (h) {
         snprintf(out, n, "%s", h);
         return;
     }
-    const char *u = px->affinity_user ? json_string_value(json_object_get(j, "user")) : NULL;
-    if (u)
-        snprintf(out, n, "%s", u);
-    else if (px->prefix_affinity > 0 && j)
-        prompt_prefix(j, out, (size_t)px->prefix_affinity + 3 < n ? (size_t)px->prefix_affinity + 3 : n);
+    if (px->affinity_user && llm_json_member(body, "user", &u) && llm_json_string(u, out, n) >= 0)
+        return;
+    out[0] = 0;
+    if (px->prefix_affinity > 0 && body.n)
+        prompt_prefix(body, out, (size_t)px->prefix_affinity + 3 < n ? (size_t)px->prefix_affinity + 3 : n);
 }
 
-/* Whether a failed attempt may go to another backend: the backend could
- * not be reached or dropped the connection before answering. A timeout
- * once the request was sent is the request's own (a long generation, a
- * client's deadline): another backend would only run it again. */
-static int retriable(CURL *h, CURLcode rc)
+/* How a failed transfer (rc) ended, for the breaker and for a retry. */
+enum { XFER_OURS = 0, XFER_UNREACHED, XFER_DROPPED };
+
+/* XFER_UNREACHED: the backend could not be reached, or went away before
+ * the request's body went out: the backend's fault, and another backend
+ * may take the request. XFER_DROPPED: the backend dropped the connection
+ * once it had the whole request: its fault too, but the request may be
+ * what broke it, so it goes nowhere else (one request must not take out
+ * every backend). XFER_OURS: a timeout once the request was sent (the
+ * request's own: a long generation), or ours (a URL curl refuses, no
+ * memory), or the client's (it left): not the backend's fault. */
+static int xfer_fault(CURL *h, CURLcode rc, const attempt *a)
 {
     curl_off_t sent = 0;
     switch (rc) {
     case CURLE_OPERATION_TIMEDOUT:
-        return curl_easy_getinfo(h, CURLINFO_PRETRANSFER_TIME_T, &sent) != CURLE_OK || sent == 0;
+        return curl_easy_getinfo(h, CURLINFO_PRETRANSFER_TIME_T, &sent) != CURLE_OK || sent == 0 ? XFER_UNREACHED
+                                                                                                  : XFER_OURS;
     case CURLE_COULDNT_RESOLVE_HOST: case CURLE_COULDNT_CONNECT: case CURLE_SEND_ERROR: case CURLE_RECV_ERROR:
     case CURLE_GOT_NOTHING: case CURLE_PARTIAL_FILE:
-        return 1;
-    default: /* ours (a URL curl refuses, no memory) or the client's (it left): not the backend's fault */
-        return 0;
+        return a->body_sent || a->started ? XFER_DROPPED : XFER_UNREACHED;
+    default:
+        return XFER_OURS;
     }
 }
 
@@ -357,13 +453,35 @@ static int retriable(CURL *h, CURLcode rc)
 static int finish(struct mg_connection *c, const attempt *a, CURLcode rc)
 {
     if (rc == CURLE_OK) {
-        mg_printf(c, "0\r\n\r\n");
+        stream_end(c);
         return a->status ? (int)a->status : 200;
     }
     if (strstr(a->ctype, "event-stream"))
         chunk_write(c, CUT_EVENT, sizeof CUT_EVENT - 1);
     mg_disable_connection_keep_alive(c);
     return 502;
+}
+
+/* The answer after an attempt not to be retried. */
+static int last_attempt(struct mg_connection *c, attempt *a, CURLcode rc, int xfer)
+{
+    int code;
+    if (a->client_gone)
+        code = 499;
+    else if (a->started)
+        code = finish(c, a, rc);
+    else if (rc == CURLE_OPERATION_TIMEDOUT)
+        code = reply(c, 504, "application/json", "the backend did not answer within the router's timeout_s");
+    else if (xfer == XFER_DROPPED)
+        code = reply(c, 502, "application/json", "the backend dropped the connection after it had the request; "
+                                                 "not retried elsewhere (the request may be what broke it)");
+    else if (rc != CURLE_OK)
+        code = reply(c, 502, "application/json", "the router could not pass the request on");
+    else /* an answer held back (its 503 or 504), or one without a body: the head still goes out */
+        code = send_held(c, a->status, a->ctype, a->err_body, a->err_len);
+    free(a->err_body);
+    a->err_body = NULL;
+    return code;
 }
 
 /* One pass over the backends: the answer is sent here unless none could
@@ -378,36 +496,35 @@ static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, 
         int idx = rt_pool_pick(px->pool, session, avoid, url, sizeof url);
         if (idx < 0)
             return 0;
-        attempt a = {.c = c, .cutting = &px->cutting, .backend = url, .t0 = llm_clock_mono_s(), .started = answered, /* a held stream has its head */
+        char name[128];
+        attempt a = {.c = c, .cutting = &px->cutting, .t0 = llm_clock_mono_s(), .started = answered, /* a held stream has its head */
                      .revision = rt_pool_revision(px->pool, idx) ? "canary" : "stable"};
+        if (px->expose_backend && rt_pool_name(px->pool, idx, name, sizeof name))
+            a.name = name;
+        a.has_session = *session != 0;
         CURLcode rc = send_to(px, c, url, body, len, &a);
-        /* the backend's fault: unreachable, dropped, 5xx before a byte went out; but a 503 is "not now"
-         * (its connections full, loading, draining): another backend is tried, the breaker not told */
-        int busy = rc == CURLE_OK && a.status == 503 && !a.started && !a.client_gone;
-        int fault = !a.client_gone && !busy &&
-                    (retriable(thread_curl(), rc) || (rc == CURLE_OK && a.status >= 500 && !a.started));
-        int retry = (fault || busy) && !a.started;
+        /* the backend's fault: unreachable, dropped, 5xx before a byte went out - but for a 503 with Retry-After,
+         * "not now" (its connections full, loading, draining: another backend is tried, the breaker not told),
+         * a 503 without (one request's error: the client gets it) and its own 504 (the request ran past the
+         * backend's deadline: another would run it again) */
+        int xfer = rc == CURLE_OK || a.client_gone ? XFER_OURS : xfer_fault(thread_curl(), rc, &a);
+        int busy = rc == CURLE_OK && a.status == 503 && a.retry_after && !a.started && !a.client_gone;
+        int answer5xx = rc == CURLE_OK && a.status >= 500 && a.status != 503 && a.status != 504 && !a.started;
+        int fault = !a.client_gone && (xfer != XFER_OURS || answer5xx);
+        /* a session's pod at its limit (429) sends that request on along the ring; the pod is not marked busy:
+         * the limit may be one tenant's, and must not turn others away */
+        int moved = rc == CURLE_OK && a.status == 429 && *session && !a.started && !a.client_gone;
+        int retry = (xfer == XFER_UNREACHED || answer5xx || busy || moved) && !a.started && !a.client_gone;
         a.res.ok = !fault; /* the breaker counts only the backend's faults */
         a.res.busy = busy;
+        a.res.dropped = xfer == XFER_DROPPED;
         a.res.seconds = llm_clock_mono_s() - a.t0;
         a.res.ttfb = a.first ? a.first - a.t0 : -1;
         a.res.status = rc == CURLE_OK || a.started ? (int)a.status : rc == CURLE_OPERATION_TIMEDOUT ? 504 : 0;
         rt_pool_release(px->pool, idx, &a.res);
         avoid[idx / 8] |= (unsigned char)(1u << (idx % 8));
-        if (!retry) {
-            free(a.err_body);
-            if (a.client_gone)
-                return 499;
-            if (a.started)
-                return finish(c, &a, rc);
-            if (rc == CURLE_OPERATION_TIMEDOUT)
-                return reply(c, 504, "application/json", "the backend did not answer within the router's timeout_s");
-            if (rc != CURLE_OK)
-                return reply(c, 502, "application/json", "the router could not pass the request on");
-            mg_printf(c, "HTTP/1.1 %ld OK\r\nContent-Length: 0\r\nConnection: %s\r\n\r\n", a.status,
-                      http_guard_connection(c)); /* an empty body: the head still goes out */
-            return (int)a.status;
-        }
+        if (!retry)
+            return last_attempt(c, &a, rc, xfer);
         if (rc == CURLE_OK) { /* a 5xx before any byte: keep it in case no one else answers */
             free(held->body);
             held->body = a.err_body, held->len = a.err_len, held->status = a.status;
@@ -446,16 +563,25 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
         return reply(c, bad, "application/json", bad == 413 ? "request body over the router's limit"
                                                  : bad == 408 ? "the request body did not arrive in time" : "no memory");
     }
+    /* the few fields the router needs are read from the text (no tree is built); a body nested too deep for
+     * any backend to take is refused here rather than carried to one */
     char session[4200];
-    json_t *parsed = len ? json_loadb(body, len, 0, NULL) : NULL; /* once: session key and stream flag */
-    session_of(px, c, parsed, session, sizeof session);
-    int stream = json_is_true(json_object_get(parsed, "stream"));
-    json_decref(parsed);
+    llm_json_span b = {body ? body : "", len}, v;
+    llm_error err = {0};
+    if (len && llm_json_scan(body, len, LLM_JSON_MAX_DEPTH, NULL, &err) == LLM_ERR_TOO_LONG) {
+        free(body);
+        __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);
+        char msg[LLM_ERROR_MSG_MAX + 16];
+        snprintf(msg, sizeof msg, "the body: %s", err.msg);
+        return reply(c, 400, "application/json", msg);
+    }
+    session_of(px, c, b, session, sizeof session);
+    int stream = llm_json_member(b, "stream", &v) && v.n == 4 && !memcmp(v.p, "true", 4);
     int answered = 0, code = 0;
     held_err held = {0};
     if (rt_pool_size(px->pool) == 0 && !hold(px, c, stream, &answered) && answered) {
         chunk_write(c, NO_BACKEND_EVENT, sizeof NO_BACKEND_EVENT - 1);
-        mg_printf(c, "0\r\n\r\n");
+        stream_end(c);
         code = 503;
     } else {
         code = attempts(px, c, session, body, len, answered, &held);
@@ -463,13 +589,10 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
     free(body);
     if (!code && answered) { /* a held stream: its head is out; the error goes as an event */
         chunk_write(c, NO_BACKEND_EVENT, sizeof NO_BACKEND_EVENT - 1);
-        mg_printf(c, "0\r\n\r\n");
+        stream_end(c);
         code = 503;
     } else if (!code && held.body) {
-        mg_printf(c, "HTTP/1.1 %ld Error\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: %s\r\n\r\n",
-                  held.status, held.type[0] ? held.type : "application/json", held.len, http_guard_connection(c));
-        mg_write(c, held.body, held.len);
-        code = (int)held.status;
+        code = send_held(c, held.status, held.type, held.body, held.len);
     } else if (!code) {
         __atomic_add_fetch(&px->no_backend, 1, __ATOMIC_RELAXED);
         code = reply(c, 503, "application/json", rt_pool_size(px->pool) ? "no backend could take the request"

@@ -31,7 +31,8 @@ typedef struct rt_proxy {
     int retries;               /* more attempts after a failed one */
     long max_body;             /* 413 above */
     long timeout_s;            /* whole request, upstream */
-    const char *affinity_header; /* e.g. "X-Session-Id"; NULL: none */
+    const char *affinity_header; /* e.g. "X-Session-Id" (forwarded to the backend); NULL: none */
+    int expose_backend;        /* answers carry X-Backend: the backend's name (its pod's, or its URL as given) */
     int affinity_user;         /* also the request body's "user" */
     int prefix_affinity;       /* > 0: else the first this many bytes of the prompt (prefix-cache hits) */
     unsigned long long no_backend; /* 503s for want of a backend (under the pool's say-so) */

@@ -17,6 +17,7 @@
 #include "srv_fields.h"
 #include "textout.h"
 #include "llm/clock.h"
+#include "llm/json.h"
 
 /* A body refused unread is read and dropped, up to this many times
  * max_body_bytes within DISCARD_S seconds, so the client reads the answer. */
@@ -51,12 +52,17 @@ static int send_json(struct mg_connection *c, int status, json_t *j)
     return rc;
 }
 
+/* A 429 always says when to retry; a 503 only when the whole server is
+ * not taking requests now (loading, draining: e->retry_s set), which tells
+ * a router to pass this pod by - a 503 for one request's trouble (its
+ * memory) has none, so a router hands it to the client. */
 static int send_err(struct mg_connection *c, const srv_err *e)
 {
     char *body = srv_err_body(e), retry[40];
     snprintf(retry, sizeof retry, "Retry-After: %d\r\n", e->retry_s > 1 ? e->retry_s : 1);
+    int says_retry = e->status == 429 || (e->status == 503 && e->retry_s > 0);
     int rc = send_text(c, e->status, "application/json", body ? body : "{}",
-                       e->status == 429 ? retry : e->status == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL);
+                       says_retry ? retry : e->status == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL);
     free(body);
     return rc;
 }
@@ -99,11 +105,12 @@ static int api_gate(srv *s, struct mg_connection *c, const char *method, srv_err
                     key->tenant, key->rate, retry);
         e->retry_s = retry < 3600 ? (int)ceil(retry) : 3600;
     }
-    else if (atomic_load(&s->phase) != SRV_READY && (atomic_load(&s->phase) != SRV_DRAINING || atomic_load(&s->refusing)))
+    else if (atomic_load(&s->phase) != SRV_READY && (atomic_load(&s->phase) != SRV_DRAINING || atomic_load(&s->refusing))) {
         srv_err_set(e, 503, NULL, "%s", atomic_load(&s->phase) == SRV_LOADING ? "the model is still loading"
                                         : atomic_load(&s->phase) == SRV_DRAINING ? "the server is shutting down"
                                                                                  : "the model failed to load");
-    else
+        e->retry_s = 1; /* the pod, not the request: Retry-After */
+    } else
         return 0;
     return e->status;
 }
@@ -151,12 +158,16 @@ static json_t *piece_json(const llm_vocab *v, int32_t id)
     return j;
 }
 
-/* The UTF-8 bytes of t as a JSON array; NULL when memory ran out. */
-static json_t *bytes_json(const char *t)
+/* The token's own bytes as a JSON array (OpenAI's "bytes": the raw bytes,
+ * so a client can join the pieces of a character split over tokens; the
+ * text beside them reads such a piece as U+FFFD). NULL when memory ran out. */
+static json_t *bytes_json(const llm_vocab *v, int32_t id)
 {
+    char buf[256];
+    int n = llm_token_to_piece(v, id, 1, buf, sizeof buf);
     json_t *a = json_array();
-    for (const unsigned char *p = (const unsigned char *)(t ? t : ""); a && *p; p++)
-        if (json_array_append_new(a, json_integer(*p))) {
+    for (int i = 0; a && i < n && i < (int)sizeof buf; i++)
+        if (json_array_append_new(a, json_integer((unsigned char)buf[i]))) {
             json_decref(a);
             return NULL;
         }
@@ -169,9 +180,9 @@ static json_t *chat_logprob(const llm_vocab *v, int32_t id, float lp, json_t *to
 {
     json_t *t = piece_json(v, id), *j = NULL;
     if (t)
-        j = top ? json_pack("{s:O,s:f,s:o,s:o}", "token", t, "logprob", (double)lp, "bytes",
-                            bytes_json(json_string_value(t)), "top_logprobs", top)
-                : json_pack("{s:O,s:f,s:o}", "token", t, "logprob", (double)lp, "bytes", bytes_json(json_string_value(t)));
+        j = top ? json_pack("{s:O,s:f,s:o,s:o}", "token", t, "logprob", (double)lp, "bytes", bytes_json(v, id),
+                            "top_logprobs", top)
+                : json_pack("{s:O,s:f,s:o}", "token", t, "logprob", (double)lp, "bytes", bytes_json(v, id));
     else
         json_decref(top);
     json_decref(t);
@@ -230,8 +241,9 @@ static json_t *usage_json(const run *r)
                      "prompt_tokens_details", "cached_tokens", r->cached_tokens);
 }
 
-/* What writing a part of the answer came to. */
-enum { OUT_OK = 0, OUT_GONE = -1, OUT_NOMEM = -2 };
+/* What writing a part of the answer came to (OUT_DEEP: the model's
+ * answer holds a tool call too deep to read back, llm/json.h). */
+enum { OUT_OK = 0, OUT_GONE = -1, OUT_NOMEM = -2, OUT_DEEP = -3 };
 
 /* A stream's frames are gathered in r->out and written when no more
  * events are ready: the events of one engine step (n > 1 choices, or a
@@ -369,13 +381,13 @@ static int finish_tools(run *r, int index)
 {
     choice *ch = &r->ch[index];
     const char *text = ch->text.p ? ch->text.p : "";
-    if (srv_tools_extract(&r->cp->tools, r->cp->tool_prefill, text, ch->text.len, &ch->calls, &ch->content))
-        return OUT_NOMEM;
+    int rc = srv_tools_extract(&r->cp->tools, r->cp->tool_prefill, text, ch->text.len, &ch->calls, &ch->content);
+    if (rc)
+        return rc == -2 ? OUT_DEEP : OUT_NOMEM;
     if (ch->calls)
         ch->finish = "tool_calls";
     if (!r->cp->stream)
         return OUT_OK;
-    int rc = OUT_OK;
     if (!ch->calls) /* no call after all: the held text is content */
         rc = release_content(r, index, ch->text.len);
     else if (ch->content && strlen(ch->content) > ch->sent) { /* the rest of the text around the calls */
@@ -522,6 +534,11 @@ static int run_events(run *r, srv_err *e)
             srv_err_set(e, 503, NULL, "out of memory while writing the answer");
             return run_abandon(r, 503);
         }
+        if (rc == OUT_DEEP) { /* the request's own answer: 400 like the grammar's dead ends, never a fault of the pod */
+            srv_err_set(e, 400, NULL, "the answer's tool call nests JSON deeper than %d levels (or is too large) to "
+                        "be read back", LLM_JSON_MAX_DEPTH);
+            return run_abandon(r, 400);
+        }
         if (rc)
             return run_abandon(r, 499);
     }
@@ -655,6 +672,7 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
     if (st) {
         const char *param = st == LLM_ERR_TOO_LONG ? "max_tokens" : st == LLM_ERR_GRAMMAR ? cp->grammar_param : NULL;
         srv_err_set(e, srv_status_of(st), param, "%s", err.msg);
+        e->retry_s = st == LLM_ERR_SHUTDOWN; /* the pod is closing: Retry-After (send_err) */
         return send_err(c, e);
     }
     snprintf(r.cid, sizeof r.cid, "%s-%llu", cp->chat ? "chatcmpl" : "cmpl", (unsigned long long)r.id);
@@ -830,8 +848,12 @@ static int fn_detokenize(srv *s, struct mg_connection *c, const char *b, size_t 
             srv_err_set(e, o ? 400 : e->status, "tokens", "%s", err.msg[0] ? err.msg : "cannot detokenize");
         return send_err(c, e);
     }
-    int rc = send_json(c, 200, json_pack("{s:s%}", "content", text, len));
+    /* the ids' bytes may end inside a character (a byte token alone): such bytes read as U+FFFD, as in streamed text */
+    size_t ulen = 0;
+    char *u = textout_utf8_dup(text, len, &ulen);
     free(text);
+    int rc = send_json(c, 200, u ? json_pack("{s:s%}", "content", u, ulen) : NULL);
+    free(u);
     return rc;
 }
 
@@ -1071,7 +1093,6 @@ int srv_http_start(srv *s, llm_error *err)
         s->http = NULL;
         return -1;
     }
-    struct mg_context *mg = http_guard_mg(s->http);
     static const struct { const char *uri; mg_request_handler fn; } routes[] = {
         {"/v1/completions$", h_completions}, {"/v1/chat/completions$", h_chat}, {"/v1/models$", h_models},
         {"/tokenize$", h_tokenize},          {"/detokenize$", h_detokenize},    {"/livez$", h_livez},
@@ -1079,7 +1100,13 @@ int srv_http_start(srv *s, llm_error *err)
         {"/readyz$", h_readyz},              {"/startupz$", h_startupz},        {"/metrics$", h_metrics},
         {"/v1/embeddings$", h_embeddings},   {"/admin/canary$", h_admin_canary},  {"/", h_other},
     };
-    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) mg_set_request_handler(mg, routes[i].uri, routes[i].fn, s);
+    /* every route on a big stack (http_guard_route): request bodies, schemas, templates and the model's tool
+     * calls are read there */
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
+        if (http_guard_route(s->http, routes[i].uri, routes[i].fn, s)) {
+            llm_errf(err, LLM_ERR_INTERNAL, "more than %d HTTP routes", HTTP_GUARD_ROUTES);
+            return -1;
+        }
     http_guard_serve(s->http);
     return 0;
 }

@@ -425,16 +425,21 @@ def test_router_polls_the_health_port(model):
 
 class Refuser:
     """A backend whose /metrics answers (idle) and whose API answers every
-    request with status (503: "not now", 500: broken)."""
+    request with status (503 with Retry-After: "not now"; 503 without: that
+    request's own error; 500: broken); self.posts counts what it was sent."""
 
-    def __init__(self, status):
+    def __init__(self, status, retry_after=True):
         import http.server
+        outer = self
+        self.posts = 0
 
         class H(http.server.BaseHTTPRequestHandler):
             def reply(self, code, body):
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
+                if code == 503 and retry_after:
+                    self.send_header("Retry-After", "1")
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -443,6 +448,7 @@ class Refuser:
 
             def do_POST(self):
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.posts += 1
                 self.reply(status, b'{"error":{"message":"no"}}')
 
             def log_message(self, *a):

@@ -28,7 +28,7 @@ class Router:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([tool("llm-router"), "--host", "127.0.0.1", "--port", str(self.port),
-                                      "--poll-ms", "100", *map(str, args)],
+                                      "--poll-ms", "100", "--expose-backend", "true", *map(str, args)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: self.code("/healthz") == 200, 10)
 
