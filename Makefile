@@ -23,14 +23,14 @@ CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra $(WERROR) -Wshadow 
 LDLIBS = -lm -lpthread -ldl
 
 # The common library: status codes, text buffer, log line, monotonic clock - all four programs use it.
-COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c common/hash.c common/json.c common/thread.c
+COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c common/hash.c common/json.c common/thread.c common/heap.c
 ENGINE_SRC = engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c \
              engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
              engine/sampler.c engine/grammar.c engine/gmatch.c engine/jinja_value.c engine/jinja_parse.c engine/jinja_eval.c engine/jinja_lib.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c engine/cpu/cpu_pack.c \
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c engine/cpu/kernels_avx512.c \
              engine/cpu/pk_layout.c engine/cpu/tiles_avx2.c engine/mkmodel.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench llm-perplexity
-SERVER_SRC = server/http_guard.c server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c server/srv_chat.c server/srv_embed.c server/srv_tools.c server/srv_metrics.c server/srv_canary.c \
+SERVER_SRC = server/http_guard.c server/http_probe.c server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c server/srv_chat.c server/srv_embed.c server/srv_tools.c server/srv_metrics.c server/srv_canary.c \
              server/srv_load.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 # The Kubernetes client library (controller and router): API client, config, watch, caches, server-side
@@ -477,7 +477,7 @@ cudasim: $(SIM_BIN) $(TOOL_BIN)
 
 lint:
 	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(COMMON_SRC) $(KUBE_SRC) $(ENGINE_SRC) engine/backend_cuda.c $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c tests/gpu/*.c tests/cudasim/*.c tests/cudasim/*.cu tests/cudasim/*.h tests/cudasim/include/*.h kernels/*.cu kernels/*.cuh kernels/*.h || (echo "lint: banned call" && false)
-	@! grep -nE '#include "llm/' controller/*.[ch] kube/*.[ch] router/*.[ch] | grep -vE 'llm/(status|strbuf|log|clock|json|thread)\.h' || \
+	@! grep -nE '#include "llm/' controller/*.[ch] kube/*.[ch] router/*.[ch] | grep -vE 'llm/(status|strbuf|log|clock|json|thread|heap)\.h' || \
 	  (echo "lint: controller, kube and router use the common library, not the engine's headers" && false)
 	@! grep -nE '\bjson_load(s|b|f|fd|_file)\s*\(' $(filter-out common/json.c,$(COMMON_SRC)) $(KUBE_SRC) $(ENGINE_SRC) $(SERVER_SRC) \
 	   $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c || \

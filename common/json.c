@@ -15,25 +15,42 @@
 typedef struct json_tl {
     int on;            /* a budgeted parse runs on this thread */
     int over;          /* it asked for more than its budget */
+    int crowded;       /* it asked for more than the parses of all threads may hold together */
     int oom;           /* malloc failed (set with or without a budget) */
     size_t used, cap;  /* bytes charged, and the budget */
 } json_tl;
 
 static _Thread_local json_tl tl;
+static size_t shared_used; /* atomic: bytes charged by the parses running now, all threads */
 static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
 
 /* A chunk's bookkeeping in glibc's allocator, charged with each allocation. */
 enum { CHUNK_OVERHEAD = 16 };
 
+/* Charges n bytes to this thread's parse and to the parses of all; 0, or
+ * -1 with the reason set. A parse within LLM_JSON_COST_FLOOR is never
+ * crowded out: small requests go on while large ones wait their turn. */
+static int charge(size_t n)
+{
+    if (n > tl.cap - tl.used || n + CHUNK_OVERHEAD > tl.cap - tl.used) {
+        tl.over = 1;
+        return -1;
+    }
+    n += CHUNK_OVERHEAD;
+    size_t all = __atomic_add_fetch(&shared_used, n, __ATOMIC_RELAXED);
+    if (all > LLM_JSON_SHARED_CAP && tl.used + n > LLM_JSON_COST_FLOOR) {
+        __atomic_sub_fetch(&shared_used, n, __ATOMIC_RELAXED);
+        tl.crowded = 1;
+        return -1;
+    }
+    tl.used += n;
+    return 0;
+}
+
 static void *json_alloc(size_t n)
 {
-    if (tl.on) {
-        if (n > tl.cap - tl.used || n + CHUNK_OVERHEAD > tl.cap - tl.used) {
-            tl.over = 1;
-            return NULL;
-        }
-        tl.used += n + CHUNK_OVERHEAD;
-    }
+    if (tl.on && charge(n))
+        return NULL;
     void *p = malloc(n);
     if (!p)
         tl.oom = 1;
@@ -56,7 +73,9 @@ int llm_json_oom(void) { return tl.oom; }
 
 /* ---- the scan ------------------------------------------------------------------- */
 
-static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+/* JSON's white space, and NUL: jansson passes over a NUL byte between
+ * tokens, so the readers do too (they must find what its tree holds). */
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == 0; }
 
 static size_t skip_ws(const char *s, size_t n, size_t i)
 {
@@ -80,7 +99,7 @@ static size_t skip_string(const char *s, size_t n, size_t i)
 /* Past a number or literal at i: the first byte that cannot be in one. */
 static size_t skip_scalar(const char *s, size_t n, size_t i)
 {
-    while (i < n && !is_ws(s[i]) && !strchr(",:[]{}\"", s[i])) i++;
+    while (i < n && !is_ws(s[i]) && !memchr(",:[]{}\"", s[i], 7)) i++;
     return i;
 }
 
@@ -152,11 +171,15 @@ json_t *llm_json_load(const char *s, size_t n, size_t flags, size_t *used, llm_e
     json_t *v = json_loadb(s, n, flags, &je);
     json_tl t = tl;
     tl.on = 0;
+    __atomic_sub_fetch(&shared_used, t.used, __ATOMIC_RELAXED); /* the parse is over: its tree is the caller's */
     if (v && used)
         *used = (size_t)je.position;
     if (v)
         return v;
-    if (t.over)
+    if (t.crowded)
+        llm_errf(err, LLM_ERR_QUEUE_FULL, "other requests' JSON is being parsed (%zu MiB at most at once); retry",
+                 LLM_JSON_SHARED_CAP >> 20);
+    else if (t.over)
         llm_errf(err, LLM_ERR_TOO_LONG, "the JSON text of %zu bytes would take more than %zu bytes of memory "
                  "(%d per byte of text, plus %zu KiB)", n, t.cap, LLM_JSON_COST_PER_BYTE, LLM_JSON_COST_FLOOR >> 10);
     else if (t.oom || json_error_code(&je) == json_error_out_of_memory || !je.text[0])
@@ -206,17 +229,28 @@ int llm_json_item(llm_json_span arr, size_t *pos, llm_json_span *item)
     return 1;
 }
 
-/* Whether the string span k (quotes included) decodes to key. */
+static int unescape(const char *p, size_t left, char *b, size_t *used);
+
+/* Whether the string span k (quotes included) decodes to key: compared a
+ * character at a time, so a key of any length and escapes may match. */
 static int key_is(llm_json_span k, const char *key)
 {
-    size_t len = strlen(key);
+    size_t len = strlen(key), at = 0, i = 1;
     if (!memchr(k.p, '\\', k.n))
         return k.n == len + 2 && !memcmp(k.p + 1, key, len);
-    char buf[256];
-    if (len + 5 > sizeof buf)
-        return 0;
-    long got = llm_json_string(k, buf, len + 5); /* room for one character more: a longer one shows */
-    return got == (long)len && !memcmp(buf, key, len);
+    while (i < k.n && k.p[i] != '"') {
+        char b[4];
+        size_t used = 1;
+        int n = 1;
+        b[0] = k.p[i];
+        if (k.p[i] == '\\' && (n = unescape(k.p + i, k.n - i, b, &used)) < 0)
+            return 0;
+        if (at + (size_t)n > len || memcmp(key + at, b, (size_t)n))
+            return 0;
+        at += (size_t)n;
+        i += used;
+    }
+    return at == len;
 }
 
 int llm_json_member(llm_json_span obj, const char *key, llm_json_span *val)

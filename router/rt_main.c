@@ -24,6 +24,7 @@
 #include "prom_text.h"
 #include "http_client.h"
 #include "http_guard.h"
+#include "llm/heap.h"
 #include "llm/json.h"
 #include "llm/log.h"
 #include "kube_watch.h"
@@ -498,6 +499,8 @@ int main(int argc, char **argv)
         snprintf(d->name, sizeof d->name, "%s", slash + 1);
     }
     llm_error err = {0};
+    llm_heap_tune();
+    llm_json_init();
     curl_global_init(CURL_GLOBAL_DEFAULT);
     if (rt_pool_new(&pc, &r.pool, &err) || (nb && rt_pool_set(r.pool, 0, backends, nb, &err)) ||
         (nc && rt_pool_set(r.pool, 1, canaries, nc, &err)) || ((r.n_disc || r.weight_cm[0]) && kube_config_load(kubeconfig, &r.cfg, &err))) {
@@ -513,6 +516,8 @@ int main(int argc, char **argv)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%s", host, port);
     const char *opts[] = {"listening_ports", listen, NULL};
+    gc.fds_per_connection = 2; /* the client's and the backend's */
+    gc.fds_extra = RT_PROXY_KEEP_CONNS + RT_MAX_BACKENDS + 16; /* kept-alive backend connections, the poller's, watches */
     if (http_guard_start(&gc, opts, &r.http, &err)) {
         fprintf(stderr, "llm-router: %s\n", err.msg);
         return 1;

@@ -1,5 +1,6 @@
 /* rt_proxy.c - proxying one request with retries and streaming; see rt_proxy.h. */
 #include <curl/curl.h>
+#include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include "http_guard.h"
 #include "rt_proxy.h"
 #include "llm/clock.h"
+#include "llm/heap.h"
 #include "llm/json.h"
 
 #define ERR_BODY_MAX 65536
@@ -19,14 +21,15 @@
 static int reply(struct mg_connection *c, int code, const char *type, const char *msg)
 {
     json_t *j = json_pack("{s:{s:s,s:s,s:n,s:n}}", "error", "message", msg, "type",
-                          code == 503 ? "service_unavailable" : code == 413 || code == 408 || code == 400 ? "invalid_request_error"
+                          code == 503 ? "service_unavailable" : code == 413 || code == 408 || code == 400 || code == 415 ? "invalid_request_error"
                                                                                     : "server_error",
                           "param", "code");
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
     const char *b = body ? body : "{\"error\":{\"message\":\"router error\"}}";
     mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: %s\r\n\r\n%s", code,
               code == 503 ? "Service Unavailable" : code == 413 ? "Payload Too Large" : code == 408 ? "Request Timeout"
-              : code == 504 ? "Gateway Timeout" : code == 400 ? "Bad Request" : "Bad Gateway", type, strlen(b), code == 503 ? "Retry-After: 1\r\n" : "",
+              : code == 504 ? "Gateway Timeout" : code == 400 ? "Bad Request" : code == 415 ? "Unsupported Media Type"
+              : "Bad Gateway", type, strlen(b), code == 503 ? "Retry-After: 1\r\n" : "",
               http_guard_connection(c), b);
     free(body);
     json_decref(j);
@@ -195,8 +198,8 @@ static struct curl_slist *forward_headers(struct mg_connection *c, const char *a
  * KEEP_CONNS at most. A pool per thread kept an idle connection per thread
  * and backend: with 512 worker threads, one client's requests one after
  * another (each on the next thread) filled a backend's own connection limit
- * with the router's idle keep-alives, and it refused everyone (503). */
-#define KEEP_CONNS 64
+ * with the router's idle keep-alives, and it refused everyone (503).
+ * RT_PROXY_KEEP_CONNS at most. */
 static pthread_key_t curl_key;
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLSH *conn_pool; /* NULL: could not be made (each thread keeps its own, a few) */
@@ -291,7 +294,7 @@ static CURLcode send_to(rt_proxy *px, struct mg_connection *c, const char *url, 
     curl_easy_reset(h);
     if (conn_pool)
         curl_easy_setopt(h, CURLOPT_SHARE, conn_pool);
-    curl_easy_setopt(h, CURLOPT_MAXCONNECTS, (long)KEEP_CONNS);
+    curl_easy_setopt(h, CURLOPT_MAXCONNECTS, (long)RT_PROXY_KEEP_CONNS);
     struct curl_slist *hdr = forward_headers(c, px->affinity_header);
     curl_easy_setopt(h, CURLOPT_URL, full);
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, ri->request_method);
@@ -422,7 +425,7 @@ static void session_of(rt_proxy *px, struct mg_connection *c, llm_json_span body
 }
 
 /* How a failed transfer (rc) ended, for the breaker and for a retry. */
-enum { XFER_OURS = 0, XFER_UNREACHED, XFER_DROPPED };
+enum { XFER_OURS = 0, XFER_UNREACHED, XFER_DROPPED, XFER_FULL };
 
 /* XFER_UNREACHED: the backend could not be reached, or went away before
  * the request's body went out: the backend's fault, and another backend
@@ -431,10 +434,16 @@ enum { XFER_OURS = 0, XFER_UNREACHED, XFER_DROPPED };
  * what broke it, so it goes nowhere else (one request must not take out
  * every backend). XFER_OURS: a timeout once the request was sent (the
  * request's own: a long generation), or ours (a URL curl refuses, no
- * memory), or the client's (it left): not the backend's fault. */
+ * memory), or the client's (it left): not the backend's fault. XFER_FULL:
+ * the router itself is out of descriptors (or memory): nobody's fault but
+ * its load's, 503 to the client. */
 static int xfer_fault(CURL *h, CURLcode rc, const attempt *a)
 {
     curl_off_t sent = 0;
+    long os_errno = 0;
+    if (curl_easy_getinfo(h, CURLINFO_OS_ERRNO, &os_errno) == CURLE_OK &&
+        (os_errno == EMFILE || os_errno == ENFILE || os_errno == ENOBUFS || os_errno == ENOMEM))
+        return XFER_FULL; /* the router ran out of descriptors or memory: no backend's fault */
     switch (rc) {
     case CURLE_OPERATION_TIMEDOUT:
         return curl_easy_getinfo(h, CURLINFO_PRETRANSFER_TIME_T, &sent) != CURLE_OK || sent == 0 ? XFER_UNREACHED
@@ -472,6 +481,8 @@ static int last_attempt(struct mg_connection *c, attempt *a, CURLcode rc, int xf
         code = finish(c, a, rc);
     else if (rc == CURLE_OPERATION_TIMEDOUT)
         code = reply(c, 504, "application/json", "the backend did not answer within the router's timeout_s");
+    else if (xfer == XFER_FULL)
+        code = reply(c, 503, "application/json", "the router is out of descriptors or memory; retry shortly");
     else if (xfer == XFER_DROPPED)
         code = reply(c, 502, "application/json", "the backend dropped the connection after it had the request; "
                                                  "not retried elsewhere (the request may be what broke it)");
@@ -510,7 +521,7 @@ static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, 
         int xfer = rc == CURLE_OK || a.client_gone ? XFER_OURS : xfer_fault(thread_curl(), rc, &a);
         int busy = rc == CURLE_OK && a.status == 503 && a.retry_after && !a.started && !a.client_gone;
         int answer5xx = rc == CURLE_OK && a.status >= 500 && a.status != 503 && a.status != 504 && !a.started;
-        int fault = !a.client_gone && (xfer != XFER_OURS || answer5xx);
+        int fault = !a.client_gone && ((xfer != XFER_OURS && xfer != XFER_FULL) || answer5xx);
         /* a session's pod at its limit (429) sends that request on along the ring; the pod is not marked busy:
          * the limit may be one tenant's, and must not turn others away */
         int moved = rc == CURLE_OK && a.status == 429 && *session && !a.started && !a.client_gone;
@@ -555,13 +566,20 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
     size_t len = 0;
     if (!plain_path(mg_get_request_info(c)->local_uri))
         return reply(c, 400, "application/json", "the path is not a plain API path (printable ASCII, no '%', no dot segments)");
+    const char *type = mg_get_header(c, "Content-Type");
+    if (!strcmp(mg_get_request_info(c)->request_method, "POST") &&
+        (!type || strncasecmp(type, "application/json", 16) || (type[16] && type[16] != ';' && type[16] != ' ')))
+        return reply(c, 415, "application/json", "a POST body must be Content-Type: application/json");
     __atomic_add_fetch(&px->active, 1, __ATOMIC_RELAXED);
     char *body = NULL;
     int bad = http_guard_read_body(c, (size_t)px->max_body, px->body_timeout_s, &body, &len);
     if (bad) {
         __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);
         return reply(c, bad, "application/json", bad == 413 ? "request body over the router's limit"
-                                                 : bad == 408 ? "the request body did not arrive in time" : "no memory");
+                                                 : bad == 408 ? "the request body did not arrive in time"
+                                                 : bad == 400 ? "the chunked body cannot be read (chunk extensions are "
+                                                                "not taken here); send Content-Length"
+                                                              : "no memory");
     }
     /* the few fields the router needs are read from the text (no tree is built); a body nested too deep for
      * any backend to take is refused here rather than carried to one */
@@ -575,6 +593,7 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
         snprintf(msg, sizeof msg, "the body: %s", err.msg);
         return reply(c, 400, "application/json", msg);
     }
+    llm_heap_before(len);
     session_of(px, c, b, session, sizeof session);
     int stream = llm_json_member(b, "stream", &v) && v.n == 4 && !memcmp(v.p, "true", 4);
     int answered = 0, code = 0;
@@ -599,6 +618,7 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
                                                                            : "no backends known yet");
     }
     free(held.body);
+    llm_heap_after(len);
     __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);
     return code;
 }

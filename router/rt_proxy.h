@@ -45,6 +45,9 @@ typedef struct rt_proxy {
     int cutting;               /* set past the drain timeout: transfers still running end now (atomic) */
 } rt_proxy;
 
+/* Backend connections kept alive between requests (one pool for all threads). */
+#define RT_PROXY_KEEP_CONNS 64
+
 /* The civetweb handler for the proxied routes (cbdata: rt_proxy *). */
 int rt_proxy_handle(struct mg_connection *c, void *cbdata);
 

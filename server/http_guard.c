@@ -109,6 +109,24 @@ static void on_close(const struct mg_connection *c)
     free(k);
 }
 
+/* What makes the body's length two things, or NULL: two Content-Length
+ * values that differ (civetweb takes the first), or Content-Length with
+ * Transfer-Encoding (civetweb reads it chunked, and keeps the connection). */
+static const char *bad_framing(const struct mg_request_info *ri)
+{
+    const char *cl = NULL;
+    int te = 0;
+    for (int i = 0; i < ri->num_headers; i++) {
+        const char *name = ri->http_headers[i].name, *value = ri->http_headers[i].value;
+        if (!strcasecmp(name, "Content-Length") && cl && strcmp(cl, value))
+            return "two Content-Length headers that differ";
+        if (!strcasecmp(name, "Content-Length"))
+            cl = value;
+        te |= !strcasecmp(name, "Transfer-Encoding");
+    }
+    return cl && te ? "both Content-Length and Transfer-Encoding" : NULL;
+}
+
 /* Headers are in. A connection above the limit, or a request before the
  * handlers are set (civetweb listens from mg_start on: it would answer
  * 404), is answered here, before any handler, and closed. */
@@ -122,6 +140,16 @@ static int on_begin(struct mg_connection *c)
         mg_printf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
                      "Retry-After: 1\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
         return 503;
+    }
+    const char *bad = bad_framing(mg_get_request_info(c));
+    if (bad) {
+        char body[200];
+        int n = snprintf(body, sizeof body, "{\"error\":{\"message\":\"the request has %s\","
+                         "\"type\":\"invalid_request_error\"}}", bad);
+        mg_disable_connection_keep_alive(c);
+        mg_printf(c, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                     "Connection: close\r\n\r\n%s", n, body);
+        return 400;
     }
     if (k && !k->over) {
         k->body_read = 0; /* only this connection's thread touches k */
@@ -225,10 +253,11 @@ static void *watch(void *arg)
  * when it is below what max_connections needs (plus the model files, the
  * backends' and the health listener's); LLM_ERR_INVALID_ARG naming both
  * when even the hard limit is too low. */
-static llm_status fd_room(int max_connections, llm_error *err)
+static llm_status fd_room(const http_guard_cfg *cfg, llm_error *err)
 {
     struct rlimit rl;
-    rlim_t need = (rlim_t)max_connections + GUARD_RESERVE + 256;
+    int max_connections = cfg->max_connections, per = cfg->fds_per_connection > 0 ? cfg->fds_per_connection : 1;
+    rlim_t need = ((rlim_t)max_connections + GUARD_RESERVE) * (rlim_t)per + (rlim_t)cfg->fds_extra + 256;
     if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur >= need)
         return LLM_OK;
     if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need)
@@ -265,10 +294,10 @@ llm_status http_guard_start(const http_guard_cfg *cfg, const char *const *opts, 
     snprintf(req_ms, sizeof req_ms, "%.0f", cfg->header_timeout_s * 1e3);
     snprintf(ka_ms, sizeof ka_ms, "%.0f", (cfg->keep_alive_s + cfg->header_timeout_s) * 1e3);
     for (; opts[n]; n += 2) {
-        if (n + 12 >= sizeof all / sizeof *all) {
+        if (n + 18 >= sizeof all / sizeof *all) {
             guard_free(g);
             return llm_errf(err, LLM_ERR_INVALID_ARG, "HTTP guard: more than %zu civetweb options",
-                            sizeof all / sizeof *all / 2 - 6);
+                            sizeof all / sizeof *all / 2 - 9);
         }
         all[n] = opts[n];
         all[n + 1] = opts[n + 1];
@@ -277,11 +306,15 @@ llm_status http_guard_start(const http_guard_cfg *cfg, const char *const *opts, 
     }
     /* tcp_nodelay: a response goes out in more than one write; with Nagle on,
      * a kept-alive client would wait on its delayed ACK for the rest */
+    int cors = cfg->cors_origin && *cfg->cors_origin;
     const char *mine[] = {"tcp_nodelay", "1", "num_threads", threads, "request_timeout_ms", req_ms, "enable_keep_alive",
-                          cfg->keep_alive_s > 0 ? "yes" : "no", "keep_alive_timeout_ms", ka_ms, NULL};
+                          cfg->keep_alive_s > 0 ? "yes" : "no", "keep_alive_timeout_ms", ka_ms,
+                          "access_control_allow_origin", cors ? cfg->cors_origin : "",
+                          "access_control_allow_methods", cors ? "GET, POST" : "",
+                          "access_control_allow_headers", cors ? "Authorization, Content-Type, X-Session-Id" : "", NULL};
     for (size_t i = 0; mine[i]; i++) all[n++] = mine[i];
     all[n] = NULL;
-    if (fd_room(cfg->max_connections, err)) {
+    if (fd_room(cfg, err)) {
         guard_free(g);
         return err->code;
     }
@@ -366,6 +399,17 @@ const char *http_guard_connection(struct mg_connection *c)
     return keep ? "keep-alive" : "close";
 }
 
+/* After a failed read of a chunked body: whether civetweb refused a chunk
+ * line (the socket still open and not cut by the deadline) rather than the
+ * client going away or its time running out. */
+static int chunk_fault(struct mg_connection *c)
+{
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    guard_conn *k = rec_of(c);
+    const char *te = mg_get_header(c, "Transfer-Encoding");
+    return ri->content_length < 0 && te && strcasestr(te, "chunked") && k && !k->shut && !http_guard_client_gone(c);
+}
+
 /* The body into buf as it arrives; 0 or the status (see the header). */
 static int read_all(struct mg_connection *c, size_t max, double deadline, char **buf, size_t *n)
 {
@@ -384,6 +428,8 @@ static int read_all(struct mg_connection *c, size_t max, double deadline, char *
             cap = next;
         }
         int r = mg_read(c, *buf + *n, cap - *n);
+        if (r < 0 && chunk_fault(c))
+            return 400;
         if (r <= 0)
             return r < 0 ? 408 : 0; /* < 0: cut (the deadline) or broken: not a body to act on */
         *n += (size_t)r;

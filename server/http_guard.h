@@ -12,7 +12,12 @@
  *    request to keep_alive_s more;
  *  - says per response whether the connection stays open (keep-alive,
  *    unless the client asked otherwise, the body was left unread or the
- *    guard is closing for a drain).
+ *    guard is closing for a drain);
+ *  - refuses with 400, and closes, a request whose body's length is not
+ *    one thing: two Content-Length values that differ, or Content-Length
+ *    with Transfer-Encoding (a proxy in front may frame it the other way);
+ *  - answers no CORS preflight unless cors_origin is set (civetweb's
+ *    default answered every one with "*").
  * A handler gives a phase of its own a deadline (http_guard_arm: reading a
  * body, which civetweb does not bound) and disarms it after; past it, the
  * guard's watchdog shuts the connection's socket, so the read fails.
@@ -38,6 +43,12 @@ typedef struct http_guard_cfg {
     double keep_alive_s;     /* idle time for a kept-alive connection's next request; 0: no keep-alive */
     double send_timeout_s;   /* a response write may wait this long for the client to take it (plus 1 s per
                               * 16 KiB); 0: no bound (see http_guard_sending) */
+    int fds_per_connection;  /* descriptors one connection costs the program (a proxy: its own and its upstream's);
+                              * 0: 1. The open files limit is raised to fit them all. */
+    int fds_extra;           /* descriptors held besides (pools, pollers) */
+    const char *cors_origin; /* answer CORS preflights for this origin ("*": any); NULL or "": none (a web page
+                              * elsewhere can then send only what needs no preflight, and POST bodies must be
+                              * application/json: so it can send nothing) */
 } http_guard_cfg;
 
 /* Worker threads a context guarded for max_connections needs: the
@@ -77,7 +88,9 @@ const char *http_guard_connection(struct mg_connection *c);
  * all (armed: a client that trickles it is cut; also checked after each
  * read). 0 with *out (malloc'd, NUL-terminated; caller frees) and *len,
  * and the connection may be kept alive after it; else 413 (over max), 408
- * (not whole in time, or the client left) or 503 (no memory). */
+ * (not whole in time, or the client left), 400 (a chunked body civetweb
+ * cannot read: malformed, or with chunk extensions, which civetweb 1.15
+ * does not take) or 503 (no memory). */
 int http_guard_read_body(struct mg_connection *c, size_t max, double seconds, char **out, size_t *len);
 /* The request's body was read to its end (keep-alive may follow). */
 void http_guard_body_read(struct mg_connection *c);

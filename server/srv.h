@@ -52,11 +52,12 @@ typedef struct srv_canary {
 typedef struct srv {
     srv_config cfg;
     struct http_guard *http;   /* the API listener */
-    struct http_guard *health; /* the probes' own listener (health_port), or NULL */
+    struct http_probe *health; /* the probes' own listener (health_port), or NULL */
     llm_model *model;
     llm_backend *backends[LLM_MAX_RANKS]; /* one per tensor-parallel rank */
     int n_backends;
     llm_engine *engine;
+    int n_ctx;                 /* tokens one sequence holds (the engine's), set before requests are taken; 0 before */
     _Atomic int phase;
     _Atomic int active;        /* API requests being served */
     _Atomic int refusing;      /* draining and past the shutdown delay: new requests get 503 */

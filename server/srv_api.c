@@ -51,7 +51,10 @@ json_t *srv_json_parse(const char *body, size_t len, srv_err *e)
     json_t *o = llm_json_load(body, len, JSON_REJECT_DUPLICATES, NULL, &err);
     if (!o && err.code == LLM_ERR_NOMEM)
         srv_err_set(e, 503, NULL, "out of memory while parsing the body");
-    else if (!o)
+    else if (!o && err.code == LLM_ERR_QUEUE_FULL) {
+        srv_err_set(e, 503, NULL, "%s", err.msg);
+        e->retry_s = 1; /* the pod's load, not this request: Retry-After */
+    } else if (!o)
         srv_err_set(e, 400, NULL, "the body: %s", err.msg);
     return o;
 }
@@ -247,15 +250,11 @@ static int parse_prompt(json_t *o, srv_completion *c, srv_err *e)
  * it: 0, or -1 with e set (400 naming param). */
 static int fits_context(const srv *s, const llm_vocab *v, size_t len, const char *param, srv_err *e)
 {
-    llm_stats st;
     size_t least = llm_vocab_min_tokens(v, len);
-    if (!s->engine) /* (parsing alone, in tests: the engine checks it again in any case) */
-        return 0;
-    llm_engine_stats(s->engine, &st);
-    if (least <= (size_t)st.n_ctx)
+    if (!s->n_ctx || least <= (size_t)s->n_ctx) /* (no n_ctx: parsing alone, in tests; the engine checks it too) */
         return 0;
     return srv_fail(e, 400, param, "the %s of %zu bytes is at least %zu tokens; the context holds %d",
-                    strcmp(param, "prompt") ? "rendered chat" : "prompt", len, least, st.n_ctx);
+                    strcmp(param, "prompt") ? "rendered chat" : "prompt", len, least, s->n_ctx);
 }
 
 /* The rendered chat as token ids: the template's markup as control

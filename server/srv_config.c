@@ -46,6 +46,8 @@ static const key_def keys[] = {
     {"send_timeout_s", K_INT, F(send_timeout_s), 0, 3600, "30",
      "time a client may take to accept one write of an answer (plus 1 s per 16 KiB); then it is cut (0: no bound)"},
     {"keep_alive_s", K_INT, F(keep_alive_s), 0, 3600, "30", "idle time a connection waits for its next request (0: close after each)"},
+    {"cors_origin", K_STR, F(cors_origin), 0, 0, "",
+     "origin whose web pages may call the API (CORS; \"*\": any); empty: none (no preflight is answered)"},
     {"health_port", K_INT, F(health_port), 0, 65535, "0",
      "port of a listener of its own for the probes and /metrics, which API traffic cannot delay (0: none)"},
     {"n_ctx", K_INT, F(n_ctx), 0, 1 << 24, "0", "tokens per sequence (0: the model's, at most 4096)"},

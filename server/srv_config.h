@@ -28,6 +28,7 @@ typedef struct srv_config {
     long header_timeout_s, body_timeout_s; /* total time for a request's headers, its body */
     long send_timeout_s;    /* a client's time to accept one write of an answer (+1 s per 16 KiB) */
     long keep_alive_s;      /* idle wait for a connection's next request; 0: no keep-alive */
+    char *cors_origin;      /* CORS: the origin allowed to call the API; "": none */
     long health_port;       /* probes and /metrics on a listener of their own; 0: none */
     long n_ctx, max_seqs, max_batch_tokens, max_waiting, block_size;
     char *cpu_pack;         /* auto | on | off (llm_cpu_pack) */

@@ -12,11 +12,13 @@
 #include <openssl/evp.h>
 
 #include "http_guard.h"
+#include "http_probe.h"
 #include "srv.h"
 #include "srv_embed.h"
 #include "srv_fields.h"
 #include "textout.h"
 #include "llm/clock.h"
+#include "llm/heap.h"
 #include "llm/json.h"
 
 /* A body refused unread is read and dropped, up to this many times
@@ -26,12 +28,16 @@ enum { DISCARD_BODIES = 4, DISCARD_S = 2 };
 enum { R_COMPLETIONS, R_CHAT, R_MODELS, R_GENERATE, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_PROBES, R_ROOT, R_OTHER,
        R_EMBEDDINGS };
 
+/* "Access-Control-Allow-Origin: ...\r\n" when cors_origin is set (one
+ * server per process: set once by srv_http_start, before any request). */
+static char g_cors[300];
+
 static int send_text(struct mg_connection *c, int status, const char *type, const char *body, const char *extra)
 {
     size_t n = body ? strlen(body) : 0;
     http_guard_sending(c, n); /* a client that does not take its answer is cut */
-    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: %s\r\n\r\n", status,
-              mg_get_response_code_text(c, status), type, n, extra ? extra : "", http_guard_connection(c));
+    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%sConnection: %s\r\n\r\n", status,
+              mg_get_response_code_text(c, status), type, n, extra ? extra : "", g_cors, http_guard_connection(c));
     if (n)
         mg_write(c, body, n);
     http_guard_disarm(c);
@@ -79,6 +85,9 @@ static int read_body(const srv *s, struct mg_connection *c, char **out, size_t *
     else if (st == 408)
         srv_err_set(e, 408, NULL, "the request body did not arrive whole within body_timeout_s (%ld s)",
                     s->cfg.body_timeout_s);
+    else if (st == 400)
+        srv_err_set(e, 400, NULL, "the chunked body cannot be read: each chunk line must be its size in hex "
+                                  "(chunk extensions are not taken here); or send Content-Length");
     else if (st)
         srv_err_set(e, st, NULL, "out of memory");
     return st;
@@ -678,7 +687,7 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
     snprintf(r.cid, sizeof r.cid, "%s-%llu", cp->chat ? "chatcmpl" : "cmpl", (unsigned long long)r.id);
     if (cp->stream)
         mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     "Transfer-Encoding: chunked\r\nConnection: %s\r\n\r\n", http_guard_connection(c));
+                     "Transfer-Encoding: chunked\r\n%sConnection: %s\r\n\r\n", g_cors, http_guard_connection(c));
     int status = run_events(&r, e);
     if (!cp->stream) /* (499: the client left, nobody to answer) */
         status = status == 499 ? 499 : status ? send_err(c, e) : respond_whole(&r);
@@ -706,6 +715,16 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
 
 /* ---- routes ---------------------------------------------------------------------- */
 
+/* Whether the request's body is declared JSON (application/json, any
+ * parameters): a web page elsewhere cannot send that without a CORS
+ * preflight, which is not answered unless cors_origin is set. */
+static int json_body(struct mg_connection *c)
+{
+    const char *t = mg_get_header(c, "Content-Type");
+    size_t n = strlen("application/json");
+    return t && !strncasecmp(t, "application/json", n) && (!t[n] || t[n] == ';' || t[n] == ' ');
+}
+
 /* Runs an API route: gate, body, handler; counts it in the metrics. */
 typedef int (*api_fn)(srv *s, struct mg_connection *c, const char *body, size_t len, srv_err *e);
 
@@ -716,11 +735,17 @@ static int api(srv *s, struct mg_connection *c, int route, const char *method, a
     size_t len = 0;
     atomic_fetch_add(&s->active, 1);
     int status = api_gate(s, c, method, &e);
+    if (!status && !strcmp(method, "POST") && !json_body(c)) {
+        srv_err_set(&e, 415, NULL, "a POST body must be Content-Type: application/json");
+        status = 415;
+    }
     if (!status && !strcmp(method, "POST"))
         status = read_body(s, c, &body, &len, &e);
+    llm_heap_before(len);
     status = status ? send_err(c, &e) : fn(s, c, body, len, &e);
     http_guard_discard(c, DISCARD_BODIES * s->cfg.max_body_bytes, DISCARD_S); /* refused before its body was read */
     free(body);
+    llm_heap_after(len); /* what a large body's parse took goes back */
     srv_metrics_request(&s->metrics, route, status);
     atomic_fetch_sub(&s->active, 1);
     return status == 499 ? 200 : status; /* civetweb logs the status; the client is gone */
@@ -935,50 +960,88 @@ static const char *phase_name(int p)
     return p >= 0 && p < 4 ? n[p] : "unknown";
 }
 
-static int probe_reply(srv *s, struct mg_connection *c, int ok)
+/* The body of a probe's answer (malloc'd; NULL without memory). */
+static char *probe_body(srv *s, int ok)
 {
     int p = atomic_load(&s->phase);
-    int st = send_json(c, ok ? 200 : 503, json_pack("{s:s,s:s,s:s}", "status", ok ? "ok" : phase_name(p), "phase",
-                                                    phase_name(p), "detail", s->status));
-    srv_metrics_request(&s->metrics, R_PROBES, st);
-    return st;
+    return srv_json_text(json_pack("{s:s,s:s,s:s}", "status", ok ? "ok" : phase_name(p), "phase", phase_name(p),
+                                   "detail", s->status));
 }
 
 /* Alive unless loading failed or an engine step has run too long; never
  * waits on the engine (stats are read without blocking on a step). */
-static int h_livez(struct mg_connection *c, void *cb)
+static int alive(srv *s)
 {
-    srv *s = cb;
     int ok = atomic_load(&s->phase) != SRV_FAILED;
     if (ok && atomic_load(&s->phase) >= SRV_READY && s->engine) {
         llm_stats st;
         llm_engine_stats(s->engine, &st);
         ok = st.step_running_ms < (double)s->cfg.liveness_timeout_s * 1e3;
     }
-    return probe_reply(s, c, ok);
+    return ok;
 }
 
-static int h_readyz(struct mg_connection *c, void *cb) { return probe_reply(cb, c, atomic_load(&((srv *)cb)->phase) == SRV_READY); }
-
-static int h_startupz(struct mg_connection *c, void *cb)
+static char *metrics_text(srv *s)
 {
-    int p = atomic_load(&((srv *)cb)->phase);
-    return probe_reply(cb, c, p == SRV_READY || p == SRV_DRAINING);
-}
-
-static int h_metrics(struct mg_connection *c, void *cb)
-{
-    srv *s = cb;
     int p = atomic_load(&s->phase);
     int up = p >= SRV_READY && p != SRV_FAILED;
     http_guard_stats gs;
     http_guard_stats_get(s->http, &gs);
     srv_metrics_connections(&s->metrics, (const long long[4]){gs.open, gs.accepted, gs.refused, gs.cut});
-    char *text = srv_metrics_render(&s->metrics, up ? s->engine : NULL, p, s->backends, up ? s->n_backends : 0, s->name);
-    int st = send_text(c, text ? 200 : 503, "text/plain; version=0.0.4; charset=utf-8", text ? text : "", NULL);
-    free(text);
-    srv_metrics_request(&s->metrics, R_METRICS, st);
-    return st;
+    return srv_metrics_render(&s->metrics, up ? s->engine : NULL, p, s->backends, up ? s->n_backends : 0, s->name);
+}
+
+/* The answer of a probe route (/livez, /health, /readyz, /startupz) or
+ * /metrics, for either listener: its status, *body (malloc'd) and *type;
+ * 404 for any other path. Never waits on the engine. */
+static int health_answer(void *ctx, const char *path, char **body, const char **type)
+{
+    srv *s = ctx;
+    int p = atomic_load(&s->phase), ok, route = R_PROBES;
+    *type = "application/json";
+    if (!strcmp(path, "/livez") || !strcmp(path, "/health")) /* /health: probe templates written for vLLM, llama.cpp */
+        ok = alive(s);
+    else if (!strcmp(path, "/readyz"))
+        ok = p == SRV_READY;
+    else if (!strcmp(path, "/startupz"))
+        ok = p == SRV_READY || p == SRV_DRAINING;
+    else if (!strcmp(path, "/metrics")) {
+        *type = "text/plain; version=0.0.4; charset=utf-8";
+        route = R_METRICS;
+        ok = (*body = metrics_text(s)) != NULL;
+    } else {
+        srv_err e = {0};
+        srv_err_set(&e, 404, NULL, "no route %s (this port serves /livez, /readyz, /startupz and /metrics)", path);
+        *body = srv_err_body(&e);
+        srv_metrics_request(&s->metrics, R_OTHER, 404);
+        return 404;
+    }
+    if (route == R_PROBES)
+        *body = probe_body(s, ok);
+    int status = !*body ? 503 : ok ? 200 : 503;
+    srv_metrics_request(&s->metrics, route, status);
+    return status;
+}
+
+/* A probe route or /metrics on the API port. With API keys /metrics needs
+ * one (it shows every tenant's traffic; the health port serves it to the
+ * cluster's scrapers). */
+static int h_health(struct mg_connection *c, void *cb)
+{
+    srv *s = cb;
+    const char *path = mg_get_request_info(c)->local_uri, *type = NULL;
+    char *body = NULL;
+    if (!strcmp(path, "/metrics") && s->keys.n && !caller(s, c)) {
+        srv_err e = {0};
+        srv_err_set(&e, 401, NULL, "/metrics on the API port needs an API key (Authorization: Bearer KEY); "
+                                   "the health port serves it without one");
+        srv_metrics_request(&s->metrics, R_METRICS, 401);
+        return send_err(c, &e);
+    }
+    int status = health_answer(s, path, &body, &type);
+    send_text(c, status, type, body ? body : OOM_BODY, NULL);
+    free(body);
+    return status;
 }
 
 extern const unsigned char srv_playground_html[];
@@ -1055,27 +1118,11 @@ static int h_admin_canary(struct mg_connection *c, void *cb)
     return status;
 }
 
-/* The probes and /metrics on the health port: a listener with threads of
- * its own, so that no amount of API traffic can delay them. */
+/* The probes and /metrics on the health port: a listener of its own
+ * (http_probe.h), which neither API traffic nor idle connections can hold. */
 static llm_status start_health(srv *s, llm_error *err)
 {
-    char ports[300];
-    snprintf(ports, sizeof ports, "%s:%ld", s->cfg.host, s->cfg.health_port);
-    const char *opts[] = {"listening_ports", ports, NULL};
-    /* no keep-alive: kubelet opens a connection per probe, and idle ones would hold the few threads */
-    http_guard_cfg g = {.max_connections = 64, .header_timeout_s = 2, .keep_alive_s = 0};
-    llm_status st = http_guard_start(&g, opts, &s->health, err);
-    if (st)
-        return st;
-    struct mg_context *mg = http_guard_mg(s->health);
-    mg_set_request_handler(mg, "/livez$", h_livez, s);
-    mg_set_request_handler(mg, "/health$", h_livez, s); /* probe templates written for vLLM and llama.cpp */
-    mg_set_request_handler(mg, "/readyz$", h_readyz, s);
-    mg_set_request_handler(mg, "/startupz$", h_startupz, s);
-    mg_set_request_handler(mg, "/metrics$", h_metrics, s);
-    mg_set_request_handler(mg, "/", h_other, s);
-    http_guard_serve(s->health);
-    return LLM_OK;
+    return http_probe_start(s->cfg.host, s->cfg.health_port, health_answer, s, &s->health, err);
 }
 
 int srv_http_start(srv *s, llm_error *err)
@@ -1085,7 +1132,14 @@ int srv_http_start(srv *s, llm_error *err)
     snprintf(backlog, sizeof backlog, "%ld", s->cfg.max_connections > 128 ? s->cfg.max_connections : 128);
     const char *opts[] = {"listening_ports", ports, "listen_backlog", backlog, NULL};
     http_guard_cfg g = {.max_connections = (int)s->cfg.max_connections, .header_timeout_s = (double)s->cfg.header_timeout_s,
-                        .keep_alive_s = (double)s->cfg.keep_alive_s, .send_timeout_s = (double)s->cfg.send_timeout_s};
+                        .keep_alive_s = (double)s->cfg.keep_alive_s, .send_timeout_s = (double)s->cfg.send_timeout_s,
+                        .cors_origin = s->cfg.cors_origin};
+    if (s->cfg.cors_origin && strpbrk(s->cfg.cors_origin, "\r\n")) {
+        llm_errf(err, LLM_ERR_INVALID_ARG, "cors_origin: a line break in it");
+        return -1;
+    }
+    if (s->cfg.cors_origin && *s->cfg.cors_origin)
+        snprintf(g_cors, sizeof g_cors, "Access-Control-Allow-Origin: %.250s\r\nVary: Origin\r\n", s->cfg.cors_origin);
     if (http_guard_start(&g, opts, &s->http, err))
         return -1;
     if (s->cfg.health_port && start_health(s, err)) {
@@ -1095,9 +1149,9 @@ int srv_http_start(srv *s, llm_error *err)
     }
     static const struct { const char *uri; mg_request_handler fn; } routes[] = {
         {"/v1/completions$", h_completions}, {"/v1/chat/completions$", h_chat}, {"/v1/models$", h_models},
-        {"/tokenize$", h_tokenize},          {"/detokenize$", h_detokenize},    {"/livez$", h_livez},
-        {"/generate$", h_generate},          {"/health$", h_livez},
-        {"/readyz$", h_readyz},              {"/startupz$", h_startupz},        {"/metrics$", h_metrics},
+        {"/tokenize$", h_tokenize},          {"/detokenize$", h_detokenize},    {"/livez$", h_health},
+        {"/generate$", h_generate},          {"/health$", h_health},
+        {"/readyz$", h_health},              {"/startupz$", h_health},          {"/metrics$", h_health},
         {"/v1/embeddings$", h_embeddings},   {"/admin/canary$", h_admin_canary},  {"/", h_other},
     };
     /* every route on a big stack (http_guard_route): request bodies, schemas, templates and the model's tool

@@ -13,10 +13,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "llm/heap.h"
 #include "llm/json.h"
 #include "llm/log.h"
 #include "llm/chat.h"
 #include "http_guard.h"
+#include "http_probe.h"
 #include "srv.h"
 #include "srv_embed.h"
 
@@ -66,6 +68,9 @@ static void *loader(void *arg)
         atomic_store(&s->phase, SRV_FAILED);
         return NULL;
     }
+    llm_stats es;
+    llm_engine_stats(s->engine, &es);
+    s->n_ctx = es.n_ctx;
     snprintf(s->name, sizeof s->name, "%s", s->cfg.model_name[0] ? s->cfg.model_name : s->model->name);
     if (!(s->chat = srv_chat_new(s->model, s->cfg.chat_template, s->cfg.chat_template_file, &err))) {
         snprintf(s->status, sizeof s->status, "%s", err.msg);
@@ -111,6 +116,7 @@ int main(int argc, char **argv)
     llm_error err = {0};
     int help = 0;
     llm_json_init();
+    llm_heap_tune();
     if (srv_config_load(argc, argv, &s.cfg, &help, &err)) {
         fprintf(stderr, "llm-server: %s\n", err.msg);
         srv_config_usage(stderr);
@@ -141,7 +147,7 @@ int main(int argc, char **argv)
     pthread_join(th, NULL); /* a load in progress finishes first */
     drain(&s);
     http_guard_stop(s.http);
-    http_guard_stop(s.health);
+    http_probe_stop(s.health);
     if (srv_canary_free(&s)) { /* its loader may still use the engine's settings: leave it all to the exit */
         logf_("stopped");
         return 0;

@@ -222,7 +222,11 @@ def test_backends_from_endpointslices(tmp_path, models):
         wait_for(lambda: r.code("/readyz") == 200, 20)
         wait_for(lambda: r.metrics().get(("llm_router_backends", ()), 0) == 2, 30)  # both known before the count
         hits = {r.post({"model": "story", "prompt": "Once", "max_tokens": 2})[2] for _ in range(6)}
-        assert hits == {f"http://{ip}:8080" for ip in c.ready_ips()}
+        # X-Backend names the pod (the endpoint's targetRef), not its address
+        subsets = (c.get("endpoints", "story") or {}).get("subsets") or []
+        pods = {a["targetRef"]["name"] for s in subsets for a in s.get("addresses", [])}
+        assert len(pods) == 2 and hits == pods, (hits, pods)
+        assert not any(h.startswith("http") or "127.0.0." in h for h in hits)
         c.k("scale", "llmd/story", "--replicas=1")
         wait_for(lambda: len(c.ready_ips()) == 1, 60)
         wait_for(lambda: sum(1 for (n, _), v in r.metrics().items() if n == "llm_router_backend_up") == 1, 20)

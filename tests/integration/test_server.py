@@ -28,8 +28,18 @@ class Server:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
         self.base = f"http://127.0.0.1:{self.port}"
+        self.key = self.first_key(args, env or {})  # /metrics on the API port needs one when keys are set
         if wait:
             self.wait_ready()
+
+    @staticmethod
+    def first_key(args, env):
+        args = [str(a) for a in args]
+        if "--api_keys_file" in args:
+            return pathlib.Path(args[args.index("--api_keys_file") + 1]).read_text().split()[0]
+        if env.get("LLM_SERVER_API_KEYS"):
+            return env["LLM_SERVER_API_KEYS"].split(",")[0].split()[0]
+        return None
 
     def wait_ready(self, timeout=60):
         end = time.time() + timeout
@@ -47,7 +57,7 @@ class Server:
     def request(self, method, path, body=None, headers=None, raw=None):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         data = raw if raw is not None else (json.dumps(body) if body is not None else None)
-        c.request(method, path, body=data, headers=headers or {"Content-Type": "application/json"})
+        c.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
         r = c.getresponse()
         text = r.read().decode("utf-8", "replace")
         c.close()
@@ -64,7 +74,7 @@ class Server:
         return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0)
 
     def metrics(self):
-        s, text, _ = self.get("/metrics")
+        s, text, _ = self.request("GET", "/metrics", headers={"Authorization": f"Bearer {self.key}"} if self.key else None)
         assert s == 200
         out = {}
         for fam in text_string_to_metric_families(text):
@@ -237,7 +247,8 @@ def test_disconnect_frees_request(models):
     sock = socket.create_connection(("127.0.0.1", srv.port))
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0.5, "stream": True,
                        "ignore_eos": True})  # an early end of text would leave nothing to abort
-    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
     got = b""
     while b"data:" not in got:
         part = sock.recv(4096)

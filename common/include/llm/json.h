@@ -35,6 +35,10 @@
  * Typical bodies take 2-15 (strings, messages, schemas); `[{},{},...]` 70. */
 #define LLM_JSON_COST_PER_BYTE 32
 #define LLM_JSON_COST_FLOOR ((size_t)64 << 10)
+/* What the parses running at once, on all threads, may hold together; a
+ * parse within LLM_JSON_COST_FLOOR always may (small bodies never wait on
+ * large ones). */
+#define LLM_JSON_SHARED_CAP ((size_t)256 << 20)
 
 /* Flags of llm_json_load beside jansson's own (JSON_REJECT_DUPLICATES,
  * JSON_DECODE_ANY): the text may go on after the first value
@@ -44,8 +48,9 @@
 /* Parses s[0..n) within the bounds above. The value (the caller's
  * reference), or NULL with err: LLM_ERR_TOO_LONG (nested deeper than
  * LLM_JSON_MAX_DEPTH, or over its memory budget; the message names the
- * limit), LLM_ERR_FORMAT (not JSON: line, column and reason),
- * LLM_ERR_NOMEM (the process is out of memory). With LLM_JSON_PREFIX,
+ * limit), LLM_ERR_QUEUE_FULL (the parses of other threads hold
+ * LLM_JSON_SHARED_CAP: try again later), LLM_ERR_FORMAT (not JSON: line,
+ * column and reason), LLM_ERR_NOMEM (the process is out of memory). With LLM_JSON_PREFIX,
  * *used (may be NULL) gets the bytes the value took. */
 json_t *llm_json_load(const char *s, size_t n, size_t flags, size_t *used, llm_error *err);
 /* llm_json_load of a NUL-terminated text. */
