@@ -3,7 +3,7 @@
 # top-level Makefile's `fuzz` target.
 FUZZ_TIME ?= 20
 FUZZ_BUILD = build-fuzz
-FUZZ_SRC = common/status.c common/hash.c engine/quant.c engine/gguf.c engine/unicode.c engine/unicode_data.c \
+FUZZ_SRC = common/status.c common/hash.c common/json.c common/thread.c engine/quant.c engine/gguf.c engine/unicode.c engine/unicode_data.c \
            engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Icommon/include -Iengine/include -Iengine \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
@@ -21,9 +21,10 @@ GRAMMAR_TIME ?= 10
 SCHEMA_TIME ?= 10
 JINJA_TIME ?= 15
 TOOLS_TIME ?= 10
+JSON_TIME ?= 10
 
 run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd $(FUZZ_BUILD)/fuzz_tenant \
-     $(FUZZ_BUILD)/fuzz_grammar $(FUZZ_BUILD)/fuzz_schema $(FUZZ_BUILD)/fuzz_jinja $(FUZZ_BUILD)/fuzz_tools
+     $(FUZZ_BUILD)/fuzz_grammar $(FUZZ_BUILD)/fuzz_schema $(FUZZ_BUILD)/fuzz_jinja $(FUZZ_BUILD)/fuzz_tools $(FUZZ_BUILD)/fuzz_json
 	@rm -rf $(FUZZ_BUILD)/corpus && mkdir -p $(FUZZ_BUILD)/corpus
 	@python3 tests/fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
 	@$(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/seeds/* > $(FUZZ_BUILD)/regress.log 2>&1 || \
@@ -68,7 +69,12 @@ run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd 
 	@mkdir -p $(FUZZ_BUILD)/tools-corpus && cp tests/fuzz/tools/* $(FUZZ_BUILD)/tools-corpus/
 	@$(FUZZ_BUILD)/fuzz_tools -max_total_time=$(TOOLS_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
 	  $(FUZZ_BUILD)/tools-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
-	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 8 passed, 0 failed" || (echo "fuzz: 7 passed, 1 failed (tool calls)"; exit 1)
+	  test $${PIPESTATUS[0]} -eq 0 || (echo "fuzz: 7 passed, 1 failed (tool calls)"; exit 1)
+	@echo "fuzz: $(JSON_TIME) s of fuzzing the bounded JSON reader and the router's field readers against jansson"
+	@mkdir -p $(FUZZ_BUILD)/json-corpus && cp tests/fuzz/json/* tests/fuzz/requests/* $(FUZZ_BUILD)/json-corpus/
+	@$(FUZZ_BUILD)/fuzz_json -max_total_time=$(JSON_TIME) -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
+	  $(FUZZ_BUILD)/json-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
+	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 9 passed, 0 failed" || (echo "fuzz: 8 passed, 1 failed (JSON reader)"; exit 1)
 
 $(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
@@ -116,6 +122,11 @@ $(FUZZ_BUILD)/fuzz_tools: tests/fuzz/fuzz_tools.c $(REQ_SRC) $(FUZZ_SRC) $(wildc
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_tools.c $(REQ_SRC) $(FUZZ_SRC) -ljansson -lm -lpthread -o $@
+
+$(FUZZ_BUILD)/fuzz_json: tests/fuzz/fuzz_json.c tests/fuzz/deep.h common/json.c common/thread.c common/status.c $(wildcard common/include/llm/*.h)
+	@mkdir -p $(FUZZ_BUILD)
+	@echo "  CLANG $@"
+	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_json.c common/json.c common/thread.c common/status.c -ljansson -lpthread -o $@
 
 $(FUZZ_BUILD)/fuzz_jinja: tests/fuzz/fuzz_jinja.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)

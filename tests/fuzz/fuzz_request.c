@@ -6,12 +6,15 @@
  * families or, for the seventh value of the first byte, a Jinja template
  * that uses tools and chat_template_kwargs the way published templates do.
  * Embedding inputs are tokenized with the SentencePiece vocabulary of the
- * seed corpus (make_seeds.py's spm.gguf, written before this runs). */
+ * seed corpus (make_seeds.py's spm.gguf, written before this runs).
+ * Inputs are nested deep by deep.h's mutator and run on a thread with the
+ * production stack. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "deep.h"
 #include "http_guard.h"
 #include "srv.h"
 #include "srv_embed.h"
@@ -81,7 +84,12 @@ static const char TEMPLATE[] =
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is false %}"
     "{{- '<think></think>' }}{%- endif %}{%- endif %}";
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max, unsigned int seed)
+{
+    return deep_mutate(data, size, max, seed);
+}
+
+static void one(const uint8_t *data, size_t size)
 {
     static srv s;
     static char none[] = "", bos[] = "<s>";
@@ -110,5 +118,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         srv_completion_free(&c);
     }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    deep_run(one, data, size); /* on the stack llm-server's routes have */
     return 0;
 }

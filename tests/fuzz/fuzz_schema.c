@@ -1,28 +1,36 @@
 /* fuzz_schema.c - libFuzzer target for llm-server's JSON Schema to grammar
  * conversion: arbitrary bytes as a response_format json_schema body give a
  * grammar the engine compiles (or an error naming the cause), or a 400
- * naming the keyword; never a crash, leak, UB or hang. */
+ * naming the keyword; never a crash, leak, UB or hang. The schema is read
+ * as llm-server reads it (llm_json_load), nested deep by deep.h's mutator,
+ * on a thread with the production stack. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "deep.h"
 #include "llm/grammar.h"
+#include "llm/json.h"
 #include "srv.h"
 #include "srv_schema.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max, unsigned int seed)
 {
-    json_error_t je;
-    json_t *schema = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &je);
+    return deep_mutate(data, size, max, seed);
+}
+
+static void one(const uint8_t *data, size_t size)
+{
+    json_t *schema = llm_json_load((const char *)data, size, JSON_REJECT_DUPLICATES, NULL, NULL);
     if (!schema)
-        return 0;
+        return;
     srv_err e = {0};
     char *text = srv_schema_grammar(schema, &e);
     json_decref(schema);
     if (!text) {
         if (e.status < 400 || !e.msg[0])
             abort();
-        return 0;
+        return;
     }
     llm_grammar *g;
     llm_error err = {0};
@@ -31,5 +39,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     else if (!err.msg[0])
         abort();
     free(text);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    deep_run(one, data, size);
     return 0;
 }

@@ -2,11 +2,13 @@
  * llm-server besides completions: the API keys file (srv_keys_parse) and
  * the admin route's body (srv_parse_admin). The first byte picks which.
  * Either a result whose fields are in range or an error with a message;
- * never a crash, leak or UB (ASan + UBSan). */
+ * never a crash, leak or UB (ASan + UBSan). Admin bodies are nested deep
+ * by deep.h's mutator and read on a thread with the production stack. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "deep.h"
 #include "srv.h"
 
 static void keys(const char *p, size_t n)
@@ -52,13 +54,23 @@ static void admin(const char *p, size_t n)
     json_decref(req);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max, unsigned int seed)
+{
+    return deep_mutate(data, size, max, seed);
+}
+
+static void one(const uint8_t *data, size_t size)
 {
     if (size < 1)
-        return 0;
+        return;
     if (data[0] & 1)
         keys((const char *)data + 1, size - 1);
     else
         admin((const char *)data + 1, size - 1);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    deep_run(one, data, size);
     return 0;
 }

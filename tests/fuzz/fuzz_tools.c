@@ -4,11 +4,14 @@
  * first byte picks the format and tool_choice; the rest is the answer.
  * Checked: calls come back as a non-empty array of calls to the request's
  * tools with object arguments as JSON text, or none; streaming never
- * releases more than it was given, nor less than it released before. */
+ * releases more than it was given, nor less than it released before.
+ * Answers are nested deep by deep.h's mutator (the model's output is a
+ * tenant's input too) and read on a thread with the production stack. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "deep.h"
 #include "srv.h"
 #include "srv_tools.h"
 
@@ -30,10 +33,15 @@ static void check_calls(json_t *calls)
     }
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max, unsigned int seed)
+{
+    return deep_mutate(data, size, max, seed);
+}
+
+static void one(const uint8_t *data, size_t size)
 {
     if (size < 1)
-        return 0;
+        return;
     if (!g_body)
         g_body = json_loads("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
                             "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": "
@@ -58,5 +66,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     json_decref(calls);
     free(content);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    deep_run(one, data, size); /* on the stack llm-server's routes have */
     return 0;
 }
