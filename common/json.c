@@ -14,22 +14,29 @@
 /* What a thread's allocations through jansson have come to. */
 typedef struct json_tl {
     int on;            /* a budgeted parse runs on this thread */
+    int shared;        /* and it counts toward the shared cap (not LLM_JSON_OWN) */
     int over;          /* it asked for more than its budget */
-    int crowded;       /* it asked for more than the parses of all threads may hold together */
+    int crowded;       /* the shared cap was full of others' parses */
     int oom;           /* malloc failed (set with or without a budget) */
     size_t used, cap;  /* bytes charged, and the budget */
+    size_t spent;      /* what all parses on this thread have charged (llm_json_spent) */
 } json_tl;
 
 static _Thread_local json_tl tl;
-static size_t shared_used; /* atomic: bytes charged by the parses running now, all threads */
+static size_t shared_used; /* atomic: bytes of the parses running now, all threads */
+static size_t shared_cap = LLM_JSON_SHARED_CAP; /* atomic (llm_json_set_shared_cap) */
 static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
 
 /* A chunk's bookkeeping in glibc's allocator, charged with each allocation. */
 enum { CHUNK_OVERHEAD = 16 };
 
-/* Charges n bytes to this thread's parse and to the parses of all; 0, or
- * -1 with the reason set. A parse within LLM_JSON_COST_FLOOR is never
- * crowded out: small requests go on while large ones wait their turn. */
+/* Charges n bytes to this thread's parse, and (shared) to the count of
+ * all; 0, or -1 with the reason set. The shared cap refuses a parse only
+ * past LLM_JSON_COST_FLOOR (small requests never wait on large ones), and
+ * only while others hold part of it: a parse larger than the cap by
+ * itself is bounded by its own budget, and no retry would help it. The
+ * count covers parses while they run, not the trees kept after: a count
+ * of kept trees let one tenant's slow requests refuse everyone else's. */
 static int charge(size_t n)
 {
     if (n > tl.cap - tl.used || n + CHUNK_OVERHEAD > tl.cap - tl.used) {
@@ -37,13 +44,14 @@ static int charge(size_t n)
         return -1;
     }
     n += CHUNK_OVERHEAD;
-    size_t all = __atomic_add_fetch(&shared_used, n, __ATOMIC_RELAXED);
-    if (all > LLM_JSON_SHARED_CAP && tl.used + n > LLM_JSON_COST_FLOOR) {
+    size_t mine = tl.used + n, all = tl.shared ? __atomic_add_fetch(&shared_used, n, __ATOMIC_RELAXED) : 0;
+    size_t cap = __atomic_load_n(&shared_cap, __ATOMIC_RELAXED);
+    if (tl.shared && all > cap && mine > LLM_JSON_COST_FLOOR && mine <= cap) {
         __atomic_sub_fetch(&shared_used, n, __ATOMIC_RELAXED);
         tl.crowded = 1;
         return -1;
     }
-    tl.used += n;
+    tl.used = mine;
     return 0;
 }
 
@@ -156,6 +164,21 @@ static size_t budget_of(size_t n)
     return n * LLM_JSON_COST_PER_BYTE + LLM_JSON_COST_FLOOR;
 }
 
+/* The error of a parse that gave no value. */
+static void load_error(const json_tl *t, const json_error_t *je, size_t n, llm_error *err)
+{
+    if (t->crowded)
+        llm_errf(err, LLM_ERR_QUEUE_FULL, "other requests' JSON parses take the %zu MiB they may have at once; retry",
+                 __atomic_load_n(&shared_cap, __ATOMIC_RELAXED) >> 20);
+    else if (t->over)
+        llm_errf(err, LLM_ERR_TOO_LONG, "the JSON text of %zu bytes would take more than %zu bytes of memory "
+                 "(%d per byte of text, plus %zu KiB)", n, t->cap, LLM_JSON_COST_PER_BYTE, LLM_JSON_COST_FLOOR >> 10);
+    else if (t->oom || json_error_code(je) == json_error_out_of_memory || !je->text[0])
+        llm_errf(err, LLM_ERR_NOMEM, "out of memory while parsing JSON");
+    else
+        llm_errf(err, LLM_ERR_FORMAT, "invalid JSON at line %d column %d: %s", je->line, je->column, je->text);
+}
+
 json_t *llm_json_load(const char *s, size_t n, size_t flags, size_t *used, llm_error *err)
 {
     llm_error scan = {0};
@@ -167,27 +190,24 @@ json_t *llm_json_load(const char *s, size_t n, size_t flags, size_t *used, llm_e
      * stops at or before them, so it never goes deeper than the scan did */
     llm_json_init();
     json_error_t je;
-    tl = (json_tl){.on = 1, .cap = budget_of(n)};
-    json_t *v = json_loadb(s, n, flags, &je);
+    size_t spent = tl.spent;
+    tl = (json_tl){.on = 1, .shared = !(flags & LLM_JSON_OWN), .cap = budget_of(n), .spent = spent};
+    json_t *v = json_loadb(s, n, flags & ~(size_t)LLM_JSON_OWN, &je);
     json_tl t = tl;
     tl.on = 0;
-    __atomic_sub_fetch(&shared_used, t.used, __ATOMIC_RELAXED); /* the parse is over: its tree is the caller's */
+    tl.spent = spent + t.used;
+    if (t.shared) /* the parse is over: its tree is the caller's */
+        __atomic_sub_fetch(&shared_used, t.used, __ATOMIC_RELAXED);
     if (v && used)
         *used = (size_t)je.position;
-    if (v)
-        return v;
-    if (t.crowded)
-        llm_errf(err, LLM_ERR_QUEUE_FULL, "other requests' JSON is being parsed (%zu MiB at most at once); retry",
-                 LLM_JSON_SHARED_CAP >> 20);
-    else if (t.over)
-        llm_errf(err, LLM_ERR_TOO_LONG, "the JSON text of %zu bytes would take more than %zu bytes of memory "
-                 "(%d per byte of text, plus %zu KiB)", n, t.cap, LLM_JSON_COST_PER_BYTE, LLM_JSON_COST_FLOOR >> 10);
-    else if (t.oom || json_error_code(&je) == json_error_out_of_memory || !je.text[0])
-        llm_errf(err, LLM_ERR_NOMEM, "out of memory while parsing JSON");
-    else
-        llm_errf(err, LLM_ERR_FORMAT, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
-    return NULL;
+    if (!v)
+        load_error(&t, &je, n, err);
+    return v;
 }
+
+size_t llm_json_spent(void) { return tl.spent; }
+
+void llm_json_set_shared_cap(size_t bytes) { __atomic_store_n(&shared_cap, bytes, __ATOMIC_RELAXED); }
 
 json_t *llm_json_loads(const char *s, size_t flags, llm_error *err)
 {
@@ -196,14 +216,40 @@ json_t *llm_json_loads(const char *s, size_t flags, llm_error *err)
 
 /* ---- reading a few fields ---------------------------------------------------------- */
 
-/* Past the value at i (ws skipped first): its end, or 0 when none is whole. */
+/* Past the value at i (ws skipped first): its end, or 0 when none is
+ * whole. Brackets are counted, not matched, and to any depth: a reader
+ * steps over a value nested too deep to parse (and the parse of what it
+ * finds checks the rest). */
 static size_t value_end(const char *s, size_t n, size_t i)
 {
-    size_t e;
-    i = skip_ws(s, n, i);
-    if (i >= n || llm_json_scan(s + i, n - i, LLM_JSON_MAX_DEPTH, &e, NULL))
-        return 0;
-    return i + e;
+    size_t depth = 0;
+    for (i = skip_ws(s, n, i); i < n;) {
+        char c = s[i];
+        if (c == '"' && (i = skip_string(s, n, i)) > n)
+            return 0;
+        if (c == '[' || c == '{') {
+            depth++;
+            i++;
+            continue;
+        }
+        if ((c == ']' || c == '}') && !depth)
+            return 0;
+        if (c == ']' || c == '}') {
+            depth--;
+            i++;
+        } else if (depth && (is_ws(c) || c == ',' || c == ':')) {
+            i++;
+            continue;
+        } else if (c != '"') {
+            size_t k = skip_scalar(s, n, i);
+            if (k == i)
+                return 0; /* a delimiter where a value should be */
+            i = k;
+        }
+        if (!depth)
+            return i;
+    }
+    return 0;
 }
 
 int llm_json_item(llm_json_span arr, size_t *pos, llm_json_span *item)
@@ -229,10 +275,10 @@ int llm_json_item(llm_json_span arr, size_t *pos, llm_json_span *item)
     return 1;
 }
 
-static int unescape(const char *p, size_t left, char *b, size_t *used);
+static int next_char(llm_json_span v, size_t *i, char b[4]);
 
 /* Whether the string span k (quotes included) decodes to key: compared a
- * character at a time, so a key of any length and escapes may match. */
+ * piece at a time, so a key of any length and escapes may match. */
 static int key_is(llm_json_span k, const char *key)
 {
     size_t len = strlen(key), at = 0, i = 1;
@@ -240,15 +286,10 @@ static int key_is(llm_json_span k, const char *key)
         return k.n == len + 2 && !memcmp(k.p + 1, key, len);
     while (i < k.n && k.p[i] != '"') {
         char b[4];
-        size_t used = 1;
-        int n = 1;
-        b[0] = k.p[i];
-        if (k.p[i] == '\\' && (n = unescape(k.p + i, k.n - i, b, &used)) < 0)
-            return 0;
-        if (at + (size_t)n > len || memcmp(key + at, b, (size_t)n))
+        int n = next_char(k, &i, b);
+        if (n < 0 || at + (size_t)n > len || memcmp(key + at, b, (size_t)n))
             return 0;
         at += (size_t)n;
-        i += used;
     }
     return at == len;
 }
@@ -342,6 +383,20 @@ static size_t utf8_whole(const char *out, size_t k)
     return k - (st - 1) >= want ? k : st - 1;
 }
 
+/* The string piece of v at *i (inside its quotes) into b: a raw byte, or
+ * an escape decoded to UTF-8; its length (*i moved past it), or -1 when an
+ * escape is malformed. */
+static int next_char(llm_json_span v, size_t *i, char b[4])
+{
+    size_t used = 1;
+    int len = 1;
+    b[0] = v.p[*i];
+    if (v.p[*i] == '\\' && (len = unescape(v.p + *i, v.n - *i, b, &used)) < 0)
+        return -1;
+    *i += used;
+    return len;
+}
+
 long llm_json_string(llm_json_span v, char *out, size_t cap)
 {
     size_t i, k = 0;
@@ -350,18 +405,17 @@ long llm_json_string(llm_json_span v, char *out, size_t cap)
         return -1;
     for (i = 1; i < v.n && v.p[i] != '"';) {
         char b[4];
-        size_t used = 1;
-        int len = 1;
-        b[0] = v.p[i];
-        if (v.p[i] == '\\' && (len = unescape(v.p + i, v.n - i, b, &used)) < 0)
+        size_t at = i;
+        int len = next_char(v, &i, b);
+        if (len < 0)
             return -1;
         if (k + (size_t)len >= cap) {
+            i = at;
             cut = 1;
             break;
         }
         memcpy(out + k, b, (size_t)len);
         k += (size_t)len;
-        i += used;
     }
     if (!cut && i >= v.n)
         return -1; /* no closing quote */

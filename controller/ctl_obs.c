@@ -179,6 +179,10 @@ char *ctl_obs_render(void)
         for (int o = 0; o < KUBE_N_OUTCOMES; o++)
             llm_strbuf_printf(&b, "llm_controller_api_requests_total{method=\"%s\",code=\"%s\"} %llu\n",
                               kube_client_method_name(m), kube_client_outcome_name(o), kube_client_request_count(m, o));
+    llm_strbuf_printf(&b, "# HELP llm_controller_unreadable_objects_total Objects the API server sent that are nested "
+                          "too deep to read (left out of their list, or their watch event dropped).\n"
+                          "# TYPE llm_controller_unreadable_objects_total counter\nllm_controller_unreadable_objects_total "
+                          "%llu\n", kube_client_unreadable_count());
     llm_strbuf_printf(&b, "# HELP llm_controller_leader 1 while this replica holds the leader lease.\n"
             "# TYPE llm_controller_leader gauge\nllm_controller_leader %d\n", g.leader);
     pthread_mutex_unlock(&g.mu);

@@ -30,6 +30,12 @@ static unsigned long long counts[KUBE_N_METHODS][KUBE_N_OUTCOMES];
 const char *kube_client_method_name(int m) { return m >= 0 && m < KUBE_N_METHODS ? method_names[m] : "?"; }
 const char *kube_client_outcome_name(int o) { return o >= 0 && o < KUBE_N_OUTCOMES ? outcome_names[o] : "?"; }
 
+static unsigned long long unreadable;
+
+unsigned long long kube_client_unreadable_count(void) { return __atomic_load_n(&unreadable, __ATOMIC_RELAXED); }
+
+void kube_client_unreadable(void) { __atomic_add_fetch(&unreadable, 1, __ATOMIC_RELAXED); }
+
 unsigned long long kube_client_request_count(int m, int o)
 {
     return m >= 0 && m < KUBE_N_METHODS && o >= 0 && o < KUBE_N_OUTCOMES ? __atomic_load_n(&counts[m][o], __ATOMIC_RELAXED)
@@ -218,6 +224,55 @@ static llm_status perform(kube_client *k, const char *method, const char *url, c
     return LLM_OK;
 }
 
+/* A list read an item at a time (kind, apiVersion, metadata and the items
+ * that can be read): one object nested too deep, or too costly to hold,
+ * must not hide all the others. Such an item is left out and counted; any
+ * other failure (memory, the shared cap) fails the whole list, with err
+ * set: an object left out reads as absent, which only its own fault may
+ * cause. NULL on failure. */
+static json_t *list_by_items(llm_json_span all, llm_error *err)
+{
+    static const char *const keep[] = {"kind", "apiVersion", "metadata"};
+    llm_json_span v, items, item;
+    json_t *out = json_object(), *arr = json_array(), *x;
+    int bad = !out || !arr, has_items = llm_json_member(all, "items", &items);
+    llm_error e = {0};
+    if (bad)
+        llm_errf(err, LLM_ERR_NOMEM, "no memory for a list");
+    for (size_t i = 0; !bad && i < sizeof keep / sizeof *keep; i++)
+        if (llm_json_member(all, keep[i], &v) && !(bad = !(x = llm_json_load(v.p, v.n, JSON_DECODE_ANY, NULL, err))))
+            bad = json_object_set_new(out, keep[i], x) && llm_errf(err, LLM_ERR_NOMEM, "no memory for a list");
+    for (size_t pos = 0; !bad && has_items && llm_json_item(items, &pos, &item);) {
+        if (!(x = llm_json_load(item.p, item.n, 0, NULL, &e)) && e.code == LLM_ERR_TOO_LONG)
+            kube_client_unreadable();
+        else if (!x)
+            bad = llm_errf(err, e.code, "a list item: %s", e.msg) != LLM_OK;
+        else
+            bad = json_array_append_new(arr, x) && llm_errf(err, LLM_ERR_NOMEM, "no memory for a list");
+    }
+    if (!bad && json_object_set_new(out, "items", arr))
+        bad = llm_errf(err, LLM_ERR_NOMEM, "no memory for a list") != LLM_OK;
+    else if (bad)
+        json_decref(arr);
+    if (bad)
+        json_decref(out);
+    return bad ? NULL : out;
+}
+
+/* An API server's answer, within llm_json's bounds (its depth, and memory
+ * per byte: a tenant's custom resource is in it, and may hold what the
+ * API server takes, 10,000 levels and 70 bytes of tree per byte); a list
+ * that does not fit is read an item at a time (list_by_items). */
+static json_t *response_json(const char *text, llm_error *err)
+{
+    size_t n = strlen(text);
+    llm_json_span all = {text, n}, items;
+    json_t *v = llm_json_load(text, n, 0, NULL, err);
+    if (v || err->code != LLM_ERR_TOO_LONG || !llm_json_member(all, "items", &items))
+        return v;
+    return list_by_items(all, err);
+}
+
 llm_status kube_client_request(kube_client *k, const char *method, const char *path, json_t *body, const char *content_type,
                         json_t **out, llm_error *err)
 {
@@ -239,7 +294,7 @@ llm_status kube_client_request(kube_client *k, const char *method, const char *p
         st = http_error(code, method, path, &b, err);
     if (!st && out) {
         llm_error je = {0};
-        if (!(*out = llm_json_loads(b.p ? b.p : "{}", 0, &je)))
+        if (!(*out = response_json(b.p ? b.p : "{}", &je)))
             st = llm_errf(err, je.code == LLM_ERR_NOMEM ? LLM_ERR_NOMEM : LLM_ERR_FORMAT, "%s %s: response: %s", method,
                           path, je.msg);
     }

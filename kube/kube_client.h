@@ -62,6 +62,12 @@ llm_status kube_client_request(kube_client *k, const char *method, const char *p
 enum { KUBE_GET, KUBE_POST, KUBE_PUT, KUBE_PATCH, KUBE_DELETE, KUBE_N_METHODS };
 enum { KUBE_2XX, KUBE_3XX, KUBE_4XX, KUBE_5XX, KUBE_NO_ANSWER, KUBE_N_OUTCOMES };
 unsigned long long kube_client_request_count(int method, int outcome);
+/* Objects left out because they cannot be read within llm_json's bounds
+ * (a custom resource a tenant nested past 64 levels: the API server takes
+ * 10,000): the rest of their list is read without them, a watch event
+ * holding one is dropped (kube_client_unreadable counts one). Any thread. */
+unsigned long long kube_client_unreadable_count(void);
+void kube_client_unreadable(void);
 const char *kube_client_method_name(int method);   /* "GET", ... */
 const char *kube_client_outcome_name(int outcome); /* "2xx", ..., "error" */
 

@@ -39,10 +39,33 @@ static void set_rv(wstate *w, json_t *obj)
         snprintf(w->rv, sizeof w->rv, "%s", rv);
 }
 
+/* An event whose object cannot be read within llm_json's bounds (a
+ * tenant's custom resource nested or sized past them) as the DELETED event
+ * of that object, from its metadata alone: unreadable reads as absent, as
+ * a list read an item at a time leaves it out, so the cache and the lists
+ * agree and a stale copy does not linger. NULL when not even that can be
+ * read (the line is not an event). */
+static json_t *unreadable_event(const char *s, size_t n)
+{
+    llm_json_span line = {s, n}, type, obj, meta;
+    char t[16];
+    if (!llm_json_member(line, "type", &type) || llm_json_string(type, t, sizeof t) < 0 ||
+        (strcmp(t, "ADDED") && strcmp(t, "MODIFIED") && strcmp(t, "DELETED")) || !llm_json_member(line, "object", &obj) ||
+        !llm_json_member(obj, "metadata", &meta))
+        return NULL;
+    json_t *m = llm_json_load(meta.p, meta.n, 0, NULL, NULL);
+    json_t *ev = m ? json_pack("{s:s,s:{s:o}}", "type", "DELETED", "object", "metadata", m) : NULL;
+    if (ev)
+        kube_client_unreadable();
+    return ev;
+}
+
 /* One complete line: a watch event. */
 static void on_line(wstate *w, const char *s, size_t n)
 {
     json_t *ev = llm_json_load(s, n, 0, NULL, NULL);
+    if (!ev)
+        ev = unreadable_event(s, n);
     const char *type = json_string_value(json_object_get(ev, "type"));
     json_t *obj = json_object_get(ev, "object");
     if (type && !strcmp(type, "ERROR")) {

@@ -499,7 +499,8 @@ int main(int argc, char **argv)
         snprintf(d->name, sizeof d->name, "%s", slash + 1);
     }
     llm_error err = {0};
-    llm_heap_tune();
+    if (llm_heap_tune(&err))
+        logf_("%s (memory freed by large requests may stay with the process)", err.msg);
     llm_json_init();
     curl_global_init(CURL_GLOBAL_DEFAULT);
     if (rt_pool_new(&pc, &r.pool, &err) || (nb && rt_pool_set(r.pool, 0, backends, nb, &err)) ||
@@ -527,10 +528,11 @@ int main(int argc, char **argv)
     mg_set_request_handler(mg, "/readyz$", h_readyz, &r);
     mg_set_request_handler(mg, "/metrics$", h_metrics, &r);
     mg_set_request_handler(mg, "/admin/canary$", h_admin, &r);
-    mg_set_request_handler(mg, "/v1/", rt_proxy_handle, &r.px);
-    mg_set_request_handler(mg, "/generate$", rt_proxy_handle, &r.px);
-    mg_set_request_handler(mg, "/tokenize$", rt_proxy_handle, &r.px);
-    mg_set_request_handler(mg, "/detokenize$", rt_proxy_handle, &r.px);
+    /* the proxied routes on a stack sized for request code (civetweb's is 100 KiB; curl and the body checks run
+     * there); at most HTTP_GUARD_ROUTES, these four are well within */
+    static const char *const proxied[] = {"/v1/", "/generate$", "/tokenize$", "/detokenize$"};
+    for (size_t i = 0; i < sizeof proxied / sizeof *proxied; i++)
+        http_guard_route(r.http, proxied[i], rt_proxy_handle, &r.px);
     http_guard_serve(r.http);
     pthread_t poll_th, disc_th[2], weight_th;
     int polling = pthread_create(&poll_th, NULL, poller, &r) == 0, discovering = 0;

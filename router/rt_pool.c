@@ -122,6 +122,9 @@ static const char *entry_url(const char *e, char *name, size_t n)
     const char *eq = strchr(e, '=');
     const char *url = eq && (!strncmp(eq + 1, "http://", 7) || !strncmp(eq + 1, "https://", 8)) ? eq + 1 : e;
     snprintf(name, n, "%.*s", (int)(url == e ? strlen(e) : (size_t)(eq - e)), e);
+    for (char *c = name; *c; c++) /* it goes into headers and label values: no quote, backslash or control */
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-[]", *c))
+            *c = '_';
     return url;
 }
 
@@ -235,10 +238,15 @@ static int round_robin(rt_pool *p, int rev, const unsigned char *avoid, double n
     return -1;
 }
 
-/* The most load a session's own backend may carry and still take it:
- * consistent hashing with bounded loads (Mirrokni et al.), 1.25 times the
- * average with this request counted, so a session stays put until its
- * backend is well above the others and then moves along the ring. */
+/* Consistent hashing with bounded loads (Mirrokni et al.): a session's
+ * backend takes it while its load is below SESSION_SPREAD times the
+ * average (this request counted) plus SESSION_SLACK, so a session stays
+ * put until its backend is well above the others, then moves along the
+ * ring; the slack keeps one request's difference from moving sessions
+ * when everything is nearly idle. */
+#define SESSION_SPREAD 1.25
+#define SESSION_SLACK 1.0
+
 static double session_bound(rt_pool *p, int rev, const unsigned char *avoid, double now)
 {
     double total = 1;
@@ -248,7 +256,7 @@ static double session_bound(rt_pool *p, int rev, const unsigned char *avoid, dou
             total += load_of(&p->b[i]);
             n++;
         }
-    return n ? 1.25 * total / n + 1 : 0;
+    return n ? SESSION_SPREAD * total / n + SESSION_SLACK : 0;
 }
 
 static int by_session(rt_pool *p, const char *session, int rev, const unsigned char *avoid, double now)
@@ -369,16 +377,22 @@ int rt_pool_revision(rt_pool *p, int idx)
     return rev;
 }
 
+/* A load figure a pod reported: 0 .. RT_POOL_MAX_LOAD, 0 for NaN. */
+static double clamp_load(double v)
+{
+    return v > 0 ? (v < RT_POOL_MAX_LOAD ? v : RT_POOL_MAX_LOAD) : 0;
+}
+
 void rt_pool_report(rt_pool *p, int idx, int reachable, double waiting, double running, double kv_usage)
 {
     if (idx < 0 || idx >= RT_MAX_BACKENDS)
         return;
     pthread_mutex_lock(&p->mu);
     backend *b = &p->b[idx];
-    if (reachable) {
-        b->waiting = waiting;
-        b->running = running;
-        b->kv = kv_usage;
+    if (reachable) { /* a pod's own word: held to what a pod can hold (a pod saying -1e9 would draw every request) */
+        b->waiting = clamp_load(waiting);
+        b->running = clamp_load(running);
+        b->kv = kv_usage >= 0 && kv_usage <= 1 ? kv_usage : kv_usage > 1 ? 1 : 0;
     } else if (b->live && b->ejected_until <= llm_clock_mono_s()) {
         b->trial = 0;
         failed(p, b, llm_clock_mono_s()); /* a dead backend is ejected before a request finds it */
@@ -438,33 +452,33 @@ char *rt_pool_metrics(rt_pool *p)
             "# TYPE llm_router_requests_total counter\n");
     for (int i = 0; i < p->n; i++)
         for (int c = 0; p->b[i].live && c < 5; c++)
-            llm_strbuf_printf(&t, "llm_router_requests_total{backend=\"%s\",code=\"%s\"} %llu\n", p->b[i].url, code[c], p->b[i].codes[c]);
+            llm_strbuf_printf(&t, "llm_router_requests_total{backend=\"%s\",code=\"%s\"} %llu\n", p->b[i].name, code[c], p->b[i].codes[c]);
     llm_strbuf_printf(&t, "# HELP llm_router_backend_failures_total Attempts that failed (no connection, dropped, or a 5xx other than "
                           "503 and 504 before any byte).\n"
             "# TYPE llm_router_backend_failures_total counter\n");
     for (int i = 0; i < p->n; i++)
         if (p->b[i].live)
-            llm_strbuf_printf(&t, "llm_router_backend_failures_total{backend=\"%s\"} %llu\n", p->b[i].url, p->b[i].failed);
+            llm_strbuf_printf(&t, "llm_router_backend_failures_total{backend=\"%s\"} %llu\n", p->b[i].name, p->b[i].failed);
     llm_strbuf_printf(&t, "# HELP llm_router_backend_dropped_total Attempts the backend dropped after it had the request "
                           "(answered 502, not retried elsewhere).\n# TYPE llm_router_backend_dropped_total counter\n");
     for (int i = 0; i < p->n; i++)
         if (p->b[i].live)
-            llm_strbuf_printf(&t, "llm_router_backend_dropped_total{backend=\"%s\"} %llu\n", p->b[i].url, p->b[i].dropped);
+            llm_strbuf_printf(&t, "llm_router_backend_dropped_total{backend=\"%s\"} %llu\n", p->b[i].name, p->b[i].dropped);
     llm_strbuf_printf(&t, "# HELP llm_router_backend_ejections_total Times the circuit breaker ejected the backend.\n"
             "# TYPE llm_router_backend_ejections_total counter\n");
     for (int i = 0; i < p->n; i++)
         if (p->b[i].live)
-            llm_strbuf_printf(&t, "llm_router_backend_ejections_total{backend=\"%s\"} %d\n", p->b[i].url, p->b[i].ejections);
+            llm_strbuf_printf(&t, "llm_router_backend_ejections_total{backend=\"%s\"} %d\n", p->b[i].name, p->b[i].ejections);
     llm_strbuf_printf(&t, "# HELP llm_router_backend_up 1 when the breaker lets requests through.\n# TYPE llm_router_backend_up gauge\n");
     for (int i = 0; i < p->n; i++)
         if (p->b[i].live)
-            llm_strbuf_printf(&t, "llm_router_backend_up{backend=\"%s\"} %d\n", p->b[i].url,
+            llm_strbuf_printf(&t, "llm_router_backend_up{backend=\"%s\"} %d\n", p->b[i].name,
                 p->b[i].ejected_until == 0 || p->b[i].ejected_until <= now);
     llm_strbuf_printf(&t, "# HELP llm_router_backend_inflight Requests the router has in flight to the backend.\n"
             "# TYPE llm_router_backend_inflight gauge\n");
     for (int i = 0; i < p->n; i++)
         if (p->b[i].live)
-            llm_strbuf_printf(&t, "llm_router_backend_inflight{backend=\"%s\"} %d\n", p->b[i].url, p->b[i].inflight);
+            llm_strbuf_printf(&t, "llm_router_backend_inflight{backend=\"%s\"} %d\n", p->b[i].name, p->b[i].inflight);
     llm_strbuf_printf(&t, "# HELP llm_router_request_duration_seconds Time from pick to the last byte, by backend.\n"
             "# TYPE llm_router_request_duration_seconds histogram\n");
     for (int i = 0; i < p->n; i++) {
@@ -472,7 +486,7 @@ char *rt_pool_metrics(rt_pool *p)
         unsigned long long cum = 0;
         for (int k = 0; b->live && k < N_BUCKETS; k++) {
             cum += b->hist[k];
-            llm_strbuf_printf(&t, "llm_router_request_duration_seconds_bucket{backend=\"%s\",le=\"%g\"} %llu\n", b->url, bucket_le[k], cum);
+            llm_strbuf_printf(&t, "llm_router_request_duration_seconds_bucket{backend=\"%s\",le=\"%g\"} %llu\n", b->name, bucket_le[k], cum);
         }
         if (b->live)
             llm_strbuf_printf(&t, "llm_router_request_duration_seconds_bucket{backend=\"%s\",le=\"+Inf\"} %llu\n"

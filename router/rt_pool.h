@@ -8,9 +8,9 @@
  *   - affinity: a session key (header or the request's "user") is hashed
  *     onto a ring of virtual nodes, so a session stays on one backend while
  *     the set changes little (consistent hashing), unless that backend
- *     carries more than 1.25 times the average load: then the next one on
- *     the ring takes it (bounded loads), so one session cannot pin a flood
- *     to one pod.
+ *     carries more than 1.25 times the average load plus one request:
+ *     then the next one on the ring takes it (bounded loads), so one
+ *     session cannot pin a flood to one pod.
  * Revisions: each backend is of the stable (0) or the canary (1) revision;
  * a request goes to the canary with probability weight/100 - exactly that
  * share, by a smooth counter, or by the session key's hash so a session
@@ -36,6 +36,9 @@
 #include "llm/status.h"
 
 #define RT_MAX_BACKENDS 256
+/* The most requests a pod's reported load counts for (its waiting and
+ * running sequences are its own word, clamped to 0..this). */
+#define RT_POOL_MAX_LOAD 100000.0
 
 typedef enum rt_policy { RT_LEAST_LOADED, RT_ROUND_ROBIN } rt_policy;
 
@@ -89,7 +92,8 @@ void rt_pool_release(rt_pool *p, int idx, const rt_result *r);
 /* Revision of backend idx (0 stable, 1 canary). */
 int rt_pool_revision(rt_pool *p, int idx);
 
-/* The poller's reading of backend i's own signals; reachable 0 counts as
+/* The poller's reading of backend i's own signals (clamped: waiting and
+ * running to 0..RT_POOL_MAX_LOAD, kv_usage to 0..1); reachable 0 counts as
  * a failure. */
 void rt_pool_report(rt_pool *p, int idx, int reachable, double waiting, double running, double kv_usage);
 /* Name of backend i (its pod's, or its URL) into name; 0 when i is out of range. */

@@ -341,11 +341,13 @@ typedef struct held_err {
     char type[128];
 } held_err;
 
-/* Sends a backend's answer that was held back whole (status, type, body). */
+/* Sends a backend's answer that was held back whole (status, type, body);
+ * a 429 or 503 says when to retry (the backend's own words are gone). */
 static int send_held(struct mg_connection *c, long status, const char *type, const char *body, size_t len)
 {
-    mg_printf(c, "HTTP/1.1 %ld %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: %s\r\n\r\n", status,
-              status < 300 ? "OK" : "Error", type && *type ? type : "application/json", len, http_guard_connection(c));
+    mg_printf(c, "HTTP/1.1 %ld %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: %s\r\n\r\n", status,
+              status < 300 ? "OK" : "Error", type && *type ? type : "application/json", len,
+              status == 429 || status == 503 ? "Retry-After: 1\r\n" : "", http_guard_connection(c));
     if (len)
         mg_write(c, body, len);
     return (int)status;
@@ -560,63 +562,70 @@ static int plain_path(const char *p)
     return 1;
 }
 
+/* The request's body, read and checked: 0 with *body and *len, or the
+ * status of the refusal sent. */
+static int take_body(rt_proxy *px, struct mg_connection *c, char **body, size_t *len)
+{
+    llm_error err = {0};
+    char msg[LLM_ERROR_MSG_MAX + 16];
+    if (!plain_path(mg_get_request_info(c)->local_uri))
+        return reply(c, 400, "application/json", "the path is not a plain API path (printable ASCII, no '%', no dot segments)");
+    if (!strcmp(mg_get_request_info(c)->request_method, "POST") && !http_guard_json_body(c))
+        return reply(c, 415, "application/json", "a POST body must be Content-Type: application/json");
+    int bad = http_guard_read_body(c, (size_t)px->max_body, px->body_timeout_s, body, len);
+    if (bad)
+        return reply(c, bad, "application/json", bad == 413 ? "request body over the router's limit"
+                                                 : bad == 408 ? "the request body did not arrive in time"
+                                                 : bad == 400 ? HTTP_GUARD_CHUNK_MSG : "no memory");
+    /* the few fields the router needs are read from the text (no tree is built); a body nested too deep for
+     * any backend to take is refused here rather than carried to one */
+    if (*len && llm_json_scan(*body, *len, LLM_JSON_MAX_DEPTH, NULL, &err) == LLM_ERR_TOO_LONG) {
+        free(*body);
+        *body = NULL;
+        snprintf(msg, sizeof msg, "the body: %s", err.msg);
+        return reply(c, 400, "application/json", msg);
+    }
+    return 0;
+}
+
+/* The request after attempts found no backend to answer (code 0), or the
+ * code it was answered with. */
+static int no_answer(rt_proxy *px, struct mg_connection *c, int answered, const held_err *held)
+{
+    if (answered) { /* a held stream: its head is out; the error goes as an event */
+        chunk_write(c, NO_BACKEND_EVENT, sizeof NO_BACKEND_EVENT - 1);
+        stream_end(c);
+        return 503;
+    }
+    if (held->body)
+        return send_held(c, held->status, held->type, held->body, held->len);
+    __atomic_add_fetch(&px->no_backend, 1, __ATOMIC_RELAXED);
+    return reply(c, 503, "application/json", rt_pool_size(px->pool) ? "no backend could take the request"
+                                                                       : "no backends known yet");
+}
+
 int rt_proxy_handle(struct mg_connection *c, void *cbdata)
 {
     rt_proxy *px = cbdata;
     size_t len = 0;
-    if (!plain_path(mg_get_request_info(c)->local_uri))
-        return reply(c, 400, "application/json", "the path is not a plain API path (printable ASCII, no '%', no dot segments)");
-    const char *type = mg_get_header(c, "Content-Type");
-    if (!strcmp(mg_get_request_info(c)->request_method, "POST") &&
-        (!type || strncasecmp(type, "application/json", 16) || (type[16] && type[16] != ';' && type[16] != ' ')))
-        return reply(c, 415, "application/json", "a POST body must be Content-Type: application/json");
+    char *body = NULL, session[4200];
     __atomic_add_fetch(&px->active, 1, __ATOMIC_RELAXED);
-    char *body = NULL;
-    int bad = http_guard_read_body(c, (size_t)px->max_body, px->body_timeout_s, &body, &len);
-    if (bad) {
+    int code = take_body(px, c, &body, &len);
+    if (code) {
         __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);
-        return reply(c, bad, "application/json", bad == 413 ? "request body over the router's limit"
-                                                 : bad == 408 ? "the request body did not arrive in time"
-                                                 : bad == 400 ? "the chunked body cannot be read (chunk extensions are "
-                                                                "not taken here); send Content-Length"
-                                                              : "no memory");
+        return code;
     }
-    /* the few fields the router needs are read from the text (no tree is built); a body nested too deep for
-     * any backend to take is refused here rather than carried to one */
-    char session[4200];
     llm_json_span b = {body ? body : "", len}, v;
-    llm_error err = {0};
-    if (len && llm_json_scan(body, len, LLM_JSON_MAX_DEPTH, NULL, &err) == LLM_ERR_TOO_LONG) {
-        free(body);
-        __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);
-        char msg[LLM_ERROR_MSG_MAX + 16];
-        snprintf(msg, sizeof msg, "the body: %s", err.msg);
-        return reply(c, 400, "application/json", msg);
-    }
-    llm_heap_before(len);
     session_of(px, c, b, session, sizeof session);
-    int stream = llm_json_member(b, "stream", &v) && v.n == 4 && !memcmp(v.p, "true", 4);
-    int answered = 0, code = 0;
+    int stream = llm_json_member(b, "stream", &v) && v.n == 4 && !memcmp(v.p, "true", 4), answered = 0;
     held_err held = {0};
-    if (rt_pool_size(px->pool) == 0 && !hold(px, c, stream, &answered) && answered) {
-        chunk_write(c, NO_BACKEND_EVENT, sizeof NO_BACKEND_EVENT - 1);
-        stream_end(c);
-        code = 503;
-    } else {
+    if (rt_pool_size(px->pool) == 0 && !hold(px, c, stream, &answered) && answered)
+        code = 0; /* held, and no backend came: no_answer ends the stream */
+    else
         code = attempts(px, c, session, body, len, answered, &held);
-    }
     free(body);
-    if (!code && answered) { /* a held stream: its head is out; the error goes as an event */
-        chunk_write(c, NO_BACKEND_EVENT, sizeof NO_BACKEND_EVENT - 1);
-        stream_end(c);
-        code = 503;
-    } else if (!code && held.body) {
-        code = send_held(c, held.status, held.type, held.body, held.len);
-    } else if (!code) {
-        __atomic_add_fetch(&px->no_backend, 1, __ATOMIC_RELAXED);
-        code = reply(c, 503, "application/json", rt_pool_size(px->pool) ? "no backend could take the request"
-                                                                           : "no backends known yet");
-    }
+    if (!code)
+        code = no_answer(px, c, answered, &held);
     free(held.body);
     llm_heap_after(len);
     __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);

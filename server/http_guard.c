@@ -70,6 +70,7 @@ struct http_guard {
     int watching;
     guard_route routes[HTTP_GUARD_ROUTES];
     int n_routes;
+    char cors[300];           /* http_guard_cors's headers */
 };
 
 int http_guard_threads(int max_connections) { return max_connections + GUARD_RESERVE; }
@@ -287,6 +288,12 @@ llm_status http_guard_start(const http_guard_cfg *cfg, const char *const *opts, 
     if (!g)
         return llm_errf(err, LLM_ERR_NOMEM, "no memory for the HTTP guard");
     g->cfg = *cfg;
+    if (cfg->cors_origin && strpbrk(cfg->cors_origin, "\r\n")) {
+        free(g);
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "cors_origin: a line break in it");
+    }
+    if (cfg->cors_origin && *cfg->cors_origin)
+        snprintf(g->cors, sizeof g->cors, "Access-Control-Allow-Origin: %.250s\r\nVary: Origin\r\n", cfg->cors_origin);
     g->armed.next = g->armed.prev = &g->armed;
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->wake, NULL);
@@ -530,19 +537,28 @@ static int route_trampoline(struct mg_connection *c, void *cbdata)
                      "Retry-After: 1\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
         return 503;
     }
-    pthread_join(t, NULL);
+    LLM_ASSERT(pthread_join(t, NULL) == 0); /* (a thread made here, joinable, joined once: cannot fail) */
     return j.status;
 }
 
-int http_guard_route(http_guard *g, const char *uri, mg_request_handler fn, void *cbdata)
+llm_status http_guard_route(http_guard *g, const char *uri, mg_request_handler fn, void *cbdata)
 {
     if (g->n_routes == HTTP_GUARD_ROUTES)
-        return -1;
+        return LLM_ERR_TOO_LONG;
     guard_route *r = &g->routes[g->n_routes++];
     *r = (guard_route){fn, cbdata};
     mg_set_request_handler(g->mg, uri, route_trampoline, r);
-    return 0;
+    return LLM_OK;
 }
+
+int http_guard_json_body(struct mg_connection *c)
+{
+    const char *t = mg_get_header(c, "Content-Type");
+    size_t n = strlen("application/json");
+    return t && !strncasecmp(t, "application/json", n) && (!t[n] || t[n] == ';' || t[n] == ' ');
+}
+
+const char *http_guard_cors(struct mg_connection *c) { return guard_of(c)->cors; }
 
 void http_guard_serve(http_guard *g)
 {

@@ -48,7 +48,7 @@ typedef struct http_guard_cfg {
     int fds_extra;           /* descriptors held besides (pools, pollers) */
     const char *cors_origin; /* answer CORS preflights for this origin ("*": any); NULL or "": none (a web page
                               * elsewhere can then send only what needs no preflight, and POST bodies must be
-                              * application/json: so it can send nothing) */
+                              * application/json: so it can send nothing); no line breaks (LLM_ERR_INVALID_ARG) */
 } http_guard_cfg;
 
 /* Worker threads a context guarded for max_connections needs: the
@@ -111,9 +111,19 @@ void http_guard_disarm(struct mg_connection *c);
  * civetweb's worker waits for it (so a request costs a thread more, and
  * a recursion in it has the room its limit was sized for). When no thread
  * can be made the request gets 503 with Retry-After. At most
- * HTTP_GUARD_ROUTES routes; 0, or -1 past them. */
+ * HTTP_GUARD_ROUTES routes: LLM_ERR_TOO_LONG past them. */
 #define HTTP_GUARD_ROUTES 32
-int http_guard_route(http_guard *g, const char *uri, mg_request_handler fn, void *cbdata);
+llm_status http_guard_route(http_guard *g, const char *uri, mg_request_handler fn, void *cbdata);
+/* Whether the request's body is declared JSON (application/json, any
+ * parameters): a web page elsewhere cannot send that without a CORS
+ * preflight, which is not answered unless cors_origin is set. */
+int http_guard_json_body(struct mg_connection *c);
+/* The headers every answer on c carries for CORS ("Access-Control-Allow-
+ * Origin: ...\r\nVary: Origin\r\n"), or "" without cors_origin. */
+const char *http_guard_cors(struct mg_connection *c);
+/* What to tell a client whose chunked body http_guard_read_body refused (400). */
+#define HTTP_GUARD_CHUNK_MSG "the chunked body cannot be read: each chunk line must be its size in hex (chunk " \
+                             "extensions are not taken here); or send Content-Length"
 /* The handlers are set: requests reach them from now on (before, each
  * gets 503 and Retry-After: civetweb listens from its start). */
 void http_guard_serve(http_guard *g);

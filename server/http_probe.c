@@ -18,7 +18,6 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -61,8 +60,7 @@ static void count(http_probe *p, long long *field, long long by)
 
 static void conn_close(http_probe *p, pconn *c, int answered)
 {
-    epoll_ctl(p->ep, EPOLL_CTL_DEL, c->fd, NULL);
-    close(c->fd);
+    close(c->fd); /* (closing takes it out of the epoll set too: it is never dup'ed) */
     free(c->out);
     c->fd = -1;
     c->out = NULL;
@@ -168,27 +166,36 @@ static void conn_read(http_probe *p, pconn *c)
         }
     }
     struct epoll_event ev = {.events = EPOLLOUT, .data.u32 = (uint32_t)(c - p->c)};
-    epoll_ctl(p->ep, EPOLL_CTL_MOD, c->fd, &ev);
+    if (epoll_ctl(p->ep, EPOLL_CTL_MOD, c->fd, &ev)) {
+        conn_close(p, c, 0);
+        return;
+    }
     conn_write(p, c);
 }
 
 /* ---- accepting ------------------------------------------------------------------- */
 
-/* A free slot, made by closing the oldest connection still sending its
- * request when there is none; NULL when every slot is answering. */
-static pconn *free_slot(http_probe *p)
+/* A slot made free by closing the oldest connection still sending its
+ * request (answers in progress are left to finish); NULL when there is
+ * none such. */
+static pconn *evict_oldest_waiting(http_probe *p)
 {
     pconn *oldest = NULL;
-    for (int i = 0; i < HTTP_PROBE_MAX_CONNS; i++) {
-        pconn *c = &p->c[i];
-        if (c->fd < 0)
-            return c;
-        if (!c->answering && (!oldest || c->seq < oldest->seq))
-            oldest = c;
-    }
+    for (int i = 0; i < HTTP_PROBE_MAX_CONNS; i++)
+        if (p->c[i].fd >= 0 && !p->c[i].answering && (!oldest || p->c[i].seq < oldest->seq))
+            oldest = &p->c[i];
     if (oldest)
         conn_close(p, oldest, 0);
     return oldest;
+}
+
+/* A free slot, made by eviction when there is none; NULL when every slot is answering. */
+static pconn *free_slot(http_probe *p)
+{
+    for (int i = 0; i < HTTP_PROBE_MAX_CONNS; i++)
+        if (p->c[i].fd < 0)
+            return &p->c[i];
+    return evict_oldest_waiting(p);
 }
 
 /* Out of descriptors: the oldest connection still sending its request
@@ -196,16 +203,8 @@ static pconn *free_slot(http_probe *p)
  * socket would otherwise wake the loop at once, forever). */
 static void out_of_fds(http_probe *p)
 {
-    pconn *oldest = NULL;
-    for (int i = 0; i < HTTP_PROBE_MAX_CONNS; i++)
-        if (p->c[i].fd >= 0 && !p->c[i].answering && (!oldest || p->c[i].seq < oldest->seq))
-            oldest = &p->c[i];
-    if (oldest) {
-        conn_close(p, oldest, 0);
-        return;
-    }
     struct epoll_event off = {.events = 0, .data.u32 = HTTP_PROBE_MAX_CONNS};
-    if (!epoll_ctl(p->ep, EPOLL_CTL_MOD, p->lfd, &off))
+    if (!evict_oldest_waiting(p) && !epoll_ctl(p->ep, EPOLL_CTL_MOD, p->lfd, &off))
         p->paused = 1;
 }
 
@@ -307,19 +306,6 @@ static void probe_free(http_probe *p)
     free(p);
 }
 
-/* Room in the open files limit for every connection this listener may
- * hold: the soft limit goes up towards the hard one (what is left short of
- * it is met by closing the oldest connections, out_of_fds). */
-static void fd_room(void)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY)
-        return;
-    rlim_t want = rl.rlim_cur + HTTP_PROBE_MAX_CONNS + 16;
-    rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max ? rl.rlim_max : want;
-    setrlimit(RLIMIT_NOFILE, &rl); /* (best effort: see above) */
-}
-
 llm_status http_probe_start(const char *host, long port, http_probe_fn fn, void *ctx, http_probe **out, llm_error *err)
 {
     http_probe *p = calloc(1, sizeof *p);
@@ -328,8 +314,11 @@ llm_status http_probe_start(const char *host, long port, http_probe_fn fn, void 
     for (int i = 0; i < HTTP_PROBE_MAX_CONNS; i++) p->c[i].fd = -1;
     p->fn = fn;
     p->ctx = ctx;
-    pthread_mutex_init(&p->mu, NULL);
-    fd_room();
+    int mu_rc = pthread_mutex_init(&p->mu, NULL);
+    if (mu_rc) {
+        free(p);
+        return llm_errf(err, LLM_ERR_INTERNAL, "probe listener: pthread_mutex_init: %s", strerror(mu_rc));
+    }
     p->ep = epoll_create1(EPOLL_CLOEXEC);
     p->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     p->lfd = listen_on(host, port, err);
@@ -337,10 +326,10 @@ llm_status http_probe_start(const char *host, long port, http_probe_fn fn, void 
                        s = {.events = EPOLLIN, .data.u32 = HTTP_PROBE_MAX_CONNS + 1};
     int bad = p->lfd < 0 || p->ep < 0 || p->stop_fd < 0 || epoll_ctl(p->ep, EPOLL_CTL_ADD, p->lfd, &l) ||
               epoll_ctl(p->ep, EPOLL_CTL_ADD, p->stop_fd, &s);
-    int rc = bad ? 0 : pthread_create(&p->th, NULL, run, p);
+    int e = errno, rc = bad ? 0 : pthread_create(&p->th, NULL, run, p);
     if (bad || rc) {
         llm_status st = p->lfd < 0 ? LLM_ERR_IO /* (err names the address) */
-                        : llm_errf(err, LLM_ERR_IO, "probe listener on %s:%ld: %s", host, port, strerror(rc ? rc : errno));
+                        : llm_errf(err, LLM_ERR_IO, "probe listener on %s:%ld: %s", host, port, strerror(rc ? rc : e));
         probe_free(p);
         return st;
     }

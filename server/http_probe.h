@@ -13,7 +13,10 @@
  *
  * Requests: GET or HEAD, headers at most 8 KiB, no body; every answer
  * closes its connection. The caller's answer function runs on the
- * listener's thread, one request at a time, and must not block.
+ * listener's thread, one request at a time, and must not block. The
+ * program's open files limit should leave room for HTTP_PROBE_MAX_CONNS
+ * (llm-server counts them in its API listener's, http_guard_cfg.fds_extra);
+ * short of it, the oldest waiting connection is closed to make room.
  *
  * Thread-safety: start and stop from one thread; the answer function is
  * called from the listener's thread only. */

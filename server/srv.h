@@ -92,11 +92,11 @@ int srv_fail(srv_err *e, int status, const char *param, const char *fmt, ...) __
 char *srv_json_text(const json_t *j);
 /* The body as JSON of any type (caller owns it), or NULL with e set: 400
  * for malformed JSON (line, column, reason; duplicate keys are malformed),
- * 503 when memory ran out while parsing. */
+ * too deep or too costly to hold (llm/json.h's limits, named), 429 with
+ * Retry-After while other requests' JSON fills the shared cap, 503 when
+ * memory ran out while parsing. */
 json_t *srv_json_parse(const char *body, size_t len, srv_err *e);
-/* The body as a JSON object (caller owns it), or NULL with e set: 400 for
- * malformed JSON (line, column, reason; duplicate keys are malformed) or
- * another type, 503 when memory ran out while parsing. */
+/* The same, and an object (400 for another type). */
 json_t *srv_json_object(const char *body, size_t len, srv_err *e);
 /* The OpenAI error body {"error": {...}}; caller frees. */
 char *srv_err_body(const srv_err *e);

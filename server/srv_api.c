@@ -52,12 +52,15 @@ json_t *srv_json_parse(const char *body, size_t len, srv_err *e)
     if (!o && err.code == LLM_ERR_NOMEM)
         srv_err_set(e, 503, NULL, "out of memory while parsing the body");
     else if (!o && err.code == LLM_ERR_QUEUE_FULL) {
-        srv_err_set(e, 503, NULL, "%s", err.msg);
-        e->retry_s = 1; /* the pod's load, not this request: Retry-After */
+        /* 429, not 503: a router must not take one tenant's large bodies for the pod's state, pass the pod by and
+         * hand the same bodies to the next one */
+        srv_err_set(e, 429, NULL, "%s", err.msg);
+        e->retry_s = 1;
     } else if (!o)
         srv_err_set(e, 400, NULL, "the body: %s", err.msg);
     return o;
 }
+
 
 json_t *srv_json_object(const char *body, size_t len, srv_err *e)
 {

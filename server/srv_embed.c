@@ -1,4 +1,5 @@
 /* srv_embed.c - POST /v1/embeddings (srv_embed.h). */
+#include "llm/json.h"
 #include "srv_embed.h"
 
 #include <stdio.h>

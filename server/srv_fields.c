@@ -131,10 +131,12 @@ int srv_fields_check(json_t *body, int kind, srv_err *e)
 {
     const char *name;
     json_t *v;
-    json_object_foreach(body, name, v) {
+    void *tmp;
+    json_object_foreach_safe(body, tmp, name, v) {
         const fld *f = fld_find(name);
         if (!f || !(f->kinds & (1u << kind))) {
             fld_log_unknown(name, kind);
+            json_object_del(body, name);
             continue;
         }
         if (f->use == FLD_REFUSED && !json_is_null(v)) {

@@ -18,7 +18,9 @@ enum { SRV_FIELDS_COMPLETIONS = 0, SRV_FIELDS_CHAT = 1, SRV_FIELDS_GENERATE = 2,
 
 /* Checks body's field names for a request to endpoint kind (SRV_FIELDS_*):
  * 0, or -1 with e set (400 naming the refused field). Values of known
- * fields are checked by the parser, not here. */
+ * fields are checked by the parser, not here. A field never heard of is
+ * logged (once per name) and taken out of body: the request keeps its
+ * tree for its whole life, and what it does not read should not stay. */
 int srv_fields_check(json_t *body, int kind, struct srv_err *e);
 
 #endif

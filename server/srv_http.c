@@ -28,16 +28,13 @@ enum { DISCARD_BODIES = 4, DISCARD_S = 2 };
 enum { R_COMPLETIONS, R_CHAT, R_MODELS, R_GENERATE, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_PROBES, R_ROOT, R_OTHER,
        R_EMBEDDINGS };
 
-/* "Access-Control-Allow-Origin: ...\r\n" when cors_origin is set (one
- * server per process: set once by srv_http_start, before any request). */
-static char g_cors[300];
-
 static int send_text(struct mg_connection *c, int status, const char *type, const char *body, const char *extra)
 {
     size_t n = body ? strlen(body) : 0;
     http_guard_sending(c, n); /* a client that does not take its answer is cut */
     mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%sConnection: %s\r\n\r\n", status,
-              mg_get_response_code_text(c, status), type, n, extra ? extra : "", g_cors, http_guard_connection(c));
+              mg_get_response_code_text(c, status), type, n, extra ? extra : "", http_guard_cors(c),
+              http_guard_connection(c));
     if (n)
         mg_write(c, body, n);
     http_guard_disarm(c);
@@ -86,8 +83,7 @@ static int read_body(const srv *s, struct mg_connection *c, char **out, size_t *
         srv_err_set(e, 408, NULL, "the request body did not arrive whole within body_timeout_s (%ld s)",
                     s->cfg.body_timeout_s);
     else if (st == 400)
-        srv_err_set(e, 400, NULL, "the chunked body cannot be read: each chunk line must be its size in hex "
-                                  "(chunk extensions are not taken here); or send Content-Length");
+        srv_err_set(e, 400, NULL, HTTP_GUARD_CHUNK_MSG);
     else if (st)
         srv_err_set(e, st, NULL, "out of memory");
     return st;
@@ -152,6 +148,7 @@ typedef struct run {
     int rev;                   /* 0 stable, 1 canary */
     llm_strbuf out;            /* a stream's frames not yet written (sse_queue, sse_flush) */
     int out_events;            /* the events in out */
+    int unchunked;             /* an HTTP/1.0 client: events go out bare, and the close ends the stream */
 } run;
 
 /* The token's text as the tokenizer has it (for logprobs), made valid
@@ -295,7 +292,10 @@ static int sse_queue(run *r, const char *text)
 {
     if (r->out.failed && sse_flush(r) == OUT_GONE)
         return OUT_GONE;
-    llm_strbuf_printf(&r->out, SSE_FRAME, strlen(text) + 8, text);
+    if (r->unchunked)
+        llm_strbuf_printf(&r->out, "data: %s\n\n", text);
+    else
+        llm_strbuf_printf(&r->out, SSE_FRAME, strlen(text) + 8, text);
     if (r->out.failed)
         return OUT_NOMEM;
     r->out_events++;
@@ -309,7 +309,11 @@ static void sse_error(run *r, const char *text)
 {
     if (sse_queue(r, text) != OUT_NOMEM)
         return;
-    if (sse_flush(r) == OUT_OK) /* the whole frames, then this one directly */
+    if (sse_flush(r) != OUT_OK) /* the whole frames, then this one directly */
+        return;
+    if (r->unchunked)
+        mg_printf(r->c, "data: %s\n\n", text);
+    else
         mg_printf(r->c, SSE_FRAME, strlen(text) + 8, text);
 }
 
@@ -318,7 +322,8 @@ static void sse_error(run *r, const char *text)
  * still find the end). */
 static void sse_end(run *r, int done)
 {
-    const char *tail = done ? "e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n" : "0\r\n\r\n";
+    const char *tail = r->unchunked ? (done ? "data: [DONE]\n\n" : "")
+                       : done ? "e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n" : "0\r\n\r\n";
     if (llm_strbuf_append(&r->out, tail, strlen(tail))) { /* no room: the whole frames, then the end alone */
         sse_flush(r);
         mg_printf(r->c, "%s", tail);
@@ -390,9 +395,10 @@ static int finish_tools(run *r, int index)
 {
     choice *ch = &r->ch[index];
     const char *text = ch->text.p ? ch->text.p : "";
-    int rc = srv_tools_extract(&r->cp->tools, r->cp->tool_prefill, text, ch->text.len, &ch->calls, &ch->content);
-    if (rc)
-        return rc == -2 ? OUT_DEEP : OUT_NOMEM;
+    llm_status st = srv_tools_extract(&r->cp->tools, r->cp->tool_prefill, text, ch->text.len, &ch->calls, &ch->content);
+    int rc = OUT_OK;
+    if (st)
+        return st == LLM_ERR_TOO_LONG ? OUT_DEEP : OUT_NOMEM;
     if (ch->calls)
         ch->finish = "tool_calls";
     if (!r->cp->stream)
@@ -685,9 +691,13 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
         return send_err(c, e);
     }
     snprintf(r.cid, sizeof r.cid, "%s-%llu", cp->chat ? "chatcmpl" : "cmpl", (unsigned long long)r.id);
+    r.unchunked = cp->stream && strcmp(mg_get_request_info(c)->http_version, "1.1");
+    if (r.unchunked) /* HTTP/1.0 knows no chunks: the stream is the rest of the connection */
+        mg_disable_connection_keep_alive(c);
     if (cp->stream)
         mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     "Transfer-Encoding: chunked\r\n%sConnection: %s\r\n\r\n", g_cors, http_guard_connection(c));
+                     "%s%sConnection: %s\r\n\r\n", r.unchunked ? "" : "Transfer-Encoding: chunked\r\n",
+                  http_guard_cors(c), r.unchunked ? "close" : http_guard_connection(c));
     int status = run_events(&r, e);
     if (!cp->stream) /* (499: the client left, nobody to answer) */
         status = status == 499 ? 499 : status ? send_err(c, e) : respond_whole(&r);
@@ -715,16 +725,6 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
 
 /* ---- routes ---------------------------------------------------------------------- */
 
-/* Whether the request's body is declared JSON (application/json, any
- * parameters): a web page elsewhere cannot send that without a CORS
- * preflight, which is not answered unless cors_origin is set. */
-static int json_body(struct mg_connection *c)
-{
-    const char *t = mg_get_header(c, "Content-Type");
-    size_t n = strlen("application/json");
-    return t && !strncasecmp(t, "application/json", n) && (!t[n] || t[n] == ';' || t[n] == ' ');
-}
-
 /* Runs an API route: gate, body, handler; counts it in the metrics. */
 typedef int (*api_fn)(srv *s, struct mg_connection *c, const char *body, size_t len, srv_err *e);
 
@@ -735,17 +735,17 @@ static int api(srv *s, struct mg_connection *c, int route, const char *method, a
     size_t len = 0;
     atomic_fetch_add(&s->active, 1);
     int status = api_gate(s, c, method, &e);
-    if (!status && !strcmp(method, "POST") && !json_body(c)) {
+    if (!status && !strcmp(method, "POST") && !http_guard_json_body(c)) {
         srv_err_set(&e, 415, NULL, "a POST body must be Content-Type: application/json");
         status = 415;
     }
     if (!status && !strcmp(method, "POST"))
         status = read_body(s, c, &body, &len, &e);
-    llm_heap_before(len);
     status = status ? send_err(c, &e) : fn(s, c, body, len, &e);
     http_guard_discard(c, DISCARD_BODIES * s->cfg.max_body_bytes, DISCARD_S); /* refused before its body was read */
     free(body);
-    llm_heap_after(len); /* what a large body's parse took goes back */
+    llm_heap_after(len + llm_json_spent()); /* what a large body or a costly parse took goes back (a route runs on a
+                                             * thread of its own: llm_json_spent is this request's) */
     srv_metrics_request(&s->metrics, route, status);
     atomic_fetch_sub(&s->active, 1);
     return status == 499 ? 200 : status; /* civetweb logs the status; the client is gone */
@@ -964,8 +964,11 @@ static const char *phase_name(int p)
 static char *probe_body(srv *s, int ok)
 {
     int p = atomic_load(&s->phase);
-    return srv_json_text(json_pack("{s:s,s:s,s:s}", "status", ok ? "ok" : phase_name(p), "phase", phase_name(p),
-                                   "detail", s->status));
+    json_t *j = json_pack("{s:s,s:s,s:s}", "status", ok ? "ok" : phase_name(p), "phase", phase_name(p), "detail",
+                          s->status);
+    char *text = srv_json_text(j);
+    json_decref(j);
+    return text;
 }
 
 /* Alive unless loading failed or an engine step has run too long; never
@@ -1133,13 +1136,8 @@ int srv_http_start(srv *s, llm_error *err)
     const char *opts[] = {"listening_ports", ports, "listen_backlog", backlog, NULL};
     http_guard_cfg g = {.max_connections = (int)s->cfg.max_connections, .header_timeout_s = (double)s->cfg.header_timeout_s,
                         .keep_alive_s = (double)s->cfg.keep_alive_s, .send_timeout_s = (double)s->cfg.send_timeout_s,
-                        .cors_origin = s->cfg.cors_origin};
-    if (s->cfg.cors_origin && strpbrk(s->cfg.cors_origin, "\r\n")) {
-        llm_errf(err, LLM_ERR_INVALID_ARG, "cors_origin: a line break in it");
-        return -1;
-    }
-    if (s->cfg.cors_origin && *s->cfg.cors_origin)
-        snprintf(g_cors, sizeof g_cors, "Access-Control-Allow-Origin: %.250s\r\nVary: Origin\r\n", s->cfg.cors_origin);
+                        .cors_origin = s->cfg.cors_origin,
+                        .fds_extra = s->cfg.health_port ? HTTP_PROBE_MAX_CONNS : 0};
     if (http_guard_start(&g, opts, &s->http, err))
         return -1;
     if (s->cfg.health_port && start_health(s, err)) {
@@ -1156,11 +1154,9 @@ int srv_http_start(srv *s, llm_error *err)
     };
     /* every route on a big stack (http_guard_route): request bodies, schemas, templates and the model's tool
      * calls are read there */
+    _Static_assert(sizeof routes / sizeof *routes <= HTTP_GUARD_ROUTES, "more routes than http_guard holds");
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
-        if (http_guard_route(s->http, routes[i].uri, routes[i].fn, s)) {
-            llm_errf(err, LLM_ERR_INTERNAL, "more than %d HTTP routes", HTTP_GUARD_ROUTES);
-            return -1;
-        }
+        http_guard_route(s->http, routes[i].uri, routes[i].fn, s); /* (cannot fail: the assertion above) */
     http_guard_serve(s->http);
     return 0;
 }

@@ -116,7 +116,8 @@ int main(int argc, char **argv)
     llm_error err = {0};
     int help = 0;
     llm_json_init();
-    llm_heap_tune();
+    if (llm_heap_tune(&err))
+        logf_("%s (memory freed by large requests may stay with the process)", err.msg);
     if (srv_config_load(argc, argv, &s.cfg, &help, &err)) {
         fprintf(stderr, "llm-server: %s\n", err.msg);
         srv_config_usage(stderr);

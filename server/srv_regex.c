@@ -12,7 +12,7 @@
 
 #include "llm/grammar.h"
 
-#define RX_MAX_DEPTH 64
+#define RX_MAX_DEPTH SRV_REGEX_MAX_DEPTH
 
 /* The parser's place in the pattern. */
 typedef struct rx {

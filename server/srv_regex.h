@@ -21,4 +21,7 @@
  * why (why_n bytes) naming the construct. */
 int srv_regex_grammar(const char *pattern, size_t n, llm_strbuf *out, char *why, size_t why_n);
 
+/* Groups a pattern may nest (each a level of the parser's recursion). */
+#define SRV_REGEX_MAX_DEPTH 64
+
 #endif

@@ -20,7 +20,7 @@
 #include "srv.h"
 
 #define SG_MAX_REFS 256
-#define SG_MAX_DEPTH 64
+#define SG_MAX_DEPTH SRV_SCHEMA_MAX_DEPTH
 #define SG_MAX_NODES 20000 /* subschemas converted: bounds the work a request can ask for */
 
 typedef struct sg {

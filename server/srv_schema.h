@@ -31,6 +31,10 @@ struct srv_err;
  * set: 400 naming the keyword (param "response_format"), 503 when memory
  * ran out. */
 char *srv_schema_grammar(json_t *schema, struct srv_err *e);
+
+/* Schema levels (subschemas within subschemas) a schema may nest: each is
+ * a level of the converter's recursion. */
+#define SRV_SCHEMA_MAX_DEPTH 64
 /* The same with at most one space between tokens and no line breaks: for
  * text only a program reads (forced tool calls), where a small model
  * would otherwise spend its max_tokens on indentation (Gemma 3 270M did,

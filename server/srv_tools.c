@@ -296,7 +296,8 @@ static json_t *make_call(const srv_tools *t, const char *name, json_t *args, int
 {
     json_t *parsed = NULL;
     llm_error err = {0};
-    if (json_is_string(args) && !(args = parsed = llm_json_loads(json_string_value(args), JSON_REJECT_DUPLICATES, &err)))
+    if (json_is_string(args) &&
+        !(args = parsed = llm_json_loads(json_string_value(args), JSON_REJECT_DUPLICATES | LLM_JSON_OWN, &err)))
         *fault |= load_fault(&err);
     if (!find_tool(t, name) || !json_is_object(args)) {
         json_decref(parsed);
@@ -320,7 +321,7 @@ static json_t *json_at(const char *s, size_t n, size_t *used, int *fault)
     size_t k = 0, took = 0;
     while (k < n && isspace((unsigned char)s[k])) k++;
     llm_error err = {0};
-    json_t *v = llm_json_load(s + k, n - k, LLM_JSON_PREFIX | JSON_DECODE_ANY, &took, &err);
+    json_t *v = llm_json_load(s + k, n - k, LLM_JSON_PREFIX | JSON_DECODE_ANY | LLM_JSON_OWN, &took, &err);
     if (!v)
         *fault |= load_fault(&err);
     *used = v ? k + took : 0;
@@ -501,7 +502,7 @@ static json_t *literal(const char *v, size_t n, int *fault)
     if (n == 4 && !memcmp(v, "None", 4))
         return json_null();
     llm_error err = {0};
-    json_t *j = llm_json_load(v, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL, &err);
+    json_t *j = llm_json_load(v, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | LLM_JSON_OWN, NULL, &err);
     if (!j)
         *fault |= load_fault(&err);
     return j;
@@ -726,7 +727,8 @@ int srv_tools_shows_markers(const srv_tools *t)
     return t->choice != SRV_TOOL_NONE && t->out == t->fmt && *srv_tools_markers(t->out);
 }
 
-int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, json_t **out, char **content)
+llm_status srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, json_t **out,
+                             char **content)
 {
     *content = NULL;
     *out = NULL;
@@ -775,10 +777,10 @@ int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text,
     llm_strbuf_free(&all);
     if (fault) {
         json_decref(calls);
-        return fault & TOOLS_OOM ? -1 : -2;
+        return fault & TOOLS_OOM ? LLM_ERR_NOMEM : LLM_ERR_TOO_LONG;
     }
     *out = calls;
-    return 0;
+    return LLM_OK;
 }
 
 /* Formats whose calls may follow content: what may go out is the text

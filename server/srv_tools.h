@@ -35,6 +35,8 @@
 #include <jansson.h>
 #include <stddef.h>
 
+#include "llm/status.h"
+
 struct srv_err;
 
 typedef enum srv_tool_format {
@@ -79,12 +81,12 @@ char *srv_tools_instructions(const srv_tools *t);
 /* The calls in a model's answer (prefill, then text): *calls a JSON array
  * of OpenAI tool calls, or NULL when the answer holds no valid call (then
  * it is all content); *content the text outside the calls (malloc'd; NULL
- * when there is none). Calls name only the request's tools. 0; -1 when
- * memory ran out; -2 when a JSON value in it is nested deeper than
- * LLM_JSON_MAX_DEPTH or over its memory budget (llm/json.h), which no
- * answer can carry (nothing is returned then). */
-int srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, json_t **calls,
-                      char **content);
+ * when there is none). Calls name only the request's tools. LLM_OK;
+ * LLM_ERR_NOMEM when memory ran out; LLM_ERR_TOO_LONG when a JSON value in
+ * it is nested deeper than LLM_JSON_MAX_DEPTH or over its memory budget
+ * (llm/json.h), which no answer can carry (nothing is returned then). */
+llm_status srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, json_t **calls,
+                             char **content);
 
 /* The texts of format f's markers that vocabularies make control tokens
  * (gemma4's tags and quotes), whose text an answer must carry for its

@@ -59,4 +59,17 @@ static inline void deep_run(void (*fn)(const uint8_t *, size_t), const uint8_t *
     pthread_join(t, NULL);
 }
 
+/* A target's libFuzzer entry points: the nesting mutator, and each input
+ * through one(data, size) on the production stack. */
+#define DEEP_FUZZ_TARGET(one)                                                                     \
+    size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max, unsigned int seed)    \
+    {                                                                                            \
+        return deep_mutate(data, size, max, seed);                                               \
+    }                                                                                            \
+    int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)                                 \
+    {                                                                                            \
+        deep_run(one, data, size);                                                               \
+        return 0;                                                                                \
+    }
+
 #endif

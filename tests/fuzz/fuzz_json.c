@@ -13,11 +13,6 @@
 #include "deep.h"
 #include "llm/json.h"
 
-size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max, unsigned int seed)
-{
-    return deep_mutate(data, size, max, seed);
-}
-
 /* A span's value parsed equals want. */
 static int same(llm_json_span s, json_t *want)
 {
@@ -65,8 +60,4 @@ static void one(const uint8_t *data, size_t size)
     json_decref(v);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
-    deep_run(one, data, size);
-    return 0;
-}
+DEEP_FUZZ_TARGET(one)

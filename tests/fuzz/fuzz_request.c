@@ -84,11 +84,6 @@ static const char TEMPLATE[] =
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is false %}"
     "{{- '<think></think>' }}{%- endif %}{%- endif %}";
 
-size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max, unsigned int seed)
-{
-    return deep_mutate(data, size, max, seed);
-}
-
 static void one(const uint8_t *data, size_t size)
 {
     static srv s;
@@ -120,8 +115,4 @@ static void one(const uint8_t *data, size_t size)
     }
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
-    deep_run(one, data, size); /* on the stack llm-server's routes have */
-    return 0;
-}
+DEEP_FUZZ_TARGET(one)

@@ -14,11 +14,6 @@
 #include "srv.h"
 #include "srv_schema.h"
 
-size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max, unsigned int seed)
-{
-    return deep_mutate(data, size, max, seed);
-}
-
 static void one(const uint8_t *data, size_t size)
 {
     json_t *schema = llm_json_load((const char *)data, size, JSON_REJECT_DUPLICATES, NULL, NULL);
@@ -41,8 +36,4 @@ static void one(const uint8_t *data, size_t size)
     free(text);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
-    deep_run(one, data, size);
-    return 0;
-}
+DEEP_FUZZ_TARGET(one)

@@ -54,11 +54,6 @@ static void admin(const char *p, size_t n)
     json_decref(req);
 }
 
-size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max, unsigned int seed)
-{
-    return deep_mutate(data, size, max, seed);
-}
-
 static void one(const uint8_t *data, size_t size)
 {
     if (size < 1)
@@ -69,8 +64,4 @@ static void one(const uint8_t *data, size_t size)
         admin((const char *)data + 1, size - 1);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
-    deep_run(one, data, size);
-    return 0;
-}
+DEEP_FUZZ_TARGET(one)

@@ -33,11 +33,6 @@ static void check_calls(json_t *calls)
     }
 }
 
-size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max, unsigned int seed)
-{
-    return deep_mutate(data, size, max, seed);
-}
-
 static void one(const uint8_t *data, size_t size)
 {
     if (size < 1)
@@ -68,8 +63,4 @@ static void one(const uint8_t *data, size_t size)
     free(content);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
-    deep_run(one, data, size); /* on the stack llm-server's routes have */
-    return 0;
-}
+DEEP_FUZZ_TARGET(one)

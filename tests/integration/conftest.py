@@ -38,6 +38,14 @@ def free_port():
     raise AssertionError("no loopback port left that this test run has not used")
 
 
+def sanitized():
+    """Whether the programs under test are built with AddressSanitizer (make
+    asan): its allocator keeps freed memory in quarantine on purpose, so a
+    process's memory does not come back after a burst there."""
+    path = BUILD / "bin" / "llm-server"
+    return path.exists() and b"__asan_init" in path.read_bytes()
+
+
 def run(*args, check=True, **kw):
     r = subprocess.run([str(a) for a in args], capture_output=True, text=True, errors="replace", timeout=300, **kw)
     if check and r.returncode != 0:

@@ -15,7 +15,7 @@ import time
 
 import subprocess
 
-from conftest import free_port, tool
+from conftest import free_port, sanitized, tool
 from test_hostile import health_metrics, probe_ms, wait_for
 from test_router import Router
 from test_server import Server
@@ -118,7 +118,7 @@ class Fake:
     without an answer (as a backend that dies of the request would);
     self.seen holds what it was sent."""
 
-    def __init__(self, answer):
+    def __init__(self, answer, metrics=b"llm_requests_waiting 0\n"):
         import http.server
         outer = self
         self.seen = []
@@ -127,7 +127,7 @@ class Fake:
             protocol_version = "HTTP/1.1"
 
             def do_GET(self):
-                body = b"llm_requests_waiting 0\n"
+                body = metrics
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -293,7 +293,7 @@ def burst(port, body, n, path="/v1/completions"):
 
 def test_json_costs_are_bounded_and_memory_goes_back(models):
     """1 MiB of [{},{},...] costs ~70 bytes per byte to parse: refused at
-    32x (or 503 while 256 MiB of parses run at once); after 32 of them at
+    32x (or 429 while 256 MiB of parses run at once); after 32 of them at
     once, through the router and straight to the server, both come back
     near their starting memory (they were at 2-4 GB)."""
     srv = Server(models("tiny", "Q8_0"))
@@ -304,9 +304,10 @@ def test_json_costs_are_bounded_and_memory_goes_back(models):
             post(port, "/v1/completions", {"prompt": "Once", "max_tokens": 1})
             before = rss_mb(proc.proc.pid)
             codes = burst(port, body, 32)
-            wait_for(lambda: rss_mb(proc.proc.pid) < before + 48, timeout=30, what=f"{who}'s memory back")
+            if not sanitized():  # (ASan's quarantine keeps freed memory on purpose)
+                wait_for(lambda: rss_mb(proc.proc.pid) < before + 48, timeout=30, what=f"{who}'s memory back")
             print(f"{who}: {before} MB before 32 x 1 MiB [{{}},...], {rss_mb(proc.proc.pid)} MB after; {sorted(set(codes))}")
-            assert set(codes) <= {400, 503}, codes
+            assert set(codes) <= {400, 429}, codes
             alive(srv, r)
         code, got, _ = post(srv.port, "/v1/completions", "[" + "{}," * 300000 + "{}]")
         assert code == 400 and "bytes of memory" in got["error"]["message"], got
@@ -468,12 +469,37 @@ def test_small_points(models, tmp_path):
         code, got = raw(rp, b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
                             b"Content-Length: 2\r\n\r\n{}")
         assert code == 200 and b"chunked" not in got.lower() and got.endswith(b'{"ok":true}'), got
+        body = b'{"prompt": "Once", "max_tokens": 3, "stream": true}'
+        code, got = raw(srv.port, b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                                  b"Authorization: Bearer k1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        head, _, events = got.partition(b"\r\n\r\n")
+        assert code == 200 and b"chunked" not in head.lower() and events.startswith(b"data: {"), got[:300]
+        assert events.endswith(b"data: [DONE]\n\n") and events.count(b"data: ") == 5, events
         alive(srv)
     finally:
         r.terminate()
         r.wait()
         seen.close()
         srv.stop()
+
+
+def test_a_pods_own_load_figures_are_held_to_sense():
+    """A pod that reports a waiting count of -1e9 (or 1e308 twice) does not
+    draw every session to itself: reported load is clamped to 0..100,000
+    before it steers the choice."""
+    liar = Fake(ok_answer, metrics=b"llm_requests_waiting -1000000000\nllm_requests_running 1e308\n")
+    honest = Fake(ok_answer)
+    r = Router("--backend", liar.base, "--backend", honest.base)
+    try:
+        wait_for(lambda: router_metric(r, "llm_router_backend_up") == 2, what="both backends polled")
+        for i in range(40):
+            assert post(r.port, "/v1/completions", {"prompt": "x"}, headers={"X-Session-Id": f"s{i}"})[0] == 200
+        print(f"40 sessions: the lying pod took {len(liar.seen)}, the other {len(honest.seen)}")
+        assert len(honest.seen) >= 8, (len(liar.seen), len(honest.seen))
+    finally:
+        r.stop()
+        liar.close()
+        honest.close()
 
 
 def test_affinity_has_bounded_load():
@@ -500,3 +526,37 @@ def test_affinity_has_bounded_load():
         r.stop()
         a.close()
         b.close()
+
+
+def test_a_tenants_deep_custom_resource_stops_no_one(tmp_path, models):
+    """One LLMDeployment whose affinity (a field the CRD leaves open) nests
+    200 levels deep - the API server takes 10,000 - is left out of the
+    controller's lists and watches, counted in
+    llm_controller_unreadable_objects_total; every other deployment is
+    still reconciled (a scale-up is carried out). With the depth limit and
+    no such reading, a list holding it would fail whole and the controller
+    would sync nothing (a review found it in this issue's first version)."""
+    import shutil
+    if not shutil.which("kubectl"):
+        import pytest
+        pytest.skip("kubectl not installed")
+    from test_operator import Cluster, metrics
+    c = Cluster(tmp_path, models("tiny", "Q8_0"))
+    try:
+        c.apply(replicas=1)
+        deep = json.dumps({"apiVersion": "llmk8s.io/v1alpha1", "kind": "LLMDeployment", "metadata": {"name": "evil"},
+                           "spec": {"image": "llm-server:test", "replicas": 1,
+                                    "model": {"path": "/m.gguf", "name": "evil", "volume": {"hostPath": {"path": "/"}}},
+                                    "affinity": json.loads('{"a":' * 200 + "1" + "}" * 200)}})
+        created = c.k("apply", "-f", "-", stdin=deep, check=False)
+        print(f"kubectl apply of a 200-deep affinity: exit {created.returncode} {created.stderr.strip()[:120]}")
+        _, url = c.controller()
+        wait_for(lambda: c.status().get("readyReplicas") == 1, 90)
+        c.k("scale", "llmd/story", "--replicas=2")
+        wait_for(lambda: c.status().get("readyReplicas") == 2, 90)
+        if created.returncode == 0:  # the API server took it: the controller read past it and counted it
+            unreadable = metrics(url).get(("llm_controller_unreadable_objects_total", ()), 0)
+            print(f"objects left out: {unreadable}")
+            assert unreadable >= 1
+    finally:
+        c.close()

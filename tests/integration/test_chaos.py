@@ -6,14 +6,16 @@ router and straight to the servers, every hostile body issue 40 names
 extensions, text/plain POSTs, idle connections on the health ports) and
 random deep nesting in every JSON-taking field of every route. Afterwards
 no process has died, the ordinary client saw no failure, and each
-process's memory is back within 64 MB of where it started."""
+process's memory is back within 64 MB of where it started (the servers'
+KV pools are 8 MiB: a pool the attack's long answers fill is the cache
+doing its job, not memory a request left behind)."""
 import json
 import random
 import socket
 import threading
 import time
 
-from conftest import free_port
+from conftest import free_port, sanitized
 from test_bounded import KILLERS, alive, nest, post, raw, rss_mb
 from test_hostile import probe_ms, wait_for
 from test_router import Router
@@ -93,7 +95,7 @@ def hostile(port, rng):
 def test_chaos(models):
     m = models("tiny", "Q8_0")
     hps = [free_port(), free_port()]
-    a, b = Server(m, "--health_port", hps[0]), Server(m, "--health_port", hps[1])
+    a, b = (Server(m, "--health_port", hp, "--kv_cache_mb", 8) for hp in hps)
     r = Router("--backend", a.base, "--backend", b.base, "--metrics-port", hps[0])
     procs = [a, b, r]
     for p in procs:  # each has served before its memory is read
@@ -158,7 +160,8 @@ def test_chaos(models):
     assert all(code == 200 for code, _ in probes), probes
     assert attacks["sent"] > 50
     for p in procs:
-        wait_for(lambda: rss_mb(p.proc.pid) < start[p] + 64, timeout=60, what="memory back near its start")
+        if not sanitized():  # (ASan's quarantine keeps freed memory on purpose)
+            wait_for(lambda: rss_mb(p.proc.pid) < start[p] + 64, timeout=60, what="memory back near its start")
         print(f"{p.__class__.__name__} on {p.port}: {start[p]} MB at the start, {rss_mb(p.proc.pid)} MB after")
     assert post(r.port, "/v1/completions", {"prompt": "Once", "max_tokens": 2})[0] == 200
     r.stop()

@@ -128,7 +128,9 @@ static void *schema_case(void *arg)
             break;
         free(g);
     }
-    o->ok = depth > 40; /* (each level of the schema is two of JSON: a body holds ~30) */
+    /* each level deep_schema adds is one subschema, over the innermost one: 63 of them make the limit's 64
+     * (a body's JSON holds ~30 within its own 64 levels) */
+    o->ok = depth - 1 == SRV_SCHEMA_MAX_DEPTH - 1;
     o->refused = strstr(e.msg, "nested deeper") != NULL;
     snprintf(o->why, sizeof o->why, "deepest %d: %s", depth - 1, e.msg);
     return NULL;
@@ -148,7 +150,7 @@ static void *regex_case(void *arg)
         if (rc)
             break;
     }
-    o->ok = depth > 60;
+    o->ok = depth - 1 == SRV_REGEX_MAX_DEPTH;
     o->refused = strstr(why, "nested deeper than") != NULL;
     snprintf(o->why, sizeof o->why, "deepest %d: %s", depth - 1, why);
     return NULL;
@@ -267,6 +269,9 @@ static int jinja_deepest(const char *pre, const char *open, const char *mid, con
     }
 }
 
+/* The deepest nesting of each kind the Jinja parser takes (its JX_MAX_DEPTH, 256, in its own units). */
+enum { EXPR_DEEPEST = 84, BLOCK_DEEPEST = 253 };
+
 static void *jinja_case(void *arg)
 {
     outcome *o = arg;
@@ -285,7 +290,9 @@ static void *jinja_case(void *arg)
     int macro_ok = jinja_run(src, out, sizeof out, &err) == LLM_OK && !strcmp(out, "end");
     snprintf(src, sizeof src, rec, 64);
     int macro_refused = jinja_run(src, out, sizeof out, &err) != LLM_OK && strstr(err.msg, "macro calls nested");
-    o->ok = expr > 80 && list > 80 && eq > 80 && blocks > 250 && macro_ok; /* (an expression level takes 3 of the 256) */
+    /* the parser counts JX_MAX_DEPTH (256) levels: a parenthesis or list costs 3 of them (expression, primary,
+     * postfix), a block 1 and its body's statement 1 more; macros are counted apart (JX_MACRO_DEPTH) */
+    o->ok = expr == EXPR_DEEPEST && list == EXPR_DEEPEST && eq == EXPR_DEEPEST && blocks == BLOCK_DEEPEST && macro_ok;
     o->refused = strstr(w1, "nested") && strstr(w2, "nested") && strstr(w3, "nested") && strstr(w4, "nested") &&
                  macro_refused;
     snprintf(o->why, sizeof o->why, "expr %d (%s), list %d (%s), eq %d (%s), blocks %d (%s), macro %d/%d (%s)", expr, w1,
@@ -325,8 +332,10 @@ static int extract_deep(srv_tool_format f, int depth, json_t **calls)
     srv_tools t;
     srv_err e = {0};
     char *content = NULL, *text;
-    if (srv_tools_parse(body, f, &t, &e))
-        fail_msg("tools: %s", e.msg);
+    if (srv_tools_parse(body, f, &t, &e)) { /* (not fail_msg: this runs on a thread of its own) */
+        json_decref(body);
+        return -100;
+    }
     text = wrap("[", depth, "1", "]");
     char *answer = malloc(strlen(text) + 128);
     if (f == SRV_TOOLS_GEMMA4)
@@ -352,7 +361,7 @@ static void *tools_case(void *arg)
     int g_at = extract_deep(SRV_TOOLS_GEMMA4, LLM_JSON_MAX_DEPTH - 1, &c3);
     int g_past = extract_deep(SRV_TOOLS_GEMMA4, LLM_JSON_MAX_DEPTH, &c4);
     o->ok = h_at == 0 && json_array_size(c1) == 1 && g_at == 0 && json_array_size(c3) == 1;
-    o->refused = h_past == -2 && g_past == -2;
+    o->refused = h_past == LLM_ERR_TOO_LONG && g_past == LLM_ERR_TOO_LONG;
     snprintf(o->why, sizeof o->why, "hermes %d/%d, gemma4 %d/%d", h_at, h_past, g_at, g_past);
     json_decref(c1), json_decref(c2), json_decref(c3), json_decref(c4);
     return NULL;

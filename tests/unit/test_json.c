@@ -136,6 +136,61 @@ static void test_memory_budget(void **state)
     free(s);
 }
 
+/* A parse that fills the shared cap again and again, until told to stop. */
+typedef struct filler {
+    const char *text;
+    size_t len;
+    int stop; /* atomic */
+} filler;
+
+static void *fill(void *arg)
+{
+    filler *f = arg;
+    while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE))
+        json_decref(llm_json_load(f->text, f->len, 0, NULL, NULL));
+    return NULL;
+}
+
+/* The shared cap: while another thread's parse holds part of it, a parse
+ * beyond the floor that would pass it is refused as "retry" (QUEUE_FULL);
+ * a small one never is; the model's (LLM_JSON_OWN) is not counted; alone,
+ * a text the cap cannot hold is bounded by its own budget only. */
+static void test_shared_cap(void **state)
+{
+    (void)state;
+    size_t big_len, huge_len;
+    llm_error err = {0};
+    llm_json_set_shared_cap((size_t)2 << 20);
+    char *big = repeat("[", "15043,", "1", "]", 200 << 10, &big_len); /* ~1.5 MiB to parse */
+    char *huge = repeat("[", "15043,", "1", "]", 1 << 20, &huge_len); /* ~7 MiB: more than the cap */
+    json_t *v = llm_json_load(huge, huge_len, 0, NULL, &err);
+    assert_non_null(v); /* alone */
+    json_decref(v);
+    filler f = {big, big_len, 0};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fill, &f), 0);
+    int crowded = 0, small_refused = 0, own_refused = 0;
+    for (int i = 0; i < 5000 && !crowded; i++) { /* until the two parses overlap (they do within a few rounds) */
+        v = llm_json_load(big, big_len, 0, NULL, &err);
+        crowded = !v && err.code == LLM_ERR_QUEUE_FULL && strstr(err.msg, "retry");
+        json_decref(v);
+        v = llm_json_loads("{\"prompt\": \"small\", \"max_tokens\": 4}", 0, NULL);
+        small_refused += !v;
+        json_decref(v);
+        v = llm_json_load(big, big_len, LLM_JSON_OWN, NULL, NULL);
+        own_refused += !v;
+        json_decref(v);
+    }
+    __atomic_store_n(&f.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+    llm_json_set_shared_cap(LLM_JSON_SHARED_CAP);
+    assert_true(crowded);
+    assert_int_equal(small_refused, 0);
+    assert_int_equal(own_refused, 0);
+    free(big);
+    free(huge);
+}
+
 static void test_load_errors(void **state)
 {
     (void)state;
@@ -264,7 +319,9 @@ static void test_readers_against_jansson(void **state)
     char *deep = nested(200, 1);
     char *body = malloc(strlen(deep) + 32);
     sprintf(body, "{\"x\":%s,\"stream\":true}", deep);
-    assert_false(llm_json_member((llm_json_span){body, strlen(body)}, "stream", &val)); /* past a value too deep */
+    /* a reader steps over a value too deep to parse (a list's other items stay readable) */
+    assert_true(llm_json_member((llm_json_span){body, strlen(body)}, "stream", &val) && val.n == 4);
+    assert_true(llm_json_member((llm_json_span){body, strlen(body)}, "x", &val) && val.n == strlen(deep));
     free(body);
     free(deep);
 }
@@ -275,6 +332,7 @@ int main(void)
         cmocka_unit_test(test_scan),
         cmocka_unit_test(test_deep_on_a_small_stack),
         cmocka_unit_test(test_memory_budget),
+        cmocka_unit_test(test_shared_cap),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_readers_against_jansson),
     };

@@ -154,7 +154,7 @@ static void test_gemma4(void **state)
     srv_tools t = tools_for(SRV_TOOLS_GEMMA4, NULL);
     json_t *calls = NULL;
     char *content = NULL;
-    assert_int_equal(srv_tools_extract(&t, NULL, deep, strlen(deep), &calls, &content), -2);
+    assert_int_equal(srv_tools_extract(&t, NULL, deep, strlen(deep), &calls, &content), LLM_ERR_TOO_LONG);
     assert_null(calls);
     assert_null(content);
     json_decref(t.tools);

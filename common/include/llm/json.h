@@ -8,10 +8,11 @@
  * allocation (nesting at most LLM_JSON_MAX_DEPTH, brackets balanced), then
  * parsed under a memory budget (LLM_JSON_COST_PER_BYTE times its length,
  * plus LLM_JSON_COST_FLOOR), counted by jansson's allocator hooks on the
- * parsing thread. A value that came from llm_json_load is at most
- * LLM_JSON_MAX_DEPTH deep, so dumping it (or it inside a few levels of our
- * own) recurses a bounded number of times too. `make lint` keeps
- * json_loads/json_loadb out of every other file.
+ * parsing thread, and under a cap shared by the parses of every thread
+ * running at once (LLM_JSON_SHARED_CAP). A value that came from
+ * llm_json_load is at most LLM_JSON_MAX_DEPTH deep, so dumping it (or it
+ * inside a few levels of our own) recurses a bounded number of times too.
+ * `make lint` keeps jansson's json_load* out of the programs' sources.
  *
  * The scan functions also serve readers that need a few fields of a large
  * body without building it (llm-router): llm_json_member finds a top-level
@@ -31,8 +32,9 @@
 /* Nesting levels of a value read from a client, a pod or the model (a
  * request body is 1; OpenAI's own schemas allow 10 levels, i.e. ~25 here). */
 #define LLM_JSON_MAX_DEPTH 64
-/* Memory a parsed value may take: this many times its text, plus the floor.
- * Typical bodies take 2-15 (strings, messages, schemas); `[{},{},...]` 70. */
+/* What one parse may allocate (its tree, and buffers freed on the way):
+ * this many times its text, plus the floor. Typical bodies take 1-20
+ * (strings 1, token arrays 7, messages 14, small schemas 19); `[{},...]` 70. */
 #define LLM_JSON_COST_PER_BYTE 32
 #define LLM_JSON_COST_FLOOR ((size_t)64 << 10)
 /* What the parses running at once, on all threads, may hold together; a
@@ -41,20 +43,31 @@
 #define LLM_JSON_SHARED_CAP ((size_t)256 << 20)
 
 /* Flags of llm_json_load beside jansson's own (JSON_REJECT_DUPLICATES,
- * JSON_DECODE_ANY): the text may go on after the first value
- * (JSON_DISABLE_EOF_CHECK), *used then says where it ended. */
+ * JSON_DECODE_ANY):
+ *   LLM_JSON_PREFIX  the text may go on after the first value
+ *                    (JSON_DISABLE_EOF_CHECK); *used then says where it ended;
+ *   LLM_JSON_OWN     outside the shared cap: the model's output, whose work
+ *                    is done (its own budget holds). */
 #define LLM_JSON_PREFIX JSON_DISABLE_EOF_CHECK
+#define LLM_JSON_OWN ((size_t)1 << 29)
 
 /* Parses s[0..n) within the bounds above. The value (the caller's
  * reference), or NULL with err: LLM_ERR_TOO_LONG (nested deeper than
  * LLM_JSON_MAX_DEPTH, or over its memory budget; the message names the
- * limit), LLM_ERR_QUEUE_FULL (the parses of other threads hold
+ * limit), LLM_ERR_QUEUE_FULL (other parses running now fill
  * LLM_JSON_SHARED_CAP: try again later), LLM_ERR_FORMAT (not JSON: line,
  * column and reason), LLM_ERR_NOMEM (the process is out of memory). With LLM_JSON_PREFIX,
  * *used (may be NULL) gets the bytes the value took. */
 json_t *llm_json_load(const char *s, size_t n, size_t flags, size_t *used, llm_error *err);
 /* llm_json_load of a NUL-terminated text. */
 json_t *llm_json_loads(const char *s, size_t flags, llm_error *err);
+/* What every parse on this thread has allocated (trees and buffers freed
+ * on the way), since the thread began: a request on a thread of its own
+ * knows what its JSON cost (llm_heap_after trims after a costly one). */
+size_t llm_json_spent(void);
+/* Sets the shared cap (LLM_JSON_SHARED_CAP by default): for tests, and a
+ * program that sizes it to its memory. */
+void llm_json_set_shared_cap(size_t bytes);
 
 /* Checks the first JSON value of s[0..n) for nesting at most max_depth
  * (<= 64) and balanced brackets, without recursion or allocation, and
