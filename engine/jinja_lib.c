@@ -705,6 +705,8 @@ static llm_jv *f_title(jx_run *r, llm_jv *v, const jx_args *a)
         if (j > w) { /* item[0].upper() + item[1:].lower() */
             size_t l;
             cp_at(s->u.str.s, s->u.str.n, w, &l);
+            if (l > j - w) /* a lead byte whose character the word's end cuts (not UTF-8): the word's bytes only */
+                l = j - w;
             jx_sb_putv(&b, recase(r, sub(r, s, w, w + l), 0));
             jx_sb_putv(&b, recase(r, sub(r, s, w + l, j), 1));
         }

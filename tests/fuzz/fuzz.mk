@@ -3,14 +3,16 @@
 # top-level Makefile's `fuzz` target.
 FUZZ_TIME ?= 20
 FUZZ_BUILD = build-fuzz
-FUZZ_SRC = common/status.c common/hash.c common/json.c common/thread.c engine/quant.c engine/gguf.c engine/unicode.c engine/unicode_data.c \
+FUZZ_SRC = common/status.c common/hash.c engine/quant.c engine/gguf.c engine/unicode.c engine/unicode_data.c \
            engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Icommon/include -Iengine/include -Iengine \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 
 # the Jinja interpreter and the server's chat renderer on it
 JINJA_SRC = engine/jinja_value.c engine/jinja_parse.c engine/jinja_eval.c engine/jinja_lib.c server/srv_chat.c server/srv_tools.c
-REQ_SRC = server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c engine/grammar.c engine/chat.c common/strbuf.c \
+# the bounded JSON reader and the stack helper (they link jansson)
+JSON_SRC = common/json.c common/thread.c
+REQ_SRC = $(JSON_SRC) server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c engine/grammar.c engine/chat.c common/strbuf.c \
           common/log.c common/clock.c engine/sampler.c $(JINJA_SRC)
 REQ_TIME ?= 10
 LLMD_TIME ?= 10
@@ -96,7 +98,7 @@ $(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controlle
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Icontroller -Ikube tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
 
-TENANT_SRC = server/srv_keys.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c engine/grammar.c server/http_guard.c \
+TENANT_SRC = $(JSON_SRC) server/srv_keys.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c engine/grammar.c server/http_guard.c \
              engine/chat.c common/strbuf.c common/clock.c common/log.c engine/sampler.c $(JINJA_SRC)
 
 $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
@@ -111,7 +113,7 @@ $(FUZZ_BUILD)/fuzz_grammar: tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) $(wildcard 
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) -lm -lpthread -o $@
 
-SCHEMA_SRC = server/srv_schema.c server/srv_regex.c server/srv_api.c server/srv_fields.c engine/grammar.c engine/chat.c engine/sampler.c \
+SCHEMA_SRC = $(JSON_SRC) server/srv_schema.c server/srv_regex.c server/srv_api.c server/srv_fields.c engine/grammar.c engine/chat.c engine/sampler.c \
              common/strbuf.c common/log.c common/clock.c $(JINJA_SRC)
 $(FUZZ_BUILD)/fuzz_schema: tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
