@@ -2,9 +2,16 @@
  *
  * The scan keeps the kinds of the open containers as bits of one word
  * (1: object), which is why the depth it checks is at most 64: it needs
- * no stack and no memory. jansson's allocator hooks are installed once,
- * process-wide; they charge a thread's parse to its budget only while
- * llm_json_load runs on that thread, and otherwise are malloc and free. */
+ * no stack and no memory. It also counts what the parse will build
+ * (containers, strings and their bytes, numbers, members, array items),
+ * and the memory budget and the shared cap are held against that
+ * estimate before jansson starts: jansson 2.14 cannot be failed part way
+ * (when its lexer's buffer cannot grow it reads past the end of it: a
+ * 14 KB body crashed it when an allocation was refused mid-parse), so it
+ * never is for a budget. The estimate's constants are jansson's measured
+ * peak per item (64-bit glibc, 16 bytes of malloc bookkeeping each). The
+ * allocator hooks, installed once, process-wide, only count (llm_json_spent)
+ * and note a real allocation failure. */
 #include "llm/json.h"
 
 #include <pthread.h>
@@ -13,13 +20,9 @@
 
 /* What a thread's allocations through jansson have come to. */
 typedef struct json_tl {
-    int on;            /* a budgeted parse runs on this thread */
-    int shared;        /* and it counts toward the shared cap (not LLM_JSON_OWN) */
-    int over;          /* it asked for more than its budget */
-    int crowded;       /* the shared cap was full of others' parses */
-    int oom;           /* malloc failed (set with or without a budget) */
-    size_t used, cap;  /* bytes charged, and the budget */
-    size_t spent;      /* what all parses on this thread have charged (llm_json_spent) */
+    int on;            /* a parse runs on this thread: its allocations are counted */
+    int oom;           /* malloc failed (during a parse or not) */
+    size_t spent;      /* what all parses on this thread have allocated (llm_json_spent) */
 } json_tl;
 
 static _Thread_local json_tl tl;
@@ -30,38 +33,13 @@ static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
 /* A chunk's bookkeeping in glibc's allocator, charged with each allocation. */
 enum { CHUNK_OVERHEAD = 16 };
 
-/* Charges n bytes to this thread's parse, and (shared) to the count of
- * all; 0, or -1 with the reason set. The shared cap refuses a parse only
- * past LLM_JSON_COST_FLOOR (small requests never wait on large ones), and
- * only while others hold part of it: a parse larger than the cap by
- * itself is bounded by its own budget, and no retry would help it. The
- * count covers parses while they run, not the trees kept after: a count
- * of kept trees let one tenant's slow requests refuse everyone else's. */
-static int charge(size_t n)
-{
-    if (n > tl.cap - tl.used || n + CHUNK_OVERHEAD > tl.cap - tl.used) {
-        tl.over = 1;
-        return -1;
-    }
-    n += CHUNK_OVERHEAD;
-    size_t mine = tl.used + n, all = tl.shared ? __atomic_add_fetch(&shared_used, n, __ATOMIC_RELAXED) : 0;
-    size_t cap = __atomic_load_n(&shared_cap, __ATOMIC_RELAXED);
-    if (tl.shared && all > cap && mine > LLM_JSON_COST_FLOOR && mine <= cap) {
-        __atomic_sub_fetch(&shared_used, n, __ATOMIC_RELAXED);
-        tl.crowded = 1;
-        return -1;
-    }
-    tl.used = mine;
-    return 0;
-}
-
 static void *json_alloc(size_t n)
 {
-    if (tl.on && charge(n))
-        return NULL;
     void *p = malloc(n);
     if (!p)
         tl.oom = 1;
+    if (tl.on)
+        tl.spent += n + CHUNK_OVERHEAD;
     return p;
 }
 
@@ -111,7 +89,35 @@ static size_t skip_scalar(const char *s, size_t n, size_t i)
     return i;
 }
 
-llm_status llm_json_scan(const char *s, size_t n, int max_depth, size_t *end, llm_error *err)
+/* What a parse of a text will build, counted by the scan. */
+typedef struct json_shape {
+    size_t objects, arrays, items; /* items: values directly in arrays */
+    size_t strings, string_bytes;  /* keys too */
+    size_t members, numbers;
+    size_t longest;                /* the longest string or number, bytes (the lexer's buffer) */
+} json_shape;
+
+/* Counts the token at i (a string or a scalar ending at e) into sh. */
+static void shape_token(json_shape *sh, const char *s, size_t n, size_t i, size_t e, int in_array)
+{
+    size_t len = e - i;
+    if (!sh)
+        return;
+    sh->items += in_array;
+    sh->longest = len > sh->longest ? len : sh->longest;
+    if (s[i] == '"') {
+        size_t k = skip_ws(s, n, e);
+        sh->strings++;
+        sh->string_bytes += len;
+        sh->members += k < n && s[k] == ':'; /* a key */
+        sh->items -= in_array && k < n && s[k] == ':';
+    } else if (s[i] == '-' || (s[i] >= '0' && s[i] <= '9')) {
+        sh->numbers++;
+    }
+}
+
+/* llm_json_scan, counting into sh (may be NULL) what the parse will build. */
+static llm_status scan(const char *s, size_t n, int max_depth, size_t *end, json_shape *sh, llm_error *err)
 {
     uint64_t kinds = 0; /* bit k: the container at depth k + 1 is an object */
     int depth = 0;
@@ -122,12 +128,20 @@ llm_status llm_json_scan(const char *s, size_t n, int max_depth, size_t *end, ll
         return llm_errf(err, LLM_ERR_FORMAT, "no JSON value");
     while (i < n) {
         char c = s[i];
+        int in_array = depth && !(kinds & 1);
         if (c == '"') {
-            if ((i = skip_string(s, n, i)) > n)
+            size_t e = skip_string(s, n, i);
+            if (e > n)
                 return llm_errf(err, LLM_ERR_FORMAT, "a string does not end");
+            shape_token(sh, s, n, i, e, in_array);
+            i = e;
         } else if (c == '[' || c == '{') {
             if (depth == max_depth)
                 return llm_errf(err, LLM_ERR_TOO_LONG, "JSON nested deeper than %d levels (at byte %zu)", max_depth, i);
+            if (sh) {
+                sh->items += in_array;
+                *(c == '{' ? &sh->objects : &sh->arrays) += 1;
+            }
             kinds = kinds << 1 | (c == '{');
             depth++;
             i++;
@@ -142,6 +156,8 @@ llm_status llm_json_scan(const char *s, size_t n, int max_depth, size_t *end, ll
             continue;
         } else {
             size_t k = skip_scalar(s, n, i);
+            if (k > i)
+                shape_token(sh, s, n, i, k, in_array);
             i = k > i ? k : i + 1; /* a stray delimiter at the top ends the value */
         }
         if (!depth)
@@ -154,7 +170,26 @@ llm_status llm_json_scan(const char *s, size_t n, int max_depth, size_t *end, ll
     return LLM_OK;
 }
 
+llm_status llm_json_scan(const char *s, size_t n, int max_depth, size_t *end, llm_error *err)
+{
+    return scan(s, n, max_depth, end, NULL, err);
+}
+
 /* ---- parsing ---------------------------------------------------------------------- */
+
+/* What jansson 2.14's parse of sh will hold at its peak, bytes (each item
+ * measured with its malloc bookkeeping: an object 228, an array 131, a
+ * string 80 + its bytes (two allocations, the smallest glibc chunk for a
+ * short one), a number 35, a member's pair 38, an array slot 16; the
+ * lexer's buffer grows to twice the longest token). Over glibc's own
+ * count of what the tree holds (mallinfo2) for 1 MiB texts: [{},...]
+ * 1.03x, ["",...] 1.07x, messages 1.21x, tool lists 1.20x, token ids
+ * 1.16x, one long string 3x (the lexer's buffer, freed at the end). */
+static size_t shape_cost(const json_shape *sh)
+{
+    return 228 * sh->objects + 131 * sh->arrays + 16 * sh->items + 80 * sh->strings + sh->string_bytes +
+           38 * sh->members + 35 * sh->numbers + 2 * sh->longest + 1024;
+}
 
 /* The memory budget of a text of n bytes (saturating). */
 static size_t budget_of(size_t n)
@@ -164,16 +199,28 @@ static size_t budget_of(size_t n)
     return n * LLM_JSON_COST_PER_BYTE + LLM_JSON_COST_FLOOR;
 }
 
-/* The error of a parse that gave no value. */
-static void load_error(const json_tl *t, const json_error_t *je, size_t n, llm_error *err)
+/* Reserves cost bytes of the shared cap: 0, or -1 when others' parses
+ * fill it. A parse within LLM_JSON_COST_FLOOR is never refused (small
+ * requests never wait on large ones), nor one larger than the cap by
+ * itself (bounded by its own budget: no retry would help it), nor one
+ * while no other runs. The cap covers parses while they run, not the
+ * trees kept after: counting kept trees let one tenant's slow requests
+ * refuse everyone else's. */
+static int reserve(size_t cost)
 {
-    if (t->crowded)
-        llm_errf(err, LLM_ERR_QUEUE_FULL, "other requests' JSON parses take the %zu MiB they may have at once; retry",
-                 __atomic_load_n(&shared_cap, __ATOMIC_RELAXED) >> 20);
-    else if (t->over)
-        llm_errf(err, LLM_ERR_TOO_LONG, "the JSON text of %zu bytes would take more than %zu bytes of memory "
-                 "(%d per byte of text, plus %zu KiB)", n, t->cap, LLM_JSON_COST_PER_BYTE, LLM_JSON_COST_FLOOR >> 10);
-    else if (t->oom || json_error_code(je) == json_error_out_of_memory || !je->text[0])
+    size_t cap = __atomic_load_n(&shared_cap, __ATOMIC_RELAXED);
+    size_t all = __atomic_add_fetch(&shared_used, cost, __ATOMIC_RELAXED);
+    if (all > cap && cost > LLM_JSON_COST_FLOOR && cost <= cap && all > cost) {
+        __atomic_sub_fetch(&shared_used, cost, __ATOMIC_RELAXED);
+        return -1;
+    }
+    return 0;
+}
+
+/* The error of a parse jansson refused. */
+static void parse_error(int oom, const json_error_t *je, llm_error *err)
+{
+    if (oom || json_error_code(je) == json_error_out_of_memory || !je->text[0])
         llm_errf(err, LLM_ERR_NOMEM, "out of memory while parsing JSON");
     else
         llm_errf(err, LLM_ERR_FORMAT, "invalid JSON at line %d column %d: %s", je->line, je->column, je->text);
@@ -181,27 +228,41 @@ static void load_error(const json_tl *t, const json_error_t *je, size_t n, llm_e
 
 json_t *llm_json_load(const char *s, size_t n, size_t flags, size_t *used, llm_error *err)
 {
-    llm_error scan = {0};
-    if (llm_json_scan(s, n, LLM_JSON_MAX_DEPTH, NULL, &scan) == LLM_ERR_TOO_LONG) {
-        llm_errf(err, LLM_ERR_TOO_LONG, "%s", scan.msg);
+    json_shape sh = {0};
+    llm_error scan_err = {0};
+    /* a fault the scan sees other than depth is left to jansson, whose message gives line and column; it stops at
+     * or before it, so it never goes deeper, nor builds more, than the scan counted */
+    if (scan(s, n, LLM_JSON_MAX_DEPTH, NULL, &sh, &scan_err) == LLM_ERR_TOO_LONG) {
+        llm_errf(err, LLM_ERR_TOO_LONG, "%s", scan_err.msg);
         return NULL;
     }
-    /* other faults the scan saw are left to jansson, whose message gives line and column; it
-     * stops at or before them, so it never goes deeper than the scan did */
+    size_t cost = shape_cost(&sh);
+    int shared = !(flags & LLM_JSON_OWN);
+    if (cost > budget_of(n)) {
+        llm_errf(err, LLM_ERR_TOO_LONG, "the JSON text of %zu bytes would take about %zu bytes of memory to hold "
+                 "(at most %d per byte of text, plus %zu KiB)", n, cost, LLM_JSON_COST_PER_BYTE, LLM_JSON_COST_FLOOR >> 10);
+        return NULL;
+    }
+    if (shared && reserve(cost)) {
+        llm_errf(err, LLM_ERR_QUEUE_FULL, "other requests' JSON parses take the %zu MiB they may have at once; retry",
+                 __atomic_load_n(&shared_cap, __ATOMIC_RELAXED) >> 20);
+        return NULL;
+    }
     llm_json_init();
     json_error_t je;
-    size_t spent = tl.spent;
-    tl = (json_tl){.on = 1, .shared = !(flags & LLM_JSON_OWN), .cap = budget_of(n), .spent = spent};
+    int oom_before = tl.oom;
+    tl.on = 1;
+    tl.oom = 0;
     json_t *v = json_loadb(s, n, flags & ~(size_t)LLM_JSON_OWN, &je);
-    json_tl t = tl;
+    int oom = tl.oom;
     tl.on = 0;
-    tl.spent = spent + t.used;
-    if (t.shared) /* the parse is over: its tree is the caller's */
-        __atomic_sub_fetch(&shared_used, t.used, __ATOMIC_RELAXED);
+    tl.oom |= oom_before;
+    if (shared) /* the parse is over: its tree is the caller's */
+        __atomic_sub_fetch(&shared_used, cost, __ATOMIC_RELAXED);
     if (v && used)
         *used = (size_t)je.position;
     if (!v)
-        load_error(&t, &je, n, err);
+        parse_error(oom, &je, err);
     return v;
 }
 

@@ -191,6 +191,35 @@ static void test_shared_cap(void **state)
     free(huge);
 }
 
+/* jansson 2.14 reads past its lexer's buffer when an allocation is
+ * refused part way (a long string after many objects): the reader never
+ * refuses one for a budget, it estimates first. With the old way, 2,000
+ * objects and a 7,979-byte string (14 KB) crashed this test. */
+static void test_budget_never_fails_jansson_part_way(void **state)
+{
+    (void)state;
+    int ok = 0, refused = 0;
+    for (int objs = 1000; objs <= 4000; objs += 1000)
+        for (int len = 1000; len < 60000; len += 997) {
+            char *s = malloc((size_t)objs * 3 + (size_t)len + 8), *p = s;
+            *p++ = '[';
+            for (int i = 0; i < objs; i++, p += 3) memcpy(p, "{},", 3);
+            *p++ = '"';
+            memset(p, 'x', (size_t)len);
+            p += len;
+            memcpy(p, "\"]", 2);
+            p += 2;
+            llm_error err = {0};
+            json_t *v = llm_json_load(s, (size_t)(p - s), 0, NULL, &err);
+            ok += v != NULL;
+            refused += !v && err.code == LLM_ERR_TOO_LONG;
+            json_decref(v);
+            free(s);
+        }
+    print_message("long strings after many objects: %d parsed, %d refused for their budget\n", ok, refused);
+    assert_true(ok > 0 && refused > 0 && ok + refused == 4 * 60);
+}
+
 static void test_load_errors(void **state)
 {
     (void)state;
@@ -333,6 +362,7 @@ int main(void)
         cmocka_unit_test(test_deep_on_a_small_stack),
         cmocka_unit_test(test_memory_budget),
         cmocka_unit_test(test_shared_cap),
+        cmocka_unit_test(test_budget_never_fails_jansson_part_way),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_readers_against_jansson),
     };
