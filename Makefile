@@ -19,45 +19,85 @@ PYTHON ?= python3
 # WERROR= turns warnings back into warnings (tests/gpu/run.sh, on another compiler version)
 WERROR ?= -Werror
 CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra $(WERROR) -Wshadow -Wstrict-prototypes \
-              -Icommon/include -Iengine/include -Iengine $(SAN)
+              -Icommon/include $(SAN)
 LDLIBS = -lm -lpthread -ldl
 
-# The common library (all four programs): status codes, text buffer, log line, monotonic clock, hashes,
-# threads with a stated stack, the heap's trimming, and JSON read within bounds (json.c: links jansson).
-COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c common/hash.c common/json.c common/thread.c common/heap.c
-ENGINE_SRC = engine/quant.c engine/gguf.c engine/gguf_writer.c engine/unicode.c \
+# ---- the libraries (../shared/docs/architecture.md; docs/contributing.md) --------------------------
+# Each has its own include path, and a program gets only the paths of what it links; `make lint`
+# (tools/lint_layers.py) holds the directions: tools, server -> engine -> text -> common;
+# server -> net; router, controller -> kube -> net -> common. Router and controller never see the
+# engine or text.
+#
+# common (libllmcommon.a, every program): status codes, text buffer, log line, monotonic clock,
+# hashes, UTF-8, threads with a stated stack, the heap's trimming, JSON read within bounds (links jansson).
+COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c common/hash.c common/utf8.c common/strmap.c common/json.c \
+             common/thread.c common/heap.c
+# text (libllmtext.a): chat text in, grammar text out; knows no model and no engine (links jansson).
+TEXT_SRC = text/gbnf.c text/jinja_value.c text/jinja_parse.c text/jinja_eval.c text/jinja_lib.c text/chat.c \
+           text/schema.c text/regex.c text/tools.c
+# net (libllmnet.a): the civetweb guard and the probe listener, the libcurl GET to pods, the Prometheus text reader.
+NET_SRC = net/http_guard.c net/http_probe.c net/http_client.c net/prom_text.c
+# engine (libllm.a): GGUF in, tokens out.
+ENGINE_SRC = engine/quant.c engine/gguf.c engine/unicode.c \
              engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
-             engine/sampler.c engine/grammar.c engine/gmatch.c engine/jinja_value.c engine/jinja_parse.c engine/jinja_eval.c engine/jinja_lib.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/chat.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c engine/cpu/cpu_pack.c \
+             engine/sampler.c engine/grammar.c engine/gmatch.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c engine/cpu/cpu_pack.c \
              engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c engine/cpu/kernels_avx512.c \
-             engine/cpu/pk_layout.c engine/cpu/tiles_avx2.c engine/mkmodel.c
+             engine/cpu/pk_layout.c engine/cpu/tiles_avx2.c
+# testkit (libllmtestkit.a): the model maker and GGUF writer, for llm-mkmodel and the tests (not in libllm).
+TESTKIT_SRC = testkit/mkmodel.c testkit/gguf_writer.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench llm-perplexity
-SERVER_SRC = server/http_guard.c server/http_probe.c server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c server/srv_chat.c server/srv_embed.c server/srv_tools.c server/srv_metrics.c server/srv_canary.c \
-             server/srv_load.c
+SERVER_SRC = server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_api.c server/srv_fields.c \
+             server/srv_chat.c server/srv_embed.c server/srv_metrics.c server/srv_canary.c server/srv_load.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
-# The Kubernetes client library (controller and router): API client, config, watch, caches, server-side
-# apply, object metadata, plain HTTP to pods, the Prometheus text reader.
-KUBE_SRC = kube/kube_config.c kube/kube_client.c kube/kube_watch.c kube/kube_cache.c kube/kube_apply.c kube/kube_meta.c \
-           kube/http_client.c kube/prom_text.c
+# kube (libllmkube.a, controller and router): API client, config, watch, caches, server-side apply, object metadata.
+KUBE_SRC = kube/kube_config.c kube/kube_client.c kube/kube_watch.c kube/kube_cache.c kube/kube_apply.c kube/kube_meta.c
 CONTROLLER_SRC = controller/ctl_main.c controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
                  controller/desired.c controller/pod_diag.c controller/ctl_event.c controller/autoscale.c controller/podsig.c \
                  controller/plan.c controller/canary.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_proxy.c
-# the router: its own modules, the server's connection guard, the Kubernetes and common libraries (no engine)
-ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/server/http_guard.o
+ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o)
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 ORACLE_BIN = $(BUILD)/tests/dequant_rows $(BUILD)/tests/logits_rows $(BUILD)/tests/grammar_match
 SCHEMA_BIN = $(BUILD)/tests/schema_grammar $(BUILD)/tests/jinja_render
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 COMMON_OBJ = $(COMMON_SRC:%.c=$(BUILD)/%.o)
+TEXT_OBJ = $(TEXT_SRC:%.c=$(BUILD)/%.o)
+NET_OBJ = $(NET_SRC:%.c=$(BUILD)/%.o)
 KUBE_OBJ = $(KUBE_SRC:%.c=$(BUILD)/%.o)
-# libllm.a: the engine with the common library in it (one archive for the server and the tools)
+TESTKIT_OBJ = $(TESTKIT_SRC:%.c=$(BUILD)/%.o)
 LIB = $(BUILD)/libllm.a
 COMMON_LIB = $(BUILD)/libllmcommon.a
+TEXT_LIB = $(BUILD)/libllmtext.a
+NET_LIB = $(BUILD)/libllmnet.a
 KUBE_LIB = $(BUILD)/libllmkube.a
+TESTKIT_LIB = $(BUILD)/libllmtestkit.a
+# What a program of the engine links, in link order.
+ENGINE_LIBS = $(LIB) $(TEXT_LIB) $(COMMON_LIB)
 TOOL_BIN = $(TOOLS:%=$(BUILD)/bin/%)
 UNIT_BIN = $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+
+# Include paths, per library and program: each sees its own headers and those of what it may use.
+INC_COMMON = -Icommon/include
+INC_TEXT = -Itext/include
+INC_NET = -Inet
+INC_KUBE = -Ikube $(INC_NET)
+INC_ENGINE = -Iengine/include $(INC_TEXT)
+INC_TESTKIT = -Itestkit/include
+$(BUILD)/common/%.o: INC =
+$(BUILD)/text/%.o: INC = $(INC_TEXT)
+$(BUILD)/net/%.o: INC = $(INC_NET)
+$(BUILD)/kube/%.o: INC = $(INC_KUBE)
+$(BUILD)/engine/%.o: INC = $(INC_ENGINE) -Iengine
+$(BUILD)/testkit/%.o: INC = $(INC_TESTKIT) $(INC_ENGINE)
+$(BUILD)/server/%.o: INC = -Iserver $(INC_ENGINE) $(INC_NET)
+$(BUILD)/router/%.o: INC = -Irouter $(INC_KUBE)
+$(BUILD)/controller/%.o: INC = -Icontroller $(INC_KUBE)
+# Tests and test programs reach into every library (engine internals included).
+INC_TESTS = -Itests/unit $(INC_ENGINE) -Iengine $(INC_TESTKIT) -Iserver $(INC_KUBE) -Icontroller
+HEADERS = $(wildcard common/include/llm/*.h text/include/llm/*.h text/*.h net/*.h kube/*.h engine/include/llm/*.h \
+            engine/*.h engine/cpu/*.h testkit/include/llm/*.h server/*.h controller/*.h router/*.h)
 
 # Only the AVX2 kernel file gets the ISA flags; it checks the CPU at run time.
 $(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
@@ -69,15 +109,15 @@ $(BUILD)/engine/cpu/kernels_avx512.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx51
 .PHONY: all run test asan bench bench-router bench-load deps deps-run lint clean unit pytest fuzz models tsan manifests FORCE
 all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
 
-$(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(KUBE_LIB) $(COMMON_LIB)
+$(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $(ROUTER_OBJ) $(KUBE_LIB) $(COMMON_LIB) -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $^ -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
-$(BUILD)/bin/llm-controller: $(CONTROLLER_OBJ) $(KUBE_LIB) $(COMMON_LIB)
+$(BUILD)/bin/llm-controller: $(CONTROLLER_OBJ) $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $(CONTROLLER_OBJ) $(KUBE_LIB) $(COMMON_LIB) -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $^ -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
 # The playground page is compiled into the binary (no files to ship).
 $(BUILD)/gen/playground.c: server/playground.html tools/gen/embed.py
@@ -88,105 +128,78 @@ $(BUILD)/gen/playground.o: $(BUILD)/gen/playground.c
 	@echo "  CC    $<"
 	@$(CC) $(CFLAGS_BASE) -c $< -o $@
 
-$(BUILD)/bin/llm-server: $(SERVER_OBJ) $(LIB)
+$(BUILD)/bin/llm-server: $(SERVER_OBJ) $(LIB) $(TEXT_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $(SERVER_OBJ) $(LIB) -lcivetweb -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $^ -lcivetweb -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
-$(BUILD)/router/%.o: EXTRA_CFLAGS = -Ikube -Iserver
-$(BUILD)/controller/%.o: EXTRA_CFLAGS = -Ikube
-$(BUILD)/%.o: %.c $(wildcard common/include/llm/*.h engine/include/llm/*.h engine/*.h engine/cpu/*.h server/*.h controller/*.h router/*.h kube/*.h)
+$(BUILD)/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
-	@$(CC) $(CFLAGS_BASE) $(EXTRA_CFLAGS) -c $< -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC) $(EXTRA_CFLAGS) -c $< -o $@
 
-$(LIB): $(ENGINE_OBJ) $(COMMON_OBJ)
-	@echo "  AR    $@"
-	@rm -f $@ && ar rcs $@ $^
-
+$(LIB): $(ENGINE_OBJ)
 $(COMMON_LIB): $(COMMON_OBJ)
-	@echo "  AR    $@"
-	@rm -f $@ && ar rcs $@ $^
-
+$(TEXT_LIB): $(TEXT_OBJ)
+$(NET_LIB): $(NET_OBJ)
 $(KUBE_LIB): $(KUBE_OBJ)
+$(TESTKIT_LIB): $(TESTKIT_OBJ)
+$(LIB) $(COMMON_LIB) $(TEXT_LIB) $(NET_LIB) $(KUBE_LIB) $(TESTKIT_LIB):
 	@echo "  AR    $@"
 	@rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/bin/%: tools/%.c $(LIB)
+# The tools: thin mains over the engine (llm-mkmodel: the testkit too).
+$(BUILD)/bin/%: tools/%.c tools/cli.h $(TESTKIT_LIB) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $< $(LIB) $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_ENGINE) $(INC_TESTKIT) $< $(TESTKIT_LIB) $(ENGINE_LIBS) -ljansson $(LDLIBS) -o $@
 
-# Controller logic with unit tests of its own (pure decisions, no API server), and the Kubernetes
+# Unit tests. Controller logic with tests of its own (pure decisions, no API server), and the Kubernetes
 # library's parts that need none: the caches, kube_apply_covers (the apply links the API client).
-$(BUILD)/tests/test_autoscale: $(BUILD)/controller/autoscale.o $(KUBE_LIB)
-$(BUILD)/tests/test_canary: $(BUILD)/controller/canary.o $(KUBE_LIB)
+$(BUILD)/tests/test_autoscale: $(BUILD)/controller/autoscale.o
+$(BUILD)/tests/test_canary: $(BUILD)/controller/canary.o
 $(BUILD)/tests/test_ctl_queue: $(BUILD)/controller/ctl_queue.o
-$(BUILD)/tests/test_kube_cache: $(BUILD)/kube/kube_cache.o
-$(BUILD)/tests/test_kube_apply: $(KUBE_LIB)
-$(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
-$(BUILD)/tests/test_kube_apply: $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testutil.h $(COMMON_LIB)
-	@mkdir -p $(dir $@)
-	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller -Ikube $< $(filter %.o,$^) $(filter $(KUBE_LIB),$^) $(COMMON_LIB) \
-	  -lcmocka -lcurl -ljansson -lyaml -lcrypto \
-	  $(LDLIBS) -o $@
-
 # The planner: pure, it links the decision modules alone (no API client, no HTTP).
-PLAN_DEPS = $(BUILD)/controller/plan.o $(BUILD)/controller/rollout.o $(BUILD)/controller/canary.o \
-            $(BUILD)/controller/autoscale.o $(BUILD)/controller/pod_diag.o $(BUILD)/controller/desired.o \
-            $(BUILD)/kube/kube_meta.o $(BUILD)/kube/prom_text.o
-$(BUILD)/tests/test_plan: tests/unit/test_plan.c tests/unit/testutil.h $(PLAN_DEPS) $(COMMON_LIB)
+$(BUILD)/tests/test_plan: $(BUILD)/controller/plan.o $(BUILD)/controller/rollout.o $(BUILD)/controller/canary.o \
+            $(BUILD)/controller/autoscale.o $(BUILD)/controller/pod_diag.o $(BUILD)/controller/desired.o
+KUBE_TESTS = $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
+             $(BUILD)/tests/test_kube_apply $(BUILD)/tests/test_plan
+$(KUBE_TESTS): $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testutil.h $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Itests/unit -Icontroller -Ikube $< $(PLAN_DEPS) $(COMMON_LIB) -lcmocka -ljansson -lcrypto $(LDLIBS) -o $@
-
-# llm-server's keys; the guard's token helpers (http_guard links civetweb).
-$(BUILD)/tests/test_srv_keys: $(BUILD)/server/srv_keys.o
-$(BUILD)/tests/test_http_guard: $(BUILD)/server/http_guard.o
-$(BUILD)/tests/test_srv_keys $(BUILD)/tests/test_http_guard: $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testutil.h $(LIB)
-	@mkdir -p $(dir $@)
-	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Itests/unit -Iserver $< $(filter %.o,$^) $(LIB) -lcmocka -lcivetweb -lcrypto $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(filter %.o,$^) $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB) \
+	  -lcmocka -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
 # Allocation-failure torture: every malloc & co of the objects linked in
 # goes through the test's wrappers (ld --wrap), which fail the Nth.
 TORTURE_WRAP = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free,--wrap=strdup,--wrap=aligned_alloc,--wrap=json_loadb
-TORTURE_OBJ = $(filter-out $(BUILD)/server/srv_main.o,$(SERVER_OBJ))
-$(BUILD)/tests/test_torture: tests/unit/test_torture.c tests/unit/testutil.h $(LIB) $(TORTURE_OBJ)
+# llm-server's modules but its main, for tests and test programs.
+SERVER_PARTS = $(filter-out $(BUILD)/server/srv_main.o,$(SERVER_OBJ))
+SERVER_TESTS = $(BUILD)/tests/test_torture $(BUILD)/tests/test_tools $(BUILD)/tests/test_depth $(BUILD)/tests/test_srv_keys \
+               $(BUILD)/tests/test_http_guard
+$(BUILD)/tests/test_torture: EXTRA_LDFLAGS = $(TORTURE_WRAP)
+$(SERVER_TESTS): $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(SERVER_PARTS) $(TESTKIT_LIB) $(ENGINE_LIBS) $(NET_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Itests/unit -Iserver $< $(TORTURE_OBJ) $(LIB) -lcmocka -lcivetweb -ljansson -lyaml -lcrypto \
-	  $(LDLIBS) $(TORTURE_WRAP) -o $@
-
-# Tool calls read back from model text (the server's modules, no HTTP); every recursive routine at its limit.
-$(BUILD)/tests/test_srv_tools $(BUILD)/tests/test_depth: $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB) $(TORTURE_OBJ)
-	@mkdir -p $(dir $@)
-	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Itests/unit -Iserver $< $(TORTURE_OBJ) $(LIB) -lcmocka -lcivetweb -ljansson -lyaml -lcrypto \
-	  $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(SERVER_PARTS) $(TESTKIT_LIB) $(ENGINE_LIBS) $(NET_LIB) -lcmocka -lcivetweb -ljansson \
+	  -lyaml -lcrypto $(LDLIBS) $(EXTRA_LDFLAGS) -o $@
 
 # Small programs the Python oracle tests drive.
-$(SCHEMA_BIN): $(BUILD)/tests/%: tests/oracle/%.c $(LIB) $(TORTURE_OBJ)
+$(SCHEMA_BIN): $(BUILD)/tests/%: tests/oracle/%.c $(SERVER_PARTS) $(ENGINE_LIBS) $(NET_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Iserver $< $(TORTURE_OBJ) $(LIB) -lcivetweb -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(SERVER_PARTS) $(ENGINE_LIBS) $(NET_LIB) -lcivetweb -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
-$(ORACLE_BIN): $(BUILD)/tests/%: tests/oracle/%.c $(LIB)
+$(ORACLE_BIN): $(BUILD)/tests/%: tests/oracle/%.c $(TESTKIT_LIB) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $< $(LIB) $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(TESTKIT_LIB) $(ENGINE_LIBS) -ljansson $(LDLIBS) -o $@
 
-# The bounded JSON reader (common/json.c) is the one unit test of the common library that needs jansson.
-$(BUILD)/tests/test_json: tests/unit/test_json.c tests/unit/testutil.h $(LIB)
+# Every other unit test: the engine, the text layer, the common library, the testkit.
+$(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(TESTKIT_LIB) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Itests/unit $< $(LIB) -lcmocka -ljansson $(LDLIBS) -o $@
-
-$(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(LIB)
-	@mkdir -p $(dir $@)
-	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Itests/unit $< $(LIB) -lcmocka $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(TESTKIT_LIB) $(ENGINE_LIBS) -lcmocka -ljansson $(LDLIBS) -o $@
 
 # ---- dependencies -----------------------------------------------------------
 # Python packages as PIP_NAME or PIP_NAME:MODULE when the import name differs.
@@ -310,6 +323,7 @@ fuzz: $(BUILD)/tests/test_trace
 	@$(BUILD)/tests/test_trace --time $(FUZZ_TIME)
 
 test: deps
+	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory cudasim
@@ -376,22 +390,22 @@ NCCL_H = $(firstword $(wildcard $(NCCL_HOME)/include/nccl.h $(CUDA_HOME)/include
 NCCL_FLAGS = $(if $(NCCL_H),-isystem $(dir $(NCCL_H)),-DLLM_NO_NCCL)
 NCCL_LIBS = $(if $(NCCL_H),$(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Xlinker -rpath=$(NCCL_HOME)/lib) -lnccl)
 CUDA_PLUGIN_OBJ = $(CUDA_PLUGIN_SRC:%.c=$(BUILD)/pic/%.o)
-$(BUILD)/pic/%.o: %.c $(wildcard common/include/llm/*.h engine/include/llm/*.h) kernels/llm_kernels.h
+$(BUILD)/pic/%.o: %.c $(HEADERS) kernels/llm_kernels.h
 	@mkdir -p $(dir $@)
 	@echo "  CC    $< (plugin)"
-	@$(CC) $(CFLAGS_BASE) -fPIC -fvisibility=hidden -isystem $(CUDA_HOME)/include $(NCCL_FLAGS) -Ikernels -c $< -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_ENGINE) -Iengine -fPIC -fvisibility=hidden -isystem $(CUDA_HOME)/include $(NCCL_FLAGS) -Ikernels -c $< -o $@
 $(BUILD)/lib/libllm_cuda.so: $(CUDA_PLUGIN_OBJ) $(BUILD)/libllmkernels.a
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(NVCC) -shared -Xlinker --no-undefined,--exclude-libs,ALL $(CUDA_PLUGIN_OBJ) $(BUILD)/libllmkernels.a \
 	    -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -cudart static -lcublas $(NCCL_LIBS) -lm -lpthread -o $@
 # The kernels against the CPU backend (runs on a GPU machine: tests/gpu/run.sh).
-gpu-check: cuda $(LIB)
+gpu-check: cuda $(ENGINE_LIBS) $(TESTKIT_LIB)
 	@mkdir -p $(BUILD)/tests
-	@$(CC) $(CFLAGS_BASE) -I$(CUDA_HOME)/include -Ikernels -c tests/gpu/check_kernels.c -o $(BUILD)/tests/check_kernels.o
-	@$(NVCC) $(BUILD)/tests/check_kernels.o $(BUILD)/libllmkernels.a $(LIB) -lcudart -lm -lpthread -o $(BUILD)/tests/check_kernels
+	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) -I$(CUDA_HOME)/include -Ikernels -c tests/gpu/check_kernels.c -o $(BUILD)/tests/check_kernels.o
+	@$(NVCC) $(BUILD)/tests/check_kernels.o $(BUILD)/libllmkernels.a $(ENGINE_LIBS) -lcudart -lm -lpthread -o $(BUILD)/tests/check_kernels
 	@echo "built $(BUILD)/tests/check_kernels"
-	@$(CC) $(CFLAGS_BASE) tests/gpu/check_model.c $(LIB) $(LDLIBS) -o $(BUILD)/tests/check_model
+	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) tests/gpu/check_model.c $(TESTKIT_LIB) $(ENGINE_LIBS) $(LDLIBS) -o $(BUILD)/tests/check_model
 	@echo "built $(BUILD)/tests/check_model"
 cuda-regs:
 	@for f in $(CUDA_SRC); do $(NVCC) $(CUDA_FLAGS) -Xptxas -v -c $$f -o /dev/null 2>&1 | grep -E "Compiling|registers|spill"; done
@@ -439,20 +453,20 @@ $(SIM_LIB): $(SIM_KOBJ) $(SIM_RTOBJ)
 # The CUDA backend as a plugin over the emulator: LLM_CUDA_LIB=$(SIM)/libllm_cuda.so
 # runs any program's backend cuda on the CPU.
 SIM_PLUGIN_OBJ = $(CUDA_PLUGIN_SRC:%.c=$(SIM)/pic/%.o)
-$(SIM)/pic/%.o: %.c $(wildcard common/include/llm/*.h engine/include/llm/*.h) $(SIM_HDR)
+$(SIM)/pic/%.o: %.c $(HEADERS) $(SIM_HDR)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $< (cudasim plugin)"
-	@$(CC) $(CFLAGS_BASE) -fPIC -fvisibility=hidden $(SIM_INC) -c $< -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_ENGINE) -Iengine -fPIC -fvisibility=hidden $(SIM_INC) -c $< -o $@
 $(SIM)/libllm_cuda.so: $(SIM_PLUGIN_OBJ) $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) -shared -Wl,--no-undefined,--exclude-libs,ALL $(SIM_PLUGIN_OBJ) $(SIM_LIB) -lm -lpthread -ldl -o $@
 # tests/gpu/check_kernels against the emulator, and the emulator's own tests
 # (seeded bugs in tests/cudasim/bugs.cu must be caught and named).
-$(SIM)/check_kernels: tests/gpu/check_kernels.c $(SIM_LIB) $(LIB) $(SIM_HDR)
+$(SIM)/check_kernels: tests/gpu/check_kernels.c $(SIM_LIB) $(ENGINE_LIBS) $(SIM_HDR)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $(SIM_INC) $< $(SIM_LIB) $(LIB) $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $(SIM_INC) $< $(SIM_LIB) $(ENGINE_LIBS) $(LDLIBS) -o $@
 $(SIM)/bugs.o: tests/cudasim/bugs.cu $(SIM_HDR)
 	@mkdir -p $(dir $@)
 	@echo "  CXX   $< (cudasim)"
@@ -461,15 +475,15 @@ $(SIM)/test_cudasim: tests/cudasim/test_cudasim.c $(SIM)/bugs.o $(SIM_LIB) $(SIM
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $(SIM_INC) -Itests/unit $< $(SIM)/bugs.o $(SIM_LIB) -lcmocka $(LDLIBS) -o $@
-$(SIM)/test_backend: tests/cudasim/test_backend.c $(LIB) tests/unit/testutil.h
+$(SIM)/test_backend: tests/cudasim/test_backend.c $(TESTKIT_LIB) $(ENGINE_LIBS) tests/unit/testutil.h
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) -Itests/unit $< $(LIB) -lcmocka $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(TESTKIT_LIB) $(ENGINE_LIBS) -lcmocka $(LDLIBS) -o $@
 SIM_BIN = $(SIM)/test_cudasim $(SIM)/test_backend $(SIM)/check_kernels $(SIM)/libllm_cuda.so $(BUILD)/tests/check_model
-$(BUILD)/tests/check_model: tests/gpu/check_model.c $(LIB)
+$(BUILD)/tests/check_model: tests/gpu/check_model.c $(TESTKIT_LIB) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $< $(LIB) $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(TESTKIT_LIB) $(ENGINE_LIBS) $(LDLIBS) -o $@
 .PHONY: cudasim
 # The emulator's tests, every kernel against the CPU backend, and whole
 # models through the CUDA backend against the CPU backend, on the CPU.
@@ -480,12 +494,12 @@ cudasim: $(SIM_BIN) $(TOOL_BIN)
 	@CHECK_QUICK=1 $(SIM)/check_kernels
 	@sh tests/cudasim/check_models.sh $(BUILD)
 
+ALL_C_SRC = $(COMMON_SRC) $(TEXT_SRC) $(NET_SRC) $(KUBE_SRC) $(ENGINE_SRC) $(TESTKIT_SRC) engine/backend_cuda.c $(SERVER_SRC) \
+            $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c
 lint:
-	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(COMMON_SRC) $(KUBE_SRC) $(ENGINE_SRC) engine/backend_cuda.c $(SERVER_SRC) $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c tests/gpu/*.c tests/cudasim/*.c tests/cudasim/*.cu tests/cudasim/*.h tests/cudasim/include/*.h kernels/*.cu kernels/*.cuh kernels/*.h || (echo "lint: banned call" && false)
-	@! grep -nE '#include "llm/' controller/*.[ch] kube/*.[ch] router/*.[ch] | grep -vE 'llm/(status|strbuf|log|clock|json|thread|heap)\.h' || \
-	  (echo "lint: controller, kube and router use the common library, not the engine's headers" && false)
-	@! grep -nE '\bjson_load(s|b|f|fd|_file|_callback)\s*\(' $(filter-out common/json.c,$(COMMON_SRC)) $(KUBE_SRC) $(ENGINE_SRC) $(SERVER_SRC) \
-	   $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c || \
+	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ALL_C_SRC) tests/gpu/*.c tests/cudasim/*.c tests/cudasim/*.cu tests/cudasim/*.h tests/cudasim/include/*.h kernels/*.cu kernels/*.cuh kernels/*.h || (echo "lint: banned call" && false)
+	@$(PYTHON) tools/lint/layers.py
+	@! grep -nE '\bjson_load(s|b|f|fd|_file|_callback)\s*\(' $(filter-out common/json.c,$(ALL_C_SRC)) || \
 	  (echo "lint: JSON text is read through llm_json_load (common/json.c: depth and memory bounds)" && false)
 
 clean:

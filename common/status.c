@@ -32,14 +32,31 @@ const char *llm_status_str(llm_status s)
     return "unknown status"; /* a layer's own (KUBE_ERR_*): its message says what */
 }
 
+static void errf_v(llm_error *err, llm_status code, const char *field, const char *fmt, va_list ap)
+{
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    snprintf(err->field, sizeof err->field, "%s", field);
+    err->code = code;
+}
+
 llm_status llm_errf(llm_error *err, llm_status code, const char *fmt, ...)
 {
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        errf_v(err, code, "", fmt, ap);
         va_end(ap);
-        err->code = code;
+    }
+    return code;
+}
+
+llm_status llm_errf_at(llm_error *err, llm_status code, const char *field, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        errf_v(err, code, field ? field : "", fmt, ap);
+        va_end(ap);
     }
     return code;
 }

@@ -15,6 +15,7 @@
 #include "llm/gmatch.h"
 #include "llm/scheduler.h"
 #include "llm/thread.h"
+#include "llm/utf8.h"
 #include "textout.h"
 
 typedef struct eng_req eng_req;
@@ -929,7 +930,7 @@ static void seq_finish(llm_engine *e, eng_seq *q, llm_finish why)
     const char *t;
     size_t n;
     textout_flush(&q->out, &t, &n);
-    ev.text = textout_utf8_dup(t, n, &ev.text_len);
+    ev.text = llm_utf8_dup_valid(t, n, &ev.text_len);
     seq_done(e, q, &ev, ev.text != NULL, "the generated text"); /* the held-back text would be lost: no DONE without it */
 }
 
@@ -975,7 +976,7 @@ static int token_text(const llm_engine *e, eng_seq *q, int32_t tok, llm_event *e
     int rc = textout_push(&q->out, buf, n > 0 ? (size_t)n : 0, &out, &len);
     if (buf != small)
         free(buf);
-    ev->text = textout_utf8_dup(out, len, &ev->text_len);
+    ev->text = llm_utf8_dup_valid(out, len, &ev->text_len);
     return ev->text ? rc : -1;
 }
 

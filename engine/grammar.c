@@ -400,8 +400,8 @@ static int gp_count(gparse *p, long *v)
     if (p->at >= p->end || *p->at < '0' || *p->at > '9')
         return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "repetition needs a count");
     *v = strtol(p->at, &end, 10); /* the text ends in a NUL (compile copies it) */
-    if (*v > LLM_GRAMMAR_MAX_REPEAT)
-        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "repetition count above %d", LLM_GRAMMAR_MAX_REPEAT);
+    if (*v > LLM_GBNF_MAX_REPEAT)
+        return gp_fail(p, LLM_ERR_GRAMMAR, p->at, "repetition count above %d", LLM_GBNF_MAX_REPEAT);
     p->at = end;
     return 0;
 }
@@ -703,8 +703,8 @@ static int gp_check_left(gparse *p, const llm_grammar *g)
 llm_status llm_grammar_compile(const char *text, size_t len, const char *root, llm_grammar **out, llm_error *err)
 {
     *out = NULL;
-    if (len > LLM_GRAMMAR_MAX_BYTES)
-        return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: %zu bytes (at most %u)", len, LLM_GRAMMAR_MAX_BYTES);
+    if (len > LLM_GBNF_MAX_BYTES)
+        return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: %zu bytes (at most %u)", len, LLM_GBNF_MAX_BYTES);
     char *copy = malloc(len + 1); /* NUL-terminated for strtol */
     llm_grammar *g = calloc(1, sizeof *g);
     if (!copy || !g) {
@@ -755,19 +755,3 @@ void llm_grammar_free(llm_grammar *g)
     free(g->rng);
     free(g);
 }
-
-
-/* "{0,20}": LLM_GRAMMAR_JSON_WS (a string literal cannot take the macro).
- * At most one line break per gap: small models otherwise fill the
- * output with blank lines that the grammar would have to allow. */
-const char llm_grammar_json[] =
-    "json       ::= ws value ws\n"
-    "jsonobject ::= ws object\n"
-    "value      ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n"
-    "object     ::= \"{\" ws ( member ( ws \",\" ws member )* ws )? \"}\"\n"
-    "member     ::= string ws \":\" ws value\n"
-    "array      ::= \"[\" ws ( value ( ws \",\" ws value )* ws )? \"]\"\n"
-    "string     ::= \"\\\"\" char* \"\\\"\"\n"
-    "char       ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )\n"
-    "number     ::= \"-\"? ( \"0\" | [1-9] [0-9]* ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
-    "ws         ::= [ \\t]{0,20} ( \"\\r\"? \"\\n\" [ \\t]{0,20} )?\n";

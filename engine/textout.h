@@ -29,9 +29,4 @@ void textout_free(textout *t);
 int textout_push(textout *t, const char *piece, size_t len, const char **out, size_t *n);
 /* At the end (no stop matched): releases whatever was held back. */
 void textout_flush(textout *t, const char **out, size_t *n);
-/* A NUL-terminated copy of s[0, n) that is valid UTF-8: each byte that
- * starts no valid character becomes U+FFFD (models can emit stray bytes).
- * Caller frees; NULL when out of memory. */
-char *textout_utf8_dup(const char *s, size_t n, size_t *out_len);
-
 #endif

@@ -156,7 +156,7 @@ static int32_t merge_rank(bpe_ctx *c, const tok_sym *l, const tok_sym *r)
     memcpy(c->pair, l->text, l->n);
     c->pair[l->n] = ' ';
     memcpy(c->pair + l->n + 1, r->text, r->n);
-    return strmap_get(&c->v->merges, c->pair, l->n + 1 + r->n);
+    return llm_strmap_get(&c->v->merges, c->pair, l->n + 1 + r->n);
 }
 
 static void add_bigram(bpe_ctx *c, int l, int r)
@@ -170,13 +170,13 @@ static void add_bigram(bpe_ctx *c, int l, int r)
 
 static void emit_symbol(bpe_ctx *c, const tok_sym *s)
 {
-    int32_t id = strmap_get(&c->v->tokens, s->text, s->n);
+    int32_t id = llm_strmap_get(&c->v->tokens, s->text, s->n);
     if (id >= 0) {
         tok_push(c->o, id);
         return;
     }
     for (size_t i = 0; i < s->n; i++) { /* as the reference: single bytes that are tokens */
-        int32_t b = strmap_get(&c->v->tokens, s->text + i, 1);
+        int32_t b = llm_strmap_get(&c->v->tokens, s->text + i, 1);
         if (b >= 0)
             tok_push(c->o, b);
     }
@@ -186,7 +186,7 @@ static void merge_word(bpe_ctx *c, size_t n)
 {
     int ns = 0;
     for (size_t pos = 0; pos < n; ns++) {
-        size_t cl = (size_t)unicode_seq_len((unsigned char)c->buf[pos]);
+        size_t cl = (size_t)llm_utf8_seq_len((unsigned char)c->buf[pos]);
         if (cl > n - pos)
             cl = n - pos;
         c->sym[ns] = (tok_sym){ns - 1, ns + 1, c->buf + pos, cl};
@@ -218,10 +218,10 @@ static void on_word(void *ctx, size_t b0, size_t b1)
     bpe_ctx *c = ctx;
     size_t n = 0;
     for (size_t i = b0; i < b1; i++)
-        n += (size_t)unicode_encode(unicode_byte_to_cp((uint8_t)c->text[i]), c->buf + n);
+        n += (size_t)llm_utf8_encode(unicode_byte_to_cp((uint8_t)c->text[i]), c->buf + n);
     if (n == 0)
         return;
-    int32_t whole = c->v->ignore_merges ? strmap_get(&c->v->tokens, c->buf, n) : -1;
+    int32_t whole = c->v->ignore_merges ? llm_strmap_get(&c->v->tokens, c->buf, n) : -1;
     if (whole >= 0)
         tok_push(c->o, whole);
     else
@@ -252,7 +252,7 @@ static int split_text(const llm_vocab *v, const char *text, size_t len, split_st
     size_t n = 0;
     for (size_t pos = 0; pos < len; n++) {
         s->off[n] = pos;
-        s->cp[n] = unicode_decode(text, len, &pos);
+        s->cp[n] = llm_utf8_decode(text, len, &pos);
         s->fl[n] = unicode_flags(s->cp[n]);
     }
     s->off[n] = len;

@@ -12,7 +12,7 @@ static void add_bigram(const llm_vocab *v, tok_sym *sym, int l, int r, tok_heap 
 {
     if (l < 0 || r < 0)
         return;
-    int32_t id = strmap_get(&v->tokens, sym[l].text, sym[l].n + sym[r].n);
+    int32_t id = llm_strmap_get(&v->tokens, sym[l].text, sym[l].n + sym[r].n);
     if (id < 0)
         return;
     tok_heap_push(h, (tok_bigram){-(double)v->scores[id], l, r, sym[l].n + sym[r].n});
@@ -20,7 +20,7 @@ static void add_bigram(const llm_vocab *v, tok_sym *sym, int l, int r, tok_heap 
 
 static void emit(const llm_vocab *v, const tok_sym *s, tok_out *o)
 {
-    int32_t id = strmap_get(&v->tokens, s->text, s->n);
+    int32_t id = llm_strmap_get(&v->tokens, s->text, s->n);
     if (id >= 0) {
         tok_push(o, id);
         return;
@@ -68,7 +68,7 @@ void tok_spm(const llm_vocab *v, const char *text, size_t len, int prefix_space,
     }
     int ns = 0;
     for (size_t pos = 0; pos < n; ns++) {
-        size_t cl = (size_t)unicode_seq_len((unsigned char)e[pos]);
+        size_t cl = (size_t)llm_utf8_seq_len((unsigned char)e[pos]);
         if (cl > n - pos)
             cl = n - pos;
         sym[ns] = (tok_sym){ns - 1, ns + 1, e + pos, cl};

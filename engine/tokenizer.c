@@ -5,49 +5,6 @@
 #include "tokenizer_impl.h"
 #include "unicode.h"
 
-/* ---- string map -------------------------------------------------------- */
-
-static uint64_t hash_bytes(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    return h;
-}
-
-int strmap_init(strmap *m, size_t n)
-{
-    m->cap = 16;
-    while (m->cap < n * 2) m->cap <<= 1;
-    m->e = calloc(m->cap, sizeof *m->e);
-    return m->e ? 0 : -1;
-}
-
-void strmap_free(strmap *m)
-{
-    free(m->e);
-    m->e = NULL;
-}
-
-void strmap_put(strmap *m, const char *s, size_t len, int32_t val)
-{
-    size_t i = hash_bytes(s, len) & (m->cap - 1);
-    for (; m->e[i].s; i = (i + 1) & (m->cap - 1))
-        if (m->e[i].len == len && !memcmp(m->e[i].s, s, len))
-            return;
-    m->e[i] = (strmap_entry){s, (uint32_t)len, val};
-}
-
-int32_t strmap_get(const strmap *m, const char *s, size_t len)
-{
-    if (!m->e)
-        return -1;
-    size_t i = hash_bytes(s, len) & (m->cap - 1);
-    for (; m->e[i].s; i = (i + 1) & (m->cap - 1))
-        if (m->e[i].len == len && !memcmp(m->e[i].s, s, len))
-            return m->e[i].val;
-    return -1;
-}
-
 void tok_push(tok_out *o, int32_t id)
 {
     if (o->oom)
@@ -170,7 +127,7 @@ static llm_status load_arrays(llm_vocab *v, const gguf_file *f, llm_error *err)
         return st;
     v->scores = calloc((size_t)v->n, sizeof(float));
     v->types = malloc(sizeof(int32_t) * (size_t)v->n);
-    if (!v->scores || !v->types || strmap_init(&v->tokens, (size_t)v->n))
+    if (!v->scores || !v->types || llm_strmap_init(&v->tokens, (size_t)v->n))
         return llm_errf(err, LLM_ERR_NOMEM, "%s: no memory for %d tokens", gguf_name(f), v->n);
     if (sc)
         memcpy(v->scores, sc->arr_data, sizeof(float) * (size_t)v->n);
@@ -179,7 +136,7 @@ static llm_status load_arrays(llm_vocab *v, const gguf_file *f, llm_error *err)
             memcpy(&v->types[i], (const char *)ty->arr_data + 4 * (size_t)i, 4);
         else
             v->types[i] = LLM_TOKEN_NORMAL;
-        strmap_put(&v->tokens, v->text[i].data, v->text[i].len, i);
+        llm_strmap_put(&v->tokens, v->text[i].data, v->text[i].len, i);
     }
     return LLM_OK;
 }
@@ -192,14 +149,14 @@ static llm_status load_merges(llm_vocab *v, const gguf_file *f, llm_error *err)
         return st;
     if (!m)
         return llm_errf(err, LLM_ERR_FORMAT, "%s: BPE vocab without tokenizer.ggml.merges", gguf_name(f));
-    if (strmap_init(&v->merges, m->arr_n))
+    if (llm_strmap_init(&v->merges, m->arr_n))
         return llm_errf(err, LLM_ERR_NOMEM, "%s: no memory for merges", gguf_name(f));
     for (uint64_t i = 0; i < m->arr_n; i++) {
         gguf_str s = m->strs[i];
         if (!memchr(s.data, ' ', s.len))
             return llm_errf(err, LLM_ERR_FORMAT, "%s: merge %llu ('%.*s') has no space separator", gguf_name(f),
                             (unsigned long long)i, (int)(s.len > 40 ? 40 : s.len), s.data);
-        strmap_put(&v->merges, s.data, s.len, (int32_t)i);
+        llm_strmap_put(&v->merges, s.data, s.len, (int32_t)i);
     }
     return LLM_OK;
 }
@@ -212,8 +169,8 @@ static void load_byte_tokens(llm_vocab *v)
         if (v->type == LLM_VOCAB_SPM)
             n = snprintf(buf, sizeof buf, "<0x%02X>", b);
         else
-            n = unicode_encode(unicode_byte_to_cp((uint8_t)b), buf);
-        v->byte_tok[b] = strmap_get(&v->tokens, buf, (size_t)n);
+            n = llm_utf8_encode(unicode_byte_to_cp((uint8_t)b), buf);
+        v->byte_tok[b] = llm_strmap_get(&v->tokens, buf, (size_t)n);
     }
 }
 
@@ -299,6 +256,8 @@ static void load_max_piece(llm_vocab *v)
     }
 }
 
+uint32_t llm_vocab_byte_cp(uint8_t b) { return unicode_byte_to_cp(b); }
+
 size_t llm_vocab_min_tokens(const llm_vocab *v, size_t bytes)
 {
     return bytes / (size_t)v->max_piece + (bytes % (size_t)v->max_piece != 0);
@@ -330,8 +289,8 @@ void llm_vocab_free(llm_vocab *v)
     free(v->scores);
     free(v->types);
     free(v->trie);
-    strmap_free(&v->tokens);
-    strmap_free(&v->merges);
+    llm_strmap_free(&v->tokens);
+    llm_strmap_free(&v->merges);
     free(v);
 }
 
@@ -343,7 +302,7 @@ int32_t llm_vocab_eos(const llm_vocab *v) { return v->eos; }
 int llm_vocab_add_bos(const llm_vocab *v) { return v->add_bos && v->bos >= 0; }
 int llm_vocab_add_eos(const llm_vocab *v) { return v->add_eos && v->eos >= 0; }
 int llm_vocab_token_type(const llm_vocab *v, int32_t id) { return id >= 0 && id < v->n ? v->types[id] : 0; }
-int32_t llm_vocab_find(const llm_vocab *v, const char *text, size_t len) { return strmap_get(&v->tokens, text, len); }
+int32_t llm_vocab_find(const llm_vocab *v, const char *text, size_t len) { return llm_strmap_get(&v->tokens, text, len); }
 
 gguf_str llm_vocab_text(const llm_vocab *v, int32_t id)
 {
@@ -491,7 +450,7 @@ static size_t piece_bpe(gguf_str s, char *buf, size_t cap)
     size_t at = 0, pos = 0;
     while (pos < s.len) {
         size_t p0 = pos;
-        int b = unicode_cp_to_byte(unicode_decode(s.data, s.len, &pos));
+        int b = unicode_cp_to_byte(llm_utf8_decode(s.data, s.len, &pos));
         if (b >= 0) {
             char c = (char)b;
             at = put(buf, cap, at, &c, 1);

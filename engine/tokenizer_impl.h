@@ -3,17 +3,9 @@
 #ifndef LLM_TOKENIZER_IMPL_H
 #define LLM_TOKENIZER_IMPL_H
 
+#include "llm/strmap.h"
 #include "llm/tokenizer.h"
 
-/* Open-addressing map from byte strings (borrowed) to int32. */
-typedef struct strmap_entry { const char *s; uint32_t len; int32_t val; } strmap_entry;
-typedef struct strmap { strmap_entry *e; size_t cap; } strmap;
-
-int strmap_init(strmap *m, size_t n);
-void strmap_free(strmap *m);
-/* Inserts unless present (first insertion wins, as in the reference). */
-void strmap_put(strmap *m, const char *s, size_t len, int32_t val);
-int32_t strmap_get(const strmap *m, const char *s, size_t len); /* -1 if absent */
 
 typedef enum tok_pre {
     PRE_SPM = 0,
@@ -31,8 +23,8 @@ struct llm_vocab {
     const gguf_str *text;   /* borrowed from the gguf file */
     float *scores;          /* owned; NULL when absent */
     int32_t *types;         /* owned */
-    strmap tokens;          /* text -> id */
-    strmap merges;          /* "left right" -> rank (BPE) */
+    llm_strmap tokens;          /* text -> id */
+    llm_strmap merges;          /* "left right" -> rank (BPE) */
     int32_t bos, eos, unk, eot, eom, pad;
     int add_bos, add_eos, add_space_prefix, ignore_merges;
     /* The special (control, user-defined, unknown) tokens' texts as a trie:

@@ -1,56 +1,5 @@
-/* unicode.c - UTF-8 coding, category lookup, GPT-2 byte mapping. */
+/* unicode.c - category lookup and the GPT-2 byte mapping (UTF-8 coding: common/utf8.c). */
 #include "unicode.h"
-
-int unicode_seq_len(unsigned char c)
-{
-    if (c < 0x80) return 1;
-    if ((c & 0xe0) == 0xc0) return 2;
-    if ((c & 0xf0) == 0xe0) return 3;
-    if ((c & 0xf8) == 0xf0) return 4;
-    return 1;
-}
-
-uint32_t unicode_decode(const char *s, size_t len, size_t *pos)
-{
-    const unsigned char *p = (const unsigned char *)s + *pos;
-    size_t left = len - *pos;
-    int n = unicode_seq_len(p[0]);
-    if (n == 1) {
-        (*pos)++;
-        return p[0] < 0x80 ? p[0] : UNICODE_INVALID;
-    }
-    if ((size_t)n > left)
-        goto bad;
-    uint32_t cp = p[0] & (0xff >> (n + 1));
-    for (int i = 1; i < n; i++) {
-        if ((p[i] & 0xc0) != 0x80)
-            goto bad;
-        cp = (cp << 6) | (p[i] & 0x3f);
-    }
-    *pos += (size_t)n;
-    return cp;
-bad:
-    (*pos)++;
-    return UNICODE_INVALID;
-}
-
-int unicode_encode(uint32_t cp, char *out)
-{
-    unsigned char *o = (unsigned char *)out;
-    if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (unsigned char)(0xc0 | (cp >> 6)); o[1] = (unsigned char)(0x80 | (cp & 0x3f)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (unsigned char)(0xe0 | (cp >> 12));
-        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
-        o[2] = (unsigned char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    o[0] = (unsigned char)(0xf0 | (cp >> 18));
-    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3f));
-    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
-    o[3] = (unsigned char)(0x80 | (cp & 0x3f));
-    return 4;
-}
 
 static int in_ranges(const unicode_range *r, size_t n, uint32_t cp)
 {

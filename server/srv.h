@@ -85,6 +85,10 @@ typedef struct srv_err {
 void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* srv_err_set, then -1: `return srv_fail(e, 400, "n", "...");` */
 int srv_fail(srv_err *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* A library's failure (the text layer's: schema, tools) as the answer, then -1:
+ * 503 when memory ran out, else 400; param the field the library named, else
+ * the given one. */
+int srv_fail_from(srv_err *e, const llm_error *err, const char *param);
 /* (Both below may be called from any thread; bodies are read through
  * llm_json_load, so within its depth and memory bounds.)
  * j as compact JSON text (caller frees), or NULL when j is NULL or memory
@@ -125,7 +129,7 @@ typedef struct srv_completion {
     llm_logit_bias *bias;      /* rq.sampling.bias (owned) */
     const char *grammar_param; /* the field rq.grammar came from, for the engine's errors about it */
     char *schema_grammar;      /* rq.grammar made from a JSON schema (owned), or NULL */
-    srv_tools tools;           /* chat: the request's tools and how calls come out */
+    llm_tools tools;           /* chat: the request's tools and how calls come out */
     char *tool_prefill;        /* a forced call's opening, appended to the prompt (owned), or NULL */
 } srv_completion;
 

@@ -10,12 +10,12 @@
 #include <time.h>
 
 #include "llm/chat.h"
-#include "llm/grammar.h"
+#include "llm/gbnf.h"
 #include "llm/json.h"
+#include "llm/schema.h"
 #include "llm/strbuf.h"
 #include "srv.h"
 #include "srv_fields.h"
-#include "srv_schema.h"
 
 void srv_err_set(srv_err *e, int status, const char *param, const char *fmt, ...)
 {
@@ -102,6 +102,12 @@ int srv_fail(srv_err *e, int status, const char *param, const char *fmt, ...)
     va_end(ap);
     srv_err_set(e, status, param, "%s", msg);
     return -1;
+}
+
+int srv_fail_from(srv_err *e, const llm_error *err, const char *param)
+{
+    int nomem = err->code == LLM_ERR_NOMEM;
+    return srv_fail(e, nomem ? 503 : 400, err->field[0] ? err->field : param, "%s", err->msg);
 }
 
 /* ---- typed fields ------------------------------------------------------------ */
@@ -302,10 +308,11 @@ static int answer_too_big(const srv *s, const srv_completion *c, srv_err *e)
  * (tool_prefill, after the rendered prompt) and follows a grammar. */
 static int parse_tools(const srv_chat *chat, json_t *o, srv_completion *c, srv_err *e)
 {
-    if (srv_tools_parse(o, chat->tools, &c->tools, e))
-        return -1;
-    if (c->tools.choice < SRV_TOOL_REQUIRED) {
-        if (srv_tools_shows_markers(&c->tools)) { /* the answer carries the markers' text for its calls */
+    llm_error err = {0};
+    if (llm_tools_parse(o, chat->tools, &c->tools, &err))
+        return srv_fail_from(e, &err, "tools");
+    if (c->tools.choice < LLM_TOOL_REQUIRED) {
+        if (llm_tools_shows_markers(&c->tools)) { /* the answer carries the markers' text for its calls */
             _Static_assert(sizeof c->rq.shown >= sizeof chat->markers, "every marker fits");
             memcpy(c->rq.shown, chat->markers, sizeof chat->markers);
             c->rq.n_shown = chat->n_markers;
@@ -315,8 +322,8 @@ static int parse_tools(const srv_chat *chat, json_t *o, srv_completion *c, srv_e
     if (c->rq.grammar)
         return srv_fail(e, 400, "tool_choice", "a required or named tool call cannot be combined with '%s'",
                         c->grammar_param);
-    if (srv_tools_forced(&c->tools, &c->tool_prefill, &c->schema_grammar, e))
-        return -1;
+    if (llm_tools_forced(&c->tools, &c->tool_prefill, &c->schema_grammar, &err))
+        return srv_fail_from(e, &err, "tools");
     c->rq.grammar = c->schema_grammar;
     c->rq.grammar_len = strlen(c->schema_grammar);
     c->grammar_param = "tools";
@@ -346,7 +353,7 @@ static int parse_messages(const srv *s, const srv_chat *chat, const llm_vocab *v
     if (parse_tools(chat, o, c, e))
         return -1;
     /* a stream with tools is held in memory until its calls are known, like a whole answer */
-    if (c->stream && c->tools.choice != SRV_TOOL_NONE && answer_too_big(s, c, e))
+    if (c->stream && c->tools.choice != LLM_TOOL_NONE && answer_too_big(s, c, e))
         return -1;
     if (!(c->prompt = srv_chat_render(chat, o, body_len, &c->tools, &sp, &n_sp, e)))
         return -1;
@@ -459,7 +466,7 @@ static int parse_logit_bias(json_t *o, const llm_vocab *vocab, srv_completion *c
 }
 
 /* response_format json_schema: {"json_schema": {"name": ..., "schema":
- * {...}, "strict": ...}}; the schema becomes a grammar (srv_schema.h; it
+ * {...}, "strict": ...}}; the schema becomes a grammar (llm/schema.h; it
  * is always followed strictly). */
 static int parse_json_schema(json_t *rf, srv_completion *c, srv_err *e)
 {
@@ -467,8 +474,9 @@ static int parse_json_schema(json_t *rf, srv_completion *c, srv_err *e)
     if (!json_is_object(js) || !(json_is_object(schema) || json_is_true(schema)))
         return srv_err_set(e, 400, "response_format", "response_format json_schema needs \"json_schema\": {\"schema\": {...}}"),
                -1;
-    if (!(c->schema_grammar = srv_schema_grammar(schema, e)))
-        return -1;
+    llm_error err = {0};
+    if (llm_schema_grammar(schema, &c->schema_grammar, &err))
+        return srv_fail_from(e, &err, "response_format");
     c->rq.grammar = c->schema_grammar;
     c->rq.grammar_len = strlen(c->schema_grammar);
     c->grammar_param = "response_format";
@@ -485,8 +493,8 @@ static int parse_constraint(json_t *o, srv_completion *c, srv_err *e)
     int has_rf = rf && !json_is_null(rf) && !(type && !strcmp(type, "text"));
     if (rf && !json_is_null(rf) && !json_is_object(rf))
         return srv_fail(e, 400, "response_format", "'response_format' must be an object");
-    if (gr && !json_is_null(gr) && (!json_is_string(gr) || json_string_length(gr) > LLM_GRAMMAR_MAX_BYTES))
-        return srv_fail(e, 400, "grammar", "'grammar' must be a string of at most %u bytes", LLM_GRAMMAR_MAX_BYTES);
+    if (gr && !json_is_null(gr) && (!json_is_string(gr) || json_string_length(gr) > LLM_GBNF_MAX_BYTES))
+        return srv_fail(e, 400, "grammar", "'grammar' must be a string of at most %u bytes", LLM_GBNF_MAX_BYTES);
     if (has_rf && json_is_string(gr))
         return srv_fail(e, 400, "grammar", "'grammar' and 'response_format' cannot both be given");
     if (json_is_string(gr)) {
@@ -503,8 +511,8 @@ static int parse_constraint(json_t *o, srv_completion *c, srv_err *e)
         return srv_fail(e, 400, "response_format",
                            "response_format type '%.32s' is not supported (text, json_object, json_schema)",
                            type ? type : "(none)");
-    c->rq.grammar = llm_grammar_json;
-    c->rq.grammar_len = strlen(llm_grammar_json);
+    c->rq.grammar = llm_gbnf_json;
+    c->rq.grammar_len = strlen(llm_gbnf_json);
     c->rq.grammar_root = "jsonobject";
     c->grammar_param = "response_format";
     return 0;

@@ -151,7 +151,7 @@ static char *token_text(const llm_vocab *v, int32_t id)
  * otherwise left out of answers). */
 static void chat_markers(srv_chat *c, const llm_vocab *v)
 {
-    const char *const *mk = srv_tools_markers(c->tools);
+    const char *const *mk = llm_tools_markers(c->tools);
     c->n_markers = 0;
     for (size_t i = 0; v && mk[i] && c->n_markers < (int)(sizeof c->markers / sizeof *c->markers); i++) {
         int32_t id = llm_vocab_find(v, mk[i], strlen(mk[i]));
@@ -178,6 +178,17 @@ static char *read_template(const char *file, size_t *n, llm_error *err)
     return buf;
 }
 
+/* The built-in family for the model's tokenizer.chat_template. */
+static llm_chat_template chat_family(const llm_model *m)
+{
+    gguf_str s;
+    if (gguf_get_str(m->gguf, "tokenizer.chat_template", &s, NULL))
+        /* a gemma3 file without its template (some conversions drop it)
+         * was still trained on Gemma's turns, not chatml's */
+        return m->hp.arch == LLM_ARCH_GEMMA3 ? LLM_CHAT_GEMMA : LLM_CHAT_CHATML;
+    return llm_chat_detect(s.data, (size_t)s.len);
+}
+
 srv_chat *srv_chat_new(const llm_model *m, const char *mode, const char *file, llm_error *err)
 {
     int builtin = mode && !strcmp(mode, "builtin");
@@ -193,7 +204,7 @@ srv_chat *srv_chat_new(const llm_model *m, const char *mode, const char *file, l
         return NULL;
     }
     c->drop_bos = m->vocab && llm_vocab_add_bos(m->vocab) && *c->bos;
-    c->family = llm_chat_for_model(m);
+    c->family = chat_family(m);
     if (!builtin && file && *file) { /* the operator's own template: it must work */
         size_t n;
         char *src = read_template(file, &n, err);
@@ -202,11 +213,11 @@ srv_chat *srv_chat_new(const llm_model *m, const char *mode, const char *file, l
             srv_chat_free(c);
             return NULL;
         }
-        c->tools = srv_tools_format(src, n);
+        c->tools = llm_tools_format(src, n);
         chat_markers(c, m->vocab);
         free(src);
         snprintf(c->what, sizeof c->what, "the Jinja template of %.200s (%zu bytes; tool calls: %s)", file, n,
-                 srv_tools_format_name(c->tools));
+                 llm_tools_format_name(c->tools));
         return c;
     }
     gguf_str s;
@@ -226,10 +237,10 @@ srv_chat *srv_chat_new(const llm_model *m, const char *mode, const char *file, l
                  llm_chat_name(c->family), jerr.msg);
         return c;
     }
-    c->tools = srv_tools_format(s.data, (size_t)s.len);
+    c->tools = llm_tools_format(s.data, (size_t)s.len);
     chat_markers(c, m->vocab);
     snprintf(c->what, sizeof c->what, "the model's Jinja template (%zu bytes; tool calls: %s)", (size_t)s.len,
-             srv_tools_format_name(c->tools));
+             llm_tools_format_name(c->tools));
     return c;
 }
 
@@ -436,9 +447,9 @@ static json_t *flat_message(json_t *m, size_t i, int generic, srv_err *e)
 
 /* Generic tool format: the instructions go before the first system
  * message's text, or else the first message's. */
-static int add_instructions(json_t *ms, const srv_tools *t, srv_err *e)
+static int add_instructions(json_t *ms, const llm_tools *t, srv_err *e)
 {
-    char *ins = srv_tools_instructions(t);
+    char *ins = llm_tools_instructions(t);
     size_t i, at = 0;
     json_t *m;
     json_array_foreach(ms, i, m) if (!strcmp(json_string_value(json_object_get(m, "role")), "system")) {
@@ -458,7 +469,7 @@ static int add_instructions(json_t *ms, const srv_tools *t, srv_err *e)
 }
 
 /* The messages as the template gets them (a new array), or NULL with e set. */
-static json_t *flat_messages(json_t *ms, const srv_tools *t, int generic, srv_err *e)
+static json_t *flat_messages(json_t *ms, const llm_tools *t, int generic, srv_err *e)
 {
     size_t n = json_is_array(ms) ? json_array_size(ms) : 0;
     if (n == 0 || n > 4096) {
@@ -477,7 +488,7 @@ static json_t *flat_messages(json_t *ms, const srv_tools *t, int generic, srv_er
             return NULL;
         }
     }
-    if (generic && t && t->choice != SRV_TOOL_NONE && add_instructions(out, t, e)) {
+    if (generic && t && t->choice != LLM_TOOL_NONE && add_instructions(out, t, e)) {
         json_decref(out);
         return NULL;
     }
@@ -518,11 +529,11 @@ static void drop_bos(const srv_chat *c, char *text, llm_span *sp, int n_sp)
     }
 }
 
-static char *render_jinja(const srv_chat *c, json_t *body, json_t *ms, size_t body_bytes, const srv_tools *t,
+static char *render_jinja(const srv_chat *c, json_t *body, json_t *ms, size_t body_bytes, const llm_tools *t,
                           llm_span **spans, int *n_spans, srv_err *e)
 {
     json_t *agp = json_object_get(body, "add_generation_prompt"), *kw = json_object_get(body, "chat_template_kwargs");
-    json_t *tools = t && t->choice != SRV_TOOL_NONE && c->tools != SRV_TOOLS_GENERIC ? t->tools : NULL;
+    json_t *tools = t && t->choice != LLM_TOOL_NONE && c->tools != LLM_TOOLS_GENERIC ? t->tools : NULL;
     if ((agp && !json_is_boolean(agp)) || (kw && !json_is_object(kw) && !json_is_null(kw))) {
         srv_err_set(e, 400, agp && !json_is_boolean(agp) ? "add_generation_prompt" : "chat_template_kwargs",
                     "'%s' must be %s", agp && !json_is_boolean(agp) ? "add_generation_prompt" : "chat_template_kwargs",
@@ -549,12 +560,12 @@ static char *render_jinja(const srv_chat *c, json_t *body, json_t *ms, size_t bo
     return text;
 }
 
-char *srv_chat_render(const srv_chat *c, json_t *body, size_t body_len, const srv_tools *t, llm_span **spans,
+char *srv_chat_render(const srv_chat *c, json_t *body, size_t body_len, const llm_tools *t, llm_span **spans,
                       int *n_spans, srv_err *e)
 {
     *spans = NULL;
     *n_spans = 0;
-    int generic = !c->tmpl || c->tools == SRV_TOOLS_GENERIC;
+    int generic = !c->tmpl || c->tools == LLM_TOOLS_GENERIC;
     json_t *ms = flat_messages(json_object_get(body, "messages"), t, generic, e);
     if (!ms)
         return NULL;

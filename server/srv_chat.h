@@ -22,7 +22,7 @@
 #include "llm/chat.h"
 #include "llm/jinja.h"
 #include "llm/model.h"
-#include "srv_tools.h"
+#include "llm/tools.h"
 
 #define SRV_CHAT_DEPTH 64
 
@@ -34,7 +34,7 @@ typedef struct srv_chat {
     llm_chat_template family; /* used when tmpl is NULL */
     char *bos, *eos;          /* token texts for bos_token and eos_token */
     int drop_bos;             /* the tokenizer adds BOS itself: a render's leading bos_token goes */
-    srv_tool_format tools;    /* how the template shows tools and the model writes calls */
+    llm_tool_format tools;    /* how the template shows tools and the model writes calls */
     int32_t markers[8];       /* that format's markers which are control tokens in this vocabulary */
     int n_markers;
     char what[256];           /* which renderer, and why, for the log */
@@ -57,7 +57,7 @@ void srv_chat_free(srv_chat *c);
  * with their arguments as objects. NULL with e set: 400 naming the field
  * (a bad message, the template raised or failed: its message), 503 out of
  * memory. */
-char *srv_chat_render(const srv_chat *c, json_t *body, size_t body_len, const srv_tools *t, llm_span **spans,
+char *srv_chat_render(const srv_chat *c, json_t *body, size_t body_len, const llm_tools *t, llm_span **spans,
                       int *n_spans, struct srv_err *e);
 
 /* A JSON value as a template value; tenant marks its strings (and keys).

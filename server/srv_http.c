@@ -16,10 +16,11 @@
 #include "srv.h"
 #include "srv_embed.h"
 #include "srv_fields.h"
-#include "textout.h"
 #include "llm/clock.h"
 #include "llm/heap.h"
 #include "llm/json.h"
+#include "llm/strbuf.h"
+#include "llm/utf8.h"
 
 /* A body refused unread is read and dropped, up to this many times
  * max_body_bytes within DISCARD_S seconds, so the client reads the answer. */
@@ -158,7 +159,7 @@ static json_t *piece_json(const llm_vocab *v, int32_t id)
     char buf[256];
     int n = llm_token_to_piece(v, id, 1, buf, sizeof buf);
     size_t len;
-    char *u = textout_utf8_dup(buf, n < 0 ? 0 : n > (int)sizeof buf ? sizeof buf : (size_t)n, &len);
+    char *u = llm_utf8_dup_valid(buf, n < 0 ? 0 : n > (int)sizeof buf ? sizeof buf : (size_t)n, &len);
     json_t *j = u ? json_stringn(u, len) : NULL; /* NULL: out of memory */
     free(u);
     return j;
@@ -372,7 +373,7 @@ static json_t *chunk(run *r, int index, const char *text, size_t n, json_t *lp, 
 
 static int tools_on(const run *r)
 {
-    return r->cp->chat && r->cp->tools.choice != SRV_TOOL_NONE;
+    return r->cp->chat && r->cp->tools.choice != LLM_TOOL_NONE;
 }
 
 /* Streaming with tools: the text that cannot be (the start of) a call
@@ -395,7 +396,7 @@ static int finish_tools(run *r, int index)
 {
     choice *ch = &r->ch[index];
     const char *text = ch->text.p ? ch->text.p : "";
-    llm_status st = srv_tools_extract(&r->cp->tools, r->cp->tool_prefill, text, ch->text.len, &ch->calls, &ch->content);
+    llm_status st = llm_tools_extract(&r->cp->tools, r->cp->tool_prefill, text, ch->text.len, &ch->calls, &ch->content);
     int rc = OUT_OK;
     if (st)
         return st == LLM_ERR_TOO_LONG ? OUT_DEEP : OUT_NOMEM;
@@ -440,7 +441,7 @@ static int on_token(run *r, const llm_event *ev)
             return OUT_NOMEM;
         if (!r->cp->stream)
             return OUT_OK;
-        return release_content(r, ev->index, srv_tools_releasable(&r->cp->tools, ch->text.p, ch->text.len, ch->sent));
+        return release_content(r, ev->index, llm_tools_releasable(&r->cp->tools, ch->text.p, ch->text.len, ch->sent));
     }
     json_t *lp = ch->lp;
     ch->lp = NULL;
@@ -875,7 +876,7 @@ static int fn_detokenize(srv *s, struct mg_connection *c, const char *b, size_t 
     }
     /* the ids' bytes may end inside a character (a byte token alone): such bytes read as U+FFFD, as in streamed text */
     size_t ulen = 0;
-    char *u = textout_utf8_dup(text, len, &ulen);
+    char *u = llm_utf8_dup_valid(text, len, &ulen);
     free(text);
     int rc = send_json(c, 200, u ? json_pack("{s:s%}", "content", u, ulen) : NULL);
     free(u);

@@ -58,8 +58,8 @@ static llm_request_id submit_json(llm_engine *e, const int32_t *p, int n, int ma
     llm_request rq = {.tokens = p, .n_tokens = n, .sampling = llm_sampling_default(), .max_tokens = max_tokens,
                       .ignore_eos = 1};
     if (json) {
-        rq.grammar = llm_grammar_json;
-        rq.grammar_len = strlen(llm_grammar_json);
+        rq.grammar = llm_gbnf_json;
+        rq.grammar_len = strlen(llm_gbnf_json);
         rq.grammar_root = "jsonobject";
     }
     llm_error err = {0};

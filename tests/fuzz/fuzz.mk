@@ -3,16 +3,18 @@
 # top-level Makefile's `fuzz` target.
 FUZZ_TIME ?= 20
 FUZZ_BUILD = build-fuzz
-FUZZ_SRC = common/status.c common/hash.c engine/quant.c engine/gguf.c engine/unicode.c engine/unicode_data.c \
+FUZZ_SRC = common/status.c common/hash.c common/utf8.c common/strmap.c engine/quant.c engine/gguf.c engine/unicode.c engine/unicode_data.c \
            engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c
-FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Icommon/include -Iengine/include -Iengine \
+FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Icommon/include -Itext/include -Iengine/include -Iengine -Inet -Ikube \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 
-# the Jinja interpreter and the server's chat renderer on it
-JINJA_SRC = engine/jinja_value.c engine/jinja_parse.c engine/jinja_eval.c engine/jinja_lib.c server/srv_chat.c server/srv_tools.c
+# the text library, and the server's chat renderer on it
+TEXT_SRC = text/gbnf.c text/jinja_value.c text/jinja_parse.c text/jinja_eval.c text/jinja_lib.c text/chat.c text/schema.c \
+           text/regex.c text/tools.c
+JINJA_SRC = $(TEXT_SRC) server/srv_chat.c
 # the bounded JSON reader and the stack helper (they link jansson)
 JSON_SRC = common/json.c common/thread.c
-REQ_SRC = $(JSON_SRC) server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c engine/grammar.c engine/chat.c common/strbuf.c \
+REQ_SRC = $(JSON_SRC) server/srv_api.c server/srv_fields.c engine/grammar.c common/strbuf.c \
           common/log.c common/clock.c engine/sampler.c $(JINJA_SRC)
 REQ_TIME ?= 10
 LLMD_TIME ?= 10
@@ -84,7 +86,7 @@ $(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*.
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -lm -lpthread -o $@
 
 # (srv_embed.c's parsing: its running half is behind link seams in fuzz_request.c)
-$(FUZZ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c server/srv_embed.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
+$(FUZZ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c server/srv_embed.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_request.c server/srv_embed.c $(REQ_SRC) $(FUZZ_SRC) -ljansson -lcrypto -lm \
@@ -92,16 +94,16 @@ $(FUZZ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c server/srv_embed.c $(REQ_S
 
 # the planner and what it decides with (pure: no API client)
 LLMD_SRC = controller/desired.c controller/canary.c controller/plan.c controller/rollout.c controller/autoscale.c \
-           controller/pod_diag.c kube/kube_meta.c kube/prom_text.c common/status.c common/strbuf.c common/clock.c
-$(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controller/*.h kube/*.h common/include/llm/*.h)
+           controller/pod_diag.c kube/kube_meta.c net/prom_text.c common/status.c common/strbuf.c common/clock.c
+$(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controller/*.h kube/*.h net/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Icontroller -Ikube tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
 
-TENANT_SRC = $(JSON_SRC) server/srv_keys.c server/srv_api.c server/srv_fields.c server/srv_schema.c server/srv_regex.c engine/grammar.c server/http_guard.c \
-             engine/chat.c common/strbuf.c common/clock.c common/log.c engine/sampler.c $(JINJA_SRC)
+TENANT_SRC = $(JSON_SRC) server/srv_keys.c server/srv_api.c server/srv_fields.c engine/grammar.c net/http_guard.c \
+             common/strbuf.c common/clock.c common/log.c engine/sampler.c $(JINJA_SRC)
 
-$(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
+$(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) -lcivetweb -ljansson -lcrypto -lm -lpthread -o $@
@@ -113,14 +115,14 @@ $(FUZZ_BUILD)/fuzz_grammar: tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) $(wildcard 
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) -lm -lpthread -o $@
 
-SCHEMA_SRC = $(JSON_SRC) server/srv_schema.c server/srv_regex.c server/srv_api.c server/srv_fields.c engine/grammar.c engine/chat.c engine/sampler.c \
+SCHEMA_SRC = $(JSON_SRC) server/srv_api.c server/srv_fields.c engine/grammar.c engine/sampler.c \
              common/strbuf.c common/log.c common/clock.c $(JINJA_SRC)
-$(FUZZ_BUILD)/fuzz_schema: tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
+$(FUZZ_BUILD)/fuzz_schema: tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(filter-out engine/grammar.c,$(FUZZ_SRC)) -ljansson -lm -lpthread -o $@
 
-$(FUZZ_BUILD)/fuzz_tools: tests/fuzz/fuzz_tools.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h common/include/llm/*.h)
+$(FUZZ_BUILD)/fuzz_tools: tests/fuzz/fuzz_tools.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_tools.c $(REQ_SRC) $(FUZZ_SRC) -ljansson -lm -lpthread -o $@
@@ -130,7 +132,7 @@ $(FUZZ_BUILD)/fuzz_json: tests/fuzz/fuzz_json.c tests/fuzz/deep.h common/json.c 
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_json.c common/json.c common/thread.c common/status.c -ljansson -lpthread -o $@
 
-$(FUZZ_BUILD)/fuzz_jinja: tests/fuzz/fuzz_jinja.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/*.h engine/include/llm/*.h common/include/llm/*.h)
+$(FUZZ_BUILD)/fuzz_jinja: tests/fuzz/fuzz_jinja.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_jinja.c $(REQ_SRC) $(FUZZ_SRC) -ljansson -lm -lpthread -o $@

@@ -11,19 +11,19 @@
 #include "deep.h"
 #include "llm/grammar.h"
 #include "llm/json.h"
-#include "srv.h"
-#include "srv_schema.h"
+#include "llm/schema.h"
 
 static void one(const uint8_t *data, size_t size)
 {
     json_t *schema = llm_json_load((const char *)data, size, JSON_REJECT_DUPLICATES, NULL, NULL);
     if (!schema)
         return;
-    srv_err e = {0};
-    char *text = srv_schema_grammar(schema, &e);
+    llm_error e = {0};
+    char *text = NULL;
+    llm_status st = llm_schema_grammar(schema, &text, &e);
     json_decref(schema);
-    if (!text) {
-        if (e.status < 400 || !e.msg[0])
+    if (st) {
+        if ((st != LLM_ERR_INVALID_ARG && st != LLM_ERR_NOMEM) || e.code != st || !e.msg[0] || text)
             abort();
         return;
     }

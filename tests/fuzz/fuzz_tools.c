@@ -1,5 +1,5 @@
 /* fuzz_tools.c - libFuzzer target for reading tool calls back out of a
- * model's answer (server/srv_tools.c): the answer is text a tenant's
+ * model's answer (server/llm_tools.c): the answer is text a tenant's
  * prompt can steer, so every format's parser meets arbitrary bytes. The
  * first byte picks the format and tool_choice; the rest is the answer.
  * Checked: calls come back as a non-empty array of calls to the request's
@@ -12,8 +12,7 @@
 #include <string.h>
 
 #include "deep.h"
-#include "srv.h"
-#include "srv_tools.h"
+#include "llm/tools.h"
 
 static json_t *g_body;
 
@@ -42,19 +41,19 @@ static void one(const uint8_t *data, size_t size)
                             "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": "
                             "{\"type\": \"integer\"}}}}}, {\"type\": \"function\", \"function\": {\"name\": \"add\"}}]}",
                             0, NULL);
-    srv_tools t;
-    srv_err e = {0};
-    if (!g_body || srv_tools_parse(g_body, (srv_tool_format)(data[0] % 7), &t, &e))
+    llm_tools t;
+    llm_error e = {0};
+    if (!g_body || llm_tools_parse(g_body, (llm_tool_format)(data[0] % 7), &t, &e))
         abort();
-    t.choice = data[0] & 0x80 ? SRV_TOOL_REQUIRED : SRV_TOOL_AUTO;
+    t.choice = data[0] & 0x80 ? LLM_TOOL_REQUIRED : LLM_TOOL_AUTO;
     const char *text = (const char *)data + 1;
     size_t n = size - 1, went = 0;
     json_t *calls = NULL;
     char *content = NULL;
-    if (srv_tools_extract(&t, data[0] & 0x40 ? "<tool_call>" : NULL, text, n, &calls, &content) == 0)
+    if (llm_tools_extract(&t, data[0] & 0x40 ? "<tool_call>" : NULL, text, n, &calls, &content) == 0)
         check_calls(calls);
     for (size_t k = 0; k <= n; k += 1 + k / 4) { /* a stream growing by pieces */
-        size_t r = srv_tools_releasable(&t, text, k, went);
+        size_t r = llm_tools_releasable(&t, text, k, went);
         if (r > k || r < went)
             abort();
         went = r;

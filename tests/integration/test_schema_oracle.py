@@ -109,7 +109,7 @@ def test_number_bounds(seed, tmp_path):
             assert (v == "full") == ok, (s, t, v)
 
 
-# Regular expressions in the syntax srv_schema.c takes, generated with a
+# Regular expressions in the syntax text/schema.c takes, generated with a
 # sampler of matching strings.
 PCHARS = ["a", "b", "c", "1", "-", " ", "\u00e9", '"', "\\", "\n", "/"]
 

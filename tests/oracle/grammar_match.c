@@ -41,7 +41,7 @@ int main(int argc, char **argv)
     if (argc != 2)
         return 2;
     const char *root = argv[1][0] == '@' ? argv[1] + 1 : NULL;
-    size_t len = strlen(llm_grammar_json);
+    size_t len = strlen(llm_gbnf_json);
     FILE *f = root ? NULL : fopen(argv[1], "rb");
     if (!root && !f)
         return 2;
@@ -51,7 +51,7 @@ int main(int argc, char **argv)
     }
     llm_grammar *g;
     llm_error err = {0};
-    if (llm_grammar_compile(root ? llm_grammar_json : text, len, root, &g, &err)) {
+    if (llm_grammar_compile(root ? llm_gbnf_json : text, len, root, &g, &err)) {
         printf("error: %s\n", err.msg);
         return 2;
     }

@@ -1,4 +1,4 @@
-/* schema_grammar.c - llm-server's JSON Schema to grammar conversion for
+/* schema_grammar.c - the text library's JSON Schema to grammar conversion for
  * the Python oracle tests (tests/integration/test_schema_oracle.py), which
  * hold the grammar's verdicts on JSON texts against the `jsonschema`
  * package. Usage: schema_grammar < schema.json > grammar.gbnf
@@ -6,21 +6,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "srv.h"
-#include "srv_schema.h"
+#include <jansson.h>
+
+#include "llm/schema.h"
 
 int main(void)
 {
     json_error_t je;
     json_t *schema = json_loadf(stdin, JSON_REJECT_DUPLICATES, &je);
-    srv_err e = {0};
+    llm_error e = {0};
     if (!schema) {
         printf("error: %s\n", je.text);
         return 2;
     }
-    char *g = srv_schema_grammar(schema, &e);
+    char *g = NULL;
+    llm_status st = llm_schema_grammar(schema, &g, &e);
     json_decref(schema);
-    if (!g) {
+    if (st) {
         printf("error: %s\n", e.msg);
         return 2;
     }

@@ -17,9 +17,9 @@
 #include "llm/thread.h"
 #include "srv.h"
 #include "srv_chat.h"
-#include "srv_regex.h"
-#include "srv_schema.h"
-#include "srv_tools.h"
+#include "llm/regex.h"
+#include "llm/schema.h"
+#include "llm/tools.h"
 
 #define SMALL_STACK (LLM_THREAD_STACK / 8)
 #define FILL 0xA5
@@ -118,19 +118,19 @@ static void *schema_case(void *arg)
     outcome *o = arg;
     int depth = 1;
     char *g = NULL;
-    srv_err e = {0};
+    llm_error e = {0};
     /* the deepest schema that converts, then one level more */
     for (;; depth++) {
         json_t *s = deep_schema(depth);
-        g = srv_schema_grammar(s, &e);
+        llm_status st = llm_schema_grammar(s, &g, &e);
         json_decref(s);
-        if (!g)
+        if (st)
             break;
         free(g);
     }
     /* each level deep_schema adds is one subschema, over the innermost one: 63 of them make the limit's 64
      * (a body's JSON holds ~30 within its own 64 levels) */
-    o->ok = depth - 1 == SRV_SCHEMA_MAX_DEPTH - 1;
+    o->ok = depth - 1 == LLM_SCHEMA_MAX_DEPTH - 1;
     o->refused = strstr(e.msg, "nested deeper") != NULL;
     snprintf(o->why, sizeof o->why, "deepest %d: %s", depth - 1, e.msg);
     return NULL;
@@ -144,13 +144,13 @@ static void *regex_case(void *arg)
     int depth = 1;
     for (;; depth++) {
         char *p = wrap("(", depth, "a|b", ")*");
-        int rc = srv_regex_grammar(p, strlen(p), &out, why, sizeof why);
+        int rc = llm_regex_grammar(p, strlen(p), &out, why, sizeof why);
         llm_strbuf_free(&out);
         free(p);
         if (rc)
             break;
     }
-    o->ok = depth - 1 == SRV_REGEX_MAX_DEPTH;
+    o->ok = depth - 1 == LLM_REGEX_MAX_DEPTH;
     o->refused = strstr(why, "nested deeper than") != NULL;
     snprintf(o->why, sizeof o->why, "deepest %d: %s", depth - 1, why);
     return NULL;
@@ -325,24 +325,24 @@ static void *chat_value_case(void *arg)
 }
 
 /* An answer in format f calling "f" with arguments {"a": <depth levels>}. */
-static int extract_deep(srv_tool_format f, int depth, json_t **calls)
+static int extract_deep(llm_tool_format f, int depth, json_t **calls)
 {
     json_t *body = json_pack("{s:[{s:s,s:{s:s,s:{s:s}}}]}", "tools", "type", "function", "function", "name", "f",
                              "parameters", "type", "object");
-    srv_tools t;
-    srv_err e = {0};
+    llm_tools t;
+    llm_error e = {0};
     char *content = NULL, *text;
-    if (srv_tools_parse(body, f, &t, &e)) { /* (not fail_msg: this runs on a thread of its own) */
+    if (llm_tools_parse(body, f, &t, &e)) { /* (not fail_msg: this runs on a thread of its own) */
         json_decref(body);
         return -100;
     }
     text = wrap("[", depth, "1", "]");
     char *answer = malloc(strlen(text) + 128);
-    if (f == SRV_TOOLS_GEMMA4)
+    if (f == LLM_TOOLS_GEMMA4)
         sprintf(answer, "<|tool_call>call:f{a:%s}<tool_call|>", text);
     else
         sprintf(answer, "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": %s}}</tool_call>", text);
-    int rc = srv_tools_extract(&t, NULL, answer, strlen(answer), calls, &content);
+    int rc = llm_tools_extract(&t, NULL, answer, strlen(answer), calls, &content);
     free(content);
     free(answer);
     free(text);
@@ -355,11 +355,11 @@ static void *tools_case(void *arg)
     outcome *o = arg;
     json_t *c1 = NULL, *c2 = NULL, *c3 = NULL, *c4 = NULL;
     /* hermes: the call object (1) and its arguments (2) hold the array's levels */
-    int h_at = extract_deep(SRV_TOOLS_HERMES, LLM_JSON_MAX_DEPTH - 2, &c1);
-    int h_past = extract_deep(SRV_TOOLS_HERMES, LLM_JSON_MAX_DEPTH - 1, &c2);
+    int h_at = extract_deep(LLM_TOOLS_HERMES, LLM_JSON_MAX_DEPTH - 2, &c1);
+    int h_past = extract_deep(LLM_TOOLS_HERMES, LLM_JSON_MAX_DEPTH - 1, &c2);
     /* gemma4: its own reader; the arguments object is the first level */
-    int g_at = extract_deep(SRV_TOOLS_GEMMA4, LLM_JSON_MAX_DEPTH - 1, &c3);
-    int g_past = extract_deep(SRV_TOOLS_GEMMA4, LLM_JSON_MAX_DEPTH, &c4);
+    int g_at = extract_deep(LLM_TOOLS_GEMMA4, LLM_JSON_MAX_DEPTH - 1, &c3);
+    int g_past = extract_deep(LLM_TOOLS_GEMMA4, LLM_JSON_MAX_DEPTH, &c4);
     o->ok = h_at == 0 && json_array_size(c1) == 1 && g_at == 0 && json_array_size(c3) == 1;
     o->refused = h_past == LLM_ERR_TOO_LONG && g_past == LLM_ERR_TOO_LONG;
     snprintf(o->why, sizeof o->why, "hermes %d/%d, gemma4 %d/%d", h_at, h_past, g_at, g_past);

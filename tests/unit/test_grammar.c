@@ -112,7 +112,7 @@ static void test_masks_qwen2(void **state)
     tvocab t = {0};
     if (!open_vocab("testdata/tokenizer/ggml-vocab-qwen2.gguf", &t))
         skip();
-    for (uint64_t seed = 1; seed <= 3; seed++) walk(&t, llm_grammar_json, "jsonobject", seed, 12);
+    for (uint64_t seed = 1; seed <= 3; seed++) walk(&t, llm_gbnf_json, "jsonobject", seed, 12);
     walk(&t, multibyte, NULL, 9, 12);
     walk(&t, numbers, NULL, 4, 20);
     close_vocab(&t);
@@ -124,7 +124,7 @@ static void test_masks_spm(void **state)
     tvocab t = {0};
     if (!open_vocab("testdata/tokenizer/ggml-vocab-llama-spm.gguf", &t))
         skip();
-    for (uint64_t seed = 1; seed <= 3; seed++) walk(&t, llm_grammar_json, "jsonobject", seed, 15);
+    for (uint64_t seed = 1; seed <= 3; seed++) walk(&t, llm_gbnf_json, "jsonobject", seed, 15);
     walk(&t, multibyte, NULL, 2, 15);
     walk(&t, numbers, NULL, 4, 20);
     close_vocab(&t);
@@ -186,7 +186,7 @@ static void test_mask_cost(void **state)
         skip();
     llm_gmatch_cache_free(t.cache); /* a fresh one: the walks above filled it */
     assert_non_null(t.cache = llm_gmatch_cache_new(llm_vocab_n(t.v), 8u << 20));
-    llm_grammar *g = compile(llm_grammar_json, "jsonobject");
+    llm_grammar *g = compile(llm_gbnf_json, "jsonobject");
     const char *text = "{\"name\": \"Ada Lovelace\", \"born\": 1815, \"tags\": [\"math\", \"poetry\"], \"ok\": true}";
     int32_t *ids = NULL, n = 0;
     llm_error err = {0};
@@ -238,7 +238,7 @@ static void test_limits(void **state)
 {
     (void)state;
     llm_error err = {0};
-    size_t big = LLM_GRAMMAR_MAX_BYTES + 1;
+    size_t big = LLM_GBNF_MAX_BYTES + 1;
     char *text = malloc(big + 64);
     assert_non_null(text);
     memset(text, ' ', big);
@@ -339,7 +339,7 @@ static void expect_viable(const char *text, const char *root, const viable_case 
 static void test_partial_utf8(void **state)
 {
     (void)state;
-    EXPECT_VIABLE(llm_grammar_json, "jsonobject", {"{\"", "\xED", 1},
+    EXPECT_VIABLE(llm_gbnf_json, "jsonobject", {"{\"", "\xED", 1},
                   {"{\"", "\xED\x9F", 1},         /* U+D7C0..U+D7FF */
                   {"{\"", "\xED\x9F\xBF", 1},     /* U+D7FF */
                   {"{\"", "\xED\xA0", 0},         /* only surrogates follow */
@@ -411,7 +411,7 @@ static void test_cache_isolation(void **state)
     int32_t *ids = NULL, n = 0;
     llm_error err = {0};
     assert_int_equal(llm_tokenize(t.v, text, strlen(text), 0, 0, &ids, &n, &err), LLM_OK);
-    llm_grammar *g = compile(llm_grammar_json, "jsonobject"), *g2 = compile(llm_grammar_json, "jsonobject");
+    llm_grammar *g = compile(llm_gbnf_json, "jsonobject"), *g2 = compile(llm_gbnf_json, "jsonobject");
     uint64_t m1, c1, m2, c2, m3, c3, m4, c4;
     run_text(&t, g, 7, ids, n, &m1, &c1);  /* a fresh cache: hits only on states this text repeats */
     run_text(&t, g, 8, ids, n, &m2, &c2);  /* another partition */

@@ -35,7 +35,7 @@
 
 #include "http_guard.h"
 #include "srv.h"
-#include "srv_schema.h"
+#include "llm/schema.h"
 #include "llm/gmatch.h"
 
 /* ---- the allocator hook ---------------------------------------------------- */
@@ -316,7 +316,7 @@ static llm_logit_bias g_bias[1] = {{11, 2.5f}};
 static void sc_constrained(long n)
 {
     llm_request rq = request(P, 30);
-    rq.grammar = llm_grammar_json, rq.grammar_len = strlen(llm_grammar_json), rq.grammar_root = "jsonobject";
+    rq.grammar = llm_gbnf_json, rq.grammar_len = strlen(llm_gbnf_json), rq.grammar_root = "jsonobject";
     rq.sampling.bias = g_bias, rq.sampling.n_bias = 1;
     rq.n_stop = 0;
     submit_and_read(n, &rq, &g_ref_json);
@@ -334,10 +334,11 @@ static void sc_grammar(long n)
     llm_gmatch_vocab *gv = NULL;
     llm_gmatch *m = NULL;
     llm_error err = {0};
-    srv_err se = {0};
+    llm_error se = {0};
     uint32_t *allow = __real_malloc(sizeof(uint32_t) * (size_t)(llm_vocab_n(g_m->vocab) + 31) / 32);
     arm(n);
-    char *text = srv_schema_grammar(schema, &se);
+    char *text = NULL;
+    llm_schema_grammar(schema, &text, &se);
     llm_status st = text ? llm_grammar_compile(text, strlen(text), NULL, &g, &err) : LLM_ERR_NOMEM;
     if (!st)
         st = llm_gmatch_vocab_new(g_m->vocab, &gv, &err);
@@ -351,8 +352,8 @@ static void sc_grammar(long n)
     disarm();
     if (!n && (st || !text))
         fail_msg("the clean run failed: %s %s", err.msg, se.msg);
-    if (!text && (se.status != 503 || !se.msg[0]))
-        fail_msg("a failed allocation in the schema conversion gave %d: %s", se.status, se.msg);
+    if (!text && (se.code != LLM_ERR_NOMEM || !se.msg[0]))
+        fail_msg("a failed allocation in the schema conversion gave %s: %s", llm_status_str(se.code), se.msg);
     if (text && st && (st != LLM_ERR_NOMEM || !err.msg[0]))
         fail_msg("a failed allocation gave %s: %s", llm_status_str(st), err.msg);
     llm_gmatch_free(m);

@@ -196,7 +196,7 @@ static void grammar_make(const tr_trace *t, int i, tr_req *r)
     uint64_t k = test_rng(&g) % 8;
     if (k > 3 || (k > 1 && t->cfg.mask_step_work != 1))
         return;
-    r->rq.grammar = k == 0 ? short_g : k == 1 ? llm_grammar_json : counted_g;
+    r->rq.grammar = k == 0 ? short_g : k == 1 ? llm_gbnf_json : counted_g;
     r->rq.grammar_len = strlen(r->rq.grammar);
     r->rq.grammar_root = k == 1 ? "jsonobject" : NULL;
 }

@@ -43,6 +43,7 @@ typedef enum llm_status {
 typedef struct llm_error {
     llm_status code;
     char msg[LLM_ERROR_MSG_MAX];
+    char field[64]; /* the request field at fault, when a library knows it (llm_errf_at); else "" */
 } llm_error;
 
 /* Short constant name of a status ("format error"). Never NULL. */
@@ -52,6 +53,11 @@ const char *llm_status_str(llm_status s);
  * so callers can write `return llm_errf(err, LLM_ERR_FORMAT, "...")`. */
 llm_status llm_errf(llm_error *err, llm_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* llm_errf naming the request field at fault (err->field: what an API
+ * answers as the error's param). llm_errf itself clears the field. */
+llm_status llm_errf_at(llm_error *err, llm_status code, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* Invariant checks that stay on in release builds: a broken invariant is a
  * bug, not bad input, so it prints file and line and aborts. Never use it for

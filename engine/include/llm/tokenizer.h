@@ -18,6 +18,7 @@
 
 #include "llm/gguf.h"
 #include "llm/status.h"
+#include "llm/utf8.h"
 
 typedef struct llm_vocab llm_vocab;
 
@@ -50,6 +51,9 @@ gguf_str llm_vocab_text(const llm_vocab *v, int32_t id);
  * more bytes than the vocabulary's longest piece): a prompt that cannot
  * fit a context is refused before it is tokenized. */
 size_t llm_vocab_min_tokens(const llm_vocab *v, size_t bytes);
+/* GPT-2 byte-level BPE vocabularies write byte b as this printable
+ * codepoint (the model maker builds such a vocabulary). */
+uint32_t llm_vocab_byte_cp(uint8_t b);
 /* Id of an exact token text, or -1. */
 int32_t llm_vocab_find(const llm_vocab *v, const char *text, size_t len);
 
@@ -64,11 +68,6 @@ llm_status llm_tokenize(const llm_vocab *v, const char *text, size_t len, int ad
  * lets the split be compared with the reference regular expressions. */
 llm_status llm_vocab_pretokenize(const llm_vocab *v, const char *text, size_t len,
                                  void (*fn)(void *ctx, const char *word, size_t n), void *ctx, llm_error *err);
-
-/* A byte range [start, end) of a text. */
-typedef struct llm_span {
-    size_t start, end;
-} llm_span;
 
 /* llm_tokenize with parse_special on, except that no control token is
  * recognised whose bytes touch one of the n_plain spans (sorted, disjoint):

@@ -1,4 +1,4 @@
-/* srv_tools.h - tool calling: the request's tools, tool_choice and
+/* tools.h - tool calling: the request's tools, tool_choice and
  * parallel_tool_calls; how the model writes calls (its template's format);
  * the prompt prefill and grammar that force a call (tool_choice required
  * or a named function); and the calls parsed back out of the model's text
@@ -19,7 +19,7 @@
  *   gemma4   <|tool_call>call:name{key:value,...}<tool_call|> (Gemma 4):
  *            keys bare, strings between <|"|> quotes, the rest JSON-like;
  *            its markers are control tokens, so a request in this format
- *            asks the engine for their text (srv_tools_markers).
+ *            asks the engine for their text (llm_tools_markers).
  *   generic  templates that do not show tools (and the built-in families):
  *            the tools are described in the conversation and the model
  *            answers {"tool_calls": [{"name": ..., "arguments": {...}}]}.
@@ -28,55 +28,54 @@
  * the xml and gemma4 formats uses the generic shape: a grammar can hold
  * neither raw parameter text nor control-token quotes.
  *
- * Thread-safety: reentrant; srv_tools borrows the request's JSON. */
-#ifndef SRV_TOOLS_H
-#define SRV_TOOLS_H
+ * Thread-safety: reentrant; llm_tools borrows the request's JSON. */
+#ifndef LLM_TOOLS_H
+#define LLM_TOOLS_H
 
 #include <jansson.h>
 #include <stddef.h>
 
 #include "llm/status.h"
 
-struct srv_err;
+typedef enum llm_tool_format {
+    LLM_TOOLS_GENERIC = 0,
+    LLM_TOOLS_HERMES,
+    LLM_TOOLS_LLAMA3,
+    LLM_TOOLS_MISTRAL,
+    LLM_TOOLS_MISTRAL_ARGS,
+    LLM_TOOLS_XML,
+    LLM_TOOLS_GEMMA4,
+} llm_tool_format;
 
-typedef enum srv_tool_format {
-    SRV_TOOLS_GENERIC = 0,
-    SRV_TOOLS_HERMES,
-    SRV_TOOLS_LLAMA3,
-    SRV_TOOLS_MISTRAL,
-    SRV_TOOLS_MISTRAL_ARGS,
-    SRV_TOOLS_XML,
-    SRV_TOOLS_GEMMA4,
-} srv_tool_format;
+typedef enum llm_tool_choice { LLM_TOOL_NONE = 0, LLM_TOOL_AUTO, LLM_TOOL_REQUIRED, LLM_TOOL_NAMED } llm_tool_choice;
 
-typedef enum srv_tool_choice { SRV_TOOL_NONE = 0, SRV_TOOL_AUTO, SRV_TOOL_REQUIRED, SRV_TOOL_NAMED } srv_tool_choice;
-
-typedef struct srv_tools {
+typedef struct llm_tools {
     json_t *tools;          /* the request's tools (borrowed); NULL: none */
-    srv_tool_choice choice; /* NONE when there are no tools */
-    const char *named;      /* SRV_TOOL_NAMED: the function */
+    llm_tool_choice choice; /* NONE when there are no tools */
+    const char *named;      /* LLM_TOOL_NAMED: the function */
     int parallel;           /* parallel_tool_calls (default true) */
-    srv_tool_format fmt;    /* how the model writes calls */
-    srv_tool_format out;    /* how this request's calls come out (a forced call may use another) */
-} srv_tools;
+    llm_tool_format fmt;    /* how the model writes calls */
+    llm_tool_format out;    /* how this request's calls come out (a forced call may use another) */
+} llm_tools;
 
 /* The format a chat template's text shows tools in (NULL: generic). */
-srv_tool_format srv_tools_format(const char *tmpl, size_t len);
-const char *srv_tools_format_name(srv_tool_format f);
+llm_tool_format llm_tools_format(const char *tmpl, size_t len);
+const char *llm_tools_format_name(llm_tool_format f);
 
-/* Reads tools, tool_choice and parallel_tool_calls from a chat body. 0,
- * or -1 with e set (400 naming the field). */
-int srv_tools_parse(json_t *body, srv_tool_format fmt, srv_tools *t, struct srv_err *e);
+/* Reads tools, tool_choice and parallel_tool_calls from a chat body.
+ * LLM_OK, or LLM_ERR_INVALID_ARG with err naming the field (err->field). */
+llm_status llm_tools_parse(json_t *body, llm_tool_format fmt, llm_tools *t, llm_error *err);
 
 /* For tool_choice required or named: *prefill, text that opens the call
  * (appended to the prompt as markup), and *grammar, what the answer must
- * then be (both malloc'd; caller frees). 0, or -1 with e set (400: a tool's
- * parameters use a JSON Schema keyword that is not built, naming it). */
-int srv_tools_forced(srv_tools *t, char **prefill, char **grammar, struct srv_err *e);
+ * then be (both malloc'd; caller frees). LLM_OK, LLM_ERR_NOMEM, or
+ * LLM_ERR_INVALID_ARG with err->field "tools" (a tool's parameters use a
+ * JSON Schema keyword that is not built; the message names it). */
+llm_status llm_tools_forced(llm_tools *t, char **prefill, char **grammar, llm_error *err);
 
 /* Generic format: the text that tells the model its tools and how to call
  * them (malloc'd), or NULL when memory ran out. */
-char *srv_tools_instructions(const srv_tools *t);
+char *llm_tools_instructions(const llm_tools *t);
 
 /* The calls in a model's answer (prefill, then text): *calls a JSON array
  * of OpenAI tool calls, or NULL when the answer holds no valid call (then
@@ -85,22 +84,22 @@ char *srv_tools_instructions(const srv_tools *t);
  * LLM_ERR_NOMEM when memory ran out; LLM_ERR_TOO_LONG when a JSON value in
  * it is nested deeper than LLM_JSON_MAX_DEPTH or over its memory budget
  * (llm/json.h), which no answer can carry (nothing is returned then). */
-llm_status srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, json_t **calls,
+llm_status llm_tools_extract(const llm_tools *t, const char *prefill, const char *text, size_t n, json_t **calls,
                              char **content);
 
 /* The texts of format f's markers that vocabularies make control tokens
  * (gemma4's tags and quotes), whose text an answer must carry for its
  * calls to be read back; NULL-terminated, static, empty for the others. */
-const char *const *srv_tools_markers(srv_tool_format f);
+const char *const *llm_tools_markers(llm_tool_format f);
 
 /* 1 when this request's answer is read in a format with such markers
  * (tools offered, the call not forced into the generic shape). */
-int srv_tools_shows_markers(const srv_tools *t);
+int llm_tools_shows_markers(const llm_tools *t);
 
 /* Streaming: how many bytes of the answer so far (text, n bytes, of which
  * the first from went out already, and this said so) may go out as
  * content; the rest may be, or start, a call. Looks only past from where
  * it can, so a stream costs linear time. */
-size_t srv_tools_releasable(const srv_tools *t, const char *text, size_t n, size_t from);
+size_t llm_tools_releasable(const llm_tools *t, const char *text, size_t n, size_t from);
 
 #endif

@@ -64,16 +64,6 @@ llm_chat_template llm_chat_detect(const char *t, size_t len)
     return LLM_CHAT_CHATML;
 }
 
-llm_chat_template llm_chat_for_model(const llm_model *m)
-{
-    gguf_str s;
-    if (gguf_get_str(m->gguf, "tokenizer.chat_template", &s, NULL))
-        /* a gemma3 file without its template (some conversions drop it)
-         * was still trained on Gemma's turns, not chatml's */
-        return m->hp.arch == LLM_ARCH_GEMMA3 ? LLM_CHAT_GEMMA : LLM_CHAT_CHATML;
-    return llm_chat_detect(s.data, (size_t)s.len);
-}
-
 const char *llm_chat_name(llm_chat_template t)
 {
     static const char *const n[] = {"chatml", "llama2", "llama3", "mistral", "zephyr", "gemma"};

@@ -1,8 +1,8 @@
-/* srv_regex.c - JSON Schema "pattern"s (srv_regex.h): a recursive-descent
+/* regex.c - JSON Schema "pattern"s (llm/regex.h): a recursive-descent
  * parser of the ECMA-262 subset that writes grammar elements as it goes.
  * Characters are written as a JSON string holds them (raw where JSON
  * allows, else escaped), so the elements match the string's text. */
-#include "srv_regex.h"
+#include "llm/regex.h"
 
 #include <stdarg.h>
 #include <stdint.h>
@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "llm/grammar.h"
+#include "llm/gbnf.h"
 
-#define RX_MAX_DEPTH SRV_REGEX_MAX_DEPTH
+#define RX_MAX_DEPTH LLM_REGEX_MAX_DEPTH
 
 /* The parser's place in the pattern. */
 typedef struct rx {
@@ -344,7 +344,7 @@ static int rx_braces(rx *r, long *lo, long *hi)
         if (end < r->end && *end >= '0' && *end <= '9')
             *hi = strtol(end, &end, 10);
     }
-    if (end >= r->end || *end != '}' || *lo > LLM_GRAMMAR_MAX_REPEAT || *hi > LLM_GRAMMAR_MAX_REPEAT ||
+    if (end >= r->end || *end != '}' || *lo > LLM_GBNF_MAX_REPEAT || *hi > LLM_GBNF_MAX_REPEAT ||
         (*hi >= 0 && *hi < *lo))
         return rx_fail(r, "a {m,n} repetition that is malformed, reversed or above 10000");
     r->p = end + 1;
@@ -406,7 +406,7 @@ static int rx_alt(rx *r, llm_strbuf *b)
     return 0;
 }
 
-int srv_regex_grammar(const char *pat, size_t n, llm_strbuf *b, char *why, size_t why_n)
+int llm_regex_grammar(const char *pat, size_t n, llm_strbuf *b, char *why, size_t why_n)
 {
     int a0 = n && pat[0] == '^';
     int a1 = n > (size_t)a0 && pat[n - 1] == '$' && !(n >= 2 && pat[n - 2] == '\\');

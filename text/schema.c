@@ -1,4 +1,4 @@
-/* srv_schema.c - JSON Schema to grammar (srv_schema.h).
+/* schema.c - JSON Schema to grammar (llm/schema.h).
  *
  * Every schema node becomes one rule "s<N>" written after the rules it
  * refers to; a $ref's target gets its rule number before its body is
@@ -6,8 +6,8 @@
  * grammar is appended for the pieces every schema shares (ws, string,
  * number, value). Written here: the C libraries that do this (xgrammar,
  * llama.cpp's json-schema-to-grammar) are C++ and tied to their matchers. */
-#include "srv_schema.h"
-#include "srv_regex.h"
+#include "llm/regex.h"
+#include "llm/schema.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -15,12 +15,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "llm/grammar.h"
+#include "llm/gbnf.h"
 #include "llm/strbuf.h"
-#include "srv.h"
 
 #define SG_MAX_REFS 256
-#define SG_MAX_DEPTH SRV_SCHEMA_MAX_DEPTH
+#define SG_MAX_DEPTH LLM_SCHEMA_MAX_DEPTH
 #define SG_MAX_NODES 20000 /* subschemas converted: bounds the work a request can ask for */
 
 typedef struct sg {
@@ -30,10 +29,11 @@ typedef struct sg {
     json_t *ref_node[SG_MAX_REFS];
     int ref_rule[SG_MAX_REFS], n_refs;
     int depth, n_nodes;
-    srv_err *e;
+    llm_error *err;
+    int failed;                /* the first failure is kept (err may be NULL) */
 } sg;
 
-/* A 400 naming the cause (the first failure is kept); returns -1. */
+/* LLM_ERR_INVALID_ARG naming the cause (the first failure is kept); returns -1. */
 static int sg_fail(sg *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int sg_fail(sg *g, const char *fmt, ...)
 {
@@ -42,8 +42,18 @@ static int sg_fail(sg *g, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (!g->e->status)
-        srv_err_set(g->e, 400, "response_format", "%s", msg);
+    if (!g->failed)
+        llm_errf(g->err, LLM_ERR_INVALID_ARG, "%s", msg);
+    g->failed = 1;
+    return -1;
+}
+
+/* LLM_ERR_NOMEM (unless a failure came first); returns -1. */
+static int sg_nomem(sg *g)
+{
+    if (!g->failed)
+        llm_errf(g->err, LLM_ERR_NOMEM, "no memory for the schema's grammar");
+    g->failed = 1;
     return -1;
 }
 
@@ -68,7 +78,7 @@ static int sg_json_lit(sg *g, llm_strbuf *b, json_t *v)
 {
     char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     if (!t)
-        return srv_fail(g->e, 503, "response_format", "no memory for the schema");
+        return sg_nomem(g);
     sg_lit(b, t, strlen(t));
     free(t);
     return 0;
@@ -79,11 +89,11 @@ static int sg_rule(sg *g, int id, llm_strbuf *body)
 {
     char *t = llm_strbuf_take(body);
     if (!t)
-        return srv_fail(g->e, 503, "response_format", "no memory for the schema");
+        return sg_nomem(g);
     llm_strbuf_printf(&g->out, "s%d ::= %s\n", id, t);
     free(t);
-    if (g->out.len > LLM_GRAMMAR_MAX_BYTES)
-        return sg_fail(g, "the schema's grammar exceeds %u bytes", LLM_GRAMMAR_MAX_BYTES);
+    if (g->out.len > LLM_GBNF_MAX_BYTES)
+        return sg_fail(g, "the schema's grammar exceeds %u bytes", LLM_GBNF_MAX_BYTES);
     return 0;
 }
 
@@ -329,15 +339,15 @@ static int sg_string(sg *g, json_t *s, llm_strbuf *b)
         char why[200];
         if (!json_is_string(pat))
             return sg_fail(g, "'pattern' must be a string");
-        if (srv_regex_grammar(json_string_value(pat), json_string_length(pat), b, why, sizeof why))
+        if (llm_regex_grammar(json_string_value(pat), json_string_length(pat), b, why, sizeof why))
             return sg_fail(g, "%s", why);
     } else if (mn || mx) {
         long lo = json_is_integer(mn) ? (long)json_integer_value(mn) : 0;
         long hi = json_is_integer(mx) ? (long)json_integer_value(mx) : -1;
-        if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)) || lo < 0 || lo > LLM_GRAMMAR_MAX_REPEAT ||
-            hi > LLM_GRAMMAR_MAX_REPEAT || (mx && hi < lo))
+        if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)) || lo < 0 || lo > LLM_GBNF_MAX_REPEAT ||
+            hi > LLM_GBNF_MAX_REPEAT || (mx && hi < lo))
             return sg_fail(g, "minLength/maxLength must be integers with 0 <= minLength <= maxLength <= %d",
-                           LLM_GRAMMAR_MAX_REPEAT);
+                           LLM_GBNF_MAX_REPEAT);
         /* one element per character: escapes other than \u only, so that
          * each counts as one code point as the schema counts them */
         llm_strbuf_printf(b, "( [^\"\\\\\\x00-\\x1F] | \"\\\\\" [\"\\\\/bfnrt] ){%ld,", lo);
@@ -394,7 +404,7 @@ static int sg_members(sg *g, json_t *props, json_t *req, const char **keys, int 
         int opt = !sg_required(req, keys[i]);
         if (bad || !mt) {
             free(mt);
-            return g->e->status ? -1 : srv_fail(g->e, 503, "response_format", "no memory for the schema");
+            return sg_nomem(g);
         }
         llm_strbuf_printf(&f, "%s s%d", mt, rest + i + 1);
         llm_strbuf_printf(&r, "ws \",\" ws %s s%d", mt, rest + i + 1);
@@ -432,7 +442,7 @@ static int sg_object(sg *g, json_t *s, llm_strbuf *b)
     int n = props ? (int)json_object_size(props) : 0, k = 0;
     const char **keys = malloc(sizeof *keys * (size_t)(n + 1)), *key;
     if (!keys)
-        return srv_fail(g->e, 503, "response_format", "no memory for the schema");
+        return sg_nomem(g);
     json_object_foreach(props, key, v) keys[k++] = key;
     int first = g->n_rules;
     g->n_rules += 2 * (n + 1);
@@ -448,10 +458,10 @@ static int sg_array(sg *g, json_t *s, llm_strbuf *b)
 {
     json_t *items = json_object_get(s, "items"), *mn = json_object_get(s, "minItems"), *mx = json_object_get(s, "maxItems");
     long lo = json_is_integer(mn) ? (long)json_integer_value(mn) : 0, hi = json_is_integer(mx) ? (long)json_integer_value(mx) : -1;
-    if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)) || lo < 0 || lo > LLM_GRAMMAR_MAX_REPEAT ||
-        hi > LLM_GRAMMAR_MAX_REPEAT || (mx && hi < lo))
+    if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)) || lo < 0 || lo > LLM_GBNF_MAX_REPEAT ||
+        hi > LLM_GBNF_MAX_REPEAT || (mx && hi < lo))
         return sg_fail(g, "minItems/maxItems must be integers with 0 <= minItems <= maxItems <= %d",
-                           LLM_GRAMMAR_MAX_REPEAT);
+                           LLM_GBNF_MAX_REPEAT);
     if (json_is_false(items) || hi == 0) {
         if (lo > 0)
             return sg_fail(g, "no array satisfies minItems");
@@ -620,7 +630,7 @@ static int sg_body(sg *g, json_t *s, llm_strbuf *b)
         if (en)
             return sg_values(g, s, en, b);
         json_t *one = json_pack("[O]", cn);
-        int rc = one ? sg_values(g, s, one, b) : srv_fail(g->e, 503, "response_format", "no memory");
+        int rc = one ? sg_values(g, s, one, b) : sg_nomem(g);
         json_decref(one);
         return rc;
     }
@@ -679,24 +689,27 @@ static int sg_node(sg *g, json_t *s)
 
 /* The schema's rules, then the shared JSON rules with their whitespace
  * rule (the last one) as it is or, compact, at most one space per gap. */
-static char *schema_grammar(json_t *schema, int compact, srv_err *e)
+static llm_status schema_grammar(json_t *schema, int compact, char **out, llm_error *err)
 {
-    sg g = {.doc = schema, .e = e, .n_rules = 1, .n_refs = 1};
+    sg g = {.doc = schema, .err = err, .n_rules = 1, .n_refs = 1};
     g.ref_node[0] = schema, g.ref_rule[0] = 0;
+    *out = NULL;
     if (sg_node_as(&g, schema, 0)) {
         llm_strbuf_free(&g.out);
-        return NULL;
+        return err ? err->code : LLM_ERR_INVALID_ARG;
     }
-    const char *ws = strstr(llm_grammar_json, "\nws ");
-    int shared = compact && ws ? (int)(ws - llm_grammar_json) + 1 : (int)strlen(llm_grammar_json);
-    llm_strbuf_printf(&g.out, "root ::= ws s0\n%.*s%s", shared, llm_grammar_json,
-                      shared < (int)strlen(llm_grammar_json) ? "ws ::= \" \"?\n" : "");
-    char *t = llm_strbuf_take(&g.out);
-    if (!t)
-        srv_err_set(e, 503, "response_format", "no memory for the schema's grammar");
-    return t;
+    const char *ws = strstr(llm_gbnf_json, "\nws ");
+    int shared = compact && ws ? (int)(ws - llm_gbnf_json) + 1 : (int)strlen(llm_gbnf_json);
+    llm_strbuf_printf(&g.out, "root ::= ws s0\n%.*s%s", shared, llm_gbnf_json,
+                      shared < (int)strlen(llm_gbnf_json) ? "ws ::= \" \"?\n" : "");
+    if (!(*out = llm_strbuf_take(&g.out)))
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory for the schema's grammar");
+    return LLM_OK;
 }
 
-char *srv_schema_grammar(json_t *schema, srv_err *e) { return schema_grammar(schema, 0, e); }
+llm_status llm_schema_grammar(json_t *schema, char **out, llm_error *err) { return schema_grammar(schema, 0, out, err); }
 
-char *srv_schema_grammar_compact(json_t *schema, srv_err *e) { return schema_grammar(schema, 1, e); }
+llm_status llm_schema_grammar_compact(json_t *schema, char **out, llm_error *err)
+{
+    return schema_grammar(schema, 1, out, err);
+}

@@ -11,8 +11,9 @@
 #include <string.h>
 
 #include "llm/gguf_writer.h"
-#include "tokenizer_impl.h"
-#include "unicode.h"
+#include "llm/strmap.h"
+#include "llm/tokenizer.h"
+#include "llm/utf8.h"
 
 static const llm_shape shapes[] = {
     {"tiny", "llama", "gpt-2", 256, 512, 2, 4, 2, 512, 512, 10000.f, 0, 0, 0, 0, 0, 0, 0},
@@ -65,7 +66,7 @@ static const char corpus[] =
 typedef struct vocab_build {
     char **tok;      /* token texts (GPT-2 mapped), owned */
     int n;
-    strmap seen;     /* text -> id, to keep tokens unique */
+    llm_strmap seen;     /* text -> id, to keep tokens unique */
     char **merges;   /* "left right", owned */
     int n_merges;
 } vocab_build;
@@ -75,11 +76,11 @@ static int vb_add(vocab_build *vb, char *s)
 {
     if (!s)
         return -1;
-    if (strmap_get(&vb->seen, s, strlen(s)) >= 0) {
+    if (llm_strmap_get(&vb->seen, s, strlen(s)) >= 0) {
         free(s);
         return 1;
     }
-    strmap_put(&vb->seen, s, strlen(s), vb->n);
+    llm_strmap_put(&vb->seen, s, strlen(s), vb->n);
     vb->tok[vb->n++] = s;
     return 0;
 }
@@ -166,11 +167,11 @@ static int build_vocab(vocab_build *vb, int n_vocab, uint64_t seed)
     int n_normal = n_vocab - 2;
     vb->tok = calloc((size_t)n_vocab, sizeof(char *));
     vb->merges = calloc((size_t)n_vocab, sizeof(char *));
-    if (!vb->tok || !vb->merges || n_normal < 256 || strmap_init(&vb->seen, (size_t)n_vocab))
+    if (!vb->tok || !vb->merges || n_normal < 256 || llm_strmap_init(&vb->seen, (size_t)n_vocab))
         return -1;
     for (int b = 0; b < 256; b++) {
         char buf[8];
-        buf[unicode_encode(unicode_byte_to_cp((uint8_t)b), buf)] = 0;
+        buf[llm_utf8_encode(llm_vocab_byte_cp((uint8_t)b), buf)] = 0;
         if (vb_add(vb, strdup(buf)))
             return -1;
     }
@@ -192,7 +193,7 @@ static void vb_free(vocab_build *vb)
     for (int i = 0; i < vb->n_merges; i++) free(vb->merges[i]);
     free(vb->tok);
     free(vb->merges);
-    strmap_free(&vb->seen);
+    llm_strmap_free(&vb->seen);
 }
 
 static llm_status write_vocab(gguf_writer *w, const vocab_build *vb, const llm_shape *s)

@@ -1,5 +1,5 @@
-/* srv_schema.h - a JSON Schema, as structured outputs use them, turned into
- * a grammar (engine/grammar.h) that accepts the JSON texts the schema
+/* schema.h - a JSON Schema, as structured outputs use them, turned into
+ * a grammar (engine's llm/grammar.h) that accepts the JSON texts the schema
  * validates: response_format {"type": "json_schema"}.
  *
  * Supported: type (one or a list; object, array, string, number, integer,
@@ -19,26 +19,26 @@
  * a schema is never half-honoured.
  *
  * Thread-safety: reentrant. */
-#ifndef SRV_SCHEMA_H
-#define SRV_SCHEMA_H
+#ifndef LLM_SCHEMA_H
+#define LLM_SCHEMA_H
 
 #include <jansson.h>
 
-struct srv_err;
+#include "llm/status.h"
 
-/* The grammar text (malloc'd, caller frees; start rule "root", an
- * optional run of whitespace then the value) for schema, or NULL with e
- * set: 400 naming the keyword (param "response_format"), 503 when memory
- * ran out. */
-char *srv_schema_grammar(json_t *schema, struct srv_err *e);
+/* *out: the grammar text (malloc'd, caller frees; start rule "root", an
+ * optional run of whitespace then the value) for schema. LLM_OK;
+ * LLM_ERR_INVALID_ARG with err naming the keyword or bound at fault;
+ * LLM_ERR_NOMEM. *out is NULL on failure. */
+llm_status llm_schema_grammar(json_t *schema, char **out, llm_error *err);
 
 /* Schema levels (subschemas within subschemas) a schema may nest: each is
  * a level of the converter's recursion. */
-#define SRV_SCHEMA_MAX_DEPTH 64
+#define LLM_SCHEMA_MAX_DEPTH 64
 /* The same with at most one space between tokens and no line breaks: for
  * text only a program reads (forced tool calls), where a small model
  * would otherwise spend its max_tokens on indentation (Gemma 3 270M did,
  * greedy, in the mistral-args format). */
-char *srv_schema_grammar_compact(json_t *schema, struct srv_err *e);
+llm_status llm_schema_grammar_compact(json_t *schema, char **out, llm_error *err);
 
 #endif

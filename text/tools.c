@@ -1,4 +1,4 @@
-/* srv_tools.c - tool calling (see srv_tools.h). */
+/* tools.c - tool calling (llm/tools.h). */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,10 +6,9 @@
 #include <unistd.h>
 
 #include "llm/json.h"
+#include "llm/schema.h"
 #include "llm/strbuf.h"
-#include "srv.h"
-#include "srv_schema.h"
-#include "srv_tools.h"
+#include "llm/tools.h"
 
 #define TOOLS_MAX 128
 
@@ -20,24 +19,24 @@ static int has(const char *t, size_t n, const char *what)
     return t && memmem(t, n, what, strlen(what)) != NULL;
 }
 
-srv_tool_format srv_tools_format(const char *t, size_t n)
+llm_tool_format llm_tools_format(const char *t, size_t n)
 {
     if (!t || !has(t, n, "tools"))
-        return SRV_TOOLS_GENERIC; /* a template that never shows the tools */
+        return LLM_TOOLS_GENERIC; /* a template that never shows the tools */
     if (has(t, n, "[TOOL_CALLS]"))
-        return has(t, n, "[ARGS]") ? SRV_TOOLS_MISTRAL_ARGS : SRV_TOOLS_MISTRAL;
+        return has(t, n, "[ARGS]") ? LLM_TOOLS_MISTRAL_ARGS : LLM_TOOLS_MISTRAL;
     if (has(t, n, "<|tool_call>call:"))
-        return SRV_TOOLS_GEMMA4;
+        return LLM_TOOLS_GEMMA4;
     if (has(t, n, "<function=") && has(t, n, "<parameter="))
-        return SRV_TOOLS_XML;
+        return LLM_TOOLS_XML;
     if (has(t, n, "<tool_call>") && !has(t, n, "<function="))
-        return SRV_TOOLS_HERMES;
+        return LLM_TOOLS_HERMES;
     if (has(t, n, "<|start_header_id|>") && has(t, n, "parameters"))
-        return SRV_TOOLS_LLAMA3;
-    return SRV_TOOLS_GENERIC; /* a format not built here: the generic one, described to the model */
+        return LLM_TOOLS_LLAMA3;
+    return LLM_TOOLS_GENERIC; /* a format not built here: the generic one, described to the model */
 }
 
-const char *srv_tools_format_name(srv_tool_format f)
+const char *llm_tools_format_name(llm_tool_format f)
 {
     static const char *const n[] = {"generic", "hermes", "llama3", "mistral", "mistral-args", "xml", "gemma4"};
     return (unsigned)f < sizeof n / sizeof *n ? n[f] : "?";
@@ -76,29 +75,29 @@ static const char *tool_name(json_t *tool)
     return json_string_value(json_object_get(tool_fn(tool), "name"));
 }
 
-static int check_tools(json_t *tools, srv_err *e)
+static llm_status check_tools(json_t *tools, llm_error *err)
 {
     if (!json_is_array(tools) || json_array_size(tools) > TOOLS_MAX)
-        return srv_fail(e, 400, "tools", "'tools' must be an array of at most %d tools", TOOLS_MAX);
+        return llm_errf_at(err, LLM_ERR_INVALID_ARG, "tools", "'tools' must be an array of at most %d tools", TOOLS_MAX);
     size_t i, k;
     json_t *t;
     json_array_foreach(tools, i, t) {
         json_t *fn = tool_fn(t), *params = json_object_get(fn, "parameters");
         const char *type = json_string_value(json_object_get(t, "type"));
         if (!type || strcmp(type, "function") || !json_is_object(fn))
-            return srv_fail(e, 400, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
+            return llm_errf_at(err, LLM_ERR_INVALID_ARG, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
         if (!name_ok(tool_name(t)))
-            return srv_fail(e, 400, "tools", "tools[%zu].function.name must be 1-64 of a-z, A-Z, 0-9, '_', '-', '.'", i);
+            return llm_errf_at(err, LLM_ERR_INVALID_ARG, "tools", "tools[%zu].function.name must be 1-64 of a-z, A-Z, 0-9, '_', '-', '.'", i);
         if (params && !json_is_object(params) && !json_is_null(params))
-            return srv_fail(e, 400, "tools", "tools[%zu].function.parameters must be a JSON Schema object", i);
+            return llm_errf_at(err, LLM_ERR_INVALID_ARG, "tools", "tools[%zu].function.parameters must be a JSON Schema object", i);
         for (k = 0; k < i; k++)
             if (!strcmp(tool_name(json_array_get(tools, k)), tool_name(t)))
-                return srv_fail(e, 400, "tools", "tools[%zu]: a second function named '%s'", i, tool_name(t));
+                return llm_errf_at(err, LLM_ERR_INVALID_ARG, "tools", "tools[%zu]: a second function named '%s'", i, tool_name(t));
     }
-    return 0;
+    return LLM_OK;
 }
 
-static json_t *find_tool(const srv_tools *t, const char *name)
+static json_t *find_tool(const llm_tools *t, const char *name)
 {
     size_t i;
     json_t *x;
@@ -106,38 +105,39 @@ static json_t *find_tool(const srv_tools *t, const char *name)
     return NULL;
 }
 
-int srv_tools_parse(json_t *body, srv_tool_format fmt, srv_tools *t, srv_err *e)
+llm_status llm_tools_parse(json_t *body, llm_tool_format fmt, llm_tools *t, llm_error *err)
 {
     memset(t, 0, sizeof *t);
     t->fmt = t->out = fmt;
     json_t *tools = json_object_get(body, "tools"), *tc = json_object_get(body, "tool_choice");
     json_t *par = json_object_get(body, "parallel_tool_calls");
     if (par && !json_is_null(par) && !json_is_boolean(par))
-        return srv_fail(e, 400, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+        return llm_errf_at(err, LLM_ERR_INVALID_ARG, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
     t->parallel = !json_is_false(par);
     int any = tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0);
-    if (any && check_tools(tools, e))
-        return -1;
+    llm_status st = any ? check_tools(tools, err) : LLM_OK;
+    if (st)
+        return st;
     const char *s = json_string_value(tc);
     if (!tc || json_is_null(tc) || (s && !strcmp(s, "auto")))
-        t->choice = any ? SRV_TOOL_AUTO : SRV_TOOL_NONE;
+        t->choice = any ? LLM_TOOL_AUTO : LLM_TOOL_NONE;
     else if (s && !strcmp(s, "none"))
-        t->choice = SRV_TOOL_NONE;
+        t->choice = LLM_TOOL_NONE;
     else if (s && !strcmp(s, "required"))
-        t->choice = SRV_TOOL_REQUIRED;
+        t->choice = LLM_TOOL_REQUIRED;
     else if (json_is_object(tc) && !strcmp(json_string_value(json_object_get(tc, "type")) ? json_string_value(json_object_get(tc, "type")) : "", "function")) {
-        t->choice = SRV_TOOL_NAMED;
+        t->choice = LLM_TOOL_NAMED;
         t->named = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
     } else
-        return srv_fail(e, 400, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+        return llm_errf_at(err, LLM_ERR_INVALID_ARG, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
                                                "{\"type\": \"function\", \"function\": {\"name\": ...}}");
-    if (t->choice >= SRV_TOOL_REQUIRED && !any)
-        return srv_fail(e, 400, "tool_choice", "'tool_choice' asks for a tool call but there are no 'tools'");
+    if (t->choice >= LLM_TOOL_REQUIRED && !any)
+        return llm_errf_at(err, LLM_ERR_INVALID_ARG, "tool_choice", "'tool_choice' asks for a tool call but there are no 'tools'");
     t->tools = any ? tools : NULL;
-    if (t->choice == SRV_TOOL_NAMED && !find_tool(t, t->named))
-        return srv_fail(e, 400, "tool_choice", "'tool_choice' names function '%.64s', which is not in 'tools'",
+    if (t->choice == LLM_TOOL_NAMED && !find_tool(t, t->named))
+        return llm_errf_at(err, LLM_ERR_INVALID_ARG, "tool_choice", "'tool_choice' names function '%.64s', which is not in 'tools'",
                         t->named ? t->named : "(none)");
-    return 0;
+    return LLM_OK;
 }
 
 /* ---- forcing a call ---------------------------------------------------------------------------- */
@@ -159,13 +159,13 @@ static json_t *call_schema(json_t *x, const char *args_key)
 }
 
 /* Any of the calls the choice allows. */
-static json_t *calls_schema(const srv_tools *t, const char *args_key)
+static json_t *calls_schema(const llm_tools *t, const char *args_key)
 {
     json_t *any = json_array();
     size_t i;
     json_t *x;
     json_array_foreach(t->tools, i, x) {
-        if (t->choice == SRV_TOOL_NAMED && strcmp(tool_name(x), t->named))
+        if (t->choice == LLM_TOOL_NAMED && strcmp(tool_name(x), t->named))
             continue;
         if (json_array_append_new(any, call_schema(x, args_key))) {
             json_decref(any);
@@ -175,7 +175,7 @@ static json_t *calls_schema(const srv_tools *t, const char *args_key)
     return any ? json_pack("{s:o}", "anyOf", any) : NULL;
 }
 
-static json_t *list_of(const srv_tools *t, json_t *item)
+static json_t *list_of(const llm_tools *t, json_t *item)
 {
     json_t *s = item ? json_pack("{s:s,s:o,s:i}", "type", "array", "items", item, "minItems", 1) : NULL;
     if (s && !t->parallel && json_object_set_new(s, "maxItems", json_integer(1))) {
@@ -185,29 +185,29 @@ static json_t *list_of(const srv_tools *t, json_t *item)
     return s;
 }
 
-int srv_tools_forced(srv_tools *t, char **prefill, char **grammar, srv_err *e)
+llm_status llm_tools_forced(llm_tools *t, char **prefill, char **grammar, llm_error *err)
 {
     *prefill = *grammar = NULL;
     json_t *schema = NULL;
     const char *pre = "";
     char named_pre[128];
-    srv_tool_format f = t->fmt;
-    if (f == SRV_TOOLS_MISTRAL_ARGS && t->choice != SRV_TOOL_NAMED && json_array_size(t->tools) > 1)
-        f = SRV_TOOLS_GENERIC; /* the name and [ARGS] (a control token) cannot both be in one grammar */
-    if (f == SRV_TOOLS_XML || f == SRV_TOOLS_GEMMA4)
-        f = SRV_TOOLS_GENERIC; /* raw parameter text, or control-token quotes: no grammar can hold them */
+    llm_tool_format f = t->fmt;
+    if (f == LLM_TOOLS_MISTRAL_ARGS && t->choice != LLM_TOOL_NAMED && json_array_size(t->tools) > 1)
+        f = LLM_TOOLS_GENERIC; /* the name and [ARGS] (a control token) cannot both be in one grammar */
+    if (f == LLM_TOOLS_XML || f == LLM_TOOLS_GEMMA4)
+        f = LLM_TOOLS_GENERIC; /* raw parameter text, or control-token quotes: no grammar can hold them */
     switch (f) {
-    case SRV_TOOLS_HERMES:
+    case LLM_TOOLS_HERMES:
         pre = "<tool_call>\n"; /* one call: the closing tag may be a control token */
         schema = calls_schema(t, "arguments");
         break;
-    case SRV_TOOLS_LLAMA3: schema = calls_schema(t, "parameters"); break;
-    case SRV_TOOLS_MISTRAL:
+    case LLM_TOOLS_LLAMA3: schema = calls_schema(t, "parameters"); break;
+    case LLM_TOOLS_MISTRAL:
         pre = "[TOOL_CALLS]";
         schema = list_of(t, calls_schema(t, "arguments"));
         break;
-    case SRV_TOOLS_MISTRAL_ARGS: {
-        json_t *x = t->choice == SRV_TOOL_NAMED ? find_tool(t, t->named) : json_array_get(t->tools, 0);
+    case LLM_TOOLS_MISTRAL_ARGS: {
+        json_t *x = t->choice == LLM_TOOL_NAMED ? find_tool(t, t->named) : json_array_get(t->tools, 0);
         snprintf(named_pre, sizeof named_pre, "[TOOL_CALLS]%s[ARGS]", tool_name(x));
         pre = named_pre;
         schema = params_schema(x);
@@ -220,20 +220,21 @@ int srv_tools_forced(srv_tools *t, char **prefill, char **grammar, srv_err *e)
     t->out = f;
     if (!schema || !(*prefill = strdup(pre))) {
         json_decref(schema);
-        return srv_fail(e, 503, NULL, "out of memory");
+        return llm_errf(err, LLM_ERR_NOMEM, "out of memory");
     }
-    *grammar = srv_schema_grammar_compact(schema, e);
+    llm_status st = llm_schema_grammar_compact(schema, grammar, err);
     json_decref(schema);
-    if (!*grammar) {
+    if (st) {
         free(*prefill);
         *prefill = NULL;
-        snprintf(e->param, sizeof e->param, "tools");
-        return -1;
+        if (err) /* the schema is a tool's parameters */
+            snprintf(err->field, sizeof err->field, "tools");
+        return st;
     }
-    return 0;
+    return LLM_OK;
 }
 
-char *srv_tools_instructions(const srv_tools *t)
+char *llm_tools_instructions(const llm_tools *t)
 {
     llm_strbuf b = {0};
     static const char head[] = "You can call these tools (each function's arguments as a JSON Schema):\n";
@@ -266,10 +267,10 @@ char *srv_tools_instructions(const srv_tools *t)
 
 /* "call_" and 24 random letters and digits; for Mistral's formats 9 of
  * them alone (its templates refuse any other id). */
-static void call_id(srv_tool_format f, char out[32])
+static void call_id(llm_tool_format f, char out[32])
 {
     static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    int mistral = f == SRV_TOOLS_MISTRAL || f == SRV_TOOLS_MISTRAL_ARGS;
+    int mistral = f == LLM_TOOLS_MISTRAL || f == LLM_TOOLS_MISTRAL_ARGS;
     size_t n = mistral ? 9 : 24, at = mistral ? 0 : 5;
     unsigned char r[24];
     if (getentropy(r, sizeof r))
@@ -292,7 +293,7 @@ static int load_fault(const llm_error *err)
 
 /* One OpenAI tool call for name(args), or NULL when name is not a tool or
  * args not an object (a JSON text of one counts), or a fault (*fault). */
-static json_t *make_call(const srv_tools *t, const char *name, json_t *args, int *fault)
+static json_t *make_call(const llm_tools *t, const char *name, json_t *args, int *fault)
 {
     json_t *parsed = NULL;
     llm_error err = {0};
@@ -340,7 +341,7 @@ static int push(json_t *calls, json_t *c, int *fault)
 }
 
 /* {"name": ..., args_key: {...}} -> a call, or -1. */
-static int object_call(const srv_tools *t, json_t *o, const char *args_key, json_t *calls, int *fault)
+static int object_call(const llm_tools *t, json_t *o, const char *args_key, json_t *calls, int *fault)
 {
     json_t *args = json_object_get(o, args_key);
     if (!args && !strcmp(args_key, "parameters"))
@@ -391,7 +392,7 @@ static int blank(const char *p, const char *end)
 
 /* Reads the call whose opening tag is at *pp and moves *pp past it. 0, or
  * -1 when it is not a valid call. */
-typedef int (*call_reader)(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *fault);
+typedef int (*call_reader)(const llm_tools *t, const char **pp, const char *end, json_t *calls, int *fault);
 
 /* Where a wrapper (one of wraps, NULL-terminated; NULL: none) that ends
  * in blanks just before at starts; at when there is none. */
@@ -410,7 +411,7 @@ static const char *wrapper_start(const char *s, const char *at, const char *cons
 /* The formats whose calls open with tag anywhere in the answer (hermes,
  * xml, gemma4): each read by read; the text around them is content, less
  * a wrapper before a tag. */
-static int tagged_calls(const srv_tools *t, const char *s, size_t n, const char *tag, const char *const *wraps,
+static int tagged_calls(const llm_tools *t, const char *s, size_t n, const char *tag, const char *const *wraps,
                         call_reader read, json_t *calls, llm_strbuf *content, int *fault)
 {
     const char *p = s, *end = s + n;
@@ -429,7 +430,7 @@ static int tagged_calls(const srv_tools *t, const char *s, size_t n, const char 
 
 /* ---- hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call> ------------------------ */
 
-static int hermes_call(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *fault)
+static int hermes_call(const llm_tools *t, const char **pp, const char *end, json_t *calls, int *fault)
 {
     const char *p = *pp;
     size_t used;
@@ -446,7 +447,7 @@ static int hermes_call(const srv_tools *t, const char **pp, const char *end, jso
 /* ---- mistral: [TOOL_CALLS] then [{...}, ...] or name[ARGS]{...} (markers optional) ------------- */
 
 /* name[CALL_ID]id[ARGS]{...} at *pp (the markers optional). */
-static int mistral_named(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *fault)
+static int mistral_named(const llm_tools *t, const char **pp, const char *end, json_t *calls, int *fault)
 {
     const char *p = *pp, *name = p;
     char nm[TOOL_NAME_MAX + 1];
@@ -469,7 +470,7 @@ static int mistral_named(const srv_tools *t, const char **pp, const char *end, j
     return bad;
 }
 
-static int mistral_calls(const srv_tools *t, const char *s, size_t n, json_t *calls, int *fault)
+static int mistral_calls(const llm_tools *t, const char *s, size_t n, json_t *calls, int *fault)
 {
     const char *p = s, *end = s + n;
     while (skip(&p, end, "[TOOL_CALLS]") || !blank(p, end)) {
@@ -573,7 +574,7 @@ static int xml_params(json_t *tool, const char **pp, const char *end, json_t *ar
 }
 
 /* One <function=name>...</function> block at *pp, and the wrapper's end. */
-static int xml_call(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *fault)
+static int xml_call(const llm_tools *t, const char **pp, const char *end, json_t *calls, int *fault)
 {
     const char *p = *pp;
     char name[TOOL_NAME_MAX + 1];
@@ -695,7 +696,7 @@ static json_t *g4_value(const char **pp, const char *end, int depth, int *fault)
 }
 
 /* <|tool_call>call:name{...}<tool_call|> at *pp. */
-static int gemma4_call(const srv_tools *t, const char **pp, const char *end, json_t *calls, int *fault)
+static int gemma4_call(const llm_tools *t, const char **pp, const char *end, json_t *calls, int *fault)
 {
     const char *p = *pp;
     char nm[TOOL_NAME_MAX + 1];
@@ -715,19 +716,19 @@ static int gemma4_call(const srv_tools *t, const char **pp, const char *end, jso
     return bad;
 }
 
-const char *const *srv_tools_markers(srv_tool_format f)
+const char *const *llm_tools_markers(llm_tool_format f)
 {
     static const char *const gemma4[] = {"<|tool_call>", "<tool_call|>", G4_QUOTE, "<|tool_response>", NULL};
     static const char *const none[] = {NULL};
-    return f == SRV_TOOLS_GEMMA4 ? gemma4 : none;
+    return f == LLM_TOOLS_GEMMA4 ? gemma4 : none;
 }
 
-int srv_tools_shows_markers(const srv_tools *t)
+int llm_tools_shows_markers(const llm_tools *t)
 {
-    return t->choice != SRV_TOOL_NONE && t->out == t->fmt && *srv_tools_markers(t->out);
+    return t->choice != LLM_TOOL_NONE && t->out == t->fmt && *llm_tools_markers(t->out);
 }
 
-llm_status srv_tools_extract(const srv_tools *t, const char *prefill, const char *text, size_t n, json_t **out,
+llm_status llm_tools_extract(const llm_tools *t, const char *prefill, const char *text, size_t n, json_t **out,
                              char **content)
 {
     *content = NULL;
@@ -741,19 +742,19 @@ llm_status srv_tools_extract(const srv_tools *t, const char *prefill, const char
     int bad = !calls || all.failed;
     fault = bad ? TOOLS_OOM : 0;
     static const char *const xml_wraps[] = {"<tool_call>", "<seed:tool_call>", NULL};
-    if (!bad && t->out == SRV_TOOLS_HERMES)
+    if (!bad && t->out == LLM_TOOLS_HERMES)
         bad = tagged_calls(t, s, all.len, "<tool_call>", NULL, hermes_call, calls, &rest, &fault);
-    else if (!bad && t->out == SRV_TOOLS_XML)
+    else if (!bad && t->out == LLM_TOOLS_XML)
         bad = tagged_calls(t, s, all.len, "<function=", xml_wraps, xml_call, calls, &rest, &fault);
-    else if (!bad && t->out == SRV_TOOLS_GEMMA4)
+    else if (!bad && t->out == LLM_TOOLS_GEMMA4)
         bad = tagged_calls(t, s, all.len, "<|tool_call>", NULL, gemma4_call, calls, &rest, &fault);
-    else if (!bad && (t->out == SRV_TOOLS_MISTRAL || t->out == SRV_TOOLS_MISTRAL_ARGS))
+    else if (!bad && (t->out == LLM_TOOLS_MISTRAL || t->out == LLM_TOOLS_MISTRAL_ARGS))
         bad = mistral_calls(t, s, all.len, calls, &fault);
     else if (!bad) { /* one JSON object is the whole answer */
         size_t used;
         skip(&p, end, "<|python_tag|>");
         json_t *o = json_at(p, (size_t)(end - p), &used, &fault);
-        if (t->out == SRV_TOOLS_LLAMA3)
+        if (t->out == LLM_TOOLS_LLAMA3)
             bad = object_call(t, o, "parameters", calls, &fault);
         else {
             json_t *list = json_object_get(o, "tool_calls"), *c;
@@ -808,18 +809,18 @@ static size_t held_from(const char *text, size_t n, size_t from, const char *con
     return cut < n ? cut : tail;
 }
 
-size_t srv_tools_releasable(const srv_tools *t, const char *text, size_t n, size_t from)
+size_t llm_tools_releasable(const llm_tools *t, const char *text, size_t n, size_t from)
 {
     if (n == 0 || from > n)
         return n;
-    if (t->choice == SRV_TOOL_NONE)
+    if (t->choice == LLM_TOOL_NONE)
         return n;
-    if (t->choice != SRV_TOOL_AUTO)
+    if (t->choice != LLM_TOOL_AUTO)
         return 0; /* a forced answer is all call */
     static const char *const hermes[] = {"<tool_call>", NULL}, *const gemma4[] = {"<|tool_call>", NULL};
     static const char *const xml[] = {"<tool_call>", "<seed:tool_call>", "<function=", NULL};
-    if (t->out == SRV_TOOLS_HERMES || t->out == SRV_TOOLS_XML || t->out == SRV_TOOLS_GEMMA4)
-        return held_from(text, n, from, t->out == SRV_TOOLS_HERMES ? hermes : t->out == SRV_TOOLS_XML ? xml : gemma4);
+    if (t->out == LLM_TOOLS_HERMES || t->out == LLM_TOOLS_XML || t->out == LLM_TOOLS_GEMMA4)
+        return held_from(text, n, from, t->out == LLM_TOOLS_HERMES ? hermes : t->out == LLM_TOOLS_XML ? xml : gemma4);
     if (from > 0) /* the other formats put the call first: once content went out, all of it is content */
         return n;
     size_t k = 0;
@@ -827,11 +828,11 @@ size_t srv_tools_releasable(const srv_tools *t, const char *text, size_t n, size
     if (k == n)
         return 0;
     char c = text[k];
-    int mistral = t->out == SRV_TOOLS_MISTRAL || t->out == SRV_TOOLS_MISTRAL_ARGS;
+    int mistral = t->out == LLM_TOOLS_MISTRAL || t->out == LLM_TOOLS_MISTRAL_ARGS;
     if (c == '{' || c == '<' || (mistral && c == '['))
         return 0;
     size_t j = (size_t)(name_span(text + k, text + n) - text);
-    if (t->out == SRV_TOOLS_MISTRAL_ARGS && j > k) { /* name[ARGS]{...}: a name, then {[ */
+    if (t->out == LLM_TOOLS_MISTRAL_ARGS && j > k) { /* name[ARGS]{...}: a name, then {[ */
         if (j == n || text[j] == '{' || text[j] == '[')
             return 0;
     }

@@ -38,7 +38,7 @@
 #include <stddef.h>
 
 #include "llm/status.h"
-#include "llm/tokenizer.h"
+#include "llm/utf8.h"
 
 #define LLM_JINJA_MAX_SRC ((size_t)1 << 20) /* template text, bytes */
 

@@ -16,8 +16,8 @@
 
 #include <stddef.h>
 
-#include "llm/model.h"
-#include "llm/tokenizer.h"
+#include "llm/status.h"
+#include "llm/utf8.h"
 
 typedef enum llm_chat_template {
     LLM_CHAT_CHATML = 0,
@@ -35,8 +35,6 @@ typedef struct llm_chat_msg {
 
 /* The family of a template text (NULL or unknown: chatml). */
 llm_chat_template llm_chat_detect(const char *tmpl, size_t len);
-/* The family of the model's tokenizer.chat_template. */
-llm_chat_template llm_chat_for_model(const llm_model *m);
 const char *llm_chat_name(llm_chat_template t);
 
 /* Renders messages, ending with the assistant's turn opened. Returns a

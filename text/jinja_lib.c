@@ -12,7 +12,7 @@
 #include <wctype.h>
 
 #include "jinja_impl.h"
-#include "unicode.h"
+#include "llm/utf8.h"
 
 #define JX_MAX_RANGE 100000 /* jinja2's sandbox refuses longer ranges */
 
@@ -252,7 +252,7 @@ static llm_jv *recase(jx_run *r, llm_jv *s, int mode)
         unsigned long m = map_case(cp, up);
         word_start = !is_cased_letter(cp);
         char u[4];
-        int k = unicode_encode((uint32_t)m, u);
+        int k = llm_utf8_encode((uint32_t)m, u);
         if (l == 1 && (unsigned char)s->u.str.s[i] >= 0x80) { /* a stray byte stays as it is */
             u[0] = s->u.str.s[i];
             k = 1;

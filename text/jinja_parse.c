@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "jinja_impl.h"
-#include "unicode.h"
+#include "llm/utf8.h"
 
 /* ---- tokens ----------------------------------------------------------------------- */
 
@@ -132,7 +132,7 @@ static llm_jv *lex_string(lexer *L)
             for (int i = 0; i < 2 && L->pos < L->n && L->src[L->pos] >= '0' && L->src[L->pos] <= '7'; i++)
                 v = v * 8 + (unsigned)(L->src[L->pos++] - '0');
             char u[4];
-            jx_sb_put(&b, u, (size_t)unicode_encode(v, u), NULL);
+            jx_sb_put(&b, u, (size_t)llm_utf8_encode(v, u), NULL);
             continue;
         }
         if (!digits) { /* Python keeps an unknown escape as it is */
@@ -150,7 +150,7 @@ static llm_jv *lex_string(lexer *L)
         if (cp > 0x10FFFF)
             jx_fail(L->c, "line %d: escape beyond U+10FFFF", L->line);
         char u[4];
-        jx_sb_put(&b, u, (size_t)unicode_encode((uint32_t)cp, u), NULL);
+        jx_sb_put(&b, u, (size_t)llm_utf8_encode((uint32_t)cp, u), NULL);
     }
     if (L->pos >= L->n)
         jx_fail(L->c, "line %d: a string without its closing quote", L->line);
