@@ -37,12 +37,17 @@ TEXT_SRC = text/gbnf.c text/jinja_value.c text/jinja_parse.c text/jinja_eval.c t
            text/schema.c text/regex.c text/tools.c
 # net (libllmnet.a): the civetweb guard and the probe listener, the libcurl GET to pods, the Prometheus text reader.
 NET_SRC = net/http_guard.c net/http_probe.c net/http_client.c net/prom_text.c
-# engine (libllm.a): GGUF in, tokens out.
-ENGINE_SRC = engine/quant.c engine/gguf.c engine/unicode.c \
-             engine/unicode_data.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c \
-             engine/sampler.c engine/grammar.c engine/gmatch.c engine/model.c engine/forward.c engine/moe.c engine/forward_tp.c engine/tp.c engine/kv_cache.c engine/scheduler.c engine/textout.c engine/engine.c engine/session.c engine/backend_cpu.c engine/backend_cuda_load.c engine/backend_open.c engine/cpu/cpu_attention.c engine/cpu/cpu_pack.c \
-             engine/cpu/threadpool.c engine/cpu/kernels_scalar.c engine/cpu/kernels_avx2.c engine/cpu/kernels_vnni.c engine/cpu/kernels_avx512.c \
-             engine/cpu/pk_layout.c engine/cpu/tiles_avx2.c
+# engine (libllm.a): GGUF in, tokens out; in folders by layer: model (GGUF, quant types, tokenizers), compute
+# (forward pass, tensor parallelism, MoE, sessions), constrain (grammars), serve (step loop, scheduler, KV
+# cache, sampler, text out), backend (cpu; cuda: the loader here, the plugin below). Folders see each other's
+# private headers (INC_ENGINE_PRIVATE); nothing outside the engine does.
+ENGINE_SRC = $(addprefix engine/model/,gguf.c quant.c model.c tokenizer.c tok_spm.c tok_bpe.c unicode.c unicode_data.c) \
+             $(addprefix engine/compute/,forward.c forward_tp.c tp.c moe.c session.c) \
+             $(addprefix engine/constrain/,grammar.c gmatch.c) \
+             $(addprefix engine/serve/,engine.c scheduler.c kv_cache.c sampler.c textout.c) \
+             engine/backend/backend_open.c engine/backend/cuda/backend_cuda_load.c \
+             $(addprefix engine/backend/cpu/,backend_cpu.c cpu_attention.c cpu_pack.c threadpool.c kernels_scalar.c \
+               kernels_avx2.c kernels_vnni.c kernels_avx512.c pk_layout.c tiles_avx2.c)
 # testkit (libllmtestkit.a): the model maker and GGUF writer, for llm-mkmodel and the tests (not in libllm).
 TESTKIT_SRC = testkit/mkmodel.c testkit/gguf_writer.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench llm-perplexity
@@ -84,27 +89,28 @@ INC_TEXT = -Itext/include
 INC_NET = -Inet
 INC_KUBE = -Ikube $(INC_NET)
 INC_ENGINE = -Iengine/include $(INC_TEXT)
+INC_ENGINE_PRIVATE = $(addprefix -Iengine/,model compute constrain serve backend)
 INC_TESTKIT = -Itestkit/include
 $(BUILD)/common/%.o: INC =
 $(BUILD)/text/%.o: INC = $(INC_TEXT)
 $(BUILD)/net/%.o: INC = $(INC_NET)
 $(BUILD)/kube/%.o: INC = $(INC_KUBE)
-$(BUILD)/engine/%.o: INC = $(INC_ENGINE) -Iengine
+$(BUILD)/engine/%.o: INC = $(INC_ENGINE) $(INC_ENGINE_PRIVATE)
 $(BUILD)/testkit/%.o: INC = $(INC_TESTKIT) $(INC_ENGINE)
 $(BUILD)/server/%.o: INC = -Iserver $(INC_ENGINE) $(INC_NET)
 $(BUILD)/router/%.o: INC = -Irouter $(INC_KUBE)
 $(BUILD)/controller/%.o: INC = -Icontroller $(INC_KUBE)
 # Tests and test programs reach into every library (engine internals included).
-INC_TESTS = -Itests/unit $(INC_ENGINE) -Iengine $(INC_TESTKIT) -Iserver $(INC_KUBE) -Icontroller
+INC_TESTS = -Itests/unit $(INC_ENGINE) $(INC_ENGINE_PRIVATE) $(INC_TESTKIT) -Iserver $(INC_KUBE) -Icontroller
 HEADERS = $(wildcard common/include/llm/*.h text/include/llm/*.h text/*.h net/*.h kube/*.h engine/include/llm/*.h \
-            engine/*.h engine/cpu/*.h testkit/include/llm/*.h server/*.h controller/*.h router/*.h)
+            engine/*/*.h engine/backend/cpu/*.h testkit/include/llm/*.h server/*.h controller/*.h router/*.h)
 
 # Only the AVX2 kernel file gets the ISA flags; it checks the CPU at run time.
-$(BUILD)/engine/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
-$(BUILD)/engine/cpu/pk_layout.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
-$(BUILD)/engine/cpu/tiles_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
-$(BUILD)/engine/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
-$(BUILD)/engine/cpu/kernels_avx512.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
+$(BUILD)/engine/backend/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
+$(BUILD)/engine/backend/cpu/pk_layout.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
+$(BUILD)/engine/backend/cpu/tiles_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
+$(BUILD)/engine/backend/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
+$(BUILD)/engine/backend/cpu/kernels_avx512.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
 .PHONY: all run test asan bench bench-router bench-load deps deps-run lint clean unit pytest fuzz models tsan manifests FORCE
 all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
@@ -382,7 +388,7 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.cuh) kernels/llm_kernels
 # The CUDA backend as a plugin (llm_backend_cuda_new loads it), with its own
 # position-independent copies of the few engine files it uses; cudart is
 # linked statically, cuBLAS and NCCL from the CUDA install.
-CUDA_PLUGIN_SRC = engine/backend_cuda.c common/status.c engine/quant.c
+CUDA_PLUGIN_SRC = engine/backend/cuda/backend_cuda.c common/status.c engine/model/quant.c
 # NCCL (tensor parallelism across GPUs) where its header is found; without
 # it the plugin still builds and tensor_parallel > 1 on cuda says why.
 NCCL_HOME ?=
@@ -393,7 +399,7 @@ CUDA_PLUGIN_OBJ = $(CUDA_PLUGIN_SRC:%.c=$(BUILD)/pic/%.o)
 $(BUILD)/pic/%.o: %.c $(HEADERS) kernels/llm_kernels.h
 	@mkdir -p $(dir $@)
 	@echo "  CC    $< (plugin)"
-	@$(CC) $(CFLAGS_BASE) $(INC_ENGINE) -Iengine -fPIC -fvisibility=hidden -isystem $(CUDA_HOME)/include $(NCCL_FLAGS) -Ikernels -c $< -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_ENGINE) $(INC_ENGINE_PRIVATE) -fPIC -fvisibility=hidden -isystem $(CUDA_HOME)/include $(NCCL_FLAGS) -Ikernels -c $< -o $@
 $(BUILD)/lib/libllm_cuda.so: $(CUDA_PLUGIN_OBJ) $(BUILD)/libllmkernels.a
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
@@ -456,7 +462,7 @@ SIM_PLUGIN_OBJ = $(CUDA_PLUGIN_SRC:%.c=$(SIM)/pic/%.o)
 $(SIM)/pic/%.o: %.c $(HEADERS) $(SIM_HDR)
 	@mkdir -p $(dir $@)
 	@echo "  CC    $< (cudasim plugin)"
-	@$(CC) $(CFLAGS_BASE) $(INC_ENGINE) -Iengine -fPIC -fvisibility=hidden $(SIM_INC) -c $< -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_ENGINE) $(INC_ENGINE_PRIVATE) -fPIC -fvisibility=hidden $(SIM_INC) -c $< -o $@
 $(SIM)/libllm_cuda.so: $(SIM_PLUGIN_OBJ) $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
@@ -494,7 +500,7 @@ cudasim: $(SIM_BIN) $(TOOL_BIN)
 	@CHECK_QUICK=1 $(SIM)/check_kernels
 	@sh tests/cudasim/check_models.sh $(BUILD)
 
-ALL_C_SRC = $(COMMON_SRC) $(TEXT_SRC) $(NET_SRC) $(KUBE_SRC) $(ENGINE_SRC) $(TESTKIT_SRC) engine/backend_cuda.c $(SERVER_SRC) \
+ALL_C_SRC = $(COMMON_SRC) $(TEXT_SRC) $(NET_SRC) $(KUBE_SRC) $(ENGINE_SRC) $(TESTKIT_SRC) engine/backend/cuda/backend_cuda.c $(SERVER_SRC) \
             $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c
 lint:
 	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ALL_C_SRC) tests/gpu/*.c tests/cudasim/*.c tests/cudasim/*.cu tests/cudasim/*.h tests/cudasim/include/*.h kernels/*.cu kernels/*.cuh kernels/*.h || (echo "lint: banned call" && false)

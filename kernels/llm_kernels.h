@@ -1,5 +1,5 @@
 /* llm_kernels.h - the CUDA kernels' C API, for the CUDA backend (issue 8;
- * engine/backend_cuda.c). Each function enqueues its
+ * engine/backend/cuda/backend_cuda.c). Each function enqueues its
  * kernel on `stream` (a cudaStream_t; NULL: the default stream) and returns
  * the launch's cudaError_t as an int (0: launched); errors of the kernel
  * itself surface at the next synchronisation.

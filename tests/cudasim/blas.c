@@ -1,4 +1,4 @@
-/* blas.c - the cuBLAS calls engine/backend_cuda.c makes, on the emulator:
+/* blas.c - the cuBLAS calls engine/backend/cuda/backend_cuda.c makes, on the emulator:
  * a handle bound to a stream and a workspace, and cublasGemmEx.
  *
  * GemmEx follows cuBLAS's column-major definition, C (m x n) = alpha

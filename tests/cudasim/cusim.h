@@ -34,7 +34,7 @@ extern "C" {
 
 /* ---- half and bfloat16 bits to float --------------------------------------- */
 /* Exact. The emulator's one copy (kernel dialect, wmma, cuBLAS), written
- * apart from engine/quant.c on purpose: a mistake shared with the CPU
+ * apart from engine/model/quant.c on purpose: a mistake shared with the CPU
  * backend could hide a host/device difference. */
 static inline float cusim_half_to_float(uint16_t h)
 {

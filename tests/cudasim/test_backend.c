@@ -1,4 +1,4 @@
-/* test_backend.c - engine/backend_cuda.c's own paths on the CUDA-on-CPU
+/* test_backend.c - engine/backend/cuda/backend_cuda.c's own paths on the CUDA-on-CPU
  * emulator ($LLM_CUDA_LIB = build/cudasim/libllm_cuda.so): decode steps
  * as CUDA graphs when a step's indices do not fit the graph arena, when
  * stream capture or a graph launch fails (CUSIM_FAIL), and the cuBLAS

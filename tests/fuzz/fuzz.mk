@@ -3,9 +3,9 @@
 # top-level Makefile's `fuzz` target.
 FUZZ_TIME ?= 20
 FUZZ_BUILD = build-fuzz
-FUZZ_SRC = common/status.c common/hash.c common/utf8.c common/strmap.c engine/quant.c engine/gguf.c engine/unicode.c engine/unicode_data.c \
-           engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c
-FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Icommon/include -Itext/include -Iengine/include -Iengine -Inet -Ikube \
+FUZZ_SRC = common/status.c common/hash.c common/utf8.c common/strmap.c engine/model/quant.c engine/model/gguf.c engine/model/unicode.c engine/model/unicode_data.c \
+           engine/model/tokenizer.c engine/model/tok_spm.c engine/model/tok_bpe.c
+FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Icommon/include -Itext/include -Iengine/include -Iengine/model -Iengine/compute -Iengine/constrain -Iengine/serve -Iengine/backend -Inet -Ikube \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 
 # the text library, and the server's chat renderer on it
@@ -14,8 +14,8 @@ TEXT_SRC = text/gbnf.c text/jinja_value.c text/jinja_parse.c text/jinja_eval.c t
 JINJA_SRC = $(TEXT_SRC) server/srv_chat.c
 # the bounded JSON reader and the stack helper (they link jansson)
 JSON_SRC = common/json.c common/thread.c
-REQ_SRC = $(JSON_SRC) server/srv_api.c server/srv_fields.c engine/grammar.c common/strbuf.c \
-          common/log.c common/clock.c engine/sampler.c $(JINJA_SRC)
+REQ_SRC = $(JSON_SRC) server/srv_api.c server/srv_fields.c engine/constrain/grammar.c common/strbuf.c \
+          common/log.c common/clock.c engine/serve/sampler.c $(JINJA_SRC)
 REQ_TIME ?= 10
 LLMD_TIME ?= 10
 
@@ -80,7 +80,7 @@ run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd 
 	  $(FUZZ_BUILD)/json-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
 	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 9 passed, 0 failed" || (echo "fuzz: 8 passed, 1 failed (JSON reader)"; exit 1)
 
-$(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*.h engine/include/llm/*.h common/include/llm/*.h)
+$(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) -lm -lpthread -o $@
@@ -100,27 +100,27 @@ $(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controlle
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Icontroller -Ikube tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
 
-TENANT_SRC = $(JSON_SRC) server/srv_keys.c server/srv_api.c server/srv_fields.c engine/grammar.c net/http_guard.c \
-             common/strbuf.c common/clock.c common/log.c engine/sampler.c $(JINJA_SRC)
+TENANT_SRC = $(JSON_SRC) server/srv_keys.c server/srv_api.c server/srv_fields.c engine/constrain/grammar.c net/http_guard.c \
+             common/strbuf.c common/clock.c common/log.c engine/serve/sampler.c $(JINJA_SRC)
 
 $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) -lcivetweb -ljansson -lcrypto -lm -lpthread -o $@
 
-GRAMMAR_SRC = engine/grammar.c engine/gmatch.c engine/tokenizer.c engine/tok_spm.c engine/tok_bpe.c engine/unicode.c \
-              engine/unicode_data.c engine/gguf.c engine/quant.c common/status.c common/hash.c
-$(FUZZ_BUILD)/fuzz_grammar: tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) $(wildcard engine/*.h engine/include/llm/*.h common/include/llm/*.h)
+GRAMMAR_SRC = engine/constrain/grammar.c engine/constrain/gmatch.c engine/model/tokenizer.c engine/model/tok_spm.c engine/model/tok_bpe.c engine/model/unicode.c \
+              engine/model/unicode_data.c engine/model/gguf.c engine/model/quant.c common/status.c common/hash.c
+$(FUZZ_BUILD)/fuzz_grammar: tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) $(wildcard engine/*/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) -lm -lpthread -o $@
 
-SCHEMA_SRC = $(JSON_SRC) server/srv_api.c server/srv_fields.c engine/grammar.c engine/sampler.c \
+SCHEMA_SRC = $(JSON_SRC) server/srv_api.c server/srv_fields.c engine/constrain/grammar.c engine/serve/sampler.c \
              common/strbuf.c common/log.c common/clock.c $(JINJA_SRC)
 $(FUZZ_BUILD)/fuzz_schema: tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
-	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(filter-out engine/grammar.c,$(FUZZ_SRC)) -ljansson -lm -lpthread -o $@
+	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(filter-out engine/constrain/grammar.c,$(FUZZ_SRC)) -ljansson -lm -lpthread -o $@
 
 $(FUZZ_BUILD)/fuzz_tools: tests/fuzz/fuzz_tools.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
@@ -132,7 +132,7 @@ $(FUZZ_BUILD)/fuzz_json: tests/fuzz/fuzz_json.c tests/fuzz/deep.h common/json.c 
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_json.c common/json.c common/thread.c common/status.c -ljansson -lpthread -o $@
 
-$(FUZZ_BUILD)/fuzz_jinja: tests/fuzz/fuzz_jinja.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
+$(FUZZ_BUILD)/fuzz_jinja: tests/fuzz/fuzz_jinja.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/*/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_jinja.c $(REQ_SRC) $(FUZZ_SRC) -ljansson -lm -lpthread -o $@

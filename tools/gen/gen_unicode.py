@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Writes engine/unicode_data.c: codepoint ranges of the Unicode general
+"""Writes engine/model/unicode_data.c: codepoint ranges of the Unicode general
 categories the BPE pre-tokenizers need (L*, N*, P*), from Python's
-unicodedata. Run: python3 tools/gen/gen_unicode.py > engine/unicode_data.c"""
+unicodedata. Run: python3 tools/gen/gen_unicode.py > engine/model/unicode_data.c"""
 import sys
 import unicodedata
 

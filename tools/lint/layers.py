@@ -20,7 +20,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # where each layer's headers are found, in search order
 INCLUDE_DIRS = [
     ("common", "common/include"), ("text", "text/include"), ("text", "text"), ("net", "net"), ("kube", "kube"),
-    ("engine", "engine/include"), ("engine-private", "engine"), ("engine-private", "engine/cpu"),
+    ("engine", "engine/include"), ("engine-private", "engine/model"), ("engine-private", "engine/compute"),
+    ("engine-private", "engine/constrain"), ("engine-private", "engine/serve"), ("engine-private", "engine/backend"),
+    ("engine-private", "engine/backend/cpu"),
     ("testkit", "testkit/include"), ("server", "server"), ("router", "router"), ("controller", "controller"),
     ("tools", "tools"), ("kernels", "kernels"),
 ]
@@ -50,7 +52,7 @@ RULES = {
     "tools": "the tools use the engine's public headers, text/, the testkit and common/",
 }
 # the one engine file that may reach the CUDA kernels
-KERNEL_USERS = {"engine/backend_cuda.c"}
+KERNEL_USERS = {"engine/backend/cuda/backend_cuda.c"}
 
 
 def layer_of(rel):
@@ -84,7 +86,7 @@ def check(paths):
                 bad.append(f"{src}:{n}: \"{m.group(1)}\" is in no library's include path")
             elif got == "kernels":
                 if src not in KERNEL_USERS:
-                    bad.append(f"{src}:{n}: {path}: the engine reaches kernels/ only through engine/backend_cuda.c")
+                    bad.append(f"{src}:{n}: {path}: the engine reaches kernels/ only through engine/backend/cuda/backend_cuda.c")
             elif got not in ALLOWED[layer]:
                 bad.append(f"{src}:{n}: {path} ({got}): {RULES[layer]}")
     return bad

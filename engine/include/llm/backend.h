@@ -320,7 +320,7 @@ static inline void llm_backend_mem_stats(llm_backend *b, llm_backend_mem *out)
         b->iface->mem_stats(b, out);
 }
 
-/* The CUDA backend (engine/backend_cuda.c, loaded from libllm_cuda.so at
+/* The CUDA backend (engine/backend/cuda/backend_cuda.c, loaded from libllm_cuda.so at
  * run time so that binaries built with nvcc still run where no CUDA is
  * installed). device: the CUDA device index. Errors: LLM_ERR_UNSUPPORTED
  * when the library or a device is missing (the message says which). */

@@ -5,7 +5,7 @@
  * The block structs match ggml's byte layout exactly, so files written by
  * llama.cpp and by llm-mkmodel are interchangeable. Everything here is pure
  * and thread-safe; quant_init() fills a lookup table once and is idempotent.
- * The fast SIMD dot products live in the CPU backend (engine/cpu/). */
+ * The fast SIMD dot products live in the CPU backend (engine/backend/cpu/). */
 #ifndef LLM_QUANT_H
 #define LLM_QUANT_H
 

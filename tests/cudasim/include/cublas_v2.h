@@ -1,4 +1,4 @@
-/* cublas_v2.h (cudasim) - the cuBLAS calls engine/backend_cuda.c makes,
+/* cublas_v2.h (cudasim) - the cuBLAS calls engine/backend/cuda/backend_cuda.c makes,
  * for the CUDA-on-CPU emulator (tests/cudasim/blas.c): a handle bound to
  * a stream and a workspace, and cublasGemmEx in column-major order with
  * FP32 accumulation (F32, F16 or BF16 inputs; FAST_TF32 rounds F32

@@ -1,5 +1,5 @@
 /* cuda_runtime.h (cudasim) - the part of the CUDA runtime API that
- * engine/backend_cuda.c, kernels/ and tests/gpu/ use, for builds against
+ * engine/backend/cuda/backend_cuda.c, kernels/ and tests/gpu/ use, for builds against
  * the CUDA-on-CPU emulator (tests/cudasim). Same names, same numeric
  * values as CUDA 13's headers, so the same sources compile unchanged with
  * either; semantics as documented by NVIDIA ("API synchronization

@@ -1,4 +1,4 @@
-/* nccl.h (cudasim) - the NCCL calls engine/backend_cuda.c makes, for the
+/* nccl.h (cudasim) - the NCCL calls engine/backend/cuda/backend_cuda.c makes, for the
  * CUDA-on-CPU emulator (tests/cudasim/nccl.c): communicators over the
  * emulated devices of one process and a float sum all-reduce, enqueued on
  * each rank's stream. Numeric values as in NCCL 2's header. */

@@ -1,5 +1,5 @@
 /* quant_impl.h - the packed fields of the block formats, shared by the
- * reference decoders (quant.c) and the CPU kernels (engine/cpu/): the
+ * reference decoders (quant.c) and the CPU kernels (engine/backend/cpu/): the
  * K-quants' 6-bit scales, Q3_K's signed scales, the Q5 types' fifth bits
  * and the 2-bit fields of Q2_K/Q3_K. Pure static inlines; byte order
  * independent (fields are read byte by byte, as the files store them

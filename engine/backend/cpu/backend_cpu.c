@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cpu/cpu_impl.h"
+#include "cpu_impl.h"
 #include "llm/clock.h"
 
 #define CPU_ROW_CHUNK 16  /* weight rows kept hot in cache while tokens loop */

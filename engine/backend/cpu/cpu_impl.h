@@ -5,8 +5,8 @@
 #ifndef LLM_CPU_IMPL_H
 #define LLM_CPU_IMPL_H
 
-#include "cpu/kernels.h"
-#include "cpu/threadpool.h"
+#include "kernels.h"
+#include "threadpool.h"
 #include "llm/backend.h"
 
 typedef struct cpu_ctx {

@@ -3,7 +3,7 @@
  * defines KQ_ACC(acc, p, s) - add to int32 lanes acc the products of int16
  * lanes p and s summed in pairs - as madd + add (AVX2) or as one vpdpwssd
  * (VNNI), and gets its own static copies compiled for its instruction set.
- * Not a public header: include only from engine/cpu/kernels_*.c. */
+ * Not a public header: include only from engine/backend/cpu/kernels_*.c. */
 #ifndef LLM_CPU_X86_KQUANT_H
 #define LLM_CPU_X86_KQUANT_H
 

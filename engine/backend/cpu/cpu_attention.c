@@ -12,7 +12,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "cpu/cpu_impl.h"
+#include "cpu_impl.h"
 
 /* Bytes of row p's K (or V) in layer storage `base`. */
 static char *kv_row(const llm_kv_layer *kv, void *base, const int32_t *table, int p)

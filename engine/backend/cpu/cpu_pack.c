@@ -23,7 +23,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "cpu/cpu_impl.h"
+#include "cpu_impl.h"
 #include "llm/log.h"
 #include "llm/model.h"
 
