@@ -55,7 +55,8 @@ SERVER_SRC = server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_
              server/srv_chat.c server/srv_embed.c server/srv_metrics.c server/srv_canary.c server/srv_load.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 # kube (libllmkube.a, controller and router): API client, config, watch, caches, server-side apply, object metadata.
-KUBE_SRC = kube/kube_config.c kube/kube_client.c kube/kube_watch.c kube/kube_cache.c kube/kube_apply.c kube/kube_meta.c
+KUBE_SRC = kube/kube_config.c kube/kube_client.c kube/kube_watch.c kube/kube_cache.c kube/kube_apply.c kube/kube_meta.c \
+           kube/kube_json.c
 CONTROLLER_SRC = controller/ctl_main.c controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
                  controller/desired.c controller/pod_diag.c controller/ctl_event.c controller/autoscale.c controller/podsig.c \
                  controller/plan.c controller/canary.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c

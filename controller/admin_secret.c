@@ -11,6 +11,7 @@
 
 #include "admin_secret.h"
 #include "desired.h"
+#include "kube_json.h"
 
 #define KEY_FIELD "key"
 
@@ -20,11 +21,6 @@ static unsigned char g_key[32];
 static int g_have;
 static time_t g_loaded; /* re-read after KEY_TTL_S: a deleted or replaced key takes over within it */
 #define KEY_TTL_S 60
-
-static const char *str2(json_t *o, const char *a, const char *b)
-{
-    return json_string_value(json_object_get(json_object_get(o, a), b));
-}
 
 void admin_secret_key(const char *ns, const char *name)
 {
@@ -38,7 +34,7 @@ void admin_secret_key(const char *ns, const char *name)
 /* The key out of the key Secret s (base64 of 32 bytes, labelled ours). */
 static llm_status key_of(json_t *s, llm_error *err)
 {
-    const char *b64 = str2(s, "data", KEY_FIELD);
+    const char *b64 = kube_json_str(s, "data", KEY_FIELD);
     const char *by = json_string_value(json_object_get(json_object_get(json_object_get(s, "metadata"), "labels"),
                                                        DESIRED_MANAGED_BY));
     if (!by || strcmp(by, DESIRED_CONTROLLER))
@@ -121,7 +117,7 @@ static int mac_hex(const unsigned char key[32], const char *what, const char *ui
 
 llm_status admin_secret_derive(kube_client *k, json_t *d, char name[300], char token[65], llm_error *err)
 {
-    const char *uid = str2(d, "metadata", "uid"), *n = str2(d, "metadata", "name");
+    const char *uid = kube_json_str(d, "metadata", "uid"), *n = kube_json_str(d, "metadata", "name");
     if (!uid || !n)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "the LLMDeployment has no uid or name yet");
     unsigned char key[32];
@@ -185,7 +181,7 @@ llm_status admin_secret_ensure(kube_client *k, json_t *d, llm_error *err)
     if (!want)
         return llm_errf(err, LLM_ERR_NOMEM, "cannot build Secret %s", name);
     char coll[512];
-    snprintf(coll, sizeof coll, "/api/v1/namespaces/%s/secrets", str2(d, "metadata", "namespace"));
+    snprintf(coll, sizeof coll, "/api/v1/namespaces/%s/secrets", kube_json_str(d, "metadata", "namespace"));
     st = kube_client_request(k, "POST", coll, want, NULL, NULL, err);
     json_decref(want);
     if (st == KUBE_ERR_CONFLICT) /* there already: its name is ours alone to know */

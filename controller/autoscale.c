@@ -8,20 +8,9 @@
 #include "autoscale.h"
 #include "llm/clock.h"
 #include "desired.h" /* label names */
+#include "kube_json.h"
 
 #define HISTORY_MAX 5
-
-static int int_of(json_t *o, const char *k, int def)
-{
-    json_t *v = json_object_get(o, k);
-    return json_is_integer(v) ? (int)json_integer_value(v) : def;
-}
-
-static double num_of(json_t *o, const char *k, double def)
-{
-    json_t *v = json_object_get(o, k);
-    return json_is_number(v) ? json_number_value(v) : def;
-}
 
 const char *autoscale_metric_name(const char *metric)
 {
@@ -41,17 +30,17 @@ llm_status autoscale_config_from_spec(json_t *spec, autoscale_config *c, llm_err
     c->hpa = mode && !strcmp(mode, "hpa");
     const char *metric = json_string_value(json_object_get(a, "metric"));
     snprintf(c->metric, sizeof c->metric, "%s", metric ? metric : "queueDepth");
-    c->min = int_of(a, "minReplicas", 1);
-    c->max = int_of(a, "maxReplicas", 4);
-    c->max_up_step = int_of(a, "maxScaleUpStep", 4);
-    c->interval_s = int_of(a, "intervalSeconds", 15);
-    c->up_window_s = int_of(a, "scaleUpStabilizationSeconds", 0);
-    c->down_window_s = int_of(a, "scaleDownStabilizationSeconds", 300);
-    c->tolerance = num_of(a, "tolerance", 0.1);
-    c->zero_after_s = int_of(a, "scaleToZeroAfterSeconds", 300);
+    c->min = kube_json_int(a, "minReplicas", 1);
+    c->max = kube_json_int(a, "maxReplicas", 4);
+    c->max_up_step = kube_json_int(a, "maxScaleUpStep", 4);
+    c->interval_s = kube_json_int(a, "intervalSeconds", 15);
+    c->up_window_s = kube_json_int(a, "scaleUpStabilizationSeconds", 0);
+    c->down_window_s = kube_json_int(a, "scaleDownStabilizationSeconds", 300);
+    c->tolerance = kube_json_num(a, "tolerance", 0.1);
+    c->zero_after_s = kube_json_int(a, "scaleToZeroAfterSeconds", 300);
     double def = !strcmp(c->metric, "kvCacheUsage") ? 0.7 : !strcmp(c->metric, "tokensPerSecond") ? 100
                  : !strcmp(c->metric, "cpu") ? 80 : 4;
-    c->target = num_of(a, "target", def);
+    c->target = kube_json_num(a, "target", def);
     if (!c->enabled)
         return LLM_OK;
     if (c->min < 0 || c->max < 1 || c->max < c->min)
@@ -59,7 +48,7 @@ llm_status autoscale_config_from_spec(json_t *spec, autoscale_config *c, llm_err
                         c->min, c->max);
     json_t *rt = json_object_get(spec, "router");
     int routed = json_is_true(json_object_get(rt, "enabled")) || json_is_object(json_object_get(spec, "canary"));
-    if (c->min == 0 && (c->hpa || !routed || int_of(rt, "holdSeconds", 0) < 1))
+    if (c->min == 0 && (c->hpa || !routed || kube_json_int(rt, "holdSeconds", 0) < 1))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.autoscaling.minReplicas 0 needs mode builtin and spec.router "
                                                   "(enabled, holdSeconds >= 1): requests wait in the router while the "
                                                   "first pod starts");

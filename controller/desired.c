@@ -8,24 +8,19 @@
 #include <openssl/evp.h>
 
 #include "desired.h"
+#include "kube_json.h"
 #include "kube_meta.h"
 #include "llm/strbuf.h"
 
-static json_t *get2(json_t *o, const char *a, const char *b)
-{
-    json_t *x = json_object_get(o, a);
-    return b ? json_object_get(x, b) : x;
-}
-
 static long long spec_int(json_t *spec, const char *sect, const char *key, long long def)
 {
-    json_t *v = get2(spec, sect, key);
+    json_t *v = kube_json_get(spec, sect, key);
     return json_is_integer(v) ? json_integer_value(v) : def;
 }
 
 static const char *name_of(json_t *d)
 {
-    return json_string_value(get2(d, "metadata", "name"));
+    return json_string_value(kube_json_get(d, "metadata", "name"));
 }
 
 void desired_base_hash(json_t *d, char out[17])
@@ -115,7 +110,7 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
 {
     json_t *spec = json_object_get(d, "spec");
     long long kv_mb = 0;
-    json_t *kvm = get2(spec, "engine", "kvCacheMemory");
+    json_t *kvm = kube_json_get(spec, "engine", "kvCacheMemory");
     if (kvm) {
         long long bytes = json_is_integer(kvm) ? json_integer_value(kvm) : desired_quantity(json_string_value(kvm));
         if (bytes <= 0) {
@@ -125,11 +120,11 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
         }
         kv_mb = (bytes + (1 << 20) - 1) >> 20;
     }
-    const char *mname = json_string_value(get2(spec, "model", "name"));
-    char *model = yaml_str(json_string_value(get2(spec, "model", "path")));
+    const char *mname = json_string_value(kube_json_get(spec, "model", "name"));
+    char *model = yaml_str(json_string_value(kube_json_get(spec, "model", "path")));
     char *served = yaml_str(mname ? mname : name_of(d));
-    const char *kv = json_string_value(get2(spec, "engine", "kvCacheType"));
-    const char *sha = json_string_value(get2(spec, "model", "sha256"));
+    const char *kv = json_string_value(kube_json_get(spec, "engine", "kvCacheType"));
+    const char *sha = json_string_value(kube_json_get(spec, "model", "sha256"));
     llm_strbuf yb = {0}, *y = &yb;
     llm_strbuf_printf(y, "# llm-server configuration, written by llm-controller from the LLMDeployment spec\n");
     yaml_line(y, "model", "%s", model ? model : "\"\"");
@@ -153,7 +148,7 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
         yaml_line(y, "backend", "%s", be);
     if (tp > 1)
         yaml_line(y, "tensor_parallel", "%lld", tp);
-    if (json_is_false(get2(spec, "engine", "prefixCache"))) /* only when off: others keep their config (and pods) */
+    if (json_is_false(kube_json_get(spec, "engine", "prefixCache"))) /* only when off: others keep their config (and pods) */
         yaml_line(y, "prefix_cache", "%s", "false");
     free(model);
     free(served);
@@ -172,13 +167,13 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
 /* The model volume: pvc, hostPath or image; none when not given. */
 static json_t *model_volume(json_t *spec)
 {
-    json_t *v = get2(spec, "model", "volume");
+    json_t *v = kube_json_get(spec, "model", "volume");
     if (json_object_get(v, "pvc"))
         return json_pack("{s:s,s:{s:O,s:b}}", "name", "model", "persistentVolumeClaim", "claimName",
-                         get2(json_object_get(v, "pvc"), "claimName", NULL), "readOnly", 1);
+                         kube_json_get(json_object_get(v, "pvc"), "claimName", NULL), "readOnly", 1);
     if (json_object_get(v, "hostPath"))
         return json_pack("{s:s,s:{s:O,s:s}}", "name", "model", "hostPath", "path",
-                         get2(json_object_get(v, "hostPath"), "path", NULL), "type", "Directory");
+                         kube_json_get(json_object_get(v, "hostPath"), "path", NULL), "type", "Directory");
     if (json_object_get(v, "image"))
         return json_pack("{s:s,s:O}", "name", "model", "image", json_object_get(v, "image"));
     return NULL;
@@ -206,10 +201,10 @@ static json_t *probe(const char *path, long long port, long long period, long lo
  * in resources() below), else cpu. */
 const char *desired_backend(json_t *spec)
 {
-    const char *be = json_string_value(get2(spec, "engine", "backend"));
+    const char *be = json_string_value(kube_json_get(spec, "engine", "backend"));
     if (be && strcmp(be, "auto"))
         return be;
-    json_t *gpu = get2(json_object_get(spec, "resources"), "limits", "nvidia.com/gpu");
+    json_t *gpu = kube_json_get(json_object_get(spec, "resources"), "limits", "nvidia.com/gpu");
     int asks = gpu && !(json_is_integer(gpu) && json_integer_value(gpu) == 0) &&
                !(json_is_string(gpu) && !strcmp(json_string_value(gpu), "0"));
     return asks || spec_int(spec, "engine", "tensorParallelSize", 1) > 1 ? "cuda" : "cpu";
@@ -222,7 +217,7 @@ static json_t *resources(json_t *spec)
     json_t *r = json_object_get(spec, "resources");
     r = r ? json_deep_copy(r) : json_object();
     long long tp = spec_int(spec, "engine", "tensorParallelSize", 1);
-    if (r && tp > 1 && !get2(json_object_get(r, "limits"), "nvidia.com/gpu", NULL)) {
+    if (r && tp > 1 && !kube_json_get(json_object_get(r, "limits"), "nvidia.com/gpu", NULL)) {
         if (!json_object_get(r, "limits"))
             json_object_set_new(r, "limits", json_object());
         char n[24];
@@ -241,11 +236,11 @@ static json_t *container(json_t *d, const char *admin_secret)
         json_array_append_new(args, json_string("--admin_token_file"));
         json_array_append_new(args, json_string(DESIRED_ADMIN_DIR "/" DESIRED_ADMIN_KEY));
     }
-    json_t *extra = get2(spec, "server", "extraArgs");
+    json_t *extra = kube_json_get(spec, "server", "extraArgs");
     if (json_is_array(extra))
         json_array_extend(args, extra);
     json_t *env = json_pack("[{s:s,s:{s:{s:s}}}]", "name", "POD_IP", "valueFrom", "fieldRef", "fieldPath", "status.podIP");
-    json_t *secret = get2(spec, "server", "apiKeySecret");
+    json_t *secret = kube_json_get(spec, "server", "apiKeySecret");
     if (secret) {
         const char *key = json_string_value(json_object_get(secret, "key"));
         json_array_append_new(env, json_pack("{s:s,s:{s:{s:O,s:s}}}", "name", "LLM_SERVER_API_KEYS", "valueFrom",
@@ -253,8 +248,8 @@ static json_t *container(json_t *d, const char *admin_secret)
                                              key ? key : "api-keys"));
     }
     json_t *mounts = json_pack("[{s:s,s:s,s:b}]", "name", "config", "mountPath", DESIRED_CONFIG_DIR, "readOnly", 1);
-    const char *mp = json_string_value(get2(get2(spec, "model", "volume"), "mountPath", NULL));
-    if (get2(spec, "model", "volume"))
+    const char *mp = json_string_value(kube_json_get(kube_json_get(spec, "model", "volume"), "mountPath", NULL));
+    if (kube_json_get(spec, "model", "volume"))
         json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "model", "mountPath", mp ? mp : "/models",
                                                 "readOnly", 1));
     if (admin_secret)
@@ -351,7 +346,7 @@ json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin
     json_t *over = json_object_get(spec, "podTemplate");
     if (tmpl && json_is_object(over)) {
         merge(tmpl, over);
-        json_t *lab = get2(tmpl, "metadata", "labels"), *ours = labels(name);
+        json_t *lab = kube_json_get(tmpl, "metadata", "labels"), *ours = labels(name);
         if (json_is_object(lab)) /* the spec's labels merge; the selector's stay ours */
             json_object_update(lab, ours);
         else
@@ -430,7 +425,7 @@ json_t *desired_router_rbac(json_t *d, int which)
     return json_pack("{s:s,s:s,s:o,s:{s:s,s:s,s:s},s:[{s:s,s:s,s:O}]}", "apiVersion", "rbac.authorization.k8s.io/v1",
                      "kind", "RoleBinding", "metadata", meta(d, n), "roleRef", "apiGroup", "rbac.authorization.k8s.io",
                      "kind", "Role", "name", n, "subjects", "kind", "ServiceAccount", "name", n, "namespace",
-                     get2(json_object_get(d, "metadata"), "namespace", NULL));
+                     kube_json_get(json_object_get(d, "metadata"), "namespace", NULL));
 }
 
 /* llm-router pods in front of the llm-server pods: they follow the
@@ -438,7 +433,7 @@ json_t *desired_router_rbac(json_t *d, int which)
 json_t *desired_router(json_t *d)
 {
     json_t *spec = json_object_get(d, "spec"), *rt = json_object_get(spec, "router");
-    const char *name = name_of(d), *ns = json_string_value(get2(json_object_get(d, "metadata"), "namespace", NULL));
+    const char *name = name_of(d), *ns = json_string_value(kube_json_get(json_object_get(d, "metadata"), "namespace", NULL));
     const char *image = json_string_value(json_object_get(rt, "image")), *policy = json_string_value(json_object_get(rt, "policy"));
     char n[300], svc[600], port[16], hold[32];
     snprintf(n, sizeof n, "%s-router", name);
@@ -474,7 +469,7 @@ json_t *desired_router(json_t *d)
     snprintf(mport, sizeof mport, "%lld", desired_health_port(d));
     json_array_append_new(args, json_string("--metrics-port"));
     json_array_append_new(args, json_string(mport));
-    if (ctr && json_is_true(get2(rt, "affinityUser", NULL)))
+    if (ctr && json_is_true(kube_json_get(rt, "affinityUser", NULL)))
         json_array_append_new(args, json_string("--affinity-user"));
     if (ctr && desired_canary_enabled(d)) {
         char csvc[700], wcm[600];
@@ -527,14 +522,14 @@ json_t *desired_canary_deployment(json_t *d, json_t *dep, int replicas)
     snprintf(n, sizeof n, "%s-canary", name_of(d));
     snprintf(cm, sizeof cm, "%s-canary-config", name_of(d));
     json_t *out = json_deep_copy(dep), *spec = json_object_get(out, "spec");
-    json_t *tmeta = get2(json_object_get(spec, "template"), "metadata", NULL);
+    json_t *tmeta = kube_json_get(json_object_get(spec, "template"), "metadata", NULL);
     if (!out || !tmeta)
         return json_decref(out), NULL;
     json_object_set_new(json_object_get(out, "metadata"), "name", json_string(n));
     json_object_set_new(spec, "replicas", json_integer(replicas));
-    json_object_set_new(get2(spec, "selector", "matchLabels"), DESIRED_INSTANCE, json_string(n));
+    json_object_set_new(kube_json_get(spec, "selector", "matchLabels"), DESIRED_INSTANCE, json_string(n));
     json_object_set_new(json_object_get(tmeta, "labels"), DESIRED_INSTANCE, json_string(n));
-    json_t *vols = get2(get2(json_object_get(spec, "template"), "spec", NULL), "volumes", NULL);
+    json_t *vols = kube_json_get(kube_json_get(json_object_get(spec, "template"), "spec", NULL), "volumes", NULL);
     for (size_t i = 0; i < json_array_size(vols); i++) { /* its own copy of the new configuration */
         json_t *v = json_array_get(vols, i);
         if (!strcmp(json_string_value(json_object_get(v, "name")) ?: "", "config"))

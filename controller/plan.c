@@ -7,22 +7,12 @@
 
 #include "desired.h"
 #include "llm/clock.h"
+#include "kube_json.h"
 #include "plan.h"
-
-static json_t *get2(json_t *o, const char *a, const char *b)
-{
-    json_t *x = json_object_get(o, a);
-    return b ? json_object_get(x, b) : x;
-}
-
-static const char *str2(json_t *o, const char *a, const char *b)
-{
-    return json_string_value(get2(o, a, b));
-}
 
 static const char *ann(json_t *o, const char *key)
 {
-    return json_string_value(json_object_get(get2(o, "metadata", "annotations"), key));
+    return json_string_value(json_object_get(kube_json_get(o, "metadata", "annotations"), key));
 }
 
 void plan_eventv(json_t *events, const char *type, const char *reason, const char *fmt, va_list ap)
@@ -107,7 +97,7 @@ static const podsig_reading *fresh(const plan_input *in, double interval_s)
 static int autoscale_start(const plan_input *in, json_t *prev, json_t *spec, int split, const autoscale_config *as)
 {
     json_t *rec = json_object_get(prev, "desiredReplicas");
-    json_int_t dep = !split && in->stable ? json_integer_value(get2(json_object_get(in->stable, "spec"), "replicas", NULL))
+    json_int_t dep = !split && in->stable ? json_integer_value(kube_json_get(json_object_get(in->stable, "spec"), "replicas", NULL))
                                           : -1;
     json_int_t r = json_is_integer(rec) ? json_integer_value(rec) : -1;
     if (r >= 0 && r <= as->max && !(r == 0 && dep > 0))
@@ -124,8 +114,8 @@ static int autoscale_start(const plan_input *in, json_t *prev, json_t *spec, int
 static llm_status autoscale(const plan_input *in, json_t *d, plan *p, llm_error *err)
 {
     json_t *spec = json_object_get(d, "spec");
-    json_t *prev = get2(d, "status", "autoscaling");
-    int split = rollout_in_flight(get2(d, "status", "canary")); /* the Deployment holds only the stable share */
+    json_t *prev = kube_json_get(d, "status", "autoscaling");
+    int split = rollout_in_flight(kube_json_get(d, "status", "canary")); /* the Deployment holds only the stable share */
     int current = autoscale_start(in, prev, spec, split, &p->as);
     const podsig_reading *r = fresh(in, p->as.interval_s);
     int have = r && !strcmp(r->need.metric, p->as.metric);
@@ -156,8 +146,8 @@ static llm_status autoscale(const plan_input *in, json_t *d, plan *p, llm_error 
 static json_t *deployment_events(json_t *old, json_t *want, int autoscaled)
 {
     json_t *ev = json_array();
-    json_int_t was = json_integer_value(get2(json_object_get(old, "spec"), "replicas", NULL));
-    json_int_t now = json_integer_value(get2(json_object_get(want, "spec"), "replicas", NULL));
+    json_int_t was = json_integer_value(kube_json_get(json_object_get(old, "spec"), "replicas", NULL));
+    json_int_t now = json_integer_value(kube_json_get(json_object_get(want, "spec"), "replicas", NULL));
     if (was != now && !autoscaled) /* the autoscaler posts its own, with the reason */
         plan_event(ev, "Normal", "Scaled", "scaled from %lld to %lld replicas", (long long)was, (long long)now);
     const char *t0 = ann(old, DESIRED_TEMPLATE_ANN), *t1 = ann(want, DESIRED_TEMPLATE_ANN);
@@ -177,7 +167,7 @@ static int canary_steps(json_t *d, plan *p, const char *ns, const char *name)
     int bad = 0;
     if (ro->weight_cm) {
         bad |= !step_apply(p, CORE, ns, "configmaps", json_incref(ro->weight_cm));
-    } else if (json_is_object(get2(d, "status", "canary"))) { /* spec.canary was removed */
+    } else if (json_is_object(kube_json_get(d, "status", "canary"))) { /* spec.canary was removed */
         snprintf(n, sizeof n, "%s-router", name);
         bad |= step_remove(p, CORE, ns, "configmaps", n);
     }
@@ -187,7 +177,7 @@ static int canary_steps(json_t *d, plan *p, const char *ns, const char *name)
         bad |= !step_apply(p, APPS, ns, "deployments", json_incref(ro->canary_dep));
         return bad;
     }
-    if (!ro->state && !json_is_object(get2(d, "status", "canary")))
+    if (!ro->state && !json_is_object(kube_json_get(d, "status", "canary")))
         return bad; /* never had a canary: nothing to look for */
     snprintf(n, sizeof n, "%s-canary", name);
     bad |= step_remove(p, APPS, ns, "deployments", n);
@@ -237,12 +227,12 @@ static llm_status server_objects(const plan_input *in, json_t *d, plan *p, json_
     kube_meta_hash(json_object_get(*cm, "data"), cfg_hash);
     if (!(*dep = desired_deployment(d, cfg_hash, in->admin_secret, msg, sizeof msg)))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg);
-    kube_meta_hash(get2(json_object_get(*dep, "spec"), "template", NULL), p->template_hash);
-    json_object_set_new(get2(*dep, "metadata", "annotations"), DESIRED_TEMPLATE_ANN, json_string(p->template_hash));
+    kube_meta_hash(kube_json_get(json_object_get(*dep, "spec"), "template", NULL), p->template_hash);
+    json_object_set_new(kube_json_get(*dep, "metadata", "annotations"), DESIRED_TEMPLATE_ANN, json_string(p->template_hash));
     if (desired_colocated(d)) { /* only a colocated canary compares it: no second build otherwise */
         char base[17];
         desired_base_hash(d, base);
-        json_object_set_new(get2(*dep, "metadata", "annotations"), DESIRED_BASE_ANN, json_string(base));
+        json_object_set_new(kube_json_get(*dep, "metadata", "annotations"), DESIRED_BASE_ANN, json_string(base));
     }
     return LLM_OK;
 }
@@ -250,7 +240,7 @@ static llm_status server_objects(const plan_input *in, json_t *d, plan *p, json_
 /* Every step, in the order the objects depend on each other. */
 static llm_status steps(const plan_input *in, json_t *d, plan *p, json_t *cm, json_t *dep, llm_error *err)
 {
-    const char *ns = str2(d, "metadata", "namespace"), *name = str2(d, "metadata", "name");
+    const char *ns = kube_json_str(d, "metadata", "namespace"), *name = kube_json_str(d, "metadata", "name");
     int bad = 0;
     if (desired_colocated(d)) /* before the pods that mount it */
         bad |= json_array_append_new(p->steps, json_pack("{s:s}", "op", "adminSecret"));
@@ -289,7 +279,7 @@ llm_status plan_children(const plan_input *in, plan *p, llm_error *err)
     rollout_seen seen = {.canary = in->canary, .pods = in->pods, .now = in->now};
     if (!st)
         st = rollout_plan(d, in->stable, p->template_hash,
-                     (int)json_integer_value(get2(json_object_get(dep, "spec"), "replicas", NULL)), cm, dep, &seen, &p->ro, err);
+                     (int)json_integer_value(kube_json_get(json_object_get(dep, "spec"), "replicas", NULL)), cm, dep, &seen, &p->ro, err);
     if (!st)
         st = steps(in, d, p, cm, dep, err);
     if (!st && json_array_extend(p->events, p->ro.events))
@@ -323,7 +313,7 @@ typedef struct verdict {
  * transition times. */
 static json_t *old_condition(json_t *d, const char *type)
 {
-    json_t *cs = get2(d, "status", "conditions");
+    json_t *cs = kube_json_get(d, "status", "conditions");
     for (size_t i = 0; i < json_array_size(cs); i++) {
         const char *t = json_string_value(json_object_get(json_array_get(cs, i), "type"));
         if (t && !strcmp(t, type))
@@ -345,12 +335,12 @@ static const pod_diag *diagnosis(const plan_input *in)
 static void judge(const plan_input *in, json_t *dep, verdict *v)
 {
     json_t *d = in->llmd, *ds = json_object_get(dep, "status");
-    json_int_t want = json_integer_value(get2(json_object_get(dep, "spec"), "replicas", NULL)); /* autoscaled, canary share */
+    json_int_t want = json_integer_value(kube_json_get(json_object_get(dep, "spec"), "replicas", NULL)); /* autoscaled, canary share */
     json_int_t have = json_integer_value(json_object_get(ds, "replicas"));
     json_int_t ready = json_integer_value(json_object_get(ds, "readyReplicas"));
     json_int_t updated = json_integer_value(json_object_get(ds, "updatedReplicas"));
     int rolled = json_integer_value(json_object_get(ds, "observedGeneration")) >=
-                 json_integer_value(get2(dep, "metadata", "generation"));
+                 json_integer_value(kube_json_get(dep, "metadata", "generation"));
     memset(v, 0, sizeof *v);
     v->ready = ready >= want && rolled && updated >= want && have == want;
     v->phase = v->ready ? (want == 0 ? "Idle" : "Ready") : ready > 0 ? "Progressing" : have > 0 ? "Loading" : "Pending";
@@ -365,7 +355,7 @@ static void judge(const plan_input *in, json_t *dep, verdict *v)
     json_t *prev = old_condition(d, "Degraded");
     const char *pr = json_string_value(json_object_get(prev, "reason"));
     int same_gen = json_integer_value(json_object_get(prev, "observedGeneration")) ==
-                   json_integer_value(get2(d, "metadata", "generation"));
+                   json_integer_value(kube_json_get(d, "metadata", "generation"));
     if (pod_diag_is_engine_failure(pr) && same_gen && ready == 0 &&
         (!pd || (pd->severity > 0 && !pod_diag_is_engine_failure(pd->reason)))) {
         /* the server that reported the failure is being restarted (or no
@@ -388,12 +378,12 @@ static void judge(const plan_input *in, json_t *dep, verdict *v)
 static json_t *status_of(json_t *d, const verdict *v, const char *revision, json_t *dep)
 {
     json_t *ds = json_object_get(dep, "status");
-    const char *name = str2(d, "metadata", "name"), *ns = str2(d, "metadata", "namespace");
-    json_int_t gen = json_integer_value(get2(d, "metadata", "generation"));
+    const char *name = kube_json_str(d, "metadata", "name"), *ns = kube_json_str(d, "metadata", "namespace");
+    json_int_t gen = json_integer_value(kube_json_get(d, "metadata", "generation"));
     char sel[256], ep[512], rev[11];
     snprintf(sel, sizeof sel, DESIRED_INSTANCE "=%s," DESIRED_MANAGED_BY "=" DESIRED_CONTROLLER, name);
     snprintf(ep, sizeof ep, "http://%s.%s.svc:%lld", name, ns,
-             (long long)(json_integer_value(get2(get2(d, "spec", "server"), "port", NULL)) ?: 8080));
+             (long long)(json_integer_value(kube_json_get(kube_json_get(d, "spec", "server"), "port", NULL)) ?: 8080));
     snprintf(rev, sizeof rev, "%.10s", revision);
     return json_pack("{s:I,s:I,s:I,s:s,s:s,s:s,s:s,s:[o,o,o]}", "observedGeneration", gen, "replicas",
                      json_integer_value(json_object_get(ds, "replicas")), "readyReplicas",
@@ -424,7 +414,7 @@ static void keep_transition_times(json_t *d, json_t *want, double now_unix)
 /* Events when the phase or the failure reason changes. */
 static void status_events(json_t *d, const verdict *v, json_t *events)
 {
-    const char *was = str2(d, "status", "phase");
+    const char *was = kube_json_str(d, "status", "phase");
     const char *why = json_string_value(json_object_get(old_condition(d, "Degraded"), "reason"));
     if (v->degraded && (!why || strcmp(why, v->reason)))
         plan_event(events, "Warning", v->reason, "%s", v->message);
@@ -439,8 +429,8 @@ static void canary_status(json_t *d, const rollout *ro, json_t *status)
     int live = rollout_in_flight(ro->state);
     if (ro->state) {
         json_object_set(status, "canary", ro->state);
-        rollout_conditions(ro, json_object_get(status, "conditions"), json_integer_value(get2(d, "metadata", "generation")));
-    } else if (get2(d, "status", "canary")) {
+        rollout_conditions(ro, json_object_get(status, "conditions"), json_integer_value(kube_json_get(d, "metadata", "generation")));
+    } else if (kube_json_get(d, "status", "canary")) {
         json_object_set_new(status, "canary", json_null());
     }
     char rev[11];
@@ -477,7 +467,7 @@ json_t *plan_refused(const plan_input *in, const char *reason, const char *why, 
     snprintf(v.reason, sizeof v.reason, "%s", reason);
     snprintf(v.message, sizeof v.message, "%s", why);
     status_events(in->llmd, &v, events);
-    json_t *st = status_of(in->llmd, &v, str2(in->llmd, "status", "stableRevision") ?: "", NULL);
+    json_t *st = status_of(in->llmd, &v, kube_json_str(in->llmd, "status", "stableRevision") ?: "", NULL);
     if (st)
         keep_transition_times(in->llmd, st, in->now);
     return st;

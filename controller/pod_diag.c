@@ -5,6 +5,8 @@
 
 #include "pod_diag.h"
 
+#include "kube_json.h"
+
 enum {
     S_LOADING = 1,
     S_WAIT_GPU,
@@ -17,16 +19,6 @@ enum {
     S_NOT_FOUND,
     S_DEGRADED_FROM = S_CRASHLOOP
 };
-
-static json_t *get2(json_t *o, const char *a, const char *b)
-{
-    return json_object_get(json_object_get(o, a), b);
-}
-
-static const char *str2(json_t *o, const char *a, const char *b)
-{
-    return json_string_value(get2(o, a, b));
-}
 
 static void offer(pod_diag *d, int severity, const char *reason, const char *pod, const char *fmt, const char *x,
                   const char *y)
@@ -44,7 +36,7 @@ static void offer(pod_diag *d, int severity, const char *reason, const char *pod
 
 static void scheduling(json_t *pod, const char *name, pod_diag *d)
 {
-    json_t *conds = get2(pod, "status", "conditions");
+    json_t *conds = kube_json_get(pod, "status", "conditions");
     for (size_t i = 0; i < json_array_size(conds); i++) {
         json_t *c = json_array_get(conds, i);
         const char *type = json_string_value(json_object_get(c, "type"));
@@ -61,15 +53,15 @@ static void scheduling(json_t *pod, const char *name, pod_diag *d)
 /* Image pulls and restarts, from the first container's status. */
 static void container(json_t *pod, const char *name, pod_diag *d)
 {
-    json_t *cs = json_array_get(get2(pod, "status", "containerStatuses"), 0);
-    const char *wait = str2(json_object_get(cs, "state"), "waiting", "reason");
-    const char *wmsg = str2(json_object_get(cs, "state"), "waiting", "message");
+    json_t *cs = json_array_get(kube_json_get(pod, "status", "containerStatuses"), 0);
+    const char *wait = kube_json_str(json_object_get(cs, "state"), "waiting", "reason");
+    const char *wmsg = kube_json_str(json_object_get(cs, "state"), "waiting", "message");
     if (wait && (!strcmp(wait, "ErrImagePull") || !strcmp(wait, "ImagePullBackOff") || !strcmp(wait, "InvalidImageName")))
         offer(d, S_IMAGE, "ImagePullFailed", name, "%s: %s", wait, wmsg);
     if (wait && (!strcmp(wait, "CreateContainerConfigError") || !strcmp(wait, "ContainerCreating")) && wmsg)
         offer(d, S_CONFIG, "ConfigError", name, "%s: %s", wait, wmsg); /* a missing Secret or ConfigMap */
     json_int_t restarts = json_integer_value(json_object_get(cs, "restartCount"));
-    json_t *last = get2(cs, "lastState", "terminated");
+    json_t *last = kube_json_get(cs, "lastState", "terminated");
     if (restarts > 0 && last && !json_is_true(json_object_get(cs, "ready"))) {
         char what[512];
         snprintf(what, sizeof what, "restarted %lld times; last exit: %s (exit code %lld)", (long long)restarts,
@@ -98,8 +90,8 @@ static void engine(json_t *st, const char *name, pod_diag *d)
 
 int pod_diag_wants_startupz(json_t *pod)
 {
-    json_t *cs = json_array_get(get2(pod, "status", "containerStatuses"), 0);
-    return str2(pod, "status", "podIP") && str2(pod, "metadata", "name") && !get2(pod, "metadata", "deletionTimestamp") &&
+    json_t *cs = json_array_get(kube_json_get(pod, "status", "containerStatuses"), 0);
+    return kube_json_str(pod, "status", "podIP") && kube_json_str(pod, "metadata", "name") && !kube_json_get(pod, "metadata", "deletionTimestamp") &&
            json_object_get(json_object_get(cs, "state"), "running");
 }
 
@@ -108,8 +100,8 @@ void pod_diag_judge(json_t *pods, json_t *startupz, pod_diag *out)
     memset(out, 0, sizeof *out);
     for (size_t i = 0; i < json_array_size(pods); i++) {
         json_t *p = json_array_get(pods, i);
-        const char *name = str2(p, "metadata", "name");
-        if (!name || get2(p, "metadata", "deletionTimestamp"))
+        const char *name = kube_json_str(p, "metadata", "name");
+        if (!name || kube_json_get(p, "metadata", "deletionTimestamp"))
             continue;
         scheduling(p, name, out);
         container(p, name, out);

@@ -10,6 +10,7 @@
 #include "desired.h"
 #include "http_client.h"
 #include "kube_client.h"
+#include "kube_json.h"
 #include "podsig.h"
 #include "prom_text.h"
 #include "llm/clock.h"
@@ -45,11 +46,6 @@ struct podsig {
     size_t n, cap;
     json_t *index;
 };
-
-static json_t *get2(json_t *o, const char *a, const char *b)
-{
-    return json_object_get(json_object_get(o, a), b);
-}
 
 static int need_empty(const podsig_need *n)
 {
@@ -132,7 +128,7 @@ typedef struct sig_round {
 
 int podsig_pod_serving(json_t *pod)
 {
-    json_t *cs = get2(pod, "status", "conditions");
+    json_t *cs = kube_json_get(pod, "status", "conditions");
     int ready = 0;
     for (size_t i = 0; i < json_array_size(cs); i++) {
         json_t *c = json_array_get(cs, i);
@@ -141,7 +137,7 @@ int podsig_pod_serving(json_t *pod)
         if (t && st && !strcmp(t, "Ready"))
             ready = !strcmp(st, "True");
     }
-    return ready && json_is_string(get2(pod, "status", "podIP")) && !get2(pod, "metadata", "deletionTimestamp");
+    return ready && json_is_string(kube_json_get(pod, "status", "podIP")) && !kube_json_get(pod, "metadata", "deletionTimestamp");
 }
 
 /* The instances of every target: NAME, NAME-router, NAME-canary. */
@@ -186,8 +182,8 @@ static void place_pod(sig_round *rd, json_t *pod)
 {
     json_t *md = json_object_get(pod, "metadata");
     const char *ns = json_string_value(json_object_get(md, "namespace"));
-    const char *inst = json_string_value(get2(md, "labels", DESIRED_INSTANCE));
-    const char *app = json_string_value(get2(md, "labels", DESIRED_APP)); /* NAME-router's routers, or LLMDeployment NAME-router's servers */
+    const char *inst = json_string_value(kube_json_get(md, "labels", DESIRED_INSTANCE));
+    const char *app = json_string_value(kube_json_get(md, "labels", DESIRED_APP)); /* NAME-router's routers, or LLMDeployment NAME-router's servers */
     char key[KEY_MAX + 32];
     if (!ns || !inst || !app || snprintf(key, sizeof key, "%s/%s %s", ns, inst, app) >= (int)sizeof key)
         return;
@@ -197,7 +193,7 @@ static void place_pod(sig_round *rd, json_t *pod)
     size_t i = (size_t)json_integer_value(json_array_get(at, 0));
     int kind = (int)json_integer_value(json_array_get(at, 1));
     snap *s = &rd->s[i];
-    const char *ip = json_string_value(get2(pod, "status", "podIP"));
+    const char *ip = json_string_value(kube_json_get(pod, "status", "podIP"));
     const char *name = json_string_value(json_object_get(md, "name"));
     if (s->need.diag && kind != K_ROUTER) {
         if (json_array_size(s->pods[kind]) < PODS_PER_LLMD)

@@ -12,6 +12,7 @@
 #include "http_client.h"
 #include "kube_apply.h"
 #include "ctl_event.h"
+#include "kube_json.h"
 #include "plan.h"
 #include "reconcile.h"
 
@@ -19,17 +20,6 @@
 #define ADMIN_BUDGET_MS 3000 /* every pod's /admin/canary answer together */
 #define ADMIN_PODS 1024
 #define ADMIN_ANSWER_MAX 4096 /* {"state","model","weight","message"}: a pod's longer answer is no answer */
-
-static json_t *get2(json_t *o, const char *a, const char *b)
-{
-    json_t *x = json_object_get(o, a);
-    return b ? json_object_get(x, b) : x;
-}
-
-static const char *str2(json_t *o, const char *a, const char *b)
-{
-    return json_string_value(get2(o, a, b));
-}
 
 /* ---- observe ------------------------------------------------------------------------------ */
 
@@ -58,7 +48,7 @@ static llm_status read_opt(kube_client *k, const char *path, json_t **out, llm_e
  * the pods' signals (the last round's: no wait). */
 static llm_status observe(kube_client *k, podsig *ps, const char *key, seen *o, llm_error *err)
 {
-    const char *ns = str2(o->d, "metadata", "namespace"), *name = str2(o->d, "metadata", "name");
+    const char *ns = kube_json_str(o->d, "metadata", "namespace"), *name = kube_json_str(o->d, "metadata", "name");
     char path[1024];
     snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s", ns, name);
     llm_status st = read_opt(k, path, &o->stable, err);
@@ -81,7 +71,7 @@ static void post_events(kube_client *k, json_t *d, json_t *events)
 {
     for (size_t i = 0; i < json_array_size(events); i++) {
         json_t *e = json_array_get(events, i);
-        ctl_event(k, d, str2(e, "type", NULL), str2(e, "reason", NULL), "%s", str2(e, "message", NULL));
+        ctl_event(k, d, kube_json_str(e, "type", NULL), kube_json_str(e, "reason", NULL), "%s", kube_json_str(e, "message", NULL));
     }
 }
 
@@ -90,7 +80,7 @@ static void admin_answers(podsig_admin *a, char (*urls)[128], size_t n, const lo
 {
     for (size_t i = 0; i < n; i++) {
         json_t *j = codes[i] ? llm_json_loads(bodies[i], 0, NULL) : NULL;
-        const char *state = str2(j, "state", NULL), *msg = str2(j, "message", NULL);
+        const char *state = kube_json_str(j, "state", NULL), *msg = kube_json_str(j, "message", NULL);
         int ok = codes[i] == 200 && state;
         a->answered += codes[i] == 200;
         a->ready += ok && !strcmp(state, "ready");
@@ -109,9 +99,9 @@ static void admin_answers(podsig_admin *a, char (*urls)[128], size_t n, const lo
  * answers are remembered for the next plan. */
 static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, const plan *p)
 {
-    json_t *d = o->d, *m = get2(d, "spec", "model");
+    json_t *d = o->d, *m = kube_json_get(d, "spec", "model");
     podsig_admin a = {.valid = 1, .weight = p->ro.admin_weight, .unload = p->ro.admin == 2};
-    snprintf(a.rev, sizeof a.rev, "%s", str2(p->ro.state, "revision", NULL) ?: "");
+    snprintf(a.rev, sizeof a.rev, "%s", kube_json_str(p->ro.state, "revision", NULL) ?: "");
     json_t *req = json_pack("{s:o,s:i}", "model", a.unload ? json_null() : json_incref(json_object_get(m, "path")),
                             "weight", a.weight);
     if (req && !a.unload && json_is_string(json_object_get(m, "sha256")))
@@ -120,8 +110,8 @@ static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, con
     json_decref(req);
     /* the servers of this LLMDeployment alone: LLMDeployment NAME's routers are instance NAME-router too */
     snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" DESIRED_INSTANCE "%%3D%s%%2C" DESIRED_MANAGED_BY
-             "%%3D" DESIRED_CONTROLLER "%%2C" DESIRED_APP "%%3Dllm-server", str2(d, "metadata", "namespace"),
-             str2(d, "metadata", "name"));
+             "%%3D" DESIRED_CONTROLLER "%%2C" DESIRED_APP "%%3Dllm-server", kube_json_str(d, "metadata", "namespace"),
+             kube_json_str(d, "metadata", "name"));
     json_t *pods = NULL;
     llm_error err = {0};
     char(*urls)[128] = calloc(ADMIN_PODS, 128);
@@ -138,10 +128,10 @@ static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, con
         json_t *items = json_object_get(pods, "items");
         for (size_t i = 0; i < json_array_size(items) && (size_t)a.pods < ADMIN_PODS; i++) {
             json_t *pod = json_array_get(items, i);
-            const char *ip = str2(pod, "status", "podIP");
+            const char *ip = kube_json_str(pod, "status", "podIP");
             int v6 = ip && strchr(ip, ':');
             /* not a host-network pod: its IP is the node's, whatever listens there would get the token */
-            if (podsig_pod_serving(pod) && !json_is_true(get2(json_object_get(pod, "spec"), "hostNetwork", NULL)) &&
+            if (podsig_pod_serving(pod) && !json_is_true(kube_json_get(json_object_get(pod, "spec"), "hostNetwork", NULL)) &&
                 snprintf(urls[a.pods], 128, "http://%s%s%s:%lld/admin/canary", v6 ? "[" : "", ip, v6 ? "]" : "",
                          desired_server_port(d)) < 128)
                 up[a.pods] = urls[a.pods], a.pods++;
@@ -174,29 +164,29 @@ static llm_status clear_action(kube_client *k, const char *path, llm_error *err)
  * left it. */
 static llm_status act(kube_client *k, seen *o, const plan *p, json_t **dep_now, llm_error *err)
 {
-    const char *uid = str2(o->d, "metadata", "uid");
+    const char *uid = kube_json_str(o->d, "metadata", "uid");
     llm_status st = LLM_OK;
     for (size_t i = 0; i < json_array_size(p->steps) && !st; i++) {
         json_t *s = json_array_get(p->steps, i);
-        const char *op = str2(s, "op", NULL);
+        const char *op = kube_json_str(s, "op", NULL);
         kube_applied did = KUBE_SAME;
         if (!strcmp(op, "adminSecret")) {
             st = admin_secret_ensure(k, o->d, err);
         } else if (!strcmp(op, "remove")) {
-            st = kube_apply_remove_ours(k, str2(s, "path", NULL), uid, err);
+            st = kube_apply_remove_ours(k, kube_json_str(s, "path", NULL), uid, err);
         } else if (json_is_true(json_object_get(s, "stable"))) {
-            st = kube_apply_over(k, str2(s, "collection", NULL), json_object_get(s, "object"), o->stable, &did, dep_now, err);
+            st = kube_apply_over(k, kube_json_str(s, "collection", NULL), json_object_get(s, "object"), o->stable, &did, dep_now, err);
         } else {
-            st = kube_apply(k, str2(s, "collection", NULL), json_object_get(s, "object"), &did, err);
+            st = kube_apply(k, kube_json_str(s, "collection", NULL), json_object_get(s, "object"), &did, err);
         }
-        if (!st && did == KUBE_CREATED && str2(s, "created", NULL))
-            ctl_event(k, o->d, "Normal", "Created", "%s", str2(s, "created", NULL));
+        if (!st && did == KUBE_CREATED && kube_json_str(s, "created", NULL))
+            ctl_event(k, o->d, "Normal", "Created", "%s", kube_json_str(s, "created", NULL));
         else if (!st && (did == KUBE_UPDATED || did == KUBE_TAKEN_BACK))
             post_events(k, o->d, json_object_get(s, "updated"));
         if (!st && did == KUBE_TAKEN_BACK) /* whose edit was undone, in the API server's words */
             ctl_event(k, o->d, "Warning", "FieldsTakenBack", "%s %s: %s",
-                      str2(json_object_get(s, "object"), "kind", NULL) ?: "object",
-                      str2(get2(json_object_get(s, "object"), "metadata", NULL), "name", NULL) ?: "?", err->msg);
+                      kube_json_str(json_object_get(s, "object"), "kind", NULL) ?: "object",
+                      kube_json_str(kube_json_get(json_object_get(s, "object"), "metadata", NULL), "name", NULL) ?: "?", err->msg);
     }
     return st;
 }
@@ -227,7 +217,7 @@ static llm_status update_status(kube_client *k, const char *path, json_t *d, jso
     snprintf(sp, sizeof sp, "%s/status", path);
     /* at the version this reconcile read: a status computed from an older spec, or sent by a replica
      * that has stopped leading and was overtaken, is refused (409) rather than written over a newer one */
-    json_t *patch = json_pack("{s:{s:O},s:O}", "metadata", "resourceVersion", get2(d, "metadata", "resourceVersion"),
+    json_t *patch = json_pack("{s:{s:O},s:O}", "metadata", "resourceVersion", kube_json_get(d, "metadata", "resourceVersion"),
                               "status", want);
     llm_status st = patch ? kube_client_request(k, "PATCH", sp, patch, "application/merge-patch+json", NULL, err)
                           : llm_errf(err, LLM_ERR_NOMEM, "no memory for the status of %s (or no resourceVersion)", sp);
@@ -298,7 +288,7 @@ llm_status reconcile_run(kube_client *k, podsig *ps, const char *ns, const char 
         podsig_forget(ps, key);
         return st; /* deleted: its children go with it (ownerReferences) */
     }
-    if (!st && !get2(o.d, "metadata", "deletionTimestamp") && !(st = observe(k, ps, key, &o, err)))
+    if (!st && !kube_json_get(o.d, "metadata", "deletionTimestamp") && !(st = observe(k, ps, key, &o, err)))
         st = plan_and_act(k, ps, key, path, &o, requeue_s, err);
     if (st == LLM_ERR_NOT_FOUND) /* a 404 past the first read is a failure (an API not served), not "gone" */
         st = llm_errf(err, LLM_ERR_UNSUPPORTED, "%s", err->msg);

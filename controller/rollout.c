@@ -8,15 +8,11 @@
 
 #include "desired.h"
 #include "llm/clock.h"
+#include "kube_json.h"
 #include "kube_meta.h"
 #include "kube_status.h"
 #include "plan.h"
 #include "rollout.h"
-
-static json_t *get2(json_t *o, const char *a, const char *b)
-{
-    return json_object_get(json_object_get(o, a), b);
-}
 
 static const char *str(json_t *o, const char *key)
 {
@@ -37,8 +33,8 @@ static void set_str(json_t *o, const char *key, const char *v)
 static int dep_done(json_t *dep)
 {
     json_t *s = json_object_get(dep, "status");
-    json_int_t want = json_integer_value(get2(dep, "spec", "replicas"));
-    return dep && json_integer_value(json_object_get(s, "observedGeneration")) >= json_integer_value(get2(dep, "metadata", "generation")) &&
+    json_int_t want = json_integer_value(kube_json_get(dep, "spec", "replicas"));
+    return dep && json_integer_value(json_object_get(s, "observedGeneration")) >= json_integer_value(kube_json_get(dep, "metadata", "generation")) &&
            json_integer_value(json_object_get(s, "updatedReplicas")) == want &&
            json_integer_value(json_object_get(s, "readyReplicas")) == want &&
            json_integer_value(json_object_get(s, "replicas")) == want;
@@ -46,7 +42,7 @@ static int dep_done(json_t *dep)
 
 static int ready_pods(json_t *dep)
 {
-    return (int)json_integer_value(get2(dep, "status", "readyReplicas"));
+    return (int)json_integer_value(kube_json_get(dep, "status", "readyReplicas"));
 }
 
 static int colocated(const rollout *ro)
@@ -269,7 +265,7 @@ static void promoting(rollout *ro, const rollout_seen *seen, int total)
 /* A canary in flight: the kubectl levers, then its phase's turn. */
 static void progress(json_t *d, rollout *ro, const rollout_seen *seen, int total)
 {
-    const char *action = str(get2(d, "metadata", "annotations"), ROLLOUT_ACTION_ANN);
+    const char *action = str(kube_json_get(d, "metadata", "annotations"), ROLLOUT_ACTION_ANN);
     ro->clear_action = same(action, "resume") || same(action, "promote") || same(action, "abort");
     ro->mode = ROLLOUT_CANARY;
     ro->requeue_s = ro->cn.interval_s;
@@ -331,16 +327,16 @@ static llm_status objects(json_t *d, rollout *ro, json_t *stable, int total, jso
          !(ro->canary_svc = desired_canary_service(d))))
         return llm_errf(err, LLM_ERR_NOMEM, "cannot build the canary's objects");
     if (ro->mode == ROLLOUT_CANARY || ro->mode == ROLLOUT_ROLLED_BACK) { /* the stable pods keep what they run */
-        json_t *tmpl = json_deep_copy(get2(stable, "spec", "template"));
+        json_t *tmpl = json_deep_copy(kube_json_get(stable, "spec", "template"));
         if (!tmpl)
             return llm_errf(err, LLM_ERR_NOMEM, "cannot copy the stable pod template");
         json_object_set_new(json_object_get(dep, "spec"), "template", tmpl);
-        json_object_set_new(get2(dep, "metadata", "annotations"), DESIRED_TEMPLATE_ANN, json_string(ro->stable_rev));
-        const char *base = str(get2(stable, "metadata", "annotations"), DESIRED_BASE_ANN);
+        json_object_set_new(kube_json_get(dep, "metadata", "annotations"), DESIRED_TEMPLATE_ANN, json_string(ro->stable_rev));
+        const char *base = str(kube_json_get(stable, "metadata", "annotations"), DESIRED_BASE_ANN);
         if (base) /* what the stable pods run, not the spec's */
-            json_object_set_new(get2(dep, "metadata", "annotations"), DESIRED_BASE_ANN, json_string(base));
+            json_object_set_new(kube_json_get(dep, "metadata", "annotations"), DESIRED_BASE_ANN, json_string(base));
         else
-            json_object_del(get2(dep, "metadata", "annotations"), DESIRED_BASE_ANN);
+            json_object_del(kube_json_get(dep, "metadata", "annotations"), DESIRED_BASE_ANN);
         json_object_set_new(json_object_get(dep, "spec"), "replicas", json_integer(s_rep));
         ro->keep_config = 1;
     }
@@ -361,9 +357,9 @@ llm_status rollout_plan(json_t *d, json_t *stable, const char *new_rev, int tota
     if (seen->canary && (!uid || !by || strcmp(uid, by))) /* e.g. the Deployment of an LLMDeployment named NAME-canary */
         return llm_errf(err, KUBE_ERR_EXISTS, "Deployment %s-canary exists and is not this LLMDeployment's (uid %s): "
                         "rename or delete it", name, uid ? uid : "?");
-    const char *srev = str(get2(stable, "metadata", "annotations"), DESIRED_TEMPLATE_ANN);
+    const char *srev = str(kube_json_get(stable, "metadata", "annotations"), DESIRED_TEMPLATE_ANN);
     snprintf(ro->stable_rev, sizeof ro->stable_rev, "%s", srev ? srev : new_rev);
-    json_t *prev = get2(d, "status", "canary");
+    json_t *prev = kube_json_get(d, "status", "canary");
     ro->state = json_is_object(prev) ? json_deep_copy(prev) : json_object();
     if (!ro->state)
         return llm_errf(err, LLM_ERR_NOMEM, "no memory for the canary's state");
@@ -380,13 +376,13 @@ llm_status rollout_plan(json_t *d, json_t *stable, const char *new_rev, int tota
         /* a new revision, or one whose canary ended (cancelled by a spec that went back): from the start */
         if (!same(str(ro->state, "revision"), new_rev) || !rollout_in_flight(ro->state))
             start(ro, new_rev, srev,
-                  same(str(get2(stable, "metadata", "annotations"), DESIRED_BASE_ANN),
-                       str(get2(dep, "metadata", "annotations"), DESIRED_BASE_ANN)));
+                  same(str(kube_json_get(stable, "metadata", "annotations"), DESIRED_BASE_ANN),
+                       str(kube_json_get(dep, "metadata", "annotations"), DESIRED_BASE_ANN)));
         if (!ro->state)
             return llm_errf(err, LLM_ERR_NOMEM, "no memory for the canary's state");
         progress(d, ro, seen, total);
     }
-    const char *lever = str(get2(d, "metadata", "annotations"), ROLLOUT_ACTION_ANN);
+    const char *lever = str(kube_json_get(d, "metadata", "annotations"), ROLLOUT_ACTION_ANN);
     if (same(lever, "resume") || same(lever, "promote") || same(lever, "abort"))
         ro->clear_action = 1; /* done, or nothing left to do it to: a lever left behind would act on the next canary */
     const char *phase = str(ro->state, "phase");

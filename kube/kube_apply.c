@@ -5,26 +5,22 @@
 #include <string.h>
 
 #include "kube_apply.h"
+#include "kube_json.h"
 #include "kube_meta.h"
 #include "kube_cache.h"
-
-static json_t *get2(json_t *o, const char *a, const char *b)
-{
-    return json_object_get(json_object_get(o, a), b);
-}
 
 /* Sets want's hash annotation (out: the hash) and path (coll/name). */
 static void stamp(const char *coll, json_t *want, char hash[17], char path[1024])
 {
-    json_object_del(get2(want, "metadata", "annotations"), KUBE_HASH_ANN); /* not part of its own hash */
+    json_object_del(kube_json_get(want, "metadata", "annotations"), KUBE_HASH_ANN); /* not part of its own hash */
     kube_meta_hash(want, hash);
-    json_object_set_new(get2(want, "metadata", "annotations"), KUBE_HASH_ANN, json_string(hash));
-    snprintf(path, 1024, "%s/%s", coll, json_string_value(get2(want, "metadata", "name")));
+    json_object_set_new(kube_json_get(want, "metadata", "annotations"), KUBE_HASH_ANN, json_string(hash));
+    snprintf(path, 1024, "%s/%s", coll, json_string_value(kube_json_get(want, "metadata", "name")));
 }
 
 static int same_hash(json_t *cur, const char *hash)
 {
-    const char *have = json_string_value(json_object_get(get2(cur, "metadata", "annotations"), KUBE_HASH_ANN));
+    const char *have = json_string_value(json_object_get(kube_json_get(cur, "metadata", "annotations"), KUBE_HASH_ANN));
     return have && !strcmp(have, hash);
 }
 
@@ -130,7 +126,7 @@ int kube_apply_covers(json_t *want, json_t *cur)
 /* The error for an object with a child's name that is not ours: whose it is. */
 static llm_status foreign(json_t *cur, json_t *want, const char *uid, llm_error *err)
 {
-    json_t *by = kube_meta_controller_ref(cur), *mf = get2(cur, "metadata", "managedFields");
+    json_t *by = kube_meta_controller_ref(cur), *mf = kube_json_get(cur, "metadata", "managedFields");
     const char *writer = json_string_value(json_object_get(json_array_get(mf, 0), "manager"));
     char whose[400];
     if (by)
@@ -141,7 +137,7 @@ static llm_status foreign(json_t *cur, json_t *want, const char *uid, llm_error 
         snprintf(whose, sizeof whose, "it has no controlling owner%s%s", writer ? "; written by " : "", writer ? writer : "");
     return llm_errf(err, KUBE_ERR_EXISTS, "%s %s exists and is not this LLMDeployment's (uid %s): %s; rename or delete it",
                     json_string_value(json_object_get(want, "kind")) ?: "object",
-                    json_string_value(get2(want, "metadata", "name")) ?: "?", uid ? uid : "?", whose);
+                    json_string_value(kube_json_get(want, "metadata", "name")) ?: "?", uid ? uid : "?", whose);
 }
 
 /* Applies want; *taken set when other managers held fields of it (a hand
@@ -234,7 +230,7 @@ llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_
             return st;
         cur = read;
     }
-    const char *uid = json_string_value(json_object_get(json_array_get(get2(want, "metadata", "ownerReferences"), 0), "uid"));
+    const char *uid = json_string_value(json_object_get(json_array_get(kube_json_get(want, "metadata", "ownerReferences"), 0), "uid"));
     const char *has = kube_meta_controller_uid(cur);
     llm_status st = LLM_OK;
     if (cur && (!uid || !has || strcmp(uid, has))) {
@@ -247,7 +243,7 @@ llm_status kube_apply_over(kube_client *k, const char *coll, json_t *want, json_
         /* the object we judged ours, no other: one deleted and made again by someone else meanwhile has
          * another uid, and the API server refuses the write */
         if (cur)
-            json_object_set(json_object_get(want, "metadata"), "uid", get2(cur, "metadata", "uid"));
+            json_object_set(json_object_get(want, "metadata"), "uid", kube_json_get(cur, "metadata", "uid"));
         int taken = 0;
         st = server_apply(k, path, want, now, &taken, err);
         if (!st && taken)

@@ -94,7 +94,7 @@ $(FUZZ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c server/srv_embed.c $(REQ_S
 
 # the planner and what it decides with (pure: no API client)
 LLMD_SRC = controller/desired.c controller/canary.c controller/plan.c controller/rollout.c controller/autoscale.c \
-           controller/pod_diag.c kube/kube_meta.c net/prom_text.c common/status.c common/strbuf.c common/clock.c
+           controller/pod_diag.c kube/kube_meta.c kube/kube_json.c net/prom_text.c common/status.c common/strbuf.c common/clock.c
 $(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controller/*.h kube/*.h net/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
