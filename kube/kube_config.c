@@ -1,10 +1,12 @@
 /* kube_config.c - kubeconfig (libyaml document API) and in-cluster
  * credentials; see kube_config.h. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <openssl/evp.h>
 #include <yaml.h>
 
 #include "kube_config.h"
@@ -34,39 +36,39 @@ static char *read_file(const char *path, size_t *len, llm_error *err)
     return buf;
 }
 
-static int b64_val(int c)
-{
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
-}
-
-/* Decodes base64 (whitespace ignored, padding optional); NULL if invalid. */
+/* Decodes base64 with OpenSSL's codec (the one the programs share), as
+ * kubectl takes it: whitespace ignored, padding optional. NULL if invalid
+ * or out of memory; *out_len bytes, NUL-terminated. */
 static char *b64_decode(const char *s, size_t *out_len)
 {
-    size_t n = strlen(s), o = 0;
-    char *out = malloc(n / 4 * 3 + 4);
-    unsigned acc = 0;
-    int bits = 0;
-    for (size_t i = 0; out && i < n && s[i] != '='; i++) {
-        if (s[i] == '\n' || s[i] == '\r' || s[i] == ' ')
-            continue;
-        int v = b64_val((unsigned char)s[i]);
-        if (v < 0) {
-            free(out);
-            return NULL;
-        }
-        acc = (acc << 6) | (unsigned)v;
-        if ((bits += 6) >= 8) {
-            bits -= 8;
-            out[o++] = (char)((acc >> bits) & 0xff);
-        }
-    }
-    if (out)
-        out[o] = 0;
-    *out_len = o;
+    size_t n = strlen(s), k = 0, given = 0, pad = 0;
+    if (n > (size_t)INT_MAX - 4)
+        return NULL;
+    char *text = malloc(n + 4), *out = malloc(n / 4 * 3 + 4);
+    if (!text || !out)
+        goto bad;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != '\n' && s[i] != '\r' && s[i] != ' ')
+            text[k++] = s[i];
+    while (given < k && given < 3 && text[k - 1 - given] == '=')
+        given++;
+    /* EVP_DecodeBlock wants whole groups of 4 and counts padding as bytes */
+    if (k % 4)
+        pad = 4 - k % 4;
+    if (given + pad > 2 || memchr(text, '=', k - given))
+        goto bad;
+    memset(text + k, '=', pad);
+    int got = k + pad ? EVP_DecodeBlock((unsigned char *)out, (const unsigned char *)text, (int)(k + pad)) : 0;
+    if (got < 0 || (size_t)got < given + pad)
+        goto bad;
+    free(text);
+    *out_len = (size_t)got - given - pad;
+    out[*out_len] = 0;
     return out;
+bad:
+    free(text);
+    free(out);
+    return NULL;
 }
 
 /* ---- YAML document navigation -------------------------------------------------- */

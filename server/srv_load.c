@@ -14,7 +14,7 @@
 llm_status srv_load_backends(srv *s, llm_backend **out, int *n, llm_error *err)
 {
     llm_backend_spec spec = {s->cfg.backend, (int)s->cfg.tensor_parallel,
-                             {(int)s->cfg.threads, 0, getenv("LLM_KERNELS"), (llm_cpu_pack)srv_config_cpu_pack(&s->cfg)},
+                             {(int)s->cfg.threads, 0, NULL, (llm_cpu_pack)srv_config_cpu_pack(&s->cfg)},
                              (int)s->cfg.device};
     llm_status st = llm_backends_open(&spec, out, err);
     *n = st ? 0 : (int)s->cfg.tensor_parallel;

@@ -147,7 +147,7 @@ static int run(const char *path, int n_prompt, int n_gen, int threads, int reps)
     llm_model *m = NULL;
     llm_backend *b = NULL;
     llm_session *s = NULL;
-    llm_cpu_config cc = {.n_threads = threads, .force_scalar = 0, .kernels = getenv("LLM_KERNELS")};
+    llm_cpu_config cc = {.n_threads = threads};
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_prompt);
     int rc = 1;
     if (!toks || llm_model_load(path, &m, &err) || llm_backend_cpu_new(&cc, &b, &err) ||
@@ -487,7 +487,7 @@ int main(int argc, char **argv)
     const char *model = NULL, *batch = NULL;
     long p = 128, n = 64, t = 1, r = 3, tp = 1, prefill = 512;
     int bw = 0, gemm = 0, peak = 0;
-    llm_backend_spec spec = {"cpu", 1, {.kernels = getenv("LLM_KERNELS")}, 0};
+    llm_backend_spec spec = {"cpu", 1, {0}, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--bandwidth")) { bw = 1; continue; }

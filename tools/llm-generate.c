@@ -157,7 +157,7 @@ int main(int argc, char **argv)
     llm_backend *b[LLM_MAX_RANKS] = {0};
     llm_session *s = NULL;
     llm_backend_spec spec = {o.backend, (int)o.tp,
-                             {.n_threads = (int)o.threads, .force_scalar = o.scalar, .kernels = getenv("LLM_KERNELS")}, 0};
+                             {.n_threads = (int)o.threads, .force_scalar = o.scalar}, 0};
     long ctx = o.ctx;
     if (llm_model_load(o.model, &m, &err) || llm_backends_open(&spec, b, &err))
         goto fail;

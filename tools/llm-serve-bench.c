@@ -308,7 +308,7 @@ int main(int argc, char **argv)
     llm_error err = {0};
     llm_model *m = NULL;
     llm_backend *b = NULL;
-    llm_cpu_config cc = {.n_threads = (int)o.threads, .force_scalar = 0, .kernels = getenv("LLM_KERNELS")};
+    llm_cpu_config cc = {.n_threads = (int)o.threads};
     if (llm_model_load(o.model, &m, &err) || llm_backend_cpu_new(&cc, &b, &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
         llm_model_free(m);

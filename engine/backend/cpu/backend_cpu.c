@@ -537,15 +537,17 @@ llm_status llm_backend_cpu_new(const llm_cpu_config *cfg, llm_backend **out, llm
         free(b);
         return llm_errf(err, LLM_ERR_INVALID_ARG, "cpu backend: pack %d is not auto, off or on", (int)cfg->pack);
     }
-    if (cfg && cfg->kernels) {
+    /* the one place LLM_KERNELS is read, so every program honours it */
+    const char *want = cfg && cfg->kernels ? cfg->kernels : cfg && cfg->force_scalar ? NULL : getenv("LLM_KERNELS");
+    if (want && *want) {
         const cpu_kernels *const *all = cpu_kernels_all();
-        while (*all && strcmp((*all)->name, cfg->kernels)) all++;
+        while (*all && strcmp((*all)->name, want)) all++;
         if (!*all) {
             tp_free(c->pool);
             free(c);
             free(b);
-            return llm_errf(err, LLM_ERR_UNSUPPORTED, "cpu backend: kernel set '%s' is unknown or not usable on this CPU",
-                            cfg->kernels);
+            return llm_errf(err, LLM_ERR_UNSUPPORTED, "cpu backend: kernel set '%s'%s is unknown or not usable on this CPU",
+                            want, cfg && cfg->kernels ? "" : " (LLM_KERNELS)");
         }
         c->k = *all;
     }

@@ -252,8 +252,9 @@ typedef enum llm_cpu_pack {
 typedef struct llm_cpu_config {
     int n_threads;  /* 0: number of online CPUs */
     int force_scalar; /* 1: skip the SIMD kernels (tests, debugging) */
-    const char *kernels; /* NULL: the best set for this CPU; else a set's name
-                            ("avx512", "avx512vnni", "avx2", "scalar"), an error if unusable */
+    const char *kernels; /* NULL: the set the environment's LLM_KERNELS names, else the best for this CPU;
+                            a set's name ("avx512", "avx512vnni", "avx2", "scalar"): that set. A set that
+                            is unknown or unusable here is an error (LLM_ERR_UNSUPPORTED) */
     llm_cpu_pack pack;
 } llm_cpu_config;
 
