@@ -6,6 +6,7 @@
  * every TRIM_AFTER_MS, whatever the number of requests in flight (a trim
  * holds the arena's lock while it walks it). */
 #include "llm/heap.h"
+#include "llm/sync.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -30,11 +31,7 @@ static void *trimmer(void *arg)
     for (;;) {
         while (!pending)
             pthread_cond_wait(&wake, &mu);
-        struct timespec at;
-        clock_gettime(CLOCK_MONOTONIC, &at);
-        at.tv_nsec += TRIM_AFTER_MS * 1000000L;
-        at.tv_sec += at.tv_nsec / 1000000000L;
-        at.tv_nsec %= 1000000000L;
+        struct timespec at = llm_sync_after_ms(TRIM_AFTER_MS);
         while (pthread_cond_timedwait(&wake, &mu, &at) != ETIMEDOUT) {} /* the others ending meanwhile join this one */
         pending = 0;
         pthread_mutex_unlock(&mu);
@@ -55,12 +52,8 @@ llm_status llm_heap_tune(llm_error *err)
      * arenas, 2,383-2,607 with one. */
     if (!mallopt(M_ARENA_MAX, 1) || !mallopt(M_MMAP_THRESHOLD, MMAP_AT))
         return llm_errf(err, LLM_ERR_INTERNAL, "mallopt refused the heap's settings");
-    pthread_condattr_t ca;
     pthread_t t;
-    int rc = pthread_condattr_init(&ca);
-    if (!rc && !(rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC)))
-        rc = pthread_cond_init(&wake, &ca);
-    pthread_condattr_destroy(&ca);
+    int rc = llm_sync_cond_init(&wake);
     if (!rc && !(rc = pthread_create(&t, NULL, trimmer, NULL)))
         rc = pthread_detach(t); /* it lives as long as the process */
     if (rc)

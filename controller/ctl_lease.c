@@ -8,15 +8,15 @@
 #include "ctl_lease.h"
 #include "ctl_obs.h"
 #include "llm/clock.h"
+#include "llm/sync.h"
+#include "llm/thread.h"
 
 struct ctl_lease {
     ctl_lease_config c;
     char ns[254], name[254], identity[256], path[768];
     kube_client *k;
-    pthread_t th;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int stop, leader;
+    llm_worker w;         /* the election loop; w.mu also guards leader */
+    int leader;
     double renewed;       /* when this replica last renewed (monotonic) */
     char seen[512];       /* holder + renewTime + resourceVersion last seen */
     char holder[256];     /* holderIdentity last seen */
@@ -36,10 +36,10 @@ static void micro_time(char out[40])
 
 static void set_leader(ctl_lease *l, int leader, const char *why)
 {
-    pthread_mutex_lock(&l->mu);
+    pthread_mutex_lock(&l->w.mu);
     int changed = l->leader != leader;
     l->leader = leader;
-    pthread_mutex_unlock(&l->mu);
+    pthread_mutex_unlock(&l->w.mu);
     if (!changed)
         return;
     ctl_obs_set_leader(leader);
@@ -158,9 +158,9 @@ static void release(ctl_lease *l)
 static void *run(void *arg)
 {
     ctl_lease *l = arg;
-    pthread_mutex_lock(&l->mu);
-    while (!l->stop) {
-        pthread_mutex_unlock(&l->mu);
+    pthread_mutex_lock(&l->w.mu);
+    while (!l->w.stop) {
+        pthread_mutex_unlock(&l->w.mu);
         double t0 = llm_clock_mono_s();
         if (try_hold(l)) {
             l->renewed = t0;
@@ -171,13 +171,10 @@ static void *run(void *arg)
         } else if (ctl_lease_is_leader(l) && *l->holder && strcmp(l->holder, l->identity)) {
             set_leader(l, 0, "another replica holds the lease");
         }
-        pthread_mutex_lock(&l->mu);
-        double at = t0 + l->c.retry_s; /* the condition variable waits on CLOCK_MONOTONIC */
-        struct timespec ts = {(time_t)at, (long)((at - (double)(time_t)at) * 1e9)};
-        if (!l->stop)
-            pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+        pthread_mutex_lock(&l->w.mu);
+        llm_worker_wait(&l->w, t0 + l->c.retry_s);
     }
-    pthread_mutex_unlock(&l->mu);
+    pthread_mutex_unlock(&l->w.mu);
     if (ctl_lease_is_leader(l)) {
         set_leader(l, 0, "shutting down");
         release(l);
@@ -200,23 +197,20 @@ llm_status ctl_lease_start(kube_config *cfg, const ctl_lease_config *lc, ctl_lea
     snprintf(l->name, sizeof l->name, "%s", lc->name);
     snprintf(l->identity, sizeof l->identity, "%s", lc->identity);
     snprintf(l->path, sizeof l->path, "/apis/coordination.k8s.io/v1/namespaces/%s/leases/%s", l->ns, l->name);
-    pthread_mutex_init(&l->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&l->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    if (llm_worker_init(&l->w)) {
+        free(l);
+        return llm_errf(err, LLM_ERR_INTERNAL, "cannot make the leader lease's lock");
+    }
     llm_status st = kube_client_new(cfg, &l->k, err);
     /* a round (a GET and a PUT) ends within the renew deadline less a retry period: a call the API server
      * stalls cannot keep us leading past the deadline (curl's 60 s would) */
     double call_s = (lc->renew_deadline_s - lc->retry_s) / 2;
     l->call_s = call_s > 0.5 ? call_s : 0.5;
-    if (!st && pthread_create(&l->th, NULL, run, l))
+    if (!st && llm_worker_start(&l->w, LLM_THREAD_STACK, run, l))
         st = llm_errf(err, LLM_ERR_INTERNAL, "cannot start the leader-election thread");
     if (st) {
         kube_client_free(l->k);
-        pthread_mutex_destroy(&l->mu);
-        pthread_cond_destroy(&l->cv);
+        llm_worker_free(&l->w);
         free(l);
         return st;
     }
@@ -226,9 +220,9 @@ llm_status ctl_lease_start(kube_config *cfg, const ctl_lease_config *lc, ctl_lea
 
 int ctl_lease_is_leader(ctl_lease *l)
 {
-    pthread_mutex_lock(&l->mu);
+    pthread_mutex_lock(&l->w.mu);
     int v = l->leader;
-    pthread_mutex_unlock(&l->mu);
+    pthread_mutex_unlock(&l->w.mu);
     return v;
 }
 
@@ -236,13 +230,8 @@ void ctl_lease_stop(ctl_lease *l)
 {
     if (!l)
         return;
-    pthread_mutex_lock(&l->mu);
-    l->stop = 1;
-    pthread_cond_signal(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-    pthread_join(l->th, NULL);
+    llm_worker_stop(&l->w);
     kube_client_free(l->k);
-    pthread_mutex_destroy(&l->mu);
-    pthread_cond_destroy(&l->cv);
+    llm_worker_free(&l->w);
     free(l);
 }

@@ -11,6 +11,7 @@
 
 #include "ctl_queue.h"
 #include "llm/clock.h"
+#include "llm/sync.h"
 
 #define NONE ((size_t)-1)
 
@@ -191,12 +192,8 @@ llm_status ctl_queue_new(size_t max_keys, ctl_queue **out, llm_error *err)
     ctl_queue *q = calloc(1, sizeof *q);
     if (q)
         q->buckets = malloc(64 * sizeof *q->buckets);
-    pthread_condattr_t ca;
-    int bad = !q || !q->buckets || pthread_condattr_init(&ca);
-    if (!bad) { /* waits on the monotonic clock: a wall-clock jump must not stall or spin them */
-        bad = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) || pthread_cond_init(&q->cv, &ca);
-        pthread_condattr_destroy(&ca);
-    }
+    /* waits on the monotonic clock: a wall-clock jump must not stall or spin them */
+    int bad = !q || !q->buckets || llm_sync_cond_init(&q->cv);
     if (bad) {
         if (q)
             free(q->buckets);
@@ -311,7 +308,7 @@ int ctl_queue_next(ctl_queue *q, char *key, atomic_int *stop, void (*tick)(void)
             }
             wake = q->items[top].due < wake ? q->items[top].due : wake;
         }
-        struct timespec ts = {(time_t)wake, (long)((wake - (double)(time_t)wake) * 1e9)};
+        struct timespec ts = llm_sync_at(wake);
         pthread_cond_timedwait(&q->cv, &q->mu, &ts);
     }
     pthread_mutex_unlock(&q->mu);

@@ -14,6 +14,8 @@
 #include "podsig.h"
 #include "prom_text.h"
 #include "llm/clock.h"
+#include "llm/sync.h"
+#include "llm/thread.h"
 
 #define KEY_MAX 320
 #define PODS_PER_LLMD 1024 /* pages per LLMDeployment and kind in one round */
@@ -37,10 +39,8 @@ struct podsig {
     kube_client *k;        /* the thread's own (made before it starts: a failure is podsig_new's) */
     char ns[256];
     void (*beat)(void);
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    pthread_t th;
-    int started, stopping, wake;
+    llm_worker w;          /* the polling loop; w.mu guards the targets and wake */
+    int wake;
     atomic_int cancel;     /* ends the list request in flight at podsig_free */
     target *t;             /* n of them; index: key -> position */
     size_t n, cap;
@@ -296,7 +296,7 @@ static void finish(snap *s)
  * no memory for them. */
 static size_t take_snapshot(podsig *ps, sig_round *rd)
 {
-    pthread_mutex_lock(&ps->mu);
+    pthread_mutex_lock(&ps->w.mu);
     rd->s = calloc(ps->n ? ps->n : 1, sizeof *rd->s);
     for (size_t i = 0; rd->s && i < ps->n; i++) {
         if (need_empty(&ps->t[i].need)) /* kept for its admin answers alone */
@@ -305,7 +305,7 @@ static size_t take_snapshot(podsig *ps, sig_round *rd)
         memcpy(s->key, ps->t[i].key, sizeof s->key);
         s->need = s->r.need = ps->t[i].need;
     }
-    pthread_mutex_unlock(&ps->mu);
+    pthread_mutex_unlock(&ps->w.mu);
     int bad = 0;
     for (size_t i = 0; i < rd->n; i++)
         for (int k = 0; k < K_KINDS; k++)
@@ -317,7 +317,7 @@ static size_t take_snapshot(podsig *ps, sig_round *rd)
 static void store(podsig *ps, sig_round *rd)
 {
     double now = llm_clock_mono_s();
-    pthread_mutex_lock(&ps->mu);
+    pthread_mutex_lock(&ps->w.mu);
     for (size_t i = 0; i < rd->n; i++) {
         json_t *at = json_object_get(ps->index, rd->s[i].key);
         target *t = at ? &ps->t[json_integer_value(at)] : NULL;
@@ -328,7 +328,7 @@ static void store(podsig *ps, sig_round *rd)
         t->r.admin = keep;
         t->done_at = now;
     }
-    pthread_mutex_unlock(&ps->mu);
+    pthread_mutex_unlock(&ps->w.mu);
 }
 
 static void round_free(sig_round *rd)
@@ -421,42 +421,24 @@ static void *run(void *arg)
     podsig *ps = arg;
     kube_client *k = ps->k;
     double last = 0;
-    pthread_mutex_lock(&ps->mu);
-    while (!ps->stopping) {
+    pthread_mutex_lock(&ps->w.mu);
+    while (!ps->w.stop) {
         if (ps->beat)
             ps->beat();
         double p = period_locked(ps), now = llm_clock_mono_s();
         int due = p > 0 && (now - last >= p || (ps->wake && now - last >= MIN_GAP_S));
         if (!due) { /* a second at most: the heartbeat ticks while nothing is needed */
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_sec += 1;
-            pthread_cond_timedwait(&ps->cv, &ps->mu, &ts);
+            llm_worker_wait(&ps->w, now + 1);
             continue;
         }
         ps->wake = 0;
-        pthread_mutex_unlock(&ps->mu);
+        pthread_mutex_unlock(&ps->w.mu);
         last = llm_clock_mono_s();
         round_once(ps, k);
-        pthread_mutex_lock(&ps->mu);
+        pthread_mutex_lock(&ps->w.mu);
     }
-    pthread_mutex_unlock(&ps->mu);
+    pthread_mutex_unlock(&ps->w.mu);
     return NULL;
-}
-
-/* The lock and the condition variable (its waits on the monotonic clock,
- * which does not jump with the wall clock). */
-static int sync_init(podsig *ps)
-{
-    pthread_condattr_t ca;
-    int rc = pthread_condattr_init(&ca);
-    if (rc)
-        return rc;
-    if (!(rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC)) && !(rc = pthread_mutex_init(&ps->mu, NULL)) &&
-        (rc = pthread_cond_init(&ps->cv, &ca)))
-        pthread_mutex_destroy(&ps->mu);
-    pthread_condattr_destroy(&ca);
-    return rc;
 }
 
 llm_status podsig_new(kube_config *cfg, const char *ns, void (*beat)(void), podsig **out, llm_error *err)
@@ -468,7 +450,7 @@ llm_status podsig_new(kube_config *cfg, const char *ns, void (*beat)(void), pods
     }
     ps->beat = beat;
     snprintf(ps->ns, sizeof ps->ns, "%s", ns ? ns : "");
-    int rc = sync_init(ps);
+    int rc = llm_worker_init(&ps->w);
     if (rc) {
         json_decref(ps->index);
         free(ps);
@@ -481,11 +463,10 @@ llm_status podsig_new(kube_config *cfg, const char *ns, void (*beat)(void), pods
     }
     kube_client_set_timeout(ps->k, LIST_TIMEOUT_MS);
     kube_client_set_cancel(ps->k, &ps->cancel);
-    if ((rc = pthread_create(&ps->th, NULL, run, ps))) {
+    if ((rc = llm_worker_start(&ps->w, LLM_THREAD_STACK, run, ps))) {
         podsig_free(ps);
         return llm_errf(err, LLM_ERR_INTERNAL, "cannot start the pod signals' thread: %s", strerror(rc));
     }
-    ps->started = 1;
     *out = ps;
     return LLM_OK;
 }
@@ -494,16 +475,10 @@ void podsig_free(podsig *ps)
 {
     if (!ps)
         return;
-    pthread_mutex_lock(&ps->mu);
-    ps->stopping = 1;
-    pthread_cond_broadcast(&ps->cv);
-    pthread_mutex_unlock(&ps->mu);
-    atomic_store(&ps->cancel, 1);
-    if (ps->started)
-        pthread_join(ps->th, NULL);
+    atomic_store(&ps->cancel, 1); /* ends the list in flight, so the join below waits for no API call */
+    llm_worker_stop(&ps->w);
     kube_client_free(ps->k);
-    pthread_cond_destroy(&ps->cv);
-    pthread_mutex_destroy(&ps->mu);
+    llm_worker_free(&ps->w);
     json_decref(ps->index);
     free(ps->t);
     free(ps);
@@ -556,13 +531,13 @@ void podsig_read(podsig *ps, const char *key, podsig_reading *out)
     out->age_s = -1;
     if (!ps)
         return;
-    pthread_mutex_lock(&ps->mu);
+    pthread_mutex_lock(&ps->w.mu);
     target *t = find_locked(ps, key);
     if (t) {
         *out = t->r;
         out->age_s = t->done_at > 0 ? llm_clock_mono_s() - t->done_at : -1;
     }
-    pthread_mutex_unlock(&ps->mu);
+    pthread_mutex_unlock(&ps->w.mu);
 }
 
 llm_status podsig_want(podsig *ps, const char *key, const podsig_need *need, llm_error *err)
@@ -570,7 +545,7 @@ llm_status podsig_want(podsig *ps, const char *key, const podsig_need *need, llm
     if (!ps)
         return LLM_OK;
     llm_status st = LLM_OK;
-    pthread_mutex_lock(&ps->mu);
+    pthread_mutex_lock(&ps->w.mu);
     target *t = find_locked(ps, key);
     if (need_empty(need) && !(t && t->r.admin.valid)) { /* answers of an /admin/canary call outlive the need */
         drop_locked(ps, key);
@@ -583,11 +558,11 @@ llm_status podsig_want(podsig *ps, const char *key, const podsig_need *need, llm
         t->need = t->r.need = *need;
         t->done_at = 0;
         ps->wake = 1;
-        pthread_cond_broadcast(&ps->cv);
+        pthread_cond_broadcast(&ps->w.cv);
     } else {
         t->need.every_s = need->every_s;
     }
-    pthread_mutex_unlock(&ps->mu);
+    pthread_mutex_unlock(&ps->w.mu);
     return st;
 }
 
@@ -595,20 +570,20 @@ void podsig_note_admin(podsig *ps, const char *key, const podsig_admin *a)
 {
     if (!ps)
         return;
-    pthread_mutex_lock(&ps->mu);
+    pthread_mutex_lock(&ps->w.mu);
     target *t = find_locked(ps, key);
     if (!t)
         t = add_locked(ps, key); /* no memory: the next plan asks again */
     if (t)
         t->r.admin = *a;
-    pthread_mutex_unlock(&ps->mu);
+    pthread_mutex_unlock(&ps->w.mu);
 }
 
 void podsig_forget(podsig *ps, const char *key)
 {
     if (!ps)
         return;
-    pthread_mutex_lock(&ps->mu);
+    pthread_mutex_lock(&ps->w.mu);
     drop_locked(ps, key);
-    pthread_mutex_unlock(&ps->mu);
+    pthread_mutex_unlock(&ps->w.mu);
 }

@@ -38,6 +38,7 @@
 #include <time.h>
 
 #include "llm/clock.h"
+#include "llm/sync.h"
 #include "llm/thread.h"
 
 typedef struct guard_conn {
@@ -60,14 +61,11 @@ typedef struct guard_route {
 struct http_guard {
     http_guard_cfg cfg;
     struct mg_context *mg;
-    pthread_mutex_t mu;
-    pthread_cond_t wake;      /* stop */
+    llm_worker w;             /* the watchdog; w.mu guards what follows */
     guard_conn armed;         /* sentinel of the circular list of armed connections */
-    int n, closing, stop;
+    int n, closing;
     int serving;              /* the caller's handlers are set (http_guard_serve); atomic */
     http_guard_stats stats;   /* accepted, refused, cut (open is n) */
-    pthread_t watchdog;
-    int watching;
     guard_route routes[HTTP_GUARD_ROUTES];
     int n_routes;
     char cors[300];           /* http_guard_cors's headers */
@@ -86,10 +84,10 @@ static int on_init(const struct mg_connection *c, void **data)
     http_guard *g = guard_of(c);
     guard_conn *k = calloc(1, sizeof *k); /* NULL: refused in on_begin (it cannot be counted) */
     if (k) {
-        pthread_mutex_lock(&g->mu);
+        pthread_mutex_lock(&g->w.mu);
         k->over = ++g->n > g->cfg.max_connections;
         g->stats.accepted++;
-        pthread_mutex_unlock(&g->mu);
+        pthread_mutex_unlock(&g->w.mu);
     }
     *data = k;
     return 0;
@@ -100,13 +98,13 @@ static void on_close(const struct mg_connection *c)
 {
     http_guard *g = guard_of(c);
     guard_conn *k = rec_of(c);
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->w.mu);
     if (k && k->next) { /* still armed: a handler that left early */
         k->prev->next = k->next;
         k->next->prev = k->prev;
     }
     g->n -= k != NULL;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->w.mu);
     free(k);
 }
 
@@ -156,9 +154,9 @@ static int on_begin(struct mg_connection *c)
         k->body_read = 0; /* only this connection's thread touches k */
         return 0;
     }
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->w.mu);
     g->stats.refused++;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->w.mu);
     char body[200];
     int n = snprintf(body, sizeof body, "{\"error\":{\"message\":\"too many connections (limit %d); retry shortly\","
                      "\"type\":\"server_error\",\"code\":\"too_many_connections\"}}", g->cfg.max_connections);
@@ -233,18 +231,10 @@ static void shut_expired(http_guard *g, double now)
 static void *watch(void *arg)
 {
     http_guard *g = arg;
-    pthread_mutex_lock(&g->mu);
-    while (!g->stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += WATCH_MS * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&g->wake, &g->mu, &ts);
-        if (!g->stop)
-            shut_expired(g, llm_clock_mono_s());
-    }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_lock(&g->w.mu);
+    while (!llm_worker_wait(&g->w, llm_clock_mono_s() + WATCH_MS / 1e3))
+        shut_expired(g, llm_clock_mono_s());
+    pthread_mutex_unlock(&g->w.mu);
     return NULL;
 }
 
@@ -274,8 +264,7 @@ static llm_status fd_room(const http_guard_cfg *cfg, llm_error *err)
 
 static void guard_free(http_guard *g)
 {
-    pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->wake);
+    llm_worker_free(&g->w);
     free(g);
 }
 
@@ -295,8 +284,10 @@ llm_status http_guard_start(const http_guard_cfg *cfg, const char *const *opts, 
     if (cfg->cors_origin && *cfg->cors_origin)
         snprintf(g->cors, sizeof g->cors, "Access-Control-Allow-Origin: %.250s\r\nVary: Origin\r\n", cfg->cors_origin);
     g->armed.next = g->armed.prev = &g->armed;
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->wake, NULL);
+    if (llm_worker_init(&g->w)) {
+        free(g);
+        return llm_errf(err, LLM_ERR_INTERNAL, "cannot make the connection guard's condition variable");
+    }
     snprintf(threads, sizeof threads, "%d", http_guard_threads(cfg->max_connections));
     snprintf(req_ms, sizeof req_ms, "%.0f", cfg->header_timeout_s * 1e3);
     snprintf(ka_ms, sizeof ka_ms, "%.0f", (cfg->keep_alive_s + cfg->header_timeout_s) * 1e3);
@@ -334,13 +325,12 @@ llm_status http_guard_start(const http_guard_cfg *cfg, const char *const *opts, 
         guard_free(g);
         return llm_errf(err, LLM_ERR_IO, "cannot listen on %s (in use, or not an address of this machine)", ports);
     }
-    int rc = pthread_create(&g->watchdog, NULL, watch, g);
+    int rc = llm_worker_start(&g->w, LLM_THREAD_STACK, watch, g);
     if (rc) {
         mg_stop(g->mg);
         guard_free(g);
         return llm_errf(err, LLM_ERR_IO, "cannot start the HTTP watchdog thread: %s", strerror(rc));
     }
-    g->watching = 1;
     *out = g;
     return LLM_OK;
 }
@@ -352,28 +342,23 @@ void http_guard_stop(http_guard *g)
     if (!g)
         return;
     mg_stop(g->mg); /* every connection closes (on_close) before this returns */
-    pthread_mutex_lock(&g->mu);
-    g->stop = 1;
-    pthread_cond_signal(&g->wake);
-    pthread_mutex_unlock(&g->mu);
-    if (g->watching)
-        pthread_join(g->watchdog, NULL);
+    llm_worker_stop(&g->w);
     guard_free(g);
 }
 
 void http_guard_closing(http_guard *g)
 {
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->w.mu);
     g->closing = 1;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->w.mu);
 }
 
 void http_guard_stats_get(http_guard *g, http_guard_stats *out)
 {
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->w.mu);
     *out = g->stats;
     out->open = g->n;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->w.mu);
 }
 
 /* Whether the client lets the connection stay open (civetweb's rule:
@@ -396,11 +381,11 @@ const char *http_guard_connection(struct mg_connection *c)
     /* a body left unread would be taken for the next request: civetweb closes then */
     int body_done = ri->content_length == 0 || (ri->content_length < 0 && !mg_get_header(c, "Transfer-Encoding")) ||
                     (k && k->body_read);
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->w.mu);
     /* HEAD: civetweb writes our bodies anyway; a kept-alive client would read one as the next answer */
     int keep = k && !g->closing && g->cfg.keep_alive_s > 0 && body_done && strcmp(ri->request_method, "HEAD") &&
                client_keeps(ri, mg_get_header(c, "Connection"));
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->w.mu);
     if (!keep)
         mg_disable_connection_keep_alive(c);
     return keep ? "keep-alive" : "close";
@@ -498,7 +483,7 @@ void http_guard_arm(struct mg_connection *c, double seconds)
     guard_conn *k = rec_of(c);
     if (!k || sock_of(c, k) < 0)
         return; /* not found: civetweb's per-read timeout is all there is */
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->w.mu);
     if (!k->next) {
         k->next = g->armed.next;
         k->prev = &g->armed;
@@ -506,7 +491,7 @@ void http_guard_arm(struct mg_connection *c, double seconds)
         g->armed.next = k;
     }
     k->deadline = llm_clock_mono_s() + seconds;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->w.mu);
 }
 
 /* One request on a big stack: what the civetweb worker hands over. */
@@ -578,13 +563,13 @@ void http_guard_disarm(struct mg_connection *c)
     guard_conn *k = rec_of(c);
     if (!k)
         return;
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->w.mu);
     if (k->next) {
         k->prev->next = k->next;
         k->next->prev = k->prev;
         k->next = k->prev = NULL;
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->w.mu);
 }
 
 int http_guard_client_gone(struct mg_connection *c)

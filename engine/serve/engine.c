@@ -14,6 +14,7 @@
 #include "llm/forward.h"
 #include "llm/gmatch.h"
 #include "llm/scheduler.h"
+#include "llm/sync.h"
 #include "llm/thread.h"
 #include "llm/utf8.h"
 #include "textout.h"
@@ -423,28 +424,13 @@ static llm_status seq_init(llm_engine *e, eng_req *r, int i, const llm_request *
     return LLM_OK;
 }
 
-/* A condition variable whose timed waits count on the monotonic clock:
- * a reader's timeout must not end early (or late) when the time of day is
- * stepped. -1 when one cannot be made. */
-static int cond_init_monotonic(pthread_cond_t *c)
-{
-    pthread_condattr_t a;
-    if (pthread_condattr_init(&a))
-        return -1;
-    int rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    if (!rc)
-        rc = pthread_cond_init(c, &a);
-    pthread_condattr_destroy(&a);
-    return rc ? -1 : 0;
-}
-
 static llm_status req_new(llm_engine *e, const llm_request *rq, const int32_t *prompt, int n_prompt, int max_gen,
                           eng_req **out, llm_error *err)
 {
     eng_req *r = calloc(1, sizeof *r);
     if (!r)
         return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for a request");
-    if (cond_init_monotonic(&r->cond)) {
+    if (llm_sync_cond_init(&r->cond)) { /* a reader's timeout must not move with the time of day */
         free(r);
         return llm_errf(err, LLM_ERR_NOMEM, "engine: no condition variable for a request");
     }
@@ -562,14 +548,7 @@ static int wait_event(eng_req *r, pthread_mutex_t *mu, int timeout_ms, const str
 llm_status llm_engine_next(llm_engine *e, llm_request_id id, llm_event *ev, int timeout_ms)
 {
     memset(ev, 0, sizeof *ev);
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl); /* the clock r->cond's waits count on */
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = llm_sync_after_ms(timeout_ms); /* the clock r->cond's waits count on */
     pthread_mutex_lock(&e->mu);
     eng_req *r = req_find(e, id);
     llm_status st = LLM_OK;
