@@ -36,7 +36,7 @@ COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c common/
 TEXT_SRC = text/gbnf.c text/jinja_value.c text/jinja_parse.c text/jinja_eval.c text/jinja_lib.c text/chat.c \
            text/schema.c text/regex.c text/tools.c
 # net (libllmnet.a): the civetweb guard and the probe listener, the libcurl GET to pods, the Prometheus text reader.
-NET_SRC = net/http_guard.c net/http_probe.c net/http_client.c net/prom_text.c
+NET_SRC = net/http_guard.c net/http_reply.c net/http_probe.c net/http_client.c net/prom_text.c
 # engine (libllm.a): GGUF in, tokens out; in folders by layer: model (GGUF, quant types, tokenizers), compute
 # (forward pass, tensor parallelism, MoE, sessions), constrain (grammars), serve (step loop, scheduler, KV
 # cache, sampler, text out), backend (cpu; cuda: the loader here, the plugin below). Folders see each other's

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "ctl_obs.h"
+#include "http_reply.h"
 #include "kube_client.h"
 #include "llm/strbuf.h"
 #include "llm/clock.h"
@@ -191,13 +192,6 @@ char *ctl_obs_render(void)
 
 /* ---- HTTP ------------------------------------------------------------------------- */
 
-static int reply(struct mg_connection *c, int code, const char *type, const char *body)
-{
-    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s", code,
-              code == 200 ? "OK" : "Service Unavailable", type, strlen(body), body);
-    return code;
-}
-
 static int on_healthz(struct mg_connection *c, void *arg)
 {
     (void)arg;
@@ -206,8 +200,9 @@ static int on_healthz(struct mg_connection *c, void *arg)
     int worker = g.heartbeat == 0 || t - g.heartbeat < STUCK_S;
     int signals = g.signals_beat == 0 || t - g.signals_beat < STUCK_S;
     pthread_mutex_unlock(&g.mu);
-    return reply(c, worker && signals ? 200 : 503, "text/plain",
-                 !worker ? "worker stuck for over 60 s\n" : !signals ? "pod signals' thread stuck for over 60 s\n" : "ok\n");
+    return http_reply_text(c, worker && signals ? 200 : 503, "text/plain",
+                 !worker ? "worker stuck for over 60 s\n" : !signals ? "pod signals' thread stuck for over 60 s\n" : "ok\n",
+                 NULL);
 }
 
 static int on_readyz(struct mg_connection *c, void *arg)
@@ -216,14 +211,14 @@ static int on_readyz(struct mg_connection *c, void *arg)
     pthread_mutex_lock(&g.mu);
     int ok = g.expected && (g.synced & g.expected) == g.expected;
     pthread_mutex_unlock(&g.mu);
-    return reply(c, ok ? 200 : 503, "text/plain", ok ? "ok\n" : "informers have not listed yet\n");
+    return http_reply_text(c, ok ? 200 : 503, "text/plain", ok ? "ok\n" : "informers have not listed yet\n", NULL);
 }
 
 static int on_metrics(struct mg_connection *c, void *arg)
 {
     (void)arg;
     char *text = ctl_obs_render();
-    int code = reply(c, text ? 200 : 503, "text/plain; version=0.0.4", text ? text : "no memory\n");
+    int code = http_reply_text(c, text ? 200 : 503, "text/plain; version=0.0.4", text ? text : "no memory\n", NULL);
     free(text);
     return code;
 }

@@ -545,6 +545,8 @@ int http_guard_json_body(struct mg_connection *c)
 
 const char *http_guard_cors(struct mg_connection *c) { return guard_of(c)->cors; }
 
+int http_guard_owns(const struct mg_connection *c) { return guard_of(c) != NULL; }
+
 void http_guard_serve(http_guard *g)
 {
     __atomic_store_n(&g->serving, 1, __ATOMIC_RELEASE);

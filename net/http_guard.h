@@ -121,6 +121,8 @@ int http_guard_json_body(struct mg_connection *c);
 /* The headers every answer on c carries for CORS ("Access-Control-Allow-
  * Origin: ...\r\nVary: Origin\r\n"), or "" without cors_origin. */
 const char *http_guard_cors(struct mg_connection *c);
+/* 1 when an http_guard serves c's context (0: a plain civetweb one). */
+int http_guard_owns(const struct mg_connection *c);
 /* What to tell a client whose chunked body http_guard_read_body refused (400). */
 #define HTTP_GUARD_CHUNK_MSG "the chunked body cannot be read: each chunk line must be its size in hex (chunk " \
                              "extensions are not taken here); or send Content-Length"

@@ -24,8 +24,10 @@
 #include "prom_text.h"
 #include "http_client.h"
 #include "http_guard.h"
+#include "http_reply.h"
 #include "llm/heap.h"
 #include "llm/json.h"
+#include "llm/strbuf.h"
 #include "llm/log.h"
 #include "kube_watch.h"
 #include "rt_proxy.h"
@@ -260,9 +262,7 @@ static void *follow_weight(void *arg)
 static int h_healthz(struct mg_connection *c, void *cb)
 {
     (void)cb;
-    mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\nConnection: %s\r\n\r\nok\n",
-              http_guard_connection(c));
-    return 200;
+    return http_reply_text(c, 200, "text/plain", "ok\n", NULL);
 }
 
 /* Ready with a backend to send to (or, scaling from zero, a hold to
@@ -273,9 +273,7 @@ static int h_readyz(struct mg_connection *c, void *cb)
     int draining = __atomic_load_n(&r->draining, __ATOMIC_RELAXED);
     int ok = !draining && (rt_pool_size(r->pool) > 0 || r->px.hold_s > 0);
     const char *why = ok ? "ok\n" : draining ? "shutting down\n" : "no backends\n";
-    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\nConnection: %s\r\n\r\n%s",
-              ok ? 200 : 503, ok ? "OK" : "Service Unavailable", strlen(why), http_guard_connection(c), why);
-    return ok ? 200 : 503;
+    return http_reply_text(c, ok ? 200 : 503, "text/plain", why, NULL);
 }
 
 static int h_metrics(struct mg_connection *c, void *cb)
@@ -301,11 +299,13 @@ static int h_metrics(struct mg_connection *c, void *cb)
                                           "# HELP llm_http_connections_refused_total Connections refused above --max-connections.\n"
                                           "# TYPE llm_http_connections_refused_total counter\nllm_http_connections_refused_total %lld\n",
              rt_pool_size(r->pool), gs.open, gs.refused);
-    size_t n = (text ? strlen(text) : 0) + strlen(extra);
-    mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %zu\r\n"
-                 "Connection: %s\r\n\r\n%s%s", n, http_guard_connection(c), text ? text : "", extra);
+    llm_strbuf all = {0};
+    llm_strbuf_printf(&all, "%s%s", text ? text : "", extra);
     free(text);
-    return 200;
+    int code = all.failed ? http_reply_text(c, 503, "text/plain", "no memory\n", NULL)
+                          : http_reply(c, 200, "text/plain; version=0.0.4", all.p, all.len, NULL);
+    llm_strbuf_free(&all);
+    return code;
 }
 
 /* POST /admin/canary {"weight": N} with the admin bearer token: the
@@ -334,9 +334,7 @@ static int h_admin(struct mg_connection *c, void *cb)
     const char *msg = code == 200 ? "{\"ok\":true}" : code == 404 ? "{\"error\":\"admin is off (no --admin-token)\"}"
                       : code == 401 ? "{\"error\":\"admin token required\"}" : code == 405 ? "{\"error\":\"use POST\"}"
                       : "{\"error\":\"weight: an integer 0..100\"}";
-    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: %s\r\n\r\n%s",
-              code, code == 200 ? "OK" : "Error", strlen(msg), http_guard_connection(c), msg);
-    return code;
+    return http_reply_text(c, code, "application/json", msg, NULL);
 }
 
 /* ---- main --------------------------------------------------------------------------- */

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "http_guard.h"
+#include "http_reply.h"
 #include "rt_proxy.h"
 #include "llm/clock.h"
 #include "llm/heap.h"
@@ -26,41 +27,10 @@ static int reply(struct mg_connection *c, int code, const char *type, const char
                           "param", "code");
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
     const char *b = body ? body : "{\"error\":{\"message\":\"router error\"}}";
-    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: %s\r\n\r\n%s", code,
-              code == 503 ? "Service Unavailable" : code == 413 ? "Payload Too Large" : code == 408 ? "Request Timeout"
-              : code == 504 ? "Gateway Timeout" : code == 400 ? "Bad Request" : code == 415 ? "Unsupported Media Type"
-              : "Bad Gateway", type, strlen(b), code == 503 ? "Retry-After: 1\r\n" : "",
-              http_guard_connection(c), b);
+    http_reply_text(c, code, type, b, code == 503 ? "Retry-After: 1\r\n" : NULL);
     free(body);
     json_decref(j);
     return code;
-}
-
-/* An HTTP/1.0 client knows no chunked bodies: a streamed answer goes to it
- * as it comes, and the connection's close ends it. */
-static int http10(struct mg_connection *c)
-{
-    const char *v = mg_get_request_info(c)->http_version;
-    return !v || strcmp(v, "1.1");
-}
-
-/* The head of a streamed answer: chunked, or for HTTP/1.0 closed at its end.
- * The number of bytes written (<= 0: the client is gone). */
-static int stream_head(struct mg_connection *c, long status, const char *type, const char *extra)
-{
-    int old = http10(c);
-    if (old)
-        mg_disable_connection_keep_alive(c);
-    return mg_printf(c, "HTTP/1.1 %ld %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\n%s%sConnection: %s\r\n\r\n",
-                     status, status < 300 ? "OK" : "Error", type, extra ? extra : "",
-                     old ? "" : "Transfer-Encoding: chunked\r\n", old ? "close" : http_guard_connection(c));
-}
-
-/* The last chunk of a streamed answer (nothing for HTTP/1.0: the close ends it). */
-static void stream_end(struct mg_connection *c)
-{
-    if (!http10(c))
-        mg_printf(c, "0\r\n\r\n");
 }
 
 /* Writes one piece of a chunked answer in one write when it is small
@@ -68,7 +38,7 @@ static void stream_end(struct mg_connection *c)
  * gone. HTTP/1.0: the bytes as they are. */
 static int chunk_put(struct mg_connection *c, const char *d, size_t len)
 {
-    if (http10(c))
+    if (http_reply_unchunked(c))
         return mg_write(c, d, len) == (int)len;
     char buf[16384];
     int h = snprintf(buf, sizeof buf, "%zx\r\n", len);
@@ -162,7 +132,7 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
         char extra[400];
         snprintf(extra, sizeof extra, "%s%s%sX-Revision: %s\r\n", a->name ? "X-Backend: " : "", a->name ? a->name : "",
                  a->name ? "\r\n" : "", a->revision);
-        if (stream_head(a->c, a->status, a->ctype[0] ? a->ctype : "application/json", extra) <= 0) {
+        if (http_reply_stream_head(a->c, (int)a->status, a->ctype[0] ? a->ctype : "application/json", extra) <= 0) {
             a->client_gone = 1;
             return 0;
         }
@@ -345,12 +315,8 @@ typedef struct held_err {
  * a 429 or 503 says when to retry (the backend's own words are gone). */
 static int send_held(struct mg_connection *c, long status, const char *type, const char *body, size_t len)
 {
-    mg_printf(c, "HTTP/1.1 %ld %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: %s\r\n\r\n", status,
-              status < 300 ? "OK" : "Error", type && *type ? type : "application/json", len,
-              status == 429 || status == 503 ? "Retry-After: 1\r\n" : "", http_guard_connection(c));
-    if (len)
-        mg_write(c, body, len);
-    return (int)status;
+    return http_reply(c, (int)status, type && *type ? type : "application/json", body, len,
+                      status == 429 || status == 503 ? "Retry-After: 1\r\n" : NULL);
 }
 
 /* Holds a request while no backend is known (scaled to zero). 1 when one
@@ -370,7 +336,7 @@ static int hold(rt_proxy *px, struct mg_connection *c, int stream, int *answered
     int ok = 0;
     while (!ok && llm_clock_mono_s() < end && !__atomic_load_n(&px->cutting, __ATOMIC_RELAXED)) {
         if (stream && llm_clock_mono_s() >= next_comment) {
-            if (!*answered && stream_head(c, 200, "text/event-stream", NULL) <= 0)
+            if (!*answered && http_reply_stream_head(c, 200, "text/event-stream", NULL) <= 0)
                 break;
             *answered = 1;
             if (!chunk_write(c, WAITING, sizeof WAITING - 1))
@@ -464,7 +430,7 @@ static int xfer_fault(CURL *h, CURLcode rc, const attempt *a)
 static int finish(struct mg_connection *c, const attempt *a, CURLcode rc)
 {
     if (rc == CURLE_OK) {
-        stream_end(c);
+        http_reply_stream_end(c);
         return a->status ? (int)a->status : 200;
     }
     if (strstr(a->ctype, "event-stream"))
@@ -594,7 +560,7 @@ static int no_answer(rt_proxy *px, struct mg_connection *c, int answered, const 
 {
     if (answered) { /* a held stream: its head is out; the error goes as an event */
         chunk_write(c, NO_BACKEND_EVENT, sizeof NO_BACKEND_EVENT - 1);
-        stream_end(c);
+        http_reply_stream_end(c);
         return 503;
     }
     if (held->body)

@@ -13,6 +13,7 @@
 
 #include "http_guard.h"
 #include "http_probe.h"
+#include "http_reply.h"
 #include "srv.h"
 #include "srv_embed.h"
 #include "srv_fields.h"
@@ -29,19 +30,6 @@ enum { DISCARD_BODIES = 4, DISCARD_S = 2 };
 enum { R_COMPLETIONS, R_CHAT, R_MODELS, R_GENERATE, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_PROBES, R_ROOT, R_OTHER,
        R_EMBEDDINGS };
 
-static int send_text(struct mg_connection *c, int status, const char *type, const char *body, const char *extra)
-{
-    size_t n = body ? strlen(body) : 0;
-    http_guard_sending(c, n); /* a client that does not take its answer is cut */
-    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%sConnection: %s\r\n\r\n", status,
-              mg_get_response_code_text(c, status), type, n, extra ? extra : "", http_guard_cors(c),
-              http_guard_connection(c));
-    if (n)
-        mg_write(c, body, n);
-    http_guard_disarm(c);
-    return status;
-}
-
 /* What is sent when not even an error body can be built. */
 static const char OOM_BODY[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}";
 
@@ -50,7 +38,7 @@ static const char OOM_BODY[] = "{\"error\":{\"message\":\"out of memory\",\"type
 static int send_json(struct mg_connection *c, int status, json_t *j)
 {
     char *s = srv_json_text(j); /* NULL: a body could not be built or printed */
-    int rc = send_text(c, s ? status : 503, "application/json", s ? s : OOM_BODY, NULL);
+    int rc = http_reply_text(c, s ? status : 503, "application/json", s ? s : OOM_BODY, NULL);
     free(s);
     json_decref(j);
     return rc;
@@ -65,7 +53,7 @@ static int send_err(struct mg_connection *c, const srv_err *e)
     char *body = srv_err_body(e), retry[40];
     snprintf(retry, sizeof retry, "Retry-After: %d\r\n", e->retry_s > 1 ? e->retry_s : 1);
     int says_retry = e->status == 429 || (e->status == 503 && e->retry_s > 0);
-    int rc = send_text(c, e->status, "application/json", body ? body : "{}",
+    int rc = http_reply_text(c, e->status, "application/json", body ? body : "{}",
                        says_retry ? retry : e->status == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL);
     free(body);
     return rc;
@@ -692,13 +680,9 @@ static int complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_comp
         return send_err(c, e);
     }
     snprintf(r.cid, sizeof r.cid, "%s-%llu", cp->chat ? "chatcmpl" : "cmpl", (unsigned long long)r.id);
-    r.unchunked = cp->stream && strcmp(mg_get_request_info(c)->http_version, "1.1");
-    if (r.unchunked) /* HTTP/1.0 knows no chunks: the stream is the rest of the connection */
-        mg_disable_connection_keep_alive(c);
+    r.unchunked = cp->stream && http_reply_unchunked(c); /* HTTP/1.0: the stream is the rest of the connection */
     if (cp->stream)
-        mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     "%s%sConnection: %s\r\n\r\n", r.unchunked ? "" : "Transfer-Encoding: chunked\r\n",
-                  http_guard_cors(c), r.unchunked ? "close" : http_guard_connection(c));
+        http_reply_stream_head(c, 200, "text/event-stream", NULL);
     int status = run_events(&r, e);
     if (!cp->stream) /* (499: the client left, nobody to answer) */
         status = status == 499 ? 499 : status ? send_err(c, e) : respond_whole(&r);
@@ -909,7 +893,7 @@ static int tenant_grow(srv *s, const srv_key *key, int held, int want)
 static int embed_answer(srv *s, struct mg_connection *c, const srv_embed *q, double t0)
 {
     char *text = srv_embed_answer(q, s->name);
-    int status = send_text(c, text ? 200 : 503, "application/json", text ? text : OOM_BODY, NULL);
+    int status = http_reply_text(c, text ? 200 : 503, "application/json", text ? text : OOM_BODY, NULL);
     free(text);
     srv_metrics_finished(&s->metrics, 0);
     srv_metrics_observe(&s->metrics, H_E2E, llm_clock_mono_s() - t0);
@@ -1043,7 +1027,7 @@ static int h_health(struct mg_connection *c, void *cb)
         return send_err(c, &e);
     }
     int status = health_answer(s, path, &body, &type);
-    send_text(c, status, type, body ? body : OOM_BODY, NULL);
+    http_reply_text(c, status, type, body ? body : OOM_BODY, NULL);
     free(body);
     return status;
 }
@@ -1054,9 +1038,8 @@ extern const size_t srv_playground_html_len;
 /* GET /: the playground (self-contained HTML + JS, compiled in). */
 static int h_root(struct mg_connection *c, void *cb)
 {
-    mg_printf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %zu\r\n"
-                 "Cache-Control: no-cache\r\nConnection: %s\r\n\r\n", srv_playground_html_len, http_guard_connection(c));
-    mg_write(c, srv_playground_html, srv_playground_html_len);
+    http_reply(c, 200, "text/html; charset=utf-8", (const char *)srv_playground_html, srv_playground_html_len,
+               "Cache-Control: no-cache\r\n");
     srv_metrics_request(&((srv *)cb)->metrics, R_ROOT, 200);
     return 200;
 }

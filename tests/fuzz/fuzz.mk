@@ -101,7 +101,7 @@ $(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controlle
 	@clang $(FUZZ_CFLAGS) -Icontroller -Ikube tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
 
 TENANT_SRC = $(JSON_SRC) server/srv_keys.c server/srv_api.c server/srv_fields.c engine/constrain/grammar.c net/http_guard.c \
-             common/strbuf.c common/clock.c common/log.c engine/serve/sampler.c $(JINJA_SRC)
+             common/strbuf.c common/clock.c common/log.c engine/serve/sampler.c net/http_reply.c $(JINJA_SRC)
 
 $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
