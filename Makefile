@@ -31,7 +31,7 @@ LDLIBS = -lm -lpthread -ldl
 # common (libllmcommon.a, every program): status codes, text buffer, log line, monotonic clock,
 # hashes, UTF-8, threads with a stated stack, the heap's trimming, JSON read within bounds (links jansson).
 COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c common/hash.c common/utf8.c common/strmap.c common/json.c \
-             common/thread.c common/sync.c common/heap.c
+             common/thread.c common/sync.c common/prom.c common/heap.c
 # text (libllmtext.a): chat text in, grammar text out; knows no model and no engine (links jansson).
 TEXT_SRC = text/gbnf.c text/jinja_value.c text/jinja_parse.c text/jinja_eval.c text/jinja_lib.c text/chat.c \
            text/schema.c text/regex.c text/tools.c

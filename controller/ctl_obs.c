@@ -12,6 +12,7 @@
 #include "ctl_obs.h"
 #include "http_reply.h"
 #include "kube_client.h"
+#include "llm/prom.h"
 #include "llm/strbuf.h"
 #include "llm/clock.h"
 
@@ -22,9 +23,9 @@ static const double bucket_le[N_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 static struct {
     pthread_mutex_t mu;
     unsigned long long counters[CTL_M_COUNTERS];
-    unsigned long long buckets[N_BUCKETS + 1]; /* the last is +Inf */
+    uint64_t buckets[N_BUCKETS + 1]; /* the last is +Inf */
     double sum;
-    unsigned long long n;
+    uint64_t n;
     long queue, queue_keys;
     int leader;
     unsigned synced, expected; /* bit per informer */
@@ -138,54 +139,41 @@ void ctl_obs_heartbeat_signals(void)
 char *ctl_obs_render(void)
 {
     llm_strbuf b = {0};
+    char lab[64];
     pthread_mutex_lock(&g.mu);
-    llm_strbuf_printf(&b, "# HELP llm_controller_reconciles_total Reconciles of LLMDeployments by result.\n"
-            "# TYPE llm_controller_reconciles_total counter\n"
-            "llm_controller_reconciles_total{result=\"success\"} %llu\n"
-            "llm_controller_reconciles_total{result=\"error\"} %llu\n",
-        g.counters[CTL_M_RECONCILE_OK], g.counters[CTL_M_RECONCILE_ERR]);
-    llm_strbuf_printf(&b, "# HELP llm_controller_reconcile_errors_total Reconciles that failed and were requeued with back-off.\n"
-            "# TYPE llm_controller_reconcile_errors_total counter\nllm_controller_reconcile_errors_total %llu\n",
-        g.counters[CTL_M_RECONCILE_ERR]);
-    llm_strbuf_printf(&b, "# HELP llm_controller_reconcile_duration_seconds Time one reconcile took.\n"
-            "# TYPE llm_controller_reconcile_duration_seconds histogram\n");
-    unsigned long long cum = 0;
-    for (int i = 0; i < N_BUCKETS; i++) {
-        cum += g.buckets[i];
-        llm_strbuf_printf(&b, "llm_controller_reconcile_duration_seconds_bucket{le=\"%g\"} %llu\n", bucket_le[i], cum);
-    }
-    llm_strbuf_printf(&b, "llm_controller_reconcile_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
-            "llm_controller_reconcile_duration_seconds_sum %.6f\nllm_controller_reconcile_duration_seconds_count %llu\n",
-        cum + g.buckets[N_BUCKETS], g.sum, g.n);
-    llm_strbuf_printf(&b, "# HELP llm_controller_queue_depth Keys waiting in the work queue (due or backing off).\n"
-            "# TYPE llm_controller_queue_depth gauge\nllm_controller_queue_depth %ld\n", g.queue);
-    llm_strbuf_printf(&b, "# HELP llm_controller_queue_keys Keys the work queue knows (one per live LLMDeployment).\n"
-            "# TYPE llm_controller_queue_keys gauge\nllm_controller_queue_keys %ld\n", g.queue_keys);
-    llm_strbuf_printf(&b, "# HELP llm_controller_watch_relists_total Full relists after a watch expired (410 Gone).\n"
-            "# TYPE llm_controller_watch_relists_total counter\nllm_controller_watch_relists_total %llu\n",
-        g.counters[CTL_M_RELISTS]);
-    llm_strbuf_printf(&b, "# HELP llm_controller_events_total Kubernetes Events posted.\n"
-            "# TYPE llm_controller_events_total counter\nllm_controller_events_total %llu\n", g.counters[CTL_M_EVENTS]);
-    llm_strbuf_printf(&b, "# HELP llm_controller_pod_signal_rounds_total Rounds of reading the pods' /metrics and "
-                          "/startupz (off the reconciles' path).\n# TYPE llm_controller_pod_signal_rounds_total counter\n"
-                          "llm_controller_pod_signal_rounds_total %llu\n", g.counters[CTL_M_SIGNAL_ROUNDS]);
-    llm_strbuf_printf(&b, "# HELP llm_controller_pod_pages_total Pod pages those rounds asked for, by whether they "
-                          "answered in time.\n# TYPE llm_controller_pod_pages_total counter\n"
-                          "llm_controller_pod_pages_total{result=\"answered\"} %llu\n"
-                          "llm_controller_pod_pages_total{result=\"unanswered\"} %llu\n",
-                      g.counters[CTL_M_PAGES_ANSWERED], g.counters[CTL_M_PAGES_UNANSWERED]);
-    llm_strbuf_printf(&b, "# HELP llm_controller_api_requests_total Requests to the Kubernetes API server (watch streams "
-                          "aside), by method and status class.\n# TYPE llm_controller_api_requests_total counter\n");
+    llm_prom_head(&b, "llm_controller_reconciles_total", "counter", "Reconciles of LLMDeployments by result.");
+    llm_prom_sample(&b, "llm_controller_reconciles_total", "result=\"success\"", (double)g.counters[CTL_M_RECONCILE_OK]);
+    llm_prom_sample(&b, "llm_controller_reconciles_total", "result=\"error\"", (double)g.counters[CTL_M_RECONCILE_ERR]);
+    llm_prom_counter(&b, "llm_controller_reconcile_errors_total", "Reconciles that failed and were requeued with back-off.",
+                     NULL, (double)g.counters[CTL_M_RECONCILE_ERR]);
+    llm_prom_hist(&b, "llm_controller_reconcile_duration_seconds", "Time one reconcile took.", NULL, bucket_le, N_BUCKETS,
+                  g.buckets, g.n, g.sum);
+    llm_prom_gauge(&b, "llm_controller_queue_depth", "Keys waiting in the work queue (due or backing off).", NULL,
+                   (double)g.queue);
+    llm_prom_gauge(&b, "llm_controller_queue_keys", "Keys the work queue knows (one per live LLMDeployment).", NULL,
+                   (double)g.queue_keys);
+    llm_prom_counter(&b, "llm_controller_watch_relists_total", "Full relists after a watch expired (410 Gone).", NULL,
+                     (double)g.counters[CTL_M_RELISTS]);
+    llm_prom_counter(&b, "llm_controller_events_total", "Kubernetes Events posted.", NULL, (double)g.counters[CTL_M_EVENTS]);
+    llm_prom_counter(&b, "llm_controller_pod_signal_rounds_total",
+                     "Rounds of reading the pods' /metrics and /startupz (off the reconciles' path).", NULL,
+                     (double)g.counters[CTL_M_SIGNAL_ROUNDS]);
+    llm_prom_head(&b, "llm_controller_pod_pages_total", "counter",
+                  "Pod pages those rounds asked for, by whether they answered in time.");
+    llm_prom_sample(&b, "llm_controller_pod_pages_total", "result=\"answered\"", (double)g.counters[CTL_M_PAGES_ANSWERED]);
+    llm_prom_sample(&b, "llm_controller_pod_pages_total", "result=\"unanswered\"",
+                    (double)g.counters[CTL_M_PAGES_UNANSWERED]);
+    llm_prom_head(&b, "llm_controller_api_requests_total", "counter",
+                  "Requests to the Kubernetes API server (watch streams aside), by method and status class.");
     for (int m = 0; m < KUBE_N_METHODS; m++)
-        for (int o = 0; o < KUBE_N_OUTCOMES; o++)
-            llm_strbuf_printf(&b, "llm_controller_api_requests_total{method=\"%s\",code=\"%s\"} %llu\n",
-                              kube_client_method_name(m), kube_client_outcome_name(o), kube_client_request_count(m, o));
-    llm_strbuf_printf(&b, "# HELP llm_controller_unreadable_objects_total Objects the API server sent that are nested "
-                          "too deep to read (left out of their list, or their watch event dropped).\n"
-                          "# TYPE llm_controller_unreadable_objects_total counter\nllm_controller_unreadable_objects_total "
-                          "%llu\n", kube_client_unreadable_count());
-    llm_strbuf_printf(&b, "# HELP llm_controller_leader 1 while this replica holds the leader lease.\n"
-            "# TYPE llm_controller_leader gauge\nllm_controller_leader %d\n", g.leader);
+        for (int o = 0; o < KUBE_N_OUTCOMES; o++) {
+            snprintf(lab, sizeof lab, "method=\"%s\",code=\"%s\"", kube_client_method_name(m), kube_client_outcome_name(o));
+            llm_prom_sample(&b, "llm_controller_api_requests_total", lab, (double)kube_client_request_count(m, o));
+        }
+    llm_prom_counter(&b, "llm_controller_unreadable_objects_total",
+                     "Objects the API server sent that are nested too deep to read (left out of their list, or their "
+                     "watch event dropped).", NULL, (double)kube_client_unreadable_count());
+    llm_prom_gauge(&b, "llm_controller_leader", "1 while this replica holds the leader lease.", NULL, g.leader);
     pthread_mutex_unlock(&g.mu);
     return llm_strbuf_take(&b);
 }

@@ -27,6 +27,7 @@
 #include "http_reply.h"
 #include "llm/heap.h"
 #include "llm/json.h"
+#include "llm/prom.h"
 #include "llm/strbuf.h"
 #include "llm/log.h"
 #include "kube_watch.h"
@@ -280,28 +281,21 @@ static int h_metrics(struct mg_connection *c, void *cb)
 {
     router *r = cb;
     char *text = rt_pool_metrics(r->pool);
-    char extra[1280];
-    snprintf(extra, sizeof extra, "# HELP llm_router_no_backend_total Requests answered 503 for want of a backend.\n"
-                                  "# TYPE llm_router_no_backend_total counter\nllm_router_no_backend_total %llu\n"
-                                  "# HELP llm_router_held_requests Requests held while no backend exists (scale from zero).\n"
-                                  "# TYPE llm_router_held_requests gauge\nllm_router_held_requests %d\n"
-                                  "# HELP llm_router_held_total Requests that were held.\n"
-                                  "# TYPE llm_router_held_total counter\nllm_router_held_total %llu\n",
-             __atomic_load_n(&r->px.no_backend, __ATOMIC_RELAXED), __atomic_load_n(&r->px.held, __ATOMIC_RELAXED),
-             __atomic_load_n(&r->px.held_total, __ATOMIC_RELAXED));
     http_guard_stats gs;
     http_guard_stats_get(r->http, &gs);
-    size_t k = strlen(extra);
-    snprintf(extra + k, sizeof extra - k, "# HELP llm_router_backends Backends known (both revisions).\n"
-                                          "# TYPE llm_router_backends gauge\nllm_router_backends %d\n"
-                                          "# HELP llm_http_connections Client connections open.\n"
-                                          "# TYPE llm_http_connections gauge\nllm_http_connections %lld\n"
-                                          "# HELP llm_http_connections_refused_total Connections refused above --max-connections.\n"
-                                          "# TYPE llm_http_connections_refused_total counter\nllm_http_connections_refused_total %lld\n",
-             rt_pool_size(r->pool), gs.open, gs.refused);
     llm_strbuf all = {0};
-    llm_strbuf_printf(&all, "%s%s", text ? text : "", extra);
+    llm_strbuf_printf(&all, "%s", text ? text : "");
     free(text);
+    llm_prom_counter(&all, "llm_router_no_backend_total", "Requests answered 503 for want of a backend.", NULL,
+                     (double)__atomic_load_n(&r->px.no_backend, __ATOMIC_RELAXED));
+    llm_prom_gauge(&all, "llm_router_held_requests", "Requests held while no backend exists (scale from zero).", NULL,
+                   __atomic_load_n(&r->px.held, __ATOMIC_RELAXED));
+    llm_prom_counter(&all, "llm_router_held_total", "Requests that were held.", NULL,
+                     (double)__atomic_load_n(&r->px.held_total, __ATOMIC_RELAXED));
+    llm_prom_gauge(&all, "llm_router_backends", "Backends known (both revisions).", NULL, rt_pool_size(r->pool));
+    llm_prom_gauge(&all, "llm_http_connections", "Client connections open.", NULL, (double)gs.open);
+    llm_prom_counter(&all, "llm_http_connections_refused_total", "Connections refused above --max-connections.", NULL,
+                     (double)gs.refused);
     int code = all.failed ? http_reply_text(c, 503, "text/plain", "no memory\n", NULL)
                           : http_reply(c, 200, "text/plain; version=0.0.4", all.p, all.len, NULL);
     llm_strbuf_free(&all);

@@ -8,6 +8,7 @@
 #include "llm/strbuf.h"
 #include "rt_pool.h"
 #include "llm/clock.h"
+#include "llm/prom.h"
 
 #define VNODES 64
 #define N_BUCKETS RT_N_BUCKETS
@@ -25,7 +26,7 @@ int rt_pool_bucket(double seconds)
 
 typedef struct revstats {
     unsigned long long codes[5], failed;
-    unsigned long long ttfb[N_BUCKETS + 1], itl[N_BUCKETS + 1];
+    uint64_t ttfb[N_BUCKETS + 1], itl[N_BUCKETS + 1];
     double ttfb_sum, itl_sum;
     unsigned long long ttfb_n, itl_n;
 } revstats;
@@ -44,7 +45,7 @@ typedef struct backend {
     int ejections;
     unsigned long long requests, failed, codes[5]; /* 2xx 3xx 4xx 5xx none */
     unsigned long long dropped;  /* connections it dropped after it had the request (not retried) */
-    unsigned long long hist[N_BUCKETS + 1];
+    uint64_t hist[N_BUCKETS + 1];
     double sum;
 } backend;
 
@@ -422,87 +423,94 @@ int rt_pool_url(rt_pool *p, int idx, char *url, size_t un)
 
 /* ---- metrics ------------------------------------------------------------------- */
 
+/* Observations in all of a histogram's buckets, the overflow's included. */
+static uint64_t hist_count(const uint64_t *h)
+{
+    uint64_t n = 0;
+    for (int k = 0; k <= N_BUCKETS; k++) n += h[k];
+    return n;
+}
+
 /* One per-revision histogram: time to first byte (itl 0) or between
  * chunks (itl 1). Under mu. */
 static void rev_histogram(llm_strbuf *t, rt_pool *p, const char *name, const char *help, int itl)
 {
     static const char *const revname[2] = {"stable", "canary"};
-    llm_strbuf_printf(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    llm_prom_head(t, name, "histogram", help);
     for (int r = 0; r < 2; r++) {
-        const unsigned long long *h = itl ? p->rs[r].itl : p->rs[r].ttfb;
-        unsigned long long cum = 0;
-        for (int k = 0; k < N_BUCKETS; k++) {
-            cum += h[k];
-            llm_strbuf_printf(t, "%s_bucket{revision=\"%s\",le=\"%g\"} %llu\n", name, revname[r], bucket_le[k], cum);
-        }
-        llm_strbuf_printf(t, "%s_bucket{revision=\"%s\",le=\"+Inf\"} %llu\n%s_sum{revision=\"%s\"} %.6f\n"
-                             "%s_count{revision=\"%s\"} %llu\n", name, revname[r], cum + h[N_BUCKETS], name, revname[r],
-                          itl ? p->rs[r].itl_sum : p->rs[r].ttfb_sum, name, revname[r],
-                          itl ? p->rs[r].itl_n : p->rs[r].ttfb_n);
+        const uint64_t *h = itl ? p->rs[r].itl : p->rs[r].ttfb;
+        char lab[32];
+        snprintf(lab, sizeof lab, "revision=\"%s\"", revname[r]);
+        llm_prom_hist_series(t, name, lab, bucket_le, N_BUCKETS, h, hist_count(h), itl ? p->rs[r].itl_sum : p->rs[r].ttfb_sum);
     }
 }
+
+/* A family with one sample per live backend, labelled by its name. */
+static void per_backend(llm_strbuf *t, rt_pool *p, const char *name, const char *type, const char *help,
+                        double (*value)(const backend *b, double now), double now)
+{
+    llm_prom_head(t, name, type, help);
+    for (int i = 0; i < p->n; i++) {
+        if (!p->b[i].live)
+            continue;
+        llm_strbuf lab = {0};
+        llm_prom_label(&lab, "backend", p->b[i].name);
+        llm_prom_sample(t, name, lab.failed ? NULL : lab.p, value(&p->b[i], now));
+        llm_strbuf_free(&lab);
+    }
+}
+
+static double v_failed(const backend *b, double now) { (void)now; return (double)b->failed; }
+static double v_dropped(const backend *b, double now) { (void)now; return (double)b->dropped; }
+static double v_ejections(const backend *b, double now) { (void)now; return b->ejections; }
+static double v_up(const backend *b, double now) { return b->ejected_until == 0 || b->ejected_until <= now; }
+static double v_inflight(const backend *b, double now) { (void)now; return b->inflight; }
 
 char *rt_pool_metrics(rt_pool *p)
 {
     static const char *const code[5] = {"2xx", "3xx", "4xx", "5xx", "none"};
+    static const char *const revname[2] = {"stable", "canary"};
     llm_strbuf t = {0};
     pthread_mutex_lock(&p->mu);
     double now = llm_clock_mono_s();
-    llm_strbuf_printf(&t, "# HELP llm_router_requests_total Requests proxied, by backend and status class.\n"
-            "# TYPE llm_router_requests_total counter\n");
+    llm_prom_head(&t, "llm_router_requests_total", "counter", "Requests proxied, by backend and status class.");
     for (int i = 0; i < p->n; i++)
-        for (int c = 0; p->b[i].live && c < 5; c++)
-            llm_strbuf_printf(&t, "llm_router_requests_total{backend=\"%s\",code=\"%s\"} %llu\n", p->b[i].name, code[c], p->b[i].codes[c]);
-    llm_strbuf_printf(&t, "# HELP llm_router_backend_failures_total Attempts that failed (no connection, dropped, or a 5xx other than "
-                          "503 and 504 before any byte).\n"
-            "# TYPE llm_router_backend_failures_total counter\n");
-    for (int i = 0; i < p->n; i++)
-        if (p->b[i].live)
-            llm_strbuf_printf(&t, "llm_router_backend_failures_total{backend=\"%s\"} %llu\n", p->b[i].name, p->b[i].failed);
-    llm_strbuf_printf(&t, "# HELP llm_router_backend_dropped_total Attempts the backend dropped after it had the request "
-                          "(answered 502, not retried elsewhere).\n# TYPE llm_router_backend_dropped_total counter\n");
-    for (int i = 0; i < p->n; i++)
-        if (p->b[i].live)
-            llm_strbuf_printf(&t, "llm_router_backend_dropped_total{backend=\"%s\"} %llu\n", p->b[i].name, p->b[i].dropped);
-    llm_strbuf_printf(&t, "# HELP llm_router_backend_ejections_total Times the circuit breaker ejected the backend.\n"
-            "# TYPE llm_router_backend_ejections_total counter\n");
-    for (int i = 0; i < p->n; i++)
-        if (p->b[i].live)
-            llm_strbuf_printf(&t, "llm_router_backend_ejections_total{backend=\"%s\"} %d\n", p->b[i].name, p->b[i].ejections);
-    llm_strbuf_printf(&t, "# HELP llm_router_backend_up 1 when the breaker lets requests through.\n# TYPE llm_router_backend_up gauge\n");
-    for (int i = 0; i < p->n; i++)
-        if (p->b[i].live)
-            llm_strbuf_printf(&t, "llm_router_backend_up{backend=\"%s\"} %d\n", p->b[i].name,
-                p->b[i].ejected_until == 0 || p->b[i].ejected_until <= now);
-    llm_strbuf_printf(&t, "# HELP llm_router_backend_inflight Requests the router has in flight to the backend.\n"
-            "# TYPE llm_router_backend_inflight gauge\n");
-    for (int i = 0; i < p->n; i++)
-        if (p->b[i].live)
-            llm_strbuf_printf(&t, "llm_router_backend_inflight{backend=\"%s\"} %d\n", p->b[i].name, p->b[i].inflight);
-    llm_strbuf_printf(&t, "# HELP llm_router_request_duration_seconds Time from pick to the last byte, by backend.\n"
-            "# TYPE llm_router_request_duration_seconds histogram\n");
+        for (int c = 0; p->b[i].live && c < 5; c++) {
+            llm_strbuf lab = {0};
+            llm_prom_label(&lab, "backend", p->b[i].name);
+            llm_prom_label(&lab, "code", code[c]);
+            llm_prom_sample(&t, "llm_router_requests_total", lab.failed ? NULL : lab.p, (double)p->b[i].codes[c]);
+            llm_strbuf_free(&lab);
+        }
+    per_backend(&t, p, "llm_router_backend_failures_total", "counter",
+                "Attempts that failed (no connection, dropped, or a 5xx other than 503 and 504 before any byte).", v_failed, now);
+    per_backend(&t, p, "llm_router_backend_dropped_total", "counter",
+                "Attempts the backend dropped after it had the request (answered 502, not retried elsewhere).", v_dropped, now);
+    per_backend(&t, p, "llm_router_backend_ejections_total", "counter", "Times the circuit breaker ejected the backend.",
+                v_ejections, now);
+    per_backend(&t, p, "llm_router_backend_up", "gauge", "1 when the breaker lets requests through.", v_up, now);
+    per_backend(&t, p, "llm_router_backend_inflight", "gauge", "Requests the router has in flight to the backend.",
+                v_inflight, now);
+    llm_prom_head(&t, "llm_router_request_duration_seconds", "histogram", "Time from pick to the last byte, by backend.");
     for (int i = 0; i < p->n; i++) {
         backend *b = &p->b[i];
-        unsigned long long cum = 0;
-        for (int k = 0; b->live && k < N_BUCKETS; k++) {
-            cum += b->hist[k];
-            llm_strbuf_printf(&t, "llm_router_request_duration_seconds_bucket{backend=\"%s\",le=\"%g\"} %llu\n", b->name, bucket_le[k], cum);
-        }
-        if (b->live)
-            llm_strbuf_printf(&t, "llm_router_request_duration_seconds_bucket{backend=\"%s\",le=\"+Inf\"} %llu\n"
-                    "llm_router_request_duration_seconds_sum{backend=\"%s\"} %.6f\n"
-                    "llm_router_request_duration_seconds_count{backend=\"%s\"} %llu\n",
-                b->url, cum + b->hist[N_BUCKETS], b->url, b->sum, b->url, b->requests);
+        if (!b->live)
+            continue;
+        llm_strbuf lab = {0};
+        llm_prom_label(&lab, "backend", b->name);
+        if (!lab.failed)
+            llm_prom_hist_series(&t, "llm_router_request_duration_seconds", lab.p, bucket_le, N_BUCKETS, b->hist,
+                                 hist_count(b->hist), b->sum);
+        llm_strbuf_free(&lab);
     }
-    static const char *const revname[2] = {"stable", "canary"};
-    llm_strbuf_printf(&t, "# HELP llm_router_canary_weight Percent of requests sent to the canary revision.\n"
-            "# TYPE llm_router_canary_weight gauge\nllm_router_canary_weight %d\n", p->weight);
-    llm_strbuf_printf(&t, "# HELP llm_router_revision_requests_total Requests by revision and status class.\n"
-            "# TYPE llm_router_revision_requests_total counter\n");
+    llm_prom_gauge(&t, "llm_router_canary_weight", "Percent of requests sent to the canary revision.", NULL, p->weight);
+    llm_prom_head(&t, "llm_router_revision_requests_total", "counter", "Requests by revision and status class.");
     for (int r = 0; r < 2; r++)
-        for (int c = 0; c < 5; c++)
-            llm_strbuf_printf(&t, "llm_router_revision_requests_total{revision=\"%s\",code=\"%s\"} %llu\n", revname[r], code[c],
-                p->rs[r].codes[c]);
+        for (int c = 0; c < 5; c++) {
+            char lab[48];
+            snprintf(lab, sizeof lab, "revision=\"%s\",code=\"%s\"", revname[r], code[c]);
+            llm_prom_sample(&t, "llm_router_revision_requests_total", lab, (double)p->rs[r].codes[c]);
+        }
     rev_histogram(&t, p, "llm_router_revision_ttfb_seconds",
                   "Time to the first byte of the answer (first token of a stream), by revision.", 0);
     rev_histogram(&t, p, "llm_router_revision_itl_seconds",

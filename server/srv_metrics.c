@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "llm/prom.h"
 #include "llm/strbuf.h"
 #include "srv_metrics.h"
 
@@ -121,47 +122,10 @@ void srv_metrics_stream_write(srv_metrics *m, int events)
     pthread_mutex_unlock(&m->mu);
 }
 
-/* A growing text buffer; on allocation failure it stays NULL. */
-static void gauge(llm_strbuf *b, const char *name, const char *help, double v)
-{
-    llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
-}
-
-/* A counter NAME_total, the # TYPE line naming the sample (see
- * srv_metrics_render); labels "" or `k="v",...`. */
-static void counter_l(llm_strbuf *b, const char *name, const char *help, const char *labels, double v)
-{
-    llm_strbuf_printf(b, "# HELP %s_total %s\n# TYPE %s_total counter\n%s_total%s%s%s %.17g\n", name, help, name, name,
-                      *labels ? "{" : "", labels, *labels ? "}" : "", v);
-}
-
-static void counter(llm_strbuf *b, const char *name, const char *help, double v) { counter_l(b, name, help, "", v); }
-
-static void gauge_l(llm_strbuf *b, const char *name, const char *help, const char *labels, double v)
-{
-    llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s{%s} %.17g\n", name, help, name, name, labels, v);
-}
-
-/* One histogram series (no # lines); labels "" or `k="v"` (le is added). */
+/* One histogram series of x (no head) through the common writer. */
 static void hist_series(llm_strbuf *b, const char *name, const char *labels, const srv_hist *x, const double *bd)
 {
-    const char *sep = *labels ? "," : "";
-    uint64_t acc = 0;
-    for (int i = 0; i < SRV_HIST_BUCKETS; i++) {
-        acc += x->counts[i];
-        llm_strbuf_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, bd[i], (unsigned long long)acc);
-    }
-    llm_strbuf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n%s_sum%s%s%s %.9g\n%s_count%s%s%s %llu\n", name, labels, sep,
-                      (unsigned long long)x->n, name, *labels ? "{" : "", labels, *labels ? "}" : "", x->sum, name,
-                      *labels ? "{" : "", labels, *labels ? "}" : "", (unsigned long long)x->n);
-}
-
-/* A histogram family of one series. */
-static void hist_render(llm_strbuf *b, const char *name, const char *help, const char *labels, const srv_hist *x,
-                        const double *bd)
-{
-    llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    hist_series(b, name, labels, x, bd);
+    llm_prom_hist_series(b, name, labels, bd, SRV_HIST_BUCKETS, x->counts, x->n, x->sum);
 }
 
 long srv_rss_bytes(void)
@@ -177,31 +141,33 @@ long srv_rss_bytes(void)
 
 static void render_http(llm_strbuf *b, const srv_metrics *m)
 {
-    llm_strbuf_printf(b, "# HELP llm_http_requests_total HTTP requests by route and status class\n"
-                         "# TYPE llm_http_requests_total counter\n");
+    char lab[160];
+    llm_prom_head(b, "llm_http_requests_total", "counter", "HTTP requests by route and status class");
     /* every route's 2xx series always (a scrape racing the first request's
      * count still finds the family); other classes once they happen */
     for (int r = 0; r < SRV_N_ROUTES; r++)
         for (int c = 0; c < 6; c++)
             if (m->requests[r][c] || c == 0)
-                llm_strbuf_printf(b, "llm_http_requests_total{route=\"%s\",status=\"%s\"} %llu\n", srv_route_names[r], status_names[c],
-                    (unsigned long long)m->requests[r][c]);
-    llm_strbuf_printf(b, "# HELP llm_http_connections API connections open\n# TYPE llm_http_connections gauge\n"
-                         "llm_http_connections %lld\n", m->conns[0]);
-    static const char *const conn_what[3][2] = {{"llm_http_connections_accepted", "API connections accepted"},
-        {"llm_http_connections_refused", "API connections refused above max_connections (503)"},
-        {"llm_http_connections_cut", "API connections cut when a request body ran past body_timeout_s"}};
-    for (int i = 0; i < 3; i++) counter(b, conn_what[i][0], conn_what[i][1], (double)m->conns[i + 1]);
-    counter(b, "llm_stream_events", "Server-sent events streamed (a chunk of a choice, the usage, an error)",
+                snprintf(lab, sizeof lab, "route=\"%s\",status=\"%s\"", srv_route_names[r], status_names[c]),
+                    llm_prom_sample(b, "llm_http_requests_total", lab, (double)m->requests[r][c]);
+    llm_prom_gauge(b, "llm_http_connections", "API connections open", NULL, (double)m->conns[0]);
+    static const char *const conn_what[3][2] = {{"llm_http_connections_accepted_total", "API connections accepted"},
+        {"llm_http_connections_refused_total", "API connections refused above max_connections (503)"},
+        {"llm_http_connections_cut_total", "API connections cut when a request body ran past body_timeout_s"}};
+    for (int i = 0; i < 3; i++) llm_prom_counter(b, conn_what[i][0], conn_what[i][1], NULL, (double)m->conns[i + 1]);
+    llm_prom_counter(b, "llm_stream_events_total", "Server-sent events streamed (a chunk of a choice, the usage, an error)", NULL,
             (double)m->stream_events);
-    counter(b, "llm_stream_writes", "Writes that carried streamed events (an engine step's events go out in one)",
+    llm_prom_counter(b, "llm_stream_writes_total", "Writes that carried streamed events (an engine step's events go out in one)", NULL,
             (double)m->stream_writes);
-    llm_strbuf_printf(b, "# HELP llm_request_success_total Finished completions by reason\n"
-                         "# TYPE llm_request_success_total counter\n");
-    for (int i = 0; i < 3; i++)
-        llm_strbuf_printf(b, "llm_request_success_total{finished_reason=\"%s\"} %llu\n", srv_finish_names[i],
-                          (unsigned long long)m->finished[i]);
-    for (int h = 0; h < H_COUNT; h++) hist_render(b, hist_names[h][0], hist_names[h][3], "", &m->hist[h], hist_bounds(h));
+    llm_prom_head(b, "llm_request_success_total", "counter", "Finished completions by reason");
+    for (int i = 0; i < 3; i++) {
+        snprintf(lab, sizeof lab, "finished_reason=\"%s\"", srv_finish_names[i]);
+        llm_prom_sample(b, "llm_request_success_total", lab, (double)m->finished[i]);
+    }
+    for (int h = 0; h < H_COUNT; h++) {
+        llm_prom_head(b, hist_names[h][0], "histogram", hist_names[h][3]);
+        hist_series(b, hist_names[h][0], NULL, &m->hist[h], hist_bounds(h));
+    }
 }
 
 /* vLLM's request series (histograms, finish reasons), labelled with the
@@ -210,13 +176,16 @@ static void render_vllm_requests(llm_strbuf *b, const srv_metrics *m, const char
 {
     for (int h = 0; h < H_COUNT; h++)
         for (int k = 1; k <= 2; k++)
-            if (hist_names[h][k])
-                hist_render(b, hist_names[h][k], hist_names[h][3], lab, &m->hist[h], hist_bounds(h));
-    llm_strbuf_printf(b, "# HELP vllm:request_success_total Finished completions by reason\n"
-                         "# TYPE vllm:request_success_total counter\n");
-    for (int i = 0; i < 3; i++)
-        llm_strbuf_printf(b, "vllm:request_success_total{finished_reason=\"%s\",%s} %llu\n", srv_finish_names[i], lab,
-                          (unsigned long long)m->finished[i]);
+            if (hist_names[h][k]) {
+                llm_prom_head(b, hist_names[h][k], "histogram", hist_names[h][3]);
+                hist_series(b, hist_names[h][k], lab, &m->hist[h], hist_bounds(h));
+            }
+    llm_prom_head(b, "vllm:request_success_total", "counter", "Finished completions by reason");
+    for (int i = 0; i < 3; i++) {
+        char l2[400];
+        snprintf(l2, sizeof l2, "finished_reason=\"%s\",%s", srv_finish_names[i], lab);
+        llm_prom_sample(b, "vllm:request_success_total", l2, (double)m->finished[i]);
+    }
 }
 
 /* Per-revision series under llm-router's names (without "router_"), so
@@ -224,77 +193,73 @@ static void render_vllm_requests(llm_strbuf *b, const srv_metrics *m, const char
 static void render_revisions(llm_strbuf *b, const srv_metrics *m)
 {
     static const char *const rev[2] = {"stable", "canary"}, *const code[4] = {"2xx", "3xx", "4xx", "5xx"};
-    llm_strbuf_printf(b, "# HELP llm_revision_requests_total Completions by revision (colocated canary) and status class\n"
-                         "# TYPE llm_revision_requests_total counter\n");
+    char lab[64];
+    llm_prom_head(b, "llm_revision_requests_total", "counter", "Completions by revision (colocated canary) and status class");
     for (int r = 0; r < 2; r++)
-        for (int c = 0; c < 4; c++)
-            llm_strbuf_printf(b, "llm_revision_requests_total{revision=\"%s\",code=\"%s\"} %llu\n", rev[r], code[c],
-                              (unsigned long long)m->rev_codes[r][c]);
+        for (int c = 0; c < 4; c++) {
+            snprintf(lab, sizeof lab, "revision=\"%s\",code=\"%s\"", rev[r], code[c]);
+            llm_prom_sample(b, "llm_revision_requests_total", lab, (double)m->rev_codes[r][c]);
+        }
     static const char *const names[2][2] = {{"llm_revision_ttfb_seconds", "Time to the first token, by revision"},
                                             {"llm_revision_itl_seconds", "Time between tokens, by revision"}};
     for (int k = 0; k < 2; k++) {
-        llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", names[k][0], names[k][1], names[k][0]);
+        llm_prom_head(b, names[k][0], "histogram", names[k][1]);
         for (int r = 0; r < 2; r++) {
-            char lab[32];
             snprintf(lab, sizeof lab, "revision=\"%s\"", rev[r]);
             hist_series(b, names[k][0], lab, k ? &m->rev_itl[r] : &m->rev_ttft[r], bounds);
         }
     }
-    gauge(b, "llm_canary_loaded", "1 when a colocated canary model serves beside the stable one", m->canary_loaded);
-    gauge(b, "llm_canary_weight", "Percent of completions sent to the colocated canary", m->canary_weight);
+    llm_prom_gauge(b, "llm_canary_loaded", "1 when a colocated canary model serves beside the stable one", NULL, m->canary_loaded);
+    llm_prom_gauge(b, "llm_canary_weight", "Percent of completions sent to the colocated canary", NULL, m->canary_weight);
 }
 
 static void render_engine(llm_strbuf *b, const llm_stats *s, const char *lab)
 {
     double usage = s->kv_blocks_total ? (double)s->kv_blocks_used / s->kv_blocks_total : 0;
-    gauge(b, "llm_requests_running", "Sequences being decoded", s->running);
-    gauge(b, "llm_requests_waiting", "Sequences waiting for admission", s->waiting);
-    gauge(b, "llm_kv_cache_usage_ratio", "Share of KV blocks referenced by sequences", usage);
-    gauge(b, "llm_kv_cache_blocks", "KV blocks in the pool", s->kv_blocks_total);
-    gauge(b, "llm_kv_cache_cached_blocks", "Unreferenced KV blocks kept for prefix reuse", s->kv_blocks_cached);
-    gauge(b, "llm_kv_cache_local_blocks", "KV blocks of sliding-window layers (their own pool; 0: none)",
+    llm_prom_gauge(b, "llm_requests_running", "Sequences being decoded", NULL, s->running);
+    llm_prom_gauge(b, "llm_requests_waiting", "Sequences waiting for admission", NULL, s->waiting);
+    llm_prom_gauge(b, "llm_kv_cache_usage_ratio", "Share of KV blocks referenced by sequences", NULL, usage);
+    llm_prom_gauge(b, "llm_kv_cache_blocks", "KV blocks in the pool", NULL, s->kv_blocks_total);
+    llm_prom_gauge(b, "llm_kv_cache_cached_blocks", "Unreferenced KV blocks kept for prefix reuse", NULL, s->kv_blocks_cached);
+    llm_prom_gauge(b, "llm_kv_cache_local_blocks", "KV blocks of sliding-window layers (their own pool; 0: none)", NULL,
           s->kv_local_blocks_total);
-    gauge(b, "llm_kv_cache_local_used_blocks", "Sliding-window layers' KV blocks referenced by sequences",
+    llm_prom_gauge(b, "llm_kv_cache_local_used_blocks", "Sliding-window layers' KV blocks referenced by sequences", NULL,
           s->kv_local_blocks_used);
-    counter(b, "llm_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", (double)s->prompt_tokens);
-    counter(b, "llm_prefix_cache_hits", "Prompt tokens served from the prefix cache (not those shared by n > 1 siblings)",
+    llm_prom_counter(b, "llm_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache", NULL, (double)s->prompt_tokens);
+    llm_prom_counter(b, "llm_prefix_cache_hits_total", "Prompt tokens served from the prefix cache (not those shared by n > 1 siblings)", NULL,
             (double)(s->cached_tokens - s->forked_tokens));
-    counter(b, "llm_preemptions", "Sequences preempted for KV space", (double)s->preemptions);
-    counter(b, "llm_prompt_tokens", "Prompt tokens admitted", (double)s->prompt_tokens);
-    counter(b, "llm_generation_tokens", "Tokens generated", (double)s->generated_tokens);
-    counter(b, "llm_engine_steps", "Engine steps (batched forward passes)", (double)s->steps);
+    llm_prom_counter(b, "llm_preemptions_total", "Sequences preempted for KV space", NULL, (double)s->preemptions);
+    llm_prom_counter(b, "llm_prompt_tokens_total", "Prompt tokens admitted", NULL, (double)s->prompt_tokens);
+    llm_prom_counter(b, "llm_generation_tokens_total", "Tokens generated", NULL, (double)s->generated_tokens);
+    llm_prom_counter(b, "llm_engine_steps_total", "Engine steps (batched forward passes)", NULL, (double)s->steps);
     /* where a loaded server's time goes (bench-load): busy share, pass vs the rest, grammar */
-    counter(b, "llm_engine_step_seconds", "Time in engine steps (passes, sampling, events) and held-pick rounds",
+    llm_prom_counter(b, "llm_engine_step_seconds_total", "Time in engine steps (passes, sampling, events) and held-pick rounds", NULL,
             s->step_ms / 1e3);
-    counter(b, "llm_engine_forward_seconds", "Of llm_engine_step_seconds, time in forward passes (with sampling where the device samples)",
+    llm_prom_counter(b, "llm_engine_forward_seconds_total", "Of llm_engine_step_seconds, time in forward passes (with sampling where the device samples)", NULL,
             s->forward_ms / 1e3);
-    counter(b, "llm_engine_grammar_seconds", "Of llm_engine_step_seconds, time in grammar masks and advances",
+    llm_prom_counter(b, "llm_engine_grammar_seconds_total", "Of llm_engine_step_seconds, time in grammar masks and advances", NULL,
             s->grammar_ms / 1e3);
-    counter(b, "llm_grammar_held_picks", "Constrained picks put off to a later step: the step's grammar work was spent",
+    llm_prom_counter(b, "llm_grammar_held_picks_total", "Constrained picks put off to a later step: the step's grammar work was spent", NULL,
             (double)s->held_picks);
-    gauge(b, "llm_generation_tokens_per_second", "Generated tokens per second over the last seconds", s->gen_tokens_per_s);
-    llm_strbuf_printf(b, "# HELP llm_batch_size_tokens Tokens per engine step (one batched forward pass)\n"
-           "# TYPE llm_batch_size_tokens histogram\n");
-    uint64_t acc = 0;
-    for (int i = 0; i < LLM_BATCH_BUCKETS - 1; i++) {
-        acc += s->batch_hist[i];
-        llm_strbuf_printf(b, "llm_batch_size_tokens_bucket{le=\"%d\"} %llu\n", LLM_BATCH_BUCKET(i), (unsigned long long)acc);
-    }
-    llm_strbuf_printf(b, "llm_batch_size_tokens_bucket{le=\"+Inf\"} %llu\nllm_batch_size_tokens_sum %llu\nllm_batch_size_tokens_count %llu\n",
-        (unsigned long long)s->steps, (unsigned long long)s->computed_tokens, (unsigned long long)s->steps);
+    llm_prom_gauge(b, "llm_generation_tokens_per_second", "Generated tokens per second over the last seconds", NULL, s->gen_tokens_per_s);
+    double le[LLM_BATCH_BUCKETS - 1];
+    for (int i = 0; i < LLM_BATCH_BUCKETS - 1; i++) le[i] = LLM_BATCH_BUCKET(i);
+    llm_prom_hist(b, "llm_batch_size_tokens", "Tokens per engine step (one batched forward pass)", NULL, le,
+                  LLM_BATCH_BUCKETS - 1, s->batch_hist, s->steps, (double)s->computed_tokens);
     /* vLLM's names, which routers, autoscalers and dashboards read */
-    gauge_l(b, "vllm:num_requests_running", "Sequences being decoded", lab, s->running);
-    gauge_l(b, "vllm:num_requests_waiting", "Sequences waiting", lab, s->waiting);
-    gauge_l(b, "vllm:kv_cache_usage_perc", "KV cache usage, 0-1", lab, usage);
-    gauge_l(b, "vllm:gpu_cache_usage_perc", "KV cache usage, 0-1 (vLLM's older name)", lab, usage);
-    counter_l(b, "vllm:prompt_tokens", "Prompt tokens admitted", lab, (double)s->prompt_tokens);
-    counter_l(b, "vllm:generation_tokens", "Tokens generated", lab, (double)s->generated_tokens);
-    counter_l(b, "vllm:num_preemptions", "Sequences preempted for KV space", lab, (double)s->preemptions);
-    counter_l(b, "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", lab, (double)s->prompt_tokens);
-    counter_l(b, "vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache", lab,
+    llm_prom_gauge(b, "vllm:num_requests_running", "Sequences being decoded", lab, s->running);
+    llm_prom_gauge(b, "vllm:num_requests_waiting", "Sequences waiting", lab, s->waiting);
+    llm_prom_gauge(b, "vllm:kv_cache_usage_perc", "KV cache usage, 0-1", lab, usage);
+    llm_prom_gauge(b, "vllm:gpu_cache_usage_perc", "KV cache usage, 0-1 (vLLM's older name)", lab, usage);
+    llm_prom_counter(b, "vllm:prompt_tokens_total", "Prompt tokens admitted", lab, (double)s->prompt_tokens);
+    llm_prom_counter(b, "vllm:generation_tokens_total", "Tokens generated", lab, (double)s->generated_tokens);
+    llm_prom_counter(b, "vllm:num_preemptions_total", "Sequences preempted for KV space", lab, (double)s->preemptions);
+    llm_prom_counter(b, "vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache", lab, (double)s->prompt_tokens);
+    llm_prom_counter(b, "vllm:prefix_cache_hits_total", "Prompt tokens served from the prefix cache", lab,
               (double)(s->cached_tokens - s->forked_tokens));
-    llm_strbuf_printf(b, "# HELP vllm:cache_config_info KV cache configuration\n# TYPE vllm:cache_config_info gauge\n"
-           "vllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\"} 1\n", s->kv_block_size, s->kv_blocks_total);
+    char cfg[96];
+    snprintf(cfg, sizeof cfg, "block_size=\"%d\",num_gpu_blocks=\"%d\"", s->kv_block_size, s->kv_blocks_total);
+    llm_prom_gauge(b, "vllm:cache_config_info", "KV cache configuration", cfg, 1);
 }
 
 /* Memory of each rank's backend: the device's total and free memory and
@@ -302,39 +267,42 @@ static void render_engine(llm_strbuf *b, const llm_stats *s, const char *lab)
 static void render_backends(llm_strbuf *b, llm_backend *const *bk, int n)
 {
     static const char *const kind[3] = {"used", "total", "free"};
-    llm_strbuf_printf(b, "# HELP llm_backend_memory_bytes Memory of each rank's device: allocated by this server (used), "
-                         "the device's total and free\n# TYPE llm_backend_memory_bytes gauge\n");
+    llm_prom_head(b, "llm_backend_memory_bytes", "gauge", "Memory of each rank's device: allocated by this server (used), "
+                                                          "the device's total and free");
     for (int r = 0; r < n; r++) {
         llm_backend_mem mem;
         llm_backend_mem_stats(bk[r], &mem);
-        for (char *c = mem.device; *c; c++)
-            if (*c == '"' || *c == '\\' || *c == '\n')
-                *c = '_';
         size_t v[3] = {mem.used, mem.total, mem.free};
-        for (int k = 0; k < 3; k++)
-            llm_strbuf_printf(b, "llm_backend_memory_bytes{rank=\"%d\",backend=\"%s\",device=\"%s\",kind=\"%s\"} %zu\n", r,
-                              bk[r]->iface->name, mem.device, kind[k], v[k]);
+        for (int k = 0; k < 3; k++) {
+            llm_strbuf lab = {0};
+            char rank[16];
+            snprintf(rank, sizeof rank, "%d", r);
+            llm_prom_label(&lab, "rank", rank);
+            llm_prom_label(&lab, "backend", bk[r]->iface->name);
+            llm_prom_label(&lab, "device", mem.device);
+            llm_prom_label(&lab, "kind", kind[k]);
+            llm_prom_sample(b, "llm_backend_memory_bytes", lab.failed ? NULL : lab.p, (double)v[k]);
+            llm_strbuf_free(&lab);
+        }
     }
-}
-
-/* lab = `model_name="NAME"` with NAME escaped for a label value. */
-static void model_label(char *lab, size_t cap, const char *name)
-{
-    size_t k = (size_t)snprintf(lab, cap, "model_name=\"");
-    for (const char *c = name ? name : ""; *c && k + 4 < cap; c++) {
-        if (*c == '"' || *c == '\\' || *c == '\n')
-            lab[k++] = '\\';
-        lab[k++] = *c == '\n' ? 'n' : *c;
-    }
-    snprintf(lab + k, cap - k, "\"");
 }
 
 char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase, llm_backend *const *backends, int n,
                          const char *model_name)
 {
     llm_strbuf b = {0};
-    char lab[320];
-    model_label(lab, sizeof lab, model_name);
+    /* the name's first 128 bytes (whole characters): escaped, at most 256, so every label list fits */
+    const char *src = model_name ? model_name : "";
+    char name[129], lab[320];
+    size_t len = strlen(src), keep = len > 128 ? 128 : len;
+    while (keep > 0 && keep < len && ((unsigned char)src[keep] & 0xc0) == 0x80)
+        keep--;
+    memcpy(name, src, keep);
+    name[keep] = 0;
+    llm_strbuf ml = {0};
+    llm_prom_label(&ml, "model_name", name);
+    snprintf(lab, sizeof lab, "%s", ml.p && !ml.failed ? ml.p : "model_name=\"\"");
+    llm_strbuf_free(&ml);
     pthread_mutex_lock(&m->mu);
     render_http(&b, m);
     render_vllm_requests(&b, m, lab);
@@ -346,7 +314,7 @@ char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase, llm_backend *
         render_engine(&b, &s, lab);
         render_backends(&b, backends, n);
     }
-    gauge(&b, "llm_server_phase", "0 loading, 1 ready, 2 draining, 3 failed", phase);
-    gauge(&b, "process_resident_memory_bytes", "Resident memory", (double)srv_rss_bytes());
+    llm_prom_gauge(&b, "llm_server_phase", "0 loading, 1 ready, 2 draining, 3 failed", NULL, phase);
+    llm_prom_gauge(&b, "process_resident_memory_bytes", "Resident memory", NULL, (double)srv_rss_bytes());
     return llm_strbuf_take(&b);
 }
