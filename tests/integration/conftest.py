@@ -1,63 +1,15 @@
-"""Shared fixtures for the black-box tests: the built tools, ../shared data
-(tests skip with a clear reason when it is absent), and small models made
-with llm-mkmodel once per session."""
+"""Shared fixtures for the black-box tests: small models made with
+llm-mkmodel once per session, Gemma 3 270M, the model most tests serve,
+kubesim with kubectl, and a cluster on it running llm-controller. The
+helpers they are made of are in harness.py."""
 import importlib
 import os
-import pathlib
-import socket
+import shutil
 import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BUILD = ROOT / os.environ.get("LLM_BUILD", "build")
-SHARED = pathlib.Path(os.environ.get("LLM_SHARED", ROOT.parent / "shared"))
-
-
-def tool(name):
-    path = BUILD / "bin" / name
-    if not path.exists():
-        pytest.fail(f"{path} is missing: run make first")
-    return str(path)
-
-
-_PORTS_GIVEN = set()
-
-
-def free_port():
-    """A loopback port free now and not handed out before in this process:
-    the kernel may give a just-released port again, and a test that takes two
-    (an API port and a health port) must not get the same one twice."""
-    for _ in range(1000):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _PORTS_GIVEN:
-            _PORTS_GIVEN.add(port)
-            return port
-    raise AssertionError("no loopback port left that this test run has not used")
-
-
-def sanitized():
-    """Whether the programs under test are built with AddressSanitizer (make
-    asan): its allocator keeps freed memory in quarantine on purpose, so a
-    process's memory does not come back after a burst there."""
-    path = BUILD / "bin" / "llm-server"
-    return path.exists() and b"__asan_init" in path.read_bytes()
-
-
-def run(*args, check=True, **kw):
-    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, errors="replace", timeout=300, **kw)
-    if check and r.returncode != 0:
-        raise AssertionError(f"{args} exited {r.returncode}: {r.stderr}")
-    return r
-
-
-def shared(rel):
-    p = SHARED / rel
-    if not p.exists():
-        pytest.skip(f"../shared/{rel} not present")
-    return p
+from harness import BUILD, ROOT, STORIES, run, running, start, tool
 
 
 @pytest.fixture(scope="session")
@@ -88,3 +40,41 @@ def models(tmp_path_factory):
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def model(models):
+    """stories260K (real text) when ../shared has it, else a synthetic model."""
+    return STORIES if STORIES.exists() else models("tiny", "Q8_0")
+
+
+@pytest.fixture()
+def sim(tmp_path):
+    """kubesim running in tmp_path; its data folder (kubeconfig inside)."""
+    p, d = start(tmp_path)
+    yield d
+    p.terminate()
+    p.wait(timeout=10)
+
+
+@pytest.fixture()
+def kubectl(sim):
+    """kubectl against sim: kubectl(*args, check=True, stdin=None)."""
+    exe = shutil.which("kubectl")
+    if not exe:
+        pytest.skip("kubectl not installed")
+    env = dict(os.environ, KUBECONFIG=str(sim / "kubeconfig"))
+
+    def run_kubectl(*args, check=True, stdin=None):
+        r = subprocess.run([exe, *args], capture_output=True, text=True, env=env, input=stdin, timeout=60)
+        if check and r.returncode:
+            raise AssertionError(f"kubectl {' '.join(args)}: {r.stderr}")
+        return r
+    return run_kubectl
+
+
+@pytest.fixture()
+def cluster(tmp_path, model):
+    """kubesim with the CRD and llm-controller's pieces (harness.Cluster)."""
+    with running(tmp_path, model, quiet=True) as c:
+        yield c

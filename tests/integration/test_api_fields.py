@@ -3,10 +3,11 @@ field is honoured, refused with a 400 naming it, or (never heard of) logged
 once per name; logit_bias bans and boosts exactly."""
 import re
 
-import openai
 import pytest
 
-from test_server import NAME, Server, model, story  # noqa: F401 (model: a fixture)
+from harness import NAME, Server, story
+
+
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,9 @@ import subprocess
 
 import pytest
 
-from conftest import BUILD, ROOT
+from harness import BUILD, ROOT, render
+
+
 
 STRICT = BUILD / "bin" / "yaml-strict"
 CHART = ROOT / "charts" / "llm-operator"
@@ -42,7 +44,6 @@ def test_shipped_yaml_is_strict():
 @pytest.mark.parametrize("sets", [[], ["--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true",
                                        "--set", "prometheusRule.enabled=true", "--set", "grafanaDashboard.enabled=true"]])
 def test_rendered_chart_is_strict(sets):
-    from test_chart import render
     r = strict("-", stdin=render("-n", "llm-system", *sets))
     assert r.returncode == 0, r.stderr
 

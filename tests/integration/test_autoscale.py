@@ -4,7 +4,6 @@ stabilisation window - also across a controller restart, whose state it
 keeps in status - and HPA mode creates a HorizontalPodAutoscaler on the
 LLMDeployment's scale subresource that kubesim's HPA controller drives."""
 import json
-import os
 import threading
 import time
 import urllib.error
@@ -12,8 +11,9 @@ import urllib.request
 
 import pytest
 
-from test_kubesim import wait_for
-from test_operator import api_requests, metrics, running
+from harness import api_requests, metrics, running, wait_for
+
+
 
 AUTOSCALED = """  autoscaling:
     enabled: true

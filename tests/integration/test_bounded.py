@@ -15,60 +15,23 @@ import time
 
 import subprocess
 
-from conftest import free_port, sanitized, tool
-from test_hostile import health_metrics, probe_ms, wait_for
-from test_router import Router
-from test_server import Server
+from harness import (
+    CHAT, Cluster, KILLERS, Router, Server, alive, free_port, health_metrics, metrics, nest, post,
+    probe_ms, raw, rss_mb, sanitized, schema_body, tool, wait_for)
 
 
-def nest(n, inner="1"):
-    return "[" * n + inner + "]" * n
 
 
-def post(port, path, body, headers=None, timeout=120):
-    """POST a body (str, bytes, or a value dumped as JSON): (status, parsed JSON or text, response)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    c.request("POST", path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-    r = c.getresponse()
-    text = r.read().decode("utf-8", "replace")
-    c.close()
-    try:
-        return r.status, json.loads(text), r
-    except ValueError:
-        return r.status, text, r
 
 
-def alive(*procs):
-    for p in procs:
-        assert p.proc.poll() is None, f"a process died: exit {p.proc.returncode}"
 
 
-CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
-def schema_body(schema):
-    return {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
 
 
-# (what, path, body, the text the 400 names): each killed llm-server before
-KILLERS = [
-    ("a body nested 1,000 deep", "/v1/completions", "[" * 1000 + "]" * 1000, "deeper than 64"),
-    ("a const nested 250 deep", "/v1/chat/completions",
-     '{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":'
-     '{"name":"x","schema":{"const":%s}}}}' % nest(250), "deeper than 64"),
-    ("an enum nested 250 deep", "/v1/chat/completions",
-     '{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":'
-     '{"name":"x","schema":{"enum":[%s]}}}}' % nest(250), "deeper than 64"),
-    ("a pattern of 65 nested groups", "/v1/chat/completions",
-     json.dumps(schema_body({"type": "string", "pattern": "^" + "(" * 65 + "a" + ")" * 65 + "$"})), "deeper than 64"),
-    ("tool-call arguments nested 1,000 deep", "/v1/chat/completions",
-     json.dumps({"messages": [{"role": "user", "content": "hi"},
-                              {"role": "assistant", "content": None, "tool_calls": [
-                                  {"id": "c1", "type": "function", "function": {"name": "f", "arguments": nest(1000)}}]},
-                              {"role": "tool", "tool_call_id": "c1", "content": "ok"}], "max_tokens": 2}),
-     "arguments: JSON nested deeper than 64"),
-]
+
+
 
 
 def test_deep_bodies_get_400_naming_the_limit(models):
@@ -268,10 +231,6 @@ def test_a_backends_own_deadline_is_not_retried_nor_a_fault(models):
         other.close()
 
 
-def rss_mb(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS"):
-            return int(line.split()[1]) // 1024
 
 
 def burst(port, body, n, path="/v1/completions"):
@@ -378,17 +337,6 @@ def test_tokenizer_cost_is_linear(gemma):
         srv.stop()
 
 
-def raw(port, data, timeout=10):
-    """Sends raw bytes, reads to the close: (status, the whole answer)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(data)
-        got = b""
-        try:
-            while part := s.recv(65536):
-                got += part
-        except socket.timeout:
-            pass
-    return int(got.split()[1]) if got else None, got
 
 
 def test_framing_cors_and_content_type(models):
@@ -540,7 +488,6 @@ def test_a_tenants_deep_custom_resource_stops_no_one(tmp_path, models):
     if not shutil.which("kubectl"):
         import pytest
         pytest.skip("kubectl not installed")
-    from test_operator import Cluster, metrics
     c = Cluster(tmp_path, models("tiny", "Q8_0"))
     try:
         c.apply(replicas=1)

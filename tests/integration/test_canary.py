@@ -28,8 +28,9 @@ import urllib.request
 
 import pytest
 
-from test_kubesim import wait_for
-from test_operator import LLMD, running
+from harness import LLMD, running, wait_for
+
+
 
 openai = pytest.importorskip("openai")
 

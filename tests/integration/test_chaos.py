@@ -15,11 +15,9 @@ import socket
 import threading
 import time
 
-from conftest import free_port, sanitized
-from test_bounded import KILLERS, alive, nest, post, raw, rss_mb
-from test_hostile import probe_ms, wait_for
-from test_router import Router
-from test_server import Server
+from harness import KILLERS, Router, Server, alive, free_port, nest, post, probe_ms, raw, rss_mb, sanitized, wait_for
+
+
 
 ATTACK_S = 45
 

@@ -15,18 +15,8 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import BUILD, ROOT, SHARED, tool
-from test_kubesim import start, wait_for
+from harness import CHART, ROOT, SHARED, Server, free_port, http_code, render, start, tool, wait_for
 
-CHART = ROOT / "charts" / "llm-operator"
-
-
-def render(*args):
-    exe = BUILD / "bin" / "helm-render"
-    exe = exe if exe.exists() else pytest.skip("build/bin/helm-render missing (needs golang-go and sprig)")
-    r = subprocess.run([str(exe), *args, str(CHART)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
 
 
 def docs(text):
@@ -76,8 +66,6 @@ def test_chart_options():
 def controller_metrics(tmp_path):
     """The exposition text of a llm-controller (its API server unreachable:
     the metrics endpoint answers all the same)."""
-    from conftest import free_port
-    from test_operator import http_code
     cfg = tmp_path / "kubeconfig"
     cfg.write_text("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
                    "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\nusers: [{name: u, user: {}}]\n")
@@ -108,7 +96,6 @@ def test_optional_objects_and_their_metrics(models, tmp_path):
     exprs = list(alerts.values()) + [t["expr"] for p in dash["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"\b(llm_[a-z_]+)", e)}
     # every metric the alerts and the dashboard query is one llm-server exports
-    from test_server import Server
     s = Server(models("tiny", "Q8_0"))
     try:
         text = s.get("/metrics")[1]

@@ -18,9 +18,9 @@ import gguf
 import openai
 import pytest
 
-from conftest import shared
-from test_jinja_oracle import ENV
-from test_server import NAME, Server, failed_detail
+from harness import ENV, NAME, Server, failed_detail, shared
+
+
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Name a colour."}],

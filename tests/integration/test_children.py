@@ -6,8 +6,9 @@ other managers' fields alone, write nothing at rest, and never take over
 an object of a child's name that is not theirs."""
 import json
 
-from test_kubesim import wait_for
-from test_operator import api_requests, cluster, metrics, model  # noqa: F401 (fixtures)
+from harness import api_requests, metrics, wait_for
+
+
 
 PLACEMENT = """  nodeSelector: {disk: ssd}
   tolerations: [{key: gpu, operator: Exists, effect: NoSchedule}]

@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from test_server import Server, metric
+from harness import Server, metric
+
+
 
 openai = pytest.importorskip("openai")
 TOKEN = "s3cret"

@@ -10,7 +10,9 @@ import json
 import pytest
 import regex
 
-from test_server import NAME, Server, story
+from harness import NAME, Server, run_matcher, story
+
+
 
 # A finite language: every completion ends by itself (finish_reason stop).
 RECORD = 'root ::= "{\\"n\\": " [0-9]{1,3} ", \\"w\\": \\"" [a-z]{1,8} "\\"}"\n'
@@ -136,7 +138,6 @@ def test_json_object_gemma(gemma_srv, tmp_path):
     object Python parses; each cut by max_tokens is a prefix of one (our
     matcher's verdict, itself held against Python's json in
     test_grammar_oracle.py); most end by themselves."""
-    from test_grammar_oracle import run_matcher
     c = gemma_srv.client()
     texts, n_stop = [], 0
     for seed in range(20):

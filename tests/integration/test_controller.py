@@ -8,8 +8,9 @@ import pathlib
 import pytest
 import yaml
 
-from conftest import ROOT, run, tool
-from test_kubesim import kubectl, sim  # noqa: F401 (fixtures)
+from harness import ROOT, free_port, http_code, run, tool, wait_for
+
+
 
 CRD = ROOT / "manifests" / "crd" / "llmdeployments.yaml"
 
@@ -177,9 +178,6 @@ def test_token_rotation_and_late_rbac(sim, kubectl, tmp_path):  # noqa: F811
     does not wait for bindings)."""
     import subprocess
     import time
-    from conftest import free_port
-    from test_operator import http_code
-    from test_kubesim import wait_for
     kubectl("apply", "-f", str(CRD))
     kubectl("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
     kubectl("create", "namespace", "llm-system")

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from conftest import ROOT
-from test_kubesim import kubectl, sim  # noqa: F401 (fixtures)
+from harness import ROOT
+
+
 
 CRD = ROOT / "manifests" / "crd" / "llmdeployments.yaml"
 SAMPLES = ROOT / "manifests" / "samples"

@@ -21,8 +21,9 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import SHARED
-from test_server import NAME, Server, metric
+from harness import NAME, SHARED, Server, metric, tool
+
+
 
 STORIES = SHARED / "models/stories260K.gguf"
 
@@ -266,7 +267,6 @@ def test_pooling_setting(tmp_path):
     finally:
         assert srv.stop() == 0
     import subprocess
-    from conftest import tool
     p = subprocess.run([tool("llm-server"), "-m", str(STORIES), "--embedding_pooling", "cls"], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode != 0 and "embedding_pooling 'cls'" in p.stderr

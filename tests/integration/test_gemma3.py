@@ -12,8 +12,9 @@ import re
 
 import pytest
 
-from conftest import BUILD, ROOT, run, tool
-from test_generate import parse_ids
+from harness import BUILD, ROOT, Server, parse_ids, run, tool
+
+
 
 REFS = json.loads((ROOT / "tests/data/gemma3-270m-llama.cpp.json").read_text())
 
@@ -85,7 +86,6 @@ def test_openai_client_on_gemma(gemma):
     """llm-server on Gemma 3 through the official openai client: a greedy
     completion is the text llm-generate gives (English, real words), a
     stream equals it, and a chat request is rendered with Gemma's turns."""
-    from test_server import Server
 
     s = Server(gemma)
     ok = False

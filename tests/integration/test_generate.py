@@ -6,13 +6,11 @@ import re
 
 import pytest
 
-from conftest import run, shared, tool
+from harness import parse_ids, run, shared, tool
 
 
-def parse_ids(stderr, what):
-    m = re.search(rf"^{what}:(.*)$", stderr, re.M)
-    assert m, f"no '{what}' line in: {stderr}"
-    return [int(x) for x in m.group(1).split()]
+
+
 
 
 def reference_cases():

@@ -14,25 +14,13 @@ import subprocess
 import pytest
 import regex
 
-from conftest import BUILD
+from harness import TOOL, run_matcher
 
-TOOL = BUILD / "tests" / "grammar_match"
+
+
 ALPHABET = ["a", "b", "c", "x", "\u00e9", "\u20ac", "\U0001F600", '"', "\\", "\n", "-", "]"]
 
 
-def run_matcher(grammar, strings, tmp_path):
-    gf = tmp_path / "g.gbnf"
-    if grammar.startswith("@"):
-        arg = grammar
-    else:
-        gf.write_text(grammar, encoding="utf-8")
-        arg = str(gf)
-    data = "".join(s.hex() + "\n" for s in strings)
-    r = subprocess.run([str(TOOL), arg], input=data, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    out = r.stdout.split("\n")[:-1]
-    assert len(out) == len(strings)
-    return out
 
 
 def gbnf_char(c):

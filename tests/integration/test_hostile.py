@@ -15,32 +15,13 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import free_port, tool
-from test_server import NAME, STORIES, Server
+from harness import NAME, Router, STORIES, Server, free_port, health_metrics, probe_ms, tool, wait_for
+
+
 
 VLLM_LABELS = (("model_name", NAME),)  # vLLM's series carry the served model's name
 
 
-def wait_for(pred, timeout=30, what="the condition"):
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not met within {timeout} s")
-
-
-def health_metrics(port):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    c.request("GET", "/metrics")
-    text = c.getresponse().read().decode()
-    c.close()
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if not s.labels or set(s.labels) == {"model_name"}:  # vLLM's series carry the model's name
-                out[s.name] = s.value
-    return out
 
 
 def models_on(c):
@@ -51,15 +32,6 @@ def models_on(c):
     return r
 
 
-def probe_ms(port, path):
-    """One probe on a fresh connection (as kubelet does): status, ms."""
-    t = time.perf_counter()
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-        got = b""
-        while part := s.recv(4096):
-            got += part
-    return int(got.split()[1]), (time.perf_counter() - t) * 1e3
 
 
 class Tricklers:
@@ -312,7 +284,6 @@ def test_thousand_idle_keepalive_connections(model):
 # ---- llm-router ---------------------------------------------------------------
 
 def router(*args):
-    from test_router import Router
     return Router(*args)
 
 

@@ -1,4 +1,4 @@
-"""The engine's Jinja interpreter (engine/jinja_*.c, driven through
+"""The Jinja interpreter (text/jinja_*.c, driven through
 llm-server's request converter by tests/oracle/jinja_render.c) held to
 Python's jinja2 set up as Hugging Face's transformers sets it up for chat
 templates, on the chat templates popular models publish
@@ -13,52 +13,23 @@ unique canaries in them) must lie inside the spans ours reports as tenant
 bytes, and every span must be made of request text, so the markup is
 never taken from a tenant nor a tenant's text tokenized as markup.
 Also unit cases for the language itself, each against jinja2."""
-import datetime
 import json
-import pathlib
 import subprocess
 
 import jinja2
 import pytest
-from jinja2 import nodes
-from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from conftest import BUILD, SHARED
+from harness import BUILD, ENV, NOW, SHARED
+
+
 
 TOOL = BUILD / "tests" / "jinja_render"
-NOW = 1764720000  # 2025-12-03, what strftime_now reads on both sides
 
 
-class Generation(Extension):
-    """transformers' {% generation %}: a call block that renders its body."""
-    tags = {"generation"}
-
-    def parse(self, parser):
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-    def _render(self, caller):
-        return caller()
 
 
-def oracle_env():
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.datetime.fromtimestamp(NOW).strftime(fmt)
-    return env
 
 
-ENV = oracle_env()
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",

@@ -17,47 +17,16 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT
-
-KUBESIM = ROOT / "tests" / "kubesim" / "kubesim"
+from harness import start, wait_for
 
 
-def start(tmp_path, *extra):
-    d = tmp_path / "kubesim"
-    env = dict(os.environ, KUBESIM_BOOKMARK_SECONDS="1")
-    p = subprocess.Popen([str(KUBESIM), "--data-dir", str(d), "--tls", *extra],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    for _ in range(100):
-        if (d / "port").exists() and (d / "kubeconfig").exists():
-            return p, d
-        if p.poll() is not None:
-            pytest.fail(f"kubesim exited: {p.stdout.read()}")
-        time.sleep(0.1)
-    p.kill()
-    pytest.fail("kubesim did not start")
 
 
-@pytest.fixture()
-def sim(tmp_path):
-    p, d = start(tmp_path)
-    yield d
-    p.terminate()
-    p.wait(timeout=10)
 
 
-@pytest.fixture()
-def kubectl(sim):
-    exe = shutil.which("kubectl")
-    if not exe:
-        pytest.skip("kubectl not installed")
-    env = dict(os.environ, KUBECONFIG=str(sim / "kubeconfig"))
 
-    def run(*args, check=True, stdin=None):
-        r = subprocess.run([exe, *args], capture_output=True, text=True, env=env, input=stdin, timeout=60)
-        if check and r.returncode:
-            raise AssertionError(f"kubectl {' '.join(args)}: {r.stderr}")
-        return r
-    return run
+
+
 
 
 def test_kubectl_crud(kubectl):
@@ -625,14 +594,6 @@ def pod_status(kubectl, name):
     return json.loads(kubectl("get", "pod", name, "-o", "json").stdout).get("status", {})
 
 
-def wait_for(pred, timeout=20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
 
 
 def test_liveness_restarts_and_crash_backoff(tmp_path):

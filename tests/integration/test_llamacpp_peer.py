@@ -11,8 +11,9 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, run, shared, tool
-from test_generate import parse_ids
+from harness import ROOT, parse_ids, run, shared, tool
+
+
 
 NEAR_TIE = 0.02
 

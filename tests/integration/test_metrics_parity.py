@@ -13,8 +13,9 @@ import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import BUILD, ROOT
-from test_server import NAME, Server, story
+from harness import BUILD, NAME, ROOT, Server, story
+
+
 
 # Every series the vLLM example dashboard's queries select (all filtered
 # by model_name="$model_name"), plus the ones the issue names.

@@ -26,7 +26,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import BUILD, ROOT, run, tool
+from harness import BUILD, ROOT, run, tool
+
+
 
 REFS = json.loads((ROOT / "tests/data/mkmodel-llama.cpp.json").read_text())
 FLOAT = {"F32", "F16", "BF16"}

@@ -7,155 +7,33 @@ conditions -> a completion through an endpoint of the Service answers ->
 -> deleting the LLMDeployment removes every child. Then the reasons a
 deployment is not ready, faults (API server restart, forced conflicts, a
 killed pod), leader election and 200 objects."""
-import contextlib
 import json
 import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, SHARED, free_port, tool
-from test_kubesim import start, wait_for
-
-CRD = ROOT / "manifests" / "crd" / "llmdeployments.yaml"
-
-LLMD = """apiVersion: llmk8s.io/v1alpha1
-kind: LLMDeployment
-metadata: {{name: {name}}}
-spec:
-  image: {image}
-  replicas: {replicas}
-  model:
-    path: {model}
-    name: story
-    volume: {{hostPath: {{path: {dir}}}}}
-  engine: {{threads: 1, contextLength: 128, maxSeqs: {seqs}}}
-  probes: {{shutdownDelaySeconds: 2, drainSeconds: 20}}
-{extra}"""
+from harness import Cluster, LLMD, api_requests, http_code, metrics, wait_for
 
 
-class Cluster:
-    """kubesim with the CRD, the real llm-server image, and controllers."""
-
-    def __init__(self, tmp_path, model, env=None, images=None):
-        self.tmp, self.model = tmp_path, model
-        extra, images = images, tmp_path / "images.yaml"
-        crash = [sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"]
-        images.write_text(f"llm-server:test: {json.dumps([tool('llm-server')])}\n"
-                          f"llm-router:test: {json.dumps([tool('llm-router')])}\n"
-                          f"crash:test: {json.dumps(crash)}\n" +
-                          "".join(f"{k}: {json.dumps(v)}\n" for k, v in (extra or {}).items()))
-        saved = {k: os.environ.get(k) for k in env or {}}
-        os.environ.update(env or {})
-        try:
-            self.ks, self.dir = start(tmp_path, "--image-map", str(images))
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        self.env = {**os.environ, "KUBECONFIG": str(self.dir / "kubeconfig")}
-        self.ctls = []
-        self.k("apply", "-f", str(CRD))
-        self.k("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
-
-    def k(self, *args, check=True, stdin=None):
-        r = subprocess.run(["kubectl", *args], env=self.env, capture_output=True, text=True, input=stdin, timeout=60)
-        if check and r.returncode:
-            raise AssertionError(f"kubectl {' '.join(args)}: {r.stderr}")
-        return r
-
-    def controller(self, *args):
-        """Starts llm-controller; returns (process, its HTTP base URL)."""
-        port = free_port()
-        log = open(self.tmp / f"controller-{len(self.ctls)}.log", "w")
-        p = subprocess.Popen([tool("llm-controller"), "--kubeconfig", str(self.dir / "kubeconfig"), "--http-addr",
-                              f"127.0.0.1:{port}", *args], stdout=subprocess.DEVNULL, stderr=log)
-        self.ctls.append((p, log))
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: http_code(url + "/readyz") == 200, 20)
-        return p, url
-
-    def apply(self, name="story", replicas=1, model=None, image="llm-server:test", seqs=8, extra=""):
-        model = model or self.model
-        self.k("apply", "-f", "-", stdin=LLMD.format(name=name, replicas=replicas, model=model, dir=model.parent,
-                                                     image=image, seqs=seqs, extra=extra))
-
-    def get(self, kind, name):
-        r = self.k("get", kind, name, "-o", "json", check=False)
-        return json.loads(r.stdout) if not r.returncode else None
-
-    def status(self, name="story"):
-        return (self.get("llmd", name) or {}).get("status") or {}
-
-    def cond(self, type_, name="story"):
-        return next((c for c in self.status(name).get("conditions") or [] if c["type"] == type_), {})
-
-    def ready_ips(self, name="story"):
-        subsets = (self.get("endpoints", name) or {}).get("subsets") or []
-        return sorted(a["ip"] for s in subsets for a in s.get("addresses", []))
-
-    def fault(self, body):
-        f = self.tmp / "fault.json"
-        f.write_text(json.dumps(body))
-        self.k("create", "--raw", "/kubesim/faults", "-f", str(f))
-
-    def close(self):
-        rcs = []
-        for p, log in self.ctls:
-            if p.poll() is None:
-                p.terminate()
-            rcs.append(p.wait(timeout=30))
-            log.close()
-        self.ks.terminate()
-        self.ks.wait(timeout=30)
-        return rcs
 
 
-@contextlib.contextmanager
-def running(tmp_path, model, env=None, quiet=False, images=None):
-    """A Cluster for one test (skipped without kubectl), closed afterwards:
-    when the test passed, every controller must have exited 0 and (quiet)
-    logged no error - checked after the close, so a failing test's own
-    error is what pytest shows."""
-    if not shutil.which("kubectl"):
-        pytest.skip("kubectl not installed")
-    c = Cluster(tmp_path, model, env=env, images=images)
-    try:
-        yield c
-    finally:
-        rcs = c.close()
-    logs = "".join((tmp_path / f"controller-{i}.log").read_text() for i in range(len(rcs)))
-    assert all(rc == 0 for rc in rcs), logs
-    assert not quiet or '"level":"error"' not in logs, logs
 
 
-def http_code(url, timeout=2):
-    try:
-        return urllib.request.urlopen(url, timeout=timeout).status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return None
 
 
-def metrics(url):
-    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def api_requests(url, method=None):
-    """llm-controller's own count of requests to the API server."""
-    return sum(v for (name, labels), v in metrics(url).items() if name == "llm_controller_api_requests_total"
-               and (method is None or dict(labels)["method"] == method))
+
+
+
+
 
 
 def complete(ip, timeout=30):
@@ -164,16 +42,8 @@ def complete(ip, timeout=30):
     return json.loads(urllib.request.urlopen(req, timeout=timeout).read())
 
 
-@pytest.fixture()
-def model(models):
-    m = SHARED / "models" / "stories260K.gguf"
-    return m if m.exists() else models("tiny", "Q8_0")
 
 
-@pytest.fixture()
-def cluster(tmp_path, model):
-    with running(tmp_path, model, quiet=True) as c:
-        yield c
 
 
 def test_apply_serve_scale_delete(cluster):

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from conftest import SHARED
-from test_server import NAME, Server, metric
+from harness import NAME, SHARED, Server, metric
+
+
 
 STORIES = SHARED / "models" / "stories260K.gguf"
 

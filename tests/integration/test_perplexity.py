@@ -12,7 +12,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import BUILD, run, tool
+from harness import BUILD, run, tool
+
+
 
 TEXT = pathlib.Path("/usr/share/common-licenses/GPL-3")
 # llama-perplexity (llama-cpp-python 0.3.36's vendored llama.cpp) on Gemma 3

@@ -6,8 +6,6 @@ import shutil
 
 import pytest
 
-from conftest import BUILD
-from test_server import NAME, Server, model  # noqa: F401 (the model fixture)
 
 selenium = pytest.importorskip("selenium", reason="selenium (pip) is installed by make deps")
 from selenium import webdriver  # noqa: E402
@@ -15,6 +13,9 @@ from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+from harness import BUILD, NAME, Server
+
 
 
 @pytest.fixture

@@ -3,9 +3,10 @@
 by turn, the same greedy text and logprobs as a server without it answering
 each turn's whole history alone; the `prefix_cache` key turns it off; and
 tenants (API keys, cache_salt) do not share cached prefixes."""
-import pytest
 
-from test_server import NAME, Server, metric
+from harness import NAME, Server, metric
+
+
 
 # Six turns whose history passes 600 prompt tokens on the synthetic
 # vocabulary (about two tokens per character of this text).

@@ -3,12 +3,13 @@ expressions (as llama.cpp and the original tokenizers define them), run by
 the `regex` module, on llama.cpp's tokenizer test strings plus extra mixed
 Unicode text. Covers llama3 and qwen2, whose vocab files are not in
 ../shared."""
-import pathlib
 
 import pytest
 import regex
 
-from conftest import SHARED, run, tool
+from harness import SHARED, run, tool
+
+
 
 GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 LLAMA3 = (r"""(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""

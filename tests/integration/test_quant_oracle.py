@@ -6,10 +6,12 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import BUILD
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (llama.cpp's gguf-py) is not installed")
 from gguf import quants, GGMLQuantizationType as T, GGML_QUANT_SIZES  # noqa: E402
+
+from harness import BUILD
+
 
 TOOL = BUILD / "tests" / "dequant_rows"
 

@@ -11,8 +11,9 @@ import json
 import sys
 import time
 
-from test_kubesim import wait_for
-from test_operator import cluster, http_code, metrics, model, running  # noqa: F401 (fixtures)
+from harness import http_code, metrics, running, wait_for
+
+
 
 
 def requests(c):

@@ -16,52 +16,12 @@ import urllib.request
 
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import free_port, tool
-from test_kubesim import wait_for
-from test_server import NAME, Server
+from harness import Cluster, NAME, Router, Server, running, tool, wait_for
 
 
-class Router:
-    def __init__(self, *args):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([tool("llm-router"), "--host", "127.0.0.1", "--port", str(self.port),
-                                      "--poll-ms", "100", "--expose-backend", "true", *map(str, args)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: self.code("/healthz") == 200, 10)
 
-    def code(self, path):
-        try:
-            return urllib.request.urlopen(self.base + path, timeout=5).status
-        except urllib.error.HTTPError as e:
-            return e.code
-        except OSError:
-            return None
 
-    def post(self, body, headers=None, timeout=60, path="/v1/completions"):
-        req = urllib.request.Request(self.base + path, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json", **(headers or {})})
-        try:
-            r = urllib.request.urlopen(req, timeout=timeout)
-            return r.status, json.loads(r.read()), r.headers.get("X-Backend")
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null"), e.headers.get("X-Backend")
-
-    def metrics(self):
-        text = urllib.request.urlopen(self.base + "/metrics", timeout=5).read().decode()
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-    def client(self):
-        return openai.OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0)
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=30)
-        self.log = self.proc.stderr.read()
-        return rc
 
 
 @pytest.fixture()
@@ -211,7 +171,6 @@ def test_backends_from_endpointslices(tmp_path, models):
     as an LLMDeployment scales."""
     if not shutil.which("kubectl"):
         pytest.skip("kubectl not installed")
-    from test_operator import Cluster
     c = Cluster(tmp_path, models("tiny", "Q8_0"))
     r = None
     try:
@@ -305,7 +264,6 @@ def test_scale_from_zero_holds_requests(tmp_path, models):
     that outlasts --hold-seconds ends in 503."""
     if not shutil.which("kubectl"):
         pytest.skip("kubectl not installed")
-    from test_operator import Cluster
     c = Cluster(tmp_path, models("tiny", "Q8_0"))
     r = quick = None
     try:
@@ -362,7 +320,6 @@ def test_controller_runs_the_router(tmp_path, models):
     following the llm-server pods through NAME-backends; a completion
     through the Service reaches a server pod via the router; turned off,
     the router's objects go and the Service reaches the pods again."""
-    from test_operator import running
     with running(tmp_path, models("tiny", "Q8_0")) as c:
         c.controller()
         c.apply(replicas=2, extra="  router: {enabled: true, image: llm-router:test, replicas: 1}\n")

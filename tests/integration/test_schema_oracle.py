@@ -21,8 +21,9 @@ import jsonschema
 import pytest
 import regex
 
-from conftest import BUILD
-from test_grammar_oracle import run_matcher
+from harness import BUILD, run_matcher
+
+
 
 TOOL = BUILD / "tests" / "schema_grammar"
 

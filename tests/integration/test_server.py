@@ -2,112 +2,27 @@
 package (completions, streaming, n, seed, stop, logprobs, usage), raw HTTP
 for the error table and probes, prometheus_client's parser for /metrics,
 signals for the drain, and the YAML/env/flag configuration."""
-import http.client
 import json
-import os
 import pathlib
 import signal
 import socket
-import subprocess
 import threading
 import time
 
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import SHARED, free_port, run, tool
-
-
-class Server:
-    def __init__(self, model, *args, env=None, wait=True):
-        self.port = free_port()
-        name = ["--model_name", NAME]
-        self.proc = subprocess.Popen([tool("llm-server"), "-m", str(model), "--host", "127.0.0.1", "--port",
-                                      str(self.port), "--threads", "2", *name, *map(str, args)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.key = self.first_key(args, env or {})  # /metrics on the API port needs one when keys are set
-        if wait:
-            self.wait_ready()
-
-    @staticmethod
-    def first_key(args, env):
-        args = [str(a) for a in args]
-        if "--api_keys_file" in args:
-            return pathlib.Path(args[args.index("--api_keys_file") + 1]).read_text().split()[0]
-        if env.get("LLM_SERVER_API_KEYS"):
-            return env["LLM_SERVER_API_KEYS"].split(",")[0].split()[0]
-        return None
-
-    def wait_ready(self, timeout=60):
-        end = time.time() + timeout
-        while time.time() < end:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"llm-server exited {self.proc.returncode}: {self.proc.stderr.read()}")
-            try:
-                if self.get("/readyz")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError("llm-server did not become ready")
-
-    def request(self, method, path, body=None, headers=None, raw=None):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
-        c.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-        r = c.getresponse()
-        text = r.read().decode("utf-8", "replace")
-        c.close()
-        return r.status, text, r
-
-    def get(self, path):
-        return self.request("GET", path)
-
-    def post(self, path, body):
-        s, t, r = self.request("POST", path, body)
-        return s, (json.loads(t) if t else None), r
-
-    def client(self, key="none"):
-        return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0)
-
-    def metrics(self):
-        s, text, _ = self.request("GET", "/metrics", headers={"Authorization": f"Bearer {self.key}"} if self.key else None)
-        assert s == 200
-        out = {}
-        for fam in text_string_to_metric_families(text):
-            for smp in fam.samples:
-                out[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
-        return out
-
-    def stop(self, sig=signal.SIGTERM, timeout=60):
-        if self.proc.stderr.closed:  # stopped already
-            return self.proc.returncode
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        rc = self.proc.wait(timeout)
-        self.log = self.proc.stderr.read()
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-        return rc
+from harness import NAME, Server, failed_detail, metric, run, story, tool
 
 
-NAME = "test-model"  # every server here serves its model under this name
-STORIES = SHARED / "models" / "stories260K.gguf"
 
 
-def story():
-    if not STORIES.exists():
-        pytest.skip("../shared/models/stories260K.gguf not present")
-    return STORIES
 
 
-@pytest.fixture(scope="module")
-def model(models):
-    """stories260K (real text) when ../shared has it, else a synthetic model."""
-    return STORIES if STORIES.exists() else models("tiny", "Q8_0")
+
+
+
+
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +32,6 @@ def srv(model):
     assert s.stop() == 0
 
 
-def metric(m, name, **labels):
-    return m.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def test_completion_matches_llm_generate(srv):
@@ -334,17 +247,6 @@ def test_shutdown_delay_keeps_serving(model):
     assert "still taking requests for 2 s" in s.log
 
 
-def failed_detail(s, timeout=60):
-    """The load failure /startupz reports (the server stays up to say so)."""
-    end, body = time.time() + timeout, {}
-    while time.time() < end and body.get("phase") != "failed":
-        time.sleep(0.05)
-        try:
-            body = json.loads(s.get("/startupz")[1])
-        except OSError:
-            pass  # not listening yet
-    assert body.get("phase") == "failed", body
-    return body["detail"]
 
 
 def test_model_sha256(model):

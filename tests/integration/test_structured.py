@@ -12,7 +12,9 @@ import os
 import jsonschema
 import pytest
 
-from test_server import NAME, Server
+from harness import NAME, Server
+
+
 
 SAMPLES = int(os.environ.get("LLM_STRUCTURED_SAMPLES", "10"))
 

@@ -17,8 +17,9 @@ import jsonschema
 import openai
 import pytest
 
-from conftest import shared
-from test_server import NAME, Server
+from harness import NAME, Server, shared
+
+
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
