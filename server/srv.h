@@ -153,6 +153,31 @@ int srv_parse_admin(json_t *req, const char **path, const char **sha, int *weigh
  * 0, or -1 with err naming the port. */
 int srv_http_start(srv *s, llm_error *err);
 
+/* srv_http.c, for srv_complete.c: answers and the caller. What is sent when not even an error body can be built: */
+#define SRV_OOM_BODY "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}"
+
+struct mg_connection;
+/* Sends j (consumed) as the answer; NULL (a body that could not be built) sends 503. Returns the status. */
+int srv_http_send_json(struct mg_connection *c, int status, json_t *j);
+/* Sends e as an OpenAI error body, with Retry-After or WWW-Authenticate where e calls for one. */
+int srv_http_send_err(struct mg_connection *c, const srv_err *e);
+/* The caller's key (NULL without keys, or when it names none). */
+const srv_key *srv_http_caller(const srv *s, struct mg_connection *c);
+/* Whether the pod is alive: not failed, and no engine step running past liveness_timeout_s. */
+int srv_http_alive(srv *s);
+
+/* srv_complete.c: one completion request (see its file comment). */
+/* Streams or collects cp's answer, sent here; *held: the sequences of the
+ * tenant's cap the request holds, grown to its n. The HTTP status. */
+int srv_complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_completion *cp, int *held, srv_err *e);
+/* The request's prefix-cache partition (0: the common one). */
+uint64_t srv_complete_cache_salt(const srv_key *key, const char *field);
+/* The highest priority key's caller may ask for. */
+int srv_complete_priority_ceiling(const srv *s, const srv_key *key);
+/* Grows a request's share of key's tenant's sequences in flight from held
+ * to n: 0, or 400/429 with e set. */
+int srv_complete_tenant_take(srv *s, const srv_key *key, int n, int held, srv_err *e);
+
 /* srv_load.c: bringing a model up, for the loader thread (srv_main.c)
  * and the canary's loader (srv_canary.c). Each returns LLM_OK or a status
  * with err naming the cause; nothing is left allocated on failure.

@@ -1,0 +1,140 @@
+/* engine_impl.h - the serving engine's state, shared by engine.c (the
+ * caller's side: requests, events, open and close) and engine_step.c (the
+ * step loop on the engine thread). Private to engine/serve/. Thread rules:
+ * the fields of llm_engine and eng_req are under e->mu unless a comment
+ * says otherwise (see engine.c's file comment). */
+#ifndef ENGINE_IMPL_H
+#define ENGINE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "llm/engine.h"
+#include "llm/forward.h"
+#include "llm/gmatch.h"
+#include "llm/scheduler.h"
+#include "textout.h"
+
+typedef struct eng_req eng_req;
+
+typedef struct ev_node {
+    llm_event ev;
+    struct ev_node *next;
+} ev_node;
+
+/* One completion of a request. */
+typedef struct eng_seq {
+    sched_seq q;
+    eng_req *r;
+    int index;
+    int32_t *tokens;      /* (cap) prompt, then generated */
+    int n_gen, finished;
+    llm_sampler *smp;
+    llm_gmatch *gm;        /* the request's grammar, this completion's place in it; NULL: unconstrained */
+    textout out;
+    llm_sample_result res; /* this step's sample (engine thread) */
+    llm_error fail;        /* this step's sampling failed (code != 0): the request fails with it */
+    double t_first;
+    double *pool;          /* an embedding request's (n_embd) sum of hidden rows, or the last row (engine thread) */
+    int n_pooled;          /* positions [0, n_pooled) are in pool: a recomputation after preemption skips them */
+    int h0, hn;            /* this step's hidden rows of it: [h0, h0 + hn) of the batch's hidden_rows */
+    /* A pick put off because the step's grammar work was spent (engine thread): */
+    float *held;           /* (n_vocab) the logits row it will be made from; NULL: no pick is held */
+    int picked;            /* in a picks round: it was made */
+    uint64_t hold_no;      /* when it was put off: older ones go first */
+} eng_seq;
+
+struct eng_req {
+    llm_request_id id;
+    eng_req *next;
+    int n, n_done, n_read_done;
+    eng_seq *seqs;
+    int max_gen, ignore_eos;
+    int32_t shown[LLM_MAX_SHOWN]; /* control tokens whose text is in the output text */
+    int n_shown;
+    llm_pooling pooling;  /* not NONE: an embedding request */
+    llm_grammar *grammar;  /* compiled at submit (shared through slot, or owned when slot is NULL); NULL: none */
+    struct eng_grammar *slot;
+    char **stops;
+    int n_stops;
+    ev_node *head, *tail;
+    pthread_cond_t cond;
+    int cancelled;        /* the engine skips it; cancel is dropping it */
+    int gone;             /* unlinked: the last waiting reader frees it */
+    int in_flight;        /* sequences of it in the step being run */
+    int readers;          /* threads waiting in llm_engine_next */
+    int failed;
+    llm_error error;
+    double t_submit, t_sched;
+};
+
+#define GEN_WINDOW 32 /* (time, generated) samples for tokens/s */
+#define ENG_GRAMMARS 32                /* compiled grammars kept for requests that send the same text */
+#define ENG_GRAMMAR_SHARE_MAX (64u << 10) /* longer grammar texts are compiled for their request alone */
+
+/* A compiled grammar shared by the requests that send the same text and
+ * start rule: they then meet the same states, and the mask cache serves
+ * them all. refs counts its requests; one with none is kept until its
+ * slot is wanted. Under gv_mu except refs. */
+typedef struct eng_grammar {
+    char *text;            /* the text, a NUL, the start rule ("" for root) */
+    size_t len;            /* of the text */
+    uint64_t hash;
+    llm_grammar *g;
+    _Atomic int refs;
+    uint64_t used;         /* when last taken (eng's grammar_clock) */
+} eng_grammar;
+#define ENG_GRAMMAR_CACHE_BYTES (16u << 20) /* masks kept across constrained requests: ~500 of a 262k vocabulary */
+
+struct llm_engine {
+    llm_engine_config cfg;
+    const llm_model *m;
+    llm_backend *b;
+    kv_cache *kv;
+    sched s;
+    llm_forward *fwd;
+    pthread_t thread;
+    int thread_started, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t work, step_done;
+    eng_req *reqs;
+    int n_reqs;
+    llm_request_id next_id;
+    /* step buffers (engine thread) */
+    int32_t *b_tokens, *b_logit_rows, *cp_src, *cp_dst; /* copies: global pool's, then local pool's */
+    int32_t *b_hidden_rows;      /* (max_batch_tokens) rows embedding requests pool */
+    llm_sample_params *b_params; /* (max_seqs) device picks of a step */
+    pthread_mutex_t gv_mu;       /* builds gv once, on the first constrained request's thread */
+    llm_gmatch_vocab *gv;        /* the vocabulary sorted for grammar masks; NULL until then */
+    llm_gmatch_cache *gcache;    /* masks shared by all constrained sequences (engine thread) */
+    eng_grammar grammars[ENG_GRAMMARS]; /* under gv_mu */
+    uint64_t grammar_clock;
+    uint32_t *b_mask;            /* (n_vocab / 32 words) a constrained sequence's mask (engine thread) */
+    /* Picks put off to a later step (engine thread): */
+    long mask_work;              /* grammar work in this round of picks (units of LLM_GMATCH_MAX_WORK) */
+    eng_seq **b_held;            /* (max_seqs) the held picks this round makes, oldest first */
+    int n_held;
+    int n_holding;               /* sequences holding a pick (at least; 0: none) */
+    uint64_t hold_clock, new_holds;
+    double grammar_ms;           /* time in masks and accepts, not yet in st */
+    double forward_ms;           /* this step's forward pass, not yet in st (engine thread) */
+    llm_batch_seq *b_seqs;
+    int n_copies, n_local_copies;
+    llm_stats st;
+    double gen_t[GEN_WINDOW];
+    uint64_t gen_n[GEN_WINDOW];
+    int gen_i;
+    double step_t0;       /* start of the step in progress, 0 when idle */
+    uint64_t oom_seen;    /* s.stats.oom already acted on */
+};
+
+/* Milliseconds on the monotonic clock. */
+double eng_now_ms(void);
+/* Releases r's sequences from the scheduler (under e->mu). */
+void eng_req_drop_seqs(llm_engine *e, eng_req *r);
+/* Queues ev for r's readers and wakes them (under e->mu). */
+void eng_req_push(eng_req *r, const llm_event *ev);
+/* The engine thread's loop (engine_step.c); arg is the engine. */
+void *eng_step_main(void *arg);
+
+#endif
