@@ -389,7 +389,7 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.cuh) kernels/llm_kernels
 # The CUDA backend as a plugin (llm_backend_cuda_new loads it), with its own
 # position-independent copies of the few engine files it uses; cudart is
 # linked statically, cuBLAS and NCCL from the CUDA install.
-CUDA_PLUGIN_SRC = engine/backend/cuda/backend_cuda.c common/status.c engine/model/quant.c
+CUDA_PLUGIN_SRC = engine/backend/cuda/backend_cuda.c engine/backend/cuda/cuda_ops.c common/status.c engine/model/quant.c
 # NCCL (tensor parallelism across GPUs) where its header is found; without
 # it the plugin still builds and tensor_parallel > 1 on cuda says why.
 NCCL_HOME ?=
@@ -501,7 +501,7 @@ cudasim: $(SIM_BIN) $(TOOL_BIN)
 	@CHECK_QUICK=1 $(SIM)/check_kernels
 	@sh tests/cudasim/check_models.sh $(BUILD)
 
-ALL_C_SRC = $(COMMON_SRC) $(TEXT_SRC) $(NET_SRC) $(KUBE_SRC) $(ENGINE_SRC) $(TESTKIT_SRC) engine/backend/cuda/backend_cuda.c $(SERVER_SRC) \
+ALL_C_SRC = $(COMMON_SRC) $(TEXT_SRC) $(NET_SRC) $(KUBE_SRC) $(ENGINE_SRC) $(TESTKIT_SRC) engine/backend/cuda/backend_cuda.c engine/backend/cuda/cuda_ops.c $(SERVER_SRC) \
             $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c
 lint:
 	@! grep -nE '\b(strcpy|sprintf|atoi|gets|strcat)\s*\(' $(ALL_C_SRC) tests/gpu/*.c tests/cudasim/*.c tests/cudasim/*.cu tests/cudasim/*.h tests/cudasim/include/*.h kernels/*.cu kernels/*.cuh kernels/*.h || (echo "lint: banned call" && false)

@@ -3,20 +3,20 @@
  * the answer, usage and logprobs, the tenant's share of sequences in
  * flight and its prefix-cache partition. The routes that call it are
  * srv_http.c. */
-#include <civetweb.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <civetweb.h>
 #include <openssl/evp.h>
 
 #include "http_guard.h"
 #include "http_reply.h"
-#include "srv.h"
 #include "llm/clock.h"
 #include "llm/json.h"
 #include "llm/strbuf.h"
+#include "srv.h"
 
 /* ---- completions ------------------------------------------------------------- */
 

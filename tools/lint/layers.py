@@ -52,7 +52,7 @@ RULES = {
     "tools": "the tools use the engine's public headers, text/, the testkit and common/",
 }
 # the one engine file that may reach the CUDA kernels
-KERNEL_USERS = {"engine/backend/cuda/backend_cuda.c"}
+KERNEL_USERS = {"engine/backend/cuda/backend_cuda.c", "engine/backend/cuda/cuda_impl.h"}
 
 
 def layer_of(rel):
