@@ -104,7 +104,7 @@ $(BUILD)/controller/%.o: INC = -Icontroller $(INC_KUBE)
 # Tests and test programs reach into every library (engine internals included).
 INC_TESTS = -Itests/unit $(INC_ENGINE) $(INC_ENGINE_PRIVATE) $(INC_TESTKIT) -Iserver $(INC_KUBE) -Icontroller
 HEADERS = $(wildcard common/include/llm/*.h text/include/llm/*.h text/*.h net/*.h kube/*.h engine/include/llm/*.h \
-            engine/*/*.h engine/backend/cpu/*.h testkit/include/llm/*.h server/*.h controller/*.h router/*.h)
+            engine/*/*.h engine/backend/cpu/*.h engine/backend/cuda/*.h testkit/include/llm/*.h server/*.h controller/*.h router/*.h)
 
 # Only the AVX2 kernel file gets the ISA flags; it checks the CPU at run time.
 $(BUILD)/engine/backend/cpu/kernels_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c

@@ -37,7 +37,7 @@ struct timespec llm_sync_at(double mono_s)
     return (struct timespec){s, ns < 0 ? 0 : ns > 999999999L ? 999999999L : ns};
 }
 
-int llm_worker_init(llm_worker *w)
+int llm_sync_worker_init(llm_sync_worker *w)
 {
     w->stop = w->started = 0;
     int rc = pthread_mutex_init(&w->mu, NULL);
@@ -48,14 +48,14 @@ int llm_worker_init(llm_worker *w)
     return rc;
 }
 
-int llm_worker_start(llm_worker *w, size_t stack, void *(*fn)(void *), void *arg)
+int llm_sync_worker_start(llm_sync_worker *w, size_t stack, void *(*fn)(void *), void *arg)
 {
     int rc = llm_thread_create(&w->th, stack, fn, arg);
     w->started = !rc;
     return rc;
 }
 
-int llm_worker_wait(llm_worker *w, double at_s)
+int llm_sync_worker_wait(llm_sync_worker *w, double at_s)
 {
     if (w->stop)
         return 1;
@@ -68,14 +68,7 @@ int llm_worker_wait(llm_worker *w, double at_s)
     return w->stop;
 }
 
-void llm_worker_wake(llm_worker *w)
-{
-    pthread_mutex_lock(&w->mu);
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-void llm_worker_stop(llm_worker *w)
+void llm_sync_worker_stop(llm_sync_worker *w)
 {
     pthread_mutex_lock(&w->mu);
     w->stop = 1;
@@ -86,7 +79,7 @@ void llm_worker_stop(llm_worker *w)
     w->started = 0;
 }
 
-void llm_worker_free(llm_worker *w)
+void llm_sync_worker_free(llm_sync_worker *w)
 {
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);

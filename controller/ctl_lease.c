@@ -15,7 +15,7 @@ struct ctl_lease {
     ctl_lease_config c;
     char ns[254], name[254], identity[256], path[768];
     kube_client *k;
-    llm_worker w;         /* the election loop; w.mu also guards leader */
+    llm_sync_worker w;         /* the election loop; w.mu also guards leader */
     int leader;
     double renewed;       /* when this replica last renewed (monotonic) */
     char seen[512];       /* holder + renewTime + resourceVersion last seen */
@@ -172,7 +172,7 @@ static void *run(void *arg)
             set_leader(l, 0, "another replica holds the lease");
         }
         pthread_mutex_lock(&l->w.mu);
-        llm_worker_wait(&l->w, t0 + l->c.retry_s);
+        llm_sync_worker_wait(&l->w, t0 + l->c.retry_s);
     }
     pthread_mutex_unlock(&l->w.mu);
     if (ctl_lease_is_leader(l)) {
@@ -197,7 +197,7 @@ llm_status ctl_lease_start(kube_config *cfg, const ctl_lease_config *lc, ctl_lea
     snprintf(l->name, sizeof l->name, "%s", lc->name);
     snprintf(l->identity, sizeof l->identity, "%s", lc->identity);
     snprintf(l->path, sizeof l->path, "/apis/coordination.k8s.io/v1/namespaces/%s/leases/%s", l->ns, l->name);
-    if (llm_worker_init(&l->w)) {
+    if (llm_sync_worker_init(&l->w)) {
         free(l);
         return llm_errf(err, LLM_ERR_INTERNAL, "cannot make the leader lease's lock");
     }
@@ -206,11 +206,11 @@ llm_status ctl_lease_start(kube_config *cfg, const ctl_lease_config *lc, ctl_lea
      * stalls cannot keep us leading past the deadline (curl's 60 s would) */
     double call_s = (lc->renew_deadline_s - lc->retry_s) / 2;
     l->call_s = call_s > 0.5 ? call_s : 0.5;
-    if (!st && llm_worker_start(&l->w, LLM_THREAD_STACK, run, l))
+    if (!st && llm_sync_worker_start(&l->w, LLM_THREAD_STACK, run, l))
         st = llm_errf(err, LLM_ERR_INTERNAL, "cannot start the leader-election thread");
     if (st) {
         kube_client_free(l->k);
-        llm_worker_free(&l->w);
+        llm_sync_worker_free(&l->w);
         free(l);
         return st;
     }
@@ -230,8 +230,8 @@ void ctl_lease_stop(ctl_lease *l)
 {
     if (!l)
         return;
-    llm_worker_stop(&l->w);
+    llm_sync_worker_stop(&l->w);
     kube_client_free(l->k);
-    llm_worker_free(&l->w);
+    llm_sync_worker_free(&l->w);
     free(l);
 }

@@ -39,7 +39,7 @@ struct podsig {
     kube_client *k;        /* the thread's own (made before it starts: a failure is podsig_new's) */
     char ns[256];
     void (*beat)(void);
-    llm_worker w;          /* the polling loop; w.mu guards the targets and wake */
+    llm_sync_worker w;          /* the polling loop; w.mu guards the targets and wake */
     int wake;
     atomic_int cancel;     /* ends the list request in flight at podsig_free */
     target *t;             /* n of them; index: key -> position */
@@ -428,7 +428,7 @@ static void *run(void *arg)
         double p = period_locked(ps), now = llm_clock_mono_s();
         int due = p > 0 && (now - last >= p || (ps->wake && now - last >= MIN_GAP_S));
         if (!due) { /* a second at most: the heartbeat ticks while nothing is needed */
-            llm_worker_wait(&ps->w, now + 1);
+            llm_sync_worker_wait(&ps->w, now + 1);
             continue;
         }
         ps->wake = 0;
@@ -450,7 +450,7 @@ llm_status podsig_new(kube_config *cfg, const char *ns, void (*beat)(void), pods
     }
     ps->beat = beat;
     snprintf(ps->ns, sizeof ps->ns, "%s", ns ? ns : "");
-    int rc = llm_worker_init(&ps->w);
+    int rc = llm_sync_worker_init(&ps->w);
     if (rc) {
         json_decref(ps->index);
         free(ps);
@@ -463,7 +463,7 @@ llm_status podsig_new(kube_config *cfg, const char *ns, void (*beat)(void), pods
     }
     kube_client_set_timeout(ps->k, LIST_TIMEOUT_MS);
     kube_client_set_cancel(ps->k, &ps->cancel);
-    if ((rc = llm_worker_start(&ps->w, LLM_THREAD_STACK, run, ps))) {
+    if ((rc = llm_sync_worker_start(&ps->w, LLM_THREAD_STACK, run, ps))) {
         podsig_free(ps);
         return llm_errf(err, LLM_ERR_INTERNAL, "cannot start the pod signals' thread: %s", strerror(rc));
     }
@@ -476,9 +476,9 @@ void podsig_free(podsig *ps)
     if (!ps)
         return;
     atomic_store(&ps->cancel, 1); /* ends the list in flight, so the join below waits for no API call */
-    llm_worker_stop(&ps->w);
+    llm_sync_worker_stop(&ps->w);
     kube_client_free(ps->k);
-    llm_worker_free(&ps->w);
+    llm_sync_worker_free(&ps->w);
     json_decref(ps->index);
     free(ps->t);
     free(ps);

@@ -61,7 +61,7 @@ typedef struct guard_route {
 struct http_guard {
     http_guard_cfg cfg;
     struct mg_context *mg;
-    llm_worker w;             /* the watchdog; w.mu guards what follows */
+    llm_sync_worker w;             /* the watchdog; w.mu guards what follows */
     guard_conn armed;         /* sentinel of the circular list of armed connections */
     int n, closing;
     int serving;              /* the caller's handlers are set (http_guard_serve); atomic */
@@ -232,7 +232,7 @@ static void *watch(void *arg)
 {
     http_guard *g = arg;
     pthread_mutex_lock(&g->w.mu);
-    while (!llm_worker_wait(&g->w, llm_clock_mono_s() + WATCH_MS / 1e3))
+    while (!llm_sync_worker_wait(&g->w, llm_clock_mono_s() + WATCH_MS / 1e3))
         shut_expired(g, llm_clock_mono_s());
     pthread_mutex_unlock(&g->w.mu);
     return NULL;
@@ -264,7 +264,7 @@ static llm_status fd_room(const http_guard_cfg *cfg, llm_error *err)
 
 static void guard_free(http_guard *g)
 {
-    llm_worker_free(&g->w);
+    llm_sync_worker_free(&g->w);
     free(g);
 }
 
@@ -284,7 +284,7 @@ llm_status http_guard_start(const http_guard_cfg *cfg, const char *const *opts, 
     if (cfg->cors_origin && *cfg->cors_origin)
         snprintf(g->cors, sizeof g->cors, "Access-Control-Allow-Origin: %.250s\r\nVary: Origin\r\n", cfg->cors_origin);
     g->armed.next = g->armed.prev = &g->armed;
-    if (llm_worker_init(&g->w)) {
+    if (llm_sync_worker_init(&g->w)) {
         free(g);
         return llm_errf(err, LLM_ERR_INTERNAL, "cannot make the connection guard's condition variable");
     }
@@ -325,7 +325,7 @@ llm_status http_guard_start(const http_guard_cfg *cfg, const char *const *opts, 
         guard_free(g);
         return llm_errf(err, LLM_ERR_IO, "cannot listen on %s (in use, or not an address of this machine)", ports);
     }
-    int rc = llm_worker_start(&g->w, LLM_THREAD_STACK, watch, g);
+    int rc = llm_sync_worker_start(&g->w, LLM_THREAD_STACK, watch, g);
     if (rc) {
         mg_stop(g->mg);
         guard_free(g);
@@ -342,7 +342,7 @@ void http_guard_stop(http_guard *g)
     if (!g)
         return;
     mg_stop(g->mg); /* every connection closes (on_close) before this returns */
-    llm_worker_stop(&g->w);
+    llm_sync_worker_stop(&g->w);
     guard_free(g);
 }
 

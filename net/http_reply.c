@@ -5,13 +5,17 @@
 
 #include "http_guard.h"
 
+/* civetweb's phrase for status; asked without the connection, so a code it
+ * does not know (a backend's, passed on) gives its class and no log line. */
+static const char *reason(int status) { return mg_get_response_code_text(NULL, status); }
+
 int http_reply(struct mg_connection *c, int status, const char *type, const char *body, size_t n, const char *extra)
 {
     int guarded = http_guard_owns(c);
     if (guarded)
         http_guard_sending(c, n); /* a client that does not take its answer is cut */
     mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%sConnection: %s\r\n\r\n", status,
-              mg_get_response_code_text(c, status), type, n, extra ? extra : "", guarded ? http_guard_cors(c) : "",
+              reason(status), type, n, extra ? extra : "", guarded ? http_guard_cors(c) : "",
               guarded ? http_guard_connection(c) : "close");
     if (n)
         mg_write(c, body, n);
@@ -37,7 +41,7 @@ int http_reply_stream_head(struct mg_connection *c, int status, const char *type
     if (old)
         mg_disable_connection_keep_alive(c);
     return mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\n%s%s%sConnection: %s\r\n\r\n",
-                     status, mg_get_response_code_text(c, status), type, extra ? extra : "",
+                     status, reason(status), type, extra ? extra : "",
                      old ? "" : "Transfer-Encoding: chunked\r\n", guarded ? http_guard_cors(c) : "",
                      old || !guarded ? "close" : http_guard_connection(c));
 }

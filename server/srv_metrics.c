@@ -182,7 +182,7 @@ static void render_vllm_requests(llm_strbuf *b, const srv_metrics *m, const char
             }
     llm_prom_head(b, "vllm:request_success_total", "counter", "Finished completions by reason");
     for (int i = 0; i < 3; i++) {
-        char l2[400];
+        char l2[720];
         snprintf(l2, sizeof l2, "finished_reason=\"%s\",%s", srv_finish_names[i], lab);
         llm_prom_sample(b, "vllm:request_success_total", l2, (double)m->finished[i]);
     }
@@ -291,10 +291,10 @@ char *srv_metrics_render(srv_metrics *m, llm_engine *e, int phase, llm_backend *
                          const char *model_name)
 {
     llm_strbuf b = {0};
-    /* the name's first 128 bytes (whole characters): escaped, at most 256, so every label list fits */
+    /* the name's first 300 bytes (whole characters; the API's names are shorter): escaped, at most 600 */
     const char *src = model_name ? model_name : "";
-    char name[129], lab[320];
-    size_t len = strlen(src), keep = len > 128 ? 128 : len;
+    char name[301], lab[640];
+    size_t len = strlen(src), keep = len > 300 ? 300 : len;
     while (keep > 0 && keep < len && ((unsigned char)src[keep] & 0xc0) == 0x80)
         keep--;
     memcpy(name, src, keep);

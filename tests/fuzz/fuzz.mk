@@ -100,7 +100,7 @@ $(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controlle
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Icontroller -Ikube tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
 
-TENANT_SRC = $(JSON_SRC) server/srv_keys.c server/srv_api.c server/srv_fields.c engine/constrain/grammar.c net/http_guard.c \
+TENANT_SRC = $(JSON_SRC) common/sync.c server/srv_keys.c server/srv_api.c server/srv_fields.c engine/constrain/grammar.c net/http_guard.c \
              common/strbuf.c common/clock.c common/log.c engine/serve/sampler.c net/http_reply.c $(JINJA_SRC)
 
 $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
@@ -109,7 +109,8 @@ $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) -lcivetweb -ljansson -lcrypto -lm -lpthread -o $@
 
 GRAMMAR_SRC = engine/constrain/grammar.c engine/constrain/gmatch.c engine/model/tokenizer.c engine/model/tok_spm.c engine/model/tok_bpe.c engine/model/unicode.c \
-              engine/model/unicode_data.c engine/model/gguf.c engine/model/quant.c common/status.c common/hash.c
+              engine/model/unicode_data.c engine/model/gguf.c engine/model/quant.c common/status.c common/hash.c common/utf8.c \
+              common/strmap.c
 $(FUZZ_BUILD)/fuzz_grammar: tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) $(wildcard engine/*/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"

@@ -8,8 +8,6 @@ import pytest
 from harness import NAME, Server, story
 
 
-
-
 @pytest.fixture(scope="module")
 def srv():
     s = Server(story())

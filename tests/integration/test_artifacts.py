@@ -12,7 +12,6 @@ import pytest
 from harness import BUILD, ROOT, render
 
 
-
 STRICT = BUILD / "bin" / "yaml-strict"
 CHART = ROOT / "charts" / "llm-operator"
 SHIPPED = sorted([*ROOT.glob("manifests/**/*.yaml"), *CHART.glob("crds/*.yaml"), CHART / "values.yaml",

@@ -14,7 +14,6 @@ import pytest
 from harness import api_requests, metrics, running, wait_for
 
 
-
 AUTOSCALED = """  autoscaling:
     enabled: true
     mode: {mode}

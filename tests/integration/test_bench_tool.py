@@ -13,7 +13,6 @@ import pytest
 from harness import run, tool
 
 
-
 KEYS = ("model", "threads", "kernels", "weight_bytes", "decode_bytes", "prefill_tps", "prefill_sd", "decode_tps",
         "decode_sd", "matmul_gop_per_token", "prefill_gop_per_token", "prefill_matmul_share", "prefill_attn_share",
         "prefill_matmul_gops")

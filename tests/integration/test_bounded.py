@@ -20,20 +20,6 @@ from harness import (
     probe_ms, raw, rss_mb, sanitized, schema_body, tool, wait_for)
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def test_deep_bodies_get_400_naming_the_limit(models):
     """The bodies that crashed llm-server (52 groups: 246 bytes; 250 deep:
     706 bytes; 1,000 deep: 2 KB) get a 400 naming the limit, the server
@@ -231,8 +217,6 @@ def test_a_backends_own_deadline_is_not_retried_nor_a_fault(models):
         other.close()
 
 
-
-
 def burst(port, body, n, path="/v1/completions"):
     """n connections sending body at once; their status lines."""
     out = []
@@ -335,8 +319,6 @@ def test_tokenizer_cost_is_linear(gemma):
             assert took < 2 and code == (200 if path == "/tokenize" else 400), (code, got)
     finally:
         srv.stop()
-
-
 
 
 def test_framing_cors_and_content_type(models):

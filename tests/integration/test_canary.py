@@ -31,7 +31,6 @@ import pytest
 from harness import LLMD, running, wait_for
 
 
-
 openai = pytest.importorskip("openai")
 
 CANARY = """  router: {{image: llm-router:test, replicas: 1}}

@@ -18,7 +18,6 @@ import time
 from harness import KILLERS, Router, Server, alive, free_port, nest, post, probe_ms, raw, rss_mb, sanitized, wait_for
 
 
-
 ATTACK_S = 45
 
 # ordinary bodies of every JSON-taking route, and the fields random nesting goes into

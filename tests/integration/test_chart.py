@@ -18,7 +18,6 @@ import yaml
 from harness import CHART, ROOT, SHARED, Server, free_port, http_code, render, start, tool, wait_for
 
 
-
 def docs(text):
     return [d for d in yaml.safe_load_all(text) if d]
 

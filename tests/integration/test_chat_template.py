@@ -21,7 +21,6 @@ import pytest
 from harness import ENV, NAME, Server, failed_detail, shared
 
 
-
 CONVERSATIONS = [
     [{"role": "user", "content": "Name a colour."}],
     [{"role": "user", "content": "  Name a fruit.\n\n"}],

@@ -9,7 +9,6 @@ import json
 from harness import api_requests, metrics, wait_for
 
 
-
 PLACEMENT = """  nodeSelector: {disk: ssd}
   tolerations: [{key: gpu, operator: Exists, effect: NoSchedule}]
   affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: zone, operator: In, values: [a]}]}]}}}

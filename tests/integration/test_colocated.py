@@ -13,7 +13,6 @@ import pytest
 from harness import Server, metric
 
 
-
 openai = pytest.importorskip("openai")
 TOKEN = "s3cret"
 

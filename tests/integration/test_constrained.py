@@ -13,7 +13,6 @@ import regex
 from harness import NAME, Server, run_matcher, story
 
 
-
 # A finite language: every completion ends by itself (finish_reason stop).
 RECORD = 'root ::= "{\\"n\\": " [0-9]{1,3} ", \\"w\\": \\"" [a-z]{1,8} "\\"}"\n'
 RECORD_RX = r'\{"n": [0-9]{1,3}, "w": "[a-z]{1,8}"\}'

@@ -11,7 +11,6 @@ import yaml
 from harness import ROOT, free_port, http_code, run, tool, wait_for
 
 
-
 CRD = ROOT / "manifests" / "crd" / "llmdeployments.yaml"
 
 

@@ -9,7 +9,6 @@ import pytest
 from harness import ROOT
 
 
-
 CRD = ROOT / "manifests" / "crd" / "llmdeployments.yaml"
 SAMPLES = ROOT / "manifests" / "samples"
 

@@ -24,7 +24,6 @@ import pytest
 from harness import NAME, SHARED, Server, metric, tool
 
 
-
 STORIES = SHARED / "models/stories260K.gguf"
 
 

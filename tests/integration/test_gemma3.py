@@ -15,7 +15,6 @@ import pytest
 from harness import BUILD, ROOT, Server, parse_ids, run, tool
 
 
-
 REFS = json.loads((ROOT / "tests/data/gemma3-270m-llama.cpp.json").read_text())
 
 # Both engines round activations to 8 bits before each quantized matmul, and

@@ -9,10 +9,6 @@ import pytest
 from harness import parse_ids, run, shared, tool
 
 
-
-
-
-
 def reference_cases():
     ref = shared("testdata/stories260K/greedy-llama.cpp.json")
     return json.loads(ref.read_text())["cases"]

@@ -17,10 +17,7 @@ import regex
 from harness import TOOL, run_matcher
 
 
-
 ALPHABET = ["a", "b", "c", "x", "\u00e9", "\u20ac", "\U0001F600", '"', "\\", "\n", "-", "]"]
-
-
 
 
 def gbnf_char(c):

@@ -18,10 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness import NAME, Router, STORIES, Server, free_port, health_metrics, probe_ms, tool, wait_for
 
 
-
 VLLM_LABELS = (("model_name", NAME),)  # vLLM's series carry the served model's name
-
-
 
 
 def models_on(c):
@@ -30,8 +27,6 @@ def models_on(c):
     r = c.getresponse()
     r.read()
     return r
-
-
 
 
 class Tricklers:

@@ -22,13 +22,7 @@ import pytest
 from harness import BUILD, ENV, NOW, SHARED
 
 
-
 TOOL = BUILD / "tests" / "jinja_render"
-
-
-
-
-
 
 
 WEATHER = {"type": "function", "function": {

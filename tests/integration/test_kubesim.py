@@ -20,15 +20,6 @@ import pytest
 from harness import start, wait_for
 
 
-
-
-
-
-
-
-
-
-
 def test_kubectl_crud(kubectl):
     assert "v1.30.0-kubesim" in kubectl("version").stdout
     names = kubectl("get", "namespaces").stdout.split()
@@ -594,8 +585,6 @@ def pod_status(kubectl, name):
     return json.loads(kubectl("get", "pod", name, "-o", "json").stdout).get("status", {})
 
 
-
-
 def test_liveness_restarts_and_crash_backoff(tmp_path):
     script = tmp_path / "health.py"
     script.write_text(HEALTH_SERVER)
@@ -683,7 +672,6 @@ def test_hpa_scales_on_pod_metrics(tmp_path):
         wait_for(lambda: replicas() == 1, timeout=30)
         st = json.loads(kubectl("get", "hpa", "q", "-o", "json").stdout)["status"]
         assert st["currentMetrics"][0]["pods"]["metric"]["name"] == "queue_depth"
-
 
 
 def test_apply_validation_and_server_side_apply(kubectl):

@@ -14,7 +14,6 @@ import pytest
 from harness import ROOT, parse_ids, run, shared, tool
 
 
-
 NEAR_TIE = 0.02
 
 PROMPTS = ["Once upon a time", "The cat sat on the mat", "Lily and Ben went to the park. They saw",

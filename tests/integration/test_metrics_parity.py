@@ -16,7 +16,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness import BUILD, NAME, ROOT, Server, story
 
 
-
 # Every series the vLLM example dashboard's queries select (all filtered
 # by model_name="$model_name"), plus the ones the issue names.
 VLLM_DASHBOARD = [

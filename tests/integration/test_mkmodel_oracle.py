@@ -29,7 +29,6 @@ import pytest
 from harness import BUILD, ROOT, run, tool
 
 
-
 REFS = json.loads((ROOT / "tests/data/mkmodel-llama.cpp.json").read_text())
 FLOAT = {"F32", "F16", "BF16"}
 

@@ -22,28 +22,10 @@ import pytest
 from harness import Cluster, LLMD, api_requests, http_code, metrics, wait_for
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def complete(ip, timeout=30):
     body = json.dumps({"model": "story", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}).encode()
     req = urllib.request.Request(f"http://{ip}:8080/v1/completions", body, {"Content-Type": "application/json"})
     return json.loads(urllib.request.urlopen(req, timeout=timeout).read())
-
-
-
-
 
 
 def test_apply_serve_scale_delete(cluster):

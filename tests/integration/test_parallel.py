@@ -11,7 +11,6 @@ import pytest
 from harness import NAME, SHARED, Server, metric
 
 
-
 STORIES = SHARED / "models" / "stories260K.gguf"
 
 

@@ -15,7 +15,6 @@ import pytest
 from harness import BUILD, run, tool
 
 
-
 TEXT = pathlib.Path("/usr/share/common-licenses/GPL-3")
 # llama-perplexity (llama-cpp-python 0.3.36's vendored llama.cpp) on Gemma 3
 # 270M Q4_K_M, -c 512 --chunks 4 -t 2, this text: measured 2026-12-02

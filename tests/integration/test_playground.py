@@ -17,7 +17,6 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 from harness import BUILD, NAME, Server
 
 
-
 @pytest.fixture
 def browser():
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")

@@ -7,7 +7,6 @@ tenants (API keys, cache_salt) do not share cached prefixes."""
 from harness import NAME, Server, metric
 
 
-
 # Six turns whose history passes 600 prompt tokens on the synthetic
 # vocabulary (about two tokens per character of this text).
 TURNS = [

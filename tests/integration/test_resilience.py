@@ -14,8 +14,6 @@ import time
 from harness import http_code, metrics, running, wait_for
 
 
-
-
 def requests(c):
     return json.loads(c.k("get", "--raw", "/kubesim/requests").stdout)
 

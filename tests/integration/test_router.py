@@ -20,10 +20,6 @@ import pytest
 from harness import Cluster, NAME, Router, Server, running, tool, wait_for
 
 
-
-
-
-
 @pytest.fixture()
 def two(models):
     """Two llm-server backends (one sequence at a time each) of a model slow

@@ -24,7 +24,6 @@ import regex
 from harness import BUILD, run_matcher
 
 
-
 TOOL = BUILD / "tests" / "schema_grammar"
 
 

@@ -15,23 +15,11 @@ import pytest
 from harness import NAME, Server, failed_detail, metric, run, story, tool
 
 
-
-
-
-
-
-
-
-
-
-
 @pytest.fixture(scope="module")
 def srv(model):
     s = Server(model)
     yield s
     assert s.stop() == 0
-
-
 
 
 def test_completion_matches_llm_generate(srv):
@@ -245,8 +233,6 @@ def test_shutdown_delay_keeps_serving(model):
     assert s.stop() == 0
     assert time.time() - t0 >= 2
     assert "still taking requests for 2 s" in s.log
-
-
 
 
 def test_model_sha256(model):

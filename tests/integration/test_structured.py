@@ -15,7 +15,6 @@ import pytest
 from harness import NAME, Server
 
 
-
 SAMPLES = int(os.environ.get("LLM_STRUCTURED_SAMPLES", "10"))
 
 SCHEMAS = {

@@ -20,7 +20,6 @@ import pytest
 from harness import NAME, Server, shared
 
 
-
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},

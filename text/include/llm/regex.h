@@ -1,7 +1,7 @@
 /* regex.h - a JSON Schema "pattern" (the ECMA-262 subset structured
  * outputs use: literals, classes, \\d \\w \\s and their negations, ., groups
  * (capturing or not), alternation, * + ? {m} {m,} {m,n}, lazy forms, the
- * anchors ^ and $ at the ends) as grammar elements (engine's llm/grammar.h)
+ * anchors ^ and $ at the ends) as grammar elements (llm/gbnf.h's notation)
  * matching the text of a JSON string whose value the pattern finds a
  * match in. Sound first: \\D \\W \\S and negated classes holding \\d \\w
  * \\s are taken within ASCII (inside both ECMA's ASCII and Python's Unicode

@@ -1,5 +1,5 @@
 /* schema.h - a JSON Schema, as structured outputs use them, turned into
- * a grammar (engine's llm/grammar.h) that accepts the JSON texts the schema
+ * a grammar (llm/gbnf.h's notation, compiled by the engine) that accepts the JSON texts the schema
  * validates: response_format {"type": "json_schema"}.
  *
  * Supported: type (one or a list; object, array, string, number, integer,
