@@ -348,7 +348,7 @@ static llm_status req_new(llm_engine *e, const llm_request *rq, const int32_t *p
 /* Under the lock: queue r's sequences, or fail when the queue is full. */
 static llm_status req_enqueue(llm_engine *e, eng_req *r, llm_error *err)
 {
-    if (e->stop)
+    if (e->w.stop)
         return llm_errf(err, LLM_ERR_SHUTDOWN, "engine: shutting down");
     if (e->s.n_waiting + r->n > e->cfg.max_waiting)
         return llm_errf(err, LLM_ERR_QUEUE_FULL, "engine: %d sequences waiting, the limit is %d; retry later",
@@ -362,7 +362,7 @@ static llm_status req_enqueue(llm_engine *e, eng_req *r, llm_error *err)
     r->next = e->reqs;
     e->reqs = r;
     e->n_reqs++;
-    pthread_cond_signal(&e->work);
+    pthread_cond_signal(&e->w.cv);
     return LLM_OK;
 }
 
@@ -381,11 +381,11 @@ llm_status llm_engine_submit(llm_engine *e, const llm_request *rq, llm_request_i
     free(prompt);
     if (st)
         return st;
-    pthread_mutex_lock(&e->mu);
+    pthread_mutex_lock(&e->w.mu);
     st = req_enqueue(e, r, err);
     if (!st)
         *id = r->id;
-    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_unlock(&e->w.mu);
     if (st)
         req_free(r);
     return st;
@@ -436,16 +436,16 @@ llm_status llm_engine_next(llm_engine *e, llm_request_id id, llm_event *ev, int 
 {
     memset(ev, 0, sizeof *ev);
     struct timespec dl = llm_sync_after_ms(timeout_ms); /* the clock r->cond's waits count on */
-    pthread_mutex_lock(&e->mu);
+    pthread_mutex_lock(&e->w.mu);
     eng_req *r = req_find(e, id);
     llm_status st = LLM_OK;
     if (!r) {
-        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_unlock(&e->w.mu);
         return LLM_ERR_NOT_FOUND;
     }
     r->readers++;
     while (!r->head && !r->failed && !r->cancelled && !r->gone && st == LLM_OK)
-        if (wait_event(r, &e->mu, timeout_ms, &dl) == ETIMEDOUT)
+        if (wait_event(r, &e->w.mu, timeout_ms, &dl) == ETIMEDOUT)
             st = LLM_ERR_TIMEOUT;
     r->readers--;
     if (r->gone || r->cancelled) {
@@ -456,7 +456,7 @@ llm_status llm_engine_next(llm_engine *e, llm_request_id id, llm_event *ev, int 
         st = LLM_OK;
         req_pop(e, r, ev);
     }
-    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_unlock(&e->w.mu);
     return st;
 }
 
@@ -464,15 +464,15 @@ llm_status llm_engine_next(llm_engine *e, llm_request_id id, llm_event *ev, int 
 
 void llm_engine_cancel(llm_engine *e, llm_request_id id)
 {
-    pthread_mutex_lock(&e->mu);
+    pthread_mutex_lock(&e->w.mu);
     eng_req *r = req_find(e, id);
     if (r && !r->cancelled) {
         r->cancelled = 1; /* the engine skips it from now on */
-        while (r->in_flight) pthread_cond_wait(&e->step_done, &e->mu);
+        while (r->in_flight) pthread_cond_wait(&e->step_done, &e->w.mu);
         eng_req_drop_seqs(e, r);
         req_release(e, r);
     }
-    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_unlock(&e->w.mu);
 }
 
 static double gen_rate(const llm_engine *e, double now)
@@ -495,7 +495,7 @@ static double gen_rate(const llm_engine *e, double now)
 void llm_engine_stats(llm_engine *e, llm_stats *out)
 {
     kv_cache_stats kc;
-    pthread_mutex_lock(&e->mu);
+    pthread_mutex_lock(&e->w.mu);
     *out = e->st;
     kv_cache_get_stats(e->kv, &kc);
     out->running = e->s.n_running;
@@ -517,7 +517,7 @@ void llm_engine_stats(llm_engine *e, llm_stats *out)
     double now = eng_now_ms();
     out->gen_tokens_per_s = gen_rate(e, now);
     out->step_running_ms = e->step_t0 > 0 ? now - e->step_t0 : 0;
-    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_unlock(&e->w.mu);
 }
 
 /* ---- open and close ----------------------------------------------------------- */
@@ -657,8 +657,7 @@ static void engine_free(llm_engine *e)
     pthread_mutex_destroy(&e->gv_mu);
     free(e->cp_src);
     free(e->cp_dst);
-    pthread_mutex_destroy(&e->mu);
-    pthread_cond_destroy(&e->work);
+    llm_sync_worker_free(&e->w);
     pthread_cond_destroy(&e->step_done);
     free(e);
 }
@@ -669,9 +668,11 @@ llm_status llm_engine_open(const llm_engine_config *cfg, llm_engine **out, llm_e
     llm_engine *e = calloc(1, sizeof *e);
     if (!e)
         return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory");
-    pthread_mutex_init(&e->mu, NULL);
+    if (llm_sync_worker_init(&e->w)) {
+        free(e);
+        return llm_errf(err, LLM_ERR_INTERNAL, "engine: cannot make its lock and condition variable");
+    }
     pthread_mutex_init(&e->gv_mu, NULL);
-    pthread_cond_init(&e->work, NULL);
     pthread_cond_init(&e->step_done, NULL);
     e->cfg = *cfg;
     e->m = cfg->model;
@@ -679,13 +680,12 @@ llm_status llm_engine_open(const llm_engine_config *cfg, llm_engine **out, llm_e
     llm_status st = cfg->model ? config_defaults(&e->cfg, e->m, err) : llm_errf(err, LLM_ERR_INVALID_ARG, "engine: no model");
     if (!st)
         st = engine_alloc(e, err);
-    if (!st && llm_thread_create(&e->thread, LLM_THREAD_STACK, eng_step_main, e)) /* grammar matching recurses there */
+    if (!st && llm_sync_worker_start(&e->w, LLM_THREAD_STACK, eng_step_main, e)) /* grammar matching recurses there */
         st = llm_errf(err, LLM_ERR_BACKEND, "engine: cannot start the engine thread");
     if (st) {
         engine_free(e);
         return st;
     }
-    e->thread_started = 1;
     *out = e;
     return LLM_OK;
 }
@@ -694,11 +694,6 @@ void llm_engine_close(llm_engine *e)
 {
     if (!e)
         return;
-    pthread_mutex_lock(&e->mu);
-    e->stop = 1;
-    pthread_cond_signal(&e->work);
-    pthread_mutex_unlock(&e->mu);
-    if (e->thread_started)
-        pthread_join(e->thread, NULL);
+    llm_sync_worker_stop(&e->w);
     engine_free(e);
 }

@@ -13,6 +13,7 @@
 #include "llm/forward.h"
 #include "llm/gmatch.h"
 #include "llm/scheduler.h"
+#include "llm/sync.h"
 #include "textout.h"
 
 typedef struct eng_req eng_req;
@@ -93,10 +94,8 @@ struct llm_engine {
     kv_cache *kv;
     sched s;
     llm_forward *fwd;
-    pthread_t thread;
-    int thread_started, stop;
-    pthread_mutex_t mu;
-    pthread_cond_t work, step_done;
+    llm_sync_worker w;   /* the engine thread: w.mu is the engine's lock, w.cv "work to do", w.stop closing */
+    pthread_cond_t step_done;
     eng_req *reqs;
     int n_reqs;
     llm_request_id next_id;

@@ -531,14 +531,14 @@ void *eng_step_main(void *arg)
 {
     llm_engine *e = arg;
     (void)pthread_setname_np(pthread_self(), "llm-engine"); /* bench-load's CPU split by thread; a name is only a label */
-    pthread_mutex_lock(&e->mu);
-    while (!e->stop) {
+    pthread_mutex_lock(&e->w.mu);
+    while (!e->w.stop) {
         fail_oom(e);
         int planned = sched_plan(&e->s) > 0;
         picks_prepare(e);
         if (!planned && e->n_held == 0) {
             if (e->s.stats.oom == e->oom_seen) /* else: fail those first */
-                pthread_cond_wait(&e->work, &e->mu);
+                pthread_cond_wait(&e->w.cv, &e->w.mu);
             continue;
         }
         llm_forward_batch bt = {0};
@@ -546,10 +546,10 @@ void *eng_step_main(void *arg)
             step_prepare(e, &bt);
         else
             e->step_t0 = eng_now_ms(); /* a round of held picks alone: busy all the same (liveness) */
-        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_unlock(&e->w.mu);
         picks_run(e);
         llm_status st = planned ? step_run(e, &bt) : LLM_OK;
-        pthread_mutex_lock(&e->mu);
+        pthread_mutex_lock(&e->w.mu);
         if (planned) /* the plan is committed first: a held pick that fails drops its request's sequences, which
                       * may be in the plan (a sibling, n > 1) */
             step_finish(e, st, bt.n_rows);
@@ -559,6 +559,6 @@ void *eng_step_main(void *arg)
         e->step_t0 = 0;
         pthread_cond_broadcast(&e->step_done);
     }
-    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_unlock(&e->w.mu);
     return NULL;
 }
