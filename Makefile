@@ -7,7 +7,8 @@
 #   make cudasim    the CUDA kernels and backend on the CUDA-on-CPU emulator
 #   make bench      prefill/decode tokens/s table (LLAMA_BENCH=... adds llama.cpp)
 #   make deps       install missing Debian / Python packages
-#   make lint       ban unsafe libc calls in our sources
+#   make lint       ban unsafe libc calls; hold the libraries' include directions (tools/lint/layers.py)
+#   make kubesim    the operator on tests/kubesim, without a cluster (make kubesim-stop ends it)
 #
 # Overrides: CC, OPT, BUILD, MODEL, THREADS, PROMPT.
 
@@ -113,7 +114,7 @@ $(BUILD)/engine/backend/cpu/tiles_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 $(BUILD)/engine/backend/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 $(BUILD)/engine/backend/cpu/kernels_avx512.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
-.PHONY: all run test asan bench bench-router bench-load deps deps-run lint clean unit pytest fuzz models tsan manifests FORCE
+.PHONY: all run test asan bench bench-router bench-load deps deps-run lint clean unit pytest fuzz models tsan manifests kubesim kubesim-stop FORCE
 all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
 
 $(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
@@ -262,6 +263,42 @@ run: deps-run
 	@echo "  curl -s localhost:$(PORT)/v1/completions -H 'Content-Type: application/json' \\"
 	@echo "       -d '{\"prompt\": \"$(PROMPT)\", \"max_tokens\": 32}'"
 	$(BUILD)/bin/llm-server -m "$$(cat $(BUILD)/run-model)" --port $(PORT) --threads $(THREADS)
+
+# ---- the operator on kubesim, without a cluster ------------------------------------------
+# `make kubesim` starts tests/kubesim (our Kubernetes API stand-in, which runs pods as local
+# processes on 127.0.0.N) in $(BUILD)/kubesim with the images mapped to the programs built here,
+# and writes a sample LLMDeployment serving the run model (Gemma 3 270M) from a hostPath.
+# It prints the commands that install the chart and the sample; `make kubesim-stop` ends it.
+KUBESIM_DIR = $(BUILD)/kubesim
+CHART_VERSION = $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/llm-operator/Chart.yaml)
+kubesim: deps
+	@command -v kubectl >/dev/null || { echo "kubesim: kubectl is needed (any of 1.27-1.33)" >&2; exit 1; }
+	@$(MAKE) --no-print-directory $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router \
+	  $(BUILD)/bin/helm-render $(BUILD)/bin/llm-mkmodel
+	@$(MAKE) --no-print-directory $(BUILD)/run-model
+	@if [ -f $(KUBESIM_DIR)/pid ] && kill -0 "$$(cat $(KUBESIM_DIR)/pid)" 2>/dev/null; then \
+	  echo "kubesim: already running (make kubesim-stop ends it)"; exit 1; fi
+	@rm -rf $(KUBESIM_DIR) && mkdir -p $(KUBESIM_DIR)
+	@{ echo 'llm-controller:$(CHART_VERSION): ["$(abspath $(BUILD))/bin/llm-controller"]'; \
+	   echo 'llm-server:latest: ["$(abspath $(BUILD))/bin/llm-server"]'; \
+	   echo 'llm-router:latest: ["$(abspath $(BUILD))/bin/llm-router"]'; } > $(KUBESIM_DIR)/images.yaml
+	@m="$$(realpath "$$(cat $(BUILD)/run-model)")"; \
+	 printf '%s\n' "# A CPU LLMDeployment on kubesim: the run model from a hostPath (pods are local processes)." \
+	   "apiVersion: llmk8s.io/v1alpha1" "kind: LLMDeployment" "metadata:" "  name: gemma" "spec:" "  model:" \
+	   "    path: $$m" "    name: gemma" "    volume:" "      hostPath: {path: $$(dirname "$$m")}" \
+	   "  replicas: 1" "  engine: {contextLength: 1024, threads: 1}" > $(KUBESIM_DIR)/gemma.yaml
+	@nohup tests/kubesim/kubesim --data-dir $(KUBESIM_DIR)/api --tls --image-map $(KUBESIM_DIR)/images.yaml \
+	  > $(KUBESIM_DIR)/kubesim.log 2>&1 & echo $$! > $(KUBESIM_DIR)/pid
+	@for i in $$(seq 100); do [ -f $(KUBESIM_DIR)/api/kubeconfig ] && break; sleep 0.1; done; \
+	 [ -f $(KUBESIM_DIR)/api/kubeconfig ] || { cat $(KUBESIM_DIR)/kubesim.log; exit 1; }
+	@echo "kubesim is up (log: $(KUBESIM_DIR)/kubesim.log). Then:"
+	@echo "  export KUBECONFIG=$(abspath $(KUBESIM_DIR))/api/kubeconfig"
+	@echo "  kubectl create namespace llm-system"
+	@echo "  $(BUILD)/bin/helm-render -n llm-system --name llm-operator charts/llm-operator | kubectl apply -f -"
+	@echo "  kubectl apply -f $(KUBESIM_DIR)/gemma.yaml && kubectl get llmd -w"
+kubesim-stop:
+	@if [ -f $(KUBESIM_DIR)/pid ]; then kill "$$(cat $(KUBESIM_DIR)/pid)" 2>/dev/null; rm -f $(KUBESIM_DIR)/pid; \
+	 echo "kubesim stopped"; else echo "kubesim is not running"; fi
 
 # ---- container images -----------------------------------------------------------
 # What each image under docker/ ships, as build-tree paths: `make image
