@@ -3,9 +3,6 @@
 
 #include <string.h>
 
-static const char *open_of(const char *labels) { return labels && *labels ? "{" : ""; }
-static const char *close_of(const char *labels) { return labels && *labels ? "}" : ""; }
-
 void llm_prom_head(llm_strbuf *b, const char *name, const char *type, const char *help)
 {
     llm_strbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
@@ -13,7 +10,9 @@ void llm_prom_head(llm_strbuf *b, const char *name, const char *type, const char
 
 void llm_prom_sample(llm_strbuf *b, const char *name, const char *labels, double v)
 {
-    llm_strbuf_printf(b, "%s%s%s%s %.17g\n", name, open_of(labels), labels ? labels : "", close_of(labels), v);
+    const char *l = labels ? labels : "";
+    int any = *l != 0;
+    llm_strbuf_printf(b, "%s%s%s%s %.17g\n", name, any ? "{" : "", l, any ? "}" : "", v);
 }
 
 void llm_prom_gauge(llm_strbuf *b, const char *name, const char *help, const char *labels, double v)
@@ -31,15 +30,16 @@ void llm_prom_counter(llm_strbuf *b, const char *name, const char *help, const c
 void llm_prom_hist_series(llm_strbuf *b, const char *name, const char *labels, const double *le, int n,
                           const uint64_t *counts, uint64_t count, double sum)
 {
-    const char *l = labels ? labels : "", *sep = *l ? "," : "";
+    const char *l = labels ? labels : "";
+    int any = *l != 0;
     uint64_t acc = 0;
     for (int i = 0; i < n; i++) {
         acc += counts[i];
-        llm_strbuf_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, l, sep, le[i], (unsigned long long)acc);
+        llm_strbuf_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, l, any ? "," : "", le[i], (unsigned long long)acc);
     }
-    llm_strbuf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, l, sep, (unsigned long long)count);
-    llm_strbuf_printf(b, "%s_sum%s%s%s %.17g\n", name, open_of(l), l, close_of(l), sum);
-    llm_strbuf_printf(b, "%s_count%s%s%s %llu\n", name, open_of(l), l, close_of(l), (unsigned long long)count);
+    llm_strbuf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, l, any ? "," : "", (unsigned long long)count);
+    llm_strbuf_printf(b, "%s_sum%s%s%s %.17g\n", name, any ? "{" : "", l, any ? "}" : "", sum);
+    llm_strbuf_printf(b, "%s_count%s%s%s %llu\n", name, any ? "{" : "", l, any ? "}" : "", (unsigned long long)count);
 }
 
 void llm_prom_hist(llm_strbuf *b, const char *name, const char *help, const char *labels, const double *le, int n,
