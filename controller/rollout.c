@@ -14,11 +14,6 @@
 #include "plan.h"
 #include "rollout.h"
 
-static const char *str(json_t *o, const char *key)
-{
-    return json_string_value(json_object_get(o, key));
-}
-
 static int same(const char *a, const char *b)
 {
     return a && b && !strcmp(a, b);
@@ -47,7 +42,7 @@ static int ready_pods(json_t *dep)
 
 static int colocated(const rollout *ro)
 {
-    return same(str(ro->state, "mode"), "colocated");
+    return same(kube_json_str(ro->state, "mode"), "colocated");
 }
 
 static void event(rollout *ro, const char *type, const char *reason, const char *fmt, ...)
@@ -78,7 +73,7 @@ static int sample(const rollout *ro, const rollout_seen *seen, canary_sample *s)
 static const podsig_admin *answers(const rollout *ro, const rollout_seen *seen)
 {
     const podsig_admin *a = seen->pods ? &seen->pods->admin : NULL;
-    return a && a->valid && !a->unload && same(a->rev, str(ro->state, "revision")) ? a : NULL;
+    return a && a->valid && !a->unload && same(a->rev, kube_json_str(ro->state, "revision")) ? a : NULL;
 }
 
 /* 1 when the last /admin/canary call unloaded this revision from every
@@ -86,7 +81,7 @@ static const podsig_admin *answers(const rollout *ro, const rollout_seen *seen)
 static int unloaded(const rollout *ro, const rollout_seen *seen)
 {
     const podsig_admin *a = seen->pods ? &seen->pods->admin : NULL;
-    return a && a->valid && a->unload && same(a->rev, str(ro->state, "revision")) && a->answered == a->pods;
+    return a && a->valid && a->unload && same(a->rev, kube_json_str(ro->state, "revision")) && a->answered == a->pods;
 }
 
 /* The next /admin/canary call: every ready stable pod serves the spec's
@@ -120,7 +115,7 @@ static void rollback(rollout *ro, const char *signal, const char *msg)
 {
     json_t *st = ro->state;
     char rev[17];
-    snprintf(rev, sizeof rev, "%s", str(st, "revision") ?: "");
+    snprintf(rev, sizeof rev, "%s", kube_json_str(st, "revision") ?: "");
     json_object_set_new(st, "phase", json_string("RolledBack"));
     json_object_set_new(st, "weight", json_integer(0));
     set_str(st, "rolledBackRevision", rev);
@@ -134,7 +129,7 @@ static void promote(rollout *ro, const char *why)
 {
     json_object_set_new(ro->state, "phase", json_string("Promoting"));
     set_str(ro->state, "message", why);
-    event(ro, "Normal", "CanaryPromoting", "revision %.10s: %s", str(ro->state, "revision") ?: "", why);
+    event(ro, "Normal", "CanaryPromoting", "revision %.10s: %s", kube_json_str(ro->state, "revision") ?: "", why);
 }
 
 static void begin_step(rollout *ro, int step, const canary_sample *now, double now_unix)
@@ -179,7 +174,7 @@ static void starting_colocated(rollout *ro, const rollout_seen *seen)
         set_str(ro->state, "message", "step 1 began");
         admin(ro, 0, ro->cn.steps[0].weight);
         event(ro, "Normal", "CanaryStep", "revision %.10s takes %d%% of requests inside the stable pods "
-              "(step 1 of %d)", str(ro->state, "revision") ?: "", ro->cn.steps[0].weight, ro->cn.n_steps);
+              "(step 1 of %d)", kube_json_str(ro->state, "revision") ?: "", ro->cn.steps[0].weight, ro->cn.n_steps);
     } else { /* loading, or not asked yet: ask (again) */
         admin(ro, 0, 0);
         if (a && !a->pods && a->message[0]) /* no pod asked (no ready pod, the admin key unreadable): say why */
@@ -198,7 +193,7 @@ static void starting(rollout *ro, const rollout_seen *seen)
         begin_step(ro, 0, &now, seen->now);
         set_str(ro->state, "message", "step 1 began");
         event(ro, "Normal", "CanaryStep", "revision %.10s takes %d%% of requests (step 1 of %d)",
-              str(ro->state, "revision") ?: "", ro->cn.steps[0].weight, ro->cn.n_steps);
+              kube_json_str(ro->state, "revision") ?: "", ro->cn.steps[0].weight, ro->cn.n_steps);
         return;
     }
     const podsig_reading *r = seen->pods;
@@ -235,7 +230,7 @@ static void analyse(rollout *ro, const rollout_seen *seen, int paused)
         if (colocated(ro))
             admin(ro, 0, ro->cn.steps[step + 1].weight);
         event(ro, "Normal", "CanaryStep", "revision %.10s takes %d%% of requests (step %d of %d): %s",
-              str(ro->state, "revision") ?: "", ro->cn.steps[step + 1].weight, step + 2, ro->cn.n_steps, a.message);
+              kube_json_str(ro->state, "revision") ?: "", ro->cn.steps[step + 1].weight, step + 2, ro->cn.n_steps, a.message);
         break;
     case CANARY_PROMOTE:
         promote(ro, a.message);
@@ -265,11 +260,11 @@ static void promoting(rollout *ro, const rollout_seen *seen, int total)
 /* A canary in flight: the kubectl levers, then its phase's turn. */
 static void progress(json_t *d, rollout *ro, const rollout_seen *seen, int total)
 {
-    const char *action = str(kube_json_get(d, "metadata", "annotations"), ROLLOUT_ACTION_ANN);
+    const char *action = kube_json_str(kube_json_get(d, "metadata", "annotations"), ROLLOUT_ACTION_ANN);
     ro->clear_action = same(action, "resume") || same(action, "promote") || same(action, "abort");
     ro->mode = ROLLOUT_CANARY;
     ro->requeue_s = ro->cn.interval_s;
-    if (same(str(ro->state, "phase"), "Promoting")) {
+    if (same(kube_json_str(ro->state, "phase"), "Promoting")) {
         if (ro->clear_action && !same(action, "promote")) /* past the point of return: said, not done */
             event(ro, "Warning", "CanaryActionIgnored", "%s: the canary is being promoted; the %s annotation is removed",
                   action, ROLLOUT_ACTION_ANN);
@@ -279,7 +274,7 @@ static void progress(json_t *d, rollout *ro, const rollout_seen *seen, int total
     } else if (same(action, "promote")) {
         promote(ro, "promoted through the " ROLLOUT_ACTION_ANN " annotation");
         ro->requeue_s = 1;
-    } else if (same(str(ro->state, "phase"), "Starting")) {
+    } else if (same(kube_json_str(ro->state, "phase"), "Starting")) {
         starting(ro, seen);
         ro->requeue_s = ro->mode == ROLLOUT_CANARY ? 2 : 0;
     } else {
@@ -293,8 +288,8 @@ static void progress(json_t *d, rollout *ro, const rollout_seen *seen, int total
  * promoted): finish a promotion once the stable pods all run it. */
 static void settle(rollout *ro, json_t *stable, const char *new_rev)
 {
-    const char *phase = str(ro->state, "phase");
-    int promoting = same(phase, "Promoting") && same(str(ro->state, "revision"), new_rev);
+    const char *phase = kube_json_str(ro->state, "phase");
+    int promoting = same(phase, "Promoting") && same(kube_json_str(ro->state, "revision"), new_rev);
     ro->mode = ROLLOUT_NONE;
     if (promoting && !dep_done(stable)) {
         ro->mode = ROLLOUT_PROMOTING;
@@ -319,7 +314,7 @@ static llm_status objects(json_t *d, rollout *ro, json_t *stable, int total, jso
     int w = (int)json_integer_value(json_object_get(ro->state, "weight")), s_rep = total, c_rep = total;
     int col = colocated(ro) && (ro->mode == ROLLOUT_CANARY || ro->mode == ROLLOUT_PROMOTING);
     ro->weight = ro->mode == ROLLOUT_PROMOTING ? 100 : ro->mode == ROLLOUT_CANARY ? w : 0;
-    if (ro->mode == ROLLOUT_CANARY && !col && !same(str(ro->state, "phase"), "Promoting"))
+    if (ro->mode == ROLLOUT_CANARY && !col && !same(kube_json_str(ro->state, "phase"), "Promoting"))
         canary_split(total, w, &s_rep, &c_rep);
     ro->weight_cm = desired_router_weight(d, col ? 0 : ro->weight); /* colocated: the pods split, not the routers */
     if (!col && (ro->mode == ROLLOUT_CANARY || ro->mode == ROLLOUT_PROMOTING) &&
@@ -332,7 +327,7 @@ static llm_status objects(json_t *d, rollout *ro, json_t *stable, int total, jso
             return llm_errf(err, LLM_ERR_NOMEM, "cannot copy the stable pod template");
         json_object_set_new(json_object_get(dep, "spec"), "template", tmpl);
         json_object_set_new(kube_json_get(dep, "metadata", "annotations"), DESIRED_TEMPLATE_ANN, json_string(ro->stable_rev));
-        const char *base = str(kube_json_get(stable, "metadata", "annotations"), DESIRED_BASE_ANN);
+        const char *base = kube_json_str(kube_json_get(stable, "metadata", "annotations"), DESIRED_BASE_ANN);
         if (base) /* what the stable pods run, not the spec's */
             json_object_set_new(kube_json_get(dep, "metadata", "annotations"), DESIRED_BASE_ANN, json_string(base));
         else
@@ -352,12 +347,12 @@ llm_status rollout_plan(json_t *d, json_t *stable, const char *new_rev, int tota
     llm_status st = canary_config_from_spec(json_object_get(d, "spec"), &ro->cn, err);
     if (st || !ro->cn.enabled)
         return st;
-    const char *name = str(json_object_get(d, "metadata"), "name"), *uid = str(json_object_get(d, "metadata"), "uid");
+    const char *name = kube_json_str(json_object_get(d, "metadata"), "name"), *uid = kube_json_str(json_object_get(d, "metadata"), "uid");
     const char *by = kube_meta_controller_uid(seen->canary);
     if (seen->canary && (!uid || !by || strcmp(uid, by))) /* e.g. the Deployment of an LLMDeployment named NAME-canary */
         return llm_errf(err, KUBE_ERR_EXISTS, "Deployment %s-canary exists and is not this LLMDeployment's (uid %s): "
                         "rename or delete it", name, uid ? uid : "?");
-    const char *srev = str(kube_json_get(stable, "metadata", "annotations"), DESIRED_TEMPLATE_ANN);
+    const char *srev = kube_json_str(kube_json_get(stable, "metadata", "annotations"), DESIRED_TEMPLATE_ANN);
     snprintf(ro->stable_rev, sizeof ro->stable_rev, "%s", srev ? srev : new_rev);
     json_t *prev = kube_json_get(d, "status", "canary");
     ro->state = json_is_object(prev) ? json_deep_copy(prev) : json_object();
@@ -365,7 +360,7 @@ llm_status rollout_plan(json_t *d, json_t *stable, const char *new_rev, int tota
         return llm_errf(err, LLM_ERR_NOMEM, "no memory for the canary's state");
     if (!srev || !strcmp(srev, new_rev))
         settle(ro, stable, new_rev);
-    else if (same(str(ro->state, "rolledBackRevision"), new_rev)) {
+    else if (same(kube_json_str(ro->state, "rolledBackRevision"), new_rev)) {
         ro->mode = ROLLOUT_ROLLED_BACK;
         if (colocated(ro) && !unloaded(ro, seen)) { /* until every pod said it let the model go */
             admin(ro, 1, 0);
@@ -374,18 +369,18 @@ llm_status rollout_plan(json_t *d, json_t *stable, const char *new_rev, int tota
     }
     else {
         /* a new revision, or one whose canary ended (cancelled by a spec that went back): from the start */
-        if (!same(str(ro->state, "revision"), new_rev) || !rollout_in_flight(ro->state))
+        if (!same(kube_json_str(ro->state, "revision"), new_rev) || !rollout_in_flight(ro->state))
             start(ro, new_rev, srev,
-                  same(str(kube_json_get(stable, "metadata", "annotations"), DESIRED_BASE_ANN),
-                       str(kube_json_get(dep, "metadata", "annotations"), DESIRED_BASE_ANN)));
+                  same(kube_json_str(kube_json_get(stable, "metadata", "annotations"), DESIRED_BASE_ANN),
+                       kube_json_str(kube_json_get(dep, "metadata", "annotations"), DESIRED_BASE_ANN)));
         if (!ro->state)
             return llm_errf(err, LLM_ERR_NOMEM, "no memory for the canary's state");
         progress(d, ro, seen, total);
     }
-    const char *lever = str(kube_json_get(d, "metadata", "annotations"), ROLLOUT_ACTION_ANN);
+    const char *lever = kube_json_str(kube_json_get(d, "metadata", "annotations"), ROLLOUT_ACTION_ANN);
     if (same(lever, "resume") || same(lever, "promote") || same(lever, "abort"))
         ro->clear_action = 1; /* done, or nothing left to do it to: a lever left behind would act on the next canary */
-    const char *phase = str(ro->state, "phase");
+    const char *phase = kube_json_str(ro->state, "phase");
     if (same(phase, "Starting") || same(phase, "Progressing") || same(phase, "Paused")) { /* read for the next turn */
         ro->need_counters = colocated(ro) ? 2 : 1;
         ro->need_diag = same(phase, "Starting") && !colocated(ro);
@@ -395,7 +390,7 @@ llm_status rollout_plan(json_t *d, json_t *stable, const char *new_rev, int tota
 
 int rollout_in_flight(json_t *canary_status)
 {
-    const char *phase = str(canary_status, "phase");
+    const char *phase = kube_json_str(canary_status, "phase");
     return same(phase, "Starting") || same(phase, "Progressing") || same(phase, "Paused") || same(phase, "Promoting");
 }
 
@@ -403,8 +398,8 @@ void rollout_conditions(const rollout *ro, json_t *conds, json_int_t gen)
 {
     if (!ro->state)
         return;
-    const char *phase = str(ro->state, "phase") ?: "None", *msg = str(ro->state, "message") ?: "";
-    const char *analysis = str(json_object_get(ro->state, "lastAnalysis"), "message");
+    const char *phase = kube_json_str(ro->state, "phase") ?: "None", *msg = kube_json_str(ro->state, "message") ?: "";
+    const char *analysis = kube_json_str(json_object_get(ro->state, "lastAnalysis"), "message");
     int live = rollout_in_flight(ro->state);
     char text[1024];
     snprintf(text, sizeof text, "step %lld of %d at %lld%%: %s", (long long)json_integer_value(json_object_get(ro->state, "step")) + 1,
@@ -415,7 +410,7 @@ void rollout_conditions(const rollout *ro, json_t *conds, json_int_t gen)
     json_array_append_new(conds, plan_condition("CanaryPromoted", same(phase, "Promoted"),
                                            same(phase, "Promoted") ? "Promoted" : "NotPromoted",
                                            same(phase, "Promoted") ? msg : "the last canary was not promoted", gen));
-    const char *col = str(ro->state, "colocation");
+    const char *col = kube_json_str(ro->state, "colocation");
     if (ro->cn.colocated && col && *col) { /* "Reason: message" */
         const char *colon = strchr(col, ':');
         char reason[48];
@@ -424,7 +419,7 @@ void rollout_conditions(const rollout *ro, json_t *conds, json_int_t gen)
                                                colon ? colon + 2 : col, gen));
     }
     int back = same(phase, "RolledBack");
-    json_array_append_new(conds, plan_condition("CanaryRolledBack", back, back ? (str(ro->state, "signal") ?: "RolledBack") : "NotRolledBack",
+    json_array_append_new(conds, plan_condition("CanaryRolledBack", back, back ? (kube_json_str(ro->state, "signal") ?: "RolledBack") : "NotRolledBack",
                                            back ? msg : "no rollback", gen));
 }
 
