@@ -466,32 +466,31 @@ static double v_ejections(const backend *b, double now) { (void)now; return b->e
 static double v_up(const backend *b, double now) { return b->ejected_until == 0 || b->ejected_until <= now; }
 static double v_inflight(const backend *b, double now) { (void)now; return b->inflight; }
 
-char *rt_pool_metrics(rt_pool *p)
+void rt_pool_metrics(rt_pool *p, llm_strbuf *out)
 {
     static const char *const code[5] = {"2xx", "3xx", "4xx", "5xx", "none"};
     static const char *const revname[2] = {"stable", "canary"};
-    llm_strbuf t = {0};
     pthread_mutex_lock(&p->mu);
     double now = llm_clock_mono_s();
-    llm_prom_head(&t, "llm_router_requests_total", "counter", "Requests proxied, by backend and status class.");
+    llm_prom_head(out, "llm_router_requests_total", "counter", "Requests proxied, by backend and status class.");
     for (int i = 0; i < p->n; i++)
         for (int c = 0; p->b[i].live && c < 5; c++) {
             llm_strbuf lab = {0};
             llm_prom_label(&lab, "backend", p->b[i].name);
             llm_prom_label(&lab, "code", code[c]);
-            llm_prom_sample(&t, "llm_router_requests_total", lab.failed ? NULL : lab.p, (double)p->b[i].codes[c]);
+            llm_prom_sample(out, "llm_router_requests_total", lab.failed ? NULL : lab.p, (double)p->b[i].codes[c]);
             llm_strbuf_free(&lab);
         }
-    per_backend(&t, p, "llm_router_backend_failures_total", "counter",
+    per_backend(out, p, "llm_router_backend_failures_total", "counter",
                 "Attempts that failed (no connection, dropped, or a 5xx other than 503 and 504 before any byte).", v_failed, now);
-    per_backend(&t, p, "llm_router_backend_dropped_total", "counter",
+    per_backend(out, p, "llm_router_backend_dropped_total", "counter",
                 "Attempts the backend dropped after it had the request (answered 502, not retried elsewhere).", v_dropped, now);
-    per_backend(&t, p, "llm_router_backend_ejections_total", "counter", "Times the circuit breaker ejected the backend.",
+    per_backend(out, p, "llm_router_backend_ejections_total", "counter", "Times the circuit breaker ejected the backend.",
                 v_ejections, now);
-    per_backend(&t, p, "llm_router_backend_up", "gauge", "1 when the breaker lets requests through.", v_up, now);
-    per_backend(&t, p, "llm_router_backend_inflight", "gauge", "Requests the router has in flight to the backend.",
+    per_backend(out, p, "llm_router_backend_up", "gauge", "1 when the breaker lets requests through.", v_up, now);
+    per_backend(out, p, "llm_router_backend_inflight", "gauge", "Requests the router has in flight to the backend.",
                 v_inflight, now);
-    llm_prom_head(&t, "llm_router_request_duration_seconds", "histogram", "Time from pick to the last byte, by backend.");
+    llm_prom_head(out, "llm_router_request_duration_seconds", "histogram", "Time from pick to the last byte, by backend.");
     for (int i = 0; i < p->n; i++) {
         backend *b = &p->b[i];
         if (!b->live)
@@ -499,22 +498,21 @@ char *rt_pool_metrics(rt_pool *p)
         llm_strbuf lab = {0};
         llm_prom_label(&lab, "backend", b->name);
         if (!lab.failed)
-            llm_prom_hist_series(&t, "llm_router_request_duration_seconds", lab.p, bucket_le, N_BUCKETS, b->hist,
+            llm_prom_hist_series(out, "llm_router_request_duration_seconds", lab.p, bucket_le, N_BUCKETS, b->hist,
                                  hist_count(b->hist), b->sum);
         llm_strbuf_free(&lab);
     }
-    llm_prom_gauge(&t, "llm_router_canary_weight", "Percent of requests sent to the canary revision.", NULL, p->weight);
-    llm_prom_head(&t, "llm_router_revision_requests_total", "counter", "Requests by revision and status class.");
+    llm_prom_gauge(out, "llm_router_canary_weight", "Percent of requests sent to the canary revision.", NULL, p->weight);
+    llm_prom_head(out, "llm_router_revision_requests_total", "counter", "Requests by revision and status class.");
     for (int r = 0; r < 2; r++)
         for (int c = 0; c < 5; c++) {
             char lab[48];
             snprintf(lab, sizeof lab, "revision=\"%s\",code=\"%s\"", revname[r], code[c]);
-            llm_prom_sample(&t, "llm_router_revision_requests_total", lab, (double)p->rs[r].codes[c]);
+            llm_prom_sample(out, "llm_router_revision_requests_total", lab, (double)p->rs[r].codes[c]);
         }
-    rev_histogram(&t, p, "llm_router_revision_ttfb_seconds",
+    rev_histogram(out, p, "llm_router_revision_ttfb_seconds",
                   "Time to the first byte of the answer (first token of a stream), by revision.", 0);
-    rev_histogram(&t, p, "llm_router_revision_itl_seconds",
+    rev_histogram(out, p, "llm_router_revision_itl_seconds",
                   "Gaps between successive chunks of a stream (inter-token latency), by revision.", 1);
     pthread_mutex_unlock(&p->mu);
-    return llm_strbuf_take(&t);
 }

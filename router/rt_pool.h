@@ -34,6 +34,7 @@
 #include <stddef.h>
 
 #include "llm/status.h"
+#include "llm/strbuf.h"
 
 #define RT_MAX_BACKENDS 256
 /* The most requests a pod's reported load counts for (its waiting and
@@ -101,7 +102,8 @@ int rt_pool_name(rt_pool *p, int idx, char *name, size_t n);
 /* URL of backend i into url (for the poller); 0 when i is out of range. */
 int rt_pool_url(rt_pool *p, int idx, char *url, size_t un);
 
-/* Prometheus text for the router's /metrics (malloc'd; NULL without memory). */
-char *rt_pool_metrics(rt_pool *p);
+/* Appends the pool's Prometheus text for the router's /metrics to out
+ * (out->failed set when memory ran out). */
+void rt_pool_metrics(rt_pool *p, llm_strbuf *out);
 
 #endif
