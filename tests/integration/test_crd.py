@@ -34,7 +34,10 @@ def test_samples_accepted_with_defaults(k):
     assert gpu["resources"]["limits"]["nvidia.com/gpu"] == 2  # preserved as given
     table = k("get", "llmd").stdout.splitlines()
     assert table[0].split() == ["NAME", "MODEL", "READY", "PODS", "DESIRED", "CANARY", "PHASE", "AGE"]
-    assert table[1].split()[:2] == ["llama-8b", "llama-3.1-8b"]
+    rows = {r.split()[0]: r.split()[1] for r in table[1:]}
+    assert rows == {"gemma": "gemma", "llama-8b": "llama-3.1-8b", "tinyllama": "tinyllama"}, rows
+    gemma = json.loads(k("get", "llmd", "gemma", "-o", "json").stdout)["spec"]
+    assert gemma["model"]["volume"] == {"mountPath": "/models", "pvc": {"claimName": "models"}}
     assert "scaled" in k("scale", "llmd/tinyllama", "--replicas=3").stdout
     assert k("get", "llmd", "tinyllama", "-o", "jsonpath={.spec.replicas}").stdout == "3"
 

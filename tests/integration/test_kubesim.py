@@ -849,3 +849,110 @@ def test_kubectl_views_of_workloads_and_process_restart(workload_sim):
     wait_for(lambda: urllib.request.urlopen(f"http://{ip}:8080/", timeout=2).status == 200
              if kubectl("get", "pod", name, "-o", "jsonpath={.status.containerStatuses[0].ready}").stdout == "true"
              else False, timeout=20)
+
+
+ECHO_SERVER = '''
+import http.server, json, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def answer(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = json.dumps({"method": self.command, "path": self.path, "type": self.headers.get("Content-Type"),
+                           "body": self.rfile.read(n).decode()}).encode()
+        self.send_response(201)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = answer
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer((os.environ["POD_IP"], 8080), H).serve_forever()
+'''
+
+CLAIM_PODS = """
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: conf}
+data: {c.yaml: "path: /data/x.txt\\n"}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: writer}
+spec:
+  restartPolicy: Never
+  containers:
+  - {name: c, image: example/sh, env: [{name: OUT, value: /data/x.txt}], command: [sh, -c, 'echo hello > "$OUT"'],
+     volumeMounts: [{name: d, mountPath: /data}]}
+  volumes: [{name: d, persistentVolumeClaim: {claimName: data}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: failer}
+spec:
+  restartPolicy: Never
+  containers: [{name: c, image: example/sh, command: [sh, -c, 'exit 3']}]
+"""
+
+READER = """
+apiVersion: v1
+kind: Pod
+metadata: {name: reader}
+spec:
+  restartPolicy: OnFailure
+  containers:
+  - {name: c, image: example/sh, env: [{name: CONF, value: /etc/conf/c.yaml}],
+     command: [sh, -c, 'grep -qx hello "$(sed -n "s/^path: //p" "$CONF")"'],
+     volumeMounts: [{name: d, mountPath: /data, readOnly: true}, {name: conf, mountPath: /etc/conf}]}
+  volumes: [{name: d, persistentVolumeClaim: {claimName: data}}, {name: conf, configMap: {name: conf}}]
+"""
+
+
+def wait_phase(kubectl, name, phase, timeout=30):
+    wait_for(lambda: pod_status(kubectl, name).get("phase") == phase, timeout, f"pod {name} {phase}")
+    return pod_status(kubectl, name)
+
+
+def test_claims_and_pods_that_run_to_completion(tmp_path):
+    """A pod whose claim is missing stays Pending and says so; a claim is
+    bound at once to a folder that outlives its pods (a file one pod writes,
+    another reads, through a path in a ConfigMap file); restartPolicy Never
+    ends Succeeded or Failed with the exit code, not restarted."""
+    with image_sim(tmp_path, {"example/sh": []}) as kubectl:
+        kubectl("apply", "-f", "-", stdin=CLAIM_PODS)
+        wait_for(lambda: (pod_status(kubectl, "writer").get("containerStatuses") or [{}])[0].get("state", {})
+                 .get("waiting", {}).get("message") == 'persistentvolumeclaim "data" not found', 30, "claim missing")
+        assert pod_status(kubectl, "writer")["phase"] == "Pending"
+        kubectl("apply", "-f", "-", stdin="apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: data}\n"
+                "spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n")
+        kubectl("wait", "--for=jsonpath={.status.phase}=Bound", "pvc/data", "--timeout=30s", timeout=40)
+        st = wait_phase(kubectl, "writer", "Succeeded")
+        assert st["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+        st = wait_phase(kubectl, "failer", "Failed")
+        assert st["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
+        assert st["containerStatuses"][0]["restartCount"] == 0
+        kubectl("apply", "-f", "-", stdin=READER)
+        wait_phase(kubectl, "reader", "Succeeded")
+        pvc = json.loads(kubectl("get", "pvc", "data", "-o", "json").stdout)
+        assert pvc["spec"]["volumeName"] == "pvc-" + pvc["metadata"]["uid"]
+        assert pvc["status"]["capacity"] == {"storage": "1Gi"}
+
+
+def test_service_proxy(tmp_path):
+    """/api/v1/namespaces/NS/services/NAME:PORT/proxy/PATH reaches a ready
+    pod with the method, path, query, body and Content-Type the client sent
+    (kubectl create --raw sends none), and answers 503 while the service has
+    no endpoint."""
+    script = tmp_path / "echo.py"
+    script.write_text(ECHO_SERVER)
+    with image_sim(tmp_path, {"example/echo": [sys.executable, str(script)]}) as kubectl:
+        kubectl("create", "service", "clusterip", "web", "--tcp=80:8080")
+        r = kubectl("get", "--raw", "/api/v1/namespaces/default/services/web:80/proxy/x", check=False)
+        assert r.returncode and "no endpoints available" in r.stderr, r.stderr
+        kubectl("run", "web", "--image=example/echo", "--labels=app=web")
+        kubectl("patch", "service", "web", "-p", '{"spec": {"selector": {"app": "web"}}}')
+        wait_for(lambda: endpoint_ips(kubectl), 30, "an endpoint")
+        got = json.loads(kubectl("get", "--raw", "/api/v1/namespaces/default/services/web:80/proxy/a/b?q=1").stdout)
+        assert got == {"method": "GET", "path": "/a/b?q=1", "type": None, "body": ""}
+        got = json.loads(kubectl("create", "--raw", "/api/v1/namespaces/default/services/web/proxy/p", "-f", "-",
+                                 stdin='{"k": 1}').stdout)
+        assert got == {"method": "POST", "path": "/p", "type": None, "body": '{"k": 1}'}

@@ -43,6 +43,7 @@ BUILTIN = [
     Resource("", "v1", "Endpoints", "endpoints", True, ["ep"]),
     Resource("", "v1", "ConfigMap", "configmaps", True, ["cm"]),
     Resource("", "v1", "Secret", "secrets", True),
+    Resource("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", True, ["pvc"], ["status"]),
     Resource("", "v1", "ServiceAccount", "serviceaccounts", True, ["sa"], ["token"]),
     Resource("", "v1", "Event", "events", True, ["ev"]),
     Resource("apps", "v1", "Deployment", "deployments", True, ["deploy"], ["status", "scale"],

@@ -12,6 +12,7 @@ garbage collection, and the workload simulation."""
 import base64
 import copy
 import datetime
+import http.client
 import json
 import os
 import threading
@@ -19,6 +20,7 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import proto
 import schema as crschema
 import ssa
 from collector import Collector
@@ -290,6 +292,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def body(self):
         raw = self.raw_body()
+        if "protobuf" in self.headers.get("Content-Type", ""):
+            try:
+                return proto.decode(raw)
+            except proto.ProtoError as e:
+                raise ApiError(415, "UnsupportedMediaType", f"protobuf body: {e}")
         try:
             obj = json.loads(raw or b"null")
         except ValueError as e:
@@ -353,6 +360,8 @@ class Handler(BaseHTTPRequestHandler):
             if verb == "watch" and hold and os.path.exists(hold):
                 raise ApiError(503, "ServiceUnavailable", "the watch cache is not ready (injected)",
                                {"retryAfterSeconds": 2})
+            if route[3] == "services" and route[5] == "proxy":
+                return self.service_proxy(method, route, url)
             if route[5] == "status" and method in ("PUT", "PATCH"):
                 return self.logged_status_write(method, route, q, ua)
             if method in ("PUT", "PATCH") and self.api.take_conflict(route[3]):
@@ -367,6 +376,46 @@ class Handler(BaseHTTPRequestHandler):
                 except ApiError:
                     pass
             self.fail(e)
+
+    def service_proxy(self, method, route, url):
+        """/api/v1/namespaces/NS/services/NAME[:PORT]/proxy/PATH: the request
+        goes to a ready endpoint of the service, as kube-apiserver's service
+        proxy sends it (how `kubectl create --raw` reaches a pod without
+        port-forward). The answer comes back whole, not streamed."""
+        ns, ref = route[2], route[4]
+        name, _, port = ref.partition(":")
+        try:
+            svc = self.api.store.get(("", "services", "Service"), ns, name)
+        except ApiError:
+            raise ApiError(404, "NotFound", f'services "{name}" not found')
+        try:
+            ep = self.api.store.get(("", "endpoints", "Endpoints"), ns, name)
+        except ApiError:
+            ep = {}  # not written yet: no endpoints
+        ports = svc["spec"].get("ports") or []
+        sp = next((pt for pt in ports if not port or pt.get("name") == port or str(pt.get("port")) == port), None)
+        subsets = [s for s in ep.get("subsets") or [] if s.get("addresses")]
+        if sp is None or not subsets:
+            raise ApiError(503, "ServiceUnavailable", f'no endpoints available for service "{ref}"')
+        target = next((p.get("port") for p in subsets[0].get("ports") or [] if p.get("name", "") == sp.get("name", "")),
+                      sp.get("targetPort", sp.get("port")))
+        rest = url.path.split(f"/services/{ref}/proxy", 1)[1] or "/"
+        body = self.raw_body() if method in ("POST", "PUT", "PATCH") else None
+        headers = {k: self.headers[k] for k in ("Content-Type", "Accept") if self.headers.get(k)}
+        conn = http.client.HTTPConnection(subsets[0]["addresses"][0]["ip"], int(target), timeout=600)
+        try:
+            conn.request(method, rest + (f"?{url.query}" if url.query else ""), body=body, headers=headers)
+            r = conn.getresponse()
+            data = r.read()
+        except OSError as e:
+            raise ApiError(503, "ServiceUnavailable", f"error trying to reach service: {e}")
+        finally:
+            conn.close()
+        self.send_response(r.status)
+        self.send_header("Content-Type", r.getheader("Content-Type") or "application/octet-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def faults(self, method):
         """POST /kubesim/faults (admin only), for fault tests:

@@ -7,9 +7,15 @@ restart with back-off; deleting a Pod sends SIGTERM, waits the grace
 period, then SIGKILL; Services get Endpoints of their ready pods.
 
 ConfigMap and Secret volumes: their keys are written as files under the
-data directory, and container args and env values that start with the
-volume's mountPath are rewritten to that directory (a process cannot be
-given a mount namespace of its own here).
+data directory, and container args and env values that start with a
+volume's mountPath, and such paths inside those files, are rewritten to
+its directory (a process cannot be given a mount namespace of its own here). PersistentVolumeClaims are bound
+at once, each to a directory of its own under the data directory that
+outlives the pods mounting it (as a dynamic provisioner's volume would);
+a pod whose claim is missing stays Pending.
+
+restartPolicy: Always (Deployment pods) restarts an exited container with
+back-off; Never and OnFailure pods end Succeeded (exit 0) or Failed.
 
 One node, "kubesim", with KUBESIM_NODE_GPUS nvidia.com/gpu (default 0): a
 pod asking for more GPUs than are free stays Pending with PodScheduled
@@ -40,6 +46,7 @@ EP = ("", "endpoints", "Endpoints")
 SLICE = ("discovery.k8s.io", "endpointslices", "EndpointSlice")
 CM = ("", "configmaps", "ConfigMap")
 SECRET = ("", "secrets", "Secret")
+PVC = ("", "persistentvolumeclaims", "PersistentVolumeClaim")
 
 
 def template_hash(tpl):
@@ -75,6 +82,7 @@ class Proc:
         self.ready = False
         self.exit_reason = None
         self.last_state = None
+        self.ended = None  # "Succeeded" or "Failed": a pod that is not restarted
         self.reset_probes()
 
     def reset_probes(self):
@@ -124,6 +132,7 @@ class Workloads:
         while not self.stop.wait(0.2):
             try:
                 self.deployments()
+                self.claims()
                 self.pods()
                 self.endpoints()
             except ApiError:
@@ -222,6 +231,28 @@ class Workloads:
             self.store.update(DEPLOY, d["metadata"]["namespace"], d["metadata"]["name"], cur, "status")
 
     # ---- kubelet -----------------------------------------------------------------
+    # ---- persistent volume claims ----------------------------------------------------
+    def claim_dir(self, ns, name):
+        return os.path.join(self.data_dir, "volumes", ns, name)
+
+    def claims(self):
+        """Binds every pending claim to a directory of its own, as a default
+        StorageClass with a dynamic provisioner and Immediate binding would."""
+        items, _ = self.store.list(PVC)
+        for c in items:
+            if (c.get("status") or {}).get("phase") == "Bound":
+                continue
+            ns, name = c["metadata"]["namespace"], c["metadata"]["name"]
+            os.makedirs(self.claim_dir(ns, name), exist_ok=True)
+            cur = self.store.get(PVC, ns, name)
+            if not cur["spec"].get("volumeName"):
+                cur["spec"]["volumeName"] = "pvc-" + cur["metadata"]["uid"]
+                cur = self.store.update(PVC, ns, name, cur, internal=True)
+            size = ((cur["spec"].get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
+            cur["status"] = {"phase": "Bound", "accessModes": cur["spec"].get("accessModes") or ["ReadWriteOnce"],
+                             "capacity": {"storage": size}}
+            self.store.update(PVC, ns, name, cur, "status")
+
     def pods(self):
         items, _ = self.store.list(POD)
         for p in items:
@@ -281,11 +312,24 @@ class Workloads:
         return str(e.get("value", ""))
 
     def volumes(self, p, c):
-        """Writes the pod's configMap and secret volumes; returns
-        {mountPath: directory}, or raises LookupError naming what is missing."""
+        """Finds the pod's claims' directories and writes its configMap and
+        secret volumes; returns {mountPath: directory}, or raises LookupError
+        naming what is missing. Paths under a mountPath inside the written
+        files (a config file naming the model on a claim) are rewritten too."""
         ns, uid = p["metadata"]["namespace"], p["metadata"]["uid"]
-        dirs = {}
+        mounts = lambda v: [m["mountPath"].rstrip("/") for m in c.get("volumeMounts") or []  # noqa: E731
+                            if m.get("name") == v["name"]]
+        dirs, files = {}, []
         for v in p["spec"].get("volumes") or []:
+            claim = (v.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim:
+                try:
+                    self.store.get(PVC, ns, claim)
+                except ApiError:
+                    raise LookupError(f'persistentvolumeclaim "{claim}" not found')
+                os.makedirs(self.claim_dir(ns, claim), exist_ok=True)
+                dirs.update({mp: self.claim_dir(ns, claim) for mp in mounts(v)})
+                continue
             src = v.get("configMap") or v.get("secret")
             if not src:
                 continue
@@ -300,12 +344,13 @@ class Workloads:
             data = dict(obj.get("data") or {})
             if kind == "secret":
                 data = {k: base64.b64decode(x).decode() for k, x in data.items()}
-            for k, x in data.items():
-                with open(os.path.join(d, k), "w") as f:
-                    f.write(x)
-            for m in c.get("volumeMounts") or []:
-                if m.get("name") == v["name"]:
-                    dirs[m["mountPath"].rstrip("/")] = d
+            files += [(os.path.join(d, k), x) for k, x in data.items()]
+            dirs.update({mp: d for mp in mounts(v)})
+        for path, text in files:
+            for mp, d in dirs.items():  # only where a path starts: not inside a longer one
+                text = re.sub(r"(?<![\w./-])" + re.escape(mp) + r"(?=[/\s\"']|$)", lambda _: d, text)
+            with open(path, "w") as f:
+                f.write(text)
         return dirs
 
     @staticmethod
@@ -379,6 +424,8 @@ class Workloads:
         if cmd is None:
             return self.set_status(p, "Pending", False, ip, proc, waiting=("ErrImagePull",
                                    f'image "{c.get("image")}" is not in the image map'))
+        if proc.ended:
+            return self.set_status(p, proc.ended, False, ip, proc)
         if proc.popen is not None and proc.popen.poll() is not None:
             rc = proc.popen.returncode
             if not proc.exit_reason:
@@ -386,6 +433,11 @@ class Workloads:
             proc.last_state = {"terminated": {"exitCode": rc, "reason": "Completed" if rc == 0 else "Error",
                                               "message": proc.exit_reason}}
             proc.popen, proc.ready = None, False
+            policy = p["spec"].get("restartPolicy", "Always")
+            if policy == "Never" or (policy == "OnFailure" and rc == 0):
+                proc.ended = "Succeeded" if rc == 0 else "Failed"
+                self.bound.pop(uid, None)  # an ended pod's GPUs are free again
+                return self.set_status(p, proc.ended, False, ip, proc)
             proc.reset_probes()
             proc.restarts += 1
             proc.next_start = now + min(10.0, 0.5 * 2 ** (proc.restarts - 1))
@@ -431,10 +483,12 @@ class Workloads:
             pass
 
     def set_status(self, p, phase, ready, ip, proc, waiting=None):
+        state = {"waiting": {"reason": waiting[0], "message": waiting[1]}} if waiting else {"running": {}}
+        if proc.ended:  # the last run's end is the state, not a last state
+            state = proc.last_state
         cs = {"name": (p["spec"].get("containers") or [{}])[0].get("name", "c"), "ready": ready,
-              "restartCount": proc.restarts, "started": proc.popen is not None,
-              "state": {"waiting": {"reason": waiting[0], "message": waiting[1]}} if waiting else {"running": {}}}
-        if proc.last_state:
+              "restartCount": proc.restarts, "started": proc.popen is not None, "state": state}
+        if proc.last_state and not proc.ended:
             cs["lastState"] = proc.last_state
         st = {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}], "containerStatuses": [cs],
               "conditions": [{"type": "PodScheduled", "status": "True"},
