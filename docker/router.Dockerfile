@@ -1,7 +1,7 @@
 # llm-router: a build stage with the toolchain, a slim runtime stage with
 # only the shared libraries, running as a non-root user. (The llm-server
 # image carries llm-router too; this one is smaller.)
-#   docker build -f docker/router.Dockerfile -t llm-router:latest .
+#   make images (docker build -f docker/router.Dockerfile -t llm-router:0.1.0 .)
 FROM debian:bookworm AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         build-essential python3 libjansson-dev libyaml-dev libcivetweb-dev libssl-dev libcurl4-openssl-dev \

@@ -4,7 +4,7 @@
 # it from ../lib beside its binary for backend cuda); `make image` fails here
 # rather than ship an image without it. cuBLAS comes from the runtime base
 # image, NCCL from libnccl2, the driver from the node.
-#   docker build -f docker/server-cuda.Dockerfile -t llm-server:latest-cuda .
+#   docker build -f docker/server-cuda.Dockerfile -t llm-server:0.1.0-cuda .
 FROM nvidia/cuda:13.0.0-devel-ubuntu24.04 AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         build-essential python3 libjansson-dev libyaml-dev libcivetweb-dev libssl-dev libcurl4-openssl-dev libnccl-dev \

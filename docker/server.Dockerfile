@@ -1,6 +1,6 @@
 # llm-server (and llm-router), CPU image: a build stage with the toolchain, a slim runtime
 # stage with only the shared libraries, running as a non-root user.
-#   docker build -f docker/server.Dockerfile -t llm-server:latest .
+#   make images (docker build -f docker/server.Dockerfile -t llm-server:0.1.0 .)
 FROM debian:bookworm AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         build-essential python3 libjansson-dev libyaml-dev libcivetweb-dev libssl-dev libcurl4-openssl-dev \

@@ -40,6 +40,9 @@
 #include "llm/clock.h"
 #include "llm/sync.h"
 #include "llm/thread.h"
+#include "http_reply.h"
+
+#define GUARD_RETRY_1 "Retry-After: 1\r\n"
 
 typedef struct guard_conn {
     struct guard_conn *prev, *next; /* armed ones, under mu */
@@ -134,21 +137,15 @@ static int on_begin(struct mg_connection *c)
     http_guard *g = guard_of(c);
     guard_conn *k = rec_of(c);
     if (!__atomic_load_n(&g->serving, __ATOMIC_ACQUIRE)) {
-        static const char body[] = "{\"error\":{\"message\":\"starting; retry shortly\",\"type\":\"server_error\"}}";
-        mg_disable_connection_keep_alive(c);
-        mg_printf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                     "Retry-After: 1\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
-        return 503;
+        return http_reply_close(c, 503, "{\"error\":{\"message\":\"starting; retry shortly\",\"type\":\"server_error\"}}",
+                                GUARD_RETRY_1);
     }
     const char *bad = bad_framing(mg_get_request_info(c));
     if (bad) {
         char body[200];
-        int n = snprintf(body, sizeof body, "{\"error\":{\"message\":\"the request has %s\","
-                         "\"type\":\"invalid_request_error\"}}", bad);
-        mg_disable_connection_keep_alive(c);
-        mg_printf(c, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                     "Connection: close\r\n\r\n%s", n, body);
-        return 400;
+        snprintf(body, sizeof body, "{\"error\":{\"message\":\"the request has %s\",\"type\":\"invalid_request_error\"}}",
+                 bad);
+        return http_reply_close(c, 400, body, NULL);
     }
     if (k && !k->over) {
         k->body_read = 0; /* only this connection's thread touches k */
@@ -158,12 +155,9 @@ static int on_begin(struct mg_connection *c)
     g->stats.refused++;
     pthread_mutex_unlock(&g->w.mu);
     char body[200];
-    int n = snprintf(body, sizeof body, "{\"error\":{\"message\":\"too many connections (limit %d); retry shortly\","
-                     "\"type\":\"server_error\",\"code\":\"too_many_connections\"}}", g->cfg.max_connections);
-    mg_disable_connection_keep_alive(c);
-    mg_printf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                 "Retry-After: 1\r\nConnection: close\r\n\r\n%s", n, body);
-    return 503;
+    snprintf(body, sizeof body, "{\"error\":{\"message\":\"too many connections (limit %d); retry shortly\","
+             "\"type\":\"server_error\",\"code\":\"too_many_connections\"}}", g->cfg.max_connections);
+    return http_reply_close(c, 503, body, GUARD_RETRY_1);
 }
 
 /* ---- the connection's socket ------------------------------------------------------ */
@@ -515,12 +509,8 @@ static int route_trampoline(struct mg_connection *c, void *cbdata)
     route_job j = {.r = cbdata, .c = c};
     pthread_t t;
     if (llm_thread_create(&t, LLM_THREAD_STACK, route_run, &j)) {
-        static const char body[] = "{\"error\":{\"message\":\"no thread for the request; retry shortly\","
-                                   "\"type\":\"server_error\"}}";
-        mg_disable_connection_keep_alive(c);
-        mg_printf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                     "Retry-After: 1\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
-        return 503;
+        return http_reply_close(c, 503, "{\"error\":{\"message\":\"no thread for the request; retry shortly\","
+                                "\"type\":\"server_error\"}}", GUARD_RETRY_1);
     }
     LLM_ASSERT(pthread_join(t, NULL) == 0); /* (a thread made here, joinable, joined once: cannot fail) */
     return j.status;
@@ -534,6 +524,22 @@ llm_status http_guard_route(http_guard *g, const char *uri, mg_request_handler f
     *r = (guard_route){fn, cbdata};
     mg_set_request_handler(g->mg, uri, route_trampoline, r);
     return LLM_OK;
+}
+
+const char *http_guard_body_msg(int status, size_t max, double seconds, char *buf, size_t cap)
+{
+    if (status == 413)
+        snprintf(buf, cap, "request body is over the limit of %zu bytes", max);
+    else if (status == 408)
+        snprintf(buf, cap, "the request body did not arrive whole within %g s", seconds);
+    else if (status == 400)
+        snprintf(buf, cap, "the chunked body cannot be read: each chunk line must be its size in hex (chunk "
+                           "extensions are not taken here); or send Content-Length");
+    else if (status == 503)
+        snprintf(buf, cap, "out of memory");
+    else
+        snprintf(buf, cap, "the request body could not be read (status %d)", status);
+    return buf;
 }
 
 int http_guard_json_body(struct mg_connection *c)

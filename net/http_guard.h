@@ -92,6 +92,10 @@ const char *http_guard_connection(struct mg_connection *c);
  * cannot read: malformed, or with chunk extensions, which civetweb 1.15
  * does not take) or 503 (no memory). */
 int http_guard_read_body(struct mg_connection *c, size_t max, double seconds, char **out, size_t *len);
+/* What to tell the client for a status http_guard_read_body returned with
+ * those max and seconds (for 400: how to send a chunked body it can read),
+ * written into buf (cap bytes; 160 hold any); returns buf. */
+const char *http_guard_body_msg(int status, size_t max, double seconds, char *buf, size_t cap);
 /* The request's body was read to its end (keep-alive may follow). */
 void http_guard_body_read(struct mg_connection *c);
 /* After an answer sent without reading the request's body: reads and
@@ -123,9 +127,6 @@ int http_guard_json_body(struct mg_connection *c);
 const char *http_guard_cors(struct mg_connection *c);
 /* 1 when an http_guard serves c's context (0: a plain civetweb one). */
 int http_guard_owns(const struct mg_connection *c);
-/* What to tell a client whose chunked body http_guard_read_body refused (400). */
-#define HTTP_GUARD_CHUNK_MSG "the chunked body cannot be read: each chunk line must be its size in hex (chunk " \
-                             "extensions are not taken here); or send Content-Length"
 /* The handlers are set: requests reach them from now on (before, each
  * gets 503 and Retry-After: civetweb listens from its start). */
 void http_guard_serve(http_guard *g);

@@ -9,18 +9,31 @@
  * does not know (a backend's, passed on) gives its class and no log line. */
 static const char *reason(int status) { return mg_get_response_code_text(NULL, status); }
 
+/* A whole answer: head and body. */
+static void whole(struct mg_connection *c, int status, const char *type, const char *body, size_t n, const char *extra,
+                  const char *cors, const char *connection)
+{
+    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%sConnection: %s\r\n\r\n", status,
+              reason(status), type, n, extra ? extra : "", cors, connection);
+    if (n)
+        mg_write(c, body, n);
+}
+
 int http_reply(struct mg_connection *c, int status, const char *type, const char *body, size_t n, const char *extra)
 {
     int guarded = http_guard_owns(c);
     if (guarded)
         http_guard_sending(c, n); /* a client that does not take its answer is cut */
-    mg_printf(c, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%sConnection: %s\r\n\r\n", status,
-              reason(status), type, n, extra ? extra : "", guarded ? http_guard_cors(c) : "",
-              guarded ? http_guard_connection(c) : "close");
-    if (n)
-        mg_write(c, body, n);
+    whole(c, status, type, body, n, extra, guarded ? http_guard_cors(c) : "", guarded ? http_guard_connection(c) : "close");
     if (guarded)
         http_guard_disarm(c);
+    return status;
+}
+
+int http_reply_close(struct mg_connection *c, int status, const char *body, const char *extra)
+{
+    mg_disable_connection_keep_alive(c);
+    whole(c, status, "application/json", body, strlen(body), extra, "", "close");
     return status;
 }
 

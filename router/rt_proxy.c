@@ -539,10 +539,11 @@ static int take_body(rt_proxy *px, struct mg_connection *c, char **body, size_t 
     if (!strcmp(mg_get_request_info(c)->request_method, "POST") && !http_guard_json_body(c))
         return reply(c, 415, "application/json", "a POST body must be Content-Type: application/json");
     int bad = http_guard_read_body(c, (size_t)px->max_body, px->body_timeout_s, body, len);
-    if (bad)
-        return reply(c, bad, "application/json", bad == 413 ? "request body over the router's limit"
-                                                 : bad == 408 ? "the request body did not arrive in time"
-                                                 : bad == 400 ? HTTP_GUARD_CHUNK_MSG : "no memory");
+    if (bad) { /* the setting named, so that a client can tell this hop from the pod's */
+        http_guard_body_msg(bad, (size_t)px->max_body, px->body_timeout_s, msg, sizeof msg - 40);
+        strcat(msg, bad == 413 ? " (llm-router --max-body-bytes)" : bad == 408 ? " (llm-router --body-timeout-s)" : "");
+        return reply(c, bad, "application/json", msg);
+    }
     /* the few fields the router needs are read from the text (no tree is built); a body nested too deep for
      * any backend to take is refused here rather than carried to one */
     if (*len && llm_json_scan(*body, *len, LLM_JSON_MAX_DEPTH, NULL, &err) == LLM_ERR_TOO_LONG) {

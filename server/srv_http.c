@@ -63,16 +63,13 @@ int srv_http_send_err(struct mg_connection *c, const srv_err *e)
  * all; 0 or an error status with e set. */
 static int read_body(const srv *s, struct mg_connection *c, char **out, size_t *len, srv_err *e)
 {
-    int st = http_guard_read_body(c, (size_t)s->cfg.max_body_bytes, (double)s->cfg.body_timeout_s, out, len);
-    if (st == 413)
-        srv_err_set(e, 413, NULL, "request body is over the limit of %ld bytes", s->cfg.max_body_bytes);
-    else if (st == 408)
-        srv_err_set(e, 408, NULL, "the request body did not arrive whole within body_timeout_s (%ld s)",
-                    s->cfg.body_timeout_s);
-    else if (st == 400)
-        srv_err_set(e, 400, NULL, HTTP_GUARD_CHUNK_MSG);
-    else if (st)
-        srv_err_set(e, st, NULL, "out of memory");
+    char msg[256];
+    size_t max = (size_t)s->cfg.max_body_bytes;
+    double seconds = (double)s->cfg.body_timeout_s;
+    int st = http_guard_read_body(c, max, seconds, out, len);
+    if (st) /* the message names the setting that set the bound */
+        srv_err_set(e, st, NULL, "%s%s", http_guard_body_msg(st, max, seconds, msg, sizeof msg),
+                    st == 413 ? " (max_body_bytes)" : st == 408 ? " (body_timeout_s)" : "");
     return st;
 }
 

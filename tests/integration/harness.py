@@ -6,6 +6,7 @@ other; conftest.py holds the shared fixtures."""
 import contextlib
 import datetime
 import http.client
+import http.server
 import json
 import os
 import pathlib
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -546,3 +548,53 @@ def render(*args):
     r = subprocess.run([str(exe), *args, str(CHART)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout
+
+
+class FakeBackend:
+    """A stand-in llm-server for the router's tests: GET (/metrics, the
+    health port's routes) answers metrics; the API answers by a function of
+    (path, body, headers):
+    (status, body bytes, extra headers), or None to drop the connection
+    without an answer (as a backend that dies of the request would);
+    self.seen holds what it was sent."""
+
+    def __init__(self, answer, metrics=b"llm_requests_waiting 0\n"):
+        outer = self
+        self.seen = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                body = metrics
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.seen.append((self.path, data, dict(self.headers)))
+                got = answer(self.path, data, self.headers)
+                if got is None:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
+                status, body, extra = got
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in extra.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()

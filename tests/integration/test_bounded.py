@@ -16,7 +16,7 @@ import time
 import subprocess
 
 from harness import (
-    CHAT, Cluster, KILLERS, Router, Server, alive, free_port, health_metrics, metrics, nest, post,
+    CHAT, Cluster, FakeBackend, KILLERS, Router, Server, alive, free_port, health_metrics, metrics, nest, post,
     probe_ms, raw, rss_mb, sanitized, schema_body, tool, wait_for)
 
 
@@ -61,55 +61,6 @@ def test_model_output_nested_too_deep_ends_the_request(models):
         assert srv.stop() == 0
 
 
-class Fake:
-    """A backend whose API answers by a function of (path, body, headers):
-    (status, body bytes, extra headers), or None to drop the connection
-    without an answer (as a backend that dies of the request would);
-    self.seen holds what it was sent."""
-
-    def __init__(self, answer, metrics=b"llm_requests_waiting 0\n"):
-        import http.server
-        outer = self
-        self.seen = []
-
-        class H(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self):
-                body = metrics
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_POST(self):
-                data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                outer.seen.append((self.path, data, dict(self.headers)))
-                got = answer(self.path, data, self.headers)
-                if got is None:
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    self.close_connection = True
-                    return
-                status, body, extra = got
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                for k, v in extra.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 def ok_answer(path, data, headers):
     return 200, b'{"ok":true}', {}
 
@@ -123,7 +74,7 @@ def test_router_never_carries_a_killer_to_a_second_backend():
     (it died of it) is not replaced by another: the client gets 502, the
     other backend never sees the request, the drop is counted. A backend
     that could not be reached at all still hands the request on."""
-    ok, dies = Fake(ok_answer), Fake(lambda p, d, h: None)
+    ok, dies = FakeBackend(ok_answer), FakeBackend(lambda p, d, h: None)
     r = Router("--backend", dies.base, "--backend", ok.base, "--policy", "round-robin", "--eject-after", 100)
     try:
         codes = [post(r.port, "/v1/completions", {"prompt": "x"})[0] for _ in range(6)]
@@ -168,7 +119,7 @@ def test_one_clients_errors_do_not_turn_the_router_away(models):
     any 503 as "busy", and two such requests a second made it refuse
     everyone. Also /detokenize of a lone byte token answers 200 (it was a
     503 "out of memory")."""
-    fake = Fake(lambda p, d, h: (503, b'{"error":{"message":"no"}}', {}) if p == "/detokenize"
+    fake = FakeBackend(lambda p, d, h: (503, b'{"error":{"message":"no"}}', {}) if p == "/detokenize"
                 else (200, b'{"ok":true}', {}))
     r = Router("--backend", fake.base)
     stop, bad = threading.Event(), []
@@ -202,8 +153,8 @@ def test_a_backends_own_deadline_is_not_retried_nor_a_fault(models):
     """A backend's 504 (its request_timeout_s) goes to the client: no other
     backend runs the request again, no breaker failure is counted. Three
     such requests ejected both backends before."""
-    slow = Fake(lambda p, d, h: (504, b'{"error":{"message":"the request ran past its deadline"}}', {}))
-    other = Fake(ok_answer)
+    slow = FakeBackend(lambda p, d, h: (504, b'{"error":{"message":"the request ran past its deadline"}}', {}))
+    other = FakeBackend(ok_answer)
     r = Router("--backend", slow.base, "--backend", other.base, "--policy", "round-robin", "--eject-after", 1)
     try:
         codes = [post(r.port, "/v1/completions", {"prompt": "x"})[0] for _ in range(6)]
@@ -371,7 +322,7 @@ def test_small_points(models, tmp_path):
     keys.write_text("k1 tenant=a\n")
     hp = free_port()
     srv = Server(models("tiny", "Q8_0"), "--api_keys_file", keys, "--health_port", hp)
-    seen = Fake(ok_answer)
+    seen = FakeBackend(ok_answer)
     rp = free_port()
     r = subprocess.Popen([tool("llm-router"), "--host", "127.0.0.1", "--port", str(rp), "--backend", seen.base],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -417,8 +368,8 @@ def test_a_pods_own_load_figures_are_held_to_sense():
     """A pod that reports a waiting count of -1e9 (or 1e308 twice) does not
     draw every session to itself: reported load is clamped to 0..100,000
     before it steers the choice."""
-    liar = Fake(ok_answer, metrics=b"llm_requests_waiting -1000000000\nllm_requests_running 1e308\n")
-    honest = Fake(ok_answer)
+    liar = FakeBackend(ok_answer, metrics=b"llm_requests_waiting -1000000000\nllm_requests_running 1e308\n")
+    honest = FakeBackend(ok_answer)
     r = Router("--backend", liar.base, "--backend", honest.base)
     try:
         wait_for(lambda: router_metric(r, "llm_router_backend_up") == 2, what="both backends polled")
@@ -438,7 +389,7 @@ def test_affinity_has_bounded_load():
     went to one backend before."""
     hold = threading.Event()
     slow = lambda p, d, h: (hold.wait(30), (200, b'{"ok":true}', {}))[1]
-    a, b = Fake(slow), Fake(slow)
+    a, b = FakeBackend(slow), FakeBackend(slow)
     r = Router("--backend", a.base, "--backend", b.base)
     try:
         ths = [threading.Thread(target=post, args=(r.port, "/v1/completions", {"prompt": "x"}, {"X-Session-Id": "s1"}))

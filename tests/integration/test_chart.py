@@ -131,7 +131,7 @@ def test_chart_installs_and_serves_the_sample(tmp_path, models):
     model = model if model.exists() else models("tiny", "Q8_0")
     images = tmp_path / "images.yaml"
     images.write_text(f"llm-controller:0.1.0: {json.dumps([tool('llm-controller')])}\n"
-                      f"llm-server:latest: {json.dumps([tool('llm-server')])}\n")
+                      f"llm-server:0.1.0: {json.dumps([tool('llm-server')])}\n")
     ks, d = start(tmp_path, "--image-map", str(images))
     env = {**os.environ, "KUBECONFIG": str(d / "kubeconfig")}
 
@@ -216,6 +216,13 @@ def test_images_are_the_ones_the_chart_and_samples_use():
     assert f'{values["image"]["repository"]}:{chart["appVersion"]}' in tags
     sample = yaml.safe_load((ROOT / "manifests" / "samples" / "cpu-gemma.yaml").read_text())
     assert sample["spec"]["image"] in tags
+    # what an LLMDeployment gets without spec.image / spec.router.image: the CRD's defaults and the
+    # controller's own fallback for the router
+    crd = yaml.safe_load((CHART / "crds" / "llmdeployments.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert spec["image"]["default"] in tags and spec["router"]["properties"]["image"]["default"] in tags
+    fallback = re.search(r'#define DESIRED_ROUTER_IMAGE "([^"]+)"', (ROOT / "controller" / "desired.h").read_text())
+    assert fallback.group(1) == spec["router"]["properties"]["image"]["default"]
     kind_load = re.search(r"^kind load docker-image (.*)$", (ROOT / "README.md").read_text(), re.M)
     assert kind_load and set(kind_load.group(1).split()) == tags
     pushed = subprocess.run(["make", "--no-print-directory", "images", "DOCKER=echo", "REGISTRY=reg.example/llm/"],

@@ -28,7 +28,7 @@ def test_samples_accepted_with_defaults(k):
     assert cpu["engine"]["prefixCache"] is True
     assert cpu["engine"]["maxSeqs"] == 32 and cpu["engine"]["contextLength"] == 2048
     assert cpu["server"] == {"port": 8080} and cpu["probes"]["startupTimeoutSeconds"] == 600
-    assert cpu["model"]["volume"]["mountPath"] == "/models" and cpu["image"] == "llm-server:latest"
+    assert cpu["model"]["volume"]["mountPath"] == "/models" and cpu["image"] == "llm-server:0.1.0"
     gpu = json.loads(k("get", "llmd", "llama-8b", "-o", "json").stdout)["spec"]
     assert gpu["engine"]["tensorParallelSize"] == 2 and gpu["rollout"]["maxSurge"] == 0
     assert gpu["resources"]["limits"]["nvidia.com/gpu"] == 2  # preserved as given

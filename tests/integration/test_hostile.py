@@ -15,7 +15,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import NAME, Router, STORIES, Server, free_port, health_metrics, probe_ms, tool, wait_for
+from harness import NAME, STORIES, FakeBackend, Router, Server, free_port, health_metrics, probe_ms, tool, wait_for
 
 
 VLLM_LABELS = (("model_name", NAME),)  # vLLM's series carry the served model's name
@@ -389,43 +389,12 @@ def test_router_polls_the_health_port(model):
         assert srv.stop() == 0
 
 
-class Refuser:
-    """A backend whose /metrics answers (idle) and whose API answers every
-    request with status (503 with Retry-After: "not now"; 503 without: that
-    request's own error; 500: broken); self.posts counts what it was sent."""
-
-    def __init__(self, status, retry_after=True):
-        import http.server
-        outer = self
-        self.posts = 0
-
-        class H(http.server.BaseHTTPRequestHandler):
-            def reply(self, code, body):
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                if code == 503 and retry_after:
-                    self.send_header("Retry-After", "1")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):
-                self.reply(200, b"llm_requests_waiting 0\n")
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                outer.posts += 1
-                self.reply(status, b'{"error":{"message":"no"}}')
-
-            def log_message(self, *a):
-                pass
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+def refuser(status, retry_after=True):
+    """A backend answering every API request with status (503 with
+    Retry-After: "not now"; 503 without: that request's own error; 500:
+    broken)."""
+    extra = {"Retry-After": "1"} if status == 503 and retry_after else {}
+    return FakeBackend(lambda p, d, h: (status, b'{"error":{"message":"no"}}', extra))
 
 
 def test_router_passes_a_busy_backend_by(model):
@@ -436,7 +405,7 @@ def test_router_passes_a_busy_backend_by(model):
     srv = Server(model)
     try:
         for status, ejected in ((503, False), (500, True)):
-            bad = Refuser(status)
+            bad = refuser(status)
             r = router("--backend", bad.base, "--backend", srv.base, "--eject-after", 1, "--eject-seconds", 60)
             try:
                 codes = [r.post({"prompt": "Once", "max_tokens": 1})[0] for _ in range(10)]

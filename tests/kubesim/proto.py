@@ -1,22 +1,27 @@
 """proto.py - reads the Kubernetes protobuf encoding of the few built-in
 objects clients send that way: client-go's typed clientsets (Helm's
-release storage among them) write Secrets and ConfigMaps as
-application/vnd.kubernetes.protobuf. Answers stay JSON, which such
+release storage among them) write Secrets and ConfigMaps, and the
+DeleteOptions of their deletes, as application/vnd.kubernetes.protobuf. Answers stay JSON, which such
 clients accept too.
 
 The envelope is the 4 bytes "k8s\\0" and a runtime.Unknown message
 (typeMeta = 1, raw = 2); raw is the object's own message. Field numbers
 are those of k8s.io/api/core/v1/generated.proto and
-k8s.io/apimachinery/pkg/apis/meta/v1/generated.proto. Fields not listed
-here are skipped; an object that needs them is refused by the caller's
-checks as an incomplete one would be."""
+k8s.io/apimachinery/pkg/apis/meta/v1/generated.proto. ObjectMeta is read
+for name, generateName, namespace, uid, resourceVersion, labels,
+annotations, ownerReferences and finalizers; its other fields (managed
+fields, timestamps the server sets itself) are skipped."""
 import base64
 
 MAGIC = b"k8s\x00"
 
 
 class ProtoError(ValueError):
-    pass
+    """A body that is not a well-formed message (400)."""
+
+
+class ProtoUnsupported(ProtoError):
+    """A well-formed body of a kind not read here (415)."""
 
 
 def _varint(buf, i):
@@ -72,6 +77,8 @@ def _meta(buf):
         elif n == 12:
             k, x = _entry(v)
             annotations[k] = x.decode()
+        elif n == 13:
+            m.setdefault("ownerReferences", []).append(_owner(v))
         elif n == 14:
             m.setdefault("finalizers", []).append(v.decode())
     if labels:
@@ -79,6 +86,16 @@ def _meta(buf):
     if annotations:
         m["annotations"] = annotations
     return m
+
+
+def _owner(buf):
+    ref = {}
+    for n, _, v in fields(buf):
+        if n in (1, 3, 4, 5):
+            ref[{1: "kind", 3: "name", 4: "uid", 5: "apiVersion"}[n]] = v.decode()
+        elif n in (6, 7):
+            ref["controller" if n == 6 else "blockOwnerDeletion"] = bool(v)
+    return ref
 
 
 def _secret(buf):
@@ -115,19 +132,40 @@ def _configmap(buf):
     return obj
 
 
-KINDS = {"Secret": _secret, "ConfigMap": _configmap}
+def _delete_options(buf):
+    obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
+    for n, _, v in fields(buf):
+        if n == 1:
+            obj["gracePeriodSeconds"] = v
+        elif n == 3:
+            obj["orphanDependents"] = bool(v)
+        elif n == 4 and v:
+            obj["propagationPolicy"] = v.decode()
+        elif n == 5:
+            obj.setdefault("dryRun", []).append(v.decode())
+    return obj
+
+
+# DeleteOptions: the body of client-go's deletes (Helm's uninstall among them)
+KINDS = {"Secret": _secret, "ConfigMap": _configmap, "DeleteOptions": _delete_options}
 
 
 def decode(body):
-    """The JSON form of a protobuf-encoded object, or ProtoError."""
+    """The JSON form of a protobuf-encoded object; ProtoUnsupported for a
+    kind not read here, ProtoError for anything malformed (a field of the
+    wrong wire type included: an int where bytes belong has no .decode)."""
     if not body.startswith(MAGIC):
         raise ProtoError("no k8s protobuf envelope")
-    unknown = {n: v for n, _, v in fields(body[len(MAGIC):])}
-    tm = {n: v.decode() for n, _, v in fields(unknown.get(1, b""))}
-    kind = tm.get(2, "")
-    if kind not in KINDS:
-        raise ProtoError(f"protobuf bodies of kind {kind!r} are not read here (send JSON)")
     try:
+        unknown = {n: v for n, _, v in fields(body[len(MAGIC):])}
+        tm = {n: v.decode() for n, _, v in fields(unknown.get(1, b""))}
+        kind = tm.get(2, "")
+        if kind not in KINDS:
+            raise ProtoUnsupported(f"protobuf bodies of kind {kind!r} are not read here (send JSON)")
         return KINDS[kind](unknown.get(2, b""))
+    except ProtoError:
+        raise
     except UnicodeDecodeError as e:
         raise ProtoError(f"a string field is not UTF-8: {e}")
+    except (TypeError, AttributeError, ValueError) as e:
+        raise ProtoError(f"a field has the wrong wire type: {e}")

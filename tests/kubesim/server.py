@@ -295,8 +295,10 @@ class Handler(BaseHTTPRequestHandler):
         if "protobuf" in self.headers.get("Content-Type", ""):
             try:
                 return proto.decode(raw)
-            except proto.ProtoError as e:
+            except proto.ProtoUnsupported as e:
                 raise ApiError(415, "UnsupportedMediaType", f"protobuf body: {e}")
+            except proto.ProtoError as e:
+                raise ApiError(400, "BadRequest", f"protobuf body: {e}")
         try:
             obj = json.loads(raw or b"null")
         except ValueError as e:
@@ -377,11 +379,15 @@ class Handler(BaseHTTPRequestHandler):
                     pass
             self.fail(e)
 
+    PROXY_MAX_ANSWER = 64 << 20  # an answer larger than this is refused whole (502), not held in memory
+    PROXY_SECONDS = 600          # the whole exchange with the pod, not each read
+
     def service_proxy(self, method, route, url):
         """/api/v1/namespaces/NS/services/NAME[:PORT]/proxy/PATH: the request
         goes to a ready endpoint of the service, as kube-apiserver's service
-        proxy sends it (how `kubectl create --raw` reaches a pod without
-        port-forward). The answer comes back whole, not streamed."""
+        proxy sends it (what `kubectl proxy` and `kubectl create --raw` reach).
+        Content-Type and Accept go to the pod; its status, Content-Type and
+        Retry-After come back. The answer comes back whole, not streamed."""
         ns, ref = route[2], route[4]
         name, _, port = ref.partition(":")
         try:
@@ -392,30 +398,67 @@ class Handler(BaseHTTPRequestHandler):
             ep = self.api.store.get(("", "endpoints", "Endpoints"), ns, name)
         except ApiError:
             ep = {}  # not written yet: no endpoints
-        ports = svc["spec"].get("ports") or []
+        ports = (svc.get("spec") or {}).get("ports") or []
         sp = next((pt for pt in ports if not port or pt.get("name") == port or str(pt.get("port")) == port), None)
         subsets = [s for s in ep.get("subsets") or [] if s.get("addresses")]
-        if sp is None or not subsets:
+        target = sp and self.proxy_port(ns, sp, subsets)
+        if not target:
             raise ApiError(503, "ServiceUnavailable", f'no endpoints available for service "{ref}"')
-        target = next((p.get("port") for p in subsets[0].get("ports") or [] if p.get("name", "") == sp.get("name", "")),
-                      sp.get("targetPort", sp.get("port")))
-        rest = url.path.split(f"/services/{ref}/proxy", 1)[1] or "/"
+        marker = f"/services/{ref}/proxy"
+        rest = url.path[url.path.index(marker) + len(marker):] if marker in url.path else "/"
         body = self.raw_body() if method in ("POST", "PUT", "PATCH") else None
         headers = {k: self.headers[k] for k in ("Content-Type", "Accept") if self.headers.get(k)}
-        conn = http.client.HTTPConnection(subsets[0]["addresses"][0]["ip"], int(target), timeout=600)
-        try:
-            conn.request(method, rest + (f"?{url.query}" if url.query else ""), body=body, headers=headers)
-            r = conn.getresponse()
-            data = r.read()
-        except OSError as e:
-            raise ApiError(503, "ServiceUnavailable", f"error trying to reach service: {e}")
-        finally:
-            conn.close()
-        self.send_response(r.status)
-        self.send_header("Content-Type", r.getheader("Content-Type") or "application/octet-stream")
+        status, out_headers, data = self.proxy_exchange(subsets[0]["addresses"][0]["ip"], target, method,
+                                                        (rest or "/") + (f"?{url.query}" if url.query else ""),
+                                                        body, headers)
+        self.send_response(status)
+        for k, v in out_headers.items():
+            self.send_header(k, v)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def proxy_port(self, ns, sp, subsets):
+        """The pod port a service port leads to: the Endpoints' number, or a
+        named targetPort looked up in the first pod's container ports."""
+        want = sp.get("targetPort", sp.get("port"))
+        got = next((p.get("port") for p in (subsets[0].get("ports") or []) if p.get("name", "") == sp.get("name", "")),
+                   want) if subsets else None
+        if isinstance(got, int) or (isinstance(got, str) and got.isdigit()):
+            return int(got)
+        ref = (subsets[0]["addresses"][0].get("targetRef") or {}) if subsets else {}
+        try:
+            pod = self.api.store.get(("", "pods", "Pod"), ns, ref.get("name", ""))
+        except ApiError:
+            return None
+        return next((p.get("containerPort") for c in pod["spec"].get("containers") or []
+                     for p in c.get("ports") or [] if p.get("name") == got), None)
+
+    def proxy_exchange(self, ip, port, method, path, body, headers):
+        """(status, headers to pass on, body) of the pod's answer, within
+        PROXY_SECONDS in all and PROXY_MAX_ANSWER bytes; ApiError 503/502 else."""
+        deadline = time.monotonic() + self.PROXY_SECONDS
+        conn = http.client.HTTPConnection(ip, port, timeout=30)
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            r = conn.getresponse()
+            data = b""
+            while True:
+                if time.monotonic() > deadline:
+                    raise ApiError(503, "ServiceUnavailable", "the pod's answer did not end in time")
+                part = r.read1(65536)
+                if not part:
+                    break
+                data += part
+                if len(data) > self.PROXY_MAX_ANSWER:
+                    raise ApiError(502, "BadGateway", f"the pod's answer is over {self.PROXY_MAX_ANSWER} bytes")
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise ApiError(503, "ServiceUnavailable", f"error trying to reach service: {e}")
+        finally:
+            conn.close()
+        keep = {k: r.getheader(k) for k in ("Content-Type", "Retry-After") if r.getheader(k)}
+        keep.setdefault("Content-Type", "application/octet-stream")
+        return r.status, keep, data
 
     def faults(self, method):
         """POST /kubesim/faults (admin only), for fault tests:

@@ -29,6 +29,21 @@ def now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def path_segment_problem(name):
+    """Why name cannot be an object's name (it is a path segment of its URL,
+    and kubesim makes folders of some), or None."""
+    if not isinstance(name, str):
+        return "must be a string"
+    if name in (".", ".."):
+        return f"may not be '{name}'"
+    for c in ("/", "%"):
+        if c in name:
+            return f"may not contain '{c}'"
+    if len(name) > 253 or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in name):
+        return "must be at most 253 printable characters"
+    return None
+
+
 class Store:
     def __init__(self, window=10000):
         self.window = window  # events kept for watch resume
@@ -71,6 +86,9 @@ class Store:
             name = md.get("name")
             if not name:
                 raise ApiError(422, "Invalid", "metadata.name: Required value: name or generateName is required")
+            bad = path_segment_problem(name)
+            if bad:  # what kube-apiserver checks of every object's name (kinds add their own rules)
+                raise ApiError(422, "Invalid", f'metadata.name: Invalid value: "{name}": {bad}')
             if (rkey, ns, name) in self.objects:
                 raise ApiError(409, "AlreadyExists", f'{rkey[1]} "{name}" already exists',
                                {"name": name, "kind": rkey[1]})

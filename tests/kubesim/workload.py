@@ -15,7 +15,8 @@ outlives the pods mounting it (as a dynamic provisioner's volume would);
 a pod whose claim is missing stays Pending.
 
 restartPolicy: Always (Deployment pods) restarts an exited container with
-back-off; Never and OnFailure pods end Succeeded (exit 0) or Failed.
+back-off, OnFailure only one that failed; a Never pod ends Succeeded (exit
+0) or Failed, an OnFailure pod Succeeded.
 
 One node, "kubesim", with KUBESIM_NODE_GPUS nvidia.com/gpu (default 0): a
 pod asking for more GPUs than are free stays Pending with PodScheduled
@@ -30,9 +31,11 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import tempfile
 import time
+import traceback
 import base64
 import urllib.request
 
@@ -130,13 +133,13 @@ class Workloads:
 
     def loop(self):
         while not self.stop.wait(0.2):
-            try:
-                self.deployments()
-                self.claims()
-                self.pods()
-                self.endpoints()
-            except ApiError:
-                pass  # raced with a client write: the next pass sees the new state
+            for step in (self.deployments, self.claims, self.pods, self.endpoints):
+                try:
+                    step()
+                except ApiError:
+                    pass  # raced with a client write: the next pass sees the new state
+                except Exception:  # an object no real controller would meet must not stop every other one
+                    traceback.print_exc(file=sys.stderr)
 
     # ---- deployments -----------------------------------------------------------
     def deployments(self):
@@ -152,7 +155,7 @@ class Workloads:
                 and not p["metadata"].get("deletionTimestamp")]
 
     def sync_deployment(self, d):
-        spec, ns = d.get("spec", {}), d["metadata"]["namespace"]
+        spec = d.get("spec", {})
         want = spec.get("replicas", 1)
         h = template_hash(spec.get("template", {}))
         pods = self.owned_pods(d)
@@ -230,29 +233,40 @@ class Workloads:
             cur["status"] = st
             self.store.update(DEPLOY, d["metadata"]["namespace"], d["metadata"]["name"], cur, "status")
 
-    # ---- kubelet -----------------------------------------------------------------
     # ---- persistent volume claims ----------------------------------------------------
     def claim_dir(self, ns, name):
-        return os.path.join(self.data_dir, "volumes", ns, name)
+        """The claim's folder; ValueError when its names would lead outside
+        the volumes folder (the store refuses such names: this is a second lock)."""
+        root = os.path.realpath(os.path.join(self.data_dir, "volumes"))
+        d = os.path.realpath(os.path.join(root, ns, name))
+        if os.path.dirname(os.path.dirname(d)) != root:
+            raise ValueError(f"claim {ns}/{name}: not a folder of its own under {root}")
+        return d
 
     def claims(self):
         """Binds every pending claim to a directory of its own, as a default
         StorageClass with a dynamic provisioner and Immediate binding would."""
         items, _ = self.store.list(PVC)
         for c in items:
-            if (c.get("status") or {}).get("phase") == "Bound":
-                continue
-            ns, name = c["metadata"]["namespace"], c["metadata"]["name"]
-            os.makedirs(self.claim_dir(ns, name), exist_ok=True)
-            cur = self.store.get(PVC, ns, name)
-            if not cur["spec"].get("volumeName"):
-                cur["spec"]["volumeName"] = "pvc-" + cur["metadata"]["uid"]
-                cur = self.store.update(PVC, ns, name, cur, internal=True)
-            size = ((cur["spec"].get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
-            cur["status"] = {"phase": "Bound", "accessModes": cur["spec"].get("accessModes") or ["ReadWriteOnce"],
-                             "capacity": {"storage": size}}
-            self.store.update(PVC, ns, name, cur, "status")
+            if (c.get("status") or {}).get("phase") != "Bound":
+                try:
+                    self.bind(c["metadata"]["namespace"], c["metadata"]["name"])
+                except (ValueError, OSError) as e:
+                    print(f"kubesim: claim not bound: {e}", file=sys.stderr)
 
+    def bind(self, ns, name):
+        os.makedirs(self.claim_dir(ns, name), exist_ok=True)
+        cur = self.store.get(PVC, ns, name)
+        spec = cur.setdefault("spec", {})
+        if not spec.get("volumeName"):
+            spec["volumeName"] = "pvc-" + cur["metadata"]["uid"]
+            cur = self.store.update(PVC, ns, name, cur, internal=True)
+        size = ((cur["spec"].get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
+        cur["status"] = {"phase": "Bound", "accessModes": cur["spec"].get("accessModes") or ["ReadWriteOnce"],
+                         "capacity": {"storage": size}}
+        self.store.update(PVC, ns, name, cur, "status")
+
+    # ---- kubelet -----------------------------------------------------------------
     def pods(self):
         items, _ = self.store.list(POD)
         for p in items:
@@ -264,7 +278,12 @@ class Workloads:
                     self.dying[key] = self.procs.pop(key)
                     threading.Thread(target=self.terminate, args=(p, self.dying[key]), daemon=True).start()
                 continue
-            self.run_pod(p, proc)
+            try:
+                self.run_pod(p, proc)
+            except ApiError:
+                raise
+            except Exception:  # one odd pod must not stop the others
+                traceback.print_exc(file=sys.stderr)
 
     def service_account(self, p):
         """What a pod finds in-cluster: the API address and, in a directory
@@ -327,8 +346,12 @@ class Workloads:
                     self.store.get(PVC, ns, claim)
                 except ApiError:
                     raise LookupError(f'persistentvolumeclaim "{claim}" not found')
-                os.makedirs(self.claim_dir(ns, claim), exist_ok=True)
-                dirs.update({mp: self.claim_dir(ns, claim) for mp in mounts(v)})
+                try:
+                    d = self.claim_dir(ns, claim)
+                    os.makedirs(d, exist_ok=True)
+                except (ValueError, OSError) as e:
+                    raise LookupError(f'MountVolume.SetUp failed for volume "{v["name"]}": {e}')
+                dirs.update({mp: d for mp in mounts(v)})
                 continue
             src = v.get("configMap") or v.get("secret")
             if not src:
@@ -346,16 +369,19 @@ class Workloads:
                 data = {k: base64.b64decode(x).decode() for k, x in data.items()}
             files += [(os.path.join(d, k), x) for k, x in data.items()]
             dirs.update({mp: d for mp in mounts(v)})
+        if "" in dirs:
+            raise LookupError('a volume mounted at "/" cannot be given here (no mount namespaces)')
+        # one pass, the longest mountPath first, only where a path starts (not inside a longer one)
+        alts = "|".join(re.escape(mp) for mp in sorted(dirs, key=len, reverse=True))
+        pat = re.compile(r"(?<![\w./-])(" + alts + r")(?=[/\s\"']|$)") if dirs else None
         for path, text in files:
-            for mp, d in dirs.items():  # only where a path starts: not inside a longer one
-                text = re.sub(r"(?<![\w./-])" + re.escape(mp) + r"(?=[/\s\"']|$)", lambda _: d, text)
             with open(path, "w") as f:
-                f.write(text)
+                f.write(pat.sub(lambda m: dirs[m.group(1)], text) if pat else text)
         return dirs
 
     @staticmethod
     def remap(value, dirs):
-        for mp, d in dirs.items():
+        for mp, d in sorted(dirs.items(), key=lambda kv: len(kv[0]), reverse=True):
             if value == mp or value.startswith(mp + "/"):
                 return d + value[len(mp):]
         return value
@@ -383,8 +409,8 @@ class Workloads:
             return True
         want, used = self.gpus_of(p), sum(self.bound.values())
         if want > self.gpus - used:
-            msg = (f"0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: "
-                   f"1 No preemption victims found for incoming pod.")
+            msg = ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: "
+                   "1 No preemption victims found for incoming pod.")
             st = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
                                                       "reason": "Unschedulable", "message": msg}]}
             if p.get("status") != st:
@@ -398,6 +424,8 @@ class Workloads:
     def run_pod(self, p, proc):
         c = (p["spec"].get("containers") or [{}])[0]
         uid = p["metadata"]["uid"]
+        if proc.ended:  # a pod that ran to its end holds nothing and needs nothing any more
+            return self.set_status(p, proc.ended, False, self.ips.get(uid), proc)
         if not self.schedule(p):
             return
         if uid not in self.ips:
@@ -424,8 +452,6 @@ class Workloads:
         if cmd is None:
             return self.set_status(p, "Pending", False, ip, proc, waiting=("ErrImagePull",
                                    f'image "{c.get("image")}" is not in the image map'))
-        if proc.ended:
-            return self.set_status(p, proc.ended, False, ip, proc)
         if proc.popen is not None and proc.popen.poll() is not None:
             rc = proc.popen.returncode
             if not proc.exit_reason:
