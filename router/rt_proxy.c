@@ -540,8 +540,9 @@ static int take_body(rt_proxy *px, struct mg_connection *c, char **body, size_t 
         return reply(c, 415, "application/json", "a POST body must be Content-Type: application/json");
     int bad = http_guard_read_body(c, (size_t)px->max_body, px->body_timeout_s, body, len);
     if (bad) { /* the setting named, so that a client can tell this hop from the pod's */
-        http_guard_body_msg(bad, (size_t)px->max_body, px->body_timeout_s, msg, sizeof msg - 40);
-        strcat(msg, bad == 413 ? " (llm-router --max-body-bytes)" : bad == 408 ? " (llm-router --body-timeout-s)" : "");
+        char why[200];
+        snprintf(msg, sizeof msg, "%s%s", http_guard_body_msg(bad, (size_t)px->max_body, px->body_timeout_s, why, sizeof why),
+                 bad == 413 ? " (llm-router --max-body-bytes)" : bad == 408 ? " (llm-router --body-timeout-s)" : "");
         return reply(c, bad, "application/json", msg);
     }
     /* the few fields the router needs are read from the text (no tree is built); a body nested too deep for
