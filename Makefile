@@ -298,7 +298,9 @@ kubesim: deps
 	 [ -f $(KUBESIM_DIR)/api/kubeconfig ] || { cat $(KUBESIM_DIR)/kubesim.log; exit 1; }
 	@echo "kubesim is up (log: $(KUBESIM_DIR)/kubesim.log). Then:"
 	@echo "  export PATH=$(abspath $(BUILD))/bin:\$$PATH KUBECONFIG=$(abspath $(KUBESIM_DIR))/api/kubeconfig"
-	@echo "  helm install llm-operator charts/llm-operator -n llm-system --create-namespace"
+	@if [ -x $(BUILD)/bin/helm ]; then echo "  helm install llm-operator charts/llm-operator -n llm-system --create-namespace"; \
+	 else echo "  kubectl create namespace llm-system   # no Helm here: the chart rendered as helm template does"; \
+	   echo "  $(BUILD)/bin/helm-render -n llm-system --name llm-operator charts/llm-operator | kubectl apply -f -"; fi
 	@echo "  kubectl apply -f $(KUBESIM_DIR)/gemma.yaml && kubectl get llmd -w"
 	@echo "(or the README's cluster steps, which kubesim runs too)"
 kubesim-stop:
