@@ -960,8 +960,8 @@ def test_service_proxy(tmp_path):
         assert got == {"method": "POST", "path": "/p", "type": None, "body": '{"k": 1}'}
         kubectl("create", "service", "clusterip", "gone", "--tcp=80:9")  # a port no pod listens on
         kubectl("patch", "service", "gone", "-p", '{"spec": {"selector": {"app": "web"}}}')
-        wait_for(lambda: kubectl("get", "endpoints", "gone", "-o", "jsonpath={.subsets}", check=False).stdout, 30,
-                 "gone's endpoints")
+        wait_for(lambda: kubectl("get", "endpoints", "gone", "-o", "jsonpath={.subsets[0].addresses[0].ip}",
+                                 check=False).stdout, 30, "an address in gone's endpoints")
         r = kubectl("get", "--raw", "/api/v1/namespaces/default/services/gone/proxy/", check=False)
         assert r.returncode and "error trying to reach service" in r.stderr, r.stderr
 
