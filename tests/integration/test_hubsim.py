@@ -79,3 +79,16 @@ def test_a_dropped_transfer_is_retried_and_ranges_are_served(hub, tmp_path):
     assert part == want[1000:2000]
     tail = subprocess.run(["curl", "-sf", "-r", "299990-", blob], capture_output=True, timeout=30).stdout
     assert tail == want[299990:]
+
+
+def test_the_official_client_resumes_with_range(hub, tmp_path):
+    """A cut after the client's first 10 MB chunk: it resumes with a Range
+    request, which the CDN answers with 206 and the rest; the file is whole."""
+    h, root = hub
+    want = os.urandom(12 << 20)
+    (root / "org" / "repo" / "big.gguf").write_bytes(want)
+    h.faults = {"drop_at": 11 << 20}
+    got = hf.hf_hub_download("org/repo", "big.gguf", cache_dir=tmp_path / "c", endpoint=h.url)
+    assert hashlib.sha256(open(got, "rb").read()).digest() == hashlib.sha256(want).digest()
+    ranges = [hd.get("range") for host, m, _, hd in h.log if host == "cdn" and m == "GET"]
+    assert ranges[0] is None and ranges[1] and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-", ranges
