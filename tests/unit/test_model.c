@@ -15,6 +15,7 @@
 
 #include "testutil.h"
 
+#include "llm/gguf_writer.h"
 #include "llm/mkmodel.h"
 #include "llm/kv_cache.h"
 #include "llm/forward.h"
@@ -485,6 +486,29 @@ static void test_load_errors(void **state)
                        "missing tensor blk.0.ffn_gate_inp.weight");
 }
 
+/* A part of a gguf-split set is refused by name (split.no is 0-based), not
+ * on the first tensor that lives in another part. */
+static void test_split_part_refused(void **state)
+{
+    (void)state;
+    gguf_writer *w = gguf_writer_new();
+    assert_non_null(w);
+    assert_int_equal(gguf_writer_u32(w, "split.no", 1), LLM_OK);
+    assert_int_equal(gguf_writer_u32(w, "split.count", 3), LLM_OK);
+    assert_int_equal(gguf_writer_str(w, "general.architecture", "llama"), LLM_OK);
+    char path[256];
+    test_tmpfile("split", path, sizeof path);
+    llm_error err = {0};
+    assert_int_equal(gguf_writer_write(w, path, NULL, NULL, &err), LLM_OK);
+    gguf_writer_free(w);
+    llm_model *m = NULL;
+    assert_int_equal(llm_model_load(path, &m, &err), LLM_ERR_UNSUPPORTED);
+    assert_null(m);
+    assert_non_null(strstr(err.msg, "part 2 of 3 of a split GGUF"));
+    assert_non_null(strstr(err.msg, "llama-gguf-split --merge"));
+    remove(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -495,6 +519,7 @@ int main(void)
         cmocka_unit_test(test_incremental_kv), cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_one_qk_norm_refused),
         cmocka_unit_test(test_nonfinite_weights), cmocka_unit_test(test_forward_token_bounds),
+        cmocka_unit_test(test_split_part_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
