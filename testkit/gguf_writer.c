@@ -157,7 +157,8 @@ llm_status gguf_writer_tensor(gguf_writer *w, const char *name, quant_type t, in
     return LLM_OK;
 }
 
-static int write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n ? 0 : -1; }
+/* (n == 0 writes nothing: a metadata buffer of a file without tensors may be NULL) */
+static int write_all(FILE *f, const void *p, size_t n) { return !n || fwrite(p, 1, n, f) == n ? 0 : -1; }
 
 static int pad_to(FILE *f, uint64_t pos, uint64_t *out)
 {
