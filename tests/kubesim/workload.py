@@ -9,10 +9,11 @@ period, then SIGKILL; Services get Endpoints of their ready pods.
 ConfigMap and Secret volumes: their keys are written as files under the
 data directory, and container args and env values that start with a
 volume's mountPath, and such paths inside those files, are rewritten to
-its directory (a process cannot be given a mount namespace of its own here). PersistentVolumeClaims are bound
-at once, each to a directory of its own under the data directory that
-outlives the pods mounting it (as a dynamic provisioner's volume would);
-a pod whose claim is missing stays Pending.
+its directory (a process cannot be given a mount namespace of its own
+here). PersistentVolumeClaims are bound at once, each to a directory of
+its own under the data directory that outlives the pods mounting it (as a
+dynamic provisioner's volume would); a pod whose claim is missing stays
+Pending.
 
 restartPolicy: Always (Deployment pods) restarts an exited container with
 back-off, OnFailure only one that failed; a Never pod ends Succeeded (exit
