@@ -4,6 +4,7 @@
  * length first, so a truncated or hostile file produces an error message
  * naming the field and offset instead of an out-of-bounds read. */
 #include "llm/gguf.h"
+#include "llm/strmap.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +20,8 @@
 #define GGUF_MAX_KV 1000000
 #define GGUF_MAX_TENSORS 1000000
 #define GGUF_MAX_ARRAY_DEPTH 4
+/* llama.cpp's gguf-split names parts with five digits. */
+#define GGUF_MAX_PARTS 99999
 
 struct gguf_file {
     const uint8_t *base;
@@ -31,6 +34,10 @@ struct gguf_file {
     gguf_tensor *tensors;
     uint64_t alignment;
     uint64_t data_offset;
+    /* A split set: parts[0] is this file, parts[1..] the others (owned);
+     * tensors is then the set's merged list. */
+    gguf_file **parts;
+    uint32_t n_parts;
 };
 
 typedef struct cursor {
@@ -361,7 +368,7 @@ llm_status gguf_open_buffer(const void *buf, size_t size, const char *name, gguf
     return LLM_OK;
 }
 
-llm_status gguf_open(const char *path, gguf_file **out, llm_error *err)
+static llm_status open_one(const char *path, gguf_file **out, llm_error *err)
 {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -390,10 +397,188 @@ llm_status gguf_open(const char *path, gguf_file **out, llm_error *err)
     return LLM_OK;
 }
 
+int gguf_split_path(const char *path, uint32_t k, char *buf, size_t n)
+{
+    /* PREFIX-KKKKK-of-NNNNN.gguf: 20 characters after the prefix */
+    size_t len = strlen(path);
+    if (len < 20)
+        return 0;
+    const char *t = path + len - 20;
+    unsigned no = 0, count = 0;
+    for (int i = 0; i < 5; i++) {
+        if (t[1 + i] < '0' || t[1 + i] > '9' || t[10 + i] < '0' || t[10 + i] > '9')
+            return 0;
+        no = no * 10 + (unsigned)(t[1 + i] - '0');
+        count = count * 10 + (unsigned)(t[10 + i] - '0');
+    }
+    if (t[0] != '-' || memcmp(t + 6, "-of-", 4) || memcmp(t + 15, ".gguf", 5) || no < 1 || no > count)
+        return 0;
+    if (buf && (k < 1 || k > count ||
+                snprintf(buf, n, "%.*s-%05u-of-%05u.gguf", (int)(len - 20), path, k, count) >= (int)n))
+        return 0;
+    return (int)count;
+}
+
+/* The split.* keys of a part: its 0-based number, the set's part count
+ * and (in every part llama.cpp writes) the set's tensor count. */
+typedef struct split_info { uint64_t no, count, tensors; } split_info;
+
+static llm_status split_keys(const gguf_file *f, split_info *si, llm_error *err)
+{
+    *si = (split_info){0, 1, 0};
+    llm_status st = gguf_get_u64(f, "split.count", &si->count, err);
+    if (st == LLM_ERR_INVALID_ARG)
+        return LLM_OK;
+    if (!st && (st = gguf_get_u64(f, "split.no", &si->no, err)) == LLM_ERR_INVALID_ARG)
+        return llm_errf(err, LLM_ERR_FORMAT, "%s: split.count without split.no", f->name);
+    if (!st && (st = gguf_get_u64(f, "split.tensors.count", &si->tensors, err)) == LLM_ERR_INVALID_ARG)
+        return llm_errf(err, LLM_ERR_FORMAT, "%s: split.count without split.tensors.count", f->name);
+    if (!st && (si->count < 1 || si->count > GGUF_MAX_PARTS || si->no >= si->count))
+        return llm_errf(err, LLM_ERR_FORMAT, "%s: split.no %llu, split.count %llu: not a part of a set", f->name,
+                        (unsigned long long)si->no, (unsigned long long)si->count);
+    return st;
+}
+
+/* Part k (0-based) of the set named like path; a part that cannot be
+ * opened makes the set incomplete, said as such. */
+static llm_status open_part(const char *path, uint32_t k, uint64_t count, gguf_file **out, llm_error *err)
+{
+    char name[4096];
+    if (!gguf_split_path(path, k + 1, name, sizeof name))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "%s: part name too long", path);
+    llm_status st = open_one(name, out, err);
+    if (st == LLM_ERR_IO) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return llm_errf(err, LLM_ERR_IO, "the split set of %s is incomplete: part %u of %llu: %s", path, k + 1,
+                        (unsigned long long)count, why);
+    }
+    return st;
+}
+
+/* Every part against the first's keys: a part of another split (other
+ * count, other tensor total, or in the wrong place) is refused by name. */
+static llm_status check_parts(gguf_file **parts, uint64_t count, split_info *first, llm_error *err)
+{
+    llm_status st = split_keys(parts[0], first, err);
+    for (uint32_t k = 0; k < count && !st; k++) {
+        split_info si;
+        if ((st = split_keys(parts[k], &si, err)))
+            break;
+        if (si.count != first->count || si.no != k || si.tensors != first->tensors)
+            st = llm_errf(err, LLM_ERR_FORMAT,
+                          "%s: says it is part %llu of %llu of a set of %llu tensors, but the set's first part says "
+                          "part %u of %llu of %llu tensors: parts of different splits",
+                          parts[k]->name, (unsigned long long)si.no + 1, (unsigned long long)si.count,
+                          (unsigned long long)si.tensors, k + 1, (unsigned long long)first->count,
+                          (unsigned long long)first->tensors);
+    }
+    return st;
+}
+
+/* One tensor list for the set; each tensor's data stays in its own part's
+ * mapping. Every tensor appears once and the total is the one the set
+ * declares: a missing or doubled part cannot pass. */
+static llm_status merge_tensors(gguf_file *f, uint64_t want, llm_error *err)
+{
+    uint64_t total = 0;
+    for (uint32_t k = 0; k < f->n_parts; k++) total += f->parts[k]->n_tensors;
+    if (total != want)
+        return llm_errf(err, LLM_ERR_FORMAT, "%s: the %u parts hold %llu tensors, the set declares %llu", f->name,
+                        f->n_parts, (unsigned long long)total, (unsigned long long)want);
+    gguf_tensor *all = calloc(total ? total : 1, sizeof *all);
+    llm_strmap names = {0};
+    if (!all || llm_strmap_init(&names, total)) {
+        free(all);
+        return llm_errf(err, LLM_ERR_NOMEM, "%s: no memory for %llu tensors", f->name, (unsigned long long)total);
+    }
+    llm_status st = LLM_OK;
+    for (uint32_t k = 0, n = 0; k < f->n_parts && !st; k++)
+        for (uint64_t i = 0; i < f->parts[k]->n_tensors && !st; i++, n++) {
+            all[n] = f->parts[k]->tensors[i];
+            if (all[n].name.len > UINT32_MAX || llm_strmap_get(&names, all[n].name.data, all[n].name.len) >= 0)
+                st = llm_errf(err, LLM_ERR_FORMAT, "%s: tensor %.*s appears twice in the split set",
+                              f->parts[k]->name, (int)(all[n].name.len > 128 ? 128 : all[n].name.len),
+                              all[n].name.data);
+            else
+                llm_strmap_put(&names, all[n].name.data, all[n].name.len, (int32_t)k);
+        }
+    llm_strmap_free(&names);
+    if (st) {
+        free(all);
+        return st;
+    }
+    free(f->tensors);
+    f->tensors = all;
+    f->n_tensors = total;
+    return LLM_OK;
+}
+
+/* f is the part path names; on success *out is the set's first part with
+ * every part attached (f included), on failure f is closed. */
+static llm_status open_set(gguf_file *f, const char *path, const split_info *si, gguf_file **out, llm_error *err)
+{
+    *out = NULL;
+    if (!gguf_split_path(path, 0, NULL, 0) || gguf_split_path(path, 0, NULL, 0) != (int)si->count) {
+        gguf_close(f);
+        return llm_errf(err, LLM_ERR_FORMAT,
+                        "%s: part %llu of %llu of a split GGUF whose name does not end in -%05llu-of-%05llu.gguf "
+                        "(llama.cpp's gguf-split naming), so the other parts cannot be found",
+                        path, (unsigned long long)si->no + 1, (unsigned long long)si->count,
+                        (unsigned long long)si->no + 1, (unsigned long long)si->count);
+    }
+    gguf_file **parts = calloc(si->count, sizeof *parts);
+    if (!parts) {
+        gguf_close(f);
+        return llm_errf(err, LLM_ERR_NOMEM, "%s: no memory for %llu parts", path, (unsigned long long)si->count);
+    }
+    parts[si->no] = f;
+    split_info first;
+    llm_status st = LLM_OK;
+    for (uint32_t k = 0; k < si->count && !st; k++)
+        if (!parts[k])
+            st = open_part(path, k, si->count, &parts[k], err);
+    if (!st)
+        st = check_parts(parts, si->count, &first, err);
+    if (st) {
+        for (uint64_t k = 0; k < si->count; k++) gguf_close(parts[k]);
+        free(parts);
+        return st;
+    }
+    parts[0]->parts = parts;
+    parts[0]->n_parts = (uint32_t)si->count;
+    if ((st = merge_tensors(parts[0], first.tensors, err))) {
+        gguf_close(parts[0]);
+        return st;
+    }
+    *out = parts[0];
+    return LLM_OK;
+}
+
+llm_status gguf_open(const char *path, gguf_file **out, llm_error *err)
+{
+    gguf_file *f;
+    split_info si;
+    llm_status st = open_one(path, &f, err);
+    if (!st && (st = split_keys(f, &si, err)))
+        gguf_close(f);
+    if (st) {
+        *out = NULL;
+        return st;
+    }
+    if (si.count <= 1) {
+        *out = f;
+        return LLM_OK;
+    }
+    return open_set(f, path, &si, out, err);
+}
+
 void gguf_close(gguf_file *f)
 {
     if (!f)
         return;
+    for (uint32_t k = 1; k < f->n_parts; k++) gguf_close(f->parts[k]);
+    free(f->parts);
     if (f->kv)
         for (uint64_t i = 0; i < f->n_kv; i++) free(f->kv[i].strs);
     free(f->kv);
@@ -409,6 +594,11 @@ const gguf_kv *gguf_kv_at(const gguf_file *f, uint64_t i) { return i < f->n_kv ?
 uint64_t gguf_n_tensors(const gguf_file *f) { return f->n_tensors; }
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, uint64_t i) { return i < f->n_tensors ? &f->tensors[i] : NULL; }
 const char *gguf_name(const gguf_file *f) { return f->name; }
+uint32_t gguf_n_parts(const gguf_file *f) { return f->n_parts ? f->n_parts : 1; }
+const char *gguf_part_name(const gguf_file *f, uint32_t k)
+{
+    return k < gguf_n_parts(f) ? (f->n_parts ? f->parts[k]->name : f->name) : NULL;
+}
 
 int gguf_str_eq(gguf_str s, const char *c)
 {

@@ -433,25 +433,6 @@ static void set_name(llm_model *m, const char *path)
     snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
 }
 
-/* A part of llama.cpp's gguf-split set (split.count > 1) holds only some of
- * the tensors: refused by name, with what to do, rather than failing later
- * on the first tensor that lives in another part. */
-static llm_status refuse_split_part(const gguf_file *f, const char *path, llm_error *err)
-{
-    uint64_t count = 1, no = 0;
-    if (!gguf_find(f, "split.count"))
-        return LLM_OK;
-    llm_status st = gguf_get_u64(f, "split.count", &count, err);
-    if (!st && gguf_find(f, "split.no"))
-        st = gguf_get_u64(f, "split.no", &no, err);
-    if (st || count <= 1)
-        return st;
-    return llm_errf(err, LLM_ERR_UNSUPPORTED,
-                    "%s: part %llu of %llu of a split GGUF (llama.cpp's gguf-split): split sets are not loaded yet; "
-                    "merge them with `llama-gguf-split --merge FIRST-PART OUT.gguf`",
-                    path, (unsigned long long)no + 1, (unsigned long long)count);
-}
-
 llm_status llm_model_load(const char *path, llm_model **out, llm_error *err)
 {
     *out = NULL;
@@ -464,8 +445,6 @@ llm_status llm_model_load(const char *path, llm_model **out, llm_error *err)
     if (st)
         goto out;
     L.f = m->gguf;
-    if ((st = refuse_split_part(m->gguf, path, err)))
-        goto out;
     if ((st = read_arch(&L)) || (st = read_hparams(&L)) || (st = bind_all(&L)) || (st = check_finite(&L)))
         goto out;
     if ((st = llm_vocab_load(m->gguf, &m->vocab, err)))

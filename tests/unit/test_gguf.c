@@ -188,6 +188,164 @@ static void test_open_errors(void **state)
     assert_int_equal(gguf_open("/", &g, &err), LLM_ERR_IO);
 }
 
+/* A split set written by hand the way llama.cpp's gguf-split lays one out:
+ * metadata in the first part, split.no / split.count / split.tensors.count
+ * in every part, part k's tensors named "t.K.J" and filled with k. */
+typedef struct split_spec {
+    uint32_t no, count, tensors; /* the keys the part carries */
+    int n_tensors, first_tensor; /* which of the set's tensors it holds */
+} split_spec;
+
+static int fill_part(void *ctx, int i, void *dst, size_t n)
+{
+    memset(dst, *(int *)ctx + i, n);
+    return 0;
+}
+
+static void write_part(const char *prefix, uint32_t k, uint32_t n, split_spec sp)
+{
+    gguf_writer *w = gguf_writer_new();
+    assert_non_null(w);
+    if (sp.no == 0)
+        assert_int_equal(gguf_writer_str(w, "general.architecture", "llama"), LLM_OK);
+    assert_int_equal(gguf_writer_u32(w, "split.no", sp.no), LLM_OK);
+    assert_int_equal(gguf_writer_u32(w, "split.count", sp.count), LLM_OK);
+    assert_int_equal(gguf_writer_i32(w, "split.tensors.count", (int32_t)sp.tensors), LLM_OK);
+    for (int j = 0; j < sp.n_tensors; j++) {
+        char name[32];
+        uint64_t ne[1] = {64};
+        snprintf(name, sizeof name, "t.%d", sp.first_tensor + j);
+        assert_int_equal(gguf_writer_tensor(w, name, QT_F32, 1, ne), LLM_OK);
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s-%05u-of-%05u.gguf", prefix, k, n);
+    llm_error err = {0};
+    int base = sp.first_tensor;
+    assert_int_equal(gguf_writer_write(w, path, fill_part, &base, &err), LLM_OK);
+    gguf_writer_free(w);
+}
+
+static void split_cleanup(const char *prefix, uint32_t n)
+{
+    for (uint32_t k = 1; k <= n; k++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s-%05u-of-%05u.gguf", prefix, k, n);
+        remove(path);
+    }
+}
+
+/* Three parts holding 2 + 1 + 3 tensors. */
+static void write_set(const char *prefix)
+{
+    write_part(prefix, 1, 3, (split_spec){0, 3, 6, 2, 0});
+    write_part(prefix, 2, 3, (split_spec){1, 3, 6, 1, 2});
+    write_part(prefix, 3, 3, (split_spec){2, 3, 6, 3, 3});
+}
+
+static llm_status open_part_k(const char *prefix, uint32_t k, uint32_t n, gguf_file **g, llm_error *err)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s-%05u-of-%05u.gguf", prefix, k, n);
+    return gguf_open(path, g, err);
+}
+
+/* Any part opens the whole set: the first part's metadata, every tensor
+ * once, each one's bytes those of the part that holds it. */
+static void test_split_set(void **state)
+{
+    (void)state;
+    char prefix[256], name[600];
+    snprintf(prefix, sizeof prefix, "%s/llm-test-split-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+    write_set(prefix);
+    for (uint32_t k = 1; k <= 3; k++) {
+        gguf_file *g;
+        llm_error err = {0};
+        assert_int_equal(open_part_k(prefix, k, 3, &g, &err), LLM_OK);
+        assert_int_equal(gguf_n_parts(g), 3);
+        assert_int_equal(gguf_n_tensors(g), 6);
+        snprintf(name, sizeof name, "%s-00001-of-00003.gguf", prefix);
+        assert_string_equal(gguf_name(g), name);
+        snprintf(name, sizeof name, "%s-00003-of-00003.gguf", prefix);
+        assert_string_equal(gguf_part_name(g, 2), name);
+        assert_null(gguf_part_name(g, 3));
+        assert_non_null(gguf_find(g, "general.architecture"));
+        for (int j = 0; j < 6; j++) {
+            char tn[16];
+            snprintf(tn, sizeof tn, "t.%d", j);
+            const gguf_tensor *t = gguf_find_tensor(g, tn);
+            assert_non_null(t);
+            assert_int_equal(t->nbytes, 256);
+            /* fill_part wrote (first tensor of the part + index in the part) */
+            assert_int_equal(((const uint8_t *)t->data)[0], j);
+            assert_int_equal(((const uint8_t *)t->data)[255], j);
+        }
+        gguf_close(g);
+    }
+    assert_int_equal(gguf_split_path("a/m-00002-of-00003.gguf", 3, name, sizeof name), 3);
+    assert_string_equal(name, "a/m-00003-of-00003.gguf");
+    assert_int_equal(gguf_split_path("a/m-00004-of-00003.gguf", 1, NULL, 0), 0);
+    assert_int_equal(gguf_split_path("m-00001-of-00003.gguff", 1, NULL, 0), 0);
+    assert_int_equal(gguf_split_path("m-0000x-of-00003.gguf", 1, NULL, 0), 0);
+    assert_int_equal(gguf_split_path("-00001-of-00001.gguf", 1, name, sizeof name), 1);
+    assert_int_equal(gguf_split_path("m-00001-of-00003.gguf", 4, name, sizeof name), 0);
+    assert_int_equal(gguf_split_path("m-00001-of-00003.gguf", 1, name, 8), 0);
+    split_cleanup(prefix, 3);
+}
+
+static void expect_set_error(const char *prefix, uint32_t k, uint32_t n, llm_status want, const char *msg)
+{
+    gguf_file *g = (gguf_file *)1;
+    llm_error err = {0};
+    assert_int_equal(open_part_k(prefix, k, n, &g, &err), want);
+    assert_null(g);
+    if (!strstr(err.msg, msg))
+        fail_msg("expected '%s' in: %s", msg, err.msg);
+}
+
+/* A set missing a part, holding a part of another split, a tensor twice,
+ * fewer tensors than declared, or a part not named as llama.cpp names
+ * them: each refused with what is wrong, and nothing leaks (ASan). */
+static void test_split_errors(void **state)
+{
+    (void)state;
+    char prefix[256], other[300];
+    snprintf(prefix, sizeof prefix, "%s/llm-test-spliterr-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+    write_set(prefix);
+    split_cleanup(prefix, 3);
+    write_part(prefix, 1, 3, (split_spec){0, 3, 6, 2, 0});
+    write_part(prefix, 3, 3, (split_spec){2, 3, 6, 3, 3});
+    expect_set_error(prefix, 3, 3, LLM_ERR_IO, "incomplete: part 2 of 3");
+    write_part(prefix, 2, 3, (split_spec){1, 3, 7, 1, 2}); /* from a split of 7 tensors */
+    expect_set_error(prefix, 1, 3, LLM_ERR_FORMAT, "parts of different splits");
+    write_part(prefix, 2, 3, (split_spec){1, 4, 6, 1, 2}); /* from a split into 4 */
+    expect_set_error(prefix, 1, 3, LLM_ERR_FORMAT, "parts of different splits");
+    write_part(prefix, 2, 3, (split_spec){2, 3, 6, 1, 2}); /* says it is part 3 */
+    expect_set_error(prefix, 1, 3, LLM_ERR_FORMAT, "parts of different splits");
+    write_part(prefix, 2, 3, (split_spec){1, 3, 6, 1, 1}); /* t.1 again, t.2 missing */
+    expect_set_error(prefix, 2, 3, LLM_ERR_FORMAT, "tensor t.1 appears twice");
+    write_part(prefix, 2, 3, (split_spec){1, 3, 6, 0, 2}); /* holds nothing */
+    expect_set_error(prefix, 1, 3, LLM_ERR_FORMAT, "hold 5 tensors, the set declares 6");
+    split_cleanup(prefix, 3);
+    /* a part renamed away from llama.cpp's naming */
+    write_part(prefix, 1, 3, (split_spec){0, 3, 6, 2, 0});
+    snprintf(other, sizeof other, "%s.gguf", prefix);
+    char first[512];
+    snprintf(first, sizeof first, "%s-00001-of-00003.gguf", prefix);
+    assert_int_equal(rename(first, other), 0);
+    gguf_file *g;
+    llm_error err = {0};
+    assert_int_equal(gguf_open(other, &g, &err), LLM_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "part 1 of 3 of a split GGUF whose name does not end in -00001-of-00003.gguf"));
+    remove(other);
+    /* one part alone (split.count 1, as gguf-split writes a small model) is a plain file */
+    write_part(prefix, 1, 1, (split_spec){0, 1, 2, 2, 0});
+    assert_int_equal(open_part_k(prefix, 1, 1, &g, &err), LLM_OK);
+    assert_int_equal(gguf_n_parts(g), 1);
+    assert_string_equal(gguf_part_name(g, 0), gguf_name(g));
+    gguf_close(g);
+    split_cleanup(prefix, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -195,6 +353,8 @@ int main(void)
         cmocka_unit_test(test_truncations),
         cmocka_unit_test(test_corruptions),
         cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_split_set),
+        cmocka_unit_test(test_split_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

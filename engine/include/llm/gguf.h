@@ -5,6 +5,14 @@
  * alignment, and that every tensor's data lies inside the file. After a
  * successful open, no accessor can read out of bounds.
  *
+ * Split sets (llama.cpp's gguf-split: PREFIX-00001-of-00003.gguf ...,
+ * keys split.no, split.count, split.tensors.count): gguf_open of any part
+ * maps every part, checks that they belong together (same count and
+ * tensor total, each in its place, every tensor once) and returns one
+ * file: the metadata is the first part's, the tensor list the set's, each
+ * tensor's data in its own part's mapping (its offset relative to that
+ * part's data section).
+ *
  * Ownership: a gguf_file is owned by the caller and freed with gguf_close
  * (which accepts NULL). All strings and data pointers returned point into the
  * mapping and stay valid until gguf_close; strings are NOT NUL-terminated.
@@ -85,6 +93,11 @@ llm_status gguf_open_buffer(const void *buf, size_t size, const char *name,
 
 void gguf_close(gguf_file *f);
 
+/* llama.cpp's part naming: when path ends in -KKKKK-of-NNNNN.gguf (1 <= K
+ * <= N) returns N and, when buf is not NULL, writes part k's (1-based)
+ * path into buf (0 when k is out of range or buf too small); else 0. */
+int gguf_split_path(const char *path, uint32_t k, char *buf, size_t n);
+
 uint32_t gguf_version(const gguf_file *f);
 uint64_t gguf_n_kv(const gguf_file *f);
 const gguf_kv *gguf_kv_at(const gguf_file *f, uint64_t i);
@@ -94,6 +107,9 @@ uint64_t gguf_n_tensors(const gguf_file *f);
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, uint64_t i);
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name);
 const char *gguf_name(const gguf_file *f);
+/* 1 for a single file; a split set's part count and each part's path. */
+uint32_t gguf_n_parts(const gguf_file *f);
+const char *gguf_part_name(const gguf_file *f, uint32_t k);
 
 /* Typed getters: return LLM_OK and the value, LLM_ERR_FORMAT with a message
  * naming the key when the key has the wrong type, and LLM_ERR_INVALID_ARG
