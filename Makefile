@@ -32,12 +32,14 @@ LDLIBS = -lm -lpthread -ldl
 # common (libllmcommon.a, every program): status codes, text buffer, log line, monotonic clock,
 # hashes, UTF-8, threads with a stated stack, the heap's trimming, JSON read within bounds (links jansson).
 COMMON_SRC = common/status.c common/strbuf.c common/log.c common/clock.c common/hash.c common/utf8.c common/strmap.c common/json.c \
-             common/thread.c common/sync.c common/prom.c common/heap.c
+             common/thread.c common/sync.c common/prom.c common/heap.c common/split_name.c
 # text (libllmtext.a): chat text in, grammar text out; knows no model and no engine (links jansson).
 TEXT_SRC = text/gbnf.c text/jinja_value.c text/jinja_parse.c text/jinja_eval.c text/jinja_lib.c text/chat.c \
            text/schema.c text/regex.c text/tools.c
-# net (libllmnet.a): the civetweb guard and the probe listener, the libcurl GET to pods, the Prometheus text reader.
-NET_SRC = net/http_guard.c net/http_reply.c net/http_probe.c net/http_client.c net/prom_text.c
+# net (libllmnet.a): the civetweb guard and the probe listener, the libcurl GET to pods, the Prometheus text reader,
+# and fetch (models from hf://, s3://, https:// into a shared cache; links libcurl and OpenSSL).
+NET_SRC = net/http_guard.c net/http_reply.c net/http_probe.c net/http_client.c net/prom_text.c \
+          net/fetch.c net/fetch_hf.c net/fetch_xfer.c
 # engine (libllm.a): GGUF in, tokens out; in folders by layer: model (GGUF, quant types, tokenizers), compute
 # (forward pass, tensor parallelism, MoE, sessions), constrain (grammars), serve (step loop, scheduler, KV
 # cache, sampler, text out), backend (cpu; cuda: the loader here, the plugin below). Folders see each other's
@@ -115,7 +117,7 @@ $(BUILD)/engine/backend/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -
 $(BUILD)/engine/backend/cpu/kernels_avx512.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
 .PHONY: all run test asan bench bench-router bench-load deps deps-run lint clean unit pytest fuzz models tsan manifests kubesim kubesim-stop FORCE
-all: $(LIB) $(TOOL_BIN) $(UNIT_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
+all: $(LIB) $(TOOL_BIN) $(BUILD)/bin/llm-fetch $(UNIT_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
 
 $(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
@@ -139,7 +141,7 @@ $(BUILD)/gen/playground.o: $(BUILD)/gen/playground.c
 $(BUILD)/bin/llm-server: $(SERVER_OBJ) $(LIB) $(TEXT_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $^ -lcivetweb -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $^ -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
 
 $(BUILD)/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -155,6 +157,12 @@ $(TESTKIT_LIB): $(TESTKIT_OBJ)
 $(LIB) $(COMMON_LIB) $(TEXT_LIB) $(NET_LIB) $(KUBE_LIB) $(TESTKIT_LIB):
 	@echo "  AR    $@"
 	@rm -f $@ && ar rcs $@ $^
+
+# llm-fetch: the fetch module alone (no engine).
+$(BUILD)/bin/llm-fetch: tools/llm-fetch.c tools/cli.h $(NET_LIB) $(COMMON_LIB)
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) $(INC_NET) $< $(NET_LIB) $(COMMON_LIB) -lcurl -ljansson -lcrypto $(LDLIBS) -o $@
 
 # The tools: thin mains over the engine (llm-mkmodel: the testkit too).
 $(BUILD)/bin/%: tools/%.c tools/cli.h $(TESTKIT_LIB) $(ENGINE_LIBS)

@@ -63,6 +63,14 @@ typedef struct srv {
     _Atomic int refusing;      /* draining and past the shutdown delay: new requests get 503 */
     _Atomic int cutting;       /* past drain_timeout_s: requests still running end with an error now */
     char status[512];          /* load progress or failure, for the probes */
+    char model_path[4096];     /* the model's file: cfg.model, or where its source was fetched to */
+    struct {                   /* a source's download, for /startupz (written by the loader) */
+        _Atomic int on;
+        _Atomic unsigned long long done, total, rate;
+        char phase[16];
+        char reason[32];       /* why it failed (fetch_reason_name), "" otherwise */
+    } dl;
+    _Atomic int stopping;      /* SIGTERM: a download in progress stops */
     char name[128];            /* served model name */
     srv_chat *chat;            /* the model's chat renderer */
     llm_pooling embed_pooling; /* /v1/embeddings' default (srv_embed.h) */

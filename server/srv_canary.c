@@ -254,7 +254,7 @@ static int retire(srv_canary *c, srv_err *e)
 static int model_dir(const srv *s, char *out, srv_err *e)
 {
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", s->cfg.model_dir[0] ? s->cfg.model_dir : s->cfg.model);
+    snprintf(dir, sizeof dir, "%s", s->cfg.model_dir[0] ? s->cfg.model_dir : s->model_path);
     const char *d = s->cfg.model_dir[0] ? dir : dirname(dir);
     if (!realpath(d, out)) {
         srv_err_set(e, 500, NULL, "the model directory %s cannot be resolved: %s", d, strerror(errno));

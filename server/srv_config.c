@@ -26,8 +26,16 @@ typedef struct key_def {
 
 #define F(x) offsetof(srv_config, x)
 static const key_def keys[] = {
-    {"model", K_STR, F(model), 0, 0, "", "GGUF model file (required; -m)"},
-    {"model_sha256", K_STR, F(model_sha256), 0, 0, "", "expected SHA-256 of the model file (hex); checked before loading"},
+    {"model", K_STR, F(model), 0, 0, "",
+     "GGUF model file (a split set: any part), or a source: hf://ORG/REPO/PATH.gguf[@REV], hf://ORG/REPO:QUANT[@REV], "
+     "s3://BUCKET/KEY, https://... (downloaded before loading; tokens from HF_TOKEN, AWS_*, LLM_FETCH_BEARER_TOKEN) "
+     "(required; -m)"},
+    {"model_sha256", K_STR, F(model_sha256), 0, 0, "",
+     "expected SHA-256 of the model file (hex): a local file is checked before loading, a source's download as it "
+     "arrives"},
+    {"model_cache", K_STR, F(model_cache), 0, 0, "",
+     "folder sources are downloaded into (empty: huggingface_hub's: HF_HUB_CACHE, HF_HOME/hub or "
+     "~/.cache/huggingface/hub); processes sharing it download a file once"},
     {"model_name", K_STR, F(model_name), 0, 0, "", "name served in the API (default: the model's general.name)"},
     {"host", K_STR, F(host), 0, 0, "0.0.0.0", "address to listen on"},
     {"port", K_INT, F(port), 1, 65535, "8080", "TCP port"},

@@ -15,7 +15,8 @@
 #include "llm/status.h"
 
 typedef struct srv_config {
-    char *model;            /* GGUF path (required) */
+    char *model;            /* GGUF path or source (hf://, s3://, https://; required) */
+    char *model_cache;      /* where sources are cached; "" -> huggingface_hub's folder */
     char *model_sha256;     /* expected SHA-256 (hex) of the file; "" skips the check */
     char *model_name;       /* served name; "" -> general.name or the file name */
     char *host;

@@ -344,9 +344,17 @@ static const char *phase_name(int p)
 /* The body of a probe's answer (malloc'd; NULL without memory). */
 static char *probe_body(srv *s, int ok)
 {
-    int p = atomic_load(&s->phase);
-    json_t *j = json_pack("{s:s,s:s,s:s}", "status", ok ? "ok" : phase_name(p), "phase", phase_name(p), "detail",
-                          s->status);
+    int p = atomic_load(&s->phase), dl = atomic_load(&s->dl.on);
+    const char *phase = dl && p == SRV_LOADING ? "downloading" : phase_name(p);
+    json_t *j = json_pack("{s:s,s:s,s:s}", "status", ok ? "ok" : phase, "phase", phase, "detail", s->status);
+    unsigned long long done = atomic_load(&s->dl.done), total = atomic_load(&s->dl.total);
+    if (j && dl)
+        json_object_set_new(j, "download", json_pack("{s:s,s:I,s:I,s:I,s:f}", "state", s->dl.phase,
+                                                     "bytes_done", (json_int_t)done, "bytes_total", (json_int_t)total,
+                                                     "bytes_per_second", (json_int_t)atomic_load(&s->dl.rate),
+                                                     "percent", total ? 100.0 * (double)done / (double)total : 0.0));
+    if (j && p == SRV_FAILED && s->dl.reason[0])
+        json_object_set_new(j, "reason", json_string(s->dl.reason));
     char *text = srv_json_text(j);
     json_decref(j);
     return text;

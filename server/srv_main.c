@@ -4,6 +4,7 @@
  * requests for shutdown_delay_s more, then refuses them and lets those in
  * flight finish within drain_timeout_s, then exits 0. */
 #include <civetweb.h>
+#include <curl/curl.h>
 #include <strings.h>
 #include <errno.h>
 #include <pthread.h>
@@ -13,10 +14,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "llm/clock.h"
 #include "llm/heap.h"
 #include "llm/json.h"
 #include "llm/log.h"
 #include "llm/chat.h"
+#include "fetch.h"
 #include "http_guard.h"
 #include "http_probe.h"
 #include "srv.h"
@@ -39,17 +42,65 @@ static void load_progress(void *ctx, double done)
     logf_("%s", s->status);
 }
 
+/* A source's download, as /startupz and the log say it: the probes read
+ * dl (atomics) and status; the log gets a line every 5 s. */
+static void fetch_progress_cb(void *ctx, const fetch_progress *p)
+{
+    srv *s = ctx;
+    static double last_log;
+    snprintf(s->dl.phase, sizeof s->dl.phase, "%s", p->phase);
+    atomic_store(&s->dl.done, p->done);
+    atomic_store(&s->dl.total, p->total);
+    atomic_store(&s->dl.rate, (unsigned long long)p->rate);
+    char pct[32] = "";
+    if (p->total)
+        snprintf(pct, sizeof pct, " (%.0f%%)", 100.0 * (double)p->done / (double)p->total);
+    char part[48] = "";
+    if (p->n_parts > 1)
+        snprintf(part, sizeof part, ", part %d of %d", p->part, p->n_parts);
+    snprintf(s->status, sizeof s->status, "%s %.200s%s: %.1f of %.1f MB%s at %.1f MB/s", p->phase, p->file, part,
+             (double)p->done / 1e6, (double)p->total / 1e6, pct, p->rate / 1e6);
+    double now = llm_clock_mono_s();
+    if (now - last_log >= 5.0 || !strcmp(p->phase, "done")) {
+        last_log = now;
+        logf_("%s", s->status);
+    }
+}
+
+/* cfg.model into model_path: a source is downloaded (checked against
+ * model_sha256 as it arrives); a local file's digest is checked here. */
+static llm_status find_model(srv *s, llm_error *err)
+{
+    if (!fetch_is_remote(s->cfg.model)) {
+        snprintf(s->model_path, sizeof s->model_path, "%s", s->cfg.model);
+        if (s->cfg.model_sha256 && *s->cfg.model_sha256)
+            snprintf(s->status, sizeof s->status, "checking the sha256 of %s", s->cfg.model);
+        return srv_load_verify_sha256(s->cfg.model, s->cfg.model_sha256, NULL, err);
+    }
+    fetch_options o = {.cache_dir = s->cfg.model_cache[0] ? s->cfg.model_cache : NULL, .sha256 = s->cfg.model_sha256,
+                       .progress = fetch_progress_cb, .ctx = s, .abort = &s->stopping};
+    fetch_reason why = FETCH_OK;
+    atomic_store(&s->dl.on, 1);
+    llm_status st = fetch_model(s->cfg.model, &o, s->model_path, sizeof s->model_path, &why, err);
+    if (st)
+        snprintf(s->dl.reason, sizeof s->dl.reason, "%s", fetch_reason_name(why));
+    else
+        logf_("%s is %s", s->cfg.model, s->model_path);
+    atomic_store(&s->dl.on, 0);
+    return st;
+}
+
 static void *loader(void *arg)
 {
     srv *s = arg;
     llm_error err = {0};
     snprintf(s->status, sizeof s->status, "loading %s", s->cfg.model);
     logf_("loading %s", s->cfg.model);
-    if (s->cfg.model_sha256 && *s->cfg.model_sha256)
-        snprintf(s->status, sizeof s->status, "checking the sha256 of %s", s->cfg.model);
-    llm_status st = srv_load_verify_sha256(s->cfg.model, s->cfg.model_sha256, NULL, &err);
-    if (!st)
-        st = llm_model_load(s->cfg.model, &s->model, &err);
+    llm_status st = find_model(s, &err);
+    if (!st) {
+        snprintf(s->status, sizeof s->status, "loading %.400s", s->model_path);
+        st = llm_model_load(s->model_path, &s->model, &err);
+    }
     if (!st) {
         llm_model_prefault(s->model, load_progress, s);
         snprintf(s->status, sizeof s->status, "model loaded; starting the engine");
@@ -129,6 +180,10 @@ int main(int argc, char **argv)
     }
     srv_metrics_init(&s.metrics);
     srv_canary_init(&s);
+    if (curl_global_init(CURL_GLOBAL_DEFAULT)) {
+        fprintf(stderr, "llm-server: libcurl does not start\n");
+        return 1;
+    }
     signal(SIGPIPE, SIG_IGN);
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
@@ -144,6 +199,7 @@ int main(int argc, char **argv)
     if (s.cfg.health_port)
         logf_("probes and /metrics also on %s:%ld", s.cfg.host, s.cfg.health_port);
     while (!g_stop) usleep(50000);
+    atomic_store(&s.stopping, 1);
     srv_canary_abort(&s);
     pthread_join(th, NULL); /* a load in progress finishes first */
     drain(&s);

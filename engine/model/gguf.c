@@ -4,6 +4,7 @@
  * length first, so a truncated or hostile file produces an error message
  * naming the field and offset instead of an out-of-bounds read. */
 #include "llm/gguf.h"
+#include "llm/split_name.h"
 #include "llm/strmap.h"
 
 #include <errno.h>
@@ -397,28 +398,6 @@ static llm_status open_one(const char *path, gguf_file **out, llm_error *err)
     return LLM_OK;
 }
 
-int gguf_split_path(const char *path, uint32_t k, char *buf, size_t n)
-{
-    /* PREFIX-KKKKK-of-NNNNN.gguf: 20 characters after the prefix */
-    size_t len = strlen(path);
-    if (len < 20)
-        return 0;
-    const char *t = path + len - 20;
-    unsigned no = 0, count = 0;
-    for (int i = 0; i < 5; i++) {
-        if (t[1 + i] < '0' || t[1 + i] > '9' || t[10 + i] < '0' || t[10 + i] > '9')
-            return 0;
-        no = no * 10 + (unsigned)(t[1 + i] - '0');
-        count = count * 10 + (unsigned)(t[10 + i] - '0');
-    }
-    if (t[0] != '-' || memcmp(t + 6, "-of-", 4) || memcmp(t + 15, ".gguf", 5) || no < 1 || no > count)
-        return 0;
-    if (buf && (k < 1 || k > count ||
-                snprintf(buf, n, "%.*s-%05u-of-%05u.gguf", (int)(len - 20), path, k, count) >= (int)n))
-        return 0;
-    return (int)count;
-}
-
 /* The split.* keys of a part: its 0-based number, the set's part count
  * and (in every part llama.cpp writes) the set's tensor count. */
 typedef struct split_info { uint64_t no, count, tensors; } split_info;
@@ -444,7 +423,7 @@ static llm_status split_keys(const gguf_file *f, split_info *si, llm_error *err)
 static llm_status open_part(const char *path, uint32_t k, uint64_t count, gguf_file **out, llm_error *err)
 {
     char name[4096];
-    if (!gguf_split_path(path, k + 1, name, sizeof name))
+    if (!llm_split_path(path, k + 1, name, sizeof name))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s: part name too long", path);
     llm_status st = open_one(name, out, err);
     if (st == LLM_ERR_IO) {
@@ -519,7 +498,7 @@ static llm_status merge_tensors(gguf_file *f, uint64_t want, llm_error *err)
 static llm_status open_set(gguf_file *f, const char *path, const split_info *si, gguf_file **out, llm_error *err)
 {
     *out = NULL;
-    if (!gguf_split_path(path, 0, NULL, 0) || gguf_split_path(path, 0, NULL, 0) != (int)si->count) {
+    if (!llm_split_path(path, 0, NULL, 0) || llm_split_path(path, 0, NULL, 0) != (int)si->count) {
         gguf_close(f);
         return llm_errf(err, LLM_ERR_FORMAT,
                         "%s: part %llu of %llu of a split GGUF whose name does not end in -%05llu-of-%05llu.gguf "

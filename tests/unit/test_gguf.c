@@ -5,6 +5,7 @@
 
 #include "llm/gguf.h"
 #include "llm/gguf_writer.h"
+#include "llm/split_name.h"
 
 typedef struct blob { uint8_t *p; size_t n; } blob;
 
@@ -281,14 +282,14 @@ static void test_split_set(void **state)
         }
         gguf_close(g);
     }
-    assert_int_equal(gguf_split_path("a/m-00002-of-00003.gguf", 3, name, sizeof name), 3);
+    assert_int_equal(llm_split_path("a/m-00002-of-00003.gguf", 3, name, sizeof name), 3);
     assert_string_equal(name, "a/m-00003-of-00003.gguf");
-    assert_int_equal(gguf_split_path("a/m-00004-of-00003.gguf", 1, NULL, 0), 0);
-    assert_int_equal(gguf_split_path("m-00001-of-00003.gguff", 1, NULL, 0), 0);
-    assert_int_equal(gguf_split_path("m-0000x-of-00003.gguf", 1, NULL, 0), 0);
-    assert_int_equal(gguf_split_path("-00001-of-00001.gguf", 1, name, sizeof name), 1);
-    assert_int_equal(gguf_split_path("m-00001-of-00003.gguf", 4, name, sizeof name), 0);
-    assert_int_equal(gguf_split_path("m-00001-of-00003.gguf", 1, name, 8), 0);
+    assert_int_equal(llm_split_path("a/m-00004-of-00003.gguf", 1, NULL, 0), 0);
+    assert_int_equal(llm_split_path("m-00001-of-00003.gguff", 1, NULL, 0), 0);
+    assert_int_equal(llm_split_path("m-0000x-of-00003.gguf", 1, NULL, 0), 0);
+    assert_int_equal(llm_split_path("-00001-of-00001.gguf", 1, name, sizeof name), 1);
+    assert_int_equal(llm_split_path("m-00001-of-00003.gguf", 4, name, sizeof name), 0);
+    assert_int_equal(llm_split_path("m-00001-of-00003.gguf", 1, name, 8), 0);
     split_cleanup(prefix, 3);
 }
 

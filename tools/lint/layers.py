@@ -5,7 +5,7 @@ Every `#include "..."` in a library or program is resolved as the compiler
 would (the including file's folder first, then the include paths) and the
 header's layer must be one the file's layer may use:
 
-    tools, server -> engine -> text -> common      server -> net
+    tools, server -> engine -> text -> common      tools, server -> net
     router, controller -> kube -> net -> common    testkit -> engine
     the engine reaches kernels/ only through its CUDA backend
 
@@ -37,7 +37,7 @@ ALLOWED = {
     "server": {"server", "engine", "text", "net", "common"},
     "router": {"router", "kube", "net", "common"},
     "controller": {"controller", "kube", "net", "common"},
-    "tools": {"tools", "engine", "text", "testkit", "common"},
+    "tools": {"tools", "engine", "text", "testkit", "net", "common"},
 }
 RULES = {
     "common": "common/ uses nothing but itself",
@@ -49,7 +49,7 @@ RULES = {
     "server": "llm-server uses the engine's public headers, text/, net/ and common/",
     "router": "llm-router links kube/, net/ and common/: no engine, text or server header",
     "controller": "llm-controller links kube/, net/ and common/: no engine, text or server header",
-    "tools": "the tools use the engine's public headers, text/, the testkit and common/",
+    "tools": "the tools use the engine's public headers, text/, the testkit, net/ (llm-fetch) and common/",
 }
 # the one engine file that may reach the CUDA kernels
 KERNEL_USERS = {"engine/backend/cuda/backend_cuda.c", "engine/backend/cuda/cuda_impl.h"}

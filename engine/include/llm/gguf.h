@@ -11,7 +11,7 @@
  * tensor total, each in its place, every tensor once) and returns one
  * file: the metadata is the first part's, the tensor list the set's, each
  * tensor's data in its own part's mapping (its offset relative to that
- * part's data section).
+ * part's data section). llm/split_name.h names the parts.
  *
  * Ownership: a gguf_file is owned by the caller and freed with gguf_close
  * (which accepts NULL). All strings and data pointers returned point into the
@@ -92,11 +92,6 @@ llm_status gguf_open_buffer(const void *buf, size_t size, const char *name,
                             gguf_file **out, llm_error *err);
 
 void gguf_close(gguf_file *f);
-
-/* llama.cpp's part naming: when path ends in -KKKKK-of-NNNNN.gguf (1 <= K
- * <= N) returns N and, when buf is not NULL, writes part k's (1-based)
- * path into buf (0 when k is out of range or buf too small); else 0. */
-int gguf_split_path(const char *path, uint32_t k, char *buf, size_t n);
 
 uint32_t gguf_version(const gguf_file *f);
 uint64_t gguf_n_kv(const gguf_file *f);
