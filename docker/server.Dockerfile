@@ -12,7 +12,7 @@ RUN make image IMAGE=server
 
 FROM debian:bookworm-slim
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        libjansson4 libyaml-0-2 libcivetweb1 libssl3 libcurl4 \
+        libjansson4 libyaml-0-2 libcivetweb1 libssl3 libcurl4 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin llm
 COPY --from=build /src/build/image/ /usr/local/

@@ -333,6 +333,7 @@ llm_status fetch_model(const char *uri, const fetch_options *o, char *path, size
         st = fetch_hf(&c, uri, path, n);
     else if (!st && fetch_is_remote(uri))
         st = fetch_url(&c, uri, !strncmp(uri, "s3://", 5), path, n);
+    c.file = uri; /* the files' names were the sources' own, gone now */
     if (!st)
         fetch_report(&c, "done", 0, 1);
     if (why)

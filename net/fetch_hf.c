@@ -99,7 +99,7 @@ static llm_status hub_call(fetch_ctx *c, const hf_ref *r, const char *url, const
                            fetch_resp *a)
 {
     for (int k = 1;; k++) {
-        llm_status st = fetch_http(c, url, FETCH_AUTH_BEARER, head, LIST_MAX, body, a);
+        llm_status st = fetch_http(c, url, FETCH_AUTH_HF, head, LIST_MAX, body, a);
         if (!st && a->code < 400 && a->code != 0)
             return LLM_OK;
         int retry = st == LLM_ERR_IO || (!st && (a->code == 429 || a->code >= 500));
@@ -270,7 +270,7 @@ static llm_status resolve(fetch_ctx *c, const hf_ref *r, const char *rev, const 
     }
     if (!f->url[0]) {
         snprintf(f->url, sizeof f->url, "%s", url);
-        f->auth = FETCH_AUTH_BEARER;
+        f->auth = FETCH_AUTH_HF;
     }
     etag_value(a.linked_etag[0] ? a.linked_etag : a.etag, etag, sizeof etag);
     snprintf(commit, 48, "%s", a.commit);
@@ -408,6 +408,7 @@ llm_status fetch_hf(fetch_ctx *c, const char *uri, char *path, size_t n)
             snprintf(commit, sizeof commit, "%s", got);
         c->total += files[k - 1].size;
     }
+    c->file = NULL; /* name was this loop's */
     if (st && c->why == FETCH_FAILED && c->err->code == LLM_ERR_IO && !cached_snapshot(c, &r, c->n_parts, path, n)) {
         free(files);
         return LLM_OK;

@@ -39,8 +39,9 @@ typedef struct fetch_ctx {
     uint64_t rate_bytes;
 } fetch_ctx;
 
-/* Authorization of a request: none, a bearer token, or AWS SigV4. */
-typedef enum fetch_auth { FETCH_AUTH_NONE, FETCH_AUTH_BEARER, FETCH_AUTH_S3 } fetch_auth;
+/* Authorization of a request: none, the https bearer token, the hub's
+ * token (also a bearer), or AWS SigV4. */
+typedef enum fetch_auth { FETCH_AUTH_NONE, FETCH_AUTH_BEARER, FETCH_AUTH_HF, FETCH_AUTH_S3 } fetch_auth;
 
 /* What a response said, of what a download reads. */
 typedef struct fetch_resp {

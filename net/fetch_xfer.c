@@ -22,6 +22,9 @@
 #define STALL_BYTES_PER_S 1024
 #define MAX_BACKOFF_S 60
 #define MAX_RETRY_AFTER_S 300
+/* An attempt that moved fewer bytes is not progress: a server that
+ * trickles a few bytes per connection must not retry forever. */
+#define PROGRESS_BYTES ((uint64_t)1 << 20)
 
 /* ---- one exchange ------------------------------------------------------------------------------ */
 
@@ -107,8 +110,9 @@ static struct curl_slist *auth_headers(fetch_ctx *c, CURL *h, fetch_auth auth)
 {
     struct curl_slist *hs = NULL, *t;
     char line[2200];
-    if (auth == FETCH_AUTH_BEARER && c->bearer[0]) {
-        snprintf(line, sizeof line, "Authorization: Bearer %s", c->bearer);
+    const char *token = auth == FETCH_AUTH_BEARER ? c->bearer : auth == FETCH_AUTH_HF ? c->hf_token : "";
+    if (token[0]) {
+        snprintf(line, sizeof line, "Authorization: Bearer %s", token);
         if (!(t = curl_slist_append(hs, line)))
             return NULL;
         hs = t;
@@ -117,6 +121,12 @@ static struct curl_slist *auth_headers(fetch_ctx *c, CURL *h, fetch_auth auth)
         snprintf(sig, sizeof sig, "aws:amz:%s:s3", c->s3_region);
         curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sig);
         curl_easy_setopt(h, CURLOPT_USERPWD, c->s3_user);
+        /* S3 wants the payload's hash in a header, signed: libcurl before 8.x does not add it. A GET's payload
+         * is empty. */
+        if (!(t = curl_slist_append(hs, "x-amz-content-sha256: "
+                                        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")))
+            return NULL;
+        hs = t;
         if (c->s3_session[0]) {
             snprintf(line, sizeof line, "x-amz-security-token: %s", c->s3_session);
             if (!(t = curl_slist_append(hs, line)))
@@ -124,8 +134,12 @@ static struct curl_slist *auth_headers(fetch_ctx *c, CURL *h, fetch_auth auth)
             hs = t;
         }
     }
-    t = curl_slist_append(hs, "User-Agent: llm-fetch/0.1");
-    return t ? t : hs;
+    /* a list that is never empty: NULL means out of memory (the agent is no custom header: a signer may
+     * leave it out, as AWS's own do) */
+    t = curl_slist_append(hs, "Accept: */*");
+    if (!t)
+        curl_slist_free_all(hs);
+    return t;
 }
 
 /* The settings every request of a fetch has: no redirects followed, the
@@ -133,6 +147,7 @@ static struct curl_slist *auth_headers(fetch_ctx *c, CURL *h, fetch_auth auth)
 static void base_opts(fetch_ctx *c, CURL *h, const char *url, fetch_resp *r)
 {
     curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_USERAGENT, "llm-fetch/0.1");
     curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
@@ -233,6 +248,7 @@ typedef struct sink {
     uint64_t have, limit; /* bytes in the file; the most it may hold (0: the disk's free space) */
     int err_no, over, not_gguf, aborted, no_space;
     unsigned char head[4];
+    int nhead;        /* bytes of head seen */
     const char *part;
     int sized;        /* limit came from the expected size */
 } sink;
@@ -310,6 +326,7 @@ static size_t on_data(char *data, size_t size, size_t nmemb, void *ud)
         return 0;
     }
     for (size_t i = 0; i < n && s->have + i < 4; i++) s->head[s->have + i] = (unsigned char)data[i];
+    s->nhead = s->have + n < 4 ? (int)(s->have + n) : 4;
     if (s->have < 4 && s->have + n >= 4 && memcmp(s->head, "GGUF", 4)) {
         s->not_gguf = 1; /* a page of HTML, an error document: not a model */
         return 0;
@@ -350,17 +367,14 @@ static int hash_prefix(sink *s)
 {
     unsigned char buf[1 << 16];
     uint64_t left = s->have;
-    if (lseek(s->fd, 0, SEEK_SET) < 0)
+    s->nhead = s->have < 4 ? (int)s->have : 4;
+    if (pread(s->fd, s->head, (size_t)s->nhead, 0) != s->nhead || lseek(s->fd, 0, SEEK_SET) < 0)
         return -1;
     while (left) {
         ssize_t r = read(s->fd, buf, left < sizeof buf ? left : sizeof buf);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r <= 0)
-            return -1;
-        if (s->have - left < 4)
-            memcpy(s->head + (s->have - left), buf, (size_t)(4 - (s->have - left)) < (size_t)r ? 4 - (s->have - left) : (size_t)r);
-        if (!EVP_DigestUpdate(s->md, buf, (size_t)r))
+        if (r <= 0 || !EVP_DigestUpdate(s->md, buf, (size_t)r))
             return -1;
         left -= (uint64_t)r;
     }
@@ -500,7 +514,7 @@ static int get_once(fetch_ctx *c, const fetch_file *f, sink *s, long *retry_afte
 static llm_status refuse_bytes(fetch_ctx *c, const fetch_file *f, sink *s, const char *part)
 {
     char first[16] = "";
-    for (int i = 0; i < 4 && (uint64_t)i < s->have; i++)
+    for (int i = 0; i < s->nhead; i++)
         snprintf(first + 3 * i, 4, "%02x ", s->head[i]);
     unlink(part);
     if (s->no_space)
@@ -559,13 +573,13 @@ static llm_status transfer_loop(fetch_ctx *c, const fetch_file *f, sink *s, cons
         }
         if (g < 0)
             return s->not_gguf || s->over || s->err_no || s->no_space ? refuse_bytes(c, f, s, part) : c->err->code;
-        fails = s->have > before ? 1 : fails + 1;
+        fails = s->have >= before + PROGRESS_BYTES ? 1 : fails + 1;
         if (fails > c->max_retries)
             return fetch_fail(c, c->why, c->err->code ? c->err->code : LLM_ERR_IO,
                               "%s: gave up after %d attempts without progress; the last: %.300s", f->name, fails,
                               c->err->msg);
         long wait = backoff_s(fails, ra);
-        fprintf(stderr, "llm-fetch: %s: %s; retrying in %ld s from byte %llu\n", f->name, c->err->msg, wait,
+        fprintf(stderr, "llm-fetch: %s; retrying in %ld s from byte %llu\n", c->err->msg, wait,
                 (unsigned long long)s->have);
         if (sleep_s(c, wait))
             return fetch_fail(c, FETCH_FAILED, LLM_ERR_CANCELLED, "%s: the download was abandoned", f->name);
@@ -599,6 +613,8 @@ static llm_status transfer(fetch_ctx *c, const fetch_file *f, const char *part)
         st = check_space(c, f, part, s.have);
     if (!st)
         st = transfer_loop(c, f, &s, part);
+    if (st && s.fd >= 0 && !fstat(s.fd, &sb) && sb.st_size == 0)
+        unlink(part); /* nothing to resume */
     if (s.fd >= 0)
         close(s.fd);
     EVP_MD_CTX_free(s.md);

@@ -18,8 +18,12 @@ A repository with a file ".token" is gated: without "Authorization: Bearer
 repositories answer 401 RepositoryNotFound, missing files 404
 EntryNotFound, as the hub does. Faults for the next CDN answers are set on
 Hub.faults: {"drop_at": N} (the connection cut after N bytes), {"trickle":
-bytes_per_second}, {"corrupt": True} (one byte flipped), {"status": (429,
-retry_after)} - each used once unless "sticky" is set. Every request is
+bytes_per_second} (one byte per write), {"rate": bytes_per_second} (64 KiB
+writes, paced), {"corrupt": True} (a byte in the middle of the first write flipped), {"status": (429,
+retry_after)}, {"redirect": URL} (a 302 there) - each used once unless
+"sticky" is set. Hub.resolve_faults change the API's resolve answers:
+{"linked_size": N} (a size claimed), {"location": URL} (the redirect's
+target). Every request is
 recorded in Hub.log as (host, method, path, headers with lower-case names)
 for tests to read.
 
@@ -66,6 +70,7 @@ class Hub:
     def __init__(self, root):
         self.root = root
         self.faults = {}
+        self.resolve_faults = {}
         self.log = []
         self.blobs = {}  # sha256 -> file path (what the CDN serves)
         self.api = self._serve("api")
@@ -89,7 +94,11 @@ class Hub:
             def do_GET(self):
                 hub.log.append((host, "GET", self.path, {k.lower(): v for k, v in self.headers.items()}))
                 (hub.api_route if host == "api" else hub.cdn_route)(self, head=False)
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        class Quiet(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+                    super().handle_error(request, client_address)  # a client that hung up is no error here
+        srv = Quiet(("127.0.0.1", 0), H)
         srv.daemon_threads = True
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         return srv
@@ -175,6 +184,8 @@ class Hub:
             return self.reply(h, 200, body, {**common, "ETag": f'"{r.git_oid(rel)}"'}, head, "application/octet-stream")
         self.blobs[sha] = os.path.join(r.path, rel)
         loc = f"{self.cdn_url}/blobs/{sha}?repo={urllib.parse.quote(org + '/' + name)}"
+        loc = self.resolve_faults.get("location", loc)
+        size = self.resolve_faults.get("linked_size", size)
         self.reply(h, 302, b"", {**common, "Location": loc, "X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(size),
                                  "ETag": f'"{r.git_oid(rel)}"'}, head)
 
@@ -186,10 +197,12 @@ class Hub:
 
     def cdn_route(self, h, head):
         parts = [p for p in urllib.parse.urlsplit(h.path).path.split("/") if p]
+        f = self.take_fault() if not head else {}
+        if "redirect" in f:
+            return self.reply(h, 302, b"", {"Location": f["redirect"]}, head, "text/plain")
         path = self.blobs.get(parts[1]) if len(parts) == 2 and parts[0] == "blobs" else None
         if path is None:
             return self.reply(h, 404, b"NoSuchKey", head=head, ctype="text/plain")
-        f = self.take_fault() if not head else {}
         if "status" in f:
             code, retry = f["status"]
             return self.reply(h, code, b"slow down", {"Retry-After": str(retry)}, head, "text/plain")
@@ -218,8 +231,11 @@ class Hub:
             sent, left = 0, end - start + 1
             while left:
                 chunk = src.read(min(left, 1 if f.get("trickle") else 1 << 16))
-                if f.get("corrupt") and sent == 0:
-                    chunk = bytes([chunk[0] ^ 0xFF]) + chunk[1:]
+                if f.get("rate"):
+                    time.sleep(len(chunk) / f["rate"])
+                if f.get("corrupt") and sent == 0:  # a byte past the header: the file still looks like one
+                    k = len(chunk) // 2
+                    chunk = chunk[:k] + bytes([chunk[k] ^ 0xFF]) + chunk[k + 1:]
                 if "drop_at" in f and sent + len(chunk) > f["drop_at"]:
                     h.wfile.write(chunk[:max(0, f["drop_at"] - sent)])
                     h.wfile.flush()

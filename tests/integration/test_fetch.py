@@ -1,0 +1,367 @@
+"""Models from anywhere (net/fetch.c, llm-fetch, llm-server -m SOURCE),
+against servers we did not write the clients of: the hub stand-in
+(tests/hubsim, held to the official huggingface_hub client in
+test_hubsim.py) and moto's S3 server with objects put by boto3, which
+checks our SigV4 signatures with botocore's signer.
+
+What is held: huggingface_hub's cache layout both ways (ours read by it,
+its reused by us without a download); the QUANT choice and its errors; a
+cut resumed with a Range from where the bytes stopped; a wrong digest
+refused with nothing kept; gated, missing and throttled answers as their
+reasons; a stalled transfer cut; hostile URIs, redirects, sizes, bodies and
+a full disk refused with nothing usable left; two fetchers sharing a cache
+download once; llm-server serving the same greedy answer from hf:// and
+s3:// as from the file, with /startupz reporting the download."""
+import hashlib
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness import ROOT, Server, free_port, tool, wait_for
+
+sys.path.insert(0, str(ROOT / "tests" / "hubsim"))
+from hubsim import Hub  # noqa: E402
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+@pytest.fixture()
+def hub(tmp_path, models):
+    root = tmp_path / "root"
+    for repo in ("acme/tiny-GGUF", "acme/gated", "acme/two"):
+        (root / repo).mkdir(parents=True)
+    tiny = models("tiny", "Q8_0")
+    shutil.copy(tiny, root / "acme/tiny-GGUF/tiny-Q8_0.gguf")
+    shutil.copy(models("tiny", "F32"), root / "acme/tiny-GGUF/tiny-F32.gguf")
+    (root / "acme/tiny-GGUF/bad-Q4_0.gguf").write_text("<html>" + "x" * 5000 + "</html>")
+    (root / "acme/tiny-GGUF/README.md").write_text("a tiny model\n")
+    shutil.copy(tiny, root / "acme/gated/tiny-Q8_0.gguf")
+    (root / "acme/gated/.token").write_text("sekrit\n")
+    shutil.copy(tiny, root / "acme/two/a-Q8_0.gguf")
+    shutil.copy(tiny, root / "acme/two/b-Q8_0.gguf")
+    h = Hub(str(root))
+    yield h
+    h.close()
+
+
+def fetch(hub, tmp_path, source, *args, env=None, timeout=120, preexec=None):
+    """llm-fetch SOURCE against the stand-in, cache in tmp_path/cache."""
+    e = {**os.environ, "HF_ENDPOINT": hub.url, **(env or {})}
+    e.pop("HF_TOKEN", None) if "HF_TOKEN" not in (env or {}) else None
+    return subprocess.run([str(tool("llm-fetch")), source, "--cache", str(tmp_path / "cache"), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=e, preexec_fn=preexec)
+
+
+def cdn_gets(hub):
+    return [(p, hd) for host, m, p, hd in hub.log if host == "cdn" and m == "GET"]
+
+
+def leftovers(tmp_path):
+    """Every file under the cache but locks: what a failed fetch left."""
+    c = tmp_path / "cache"
+    return sorted(str(p.relative_to(c)) for p in c.rglob("*") if p.is_file() and ".locks" not in p.parts) \
+        if c.exists() else []
+
+
+def test_quant_into_the_hub_cache_read_by_huggingface_hub(hub, tmp_path):
+    hf = pytest.importorskip("huggingface_hub")
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:q8_0")
+    assert r.returncode == 0, r.stderr
+    path = r.stdout.strip()
+    src = tmp_path / "root/acme/tiny-GGUF/tiny-Q8_0.gguf"
+    digest = sha256(src)
+    repo = tmp_path / "cache/models--acme--tiny-GGUF"
+    assert os.readlink(path) == f"../../blobs/{digest}"
+    assert path.startswith(str(repo / "snapshots")) and sha256(path) == digest
+    commit = (repo / "refs/main").read_text()
+    assert path == str(repo / "snapshots" / commit / "tiny-Q8_0.gguf")
+    # huggingface_hub finds it offline: our cache is its cache
+    got = hf.hf_hub_download("acme/tiny-GGUF", "tiny-Q8_0.gguf", cache_dir=str(tmp_path / "cache"),
+                             local_files_only=True)
+    assert got == path
+    # the file named with a revision: the same blob, nothing downloaded again
+    before = len(cdn_gets(hub))
+    r = fetch(hub, tmp_path, f"hf://acme/tiny-GGUF/tiny-Q8_0.gguf@{commit}")
+    assert r.returncode == 0 and r.stdout.strip() == path, r.stderr
+    assert len(cdn_gets(hub)) == before
+
+
+def test_a_cache_filled_by_huggingface_hub_is_reused(hub, tmp_path):
+    hf = pytest.importorskip("huggingface_hub")
+    theirs = hf.hf_hub_download("acme/tiny-GGUF", "tiny-F32.gguf", cache_dir=str(tmp_path / "cache"),
+                                endpoint=hub.url)
+    hub.log.clear()
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:F32")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == theirs
+    assert cdn_gets(hub) == [], "the blob was downloaded again"
+
+
+def test_quant_choice_errors(hub, tmp_path):
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q5_K")
+    assert r.returncode == 3, r.stderr
+    assert "no .gguf file carries 'Q5_K'" in r.stderr and "tiny-Q8_0.gguf" in r.stderr, r.stderr
+    assert "ModelNotFound" in r.stderr
+    r = fetch(hub, tmp_path, "hf://acme/two:Q8_0")
+    assert r.returncode == 1 and "'Q8_0' names 2 files: a-Q8_0.gguf, b-Q8_0.gguf" in r.stderr, r.stderr
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8")  # a token, not a prefix of Q8_0
+    assert r.returncode == 3, r.stderr
+
+
+def test_a_cut_resumes_where_the_bytes_stopped(hub, tmp_path):
+    src = tmp_path / "root/acme/tiny-GGUF/tiny-F32.gguf"
+    size = src.stat().st_size
+    hub.faults = {"drop_at": size // 2}
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF/tiny-F32.gguf")
+    assert r.returncode == 0, r.stderr
+    assert sha256(r.stdout.strip()) == sha256(src)
+    gets = cdn_gets(hub)
+    assert len(gets) == 2, gets
+    assert "range" not in gets[0][1]
+    start = int(gets[1][1]["range"].removeprefix("bytes=").rstrip("-"))
+    # the second transfer starts where the first stopped: at most one chunk sent twice
+    assert size // 2 - 65536 <= start <= size // 2, (start, size)
+    assert "retrying" in r.stderr
+
+
+def test_a_wrong_digest_is_refused_and_nothing_kept(hub, tmp_path):
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0", "--sha256", "0" * 64)
+    assert r.returncode == 5 and "ModelChecksumMismatch" in r.stderr and "not downloaded" in r.stderr, r.stderr
+    assert cdn_gets(hub) == [] and leftovers(tmp_path) == []
+    hub.faults = {"corrupt": True}  # the bytes differ from the hub's sha256
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0")
+    assert r.returncode == 5 and "sha256 mismatch" in r.stderr, r.stderr
+    assert leftovers(tmp_path) == [], leftovers(tmp_path)
+
+
+def test_gated_missing_and_throttled(hub, tmp_path):
+    r = fetch(hub, tmp_path, "hf://acme/gated/tiny-Q8_0.gguf")
+    assert r.returncode == 4 and "ModelAccessDenied" in r.stderr and "set HF_TOKEN" in r.stderr, r.stderr
+    r = fetch(hub, tmp_path, "hf://acme/gated/tiny-Q8_0.gguf", env={"HF_TOKEN": "wrong"})
+    assert r.returncode == 4 and "wrong" not in r.stderr, r.stderr
+    hub.log.clear()
+    r = fetch(hub, tmp_path, "hf://acme/gated/tiny-Q8_0.gguf", env={"HF_TOKEN": "sekrit"})
+    assert r.returncode == 0, r.stderr
+    api = [hd for host, _, _, hd in hub.log if host == "api"]
+    assert api and all(hd.get("authorization") == "Bearer sekrit" for hd in api)
+    assert cdn_gets(hub) and all("authorization" not in hd for _, hd in cdn_gets(hub)), "the token went to the CDN"
+    for src, what in [("hf://acme/nope/x.gguf", "no such repository"), ("hf://acme/tiny-GGUF/nope.gguf", "not found"),
+                      ("hf://acme/tiny-GGUF/tiny-Q8_0.gguf@v9", "no revision 'v9'")]:
+        r = fetch(hub, tmp_path, src)
+        assert r.returncode == 3 and what in r.stderr and "ModelNotFound" in r.stderr, (src, r.stderr)
+    hub.faults = {"status": (429, 1)}
+    t = time.time()
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:F32")
+    assert r.returncode == 0 and "HTTP 429" in r.stderr and "retrying in 1 s" in r.stderr, r.stderr
+    assert time.time() - t >= 1.0
+
+
+def test_a_stalled_transfer_is_cut_and_resumed_later(hub, tmp_path):
+    hub.faults = {"trickle": 1, "sticky": True}
+    t = time.time()
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:F32", "--stall-seconds", 2, "--retries", 1)
+    assert r.returncode == 1 and "gave up after 2 attempts" in r.stderr, r.stderr
+    assert time.time() - t < 30
+    assert not list((tmp_path / "cache").rglob("snapshots/*/*")), "a partial file is in the snapshot"
+    hub.faults = {}
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:F32")
+    assert r.returncode == 0, r.stderr
+    assert sha256(r.stdout.strip()) == sha256(tmp_path / "root/acme/tiny-GGUF/tiny-F32.gguf")
+
+
+@pytest.mark.parametrize("source,what", [
+    ("hf://acme/tiny-GGUF/../gated/tiny-Q8_0.gguf", "segment"),
+    ("hf://acme/tiny-GGUF//tiny-Q8_0.gguf", "segment"),
+    ("hf://../x/y.gguf", "not hf://"),
+    ("hf://acme/tiny-GGUF", "name a file"),
+    ("hf://acme/tiny-GGUF:Q8_0@main/../x", "revision"),
+    ("s3://bucket/../key.gguf", "s3://BUCKET/KEY"),
+    ("s3://Bucket_Upper/key.gguf", "s3://BUCKET/KEY"),
+    ("https://example.invalid/a/../b.gguf", "segment"),
+    ("https://example.invalid/a/%2e%2e/b.gguf", "encoded"),
+    ("https://user@example.invalid/b.gguf", "not an http(s) URL"),
+])
+def test_hostile_sources_are_refused_before_any_request(hub, tmp_path, source, what):
+    r = fetch(hub, tmp_path, source)
+    assert r.returncode == 1 and what in r.stderr, r.stderr
+    assert hub.log == [] and leftovers(tmp_path) == []
+
+
+def test_hostile_answers_leave_nothing_usable(hub, tmp_path):
+    # a redirect to another scheme, and a redirect loop
+    hub.resolve_faults = {"location": "ftp://127.0.0.1/x"}
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0")
+    assert r.returncode == 1 and "only https (or http from http)" in r.stderr, r.stderr
+    hub.resolve_faults = {}
+    hub.faults = {"redirect": hub.cdn_url + "/loop", "sticky": True}
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0")
+    assert r.returncode == 1 and "more than 5 redirects" in r.stderr, r.stderr
+    hub.faults = {}
+    # a body that is not GGUF
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q4_0")
+    assert r.returncode == 1 and "not a GGUF file (it starts with 3c 68 74 6d" in r.stderr, r.stderr
+    # a size beyond the cache's free space: refused before a byte is written
+    hub.log.clear()
+    hub.resolve_faults = {"linked_size": 1 << 60}
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0")
+    assert r.returncode == 1 and "nothing written" in r.stderr, r.stderr
+    assert cdn_gets(hub) == []
+    hub.resolve_faults = {}
+    assert leftovers(tmp_path) == [], leftovers(tmp_path)
+
+
+def test_a_full_disk_mid_file_keeps_nothing(hub, tmp_path):
+    def small_disk():  # writes past 1 MB fail (EFBIG), as on a full volume
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:F32", preexec=small_disk)
+    assert r.returncode == 1 and "writing" in r.stderr and "File too large" in r.stderr, r.stderr
+    assert leftovers(tmp_path) == [], leftovers(tmp_path)
+
+
+def test_two_fetchers_on_one_cache_download_once(hub, tmp_path):
+    size = (tmp_path / "root/acme/tiny-GGUF/tiny-F32.gguf").stat().st_size
+    hub.faults = {"rate": size / 4, "sticky": True}  # ~4 s: the second starts while the first downloads
+    e = {**os.environ, "HF_ENDPOINT": hub.url}
+    cmd = [str(tool("llm-fetch")), "hf://acme/tiny-GGUF:F32", "--cache", str(tmp_path / "cache")]
+    a = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    wait_for(lambda: cdn_gets(hub), what="the first fetcher's download")
+    b = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    (oa, ea), (ob, eb) = a.communicate(timeout=120), b.communicate(timeout=120)
+    assert a.returncode == 0 and b.returncode == 0, (ea, eb)
+    assert oa == ob
+    assert len(cdn_gets(hub)) == 1, cdn_gets(hub)
+    assert "waiting" in eb, eb
+
+
+# ---- S3 (moto's server, which checks SigV4 signatures once IAM is on) -------------------------------
+
+@pytest.fixture()
+def s3():
+    """Factory: s3({key: file}) puts the files in bucket "models" of a new
+    moto server, then turns its IAM checks on (every later request's
+    signature is verified) and returns the environment of a user allowed
+    s3:GetObject."""
+    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("moto.server")
+    procs = []
+
+    def start(objects):
+        port = free_port()
+        # after the set-up's unauthenticated calls moto checks every request's signature
+        n_setup = 1 + len(objects) + 3
+        env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(n_setup)}
+        p = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=env)
+        procs.append(p)
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: p.poll() is None and _up(url), what="moto's server")
+        kw = dict(endpoint_url=url, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+        s3c, iam = boto3.client("s3", **kw), boto3.client("iam", **kw)
+        s3c.create_bucket(Bucket="models")
+        for key, path in objects.items():  # one PutObject each (no multipart: one counted call)
+            with open(path, "rb") as f:
+                s3c.put_object(Bucket="models", Key=key, Body=f)
+        iam.create_user(UserName="puller")
+        key = iam.create_access_key(UserName="puller")["AccessKey"]
+        iam.put_user_policy(UserName="puller", PolicyName="read", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}]}))
+        return {"AWS_ENDPOINT_URL_S3": url, "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+                "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"], "AWS_REGION": "us-east-1"}
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+def _up(url):
+    import urllib.request
+    try:
+        urllib.request.urlopen(url + "/moto-api/", timeout=1)
+        return True
+    except OSError:
+        return False
+
+
+def test_s3_with_sigv4_checked_by_moto(hub, tmp_path, s3, models):
+    env = s3({"tiny/tiny-Q8_0.gguf": models("tiny", "Q8_0")})
+    r = fetch(hub, tmp_path, "s3://models/tiny/tiny-Q8_0.gguf", env=env)
+    assert r.returncode == 0, r.stderr
+    assert sha256(r.stdout.strip()) == sha256(models("tiny", "Q8_0"))
+    assert "/urls/" in r.stdout
+    r = fetch(hub, tmp_path, "s3://models/tiny/tiny-Q8_0.gguf", env={**env, "AWS_SECRET_ACCESS_KEY": "wrong"})
+    assert r.returncode == 0, "a cached file needs no request"  # (the key is in the cache already)
+    r = fetch(hub, tmp_path / "b", "s3://models/tiny/tiny-Q8_0.gguf", env={**env, "AWS_SECRET_ACCESS_KEY": "wrong"})
+    assert r.returncode == 4 and "access denied (HTTP 403)" in r.stderr, r.stderr
+    assert "wrong" not in r.stderr
+    r = fetch(hub, tmp_path / "c", "s3://models/tiny/none.gguf", env=env)
+    assert r.returncode == 3 and "ModelNotFound" in r.stderr, r.stderr
+
+
+# ---- llm-server ----------------------------------------------------------------------------------
+
+def greedy(server):
+    s, body, _ = server.post("/v1/completions", {"model": "test-model", "prompt": "The capital of France is",
+                                                  "max_tokens": 12, "temperature": 0})
+    assert s == 200, body
+    return body["choices"][0]["text"]
+
+
+def test_server_serves_gemma_from_hf_and_s3_as_from_the_file(gemma, tmp_path, s3):
+    env = s3({"gemma/gemma-3-270m-Q4_K_M.gguf": gemma})
+    root = tmp_path / "hubroot"
+    (root / "google/gemma-3-270m-GGUF").mkdir(parents=True)
+    os.symlink(gemma, root / "google/gemma-3-270m-GGUF/gemma-3-270m-Q4_K_M.gguf")
+    hub = Hub(str(root))
+    try:
+        local = Server(gemma)
+        want = greedy(local)
+        local.stop()
+        size = gemma.stat().st_size
+        hub.faults = {"rate": size / 6, "sticky": True}  # ~6 s: /startupz is read while it downloads
+        srv = Server("hf://google/gemma-3-270m-GGUF:Q4_K_M", "--model_cache", tmp_path / "cache",
+                     env={"HF_ENDPOINT": hub.url}, wait=False)
+        seen = []
+
+        def startupz():
+            try:
+                return json.loads(srv.get("/startupz")[1])
+            except OSError:  # not listening yet
+                return {"phase": "loading"}
+
+        def downloading():
+            j = startupz()
+            if j["phase"] == "downloading" and j["download"]["bytes_total"] == size and \
+                    0 < j["download"]["bytes_done"] < size:
+                seen.append(j)
+            return seen or j["phase"] != "downloading" and j["phase"] != "loading"
+        wait_for(downloading, timeout=60, what="/startupz during the download")
+        assert seen, "never saw the download in /startupz"
+        assert seen[0]["status"] == "downloading" and "MB" in seen[0]["detail"]
+        srv.wait_ready(timeout=120)
+        assert greedy(srv) == want
+        srv.stop()
+        hub.faults = {}
+        srv = Server("s3://models/gemma/gemma-3-270m-Q4_K_M.gguf", "--model_cache", tmp_path / "cache", env=env)
+        assert greedy(srv) == want
+        srv.stop()
+        # a wrong digest: nothing served, the reason in /startupz
+        srv = Server("hf://google/gemma-3-270m-GGUF:Q4_K_M", "--model_cache", tmp_path / "cache2", "--model_sha256",
+                     "ab" * 32, env={"HF_ENDPOINT": hub.url}, wait=False)
+        wait_for(lambda: startupz()["phase"] == "failed", timeout=60, what="the failure")
+        j = startupz()
+        assert j["reason"] == "ModelChecksumMismatch" and "sha256" in j["detail"], j
+        assert srv.get("/readyz")[0] == 503
+        srv.stop()
+    finally:
+        hub.close()
