@@ -121,7 +121,8 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
         kv_mb = (bytes + (1 << 20) - 1) >> 20;
     }
     const char *mname = json_string_value(kube_json_get(spec, "model", "name"));
-    char *model = yaml_str(json_string_value(kube_json_get(spec, "model", "path")));
+    const char *uri = json_string_value(kube_json_get(spec, "model", "uri"));
+    char *model = yaml_str(uri ? uri : json_string_value(kube_json_get(spec, "model", "path")));
     char *served = yaml_str(mname ? mname : name_of(d));
     const char *kv = json_string_value(kube_json_get(spec, "engine", "kvCacheType"));
     const char *sha = json_string_value(kube_json_get(spec, "model", "sha256"));
@@ -142,6 +143,8 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
     yaml_line(y, "drain_timeout_s", "%lld", spec_int(spec, "probes", "drainSeconds", 30));
     if (sha)
         yaml_line(y, "model_sha256", "%s", sha);
+    if (uri)
+        yaml_line(y, "model_cache", "%s", DESIRED_CACHE_DIR);
     long long tp = spec_int(spec, "engine", "tensorParallelSize", 1);
     const char *be = desired_backend(spec);
     if (strcmp(be, "cpu")) /* only when not the default, so CPU deployments keep their config (and pods) */
@@ -163,6 +166,45 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
 }
 
 /* ---- Deployment ------------------------------------------------------------------------ */
+
+/* A source's settings as the server's environment: the endpoint (for
+ * hf:// HF_ENDPOINT, for s3:// AWS_ENDPOINT_URL_S3) and, from
+ * spec.model.credentialsSecret, the keys the fetch reads - each optional,
+ * so one Secret serves either kind of source. Only these keys: a Secret's
+ * other keys must not reach the server's settings. */
+static void source_env(json_t *spec, json_t *env)
+{
+    static const char *const keys[] = {"HF_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                                       "AWS_REGION", "LLM_FETCH_BEARER_TOKEN"};
+    const char *uri = json_string_value(kube_json_get(spec, "model", "uri"));
+    json_t *ep = kube_json_get(spec, "model", "endpoint"), *secret = kube_json_get(spec, "model", "credentialsSecret");
+    if (!uri)
+        return;
+    if (json_is_string(ep) && (!strncmp(uri, "hf://", 5) || !strncmp(uri, "s3://", 5)))
+        json_array_append_new(env, json_pack("{s:s,s:O}", "name", uri[0] == 'h' ? "HF_ENDPOINT" : "AWS_ENDPOINT_URL_S3",
+                                             "value", ep));
+    for (size_t i = 0; json_is_string(json_object_get(secret, "name")) && i < sizeof keys / sizeof *keys; i++)
+        json_array_append_new(env, json_pack("{s:s,s:{s:{s:O,s:s,s:b}}}", "name", keys[i], "valueFrom", "secretKeyRef",
+                                             "name", json_object_get(secret, "name"), "key", keys[i], "optional", 1));
+}
+
+/* The download cache of a source: a PVC (shared by the replicas), a
+ * hostPath (per node) or an emptyDir (per pod, the default). */
+static json_t *cache_volume(json_t *spec)
+{
+    json_t *c = kube_json_get(spec, "model", "cache");
+    if (!kube_json_get(spec, "model", "uri"))
+        return NULL;
+    if (json_object_get(c, "pvc"))
+        return json_pack("{s:s,s:{s:O}}", "name", "model-cache", "persistentVolumeClaim", "claimName",
+                         kube_json_get(json_object_get(c, "pvc"), "claimName", NULL));
+    if (json_object_get(c, "hostPath"))
+        return json_pack("{s:s,s:{s:O,s:s}}", "name", "model-cache", "hostPath", "path",
+                         kube_json_get(json_object_get(c, "hostPath"), "path", NULL), "type", "DirectoryOrCreate");
+    json_t *limit = kube_json_get(c, "emptyDir", "sizeLimit");
+    return limit ? json_pack("{s:s,s:{s:O}}", "name", "model-cache", "emptyDir", "sizeLimit", limit)
+                 : json_pack("{s:s,s:{}}", "name", "model-cache", "emptyDir");
+}
 
 /* The model volume: pvc, hostPath or image; none when not given. */
 static json_t *model_volume(json_t *spec)
@@ -247,7 +289,10 @@ static json_t *container(json_t *d, const char *admin_secret)
                                              "secretKeyRef", "name", json_object_get(secret, "name"), "key",
                                              key ? key : "api-keys"));
     }
+    source_env(spec, env);
     json_t *mounts = json_pack("[{s:s,s:s,s:b}]", "name", "config", "mountPath", DESIRED_CONFIG_DIR, "readOnly", 1);
+    if (kube_json_get(spec, "model", "uri"))
+        json_array_append_new(mounts, json_pack("{s:s,s:s}", "name", "model-cache", "mountPath", DESIRED_CACHE_DIR));
     const char *mp = json_string_value(kube_json_get(kube_json_get(spec, "model", "volume"), "mountPath", NULL));
     if (kube_json_get(spec, "model", "volume"))
         json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "model", "mountPath", mp ? mp : "/models",
@@ -321,6 +366,8 @@ json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin
     json_t *volumes = json_pack("[{s:s,s:{s:s}}]", "name", "config", "configMap", "name", cmname);
     json_t *vol = model_volume(spec);
     if (vol)
+        json_array_append_new(volumes, vol);
+    if ((vol = cache_volume(spec)))
         json_array_append_new(volumes, vol);
     if (admin_secret) /* 0440 with fsGroup: the server's user reads it, nobody else's */
         json_array_append_new(volumes, json_pack("{s:s,s:{s:s,s:i}}", "name", "admin", "secret", "secretName",

@@ -32,6 +32,10 @@
 #define DESIRED_APP "app.kubernetes.io/name" /* llm-server or llm-router */
 
 #define DESIRED_CONFIG_DIR "/etc/llm-server"
+/* Where a model source (spec.model.uri) is downloaded: the volume of
+ * spec.model.cache (a PVC the replicas share, a hostPath per node, or an
+ * emptyDir per pod), in huggingface_hub's layout. */
+#define DESIRED_CACHE_DIR "/var/cache/llm-models"
 #define DESIRED_CONFIG_HASH "llmk8s.io/config-hash"
 /* on Deployments: the revision (hash) of their pod template */
 #define DESIRED_TEMPLATE_ANN "llmk8s.io/template-hash"

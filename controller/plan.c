@@ -370,6 +370,8 @@ static void judge(const plan_input *in, json_t *dep, verdict *v)
         v->degraded = pd->degraded;
         if (pd->unscheduled && ready == 0)
             v->phase = "Pending";
+        else if (!strcmp(pd->reason, "Downloading") && ready == 0)
+            v->phase = "Downloading";
     }
     if (v->degraded)
         v->phase = "Degraded";

@@ -9,12 +9,15 @@
 
 enum {
     S_LOADING = 1,
+    S_DOWNLOADING,
     S_WAIT_GPU,
     S_UNSCHEDULABLE,
     S_CRASHLOOP,
     S_IMAGE,
     S_CONFIG,
     S_ENGINE,
+    S_DOWNLOAD_FAILED,
+    S_DENIED,
     S_CHECKSUM,
     S_NOT_FOUND,
     S_DEGRADED_FROM = S_CRASHLOOP
@@ -76,9 +79,20 @@ static void container(json_t *pod, const char *name, pod_diag *d)
  * answers 503). */
 static void engine(json_t *st, const char *name, pod_diag *d)
 {
+    static const struct { const char *reason; int severity; } fetch[] = {
+        {"ModelNotFound", S_NOT_FOUND}, {"ModelChecksumMismatch", S_CHECKSUM}, {"ModelAccessDenied", S_DENIED},
+        {"ModelDownloadFailed", S_DOWNLOAD_FAILED}};
     const char *phase = json_string_value(json_object_get(st, "phase"));
     const char *detail = json_string_value(json_object_get(st, "detail"));
-    if (phase && detail && !strcmp(phase, "failed")) {
+    const char *reason = json_string_value(json_object_get(st, "reason")); /* a download's failure */
+    for (size_t i = 0; phase && detail && reason && !strcmp(phase, "failed") && i < sizeof fetch / sizeof *fetch; i++)
+        if (!strcmp(reason, fetch[i].reason)) {
+            offer(d, fetch[i].severity, fetch[i].reason, name, "%s", detail, NULL);
+            return;
+        }
+    if (phase && detail && !strcmp(phase, "downloading")) {
+        offer(d, S_DOWNLOADING, "Downloading", name, "%s", detail, NULL);
+    } else if (phase && detail && !strcmp(phase, "failed")) {
         int missing = strstr(detail, "No such file") || strstr(detail, "cannot open");
         int checksum = strstr(detail, "sha256") != NULL;
         offer(d, missing ? S_NOT_FOUND : checksum ? S_CHECKSUM : S_ENGINE,
@@ -116,5 +130,6 @@ void pod_diag_judge(json_t *pods, json_t *startupz, pod_diag *out)
 int pod_diag_is_engine_failure(const char *reason)
 {
     return reason && (!strcmp(reason, "ModelNotFound") || !strcmp(reason, "ModelChecksumMismatch") ||
+                      !strcmp(reason, "ModelAccessDenied") || !strcmp(reason, "ModelDownloadFailed") ||
                       !strcmp(reason, "EngineFailed"));
 }

@@ -4,9 +4,11 @@
  * progress, or the load error naming the file).
  *
  * Reasons, most serious first: ModelNotFound, ModelChecksumMismatch,
- * EngineFailed, ConfigError (a missing Secret or ConfigMap),
- * ImagePullFailed, CrashLooping (all "degraded": they will not fix
- * themselves), then Unschedulable, WaitingForGPU, EngineLoading.
+ * ModelAccessDenied, ModelDownloadFailed (a source's download: the
+ * reason /startupz names), EngineFailed, ConfigError (a missing Secret or
+ * ConfigMap), ImagePullFailed, CrashLooping (all "degraded": they will
+ * not fix themselves), then Unschedulable, WaitingForGPU, Downloading
+ * (with the progress), EngineLoading.
  *
  * Pure: the pods and their pages are read by podsig.h's thread; this
  * only judges them. Ownership: fills a caller-owned struct; inputs are

@@ -244,6 +244,9 @@ static json_t *startupz_of(const char *body)
     json_t *out = phase && detail ? json_pack("{s:s%,s:s}", "phase", phase, strlen(phase) < 32 ? strlen(phase) : 32,
                                               "detail", d)
                                   : json_null();
+    const char *reason = json_string_value(json_object_get(j, "reason"));
+    if (json_is_object(out) && reason && strlen(reason) < 32) /* pod_diag reads only the reasons it knows */
+        json_object_set_new(out, "reason", json_string(reason));
     json_decref(j);
     return out ? out : json_null();
 }

@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from harness import ROOT, Server, free_port, tool, wait_for
+from harness import ROOT, Server, free_port, running, tool, wait_for
 
 sys.path.insert(0, str(ROOT / "tests" / "hubsim"))
 from hubsim import Hub  # noqa: E402
@@ -365,3 +365,93 @@ def test_server_serves_gemma_from_hf_and_s3_as_from_the_file(gemma, tmp_path, s3
         srv.stop()
     finally:
         hub.close()
+
+
+# ---- the operator (kubesim) ----------------------------------------------------------------------
+
+LLMD_URI = """apiVersion: llmk8s.io/v1alpha1
+kind: LLMDeployment
+metadata: {{name: {name}}}
+spec:
+  image: llm-server:test
+  replicas: {replicas}
+  model:
+    uri: {uri}
+    name: tiny
+    endpoint: {endpoint}
+{model_extra}  engine: {{threads: 1, contextLength: 128, maxSeqs: 4}}
+  probes: {{shutdownDelaySeconds: 1, drainSeconds: 5}}
+"""
+
+
+def llmd_uri(c, name, uri, endpoint, replicas=1, model_extra=""):
+    c.k("apply", "-f", "-", stdin=LLMD_URI.format(name=name, uri=uri, endpoint=endpoint, replicas=replicas,
+                                                  model_extra=model_extra))
+
+
+def test_llmdeployment_downloads_once_for_three_replicas(hub, tmp_path, model):
+    """model.uri on a shared PVC cache: the status says Downloading with the
+    progress while the first pod downloads, the three replicas get one
+    download between them, and they serve."""
+    with running(tmp_path, model, quiet=True) as c:
+        c.controller()
+        c.k("apply", "-f", "-", stdin="apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: models}\n"
+                                      "spec: {accessModes: [ReadWriteMany], resources: {requests: {storage: 1Gi}}}\n")
+        size = (tmp_path / "root/acme/tiny-GGUF/tiny-F32.gguf").stat().st_size
+        hub.faults = {"rate": size / 12, "sticky": True}  # ~12 s
+        llmd_uri(c, "hf", "hf://acme/tiny-GGUF:F32", hub.url, replicas=3,
+                 model_extra="    cache: {pvc: {claimName: models}}\n")
+        seen = wait_for(lambda: c.status("hf").get("phase") == "Downloading" and "%" in c.cond(
+            "Ready", "hf").get("message", "") and c.cond("Ready", "hf"), 60, "phase Downloading with the progress")
+        assert seen["reason"] == "Downloading" and "tiny-F32.gguf" in seen["message"], seen
+        described = c.k("describe", "llmd", "hf").stdout
+        assert "Downloading" in described, described
+        wait_for(lambda: c.status("hf").get("phase") == "Ready", 120, "Ready")
+        assert c.status("hf")["readyReplicas"] == 3
+        assert len(cdn_gets(hub)) == 1, cdn_gets(hub)
+
+
+def test_llmdeployment_download_failures_have_their_reasons(hub, tmp_path, model):
+    """A missing file, a gated repository without a token, a wrong sha256:
+    each its reason in the Ready condition, the Secret's value nowhere; the
+    token from credentialsSecret opens the gated repository."""
+    with running(tmp_path, model, quiet=True) as c:
+        c.controller()
+        c.k("create", "secret", "generic", "hf-token", "--from-literal=HF_TOKEN=sekrit")
+        llmd_uri(c, "missing", "hf://acme/tiny-GGUF/nope.gguf", hub.url)
+        llmd_uri(c, "gated", "hf://acme/gated/tiny-Q8_0.gguf", hub.url)
+        llmd_uri(c, "wrongsum", "hf://acme/tiny-GGUF:Q8_0", hub.url, model_extra="    sha256: \"" + "ab" * 32 + "\"\n")
+        llmd_uri(c, "token", "hf://acme/gated/tiny-Q8_0.gguf", hub.url,
+                 model_extra="    credentialsSecret: {name: hf-token}\n")
+        want = {"missing": ("ModelNotFound", "nope.gguf"), "gated": ("ModelAccessDenied", "set HF_TOKEN"),
+                "wrongsum": ("ModelChecksumMismatch", "sha256")}
+
+        def seen():
+            got = {n: (c.cond("Ready", n).get("reason"), c.cond("Ready", n).get("message", "")) for n in want}
+            return all(got[n][0] == r and m in got[n][1] for n, (r, m) in want.items()) and got
+        got = wait_for(seen, 90, "the three reasons")
+        for n in want:
+            assert c.status(n)["phase"] == "Degraded", (n, c.status(n))
+        wait_for(lambda: c.status("token").get("phase") == "Ready", 90, "the token's deployment Ready")
+        everything = c.k("get", "llmd", "-o", "json").stdout + c.k("get", "events", "-o", "json").stdout
+        assert "sekrit" not in everything and got
+
+
+@pytest.mark.parametrize("model_spec,why", [
+    ("{uri: 'hf://acme/x:Q8_0', path: /m/x.gguf}", "exactly one of path (a file on a volume) and uri"),
+    ("{name: x}", "exactly one of path (a file on a volume) and uri"),
+    ("{uri: 'hf://acme/x/../y.gguf'}", "must not have empty, . or .. segments"),
+    ("{uri: 'hf://acme/x//y.gguf'}", "must not have empty, . or .. segments"),
+    ("{uri: 'ftp://host/x.gguf'}", "spec.model.uri"),
+    ("{uri: 'hf://acme/x:Q8_0', volume: {hostPath: {path: /m}}}", "volume is for path"),
+    ("{path: /m/x.gguf, cache: {emptyDir: {}}}", "cache, credentialsSecret and endpoint are for a uri"),
+    ("{uri: 'https://h/x.gguf', endpoint: 'https://mirror'}", "endpoint is for hf://"),
+    ("{uri: 'hf://acme/x:Q8_0', cache: {pvc: {claimName: a}, emptyDir: {}}}", "at most one of pvc, hostPath"),
+])
+def test_the_crd_refuses_bad_model_sources(tmp_path, model, kubectl, model_spec, why):
+    """The CRD's rules (kubesim evaluates them as the API server does)."""
+    kubectl("apply", "-f", str(ROOT / "manifests/crd/llmdeployments.yaml"))
+    kubectl("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
+    r = kubectl("apply", "-f", "-", check=False, stdin=f"apiVersion: llmk8s.io/v1alpha1\nkind: LLMDeployment\n"
+                f"metadata: {{name: bad}}\nspec: {{model: {model_spec}}}\n")
+    assert r.returncode != 0 and why in r.stderr, r.stderr

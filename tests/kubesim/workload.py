@@ -310,7 +310,8 @@ class Workloads:
 
     def env_value(self, e, p, ip):
         """A container env var: its value, the downward-API field it refers
-        to, or a key of a Secret or ConfigMap (LookupError when missing)."""
+        to, or a key of a Secret or ConfigMap (LookupError when missing;
+        None when missing and the reference is optional: no variable)."""
         vf = e.get("valueFrom") or {}
         ref = (vf.get("fieldRef") or {}).get("fieldPath")
         fields = {"status.podIP": ip, "metadata.name": p["metadata"]["name"],
@@ -323,7 +324,11 @@ class Workloads:
                 try:
                     data = self.store.get(rkey, p["metadata"]["namespace"], kr["name"]).get("data") or {}
                 except ApiError:
+                    if kr.get("optional"):
+                        return None
                     raise LookupError(f'{rkey[2].lower()} "{kr["name"]}" not found')
+                if kr.get("key") not in data and kr.get("optional"):
+                    return None
                 if kr.get("key") not in data:
                     raise LookupError(f'couldn\'t find key {kr.get("key")} in {rkey[2]} '
                                       f'{p["metadata"]["namespace"]}/{kr["name"]}')
@@ -332,8 +337,8 @@ class Workloads:
         return str(e.get("value", ""))
 
     def volumes(self, p, c):
-        """Finds the pod's claims' directories and writes its configMap and
-        secret volumes; returns {mountPath: directory}, or raises LookupError
+        """Finds the pod's claims' directories, makes its emptyDirs, writes its
+        configMap and secret volumes; returns {mountPath: directory}, or raises LookupError
         naming what is missing. Paths under a mountPath inside the written
         files (a config file naming the model on a claim) are rewritten too."""
         ns, uid = p["metadata"]["namespace"], p["metadata"]["uid"]
@@ -352,6 +357,11 @@ class Workloads:
                     os.makedirs(d, exist_ok=True)
                 except (ValueError, OSError) as e:
                     raise LookupError(f'MountVolume.SetUp failed for volume "{v["name"]}": {e}')
+                dirs.update({mp: d for mp in mounts(v)})
+                continue
+            if "emptyDir" in v:  # the pod's own folder, gone with the pod's data
+                d = os.path.join(self.data_dir, "pods", uid, "volumes", v["name"])
+                os.makedirs(d, exist_ok=True)
                 dirs.update({mp: d for mp in mounts(v)})
                 continue
             src = v.get("configMap") or v.get("secret")
@@ -440,7 +450,7 @@ class Workloads:
         env = dict(os.environ, POD_IP=ip, POD_NAME=p["metadata"]["name"], POD_NAMESPACE=p["metadata"]["namespace"],
                    **self.service_account(p))
         try:
-            env.update({e["name"]: self.env_value(e, p, ip) for e in c.get("env") or []})
+            env.update({e["name"]: v for e in c.get("env") or [] if (v := self.env_value(e, p, ip)) is not None})
         except LookupError as e:
             return self.set_status(p, "Pending", False, ip, proc, waiting=("CreateContainerConfigError", str(e)))
         try:
