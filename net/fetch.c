@@ -249,6 +249,10 @@ static llm_status parse_https(fetch_ctx *c, const char *uri, url_src *u)
     if (fetch_url_host(uri, host, sizeof host) || !path || path > q || plen >= sizeof u->base ||
         strlen(q) >= sizeof u->query)
         return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: not an http(s) URL with a host and a path", uri);
+    for (const char *s = uri; *s; s++)
+        if ((unsigned char)*s <= 0x20 || (unsigned char)*s >= 0x7f)
+            return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: a URL has no spaces, control or "
+                              "non-ASCII characters (percent-encode them)", uri);
     char p[FETCH_MAX_PATH];
     snprintf(p, sizeof p, "%.*s", (int)(q - path - 1), path + 1);
     if (!fetch_path_ok(p) || strstr(p, "%2e") || strstr(p, "%2E") || strstr(p, "%2f") || strstr(p, "%2F"))
@@ -279,14 +283,20 @@ static int url_dir(fetch_ctx *c, const char *uri_folder, const char *name, char 
     return snprintf(out, n, "%s/urls/%s", c->cache, hex) >= (int)n ? -1 : 0;
 }
 
+static llm_status url_source(fetch_ctx *c, const char *uri, int s3, url_src *u)
+{
+    llm_status st = s3 ? parse_s3(c, uri, u) : parse_https(c, uri, u);
+    if (!st && (!u->name[0] || !fetch_path_ok(u->name)))
+        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: no file name at the end", uri);
+    return st;
+}
+
 static llm_status fetch_url(fetch_ctx *c, const char *uri, int s3, char *path, size_t n)
 {
     url_src u;
-    llm_status st = s3 ? parse_s3(c, uri, &u) : parse_https(c, uri, &u);
+    llm_status st = url_source(c, uri, s3, &u);
     if (st)
         return st;
-    if (!u.name[0] || !fetch_path_ok(u.name))
-        return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: no file name at the end", uri);
     int parts = llm_split_path(u.name, 1, NULL, 0);
     c->n_parts = parts ? parts : 1;
     char dir[PATH_MAX];
@@ -318,6 +328,20 @@ static llm_status fetch_url(fetch_ctx *c, const char *uri, int s3, char *path, s
         if (!st && !stat(f.dest, &sb))
             c->done_before += (uint64_t)sb.st_size;
     }
+    return st;
+}
+
+llm_status fetch_check(const char *uri, llm_error *err)
+{
+    fetch_ctx c;
+    llm_error local;
+    url_src u;
+    fetch_options o = {.cache_dir = "/"}; /* no folder is touched */
+    llm_status st = ctx_init(&c, &o, err ? err : &local);
+    if (!st && !strncmp(uri, "hf://", 5))
+        st = fetch_hf_check(&c, uri);
+    else if (!st && fetch_is_remote(uri))
+        st = url_source(&c, uri, !strncmp(uri, "s3://", 5), &u);
     return st;
 }
 

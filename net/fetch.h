@@ -90,6 +90,11 @@ typedef struct fetch_options {
  * local path). */
 int fetch_is_remote(const char *uri);
 
+/* Checks uri's form as fetch_model would, without a request: a local
+ * path, or a source whose every name is confined (LLM_ERR_INVALID_ARG
+ * naming what is wrong). */
+llm_status fetch_check(const char *uri, llm_error *err);
+
 /* Brings uri's file(s) into the cache and writes the local path of the
  * model (a split set's first part) into path[n]. A local path is copied as
  * it is. On failure: the status, err naming the source and the cause (a

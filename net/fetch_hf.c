@@ -373,6 +373,12 @@ static int cached_snapshot(fetch_ctx *c, const hf_ref *r, int n_parts, char *out
     return 0;
 }
 
+llm_status fetch_hf_check(fetch_ctx *c, const char *uri)
+{
+    hf_ref r;
+    return hf_parse(c, uri, &r);
+}
+
 llm_status fetch_hf(fetch_ctx *c, const char *uri, char *path, size_t n)
 {
     hf_ref r;

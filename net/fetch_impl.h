@@ -98,7 +98,13 @@ llm_status fetch_fail(fetch_ctx *c, fetch_reason why, llm_status st, const char 
 /* Reports progress (rate-limited unless force). */
 void fetch_report(fetch_ctx *c, const char *phase, uint64_t done_in_file, int force);
 
-/* hf:// (fetch_hf.c): the source's files into the cache; path: the model. */
+/* hf:// (fetch_hf.c): the source's files into the cache; path: the model.
+ * fetch_hf_check: the reference's form only. */
 llm_status fetch_hf(fetch_ctx *c, const char *uri, char *path, size_t n);
+llm_status fetch_hf_check(fetch_ctx *c, const char *uri);
+
+/* One header line of a response into r (libcurl's header callback's
+ * work; fuzzed). */
+void fetch_header_line(fetch_resp *r, const char *data, size_t n);
 
 #endif

@@ -59,18 +59,22 @@ static void link_next(fetch_resp *r, const char *v, size_t len)
 
 static size_t on_header(char *data, size_t size, size_t nmemb, void *ud)
 {
-    fetch_resp *r = ud;
-    size_t n = size * nmemb;
+    fetch_header_line(ud, data, size * nmemb);
+    return size * nmemb;
+}
+
+void fetch_header_line(fetch_resp *r, const char *data, size_t n)
+{
     if (n >= 5 && !strncmp(data, "HTTP/", 5)) { /* a new response (after 100 Continue): start over */
         long code = r->code;
         memset(r, 0, sizeof *r);
         r->code = code;
         r->retry_after = -1;
-        return n;
+        return;
     }
     const char *colon = memchr(data, ':', n);
     if (!colon)
-        return n;
+        return;
     size_t klen = (size_t)(colon - data), vlen = n - klen - 1;
     const char *v = colon + 1;
     char num[32];
@@ -103,7 +107,6 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ud)
             r->length = x, r->has_length = ok;
     }
 #undef IS
-    return n;
 }
 
 static struct curl_slist *auth_headers(fetch_ctx *c, CURL *h, fetch_auth auth)
@@ -203,8 +206,11 @@ int fetch_url_host(const char *url, char *out, size_t n)
     if (!p)
         return -1;
     size_t len = strcspn(p, "/?#");
-    if (!len || len >= n || memchr(p, '@', len))
+    if (!len || len >= n || p[0] == '.' || p[0] == '-')
         return -1;
+    for (size_t i = 0; i < len; i++) /* a name, an IPv4 or a [IPv6] address, a port: no user part, no bytes else */
+        if (!isalnum((unsigned char)p[i]) && !strchr(".-:[]_", p[i]))
+            return -1;
     for (size_t i = 0; i < len; i++) out[i] = (char)tolower((unsigned char)p[i]);
     out[len] = 0;
     return 0;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "llm/split_name.h"
 #include "srv.h"
 
 llm_status srv_load_backends(srv *s, llm_backend **out, int *n, llm_error *err)
@@ -62,13 +63,40 @@ llm_status srv_load_warm_up(llm_engine *e, llm_model *m, llm_error *err)
     return st;
 }
 
+static llm_status verify_one(const char *path, const char *want, const _Atomic int *abort, llm_error *err);
+
 /* model_sha256: the file's digest before anything trusts it (a truncated
- * or swapped file on a shared volume is caught here, by name). The file's
- * own digest is logged, never put in err: err reaches API callers. */
+ * or swapped file on a shared volume is caught here, by name). A split
+ * set's parts have one digest each, comma-separated in part order. The
+ * file's own digest is logged, never put in err: err reaches API callers. */
 llm_status srv_load_verify_sha256(const char *path, const char *want, const _Atomic int *abort, llm_error *err)
 {
     if (!want || !*want)
         return LLM_OK;
+    int parts = llm_split_path(path, 1, NULL, 0), given = 1;
+    for (const char *c = want; (c = strchr(c, ',')); c++) given++;
+    if (given != (parts ? parts : 1))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "%s: model_sha256 has %d digests for %d file%s (a split set: one "
+                        "per part, comma-separated in part order)", path, given, parts ? parts : 1, parts > 1 ? "s" : "");
+    if (!parts)
+        return verify_one(path, want, abort, err);
+    const char *d = want;
+    for (int k = 1; k <= parts; k++) {
+        char part[4096], one[72];
+        size_t len = strcspn(d, ",");
+        snprintf(one, sizeof one, "%.*s", (int)(len < 71 ? len : 71), d);
+        d += len + (d[len] == ',');
+        llm_status st = !llm_split_path(path, (uint32_t)k, part, sizeof part)
+                            ? llm_errf(err, LLM_ERR_INVALID_ARG, "%s: path too long", path)
+                            : verify_one(part, one, abort, err);
+        if (st)
+            return st;
+    }
+    return LLM_OK;
+}
+
+static llm_status verify_one(const char *path, const char *want, const _Atomic int *abort, llm_error *err)
+{
     FILE *f = fopen(path, "rb");
     if (!f)
         return llm_errf(err, LLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));

@@ -178,6 +178,10 @@ int main(int argc, char **argv)
         srv_config_usage(stdout);
         return 0;
     }
+    if (fetch_check(s.cfg.model, &err)) { /* a malformed source fails here, not after the port is up */
+        fprintf(stderr, "llm-server: model: %s\n", err.msg);
+        return 2;
+    }
     srv_metrics_init(&s.metrics);
     srv_canary_init(&s);
     if (curl_global_init(CURL_GLOBAL_DEFAULT)) {

@@ -3,7 +3,7 @@
 # top-level Makefile's `fuzz` target.
 FUZZ_TIME ?= 20
 FUZZ_BUILD = build-fuzz
-FUZZ_SRC = common/status.c common/hash.c common/utf8.c common/strmap.c engine/model/quant.c engine/model/gguf.c engine/model/unicode.c engine/model/unicode_data.c \
+FUZZ_SRC = common/status.c common/hash.c common/utf8.c common/strmap.c common/split_name.c engine/model/quant.c engine/model/gguf.c engine/model/unicode.c engine/model/unicode_data.c \
            engine/model/tokenizer.c engine/model/tok_spm.c engine/model/tok_bpe.c
 FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -Icommon/include -Itext/include -Iengine/include -Iengine/model -Iengine/compute -Iengine/constrain -Iengine/serve -Iengine/backend -Inet -Ikube \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
@@ -26,9 +26,11 @@ SCHEMA_TIME ?= 10
 JINJA_TIME ?= 15
 TOOLS_TIME ?= 10
 JSON_TIME ?= 10
+FETCH_TIME ?= 10
 
 run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd $(FUZZ_BUILD)/fuzz_tenant \
-     $(FUZZ_BUILD)/fuzz_grammar $(FUZZ_BUILD)/fuzz_schema $(FUZZ_BUILD)/fuzz_jinja $(FUZZ_BUILD)/fuzz_tools $(FUZZ_BUILD)/fuzz_json
+     $(FUZZ_BUILD)/fuzz_grammar $(FUZZ_BUILD)/fuzz_schema $(FUZZ_BUILD)/fuzz_jinja $(FUZZ_BUILD)/fuzz_tools $(FUZZ_BUILD)/fuzz_json \
+     $(FUZZ_BUILD)/fuzz_fetch
 	@rm -rf $(FUZZ_BUILD)/corpus && mkdir -p $(FUZZ_BUILD)/corpus
 	@python3 tests/fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
 	@$(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/seeds/* > $(FUZZ_BUILD)/regress.log 2>&1 || \
@@ -78,7 +80,12 @@ run: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_request $(FUZZ_BUILD)/fuzz_llmd 
 	@mkdir -p $(FUZZ_BUILD)/json-corpus && cp tests/fuzz/json/* tests/fuzz/requests/* $(FUZZ_BUILD)/json-corpus/
 	@$(FUZZ_BUILD)/fuzz_json -max_total_time=$(JSON_TIME) -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
 	  $(FUZZ_BUILD)/json-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
-	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 9 passed, 0 failed" || (echo "fuzz: 8 passed, 1 failed (JSON reader)"; exit 1)
+	  test $${PIPESTATUS[0]} -eq 0 || (echo "fuzz: 8 passed, 1 failed (JSON reader)"; exit 1)
+	@echo "fuzz: $(FETCH_TIME) s of fuzzing model sources (URIs) and the header lines of their servers' answers"
+	@mkdir -p $(FUZZ_BUILD)/fetch-corpus && cp tests/fuzz/fetch/* $(FUZZ_BUILD)/fetch-corpus/
+	@$(FUZZ_BUILD)/fuzz_fetch -max_total_time=$(FETCH_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+	  $(FUZZ_BUILD)/fetch-corpus 2>&1 | grep -E "^(#[0-9]+ *DONE|Done|==|SUMMARY)" ; \
+	  test $${PIPESTATUS[0]} -eq 0 && echo "fuzz: 10 passed, 0 failed" || (echo "fuzz: 9 passed, 1 failed (model sources)"; exit 1)
 
 $(FUZZ_BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(wildcard engine/*/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
@@ -110,7 +117,7 @@ $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(
 
 GRAMMAR_SRC = engine/constrain/grammar.c engine/constrain/gmatch.c engine/model/tokenizer.c engine/model/tok_spm.c engine/model/tok_bpe.c engine/model/unicode.c \
               engine/model/unicode_data.c engine/model/gguf.c engine/model/quant.c common/status.c common/hash.c common/utf8.c \
-              common/strmap.c
+              common/strmap.c common/split_name.c
 $(FUZZ_BUILD)/fuzz_grammar: tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) $(wildcard engine/*/*.h engine/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
@@ -132,6 +139,13 @@ $(FUZZ_BUILD)/fuzz_json: tests/fuzz/fuzz_json.c tests/fuzz/deep.h common/json.c 
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_json.c common/json.c common/thread.c common/status.c -ljansson -lpthread -o $@
+
+FETCH_SRC = net/fetch.c net/fetch_hf.c net/fetch_xfer.c net/http_client.c common/status.c common/json.c common/thread.c \
+            common/clock.c common/split_name.c
+$(FUZZ_BUILD)/fuzz_fetch: tests/fuzz/fuzz_fetch.c $(FETCH_SRC) $(wildcard net/*.h common/include/llm/*.h)
+	@mkdir -p $(FUZZ_BUILD)
+	@echo "  CLANG $@"
+	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_fetch.c $(FETCH_SRC) -lcurl -ljansson -lcrypto -lpthread -o $@
 
 $(FUZZ_BUILD)/fuzz_jinja: tests/fuzz/fuzz_jinja.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/*/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)

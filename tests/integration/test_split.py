@@ -105,3 +105,31 @@ def test_incomplete_or_mixed_sets_are_refused(models, tmp_path):
     shutil.copy(b[0], renamed)
     err = load_error(renamed)
     assert "whose name does not end in -00001-of-" in err, err
+
+
+def test_server_checks_one_digest_per_part(models, tmp_path):
+    """llm-server's model_sha256 for a split set: one digest per part,
+    comma-separated in part order; a part that differs is named."""
+    import hashlib
+    import json
+    from harness import Server, wait_for
+    parts = gguf_py_split(models("tiny", "F32"), tmp_path / "t", 2_000_000)
+    sums = [hashlib.sha256(p.read_bytes()).hexdigest() for p in parts]
+    s = Server(parts[0], "--model_sha256", ",".join(sums))
+    assert s.get("/readyz")[0] == 200
+    s.stop()
+    bad = sums[:]
+    bad[2] = "ab" * 32
+    for digests, what in ((",".join(bad), f"{parts[2]}: sha256 mismatch"),
+                          (",".join(sums[:2]), f"model_sha256 has 2 digests for {len(parts)} files")):
+        s = Server(parts[0], "--model_sha256", digests, wait=False)
+
+        def failed():
+            try:
+                return json.loads(s.get("/startupz")[1])["phase"] == "failed"
+            except OSError:
+                return False
+        wait_for(failed, 60, "the failed load")
+        detail = json.loads(s.get("/startupz")[1])["detail"]
+        assert what in detail, detail
+        s.stop()
