@@ -39,7 +39,7 @@ TEXT_SRC = text/gbnf.c text/jinja_value.c text/jinja_parse.c text/jinja_eval.c t
 # net (libllmnet.a): the civetweb guard and the probe listener, the libcurl GET to pods, the Prometheus text reader,
 # and fetch (models from hf://, s3://, https:// into a shared cache; links libcurl and OpenSSL).
 NET_SRC = net/http_guard.c net/http_reply.c net/http_probe.c net/http_client.c net/prom_text.c \
-          net/fetch.c net/fetch_hf.c net/fetch_xfer.c
+          net/fetch.c net/fetch_http.c net/fetch_xfer.c net/fetch_hf.c net/fetch_url.c
 # engine (libllm.a): GGUF in, tokens out; in folders by layer: model (GGUF, quant types, tokenizers), compute
 # (forward pass, tensor parallelism, MoE, sessions), constrain (grammars), serve (step loop, scheduler, KV
 # cache, sampler, text out), backend (cpu; cuda: the loader here, the plugin below). Folders see each other's
@@ -197,14 +197,15 @@ $(BUILD)/tests/test_torture: EXTRA_LDFLAGS = $(TORTURE_WRAP)
 $(SERVER_TESTS): $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(SERVER_PARTS) $(TESTKIT_LIB) $(ENGINE_LIBS) $(NET_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(SERVER_PARTS) $(TESTKIT_LIB) $(ENGINE_LIBS) $(NET_LIB) -lcmocka -lcivetweb -ljansson \
-	  -lyaml -lcrypto $(LDLIBS) $(EXTRA_LDFLAGS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(SERVER_PARTS) $(TESTKIT_LIB) $(ENGINE_LIBS) $(NET_LIB) $(COMMON_LIB) -lcmocka -lcivetweb \
+	  -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) $(EXTRA_LDFLAGS) -o $@
 
 # Small programs the Python oracle tests drive.
 $(SCHEMA_BIN): $(BUILD)/tests/%: tests/oracle/%.c $(SERVER_PARTS) $(ENGINE_LIBS) $(NET_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(SERVER_PARTS) $(ENGINE_LIBS) $(NET_LIB) -lcivetweb -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(SERVER_PARTS) $(ENGINE_LIBS) $(NET_LIB) $(COMMON_LIB) -lcivetweb -lcurl -ljansson -lyaml \
+	  -lcrypto $(LDLIBS) -o $@
 
 $(ORACLE_BIN): $(BUILD)/tests/%: tests/oracle/%.c $(TESTKIT_LIB) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
@@ -397,7 +398,7 @@ manifests: $(BUILD)/bin/helm-render
 unit: $(UNIT_BIN)
 	@fail=0; for t in $(UNIT_BIN); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
-pytest: $(TOOL_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render $(BUILD)/bin/helm $(BUILD)/bin/yaml-strict $(BUILD)/bin/promcheck
+pytest: $(TOOL_BIN) $(BUILD)/bin/llm-fetch $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render $(BUILD)/bin/helm $(BUILD)/bin/yaml-strict $(BUILD)/bin/promcheck
 	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration
 
 FUZZ_TIME ?= 20

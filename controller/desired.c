@@ -188,8 +188,10 @@ static void source_env(json_t *spec, json_t *env)
                                              "name", json_object_get(secret, "name"), "key", keys[i], "optional", 1));
 }
 
-/* The download cache of a source: a PVC (shared by the replicas), a
- * hostPath (per node) or an emptyDir (per pod, the default). */
+/* The download cache of a source: a PVC (shared by the replicas) or an
+ * emptyDir (per pod, the default). No hostPath: a node's folder would be
+ * written by every namespace's pods, which would trust each other's
+ * files. */
 static json_t *cache_volume(json_t *spec)
 {
     json_t *c = kube_json_get(spec, "model", "cache");
@@ -198,9 +200,6 @@ static json_t *cache_volume(json_t *spec)
     if (json_object_get(c, "pvc"))
         return json_pack("{s:s,s:{s:O}}", "name", "model-cache", "persistentVolumeClaim", "claimName",
                          kube_json_get(json_object_get(c, "pvc"), "claimName", NULL));
-    if (json_object_get(c, "hostPath"))
-        return json_pack("{s:s,s:{s:O,s:s}}", "name", "model-cache", "hostPath", "path",
-                         kube_json_get(json_object_get(c, "hostPath"), "path", NULL), "type", "DirectoryOrCreate");
     json_t *limit = kube_json_get(c, "emptyDir", "sizeLimit");
     return limit ? json_pack("{s:s,s:{s:O}}", "name", "model-cache", "emptyDir", "sizeLimit", limit)
                  : json_pack("{s:s,s:{}}", "name", "model-cache", "emptyDir");

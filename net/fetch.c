@@ -1,16 +1,21 @@
-/* fetch.c - fetch_model: the options and their environment defaults, the
- * cache folder, names checked before they touch a path, progress, and
- * the s3:// and https:// sources (hf:// is fetch_hf.c's). */
+/* fetch.c - fetch_model and fetch_check: the context of one fetch (the
+ * options and their environment defaults, the expected digests), and the
+ * helpers every source shares: failure and log lines, progress, back-off,
+ * names checked before they touch a path, temporary names. */
 #include <errno.h>
-#include <openssl/evp.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "fetch_impl.h"
 #include "llm/clock.h"
 #include "llm/split_name.h"
+
+#define MAX_BACKOFF_S 32
 
 const char *fetch_reason_name(fetch_reason r)
 {
@@ -33,6 +38,52 @@ llm_status fetch_fail(fetch_ctx *c, fetch_reason why, llm_status st, const char 
     va_end(ap);
     c->why = why;
     return llm_errf(c->err, st, "%s", msg);
+}
+
+void fetch_log(fetch_ctx *c, const char *fmt, ...)
+{
+    char line[LLM_ERROR_MSG_MAX + 128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (c->o->log)
+        c->o->log(c->o->ctx, line);
+    else
+        fprintf(stderr, "llm-fetch: %s\n", line);
+}
+
+int fetch_aborted(fetch_ctx *c)
+{
+    return c->o->abort && atomic_load(c->o->abort);
+}
+
+int fetch_sleep(fetch_ctx *c, long s)
+{
+    for (long ms = 0; ms < s * 1000; ms += 100) {
+        if (fetch_aborted(c))
+            return -1;
+        usleep(100000);
+    }
+    return fetch_aborted(c) ? -1 : 0;
+}
+
+long fetch_backoff_s(int k, long retry_after)
+{
+    if (retry_after >= 0)
+        return retry_after;
+    long s = 1L << (k < 6 ? k - 1 : 5);
+    return s > MAX_BACKOFF_S ? MAX_BACKOFF_S : s;
+}
+
+void fetch_hex(const unsigned char *d, unsigned int n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (unsigned int i = 0; i < n; i++) {
+        out[2 * i] = digits[d[i] >> 4];
+        out[2 * i + 1] = digits[d[i] & 15];
+    }
+    out[2 * n] = 0;
 }
 
 int fetch_hex_ok(const char *s, size_t len)
@@ -64,6 +115,28 @@ int fetch_path_ok(const char *p)
     return 1;
 }
 
+int fetch_encode_path(char *dst, size_t n, const char *p)
+{
+    size_t o = 0;
+    for (; *p; p++) {
+        unsigned char ch = (unsigned char)*p;
+        int keep = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
+                   strchr("-._~/", ch);
+        if (o + 4 >= n)
+            return -1;
+        o += (size_t)(keep ? snprintf(dst + o, n - o, "%c", ch) : snprintf(dst + o, n - o, "%%%02X", ch));
+    }
+    dst[o] = 0;
+    return 0;
+}
+
+int fetch_part_name(const char *name, int k, char *out, size_t n)
+{
+    if (llm_split_path(name, 1, NULL, 0))
+        return llm_split_path(name, (uint32_t)k, out, n) ? 0 : -1;
+    return snprintf(out, n, "%s", name) >= (int)n ? -1 : 0;
+}
+
 int fetch_mkdirs_for(const char *path)
 {
     char d[PATH_MAX];
@@ -75,7 +148,7 @@ int fetch_mkdirs_for(const char *path)
     if (!last || last == d)
         return 0;
     *last = 0;
-    for (char *s = d + 1; ; s++) {
+    for (char *s = d + 1;; s++) {
         if (*s == '/' || !*s) {
             char keep = *s;
             *s = 0;
@@ -85,6 +158,13 @@ int fetch_mkdirs_for(const char *path)
                 return 0;
         }
     }
+}
+
+void fetch_tmp_name(const char *path, const char *suffix, char *out, size_t n)
+{
+    static _Atomic unsigned long counter;
+    snprintf(out, n, "%s.%ld.%lx.%lu%s", path, (long)getpid(), (unsigned long)pthread_self(),
+             atomic_fetch_add(&counter, 1), suffix);
 }
 
 void fetch_report(fetch_ctx *c, const char *phase, uint64_t done_in_file, int force)
@@ -106,12 +186,50 @@ void fetch_report(fetch_ctx *c, const char *phase, uint64_t done_in_file, int fo
     }
 }
 
-/* ---- options --------------------------------------------------------------------------------- */
+/* ---- the expected digests ---------------------------------------------------------------------- */
+
+/* o->sha256 into c->wants: 64 hex digits each (either case), comma-separated. */
+static llm_status parse_wants(fetch_ctx *c, const char *list)
+{
+    for (const char *d = list; d && *d; c->n_wants++) {
+        size_t len = strcspn(d, ",");
+        if (c->n_wants == FETCH_MAX_PARTS || len != 64)
+            return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "sha256: expected 64 hex digits per file, "
+                              "comma-separated (at most %d)", FETCH_MAX_PARTS);
+        for (size_t i = 0; i < 64; i++) c->wants[c->n_wants][i] = (char)(d[i] | (d[i] >= 'A' && d[i] <= 'F' ? 0x20 : 0));
+        c->wants[c->n_wants][64] = 0;
+        if (!fetch_hex_ok(c->wants[c->n_wants], 64))
+            return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "sha256: '%.64s' is not 64 hex digits", d);
+        d += len + (d[len] == ',');
+    }
+    return LLM_OK;
+}
+
+const char *fetch_want(const fetch_ctx *c, int k)
+{
+    return k >= 1 && k <= c->n_wants ? c->wants[k - 1] : "";
+}
+
+llm_status fetch_wants_fit(fetch_ctx *c, const char *uri, int n_parts)
+{
+    if (c->n_wants && c->n_wants != n_parts)
+        return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: %d sha256 digest%s for %d file%s (a split "
+                          "set: one per part, comma-separated in part order)", uri, c->n_wants,
+                          c->n_wants > 1 ? "s" : "", n_parts, n_parts > 1 ? "s" : "");
+    return LLM_OK;
+}
+
+/* ---- the context: options over the environment ------------------------------------------------- */
+
+static const char *env(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
 
 static void pick(char *dst, size_t n, const char *opt, const char *env1, const char *env2, const char *dflt)
 {
-    const char *v = opt && *opt ? opt : env1 && getenv(env1) && *getenv(env1) ? getenv(env1)
-                                       : env2 && getenv(env2) && *getenv(env2) ? getenv(env2) : dflt;
+    const char *v = opt && *opt ? opt : env1 && env(env1) ? env(env1) : env2 && env(env2) ? env(env2) : dflt;
     snprintf(dst, n, "%s", v ? v : "");
 }
 
@@ -127,240 +245,111 @@ static void token_file(char *dst, size_t n, const char *path)
     fclose(f);
 }
 
+void fetch_cache_dir(const fetch_options *o, char *out, size_t n)
+{
+    char dflt[PATH_MAX];
+    if (env("HF_HOME"))
+        snprintf(dflt, sizeof dflt, "%s/hub", env("HF_HOME"));
+    else
+        snprintf(dflt, sizeof dflt, "%s/.cache/huggingface/hub", env("HOME") ? env("HOME") : "/root");
+    pick(out, n, o ? o->cache_dir : NULL, "HF_HUB_CACHE", NULL, dflt);
+}
+
+static void ctx_tokens(fetch_ctx *c)
+{
+    pick(c->hf_token, sizeof c->hf_token, c->o->hf_token, "HF_TOKEN", NULL, NULL);
+    if (!c->hf_token[0]) {
+        char tf[PATH_MAX];
+        if (env("HF_TOKEN_PATH"))
+            snprintf(tf, sizeof tf, "%s", env("HF_TOKEN_PATH"));
+        else if (env("HF_HOME"))
+            snprintf(tf, sizeof tf, "%s/token", env("HF_HOME"));
+        else
+            snprintf(tf, sizeof tf, "%s/.cache/huggingface/token", env("HOME") ? env("HOME") : "/root");
+        token_file(c->hf_token, sizeof c->hf_token, tf);
+    }
+    pick(c->bearer, sizeof c->bearer, c->o->bearer_token, "LLM_FETCH_BEARER_TOKEN", NULL, NULL);
+    const char *id = env("AWS_ACCESS_KEY_ID"), *secret = env("AWS_SECRET_ACCESS_KEY");
+    if (id && secret)
+        snprintf(c->s3_user, sizeof c->s3_user, "%s:%s", id, secret);
+    pick(c->s3_session, sizeof c->s3_session, NULL, "AWS_SESSION_TOKEN", NULL, NULL);
+}
+
+/* A credential is a header's value: a control character in it would
+ * start another header (its value is never named). */
+static llm_status tokens_ok(fetch_ctx *c)
+{
+    const char *const vals[] = {c->hf_token, c->bearer, c->s3_user, c->s3_session};
+    const char *const names[] = {"HF_TOKEN", "LLM_FETCH_BEARER_TOKEN", "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY",
+                                 "AWS_SESSION_TOKEN"};
+    for (size_t i = 0; i < sizeof vals / sizeof *vals; i++)
+        for (const char *s = vals[i]; *s; s++)
+            if ((unsigned char)*s < 0x20 || *s == 0x7f)
+                return fetch_fail(c, FETCH_DENIED, LLM_ERR_INVALID_ARG, "%s has a control character", names[i]);
+    return LLM_OK;
+}
+
 static llm_status ctx_init(fetch_ctx *c, const fetch_options *o, llm_error *err)
 {
     static const fetch_options none;
     memset(c, 0, sizeof *c);
     c->o = o ? o : &none;
     c->err = err;
-    o = c->o;
-    const char *home = getenv("HOME") && *getenv("HOME") ? getenv("HOME") : "/root";
-    char dflt[PATH_MAX];
-    if (getenv("HF_HOME") && *getenv("HF_HOME"))
-        snprintf(dflt, sizeof dflt, "%s/hub", getenv("HF_HOME"));
-    else
-        snprintf(dflt, sizeof dflt, "%s/.cache/huggingface/hub", home);
-    pick(c->cache, sizeof c->cache, o->cache_dir, "HF_HUB_CACHE", NULL, dflt);
-    pick(c->hf_endpoint, sizeof c->hf_endpoint, o->hf_endpoint, "HF_ENDPOINT", NULL, "https://huggingface.co");
-    size_t e = strlen(c->hf_endpoint);
-    while (e && c->hf_endpoint[e - 1] == '/') c->hf_endpoint[--e] = 0;
-    pick(c->hf_token, sizeof c->hf_token, o->hf_token, "HF_TOKEN", NULL, NULL);
-    if (!c->hf_token[0]) {
-        char tf[PATH_MAX];
-        if (getenv("HF_TOKEN_PATH") && *getenv("HF_TOKEN_PATH"))
-            snprintf(tf, sizeof tf, "%s", getenv("HF_TOKEN_PATH"));
-        else if (getenv("HF_HOME") && *getenv("HF_HOME"))
-            snprintf(tf, sizeof tf, "%s/token", getenv("HF_HOME"));
-        else
-            snprintf(tf, sizeof tf, "%s/.cache/huggingface/token", home);
-        token_file(c->hf_token, sizeof c->hf_token, tf);
-    }
-    pick(c->bearer, sizeof c->bearer, o->bearer_token, "LLM_FETCH_BEARER_TOKEN", NULL, NULL);
-    pick(c->s3_endpoint, sizeof c->s3_endpoint, o->s3_endpoint, "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", NULL);
-    pick(c->s3_region, sizeof c->s3_region, o->s3_region, "AWS_REGION", "AWS_DEFAULT_REGION", "us-east-1");
-    const char *id = getenv("AWS_ACCESS_KEY_ID"), *secret = getenv("AWS_SECRET_ACCESS_KEY");
-    if (id && *id && secret && *secret)
-        snprintf(c->s3_user, sizeof c->s3_user, "%s:%s", id, secret);
-    pick(c->s3_session, sizeof c->s3_session, NULL, "AWS_SESSION_TOKEN", NULL, NULL);
-    c->stall_s = o->stall_s > 0 ? o->stall_s : 30;
-    c->max_retries = o->max_retries > 0 ? o->max_retries : 6;
-    c->lock_stale_s = o->lock_stale_s > 0 ? o->lock_stale_s : 120;
-    if (o->sha256 && *o->sha256 && !fetch_hex_ok(o->sha256, 64)) {
-        char low[65] = "";
-        for (int i = 0; i < 64 && o->sha256[i]; i++) low[i] = (char)(o->sha256[i] | 0x20);
-        if (!fetch_hex_ok(low, 64))
-            return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "sha256: expected 64 hex digits");
-    }
-    if (!c->cache[0] || c->cache[0] != '/')
-        return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "the cache folder '%s' is not an absolute path",
-                          c->cache);
-    return LLM_OK;
-}
-
-/* ---- s3:// and https:// ---------------------------------------------------------------------- */
-
-/* A URL's path segment, percent-encoded (unreserved characters kept). */
-static int encode_path(char *dst, size_t n, const char *p)
-{
-    size_t o = 0;
-    for (; *p; p++) {
-        unsigned char ch = (unsigned char)*p;
-        int keep = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
-                   strchr("-._~/", ch);
-        if (o + 4 >= n)
-            return -1;
-        o += (size_t)(keep ? snprintf(dst + o, n - o, "%c", ch) : snprintf(dst + o, n - o, "%%%02X", ch));
-    }
-    dst[o] = 0;
-    return 0;
-}
-
-static int bucket_ok(const char *b, size_t n)
-{
-    if (n < 3 || n > 63)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (!((b[i] >= 'a' && b[i] <= 'z') || (b[i] >= '0' && b[i] <= '9') || b[i] == '-' || b[i] == '.'))
-            return 0;
-    return 1;
-}
-
-/* The URL of name (a key, or the path of an https URL) in the source. */
-typedef struct url_src {
-    fetch_auth auth;
-    char base[2048];   /* the URL up to the folder of the file, with its trailing '/' */
-    char query[2048];  /* "?..." of an https URL, or "" */
-    char folder[2048]; /* the key's or path's folder, for the cache key */
-    char name[256];    /* the file's last segment */
-} url_src;
-
-static llm_status parse_s3(fetch_ctx *c, const char *uri, url_src *u)
-{
-    const char *b = uri + 5, *slash = strchr(b, '/');
-    if (!slash || !bucket_ok(b, (size_t)(slash - b)) || !fetch_path_ok(slash + 1))
-        return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG,
-                          "%.300s: not s3://BUCKET/KEY (a bucket of 3-63 of a-z 0-9 . -; a key without empty, . or .. "
-                          "segments)", uri);
-    const char *key = slash + 1, *last = strrchr(key, '/');
-    char enc[FETCH_MAX_PATH * 3];
-    snprintf(u->folder, sizeof u->folder, "%.*s", last ? (int)(last - key + 1) : 0, key);
-    snprintf(u->name, sizeof u->name, "%s", last ? last + 1 : key);
-    if (encode_path(enc, sizeof enc, u->folder))
-        return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: key too long", uri);
-    int w = c->s3_endpoint[0]
-                ? snprintf(u->base, sizeof u->base, "%s%s%.*s/%s", c->s3_endpoint,
-                           c->s3_endpoint[strlen(c->s3_endpoint) - 1] == '/' ? "" : "/", (int)(slash - b), b, enc)
-                : snprintf(u->base, sizeof u->base, "https://%.*s.s3.%s.amazonaws.com/%s", (int)(slash - b), b,
-                           c->s3_region, enc);
-    if (w >= (int)sizeof u->base)
-        return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: URL too long", uri);
-    if (strncmp(u->base, "https://", 8) && strncmp(u->base, "http://", 7))
-        return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "S3 endpoint %.200s: not an http(s) URL", c->s3_endpoint);
-    u->auth = FETCH_AUTH_S3;
-    return LLM_OK;
-}
-
-static llm_status parse_https(fetch_ctx *c, const char *uri, url_src *u)
-{
-    char host[512];
-    const char *q = uri + strcspn(uri, "?#");
-    size_t plen = (size_t)(q - uri);
-    const char *path = strchr(uri + (uri[4] == 's' ? 8 : 7), '/');
-    if (fetch_url_host(uri, host, sizeof host) || !path || path > q || plen >= sizeof u->base ||
-        strlen(q) >= sizeof u->query)
-        return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: not an http(s) URL with a host and a path", uri);
-    for (const char *s = uri; *s; s++)
-        if ((unsigned char)*s <= 0x20 || (unsigned char)*s >= 0x7f)
-            return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: a URL has no spaces, control or "
-                              "non-ASCII characters (percent-encode them)", uri);
-    char p[FETCH_MAX_PATH];
-    snprintf(p, sizeof p, "%.*s", (int)(q - path - 1), path + 1);
-    if (!fetch_path_ok(p) || strstr(p, "%2e") || strstr(p, "%2E") || strstr(p, "%2f") || strstr(p, "%2F"))
-        return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: the path has an empty, . or .. segment "
-                          "(or an encoded one)", uri);
-    const char *last = strrchr(path, '/');
-    snprintf(u->base, sizeof u->base, "%.*s", (int)(last - uri + 1), uri);
-    snprintf(u->folder, sizeof u->folder, "%s", u->base);
-    snprintf(u->name, sizeof u->name, "%.*s", (int)(q - last - 1), last + 1);
-    snprintf(u->query, sizeof u->query, "%s", *q == '?' ? q : "");
-    if (!strncmp(uri, "http://", 7))
-        fprintf(stderr, "llm-fetch: %.300s: plain http: the bytes are checked only against a given sha256\n", uri);
-    u->auth = FETCH_AUTH_BEARER;
-    return LLM_OK;
-}
-
-/* CACHE/urls/KEY: KEY the first 32 hex digits of sha256(source folder,
- * file name, expected digest), so another source or digest never shares
- * a file. */
-static int url_dir(fetch_ctx *c, const char *uri_folder, const char *name, char *out, size_t n)
-{
-    unsigned char d[EVP_MAX_MD_SIZE];
-    unsigned int dn = 0;
-    char in[4400], hex[65] = "";
-    int len = snprintf(in, sizeof in, "%s\n%s\n%s", uri_folder, name, c->o->sha256 ? c->o->sha256 : "");
-    EVP_Digest(in, (size_t)(len < (int)sizeof in ? len : (int)sizeof in - 1), d, &dn, EVP_sha256(), NULL);
-    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
-    return snprintf(out, n, "%s/urls/%s", c->cache, hex) >= (int)n ? -1 : 0;
-}
-
-static llm_status url_source(fetch_ctx *c, const char *uri, int s3, url_src *u)
-{
-    llm_status st = s3 ? parse_s3(c, uri, u) : parse_https(c, uri, u);
-    if (!st && (!u->name[0] || !fetch_path_ok(u->name)))
-        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: no file name at the end", uri);
+    fetch_cache_dir(c->o, c->cache, sizeof c->cache);
+    pick(c->hf_endpoint, sizeof c->hf_endpoint, c->o->hf_endpoint, "HF_ENDPOINT", NULL, "https://huggingface.co");
+    for (size_t e = strlen(c->hf_endpoint); e && c->hf_endpoint[e - 1] == '/';) c->hf_endpoint[--e] = 0;
+    pick(c->s3_endpoint, sizeof c->s3_endpoint, c->o->s3_endpoint, "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", NULL);
+    pick(c->s3_region, sizeof c->s3_region, c->o->s3_region, "AWS_REGION", "AWS_DEFAULT_REGION", "us-east-1");
+    ctx_tokens(c);
+    c->stall_s = c->o->stall_s > 0 ? c->o->stall_s : 30;
+    c->max_retries = c->o->max_retries > 0 ? c->o->max_retries : 6;
+    c->lock_stale_s = c->o->lock_stale_s > 0 ? c->o->lock_stale_s : 120;
+    llm_status st = parse_wants(c, c->o->sha256);
+    if (!st)
+        st = tokens_ok(c);
+    if (!st && c->cache[0] != '/')
+        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "the cache folder '%s' is not an absolute path", c->cache);
     return st;
 }
 
-static llm_status fetch_url(fetch_ctx *c, const char *uri, int s3, char *path, size_t n)
+llm_status fetch_check(const char *uri, const fetch_options *o, llm_error *err)
 {
-    url_src u;
-    llm_status st = url_source(c, uri, s3, &u);
-    if (st)
-        return st;
-    int parts = llm_split_path(u.name, 1, NULL, 0);
-    c->n_parts = parts ? parts : 1;
-    char dir[PATH_MAX];
-    if (url_dir(c, u.folder, u.name, dir, sizeof dir))
-        return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%s: the cache path is too long", c->cache);
-    for (int k = 1; k <= c->n_parts && !st; k++) {
-        fetch_file f = {.auth = u.auth};
-        char enc[1024];
-        if (parts)
-            llm_split_path(u.name, (uint32_t)k, f.name, sizeof f.name);
-        else
-            snprintf(f.name, sizeof f.name, "%s", u.name);
-        if (k == 1 && parts && (c->o->sha256 && *c->o->sha256))
-            return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%s: a split set has one digest per part; "
-                              "a single sha256 cannot check it", uri);
-        snprintf(f.want, sizeof f.want, "%s", c->o->sha256 ? c->o->sha256 : "");
-        if (encode_path(enc, sizeof enc, f.name) ||
-            snprintf(f.url, sizeof f.url, "%s%s%s", u.base, s3 ? enc : f.name, u.query) >= (int)sizeof f.url ||
-            snprintf(f.dest, sizeof f.dest, "%s/%s", dir, f.name) >= (int)sizeof f.dest ||
-            snprintf(f.lock, sizeof f.lock, "%s.lock", f.dest) >= (int)sizeof f.lock)
-            return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: name too long", uri);
-        c->file = f.name;
-        c->part = k;
-        c->total = 0;
-        st = fetch_file_get(c, &f);
-        if (!st && k == 1 && snprintf(path, n, "%s", f.dest) >= (int)n)
-            st = fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%s: path too long", f.dest);
-        struct stat sb;
-        if (!st && !stat(f.dest, &sb))
-            c->done_before += (uint64_t)sb.st_size;
-    }
-    return st;
-}
-
-llm_status fetch_check(const char *uri, llm_error *err)
-{
-    fetch_ctx c;
+    fetch_ctx *c = calloc(1, sizeof *c); /* a fetch_ctx is large for a stack */
     llm_error local;
-    url_src u;
-    fetch_options o = {.cache_dir = "/"}; /* no folder is touched */
-    llm_status st = ctx_init(&c, &o, err ? err : &local);
+    fetch_options ck = o ? *o : (fetch_options){0};
+    ck.cache_dir = "/"; /* no folder is touched */
+    if (!c)
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory");
+    llm_status st = ctx_init(c, &ck, err ? err : &local);
     if (!st && !strncmp(uri, "hf://", 5))
-        st = fetch_hf_check(&c, uri);
+        st = fetch_hf_check(c, uri);
     else if (!st && fetch_is_remote(uri))
-        st = url_source(&c, uri, !strncmp(uri, "s3://", 5), &u);
+        st = fetch_url_check(c, uri);
+    else if (!st)
+        st = fetch_wants_fit(c, uri, llm_split_path(uri, 1, NULL, 0) ? llm_split_path(uri, 1, NULL, 0) : 1);
+    free(c);
     return st;
 }
 
 llm_status fetch_model(const char *uri, const fetch_options *o, char *path, size_t n, fetch_reason *why,
                        llm_error *err)
 {
-    fetch_ctx c;
+    fetch_ctx *c = calloc(1, sizeof *c);
     llm_error local;
-    llm_status st = ctx_init(&c, o, err ? err : &local);
+    if (!c)
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory");
+    llm_status st = ctx_init(c, o, err ? err : &local);
     if (!st && !fetch_is_remote(uri) && snprintf(path, n, "%s", uri) >= (int)n)
-        st = fetch_fail(&c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: path too long", uri);
+        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: path too long", uri);
     else if (!st && !strncmp(uri, "hf://", 5))
-        st = fetch_hf(&c, uri, path, n);
+        st = fetch_hf_get(c, uri, path, n);
     else if (!st && fetch_is_remote(uri))
-        st = fetch_url(&c, uri, !strncmp(uri, "s3://", 5), path, n);
-    c.file = uri; /* the files' names were the sources' own, gone now */
+        st = fetch_url_get(c, uri, path, n);
+    c->file = uri; /* the files' names were the sources' own, gone now */
     if (!st)
-        fetch_report(&c, "done", 0, 1);
+        fetch_report(c, "done", 0, 1);
     if (why)
-        *why = st ? c.why : FETCH_OK;
+        *why = st ? c->why : FETCH_OK;
+    free(c);
     return st;
 }

@@ -19,15 +19,18 @@
  * partial file blobs/ETAG.incomplete, the lock .locks/models--ORG--REPO/
  * ETAG.lock (flock), so either reuses what the other fetched. Other
  * sources: CACHE/urls/KEY/NAME, KEY from the source and the expected
- * digest.
+ * digest; such a file is taken as immutable (an object rewritten under the
+ * same key is not fetched again; give sha256 to pin it). A presigned
+ * https URL's query is sent for every part of a split set.
  *
  * Every transfer: written to a partial file, sha256 computed as bytes
  * arrive (a resumed file's prefix read once), checked against the given
  * digest or else the hub's sha256, renamed into place only when complete
  * and verified; a file that is not GGUF, or whose digest differs, is
- * deleted. Cuts resume with Range; 429 and 5xx are retried with back-off
- * (Retry-After honoured), at most max_retries times in a row without
- * progress; a transfer below 1 KiB/s for stall_s is cut and resumed.
+ * deleted. Cuts resume with Range; 408, 429 and 5xx are retried with
+ * back-off (1, 2, 4 ... 32 s, or Retry-After up to 300 s), at most
+ * max_retries times in a row without 1 MiB of progress; a transfer
+ * below 1 KiB/s for stall_s is cut and resumed.
  * Redirects are followed by hand: at most 5, never to another scheme than
  * https (http only from http), the Authorization header never to another
  * host. Free space is checked before writing. Processes sharing the cache
@@ -37,8 +40,8 @@
  * downloads on its own and renames over it (the content is the same).
  *
  * Ownership: the caller's strings are borrowed for the call. Threads:
- * fetch_model may run on any thread, several at once;
- * curl_global_init must have been called by the program. */
+ * fetch_model may run on any thread, several at once (in one process or
+ * several); curl_global_init must have been called by the program. */
 #ifndef FETCH_H
 #define FETCH_H
 
@@ -61,7 +64,8 @@ typedef enum fetch_reason {
 const char *fetch_reason_name(fetch_reason r); /* "ModelNotFound", ... */
 
 typedef struct fetch_progress {
-    const char *phase;     /* "resolving", "downloading", "waiting" (on another process), "verifying" */
+    const char *phase;     /* a string literal: "resolving", "downloading", "waiting" (on another process),
+                            * "verifying", "done" */
     const char *file;      /* the file in hand (its name in the source) */
     int part, n_parts;     /* 1-based */
     uint64_t done, total;  /* bytes of every file of the source (total 0: not known yet) */
@@ -77,12 +81,14 @@ typedef struct fetch_options {
     const char *bearer_token; /* https:// sources; NULL: $LLM_FETCH_BEARER_TOKEN */
     const char *s3_endpoint; /* NULL: $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, else AWS's (virtual-hosted) */
     const char *s3_region;   /* NULL: $AWS_REGION, $AWS_DEFAULT_REGION, else us-east-1 */
-    const char *sha256;      /* expected digest (hex) of a one-file source; NULL or "" none */
+    const char *sha256;      /* expected digest (64 hex digits); a split set: one per part, comma-separated in
+                              * part order; NULL or "" none */
     long stall_s;            /* 0: 30 */
-    int max_retries;         /* 0: 6 */
+    int max_retries;         /* retries in a row without 1 MiB of progress; 0: 6 */
     long lock_stale_s;       /* 0: 120 */
     fetch_progress_fn progress; /* may be NULL; called at most a few times a second */
-    void *ctx;
+    void (*log)(void *ctx, const char *line); /* retries, resumes, fallbacks; NULL: stderr */
+    void *ctx;                  /* of progress and log */
     const _Atomic int *abort; /* may be NULL; set: the fetch stops with LLM_ERR_CANCELLED */
 } fetch_options;
 
@@ -91,9 +97,14 @@ typedef struct fetch_options {
 int fetch_is_remote(const char *uri);
 
 /* Checks uri's form as fetch_model would, without a request: a local
- * path, or a source whose every name is confined (LLM_ERR_INVALID_ARG
- * naming what is wrong). */
-llm_status fetch_check(const char *uri, llm_error *err);
+ * path, or a source whose every name is confined, with as many digests in
+ * o->sha256 (o may be NULL) as it has files (LLM_ERR_INVALID_ARG naming
+ * what is wrong). */
+llm_status fetch_check(const char *uri, const fetch_options *o, llm_error *err);
+
+/* The cache folder o names (o may be NULL; the default from the
+ * environment) into out. */
+void fetch_cache_dir(const fetch_options *o, char *out, size_t n);
 
 /* Brings uri's file(s) into the cache and writes the local path of the
  * model (a split set's first part) into path[n]. A local path is copied as

@@ -4,6 +4,7 @@
  * snapshot link and ref written. */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -99,7 +100,10 @@ static llm_status hub_call(fetch_ctx *c, const hf_ref *r, const char *url, const
                            fetch_resp *a)
 {
     for (int k = 1;; k++) {
-        llm_status st = fetch_http(c, url, FETCH_AUTH_HF, head, LIST_MAX, body, a);
+        c->no_answer = 0;
+        llm_status st = fetch_http_request(c, url, FETCH_AUTH_HF, head, LIST_MAX, body, a);
+        if (st == LLM_ERR_CANCELLED)
+            return st;
         if (!st && a->code < 400 && a->code != 0)
             return LLM_OK;
         int retry = st == LLM_ERR_IO || (!st && (a->code == 429 || a->code >= 500));
@@ -118,13 +122,10 @@ static llm_status hub_call(fetch_ctx *c, const hf_ref *r, const char *url, const
         }
         if (!retry || k > c->max_retries)
             return c->err->code ? c->err->code : LLM_ERR_IO;
-        long wait = !st && a->retry_after >= 0 ? a->retry_after : 1L << (k < 6 ? k - 1 : 5);
-        fprintf(stderr, "llm-fetch: %s; retrying in %ld s\n", c->err->msg, wait);
-        for (long ms = 0; ms < wait * 1000; ms += 100) {
-            if (c->o->abort && atomic_load(c->o->abort))
-                return fetch_fail(c, FETCH_FAILED, LLM_ERR_CANCELLED, "%s/%s: abandoned", r->org, r->repo);
-            usleep(100000);
-        }
+        long wait = fetch_backoff_s(k, !st ? a->retry_after : -1);
+        fetch_log(c, "%s; retrying in %ld s", c->err->msg, wait);
+        if (fetch_sleep(c, wait))
+            return fetch_fail(c, FETCH_FAILED, LLM_ERR_CANCELLED, "%s/%s: abandoned", r->org, r->repo);
     }
 }
 
@@ -209,10 +210,9 @@ static llm_status choose_quant(fetch_ctx *c, hf_ref *r)
         free(body);
         if (st)
             return st;
-        char next_host[512], host[512];
-        url[0] = 0;
-        if (a.next[0] && !fetch_url_host(a.next, next_host, sizeof next_host) &&
-            !fetch_url_host(c->hf_endpoint, host, sizeof host) && !strcmp(host, next_host))
+        size_t ep = strlen(c->hf_endpoint);
+        url[0] = 0; /* the next page only from the endpoint itself, scheme and all: it gets the token */
+        if (a.next[0] && !strncmp(a.next, c->hf_endpoint, ep) && a.next[ep] == '/')
             snprintf(url, sizeof url, "%s", a.next);
     }
     if (q.n == 0)
@@ -244,10 +244,11 @@ static void etag_value(const char *in, char *out, size_t n)
 static llm_status resolve(fetch_ctx *c, const hf_ref *r, const char *rev, const char *path, fetch_file *f,
                           char commit[48])
 {
-    char url[4096], host[512], api_host[512], etag[80];
+    char url[4096], host[512], api_host[512], etag[80], enc[FETCH_MAX_PATH * 3];
     fetch_resp a;
-    if (snprintf(url, sizeof url, "%s/%s/%s/resolve/%s/%s", c->hf_endpoint, r->org, r->repo, rev, path) >=
-        (int)sizeof url || fetch_url_host(c->hf_endpoint, api_host, sizeof api_host))
+    if (fetch_encode_path(enc, sizeof enc, path) ||
+        snprintf(url, sizeof url, "%s/%s/%s/resolve/%s/%s", c->hf_endpoint, r->org, r->repo, rev, enc) >=
+            (int)sizeof url || fetch_http_host(c->hf_endpoint, api_host, sizeof api_host))
         return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%s: the URL is too long or the endpoint %s is not "
                           "an http(s) URL", path, c->hf_endpoint);
     for (int hop = 0;; hop++) {
@@ -258,9 +259,9 @@ static llm_status resolve(fetch_ctx *c, const hf_ref *r, const char *rev, const 
             break;
         if (hop == FETCH_MAX_REDIRECTS)
             return fetch_fail(c, FETCH_FAILED, LLM_ERR_FORMAT, "%s: more than %d redirects", path, FETCH_MAX_REDIRECTS);
-        if (fetch_redirect_ok(c, url, a.location, sizeof a.location))
+        if (fetch_http_redirect_ok(c, url, a.location, sizeof a.location))
             return c->err->code;
-        fetch_url_host(a.location, host, sizeof host);
+        fetch_http_host(a.location, host, sizeof host);
         if (strcmp(host, api_host)) { /* the CDN: the bytes are there, the token is not sent */
             snprintf(f->url, sizeof f->url, "%s", a.location);
             f->auth = FETCH_AUTH_NONE;
@@ -280,6 +281,9 @@ static llm_status resolve(fetch_ctx *c, const hf_ref *r, const char *rev, const 
     f->size = a.has_linked_size ? a.linked_size : a.has_length ? a.length : 0;
     if (fetch_hex_ok(etag, 64))
         snprintf(f->want, sizeof f->want, "%.64s", etag);
+    else if (!c->n_wants) /* a git object id: nothing this side could check the bytes against */
+        return fetch_fail(c, FETCH_FAILED, LLM_ERR_FORMAT, "%s/%s/%s: the hub gives no sha256 for it (not an LFS "
+                          "file): give its sha256 to fetch it", r->org, r->repo, path);
     snprintf(f->name, sizeof f->name, "%s", path);
     if (snprintf(f->dest, sizeof f->dest, "%s/blobs/%s", r->dir, etag) >= (int)sizeof f->dest ||
         snprintf(f->lock, sizeof f->lock, "%s/.locks/models--%s--%s/%s.lock", c->cache, r->org, r->repo, etag) >=
@@ -291,20 +295,20 @@ static llm_status resolve(fetch_ctx *c, const hf_ref *r, const char *rev, const 
 /* Writes content to path through a temporary file and a rename. */
 static int write_atomic(const char *path, const char *content, int symlink_to)
 {
-    char tmp[PATH_MAX + 32];
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    unlink(tmp);
+    char tmp[PATH_MAX + 96];
+    fetch_tmp_name(path, ".tmp", tmp, sizeof tmp);
     if (fetch_mkdirs_for(path))
         return -1;
     if (symlink_to) {
         if (symlink(content, tmp))
             return -1;
     } else {
-        FILE *f = fopen(tmp, "w");
-        if (!f)
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        size_t len = strlen(content);
+        if (fd < 0)
             return -1;
-        int bad = fputs(content, f) < 0;
-        if (fclose(f) || bad) {
+        int bad = write(fd, content, len) != (ssize_t)len;
+        if (close(fd) || bad) {
             unlink(tmp);
             return -1;
         }
@@ -342,11 +346,13 @@ static llm_status link_snapshot(fetch_ctx *c, const hf_ref *r, const char *commi
     return LLM_OK;
 }
 
-/* No answer from the hub at all: the snapshot REV names in the cache, if
- * it holds every file (huggingface_hub does the same offline). */
-static int cached_snapshot(fetch_ctx *c, const hf_ref *r, int n_parts, char *out, size_t n)
+/* No answer from the hub at all (the network is down): the snapshot REV
+ * names in the cache, if it holds every file, each a link into blobs/ and,
+ * where the caller gave digests, to the blob of that digest (huggingface_hub
+ * does the same offline, without the digests). */
+static int cached_snapshot(fetch_ctx *c, const hf_ref *r, char *out, size_t n)
 {
-    char ref[PATH_MAX + 160], commit[48] = "", p[PATH_MAX];
+    char ref[PATH_MAX + 160], commit[48] = "", p[PATH_MAX + FETCH_MAX_PATH], link[PATH_MAX];
     snprintf(ref, sizeof ref, "%s/refs/%s", r->dir, r->rev);
     FILE *f = fopen(ref, "r");
     if (f) {
@@ -357,82 +363,96 @@ static int cached_snapshot(fetch_ctx *c, const hf_ref *r, int n_parts, char *out
         snprintf(commit, sizeof commit, "%.47s", r->rev);
     if (!fetch_hex_ok(commit, 40))
         return -1;
-    for (int k = 1; k <= n_parts; k++) {
+    for (int k = 1; k <= c->n_parts; k++) {
         char name[FETCH_MAX_PATH];
-        if (n_parts > 1)
-            llm_split_path(r->path, (uint32_t)k, name, sizeof name);
-        else
-            snprintf(name, sizeof name, "%s", r->path);
         struct stat sb;
-        if (snprintf(p, sizeof p, "%s/snapshots/%s/%s", r->dir, commit, name) >= (int)sizeof p || stat(p, &sb))
+        ssize_t len;
+        if (fetch_part_name(r->path, k, name, sizeof name) ||
+            snprintf(p, sizeof p, "%s/snapshots/%s/%s", r->dir, commit, name) >= (int)sizeof p || stat(p, &sb) ||
+            !S_ISREG(sb.st_mode) || (len = readlink(p, link, sizeof link - 1)) < 0)
+            return -1;
+        link[len] = 0;
+        const char *blob = strstr(link, "blobs/");
+        if (!blob || !fetch_hex_ok(blob + 6, 64) || (fetch_want(c, k)[0] && strcmp(blob + 6, fetch_want(c, k))))
             return -1;
         if (k == 1 && snprintf(out, n, "%s", p) >= (int)n)
             return -1;
     }
-    fprintf(stderr, "llm-fetch: %s (%s); using the cached snapshot %s\n", c->err->msg, c->hf_endpoint, commit);
+    fetch_log(c, "%s (%s); using the cached snapshot %s", c->err->msg, c->hf_endpoint, commit);
     return 0;
 }
 
 llm_status fetch_hf_check(fetch_ctx *c, const char *uri)
 {
     hf_ref r;
-    return hf_parse(c, uri, &r);
+    llm_status st = hf_parse(c, uri, &r);
+    int parts = st || r.quant[0] ? 0 : llm_split_path(r.path, 1, NULL, 0);
+    if (!st && parts > FETCH_MAX_PARTS)
+        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: over %d parts", uri, FETCH_MAX_PARTS);
+    if (!st && !r.quant[0]) /* a QUANT's part count is known from the file list only */
+        st = fetch_wants_fit(c, uri, parts ? parts : 1);
+    return st;
 }
 
-llm_status fetch_hf(fetch_ctx *c, const char *uri, char *path, size_t n)
+/* Resolves every part, each at the commit the first resolved to (a push
+ * meanwhile cannot mix two revisions); the caller's digests must be the
+ * hub's. commit: the snapshot's. */
+static llm_status resolve_all(fetch_ctx *c, const hf_ref *r, fetch_file *files, char commit[48])
 {
-    hf_ref r;
-    llm_status st = hf_parse(c, uri, &r);
-    if (!st && r.quant[0])
-        st = choose_quant(c, &r);
-    if (st)
-        return st;
-    int parts = llm_split_path(r.path, 1, NULL, 0);
-    c->n_parts = parts ? parts : 1;
-    if (c->n_parts > FETCH_MAX_PARTS)
-        return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%s: over %d parts", uri, FETCH_MAX_PARTS);
-    if (parts && c->o->sha256 && *c->o->sha256)
-        return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%s: a split set has one digest per part, which the "
-                          "hub gives; a single sha256 cannot check it", uri);
-    fetch_file *files = calloc((size_t)c->n_parts, sizeof *files);
-    if (!files)
-        return fetch_fail(c, FETCH_FAILED, LLM_ERR_NOMEM, "no memory");
-    char commit[48] = "";
-    /* every part at the commit the first resolved to, so a push meanwhile cannot mix two revisions */
+    llm_status st = fetch_wants_fit(c, r->path, c->n_parts);
     for (int k = 1; k <= c->n_parts && !st; k++) {
-        char name[FETCH_MAX_PATH];
-        if (parts)
-            llm_split_path(r.path, (uint32_t)k, name, sizeof name);
-        else
-            snprintf(name, sizeof name, "%s", r.path);
+        char name[FETCH_MAX_PATH], got[48] = "";
+        if (fetch_part_name(r->path, k, name, sizeof name))
+            return fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: name too long", r->path);
         c->file = name;
         c->part = k;
         fetch_report(c, "resolving", 0, 1);
-        char got[48];
-        st = resolve(c, &r, k == 1 ? r.rev : commit, name, &files[k - 1], got);
-        if (k == 1)
-            snprintf(commit, sizeof commit, "%s", got);
+        st = resolve(c, r, k == 1 ? r->rev : commit, name, &files[k - 1], got);
+        c->file = NULL; /* name is this loop's */
+        if (!st && k == 1)
+            snprintf(commit, 48, "%s", got);
+        const char *want = fetch_want(c, k);
+        if (!st && want[0] && files[k - 1].want[0] && strcmp(want, files[k - 1].want))
+            st = fetch_fail(c, FETCH_CHECKSUM, LLM_ERR_FORMAT, "%s: the hub's file has sha256 %.12s..., expected "
+                            "%.12s...: not downloaded", files[k - 1].name, files[k - 1].want, want);
+        if (!st && want[0]) {
+            snprintf(files[k - 1].want, sizeof files[k - 1].want, "%s", want);
+            files[k - 1].verify_hit = 1;
+        }
         c->total += files[k - 1].size;
     }
-    c->file = NULL; /* name was this loop's */
-    if (st && c->why == FETCH_FAILED && c->err->code == LLM_ERR_IO && !cached_snapshot(c, &r, c->n_parts, path, n)) {
+    return st;
+}
+
+llm_status fetch_hf_get(fetch_ctx *c, const char *uri, char *path, size_t n)
+{
+    hf_ref r;
+    char commit[48] = "";
+    llm_status st = hf_parse(c, uri, &r);
+    if (!st && r.quant[0])
+        st = choose_quant(c, &r);
+    int parts = st ? 0 : llm_split_path(r.path, 1, NULL, 0);
+    if (!st && parts > FETCH_MAX_PARTS)
+        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_INVALID_ARG, "%.300s: over %d parts", uri, FETCH_MAX_PARTS);
+    c->n_parts = parts ? parts : 1;
+    fetch_file *files = st ? NULL : calloc((size_t)c->n_parts, sizeof *files);
+    if (!st && !files)
+        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_NOMEM, "no memory");
+    if (!st)
+        st = resolve_all(c, &r, files, commit);
+    if (st && c->no_answer && !cached_snapshot(c, &r, path, n)) {
         free(files);
         return LLM_OK;
     }
-    const char *want = c->o->sha256 && *c->o->sha256 ? c->o->sha256 : NULL;
-    if (!st && want && files[0].want[0] && strcasecmp(want, files[0].want))
-        st = fetch_fail(c, FETCH_CHECKSUM, LLM_ERR_FORMAT, "%s: the hub's file has sha256 %.12s..., expected %.12s...: "
-                        "not downloaded", files[0].name, files[0].want, want);
-    else if (!st && want)
-        snprintf(files[0].want, sizeof files[0].want, "%s", want);
     for (int k = 1; k <= c->n_parts && !st; k++) {
         c->file = files[k - 1].name;
         c->part = k;
-        st = fetch_file_get(c, &files[k - 1]);
+        st = fetch_xfer_get(c, &files[k - 1]);
         if (!st)
             st = link_snapshot(c, &r, commit, &files[k - 1], k == 1 ? path : NULL, n);
         c->done_before += files[k - 1].size;
     }
+    c->file = NULL;
     free(files);
     return st;
 }

@@ -67,8 +67,9 @@ typedef struct srv {
     struct {                   /* a source's download, for /startupz (written by the loader) */
         _Atomic int on;
         _Atomic unsigned long long done, total, rate;
-        char phase[16];
-        char reason[32];       /* why it failed (fetch_reason_name), "" otherwise */
+        _Atomic(const char *) phase; /* a string literal (fetch_progress.phase) */
+        double last_log;       /* the loader's own */
+        char reason[32];       /* why it failed (fetch_reason_name), "" otherwise: written before phase is failed */
     } dl;
     _Atomic int stopping;      /* SIGTERM: a download in progress stops */
     char name[128];            /* served model name */

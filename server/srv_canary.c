@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "llm/chat.h"
+#include "fetch.h"
 #include "srv.h"
 
 void srv_canary_init(srv *s)
@@ -254,8 +255,16 @@ static int retire(srv_canary *c, srv_err *e)
 static int model_dir(const srv *s, char *out, srv_err *e)
 {
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", s->cfg.model_dir[0] ? s->cfg.model_dir : s->model_path);
-    const char *d = s->cfg.model_dir[0] ? dir : dirname(dir);
+    int own = s->cfg.model_dir[0] != 0;
+    if (own)
+        snprintf(dir, sizeof dir, "%s", s->cfg.model_dir);
+    else if (fetch_is_remote(s->cfg.model)) { /* a source's files are links into the cache's blobs/: the cache */
+        fetch_cache_dir(&(fetch_options){.cache_dir = s->cfg.model_cache[0] ? s->cfg.model_cache : NULL}, dir,
+                        sizeof dir);
+        own = 1;
+    } else
+        snprintf(dir, sizeof dir, "%s", s->model_path);
+    const char *d = own ? dir : dirname(dir);
     if (!realpath(d, out)) {
         srv_err_set(e, 500, NULL, "the model directory %s cannot be resolved: %s", d, strerror(errno));
         return 500;

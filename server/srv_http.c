@@ -349,7 +349,7 @@ static char *probe_body(srv *s, int ok)
     json_t *j = json_pack("{s:s,s:s,s:s}", "status", ok ? "ok" : phase, "phase", phase, "detail", s->status);
     unsigned long long done = atomic_load(&s->dl.done), total = atomic_load(&s->dl.total);
     if (j && dl)
-        json_object_set_new(j, "download", json_pack("{s:s,s:I,s:I,s:I,s:f}", "state", s->dl.phase,
+        json_object_set_new(j, "download", json_pack("{s:s,s:I,s:I,s:I,s:f}", "state", atomic_load(&s->dl.phase),
                                                      "bytes_done", (json_int_t)done, "bytes_total", (json_int_t)total,
                                                      "bytes_per_second", (json_int_t)atomic_load(&s->dl.rate),
                                                      "percent", total ? 100.0 * (double)done / (double)total : 0.0));

@@ -47,8 +47,7 @@ static void load_progress(void *ctx, double done)
 static void fetch_progress_cb(void *ctx, const fetch_progress *p)
 {
     srv *s = ctx;
-    static double last_log;
-    snprintf(s->dl.phase, sizeof s->dl.phase, "%s", p->phase);
+    atomic_store(&s->dl.phase, p->phase);
     atomic_store(&s->dl.done, p->done);
     atomic_store(&s->dl.total, p->total);
     atomic_store(&s->dl.rate, (unsigned long long)p->rate);
@@ -61,10 +60,16 @@ static void fetch_progress_cb(void *ctx, const fetch_progress *p)
     snprintf(s->status, sizeof s->status, "%s %.200s%s: %.1f of %.1f MB%s at %.1f MB/s", p->phase, p->file, part,
              (double)p->done / 1e6, (double)p->total / 1e6, pct, p->rate / 1e6);
     double now = llm_clock_mono_s();
-    if (now - last_log >= 5.0 || !strcmp(p->phase, "done")) {
-        last_log = now;
+    if (now - s->dl.last_log >= 5.0 || !strcmp(p->phase, "done")) {
+        s->dl.last_log = now;
         logf_("%s", s->status);
     }
+}
+
+static void fetch_log_cb(void *ctx, const char *line)
+{
+    (void)ctx;
+    logf_("%s", line);
 }
 
 /* cfg.model into model_path: a source is downloaded (checked against
@@ -78,11 +83,12 @@ static llm_status find_model(srv *s, llm_error *err)
         return srv_load_verify_sha256(s->cfg.model, s->cfg.model_sha256, NULL, err);
     }
     fetch_options o = {.cache_dir = s->cfg.model_cache[0] ? s->cfg.model_cache : NULL, .sha256 = s->cfg.model_sha256,
-                       .progress = fetch_progress_cb, .ctx = s, .abort = &s->stopping};
+                       .progress = fetch_progress_cb, .log = fetch_log_cb, .ctx = s, .abort = &s->stopping};
     fetch_reason why = FETCH_OK;
+    atomic_store(&s->dl.phase, "resolving");
     atomic_store(&s->dl.on, 1);
     llm_status st = fetch_model(s->cfg.model, &o, s->model_path, sizeof s->model_path, &why, err);
-    if (st)
+    if (st && st != LLM_ERR_CANCELLED) /* a stop is no failure of the source */
         snprintf(s->dl.reason, sizeof s->dl.reason, "%s", fetch_reason_name(why));
     else
         logf_("%s is %s", s->cfg.model, s->model_path);
@@ -178,7 +184,8 @@ int main(int argc, char **argv)
         srv_config_usage(stdout);
         return 0;
     }
-    if (fetch_check(s.cfg.model, &err)) { /* a malformed source fails here, not after the port is up */
+    if (fetch_check(s.cfg.model, &(fetch_options){.sha256 = s.cfg.model_sha256}, &err)) {
+        /* a malformed source, or digests that do not fit it, fail here, not after the port is up */
         fprintf(stderr, "llm-server: model: %s\n", err.msg);
         return 2;
     }

@@ -140,7 +140,7 @@ $(FUZZ_BUILD)/fuzz_json: tests/fuzz/fuzz_json.c tests/fuzz/deep.h common/json.c 
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_json.c common/json.c common/thread.c common/status.c -ljansson -lpthread -o $@
 
-FETCH_SRC = net/fetch.c net/fetch_hf.c net/fetch_xfer.c net/http_client.c common/status.c common/json.c common/thread.c \
+FETCH_SRC = net/fetch.c net/fetch_http.c net/fetch_xfer.c net/fetch_hf.c net/fetch_url.c net/http_client.c common/status.c common/json.c common/thread.c \
             common/clock.c common/split_name.c
 $(FUZZ_BUILD)/fuzz_fetch: tests/fuzz/fuzz_fetch.c $(FETCH_SRC) $(wildcard net/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)

@@ -40,9 +40,18 @@ import urllib.parse
 LFS_MIN = 1024
 
 
+_digests = {}
+
+
 def sha256_file(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    """The file's sha256, computed once per (path, size, mtime): a request
+    must not cost a read of every file of the repository."""
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    if key not in _digests:
+        with open(path, "rb") as f:
+            _digests[key] = hashlib.file_digest(f, "sha256").hexdigest()
+    return _digests[key]
 
 
 class Repo:
@@ -61,9 +70,17 @@ class Repo:
         self.token = open(tok).read().strip() if os.path.exists(tok) else None
 
     def git_oid(self, rel):
-        """What git calls the blob's id (its ETag for small files)."""
-        data = open(os.path.join(self.path, rel), "rb").read()
-        return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        """What git calls the blob's id (its ETag for small files), once per file version."""
+        path = os.path.join(self.path, rel)
+        st = os.stat(path)
+        key = ("oid", os.path.realpath(path), st.st_size, st.st_mtime_ns)
+        if key not in _digests:
+            h = hashlib.sha1(b"blob %d\0" % st.st_size)
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+            _digests[key] = h.hexdigest()
+        return _digests[key]
 
 
 class Hub:

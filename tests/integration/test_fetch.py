@@ -15,6 +15,7 @@ s3:// as from the file, with /startupz reporting the download."""
 import hashlib
 import json
 import os
+import pathlib
 import resource
 import shutil
 import signal
@@ -446,7 +447,8 @@ def test_llmdeployment_download_failures_have_their_reasons(hub, tmp_path, model
     ("{uri: 'hf://acme/x:Q8_0', volume: {hostPath: {path: /m}}}", "volume is for path"),
     ("{path: /m/x.gguf, cache: {emptyDir: {}}}", "cache, credentialsSecret and endpoint are for a uri"),
     ("{uri: 'https://h/x.gguf', endpoint: 'https://mirror'}", "endpoint is for hf://"),
-    ("{uri: 'hf://acme/x:Q8_0', cache: {pvc: {claimName: a}, emptyDir: {}}}", "at most one of pvc, hostPath"),
+    ("{uri: 'hf://acme/x:Q8_0', cache: {pvc: {claimName: a}, emptyDir: {}}}", "at most one of pvc and emptyDir"),
+    ("{uri: 'hf://acme/x:Q8_0', sha256: 'abc'}", "spec.model.sha256"),
 ])
 def test_the_crd_refuses_bad_model_sources(tmp_path, model, kubectl, model_spec, why):
     """The CRD's rules (kubesim evaluates them as the API server does)."""
@@ -481,3 +483,95 @@ def test_the_hf_sample_runs_as_written(gemma, tmp_path, model):
             assert len(cdn_gets(hub)) == 1
     finally:
         hub.close()
+
+
+def test_the_crd_has_no_hostpath_cache(tmp_path, kubectl):
+    """A node folder as the cache would be written by every namespace's
+    pods: the CRD has no such field, so the API server prunes it."""
+    kubectl("apply", "-f", str(ROOT / "manifests/crd/llmdeployments.yaml"))
+    kubectl("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
+    kubectl("apply", "--validate=false", "-f", "-", stdin="apiVersion: llmk8s.io/v1alpha1\nkind: LLMDeployment\n"
+            "metadata: {name: hp}\nspec: {model: {uri: 'hf://acme/x:Q8_0', cache: {hostPath: {path: /var/lib/m}}}}\n")
+    stored = json.loads(kubectl("get", "llmd", "hp", "-o", "json").stdout)
+    assert "hostPath" not in json.dumps(stored["spec"]), stored["spec"]
+
+
+def cdn_url(hub, repo_file):
+    """The CDN URL the stand-in redirects repo_file's resolve to (an http:// source)."""
+    import urllib.error
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *a, **k):
+            return None
+    org, repo, name = repo_file.split("/", 2)
+    req = urllib.request.Request(f"{hub.url}/{org}/{repo}/resolve/main/{name}", method="HEAD")
+    try:
+        urllib.request.build_opener(NoRedirect).open(req)
+    except urllib.error.HTTPError as e:
+        hub.log.clear()
+        return e.headers["Location"]
+    raise AssertionError("the stand-in did not redirect")
+
+
+def test_what_others_put_in_the_cache_is_not_trusted(hub, tmp_path):
+    """The cache is written by whoever shares it: a symbolic link or a FIFO
+    planted as the partial file, a partial file of someone else's bytes
+    where no digest judges them, a wrong file in place under a digest."""
+    src = tmp_path / "root/acme/tiny-GGUF/tiny-Q8_0.gguf"
+    want = sha256(src)
+    url = cdn_url(hub, "acme/tiny-GGUF/tiny-Q8_0.gguf")
+    r = fetch(hub, tmp_path, url)  # an http source: no digest from anywhere
+    assert r.returncode == 0, r.stderr
+    path = pathlib.Path(r.stdout.strip())
+    # someone else's bytes as the partial file: not resumed without a digest
+    path.unlink()
+    pathlib.Path(str(path) + ".incomplete").write_bytes(b"GGUF" + b"planted" * 1000)
+    r = fetch(hub, tmp_path, url)
+    assert r.returncode == 0 and sha256(path) == want, r.stderr
+    # a link planted as the partial file: never written through
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    path.unlink()
+    os.symlink(victim, str(path) + ".incomplete")
+    r = fetch(hub, tmp_path, url)
+    assert r.returncode == 0 and sha256(path) == want and not path.is_symlink(), r.stderr
+    assert victim.read_text() == "keep me"
+    # a FIFO planted as the partial file: no hang
+    path.unlink()
+    os.mkfifo(str(path) + ".incomplete")
+    r = fetch(hub, tmp_path, url, timeout=60)
+    assert r.returncode == 0 and sha256(path) == want, r.stderr
+    # a wrong file in place, fetched with the right digest: hashed, refused, fetched again
+    r = fetch(hub, tmp_path, url, "--sha256", want)
+    pinned = pathlib.Path(r.stdout.strip())
+    assert r.returncode == 0 and sha256(pinned) == want, r.stderr
+    pinned.write_bytes(b"GGUF" + b"x" * (src.stat().st_size - 4))
+    r = fetch(hub, tmp_path, url, "--sha256", want)
+    assert r.returncode == 0 and sha256(pinned) == want and "not the one expected" in r.stderr, r.stderr
+
+
+def test_offline_the_cache_serves_only_what_the_digest_names(hub, tmp_path):
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0")
+    assert r.returncode == 0, r.stderr
+    want = sha256(r.stdout.strip())
+    down = "http://127.0.0.1:9"  # nothing listens: no answer at all
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF/tiny-Q8_0.gguf", "--retries", 1, env={"HF_ENDPOINT": down})
+    assert r.returncode == 0 and "using the cached snapshot" in r.stderr, r.stderr
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF/tiny-Q8_0.gguf", "--retries", 1, "--sha256", want,
+              env={"HF_ENDPOINT": down})
+    assert r.returncode == 0, r.stderr
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF/tiny-Q8_0.gguf", "--retries", 1, "--sha256", "ab" * 32,
+              env={"HF_ENDPOINT": down})
+    assert r.returncode != 0 and "using the cached snapshot" not in r.stderr, r.stderr
+
+
+def test_credentials_and_urls_are_not_injected(hub, tmp_path):
+    url = cdn_url(hub, "acme/tiny-GGUF/tiny-Q8_0.gguf")
+    r = fetch(hub, tmp_path, url, env={"LLM_FETCH_BEARER_TOKEN": "tok\r\nX-Injected: yes"})
+    assert r.returncode == 4 and "LLM_FETCH_BEARER_TOKEN has a control character" in r.stderr, r.stderr
+    assert "X-Injected" not in r.stderr and cdn_gets(hub) == []
+    # a '/' in the query is the query's, not the path's
+    r = fetch(hub, tmp_path, url + "&v=1/evil")
+    assert r.returncode == 0 and r.stdout.strip().endswith("/" + url.split("?")[0].rsplit("/", 1)[1]), r.stdout
+    assert cdn_gets(hub)[-1][0].endswith("&v=1/evil")

@@ -118,10 +118,15 @@ def test_server_checks_one_digest_per_part(models, tmp_path):
     s = Server(parts[0], "--model_sha256", ",".join(sums))
     assert s.get("/readyz")[0] == 200
     s.stop()
+    # too few digests: refused at start, before the port is up
+    s = Server(parts[0], "--model_sha256", ",".join(sums[:2]), wait=False)
+    assert s.proc.wait(timeout=60) == 2
+    err = s.proc.stderr.read()
+    assert f"2 sha256 digests for {len(parts)} files" in err, err
+    s.stop()
     bad = sums[:]
     bad[2] = "ab" * 32
-    for digests, what in ((",".join(bad), f"{parts[2]}: sha256 mismatch"),
-                          (",".join(sums[:2]), f"model_sha256 has 2 digests for {len(parts)} files")):
+    for digests, what in ((",".join(bad), f"{parts[2]}: sha256 mismatch"),):
         s = Server(parts[0], "--model_sha256", digests, wait=False)
 
         def failed():
