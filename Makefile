@@ -179,7 +179,7 @@ $(BUILD)/tests/test_ctl_queue: $(BUILD)/controller/ctl_queue.o
 $(BUILD)/tests/test_plan: $(BUILD)/controller/plan.o $(BUILD)/controller/rollout.o $(BUILD)/controller/canary.o \
             $(BUILD)/controller/autoscale.o $(BUILD)/controller/pod_diag.o $(BUILD)/controller/desired.o
 KUBE_TESTS = $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
-             $(BUILD)/tests/test_kube_apply $(BUILD)/tests/test_kube_config $(BUILD)/tests/test_plan
+             $(BUILD)/tests/test_kube_apply $(BUILD)/tests/test_kube_config $(BUILD)/tests/test_plan $(BUILD)/tests/test_fetch
 $(KUBE_TESTS): $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testutil.h $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"

@@ -96,30 +96,39 @@ static llm_status find_model(srv *s, llm_error *err)
     return st;
 }
 
+/* The model's file (a source downloaded first), loaded and paged in, the
+ * backends, the engine and its warm-up token. */
+static llm_status load(srv *s, llm_error *err)
+{
+    llm_status st = find_model(s, err);
+    if (!st) {
+        snprintf(s->status, sizeof s->status, "loading %.400s", s->model_path);
+        st = llm_model_load(s->model_path, &s->model, err);
+    }
+    if (!st) {
+        llm_model_prefault(s->model, load_progress, s);
+        snprintf(s->status, sizeof s->status, "model loaded; starting the engine");
+        st = srv_load_backends(s, s->backends, &s->n_backends, err);
+    }
+    if (!st)
+        st = srv_load_engine(s, s->model, s->backends, s->n_backends, &s->engine, err);
+    if (!st) {
+        snprintf(s->status, sizeof s->status, "warming up");
+        st = srv_load_warm_up(s->engine, s->model, err);
+        logf_("warm-up done");
+    }
+    if (!st && !(s->chat = srv_chat_new(s->model, s->cfg.chat_template, s->cfg.chat_template_file, err)))
+        st = err->code ? err->code : LLM_ERR_INTERNAL;
+    return st;
+}
+
 static void *loader(void *arg)
 {
     srv *s = arg;
     llm_error err = {0};
     snprintf(s->status, sizeof s->status, "loading %s", s->cfg.model);
     logf_("loading %s", s->cfg.model);
-    llm_status st = find_model(s, &err);
-    if (!st) {
-        snprintf(s->status, sizeof s->status, "loading %.400s", s->model_path);
-        st = llm_model_load(s->model_path, &s->model, &err);
-    }
-    if (!st) {
-        llm_model_prefault(s->model, load_progress, s);
-        snprintf(s->status, sizeof s->status, "model loaded; starting the engine");
-        st = srv_load_backends(s, s->backends, &s->n_backends, &err);
-    }
-    if (!st)
-        st = srv_load_engine(s, s->model, s->backends, s->n_backends, &s->engine, &err);
-    if (!st) {
-        snprintf(s->status, sizeof s->status, "warming up");
-        st = srv_load_warm_up(s->engine, s->model, &err);
-        logf_("warm-up done");
-    }
-    if (st) {
+    if (load(s, &err)) {
         snprintf(s->status, sizeof s->status, "%s", err.msg);
         logf_("failed: %s", err.msg);
         atomic_store(&s->phase, SRV_FAILED);
@@ -129,12 +138,6 @@ static void *loader(void *arg)
     llm_engine_stats(s->engine, &es);
     s->n_ctx = es.n_ctx;
     snprintf(s->name, sizeof s->name, "%s", s->cfg.model_name[0] ? s->cfg.model_name : s->model->name);
-    if (!(s->chat = srv_chat_new(s->model, s->cfg.chat_template, s->cfg.chat_template_file, &err))) {
-        snprintf(s->status, sizeof s->status, "%s", err.msg);
-        logf_("failed: %s", err.msg);
-        atomic_store(&s->phase, SRV_FAILED);
-        return NULL;
-    }
     logf_("chat template: %s", s->chat->what);
     s->embed_pooling = srv_embed_default_pooling(s->model, s->cfg.embedding_pooling);
     logf_("embeddings: %s pooling", s->embed_pooling == LLM_POOL_MEAN ? "mean" : "last");

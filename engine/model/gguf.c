@@ -475,7 +475,10 @@ static llm_status merge_tensors(gguf_file *f, uint64_t want, llm_error *err)
     for (uint32_t k = 0, n = 0; k < f->n_parts && !st; k++)
         for (uint64_t i = 0; i < f->parts[k]->n_tensors && !st; i++, n++) {
             all[n] = f->parts[k]->tensors[i];
-            if (all[n].name.len > UINT32_MAX || llm_strmap_get(&names, all[n].name.data, all[n].name.len) >= 0)
+            if (all[n].name.len > UINT32_MAX)
+                st = llm_errf(err, LLM_ERR_FORMAT, "%s: a tensor name of %llu bytes", f->parts[k]->name,
+                              (unsigned long long)all[n].name.len);
+            else if (llm_strmap_get(&names, all[n].name.data, all[n].name.len) >= 0)
                 st = llm_errf(err, LLM_ERR_FORMAT, "%s: tensor %.*s appears twice in the split set",
                               f->parts[k]->name, (int)(all[n].name.len > 128 ? 128 : all[n].name.len),
                               all[n].name.data);
@@ -497,8 +500,10 @@ static llm_status merge_tensors(gguf_file *f, uint64_t want, llm_error *err)
  * every part attached (f included), on failure f is closed. */
 static llm_status open_set(gguf_file *f, const char *path, const split_info *si, gguf_file **out, llm_error *err)
 {
+    char named[4096];
     *out = NULL;
-    if (!llm_split_path(path, 0, NULL, 0) || llm_split_path(path, 0, NULL, 0) != (int)si->count) {
+    if (llm_split_path(path, 0, NULL, 0) != (int)si->count ||
+        !llm_split_path(path, (uint32_t)si->no + 1, named, sizeof named) || strcmp(named, path)) {
         gguf_close(f);
         return llm_errf(err, LLM_ERR_FORMAT,
                         "%s: part %llu of %llu of a split GGUF whose name does not end in -%05llu-of-%05llu.gguf "

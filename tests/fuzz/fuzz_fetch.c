@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (char *line = s, *end; *line; line = end) { /* one call per line, as libcurl makes them */
             end = strchr(line, '\n');
             end = end ? end + 1 : line + strlen(line);
-            fetch_header_line(&r, line, (size_t)(end - line));
+            fetch_http_header_line(&r, line, (size_t)(end - line));
         }
         /* every field stays a terminated string inside its buffer, Retry-After within its cap */
         if (strnlen(r.location, sizeof r.location) == sizeof r.location || strnlen(r.etag, sizeof r.etag) == sizeof r.etag ||
@@ -33,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
     } else {
         llm_error err = {0};
-        int ok = fetch_check(s, &err) == LLM_OK;
+        int ok = fetch_check(s, NULL, &err) == LLM_OK;
         s[strcspn(s, "?#")] = 0; /* what names the file: not a query or a fragment */
         if (ok && fetch_is_remote(s) && !strchr(s, '@') &&
             (strstr(s, "/../") || strstr(s, "/./") || strstr(s, "://../") || strstr(s, "://./")))

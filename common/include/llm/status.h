@@ -24,7 +24,8 @@ typedef enum llm_status {
     LLM_ERR_BACKEND = 9,     /* a backend (CPU threads, CUDA) call failed */
     LLM_ERR_INTERNAL = 10,   /* should not happen; message says where */
     LLM_ERR_TOO_LONG = 11,   /* input over a declared size limit */
-    LLM_ERR_NOT_FOUND = 12,  /* no such request (finished, cancelled or never there) */
+    LLM_ERR_NOT_FOUND = 12,  /* no such request (finished, cancelled or never there), or a source's repository,
+                              * file, revision, bucket or key */
     LLM_ERR_TIMEOUT = 13,    /* nothing happened within the time asked for */
     LLM_ERR_SHUTDOWN = 14,   /* the engine is closing */
     /* 15, 16, 17 and 19 are held for another layer's codes (kube/kube_status.h's

@@ -102,7 +102,9 @@ uint64_t gguf_n_tensors(const gguf_file *f);
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, uint64_t i);
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name);
 const char *gguf_name(const gguf_file *f);
-/* 1 for a single file; a split set's part count and each part's path. */
+/* 1 for a single file; a split set's part count and each part's path
+ * (NUL-terminated, owned by f; NULL when k is out of range).
+ * gguf_open_buffer reads one buffer: split.* keys are not followed there. */
 uint32_t gguf_n_parts(const gguf_file *f);
 const char *gguf_part_name(const gguf_file *f, uint32_t k);
 
