@@ -269,6 +269,8 @@ static void ctx_tokens(fetch_ctx *c)
         token_file(c->hf_token, sizeof c->hf_token, tf);
     }
     pick(c->bearer, sizeof c->bearer, c->o->bearer_token, "LLM_FETCH_BEARER_TOKEN", NULL, NULL);
+    if (!c->bearer[0] && env("LLM_FETCH_BEARER_TOKEN_FILE")) /* a mounted Secret */
+        token_file(c->bearer, sizeof c->bearer, env("LLM_FETCH_BEARER_TOKEN_FILE"));
     const char *id = env("AWS_ACCESS_KEY_ID"), *secret = env("AWS_SECRET_ACCESS_KEY");
     if (id && secret)
         snprintf(c->s3_user, sizeof c->s3_user, "%s:%s", id, secret);

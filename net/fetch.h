@@ -78,7 +78,8 @@ typedef struct fetch_options {
     const char *cache_dir;   /* NULL: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub */
     const char *hf_endpoint; /* NULL: $HF_ENDPOINT, else https://huggingface.co */
     const char *hf_token;    /* NULL: $HF_TOKEN, else the file $HF_TOKEN_PATH or $HF_HOME/token */
-    const char *bearer_token; /* https:// sources; NULL: $LLM_FETCH_BEARER_TOKEN */
+    const char *bearer_token; /* https:// sources; NULL: $LLM_FETCH_BEARER_TOKEN, else the file
+                               * $LLM_FETCH_BEARER_TOKEN_FILE names (its first line) */
     const char *s3_endpoint; /* NULL: $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, else AWS's (virtual-hosted) */
     const char *s3_region;   /* NULL: $AWS_REGION, $AWS_DEFAULT_REGION, else us-east-1 */
     const char *sha256;      /* expected digest (64 hex digits); a split set: one per part, comma-separated in

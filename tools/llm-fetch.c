@@ -13,10 +13,10 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: llm-fetch SOURCE [--cache DIR] [--sha256 HEX] [--hf-endpoint URL] [--stall-seconds N]\n"
-               "                 [--retries N]\n"
+               "                 [--retries N] [--lock-stale-seconds N]\n"
                "       SOURCE: hf://ORG/REPO/PATH.gguf[@REV], hf://ORG/REPO:QUANT[@REV], s3://BUCKET/KEY, https://...\n"
                "       environment: HF_TOKEN, HF_ENDPOINT, HF_HUB_CACHE, HF_HOME, AWS_ACCESS_KEY_ID,\n"
-               "       AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL(_S3), LLM_FETCH_BEARER_TOKEN\n");
+               "       AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL(_S3), LLM_FETCH_BEARER_TOKEN(_FILE)\n");
 }
 
 static void progress(void *ctx, const fetch_progress *p)
@@ -50,7 +50,11 @@ int main(int argc, char **argv)
             o.sha256 = argv[++i];
         else if (!strcmp(argv[i], "--hf-endpoint") && i + 1 < argc)
             o.hf_endpoint = argv[++i];
-        else if (!strcmp(argv[i], "--retries") && i + 1 < argc) {
+        else if (!strcmp(argv[i], "--lock-stale-seconds") && i + 1 < argc) {
+            if (cli_int("--lock-stale-seconds", argv[++i], 1, 86400, &v))
+                return 2;
+            o.lock_stale_s = v;
+        } else if (!strcmp(argv[i], "--retries") && i + 1 < argc) {
             if (cli_int("--retries", argv[++i], 1, 100, &v))
                 return 2;
             o.max_retries = (int)v;

@@ -35,7 +35,8 @@ def test_samples_accepted_with_defaults(k):
     table = k("get", "llmd").stdout.splitlines()
     assert table[0].split() == ["NAME", "MODEL", "READY", "PODS", "DESIRED", "CANARY", "PHASE", "AGE"]
     rows = {r.split()[0]: r.split()[1] for r in table[1:]}
-    assert rows == {"gemma": "gemma", "llama-8b": "llama-3.1-8b", "tinyllama": "tinyllama"}, rows
+    assert rows == {"gemma": "gemma", "gemma-hf": "gemma-3-270m-it", "llama-8b": "llama-3.1-8b",
+                    "tinyllama": "tinyllama"}, rows
     gemma = json.loads(k("get", "llmd", "gemma", "-o", "json").stdout)["spec"]
     assert gemma["model"]["volume"] == {"mountPath": "/models", "pvc": {"claimName": "models"}}
     assert "scaled" in k("scale", "llmd/tinyllama", "--replicas=3").stdout

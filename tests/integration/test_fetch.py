@@ -402,11 +402,14 @@ def test_llmdeployment_downloads_once_for_three_replicas(hub, tmp_path, model):
         hub.faults = {"rate": size / 12, "sticky": True}  # ~12 s
         llmd_uri(c, "hf", "hf://acme/tiny-GGUF:F32", hub.url, replicas=3,
                  model_extra="    cache: {pvc: {claimName: models}}\n")
-        seen = wait_for(lambda: c.status("hf").get("phase") == "Downloading" and "%" in c.cond(
-            "Ready", "hf").get("message", "") and c.cond("Ready", "hf"), 60, "phase Downloading with the progress")
+        def downloading():  # what kubectl get and describe show, read while it downloads
+            cond = c.cond("Ready", "hf")
+            if c.status("hf").get("phase") != "Downloading" or "%" not in cond.get("message", ""):
+                return None
+            got, described = c.k("get", "llmd", "hf").stdout, c.k("describe", "llmd", "hf").stdout
+            return "Downloading" in got and "Downloading" in described and "%" in described and (cond, got)
+        seen, got = wait_for(downloading, 60, "phase Downloading with the progress in get and describe")
         assert seen["reason"] == "Downloading" and "tiny-F32.gguf" in seen["message"], seen
-        described = c.k("describe", "llmd", "hf").stdout
-        assert "Downloading" in described, described
         wait_for(lambda: c.status("hf").get("phase") == "Ready", 120, "Ready")
         assert c.status("hf")["readyReplicas"] == 3
         assert len(cdn_gets(hub)) == 1, cdn_gets(hub)
@@ -575,3 +578,57 @@ def test_credentials_and_urls_are_not_injected(hub, tmp_path):
     r = fetch(hub, tmp_path, url + "&v=1/evil")
     assert r.returncode == 0 and r.stdout.strip().endswith("/" + url.split("?")[0].rsplit("/", 1)[1]), r.stdout
     assert cdn_gets(hub)[-1][0].endswith("&v=1/evil")
+
+
+def test_a_dead_downloader_is_resumed(hub, tmp_path):
+    """A downloader killed mid-file releases its lock with its process; the
+    next resumes its partial file from where it stopped (the hub's sha256
+    judges the whole)."""
+    src = tmp_path / "root/acme/tiny-GGUF/tiny-F32.gguf"
+    size = src.stat().st_size
+    hub.faults = {"rate": size / 8, "sticky": True}
+    e = {**os.environ, "HF_ENDPOINT": hub.url}
+    p = subprocess.Popen([str(tool("llm-fetch")), "hf://acme/tiny-GGUF:F32", "--cache", str(tmp_path / "cache")],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=e)
+    blobs = tmp_path / "cache/models--acme--tiny-GGUF/blobs"
+    part = wait_for(lambda: next((f for f in blobs.glob("*.incomplete") if f.stat().st_size > size // 4), None)
+                    if blobs.exists() else None, 60, "a quarter of the file")
+    p.kill()
+    p.wait()
+    have = part.stat().st_size
+    hub.faults = {}
+    hub.log.clear()
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:F32")
+    assert r.returncode == 0 and sha256(r.stdout.strip()) == sha256(src), r.stderr
+    assert f"resuming at byte {have}" in r.stderr, r.stderr
+    gets = cdn_gets(hub)
+    assert len(gets) == 1 and gets[0][1]["range"] == f"bytes={have}-", gets
+
+
+def test_a_stuck_lock_holder_is_left_behind(hub, tmp_path):
+    """A process that holds a file's lock and writes nothing is left behind
+    after the stale time: the waiter downloads into a partial file of its
+    own and the verified result is the same."""
+    import fcntl
+    src = tmp_path / "root/acme/tiny-GGUF/tiny-F32.gguf"
+    lock = tmp_path / f"cache/.locks/models--acme--tiny-GGUF/{sha256(src)}.lock"
+    lock.parent.mkdir(parents=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        t = time.time()
+        r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:F32", "--lock-stale-seconds", 2)
+        assert r.returncode == 0 and "downloading alone" in r.stderr, r.stderr
+        assert time.time() - t >= 2
+    assert sha256(r.stdout.strip()) == sha256(src)
+    assert not list((tmp_path / "cache").rglob("*.incomplete"))
+
+
+def test_an_https_bearer_token_from_a_file(hub, tmp_path):
+    """LLM_FETCH_BEARER_TOKEN_FILE: the token read from a file (a mounted
+    Secret), sent to the source's host only."""
+    url = cdn_url(hub, "acme/tiny-GGUF/tiny-Q8_0.gguf")
+    tok = tmp_path / "token"
+    tok.write_text("filetoken\n")
+    r = fetch(hub, tmp_path, url, env={"LLM_FETCH_BEARER_TOKEN_FILE": str(tok)})
+    assert r.returncode == 0, r.stderr
+    assert cdn_gets(hub)[-1][1].get("authorization") == "Bearer filetoken"
