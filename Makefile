@@ -230,7 +230,7 @@ deps:
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) || exit 1; fi
 	@for p in $(PY_PKGS); do pkg=$${p%%:*}; mod=$${p##*:}; \
-	  $(PYTHON) -c "import $$mod" 2>/dev/null || $(PYTHON) -m pip install -q $$pkg || exit 1; done
+	  $(PYTHON) -c "import $$mod" 2>/dev/null || $(PYTHON) -m pip install -q "$$pkg" || exit 1; done
 
 # ---- running ----------------------------------------------------------------
 THREADS ?= 2
