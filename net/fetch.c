@@ -86,6 +86,12 @@ void fetch_hex(const unsigned char *d, unsigned int n, char *out)
     out[2 * n] = 0;
 }
 
+int fetch_shown(const char *url)
+{
+    size_t n = strcspn(url, "?");
+    return (int)(n < 200 ? n : 200);
+}
+
 int fetch_hex_ok(const char *s, size_t len)
 {
     if (strlen(s) != len)

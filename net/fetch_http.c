@@ -155,8 +155,8 @@ struct curl_slist *fetch_http_prepare(fetch_ctx *c, CURL *h, const char *url, fe
         curl_easy_setopt(h, CURLOPT_HTTPHEADER, hs) || curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L) ||
         curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress) || curl_easy_setopt(h, CURLOPT_XFERINFODATA, c)) {
         curl_slist_free_all(hs);
-        fetch_fail(c, FETCH_FAILED, LLM_ERR_INTERNAL, "%.300s: libcurl refused the request's settings (libcurl "
-                   ">= 7.85 with http and https is needed)", url);
+        fetch_fail(c, FETCH_FAILED, LLM_ERR_INTERNAL, "%.*s: libcurl refused the request's settings (libcurl "
+                   ">= 7.85 with http and https is needed)", fetch_shown(url), url);
         return NULL;
     }
     return hs;
@@ -175,7 +175,7 @@ llm_status fetch_http_request(fetch_ctx *c, const char *url, fetch_auth auth, in
         curl_easy_setopt(h, CURLOPT_WRITEDATA, &b)) {
         curl_easy_cleanup(h);
         curl_slist_free_all(hs);
-        return c->err->code ? c->err->code : fetch_fail(c, FETCH_FAILED, LLM_ERR_NOMEM, "%.300s: no memory", url);
+        return c->err->code ? c->err->code : fetch_fail(c, FETCH_FAILED, LLM_ERR_NOMEM, "%.*s: no memory", fetch_shown(url), url);
     }
     CURLcode rc = curl_easy_perform(h);
     if (curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->code))
@@ -184,14 +184,14 @@ llm_status fetch_http_request(fetch_ctx *c, const char *url, fetch_auth auth, in
     curl_slist_free_all(hs);
     llm_status st = LLM_OK;
     if (fetch_aborted(c))
-        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_CANCELLED, "%.300s: abandoned", url);
+        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_CANCELLED, "%.*s: abandoned", fetch_shown(url), url);
     else if (b.over)
-        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_TOO_LONG, "%.300s: the answer is over %zu bytes", url, max);
+        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_TOO_LONG, "%.*s: the answer is over %zu bytes", fetch_shown(url), url, max);
     else if (b.nomem || (body && !b.p && !(b.p = calloc(1, 1))))
-        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_NOMEM, "%.300s: no memory for the answer", url);
+        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_NOMEM, "%.*s: no memory for the answer", fetch_shown(url), url);
     else if (rc != CURLE_OK) {
         c->no_answer = !r->code;
-        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_IO, "%.300s: %s", url, curl_easy_strerror(rc));
+        st = fetch_fail(c, FETCH_FAILED, LLM_ERR_IO, "%.*s: %s", fetch_shown(url), url, curl_easy_strerror(rc));
     }
     if (st || !body)
         free(b.p);
@@ -223,19 +223,19 @@ int fetch_http_redirect_ok(fetch_ctx *c, const char *from, char *to, size_t n)
         size_t scheme = !strncmp(from, "https://", 8) ? 8 : 7;
         if (fetch_http_host(from, host, sizeof host) ||
             snprintf(abs, sizeof abs, "%.*s%s%s", (int)scheme, from, host, to) >= (int)sizeof abs || strlen(abs) >= n) {
-            fetch_fail(c, FETCH_FAILED, LLM_ERR_FORMAT, "%s: redirect to %.200s: too long", from, to);
+            fetch_fail(c, FETCH_FAILED, LLM_ERR_FORMAT, "%.*s: redirect to %.*s: too long", fetch_shown(from), from, fetch_shown(to), to);
             return -1;
         }
         snprintf(to, n, "%s", abs);
     }
     int https = !strncmp(to, "https://", 8), http = !strncmp(to, "http://", 7);
     if (!https && !(http && !strncmp(from, "http://", 7))) {
-        fetch_fail(c, FETCH_FAILED, LLM_ERR_FORMAT, "%s: redirect to %.200s refused: only https (or http from http)",
-                   from, to);
+        fetch_fail(c, FETCH_FAILED, LLM_ERR_FORMAT, "%.*s: redirect to %.*s refused: only https (or http from http)",
+                   fetch_shown(from), from, fetch_shown(to), to);
         return -1;
     }
     if (fetch_http_host(to, host, sizeof host)) {
-        fetch_fail(c, FETCH_FAILED, LLM_ERR_FORMAT, "%s: redirect to %.200s: not a URL with a host", from, to);
+        fetch_fail(c, FETCH_FAILED, LLM_ERR_FORMAT, "%.*s: redirect to %.*s: not a URL with a host", fetch_shown(from), from, fetch_shown(to), to);
         return -1;
     }
     return 0;

@@ -151,6 +151,9 @@ int fetch_path_ok(const char *p);
 /* A URL path, percent-encoded (unreserved characters and '/' kept); -1
  * when it does not fit. */
 int fetch_encode_path(char *dst, size_t n, const char *p);
+/* How much of url a message shows: up to its query (which may carry a
+ * signature or a token), at most 200 bytes. For "%.*s". */
+int fetch_shown(const char *url);
 /* Lower-case hex of length len exactly: 1 when it is. */
 int fetch_hex_ok(const char *s, size_t len);
 /* mkdir -p of the folder that holds path. 0 or -1 (errno). */

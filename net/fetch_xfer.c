@@ -43,13 +43,6 @@ typedef struct sink {
     int sized;              /* limit came from the expected size */
 } sink;
 
-/* The length of url to show: its query may carry a signature. */
-static int shown(const char *url)
-{
-    size_t n = strcspn(url, "?");
-    return (int)(n < 200 ? n : 200);
-}
-
 /* Free bytes on the file system of path's folder, less the reserve
  * (UINT64_MAX / 2 when unknown). */
 static uint64_t free_bytes(const char *path)
@@ -206,17 +199,17 @@ static int judge(fetch_ctx *c, const fetch_file *f, long code, const char *url)
     if (code >= 200 && code < 300)
         return 0;
     if (code == 429 || code == 408 || code >= 500) {
-        fetch_fail(c, FETCH_FAILED, LLM_ERR_IO, "%s: HTTP %ld at %.*s", f->name, code, shown(url), url);
+        fetch_fail(c, FETCH_FAILED, LLM_ERR_IO, "%s: HTTP %ld at %.*s", f->name, code, fetch_shown(url), url);
         return 1;
     }
     if (code == 404 || code == 410)
         fetch_fail(c, FETCH_NOT_FOUND, LLM_ERR_NOT_FOUND, "%s: not found (HTTP %ld at %.*s)", f->name, code,
-                   shown(url), url);
+                   fetch_shown(url), url);
     else if (code == 401 || code == 403)
         fetch_fail(c, FETCH_DENIED, LLM_ERR_INVALID_ARG, "%s: access denied (HTTP %ld): the credentials are missing "
                    "or not allowed to read it", f->name, code);
     else
-        fetch_fail(c, FETCH_FAILED, LLM_ERR_IO, "%s: HTTP %ld at %.*s", f->name, code, shown(url), url);
+        fetch_fail(c, FETCH_FAILED, LLM_ERR_IO, "%s: HTTP %ld at %.*s", f->name, code, fetch_shown(url), url);
     return -1;
 }
 
@@ -266,7 +259,7 @@ static int outcome(fetch_ctx *c, const fetch_file *f, sink *s, CURLcode rc, fetc
     if (r->code == 416 && f->size && s->have == f->size)
         return 0;
     if (rc != CURLE_OK && !r->code) {
-        fetch_fail(c, FETCH_FAILED, LLM_ERR_IO, "%s: %.*s: %s", f->name, shown(url), url, curl_easy_strerror(rc));
+        fetch_fail(c, FETCH_FAILED, LLM_ERR_IO, "%s: %.*s: %s", f->name, fetch_shown(url), url, curl_easy_strerror(rc));
         return 1;
     }
     int j = judge(c, f, r->code, url);
