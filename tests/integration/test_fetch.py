@@ -324,13 +324,18 @@ def test_server_serves_gemma_from_hf_and_s3_as_from_the_file(gemma, tmp_path, s3
     (root / "google/gemma-3-270m-GGUF").mkdir(parents=True)
     os.symlink(gemma, root / "google/gemma-3-270m-GGUF/gemma-3-270m-Q4_K_M.gguf")
     hub = Hub(str(root))
+    started = []
+
+    def server(*args, **kw):  # every server is stopped at the end, whatever fails
+        started.append(Server(*args, **kw))
+        return started[-1]
     try:
-        local = Server(gemma)
+        local = server(gemma)
         want = greedy(local)
         local.stop()
         size = gemma.stat().st_size
         hub.faults = {"rate": size / 6, "sticky": True}  # ~6 s: /startupz is read while it downloads
-        srv = Server("hf://google/gemma-3-270m-GGUF:Q4_K_M", "--model_cache", tmp_path / "cache",
+        srv = server("hf://google/gemma-3-270m-GGUF:Q4_K_M", "--model_cache", tmp_path / "cache",
                      env={"HF_ENDPOINT": hub.url}, wait=False)
         seen = []
 
@@ -353,11 +358,11 @@ def test_server_serves_gemma_from_hf_and_s3_as_from_the_file(gemma, tmp_path, s3
         assert greedy(srv) == want
         srv.stop()
         hub.faults = {}
-        srv = Server("s3://models/gemma/gemma-3-270m-Q4_K_M.gguf", "--model_cache", tmp_path / "cache", env=env)
+        srv = server("s3://models/gemma/gemma-3-270m-Q4_K_M.gguf", "--model_cache", tmp_path / "cache", env=env)
         assert greedy(srv) == want
         srv.stop()
         # a wrong digest: nothing served, the reason in /startupz
-        srv = Server("hf://google/gemma-3-270m-GGUF:Q4_K_M", "--model_cache", tmp_path / "cache2", "--model_sha256",
+        srv = server("hf://google/gemma-3-270m-GGUF:Q4_K_M", "--model_cache", tmp_path / "cache2", "--model_sha256",
                      "ab" * 32, env={"HF_ENDPOINT": hub.url}, wait=False)
         wait_for(lambda: startupz()["phase"] == "failed", timeout=60, what="the failure")
         j = startupz()
@@ -365,6 +370,8 @@ def test_server_serves_gemma_from_hf_and_s3_as_from_the_file(gemma, tmp_path, s3
         assert srv.get("/readyz")[0] == 503
         srv.stop()
     finally:
+        for s in started:
+            s.stop()
         hub.close()
 
 
