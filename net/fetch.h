@@ -35,9 +35,10 @@
  * https (http only from http), the Authorization header never to another
  * host. Free space is checked before writing. Processes sharing the cache
  * wait on the file's lock (reported as "waiting"); a lock whose holder
- * died is released by the kernel and its partial file resumed; a holder
- * that makes no progress for lock_stale_s is left behind: the waiter
- * downloads on its own and renames over it (the content is the same).
+ * died is released by the kernel and its partial file resumed (when a
+ * digest will judge it); a holder whose file grows slower than 1 KiB/s
+ * over lock_stale_s is left behind: the waiter downloads into a partial
+ * file of its own and renames over it (the verified content is the same).
  *
  * Ownership: the caller's strings are borrowed for the call. Threads:
  * fetch_model may run on any thread, several at once (in one process or

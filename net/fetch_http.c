@@ -63,20 +63,19 @@ void fetch_http_header_line(fetch_resp *r, const char *data, size_t n)
     size_t klen = (size_t)(colon - data), vlen = n - klen - 1;
     const char *v = colon + 1;
     char num[32];
-#define IS(k) (klen == sizeof(k) - 1 && !strncasecmp(data, k, klen))
-    if (IS("location"))
-        copy_value(r->location, sizeof r->location, v, vlen);
-    else if (IS("x-repo-commit"))
-        copy_value(r->commit, sizeof r->commit, v, vlen);
-    else if (IS("etag"))
-        copy_value(r->etag, sizeof r->etag, v, vlen);
-    else if (IS("x-linked-etag"))
-        copy_value(r->linked_etag, sizeof r->linked_etag, v, vlen);
-    else if (IS("x-error-code"))
-        copy_value(r->error_code, sizeof r->error_code, v, vlen);
-    else if (IS("content-range"))
-        copy_value(r->content_range, sizeof r->content_range, v, vlen);
-    else if (IS("link"))
+#define IS(k) (klen == strlen(k) && !strncasecmp(data, k, klen))
+    /* the headers kept as text: name, field, its size */
+    const struct { const char *name; char *dst; size_t n; } text[] = {
+        {"location", r->location, sizeof r->location}, {"x-repo-commit", r->commit, sizeof r->commit},
+        {"etag", r->etag, sizeof r->etag}, {"x-linked-etag", r->linked_etag, sizeof r->linked_etag},
+        {"x-error-code", r->error_code, sizeof r->error_code},
+        {"content-range", r->content_range, sizeof r->content_range}};
+    for (size_t i = 0; i < sizeof text / sizeof *text; i++)
+        if (IS(text[i].name)) {
+            copy_value(text[i].dst, text[i].n, v, vlen);
+            return;
+        }
+    if (IS("link"))
         link_next(r, v, vlen);
     else if (IS("x-linked-size") || IS("content-length") || IS("retry-after")) {
         copy_value(num, sizeof num, v, vlen);
