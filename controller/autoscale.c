@@ -193,7 +193,13 @@ void autoscale_zero(const autoscale_config *c, int current, const autoscale_acti
         override(state, 0, 0, "scaled to zero: no request waiting", now_unix, out);
     } else if (a->routers > 0 && a->held <= 0 && a->inflight <= 0 && now_unix - last >= c->zero_after_s) {
         snprintf(why, sizeof why, "no request for %.0f s: scaled to zero", now_unix - last);
-        override(state, current, 0, why, now_unix, out);
+        /* The record says asleep already: the pod counted is a Deployment
+         * read older than our own scale-down (its watch event not yet in),
+         * or a wake whose record was lost and that went idle. Either way
+         * it goes to zero again without a second decision or Event. */
+        json_t *rec = json_object_get(prev, "desiredReplicas");
+        int asleep = json_is_integer(rec) && json_integer_value(rec) == 0;
+        override(state, asleep ? 0 : current, 0, why, now_unix, out);
     }
 }
 

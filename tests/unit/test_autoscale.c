@@ -243,6 +243,16 @@ static void test_scale_to_zero(void **st)
     assert_int_equal(json_integer_value(json_object_get(s4, "desiredReplicas")), 0);
     json_t *h = json_object_get(s4, "history");
     assert_int_equal(json_integer_value(json_object_get(json_array_get(h, json_array_size(h) - 1), "to")), 0);
+    /* the next turn reads a Deployment older than that scale-down (1 pod):
+     * zero again, but no second decision or Event (CI saw 1 -> 0 twice) */
+    json_t *s4b = autoscale_decide(&running, 1, 0, 1, s4, 1091, &d);
+    autoscale_zero(&c, 1, &quiet, s4, s4b, 1091, &d);
+    assert_int_equal(d.desired, 0);
+    assert_false(d.changed);
+    assert_int_equal(json_array_size(json_object_get(s4b, "history")), json_array_size(h));
+    assert_string_equal(json_string_value(json_object_get(s4b, "lastScaleTime")),
+                        json_string_value(json_object_get(s4, "lastScaleTime")));
+    json_decref(s4b);
     /* at zero, no router answering or nothing held: stays asleep, no decision recorded */
     autoscale_activity none = {0, 0, 0, 0};
     json_t *s5 = autoscale_decide(&running, 0, 0, 0, s4, 1100, &d);
