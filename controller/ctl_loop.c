@@ -54,6 +54,7 @@ typedef struct ctl {
     int led;             /* this replica led once (lease thread only) */
     kube_cache *owners;  /* the LLMDeployments' cache */
     podsig *signals;     /* the pods' signals, read off the worker's path */
+    reconcile_site site; /* the options' (borrowed) */
 } ctl;
 
 typedef struct informer {
@@ -210,7 +211,7 @@ static void work(ctl *c, kube_client *k)
         *name++ = 0;
         llm_error err = {0};
         double t0 = llm_clock_mono_s(), again = 0;
-        llm_status st = reconcile_run(k, c->signals, ns, name, &again, &err);
+        llm_status st = reconcile_run(k, c->signals, &c->site, ns, name, &again, &err);
         double took = llm_clock_mono_s() - t0;
         int gone = st == LLM_ERR_NOT_FOUND; /* deleted: nothing more to do, nothing to remember */
         if (gone)
@@ -235,7 +236,7 @@ static void work(ctl *c, kube_client *k)
 
 llm_status ctl_loop_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, llm_error *err)
 {
-    ctl c = {.cfg = cfg, .stop = stop};
+    ctl c = {.cfg = cfg, .stop = stop, .site = opt->site};
     ctl_lease *lease = NULL;
     ctl_obs_set_leader(!opt->leader_elect);
     kube_client *k = NULL;

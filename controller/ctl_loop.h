@@ -19,11 +19,13 @@
 
 #include "ctl_lease.h"
 #include "kube_client.h"
+#include "reconcile.h"
 
 typedef struct ctl_options {
     const char *ns;        /* manage LLMDeployments of this namespace only (NULL or "": every namespace) */
     int leader_elect;      /* 0: this replica always reconciles */
     ctl_lease_config lease; /* ns, name, identity, timings (on_change is set by ctl_loop_run) */
+    reconcile_site site;   /* the platform's settings every reconcile applies */
 } ctl_options;
 
 llm_status ctl_loop_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, llm_error *err);

@@ -24,7 +24,7 @@ static int usage(void)
             "usage: llm-controller [--kubeconfig FILE] [--http-addr [HOST:]PORT] [--leader-elect]\n"
             "                      [--leader-elect-namespace NS] [--leader-elect-name NAME] [--lease-duration S]\n"
             "                      [--renew-deadline S] [--retry-period S] [--admin-key-secret NAME]\n"
-            "                      [--namespace NS]\n"
+            "                      [--namespace NS] [--model-cache-host-root DIR]\n"
             "       llm-controller [--kubeconfig FILE] [--namespace NS] --check\n"
             "       llm-controller [--kubeconfig FILE] --watch PATH [--max-events N]\n"
             "  --namespace      manage (or list) the LLMDeployments of NS only (default: every namespace)\n"
@@ -33,8 +33,23 @@ static int usage(void)
             "                   (default llm-controller in the pod's namespace) reconciles\n"
             "  --admin-key-secret  the Secret, in the pod's namespace, holding the key the colocated\n"
             "                   canaries' admin tokens derive from (default llm-controller-admin-key;\n"
-            "                   made on first use)\n");
+            "                   made on first use)\n"
+            "  --model-cache-host-root  the node folder under which spec.model.cache.hostPath\n"
+            "                   downloads go, one folder per namespace (default: none; such specs\n"
+            "                   are refused)\n");
     return 2;
+}
+
+/* --model-cache-host-root: an absolute folder, no . or .. or empty
+ * segment, not / itself, in characters a path needs (it is joined with a
+ * namespace, a DNS label, into the pods' hostPath). 0: fine. */
+static int bad_host_root(const char *p)
+{
+    size_t n = strlen(p);
+    if (n < 2 || n > 512 || p[0] != '/' || p[n - 1] == '/' || strspn(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-/") != n)
+        return 1;
+    return strstr(p, "//") || strstr(p, "/./") || strstr(p, "/../") || !strcmp(p + n - 2, "/.") ||
+           (n >= 3 && !strcmp(p + n - 3, "/.."));
 }
 
 /* The name this replica takes in the Lease: pod (or host) name and pid. */
@@ -146,11 +161,20 @@ int main(int argc, char **argv)
             ns = argv[++i];
         else if (!strcmp(argv[i], "--admin-key-secret") && i + 1 < argc)
             admin_key = argv[++i];
+        else if (!strcmp(argv[i], "--model-cache-host-root") && i + 1 < argc)
+            opt.site.cache_host_root = argv[++i];
         else
             return usage();
     }
     if ((do_check && watch) || bad)
         return usage();
+    if (opt.site.cache_host_root && !*opt.site.cache_host_root) /* the chart's empty value: none */
+        opt.site.cache_host_root = NULL;
+    if (opt.site.cache_host_root && bad_host_root(opt.site.cache_host_root)) {
+        fprintf(stderr, "llm-controller: --model-cache-host-root %s: need an absolute folder other than /, without a "
+                        "trailing /, empty, . or .. parts, in letters, digits and ._-/\n", opt.site.cache_host_root);
+        return 2;
+    }
     kube_config cfg;
     kube_client *k = NULL;
     llm_error err = {0};
@@ -171,7 +195,8 @@ int main(int argc, char **argv)
         admin_secret_key(own_ns, admin_key); /* the colocated canaries' key: a Secret in our own namespace */
         ctl_obs_log(CTL_INFO, "managing LLMDeployments", "server", cfg.server, "credentials", cfg.source, "identity",
                 opt.leader_elect ? id : NULL, "lease_namespace", opt.leader_elect ? opt.lease.ns : NULL,
-                "http", *http ? http : NULL, "namespace", ns && *ns ? ns : "(all)", (const char *)NULL);
+                "http", *http ? http : NULL, "namespace", ns && *ns ? ns : "(all)", "model_cache_host_root",
+                opt.site.cache_host_root, (const char *)NULL);
         llm_status st = ctl_obs_http_start(http, &err);
         if (!st)
             st = ctl_loop_run(&cfg, &opt, &g_stop, &err);

@@ -31,7 +31,8 @@ void desired_base_hash(json_t *d, char out[17])
     char msg[256], cfg[17];
     json_t *cm = bare ? desired_configmap(bare, msg, sizeof msg) : NULL;
     kube_meta_hash(json_object_get(cm, "data"), cfg);
-    json_t *dep = cm ? desired_deployment(bare, cfg, NULL, msg, sizeof msg) : NULL;
+    /* the node folder's root is the operator's, the same for both revisions */
+    json_t *dep = cm ? desired_deployment(bare, cfg, NULL, "/", msg, sizeof msg) : NULL;
     kube_meta_hash(json_object_get(json_object_get(dep, "spec"), "template"), out);
     json_decref(dep);
     json_decref(cm);
@@ -188,21 +189,45 @@ static void source_env(json_t *spec, json_t *env)
                                              "name", json_object_get(secret, "name"), "key", keys[i], "optional", 1));
 }
 
-/* The download cache of a source: a PVC (shared by the replicas) or an
- * emptyDir (per pod, the default). No hostPath: a node's folder would be
- * written by every namespace's pods, which would trust each other's
- * files. */
-static json_t *cache_volume(json_t *spec)
+/* The download cache of a source: a PVC (shared by the replicas), the node
+ * folder HOST_ROOT/NAMESPACE (hostPath: shared by the namespace's pods on
+ * that node; HOST_ROOT is the platform team's, llm-controller's
+ * --model-cache-host-root) or an emptyDir (per pod, the default). The node
+ * folder is one per namespace: no namespace's pods write files another's
+ * load. */
+static json_t *cache_volume(json_t *d, const char *host_root)
 {
-    json_t *c = kube_json_get(spec, "model", "cache");
+    json_t *spec = json_object_get(d, "spec"), *c = kube_json_get(spec, "model", "cache");
     if (!kube_json_get(spec, "model", "uri"))
         return NULL;
     if (json_object_get(c, "pvc"))
         return json_pack("{s:s,s:{s:O}}", "name", "model-cache", "persistentVolumeClaim", "claimName",
                          kube_json_get(json_object_get(c, "pvc"), "claimName", NULL));
+    if (json_object_get(c, "hostPath")) {
+        char path[1024];
+        const char *ns = json_string_value(kube_json_get(d, "metadata", "namespace"));
+        snprintf(path, sizeof path, "%s/%s", host_root, ns ? ns : "default");
+        return json_pack("{s:s,s:{s:s,s:s}}", "name", "model-cache", "hostPath", "path", path, "type",
+                         "DirectoryOrCreate");
+    }
     json_t *limit = kube_json_get(c, "emptyDir", "sizeLimit");
     return limit ? json_pack("{s:s,s:{s:O}}", "name", "model-cache", "emptyDir", "sizeLimit", limit)
                  : json_pack("{s:s,s:{}}", "name", "model-cache", "emptyDir");
+}
+
+/* The kubelet makes a missing node folder root's, mode 0755, which the
+ * pods' user (65532) cannot write. This container, root with CAP_CHOWN
+ * alone, gives that folder (itself, nothing in it, no link followed) to
+ * the pods' user before the server starts. The namespace's pods may use
+ * hostPath volumes at all only under Pod Security "privileged", which
+ * admits it too. */
+static json_t *cache_owner(json_t *spec)
+{
+    return json_pack("{s:s,s:O,s:[s,s,s,s],s:[{s:s,s:s}],s:{s:b,s:i,s:b,s:b,s:{s:[s],s:[s]}}}", "name", "cache-owner",
+                     "image", json_object_get(spec, "image"), "command", "chown", "-h", "65532:65532", DESIRED_CACHE_DIR,
+                     "volumeMounts", "name", "model-cache", "mountPath", DESIRED_CACHE_DIR, "securityContext",
+                     "runAsNonRoot", 0, "runAsUser", 0, "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1,
+                     "capabilities", "drop", "ALL", "add", "CHOWN");
 }
 
 /* The model volume: pvc, hostPath or image; none when not given. */
@@ -355,10 +380,17 @@ static void merge(json_t *dst, json_t *src)
     }
 }
 
-json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin_secret, char *msg, size_t mn)
+json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin_secret, const char *cache_host_root,
+                           char *msg, size_t mn)
 {
     json_t *spec = json_object_get(d, "spec");
     const char *name = name_of(d);
+    int host_cache = kube_json_get(spec, "model", "uri") && kube_json_get(spec, "model", "cache", "hostPath") != NULL;
+    if (host_cache && !cache_host_root) {
+        snprintf(msg, mn, "spec.model.cache.hostPath: this operator offers no node folder for caches (its chart "
+                          "value modelCache.hostRoot, llm-controller --model-cache-host-root, is unset): use pvc or emptyDir");
+        return NULL;
+    }
     char cmname[300];
     snprintf(cmname, sizeof cmname, "%s-config", name);
     long long grace = spec_int(spec, "probes", "shutdownDelaySeconds", 5) + spec_int(spec, "probes", "drainSeconds", 30) + 10;
@@ -366,7 +398,7 @@ json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin
     json_t *vol = model_volume(spec);
     if (vol)
         json_array_append_new(volumes, vol);
-    if ((vol = cache_volume(spec)))
+    if ((vol = cache_volume(d, cache_host_root)))
         json_array_append_new(volumes, vol);
     if (admin_secret) /* 0440 with fsGroup: the server's user reads it, nobody else's */
         json_array_append_new(volumes, json_pack("{s:s,s:{s:s,s:i}}", "name", "admin", "secret", "secretName",
@@ -383,6 +415,8 @@ json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin
                             "securityContext", "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "fsGroup",
                             (json_int_t)65532, "seccompProfile", "type", "RuntimeDefault", "containers", ctr, "volumes",
                             volumes, "automountServiceAccountToken", 0);
+    if (pod && host_cache)
+        json_object_set_new(pod, "initContainers", json_pack("[o]", cache_owner(spec)));
     static const char *const copied[] = {"nodeSelector", "tolerations", "affinity", "priorityClassName"};
     for (size_t i = 0; pod && i < sizeof copied / sizeof *copied; i++)
         if (json_object_get(spec, copied[i]))

@@ -33,16 +33,20 @@
 
 #define DESIRED_CONFIG_DIR "/etc/llm-server"
 /* Where a model source (spec.model.uri) is downloaded: the volume of
- * spec.model.cache (a PVC the replicas share, a hostPath per node, or an
- * emptyDir per pod), in huggingface_hub's layout. */
+ * spec.model.cache (a PVC the replicas share, a node folder per namespace,
+ * or an emptyDir per pod), in huggingface_hub's layout. */
 #define DESIRED_CACHE_DIR "/var/cache/llm-models"
 #define DESIRED_CONFIG_HASH "llmk8s.io/config-hash"
 /* on Deployments: the revision (hash) of their pod template */
 #define DESIRED_TEMPLATE_ANN "llmk8s.io/template-hash"
 
 json_t *desired_configmap(json_t *llmd, char *msg, size_t mn);
-/* admin_secret: the colocated canary's Secret to mount (NULL: none). */
-json_t *desired_deployment(json_t *llmd, const char *config_hash, const char *admin_secret, char *msg, size_t mn);
+/* admin_secret: the colocated canary's Secret to mount (NULL: none).
+ * cache_host_root: the node folder under which spec.model.cache.hostPath
+ * caches live, one folder per namespace (NULL: none offered; such a spec
+ * is refused, msg says why). */
+json_t *desired_deployment(json_t *llmd, const char *config_hash, const char *admin_secret, const char *cache_host_root,
+                           char *msg, size_t mn);
 /* The Service NAME clients call: the llm-server pods, or the llm-router
  * pods when spec.router.enabled. */
 json_t *desired_service(json_t *llmd);

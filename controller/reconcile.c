@@ -242,11 +242,12 @@ static llm_status child_refused(kube_client *k, const char *path, const plan_inp
 }
 
 /* Plan, act, and the status the result gives. */
-static llm_status plan_and_act(kube_client *k, podsig *ps, const char *key, const char *path, seen *o,
-                               double *requeue_s, llm_error *err)
+static llm_status plan_and_act(kube_client *k, podsig *ps, const reconcile_site *site, const char *key,
+                               const char *path, seen *o, double *requeue_s, llm_error *err)
 {
     plan_input in = {.llmd = o->d, .stable = o->stable, .canary = o->canary,
-                     .admin_secret = o->admin_name[0] ? o->admin_name : NULL, .pods = &o->pods, .now = (double)time(NULL)};
+                     .admin_secret = o->admin_name[0] ? o->admin_name : NULL, .cache_host_root = site->cache_host_root,
+                     .pods = &o->pods, .now = (double)time(NULL)};
     plan p;
     json_t *dep_now = NULL, *status = NULL;
     llm_status st = plan_children(&in, &p, err);
@@ -276,7 +277,8 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, const char *key, cons
     return st;
 }
 
-llm_status reconcile_run(kube_client *k, podsig *ps, const char *ns, const char *name, double *requeue_s, llm_error *err)
+llm_status reconcile_run(kube_client *k, podsig *ps, const reconcile_site *site, const char *ns, const char *name,
+                         double *requeue_s, llm_error *err)
 {
     *requeue_s = 0;
     char path[1024], key[640];
@@ -289,7 +291,7 @@ llm_status reconcile_run(kube_client *k, podsig *ps, const char *ns, const char 
         return st; /* deleted: its children go with it (ownerReferences) */
     }
     if (!st && !kube_json_get(o.d, "metadata", "deletionTimestamp") && !(st = observe(k, ps, key, &o, err)))
-        st = plan_and_act(k, ps, key, path, &o, requeue_s, err);
+        st = plan_and_act(k, ps, site, key, path, &o, requeue_s, err);
     if (st == LLM_ERR_NOT_FOUND) /* a 404 past the first read is a failure (an API not served), not "gone" */
         st = llm_errf(err, LLM_ERR_UNSUPPORTED, "%s", err->msg);
     seen_free(&o);

@@ -55,7 +55,8 @@ static void plan_twice(json_t *d, json_t *dep, const canary_sample *smp, const u
                                "status", "replicas", n, "readyReplicas", n, "updatedReplicas", n);
     for (int i = 0; i < 3; i++) {
         plan_input in = {.llmd = d, .stable = i ? stable : NULL, .canary = i == 2 ? canary : NULL, .pods = &r,
-                         .admin_secret = desired_colocated(d) ? "fz-admin-x" : NULL, .now = 1.7e9 + (double)size};
+                         .admin_secret = desired_colocated(d) ? "fz-admin-x" : NULL,
+                         .cache_host_root = i == 1 ? "/var/lib/llm-cache" : NULL, .now = 1.7e9 + (double)size};
         plan p;
         llm_error err = {0};
         llm_status st = plan_children(&in, &p, &err);
@@ -110,7 +111,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kube_meta_hash(cm, hash);
     check(cm);
     msg[0] = 0;
-    json_t *dep = desired_deployment(d, "0123456789abcdef", "x-admin-0123456789", msg, sizeof msg);
+    json_t *dep = desired_deployment(d, "0123456789abcdef", "x-admin-0123456789", "/var/lib/llm-cache", msg, sizeof msg);
     if (!dep && !msg[0])
         abort();
     check(desired_service(d));

@@ -36,7 +36,8 @@ def test_values_schema():
 def test_chart_options():
     """nameOverride/fullnameOverride name the objects, global is accepted,
     watchNamespace binds the controller's ClusterRole in that namespace only
-    (a RoleBinding) and passes --namespace, a PDB keeps one of two replicas
+    (a RoleBinding) and passes --namespace, modelCache.hostRoot passes
+    --model-cache-host-root (a clean absolute folder only), a PDB keeps one of two replicas
     through drains (none with one replica), and the PodMonitors scrape the
     servers' health port and the routers."""
     jsonschema = pytest.importorskip("jsonschema")
@@ -54,6 +55,13 @@ def test_chart_options():
     assert [(d["kind"], d["metadata"].get("namespace")) for d in binds] == [("RoleBinding", "team-a")]
     args = next(d for d in out if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--namespace") + 1] == "team-a"
+    assert "--model-cache-host-root" not in args  # no node cache unless asked for
+    args = next(d for d in docs(render("--set", "modelCache.hostRoot=/var/lib/llm-models")) if d["kind"] == "Deployment")[
+        "spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--model-cache-host-root") + 1] == "/var/lib/llm-models"
+    for bad in ("/", "relative", "/a/../b", "/a/", "/a//b"):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**values, "modelCache": {"hostRoot": bad}}, schema)
     pdbs = [d for d in docs(render("-n", "ops")) if d["kind"] == "PodDisruptionBudget"]
     assert len(pdbs) == 1 and pdbs[0]["spec"]["minAvailable"] == 1
     assert not [d for d in docs(render("--set", "replicaCount=1")) if d["kind"] == "PodDisruptionBudget"]
@@ -179,7 +187,8 @@ def helm_bin():
 
 @pytest.mark.parametrize("values", [
     [],
-    ["--set", "watchNamespace=team-a", "--set", "replicaCount=1", "--set", "nameOverride=ops"],
+    ["--set", "watchNamespace=team-a", "--set", "replicaCount=1", "--set", "nameOverride=ops",
+     "--set", "modelCache.hostRoot=/var/lib/llm-models"],
     ["--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
      "--set", "grafanaDashboard.enabled=true", "--set", "fullnameOverride=llm-ops"],
 ])

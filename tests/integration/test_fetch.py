@@ -457,7 +457,8 @@ def test_llmdeployment_download_failures_have_their_reasons(hub, tmp_path, model
     ("{uri: 'hf://acme/x:Q8_0', volume: {hostPath: {path: /m}}}", "volume is for path"),
     ("{path: /m/x.gguf, cache: {emptyDir: {}}}", "cache, credentialsSecret and endpoint are for a uri"),
     ("{uri: 'https://h/x.gguf', endpoint: 'https://mirror'}", "endpoint is for hf://"),
-    ("{uri: 'hf://acme/x:Q8_0', cache: {pvc: {claimName: a}, emptyDir: {}}}", "at most one of pvc and emptyDir"),
+    ("{uri: 'hf://acme/x:Q8_0', cache: {pvc: {claimName: a}, emptyDir: {}}}", "at most one of pvc, emptyDir and hostPath"),
+    ("{uri: 'hf://acme/x:Q8_0', cache: {hostPath: {}, emptyDir: {}}}", "at most one of pvc, emptyDir and hostPath"),
     ("{uri: 'hf://acme/x:Q8_0', sha256: 'abc'}", "spec.model.sha256"),
 ])
 def test_the_crd_refuses_bad_model_sources(tmp_path, model, kubectl, model_spec, why):
@@ -495,15 +496,70 @@ def test_the_hf_sample_runs_as_written(gemma, tmp_path, model):
         hub.close()
 
 
-def test_the_crd_has_no_hostpath_cache(tmp_path, kubectl):
-    """A node folder as the cache would be written by every namespace's
-    pods: the CRD has no such field, so the API server prunes it."""
+def test_the_crd_lets_no_spec_choose_the_node_folder(tmp_path, kubectl):
+    """cache.hostPath is {}: a path in it is pruned (the folder is the
+    operator's), never mounted."""
     kubectl("apply", "-f", str(ROOT / "manifests/crd/llmdeployments.yaml"))
     kubectl("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
     kubectl("apply", "--validate=false", "-f", "-", stdin="apiVersion: llmk8s.io/v1alpha1\nkind: LLMDeployment\n"
             "metadata: {name: hp}\nspec: {model: {uri: 'hf://acme/x:Q8_0', cache: {hostPath: {path: /var/lib/m}}}}\n")
     stored = json.loads(kubectl("get", "llmd", "hp", "-o", "json").stdout)
-    assert "hostPath" not in json.dumps(stored["spec"]), stored["spec"]
+    assert stored["spec"]["model"]["cache"] == {"hostPath": {}}, stored["spec"]
+
+
+def test_node_cache_is_one_folder_per_namespace(hub, tmp_path, model):
+    """cache.hostPath with the operator's --model-cache-host-root: the
+    namespace's folder on the node, made by the kubelet and handed to the
+    pods' user by the init container; two replicas download once, a second
+    namespace downloads into its own folder, and a deployment made again
+    finds the file there (no download)."""
+    root = tmp_path / "node-cache"
+    with running(tmp_path, model, quiet=True) as c:
+        c.controller("--model-cache-host-root", str(root))
+        c.k("create", "namespace", "team-b")
+        extra = "    cache: {hostPath: {}}\n"
+        llmd_uri(c, "hf", "hf://acme/tiny-GGUF:Q8_0", hub.url, replicas=2, model_extra=extra)
+        c.k("apply", "-n", "team-b", "-f", "-", stdin=LLMD_URI.format(
+            name="hf", uri="hf://acme/tiny-GGUF:Q8_0", endpoint=hub.url, replicas=1, model_extra=extra))
+        ready = lambda ns: json.loads(c.k("get", "llmd", "hf", "-n", ns, "-o", "json").stdout).get(  # noqa: E731
+            "status", {}).get("phase") == "Ready"
+        wait_for(lambda: ready("default") and ready("team-b"), 120, "both Ready")
+        assert len(cdn_gets(hub)) == 2, cdn_gets(hub)  # one per namespace
+        for ns in ("default", "team-b"):
+            blobs = list((root / ns / "models--acme--tiny-GGUF" / "blobs").iterdir())
+            assert len(blobs) == 1 and blobs[0].stat().st_size > 0, blobs
+        pod = json.loads(c.k("get", "deploy", "hf", "-n", "team-b", "-o", "json").stdout)["spec"]["template"]["spec"]
+        vol = next(v for v in pod["volumes"] if v["name"] == "model-cache")
+        assert vol["hostPath"] == {"path": f"{root}/team-b", "type": "DirectoryOrCreate"}, vol
+        init = pod["initContainers"]
+        assert [i["name"] for i in init] == ["cache-owner"], init
+        assert init[0]["command"] == ["chown", "-h", "65532:65532", "/var/cache/llm-models"], init
+        sc = init[0]["securityContext"]
+        assert sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]} and sc["runAsUser"] == 0, sc
+        # gone and made again: the node keeps the file
+        c.k("delete", "llmd", "hf", "-n", "team-b", "--wait=true")
+        wait_for(lambda: not json.loads(c.k("get", "pods", "-n", "team-b", "-o", "json").stdout)["items"], 60,
+                 "team-b's pods gone")
+        c.k("apply", "-n", "team-b", "-f", "-", stdin=LLMD_URI.format(
+            name="hf", uri="hf://acme/tiny-GGUF:Q8_0", endpoint=hub.url, replicas=1, model_extra=extra))
+        wait_for(lambda: ready("team-b"), 120, "team-b Ready again")
+        assert len(cdn_gets(hub)) == 2, cdn_gets(hub)
+
+
+def test_node_cache_needs_the_operators_folder(hub, tmp_path, model):
+    """Without --model-cache-host-root no node folder is offered: the spec
+    is refused with the reason, nothing is created; a bad folder stops the
+    controller at start."""
+    bad = subprocess.run([tool("llm-controller"), "--model-cache-host-root", "/var/../etc"], capture_output=True,
+                         text=True, timeout=30)
+    assert bad.returncode == 2 and "--model-cache-host-root /var/../etc" in bad.stderr, bad.stderr
+    with running(tmp_path, model) as c:
+        c.controller()
+        llmd_uri(c, "hf", "hf://acme/tiny-GGUF:Q8_0", hub.url, model_extra="    cache: {hostPath: {}}\n")
+        cond = wait_for(lambda: c.cond("Ready", "hf").get("reason") == "InvalidSpec" and c.cond("Ready", "hf"), 60,
+                        "InvalidSpec")
+        assert "modelCache.hostRoot" in cond["message"], cond
+        assert c.get("deploy", "hf") is None
 
 
 def cdn_url(hub, repo_file):

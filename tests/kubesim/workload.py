@@ -21,7 +21,10 @@ back-off, OnFailure only one that failed; a Never pod ends Succeeded (exit
 
 One node, "kubesim", with KUBESIM_NODE_GPUS nvidia.com/gpu (default 0): a
 pod asking for more GPUs than are free stays Pending with PodScheduled
-False, reason Unschedulable and the scheduler's message.
+False, reason Unschedulable and the scheduler's message. Its file system
+is this machine's: a hostPath volume is its path (types Directory and
+DirectoryOrCreate checked and made as the kubelet does). Init containers
+are not run.
 
 Image map (--image-map FILE, YAML): {image: [command, arg, ...]}; the
 container's own command/args are appended, its env is passed."""
@@ -358,6 +361,18 @@ class Workloads:
                 except (ValueError, OSError) as e:
                     raise LookupError(f'MountVolume.SetUp failed for volume "{v["name"]}": {e}')
                 dirs.update({mp: d for mp in mounts(v)})
+                continue
+            if "hostPath" in v:  # the node is this machine: the path itself
+                hp = v["hostPath"] or {}
+                path, kind = str(hp.get("path") or ""), hp.get("type") or ""
+                if not path.startswith("/") or any(x in ("", ".", "..") for x in path.split("/")[1:]):
+                    raise LookupError(f'hostPath "{path}": not a clean absolute path')
+                if kind == "DirectoryOrCreate":
+                    os.makedirs(path, exist_ok=True)
+                elif kind == "Directory" and not os.path.isdir(path):
+                    raise LookupError(f'MountVolume.SetUp failed for volume "{v["name"]}": hostPath type check '
+                                      f'failed: {path} is not a directory')
+                dirs.update({mp: path for mp in mounts(v)})
                 continue
             if "emptyDir" in v:  # the pod's own folder, gone with the pod's data
                 d = os.path.join(self.data_dir, "pods", uid, "volumes", v["name"])
