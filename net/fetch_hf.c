@@ -15,7 +15,9 @@
 #include "llm/json.h"
 #include "llm/split_name.h"
 
-#define LIST_MAX ((size_t)16 << 20) /* a file list's answer */
+/* a file list page: the hub sends ~1000 entries of ~250 bytes; read in
+ * place, one page at a time, so its bytes are all it costs */
+#define LIST_MAX ((size_t)4 << 20)
 #define LIST_PAGES 50
 
 typedef struct hf_ref {
@@ -165,28 +167,35 @@ static void consider(quant_pick *q, const char *path)
     q->n++;
 }
 
+/* One page of the file list, walked in place (llm_json_item/member): a
+ * hostile hub's page costs no memory beyond its bytes, where a jansson
+ * tree of `[{},{},...]` takes ~75 bytes per byte. */
 static llm_status list_page(fetch_ctx *c, const hf_ref *r, const char *body, quant_pick *q, char *seen, size_t seen_n)
 {
     llm_error jerr = {0};
-    json_t *arr = llm_json_load(body, strlen(body), 0, NULL, &jerr);
-    if (!arr || !json_is_array(arr)) {
-        json_decref(arr);
-        return fetch_fail(c, FETCH_FAILED, LLM_ERR_FORMAT, "%s/%s: the file list is not a JSON array: %s", r->org,
-                          r->repo, jerr.msg);
-    }
-    size_t i;
-    json_t *e;
-    json_array_foreach(arr, i, e) {
-        const char *p = json_string_value(json_object_get(e, "path"));
-        const char *t = json_string_value(json_object_get(e, "type"));
-        if (!p || (t && strcmp(t, "file")) || !fetch_path_ok(p))
+    size_t n = strlen(body), end = 0, pos = 0;
+    while (n && strchr(" \t\r\n", body[n - 1]))
+        n--;
+    llm_json_span arr = {body, n}, e, v;
+    while (arr.n && strchr(" \t\r\n", *arr.p))
+        arr.p++, arr.n--;
+    if (!arr.n || *arr.p != '[' || llm_json_scan(arr.p, arr.n, LLM_JSON_MAX_DEPTH, &end, &jerr) || end != arr.n)
+        return fetch_fail(c, FETCH_FAILED, LLM_ERR_FORMAT, "%s/%s: the file list is not a JSON array%s%s", r->org,
+                          r->repo, jerr.msg[0] ? ": " : "", jerr.msg);
+    while (llm_json_item(arr, &pos, &e)) {
+        char p[FETCH_MAX_PATH], t[16] = "file";
+        long len = llm_json_member(e, "path", &v) ? llm_json_string(v, p, sizeof p) : -1;
+        if (len < 0 || (size_t)len + 1 >= sizeof p || strlen(p) != (size_t)len) /* cut, or a \u0000 inside */
+            continue;
+        if (llm_json_member(e, "type", &v) && llm_json_string(v, t, sizeof t) >= 0 && strcmp(t, "file"))
+            continue;
+        if (!fetch_path_ok(p))
             continue;
         if (strlen(seen) + strlen(p) + 3 < seen_n && (strlen(p) > 5 && !strcasecmp(p + strlen(p) - 5, ".gguf")))
             snprintf(seen + strlen(seen), seen_n - strlen(seen), "%s%s", seen[0] ? ", " : "", p);
         if (carries_quant(p, r->quant))
             consider(q, p);
     }
-    json_decref(arr);
     return LLM_OK;
 }
 

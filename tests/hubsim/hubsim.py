@@ -88,6 +88,7 @@ class Hub:
         self.root = root
         self.faults = {}
         self.resolve_faults = {}
+        self.tree_body = None  # bytes: every file list page answers these instead
         self.log = []
         self.blobs = {}  # sha256 -> file path (what the CDN serves)
         self.api = self._serve("api")
@@ -178,6 +179,8 @@ class Hub:
     def tree(self, h, r, rev, head):
         if rev not in ("main", r.commit):
             return self.error(h, 404, "RevisionNotFound", f"Invalid rev id: {rev}", head)
+        if self.tree_body is not None:  # a hostile hub's page, as given
+            return self.reply(h, 200, self.tree_body, head=head)
         out = []
         for p, (size, sha) in sorted(r.files.items()):
             e = {"type": "file", "path": p, "size": size, "oid": r.git_oid(p)}

@@ -97,6 +97,34 @@ def test_quant_into_the_hub_cache_read_by_huggingface_hub(hub, tmp_path):
     assert len(cdn_gets(hub)) == before
 
 
+def test_hostile_file_lists_cost_their_bytes_only(hub, tmp_path):
+    """The file list a hub (spec.model.endpoint: the tenant's choice) sends
+    is read in place: 3 MiB of `[{},{},...]` (a jansson tree of it would take
+    ~230 MB) costs llm-fetch a few MB; a page over 4 MiB, a text that is no
+    array, entries that are no files or whose path is unsafe, cut or holds
+    a NUL are refused or skipped; an escaped path still matches."""
+    hub.tree_body = b"[" + b"{}," * (1 << 20) + b"{}]"
+    data_cap = lambda: resource.setrlimit(resource.RLIMIT_DATA, (64 << 20, 64 << 20))  # noqa: E731 - 13 MB measured
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0", preexec=data_cap)
+    assert r.returncode == 3 and "no .gguf file carries 'Q8_0'" in r.stderr, r.stderr
+    hub.tree_body = b"[" + b"{}," * (5 << 19) + b"{}]"  # 7.5 MiB
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0")
+    assert r.returncode == 1 and "the answer is over 4194304 bytes" in r.stderr, r.stderr
+    for body in (b'{"path": "tiny-Q8_0.gguf"}', b"[" * 65 + b"]" * 65, b'[{"path": "x.gguf"}'):
+        hub.tree_body = body
+        r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0")
+        assert r.returncode != 0 and "file list" in r.stderr, (body[:40], r.stderr)
+    skipped = [{"type": "directory", "path": "d-Q8_0.gguf"}, {"path": "../up-Q8_0.gguf"}, {"path": "/abs-Q8_0.gguf"},
+               {"path": "nul\u0000-Q8_0.gguf"}, {"path": "x" * 2000 + "-Q8_0.gguf"}, {"path": 7}, []]
+    hub.tree_body = json.dumps(skipped).replace("\\\\u0000", "\\u0000").encode()
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0")
+    assert r.returncode != 0 and "Q8_0" in r.stderr, r.stderr
+    hub.tree_body = json.dumps(skipped + [{"type": "file", "path": "tiny\\u002dQ8_0.gguf"}]).replace(
+        "\\\\u", "\\u").encode()
+    r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0")
+    assert r.returncode == 0 and r.stdout.strip().endswith("/tiny-Q8_0.gguf"), r.stderr
+
+
 def test_a_cache_filled_by_huggingface_hub_is_reused(hub, tmp_path):
     hf = pytest.importorskip("huggingface_hub")
     theirs = hf.hf_hub_download("acme/tiny-GGUF", "tiny-F32.gguf", cache_dir=str(tmp_path / "cache"),
