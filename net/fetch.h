@@ -108,6 +108,15 @@ llm_status fetch_check(const char *uri, const fetch_options *o, llm_error *err);
  * environment) into out. */
 void fetch_cache_dir(const fetch_options *o, char *out, size_t n);
 
+/* The SHA-256 of the file at path as 64 lowercase hex digits in hex: how
+ * a file in the cache is judged, and how llm-server checks model_sha256.
+ * nofollow: a symbolic link at path is refused (the cache's own blobs).
+ * Reads 4 MiB at a time, looking at *abort (may be NULL) between reads:
+ * LLM_ERR_CANCELLED when set; LLM_ERR_IO naming the path and the cause. */
+#define FETCH_SHA256_HEX 65
+llm_status fetch_file_sha256(const char *path, int nofollow, const _Atomic int *abort, char hex[FETCH_SHA256_HEX],
+                             llm_error *err);
+
 /* Brings uri's file(s) into the cache and writes the local path of the
  * model (a split set's first part) into path[n]. A local path is copied as
  * it is. On failure: the status, err naming the source and the cause (a

@@ -11,7 +11,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/file.h>
@@ -444,22 +446,35 @@ static int file_size(const char *path, uint64_t *size)
 }
 
 /* The digest of a whole file, as lower-case hex; -1 when it cannot be read. */
-static int file_digest(const char *path, char hex[2 * EVP_MAX_MD_SIZE + 1])
+llm_status fetch_file_sha256(const char *path, int nofollow, const _Atomic int *abort, char hex[FETCH_SHA256_HEX],
+                             llm_error *err)
 {
-    unsigned char buf[1 << 16], dig[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    enum { CHUNK = 1 << 22 };
+    hex[0] = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
+    if (fd < 0)
+        return llm_errf(err, LLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     EVP_MD_CTX *md = EVP_MD_CTX_new();
-    int ok = fd >= 0 && md && EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-    for (ssize_t r; ok && (r = read(fd, buf, sizeof buf)) != 0;)
-        ok = r > 0 ? EVP_DigestUpdate(md, buf, (size_t)r) : errno == EINTR;
-    ok = ok && EVP_DigestFinal_ex(md, dig, &n);
-    if (ok)
+    unsigned char *buf = malloc(CHUNK), dig[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    llm_status st = md && buf && EVP_DigestInit_ex(md, EVP_sha256(), NULL) ? LLM_OK
+                    : llm_errf(err, LLM_ERR_NOMEM, "%s: cannot set up SHA-256", path);
+    for (ssize_t r; !st && (r = read(fd, buf, CHUNK)) != 0;) {
+        if (abort && atomic_load(abort))
+            st = llm_errf(err, LLM_ERR_CANCELLED, "%s: the sha256 check was abandoned", path);
+        else if (r < 0 && errno != EINTR)
+            st = llm_errf(err, LLM_ERR_IO, "%s: read error while checking sha256: %s", path, strerror(errno));
+        else if (r > 0 && !EVP_DigestUpdate(md, buf, (size_t)r))
+            st = llm_errf(err, LLM_ERR_INTERNAL, "%s: SHA-256 update failed", path);
+    }
+    if (!st && (!EVP_DigestFinal_ex(md, dig, &n) || n != 32))
+        st = llm_errf(err, LLM_ERR_INTERNAL, "%s: SHA-256 final failed", path);
+    if (!st)
         fetch_hex(dig, n, hex);
     EVP_MD_CTX_free(md);
-    if (fd >= 0)
-        close(fd);
-    return ok ? 0 : -1;
+    free(buf);
+    close(fd);
+    return st;
 }
 
 /* Whether f is in place already: a regular file of the expected size and,
@@ -467,15 +482,22 @@ static int file_digest(const char *path, char hex[2 * EVP_MAX_MD_SIZE + 1])
 static int in_place(fetch_ctx *c, const fetch_file *f)
 {
     uint64_t sz;
-    char hex[2 * EVP_MAX_MD_SIZE + 1];
+    char hex[FETCH_SHA256_HEX];
+    llm_error e = {0};
     if (file_size(f->dest, &sz) || (f->size && sz != f->size))
         return 0;
     if (!f->verify_hit || !f->want[0])
         return 1;
     fetch_report(c, "verifying", 0, 1);
-    if (!file_digest(f->dest, hex) && !strcmp(hex, f->want))
+    llm_status st = fetch_file_sha256(f->dest, 1, c->o->abort, hex, &e);
+    if (!st && !strcmp(hex, f->want))
         return 1;
-    fetch_log(c, "%s: the file in the cache is not the one expected (sha256 %.12s...): fetched again", f->name, hex);
+    if (st == LLM_ERR_CANCELLED) /* not judged: kept; the caller sees the abort next */
+        return 0;
+    if (st)
+        fetch_log(c, "%s: %s: fetched again", f->name, e.msg);
+    else
+        fetch_log(c, "%s: the file in the cache is not the one expected (sha256 %.12s...): fetched again", f->name, hex);
     unlink(f->dest);
     return 0;
 }

@@ -3,12 +3,12 @@
  * the engine from the configuration, and a warm-up token. Kept apart
  * from srv_main.c (the process: signals, loader thread, drain) so tests
  * can run the server in-process. */
-#include <openssl/evp.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
+#include "fetch.h"
 #include "llm/split_name.h"
 #include "srv.h"
 
@@ -97,32 +97,12 @@ llm_status srv_load_verify_sha256(const char *path, const char *want, const _Ato
 
 static llm_status verify_one(const char *path, const char *want, const _Atomic int *abort, llm_error *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return llm_errf(err, LLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    unsigned char *buf = malloc(1 << 22), dig[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
-    llm_status st = md && buf && EVP_DigestInit_ex(md, EVP_sha256(), NULL) ? LLM_OK
-                    : llm_errf(err, LLM_ERR_NOMEM, "cannot set up SHA-256");
-    for (size_t got; !st && (got = fread(buf, 1, 1 << 22, f)) > 0;)
-        if (abort && atomic_load(abort))
-            st = llm_errf(err, LLM_ERR_CANCELLED, "%s: the sha256 check was abandoned", path);
-        else if (!EVP_DigestUpdate(md, buf, got))
-            st = llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 update failed");
-    if (!st && ferror(f))
-        st = llm_errf(err, LLM_ERR_IO, "%s: read error while checking sha256", path);
-    if (!st && !EVP_DigestFinal_ex(md, dig, &n))
-        st = llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 final failed");
-    char hex[2 * EVP_MAX_MD_SIZE + 1] = "";
-    for (unsigned int i = 0; !st && i < n; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
+    char hex[FETCH_SHA256_HEX];
+    llm_status st = fetch_file_sha256(path, 0, abort, hex, err);
     if (!st && strcasecmp(hex, want)) {
         fprintf(stderr, "llm-server: %s: sha256 is %s, expected %s\n", path, hex, want);
         st = llm_errf(err, LLM_ERR_FORMAT, "%s: sha256 mismatch: the file is not the one expected (%.12s...)", path,
                       want);
     }
-    EVP_MD_CTX_free(md);
-    free(buf);
-    fclose(f);
     return st;
 }
