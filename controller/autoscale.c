@@ -172,6 +172,23 @@ static void override(json_t *state, int current, int desired, const char *why, d
     }
 }
 
+/* Whether prev records a scale to zero in the last STALE_READ_S: a turn
+ * then counting pods reads a Deployment older than that scale-down (its
+ * watch event not in yet, seconds on a loaded node) and goes to zero again
+ * without a second decision or Event. Later, pods running under a record
+ * of zero are a wake whose record was lost: their sleep is recorded. */
+#define STALE_READ_S 30
+static int just_zeroed(json_t *prev, double now_unix)
+{
+    json_t *rec = json_object_get(prev, "desiredReplicas"), *h = json_object_get(prev, "history");
+    json_t *last = json_array_get(h, json_array_size(h) - 1);
+    const char *at = json_string_value(json_object_get(last, "time"));
+    char since[32];
+    llm_clock_rfc3339(now_unix - STALE_READ_S, since);
+    return json_is_integer(rec) && json_integer_value(rec) == 0 && json_integer_value(json_object_get(last, "to")) == 0 &&
+           at && strlen(at) == strlen(since) && strcmp(at, since) >= 0; /* RFC 3339 UTC: text order is time order */
+}
+
 void autoscale_zero(const autoscale_config *c, int current, const autoscale_activity *a, json_t *prev, json_t *state, double now_unix,
              autoscale_decision *out)
 {
@@ -193,13 +210,7 @@ void autoscale_zero(const autoscale_config *c, int current, const autoscale_acti
         override(state, 0, 0, "scaled to zero: no request waiting", now_unix, out);
     } else if (a->routers > 0 && a->held <= 0 && a->inflight <= 0 && now_unix - last >= c->zero_after_s) {
         snprintf(why, sizeof why, "no request for %.0f s: scaled to zero", now_unix - last);
-        /* The record says asleep already: the pod counted is a Deployment
-         * read older than our own scale-down (its watch event not yet in),
-         * or a wake whose record was lost and that went idle. Either way
-         * it goes to zero again without a second decision or Event. */
-        json_t *rec = json_object_get(prev, "desiredReplicas");
-        int asleep = json_is_integer(rec) && json_integer_value(rec) == 0;
-        override(state, asleep ? 0 : current, 0, why, now_unix, out);
+        override(state, just_zeroed(prev, now_unix) ? 0 : current, 0, why, now_unix, out);
     }
 }
 

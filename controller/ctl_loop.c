@@ -54,7 +54,7 @@ typedef struct ctl {
     int led;             /* this replica led once (lease thread only) */
     kube_cache *owners;  /* the LLMDeployments' cache */
     podsig *signals;     /* the pods' signals, read off the worker's path */
-    reconcile_site site; /* the options' (borrowed) */
+    desired_site site;   /* the options' (its strings borrowed) */
 } ctl;
 
 typedef struct informer {

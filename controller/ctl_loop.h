@@ -25,7 +25,8 @@ typedef struct ctl_options {
     const char *ns;        /* manage LLMDeployments of this namespace only (NULL or "": every namespace) */
     int leader_elect;      /* 0: this replica always reconciles */
     ctl_lease_config lease; /* ns, name, identity, timings (on_change is set by ctl_loop_run) */
-    reconcile_site site;   /* the platform's settings every reconcile applies */
+    desired_site site;     /* the platform's settings every reconcile applies; its strings are
+                            * borrowed and must outlive ctl_loop_run */
 } ctl_options;
 
 llm_status ctl_loop_run(kube_config *cfg, const ctl_options *opt, atomic_int *stop, llm_error *err);

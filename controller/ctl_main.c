@@ -24,7 +24,7 @@ static int usage(void)
             "usage: llm-controller [--kubeconfig FILE] [--http-addr [HOST:]PORT] [--leader-elect]\n"
             "                      [--leader-elect-namespace NS] [--leader-elect-name NAME] [--lease-duration S]\n"
             "                      [--renew-deadline S] [--retry-period S] [--admin-key-secret NAME]\n"
-            "                      [--namespace NS] [--model-cache-host-root DIR]\n"
+            "                      [--namespace NS] [--model-cache-host-root DIR --model-cache-owner-image IMAGE]\n"
             "       llm-controller [--kubeconfig FILE] [--namespace NS] --check\n"
             "       llm-controller [--kubeconfig FILE] --watch PATH [--max-events N]\n"
             "  --namespace      manage (or list) the LLMDeployments of NS only (default: every namespace)\n"
@@ -36,20 +36,23 @@ static int usage(void)
             "                   made on first use)\n"
             "  --model-cache-host-root  the node folder under which spec.model.cache.hostPath\n"
             "                   downloads go, one folder per namespace (default: none; such specs\n"
-            "                   are refused)\n");
+            "                   are refused)\n"
+            "  --model-cache-owner-image  the image (with chown) of the init container that gives a\n"
+            "                   new node folder to the pods' user, as root: the operator's own\n");
     return 2;
 }
 
-/* --model-cache-host-root: an absolute folder, no . or .. or empty
- * segment, not / itself, in characters a path needs (it is joined with a
- * namespace, a DNS label, into the pods' hostPath). 0: fine. */
+/* --model-cache-host-root: an absolute folder other than /, in letters,
+ * digits and ._-, no segment empty or starting with "." (so no . or ..),
+ * as the chart's schema says (it is joined with a namespace, a DNS label,
+ * into the pods' hostPath). 0: fine. */
 static int bad_host_root(const char *p)
 {
     size_t n = strlen(p);
-    if (n < 2 || n > 512 || p[0] != '/' || p[n - 1] == '/' || strspn(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-/") != n)
+    if (n < 2 || n > 512 || p[0] != '/' || p[n - 1] == '/' ||
+        strspn(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-/") != n)
         return 1;
-    return strstr(p, "//") || strstr(p, "/./") || strstr(p, "/../") || !strcmp(p + n - 2, "/.") ||
-           (n >= 3 && !strcmp(p + n - 3, "/.."));
+    return strstr(p, "//") || strstr(p, "/.");
 }
 
 /* The name this replica takes in the Lease: pod (or host) name and pid. */
@@ -163,6 +166,8 @@ int main(int argc, char **argv)
             admin_key = argv[++i];
         else if (!strcmp(argv[i], "--model-cache-host-root") && i + 1 < argc)
             opt.site.cache_host_root = argv[++i];
+        else if (!strcmp(argv[i], "--model-cache-owner-image") && i + 1 < argc)
+            opt.site.cache_owner_image = argv[++i];
         else
             return usage();
     }
@@ -172,7 +177,13 @@ int main(int argc, char **argv)
         opt.site.cache_host_root = NULL;
     if (opt.site.cache_host_root && bad_host_root(opt.site.cache_host_root)) {
         fprintf(stderr, "llm-controller: --model-cache-host-root %s: need an absolute folder other than /, without a "
-                        "trailing /, empty, . or .. parts, in letters, digits and ._-/\n", opt.site.cache_host_root);
+                        "trailing /, in letters, digits and ._-/, no part empty or starting with '.'\n",
+                opt.site.cache_host_root);
+        return 2;
+    }
+    if (opt.site.cache_host_root && (!opt.site.cache_owner_image || !*opt.site.cache_owner_image)) {
+        fprintf(stderr, "llm-controller: --model-cache-host-root needs --model-cache-owner-image (the operator's image, "
+                        "which runs chown as root in the pods' init container)\n");
         return 2;
     }
     kube_config cfg;
@@ -196,7 +207,8 @@ int main(int argc, char **argv)
         ctl_obs_log(CTL_INFO, "managing LLMDeployments", "server", cfg.server, "credentials", cfg.source, "identity",
                 opt.leader_elect ? id : NULL, "lease_namespace", opt.leader_elect ? opt.lease.ns : NULL,
                 "http", *http ? http : NULL, "namespace", ns && *ns ? ns : "(all)", "model_cache_host_root",
-                opt.site.cache_host_root, (const char *)NULL);
+                opt.site.cache_host_root, "model_cache_owner_image", opt.site.cache_host_root ? opt.site.cache_owner_image : NULL,
+                (const char *)NULL);
         llm_status st = ctl_obs_http_start(http, &err);
         if (!st)
             st = ctl_loop_run(&cfg, &opt, &g_stop, &err);

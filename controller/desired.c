@@ -31,8 +31,10 @@ void desired_base_hash(json_t *d, char out[17])
     char msg[256], cfg[17];
     json_t *cm = bare ? desired_configmap(bare, msg, sizeof msg) : NULL;
     kube_meta_hash(json_object_get(cm, "data"), cfg);
-    /* the node folder's root is the operator's, the same for both revisions */
-    json_t *dep = cm ? desired_deployment(bare, cfg, NULL, "/", msg, sizeof msg) : NULL;
+    /* the node cache is the operator's, the same for both revisions: any
+     * site that offers it hashes them alike */
+    static const desired_site any = {"/base-hash", "base-hash"};
+    json_t *dep = cm ? desired_deployment(bare, cfg, NULL, &any, msg, sizeof msg) : NULL;
     kube_meta_hash(json_object_get(json_object_get(dep, "spec"), "template"), out);
     json_decref(dep);
     json_decref(cm);
@@ -146,6 +148,8 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
         yaml_line(y, "model_sha256", "%s", sha);
     if (uri)
         yaml_line(y, "model_cache", "%s", DESIRED_CACHE_DIR);
+    if (uri && kube_json_get(spec, "model", "cache", "hostPath")) /* written by other deployments, kept for years */
+        yaml_line(y, "model_cache_verify", "true");
     long long tp = spec_int(spec, "engine", "tensorParallelSize", 1);
     const char *be = desired_backend(spec);
     if (strcmp(be, "cpu")) /* only when not the default, so CPU deployments keep their config (and pods) */
@@ -189,45 +193,107 @@ static void source_env(json_t *spec, json_t *env)
                                              "name", json_object_get(secret, "name"), "key", keys[i], "optional", 1));
 }
 
-/* The download cache of a source: a PVC (shared by the replicas), the node
- * folder HOST_ROOT/NAMESPACE (hostPath: shared by the namespace's pods on
- * that node; HOST_ROOT is the platform team's, llm-controller's
- * --model-cache-host-root) or an emptyDir (per pod, the default). The node
- * folder is one per namespace: no namespace's pods write files another's
- * load. */
-static json_t *cache_volume(json_t *d, const char *host_root)
+/* The download cache of a source: a PVC (shared by the replicas) or an
+ * emptyDir (per pod, the default); the node folder is host_cache's. */
+static json_t *cache_volume(json_t *spec)
 {
-    json_t *spec = json_object_get(d, "spec"), *c = kube_json_get(spec, "model", "cache");
-    if (!kube_json_get(spec, "model", "uri"))
+    json_t *c = kube_json_get(spec, "model", "cache");
+    if (!kube_json_get(spec, "model", "uri") || json_object_get(c, "hostPath"))
         return NULL;
     if (json_object_get(c, "pvc"))
         return json_pack("{s:s,s:{s:O}}", "name", "model-cache", "persistentVolumeClaim", "claimName",
                          kube_json_get(json_object_get(c, "pvc"), "claimName", NULL));
-    if (json_object_get(c, "hostPath")) {
-        char path[1024];
-        const char *ns = json_string_value(kube_json_get(d, "metadata", "namespace"));
-        snprintf(path, sizeof path, "%s/%s", host_root, ns ? ns : "default");
-        return json_pack("{s:s,s:{s:s,s:s}}", "name", "model-cache", "hostPath", "path", path, "type",
-                         "DirectoryOrCreate");
-    }
     json_t *limit = kube_json_get(c, "emptyDir", "sizeLimit");
     return limit ? json_pack("{s:s,s:{s:O}}", "name", "model-cache", "emptyDir", "sizeLimit", limit)
                  : json_pack("{s:s,s:{}}", "name", "model-cache", "emptyDir");
 }
 
-/* The kubelet makes a missing node folder root's, mode 0755, which the
- * pods' user (65532) cannot write. This container, root with CAP_CHOWN
- * alone, gives that folder (itself, nothing in it, no link followed) to
- * the pods' user before the server starts. The namespace's pods may use
- * hostPath volumes at all only under Pod Security "privileged", which
- * admits it too. */
-static json_t *cache_owner(json_t *spec)
+/* Whether the node path p is root or under it, read as the kernel would
+ * ("//" and "/./" as "/"); a ".." segment counts as under (the API server
+ * refuses it in a hostPath anyway). */
+static int under_root(const char *p, const char *root)
 {
-    return json_pack("{s:s,s:O,s:[s,s,s,s],s:[{s:s,s:s}],s:{s:b,s:i,s:b,s:b,s:{s:[s],s:[s]}}}", "name", "cache-owner",
-                     "image", json_object_get(spec, "image"), "command", "chown", "-h", "65532:65532", DESIRED_CACHE_DIR,
-                     "volumeMounts", "name", "model-cache", "mountPath", DESIRED_CACHE_DIR, "securityContext",
-                     "runAsNonRoot", 0, "runAsUser", 0, "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1,
-                     "capabilities", "drop", "ALL", "add", "CHOWN");
+    char n[1024];
+    size_t k = 0;
+    for (const char *s = p; *s && k + 2 < sizeof n;) {
+        size_t seg = strcspn(s, "/");
+        if (seg == 2 && s[0] == '.' && s[1] == '.')
+            return 1;
+        if (seg && !(seg == 1 && s[0] == '.') && k + seg + 2 < sizeof n) {
+            n[k++] = '/';
+            memcpy(n + k, s, seg);
+            k += seg;
+        }
+        s += seg + (s[seg] == '/');
+    }
+    n[k] = 0;
+    size_t rn = strlen(root);
+    return !strncmp(n, root, rn) && (n[rn] == 0 || n[rn] == '/');
+}
+
+/* spec.model.cache.hostPath: whether the spec asks for the node folder;
+ * -1 (msg says why) when it cannot have it: none offered, no namespace to
+ * name the folder by, or a model volume reaching into the folders. */
+static int host_cache_wanted(json_t *d, const desired_site *site, char *msg, size_t mn)
+{
+    json_t *spec = json_object_get(d, "spec");
+    const char *root = site ? site->cache_host_root : NULL;
+    const char *mv = json_string_value(kube_json_get(spec, "model", "volume", "hostPath", "path"));
+    if (mv && root && under_root(mv, root)) {
+        snprintf(msg, mn, "spec.model.volume.hostPath.path: %.200s reaches into the operator's node cache folder %s", mv,
+                 root);
+        return -1;
+    }
+    if (!kube_json_get(spec, "model", "uri") || !kube_json_get(spec, "model", "cache", "hostPath"))
+        return 0;
+    if (!root || !site->cache_owner_image) {
+        snprintf(msg, mn, "spec.model.cache.hostPath: this operator offers no node folder for caches (its chart "
+                          "value modelCache.hostRoot, llm-controller --model-cache-host-root, is unset): use pvc or emptyDir");
+        return -1;
+    }
+    if (!json_string_value(kube_json_get(d, "metadata", "namespace"))) {
+        snprintf(msg, mn, "spec.model.cache.hostPath: the object has no namespace to name the node folder by");
+        return -1;
+    }
+    return 1;
+}
+
+/* The node folder ROOT/NAMESPACE (shared by the namespace's pods on that
+ * node; ROOT is the platform team's, --model-cache-host-root) and the init
+ * container that gives it to the pods' user: the kubelet makes a missing
+ * folder root's, mode 0755, which uid 65532 cannot write. The container is
+ * root with CAP_CHOWN alone, runs the operator's image (never the spec's:
+ * a tenant's chown as root could leave a set-uid file on the node) and
+ * changes the folder itself (nothing in it, no link followed). Put in
+ * after spec.podTemplate is merged, over anything of the same names, so
+ * no spec points the folder elsewhere or changes what runs as root. */
+static int host_cache_pin(json_t *pod, json_t *d, const desired_site *site)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", site->cache_host_root,
+             json_string_value(kube_json_get(d, "metadata", "namespace")));
+    json_t *vol = json_pack("{s:s,s:{s:s,s:s}}", "name", "model-cache", "hostPath", "path", path, "type",
+                            "DirectoryOrCreate");
+    json_t *init = json_pack("{s:s,s:s,s:[s,s,s,s],s:[{s:s,s:s}],s:{s:b,s:i,s:b,s:b,s:{s:[s],s:[s]}}}", "name",
+                             "cache-owner", "image", site->cache_owner_image, "command", "chown", "-h", "65532:65532",
+                             DESIRED_CACHE_DIR, "volumeMounts", "name", "model-cache", "mountPath", DESIRED_CACHE_DIR,
+                             "securityContext", "runAsNonRoot", 0, "runAsUser", 0, "allowPrivilegeEscalation", 0,
+                             "readOnlyRootFilesystem", 1, "capabilities", "drop", "ALL", "add", "CHOWN");
+    static const char *const lists[] = {"volumes", "initContainers"};
+    json_t *ours[] = {vol, init};
+    int bad = !vol || !init;
+    for (int i = 0; i < 2 && !bad; i++) {
+        json_t *l = json_object_get(pod, lists[i]);
+        if (!json_is_array(l) && json_object_set_new(pod, lists[i], l = json_array()))
+            bad = 1;
+        for (size_t k = json_array_size(l); k-- > 0;) /* a same-named item of the spec's goes */
+            if (json_equal(json_object_get(json_array_get(l, k), "name"), json_object_get(ours[i], "name")))
+                json_array_remove(l, k);
+        bad |= !l || json_array_insert(l, 0, ours[i]); /* the init container first: before any of the spec's */
+    }
+    json_decref(vol);
+    json_decref(init);
+    return bad ? -1 : 0;
 }
 
 /* The model volume: pvc, hostPath or image; none when not given. */
@@ -380,17 +446,14 @@ static void merge(json_t *dst, json_t *src)
     }
 }
 
-json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin_secret, const char *cache_host_root,
+json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin_secret, const desired_site *site,
                            char *msg, size_t mn)
 {
     json_t *spec = json_object_get(d, "spec");
     const char *name = name_of(d);
-    int host_cache = kube_json_get(spec, "model", "uri") && kube_json_get(spec, "model", "cache", "hostPath") != NULL;
-    if (host_cache && !cache_host_root) {
-        snprintf(msg, mn, "spec.model.cache.hostPath: this operator offers no node folder for caches (its chart "
-                          "value modelCache.hostRoot, llm-controller --model-cache-host-root, is unset): use pvc or emptyDir");
+    int host_cache = host_cache_wanted(d, site, msg, mn);
+    if (host_cache < 0)
         return NULL;
-    }
     char cmname[300];
     snprintf(cmname, sizeof cmname, "%s-config", name);
     long long grace = spec_int(spec, "probes", "shutdownDelaySeconds", 5) + spec_int(spec, "probes", "drainSeconds", 30) + 10;
@@ -398,7 +461,7 @@ json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin
     json_t *vol = model_volume(spec);
     if (vol)
         json_array_append_new(volumes, vol);
-    if ((vol = cache_volume(d, cache_host_root)))
+    if ((vol = cache_volume(spec)))
         json_array_append_new(volumes, vol);
     if (admin_secret) /* 0440 with fsGroup: the server's user reads it, nobody else's */
         json_array_append_new(volumes, json_pack("{s:s,s:{s:s,s:i}}", "name", "admin", "secret", "secretName",
@@ -415,8 +478,6 @@ json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin
                             "securityContext", "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "fsGroup",
                             (json_int_t)65532, "seccompProfile", "type", "RuntimeDefault", "containers", ctr, "volumes",
                             volumes, "automountServiceAccountToken", 0);
-    if (pod && host_cache)
-        json_object_set_new(pod, "initContainers", json_pack("[o]", cache_owner(spec)));
     static const char *const copied[] = {"nodeSelector", "tolerations", "affinity", "priorityClassName"};
     for (size_t i = 0; pod && i < sizeof copied / sizeof *copied; i++)
         if (json_object_get(spec, copied[i]))
@@ -434,6 +495,10 @@ json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin
         json_decref(ours);
         json_object_set_new(json_object_get(json_object_get(tmpl, "metadata"), "annotations"), DESIRED_CONFIG_HASH,
                             json_string(config_hash));
+    }
+    if (tmpl && host_cache && host_cache_pin(json_object_get(tmpl, "spec"), d, site)) {
+        json_decref(tmpl);
+        tmpl = NULL;
     }
     json_t *out = json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:s,s:o},s:o}}", "apiVersion", "apps/v1", "kind",
                             "Deployment", "metadata", meta(d, name), "spec", "replicas",

@@ -41,11 +41,23 @@
 #define DESIRED_TEMPLATE_ANN "llmk8s.io/template-hash"
 
 json_t *desired_configmap(json_t *llmd, char *msg, size_t mn);
-/* admin_secret: the colocated canary's Secret to mount (NULL: none).
- * cache_host_root: the node folder under which spec.model.cache.hostPath
- * caches live, one folder per namespace (NULL: none offered; such a spec
- * is refused, msg says why). */
-json_t *desired_deployment(json_t *llmd, const char *config_hash, const char *admin_secret, const char *cache_host_root,
+/* What the platform team set for every LLMDeployment (llm-controller's
+ * flags, the chart's values); the strings are borrowed for as long as the
+ * controller runs. */
+typedef struct desired_site {
+    /* spec.model.cache.hostPath: the node folder under which each
+     * namespace's cache is a folder of its own; NULL: none offered (such a
+     * spec is refused) */
+    const char *cache_host_root;
+    /* the image of the init container that gives that folder to the pods'
+     * user: the operator's own (it runs as root), never the spec's */
+    const char *cache_owner_image;
+} desired_site;
+
+/* admin_secret: the colocated canary's Secret to mount (NULL: none). site
+ * (may be NULL: nothing offered). NULL when the spec cannot give the
+ * Deployment (msg says why: InvalidSpec). */
+json_t *desired_deployment(json_t *llmd, const char *config_hash, const char *admin_secret, const desired_site *site,
                            char *msg, size_t mn);
 /* The Service NAME clients call: the llm-server pods, or the llm-router
  * pods when spec.router.enabled. */

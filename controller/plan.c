@@ -225,7 +225,7 @@ static llm_status server_objects(const plan_input *in, json_t *d, plan *p, json_
     if (!(*cm = desired_configmap(d, msg, sizeof msg)))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg[0] ? msg : "cannot build the ConfigMap");
     kube_meta_hash(json_object_get(*cm, "data"), cfg_hash);
-    if (!(*dep = desired_deployment(d, cfg_hash, in->admin_secret, in->cache_host_root, msg, sizeof msg)))
+    if (!(*dep = desired_deployment(d, cfg_hash, in->admin_secret, in->site, msg, sizeof msg)))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg);
     kube_meta_hash(kube_json_get(json_object_get(*dep, "spec"), "template", NULL), p->template_hash);
     json_object_set_new(kube_json_get(*dep, "metadata", "annotations"), DESIRED_TEMPLATE_ANN, json_string(p->template_hash));

@@ -31,6 +31,7 @@
 #include <stdarg.h>
 
 #include "autoscale.h"
+#include "desired.h"
 #include "podsig.h"
 #include "rollout.h"
 
@@ -39,7 +40,7 @@ typedef struct plan_input {
     json_t *stable;               /* its Deployment NAME; NULL: none yet */
     json_t *canary;               /* NAME-canary (read with spec.canary); NULL: none */
     const char *admin_secret;     /* colocated canary: the key Secret's name (admin_secret.h); NULL otherwise */
-    const char *cache_host_root;  /* the node folder of hostPath caches (--model-cache-host-root); NULL: none */
+    const desired_site *site;     /* the platform's settings (borrowed); NULL: none */
     const podsig_reading *pods;   /* the pods' signals; NULL or age_s < 0: none */
     double now;                   /* unix seconds */
 } plan_input;

@@ -242,11 +242,11 @@ static llm_status child_refused(kube_client *k, const char *path, const plan_inp
 }
 
 /* Plan, act, and the status the result gives. */
-static llm_status plan_and_act(kube_client *k, podsig *ps, const reconcile_site *site, const char *key,
+static llm_status plan_and_act(kube_client *k, podsig *ps, const desired_site *site, const char *key,
                                const char *path, seen *o, double *requeue_s, llm_error *err)
 {
     plan_input in = {.llmd = o->d, .stable = o->stable, .canary = o->canary,
-                     .admin_secret = o->admin_name[0] ? o->admin_name : NULL, .cache_host_root = site->cache_host_root,
+                     .admin_secret = o->admin_name[0] ? o->admin_name : NULL, .site = site,
                      .pods = &o->pods, .now = (double)time(NULL)};
     plan p;
     json_t *dep_now = NULL, *status = NULL;
@@ -277,7 +277,7 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, const reconcile_site 
     return st;
 }
 
-llm_status reconcile_run(kube_client *k, podsig *ps, const reconcile_site *site, const char *ns, const char *name,
+llm_status reconcile_run(kube_client *k, podsig *ps, const desired_site *site, const char *ns, const char *name,
                          double *requeue_s, llm_error *err)
 {
     *requeue_s = 0;

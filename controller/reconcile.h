@@ -25,14 +25,9 @@
 
 #include <jansson.h>
 
+#include "desired.h"
 #include "kube_client.h"
 #include "podsig.h"
-
-/* What the platform team set for every LLMDeployment (llm-controller's
- * flags, the chart's values). */
-typedef struct reconcile_site {
-    const char *cache_host_root; /* spec.model.cache.hostPath's node folder (one folder per namespace under it); NULL: none */
-} reconcile_site;
 
 /* LLM_OK when done; LLM_ERR_NOT_FOUND when the object is gone (its
  * children go with it: nothing to retry, nothing to remember; ps forgets
@@ -40,8 +35,9 @@ typedef struct reconcile_site {
  * *requeue_s > 0 asks for another look after that many seconds (while
  * pods load or fail, a canary is analysed, the autoscaler decides).
  * ps (may be NULL: no pod signals) gives the pods' signals and is told
- * what to read next. */
-llm_status reconcile_run(kube_client *k, podsig *ps, const reconcile_site *site, const char *ns, const char *name,
+ * what to read next. site (borrowed, not NULL): the platform's settings
+ * (desired.h). */
+llm_status reconcile_run(kube_client *k, podsig *ps, const desired_site *site, const char *ns, const char *name,
                          double *requeue_s, llm_error *err);
 
 

@@ -9,6 +9,8 @@ WORKDIR /src
 COPY . .
 RUN make image IMAGE=controller
 
+# bookworm-slim has coreutils: the node caches' init container (chart value modelCache.hostRoot) runs
+# this image's chown as root
 FROM debian:bookworm-slim
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         libjansson4 libyaml-0-2 libcivetweb1 libcurl4 libssl3 ca-certificates \

@@ -6,7 +6,10 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <openssl/evp.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -100,6 +103,37 @@ int fetch_hex_ok(const char *s, size_t len)
         if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
             return 0;
     return 1;
+}
+
+llm_status fetch_file_sha256(const char *path, int nofollow, const _Atomic int *abort, char hex[FETCH_SHA256_HEX],
+                             llm_error *err)
+{
+    enum { CHUNK = 1 << 22 };
+    hex[0] = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
+    if (fd < 0)
+        return llm_errf(err, LLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    unsigned char *buf = malloc(CHUNK), dig[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    llm_status st = md && buf && EVP_DigestInit_ex(md, EVP_sha256(), NULL) ? LLM_OK
+                    : llm_errf(err, LLM_ERR_NOMEM, "%s: cannot set up SHA-256", path);
+    for (ssize_t r; !st && (r = read(fd, buf, CHUNK)) != 0;) {
+        if (abort && atomic_load(abort))
+            st = llm_errf(err, LLM_ERR_CANCELLED, "%s: the sha256 check was abandoned", path);
+        else if (r < 0 && errno != EINTR)
+            st = llm_errf(err, LLM_ERR_IO, "%s: read error while checking sha256: %s", path, strerror(errno));
+        else if (r > 0 && !EVP_DigestUpdate(md, buf, (size_t)r))
+            st = llm_errf(err, LLM_ERR_INTERNAL, "%s: SHA-256 update failed", path);
+    }
+    if (!st && (!EVP_DigestFinal_ex(md, dig, &n) || n != 32))
+        st = llm_errf(err, LLM_ERR_INTERNAL, "%s: SHA-256 final failed", path);
+    if (!st)
+        fetch_hex(dig, n, hex);
+    EVP_MD_CTX_free(md);
+    free(buf);
+    close(fd);
+    return st;
 }
 
 int fetch_path_ok(const char *p)

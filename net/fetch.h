@@ -88,6 +88,10 @@ typedef struct fetch_options {
     long stall_s;            /* 0: 30 */
     int max_retries;         /* retries in a row without 1 MiB of progress; 0: 6 */
     long lock_stale_s;       /* 0: 120 */
+    int verify_cached;       /* 1: a file already in the cache is hashed against the source's digest (the hub's
+                              * sha256, or sha256) before it is used, and one with no digest to judge it is
+                              * downloaded again: for a cache others can write (a node's folder); 0: trusted
+                              * by its name and size unless sha256 is given */
     fetch_progress_fn progress; /* may be NULL; called at most a few times a second */
     void (*log)(void *ctx, const char *line); /* retries, resumes, fallbacks; NULL: stderr */
     void *ctx;                  /* of progress and log */
@@ -108,12 +112,14 @@ llm_status fetch_check(const char *uri, const fetch_options *o, llm_error *err);
  * environment) into out. */
 void fetch_cache_dir(const fetch_options *o, char *out, size_t n);
 
-/* The SHA-256 of the file at path as 64 lowercase hex digits in hex: how
- * a file in the cache is judged, and how llm-server checks model_sha256.
- * nofollow: a symbolic link at path is refused (the cache's own blobs).
- * Reads 4 MiB at a time, looking at *abort (may be NULL) between reads:
- * LLM_ERR_CANCELLED when set; LLM_ERR_IO naming the path and the cause. */
 #define FETCH_SHA256_HEX 65
+/* The SHA-256 of the file at path as 64 lowercase hex digits in hex (""
+ * on failure): how a file in the cache is judged, and how llm-server
+ * checks model_sha256. nofollow: a symbolic link at path is refused (the
+ * cache's own blobs). Reads 4 MiB at a time into a buffer of its own,
+ * looking at *abort (may be NULL) between reads. LLM_ERR_CANCELLED when
+ * set, LLM_ERR_IO (open or read; the path and the cause), LLM_ERR_NOMEM,
+ * LLM_ERR_INTERNAL (OpenSSL). Thread-safety: reentrant. */
 llm_status fetch_file_sha256(const char *path, int nofollow, const _Atomic int *abort, char hex[FETCH_SHA256_HEX],
                              llm_error *err);
 

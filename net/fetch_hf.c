@@ -153,17 +153,29 @@ static int carries_quant(const char *name, const char *q)
 /* The choice so far: one file, or one split set (named by its first part). */
 typedef struct quant_pick { char first[FETCH_MAX_PATH]; char others[1024]; int n; } quant_pick;
 
+/* s after the list in buf[cap] (", " between), when it fits whole; else
+ * the list stays as it is (it names files in a message). */
+static void list_add(char *buf, size_t cap, const char *s)
+{
+    size_t bl = strlen(buf), sl = strlen(s);
+    if (bl + sl + 3 > cap)
+        return;
+    if (bl)
+        memcpy(buf + bl, ", ", 2), bl += 2;
+    memcpy(buf + bl, s, sl + 1);
+}
+
 static void consider(quant_pick *q, const char *path)
 {
     char first[FETCH_MAX_PATH];
     if (!llm_split_path(path, 1, first, sizeof first))
-        snprintf(first, sizeof first, "%s", path);
+        snprintf(first, sizeof first, "%.*s", (int)sizeof first - 1, path);
     if (q->n && !strcmp(first, q->first))
         return;
     if (!q->n)
-        snprintf(q->first, sizeof q->first, "%s", first);
-    else if (strlen(q->others) + strlen(first) + 3 < sizeof q->others)
-        snprintf(q->others + strlen(q->others), sizeof q->others - strlen(q->others), "%s%s", q->n > 1 ? ", " : "", first);
+        memcpy(q->first, first, sizeof first);
+    else
+        list_add(q->others, sizeof q->others, first);
     q->n++;
 }
 
@@ -183,16 +195,18 @@ static llm_status list_page(fetch_ctx *c, const hf_ref *r, const char *body, qua
         return fetch_fail(c, FETCH_FAILED, LLM_ERR_FORMAT, "%s/%s: the file list is not a JSON array%s%s", r->org,
                           r->repo, jerr.msg[0] ? ": " : "", jerr.msg);
     while (llm_json_item(arr, &pos, &e)) {
-        char p[FETCH_MAX_PATH], t[16] = "file";
+        /* room past the longest path: a longer one is cut (at a whole
+         * UTF-8 character) to at least FETCH_MAX_PATH bytes, and refused */
+        char p[FETCH_MAX_PATH + 4], t[16] = "file";
         long len = llm_json_member(e, "path", &v) ? llm_json_string(v, p, sizeof p) : -1;
-        if (len < 0 || (size_t)len + 1 >= sizeof p || strlen(p) != (size_t)len) /* cut, or a \u0000 inside */
+        if (len < 0 || (size_t)len >= FETCH_MAX_PATH || strlen(p) != (size_t)len) /* cut, or a \u0000 inside */
             continue;
         if (llm_json_member(e, "type", &v) && llm_json_string(v, t, sizeof t) >= 0 && strcmp(t, "file"))
             continue;
         if (!fetch_path_ok(p))
             continue;
-        if (strlen(seen) + strlen(p) + 3 < seen_n && (strlen(p) > 5 && !strcasecmp(p + strlen(p) - 5, ".gguf")))
-            snprintf(seen + strlen(seen), seen_n - strlen(seen), "%s%s", seen[0] ? ", " : "", p);
+        if (len > 5 && !strcasecmp(p + len - 5, ".gguf"))
+            list_add(seen, seen_n, p);
         if (carries_quant(p, r->quant))
             consider(q, p);
     }
@@ -384,6 +398,10 @@ static int cached_snapshot(fetch_ctx *c, const hf_ref *r, char *out, size_t n)
         const char *blob = strstr(link, "blobs/");
         if (!blob || !fetch_hex_ok(blob + 6, 64) || (fetch_want(c, k)[0] && strcmp(blob + 6, fetch_want(c, k))))
             return -1;
+        char hex[FETCH_SHA256_HEX];
+        llm_error e = {0};
+        if (c->o->verify_cached && (fetch_file_sha256(p, 0, c->o->abort, hex, &e) || strcmp(hex, blob + 6)))
+            return -1; /* a blob is its name's bytes, or not used */
         if (k == 1 && snprintf(out, n, "%s", p) >= (int)n)
             return -1;
     }
@@ -428,6 +446,8 @@ static llm_status resolve_all(fetch_ctx *c, const hf_ref *r, fetch_file *files, 
             snprintf(files[k - 1].want, sizeof files[k - 1].want, "%s", want);
             files[k - 1].verify_hit = 1;
         }
+        if (!st && c->o->verify_cached)
+            files[k - 1].verify_hit = 1;
         c->total += files[k - 1].size;
     }
     return st;

@@ -99,7 +99,8 @@ typedef struct fetch_file {
     char dest[PATH_MAX];       /* the verified file's place */
     char lock[PATH_MAX];       /* its lock file */
     char want[72];             /* expected sha256 (lower-case hex), "" none */
-    int verify_hit;            /* a file already in place is hashed against want (the caller's own digest) */
+    int verify_hit;            /* a file already in place is hashed against want (the caller's own digest, or
+                                * any with verify_cached; none: not used) */
     uint64_t size;             /* expected size, 0 unknown */
 } fetch_file;
 

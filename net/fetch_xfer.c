@@ -445,38 +445,6 @@ static int file_size(const char *path, uint64_t *size)
     return 0;
 }
 
-/* The digest of a whole file, as lower-case hex; -1 when it cannot be read. */
-llm_status fetch_file_sha256(const char *path, int nofollow, const _Atomic int *abort, char hex[FETCH_SHA256_HEX],
-                             llm_error *err)
-{
-    enum { CHUNK = 1 << 22 };
-    hex[0] = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
-    if (fd < 0)
-        return llm_errf(err, LLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    unsigned char *buf = malloc(CHUNK), dig[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
-    llm_status st = md && buf && EVP_DigestInit_ex(md, EVP_sha256(), NULL) ? LLM_OK
-                    : llm_errf(err, LLM_ERR_NOMEM, "%s: cannot set up SHA-256", path);
-    for (ssize_t r; !st && (r = read(fd, buf, CHUNK)) != 0;) {
-        if (abort && atomic_load(abort))
-            st = llm_errf(err, LLM_ERR_CANCELLED, "%s: the sha256 check was abandoned", path);
-        else if (r < 0 && errno != EINTR)
-            st = llm_errf(err, LLM_ERR_IO, "%s: read error while checking sha256: %s", path, strerror(errno));
-        else if (r > 0 && !EVP_DigestUpdate(md, buf, (size_t)r))
-            st = llm_errf(err, LLM_ERR_INTERNAL, "%s: SHA-256 update failed", path);
-    }
-    if (!st && (!EVP_DigestFinal_ex(md, dig, &n) || n != 32))
-        st = llm_errf(err, LLM_ERR_INTERNAL, "%s: SHA-256 final failed", path);
-    if (!st)
-        fetch_hex(dig, n, hex);
-    EVP_MD_CTX_free(md);
-    free(buf);
-    close(fd);
-    return st;
-}
-
 /* Whether f is in place already: a regular file of the expected size and,
  * when the caller gave a digest, of that digest. */
 static int in_place(fetch_ctx *c, const fetch_file *f)
@@ -486,13 +454,15 @@ static int in_place(fetch_ctx *c, const fetch_file *f)
     llm_error e = {0};
     if (file_size(f->dest, &sz) || (f->size && sz != f->size))
         return 0;
-    if (!f->verify_hit || !f->want[0])
+    if (!f->verify_hit)
         return 1;
+    if (!f->want[0]) /* to be judged, with nothing to judge it by: fetched again */
+        return 0;
     fetch_report(c, "verifying", 0, 1);
     llm_status st = fetch_file_sha256(f->dest, 1, c->o->abort, hex, &e);
     if (!st && !strcmp(hex, f->want))
         return 1;
-    if (st == LLM_ERR_CANCELLED) /* not judged: kept; the caller sees the abort next */
+    if (st == LLM_ERR_CANCELLED) /* not judged: kept; the caller checks fetch_aborted next */
         return 0;
     if (st)
         fetch_log(c, "%s: %s: fetched again", f->name, e.msg);
@@ -547,6 +517,8 @@ llm_status fetch_xfer_get(fetch_ctx *c, fetch_file *f)
 {
     if (in_place(c, f))
         return LLM_OK;
+    if (fetch_aborted(c)) /* in_place may have stopped hashing for it */
+        return fetch_fail(c, FETCH_FAILED, LLM_ERR_CANCELLED, "%s: abandoned", f->name);
     if (fetch_mkdirs_for(f->dest) || fetch_mkdirs_for(f->lock))
         return fetch_fail(c, FETCH_FAILED, LLM_ERR_IO, "%s: cannot make the cache's folders for %s: %s", f->name, f->dest,
                           strerror(errno));

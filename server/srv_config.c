@@ -36,6 +36,9 @@ static const key_def keys[] = {
     {"model_cache", K_STR, F(model_cache), 0, 0, "",
      "folder sources are downloaded into (empty: huggingface_hub's: HF_HUB_CACHE, HF_HOME/hub or "
      "~/.cache/huggingface/hub); processes sharing it download a file once"},
+    {"model_cache_verify", K_BOOL, F(model_cache_verify), 0, 1, "false",
+     "hash a file found in the cache against the source's digest before using it, and download again one that has "
+     "none (true for a cache that others can write, e.g. a node's folder)"},
     {"model_name", K_STR, F(model_name), 0, 0, "", "name served in the API (default: the model's general.name)"},
     {"host", K_STR, F(host), 0, 0, "0.0.0.0", "address to listen on"},
     {"port", K_INT, F(port), 1, 65535, "8080", "TCP port"},

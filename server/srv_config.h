@@ -17,6 +17,7 @@
 typedef struct srv_config {
     char *model;            /* GGUF path or source (hf://, s3://, https://; required) */
     char *model_cache;      /* where sources are cached; "" -> huggingface_hub's folder */
+    long model_cache_verify; /* 1: files found in the cache are hashed before use (fetch.h verify_cached) */
     char *model_sha256;     /* expected SHA-256 (hex) of the file; "" skips the check */
     char *model_name;       /* served name; "" -> general.name or the file name */
     char *host;

@@ -83,7 +83,7 @@ static llm_status find_model(srv *s, llm_error *err)
         return srv_load_verify_sha256(s->cfg.model, s->cfg.model_sha256, NULL, err);
     }
     fetch_options o = {.cache_dir = s->cfg.model_cache[0] ? s->cfg.model_cache : NULL, .sha256 = s->cfg.model_sha256,
-                       .progress = fetch_progress_cb, .log = fetch_log_cb, .ctx = s, .abort = &s->stopping};
+                       .verify_cached = (int)s->cfg.model_cache_verify, .progress = fetch_progress_cb, .log = fetch_log_cb, .ctx = s, .abort = &s->stopping};
     fetch_reason why = FETCH_OK;
     atomic_store(&s->dl.phase, "resolving");
     atomic_store(&s->dl.on, 1);

@@ -13,7 +13,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: llm-fetch SOURCE [--cache DIR] [--sha256 HEX] [--hf-endpoint URL] [--stall-seconds N]\n"
-               "                 [--retries N] [--lock-stale-seconds N]\n"
+               "                 [--retries N] [--lock-stale-seconds N] [--verify-cached]\n"
                "       SOURCE: hf://ORG/REPO/PATH.gguf[@REV], hf://ORG/REPO:QUANT[@REV], s3://BUCKET/KEY, https://...\n"
                "       environment: HF_TOKEN, HF_ENDPOINT, HF_HUB_CACHE, HF_HOME, AWS_ACCESS_KEY_ID,\n"
                "       AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL(_S3), LLM_FETCH_BEARER_TOKEN(_FILE)\n");
@@ -50,6 +50,8 @@ int main(int argc, char **argv)
             o.sha256 = argv[++i];
         else if (!strcmp(argv[i], "--hf-endpoint") && i + 1 < argc)
             o.hf_endpoint = argv[++i];
+        else if (!strcmp(argv[i], "--verify-cached")) /* a cache others write: hash what is found */
+            o.verify_cached = 1;
         else if (!strcmp(argv[i], "--lock-stale-seconds") && i + 1 < argc) {
             if (cli_int("--lock-stale-seconds", argv[++i], 1, 86400, &v))
                 return 2;

@@ -16,6 +16,9 @@
 #include "desired.h"
 #include "plan.h"
 
+/* a node cache offered, as the chart sets it */
+static const desired_site site = {"/var/lib/llm-cache", "llm-controller:0.1.0"};
+
 static void check(json_t *o)
 {
     if (o && !json_is_string(json_object_get(json_object_get(o, "metadata"), "name")))
@@ -56,7 +59,7 @@ static void plan_twice(json_t *d, json_t *dep, const canary_sample *smp, const u
     for (int i = 0; i < 3; i++) {
         plan_input in = {.llmd = d, .stable = i ? stable : NULL, .canary = i == 2 ? canary : NULL, .pods = &r,
                          .admin_secret = desired_colocated(d) ? "fz-admin-x" : NULL,
-                         .cache_host_root = i == 1 ? "/var/lib/llm-cache" : NULL, .now = 1.7e9 + (double)size};
+                         .site = i == 1 ? &site : NULL, .now = 1.7e9 + (double)size};
         plan p;
         llm_error err = {0};
         llm_status st = plan_children(&in, &p, &err);
@@ -111,7 +114,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kube_meta_hash(cm, hash);
     check(cm);
     msg[0] = 0;
-    json_t *dep = desired_deployment(d, "0123456789abcdef", "x-admin-0123456789", "/var/lib/llm-cache", msg, sizeof msg);
+    json_t *dep = desired_deployment(d, "0123456789abcdef", "x-admin-0123456789", &site, msg, sizeof msg);
     if (!dep && !msg[0])
         abort();
     check(desired_service(d));

@@ -59,6 +59,8 @@ def test_chart_options():
     args = next(d for d in docs(render("--set", "modelCache.hostRoot=/var/lib/llm-models")) if d["kind"] == "Deployment")[
         "spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--model-cache-host-root") + 1] == "/var/lib/llm-models"
+    image = next(d for d in docs(render()) if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert args[args.index("--model-cache-owner-image") + 1] == image  # the operator's own image runs as root
     for bad in ("/", "relative", "/a/../b", "/a/", "/a//b"):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({**values, "modelCache": {"hostRoot": bad}}, schema)

@@ -115,12 +115,16 @@ def test_hostile_file_lists_cost_their_bytes_only(hub, tmp_path):
         r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0")
         assert r.returncode != 0 and "file list" in r.stderr, (body[:40], r.stderr)
     skipped = [{"type": "directory", "path": "d-Q8_0.gguf"}, {"path": "../up-Q8_0.gguf"}, {"path": "/abs-Q8_0.gguf"},
-               {"path": "nul\u0000-Q8_0.gguf"}, {"path": "x" * 2000 + "-Q8_0.gguf"}, {"path": 7}, []]
-    hub.tree_body = json.dumps(skipped).replace("\\\\u0000", "\\u0000").encode()
+               {"path": "nul\u0000-Q8_0.gguf"}, {"path": "x" * 2000 + "-Q8_0.gguf"},
+               {"path": "y" * 1010 + "-Q8_0.gguf\U0001F600z"}, {"path": 7}, []]
+    # the NUL as \u0000; the emoji as a surrogate pair after 1,020 bytes: a decoder cutting at 1,023 bytes would
+    # keep "yyy...-Q8_0.gguf", a name the hub never listed
+    hub.tree_body = json.dumps(skipped).encode()
     r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0")
-    assert r.returncode != 0 and "Q8_0" in r.stderr, r.stderr
+    assert r.returncode == 3 and "no .gguf file carries 'Q8_0'" in r.stderr and "(the .gguf files: none)" in r.stderr, \
+        r.stderr
     hub.tree_body = json.dumps(skipped + [{"type": "file", "path": "tiny\\u002dQ8_0.gguf"}]).replace(
-        "\\\\u", "\\u").encode()
+        "\\\\u", "\\u").encode()  # json.dumps escapes the backslash; the hub's own \u002d is meant
     r = fetch(hub, tmp_path, "hf://acme/tiny-GGUF:Q8_0")
     assert r.returncode == 0 and r.stdout.strip().endswith("/tiny-Q8_0.gguf"), r.stderr
 
@@ -537,18 +541,28 @@ def test_the_crd_lets_no_spec_choose_the_node_folder(tmp_path, kubectl):
 
 def test_node_cache_is_one_folder_per_namespace(hub, tmp_path, model):
     """cache.hostPath with the operator's --model-cache-host-root: the
-    namespace's folder on the node, made by the kubelet and handed to the
-    pods' user by the init container; two replicas download once, a second
-    namespace downloads into its own folder, and a deployment made again
-    finds the file there (no download)."""
+    namespace's folder on the node, shared by its pods and kept after them.
+    Two replicas download once, a second namespace downloads into its own
+    folder; the pods hash what they find there (model_cache_verify), so a
+    blob rewritten in the folder is downloaded again, not served; a
+    podTemplate naming the cache volume or the init container does not
+    change them; a model volume inside the folders is refused. (kubesim
+    does not run init containers: the folder is the test user's, and the
+    cache-owner container is checked as written.)"""
     root = tmp_path / "node-cache"
+    owner = "llm-controller:9.9"
     with running(tmp_path, model, quiet=True) as c:
-        c.controller("--model-cache-host-root", str(root))
+        c.controller("--model-cache-host-root", str(root), "--model-cache-owner-image", owner)
         c.k("create", "namespace", "team-b")
         extra = "    cache: {hostPath: {}}\n"
         llmd_uri(c, "hf", "hf://acme/tiny-GGUF:Q8_0", hub.url, replicas=2, model_extra=extra)
-        c.k("apply", "-n", "team-b", "-f", "-", stdin=LLMD_URI.format(
-            name="hf", uri="hf://acme/tiny-GGUF:Q8_0", endpoint=hub.url, replicas=1, model_extra=extra))
+        sneaky = LLMD_URI.format(name="hf", uri="hf://acme/tiny-GGUF:Q8_0", endpoint=hub.url, replicas=1,
+                                 model_extra=extra) + (
+            "  podTemplate:\n    spec:\n"
+            f"      volumes: [{{name: model-cache, hostPath: {{path: {root}/default}}}}]\n"
+            "      initContainers: [{name: cache-owner, image: evil, command: [sh, -c, 'chmod u+s /bin/sh'],"
+            " securityContext: {privileged: true}}]\n")
+        c.k("apply", "-n", "team-b", "-f", "-", stdin=sneaky)
         ready = lambda ns: json.loads(c.k("get", "llmd", "hf", "-n", ns, "-o", "json").stdout).get(  # noqa: E731
             "status", {}).get("phase") == "Ready"
         wait_for(lambda: ready("default") and ready("team-b"), 120, "both Ready")
@@ -557,30 +571,58 @@ def test_node_cache_is_one_folder_per_namespace(hub, tmp_path, model):
             blobs = list((root / ns / "models--acme--tiny-GGUF" / "blobs").iterdir())
             assert len(blobs) == 1 and blobs[0].stat().st_size > 0, blobs
         pod = json.loads(c.k("get", "deploy", "hf", "-n", "team-b", "-o", "json").stdout)["spec"]["template"]["spec"]
-        vol = next(v for v in pod["volumes"] if v["name"] == "model-cache")
-        assert vol["hostPath"] == {"path": f"{root}/team-b", "type": "DirectoryOrCreate"}, vol
+        vols = [v for v in pod["volumes"] if v["name"] == "model-cache"]
+        assert vols == [{"name": "model-cache", "hostPath": {"path": f"{root}/team-b", "type": "DirectoryOrCreate"}}], vols
         init = pod["initContainers"]
-        assert [i["name"] for i in init] == ["cache-owner"], init
+        assert [(i["name"], i["image"]) for i in init] == [("cache-owner", owner)], init
         assert init[0]["command"] == ["chown", "-h", "65532:65532", "/var/cache/llm-models"], init
         sc = init[0]["securityContext"]
-        assert sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]} and sc["runAsUser"] == 0, sc
-        # gone and made again: the node keeps the file
+        assert sc == {"runAsNonRoot": False, "runAsUser": 0, "allowPrivilegeEscalation": False,
+                      "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}}, sc
+        cm = json.loads(c.k("get", "cm", "hf-config", "-n", "team-b", "-o", "json").stdout)["data"]["config.yaml"]
+        assert "model_cache_verify: true" in cm, cm
+        # someone rewrites the blob in team-b's folder; a new deployment there hashes it, downloads again
         c.k("delete", "llmd", "hf", "-n", "team-b", "--wait=true")
         wait_for(lambda: not json.loads(c.k("get", "pods", "-n", "team-b", "-o", "json").stdout)["items"], 60,
                  "team-b's pods gone")
+        blob = next((root / "team-b" / "models--acme--tiny-GGUF" / "blobs").iterdir())
+        good = blob.read_bytes()
+        blob.write_bytes(good[:-4] + b"EVIL")
         c.k("apply", "-n", "team-b", "-f", "-", stdin=LLMD_URI.format(
             name="hf", uri="hf://acme/tiny-GGUF:Q8_0", endpoint=hub.url, replicas=1, model_extra=extra))
         wait_for(lambda: ready("team-b"), 120, "team-b Ready again")
-        assert len(cdn_gets(hub)) == 2, cdn_gets(hub)
+        assert len(cdn_gets(hub)) == 3, cdn_gets(hub)
+        assert blob.read_bytes() == good
+        # the default namespace's deployment, made again: the file found and hashed, nothing downloaded
+        c.k("delete", "llmd", "hf", "--wait=true")
+        wait_for(lambda: not json.loads(c.k("get", "pods", "-o", "json").stdout)["items"], 60, "default's pods gone")
+        llmd_uri(c, "hf", "hf://acme/tiny-GGUF:Q8_0", hub.url, model_extra=extra)
+        wait_for(lambda: ready("default"), 120, "default Ready again")
+        assert len(cdn_gets(hub)) == 3, cdn_gets(hub)
+        # a model volume reaching into the folders (spelled with // and /./) is refused
+        c.k("apply", "-f", "-", stdin=llmd_path_on_node("peek", f"{root}//./team-b"))
+        cond = wait_for(lambda: c.cond("Ready", "peek").get("reason") == "InvalidSpec" and c.cond("Ready", "peek"),
+                        60, "InvalidSpec")
+        assert "node cache folder" in cond["message"], cond
+        assert c.get("deploy", "peek") is None
+
+
+def llmd_path_on_node(name, folder):
+    return ("apiVersion: llmk8s.io/v1alpha1\nkind: LLMDeployment\n"
+            f"metadata: {{name: {name}}}\nspec:\n  image: llm-server:test\n"
+            f"  model: {{path: /models/x.gguf, volume: {{hostPath: {{path: '{folder}'}}}}}}\n")
 
 
 def test_node_cache_needs_the_operators_folder(hub, tmp_path, model):
     """Without --model-cache-host-root no node folder is offered: the spec
-    is refused with the reason, nothing is created; a bad folder stops the
-    controller at start."""
-    bad = subprocess.run([tool("llm-controller"), "--model-cache-host-root", "/var/../etc"], capture_output=True,
-                         text=True, timeout=30)
-    assert bad.returncode == 2 and "--model-cache-host-root /var/../etc" in bad.stderr, bad.stderr
+    is refused with the reason, nothing is created; a bad folder, or one
+    without the owner image, stops the controller at start."""
+    for args, why in ((["--model-cache-host-root", "/var/../etc", "--model-cache-owner-image", "x"],
+                       "--model-cache-host-root /var/../etc"),
+                      (["--model-cache-host-root", "/var/.hidden", "--model-cache-owner-image", "x"], "starting with '.'"),
+                      (["--model-cache-host-root", "/var/lib/llm"], "needs --model-cache-owner-image")):
+        bad = subprocess.run([tool("llm-controller"), *args], capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 2 and why in bad.stderr, bad.stderr
     with running(tmp_path, model) as c:
         c.controller()
         llmd_uri(c, "hf", "hf://acme/tiny-GGUF:Q8_0", hub.url, model_extra="    cache: {hostPath: {}}\n")

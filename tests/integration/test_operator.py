@@ -204,7 +204,7 @@ def test_reasons_not_ready(tmp_path, model):
     c = Cluster(tmp_path, model)
     try:
         c.controller()
-        missing = tmp_path / "nope" / "missing.gguf"
+        missing = tmp_path / "missing.gguf"  # its folder is there (the hostPath volume mounts), the file not
         c.apply("a", model=missing)
         c.apply("b", extra="  resources: {limits: {nvidia.com/gpu: 1}}\n")
         c.apply("c", image="crash:test")

@@ -253,6 +253,14 @@ static void test_scale_to_zero(void **st)
     assert_string_equal(json_string_value(json_object_get(s4b, "lastScaleTime")),
                         json_string_value(json_object_get(s4, "lastScaleTime")));
     json_decref(s4b);
+    /* a minute later pods run under that record of zero (a wake whose record
+     * was lost) and go idle: a real sleep, recorded */
+    json_t *s4c = autoscale_decide(&running, 1, 0, 1, s4, 1150, &d);
+    autoscale_zero(&c, 1, &quiet, s4, s4c, 1150, &d);
+    assert_int_equal(d.desired, 0);
+    assert_true(d.changed);
+    assert_int_equal(json_array_size(json_object_get(s4c, "history")), json_array_size(h) + 1);
+    json_decref(s4c);
     /* at zero, no router answering or nothing held: stays asleep, no decision recorded */
     autoscale_activity none = {0, 0, 0, 0};
     json_t *s5 = autoscale_decide(&running, 0, 0, 0, s4, 1100, &d);
