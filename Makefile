@@ -44,7 +44,7 @@ NET_SRC = net/http_guard.c net/http_reply.c net/http_probe.c net/http_client.c n
 # (forward pass, tensor parallelism, MoE, sessions), constrain (grammars), serve (step loop, scheduler, KV
 # cache, sampler, text out), backend (cpu; cuda: the loader here, the plugin below). Folders see each other's
 # private headers (INC_ENGINE_PRIVATE); nothing outside the engine does.
-ENGINE_SRC = $(addprefix engine/model/,gguf.c quant.c model.c tokenizer.c tok_spm.c tok_bpe.c unicode.c unicode_data.c) \
+ENGINE_SRC = $(addprefix engine/model/,gguf.c quant.c model.c lora.c tokenizer.c tok_spm.c tok_bpe.c unicode.c unicode_data.c) \
              $(addprefix engine/compute/,forward.c forward_tp.c tp.c moe.c session.c) \
              $(addprefix engine/constrain/,grammar.c gmatch.c) \
              $(addprefix engine/serve/,engine.c engine_step.c scheduler.c kv_cache.c sampler.c textout.c) \

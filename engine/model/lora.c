@@ -1,0 +1,275 @@
+/* lora.c - LoRA adapters in llama.cpp's GGUF format; see lora.h. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llm/lora.h"
+#include "llm/quant.h"
+
+static const char *const proj_names[LLM_LORA_N_PROJ] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                       "ffn_gate", "ffn_up", "ffn_down"};
+
+static int str_is(gguf_str s, const char *c)
+{
+    return s.len == strlen(c) && !memcmp(s.data, c, s.len);
+}
+
+/* A string key equal to want; else the error naming it. */
+static llm_status want_str(const gguf_file *f, const char *name, const char *key, const char *want, llm_error *err)
+{
+    const gguf_kv *kv = gguf_find(f, key);
+    if (!kv || kv->type != GGUF_TYPE_STRING)
+        return llm_errf(err, LLM_ERR_FORMAT, "%s: no %s: not a LoRA adapter", name, key);
+    if (!str_is(kv->v.str, want))
+        return llm_errf(err, LLM_ERR_FORMAT, "%s: %s is '%.*s', not '%s': not a LoRA adapter", name, key,
+                        (int)(kv->v.str.len > 64 ? 64 : kv->v.str.len), kv->v.str.data, want);
+    return LLM_OK;
+}
+
+static const llm_weight *base_weight(const llm_model *m, int layer, llm_lora_proj p)
+{
+    const llm_layer *l = &m->layers[layer];
+    const llm_weight *w[LLM_LORA_N_PROJ] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+    return w[p]->data ? w[p] : NULL; /* an MoE layer has no dense MLP */
+}
+
+/* "blk.N.PROJ.weight.lora_a|b": the layer, the projection and which (0 a, 1
+ * b); -1 with the reason for a name this loader does not take. */
+static int parse_name(gguf_str s, int n_layer, int *layer, llm_lora_proj *p, int *which, char *why, size_t wn)
+{
+    char n[160];
+    if (s.len >= sizeof n) {
+        snprintf(why, wn, "a tensor name of %llu bytes", (unsigned long long)s.len);
+        return -1;
+    }
+    memcpy(n, s.data, s.len);
+    n[s.len] = 0;
+    size_t len = strlen(n);
+    if (len != s.len || len < 7 || (strcmp(n + len - 7, ".lora_a") && strcmp(n + len - 7, ".lora_b"))) {
+        snprintf(why, wn, "tensor '%.100s' is neither NAME.lora_a nor NAME.lora_b", n);
+        return -1;
+    }
+    *which = n[len - 1] == 'b';
+    n[len - 7] = 0;
+    char proj[40];
+    int at = 0;
+    if (sscanf(n, "blk.%d.%39[a-z_].weight%n", layer, proj, &at) != 2 || n[at] != 0 || at == 0) {
+        snprintf(why, wn, "'%.100s' is not a layer's attention or MLP projection (only those are adapted)", n);
+        return -1;
+    }
+    if (*layer < 0 || *layer >= n_layer) {
+        snprintf(why, wn, "'%.100s': the base has %d layers", n, n_layer);
+        return -1;
+    }
+    for (int k = 0; k < LLM_LORA_N_PROJ; k++)
+        if (!strcmp(proj, proj_names[k])) {
+            *p = (llm_lora_proj)k;
+            return 0;
+        }
+    snprintf(why, wn, strstr(proj, "_exps") ? "'%.100s': adapters of MoE experts are not supported"
+                                            : "'%.100s' is not an attention or MLP projection (only those are adapted)",
+             n);
+    return -1;
+}
+
+/* The tensor's values as F32 into dst (rows x cols); -1 on a type this
+ * loader does not take or a value that is not finite. */
+static int copy_f32(const gguf_tensor *t, float *dst, size_t n, char *why, size_t wn)
+{
+    if (t->type != QT_F32 && t->type != QT_F16 && t->type != QT_BF16 && t->type != QT_Q8_0) {
+        snprintf(why, wn, "'%.*s' is %s (F32, F16, BF16 or Q8_0 expected)", (int)(t->name.len > 100 ? 100 : t->name.len),
+                 t->name.data, quant_type_name(t->type));
+        return -1;
+    }
+    size_t cols = (size_t)t->ne[0], rb = quant_row_bytes(t->type, cols);
+    for (size_t r = 0; r < n / cols; r++) quant_dequantize_row(t->type, (const char *)t->data + r * rb, dst + r * cols, cols);
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(dst[i])) {
+            snprintf(why, wn, "'%.*s' holds a value that is not finite (element %zu)",
+                     (int)(t->name.len > 100 ? 100 : t->name.len), t->name.data, i);
+            return -1;
+        }
+    return 0;
+}
+
+/* One tensor into its matrix: shape checked against W and the other half. */
+static int take(llm_lora *l, const llm_model *base, const gguf_tensor *t, int max_rank, char *why, size_t wn)
+{
+    int layer, which;
+    llm_lora_proj p;
+    if (parse_name(t->name, base->hp.n_layer, &layer, &p, &which, why, wn))
+        return -1;
+    const llm_weight *w = base_weight(base, layer, p);
+    llm_lora_mat *m = &l->mats[layer * LLM_LORA_N_PROJ + p];
+    const char *tn = which ? "lora_b" : "lora_a";
+    if (!w) {
+        snprintf(why, wn, "blk.%d.%s: the base has no such dense projection (an MoE layer)", layer, proj_names[p]);
+        return -1;
+    }
+    /* a: ne [in, rank]; b: ne [rank, out] */
+    uint64_t len = t->ne[0], rows = t->ne[1];
+    int64_t side = which ? w->rows : w->cols;
+    uint64_t rank = which ? len : rows;
+    if (t->n_dims != 2 || (which ? rows : len) != (uint64_t)side) {
+        snprintf(why, wn, "blk.%d.%s.weight.%s has shape [%llu, %llu]; W is %lld x %lld (a: [in, rank], b: [rank, out])",
+                 layer, proj_names[p], tn, (unsigned long long)len, (unsigned long long)rows, (long long)w->rows,
+                 (long long)w->cols);
+        return -1;
+    }
+    if (rank < 1 || rank > (uint64_t)max_rank || rank > (uint64_t)w->rows || rank > (uint64_t)w->cols) {
+        snprintf(why, wn, "blk.%d.%s.weight.%s: rank %llu (at least 1, at most %d and W's smaller side)", layer,
+                 proj_names[p], tn, (unsigned long long)rank, max_rank);
+        return -1;
+    }
+    if ((m->rank && m->rank != (int)rank) || (which ? m->b : m->a)) {
+        snprintf(why, wn, "blk.%d.%s.weight: lora_a and lora_b disagree on the rank, or one comes twice", layer,
+                 proj_names[p]);
+        return -1;
+    }
+    size_t n = (size_t)len * (size_t)rows;
+    float *dst = malloc(n * sizeof *dst);
+    if (!dst) {
+        snprintf(why, wn, "no memory for %zu floats", n);
+        return -2;
+    }
+    if (copy_f32(t, dst, n, why, wn)) {
+        free(dst);
+        return -1;
+    }
+    m->rank = (int)rank, m->in = (int)w->cols, m->out = (int)w->rows;
+    *(which ? &m->b : &m->a) = dst;
+    l->bytes += n * sizeof *dst;
+    return 0;
+}
+
+/* alpha: absent, or finite in (0, LLM_LORA_MAX_ALPHA]. */
+static llm_status read_alpha(const gguf_file *f, const char *name, float *alpha, llm_error *err)
+{
+    const gguf_kv *kv = gguf_find(f, "adapter.lora.alpha");
+    *alpha = 0;
+    if (!kv)
+        return LLM_OK;
+    double a = kv->type == GGUF_TYPE_FLOAT32 || kv->type == GGUF_TYPE_FLOAT64 ? kv->v.f64 : NAN;
+    if (!(a > 0 && a <= LLM_LORA_MAX_ALPHA))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "%s: adapter.lora.alpha %g (a float above 0, at most %g)", name, a,
+                        (double)LLM_LORA_MAX_ALPHA);
+    *alpha = (float)a;
+    return LLM_OK;
+}
+
+/* Every A has its B and the other way round; the largest rank, the count. */
+static llm_status complete(llm_lora *l, const char *name, llm_error *err)
+{
+    for (int i = 0; i < l->n_layer * LLM_LORA_N_PROJ; i++) {
+        llm_lora_mat *m = &l->mats[i];
+        if (!m->a != !m->b)
+            return llm_errf(err, LLM_ERR_FORMAT, "%s: blk.%d.%s.weight has lora_%s without lora_%s", name,
+                            i / LLM_LORA_N_PROJ, proj_names[i % LLM_LORA_N_PROJ], m->a ? "a" : "b", m->a ? "b" : "a");
+        if (m->a) {
+            l->n_mats++;
+            l->max_rank = m->rank > l->max_rank ? m->rank : l->max_rank;
+        }
+    }
+    return l->n_mats ? LLM_OK : llm_errf(err, LLM_ERR_FORMAT, "%s: no lora_a/lora_b tensors", name);
+}
+
+llm_status llm_lora_from_gguf(const gguf_file *f, const char *name, const llm_model *base, int max_rank,
+                              llm_lora **out, llm_error *err)
+{
+    *out = NULL;
+    if (max_rank <= 0 || max_rank > LLM_LORA_MAX_RANK)
+        max_rank = LLM_LORA_MAX_RANK;
+    const gguf_kv *arch = gguf_find(base->gguf, "general.architecture");
+    char want[64];
+    snprintf(want, sizeof want, "%.*s", arch && arch->type == GGUF_TYPE_STRING ? (int)(arch->v.str.len > 63 ? 63 : arch->v.str.len) : 0,
+             arch && arch->type == GGUF_TYPE_STRING ? arch->v.str.data : "");
+    llm_status st = want_str(f, name, "general.type", "adapter", err);
+    if (!st)
+        st = want_str(f, name, "adapter.type", "lora", err);
+    if (!st && (st = want_str(f, name, "general.architecture", want, err)))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "%s: an adapter for another architecture than the base's %s", name,
+                      want);
+    float alpha = 0;
+    if (!st)
+        st = read_alpha(f, name, &alpha, err);
+    if (st)
+        return st;
+    llm_lora *l = calloc(1, sizeof *l);
+    if (!l || !(l->mats = calloc((size_t)base->hp.n_layer * LLM_LORA_N_PROJ, sizeof *l->mats))) {
+        free(l);
+        return llm_errf(err, LLM_ERR_NOMEM, "%s: no memory for the adapter", name);
+    }
+    l->alpha = alpha, l->n_layer = base->hp.n_layer;
+    char why[320];
+    for (uint64_t i = 0; !st && i < gguf_n_tensors(f); i++) {
+        int r = take(l, base, gguf_tensor_at(f, i), max_rank, why, sizeof why);
+        if (r)
+            st = llm_errf(err, r == -2 ? LLM_ERR_NOMEM : LLM_ERR_INVALID_ARG, "%s: %s", name, why);
+    }
+    if (!st)
+        st = complete(l, name, err);
+    if (st) {
+        llm_lora_free(l);
+        return st;
+    }
+    *out = l;
+    return LLM_OK;
+}
+
+llm_status llm_lora_load(const char *path, const llm_model *base, int max_rank, llm_lora **out, llm_error *err)
+{
+    gguf_file *f;
+    *out = NULL;
+    llm_status st = gguf_open(path, &f, err);
+    if (st)
+        return st;
+    st = llm_lora_from_gguf(f, path, base, max_rank, out, err);
+    gguf_close(f);
+    return st;
+}
+
+void llm_lora_free(llm_lora *l)
+{
+    if (!l)
+        return;
+    for (int i = 0; l->mats && i < l->n_layer * LLM_LORA_N_PROJ; i++) {
+        free(l->mats[i].a);
+        free(l->mats[i].b);
+    }
+    free(l->mats);
+    free(l);
+}
+
+const llm_lora_mat *llm_lora_mat_at(const llm_lora *l, int layer, llm_lora_proj p)
+{
+    if (!l || layer < 0 || layer >= l->n_layer || (int)p < 0 || p >= LLM_LORA_N_PROJ)
+        return NULL;
+    return &l->mats[layer * LLM_LORA_N_PROJ + p];
+}
+
+float llm_lora_factor(const llm_lora *l, const llm_lora_mat *m, float scale)
+{
+    return l->alpha > 0 && m->rank > 0 ? scale * l->alpha / (float)m->rank : scale;
+}
+
+void llm_lora_apply(const llm_lora_mat *m, float s, const float *x, int n, float *y)
+{
+    float t[LLM_LORA_MAX_RANK];
+    for (int r = 0; r < n && m->rank > 0; r++) {
+        const float *xr = x + (size_t)r * m->in;
+        for (int k = 0; k < m->rank; k++) {
+            const float *a = m->a + (size_t)k * m->in;
+            float acc = 0;
+            for (int i = 0; i < m->in; i++) acc += a[i] * xr[i];
+            t[k] = acc * s;
+        }
+        float *yr = y + (size_t)r * m->out;
+        for (int o = 0; o < m->out; o++) {
+            const float *b = m->b + (size_t)o * m->rank;
+            float acc = 0;
+            for (int k = 0; k < m->rank; k++) acc += b[k] * t[k];
+            yr[o] += acc;
+        }
+    }
+}

@@ -1,0 +1,214 @@
+/* test_lora.c - LoRA adapters (lora.h): llama.cpp's GGUF format read and
+ * checked against the "tiny" base (n_embd 256, n_ff 512, 2 layers, K/V
+ * 128 wide), B (A x) against a float64 reference, and every refusal. */
+#include <math.h>
+
+#include "llm/gguf_writer.h"
+#include "llm/lora.h"
+#include "testutil.h"
+
+typedef struct spec {
+    const char *arch, *gtype, *atype;
+    double alpha;      /* NAN: no key */
+    int rank;
+    quant_type qt;
+    const char *only;  /* write this tensor name alone (with its pair's shape rules ignored) */
+    int wide_a;        /* A of attn_q has ne0 128, not 256 */
+    int nan;           /* a NaN in the first A */
+    int k_rank;        /* rank of attn_k's pair (0: rank) */
+    int a_only;        /* attn_q without its lora_b */
+} spec;
+
+typedef struct tens {
+    char name[96];
+    uint64_t ne[2];
+    quant_type qt;
+    int nan;
+} tens;
+
+typedef struct writing {
+    tens t[64];
+    int n;
+} writing;
+
+/* The value of element e of tensor i: the same on reading back. */
+static float val(int i, size_t e)
+{
+    uint64_t s = (uint64_t)i * 1000003u + e;
+    return test_randf(&s) * 0.1f;
+}
+
+static int fill(void *ctx, int i, void *dst, size_t nbytes)
+{
+    writing *w = ctx;
+    tens *t = &w->t[i];
+    size_t cols = (size_t)t->ne[0], rb = quant_row_bytes(t->qt, cols);
+    float *row = malloc(cols * sizeof *row);
+    if (!row)
+        return -1;
+    for (size_t r = 0; r < t->ne[1]; r++) {
+        for (size_t c = 0; c < cols; c++) row[c] = val(i, r * cols + c);
+        if (t->nan && r == 0)
+            row[0] = NAN;
+        quant_quantize_row(t->qt, row, (char *)dst + r * rb, cols);
+    }
+    free(row);
+    (void)nbytes;
+    return 0;
+}
+
+static void add(writing *w, gguf_writer *g, const char *name, uint64_t ne0, uint64_t ne1, quant_type qt, int nan)
+{
+    tens *t = &w->t[w->n++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ne[0] = ne0, t->ne[1] = ne1, t->qt = qt, t->nan = nan;
+    assert_int_equal(gguf_writer_tensor(g, name, qt, 2, t->ne), LLM_OK);
+}
+
+static const char *const projs[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+static const int outs[] = {256, 128, 128, 256, 512, 512, 256}, ins[] = {256, 256, 256, 256, 256, 256, 512};
+
+static void write_adapter(const spec *s, const char *path)
+{
+    gguf_writer *g = gguf_writer_new();
+    static writing w;
+    memset(&w, 0, sizeof w);
+    assert_non_null(g);
+    gguf_writer_str(g, "general.architecture", s->arch ? s->arch : "llama");
+    gguf_writer_str(g, "general.type", s->gtype ? s->gtype : "adapter");
+    gguf_writer_str(g, "adapter.type", s->atype ? s->atype : "lora");
+    if (!isnan(s->alpha))
+        gguf_writer_f32(g, "adapter.lora.alpha", (float)s->alpha);
+    quant_type qt = s->qt ? s->qt : QT_F32;
+    char name[96];
+    if (s->only) {
+        add(&w, g, s->only, 256, (uint64_t)s->rank, qt, 0);
+    } else {
+        for (int l = 0; l < 2; l++)
+            for (int p = 0; p < 7; p++) {
+                int r = p == 1 && s->k_rank ? s->k_rank : s->rank;
+                snprintf(name, sizeof name, "blk.%d.%s.weight.lora_a", l, projs[p]);
+                add(&w, g, name, (uint64_t)(s->wide_a && !p ? 128 : ins[p]), (uint64_t)r, qt, s->nan && !l && !p);
+                if (s->a_only && !p)
+                    continue;
+                snprintf(name, sizeof name, "blk.%d.%s.weight.lora_b", l, projs[p]);
+                add(&w, g, name, (uint64_t)r, (uint64_t)outs[p], qt, 0);
+            }
+    }
+    llm_error err = {0};
+    assert_int_equal(gguf_writer_write(g, path, fill, &w, &err), LLM_OK);
+    gguf_writer_free(g);
+}
+
+static test_tiny tiny;
+
+static int setup(void **state)
+{
+    (void)state;
+    quant_init();
+    return test_tiny_open(&tiny, "lora-base", QT_F32, 7, 1);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    test_tiny_close(&tiny);
+    return 0;
+}
+
+static llm_status load(const spec *s, int max_rank, llm_lora **l, llm_error *err)
+{
+    char path[256];
+    test_tmpfile("lora", path, sizeof path);
+    write_adapter(s, path);
+    llm_status st = llm_lora_load(path, tiny.m, max_rank, l, err);
+    remove(path);
+    return st;
+}
+
+static void test_loads_and_applies(void **state)
+{
+    (void)state;
+    llm_lora *l;
+    llm_error err = {0};
+    spec s = {.alpha = 16, .rank = 8};
+    assert_int_equal(load(&s, 0, &l, &err), LLM_OK);
+    assert_int_equal(l->n_mats, 14);
+    assert_int_equal(l->max_rank, 8);
+    const llm_lora_mat *m = llm_lora_mat_at(l, 1, LLM_LORA_DOWN);
+    assert_int_equal(m->rank, 8);
+    assert_int_equal(m->in, 512);
+    assert_int_equal(m->out, 256);
+    assert_true(fabsf(llm_lora_factor(l, m, 0.5f) - 1.0f) < 1e-7f); /* 0.5 * 16 / 8 */
+    assert_null(llm_lora_mat_at(l, 2, LLM_LORA_Q));
+    /* three rows of x: y += s B (A x), each row against float64 from the file's values
+     * (blk.1.ffn_down's pair is tensors 26 and 27 in writing order) */
+    uint64_t seed = 3;
+    float x[3 * 512], y[3 * 256] = {0};
+    for (int i = 0; i < 3 * 512; i++) x[i] = test_randf(&seed);
+    llm_lora_apply(m, 2.0f, x, 3, y);
+    for (int r = 0; r < 3; r++)
+        for (int o = 0; o < 256; o++) {
+            double want = 0;
+            for (int k = 0; k < 8; k++) {
+                double t = 0;
+                for (int i = 0; i < 512; i++) t += (double)val(26, (size_t)k * 512 + i) * x[r * 512 + i];
+                want += (double)val(27, (size_t)o * 8 + k) * t;
+            }
+            assert_true(fabs(y[r * 256 + o] - 2.0 * want) <= 1e-5 * (1 + fabs(2.0 * want)));
+        }
+    /* a row's answer does not depend on the rows beside it */
+    float y1[256] = {0};
+    llm_lora_apply(m, 2.0f, x + 512, 1, y1);
+    assert_memory_equal(y1, y + 256, sizeof y1);
+    llm_lora_free(l);
+    /* no alpha: the factor is the request's scale; F16, BF16 and Q8_0 load */
+    quant_type types[] = {QT_F16, QT_BF16, QT_Q8_0};
+    for (int i = 0; i < 3; i++) {
+        spec t = {.alpha = NAN, .rank = 32, .qt = types[i]}; /* Q8_0 rows of B are rank long: 32 a block */
+        assert_int_equal(load(&t, 0, &l, &err), LLM_OK);
+        assert_true(llm_lora_factor(l, llm_lora_mat_at(l, 0, LLM_LORA_Q), 0.25f) == 0.25f);
+        llm_lora_free(l);
+    }
+}
+
+static void refused(const spec *s, int max_rank, const char *why)
+{
+    llm_lora *l = (llm_lora *)1;
+    llm_error err = {0};
+    if (load(s, max_rank, &l, &err) == LLM_OK) {
+        llm_lora_free(l);
+        fail_msg("loaded; wanted a refusal with '%s'", why);
+    }
+    assert_null(l);
+    if (!strstr(err.msg, why))
+        fail_msg("wanted '%s' in: %s", why, err.msg);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    refused(&(spec){.arch = "qwen2", .alpha = 8, .rank = 4}, 0, "another architecture than the base's llama");
+    refused(&(spec){.gtype = "model", .alpha = 8, .rank = 4}, 0, "not a LoRA adapter");
+    refused(&(spec){.atype = "control_vector", .alpha = 8, .rank = 4}, 0, "not a LoRA adapter");
+    double alphas[] = {0, -1, INFINITY, 1e9};
+    for (int i = 0; i < 4; i++)
+        refused(&(spec){.alpha = alphas[i], .rank = 4}, 0, "adapter.lora.alpha");
+    refused(&(spec){.alpha = 8, .rank = 8}, 4, "rank 8 (at least 1, at most 4");
+    refused(&(spec){.alpha = 8, .rank = 8, .k_rank = 129}, 0, "attn_k.weight.lora_a: rank 129");
+    refused(&(spec){.alpha = 8, .rank = 8, .wide_a = 1}, 0, "blk.0.attn_q.weight.lora_a has shape [128, 8]");
+    refused(&(spec){.alpha = 8, .rank = 8, .nan = 1}, 0, "not finite");
+    refused(&(spec){.alpha = 8, .rank = 8, .a_only = 1}, 0, "attn_q.weight has lora_a without lora_b");
+    refused(&(spec){.alpha = 8, .rank = 32, .qt = QT_Q4_0}, 0, "(F32, F16, BF16 or Q8_0 expected)");
+    refused(&(spec){.alpha = 8, .rank = 8, .only = "token_embd.weight.lora_a"}, 0, "not a layer's attention or MLP");
+    refused(&(spec){.alpha = 8, .rank = 8, .only = "blk.0.ffn_gate_exps.weight.lora_a"}, 0, "MoE experts");
+    refused(&(spec){.alpha = 8, .rank = 8, .only = "blk.5.attn_q.weight.lora_a"}, 0, "the base has 2 layers");
+    refused(&(spec){.alpha = 8, .rank = 8, .only = "blk.0.attn_q.weight"}, 0, "neither NAME.lora_a nor NAME.lora_b");
+    refused(&(spec){.alpha = 8, .rank = 8, .only = "blk.0.attn_q.weight.lora_a"}, 0, "without lora_b");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_loads_and_applies), cmocka_unit_test(test_refusals)};
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
