@@ -411,3 +411,70 @@ out:
     free(m.w);
     return st;
 }
+
+/* ---- LoRA adapters ------------------------------------------------------------------------------ */
+
+/* name is a layer's attention or dense MLP projection (what adapters adapt). */
+static int adaptable(const gguf_tensor *t)
+{
+    static const char *const projs[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+    char n[96], proj[40];
+    int layer, at = 0;
+    if (t->n_dims != 2 || t->name.len >= sizeof n)
+        return 0;
+    memcpy(n, t->name.data, t->name.len);
+    n[t->name.len] = 0;
+    if (sscanf(n, "blk.%d.%39[a-z_].weight%n", &layer, proj, &at) != 2 || n[at])
+        return 0;
+    for (size_t i = 0; i < sizeof projs / sizeof *projs; i++)
+        if (!strcmp(proj, projs[i]))
+            return 1;
+    return 0;
+}
+
+llm_status llm_mklora(const char *base_path, int rank, float alpha, quant_type t, uint64_t seed, const char *path,
+                      llm_error *err)
+{
+    if (rank < 1 || (t != QT_F32 && t != QT_F16 && t != QT_BF16 && t != QT_Q8_0) ||
+        (t == QT_Q8_0 && rank % 32))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "mklora: rank %d, type %s (F32, F16, BF16, or Q8_0 with a rank "
+                        "that is a multiple of 32)", rank, quant_type_name(t) ? quant_type_name(t) : "?");
+    quant_init();
+    gguf_file *base;
+    llm_status st = gguf_open(base_path, &base, err);
+    if (st)
+        return st;
+    const gguf_kv *arch = gguf_find(base, "general.architecture");
+    mk_ctx m = {calloc(2 * gguf_n_tensors(base) + 1, sizeof(wspec)), 0, seed};
+    gguf_writer *w = gguf_writer_new();
+    char a[64] = "";
+    if (arch && arch->type == GGUF_TYPE_STRING)
+        snprintf(a, sizeof a, "%.*s", (int)(arch->v.str.len < 63 ? arch->v.str.len : 63), arch->v.str.data);
+    if (!m.w || !w || gguf_writer_str(w, "general.architecture", a) || gguf_writer_str(w, "general.type", "adapter") ||
+        gguf_writer_str(w, "adapter.type", "lora") || gguf_writer_str(w, "general.name", "mklora") ||
+        (alpha > 0 && gguf_writer_f32(w, "adapter.lora.alpha", alpha)))
+        st = llm_errf(err, LLM_ERR_NOMEM, "mklora: no memory");
+    for (uint64_t i = 0; !st && i < gguf_n_tensors(base); i++) {
+        const gguf_tensor *bt = gguf_tensor_at(base, i);
+        if (!adaptable(bt))
+            continue;
+        char n[96];
+        snprintf(n, sizeof n, "%.*s.lora_a", (int)bt->name.len, bt->name.data);
+        add_w(&m, n, t, bt->ne[0], (uint64_t)rank); /* A: rank rows of in, ~1/sqrt(in) */
+        snprintf(n, sizeof n, "%.*s.lora_b", (int)bt->name.len, bt->name.data);
+        add_w(&m, n, t, (uint64_t)rank, bt->ne[1]); /* B: out rows of rank, ~1/sqrt(rank) */
+    }
+    for (int i = 0; i < m.n && !st; i++) {
+        uint64_t ne[2] = {m.w[i].cols, m.w[i].rows};
+        if ((st = gguf_writer_tensor(w, m.w[i].name, m.w[i].type, 2, ne)))
+            llm_errf(err, st, "mklora: tensor %s rejected", m.w[i].name);
+    }
+    if (!st && !m.n)
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "mklora: %s has no attention or dense MLP projection", base_path);
+    if (!st)
+        st = gguf_writer_write(w, path, fill, &m, err);
+    gguf_writer_free(w);
+    free(m.w);
+    gguf_close(base);
+    return st;
+}

@@ -96,3 +96,26 @@ def test_files_quantized_by_llamacpp(peer, models, tmp_path, shape, qtype):
 
     for p in PROMPTS[:4]:
         compare(peer, out, p, 24, exact)
+
+
+def test_mkmodel_lora_is_llama_cpps_format(peer, tmp_path):
+    """llm-mkmodel --lora-of writes adapters llama.cpp's own loader takes
+    (F32 rank 8 with alpha, Q8_0 rank 32 without) and that change its greedy
+    answer; one of another architecture it refuses (as ours does)."""
+    base, other = tmp_path / "base.gguf", tmp_path / "other.gguf"
+    run(tool("llm-mkmodel"), "--shape", "tiny", "--type", "Q8_0", "-o", str(base))
+    run(tool("llm-mkmodel"), "--shape", "tiny-qwen2", "--type", "Q8_0", "-o", str(other))
+    plain = subprocess.run([str(peer), str(base), "Once upon a time", "16"], capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    for name, args in (("f32", ["--rank", "8", "--alpha", "16"]), ("q8", ["--rank", "32", "--alpha", "0", "--type", "Q8_0"])):
+        lora = tmp_path / f"{name}.gguf"
+        run(tool("llm-mkmodel"), "--lora-of", str(base), *args, "-o", str(lora))
+        got = subprocess.run([str(peer), str(base), "Once upon a time", "16", str(lora), "1.0"], capture_output=True,
+                             text=True, timeout=120)
+        assert got.returncode == 0, got.stderr
+        assert parse_ids(got.stderr, "generated ids") != parse_ids(plain.stderr, "generated ids"), got.stderr
+    foreign = tmp_path / "foreign.gguf"
+    run(tool("llm-mkmodel"), "--lora-of", str(other), "-o", str(foreign))
+    got = subprocess.run([str(peer), str(base), "Once upon a time", "4", str(foreign), "1.0"], capture_output=True,
+                         text=True, timeout=120)
+    assert got.returncode != 0 and "refused the adapter" in got.stderr, got.stderr

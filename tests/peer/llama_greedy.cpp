@@ -2,7 +2,7 @@
 // through llama.cpp's C API, printing the prompt ids and generated ids in
 // the same form as `llm-generate --ids`. Built by tests only when
 // LLAMA_CPP_DIR points at a llama.cpp checkout with a CMake build.
-//   llama_greedy MODEL.gguf PROMPT N_TOKENS
+//   llama_greedy MODEL.gguf PROMPT N_TOKENS [LORA.gguf SCALE]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,8 +13,8 @@
 
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: llama_greedy MODEL.gguf PROMPT N\n");
+    if (argc != 4 && argc != 6) {
+        fprintf(stderr, "usage: llama_greedy MODEL.gguf PROMPT N [LORA.gguf SCALE]\n");
         return 2;
     }
     llama_model *model = peer_load(argv[1]);
@@ -30,6 +30,14 @@ int main(int argc, char **argv)
     cp.n_ctx = n + atoi(argv[3]) + 16 > 512 ? n + atoi(argv[3]) + 16 : 512; /* the whole prompt in one batch (n_batch 2048) */
     cp.n_threads = cp.n_threads_batch = 2;
     llama_context *ctx = llama_init_from_model(model, cp);
+    if (argc == 6) { /* an adapter, at its scale, as llama-server --lora does */
+        llama_adapter_lora *lora = llama_adapter_lora_init(model, argv[4]);
+        float scale = (float)atof(argv[5]);
+        if (!lora || llama_set_adapters_lora(ctx, &lora, 1, &scale)) {
+            fprintf(stderr, "error: llama.cpp refused the adapter %s\n", argv[4]);
+            return 1;
+        }
+    }
     fprintf(stderr, "prompt ids:");
     for (llama_token t : toks) fprintf(stderr, " %d", t);
     fprintf(stderr, "\ngenerated ids:");

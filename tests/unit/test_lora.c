@@ -172,6 +172,25 @@ static void test_loads_and_applies(void **state)
     }
 }
 
+/* The adapter llm-mkmodel --lora-of writes (the one test_llamacpp_peer.py
+ * shows llama.cpp loading) loads here too, every projection adapted. */
+static void test_mklora_adapter_loads(void **state)
+{
+    (void)state;
+    char path[256];
+    llm_error err = {0};
+    llm_lora *l;
+    test_tmpfile("mklora", path, sizeof path);
+    assert_int_equal(llm_mklora(tiny.path, 32, 0, QT_Q8_0, 5, path, &err), LLM_OK);
+    llm_status st = llm_lora_load(path, tiny.m, 0, &l, &err);
+    remove(path);
+    assert_int_equal(st, LLM_OK);
+    assert_int_equal(l->n_mats, 14);
+    assert_int_equal(l->max_rank, 32);
+    assert_true(l->alpha == 0);
+    llm_lora_free(l);
+}
+
 static void refused(const spec *s, int max_rank, const char *why)
 {
     llm_lora *l = (llm_lora *)1;
@@ -209,6 +228,7 @@ static void test_refusals(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_loads_and_applies), cmocka_unit_test(test_refusals)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_loads_and_applies), cmocka_unit_test(test_mklora_adapter_loads),
+                                       cmocka_unit_test(test_refusals)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -34,4 +34,12 @@ const char *const *llm_shape_names(void);
  * or Q4_K (Q4_K_M-like mix with Q6_K). */
 llm_status llm_mkmodel(const llm_shape *shape, quant_type type, uint64_t seed, const char *path, llm_error *err);
 
+/* A LoRA adapter of the model at base_path in llama.cpp's format
+ * (general.type adapter, adapter.type lora, adapter.lora.alpha when alpha >
+ * 0, "<W>.lora_a" [in, rank] and "<W>.lora_b" [rank, out] for every layer's
+ * attention and dense MLP projection W), seeded random, of type F32, F16,
+ * BF16 or Q8_0 (rank a multiple of 32: B's rows are rank long). */
+llm_status llm_mklora(const char *base_path, int rank, float alpha, quant_type type, uint64_t seed, const char *path,
+                      llm_error *err);
+
 #endif
