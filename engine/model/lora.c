@@ -54,7 +54,10 @@ static int parse_name(gguf_str s, int n_layer, int *layer, llm_lora_proj *p, int
     n[len - 7] = 0;
     char proj[40];
     int at = 0;
-    if (sscanf(n, "blk.%d.%39[a-z_].weight%n", layer, proj, &at) != 2 || n[at] != 0 || at == 0) {
+    char again[160];
+    /* written back the one way the base names it ("blk.01", "blk.+1" are not its tensors) */
+    if (sscanf(n, "blk.%d.%39[a-z_].weight%n", layer, proj, &at) != 2 || n[at] != 0 || at == 0 ||
+        (snprintf(again, sizeof again, "blk.%d.%s.weight", *layer, proj), strcmp(again, n))) {
         snprintf(why, wn, "'%.100s' is not a layer's attention or MLP projection (only those are adapted)", n);
         return -1;
     }

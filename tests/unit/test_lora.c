@@ -222,6 +222,7 @@ static void test_refusals(void **state)
     refused(&(spec){.alpha = 8, .rank = 8, .only = "token_embd.weight.lora_a"}, 0, "not a layer's attention or MLP");
     refused(&(spec){.alpha = 8, .rank = 8, .only = "blk.0.ffn_gate_exps.weight.lora_a"}, 0, "MoE experts");
     refused(&(spec){.alpha = 8, .rank = 8, .only = "blk.5.attn_q.weight.lora_a"}, 0, "the base has 2 layers");
+    refused(&(spec){.alpha = 8, .rank = 8, .only = "blk.01.attn_q.weight.lora_a"}, 0, "not a layer's attention");
     refused(&(spec){.alpha = 8, .rank = 8, .only = "blk.0.attn_q.weight"}, 0, "neither NAME.lora_a nor NAME.lora_b");
     refused(&(spec){.alpha = 8, .rank = 8, .only = "blk.0.attn_q.weight.lora_a"}, 0, "without lora_b");
 }
