@@ -446,8 +446,6 @@ static llm_status resolve_all(fetch_ctx *c, const hf_ref *r, fetch_file *files, 
             snprintf(files[k - 1].want, sizeof files[k - 1].want, "%s", want);
             files[k - 1].verify_hit = 1;
         }
-        if (!st && c->o->verify_cached)
-            files[k - 1].verify_hit = 1;
         c->total += files[k - 1].size;
     }
     return st;

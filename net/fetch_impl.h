@@ -99,8 +99,8 @@ typedef struct fetch_file {
     char dest[PATH_MAX];       /* the verified file's place */
     char lock[PATH_MAX];       /* its lock file */
     char want[72];             /* expected sha256 (lower-case hex), "" none */
-    int verify_hit;            /* a file already in place is hashed against want (the caller's own digest, or
-                                * any with verify_cached; none: not used) */
+    int verify_hit;            /* a file already in place is hashed against want (the caller's own digest);
+                                * with verify_cached every file in place is */
     uint64_t size;             /* expected size, 0 unknown */
 } fetch_file;
 

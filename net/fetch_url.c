@@ -132,7 +132,7 @@ static llm_status url_file(fetch_ctx *c, const url_src *u, const char *dir, int 
     memset(f, 0, sizeof *f);
     f->auth = u->auth;
     snprintf(f->want, sizeof f->want, "%s", fetch_want(c, k));
-    f->verify_hit = f->want[0] != 0 || c->o->verify_cached;
+    f->verify_hit = f->want[0] != 0;
     if (fetch_part_name(u->name, k, f->name, sizeof f->name) || fetch_encode_path(enc, sizeof enc, f->name) ||
         snprintf(f->url, sizeof f->url, "%s%s%s", u->base, u->s3 ? enc : f->name, u->query) >= (int)sizeof f->url ||
         snprintf(f->dest, sizeof f->dest, "%s/%s", dir, f->name) >= (int)sizeof f->dest ||

@@ -446,7 +446,7 @@ static int file_size(const char *path, uint64_t *size)
 }
 
 /* Whether f is in place already: a regular file of the expected size and,
- * when the caller gave a digest, of that digest. */
+ * when the caller gave a digest or the options verify_cached, of want. */
 static int in_place(fetch_ctx *c, const fetch_file *f)
 {
     uint64_t sz;
@@ -454,7 +454,7 @@ static int in_place(fetch_ctx *c, const fetch_file *f)
     llm_error e = {0};
     if (file_size(f->dest, &sz) || (f->size && sz != f->size))
         return 0;
-    if (!f->verify_hit)
+    if (!f->verify_hit && !c->o->verify_cached)
         return 1;
     if (!f->want[0]) /* to be judged, with nothing to judge it by: fetched again */
         return 0;
