@@ -227,7 +227,7 @@ static llm_status prefill_all(llm_forward *f, kv_cache *kv, kv_seq *s, int n_seq
             }
         }
         int32_t last = rows - 1;
-        llm_forward_batch bt = {toks, rows, bs, n, &last, 1, NULL, 0};
+        llm_forward_batch bt = {toks, rows, bs, n, &last, 1, NULL, 0, NULL};
         const int32_t *ids;
         st = llm_forward_eval_sample(f, &bt, kv_cache_layers(kv), NULL, &ids);
     }
@@ -272,7 +272,7 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
             bs[i] = (llm_batch_seq){i, 1, p, s[i].blocks, s[i].lblocks};
             rows[i] = i;
         }
-        llm_forward_batch bt = {toks, n_seqs, bs, n_seqs, rows, n_seqs, NULL, 0};
+        llm_forward_batch bt = {toks, n_seqs, bs, n_seqs, rows, n_seqs, NULL, 0, NULL};
         const int32_t *ids;
         st = llm_forward_eval_sample(f, &bt, kv_cache_layers(kv), NULL, &ids);
         /* each pick is the next step's token, so every step depends on the

@@ -1,21 +1,25 @@
 /* llm-generate - generate text from a prompt with a GGUF model on the CPU.
  *   llm-generate -m MODEL.gguf -p PROMPT [-n 64] [--temp 0] [--seed S] [--threads T]
  *                [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--ctx N]
- *                [--kv-type f16|f32|q8_0] [--ids] [--scalar]
+ *                [--kv-type f16|f32|q8_0] [--ids] [--scalar] [--lora ADAPTER.gguf [--lora-scale S]]
  * Prints the text as it is generated, then prompt and decode tokens/s on
  * stderr. --ids also prints the prompt and generated token ids and, for each
  * generated token, the gap between the two largest logits (how near a tie
- * the greedy choice was: used when comparing with other engines). */
+ * the greedy choice was: used when comparing with other engines). --lora
+ * runs with a LoRA adapter in llama.cpp's format (lora.h) at scale S
+ * (default 1), as llama.cpp's --lora / --lora-scaled do. */
 #include <math.h>
 #include <string.h>
 
 #include "cli.h"
 #include "llm/kv_cache.h"
+#include "llm/lora.h"
 #include "llm/model.h"
 #include "llm/sampler.h"
 
 typedef struct opts {
-    const char *model, *prompt, *backend;
+    const char *model, *prompt, *backend, *lora;
+    double lora_scale;
     long n_predict, threads, ctx, tp;
     int ids, scalar;
     llm_kv_type kv_type;
@@ -26,7 +30,8 @@ static int usage(void)
 {
     fprintf(stderr, "usage: llm-generate -m MODEL.gguf -p PROMPT [-n 64] [--temp T] [--seed S] [--threads N]\n"
                     "       [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--ctx N]\n"
-                    "       [--kv-type f16|f32|q8_0] [--ids] [--scalar] [--backend cpu|cuda] [--tp N]\n");
+                    "       [--kv-type f16|f32|q8_0] [--ids] [--scalar] [--backend cpu|cuda] [--tp N]\n"
+                    "       [--lora ADAPTER.gguf [--lora-scale S]]\n");
     return 2;
 }
 
@@ -52,6 +57,8 @@ static int parse(int argc, char **argv, opts *o)
         else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) bad = cli_int(a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "--ctx")) bad = cli_int(a, v, 0, 1 << 24, &o->ctx);
         else if (!strcmp(a, "--backend") && v) o->backend = v;
+        else if (!strcmp(a, "--lora") && v) o->lora = v;
+        else if (!strcmp(a, "--lora-scale")) bad = cli_float(a, v, -1000, 1000, &o->lora_scale);
         else if (!strcmp(a, "--tp")) bad = cli_int(a, v, 1, LLM_MAX_RANKS, &o->tp);
         else if (!strcmp(a, "--kv-type") && v) bad = kv_type_arg(v, &o->kv_type);
         else if (!strcmp(a, "--seed")) { bad = cli_int(a, v, 0, 0x7fffffffffffL, &l); o->s.seed = (uint64_t)l; }
@@ -147,7 +154,7 @@ out:
 
 int main(int argc, char **argv)
 {
-    opts o = {.n_predict = 64, .threads = 0, .ctx = 0, .tp = 1, .s = llm_sampling_default()};
+    opts o = {.n_predict = 64, .threads = 0, .ctx = 0, .tp = 1, .lora_scale = 1, .s = llm_sampling_default()};
     o.s.temperature = 0.8f;
     int rc = parse(argc, argv, &o);
     if (rc)
@@ -156,15 +163,17 @@ int main(int argc, char **argv)
     llm_model *m = NULL;
     llm_backend *b[LLM_MAX_RANKS] = {0};
     llm_session *s = NULL;
+    llm_lora *lora = NULL;
     llm_backend_spec spec = {o.backend, (int)o.tp,
                              {.n_threads = (int)o.threads, .force_scalar = o.scalar}, 0};
     long ctx = o.ctx;
-    if (llm_model_load(o.model, &m, &err) || llm_backends_open(&spec, b, &err))
+    if (llm_model_load(o.model, &m, &err) || llm_backends_open(&spec, b, &err) ||
+        (o.lora && llm_lora_load(o.lora, m, 0, &lora, &err)))
         goto fail;
     if (ctx == 0) /* a training context of 128k would reserve gigabytes of KV */
         ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
     llm_session_config sc = {.n_ctx = (int)ctx, .max_batch = 512, .kv_type = (int)o.kv_type, .tensor_parallel = (int)o.tp,
-                             .tp_backends = b};
+                             .tp_backends = b, .lora = lora, .lora_scale = (float)o.lora_scale};
     if (llm_session_new(m, b[0], &sc, &s, &err))
         goto fail;
     rc = generate(&o, m, s, &err);
@@ -176,6 +185,7 @@ fail:
     rc = 1;
 done:
     llm_session_free(s);
+    llm_lora_free(lora);
     for (int r = 0; r < LLM_MAX_RANKS; r++) llm_backend_free(b[r]);
     llm_model_free(m);
     return rc;

@@ -6,6 +6,7 @@
  * output RMSNorm (gemma3), residual) -> final norm and logits for the
  * chosen rows only. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "forward_impl.h"
@@ -36,6 +37,14 @@ struct llm_forward {
      * the layer's combined output, and the routing plan */
     float *router, *router_host, *xe, *ye, *moe;
     llm_moe_plan plan;
+    llm_lora_seg *segs;           /* (max_rows) one projection's adapter segments (a batch has at most as many
+                                   * sequences as rows) */
+};
+
+/* On a host-memory backend the adapter's own matrices are used. */
+struct llm_forward_lora {
+    const llm_lora *l;
+    const llm_lora_mat *mats; /* (n_layer * LLM_LORA_N_PROJ) */
 };
 
 static float *act(llm_backend *b, size_t n, int *fail)
@@ -103,6 +112,7 @@ llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int
         f->m = f->dev_m;
     if (!st && (!(f->pos = malloc(sizeof(int32_t) * (size_t)max_rows)) ||
                 !(f->lseqs = malloc(sizeof *f->lseqs * (size_t)max_rows)) ||
+                !(f->segs = malloc(sizeof *f->segs * (size_t)max_rows)) ||
                 !(f->ids = malloc(sizeof(int32_t) * (size_t)max_logits)) ||
                 !(f->greedy = calloc((size_t)max_logits, sizeof *f->greedy))))
         st = llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
@@ -178,6 +188,7 @@ void llm_forward_free(llm_forward *f)
     free(f->greedy);
     free(f->pos);
     free(f->lseqs);
+    free(f->segs);
     free(f->router_host);
     llm_moe_plan_free(&f->plan);
     free(f);
@@ -195,6 +206,63 @@ static llm_status reduce(llm_forward *f, float *buf, size_t n)
     return f->comm ? llm_comm_allreduce(f->comm, f->rank, buf, n) : LLM_OK;
 }
 
+llm_status llm_forward_lora_add(llm_forward *f, const llm_lora *l, llm_forward_lora **out, llm_error *err)
+{
+    *out = NULL;
+    if (f->tp || f->comm)
+        return llm_errf(err, LLM_ERR_UNSUPPORTED, "forward: LoRA adapters do not run with tensor parallelism");
+    if (!f->b->iface->lora || !llm_backend_host_memory(f->b))
+        return llm_errf(err, LLM_ERR_UNSUPPORTED, "forward: the %s backend runs no LoRA adapters", f->b->iface->name);
+    if (l->n_layer != f->m->hp.n_layer)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "forward: the adapter has %d layers, the model %d", l->n_layer,
+                        f->m->hp.n_layer);
+    llm_forward_lora *fl = malloc(sizeof *fl);
+    if (!fl)
+        return llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
+    *fl = (llm_forward_lora){l, l->mats};
+    *out = fl;
+    return LLM_OK;
+}
+
+void llm_forward_lora_free(llm_forward *f, llm_forward_lora *fl)
+{
+    (void)f;
+    free(fl);
+}
+
+/* Adapter segments together (for the cache), then by row: a total order,
+ * so the same batch always gives the same list. */
+static int seg_cmp(const void *pa, const void *pb)
+{
+    const llm_lora_seg *a = pa, *b = pb;
+    if (a->a != b->a)
+        return (uintptr_t)a->a < (uintptr_t)b->a ? -1 : 1;
+    return (a->row0 > b->row0) - (a->row0 < b->row0);
+}
+
+/* y += each sequence's adapter update of projection p of layer il from x
+ * (a no-op without adapters; il < 0: an expert, never adapted, bt NULL). */
+static llm_status lora_run(llm_forward *f, const llm_forward_batch *bt, int il, llm_lora_proj p, const float *x,
+                           float *y)
+{
+    if (il < 0 || !bt->loras)
+        return LLM_OK;
+    int n = 0, in = 0, out = 0;
+    for (int s = 0; s < bt->n_seqs; s++) {
+        const llm_forward_lora *fl = bt->loras[s].lora;
+        const llm_lora_mat *m = fl ? &fl->mats[il * LLM_LORA_N_PROJ + p] : NULL;
+        if (!m || m->rank == 0)
+            continue;
+        f->segs[n++] = (llm_lora_seg){bt->seqs[s].tok0, bt->seqs[s].n_tok, m->a, m->bt, m->rank,
+                                      llm_lora_factor(fl->l, m, bt->loras[s].scale)};
+        in = m->in, out = m->out; /* W's: the same for every adapter (checked at load) */
+    }
+    if (n == 0)
+        return LLM_OK;
+    qsort(f->segs, (size_t)n, sizeof *f->segs, seg_cmp);
+    return f->b->iface->lora(f->b, f->segs, n, x, in, y, out);
+}
+
 static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, const llm_batch_seq *seqs,
                                   const llm_kv_layer *kv, int il)
 {
@@ -205,7 +273,8 @@ static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, c
     llm_status st;
     llm_backend_rmsnorm(b, f->x, l->attn_norm, n, hp->n_embd, hp->eps, f->xb);
     llm_matmul qkv[3] = {{&l->wq, f->q}, {&l->wk, f->k}, {&l->wv, f->v}};
-    if ((st = llm_backend_matmul_group(b, qkv, 3, f->xb, n)))
+    if ((st = llm_backend_matmul_group(b, qkv, 3, f->xb, n)) || (st = lora_run(f, bt, il, LLM_LORA_Q, f->xb, f->q)) ||
+        (st = lora_run(f, bt, il, LLM_LORA_K, f->xb, f->k)) || (st = lora_run(f, bt, il, LLM_LORA_V, f->xb, f->v)))
         return st;
     add_bias(b, f->q, l->bq, n, qd);
     add_bias(b, f->k, l->bk, n, kvd);
@@ -224,7 +293,7 @@ static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, c
     llm_attn_args a = {f->q, f->att, hp->n_head, hp->n_head_kv, hp->head_dim, hp->attn_scale,
                        seqs, bt->n_seqs, kv, l->window};
     if ((st = llm_backend_attention(b, &a)) || (st = llm_backend_matmul(b, &l->wo, f->att, n, f->xb)) ||
-        (st = reduce(f, f->xb, (size_t)n * hp->n_embd)))
+        (st = lora_run(f, bt, il, LLM_LORA_O, f->att, f->xb)) || (st = reduce(f, f->xb, (size_t)n * hp->n_embd)))
         return st;
     if (l->attn_post_norm)
         llm_backend_rmsnorm(b, f->xb, l->attn_post_norm, n, hp->n_embd, hp->eps, f->xb);
@@ -234,31 +303,33 @@ static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, c
 
 /* A gated MLP on n rows of x into out: gate and up as one matmul group,
  * the family's activation (GELU for gemma3, else SiLU), down. The dense
- * MLP and each expert. */
-static llm_status gated_mlp(llm_forward *f, const llm_weight *gate, const llm_weight *up, const llm_weight *down,
-                            const float *x, int n, float *out)
+ * MLP of layer il (adapted as bt says) and each expert (il -1). */
+static llm_status gated_mlp(llm_forward *f, const llm_forward_batch *bt, int il, const llm_weight *gate,
+                            const llm_weight *up, const llm_weight *down, const float *x, int n, float *out)
 {
     llm_backend *b = f->b;
     llm_matmul gate_up[2] = {{gate, f->hb}, {up, f->hb2}};
     llm_status st = llm_backend_matmul_group(b, gate_up, 2, x, n);
-    if (st)
+    if (st || (st = lora_run(f, bt, il, LLM_LORA_GATE, x, f->hb)) || (st = lora_run(f, bt, il, LLM_LORA_UP, x, f->hb2)))
         return st;
     size_t m = (size_t)n * (size_t)gate->rows;
     if (f->m->hp.ffn_gelu)
         llm_backend_geglu(b, f->hb, f->hb2, m, f->hb);
     else
         llm_backend_swiglu(b, f->hb, f->hb2, m, f->hb);
-    return llm_backend_matmul(b, down, f->hb, n, out);
+    if ((st = llm_backend_matmul(b, down, f->hb, n, out)))
+        return st;
+    return lora_run(f, bt, il, LLM_LORA_DOWN, f->hb, out);
 }
 
-static llm_status mlp_block(llm_forward *f, int il, int n)
+static llm_status mlp_block(llm_forward *f, const llm_forward_batch *bt, int il, int n)
 {
     const llm_hparams *hp = &f->m->hp;
     const llm_layer *l = &f->m->layers[il];
     llm_backend *b = f->b;
     llm_status st;
     llm_backend_rmsnorm(b, f->x, l->ffn_norm, n, hp->n_embd, hp->eps, f->xb);
-    if ((st = gated_mlp(f, &l->w_gate, &l->w_up, &l->w_down, f->xb, n, f->xb)) ||
+    if ((st = gated_mlp(f, bt, il, &l->w_gate, &l->w_up, &l->w_down, f->xb, n, f->xb)) ||
         (st = reduce(f, f->xb, (size_t)n * hp->n_embd)))
         return st;
     if (l->ffn_post_norm)
@@ -278,7 +349,7 @@ static llm_status expert_run(llm_forward *f, const llm_layer *l, int e, int n)
     int o = p->off[e], cnt = p->off[e + 1] - o, nf = p->n_first[e];
     llm_weight rows = {QT_F32, n, hp->n_embd, sizeof(float) * (size_t)hp->n_embd, f->xb, NULL};
     llm_backend_get_rows(b, &rows, p->rows + o, cnt, f->xe);
-    llm_status st = gated_mlp(f, &l->exp_gate[e], &l->exp_up[e], &l->exp_down[e], f->xe, cnt, f->ye);
+    llm_status st = gated_mlp(f, NULL, -1, &l->exp_gate[e], &l->exp_up[e], &l->exp_down[e], f->xe, cnt, f->ye);
     if (st)
         return st;
     if (nf > 0)
@@ -346,6 +417,9 @@ static int batch_positions(llm_forward *f, const llm_forward_batch *bt)
     for (int i = 0; i < bt->n_rows; i++) /* ids index the embedding table: never past it */
         if (bt->tokens[i] < 0 || bt->tokens[i] >= f->m->hp.n_vocab)
             return -1;
+    for (int s = 0; bt->loras && s < bt->n_seqs; s++) /* handles come from llm_forward_lora_add, which refuses the rest */
+        if (bt->loras[s].lora && (!isfinite(bt->loras[s].scale) || !f->b->iface->lora || f->comm))
+            return -1;
     return row == bt->n_rows ? 0 : -1;
 }
 
@@ -372,7 +446,7 @@ static llm_status layer_run(llm_forward *f, const llm_forward_batch *bt, const l
     llm_status st = attention_block(f, bt, seqs, kv, il);
     if (st)
         return st;
-    return f->m->hp.n_expert > 0 ? moe_block(f, il, bt->n_rows) : mlp_block(f, il, bt->n_rows);
+    return f->m->hp.n_expert > 0 ? moe_block(f, il, bt->n_rows) : mlp_block(f, bt, il, bt->n_rows);
 }
 
 /* The longest sequence's length after the batch. */

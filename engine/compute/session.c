@@ -1,6 +1,7 @@
 /* session.c - one sequence evaluated token chunk by token chunk: a thin
  * layer over the batched forward pass (forward.h) and a private paged KV
  * cache (kv_cache.h) sized for the session's context. */
+#include <math.h>
 #include <string.h>
 
 #include "llm/forward.h"
@@ -11,6 +12,8 @@ struct llm_session {
     llm_backend *b;
     int n_ctx, max_batch, logit_rows;
     llm_forward *fwd;
+    llm_forward_lora *lora; /* NULL: none */
+    float lora_scale;
     kv_cache *kv;
     kv_seq seq;
     int32_t *tokens; /* (n_ctx) evaluated so far, for the cache's bookkeeping */
@@ -51,6 +54,11 @@ llm_status llm_session_new(const llm_model *m, llm_backend *b, const llm_session
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "session: tensor_parallel %d needs its backends", nr);
     if (!st)
         st = llm_forward_new_tp(m, ranks, nr, max_batch, logit_rows, &s->fwd, err);
+    if (!st && cfg && cfg->lora) {
+        s->lora_scale = cfg->lora_scale;
+        st = isfinite(cfg->lora_scale) ? llm_forward_lora_add(s->fwd, cfg->lora, &s->lora, err)
+                                       : llm_errf(err, LLM_ERR_INVALID_ARG, "session: adapter scale is not finite");
+    }
     if (!st)
         st = kv_cache_new(&kc, b, m->hp.n_layer, m->hp.n_head_kv / nr, m->hp.head_dim, &s->kv, err);
     free(local);
@@ -71,6 +79,7 @@ void llm_session_free(llm_session *s)
     if (s->kv)
         kv_seq_release(s->kv, &s->seq);
     kv_cache_free(s->kv);
+    llm_forward_lora_free(s->fwd, s->lora);
     llm_forward_free(s->fwd);
     free(s->tokens);
     free(s);
@@ -89,7 +98,8 @@ static llm_status eval_chunk(llm_session *s, const int32_t *tokens, int n, const
         return st;
     llm_batch_seq bs = {0, n, s->seq.n_tokens, s->seq.blocks, s->seq.lblocks};
     int32_t last = n - 1;
-    llm_forward_batch bt = {tokens, n, &bs, 1, rows ? rows : &last, rows ? n : 1, NULL, 0};
+    llm_seq_lora sl = {s->lora, s->lora_scale};
+    llm_forward_batch bt = {tokens, n, &bs, 1, rows ? rows : &last, rows ? n : 1, NULL, 0, s->lora ? &sl : NULL};
     if ((st = llm_forward_eval(s->fwd, &bt, kv_cache_layers(s->kv), logits)))
         return st;
     memcpy(s->tokens + s->seq.n_tokens, tokens, sizeof(int32_t) * (size_t)n);

@@ -96,6 +96,21 @@ static int copy_f32(const gguf_tensor *t, float *dst, size_t n, char *why, size_
     return 0;
 }
 
+/* *m (rows x cols) replaced by its transpose; -2 without memory. */
+static int transpose(float **m, size_t rows, size_t cols, char *why, size_t wn)
+{
+    float *t = malloc(rows * cols * sizeof *t);
+    if (!t) {
+        snprintf(why, wn, "no memory for %zu floats", rows * cols);
+        return -2;
+    }
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) t[c * rows + r] = (*m)[r * cols + c];
+    free(*m);
+    *m = t;
+    return 0;
+}
+
 /* One tensor into its matrix: shape checked against W and the other half. */
 static int take(llm_lora *l, const llm_model *base, const gguf_tensor *t, int max_rank, char *why, size_t wn)
 {
@@ -125,7 +140,7 @@ static int take(llm_lora *l, const llm_model *base, const gguf_tensor *t, int ma
                  proj_names[p], tn, (unsigned long long)rank, max_rank);
         return -1;
     }
-    if ((m->rank && m->rank != (int)rank) || (which ? m->b : m->a)) {
+    if ((m->rank && m->rank != (int)rank) || (which ? m->bt : m->a)) {
         snprintf(why, wn, "blk.%d.%s.weight: lora_a and lora_b disagree on the rank, or one comes twice", layer,
                  proj_names[p]);
         return -1;
@@ -136,12 +151,15 @@ static int take(llm_lora *l, const llm_model *base, const gguf_tensor *t, int ma
         snprintf(why, wn, "no memory for %zu floats", n);
         return -2;
     }
-    if (copy_f32(t, dst, n, why, wn)) {
+    int bad = copy_f32(t, dst, n, why, wn);
+    if (!bad && which) /* B is kept transposed: a row's B t is then rank scaled additions of contiguous rows */
+        bad = transpose(&dst, (size_t)rows, (size_t)len, why, wn);
+    if (bad) {
         free(dst);
-        return -1;
+        return bad;
     }
     m->rank = (int)rank, m->in = (int)w->cols, m->out = (int)w->rows;
-    *(which ? &m->b : &m->a) = dst;
+    *(which ? &m->bt : &m->a) = dst;
     l->bytes += n * sizeof *dst;
     return 0;
 }
@@ -166,7 +184,7 @@ static llm_status complete(llm_lora *l, const char *name, llm_error *err)
 {
     for (int i = 0; i < l->n_layer * LLM_LORA_N_PROJ; i++) {
         llm_lora_mat *m = &l->mats[i];
-        if (!m->a != !m->b)
+        if (!m->a != !m->bt)
             return llm_errf(err, LLM_ERR_FORMAT, "%s: blk.%d.%s.weight has lora_%s without lora_%s", name,
                             i / LLM_LORA_N_PROJ, proj_names[i % LLM_LORA_N_PROJ], m->a ? "a" : "b", m->a ? "b" : "a");
         if (m->a) {
@@ -238,7 +256,7 @@ void llm_lora_free(llm_lora *l)
         return;
     for (int i = 0; l->mats && i < l->n_layer * LLM_LORA_N_PROJ; i++) {
         free(l->mats[i].a);
-        free(l->mats[i].b);
+        free(l->mats[i].bt);
     }
     free(l->mats);
     free(l);
@@ -265,14 +283,13 @@ void llm_lora_apply(const llm_lora_mat *m, float s, const float *x, int n, float
             const float *a = m->a + (size_t)k * m->in;
             float acc = 0;
             for (int i = 0; i < m->in; i++) acc += a[i] * xr[i];
-            t[k] = acc * s;
+            t[k] = acc;
         }
         float *yr = y + (size_t)r * m->out;
         for (int o = 0; o < m->out; o++) {
-            const float *b = m->b + (size_t)o * m->rank;
             float acc = 0;
-            for (int k = 0; k < m->rank; k++) acc += b[k] * t[k];
-            yr[o] += acc;
+            for (int k = 0; k < m->rank; k++) acc += m->bt[(size_t)k * m->out + o] * t[k];
+            yr[o] += s * acc; /* scaled after B, as llama.cpp does */
         }
     }
 }

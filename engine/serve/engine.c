@@ -82,8 +82,9 @@ static void req_unlink(llm_engine *e, eng_req *r)
         if (*p == r) {
             *p = r->next;
             e->n_reqs--;
-            return;
+            break;
         }
+    eng_lora_drop(e, r);
 }
 
 /* Takes every sequence of r out of the scheduler (blocks freed). */
@@ -141,6 +142,9 @@ static llm_status check_fields(const llm_engine *e, const llm_request *rq, llm_e
         return llm_errf(err, LLM_ERR_INVALID_ARG, "an embedding request has one sequence, not n %d", rq->n);
     if (rq->pooling && rq->grammar)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "an embedding request generates nothing: no grammar applies");
+    if (rq->lora && !(fabsf(rq->lora_scale) <= 1000.0f))
+        return llm_errf_at(err, LLM_ERR_INVALID_ARG, "lora_scale", "adapter scale %g is not a number in [-1000, 1000]",
+                           (double)rq->lora_scale);
     if (rq->n_shown < 0 || rq->n_shown > LLM_MAX_SHOWN)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%d shown control tokens (at most %d)", rq->n_shown, LLM_MAX_SHOWN);
     for (int i = 0; i < rq->n_shown; i++)
@@ -327,6 +331,7 @@ static llm_status req_new(llm_engine *e, const llm_request *rq, const int32_t *p
     memcpy(r->shown, rq->shown, sizeof r->shown);
     r->n_shown = rq->n_shown;
     r->pooling = rq->pooling;
+    r->lora_scale = rq->lora_scale;
     r->t_submit = eng_now_ms();
     r->seqs = calloc((size_t)r->n, sizeof *r->seqs);
     r->stops = calloc((size_t)rq->n_stop + 1, sizeof *r->stops);
@@ -345,17 +350,22 @@ static llm_status req_new(llm_engine *e, const llm_request *rq, const int32_t *p
     return LLM_OK;
 }
 
-/* Under the lock: queue r's sequences, or fail when the queue is full. */
-static llm_status req_enqueue(llm_engine *e, eng_req *r, llm_error *err)
+/* Under the lock: queue r's sequences (with its adapter's ref and salt),
+ * or fail when the queue is full or the adapter is gone. */
+static llm_status req_enqueue(llm_engine *e, eng_req *r, const llm_request *rq, llm_error *err)
 {
     if (e->w.stop)
         return llm_errf(err, LLM_ERR_SHUTDOWN, "engine: shutting down");
     if (e->s.n_waiting + r->n > e->cfg.max_waiting)
         return llm_errf(err, LLM_ERR_QUEUE_FULL, "engine: %d sequences waiting, the limit is %d; retry later",
                         e->s.n_waiting, e->cfg.max_waiting);
+    llm_status st = rq->lora ? eng_lora_take(e, r, rq->lora, rq->cache_salt, err) : LLM_OK;
+    if (st)
+        return st;
     for (int i = 0; i < r->n; i++)
         if (sched_add(&e->s, &r->seqs[i].q)) {
             eng_req_drop_seqs(e, r);
+            eng_lora_drop(e, r);
             return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory to queue a request");
         }
     r->id = ++e->next_id;
@@ -382,7 +392,7 @@ llm_status llm_engine_submit(llm_engine *e, const llm_request *rq, llm_request_i
     if (st)
         return st;
     pthread_mutex_lock(&e->w.mu);
-    st = req_enqueue(e, r, err);
+    st = req_enqueue(e, r, rq, err);
     if (!st)
         *id = r->id;
     pthread_mutex_unlock(&e->w.mu);
@@ -535,6 +545,7 @@ static llm_status config_defaults(llm_engine_config *c, const llm_model *m, llm_
     c->kv_cache_fraction = c->kv_cache_fraction > 0 ? c->kv_cache_fraction : 0.25f;
     c->aging_ms = c->aging_ms ? c->aging_ms : 1000;
     c->mask_step_work = c->mask_step_work ? c->mask_step_work : LLM_GMATCH_MAX_WORK / 4;
+    c->max_loras = c->max_loras ? c->max_loras : 8;
     if (c->n_ctx < 2 || c->n_ctx > m->hp.n_ctx_train)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: n_ctx %d not in [2, %d] (the model's training context)", c->n_ctx,
                         m->hp.n_ctx_train);
@@ -544,6 +555,8 @@ static llm_status config_defaults(llm_engine_config *c, const llm_model *m, llm_
     if (c->tensor_parallel > 1 && (!c->tp_backends || c->tp_backends[0] != c->backend))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: tensor_parallel %d needs its backends, the first being backend",
                         c->tensor_parallel);
+    if (c->max_loras < 1 || c->max_loras > 1024)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: max_loras %d not in [1, 1024]", c->max_loras);
     if (c->max_waiting < 1 || c->aging_ms < 1 || c->kv_cache_fraction > 1 || c->mask_step_work < 1)
         return llm_errf(err, LLM_ERR_INVALID_ARG,
                         "engine: max_waiting %d, aging_ms %d, kv_cache_fraction %g or mask_step_work %ld out of range",
@@ -621,10 +634,12 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     e->b_hidden_rows = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
     e->b_params = malloc(sizeof(llm_sample_params) * (size_t)c->max_seqs);
     e->b_seqs = malloc(sizeof(llm_batch_seq) * (size_t)c->max_seqs);
+    e->b_loras = malloc(sizeof(llm_seq_lora) * (size_t)c->max_seqs);
+    e->loras = calloc((size_t)c->max_loras, sizeof *e->loras);
     e->b_held = malloc(sizeof(eng_seq *) * (size_t)c->max_seqs);
     e->cp_src = malloc(sizeof(int32_t) * 2 * (size_t)n_blocks); /* the local pool is never larger */
     e->cp_dst = malloc(sizeof(int32_t) * 2 * (size_t)n_blocks);
-    if (!e->b_tokens || !e->b_logit_rows || !e->b_hidden_rows || !e->b_params || !e->b_seqs || !e->b_held || !e->cp_src || !e->cp_dst)
+    if (!e->b_tokens || !e->b_logit_rows || !e->b_hidden_rows || !e->b_params || !e->b_seqs || !e->b_loras || !e->loras || !e->b_held || !e->cp_src || !e->cp_dst)
         return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory");
     return LLM_OK;
 }
@@ -639,6 +654,7 @@ static void engine_free(llm_engine *e)
     }
     if (e->kv)
         sched_free(&e->s);
+    eng_lora_free_all(e);
     llm_forward_free(e->fwd);
     kv_cache_free(e->kv);
     free(e->b_tokens);
@@ -646,6 +662,7 @@ static void engine_free(llm_engine *e)
     free(e->b_hidden_rows);
     free(e->b_params);
     free(e->b_seqs);
+    free(e->b_loras);
     free(e->b_held);
     free(e->b_mask);
     llm_gmatch_vocab_free(e->gv);

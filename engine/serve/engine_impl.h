@@ -18,6 +18,18 @@
 
 typedef struct eng_req eng_req;
 
+/* An adapter added to the engine (engine_lora.c); slots stay put, so a
+ * request points at its own. Under the engine's lock. */
+typedef enum eng_lora_state { ENG_LORA_FREE = 0, ENG_LORA_ADDING, ENG_LORA_READY, ENG_LORA_FAILED, ENG_LORA_REMOVING } eng_lora_state;
+typedef struct eng_lora {
+    const llm_lora *l;
+    llm_forward_lora *fl; /* the pass's handle (made and freed on the engine thread) */
+    eng_lora_state state;
+    uint64_t uid;         /* never reused: keys its prefix cache */
+    int refs;             /* requests naming it, until unlinked */
+    llm_error err;        /* FAILED: why */
+} eng_lora;
+
 typedef struct ev_node {
     llm_event ev;
     struct ev_node *next;
@@ -67,6 +79,8 @@ struct eng_req {
     int failed;
     llm_error error;
     double t_submit, t_sched;
+    eng_lora *lora;       /* its adapter's slot (holding a ref), or NULL */
+    float lora_scale;
 };
 
 #define GEN_WINDOW 32 /* (time, generated) samples for tokens/s */
@@ -118,6 +132,9 @@ struct llm_engine {
     double grammar_ms;           /* time in masks and accepts, not yet in st */
     double forward_ms;           /* this step's forward pass, not yet in st (engine thread) */
     llm_batch_seq *b_seqs;
+    llm_seq_lora *b_loras;       /* (max_seqs) the step's adapters (engine thread) */
+    eng_lora *loras;             /* (cfg.max_loras) */
+    uint64_t lora_clock;
     int n_copies, n_local_copies;
     llm_stats st;
     double gen_t[GEN_WINDOW];
@@ -133,6 +150,19 @@ double eng_now_ms(void);
 void eng_req_drop_seqs(llm_engine *e, eng_req *r);
 /* Queues ev for r's readers and wakes them (under e->mu). */
 void eng_req_push(eng_req *r, const llm_event *ev);
+/* Adapters (engine_lora.c), all under e->mu. The slot of a request's
+ * adapter, ready, with a ref taken for r, and r's sequences' salts
+ * keyed by it; LLM_ERR_INVALID_ARG when l is not added or is being
+ * removed. */
+llm_status eng_lora_take(llm_engine *e, eng_req *r, const llm_lora *l, uint64_t cache_salt, llm_error *err);
+/* r leaves the engine: its ref goes (and a removal waiting for it is woken). */
+void eng_lora_drop(llm_engine *e, eng_req *r);
+/* The engine thread makes added adapters ready and frees removed ones
+ * nothing names any more; wakes add and remove. */
+void eng_lora_service(llm_engine *e);
+/* At close: every slot's handle freed. */
+void eng_lora_free_all(llm_engine *e);
+
 /* The engine thread's loop (engine_step.c); arg is the engine. */
 void *eng_step_main(void *arg);
 

@@ -62,7 +62,7 @@ static void eng_hidden_rows(llm_engine *e, const sched_item *it, eng_seq *q, int
 static void step_prepare(llm_engine *e, llm_forward_batch *bt)
 {
     const sched *s = &e->s;
-    int row = 0, n_logits = 0, n_hidden = 0;
+    int row = 0, n_logits = 0, n_hidden = 0, adapted = 0;
     double now = eng_now_ms();
     e->step_t0 = now;
     for (int i = 0; i < s->n_items; i++) {
@@ -70,6 +70,8 @@ static void step_prepare(llm_engine *e, llm_forward_batch *bt)
         eng_seq *q = it->seq->user;
         memcpy(e->b_tokens + row, q->tokens + it->pos0, sizeof(int32_t) * (size_t)it->n);
         e->b_seqs[i] = (llm_batch_seq){row, it->n, it->pos0, it->seq->kv.blocks, it->seq->kv.lblocks};
+        e->b_loras[i] = (llm_seq_lora){q->r->lora ? q->r->lora->fl : NULL, q->r->lora_scale};
+        adapted |= q->r->lora != NULL;
         eng_hidden_rows(e, it, q, row, &n_hidden);
         row += it->n;
         if (item_samples(e, i))
@@ -79,7 +81,7 @@ static void step_prepare(llm_engine *e, llm_forward_batch *bt)
             q->r->t_sched = now;
     }
     *bt = (llm_forward_batch){e->b_tokens, row, e->b_seqs, s->n_items, e->b_logit_rows, n_logits,
-                              e->b_hidden_rows, n_hidden};
+                              e->b_hidden_rows, n_hidden, adapted ? e->b_loras : NULL};
     e->n_copies = take_copies(e, KV_POOL_GLOBAL, 0);
     e->n_local_copies = take_copies(e, KV_POOL_LOCAL, e->n_copies);
     kv_cache_copies_done(e->kv);
@@ -534,6 +536,7 @@ void *eng_step_main(void *arg)
     pthread_mutex_lock(&e->w.mu);
     while (!e->w.stop) {
         fail_oom(e);
+        eng_lora_service(e);
         int planned = sched_plan(&e->s) > 0;
         picks_prepare(e);
         if (!planned && e->n_held == 0) {

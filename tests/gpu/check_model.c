@@ -100,7 +100,7 @@ static int hidden_of(const llm_model *m, llm_backend *b, const int32_t *t, int n
     }
     for (int i = 0; i < n; i++) rows[i] = i;
     llm_batch_seq bs = {0, n, 0, s.blocks, NULL};
-    llm_forward_batch bt = {t, n, &bs, 1, &last, 1, rows, n};
+    llm_forward_batch bt = {t, n, &bs, 1, &last, 1, rows, n, NULL};
     const float *lg;
     if ((st = llm_forward_eval(f, &bt, kv_cache_layers(kv), &lg)) || !llm_forward_hidden(f)) {
         llm_errf(err, st ? st : LLM_ERR_INTERNAL, "hidden states: the pass %s", st ? llm_status_str(st) : "gave none");

@@ -2,9 +2,11 @@
 // for given token ids (one batch, every position), written as float32 rows
 // (n_ids, n_vocab) to OUT. Built by tests/peer scripts only when
 // LLAMA_CPP_DIR points at a llama.cpp checkout with a CMake build.
-//   llama_logits MODEL.gguf OUT.bin ID...
+//   llama_logits [--lora ADAPTER.gguf SCALE] MODEL.gguf OUT.bin ID...
+// (--lora: with that adapter at that scale, as llama-server --lora-scaled)
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "llama.h"
@@ -12,8 +14,15 @@
 
 int main(int argc, char **argv)
 {
+    const char *lora_path = nullptr;
+    float scale = 1;
+    if (argc > 4 && !strcmp(argv[1], "--lora")) {
+        lora_path = argv[2];
+        scale = (float)atof(argv[3]);
+        argc -= 3, argv += 3;
+    }
     if (argc < 4) {
-        fprintf(stderr, "usage: llama_logits MODEL.gguf OUT.bin ID...\n");
+        fprintf(stderr, "usage: llama_logits [--lora ADAPTER.gguf SCALE] MODEL.gguf OUT.bin ID...\n");
         return 2;
     }
     llama_model *model = peer_load(argv[1]);
@@ -25,6 +34,13 @@ int main(int argc, char **argv)
     cp.n_ctx = cp.n_batch = cp.n_ubatch = 512;
     cp.n_threads = cp.n_threads_batch = 2;
     llama_context *ctx = llama_init_from_model(model, cp);
+    if (lora_path) {
+        llama_adapter_lora *lora = llama_adapter_lora_init(model, lora_path);
+        if (!lora || llama_set_adapters_lora(ctx, &lora, 1, &scale)) {
+            fprintf(stderr, "error: llama.cpp refused the adapter %s\n", lora_path);
+            return 1;
+        }
+    }
     llama_batch b = llama_batch_init((int)toks.size(), 0, 1);
     for (size_t i = 0; i < toks.size(); i++) {
         b.token[i] = toks[i];

@@ -766,7 +766,7 @@ static void embed_direct(const llm_model *m, const int32_t *p, int n, llm_poolin
     int32_t rows[ELEN], last = n - 1;
     for (int i = 0; i < n; i++) rows[i] = i;
     llm_batch_seq bs = {0, n, 0, s.blocks, NULL};
-    llm_forward_batch bt = {p, n, &bs, 1, &last, 1, rows, n};
+    llm_forward_batch bt = {p, n, &bs, 1, &last, 1, rows, n, NULL};
     const float *lg;
     assert_int_equal(llm_forward_eval(f, &bt, kv_cache_layers(kv), &lg), LLM_OK);
     const float *h = llm_forward_hidden(f);

@@ -189,7 +189,7 @@ static void logits_of(const llm_model *m, int n_ranks, float *out)
         assert_int_equal(kv_seq_reserve(kv, &s[i], i ? 10 : 14), LLM_OK);
     }
     llm_batch_seq bs[2] = {{0, 14, 0, s[0].blocks, NULL}, {14, 10, 0, s[1].blocks, NULL}};
-    llm_forward_batch bt = {tok, L_ROWS, bs, 2, rows, 2, hid, 3};
+    llm_forward_batch bt = {tok, L_ROWS, bs, 2, rows, 2, hid, 3, NULL};
     const float *lg;
     assert_int_equal(llm_forward_eval(f, &bt, kv_cache_layers(kv), &lg), LLM_OK);
     memcpy(out, lg, sizeof(float) * 2 * (size_t)m->hp.n_vocab);

@@ -13,7 +13,10 @@
  * evict, cancellations at random points, stop strings, logprobs, max_tokens
  * 1, small token budgets (chunked prefill), greedy and seeded sampling,
  * penalties, grammars (JSON objects, a short finite language), embedding
- * requests (mean and last pooling: vectors bit for bit). After each trace:
+ * requests (mean and last pooling: vectors bit for bit), LoRA adapters (a
+ * third of the requests run under one of three, at one of four scales, so
+ * steps mix rows of several adapters and of none, and a prompt cached under
+ * one adapter must not serve another). After each trace:
  * no block referenced, nothing queued, and
  * the stats add up (each admitted sequence's prompt counted once).
  * Odd seeds run on the tiny llama model; seeds divisible by 4 on the tiny
@@ -36,9 +39,10 @@
 
 #include "llm/engine.h"
 #include "llm/grammar.h"
+#include "llm/lora.h"
 #include "llm/mkmodel.h"
 
-enum { MAX_REQS = 14, MAX_PROMPT = 400, MAX_GEN = 20, N_BASES = 3, MAX_EMBD = 512 };
+enum { MAX_REQS = 14, MAX_PROMPT = 400, MAX_GEN = 20, N_BASES = 3, MAX_EMBD = 512, N_LORAS = 3 };
 
 /* Seeds that once failed: run first, always, each with the trace it was
  * found with (before_budget: found before mask_budget_make drew a budget,
@@ -98,11 +102,14 @@ typedef struct tr_totals {
     uint64_t constrained, grammar_ends; /* requests with a grammar; completions it ended (finish STOP) */
     uint64_t embeddings;                /* embedding requests compared with the request alone */
     uint64_t held_picks;                /* constrained picks put off to a later step (mask_step_work spent) */
+    uint64_t adapted;                   /* requests run under an adapter */
 } tr_totals;
 
 static test_tiny g_tiny, g_gemma, g_moe; /* the models (and backends) below take turns by seed */
+static llm_lora *g_tiny_l[N_LORAS], *g_gemma_l[N_LORAS], *g_moe_l[N_LORAS]; /* each model's adapters */
 static llm_model *g_m;
 static llm_backend *g_b;
+static llm_lora **g_l;
 static int g_verbose;
 static tr_totals g_tot;
 
@@ -215,6 +222,31 @@ static void embed_make(const tr_trace *t, int i, tr_req *r)
     r->rq.grammar_len = 0;
 }
 
+/* A third of the requests run under an adapter at one of four scales,
+ * from a stream of their own. */
+static void lora_make(const tr_trace *t, int i, tr_req *r)
+{
+    static const float scales[] = {1.0f, 0.5f, -0.7f, 2.0f};
+    uint64_t g = t->seed * 0xd6e8feb86659fd93ull + (uint64_t)i * 15485863u + 11;
+    uint64_t k = test_rng(&g) % (3 * N_LORAS);
+    if (k >= N_LORAS)
+        return;
+    r->rq.lora = g_l[k];
+    r->rq.lora_scale = scales[test_rng(&g) % 4];
+}
+
+/* Adds each of the model's adapters to e; 0, or -1 (printed). */
+static int loras_add(const tr_trace *t, llm_engine *e)
+{
+    llm_error err = {0};
+    for (int k = 0; k < N_LORAS; k++)
+        if (llm_engine_lora_add(e, g_l[k], &err)) {
+            print_message("seed %llu: adapter %d: %s\n", (unsigned long long)t->seed, k, err.msg);
+            return -1;
+        }
+    return 0;
+}
+
 /* Request i's fields; a later turn's prompt is filled in by later_turn(). */
 static void request_make(tr_trace *t, int i, int32_t base[N_BASES][MAX_PROMPT], uint64_t *s)
 {
@@ -248,6 +280,7 @@ static void request_make(tr_trace *t, int i, int32_t base[N_BASES][MAX_PROMPT], 
     r->gap = (int)rnd(s, 24);
     grammar_make(t, i, r);
     embed_make(t, i, r);
+    lora_make(t, i, r);
 }
 
 /* Half the seeds give a step's grammar picks the least work budget: every
@@ -370,7 +403,8 @@ static int alone(const tr_trace *t, const llm_request *rq, tr_comp *out)
     static tr_req one;
     memset(&one, 0, sizeof one);
     one.rq = *rq;
-    if (llm_engine_open(&c, &one.e, &err) || llm_engine_submit(one.e, &one.rq, &one.id, &err)) {
+    if (llm_engine_open(&c, &one.e, &err) || (rq->lora && llm_engine_lora_add(one.e, rq->lora, &err)) ||
+        llm_engine_submit(one.e, &one.rq, &one.id, &err)) {
         print_message("seed %llu: reference: %s\n", (unsigned long long)t->seed, err.msg);
         llm_engine_close(one.e);
         return -1;
@@ -473,6 +507,7 @@ static int check_request(const tr_trace *t, int i)
         else
             g_tot.embeddings += r->rq.pooling != LLM_POOL_NONE; /* compared and equal */
     }
+    g_tot.adapted += !bad && r->rq.lora;
     return bad;
 }
 
@@ -521,6 +556,9 @@ static int check_engine(const tr_trace *t, llm_engine *e)
         why = "prompt_tokens or cached_tokens differ from the completions' usage";
     else if (st.cached_tokens > st.prompt_tokens)
         why = "more cached than prompt tokens";
+    for (int k = 0; k < N_LORAS && !why; k++)
+        if (llm_engine_lora_requests(e, g_l[k]) != 0)
+            why = "an adapter is still named by a request after the trace";
     if (why)
         print_message("seed %llu: %s (used %d, prompt %llu in [%llu, %llu], cached %llu vs %llu)\n",
                       (unsigned long long)t->seed, why, st.kv_blocks_used, (unsigned long long)st.prompt_tokens,
@@ -547,6 +585,7 @@ static int trace_run(uint64_t seed)
     const test_tiny *model = seed % 2 ? &g_tiny : seed % 4 ? &g_moe : &g_gemma;
     g_m = model->m;
     g_b = model->b;
+    g_l = seed % 2 ? g_tiny_l : seed % 4 ? g_moe_l : g_gemma_l;
     trace_make(&t, seed);
     for (int i = 0; i < t.n_req; i++) {
         if (t.req[i].parent >= 0)
@@ -560,6 +599,10 @@ static int trace_run(uint64_t seed)
     llm_error err = {0};
     if (llm_engine_open(&t.cfg, &e, &err)) {
         print_message("seed %llu: open: %s\n", (unsigned long long)seed, err.msg);
+        return 1;
+    }
+    if (loras_add(&t, e)) {
+        llm_engine_close(e);
         return 1;
     }
     uint64_t since = 0;
@@ -589,12 +632,38 @@ static int trace_run(uint64_t seed)
 
 /* ---- drivers --------------------------------------------------------------- */
 
+/* Three adapters of t's model: rank 8 F32 with alpha, rank 4 F16
+ * without, rank 32 Q8_0 with alpha 8. 0, or -1 (printed). */
+static int loras_make(const test_tiny *t, llm_lora **out)
+{
+    static const struct {
+        int rank;
+        float alpha;
+        quant_type qt;
+    } kinds[N_LORAS] = {{8, 16, QT_F32}, {4, 0, QT_F16}, {32, 8, QT_Q8_0}};
+    char path[256];
+    llm_error err = {0};
+    for (int k = 0; k < N_LORAS; k++) {
+        test_tmpfile("trace-lora", path, sizeof path);
+        llm_status st = llm_mklora(t->path, kinds[k].rank, kinds[k].alpha, kinds[k].qt, 100 + (uint64_t)k, path, &err);
+        if (!st)
+            st = llm_lora_load(path, t->m, 0, &out[k], &err);
+        remove(path);
+        if (st) {
+            fprintf(stderr, "trace: adapter %d of %s: %s\n", k, t->path, err.msg);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int setup(void **st)
 {
     (void)st;
     if (test_tiny_open(&g_tiny, "trace-tiny", QT_Q8_0, 23, 2) ||
         test_shape_open(&g_gemma, "tiny-gemma3", "trace-gemma3", QT_Q5_0, 23, 2) ||
-        test_shape_open(&g_moe, "tiny-qwen3moe", "trace-qwen3moe", QT_Q4_K, 23, 2))
+        test_shape_open(&g_moe, "tiny-qwen3moe", "trace-qwen3moe", QT_Q4_K, 23, 2) || loras_make(&g_tiny, g_tiny_l) ||
+        loras_make(&g_gemma, g_gemma_l) || loras_make(&g_moe, g_moe_l))
         return -1;
     return 0;
 }
@@ -602,6 +671,11 @@ static int setup(void **st)
 static int teardown(void **st)
 {
     (void)st;
+    for (int k = 0; k < N_LORAS; k++) {
+        llm_lora_free(g_tiny_l[k]);
+        llm_lora_free(g_gemma_l[k]);
+        llm_lora_free(g_moe_l[k]);
+    }
     test_tiny_close(&g_tiny);
     test_tiny_close(&g_gemma);
     test_tiny_close(&g_moe);
@@ -612,12 +686,13 @@ static void totals_print(double secs)
 {
     print_message("trace: %llu traces, %llu requests, %llu steps, %llu preemptions, %llu prompt tokens from the prefix "
                   "cache, %llu shared by forks, %llu cancels, %llu constrained requests (%llu completions ended by "
-                  "their grammar, %llu picks held to a later step), %llu embedding requests in %.1f s\n",
+                  "their grammar, %llu picks held to a later step), %llu embedding requests, %llu under an adapter in %.1f s\n",
                   (unsigned long long)g_tot.traces, (unsigned long long)g_tot.requests, (unsigned long long)g_tot.steps,
                   (unsigned long long)g_tot.preemptions, (unsigned long long)g_tot.cached,
                   (unsigned long long)g_tot.forked, (unsigned long long)g_tot.cancels,
                   (unsigned long long)g_tot.constrained, (unsigned long long)g_tot.grammar_ends,
-                  (unsigned long long)g_tot.held_picks, (unsigned long long)g_tot.embeddings, secs);
+                  (unsigned long long)g_tot.held_picks, (unsigned long long)g_tot.embeddings,
+                  (unsigned long long)g_tot.adapted, secs);
 }
 
 static void test_regressions(void **st)
@@ -649,6 +724,7 @@ static void test_quick_seeds(void **st)
     if (n >= N_QUICK) /* holds need two uncached masks in one step: the 100 quick seeds have ~50, TSan's 8 may have none */
         assert_true(g_tot.held_picks > 0);
     assert_true(g_tot.embeddings > 0);
+    assert_true(g_tot.adapted > 0);
 }
 
 /* --time S: random seeds (from --seed, else the clock) until S seconds pass. */

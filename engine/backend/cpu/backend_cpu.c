@@ -491,6 +491,7 @@ static const struct llm_backend_i cpu_iface = {
     .name = "cpu",
     .free = cpu_free,
     .matmul = cpu_matmul,
+    .lora = cpu_lora,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .swiglu = cpu_swiglu,

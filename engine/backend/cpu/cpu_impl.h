@@ -1,6 +1,7 @@
 /* cpu_impl.h - state shared by the CPU backend's translation units
  * (backend_cpu.c: matmul and element-wise ops; cpu_attention.c: paged KV
- * and attention; cpu_pack.c: the packed copies of a model's matrices).
+ * and attention; cpu_lora.c: adapters' low-rank products; cpu_pack.c:
+ * the packed copies of a model's matrices).
  * Not a public header. */
 #ifndef LLM_CPU_IMPL_H
 #define LLM_CPU_IMPL_H
@@ -28,6 +29,8 @@ void cpu_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *s
 void cpu_kv_copy(llm_backend *b, const llm_kv_layer *layers, int n_layers, const int32_t *src, const int32_t *dst,
                  int n);
 llm_status cpu_attention(llm_backend *b, const llm_attn_args *a);
+/* llm_backend_i.lora (cpu_lora.c). */
+llm_status cpu_lora(llm_backend *b, const llm_lora_seg *segs, int n_segs, const float *x, int in, float *y, int out);
 /* MemAvailable (/proc/meminfo), or free pages where that is missing. */
 size_t cpu_mem_available(llm_backend *b);
 /* model_upload / model_release (cpu_pack.c). */

@@ -122,6 +122,18 @@ typedef struct llm_matmul {
 
 #define LLM_MATMUL_MAX_GROUP 4
 
+/* One LoRA adapter's low-rank update of a matmul's output (lora.h) for
+ * rows [row0, row0 + n_rows) of a batch: y[r] += s * (B (A x[r])). A and
+ * B are in backend memory, A as (rank, in) and B transposed, (rank, out),
+ * both row-major. */
+#define LLM_LORA_SEG_MAX_RANK 1024 /* the largest rank a backend must take */
+typedef struct llm_lora_seg {
+    int row0, n_rows;
+    const float *a, *bt;
+    int rank;
+    float s;
+} llm_lora_seg;
+
 typedef struct llm_backend llm_backend;
 struct llm_comm;
 struct llm_model;
@@ -168,6 +180,13 @@ struct llm_backend_i {
      * (Q/K/V, gate/up) lets the backend convert x once and split all rows
      * over its workers in one pass. */
     llm_status (*matmul)(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok);
+    /* Optional (NULL: the backend runs no adapters): every segment's rows
+     * of y (n rows of `out` floats) get their low-rank update from the
+     * same rows of x (rows of `in` floats); segments do not overlap. Each
+     * row is computed on its own, the same way whatever else the call
+     * holds (batch invariance), and the backend may take the segments in
+     * any order. */
+    llm_status (*lora)(llm_backend *b, const llm_lora_seg *segs, int n_segs, const float *x, int in, float *y, int out);
     /* out[t] = x[t] / rms(x[t]) * w, row length dim */
     void (*rmsnorm)(llm_backend *b, const float *x, const float *w, int n_tok, int dim, float eps, float *out);
     void (*rope)(llm_backend *b, const llm_rope_args *a);

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "llm/kv_cache.h"
+#include "llm/lora.h"
 #include "llm/model.h"
 #include "llm/sampler.h"
 
@@ -55,6 +56,7 @@ typedef struct llm_engine_config {
                               * only; the oldest waiting pick is always made), so a step takes about this
                               * plus one mask, not one mask per constrained sequence.
                               * 0: LLM_GMATCH_MAX_WORK / 4 */
+    int max_loras;           /* LoRA adapters added at once (llm_engine_lora_add); 0: 8, at most 1024 */
 } llm_engine_config;
 
 typedef uint64_t llm_request_id;
@@ -90,6 +92,10 @@ typedef struct llm_request {
                               * nothing is generated; one DONE carries the pooled hidden state, L2-normalised (a
                               * mean pools every position: the prefix cache is not read for it, only written).
                               * n must be 0 or 1, with no grammar; sampling, max_tokens, stops do not apply */
+    const llm_lora *lora;    /* an adapter added to the engine (llm_engine_lora_add), or NULL: the base model.
+                              * Its prefix cache is its own (and its scale's): K/V under an adapter differ */
+    float lora_scale;        /* the adapter's weight (lora.h's scale): finite, |scale| <= 1000; 0 is the base's
+                              * answer at the adapter's cost */
 } llm_request;
 
 typedef enum llm_event_type { LLM_EVENT_TOKEN = 1, LLM_EVENT_DONE = 2, LLM_EVENT_ERROR = 3 } llm_event_type;
@@ -181,5 +187,22 @@ void llm_event_clear(llm_event *ev);
 void llm_engine_cancel(llm_engine *e, llm_request_id id);
 
 void llm_engine_stats(llm_engine *e, llm_stats *out);
+
+/* LoRA adapters. add makes l usable by requests (llm_request.lora): the
+ * engine thread makes it ready for the backend between two steps, and add
+ * returns once it has. l is borrowed until llm_engine_lora_remove returns.
+ * Errors (nothing changes): LLM_ERR_INVALID_ARG (already added; checked
+ * against a model of another depth), LLM_ERR_QUEUE_FULL (max_loras are
+ * added: remove one), LLM_ERR_UNSUPPORTED (the backend runs no adapters,
+ * or tensor parallelism), LLM_ERR_NOMEM, LLM_ERR_SHUTDOWN. */
+llm_status llm_engine_lora_add(llm_engine *e, const llm_lora *l, llm_error *err);
+/* Refuses new requests naming l at once, then waits until none is left
+ * (each one's events all read, or cancelled) and the backend's copy is
+ * released: then the caller may free l. Unknown l: returns at once. Not
+ * to be called from a thread that must read those requests' events. */
+void llm_engine_lora_remove(llm_engine *e, const llm_lora *l);
+/* Requests naming l not yet over (queued, running, or with events unread);
+ * -1 when l is not added. */
+int llm_engine_lora_requests(llm_engine *e, const llm_lora *l);
 
 #endif

@@ -13,9 +13,21 @@
 #ifndef LLM_FORWARD_H
 #define LLM_FORWARD_H
 
+#include "llm/lora.h"
 #include "llm/model.h"
 
 typedef struct llm_forward llm_forward;
+
+/* A LoRA adapter (lora.h) made ready for a forward pass's backend by
+ * llm_forward_lora_add. */
+typedef struct llm_forward_lora llm_forward_lora;
+
+/* A sequence's adapter in a batch: its projections get s * B (A x) with s
+ * = llm_lora_factor(adapter, matrix, scale). */
+typedef struct llm_seq_lora {
+    const llm_forward_lora *lora; /* NULL: the base model alone */
+    float scale;                  /* the request's; finite */
+} llm_seq_lora;
 
 typedef struct llm_forward_batch {
     const int32_t *tokens;      /* (n_rows) ids; one outside [0, n_vocab) fails the pass (LLM_ERR_INVALID_ARG) */
@@ -27,12 +39,21 @@ typedef struct llm_forward_batch {
     const int32_t *hidden_rows; /* (n_hidden) rows whose final hidden state (after the output norm, the input of
                                  * the output matmul) is wanted: embeddings; see llm_forward_hidden */
     int n_hidden;               /* 0 to n_rows */
+    const llm_seq_lora *loras;  /* (n_seqs) each sequence's adapter, or NULL: none in this batch */
 } llm_forward_batch;
 
 /* max_rows: most rows per batch; max_logits: most logit rows per batch. */
 llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int max_logits, llm_forward **out,
                            llm_error *err);
 void llm_forward_free(llm_forward *f);
+
+/* Makes adapter l usable in f's batches. A host-memory backend reads l
+ * in place (l must outlive the handle). Errors: LLM_ERR_UNSUPPORTED (the
+ * backend runs no adapters; tensor parallelism), LLM_ERR_INVALID_ARG (l
+ * was checked against a model of another depth), LLM_ERR_NOMEM. */
+llm_status llm_forward_lora_add(llm_forward *f, const llm_lora *l, llm_forward_lora **out, llm_error *err);
+/* Releases a handle (NULL ok); no batch may name it any more. */
+void llm_forward_lora_free(llm_forward *f, llm_forward_lora *fl);
 
 /* Whether the backend picks tokens on its device (llm_forward_eval_sample
  * with sampling settings); host-memory backends read logits in place. */

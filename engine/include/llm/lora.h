@@ -20,6 +20,7 @@
 #ifndef LLM_LORA_H
 #define LLM_LORA_H
 
+#include "llm/backend.h"
 #include "llm/gguf.h"
 #include "llm/model.h"
 #include "llm/status.h"
@@ -30,14 +31,14 @@ typedef enum llm_lora_proj {
 
 /* Ranks above this are refused whatever the caller allows (a rank-4096
  * adapter of an 8B model is larger than the model). */
-#define LLM_LORA_MAX_RANK 1024
+#define LLM_LORA_MAX_RANK LLM_LORA_SEG_MAX_RANK
 /* alpha above this is refused: with s = alpha / rank it would swamp W x. */
 #define LLM_LORA_MAX_ALPHA 65536.0f
 
 typedef struct llm_lora_mat {
     int rank, in, out; /* rank 0: this projection is not adapted */
     float *a;          /* (rank x in), row-major */
-    float *b;          /* (out x rank), row-major */
+    float *bt;         /* B transposed: (rank x out), row-major */
 } llm_lora_mat;
 
 typedef struct llm_lora {
@@ -67,7 +68,7 @@ const llm_lora_mat *llm_lora_mat_at(const llm_lora *l, int layer, llm_lora_proj 
 /* s for a request scale: scale * alpha / m->rank, or scale without alpha. */
 float llm_lora_factor(const llm_lora *l, const llm_lora_mat *m, float scale);
 
-/* y[r] += s * B (A x[r]) for the n rows of x (in floats apart) into y (out
+/* y[r] += s * (B (A x[r])) for the n rows of x (in floats apart) into y (out
  * floats apart), each row on its own: the same arithmetic whatever n is. */
 void llm_lora_apply(const llm_lora_mat *m, float s, const float *x, int n, float *y);
 

@@ -109,6 +109,9 @@ typedef struct llm_session_config {
     int tensor_parallel;             /* ranks (tp.h); 0 or 1: b alone */
     llm_backend *const *tp_backends; /* (tensor_parallel) with [0] == b */
     int logit_rows;  /* most logit rows per step for llm_session_eval_each (each n_vocab floats); 0: 1 */
+    const struct llm_lora *lora; /* an adapter (lora.h) every step runs with, borrowed for the session's life; NULL:
+                                  * none. Not with tensor_parallel */
+    float lora_scale;            /* its scale */
 } llm_session_config;
 
 /* A single sequence over its own paged KV cache (no prefix caching): the

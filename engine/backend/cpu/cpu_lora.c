@@ -1,0 +1,84 @@
+/* cpu_lora.c - the CPU backend's LoRA op (llm_backend_i.lora): for each
+ * row of a segment, t = A x (rank dot products), u = B t (rank scaled
+ * additions of B's transposed rows), y += s u.
+ *
+ * Work is split into units of one row and a strip of at most
+ * LORA_STRIP outputs; each thread takes a contiguous run of units, so a
+ * decode step of 16 rows keeps both threads of a 2-core machine busy and
+ * one long prompt splits the same way. A unit recomputes t for its row
+ * unless the thread's previous unit was the same row: the arithmetic of
+ * t, of each u[o] (k = 0 .. rank-1 in order) and of y[o] is the same
+ * whatever unit, thread or batch computes it. */
+#include <string.h>
+
+#include "cpu_impl.h"
+
+#define LORA_STRIP 512        /* outputs per unit: u stays on the stack, B's strip in L1 */
+#define LORA_PAR_MIN (1 << 16) /* multiply-adds below which one thread does it all */
+
+typedef struct lora_job {
+    const cpu_kernels *k;
+    const llm_lora_seg *segs;
+    int n_segs, in, out, strips;
+    const float *x;
+    float *y;
+    long units; /* sum of n_rows * strips */
+} lora_job;
+
+/* Unit u's segment and row: segments are walked from the hint (units
+ * come in order within a thread). */
+static void unit_at(const lora_job *j, long u, int *seg, long *seg_unit0, int *row, int *strip)
+{
+    while (u - *seg_unit0 >= (long)j->segs[*seg].n_rows * j->strips) {
+        *seg_unit0 += (long)j->segs[*seg].n_rows * j->strips;
+        (*seg)++;
+    }
+    long in_seg = u - *seg_unit0;
+    *row = j->segs[*seg].row0 + (int)(in_seg / j->strips);
+    *strip = (int)(in_seg % j->strips);
+}
+
+static void lora_worker(void *arg, int ith, int nth)
+{
+    const lora_job *j = arg;
+    const cpu_kernels *k = j->k;
+    long lo, hi;
+    tp_range(j->units, ith, nth, &lo, &hi);
+    int seg = 0, last_row = -1;
+    long seg_unit0 = 0;
+    float t[LLM_LORA_SEG_MAX_RANK], u[LORA_STRIP];
+    for (long un = lo; un < hi; un++) {
+        int row, strip;
+        unit_at(j, un, &seg, &seg_unit0, &row, &strip);
+        const llm_lora_seg *s = &j->segs[seg];
+        const float *xr = j->x + (size_t)row * j->in;
+        if (row != last_row) {
+            for (int r = 0; r < s->rank; r++) t[r] = k->dot_f32(s->a + (size_t)r * j->in, xr, j->in);
+            last_row = row;
+        }
+        int o0 = strip * LORA_STRIP, n = j->out - o0 < LORA_STRIP ? j->out - o0 : LORA_STRIP;
+        memset(u, 0, sizeof(float) * (size_t)n);
+        for (int r = 0; r < s->rank; r++) k->axpy(u, t[r], s->bt + (size_t)r * j->out + o0, n);
+        k->axpy(j->y + (size_t)row * j->out + o0, s->s, u, n);
+    }
+}
+
+llm_status cpu_lora(llm_backend *b, const llm_lora_seg *segs, int n_segs, const float *x, int in, float *y, int out)
+{
+    cpu_ctx *c = b->ctx;
+    lora_job j = {c->k, segs, n_segs, in, out, (out + LORA_STRIP - 1) / LORA_STRIP, x, y, 0};
+    long work = 0;
+    for (int i = 0; i < n_segs; i++) {
+        if (segs[i].rank < 1 || segs[i].rank > LLM_LORA_SEG_MAX_RANK || segs[i].n_rows < 0)
+            return LLM_ERR_INVALID_ARG;
+        j.units += (long)segs[i].n_rows * j.strips;
+        work += (long)segs[i].n_rows * segs[i].rank * (in + out);
+    }
+    if (j.units == 0)
+        return LLM_OK;
+    if (work < LORA_PAR_MIN)
+        lora_worker(&j, 0, 1);
+    else
+        tp_run(c->pool, lora_worker, &j);
+    return LLM_OK;
+}
