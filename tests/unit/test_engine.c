@@ -9,11 +9,13 @@
  * test ends with the KV pool fully free. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "testutil.h"
 
 #include "llm/engine.h"
 #include "llm/forward.h"
+#include "llm/lora.h"
 #include "llm/mkmodel.h"
 
 static llm_model *g_tiny;   /* synthetic "tiny" Q8_0: quantized kernels, 8-token tiles */
@@ -940,6 +942,135 @@ static void test_embedding_limits(void **st)
     close_engine(e);
 }
 
+/* ---- LoRA adapters ---------------------------------------------------------- */
+
+/* An adapter of g_tiny (rank 8, alpha 16, F32, seeded). */
+static llm_lora *tiny_lora(uint64_t seed)
+{
+    char path[256];
+    llm_error err = {0};
+    llm_lora *l = NULL;
+    test_tmpfile("engine-lora", path, sizeof path);
+    if (llm_mklora(g_path, 8, 16, QT_F32, seed, path, &err) || llm_lora_load(path, g_tiny, 0, &l, &err))
+        fail_msg("adapter: %s", err.msg);
+    remove(path);
+    return l;
+}
+
+/* The prefix cache keeps each adapter's (and scale's) K/V apart: the same
+ * prompt under the base, adapter A, A again, B, and A at another scale
+ * reuses only A's own blocks, and each answer equals its own alone. */
+static void test_lora_prefix_cache(void **st)
+{
+    (void)st;
+    llm_lora *la = tiny_lora(1), *lb = tiny_lora(2);
+    int32_t p[100];
+    uint64_t seed = 9;
+    for (int i = 0; i < 100; i++) p[i] = (int32_t)(test_rng(&seed) % (uint64_t)g_tiny->hp.n_vocab);
+    struct {
+        const llm_lora *l;
+        float scale;
+        int cached;
+    } runs[] = {{NULL, 0, 0}, {la, 1, 0}, {la, 1, 96}, {lb, 1, 0}, {la, 0.5f, 0}, {NULL, 0, 96}};
+    static result got[6], want;
+    llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 256, .max_loras = 2});
+    llm_error err = {0};
+    assert_int_equal(llm_engine_lora_add(e, la, &err), LLM_OK);
+    assert_int_equal(llm_engine_lora_add(e, lb, &err), LLM_OK);
+    for (int i = 0; i < 6; i++) {
+        llm_request rq = greedy(p, 100, 8);
+        rq.lora = runs[i].l, rq.lora_scale = runs[i].scale;
+        collect(e, submit(e, &rq), 1, &got[i]);
+        assert_int_equal(got[i].usage[0].cached_tokens, runs[i].cached); /* 6 whole blocks, or nothing */
+        llm_engine *cold = open_engine(g_tiny, (llm_engine_config){.n_ctx = 256, .no_prefix_cache = 1});
+        if (runs[i].l)
+            assert_int_equal(llm_engine_lora_add(cold, runs[i].l, &err), LLM_OK);
+        collect(cold, submit(cold, &rq), 1, &want);
+        close_engine(cold);
+        assert_memory_equal(got[i].tok[0], want.tok[0], sizeof(int32_t) * 8);
+    }
+    /* the adapters answer differently from the base and from each other */
+    assert_true(memcmp(got[0].tok[0], got[1].tok[0], sizeof(int32_t) * 8) != 0);
+    assert_true(memcmp(got[1].tok[0], got[3].tok[0], sizeof(int32_t) * 8) != 0);
+    assert_true(memcmp(got[1].tok[0], got[4].tok[0], sizeof(int32_t) * 8) != 0);
+    close_engine(e);
+    llm_lora_free(la);
+    llm_lora_free(lb);
+}
+
+typedef struct remover {
+    llm_engine *e;
+    const llm_lora *l;
+    _Atomic int done;
+} remover;
+
+static void *remove_main(void *arg)
+{
+    remover *r = arg;
+    llm_engine_lora_remove(r->e, r->l);
+    atomic_store(&r->done, 1);
+    return NULL;
+}
+
+/* Adding and removing: twice, past max_loras, a request naming an adapter
+ * not added or with a bad scale are refused and change nothing; removing
+ * refuses new requests at once but waits until the last request naming
+ * it is read; then it may be added again (cold cache). */
+static void test_lora_add_remove(void **st)
+{
+    (void)st;
+    llm_lora *la = tiny_lora(1), *lb = tiny_lora(2);
+    llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 256, .max_loras = 1});
+    llm_error err = {0};
+    llm_request_id id;
+    int32_t p[40];
+    int n = make_prompt(g_tiny, 3, p);
+    assert_int_equal(llm_engine_lora_requests(e, la), -1);
+    assert_int_equal(llm_engine_lora_add(e, la, &err), LLM_OK);
+    assert_int_equal(llm_engine_lora_add(e, la, &err), LLM_ERR_INVALID_ARG);
+    assert_int_equal(llm_engine_lora_add(e, lb, &err), LLM_ERR_QUEUE_FULL);
+    assert_non_null(strstr(err.msg, "1 adapters are loaded"));
+    llm_request rq = greedy(p, n, 100);
+    rq.lora = lb, rq.lora_scale = 1;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "adapter is not loaded"));
+    rq.lora = la;
+    const float bad[] = {NAN, INFINITY, 1001.0f, -2000.0f};
+    for (int i = 0; i < 4; i++) {
+        rq.lora_scale = bad[i];
+        assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+        assert_string_equal(err.field, "lora_scale");
+    }
+    rq.lora_scale = 1;
+    llm_request_id busy = submit(e, &rq);
+    llm_event ev;
+    assert_int_equal(llm_engine_next(e, busy, &ev, 60000), LLM_OK); /* it runs */
+    llm_event_clear(&ev);
+    assert_int_equal(llm_engine_lora_requests(e, la), 1);
+    remover r = {e, la, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, remove_main, &r), 0);
+    while (llm_engine_submit(e, &rq, &id, &err) == LLM_OK) /* refused as soon as the removal starts */
+        collect(e, id, 1, &(result){0});
+    assert_non_null(strstr(err.msg, "being added or removed"));
+    assert_int_equal(atomic_load(&r.done), 0); /* the request naming it is not over */
+    static result rest;
+    collect(e, busy, 1, &rest);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(atomic_load(&r.done), 1);
+    assert_int_equal(llm_engine_lora_requests(e, la), -1);
+    assert_int_equal(llm_engine_lora_add(e, lb, &err), LLM_OK); /* the slot is free again */
+    llm_engine_lora_remove(e, lb);
+    assert_int_equal(llm_engine_lora_add(e, la, &err), LLM_OK);
+    rq.max_tokens = 4;
+    static result again;
+    collect(e, submit(e, &rq), 1, &again);
+    assert_int_equal(again.usage[0].cached_tokens, 0); /* a new uid: the old adapter's blocks are not its own */
+    close_engine(e);
+    llm_lora_free(la);
+    llm_lora_free(lb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -958,7 +1089,8 @@ int main(void)
         cmocka_unit_test(test_numeric_faults),
         cmocka_unit_test(test_embeddings),
         cmocka_unit_test(test_embedding_cache),
-        cmocka_unit_test(test_embedding_limits),
+        cmocka_unit_test(test_embedding_limits), cmocka_unit_test(test_lora_prefix_cache),
+        cmocka_unit_test(test_lora_add_remove),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
