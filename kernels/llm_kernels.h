@@ -119,6 +119,17 @@ int lk_to_half(const float *x, size_t n, int bf16, void *out, void *stream);
 /* x[t] += bias for n_tok rows of dim. */
 int lk_add_bias(float *x, const float *bias, int n_tok, int dim, void *stream);
 
+/* LoRA adapters' low-rank products (llm_backend_i.lora): for each of
+ * n_rows entries of rows (pairs: a batch row, its segment's index),
+ * y[row] (rows of `out`) += s * (B (A x[row])) (x rows of `in`), with the
+ * segment's A (rank, in) and B transposed (rank, out) in device memory.
+ * A segment is 8 int32 words: row0, n_rows, rank, s's float bits, A's
+ * address (low word, high word), B's. t: n_rows rows of t_stride >= rank
+ * floats of scratch. Each row's arithmetic is the same whatever the other
+ * rows (batch invariance). */
+int lk_lora(const int32_t *segs, const int32_t *rows, int n_rows, const float *x, int in, float *y, int out,
+            float *t, int t_stride, void *stream);
+
 /* What a row with a NaN logit picks (no distribution to pick from); the
  * engine's LLM_SAMPLE_NAN, the same value. */
 #define LK_SAMPLE_NAN (-1)

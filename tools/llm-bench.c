@@ -3,6 +3,7 @@
  *   llm-bench -m MODEL.gguf [-p 128] [-n 64] [-t THREADS] [-r REPS]
  *   llm-bench --bandwidth [-t THREADS]
  *   llm-bench -m MODEL.gguf --batch 1,16,64 [--backend cuda] [--tp N] [-p CTX] [-n STEPS] [--prefill 512]
+ *             [--loras N [--lora-rank R]]
  *   llm-bench --bandwidth --backend cuda | --gemm [--backend cuda]
  *   llm-bench --peak [-t THREADS]
  * Prints key=value lines (parsed by tests/bench/bench.py and run.sh): the
@@ -16,16 +17,21 @@
  * set's int8 multiply-add rate with THREADS threads busy at once; with
  * --batch, one line per batch size of decode steps over that many
  * sequences of CTX tokens each (greedy: ids picked on the device), and the
- * prefill rate of one --prefill-token prompt; on a device, --bandwidth is a
+ * prefill rate of one --prefill-token prompt (--loras: N distinct seeded
+ * LoRA adapters of rank R (16) made for the model, sequence i running
+ * under adapter i mod N at scale 1, prefill and decode); on a device, --bandwidth is a
  * device-to-device copy (bytes read + written) and --gemm a BF16
  * 8192x8192x4096 matmul through the backend (its cuBLAS rate). */
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "llm/forward.h"
 #include "llm/kv_cache.h"
+#include "llm/lora.h"
+#include "llm/mkmodel.h"
 #include "llm/model.h"
 
 /* One thread's share of a bandwidth pass: copy src to dst, or (dst NULL)
@@ -199,26 +205,69 @@ out:
 
 /* ---- batched decode through the forward pass (any backend) -------------- */
 
+#define BENCH_MAX_LORAS 64
+
 typedef struct dev_bench {
     llm_model *m;
     llm_backend *b[LLM_MAX_RANKS];
     int n_ranks;
+    llm_lora *loras[BENCH_MAX_LORAS]; /* --loras */
+    int n_loras;
 } dev_bench;
+
+/* --loras N adapters of rank `rank` for d's model (path), written to
+ * temporary files, loaded and the files removed. */
+static llm_status loras_make(dev_bench *d, const char *path, int n, int rank, llm_error *err)
+{
+    const char *dir = getenv("TMPDIR");
+    for (int i = 0; i < n; i++) {
+        char f[512];
+        snprintf(f, sizeof f, "%s/llm-bench-lora-%d-%d.gguf", dir ? dir : "/tmp", (int)getpid(), i);
+        llm_status st = llm_mklora(path, rank, 2.0f * (float)rank, QT_F32, 1000 + (uint64_t)i, f, err);
+        if (!st)
+            st = llm_lora_load(f, d->m, 0, &d->loras[i], err);
+        remove(f);
+        if (st)
+            return st;
+        d->n_loras++;
+    }
+    return LLM_OK;
+}
+
+/* Sequence i's adapter in sl[i] (handles fl, made for f), or NULL when
+ * none are asked for. */
+static llm_status loras_attach(dev_bench *d, llm_forward *f, llm_forward_lora **fl, llm_seq_lora *sl, int n_seqs,
+                               llm_error *err)
+{
+    for (int k = 0; k < d->n_loras; k++) {
+        llm_status st = llm_forward_lora_add(f, d->loras[k], &fl[k], err);
+        if (st)
+            return st;
+    }
+    for (int i = 0; d->n_loras && i < n_seqs; i++) sl[i] = (llm_seq_lora){fl[i % d->n_loras], 1.0f};
+    return LLM_OK;
+}
 
 /* The seq's K/V for positions [0, ctx): rows of several sequences packed
  * into passes of at most max_rows. */
 static llm_status prefill_all(llm_forward *f, kv_cache *kv, kv_seq *s, int n_seqs, int ctx, int max_rows,
-                              const int32_t *toks)
+                              const int32_t *toks, const llm_seq_lora *sl)
 {
     llm_batch_seq *bs = malloc(sizeof *bs * (size_t)n_seqs);
-    if (!bs)
+    llm_seq_lora *pl = malloc(sizeof *pl * (size_t)n_seqs);
+    if (!bs || !pl) {
+        free(bs);
+        free(pl);
         return LLM_ERR_NOMEM;
+    }
     llm_status st = LLM_OK;
     int i = 0, done = 0; /* sequence i has done tokens in its cache */
     while (i < n_seqs && !st) {
         int rows = 0, n = 0;
         while (i < n_seqs && rows < max_rows) {
             int take = ctx - done < max_rows - rows ? ctx - done : max_rows - rows;
+            if (sl)
+                pl[n] = sl[i];
             bs[n++] = (llm_batch_seq){rows, take, done, s[i].blocks, s[i].lblocks};
             rows += take;
             if ((done += take) == ctx) {
@@ -227,11 +276,12 @@ static llm_status prefill_all(llm_forward *f, kv_cache *kv, kv_seq *s, int n_seq
             }
         }
         int32_t last = rows - 1;
-        llm_forward_batch bt = {toks, rows, bs, n, &last, 1, NULL, 0, NULL};
+        llm_forward_batch bt = {toks, rows, bs, n, &last, 1, NULL, 0, sl ? pl : NULL};
         const int32_t *ids;
         st = llm_forward_eval_sample(f, &bt, kv_cache_layers(kv), NULL, &ids);
     }
     free(bs);
+    free(pl);
     return st;
 }
 
@@ -249,9 +299,13 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)max_rows);
     llm_batch_seq *bs = malloc(sizeof *bs * (size_t)n_seqs);
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_seqs);
-    llm_status st = !s || !toks || !bs || !rows ? llm_errf(err, LLM_ERR_NOMEM, "bench: no memory") : LLM_OK;
+    llm_seq_lora *sl = calloc((size_t)n_seqs, sizeof *sl);
+    llm_forward_lora *fl[BENCH_MAX_LORAS] = {0};
+    llm_status st = !s || !toks || !bs || !rows || !sl ? llm_errf(err, LLM_ERR_NOMEM, "bench: no memory") : LLM_OK;
     if (!st)
         st = llm_forward_new_tp(d->m, d->b, d->n_ranks, max_rows, n_seqs, &f, err);
+    if (!st)
+        st = loras_attach(d, f, fl, sl, n_seqs, err);
     if (!st)
         st = kv_cache_new(&kc, d->b[0], hp->n_layer, hp->n_head_kv / d->n_ranks, hp->head_dim, &kv, err);
     for (int i = 0; !st && i < n_seqs; i++) {
@@ -260,7 +314,7 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
     }
     for (int i = 0; !st && i < max_rows; i++) toks[i] = (int32_t)((i * 7919 + 13) % hp->n_vocab);
     if (!st)
-        st = prefill_all(f, kv, s, n_seqs, ctx, max_rows, toks);
+        st = prefill_all(f, kv, s, n_seqs, ctx, max_rows, toks, d->n_loras ? sl : NULL);
     double t0 = 0;
     for (int step = -2; !st && step < steps; step++) { /* steps -2, -1: warm-up (a graph is captured at the second) */
         if (step == 0) {
@@ -272,7 +326,7 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
             bs[i] = (llm_batch_seq){i, 1, p, s[i].blocks, s[i].lblocks};
             rows[i] = i;
         }
-        llm_forward_batch bt = {toks, n_seqs, bs, n_seqs, rows, n_seqs, NULL, 0, NULL};
+        llm_forward_batch bt = {toks, n_seqs, bs, n_seqs, rows, n_seqs, NULL, 0, d->n_loras ? sl : NULL};
         const int32_t *ids;
         st = llm_forward_eval_sample(f, &bt, kv_cache_layers(kv), NULL, &ids);
         /* each pick is the next step's token, so every step depends on the
@@ -294,11 +348,13 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
         llm_errf(err, st, "bench: a forward pass of %d sequences failed (%s)", n_seqs, llm_status_str(st));
     for (int i = 0; kv && s && i < n_seqs; i++) kv_seq_release(kv, &s[i]);
     kv_cache_free(kv);
+    for (int k = 0; k < d->n_loras; k++) llm_forward_lora_free(f, fl[k]);
     llm_forward_free(f);
     free(s);
     free(toks);
     free(bs);
     free(rows);
+    free(sl);
     return st;
 }
 
@@ -324,12 +380,13 @@ static llm_status prefill_rate(dev_bench *d, int n, double *tps, llm_error *err)
 }
 
 static int batch_bench(const char *path, const llm_backend_spec *spec, const char *list, int ctx, int steps,
-                       int prefill)
+                       int prefill, int n_loras, int lora_rank)
 {
     llm_error err = {0};
     dev_bench d = {.n_ranks = spec->n_ranks > 0 ? spec->n_ranks : 1};
     int rc = 1;
-    if (llm_model_load(path, &d.m, &err) || llm_backends_open(spec, d.b, &err))
+    if (llm_model_load(path, &d.m, &err) || llm_backends_open(spec, d.b, &err) ||
+        loras_make(&d, path, n_loras, lora_rank, &err))
         goto out;
     size_t emb = (size_t)d.m->tok_embd.rows * d.m->tok_embd.row_bytes;
     size_t step = llm_model_weight_bytes(d.m) - (d.m->output.data == d.m->tok_embd.data ? 0 : emb);
@@ -360,8 +417,8 @@ static int batch_bench(const char *path, const llm_backend_spec *spec, const cha
         unsigned long long ids_hash = 0;
         if (decode_rate(&d, (int)b, ctx, steps, &tps, &ids_hash, split, &err))
             goto out;
-        printf("decode_batch=%ld ctx=%d decode_tps=%.2f step_ms=%.3f ids_hash=%llu", b, ctx, tps, 1e3 * (double)b / tps,
-               ids_hash);
+        printf("decode_batch=%ld ctx=%d loras=%d decode_tps=%.2f step_ms=%.3f ids_hash=%llu", b, ctx, d.n_loras, tps,
+               1e3 * (double)b / tps, ids_hash);
         if (split[0] > 0) /* a CPU backend: where the step went */
             printf(" matmul_share=%.3f attn_share=%.3f other_share=%.3f", split[0], split[1], 1 - split[0] - split[1]);
         printf("\n");
@@ -372,6 +429,7 @@ static int batch_bench(const char *path, const llm_backend_spec *spec, const cha
 out:
     if (rc)
         fprintf(stderr, "error: %s\n", err.msg[0] ? err.msg : "out of memory");
+    for (int k = 0; k < d.n_loras; k++) llm_lora_free(d.loras[k]);
     for (int r = 0; r < LLM_MAX_RANKS; r++) llm_backend_free(d.b[r]);
     llm_model_free(d.m);
     return rc;
@@ -485,7 +543,7 @@ static int device_figures(const llm_backend_spec *spec, int bw, int gemm)
 int main(int argc, char **argv)
 {
     const char *model = NULL, *batch = NULL;
-    long p = 128, n = 64, t = 1, r = 3, tp = 1, prefill = 512;
+    long p = 128, n = 64, t = 1, r = 3, tp = 1, prefill = 512, loras = 0, lora_rank = 16;
     int bw = 0, gemm = 0, peak = 0;
     llm_backend_spec spec = {"cpu", 1, {0}, 0};
     for (int i = 1; i < argc; i++) {
@@ -498,6 +556,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--batch") && v) batch = v;
         else if (!strcmp(a, "--tp")) { if (cli_int(a, v, 1, LLM_MAX_RANKS, &tp)) return 2; }
         else if (!strcmp(a, "--prefill")) { if (cli_int(a, v, 0, 1 << 16, &prefill)) return 2; }
+        else if (!strcmp(a, "--loras")) { if (cli_int(a, v, 0, BENCH_MAX_LORAS, &loras)) return 2; }
+        else if (!strcmp(a, "--lora-rank")) { if (cli_int(a, v, 1, LLM_LORA_MAX_RANK, &lora_rank)) return 2; }
         else if (!strcmp(a, "-p")) { if (cli_int(a, v, 1, 1 << 16, &p)) return 2; }
         else if (!strcmp(a, "-n")) { if (cli_int(a, v, 1, 1 << 16, &n)) return 2; }
         else if (!strcmp(a, "-t")) { if (cli_int(a, v, 1, 1024, &t)) return 2; }
@@ -512,6 +572,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: llm-bench -m MODEL.gguf [-p 128] [-n 64] [-t 1] [-r 3] [--kv-type f16|f32|q8_0] | --bandwidth [-t N] | --peak [-t N]\n"
                             "       llm-bench -m MODEL.gguf --batch 1,16,64 [--backend cpu|cuda] [--tp N] [-p CTX] [-n STEPS] [--prefill N]\n"
+                            "                 [--loras N [--lora-rank R]]\n"
                             "       llm-bench --backend cuda [--bandwidth] [--gemm]\n");
             return 2;
         }
@@ -526,7 +587,7 @@ int main(int argc, char **argv)
     if (gemm || (bw && strcmp(spec.kind, "cpu")))
         return device_figures(&spec, bw, gemm);
     if (batch && model)
-        return batch_bench(model, &spec, batch, (int)p, (int)n, (int)prefill);
+        return batch_bench(model, &spec, batch, (int)p, (int)n, (int)prefill, (int)loras, (int)lora_rank);
     if (peak) {
         llm_backend *pb = NULL;
         llm_error err = {0};

@@ -41,10 +41,12 @@ struct llm_forward {
                                    * sequences as rows) */
 };
 
-/* On a host-memory backend the adapter's own matrices are used. */
+/* An adapter ready for the pass: on a host-memory backend its own
+ * matrices; on a device, copies of them in the backend's memory. */
 struct llm_forward_lora {
     const llm_lora *l;
-    const llm_lora_mat *mats; /* (n_layer * LLM_LORA_N_PROJ) */
+    const llm_lora_mat *mats; /* (n_layer * LLM_LORA_N_PROJ): l->mats, or own */
+    llm_lora_mat *own;        /* the device copies' views (a, bt in backend memory), or NULL */
 };
 
 static float *act(llm_backend *b, size_t n, int *fail)
@@ -206,28 +208,62 @@ static llm_status reduce(llm_forward *f, float *buf, size_t n)
     return f->comm ? llm_comm_allreduce(f->comm, f->rank, buf, n) : LLM_OK;
 }
 
+void llm_forward_lora_free(llm_forward *f, llm_forward_lora *fl)
+{
+    if (!fl)
+        return;
+    for (int i = 0; fl->own && i < fl->l->n_layer * LLM_LORA_N_PROJ; i++) {
+        llm_backend_buffer_free(f->b, fl->own[i].a);
+        llm_backend_buffer_free(f->b, fl->own[i].bt);
+    }
+    free(fl->own);
+    free(fl);
+}
+
+/* One matrix's A and B into backend memory: dst holds their addresses. */
+static llm_status lora_upload(llm_forward *f, const llm_lora_mat *m, llm_lora_mat *dst, llm_error *err)
+{
+    size_t na = sizeof(float) * (size_t)m->rank * m->in, nb = sizeof(float) * (size_t)m->rank * m->out;
+    *dst = (llm_lora_mat){m->rank, m->in, m->out, llm_backend_buffer_alloc(f->b, na), llm_backend_buffer_alloc(f->b, nb)};
+    if (!dst->a || !dst->bt)
+        return llm_errf(err, LLM_ERR_NOMEM, "forward: no %s memory for an adapter's %zu bytes", f->b->iface->name,
+                        na + nb);
+    llm_status st = llm_backend_write(f->b, dst->a, m->a, na);
+    if (!st)
+        st = llm_backend_write(f->b, dst->bt, m->bt, nb);
+    return st ? llm_errf(err, st, "forward: copying an adapter to the %s backend failed", f->b->iface->name) : LLM_OK;
+}
+
 llm_status llm_forward_lora_add(llm_forward *f, const llm_lora *l, llm_forward_lora **out, llm_error *err)
 {
     *out = NULL;
     if (f->tp || f->comm)
         return llm_errf(err, LLM_ERR_UNSUPPORTED, "forward: LoRA adapters do not run with tensor parallelism");
-    if (!f->b->iface->lora || !llm_backend_host_memory(f->b))
+    if (!f->b->iface->lora)
         return llm_errf(err, LLM_ERR_UNSUPPORTED, "forward: the %s backend runs no LoRA adapters", f->b->iface->name);
     if (l->n_layer != f->m->hp.n_layer)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "forward: the adapter has %d layers, the model %d", l->n_layer,
                         f->m->hp.n_layer);
-    llm_forward_lora *fl = malloc(sizeof *fl);
+    llm_forward_lora *fl = calloc(1, sizeof *fl);
     if (!fl)
         return llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
-    *fl = (llm_forward_lora){l, l->mats};
+    *fl = (llm_forward_lora){l, l->mats, NULL};
+    llm_status st = LLM_OK;
+    int n = l->n_layer * LLM_LORA_N_PROJ;
+    if (!llm_backend_host_memory(f->b)) {
+        fl->own = calloc((size_t)n, sizeof *fl->own);
+        st = fl->own ? LLM_OK : llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
+        for (int i = 0; !st && i < n; i++)
+            if (l->mats[i].rank > 0)
+                st = lora_upload(f, &l->mats[i], &fl->own[i], err);
+        fl->mats = fl->own;
+    }
+    if (st) {
+        llm_forward_lora_free(f, fl);
+        return st;
+    }
     *out = fl;
     return LLM_OK;
-}
-
-void llm_forward_lora_free(llm_forward *f, llm_forward_lora *fl)
-{
-    (void)f;
-    free(fl);
 }
 
 /* Adapter segments together (for the cache), then by row: a total order,
@@ -520,7 +556,7 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
     if (f->b->iface->step_begin)
         f->b->iface->step_begin(f->b, &(llm_step_info){bt->n_rows, bt->n_seqs, bt->n_logits, step_len(bt),
                                                          bt->n_rows == bt->n_seqs, pick && f->b->iface->sample,
-                                                         hp->n_expert > 0 || bt->n_hidden > 0});
+                                                         hp->n_expert > 0 || bt->n_hidden > 0, bt->loras != NULL});
     llm_backend_get_rows(f->b, &f->m->tok_embd, bt->tokens, bt->n_rows, f->x);
     if (hp->embd_scale != 1.0f)
         llm_backend_scale(f->b, f->x, hp->embd_scale, (size_t)bt->n_rows * hp->n_embd);

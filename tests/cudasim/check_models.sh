@@ -11,6 +11,7 @@
 #     replayed) through llm-bench: the same ids with graphs, without them
 #     (LLM_CUDA_GRAPHS=0), with tensor parallelism over two emulated
 #     devices (NCCL all-reduce) and on the CPU backend;
+#   - LoRA adapters mixed in every step (llm-bench --loras): cuda = cpu;
 #   - greedy text of stories260K through llm-generate: cuda = cpu.
 # Exit status: the number of failed checks.
 set -u
@@ -71,6 +72,17 @@ echo "tp 2: $(echo $tp2)"
 echo "cpu:  $(echo $cpu)"
 [ -n "$graphs" ] && [ "$graphs" = "$tp2" ] || fail "MoE: tensor parallelism 2 picked other ids"
 [ -n "$cpu" ] && [ "$graphs" = "$cpu" ] || fail "MoE: the CUDA backend and the CPU backend picked different ids"
+
+echo "== LoRA adapters (3 of them, sequence i under adapter i mod 3, every step mixing them; never a graph): the same ids"
+for m in "$dir/tiny-F32.gguf" "$dir/tiny-qwen3moe-F32.gguf"; do
+    cuda=$(LLM_CUDA_LIB=$lib bench --backend cuda --loras 3)
+    cpu=$(bench --loras 3)
+    plain=$(bench)
+    echo "$(basename "$m") cuda: $(echo $cuda)"
+    echo "$(basename "$m") cpu:  $(echo $cpu)"
+    [ -n "$cuda" ] && [ "$cuda" = "$cpu" ] || fail "LoRA: the CUDA backend and the CPU backend picked different ids on $m"
+    [ "$cpu" != "$plain" ] || fail "LoRA: the adapters changed no id on $m"
+done
 
 if [ -s "$story" ]; then
     echo "== greedy text of stories260K: cuda = cpu"

@@ -118,7 +118,7 @@ static void steps_free(steps *s)
 /* One step: attention over the cache, then the pick on the device. */
 static llm_status step(steps *s)
 {
-    llm_step_info si = {s->n_rows, s->n_rows, s->n_rows, s->max_len, 1, 1, 0};
+    llm_step_info si = {s->n_rows, s->n_rows, s->n_rows, s->max_len, 1, 1, 0, 0};
     s->b->iface->step_begin(s->b, &si);
     llm_attn_args a = {s->q, s->out, NH, NKV, HD, 0.125f, s->seqs, s->n_rows, &s->kv, 0};
     llm_status st = llm_backend_attention(s->b, &a);

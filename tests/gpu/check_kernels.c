@@ -349,6 +349,76 @@ static void check_add_rows(int rows, int cols)
     cudaFree(dy), cudaFree(dx), cudaFree(dw), cudaFree(drs), cudaFree(dra), free(y), free(x), free(w), free(want);
 }
 
+/* lk_lora's words for segment sg with device matrices a and bt, then a
+ * (row, segment) pair per row of the n segments, into w (device copy
+ * returned). */
+static int32_t *lora_words(const llm_lora_seg *sg, int n, int32_t *w, int *rows)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t a = (uint64_t)(uintptr_t)sg[i].a, bt = (uint64_t)(uintptr_t)sg[i].bt;
+        int32_t sb;
+        memcpy(&sb, &sg[i].s, 4);
+        int32_t v[8] = {sg[i].row0, sg[i].n_rows, sg[i].rank, sb, (int32_t)(uint32_t)a, (int32_t)(uint32_t)(a >> 32),
+                        (int32_t)(uint32_t)bt, (int32_t)(uint32_t)(bt >> 32)};
+        memcpy(w + 8 * i, v, sizeof v);
+    }
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < sg[i].n_rows; r++, k++) w[8 * n + 2 * k] = sg[i].row0 + r, w[8 * n + 2 * k + 1] = i;
+    *rows = k;
+    return to_dev(w, sizeof(int32_t) * (size_t)(8 * n + 2 * k));
+}
+
+/* LoRA's shrink and expand (lk_lora) against the CPU backend's op: four
+ * segments of three adapters (ranks 8, 1, 64; one adapter twice, rows
+ * left out between), in and out off the warp and block sizes; then one
+ * segment alone must give its rows bit for bit (batch invariance). */
+static void check_lora(llm_backend *cpu, int in, int out)
+{
+    enum { NT = 12 };
+    int ranks[3] = {8, 1, 64};
+    float *ha[3], *hb[3], *da[3], *db[3];
+    for (int i = 0; i < 3; i++) {
+        ha[i] = rand_host((size_t)ranks[i] * in), hb[i] = rand_host((size_t)ranks[i] * out);
+        da[i] = to_dev(ha[i], sizeof(float) * (size_t)ranks[i] * in);
+        db[i] = to_dev(hb[i], sizeof(float) * (size_t)ranks[i] * out);
+    }
+    static const int which[4] = {0, 1, 2, 0}, row0[4] = {0, 3, 5, 10}, nrows[4] = {3, 1, 4, 2};
+    static const float sc[4] = {0.5f, -2.0f, 1.0f, 0.5f};
+    llm_lora_seg hs[4], ds[4];
+    for (int i = 0; i < 4; i++) {
+        int a = which[i];
+        hs[i] = (llm_lora_seg){row0[i], nrows[i], ha[a], hb[a], ranks[a], sc[i]};
+        ds[i] = (llm_lora_seg){row0[i], nrows[i], da[a], db[a], ranks[a], sc[i]};
+    }
+    float *x = rand_host((size_t)NT * in), *y = rand_host((size_t)NT * out), *ref = malloc(sizeof(float) * NT * out);
+    memcpy(ref, y, sizeof(float) * NT * out);
+    if (cpu->iface->lora(cpu, hs, 4, x, in, ref, out))
+        exit(2);
+    int32_t w[8 * 4 + 2 * NT];
+    int rows;
+    int32_t *dw = lora_words(ds, 4, w, &rows);
+    float *dx = to_dev(x, sizeof(float) * NT * in), *dy = to_dev(y, sizeof(float) * NT * out), *dt = poisoned(NT * 64);
+    CK((cudaError_t)lk_lora(dw, dw + 32, rows, dx, in, dy, out, dt, 64, NULL));
+    char what[64];
+    snprintf(what, sizeof what, "lora in %d out %d", in, out);
+    /* |y| reaches ~100 (rank 64 sums of 2048-long dots of values in [-1, 1)): float sums in another order differ
+     * by ~1e-6 of that */
+    compare(what, dy, ref, (size_t)NT * out, 5e-4, 1e-4);
+    float *dy1 = to_dev(y, sizeof(float) * NT * out), *all = malloc(sizeof(float) * NT * out),
+          *one = malloc(sizeof(float) * NT * out);
+    int32_t *dw1 = lora_words(&ds[2], 1, w, &rows);
+    CK((cudaError_t)lk_lora(dw1, dw1 + 8, rows, dx, in, dy1, out, dt, 64, NULL));
+    CK(cudaMemcpy(all, dy, sizeof(float) * NT * out, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(one, dy1, sizeof(float) * NT * out, cudaMemcpyDeviceToHost));
+    int same = !memcmp(all + (size_t)5 * out, one + (size_t)5 * out, sizeof(float) * 4 * (size_t)out);
+    printf("%-28s its rows alone bit for bit: %s\n", what, same ? "PASS" : "FAIL");
+    g_fail |= !same;
+    for (int i = 0; i < 3; i++) cudaFree(da[i]), cudaFree(db[i]), free(ha[i]), free(hb[i]);
+    cudaFree(dw), cudaFree(dw1), cudaFree(dx), cudaFree(dy), cudaFree(dy1), cudaFree(dt);
+    free(x), free(y), free(ref), free(all), free(one);
+}
+
 /* Weights dequantized to float for cuBLAS: the CPU dequantizer's values,
  * exactly. Also the per-row bias add (exact). */
 static void check_dequant(quant_type t)
@@ -606,6 +676,8 @@ int main(void)
                 check_gemv(gemv_types[i], batches[b], 288); /* a partial pass; half types by the scalar path */
         }
     for (size_t i = 0; i < sizeof gemv_types / sizeof *gemv_types; i++) check_dequant(gemv_types[i]);
+    check_lora(cpu, 200, 300);
+    check_lora(cpu, 2048, 640);
     check_argmax();
     check_sample_rules();
     check_sample(0.0f, 0, 1.0f, 0.0f, 0);

@@ -616,6 +616,7 @@ static void cuda_free(llm_backend *b)
     cu_graphs_free(c);
     cudaFree(c->scratch);
     cudaFree(c->att_work);
+    cudaFree(c->lora_work);
     cudaFree(c->blas_ws);
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i].p); /* whatever callers leaked */
     if (c->blas)
@@ -637,6 +638,7 @@ static const struct llm_backend_i cuda_iface = {
     .name = "cuda",
     .free = cuda_free,
     .matmul = cuda_matmul,
+    .lora = cuda_lora,
     .rmsnorm = cuda_rmsnorm,
     .rope = cuda_rope,
     .swiglu = cuda_swiglu,
@@ -656,6 +658,7 @@ static const struct llm_backend_i cuda_iface = {
     .model_upload = cuda_model_upload,
     .model_release = cuda_model_release,
     .read = cuda_read,
+    .write = cuda_write,
     .sample = cuda_sample,
     .step_begin = cuda_step_begin,
     .mem_stats = cuda_mem_stats,

@@ -23,7 +23,7 @@
 #include "llm/tp.h"
 #include "llm_kernels.h"
 
-enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_SAMPLE, ST_TILES, ST_FREQ, ST_ROWS, ST_KINDS };
+enum { ST_IDS, ST_POS, ST_SLOT, ST_ATTN, ST_SAMPLE, ST_TILES, ST_FREQ, ST_ROWS, ST_LORA, ST_KINDS };
 
 typedef struct cu_alloc {
     void *p;
@@ -100,6 +100,8 @@ typedef struct cu_ctx {
     size_t scratch_cap;
     void *att_work;      /* attention's split partial results */
     size_t att_cap;
+    void *lora_work;     /* adapters' A x rows */
+    size_t lora_cap;
     void *blas_ws;       /* cuBLAS workspace (no allocation inside a capture) */
     cu_graphs g;         /* decode steps as CUDA graphs */
     int in_comm;         /* a tensor-parallel rank: steps are not captured */
@@ -143,9 +145,11 @@ llm_status cuda_attention(llm_backend *b, const llm_attn_args *a);
 void cuda_geglu(llm_backend *b, const float *g, const float *u, size_t n, float *out);
 void cuda_get_rows(llm_backend *b, const llm_weight *emb, const int32_t *ids, int n, float *out);
 void cuda_kv_copy(llm_backend *b, const llm_kv_layer *layers, int n_layers, const int32_t *src, const int32_t *dst, int n);
+llm_status cuda_lora(llm_backend *b, const llm_lora_seg *segs, int n_segs, const float *x, int in, float *y, int out);
 void cuda_kv_write(llm_backend *b, const llm_kv_layer *kv, const llm_batch_seq *seqs, int n_seqs, const float *k, const float *v);
 llm_status cuda_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok);
 llm_status cuda_read(llm_backend *b, void *dst, const void *src, size_t bytes);
+llm_status cuda_write(llm_backend *b, void *dst, const void *src, size_t bytes);
 void cuda_rmsnorm(llm_backend *b, const float *x, const float *w, int n_tok, int dim, float eps, float *out);
 void cuda_rope(llm_backend *b, const llm_rope_args *a);
 llm_status cuda_sample(llm_backend *b, const float *logits, int n_rows, int n_vocab, const llm_sample_params *p, int32_t *out);

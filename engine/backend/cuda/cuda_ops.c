@@ -56,7 +56,7 @@ void cuda_step_begin(llm_backend *b, const llm_step_info *si)
         cu_graph_abort(c); /* the last step ended without its pick */
     g->pad = 0;
     g->warm = NULL;
-    if (c->in_comm || !si->pick || !si->decode || si->host_sync || si->n_rows > 512 || c->failed)
+    if (c->in_comm || !si->pick || !si->decode || si->host_sync || si->adapters || si->n_rows > 512 || c->failed)
         return;
     /* a graph's shape: padded attention whether or not graphs are on, so
      * LLM_CUDA_GRAPHS=0 runs the very same kernels, eagerly */
@@ -214,6 +214,43 @@ llm_status cuda_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, const f
         else
             gemm(c, w, x, n_tok, ops[i].y);
     }
+    return cu_take_status(c);
+}
+
+/* The segments as lk_lora's words (8 each), then a (row, segment) pair
+ * per adapted row, staged in one upload. */
+llm_status cuda_lora(llm_backend *b, const llm_lora_seg *segs, int n_segs, const float *x, int in, float *y, int out)
+{
+    cu_ctx *c = cu_ctx_of(b);
+    cu_use_device(c);
+    size_t rows = 0;
+    int max_rank = 0;
+    for (int i = 0; i < n_segs; i++) {
+        if (segs[i].rank < 1 || segs[i].rank > LLM_LORA_SEG_MAX_RANK || segs[i].n_rows < 0)
+            return LLM_ERR_INVALID_ARG;
+        rows += (size_t)segs[i].n_rows;
+        max_rank = segs[i].rank > max_rank ? segs[i].rank : max_rank;
+    }
+    if (rows == 0)
+        return cu_take_status(c);
+    int32_t *p = cu_pack_get(c, 8 * (size_t)n_segs + 2 * rows);
+    for (int i = 0; p && i < n_segs; i++) {
+        const llm_lora_seg *s = &segs[i];
+        uint64_t a = (uint64_t)(uintptr_t)s->a, bt = (uint64_t)(uintptr_t)s->bt;
+        int32_t sb;
+        memcpy(&sb, &s->s, sizeof sb);
+        int32_t *w = p + 8 * (size_t)i;
+        w[0] = s->row0, w[1] = s->n_rows, w[2] = s->rank, w[3] = sb;
+        w[4] = (int32_t)(uint32_t)a, w[5] = (int32_t)(uint32_t)(a >> 32);
+        w[6] = (int32_t)(uint32_t)bt, w[7] = (int32_t)(uint32_t)(bt >> 32);
+    }
+    int32_t *pr = p ? p + 8 * (size_t)n_segs : NULL;
+    for (int i = 0, k = 0; pr && i < n_segs; i++)
+        for (int r = 0; r < segs[i].n_rows; r++, k++) pr[2 * k] = segs[i].row0 + r, pr[2 * k + 1] = i;
+    const int32_t *d = p ? cu_stage_upload(c, ST_LORA, p, 8 * (size_t)n_segs + 2 * rows) : NULL;
+    float *t = d ? cu_grow(c, &c->lora_work, &c->lora_cap, rows * (size_t)max_rank * sizeof(float)) : NULL;
+    if (t)
+        LK(c, lk_lora(d, d + 8 * (size_t)n_segs, (int)rows, x, in, y, out, t, max_rank, c->stream));
     return cu_take_status(c);
 }
 
@@ -433,6 +470,15 @@ llm_status cuda_read(llm_backend *b, void *dst, const void *src, size_t bytes)
     cu_use_device(c);
     if (!c->failed && !CU(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream)))
         CU(c, cudaStreamSynchronize(c->stream));
+    return cu_take_status(c);
+}
+
+llm_status cuda_write(llm_backend *b, void *dst, const void *src, size_t bytes)
+{
+    cu_ctx *c = cu_ctx_of(b);
+    cu_use_device(c);
+    if (!c->failed && !CU(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream)))
+        CU(c, cudaStreamSynchronize(c->stream)); /* src is the caller's again on return */
     return cu_take_status(c);
 }
 

@@ -34,6 +34,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "llm/quant.h"
 #include "llm/status.h"
@@ -162,6 +163,7 @@ typedef struct llm_step_info {
     int pick;      /* 1: the step ends with sample (ids only), 0: with read (logits) */
     int host_sync; /* 1: the pass reads results back midway (expert routing, embeddings' hidden rows), so it
                     * cannot be replayed as a whole */
+    int adapters;  /* 1: LoRA adapters run (which, and on which rows, changes step to step: not replayed) */
 } llm_step_info;
 
 /* What a backend's memory holds, for /metrics. */
@@ -237,6 +239,9 @@ struct llm_backend_i {
      * bytes from backend memory src to host dst once every queued operation
      * is done; returns the first failure since the last status. */
     llm_status (*read)(llm_backend *b, void *dst, const void *src, size_t bytes);
+    /* Optional, with read: copies bytes from host src to backend memory
+     * dst (after every queued operation; src may be reused on return). */
+    llm_status (*write)(llm_backend *b, void *dst, const void *src, size_t bytes);
     /* Optional (a device backend): out[r] (host) = the token picked from
      * row r of logits with p[r] (temperature <= 0: the largest logit, ties
      * to the lowest id; LLM_SAMPLE_NAN for a row with a NaN), so only ids
@@ -333,6 +338,14 @@ static inline size_t llm_backend_mem_available(llm_backend *b) { return b->iface
 static inline int llm_backend_host_memory(const llm_backend *b) { return b->iface->read == NULL; }
 static inline llm_status llm_backend_read(llm_backend *b, void *dst, const void *src, size_t bytes)
 { return b->iface->read ? b->iface->read(b, dst, src, bytes) : LLM_OK; }
+/* Host src into backend memory dst (a plain copy on a host-memory backend). */
+static inline llm_status llm_backend_write(llm_backend *b, void *dst, const void *src, size_t bytes)
+{
+    if (b->iface->write)
+        return b->iface->write(b, dst, src, bytes);
+    memcpy(dst, src, bytes);
+    return LLM_OK;
+}
 static inline void llm_backend_mem_stats(llm_backend *b, llm_backend_mem *out)
 {
     *out = (llm_backend_mem){"host", 0, 0, 0};

@@ -47,8 +47,9 @@ llm_status llm_forward_new(const llm_model *m, llm_backend *b, int max_rows, int
                            llm_error *err);
 void llm_forward_free(llm_forward *f);
 
-/* Makes adapter l usable in f's batches. A host-memory backend reads l
- * in place (l must outlive the handle). Errors: LLM_ERR_UNSUPPORTED (the
+/* Makes adapter l usable in f's batches: a host-memory backend reads l
+ * in place (l must outlive the handle), a device backend gets copies of
+ * its matrices (llm_backend_i.write). Errors: LLM_ERR_UNSUPPORTED (the
  * backend runs no adapters; tensor parallelism), LLM_ERR_INVALID_ARG (l
  * was checked against a model of another depth), LLM_ERR_NOMEM. */
 llm_status llm_forward_lora_add(llm_forward *f, const llm_lora *l, llm_forward_lora **out, llm_error *err);
