@@ -54,7 +54,7 @@ ENGINE_SRC = $(addprefix engine/model/,gguf.c quant.c model.c lora.c tokenizer.c
 # testkit (libllmtestkit.a): the model maker and GGUF writer, for llm-mkmodel and the tests (not in libllm).
 TESTKIT_SRC = testkit/mkmodel.c testkit/gguf_writer.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench llm-perplexity
-SERVER_SRC = server/srv_keys.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_complete.c server/srv_api.c server/srv_fields.c \
+SERVER_SRC = server/srv_keys.c server/srv_lora.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_complete.c server/srv_api.c server/srv_fields.c \
              server/srv_chat.c server/srv_embed.c server/srv_metrics.c server/srv_canary.c server/srv_load.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 # kube (libllmkube.a, controller and router): API client, config, watch, caches, server-side apply, object metadata.

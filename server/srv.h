@@ -16,6 +16,7 @@
 #include "srv_chat.h"
 #include "srv_config.h"
 #include "srv_keys.h"
+#include "srv_lora.h"
 #include "srv_metrics.h"
 
 typedef enum srv_phase { SRV_LOADING = 0, SRV_READY = 1, SRV_DRAINING = 2, SRV_FAILED = 3 } srv_phase;
@@ -79,6 +80,7 @@ typedef struct srv {
     srv_metrics metrics;
     srv_keys keys;             /* API keys and their tenants; none: the API is open */
     srv_canary canary;         /* colocated canary (admin_token) */
+    srv_loras loras;           /* LoRA adapters (srv_lora.h) */
 } srv;
 
 /* An API error: HTTP status, OpenAI error type, the parameter at fault. */
@@ -118,10 +120,11 @@ int srv_status_of(llm_status st);
 /* An integer field of o in [lo, hi], or absent (*out unchanged): 0, or -1
  * with e set (400 naming it). */
 int srv_int_field(json_t *o, const char *k, long lo, long hi, long *out, srv_err *e);
-/* The fields every API body shares: model (404 when another one), cache_salt
- * (1 to 256 bytes; *cache_salt points into o, NULL when absent) and user (a
- * string). 0, or -1 with e set naming the field. */
-int srv_check_envelope(const srv *s, json_t *o, const char **cache_salt, srv_err *e);
+/* The fields every API body shares: model (the base model's name, an
+ * adapter's - *lora gets it held (srv_lora_pin), the caller unpins - or
+ * 404), cache_salt (1 to 256 bytes; *cache_salt points into o, NULL when
+ * absent) and user (a string). 0, or -1 with e set naming the field. */
+int srv_check_envelope(srv *s, json_t *o, const char **cache_salt, srv_lora_ent **lora, srv_err *e);
 
 /* A parsed completion request; strings it points to are owned by it. */
 typedef struct srv_completion {
@@ -139,6 +142,8 @@ typedef struct srv_completion {
     const char *grammar_param; /* the field rq.grammar came from, for the engine's errors about it */
     char *schema_grammar;      /* rq.grammar made from a JSON schema (owned), or NULL */
     llm_tools tools;           /* chat: the request's tools and how calls come out */
+    srv_lora_ent *lora;        /* the adapter "model" names (held), or NULL: the base model */
+    srv_loras *lora_table;     /* where lora is held */
     char *tool_prefill;        /* a forced call's opening, appended to the prompt (owned), or NULL */
 } srv_completion;
 
@@ -149,8 +154,9 @@ typedef struct srv_completion {
  * revision's), tokenized here: the markup as control tokens, the messages'
  * contents as text (rq.tokens; without vocab rq.text, every control-token
  * text parsed). Errors: 400 naming the field, 404 model. */
-int srv_parse_completion(const srv *s, const srv_chat *chat, const llm_vocab *vocab, const char *body, size_t len, int kind,
+int srv_parse_completion(srv *s, const srv_chat *chat, const llm_vocab *vocab, const char *body, size_t len, int kind,
                          srv_completion *c, srv_err *e);
+/* Frees c and lets go of its adapter. */
 void srv_completion_free(srv_completion *c);
 /* The fields of a POST /admin/canary body: model (an absolute path, or
  * null/absent: *path NULL), sha256 (64 hex digits or absent), weight
@@ -204,6 +210,12 @@ void srv_load_close_backends(llm_backend **b, int n);
 /* The engine over m and b[0..n) with the configured limits (kv_type,
  * prefix_cache, ...); m and b must outlive it (llm_engine_close). */
 llm_status srv_load_engine(srv *s, llm_model *m, llm_backend *const *b, int n, llm_engine **out, llm_error *err);
+/* Opens path after the rules for files a request names: it resolves
+ * (symbolic links followed) inside dir (itself resolved), is a regular
+ * file with data, and is opened without blocking (a FIFO would block an
+ * open); *fd gets it. 0, or 400 with e naming param, the path and the
+ * rule (telling nothing of files outside dir, not even whether they exist). */
+int srv_load_open_inside(const char *dir, const char *path, const char *param, int *fd, srv_err *e);
 /* One token through e before the server turns ready; the engine's error
  * when it cannot run. */
 llm_status srv_load_warm_up(llm_engine *e, llm_model *m, llm_error *err);

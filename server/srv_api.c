@@ -368,12 +368,16 @@ static int parse_messages(const srv *s, const srv_chat *chat, const llm_vocab *v
 }
 
 
-int srv_check_envelope(const srv *s, json_t *o, const char **cache_salt, srv_err *e)
+int srv_check_envelope(srv *s, json_t *o, const char **cache_salt, srv_lora_ent **lora, srv_err *e)
 {
     json_t *m = json_object_get(o, "model"), *salt = json_object_get(o, "cache_salt"), *u = json_object_get(o, "user");
-    if (m && !json_is_null(m) && (!json_is_string(m) || strcmp(json_string_value(m), s->name)))
-        return srv_fail(e, json_is_string(m) ? 404 : 400, "model", "model '%s' is not served here (this server has '%s')",
-                        json_is_string(m) ? json_string_value(m) : "?", s->name);
+    const char *name = json_string_value(m);
+    *lora = NULL;
+    if (m && !json_is_null(m) && (!name || strlen(name) != json_string_length(m)))
+        return srv_fail(e, 400, "model", "'model' must be a string");
+    if (name && strcmp(name, s->name) && !(*lora = srv_lora_pin(&s->loras, name)))
+        return srv_fail(e, 404, "model", "model '%s' is not served here (this server has '%s'%s)", name, s->name,
+                        s->loras.max ? " and the adapters /v1/models lists" : "");
     if (salt && !json_is_null(salt) &&
         (!json_is_string(salt) || json_string_length(salt) < 1 || json_string_length(salt) > 256))
         return srv_fail(e, 400, "cache_salt", "'cache_salt' must be a string of 1 to 256 bytes");
@@ -383,10 +387,13 @@ int srv_check_envelope(const srv *s, json_t *o, const char **cache_salt, srv_err
     return 0;
 }
 
-static int parse_common(const srv *s, json_t *o, srv_completion *c, srv_err *e)
+static int parse_common(srv *s, json_t *o, srv_completion *c, srv_err *e)
 {
-    if (srv_check_envelope(s, o, &c->cache_salt, e))
+    c->lora_table = &s->loras;
+    if (srv_check_envelope(s, o, &c->cache_salt, &c->lora, e))
         return -1;
+    if (c->lora)
+        c->rq.lora = c->lora->l, c->rq.lora_scale = c->lora->scale;
     long max_tokens = c->chat ? 0 : 16, logprobs = -1; /* OpenAI's defaults: 16, and none for chat */
     json_t *opts = json_object_get(o, "stream_options");
     if (srv_int_field(o, c->chat ? "max_completion_tokens" : "max_tokens", 1, 1 << 24, &max_tokens, e) ||
@@ -551,7 +558,7 @@ static int parse_text(json_t *o, srv_completion *c, srv_err *e)
     return 0;
 }
 
-int srv_parse_completion(const srv *s, const srv_chat *chat, const llm_vocab *vocab, const char *body, size_t len, int kind,
+int srv_parse_completion(srv *s, const srv_chat *chat, const llm_vocab *vocab, const char *body, size_t len, int kind,
                          srv_completion *c, srv_err *e)
 {
     memset(c, 0, sizeof *c);
@@ -575,6 +582,8 @@ int srv_parse_completion(const srv *s, const srv_chat *chat, const llm_vocab *vo
 
 void srv_completion_free(srv_completion *c)
 {
+    if (c->lora_table)
+        srv_lora_unpin(c->lora_table, c->lora);
     json_decref(c->root);
     free(c->prompt);
     free(c->ids);

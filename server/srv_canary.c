@@ -272,39 +272,13 @@ static int model_dir(const srv *s, char *out, srv_err *e)
     return 0;
 }
 
-/* Opens the canary's model file after the rules: path resolves (symbolic
- * links followed) inside the model directory, is a regular file, and has
- * a size; opened without blocking (a FIFO would block an open). *fd gets it.
- * The messages name the path and the rule, and tell nothing of files
- * outside the directory (not even whether they exist). */
+/* Opens the canary's model file inside the model directory (srv_load_open_inside). */
 static int open_model(const srv *s, const char *path, int *fd, srv_err *e)
 {
-    char dir[PATH_MAX], real[PATH_MAX];
-    struct stat st;
+    char dir[PATH_MAX];
     if (model_dir(s, dir, e))
         return e->status;
-    size_t n = strlen(dir);
-    if (!realpath(path, real) || strncmp(real, dir, n) || real[n] != '/') {
-        srv_err_set(e, 400, "model", "'model' %s is not a file inside the model directory %s", path, dir);
-        return 400;
-    }
-    char opened[PATH_MAX + 1], link[64];
-    ssize_t k = -1;
-    if ((*fd = open(real, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW)) >= 0) { /* what was opened, not what was named */
-        snprintf(link, sizeof link, "/proc/self/fd/%d", *fd);
-        k = readlink(link, opened, sizeof opened - 1);
-    }
-    if (k >= 0)
-        opened[k] = 0;
-    if (*fd < 0 || k < 0 || strncmp(opened, dir, n) || opened[n] != '/' || fstat(*fd, &st) || !S_ISREG(st.st_mode) ||
-        st.st_size <= 0) {
-        srv_err_set(e, 400, "model", "'model' %s is not a regular file with data (in %s)", path, dir);
-        if (*fd >= 0)
-            close(*fd);
-        *fd = -1;
-        return 400;
-    }
-    return 0;
+    return srv_load_open_inside(dir, path, "model", fd, e);
 }
 
 static int start_load(srv *s, const char *path, const char *sha, srv_err *e)

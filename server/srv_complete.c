@@ -49,6 +49,9 @@ typedef struct run {
     int unchunked;             /* an HTTP/1.0 client: events go out bare, and the close ends the stream */
 } run;
 
+/* The answer's model: the adapter the request named, else the served model. */
+static const char *model_of(const run *r) { return r->cp->lora ? r->cp->lora->name : r->s->name; }
+
 /* The token's text as the tokenizer has it (for logprobs), made valid
  * UTF-8 (a byte token alone is often half a character). */
 static json_t *piece_json(const llm_vocab *v, int32_t id)
@@ -253,7 +256,7 @@ static json_t *delta_chunk(run *r, int index, json_t *delta, json_t *lp, const c
     }
     r->ch[index].started = 1;
     return json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:o,s:o,s:o}]}", "id", r->cid, "object", "chat.completion.chunk",
-                     "created", (json_int_t)r->created, "model", r->s->name, "choices", "index", index, "delta", delta,
+                     "created", (json_int_t)r->created, "model", model_of(r), "choices", "index", index, "delta", delta,
                      "logprobs", lpj, "finish_reason", fin);
 }
 
@@ -261,7 +264,7 @@ static json_t *chunk(run *r, int index, const char *text, size_t n, json_t *lp, 
 {
     if (!r->cp->chat)
         return json_pack("{s:s,s:s,s:I,s:s,s:[{s:i,s:s%,s:o,s:o}]}", "id", r->cid, "object", "text_completion", "created",
-                         (json_int_t)r->created, "model", r->s->name, "choices", "index", index, "text", text, n,
+                         (json_int_t)r->created, "model", model_of(r), "choices", "index", index, "text", text, n,
                          "logprobs", lp ? lp : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
     return delta_chunk(r, index, finish && !n ? json_object() : json_pack("{s:s%}", "content", text, n), lp, finish);
 }
@@ -360,6 +363,7 @@ static int on_done(run *r, const llm_event *ev)
     srv_metrics_observe(&r->s->metrics, H_PREFILL, (ev->usage.ttft_ms - ev->usage.queue_ms) / 1e3);
     srv_metrics_observe(&r->s->metrics, H_DECODE, (ev->usage.total_ms - ev->usage.ttft_ms) / 1e3);
     srv_metrics_observe(&r->s->metrics, H_PROMPT_TOKENS, ev->usage.prompt_tokens);
+    srv_lora_count(r->cp->lora, ev->usage.prompt_tokens, ev->usage.completion_tokens);
     srv_metrics_observe(&r->s->metrics, H_GEN_TOKENS, ev->usage.completion_tokens);
     long room = (r->s->cfg.n_ctx > 0 ? r->s->cfg.n_ctx : r->s->model->hp.n_ctx_train) - ev->usage.prompt_tokens;
     srv_metrics_observe(&r->s->metrics, H_MAX_TOKENS, r->cp->rq.max_tokens ? r->cp->rq.max_tokens : (double)room);
@@ -489,7 +493,7 @@ static int respond_whole(run *r)
     }
     return srv_http_send_json(r->c, 200, json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", r->cid, "object",
                                           r->cp->chat ? "chat.completion" : "text_completion", "created",
-                                          (json_int_t)r->created, "model", r->s->name, "choices", choices, "usage",
+                                          (json_int_t)r->created, "model", model_of(r), "choices", choices, "usage",
                                           usage_json(r)));
 }
 
@@ -599,7 +603,7 @@ int srv_complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_complet
         int rc = status == 0 && cp->include_usage
                      ? sse_send(&r, json_pack("{s:s,s:s,s:I,s:s,s:[],s:o}", "id", r.cid, "object",
                                              cp->chat ? "chat.completion.chunk" : "text_completion", "created",
-                                             (json_int_t)r.created, "model", s->name, "choices", "usage", usage_json(&r)))
+                                             (json_int_t)r.created, "model", r.cp->lora ? r.cp->lora->name : s->name, "choices", "usage", usage_json(&r)))
                      : OUT_OK;
         if (rc == OUT_NOMEM) {
             srv_err_set(e, 503, NULL, "out of memory while writing the usage");

@@ -13,7 +13,7 @@
 #include "llm/backend.h"
 #include "srv_config.h"
 
-typedef enum { K_STR, K_INT, K_REAL, K_BOOL } key_kind;
+typedef enum { K_STR, K_INT, K_REAL, K_BOOL, K_LIST } key_kind; /* K_LIST: a string; repeated flags add, comma separated */
 
 typedef struct key_def {
     const char *name;
@@ -104,6 +104,14 @@ static const key_def keys[] = {
      "directory a colocated canary's model must lie in (symbolic links resolved); empty: the model's own directory"},
     {"memory_budget_mb", K_INT, F(memory_budget_mb), 0, 1 << 30, "0",
      "memory a colocated canary must fit in beside the stable model (0: the cgroup's limit, if any)"},
+    {"lora", K_LIST, F(lora), 0, 0, "",
+     "LoRA adapters (llama.cpp's GGUF format) loaded at start: NAME=PATH[:SCALE], comma separated or --lora again; "
+     "PATH may be an hf://, s3:// or https:// source; a request's model names one"},
+    {"lora_dir", K_STR, F(lora_dir), 0, 0, "",
+     "directory /v1/load_lora_adapter's local lora_path must lie in (symbolic links resolved); empty: sources only"},
+    {"max_loras", K_INT, F(max_loras), 1, 1024, "8",
+     "LoRA adapters loaded at once; loading another unloads the idle one used least recently"},
+    {"max_lora_rank", K_INT, F(max_lora_rank), 1, 1024, "64", "the largest rank a LoRA adapter may have"},
 };
 #define N_KEYS (sizeof keys / sizeof *keys)
 
@@ -124,7 +132,7 @@ static llm_status set_value(srv_config *c, const key_def *k, const char *v, cons
 {
     char *end;
     void *field = (char *)c + k->off;
-    if (k->kind == K_STR) {
+    if (k->kind == K_STR || k->kind == K_LIST) {
         char *dup = strdup(v);
         if (!dup)
             return llm_errf(err, LLM_ERR_NOMEM, "config: no memory");
@@ -267,10 +275,25 @@ static llm_status load_env(srv_config *c, llm_error *err)
     return LLM_OK;
 }
 
+/* A list key's flag after its first: v added to the list. */
+static llm_status list_add(srv_config *c, const key_def *k, const char *v, llm_error *err)
+{
+    char **field = (char **)((char *)c + k->off);
+    size_t a = strlen(*field), b = strlen(v);
+    char *joined = malloc(a + b + 2);
+    if (!joined)
+        return llm_errf(err, LLM_ERR_NOMEM, "config: no memory");
+    snprintf(joined, a + b + 2, "%s%s%s", *field, a && b ? "," : "", v);
+    free(*field);
+    *field = joined;
+    return LLM_OK;
+}
+
 /* --key value, --key=value, -m FILE. *cfg_path gets --config's value. */
 static llm_status load_flags(int argc, char **argv, srv_config *c, const char **cfg_path, int apply, int *help,
                              llm_error *err)
 {
+    unsigned char seen[N_KEYS] = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *eq = strchr(a, '='), *name = a + 2;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -292,7 +315,10 @@ static llm_status load_flags(int argc, char **argv, srv_config *c, const char **
         const key_def *k = find_key(name, n);
         if (!k)
             return llm_errf(err, LLM_ERR_INVALID_ARG, "config: unknown flag '%.*s'", (int)n + 2, a);
-        llm_status st = apply ? set_value(c, k, v, "command line", err) : LLM_OK;
+        llm_status st = !apply ? LLM_OK
+                        : k->kind == K_LIST && seen[k - keys] ? list_add(c, k, v, err)
+                                                              : set_value(c, k, v, "command line", err);
+        seen[k - keys] = 1;
         if (st)
             return st;
     }
@@ -342,7 +368,7 @@ llm_status srv_config_load(int argc, char **argv, srv_config *c, int *help, llm_
 void srv_config_free(srv_config *c)
 {
     for (size_t i = 0; i < N_KEYS; i++)
-        if (keys[i].kind == K_STR) {
+        if (keys[i].kind == K_STR || keys[i].kind == K_LIST) {
             char **p = (char **)((char *)c + keys[i].off);
             free(*p);
             *p = NULL;

@@ -56,6 +56,11 @@ typedef struct srv_config {
     char *admin_token_file; /* the bearer, from a file (a mounted Secret) */
     char *model_dir;        /* a canary's model lies in here; "" -> dirname(model) */
     long memory_budget_mb;  /* a colocated canary must fit in this; 0: the cgroup's limit */
+    char *lora;             /* adapters loaded at start: NAME=PATH[:SCALE], comma separated (srv_lora.h); a
+                             * repeated --lora adds to the list */
+    char *lora_dir;         /* /v1/load_lora_adapter's local paths lie in here; "": only sources */
+    long max_loras;         /* adapters loaded at once */
+    long max_lora_rank;     /* the largest rank an adapter may have */
 } srv_config;
 
 /* Parses argv (argv[0] skipped), the environment and the YAML file named

@@ -142,12 +142,13 @@ static double answer_bound(const srv_embed *q, size_t n_inputs)
     return (double)n_inputs * ((double)q->dim * value + 64) + 256 + 2 * 128;
 }
 
-int srv_embed_parse(const srv *s, int max_tokens, const char *body, size_t len, srv_embed *q, srv_err *e)
+int srv_embed_parse(srv *s, int max_tokens, const char *body, size_t len, srv_embed *q, srv_err *e)
 {
     q->dim = s->model->hp.n_embd;
+    q->lora_table = &s->loras;
     q->pooling = s->embed_pooling ? s->embed_pooling : LLM_POOL_LAST; /* (a server that never chose: last) */
     if (!(q->root = srv_json_object(body, len, e)) || srv_fields_check(q->root, SRV_FIELDS_EMBED, e) ||
-        srv_check_envelope(s, q->root, &q->cache_salt, e) || parse_options(q->root, q, e))
+        srv_check_envelope(s, q->root, &q->cache_salt, &q->lora, e) || parse_options(q->root, q, e))
         return -1;
     json_t *in = json_object_get(q->root, "input");
     int many;
@@ -183,7 +184,8 @@ static int submit_next(embed_run *r, uint64_t salt, srv_err *e)
 {
     srv_embed *q = r->q;
     llm_request rq = {.tokens = q->ids[r->next], .n_tokens = q->n_ids[r->next], .sampling = llm_sampling_default(),
-                      .priority = q->priority, .cache_salt = salt, .pooling = q->pooling};
+                      .priority = q->priority, .cache_salt = salt, .pooling = q->pooling,
+                      .lora = q->lora ? q->lora->l : NULL, .lora_scale = q->lora ? q->lora->scale : 0};
     llm_error err = {0};
     llm_status st = llm_engine_submit(r->eng, &rq, &r->id[r->n_slots], &err);
     if (st)
@@ -330,5 +332,7 @@ void srv_embed_free(srv_embed *q)
     free(q->n_ids);
     free(q->vecs);
     json_decref(q->root);
+    if (q->lora_table)
+        srv_lora_unpin(q->lora_table, q->lora);
     memset(q, 0, sizeof *q);
 }

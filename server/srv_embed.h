@@ -40,6 +40,8 @@ typedef struct srv_embed {
     int dim;                   /* the model's embedding size */
     float *vecs;               /* (n, dim) after srv_embed_run */
     long prompt_tokens;        /* after srv_embed_run */
+    struct srv_lora_ent *lora; /* the adapter "model" names (held until srv_embed_free), or NULL */
+    struct srv_loras *lora_table;
 } srv_embed;
 
 /* The pooling a setting names (auto | mean | last) for model m: auto reads
@@ -52,7 +54,7 @@ llm_pooling srv_embed_default_pooling(const llm_model *m, const char *setting);
  * max_tokens (what one sequence may hold: the context, and the KV pool),
  * an answer over max_answer_bytes, dimensions other than the model's, an
  * unknown encoding_format or pooling; 404 another model's name). */
-int srv_embed_parse(const struct srv *s, int max_tokens, const char *body, size_t len, srv_embed *q, struct srv_err *e);
+int srv_embed_parse(struct srv *s, int max_tokens, const char *body, size_t len, srv_embed *q, struct srv_err *e);
 
 /* Runs q's inputs on engine eng, window at a time (1..SRV_EMBED_WINDOW),
  * under prefix-cache partition salt: 0 with q->vecs and q->prompt_tokens
@@ -67,6 +69,6 @@ int srv_embed_run(struct srv *s, llm_engine *eng, struct mg_connection *c, srv_e
  * directly: no JSON tree of n x dim values. */
 char *srv_embed_answer(const srv_embed *q, const char *model);
 
-void srv_embed_free(srv_embed *q); /* NULL ok */
+void srv_embed_free(srv_embed *q); /* NULL ok; lets go of its adapter */
 
 #endif

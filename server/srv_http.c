@@ -160,10 +160,15 @@ static int do_completion(srv *s, struct mg_connection *c, const char *body, size
         return srv_http_send_err(c, e);
     srv_rev *rv = srv_canary_pick(s, mg_get_header(c, "X-Session-Id")); /* NULL: the stable model */
     srv_completion cp = {0};
-    int status = injected_fault(s, e) ? srv_http_send_err(c, e)
-                 : srv_parse_completion(s, rv ? rv->chat : s->chat, rv ? rv->model->vocab : s->model->vocab,
-                                        body, len, kind, &cp, e) ? srv_http_send_err(c, e)
-                 : srv_complete(s, rv, c, &cp, &held, e);
+    int bad = injected_fault(s, e) || srv_parse_completion(s, rv ? rv->chat : s->chat,
+                                                           rv ? rv->model->vocab : s->model->vocab, body, len, kind, &cp, e);
+    if (!bad && cp.lora && rv) { /* adapters are the stable model's: such a request is parsed again for it */
+        srv_completion_free(&cp);
+        srv_canary_release(rv);
+        rv = NULL;
+        bad = srv_parse_completion(s, s->chat, s->model->vocab, body, len, kind, &cp, e);
+    }
+    int status = bad ? srv_http_send_err(c, e) : srv_complete(s, rv, c, &cp, &held, e);
     srv_keys_give(&s->keys, key, held);
     srv_completion_free(&cp);
     srv_metrics_revision(&s->metrics, rv != NULL, status);
@@ -186,11 +191,15 @@ static int fn_generate(srv *s, struct mg_connection *c, const char *b, size_t n,
     return do_completion(s, c, b, n, SRV_FIELDS_GENERATE, e);
 }
 
+/* The base model, then each adapter with its parent (as vLLM lists them). */
 static int fn_models(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
 {
     (void)b, (void)n, (void)e;
-    return srv_http_send_json(c, 200, json_pack("{s:s,s:[{s:s,s:s,s:I,s:s}]}", "object", "list", "data", "id", s->name, "object",
-                                       "model", "created", (json_int_t)s->created, "owned_by", "llm-k8s"));
+    json_t *j = json_pack("{s:s,s:[{s:s,s:s,s:I,s:s}]}", "object", "list", "data", "id", s->name, "object", "model",
+                          "created", (json_int_t)s->created, "owned_by", "llm-k8s");
+    if (j)
+        srv_lora_models(&s->loras, s->name, s->created, json_object_get(j, "data"));
+    return srv_http_send_json(c, 200, j);
 }
 
 static int fn_tokenize(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
@@ -288,7 +297,7 @@ static int tenant_grow(srv *s, const srv_key *key, int held, int want)
  * stop, as vLLM counts them). */
 static int embed_answer(srv *s, struct mg_connection *c, const srv_embed *q, double t0)
 {
-    char *text = srv_embed_answer(q, s->name);
+    char *text = srv_embed_answer(q, q->lora ? q->lora->name : s->name);
     int status = http_reply_text(c, text ? 200 : 503, "application/json", text ? text : SRV_OOM_BODY, NULL);
     free(text);
     srv_metrics_finished(&s->metrics, 0);
@@ -380,7 +389,14 @@ static char *metrics_text(srv *s)
     http_guard_stats gs;
     http_guard_stats_get(s->http, &gs);
     srv_metrics_connections(&s->metrics, (const long long[4]){gs.open, gs.accepted, gs.refused, gs.cut});
-    return srv_metrics_render(&s->metrics, up ? s->engine : NULL, p, s->backends, up ? s->n_backends : 0, s->name);
+    char *text = srv_metrics_render(&s->metrics, up ? s->engine : NULL, p, s->backends, up ? s->n_backends : 0, s->name);
+    if (!text || !up)
+        return text;
+    llm_strbuf b = {0};
+    llm_strbuf_append(&b, text, strlen(text));
+    free(text);
+    srv_lora_metrics(&s->loras, s->engine, s->name, &b);
+    return llm_strbuf_take(&b);
 }
 
 /* The answer of a probe route (/livez, /health, /readyz, /startupz) or
@@ -509,6 +525,42 @@ static int h_admin_canary(struct mg_connection *c, void *cb)
     return status;
 }
 
+/* POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's routes):
+ * the admin token, as /admin/canary. */
+static int lora_admin(srv *s, struct mg_connection *c, int load)
+{
+    srv_err e = {0};
+    char tbuf[256], *body = NULL;
+    const char *tok = admin_token(s, tbuf, sizeof tbuf);
+    size_t len = 0;
+    int status;
+    if (!tok)
+        srv_err_set(&e, 404, NULL, "the adapter routes are off (no admin token: admin_token_file unset or unreadable)");
+    else if (!http_guard_bearer_ok(mg_get_header(c, "Authorization"), tok))
+        srv_err_set(&e, 401, NULL, "the admin token is required (Authorization: Bearer TOKEN)");
+    else if (strcmp(mg_get_request_info(c)->request_method, "POST"))
+        srv_err_set(&e, 405, NULL, "use POST for %s", mg_get_request_info(c)->local_uri);
+    else if (atomic_load(&s->phase) != SRV_READY)
+        srv_err_set(&e, 503, NULL, "the model is not serving");
+    if (e.status || read_body(s, c, &body, &len, &e))
+        status = srv_http_send_err(c, &e);
+    else {
+        json_t *req = srv_json_parse(body, len, &e);
+        status = !req ? e.status : load ? srv_lora_load_req(s, req, &e) : srv_lora_unload_req(s, req, &e);
+        json_decref(req);
+        status = status == 200 ? http_reply_text(c, 200, "text/plain; charset=utf-8",
+                                                 load ? "Success: LoRA adapter loaded\n" : "Success: LoRA adapter unloaded\n",
+                                                 NULL)
+                               : srv_http_send_err(c, &e);
+    }
+    free(body);
+    srv_metrics_request(&s->metrics, R_OTHER, status);
+    return status;
+}
+
+static int h_lora_load(struct mg_connection *c, void *cb) { return lora_admin(cb, c, 1); }
+static int h_lora_unload(struct mg_connection *c, void *cb) { return lora_admin(cb, c, 0); }
+
 /* The probes and /metrics on the health port: a listener of its own
  * (http_probe.h), which neither API traffic nor idle connections can hold. */
 static llm_status start_health(srv *s, llm_error *err)
@@ -538,7 +590,8 @@ int srv_http_start(srv *s, llm_error *err)
         {"/tokenize$", h_tokenize},          {"/detokenize$", h_detokenize},    {"/livez$", h_health},
         {"/generate$", h_generate},          {"/health$", h_health},
         {"/readyz$", h_health},              {"/startupz$", h_health},          {"/metrics$", h_health},
-        {"/v1/embeddings$", h_embeddings},   {"/admin/canary$", h_admin_canary},  {"/", h_other},
+        {"/v1/embeddings$", h_embeddings},   {"/admin/canary$", h_admin_canary},
+        {"/v1/load_lora_adapter$", h_lora_load}, {"/v1/unload_lora_adapter$", h_lora_unload}, {"/", h_other},
     };
     /* every route on a big stack (http_guard_route): request bodies, schemas, templates and the model's tool
      * calls are read there */

@@ -4,9 +4,14 @@
  * from srv_main.c (the process: signals, loader thread, drain) so tests
  * can run the server in-process. */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "fetch.h"
 #include "llm/split_name.h"
@@ -41,7 +46,7 @@ llm_status srv_load_engine(srv *s, llm_model *m, llm_backend *const *b, int n, l
                             .max_waiting = (int)s->cfg.max_waiting, .block_size = (int)s->cfg.block_size, .kv_type = kt,
                             .kv_cache_bytes = (size_t)s->cfg.kv_cache_mb << 20,
                             .kv_cache_fraction = (float)s->cfg.kv_cache_fraction,
-                            .no_prefix_cache = !s->cfg.prefix_cache};
+                            .no_prefix_cache = !s->cfg.prefix_cache, .max_loras = (int)s->cfg.max_loras};
     return llm_engine_open(&ec, out, err);
 }
 
@@ -105,4 +110,33 @@ static llm_status verify_one(const char *path, const char *want, const _Atomic i
                       want);
     }
     return st;
+}
+
+int srv_load_open_inside(const char *dir, const char *path, const char *param, int *fd, srv_err *e)
+{
+    char real[PATH_MAX];
+    struct stat st;
+    size_t n = strlen(dir);
+    *fd = -1;
+    if (!realpath(path, real) || strncmp(real, dir, n) || real[n] != '/') {
+        srv_err_set(e, 400, param, "'%s' %s is not a file inside the directory %s", param, path, dir);
+        return 400;
+    }
+    char opened[PATH_MAX + 1], link[64];
+    ssize_t k = -1;
+    if ((*fd = open(real, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW)) >= 0) { /* what was opened, not what was named */
+        snprintf(link, sizeof link, "/proc/self/fd/%d", *fd);
+        k = readlink(link, opened, sizeof opened - 1);
+    }
+    if (k >= 0)
+        opened[k] = 0;
+    if (*fd < 0 || k < 0 || strncmp(opened, dir, n) || opened[n] != '/' || fstat(*fd, &st) || !S_ISREG(st.st_mode) ||
+        st.st_size <= 0) {
+        srv_err_set(e, 400, param, "'%s' %s is not a regular file with data (in %s)", param, path, dir);
+        if (*fd >= 0)
+            close(*fd);
+        *fd = -1;
+        return 400;
+    }
+    return 0;
 }

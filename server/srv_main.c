@@ -142,6 +142,12 @@ static void *loader(void *arg)
     s->embed_pooling = srv_embed_default_pooling(s->model, s->cfg.embedding_pooling);
     logf_("embeddings: %s pooling", s->embed_pooling == LLM_POOL_MEAN ? "mean" : "last");
     s->created = (long)time(NULL);
+    if (s->cfg.lora[0] && srv_lora_startup(s, &err)) {
+        snprintf(s->status, sizeof s->status, "%s", err.msg);
+        logf_("failed: %s", err.msg);
+        atomic_store(&s->phase, SRV_FAILED);
+        return NULL;
+    }
     snprintf(s->status, sizeof s->status, "serving %s", s->name);
     atomic_store(&s->phase, SRV_READY);
     logf_("ready: serving '%s' on %s:%ld", s->name, s->cfg.host, s->cfg.port);
@@ -194,6 +200,10 @@ int main(int argc, char **argv)
     }
     srv_metrics_init(&s.metrics);
     srv_canary_init(&s);
+    if (srv_lora_init(&s.loras, (int)s.cfg.max_loras, (int)s.cfg.max_lora_rank)) {
+        fprintf(stderr, "llm-server: no memory\n");
+        return 1;
+    }
     if (curl_global_init(CURL_GLOBAL_DEFAULT)) {
         fprintf(stderr, "llm-server: libcurl does not start\n");
         return 1;
@@ -224,6 +234,7 @@ int main(int argc, char **argv)
         return 0;
     }
     llm_engine_close(s.engine);
+    srv_lora_free(&s.loras);
     srv_load_close_backends(s.backends, s.n_backends);
     srv_chat_free(s.chat);
     llm_model_free(s.model);

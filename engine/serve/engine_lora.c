@@ -138,3 +138,13 @@ int llm_engine_lora_requests(llm_engine *e, const llm_lora *l)
     pthread_mutex_unlock(&e->w.mu);
     return n;
 }
+
+void llm_engine_lora_counts(llm_engine *e, const llm_lora *l, int *running, int *waiting)
+{
+    *running = *waiting = 0;
+    pthread_mutex_lock(&e->w.mu);
+    for (const eng_req *r = e->reqs; r; r = r->next)
+        if (r->lora && r->lora->l == l)
+            ++*(r->t_sched > 0 ? running : waiting);
+    pthread_mutex_unlock(&e->w.mu);
+}

@@ -11,6 +11,12 @@ in llama.cpp's format:
 - Gemma 3 270M Q4_K_M with a rank-16 adapter: greedy ids equal up to a
   near tie (test_gemma3's NEAR_TIE).
 
+Then llm-server through the official openai client: adapters from --lora
+and from /v1/load_lora_adapter, /v1/models with parents, the base and
+four adapters answered concurrently each as alone, loading and unloading
+while requests stream (an unload waits for them), eviction at max_loras,
+every hostile load refused with nothing loaded changed, the metrics.
+
 Tolerances (measured 2026-12-05 on this 2-vCPU Zen 4, printed by the
 test): we keep A and B in F32; llama.cpp multiplies an F16 or BF16
 adapter with activations rounded to that type, a Q8_0 one with
@@ -24,12 +30,16 @@ itself is 1.1e-2 from: the adapter adds nothing), tiny-gemma3 Q4_K with an
 F32 adapter 9.5e-4. Doubled for the MoE file (test_mkmodel_oracle)."""
 import hashlib
 import json
+import os
 import subprocess
+import threading
+import time
 
 import numpy as np
+import openai
 import pytest
 
-from harness import BUILD, ROOT, parse_ids, run, tool
+from harness import BUILD, NAME, ROOT, Server, metric, parse_ids, run, tool, wait_for
 
 
 REFS = json.loads((ROOT / "tests/data/lora-llama.cpp.json").read_text())
@@ -105,3 +115,229 @@ def test_gemma3_greedy_equals_llamacpp(gemma, tmp_path):
         report.append(f"{case['prompt']!r}: equal for {n} of {len(theirs)} tokens")
     print("\n".join(report))
     assert changed == len(g["greedy"]), "the adapter must change every answer, or this compares the base"
+
+
+
+# ---- llm-server --------------------------------------------------------------------------------------------------
+
+TOKEN = "lora-admin"
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory, models):
+    """A tiny F32 base, five adapters of it in lora_dir (a..e), one of
+    another architecture, one of rank 32, and a file outside lora_dir."""
+    d = tmp_path_factory.mktemp("loras")
+    base = models("tiny", "F32")
+    lib = d / "lib"
+    lib.mkdir()
+    out = {"base": base, "dir": lib}
+    for i, name in enumerate("abcde"):
+        made(lib / f"{name}.gguf", "--lora-of", base, "--rank", 8, "--alpha", 16, "--seed", 50 + i)
+        out[name] = lib / f"{name}.gguf"
+    made(lib / "other-arch.gguf", "--lora-of", models("tiny-qwen2", "F32"), "--rank", 8)
+    made(lib / "rank32.gguf", "--lora-of", base, "--rank", 32)
+    made(d / "outside.gguf", "--lora-of", base, "--rank", 8, "--seed", 99)
+    (lib / "escape.gguf").symlink_to(d / "outside.gguf")
+    (lib / "notgguf.gguf").write_bytes(b"GGUF" + os.urandom(200))
+    out["outside"] = d / "outside.gguf"
+    return out
+
+
+def admin(srv, path, body, token=TOKEN):
+    return srv.request("POST", path, body, headers={"Authorization": f"Bearer {token}"} if token else {})
+
+
+def model_ids(srv):
+    return {m["id"]: m.get("parent") for m in json.loads(srv.get("/v1/models")[1])["data"]}
+
+
+def complete(client, model, n=16, prompt=PROMPT):
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=n, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.model == model
+    return r.choices[0].text
+
+
+def test_server_serves_adapters_concurrently(adapters):
+    """Four adapters from --lora (one scaled) and the base: /v1/models lists
+    them with their parent; answered concurrently, each equals its answer
+    alone, and each adapter answers otherwise than the base."""
+    a = adapters
+    srv = Server(a["base"], "--lora", f"a={a['a']},b={a['b']}:0.5", "--lora", f"c={a['c']}", "--lora",
+                 f"d={a['d']}:-1", "--max_seqs", 8)
+    try:
+        assert model_ids(srv) == {NAME: None, "a": NAME, "b": NAME, "c": NAME, "d": NAME}
+        client = srv.client()
+        names = [NAME, "a", "b", "c", "d"]
+        alone = {m: complete(client, m, 24) for m in names}
+        assert len(set(alone.values())) == 5, alone
+        got, errors = {}, []
+
+        def one(m, k):
+            try:
+                got[(m, k)] = complete(client, m, 24)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=one, args=(m, k)) for k in range(2) for m in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        for (m, _), text in got.items():
+            assert text == alone[m], m
+        m = srv.metrics()
+        assert metric(m, "llm_lora_requests_total", adapter="a", model_name=NAME) == 3
+        assert metric(m, "llm_lora_generation_tokens_total", adapter="b", model_name=NAME) == 72
+        info = [k for k in m if k[0] == "vllm:lora_requests_info"]
+        assert len(info) == 1 and dict(info[0][1])["max_lora"] == "8", info
+    finally:
+        srv.stop()
+
+
+def test_server_loads_and_unloads_while_streaming(adapters):
+    """Loading an adapter while another's request streams; an unload waits
+    for the request streaming on it (which ends whole), and new requests
+    naming it are refused as soon as it starts."""
+    a = adapters
+    srv = Server(a["base"], "--lora", f"a={a['a']}", "--admin_token", TOKEN, "--lora_dir", a["dir"])
+    try:
+        client = srv.client()
+        first = threading.Event()
+        ends = {}
+
+        def stream(model, n):
+            chunks = 0
+            for ch in client.completions.create(model=model, prompt=PROMPT, max_tokens=n, temperature=0, stream=True,
+                                                extra_body={"ignore_eos": True}):
+                chunks += 1
+                first.set()
+            ends[model] = (time.monotonic(), chunks)
+
+        gen0 = metric(srv.metrics(), "llm_generation_tokens_total")
+        t = threading.Thread(target=stream, args=("a", 400))
+        t.start()
+        assert first.wait(60)
+        status, text, _ = admin(srv, "/v1/load_lora_adapter", {"lora_name": "e", "lora_path": str(a["e"])})
+        assert status == 200, text
+        assert complete(client, "e") != complete(client, NAME)
+        unloaded = {}
+
+        def unload():
+            unloaded["status"] = admin(srv, "/v1/unload_lora_adapter", {"lora_name": "a"})[0]
+            # the server's count once the unload returned: the stream on "a" was over by then
+            unloaded["generated"] = metric(srv.metrics(), "llm_generation_tokens_total") - gen0
+
+        u = threading.Thread(target=unload)
+        u.start()
+
+        def refused():
+            try:
+                complete(client, "a", 1)
+                return False
+            except openai.NotFoundError:
+                return True
+
+        wait_for(refused, 60, "requests naming an adapter being unloaded refused")
+        t.join(120)
+        u.join(120)
+        assert unloaded["status"] == 200
+        assert ends["a"][1] >= 400, ends  # it ended whole
+        # every token of the stream (and of the two requests before) was made before the unload returned
+        assert unloaded["generated"] >= 400 + 32, unloaded
+        assert model_ids(srv) == {NAME: None, "e": NAME}
+        assert admin(srv, "/v1/unload_lora_adapter", {"lora_name": "a"})[0] == 404
+    finally:
+        srv.stop()
+
+
+def test_server_refuses_hostile_loads(adapters):
+    """Each bad load is refused with a clear error, and what is loaded stays."""
+    a = adapters
+    srv = Server(a["base"], "--lora", f"a={a['a']}", "--admin_token", TOKEN, "--lora_dir", a["dir"],
+                 "--max_lora_rank", 16)
+    try:
+        before = model_ids(srv)
+        cases = [({"lora_name": NAME, "lora_path": str(a["b"])}, 400, "base model's name"),
+                 ({"lora_name": "a", "lora_path": str(a["b"])}, 400, "loaded already"),
+                 ({"lora_name": "x y", "lora_path": str(a["b"])}, 400, "lora_name"),
+                 ({"lora_name": "z" * 129, "lora_path": str(a["b"])}, 400, "lora_name"),
+                 ({"lora_name": "x", "lora_path": str(a["outside"])}, 400, "not a file inside the directory"),
+                 ({"lora_name": "x", "lora_path": str(a["dir"] / "escape.gguf")}, 400, "not a file inside"),
+                 ({"lora_name": "x", "lora_path": str(a["dir"] / ".." / "outside.gguf")}, 400, "not a file inside"),
+                 ({"lora_name": "x", "lora_path": "/etc/passwd"}, 400, "not a file inside"),
+                 ({"lora_name": "x", "lora_path": str(a["dir"] / "other-arch.gguf")}, 400, "architecture"),
+                 ({"lora_name": "x", "lora_path": str(a["dir"] / "rank32.gguf")}, 400, "rank 32"),
+                 ({"lora_name": "x", "lora_path": str(a["dir"] / "notgguf.gguf")}, 400, "adapter 'x'"),
+                 ({"lora_name": "x", "lora_path": str(a["dir"] / "missing.gguf")}, 400, "not a file inside"),
+                 ({"lora_name": "x", "lora_path": str(a["b"]), "scale": "big"}, 400, "scale"),
+                 ({"lora_name": "x", "lora_path": str(a["b"]), "scale": 1e9}, 400, "scale"),
+                 ({"lora_name": "x"}, 400, "lora_path"),
+                 ([1, 2], 400, "lora_name")]
+        for body, want, text in cases:
+            status, got, _ = admin(srv, "/v1/load_lora_adapter", body)
+            assert status == want and text in got, (body, status, got)
+        assert admin(srv, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(a["b"])}, token=None)[0] == 401
+        assert admin(srv, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(a["b"])}, token="no")[0] == 401
+        assert model_ids(srv) == before
+        assert complete(srv.client(), "a")  # still serving
+        with pytest.raises(openai.NotFoundError):
+            complete(srv.client(), "x")
+    finally:
+        srv.stop()
+
+
+def test_server_evicts_idle_adapters_only(adapters):
+    """At max_loras, a load unloads the idle adapter used least recently; with
+    every adapter in use it is refused (429) and nothing changes."""
+    a = adapters
+    srv = Server(a["base"], "--lora", f"a={a['a']},b={a['b']}", "--admin_token", TOKEN, "--lora_dir", a["dir"],
+                 "--max_loras", 2, "--max_seqs", 4)
+    try:
+        client = srv.client()
+        complete(client, "b", 1)
+        complete(client, "a", 1)  # b is now the one used least recently
+        assert admin(srv, "/v1/load_lora_adapter", {"lora_name": "c", "lora_path": str(a["c"])})[0] == 200
+        assert model_ids(srv) == {NAME: None, "a": NAME, "c": NAME}
+        started = {m: threading.Event() for m in ("a", "c")}
+
+        def stream(m):
+            for _ in client.completions.create(model=m, prompt=PROMPT, max_tokens=300, temperature=0, stream=True,
+                                               extra_body={"ignore_eos": True}):
+                started[m].set()
+
+        ts = [threading.Thread(target=stream, args=(m,)) for m in ("a", "c")]
+        for t in ts:
+            t.start()
+        assert all(started[m].wait(60) for m in started)
+        status, text, _ = admin(srv, "/v1/load_lora_adapter", {"lora_name": "d", "lora_path": str(a["d"])})
+        assert status == 429 and "in use" in text, text
+        assert model_ids(srv) == {NAME: None, "a": NAME, "c": NAME}
+        for t in ts:
+            t.join(120)
+        assert admin(srv, "/v1/load_lora_adapter", {"lora_name": "d", "lora_path": str(a["d"])})[0] == 200
+        assert len(model_ids(srv)) == 3 and "d" in model_ids(srv)
+    finally:
+        srv.stop()
+
+
+def test_server_bad_lora_setting_fails_the_start(adapters):
+    for spec, text in ((f"a{adapters['a']}", "not NAME=PATH"), (f"a={adapters['dir'] / 'other-arch.gguf'}", "architecture"),
+                       (f"{NAME}={adapters['a']}", "base model's name"), (f"a={adapters['a']}:5000", "scale")):
+        srv = Server(adapters["base"], "--lora", spec, wait=False)
+        try:
+            detail = wait_for(lambda: failed_or_none(srv), 60, "the load failing")
+            assert text in detail, (spec, detail)
+        finally:
+            srv.stop()
+
+
+def failed_or_none(srv):
+    try:
+        body = json.loads(srv.get("/startupz")[1])
+    except OSError:
+        return None
+    return body["detail"] if body.get("phase") == "failed" else None

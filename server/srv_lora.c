@@ -1,0 +1,387 @@
+/* srv_lora.c - llm-server's LoRA adapters (srv_lora.h): the table, the
+ * `lora` setting, the load and unload routes, /v1/models entries and
+ * metrics. An adapter's file is read and checked by the engine's lora
+ * module against the served model; the engine keeps its own prefix cache
+ * per adapter. The table's lock is never held across a load, an unload's
+ * wait or the engine's own calls that wait. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fetch.h"
+#include "llm/prom.h"
+#include "srv.h"
+#include "srv_lora.h"
+
+int srv_lora_init(srv_loras *t, int max, int max_rank)
+{
+    memset(t, 0, sizeof *t);
+    t->max = max, t->max_rank = max_rank;
+    if (!(t->ents = calloc((size_t)max, sizeof *t->ents)))
+        return -1;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    return 0;
+}
+
+static void ent_free(srv_lora_ent *p)
+{
+    if (p)
+        llm_lora_free(p->l);
+    free(p);
+}
+
+void srv_lora_free(srv_loras *t)
+{
+    if (!t->ents)
+        return;
+    for (int i = 0; i < t->max; i++) ent_free(t->ents[i]);
+    free(t->ents);
+    t->ents = NULL;
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+}
+
+/* A name is 1 to SRV_LORA_NAME_MAX bytes of letters, digits and ._-:/@+
+ * (what vLLM's and KubeAI's adapter names use): safe in a log line, a
+ * JSON string and a Prometheus label. */
+static int name_ok(const char *n)
+{
+    size_t len = strlen(n);
+    return len >= 1 && len <= SRV_LORA_NAME_MAX &&
+           strspn(n, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:/@+") == len;
+}
+
+static srv_lora_ent *find(srv_loras *t, const char *name)
+{
+    for (int i = 0; i < t->max; i++)
+        if (t->ents[i] && !strcmp(t->ents[i]->name, name))
+            return t->ents[i];
+    return NULL;
+}
+
+srv_lora_ent *srv_lora_pin(srv_loras *t, const char *name)
+{
+    if (!t->ents)
+        return NULL;
+    pthread_mutex_lock(&t->mu);
+    srv_lora_ent *p = find(t, name);
+    if (p && (!p->l || p->unloading))
+        p = NULL;
+    if (p) {
+        p->pins++;
+        p->used = ++t->clock;
+        atomic_fetch_add(&p->requests, 1);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return p;
+}
+
+void srv_lora_count(srv_lora_ent *p, int prompt_tokens, int gen_tokens)
+{
+    if (!p)
+        return;
+    atomic_fetch_add(&p->prompt_tokens, (unsigned long long)(prompt_tokens > 0 ? prompt_tokens : 0));
+    atomic_fetch_add(&p->gen_tokens, (unsigned long long)(gen_tokens > 0 ? gen_tokens : 0));
+}
+
+void srv_lora_unpin(srv_loras *t, srv_lora_ent *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&t->mu);
+    if (--p->pins == 0)
+        pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* ---- loading ------------------------------------------------------------------- */
+
+/* Under the lock: a free slot for a new adapter, unloading the idle one
+ * used least recently when the table is full (no request holds it and the
+ * engine has none naming it). Returns the slot's index, -1 when every
+ * loaded adapter is in use. *evicted gets the entry taken out (the caller
+ * removes it from the engine and frees it, unlocked). */
+static int slot_take(srv *s, srv_lora_ent **evicted)
+{
+    srv_loras *t = &s->loras;
+    int lru = -1;
+    *evicted = NULL;
+    for (int i = 0; i < t->max; i++) {
+        srv_lora_ent *p = t->ents[i];
+        if (!p)
+            return i;
+        if (p->l && !p->unloading && p->pins == 0 && llm_engine_lora_requests(s->engine, p->l) == 0 &&
+            (lru < 0 || p->used < t->ents[lru]->used))
+            lru = i;
+    }
+    if (lru >= 0) {
+        *evicted = t->ents[lru];
+        t->ents[lru] = NULL;
+    }
+    return lru;
+}
+
+/* The local file of source: a remote source fetched into model_cache, or
+ * a path opened inside lora_dir (restricted: a path from a request) or as
+ * it is (the operator's setting). *fd (-1: none) is held open while the
+ * file is read through *path. 0, or the status with msg/param set. */
+static int adapter_file(srv *s, const char *source, int restricted, char *path, size_t n, int *fd, srv_err *e)
+{
+    *fd = -1;
+    if (fetch_is_remote(source)) {
+        llm_error err = {0};
+        fetch_options o = {.cache_dir = s->cfg.model_cache[0] ? s->cfg.model_cache : NULL,
+                           .verify_cached = (int)s->cfg.model_cache_verify, .abort = &s->stopping};
+        llm_status st = fetch_model(source, &o, path, n, NULL, &err);
+        if (st)
+            srv_err_set(e, st == LLM_ERR_NOMEM ? 503 : 400, "lora_path", "%s", err.msg);
+        return st ? e->status : 0;
+    }
+    if (!restricted) {
+        snprintf(path, n, "%s", source);
+        return 0;
+    }
+    char dir[PATH_MAX];
+    if (!s->cfg.lora_dir[0]) {
+        srv_err_set(e, 400, "lora_path", "a local lora_path needs lora_dir set on the server (or use an hf://, s3:// "
+                                         "or https:// source)");
+        return 400;
+    }
+    if (!realpath(s->cfg.lora_dir, dir)) {
+        srv_err_set(e, 500, NULL, "lora_dir %s cannot be resolved: %s", s->cfg.lora_dir, strerror(errno));
+        return 500;
+    }
+    if (srv_load_open_inside(dir, source, "lora_path", fd, e))
+        return e->status;
+    snprintf(path, n, "/proc/self/fd/%d", *fd); /* what was checked is what is read */
+    return 0;
+}
+
+/* Reserves name (an entry without an adapter yet), then reads and checks
+ * the file and hands it to the engine outside the lock. 0, or the status. */
+static int load(srv *s, const char *name, const char *source, float scale, int restricted, srv_err *e)
+{
+    srv_loras *t = &s->loras;
+    if (!name_ok(name))
+        return srv_fail(e, 400, "lora_name", "'lora_name' must be 1 to %d letters, digits or ._-:/@+", SRV_LORA_NAME_MAX);
+    if (!strcmp(name, s->name))
+        return srv_fail(e, 400, "lora_name", "'%s' is the base model's name", name);
+    srv_lora_ent *p = calloc(1, sizeof *p), *old = NULL;
+    if (!p)
+        return srv_fail(e, 503, NULL, "out of memory");
+    snprintf(p->name, sizeof p->name, "%s", name);
+    snprintf(p->source, sizeof p->source, "%s", source);
+    p->scale = scale;
+    pthread_mutex_lock(&t->mu);
+    int i = find(t, name) ? -2 : slot_take(s, &old);
+    if (i >= 0)
+        t->ents[i] = p; /* reserved: pins see no adapter yet */
+    pthread_mutex_unlock(&t->mu);
+    if (i < 0) {
+        free(p);
+        return i == -2 ? srv_fail(e, 400, "lora_name", "an adapter named '%s' is loaded already", name)
+                       : srv_fail(e, 429, NULL, "all %d adapter slots (max_loras) hold adapters in use; retry later",
+                                  t->max);
+    }
+    if (old) { /* idle: nothing waits */
+        fprintf(stderr, "llm-server: adapter '%s' unloaded to make room for '%s'\n", old->name, name);
+        llm_engine_lora_remove(s->engine, old->l);
+        ent_free(old);
+    }
+    char path[4096];
+    int fd, st = adapter_file(s, source, restricted, path, sizeof path, &fd, e);
+    llm_error err = {0};
+    llm_lora *l = NULL;
+    if (!st) {
+        llm_status ls = llm_lora_load(path, s->model, t->max_rank, &l, &err);
+        if (!ls && (ls = llm_engine_lora_add(s->engine, l, &err))) {
+            llm_lora_free(l);
+            l = NULL;
+        }
+        if (ls)
+            st = srv_fail(e, ls == LLM_ERR_NOMEM ? 503 : 400, "lora_path", "adapter '%s': %s", name, err.msg);
+    }
+    if (fd >= 0)
+        close(fd);
+    pthread_mutex_lock(&t->mu);
+    if (st)
+        t->ents[i] = NULL;
+    else
+        p->l = l, p->used = ++t->clock;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    if (st)
+        free(p);
+    return st;
+}
+
+/* NAME=SOURCE[:SCALE]: the scale is what follows the last ':' when all of
+ * it is a number (hf://ORG/REPO:QUANT keeps its ':'). */
+static int parse_entry(char *e, char **name, char **source, float *scale)
+{
+    char *eq = strchr(e, '='), *colon = strrchr(e, ':'), *end;
+    if (!eq || eq == e || !eq[1])
+        return -1;
+    *eq = 0;
+    *name = e, *source = eq + 1, *scale = 1;
+    if (colon && colon > eq) {
+        float v = strtof(colon + 1, &end);
+        if (colon[1] && !*end) {
+            *colon = 0;
+            *scale = v;
+        }
+    }
+    return 0;
+}
+
+llm_status srv_lora_startup(srv *s, llm_error *err)
+{
+    char *list = strdup(s->cfg.lora), *save = NULL;
+    if (!list)
+        return llm_errf(err, LLM_ERR_NOMEM, "lora: no memory");
+    llm_status st = LLM_OK;
+    for (char *tok = strtok_r(list, ",", &save); tok && !st; tok = strtok_r(NULL, ",", &save)) {
+        char *name, *source;
+        float scale;
+        srv_err e = {0};
+        if (parse_entry(tok, &name, &source, &scale))
+            st = llm_errf(err, LLM_ERR_INVALID_ARG, "lora: '%s' is not NAME=PATH[:SCALE]", tok);
+        else if (!(fabsf(scale) <= 1000.0f))
+            st = llm_errf(err, LLM_ERR_INVALID_ARG, "lora: %s: scale %g is not in [-1000, 1000]", name, (double)scale);
+        else if (load(s, name, source, scale, 0, &e))
+            st = llm_errf(err, e.status == 503 ? LLM_ERR_NOMEM : LLM_ERR_INVALID_ARG, "lora: %s", e.msg);
+        else
+            fprintf(stderr, "llm-server: adapter '%s' loaded from %s (scale %g)\n", name, source, (double)scale);
+    }
+    free(list);
+    return st;
+}
+
+/* ---- the routes -------------------------------------------------------------------- */
+
+static const char *str_field(json_t *req, const char *k)
+{
+    json_t *v = json_object_get(req, k);
+    return json_is_string(v) && json_string_length(v) < 4096 && strlen(json_string_value(v)) == json_string_length(v)
+               ? json_string_value(v)
+               : NULL;
+}
+
+int srv_lora_load_req(srv *s, json_t *req, srv_err *e)
+{
+    const char *name = str_field(req, "lora_name"), *path = str_field(req, "lora_path");
+    json_t *sc = json_object_get(req, "scale");
+    if (!json_is_object(req) || !name)
+        return srv_fail(e, 400, "lora_name", "'lora_name' must be a string");
+    if (!path)
+        return srv_fail(e, 400, "lora_path", "'lora_path' must be a path or an hf://, s3:// or https:// source");
+    if (sc && !json_is_null(sc) && !(json_is_number(sc) && fabs(json_number_value(sc)) <= 1000))
+        return srv_fail(e, 400, "scale", "'scale' must be a number in [-1000, 1000]");
+    float scale = sc && json_is_number(sc) ? (float)json_number_value(sc) : 1.0f;
+    int st = load(s, name, path, scale, 1, e);
+    if (!st)
+        fprintf(stderr, "llm-server: adapter '%s' loaded from %s (scale %g)\n", name, path, (double)scale);
+    return st ? st : 200;
+}
+
+int srv_lora_unload_req(srv *s, json_t *req, srv_err *e)
+{
+    srv_loras *t = &s->loras;
+    const char *name = json_is_object(req) ? str_field(req, "lora_name") : NULL;
+    if (!name)
+        return srv_fail(e, 400, "lora_name", "'lora_name' must be a string");
+    pthread_mutex_lock(&t->mu);
+    srv_lora_ent *p = find(t, name);
+    int status = !p || !p->l || p->unloading ? 404 : 0;
+    if (!status) {
+        p->unloading = 1; /* no new pins; those held end with their requests */
+        while (p->pins > 0) pthread_cond_wait(&t->cv, &t->mu);
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (status)
+        return srv_fail(e, 404, "lora_name", "no adapter named '%s' is loaded", name);
+    llm_engine_lora_remove(s->engine, p->l); /* no request names it any more: returns at once */
+    pthread_mutex_lock(&t->mu);
+    for (int i = 0; i < t->max; i++)
+        if (t->ents[i] == p)
+            t->ents[i] = NULL;
+    pthread_mutex_unlock(&t->mu);
+    fprintf(stderr, "llm-server: adapter '%s' unloaded\n", name);
+    ent_free(p);
+    return 200;
+}
+
+/* ---- listing and metrics -------------------------------------------------------------- */
+
+void srv_lora_models(srv_loras *t, const char *base, long created, json_t *data)
+{
+    pthread_mutex_lock(&t->mu);
+    for (int i = 0; i < t->max; i++) {
+        const srv_lora_ent *p = t->ents[i];
+        if (p && p->l && !p->unloading)
+            json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:s,s:s}", "id", p->name, "object", "model",
+                                                  "created", (json_int_t)created, "owned_by", "llm-k8s", "root",
+                                                  p->source, "parent", base));
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* Names of adapters with requests in the state asked for, comma separated. */
+static void names_of(srv_loras *t, llm_engine *e, int want_running, llm_strbuf *out)
+{
+    for (int i = 0; i < t->max; i++) {
+        const srv_lora_ent *p = t->ents[i];
+        int running = 0, waiting = 0;
+        if (!p || !p->l)
+            continue;
+        llm_engine_lora_counts(e, p->l, &running, &waiting);
+        if (want_running ? running : waiting)
+            llm_strbuf_printf(out, "%s%s", out->len ? "," : "", p->name);
+    }
+}
+
+void srv_lora_metrics(srv_loras *t, llm_engine *e, const char *model_name, llm_strbuf *b)
+{
+    llm_strbuf run = {0}, wait = {0}, lab = {0};
+    pthread_mutex_lock(&t->mu);
+    names_of(t, e, 1, &run);
+    names_of(t, e, 0, &wait);
+    char max[16];
+    snprintf(max, sizeof max, "%d", t->max);
+    llm_prom_label(&lab, "running_lora_adapters", run.p ? run.p : "");
+    llm_prom_label(&lab, "waiting_lora_adapters", wait.p ? wait.p : "");
+    llm_prom_label(&lab, "max_lora", max);
+    /* vLLM's gauge: its value is when it was taken, the labels say which adapters run and wait */
+    llm_prom_gauge(b, "vllm:lora_requests_info", "Running and waiting LoRA adapters (vLLM's labels)",
+                   lab.failed ? NULL : lab.p, (double)time(NULL));
+    static const char *const names[3] = {"llm_lora_requests_total", "llm_lora_prompt_tokens_total",
+                                         "llm_lora_generation_tokens_total"};
+    static const char *const help[3] = {"Requests naming the adapter", "Prompt tokens of its requests",
+                                        "Tokens its requests generated"};
+    for (int k = 0; k < 3; k++) {
+        llm_prom_head(b, names[k], "counter", help[k]);
+        for (int i = 0; i < t->max; i++) {
+            srv_lora_ent *p = t->ents[i];
+            if (!p || !p->l)
+                continue;
+            llm_strbuf l = {0};
+            llm_prom_label(&l, "adapter", p->name);
+            llm_prom_label(&l, "model_name", model_name);
+            unsigned long long v = k == 0 ? atomic_load(&p->requests) : k == 1 ? atomic_load(&p->prompt_tokens)
+                                                                                 : atomic_load(&p->gen_tokens);
+            if (!l.failed)
+                llm_prom_sample(b, names[k], l.p, (double)v);
+            llm_strbuf_free(&l);
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    llm_strbuf_free(&run);
+    llm_strbuf_free(&wait);
+    llm_strbuf_free(&lab);
+}
