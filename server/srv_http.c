@@ -168,6 +168,8 @@ static int do_completion(srv *s, struct mg_connection *c, const char *body, size
         rv = NULL;
         bad = srv_parse_completion(s, s->chat, s->model->vocab, body, len, kind, &cp, e);
     }
+    if (!bad)
+        srv_lora_count_request(cp.lora);
     int status = bad ? srv_http_send_err(c, e) : srv_complete(s, rv, c, &cp, &held, e);
     srv_keys_give(&s->keys, key, held);
     srv_completion_free(&cp);
@@ -320,6 +322,7 @@ static int fn_embeddings(srv *s, struct mg_connection *c, const char *b, size_t 
     if (!status && srv_embed_parse(s, embed_max_tokens(s), b, n, &q, e))
         status = e->status;
     if (!status) {
+        srv_lora_count_request(q.lora);
         held = tenant_grow(s, key, held, q.n < SRV_EMBED_WINDOW ? q.n : SRV_EMBED_WINDOW);
         if (q.priority > srv_complete_priority_ceiling(s, key))
             q.priority = srv_complete_priority_ceiling(s, key);

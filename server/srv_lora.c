@@ -76,10 +76,15 @@ srv_lora_ent *srv_lora_pin(srv_loras *t, const char *name)
     if (p) {
         p->pins++;
         p->used = ++t->clock;
-        atomic_fetch_add(&p->requests, 1);
     }
     pthread_mutex_unlock(&t->mu);
     return p;
+}
+
+void srv_lora_count_request(srv_lora_ent *p)
+{
+    if (p)
+        atomic_fetch_add(&p->requests, 1);
 }
 
 void srv_lora_count(srv_lora_ent *p, int prompt_tokens, int gen_tokens)
@@ -105,9 +110,9 @@ void srv_lora_unpin(srv_loras *t, srv_lora_ent *p)
 /* Under the lock: a free slot for a new adapter, unloading the idle one
  * used least recently when the table is full (no request holds it and the
  * engine has none naming it). Returns the slot's index, -1 when every
- * loaded adapter is in use. *evicted gets the entry taken out (the caller
- * removes it from the engine and frees it, unlocked). */
-static int slot_take(srv *s, srv_lora_ent **evicted)
+ * loaded adapter is in use (or evict is 0). *evicted gets the entry taken
+ * out (the caller removes it from the engine and frees it, unlocked). */
+static int slot_take(srv *s, int evict, srv_lora_ent **evicted)
 {
     srv_loras *t = &s->loras;
     int lru = -1;
@@ -116,7 +121,7 @@ static int slot_take(srv *s, srv_lora_ent **evicted)
         srv_lora_ent *p = t->ents[i];
         if (!p)
             return i;
-        if (p->l && !p->unloading && p->pins == 0 && llm_engine_lora_requests(s->engine, p->l) == 0 &&
+        if (evict && p->l && !p->unloading && p->pins == 0 && llm_engine_lora_requests(s->engine, p->l) == 0 &&
             (lru < 0 || p->used < t->ents[lru]->used))
             lru = i;
     }
@@ -163,27 +168,57 @@ static int adapter_file(srv *s, const char *source, int restricted, char *path, 
     return 0;
 }
 
-/* Reserves name (an entry without an adapter yet), then reads and checks
- * the file and hands it to the engine outside the lock. 0, or the status. */
-static int load(srv *s, const char *name, const char *source, float scale, int restricted, srv_err *e)
+/* Under the lock: whether name is taken (loaded, or being loaded). */
+static int taken(srv_loras *t, const char *name) { return find(t, name) != NULL; }
+
+/* The adapter read from source and checked against the served model
+ * before anything loaded is touched: 0 with *out, or the status. */
+static int read_adapter(srv *s, const char *name, const char *source, int restricted, llm_lora **out, srv_err *e)
+{
+    char path[4096];
+    int fd, st = adapter_file(s, source, restricted, path, sizeof path, &fd, e);
+    llm_error err = {0};
+    llm_status ls = st ? LLM_OK : llm_lora_load(path, s->model, s->loras.max_rank, out, &err);
+    if (fd >= 0)
+        close(fd);
+    if (ls) /* the message names /proc/self/fd/N for a file opened in lora_dir: the source is named first */
+        st = srv_fail(e, ls == LLM_ERR_NOMEM ? 503 : 400, "lora_path", "adapter '%s' (%s): %s", name, source, err.msg);
+    return st;
+}
+
+/* Loads an adapter: the file is read and checked first (a bad one changes
+ * nothing), then a slot is taken (the idle adapter used least recently
+ * unloaded when the table is full: evict 0 refuses that) and the engine
+ * makes it ready. 0, or the status with e set. */
+static int load(srv *s, const char *name, const char *source, float scale, int restricted, int evict, srv_err *e)
 {
     srv_loras *t = &s->loras;
     if (!name_ok(name))
         return srv_fail(e, 400, "lora_name", "'lora_name' must be 1 to %d letters, digits or ._-:/@+", SRV_LORA_NAME_MAX);
     if (!strcmp(name, s->name))
         return srv_fail(e, 400, "lora_name", "'%s' is the base model's name", name);
+    pthread_mutex_lock(&t->mu);
+    int dup = taken(t, name);
+    pthread_mutex_unlock(&t->mu);
+    if (dup)
+        return srv_fail(e, 400, "lora_name", "an adapter named '%s' is loaded already", name);
+    llm_lora *l = NULL;
     srv_lora_ent *p = calloc(1, sizeof *p), *old = NULL;
-    if (!p)
-        return srv_fail(e, 503, NULL, "out of memory");
+    int st = !p ? srv_fail(e, 503, NULL, "out of memory") : read_adapter(s, name, source, restricted, &l, e);
+    if (st) {
+        free(p);
+        return st;
+    }
     snprintf(p->name, sizeof p->name, "%s", name);
     snprintf(p->source, sizeof p->source, "%s", source);
     p->scale = scale;
     pthread_mutex_lock(&t->mu);
-    int i = find(t, name) ? -2 : slot_take(s, &old);
+    int i = taken(t, name) ? -2 : slot_take(s, evict, &old); /* a load of the same name may have won meanwhile */
     if (i >= 0)
         t->ents[i] = p; /* reserved: pins see no adapter yet */
     pthread_mutex_unlock(&t->mu);
     if (i < 0) {
+        llm_lora_free(l);
         free(p);
         return i == -2 ? srv_fail(e, 400, "lora_name", "an adapter named '%s' is loaded already", name)
                        : srv_fail(e, 429, NULL, "all %d adapter slots (max_loras) hold adapters in use; retry later",
@@ -194,21 +229,12 @@ static int load(srv *s, const char *name, const char *source, float scale, int r
         llm_engine_lora_remove(s->engine, old->l);
         ent_free(old);
     }
-    char path[4096];
-    int fd, st = adapter_file(s, source, restricted, path, sizeof path, &fd, e);
     llm_error err = {0};
-    llm_lora *l = NULL;
-    if (!st) {
-        llm_status ls = llm_lora_load(path, s->model, t->max_rank, &l, &err);
-        if (!ls && (ls = llm_engine_lora_add(s->engine, l, &err))) {
-            llm_lora_free(l);
-            l = NULL;
-        }
-        if (ls)
-            st = srv_fail(e, ls == LLM_ERR_NOMEM ? 503 : 400, "lora_path", "adapter '%s': %s", name, err.msg);
+    llm_status ls = llm_engine_lora_add(s->engine, l, &err);
+    if (ls) {
+        llm_lora_free(l);
+        st = srv_fail(e, srv_status_of(ls), NULL, "adapter '%s': %s", name, err.msg);
     }
-    if (fd >= 0)
-        close(fd);
     pthread_mutex_lock(&t->mu);
     if (st)
         t->ents[i] = NULL;
@@ -246,7 +272,11 @@ llm_status srv_lora_startup(srv *s, llm_error *err)
     if (!list)
         return llm_errf(err, LLM_ERR_NOMEM, "lora: no memory");
     llm_status st = LLM_OK;
-    for (char *tok = strtok_r(list, ",", &save); tok && !st; tok = strtok_r(NULL, ",", &save)) {
+    int n = 1;
+    for (const char *c = list; (c = strchr(c, ',')); c++) n++;
+    if (n > s->loras.max)
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "lora: %d adapters, more than max_loras %d", n, s->loras.max);
+    for (char *tok = st ? NULL : strtok_r(list, ",", &save); tok && !st; tok = strtok_r(NULL, ",", &save)) {
         char *name, *source;
         float scale;
         srv_err e = {0};
@@ -254,7 +284,7 @@ llm_status srv_lora_startup(srv *s, llm_error *err)
             st = llm_errf(err, LLM_ERR_INVALID_ARG, "lora: '%s' is not NAME=PATH[:SCALE]", tok);
         else if (!(fabsf(scale) <= 1000.0f))
             st = llm_errf(err, LLM_ERR_INVALID_ARG, "lora: %s: scale %g is not in [-1000, 1000]", name, (double)scale);
-        else if (load(s, name, source, scale, 0, &e))
+        else if (load(s, name, source, scale, 0, 0, &e))
             st = llm_errf(err, e.status == 503 ? LLM_ERR_NOMEM : LLM_ERR_INVALID_ARG, "lora: %s", e.msg);
         else
             fprintf(stderr, "llm-server: adapter '%s' loaded from %s (scale %g)\n", name, source, (double)scale);
@@ -284,7 +314,7 @@ int srv_lora_load_req(srv *s, json_t *req, srv_err *e)
     if (sc && !json_is_null(sc) && !(json_is_number(sc) && fabs(json_number_value(sc)) <= 1000))
         return srv_fail(e, 400, "scale", "'scale' must be a number in [-1000, 1000]");
     float scale = sc && json_is_number(sc) ? (float)json_number_value(sc) : 1.0f;
-    int st = load(s, name, path, scale, 1, e);
+    int st = load(s, name, path, scale, 1, 1, e);
     if (!st)
         fprintf(stderr, "llm-server: adapter '%s' loaded from %s (scale %g)\n", name, path, (double)scale);
     return st ? st : 200;
@@ -319,69 +349,101 @@ int srv_lora_unload_req(srv *s, json_t *req, srv_err *e)
 
 /* ---- listing and metrics -------------------------------------------------------------- */
 
+/* Where an adapter came from, as /v1/models shows it to every caller: a
+ * URL without its user part or query (a pre-signed URL's signature). */
+static void shown_source(const char *src, char *out, size_t n)
+{
+    const char *host = strstr(src, "://"), *at = host ? strchr(host + 3, '@') : NULL, *slash = host ? strchr(host + 3, '/') : NULL;
+    if (host && at && (!slash || at < slash))
+        snprintf(out, n, "%.*s%s", (int)(host + 3 - src), src, at + 1);
+    else
+        snprintf(out, n, "%s", src);
+    out[strcspn(out, "?#")] = 0;
+}
+
 void srv_lora_models(srv_loras *t, const char *base, long created, json_t *data)
 {
     pthread_mutex_lock(&t->mu);
     for (int i = 0; i < t->max; i++) {
         const srv_lora_ent *p = t->ents[i];
-        if (p && p->l && !p->unloading)
-            json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:s,s:s}", "id", p->name, "object", "model",
-                                                  "created", (json_int_t)created, "owned_by", "llm-k8s", "root",
-                                                  p->source, "parent", base));
+        char root[sizeof p->source];
+        if (!p || !p->l || p->unloading)
+            continue;
+        shown_source(p->source, root, sizeof root);
+        json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:s,s:s}", "id", p->name, "object", "model", "created",
+                                              (json_int_t)created, "owned_by", "llm-k8s", "root", root, "parent", base));
     }
     pthread_mutex_unlock(&t->mu);
 }
 
-/* Names of adapters with requests in the state asked for, comma separated. */
-static void names_of(srv_loras *t, llm_engine *e, int want_running, llm_strbuf *out)
-{
-    for (int i = 0; i < t->max; i++) {
-        const srv_lora_ent *p = t->ents[i];
-        int running = 0, waiting = 0;
-        if (!p || !p->l)
-            continue;
-        llm_engine_lora_counts(e, p->l, &running, &waiting);
-        if (want_running ? running : waiting)
-            llm_strbuf_printf(out, "%s%s", out->len ? "," : "", p->name);
-    }
-}
+/* A copy of what the metrics show of one adapter, taken under the lock. */
+typedef struct lora_row {
+    char name[SRV_LORA_NAME_MAX + 1];
+    const llm_lora *l; /* compared, never read: it may be unloaded meanwhile */
+    unsigned long long v[3];
+} lora_row;
 
 void srv_lora_metrics(srv_loras *t, llm_engine *e, const char *model_name, llm_strbuf *b)
 {
-    llm_strbuf run = {0}, wait = {0}, lab = {0};
+    int n = 0;
+    lora_row *rows = calloc((size_t)(t->max > 0 ? t->max : 1), sizeof *rows);
+    const llm_lora **ls = calloc((size_t)(t->max > 0 ? t->max : 1), sizeof *ls);
+    int *run = calloc((size_t)(t->max > 0 ? t->max : 1), sizeof *run), *wait = calloc((size_t)(t->max > 0 ? t->max : 1), sizeof *wait);
+    if (!rows || !ls || !run || !wait) {
+        b->failed = 1; /* the scrape fails whole: never a text with series missing */
+        goto out;
+    }
     pthread_mutex_lock(&t->mu);
-    names_of(t, e, 1, &run);
-    names_of(t, e, 0, &wait);
+    for (int i = 0; i < t->max; i++) {
+        const srv_lora_ent *p = t->ents[i];
+        if (!p || !p->l)
+            continue;
+        snprintf(rows[n].name, sizeof rows[n].name, "%s", p->name);
+        ls[n] = rows[n].l = p->l;
+        rows[n].v[0] = atomic_load(&p->requests), rows[n].v[1] = atomic_load(&p->prompt_tokens);
+        rows[n].v[2] = atomic_load(&p->gen_tokens);
+        n++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    llm_engine_lora_counts(e, ls, n, run, wait); /* the engine's lock, not the table's */
+    llm_strbuf rs = {0}, ws = {0}, lab = {0};
+    for (int i = 0; i < n; i++) {
+        if (run[i])
+            llm_strbuf_printf(&rs, "%s%s", rs.len ? "," : "", rows[i].name);
+        if (wait[i])
+            llm_strbuf_printf(&ws, "%s%s", ws.len ? "," : "", rows[i].name);
+    }
     char max[16];
     snprintf(max, sizeof max, "%d", t->max);
-    llm_prom_label(&lab, "running_lora_adapters", run.p ? run.p : "");
-    llm_prom_label(&lab, "waiting_lora_adapters", wait.p ? wait.p : "");
+    llm_prom_label(&lab, "running_lora_adapters", rs.p ? rs.p : "");
+    llm_prom_label(&lab, "waiting_lora_adapters", ws.p ? ws.p : "");
     llm_prom_label(&lab, "max_lora", max);
+    b->failed |= rs.failed || ws.failed || lab.failed;
     /* vLLM's gauge: its value is when it was taken, the labels say which adapters run and wait */
-    llm_prom_gauge(b, "vllm:lora_requests_info", "Running and waiting LoRA adapters (vLLM's labels)",
-                   lab.failed ? NULL : lab.p, (double)time(NULL));
+    llm_prom_gauge(b, "vllm:lora_requests_info", "Running and waiting LoRA adapters (vLLM's labels)", lab.p,
+                   (double)time(NULL));
     static const char *const names[3] = {"llm_lora_requests_total", "llm_lora_prompt_tokens_total",
                                          "llm_lora_generation_tokens_total"};
     static const char *const help[3] = {"Requests naming the adapter", "Prompt tokens of its requests",
                                         "Tokens its requests generated"};
     for (int k = 0; k < 3; k++) {
         llm_prom_head(b, names[k], "counter", help[k]);
-        for (int i = 0; i < t->max; i++) {
-            srv_lora_ent *p = t->ents[i];
-            if (!p || !p->l)
-                continue;
+        for (int i = 0; i < n; i++) {
             llm_strbuf l = {0};
-            llm_prom_label(&l, "adapter", p->name);
+            llm_prom_label(&l, "adapter", rows[i].name);
             llm_prom_label(&l, "model_name", model_name);
-            unsigned long long v = k == 0 ? atomic_load(&p->requests) : k == 1 ? atomic_load(&p->prompt_tokens)
-                                                                                 : atomic_load(&p->gen_tokens);
+            b->failed |= l.failed;
             if (!l.failed)
-                llm_prom_sample(b, names[k], l.p, (double)v);
+                llm_prom_sample(b, names[k], l.p, (double)rows[i].v[k]);
             llm_strbuf_free(&l);
         }
     }
-    pthread_mutex_unlock(&t->mu);
-    llm_strbuf_free(&run);
-    llm_strbuf_free(&wait);
+    llm_strbuf_free(&rs);
+    llm_strbuf_free(&ws);
     llm_strbuf_free(&lab);
+out:
+    free(rows);
+    free(ls);
+    free(run);
+    free(wait);
 }

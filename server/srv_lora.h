@@ -60,11 +60,13 @@ void srv_lora_free(srv_loras *t);
  * entry and the cause (the server does not start). */
 llm_status srv_lora_startup(struct srv *s, llm_error *err);
 
-/* The adapter named name, held for a request (its request count bumped),
- * or NULL when no adapter has that name or it is being unloaded. */
+/* The adapter named name, held for a request, or NULL when no adapter has
+ * that name, it is still loading, or it is being unloaded. */
 srv_lora_ent *srv_lora_pin(srv_loras *t, const char *name);
 /* Lets go of p (NULL ok). */
 void srv_lora_unpin(srv_loras *t, srv_lora_ent *p);
+/* A request that runs on p, counted once (NULL ok; any thread). */
+void srv_lora_count_request(srv_lora_ent *p);
 /* A finished completion's tokens, counted on p (NULL ok; any thread). */
 void srv_lora_count(srv_lora_ent *p, int prompt_tokens, int gen_tokens);
 

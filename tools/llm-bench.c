@@ -236,7 +236,7 @@ static llm_status loras_make(dev_bench *d, const char *path, int n, int rank, ll
 
 /* Sequence i's adapter in sl[i] (handles fl, made for f), or NULL when
  * none are asked for. */
-static llm_status loras_attach(dev_bench *d, llm_forward *f, llm_forward_lora **fl, llm_seq_lora *sl, int n_seqs,
+static llm_status loras_attach(dev_bench *d, llm_forward *f, llm_forward_lora **fl, llm_forward_seq_lora *sl, int n_seqs,
                                llm_error *err)
 {
     for (int k = 0; k < d->n_loras; k++) {
@@ -244,17 +244,17 @@ static llm_status loras_attach(dev_bench *d, llm_forward *f, llm_forward_lora **
         if (st)
             return st;
     }
-    for (int i = 0; d->n_loras && i < n_seqs; i++) sl[i] = (llm_seq_lora){fl[i % d->n_loras], 1.0f};
+    for (int i = 0; d->n_loras && i < n_seqs; i++) sl[i] = (llm_forward_seq_lora){fl[i % d->n_loras], 1.0f};
     return LLM_OK;
 }
 
 /* The seq's K/V for positions [0, ctx): rows of several sequences packed
  * into passes of at most max_rows. */
 static llm_status prefill_all(llm_forward *f, kv_cache *kv, kv_seq *s, int n_seqs, int ctx, int max_rows,
-                              const int32_t *toks, const llm_seq_lora *sl)
+                              const int32_t *toks, const llm_forward_seq_lora *sl)
 {
     llm_batch_seq *bs = malloc(sizeof *bs * (size_t)n_seqs);
-    llm_seq_lora *pl = malloc(sizeof *pl * (size_t)n_seqs);
+    llm_forward_seq_lora *pl = malloc(sizeof *pl * (size_t)n_seqs);
     if (!bs || !pl) {
         free(bs);
         free(pl);
@@ -299,7 +299,7 @@ static llm_status decode_rate(dev_bench *d, int n_seqs, int ctx, int steps, doub
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)max_rows);
     llm_batch_seq *bs = malloc(sizeof *bs * (size_t)n_seqs);
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_seqs);
-    llm_seq_lora *sl = calloc((size_t)n_seqs, sizeof *sl);
+    llm_forward_seq_lora *sl = calloc((size_t)n_seqs, sizeof *sl);
     llm_forward_lora *fl[BENCH_MAX_LORAS] = {0};
     llm_status st = !s || !toks || !bs || !rows || !sl ? llm_errf(err, LLM_ERR_NOMEM, "bench: no memory") : LLM_OK;
     if (!st)

@@ -45,8 +45,9 @@ struct llm_forward {
  * matrices; on a device, copies of them in the backend's memory. */
 struct llm_forward_lora {
     const llm_lora *l;
-    const llm_lora_mat *mats; /* (n_layer * LLM_LORA_N_PROJ): l->mats, or own */
+    const llm_lora_mat *mats; /* (n_mats = n_layer * LLM_LORA_N_PROJ): l->mats, or own */
     llm_lora_mat *own;        /* the device copies' views (a, bt in backend memory), or NULL */
+    int n_mats;
 };
 
 static float *act(llm_backend *b, size_t n, int *fail)
@@ -212,7 +213,7 @@ void llm_forward_lora_free(llm_forward *f, llm_forward_lora *fl)
 {
     if (!fl)
         return;
-    for (int i = 0; fl->own && i < fl->l->n_layer * LLM_LORA_N_PROJ; i++) {
+    for (int i = 0; fl->own && i < fl->n_mats; i++) {
         llm_backend_buffer_free(f->b, fl->own[i].a);
         llm_backend_buffer_free(f->b, fl->own[i].bt);
     }
@@ -234,22 +235,46 @@ static llm_status lora_upload(llm_forward *f, const llm_lora_mat *m, llm_lora_ma
     return st ? llm_errf(err, st, "forward: copying an adapter to the %s backend failed", f->b->iface->name) : LLM_OK;
 }
 
+/* W of projection p of layer il (NULL: the layer has none: an MoE MLP). */
+static const llm_weight *lora_weight(const llm_model *m, int il, llm_lora_proj p)
+{
+    const llm_layer *L = &m->layers[il];
+    const llm_weight *w[LLM_LORA_N_PROJ] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    return w[p]->data ? w[p] : NULL;
+}
+
+/* Every adapted matrix has W's shape in this model (the adapter may have
+ * been checked against another model of the same depth). */
+static llm_status lora_fits(const llm_forward *f, const llm_lora *l, llm_error *err)
+{
+    if (l->n_layer != f->m->hp.n_layer)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "forward: the adapter has %d layers, the model %d", l->n_layer,
+                        f->m->hp.n_layer);
+    for (int i = 0; i < l->n_layer * LLM_LORA_N_PROJ; i++) {
+        const llm_lora_mat *m = &l->mats[i];
+        const llm_weight *w = m->rank ? lora_weight(f->m, i / LLM_LORA_N_PROJ, (llm_lora_proj)(i % LLM_LORA_N_PROJ)) : NULL;
+        if (m->rank && (!w || w->cols != m->in || w->rows != m->out))
+            return llm_errf(err, LLM_ERR_INVALID_ARG, "forward: the adapter's matrix %d is %d x %d, not this model's",
+                            i, m->out, m->in);
+    }
+    return LLM_OK;
+}
+
 llm_status llm_forward_lora_add(llm_forward *f, const llm_lora *l, llm_forward_lora **out, llm_error *err)
 {
     *out = NULL;
     if (f->tp || f->comm)
         return llm_errf(err, LLM_ERR_UNSUPPORTED, "forward: LoRA adapters do not run with tensor parallelism");
-    if (!f->b->iface->lora)
+    if (!f->b->iface->lora || (!llm_backend_host_memory(f->b) && !f->b->iface->write))
         return llm_errf(err, LLM_ERR_UNSUPPORTED, "forward: the %s backend runs no LoRA adapters", f->b->iface->name);
-    if (l->n_layer != f->m->hp.n_layer)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "forward: the adapter has %d layers, the model %d", l->n_layer,
-                        f->m->hp.n_layer);
+    llm_status st = lora_fits(f, l, err);
+    if (st)
+        return st;
     llm_forward_lora *fl = calloc(1, sizeof *fl);
     if (!fl)
         return llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
-    *fl = (llm_forward_lora){l, l->mats, NULL};
-    llm_status st = LLM_OK;
-    int n = l->n_layer * LLM_LORA_N_PROJ;
+    *fl = (llm_forward_lora){l, l->mats, NULL, l->n_layer * LLM_LORA_N_PROJ};
+    int n = fl->n_mats;
     if (!llm_backend_host_memory(f->b)) {
         fl->own = calloc((size_t)n, sizeof *fl->own);
         st = fl->own ? LLM_OK : llm_errf(err, LLM_ERR_NOMEM, "forward: no memory");
@@ -296,7 +321,7 @@ static llm_status lora_run(llm_forward *f, const llm_forward_batch *bt, int il, 
     if (n == 0)
         return LLM_OK;
     qsort(f->segs, (size_t)n, sizeof *f->segs, seg_cmp);
-    return f->b->iface->lora(f->b, f->segs, n, x, in, y, out);
+    return llm_backend_lora(f->b, f->segs, n, x, in, y, out);
 }
 
 static llm_status attention_block(llm_forward *f, const llm_forward_batch *bt, const llm_batch_seq *seqs,

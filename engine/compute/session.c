@@ -98,7 +98,7 @@ static llm_status eval_chunk(llm_session *s, const int32_t *tokens, int n, const
         return st;
     llm_batch_seq bs = {0, n, s->seq.n_tokens, s->seq.blocks, s->seq.lblocks};
     int32_t last = n - 1;
-    llm_seq_lora sl = {s->lora, s->lora_scale};
+    llm_forward_seq_lora sl = {s->lora, s->lora_scale};
     llm_forward_batch bt = {tokens, n, &bs, 1, rows ? rows : &last, rows ? n : 1, NULL, 0, s->lora ? &sl : NULL};
     if ((st = llm_forward_eval(s->fwd, &bt, kv_cache_layers(s->kv), logits)))
         return st;

@@ -634,7 +634,7 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     e->b_hidden_rows = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
     e->b_params = malloc(sizeof(llm_sample_params) * (size_t)c->max_seqs);
     e->b_seqs = malloc(sizeof(llm_batch_seq) * (size_t)c->max_seqs);
-    e->b_loras = malloc(sizeof(llm_seq_lora) * (size_t)c->max_seqs);
+    e->b_loras = malloc(sizeof(llm_forward_seq_lora) * (size_t)c->max_seqs);
     e->loras = calloc((size_t)c->max_loras, sizeof *e->loras);
     e->b_held = malloc(sizeof(eng_seq *) * (size_t)c->max_seqs);
     e->cp_src = malloc(sizeof(int32_t) * 2 * (size_t)n_blocks); /* the local pool is never larger */

@@ -20,7 +20,14 @@ typedef struct eng_req eng_req;
 
 /* An adapter added to the engine (engine_lora.c); slots stay put, so a
  * request points at its own. Under the engine's lock. */
-typedef enum eng_lora_state { ENG_LORA_FREE = 0, ENG_LORA_ADDING, ENG_LORA_READY, ENG_LORA_FAILED, ENG_LORA_REMOVING } eng_lora_state;
+typedef enum eng_lora_state {
+    ENG_LORA_FREE = 0,
+    ENG_LORA_ADDING,    /* waits for the engine thread */
+    ENG_LORA_PREPARING, /* the engine thread makes it ready, the lock released (a device copy takes time) */
+    ENG_LORA_READY,
+    ENG_LORA_FAILED,
+    ENG_LORA_REMOVING   /* freed once refs is 0 (and no longer preparing) */
+} eng_lora_state;
 typedef struct eng_lora {
     const llm_lora *l;
     llm_forward_lora *fl; /* the pass's handle (made and freed on the engine thread) */
@@ -132,7 +139,7 @@ struct llm_engine {
     double grammar_ms;           /* time in masks and accepts, not yet in st */
     double forward_ms;           /* this step's forward pass, not yet in st (engine thread) */
     llm_batch_seq *b_seqs;
-    llm_seq_lora *b_loras;       /* (max_seqs) the step's adapters (engine thread) */
+    llm_forward_seq_lora *b_loras;       /* (max_seqs) the step's adapters (engine thread) */
     eng_lora *loras;             /* (cfg.max_loras) */
     uint64_t lora_clock;
     int n_copies, n_local_copies;

@@ -59,14 +59,38 @@ void eng_lora_drop(llm_engine *e, eng_req *r)
         pthread_cond_signal(&e->w.cv); /* the engine thread frees it */
 }
 
+/* Slot s (under the lock) made ready for the pass with the lock released:
+ * only this thread drives the backend, and a submit or read must not wait
+ * for a device copy. A removal meanwhile (the state no longer PREPARING)
+ * gets the handle freed at once. */
+static void prepare(llm_engine *e, eng_lora *s)
+{
+    const llm_lora *l = s->l;
+    uint64_t uid = s->uid;
+    llm_forward_lora *fl = NULL;
+    llm_error err = {0};
+    s->state = ENG_LORA_PREPARING;
+    pthread_mutex_unlock(&e->w.mu);
+    llm_status st = llm_forward_lora_add(e->fwd, l, &fl, &err);
+    pthread_mutex_lock(&e->w.mu);
+    if (s->uid == uid && s->state == ENG_LORA_PREPARING) {
+        s->fl = fl;
+        s->err = err;
+        s->state = st ? ENG_LORA_FAILED : ENG_LORA_READY;
+        return;
+    }
+    llm_forward_lora_free(e->fwd, fl);
+    if (s->uid == uid) /* removed while preparing: no request ever named it */
+        *s = (eng_lora){0};
+}
+
 void eng_lora_service(llm_engine *e)
 {
     int changed = 0;
     for (int i = 0; i < e->cfg.max_loras; i++) {
         eng_lora *s = &e->loras[i];
         if (s->state == ENG_LORA_ADDING) {
-            llm_status st = llm_forward_lora_add(e->fwd, s->l, &s->fl, &s->err);
-            s->state = st ? ENG_LORA_FAILED : ENG_LORA_READY;
+            prepare(e, s);
             changed = 1;
         } else if (s->state == ENG_LORA_REMOVING && s->refs == 0) {
             llm_forward_lora_free(e->fwd, s->fl);
@@ -82,6 +106,14 @@ void eng_lora_free_all(llm_engine *e)
 {
     for (int i = 0; e->loras && i < e->cfg.max_loras; i++) llm_forward_lora_free(e->fwd, e->loras[i].fl);
     free(e->loras);
+}
+
+/* Under the lock: waits while slot s still holds adapter uid in one of
+ * the states adding leaves from. */
+static void wait_added(llm_engine *e, const eng_lora *s, uint64_t uid)
+{
+    while (s->uid == uid && (s->state == ENG_LORA_ADDING || s->state == ENG_LORA_PREPARING) && !e->w.stop)
+        pthread_cond_wait(&e->step_done, &e->w.mu);
 }
 
 llm_status llm_engine_lora_add(llm_engine *e, const llm_lora *l, llm_error *err)
@@ -102,17 +134,19 @@ llm_status llm_engine_lora_add(llm_engine *e, const llm_lora *l, llm_error *err)
         st = llm_errf(err, LLM_ERR_QUEUE_FULL, "engine: %d adapters are loaded, the most it holds; remove one first",
                       e->cfg.max_loras);
     if (!st) {
-        *s = (eng_lora){.l = l, .state = ENG_LORA_ADDING, .uid = ++e->lora_clock};
+        uint64_t uid = ++e->lora_clock;
+        *s = (eng_lora){.l = l, .state = ENG_LORA_ADDING, .uid = uid};
         pthread_cond_signal(&e->w.cv);
-        while (s->state == ENG_LORA_ADDING && !e->w.stop) pthread_cond_wait(&e->step_done, &e->w.mu);
-        if (s->state != ENG_LORA_READY) {
-            st = s->state == ENG_LORA_FAILED ? s->err.code : LLM_ERR_SHUTDOWN;
-            if (s->state == ENG_LORA_FAILED && err)
+        wait_added(e, s, uid);
+        if (s->uid != uid)
+            st = llm_errf(err, LLM_ERR_INVALID_ARG, "engine: the adapter was removed while it was being added");
+        else if (s->state == ENG_LORA_FAILED) {
+            st = s->err.code ? s->err.code : LLM_ERR_INTERNAL;
+            if (err)
                 *err = s->err;
-            else
-                llm_errf(err, LLM_ERR_SHUTDOWN, "engine: shutting down");
             *s = (eng_lora){0};
-        }
+        } else if (s->state != ENG_LORA_READY) /* stopped */
+            st = llm_errf(err, LLM_ERR_SHUTDOWN, "engine: shutting down");
     }
     pthread_mutex_unlock(&e->w.mu);
     return st;
@@ -123,9 +157,10 @@ void llm_engine_lora_remove(llm_engine *e, const llm_lora *l)
     pthread_mutex_lock(&e->w.mu);
     eng_lora *s = slot_of(e, l);
     if (s) {
-        s->state = ENG_LORA_REMOVING; /* eng_lora_take refuses it from now on */
+        uint64_t uid = s->uid;
+        s->state = ENG_LORA_REMOVING; /* eng_lora_take refuses it from now on; a preparation in flight is undone */
         pthread_cond_signal(&e->w.cv);
-        while (s->l == l && !e->w.stop) pthread_cond_wait(&e->step_done, &e->w.mu);
+        while (s->uid == uid && !e->w.stop) pthread_cond_wait(&e->step_done, &e->w.mu);
     }
     pthread_mutex_unlock(&e->w.mu);
 }
@@ -139,12 +174,15 @@ int llm_engine_lora_requests(llm_engine *e, const llm_lora *l)
     return n;
 }
 
-void llm_engine_lora_counts(llm_engine *e, const llm_lora *l, int *running, int *waiting)
+void llm_engine_lora_counts(llm_engine *e, const llm_lora *const *ls, int n, int *running, int *waiting)
 {
-    *running = *waiting = 0;
+    for (int i = 0; i < n; i++) running[i] = waiting[i] = 0;
     pthread_mutex_lock(&e->w.mu);
     for (const eng_req *r = e->reqs; r; r = r->next)
-        if (r->lora && r->lora->l == l)
-            ++*(r->t_sched > 0 ? running : waiting);
+        for (int i = 0; r->lora && i < n; i++)
+            if (r->lora->l == ls[i]) {
+                ++*(r->t_sched > 0 ? &running[i] : &waiting[i]);
+                break;
+            }
     pthread_mutex_unlock(&e->w.mu);
 }

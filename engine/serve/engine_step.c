@@ -70,7 +70,7 @@ static void step_prepare(llm_engine *e, llm_forward_batch *bt)
         eng_seq *q = it->seq->user;
         memcpy(e->b_tokens + row, q->tokens + it->pos0, sizeof(int32_t) * (size_t)it->n);
         e->b_seqs[i] = (llm_batch_seq){row, it->n, it->pos0, it->seq->kv.blocks, it->seq->kv.lblocks};
-        e->b_loras[i] = (llm_seq_lora){q->r->lora ? q->r->lora->fl : NULL, q->r->lora_scale};
+        e->b_loras[i] = (llm_forward_seq_lora){q->r->lora ? q->r->lora->fl : NULL, q->r->lora_scale};
         adapted |= q->r->lora != NULL;
         eng_hidden_rows(e, it, q, row, &n_hidden);
         row += it->n;
@@ -562,6 +562,7 @@ void *eng_step_main(void *arg)
         e->step_t0 = 0;
         pthread_cond_broadcast(&e->step_done);
     }
+    pthread_cond_broadcast(&e->step_done); /* an adapter's add or remove waiting on this thread sees the stop */
     pthread_mutex_unlock(&e->w.mu);
     return NULL;
 }

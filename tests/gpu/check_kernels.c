@@ -393,8 +393,10 @@ static void check_lora(llm_backend *cpu, int in, int out)
     }
     float *x = rand_host((size_t)NT * in), *y = rand_host((size_t)NT * out), *ref = malloc(sizeof(float) * NT * out);
     memcpy(ref, y, sizeof(float) * NT * out);
-    if (cpu->iface->lora(cpu, hs, 4, x, in, ref, out))
+    if (llm_backend_lora(cpu, hs, 4, x, in, ref, out)) {
+        fprintf(stderr, "check_kernels: the CPU backend's lora op failed\n");
         exit(2);
+    }
     int32_t w[8 * 4 + 2 * NT];
     int rows;
     int32_t *dw = lora_words(ds, 4, w, &rows);

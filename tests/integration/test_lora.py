@@ -300,6 +300,9 @@ def test_server_evicts_idle_adapters_only(adapters):
         client = srv.client()
         complete(client, "b", 1)
         complete(client, "a", 1)  # b is now the one used least recently
+        for bad in ("other-arch.gguf", "notgguf.gguf", "missing.gguf"):  # a full table: a bad file evicts nothing
+            assert admin(srv, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(a["dir"] / bad)})[0] == 400
+        assert model_ids(srv) == {NAME: None, "a": NAME, "b": NAME}
         assert admin(srv, "/v1/load_lora_adapter", {"lora_name": "c", "lora_path": str(a["c"])})[0] == 200
         assert model_ids(srv) == {NAME: None, "a": NAME, "c": NAME}
         started = {m: threading.Event() for m in ("a", "c")}
@@ -326,8 +329,9 @@ def test_server_evicts_idle_adapters_only(adapters):
 
 def test_server_bad_lora_setting_fails_the_start(adapters):
     for spec, text in ((f"a{adapters['a']}", "not NAME=PATH"), (f"a={adapters['dir'] / 'other-arch.gguf'}", "architecture"),
-                       (f"{NAME}={adapters['a']}", "base model's name"), (f"a={adapters['a']}:5000", "scale")):
-        srv = Server(adapters["base"], "--lora", spec, wait=False)
+                       (f"{NAME}={adapters['a']}", "base model's name"), (f"a={adapters['a']}:5000", "scale"),
+                       (",".join(f"{k}={adapters[k]}" for k in "abcde"), "more than max_loras 4")):
+        srv = Server(adapters["base"], "--lora", spec, "--max_loras", 4, wait=False)
         try:
             detail = wait_for(lambda: failed_or_none(srv), 60, "the load failing")
             assert text in detail, (spec, detail)

@@ -1066,6 +1066,24 @@ static void test_lora_add_remove(void **st)
     static result again;
     collect(e, submit(e, &rq), 1, &again);
     assert_int_equal(again.usage[0].cached_tokens, 0); /* a new uid: the old adapter's blocks are not its own */
+    /* an adapter checked against another model of the same depth (one K/V head, not two) does not fit: refused */
+    char qpath[256], lpath[256];
+    llm_model *q = NULL;
+    llm_lora *lq = NULL;
+    test_tmpfile("engine-llama3", qpath, sizeof qpath);
+    test_tmpfile("engine-llama3-lora", lpath, sizeof lpath);
+    assert_int_equal(llm_mkmodel(llm_shape_find("tiny-llama3"), QT_F32, 3, qpath, &err), LLM_OK);
+    assert_int_equal(llm_model_load(qpath, &q, &err), LLM_OK);
+    assert_int_equal(llm_mklora(qpath, 8, 16, QT_F32, 4, lpath, &err), LLM_OK);
+    assert_int_equal(llm_lora_load(lpath, q, 0, &lq, &err), LLM_OK);
+    assert_int_equal(q->hp.n_layer, g_tiny->hp.n_layer);
+    llm_engine_lora_remove(e, la);
+    assert_int_equal(llm_engine_lora_add(e, lq, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "not this model's"));
+    llm_lora_free(lq);
+    llm_model_free(q);
+    remove(qpath);
+    remove(lpath);
     close_engine(e);
     llm_lora_free(la);
     llm_lora_free(lb);

@@ -225,9 +225,7 @@ llm_status cuda_lora(llm_backend *b, const llm_lora_seg *segs, int n_segs, const
     cu_use_device(c);
     size_t rows = 0;
     int max_rank = 0;
-    for (int i = 0; i < n_segs; i++) {
-        if (segs[i].rank < 1 || segs[i].rank > LLM_LORA_SEG_MAX_RANK || segs[i].n_rows < 0)
-            return LLM_ERR_INVALID_ARG;
+    for (int i = 0; i < n_segs; i++) { /* ranks and counts checked by llm_backend_lora */
         rows += (size_t)segs[i].n_rows;
         max_rank = segs[i].rank > max_rank ? segs[i].rank : max_rank;
     }

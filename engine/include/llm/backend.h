@@ -239,8 +239,9 @@ struct llm_backend_i {
      * bytes from backend memory src to host dst once every queued operation
      * is done; returns the first failure since the last status. */
     llm_status (*read)(llm_backend *b, void *dst, const void *src, size_t bytes);
-    /* Optional, with read: copies bytes from host src to backend memory
-     * dst (after every queued operation; src may be reused on return). */
+    /* Required where read is set (a device backend): copies bytes from
+     * host src to backend memory dst (after every queued operation; src
+     * may be reused on return). */
     llm_status (*write)(llm_backend *b, void *dst, const void *src, size_t bytes);
     /* Optional (a device backend): out[r] (host) = the token picked from
      * row r of logits with p[r] (temperature <= 0: the largest logit, ties
@@ -338,13 +339,29 @@ static inline size_t llm_backend_mem_available(llm_backend *b) { return b->iface
 static inline int llm_backend_host_memory(const llm_backend *b) { return b->iface->read == NULL; }
 static inline llm_status llm_backend_read(llm_backend *b, void *dst, const void *src, size_t bytes)
 { return b->iface->read ? b->iface->read(b, dst, src, bytes) : LLM_OK; }
-/* Host src into backend memory dst (a plain copy on a host-memory backend). */
+/* Host src into backend memory dst (a plain copy on a host-memory
+ * backend); LLM_ERR_UNSUPPORTED on a device backend without write. */
 static inline llm_status llm_backend_write(llm_backend *b, void *dst, const void *src, size_t bytes)
 {
     if (b->iface->write)
         return b->iface->write(b, dst, src, bytes);
+    if (!llm_backend_host_memory(b))
+        return LLM_ERR_UNSUPPORTED;
     memcpy(dst, src, bytes);
     return LLM_OK;
+}
+/* The low-rank updates of segs (llm_backend_i.lora): LLM_ERR_UNSUPPORTED
+ * without the op, LLM_ERR_INVALID_ARG for a rank outside
+ * [1, LLM_LORA_SEG_MAX_RANK] or a negative row count. */
+static inline llm_status llm_backend_lora(llm_backend *b, const llm_lora_seg *segs, int n_segs, const float *x, int in,
+                                          float *y, int out)
+{
+    if (!b->iface->lora)
+        return LLM_ERR_UNSUPPORTED;
+    for (int i = 0; i < n_segs; i++)
+        if (segs[i].rank < 1 || segs[i].rank > LLM_LORA_SEG_MAX_RANK || segs[i].n_rows < 0)
+            return LLM_ERR_INVALID_ARG;
+    return b->iface->lora(b, segs, n_segs, x, in, y, out);
 }
 static inline void llm_backend_mem_stats(llm_backend *b, llm_backend_mem *out)
 {

@@ -204,9 +204,10 @@ void llm_engine_lora_remove(llm_engine *e, const llm_lora *l);
 /* Requests naming l not yet over (queued, running, or with events unread);
  * -1 when l is not added. */
 int llm_engine_lora_requests(llm_engine *e, const llm_lora *l);
-/* Of those, how many were scheduled at least once (*running: they hold
- * K/V or have run) and how many wait for their first step (*waiting);
- * both 0 when l is not added. O(requests). */
-void llm_engine_lora_counts(llm_engine *e, const llm_lora *l, int *running, int *waiting);
+/* For each of the n adapters ls[i], how many requests naming it were
+ * scheduled at least once (running[i]: they hold K/V or have run) and how
+ * many wait for their first step (waiting[i]); 0 for one not added. One
+ * pass over the requests. */
+void llm_engine_lora_counts(llm_engine *e, const llm_lora *const *ls, int n, int *running, int *waiting);
 
 #endif

@@ -24,10 +24,10 @@ typedef struct llm_forward_lora llm_forward_lora;
 
 /* A sequence's adapter in a batch: its projections get s * B (A x) with s
  * = llm_lora_factor(adapter, matrix, scale). */
-typedef struct llm_seq_lora {
+typedef struct llm_forward_seq_lora {
     const llm_forward_lora *lora; /* NULL: the base model alone */
     float scale;                  /* the request's; finite */
-} llm_seq_lora;
+} llm_forward_seq_lora;
 
 typedef struct llm_forward_batch {
     const int32_t *tokens;      /* (n_rows) ids; one outside [0, n_vocab) fails the pass (LLM_ERR_INVALID_ARG) */
@@ -39,7 +39,7 @@ typedef struct llm_forward_batch {
     const int32_t *hidden_rows; /* (n_hidden) rows whose final hidden state (after the output norm, the input of
                                  * the output matmul) is wanted: embeddings; see llm_forward_hidden */
     int n_hidden;               /* 0 to n_rows */
-    const llm_seq_lora *loras;  /* (n_seqs) each sequence's adapter, or NULL: none in this batch */
+    const llm_forward_seq_lora *loras;  /* (n_seqs) each sequence's adapter, or NULL: none in this batch */
 } llm_forward_batch;
 
 /* max_rows: most rows per batch; max_logits: most logit rows per batch. */
