@@ -107,6 +107,9 @@ static const key_def keys[] = {
     {"lora", K_LIST, F(lora), 0, 0, "",
      "LoRA adapters (llama.cpp's GGUF format) loaded at start: NAME=PATH[:SCALE], comma separated or --lora again; "
      "PATH may be an hf://, s3:// or https:// source; a request's model names one"},
+    {"lora_file", K_STR, F(lora_file), 0, 0, "",
+     "a JSON file of LoRA adapters loaded at start: [{\"name\", \"uri\" or \"path\", \"sha256\", \"scale\"}] "
+     "(llm-controller writes spec.adapters there)"},
     {"lora_dir", K_STR, F(lora_dir), 0, 0, "",
      "directory /v1/load_lora_adapter's local lora_path must lie in (symbolic links resolved); empty: sources only"},
     {"max_loras", K_INT, F(max_loras), 1, 1024, "8",

@@ -58,6 +58,8 @@ typedef struct srv_config {
     long memory_budget_mb;  /* a colocated canary must fit in this; 0: the cgroup's limit */
     char *lora;             /* adapters loaded at start: NAME=PATH[:SCALE], comma separated (srv_lora.h); a
                              * repeated --lora adds to the list */
+    char *lora_file;        /* adapters loaded at start, as JSON: [{"name", "uri" | "path", "sha256", "scale"}]
+                             * (the operator's spec.adapters); "": none */
     char *lora_dir;         /* /v1/load_lora_adapter's local paths lie in here; "": only sources */
     long max_loras;         /* adapters loaded at once */
     long max_lora_rank;     /* the largest rank an adapter may have */

@@ -564,6 +564,24 @@ static int lora_admin(srv *s, struct mg_connection *c, int load)
 static int h_lora_load(struct mg_connection *c, void *cb) { return lora_admin(cb, c, 1); }
 static int h_lora_unload(struct mg_connection *c, void *cb) { return lora_admin(cb, c, 0); }
 
+/* GET /admin/lora: what is loaded (the operator's view of a pod's adapters). */
+static int h_lora_state(struct mg_connection *c, void *cb)
+{
+    srv *s = cb;
+    srv_err e = {0};
+    char tbuf[256];
+    const char *tok = admin_token(s, tbuf, sizeof tbuf);
+    if (!tok)
+        srv_err_set(&e, 404, NULL, "the adapter routes are off (no admin token: admin_token_file unset or unreadable)");
+    else if (!http_guard_bearer_ok(mg_get_header(c, "Authorization"), tok))
+        srv_err_set(&e, 401, NULL, "the admin token is required (Authorization: Bearer TOKEN)");
+    else if (strcmp(mg_get_request_info(c)->request_method, "GET"))
+        srv_err_set(&e, 405, NULL, "use GET for /admin/lora");
+    int status = e.status ? srv_http_send_err(c, &e) : srv_http_send_json(c, 200, srv_lora_state(&s->loras));
+    srv_metrics_request(&s->metrics, R_OTHER, status);
+    return status;
+}
+
 /* The probes and /metrics on the health port: a listener of its own
  * (http_probe.h), which neither API traffic nor idle connections can hold. */
 static llm_status start_health(srv *s, llm_error *err)
@@ -594,7 +612,8 @@ int srv_http_start(srv *s, llm_error *err)
         {"/generate$", h_generate},          {"/health$", h_health},
         {"/readyz$", h_health},              {"/startupz$", h_health},          {"/metrics$", h_health},
         {"/v1/embeddings$", h_embeddings},   {"/admin/canary$", h_admin_canary},
-        {"/v1/load_lora_adapter$", h_lora_load}, {"/v1/unload_lora_adapter$", h_lora_unload}, {"/", h_other},
+        {"/v1/load_lora_adapter$", h_lora_load}, {"/v1/unload_lora_adapter$", h_lora_unload},
+        {"/admin/lora$", h_lora_state},      {"/", h_other},
     };
     /* every route on a big stack (http_guard_route): request bodies, schemas, templates and the model's tool
      * calls are read there */

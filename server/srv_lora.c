@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "fetch.h"
+#include "llm/json.h"
 #include "llm/prom.h"
 #include "srv.h"
 #include "srv_lora.h"
@@ -136,12 +137,13 @@ static int slot_take(srv *s, int evict, srv_lora_ent **evicted)
  * a path opened inside lora_dir (restricted: a path from a request) or as
  * it is (the operator's setting). *fd (-1: none) is held open while the
  * file is read through *path. 0, or the status with msg/param set. */
-static int adapter_file(srv *s, const char *source, int restricted, char *path, size_t n, int *fd, srv_err *e)
+static int adapter_file(srv *s, const char *source, const char *sha, int restricted, char *path, size_t n, int *fd,
+                        srv_err *e)
 {
     *fd = -1;
     if (fetch_is_remote(source)) {
         llm_error err = {0};
-        fetch_options o = {.cache_dir = s->cfg.model_cache[0] ? s->cfg.model_cache : NULL,
+        fetch_options o = {.cache_dir = s->cfg.model_cache[0] ? s->cfg.model_cache : NULL, .sha256 = sha,
                            .verify_cached = (int)s->cfg.model_cache_verify, .abort = &s->stopping};
         llm_status st = fetch_model(source, &o, path, n, NULL, &err);
         if (st)
@@ -173,12 +175,17 @@ static int taken(srv_loras *t, const char *name) { return find(t, name) != NULL;
 
 /* The adapter read from source and checked against the served model
  * before anything loaded is touched: 0 with *out, or the status. */
-static int read_adapter(srv *s, const char *name, const char *source, int restricted, llm_lora **out, srv_err *e)
+static int read_adapter(srv *s, const char *name, const char *source, const char *sha, int restricted, llm_lora **out,
+                        srv_err *e)
 {
     char path[4096];
-    int fd, st = adapter_file(s, source, restricted, path, sizeof path, &fd, e);
+    int fd, st = adapter_file(s, source, sha, restricted, path, sizeof path, &fd, e);
     llm_error err = {0};
-    llm_status ls = st ? LLM_OK : llm_lora_load(path, s->model, s->loras.max_rank, out, &err);
+    llm_status ls = LLM_OK;
+    if (!st && sha && *sha && !fetch_is_remote(source)) /* a source's digest was checked as it arrived */
+        ls = srv_load_verify_sha256(path, sha, &s->stopping, &err);
+    if (!st && !ls)
+        ls = llm_lora_load(path, s->model, s->loras.max_rank, out, &err);
     if (fd >= 0)
         close(fd);
     if (ls) /* the message names /proc/self/fd/N for a file opened in lora_dir: the source is named first */
@@ -190,7 +197,8 @@ static int read_adapter(srv *s, const char *name, const char *source, int restri
  * nothing), then a slot is taken (the idle adapter used least recently
  * unloaded when the table is full: evict 0 refuses that) and the engine
  * makes it ready. 0, or the status with e set. */
-static int load(srv *s, const char *name, const char *source, float scale, int restricted, int evict, srv_err *e)
+static int load(srv *s, const char *name, const char *source, const char *sha, float scale, int restricted, int evict,
+                srv_err *e)
 {
     srv_loras *t = &s->loras;
     if (!name_ok(name))
@@ -204,13 +212,14 @@ static int load(srv *s, const char *name, const char *source, float scale, int r
         return srv_fail(e, 400, "lora_name", "an adapter named '%s' is loaded already", name);
     llm_lora *l = NULL;
     srv_lora_ent *p = calloc(1, sizeof *p), *old = NULL;
-    int st = !p ? srv_fail(e, 503, NULL, "out of memory") : read_adapter(s, name, source, restricted, &l, e);
+    int st = !p ? srv_fail(e, 503, NULL, "out of memory") : read_adapter(s, name, source, sha, restricted, &l, e);
     if (st) {
         free(p);
         return st;
     }
     snprintf(p->name, sizeof p->name, "%s", name);
     snprintf(p->source, sizeof p->source, "%s", source);
+    snprintf(p->sha256, sizeof p->sha256, "%s", sha ? sha : "");
     p->scale = scale;
     pthread_mutex_lock(&t->mu);
     int i = taken(t, name) ? -2 : slot_take(s, evict, &old); /* a load of the same name may have won meanwhile */
@@ -266,13 +275,67 @@ static int parse_entry(char *e, char **name, char **source, float *scale)
     return 0;
 }
 
+/* A string member of req (shorter than 4096 bytes, no NUL inside), or NULL. */
+static const char *str_field(json_t *req, const char *k)
+{
+    json_t *v = json_object_get(req, k);
+    return json_is_string(v) && json_string_length(v) < 4096 && strlen(json_string_value(v)) == json_string_length(v)
+               ? json_string_value(v)
+               : NULL;
+}
+
+/* One lora_file entry: {"name", "uri" | "path", "sha256", "scale"}. */
+static llm_status file_entry(srv *s, json_t *it, size_t i, llm_error *err)
+{
+    const char *name = str_field(it, "name"), *uri = str_field(it, "uri"), *path = str_field(it, "path");
+    const char *sha = str_field(it, "sha256");
+    json_t *sc = json_object_get(it, "scale");
+    srv_err e = {0};
+    if (!json_is_object(it) || !name || !uri == !path)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "lora_file: entry %zu needs a name and one of uri and path", i);
+    if (sc && !(json_is_number(sc) && fabs(json_number_value(sc)) <= 1000))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "lora_file: %s: scale is not a number in [-1000, 1000]", name);
+    if (load(s, name, uri ? uri : path, sha, sc ? (float)json_number_value(sc) : 1.0f, 0, 0, &e))
+        return llm_errf(err, e.status == 503 ? LLM_ERR_NOMEM : LLM_ERR_INVALID_ARG, "lora_file: %s", e.msg);
+    fprintf(stderr, "llm-server: adapter '%s' loaded from %s\n", name, uri ? uri : path);
+    return LLM_OK;
+}
+
+/* lora_file's adapters (at most max_loras, with the `lora` setting's). */
+static llm_status file_startup(srv *s, int already, llm_error *err)
+{
+    FILE *f = fopen(s->cfg.lora_file, "rb");
+    if (!f)
+        return llm_errf(err, LLM_ERR_IO, "lora_file: cannot open %s: %s", s->cfg.lora_file, strerror(errno));
+    char *text = malloc(1 << 20);
+    size_t n = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+    int big = text && n == (1 << 20) - 1;
+    fclose(f);
+    if (!text || big) {
+        free(text);
+        return llm_errf(err, text ? LLM_ERR_TOO_LONG : LLM_ERR_NOMEM, "lora_file: %s is over 1 MiB", s->cfg.lora_file);
+    }
+    text[n] = 0;
+    json_t *arr = llm_json_load(text, n, 0, NULL, err);
+    free(text);
+    llm_status st = !arr ? llm_errf(err, err->code ? err->code : LLM_ERR_FORMAT, "lora_file: %s: %s", s->cfg.lora_file, err->msg)
+                    : !json_is_array(arr) ? llm_errf(err, LLM_ERR_INVALID_ARG, "lora_file: %s is not a JSON array", s->cfg.lora_file)
+                    : already + (int)json_array_size(arr) > s->loras.max
+                        ? llm_errf(err, LLM_ERR_INVALID_ARG, "lora_file: %d adapters in all, more than max_loras %d",
+                                   already + (int)json_array_size(arr), s->loras.max)
+                        : LLM_OK;
+    for (size_t i = 0; !st && i < json_array_size(arr); i++) st = file_entry(s, json_array_get(arr, i), i, err);
+    json_decref(arr);
+    return st;
+}
+
 llm_status srv_lora_startup(srv *s, llm_error *err)
 {
     char *list = strdup(s->cfg.lora), *save = NULL;
     if (!list)
         return llm_errf(err, LLM_ERR_NOMEM, "lora: no memory");
     llm_status st = LLM_OK;
-    int n = 1;
+    int n = *list ? 1 : 0;
     for (const char *c = list; (c = strchr(c, ',')); c++) n++;
     if (n > s->loras.max)
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "lora: %d adapters, more than max_loras %d", n, s->loras.max);
@@ -284,37 +347,34 @@ llm_status srv_lora_startup(srv *s, llm_error *err)
             st = llm_errf(err, LLM_ERR_INVALID_ARG, "lora: '%s' is not NAME=PATH[:SCALE]", tok);
         else if (!(fabsf(scale) <= 1000.0f))
             st = llm_errf(err, LLM_ERR_INVALID_ARG, "lora: %s: scale %g is not in [-1000, 1000]", name, (double)scale);
-        else if (load(s, name, source, scale, 0, 0, &e))
+        else if (load(s, name, source, NULL, scale, 0, 0, &e))
             st = llm_errf(err, e.status == 503 ? LLM_ERR_NOMEM : LLM_ERR_INVALID_ARG, "lora: %s", e.msg);
         else
             fprintf(stderr, "llm-server: adapter '%s' loaded from %s (scale %g)\n", name, source, (double)scale);
     }
     free(list);
+    if (!st && s->cfg.lora_file[0])
+        st = file_startup(s, n, err);
     return st;
 }
 
 /* ---- the routes -------------------------------------------------------------------- */
 
-static const char *str_field(json_t *req, const char *k)
-{
-    json_t *v = json_object_get(req, k);
-    return json_is_string(v) && json_string_length(v) < 4096 && strlen(json_string_value(v)) == json_string_length(v)
-               ? json_string_value(v)
-               : NULL;
-}
 
 int srv_lora_load_req(srv *s, json_t *req, srv_err *e)
 {
-    const char *name = str_field(req, "lora_name"), *path = str_field(req, "lora_path");
-    json_t *sc = json_object_get(req, "scale");
+    const char *name = str_field(req, "lora_name"), *path = str_field(req, "lora_path"), *sha = str_field(req, "sha256");
+    json_t *sc = json_object_get(req, "scale"), *shaj = json_object_get(req, "sha256");
     if (!json_is_object(req) || !name)
         return srv_fail(e, 400, "lora_name", "'lora_name' must be a string");
+    if (shaj && !json_is_null(shaj) && (!sha || strlen(sha) != 64 || strspn(sha, "0123456789abcdefABCDEF") != 64))
+        return srv_fail(e, 400, "sha256", "'sha256' must be 64 hex digits");
     if (!path)
         return srv_fail(e, 400, "lora_path", "'lora_path' must be a path or an hf://, s3:// or https:// source");
     if (sc && !json_is_null(sc) && !(json_is_number(sc) && fabs(json_number_value(sc)) <= 1000))
         return srv_fail(e, 400, "scale", "'scale' must be a number in [-1000, 1000]");
     float scale = sc && json_is_number(sc) ? (float)json_number_value(sc) : 1.0f;
-    int st = load(s, name, path, scale, 1, 1, e);
+    int st = load(s, name, path, sha, scale, 1, 1, e);
     if (!st)
         fprintf(stderr, "llm-server: adapter '%s' loaded from %s (scale %g)\n", name, path, (double)scale);
     return st ? st : 200;
@@ -348,6 +408,26 @@ int srv_lora_unload_req(srv *s, json_t *req, srv_err *e)
 }
 
 /* ---- listing and metrics -------------------------------------------------------------- */
+
+json_t *srv_lora_state(srv_loras *t)
+{
+    json_t *list = json_array(), *out = list ? json_pack("{s:o,s:i}", "adapters", list, "max_loras", t->max) : NULL;
+    if (!out)
+        return NULL;
+    pthread_mutex_lock(&t->mu);
+    for (int i = 0; i < t->max; i++) {
+        const srv_lora_ent *p = t->ents[i];
+        if (p && json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:f,s:s}", "name", p->name, "source", p->source,
+                                                       "sha256", p->sha256, "scale", (double)p->scale, "state",
+                                                       !p->l ? "loading" : p->unloading ? "unloading" : "ready"))) {
+            json_decref(out); /* never a list with an adapter missing */
+            out = NULL;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+    return out;
+}
 
 /* Where an adapter came from, as /v1/models shows it to every caller: a
  * URL without its user part or query (a pre-signed URL's signature). */

@@ -33,6 +33,7 @@
 typedef struct srv_lora_ent {
     char name[SRV_LORA_NAME_MAX + 1];
     char source[4096];      /* as asked for: a path or a source */
+    char sha256[65];        /* the digest it was checked against, or "" */
     float scale;
     llm_lora *l;            /* NULL while it loads */
     int pins;               /* requests holding it (under the table's lock) */
@@ -56,8 +57,8 @@ struct srv_err;
 int srv_lora_init(srv_loras *t, int max, int max_rank);
 /* After the engine is closed: every adapter freed. */
 void srv_lora_free(srv_loras *t);
-/* The `lora` setting's adapters into the (ready) engine; errors name the
- * entry and the cause (the server does not start). */
+/* The `lora` and `lora_file` settings' adapters into the (ready) engine;
+ * errors name the entry and the cause (the server does not start). */
 llm_status srv_lora_startup(struct srv *s, llm_error *err);
 
 /* The adapter named name, held for a request, or NULL when no adapter has
@@ -71,13 +72,18 @@ void srv_lora_count_request(srv_lora_ent *p);
 void srv_lora_count(srv_lora_ent *p, int prompt_tokens, int gen_tokens);
 
 /* POST /v1/load_lora_adapter and /v1/unload_lora_adapter (req: the
- * body): 200, or the status with e set (400 naming the field: a bad or
+ * body; load also takes "sha256", the file's expected digest, and
+ * "scale"): 200, or the status with e set (400 naming the field: a bad or
  * taken name, a path outside lora_dir, a file that is not an adapter of
  * this model; 404 no such adapter; 429 every slot holds an adapter in use;
  * 503 out of memory). Unloading returns once no request holds it. */
 int srv_lora_load_req(struct srv *s, json_t *req, struct srv_err *e);
 int srv_lora_unload_req(struct srv *s, json_t *req, struct srv_err *e);
 
+/* GET /admin/lora: {"adapters": [{"name", "source", "sha256", "scale",
+ * "state": loading | ready | unloading}], "max_loras"} (new reference;
+ * NULL without memory). */
+json_t *srv_lora_state(srv_loras *t);
 /* /v1/models entries of the loaded adapters (parent: base), appended to data. */
 void srv_lora_models(srv_loras *t, const char *base, long created, json_t *data);
 /* vllm:lora_requests_info and the per-adapter counters, in exposition text. */

@@ -142,7 +142,7 @@ static void *loader(void *arg)
     s->embed_pooling = srv_embed_default_pooling(s->model, s->cfg.embedding_pooling);
     logf_("embeddings: %s pooling", s->embed_pooling == LLM_POOL_MEAN ? "mean" : "last");
     s->created = (long)time(NULL);
-    if (s->cfg.lora[0] && srv_lora_startup(s, &err)) {
+    if ((s->cfg.lora[0] || s->cfg.lora_file[0]) && srv_lora_startup(s, &err)) {
         snprintf(s->status, sizeof s->status, "%s", err.msg);
         logf_("failed: %s", err.msg);
         atomic_store(&s->phase, SRV_FAILED);

@@ -345,3 +345,39 @@ def failed_or_none(srv):
     except OSError:
         return None
     return body["detail"] if body.get("phase") == "failed" else None
+
+
+def test_server_lora_file_and_digests(adapters, tmp_path):
+    """lora_file (what the operator writes from spec.adapters): adapters with
+    their sha256 and scale at start; GET /admin/lora shows them; a wrong
+    digest stops the start, or refuses a load, naming the mismatch."""
+    a = adapters
+    digest = hashlib.sha256(a["a"].read_bytes()).hexdigest()
+    f = tmp_path / "adapters.json"
+    f.write_text(json.dumps([{"name": "a", "path": str(a["a"]), "sha256": digest},
+                             {"name": "b", "path": str(a["b"]), "scale": 0.5}]))
+    srv = Server(a["base"], "--lora_file", f, "--admin_token", TOKEN, "--lora_dir", a["dir"])
+    try:
+        status, text, _ = srv.request("GET", "/admin/lora", headers={"Authorization": f"Bearer {TOKEN}"})
+        state = json.loads(text)
+        assert status == 200 and state["max_loras"] == 8, text
+        assert [(x["name"], x["sha256"], x["scale"], x["state"]) for x in state["adapters"]] == \
+            [("a", digest, 1.0, "ready"), ("b", "", 0.5, "ready")]
+        assert srv.request("GET", "/admin/lora")[0] == 401
+        status, text, _ = admin(srv, "/v1/load_lora_adapter", {"lora_name": "c", "lora_path": str(a["c"]), "sha256": digest})
+        assert status == 400 and "sha256 mismatch" in text, text
+        assert admin(srv, "/v1/load_lora_adapter", {"lora_name": "c", "lora_path": str(a["c"]), "sha256": "12"})[0] == 400
+        assert model_ids(srv) == {NAME: None, "a": NAME, "b": NAME}
+    finally:
+        srv.stop()
+    f.write_text(json.dumps([{"name": "a", "path": str(a["b"]), "sha256": digest}]))
+    for body, text in ((None, "sha256 mismatch"), ('[{"name": "a"}]', "needs a name and one of uri and path"),
+                       ('{"a": 1}', "not a JSON array"), ("[", "lora_file")):
+        if body is not None:
+            f.write_text(body)
+        srv = Server(a["base"], "--lora_file", f, wait=False)
+        try:
+            detail = wait_for(lambda: failed_or_none(srv), 60, "the load failing")
+            assert text in detail, (body, detail)
+        finally:
+            srv.stop()
