@@ -60,7 +60,7 @@ SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 # kube (libllmkube.a, controller and router): API client, config, watch, caches, server-side apply, object metadata.
 KUBE_SRC = kube/kube_config.c kube/kube_client.c kube/kube_watch.c kube/kube_cache.c kube/kube_apply.c kube/kube_meta.c \
            kube/kube_json.c
-CONTROLLER_SRC = controller/ctl_main.c controller/reconcile.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
+CONTROLLER_SRC = controller/ctl_main.c controller/reconcile.c controller/adapters.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
                  controller/desired.c controller/pod_diag.c controller/ctl_event.c controller/autoscale.c controller/podsig.c \
                  controller/plan.c controller/canary.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)

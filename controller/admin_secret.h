@@ -1,5 +1,6 @@
-/* admin_secret.h - the bearer token of llm-server's /admin/canary for an
- * LLMDeployment with a colocated canary, without the controller holding a
+/* admin_secret.h - the bearer token of llm-server's admin routes
+ * (/admin/canary, the adapter routes) for an LLMDeployment with a
+ * colocated canary or spec.adapters, without the controller holding a
  * cluster-wide right to read Secrets.
  *
  * The controller keeps one random 32-byte key in a Secret of its own

@@ -71,6 +71,10 @@ static json_t *meta(json_t *d, const char *name)
                      json_object_get(md, "uid"), "controller", 1, "blockOwnerDeletion", 1, "annotations");
 }
 
+int desired_adapters(json_t *d) { return json_is_array(kube_json_get(json_object_get(d, "spec"), "adapters", NULL)); }
+
+int desired_admin(json_t *d) { return desired_colocated(d) || desired_adapters(d); }
+
 int desired_colocated(json_t *d)
 {
     const char *m = json_string_value(json_object_get(json_object_get(json_object_get(d, "spec"), "canary"), "mode"));
@@ -90,6 +94,27 @@ json_t *desired_admin_secret(json_t *d, const char *name, const char *token)
 }
 
 /* ---- ConfigMap: llm-server's YAML ---------------------------------------------------- */
+
+/* spec.adapters as llm-server's lora_file (the same members; malloc'd). */
+static char *adapters_json(json_t *spec)
+{
+    json_t *list = json_array(), *a;
+    size_t i;
+    json_array_foreach(json_object_get(spec, "adapters"), i, a) {
+        json_t *e = json_pack("{s:O}", "name", json_object_get(a, "name"));
+        static const char *const keys[] = {"uri", "path", "sha256", "scale"};
+        for (size_t k = 0; e && k < 4; k++)
+            if (json_object_get(a, keys[k]))
+                json_object_set(e, keys[k], json_object_get(a, keys[k]));
+        if (!e || json_array_append_new(list, e)) {
+            json_decref(list);
+            return NULL;
+        }
+    }
+    char *text = list ? json_dumps(list, JSON_COMPACT) : NULL;
+    json_decref(list);
+    return text;
+}
 
 /* One "key: value" line of the configuration (the buffer grows: a
  * 4,096-character model path fits; a failed allocation shows at the end). */
@@ -158,14 +183,28 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
         yaml_line(y, "tensor_parallel", "%lld", tp);
     if (json_is_false(kube_json_get(spec, "engine", "prefixCache"))) /* only when off: others keep their config (and pods) */
         yaml_line(y, "prefix_cache", "%s", "false");
+    if (desired_adapters(d)) { /* the list itself is in DESIRED_ADAPTERS_KEY, outside the configuration's hash */
+        yaml_line(y, "lora_file", "%s", DESIRED_CONFIG_DIR "/" DESIRED_ADAPTERS_KEY);
+        /* a changed list's paths, loaded through the admin route (whose token only the controller has): anywhere
+         * in the pod's own files, as lora_file's are at start */
+        yaml_line(y, "lora_dir", "%s", "/");
+        yaml_line(y, "max_loras", "%d", DESIRED_MAX_ADAPTERS);
+    }
     free(model);
     free(served);
     char cmname[300], *text = llm_strbuf_take(y);
     snprintf(cmname, sizeof cmname, "%s-config", name_of(d));
     json_t *out = text ? json_pack("{s:s,s:s,s:o,s:{s:s}}", "apiVersion", "v1", "kind", "ConfigMap", "metadata",
                                    meta(d, cmname), "data", "config.yaml", text) : NULL;
+    char *list = out && desired_adapters(d) ? adapters_json(spec) : NULL;
+    if (out && desired_adapters(d) && (!list || json_object_set_new(json_object_get(out, "data"), DESIRED_ADAPTERS_KEY,
+                                                                    json_string(list)))) {
+        json_decref(out);
+        out = NULL;
+    }
     if (!out)
         snprintf(msg, mn, "no memory for the ConfigMap");
+    free(list);
     free(text);
     return out;
 }

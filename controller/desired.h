@@ -32,6 +32,11 @@
 #define DESIRED_APP "app.kubernetes.io/name" /* llm-server or llm-router */
 
 #define DESIRED_CONFIG_DIR "/etc/llm-server"
+/* spec.adapters as llm-server's lora_file: a key of the configuration's
+ * ConfigMap left out of its hash, so a changed list restarts no pod (the
+ * controller applies it through the pods' admin routes); loaded at start. */
+#define DESIRED_ADAPTERS_KEY "adapters.json"
+#define DESIRED_MAX_ADAPTERS 32 /* the CRD's maxItems: the servers' max_loras */
 /* Where a model source (spec.model.uri) is downloaded: the volume of
  * spec.model.cache (a PVC the replicas share, a node folder per namespace,
  * or an emptyDir per pod), in huggingface_hub's layout. */
@@ -101,6 +106,8 @@ void desired_base_hash(json_t *llmd, char out[17]);
  * name the file (--admin_token_file). desired_admin_secret: that Secret named
  * name, holding token (at most 64 characters; NULL otherwise). */
 int desired_colocated(json_t *llmd); /* spec.canary.mode is colocated */
+int desired_adapters(json_t *llmd);  /* spec.adapters is set (even empty) */
+int desired_admin(json_t *llmd);     /* the pods need the admin token: a colocated canary or adapters */
 #define DESIRED_ADMIN_SUFFIX "-admin"
 #define DESIRED_ADMIN_KEY "token"
 #define DESIRED_ADMIN_DIR "/etc/llm-admin"

@@ -224,7 +224,12 @@ static llm_status server_objects(const plan_input *in, json_t *d, plan *p, json_
     char msg[512] = "", cfg_hash[17];
     if (!(*cm = desired_configmap(d, msg, sizeof msg)))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg[0] ? msg : "cannot build the ConfigMap");
-    kube_meta_hash(json_object_get(*cm, "data"), cfg_hash);
+    json_t *hashed = json_deep_copy(json_object_get(*cm, "data")); /* without the adapters' list: applied live */
+    if (!hashed)
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory for the configuration's hash");
+    json_object_del(hashed, DESIRED_ADAPTERS_KEY);
+    kube_meta_hash(hashed, cfg_hash);
+    json_decref(hashed);
     if (!(*dep = desired_deployment(d, cfg_hash, in->admin_secret, in->site, msg, sizeof msg)))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg);
     kube_meta_hash(kube_json_get(json_object_get(*dep, "spec"), "template", NULL), p->template_hash);
@@ -242,7 +247,7 @@ static llm_status steps(const plan_input *in, json_t *d, plan *p, json_t *cm, js
 {
     const char *ns = kube_json_str(d, "metadata", "namespace"), *name = kube_json_str(d, "metadata", "name");
     int bad = 0;
-    if (desired_colocated(d)) /* before the pods that mount it */
+    if (desired_admin(d)) /* before the pods that mount it */
         bad |= json_array_append_new(p->steps, json_pack("{s:s}", "op", "adminSecret"));
     if (!p->ro.keep_config)
         bad |= !step_apply(p, CORE, ns, "configmaps", json_incref(cm));

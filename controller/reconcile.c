@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "llm/json.h"
+#include "adapters.h"
 #include "admin_secret.h"
 #include "ctl_obs.h"
 #include "desired.h"
@@ -13,6 +14,7 @@
 #include "kube_apply.h"
 #include "ctl_event.h"
 #include "kube_json.h"
+#include "llm/clock.h"
 #include "plan.h"
 #include "reconcile.h"
 
@@ -55,7 +57,7 @@ static llm_status observe(kube_client *k, podsig *ps, const char *key, seen *o, 
     snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s-canary", ns, name);
     if (!st && desired_canary_enabled(o->d)) /* a failed read is not "no canary pods": the analysis would judge none */
         st = read_opt(k, path, &o->canary, err);
-    if (!st && desired_colocated(o->d) && (st = admin_secret_derive(k, o->d, o->admin_name, o->token, err)) == LLM_ERR_INVALID_ARG) {
+    if (!st && desired_admin(o->d) && (st = admin_secret_derive(k, o->d, o->admin_name, o->token, err)) == LLM_ERR_INVALID_ARG) {
         /* the key Secret spoilt: said, and retried with back-off until it is mended (INVALID_ARG would stop
          * retries until the spec changes) */
         ctl_event(k, o->d, "Warning", "AdminKeyInvalid", "%s", err->msg);
@@ -95,6 +97,36 @@ static void admin_answers(podsig_admin *a, char (*urls)[128], size_t n, const lo
     }
 }
 
+/* The base URLs ("http://IP:PORT") of the deployment's serving pods, at
+ * most ADMIN_PODS: 0 and the count, or -1 with msg saying why. */
+static int serving_pods(kube_client *k, json_t *d, char (*urls)[128], int *n, char *msg, size_t mn)
+{
+    char path[768];
+    /* the servers of this LLMDeployment alone: LLMDeployment NAME's routers are instance NAME-router too */
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" DESIRED_INSTANCE "%%3D%s%%2C" DESIRED_MANAGED_BY
+             "%%3D" DESIRED_CONTROLLER "%%2C" DESIRED_APP "%%3Dllm-server", kube_json_str(d, "metadata", "namespace"),
+             kube_json_str(d, "metadata", "name"));
+    json_t *pods = NULL;
+    llm_error err = {0};
+    *n = 0;
+    if (kube_client_request(k, "GET", path, NULL, NULL, &pods, &err)) {
+        snprintf(msg, mn, "cannot list the pods: %.400s", err.msg);
+        return -1;
+    }
+    json_t *items = json_object_get(pods, "items");
+    for (size_t i = 0; i < json_array_size(items) && *n < ADMIN_PODS; i++) {
+        json_t *pod = json_array_get(items, i);
+        const char *ip = kube_json_str(pod, "status", "podIP");
+        int v6 = ip && strchr(ip, ':');
+        /* not a host-network pod: its IP is the node's, whatever listens there would get the token */
+        if (podsig_pod_serving(pod) && !json_is_true(kube_json_get(json_object_get(pod, "spec"), "hostNetwork", NULL)) &&
+            snprintf(urls[*n], 128, "http://%s%s%s:%lld", v6 ? "[" : "", ip, v6 ? "]" : "", desired_server_port(d)) < 100)
+            (*n)++;
+    }
+    json_decref(pods);
+    return 0;
+}
+
 /* The plan's /admin/canary call on every ready stable pod at once; their
  * answers are remembered for the next plan. */
 static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, const plan *p)
@@ -106,14 +138,8 @@ static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, con
                             "weight", a.weight);
     if (req && !a.unload && json_is_string(json_object_get(m, "sha256")))
         json_object_set(req, "sha256", json_object_get(m, "sha256"));
-    char *body = req ? json_dumps(req, JSON_COMPACT) : NULL, path[768];
+    char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(req);
-    /* the servers of this LLMDeployment alone: LLMDeployment NAME's routers are instance NAME-router too */
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" DESIRED_INSTANCE "%%3D%s%%2C" DESIRED_MANAGED_BY
-             "%%3D" DESIRED_CONTROLLER "%%2C" DESIRED_APP "%%3Dllm-server", kube_json_str(d, "metadata", "namespace"),
-             kube_json_str(d, "metadata", "name"));
-    json_t *pods = NULL;
-    llm_error err = {0};
     char(*urls)[128] = calloc(ADMIN_PODS, 128);
     const char **up = calloc(ADMIN_PODS, sizeof *up);
     long *codes = calloc(ADMIN_PODS, sizeof *codes);
@@ -122,30 +148,48 @@ static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, con
         snprintf(a.message, sizeof a.message, "no admin key: spec.canary.mode is no longer colocated");
     } else if (!body || !urls || !up || !codes || !bodies) {
         snprintf(a.message, sizeof a.message, "no memory to call the pods");
-    } else if (kube_client_request(k, "GET", path, NULL, NULL, &pods, &err)) {
-        snprintf(a.message, sizeof a.message, "cannot list the pods: %.400s", err.msg);
-    } else {
-        json_t *items = json_object_get(pods, "items");
-        for (size_t i = 0; i < json_array_size(items) && (size_t)a.pods < ADMIN_PODS; i++) {
-            json_t *pod = json_array_get(items, i);
-            const char *ip = kube_json_str(pod, "status", "podIP");
-            int v6 = ip && strchr(ip, ':');
-            /* not a host-network pod: its IP is the node's, whatever listens there would get the token */
-            if (podsig_pod_serving(pod) && !json_is_true(kube_json_get(json_object_get(pod, "spec"), "hostNetwork", NULL)) &&
-                snprintf(urls[a.pods], 128, "http://%s%s%s:%lld/admin/canary", v6 ? "[" : "", ip, v6 ? "]" : "",
-                         desired_server_port(d)) < 128)
-                up[a.pods] = urls[a.pods], a.pods++;
+    } else if (!serving_pods(k, d, urls, &a.pods, a.message, sizeof a.message)) {
+        for (int i = 0; i < a.pods; i++) {
+            size_t len = strlen(urls[i]); /* under 100: serving_pods keeps them so */
+            snprintf(urls[i] + len, 128 - len, "/admin/canary");
+            up[i] = urls[i];
         }
         http_client_many(up, (size_t)a.pods, o->token, body, ADMIN_BUDGET_MS, ADMIN_ANSWER_MAX, codes, bodies);
         admin_answers(&a, urls, (size_t)a.pods, codes, bodies);
     }
     podsig_note_admin(ps, key, &a);
-    json_decref(pods);
     free(body);
     free(urls);
     free(up);
     free(codes);
     free(bodies);
+}
+
+/* spec.adapters applied to the serving pods (adapters.h), its status into
+ * status; *requeue_s set while pods differ from the spec. Without
+ * spec.adapters, status.adapters goes (null in the merge patch). */
+static llm_status adapters_round(kube_client *k, seen *o, json_t *status, double now, double *requeue_s, llm_error *err)
+{
+    if (!desired_adapters(o->d))
+        return kube_json_get(o->d, "status", "adapters") && json_object_set_new(status, "adapters", json_null())
+                   ? llm_errf(err, LLM_ERR_NOMEM, "no memory for the status")
+                   : LLM_OK;
+    adapters_view v = {0};
+    char(*urls)[128] = calloc(ADMIN_PODS, 128), ts[32];
+    int n = 0;
+    if (!urls)
+        snprintf(v.message, sizeof v.message, "no memory to call the pods");
+    else if (!o->token[0])
+        snprintf(v.message, sizeof v.message, "no admin key yet");
+    else if (!serving_pods(k, o->d, urls, &n, v.message, sizeof v.message))
+        adapters_sync(o->d, urls, n, o->token, &v);
+    llm_clock_rfc3339(now, ts);
+    adapters_status(o->d, &v, status, ts);
+    if (!v.done)
+        *requeue_s = 10;
+    adapters_view_free(&v);
+    free(urls);
+    return LLM_OK;
 }
 
 /* The one-shot canary action is removed once done (pause stays until
@@ -250,6 +294,7 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, const desired_site *s
                      .pods = &o->pods, .now = (double)time(NULL)};
     plan p;
     json_t *dep_now = NULL, *status = NULL;
+    double adapter_requeue = 0;
     llm_status st = plan_children(&in, &p, err);
     if (!st)
         st = act(k, o, &p, &dep_now, err);
@@ -260,13 +305,16 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, const desired_site *s
         *requeue_s = 15; /* until its owner removes it */
     } else if (!st && !(status = plan_status(&in, &p, dep_now ? dep_now : o->stable))) {
         st = llm_errf(err, LLM_ERR_NOMEM, "%s: cannot build the status", key);
-    } else if (!st && !(st = update_status(k, path, o->d, status, err))) {
+    } else if (!st && !(st = adapters_round(k, o, status, in.now, &adapter_requeue, err)) &&
+               !(st = update_status(k, path, o->d, status, err))) {
         /* once the decisions are recorded (a failed write makes them again): their events, the pods' part,
          * the lever's removal */
         post_events(k, o->d, p.events);
         if (p.ro.admin)
             admin_call(k, ps, key, o, &p);
         *requeue_s = p.requeue_s;
+        if (adapter_requeue > 0 && (*requeue_s <= 0 || *requeue_s > adapter_requeue))
+            *requeue_s = adapter_requeue;
         st = podsig_want(ps, key, &p.need, err);
         if (!st && p.ro.clear_action)
             st = clear_action(k, path, err);

@@ -116,7 +116,7 @@ int srv_load_open_inside(const char *dir, const char *path, const char *param, i
 {
     char real[PATH_MAX];
     struct stat st;
-    size_t n = strlen(dir);
+    size_t n = strlen(dir) == 1 ? 0 : strlen(dir); /* dir "/": any file (real[0] is '/') */
     *fd = -1;
     if (!realpath(path, real) || strncmp(real, dir, n) || real[n] != '/') {
         srv_err_set(e, 400, param, "'%s' %s is not a file inside the directory %s", param, path, dir);

@@ -64,6 +64,14 @@ BASE = "apiVersion: llmk8s.io/v1alpha1\nkind: LLMDeployment\nmetadata: {{name: b
      "autoscaling.minReplicas 0 needs mode builtin and spec.router"),
     ("  model: {path: /m/x.gguf}\n  autoscaling: {enabled: true, minReplicas: 0}\n  router: {enabled: true}\n",
      "autoscaling.minReplicas 0 needs mode builtin and spec.router"),
+    ("  model: {path: /m/x.gguf}\n  adapters: [{name: a, path: /m/a.gguf, uri: 'hf://o/r/a.gguf'}]\n",
+     "exactly one of path (a file in the container) and uri"),
+    ("  model: {path: /m/x.gguf}\n  adapters: [{name: a, uri: 'hf://o/r/a.gguf'}]\n", "it needs spec.model.uri"),
+    ("  model: {path: /m/x.gguf}\n  adapters: [{name: 'a b', path: /m/a.gguf}]\n", "spec.adapters[0].name: Invalid value"),
+    ("  model: {path: /m/x.gguf}\n  adapters: [{name: a, path: /m/a.gguf, scale: 5000}]\n",
+     "spec.adapters[0].scale: Invalid value"),
+    ("  model: {path: /m/x.gguf}\n  adapters: [{name: a, path: /m/a.gguf}, {name: a, path: /m/b.gguf}]\n",
+     "each adapter needs a name of its own"),
 ])
 def test_bad_specs_rejected(k, spec, needle):
     r = k("apply", "--validate=false", "-f", "-", check=False, stdin=BASE.format(spec))

@@ -34,6 +34,8 @@ import os
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import openai
@@ -381,3 +383,65 @@ def test_server_lora_file_and_digests(adapters, tmp_path):
             assert text in detail, (body, detail)
         finally:
             srv.stop()
+
+
+# ---- on kubesim: spec.adapters ------------------------------------------------------------------------------------
+
+def kcomplete(ip, model):
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    req = urllib.request.Request(f"http://{ip}:8080/v1/completions", body, {"Content-Type": "application/json"})
+    try:
+        return json.loads(urllib.request.urlopen(req, timeout=60).read())["choices"][0]["text"]
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def adapters_yaml(*entries):
+    return "  adapters:\n" + "".join(f"  - {json.dumps(e)}\n" for e in entries)
+
+
+def test_operator_applies_adapters_without_restarts(cluster, models, tmp_path):
+    """spec.adapters: served by the pods from their start; a changed list
+    (a scale changed, one added, one removed) applied to the running pod
+    through its admin route (the same pod, its answers changed); a bad
+    adapter named in AdaptersReady while the model keeps serving."""
+    c = cluster
+    c.controller()
+    d = tmp_path / "files"
+    d.mkdir()
+    base = d / "model.gguf"
+    base.symlink_to(c.model)
+    for name, seed in (("a", 1), ("b", 2)):
+        made(d / f"{name}.gguf", "--lora-of", c.model, "--rank", 8, "--seed", seed)
+    made(d / "bad.gguf", "--lora-of", models("tiny-qwen2", "F32"), "--rank", 8)
+
+    def converged(want):
+        st = c.status()
+        cond = c.cond("AdaptersReady")
+        return st.get("phase") == "Ready" and cond.get("status") == "True" and st.get("adapters") == want and st
+
+    c.apply(model=base, extra=adapters_yaml({"name": "a", "path": str(d / "a.gguf")}))
+    wait_for(lambda: converged([{"name": "a", "loaded": 1, "pods": 1}]), 120, "adapter a on the pod")
+    assert "adapters.json" in c.get("configmap", "story-config")["data"]
+    uid = [p["metadata"]["uid"] for p in json.loads(c.k("get", "pods", "-o", "json").stdout)["items"]]
+    ip = wait_for(lambda: c.ready_ips(), 30)[0]
+    plain, first_a = kcomplete(ip, "story"), kcomplete(ip, "a")
+    assert isinstance(first_a, str) and first_a != plain
+
+    c.apply(model=base, extra=adapters_yaml({"name": "a", "path": str(d / "a.gguf"), "scale": 0.25},
+                                            {"name": "b", "path": str(d / "b.gguf")}))
+    wait_for(lambda: converged([{"name": "a", "loaded": 1, "pods": 1}, {"name": "b", "loaded": 1, "pods": 1}]), 120,
+             "a rescaled and b added")
+    assert [p["metadata"]["uid"] for p in json.loads(c.k("get", "pods", "-o", "json").stdout)["items"]] == uid
+    assert kcomplete(ip, "a") != first_a and isinstance(kcomplete(ip, "b"), str)
+
+    c.apply(model=base, extra=adapters_yaml({"name": "b", "path": str(d / "b.gguf")},
+                                            {"name": "bad", "path": str(d / "bad.gguf")}))
+    cond = wait_for(lambda: (x := c.cond("AdaptersReady")).get("reason") == "AdapterFailed" and x, 120,
+                    "the bad adapter reported")
+    assert cond["status"] == "False" and "bad" in cond["message"] and "architecture" in cond["message"], cond
+    wait_for(lambda: kcomplete(ip, "a") == 404, 60, "a unloaded")
+    assert kcomplete(ip, "story") == plain and isinstance(kcomplete(ip, "b"), str)
+    assert c.status()["phase"] == "Ready"
+    assert [p["metadata"]["uid"] for p in json.loads(c.k("get", "pods", "-o", "json").stdout)["items"]] == uid
