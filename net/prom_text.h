@@ -12,4 +12,10 @@
  * when there is none. */
 double prom_text_value(const char *text, const char *name, int *found);
 
+/* For each series of name in text whose value is above 0 and whose labels
+ * hold key="VALUE" (VALUE without a backslash or quote inside, at most 255
+ * bytes), fn(ctx, VALUE, its length); at most max calls. The count. */
+int prom_text_labels(const char *text, const char *name, const char *key, int max,
+                     void (*fn)(void *ctx, const char *value, size_t n), void *ctx);
+
 #endif

@@ -74,6 +74,19 @@ struct router {
 
 /* ---- backend load ----------------------------------------------------------------- */
 
+/* The adapter names a backend's /metrics lists (llm_lora_loaded), pointing into its text. */
+typedef struct adapter_names {
+    const char *name[RT_POOL_MAX_ADAPTERS];
+    size_t len[RT_POOL_MAX_ADAPTERS];
+    int n;
+} adapter_names;
+
+static void adapter_seen(void *ctx, const char *v, size_t n)
+{
+    adapter_names *a = ctx;
+    a->name[a->n] = v, a->len[a->n++] = n; /* prom_text_labels calls at most RT_POOL_MAX_ADAPTERS times */
+}
+
 static void *poller(void *arg)
 {
     router *r = arg;
@@ -92,6 +105,11 @@ static void *poller(void *arg)
             rt_pool_report(r->pool, i, ok, ok ? prom_text_value(text, "llm_requests_waiting", &f) : 0,
                            ok ? prom_text_value(text, "llm_requests_running", &f) : 0,
                            ok ? prom_text_value(text, "llm_kv_cache_usage_ratio", &f) : 0);
+            adapter_names an = {.n = 0};
+            if (ok) { /* an unreachable backend keeps what it listed: it is not picked while ejected anyway */
+                prom_text_labels(text, "llm_lora_loaded", "adapter", RT_POOL_MAX_ADAPTERS, adapter_seen, &an);
+                rt_pool_report_adapters(r->pool, i, an.name, an.len, an.n);
+            }
             free(text);
         }
         usleep((useconds_t)r->poll_ms * 1000);

@@ -38,6 +38,8 @@ typedef struct backend {
     int live;                  /* in the current set (slots are kept while requests use them) */
     int inflight;
     double waiting, running, kv; /* polled from its /metrics */
+    unsigned int adapters[RT_POOL_MAX_ADAPTERS]; /* hashes of the LoRA adapters it has loaded (polled) */
+    int n_adapters;
     int failures;              /* consecutive */
     double ejected_until;      /* monotonic seconds; 0: closed */
     double busy_until;         /* answered 503 lately: others are picked first until then */
@@ -65,6 +67,8 @@ struct rt_pool {
     int weight;                /* canary share, 0..100 */
     int split;                 /* smooth counter of the split */
     revstats rs[2];
+    unsigned int want;         /* during a pick: the adapter's hash the backend must have */
+    int want_on;
 };
 
 /* FNV-1a, then a finaliser so nearby strings spread over the ring. */
@@ -200,10 +204,20 @@ static double load_of(const backend *b) { return b->inflight + b->waiting; }
 
 /* Usable now: live, not avoided, breaker closed or half-open with no
  * trial out. Under mu. */
+/* Backend b lists the adapter of hash h. */
+static int has_adapter(const backend *b, unsigned int h)
+{
+    for (int k = 0; k < b->n_adapters; k++)
+        if (b->adapters[k] == h)
+            return 1;
+    return 0;
+}
+
 static int usable(rt_pool *p, int i, int rev, const unsigned char *avoid, double now)
 {
     backend *b = &p->b[i];
-    if (!b->live || b->rev != rev || (avoid && (avoid[i / 8] >> (i % 8) & 1)) || b->busy_until > now)
+    if (!b->live || b->rev != rev || (avoid && (avoid[i / 8] >> (i % 8) & 1)) || b->busy_until > now ||
+        (p->want_on && !has_adapter(b, p->want)))
         return 0;
     if (b->ejected_until == 0)
         return 1;
@@ -289,8 +303,28 @@ static int by_session(rt_pool *p, const char *session, int rev, const unsigned c
 
 int rt_pool_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *url, size_t un)
 {
+    return rt_pool_pick_model(p, session, NULL, avoid, url, un);
+}
+
+/* Under mu: narrows the pick to backends with adapter model when a live
+ * one lists it. */
+static void want_model(rt_pool *p, const char *model)
+{
+    p->want_on = 0;
+    if (!model || !*model)
+        return;
+    unsigned int h = hash32(model, 31);
+    for (int i = 0; i < p->n && !p->want_on; i++)
+        if (p->b[i].live && has_adapter(&p->b[i], h))
+            p->want = h, p->want_on = 1;
+}
+
+int rt_pool_pick_model(rt_pool *p, const char *session, const char *model, const unsigned char *avoid, char *url,
+                       size_t un)
+{
     pthread_mutex_lock(&p->mu);
     double now = llm_clock_mono_s();
+    want_model(p, model);
     int has_session = session && *session, rev, retry = 0;
     for (int k = 0; avoid && k < RT_MAX_BACKENDS / 8 && !retry; k++) retry = avoid[k] != 0;
     if (retry) {
@@ -314,8 +348,24 @@ int rt_pool_pick(rt_pool *p, const char *session, const unsigned char *avoid, ch
             b->trial = 1; /* half open: this request decides */
         snprintf(url, un, "%s", b->url);
     }
+    p->want_on = 0;
     pthread_mutex_unlock(&p->mu);
     return i;
+}
+
+void rt_pool_report_adapters(rt_pool *p, int idx, const char *const *names, const size_t *lens, int n)
+{
+    pthread_mutex_lock(&p->mu);
+    if (idx >= 0 && idx < p->n) {
+        backend *b = &p->b[idx];
+        b->n_adapters = 0;
+        for (int k = 0; k < n && b->n_adapters < RT_POOL_MAX_ADAPTERS; k++) {
+            char name[256];
+            snprintf(name, sizeof name, "%.*s", (int)(lens[k] < 255 ? lens[k] : 255), names[k]);
+            b->adapters[b->n_adapters++] = hash32(name, 31);
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
 }
 
 /* A failure toward the breaker. Under mu. */

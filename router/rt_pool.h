@@ -11,6 +11,11 @@
  *     carries more than 1.25 times the average load plus one request:
  *     then the next one on the ring takes it (bounded loads), so one
  *     session cannot pin a flood to one pod.
+ * Adapters: a request whose model is a LoRA adapter that some backends
+ * have loaded (llm-server's llm_lora_loaded series, polled) goes only to
+ * those (by the policy among them); none usable: no backend (the client
+ * gets 503 and retries), never one that would answer 404. A model no
+ * backend lists (the base model's name) does not narrow the choice.
  * Revisions: each backend is of the stable (0) or the canary (1) revision;
  * a request goes to the canary with probability weight/100 - exactly that
  * share, by a smooth counter, or by the session key's hash so a session
@@ -40,6 +45,9 @@
 /* The most requests a pod's reported load counts for (its waiting and
  * running sequences are its own word, clamped to 0..this). */
 #define RT_POOL_MAX_LOAD 100000.0
+/* The adapters a backend's report may list (llm-server loads at most 1024;
+ * the operator's spec at most 32). */
+#define RT_POOL_MAX_ADAPTERS 64
 
 typedef enum rt_policy { RT_LEAST_LOADED, RT_ROUND_ROBIN } rt_policy;
 
@@ -67,6 +75,9 @@ int rt_pool_size(rt_pool *p);
  * avoid (bitmap over indexes, for retries); -1 when none is usable. The
  * URL is copied to url. Counts the request in flight. */
 int rt_pool_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *url, size_t un);
+/* The same for a request naming model (NULL or "": any backend). */
+int rt_pool_pick_model(rt_pool *p, const char *session, const char *model, const unsigned char *avoid, char *url,
+                       size_t un);
 /* Latency histograms' bucket bounds (seconds), shared by the request
  * duration, time-to-first-byte and inter-token histograms. */
 #define RT_N_BUCKETS 16
@@ -97,6 +108,10 @@ int rt_pool_revision(rt_pool *p, int idx);
  * running to 0..RT_POOL_MAX_LOAD, kv_usage to 0..1); reachable 0 counts as
  * a failure. */
 void rt_pool_report(rt_pool *p, int idx, int reachable, double waiting, double running, double kv_usage);
+/* The adapters backend i has loaded (names, n of them: those past
+ * RT_POOL_MAX_ADAPTERS are left out), from its /metrics; replaces the last
+ * report. */
+void rt_pool_report_adapters(rt_pool *p, int idx, const char *const *names, const size_t *lens, int n);
 /* Name of backend i (its pod's, or its URL) into name; 0 when i is out of range. */
 int rt_pool_name(rt_pool *p, int idx, char *name, size_t n);
 /* URL of backend i into url (for the poller); 0 when i is out of range. */

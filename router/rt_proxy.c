@@ -466,13 +466,13 @@ static int last_attempt(struct mg_connection *c, attempt *a, CURLcode rc, int xf
 /* One pass over the backends: the answer is sent here unless none could
  * take it. Returns the status sent, or 0 (*held* keeps the last 5xx, owned
  * by the caller). */
-static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, const char *body, size_t len,
-                    int answered, held_err *held)
+static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, const char *model, const char *body,
+                    size_t len, int answered, held_err *held)
 {
     unsigned char avoid[RT_MAX_BACKENDS / 8] = {0};
     char url[256];
     for (int attempt_no = 0; attempt_no <= px->retries; attempt_no++) {
-        int idx = rt_pool_pick(px->pool, session, avoid, url, sizeof url);
+        int idx = rt_pool_pick_model(px->pool, session, model, avoid, url, sizeof url);
         if (idx < 0)
             return 0;
         char name[128];
@@ -583,14 +583,17 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
         __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);
         return code;
     }
-    llm_json_span b = {body ? body : "", len}, v;
+    llm_json_span b = {body ? body : "", len}, v, m;
     session_of(px, c, b, session, sizeof session);
+    char model[256] = ""; /* an adapter's requests go to the pods that have it (rt_pool.h) */
+    if (!llm_json_member(b, "model", &m) || llm_json_string(m, model, sizeof model) < 0)
+        model[0] = 0;
     int stream = llm_json_member(b, "stream", &v) && v.n == 4 && !memcmp(v.p, "true", 4), answered = 0;
     held_err held = {0};
     if (rt_pool_size(px->pool) == 0 && !hold(px, c, stream, &answered) && answered)
         code = 0; /* held, and no backend came: no_answer ends the stream */
     else
-        code = attempts(px, c, session, body, len, answered, &held);
+        code = attempts(px, c, session, model, body, len, answered, &held);
     free(body);
     if (!code)
         code = no_answer(px, c, answered, &held);

@@ -461,6 +461,7 @@ typedef struct lora_row {
     char name[SRV_LORA_NAME_MAX + 1];
     const llm_lora *l; /* compared, never read: it may be unloaded meanwhile */
     unsigned long long v[3];
+    int unloading;
 } lora_row;
 
 void srv_lora_metrics(srv_loras *t, llm_engine *e, const char *model_name, llm_strbuf *b)
@@ -482,6 +483,7 @@ void srv_lora_metrics(srv_loras *t, llm_engine *e, const char *model_name, llm_s
         ls[n] = rows[n].l = p->l;
         rows[n].v[0] = atomic_load(&p->requests), rows[n].v[1] = atomic_load(&p->prompt_tokens);
         rows[n].v[2] = atomic_load(&p->gen_tokens);
+        rows[n].unloading = p->unloading;
         n++;
     }
     pthread_mutex_unlock(&t->mu);
@@ -502,6 +504,16 @@ void srv_lora_metrics(srv_loras *t, llm_engine *e, const char *model_name, llm_s
     /* vLLM's gauge: its value is when it was taken, the labels say which adapters run and wait */
     llm_prom_gauge(b, "vllm:lora_requests_info", "Running and waiting LoRA adapters (vLLM's labels)", lab.p,
                    (double)time(NULL));
+    llm_prom_head(b, "llm_lora_loaded", "gauge", "1 for each LoRA adapter loaded here (what llm-router routes by)");
+    for (int i = 0; i < n; i++) {
+        llm_strbuf l = {0};
+        llm_prom_label(&l, "adapter", rows[i].name);
+        llm_prom_label(&l, "model_name", model_name);
+        b->failed |= l.failed;
+        if (!l.failed)
+            llm_prom_sample(b, "llm_lora_loaded", l.p, rows[i].unloading ? 0 : 1);
+        llm_strbuf_free(&l);
+    }
     static const char *const names[3] = {"llm_lora_requests_total", "llm_lora_prompt_tokens_total",
                                          "llm_lora_generation_tokens_total"};
     static const char *const help[3] = {"Requests naming the adapter", "Prompt tokens of its requests",

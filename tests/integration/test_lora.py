@@ -445,3 +445,27 @@ def test_operator_applies_adapters_without_restarts(cluster, models, tmp_path):
     assert kcomplete(ip, "story") == plain and isinstance(kcomplete(ip, "b"), str)
     assert c.status()["phase"] == "Ready"
     assert [p["metadata"]["uid"] for p in json.loads(c.k("get", "pods", "-o", "json").stdout)["items"]] == uid
+
+
+def test_router_sends_an_adapters_requests_to_pods_that_have_it(adapters):
+    """Two servers, only one with adapter a: the router (polling their
+    /metrics) sends every request naming a there, the base model's to
+    either (round robin); once a is loaded on the other too, both take a."""
+    from harness import Router
+    a = adapters
+    one = Server(a["base"], "--lora", f"a={a['a']}")
+    two = Server(a["base"], "--admin_token", TOKEN, "--lora_dir", a["dir"])
+    r = Router("--backend", one.base, "--backend", two.base, "--policy", "round-robin")  # the base model's spread is exact
+    try:
+        body = {"model": "a", "prompt": PROMPT, "max_tokens": 2, "temperature": 0}
+        wait_for(lambda: all(r.post(body)[0] == 200 for _ in range(4)), 30, "the router polled the adapters")
+        assert {r.post(body)[2] for _ in range(12)} == {one.base}
+        base = {"model": NAME, "prompt": PROMPT, "max_tokens": 2, "temperature": 0}
+        assert {r.post(base)[2] for _ in range(8)} == {one.base, two.base}
+        assert admin(two, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": str(a["a"])})[0] == 200
+        wait_for(lambda: two.base in {r.post(body)[2] for _ in range(8)}, 30, "the second pod taking a")
+        assert {r.post(body)[0] for _ in range(8)} == {200}
+    finally:
+        assert r.stop() == 0
+        one.stop()
+        two.stop()

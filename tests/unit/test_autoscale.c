@@ -25,6 +25,18 @@ static autoscale_config cfg(void)
     return c;
 }
 
+/* The labels llm-router reads off a pod's page (the adapters it has): a
+ * key's value where the sample is above 0; escaped, open or overlong
+ * values are skipped, and no more than max are taken. */
+static char g_labels[512];
+
+static void label_seen(void *ctx, const char *v, size_t n)
+{
+    (void)ctx;
+    size_t at = strlen(g_labels);
+    snprintf(g_labels + at, sizeof g_labels - at, "%.*s;", (int)n, v);
+}
+
 static void test_proportional_and_tolerance(void **st)
 {
     (void)st;
@@ -196,9 +208,29 @@ static void test_config_errors_and_prom(void **st)
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     assert_true(prom_text_value(page, "x", &found) == 0.0 && !found);
+    assert_int_equal(prom_text_labels(page, "x", "a", 64, label_seen, NULL), 0);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     assert_true((double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9 < 2.0);
     free(page);
+}
+
+static void test_prom_labels(void **st)
+{
+    (void)st;
+    const char *text = "# TYPE llm_lora_loaded gauge\n"
+                       "llm_lora_loaded{adapter=\"sql\",model_name=\"m\"} 1\n"
+                       "llm_lora_loaded{model_name=\"m, x\", adapter=\"chat-v2\"} 1\n"
+                       "llm_lora_loaded{adapter=\"gone\"} 0\n"
+                       "llm_lora_loaded{adapter=\"a\\\"b\"} 1\n"
+                       "llm_lora_loaded{adapter=\"open 1\n"
+                       "llm_lora_loaded_other{adapter=\"no\"} 1\n"
+                       "llm_lora_loaded{adapterx=\"no\"} 1\n";
+    g_labels[0] = 0;
+    assert_int_equal(prom_text_labels(text, "llm_lora_loaded", "adapter", 64, label_seen, NULL), 2);
+    assert_string_equal(g_labels, "sql;chat-v2;");
+    g_labels[0] = 0;
+    assert_int_equal(prom_text_labels(text, "llm_lora_loaded", "adapter", 1, label_seen, NULL), 1);
+    assert_string_equal(g_labels, "sql;");
 }
 
 /* Scale to zero: minReplicas 0 behind a holding router. */
@@ -293,6 +325,7 @@ int main(void)
         cmocka_unit_test(test_up_window),                  cmocka_unit_test(test_history_is_bounded),
         cmocka_unit_test(test_one_recommendation_per_second),
         cmocka_unit_test(test_config_errors_and_prom),     cmocka_unit_test(test_scale_to_zero),
+        cmocka_unit_test(test_prom_labels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
