@@ -191,8 +191,11 @@ def test_server_serves_adapters_concurrently(adapters):
         assert not errors, errors
         for (m, _), text in got.items():
             assert text == alone[m], m
+        # embeddings under an adapter: its hidden states, not the base's (and the answer names it)
+        ea, eb = (client.embeddings.create(model=x, input=PROMPT, encoding_format="float") for x in ("a", NAME))
+        assert ea.model == "a" and ea.data[0].embedding != eb.data[0].embedding
         m = srv.metrics()
-        assert metric(m, "llm_lora_requests_total", adapter="a", model_name=NAME) == 3
+        assert metric(m, "llm_lora_requests_total", adapter="a", model_name=NAME) == 4
         assert metric(m, "llm_lora_generation_tokens_total", adapter="b", model_name=NAME) == 72
         info = [k for k in m if k[0] == "vllm:lora_requests_info"]
         assert len(info) == 1 and dict(info[0][1])["max_lora"] == "8", info
