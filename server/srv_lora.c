@@ -500,11 +500,13 @@ void srv_lora_metrics(srv_loras *t, llm_engine *e, const char *model_name, llm_s
     llm_prom_label(&lab, "running_lora_adapters", rs.p ? rs.p : "");
     llm_prom_label(&lab, "waiting_lora_adapters", ws.p ? ws.p : "");
     llm_prom_label(&lab, "max_lora", max);
+    llm_prom_label(&lab, "model_name", model_name); /* every vllm: series has it: dashboards select by it */
     b->failed |= rs.failed || ws.failed || lab.failed;
     /* vLLM's gauge: its value is when it was taken, the labels say which adapters run and wait */
     llm_prom_gauge(b, "vllm:lora_requests_info", "Running and waiting LoRA adapters (vLLM's labels)", lab.p,
                    (double)time(NULL));
-    llm_prom_head(b, "llm_lora_loaded", "gauge", "1 for each LoRA adapter loaded here (what llm-router routes by)");
+    if (n > 0) /* a family without samples: Go's parser keeps it, Python's drops it - none at all then */
+        llm_prom_head(b, "llm_lora_loaded", "gauge", "1 for each LoRA adapter loaded here (what llm-router routes by)");
     for (int i = 0; i < n; i++) {
         llm_strbuf l = {0};
         llm_prom_label(&l, "adapter", rows[i].name);
@@ -518,7 +520,7 @@ void srv_lora_metrics(srv_loras *t, llm_engine *e, const char *model_name, llm_s
                                          "llm_lora_generation_tokens_total"};
     static const char *const help[3] = {"Requests naming the adapter", "Prompt tokens of its requests",
                                         "Tokens its requests generated"};
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 3 && n > 0; k++) {
         llm_prom_head(b, names[k], "counter", help[k]);
         for (int i = 0; i < n; i++) {
             llm_strbuf l = {0};

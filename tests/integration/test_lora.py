@@ -198,7 +198,14 @@ def test_server_serves_adapters_concurrently(adapters):
         assert metric(m, "llm_lora_requests_total", adapter="a", model_name=NAME) == 4
         assert metric(m, "llm_lora_generation_tokens_total", adapter="b", model_name=NAME) == 72
         info = [k for k in m if k[0] == "vllm:lora_requests_info"]
-        assert len(info) == 1 and dict(info[0][1])["max_lora"] == "8", info
+        assert len(info) == 1 and dict(info[0][1])["max_lora"] == "8" and dict(info[0][1])["model_name"] == NAME, info
+        assert metric(m, "llm_lora_loaded", adapter="c", model_name=NAME) == 1
+        # Go's parser (promcheck: expfmt) reads the page with the adapters' families as Python's does
+        text = srv.get("/metrics")[1]
+        r = subprocess.run([str(BUILD / "bin" / "promcheck")], input=text, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        go = {line.split()[0]: line.split()[1].lower() for line in r.stdout.splitlines()}
+        assert go["llm_lora_requests_total"] == "counter" and go["vllm:lora_requests_info"] == "gauge", go
     finally:
         srv.stop()
 
