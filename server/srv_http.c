@@ -160,14 +160,15 @@ static int do_completion(srv *s, struct mg_connection *c, const char *body, size
         return srv_http_send_err(c, e);
     srv_rev *rv = srv_canary_pick(s, mg_get_header(c, "X-Session-Id")); /* NULL: the stable model */
     srv_completion cp = {0};
-    int bad = injected_fault(s, e) || srv_parse_completion(s, rv ? rv->chat : s->chat,
-                                                           rv ? rv->model->vocab : s->model->vocab, body, len, kind, &cp, e);
+    int bad = srv_parse_completion(s, rv ? rv->chat : s->chat, rv ? rv->model->vocab : s->model->vocab, body, len,
+                                   kind, &cp, e);
     if (!bad && cp.lora && rv) { /* adapters are the stable model's: such a request is parsed again for it */
         srv_completion_free(&cp);
         srv_canary_release(rv);
         rv = NULL;
         bad = srv_parse_completion(s, s->chat, s->model->vocab, body, len, kind, &cp, e);
     }
+    bad = bad || injected_fault(s, e); /* after the parse: a delayed request holds what it names (its adapter) */
     if (!bad)
         srv_lora_count_request(cp.lora);
     int status = bad ? srv_http_send_err(c, e) : srv_complete(s, rv, c, &cp, &held, e);

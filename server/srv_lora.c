@@ -417,9 +417,10 @@ json_t *srv_lora_state(srv_loras *t)
     pthread_mutex_lock(&t->mu);
     for (int i = 0; i < t->max; i++) {
         const srv_lora_ent *p = t->ents[i];
-        if (p && json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:f,s:s}", "name", p->name, "source", p->source,
-                                                       "sha256", p->sha256, "scale", (double)p->scale, "state",
-                                                       !p->l ? "loading" : p->unloading ? "unloading" : "ready"))) {
+        if (p && json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:f,s:s,s:i}", "name", p->name, "source",
+                                                       p->source, "sha256", p->sha256, "scale", (double)p->scale,
+                                                       "state", !p->l ? "loading" : p->unloading ? "unloading" : "ready",
+                                                       "requests", p->pins))) {
             json_decref(out); /* never a list with an adapter missing */
             out = NULL;
             break;

@@ -81,7 +81,8 @@ int srv_lora_load_req(struct srv *s, json_t *req, struct srv_err *e);
 int srv_lora_unload_req(struct srv *s, json_t *req, struct srv_err *e);
 
 /* GET /admin/lora: {"adapters": [{"name", "source", "sha256", "scale",
- * "state": loading | ready | unloading}], "max_loras"} (new reference;
+ * "state": loading | ready | unloading, "requests": those holding it}],
+ * "max_loras"} (new reference;
  * NULL without memory). */
 json_t *srv_lora_state(srv_loras *t);
 /* /v1/models entries of the loaded adapters (parent: base), appended to data. */

@@ -307,7 +307,7 @@ def test_server_evicts_idle_adapters_only(adapters):
     every adapter in use it is refused (429) and nothing changes."""
     a = adapters
     srv = Server(a["base"], "--lora", f"a={a['a']},b={a['b']}", "--admin_token", TOKEN, "--lora_dir", a["dir"],
-                 "--max_loras", 2, "--max_seqs", 4)
+                 "--max_loras", 2, "--max_seqs", 4, "--fault_delay_ms", 1500)  # each request holds its adapter 1.5 s first
     try:
         client = srv.client()
         complete(client, "b", 1)
@@ -317,17 +317,19 @@ def test_server_evicts_idle_adapters_only(adapters):
         assert model_ids(srv) == {NAME: None, "a": NAME, "b": NAME}
         assert admin(srv, "/v1/load_lora_adapter", {"lora_name": "c", "lora_path": str(a["c"])})[0] == 200
         assert model_ids(srv) == {NAME: None, "a": NAME, "c": NAME}
-        started = {m: threading.Event() for m in ("a", "c")}
-
         def stream(m):
             for _ in client.completions.create(model=m, prompt=PROMPT, max_tokens=300, temperature=0, stream=True,
                                                extra_body={"ignore_eos": True}):
-                started[m].set()
+                pass
+
+        def held():  # each request holds its adapter through the server's 1.5 s delay (fault_delay_ms)
+            state = json.loads(srv.request("GET", "/admin/lora", headers={"Authorization": f"Bearer {TOKEN}"})[1])
+            return all(x["requests"] >= 1 for x in state["adapters"])
 
         ts = [threading.Thread(target=stream, args=(m,)) for m in ("a", "c")]
         for t in ts:
             t.start()
-        assert all(started[m].wait(60) for m in started)
+        wait_for(held, 60, "both adapters held by a request", interval=0.02)
         status, text, _ = admin(srv, "/v1/load_lora_adapter", {"lora_name": "d", "lora_path": str(a["d"])})
         assert status == 429 and "in use" in text, text
         assert model_ids(srv) == {NAME: None, "a": NAME, "c": NAME}
