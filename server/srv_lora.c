@@ -465,6 +465,18 @@ typedef struct lora_row {
     int unloading;
 } lora_row;
 
+/* One sample of name labelled with the adapter and the served model. */
+static void adapter_sample(llm_strbuf *b, const char *name, const char *adapter, const char *model_name, double v)
+{
+    llm_strbuf l = {0};
+    llm_prom_label(&l, "adapter", adapter);
+    llm_prom_label(&l, "model_name", model_name);
+    b->failed |= l.failed;
+    if (!l.failed)
+        llm_prom_sample(b, name, l.p, v);
+    llm_strbuf_free(&l);
+}
+
 void srv_lora_metrics(srv_loras *t, llm_engine *e, const char *model_name, llm_strbuf *b)
 {
     int n = 0;
@@ -508,30 +520,14 @@ void srv_lora_metrics(srv_loras *t, llm_engine *e, const char *model_name, llm_s
                    (double)time(NULL));
     if (n > 0) /* a family without samples: Go's parser keeps it, Python's drops it - none at all then */
         llm_prom_head(b, "llm_lora_loaded", "gauge", "1 for each LoRA adapter loaded here (what llm-router routes by)");
-    for (int i = 0; i < n; i++) {
-        llm_strbuf l = {0};
-        llm_prom_label(&l, "adapter", rows[i].name);
-        llm_prom_label(&l, "model_name", model_name);
-        b->failed |= l.failed;
-        if (!l.failed)
-            llm_prom_sample(b, "llm_lora_loaded", l.p, rows[i].unloading ? 0 : 1);
-        llm_strbuf_free(&l);
-    }
+    for (int i = 0; i < n; i++) adapter_sample(b, "llm_lora_loaded", rows[i].name, model_name, rows[i].unloading ? 0 : 1);
     static const char *const names[3] = {"llm_lora_requests_total", "llm_lora_prompt_tokens_total",
                                          "llm_lora_generation_tokens_total"};
     static const char *const help[3] = {"Requests naming the adapter", "Prompt tokens of its requests",
                                         "Tokens its requests generated"};
     for (int k = 0; k < 3 && n > 0; k++) {
         llm_prom_head(b, names[k], "counter", help[k]);
-        for (int i = 0; i < n; i++) {
-            llm_strbuf l = {0};
-            llm_prom_label(&l, "adapter", rows[i].name);
-            llm_prom_label(&l, "model_name", model_name);
-            b->failed |= l.failed;
-            if (!l.failed)
-                llm_prom_sample(b, names[k], l.p, (double)rows[i].v[k]);
-            llm_strbuf_free(&l);
-        }
+        for (int i = 0; i < n; i++) adapter_sample(b, names[k], rows[i].name, model_name, (double)rows[i].v[k]);
     }
     llm_strbuf_free(&rs);
     llm_strbuf_free(&ws);
