@@ -122,11 +122,14 @@ int lk_add_bias(float *x, const float *bias, int n_tok, int dim, void *stream);
 /* LoRA adapters' low-rank products (llm_backend_i.lora): for each of
  * n_rows entries of rows (pairs: a batch row, its segment's index),
  * y[row] (rows of `out`) += s * (B (A x[row])) (x rows of `in`), with the
- * segment's A (rank, in) and B transposed (rank, out) in device memory.
- * A segment is 8 int32 words: row0, n_rows, rank, s's float bits, A's
- * address (low word, high word), B's. t: n_rows rows of t_stride >= rank
+ * segment's A (rank, in) and B transposed (rank, out) in device memory,
+ * each float or half. A segment is 8 int32 words: row0, n_rows, rank |
+ * LK_LORA_A_HALF | LK_LORA_B_HALF where those are half, s's float bits,
+ * A's address (low word, high word), B's. t: n_rows rows of t_stride >= rank
  * floats of scratch. Each row's arithmetic is the same whatever the other
  * rows (batch invariance). */
+#define LK_LORA_A_HALF (1 << 16)
+#define LK_LORA_B_HALF (1 << 17)
 int lk_lora(const int32_t *segs, const int32_t *rows, int n_rows, const float *x, int in, float *y, int out,
             float *t, int t_stride, void *stream);
 

@@ -224,8 +224,9 @@ void llm_forward_lora_free(llm_forward *f, llm_forward_lora *fl)
 /* One matrix's A and B into backend memory: dst holds their addresses. */
 static llm_status lora_upload(llm_forward *f, const llm_lora_mat *m, llm_lora_mat *dst, llm_error *err)
 {
-    size_t na = sizeof(float) * (size_t)m->rank * m->in, nb = sizeof(float) * (size_t)m->rank * m->out;
-    *dst = (llm_lora_mat){m->rank, m->in, m->out, llm_backend_buffer_alloc(f->b, na), llm_backend_buffer_alloc(f->b, nb)};
+    size_t na = llm_lora_a_bytes(m), nb = llm_lora_b_bytes(m);
+    *dst = (llm_lora_mat){m->rank, m->in, m->out, m->a_type, m->b_type, llm_backend_buffer_alloc(f->b, na),
+                          llm_backend_buffer_alloc(f->b, nb)};
     if (!dst->a || !dst->bt)
         return llm_errf(err, LLM_ERR_NOMEM, "forward: no %s memory for an adapter's %zu bytes", f->b->iface->name,
                         na + nb);
@@ -315,7 +316,7 @@ static llm_status lora_run(llm_forward *f, const llm_forward_batch *bt, int il, 
         if (!m || m->rank == 0)
             continue;
         f->segs[n++] = (llm_lora_seg){bt->seqs[s].tok0, bt->seqs[s].n_tok, m->a, m->bt, m->rank,
-                                      llm_lora_factor(fl->l, m, bt->loras[s].scale)};
+                                      llm_lora_factor(fl->l, m, bt->loras[s].scale), m->a_type, m->b_type};
         in = m->in, out = m->out; /* W's: the same for every adapter (checked at load) */
     }
     if (n == 0)

@@ -76,36 +76,46 @@ static int parse_name(gguf_str s, int n_layer, int *layer, llm_lora_proj *p, int
     return -1;
 }
 
-/* The tensor's values as F32 into dst (rows x cols); -1 on a type this
- * loader does not take or a value that is not finite. */
-static int copy_f32(const gguf_tensor *t, float *dst, size_t n, char *why, size_t wn)
+/* The tensor's n values into dst: as they are for F16 (*kept QT_F16),
+ * else as F32 (*kept QT_F32); -1 on a type this loader does not take or
+ * a value that is not finite. */
+static int copy_values(const gguf_tensor *t, void *dst, size_t n, quant_type *kept, char *why, size_t wn)
 {
     if (t->type != QT_F32 && t->type != QT_F16 && t->type != QT_BF16 && t->type != QT_Q8_0) {
         snprintf(why, wn, "'%.*s' is %s (F32, F16, BF16 or Q8_0 expected)", (int)(t->name.len > 100 ? 100 : t->name.len),
                  t->name.data, quant_type_name(t->type));
         return -1;
     }
+    *kept = t->type == QT_F16 ? QT_F16 : QT_F32;
     size_t cols = (size_t)t->ne[0], rb = quant_row_bytes(t->type, cols);
-    for (size_t r = 0; r < n / cols; r++) quant_dequantize_row(t->type, (const char *)t->data + r * rb, dst + r * cols, cols);
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(dst[i])) {
+    if (*kept == QT_F16)
+        memcpy(dst, t->data, n * sizeof(quant_f16)); /* F16 rows have no padding */
+    else
+        for (size_t r = 0; r < n / cols; r++)
+            quant_dequantize_row(t->type, (const char *)t->data + r * rb, (float *)dst + r * cols, cols);
+    for (size_t i = 0; i < n; i++) {
+        float v = *kept == QT_F16 ? quant_f16_to_f32(((const quant_f16 *)dst)[i]) : ((const float *)dst)[i];
+        if (!isfinite(v)) {
             snprintf(why, wn, "'%.*s' holds a value that is not finite (element %zu)",
                      (int)(t->name.len > 100 ? 100 : t->name.len), t->name.data, i);
             return -1;
         }
+    }
     return 0;
 }
 
-/* *m (rows x cols) replaced by its transpose; -2 without memory. */
-static int transpose(float **m, size_t rows, size_t cols, char *why, size_t wn)
+/* *m (rows x cols elements of size es) replaced by its transpose; -2
+ * without memory. */
+static int transpose(void **m, size_t rows, size_t cols, size_t es, char *why, size_t wn)
 {
-    float *t = malloc(rows * cols * sizeof *t);
+    char *t = malloc(rows * cols * es);
     if (!t) {
-        snprintf(why, wn, "no memory for %zu floats", rows * cols);
+        snprintf(why, wn, "no memory for %zu values", rows * cols);
         return -2;
     }
+    const char *src = *m;
     for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) t[c * rows + r] = (*m)[r * cols + c];
+        for (size_t c = 0; c < cols; c++) memcpy(t + (c * rows + r) * es, src + (r * cols + c) * es, es);
     free(*m);
     *m = t;
     return 0;
@@ -145,22 +155,24 @@ static int take(llm_lora *l, const llm_model *base, const gguf_tensor *t, int ma
                  proj_names[p]);
         return -1;
     }
-    size_t n = (size_t)len * (size_t)rows;
-    float *dst = malloc(n * sizeof *dst);
+    size_t n = (size_t)len * (size_t)rows, es = t->type == QT_F16 ? sizeof(quant_f16) : sizeof(float);
+    void *dst = malloc(n * es);
     if (!dst) {
-        snprintf(why, wn, "no memory for %zu floats", n);
+        snprintf(why, wn, "no memory for %zu values", n);
         return -2;
     }
-    int bad = copy_f32(t, dst, n, why, wn);
+    quant_type kept;
+    int bad = copy_values(t, dst, n, &kept, why, wn);
     if (!bad && which) /* B is kept transposed: a row's B t is then rank scaled additions of contiguous rows */
-        bad = transpose(&dst, (size_t)rows, (size_t)len, why, wn);
+        bad = transpose(&dst, (size_t)rows, (size_t)len, es, why, wn);
     if (bad) {
         free(dst);
         return bad;
     }
     m->rank = (int)rank, m->in = (int)w->cols, m->out = (int)w->rows;
     *(which ? &m->bt : &m->a) = dst;
-    l->bytes += n * sizeof *dst;
+    *(which ? &m->b_type : &m->a_type) = kept;
+    l->bytes += n * es;
     return 0;
 }
 
@@ -274,21 +286,45 @@ float llm_lora_factor(const llm_lora *l, const llm_lora_mat *m, float scale)
     return l->alpha > 0 && m->rank > 0 ? scale * l->alpha / (float)m->rank : scale;
 }
 
+static float value_at(quant_type t, const void *p, size_t i)
+{
+    return t == QT_F16 ? quant_f16_to_f32(((const quant_f16 *)p)[i]) : ((const float *)p)[i];
+}
+
+float llm_lora_a_at(const llm_lora_mat *m, int k, int i)
+{
+    return value_at(m->a_type, m->a, (size_t)k * m->in + i);
+}
+
+float llm_lora_b_at(const llm_lora_mat *m, int o, int k)
+{
+    return value_at(m->b_type, m->bt, (size_t)k * m->out + o);
+}
+
+size_t llm_lora_a_bytes(const llm_lora_mat *m)
+{
+    return (size_t)m->rank * m->in * (m->a_type == QT_F16 ? sizeof(quant_f16) : sizeof(float));
+}
+
+size_t llm_lora_b_bytes(const llm_lora_mat *m)
+{
+    return (size_t)m->rank * m->out * (m->b_type == QT_F16 ? sizeof(quant_f16) : sizeof(float));
+}
+
 void llm_lora_apply(const llm_lora_mat *m, float s, const float *x, int n, float *y)
 {
     float t[LLM_LORA_MAX_RANK];
     for (int r = 0; r < n && m->rank > 0; r++) {
         const float *xr = x + (size_t)r * m->in;
         for (int k = 0; k < m->rank; k++) {
-            const float *a = m->a + (size_t)k * m->in;
             float acc = 0;
-            for (int i = 0; i < m->in; i++) acc += a[i] * xr[i];
+            for (int i = 0; i < m->in; i++) acc += llm_lora_a_at(m, k, i) * xr[i];
             t[k] = acc;
         }
         float *yr = y + (size_t)r * m->out;
         for (int o = 0; o < m->out; o++) {
             float acc = 0;
-            for (int k = 0; k < m->rank; k++) acc += m->bt[(size_t)k * m->out + o] * t[k];
+            for (int k = 0; k < m->rank; k++) acc += llm_lora_b_at(m, o, k) * t[k];
             yr[o] += s * acc; /* scaled after B, as llama.cpp does */
         }
     }

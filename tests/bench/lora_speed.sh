@@ -1,14 +1,15 @@
 #!/bin/sh
 # tests/bench/lora_speed.sh - decode throughput with LoRA adapters, llm-server against llama.cpp's
 # llama-server in the same run: 16 concurrent greedy requests of NTOK (64) tokens, with 0, 1, 4 and 16
-# distinct rank-16 F32 adapters (llm-mkmodel --lora-of, seeded), 2 threads each, through each server's
-# HTTP API (llama.cpp: all 16 adapters loaded with --lora-init-without-apply, per-request "lora" scales).
-#   LLAMA_CPP_DIR=... [MODEL=file.gguf] [NTOK=128] sh tests/bench/lora_speed.sh    (from the repository)
+# distinct rank-16 adapters of type TYPE (F16; F32, BF16, Q8_0: llm-mkmodel --lora-of, seeded), 2 threads
+# each, through each server's HTTP API (llama.cpp: all 16 adapters loaded with --lora-init-without-apply,
+# per-request "lora" scales).
+#   LLAMA_CPP_DIR=... [MODEL=file.gguf] [NTOK=128] [TYPE=F32] sh tests/bench/lora_speed.sh  (from the repository)
 set -u
 D=$(mktemp -d)
 trap 'rm -rf "$D"' EXIT
 for i in $(seq 0 15); do build/bin/llm-mkmodel --lora-of "${MODEL:-build/models/gemma-3-270m-q4_k_m.gguf}" --rank 16 \
-    --alpha 32 --seed $((200 + i)) -o "$D/a$i.gguf" >/dev/null 2>&1 || { echo "llm-mkmodel failed"; exit 1; }; done
+    --alpha 32 --type "${TYPE:-F16}" --seed $((200 + i)) -o "$D/a$i.gguf" >/dev/null 2>&1 || { echo "llm-mkmodel failed"; exit 1; }; done
 G=${MODEL:-build/models/gemma-3-270m-q4_k_m.gguf}
 L=${LLAMA_CPP_DIR:?set LLAMA_CPP_DIR to a llama.cpp checkout built with -DLLAMA_BUILD_SERVER=ON}/build/bin
 NSEQ=16; NTOK=${NTOK:-64}

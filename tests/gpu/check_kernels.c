@@ -359,7 +359,8 @@ static int32_t *lora_words(const llm_lora_seg *sg, int n, int32_t *w, int *rows)
         uint64_t a = (uint64_t)(uintptr_t)sg[i].a, bt = (uint64_t)(uintptr_t)sg[i].bt;
         int32_t sb;
         memcpy(&sb, &sg[i].s, 4);
-        int32_t v[8] = {sg[i].row0, sg[i].n_rows, sg[i].rank, sb, (int32_t)(uint32_t)a, (int32_t)(uint32_t)(a >> 32),
+        int32_t rk = sg[i].rank | (sg[i].a_type == QT_F16 ? LK_LORA_A_HALF : 0) | (sg[i].b_type == QT_F16 ? LK_LORA_B_HALF : 0);
+        int32_t v[8] = {sg[i].row0, sg[i].n_rows, rk, sb, (int32_t)(uint32_t)a, (int32_t)(uint32_t)(a >> 32),
                         (int32_t)(uint32_t)bt, (int32_t)(uint32_t)(bt >> 32)};
         memcpy(w + 8 * i, v, sizeof v);
     }
@@ -369,27 +370,47 @@ static int32_t *lora_words(const llm_lora_seg *sg, int n, int32_t *w, int *rows)
     return to_dev(w, sizeof(int32_t) * (size_t)(8 * n + 2 * k));
 }
 
+/* n random values in [-1, 1) as float, or as half when half (host). */
+static void *rand_typed(size_t n, int half)
+{
+    float *f = rand_host(n);
+    if (!half)
+        return f;
+    quant_f16 *h = malloc(n * sizeof *h);
+    if (!h)
+        exit(2);
+    for (size_t i = 0; i < n; i++) h[i] = quant_f32_to_f16(f[i]);
+    free(f);
+    return h;
+}
+
 /* LoRA's shrink and expand (lk_lora) against the CPU backend's op: four
  * segments of three adapters (ranks 8, 1, 64; one adapter twice, rows
- * left out between), in and out off the warp and block sizes; then one
- * segment alone must give its rows bit for bit (batch invariance). */
-static void check_lora(llm_backend *cpu, int in, int out)
+ * left out between), in and out off the warp and block sizes; with half,
+ * the first adapter's A and the third's A and B are F16 (types mixed in
+ * one call); then one segment alone must give its rows bit for bit
+ * (batch invariance). */
+static void check_lora(llm_backend *cpu, int in, int out, int half)
 {
     enum { NT = 12 };
     int ranks[3] = {8, 1, 64};
-    float *ha[3], *hb[3], *da[3], *db[3];
+    quant_type at[3] = {half ? QT_F16 : QT_F32, QT_F32, half ? QT_F16 : QT_F32};
+    quant_type bty[3] = {QT_F32, QT_F32, half ? QT_F16 : QT_F32};
+    void *ha[3], *hb[3], *da[3], *db[3];
     for (int i = 0; i < 3; i++) {
-        ha[i] = rand_host((size_t)ranks[i] * in), hb[i] = rand_host((size_t)ranks[i] * out);
-        da[i] = to_dev(ha[i], sizeof(float) * (size_t)ranks[i] * in);
-        db[i] = to_dev(hb[i], sizeof(float) * (size_t)ranks[i] * out);
+        size_t ea = at[i] == QT_F16 ? 2 : 4, eb = bty[i] == QT_F16 ? 2 : 4;
+        ha[i] = rand_typed((size_t)ranks[i] * in, at[i] == QT_F16);
+        hb[i] = rand_typed((size_t)ranks[i] * out, bty[i] == QT_F16);
+        da[i] = to_dev(ha[i], ea * (size_t)ranks[i] * in);
+        db[i] = to_dev(hb[i], eb * (size_t)ranks[i] * out);
     }
     static const int which[4] = {0, 1, 2, 0}, row0[4] = {0, 3, 5, 10}, nrows[4] = {3, 1, 4, 2};
     static const float sc[4] = {0.5f, -2.0f, 1.0f, 0.5f};
     llm_lora_seg hs[4], ds[4];
     for (int i = 0; i < 4; i++) {
         int a = which[i];
-        hs[i] = (llm_lora_seg){row0[i], nrows[i], ha[a], hb[a], ranks[a], sc[i]};
-        ds[i] = (llm_lora_seg){row0[i], nrows[i], da[a], db[a], ranks[a], sc[i]};
+        hs[i] = (llm_lora_seg){row0[i], nrows[i], ha[a], hb[a], ranks[a], sc[i], at[a], bty[a]};
+        ds[i] = (llm_lora_seg){row0[i], nrows[i], da[a], db[a], ranks[a], sc[i], at[a], bty[a]};
     }
     float *x = rand_host((size_t)NT * in), *y = rand_host((size_t)NT * out), *ref = malloc(sizeof(float) * NT * out);
     memcpy(ref, y, sizeof(float) * NT * out);
@@ -403,7 +424,7 @@ static void check_lora(llm_backend *cpu, int in, int out)
     float *dx = to_dev(x, sizeof(float) * NT * in), *dy = to_dev(y, sizeof(float) * NT * out), *dt = poisoned(NT * 64);
     CK((cudaError_t)lk_lora(dw, dw + 32, rows, dx, in, dy, out, dt, 64, NULL));
     char what[64];
-    snprintf(what, sizeof what, "lora in %d out %d", in, out);
+    snprintf(what, sizeof what, "lora in %d out %d%s", in, out, half ? " f16" : "");
     /* |y| reaches ~100 (rank 64 sums of 2048-long dots of values in [-1, 1)): float sums in another order differ
      * by ~1e-6 of that */
     compare(what, dy, ref, (size_t)NT * out, 5e-4, 1e-4);
@@ -678,8 +699,10 @@ int main(void)
                 check_gemv(gemv_types[i], batches[b], 288); /* a partial pass; half types by the scalar path */
         }
     for (size_t i = 0; i < sizeof gemv_types / sizeof *gemv_types; i++) check_dequant(gemv_types[i]);
-    check_lora(cpu, 200, 300);
-    check_lora(cpu, 2048, 640);
+    for (int half = 0; half < 2; half++) {
+        check_lora(cpu, 200, 300, half);
+        check_lora(cpu, 2048, 640, half);
+    }
     check_argmax();
     check_sample_rules();
     check_sample(0.0f, 0, 1.0f, 0.0f, 0);

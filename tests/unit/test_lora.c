@@ -172,6 +172,65 @@ static void test_loads_and_applies(void **state)
     }
 }
 
+/* The CPU backend's lora op with every kernel set this CPU runs, on F32
+ * and F16 adapters of the same values (F16 ones are kept as F16: half
+ * the bytes): segments of both types in one call equal llm_lora_apply on
+ * the same matrices within float rounding, and a row's result alone
+ * equals it in the batch bit for bit. attn_k (out 128: the weighted sum's
+ * tail path) and ffn_up (out 512: one whole strip). */
+static void test_backend_op_f32_f16(void **state)
+{
+    (void)state;
+    llm_lora *l32, *l16;
+    llm_error err = {0};
+    spec a = {.alpha = 16, .rank = 8}, b = {.alpha = 16, .rank = 8, .qt = QT_F16};
+    assert_int_equal(load(&a, 0, &l32, &err), LLM_OK);
+    assert_int_equal(load(&b, 0, &l16, &err), LLM_OK);
+    assert_int_equal(l16->bytes * 2, l32->bytes);
+    static const char *const sets[] = {"scalar", "avx2", "avx512vnni", "avx512"};
+    static const llm_lora_proj ps[] = {LLM_LORA_K, LLM_LORA_UP};
+    for (size_t si = 0; si < sizeof sets / sizeof *sets; si++) {
+        llm_backend *be;
+        llm_cpu_config cfg = {.n_threads = 2, .kernels = sets[si]};
+        if (llm_backend_cpu_new(&cfg, &be, &err))
+            continue; /* this CPU lacks the set */
+        for (size_t pi = 0; pi < 2; pi++) {
+            const llm_lora_mat *m32 = llm_lora_mat_at(l32, 1, ps[pi]), *m16 = llm_lora_mat_at(l16, 1, ps[pi]);
+            assert_int_equal(m32->a_type, QT_F32);
+            assert_int_equal(m16->a_type, QT_F16);
+            assert_int_equal(m16->b_type, QT_F16);
+            int in = m32->in, out = m32->out;
+            enum { NR = 6 };
+            uint64_t seed = 11 + pi;
+            float x[NR * 512], y[NR * 512], y0[NR * 512], ref[NR * 512], one[512];
+            for (int i = 0; i < NR * in; i++) x[i] = test_randf(&seed);
+            for (int i = 0; i < NR * out; i++) y[i] = y0[i] = ref[i] = test_randf(&seed);
+            /* rows 0-1 F16 at 0.5, row 2 none, rows 3-5 F32 at -1 */
+            llm_lora_seg sg[2] = {{0, 2, m16->a, m16->bt, 8, 0.5f, QT_F16, QT_F16},
+                                  {3, 3, m32->a, m32->bt, 8, -1.0f, QT_F32, QT_F32}};
+            assert_int_equal(llm_backend_lora(be, sg, 2, x, in, y, out), LLM_OK);
+            llm_lora_apply(m16, 0.5f, x, 2, ref);
+            llm_lora_apply(m32, -1.0f, x + 3 * in, 3, ref + 3 * out);
+            for (int i = 0; i < NR * out; i++)
+                if (fabsf(y[i] - ref[i]) > 1e-5f * (1 + fabsf(ref[i])))
+                    fail_msg("%s out %d: y[%d] %g, reference %g", sets[si], out, i, y[i], ref[i]);
+            /* rows 1 and 4 alone, from their starting values */
+            for (int r = 1; r <= 4; r += 3) {
+                llm_lora_seg alone = sg[r > 2];
+                alone.row0 = 0, alone.n_rows = 1;
+                memcpy(one, y0 + r * out, sizeof(float) * (size_t)out);
+                assert_int_equal(llm_backend_lora(be, &alone, 1, x + r * in, in, one, out), LLM_OK);
+                assert_memory_equal(one, y + r * out, sizeof(float) * (size_t)out);
+            }
+            llm_lora_seg bad = {0, 1, m16->a, m16->bt, 8, 1.0f, QT_BF16, QT_F16};
+            assert_int_equal(llm_backend_lora(be, &bad, 1, x, in, y, out), LLM_ERR_INVALID_ARG);
+        }
+        llm_backend_free(be);
+    }
+    llm_lora_free(l32);
+    llm_lora_free(l16);
+}
+
 /* The adapter llm-mkmodel --lora-of writes (the one test_llamacpp_peer.py
  * shows llama.cpp loading) loads here too, every projection adapted. */
 static void test_mklora_adapter_loads(void **state)
@@ -230,6 +289,7 @@ static void test_refusals(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_loads_and_applies), cmocka_unit_test(test_mklora_adapter_loads),
+                                       cmocka_unit_test(test_backend_op_f32_f16),
                                        cmocka_unit_test(test_refusals)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -238,7 +238,8 @@ llm_status cuda_lora(llm_backend *b, const llm_lora_seg *segs, int n_segs, const
         int32_t sb;
         memcpy(&sb, &s->s, sizeof sb);
         int32_t *w = p + 8 * (size_t)i;
-        w[0] = s->row0, w[1] = s->n_rows, w[2] = s->rank, w[3] = sb;
+        w[0] = s->row0, w[1] = s->n_rows, w[3] = sb;
+        w[2] = s->rank | (s->a_type == QT_F16 ? LK_LORA_A_HALF : 0) | (s->b_type == QT_F16 ? LK_LORA_B_HALF : 0);
         w[4] = (int32_t)(uint32_t)a, w[5] = (int32_t)(uint32_t)(a >> 32);
         w[6] = (int32_t)(uint32_t)bt, w[7] = (int32_t)(uint32_t)(bt >> 32);
     }

@@ -126,13 +126,15 @@ typedef struct llm_matmul {
 /* One LoRA adapter's low-rank update of a matmul's output (lora.h) for
  * rows [row0, row0 + n_rows) of a batch: y[r] += s * (B (A x[r])). A and
  * B are in backend memory, A as (rank, in) and B transposed, (rank, out),
- * both row-major. */
+ * both row-major, each of type QT_F32 or QT_F16 (an F16 adapter is read
+ * as it is stored: half the bytes per step; the products are float). */
 #define LLM_LORA_SEG_MAX_RANK 1024 /* the largest rank a backend must take */
 typedef struct llm_lora_seg {
     int row0, n_rows;
-    const float *a, *bt;
+    const void *a, *bt;
     int rank;
     float s;
+    quant_type a_type, b_type;
 } llm_lora_seg;
 
 typedef struct llm_backend llm_backend;
@@ -352,14 +354,16 @@ static inline llm_status llm_backend_write(llm_backend *b, void *dst, const void
 }
 /* The low-rank updates of segs (llm_backend_i.lora): LLM_ERR_UNSUPPORTED
  * without the op, LLM_ERR_INVALID_ARG for a rank outside
- * [1, LLM_LORA_SEG_MAX_RANK] or a negative row count. */
+ * [1, LLM_LORA_SEG_MAX_RANK], a negative row count or a type other than
+ * QT_F32 and QT_F16. */
 static inline llm_status llm_backend_lora(llm_backend *b, const llm_lora_seg *segs, int n_segs, const float *x, int in,
                                           float *y, int out)
 {
     if (!b->iface->lora)
         return LLM_ERR_UNSUPPORTED;
     for (int i = 0; i < n_segs; i++)
-        if (segs[i].rank < 1 || segs[i].rank > LLM_LORA_SEG_MAX_RANK || segs[i].n_rows < 0)
+        if (segs[i].rank < 1 || segs[i].rank > LLM_LORA_SEG_MAX_RANK || segs[i].n_rows < 0 ||
+            (segs[i].a_type != QT_F32 && segs[i].a_type != QT_F16) || (segs[i].b_type != QT_F32 && segs[i].b_type != QT_F16))
             return LLM_ERR_INVALID_ARG;
     return b->iface->lora(b, segs, n_segs, x, in, y, out);
 }

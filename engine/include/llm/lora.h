@@ -14,8 +14,9 @@
  * (scale the request's; without alpha, s = scale, as llama.cpp does).
  *
  * Ownership: llm_lora_load returns an adapter the caller frees with
- * llm_lora_free; A and B are copied out of the file as F32 (the file is
- * closed on return). It borrows nothing from the base. Thread-safety: an
+ * llm_lora_free; A and B are copied out of the file (which is closed on
+ * return): F16 tensors as they are (each step reads them: half the bytes,
+ * and products over their exact float values), the others as F32. It borrows nothing from the base. Thread-safety: an
  * adapter is read-only after load and may be shared by any threads. */
 #ifndef LLM_LORA_H
 #define LLM_LORA_H
@@ -36,9 +37,10 @@ typedef enum llm_lora_proj {
 #define LLM_LORA_MAX_ALPHA 65536.0f
 
 typedef struct llm_lora_mat {
-    int rank, in, out; /* rank 0: this projection is not adapted */
-    float *a;          /* (rank x in), row-major */
-    float *bt;         /* B transposed: (rank x out), row-major */
+    int rank, in, out;         /* rank 0: this projection is not adapted */
+    quant_type a_type, b_type; /* QT_F32 or QT_F16 */
+    void *a;                   /* (rank x in), row-major */
+    void *bt;                  /* B transposed: (rank x out), row-major */
 } llm_lora_mat;
 
 typedef struct llm_lora {
@@ -47,7 +49,7 @@ typedef struct llm_lora {
     int n_layer;        /* the base's */
     int n_mats;         /* adapted projections */
     llm_lora_mat *mats; /* (n_layer * LLM_LORA_N_PROJ) */
-    size_t bytes;       /* of A and B */
+    size_t bytes;       /* of A and B as stored */
 } llm_lora;
 
 /* Loads path and checks it against base: the format keys, the
@@ -67,6 +69,13 @@ void llm_lora_free(llm_lora *l);
 const llm_lora_mat *llm_lora_mat_at(const llm_lora *l, int layer, llm_lora_proj p);
 /* s for a request scale: scale * alpha / m->rank, or scale without alpha. */
 float llm_lora_factor(const llm_lora *l, const llm_lora_mat *m, float scale);
+
+/* A's element (k, i) and B's (o, k) as floats. */
+float llm_lora_a_at(const llm_lora_mat *m, int k, int i);
+float llm_lora_b_at(const llm_lora_mat *m, int o, int k);
+/* Bytes of A (rank x in) and of B (rank x out) as stored. */
+size_t llm_lora_a_bytes(const llm_lora_mat *m);
+size_t llm_lora_b_bytes(const llm_lora_mat *m);
 
 /* y[r] += s * (B (A x[r])) for the n rows of x (in floats apart) into y (out
  * floats apart), each row on its own: the same arithmetic whatever n is. */
