@@ -119,6 +119,24 @@ def test_gemma3_greedy_equals_llamacpp(gemma, tmp_path):
     assert changed == len(g["greedy"]), "the adapter must change every answer, or this compares the base"
 
 
+def test_peft_adapter_converted_by_llamacpp(tmp_path):
+    """An adapter made by Hugging Face's peft and converted by llama.cpp's own convert_lora_to_gguf.py
+    (F16; tests/peer/make_lora_refs.py with PEFT_PYTHON): its names, layout (llama's Q/K rows permuted
+    by the converter) and alpha as real adapters ship, against llama.cpp's logits with it."""
+    pe = REFS["peft"]
+    lora, base = ROOT / "tests/data" / pe["file"], tmp_path / "base.gguf"
+    assert hashlib.sha256(lora.read_bytes()).hexdigest() == pe["file_sha256"], "regenerate with make_lora_refs.py"
+    assert made(base, "--shape", pe["shape"], "--type", pe["type"], "--seed", pe["seed"]) == pe["sha256"], \
+        "llm-mkmodel writes another file now: regenerate tests/data with tests/peer/make_lora_refs.py"
+    ours = logits(base, "--lora", lora, pe["scale"])
+    err, plain = worst_error(ours, pe["positions"]), worst_error(logits(base), pe["positions"])
+    print(f"{pe['made_by']}: worst {err:.2e}, without it {plain:.2e}")
+    assert err <= 1e-3, f"logits off by {err:.2e} of max |logit|"
+    assert plain > 5e-3, f"without the adapter only {plain:.2e} off: the adapter changes too little to test"
+    for p in pe["positions"]:
+        assert int(np.argmax(ours[p["pos"]])) == p["ids"][0] or \
+            abs(ours[p["pos"]].max() - ours[p["pos"]][p["ids"][0]]) <= 1e-3 * p["max_abs"], p["pos"]
+
 
 # ---- llm-server --------------------------------------------------------------------------------------------------
 

@@ -7,7 +7,13 @@ Gemma 3 270M Q4_K_M with an adapter. The files' sha256 are kept so a change
 of llm-mkmodel shows as such. tests/integration/test_lora.py holds the
 engine against it.
 
-    LLAMA_CPP_DIR=... python3 tests/peer/make_lora_refs.py [GEMMA.gguf]"""
+With PEFT_PYTHON (a Python with torch, transformers and peft) it also makes
+an adapter with Hugging Face's peft (tests/peer/make_peft_adapter.py),
+converts it with llama.cpp's own convert_lora_to_gguf.py (F16) into
+tests/data/peft-lora-tiny.gguf and keeps llama.cpp's logits with it; without
+PEFT_PYTHON the kept ones stay.
+
+    LLAMA_CPP_DIR=... [PEFT_PYTHON=...] python3 tests/peer/make_lora_refs.py [GEMMA.gguf]"""
 import hashlib
 import json
 import os
@@ -58,16 +64,37 @@ def logit_cases(tmp, exe):
                        check=True, capture_output=True)
         mklora(base, rank, alpha, atype, aseed, lora)
         subprocess.run([str(exe), "--lora", str(lora), str(scale), str(base), str(rows), *map(str, IDS)], check=True)
-        lg = np.fromfile(rows, np.float32).reshape(len(IDS), -1)
-        pos = []
-        for p in POSITIONS:
-            top = np.argsort(-lg[p], kind="stable")[:8]
-            pos.append({"pos": p, "max_abs": float(np.abs(lg[p]).max()), "ids": top.tolist(),
-                        "logits": [float(x) for x in lg[p][top]]})
+        pos = top8(np.fromfile(rows, np.float32).reshape(len(IDS), -1))
         cases.append({"shape": shape, "type": btype, "seed": SEED, "sha256": sha(base),
                       "lora": {"rank": rank, "alpha": alpha, "type": atype, "seed": aseed, "sha256": sha(lora)},
                       "scale": scale, "positions": pos})
     return cases
+
+
+def top8(rows):
+    pos = []
+    for p in POSITIONS:
+        top = np.argsort(-rows[p], kind="stable")[:8]
+        pos.append({"pos": p, "max_abs": float(np.abs(rows[p]).max()), "ids": top.tolist(),
+                    "logits": [float(x) for x in rows[p][top]]})
+    return pos
+
+
+def peft_case(tmp, exe, root, python):
+    """peft's adapter for the tiny llama base, converted by llama.cpp, and llama.cpp's logits with it."""
+    made = subprocess.run([python, str(ROOT / "tests/peer/make_peft_adapter.py"), str(tmp / "peft")], check=True,
+                          capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    out = ROOT / "tests/data/peft-lora-tiny.gguf"
+    subprocess.run([python, str(root / "convert_lora_to_gguf.py"), "--base", str(tmp / "peft/base"), "--outtype",
+                    "f16", "--outfile", str(out), str(tmp / "peft/adapter")], check=True, capture_output=True)
+    base, rows = tmp / "tiny-F32.gguf", tmp / "rows.bin"
+    subprocess.run([str(MKMODEL), "--shape", "tiny", "--type", "F32", "--seed", str(SEED), "-o", str(base)],
+                   check=True, capture_output=True)
+    subprocess.run([str(exe), "--lora", str(out), "1.0", str(base), str(rows), *map(str, IDS)], check=True)
+    lg = np.fromfile(rows, np.float32).reshape(len(IDS), -1)
+    return {"shape": "tiny", "type": "F32", "seed": SEED, "sha256": sha(base), "file": out.name,
+            "file_sha256": sha(out), "made_by": f"{made}; llama.cpp convert_lora_to_gguf.py --outtype f16",
+            "scale": 1.0, "positions": top8(lg)}
 
 
 def gemma_greedy(tmp, exe, model):
@@ -93,8 +120,13 @@ def main():
             "cases": logit_cases(tmp, tmp / "llama_logits")}
     if len(sys.argv) > 1:
         refs["gemma"] = gemma_greedy(tmp, tmp / "llama_greedy", sys.argv[1])
+    if os.environ.get("PEFT_PYTHON"):
+        refs["peft"] = peft_case(tmp, tmp / "llama_logits", root, os.environ["PEFT_PYTHON"])
+    elif OUT.exists() and "peft" in json.loads(OUT.read_text()):
+        refs["peft"] = json.loads(OUT.read_text())["peft"]
     OUT.write_text(json.dumps(refs, indent=1) + "\n")
-    print(f"wrote {OUT}: {len(refs['cases'])} files" + (", Gemma 3 greedy" if "gemma" in refs else ""))
+    print(f"wrote {OUT}: {len(refs['cases'])} files" + (", Gemma 3 greedy" if "gemma" in refs else "") +
+          (", the peft adapter" if "peft" in refs else ""))
 
 
 if __name__ == "__main__":
