@@ -16,6 +16,7 @@
 typedef struct round {
     json_t *d;
     char (*urls)[128];
+    char (*names)[ADAPTERS_POD_NAME];
     int n;
     const char *token;
     json_t **have;   /* (n) each pod's "adapters" list, NULL: it did not answer */
@@ -202,6 +203,27 @@ static void loads(round *r)
     free(pick);
 }
 
+/* status.podAdapters: the names each pod answered as ready this round,
+ * for the first ADAPTERS_STATUS_PODS pods; NULL without memory. */
+static json_t *pod_lists(const round *r)
+{
+    json_t *pods = json_array(), *e;
+    int listed = r->n < ADAPTERS_STATUS_PODS ? r->n : ADAPTERS_STATUS_PODS;
+    for (int i = 0; pods && i < listed; i++) {
+        json_t *names = json_array();
+        size_t k;
+        json_array_foreach(r->have[i], k, e)
+            if (!strcmp(kube_json_str(e, "state", NULL) ?: "", "ready"))
+                json_array_append(names, json_object_get(e, "name"));
+        if (json_array_append_new(pods, json_pack("{s:s,s:b,s:o}", "pod", r->names[i], "answered", r->have[i] != NULL,
+                                                  "loaded", names))) {
+            json_decref(pods);
+            return NULL;
+        }
+    }
+    return pods ? json_pack("{s:o,s:i}", "pods", pods, "omitted", r->n - listed) : NULL;
+}
+
 /* status.adapters: each spec adapter's pods, counting this round's loads. */
 static void tally(round *r)
 {
@@ -223,15 +245,17 @@ static void tally(round *r)
         done &= r->have[i] != NULL && json_array_size(r->have[i]) == json_array_size(list);
     r->v->list = list;
     r->v->done = done && list;
+    r->v->pods = pod_lists(r);
     if (!r->v->failed && !r->v->done && !r->v->message[0])
         snprintf(r->v->message, sizeof r->v->message, "loading and unloading adapters on %d pod%s", r->n,
                  r->n == 1 ? "" : "s");
 }
 
-void adapters_sync(json_t *d, char (*urls)[128], int n, const char *token, adapters_view *v)
+void adapters_sync(json_t *d, char (*urls)[128], char (*names)[ADAPTERS_POD_NAME], int n, const char *token,
+                   adapters_view *v)
 {
     size_t na = json_array_size(kube_json_get(json_object_get(d, "spec"), "adapters", NULL));
-    round r = {d, urls, n, token, calloc((size_t)(n ? n : 1), sizeof(json_t *)),
+    round r = {d, urls, names, n, token, calloc((size_t)(n ? n : 1), sizeof(json_t *)),
                calloc((size_t)(n ? n : 1) * (na ? na : 1), sizeof(int)), 0, 0, v};
     memset(v, 0, sizeof *v);
     if (!r.have || !r.loads_ok) {
@@ -267,10 +291,12 @@ void adapters_status(json_t *d, const adapters_view *v, json_t *status, const ch
     else
         json_decref(c);
     json_object_set(status, "adapters", v->list ? v->list : json_null());
+    json_object_set(status, "podAdapters", v->pods ? v->pods : json_null());
 }
 
 void adapters_view_free(adapters_view *v)
 {
     json_decref(v->list);
-    v->list = NULL;
+    json_decref(v->pods);
+    v->list = v->pods = NULL;
 }

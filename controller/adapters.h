@@ -4,9 +4,11 @@
  * (llm-server's GET /admin/lora, POST /v1/unload_lora_adapter and
  * /v1/load_lora_adapter, bearer: the deployment's admin token), so no pod
  * restarts, and gives the status that results: status.adapters (on how
- * many serving pods each adapter is loaded) and the AdaptersReady
- * condition, which names an adapter that fails and why while the model
- * keeps serving.
+ * many serving pods each adapter is loaded), status.podAdapters (what
+ * each pod has loaded, as it answered at the start of the round; the
+ * first ADAPTERS_STATUS_PODS pods, the rest counted) and the
+ * AdaptersReady condition, which names an adapter that fails and why
+ * while the model keeps serving.
  *
  * One round per reconcile: every pod's list is read at once; an adapter
  * a pod has with another source, digest or scale is unloaded this round
@@ -22,16 +24,23 @@
 #include <jansson.h>
 
 #define ADAPTERS_CALLS_PER_ROUND 8
+/* Pods listed in status.podAdapters: with up to 32 names of 128 bytes
+ * each, 64 pods keep the status (an etcd object) under 300 KB. */
+#define ADAPTERS_STATUS_PODS 64
+#define ADAPTERS_POD_NAME 254 /* a pod's name (a DNS subdomain, 253 bytes) and its NUL */
 
 typedef struct adapters_view {
     json_t *list;        /* status.adapters: [{"name", "loaded", "pods"}] */
+    json_t *pods;        /* status.podAdapters: {"pods": [{"pod", "answered", "loaded": [names]}], "omitted"} */
     int done;            /* every serving pod has exactly the spec's adapters */
     int failed;          /* a load was refused: message says which and why */
     char message[640];
 } adapters_view;
 
-/* One round over the n serving pods at base URLs urls[i] ("http://IP:PORT"). */
-void adapters_sync(json_t *d, char (*urls)[128], int n, const char *token, adapters_view *v);
+/* One round over the n serving pods named names[i], at base URLs urls[i]
+ * ("http://IP:PORT"). */
+void adapters_sync(json_t *d, char (*urls)[128], char (*names)[ADAPTERS_POD_NAME], int n, const char *token,
+                   adapters_view *v);
 /* status.adapters and the AdaptersReady condition into status (the
  * condition keeps its transition time from d's status while it holds). */
 void adapters_status(json_t *d, const adapters_view *v, json_t *status, const char *now);

@@ -99,7 +99,8 @@ static void admin_answers(podsig_admin *a, char (*urls)[128], size_t n, const lo
 
 /* The base URLs ("http://IP:PORT") of the deployment's serving pods, at
  * most ADMIN_PODS: 0 and the count, or -1 with msg saying why. */
-static int serving_pods(kube_client *k, json_t *d, char (*urls)[128], int *n, char *msg, size_t mn)
+static int serving_pods(kube_client *k, json_t *d, char (*urls)[128], char (*names)[ADAPTERS_POD_NAME], int *n,
+                        char *msg, size_t mn)
 {
     char path[768];
     /* the servers of this LLMDeployment alone: LLMDeployment NAME's routers are instance NAME-router too */
@@ -120,8 +121,11 @@ static int serving_pods(kube_client *k, json_t *d, char (*urls)[128], int *n, ch
         int v6 = ip && strchr(ip, ':');
         /* not a host-network pod: its IP is the node's, whatever listens there would get the token */
         if (podsig_pod_serving(pod) && !json_is_true(kube_json_get(json_object_get(pod, "spec"), "hostNetwork", NULL)) &&
-            snprintf(urls[*n], 128, "http://%s%s%s:%lld", v6 ? "[" : "", ip, v6 ? "]" : "", desired_server_port(d)) < 100)
+            snprintf(urls[*n], 128, "http://%s%s%s:%lld", v6 ? "[" : "", ip, v6 ? "]" : "", desired_server_port(d)) < 100) {
+            if (names) /* a pod's name is at most 253 bytes (a DNS subdomain) */
+                snprintf(names[*n], ADAPTERS_POD_NAME, "%s", kube_json_str(pod, "metadata", "name") ?: "");
             (*n)++;
+        }
     }
     json_decref(pods);
     return 0;
@@ -148,7 +152,7 @@ static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, con
         snprintf(a.message, sizeof a.message, "no admin key: spec.canary.mode is no longer colocated");
     } else if (!body || !urls || !up || !codes || !bodies) {
         snprintf(a.message, sizeof a.message, "no memory to call the pods");
-    } else if (!serving_pods(k, d, urls, &a.pods, a.message, sizeof a.message)) {
+    } else if (!serving_pods(k, d, urls, NULL, &a.pods, a.message, sizeof a.message)) {
         for (int i = 0; i < a.pods; i++) {
             size_t len = strlen(urls[i]); /* under 100: serving_pods keeps them so */
             snprintf(urls[i] + len, 128 - len, "/admin/canary");
@@ -170,25 +174,30 @@ static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, con
  * spec.adapters, status.adapters goes (null in the merge patch). */
 static llm_status adapters_round(kube_client *k, seen *o, json_t *status, double now, double *requeue_s, llm_error *err)
 {
-    if (!desired_adapters(o->d))
-        return kube_json_get(o->d, "status", "adapters") && json_object_set_new(status, "adapters", json_null())
+    if (!desired_adapters(o->d)) {
+        int was = kube_json_get(o->d, "status", "adapters") || kube_json_get(o->d, "status", "podAdapters");
+        return was && (json_object_set_new(status, "adapters", json_null()) ||
+                       json_object_set_new(status, "podAdapters", json_null()))
                    ? llm_errf(err, LLM_ERR_NOMEM, "no memory for the status")
                    : LLM_OK;
+    }
     adapters_view v = {0};
     char(*urls)[128] = calloc(ADMIN_PODS, 128), ts[32];
+    char(*names)[ADAPTERS_POD_NAME] = calloc(ADMIN_PODS, ADAPTERS_POD_NAME);
     int n = 0;
-    if (!urls)
+    if (!urls || !names)
         snprintf(v.message, sizeof v.message, "no memory to call the pods");
     else if (!o->token[0])
         snprintf(v.message, sizeof v.message, "no admin key yet");
-    else if (!serving_pods(k, o->d, urls, &n, v.message, sizeof v.message))
-        adapters_sync(o->d, urls, n, o->token, &v);
+    else if (!serving_pods(k, o->d, urls, names, &n, v.message, sizeof v.message))
+        adapters_sync(o->d, urls, names, n, o->token, &v);
     llm_clock_rfc3339(now, ts);
     adapters_status(o->d, &v, status, ts);
     if (!v.done)
         *requeue_s = 10;
     adapters_view_free(&v);
     free(urls);
+    free(names);
     return LLM_OK;
 }
 

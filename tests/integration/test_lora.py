@@ -454,7 +454,14 @@ def test_operator_applies_adapters_without_restarts(cluster, models, tmp_path):
     c.apply(model=base, extra=adapters_yaml({"name": "a", "path": str(d / "a.gguf")}))
     wait_for(lambda: converged([{"name": "a", "loaded": 1, "pods": 1}]), 120, "adapter a on the pod")
     assert "adapters.json" in c.get("configmap", "story-config")["data"]
-    uid = [p["metadata"]["uid"] for p in json.loads(c.k("get", "pods", "-o", "json").stdout)["items"]]
+    pods = json.loads(c.k("get", "pods", "-o", "json").stdout)["items"]
+    uid, pod = [p["metadata"]["uid"] for p in pods], pods[0]["metadata"]["name"]
+
+    def pod_has(names):  # status.podAdapters: what the pod answered it has
+        pa = c.status().get("podAdapters") or {}
+        return pa.get("pods") == [{"pod": pod, "answered": True, "loaded": names}] and pa.get("omitted") == 0
+
+    wait_for(lambda: pod_has(["a"]), 60, "status.podAdapters lists a on the pod")
     ip = wait_for(lambda: c.ready_ips(), 30)[0]
     plain, first_a = kcomplete(ip, "story"), kcomplete(ip, "a")
     assert isinstance(first_a, str) and first_a != plain
@@ -465,6 +472,7 @@ def test_operator_applies_adapters_without_restarts(cluster, models, tmp_path):
              "a rescaled and b added")
     assert [p["metadata"]["uid"] for p in json.loads(c.k("get", "pods", "-o", "json").stdout)["items"]] == uid
     assert kcomplete(ip, "a") != first_a and isinstance(kcomplete(ip, "b"), str)
+    wait_for(lambda: pod_has(["a", "b"]) or pod_has(["b", "a"]), 60, "status.podAdapters lists a and b")
 
     c.apply(model=base, extra=adapters_yaml({"name": "b", "path": str(d / "b.gguf")},
                                             {"name": "bad", "path": str(d / "bad.gguf")}))
@@ -475,6 +483,7 @@ def test_operator_applies_adapters_without_restarts(cluster, models, tmp_path):
     assert kcomplete(ip, "story") == plain and isinstance(kcomplete(ip, "b"), str)
     assert c.status()["phase"] == "Ready"
     assert [p["metadata"]["uid"] for p in json.loads(c.k("get", "pods", "-o", "json").stdout)["items"]] == uid
+    wait_for(lambda: pod_has(["b"]), 60, "status.podAdapters: b alone (bad never loaded, a unloaded)")
 
 
 def test_router_sends_an_adapters_requests_to_pods_that_have_it(adapters):
