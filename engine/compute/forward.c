@@ -596,7 +596,9 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
     }
     if (bt->n_hidden > 0 && (st = hidden_out(f, bt)))
         return st;
-    if (pick && f->b->iface->sample)
+    if (bt->n_logits == 0) /* a step of prompt chunks alone: nothing to pick or read */
+        st = LLM_OK;
+    else if (pick && f->b->iface->sample)
         st = f->b->iface->sample(f->b, f->logits, bt->n_logits, hp->n_vocab, sp ? sp : f->greedy, f->ids);
     else if (f->logits_host)
         st = llm_backend_read(f->b, f->logits_host, f->logits, sizeof(float) * (size_t)bt->n_logits * hp->n_vocab);

@@ -319,6 +319,16 @@ static void check_gemv(quant_type t, int n_tok, int cols)
     char what[64];
     snprintf(what, sizeof what, "gemv %s batch %d cols %d", quant_type_name(t), n_tok, cols);
     compare(what, dy, ref, (size_t)n_tok * rows, 1e-4, 1e-4);
+    if (n_tok > 1) { /* the last token alone gives its row bit for bit (batch invariance) */
+        float *dy1 = poisoned(rows), *all = malloc((size_t)rows * 4), *one = malloc((size_t)rows * 4);
+        CK((cudaError_t)lk_gemv((int)t, dq, rb, rows, cols, dx + (size_t)(n_tok - 1) * cols, 1, dy1, NULL));
+        CK(cudaMemcpy(all, dy + (size_t)(n_tok - 1) * rows, (size_t)rows * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(one, dy1, (size_t)rows * 4, cudaMemcpyDeviceToHost));
+        int same = !memcmp(all, one, (size_t)rows * 4);
+        printf("%-28s its last row alone bit for bit: %s\n", what, same ? "PASS" : "FAIL");
+        g_fail |= !same;
+        cudaFree(dy1), free(all), free(one);
+    }
     cudaFree(dq), cudaFree(dx), cudaFree(dy), free(w), free(x), free(deq), free(q), free(ref);
 }
 

@@ -111,6 +111,16 @@ static llm_model *g_m;
 static llm_backend *g_b;
 static llm_lora **g_l;
 static int g_verbose;
+/* LLM_TRACE_BACKEND=cuda: the models run on the CUDA backend (make cudasim
+ * runs it on the emulator). Its batch invariance holds where every matmul
+ * takes the GEMV kernels (at most 8 rows a step, the alone run's steps
+ * too; more go to cuBLAS) and attention one split per row (contexts of at
+ * most 256 positions; the tensor-core prefill needs 16 rows), so the
+ * traces stay there; contexts of at most 128 keep a trace to minutes on
+ * the emulator. */
+static int g_cuda;
+#define CUDA_MAX_ROWS 8
+#define CUDA_MAX_CTX 128
 static tr_totals g_tot;
 
 static uint64_t rnd(uint64_t *s, uint64_t n) { return n ? test_rng(s) % n : 0; }
@@ -138,6 +148,10 @@ static void config_make(tr_trace *t, uint64_t *s)
     c->max_batch_tokens = c->max_seqs + (int)rnd(s, 3) * (1 + (int)rnd(s, 40));
     c->kv_type = (llm_kv_type)rnd(s, 3);
     c->aging_ms = 1 + (int)rnd(s, 3000);
+    if (g_cuda) { /* what the CUDA backend keeps batch-invariant (see g_cuda) */
+        c->n_ctx = c->n_ctx > CUDA_MAX_CTX ? CUDA_MAX_CTX : c->n_ctx;
+        c->max_batch_tokens = c->max_batch_tokens > CUDA_MAX_ROWS ? CUDA_MAX_ROWS : c->max_batch_tokens;
+    }
     /* one full context plus up to two more: small enough to preempt and evict */
     int per_seq = (c->n_ctx + c->block_size - 1) / c->block_size;
     int n_blocks = per_seq + (int)rnd(s, (uint64_t)(2 * per_seq + 1));
@@ -186,6 +200,11 @@ static void sampling_make(tr_req *r, uint64_t *s)
     sp->seed = test_rng(s);
     sp->logprobs = !rnd(s, 2);
     sp->n_logprobs = (int)rnd(s, 5);
+    /* the device's draws are not the host's (the same distribution, other picks), and a step is sampled on
+     * the device only when every row allows it: asking for logprobs keeps a sampled request's picks on the
+     * host whatever its neighbours */
+    if (g_cuda && sp->temperature > 0)
+        sp->logprobs = 1;
 }
 
 /* A quarter of the requests are constrained: the JSON object grammar (it
@@ -398,7 +417,8 @@ static void *reader_main(void *arg)
 static int alone(const tr_trace *t, const llm_request *rq, tr_comp *out)
 {
     llm_engine_config c = {.model = g_m, .backend = g_b, .n_ctx = t->cfg.n_ctx, .block_size = t->cfg.block_size,
-                           .kv_type = t->cfg.kv_type, .no_prefix_cache = 1, .max_seqs = 4, .kv_keep_all = 1};
+                           .kv_type = t->cfg.kv_type, .no_prefix_cache = 1, .max_seqs = 4, .kv_keep_all = 1,
+                           .max_batch_tokens = g_cuda ? CUDA_MAX_ROWS : 0};
     llm_error err = {0};
     static tr_req one;
     memset(&one, 0, sizeof one);
@@ -458,15 +478,26 @@ static void wait_turn(tr_trace *t, int i, uint64_t since)
 
 /* ---- checks -------------------------------------------------------------- */
 
+/* Which of the model's adapters l is (-1: none). */
+static int lora_index(const llm_lora *l)
+{
+    for (int k = 0; l && g_l && k < N_LORAS; k++)
+        if (g_l[k] == l)
+            return k;
+    return -1;
+}
+
 static int fail_at(const tr_trace *t, int i, int k, const char *what)
 {
     const tr_req *r = &t->req[i];
     print_message("seed %llu: request %d completion %d: %s (prompt %d tokens, n %d, max_tokens %d, T %g, top_k %d, "
-                  "top_p %g, min_p %g, logprobs %d/%d, priority %d, stop %d, cancel_after %d, parent %d)\n",
+                  "top_p %g, min_p %g, logprobs %d/%d, priority %d, stop %d, cancel_after %d, parent %d, adapter %d "
+                  "at %g, grammar %d, pooling %d)\n",
                   (unsigned long long)t->seed, i, k, what, r->rq.n_tokens, r->rq.n, r->rq.max_tokens,
                   r->rq.sampling.temperature, r->rq.sampling.top_k, r->rq.sampling.top_p, r->rq.sampling.min_p,
                   r->rq.sampling.logprobs, r->rq.sampling.n_logprobs, r->rq.priority, r->rq.n_stop, r->cancel_after,
-                  r->parent);
+                  r->parent, lora_index(r->rq.lora), r->rq.lora ? r->rq.lora_scale : 0.0, r->rq.grammar != NULL,
+                  (int)r->rq.pooling);
     return 1;
 }
 
@@ -495,8 +526,14 @@ static int check_request(const tr_trace *t, int i)
                 bad = fail_at(t, i, k, "tokens before the cancel differ from the request alone");
             continue;
         }
-        if (g->n_tok != w->n_tok || !tokens_equal(g, w, w->n_tok))
+        if (g->n_tok != w->n_tok || !tokens_equal(g, w, w->n_tok)) {
+            int j = 0;
+            while (j < g->n_tok && j < w->n_tok && tokens_equal(g, w, j + 1)) j++;
+            print_message("  first difference at token %d of %d/%d: %d (logprob %.9g) vs alone %d (%.9g)\n", j,
+                          g->n_tok, w->n_tok, j < g->n_tok ? g->tok[j] : -1, j < g->n_tok ? g->lp[j] : 0.0,
+                          j < w->n_tok ? w->tok[j] : -1, j < w->n_tok ? w->lp[j] : 0.0);
             bad = fail_at(t, i, k, "tokens or logprobs differ from the request alone");
+        }
         else if (g->finish != w->finish || g->text_len != w->text_len || memcmp(g->text, w->text, w->text_len))
             bad = fail_at(t, i, k, "finish reason or text differs from the request alone");
         else if (g->usage.prompt_tokens != r->rq.n_tokens || g->usage.completion_tokens != w->usage.completion_tokens)
@@ -657,12 +694,29 @@ static int loras_make(const test_tiny *t, llm_lora **out)
     return 0;
 }
 
+/* With LLM_TRACE_BACKEND=cuda, t's CPU backend replaced by a CUDA one. */
+static int backend_pick(test_tiny *t)
+{
+    const char *want = getenv("LLM_TRACE_BACKEND");
+    g_cuda = want && !strcmp(want, "cuda");
+    if (!g_cuda)
+        return want && strcmp(want, "cpu") ? (fprintf(stderr, "LLM_TRACE_BACKEND: cpu or cuda, not %s\n", want), -1) : 0;
+    llm_error err = {0};
+    llm_backend_free(t->b);
+    if (llm_backend_cuda_new(&(llm_cuda_config){0}, &t->b, &err)) {
+        fprintf(stderr, "trace: the CUDA backend: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
 static int setup(void **st)
 {
     (void)st;
     if (test_tiny_open(&g_tiny, "trace-tiny", QT_Q8_0, 23, 2) ||
         test_shape_open(&g_gemma, "tiny-gemma3", "trace-gemma3", QT_Q5_0, 23, 2) ||
-        test_shape_open(&g_moe, "tiny-qwen3moe", "trace-qwen3moe", QT_Q4_K, 23, 2) || loras_make(&g_tiny, g_tiny_l) ||
+        test_shape_open(&g_moe, "tiny-qwen3moe", "trace-qwen3moe", QT_Q4_K, 23, 2) || backend_pick(&g_tiny) ||
+        backend_pick(&g_gemma) || backend_pick(&g_moe) || loras_make(&g_tiny, g_tiny_l) ||
         loras_make(&g_gemma, g_gemma_l) || loras_make(&g_moe, g_moe_l))
         return -1;
     return 0;

@@ -489,6 +489,8 @@ llm_status cuda_sample(llm_backend *b, const float *logits, int n_rows, int n_vo
     cu_use_device(c);
     _Static_assert(sizeof(llm_sample_params) == sizeof(lk_sample_params) && sizeof(llm_sample_params) % 4 == 0,
                    "llm_sample_params and lk_sample_params share a layout");
+    if (n_rows <= 0) /* no rows: no 0-byte copies to a staging buffer never allocated */
+        return cu_take_status(c);
     const int32_t *dp = cu_stage_upload(c, ST_SAMPLE, (const int32_t *)p, (size_t)n_rows * sizeof *p / 4);
     if (c->g.mode != CU_EAGER)
         return dp ? graph_finish(c, dp, n_rows, n_vocab, logits, out) : cu_take_status(c);
