@@ -48,6 +48,12 @@ static json_t *entry(const round *r, int i, const char *name)
     return NULL;
 }
 
+/* A pod's entry (may be NULL) says the adapter is ready to serve. */
+static int entry_ready(json_t *e)
+{
+    return e && !strcmp(kube_json_str(e, "state", NULL) ?: "", "ready");
+}
+
 /* The pod's entry is the spec's adapter as it stands (source, digest, scale). */
 static int same(json_t *e, json_t *w)
 {
@@ -83,8 +89,12 @@ static void read_lists(round *r)
     for (int i = 0; codes && bodies && i < r->n; i++) {
         json_t *j = codes[i] == 200 ? llm_json_loads(bodies[i], 0, NULL) : NULL;
         json_t *list = json_object_get(j, "adapters");
-        r->have[i] = json_is_array(list) ? json_incref(list) : NULL;
-        if (!r->have[i] && !r->v->message[0])
+        size_t nl = json_array_size(list);
+        r->have[i] = json_is_array(list) && nl <= ADAPTERS_POD_LIST ? json_incref(list) : NULL;
+        if (!r->have[i] && !r->v->message[0] && nl > ADAPTERS_POD_LIST)
+            snprintf(r->v->message, sizeof r->v->message, "pod %.60s: /admin/lora listed %zu adapters (at most %d)",
+                     r->urls[i] + 7, nl, ADAPTERS_POD_LIST);
+        else if (!r->have[i] && !r->v->message[0])
             snprintf(r->v->message, sizeof r->v->message, "pod %.60s: /admin/lora answered %ld", r->urls[i] + 7, codes[i]);
         json_decref(j);
         free(bodies[i]);
@@ -145,7 +155,7 @@ static void call(round *r, const char *path, const char *body, const int *pick, 
 static int stale(const round *r, int i, const char *name, json_t *w)
 {
     json_t *o = r->have[i] ? entry(r, i, name) : NULL;
-    return o && !strcmp(kube_json_str(o, "state", NULL) ?: "", "ready") && !(w && same(o, w));
+    return entry_ready(o) && !(w && same(o, w));
 }
 
 /* Unloads what a pod has that the spec does not (or not so): one call per
@@ -203,25 +213,41 @@ static void loads(round *r)
     free(pick);
 }
 
-/* status.podAdapters: the names each pod answered as ready this round,
- * for the first ADAPTERS_STATUS_PODS pods; NULL without memory. */
-static json_t *pod_lists(const round *r)
+/* Pod i's ready names (bounded, adapters.h) and how many more it named. */
+static json_t *pod_entry(const round *r, int i)
 {
-    json_t *pods = json_array(), *e;
-    int listed = r->n < ADAPTERS_STATUS_PODS ? r->n : ADAPTERS_STATUS_PODS;
-    for (int i = 0; pods && i < listed; i++) {
-        json_t *names = json_array();
-        size_t k;
-        json_array_foreach(r->have[i], k, e)
-            if (!strcmp(kube_json_str(e, "state", NULL) ?: "", "ready"))
-                json_array_append(names, json_object_get(e, "name"));
-        if (json_array_append_new(pods, json_pack("{s:s,s:b,s:o}", "pod", r->names[i], "answered", r->have[i] != NULL,
-                                                  "loaded", names))) {
-            json_decref(pods);
-            return NULL;
-        }
+    json_t *names = json_array(), *e;
+    int more = 0;
+    size_t k;
+    json_array_foreach(r->have[i], k, e) {
+        const char *name = json_string_value(json_object_get(e, "name"));
+        size_t len = name ? strlen(name) : 0;
+        if (!entry_ready(e))
+            continue;
+        if (len < 1 || len > ADAPTERS_NAME_MAX || json_array_size(names) >= ADAPTERS_STATUS_NAMES ||
+            json_array_append_new(names, json_string(name)))
+            more++;
     }
-    return pods ? json_pack("{s:o,s:i}", "pods", pods, "omitted", r->n - listed) : NULL;
+    return names ? json_pack("{s:s,s:b,s:o,s:i}", "pod", r->names[i], "answered", r->have[i] != NULL, "loaded", names,
+                             "more", more)
+                 : NULL;
+}
+
+/* status.podAdapters for the first ADAPTERS_STATUS_PODS pods; NULL (and
+ * the view's message) without memory. */
+static json_t *pod_lists(round *r)
+{
+    json_t *pods = json_array();
+    int listed = r->n < ADAPTERS_STATUS_PODS ? r->n : ADAPTERS_STATUS_PODS;
+    for (int i = 0; pods && i < listed; i++)
+        if (json_array_append_new(pods, pod_entry(r, i))) {
+            json_decref(pods);
+            pods = NULL;
+        }
+    json_t *out = pods ? json_pack("{s:o,s:i}", "pods", pods, "omitted", r->n - listed) : NULL;
+    if (!out && !r->v->failed)
+        snprintf(r->v->message, sizeof r->v->message, "no memory for status.podAdapters");
+    return out;
 }
 
 /* status.adapters: each spec adapter's pods, counting this round's loads. */
@@ -235,7 +261,7 @@ static void tally(round *r)
         int loaded = 0;
         for (int i = 0; i < r->n; i++) {
             json_t *e = r->have[i] ? entry(r, i, name) : NULL;
-            int ready = e && same(e, w) && !strcmp(kube_json_str(e, "state", NULL) ?: "", "ready");
+            int ready = e && same(e, w) && entry_ready(e);
             loaded += ready || r->loads_ok[a * (size_t)r->n + (size_t)i];
             done &= ready;
         }

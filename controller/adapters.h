@@ -24,14 +24,21 @@
 #include <jansson.h>
 
 #define ADAPTERS_CALLS_PER_ROUND 8
-/* Pods listed in status.podAdapters: with up to 32 names of 128 bytes
- * each, 64 pods keep the status (an etcd object) under 300 KB. */
+/* A pod's answer is hostile (a compromised pod): a list of more than
+ * ADAPTERS_POD_LIST entries is taken as no answer, and status.podAdapters
+ * shows at most ADAPTERS_STATUS_NAMES names per pod (strings of 1 to
+ * ADAPTERS_NAME_MAX bytes; the rest counted in "more") for the first
+ * ADAPTERS_STATUS_PODS pods: at most ~290 KB of status (an etcd object,
+ * 1.5 MiB at most) whatever the pods say. */
+#define ADAPTERS_POD_LIST 64
 #define ADAPTERS_STATUS_PODS 64
+#define ADAPTERS_STATUS_NAMES 32
+#define ADAPTERS_NAME_MAX 128
 #define ADAPTERS_POD_NAME 254 /* a pod's name (a DNS subdomain, 253 bytes) and its NUL */
 
 typedef struct adapters_view {
     json_t *list;        /* status.adapters: [{"name", "loaded", "pods"}] */
-    json_t *pods;        /* status.podAdapters: {"pods": [{"pod", "answered", "loaded": [names]}], "omitted"} */
+    json_t *pods;        /* status.podAdapters: {"pods": [{"pod", "answered", "loaded": [names], "more"}], "omitted"} */
     int done;            /* every serving pod has exactly the spec's adapters */
     int failed;          /* a load was refused: message says which and why */
     char message[640];
@@ -41,8 +48,9 @@ typedef struct adapters_view {
  * ("http://IP:PORT"). */
 void adapters_sync(json_t *d, char (*urls)[128], char (*names)[ADAPTERS_POD_NAME], int n, const char *token,
                    adapters_view *v);
-/* status.adapters and the AdaptersReady condition into status (the
- * condition keeps its transition time from d's status while it holds). */
+/* status.adapters, status.podAdapters and the AdaptersReady condition into
+ * status (the condition keeps its transition time from d's status while it
+ * holds). */
 void adapters_status(json_t *d, const adapters_view *v, json_t *status, const char *now);
 void adapters_view_free(adapters_view *v);
 

@@ -128,8 +128,14 @@ int lk_add_bias(float *x, const float *bias, int n_tok, int dim, void *stream);
  * A's address (low word, high word), B's. t: n_rows rows of t_stride >= rank
  * floats of scratch. Each row's arithmetic is the same whatever the other
  * rows (batch invariance). */
+#define LK_LORA_RANK_MASK 0xffff
 #define LK_LORA_A_HALF (1 << 16)
 #define LK_LORA_B_HALF (1 << 17)
+/* A segment's third word. */
+static inline int32_t lk_lora_rank_word(int rank, int a_half, int b_half)
+{
+    return (rank & LK_LORA_RANK_MASK) | (a_half ? LK_LORA_A_HALF : 0) | (b_half ? LK_LORA_B_HALF : 0);
+}
 int lk_lora(const int32_t *segs, const int32_t *rows, int n_rows, const float *x, int in, float *y, int out,
             float *t, int t_stride, void *stream);
 

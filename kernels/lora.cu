@@ -27,7 +27,7 @@ __global__ static void lora_shrink(const int32_t *segs, const int32_t *rows, con
                                    int t_stride)
 {
     const int32_t *sg = segs + 8 * rows[2 * blockIdx.x + 1];
-    int row = rows[2 * blockIdx.x], rank = sg[2] & 0xffff, half = (sg[2] & LK_LORA_A_HALF) != 0;
+    int row = rows[2 * blockIdx.x], rank = sg[2] & LK_LORA_RANK_MASK, half = (sg[2] & LK_LORA_A_HALF) != 0;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const void *a = lora_ptr(sg[4], sg[5]);
     const float *xr = x + (size_t)row * in;
@@ -46,7 +46,7 @@ __global__ static void lora_expand(const int32_t *segs, const int32_t *rows, con
                                    int out)
 {
     const int32_t *sg = segs + 8 * rows[2 * blockIdx.x + 1];
-    int o = blockIdx.y * LORA_EXPAND + threadIdx.x, rank = sg[2] & 0xffff, half = (sg[2] & LK_LORA_B_HALF) != 0;
+    int o = blockIdx.y * LORA_EXPAND + threadIdx.x, rank = sg[2] & LK_LORA_RANK_MASK, half = (sg[2] & LK_LORA_B_HALF) != 0;
     if (o >= out)
         return;
     const void *bt = lora_ptr(sg[6], sg[7]);

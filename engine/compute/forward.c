@@ -224,7 +224,7 @@ void llm_forward_lora_free(llm_forward *f, llm_forward_lora *fl)
 /* One matrix's A and B into backend memory: dst holds their addresses. */
 static llm_status lora_upload(llm_forward *f, const llm_lora_mat *m, llm_lora_mat *dst, llm_error *err)
 {
-    size_t na = llm_lora_a_bytes(m), nb = llm_lora_b_bytes(m);
+    size_t na = llm_lora_mat_a_bytes(m), nb = llm_lora_mat_b_bytes(m);
     *dst = (llm_lora_mat){m->rank, m->in, m->out, m->a_type, m->b_type, llm_backend_buffer_alloc(f->b, na),
                           llm_backend_buffer_alloc(f->b, nb)};
     if (!dst->a || !dst->bt)
@@ -581,7 +581,8 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
     const llm_batch_seq *lseqs = local_seqs(f, bt);
     if (f->b->iface->step_begin)
         f->b->iface->step_begin(f->b, &(llm_step_info){bt->n_rows, bt->n_seqs, bt->n_logits, step_len(bt),
-                                                         bt->n_rows == bt->n_seqs, pick && f->b->iface->sample,
+                                                         bt->n_rows == bt->n_seqs,
+                                                         pick && f->b->iface->sample && bt->n_logits > 0,
                                                          hp->n_expert > 0 || bt->n_hidden > 0, bt->loras != NULL});
     llm_backend_get_rows(f->b, &f->m->tok_embd, bt->tokens, bt->n_rows, f->x);
     if (hp->embd_scale != 1.0f)
@@ -596,7 +597,7 @@ llm_status forward_eval_mode(llm_forward *f, const llm_forward_batch *bt, const 
     }
     if (bt->n_hidden > 0 && (st = hidden_out(f, bt)))
         return st;
-    if (bt->n_logits == 0) /* a step of prompt chunks alone: nothing to pick or read */
+    if (bt->n_logits == 0) /* prompt chunks alone: nothing to pick or read (nor, above, a step to capture) */
         st = LLM_OK;
     else if (pick && f->b->iface->sample)
         st = f->b->iface->sample(f->b, f->logits, bt->n_logits, hp->n_vocab, sp ? sp : f->greedy, f->ids);

@@ -76,6 +76,12 @@ static int parse_name(gguf_str s, int n_layer, int *layer, llm_lora_proj *p, int
     return -1;
 }
 
+/* Element i of a stored F16 or F32 matrix as float. */
+static float value_at(quant_type t, const void *p, size_t i)
+{
+    return t == QT_F16 ? quant_f16_to_f32(((const quant_f16 *)p)[i]) : ((const float *)p)[i];
+}
+
 /* The tensor's n values into dst: as they are for F16 (*kept QT_F16),
  * else as F32 (*kept QT_F32); -1 on a type this loader does not take or
  * a value that is not finite. */
@@ -94,7 +100,7 @@ static int copy_values(const gguf_tensor *t, void *dst, size_t n, quant_type *ke
         for (size_t r = 0; r < n / cols; r++)
             quant_dequantize_row(t->type, (const char *)t->data + r * rb, (float *)dst + r * cols, cols);
     for (size_t i = 0; i < n; i++) {
-        float v = *kept == QT_F16 ? quant_f16_to_f32(((const quant_f16 *)dst)[i]) : ((const float *)dst)[i];
+        float v = value_at(*kept, dst, i);
         if (!isfinite(v)) {
             snprintf(why, wn, "'%.*s' holds a value that is not finite (element %zu)",
                      (int)(t->name.len > 100 ? 100 : t->name.len), t->name.data, i);
@@ -155,7 +161,7 @@ static int take(llm_lora *l, const llm_model *base, const gguf_tensor *t, int ma
                  proj_names[p]);
         return -1;
     }
-    size_t n = (size_t)len * (size_t)rows, es = t->type == QT_F16 ? sizeof(quant_f16) : sizeof(float);
+    size_t n = (size_t)len * (size_t)rows, es = quant_row_bytes(t->type == QT_F16 ? QT_F16 : QT_F32, 1);
     void *dst = malloc(n * es);
     if (!dst) {
         snprintf(why, wn, "no memory for %zu values", n);
@@ -286,29 +292,24 @@ float llm_lora_factor(const llm_lora *l, const llm_lora_mat *m, float scale)
     return l->alpha > 0 && m->rank > 0 ? scale * l->alpha / (float)m->rank : scale;
 }
 
-static float value_at(quant_type t, const void *p, size_t i)
-{
-    return t == QT_F16 ? quant_f16_to_f32(((const quant_f16 *)p)[i]) : ((const float *)p)[i];
-}
-
-float llm_lora_a_at(const llm_lora_mat *m, int k, int i)
+float llm_lora_mat_a_at(const llm_lora_mat *m, int k, int i)
 {
     return value_at(m->a_type, m->a, (size_t)k * m->in + i);
 }
 
-float llm_lora_b_at(const llm_lora_mat *m, int o, int k)
+float llm_lora_mat_b_at(const llm_lora_mat *m, int o, int k)
 {
     return value_at(m->b_type, m->bt, (size_t)k * m->out + o);
 }
 
-size_t llm_lora_a_bytes(const llm_lora_mat *m)
+size_t llm_lora_mat_a_bytes(const llm_lora_mat *m)
 {
-    return (size_t)m->rank * m->in * (m->a_type == QT_F16 ? sizeof(quant_f16) : sizeof(float));
+    return (size_t)m->rank * quant_row_bytes(m->a_type, (size_t)m->in);
 }
 
-size_t llm_lora_b_bytes(const llm_lora_mat *m)
+size_t llm_lora_mat_b_bytes(const llm_lora_mat *m)
 {
-    return (size_t)m->rank * m->out * (m->b_type == QT_F16 ? sizeof(quant_f16) : sizeof(float));
+    return (size_t)m->rank * quant_row_bytes(m->b_type, (size_t)m->out);
 }
 
 void llm_lora_apply(const llm_lora_mat *m, float s, const float *x, int n, float *y)
@@ -318,13 +319,13 @@ void llm_lora_apply(const llm_lora_mat *m, float s, const float *x, int n, float
         const float *xr = x + (size_t)r * m->in;
         for (int k = 0; k < m->rank; k++) {
             float acc = 0;
-            for (int i = 0; i < m->in; i++) acc += llm_lora_a_at(m, k, i) * xr[i];
+            for (int i = 0; i < m->in; i++) acc += llm_lora_mat_a_at(m, k, i) * xr[i];
             t[k] = acc;
         }
         float *yr = y + (size_t)r * m->out;
         for (int o = 0; o < m->out; o++) {
             float acc = 0;
-            for (int k = 0; k < m->rank; k++) acc += llm_lora_b_at(m, o, k) * t[k];
+            for (int k = 0; k < m->rank; k++) acc += llm_lora_mat_b_at(m, o, k) * t[k];
             yr[o] += s * acc; /* scaled after B, as llama.cpp does */
         }
     }

@@ -4,7 +4,7 @@
 # distinct rank-16 adapters of type TYPE (F16; F32, BF16, Q8_0: llm-mkmodel --lora-of, seeded), 2 threads
 # each, through each server's HTTP API (llama.cpp: all 16 adapters loaded with --lora-init-without-apply,
 # per-request "lora" scales).
-#   LLAMA_CPP_DIR=... [MODEL=file.gguf] [NTOK=128] [TYPE=F32] sh tests/bench/lora_speed.sh  (from the repository)
+#   LLAMA_CPP_DIR=... [MODEL=file.gguf] [NTOK=64] [TYPE=F16] sh tests/bench/lora_speed.sh  (from the repository)
 set -u
 D=$(mktemp -d)
 trap 'rm -rf "$D"' EXIT

@@ -503,6 +503,51 @@ static void test_constrained_beside_free(void **st)
     in_child(constrained_main, NULL, NULL, 0);
 }
 
+/* A 40-token prompt chunked into steps of 1 and of 8 rows with nothing
+ * decoding beside it: steps without a logit row (which once staged a
+ * 0-byte copy to a buffer never allocated and failed the pass, and whose
+ * one-row steps look like decode steps a graph could capture) before the
+ * first pick; both give the same greedy ids (GEMV either way). */
+static int chunked_main(void)
+{
+    test_tiny t;
+    llm_backend *cuda = open_cuda();
+    llm_error err = {0};
+    int32_t prompt[40];
+    static c_out out[2];
+    int rc = test_tiny_open(&t, "cudasim-chunked", QT_Q8_0, 5, 2);
+    for (int i = 0; i < 40; i++) prompt[i] = (int32_t)((i * 37 + 11) % 512);
+    static const int budgets[2] = {1, 8};
+    for (int k = 0; !rc && k < 2; k++) {
+        llm_engine *e = NULL;
+        llm_request_id id;
+        llm_request rq = {.tokens = prompt, .n_tokens = 40, .sampling = llm_sampling_default(), .max_tokens = 8,
+                          .ignore_eos = 1};
+        rq.sampling.temperature = 0;
+        rc = llm_engine_open(&(llm_engine_config){.model = t.m, .backend = cuda, .n_ctx = 128, .max_seqs = 1,
+                                                  .max_batch_tokens = budgets[k]},
+                             &e, &err) ||
+             llm_engine_submit(e, &rq, &id, &err) || c_collect(e, id, &out[k]);
+        if (e)
+            llm_engine_close(e);
+    }
+    if (!rc && (out[0].n != 8 || out[1].n != 8 || memcmp(out[0].tok, out[1].tok, sizeof(int32_t) * 8))) {
+        fprintf(stderr, "chunked prompts: steps of 1 and of 8 rows answered differently\n");
+        rc = 1;
+    }
+    if (rc && err.msg[0])
+        fprintf(stderr, "%s\n", err.msg);
+    llm_backend_free(cuda);
+    test_tiny_close(&t);
+    return rc ? 1 : 0;
+}
+
+static void test_chunked_prompt_alone(void **st)
+{
+    (void)st;
+    in_child(chunked_main, NULL, NULL, 0);
+}
+
 int main(void)
 {
     if (!getenv("LLM_CUDA_LIB")) {
@@ -517,6 +562,7 @@ int main(void)
         cmocka_unit_test(test_quantized_gemm),
         cmocka_unit_test(test_embeddings_beside_graphs),
         cmocka_unit_test(test_constrained_beside_free),
+        cmocka_unit_test(test_chunked_prompt_alone),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

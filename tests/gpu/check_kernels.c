@@ -319,13 +319,18 @@ static void check_gemv(quant_type t, int n_tok, int cols)
     char what[64];
     snprintf(what, sizeof what, "gemv %s batch %d cols %d", quant_type_name(t), n_tok, cols);
     compare(what, dy, ref, (size_t)n_tok * rows, 1e-4, 1e-4);
-    if (n_tok > 1) { /* the last token alone gives its row bit for bit (batch invariance) */
-        float *dy1 = poisoned(rows), *all = malloc((size_t)rows * 4), *one = malloc((size_t)rows * 4);
-        CK((cudaError_t)lk_gemv((int)t, dq, rb, rows, cols, dx + (size_t)(n_tok - 1) * cols, 1, dy1, NULL));
-        CK(cudaMemcpy(all, dy + (size_t)(n_tok - 1) * rows, (size_t)rows * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(one, dy1, (size_t)rows * 4, cudaMemcpyDeviceToHost));
-        int same = !memcmp(all, one, (size_t)rows * 4);
-        printf("%-28s its last row alone bit for bit: %s\n", what, same ? "PASS" : "FAIL");
+    if (n_tok > 1) { /* each token alone gives its row bit for bit (batch invariance) */
+        float *dy1 = poisoned(rows), *all = malloc((size_t)n_tok * rows * 4), *one = malloc((size_t)rows * 4);
+        if (!all || !one)
+            exit(2);
+        CK(cudaMemcpy(all, dy, (size_t)n_tok * rows * 4, cudaMemcpyDeviceToHost));
+        int same = 1;
+        for (int k = 0; k < n_tok; k++) {
+            CK((cudaError_t)lk_gemv((int)t, dq, rb, rows, cols, dx + (size_t)k * cols, 1, dy1, NULL));
+            CK(cudaMemcpy(one, dy1, (size_t)rows * 4, cudaMemcpyDeviceToHost));
+            same &= !memcmp(all + (size_t)k * rows, one, (size_t)rows * 4);
+        }
+        printf("%-28s each row alone bit for bit: %s\n", what, same ? "PASS" : "FAIL");
         g_fail |= !same;
         cudaFree(dy1), free(all), free(one);
     }
@@ -369,7 +374,7 @@ static int32_t *lora_words(const llm_lora_seg *sg, int n, int32_t *w, int *rows)
         uint64_t a = (uint64_t)(uintptr_t)sg[i].a, bt = (uint64_t)(uintptr_t)sg[i].bt;
         int32_t sb;
         memcpy(&sb, &sg[i].s, 4);
-        int32_t rk = sg[i].rank | (sg[i].a_type == QT_F16 ? LK_LORA_A_HALF : 0) | (sg[i].b_type == QT_F16 ? LK_LORA_B_HALF : 0);
+        int32_t rk = lk_lora_rank_word(sg[i].rank, sg[i].a_type == QT_F16, sg[i].b_type == QT_F16);
         int32_t v[8] = {sg[i].row0, sg[i].n_rows, rk, sb, (int32_t)(uint32_t)a, (int32_t)(uint32_t)(a >> 32),
                         (int32_t)(uint32_t)bt, (int32_t)(uint32_t)(bt >> 32)};
         memcpy(w + 8 * i, v, sizeof v);

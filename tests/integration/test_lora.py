@@ -9,7 +9,9 @@ in llama.cpp's format:
   negative scale; the same positions without the adapter must be far
   off, so the adapter is what is compared;
 - Gemma 3 270M Q4_K_M with a rank-16 adapter: greedy ids equal up to a
-  near tie (test_gemma3's NEAR_TIE).
+  near tie (test_gemma3's NEAR_TIE);
+- an adapter made by Hugging Face's peft and converted by llama.cpp's own
+  convert_lora_to_gguf.py (tests/data/peft-lora-tiny.gguf): logits as above.
 
 Then llm-server through the official openai client: adapters from --lora
 and from /v1/load_lora_adapter, /v1/models with parents, the base and
@@ -18,7 +20,8 @@ while requests stream (an unload waits for them), eviction at max_loras,
 every hostile load refused with nothing loaded changed, the metrics.
 
 Tolerances (measured 2026-12-05 on this 2-vCPU Zen 4, printed by the
-test): we keep A and B in F32; llama.cpp multiplies an F16 or BF16
+test): our products are float (an F16 adapter's exact values; BF16 and
+Q8_0 widened to F32 at load); llama.cpp multiplies an F16 or BF16
 adapter with activations rounded to that type, a Q8_0 one with
 activations quantized to 8 bits per 32. Float bases with float adapters:
 1e-3 (measured 4e-5 to 3.7e-4). A quantized base or a Q8_0 adapter: 1e-2,
@@ -32,6 +35,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -41,7 +45,7 @@ import numpy as np
 import openai
 import pytest
 
-from harness import BUILD, NAME, ROOT, Server, metric, parse_ids, run, tool, wait_for
+from harness import BUILD, NAME, ROOT, Server, metric, parse_ids, run, running, tool, wait_for
 
 
 REFS = json.loads((ROOT / "tests/data/lora-llama.cpp.json").read_text())
@@ -459,7 +463,7 @@ def test_operator_applies_adapters_without_restarts(cluster, models, tmp_path):
 
     def pod_has(names):  # status.podAdapters: what the pod answered it has
         pa = c.status().get("podAdapters") or {}
-        return pa.get("pods") == [{"pod": pod, "answered": True, "loaded": names}] and pa.get("omitted") == 0
+        return pa.get("pods") == [{"pod": pod, "answered": True, "loaded": names, "more": 0}] and pa.get("omitted") == 0
 
     wait_for(lambda: pod_has(["a"]), 60, "status.podAdapters lists a on the pod")
     ip = wait_for(lambda: c.ready_ips(), 30)[0]
@@ -484,6 +488,62 @@ def test_operator_applies_adapters_without_restarts(cluster, models, tmp_path):
     assert c.status()["phase"] == "Ready"
     assert [p["metadata"]["uid"] for p in json.loads(c.k("get", "pods", "-o", "json").stdout)["items"]] == uid
     wait_for(lambda: pod_has(["b"]), 60, "status.podAdapters: b alone (bad never loaded, a unloaded)")
+
+
+# A compromised pod: /admin/lora answers what the file named by its first argument holds, loads are refused,
+# everything else is 200 (so it is ready and serving).
+HOSTILE_POD = r"""
+import http.server, json, os, sys, threading
+answer = sys.argv[1]
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def reply(self, code, body, ctype="application/json"):
+        b = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def do_GET(self):
+        if self.path == "/admin/lora":
+            self.reply(200, open(answer).read())
+        else:
+            self.reply(200, "", "text/plain")
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.reply(400, json.dumps({"error": {"message": "refused by the hostile pod"}}))
+for port in (8080, 8081):
+    s = http.server.ThreadingHTTPServer((os.environ["POD_IP"], port), H)
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+threading.Event().wait()
+"""
+
+
+def test_operator_bounds_what_a_hostile_pod_says(model, tmp_path):
+    """status.podAdapters from a compromised pod's GET /admin/lora: at most 32 names of 1-128 bytes, the
+    rest counted in `more` (objects, null, numbers, "" and a 500-byte name among 36 good ones); a list of
+    more than 64 entries counts as no answer. The status keeps being written (a name that is not a string
+    would make the API server refuse the whole patch; unbounded lists would pass etcd's object size)."""
+    answer, pod = tmp_path / "answer.json", tmp_path / "pod.py"
+    pod.write_text(HOSTILE_POD)
+    ready = lambda n: {"name": n, "state": "ready", "source": "/x", "sha256": "", "scale": 1}
+    answer.write_text(json.dumps({"adapters": [ready(f"a{i}") for i in range(36)] +
+                                  [ready(x) for x in ({}, None, 5, "", "x" * 500)]}))
+    with running(tmp_path, model, images={"hostile:test": [sys.executable, str(pod), str(answer)]}) as c:
+        c.controller()
+        c.apply(image="hostile:test", extra=adapters_yaml({"name": "a", "path": "/nowhere/a.gguf"}))
+
+        def listed(answered):
+            pods = (c.status().get("podAdapters") or {}).get("pods") or []
+            return len(pods) == 1 and pods[0]["answered"] == answered and pods[0]
+
+        p = wait_for(lambda: listed(True), 120, "the hostile pod's list in status.podAdapters")
+        assert p["loaded"] == [f"a{i}" for i in range(32)] and p["more"] == 4 + 5, p
+        assert c.cond("AdaptersReady").get("status") == "False"
+        answer.write_text(json.dumps({"adapters": [ready(f"b{i}") for i in range(100)]}))
+        p = wait_for(lambda: listed(False), 60, "a list of 100 taken as no answer")
+        assert p["loaded"] == [] and p["more"] == 0, p
 
 
 def test_router_sends_an_adapters_requests_to_pods_that_have_it(adapters):

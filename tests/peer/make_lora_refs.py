@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,7 +85,7 @@ def peft_case(tmp, exe, root, python):
     """peft's adapter for the tiny llama base, converted by llama.cpp, and llama.cpp's logits with it."""
     made = subprocess.run([python, str(ROOT / "tests/peer/make_peft_adapter.py"), str(tmp / "peft")], check=True,
                           capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    out = ROOT / "tests/data/peft-lora-tiny.gguf"
+    out = tmp / "peft-lora-tiny.gguf"  # into tests/data only with its refs (main)
     subprocess.run([python, str(root / "convert_lora_to_gguf.py"), "--base", str(tmp / "peft/base"), "--outtype",
                     "f16", "--outfile", str(out), str(tmp / "peft/adapter")], check=True, capture_output=True)
     base, rows = tmp / "tiny-F32.gguf", tmp / "rows.bin"
@@ -122,6 +123,7 @@ def main():
         refs["gemma"] = gemma_greedy(tmp, tmp / "llama_greedy", sys.argv[1])
     if os.environ.get("PEFT_PYTHON"):
         refs["peft"] = peft_case(tmp, tmp / "llama_logits", root, os.environ["PEFT_PYTHON"])
+        shutil.copyfile(tmp / refs["peft"]["file"], ROOT / "tests/data" / refs["peft"]["file"])
     elif OUT.exists() and "peft" in json.loads(OUT.read_text()):
         refs["peft"] = json.loads(OUT.read_text())["peft"]
     OUT.write_text(json.dumps(refs, indent=1) + "\n")

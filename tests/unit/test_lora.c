@@ -126,6 +126,33 @@ static llm_status load(const spec *s, int max_rank, llm_lora **l, llm_error *err
     return st;
 }
 
+/* m's values are the file's: A's rows (tensor ia: rank rows of in) and
+ * B's (tensor ib: out rows of rank), each as written (val) and rounded by
+ * qt's row format, read back through the accessors. */
+static void stored_as_written(const llm_lora_mat *m, quant_type qt, int ia, int ib)
+{
+    float row[512], deq[512];
+    char q[4096];
+    for (int k = 0; k < m->rank; k++) {
+        for (int c = 0; c < m->in; c++) row[c] = val(ia, (size_t)k * m->in + c);
+        quant_quantize_row(qt, row, q, (size_t)m->in);
+        quant_dequantize_row(qt, q, deq, (size_t)m->in);
+        for (int c = 0; c < m->in; c++)
+            if (llm_lora_mat_a_at(m, k, c) != deq[c])
+                fail_msg("%s: A(%d, %d) is %g, the file's %g", quant_type_name(qt), k, c, llm_lora_mat_a_at(m, k, c),
+                         deq[c]);
+    }
+    for (int o = 0; o < m->out; o++) {
+        for (int k = 0; k < m->rank; k++) row[k] = val(ib, (size_t)o * m->rank + k);
+        quant_quantize_row(qt, row, q, (size_t)m->rank);
+        quant_dequantize_row(qt, q, deq, (size_t)m->rank);
+        for (int k = 0; k < m->rank; k++)
+            if (llm_lora_mat_b_at(m, o, k) != deq[k])
+                fail_msg("%s: B(%d, %d) is %g, the file's %g", quant_type_name(qt), o, k, llm_lora_mat_b_at(m, o, k),
+                         deq[k]);
+    }
+}
+
 static void test_loads_and_applies(void **state)
 {
     (void)state;
@@ -162,22 +189,47 @@ static void test_loads_and_applies(void **state)
     llm_lora_apply(m, 2.0f, x + 512, 1, y1);
     assert_memory_equal(y1, y + 256, sizeof y1);
     llm_lora_free(l);
-    /* no alpha: the factor is the request's scale; F16, BF16 and Q8_0 load */
+    /* no alpha: the factor is the request's scale; F16, BF16 and Q8_0 load, each value as the file holds it */
     quant_type types[] = {QT_F16, QT_BF16, QT_Q8_0};
     for (int i = 0; i < 3; i++) {
         spec t = {.alpha = NAN, .rank = 32, .qt = types[i]}; /* Q8_0 rows of B are rank long: 32 a block */
         assert_int_equal(load(&t, 0, &l, &err), LLM_OK);
         assert_true(llm_lora_factor(l, llm_lora_mat_at(l, 0, LLM_LORA_Q), 0.25f) == 0.25f);
+        const llm_lora_mat *q = llm_lora_mat_at(l, 0, LLM_LORA_Q);
+        assert_int_equal(q->a_type, types[i] == QT_F16 ? QT_F16 : QT_F32);
+        assert_int_equal(q->b_type, q->a_type);
+        stored_as_written(q, types[i], 0, 1);
         llm_lora_free(l);
     }
 }
 
-/* The CPU backend's lora op with every kernel set this CPU runs, on F32
- * and F16 adapters of the same values (F16 ones are kept as F16: half
- * the bytes): segments of both types in one call equal llm_lora_apply on
- * the same matrices within float rounding, and a row's result alone
- * equals it in the batch bit for bit. attn_k (out 128: the weighted sum's
- * tail path) and ffn_up (out 512: one whole strip). */
+/* A random (rank x in) A and (rank x out) B transposed, of type t each. */
+static llm_lora_mat hand_mat(int rank, int in, int out, quant_type ta, quant_type tb, uint64_t seed)
+{
+    llm_lora_mat m = {rank, in, out, ta, tb, malloc(quant_row_bytes(ta, (size_t)rank * in)),
+                      malloc(quant_row_bytes(tb, (size_t)rank * out))};
+    assert_non_null(m.a);
+    assert_non_null(m.bt);
+    void *p[2] = {m.a, m.bt};
+    quant_type t[2] = {ta, tb};
+    size_t n[2] = {(size_t)rank * in, (size_t)rank * out};
+    for (int h = 0; h < 2; h++)
+        for (size_t i = 0; i < n[h]; i++) {
+            float v = test_randf(&seed) * 0.1f;
+            if (t[h] == QT_F16)
+                ((quant_f16 *)p[h])[i] = quant_f32_to_f16(v);
+            else
+                ((float *)p[h])[i] = v;
+        }
+    return m;
+}
+
+/* The CPU backend's lora op with every kernel set this CPU runs: F16,
+ * F32 and mixed segments in one call equal llm_lora_apply on the same
+ * matrices within float rounding, and rows alone equal them in the batch
+ * bit for bit; in 200 / out 300 (the dot's and the weighted sum's tails)
+ * and in 256 / out 700 (two strips, the second 188 wide). An F16 adapter
+ * from a file keeps half an F32 one's bytes. */
 static void test_backend_op_f32_f16(void **state)
 {
     (void)state;
@@ -187,48 +239,49 @@ static void test_backend_op_f32_f16(void **state)
     assert_int_equal(load(&a, 0, &l32, &err), LLM_OK);
     assert_int_equal(load(&b, 0, &l16, &err), LLM_OK);
     assert_int_equal(l16->bytes * 2, l32->bytes);
-    static const char *const sets[] = {"scalar", "avx2", "avx512vnni", "avx512"};
-    static const llm_lora_proj ps[] = {LLM_LORA_K, LLM_LORA_UP};
-    for (size_t si = 0; si < sizeof sets / sizeof *sets; si++) {
-        llm_backend *be;
-        llm_cpu_config cfg = {.n_threads = 2, .kernels = sets[si]};
-        if (llm_backend_cpu_new(&cfg, &be, &err))
-            continue; /* this CPU lacks the set */
-        for (size_t pi = 0; pi < 2; pi++) {
-            const llm_lora_mat *m32 = llm_lora_mat_at(l32, 1, ps[pi]), *m16 = llm_lora_mat_at(l16, 1, ps[pi]);
-            assert_int_equal(m32->a_type, QT_F32);
-            assert_int_equal(m16->a_type, QT_F16);
-            assert_int_equal(m16->b_type, QT_F16);
-            int in = m32->in, out = m32->out;
-            enum { NR = 6 };
-            uint64_t seed = 11 + pi;
-            float x[NR * 512], y[NR * 512], y0[NR * 512], ref[NR * 512], one[512];
-            for (int i = 0; i < NR * in; i++) x[i] = test_randf(&seed);
-            for (int i = 0; i < NR * out; i++) y[i] = y0[i] = ref[i] = test_randf(&seed);
-            /* rows 0-1 F16 at 0.5, row 2 none, rows 3-5 F32 at -1 */
-            llm_lora_seg sg[2] = {{0, 2, m16->a, m16->bt, 8, 0.5f, QT_F16, QT_F16},
-                                  {3, 3, m32->a, m32->bt, 8, -1.0f, QT_F32, QT_F32}};
-            assert_int_equal(llm_backend_lora(be, sg, 2, x, in, y, out), LLM_OK);
-            llm_lora_apply(m16, 0.5f, x, 2, ref);
-            llm_lora_apply(m32, -1.0f, x + 3 * in, 3, ref + 3 * out);
-            for (int i = 0; i < NR * out; i++)
-                if (fabsf(y[i] - ref[i]) > 1e-5f * (1 + fabsf(ref[i])))
-                    fail_msg("%s out %d: y[%d] %g, reference %g", sets[si], out, i, y[i], ref[i]);
-            /* rows 1 and 4 alone, from their starting values */
-            for (int r = 1; r <= 4; r += 3) {
-                llm_lora_seg alone = sg[r > 2];
-                alone.row0 = 0, alone.n_rows = 1;
-                memcpy(one, y0 + r * out, sizeof(float) * (size_t)out);
-                assert_int_equal(llm_backend_lora(be, &alone, 1, x + r * in, in, one, out), LLM_OK);
-                assert_memory_equal(one, y + r * out, sizeof(float) * (size_t)out);
-            }
-            llm_lora_seg bad = {0, 1, m16->a, m16->bt, 8, 1.0f, QT_BF16, QT_F16};
-            assert_int_equal(llm_backend_lora(be, &bad, 1, x, in, y, out), LLM_ERR_INVALID_ARG);
-        }
-        llm_backend_free(be);
-    }
     llm_lora_free(l32);
     llm_lora_free(l16);
+    static const char *const sets[] = {"scalar", "avx2", "avx512vnni", "avx512"};
+    static const int shapes[2][2] = {{200, 300}, {256, 700}};
+    enum { NR = 7 };
+    static float x[NR * 256], y[NR * 700], y0[NR * 700], ref[NR * 700], one[700];
+    for (int sh = 0; sh < 2; sh++) {
+        int in = shapes[sh][0], out = shapes[sh][1];
+        llm_lora_mat m[3] = {hand_mat(8, in, out, QT_F16, QT_F16, 1), hand_mat(8, in, out, QT_F32, QT_F32, 2),
+                             hand_mat(5, in, out, QT_F16, QT_F32, 3)};
+        /* rows 0-1 F16 at 0.5, row 2 none, rows 3-5 F32 at -1, row 6 mixed at 2 */
+        llm_lora_seg sg[3] = {{0, 2, m[0].a, m[0].bt, 8, 0.5f, QT_F16, QT_F16},
+                              {3, 3, m[1].a, m[1].bt, 8, -1.0f, QT_F32, QT_F32},
+                              {6, 1, m[2].a, m[2].bt, 5, 2.0f, QT_F16, QT_F32}};
+        for (size_t si = 0; si < sizeof sets / sizeof *sets; si++) {
+            llm_backend *be;
+            llm_cpu_config cfg = {.n_threads = 2, .kernels = sets[si]};
+            if (llm_backend_cpu_new(&cfg, &be, &err))
+                continue; /* this CPU lacks the set */
+            uint64_t seed = 11 + (uint64_t)sh;
+            for (int i = 0; i < NR * in; i++) x[i] = test_randf(&seed);
+            for (int i = 0; i < NR * out; i++) y[i] = y0[i] = ref[i] = test_randf(&seed);
+            assert_int_equal(llm_backend_lora(be, sg, 3, x, in, y, out), LLM_OK);
+            for (int g = 0; g < 3; g++)
+                llm_lora_apply(&m[g], sg[g].s, x + (size_t)sg[g].row0 * in, sg[g].n_rows, ref + (size_t)sg[g].row0 * out);
+            for (int i = 0; i < NR * out; i++)
+                if (fabsf(y[i] - ref[i]) > 1e-5f * (1 + fabsf(ref[i])))
+                    fail_msg("%s in %d out %d: y[%d] %g, reference %g", sets[si], in, out, i, y[i], ref[i]);
+            for (int g = 0; g < 3; g++) { /* each segment's last row alone, from its starting values */
+                int r = sg[g].row0 + sg[g].n_rows - 1;
+                llm_lora_seg alone = sg[g];
+                alone.row0 = 0, alone.n_rows = 1;
+                memcpy(one, y0 + (size_t)r * out, sizeof(float) * (size_t)out);
+                assert_int_equal(llm_backend_lora(be, &alone, 1, x + (size_t)r * in, in, one, out), LLM_OK);
+                assert_memory_equal(one, y + (size_t)r * out, sizeof(float) * (size_t)out);
+            }
+            llm_lora_seg bad = sg[0];
+            bad.a_type = QT_BF16;
+            assert_int_equal(llm_backend_lora(be, &bad, 1, x, in, y, out), LLM_ERR_INVALID_ARG);
+            llm_backend_free(be);
+        }
+        for (int g = 0; g < 3; g++) free(m[g].a), free(m[g].bt);
+    }
 }
 
 /* The adapter llm-mkmodel --lora-of writes (the one test_llamacpp_peer.py

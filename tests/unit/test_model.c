@@ -65,8 +65,8 @@ static void mat_l(const llm_weight *w, int l, llm_lora_proj p, const double *x, 
         double acc = 0;
         for (int k = 0; k < a->rank; k++) {
             double t = 0;
-            for (int i = 0; i < a->in; i++) t += (double)llm_lora_a_at(a, k, i) * x[i];
-            acc += (double)llm_lora_b_at(a, o, k) * t;
+            for (int i = 0; i < a->in; i++) t += (double)llm_lora_mat_a_at(a, k, i) * x[i];
+            acc += (double)llm_lora_mat_b_at(a, o, k) * t;
         }
         y[o] += s * acc;
     }

@@ -18,12 +18,10 @@
 #define LORA_STRIP 512        /* outputs per unit: u stays on the stack, B's strip in L1 */
 #define LORA_PAR_MIN (1 << 16) /* multiply-adds below which one thread does it all */
 
-typedef void (*lora_wsum16_fn)(float *o, const float *w, const void *v, size_t row_bytes, int n, int hd);
-
 typedef struct lora_job {
     const cpu_kernels *k;
     cpu_dot_fn dot32, dot16; /* A's rows */
-    lora_wsum16_fn wsum16;    /* B's F16 rows (F32 ones: k->attn_wsum) */
+    cpu_wsum_kv_fn wsum16;    /* B's F16 rows (F32 ones: k->attn_wsum) */
     const llm_lora_seg *segs;
     int n_segs, in, out, strips;
     const float *x;
@@ -60,7 +58,7 @@ static void lora_worker(void *arg, int ith, int nth)
         const float *xr = j->x + (size_t)row * j->in;
         if (row != last_row) {
             int h = s->a_type == QT_F16;
-            size_t rb = (size_t)j->in * (h ? sizeof(quant_f16) : sizeof(float));
+            size_t rb = quant_row_bytes(s->a_type, (size_t)j->in);
             for (int r = 0; r < s->rank; r++) t[r] = (h ? j->dot16 : j->dot32)((const char *)s->a + r * rb, xr, j->in);
             last_row = row;
         }
@@ -78,7 +76,7 @@ static void lora_worker(void *arg, int ith, int nth)
  * or reads t's activations in another format than float. */
 static cpu_dot_fn dot_for(const cpu_kernels *k, quant_type t)
 {
-    return k->dot[t] && k->act[t]->kind == 0 ? k->dot[t] : cpu_kernels_scalar()->dot[t];
+    return k->dot[t] && k->act[t]->kind == cpu_act_f32.kind ? k->dot[t] : cpu_kernels_scalar()->dot[t];
 }
 
 llm_status cpu_lora(llm_backend *b, const llm_lora_seg *segs, int n_segs, const float *x, int in, float *y, int out)

@@ -30,6 +30,9 @@ typedef void (*cpu_gated_fn)(const float *g, const float *u, float *out, int n);
 /* One weight row against four activation rows (x, x + stride, ...): the
  * weight is loaded and decoded once for all four (prefill). */
 typedef void (*cpu_dot4_fn)(const void *w, const void *x, size_t stride, int n, float *out);
+/* o += sum_i w[i] * v_i over n rows v_i of a stored type, row_bytes apart,
+ * hd values each (attention's weighted sum of V rows; LoRA's B t). */
+typedef void (*cpu_wsum_kv_fn)(float *o, const float *w, const void *v, size_t row_bytes, int n, int hd);
 
 /* An activation format. Weights whose formats have the same kind share one
  * conversion of x; kind 0 is float32 (x is used as it is). */
@@ -110,7 +113,7 @@ typedef struct cpu_kernels {
      * rows. */
     void (*attn_dots_kv[QT_COUNT])(const float *q, const void *k, size_t row_bytes, int n, int hd, float scale,
                                    float *out);
-    void (*attn_wsum_kv[QT_COUNT])(float *o, const float *w, const void *v, size_t row_bytes, int n, int hd);
+    cpu_wsum_kv_fn attn_wsum_kv[QT_COUNT];
     /* KV rows stored as F16 or Q8_0 back to float (n values; n a multiple
      * of 32 for Q8_0). Exact, so every set gives the same floats. */
     void (*to_f32[QT_COUNT])(const void *src, float *dst, int n);

@@ -219,6 +219,7 @@ llm_status cuda_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, const f
 
 /* The segments as lk_lora's words (8 each), then a (row, segment) pair
  * per adapted row, staged in one upload. */
+_Static_assert(LLM_LORA_SEG_MAX_RANK <= LK_LORA_RANK_MASK, "a rank fits lk_lora's rank word beside its flags");
 llm_status cuda_lora(llm_backend *b, const llm_lora_seg *segs, int n_segs, const float *x, int in, float *y, int out)
 {
     cu_ctx *c = cu_ctx_of(b);
@@ -239,7 +240,7 @@ llm_status cuda_lora(llm_backend *b, const llm_lora_seg *segs, int n_segs, const
         memcpy(&sb, &s->s, sizeof sb);
         int32_t *w = p + 8 * (size_t)i;
         w[0] = s->row0, w[1] = s->n_rows, w[3] = sb;
-        w[2] = s->rank | (s->a_type == QT_F16 ? LK_LORA_A_HALF : 0) | (s->b_type == QT_F16 ? LK_LORA_B_HALF : 0);
+        w[2] = lk_lora_rank_word(s->rank, s->a_type == QT_F16, s->b_type == QT_F16);
         w[4] = (int32_t)(uint32_t)a, w[5] = (int32_t)(uint32_t)(a >> 32);
         w[6] = (int32_t)(uint32_t)bt, w[7] = (int32_t)(uint32_t)(bt >> 32);
     }

@@ -16,8 +16,9 @@
  * Ownership: llm_lora_load returns an adapter the caller frees with
  * llm_lora_free; A and B are copied out of the file (which is closed on
  * return): F16 tensors as they are (each step reads them: half the bytes,
- * and products over their exact float values), the others as F32. It borrows nothing from the base. Thread-safety: an
- * adapter is read-only after load and may be shared by any threads. */
+ * and products over their exact float values), the others as F32. It
+ * borrows nothing from the base. Thread-safety: an adapter is read-only
+ * after load and may be shared by any threads. */
 #ifndef LLM_LORA_H
 #define LLM_LORA_H
 
@@ -70,12 +71,14 @@ const llm_lora_mat *llm_lora_mat_at(const llm_lora *l, int layer, llm_lora_proj 
 /* s for a request scale: scale * alpha / m->rank, or scale without alpha. */
 float llm_lora_factor(const llm_lora *l, const llm_lora_mat *m, float scale);
 
-/* A's element (k, i) and B's (o, k) as floats. */
-float llm_lora_a_at(const llm_lora_mat *m, int k, int i);
-float llm_lora_b_at(const llm_lora_mat *m, int o, int k);
+/* A's element (k, i) and B's (o, k) as floats, for 0 <= k < rank,
+ * 0 <= i < in, 0 <= o < out (not checked). Host matrices only (an
+ * adapter's own, not a backend's copies). */
+float llm_lora_mat_a_at(const llm_lora_mat *m, int k, int i);
+float llm_lora_mat_b_at(const llm_lora_mat *m, int o, int k);
 /* Bytes of A (rank x in) and of B (rank x out) as stored. */
-size_t llm_lora_a_bytes(const llm_lora_mat *m);
-size_t llm_lora_b_bytes(const llm_lora_mat *m);
+size_t llm_lora_mat_a_bytes(const llm_lora_mat *m);
+size_t llm_lora_mat_b_bytes(const llm_lora_mat *m);
 
 /* y[r] += s * (B (A x[r])) for the n rows of x (in floats apart) into y (out
  * floats apart), each row on its own: the same arithmetic whatever n is. */
