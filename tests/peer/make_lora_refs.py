@@ -10,8 +10,9 @@ engine against it.
 With PEFT_PYTHON (a Python with torch, transformers and peft) it also makes
 an adapter with Hugging Face's peft (tests/peer/make_peft_adapter.py),
 converts it with llama.cpp's own convert_lora_to_gguf.py (F16) into
-tests/data/peft-lora-tiny.gguf and keeps llama.cpp's logits with it; without
-PEFT_PYTHON the kept ones stay.
+build/peer/peft-lora-tiny.gguf (model files are not tracked: the test skips
+where it is absent) and keeps its sha256 and llama.cpp's logits with it;
+without PEFT_PYTHON the kept ones stay.
 
     LLAMA_CPP_DIR=... [PEFT_PYTHON=...] python3 tests/peer/make_lora_refs.py [GEMMA.gguf]"""
 import hashlib
@@ -85,7 +86,7 @@ def peft_case(tmp, exe, root, python):
     """peft's adapter for the tiny llama base, converted by llama.cpp, and llama.cpp's logits with it."""
     made = subprocess.run([python, str(ROOT / "tests/peer/make_peft_adapter.py"), str(tmp / "peft")], check=True,
                           capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    out = tmp / "peft-lora-tiny.gguf"  # into tests/data only with its refs (main)
+    out = tmp / "peft-lora-tiny.gguf"  # into build/peer only with its refs (main)
     subprocess.run([python, str(root / "convert_lora_to_gguf.py"), "--base", str(tmp / "peft/base"), "--outtype",
                     "f16", "--outfile", str(out), str(tmp / "peft/adapter")], check=True, capture_output=True)
     base, rows = tmp / "tiny-F32.gguf", tmp / "rows.bin"
@@ -123,7 +124,8 @@ def main():
         refs["gemma"] = gemma_greedy(tmp, tmp / "llama_greedy", sys.argv[1])
     if os.environ.get("PEFT_PYTHON"):
         refs["peft"] = peft_case(tmp, tmp / "llama_logits", root, os.environ["PEFT_PYTHON"])
-        shutil.copyfile(tmp / refs["peft"]["file"], ROOT / "tests/data" / refs["peft"]["file"])
+        (ROOT / "build/peer").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tmp / refs["peft"]["file"], ROOT / "build/peer" / refs["peft"]["file"])
     elif OUT.exists() and "peft" in json.loads(OUT.read_text()):
         refs["peft"] = json.loads(OUT.read_text())["peft"]
     OUT.write_text(json.dumps(refs, indent=1) + "\n")
