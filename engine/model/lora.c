@@ -82,25 +82,30 @@ static float value_at(quant_type t, const void *p, size_t i)
     return t == QT_F16 ? quant_f16_to_f32(((const quant_f16 *)p)[i]) : ((const float *)p)[i];
 }
 
-/* The tensor's n values into dst: as they are for F16 (*kept QT_F16),
- * else as F32 (*kept QT_F32); -1 on a type this loader does not take or
- * a value that is not finite. */
-static int copy_values(const gguf_tensor *t, void *dst, size_t n, quant_type *kept, char *why, size_t wn)
+/* How a tensor of type t is kept: F16 as it is, everything else as F32. */
+static quant_type kept_type(quant_type t)
+{
+    return t == QT_F16 ? QT_F16 : QT_F32;
+}
+
+/* The tensor's n values into dst as kept_type keeps them; -1 on a type
+ * this loader does not take or a value that is not finite. */
+static int copy_values(const gguf_tensor *t, void *dst, size_t n, char *why, size_t wn)
 {
     if (t->type != QT_F32 && t->type != QT_F16 && t->type != QT_BF16 && t->type != QT_Q8_0) {
         snprintf(why, wn, "'%.*s' is %s (F32, F16, BF16 or Q8_0 expected)", (int)(t->name.len > 100 ? 100 : t->name.len),
                  t->name.data, quant_type_name(t->type));
         return -1;
     }
-    *kept = t->type == QT_F16 ? QT_F16 : QT_F32;
+    quant_type kept = kept_type(t->type);
     size_t cols = (size_t)t->ne[0], rb = quant_row_bytes(t->type, cols);
-    if (*kept == QT_F16)
+    if (kept == QT_F16)
         memcpy(dst, t->data, n * sizeof(quant_f16)); /* F16 rows have no padding */
     else
         for (size_t r = 0; r < n / cols; r++)
             quant_dequantize_row(t->type, (const char *)t->data + r * rb, (float *)dst + r * cols, cols);
     for (size_t i = 0; i < n; i++) {
-        float v = value_at(*kept, dst, i);
+        float v = value_at(kept, dst, i);
         if (!isfinite(v)) {
             snprintf(why, wn, "'%.*s' holds a value that is not finite (element %zu)",
                      (int)(t->name.len > 100 ? 100 : t->name.len), t->name.data, i);
@@ -161,14 +166,14 @@ static int take(llm_lora *l, const llm_model *base, const gguf_tensor *t, int ma
                  proj_names[p]);
         return -1;
     }
-    size_t n = (size_t)len * (size_t)rows, es = quant_row_bytes(t->type == QT_F16 ? QT_F16 : QT_F32, 1);
+    quant_type kept = kept_type(t->type);
+    size_t n = (size_t)len * (size_t)rows, es = quant_row_bytes(kept, 1);
     void *dst = malloc(n * es);
     if (!dst) {
         snprintf(why, wn, "no memory for %zu values", n);
         return -2;
     }
-    quant_type kept;
-    int bad = copy_values(t, dst, n, &kept, why, wn);
+    int bad = copy_values(t, dst, n, why, wn);
     if (!bad && which) /* B is kept transposed: a row's B t is then rank scaled additions of contiguous rows */
         bad = transpose(&dst, (size_t)rows, (size_t)len, es, why, wn);
     if (bad) {

@@ -126,31 +126,29 @@ static llm_status load(const spec *s, int max_rank, llm_lora **l, llm_error *err
     return st;
 }
 
-/* m's values are the file's: A's rows (tensor ia: rank rows of in) and
- * B's (tensor ib: out rows of rank), each as written (val) and rounded by
- * qt's row format, read back through the accessors. */
-static void stored_as_written(const llm_lora_mat *m, quant_type qt, int ia, int ib)
+/* n_rows rows of len values of tensor `tensor` as written (val) and
+ * rounded by qt's row format equal at(m, row, col) for every one. */
+static void rows_as_written(const llm_lora_mat *m, quant_type qt, int tensor, int n_rows, int len,
+                            float (*at)(const llm_lora_mat *, int, int), const char *what)
 {
     float row[512], deq[512];
     char q[4096];
-    for (int k = 0; k < m->rank; k++) {
-        for (int c = 0; c < m->in; c++) row[c] = val(ia, (size_t)k * m->in + c);
-        quant_quantize_row(qt, row, q, (size_t)m->in);
-        quant_dequantize_row(qt, q, deq, (size_t)m->in);
-        for (int c = 0; c < m->in; c++)
-            if (llm_lora_mat_a_at(m, k, c) != deq[c])
-                fail_msg("%s: A(%d, %d) is %g, the file's %g", quant_type_name(qt), k, c, llm_lora_mat_a_at(m, k, c),
-                         deq[c]);
+    for (int r = 0; r < n_rows; r++) {
+        for (int c = 0; c < len; c++) row[c] = val(tensor, (size_t)r * len + c);
+        quant_quantize_row(qt, row, q, (size_t)len);
+        quant_dequantize_row(qt, q, deq, (size_t)len);
+        for (int c = 0; c < len; c++)
+            if (at(m, r, c) != deq[c])
+                fail_msg("%s: %s(%d, %d) is %g, the file's %g", quant_type_name(qt), what, r, c, at(m, r, c), deq[c]);
     }
-    for (int o = 0; o < m->out; o++) {
-        for (int k = 0; k < m->rank; k++) row[k] = val(ib, (size_t)o * m->rank + k);
-        quant_quantize_row(qt, row, q, (size_t)m->rank);
-        quant_dequantize_row(qt, q, deq, (size_t)m->rank);
-        for (int k = 0; k < m->rank; k++)
-            if (llm_lora_mat_b_at(m, o, k) != deq[k])
-                fail_msg("%s: B(%d, %d) is %g, the file's %g", quant_type_name(qt), o, k, llm_lora_mat_b_at(m, o, k),
-                         deq[k]);
-    }
+}
+
+/* m's values are the file's: A's rows (tensor ia: rank rows of in) and
+ * B's (tensor ib: out rows of rank), read back through the accessors. */
+static void stored_as_written(const llm_lora_mat *m, quant_type qt, int ia, int ib)
+{
+    rows_as_written(m, qt, ia, m->rank, m->in, llm_lora_mat_a_at, "A");
+    rows_as_written(m, qt, ib, m->out, m->rank, llm_lora_mat_b_at, "B");
 }
 
 static void test_loads_and_applies(void **state)
