@@ -64,7 +64,7 @@ CONTROLLER_SRC = controller/ctl_main.c controller/reconcile.c controller/adapter
                  controller/desired.c controller/pod_diag.c controller/ctl_event.c controller/autoscale.c controller/podsig.c \
                  controller/plan.c controller/canary.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
-ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_proxy.c
+ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_prefix.c router/rt_proxy.c
 ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o)
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 ORACLE_BIN = $(BUILD)/tests/dequant_rows $(BUILD)/tests/logits_rows $(BUILD)/tests/grammar_match
@@ -105,7 +105,7 @@ $(BUILD)/server/%.o: INC = -Iserver $(INC_ENGINE) $(INC_NET)
 $(BUILD)/router/%.o: INC = -Irouter $(INC_KUBE)
 $(BUILD)/controller/%.o: INC = -Icontroller $(INC_KUBE)
 # Tests and test programs reach into every library (engine internals included).
-INC_TESTS = -Itests/unit $(INC_ENGINE) $(INC_ENGINE_PRIVATE) $(INC_TESTKIT) -Iserver $(INC_KUBE) -Icontroller
+INC_TESTS = -Itests/unit $(INC_ENGINE) $(INC_ENGINE_PRIVATE) $(INC_TESTKIT) -Iserver $(INC_KUBE) -Icontroller -Irouter
 HEADERS = $(wildcard common/include/llm/*.h text/include/llm/*.h text/*.h net/*.h kube/*.h engine/include/llm/*.h \
             engine/*/*.h engine/backend/cpu/*.h engine/backend/cuda/*.h testkit/include/llm/*.h server/*.h controller/*.h router/*.h)
 
@@ -178,7 +178,9 @@ $(BUILD)/tests/test_ctl_queue: $(BUILD)/controller/ctl_queue.o
 # The planner: pure, it links the decision modules alone (no API client, no HTTP).
 $(BUILD)/tests/test_plan: $(BUILD)/controller/plan.o $(BUILD)/controller/rollout.o $(BUILD)/controller/canary.o \
             $(BUILD)/controller/autoscale.o $(BUILD)/controller/pod_diag.o $(BUILD)/controller/desired.o
-KUBE_TESTS = $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
+# The router's choice: the backend pool and the prefix index, pure (no HTTP, no API server).
+$(BUILD)/tests/test_rt_pool: $(BUILD)/router/rt_pool.o $(BUILD)/router/rt_prefix.o
+KUBE_TESTS = $(BUILD)/tests/test_rt_pool $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
              $(BUILD)/tests/test_kube_apply $(BUILD)/tests/test_kube_config $(BUILD)/tests/test_plan $(BUILD)/tests/test_fetch
 $(KUBE_TESTS): $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testutil.h $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)

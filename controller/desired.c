@@ -638,7 +638,7 @@ json_t *desired_router(json_t *d)
     json_t *ctr = json_pack("{s:s,s:s,s:[s,s,s,s,s,s,s,s,s,s,s,s,s,s],s:[{s:s,s:{s:{s:s}}}],s:[{s:s,s:i}],s:o,s:o,"
                             "s:{s:b,s:b,s:{s:[s]}}}", "name",
                             "llm-router", "image", image ? image : DESIRED_ROUTER_IMAGE, "args", "--host", "$(POD_IP)", "--port", port,
-                            "--service", svc, "--policy", policy ? policy : "least-loaded", "--hold-seconds", hold,
+                            "--service", svc, "--policy", policy ? policy : "cache-aware", "--hold-seconds", hold,
                             "--shutdown-delay-s", sdelay, "--drain-timeout-s", sdrain, "env", "name", "POD_IP",
                             "valueFrom", "fieldRef", "fieldPath", "status.podIP", "ports", "name", "http",
                             "containerPort", DESIRED_ROUTER_PORT, "livenessProbe", live, "readinessProbe", ready,

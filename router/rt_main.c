@@ -105,6 +105,9 @@ static void *poller(void *arg)
             rt_pool_report(r->pool, i, ok, ok ? prom_text_value(text, "llm_requests_waiting", &f) : 0,
                            ok ? prom_text_value(text, "llm_requests_running", &f) : 0,
                            ok ? prom_text_value(text, "llm_kv_cache_usage_ratio", &f) : 0);
+            double kv_tokens = ok ? prom_text_value(text, "llm_kv_cache_tokens", &f) : 0;
+            if (ok && f)
+                rt_pool_report_cache(r->pool, i, kv_tokens);
             adapter_names an = {.n = 0};
             if (ok) { /* an unreachable backend keeps what it listed: it is not picked while ejected anyway */
                 prom_text_labels(text, "llm_lora_loaded", "adapter", RT_POOL_MAX_ADAPTERS, adapter_seen, &an);
@@ -383,7 +386,8 @@ static int usage(void)
                     "                  [--canary-backend URL ... | --canary-service NS/NAME] [--canary-weight 0..100]\n"
                     "                  [--admin-token-file F] [--weight-configmap NS/NAME]  (canaryWeight key)\n"
                     "                  (or LLM_ROUTER_ADMIN_TOKEN; --admin-token T works but shows in ps)\n"
-                    "                  [--policy least-loaded|round-robin] [--affinity-header NAME] [--affinity-user]\n"
+                    "                  [--policy cache-aware|least-loaded|round-robin|prefix-hash] [--cache-balance 0.25]\n"
+                    "                  [--affinity-header NAME] [--affinity-user]\n"
                     "                  [--expose-backend false]  (true: answers name their backend in X-Backend)\n"
                     "                  [--retries 2] [--eject-after 3] [--eject-seconds 10] [--poll-ms 500]\n"
                     "                  [--metrics-port P]  (the backends' /metrics on their health port, not the API's)\n"
@@ -391,7 +395,7 @@ static int usage(void)
                     "                  [--header-timeout-s 10] [--body-timeout-s 60] [--keep-alive-s 30] [--send-timeout-s 30]\n"
                     "                  [--shutdown-delay-s 0] [--drain-timeout-s 30]  (SIGTERM: not ready, serve, drain)\n"
                     "                  [--hold-seconds 0] [--hold-max 64]   (scale from zero: hold requests while no backend)\n"
-                    "                  [--prefix-affinity BYTES]            (same prompt start -> same pod)\n");
+                    "                  [--prefix-affinity BYTES]  (same prompt start -> same pod; prefix-hash: 4096)\n");
     return 2;
 }
 
@@ -403,7 +407,7 @@ int main(int argc, char **argv)
     double shutdown_delay_s = 0, drain_timeout_s = 30;
     const char *backends[RT_MAX_BACKENDS], *canaries[RT_MAX_BACKENDS], *services[2] = {NULL, NULL};
     int nb = 0, nc = 0, weight = 0;
-    rt_pool_config pc = {RT_LEAST_LOADED, 3, 10};
+    rt_pool_config pc = {RT_CACHE_AWARE, 3, 10, 0.25};
     r.px = (rt_proxy){.retries = 2, .max_body = 1 << 20, .timeout_s = 600, .affinity_header = "X-Session-Id",
                       .hold_max = 64, .body_timeout_s = 60};
     r.poll_ms = 500;
@@ -447,8 +451,10 @@ int main(int argc, char **argv)
             snprintf(r.weight_cm, sizeof r.weight_cm, "%s", strchr(v, '/') + 1);
         } else if (!strcmp(a, "--kubeconfig"))
             kubeconfig = v;
-        else if (!strcmp(a, "--policy") && (!strcmp(v, "least-loaded") || !strcmp(v, "round-robin")))
-            pc.policy = !strcmp(v, "round-robin") ? RT_ROUND_ROBIN : RT_LEAST_LOADED;
+        else if (!strcmp(a, "--policy") && rt_policy_of(v) >= 0)
+            pc.policy = (rt_policy)rt_policy_of(v);
+        else if (!strcmp(a, "--cache-balance") && num(v, &x) && x > 0 && x <= 1000)
+            pc.balance = x;
         else if (!strcmp(a, "--expose-backend") && (!strcmp(v, "true") || !strcmp(v, "false")))
             r.px.expose_backend = !strcmp(v, "true");
         else if (!strcmp(a, "--affinity-header"))
@@ -517,6 +523,9 @@ int main(int argc, char **argv)
         return 1;
     }
     r.px.pool = r.pool;
+    r.px.cache_aware = pc.policy == RT_CACHE_AWARE;
+    if (pc.policy == RT_PREFIX_HASH && !r.px.prefix_affinity)
+        r.px.prefix_affinity = 4096;
     snprintf(r.cfg.agent, sizeof r.cfg.agent, "llm-router");
     rt_pool_set_weight(r.pool, weight);
     signal(SIGPIPE, SIG_IGN);
@@ -547,7 +556,7 @@ int main(int argc, char **argv)
     int weighing = r.weight_cm[0] && pthread_create(&weight_th, NULL, follow_weight, &r) == 0;
     while (discovering < r.n_disc && pthread_create(&disc_th[discovering], NULL, discover, &r.d[discovering]) == 0)
         discovering++;
-    logf_("listening on %s, %s, %s, canary weight %d%%", listen, pc.policy == RT_ROUND_ROBIN ? "round robin" : "least loaded",
+    logf_("listening on %s, policy %s, %s, canary weight %d%%", listen, rt_policy_name(pc.policy),
           r.n_disc ? "backends from EndpointSlices" : "static backends", weight);
     while (!g_stop) usleep(50000);
     drain(&r, shutdown_delay_s, drain_timeout_s);

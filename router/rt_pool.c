@@ -11,6 +11,7 @@
 #include "llm/prom.h"
 
 #define VNODES 64
+#define TRUST_STEP 0.2 /* weight of the latest answer in a backend's trust */
 #define N_BUCKETS RT_N_BUCKETS
 #define bucket_le rt_pool_bucket_le /* (short, for the loops below) */
 /* fine below 0.25 s, where time to first token and inter-token gaps live */
@@ -49,6 +50,11 @@ typedef struct backend {
     unsigned long long dropped;  /* connections it dropped after it had the request (not retried) */
     uint64_t hist[N_BUCKETS + 1];
     double sum;
+    rt_prefix_index *ix;       /* cache-aware: the prefixes sent here (made at the first) */
+    int cap;                   /* its capacity in links, from the pod's KV cache size (0: default) */
+    double trust;              /* 0..1: how far its answers bore out the index (rt_pool.h) */
+    unsigned long long prompt_tokens, cached_tokens; /* as its answers' usage said */
+    double predicted_tokens;   /* what the index predicted of those */
 } backend;
 
 typedef struct vnode {
@@ -69,6 +75,7 @@ struct rt_pool {
     revstats rs[2];
     unsigned int want;         /* during a pick: the adapter's hash the backend must have */
     int want_on;
+    double mean_bytes;         /* cache-aware: recent requests' prompt bytes, averaged */
 };
 
 /* FNV-1a, then a finaliser so nearby strings spread over the ring. */
@@ -107,6 +114,8 @@ llm_status rt_pool_new(const rt_pool_config *c, rt_pool **out, llm_error *err)
         p->c.threshold = 3;
     if (!(p->c.eject_s > 0))
         p->c.eject_s = 10;
+    if (!(p->c.balance > 0))
+        p->c.balance = 0.25;
     pthread_mutex_init(&p->mu, NULL);
     *out = p;
     return LLM_OK;
@@ -116,6 +125,7 @@ void rt_pool_free(rt_pool *p)
 {
     if (!p)
         return;
+    for (int i = 0; i < p->n; i++) rt_prefix_index_free(p->b[i].ix);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
@@ -164,7 +174,9 @@ llm_status rt_pool_set(rt_pool *p, int rev, const char *const *urls, int n, llm_
         }
         if (slot < 0)
             slot = p->n++;
+        rt_prefix_index_free(p->b[slot].ix);
         memset(&p->b[slot], 0, sizeof p->b[slot]);
+        p->b[slot].trust = 1;
         snprintf(p->b[slot].url, sizeof p->b[slot].url, "%s", url);
         snprintf(p->b[slot].name, sizeof p->b[slot].name, "%s", name);
         p->b[slot].rev = rev;
@@ -197,6 +209,21 @@ int rt_pool_size(rt_pool *p)
     for (int i = 0; i < p->n; i++) n += p->b[i].live;
     pthread_mutex_unlock(&p->mu);
     return n;
+}
+
+static const char *const policy_names[] = {"least-loaded", "round-robin", "prefix-hash", "cache-aware"};
+
+const char *rt_policy_name(rt_policy p)
+{
+    return (unsigned)p < sizeof policy_names / sizeof *policy_names ? policy_names[p] : "?";
+}
+
+int rt_policy_of(const char *name)
+{
+    for (int k = 0; k < (int)(sizeof policy_names / sizeof *policy_names); k++)
+        if (name && !strcmp(name, policy_names[k]))
+            return k;
+    return -1;
 }
 
 /* A backend's load as the choice sees it. Under mu. */
@@ -301,11 +328,6 @@ static int by_session(rt_pool *p, const char *session, int rev, const unsigned c
     return first;
 }
 
-int rt_pool_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *url, size_t un)
-{
-    return rt_pool_pick_model(p, session, NULL, avoid, url, un);
-}
-
 /* Under mu: narrows the pick to backends with adapter model when a live
  * one lists it. */
 static void want_model(rt_pool *p, const char *model)
@@ -319,38 +341,107 @@ static void want_model(rt_pool *p, const char *model)
             p->want = h, p->want_on = 1;
 }
 
-int rt_pool_pick_model(rt_pool *p, const char *session, const char *model, const unsigned char *avoid, char *url,
-                       size_t un)
+/* Cache-aware (rt_pool.h): the lowest load * unit + prompt bytes not
+ * held, ties to fewer running, then round robin; *held gets the chosen
+ * backend's links held. Under mu. */
+static int cache_aware(rt_pool *p, int rev, const rt_request *q, double now, int *held)
+{
+    const rt_prefix_chain *ch = q->chain;
+    double bytes = ch ? (double)ch->bytes : 0, unit = p->c.balance * p->mean_bytes, best_cost = 0, best_run = 0;
+    int best = -1;
+    for (int k = 0; k < p->n; k++) {
+        int i = (int)((p->rr + (unsigned)k) % (unsigned)p->n);
+        if (!usable(p, i, rev, q->avoid, now))
+            continue;
+        backend *b = &p->b[i];
+        int m = ch && b->ix ? rt_prefix_match(b->ix, ch->link, ch->n) : 0;
+        double have = (double)m * RT_PREFIX_CHUNK, cost = unit * load_of(b) + bytes - b->trust * (have < bytes ? have : bytes);
+        if (best < 0 || cost < best_cost || (cost == best_cost && b->running < best_run)) {
+            best = i, best_cost = cost, best_run = b->running;
+            *held = m;
+        }
+    }
+    p->rr++;
+    return best;
+}
+
+/* The chain as sent to backend i: into its index (made at the first; a
+ * failed allocation leaves the index as it was: a missed hit, no more).
+ * Under mu. */
+static void sent_chain(rt_pool *p, backend *b, const rt_prefix_chain *ch)
+{
+    /* the mean prompt, for the worth of a queued request; a floor of one
+     * chunk keeps the load in the cost when prompts are short */
+    double bytes = ch->bytes < RT_PREFIX_CHUNK ? RT_PREFIX_CHUNK : (double)ch->bytes;
+    p->mean_bytes = p->mean_bytes > 0 ? 0.95 * p->mean_bytes + 0.05 * bytes : bytes;
+    if (!ch->n)
+        return;
+    llm_error err = {0};
+    if (!b->ix && rt_prefix_index_new(b->cap ? b->cap : RT_PREFIX_DEFAULT_CAP, &b->ix, &err))
+        return;
+    rt_prefix_insert(b->ix, ch->link, ch->n);
+}
+
+/* The revision of a request: a retry goes to stable first and leaves the
+ * split's counter alone; a session keeps its revision. Under mu. */
+static int revision_of(rt_pool *p, const rt_request *q)
+{
+    for (int k = 0; q->avoid && k < RT_MAX_BACKENDS / 8; k++)
+        if (q->avoid[k])
+            return 0;
+    if (q->session && *q->session)
+        return (int)(hash32(q->session, 977) % 100) < p->weight;
+    p->split += p->weight; /* smooth: exactly weight of every 100 requests */
+    if (p->split < 100)
+        return 0;
+    p->split -= 100;
+    return 1;
+}
+
+int rt_pool_pick(rt_pool *p, const rt_request *q, char *url, size_t un, double *predicted)
 {
     pthread_mutex_lock(&p->mu);
     double now = llm_clock_mono_s();
-    want_model(p, model);
-    int has_session = session && *session, rev, retry = 0;
-    for (int k = 0; avoid && k < RT_MAX_BACKENDS / 8 && !retry; k++) retry = avoid[k] != 0;
-    if (retry) {
-        rev = 0; /* a retry goes to stable first and leaves the split's counter alone */
-    } else if (has_session) {
-        rev = (int)(hash32(session, 977) % 100) < p->weight; /* a session keeps its revision */
-    } else {
-        p->split += p->weight; /* smooth: exactly weight of every 100 requests */
-        rev = p->split >= 100;
-        if (rev)
-            p->split -= 100;
-    }
-    int i = -1;
+    want_model(p, q->model);
+    int has_session = q->session && *q->session, rev = revision_of(p, q), i = -1, held = 0;
     for (int k = 0; k < 2 && i < 0; k++, rev = !rev) /* the other revision when this one has no backend */
-        i = has_session ? by_session(p, session, rev, avoid, now)
-            : p->c.policy == RT_ROUND_ROBIN ? round_robin(p, rev, avoid, now) : least_loaded(p, rev, avoid, now);
+        i = has_session ? by_session(p, q->session, rev, q->avoid, now)
+            : p->c.policy == RT_ROUND_ROBIN ? round_robin(p, rev, q->avoid, now)
+            : p->c.policy == RT_CACHE_AWARE ? cache_aware(p, rev, q, now, &held)
+                                            : least_loaded(p, rev, q->avoid, now);
     if (i >= 0) {
         backend *b = &p->b[i];
         b->inflight++;
         if (b->ejected_until != 0)
             b->trial = 1; /* half open: this request decides */
         snprintf(url, un, "%s", b->url);
+        if (p->c.policy == RT_CACHE_AWARE && q->chain) {
+            if (has_session && b->ix) /* a session chose: what this backend holds of the prompt still counts */
+                held = rt_prefix_match(b->ix, q->chain->link, q->chain->n);
+            sent_chain(p, b, q->chain);
+        }
+    }
+    if (predicted) {
+        double have = (double)held * RT_PREFIX_CHUNK, bytes = q->chain ? (double)q->chain->bytes : 0;
+        *predicted = bytes > 0 ? (have < bytes ? have : bytes) / bytes : 0;
     }
     p->want_on = 0;
     pthread_mutex_unlock(&p->mu);
     return i;
+}
+
+void rt_pool_report_cache(rt_pool *p, int idx, double kv_tokens)
+{
+    pthread_mutex_lock(&p->mu);
+    if (idx >= 0 && idx < p->n && kv_tokens > 0) {
+        backend *b = &p->b[idx];
+        /* about RT_PREFIX_BYTES_PER_TOKEN bytes of request text per token */
+        double links = kv_tokens * RT_PREFIX_BYTES_PER_TOKEN / RT_PREFIX_CHUNK;
+        b->cap = links > RT_PREFIX_MAX_CAP ? RT_PREFIX_MAX_CAP : links < RT_PREFIX_MIN_CAP ? RT_PREFIX_MIN_CAP : (int)links;
+        if (b->ix)
+            rt_prefix_index_set_cap(b->ix, b->cap);
+    }
+    pthread_mutex_unlock(&p->mu);
 }
 
 void rt_pool_report_adapters(rt_pool *p, int idx, const char *const *names, const size_t *lens, int n)
@@ -380,6 +471,22 @@ static void failed(rt_pool *p, backend *b, double now)
     b->trial = 0;
 }
 
+/* What the answer's usage says of the index's prediction (rt_pool.h:
+ * trust). Under mu. */
+static void learn(backend *b, const rt_result *res)
+{
+    if (res->prompt_tokens <= 0 || res->cached_tokens < 0)
+        return;
+    double cached = res->cached_tokens < res->prompt_tokens ? res->cached_tokens : res->prompt_tokens;
+    b->prompt_tokens += (unsigned long long)res->prompt_tokens;
+    b->cached_tokens += (unsigned long long)cached;
+    b->predicted_tokens += res->predicted * res->prompt_tokens;
+    if (res->predicted > 0) {
+        double seen = cached / res->prompt_tokens / res->predicted;
+        b->trust += TRUST_STEP * ((seen < 1 ? seen : 1) - b->trust);
+    }
+}
+
 void rt_pool_release(rt_pool *p, int idx, const rt_result *res)
 {
     if (idx < 0 || idx >= RT_MAX_BACKENDS)
@@ -405,6 +512,7 @@ void rt_pool_release(rt_pool *p, int idx, const rt_result *res)
     for (int k = 0; k <= N_BUCKETS; k++) r->itl[k] += res->itl[k];
     r->itl_sum += res->itl_sum;
     r->itl_n += res->itl_n;
+    learn(b, res);
     if (res->busy) { /* the breaker is told nothing; picks pass it by for a second */
         b->busy_until = now + 1.0;
     } else if (res->ok) {
@@ -515,6 +623,11 @@ static double v_dropped(const backend *b, double now) { (void)now; return (doubl
 static double v_ejections(const backend *b, double now) { (void)now; return b->ejections; }
 static double v_up(const backend *b, double now) { return b->ejected_until == 0 || b->ejected_until <= now; }
 static double v_inflight(const backend *b, double now) { (void)now; return b->inflight; }
+static double v_trust(const backend *b, double now) { (void)now; return b->trust; }
+static double v_links(const backend *b, double now) { (void)now; return b->ix ? rt_prefix_index_size(b->ix) : 0; }
+static double v_prompt(const backend *b, double now) { (void)now; return (double)b->prompt_tokens; }
+static double v_cached(const backend *b, double now) { (void)now; return (double)b->cached_tokens; }
+static double v_predicted(const backend *b, double now) { (void)now; return b->predicted_tokens; }
 
 void rt_pool_metrics(rt_pool *p, llm_strbuf *out)
 {
@@ -540,6 +653,17 @@ void rt_pool_metrics(rt_pool *p, llm_strbuf *out)
     per_backend(out, p, "llm_router_backend_up", "gauge", "1 when the breaker lets requests through.", v_up, now);
     per_backend(out, p, "llm_router_backend_inflight", "gauge", "Requests the router has in flight to the backend.",
                 v_inflight, now);
+    per_backend(out, p, "llm_router_backend_prompt_tokens_total", "counter",
+                "Prompt tokens of the answers that said their usage.", v_prompt, now);
+    per_backend(out, p, "llm_router_backend_cached_tokens_total", "counter",
+                "Of those, the tokens the backend said it had cached (usage.prompt_tokens_details.cached_tokens).",
+                v_cached, now);
+    per_backend(out, p, "llm_router_backend_predicted_cached_tokens_total", "counter",
+                "Of those, the tokens the router's prefix index expected cached (cache-aware).", v_predicted, now);
+    per_backend(out, p, "llm_router_backend_cache_trust", "gauge",
+                "How far the backend's answers bore out the router's prefix index (0..1).", v_trust, now);
+    per_backend(out, p, "llm_router_backend_prefix_links", "gauge",
+                "Prompt chunks of 256 bytes the router's prefix index holds for the backend.", v_links, now);
     llm_prom_head(out, "llm_router_request_duration_seconds", "histogram", "Time from pick to the last byte, by backend.");
     for (int i = 0; i < p->n; i++) {
         backend *b = &p->b[i];

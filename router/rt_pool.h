@@ -11,6 +11,17 @@
  *     carries more than 1.25 times the average load plus one request:
  *     then the next one on the ring takes it (bounded loads), so one
  *     session cannot pin a flood to one pod.
+ *   - cache-aware: the backend whose expected cost is lowest, the cost
+ *     being its load (in flight + waiting) times a request's worth in
+ *     prompt bytes, plus the prompt bytes it would compute: the request's,
+ *     less those it is believed to hold (rt_prefix.h: the prefixes sent
+ *     there lately, times its trust). So a conversation stays where its
+ *     history is, a hot prefix spreads once its pod is busier than a
+ *     prefill elsewhere costs, and with no prefix known the choice is the
+ *     least loaded one. Trust: each answer's usage (cached_tokens over
+ *     prompt_tokens) against the share predicted, averaged, at most 1: a
+ *     pod that says it had more than predicted gains nothing, one that
+ *     had less (restarted, evicted) is believed less.
  * Adapters: a request whose model is a LoRA adapter that some backends
  * have loaded (llm-server's llm_lora_loaded series, polled) goes only to
  * those (by the policy among them); none usable: no backend (the client
@@ -31,7 +42,7 @@
  * then one trial request is let through (half open): success closes it,
  * failure ejects it again.
  *
- * Ownership: the pool copies URLs. rt_pool_pick returns an index valid until
+ * Ownership: the pool copies URLs and owns the prefix indexes. rt_pool_pick returns an index valid until
  * rt_pool_release. Thread-safety: every function may be called from any thread. */
 #ifndef RT_POOL_H
 #define RT_POOL_H
@@ -40,6 +51,7 @@
 
 #include "llm/status.h"
 #include "llm/strbuf.h"
+#include "rt_prefix.h"
 
 #define RT_MAX_BACKENDS 256
 /* The most requests a pod's reported load counts for (its waiting and
@@ -49,7 +61,13 @@
  * the operator's spec at most 32). */
 #define RT_POOL_MAX_ADAPTERS 64
 
-typedef enum rt_policy { RT_LEAST_LOADED, RT_ROUND_ROBIN } rt_policy;
+/* prefix-hash is least-loaded in the pool: the proxy makes the prompt's
+ * first bytes the session key (rt_proxy.h). */
+typedef enum rt_policy { RT_LEAST_LOADED, RT_ROUND_ROBIN, RT_PREFIX_HASH, RT_CACHE_AWARE } rt_policy;
+
+/* The policy's name ("least-loaded", ...), and the policy of a name (-1: none). */
+const char *rt_policy_name(rt_policy p);
+int rt_policy_of(const char *name);
 
 typedef struct rt_pool rt_pool;
 
@@ -57,6 +75,7 @@ typedef struct rt_pool_config {
     rt_policy policy;
     int threshold;     /* consecutive failures that eject (default 3) */
     double eject_s;    /* how long an ejected backend rests (default 10) */
+    double balance;    /* cache-aware: a queued request is worth this many mean prompts' bytes (default 0.25) */
 } rt_pool_config;
 
 llm_status rt_pool_new(const rt_pool_config *c, rt_pool **out, llm_error *err);
@@ -71,13 +90,19 @@ void rt_pool_set_weight(rt_pool *p, int weight);
 int rt_pool_weight(rt_pool *p);
 int rt_pool_size(rt_pool *p);
 
-/* Chooses a backend for a request (session may be NULL), skipping those in
- * avoid (bitmap over indexes, for retries); -1 when none is usable. The
- * URL is copied to url. Counts the request in flight. */
-int rt_pool_pick(rt_pool *p, const char *session, const unsigned char *avoid, char *url, size_t un);
-/* The same for a request naming model (NULL or "": any backend). */
-int rt_pool_pick_model(rt_pool *p, const char *session, const char *model, const unsigned char *avoid, char *url,
-                       size_t un);
+/* What the choice knows of a request. */
+typedef struct rt_request {
+    const char *session;          /* session key; NULL or "": none */
+    const char *model;            /* NULL or "": any backend */
+    const rt_prefix_chain *chain; /* its prompt (cache-aware); NULL: unknown */
+    const unsigned char *avoid;   /* bitmap over indexes to skip (retries); NULL: none */
+} rt_request;
+
+/* Chooses a backend for a request; -1 when none is usable. The URL is
+ * copied to url; *predicted (may be NULL) gets the share of the prompt's
+ * bytes the backend was believed to hold (for rt_result.predicted).
+ * Counts the request in flight and, cache-aware, its chain as sent there. */
+int rt_pool_pick(rt_pool *p, const rt_request *q, char *url, size_t un, double *predicted);
 /* Latency histograms' bucket bounds (seconds), shared by the request
  * duration, time-to-first-byte and inter-token histograms. */
 #define RT_N_BUCKETS 16
@@ -97,6 +122,9 @@ typedef struct rt_result {
     unsigned int itl[RT_N_BUCKETS + 1];
     double itl_sum;
     unsigned int itl_n;
+    int prompt_tokens;   /* the answer's usage; -1: none seen */
+    int cached_tokens;
+    double predicted;    /* rt_pool_pick's *predicted */
 } rt_result;
 
 /* The request ended. */
@@ -108,6 +136,10 @@ int rt_pool_revision(rt_pool *p, int idx);
  * running to 0..RT_POOL_MAX_LOAD, kv_usage to 0..1); reachable 0 counts as
  * a failure. */
 void rt_pool_report(rt_pool *p, int idx, int reachable, double waiting, double running, double kv_usage);
+/* The KV cache size backend i reports (token rows; its
+ * llm_kv_cache_tokens): its prefix index holds about as many prompt bytes
+ * as that many tokens take. */
+void rt_pool_report_cache(rt_pool *p, int idx, double kv_tokens);
 /* The adapters backend i has loaded (names, n of them: those past
  * RT_POOL_MAX_ADAPTERS are left out), from its /metrics; replaces the last
  * report. */

@@ -18,6 +18,9 @@
 #include "llm/json.h"
 
 #define ERR_BODY_MAX 65536
+/* An answer's usage object is in its last bytes: a whole answer's last
+ * member, a stream's last event before [DONE] (stream_options.include_usage). */
+#define TAIL_MAX 1024
 
 static int reply(struct mg_connection *c, int code, const char *type, const char *msg)
 {
@@ -78,6 +81,8 @@ typedef struct attempt {
     int client_gone;
     char *err_body;            /* a 5xx body held back (a retry may follow) */
     size_t err_len;
+    char tail[TAIL_MAX];       /* the answer's last bytes (its usage is there) */
+    size_t tail_n;
 } attempt;
 
 static size_t on_header(char *d, size_t sz, size_t n, void *arg)
@@ -99,6 +104,56 @@ static size_t on_header(char *d, size_t sz, size_t n, void *arg)
         snprintf(a->ctype, sizeof a->ctype, "%.*s", (int)m, d + k);
     }
     return len;
+}
+
+/* The last TAIL_MAX bytes of what went to the client. */
+static void keep_tail(attempt *a, const char *d, size_t len)
+{
+    if (len >= TAIL_MAX) {
+        memcpy(a->tail, d + len - TAIL_MAX, TAIL_MAX);
+        a->tail_n = TAIL_MAX;
+        return;
+    }
+    size_t keep = a->tail_n + len > TAIL_MAX ? TAIL_MAX - len : a->tail_n;
+    memmove(a->tail, a->tail + a->tail_n - keep, keep);
+    memcpy(a->tail + keep, d, len);
+    a->tail_n = keep + len;
+}
+
+/* A non-negative integer member of obj: its value, or -1. */
+static int int_member(llm_json_span obj, const char *key)
+{
+    llm_json_span v;
+    if (!llm_json_member(obj, key, &v) || v.n == 0 || v.n > 9)
+        return -1;
+    int x = 0;
+    for (size_t k = 0; k < v.n; k++) {
+        if (v.p[k] < '0' || v.p[k] > '9')
+            return -1;
+        x = x * 10 + (v.p[k] - '0');
+    }
+    return x;
+}
+
+/* The usage in an answer's tail: prompt_tokens and
+ * prompt_tokens_details.cached_tokens of its last "usage" object (-1 each
+ * when there is none). The model's text cannot forge one: a quote in it
+ * is escaped. The backend can, and rt_pool's trust bounds what it gains. */
+static void usage_of(const attempt *a, int *prompt, int *cached)
+{
+    static const char key[] = "\"usage\"";
+    const char *at = NULL;
+    for (const char *p = a->tail; (p = memmem(p, a->tail_n - (size_t)(p - a->tail), key, sizeof key - 1)); p++) at = p;
+    *prompt = *cached = -1;
+    if (!at)
+        return;
+    const char *obj = at + sizeof key - 1, *end = a->tail + a->tail_n;
+    while (obj < end && (*obj == ' ' || *obj == ':')) obj++;
+    if (obj == end || *obj != '{') /* "usage": null, or cut */
+        return;
+    llm_json_span u = {obj, a->tail_n - (size_t)(obj - a->tail)}, d;
+    *prompt = int_member(u, "prompt_tokens");
+    *cached = llm_json_member(u, "prompt_tokens_details", &d) ? int_member(d, "cached_tokens") : -1;
 }
 
 static size_t on_body(char *d, size_t sz, size_t n, void *arg)
@@ -141,6 +196,7 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
         a->client_gone = 1;
         return 0;
     }
+    keep_tail(a, d, len);
     return len;
 }
 
@@ -466,13 +522,17 @@ static int last_attempt(struct mg_connection *c, attempt *a, CURLcode rc, int xf
 /* One pass over the backends: the answer is sent here unless none could
  * take it. Returns the status sent, or 0 (*held* keeps the last 5xx, owned
  * by the caller). */
-static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, const char *model, const char *body,
-                    size_t len, int answered, held_err *held)
+static int attempts(rt_proxy *px, struct mg_connection *c, const rt_request *req, const char *body, size_t len,
+                    int answered, held_err *held)
 {
     unsigned char avoid[RT_MAX_BACKENDS / 8] = {0};
     char url[256];
+    rt_request q = *req;
+    const char *session = q.session;
+    q.avoid = avoid;
     for (int attempt_no = 0; attempt_no <= px->retries; attempt_no++) {
-        int idx = rt_pool_pick_model(px->pool, session, model, avoid, url, sizeof url);
+        double predicted = 0;
+        int idx = rt_pool_pick(px->pool, &q, url, sizeof url, &predicted);
         if (idx < 0)
             return 0;
         char name[128];
@@ -500,6 +560,10 @@ static int attempts(rt_proxy *px, struct mg_connection *c, const char *session, 
         a.res.seconds = llm_clock_mono_s() - a.t0;
         a.res.ttfb = a.first ? a.first - a.t0 : -1;
         a.res.status = rc == CURLE_OK || a.started ? (int)a.status : rc == CURLE_OPERATION_TIMEDOUT ? 504 : 0;
+        a.res.predicted = predicted;
+        a.res.prompt_tokens = a.res.cached_tokens = -1;
+        if (rc == CURLE_OK && a.status == 200)
+            usage_of(&a, &a.res.prompt_tokens, &a.res.cached_tokens);
         rt_pool_release(px->pool, idx, &a.res);
         avoid[idx / 8] |= (unsigned char)(1u << (idx % 8));
         if (!retry)
@@ -588,13 +652,19 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
     char model[256] = ""; /* an adapter's requests go to the pods that have it (rt_pool.h) */
     if (!llm_json_member(b, "model", &m) || llm_json_string(m, model, sizeof model) < 0)
         model[0] = 0;
+    /* cache-aware: the prompt's chain (8 KiB: on the heap, not the worker's small stack; none without memory) */
+    rt_prefix_chain *chain = px->cache_aware ? malloc(sizeof *chain) : NULL;
+    if (chain)
+        rt_prefix_chain_of(b, mg_get_header(c, "Authorization"), chain);
+    rt_request q = {.session = session, .model = model, .chain = chain};
     int stream = llm_json_member(b, "stream", &v) && v.n == 4 && !memcmp(v.p, "true", 4), answered = 0;
     held_err held = {0};
     if (rt_pool_size(px->pool) == 0 && !hold(px, c, stream, &answered) && answered)
         code = 0; /* held, and no backend came: no_answer ends the stream */
     else
-        code = attempts(px, c, session, model, body, len, answered, &held);
+        code = attempts(px, c, &q, body, len, answered, &held);
     free(body);
+    free(chain);
     if (!code)
         code = no_answer(px, c, answered, &held);
     free(held.body);

@@ -34,7 +34,8 @@ typedef struct rt_proxy {
     const char *affinity_header; /* e.g. "X-Session-Id" (forwarded to the backend); NULL: none */
     int expose_backend;        /* answers carry X-Backend: the backend's name (its pod's, or its URL as given) */
     int affinity_user;         /* also the request body's "user" */
-    int prefix_affinity;       /* > 0: else the first this many bytes of the prompt (prefix-cache hits) */
+    int prefix_affinity;       /* > 0: else the first this many bytes of the prompt (policy prefix-hash) */
+    int cache_aware;           /* the pool's policy is cache-aware: each request's prompt chain goes to the pick */
     unsigned long long no_backend; /* 503s for want of a backend (under the pool's say-so) */
     double hold_s;             /* no backend at all (scaled to zero): hold a request this long */
     int hold_max;              /* at most this many held at once; beyond, 503 + Retry-After */

@@ -220,6 +220,8 @@ static void render_engine(llm_strbuf *b, const llm_stats *s, const char *lab)
     llm_prom_gauge(b, "llm_requests_waiting", "Sequences waiting for admission", NULL, s->waiting);
     llm_prom_gauge(b, "llm_kv_cache_usage_ratio", "Share of KV blocks referenced by sequences", NULL, usage);
     llm_prom_gauge(b, "llm_kv_cache_blocks", "KV blocks in the pool", NULL, s->kv_blocks_total);
+    llm_prom_gauge(b, "llm_kv_cache_tokens", "Token rows the KV pool holds (blocks times block size)", NULL,
+                   (double)s->kv_blocks_total * s->kv_block_size);
     llm_prom_gauge(b, "llm_kv_cache_cached_blocks", "Unreferenced KV blocks kept for prefix reuse", NULL, s->kv_blocks_cached);
     llm_prom_gauge(b, "llm_kv_cache_local_blocks", "KV blocks of sliding-window layers (their own pool; 0: none)", NULL,
           s->kv_local_blocks_total);

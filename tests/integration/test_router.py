@@ -111,6 +111,74 @@ def test_prefix_affinity(two):
         assert r.stop() == 0
 
 
+def chat_turn(r, messages, stream):
+    """One chat request through the router: (pod, prompt_tokens, cached_tokens, answer text); a stream asks for
+    its usage (stream_options.include_usage), which comes in its last event."""
+    body = {"model": NAME, "messages": messages, "max_tokens": 4, "temperature": 0}
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    req = urllib.request.Request(r.base + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            pod, raw = resp.headers.get("X-Backend"), resp.read().decode()
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"{e.code}: {e.read()!r}") from None
+    if not stream:
+        a = json.loads(raw)
+        return pod, a["usage"]["prompt_tokens"], a["usage"]["prompt_tokens_details"]["cached_tokens"], \
+            a["choices"][0]["message"]["content"]
+    events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+    usage = events[-1]["usage"]
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+    return pod, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"], text
+
+
+def test_cache_aware_keeps_each_conversation_where_its_prefix_is(models):
+    """The default policy, cache-aware, against round robin on the same trace in the same test: five
+    conversations, each with its own ~480-byte system prompt, three turns each, taken turn by turn over three
+    idle pods. Cache-aware sends every turn of a conversation to the pod its first turn went to, and the pods'
+    own usage says most prompt tokens came from their caches; round robin moves each turn to another pod and
+    finds almost none. The router's per-pod usage counters add up to what the answers said (read from whole
+    answers and from streams' last event)."""
+    m = models("llama-110m", "Q8_0")  # a context of 1024: three turns fit
+    servers = [Server(m) for _ in range(3)]
+    try:
+        share = {}
+        for policy in ("cache-aware", "round-robin"):
+            args = [x for s in servers for x in ("--backend", s.base)]
+            r = Router(*args, *(["--policy", policy] if policy != "cache-aware" else []))
+            try:
+                convs = [[{"role": "system", "content": f"[{policy} {c}] " + " ".join(
+                    f"Rule {k}: answer the {c}th guest about room {k * 7 + c}." for k in range(10))}] for c in range(5)]
+                pods, prompt, cached = {c: set() for c in range(5)}, 0, 0
+                for turn in range(3):
+                    for c, msgs in enumerate(convs):
+                        msgs.append({"role": "user", "content": f"Question {turn} of guest {c}?"})
+                        pod, p, k, text = chat_turn(r, msgs, stream=c % 2 == 1)
+                        msgs.append({"role": "assistant", "content": text})
+                        pods[c].add(pod)
+                        prompt, cached = prompt + p, cached + k
+                share[policy] = cached / prompt
+                m = r.metrics()
+                said = {n: sum(v for (name, _), v in m.items() if name == n)
+                        for n in ("llm_router_backend_prompt_tokens_total", "llm_router_backend_cached_tokens_total")}
+                assert said == {"llm_router_backend_prompt_tokens_total": prompt,
+                                "llm_router_backend_cached_tokens_total": cached}, said
+                if policy == "cache-aware":
+                    assert all(len(v) == 1 for v in pods.values()), pods
+                    assert len(set().union(*pods.values())) >= 2, pods  # the conversations spread over the pods
+                else:
+                    assert all(len(v) == 3 for v in pods.values()), pods
+            finally:
+                assert r.stop() == 0
+        print("shares of prompt tokens cached:", share)
+        assert share["cache-aware"] >= 0.4 and share["round-robin"] <= share["cache-aware"] / 2, share
+    finally:
+        for s in servers:
+            s.stop()
+
+
 def test_killed_backend_is_ejected_and_nothing_lost(two):
     a, b = two
     r = Router("--backend", a.base, "--backend", b.base, "--eject-after", 2, "--eject-seconds", 30)

@@ -1,0 +1,287 @@
+/* test_rt_pool.c - llm-router's choice without HTTP: request chains
+ * (shared exactly as far as the prompts' bytes are, split by model, key and
+ * salt, bounded), the prefix index against an exact LRU of the links sent
+ * (it must hold the last cap/2 distinct links and nothing older than the
+ * last cap), and the cache-aware pick: a prefix goes back where it was
+ * sent, spreads when that pod is busier than a prefill elsewhere costs,
+ * and a pod whose answers deny or overstate its cache gains nothing. */
+#include "testutil.h"
+
+#include "rt_pool.h"
+#include "rt_prefix.h"
+
+static rt_prefix_chain g_a, g_b; /* 8 KiB each: off the stack */
+
+static void chain_of(const char *body, const char *auth, rt_prefix_chain *c)
+{
+    rt_prefix_chain_of((llm_json_span){body, strlen(body)}, auth, c);
+}
+
+static int shared_links(const rt_prefix_chain *a, const rt_prefix_chain *b)
+{
+    int k = 0;
+    while (k < a->n && k < b->n && a->link[k] == b->link[k]) k++;
+    return k;
+}
+
+/* A chat body: a system message of sys_bytes 'S's, then turns user
+ * messages of 300 bytes each (turn t's letters differ by t). */
+static char *chat(const char *model, int sys_bytes, int turns, const char *salt)
+{
+    size_t n = (size_t)sys_bytes + (size_t)turns * 360 + 512, k;
+    char *b = malloc(n);
+    assert_non_null(b);
+    k = (size_t)snprintf(b, n, "{\"model\":\"%s\",%s%s%s\"messages\":[{\"role\":\"system\",\"content\":\"", model,
+                         salt ? "\"cache_salt\":\"" : "", salt ? salt : "", salt ? "\"," : "");
+    memset(b + k, 'S', (size_t)sys_bytes), k += (size_t)sys_bytes;
+    k += (size_t)snprintf(b + k, n - k, "\"}");
+    for (int t = 0; t < turns; t++) {
+        k += (size_t)snprintf(b + k, n - k, ",{\"role\":\"user\",\"content\":\"");
+        memset(b + k, 'a' + t % 26, 300), k += 300;
+        k += (size_t)snprintf(b + k, n - k, "\"}");
+    }
+    snprintf(b + k, n - k, "]}");
+    return b;
+}
+
+static void test_chain(void **st)
+{
+    (void)st;
+    char *one = chat("m", 4000, 1, NULL), *two = chat("m", 4000, 2, NULL);
+    chain_of(one, NULL, &g_a);
+    chain_of(two, NULL, &g_b);
+    /* the prompt's bytes: the messages as written, less the partition */
+    assert_true(g_a.bytes > 4300 && g_a.bytes < 4400);
+    assert_int_equal(g_a.n, (int)((g_a.bytes + 6) / RT_PREFIX_CHUNK)); /* the partition here: 6 bytes */
+    /* a follow-up shares every whole chunk of the first turn's prompt (its
+     * messages are the start of the follow-up's) */
+    assert_int_equal(shared_links(&g_a, &g_b), g_a.n);
+    assert_true(g_b.n > g_a.n);
+    /* another model, key or salt: a partition of its own */
+    char *other = chat("n", 4000, 1, NULL), *salted = chat("m", 4000, 1, "x");
+    chain_of(other, NULL, &g_b);
+    assert_int_equal(shared_links(&g_a, &g_b), 0);
+    chain_of(one, "Bearer k1", &g_b);
+    assert_int_equal(shared_links(&g_a, &g_b), 0);
+    chain_of(salted, NULL, &g_b);
+    assert_int_equal(shared_links(&g_a, &g_b), 0);
+    /* the same request twice: the same chain (the key is per process) */
+    chain_of(one, NULL, &g_b);
+    assert_int_equal(shared_links(&g_a, &g_b), g_a.n);
+    /* a completion's prompt; no prompt at all; no object */
+    chain_of("{\"prompt\":\"short\"}", NULL, &g_b);
+    assert_int_equal(g_b.n, 0);
+    assert_int_equal((int)g_b.bytes, 8); /* its tag and "short" as written */
+    chain_of("{\"input\":\"embed me\"}", NULL, &g_b);
+    assert_int_equal(g_b.n + (int)g_b.bytes, 0);
+    chain_of("[1,2]", NULL, &g_b);
+    assert_int_equal(g_b.n + (int)g_b.bytes, 0);
+    free(one), free(two), free(other), free(salted);
+}
+
+static void test_chain_bounded(void **st)
+{
+    (void)st;
+    char *big = chat("m", 600000, 0, NULL);
+    chain_of(big, NULL, &g_a);
+    assert_int_equal(g_a.n, RT_PREFIX_MAX_LINKS); /* the rest is not looked at... */
+    assert_true(g_a.bytes > 600000);              /* ...but counts as prompt */
+    free(big);
+}
+
+/* The index against an exact LRU of distinct links: random chains (some
+ * sent again) into an index of cap 64; after each, every link among the
+ * last cap/2 distinct ones sent is held, and none older than the last cap. */
+static void test_index_vs_lru(void **st)
+{
+    (void)st;
+    enum { CAP = 64, OPS = 3000, POOL = 200 };
+    rt_prefix_index *x;
+    llm_error err = {0};
+    assert_int_equal(rt_prefix_index_new(CAP, &x, &err), LLM_OK);
+    assert_int_equal(rt_prefix_index_size(x), 0);
+    uint64_t lru[4096]; /* most recent first */
+    int n_lru = 0;
+    uint64_t seed = 7;
+    for (int op = 0; op < OPS; op++) {
+        /* a chain of 1..6 links from a small universe of chains: repeats happen */
+        uint64_t base = test_rng(&seed) % POOL, links[6];
+        int n = 1 + (int)(base % 6);
+        for (int k = 0; k < n; k++) links[k] = (base << 8 | (uint64_t)k) + 1;
+        assert_int_equal(rt_prefix_insert(x, links, n), 0);
+        for (int k = n - 1; k >= 0; k--) { /* the LRU: the chain's links, its first most recent (as the index) */
+            int at = 0;
+            while (at < n_lru && lru[at] != links[k]) at++;
+            n_lru += at == n_lru; /* POOL * 6 distinct links at most: lru has room */
+            memmove(lru + 1, lru, (size_t)at * sizeof *lru);
+            lru[0] = links[k];
+        }
+        assert_true(rt_prefix_index_size(x) <= CAP);
+        for (int i = 0; i < n_lru; i++) {
+            int held = rt_prefix_match(x, &lru[i], 1);
+            if (i < CAP / 2 && !held)
+                fail_msg("op %d: link %d places from the newest is forgotten", op, i);
+            if (i >= CAP && held)
+                fail_msg("op %d: link %d places from the newest is still held (cap %d)", op, i, CAP);
+        }
+        /* the chain just sent is held whole */
+        assert_int_equal(rt_prefix_match(x, links, n), n);
+    }
+    rt_prefix_index_clear(x);
+    assert_int_equal(rt_prefix_index_size(x), 0);
+    rt_prefix_index_set_cap(x, 1 << 30);
+    assert_int_equal(rt_prefix_index_cap(x), RT_PREFIX_MAX_CAP);
+    rt_prefix_index_free(x);
+}
+
+/* A longer chain sent after a shorter one: a request sharing the first k
+ * links matches k, bisection or not. */
+static void test_index_prefix(void **st)
+{
+    (void)st;
+    rt_prefix_index *x;
+    llm_error err = {0};
+    assert_int_equal(rt_prefix_index_new(4096, &x, &err), LLM_OK);
+    char *two = chat("m", 4000, 3, NULL), *one = chat("m", 4000, 1, NULL);
+    chain_of(two, NULL, &g_a);
+    chain_of(one, NULL, &g_b);
+    assert_int_equal(rt_prefix_match(x, g_a.link, g_a.n), 0);
+    assert_int_equal(rt_prefix_insert(x, g_b.link, g_b.n), 0);
+    assert_int_equal(rt_prefix_match(x, g_a.link, g_a.n), shared_links(&g_a, &g_b));
+    assert_int_equal(rt_prefix_insert(x, g_a.link, g_a.n), 0);
+    assert_int_equal(rt_prefix_match(x, g_a.link, g_a.n), g_a.n);
+    assert_int_equal(rt_prefix_match(x, g_b.link, g_b.n), g_b.n);
+    free(two), free(one);
+    rt_prefix_index_free(x);
+}
+
+static rt_pool *three_pods(void)
+{
+    rt_pool *p;
+    llm_error err = {0};
+    rt_pool_config c = {.policy = RT_CACHE_AWARE};
+    assert_int_equal(rt_pool_new(&c, &p, &err), LLM_OK);
+    const char *urls[] = {"a=http://10.0.0.1:1", "b=http://10.0.0.2:1", "c=http://10.0.0.3:1"};
+    assert_int_equal(rt_pool_set(p, 0, urls, 3, &err), LLM_OK);
+    return p;
+}
+
+static int pick(rt_pool *p, const rt_prefix_chain *c, double *pred)
+{
+    char url[256];
+    rt_request q = {.chain = c};
+    int i = rt_pool_pick(p, &q, url, sizeof url, pred);
+    assert_true(i >= 0);
+    return i;
+}
+
+static void done(rt_pool *p, int i, int prompt, int cached, double pred)
+{
+    rt_result r = {.ok = 1, .status = 200, .ttfb = -1, .prompt_tokens = prompt, .cached_tokens = cached, .predicted = pred};
+    rt_pool_release(p, i, &r);
+}
+
+static void test_cache_aware_pick(void **st)
+{
+    (void)st;
+    rt_pool *p = three_pods();
+    char *t1 = chat("m", 4000, 1, NULL), *t2 = chat("m", 4000, 2, NULL);
+    chain_of(t1, NULL, &g_a);
+    chain_of(t2, NULL, &g_b);
+    double pred;
+    int first = pick(p, &g_a, &pred);
+    assert_true(pred == 0);
+    done(p, first, 1100, 0, pred);
+    /* idle pods: the follow-up goes where its first turn went, predicted mostly cached */
+    int again = pick(p, &g_b, &pred);
+    assert_int_equal(again, first);
+    assert_true(pred > 0.8 && pred < 1);
+    done(p, again, 1200, 1000, pred);
+    /* the pod busy (requests in flight there): past a prefill's worth of
+     * load (balance 0.25 of the mean prompt each), the prompt goes elsewhere */
+    int busy[16], n_busy = 0, moved = -1;
+    for (int k = 0; k < 16 && moved < 0; k++) {
+        int i = pick(p, &g_b, &pred);
+        if (i != first)
+            moved = i;
+        else
+            busy[n_busy++] = i;
+    }
+    assert_true(moved >= 0);
+    assert_true(n_busy >= 3); /* a 4.6 KB prompt is worth several queued requests */
+    done(p, moved, 1200, 0, 0);
+    for (int k = 0; k < n_busy; k++) done(p, busy[k], 1200, 1100, 0.9);
+    /* now two pods hold it: with loads equal again it goes to one of them */
+    for (int k = 0; k < 6; k++) {
+        int i = pick(p, &g_b, &pred);
+        assert_true(i == first || i == moved);
+        done(p, i, 1200, 1150, pred);
+    }
+    free(t1), free(t2);
+    rt_pool_free(p);
+}
+
+/* A pod whose answers say it had nothing of what the router predicted
+ * (restarted, or lying low): its trust falls and its prefixes stop
+ * pulling; one that says more than predicted gains nothing. */
+static void test_trust(void **st)
+{
+    (void)st;
+    rt_pool *p = three_pods();
+    char *t1 = chat("m", 4000, 1, NULL), *t2 = chat("m", 4000, 2, NULL);
+    chain_of(t1, NULL, &g_a);
+    chain_of(t2, NULL, &g_b);
+    double pred;
+    int pod = pick(p, &g_a, &pred);
+    done(p, pod, 1100, 1100, pred); /* says all cached, predicted none: no change */
+    llm_strbuf m = {0};
+    char series[96];
+    snprintf(series, sizeof series, "llm_router_backend_cache_trust{backend=\"%c\"} 1\n", 'a' + pod);
+    rt_pool_metrics(p, &m);
+    assert_non_null(strstr(m.p, series));
+    llm_strbuf_free(&m);
+    for (int k = 0; k < 12; k++) {
+        int i = pick(p, &g_b, &pred);
+        assert_int_equal(i, pod); /* loads equal, the prefix pulls... */
+        done(p, i, 1200, 0, pred); /* ...but the pod says none of it was cached */
+    }
+    /* believed barely at all now: the pick weighs the pods by load alone; with this pod one request busier, another takes it */
+    char url[256];
+    rt_request q = {.chain = &g_b};
+    int held = rt_pool_pick(p, &q, url, sizeof url, &pred), other = pick(p, &g_b, &pred);
+    assert_int_equal(held, pod);
+    assert_int_not_equal(other, pod);
+    rt_pool_metrics(p, &m);
+    snprintf(series, sizeof series, "llm_router_backend_cache_trust{backend=\"%c\"} ", 'a' + pod);
+    const char *trust = strstr(m.p, series);
+    assert_non_null(trust);
+    assert_true(strtod(trust + strlen(series), NULL) < 0.1); /* 0.8^12 */
+    llm_strbuf_free(&m);
+    done(p, held, -1, -1, 0), done(p, other, -1, -1, 0);
+    free(t1), free(t2);
+    rt_pool_free(p);
+}
+
+/* The four policies by name, and nothing else. */
+static void test_policy_names(void **st)
+{
+    (void)st;
+    const char *names[] = {"least-loaded", "round-robin", "prefix-hash", "cache-aware"};
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(rt_policy_of(names[k]), k);
+        assert_string_equal(rt_policy_name((rt_policy)k), names[k]);
+    }
+    assert_int_equal(rt_policy_of("cache"), -1);
+    assert_int_equal(rt_policy_of(NULL), -1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chain),          cmocka_unit_test(test_chain_bounded),
+        cmocka_unit_test(test_index_vs_lru),   cmocka_unit_test(test_index_prefix),
+        cmocka_unit_test(test_cache_aware_pick), cmocka_unit_test(test_trust),
+        cmocka_unit_test(test_policy_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
