@@ -612,6 +612,34 @@ json_t *desired_router_rbac(json_t *d, int which)
                      kube_json_get(json_object_get(d, "metadata"), "namespace", NULL));
 }
 
+/* Scheduling of router pods (instance inst) from sched (spec.router):
+ * its nodeSelector, tolerations, affinity, priorityClassName and
+ * topologySpreadConstraints; absent those, a preferred anti-affinity
+ * across nodes and a soft spread across zones, so that one node (or zone)
+ * lost does not take every router with it, while a one-node cluster still
+ * runs them all. 0, or -1 without memory. */
+static int spread_out(json_t *pod, json_t *sched, const char *inst)
+{
+    static const char *const copied[] = {"nodeSelector", "tolerations", "affinity", "priorityClassName",
+                                         "topologySpreadConstraints"};
+    int bad = 0;
+    for (size_t i = 0; i < sizeof copied / sizeof *copied; i++)
+        if (json_object_get(sched, copied[i]))
+            bad |= json_object_set(pod, copied[i], json_object_get(sched, copied[i]));
+    if (!json_object_get(pod, "affinity"))
+        bad |= json_object_set_new(pod, "affinity",
+                                   json_pack("{s:{s:[{s:i,s:{s:s,s:{s:{s:s}}}}]}}", "podAntiAffinity",
+                                             "preferredDuringSchedulingIgnoredDuringExecution", "weight", 100,
+                                             "podAffinityTerm", "topologyKey", "kubernetes.io/hostname", "labelSelector",
+                                             "matchLabels", DESIRED_INSTANCE, inst));
+    if (!json_object_get(pod, "topologySpreadConstraints"))
+        bad |= json_object_set_new(pod, "topologySpreadConstraints",
+                                   json_pack("[{s:i,s:s,s:s,s:{s:{s:s}}}]", "maxSkew", 1, "topologyKey",
+                                             "topology.kubernetes.io/zone", "whenUnsatisfiable", "ScheduleAnyway",
+                                             "labelSelector", "matchLabels", DESIRED_INSTANCE, inst));
+    return bad ? -1 : 0;
+}
+
 /* llm-router pods in front of the llm-server pods: they follow the
  * NAME-backends Service's EndpointSlices. */
 json_t *desired_router(json_t *d)
@@ -664,12 +692,18 @@ json_t *desired_router(json_t *d)
         json_array_append_new(args, json_string("--weight-configmap"));
         json_array_append_new(args, json_string(wcm));
     }
-    return json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:{s:o},s:{s:s,s:I,s:{s:b,s:I,s:{s:s}},s:[o]}}}}", "apiVersion",
-                     "apps/v1", "kind", "Deployment", "metadata", meta(d, n), "spec", "replicas",
-                     (json_int_t)spec_int(spec, "router", "replicas", 2), "selector", "matchLabels", DESIRED_INSTANCE, n,
-                     DESIRED_MANAGED_BY, DESIRED_CONTROLLER, "template", "metadata", "labels", lab, "spec", "serviceAccountName",
-                     n, "terminationGracePeriodSeconds", (json_int_t)(delay + drain + 10), "securityContext", "runAsNonRoot", 1,
-                     "runAsUser", (json_int_t)65532, "seccompProfile", "type", "RuntimeDefault", "containers", ctr);
+    json_t *pod = json_pack("{s:s,s:I,s:{s:b,s:I,s:{s:s}},s:[o]}", "serviceAccountName", n,
+                            "terminationGracePeriodSeconds", (json_int_t)(delay + drain + 10), "securityContext",
+                            "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "seccompProfile", "type", "RuntimeDefault",
+                            "containers", ctr);
+    if (pod && spread_out(pod, rt, n)) {
+        json_decref(pod);
+        pod = NULL;
+    }
+    return json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:{s:o},s:o}}}", "apiVersion", "apps/v1", "kind", "Deployment",
+                     "metadata", meta(d, n), "spec", "replicas", (json_int_t)spec_int(spec, "router", "replicas", 2),
+                     "selector", "matchLabels", DESIRED_INSTANCE, n, DESIRED_MANAGED_BY, DESIRED_CONTROLLER, "template",
+                     "metadata", "labels", lab, "spec", pod);
 }
 
 json_t *desired_router_weight(json_t *d, int weight)
@@ -722,12 +756,23 @@ json_t *desired_canary_deployment(json_t *d, json_t *dep, int replicas)
     return out;
 }
 
-/* At most one pod down at a time in voluntary disruptions (node drains),
- * so a drain never takes the whole service away. */
-json_t *desired_pdb(json_t *d)
+/* At most one pod of instance name down at a time in voluntary
+ * disruptions (node drains), so a drain never takes the whole service away. */
+static json_t *pdb_for(json_t *d, const char *name)
 {
-    const char *name = name_of(d);
     return json_pack("{s:s,s:s,s:o,s:{s:i,s:{s:{s:s,s:s}}}}", "apiVersion", "policy/v1", "kind", "PodDisruptionBudget",
                      "metadata", meta(d, name), "spec", "maxUnavailable", 1, "selector", "matchLabels", DESIRED_INSTANCE,
                      name, DESIRED_MANAGED_BY, DESIRED_CONTROLLER);
+}
+
+json_t *desired_pdb(json_t *d)
+{
+    return pdb_for(d, name_of(d));
+}
+
+json_t *desired_router_pdb(json_t *d)
+{
+    char n[300];
+    snprintf(n, sizeof n, "%s-router", name_of(d));
+    return pdb_for(d, n);
 }

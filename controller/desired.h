@@ -79,11 +79,14 @@ int desired_canary_enabled(json_t *llmd);
  * API traffic can delay): the API port + 1 (- 1 at 65535). */
 long long desired_server_port(json_t *llmd);
 long long desired_health_port(json_t *llmd);
-/* With the router: NAME-router Deployment, its ServiceAccount/Role/
- * RoleBinding (which 0..2: EndpointSlices read access in the namespace),
+/* With the router: NAME-router Deployment (its pods spread over nodes and
+ * zones unless spec.router's scheduling fields say otherwise), its
+ * ServiceAccount/Role/RoleBinding (which 0..2: EndpointSlices read access
+ * in the namespace), its PodDisruptionBudget (one router down at a time),
  * and NAME-backends, the Service of the llm-server pods it follows. */
 json_t *desired_router(json_t *llmd);
 json_t *desired_router_rbac(json_t *llmd, int which);
+json_t *desired_router_pdb(json_t *llmd);
 json_t *desired_backend_service(json_t *llmd);
 json_t *desired_pdb(json_t *llmd);
 

@@ -196,6 +196,7 @@ static int router_steps(json_t *d, plan *p, const char *ns, const char *name)
     if (!desired_router_enabled(d)) {
         snprintf(n, sizeof n, "%s-router", name);
         bad |= step_remove(p, APPS, ns, "deployments", n);
+        bad |= step_remove(p, PDBS, ns, "poddisruptionbudgets", n);
         snprintf(n, sizeof n, "%s-backends", name);
         return bad | step_remove(p, CORE, ns, "services", n);
     }
@@ -203,6 +204,7 @@ static int router_steps(json_t *d, plan *p, const char *ns, const char *name)
     for (int i = 0; i < 3; i++) bad |= !step_apply(p, group[i], ns, plural[i], desired_router_rbac(d, i));
     bad |= !step_apply(p, CORE, ns, "services", desired_backend_service(d));
     json_t *s = step_apply(p, APPS, ns, "deployments", desired_router(d));
+    bad |= !step_apply(p, PDBS, ns, "poddisruptionbudgets", desired_router_pdb(d));
     char msg[400];
     snprintf(msg, sizeof msg, "created llm-router %s-router in front of the pods", name);
     return bad | !s | json_object_set_new(s, "created", json_string(msg));

@@ -22,9 +22,9 @@ import pytest
 from harness import Cluster, LLMD, api_requests, http_code, metrics, wait_for
 
 
-def complete(ip, timeout=30):
+def complete(ip, timeout=30, port=8080):
     body = json.dumps({"model": "story", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}).encode()
-    req = urllib.request.Request(f"http://{ip}:8080/v1/completions", body, {"Content-Type": "application/json"})
+    req = urllib.request.Request(f"http://{ip}:{port}/v1/completions", body, {"Content-Type": "application/json"})
     return json.loads(urllib.request.urlopen(req, timeout=timeout).read())
 
 
@@ -164,6 +164,59 @@ def test_router_rollout_loses_no_request(cluster):
     assert t.failures == [] and t.ok >= 10, (t.ok, t.failures[:5])
     args = c.get("deployment", "story-router")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--policy") + 1] == "round-robin", args
+
+
+def evict(v1, name, deadline):
+    """Evicts pod name as `kubectl drain` does: policy/v1 Eviction, retried while the disruption budget refuses
+    (429); the number of refusals."""
+    import kubernetes
+    refused = 0
+    body = kubernetes.client.V1Eviction(metadata=kubernetes.client.V1ObjectMeta(name=name, namespace="default"))
+    while True:
+        try:
+            v1.create_namespaced_pod_eviction(name, "default", body)
+            return refused
+        except kubernetes.client.exceptions.ApiException as e:
+            if e.status != 429 or time.time() > deadline:
+                raise
+            assert "disruption budget" in e.body, e.body
+            refused += 1
+            time.sleep(0.5)
+
+
+def test_draining_the_routers_loses_no_request(cluster):
+    """A node drain of the router pods, one eviction at a time through the official kubernetes client as `kubectl
+    drain` sends them: the routers' PodDisruptionBudget (maxUnavailable 1) refuses the second eviction (429) until
+    the first pod's replacement is ready, each evicted router stops being ready, keeps routing through its
+    shutdown delay and drains; a client sending completions to a ready endpoint of the Service read before each
+    sees no failure. The routers spread over nodes (preferred anti-affinity) and zones (ScheduleAnyway)."""
+    pytest.importorskip("kubernetes")
+    c = cluster
+    c.controller()
+    c.apply(extra="  router: {enabled: true, image: llm-router:test, replicas: 2}\n")
+    wait_for(lambda: c.status().get("phase") == "Ready", 90)
+    wait_for(lambda: len(c.ready_ips()) == 2 and c.ready_ips("story-backends"), 60)
+    pdb = wait_for(lambda: c.get("pdb", "story-router"), 30)
+    assert pdb["spec"]["maxUnavailable"] == 1
+    pod = c.get("deployment", "story-router")["spec"]["template"]["spec"]
+    assert pod["affinity"]["podAntiAffinity"] and pod["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "ScheduleAnyway"
+    before = sorted(pod_names(c, "story-router"))
+    t = Traffic(c, send=lambda ip: complete(ip, port=8000))  # the routers' port
+    refused = 0
+    try:
+        wait_for(lambda: t.ok >= 5 or t.failures, 60)
+        deadline = time.time() + 120
+        for name in before:  # the drain: one after the other, each retried while the budget says no
+            refused += evict(t.v1, name, deadline)
+        wait_for(lambda: len(c.ready_ips()) == 2 and not (pod_names(c, "story-router") & set(before)), 120)
+        ok = t.ok
+        wait_for(lambda: t.ok >= ok + 5 or t.failures, 60)  # the new pods serve
+    finally:
+        t.finish()
+    assert t.failures == [] and t.ok >= 10, (t.ok, t.failures[:5])
+    assert refused >= 1  # the second eviction waited for the first pod's replacement
+    c.apply(extra="  router: {enabled: false}\n")  # turned off: the budget goes with the routers
+    wait_for(lambda: c.get("pdb", "story-router") is None and c.get("deployment", "story-router") is None, 60)
 
 
 def test_rollouts_lose_no_request(cluster):

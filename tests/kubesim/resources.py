@@ -26,19 +26,21 @@ class Resource:
         out = [{"name": self.plural, "singularName": self.kind.lower(), "namespaced": self.namespaced,
                 "kind": self.kind, "verbs": VERBS, "shortNames": self.short}]
         for sub in self.subresources:
-            kind = {"scale": "Scale", "token": "TokenRequest"}.get(sub, self.kind)
-            verbs = ["create"] if sub == "token" else ["get", "patch", "update"]
+            kind = {"scale": "Scale", "token": "TokenRequest", "eviction": "Eviction"}.get(sub, self.kind)
+            verbs = ["create"] if sub in ("token", "eviction") else ["get", "patch", "update"]
             entry = {"name": f"{self.plural}/{sub}", "singularName": "", "namespaced": self.namespaced,
                      "kind": kind, "verbs": verbs}
             if sub == "token":
                 entry.update(group="authentication.k8s.io", version="v1")
+            if sub == "eviction":  # kubectl drain looks for this entry, then posts policy/v1 Evictions
+                entry.update(group="policy", version="v1")
             out.append(entry)
         return out
 
 
 BUILTIN = [
     Resource("", "v1", "Namespace", "namespaces", False, ["ns"], ["status"]),
-    Resource("", "v1", "Pod", "pods", True, ["po"], ["status"]),
+    Resource("", "v1", "Pod", "pods", True, ["po"], ["status", "eviction"]),
     Resource("", "v1", "Service", "services", True, ["svc"], ["status"]),
     Resource("", "v1", "Endpoints", "endpoints", True, ["ep"]),
     Resource("", "v1", "ConfigMap", "configmaps", True, ["cm"]),

@@ -27,7 +27,7 @@ from collector import Collector
 from rbac import Authorizer, User
 from hpa import Autoscaler
 from paths import jsonpath, set_path
-from workload import Workloads
+from workload import Workloads, pod_ready
 from resources import BUILTIN, crd_resources
 from kselect import matcher
 from store import ApiError, Store
@@ -740,6 +740,8 @@ class Handler(BaseHTTPRequestHandler):
         r, ns, name, sub = self.scope(route)
         if r.plural == "serviceaccounts" and sub == "token":
             return self.token_request(ns, name)
+        if r.plural == "pods" and sub == "eviction":
+            return self.evict(ns, name)
         obj = self.checked_body(r, ns)
         if r.plural == "customresourcedefinitions":
             obj["status"] = crd_status(obj)
@@ -750,6 +752,35 @@ class Handler(BaseHTTPRequestHandler):
         if r.plural == "namespaces":
             self.api.namespace_created(out["metadata"]["name"])
         self.send_json(201, out)
+
+    def evict(self, ns, name):
+        """The Eviction subresource (policy/v1), as `kubectl drain` uses it: the pod is deleted (gracefully) unless
+        that breaks a PodDisruptionBudget of its namespace whose matchLabels select it. With maxUnavailable M (an
+        integer), the selected pods not being deleted number E and the Ready ones H: the eviction of a Ready pod
+        needs H - 1 >= E - M (minAvailable N: H - 1 >= N); else 429 TooManyRequests, reason DisruptionBudget, as
+        kube-apiserver answers (the client retries). A pod not Ready may always go."""
+        pod = self.api.store.get(self.api.res("", "v1", "pods").key, ns, name)
+        self.body()  # the Eviction object: only its name matters here
+        labels = pod["metadata"].get("labels") or {}
+        pdbs, _ = self.api.store.list(self.api.res("policy", "v1", "poddisruptionbudgets").key, ns)
+        pods, _ = self.api.store.list(self.api.res("", "v1", "pods").key, ns)
+        for b in pdbs if pod_ready(pod) and not pod["metadata"].get("deletionTimestamp") else []:
+            spec = b.get("spec") or {}
+            sel = (spec.get("selector") or {}).get("matchLabels") or {}
+            if not sel or any(labels.get(k) != v for k, v in sel.items()):
+                continue
+            chosen = [p for p in pods if not p["metadata"].get("deletionTimestamp") and
+                      all((p["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())]
+            healthy = sum(pod_ready(p) for p in chosen)
+            need = len(chosen) - spec["maxUnavailable"] if isinstance(spec.get("maxUnavailable"), int) \
+                else spec.get("minAvailable") if isinstance(spec.get("minAvailable"), int) else None
+            if need is not None and healthy - 1 < need:
+                raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption "
+                               f"budget.", {"causes": [{"reason": "DisruptionBudget", "message":
+                                            f"The disruption budget {b['metadata']['name']} needs {need} healthy pods "
+                                            f"and has {healthy} currently"}]})
+        self.api.gc.delete(self.api.res("", "v1", "pods").key, ns, name, "Background", None)
+        self.send_json(201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})
 
     def token_request(self, ns, name):
         """TokenRequest: a bearer token for the service account (kubectl create token)."""

@@ -8,6 +8,7 @@
 #include <jansson.h>
 
 #include "desired.h"
+#include "kube_json.h"
 #include "kube_status.h"
 #include "plan.h"
 
@@ -198,7 +199,8 @@ static void test_fresh_and_at_rest(void **st)
     assert_int_equal(r.st, LLM_OK);
     assert_string_equal(r.steps, "apply configmaps m-config; apply deployments m; apply services m; "
                                  "apply poddisruptionbudgets m; remove horizontalpodautoscalers m; "
-                                 "remove deployments m-router; remove services m-backends");
+                                 "remove deployments m-router; remove poddisruptionbudgets m-router; "
+                                 "remove services m-backends");
     assert_string_equal(r.events, "");
     assert_string_equal(phase(&r), "Pending");
     assert_true(r.p.need.diag); /* why not ready: the pods are read */
@@ -237,8 +239,39 @@ static void test_router_and_hpa_steps(void **st)
     assert_string_equal(r.steps, "apply configmaps m-config; apply deployments m; apply services m; "
                                  "apply poddisruptionbudgets m; apply horizontalpodautoscalers m; "
                                  "apply serviceaccounts m-router; apply roles m-router; apply rolebindings m-router; "
-                                 "apply services m-backends; apply deployments m-router");
+                                 "apply services m-backends; apply deployments m-router; "
+                                 "apply poddisruptionbudgets m-router");
     assert_false(r.p.need.metric[0]); /* the HPA reads the signal, not us */
+    /* the routers: spread over nodes and zones by default (soft: a one-node cluster runs them all), one down at a
+     * time in a drain */
+    json_t *pod = kube_json_get(object_of(&r, "deployments", "m-router"), "spec", "template", "spec", NULL);
+    json_t *anti = json_array_get(kube_json_get(pod, "affinity", "podAntiAffinity",
+                                                "preferredDuringSchedulingIgnoredDuringExecution", NULL), 0);
+    assert_string_equal(json_string_value(kube_json_get(anti, "podAffinityTerm", "topologyKey", NULL)),
+                        "kubernetes.io/hostname");
+    json_t *spread = json_array_get(json_object_get(pod, "topologySpreadConstraints"), 0);
+    assert_string_equal(json_string_value(json_object_get(spread, "whenUnsatisfiable")), "ScheduleAnyway");
+    assert_string_equal(json_string_value(kube_json_get(spread, "labelSelector", "matchLabels", DESIRED_INSTANCE, NULL)),
+                        "m-router");
+    assert_null(json_object_get(pod, "nodeSelector"));
+    json_t *pdb = object_of(&r, "poddisruptionbudgets", "m-router");
+    assert_int_equal(json_integer_value(kube_json_get(pdb, "spec", "maxUnavailable", NULL)), 1);
+    assert_string_equal(json_string_value(kube_json_get(pdb, "spec", "selector", "matchLabels", DESIRED_INSTANCE, NULL)),
+                        "m-router");
+    done(&r);
+    json_decref(d);
+    /* the router's own scheduling fields replace the defaults; the servers' stay the servers' */
+    d = llmd("{\"router\":{\"enabled\":true,\"nodeSelector\":{\"pool\":\"edge\"},\"affinity\":{},"
+             "\"priorityClassName\":\"front\",\"topologySpreadConstraints\":[]},\"nodeSelector\":{\"pool\":\"gpu\"}}", NULL);
+    in.llmd = d;
+    run(&in, &r);
+    pod = kube_json_get(object_of(&r, "deployments", "m-router"), "spec", "template", "spec", NULL);
+    assert_string_equal(json_string_value(kube_json_get(pod, "nodeSelector", "pool", NULL)), "edge");
+    assert_string_equal(json_string_value(json_object_get(pod, "priorityClassName")), "front");
+    assert_int_equal(json_object_size(json_object_get(pod, "affinity")), 0);
+    assert_int_equal(json_array_size(json_object_get(pod, "topologySpreadConstraints")), 0);
+    assert_string_equal(json_string_value(kube_json_get(object_of(&r, "deployments", "m"), "spec", "template", "spec",
+                                                        "nodeSelector", "pool", NULL)), "gpu");
     done(&r);
     json_decref(d);
 }
