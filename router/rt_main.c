@@ -304,7 +304,7 @@ static int h_metrics(struct mg_connection *c, void *cb)
     http_guard_stats gs;
     http_guard_stats_get(r->http, &gs);
     llm_strbuf all = {0};
-    rt_pool_metrics(r->pool, &all);
+    rt_pool_metrics(&r->pool, NULL, 1, &all);
     llm_prom_counter(&all, "llm_router_no_backend_total", "Requests answered 503 for want of a backend.", NULL,
                      (double)__atomic_load_n(&r->px.no_backend, __ATOMIC_RELAXED));
     llm_prom_gauge(&all, "llm_router_held_requests", "Requests held while no backend exists (scale from zero).", NULL,

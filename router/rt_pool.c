@@ -1,5 +1,6 @@
 /* rt_pool.c - backends, breaker and choice; see rt_pool.h. */
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,11 +66,12 @@ typedef struct vnode {
 struct rt_pool {
     pthread_mutex_t mu;
     rt_pool_config c;
-    backend b[RT_MAX_BACKENDS];
-    int n;                     /* slots used */
+    backend *b;                /* cap slots (grown as backends come, at most RT_MAX_BACKENDS): a gateway holds
+                                * a pool per deployment, most of them small */
+    int n, cap;                /* slots used, allocated */
     unsigned int rr;
-    vnode ring[RT_MAX_BACKENDS * VNODES];
-    int n_ring;
+    vnode *ring;               /* VNODES per live backend */
+    int n_ring, ring_cap;
     int weight;                /* canary share, 0..100 */
     int split;                 /* smooth counter of the split */
     revstats rs[2];
@@ -95,9 +97,19 @@ static int cmp_vnode(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Under mu. Without memory for a larger ring it stays empty: sessions
+ * then go by the policy (no stickiness, no failure). */
 static void build_ring(rt_pool *p)
 {
+    int want = 0;
+    for (int i = 0; i < p->n; i++) want += p->b[i].live * VNODES;
     p->n_ring = 0;
+    if (want > p->ring_cap) {
+        vnode *r = realloc(p->ring, (size_t)want * sizeof *r);
+        if (!r)
+            return;
+        p->ring = r, p->ring_cap = want;
+    }
     for (int i = 0; i < p->n; i++)
         for (int v = 0; p->b[i].live && v < VNODES; v++)
             p->ring[p->n_ring++] = (vnode){hash32(p->b[i].url, v + 1), i};
@@ -126,6 +138,8 @@ void rt_pool_free(rt_pool *p)
     if (!p)
         return;
     for (int i = 0; i < p->n; i++) rt_prefix_index_free(p->b[i].ix);
+    free(p->b);
+    free(p->ring);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
@@ -141,6 +155,19 @@ static const char *entry_url(const char *e, char *name, size_t n)
         if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-[]", *c))
             *c = '_';
     return url;
+}
+
+/* Room for more backends: twice the slots (at most RT_MAX_BACKENDS). 0, or
+ * -1 without memory. Under mu (indexes stay valid: they are indexes). */
+static int grow(rt_pool *p)
+{
+    int cap = p->cap ? 2 * p->cap : 4;
+    cap = cap > RT_MAX_BACKENDS ? RT_MAX_BACKENDS : cap;
+    backend *b = realloc(p->b, (size_t)cap * sizeof *b);
+    if (!b)
+        return -1;
+    p->b = b, p->cap = cap;
+    return 0;
 }
 
 llm_status rt_pool_set(rt_pool *p, int rev, const char *const *urls, int n, llm_error *err)
@@ -172,8 +199,12 @@ llm_status rt_pool_set(rt_pool *p, int rev, const char *const *urls, int n, llm_
             st = llm_errf(err, LLM_ERR_TOO_LONG, "more than %d backends", RT_MAX_BACKENDS);
             break;
         }
+        if (slot < 0 && p->n == p->cap && grow(p)) {
+            st = llm_errf(err, LLM_ERR_NOMEM, "no memory for %d backends", p->n + 1);
+            break;
+        }
         if (slot < 0)
-            slot = p->n++;
+            p->b[slot = p->n++].ix = NULL; /* a new slot: its memory is fresh from realloc */
         rt_prefix_index_free(p->b[slot].ix);
         memset(&p->b[slot], 0, sizeof p->b[slot]);
         p->b[slot].trust = 1;
@@ -489,9 +520,11 @@ static void learn(backend *b, const rt_result *res)
 
 void rt_pool_release(rt_pool *p, int idx, const rt_result *res)
 {
-    if (idx < 0 || idx >= RT_MAX_BACKENDS)
-        return;
     pthread_mutex_lock(&p->mu);
+    if (idx < 0 || idx >= p->n) {
+        pthread_mutex_unlock(&p->mu);
+        return;
+    }
     backend *b = &p->b[idx];
     double now = llm_clock_mono_s();
     int cls = res->status >= 200 && res->status < 600 ? res->status / 100 - 2 : 4;
@@ -528,10 +561,8 @@ void rt_pool_release(rt_pool *p, int idx, const rt_result *res)
 
 int rt_pool_revision(rt_pool *p, int idx)
 {
-    if (idx < 0 || idx >= RT_MAX_BACKENDS)
-        return 0;
     pthread_mutex_lock(&p->mu);
-    int rev = p->b[idx].rev;
+    int rev = idx >= 0 && idx < p->n ? p->b[idx].rev : 0;
     pthread_mutex_unlock(&p->mu);
     return rev;
 }
@@ -544,9 +575,11 @@ static double clamp_load(double v)
 
 void rt_pool_report(rt_pool *p, int idx, int reachable, double waiting, double running, double kv_usage)
 {
-    if (idx < 0 || idx >= RT_MAX_BACKENDS)
-        return;
     pthread_mutex_lock(&p->mu);
+    if (idx < 0 || idx >= p->n) {
+        pthread_mutex_unlock(&p->mu);
+        return;
+    }
     backend *b = &p->b[idx];
     if (reachable) { /* a pod's own word: held to what a pod can hold (a pod saying -1e9 would draw every request) */
         b->waiting = clamp_load(waiting);
@@ -589,32 +622,66 @@ static uint64_t hist_count(const uint64_t *h)
     return n;
 }
 
+/* The pools of one /metrics answer: each labelled route="NAME" when
+ * names is set (a gateway), else unlabelled (one pool). */
+typedef struct pools {
+    rt_pool *const *p;
+    const char *const *names;
+    int n;
+} pools;
+
+/* Labels of pool k's samples: its route (gateway), then key=val pairs
+ * (NULL-terminated). NULL without memory. */
+static const char *labels(llm_strbuf *lab, const pools *ps, int k, ...)
+{
+    va_list ap;
+    va_start(ap, k);
+    if (ps->names)
+        llm_prom_label(lab, "route", ps->names[k]);
+    for (const char *key; (key = va_arg(ap, const char *));) llm_prom_label(lab, key, va_arg(ap, const char *));
+    va_end(ap);
+    return lab->failed ? NULL : lab->p ? lab->p : "";
+}
+
 /* One per-revision histogram: time to first byte (itl 0) or between
- * chunks (itl 1). Under mu. */
-static void rev_histogram(llm_strbuf *t, rt_pool *p, const char *name, const char *help, int itl)
+ * chunks (itl 1). */
+static void rev_histogram(llm_strbuf *t, const pools *ps, const char *name, const char *help, int itl)
 {
     static const char *const revname[2] = {"stable", "canary"};
     llm_prom_head(t, name, "histogram", help);
-    for (int r = 0; r < 2; r++) {
-        const uint64_t *h = itl ? p->rs[r].itl : p->rs[r].ttfb;
-        char lab[32];
-        snprintf(lab, sizeof lab, "revision=\"%s\"", revname[r]);
-        llm_prom_hist_series(t, name, lab, bucket_le, N_BUCKETS, h, hist_count(h), itl ? p->rs[r].itl_sum : p->rs[r].ttfb_sum);
+    for (int k = 0; k < ps->n; k++) {
+        rt_pool *p = ps->p[k];
+        pthread_mutex_lock(&p->mu);
+        for (int r = 0; r < 2; r++) {
+            const uint64_t *h = itl ? p->rs[r].itl : p->rs[r].ttfb;
+            llm_strbuf lab = {0};
+            const char *l = labels(&lab, ps, k, "revision", revname[r], NULL);
+            if (l)
+                llm_prom_hist_series(t, name, l, bucket_le, N_BUCKETS, h, hist_count(h),
+                                     itl ? p->rs[r].itl_sum : p->rs[r].ttfb_sum);
+            llm_strbuf_free(&lab);
+        }
+        pthread_mutex_unlock(&p->mu);
     }
 }
 
 /* A family with one sample per live backend, labelled by its name. */
-static void per_backend(llm_strbuf *t, rt_pool *p, const char *name, const char *type, const char *help,
+static void per_backend(llm_strbuf *t, const pools *ps, const char *name, const char *type, const char *help,
                         double (*value)(const backend *b, double now), double now)
 {
     llm_prom_head(t, name, type, help);
-    for (int i = 0; i < p->n; i++) {
-        if (!p->b[i].live)
-            continue;
-        llm_strbuf lab = {0};
-        llm_prom_label(&lab, "backend", p->b[i].name);
-        llm_prom_sample(t, name, lab.failed ? NULL : lab.p, value(&p->b[i], now));
-        llm_strbuf_free(&lab);
+    for (int k = 0; k < ps->n; k++) {
+        rt_pool *p = ps->p[k];
+        pthread_mutex_lock(&p->mu);
+        for (int i = 0; i < p->n; i++) {
+            if (!p->b[i].live)
+                continue;
+            llm_strbuf lab = {0};
+            const char *l = labels(&lab, ps, k, "backend", p->b[i].name, NULL);
+            llm_prom_sample(t, name, l, value(&p->b[i], now));
+            llm_strbuf_free(&lab);
+        }
+        pthread_mutex_unlock(&p->mu);
     }
 }
 
@@ -629,64 +696,91 @@ static double v_prompt(const backend *b, double now) { (void)now; return (double
 static double v_cached(const backend *b, double now) { (void)now; return (double)b->cached_tokens; }
 static double v_predicted(const backend *b, double now) { (void)now; return b->predicted_tokens; }
 
-void rt_pool_metrics(rt_pool *p, llm_strbuf *out)
+static void requests_by_code(llm_strbuf *out, const pools *ps)
 {
     static const char *const code[5] = {"2xx", "3xx", "4xx", "5xx", "none"};
     static const char *const revname[2] = {"stable", "canary"};
-    pthread_mutex_lock(&p->mu);
-    double now = llm_clock_mono_s();
     llm_prom_head(out, "llm_router_requests_total", "counter", "Requests proxied, by backend and status class.");
-    for (int i = 0; i < p->n; i++)
-        for (int c = 0; p->b[i].live && c < 5; c++) {
+    for (int k = 0; k < ps->n; k++) {
+        rt_pool *p = ps->p[k];
+        pthread_mutex_lock(&p->mu);
+        for (int i = 0; i < p->n; i++)
+            for (int c = 0; p->b[i].live && c < 5; c++) {
+                llm_strbuf lab = {0};
+                const char *l = labels(&lab, ps, k, "backend", p->b[i].name, "code", code[c], NULL);
+                llm_prom_sample(out, "llm_router_requests_total", l, (double)p->b[i].codes[c]);
+                llm_strbuf_free(&lab);
+            }
+        pthread_mutex_unlock(&p->mu);
+    }
+    llm_prom_head(out, "llm_router_revision_requests_total", "counter", "Requests by revision and status class.");
+    for (int k = 0; k < ps->n; k++) {
+        rt_pool *p = ps->p[k];
+        pthread_mutex_lock(&p->mu);
+        for (int r = 0; r < 2; r++)
+            for (int c = 0; c < 5; c++) {
+                llm_strbuf lab = {0};
+                const char *l = labels(&lab, ps, k, "revision", revname[r], "code", code[c], NULL);
+                llm_prom_sample(out, "llm_router_revision_requests_total", l, (double)p->rs[r].codes[c]);
+                llm_strbuf_free(&lab);
+            }
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+static void durations_and_weights(llm_strbuf *out, const pools *ps)
+{
+    llm_prom_head(out, "llm_router_request_duration_seconds", "histogram", "Time from pick to the last byte, by backend.");
+    for (int k = 0; k < ps->n; k++) {
+        rt_pool *p = ps->p[k];
+        pthread_mutex_lock(&p->mu);
+        for (int i = 0; i < p->n; i++) {
+            backend *b = &p->b[i];
             llm_strbuf lab = {0};
-            llm_prom_label(&lab, "backend", p->b[i].name);
-            llm_prom_label(&lab, "code", code[c]);
-            llm_prom_sample(out, "llm_router_requests_total", lab.failed ? NULL : lab.p, (double)p->b[i].codes[c]);
+            const char *l = b->live ? labels(&lab, ps, k, "backend", b->name, NULL) : NULL;
+            if (l)
+                llm_prom_hist_series(out, "llm_router_request_duration_seconds", l, bucket_le, N_BUCKETS, b->hist,
+                                     hist_count(b->hist), b->sum);
             llm_strbuf_free(&lab);
         }
-    per_backend(out, p, "llm_router_backend_failures_total", "counter",
-                "Attempts that failed (no connection, dropped, or a 5xx other than 503 and 504 before any byte).", v_failed, now);
-    per_backend(out, p, "llm_router_backend_dropped_total", "counter",
-                "Attempts the backend dropped after it had the request (answered 502, not retried elsewhere).", v_dropped, now);
-    per_backend(out, p, "llm_router_backend_ejections_total", "counter", "Times the circuit breaker ejected the backend.",
-                v_ejections, now);
-    per_backend(out, p, "llm_router_backend_up", "gauge", "1 when the breaker lets requests through.", v_up, now);
-    per_backend(out, p, "llm_router_backend_inflight", "gauge", "Requests the router has in flight to the backend.",
-                v_inflight, now);
-    per_backend(out, p, "llm_router_backend_prompt_tokens_total", "counter",
-                "Prompt tokens of the answers that said their usage.", v_prompt, now);
-    per_backend(out, p, "llm_router_backend_cached_tokens_total", "counter",
-                "Of those, the tokens the backend said it had cached (usage.prompt_tokens_details.cached_tokens).",
-                v_cached, now);
-    per_backend(out, p, "llm_router_backend_predicted_cached_tokens_total", "counter",
-                "Of those, the tokens the router's prefix index expected cached (cache-aware).", v_predicted, now);
-    per_backend(out, p, "llm_router_backend_cache_trust", "gauge",
-                "How far the backend's answers bore out the router's prefix index (0..1).", v_trust, now);
-    per_backend(out, p, "llm_router_backend_prefix_links", "gauge",
-                "Prompt chunks of 256 bytes the router's prefix index holds for the backend.", v_links, now);
-    llm_prom_head(out, "llm_router_request_duration_seconds", "histogram", "Time from pick to the last byte, by backend.");
-    for (int i = 0; i < p->n; i++) {
-        backend *b = &p->b[i];
-        if (!b->live)
-            continue;
+        pthread_mutex_unlock(&p->mu);
+    }
+    llm_prom_head(out, "llm_router_canary_weight", "gauge", "Percent of requests sent to the canary revision.");
+    for (int k = 0; k < ps->n; k++) {
         llm_strbuf lab = {0};
-        llm_prom_label(&lab, "backend", b->name);
-        if (!lab.failed)
-            llm_prom_hist_series(out, "llm_router_request_duration_seconds", lab.p, bucket_le, N_BUCKETS, b->hist,
-                                 hist_count(b->hist), b->sum);
+        llm_prom_sample(out, "llm_router_canary_weight", labels(&lab, ps, k, NULL), rt_pool_weight(ps->p[k]));
         llm_strbuf_free(&lab);
     }
-    llm_prom_gauge(out, "llm_router_canary_weight", "Percent of requests sent to the canary revision.", NULL, p->weight);
-    llm_prom_head(out, "llm_router_revision_requests_total", "counter", "Requests by revision and status class.");
-    for (int r = 0; r < 2; r++)
-        for (int c = 0; c < 5; c++) {
-            char lab[48];
-            snprintf(lab, sizeof lab, "revision=\"%s\",code=\"%s\"", revname[r], code[c]);
-            llm_prom_sample(out, "llm_router_revision_requests_total", lab, (double)p->rs[r].codes[c]);
-        }
-    rev_histogram(out, p, "llm_router_revision_ttfb_seconds",
+}
+
+void rt_pool_metrics(rt_pool *const *p, const char *const *routes, int n, llm_strbuf *out)
+{
+    pools ps = {p, routes, n};
+    double now = llm_clock_mono_s();
+    requests_by_code(out, &ps);
+    per_backend(out, &ps, "llm_router_backend_failures_total", "counter",
+                "Attempts that failed (no connection, dropped, or a 5xx other than 503 and 504 before any byte).", v_failed, now);
+    per_backend(out, &ps, "llm_router_backend_dropped_total", "counter",
+                "Attempts the backend dropped after it had the request (answered 502, not retried elsewhere).", v_dropped, now);
+    per_backend(out, &ps, "llm_router_backend_ejections_total", "counter", "Times the circuit breaker ejected the backend.",
+                v_ejections, now);
+    per_backend(out, &ps, "llm_router_backend_up", "gauge", "1 when the breaker lets requests through.", v_up, now);
+    per_backend(out, &ps, "llm_router_backend_inflight", "gauge", "Requests the router has in flight to the backend.",
+                v_inflight, now);
+    per_backend(out, &ps, "llm_router_backend_prompt_tokens_total", "counter",
+                "Prompt tokens of the answers that said their usage.", v_prompt, now);
+    per_backend(out, &ps, "llm_router_backend_cached_tokens_total", "counter",
+                "Of those, the tokens the backend said it had cached (usage.prompt_tokens_details.cached_tokens).",
+                v_cached, now);
+    per_backend(out, &ps, "llm_router_backend_predicted_cached_tokens_total", "counter",
+                "Of those, the tokens the router's prefix index expected cached (cache-aware).", v_predicted, now);
+    per_backend(out, &ps, "llm_router_backend_cache_trust", "gauge",
+                "How far the backend's answers bore out the router's prefix index (0..1).", v_trust, now);
+    per_backend(out, &ps, "llm_router_backend_prefix_links", "gauge",
+                "Prompt chunks of 256 bytes the router's prefix index holds for the backend.", v_links, now);
+    durations_and_weights(out, &ps);
+    rev_histogram(out, &ps, "llm_router_revision_ttfb_seconds",
                   "Time to the first byte of the answer (first token of a stream), by revision.", 0);
-    rev_histogram(out, p, "llm_router_revision_itl_seconds",
+    rev_histogram(out, &ps, "llm_router_revision_itl_seconds",
                   "Gaps between successive chunks of a stream (inter-token latency), by revision.", 1);
-    pthread_mutex_unlock(&p->mu);
 }

@@ -149,8 +149,9 @@ int rt_pool_name(rt_pool *p, int idx, char *name, size_t n);
 /* URL of backend i into url (for the poller); 0 when i is out of range. */
 int rt_pool_url(rt_pool *p, int idx, char *url, size_t un);
 
-/* Appends the pool's Prometheus text for the router's /metrics to out
- * (out->failed set when memory ran out). */
-void rt_pool_metrics(rt_pool *p, llm_strbuf *out);
+/* Appends the Prometheus text of n pools for the router's /metrics to out
+ * (out->failed set when memory ran out): each family once, each pool's
+ * samples labelled route="routes[k]" when routes is set (a gateway). */
+void rt_pool_metrics(rt_pool *const *p, const char *const *routes, int n, llm_strbuf *out);
 
 #endif

@@ -237,7 +237,7 @@ static void test_trust(void **st)
     llm_strbuf m = {0};
     char series[96];
     snprintf(series, sizeof series, "llm_router_backend_cache_trust{backend=\"%c\"} 1\n", 'a' + pod);
-    rt_pool_metrics(p, &m);
+    rt_pool_metrics(&p, NULL, 1, &m);
     assert_non_null(strstr(m.p, series));
     llm_strbuf_free(&m);
     for (int k = 0; k < 12; k++) {
@@ -251,7 +251,7 @@ static void test_trust(void **st)
     int held = rt_pool_pick(p, &q, url, sizeof url, &pred), other = pick(p, &g_b, &pred);
     assert_int_equal(held, pod);
     assert_int_not_equal(other, pod);
-    rt_pool_metrics(p, &m);
+    rt_pool_metrics(&p, NULL, 1, &m);
     snprintf(series, sizeof series, "llm_router_backend_cache_trust{backend=\"%c\"} ", 'a' + pod);
     const char *trust = strstr(m.p, series);
     assert_non_null(trust);
@@ -260,6 +260,47 @@ static void test_trust(void **st)
     done(p, held, -1, -1, 0), done(p, other, -1, -1, 0);
     free(t1), free(t2);
     rt_pool_free(p);
+}
+
+/* A pool grows as backends come (a gateway holds many small ones), up to
+ * RT_MAX_BACKENDS; slots of backends gone are reused; two pools' metrics
+ * come as one text, each family once, each sample with its route. */
+static void test_pool_grows_and_metrics_of_two(void **st)
+{
+    (void)st;
+    rt_pool *p = three_pods(), *q = three_pods();
+    llm_error err = {0};
+    static char url[RT_MAX_BACKENDS + 1][32];
+    const char *urls[RT_MAX_BACKENDS + 1];
+    for (int i = 0; i <= RT_MAX_BACKENDS; i++) {
+        snprintf(url[i], sizeof url[i], "http://10.1.%d.%d:1", i / 200, i % 200);
+        urls[i] = url[i];
+    }
+    assert_int_equal(rt_pool_set(p, 0, urls, RT_MAX_BACKENDS, &err), LLM_OK);
+    assert_int_equal(rt_pool_size(p), RT_MAX_BACKENDS);
+    assert_int_equal(rt_pool_set(p, 1, urls + RT_MAX_BACKENDS, 1, &err), LLM_ERR_TOO_LONG);
+    assert_int_equal(rt_pool_set(p, 0, urls, 2, &err), LLM_OK);
+    assert_int_equal(rt_pool_set(p, 1, urls + 10, 5, &err), LLM_OK); /* into the freed slots */
+    assert_int_equal(rt_pool_size(p), 7);
+    char got[256];
+    rt_request any = {0};
+    int i = rt_pool_pick(p, &any, got, sizeof got, NULL);
+    assert_true(i >= 0 && i < RT_MAX_BACKENDS);
+    done(p, i, -1, -1, 0);
+    rt_pool *both[2] = {p, q};
+    const char *names[2] = {"base", "tuned"};
+    llm_strbuf m = {0};
+    rt_pool_metrics(both, names, 2, &m);
+    assert_false(m.failed);
+    int heads = 0;
+    for (const char *at = m.p; (at = strstr(at, "# TYPE llm_router_backend_up ")); at++) heads++;
+    assert_int_equal(heads, 1);
+    assert_non_null(strstr(m.p, "llm_router_backend_up{route=\"tuned\",backend=\"a\"} 1\n"));
+    assert_non_null(strstr(m.p, "llm_router_canary_weight{route=\"base\"} 0\n"));
+    assert_non_null(strstr(m.p, "llm_router_revision_ttfb_seconds_count{route=\"tuned\",revision=\"canary\"} 0\n"));
+    llm_strbuf_free(&m);
+    rt_pool_free(p);
+    rt_pool_free(q);
 }
 
 /* The four policies by name, and nothing else. */
@@ -281,7 +322,7 @@ int main(void)
         cmocka_unit_test(test_chain),          cmocka_unit_test(test_chain_bounded),
         cmocka_unit_test(test_index_vs_lru),   cmocka_unit_test(test_index_prefix),
         cmocka_unit_test(test_cache_aware_pick), cmocka_unit_test(test_trust),
-        cmocka_unit_test(test_policy_names),
+        cmocka_unit_test(test_policy_names),   cmocka_unit_test(test_pool_grows_and_metrics_of_two),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
