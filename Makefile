@@ -64,7 +64,7 @@ CONTROLLER_SRC = controller/ctl_main.c controller/reconcile.c controller/adapter
                  controller/desired.c controller/pod_diag.c controller/ctl_event.c controller/autoscale.c controller/podsig.c \
                  controller/plan.c controller/canary.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
-ROUTER_SRC = router/rt_main.c router/rt_pool.c router/rt_prefix.c router/rt_proxy.c
+ROUTER_SRC = router/rt_main.c router/rt_gateway.c router/rt_kube.c router/rt_pool.c router/rt_prefix.c router/rt_proxy.c router/rt_routes.c
 ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o)
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 ORACLE_BIN = $(BUILD)/tests/dequant_rows $(BUILD)/tests/logits_rows $(BUILD)/tests/grammar_match
@@ -179,7 +179,7 @@ $(BUILD)/tests/test_ctl_queue: $(BUILD)/controller/ctl_queue.o
 $(BUILD)/tests/test_plan: $(BUILD)/controller/plan.o $(BUILD)/controller/rollout.o $(BUILD)/controller/canary.o \
             $(BUILD)/controller/autoscale.o $(BUILD)/controller/pod_diag.o $(BUILD)/controller/desired.o
 # The router's choice: the backend pool and the prefix index, pure (no HTTP, no API server).
-$(BUILD)/tests/test_rt_pool: $(BUILD)/router/rt_pool.o $(BUILD)/router/rt_prefix.o
+$(BUILD)/tests/test_rt_pool: $(BUILD)/router/rt_pool.o $(BUILD)/router/rt_prefix.o $(BUILD)/router/rt_routes.o
 KUBE_TESTS = $(BUILD)/tests/test_rt_pool $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
              $(BUILD)/tests/test_kube_apply $(BUILD)/tests/test_kube_config $(BUILD)/tests/test_plan $(BUILD)/tests/test_fetch
 $(KUBE_TESTS): $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testutil.h $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)

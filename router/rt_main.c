@@ -10,6 +10,7 @@
  * lever during a canary: declarative, so every router replica, and one
  * that restarts, follows it). See usage() for the flags. */
 #include <civetweb.h>
+#include <errno.h>
 #include <curl/curl.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -31,7 +32,10 @@
 #include "llm/strbuf.h"
 #include "llm/log.h"
 #include "kube_watch.h"
+#include "rt_kube.h"
+#include "rt_gateway.h"
 #include "rt_proxy.h"
+#include "rt_routes.h"
 
 #define MAX_SLICES 64
 
@@ -87,99 +91,55 @@ static void adapter_seen(void *ctx, const char *v, size_t n)
     a->name[a->n] = v, a->len[a->n++] = n; /* prom_text_labels calls at most RT_POOL_MAX_ADAPTERS times */
 }
 
+/* One round over pool's backends. */
+static void poll_pool(router *r, CURL *h, rt_pool *pool)
+{
+    for (int i = 0; i < RT_MAX_BACKENDS && !g_stop; i++) {
+        char base[256], url[300], *text;
+        if (!rt_pool_url(pool, i, base, sizeof base))
+            continue;
+        char *colon = strrchr(base, ':'); /* base is http://IP:PORT */
+        if (r->metrics_port && colon && colon > base + 5)
+            snprintf(url, sizeof url, "%.*s:%ld/metrics", (int)(colon - base), base, r->metrics_port);
+        else
+            snprintf(url, sizeof url, "%s/metrics", base);
+        int ok = http_client_get(h, url, 1000, 4u << 20, &text) == 200, f;
+        rt_pool_report(pool, i, ok, ok ? prom_text_value(text, "llm_requests_waiting", &f) : 0,
+                       ok ? prom_text_value(text, "llm_requests_running", &f) : 0,
+                       ok ? prom_text_value(text, "llm_kv_cache_usage_ratio", &f) : 0);
+        double kv_tokens = ok ? prom_text_value(text, "llm_kv_cache_tokens", &f) : 0;
+        if (ok && f)
+            rt_pool_report_cache(pool, i, kv_tokens);
+        adapter_names an = {.n = 0};
+        if (ok) { /* an unreachable backend keeps what it listed: it is not picked while ejected anyway */
+            prom_text_labels(text, "llm_lora_loaded", "adapter", RT_POOL_MAX_ADAPTERS, adapter_seen, &an);
+            rt_pool_report_adapters(pool, i, an.name, an.len, an.n);
+        }
+        free(text);
+    }
+}
+
 static void *poller(void *arg)
 {
     router *r = arg;
     CURL *h = curl_easy_init(); /* one handle: connections to the backends stay open */
-    while (!g_stop && h) {
-        for (int i = 0; i < RT_MAX_BACKENDS; i++) {
-            char base[256], url[300], *text;
-            if (!rt_pool_url(r->pool, i, base, sizeof base))
-                continue;
-            char *colon = strrchr(base, ':'); /* base is http://IP:PORT */
-            if (r->metrics_port && colon && colon > base + 5)
-                snprintf(url, sizeof url, "%.*s:%ld/metrics", (int)(colon - base), base, r->metrics_port);
-            else
-                snprintf(url, sizeof url, "%s/metrics", base);
-            int ok = http_client_get(h, url, 1000, 4u << 20, &text) == 200, f;
-            rt_pool_report(r->pool, i, ok, ok ? prom_text_value(text, "llm_requests_waiting", &f) : 0,
-                           ok ? prom_text_value(text, "llm_requests_running", &f) : 0,
-                           ok ? prom_text_value(text, "llm_kv_cache_usage_ratio", &f) : 0);
-            double kv_tokens = ok ? prom_text_value(text, "llm_kv_cache_tokens", &f) : 0;
-            if (ok && f)
-                rt_pool_report_cache(r->pool, i, kv_tokens);
-            adapter_names an = {.n = 0};
-            if (ok) { /* an unreachable backend keeps what it listed: it is not picked while ejected anyway */
-                prom_text_labels(text, "llm_lora_loaded", "adapter", RT_POOL_MAX_ADAPTERS, adapter_seen, &an);
-                rt_pool_report_adapters(r->pool, i, an.name, an.len, an.n);
-            }
-            free(text);
+    rt_route **routes = r->px.routes ? calloc(RT_MAX_ROUTES, sizeof *routes) : NULL;
+    while (!g_stop && h && (!r->px.routes || routes)) {
+        if (!r->px.routes) {
+            poll_pool(r, h, r->pool);
+        } else { /* a gateway: every route's pods (held: a reload may drop a route meanwhile) */
+            int n = rt_routes_list(r->px.routes, routes, RT_MAX_ROUTES);
+            for (int k = 0; k < n; k++) poll_pool(r, h, rt_route_pool(routes[k]));
+            for (int k = 0; k < n; k++) rt_routes_put(r->px.routes, routes[k]);
         }
         usleep((useconds_t)r->poll_ms * 1000);
     }
+    free(routes);
     curl_easy_cleanup(h);
     return NULL;
 }
 
-/* ---- watches ------------------------------------------------------------------------ */
-
-/* Lists and watches path until the router stops, starting again (after
- * 5 s) when the watch fails for good (RBAC not yet bound, say). */
-static void watch_until_stopped(kube_config *cfg, const char *path, kube_watch_event_fn fn, void *ctx)
-{
-    while (!g_stop) {
-        kube_client *k = NULL;
-        llm_error err = {0};
-        llm_status st = kube_client_new(cfg, &k, &err);
-        if (!st)
-            st = kube_watch_run(k, cfg, path, 300, fn, ctx, &g_stop, &err);
-        kube_client_free(k);
-        if (!st)
-            break;
-        logf_("watching %s: %s (retrying)", path, err.msg);
-        for (int i = 0; i < 50 && !g_stop; i++) usleep(100000);
-    }
-}
-
 /* ---- discovery from EndpointSlices ---------------------------------------------- */
-
-/* The ready endpoints of one slice as URLs, newline-separated (malloc'd). */
-static char *slice_urls(json_t *slice)
-{
-    json_t *ports = json_object_get(slice, "ports");
-    long long port = 0;
-    for (size_t i = 0; i < json_array_size(ports); i++) {
-        json_t *p = json_array_get(ports, i);
-        const char *name = json_string_value(json_object_get(p, "name"));
-        if (!port || (name && !strcmp(name, "http")))
-            port = json_integer_value(json_object_get(p, "port"));
-    }
-    size_t cap = 64, n = 0;
-    char *out = calloc(1, cap);
-    json_t *eps = json_object_get(slice, "endpoints");
-    for (size_t i = 0; out && port && i < json_array_size(eps); i++) {
-        json_t *e = json_array_get(eps, i);
-        json_t *ready = json_object_get(json_object_get(e, "conditions"), "ready");
-        const char *ip = json_string_value(json_array_get(json_object_get(e, "addresses"), 0));
-        const char *pod = json_string_value(json_object_get(json_object_get(e, "targetRef"), "name"));
-        if (!ip || (ready && !json_is_true(ready)))
-            continue;
-        char line[600]; /* "POD=URL" (rt_pool_set): X-Backend names the pod, not its address */
-        int k = snprintf(line, sizeof line, "%s%shttp://%s:%lld\n", pod && !strchr(pod, '=') ? pod : "",
-                         pod && !strchr(pod, '=') ? "=" : "", ip, port);
-        if (k >= (int)sizeof line)
-            continue;
-        if (n + (size_t)k + 1 > cap) {
-            char *p = realloc(out, cap = (n + (size_t)k + 1) * 2);
-            if (!p)
-                break;
-            out = p;
-        }
-        memcpy(out + n, line, (size_t)k + 1);
-        n += (size_t)k;
-    }
-    return out;
-}
 
 /* The union of all slices' endpoints becomes the revision's backends. */
 static void publish(disc *r)
@@ -229,7 +189,7 @@ static int on_slice(void *arg, const char *type, json_t *obj)
     r->slice_names[s][0] = 0;
     if (strcmp(type, "DELETED")) {
         snprintf(r->slice_names[s], sizeof r->slice_names[s], "%s", name);
-        r->slice_urls[s] = slice_urls(obj);
+        r->slice_urls[s] = rt_kube_slice_urls(obj);
     }
     if (strcmp(type, "SYNC"))
         publish(r);
@@ -242,7 +202,7 @@ static void *discover(void *arg)
     char path[700];
     snprintf(path, sizeof path, "/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices?labelSelector="
                                 "kubernetes.io%%2Fservice-name%%3D%s", r->ns, r->name);
-    watch_until_stopped(&r->r->cfg, path, on_slice, r);
+    rt_kube_watch(&r->r->cfg, path, on_slice, r, &g_stop);
     return NULL;
 }
 
@@ -275,11 +235,46 @@ static void *follow_weight(void *arg)
     char path[800];
     snprintf(path, sizeof path, "/api/v1/namespaces/%s/configmaps?fieldSelector=metadata.name%%3D%s", r->weight_ns,
              r->weight_cm);
-    watch_until_stopped(&r->cfg, path, on_weight, r);
+    rt_kube_watch(&r->cfg, path, on_weight, r, &g_stop);
     return NULL;
 }
 
 /* ---- HTTP ------------------------------------------------------------------------- */
+
+/* Backends known, both revisions (at a gateway, of every route). */
+static int backends_known(router *r)
+{
+    if (!r->px.routes)
+        return rt_pool_size(r->pool);
+    rt_route **routes = calloc(RT_MAX_ROUTES, sizeof *routes);
+    int n = routes ? rt_routes_list(r->px.routes, routes, RT_MAX_ROUTES) : 0, total = 0;
+    for (int k = 0; k < n; k++) {
+        total += rt_pool_size(rt_route_pool(routes[k]));
+        rt_routes_put(r->px.routes, routes[k]);
+    }
+    free(routes);
+    return total;
+}
+
+/* The pools' families (a gateway's labelled by route). */
+static void pool_metrics(router *r, llm_strbuf *out)
+{
+    if (!r->px.routes) {
+        rt_pool_metrics(&r->pool, NULL, 1, out);
+        return;
+    }
+    rt_route **routes = calloc(RT_MAX_ROUTES, sizeof *routes);
+    rt_pool **pools = calloc(RT_MAX_ROUTES, sizeof *pools);
+    const char **names = calloc(RT_MAX_ROUTES, sizeof *names);
+    int n = routes && pools && names ? rt_routes_list(r->px.routes, routes, RT_MAX_ROUTES) : 0;
+    for (int k = 0; k < n; k++) pools[k] = rt_route_pool(routes[k]), names[k] = rt_route_name(routes[k]);
+    if (routes && pools && names)
+        rt_pool_metrics(pools, names, n, out);
+    else
+        out->failed = 1;
+    for (int k = 0; k < n; k++) rt_routes_put(r->px.routes, routes[k]);
+    free(routes), free(pools), free(names);
+}
 
 static int h_healthz(struct mg_connection *c, void *cb)
 {
@@ -293,7 +288,7 @@ static int h_readyz(struct mg_connection *c, void *cb)
 {
     router *r = cb;
     int draining = __atomic_load_n(&r->draining, __ATOMIC_RELAXED);
-    int ok = !draining && (rt_pool_size(r->pool) > 0 || r->px.hold_s > 0);
+    int ok = !draining && (backends_known(r) > 0 || r->px.hold_s > 0);
     const char *why = ok ? "ok\n" : draining ? "shutting down\n" : "no backends\n";
     return http_reply_text(c, ok ? 200 : 503, "text/plain", why, NULL);
 }
@@ -304,14 +299,16 @@ static int h_metrics(struct mg_connection *c, void *cb)
     http_guard_stats gs;
     http_guard_stats_get(r->http, &gs);
     llm_strbuf all = {0};
-    rt_pool_metrics(&r->pool, NULL, 1, &all);
+    pool_metrics(r, &all);
     llm_prom_counter(&all, "llm_router_no_backend_total", "Requests answered 503 for want of a backend.", NULL,
                      (double)__atomic_load_n(&r->px.no_backend, __ATOMIC_RELAXED));
     llm_prom_gauge(&all, "llm_router_held_requests", "Requests held while no backend exists (scale from zero).", NULL,
                    __atomic_load_n(&r->px.held, __ATOMIC_RELAXED));
     llm_prom_counter(&all, "llm_router_held_total", "Requests that were held.", NULL,
                      (double)__atomic_load_n(&r->px.held_total, __ATOMIC_RELAXED));
-    llm_prom_gauge(&all, "llm_router_backends", "Backends known (both revisions).", NULL, rt_pool_size(r->pool));
+    llm_prom_gauge(&all, "llm_router_backends", "Backends known (both revisions, every route).", NULL, backends_known(r));
+    if (r->px.routes)
+        llm_prom_gauge(&all, "llm_router_routes", "Routes in the gateway's table.", NULL, rt_routes_count(r->px.routes));
     llm_prom_gauge(&all, "llm_http_connections", "Client connections open.", NULL, (double)gs.open);
     llm_prom_counter(&all, "llm_http_connections_refused_total", "Connections refused above --max-connections.", NULL,
                      (double)gs.refused);
@@ -328,7 +325,7 @@ static int h_admin(struct mg_connection *c, void *cb)
     router *r = cb;
     const char *auth = mg_get_header(c, "Authorization");
     char body[256] = "";
-    int code = !r->admin_token ? 404 : !http_guard_bearer_ok(auth, r->admin_token) ? 401
+    int code = !r->admin_token || r->px.routes ? 404 : !http_guard_bearer_ok(auth, r->admin_token) ? 401
                : strcmp(mg_get_request_info(c)->request_method, "POST") ? 405 : 0;
     if (!code) { /* only an authorized caller's body is read, and within a deadline */
         http_guard_arm(c, 10);
@@ -344,7 +341,9 @@ static int h_admin(struct mg_connection *c, void *cb)
         logf_("canary weight %d%%", (int)json_integer_value(w));
     }
     json_decref(j);
-    const char *msg = code == 200 ? "{\"ok\":true}" : code == 404 ? "{\"error\":\"admin is off (no --admin-token)\"}"
+    const char *msg = code == 200 ? "{\"ok\":true}"
+                      : code == 404 && r->px.routes ? "{\"error\":\"a gateway's canary weights come from ConfigMaps\"}"
+                      : code == 404 ? "{\"error\":\"admin is off (no --admin-token)\"}"
                       : code == 401 ? "{\"error\":\"admin token required\"}" : code == 405 ? "{\"error\":\"use POST\"}"
                       : "{\"error\":\"weight: an integer 0..100\"}";
     return http_reply_text(c, code, "application/json", msg, NULL);
@@ -372,6 +371,32 @@ static void drain(router *r, double delay_s, double drain_s)
     for (int ms = 0; __atomic_load_n(&r->px.active, __ATOMIC_RELAXED) > 0 && ms < 3000; ms += 20) usleep(20000);
 }
 
+/* A gateway's table: empty (a ConfigMap fills it), or from file. */
+static llm_status start_table(router *r, const rt_pool_config *pc, const char *file, llm_error *err)
+{
+    llm_status st = rt_routes_new(pc, &r->px.routes, err);
+    if (st || !file)
+        return st;
+    FILE *f = fopen(file, "rb");
+    if (!f)
+        return llm_errf(err, LLM_ERR_IO, "--routes %s: %s", file, strerror(errno));
+    size_t cap = 16u << 20; /* RT_MAX_ROUTES routes of 64 names: far less */
+    char *text = malloc(cap);
+    size_t n = text ? fread(text, 1, cap, f) : 0;
+    int too_long = text && n == cap;
+    fclose(f);
+    if (!text)
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory to read --routes %s", file);
+    st = too_long ? llm_errf(err, LLM_ERR_TOO_LONG, "--routes %s: over 16 MiB", file) : rt_routes_load(r->px.routes, text, n, err);
+    free(text);
+    if (st && !too_long) {
+        char msg[LLM_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        llm_errf(err, st, "--routes %s: %s", file, msg);
+    }
+    return st;
+}
+
 /* A number flag; 0 when v is not all number. */
 static int num(const char *v, double *out)
 {
@@ -395,7 +420,10 @@ static int usage(void)
                     "                  [--header-timeout-s 10] [--body-timeout-s 60] [--keep-alive-s 30] [--send-timeout-s 30]\n"
                     "                  [--shutdown-delay-s 0] [--drain-timeout-s 30]  (SIGTERM: not ready, serve, drain)\n"
                     "                  [--hold-seconds 0] [--hold-max 64]   (scale from zero: hold requests while no backend)\n"
-                    "                  [--prefix-affinity BYTES]  (same prompt start -> same pod; prefix-hash: 4096)\n");
+                    "                  [--prefix-affinity BYTES]  (same prompt start -> same pod; prefix-hash: 4096)\n"
+                    "   a gateway (several deployments; the body's model chooses, instead of --backend/--service):\n"
+                    "       llm-router --routes FILE | --routes-configmap NS/NAME (key routes.json; watched, with the\n"
+                    "                  namespace's EndpointSlices and canaryWeight ConfigMaps)  [the flags above]\n");
     return 2;
 }
 
@@ -407,6 +435,7 @@ int main(int argc, char **argv)
     double shutdown_delay_s = 0, drain_timeout_s = 30;
     const char *backends[RT_MAX_BACKENDS], *canaries[RT_MAX_BACKENDS], *services[2] = {NULL, NULL};
     int nb = 0, nc = 0, weight = 0;
+    const char *routes_file = NULL, *routes_cm = NULL;
     rt_pool_config pc = {RT_CACHE_AWARE, 3, 10, 0.25};
     r.px = (rt_proxy){.retries = 2, .max_body = 1 << 20, .timeout_s = 600, .affinity_header = "X-Session-Id",
                       .hold_max = 64, .body_timeout_s = 60};
@@ -451,6 +480,10 @@ int main(int argc, char **argv)
             snprintf(r.weight_cm, sizeof r.weight_cm, "%s", strchr(v, '/') + 1);
         } else if (!strcmp(a, "--kubeconfig"))
             kubeconfig = v;
+        else if (!strcmp(a, "--routes"))
+            routes_file = v;
+        else if (!strcmp(a, "--routes-configmap") && strchr(v, '/') && strchr(v, '/') != v && strchr(v, '/')[1])
+            routes_cm = v;
         else if (!strcmp(a, "--policy") && rt_policy_of(v) >= 0)
             pc.policy = (rt_policy)rt_policy_of(v);
         else if (!strcmp(a, "--cache-balance") && num(v, &x) && x > 0 && x <= 1000)
@@ -498,7 +531,9 @@ int main(int argc, char **argv)
     }
     if (!r.admin_token && getenv("LLM_ROUTER_ADMIN_TOKEN") && *getenv("LLM_ROUTER_ADMIN_TOKEN"))
         r.admin_token = getenv("LLM_ROUTER_ADMIN_TOKEN");
-    if ((nb > 0) == (services[0] != NULL) || (nc > 0 && services[1]) || (nb && services[1]) || (nc && services[0]))
+    int gateway = routes_file || routes_cm, single = nb || nc || services[0] || services[1] || r.weight_cm[0];
+    if (gateway ? single || (routes_file && routes_cm)
+                : (nb > 0) == (services[0] != NULL) || (nc > 0 && services[1]) || (nb && services[1]) || (nc && services[0]))
         return usage();
     for (int k = 0; k < 2; k++) {
         const char *slash = services[k] ? strchr(services[k], '/') : NULL;
@@ -517,8 +552,10 @@ int main(int argc, char **argv)
         logf_("%s (memory freed by large requests may stay with the process)", err.msg);
     llm_json_init();
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    if (rt_pool_new(&pc, &r.pool, &err) || (nb && rt_pool_set(r.pool, 0, backends, nb, &err)) ||
-        (nc && rt_pool_set(r.pool, 1, canaries, nc, &err)) || ((r.n_disc || r.weight_cm[0]) && kube_config_load(kubeconfig, &r.cfg, &err))) {
+    if ((gateway ? start_table(&r, &pc, routes_file, &err)
+                 : rt_pool_new(&pc, &r.pool, &err) || (nb && rt_pool_set(r.pool, 0, backends, nb, &err)) ||
+                       (nc && rt_pool_set(r.pool, 1, canaries, nc, &err))) ||
+        ((r.n_disc || r.weight_cm[0] || routes_cm) && kube_config_load(kubeconfig, &r.cfg, &err))) {
         fprintf(stderr, "llm-router: %s\n", err.msg);
         return 1;
     }
@@ -527,7 +564,8 @@ int main(int argc, char **argv)
     if (pc.policy == RT_PREFIX_HASH && !r.px.prefix_affinity)
         r.px.prefix_affinity = 4096;
     snprintf(r.cfg.agent, sizeof r.cfg.agent, "llm-router");
-    rt_pool_set_weight(r.pool, weight);
+    if (r.pool)
+        rt_pool_set_weight(r.pool, weight);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
@@ -556,21 +594,31 @@ int main(int argc, char **argv)
     int weighing = r.weight_cm[0] && pthread_create(&weight_th, NULL, follow_weight, &r) == 0;
     while (discovering < r.n_disc && pthread_create(&disc_th[discovering], NULL, discover, &r.d[discovering]) == 0)
         discovering++;
+    rt_gateway *gw = NULL;
+    if (routes_cm) {
+        char ns[254];
+        snprintf(ns, sizeof ns, "%.*s", (int)(strchr(routes_cm, '/') - routes_cm), routes_cm);
+        if (rt_gateway_start(&r.cfg, ns, strchr(routes_cm, '/') + 1, r.px.routes, &g_stop, &gw, &err))
+            logf_("%s", err.msg), g_stop = 1;
+    }
     logf_("listening on %s, policy %s, %s, canary weight %d%%", listen, rt_policy_name(pc.policy),
-          r.n_disc ? "backends from EndpointSlices" : "static backends", weight);
+          routes_cm ? "a gateway (routes from a ConfigMap)" : routes_file ? "a gateway (routes from a file)"
+          : r.n_disc ? "backends from EndpointSlices" : "static backends", weight);
     while (!g_stop) usleep(50000);
     drain(&r, shutdown_delay_s, drain_timeout_s);
     http_guard_stop(r.http);
     if (polling)
         pthread_join(poll_th, NULL);
     for (int k = 0; k < discovering; k++) pthread_join(disc_th[k], NULL);
+    rt_gateway_join(gw);
     if (weighing)
         pthread_join(weight_th, NULL);
     for (int k = 0; k < r.n_disc; k++)
         for (int s = 0; s < MAX_SLICES; s++) free(r.d[k].slice_urls[s]);
-    if (r.n_disc || r.weight_cm[0])
+    if (r.n_disc || r.weight_cm[0] || routes_cm)
         kube_config_free(&r.cfg);
     rt_pool_free(r.pool);
+    rt_routes_free(r.px.routes);
     curl_global_cleanup();
     logf_("stopped");
     return 0;

@@ -42,6 +42,7 @@ typedef struct backend {
     double waiting, running, kv; /* polled from its /metrics */
     unsigned int adapters[RT_POOL_MAX_ADAPTERS]; /* hashes of the LoRA adapters it has loaded (polled) */
     int n_adapters;
+    char *adapter_names;       /* their names, NUL-separated (NULL: none, or no memory for them) */
     int failures;              /* consecutive */
     double ejected_until;      /* monotonic seconds; 0: closed */
     double busy_until;         /* answered 503 lately: others are picked first until then */
@@ -137,7 +138,10 @@ void rt_pool_free(rt_pool *p)
 {
     if (!p)
         return;
-    for (int i = 0; i < p->n; i++) rt_prefix_index_free(p->b[i].ix);
+    for (int i = 0; i < p->n; i++) {
+        rt_prefix_index_free(p->b[i].ix);
+        free(p->b[i].adapter_names);
+    }
     free(p->b);
     free(p->ring);
     pthread_mutex_destroy(&p->mu);
@@ -204,8 +208,9 @@ llm_status rt_pool_set(rt_pool *p, int rev, const char *const *urls, int n, llm_
             break;
         }
         if (slot < 0)
-            p->b[slot = p->n++].ix = NULL; /* a new slot: its memory is fresh from realloc */
+            p->b[slot = p->n++] = (backend){0}; /* a new slot: its memory is fresh from realloc */
         rt_prefix_index_free(p->b[slot].ix);
+        free(p->b[slot].adapter_names);
         memset(&p->b[slot], 0, sizeof p->b[slot]);
         p->b[slot].trust = 1;
         snprintf(p->b[slot].url, sizeof p->b[slot].url, "%s", url);
@@ -481,13 +486,38 @@ void rt_pool_report_adapters(rt_pool *p, int idx, const char *const *names, cons
     if (idx >= 0 && idx < p->n) {
         backend *b = &p->b[idx];
         b->n_adapters = 0;
-        for (int k = 0; k < n && b->n_adapters < RT_POOL_MAX_ADAPTERS; k++) {
+        free(b->adapter_names);
+        b->adapter_names = calloc((size_t)(n < RT_POOL_MAX_ADAPTERS ? n : RT_POOL_MAX_ADAPTERS), 256);
+        for (size_t k = 0, at = 0; k < (size_t)n && b->n_adapters < RT_POOL_MAX_ADAPTERS; k++) {
             char name[256];
-            snprintf(name, sizeof name, "%.*s", (int)(lens[k] < 255 ? lens[k] : 255), names[k]);
+            int len = snprintf(name, sizeof name, "%.*s", (int)(lens[k] < 255 ? lens[k] : 255), names[k]);
             b->adapters[b->n_adapters++] = hash32(name, 31);
+            if (b->adapter_names)
+                memcpy(b->adapter_names + at, name, (size_t)len + 1), at += (size_t)len + 1;
         }
     }
     pthread_mutex_unlock(&p->mu);
+}
+
+void rt_pool_adapters(rt_pool *p, void (*fn)(void *ctx, const char *name), void *ctx)
+{
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->n; i++) {
+        const backend *b = &p->b[i];
+        const char *at = b->adapter_names;
+        for (int k = 0; b->live && at && k < b->n_adapters; k++, at += strlen(at) + 1) fn(ctx, at);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+int rt_pool_has_adapter(rt_pool *p, const char *model)
+{
+    unsigned int h = hash32(model, 31);
+    int found = 0;
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->n && !found; i++) found = p->b[i].live && has_adapter(&p->b[i], h);
+    pthread_mutex_unlock(&p->mu);
+    return found;
 }
 
 /* A failure toward the breaker. Under mu. */

@@ -144,6 +144,11 @@ void rt_pool_report_cache(rt_pool *p, int idx, double kv_tokens);
  * RT_POOL_MAX_ADAPTERS are left out), from its /metrics; replaces the last
  * report. */
 void rt_pool_report_adapters(rt_pool *p, int idx, const char *const *names, const size_t *lens, int n);
+/* fn(ctx, name) for each adapter a live backend lists (a name once per
+ * backend that lists it), under the pool's lock: fn must not call the pool. */
+void rt_pool_adapters(rt_pool *p, void (*fn)(void *ctx, const char *name), void *ctx);
+/* 1 when a live backend lists adapter model. */
+int rt_pool_has_adapter(rt_pool *p, const char *model);
 /* Name of backend i (its pod's, or its URL) into name; 0 when i is out of range. */
 int rt_pool_name(rt_pool *p, int idx, char *name, size_t n);
 /* URL of backend i into url (for the poller); 0 when i is out of range. */

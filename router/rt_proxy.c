@@ -13,6 +13,7 @@
 #include "http_guard.h"
 #include "http_reply.h"
 #include "rt_proxy.h"
+#include "rt_routes.h"
 #include "llm/clock.h"
 #include "llm/heap.h"
 #include "llm/json.h"
@@ -22,18 +23,25 @@
  * member, a stream's last event before [DONE] (stream_options.include_usage). */
 #define TAIL_MAX 1024
 
-static int reply(struct mg_connection *c, int code, const char *type, const char *msg)
+/* An OpenAI error answer; ecode: its "code" (NULL: null). */
+static int reply_error(struct mg_connection *c, int code, const char *ecode, const char *msg)
 {
-    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:n}}", "error", "message", msg, "type",
-                          code == 503 ? "service_unavailable" : code == 413 || code == 408 || code == 400 || code == 415 ? "invalid_request_error"
-                                                                                    : "server_error",
-                          "param", "code");
+    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:o}}", "error", "message", msg, "type",
+                          code == 503 ? "service_unavailable"
+                          : code == 413 || code == 408 || code == 400 || code == 415 || code == 404 ? "invalid_request_error"
+                                                                                                 : "server_error",
+                          "param", "code", ecode ? json_string(ecode) : json_null());
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
     const char *b = body ? body : "{\"error\":{\"message\":\"router error\"}}";
-    http_reply_text(c, code, type, b, code == 503 ? "Retry-After: 1\r\n" : NULL);
+    http_reply_text(c, code, "application/json", b, code == 503 ? "Retry-After: 1\r\n" : NULL);
     free(body);
     json_decref(j);
     return code;
+}
+
+static int reply(struct mg_connection *c, int code, const char *msg)
+{
+    return reply_error(c, code, NULL, msg);
 }
 
 /* Writes one piece of a chunked answer in one write when it is small
@@ -378,11 +386,11 @@ static int send_held(struct mg_connection *c, long status, const char *type, con
 /* Holds a request while no backend is known (scaled to zero). 1 when one
  * appeared; 0 when the hold timed out or the client left (*answered set
  * when a response was already begun: a stream's head and comments). */
-static int hold(rt_proxy *px, struct mg_connection *c, int stream, int *answered)
+static int hold(rt_proxy *px, rt_pool *pool, struct mg_connection *c, int stream, int *answered)
 {
     *answered = 0;
-    if (px->hold_s <= 0 || rt_pool_size(px->pool) > 0)
-        return rt_pool_size(px->pool) > 0;
+    if (px->hold_s <= 0 || rt_pool_size(pool) > 0)
+        return rt_pool_size(pool) > 0;
     if (__atomic_add_fetch(&px->held, 1, __ATOMIC_RELAXED) > px->hold_max) {
         __atomic_sub_fetch(&px->held, 1, __ATOMIC_RELAXED);
         return 0;
@@ -400,7 +408,7 @@ static int hold(rt_proxy *px, struct mg_connection *c, int stream, int *answered
             next_comment = llm_clock_mono_s() + 2;
         }
         usleep(100000);
-        ok = rt_pool_size(px->pool) > 0;
+        ok = rt_pool_size(pool) > 0;
     }
     __atomic_sub_fetch(&px->held, 1, __ATOMIC_RELAXED);
     return ok;
@@ -504,14 +512,14 @@ static int last_attempt(struct mg_connection *c, attempt *a, CURLcode rc, int xf
     else if (a->started)
         code = finish(c, a, rc);
     else if (rc == CURLE_OPERATION_TIMEDOUT)
-        code = reply(c, 504, "application/json", "the backend did not answer within the router's timeout_s");
+        code = reply(c, 504, "the backend did not answer within the router's timeout_s");
     else if (xfer == XFER_FULL)
-        code = reply(c, 503, "application/json", "the router is out of descriptors or memory; retry shortly");
+        code = reply(c, 503, "the router is out of descriptors or memory; retry shortly");
     else if (xfer == XFER_DROPPED)
-        code = reply(c, 502, "application/json", "the backend dropped the connection after it had the request; "
+        code = reply(c, 502, "the backend dropped the connection after it had the request; "
                                                  "not retried elsewhere (the request may be what broke it)");
     else if (rc != CURLE_OK)
-        code = reply(c, 502, "application/json", "the router could not pass the request on");
+        code = reply(c, 502, "the router could not pass the request on");
     else /* an answer held back (its 503 or 504), or one without a body: the head still goes out */
         code = send_held(c, a->status, a->ctype, a->err_body, a->err_len);
     free(a->err_body);
@@ -522,8 +530,8 @@ static int last_attempt(struct mg_connection *c, attempt *a, CURLcode rc, int xf
 /* One pass over the backends: the answer is sent here unless none could
  * take it. Returns the status sent, or 0 (*held* keeps the last 5xx, owned
  * by the caller). */
-static int attempts(rt_proxy *px, struct mg_connection *c, const rt_request *req, const char *body, size_t len,
-                    int answered, held_err *held)
+static int attempts(rt_proxy *px, rt_pool *pool, struct mg_connection *c, const rt_request *req, const char *body,
+                    size_t len, int answered, held_err *held)
 {
     unsigned char avoid[RT_MAX_BACKENDS / 8] = {0};
     char url[256];
@@ -532,13 +540,13 @@ static int attempts(rt_proxy *px, struct mg_connection *c, const rt_request *req
     q.avoid = avoid;
     for (int attempt_no = 0; attempt_no <= px->retries; attempt_no++) {
         double predicted = 0;
-        int idx = rt_pool_pick(px->pool, &q, url, sizeof url, &predicted);
+        int idx = rt_pool_pick(pool, &q, url, sizeof url, &predicted);
         if (idx < 0)
             return 0;
         char name[128];
         attempt a = {.c = c, .cutting = &px->cutting, .t0 = llm_clock_mono_s(), .started = answered, /* a held stream has its head */
-                     .revision = rt_pool_revision(px->pool, idx) ? "canary" : "stable"};
-        if (px->expose_backend && rt_pool_name(px->pool, idx, name, sizeof name))
+                     .revision = rt_pool_revision(pool, idx) ? "canary" : "stable"};
+        if (px->expose_backend && rt_pool_name(pool, idx, name, sizeof name))
             a.name = name;
         a.has_session = *session != 0;
         CURLcode rc = send_to(px, c, url, body, len, &a);
@@ -564,7 +572,7 @@ static int attempts(rt_proxy *px, struct mg_connection *c, const rt_request *req
         a.res.prompt_tokens = a.res.cached_tokens = -1;
         if (rc == CURLE_OK && a.status == 200)
             usage_of(&a, &a.res.prompt_tokens, &a.res.cached_tokens);
-        rt_pool_release(px->pool, idx, &a.res);
+        rt_pool_release(pool, idx, &a.res);
         avoid[idx / 8] |= (unsigned char)(1u << (idx % 8));
         if (!retry)
             return last_attempt(c, &a, rc, xfer);
@@ -599,15 +607,15 @@ static int take_body(rt_proxy *px, struct mg_connection *c, char **body, size_t 
     llm_error err = {0};
     char msg[LLM_ERROR_MSG_MAX + 16];
     if (!plain_path(mg_get_request_info(c)->local_uri))
-        return reply(c, 400, "application/json", "the path is not a plain API path (printable ASCII, no '%', no dot segments)");
+        return reply(c, 400, "the path is not a plain API path (printable ASCII, no '%', no dot segments)");
     if (!strcmp(mg_get_request_info(c)->request_method, "POST") && !http_guard_json_body(c))
-        return reply(c, 415, "application/json", "a POST body must be Content-Type: application/json");
+        return reply(c, 415, "a POST body must be Content-Type: application/json");
     int bad = http_guard_read_body(c, (size_t)px->max_body, px->body_timeout_s, body, len);
     if (bad) { /* the setting named, so that a client can tell this hop from the pod's */
         char why[200];
         snprintf(msg, sizeof msg, "%s%s", http_guard_body_msg(bad, (size_t)px->max_body, px->body_timeout_s, why, sizeof why),
                  bad == 413 ? " (llm-router --max-body-bytes)" : bad == 408 ? " (llm-router --body-timeout-s)" : "");
-        return reply(c, bad, "application/json", msg);
+        return reply(c, bad, msg);
     }
     /* the few fields the router needs are read from the text (no tree is built); a body nested too deep for
      * any backend to take is refused here rather than carried to one */
@@ -615,14 +623,14 @@ static int take_body(rt_proxy *px, struct mg_connection *c, char **body, size_t 
         free(*body);
         *body = NULL;
         snprintf(msg, sizeof msg, "the body: %s", err.msg);
-        return reply(c, 400, "application/json", msg);
+        return reply(c, 400, msg);
     }
     return 0;
 }
 
 /* The request after attempts found no backend to answer (code 0), or the
  * code it was answered with. */
-static int no_answer(rt_proxy *px, struct mg_connection *c, int answered, const held_err *held)
+static int no_answer(rt_proxy *px, rt_pool *pool, struct mg_connection *c, int answered, const held_err *held)
 {
     if (answered) { /* a held stream: its head is out; the error goes as an event */
         chunk_write(c, NO_BACKEND_EVENT, sizeof NO_BACKEND_EVENT - 1);
@@ -632,8 +640,38 @@ static int no_answer(rt_proxy *px, struct mg_connection *c, int answered, const 
     if (held->body)
         return send_held(c, held->status, held->type, held->body, held->len);
     __atomic_add_fetch(&px->no_backend, 1, __ATOMIC_RELAXED);
-    return reply(c, 503, "application/json", rt_pool_size(px->pool) ? "no backend could take the request"
+    return reply(c, 503, rt_pool_size(pool) ? "no backend could take the request"
                                                                        : "no backends known yet");
+}
+
+/* At a gateway: the request's route, held in *route (its pool serves the
+ * request), or the refusal sent (its status). */
+static int gateway_route(rt_proxy *px, struct mg_connection *c, const char *model, int has_model, rt_route **route)
+{
+    char msg[1200];
+    *route = has_model ? rt_routes_find(px->routes, model) : rt_routes_sole(px->routes);
+    if (*route)
+        return 0;
+    if (has_model) {
+        rt_routes_not_served(px->routes, model, msg, sizeof msg);
+        return reply_error(c, 404, "model_not_found", msg);
+    }
+    rt_routes_not_served(px->routes, "", msg, sizeof msg);
+    char why[1400];
+    snprintf(why, sizeof why, "this gateway serves several deployments: the body's \"model\" chooses one (%s)",
+             strstr(msg, "served:") ? strstr(msg, "served:") : msg);
+    return reply(c, 400, why);
+}
+
+/* GET /v1/models at a gateway: every model and adapter behind it. */
+static int gateway_models(rt_proxy *px, struct mg_connection *c)
+{
+    char *list = rt_routes_models_json(px->routes);
+    if (!list)
+        return reply(c, 503, "no memory for the model list");
+    int code = http_reply_text(c, 200, "application/json", list, NULL);
+    free(list);
+    return code;
 }
 
 int rt_proxy_handle(struct mg_connection *c, void *cbdata)
@@ -641,6 +679,9 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
     rt_proxy *px = cbdata;
     size_t len = 0;
     char *body = NULL, session[4200];
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    if (px->routes && !strcmp(ri->request_method, "GET") && ri->local_uri && !strcmp(ri->local_uri, "/v1/models"))
+        return gateway_models(px, c);
     __atomic_add_fetch(&px->active, 1, __ATOMIC_RELAXED);
     int code = take_body(px, c, &body, &len);
     if (code) {
@@ -649,9 +690,21 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
     }
     llm_json_span b = {body ? body : "", len}, v, m;
     session_of(px, c, b, session, sizeof session);
-    char model[256] = ""; /* an adapter's requests go to the pods that have it (rt_pool.h) */
-    if (!llm_json_member(b, "model", &m) || llm_json_string(m, model, sizeof model) < 0)
+    char model[RT_MODEL_NAME_MAX + 2] = ""; /* an adapter's requests go to the pods that have it (rt_pool.h) */
+    long mlen = llm_json_member(b, "model", &m) ? llm_json_string(m, model, sizeof model) : -1;
+    if (mlen < 0)
         model[0] = 0;
+    rt_route *route = NULL;
+    rt_pool *pool = px->pool;
+    if (px->routes && mlen > RT_MODEL_NAME_MAX) /* cut to fit, it could pass for another name */
+        code = reply(c, 400, "model: at most 256 bytes (no deployment serves a longer name)");
+    if (px->routes && (code || (code = gateway_route(px, c, model, mlen >= 0, &route)))) {
+        free(body);
+        __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);
+        return code;
+    }
+    if (route)
+        pool = rt_route_pool(route);
     /* cache-aware: the prompt's chain (8 KiB: on the heap, not the worker's small stack; none without memory) */
     rt_prefix_chain *chain = px->cache_aware ? malloc(sizeof *chain) : NULL;
     if (chain)
@@ -659,14 +712,15 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
     rt_request q = {.session = session, .model = model, .chain = chain};
     int stream = llm_json_member(b, "stream", &v) && v.n == 4 && !memcmp(v.p, "true", 4), answered = 0;
     held_err held = {0};
-    if (rt_pool_size(px->pool) == 0 && !hold(px, c, stream, &answered) && answered)
+    if (rt_pool_size(pool) == 0 && !hold(px, pool, c, stream, &answered) && answered)
         code = 0; /* held, and no backend came: no_answer ends the stream */
     else
-        code = attempts(px, c, &q, body, len, answered, &held);
+        code = attempts(px, pool, c, &q, body, len, answered, &held);
     free(body);
     free(chain);
     if (!code)
-        code = no_answer(px, c, answered, &held);
+        code = no_answer(px, pool, c, answered, &held);
+    rt_routes_put(px->routes, route);
     free(held.body);
     llm_heap_after(len);
     __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);

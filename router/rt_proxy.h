@@ -26,8 +26,13 @@
 
 #include "rt_pool.h"
 
-typedef struct rt_proxy {
-    rt_pool *pool;
+typedef struct rt_proxy rt_proxy;
+typedef struct rt_routes rt_routes;
+
+struct rt_proxy {
+    rt_pool *pool;             /* the backends; NULL at a gateway */
+    rt_routes *routes;         /* a gateway (rt_routes.h): the body's model picks the route, whose pool serves;
+                                * GET /v1/models lists what every route serves */
     int retries;               /* more attempts after a failed one */
     long max_body;             /* 413 above */
     long timeout_s;            /* whole request, upstream */
@@ -44,7 +49,7 @@ typedef struct rt_proxy {
     double body_timeout_s;     /* a request body must arrive within this, in all */
     int active;                /* requests in the handler now (the drain waits for 0) */
     int cutting;               /* set past the drain timeout: transfers still running end now (atomic) */
-} rt_proxy;
+};
 
 /* Backend connections kept alive between requests (one pool for all threads). */
 #define RT_PROXY_KEEP_CONNS 64

@@ -410,3 +410,58 @@ def test_controller_runs_the_router(tmp_path, models):
         c.k("patch", "llmd", "story", "--type", "merge", "-p", '{"spec":{"router":{"enabled":false}}}')
         wait_for(lambda: c.get("deployment", "story-router") is None and c.get("service", "story-backends") is None, 30)
         wait_for(lambda: sorted(c.ready_ips("story")) == sorted(backends), 30)
+
+
+def test_gateway_serves_every_model_from_one_endpoint(tmp_path, models):
+    """llm-router --routes: two deployments behind one endpoint, through the official openai client. base-m
+    (one pod) and tuned-m (a stable pod and a canary pod at weight 50, both with LoRA adapter ad): /v1/models lists
+    base-m, tuned-m and ad; each model reaches its own pods; the adapter goes where it is loaded; the canary
+    split holds per route (exactly half, by the smooth counter); a model no route serves gets 404 naming what
+    is; a name with control characters is shown printable, one of 10 MB is refused with 400 and the gateway
+    serves on; the metrics carry each route's label."""
+    base = models("tiny", "Q8_0")
+    ad = tmp_path / "ad.gguf"
+    subprocess.run([tool("llm-mkmodel"), "--lora-of", str(base), "--rank", "4", "-o", str(ad)], check=True,
+                   capture_output=True)
+    b1 = Server(base, "--model_name", "base-m")
+    t1, t2 = (Server(base, "--model_name", "tuned-m", "--lora", f"ad={ad}") for _ in range(2))
+    table = tmp_path / "routes.json"
+    table.write_text(json.dumps({"routes": [
+        {"name": "base", "models": ["base-m"], "backends": [f"b1={b1.base}"]},
+        {"name": "tuned", "models": ["tuned-m"], "backends": [f"t1={t1.base}"], "canaryBackends": [f"t2={t2.base}"],
+         "weight": 50}]}))
+    r = Router("--routes", table, "--max-body-bytes", 16 << 20)
+    try:
+        oa = r.client()
+        wait_for(lambda: {m.id for m in oa.models.list().data} == {"base-m", "tuned-m", "ad"}, 30,
+                 "the gateway listing the adapter its pods loaded")
+        owners = {m.id: m.owned_by for m in oa.models.list().data}
+        assert owners == {"base-m": "base", "tuned-m": "tuned", "ad": "tuned"}, owners
+
+        def pod(model):
+            raw = oa.completions.with_raw_response.create(model=model, prompt="Once upon a time", max_tokens=2)
+            assert raw.parse().model == model
+            return raw.headers["X-Backend"], raw.headers["X-Revision"]
+        assert {pod("base-m") for _ in range(4)} == {("b1", "stable")}
+        split = [pod("tuned-m") for _ in range(8)]
+        assert sorted(split) == [("t1", "stable")] * 4 + [("t2", "canary")] * 4, split
+        assert {pod("ad")[0] for _ in range(6)} <= {"t1", "t2"}
+        with pytest.raises(openai.NotFoundError) as e:
+            oa.completions.create(model="gpt-4", prompt="hi", max_tokens=1)
+        assert "model 'gpt-4' is not served here; served: base-m, tuned-m" in str(e.value), e.value
+        assert e.value.body["code"] == "model_not_found"
+        code, body, _ = r.post({"model": "evil\n\x1b[31m", "prompt": "x"})
+        assert code == 404 and "model 'evil??[31m' is not served" in body["error"]["message"], body
+        code, body, _ = r.post({"model": "m" * (10 << 20), "prompt": "x"}, timeout=120)
+        assert code == 400 and "at most 256 bytes" in body["error"]["message"], body
+        code, body, _ = r.post({"prompt": "x", "max_tokens": 1})  # two routes: the model must choose
+        assert code == 400 and "the body's \"model\" chooses one" in body["error"]["message"], body
+        assert pod("base-m") == ("b1", "stable")
+        m = r.metrics()
+        assert m[("llm_router_routes", ())] == 2
+        assert m[("llm_router_requests_total", (("backend", "t2"), ("code", "2xx"), ("route", "tuned")))] >= 4
+        assert m[("llm_router_canary_weight", (("route", "tuned"),))] == 50
+    finally:
+        assert r.stop() == 0
+        for s in (b1, t1, t2):
+            s.stop()

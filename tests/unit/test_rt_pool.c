@@ -4,11 +4,15 @@
  * (it must hold the last cap/2 distinct links and nothing older than the
  * last cap), and the cache-aware pick: a prefix goes back where it was
  * sent, spreads when that pod is busier than a prefill elsewhere costs,
- * and a pod whose answers deny or overstate its cache gains nothing. */
+ * and a pod whose answers deny or overstate its cache gains nothing; the
+ * gateway's route table. */
 #include "testutil.h"
+
+#include <sys/resource.h>
 
 #include "rt_pool.h"
 #include "rt_prefix.h"
+#include "rt_routes.h"
 
 static rt_prefix_chain g_a, g_b; /* 8 KiB each: off the stack */
 
@@ -303,6 +307,140 @@ static void test_pool_grows_and_metrics_of_two(void **st)
     rt_pool_free(q);
 }
 
+static llm_status load(rt_routes *t, const char *json, llm_error *err)
+{
+    return rt_routes_load(t, json, strlen(json), err);
+}
+
+static void adapter_pods(rt_pool *p)
+{
+    const char *names[] = {"tuned-a", "tuned-b"};
+    size_t lens[] = {7, 7};
+    rt_pool_report_adapters(p, 0, names, lens, 2);
+}
+
+/* The gateway's table: a model picks its route (by name, else by an
+ * adapter a pod lists); a bad table is refused naming the entry and field,
+ * and changes nothing; a reload keeps the routes that stay (their pools'
+ * state) and a route dropped while a request holds it lives until put. */
+static void test_routes(void **st)
+{
+    (void)st;
+    rt_routes *t;
+    llm_error err = {0};
+    rt_pool_config pc = {.policy = RT_CACHE_AWARE};
+    assert_int_equal(rt_routes_new(&pc, &t, &err), LLM_OK);
+    const char *two = "{\"routes\":[{\"name\":\"base\",\"models\":[\"gemma\",\"gemma-3\"],"
+                      "\"backends\":[\"p1=http://10.0.0.1:1\"],\"weight\":20},"
+                      "{\"name\":\"tuned\",\"models\":[\"llama\"],\"service\":\"llama\","
+                      "\"canaryService\":\"llama-canary-backends\",\"weightConfigMap\":\"llama-router\"}]}";
+    assert_int_equal(load(t, two, &err), LLM_OK);
+    assert_int_equal(rt_routes_count(t), 2);
+    rt_route *base = rt_routes_find(t, "gemma-3"), *tuned = rt_routes_find(t, "llama");
+    assert_non_null(base);
+    assert_non_null(tuned);
+    assert_string_equal(rt_route_name(base), "base");
+    assert_int_equal(rt_pool_size(rt_route_pool(base)), 1);
+    assert_int_equal(rt_pool_weight(rt_route_pool(base)), 20);
+    assert_null(rt_routes_find(t, "tuned-a"));
+    /* discovery and the canary's ConfigMap reach the routes that follow them */
+    const char *urls[] = {"pod-1=http://10.0.1.1:1", "pod-2=http://10.0.1.2:1"};
+    assert_true(rt_routes_uses_service(t, "llama-canary-backends"));
+    assert_false(rt_routes_uses_service(t, "gemma"));
+    rt_routes_publish(t, "llama", 0, urls, 2);
+    rt_routes_publish(t, "llama", 1, urls, 1); /* not its canary service: nothing */
+    assert_int_equal(rt_pool_size(rt_route_pool(tuned)), 2);
+    rt_routes_set_weight(t, "llama-router", 30);
+    assert_int_equal(rt_pool_weight(rt_route_pool(tuned)), 30);
+    /* an adapter a pod of the route lists */
+    adapter_pods(rt_route_pool(tuned));
+    rt_route *a = rt_routes_find(t, "tuned-b");
+    assert_ptr_equal(a, tuned);
+    rt_routes_put(t, a);
+    char *list = rt_routes_models_json(t);
+    assert_non_null(list);
+    assert_non_null(strstr(list, "{\"id\":\"gemma-3\",\"object\":\"model\",\"owned_by\":\"base\"}"));
+    assert_non_null(strstr(list, "{\"id\":\"tuned-a\",\"object\":\"model\",\"owned_by\":\"tuned\"}"));
+    free(list);
+    char msg[512];
+    rt_routes_not_served(t, "nope\n", msg, sizeof msg);
+    assert_string_equal(msg, "model 'nope?' is not served here; served: gemma, gemma-3, llama");
+    /* bad tables: refused, naming where; the table stays */
+    static const struct { const char *json, *says; } bad[] = {
+        {"[]", "{\"routes\": [...]}"},
+        {"{\"routes\":[{\"name\":\"a b\",\"models\":[\"m\"]}]}", "routes[0].name"},
+        {"{\"routes\":[{\"name\":\"a\",\"models\":[]}]}", "routes[0] (a).models: 1-64"},
+        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\\u0001\"]}]}", "no control characters"},
+        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"]},{\"name\":\"b\",\"models\":[\"m\"]}]}",
+         "routes[1] (b).models[0]: m is served by routes[0] too"},
+        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"]},{\"name\":\"a\",\"models\":[\"n\"]}]}", "a is taken"},
+        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"service\":\"UPPER\"}]}", "routes[0].service"},
+        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"backends\":[\"ftp://x\"]}]}", "routes[0].backends[0]"},
+        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"weight\":101}]}", "weight: an integer 0..100"},
+        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"weight\":5,\"weightConfigMap\":\"c\"}]}",
+         "without weightConfigMap"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(load(t, bad[i].json, &err), LLM_ERR_INVALID_ARG);
+        if (!strstr(err.msg, bad[i].says))
+            fail_msg("%s: error '%s' does not say '%s'", bad[i].json, err.msg, bad[i].says);
+        assert_int_equal(rt_routes_count(t), 2);
+    }
+    /* a reload: tuned stays (its backends and weight with it), base goes while held, a new route comes */
+    const char *next = "{\"routes\":[{\"name\":\"tuned\",\"models\":[\"llama\",\"llama-2\"],\"service\":\"llama\","
+                       "\"weightConfigMap\":\"llama-router\"},{\"name\":\"new\",\"models\":[\"gemma\"]}]}";
+    assert_int_equal(load(t, next, &err), LLM_OK);
+    rt_route *again = rt_routes_find(t, "llama-2"), *moved = rt_routes_find(t, "gemma");
+    assert_ptr_equal(again, tuned);
+    assert_int_equal(rt_pool_size(rt_route_pool(again)), 2);
+    assert_int_equal(rt_pool_weight(rt_route_pool(again)), 30);
+    assert_string_equal(rt_route_name(moved), "new");
+    assert_int_equal(rt_pool_size(rt_route_pool(base)), 1); /* still usable by its request */
+    rt_routes_put(t, base);
+    rt_routes_put(t, again), rt_routes_put(t, moved), rt_routes_put(t, tuned);
+    rt_routes_free(t);
+}
+
+/* A thousand models behind one gateway: RT_MAX_ROUTES routes load, each
+ * found, in bounded memory (pools start empty); one more is refused. */
+static void test_routes_many(void **st)
+{
+    (void)st;
+    rt_routes *t;
+    llm_error err = {0};
+    rt_pool_config pc = {.policy = RT_CACHE_AWARE};
+    assert_int_equal(rt_routes_new(&pc, &t, &err), LLM_OK);
+    size_t cap = (size_t)(RT_MAX_ROUTES + 1) * 64 + 32, at = 0;
+    char *json = malloc(cap);
+    assert_non_null(json);
+    for (int n = RT_MAX_ROUTES; n <= RT_MAX_ROUTES + 1; n++) {
+        at = (size_t)snprintf(json, cap, "{\"routes\":[");
+        for (int i = 0; i < n; i++)
+            at += (size_t)snprintf(json + at, cap - at, "%s{\"name\":\"r%d\",\"models\":[\"m%d\"]}", i ? "," : "", i, i);
+        snprintf(json + at, cap - at, "]}");
+        struct rusage before, after;
+        getrusage(RUSAGE_SELF, &before);
+        llm_status got = load(t, json, &err);
+        getrusage(RUSAGE_SELF, &after);
+        if (n == RT_MAX_ROUTES) {
+            assert_int_equal(got, LLM_OK);
+            assert_true(after.ru_maxrss - before.ru_maxrss < 32 * 1024); /* KiB: under 32 MiB for 1024 routes */
+        } else {
+            assert_int_equal(got, LLM_ERR_INVALID_ARG);
+        }
+    }
+    assert_int_equal(rt_routes_count(t), RT_MAX_ROUTES);
+    for (int i = 0; i < RT_MAX_ROUTES; i += 97) {
+        char m[16];
+        snprintf(m, sizeof m, "m%d", i);
+        rt_route *r = rt_routes_find(t, m);
+        assert_non_null(r);
+        rt_routes_put(t, r);
+    }
+    free(json);
+    rt_routes_free(t);
+}
+
 /* The four policies by name, and nothing else. */
 static void test_policy_names(void **st)
 {
@@ -323,6 +461,7 @@ int main(void)
         cmocka_unit_test(test_index_vs_lru),   cmocka_unit_test(test_index_prefix),
         cmocka_unit_test(test_cache_aware_pick), cmocka_unit_test(test_trust),
         cmocka_unit_test(test_policy_names),   cmocka_unit_test(test_pool_grows_and_metrics_of_two),
+        cmocka_unit_test(test_routes),         cmocka_unit_test(test_routes_many),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
