@@ -15,6 +15,7 @@
 #include "kube_watch.h"
 #include "podsig.h"
 #include "desired.h"
+#include "gw_reconcile.h"
 #include "reconcile.h"
 #include "llm/clock.h"
 
@@ -26,6 +27,8 @@
  * leave it); past it a new one is refused with an error log. */
 #define QUEUE_MAX (1 << 20)
 #define KEY_MAX CTL_KEY_MAX
+/* An LLMGateway's key: "gw:NS/NAME" (an LLMDeployment's is "NS/NAME"). */
+#define GW_PREFIX "gw:"
 
 /* The queue gauges after a change. */
 static void q_gauge(ctl_queue *q)
@@ -53,6 +56,7 @@ typedef struct ctl {
     atomic_int lost;
     int led;             /* this replica led once (lease thread only) */
     kube_cache *owners;  /* the LLMDeployments' cache */
+    kube_cache *gateways; /* the LLMGateways' cache */
     podsig *signals;     /* the pods' signals, read off the worker's path */
     desired_site site;   /* the options' (its strings borrowed) */
 } ctl;
@@ -61,7 +65,9 @@ typedef struct informer {
     ctl *c;
     int index;
     char path[512];
-    int owned;           /* children: the key is their LLMDeployment owner's */
+    int owned;           /* children: the key is their owner's (an LLMDeployment's or an LLMGateway's) */
+    const char *prefix;  /* the key's for the objects it watches ("" LLMDeployments, GW_PREFIX LLMGateways) */
+    int optional;        /* a resource an older install may not serve (its CRD): not served counts as synced */
     kube_cache *cache;   /* what it has seen (the reconciles read it) */
 } informer;
 
@@ -103,12 +109,28 @@ static void queue_owner(informer *in, const char *ns, const char *kind, const ch
 {
     char key[KEY_MAX];
     json_t *known = NULL;
-    if (!kind || strcmp(kind, "LLMDeployment") || !valid_name(name) || !valid_name(ns) ||
-        snprintf(key, sizeof key, "%s/%s", ns, name) >= (int)sizeof key ||
-        kube_cache_get(in->c->owners, ns, name, &known) == KUBE_CACHE_ABSENT)
+    int gw = kind && !strcmp(kind, "LLMGateway");
+    if (!kind || (strcmp(kind, "LLMDeployment") && !gw) || !valid_name(name) || !valid_name(ns) ||
+        snprintf(key, sizeof key, "%s%s/%s", gw ? GW_PREFIX : "", ns, name) >= (int)sizeof key ||
+        kube_cache_get(gw ? in->c->gateways : in->c->owners, ns, name, &known) == KUBE_CACHE_ABSENT)
         return;
     json_decref(known);
     q_add(in->c->q, key, 0);
+}
+
+/* Every LLMGateway of namespace ns, queued. */
+static void queue_gateways(ctl *c, const char *ns)
+{
+    json_t *all = NULL;
+    if (kube_cache_list(c->gateways, ns, &all) != KUBE_CACHE_HIT)
+        return; /* not listed yet: their own list queues them */
+    for (size_t i = 0; i < json_array_size(all); i++) {
+        char key[KEY_MAX];
+        const char *name = json_string_value(json_object_get(json_object_get(json_array_get(all, i), "metadata"), "name"));
+        if (name && snprintf(key, sizeof key, GW_PREFIX "%s/%s", ns, name) < (int)sizeof key)
+            q_add(c->q, key, 0);
+    }
+    json_decref(all);
 }
 
 /* One informer's events: readiness after its first full list, relists
@@ -127,8 +149,10 @@ static int on_event(void *arg, const char *type, json_t *obj)
     json_t *md = json_object_get(obj, "metadata");
     const char *ns = json_string_value(json_object_get(md, "namespace"));
     char key[KEY_MAX];
+    if (!in->owned && obj && ns && !*in->prefix) /* a deployment changed: the gateways of its namespace may route it */
+        queue_gateways(in->c, ns);
     if (!in->owned && obj && ns) {
-        snprintf(key, sizeof key, "%s/%s", ns, json_string_value(json_object_get(md, "name")));
+        snprintf(key, sizeof key, "%s%s/%s", in->prefix, ns, json_string_value(json_object_get(md, "name")));
         llm_error err = {0};
         int skipped = 0;
         if (!strcmp(type, "DELETED")) { /* its children go with it (ownerReferences): nothing left to do */
@@ -167,6 +191,8 @@ static void *inform(void *arg)
         kube_client_free(k);
         if (!st)
             break;
+        if (st == LLM_ERR_NOT_FOUND && in->optional) /* its CRD not installed: nothing of it to wait for */
+            ctl_obs_set_synced(in->index, 1);
         char retry[32];
         snprintf(retry, sizeof retry, "%.0f", backoff);
         ctl_obs_log(backoff >= 16 ? CTL_ERROR : CTL_WARN, "watch failed, will retry", "path", in->path, "error", err.msg, "retry_s", retry,
@@ -211,7 +237,9 @@ static void work(ctl *c, kube_client *k)
         *name++ = 0;
         llm_error err = {0};
         double t0 = llm_clock_mono_s(), again = 0;
-        llm_status st = reconcile_run(k, c->signals, &c->site, ns, name, &again, &err);
+        int gw = !strncmp(ns, GW_PREFIX, strlen(GW_PREFIX));
+        llm_status st = gw ? gw_reconcile_run(k, c->owners, ns + strlen(GW_PREFIX), name, &again, &err)
+                           : reconcile_run(k, c->signals, &c->site, ns, name, &again, &err);
         double took = llm_clock_mono_s() - t0;
         int gone = st == LLM_ERR_NOT_FOUND; /* deleted: nothing more to do, nothing to remember */
         if (gone)
@@ -256,7 +284,8 @@ llm_status ctl_loop_run(kube_config *cfg, const ctl_options *opt, atomic_int *st
         {"/apis/llmk8s.io/v1alpha1", "llmdeployments"}, {"/apis/apps/v1", "deployments"}, {"/api/v1", "services"},
         {"/api/v1", "configmaps"}, {"/apis/policy/v1", "poddisruptionbudgets"},
         {"/apis/autoscaling/v2", "horizontalpodautoscalers"}, {"/api/v1", "serviceaccounts"},
-        {"/apis/rbac.authorization.k8s.io/v1", "roles"}, {"/apis/rbac.authorization.k8s.io/v1", "rolebindings"}};
+        {"/apis/rbac.authorization.k8s.io/v1", "roles"}, {"/apis/rbac.authorization.k8s.io/v1", "rolebindings"},
+        {"/apis/llmk8s.io/v1alpha1", "llmgateways"}};
     enum { N_INFORMERS = sizeof watched / sizeof *watched };
     informer in[N_INFORMERS];
     kube_cache_set caches = {.n = 0};
@@ -264,15 +293,17 @@ llm_status ctl_loop_run(kube_config *cfg, const ctl_options *opt, atomic_int *st
         char ns[300] = "";
         if (opt->ns && *opt->ns)
             snprintf(ns, sizeof ns, "/namespaces/%s", opt->ns);
-        in[i] = (informer){.c = &c, .index = i, .owned = i > 0};
-        snprintf(in[i].path, sizeof in[i].path, "%s%s/%s%s", watched[i].prefix, ns, watched[i].plural, i ? OWNED : "");
-        /* LLMDeployments: all of them (complete); children: ours only (the label) */
-        if (!st && !(st = kube_cache_new(watched[i].plural, i == 0, &in[i].cache, err)))
+        int top = i == 0 || i == N_INFORMERS - 1; /* LLMDeployments and LLMGateways: all of them (complete) */
+        in[i] = (informer){.c = &c, .index = i, .owned = !top, .prefix = i ? GW_PREFIX : "", .optional = i == N_INFORMERS - 1};
+        snprintf(in[i].path, sizeof in[i].path, "%s%s/%s%s", watched[i].prefix, ns, watched[i].plural, top ? "" : OWNED);
+        /* children: ours only (the label) */
+        if (!st && !(st = kube_cache_new(watched[i].plural, top, &in[i].cache, err)))
             caches.caches[caches.n++] = in[i].cache;
     }
     if (!st) {
         kube_client_set_caches(k, &caches);
         c.owners = in[0].cache;
+        c.gateways = in[N_INFORMERS - 1].cache;
         st = podsig_new(cfg, opt->ns, ctl_obs_heartbeat_signals, &c.signals, err);
     }
     ctl_obs_expect_informers(N_INFORMERS);

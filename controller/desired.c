@@ -612,13 +612,13 @@ json_t *desired_router_rbac(json_t *d, int which)
                      kube_json_get(json_object_get(d, "metadata"), "namespace", NULL));
 }
 
-/* Scheduling of router pods (instance inst) from sched (spec.router):
+/* Scheduling of router pods (instance inst) from sched (spec.router, an LLMGateway's spec):
  * its nodeSelector, tolerations, affinity, priorityClassName and
  * topologySpreadConstraints; absent those, a preferred anti-affinity
  * across nodes and a soft spread across zones, so that one node (or zone)
  * lost does not take every router with it, while a one-node cluster still
  * runs them all. 0, or -1 without memory. */
-static int spread_out(json_t *pod, json_t *sched, const char *inst)
+int desired_spread(json_t *pod, json_t *sched, const char *inst)
 {
     static const char *const copied[] = {"nodeSelector", "tolerations", "affinity", "priorityClassName",
                                          "topologySpreadConstraints"};
@@ -696,7 +696,7 @@ json_t *desired_router(json_t *d)
                             "terminationGracePeriodSeconds", (json_int_t)(delay + drain + 10), "securityContext",
                             "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "seccompProfile", "type", "RuntimeDefault",
                             "containers", ctr);
-    if (pod && spread_out(pod, rt, n)) {
+    if (pod && desired_spread(pod, rt, n)) {
         json_decref(pod);
         pod = NULL;
     }

@@ -85,6 +85,11 @@ long long desired_health_port(json_t *llmd);
  * in the namespace), its PodDisruptionBudget (one router down at a time),
  * and NAME-backends, the Service of the llm-server pods it follows. */
 json_t *desired_router(json_t *llmd);
+/* Router pods' scheduling into pod (a pod spec): sched's nodeSelector,
+ * tolerations, affinity, priorityClassName and topologySpreadConstraints,
+ * or a preferred anti-affinity across nodes and a soft spread across zones
+ * among the pods of instance inst. 0, or -1 without memory. */
+int desired_spread(json_t *pod, json_t *sched, const char *inst);
 json_t *desired_router_rbac(json_t *llmd, int which);
 json_t *desired_router_pdb(json_t *llmd);
 json_t *desired_backend_service(json_t *llmd);

@@ -16,6 +16,7 @@
 #include "kube_json.h"
 #include "llm/clock.h"
 #include "plan.h"
+#include "ctl_status.h"
 #include "reconcile.h"
 
 #define API "/apis/llmk8s.io/v1alpha1"
@@ -244,40 +245,6 @@ static llm_status act(kube_client *k, seen *o, const plan *p, json_t **dep_now, 
     return st;
 }
 
-/* o without its null members, at any depth (a merge patch's nulls delete
- * keys, so the stored status never has them). New reference. */
-static json_t *without_nulls(json_t *o)
-{
-    if (!json_is_object(o))
-        return json_incref(o);
-    json_t *out = json_object();
-    const char *key;
-    json_t *v;
-    json_object_foreach(o, key, v)
-        if (!json_is_null(v))
-            json_object_set_new(out, key, without_nulls(v));
-    return out;
-}
-
-static llm_status update_status(kube_client *k, const char *path, json_t *d, json_t *want, llm_error *err)
-{
-    json_t *cur = json_object_get(d, "status"), *cmp = without_nulls(want);
-    int same = cur && cmp && json_equal(cur, cmp);
-    json_decref(cmp);
-    if (same)
-        return LLM_OK;
-    char sp[1100];
-    snprintf(sp, sizeof sp, "%s/status", path);
-    /* at the version this reconcile read: a status computed from an older spec, or sent by a replica
-     * that has stopped leading and was overtaken, is refused (409) rather than written over a newer one */
-    json_t *patch = json_pack("{s:{s:O},s:O}", "metadata", "resourceVersion", kube_json_get(d, "metadata", "resourceVersion"),
-                              "status", want);
-    llm_status st = patch ? kube_client_request(k, "PATCH", sp, patch, "application/merge-patch+json", NULL, err)
-                          : llm_errf(err, LLM_ERR_NOMEM, "no memory for the status of %s (or no resourceVersion)", sp);
-    json_decref(patch);
-    return st;
-}
-
 /* A child that cannot be written - a spec the API server refused for it
  * (InvalidSpec), an object of its name that is not ours (ChildConflict):
  * say so in the status. */
@@ -286,7 +253,7 @@ static llm_status child_refused(kube_client *k, const char *path, const plan_inp
 {
     json_t *events = json_array();
     json_t *want = events ? plan_refused(in, reason, why, events) : NULL;
-    llm_status st = want ? update_status(k, path, in->llmd, want, err) : llm_errf(err, LLM_ERR_NOMEM, "no memory");
+    llm_status st = want ? ctl_status_write(k, path, in->llmd, want, err) : llm_errf(err, LLM_ERR_NOMEM, "no memory");
     if (!st)
         post_events(k, in->llmd, events);
     json_decref(want);
@@ -315,7 +282,7 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, const desired_site *s
     } else if (!st && !(status = plan_status(&in, &p, dep_now ? dep_now : o->stable))) {
         st = llm_errf(err, LLM_ERR_NOMEM, "%s: cannot build the status", key);
     } else if (!st && !(st = adapters_round(k, o, status, in.now, &adapter_requeue, err)) &&
-               !(st = update_status(k, path, o->d, status, err))) {
+               !(st = ctl_status_write(k, path, o->d, status, err))) {
         /* once the decisions are recorded (a failed write makes them again): their events, the pods' part,
          * the lever's removal */
         post_events(k, o->d, p.events);

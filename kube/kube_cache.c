@@ -186,6 +186,30 @@ kube_cached kube_cache_get(kube_cache *c, const char *ns, const char *name, json
     return r;
 }
 
+kube_cached kube_cache_list(kube_cache *c, const char *ns, json_t **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&c->mu);
+    kube_cached r = KUBE_CACHE_UNKNOWN;
+    json_t *all = c->listed ? json_array() : NULL;
+    for (size_t i = 0; all && i < c->n_buckets; i++)
+        for (entry *e = c->buckets[i]; all && e; e = e->next) {
+            const char *ens = json_string_value(json_object_get(json_object_get(e->obj, "metadata"), "namespace"));
+            if (ns && (!ens || strcmp(ens, ns)))
+                continue;
+            if (json_array_append_new(all, json_deep_copy(e->obj))) {
+                json_decref(all);
+                all = NULL;
+            }
+        }
+    if (all) {
+        *out = all;
+        r = KUBE_CACHE_HIT;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
 int kube_cache_is_complete(kube_cache *c) { return c->complete; }
 const char *kube_cache_plural(kube_cache *c) { return c->plural; }
 

@@ -44,6 +44,9 @@ typedef enum kube_cached { KUBE_CACHE_HIT, KUBE_CACHE_ABSENT, KUBE_CACHE_UNKNOWN
  * name - see kube_cache_is_complete), UNKNOWN (not listed yet, or out of
  * memory: ask the API server). */
 kube_cached kube_cache_get(kube_cache *c, const char *ns, const char *name, json_t **out);
+/* Every object of namespace ns (NULL: all) as a JSON array of deep copies
+ * in *out: HIT, or UNKNOWN (not listed yet, or out of memory). */
+kube_cached kube_cache_list(kube_cache *c, const char *ns, json_t **out);
 int kube_cache_is_complete(kube_cache *c);
 const char *kube_cache_plural(kube_cache *c);
 size_t kube_cache_size(kube_cache *c);

@@ -91,16 +91,17 @@ static void adapter_seen(void *ctx, const char *v, size_t n)
     a->name[a->n] = v, a->len[a->n++] = n; /* prom_text_labels calls at most RT_POOL_MAX_ADAPTERS times */
 }
 
-/* One round over pool's backends. */
-static void poll_pool(router *r, CURL *h, rt_pool *pool)
+/* One round over pool's backends; their /metrics on metrics_port (0: the
+ * URL's own port). */
+static void poll_pool(CURL *h, rt_pool *pool, long metrics_port)
 {
     for (int i = 0; i < RT_MAX_BACKENDS && !g_stop; i++) {
         char base[256], url[300], *text;
         if (!rt_pool_url(pool, i, base, sizeof base))
             continue;
         char *colon = strrchr(base, ':'); /* base is http://IP:PORT */
-        if (r->metrics_port && colon && colon > base + 5)
-            snprintf(url, sizeof url, "%.*s:%ld/metrics", (int)(colon - base), base, r->metrics_port);
+        if (metrics_port && colon && colon > base + 5)
+            snprintf(url, sizeof url, "%.*s:%ld/metrics", (int)(colon - base), base, metrics_port);
         else
             snprintf(url, sizeof url, "%s/metrics", base);
         int ok = http_client_get(h, url, 1000, 4u << 20, &text) == 200, f;
@@ -126,10 +127,13 @@ static void *poller(void *arg)
     rt_route **routes = r->px.routes ? calloc(RT_MAX_ROUTES, sizeof *routes) : NULL;
     while (!g_stop && h && (!r->px.routes || routes)) {
         if (!r->px.routes) {
-            poll_pool(r, h, r->pool);
+            poll_pool(h, r->pool, r->metrics_port);
         } else { /* a gateway: every route's pods (held: a reload may drop a route meanwhile) */
             int n = rt_routes_list(r->px.routes, routes, RT_MAX_ROUTES);
-            for (int k = 0; k < n; k++) poll_pool(r, h, rt_route_pool(routes[k]));
+            for (int k = 0; k < n; k++) {
+                int port = rt_route_metrics_port(r->px.routes, routes[k]);
+                poll_pool(h, rt_route_pool(routes[k]), port ? port : r->metrics_port);
+            }
             for (int k = 0; k < n; k++) rt_routes_put(r->px.routes, routes[k]);
         }
         usleep((useconds_t)r->poll_ms * 1000);

@@ -14,6 +14,7 @@ struct rt_route {
     int n_models;
     char service[2][RT_OBJECT_NAME_MAX + 1]; /* stable, canary; "": none */
     char weight_cm[RT_OBJECT_NAME_MAX + 1];
+    int metrics_port;                        /* its pods' /metrics port; 0: their API port (or --metrics-port) */
     rt_pool *pool;                           /* the route's for its life */
     int refs;                                /* the table's one while listed, and each request's */
 };
@@ -76,6 +77,7 @@ typedef struct spec {
     json_t *models, *backends[2];
     const char *service[2], *weight_cm;
     int weight;                   /* -1: none given */
+    int metrics_port;             /* 0: none given */
 } spec;
 
 static int name_ok(const char *s, size_t max, const char *extra)
@@ -176,6 +178,10 @@ static llm_status one_spec(json_t *e, int i, json_t *seen, spec *s, llm_error *e
                         s->name);
     if (w)
         s->weight = (int)json_integer_value(w);
+    json_t *mp = json_object_get(e, "metricsPort");
+    if (mp && (!json_is_integer(mp) || json_integer_value(mp) < 1 || json_integer_value(mp) > 65535))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "routes[%d] (%s).metricsPort: a port 1..65535", i, s->name);
+    s->metrics_port = mp ? (int)json_integer_value(mp) : 0;
     return LLM_OK;
 }
 
@@ -260,6 +266,7 @@ static void take(rt_route *r, const spec *s, staged *g)
     g->n_models = 0;
     for (int rev = 0; rev < 2; rev++) snprintf(r->service[rev], sizeof r->service[rev], "%s", s->service[rev] ? s->service[rev] : "");
     snprintf(r->weight_cm, sizeof r->weight_cm, "%s", s->weight_cm ? s->weight_cm : "");
+    r->metrics_port = s->metrics_port;
 }
 
 /* The new table: staged routes in order; the old ones not kept lose the
@@ -392,6 +399,14 @@ int rt_routes_list(rt_routes *t, rt_route **out, int max)
 rt_pool *rt_route_pool(const rt_route *r) { return r->pool; }
 
 const char *rt_route_name(const rt_route *r) { return r->name; }
+
+int rt_route_metrics_port(rt_routes *t, const rt_route *r)
+{
+    pthread_mutex_lock(&t->mu);
+    int port = r->metrics_port;
+    pthread_mutex_unlock(&t->mu);
+    return port;
+}
 
 /* ---- discovery --------------------------------------------------------------------------------- */
 

@@ -11,12 +11,14 @@
  *   {"routes": [{"name": "gemma", "models": ["gemma-3"],
  *                "service": "gemma", "canaryService": "gemma-canary-backends",
  *                "weightConfigMap": "gemma-router",
- *                "backends": ["http://..."], "canaryBackends": [], "weight": 0}]}
+ *                "backends": ["http://..."], "canaryBackends": [], "weight": 0,
+ *                "metricsPort": 8081}]}
  * name: 1-63 of [A-Za-z0-9._-]; models: 1-64 names of 1-256 bytes, no
  * control characters, each served by one route only; services and
  * ConfigMaps: names of 1-253 of [a-z0-9.-]; backends: at most
  * RT_MAX_BACKENDS URLs ("NAME=URL" names them); weight: 0..100 (without
- * weightConfigMap). At most RT_MAX_ROUTES routes.
+ * weightConfigMap); metricsPort: where its pods' /metrics are polled (their
+ * health listener), 1..65535. At most RT_MAX_ROUTES routes.
  *
  * A request's model picks its route: the route that lists the name, else
  * the first route one of whose pods lists it as a loaded adapter; none:
@@ -69,6 +71,8 @@ int rt_routes_list(rt_routes *t, rt_route **out, int max);
 
 rt_pool *rt_route_pool(const rt_route *r);
 const char *rt_route_name(const rt_route *r);
+/* The port its pods' /metrics are polled on (0: their API port). */
+int rt_route_metrics_port(rt_routes *t, const rt_route *r);
 
 /* Backends from discovery: sets revision rev of every route whose
  * (canary when rev is 1) service is named service. */

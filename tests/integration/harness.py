@@ -274,6 +274,7 @@ def probe_ms(port, path):
 
 
 CRD = ROOT / "manifests" / "crd" / "llmdeployments.yaml"
+GATEWAY_CRD = ROOT / "manifests" / "crd" / "llmgateways.yaml"
 LLMD = """apiVersion: llmk8s.io/v1alpha1
 kind: LLMDeployment
 metadata: {{name: {name}}}
@@ -309,8 +310,9 @@ class Cluster:
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         self.env = {**os.environ, "KUBECONFIG": str(self.dir / "kubeconfig")}
         self.ctls = []
-        self.k("apply", "-f", str(CRD))
-        self.k("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
+        self.k("apply", "-f", str(CRD), "-f", str(GATEWAY_CRD))
+        self.k("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "crd/llmgateways.llmk8s.io",
+               "--timeout=10s")
 
     def k(self, *args, check=True, stdin=None):
         r = subprocess.run(["kubectl", *args], env=self.env, capture_output=True, text=True, input=stdin, timeout=60)

@@ -756,9 +756,10 @@ class Handler(BaseHTTPRequestHandler):
     def evict(self, ns, name):
         """The Eviction subresource (policy/v1), as `kubectl drain` uses it: the pod is deleted (gracefully) unless
         that breaks a PodDisruptionBudget of its namespace whose matchLabels select it. With maxUnavailable M (an
-        integer), the selected pods not being deleted number E and the Ready ones H: the eviction of a Ready pod
-        needs H - 1 >= E - M (minAvailable N: H - 1 >= N); else 429 TooManyRequests, reason DisruptionBudget, as
-        kube-apiserver answers (the client retries). A pod not Ready may always go."""
+        integer), the pods expected E (the owning Deployments' replicas, as the disruption controller counts: a pod
+        evicted a moment ago and not replaced yet still counts) and the Ready ones not being deleted H: the
+        eviction of a Ready pod needs H - 1 >= E - M (minAvailable N: H - 1 >= N); else 429 TooManyRequests,
+        reason DisruptionBudget, as kube-apiserver answers (the client retries). A pod not Ready may always go."""
         pod = self.api.store.get(self.api.res("", "v1", "pods").key, ns, name)
         self.body()  # the Eviction object: only its name matters here
         labels = pod["metadata"].get("labels") or {}
@@ -772,7 +773,8 @@ class Handler(BaseHTTPRequestHandler):
             chosen = [p for p in pods if not p["metadata"].get("deletionTimestamp") and
                       all((p["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())]
             healthy = sum(pod_ready(p) for p in chosen)
-            need = len(chosen) - spec["maxUnavailable"] if isinstance(spec.get("maxUnavailable"), int) \
+            need = self.expected_pods(ns, chosen) - spec["maxUnavailable"] \
+                if isinstance(spec.get("maxUnavailable"), int) \
                 else spec.get("minAvailable") if isinstance(spec.get("minAvailable"), int) else None
             if need is not None and healthy - 1 < need:
                 raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption "
@@ -781,6 +783,21 @@ class Handler(BaseHTTPRequestHandler):
                                             f"and has {healthy} currently"}]})
         self.api.gc.delete(self.api.res("", "v1", "pods").key, ns, name, "Background", None)
         self.send_json(201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})
+
+    def expected_pods(self, ns, pods):
+        """How many pods a budget expects, as the disruption controller counts them: the replicas of the
+        Deployments that own the pods (a pod evicted a moment ago and not yet replaced still counts), else the
+        pods themselves."""
+        owners = {r["name"] for p in pods for r in p["metadata"].get("ownerReferences") or []
+                  if r.get("kind") == "Deployment" and r.get("controller")}
+        total = 0
+        for name in owners:
+            try:
+                total += int((self.api.store.get(self.api.res("apps", "v1", "deployments").key, ns, name).get("spec")
+                              or {}).get("replicas", 1))
+            except ApiError:
+                pass
+        return max(total, len([p for p in pods if not p["metadata"].get("deletionTimestamp")]))
 
     def token_request(self, ns, name):
         """TokenRequest: a bearer token for the service account (kubectl create token)."""

@@ -1,0 +1,105 @@
+"""LLMGateway on kubesim, through real clients (kubectl, the official openai
+client): llm-controller runs the gateway's llm-router pods (their own
+ServiceAccount reading EndpointSlices and ConfigMaps, a Service, a
+disruption budget) and writes the route table of the LLMDeployments its
+selector picks; one endpoint serves every model and adapter, a name no
+deployment serves gets 404 naming what is served, a deployment that
+leaves the selector leaves the table, and a deployment serving a name
+another already serves is left out and named in the status."""
+import json
+import subprocess
+
+import openai
+import pytest
+
+from harness import tool, wait_for
+
+DEPLOYMENT = """apiVersion: llmk8s.io/v1alpha1
+kind: LLMDeployment
+metadata: {{name: {name}, labels: {{team: {team}}}}}
+spec:
+  image: llm-server:test
+  replicas: 1
+  model:
+    path: {model}
+    name: {served}
+    volume: {{hostPath: {{path: {dir}}}}}
+  engine: {{threads: 1, contextLength: 128, maxSeqs: 4}}
+  probes: {{shutdownDelaySeconds: 1, drainSeconds: 5}}
+{extra}"""
+
+GATEWAY = """apiVersion: llmk8s.io/v1alpha1
+kind: LLMGateway
+metadata: {name: front}
+spec:
+  selector: {matchLabels: {team: a}}
+  replicas: 2
+  image: llm-router:test
+"""
+
+
+def deploy(c, name, team, served, model, extra=""):
+    c.k("apply", "-f", "-", stdin=DEPLOYMENT.format(name=name, team=team, served=served, model=model, dir=model.parent,
+                                                     extra=extra))
+
+
+def gw_status(c):
+    return (c.get("llmgw", "front") or {}).get("status") or {}
+
+
+def test_gateway_fronts_the_deployments_it_selects(cluster, tmp_path):
+    pytest.importorskip("kubernetes")
+    c = cluster
+    files = tmp_path / "files"
+    files.mkdir()
+    base = files / "model.gguf"
+    base.symlink_to(c.model)
+    subprocess.run([tool("llm-mkmodel"), "--lora-of", str(c.model), "--rank", "4", "-o", str(files / "ad.gguf")],
+                   check=True, capture_output=True)
+    c.controller()
+    deploy(c, "base", "a", "base-m", base)
+    deploy(c, "tuned", "a", "tuned-m", base, f"  adapters:\n  - {json.dumps({'name': 'ad', 'path': str(files / 'ad.gguf')})}\n")
+    deploy(c, "other", "b", "other-m", base)
+    c.k("apply", "-f", "-", stdin=GATEWAY)
+    st = wait_for(lambda: (s := gw_status(c)).get("phase") == "Ready" and s.get("deployments") == 2 and s, 120,
+                  "the gateway ready in front of two deployments")
+    assert st["models"] == [{"name": "base-m", "deployment": "base", "adapter": False},
+                            {"name": "tuned-m", "deployment": "tuned", "adapter": False},
+                            {"name": "ad", "deployment": "tuned", "adapter": True}], st
+    assert st["endpoint"] == "http://front.default.svc:8000" and st["conflicts"] == []
+    assert c.get("pdb", "front-gateway")["spec"]["maxUnavailable"] == 1
+    rules = c.get("role", "front-gateway")["rules"]
+    assert {r["resources"][0] for r in rules} == {"endpointslices", "configmaps"}
+    assert all(set(r["verbs"]) == {"get", "list", "watch"} for r in rules)
+    table = json.loads(c.get("configmap", "front-gateway-routes")["data"]["routes.json"])
+    assert [r["name"] for r in table["routes"]] == ["base", "tuned"]
+    ips = wait_for(lambda: len(ips := c.ready_ips("front")) == 2 and ips, 60, "both gateway pods ready")
+
+    oa = openai.OpenAI(base_url=f"http://{ips[0]}:8000/v1", api_key="none", max_retries=0, timeout=60)
+    wait_for(lambda: {m.id for m in oa.models.list().data} == {"base-m", "tuned-m", "ad"}, 60,
+             "the gateway listing every model and the adapter its pod loaded")
+    for model in ("base-m", "tuned-m", "ad"):
+        r = oa.completions.create(model=model, prompt="Once upon a time", max_tokens=2)
+        assert r.model == model and r.choices[0].text is not None
+    with pytest.raises(openai.NotFoundError) as e:
+        oa.completions.create(model="other-m", prompt="x", max_tokens=1)
+    assert "model 'other-m' is not served here; served: base-m, tuned-m, ad" in str(e.value), e.value
+
+    # a deployment serving a name another serves: left out, said in the status
+    deploy(c, "dup", "a", "base-m", base)
+    wait_for(lambda: gw_status(c).get("conflicts") == ["dup: base-m is served by base"], 60, "the conflict named")
+    # a deployment that leaves the selector leaves the table (a reload of the running pods, no restart)
+    c.k("label", "llmd", "tuned", "team=b", "--overwrite")
+    wait_for(lambda: gw_status(c).get("deployments") == 1 and [m["name"] for m in gw_status(c)["models"]] == ["base-m"],
+             60, "tuned left the gateway")
+    wait_for(lambda: {m.id for m in oa.models.list().data} == {"base-m"}, 60, "the pods following the new table")
+    with pytest.raises(openai.NotFoundError):
+        oa.completions.create(model="tuned-m", prompt="x", max_tokens=1)
+    assert oa.completions.create(model="base-m", prompt="Once", max_tokens=1).model == "base-m"
+    out = c.k("get", "llmgw").stdout
+    assert "front" in out and "True" in out, out
+    oa.close()
+    c.k("delete", "llmgw", "front")
+    wait_for(lambda: all(c.get(kind, name) is None for kind, name in
+                         (("deployment", "front-gateway"), ("service", "front"), ("configmap", "front-gateway-routes"),
+                          ("pdb", "front-gateway"))), 60, "the gateway's children gone with it")

@@ -1,0 +1,130 @@
+/* test_gateway.c - an LLMGateway's route table from LLMDeployments, worked
+ * by hand: the selector (namespace, matchLabels), name order, the served
+ * names (model, adapters), the pods' Service (NAME, or NAME-backends behind
+ * the deployment's own router; the canary's), a name served twice (the
+ * later deployment left out and named), and the bounds: 1024 routes, a
+ * table under 900 KiB, 32 conflicts shown, 256 models in the status. */
+#include "testutil.h"
+
+#include <jansson.h>
+
+#include "gateway.h"
+#include "kube_json.h"
+
+static json_t *dep(const char *name, const char *ns, const char *team, const char *served, const char *extra)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "{\"metadata\":{\"name\":\"%s\",\"namespace\":\"%s\",\"labels\":{\"team\":\"%s\"}},"
+             "\"spec\":{\"model\":{\"name\":\"%s\"}%s%s}}", name, ns, team, served, extra ? "," : "", extra ? extra : "");
+    json_t *d = json_loads(text, 0, NULL);
+    assert_non_null(d);
+    return d;
+}
+
+static json_t *gateway(const char *labels)
+{
+    char text[512];
+    snprintf(text, sizeof text, "{\"metadata\":{\"name\":\"front\",\"namespace\":\"ns\",\"uid\":\"u1\",\"generation\":3},"
+                                "\"spec\":{\"selector\":{\"matchLabels\":%s}}}", labels);
+    json_t *g = json_loads(text, 0, NULL);
+    assert_non_null(g);
+    return g;
+}
+
+static void test_table(void **st)
+{
+    (void)st;
+    json_t *gw = gateway("{\"team\":\"a\"}"), *all = json_array();
+    json_array_append_new(all, dep("zeta", "ns", "a", "z-m", "\"router\":{\"enabled\":true}"));
+    json_array_append_new(all, dep("alpha", "ns", "a", "a-m", "\"adapters\":[{\"name\":\"ad1\"},{\"name\":\"ad2\"}],"
+                                                         "\"canary\":{\"steps\":[{\"weight\":10}]}"));
+    json_array_append_new(all, dep("beta", "ns", "b", "b-m", NULL));     /* not selected: another team */
+    json_array_append_new(all, dep("gamma", "other", "a", "g-m", NULL)); /* not selected: another namespace */
+    json_array_append_new(all, dep("mid", "ns", "a", "ad2", NULL));      /* ad2 is alpha's adapter */
+    gateway_table t;
+    assert_int_equal(gateway_table_make(gw, all, &t), 0);
+    assert_int_equal(t.deployments, 2);
+    assert_string_equal(t.routes,
+                        "{\"routes\":[{\"canaryService\":\"alpha-canary-backends\",\"metricsPort\":8081,\"models\":[\"a-m\","
+                        "\"ad1\",\"ad2\"],\"name\":\"alpha\",\"service\":\"alpha-backends\",\"weightConfigMap\":\"alpha-router\"},"
+                        "{\"metricsPort\":8081,\"models\":[\"z-m\"],\"name\":\"zeta\",\"service\":\"zeta-backends\"}]}");
+    char *conflicts = json_dumps(t.conflicts, JSON_COMPACT);
+    assert_string_equal(conflicts, "[\"mid: ad2 is served by alpha\"]");
+    free(conflicts);
+    assert_int_equal(json_array_size(t.models), 4);
+    json_t *children = gateway_children(gw, &t);
+    assert_int_equal(json_array_size(children), 7);
+    static const char *const kinds[] = {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "Service",
+                                        "PodDisruptionBudget"};
+    for (int i = 0; i < 7; i++) {
+        json_t *o = json_array_get(children, (size_t)i);
+        assert_string_equal(json_string_value(json_object_get(o, "kind")), kinds[i]);
+        json_t *owner = json_array_get(kube_json_get(o, "metadata", "ownerReferences", NULL), 0);
+        assert_string_equal(json_string_value(json_object_get(owner, "kind")), "LLMGateway");
+    }
+    json_t *args = kube_json_get(json_array_get(children, 4), "spec", "template", "spec", "containers", NULL);
+    char *a = json_dumps(json_object_get(json_array_get(args, 0), "args"), JSON_COMPACT);
+    assert_non_null(strstr(a, "\"--routes-configmap\",\"ns/front-gateway-routes\",\"--policy\",\"cache-aware\""));
+    free(a);
+    json_t *status = gateway_status(gw, NULL, &t);
+    assert_string_equal(json_string_value(json_object_get(status, "phase")), "Pending");
+    assert_int_equal(json_integer_value(json_object_get(status, "modelCount")), 4);
+    json_decref(status);
+    json_decref(children);
+    gateway_table_free(&t);
+    json_decref(all);
+    json_decref(gw);
+}
+
+/* A thousand models and more: the table stops at 1024 routes, the
+ * conflicts at 32, the status' models at 256; and at 900 KiB of table. */
+static void test_bounds(void **st)
+{
+    (void)st;
+    json_t *gw = gateway("{}"), *all = json_array();
+    for (int i = 0; i < 1100; i++) {
+        char name[32], served[32];
+        snprintf(name, sizeof name, "d%04d", i);
+        snprintf(served, sizeof served, "m%04d", i);
+        json_array_append_new(all, dep(name, "ns", "a", served, NULL));
+    }
+    gateway_table t;
+    assert_int_equal(gateway_table_make(gw, all, &t), 0);
+    assert_int_equal(t.deployments, GATEWAY_MAX_ROUTES);
+    assert_int_equal(json_array_size(t.conflicts), GATEWAY_MAX_CONFLICTS);
+    assert_non_null(strstr(json_string_value(json_array_get(t.conflicts, 0)), "d1024: the gateway holds 1024"));
+    json_t *status = gateway_status(gw, NULL, &t);
+    assert_int_equal(json_array_size(json_object_get(status, "models")), GATEWAY_MAX_MODELS_SHOWN);
+    assert_int_equal(json_integer_value(json_object_get(status, "modelCount")), GATEWAY_MAX_ROUTES);
+    json_decref(status);
+    gateway_table_free(&t);
+    json_decref(all);
+    /* long adapter lists: the table stops short of 900 KiB */
+    all = json_array();
+    char ads[8000];
+    for (int i = 0; i < 400; i++) {
+        char name[32], served[32];
+        size_t at = (size_t)snprintf(ads, sizeof ads, "\"adapters\":[");
+        for (int k = 0; k < 32; k++)
+            at += (size_t)snprintf(ads + at, sizeof ads - at, "%s{\"name\":\"d%04d-adapter-with-a-long-name-%02d-%0100d\"}",
+                                   k ? "," : "", i, k, 0);
+        snprintf(ads + at, sizeof ads - at, "]");
+        snprintf(name, sizeof name, "d%04d", i);
+        snprintf(served, sizeof served, "m%04d", i);
+        json_array_append_new(all, dep(name, "ns", "a", served, ads));
+    }
+    assert_int_equal(gateway_table_make(gw, all, &t), 0);
+    assert_true(strlen(t.routes) <= GATEWAY_MAX_TABLE);
+    assert_true(t.deployments > 100 && t.deployments < 400);
+    assert_non_null(strstr(json_string_value(json_array_get(t.conflicts, 0)), "would pass 900 KiB"));
+    gateway_table_free(&t);
+    json_decref(all);
+    json_decref(gw);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_table), cmocka_unit_test(test_bounds)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
