@@ -179,7 +179,8 @@ $(BUILD)/tests/test_ctl_queue: $(BUILD)/controller/ctl_queue.o
 # The planner: pure, it links the decision modules alone (no API client, no HTTP).
 $(BUILD)/tests/test_plan: $(BUILD)/controller/plan.o $(BUILD)/controller/rollout.o $(BUILD)/controller/canary.o \
             $(BUILD)/controller/autoscale.o $(BUILD)/controller/pod_diag.o $(BUILD)/controller/desired.o
-$(BUILD)/tests/test_gateway: $(BUILD)/controller/gateway.o $(BUILD)/controller/desired.o
+$(BUILD)/tests/test_gateway: $(BUILD)/controller/gateway.o $(BUILD)/controller/desired.o $(BUILD)/router/rt_routes.o \
+            $(BUILD)/router/rt_pool.o $(BUILD)/router/rt_prefix.o
 # The router's choice: the backend pool and the prefix index, pure (no HTTP, no API server).
 $(BUILD)/tests/test_rt_pool: $(BUILD)/router/rt_pool.o $(BUILD)/router/rt_prefix.o $(BUILD)/router/rt_routes.o
 KUBE_TESTS = $(BUILD)/tests/test_rt_pool $(BUILD)/tests/test_gateway $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \

@@ -149,8 +149,6 @@ static int on_event(void *arg, const char *type, json_t *obj)
     json_t *md = json_object_get(obj, "metadata");
     const char *ns = json_string_value(json_object_get(md, "namespace"));
     char key[KEY_MAX];
-    if (!in->owned && obj && ns && !*in->prefix) /* a deployment changed: the gateways of its namespace may route it */
-        queue_gateways(in->c, ns);
     if (!in->owned && obj && ns) {
         snprintf(key, sizeof key, "%s%s/%s", in->prefix, ns, json_string_value(json_object_get(md, "name")));
         llm_error err = {0};
@@ -163,6 +161,9 @@ static int on_event(void *arg, const char *type, json_t *obj)
             ctl_obs_log(CTL_ERROR, "cannot queue a reconcile", "key", key, "error", err.msg, (const char *)NULL);
         else if (skipped && strcmp(type, "MODIFIED")) /* ADDED, SYNC (a relist): looked at, whatever it was */
             q_add(in->c->q, key, 0);
+        /* a deployment came, went or changed (not its status alone): the gateways of its namespace route it */
+        if (!*in->prefix && (!skipped || strcmp(type, "MODIFIED")))
+            queue_gateways(in->c, ns);
         q_gauge(in->c->q);
     }
     json_t *owners = in->owned ? json_object_get(md, "ownerReferences") : NULL;
@@ -293,8 +294,8 @@ llm_status ctl_loop_run(kube_config *cfg, const ctl_options *opt, atomic_int *st
         char ns[300] = "";
         if (opt->ns && *opt->ns)
             snprintf(ns, sizeof ns, "/namespaces/%s", opt->ns);
-        int top = i == 0 || i == N_INFORMERS - 1; /* LLMDeployments and LLMGateways: all of them (complete) */
-        in[i] = (informer){.c = &c, .index = i, .owned = !top, .prefix = i ? GW_PREFIX : "", .optional = i == N_INFORMERS - 1};
+        int gw = i == N_INFORMERS - 1, top = i == 0 || gw; /* LLMDeployments and LLMGateways: all of them (complete) */
+        in[i] = (informer){.c = &c, .index = i, .owned = !top, .prefix = gw ? GW_PREFIX : "", .optional = gw};
         snprintf(in[i].path, sizeof in[i].path, "%s%s/%s%s", watched[i].prefix, ns, watched[i].plural, top ? "" : OWNED);
         /* children: ours only (the label) */
         if (!st && !(st = kube_cache_new(watched[i].plural, top, &in[i].cache, err)))

@@ -32,16 +32,25 @@ static int by_name(const void *a, const void *b)
     return strcmp(x ? x : "", y ? y : "");
 }
 
-/* The names deployment d serves: its model's, then its adapters'. */
+/* The names deployment d serves: its model's, then its adapters' (an
+ * adapter named as the model, which the pod would shadow, is not listed
+ * twice: a route's names are distinct). */
 static json_t *served(json_t *d)
 {
     const char *model = json_string_value(kube_json_get(d, "spec", "model", "name", NULL));
     json_t *names = json_array(), *ads = kube_json_get(d, "spec", "adapters", NULL);
-    json_array_append_new(names, json_string(model ? model : name_of(d)));
+    if (!names || json_array_append_new(names, json_string(model ? model : name_of(d)))) {
+        json_decref(names);
+        return NULL;
+    }
     for (size_t i = 0; i < json_array_size(ads); i++) {
         json_t *n = json_object_get(json_array_get(ads, i), "name");
-        if (json_is_string(n))
-            json_array_append(names, n);
+        int dup = !json_is_string(n);
+        for (size_t k = 0; !dup && k < json_array_size(names); k++) dup = json_equal(n, json_array_get(names, k));
+        if (!dup && json_array_append(names, n)) {
+            json_decref(names);
+            return NULL;
+        }
     }
     return names;
 }
@@ -89,11 +98,16 @@ static int add_route(gateway_table *t, json_t *routes, json_t *seen, json_t *d, 
                  json_string_value(json_object_get(seen, clash)));
         conflict(t, dn, why);
     } else if (!bad && json_array_size(routes) >= GATEWAY_MAX_ROUTES) {
-        conflict(t, dn, "the gateway holds 1024 deployments at most");
+        char why[80];
+        snprintf(why, sizeof why, "the gateway holds %d deployments at most", GATEWAY_MAX_ROUTES);
+        conflict(t, dn, why);
     } else if (!bad && (!text || *bytes + strlen(text) + 1 > GATEWAY_MAX_TABLE)) {
         bad = !text;
-        if (text)
-            conflict(t, dn, "the route table would pass 900 KiB");
+        if (text) {
+            char why[80];
+            snprintf(why, sizeof why, "the route table would pass %d KiB", GATEWAY_MAX_TABLE >> 10);
+            conflict(t, dn, why);
+        }
     } else if (!bad) {
         *bytes += strlen(text) + 1;
         bad |= json_array_append(routes, r);
@@ -251,7 +265,7 @@ json_t *gateway_children(json_t *gw, const gateway_table *t)
 
 /* ---- status ----------------------------------------------------------------------------------- */
 
-json_t *gateway_status(json_t *gw, json_t *dep, const gateway_table *t)
+json_t *gateway_status(json_t *gw, json_t *dep, const gateway_table *t, time_t now_s)
 {
     json_int_t ready = json_integer_value(kube_json_get(dep, "status", "readyReplicas", NULL));
     json_int_t replicas = json_integer_value(kube_json_get(dep, "status", "replicas", NULL));
@@ -265,8 +279,9 @@ json_t *gateway_status(json_t *gw, json_t *dep, const gateway_table *t)
     /* the condition's time moves only when its status does */
     json_t *old = json_array_get(kube_json_get(gw, "status", "conditions", NULL), 0);
     const char *was = json_string_value(json_object_get(old, "lastTransitionTime"));
-    time_t tnow = time(NULL);
-    strftime(now, sizeof now, "%Y-%m-%dT%H:%M:%SZ", gmtime(&tnow));
+    struct tm tm;
+    if (!gmtime_r(&now_s, &tm) || !strftime(now, sizeof now, "%Y-%m-%dT%H:%M:%SZ", &tm))
+        snprintf(now, sizeof now, "1970-01-01T00:00:00Z");
     int same = was && !strcmp(json_string_value(json_object_get(old, "status")) ?: "", ok ? "True" : "False");
     json_t *shown = json_array();
     for (size_t i = 0; shown && i < json_array_size(t->models) && i < GATEWAY_MAX_MODELS_SHOWN; i++)

@@ -25,6 +25,7 @@
 #define GATEWAY_H
 
 #include <jansson.h>
+#include <time.h>
 
 #define GATEWAY_PORT 8000
 #define GATEWAY_MAX_ROUTES 1024       /* llm-router's RT_MAX_ROUTES */
@@ -53,7 +54,7 @@ int gateway_selects(json_t *gw, json_t *d);
 json_t *gateway_children(json_t *gw, const gateway_table *t);
 
 /* The status: dep is the gateway's Deployment as the API server has it
- * (NULL: not yet). */
-json_t *gateway_status(json_t *gw, json_t *dep, const gateway_table *t);
+ * (NULL: not yet); now_s: the time a changed condition says. */
+json_t *gateway_status(json_t *gw, json_t *dep, const gateway_table *t, time_t now_s);
 
 #endif

@@ -1,6 +1,7 @@
 /* gw_reconcile.c - an LLMGateway reconciled; see gw_reconcile.h. */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "ctl_event.h"
 #include "ctl_status.h"
@@ -51,7 +52,7 @@ static llm_status apply_children(kube_client *k, json_t *gw, json_t *children, c
 static llm_status refused(kube_client *k, const char *path, json_t *gw, const gateway_table *t, const char *reason,
                           const char *why, llm_error *err)
 {
-    json_t *status = gateway_status(gw, NULL, t);
+    json_t *status = gateway_status(gw, NULL, t, time(NULL));
     json_t *c = json_array_get(json_object_get(status, "conditions"), 0);
     json_object_set_new(c, "reason", json_string(reason));
     json_object_set_new(c, "message", json_string(why));
@@ -84,7 +85,7 @@ llm_status gw_reconcile_run(kube_client *k, kube_cache *deployments, const char 
         snprintf(why, sizeof why, "%s", err->msg);
         st = refused(k, path, gw, &t, st == KUBE_ERR_EXISTS ? "ChildConflict" : "InvalidSpec", why, err);
         *requeue_s = 15;
-    } else if (!st && !(status = gateway_status(gw, dep, &t))) {
+    } else if (!st && !(status = gateway_status(gw, dep, &t, time(NULL)))) {
         st = llm_errf(err, LLM_ERR_NOMEM, "no memory for the status of gateway %s/%s", ns, name);
     } else if (!st) {
         st = ctl_status_write(k, path, gw, status, err);

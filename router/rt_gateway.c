@@ -122,6 +122,12 @@ static int on_slice(void *arg, const char *type, json_t *obj)
 static int on_weight(void *arg, const char *type, json_t *obj)
 {
     rt_gateway *g = arg;
+    if (!strcmp(type, "RELIST")) { /* what the relist brings is all there is: a ConfigMap gone meanwhile is no weight */
+        pthread_mutex_lock(&g->mu);
+        g->n_weights = 0;
+        pthread_mutex_unlock(&g->mu);
+        return *g->stop;
+    }
     const char *name = json_string_value(kube_json_get(obj, "metadata", "name", NULL));
     const char *v = json_string_value(kube_json_get(obj, "data", "canaryWeight", NULL));
     if (!name || strlen(name) >= 254 || (!v && strcmp(type, "DELETED")))
@@ -143,6 +149,9 @@ static int on_weight(void *arg, const char *type, json_t *obj)
         snprintf(g->weights[k].cm, sizeof g->weights[k].cm, "%s", name);
         g->weights[k].w = (int)w;
         g->n_weights += k == g->n_weights;
+    } else {
+        logf_("ConfigMap %s/%s: canaryWeight not remembered (more than %d weight ConfigMaps); applied now only", g->ns,
+              name, GW_MAX_WEIGHTS);
     }
     rt_routes_set_weight(g->t, name, (int)w);
     pthread_mutex_unlock(&g->mu);

@@ -125,6 +125,8 @@ static void *poller(void *arg)
     router *r = arg;
     CURL *h = curl_easy_init(); /* one handle: connections to the backends stay open */
     rt_route **routes = r->px.routes ? calloc(RT_MAX_ROUTES, sizeof *routes) : NULL;
+    if (!h || (r->px.routes && !routes))
+        logf_("no memory for the load poller: backends' load is not read (least-loaded acts as round robin)");
     while (!g_stop && h && (!r->px.routes || routes)) {
         if (!r->px.routes) {
             poll_pool(h, r->pool, r->metrics_port);
@@ -393,6 +395,9 @@ static llm_status start_table(router *r, const rt_pool_config *pc, const char *f
         return llm_errf(err, LLM_ERR_NOMEM, "no memory to read --routes %s", file);
     st = too_long ? llm_errf(err, LLM_ERR_TOO_LONG, "--routes %s: over 16 MiB", file) : rt_routes_load(r->px.routes, text, n, err);
     free(text);
+    if (!st && rt_routes_follow_kube(r->px.routes))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "--routes %s: a route names a Service or weightConfigMap, which only "
+                        "--routes-configmap follows (a file's routes take backends and weight)", file);
     if (st && !too_long) {
         char msg[LLM_ERROR_MSG_MAX];
         snprintf(msg, sizeof msg, "%s", err->msg);
@@ -599,11 +604,15 @@ int main(int argc, char **argv)
     while (discovering < r.n_disc && pthread_create(&disc_th[discovering], NULL, discover, &r.d[discovering]) == 0)
         discovering++;
     rt_gateway *gw = NULL;
+    int failed = 0;
     if (routes_cm) {
         char ns[254];
         snprintf(ns, sizeof ns, "%.*s", (int)(strchr(routes_cm, '/') - routes_cm), routes_cm);
-        if (rt_gateway_start(&r.cfg, ns, strchr(routes_cm, '/') + 1, r.px.routes, &g_stop, &gw, &err))
-            logf_("%s", err.msg), g_stop = 1;
+        if (rt_gateway_start(&r.cfg, ns, strchr(routes_cm, '/') + 1, r.px.routes, &g_stop, &gw, &err)) {
+            logf_("%s", err.msg);
+            g_stop = 1;
+            failed = 1;
+        }
     }
     logf_("listening on %s, policy %s, %s, canary weight %d%%", listen, rt_policy_name(pc.policy),
           routes_cm ? "a gateway (routes from a ConfigMap)" : routes_file ? "a gateway (routes from a file)"
@@ -625,5 +634,5 @@ int main(int argc, char **argv)
     rt_routes_free(r.px.routes);
     curl_global_cleanup();
     logf_("stopped");
-    return 0;
+    return failed;
 }

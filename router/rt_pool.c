@@ -708,7 +708,9 @@ static void per_backend(llm_strbuf *t, const pools *ps, const char *name, const 
                 continue;
             llm_strbuf lab = {0};
             const char *l = labels(&lab, ps, k, "backend", p->b[i].name, NULL);
-            llm_prom_sample(t, name, l, value(&p->b[i], now));
+            if (l)
+                llm_prom_sample(t, name, l, value(&p->b[i], now));
+            t->failed |= !l; /* a sample without its labels would pass for another series */
             llm_strbuf_free(&lab);
         }
         pthread_mutex_unlock(&p->mu);
@@ -738,7 +740,9 @@ static void requests_by_code(llm_strbuf *out, const pools *ps)
             for (int c = 0; p->b[i].live && c < 5; c++) {
                 llm_strbuf lab = {0};
                 const char *l = labels(&lab, ps, k, "backend", p->b[i].name, "code", code[c], NULL);
-                llm_prom_sample(out, "llm_router_requests_total", l, (double)p->b[i].codes[c]);
+                if (l)
+                    llm_prom_sample(out, "llm_router_requests_total", l, (double)p->b[i].codes[c]);
+                out->failed |= !l;
                 llm_strbuf_free(&lab);
             }
         pthread_mutex_unlock(&p->mu);
@@ -751,7 +755,9 @@ static void requests_by_code(llm_strbuf *out, const pools *ps)
             for (int c = 0; c < 5; c++) {
                 llm_strbuf lab = {0};
                 const char *l = labels(&lab, ps, k, "revision", revname[r], "code", code[c], NULL);
-                llm_prom_sample(out, "llm_router_revision_requests_total", l, (double)p->rs[r].codes[c]);
+                if (l)
+                    llm_prom_sample(out, "llm_router_revision_requests_total", l, (double)p->rs[r].codes[c]);
+                out->failed |= !l;
                 llm_strbuf_free(&lab);
             }
         pthread_mutex_unlock(&p->mu);
@@ -778,7 +784,10 @@ static void durations_and_weights(llm_strbuf *out, const pools *ps)
     llm_prom_head(out, "llm_router_canary_weight", "gauge", "Percent of requests sent to the canary revision.");
     for (int k = 0; k < ps->n; k++) {
         llm_strbuf lab = {0};
-        llm_prom_sample(out, "llm_router_canary_weight", labels(&lab, ps, k, NULL), rt_pool_weight(ps->p[k]));
+        const char *l = labels(&lab, ps, k, NULL);
+        if (l)
+            llm_prom_sample(out, "llm_router_canary_weight", l, rt_pool_weight(ps->p[k]));
+        out->failed |= !l;
         llm_strbuf_free(&lab);
     }
 }

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "llm/json.h"
+#include "llm/log.h"
+#include "llm/strmap.h"
 #include "rt_routes.h"
 
 struct rt_route {
@@ -25,6 +27,7 @@ struct rt_routes {
     rt_pool_config pc;
     rt_route *r[RT_MAX_ROUTES];
     int n;
+    llm_strmap names;        /* model name -> index in r (keys: the routes' own strings); e NULL: scan */
 };
 
 llm_status rt_routes_new(const rt_pool_config *pc, rt_routes **out, llm_error *err)
@@ -64,6 +67,7 @@ void rt_routes_free(rt_routes *t)
     if (!t)
         return;
     for (int i = 0; i < t->n; i++) unref(t->r[i]);
+    llm_strmap_free(&t->names);
     pthread_mutex_destroy(&t->mu);
     pthread_mutex_destroy(&t->load_mu);
     free(t);
@@ -172,6 +176,9 @@ static llm_status one_spec(json_t *e, int i, json_t *seen, spec *s, llm_error *e
         st = urls(e, "canaryBackends", i, &s->backends[1], err);
     if (st)
         return st;
+    if (json_array_size(s->backends[0]) + json_array_size(s->backends[1]) > RT_MAX_BACKENDS)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "routes[%d] (%s): more than %d backends in both revisions", i,
+                        s->name, RT_MAX_BACKENDS);
     s->weight = -1;
     if (w && (!json_is_integer(w) || json_integer_value(w) < 0 || json_integer_value(w) > 100 || s->weight_cm))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "routes[%d] (%s).weight: an integer 0..100, without weightConfigMap", i,
@@ -287,10 +294,21 @@ static void commit(rt_routes *t, const spec *specs, staged *g, int n)
     }
     memcpy(t->r, keep, (size_t)n * sizeof *keep);
     t->n = n;
+    /* the names' map, over the routes' strings (freed with them: rebuilt here, under mu, every time) */
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (size_t)t->r[i]->n_models;
+    llm_strmap_free(&t->names);
+    if (llm_strmap_init(&t->names, total ? total : 1))
+        t->names = (llm_strmap){0}; /* no memory: lookups scan */
+    for (int i = 0; t->names.e && i < n; i++)
+        for (int k = 0; k < t->r[i]->n_models; k++)
+            llm_strmap_put(&t->names, t->r[i]->models[k], strlen(t->r[i]->models[k]), i);
 }
 
-/* Static backends and weights of the new table's routes. */
-static llm_status statics(const spec *specs, staged *g, int n, llm_error *err)
+/* Static backends and weights of the new table's routes (counts checked:
+ * only memory can fail here, after the table changed; that is logged, the
+ * route keeps the backends it had). */
+static void statics(const spec *specs, staged *g, int n)
 {
     for (int i = 0; i < n; i++) {
         rt_pool *p = g[i].r->pool;
@@ -299,14 +317,13 @@ static llm_status statics(const spec *specs, staged *g, int n, llm_error *err)
             const char *u[RT_MAX_BACKENDS];
             int m = (int)json_array_size(b);
             for (int k = 0; k < m; k++) u[k] = json_string_value(json_array_get(b, (size_t)k));
-            llm_status st = b ? rt_pool_set(p, rev, u, m, err) : LLM_OK;
-            if (st)
-                return st;
+            llm_error err = {0};
+            if (b && rt_pool_set(p, rev, u, m, &err))
+                llm_log("llm-router", "route %s: %s", specs[i].name, err.msg);
         }
         if (specs[i].weight >= 0)
             rt_pool_set_weight(p, specs[i].weight);
     }
-    return LLM_OK;
 }
 
 llm_status rt_routes_load(rt_routes *t, const char *json, size_t n, llm_error *err)
@@ -328,7 +345,7 @@ llm_status rt_routes_load(rt_routes *t, const char *json, size_t n, llm_error *e
         pthread_mutex_lock(&t->mu);
         commit(t, specs, g, ns);
         pthread_mutex_unlock(&t->mu);
-        st = statics(specs, g, ns, err);
+        statics(specs, g, ns);
     }
     for (int i = 0; g && i < ns; i++) unstage(&g[i]);
     pthread_mutex_unlock(&t->load_mu);
@@ -352,7 +369,11 @@ rt_route *rt_routes_find(rt_routes *t, const char *model)
 {
     rt_route *found = NULL;
     pthread_mutex_lock(&t->mu);
-    for (int i = 0; i < t->n && !found; i++)
+    if (t->names.e) {
+        int32_t i = llm_strmap_get(&t->names, model, strlen(model));
+        found = i >= 0 && i < t->n ? t->r[i] : NULL;
+    }
+    for (int i = 0; !t->names.e && i < t->n && !found; i++)
         for (int k = 0; k < t->r[i]->n_models && !found; k++)
             if (!strcmp(t->r[i]->models[k], model))
                 found = t->r[i];
@@ -419,6 +440,16 @@ void rt_routes_publish(rt_routes *t, const char *service, int rev, const char *c
             rt_pool_set(t->r[i]->pool, rev ? 1 : 0, urls, n, &err); /* past RT_MAX_BACKENDS the rest wait */
         }
     pthread_mutex_unlock(&t->mu);
+}
+
+int rt_routes_follow_kube(rt_routes *t)
+{
+    int any = 0;
+    pthread_mutex_lock(&t->mu);
+    for (int i = 0; i < t->n && !any; i++)
+        any = t->r[i]->service[0][0] || t->r[i]->service[1][0] || t->r[i]->weight_cm[0];
+    pthread_mutex_unlock(&t->mu);
+    return any;
 }
 
 int rt_routes_uses_service(rt_routes *t, const char *service)

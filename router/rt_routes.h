@@ -22,14 +22,17 @@
  *
  * A request's model picks its route: the route that lists the name, else
  * the first route one of whose pods lists it as a loaded adapter; none:
- * the caller answers 404 naming what is served (rt_routes_served).
+ * the caller answers 404 naming what is served (rt_routes_not_served).
  *
  * The table is replaced whole (rt_routes_load); a route that stays (same
  * name) keeps its pool and its backends' state; a bad table changes
- * nothing. A request holds its route (rt_routes_find .. rt_routes_put):
+ * nothing (memory running out while static backends are set, after the
+ * table changed, is logged). A request holds its route (rt_routes_find .. rt_routes_put):
  * a route dropped from the table is freed when its last request ends.
  *
- * Thread-safety: every function may be called from any thread. */
+ * Thread-safety: every function may be called from any thread. Locks: a
+ * caller's (rt_gateway's) lock, then the table's, then a pool's; never the
+ * other way round. */
 #ifndef RT_ROUTES_H
 #define RT_ROUTES_H
 
@@ -77,14 +80,18 @@ int rt_route_metrics_port(rt_routes *t, const rt_route *r);
 /* Backends from discovery: sets revision rev of every route whose
  * (canary when rev is 1) service is named service. */
 void rt_routes_publish(rt_routes *t, const char *service, int rev, const char *const *urls, int n);
-/* Whether some route follows this Service (rev 0 or 1) / ConfigMap. */
+/* Whether some route follows this Service (as its stable or canary one). */
 int rt_routes_uses_service(rt_routes *t, const char *service);
+/* Whether some route names a Service or weight ConfigMap (which only a
+ * router that watches the API server follows). */
+int rt_routes_follow_kube(rt_routes *t);
 /* The canary weight of every route that follows ConfigMap cm. */
 void rt_routes_set_weight(rt_routes *t, const char *cm, int weight);
 
 /* The models served, as an OpenAI model list ({"object": "list", "data":
  * [{"id", "object": "model", "owned_by": ROUTE}]}): every route's names,
- * then the adapters its pods list. NULL without memory. */
+ * then the adapters its pods list; malloc'd, the caller frees it. NULL
+ * without memory. */
 char *rt_routes_models_json(rt_routes *t);
 /* The 404 message for model: what is served (the first names, then how
  * many more), into msg. */

@@ -3,13 +3,15 @@
  * names (model, adapters), the pods' Service (NAME, or NAME-backends behind
  * the deployment's own router; the canary's), a name served twice (the
  * later deployment left out and named), and the bounds: 1024 routes, a
- * table under 900 KiB, 32 conflicts shown, 256 models in the status. */
+ * table under 900 KiB, 32 conflicts shown, 256 models in the status; and
+ * llm-router loading every table it makes. */
 #include "testutil.h"
 
 #include <jansson.h>
 
 #include "gateway.h"
 #include "kube_json.h"
+#include "rt_routes.h"
 
 static json_t *dep(const char *name, const char *ns, const char *team, const char *served, const char *extra)
 {
@@ -67,7 +69,7 @@ static void test_table(void **st)
     char *a = json_dumps(json_object_get(json_array_get(args, 0), "args"), JSON_COMPACT);
     assert_non_null(strstr(a, "\"--routes-configmap\",\"ns/front-gateway-routes\",\"--policy\",\"cache-aware\""));
     free(a);
-    json_t *status = gateway_status(gw, NULL, &t);
+    json_t *status = gateway_status(gw, NULL, &t, 0);
     assert_string_equal(json_string_value(json_object_get(status, "phase")), "Pending");
     assert_int_equal(json_integer_value(json_object_get(status, "modelCount")), 4);
     json_decref(status);
@@ -94,7 +96,7 @@ static void test_bounds(void **st)
     assert_int_equal(t.deployments, GATEWAY_MAX_ROUTES);
     assert_int_equal(json_array_size(t.conflicts), GATEWAY_MAX_CONFLICTS);
     assert_non_null(strstr(json_string_value(json_array_get(t.conflicts, 0)), "d1024: the gateway holds 1024"));
-    json_t *status = gateway_status(gw, NULL, &t);
+    json_t *status = gateway_status(gw, NULL, &t, 0);
     assert_int_equal(json_array_size(json_object_get(status, "models")), GATEWAY_MAX_MODELS_SHOWN);
     assert_int_equal(json_integer_value(json_object_get(status, "modelCount")), GATEWAY_MAX_ROUTES);
     json_decref(status);
@@ -123,8 +125,41 @@ static void test_bounds(void **st)
     json_decref(gw);
 }
 
+/* The contract with llm-router: every table the controller writes loads
+ * there (rt_routes_load), an adapter named as its model included, and the
+ * router answers each name with its deployment. */
+static void test_router_takes_the_table(void **st)
+{
+    (void)st;
+    json_t *gw = gateway("{}"), *all = json_array();
+    json_array_append_new(all, dep("a", "ns", "x", "m-a", "\"adapters\":[{\"name\":\"m-a\"},{\"name\":\"ad\"}]"));
+    json_array_append_new(all, dep("b", "ns", "x", "m-b", "\"canary\":{\"steps\":[{\"weight\":5}]}"));
+    json_array_append_new(all, dep("c", "ns", "x", "ad", NULL)); /* a's adapter's name: left out */
+    gateway_table t;
+    assert_int_equal(gateway_table_make(gw, all, &t), 0);
+    rt_routes *r;
+    llm_error err = {0};
+    rt_pool_config pc = {.policy = RT_CACHE_AWARE};
+    assert_int_equal(rt_routes_new(&pc, &r, &err), LLM_OK);
+    if (rt_routes_load(r, t.routes, strlen(t.routes), &err))
+        fail_msg("the router refuses the controller's table: %s\n%s", err.msg, t.routes);
+    static const char *const want[][2] = {{"m-a", "a"}, {"ad", "a"}, {"m-b", "b"}};
+    for (int i = 0; i < 3; i++) {
+        rt_route *route = rt_routes_find(r, want[i][0]);
+        assert_non_null(route);
+        assert_string_equal(rt_route_name(route), want[i][1]);
+        rt_routes_put(r, route);
+    }
+    assert_int_equal(rt_routes_count(r), 2);
+    rt_routes_free(r);
+    gateway_table_free(&t);
+    json_decref(all);
+    json_decref(gw);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_table), cmocka_unit_test(test_bounds)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_table), cmocka_unit_test(test_bounds),
+                                       cmocka_unit_test(test_router_takes_the_table)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -377,6 +377,8 @@ static void test_routes(void **st)
         {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"service\":\"UPPER\"}]}", "routes[0].service"},
         {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"backends\":[\"ftp://x\"]}]}", "routes[0].backends[0]"},
         {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"weight\":101}]}", "weight: an integer 0..100"},
+        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"metricsPort\":0}]}", "metricsPort: a port"},
+        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\",\"m\"]}]}", "m is served by routes[0] too"},
         {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"weight\":5,\"weightConfigMap\":\"c\"}]}",
          "without weightConfigMap"},
     };
