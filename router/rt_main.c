@@ -381,6 +381,8 @@ static void drain(router *r, double delay_s, double drain_s)
 static llm_status start_table(router *r, const rt_pool_config *pc, const char *file, llm_error *err)
 {
     llm_status st = rt_routes_new(pc, &r->px.routes, err);
+    if (!st && !file)
+        rt_routes_from_kube(r->px.routes);
     if (st || !file)
         return st;
     FILE *f = fopen(file, "rb");
@@ -395,9 +397,6 @@ static llm_status start_table(router *r, const rt_pool_config *pc, const char *f
         return llm_errf(err, LLM_ERR_NOMEM, "no memory to read --routes %s", file);
     st = too_long ? llm_errf(err, LLM_ERR_TOO_LONG, "--routes %s: over 16 MiB", file) : rt_routes_load(r->px.routes, text, n, err);
     free(text);
-    if (!st && rt_routes_follow_kube(r->px.routes))
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "--routes %s: a route names a Service or weightConfigMap, which only "
-                        "--routes-configmap follows (a file's routes take backends and weight)", file);
     if (st && !too_long) {
         char msg[LLM_ERROR_MSG_MAX];
         snprintf(msg, sizeof msg, "%s", err->msg);

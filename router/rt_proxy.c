@@ -690,14 +690,15 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
     }
     llm_json_span b = {body ? body : "", len}, v, m;
     session_of(px, c, b, session, sizeof session);
-    char model[RT_MODEL_NAME_MAX + 2] = ""; /* an adapter's requests go to the pods that have it (rt_pool.h) */
+    /* room for a name over the limit by a whole UTF-8 character: a cut name must not pass for another */
+    char model[RT_MODEL_NAME_MAX + 5] = ""; /* an adapter's requests go to the pods that have it (rt_pool.h) */
     long mlen = llm_json_member(b, "model", &m) ? llm_json_string(m, model, sizeof model) : -1;
     if (mlen < 0)
         model[0] = 0;
     rt_route *route = NULL;
     rt_pool *pool = px->pool;
-    if (px->routes && mlen > RT_MODEL_NAME_MAX) /* cut to fit, it could pass for another name */
-        code = reply(c, 400, "model: at most 256 bytes (no deployment serves a longer name)");
+    if (px->routes && (mlen > RT_MODEL_NAME_MAX || (mlen >= 0 && (size_t)mlen != strlen(model))))
+        code = reply(c, 400, "model: at most 256 bytes, no NUL (no deployment serves such a name)");
     if (px->routes && (code || (code = gateway_route(px, c, model, mlen >= 0, &route)))) {
         free(body);
         __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);

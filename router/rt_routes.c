@@ -28,6 +28,7 @@ struct rt_routes {
     rt_route *r[RT_MAX_ROUTES];
     int n;
     llm_strmap names;        /* model name -> index in r (keys: the routes' own strings); e NULL: scan */
+    int from_kube;           /* tables come from a ConfigMap (rt_routes_from_kube) */
 };
 
 llm_status rt_routes_new(const rt_pool_config *pc, rt_routes **out, llm_error *err)
@@ -139,9 +140,23 @@ static llm_status urls(json_t *e, const char *key, int i, json_t **out, llm_erro
     return LLM_OK;
 }
 
+/* What a table may name, by where it comes from: a ConfigMap's (anyone who
+ * may edit it) names Services of the namespace, never URLs; a file's names
+ * URLs (nothing would follow a Service). */
+static llm_status origin_ok(const spec *s, int i, int from_kube, llm_error *err)
+{
+    if (from_kube && (s->backends[0] || s->backends[1] || s->weight >= 0))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "routes[%d] (%s): a table from a ConfigMap names Services, not "
+                        "backends or a weight", i, s->name);
+    if (!from_kube && (s->service[0] || s->service[1] || s->weight_cm))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "routes[%d] (%s): names a Service or weightConfigMap, which only a "
+                        "table from a ConfigMap (--routes-configmap) follows", i, s->name);
+    return LLM_OK;
+}
+
 /* Entry i of the document into s; seen: the models named so far (model ->
  * route index), for uniqueness. */
-static llm_status one_spec(json_t *e, int i, json_t *seen, spec *s, llm_error *err)
+static llm_status one_spec(json_t *e, int i, json_t *seen, int from_kube, spec *s, llm_error *err)
 {
     json_t *name = json_object_get(e, "name"), *models = json_object_get(e, "models"), *w = json_object_get(e, "weight");
     if (!json_is_object(e))
@@ -189,11 +204,11 @@ static llm_status one_spec(json_t *e, int i, json_t *seen, spec *s, llm_error *e
     if (mp && (!json_is_integer(mp) || json_integer_value(mp) < 1 || json_integer_value(mp) > 65535))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "routes[%d] (%s).metricsPort: a port 1..65535", i, s->name);
     s->metrics_port = mp ? (int)json_integer_value(mp) : 0;
-    return LLM_OK;
+    return origin_ok(s, i, from_kube, err);
 }
 
 /* The document's entries into specs (n of them, calloc'd). */
-static llm_status parse(json_t *doc, spec **specs, int *n, llm_error *err)
+static llm_status parse(json_t *doc, int from_kube, spec **specs, int *n, llm_error *err)
 {
     json_t *routes = json_object_get(doc, "routes");
     if (!json_is_array(routes) || json_array_size(routes) > RT_MAX_ROUTES)
@@ -203,7 +218,7 @@ static llm_status parse(json_t *doc, spec **specs, int *n, llm_error *err)
     json_t *seen = json_object(), *names = json_object();
     llm_status st = *specs && seen && names ? LLM_OK : llm_errf(err, LLM_ERR_NOMEM, "no memory for the route table");
     for (int i = 0; i < *n && !st; i++) {
-        st = one_spec(json_array_get(routes, (size_t)i), i, seen, &(*specs)[i], err);
+        st = one_spec(json_array_get(routes, (size_t)i), i, seen, from_kube, &(*specs)[i], err);
         if (!st && json_object_get(names, (*specs)[i].name))
             st = llm_errf(err, LLM_ERR_INVALID_ARG, "routes[%d].name: %s is taken", i, (*specs)[i].name);
         if (!st && json_object_set_new(names, (*specs)[i].name, json_true()))
@@ -334,7 +349,10 @@ llm_status rt_routes_load(rt_routes *t, const char *json, size_t n, llm_error *e
     spec *specs = NULL;
     int ns = 0;
     pthread_mutex_lock(&t->load_mu);
-    llm_status st = parse(doc, &specs, &ns, err);
+    pthread_mutex_lock(&t->mu);
+    int from_kube = t->from_kube;
+    pthread_mutex_unlock(&t->mu);
+    llm_status st = parse(doc, from_kube, &specs, &ns, err);
     staged *g = st ? NULL : calloc((size_t)ns + 1, sizeof *g);
     if (!st && !g)
         st = llm_errf(err, LLM_ERR_NOMEM, "no memory for the route table");
@@ -377,7 +395,9 @@ rt_route *rt_routes_find(rt_routes *t, const char *model)
         for (int k = 0; k < t->r[i]->n_models && !found; k++)
             if (!strcmp(t->r[i]->models[k], model))
                 found = t->r[i];
-    for (int i = 0; i < t->n && !found && *model; i++) /* an adapter some pod of the route has loaded */
+    /* an adapter some pod of the route has loaded - the pods' word, so only for a table from a file: a
+     * ConfigMap's lists every adapter, and a pod must not draw names no route gave it */
+    for (int i = 0; i < t->n && !found && *model && !t->from_kube; i++)
         if (rt_pool_has_adapter(t->r[i]->pool, model))
             found = t->r[i];
     if (found)
@@ -442,14 +462,11 @@ void rt_routes_publish(rt_routes *t, const char *service, int rev, const char *c
     pthread_mutex_unlock(&t->mu);
 }
 
-int rt_routes_follow_kube(rt_routes *t)
+void rt_routes_from_kube(rt_routes *t)
 {
-    int any = 0;
     pthread_mutex_lock(&t->mu);
-    for (int i = 0; i < t->n && !any; i++)
-        any = t->r[i]->service[0][0] || t->r[i]->service[1][0] || t->r[i]->weight_cm[0];
+    t->from_kube = 1;
     pthread_mutex_unlock(&t->mu);
-    return any;
 }
 
 int rt_routes_uses_service(rt_routes *t, const char *service)
@@ -484,7 +501,9 @@ static void list_one(void *ctx, const char *id)
     if (json_object_get(l->seen, id))
         return;
     json_t *m = json_pack("{s:s,s:s,s:s}", "id", id, "object", "model", "owned_by", l->route);
-    l->failed |= !m || json_array_append_new(l->data, m) || json_object_set_new(l->seen, id, json_true());
+    if (!m) /* a pod's adapter name that is no UTF-8 (its /metrics are its word): left out, not the whole list */
+        return;
+    l->failed |= json_array_append_new(l->data, m) || json_object_set_new(l->seen, id, json_true());
 }
 
 char *rt_routes_models_json(rt_routes *t)
@@ -494,7 +513,8 @@ char *rt_routes_models_json(rt_routes *t)
     for (int i = 0; i < t->n && l.data && l.seen; i++) {
         l.route = t->r[i]->name;
         for (int k = 0; k < t->r[i]->n_models; k++) list_one(&l, t->r[i]->models[k]);
-        rt_pool_adapters(t->r[i]->pool, list_one, &l);
+        if (!t->from_kube) /* a file's table: the adapters the pods loaded at run time are served too */
+            rt_pool_adapters(t->r[i]->pool, list_one, &l);
     }
     pthread_mutex_unlock(&t->mu);
     json_t *doc = l.data && l.seen && !l.failed ? json_pack("{s:s,s:O}", "object", "list", "data", l.data) : NULL;

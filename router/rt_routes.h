@@ -21,8 +21,9 @@
  * health listener), 1..65535. At most RT_MAX_ROUTES routes.
  *
  * A request's model picks its route: the route that lists the name, else
- * the first route one of whose pods lists it as a loaded adapter; none:
- * the caller answers 404 naming what is served (rt_routes_not_served).
+ * (a table from a file) the first route one of whose pods lists it as a
+ * loaded adapter; none: the caller answers 404 naming what is served
+ * (rt_routes_not_served).
  *
  * The table is replaced whole (rt_routes_load); a route that stays (same
  * name) keeps its pool and its backends' state; a bad table changes
@@ -82,15 +83,17 @@ int rt_route_metrics_port(rt_routes *t, const rt_route *r);
 void rt_routes_publish(rt_routes *t, const char *service, int rev, const char *const *urls, int n);
 /* Whether some route follows this Service (as its stable or canary one). */
 int rt_routes_uses_service(rt_routes *t, const char *service);
-/* Whether some route names a Service or weight ConfigMap (which only a
- * router that watches the API server follows). */
-int rt_routes_follow_kube(rt_routes *t);
+/* Tables come from a ConfigMap from now on: they must name Services (and
+ * weight ConfigMaps), not backend URLs or weights, and a name no route
+ * lists is not looked for among the adapters its pods report (the table
+ * lists every adapter). A table from a file is the other way round. */
+void rt_routes_from_kube(rt_routes *t);
 /* The canary weight of every route that follows ConfigMap cm. */
 void rt_routes_set_weight(rt_routes *t, const char *cm, int weight);
 
 /* The models served, as an OpenAI model list ({"object": "list", "data":
  * [{"id", "object": "model", "owned_by": ROUTE}]}): every route's names,
- * then the adapters its pods list; malloc'd, the caller frees it. NULL
+ * then (a table from a file) the adapters its pods list; malloc'd, the caller frees it. NULL
  * without memory. */
 char *rt_routes_models_json(rt_routes *t);
 /* The 404 message for model: what is served (the first names, then how

@@ -454,6 +454,10 @@ def test_gateway_serves_every_model_from_one_endpoint(tmp_path, models):
         assert code == 404 and "model 'evil??[31m' is not served" in body["error"]["message"], body
         code, body, _ = r.post({"model": "m" * (10 << 20), "prompt": "x"}, timeout=120)
         assert code == 400 and "at most 256 bytes" in body["error"]["message"], body
+        # cut or NUL-ended names must not pass for a served one: 255 bytes + a 4-byte character, "base-m\0..."
+        for sly in ("b" * 255 + "\U0001F600", "base-m\u0000x"):
+            code, body, _ = r.post({"model": sly, "prompt": "x"})
+            assert code == 400 and "no NUL" in body["error"]["message"], (sly[:8], body)
         code, body, _ = r.post({"prompt": "x", "max_tokens": 1})  # two routes: the model must choose
         assert code == 400 and "the body's \"model\" chooses one" in body["error"]["message"], body
         assert pod("base-m") == ("b1", "stable")

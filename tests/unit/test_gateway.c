@@ -141,6 +141,7 @@ static void test_router_takes_the_table(void **st)
     llm_error err = {0};
     rt_pool_config pc = {.policy = RT_CACHE_AWARE};
     assert_int_equal(rt_routes_new(&pc, &r, &err), LLM_OK);
+    rt_routes_from_kube(r); /* as the gateway's pods take it: from the ConfigMap */
     if (rt_routes_load(r, t.routes, strlen(t.routes), &err))
         fail_msg("the router refuses the controller's table: %s\n%s", err.msg, t.routes);
     static const char *const want[][2] = {{"m-a", "a"}, {"ad", "a"}, {"m-b", "b"}};

@@ -319,10 +319,12 @@ static void adapter_pods(rt_pool *p)
     rt_pool_report_adapters(p, 0, names, lens, 2);
 }
 
-/* The gateway's table: a model picks its route (by name, else by an
- * adapter a pod lists); a bad table is refused naming the entry and field,
- * and changes nothing; a reload keeps the routes that stay (their pools'
- * state) and a route dropped while a request holds it lives until put. */
+/* The gateway's table from a ConfigMap: a model picks its route by name
+ * (the pods' own adapter claims draw nothing); discovery and weight
+ * ConfigMaps reach the routes that follow them; a bad table is refused
+ * naming the entry and field, and changes nothing; a reload keeps the
+ * routes that stay (their pools' state) and a route dropped while a
+ * request holds it lives until put. */
 static void test_routes(void **st)
 {
     (void)st;
@@ -330,9 +332,9 @@ static void test_routes(void **st)
     llm_error err = {0};
     rt_pool_config pc = {.policy = RT_CACHE_AWARE};
     assert_int_equal(rt_routes_new(&pc, &t, &err), LLM_OK);
-    const char *two = "{\"routes\":[{\"name\":\"base\",\"models\":[\"gemma\",\"gemma-3\"],"
-                      "\"backends\":[\"p1=http://10.0.0.1:1\"],\"weight\":20},"
-                      "{\"name\":\"tuned\",\"models\":[\"llama\"],\"service\":\"llama\","
+    rt_routes_from_kube(t);
+    const char *two = "{\"routes\":[{\"name\":\"base\",\"models\":[\"gemma\",\"gemma-3\"],\"service\":\"gemma\"},"
+                      "{\"name\":\"tuned\",\"models\":[\"llama\",\"tuned-a\"],\"service\":\"llama\","
                       "\"canaryService\":\"llama-canary-backends\",\"weightConfigMap\":\"llama-router\"}]}";
     assert_int_equal(load(t, two, &err), LLM_OK);
     assert_int_equal(rt_routes_count(t), 2);
@@ -340,31 +342,29 @@ static void test_routes(void **st)
     assert_non_null(base);
     assert_non_null(tuned);
     assert_string_equal(rt_route_name(base), "base");
-    assert_int_equal(rt_pool_size(rt_route_pool(base)), 1);
-    assert_int_equal(rt_pool_weight(rt_route_pool(base)), 20);
-    assert_null(rt_routes_find(t, "tuned-a"));
     /* discovery and the canary's ConfigMap reach the routes that follow them */
     const char *urls[] = {"pod-1=http://10.0.1.1:1", "pod-2=http://10.0.1.2:1"};
     assert_true(rt_routes_uses_service(t, "llama-canary-backends"));
-    assert_false(rt_routes_uses_service(t, "gemma"));
+    assert_false(rt_routes_uses_service(t, "nope"));
+    rt_routes_publish(t, "gemma", 0, urls, 1);
     rt_routes_publish(t, "llama", 0, urls, 2);
     rt_routes_publish(t, "llama", 1, urls, 1); /* not its canary service: nothing */
+    assert_int_equal(rt_pool_size(rt_route_pool(base)), 1);
     assert_int_equal(rt_pool_size(rt_route_pool(tuned)), 2);
     rt_routes_set_weight(t, "llama-router", 30);
     assert_int_equal(rt_pool_weight(rt_route_pool(tuned)), 30);
-    /* an adapter a pod of the route lists */
+    /* a pod claiming an adapter the table does not list draws nothing */
     adapter_pods(rt_route_pool(tuned));
-    rt_route *a = rt_routes_find(t, "tuned-b");
-    assert_ptr_equal(a, tuned);
-    rt_routes_put(t, a);
+    assert_ptr_equal(rt_routes_find(t, "tuned-a"), tuned), rt_routes_put(t, tuned);
+    assert_null(rt_routes_find(t, "tuned-b"));
     char *list = rt_routes_models_json(t);
     assert_non_null(list);
     assert_non_null(strstr(list, "{\"id\":\"gemma-3\",\"object\":\"model\",\"owned_by\":\"base\"}"));
-    assert_non_null(strstr(list, "{\"id\":\"tuned-a\",\"object\":\"model\",\"owned_by\":\"tuned\"}"));
+    assert_null(strstr(list, "tuned-b"));
     free(list);
     char msg[512];
     rt_routes_not_served(t, "nope\n", msg, sizeof msg);
-    assert_string_equal(msg, "model 'nope?' is not served here; served: gemma, gemma-3, llama");
+    assert_string_equal(msg, "model 'nope?' is not served here; served: gemma, gemma-3, llama, tuned-a");
     /* bad tables: refused, naming where; the table stays */
     static const struct { const char *json, *says; } bad[] = {
         {"[]", "{\"routes\": [...]}"},
@@ -373,12 +373,13 @@ static void test_routes(void **st)
         {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\\u0001\"]}]}", "no control characters"},
         {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"]},{\"name\":\"b\",\"models\":[\"m\"]}]}",
          "routes[1] (b).models[0]: m is served by routes[0] too"},
+        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\",\"m\"]}]}", "m is served by routes[0] too"},
         {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"]},{\"name\":\"a\",\"models\":[\"n\"]}]}", "a is taken"},
         {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"service\":\"UPPER\"}]}", "routes[0].service"},
-        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"backends\":[\"ftp://x\"]}]}", "routes[0].backends[0]"},
-        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"weight\":101}]}", "weight: an integer 0..100"},
         {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"metricsPort\":0}]}", "metricsPort: a port"},
-        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\",\"m\"]}]}", "m is served by routes[0] too"},
+        /* a ConfigMap (anyone who may edit it) cannot point a route at a URL of its choice */
+        {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"backends\":[\"http://169.254.169.254\"]}]}",
+         "a table from a ConfigMap names Services, not backends"},
         {"{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"weight\":5,\"weightConfigMap\":\"c\"}]}",
          "without weightConfigMap"},
     };
@@ -397,9 +398,50 @@ static void test_routes(void **st)
     assert_int_equal(rt_pool_size(rt_route_pool(again)), 2);
     assert_int_equal(rt_pool_weight(rt_route_pool(again)), 30);
     assert_string_equal(rt_route_name(moved), "new");
+    assert_null(rt_routes_find(t, "gemma-3"));
     assert_int_equal(rt_pool_size(rt_route_pool(base)), 1); /* still usable by its request */
     rt_routes_put(t, base);
     rt_routes_put(t, again), rt_routes_put(t, moved), rt_routes_put(t, tuned);
+    rt_routes_free(t);
+}
+
+/* A table from a file: static backends and weights, and the adapters its
+ * pods report loaded are served too; Services (nothing follows them) and
+ * more than RT_MAX_BACKENDS backends in a route are refused. */
+static void test_routes_from_file(void **st)
+{
+    (void)st;
+    rt_routes *t;
+    llm_error err = {0};
+    rt_pool_config pc = {.policy = RT_CACHE_AWARE};
+    assert_int_equal(rt_routes_new(&pc, &t, &err), LLM_OK);
+    assert_int_equal(load(t, "{\"routes\":[{\"name\":\"base\",\"models\":[\"gemma\"],\"backends\":"
+                             "[\"p1=http://10.0.0.1:1\"],\"canaryBackends\":[\"p2=http://10.0.0.2:1\"],\"weight\":20}]}",
+                          &err), LLM_OK);
+    rt_route *base = rt_routes_find(t, "gemma");
+    assert_int_equal(rt_pool_size(rt_route_pool(base)), 2);
+    assert_int_equal(rt_pool_weight(rt_route_pool(base)), 20);
+    adapter_pods(rt_route_pool(base));
+    rt_route *a = rt_routes_find(t, "tuned-b");
+    assert_ptr_equal(a, base);
+    char *list = rt_routes_models_json(t);
+    assert_non_null(strstr(list, "{\"id\":\"tuned-a\",\"object\":\"model\",\"owned_by\":\"base\"}"));
+    free(list);
+    rt_routes_put(t, a), rt_routes_put(t, base);
+    assert_int_equal(load(t, "{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"service\":\"s\"}]}", &err),
+                     LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "only a table from a ConfigMap"));
+    size_t cap = 64 * (RT_MAX_BACKENDS + 2) + 256, at;
+    char *json = malloc(cap);
+    assert_non_null(json);
+    at = (size_t)snprintf(json, cap, "{\"routes\":[{\"name\":\"a\",\"models\":[\"m\"],\"backends\":[");
+    for (int i = 0; i < RT_MAX_BACKENDS; i++)
+        at += (size_t)snprintf(json + at, cap - at, "%s\"http://10.2.%d.%d:1\"", i ? "," : "", i / 200, i % 200);
+    snprintf(json + at, cap - at, "],\"canaryBackends\":[\"http://10.3.0.1:1\"]}]}");
+    assert_int_equal(load(t, json, &err), LLM_ERR_INVALID_ARG); /* one pool holds both revisions */
+    assert_non_null(strstr(err.msg, "backends in both revisions"));
+    assert_int_equal(rt_routes_count(t), 1);
+    free(json);
     rt_routes_free(t);
 }
 
@@ -463,7 +505,8 @@ int main(void)
         cmocka_unit_test(test_index_vs_lru),   cmocka_unit_test(test_index_prefix),
         cmocka_unit_test(test_cache_aware_pick), cmocka_unit_test(test_trust),
         cmocka_unit_test(test_policy_names),   cmocka_unit_test(test_pool_grows_and_metrics_of_two),
-        cmocka_unit_test(test_routes),         cmocka_unit_test(test_routes_many),
+        cmocka_unit_test(test_routes),         cmocka_unit_test(test_routes_from_file),
+        cmocka_unit_test(test_routes_many),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
