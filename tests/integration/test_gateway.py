@@ -60,6 +60,9 @@ def test_gateway_fronts_the_deployments_it_selects(cluster, tmp_path):
     deploy(c, "base", "a", "base-m", base)
     deploy(c, "tuned", "a", "tuned-m", base, f"  adapters:\n  - {json.dumps({'name': 'ad', 'path': str(files / 'ad.gguf')})}\n")
     deploy(c, "other", "b", "other-m", base)
+    for bad in ("g" * 56, "1front"):  # its Service and NAME-gateway Deployment are named from it
+        r = c.k("apply", "-f", "-", check=False, stdin=GATEWAY.replace("name: front", f"name: {bad}"))
+        assert r.returncode and "DNS-1035 label of at most 55" in r.stderr, (bad, r.stderr)
     c.k("apply", "-f", "-", stdin=GATEWAY)
     st = wait_for(lambda: (s := gw_status(c)).get("phase") == "Ready" and s.get("deployments") == 2 and s, 120,
                   "the gateway ready in front of two deployments")
