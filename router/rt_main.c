@@ -108,9 +108,11 @@ static void poll_pool(CURL *h, rt_pool *pool, long metrics_port)
         rt_pool_report(pool, i, ok, ok ? prom_text_value(text, "llm_requests_waiting", &f) : 0,
                        ok ? prom_text_value(text, "llm_requests_running", &f) : 0,
                        ok ? prom_text_value(text, "llm_kv_cache_usage_ratio", &f) : 0);
+        int fp = 0;
         double kv_tokens = ok ? prom_text_value(text, "llm_kv_cache_tokens", &f) : 0;
-        if (ok && f)
-            rt_pool_report_cache(pool, i, kv_tokens);
+        double prompts = ok ? prom_text_value(text, "llm_prompt_tokens_total", &fp) : 0;
+        if (ok)
+            rt_pool_report_cache(pool, i, f ? kv_tokens : 0, fp ? prompts : -1);
         adapter_names an = {.n = 0};
         if (ok) { /* an unreachable backend keeps what it listed: it is not picked while ejected anyway */
             prom_text_labels(text, "llm_lora_loaded", "adapter", RT_POOL_MAX_ADAPTERS, adapter_seen, &an);

@@ -57,6 +57,7 @@ typedef struct backend {
     double trust;              /* 0..1: how far its answers bore out the index (rt_pool.h) */
     unsigned long long prompt_tokens, cached_tokens; /* as its answers' usage said */
     double predicted_tokens;   /* what the index predicted of those */
+    double prompt_counter;     /* its llm_prompt_tokens_total at the last poll (-1: none yet) */
 } backend;
 
 typedef struct vnode {
@@ -213,6 +214,7 @@ llm_status rt_pool_set(rt_pool *p, int rev, const char *const *urls, int n, llm_
         free(p->b[slot].adapter_names);
         memset(&p->b[slot], 0, sizeof p->b[slot]);
         p->b[slot].trust = 1;
+        p->b[slot].prompt_counter = -1;
         snprintf(p->b[slot].url, sizeof p->b[slot].url, "%s", url);
         snprintf(p->b[slot].name, sizeof p->b[slot].name, "%s", name);
         p->b[slot].rev = rev;
@@ -466,9 +468,18 @@ int rt_pool_pick(rt_pool *p, const rt_request *q, char *url, size_t un, double *
     return i;
 }
 
-void rt_pool_report_cache(rt_pool *p, int idx, double kv_tokens)
+void rt_pool_report_cache(rt_pool *p, int idx, double kv_tokens, double prompt_total)
 {
     pthread_mutex_lock(&p->mu);
+    if (idx >= 0 && idx < p->n && prompt_total >= 0) {
+        backend *b = &p->b[idx];
+        if (b->prompt_counter >= 0 && prompt_total < b->prompt_counter && b->ix) { /* a counter that went back: the pod
+                                                                                    * restarted, its cache is empty */
+            rt_prefix_index_clear(b->ix);
+            b->trust = 1;
+        }
+        b->prompt_counter = prompt_total;
+    }
     if (idx >= 0 && idx < p->n && kv_tokens > 0) {
         backend *b = &p->b[idx];
         /* about RT_PREFIX_BYTES_PER_TOKEN bytes of request text per token */

@@ -137,9 +137,12 @@ int rt_pool_revision(rt_pool *p, int idx);
  * a failure. */
 void rt_pool_report(rt_pool *p, int idx, int reachable, double waiting, double running, double kv_usage);
 /* The KV cache size backend i reports (token rows; its
- * llm_kv_cache_tokens): its prefix index holds about as many prompt bytes
- * as that many tokens take. */
-void rt_pool_report_cache(rt_pool *p, int idx, double kv_tokens);
+ * llm_kv_cache_tokens; <= 0: none said): its prefix index holds about as
+ * many prompt bytes as that many tokens take. prompt_total: its
+ * llm_prompt_tokens_total (< 0: none said); lower than the last one, the
+ * pod restarted (counters start again at 0) with an empty cache: its index
+ * is emptied and its trust starts again. */
+void rt_pool_report_cache(rt_pool *p, int idx, double kv_tokens, double prompt_total);
 /* The adapters backend i has loaded (names, n of them: those past
  * RT_POOL_MAX_ADAPTERS are left out), from its /metrics; replaces the last
  * report. */

@@ -485,6 +485,37 @@ static void test_routes_many(void **st)
     rt_routes_free(t);
 }
 
+/* A pod that restarted (its prompt counter went back) has an empty cache:
+ * its index is emptied, and the prefix no longer pulls the request there. */
+static void test_restart_forgets(void **st)
+{
+    (void)st;
+    rt_pool *p = three_pods();
+    char *t1 = chat("m", 4000, 1, NULL);
+    chain_of(t1, NULL, &g_a);
+    double pred;
+    int pod = pick(p, &g_a, &pred);
+    done(p, pod, 1100, 0, pred);
+    rt_pool_report_cache(p, pod, 0, 5000);
+    assert_int_equal(pick(p, &g_a, &pred), pod); /* the prefix pulls */
+    assert_true(pred > 0.9);
+    done(p, pod, 1100, 1090, pred);
+    rt_pool_report_cache(p, pod, 0, 6100); /* counting on: same process */
+    assert_int_equal(pick(p, &g_a, &pred), pod);
+    done(p, pod, 1100, 1090, pred);
+    rt_pool_report_cache(p, pod, 0, 40); /* back near 0: restarted */
+    llm_strbuf m = {0};
+    rt_pool_metrics(&p, NULL, 1, &m);
+    char series[96];
+    snprintf(series, sizeof series, "llm_router_backend_prefix_links{backend=\"%c\"} 0\n", 'a' + pod);
+    assert_non_null(strstr(m.p, series));
+    llm_strbuf_free(&m);
+    pick(p, &g_a, &pred);
+    assert_true(pred == 0); /* nothing believed held anywhere */
+    free(t1);
+    rt_pool_free(p);
+}
+
 /* The four policies by name, and nothing else. */
 static void test_policy_names(void **st)
 {
@@ -506,7 +537,7 @@ int main(void)
         cmocka_unit_test(test_cache_aware_pick), cmocka_unit_test(test_trust),
         cmocka_unit_test(test_policy_names),   cmocka_unit_test(test_pool_grows_and_metrics_of_two),
         cmocka_unit_test(test_routes),         cmocka_unit_test(test_routes_from_file),
-        cmocka_unit_test(test_routes_many),
+        cmocka_unit_test(test_routes_many),    cmocka_unit_test(test_restart_forgets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
