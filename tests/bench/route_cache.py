@@ -24,42 +24,16 @@ import http.client
 import json
 import pathlib
 import random
-import socket
 import subprocess
-import sys
 import threading
 import time
+
+from router import free_ports, pct, wait_ok  # tests/bench/router.py: the same loopback helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORDS = ("river stone light garden window paper music winter harbor market lantern forest copper signal "
          "meadow bridge letter candle mirror orchard valley thunder silver engine compass island feather "
          "ladder pocket velvet anchor basket cinder dragon ember falcon glacier hollow ivory jasmine kettle").split()
-
-
-def free_ports(n):
-    """n loopback ports, all free now and all different (the sockets are held open together)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def wait_ok(port, path, timeout=180):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", path)
-            if c.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    sys.exit(f"port {port}{path} not ready")
 
 
 def words(rng, n):
@@ -81,11 +55,6 @@ def make_trace(a):
                  for _ in range(rng.randint(1, 4))]
         convs.append((t, turns))
     return systems, convs
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
 
 
 def one_turn(port, messages):
@@ -164,7 +133,7 @@ def run_policy(a, bin_, policy, systems, convs):
     router = None
     try:
         for p in ports[:n]:
-            wait_ok(p, "/readyz")
+            wait_ok(p, "/readyz", 180)
         port = ports[0]
         if policy is not None:
             port = ports[n]
@@ -172,7 +141,7 @@ def run_policy(a, bin_, policy, systems, convs):
                                        "--policy", policy, "--poll-ms", "200", *a.router_args.split()] +
                                       sum((["--backend", f"http://127.0.0.1:{p}"] for p in ports[:n]), []),
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            wait_ok(port, "/readyz")
+            wait_ok(port, "/readyz", 180)
         ttfts, errors, wall = run_trace(port, systems, convs, a.conc)
         q, h = pod_counts(ports[:n])
         return {"computed": q - h, "queries": q, "hit": h / q if q else 0, "p50": pct(ttfts, 50), "p99": pct(ttfts, 99),
