@@ -206,10 +206,7 @@ static void *follow_weights(void *arg)
 static void *follow_table(void *arg)
 {
     rt_gateway *g = arg;
-    char path[600];
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/configmaps?fieldSelector=metadata.name%%3D%s", g->ns,
-             g->routes_cm);
-    rt_kube_watch(g->cfg, path, on_table, g, g->stop);
+    rt_kube_watch_configmap(g->cfg, g->ns, g->routes_cm, on_table, g, g->stop);
     return NULL;
 }
 

@@ -24,6 +24,14 @@ void rt_kube_watch(kube_config *cfg, const char *path, kube_watch_event_fn fn, v
     }
 }
 
+void rt_kube_watch_configmap(kube_config *cfg, const char *ns, const char *name, kube_watch_event_fn fn, void *ctx,
+                             atomic_int *stop)
+{
+    char path[800];
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/configmaps?fieldSelector=metadata.name%%3D%s", ns, name);
+    rt_kube_watch(cfg, path, fn, ctx, stop);
+}
+
 char *rt_kube_slice_urls(json_t *slice)
 {
     json_t *ports = json_object_get(slice, "ports");

@@ -17,6 +17,10 @@
  * good (RBAC not yet bound, say); fn as kube_watch_run's. */
 void rt_kube_watch(kube_config *cfg, const char *path, kube_watch_event_fn fn, void *ctx, atomic_int *stop);
 
+/* rt_kube_watch of the one ConfigMap ns/name (a fieldSelector on its name). */
+void rt_kube_watch_configmap(kube_config *cfg, const char *ns, const char *name, kube_watch_event_fn fn, void *ctx,
+                             atomic_int *stop);
+
 /* The ready endpoints of one EndpointSlice as "POD=http://IP:PORT" lines
  * (its port named http, else its first), newline-separated; malloc'd
  * (NULL without memory). */

@@ -240,10 +240,7 @@ static int on_weight(void *arg, const char *type, json_t *obj)
 static void *follow_weight(void *arg)
 {
     router *r = arg;
-    char path[800];
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/configmaps?fieldSelector=metadata.name%%3D%s", r->weight_ns,
-             r->weight_cm);
-    rt_kube_watch(&r->cfg, path, on_weight, r, &g_stop);
+    rt_kube_watch_configmap(&r->cfg, r->weight_ns, r->weight_cm, on_weight, r, &g_stop);
     return NULL;
 }
 
