@@ -307,6 +307,16 @@ static void test_pool_grows_and_metrics_of_two(void **st)
     rt_pool_free(q);
 }
 
+/* An empty gateway table of cache-aware pools. */
+static rt_routes *new_table(void)
+{
+    rt_routes *t;
+    llm_error err = {0};
+    rt_pool_config pc = {.policy = RT_CACHE_AWARE};
+    assert_int_equal(rt_routes_new(&pc, &t, &err), LLM_OK);
+    return t;
+}
+
 static llm_status load(rt_routes *t, const char *json, llm_error *err)
 {
     return rt_routes_load(t, json, strlen(json), err);
@@ -328,10 +338,8 @@ static void adapter_pods(rt_pool *p)
 static void test_routes(void **st)
 {
     (void)st;
-    rt_routes *t;
     llm_error err = {0};
-    rt_pool_config pc = {.policy = RT_CACHE_AWARE};
-    assert_int_equal(rt_routes_new(&pc, &t, &err), LLM_OK);
+    rt_routes *t = new_table();
     rt_routes_from_kube(t);
     const char *two = "{\"routes\":[{\"name\":\"base\",\"models\":[\"gemma\",\"gemma-3\"],\"service\":\"gemma\"},"
                       "{\"name\":\"tuned\",\"models\":[\"llama\",\"tuned-a\"],\"service\":\"llama\","
@@ -411,10 +419,8 @@ static void test_routes(void **st)
 static void test_routes_from_file(void **st)
 {
     (void)st;
-    rt_routes *t;
     llm_error err = {0};
-    rt_pool_config pc = {.policy = RT_CACHE_AWARE};
-    assert_int_equal(rt_routes_new(&pc, &t, &err), LLM_OK);
+    rt_routes *t = new_table();
     assert_int_equal(load(t, "{\"routes\":[{\"name\":\"base\",\"models\":[\"gemma\"],\"backends\":"
                              "[\"p1=http://10.0.0.1:1\"],\"canaryBackends\":[\"p2=http://10.0.0.2:1\"],\"weight\":20}]}",
                           &err), LLM_OK);
@@ -450,10 +456,8 @@ static void test_routes_from_file(void **st)
 static void test_routes_many(void **st)
 {
     (void)st;
-    rt_routes *t;
     llm_error err = {0};
-    rt_pool_config pc = {.policy = RT_CACHE_AWARE};
-    assert_int_equal(rt_routes_new(&pc, &t, &err), LLM_OK);
+    rt_routes *t = new_table();
     size_t cap = (size_t)(RT_MAX_ROUTES + 1) * 64 + 32, at = 0;
     char *json = malloc(cap);
     assert_non_null(json);
