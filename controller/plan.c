@@ -92,15 +92,21 @@ static const podsig_reading *fresh(const plan_input *in, double interval_s)
  * controller's field). The Deployment's count (or, while a canary splits
  * it, the spec's) is the start when there is no record, when the record
  * is outside [0, maxReplicas] (the status is writable by others), and when
- * the record says 0 but pods run: a wake whose record was lost, whose pod
- * the idle timer, not the zero branch, decides about. */
-static int autoscale_start(const plan_input *in, json_t *prev, json_t *spec, int split, const autoscale_config *as)
+ * the record says 0 but pods run and no request is held: a wake whose
+ * record was lost, whose pod the idle timer, not the zero branch, decides
+ * about. While the routers still hold requests, a record of 0 is the start
+ * whatever the Deployment says: the wake is taken (again) and recorded,
+ * with its Event - a wake whose status write met a 409 is otherwise never
+ * recorded, and a stale Deployment of 1 after a scale to zero is a wake
+ * all the same when requests wait. */
+static int autoscale_start(const plan_input *in, json_t *prev, json_t *spec, int split, const autoscale_config *as,
+                           int held)
 {
     json_t *rec = json_object_get(prev, "desiredReplicas");
     json_int_t dep = !split && in->stable ? json_integer_value(kube_json_get(json_object_get(in->stable, "spec"), "replicas", NULL))
                                           : -1;
     json_int_t r = json_is_integer(rec) ? json_integer_value(rec) : -1;
-    if (r >= 0 && r <= as->max && !(r == 0 && dep > 0))
+    if (r >= 0 && r <= as->max && !(r == 0 && dep > 0 && !(held && as->min == 0)))
         return (int)r;
     if (dep >= 0 && dep <= INT_MAX)
         return (int)dep;
@@ -116,8 +122,9 @@ static llm_status autoscale(const plan_input *in, json_t *d, plan *p, llm_error 
     json_t *spec = json_object_get(d, "spec");
     json_t *prev = kube_json_get(d, "status", "autoscaling");
     int split = rollout_in_flight(kube_json_get(d, "status", "canary")); /* the Deployment holds only the stable share */
-    int current = autoscale_start(in, prev, spec, split, &p->as);
     const podsig_reading *r = fresh(in, p->as.interval_s);
+    int held = r && r->need.activity && r->activity.routers > 0 && r->activity.held > 0;
+    int current = autoscale_start(in, prev, spec, split, &p->as, held);
     int have = r && !strcmp(r->need.metric, p->as.metric);
     autoscale_decision dec;
     autoscale_config running = p->as; /* zero is scale to zero's call, not the signal's */

@@ -502,6 +502,20 @@ static void test_scale_to_zero(void **st)
     result r;
     run(&in, &r);
     assert_int_equal(replicas_of(object_of(&r, "deployments", "m")), 1);
+    assert_string_equal(r.events, "");
+    done(&r);
+    /* the same wake while the routers still hold requests (its status write met a 409 and the retry
+     * comes before the pod is ready): taken again from 0, so recorded, with its Event */
+    pods.activity = (autoscale_activity){.routers = 1, .held = 4, .requests = 10};
+    run(&in, &r);
+    assert_int_equal(replicas_of(object_of(&r, "deployments", "m")), 1);
+    assert_string_equal(r.events, "Autoscaled");
+    json_t *as = json_object_get(r.status, "autoscaling"), *hist = json_object_get(as, "history");
+    json_t *last = json_array_get(hist, json_array_size(hist) - 1);
+    assert_int_equal(json_integer_value(json_object_get(last, "from")), 0);
+    assert_int_equal(json_integer_value(json_object_get(last, "to")), 1);
+    assert_non_null(strstr(json_string_value(json_object_get(last, "reason")), "waking"));
+    assert_int_equal(json_integer_value(json_object_get(as, "desiredReplicas")), 1);
     done(&r);
     json_decref(dep);
     json_decref(d);
