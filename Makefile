@@ -38,7 +38,7 @@ TEXT_SRC = text/gbnf.c text/jinja_value.c text/jinja_parse.c text/jinja_eval.c t
            text/schema.c text/regex.c text/tools.c
 # net (libllmnet.a): the civetweb guard and the probe listener, the libcurl GET to pods, the Prometheus text reader,
 # and fetch (models from hf://, s3://, https:// into a shared cache; links libcurl and OpenSSL).
-NET_SRC = net/http_guard.c net/http_reply.c net/http_probe.c net/http_client.c net/prom_text.c \
+NET_SRC = net/api_keys.c net/http_guard.c net/http_reply.c net/http_probe.c net/http_client.c net/prom_text.c \
           net/fetch.c net/fetch_http.c net/fetch_xfer.c net/fetch_hf.c net/fetch_url.c
 # engine (libllm.a): GGUF in, tokens out; in folders by layer: model (GGUF, quant types, tokenizers), compute
 # (forward pass, tensor parallelism, MoE, sessions), constrain (grammars), serve (step loop, scheduler, KV
@@ -54,7 +54,7 @@ ENGINE_SRC = $(addprefix engine/model/,gguf.c quant.c model.c lora.c tokenizer.c
 # testkit (libllmtestkit.a): the model maker and GGUF writer, for llm-mkmodel and the tests (not in libllm).
 TESTKIT_SRC = testkit/mkmodel.c testkit/gguf_writer.c
 TOOLS = llm-generate llm-tokenize llm-mkmodel llm-bench llm-serve-bench llm-perplexity
-SERVER_SRC = server/srv_keys.c server/srv_lora.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_complete.c server/srv_api.c server/srv_fields.c \
+SERVER_SRC = server/srv_lora.c server/srv_main.c server/srv_config.c server/srv_http.c server/srv_complete.c server/srv_api.c server/srv_fields.c \
              server/srv_chat.c server/srv_embed.c server/srv_metrics.c server/srv_canary.c server/srv_load.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/playground.o
 # kube (libllmkube.a, controller and router): API client, config, watch, caches, server-side apply, object metadata.
@@ -196,7 +196,7 @@ $(KUBE_TESTS): $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testutil.h 
 TORTURE_WRAP = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free,--wrap=strdup,--wrap=aligned_alloc,--wrap=json_loadb
 # llm-server's modules but its main, for tests and test programs.
 SERVER_PARTS = $(filter-out $(BUILD)/server/srv_main.o,$(SERVER_OBJ))
-SERVER_TESTS = $(BUILD)/tests/test_torture $(BUILD)/tests/test_tools $(BUILD)/tests/test_depth $(BUILD)/tests/test_srv_keys \
+SERVER_TESTS = $(BUILD)/tests/test_torture $(BUILD)/tests/test_tools $(BUILD)/tests/test_depth $(BUILD)/tests/test_api_keys \
                $(BUILD)/tests/test_http_guard
 $(BUILD)/tests/test_torture: EXTRA_LDFLAGS = $(TORTURE_WRAP)
 $(SERVER_TESTS): $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(SERVER_PARTS) $(TESTKIT_LIB) $(ENGINE_LIBS) $(NET_LIB)

@@ -15,7 +15,7 @@
 #include "llm/engine.h"
 #include "srv_chat.h"
 #include "srv_config.h"
-#include "srv_keys.h"
+#include "api_keys.h"
 #include "srv_lora.h"
 #include "srv_metrics.h"
 
@@ -78,7 +78,7 @@ typedef struct srv {
     llm_pooling embed_pooling; /* /v1/embeddings' default (srv_embed.h) */
     long created;              /* unix time the model was loaded */
     srv_metrics metrics;
-    srv_keys keys;             /* API keys and their tenants; none: the API is open */
+    api_keys keys;             /* API keys and their tenants; none: the API is open */
     srv_canary canary;         /* colocated canary (admin_token) */
     srv_loras loras;           /* LoRA adapters (srv_lora.h) */
 } srv;
@@ -177,7 +177,7 @@ int srv_http_send_json(struct mg_connection *c, int status, json_t *j);
 /* Sends e as an OpenAI error body, with Retry-After or WWW-Authenticate where e calls for one. */
 int srv_http_send_err(struct mg_connection *c, const srv_err *e);
 /* The caller's key (NULL without keys, or when it names none). */
-const srv_key *srv_http_caller(const srv *s, struct mg_connection *c);
+const api_key *srv_http_caller(const srv *s, struct mg_connection *c);
 /* Whether the pod is alive: not failed, and no engine step running past liveness_timeout_s. */
 int srv_http_alive(srv *s);
 
@@ -186,12 +186,12 @@ int srv_http_alive(srv *s);
  * tenant's cap the request holds, grown to its n. The HTTP status. */
 int srv_complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_completion *cp, int *held, srv_err *e);
 /* The request's prefix-cache partition (0: the common one). */
-uint64_t srv_complete_cache_salt(const srv_key *key, const char *field);
+uint64_t srv_complete_cache_salt(const api_key *key, const char *field);
 /* The highest priority key's caller may ask for. */
-int srv_complete_priority_ceiling(const srv *s, const srv_key *key);
+int srv_complete_priority_ceiling(const srv *s, const api_key *key);
 /* Grows a request's share of key's tenant's sequences in flight from held
  * to n: 0, or 400/429 with e set. */
-int srv_complete_tenant_take(srv *s, const srv_key *key, int n, int held, srv_err *e);
+int srv_complete_tenant_take(srv *s, const api_key *key, int n, int held, srv_err *e);
 
 /* srv_load.c: bringing a model up, for the loader thread (srv_main.c)
  * and the canary's loader (srv_canary.c). Each returns LLM_OK or a status

@@ -522,7 +522,7 @@ static void salt_secret(void)
  * to first token would otherwise tell a tenant which prompts another
  * sent); a cache_salt field partitions further. No keys and no field: the
  * common cache. */
-uint64_t srv_complete_cache_salt(const srv_key *key, const char *field)
+uint64_t srv_complete_cache_salt(const api_key *key, const char *field)
 {
     if (!key && !field)
         return 0;
@@ -546,7 +546,7 @@ uint64_t srv_complete_cache_salt(const srv_key *key, const char *field)
 }
 
 /* A caller's priority goes as high as its key allows, no further. */
-int srv_complete_priority_ceiling(const srv *s, const srv_key *key)
+int srv_complete_priority_ceiling(const srv *s, const api_key *key)
 {
     return key ? key->max_priority : (int)s->cfg.max_priority_anonymous;
 }
@@ -554,11 +554,11 @@ int srv_complete_priority_ceiling(const srv *s, const srv_key *key)
 /* Grows a request's share of key's tenant's max_inflight from held to n
  * sequences: 0, or the refusal in e - 400 when n alone is over the cap (no
  * retry helps), 429 when the tenant's requests in flight hold it. */
-int srv_complete_tenant_take(srv *s, const srv_key *key, int n, int held, srv_err *e)
+int srv_complete_tenant_take(srv *s, const api_key *key, int n, int held, srv_err *e)
 {
-    int dflt = (int)s->cfg.tenant_max_inflight, cap = srv_keys_cap(&s->keys, key, dflt);
+    int dflt = (int)s->cfg.tenant_max_inflight, cap = api_keys_cap(&s->keys, key, dflt);
     const char *from = key && cap != dflt ? "its keys' max_inflight" : "tenant_max_inflight";
-    if (n <= held || srv_keys_take(&s->keys, key, n - held, dflt))
+    if (n <= held || api_keys_take(&s->keys, key, n - held, dflt))
         return 0;
     if (n > cap) {
         srv_err_set(e, 400, "n", "n %d is over tenant '%s''s cap of %d sequences in flight (%s)", n, key->tenant, cap,
@@ -578,7 +578,7 @@ int srv_complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_complet
     run r = {.s = s, .c = c, .cp = cp, .created = (long)time(NULL), .t_start = llm_clock_mono_s(),
              .eng = rv ? rv->engine : s->engine, .vocab = rv ? rv->model->vocab : s->model->vocab, .rev = rv != NULL};
     llm_error err = {0};
-    const srv_key *key = srv_http_caller(s, c);
+    const api_key *key = srv_http_caller(s, c);
     cp->rq.cache_salt = srv_complete_cache_salt(key, cp->cache_salt);
     if (cp->rq.priority > srv_complete_priority_ceiling(s, key))
         cp->rq.priority = srv_complete_priority_ceiling(s, key);

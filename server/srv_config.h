@@ -49,7 +49,7 @@ typedef struct srv_config {
     long liveness_timeout_s; /* an engine step hung this long turns /livez 503 */
     double fault_error_ratio; /* testing: share of completions failed on purpose */
     long fault_delay_ms;    /* testing: delay before each completion */
-    char *api_keys_file;    /* srv_keys.h's format; "" -> LLM_SERVER_API_KEYS or none */
+    char *api_keys_file;    /* api_keys.h's format; "" -> LLM_SERVER_API_KEYS or none */
     long max_priority_anonymous; /* priority ceiling without keys */
     long tenant_max_inflight; /* a tenant's sequences in flight when its keys set none; 0: no cap */
     char *admin_token;      /* bearer for /admin/canary; "" -> admin_token_file, LLM_SERVER_ADMIN_TOKEN or off */

@@ -74,22 +74,22 @@ static int read_body(const srv *s, struct mg_connection *c, char **out, size_t *
 }
 
 /* The caller's key (NULL without keys, or when it names none). */
-const srv_key *srv_http_caller(const srv *s, struct mg_connection *c)
+const api_key *srv_http_caller(const srv *s, struct mg_connection *c)
 {
-    return s->keys.n ? srv_keys_find(&s->keys, mg_get_header(c, "Authorization")) : NULL;
+    return s->keys.n ? api_keys_find(&s->keys, mg_get_header(c, "Authorization")) : NULL;
 }
 
 /* Common gate of the API routes: method, phase, key. 0 to go on. */
 static int api_gate(srv *s, struct mg_connection *c, const char *method, srv_err *e)
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
-    const srv_key *key = NULL;
+    const api_key *key = NULL;
     double retry = 0;
     if (strcmp(ri->request_method, method))
         srv_err_set(e, 405, NULL, "use %s for %s", method, ri->local_uri);
     else if (s->keys.n && !(key = srv_http_caller(s, c)))
         srv_err_set(e, 401, NULL, "a valid API key is required (Authorization: Bearer KEY)");
-    else if (!srv_keys_admit(&s->keys, key, llm_clock_mono_s(), &retry)) {
+    else if (!api_keys_admit(&s->keys, key, llm_clock_mono_s(), &retry)) {
         srv_err_set(e, 429, NULL, "this API key (tenant '%s') is over its rate of %g requests/s; retry in %.1f s",
                     key->tenant, key->rate, retry);
         e->retry_s = retry < 3600 ? (int)ceil(retry) : 3600;
@@ -154,7 +154,7 @@ static int do_completion(srv *s, struct mg_connection *c, const char *body, size
 {
     /* one sequence of the tenant's cap before any parsing: a tenant at its
      * cap gets its 429 without a template rendered or a prompt tokenized */
-    const srv_key *key = srv_http_caller(s, c);
+    const api_key *key = srv_http_caller(s, c);
     int held = 1;
     if (srv_complete_tenant_take(s, key, 1, 0, e))
         return srv_http_send_err(c, e);
@@ -172,7 +172,7 @@ static int do_completion(srv *s, struct mg_connection *c, const char *body, size
     if (!bad)
         srv_lora_count_request(cp.lora);
     int status = bad ? srv_http_send_err(c, e) : srv_complete(s, rv, c, &cp, &held, e);
-    srv_keys_give(&s->keys, key, held);
+    api_keys_give(&s->keys, key, held);
     srv_completion_free(&cp);
     srv_metrics_revision(&s->metrics, rv != NULL, status);
     srv_canary_release(rv);
@@ -288,10 +288,10 @@ static int embed_max_tokens(srv *s)
 /* Grows a request's share of its tenant's cap from held towards want: as
  * many as are free now, at least what it holds (its inputs then run fewer
  * at a time instead of being refused). Returns the share. */
-static int tenant_grow(srv *s, const srv_key *key, int held, int want)
+static int tenant_grow(srv *s, const api_key *key, int held, int want)
 {
     for (int w = want; w > held; w--)
-        if (srv_keys_take(&s->keys, key, w - held, (int)s->cfg.tenant_max_inflight))
+        if (api_keys_take(&s->keys, key, w - held, (int)s->cfg.tenant_max_inflight))
             return w;
     return held;
 }
@@ -317,7 +317,7 @@ static int embed_answer(srv *s, struct mg_connection *c, const srv_embed *q, dou
 static int fn_embeddings(srv *s, struct mg_connection *c, const char *b, size_t n, srv_err *e)
 {
     srv_embed q = {0};
-    const srv_key *key = srv_http_caller(s, c);
+    const api_key *key = srv_http_caller(s, c);
     double t0 = llm_clock_mono_s();
     int status = srv_complete_tenant_take(s, key, 1, 0, e), held = status ? 0 : 1;
     if (!status && srv_embed_parse(s, embed_max_tokens(s), b, n, &q, e))
@@ -333,7 +333,7 @@ static int fn_embeddings(srv *s, struct mg_connection *c, const char *b, size_t 
         status = embed_answer(s, c, &q, t0);
     else if (status != 499)
         status = srv_http_send_err(c, e);
-    srv_keys_give(&s->keys, key, held);
+    api_keys_give(&s->keys, key, held);
     srv_embed_free(&q);
     return status;
 }

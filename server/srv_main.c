@@ -212,7 +212,7 @@ int main(int argc, char **argv)
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     pthread_t th;
-    if (srv_keys_load(s.cfg.api_keys_file, "LLM_SERVER_API_KEYS", &s.keys, &err) || srv_http_start(&s, &err) ||
+    if (api_keys_load(s.cfg.api_keys_file, "LLM_SERVER_API_KEYS", &s.keys, &err) || srv_http_start(&s, &err) ||
         pthread_create(&th, NULL, loader, &s)) {
         fprintf(stderr, "llm-server: %s\n", err.msg[0] ? err.msg : "cannot start the loader thread");
         return 1;
@@ -238,7 +238,7 @@ int main(int argc, char **argv)
     srv_load_close_backends(s.backends, s.n_backends);
     srv_chat_free(s.chat);
     llm_model_free(s.model);
-    srv_keys_free(&s.keys);
+    api_keys_free(&s.keys);
     srv_metrics_free(&s.metrics);
     srv_config_free(&s.cfg);
     logf_("stopped");

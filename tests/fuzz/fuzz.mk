@@ -107,7 +107,7 @@ $(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controlle
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Icontroller -Ikube tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
 
-TENANT_SRC = $(JSON_SRC) common/sync.c server/srv_keys.c server/srv_api.c tests/fuzz/seam_lora.c server/srv_fields.c engine/constrain/grammar.c net/http_guard.c \
+TENANT_SRC = $(JSON_SRC) common/sync.c net/api_keys.c server/srv_api.c tests/fuzz/seam_lora.c server/srv_fields.c engine/constrain/grammar.c net/http_guard.c \
              common/strbuf.c common/clock.c common/log.c engine/serve/sampler.c net/http_reply.c $(JINJA_SRC)
 
 $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)

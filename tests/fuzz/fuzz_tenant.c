@@ -1,5 +1,5 @@
 /* fuzz_tenant.c - libFuzzer target for what a tenant or an operator hands
- * llm-server besides completions: the API keys file (srv_keys_parse) and
+ * llm-server besides completions: the API keys file (api_keys_parse) and
  * the admin route's body (srv_parse_admin). The first byte picks which.
  * Either a result whose fields are in range or an error with a message;
  * never a crash, leak or UB (ASan + UBSan). Admin bodies are nested deep
@@ -13,16 +13,16 @@
 
 static void keys(const char *p, size_t n)
 {
-    srv_keys k;
+    api_keys k;
     llm_error err = {0};
-    if (srv_keys_parse(p, n, n & 1 ? "\n" : ",\n", &k, &err)) {
+    if (api_keys_parse(p, n, n & 1 ? "\n" : ",\n", &k, &err)) {
         if (!err.msg[0] || k.n || k.k)
             abort();
         return;
     }
     for (int i = 0; i < k.n; i++) {
-        const srv_key *f = &k.k[i];
-        if (!f->key[0] || strlen(f->key) > SRV_KEY_MAX_LEN || !f->tenant[0] || f->rate < 0 ||
+        const api_key *f = &k.k[i];
+        if (!f->key[0] || strlen(f->key) > API_KEY_MAX_LEN || !f->tenant[0] || f->rate < 0 ||
             f->max_priority < -1000000 || f->max_priority > 1000000 || f->tenant_ix < 0 || f->tenant_ix > i ||
             strcmp(k.k[f->tenant_ix].tenant, f->tenant) || k.k[f->tenant_ix].tenant_ix != f->tenant_ix ||
             f->max_inflight < 0)
@@ -30,13 +30,13 @@ static void keys(const char *p, size_t n)
     }
     int cap = 0; /* a tenant's in-flight count never passes its cap */
     for (int i = 0; i < k.n; i++)
-        if (srv_keys_take(&k, &k.k[i], 1, 2) && (cap = srv_keys_cap(&k, &k.k[i], 2)) > 0 &&
+        if (api_keys_take(&k, &k.k[i], 1, 2) && (cap = api_keys_cap(&k, &k.k[i], 2)) > 0 &&
             k.bucket[k.k[i].tenant_ix].inflight > cap)
             abort();
     double retry = 0;
-    if (k.n && !srv_keys_admit(&k, &k.k[0], 1.0, &retry) && !(retry > 0))
+    if (k.n && !api_keys_admit(&k, &k.k[0], 1.0, &retry) && !(retry > 0))
         abort();
-    srv_keys_free(&k);
+    api_keys_free(&k);
 }
 
 static void admin(const char *p, size_t n)

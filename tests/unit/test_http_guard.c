@@ -24,7 +24,7 @@ static void test_bearer_and_token_file(void **st)
     assert_false(http_guard_bearer_ok("Bearer s3cre", "s3cret"));
     assert_false(http_guard_bearer_ok("bearer s3cret", "s3cret"));
     assert_false(http_guard_bearer_ok(NULL, "s3cret"));
-    char path[] = "/tmp/test_srv_keys_XXXXXX", out[16];
+    char path[] = "/tmp/test_api_keys_XXXXXX", out[16];
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     FILE *f = fdopen(fd, "w");

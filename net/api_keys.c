@@ -1,8 +1,8 @@
-/* srv_keys.c - API keys with tenants, priority ceilings and rates; see
- * srv_keys.h. Our own small line format rather than YAML: one key per
+/* api_keys.c - API keys with tenants, priority ceilings, rates and
+ * limits; see api_keys.h. Our own small line format rather than YAML: one key per
  * line is what the file held before (and what a Secret's value holds
  * naturally), and the settings are a few words after it. */
-#include "srv_keys.h"
+#include "api_keys.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +11,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
-void srv_keys_free(srv_keys *k)
+void api_keys_free(api_keys *k)
 {
     if (!k)
         return;
@@ -26,10 +26,10 @@ void srv_keys_free(srv_keys *k)
     k->n = k->cap = 0;
 }
 
-/* Printable ASCII without spaces, 1..SRV_KEY_MAX_LEN bytes. */
+/* Printable ASCII without spaces, 1..API_KEY_MAX_LEN bytes. */
 static int word_ok(const char *w, size_t n)
 {
-    if (n < 1 || n > SRV_KEY_MAX_LEN)
+    if (n < 1 || n > API_KEY_MAX_LEN)
         return 0;
     for (size_t i = 0; i < n; i++)
         if (w[i] <= ' ' || w[i] > '~')
@@ -51,7 +51,7 @@ static int implicit_name(const char *t, size_t n)
 
 /* One "name=value" setting of key k (the word-th after it); 0 or -1 with
  * err naming the line and the setting. */
-static int setting(srv_key *k, const char *w, size_t n, int line, int word, llm_error *err)
+static int setting(api_key *k, const char *w, size_t n, int line, int word, llm_error *err)
 {
     const char *eq = memchr(w, '=', n);
     char val[64];
@@ -80,18 +80,52 @@ static int setting(srv_key *k, const char *w, size_t n, int line, int word, llm_
         if (!*end && m >= 1 && m <= 1000000)
             return k->max_inflight = (int)m, 0;
     }
+    if (eq && nl == 3 && (!memcmp(w, "rpm", 3) || !memcmp(w, "tpm", 3)) && nv && nv < sizeof val) {
+        long m = strtol(val, &end, 10);
+        if (!*end && m >= 1 && m <= 1000000000L)
+            return *(w[0] == 'r' ? &k->rpm : &k->tpm) = m, 0;
+    }
+    if (eq && nl == 7 && !memcmp(w, "gateway", 7) && nv == 1 && (*val == '0' || *val == '1'))
+        return k->gateway = *val == '1', 0;
     /* the setting's name only: a stray word may be a key (two on one line) that the log must not show */
-    static const char *const known[] = {"tenant", "max_priority", "rate", "max_inflight"};
+    static const char *const known[] = {"tenant", "max_priority", "rate", "max_inflight", "rpm", "tpm", "gateway"};
     int named = 0;
     for (size_t i = 0; eq && i < sizeof known / sizeof *known; i++) named |= nl == strlen(known[i]) && !memcmp(w, known[i], nl);
     if (named)
         llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: a bad value for '%.*s' (settings: tenant=NAME, "
-                 "max_priority=N (-1e6..1e6), rate=R (0..1e6 requests/s), max_inflight=N (1..1e6 sequences))", line,
+                 "max_priority=N (-1e6..1e6), rate=R (0..1e6 requests/s), max_inflight=N (1..1e6 sequences), rpm=N and "
+                 "tpm=N (1..1e9 per minute), gateway=0|1)", line,
                  (int)nl, w);
     else
         llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: word %d after the key is no setting (settings: tenant=NAME, "
-                 "max_priority=N, rate=R, max_inflight=N; one key per line)", line, word);
+                 "max_priority=N, rate=R, max_inflight=N, rpm=N, tpm=N, gateway=0|1; one key per line)", line, word);
     return -1;
+}
+
+/* One tenant setting of a later key (want; 0: not given) onto the value
+ * its tenant's first key keeps (*have): it may repeat it, not differ. */
+static int tenant_setting(const char *name, long *have, long want, const api_key *k, int line, llm_error *err)
+{
+    if (want && *have && want != *have)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: tenant '%s' has %s=%ld on an earlier line, not %ld",
+                        line, k->tenant, name, *have, want), -1;
+    if (want)
+        *have = want;
+    return 0;
+}
+
+/* A later key's tenant settings onto its tenant's first key (owner),
+ * where they are kept; 0 or -1. */
+static int tenant_settings(api_key *owner, const api_key *k, int line, llm_error *err)
+{
+    long inflight = owner->max_inflight;
+    int rc = tenant_setting("max_inflight", &inflight, k->max_inflight, k, line, err);
+    if (!rc)
+        rc = tenant_setting("rpm", &owner->rpm, k->rpm, k, line, err);
+    if (!rc)
+        rc = tenant_setting("tpm", &owner->tpm, k->tpm, k, line, err);
+    owner->max_inflight = (int)inflight;
+    return rc;
 }
 
 /* The tenant of a key that names none: "key-" and 12 hex digits of its
@@ -107,15 +141,15 @@ static char *implicit_tenant(const unsigned char digest[32])
 }
 
 /* Room for one more key (doubling); 0 or -1. */
-static int grow(srv_keys *out)
+static int grow(api_keys *out)
 {
     if (out->n < out->cap)
         return 0;
     int cap = out->cap ? 2 * out->cap : 8;
-    srv_key *k = realloc(out->k, sizeof *k * (size_t)cap);
+    api_key *k = realloc(out->k, sizeof *k * (size_t)cap);
     if (k)
         out->k = k;
-    srv_bucket *b = k ? realloc(out->bucket, sizeof *b * (size_t)cap) : NULL;
+    api_bucket *b = k ? realloc(out->bucket, sizeof *b * (size_t)cap) : NULL;
     if (b)
         out->bucket = b;
     if (!b)
@@ -126,9 +160,9 @@ static int grow(srv_keys *out)
 
 /* One line's key and settings appended to out; 0 or -1. Blank lines and
  * comments add nothing. */
-static int parse_line(const char *p, size_t n, int line, srv_keys *out, llm_error *err)
+static int parse_line(const char *p, size_t n, int line, api_keys *out, llm_error *err)
 {
-    srv_key k = {0};
+    api_key k = {0};
     int rc = 0, words = 0;
     for (size_t i = 0; i < n && !rc;) {
         while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r')) i++;
@@ -138,7 +172,7 @@ static int parse_line(const char *p, size_t n, int line, srv_keys *out, llm_erro
             break;
         if (!k.key && !word_ok(p + i, j - i))
             rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: a key is 1 to %d printable characters", line,
-                           SRV_KEY_MAX_LEN), -1);
+                           API_KEY_MAX_LEN), -1);
         else if (!k.key)
             rc = (k.key = strndup(p + i, j - i)) ? 0 : (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
         else
@@ -156,14 +190,11 @@ static int parse_line(const char *p, size_t n, int line, srv_keys *out, llm_erro
         if (k.tenant_ix == out->n && !strcmp(out->k[i].tenant, k.tenant))
             k.tenant_ix = out->k[i].tenant_ix;
     }
-    srv_key *owner = !rc && k.key && k.tenant_ix < out->n ? &out->k[k.tenant_ix] : NULL;
-    if (owner && k.max_inflight && owner->max_inflight && k.max_inflight != owner->max_inflight)
-        rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: line %d: tenant '%s' has max_inflight=%d on an earlier line, "
-                       "not %d", line, k.tenant, owner->max_inflight, k.max_inflight), -1);
-    else if (owner && k.max_inflight)
-        owner->max_inflight = k.max_inflight; /* the tenant's, kept on its first key */
-    if (!rc && k.key && out->n >= SRV_KEYS_MAX)
-        rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: more than %d keys", SRV_KEYS_MAX), -1);
+    api_key *owner = !rc && k.key && k.tenant_ix < out->n ? &out->k[k.tenant_ix] : NULL;
+    if (owner)
+        rc = tenant_settings(owner, &k, line, err);
+    if (!rc && k.key && out->n >= API_KEYS_MAX)
+        rc = (llm_errf(err, LLM_ERR_INVALID_ARG, "keys: more than %d keys", API_KEYS_MAX), -1);
     if (!rc && k.key && grow(out))
         rc = (llm_errf(err, LLM_ERR_NOMEM, "keys: no memory"), -1);
     if (rc || !k.key) {
@@ -171,19 +202,19 @@ static int parse_line(const char *p, size_t n, int line, srv_keys *out, llm_erro
         free(k.tenant);
         return rc;
     }
-    out->bucket[out->n] = (srv_bucket){.tokens = k.rate > 1 ? k.rate : 1};
+    out->bucket[out->n] = (api_bucket){.tokens = k.rate > 1 ? k.rate : 1};
     out->k[out->n++] = k;
     return 0;
 }
 
 /* An empty set whose lock needs no destroying (a static initializer). */
-static void keys_init(srv_keys *k)
+static void keys_init(api_keys *k)
 {
     memset(k, 0, sizeof *k);
     k->mu = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
 }
 
-llm_status srv_keys_parse(const char *text, size_t len, const char *sep, srv_keys *out, llm_error *err)
+llm_status api_keys_parse(const char *text, size_t len, const char *sep, api_keys *out, llm_error *err)
 {
     keys_init(out);
     int line = 1;
@@ -191,7 +222,7 @@ llm_status srv_keys_parse(const char *text, size_t len, const char *sep, srv_key
         size_t j = i;
         while (j < len && !(text[j] && strchr(sep, text[j]))) j++; /* (a NUL is no separator: a key refuses it) */
         if (parse_line(text + i, j - i, line, out, err)) {
-            srv_keys_free(out);
+            api_keys_free(out);
             return err->code;
         }
         i = j + 1;
@@ -199,12 +230,12 @@ llm_status srv_keys_parse(const char *text, size_t len, const char *sep, srv_key
     return LLM_OK;
 }
 
-llm_status srv_keys_load(const char *path, const char *env, srv_keys *out, llm_error *err)
+llm_status api_keys_load(const char *path, const char *env, api_keys *out, llm_error *err)
 {
     keys_init(out);
     if (!path || !*path) {
         const char *v = getenv(env);
-        return v ? srv_keys_parse(v, strlen(v), ",\n", out, err) : LLM_OK;
+        return v ? api_keys_parse(v, strlen(v), ",\n", out, err) : LLM_OK;
     }
     FILE *f = fopen(path, "r");
     if (!f)
@@ -217,29 +248,42 @@ llm_status srv_keys_load(const char *path, const char *env, srv_keys *out, llm_e
     llm_status st = !text ? llm_errf(err, LLM_ERR_NOMEM, "keys: no memory")
                     : bad ? llm_errf(err, LLM_ERR_IO, "api_keys_file %s: read error", path)
                     : n > cap ? llm_errf(err, LLM_ERR_TOO_LONG, "api_keys_file %s: over 4 MiB", path)
-                              : srv_keys_parse(text, n, "\n", out, err);
+                              : api_keys_parse(text, n, "\n", out, err);
     free(text);
     return st;
 }
 
-const srv_key *srv_keys_find(const srv_keys *k, const char *authorization)
+const api_key *api_keys_tenant(const api_keys *k, const char *name)
+{
+    for (int i = 0; name && i < k->n; i++)
+        if (k->k[i].tenant_ix == i && !strcmp(k->k[i].tenant, name))
+            return &k->k[i];
+    return NULL;
+}
+
+int api_keys_tenant_ok(const char *name, size_t n)
+{
+    return word_ok(name, n) && !implicit_name(name, n);
+}
+
+const api_key *api_keys_find(const api_keys *k, const char *authorization)
 {
     unsigned char d[32];
     if (!authorization || strncmp(authorization, "Bearer ", 7) ||
         !EVP_Digest(authorization + 7, strlen(authorization + 7), d, NULL, EVP_sha256(), NULL))
         return NULL;
-    const srv_key *found = NULL;
+    const api_key *found = NULL;
     for (int i = 0; i < k->n; i++) /* all of them: when it matched must not show */
         if (!CRYPTO_memcmp(d, k->k[i].digest, sizeof d))
             found = &k->k[i];
     return found;
 }
 
-int srv_keys_admit(srv_keys *k, const srv_key *key, double now, double *retry_s)
+int api_keys_admit(api_keys *k, const api_key *key, double now, double *retry_s)
 {
     if (!key || key->rate <= 0)
         return 1;
-    srv_bucket *m = &k->bucket[key - k->k];
+    api_bucket *m = &k->bucket[key - k->k];
     double cap = key->rate > 1 ? key->rate : 1;
     pthread_mutex_lock(&k->mu);
     m->tokens += (now - m->last) * key->rate;
@@ -255,17 +299,17 @@ int srv_keys_admit(srv_keys *k, const srv_key *key, double now, double *retry_s)
     return ok;
 }
 
-int srv_keys_cap(const srv_keys *k, const srv_key *key, int dflt)
+int api_keys_cap(const api_keys *k, const api_key *key, int dflt)
 {
     int own = key ? k->k[key->tenant_ix].max_inflight : 0;
     return own ? own : dflt;
 }
 
-int srv_keys_take(srv_keys *k, const srv_key *key, int n, int dflt)
+int api_keys_take(api_keys *k, const api_key *key, int n, int dflt)
 {
     if (!key)
         return 1;
-    int limit = srv_keys_cap(k, key, dflt);
+    int limit = api_keys_cap(k, key, dflt);
     pthread_mutex_lock(&k->mu);
     int *have = &k->bucket[key->tenant_ix].inflight;
     int ok = limit <= 0 || *have + n <= limit;
@@ -275,7 +319,7 @@ int srv_keys_take(srv_keys *k, const srv_key *key, int n, int dflt)
     return ok;
 }
 
-void srv_keys_give(srv_keys *k, const srv_key *key, int n)
+void api_keys_give(api_keys *k, const api_key *key, int n)
 {
     if (!key)
         return;
