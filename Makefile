@@ -65,7 +65,8 @@ CONTROLLER_SRC = controller/ctl_main.c controller/reconcile.c controller/adapter
                  controller/plan.c controller/canary.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c \
                  controller/ctl_status.c controller/gateway.c controller/gw_reconcile.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
-ROUTER_SRC = router/rt_main.c router/rt_gateway.c router/rt_kube.c router/rt_pool.c router/rt_prefix.c router/rt_proxy.c router/rt_routes.c
+ROUTER_SRC = router/rt_main.c router/rt_gateway.c router/rt_kube.c router/rt_pool.c router/rt_prefix.c router/rt_proxy.c router/rt_quota.c \
+             router/rt_routes.c
 ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o)
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 ORACLE_BIN = $(BUILD)/tests/dequant_rows $(BUILD)/tests/logits_rows $(BUILD)/tests/grammar_match
@@ -123,7 +124,7 @@ all: $(LIB) $(TOOL_BIN) $(BUILD)/bin/llm-fetch $(UNIT_BIN) $(ORACLE_BIN) $(SCHEM
 $(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
-	@$(CC) $(CFLAGS_BASE) $^ -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+	@$(CC) $(CFLAGS_BASE) $^ -lcivetweb -lcurl -ljansson -lyaml -lcrypto -lhiredis $(LDLIBS) -o $@
 
 $(BUILD)/bin/llm-controller: $(CONTROLLER_OBJ) $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
@@ -183,13 +184,15 @@ $(BUILD)/tests/test_gateway: $(BUILD)/controller/gateway.o $(BUILD)/controller/d
             $(BUILD)/router/rt_pool.o $(BUILD)/router/rt_prefix.o
 # The router's choice: the backend pool and the prefix index, pure (no HTTP, no API server).
 $(BUILD)/tests/test_rt_pool: $(BUILD)/router/rt_pool.o $(BUILD)/router/rt_prefix.o $(BUILD)/router/rt_routes.o
-KUBE_TESTS = $(BUILD)/tests/test_rt_pool $(BUILD)/tests/test_gateway $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
+# The gateway's tenant limits: alone, and through a real redis-server (skipped without one).
+$(BUILD)/tests/test_rt_quota: $(BUILD)/router/rt_quota.o
+KUBE_TESTS = $(BUILD)/tests/test_rt_pool $(BUILD)/tests/test_rt_quota $(BUILD)/tests/test_gateway $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
              $(BUILD)/tests/test_kube_apply $(BUILD)/tests/test_kube_config $(BUILD)/tests/test_plan $(BUILD)/tests/test_fetch
 $(KUBE_TESTS): $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testutil.h $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(filter %.o,$^) $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB) \
-	  -lcmocka -lcivetweb -lcurl -ljansson -lyaml -lcrypto $(LDLIBS) -o $@
+	  -lcmocka -lcivetweb -lcurl -ljansson -lyaml -lcrypto -lhiredis $(LDLIBS) -o $@
 
 # Allocation-failure torture: every malloc & co of the objects linked in
 # goes through the test's wrappers (ld --wrap), which fail the Nth.
@@ -225,7 +228,7 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(TESTKIT_LIB) $(ENGINE_L
 
 # ---- dependencies -----------------------------------------------------------
 # Python packages as PIP_NAME or PIP_NAME:MODULE when the import name differs.
-DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev libssl-dev clang chromium chromium-driver \
+DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev libssl-dev libhiredis-dev redis-server clang chromium chromium-driver \
            golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev golang-github-prometheus-common-dev
 PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium jsonschema numpy gguf cel-python:celpy jinja2 huggingface_hub \
           moto[server]:moto.server boto3 \

@@ -4,7 +4,7 @@
 #   make images (docker build -f docker/router.Dockerfile -t llm-router:0.1.0 .)
 FROM debian:bookworm AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        build-essential python3 libjansson-dev libyaml-dev libcivetweb-dev libssl-dev libcurl4-openssl-dev \
+        build-essential python3 libjansson-dev libyaml-dev libcivetweb-dev libssl-dev libcurl4-openssl-dev libhiredis-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -12,7 +12,7 @@ RUN make image IMAGE=router
 
 FROM debian:bookworm-slim
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        libjansson4 libyaml-0-2 libcivetweb1 libcurl4 libssl3 ca-certificates \
+        libjansson4 libyaml-0-2 libcivetweb1 libcurl4 libssl3 libhiredis0.14 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin llm
 COPY --from=build /src/build/image/ /usr/local/

@@ -35,6 +35,7 @@
 #include "rt_kube.h"
 #include "rt_gateway.h"
 #include "rt_proxy.h"
+#include "rt_quota.h"
 #include "rt_routes.h"
 
 #define MAX_SLICES 64
@@ -72,7 +73,15 @@ struct router {
     char weight_ns[254], weight_cm[254]; /* --weight-configmap */
     http_guard *http;
     int draining;                        /* SIGTERM came: /readyz fails */
+    api_keys keys;                       /* --api-keys-file */
+    char upstream_auth[API_KEY_MAX_LEN + 8]; /* "Bearer " and --upstream-key-file's key */
 };
+
+/* The tenant flags (--api-keys-file and the quota's). */
+typedef struct tenant_flags {
+    const char *keys_file, *upstream_file;
+    rt_quota_config q;
+} tenant_flags;
 
 #define logf_(...) llm_log("llm-router", __VA_ARGS__)
 
@@ -298,6 +307,28 @@ static int h_readyz(struct mg_connection *c, void *cb)
     return http_reply_text(c, ok ? 200 : 503, "text/plain", why, NULL);
 }
 
+static void quota_metrics(router *r, llm_strbuf *out)
+{
+    unsigned long long refused[RT_QUOTA_N] = {0}, errors = 0;
+    int shared = 0;
+    if (r->px.quota)
+        rt_quota_stats(r->px.quota, refused, &errors, &shared);
+    static const char *const limit[RT_QUOTA_N] = {NULL, "rpm", "tpm", "max_inflight", "store"};
+    llm_prom_counter(out, "llm_router_unauthorized_total", "Requests refused for want of a valid API key (401).", NULL,
+                     (double)__atomic_load_n(&r->px.unauthorized, __ATOMIC_RELAXED));
+    for (int l = 1; l < RT_QUOTA_N; l++) {
+        char lab[64];
+        snprintf(lab, sizeof lab, "limit=\"%s\"", limit[l]);
+        llm_prom_counter(out, "llm_router_tenant_refused_total",
+                         "Requests refused by a tenant's limit (429), or for want of the quota store (503, store).", lab,
+                         (double)refused[l]);
+    }
+    llm_prom_counter(out, "llm_router_quota_store_errors_total", "Redis calls that failed (down, slow or junk).", NULL,
+                     (double)errors);
+    llm_prom_gauge(out, "llm_router_quota_shared", "1: the tenants' limits are counted in Redis; 0: each replica its share.",
+                   NULL, shared);
+}
+
 static int h_metrics(struct mg_connection *c, void *cb)
 {
     router *r = cb;
@@ -314,6 +345,8 @@ static int h_metrics(struct mg_connection *c, void *cb)
     llm_prom_gauge(&all, "llm_router_backends", "Backends known (both revisions, every route).", NULL, backends_known(r));
     if (r->px.routes)
         llm_prom_gauge(&all, "llm_router_routes", "Routes in the gateway's table.", NULL, rt_routes_count(r->px.routes));
+    if (r->px.keys)
+        quota_metrics(r, &all);
     llm_prom_gauge(&all, "llm_http_connections", "Client connections open.", NULL, (double)gs.open);
     llm_prom_counter(&all, "llm_http_connections_refused_total", "Connections refused above --max-connections.", NULL,
                      (double)gs.refused);
@@ -412,6 +445,56 @@ static int num(const char *v, double *out)
     return *v && !*end;
 }
 
+/* A tenant flag and its value into t: 1, or 0 when a is none of them (or
+ * its value is bad). */
+static int tenant_flag(const char *a, const char *v, tenant_flags *t)
+{
+    double x;
+    if (!strcmp(a, "--api-keys-file"))
+        t->keys_file = v;
+    else if (!strcmp(a, "--upstream-key-file"))
+        t->upstream_file = v;
+    else if (!strcmp(a, "--quota-redis") && *v)
+        t->q.redis = v;
+    else if (!strcmp(a, "--quota-prefix") && *v)
+        t->q.prefix = v;
+    else if (!strcmp(a, "--quota-fail") && (!strcmp(v, "open") || !strcmp(v, "closed")))
+        t->q.fail_open = !strcmp(v, "open");
+    else if (!strcmp(a, "--quota-share") && num(v, &x) && x >= 1 && x <= 10000)
+        t->q.share = (int)x;
+    else if (!strcmp(a, "--quota-timeout-ms") && num(v, &x) && x >= 1 && x <= 60000)
+        t->q.timeout_ms = (int)x;
+    else
+        return 0;
+    return 1;
+}
+
+/* The gateway's keys and the tenants' limits, from the tenant flags. */
+static llm_status start_tenants(router *r, tenant_flags *t, llm_error *err)
+{
+    if (!t->keys_file)
+        return t->upstream_file || t->q.redis ? llm_errf(err, LLM_ERR_INVALID_ARG, "--upstream-key-file and --quota-redis "
+                                                         "need --api-keys-file (the tenants)") : LLM_OK;
+    char key[API_KEY_MAX_LEN + 1];
+    llm_status st = api_keys_load(t->keys_file, NULL, &r->keys, err);
+    if (!st && !r->keys.n)
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "--api-keys-file %s: no keys in it", t->keys_file);
+    if (!st && t->upstream_file && http_guard_token_file(t->upstream_file, key, sizeof key))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "--upstream-key-file %s: cannot read a key from it (one line, 1-%d "
+                      "characters)", t->upstream_file, API_KEY_MAX_LEN);
+    if (!st && t->upstream_file)
+        snprintf(r->upstream_auth, sizeof r->upstream_auth, "Bearer %s", key);
+    t->q.keys = &r->keys;
+    t->q.lease_s = (double)r->px.timeout_s + 30;
+    if (!st)
+        st = rt_quota_open(&t->q, &r->px.quota, err);
+    if (st)
+        return st;
+    r->px.keys = &r->keys;
+    r->px.upstream_auth = r->upstream_auth[0] ? r->upstream_auth : NULL;
+    return LLM_OK;
+}
+
 static int usage(void)
 {
     fprintf(stderr, "usage: llm-router [--host H] [--port 8000] (--backend URL ... | --service NS/NAME [--kubeconfig F])\n"
@@ -428,6 +511,10 @@ static int usage(void)
                     "                  [--shutdown-delay-s 0] [--drain-timeout-s 30]  (SIGTERM: not ready, serve, drain)\n"
                     "                  [--hold-seconds 0] [--hold-max 64]   (scale from zero: hold requests while no backend)\n"
                     "                  [--prefix-affinity BYTES]  (same prompt start -> same pod; prefix-hash: 4096)\n"
+                    "                  [--api-keys-file F]  (llm-server's keys format: tenants, rpm, tpm, max_inflight)\n"
+                    "                  [--upstream-key-file F]  (the key sent to the pods, with X-LLM-Tenant)\n"
+                    "                  [--quota-redis HOST:PORT [--quota-fail closed|open] [--quota-timeout-ms 100]\n"
+                    "                   [--quota-prefix NAME]] [--quota-share N]  (without Redis: each replica 1/N)\n"
                     "   a gateway (several deployments; the body's model chooses, instead of --backend/--service):\n"
                     "       llm-router --routes FILE | --routes-configmap NS/NAME (key routes.json; watched, with the\n"
                     "                  namespace's EndpointSlices and canaryWeight ConfigMaps)  [the flags above]\n");
@@ -447,6 +534,7 @@ int main(int argc, char **argv)
     r.px = (rt_proxy){.retries = 2, .max_body = 1 << 20, .timeout_s = 600, .affinity_header = "X-Session-Id",
                       .hold_max = 64, .body_timeout_s = 60};
     r.poll_ms = 500;
+    tenant_flags tf = {.q = {.share = 1, .timeout_ms = 100}};
     double x = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -457,6 +545,8 @@ int main(int argc, char **argv)
         if (!v)
             return usage();
         i++;
+        if (tenant_flag(a, v, &tf))
+            continue;
         if (!strcmp(a, "--host"))
             host = v;
         else if (!strcmp(a, "--port"))
@@ -559,10 +649,13 @@ int main(int argc, char **argv)
         logf_("%s (memory freed by large requests may stay with the process)", err.msg);
     llm_json_init();
     curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (!tf.q.prefix) /* a gateway's replicas share its name; another gateway on the same Redis counts apart */
+        tf.q.prefix = routes_cm ? routes_cm : "llm-router";
     if ((gateway ? start_table(&r, &pc, routes_file, &err)
                  : rt_pool_new(&pc, &r.pool, &err) || (nb && rt_pool_set(r.pool, 0, backends, nb, &err)) ||
                        (nc && rt_pool_set(r.pool, 1, canaries, nc, &err))) ||
-        ((r.n_disc || r.weight_cm[0] || routes_cm) && kube_config_load(kubeconfig, &r.cfg, &err))) {
+        ((r.n_disc || r.weight_cm[0] || routes_cm) && kube_config_load(kubeconfig, &r.cfg, &err)) ||
+        start_tenants(&r, &tf, &err)) {
         fprintf(stderr, "llm-router: %s\n", err.msg);
         return 1;
     }
@@ -630,6 +723,8 @@ int main(int argc, char **argv)
         kube_config_free(&r.cfg);
     rt_pool_free(r.pool);
     rt_routes_free(r.px.routes);
+    rt_quota_close(r.px.quota);
+    api_keys_free(&r.keys);
     curl_global_cleanup();
     logf_("stopped");
     return failed;

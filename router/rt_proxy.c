@@ -13,6 +13,7 @@
 #include "http_guard.h"
 #include "http_reply.h"
 #include "rt_proxy.h"
+#include "rt_quota.h"
 #include "rt_routes.h"
 #include "llm/clock.h"
 #include "llm/heap.h"
@@ -28,8 +29,10 @@ static int reply_error(struct mg_connection *c, int code, const char *ecode, con
 {
     json_t *j = json_pack("{s:{s:s,s:s,s:n,s:o}}", "error", "message", msg, "type",
                           code == 503 ? "service_unavailable"
-                          : code == 413 || code == 408 || code == 400 || code == 415 || code == 404 ? "invalid_request_error"
-                                                                                                 : "server_error",
+                          : code == 429 ? "rate_limit_exceeded"
+                          : code == 413 || code == 408 || code == 400 || code == 415 || code == 404 || code == 401
+                              ? "invalid_request_error"
+                              : "server_error",
                           "param", "code", ecode ? json_string(ecode) : json_null());
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
     const char *b = body ? body : "{\"error\":{\"message\":\"router error\"}}";
@@ -76,6 +79,9 @@ typedef struct attempt {
     const int *cutting;        /* the proxy's: shutting down past the drain timeout */
     const char *name;          /* the backend's name for the X-Backend header; NULL: none (rt_proxy.expose_backend) */
     const char *revision;      /* "stable" or "canary", for the X-Revision header */
+    const char *tenant;        /* sent as X-LLM-Tenant (with the gateway's own key); NULL: none */
+    const char *upstream_auth; /* the Authorization sent instead of the client's; NULL: the client's */
+    long events;               /* "data:" lines of a stream (its tokens, when it carries no usage) */
     double t0, first, last;    /* start, first and latest body byte (0: none yet) */
     rt_result res;             /* inter-token gaps of a stream, counted here */
     long status;
@@ -143,16 +149,16 @@ static int int_member(llm_json_span obj, const char *key)
     return x;
 }
 
-/* The usage in an answer's tail: prompt_tokens and
+/* The usage in an answer's tail: prompt_tokens, total_tokens and
  * prompt_tokens_details.cached_tokens of its last "usage" object (-1 each
  * when there is none). The model's text cannot forge one: a quote in it
  * is escaped. The backend can, and rt_pool's trust bounds what it gains. */
-static void usage_of(const attempt *a, int *prompt, int *cached)
+static void usage_of(const attempt *a, int *prompt, int *cached, int *total)
 {
     static const char key[] = "\"usage\"";
     const char *at = NULL;
     for (const char *p = a->tail; (p = memmem(p, a->tail_n - (size_t)(p - a->tail), key, sizeof key - 1)); p++) at = p;
-    *prompt = *cached = -1;
+    *prompt = *cached = *total = -1;
     if (!at)
         return;
     const char *obj = at + sizeof key - 1, *end = a->tail + a->tail_n;
@@ -161,6 +167,7 @@ static void usage_of(const attempt *a, int *prompt, int *cached)
         return;
     llm_json_span u = {obj, a->tail_n - (size_t)(obj - a->tail)}, d;
     *prompt = int_member(u, "prompt_tokens");
+    *total = int_member(u, "total_tokens");
     *cached = llm_json_member(u, "prompt_tokens_details", &d) ? int_member(d, "cached_tokens") : -1;
 }
 
@@ -200,6 +207,8 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
             return 0;
         }
     }
+    if (strstr(a->ctype, "event-stream")) /* (a "data:" cut between two pieces is missed: an estimate) */
+        for (const char *p = d; (p = memmem(p, len - (size_t)(p - d), "data:", 5)); p += 5) a->events++;
     if (len && !chunk_write(a->c, d, len)) { /* the client left: abort, the backend cancels */
         a->client_gone = 1;
         return 0;
@@ -209,18 +218,25 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
 }
 
 /* Headers passed on to the backend: the session's too (a colocated canary
- * keeps a session on one revision by it). */
-static struct curl_slist *forward_headers(struct mg_connection *c, const char *affinity)
+ * keeps a session on one revision by it). Never the client's X-LLM-Tenant
+ * (not in the list): with the gateway's own key (upstream_auth) the
+ * tenant the gateway found for the client's key goes instead. */
+static struct curl_slist *forward_headers(struct mg_connection *c, const char *affinity, const attempt *a)
 {
     static const char *const keep[] = {"Content-Type", "Authorization", "Accept", "OpenAI-Organization",
                                        "X-Request-Id", "X-Session-Id", NULL};
     struct curl_slist *h = curl_slist_append(NULL, "Expect:"); /* no 100-continue round trip */
+    char line[8192];
+    if (h && a->upstream_auth && snprintf(line, sizeof line, "Authorization: %s", a->upstream_auth) < (int)sizeof line)
+        h = curl_slist_append(h, line);
+    if (h && a->upstream_auth && a->tenant && snprintf(line, sizeof line, "X-LLM-Tenant: %s", a->tenant) < (int)sizeof line)
+        h = curl_slist_append(h, line);
     for (size_t i = 0; h && i < sizeof keep / sizeof *keep; i++) {
         const char *name = keep[i] ? keep[i] : affinity;
-        if (!name || (!keep[i] && !strcasecmp(name, "X-Session-Id")))
+        if (!name || (!keep[i] && !strcasecmp(name, "X-Session-Id")) || (a->upstream_auth && !strcasecmp(name, "Authorization")) ||
+            !strcasecmp(name, "X-LLM-Tenant"))
             continue;
         const char *v = mg_get_header(c, name);
-        char line[8192];
         if (v && snprintf(line, sizeof line, "%s: %s", name, v) < (int)sizeof line)
             h = curl_slist_append(h, line);
     }
@@ -329,7 +345,7 @@ static CURLcode send_to(rt_proxy *px, struct mg_connection *c, const char *url, 
     if (conn_pool)
         curl_easy_setopt(h, CURLOPT_SHARE, conn_pool);
     curl_easy_setopt(h, CURLOPT_MAXCONNECTS, (long)RT_PROXY_KEEP_CONNS);
-    struct curl_slist *hdr = forward_headers(c, px->affinity_header);
+    struct curl_slist *hdr = forward_headers(c, px->affinity_header, a);
     curl_easy_setopt(h, CURLOPT_URL, full);
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, ri->request_method);
     a->body = body ? body : "";
@@ -527,11 +543,23 @@ static int last_attempt(struct mg_connection *c, attempt *a, CURLcode rc, int xf
     return code;
 }
 
+/* Who sent the request (the gateway's keys on) and what its answer used. */
+typedef struct caller {
+    const api_key *key;        /* NULL: keys are off */
+    long tokens;               /* the answer's total_tokens, else its stream's events and the prompt's bytes / 4 */
+} caller;
+
+/* The tokens a 200 answer used, for its tenant's tpm. */
+static long tokens_of(const attempt *a, int total, size_t body_len)
+{
+    return total >= 0 ? total : a->events + (long)(body_len / 4);
+}
+
 /* One pass over the backends: the answer is sent here unless none could
  * take it. Returns the status sent, or 0 (*held* keeps the last 5xx, owned
  * by the caller). */
 static int attempts(rt_proxy *px, rt_pool *pool, struct mg_connection *c, const rt_request *req, const char *body,
-                    size_t len, int answered, held_err *held)
+                    size_t len, int answered, held_err *held, caller *who)
 {
     unsigned char avoid[RT_MAX_BACKENDS / 8] = {0};
     char url[256];
@@ -545,7 +573,8 @@ static int attempts(rt_proxy *px, rt_pool *pool, struct mg_connection *c, const 
             return 0;
         char name[128];
         attempt a = {.c = c, .cutting = &px->cutting, .t0 = llm_clock_mono_s(), .started = answered, /* a held stream has its head */
-                     .revision = rt_pool_revision(pool, idx) ? "canary" : "stable"};
+                     .revision = rt_pool_revision(pool, idx) ? "canary" : "stable", .upstream_auth = px->upstream_auth,
+                     .tenant = who->key ? who->key->tenant : NULL};
         if (px->expose_backend && rt_pool_name(pool, idx, name, sizeof name))
             a.name = name;
         a.has_session = *session != 0;
@@ -570,8 +599,11 @@ static int attempts(rt_proxy *px, rt_pool *pool, struct mg_connection *c, const 
         a.res.status = rc == CURLE_OK || a.started ? (int)a.status : rc == CURLE_OPERATION_TIMEDOUT ? 504 : 0;
         a.res.predicted = predicted;
         a.res.prompt_tokens = a.res.cached_tokens = -1;
+        int total = -1;
         if (rc == CURLE_OK && a.status == 200)
-            usage_of(&a, &a.res.prompt_tokens, &a.res.cached_tokens);
+            usage_of(&a, &a.res.prompt_tokens, &a.res.cached_tokens, &total);
+        if (a.started && a.status == 200)
+            who->tokens = tokens_of(&a, total, len);
         rt_pool_release(pool, idx, &a.res);
         avoid[idx / 8] |= (unsigned char)(1u << (idx % 8));
         if (!retry)
@@ -674,9 +706,46 @@ static int gateway_models(rt_proxy *px, struct mg_connection *c)
     return code;
 }
 
-int rt_proxy_handle(struct mg_connection *c, void *cbdata)
+static double wall_s(void)
 {
-    rt_proxy *px = cbdata;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The gateway's keys: the caller's key found and its tenant let in by its
+ * limits; 0, or the refusal's status (sent). */
+static int admit(rt_proxy *px, struct mg_connection *c, caller *who, rt_quota_ticket *ticket)
+{
+    who->key = api_keys_find(px->keys, mg_get_header(c, "Authorization"));
+    if (!who->key) {
+        __atomic_add_fetch(&px->unauthorized, 1, __ATOMIC_RELAXED);
+        return reply_error(c, 401, "invalid_api_key", "an API key of this gateway is needed: Authorization: Bearer KEY");
+    }
+    char msg[1024], head[64];
+    double retry = 1;
+    rt_quota_limit l = px->quota ? rt_quota_admit(px->quota, who->key, wall_s(), ticket, &retry, msg, sizeof msg)
+                                 : RT_QUOTA_OK;
+    if (!l)
+        return 0;
+    int code = l == RT_QUOTA_STORE ? 503 : 429;
+    static const char *const ecode[RT_QUOTA_N] = {NULL, "rate_limit_exceeded", "tokens_limit_exceeded",
+                                                  "concurrency_limit_exceeded", "quota_store_unavailable"};
+    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:s}}", "error", "message", msg, "type",
+                          l == RT_QUOTA_TPM ? "tokens" : l == RT_QUOTA_STORE ? "service_unavailable" : "requests", "param",
+                          "code", ecode[l]);
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    snprintf(head, sizeof head, "Retry-After: %.0f\r\n", retry < 1 ? 1 : retry);
+    http_reply_text(c, code, "application/json", body ? body : "{\"error\":{\"message\":\"over a limit\"}}", head);
+    free(body);
+    json_decref(j);
+    return code;
+}
+
+/* The request, past the gateway's keys: to the backend its route and the
+ * policy choose. */
+static int serve(rt_proxy *px, struct mg_connection *c, caller *who)
+{
     size_t len = 0;
     char *body = NULL, session[4200];
     const struct mg_request_info *ri = mg_get_request_info(c);
@@ -708,15 +777,18 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
         pool = rt_route_pool(route);
     /* cache-aware: the prompt's chain (8 KiB: on the heap, not the worker's small stack; none without memory) */
     rt_prefix_chain *chain = px->cache_aware ? malloc(sizeof *chain) : NULL;
+    char partition[API_KEY_MAX_LEN + 16]; /* the pods' own: the tenant's with keys on, else the key's text */
+    if (who->key)
+        snprintf(partition, sizeof partition, "tenant %s", who->key->tenant);
     if (chain)
-        rt_prefix_chain_of(b, mg_get_header(c, "Authorization"), chain);
+        rt_prefix_chain_of(b, who->key ? partition : mg_get_header(c, "Authorization"), chain);
     rt_request q = {.session = session, .model = model, .chain = chain};
     int stream = llm_json_member(b, "stream", &v) && v.n == 4 && !memcmp(v.p, "true", 4), answered = 0;
     held_err held = {0};
     if (rt_pool_size(pool) == 0 && !hold(px, pool, c, stream, &answered) && answered)
         code = 0; /* held, and no backend came: no_answer ends the stream */
     else
-        code = attempts(px, pool, c, &q, body, len, answered, &held);
+        code = attempts(px, pool, c, &q, body, len, answered, &held, who);
     free(body);
     free(chain);
     if (!code)
@@ -725,5 +797,18 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
     free(held.body);
     llm_heap_after(len);
     __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);
+    return code;
+}
+
+int rt_proxy_handle(struct mg_connection *c, void *cbdata)
+{
+    rt_proxy *px = cbdata;
+    caller who = {0};
+    rt_quota_ticket ticket = {0};
+    int code = px->keys ? admit(px, c, &who, &ticket) : 0;
+    if (!code)
+        code = serve(px, c, &who);
+    if (px->quota)
+        rt_quota_done(px->quota, &ticket, who.tokens, wall_s());
     return code;
 }

@@ -16,6 +16,15 @@
  * SSE comments (": waiting for a backend") every 2 s meanwhile, so clients
  * and proxies do not time out.
  *
+ * Tenants (keys set): every request needs one of the keys (401 without);
+ * its tenant's limits (rt_quota.h) let it in or answer 429 (503 when the
+ * quota store is down and the gateway fails closed) with Retry-After and
+ * an OpenAI error naming the limit; its answer's tokens count toward the
+ * tenant's tpm. With upstream_auth, the pods get the gateway's own key
+ * instead of the client's and the tenant in X-LLM-Tenant (a pod trusts
+ * that header from its gateway=1 keys alone); without, the client's key.
+ * A client's X-LLM-Tenant is never passed on.
+ *
  * Ownership: the config and pool are borrowed for the server's life.
  * Thread-safety: called from civetweb's worker threads; each keeps one
  * curl handle (connection reuse to the backends). */
@@ -24,15 +33,21 @@
 
 #include <civetweb.h>
 
+#include "api_keys.h"
 #include "rt_pool.h"
 
 typedef struct rt_proxy rt_proxy;
 typedef struct rt_routes rt_routes;
+typedef struct rt_quota rt_quota;
 
 struct rt_proxy {
     rt_pool *pool;             /* the backends; NULL at a gateway */
     rt_routes *routes;         /* a gateway (rt_routes.h): the body's model picks the route, whose pool serves;
                                 * GET /v1/models lists what every route serves */
+    const api_keys *keys;      /* the gateway's keys (NULL: anyone may call; the pods check theirs) */
+    rt_quota *quota;           /* the tenants' limits (with keys) */
+    const char *upstream_auth; /* "Bearer KEY": the gateway's own key at the pods (NULL: the client's goes) */
+    unsigned long long unauthorized; /* 401s (atomic) */
     int retries;               /* more attempts after a failed one */
     long max_body;             /* 413 above */
     long timeout_s;            /* whole request, upstream */

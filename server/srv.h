@@ -176,8 +176,14 @@ struct mg_connection;
 int srv_http_send_json(struct mg_connection *c, int status, json_t *j);
 /* Sends e as an OpenAI error body, with Retry-After or WWW-Authenticate where e calls for one. */
 int srv_http_send_err(struct mg_connection *c, const srv_err *e);
-/* The caller's key (NULL without keys, or when it names none). */
+/* The key whose standing (priority ceiling, max_inflight) the request
+ * has: the one it presents, or for a gateway=1 key naming a tenant in
+ * X-LLM-Tenant that tenant's first key here when there is one; NULL
+ * without keys or a valid key. */
 const api_key *srv_http_caller(const srv *s, struct mg_connection *c);
+/* The tenant whose prefix cache partition the request uses: the one a
+ * gateway key names, else its key's; NULL without keys. */
+const char *srv_http_tenant(const srv *s, struct mg_connection *c);
 /* Whether the pod is alive: not failed, and no engine step running past liveness_timeout_s. */
 int srv_http_alive(srv *s);
 
@@ -186,7 +192,7 @@ int srv_http_alive(srv *s);
  * tenant's cap the request holds, grown to its n. The HTTP status. */
 int srv_complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_completion *cp, int *held, srv_err *e);
 /* The request's prefix-cache partition (0: the common one). */
-uint64_t srv_complete_cache_salt(const api_key *key, const char *field);
+uint64_t srv_complete_cache_salt(const char *tenant, const char *field);
 /* The highest priority key's caller may ask for. */
 int srv_complete_priority_ceiling(const srv *s, const api_key *key);
 /* Grows a request's share of key's tenant's sequences in flight from held

@@ -522,15 +522,15 @@ static void salt_secret(void)
  * to first token would otherwise tell a tenant which prompts another
  * sent); a cache_salt field partitions further. No keys and no field: the
  * common cache. */
-uint64_t srv_complete_cache_salt(const api_key *key, const char *field)
+uint64_t srv_complete_cache_salt(const char *tenant, const char *field)
 {
-    if (!key && !field)
+    if (!tenant && !field)
         return 0;
     /* a digest under a per-process random key over both, length-prefixed:
      * no tenant can choose a salt that lands in another's partition */
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, salt_secret);
-    const char *t = key ? key->tenant : "", *f = field ? field : "";
+    const char *t = tenant ? tenant : "", *f = field ? field : "";
     char buf[1200];
     int n = snprintf(buf, sizeof buf, "%zu:%s|%zu:%s|%d", strlen(t), t, strlen(f), f, field != NULL);
     unsigned char d[EVP_MAX_MD_SIZE];
@@ -579,7 +579,7 @@ int srv_complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_complet
              .eng = rv ? rv->engine : s->engine, .vocab = rv ? rv->model->vocab : s->model->vocab, .rev = rv != NULL};
     llm_error err = {0};
     const api_key *key = srv_http_caller(s, c);
-    cp->rq.cache_salt = srv_complete_cache_salt(key, cp->cache_salt);
+    cp->rq.cache_salt = srv_complete_cache_salt(srv_http_tenant(s, c), cp->cache_salt);
     if (cp->rq.priority > srv_complete_priority_ceiling(s, key))
         cp->rq.priority = srv_complete_priority_ceiling(s, key);
     if (srv_complete_tenant_take(s, key, cp->rq.n, *held, e))

@@ -73,10 +73,32 @@ static int read_body(const srv *s, struct mg_connection *c, char **out, size_t *
     return st;
 }
 
-/* The caller's key (NULL without keys, or when it names none). */
-const api_key *srv_http_caller(const srv *s, struct mg_connection *c)
+/* The key the request presents (NULL without keys, or when it names none). */
+static const api_key *presented(const srv *s, struct mg_connection *c)
 {
     return s->keys.n ? api_keys_find(&s->keys, mg_get_header(c, "Authorization")) : NULL;
+}
+
+/* The tenant a gateway's request names (X-LLM-Tenant), or NULL: from a
+ * gateway=1 key alone (api_gate refuses the header from any other). */
+static const char *forwarded(const api_key *key, struct mg_connection *c)
+{
+    const char *t = key && key->gateway ? mg_get_header(c, "X-LLM-Tenant") : NULL;
+    return t && api_keys_tenant_ok(t, strlen(t)) ? t : NULL;
+}
+
+const api_key *srv_http_caller(const srv *s, struct mg_connection *c)
+{
+    const api_key *key = presented(s, c), *own;
+    const char *t = forwarded(key, c);
+    return t && (own = api_keys_tenant(&s->keys, t)) ? own : key;
+}
+
+const char *srv_http_tenant(const srv *s, struct mg_connection *c)
+{
+    const api_key *key = presented(s, c);
+    const char *t = forwarded(key, c);
+    return t ? t : key ? key->tenant : NULL;
 }
 
 /* Common gate of the API routes: method, phase, key. 0 to go on. */
@@ -84,11 +106,17 @@ static int api_gate(srv *s, struct mg_connection *c, const char *method, srv_err
 {
     const struct mg_request_info *ri = mg_get_request_info(c);
     const api_key *key = NULL;
+    const char *tenant = mg_get_header(c, "X-LLM-Tenant");
     double retry = 0;
     if (strcmp(ri->request_method, method))
         srv_err_set(e, 405, NULL, "use %s for %s", method, ri->local_uri);
-    else if (s->keys.n && !(key = srv_http_caller(s, c)))
+    else if (s->keys.n && !(key = presented(s, c)))
         srv_err_set(e, 401, NULL, "a valid API key is required (Authorization: Bearer KEY)");
+    else if (tenant && key && !key->gateway) /* a client naming a tenant (another's cache, caps) is refused */
+        srv_err_set(e, 403, NULL, "X-LLM-Tenant is set only by a gateway (a key with gateway=1), not by this key");
+    else if (tenant && key && !forwarded(key, c))
+        srv_err_set(e, 400, NULL, "X-LLM-Tenant: 1 to %d printable characters without spaces, not key-<hex>",
+                    API_KEY_MAX_LEN);
     else if (!api_keys_admit(&s->keys, key, llm_clock_mono_s(), &retry)) {
         srv_err_set(e, 429, NULL, "this API key (tenant '%s') is over its rate of %g requests/s; retry in %.1f s",
                     key->tenant, key->rate, retry);
@@ -327,7 +355,7 @@ static int fn_embeddings(srv *s, struct mg_connection *c, const char *b, size_t 
         held = tenant_grow(s, key, held, q.n < SRV_EMBED_WINDOW ? q.n : SRV_EMBED_WINDOW);
         if (q.priority > srv_complete_priority_ceiling(s, key))
             q.priority = srv_complete_priority_ceiling(s, key);
-        status = srv_embed_run(s, s->engine, c, &q, srv_complete_cache_salt(key, q.cache_salt), held, e);
+        status = srv_embed_run(s, s->engine, c, &q, srv_complete_cache_salt(srv_http_tenant(s, c), q.cache_salt), held, e);
     }
     if (!status)
         status = embed_answer(s, c, &q, t0);

@@ -1,0 +1,185 @@
+"""Tenants at the gateway (llm-router --api-keys-file): API keys checked at
+the edge, each tenant's rpm, tpm and max_inflight held across two router
+replicas through a real redis-server (Debian's), the fail modes when Redis
+stops, and the tenant header only the gateway's own key may set at a pod -
+through the official openai client and raw HTTP."""
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from harness import NAME, Router, Server, free_port, wait_for
+
+PROMPT = "Once upon a time " + " ".join(f"the {k}th rabbit met the {k + 1}th fox by the river." for k in range(24))
+
+
+@pytest.fixture()
+def redis(tmp_path):
+    """A redis-server on a free port: (address, process)."""
+    exe = shutil.which("redis-server")
+    if not exe:
+        pytest.skip("redis-server missing (Debian's redis-server package; make deps installs it)")
+    port = free_port()
+    p = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                          "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def up():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+    wait_for(up, 30, "redis-server answering PING")
+    yield f"127.0.0.1:{port}", p
+    if p.poll() is None:
+        p.terminate()
+        p.wait(timeout=30)
+
+
+def post(base, body, key=None, headers=None, timeout=120):
+    h = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})}
+    req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(), h)
+    try:
+        r = urllib.request.urlopen(req, timeout=timeout)
+        return r.status, json.loads(r.read()), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null"), e.headers
+
+
+def ask(**kw):
+    return {"model": NAME, "prompt": "Once upon a time", "max_tokens": 2, "temperature": 0, **kw}
+
+
+@pytest.fixture()
+def gateway(tmp_path, models, redis):
+    """One pod that trusts the gateway's key, two router replicas sharing Redis."""
+    (tmp_path / "pod-keys").write_text("sk-gw tenant=gateway gateway=1\nsk-direct tenant=B\n")
+    (tmp_path / "keys").write_text("sk-a tenant=A rpm=30\nsk-b tenant=B tpm=300\nsk-c tenant=C max_inflight=1\n"
+                                   "sk-d tenant=D\n")
+    (tmp_path / "upstream").write_text("sk-gw\n")
+    hp = free_port()  # the pod's /metrics needs a key on its API port: the routers poll its health port
+    pod = Server(models("llama-110m", "Q8_0"), "--api_keys_file", tmp_path / "pod-keys", "--health_port", hp)
+    args = ["--backend", pod.base, "--metrics-port", hp, "--api-keys-file", tmp_path / "keys", "--upstream-key-file", tmp_path / "upstream",
+            "--quota-redis", redis[0], "--quota-share", 2, "--quota-prefix", f"test-{free_port()}"]
+    routers = [Router(*args), Router(*args)]
+    for r in routers:
+        wait_for(lambda: r.metrics().get(("llm_router_backend_up", (("backend", pod.base),))) == 1, 30,
+                 "the router polling its pod")
+    yield pod, routers, args, redis
+    for r in routers:
+        if r.proc.poll() is None:
+            r.stop()
+    pod.stop()
+
+
+def test_keys_partitions_and_the_tenant_header(gateway):
+    """401 without a gateway key; the pod sees the tenant the gateway found, not one the client names:
+    a prompt tenant D sent is cached for D, and tenant A forging X-LLM-Tenant: D through the gateway gets
+    none of it. At the pod, only the gateway's key may send the header (403 for another key), and with it the
+    header does pick the tenant's partition."""
+    pod, (r1, r2), _, _ = gateway
+    with pytest.raises(openai.AuthenticationError) as e:
+        r1.client().completions.create(**ask())
+    assert e.value.code == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=r1.base + "/v1", api_key="sk-gw", max_retries=0).completions.create(**ask())
+    d = openai.OpenAI(base_url=r1.base + "/v1", api_key="sk-d", max_retries=0)
+    assert [m.id for m in d.models.list().data] == [NAME]
+    first = d.completions.create(**ask(prompt=PROMPT))
+    again = d.completions.create(**ask(prompt=PROMPT))
+    assert first.usage.prompt_tokens > 256
+    assert again.usage.prompt_tokens_details.cached_tokens >= 256  # D's own partition: cached
+    s, forged, _ = post(r2.base, ask(prompt=PROMPT), key="sk-a", headers={"X-LLM-Tenant": "D"})
+    assert s == 200 and forged["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, forged["usage"]
+    # at the pod itself: a client's key may not name a tenant; the gateway's may, and it counts
+    s, body, _ = post(pod.base, ask(), key="sk-direct", headers={"X-LLM-Tenant": "D"})
+    assert s == 403 and "gateway=1" in body["error"]["message"], body
+    s, body, _ = post(pod.base, ask(), key="sk-gw", headers={"X-LLM-Tenant": "bad name"})
+    assert s == 400, body
+    s, body, _ = post(pod.base, ask(prompt=PROMPT), key="sk-gw", headers={"X-LLM-Tenant": "D"})
+    assert s == 200 and body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 256, body["usage"]
+
+
+def test_rpm_and_tpm_hold_across_two_replicas_over_a_minute(gateway):
+    """For a minute, tenant A (rpm 30) sends as fast as it can through one router replica, and tenant B
+    (tpm 300) through both in turn: A gets exactly 30 requests in (its whole limit at one replica, where that
+    replica's share alone would be 15) and is then refused at the other replica too, which it never used;
+    B's answers carry 300 tokens and at most 5% more (an answer running when B reaches its limit still
+    finishes). Every refusal is a 429 with Retry-After naming the limit; the openai client sees
+    RateLimitError. So the limits are the tenant's, counted in Redis, not each replica's."""
+    _, (r1, r2), _, _ = gateway
+    results = {"A": [], "B": []}
+    t_end = time.monotonic() + 60
+
+    def hammer(tenant, key, replicas):
+        i = 0
+        while time.monotonic() < t_end:
+            s, body, h = post(replicas[i % len(replicas)].base, ask(max_tokens=8), key=key)
+            results[tenant].append((s, body, h.get("Retry-After")))
+            i += 1
+            if s == 429:
+                time.sleep(0.2)
+    threads = [threading.Thread(target=hammer, args=a) for a in (("A", "sk-a", (r1,)), ("B", "sk-b", (r1, r2)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    ok_a = [b for s, b, _ in results["A"] if s == 200]
+    assert len(ok_a) == 30, (len(ok_a), len(results["A"]))
+    tokens_b = sum(b["usage"]["total_tokens"] for s, b, _ in results["B"] if s == 200)
+    assert 300 <= tokens_b <= 315, tokens_b
+    refused = [(s, b, ra) for t in results for s, b, ra in results[t] if s != 200]
+    assert refused and all(s == 429 and ra and int(ra) >= 1 for s, _, ra in refused), refused[:3]
+    assert any(b["error"]["code"] == "rate_limit_exceeded" and "rpm of 30" in b["error"]["message"] and "Redis" in
+               b["error"]["message"] for _, b, _ in refused)
+    assert any(b["error"]["code"] == "tokens_limit_exceeded" and "tpm of 300" in b["error"]["message"]
+               for _, b, _ in refused)
+    with pytest.raises(openai.RateLimitError):  # at the replica A never used
+        openai.OpenAI(base_url=r2.base + "/v1", api_key="sk-a", max_retries=0).completions.create(**ask())
+    m1, m2 = r1.metrics(), r2.metrics()
+    n = sum(m[("llm_router_tenant_refused_total", (("limit", "rpm"),))] for m in (m1, m2))
+    assert n >= 1 and m1[("llm_router_quota_shared", ())] == 1
+
+
+def test_max_inflight_across_replicas_and_redis_stopping(gateway):
+    """Tenant C (max_inflight 1): while its long request runs through one replica, the other refuses its
+    next (429, concurrency); once it ends, the next goes in. Redis stopped: the replicas fail closed by
+    default (503 naming the store) for tenants with limits, a tenant without limits is still served, and a
+    replica started with --quota-fail open holds its own share instead."""
+    pod, (r1, r2), args, (addr, redis_proc) = gateway
+    long_done = {}
+
+    def long_request():
+        long_done["r"] = post(r1.base, ask(max_tokens=300, ignore_eos=True), key="sk-c")
+    t = threading.Thread(target=long_request)
+    t.start()
+    wait_for(lambda: r1.metrics().get(("llm_router_backend_inflight", (("backend", pod.base),)), 0) >= 1 or
+             "r" in long_done, 30, "the long request running")
+    s, body, h = post(r2.base, ask(), key="sk-c")
+    t.join(timeout=120)
+    assert long_done["r"][0] == 200
+    assert s == 429 and body["error"]["code"] == "concurrency_limit_exceeded" and h.get("Retry-After"), body
+    assert post(r2.base, ask(), key="sk-c")[0] == 200
+    redis_proc.terminate()
+    redis_proc.wait(timeout=30)
+    s, body, h = post(r1.base, ask(), key="sk-a")
+    assert s == 503 and body["error"]["code"] == "quota_store_unavailable" and h.get("Retry-After"), body
+    assert "fails closed" in body["error"]["message"]
+    assert post(r2.base, ask(), key="sk-d")[0] == 200  # no limits: Redis is not needed
+    r3 = Router(*args, "--quota-fail", "open")
+    try:
+        wait_for(lambda: r3.metrics().get(("llm_router_backend_up", (("backend", pod.base),))) == 1, 30,
+                 "the router polling its pod")
+        codes = [post(r3.base, ask(max_tokens=1), key="sk-a")[0] for _ in range(20)]
+        assert codes.count(200) == 15 and codes.count(429) == 5, codes  # its share of 30, alone
+        assert r3.metrics()[("llm_router_quota_store_errors_total", ())] >= 1
+    finally:
+        assert r3.stop() == 0
