@@ -221,19 +221,72 @@ static json_t *container(json_t *gw, const char *n)
     return c;
 }
 
+/* A Secret's key as a file: the volume on pod, its mount on ctr at dir. */
+static int secret_file(json_t *pod, json_t *ctr, const char *vol, const char *secret, const char *key, const char *dir)
+{
+    json_t *v = json_pack("{s:s,s:{s:s,s:[{s:s,s:s}],s:i}}", "name", vol, "secret", "secretName", secret, "items", "key",
+                          key, "path", key, "defaultMode", 0440);
+    json_t *m = json_pack("{s:s,s:s,s:b}", "name", vol, "mountPath", dir, "readOnly", 1);
+    json_t *vs = json_object_get(pod, "volumes"), *ms = json_object_get(ctr, "volumeMounts");
+    if (!vs)
+        json_object_set_new(pod, "volumes", vs = json_array());
+    if (!ms)
+        json_object_set_new(ctr, "volumeMounts", ms = json_array());
+    return v && m && vs && ms && !json_array_append_new(vs, v) && !json_array_append_new(ms, m) ? 0 : -1;
+}
+
+static int add_args(json_t *ctr, const char *const *a, size_t n)
+{
+    json_t *args = json_object_get(ctr, "args");
+    for (size_t i = 0; i < n; i++)
+        if (json_array_append_new(args, json_string(a[i])))
+            return -1;
+    return 0;
+}
+
+/* spec.auth and spec.quotas as the router's tenant flags (rt_quota.h):
+ * the keys and the upstream key from Secrets, mounted read-only; Redis
+ * when named, else each of the replicas its share. */
+static int tenant_flags(json_t *gw, json_t *pod, json_t *ctr, json_int_t replicas)
+{
+    json_t *spec = json_object_get(gw, "spec"), *auth = json_object_get(spec, "auth"), *q = json_object_get(spec, "quotas");
+    const char *keys = json_string_value(json_object_get(auth, "secretName"));
+    const char *up = json_string_value(json_object_get(auth, "upstreamKeySecret"));
+    const char *redis = json_string_value(json_object_get(q, "redis")), *mode = json_string_value(json_object_get(q, "failMode"));
+    json_int_t ms = json_integer_value(json_object_get(q, "timeoutMs"));
+    char share[32], timeout[32], prefix[600];
+    snprintf(share, sizeof share, "%lld", (long long)replicas);
+    snprintf(timeout, sizeof timeout, "%lld", (long long)(ms > 0 ? ms : 100));
+    snprintf(prefix, sizeof prefix, "%s/%s", ns_of(gw), name_of(gw));
+    const char *k[] = {"--api-keys-file", "/etc/llm-gateway/keys/keys"};
+    const char *u[] = {"--upstream-key-file", "/etc/llm-gateway/upstream/key"};
+    const char *r[] = {"--quota-redis", redis, "--quota-fail", mode ? mode : "closed", "--quota-timeout-ms", timeout,
+                       "--quota-prefix", prefix};
+    const char *alone[] = {"--quota-share", share};
+    if (!keys)
+        return 0;
+    int bad = secret_file(pod, ctr, "keys", keys, "keys", "/etc/llm-gateway/keys") || add_args(ctr, k, 2);
+    if (!bad && up)
+        bad = secret_file(pod, ctr, "upstream", up, "key", "/etc/llm-gateway/upstream") || add_args(ctr, u, 2);
+    if (!bad)
+        bad = redis ? add_args(ctr, r, 8) : add_args(ctr, alone, 2);
+    return bad;
+}
+
 static json_t *deployment(json_t *gw, const char *n)
 {
     json_t *spec = json_object_get(gw, "spec"), *ctr = container(gw, n);
     json_t *replicas = json_object_get(spec, "replicas");
+    json_int_t nrep = json_is_integer(replicas) ? json_integer_value(replicas) : 2;
     json_t *pod = json_pack("{s:s,s:i,s:{s:b,s:I,s:{s:s}},s:[o]}", "serviceAccountName", n, "terminationGracePeriodSeconds",
                             45, "securityContext", "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "seccompProfile",
                             "type", "RuntimeDefault", "containers", ctr);
-    if (pod && desired_spread(pod, spec, n)) {
+    if (pod && (desired_spread(pod, spec, n) || tenant_flags(gw, pod, ctr, nrep))) {
         json_decref(pod);
         pod = NULL;
     }
     return json_pack("{s:s,s:s,s:o,s:{s:I,s:{s:{s:s,s:s}},s:{s:{s:o},s:o}}}", "apiVersion", "apps/v1", "kind", "Deployment",
-                     "metadata", meta(gw, n), "spec", "replicas", (json_int_t)(json_is_integer(replicas) ? json_integer_value(replicas) : 2),
+                     "metadata", meta(gw, n), "spec", "replicas", nrep,
                      "selector", "matchLabels", DESIRED_INSTANCE, n, DESIRED_MANAGED_BY, DESIRED_CONTROLLER, "template",
                      "metadata", "labels", labels(n), "spec", pod);
 }
@@ -265,6 +318,23 @@ json_t *gateway_children(json_t *gw, const gateway_table *t)
 
 /* ---- status ----------------------------------------------------------------------------------- */
 
+/* How the tenants' limits are held, in words (status.quotas). */
+static void quota_mode(json_t *gw, char *out, size_t n)
+{
+    json_t *spec = json_object_get(gw, "spec"), *q = json_object_get(spec, "quotas");
+    const char *redis = json_string_value(json_object_get(q, "redis")), *mode = json_string_value(json_object_get(q, "failMode"));
+    json_int_t r = json_integer_value(json_object_get(spec, "replicas"));
+    if (!json_string_value(kube_json_get(spec, "auth", "secretName", NULL)))
+        snprintf(out, n, "none: no API keys at the gateway (spec.auth)");
+    else if (redis)
+        snprintf(out, n, "shared: each tenant's limits hold across the gateway's pods through Redis %s; with Redis "
+                 "unusable the pods fail %s", redis, mode && !strcmp(mode, "open") ? "open (each holds its share)"
+                                                                               : "closed (503 for tenants with limits)");
+    else
+        snprintf(out, n, "each pod its share: each of the %lld gateway pods holds 1/%lld of each limit (no Redis in "
+                 "spec.quotas)", (long long)(r > 0 ? r : 2), (long long)(r > 0 ? r : 2));
+}
+
 json_t *gateway_status(json_t *gw, json_t *dep, const gateway_table *t, time_t now_s)
 {
     json_int_t ready = json_integer_value(kube_json_get(dep, "status", "readyReplicas", NULL));
@@ -286,10 +356,13 @@ json_t *gateway_status(json_t *gw, json_t *dep, const gateway_table *t, time_t n
     json_t *shown = json_array();
     for (size_t i = 0; shown && i < json_array_size(t->models) && i < GATEWAY_MAX_MODELS_SHOWN; i++)
         json_array_append(shown, json_array_get(t->models, i));
-    return json_pack("{s:O,s:I,s:I,s:s,s:s,s:i,s:I,s:o,s:O,s:[{s:s,s:s,s:s,s:s,s:s}]}", "observedGeneration",
+    char quota[400];
+    quota_mode(gw, quota, sizeof quota);
+    return json_pack("{s:O,s:I,s:I,s:s,s:s,s:i,s:I,s:o,s:O,s:s,s:[{s:s,s:s,s:s,s:s,s:s}]}", "observedGeneration",
                      kube_json_get(gw, "metadata", "generation", NULL), "replicas", replicas, "readyReplicas", ready, "phase",
                      ok ? "Ready" : "Pending", "endpoint", ep, "deployments", t->deployments, "modelCount",
-                     (json_int_t)json_array_size(t->models), "models", shown, "conflicts", t->conflicts, "conditions", "type",
+                     (json_int_t)json_array_size(t->models), "models", shown, "conflicts", t->conflicts, "quotas", quota,
+                     "conditions", "type",
                      "Ready", "status", ok ? "True" : "False", "reason", reason, "message", msg, "lastTransitionTime",
                      same ? was : now);
 }

@@ -3,8 +3,10 @@
  * names (model, adapters), the pods' Service (NAME, or NAME-backends behind
  * the deployment's own router; the canary's), a name served twice (the
  * later deployment left out and named), and the bounds: 1024 routes, a
- * table under 900 KiB, 32 conflicts shown, 256 models in the status; and
- * llm-router loading every table it makes. */
+ * table under 900 KiB, 32 conflicts shown, 256 models in the status;
+ * llm-router loading every table it makes; spec.auth and spec.quotas as
+ * the router's tenant flags and Secret volumes, and the status saying how
+ * the limits are held. */
 #include "testutil.h"
 
 #include <jansson.h>
@@ -77,6 +79,67 @@ static void test_table(void **st)
     gateway_table_free(&t);
     json_decref(all);
     json_decref(gw);
+}
+
+/* The gateway's pod container of a gateway built from text. */
+static json_t *gateway_pod(const char *text, json_t **children, gateway_table *t)
+{
+    json_t *gw = json_loads(text, 0, NULL), *none = json_array();
+    assert_non_null(gw);
+    assert_int_equal(gateway_table_make(gw, none, t), 0);
+    json_decref(none);
+    *children = gateway_children(gw, t);
+    assert_non_null(*children);
+    json_decref(gw);
+    return kube_json_get(json_array_get(*children, 4), "spec", "template", "spec", NULL);
+}
+
+static void test_tenants(void **st)
+{
+    (void)st;
+    const char *base = "{\"metadata\":{\"name\":\"front\",\"namespace\":\"ns\",\"uid\":\"u1\",\"generation\":1},"
+                       "\"spec\":{\"selector\":{},\"replicas\":3%s}}";
+    char text[1024];
+    json_t *children;
+    gateway_table t;
+    /* keys, the upstream key and Redis */
+    snprintf(text, sizeof text, base, ",\"auth\":{\"secretName\":\"tk\",\"upstreamKeySecret\":\"up\"},"
+             "\"quotas\":{\"redis\":\"redis.ns:6379\",\"failMode\":\"open\",\"timeoutMs\":50}");
+    json_t *pod = gateway_pod(text, &children, &t);
+    char *a = json_dumps(json_object_get(json_array_get(json_object_get(pod, "containers"), 0), "args"), JSON_COMPACT);
+    assert_non_null(strstr(a, "\"--api-keys-file\",\"/etc/llm-gateway/keys/keys\",\"--upstream-key-file\","
+                              "\"/etc/llm-gateway/upstream/key\",\"--quota-redis\",\"redis.ns:6379\",\"--quota-fail\",\"open\","
+                              "\"--quota-timeout-ms\",\"50\",\"--quota-prefix\",\"ns/front\""));
+    assert_null(strstr(a, "--quota-share"));
+    free(a);
+    char *v = json_dumps(json_object_get(pod, "volumes"), JSON_COMPACT | JSON_SORT_KEYS);
+    assert_string_equal(v, "[{\"name\":\"keys\",\"secret\":{\"defaultMode\":288,\"items\":[{\"key\":\"keys\",\"path\":\"keys\"}],"
+                           "\"secretName\":\"tk\"}},{\"name\":\"upstream\",\"secret\":{\"defaultMode\":288,\"items\":[{\"key\":"
+                           "\"key\",\"path\":\"key\"}],\"secretName\":\"up\"}}]");
+    free(v);
+    json_t *gw = json_loads(text, 0, NULL), *status = gateway_status(gw, NULL, &t, 0);
+    assert_non_null(strstr(json_string_value(json_object_get(status, "quotas")), "through Redis redis.ns:6379"));
+    json_decref(status), json_decref(gw), json_decref(children);
+    gateway_table_free(&t);
+    /* keys without Redis: each of the 3 replicas its share */
+    snprintf(text, sizeof text, base, ",\"auth\":{\"secretName\":\"tk\"}");
+    pod = gateway_pod(text, &children, &t);
+    a = json_dumps(json_object_get(json_array_get(json_object_get(pod, "containers"), 0), "args"), JSON_COMPACT);
+    assert_non_null(strstr(a, "\"--api-keys-file\",\"/etc/llm-gateway/keys/keys\",\"--quota-share\",\"3\"]"));
+    free(a);
+    gw = json_loads(text, 0, NULL), status = gateway_status(gw, NULL, &t, 0);
+    assert_non_null(strstr(json_string_value(json_object_get(status, "quotas")), "each of the 3 gateway pods holds 1/3"));
+    json_decref(status), json_decref(gw), json_decref(children);
+    gateway_table_free(&t);
+    /* no keys: no tenant flags, no volumes */
+    snprintf(text, sizeof text, base, "");
+    pod = gateway_pod(text, &children, &t);
+    a = json_dumps(json_object_get(json_array_get(json_object_get(pod, "containers"), 0), "args"), JSON_COMPACT);
+    assert_null(strstr(a, "--api-keys-file"));
+    assert_null(json_object_get(pod, "volumes"));
+    free(a);
+    json_decref(children);
+    gateway_table_free(&t);
 }
 
 /* A thousand models and more: the table stops at 1024 routes, the
@@ -160,7 +223,7 @@ static void test_router_takes_the_table(void **st)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_table), cmocka_unit_test(test_bounds),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_table), cmocka_unit_test(test_bounds), cmocka_unit_test(test_tenants),
                                        cmocka_unit_test(test_router_takes_the_table)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
