@@ -196,6 +196,13 @@ static json_t *routes_configmap(json_t *gw, const char *n, const gateway_table *
                      "routes.json", t->routes);
 }
 
+/* spec.replicas (the CRD's default, 2, when the object has none). */
+static json_int_t replicas_of(json_t *gw)
+{
+    json_t *r = kube_json_get(gw, "spec", "replicas", NULL);
+    return json_is_integer(r) ? json_integer_value(r) : 2;
+}
+
 static json_t *container(json_t *gw, const char *n)
 {
     json_t *spec = json_object_get(gw, "spec");
@@ -221,7 +228,8 @@ static json_t *container(json_t *gw, const char *n)
     return c;
 }
 
-/* A Secret's key as a file: the volume on pod, its mount on ctr at dir. */
+/* A Secret's key as a file: the volume on pod, its mount on ctr at dir
+ * (0440: with the pod's fsGroup the router's user reads it, no other). */
 static int secret_file(json_t *pod, json_t *ctr, const char *vol, const char *secret, const char *key, const char *dir)
 {
     json_t *v = json_pack("{s:s,s:{s:s,s:[{s:s,s:s}],s:i}}", "name", vol, "secret", "secretName", secret, "items", "key",
@@ -260,27 +268,27 @@ static int tenant_flags(json_t *gw, json_t *pod, json_t *ctr, json_int_t replica
     snprintf(prefix, sizeof prefix, "%s/%s", ns_of(gw), name_of(gw));
     const char *k[] = {"--api-keys-file", "/etc/llm-gateway/keys/keys"};
     const char *u[] = {"--upstream-key-file", "/etc/llm-gateway/upstream/key"};
-    const char *r[] = {"--quota-redis", redis, "--quota-fail", mode ? mode : "closed", "--quota-timeout-ms", timeout,
-                       "--quota-prefix", prefix};
-    const char *alone[] = {"--quota-share", share};
+    /* the share too with Redis: what each pod holds while Redis is down and the mode is open */
+    const char *r[] = {"--quota-share", share, "--quota-redis", redis, "--quota-fail", mode ? mode : "closed",
+                       "--quota-timeout-ms", timeout, "--quota-prefix", prefix};
     if (!keys)
         return 0;
     int bad = secret_file(pod, ctr, "keys", keys, "keys", "/etc/llm-gateway/keys") || add_args(ctr, k, 2);
     if (!bad && up)
         bad = secret_file(pod, ctr, "upstream", up, "key", "/etc/llm-gateway/upstream") || add_args(ctr, u, 2);
     if (!bad)
-        bad = redis ? add_args(ctr, r, 8) : add_args(ctr, alone, 2);
+        bad = add_args(ctr, r, redis ? 10 : 2);
     return bad;
 }
 
 static json_t *deployment(json_t *gw, const char *n)
 {
     json_t *spec = json_object_get(gw, "spec"), *ctr = container(gw, n);
-    json_t *replicas = json_object_get(spec, "replicas");
-    json_int_t nrep = json_is_integer(replicas) ? json_integer_value(replicas) : 2;
-    json_t *pod = json_pack("{s:s,s:i,s:{s:b,s:I,s:{s:s}},s:[o]}", "serviceAccountName", n, "terminationGracePeriodSeconds",
-                            45, "securityContext", "runAsNonRoot", 1, "runAsUser", (json_int_t)65532, "seccompProfile",
-                            "type", "RuntimeDefault", "containers", ctr);
+    json_int_t nrep = replicas_of(gw);
+    json_t *pod = json_pack("{s:s,s:i,s:{s:b,s:I,s:I,s:{s:s}},s:[o]}", "serviceAccountName", n,
+                            "terminationGracePeriodSeconds", 45, "securityContext", "runAsNonRoot", 1, "runAsUser",
+                            (json_int_t)65532, "fsGroup", (json_int_t)65532, "seccompProfile", "type", "RuntimeDefault",
+                            "containers", ctr);
     if (pod && (desired_spread(pod, spec, n) || tenant_flags(gw, pod, ctr, nrep))) {
         json_decref(pod);
         pod = NULL;
@@ -323,7 +331,7 @@ static void quota_mode(json_t *gw, char *out, size_t n)
 {
     json_t *spec = json_object_get(gw, "spec"), *q = json_object_get(spec, "quotas");
     const char *redis = json_string_value(json_object_get(q, "redis")), *mode = json_string_value(json_object_get(q, "failMode"));
-    json_int_t r = json_integer_value(json_object_get(spec, "replicas"));
+    json_int_t r = replicas_of(gw);
     if (!json_string_value(kube_json_get(spec, "auth", "secretName", NULL)))
         snprintf(out, n, "none: no API keys at the gateway (spec.auth)");
     else if (redis)
@@ -332,7 +340,7 @@ static void quota_mode(json_t *gw, char *out, size_t n)
                                                                                : "closed (503 for tenants with limits)");
     else
         snprintf(out, n, "each pod its share: each of the %lld gateway pods holds 1/%lld of each limit (no Redis in "
-                 "spec.quotas)", (long long)(r > 0 ? r : 2), (long long)(r > 0 ? r : 2));
+                 "spec.quotas)", (long long)r, (long long)r);
 }
 
 json_t *gateway_status(json_t *gw, json_t *dep, const gateway_table *t, time_t now_s)

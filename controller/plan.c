@@ -106,7 +106,8 @@ static int autoscale_start(const plan_input *in, json_t *prev, json_t *spec, int
     json_int_t dep = !split && in->stable ? json_integer_value(kube_json_get(json_object_get(in->stable, "spec"), "replicas", NULL))
                                           : -1;
     json_int_t r = json_is_integer(rec) ? json_integer_value(rec) : -1;
-    if (r >= 0 && r <= as->max && !(r == 0 && dep > 0 && !(held && as->min == 0)))
+    int lost_wake = r == 0 && dep > 0 && !(held && as->min == 0); /* pods run; no request waits for them */
+    if (r >= 0 && r <= as->max && !lost_wake)
         return (int)r;
     if (dep >= 0 && dep <= INT_MAX)
         return (int)dep;

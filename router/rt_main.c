@@ -482,10 +482,19 @@ static llm_status start_tenants(router *r, tenant_flags *t, llm_error *err)
     if (!st && t->upstream_file && http_guard_token_file(t->upstream_file, key, sizeof key))
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "--upstream-key-file %s: cannot read a key from it (one line, 1-%d "
                       "characters)", t->upstream_file, API_KEY_MAX_LEN);
+    for (const char *p = key; !st && t->upstream_file && *p; p++) /* it goes into a header: no CR, no space */
+        if (*p <= ' ' || *p > '~')
+            st = llm_errf(err, LLM_ERR_INVALID_ARG, "--upstream-key-file %s: a key is printable ASCII without spaces",
+                          t->upstream_file);
+    for (int i = 0; !st && t->upstream_file && i < r->keys.n; i++) /* a pod refuses key-<hex> names in X-LLM-Tenant */
+        if (!api_keys_tenant_ok(r->keys.k[i].tenant, strlen(r->keys.k[i].tenant)))
+            st = llm_errf(err, LLM_ERR_INVALID_ARG, "--api-keys-file %s: key %d has no tenant= (with "
+                          "--upstream-key-file every key names its tenant: the pods are told it)", t->keys_file, i + 1);
     if (!st && t->upstream_file)
         snprintf(r->upstream_auth, sizeof r->upstream_auth, "Bearer %s", key);
     t->q.keys = &r->keys;
-    t->q.lease_s = (double)r->px.timeout_s + 30;
+    /* a slot in flight outlives the longest request: its body, its hold, its answer */
+    t->q.lease_s = (double)(r->px.retries + 1) * (double)r->px.timeout_s + r->px.body_timeout_s + r->px.hold_s + 30;
     if (!st)
         st = rt_quota_open(&t->q, &r->px.quota, err);
     if (st)

@@ -2,6 +2,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,22 +25,30 @@
  * member, a stream's last event before [DONE] (stream_options.include_usage). */
 #define TAIL_MAX 1024
 
-/* An OpenAI error answer; ecode: its "code" (NULL: null). */
-static int reply_error(struct mg_connection *c, int code, const char *ecode, const char *msg)
+/* An OpenAI error answer of type and code ecode (NULL: null), with the
+ * extra head lines (NULL: none). */
+static int send_error(struct mg_connection *c, int code, const char *type, const char *ecode, const char *msg,
+                      const char *extra)
 {
-    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:o}}", "error", "message", msg, "type",
-                          code == 503 ? "service_unavailable"
-                          : code == 429 ? "rate_limit_exceeded"
-                          : code == 413 || code == 408 || code == 400 || code == 415 || code == 404 || code == 401
-                              ? "invalid_request_error"
-                              : "server_error",
-                          "param", "code", ecode ? json_string(ecode) : json_null());
+    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:o}}", "error", "message", msg, "type", type, "param", "code",
+                          ecode ? json_string(ecode) : json_null());
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
     const char *b = body ? body : "{\"error\":{\"message\":\"router error\"}}";
-    http_reply_text(c, code, "application/json", b, code == 503 ? "Retry-After: 1\r\n" : NULL);
+    http_reply_text(c, code, "application/json", b, extra);
     free(body);
     json_decref(j);
     return code;
+}
+
+/* An OpenAI error answer whose type follows from its status; a 503 says
+ * when to retry. */
+static int reply_error(struct mg_connection *c, int code, const char *ecode, const char *msg)
+{
+    const char *type = code == 503 ? "service_unavailable"
+                       : code == 413 || code == 408 || code == 400 || code == 415 || code == 404 || code == 401
+                           ? "invalid_request_error"
+                           : "server_error";
+    return send_error(c, code, type, ecode, msg, code == 503 ? "Retry-After: 1\r\n" : NULL);
 }
 
 static int reply(struct mg_connection *c, int code, const char *msg)
@@ -546,10 +555,11 @@ static int last_attempt(struct mg_connection *c, attempt *a, CURLcode rc, int xf
 /* Who sent the request (the gateway's keys on) and what its answer used. */
 typedef struct caller {
     const api_key *key;        /* NULL: keys are off */
-    long tokens;               /* the answer's total_tokens, else its stream's events and the prompt's bytes / 4 */
+    long tokens;               /* the answer's total_tokens, else its stream's events and the request body's bytes / 4 */
 } caller;
 
-/* The tokens a 200 answer used, for its tenant's tpm. */
+/* The tokens a 200 answer used, for its tenant's tpm: its usage's, else
+ * an estimate (the body's bytes stand for the prompt's tokens, 4 each). */
 static long tokens_of(const attempt *a, int total, size_t body_len)
 {
     return total >= 0 ? total : a->events + (long)(body_len / 4);
@@ -602,8 +612,8 @@ static int attempts(rt_proxy *px, rt_pool *pool, struct mg_connection *c, const 
         int total = -1;
         if (rc == CURLE_OK && a.status == 200)
             usage_of(&a, &a.res.prompt_tokens, &a.res.cached_tokens, &total);
-        if (a.started && a.status == 200)
-            who->tokens = tokens_of(&a, total, len);
+        if (a.body_sent) /* the pod had the prompt: charged, whatever came of it (a client gone, a 4xx) */
+            who->tokens = tokens_of(&a, rc == CURLE_OK && a.status == 200 ? total : -1, len);
         rt_pool_release(pool, idx, &a.res);
         avoid[idx / 8] |= (unsigned char)(1u << (idx % 8));
         if (!retry)
@@ -724,22 +734,22 @@ static int admit(rt_proxy *px, struct mg_connection *c, caller *who, rt_quota_ti
     }
     char msg[1024], head[64];
     double retry = 1;
-    rt_quota_limit l = px->quota ? rt_quota_admit(px->quota, who->key, wall_s(), ticket, &retry, msg, sizeof msg)
-                                 : RT_QUOTA_OK;
+    rt_quota_limit l = RT_QUOTA_OK;
+    if (!api_keys_admit(px->keys, who->key, llm_clock_mono_s(), &retry)) { /* the key's own rate= (requests/s) */
+        snprintf(msg, sizeof msg, "this API key (tenant '%s') is over its rate of %g requests/s; retry in %.1f s",
+                 who->key->tenant, who->key->rate, retry);
+        l = RT_QUOTA_RPM;
+    } else if (px->quota) {
+        l = rt_quota_admit(px->quota, who->key, wall_s(), ticket, &retry, msg, sizeof msg);
+    }
     if (!l)
         return 0;
-    int code = l == RT_QUOTA_STORE ? 503 : 429;
     static const char *const ecode[RT_QUOTA_N] = {NULL, "rate_limit_exceeded", "tokens_limit_exceeded",
                                                   "concurrency_limit_exceeded", "quota_store_unavailable"};
-    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:s}}", "error", "message", msg, "type",
-                          l == RT_QUOTA_TPM ? "tokens" : l == RT_QUOTA_STORE ? "service_unavailable" : "requests", "param",
-                          "code", ecode[l]);
-    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    snprintf(head, sizeof head, "Retry-After: %.0f\r\n", retry < 1 ? 1 : retry);
-    http_reply_text(c, code, "application/json", body ? body : "{\"error\":{\"message\":\"over a limit\"}}", head);
-    free(body);
-    json_decref(j);
-    return code;
+    snprintf(head, sizeof head, "Retry-After: %.0f\r\n", ceil(retry < 1 ? 1 : retry));
+    return send_error(c, l == RT_QUOTA_STORE ? 503 : 429,
+                      l == RT_QUOTA_TPM ? "tokens" : l == RT_QUOTA_STORE ? "service_unavailable" : "requests", ecode[l],
+                      msg, head);
 }
 
 /* The request, past the gateway's keys: to the backend its route and the
@@ -777,7 +787,7 @@ static int serve(rt_proxy *px, struct mg_connection *c, caller *who)
         pool = rt_route_pool(route);
     /* cache-aware: the prompt's chain (8 KiB: on the heap, not the worker's small stack; none without memory) */
     rt_prefix_chain *chain = px->cache_aware ? malloc(sizeof *chain) : NULL;
-    char partition[API_KEY_MAX_LEN + 16]; /* the pods' own: the tenant's with keys on, else the key's text */
+    char partition[API_KEY_MAX_LEN + 16]; /* as the pods partition: by tenant with keys on, else by the key sent */
     if (who->key)
         snprintf(partition, sizeof partition, "tenant %s", who->key->tenant);
     if (chain)
@@ -806,7 +816,9 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
     caller who = {0};
     rt_quota_ticket ticket = {0};
     int code = px->keys ? admit(px, c, &who, &ticket) : 0;
-    if (!code)
+    if (code) /* refused before its body was read: read (a little of) it, so the client gets the answer, not a reset */
+        http_guard_discard(c, 2 * px->max_body, 2);
+    else
         code = serve(px, c, &who);
     if (px->quota)
         rt_quota_done(px->quota, &ticket, who.tokens, wall_s());

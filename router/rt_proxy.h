@@ -44,7 +44,8 @@ struct rt_proxy {
     rt_pool *pool;             /* the backends; NULL at a gateway */
     rt_routes *routes;         /* a gateway (rt_routes.h): the body's model picks the route, whose pool serves;
                                 * GET /v1/models lists what every route serves */
-    const api_keys *keys;      /* the gateway's keys (NULL: anyone may call; the pods check theirs) */
+    api_keys *keys;            /* the gateway's keys (NULL: anyone may call; the pods check theirs); a key's
+                                * rate= holds here too, its max_priority and gateway= are the pods' business */
     rt_quota *quota;           /* the tenants' limits (with keys) */
     const char *upstream_auth; /* "Bearer KEY": the gateway's own key at the pods (NULL: the client's goes) */
     unsigned long long unauthorized; /* 401s (atomic) */

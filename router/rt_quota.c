@@ -13,9 +13,11 @@
 #include <sys/random.h>
 
 #include "llm/clock.h"
+#include "llm/sync.h"
 
 #define N RT_QUOTA_SECONDS
 #define POOL_MAX 16          /* idle Redis connections kept */
+#define CONN_MAX 64          /* open at once: a call beyond waits (its timeout) for one to come back */
 #define DOWN_S 1.0           /* after a failure Redis is not tried for this long */
 
 /* A tenant's counters here (on its first key's index): a ring of the
@@ -28,9 +30,11 @@ typedef struct tenant_count {
 
 struct rt_quota {
     rt_quota_config cfg;
-    char host[256], prefix[300];
+    char host[256], prefix[600];
     int port;
     pthread_mutex_t mu;      /* counts, pool, down_until, stats */
+    pthread_cond_t back;     /* a connection came back to the pool (or closed) */
+    int open;                /* connections out of the pool or in it */
     tenant_count **count;    /* keys->n, made when a tenant with limits first calls */
     redisContext *pool[POOL_MAX];
     int pooled;
@@ -104,33 +108,44 @@ static llm_status parse_addr(rt_quota *q, const char *addr, llm_error *err)
     return LLM_OK;
 }
 
-llm_status rt_quota_open(const rt_quota_config *cfg, rt_quota **out, llm_error *err)
+/* The settings copied into q (the strings into its own buffers). */
+static llm_status configure(rt_quota *q, const rt_quota_config *cfg, llm_error *err)
 {
-    *out = NULL;
-    rt_quota *q = calloc(1, sizeof *q);
-    if (!q)
-        return llm_errf(err, LLM_ERR_NOMEM, "no memory for the quotas");
     q->cfg = *cfg;
+    q->cfg.redis = q->cfg.prefix = NULL; /* copied, not borrowed */
     if (q->cfg.share < 1)
         q->cfg.share = 1;
     if (q->cfg.timeout_ms < 1)
         q->cfg.timeout_ms = 100;
     if (q->cfg.lease_s <= 0)
         q->cfg.lease_s = 600;
-    q->cfg.redis = q->cfg.prefix = NULL; /* the strings are copied, not borrowed */
-    snprintf(q->prefix, sizeof q->prefix, "llm-quota:%.200s", cfg->prefix ? cfg->prefix : "");
-    llm_status st = cfg->redis && *cfg->redis ? parse_addr(q, cfg->redis, err) : LLM_OK;
+    if (snprintf(q->prefix, sizeof q->prefix, "llm-quota:%s", cfg->prefix ? cfg->prefix : "") >= (int)sizeof q->prefix)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "--quota-prefix: at most %zu bytes", sizeof q->prefix - 11);
+    return cfg->redis && *cfg->redis ? parse_addr(q, cfg->redis, err) : LLM_OK;
+}
+
+llm_status rt_quota_open(const rt_quota_config *cfg, rt_quota **out, llm_error *err)
+{
+    *out = NULL;
+    rt_quota *q = calloc(1, sizeof *q);
+    if (!q)
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory for the quotas");
+    llm_status st = configure(q, cfg, err);
     q->count = st ? NULL : calloc(cfg->keys->n ? (size_t)cfg->keys->n : 1, sizeof *q->count);
     if (!st && !q->count)
         st = llm_errf(err, LLM_ERR_NOMEM, "no memory for the quotas");
     if (!st && getrandom(&q->id, sizeof q->id, 0) != sizeof q->id)
         st = llm_errf(err, LLM_ERR_IO, "getrandom failed: no id for this replica's requests in Redis");
+    int mu = !st && !pthread_mutex_init(&q->mu, NULL);
+    if (!st && (!mu || llm_sync_cond_init(&q->back)))
+        st = llm_errf(err, LLM_ERR_INTERNAL, "cannot make the quotas' mutex and condition variable");
     if (st) {
+        if (mu)
+            pthread_mutex_destroy(&q->mu);
         free(q->count);
         free(q);
         return st;
     }
-    pthread_mutex_init(&q->mu, NULL);
     *out = q;
     return LLM_OK;
 }
@@ -140,6 +155,7 @@ void rt_quota_close(rt_quota *q)
     if (!q)
         return;
     for (int i = 0; i < q->pooled; i++) redisFree(q->pool[i]);
+    pthread_cond_destroy(&q->back);
     pthread_mutex_destroy(&q->mu);
     for (int i = 0; i < q->cfg.keys->n; i++) free(q->count[i]);
     free(q->count);
@@ -186,7 +202,8 @@ static void add_at(tenant_count *c, double *series, long now_s, double x)
     series[slot] += x;
 }
 
-/* A limit's share at this replica: limit / share, at least 1. */
+/* A limit's share at this replica: limit / share, at least 1 (a limit
+ * smaller than the share lets each replica one: the total is then over). */
 static double share_of(const rt_quota *q, long limit)
 {
     double s = (double)limit / q->cfg.share;
@@ -219,7 +236,7 @@ static rt_quota_limit admit_here(rt_quota *q, const api_key *key, const api_key 
 /* ---- shared: Redis --------------------------------------------------------------------- */
 
 /* The connection back after a call: kept when it worked, else closed
- * and Redis marked down for DOWN_S. */
+ * and Redis marked down for DOWN_S. r NULL: a connect that failed. */
 static void conn_give(rt_quota *q, redisContext *r, int ok)
 {
     pthread_mutex_lock(&q->mu);
@@ -230,19 +247,34 @@ static void conn_give(rt_quota *q, redisContext *r, int ok)
     if (ok && r && q->pooled < POOL_MAX) {
         q->pool[q->pooled++] = r;
         r = NULL;
+    } else {
+        q->open--; /* (a failed connect had its place taken too) */
     }
+    pthread_cond_signal(&q->back);
     pthread_mutex_unlock(&q->mu);
     if (r)
         redisFree(r);
 }
 
-static redisContext *conn_take(rt_quota *q)
+/* A connection for one call: an idle one, else a new one while fewer
+ * than CONN_MAX are open, else the first to come back within the call's
+ * timeout. NULL when Redis is marked down (unless `anyway`: a release
+ * is worth a try) or none could be had (counted). */
+static redisContext *conn_take(rt_quota *q, int anyway)
 {
+    struct timespec until = llm_sync_after_ms(q->cfg.timeout_ms);
+    int waited = 0;
     pthread_mutex_lock(&q->mu);
+    while (!q->pooled && q->open >= CONN_MAX && !waited)
+        waited = pthread_cond_timedwait(&q->back, &q->mu, &until) != 0;
     redisContext *r = q->pooled ? q->pool[--q->pooled] : NULL;
-    int down = llm_clock_mono_s() < q->down_until;
+    int down = llm_clock_mono_s() < q->down_until && !anyway, full = !r && q->open >= CONN_MAX;
+    if (!r && !down && !full)
+        q->open++; /* this call's place, before it connects */
+    if (full)
+        q->store_errors++;
     pthread_mutex_unlock(&q->mu);
-    if (r || down)
+    if (r || down || full)
         return r;
     struct timeval tv = {q->cfg.timeout_ms / 1000, (q->cfg.timeout_ms % 1000) * 1000};
     r = redisConnectWithTimeout(q->host, q->port, tv);
@@ -286,21 +318,22 @@ static int admit_reply(const redisReply *rep, double w[N])
 
 /* The tenant's Redis key bases: requests and tokens (a second is
  * appended), and its in-flight set. */
-static void redis_keys(const rt_quota *q, const api_key *t, char k[3][400])
+#define KEY_MAX 1024 /* the prefix (600) and a tenant (API_KEY_MAX_LEN) fit whole: no two tenants' keys meet */
+static void redis_keys(const rt_quota *q, const api_key *t, char k[3][KEY_MAX])
 {
-    snprintf(k[0], 400, "%s:%s:r:", q->prefix, t->tenant);
-    snprintf(k[1], 400, "%s:%s:t:", q->prefix, t->tenant);
-    snprintf(k[2], 400, "%s:%s:c", q->prefix, t->tenant);
+    snprintf(k[0], KEY_MAX, "%s:%s:r:", q->prefix, t->tenant);
+    snprintf(k[1], KEY_MAX, "%s:%s:t:", q->prefix, t->tenant);
+    snprintf(k[2], KEY_MAX, "%s:%s:c", q->prefix, t->tenant);
 }
 
 /* One admission through Redis: the limit, or -1 when Redis failed. */
 static int admit_shared(rt_quota *q, const api_key *t, double now, rt_quota_ticket *tk, double *retry_s)
 {
-    redisContext *r = conn_take(q);
+    redisContext *r = conn_take(q, 0);
     if (!r)
         return -1;
     long sec = (long)floor(now);
-    char k[3][400], a[8][48];
+    char k[3][KEY_MAX], a[8][48];
     redis_keys(q, t, k);
     snprintf(a[0], 48, "%ld", sec);
     snprintf(a[1], 48, "%ld", t->rpm);
@@ -328,14 +361,10 @@ static void done_shared(rt_quota *q, const rt_quota_ticket *tk, long tokens, dou
     const api_key *t = &q->cfg.keys->k[tk->key->tenant_ix];
     if (!t->max_inflight && (tokens <= 0 || !t->tpm))
         return;
-    redisContext *r = conn_take(q);
-    if (!r) {
-        pthread_mutex_lock(&q->mu);
-        q->store_errors++;
-        pthread_mutex_unlock(&q->mu);
+    redisContext *r = conn_take(q, 1);
+    if (!r) /* (conn_take counted it) the slot stays until its lease ends, the tokens are not counted */
         return;
-    }
-    char k[3][400], n[32], sec[32];
+    char k[3][KEY_MAX], n[32], sec[32];
     redis_keys(q, t, k);
     snprintf(n, sizeof n, "%ld", tokens > 0 && t->tpm ? tokens : 0);
     snprintf(sec, sizeof sec, "%ld", (long)floor(now));
@@ -422,6 +451,6 @@ void rt_quota_stats(rt_quota *q, unsigned long long refused[RT_QUOTA_N], unsigne
     pthread_mutex_lock(&q->mu);
     memcpy(refused, q->refused, sizeof q->refused);
     *store_errors = q->store_errors;
-    *shared = q->host[0] != 0;
+    *shared = q->host[0] && llm_clock_mono_s() >= q->down_until; /* not while Redis is marked down */
     pthread_mutex_unlock(&q->mu);
 }

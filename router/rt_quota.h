@@ -13,7 +13,8 @@
  * tpm is overshot by what those answers carry, no more.
  *
  * Shared: with a Redis address (one server), every gateway replica counts
- * in the same Redis keys (PREFIX:TENANT:r|t:SECOND, PREFIX:TENANT:c), one
+ * in the same Redis keys (llm-quota:PREFIX:TENANT:r|t:SECOND and
+ * llm-quota:PREFIX:TENANT:c), one
  * server-side script per admission, so the limits hold across replicas. A request in
  * flight is a sorted-set member whose score is its lease's end
  * (lease_s): a replica that dies mid-request holds the tenant's slot
@@ -24,9 +25,13 @@
  * 1: the replica enforces its own share, as below. Keys without limits
  * never touch Redis.
  *
+ * A request's end that cannot reach Redis leaves its slot taken until the
+ * lease ends, and its tokens uncounted.
+ *
  * Alone: without Redis, each replica enforces its share of every limit:
- * the limit divided by `share` (the gateway's replica count), so the
- * tenant's total holds while the load spreads evenly over the replicas.
+ * the limit divided by `share` (the gateway's replica count; at least 1
+ * per replica), so the tenant's total holds while the load spreads evenly
+ * over the replicas.
  *
  * Ownership: the keys are borrowed for the quota's life. Thread-safety:
  * every function may be called from any thread (a mutex guards the
@@ -75,7 +80,8 @@ rt_quota_limit rt_quota_admit(rt_quota *q, const api_key *key, double now, rt_qu
  * none known): its slot is given back and the tokens counted. */
 void rt_quota_done(rt_quota *q, rt_quota_ticket *t, long tokens, double now);
 
-/* Counters for /metrics: refusals by limit, Redis failures, whether Redis is in use. */
+/* Counters for /metrics: refusals by limit, Redis failures, whether Redis
+ * is in use now (configured and not marked down). */
 void rt_quota_stats(rt_quota *q, unsigned long long refused[RT_QUOTA_N], unsigned long long *store_errors, int *shared);
 
 #define RT_QUOTA_SECONDS 61

@@ -106,3 +106,34 @@ def test_gateway_fronts_the_deployments_it_selects(cluster, tmp_path):
     wait_for(lambda: all(c.get(kind, name) is None for kind, name in
                          (("deployment", "front-gateway"), ("service", "front"), ("configmap", "front-gateway-routes"),
                           ("pdb", "front-gateway"))), 60, "the gateway's children gone with it")
+
+
+def test_gateway_keys_and_limits_from_a_secret(cluster, tmp_path):
+    """spec.auth.secretName: the gateway's pods read the keys from the Secret (mounted, the CRD's path):
+    without a key 401, a tenant over its rpm 429 through the openai client; each pod holds its share
+    (status.quotas says so: no Redis named)."""
+    c = cluster
+    files = tmp_path / "files"
+    files.mkdir()
+    base = files / "model.gguf"
+    base.symlink_to(c.model)
+    c.controller()
+    deploy(c, "base", "a", "base-m", base)
+    c.k("create", "secret", "generic", "front-keys", "--from-literal=keys=sk-a tenant=A rpm=3\nsk-b tenant=B\n")
+    c.k("apply", "-f", "-", stdin=GATEWAY.replace("replicas: 2", "replicas: 1") +
+        "  auth: {secretName: front-keys}\n")
+    st = wait_for(lambda: (s := gw_status(c)).get("phase") == "Ready" and s, 120, "the gateway ready")
+    assert "each of the 1 gateway pods holds 1/1" in st["quotas"], st
+    ip = wait_for(lambda: (ips := c.ready_ips("front")) and ips[0], 60, "the gateway pod ready")
+    base_url = f"http://{ip}:8000/v1"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=60).models.list()
+    b = openai.OpenAI(base_url=base_url, api_key="sk-b", max_retries=0, timeout=60)
+    wait_for(lambda: {m.id for m in b.models.list().data} == {"base-m"}, 60, "the gateway listing the model")
+    a = openai.OpenAI(base_url=base_url, api_key="sk-a", max_retries=0, timeout=60)
+    for _ in range(3):
+        assert a.completions.create(model="base-m", prompt="Once", max_tokens=1).model == "base-m"
+    with pytest.raises(openai.RateLimitError) as e:
+        a.completions.create(model="base-m", prompt="Once", max_tokens=1)
+    assert "tenant 'A' is over its rpm of 3" in str(e.value), e.value
+    assert b.completions.create(model="base-m", prompt="Once", max_tokens=1).model == "base-m"  # B has no limit

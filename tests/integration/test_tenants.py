@@ -15,7 +15,7 @@ import urllib.request
 import openai
 import pytest
 
-from harness import NAME, Router, Server, free_port, wait_for
+from harness import NAME, FakeBackend, Router, Server, free_port, tool, wait_for
 
 PROMPT = "Once upon a time " + " ".join(f"the {k}th rabbit met the {k + 1}th fox by the river." for k in range(24))
 
@@ -161,8 +161,8 @@ def test_max_inflight_across_replicas_and_redis_stopping(gateway):
         long_done["r"] = post(r1.base, ask(max_tokens=300, ignore_eos=True), key="sk-c")
     t = threading.Thread(target=long_request)
     t.start()
-    wait_for(lambda: r1.metrics().get(("llm_router_backend_inflight", (("backend", pod.base),)), 0) >= 1 or
-             "r" in long_done, 30, "the long request running")
+    wait_for(lambda: r1.metrics().get(("llm_router_backend_inflight", (("backend", pod.base),)), 0) >= 1, 30,
+             "the long request running (300 tokens: seconds)")
     s, body, h = post(r2.base, ask(), key="sk-c")
     t.join(timeout=120)
     assert long_done["r"][0] == 200
@@ -183,3 +183,37 @@ def test_max_inflight_across_replicas_and_redis_stopping(gateway):
         assert r3.metrics()[("llm_router_quota_store_errors_total", ())] >= 1
     finally:
         assert r3.stop() == 0
+
+
+def test_what_the_pods_are_sent(tmp_path):
+    """A backend that records its headers: with --upstream-key-file it gets the gateway's key and exactly one
+    X-LLM-Tenant, the tenant of the client's key, whatever the client sent in that header; without, the
+    client's key and no X-LLM-Tenant at all. A key's own rate= holds at the gateway too. A keys file with a
+    key that names no tenant is refused at start when the pods are to be told tenants."""
+    seen = []
+
+    def answer(path, body, headers):
+        seen.append((headers.get_all("X-LLM-Tenant") or [], headers.get_all("Authorization") or []))
+        return 200, json.dumps({"choices": [{"text": "x"}], "usage": {"prompt_tokens": 1, "total_tokens": 2}}).encode(), {}
+    fake = FakeBackend(answer)
+    (tmp_path / "keys").write_text("sk-d tenant=D rate=1\nsk-e tenant=E\n")
+    (tmp_path / "upstream").write_text("sk-gw\n")
+    try:
+        for upstream in (True, False):
+            extra = ["--upstream-key-file", tmp_path / "upstream"] if upstream else []
+            r = Router("--backend", fake.base, "--api-keys-file", tmp_path / "keys", *extra)
+            try:
+                seen.clear()
+                s, _, _ = post(r.base, ask(), key="sk-e", headers={"X-LLM-Tenant": "D"})
+                assert s == 200
+                assert seen == [(["E"], ["Bearer sk-gw"])] if upstream else seen == [([], ["Bearer sk-e"])], seen
+                codes = [post(r.base, ask(), key="sk-d")[0] for _ in range(3)]  # rate=1: one a second
+                assert codes[0] == 200 and 429 in codes, codes
+            finally:
+                assert r.stop() == 0
+    finally:
+        fake.close()
+    (tmp_path / "bare").write_text("sk-x\n")
+    p = subprocess.run([tool("llm-router"), "--backend", "http://127.0.0.1:9", "--api-keys-file", tmp_path / "bare",
+                        "--upstream-key-file", tmp_path / "upstream"], capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0 and "key 1 has no tenant=" in p.stderr, p.stderr

@@ -107,11 +107,19 @@ static void test_tenants(void **st)
              "\"quotas\":{\"redis\":\"redis.ns:6379\",\"failMode\":\"open\",\"timeoutMs\":50}");
     json_t *pod = gateway_pod(text, &children, &t);
     char *a = json_dumps(json_object_get(json_array_get(json_object_get(pod, "containers"), 0), "args"), JSON_COMPACT);
+    /* the share with Redis too: what each pod holds while Redis is down (fail open) */
     assert_non_null(strstr(a, "\"--api-keys-file\",\"/etc/llm-gateway/keys/keys\",\"--upstream-key-file\","
-                              "\"/etc/llm-gateway/upstream/key\",\"--quota-redis\",\"redis.ns:6379\",\"--quota-fail\",\"open\","
-                              "\"--quota-timeout-ms\",\"50\",\"--quota-prefix\",\"ns/front\""));
-    assert_null(strstr(a, "--quota-share"));
+                              "\"/etc/llm-gateway/upstream/key\",\"--quota-share\",\"3\",\"--quota-redis\",\"redis.ns:6379\","
+                              "\"--quota-fail\",\"open\",\"--quota-timeout-ms\",\"50\",\"--quota-prefix\",\"ns/front\""));
     free(a);
+    char *m = json_dumps(json_object_get(json_array_get(json_object_get(pod, "containers"), 0), "volumeMounts"),
+                         JSON_COMPACT | JSON_SORT_KEYS);
+    assert_string_equal(m, "[{\"mountPath\":\"/etc/llm-gateway/keys\",\"name\":\"keys\",\"readOnly\":true},"
+                           "{\"mountPath\":\"/etc/llm-gateway/upstream\",\"name\":\"upstream\",\"readOnly\":true}]");
+    free(m);
+    /* 0440 files: the router's user reads them through the pod's group */
+    assert_int_equal(json_integer_value(kube_json_get(pod, "securityContext", "fsGroup", NULL)), 65532);
+    assert_int_equal(json_integer_value(kube_json_get(pod, "securityContext", "runAsUser", NULL)), 65532);
     char *v = json_dumps(json_object_get(pod, "volumes"), JSON_COMPACT | JSON_SORT_KEYS);
     assert_string_equal(v, "[{\"name\":\"keys\",\"secret\":{\"defaultMode\":288,\"items\":[{\"key\":\"keys\",\"path\":\"keys\"}],"
                            "\"secretName\":\"tk\"}},{\"name\":\"upstream\",\"secret\":{\"defaultMode\":288,\"items\":[{\"key\":"
