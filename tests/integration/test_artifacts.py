@@ -21,6 +21,9 @@ SHIPPED = sorted([*ROOT.glob("manifests/**/*.yaml"), *CHART.glob("crds/*.yaml"),
 BASE = re.compile(r"^(libc|libm|libpthread|libdl|librt|ld-linux-x86-64|libgcc_s|libstdc\+\+)\.so|^libcublas(Lt)?\.so"
                   r"|^lib(a|ub|t|l)san\.so")
 NOT_DPKG = {"libnccl.so.2": "libnccl2"}  # NVIDIA's apt repository: not installed through dpkg here
+# the same library under the CUDA images' Ubuntu 24.04 name, where Debian 12 (here, and the other images) has
+# another version (the t64 suffix is dropped apart)
+NOBLE_NAMES = {"libhiredis1.1.0": "libhiredis0.14"}
 
 
 def strict(*args, stdin=None):
@@ -99,7 +102,7 @@ def test_dockerfile_ships_what_it_needs(dockerfile):
         # llm-server's cuda backend is the plugin at ../lib: a CUDA image without it cannot run on a GPU
         assert ("lib/libllm_cuda.so" in files) == ("cuda" in run_from), (name, files)
     install = next((i for i in run if "apt-get install" in i), "")
-    packages = {p.removesuffix("t64") for p in install.split() if re.match(r"^lib[\w.+-]+$", p)}
+    packages = {NOBLE_NAMES.get(p, p).removesuffix("t64") for p in install.split() if re.match(r"^lib[\w.+-]+$", p)}
     missing = []
     for f in files:
         path = BUILD / f
