@@ -555,6 +555,7 @@ static int last_attempt(struct mg_connection *c, attempt *a, CURLcode rc, int xf
 /* Who sent the request (the gateway's keys on) and what its answer used. */
 typedef struct caller {
     const api_key *key;        /* NULL: keys are off */
+    rt_quota_ticket ticket;    /* what its tenant's limits let in (rt_quota_done gives it back) */
     long tokens;               /* the answer's total_tokens, else its stream's events and the request body's bytes / 4 */
 } caller;
 
@@ -723,15 +724,31 @@ static double wall_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* The gateway's keys: the caller's key found and its tenant let in by its
- * limits; 0, or the refusal's status (sent). */
-static int admit(rt_proxy *px, struct mg_connection *c, caller *who, rt_quota_ticket *ticket)
+/* The gateway's keys: the caller's key; 0, or the refusal's status (sent). */
+static int authenticate(rt_proxy *px, struct mg_connection *c, caller *who)
 {
     who->key = api_keys_find(px->keys, mg_get_header(c, "Authorization"));
-    if (!who->key) {
-        __atomic_add_fetch(&px->unauthorized, 1, __ATOMIC_RELAXED);
-        return reply_error(c, 401, "invalid_api_key", "an API key of this gateway is needed: Authorization: Bearer KEY");
-    }
+    if (who->key)
+        return 0;
+    __atomic_add_fetch(&px->unauthorized, 1, __ATOMIC_RELAXED);
+    return reply_error(c, 401, "invalid_api_key", "an API key of this gateway is needed: Authorization: Bearer KEY");
+}
+
+/* The tokens a request may use, reserved against its tenant's tpm: its
+ * body's bytes / 4 for the prompt, and n * max_tokens (256 when it gives
+ * none) for the answer. */
+static long may_use(llm_json_span b)
+{
+    long n = int_member(b, "n"), max = int_member(b, "max_tokens");
+    if (max < 0)
+        max = int_member(b, "max_completion_tokens");
+    return (long)(b.n / 4) + (n > 0 ? n : 1) * (max >= 0 ? max : 256);
+}
+
+/* The key's rate= and its tenant's limits: 0 (let in, who->ticket
+ * taken), or the refusal's status (sent). */
+static int limit(rt_proxy *px, struct mg_connection *c, caller *who, llm_json_span body)
+{
     char msg[1024], head[64];
     double retry = 1;
     rt_quota_limit l = RT_QUOTA_OK;
@@ -740,7 +757,7 @@ static int admit(rt_proxy *px, struct mg_connection *c, caller *who, rt_quota_ti
                  who->key->tenant, who->key->rate, retry);
         l = RT_QUOTA_RPM;
     } else if (px->quota) {
-        l = rt_quota_admit(px->quota, who->key, wall_s(), ticket, &retry, msg, sizeof msg);
+        l = rt_quota_admit(px->quota, who->key, wall_s(), may_use(body), &who->ticket, &retry, msg, sizeof msg);
     }
     if (!l)
         return 0;
@@ -759,10 +776,13 @@ static int serve(rt_proxy *px, struct mg_connection *c, caller *who)
     size_t len = 0;
     char *body = NULL, session[4200];
     const struct mg_request_info *ri = mg_get_request_info(c);
+    llm_json_span none = {"", 0};
+    int code;
     if (px->routes && !strcmp(ri->request_method, "GET") && ri->local_uri && !strcmp(ri->local_uri, "/v1/models"))
-        return gateway_models(px, c);
+        return who->key && (code = limit(px, c, who, none)) ? code : gateway_models(px, c);
     __atomic_add_fetch(&px->active, 1, __ATOMIC_RELAXED);
-    int code = take_body(px, c, &body, &len);
+    if (!(code = take_body(px, c, &body, &len)) && who->key && (code = limit(px, c, who, (llm_json_span){body ? body : "", len})))
+        free(body); /* (take_body frees its own on a refusal) */
     if (code) {
         __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);
         return code;
@@ -814,13 +834,12 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
 {
     rt_proxy *px = cbdata;
     caller who = {0};
-    rt_quota_ticket ticket = {0};
-    int code = px->keys ? admit(px, c, &who, &ticket) : 0;
+    int code = px->keys ? authenticate(px, c, &who) : 0;
     if (code) /* refused before its body was read: read (a little of) it, so the client gets the answer, not a reset */
         http_guard_discard(c, 2 * px->max_body, 2);
     else
         code = serve(px, c, &who);
     if (px->quota)
-        rt_quota_done(px->quota, &ticket, who.tokens, wall_s());
+        rt_quota_done(px->quota, &who.ticket, who.tokens, wall_s());
     return code;
 }

@@ -45,7 +45,8 @@ struct rt_quota {
 
 /* KEYS: the tenant's request and token key bases (the second is
  * appended), its in-flight set. ARGV: this second, rpm, tpm,
- * max_inflight, now, the lease's end, the member, the set's TTL. Answers
+ * max_inflight, now, the lease's end, the member, the set's TTL, the
+ * tokens to reserve. Answers
  * {0} (in), {3} (max_inflight), or {1|2, the 61 seconds' counts}. */
 static const char ADMIT_LUA[] =
     "local b = tonumber(ARGV[1])\n"
@@ -71,6 +72,10 @@ static const char ADMIT_LUA[] =
     "end\n"
     "redis.call('INCR', KEYS[1] .. b)\n"
     "redis.call('EXPIRE', KEYS[1] .. b, 120)\n"
+    "if tpm > 0 and tonumber(ARGV[9]) > 0 then\n"
+    "  redis.call('INCRBY', KEYS[2] .. b, ARGV[9])\n"
+    "  redis.call('EXPIRE', KEYS[2] .. b, 120)\n"
+    "end\n"
     "if cap > 0 then\n"
     "  redis.call('ZADD', KEYS[3], ARGV[6], ARGV[7])\n"
     "  redis.call('EXPIRE', KEYS[3], ARGV[8])\n"
@@ -78,11 +83,13 @@ static const char ADMIT_LUA[] =
     "return {0}\n";
 
 /* KEYS: the token key base, the in-flight set; ARGV: this second, the
- * member ('' : none), the tokens. */
+ * member ('' : none), the tokens to add (the used less the reserved: may
+ * be negative, and a second's count with it: the window's sum is what
+ * counts). */
 static const char DONE_LUA[] =
     "if ARGV[2] ~= '' then redis.call('ZREM', KEYS[2], ARGV[2]) end\n"
     "local n = tonumber(ARGV[3])\n"
-    "if n > 0 then redis.call('INCRBY', KEYS[1] .. ARGV[1], n) redis.call('EXPIRE', KEYS[1] .. ARGV[1], 120) end\n"
+    "if n ~= 0 then redis.call('INCRBY', KEYS[1] .. ARGV[1], n) redis.call('EXPIRE', KEYS[1] .. ARGV[1], 120) end\n"
     "return 0\n";
 
 double rt_quota_retry(const double c[N], double into, double room)
@@ -210,7 +217,8 @@ static double share_of(const rt_quota *q, long limit)
     return s < 1 ? 1 : s;
 }
 
-static rt_quota_limit admit_here(rt_quota *q, const api_key *key, const api_key *t, double now, double *retry_s)
+static rt_quota_limit admit_here(rt_quota *q, const api_key *key, const api_key *t, double now, long reserve,
+                                 double *retry_s)
 {
     long sec = (long)floor(now);
     double into = now - (double)sec, w[N];
@@ -227,6 +235,8 @@ static rt_quota_limit admit_here(rt_quota *q, const api_key *key, const api_key 
         over = RT_QUOTA_RPM, *retry_s = rt_quota_retry(w, into, share_of(q, t->rpm) - 1);
     if (!over) {
         add_at(c, c->req, sec, 1);
+        if (t->tpm)
+            add_at(c, c->tok, sec, (double)reserve);
         c->inflight++;
     }
     pthread_mutex_unlock(&q->mu);
@@ -327,13 +337,13 @@ static void redis_keys(const rt_quota *q, const api_key *t, char k[3][KEY_MAX])
 }
 
 /* One admission through Redis: the limit, or -1 when Redis failed. */
-static int admit_shared(rt_quota *q, const api_key *t, double now, rt_quota_ticket *tk, double *retry_s)
+static int admit_shared(rt_quota *q, const api_key *t, double now, long reserve, rt_quota_ticket *tk, double *retry_s)
 {
     redisContext *r = conn_take(q, 0);
     if (!r)
         return -1;
     long sec = (long)floor(now);
-    char k[3][KEY_MAX], a[8][48];
+    char k[3][KEY_MAX], a[9][48];
     redis_keys(q, t, k);
     snprintf(a[0], 48, "%ld", sec);
     snprintf(a[1], 48, "%ld", t->rpm);
@@ -343,9 +353,10 @@ static int admit_shared(rt_quota *q, const api_key *t, double now, rt_quota_tick
     snprintf(a[5], 48, "%.3f", now + q->cfg.lease_s);
     snprintf(a[6], 48, "%s", tk->member);
     snprintf(a[7], 48, "%.0f", q->cfg.lease_s + 60);
-    const char *argv[14] = {"EVAL", ADMIT_LUA, "3", k[0], k[1], k[2]};
-    for (int i = 0; i < 8; i++) argv[6 + i] = a[i];
-    redisReply *rep = redisCommandArgv(r, 14, argv, NULL);
+    snprintf(a[8], 48, "%ld", reserve);
+    const char *argv[15] = {"EVAL", ADMIT_LUA, "3", k[0], k[1], k[2]};
+    for (int i = 0; i < 9; i++) argv[6 + i] = a[i];
+    redisReply *rep = redisCommandArgv(r, 15, argv, NULL);
     double w[N];
     int code = admit_reply(rep, w);
     if (rep)
@@ -359,14 +370,15 @@ static int admit_shared(rt_quota *q, const api_key *t, double now, rt_quota_tick
 static void done_shared(rt_quota *q, const rt_quota_ticket *tk, long tokens, double now)
 {
     const api_key *t = &q->cfg.keys->k[tk->key->tenant_ix];
-    if (!t->max_inflight && (tokens <= 0 || !t->tpm))
+    long settle = t->tpm ? tokens - tk->reserved : 0;
+    if (!t->max_inflight && !settle)
         return;
     redisContext *r = conn_take(q, 1);
     if (!r) /* (conn_take counted it) the slot stays until its lease ends, the tokens are not counted */
         return;
     char k[3][KEY_MAX], n[32], sec[32];
     redis_keys(q, t, k);
-    snprintf(n, sizeof n, "%ld", tokens > 0 && t->tpm ? tokens : 0);
+    snprintf(n, sizeof n, "%ld", settle);
     snprintf(sec, sizeof sec, "%ld", (long)floor(now));
     const char *argv[] = {"EVAL", DONE_LUA, "2", k[1], k[2], sec, t->max_inflight ? tk->member : "", n};
     redisReply *rep = redisCommandArgv(r, 8, argv, NULL);
@@ -399,8 +411,8 @@ static void say(const rt_quota *q, const api_key *t, rt_quota_limit l, int share
                  retry_s);
 }
 
-rt_quota_limit rt_quota_admit(rt_quota *q, const api_key *key, double now, rt_quota_ticket *tk, double *retry_s, char *msg,
-                              size_t msg_n)
+rt_quota_limit rt_quota_admit(rt_quota *q, const api_key *key, double now, long reserve, rt_quota_ticket *tk,
+                              double *retry_s, char *msg, size_t msg_n)
 {
     memset(tk, 0, sizeof *tk);
     *retry_s = 1;
@@ -411,12 +423,14 @@ rt_quota_limit rt_quota_admit(rt_quota *q, const api_key *key, double now, rt_qu
     unsigned long long seq = ++q->seq;
     pthread_mutex_unlock(&q->mu);
     snprintf(tk->member, sizeof tk->member, "%016llx-%llu", q->id, seq);
-    int l = q->host[0] ? admit_shared(q, t, now, tk, retry_s) : -1;
+    if (reserve < 0)
+        reserve = 0;
+    int l = q->host[0] ? admit_shared(q, t, now, reserve, tk, retry_s) : -1;
     int shared = l >= 0;
     if (l < 0 && q->host[0] && !q->cfg.fail_open)
         l = RT_QUOTA_STORE;
     else if (l < 0)
-        l = admit_here(q, key, t, now, retry_s);
+        l = admit_here(q, key, t, now, reserve, retry_s);
     if (l) {
         pthread_mutex_lock(&q->mu);
         q->refused[l]++;
@@ -426,6 +440,7 @@ rt_quota_limit rt_quota_admit(rt_quota *q, const api_key *key, double now, rt_qu
     }
     tk->key = key;
     tk->shared = shared;
+    tk->reserved = t->tpm ? reserve : 0;
     return RT_QUOTA_OK;
 }
 
@@ -439,8 +454,8 @@ void rt_quota_done(rt_quota *q, rt_quota_ticket *tk, long tokens, double now)
         pthread_mutex_lock(&q->mu);
         tenant_count *c = count_of(q, tk->key); /* (made at admission) */
         c->inflight--;
-        if (tokens > 0)
-            add_at(c, c->tok, (long)floor(now), (double)tokens);
+        if (tokens != tk->reserved)
+            add_at(c, c->tok, (long)floor(now), (double)(tokens - tk->reserved));
         pthread_mutex_unlock(&q->mu);
     }
     tk->key = NULL;

@@ -7,10 +7,12 @@
  * (this one whole, so never less than the true count: in no 60 s does a
  * tenant get more than its limit; at a steady rate over it, it gets its
  * limit per 61 s). A request is let in when that count plus one stays
- * within rpm and the tokens' count is below tpm. Tokens are counted when
- * an answer ends (its usage's total_tokens; rt_quota_done), so a
- * tenant's requests already running when it reaches tpm still finish:
- * tpm is overshot by what those answers carry, no more.
+ * within rpm and the tokens' count is below tpm. A request's tokens are
+ * reserved when it is let in (what it may use: its prompt and max_tokens,
+ * the caller's estimate) and settled when it ends (its usage's
+ * total_tokens; rt_quota_done), so many requests at once cannot run past
+ * tpm on tokens not yet counted; a request let in while the count was
+ * under tpm may take it over by its own reservation, no more.
  *
  * Shared: with a Redis address (one server), every gateway replica counts
  * in the same Redis keys (llm-quota:PREFIX:TENANT:r|t:SECOND and
@@ -61,6 +63,7 @@ typedef struct rt_quota_ticket {
     const api_key *key;        /* NULL: nothing was taken */
     int shared;                /* counted in Redis */
     char member[48];           /* the request's member in the tenant's in-flight set */
+    long reserved;             /* tokens counted at admission, settled at the end */
 } rt_quota_ticket;
 
 /* The refusal's limit. */
@@ -71,13 +74,16 @@ typedef enum rt_quota_limit {
 llm_status rt_quota_open(const rt_quota_config *cfg, rt_quota **out, llm_error *err);
 void rt_quota_close(rt_quota *q); /* NULL: nothing */
 
-/* Lets key's request in at time now (seconds, CLOCK_REALTIME: replicas
- * share minutes): RT_QUOTA_OK with *t filled, or the limit it is over,
- * with msg naming it and *retry_s when a retry may pass (>= 1). */
-rt_quota_limit rt_quota_admit(rt_quota *q, const api_key *key, double now, rt_quota_ticket *t, double *retry_s, char *msg,
-                              size_t msg_n);
-/* The request ended having used `tokens` (prompt and generated; <= 0:
- * none known): its slot is given back and the tokens counted. */
+/* Lets key's request, which may use up to `reserve` tokens, in at time
+ * now (seconds, CLOCK_REALTIME: replicas share minutes): RT_QUOTA_OK with
+ * *t filled (the reservation counted when the tenant has a tpm), or the
+ * limit it is over, with msg naming it and *retry_s when a retry may pass
+ * (>= 1). */
+rt_quota_limit rt_quota_admit(rt_quota *q, const api_key *key, double now, long reserve, rt_quota_ticket *t,
+                              double *retry_s, char *msg, size_t msg_n);
+/* The request ended having used `tokens` (prompt and generated; 0: none,
+ * it never reached a pod): its slot is given back and its reservation
+ * settled to that. */
 void rt_quota_done(rt_quota *q, rt_quota_ticket *t, long tokens, double now);
 
 /* Counters for /metrics: refusals by limit, Redis failures, whether Redis

@@ -48,7 +48,7 @@ static int admit_all(rt_quota *q, const api_key *key, double now, int max, rt_qu
     double retry;
     for (; n < max; n++) {
         rt_quota_ticket t;
-        *why = rt_quota_admit(q, key, now, &t, &retry, msg, sizeof msg);
+        *why = rt_quota_admit(q, key, now, 0, &t, &retry, msg, sizeof msg);
         if (*why)
             break;
         if (keep)
@@ -86,7 +86,7 @@ static void test_alone_share(void **st)
     char msg[512];
     double retry = 0;
     rt_quota_ticket t;
-    assert_int_equal(rt_quota_admit(q, &k.k[0], now + 1, &t, &retry, msg, sizeof msg), RT_QUOTA_RPM);
+    assert_int_equal(rt_quota_admit(q, &k.k[0], now + 1, 0, &t, &retry, msg, sizeof msg), RT_QUOTA_RPM);
     assert_non_null(strstr(msg, "tenant 'A' is over its rpm of 10 requests per minute"));
     assert_non_null(strstr(msg, "share"));
     assert_true(fabs(retry - 59.5) < 1e-9); /* the 5 of second 1000000 leave the window at second 1000061 */
@@ -104,12 +104,28 @@ static void test_alone_share(void **st)
     for (int i = 0; i < 400; i++) all += got[i];
     assert_true(all >= 15 && all <= 20); /* and over 200 s, its limit per 61 s: 4 bursts of 5 (0, 61, 122, 183 s) */
     /* tpm: tokens counted as answers end; refused once the count reaches the share (50) */
-    assert_int_equal(rt_quota_admit(q, &k.k[1], now, &t, &retry, msg, sizeof msg), RT_QUOTA_OK);
+    assert_int_equal(rt_quota_admit(q, &k.k[1], now, 0, &t, &retry, msg, sizeof msg), RT_QUOTA_OK);
     rt_quota_done(q, &t, 49, now);
-    assert_int_equal(rt_quota_admit(q, &k.k[1], now, &t, &retry, msg, sizeof msg), RT_QUOTA_OK);
+    assert_int_equal(rt_quota_admit(q, &k.k[1], now, 0, &t, &retry, msg, sizeof msg), RT_QUOTA_OK);
     rt_quota_done(q, &t, 1, now);
-    assert_int_equal(rt_quota_admit(q, &k.k[1], now, &t, &retry, msg, sizeof msg), RT_QUOTA_TPM);
+    assert_int_equal(rt_quota_admit(q, &k.k[1], now, 0, &t, &retry, msg, sizeof msg), RT_QUOTA_TPM);
     assert_non_null(strstr(msg, "tpm of 100 tokens per minute"));
+    /* tpm with reservations (tenant E, alone): two requests that may use 60 each are let in (the count under
+     * 100 each time), a third is not; the first ends having used 10: 50 back, and one more goes in */
+    api_keys ke = keys_of("ke tenant=E tpm=100\n");
+    rt_quota *qe = open_q(&ke, 1, NULL, NULL, 0);
+    rt_quota_ticket r1, r2, r3;
+    assert_int_equal(rt_quota_admit(qe, &ke.k[0], now, 60, &r1, &retry, msg, sizeof msg), RT_QUOTA_OK);
+    assert_int_equal(rt_quota_admit(qe, &ke.k[0], now, 60, &r2, &retry, msg, sizeof msg), RT_QUOTA_OK);
+    assert_int_equal(rt_quota_admit(qe, &ke.k[0], now, 60, &r3, &retry, msg, sizeof msg), RT_QUOTA_TPM);
+    rt_quota_done(qe, &r1, 10, now);
+    assert_int_equal(rt_quota_admit(qe, &ke.k[0], now, 60, &r3, &retry, msg, sizeof msg), RT_QUOTA_OK);
+    rt_quota_done(qe, &r2, 0, now); /* never reached a pod: all back */
+    rt_quota_done(qe, &r3, 60, now);
+    assert_int_equal(rt_quota_admit(qe, &ke.k[0], now, 60, &r1, &retry, msg, sizeof msg), RT_QUOTA_OK); /* 70 < 100 */
+    rt_quota_done(qe, &r1, 60, now);
+    rt_quota_close(qe);
+    api_keys_free(&ke);
     /* max_inflight: 2 here, given back when they end */
     rt_quota_ticket held[4];
     assert_int_equal(admit_all(q, &k.k[2], now, 10, &why, held), 2);
@@ -169,7 +185,7 @@ static int redis_start(void)
         rt_quota_ticket t;
         char msg[512];
         double retry;
-        rt_quota_limit l = rt_quota_admit(q, &k.k[0], (double)time(NULL), &t, &retry, msg, sizeof msg);
+        rt_quota_limit l = rt_quota_admit(q, &k.k[0], (double)time(NULL), 0, &t, &retry, msg, sizeof msg);
         rt_quota_close(q);
         if (!l) {
             api_keys_free(&k);
@@ -210,13 +226,13 @@ static void test_shared(void **st)
     char msg[512];
     double retry;
     rt_quota_ticket t, held[6];
-    assert_int_equal(rt_quota_admit(q2, &k.k[0], now, &t, &retry, msg, sizeof msg), RT_QUOTA_RPM);
+    assert_int_equal(rt_quota_admit(q2, &k.k[0], now, 0, &t, &retry, msg, sizeof msg), RT_QUOTA_RPM);
     assert_non_null(strstr(msg, "across the gateway's replicas (Redis)"));
     /* another gateway's prefix counts apart: its requests and its tokens */
     rt_quota *other = open_q(&k, 1, redis_addr, "gw2", 0);
-    assert_int_equal(rt_quota_admit(other, &k.k[0], now, &t, &retry, msg, sizeof msg), RT_QUOTA_OK);
+    assert_int_equal(rt_quota_admit(other, &k.k[0], now, 0, &t, &retry, msg, sizeof msg), RT_QUOTA_OK);
     rt_quota_done(other, &t, 100, now);
-    assert_int_equal(rt_quota_admit(other, &k.k[0], now, &t, &retry, msg, sizeof msg), RT_QUOTA_TPM); /* gw2 is full */
+    assert_int_equal(rt_quota_admit(other, &k.k[0], now, 0, &t, &retry, msg, sizeof msg), RT_QUOTA_TPM); /* gw2 is full */
     rt_quota_close(other);
     /* in flight across replicas: 3 in all, a slot back when one ends */
     assert_int_equal(admit_all(q1, &k.k[1], now, 2, &why, held), 2);
@@ -227,18 +243,28 @@ static void test_shared(void **st)
     for (int i = 1; i < 4; i++) rt_quota_done(i == 1 ? q1 : q2, &held[i], 0, now);
     /* tokens from one replica's answers hold the other's requests (a minute on: the requests are forgotten) */
     double later = now + 61;
-    assert_int_equal(rt_quota_admit(q1, &k.k[0], later, &t, &retry, msg, sizeof msg), RT_QUOTA_OK);
+    assert_int_equal(rt_quota_admit(q1, &k.k[0], later, 0, &t, &retry, msg, sizeof msg), RT_QUOTA_OK);
     rt_quota_done(q1, &t, 100, later);
-    assert_int_equal(rt_quota_admit(q2, &k.k[0], later, &t, &retry, msg, sizeof msg), RT_QUOTA_TPM);
+    assert_int_equal(rt_quota_admit(q2, &k.k[0], later, 0, &t, &retry, msg, sizeof msg), RT_QUOTA_TPM);
+    /* reservations count across replicas too (a fresh minute): 96 reserved at one, 5 more at the other (96 < 100),
+     * then none (101); the 96 given back (it never reached a pod): in again */
+    double fresh = later + 200;
+    assert_int_equal(rt_quota_admit(q1, &k.k[0], fresh, 96, &t, &retry, msg, sizeof msg), RT_QUOTA_OK);
+    assert_int_equal(rt_quota_admit(q2, &k.k[0], fresh, 5, &held[0], &retry, msg, sizeof msg), RT_QUOTA_OK);
+    assert_int_equal(rt_quota_admit(q2, &k.k[0], fresh, 5, &held[1], &retry, msg, sizeof msg), RT_QUOTA_TPM);
+    rt_quota_done(q1, &t, 0, fresh);
+    assert_int_equal(rt_quota_admit(q2, &k.k[0], fresh, 5, &held[1], &retry, msg, sizeof msg), RT_QUOTA_OK);
+    rt_quota_done(q2, &held[0], 5, fresh);
+    rt_quota_done(q2, &held[1], 5, fresh);
     /* Redis stopped: closed refuses tenants with limits (naming the store); open holds each replica's share */
     redis_stop();
     double t0 = llm_clock_mono_s();
-    assert_int_equal(rt_quota_admit(q1, &k.k[1], later, &t, &retry, msg, sizeof msg), RT_QUOTA_STORE);
+    assert_int_equal(rt_quota_admit(q1, &k.k[1], later, 0, &t, &retry, msg, sizeof msg), RT_QUOTA_STORE);
     assert_true(llm_clock_mono_s() - t0 < 2);
     assert_non_null(strstr(msg, "fails closed"));
     rt_quota *open1 = open_q(&k, 2, redis_addr, "gw1", 1);
     assert_int_equal(admit_all(open1, &k.k[0], later + 61, 20, &why, NULL), 5);
-    assert_int_equal(rt_quota_admit(open1, &k.k[0], later + 61, &t, &retry, msg, sizeof msg), RT_QUOTA_RPM);
+    assert_int_equal(rt_quota_admit(open1, &k.k[0], later + 61, 0, &t, &retry, msg, sizeof msg), RT_QUOTA_RPM);
     assert_non_null(strstr(msg, "fail open"));
     unsigned long long refused[RT_QUOTA_N], errors;
     int shared;
@@ -293,13 +319,13 @@ static void impostor(int mode)
     rt_quota_ticket t;
     char msg[512];
     double retry, t0 = llm_clock_mono_s();
-    assert_int_equal(rt_quota_admit(q, &k.k[0], (double)time(NULL), &t, &retry, msg, sizeof msg), RT_QUOTA_STORE);
+    assert_int_equal(rt_quota_admit(q, &k.k[0], (double)time(NULL), 0, &t, &retry, msg, sizeof msg), RT_QUOTA_STORE);
     double took = llm_clock_mono_s() - t0;
     print_message("mode %d: refused in %.3f s\n", mode, took);
     assert_true(took < 1.5); /* within the 200 ms timeout, with room for a loaded machine */
     /* marked down: the next request does not wait on it again */
     t0 = llm_clock_mono_s();
-    assert_int_equal(rt_quota_admit(q, &k.k[0], (double)time(NULL), &t, &retry, msg, sizeof msg), RT_QUOTA_STORE);
+    assert_int_equal(rt_quota_admit(q, &k.k[0], (double)time(NULL), 0, &t, &retry, msg, sizeof msg), RT_QUOTA_STORE);
     assert_true(llm_clock_mono_s() - t0 < 0.1);
     rt_quota_close(q);
     api_keys_free(&k);
