@@ -135,7 +135,9 @@ static int le_index(canary_sample *s, double le)
     return i;
 }
 
-static void sample_line(canary_sample *s, const char *p, const char *eol)
+/* One line of a page into s when it is a revision series (of route, when
+ * route is given: a gateway's page holds every route's); 1 when taken. */
+static int sample_line(canary_sample *s, const char *p, const char *eol, const char *route)
 {
     /* llm-router's series, or llm-server's for a colocated canary (the same without "router_") */
     static const char req[] = "revision_requests_total{", ttft[] = "revision_ttfb_seconds_bucket{",
@@ -145,49 +147,59 @@ static void sample_line(canary_sample *s, const char *p, const char *eol)
     else if (!strncmp(p, "llm_", 4))
         p += 4;
     else
-        return;
+        return 0;
     int kind = !strncmp(p, req, sizeof req - 1) ? 1 : !strncmp(p, ttft, sizeof ttft - 1) ? 2
                : !strncmp(p, itl, sizeof itl - 1) ? 3 : 0;
     const char *lb = kind ? strchr(p, '{') : NULL, *rb = lb ? memchr(lb, '}', (size_t)(eol - lb)) : NULL;
-    char rev[16], code[16], le[32];
+    char rev[16], code[16], le[32], rt[260];
     if (!rb || !label(lb, rb, "revision", rev, sizeof rev) || (strcmp(rev, "stable") && strcmp(rev, "canary")))
-        return;
+        return 0;
+    if (route && (!label(lb, rb, "route", rt, sizeof rt) || strcmp(rt, route)))
+        return 0;
     int r = !strcmp(rev, "canary");
     char *end;
     double v = strtod(rb + 1, &end);
     if (end == rb + 1 || !isfinite(v))
-        return;
+        return 0;
     if (kind == 1 && label(lb, rb, "code", code, sizeof code)) {
         s->requests[r] += v;
         if (!strcmp(code, "5xx") || !strcmp(code, "none"))
             s->errors[r] += v;
-        return;
+        return 1;
     }
     if (kind == 1 || !label(lb, rb, "le", le, sizeof le))
-        return;
+        return 0;
     double (*h)[CANARY_MAX_BUCKETS + 1] = kind == 2 ? s->ttft : s->itl;
     double bound = strtod(le, &end);
     if (*end || end == le)
-        return;
+        return 0;
     if (!isfinite(bound)) { /* "+Inf" (and other spellings of it) */
         h[r][CANARY_MAX_BUCKETS] += v;
-        return;
+        return 1;
     }
     int i = le_index(s, bound);
     if (i >= 0)
         h[r][i] += v;
+    return i >= 0;
 }
 
-void canary_sample_add(canary_sample *s, const char *text)
+int canary_sample_add_route(canary_sample *s, const char *text, const char *route)
 {
+    int taken = 0;
     for (const char *p = text; p && *p;) {
         const char *eol = strchr(p, '\n');
         if (!eol)
             eol = p + strlen(p);
         if (*p != '#')
-            sample_line(s, p, eol);
+            taken += sample_line(s, p, eol, route);
         p = *eol ? eol + 1 : NULL;
     }
+    return taken;
+}
+
+void canary_sample_add(canary_sample *s, const char *text)
+{
+    canary_sample_add_route(s, text, NULL);
 }
 
 void canary_sample_diff(const canary_sample *now, const canary_sample *then, canary_sample *out)

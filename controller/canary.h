@@ -61,6 +61,9 @@ typedef struct canary_sample {
 
 /* Adds one router's /metrics text to s (start from a zeroed sample). */
 void canary_sample_add(canary_sample *s, const char *text);
+/* The same for a gateway's page: only the series of route (an
+ * LLMDeployment's name; NULL: every series). The lines taken. */
+int canary_sample_add_route(canary_sample *s, const char *text, const char *route);
 /* now - then, per counter; a counter that went down (a router restarted)
  * makes the whole window start again from zero (*out = now). */
 void canary_sample_diff(const canary_sample *now, const canary_sample *then, canary_sample *out);

@@ -161,7 +161,7 @@ void gateway_table_free(gateway_table *t)
 
 static json_t *labels(const char *inst)
 {
-    return json_pack("{s:s,s:s,s:s}", "app.kubernetes.io/name", "llm-gateway", DESIRED_INSTANCE, inst, DESIRED_MANAGED_BY,
+    return json_pack("{s:s,s:s,s:s}", "app.kubernetes.io/name", GATEWAY_APP, DESIRED_INSTANCE, inst, DESIRED_MANAGED_BY,
                      DESIRED_CONTROLLER);
 }
 

@@ -28,6 +28,7 @@
 #include <time.h>
 
 #define GATEWAY_PORT 8000
+#define GATEWAY_APP "llm-gateway"         /* its pods' app.kubernetes.io/name */
 #define GATEWAY_MAX_ROUTES 1024       /* llm-router's RT_MAX_ROUTES */
 #define GATEWAY_MAX_TABLE (900 << 10) /* bytes of routes.json */
 #define GATEWAY_MAX_MODELS_SHOWN 256  /* status.models */

@@ -8,6 +8,7 @@
 #include "llm/json.h"
 #include "ctl_obs.h"
 #include "desired.h"
+#include "gateway.h"
 #include "http_client.h"
 #include "kube_client.h"
 #include "kube_json.h"
@@ -77,6 +78,12 @@ void podsig_add_server_page(podsig_reading *r, const char *text)
     }
 }
 
+void podsig_add_gateway_page(podsig_reading *r, const char *text, const char *route)
+{
+    if (r->need.canary == 1 && canary_sample_add_route(&r->canary, text, route))
+        r->canary_pods++;
+}
+
 void podsig_add_router_page(podsig_reading *r, const char *text)
 {
     if (r->need.activity) {
@@ -96,7 +103,8 @@ void podsig_add_router_page(podsig_reading *r, const char *text)
 
 /* ---- one round -------------------------------------------------------------------------- */
 
-enum { K_SERVER, K_ROUTER, K_CANARY, K_KINDS }; /* a pod's part: NAME, NAME-router, NAME-canary */
+/* a pod's part: NAME, NAME-router, NAME-canary (by instance), a gateway's in NAME's namespace (by app) */
+enum { K_SERVER, K_ROUTER, K_CANARY, K_GATEWAY, K_KINDS };
 enum { P_METRICS, P_STARTUPZ };
 
 typedef struct snap {          /* a target as the round saw it */
@@ -145,11 +153,11 @@ static int index_instances(sig_round *rd)
 {
     if (!(rd->by_instance = json_object()))
         return -1;
-    static const char *const suffix[K_KINDS] = {"", "-router", "-canary"};
+    static const char *const suffix[K_GATEWAY] = {"", "-router", "-canary"};
     /* NAME-canary's own servers and NAME's canary pods share instance and app: the LLMDeployment
      * NAME-canary keeps its own (indexed last, so they win); NAME's canary is then not diagnosed */
-    static const int order[K_KINDS] = {K_CANARY, K_ROUTER, K_SERVER};
-    for (int o = 0; o < K_KINDS; o++)
+    static const int order[K_GATEWAY] = {K_CANARY, K_ROUTER, K_SERVER};
+    for (int o = 0; o < K_GATEWAY; o++)
         for (size_t i = 0; i < rd->n; i++) {
             int k = order[o];
             char inst[KEY_MAX + 32];
@@ -177,6 +185,21 @@ static void add_page(sig_round *rd, size_t i, int kind, int what, const char *po
     s->pages[kind][what]++;
 }
 
+/* A gateway's pod: its page for every target of its namespace whose
+ * canary is judged from routers' counters (a gateway sends to the pods
+ * itself, past their own router: its route's counters count too). */
+static void place_gateway(sig_round *rd, json_t *pod, const char *ns)
+{
+    const char *ip = json_string_value(kube_json_get(pod, "status", "podIP"));
+    const char *name = json_string_value(kube_json_get(pod, "metadata", "name"));
+    size_t nl = strlen(ns);
+    if (!name || !podsig_pod_serving(pod))
+        return;
+    for (size_t i = 0; i < rd->n; i++)
+        if (rd->s[i].need.canary == 1 && !strncmp(rd->s[i].key, ns, nl) && rd->s[i].key[nl] == '/')
+            add_page(rd, i, K_GATEWAY, P_METRICS, name, ip, GATEWAY_PORT);
+}
+
 /* One pod of the list: kept for its target's diagnosis, its pages asked. */
 static void place_pod(sig_round *rd, json_t *pod)
 {
@@ -185,6 +208,10 @@ static void place_pod(sig_round *rd, json_t *pod)
     const char *inst = json_string_value(kube_json_get(md, "labels", DESIRED_INSTANCE));
     const char *app = json_string_value(kube_json_get(md, "labels", DESIRED_APP)); /* NAME-router's routers, or LLMDeployment NAME-router's servers */
     char key[KEY_MAX + 32];
+    if (ns && app && !strcmp(app, GATEWAY_APP)) {
+        place_gateway(rd, pod, ns);
+        return;
+    }
     if (!ns || !inst || !app || snprintf(key, sizeof key, "%s/%s %s", ns, inst, app) >= (int)sizeof key)
         return;
     json_t *at = json_object_get(rd->by_instance, key);
@@ -269,7 +296,9 @@ static int read_pages(sig_round *rd)
             page *p = &rd->p[i];
             snap *s = &rd->s[p->snap];
             ctl_obs_count(codes[i] ? CTL_M_PAGES_ANSWERED : CTL_M_PAGES_UNANSWERED);
-            if (codes[i] == 200 && p->what == P_METRICS)
+            if (codes[i] == 200 && p->what == P_METRICS && p->kind == K_GATEWAY)
+                podsig_add_gateway_page(&s->r, bodies[i], strchr(s->key, '/') + 1);
+            else if (codes[i] == 200 && p->what == P_METRICS)
                 (p->kind == K_SERVER ? podsig_add_server_page : podsig_add_router_page)(&s->r, bodies[i]);
             else if (codes[i] && p->what == P_STARTUPZ) /* any status: a failed load answers 503 */
                 json_object_set_new(s->startupz[p->kind], p->pod, startupz_of(bodies[i]));

@@ -3,7 +3,8 @@
  * of them: our managed-by label), then reads every page the reconciles
  * asked for - llm-server's /metrics for the autoscaler's signal or a
  * colocated canary's counters, llm-router's /metrics for scale to zero
- * and the canary analysis, /startupz of pods that are not ready - all at
+ * and the canary analysis (and the LLMGateway pods of its namespace: their
+ * route's counters), /startupz of pods that are not ready - all at
  * once, within PODSIG_BUDGET_MS per round for every page together. A pod
  * that never answers costs that budget once per round, and no reconcile
  * waits for it: they read the last round's results without waiting
@@ -99,5 +100,8 @@ int podsig_pod_serving(json_t *pod);
  * for its need, or a router pod's. */
 void podsig_add_server_page(podsig_reading *r, const char *text);
 void podsig_add_router_page(podsig_reading *r, const char *text);
+/* A gateway pod's page: its route `route`'s revision counters, for a
+ * canary judged from routers' counters. */
+void podsig_add_gateway_page(podsig_reading *r, const char *text, const char *route);
 
 #endif

@@ -90,6 +90,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     canary_sample smp = {0}, win;
     canary_sample_add(&smp, text);
     canary_sample_add(&smp, text);
+    canary_sample_add_route(&smp, text, "story"); /* a gateway's page: one route's series */
     canary_sample_diff(&smp, &(canary_sample){0}, &win);
     if (win.n_le > CANARY_MAX_BUCKETS)
         abort();

@@ -380,3 +380,53 @@ def test_colocated_falls_back_to_pods_when_it_does_not_fit(cluster):
     assert "ColocationDoesNotFit" in events(c)
     wait_phase(c, "Progressing", 90)  # in pods of its own now
     assert canary(c)["mode"] == "pods" and c.get("deployment", "story-canary")
+
+
+GATEWAY = """apiVersion: llmk8s.io/v1alpha1
+kind: LLMGateway
+metadata: {name: front}
+spec:
+  selector: {}
+  replicas: 1
+  image: llm-router:test
+"""
+
+
+def test_canary_behind_a_gateway_splits_and_rolls_back(cluster):
+    """Clients reach the deployment only through an LLMGateway (which sends to the pods itself, past the
+    deployment's router): the gateway splits by the canary's weight (both revisions answer it), and the
+    controller judges the canary from the gateway's route counters too - a bad revision (half its requests
+    answer 500) is rolled back on its error ratio, though the deployment's own router saw no request; the
+    gateway's clients never see a failure (it retries on stable)."""
+    c = cluster
+    steps = [{"weight": 50, "pause": 600}]
+    router_ip = start(c, spec(steps))
+    c.k("apply", "-f", "-", stdin=GATEWAY)
+    gw = wait_for(lambda: (ips := c.ready_ips("front")) and ips[0], 120, "the gateway pod ready")
+    oa = openai.OpenAI(base_url=f"http://{gw}:8000/v1", api_key="none", max_retries=0, timeout=30)
+    wait_for(lambda: [m.id for m in oa.models.list().data] == ["story"], 60, "the gateway serving story")
+    revs, failures, stop = [], [], threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            try:
+                raw = oa.completions.with_raw_response.create(model="story", prompt="Once upon a time", max_tokens=4)
+                revs.append(raw.headers.get("x-revision"))
+                assert raw.parse().choices[0].text is not None
+            except Exception as e:  # noqa: BLE001 - any failure counts
+                failures.append(repr(e))
+                time.sleep(0.1)
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    try:
+        c.apply(replicas=1, extra=spec(steps, '  server: {extraArgs: ["--fault-error-ratio", "0.5"]}\n'))
+        wait_phase(c, "RolledBack", 120)
+    finally:
+        stop.set()
+        th.join(timeout=60)
+    cond = c.cond("CanaryRolledBack")
+    assert cond["status"] == "True" and cond["reason"] == "ErrorRatio", cond
+    assert failures == [], failures[:5]
+    assert revs.count("canary") >= 10 and revs.count("stable") >= 10, (revs.count("canary"), revs.count("stable"))
+    assert canary_requests(router_ip) == 0  # the deployment's own router saw none of it: the gateway's counted
+    wait_for(lambda: c.get("deployment", "story-canary") is None, 30)

@@ -93,6 +93,21 @@ static void test_sample_and_quantile(void **st)
     assert_double_close(canary_quantile(s.le, s.n_le, s.ttft[1], 0.99), -1, 0); /* no data */
     /* all in +Inf: the highest bound is all a histogram can say */
     assert_double_close(canary_quantile(s.le, s.n_le, s.itl[1], 0.99), 0.5, 0);
+    /* a gateway's page holds every route's series: only the route asked for is taken (a prefix of its
+     * name or another route's is not), and a page without it takes nothing */
+    static const char gw[] =
+        "llm_router_revision_requests_total{route=\"story\",revision=\"canary\",code=\"5xx\"} 3\n"
+        "llm_router_revision_requests_total{route=\"story\",revision=\"stable\",code=\"2xx\"} 9\n"
+        "llm_router_revision_requests_total{route=\"story-b\",revision=\"canary\",code=\"2xx\"} 50\n"
+        "llm_router_revision_requests_total{route=\"stor\",revision=\"canary\",code=\"2xx\"} 70\n"
+        "llm_router_revision_ttfb_seconds_bucket{route=\"story\",revision=\"canary\",le=\"+Inf\"} 3\n";
+    canary_sample g = {0};
+    assert_int_equal(canary_sample_add_route(&g, gw, "story"), 3);
+    assert_true(g.requests[1] == 3 && g.errors[1] == 3 && g.requests[0] == 9 && g.ttft[1][CANARY_MAX_BUCKETS] == 3);
+    canary_sample none = {0};
+    assert_int_equal(canary_sample_add_route(&none, gw, "other"), 0);
+    assert_int_equal(canary_sample_add_route(&none, router_a, "story"), 0); /* a router's own page: no route label */
+    assert_true(none.requests[0] == 0 && none.requests[1] == 0);
     /* a bound appearing out of order is put in place with its counts */
     canary_sample u = {0};
     canary_sample_add(&u, "llm_router_revision_itl_seconds_bucket{revision=\"stable\",le=\"0.5\"} 7\n"
