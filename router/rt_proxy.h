@@ -25,6 +25,11 @@
  * that header from its gateway=1 keys alone); without, the client's key.
  * A client's X-LLM-Tenant is never passed on.
  *
+ * Traces (traces set): each request gets a span (its parent the client's
+ * traceparent when valid), named for the route, with the model, tenant,
+ * backend chosen, status and token counts; the backend gets a traceparent
+ * whose parent is that span (a client's is never passed on as is).
+ *
  * Ownership: the config and pool are borrowed for the server's life.
  * Thread-safety: called from civetweb's worker threads; each keeps one
  * curl handle (connection reuse to the backends). */
@@ -34,6 +39,7 @@
 #include <civetweb.h>
 
 #include "api_keys.h"
+#include "otlp.h"
 #include "rt_pool.h"
 
 typedef struct rt_proxy rt_proxy;
@@ -47,6 +53,7 @@ struct rt_proxy {
     api_keys *keys;            /* the gateway's keys (NULL: anyone may call; the pods check theirs); a key's
                                 * rate= holds here too, its max_priority and gateway= are the pods' business */
     rt_quota *quota;           /* the tenants' limits (with keys) */
+    otlp *traces;              /* spans (otlp.h): each request's, its traceparent passed on; NULL: none */
     const char *upstream_auth; /* "Bearer KEY": the gateway's own key at the pods (NULL: the client's goes) */
     unsigned long long unauthorized; /* 401s (atomic) */
     int retries;               /* more attempts after a failed one */

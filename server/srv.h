@@ -16,6 +16,7 @@
 #include "srv_chat.h"
 #include "srv_config.h"
 #include "api_keys.h"
+#include "otlp.h"
 #include "srv_lora.h"
 #include "srv_metrics.h"
 
@@ -79,6 +80,7 @@ typedef struct srv {
     long created;              /* unix time the model was loaded */
     srv_metrics metrics;
     api_keys keys;             /* API keys and their tenants; none: the API is open */
+    otlp *traces;              /* the span exporter (otlp.h); NULL: no traces */
     srv_canary canary;         /* colocated canary (admin_token) */
     srv_loras loras;           /* LoRA adapters (srv_lora.h) */
 } srv;

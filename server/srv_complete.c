@@ -47,6 +47,8 @@ typedef struct run {
     llm_strbuf out;            /* a stream's frames not yet written (sse_queue, sse_flush) */
     int out_events;            /* the events in out */
     int unchunked;             /* an HTTP/1.0 client: events go out bare, and the close ends the stream */
+    uint64_t start_ns, submit_ns; /* wall clock at the start and at the submit (the spans' times) */
+    llm_usage usage;           /* the last answer's timings (the spans') */
 } run;
 
 /* The answer's model: the adapter the request named, else the served model. */
@@ -354,6 +356,7 @@ static int on_done(run *r, const llm_event *ev)
     ch->finish = ev->finish == LLM_FINISH_LENGTH ? "length" : "stop";
     srv_metrics_finished(&r->s->metrics, ev->finish == LLM_FINISH_LENGTH);
     r->prompt_tokens = ev->usage.prompt_tokens;
+    r->usage = ev->usage;
     r->cached_tokens = ev->usage.cached_tokens > r->cached_tokens ? ev->usage.cached_tokens : r->cached_tokens;
     r->completion_tokens += ev->usage.completion_tokens;
     srv_metrics_observe(&r->s->metrics, H_TTFT, ev->usage.ttft_ms / 1e3);
@@ -571,12 +574,42 @@ int srv_complete_tenant_take(srv *s, const api_key *key, int n, int held, srv_er
     return 429;
 }
 
+/* The request's spans, when traced (otlp.h): the request (under the
+ * caller's traceparent), and within it the queue wait, prefill and
+ * decode, from the engine's timings of its last answer. */
+static void trace_spans(const run *r, const otlp_ctx *in, int has_in, int status)
+{
+    otlp_ctx req, part;
+    otlp_child(r->s->traces, in, has_in, &req);
+    if (!req.sampled)
+        return;
+    const char *tenant = srv_http_tenant(r->s, r->c);
+    otlp_attr a[] = {{"gen_ai.request.model", model_of(r), 0}, {"llm.adapter", r->cp->lora ? r->cp->lora->name : "", 0},
+                     {"llm.tenant", tenant ? tenant : "", 0}, {"gen_ai.usage.input_tokens", NULL, r->prompt_tokens},
+                     {"gen_ai.usage.cached_tokens", NULL, r->cached_tokens},
+                     {"gen_ai.usage.output_tokens", NULL, r->completion_tokens}, {"http.response.status_code", NULL, status}};
+    otlp_span(r->s->traces, &req, has_in ? in->span_id : NULL, "llm-server request", OTLP_SERVER, r->start_ns,
+              otlp_now_ns(), a, (int)(sizeof a / sizeof *a), status >= 500);
+    if (!r->n_done) /* no answer ended: no engine timings */
+        return;
+    const char *names[3] = {"queue", "prefill", "decode"};
+    double at_ms[4] = {0, r->usage.queue_ms, r->usage.ttft_ms, r->usage.total_ms};
+    for (int i = 0; i < 3; i++) {
+        otlp_child(r->s->traces, &req, 1, &part);
+        otlp_span(r->s->traces, &part, req.span_id, names[i], OTLP_INTERNAL, r->submit_ns + (uint64_t)(at_ms[i] * 1e6),
+                  r->submit_ns + (uint64_t)(at_ms[i + 1] * 1e6), a, i == 1 ? 5 : 3, 0);
+    }
+}
+
 /* Streams or collects; the response is sent here. *held: the sequences
  * of the tenant's cap the request holds, grown to its n here. */
 int srv_complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_completion *cp, int *held, srv_err *e)
 {
     run r = {.s = s, .c = c, .cp = cp, .created = (long)time(NULL), .t_start = llm_clock_mono_s(),
-             .eng = rv ? rv->engine : s->engine, .vocab = rv ? rv->model->vocab : s->model->vocab, .rev = rv != NULL};
+             .eng = rv ? rv->engine : s->engine, .vocab = rv ? rv->model->vocab : s->model->vocab, .rev = rv != NULL,
+             .start_ns = otlp_now_ns()};
+    otlp_ctx in;
+    int has_in = s->traces && otlp_traceparent_parse(mg_get_header(c, "traceparent"), &in);
     llm_error err = {0};
     const api_key *key = srv_http_caller(s, c);
     cp->rq.cache_salt = srv_complete_cache_salt(srv_http_tenant(s, c), cp->cache_salt);
@@ -585,6 +618,7 @@ int srv_complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_complet
     if (srv_complete_tenant_take(s, key, cp->rq.n, *held, e))
         return srv_http_send_err(c, e);
     *held = cp->rq.n;
+    r.submit_ns = otlp_now_ns();
     llm_status st = llm_engine_submit(r.eng, &cp->rq, &r.id, &err);
     if (st) {
         const char *param = st == LLM_ERR_TOO_LONG ? "max_tokens" : st == LLM_ERR_GRAMMAR ? cp->grammar_param : NULL;
@@ -617,6 +651,8 @@ int srv_complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_complet
         sse_end(&r, 1);
         free(body);
     }
+    if (s->traces)
+        trace_spans(&r, &in, has_in, status);
     run_free(&r);
     return status;
 }

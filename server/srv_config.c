@@ -88,6 +88,11 @@ static const key_def keys[] = {
     {"fault_error_ratio", K_REAL, F(fault_error_ratio), 0, 1, "0",
      "testing: share of completion requests answered 500 on purpose (e.g. a canary made to fail)"},
     {"fault_delay_ms", K_INT, F(fault_delay_ms), 0, 600000, "0", "testing: delay added before each completion"},
+    {"otlp_endpoint", K_STR, F(otlp_endpoint), 0, 0, "",
+     "OTLP/HTTP traces URL (e.g. http://collector:4318/v1/traces); empty: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else "
+     "OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces, else no traces"},
+    {"trace_sample_ratio", K_REAL, F(trace_sample_ratio), 0, 1, "1",
+     "share of new traces recorded (a request with a traceparent follows its sampled flag)"},
     {"api_keys_file", K_STR, F(api_keys_file), 0, 0, "",
      "file of API keys, one per line: KEY [tenant=NAME] [max_priority=N] [rate=R/s] [max_inflight=N] "
      "(or LLM_SERVER_API_KEYS)"},

@@ -50,6 +50,8 @@ typedef struct srv_config {
     double fault_error_ratio; /* testing: share of completions failed on purpose */
     long fault_delay_ms;    /* testing: delay before each completion */
     char *api_keys_file;    /* api_keys.h's format; "" -> LLM_SERVER_API_KEYS or none */
+    char *otlp_endpoint;    /* traces (otlp.h); "" -> the OTEL_ environment or none */
+    double trace_sample_ratio;
     long max_priority_anonymous; /* priority ceiling without keys */
     long tenant_max_inflight; /* a tenant's sequences in flight when its keys set none; 0: no cap */
     char *admin_token;      /* bearer for /admin/canary; "" -> admin_token_file, LLM_SERVER_ADMIN_TOKEN or off */

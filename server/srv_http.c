@@ -428,6 +428,7 @@ static char *metrics_text(srv *s)
     llm_strbuf_append(&b, text, strlen(text));
     free(text);
     srv_lora_metrics(&s->loras, s->engine, s->name, &b);
+    otlp_metrics(s->traces, &b);
     return llm_strbuf_take(&b);
 }
 

@@ -176,6 +176,21 @@ static void drain(srv *s)
     for (int ms = 0; atomic_load(&s->active) > 0 && ms < 3000; ms += 20) usleep(20000);
 }
 
+/* The span exporter, when an endpoint is configured or in the environment. */
+static llm_status start_traces(srv *s, llm_error *err)
+{
+    char env[1024];
+    otlp_env_endpoint(env, sizeof env);
+    const char *url = s->cfg.otlp_endpoint && *s->cfg.otlp_endpoint ? s->cfg.otlp_endpoint : env;
+    if (!*url)
+        return LLM_OK;
+    otlp_config oc = {.endpoint = url, .service = "llm-server", .ratio = s->cfg.trace_sample_ratio};
+    llm_status st = otlp_open(&oc, &s->traces, err);
+    if (!st)
+        logf_("traces to %s (sampled %.0f%% of new traces)", url, 100 * s->cfg.trace_sample_ratio);
+    return st;
+}
+
 int main(int argc, char **argv)
 {
     static srv s;
@@ -212,7 +227,8 @@ int main(int argc, char **argv)
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     pthread_t th;
-    if (api_keys_load(s.cfg.api_keys_file, "LLM_SERVER_API_KEYS", &s.keys, &err) || srv_http_start(&s, &err) ||
+    if (api_keys_load(s.cfg.api_keys_file, "LLM_SERVER_API_KEYS", &s.keys, &err) || start_traces(&s, &err) ||
+        srv_http_start(&s, &err) ||
         pthread_create(&th, NULL, loader, &s)) {
         fprintf(stderr, "llm-server: %s\n", err.msg[0] ? err.msg : "cannot start the loader thread");
         return 1;
@@ -239,6 +255,7 @@ int main(int argc, char **argv)
     srv_chat_free(s.chat);
     llm_model_free(s.model);
     api_keys_free(&s.keys);
+    otlp_close(s.traces);
     srv_metrics_free(&s.metrics);
     srv_config_free(&s.cfg);
     logf_("stopped");

@@ -139,6 +139,14 @@ static void test_tenants(void **st)
     assert_non_null(strstr(json_string_value(json_object_get(status, "quotas")), "each of the 3 gateway pods holds 1/3"));
     json_decref(status), json_decref(gw), json_decref(children);
     gateway_table_free(&t);
+    /* spec.tracing: the router's trace flags */
+    snprintf(text, sizeof text, base, ",\"tracing\":{\"endpoint\":\"http://otel:4318/v1/traces\",\"sampleRatio\":0.5}");
+    pod = gateway_pod(text, &children, &t);
+    a = json_dumps(json_object_get(json_array_get(json_object_get(pod, "containers"), 0), "args"), JSON_COMPACT);
+    assert_non_null(strstr(a, "\"--otlp-endpoint\",\"http://otel:4318/v1/traces\",\"--trace-sample-ratio\",\"0.5\""));
+    free(a);
+    json_decref(children);
+    gateway_table_free(&t);
     /* no keys: no tenant flags, no volumes */
     snprintf(text, sizeof text, base, "");
     pod = gateway_pod(text, &children, &t);

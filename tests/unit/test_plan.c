@@ -521,6 +521,32 @@ static void test_scale_to_zero(void **st)
     json_decref(d);
 }
 
+/* spec.tracing reaches the server's configuration; without it the
+ * configuration is as before (no key: the pods of every deployment made
+ * before it keep their config hash). */
+static void test_tracing_config(void **st)
+{
+    (void)st;
+    json_t *d = llmd("{\"tracing\":{\"endpoint\":\"http://otel.obs:4318/v1/traces\",\"sampleRatio\":0.25}}", NULL);
+    plan_input in = {.llmd = d, .now = NOW};
+    result r;
+    run(&in, &r);
+    const char *cfg = json_string_value(kube_json_get(object_of(&r, "configmaps", "m-config"), "data", "config.yaml"));
+    assert_non_null(cfg);
+    assert_non_null(strstr(cfg, "otlp_endpoint: \"http://otel.obs:4318/v1/traces\"\n"));
+    assert_non_null(strstr(cfg, "trace_sample_ratio: 0.25\n"));
+    done(&r);
+    json_decref(d);
+    d = llmd(NULL, NULL);
+    in.llmd = d;
+    run(&in, &r);
+    cfg = json_string_value(kube_json_get(object_of(&r, "configmaps", "m-config"), "data", "config.yaml"));
+    assert_null(strstr(cfg, "otlp"));
+    assert_null(strstr(cfg, "trace_"));
+    done(&r);
+    json_decref(d);
+}
+
 /* ---- the canary ----------------------------------------------------------------------------- */
 
 #define CANARY(mode) "{\"router\":{\"image\":\"r:1\"},\"canary\":{\"mode\":\"" mode "\",\"intervalSeconds\":2," \
@@ -914,6 +940,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fresh_and_at_rest),
+        cmocka_unit_test(test_tracing_config),
         cmocka_unit_test(test_router_and_hpa_steps),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_diagnosis_table),
