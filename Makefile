@@ -121,7 +121,15 @@ $(BUILD)/engine/backend/cpu/kernels_avx512.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 .PHONY: all run test asan bench bench-router bench-load deps deps-run lint clean unit pytest fuzz models tsan manifests kubesim kubesim-stop FORCE
 all: $(LIB) $(TOOL_BIN) $(BUILD)/bin/llm-fetch $(UNIT_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
 
-$(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
+$(BUILD)/gen/gateway_page.c: router/gateway.html tools/gen/embed.py
+	@mkdir -p $(dir $@)
+	@$(PYTHON) tools/gen/embed.py $< rt_gateway_html $@
+
+$(BUILD)/gen/gateway_page.o: $(BUILD)/gen/gateway_page.c
+	@echo "  CC    $<"
+	@$(CC) $(CFLAGS_BASE) -c $< -o $@
+
+$(BUILD)/bin/llm-router: $(ROUTER_OBJ) $(BUILD)/gen/gateway_page.o $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $^ -lcivetweb -lcurl -ljansson -lyaml -lcrypto -lhiredis $(LDLIBS) -o $@

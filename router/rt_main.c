@@ -292,6 +292,21 @@ static void pool_metrics(router *r, llm_strbuf *out)
     free(routes), free(pools), free(names);
 }
 
+/* GET /: the page (router/gateway.html, compiled in): every model and
+ * adapter behind this endpoint, a chat, and throughput, time to first
+ * token and the cache hit rate of the last minutes from /metrics. */
+extern const unsigned char rt_gateway_html[];
+extern const size_t rt_gateway_html_len;
+static int h_page(struct mg_connection *c, void *cb)
+{
+    (void)cb;
+    const struct mg_request_info *ri = mg_get_request_info(c);
+    if (strcmp(ri->request_method, "GET") || strcmp(ri->local_uri, "/"))
+        return http_reply_text(c, 404, "text/plain", "not found\n", NULL);
+    return http_reply(c, 200, "text/html; charset=utf-8", (const char *)rt_gateway_html, rt_gateway_html_len,
+                      "Content-Security-Policy: default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'\r\n");
+}
+
 static int h_healthz(struct mg_connection *c, void *cb)
 {
     (void)cb;
@@ -711,6 +726,7 @@ int main(int argc, char **argv)
         return 1;
     }
     struct mg_context *mg = http_guard_mg(r.http);
+    mg_set_request_handler(mg, "/$", h_page, &r);
     mg_set_request_handler(mg, "/healthz$", h_healthz, &r);
     mg_set_request_handler(mg, "/readyz$", h_readyz, &r);
     mg_set_request_handler(mg, "/metrics$", h_metrics, &r);

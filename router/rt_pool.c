@@ -56,6 +56,7 @@ typedef struct backend {
     int cap;                   /* its capacity in links, from the pod's KV cache size (0: default) */
     double trust;              /* 0..1: how far its answers bore out the index (rt_pool.h) */
     unsigned long long prompt_tokens, cached_tokens; /* as its answers' usage said */
+    unsigned long long completion_tokens;
     double predicted_tokens;   /* what the index predicted of those */
     double prompt_counter;     /* its llm_prompt_tokens_total at the last poll (-1: none yet) */
 } backend;
@@ -547,6 +548,8 @@ static void failed(rt_pool *p, backend *b, double now)
  * trust). Under mu. */
 static void learn(backend *b, const rt_result *res)
 {
+    if (res->completion_tokens > 0)
+        b->completion_tokens += (unsigned long long)res->completion_tokens;
     if (res->prompt_tokens <= 0 || res->cached_tokens < 0)
         return;
     double cached = res->cached_tokens < res->prompt_tokens ? res->cached_tokens : res->prompt_tokens;
@@ -737,6 +740,7 @@ static double v_trust(const backend *b, double now) { (void)now; return b->trust
 static double v_links(const backend *b, double now) { (void)now; return b->ix ? rt_prefix_index_size(b->ix) : 0; }
 static double v_prompt(const backend *b, double now) { (void)now; return (double)b->prompt_tokens; }
 static double v_cached(const backend *b, double now) { (void)now; return (double)b->cached_tokens; }
+static double v_completion(const backend *b, double now) { (void)now; return (double)b->completion_tokens; }
 static double v_predicted(const backend *b, double now) { (void)now; return b->predicted_tokens; }
 
 static void requests_by_code(llm_strbuf *out, const pools *ps)
@@ -822,6 +826,8 @@ void rt_pool_metrics(rt_pool *const *p, const char *const *routes, int n, llm_st
     per_backend(out, &ps, "llm_router_backend_cached_tokens_total", "counter",
                 "Of those, the tokens the backend said it had cached (usage.prompt_tokens_details.cached_tokens).",
                 v_cached, now);
+    per_backend(out, &ps, "llm_router_backend_completion_tokens_total", "counter",
+                "Generated tokens of the answers that said their usage.", v_completion, now);
     per_backend(out, &ps, "llm_router_backend_predicted_cached_tokens_total", "counter",
                 "Of those, the tokens the router's prefix index expected cached (cache-aware).", v_predicted, now);
     per_backend(out, &ps, "llm_router_backend_cache_trust", "gauge",

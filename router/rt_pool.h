@@ -124,6 +124,7 @@ typedef struct rt_result {
     unsigned int itl_n;
     int prompt_tokens;   /* the answer's usage; -1: none seen */
     int cached_tokens;
+    int completion_tokens; /* (total_tokens - prompt_tokens); -1: none seen */
     double predicted;    /* rt_pool_pick's *predicted */
 } rt_result;
 

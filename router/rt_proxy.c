@@ -618,10 +618,12 @@ static int attempts(rt_proxy *px, rt_pool *pool, struct mg_connection *c, const 
         a.res.ttfb = a.first ? a.first - a.t0 : -1;
         a.res.status = rc == CURLE_OK || a.started ? (int)a.status : rc == CURLE_OPERATION_TIMEDOUT ? 504 : 0;
         a.res.predicted = predicted;
-        a.res.prompt_tokens = a.res.cached_tokens = -1;
+        a.res.prompt_tokens = a.res.cached_tokens = a.res.completion_tokens = -1;
         int total = -1;
         if (rc == CURLE_OK && a.status == 200)
             usage_of(&a, &a.res.prompt_tokens, &a.res.cached_tokens, &total);
+        if (total >= 0 && a.res.prompt_tokens >= 0 && total >= a.res.prompt_tokens)
+            a.res.completion_tokens = total - a.res.prompt_tokens;
         who->prompt_tokens = a.res.prompt_tokens, who->cached_tokens = a.res.cached_tokens;
         if (a.body_sent) /* the pod had the prompt: charged, whatever came of it (a client gone, a 4xx) */
             who->tokens = tokens_of(&a, rc == CURLE_OK && a.status == 200 ? total : -1, len);

@@ -4,6 +4,7 @@ answer for the same request, the live figures fill in from /metrics, and a
 screenshot is kept as a test artifact (build/artifacts/playground.png)."""
 import shutil
 
+import openai
 import pytest
 
 
@@ -67,3 +68,58 @@ def check_playground(browser, model, shot):
         return shown
     finally:
         assert s.stop() == 0
+
+
+def test_gateway_page(browser, tmp_path, models):
+    """llm-router's page (GET /) at a gateway with keys: with the key typed in, it lists every model and
+    adapter behind the endpoint with its deployment; a chat with the second model streams the answer the API
+    gives; the charts of generated tokens/s, time to first token and the cache hit rate fill in from the
+    router's /metrics (the same prompt twice: the second from the pod's cache)."""
+    import json
+    import subprocess
+    from harness import Router, tool, wait_for
+    base = models("tiny", "Q8_0")
+    ad = tmp_path / "ad.gguf"
+    subprocess.run([tool("llm-mkmodel"), "--lora-of", str(base), "--rank", "4", "-o", str(ad)], check=True,
+                   capture_output=True)
+    a, b = Server(base, "--model_name", "base-m"), Server(base, "--model_name", "tuned-m", "--lora", f"ad={ad}")
+    table = tmp_path / "routes.json"
+    table.write_text(json.dumps({"routes": [{"name": "base", "models": ["base-m"], "backends": [a.base]},
+                                            {"name": "tuned", "models": ["tuned-m"], "backends": [b.base]}]}))
+    (tmp_path / "keys").write_text("sk-page tenant=P\n")
+    r = Router("--routes", table, "--api-keys-file", tmp_path / "keys")
+    try:
+        wait_for(lambda: r.metrics().get(("llm_router_routes", ())) == 2, 30, "both routes")
+        browser.get(r.base + "/")
+        wait = WebDriverWait(browser, 60)
+        key = browser.find_element(By.ID, "key")
+        key.send_keys("sk-page")
+        browser.execute_script("arguments[0].dispatchEvent(new Event('change'))", key)
+        rows = lambda d: [tuple(td.text for td in tr.find_elements(By.TAG_NAME, "td"))  # noqa: E731
+                          for tr in d.find_elements(By.CSS_SELECTOR, "#models tr")]
+        wait.until(lambda d: sorted(rows(d)) == [("ad", "tuned"), ("base-m", "base"), ("tuned-m", "tuned")])
+        browser.execute_script("document.getElementById('model').value = 'tuned-m';"
+                               "document.getElementById('temperature').value = '0';"
+                               "document.getElementById('max_tokens').value = '12';")
+        prompt = "Tell me a story about a rabbit and a fox who met by the river one morning."
+        for n in (1, 2):
+            browser.find_element(By.ID, "prompt").send_keys(prompt)
+            browser.find_element(By.ID, "send").click()
+            wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".assistant[data-done='1']")) == n)
+        shown = browser.execute_script("return document.querySelector(\".assistant[data-done='1']\").textContent")
+        oa = openai.OpenAI(base_url=r.base + "/v1", api_key="sk-page", max_retries=0)
+        want = oa.chat.completions.create(model="tuned-m", messages=[{"role": "user", "content": prompt}], max_tokens=12,
+                                          temperature=0)
+        assert shown == want.choices[0].message.content and shown
+        assert browser.find_element(By.ID, "err").text == ""
+        wait.until(lambda d: d.find_element(By.ID, "tps").text not in ("-", "NaN") and
+                   d.find_element(By.ID, "hit").text.endswith("%") and d.find_element(By.ID, "ttft").text != "-")
+        assert float(browser.find_element(By.ID, "hit").text[:-1]) > 0  # the second turn's prefix was cached
+        assert browser.find_elements(By.CSS_SELECTOR, "#c_tps polyline")
+        art = BUILD / "artifacts"
+        art.mkdir(parents=True, exist_ok=True)
+        assert browser.save_screenshot(str(art / "gateway.png"))
+    finally:
+        assert r.stop() == 0
+        a.stop()
+        b.stop()
