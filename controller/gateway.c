@@ -63,6 +63,13 @@ static json_t *route_of(json_t *d, json_t *names)
     snprintf(svc, sizeof svc, desired_router_enabled(d) ? "%s-backends" : "%s", n);
     json_t *r = json_pack("{s:s,s:O,s:s,s:I}", "name", n, "models", names, "service", svc, "metricsPort",
                           (json_int_t)desired_health_port(d));
+    json_t *spec = json_object_get(d, "spec");
+    json_int_t hold = json_integer_value(kube_json_get(spec, "router", "holdSeconds", NULL));
+    json_t *min = kube_json_get(spec, "autoscaling", "minReplicas", NULL);
+    if (r && hold > 0 && json_is_integer(min) && json_integer_value(min) == 0 &&
+        json_is_true(kube_json_get(spec, "autoscaling", "enabled", NULL))) /* scales to zero: its requests wait at the
+                                                                         * gateway as at its router, and wake it */
+        json_object_set_new(r, "holdSeconds", json_integer(hold));
     if (r && desired_canary_enabled(d) && !desired_colocated(d)) { /* a canary of its own pods, behind its router */
         snprintf(csvc, sizeof csvc, "%s-canary-backends", n);
         snprintf(wcm, sizeof wcm, "%s-router", n);

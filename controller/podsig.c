@@ -80,6 +80,15 @@ void podsig_add_server_page(podsig_reading *r, const char *text)
 
 void podsig_add_gateway_page(podsig_reading *r, const char *text, const char *route)
 {
+    if (r->need.activity) { /* the route's held and sent requests: a gateway wakes a deployment as its router does */
+        int f1 = 0, f2 = 0, f3 = 0;
+        autoscale_activity *a = &r->activity;
+        a->held += prom_text_value_where(text, "llm_router_route_held_requests", "route", route, &f1);
+        a->requests += prom_text_value_where(text, "llm_router_revision_requests_total", "route", route, &f2) +
+                       prom_text_value_where(text, "llm_router_route_held_total", "route", route, &f3);
+        a->inflight += prom_text_value_where(text, "llm_router_backend_inflight", "route", route, &f3);
+        a->routers += f1 && f2;
+    }
     if (r->need.canary == 1 && canary_sample_add_route(&r->canary, text, route))
         r->canary_pods++;
 }
@@ -186,8 +195,9 @@ static void add_page(sig_round *rd, size_t i, int kind, int what, const char *po
 }
 
 /* A gateway's pod: its page for every target of its namespace whose
- * canary is judged from routers' counters (a gateway sends to the pods
- * itself, past their own router: its route's counters count too). */
+ * canary is judged from routers' counters or that scales to zero (a
+ * gateway sends to the pods itself, past their own router: its route's
+ * counters count too). */
 static void place_gateway(sig_round *rd, json_t *pod, const char *ns)
 {
     const char *ip = json_string_value(kube_json_get(pod, "status", "podIP"));
@@ -196,7 +206,8 @@ static void place_gateway(sig_round *rd, json_t *pod, const char *ns)
     if (!name || !podsig_pod_serving(pod))
         return;
     for (size_t i = 0; i < rd->n; i++)
-        if (rd->s[i].need.canary == 1 && !strncmp(rd->s[i].key, ns, nl) && rd->s[i].key[nl] == '/')
+        if ((rd->s[i].need.canary == 1 || rd->s[i].need.activity) && !strncmp(rd->s[i].key, ns, nl) &&
+            rd->s[i].key[nl] == '/')
             add_page(rd, i, K_GATEWAY, P_METRICS, name, ip, GATEWAY_PORT);
 }
 

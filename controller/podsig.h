@@ -101,7 +101,8 @@ int podsig_pod_serving(json_t *pod);
 void podsig_add_server_page(podsig_reading *r, const char *text);
 void podsig_add_router_page(podsig_reading *r, const char *text);
 /* A gateway pod's page: its route `route`'s revision counters, for a
- * canary judged from routers' counters. */
+ * canary judged from routers' counters, and its held and sent requests
+ * (scale to zero). */
 void podsig_add_gateway_page(podsig_reading *r, const char *text, const char *route);
 
 #endif

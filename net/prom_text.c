@@ -5,37 +5,6 @@
 
 #include "prom_text.h"
 
-double prom_text_value(const char *text, const char *name, int *found)
-{
-    size_t n = strlen(name);
-    double sum = 0;
-    *found = 0;
-    for (const char *p = text; p && *p;) {
-        const char *eol = strchr(p, '\n');
-        size_t len = eol ? (size_t)(eol - p) : strlen(p);
-        if (*p != '#' && len > n && !strncmp(p, name, n) && (p[n] == ' ' || p[n] == '{')) {
-            /* within this line only: a label set left open must not send the search down the page
-             * (quadratic on a big one), nor the number be read off the next line */
-            const char *v = p[n] == '{' ? memchr(p + n, '}', len - n) : p + n;
-            char num[64], *end;
-            size_t k = v ? len - (size_t)(v + 1 - p) : 0;
-            double x = NAN;
-            if (v && k > 0 && k < sizeof num) {
-                memcpy(num, v + 1, k);
-                num[k] = 0;
-                x = strtod(num, &end);
-                x = end != num && isfinite(x) ? x : NAN;
-            }
-            if (isfinite(x)) {
-                sum += x;
-                *found = 1;
-            }
-        }
-        p = eol ? eol + 1 : NULL;
-    }
-    return sum;
-}
-
 /* key's value in the label set [l, end) (quotes excluded): 0, or -1 when
  * absent or escaped. */
 static int label_value(const char *l, const char *end, const char *key, const char **v, size_t *n)
@@ -58,6 +27,52 @@ static int label_value(const char *l, const char *end, const char *key, const ch
         p = qe;
     }
     return -1;
+}
+
+/* The sum of name's series (those whose labels hold key="value" when key
+ * is given). */
+static double sum_of(const char *text, const char *name, const char *key, const char *value, int *found)
+{
+    size_t n = strlen(name);
+    double sum = 0;
+    *found = 0;
+    for (const char *p = text; p && *p;) {
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        if (*p != '#' && len > n && !strncmp(p, name, n) && (p[n] == ' ' || p[n] == '{')) {
+            /* within this line only: a label set left open must not send the search down the page
+             * (quadratic on a big one), nor the number be read off the next line */
+            const char *v = p[n] == '{' ? memchr(p + n, '}', len - n) : p + n, *lv;
+            size_t lvn;
+            int match = !key || (v && p[n] == '{' && !label_value(p + n + 1, v, key, &lv, &lvn) && lvn == strlen(value) &&
+                                 !memcmp(lv, value, lvn));
+            char num[64], *end;
+            size_t k = v ? len - (size_t)(v + 1 - p) : 0;
+            double x = NAN;
+            if (match && v && k > 0 && k < sizeof num) {
+                memcpy(num, v + 1, k);
+                num[k] = 0;
+                x = strtod(num, &end);
+                x = end != num && isfinite(x) ? x : NAN;
+            }
+            if (isfinite(x)) {
+                sum += x;
+                *found = 1;
+            }
+        }
+        p = eol ? eol + 1 : NULL;
+    }
+    return sum;
+}
+
+double prom_text_value(const char *text, const char *name, int *found)
+{
+    return sum_of(text, name, NULL, NULL, found);
+}
+
+double prom_text_value_where(const char *text, const char *name, const char *key, const char *value, int *found)
+{
+    return sum_of(text, name, key, value, found);
 }
 
 int prom_text_labels(const char *text, const char *name, const char *key, int max,

@@ -11,6 +11,9 @@
 /* The sum of every series of name (any labels) in text; 0 with *found 0
  * when there is none. */
 double prom_text_value(const char *text, const char *name, int *found);
+/* The same over the series whose labels hold key="value" (a gateway's
+ * page: one route's). */
+double prom_text_value_where(const char *text, const char *name, const char *key, const char *value, int *found);
 
 /* For each series of name in text whose value is above 0 and whose labels
  * hold key="VALUE" (VALUE without a backslash or quote inside, at most 255

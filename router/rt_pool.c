@@ -81,6 +81,9 @@ struct rt_pool {
     unsigned int want;         /* during a pick: the adapter's hash the backend must have */
     int want_on;
     double mean_bytes;         /* cache-aware: recent requests' prompt bytes, averaged */
+    double hold_s;             /* a gateway's route: how long a request waits while it has no backend */
+    int held;                  /* requests waiting for a backend now */
+    unsigned long long held_total;
 };
 
 /* FNV-1a, then a finaliser so nearby strings spread over the ring. */
@@ -239,6 +242,30 @@ int rt_pool_weight(rt_pool *p)
     int w = p->weight;
     pthread_mutex_unlock(&p->mu);
     return w;
+}
+
+void rt_pool_set_hold(rt_pool *p, double seconds)
+{
+    pthread_mutex_lock(&p->mu);
+    p->hold_s = seconds;
+    pthread_mutex_unlock(&p->mu);
+}
+
+double rt_pool_hold(rt_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    double h = p->hold_s;
+    pthread_mutex_unlock(&p->mu);
+    return h;
+}
+
+void rt_pool_held(rt_pool *p, int delta)
+{
+    pthread_mutex_lock(&p->mu);
+    p->held += delta;
+    if (delta > 0)
+        p->held_total += (unsigned long long)delta;
+    pthread_mutex_unlock(&p->mu);
 }
 
 int rt_pool_size(rt_pool *p)
@@ -807,6 +834,29 @@ static void durations_and_weights(llm_strbuf *out, const pools *ps)
     }
 }
 
+/* A gateway's requests held per route (scale from zero: llm-controller
+ * wakes the route's deployment from them). */
+static void held_by_route(llm_strbuf *out, const pools *ps)
+{
+    static const char *const name[2] = {"llm_router_route_held_requests", "llm_router_route_held_total"};
+    static const char *const help[2] = {"Requests waiting for the route's first backend (scale from zero).",
+                                        "Requests that waited for the route's first backend."};
+    for (int m = 0; m < 2; m++) {
+        llm_prom_head(out, name[m], m ? "counter" : "gauge", help[m]);
+        for (int k = 0; k < ps->n; k++) {
+            llm_strbuf lab = {0};
+            const char *l = labels(&lab, ps, k, NULL);
+            pthread_mutex_lock(&ps->p[k]->mu);
+            double v = m ? (double)ps->p[k]->held_total : ps->p[k]->held;
+            pthread_mutex_unlock(&ps->p[k]->mu);
+            if (l)
+                llm_prom_sample(out, name[m], l, v);
+            out->failed |= !l;
+            llm_strbuf_free(&lab);
+        }
+    }
+}
+
 void rt_pool_metrics(rt_pool *const *p, const char *const *routes, int n, llm_strbuf *out)
 {
     pools ps = {p, routes, n};
@@ -835,6 +885,8 @@ void rt_pool_metrics(rt_pool *const *p, const char *const *routes, int n, llm_st
     per_backend(out, &ps, "llm_router_backend_prefix_links", "gauge",
                 "Prompt chunks of 256 bytes the router's prefix index holds for the backend.", v_links, now);
     durations_and_weights(out, &ps);
+    if (routes)
+        held_by_route(out, &ps);
     rev_histogram(out, &ps, "llm_router_revision_ttfb_seconds",
                   "Time to the first byte of the answer (first token of a stream), by revision.", 0);
     rev_histogram(out, &ps, "llm_router_revision_itl_seconds",

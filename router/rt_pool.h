@@ -89,6 +89,13 @@ llm_status rt_pool_set(rt_pool *p, int rev, const char *const *urls, int n, llm_
 void rt_pool_set_weight(rt_pool *p, int weight);
 int rt_pool_weight(rt_pool *p);
 int rt_pool_size(rt_pool *p);
+/* A gateway route's hold: how long a request waits while the pool has no
+ * backend (its deployment scaled to zero; 0: none); held counts the
+ * requests waiting (+1 / -1), shown per route in the metrics
+ * (llm_router_route_held_requests, _total). */
+void rt_pool_set_hold(rt_pool *p, double seconds);
+double rt_pool_hold(rt_pool *p);
+void rt_pool_held(rt_pool *p, int delta);
 
 /* What the choice knows of a request. */
 typedef struct rt_request {

@@ -417,14 +417,16 @@ static int send_held(struct mg_connection *c, long status, const char *type, con
 static int hold(rt_proxy *px, rt_pool *pool, struct mg_connection *c, int stream, int *answered)
 {
     *answered = 0;
-    if (px->hold_s <= 0 || rt_pool_size(pool) > 0)
+    double hold_s = px->routes ? rt_pool_hold(pool) : px->hold_s; /* at a gateway: the route's */
+    if (hold_s <= 0 || rt_pool_size(pool) > 0)
         return rt_pool_size(pool) > 0;
     if (__atomic_add_fetch(&px->held, 1, __ATOMIC_RELAXED) > px->hold_max) {
         __atomic_sub_fetch(&px->held, 1, __ATOMIC_RELAXED);
         return 0;
     }
     __atomic_add_fetch(&px->held_total, 1, __ATOMIC_RELAXED);
-    double end = llm_clock_mono_s() + px->hold_s, next_comment = 0;
+    rt_pool_held(pool, 1);
+    double end = llm_clock_mono_s() + hold_s, next_comment = 0;
     int ok = 0;
     while (!ok && llm_clock_mono_s() < end && !__atomic_load_n(&px->cutting, __ATOMIC_RELAXED)) {
         if (stream && llm_clock_mono_s() >= next_comment) {
@@ -438,6 +440,7 @@ static int hold(rt_proxy *px, rt_pool *pool, struct mg_connection *c, int stream
         usleep(100000);
         ok = rt_pool_size(pool) > 0;
     }
+    rt_pool_held(pool, -1);
     __atomic_sub_fetch(&px->held, 1, __ATOMIC_RELAXED);
     return ok;
 }

@@ -83,6 +83,7 @@ typedef struct spec {
     const char *service[2], *weight_cm;
     int weight;                   /* -1: none given */
     int metrics_port;             /* 0: none given */
+    int hold_s;                   /* holdSeconds; 0: none given */
 } spec;
 
 static int name_ok(const char *s, size_t max, const char *extra)
@@ -204,6 +205,10 @@ static llm_status one_spec(json_t *e, int i, json_t *seen, int from_kube, spec *
     if (mp && (!json_is_integer(mp) || json_integer_value(mp) < 1 || json_integer_value(mp) > 65535))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "routes[%d] (%s).metricsPort: a port 1..65535", i, s->name);
     s->metrics_port = mp ? (int)json_integer_value(mp) : 0;
+    json_t *hs = json_object_get(e, "holdSeconds");
+    if (hs && (!json_is_integer(hs) || json_integer_value(hs) < 0 || json_integer_value(hs) > 3600))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "routes[%d] (%s).holdSeconds: an integer 0..3600", i, s->name);
+    s->hold_s = hs ? (int)json_integer_value(hs) : 0;
     return origin_ok(s, i, from_kube, err);
 }
 
@@ -289,6 +294,7 @@ static void take(rt_route *r, const spec *s, staged *g)
     for (int rev = 0; rev < 2; rev++) snprintf(r->service[rev], sizeof r->service[rev], "%s", s->service[rev] ? s->service[rev] : "");
     snprintf(r->weight_cm, sizeof r->weight_cm, "%s", s->weight_cm ? s->weight_cm : "");
     r->metrics_port = s->metrics_port;
+    rt_pool_set_hold(r->pool, s->hold_s);
 }
 
 /* The new table: staged routes in order; the old ones not kept lose the

@@ -12,13 +12,15 @@
  *                "service": "gemma", "canaryService": "gemma-canary-backends",
  *                "weightConfigMap": "gemma-router",
  *                "backends": ["http://..."], "canaryBackends": [], "weight": 0,
- *                "metricsPort": 8081}]}
+ *                "metricsPort": 8081, "holdSeconds": 60}]}
  * name: 1-63 of [A-Za-z0-9._-]; models: 1-64 names of 1-256 bytes, no
  * control characters, each served by one route only; services and
  * ConfigMaps: names of 1-253 of [a-z0-9.-]; backends: at most
  * RT_MAX_BACKENDS URLs ("NAME=URL" names them); weight: 0..100 (without
  * weightConfigMap); metricsPort: where its pods' /metrics are polled (their
- * health listener), 1..65535. At most RT_MAX_ROUTES routes.
+ * health listener), 1..65535; holdSeconds: 0..3600, how long a request
+ * waits while the route has no backend (its deployment scaled to zero).
+ * At most RT_MAX_ROUTES routes.
  *
  * A request's model picks its route: the route that lists the name, else
  * (a table from a file) the first route one of whose pods lists it as a

@@ -237,3 +237,37 @@ def test_scale_to_zero_and_wake_once_per_burst(tmp_path, models):
         wait_for(lambda: c.status().get("phase") == "Idle" and replicas(c) == 0, 30)  # asleep again
         hist = c.status()["autoscaling"]["history"]
         assert [h["to"] for h in hist[-3:]] == [0, 1, 0], hist
+
+
+GATEWAY = """apiVersion: llmk8s.io/v1alpha1
+kind: LLMGateway
+metadata: {name: front}
+spec:
+  selector: {}
+  replicas: 1
+  image: llm-router:test
+"""
+
+
+def test_scale_from_zero_through_a_gateway(tmp_path, models):
+    """minReplicas 0 behind an LLMGateway: once the deployment sleeps, requests that reach it only through the
+    gateway (past its own router) are held there, wake it (the controller reads the gateway's route
+    counters), and are served when the pod is ready."""
+    openai = pytest.importorskip("openai")
+    with running(tmp_path, models("tiny", "Q8_0")) as c:
+        c.controller()
+        c.apply(replicas=1, extra=ZERO)
+        c.k("apply", "-f", "-", stdin=GATEWAY)
+        gw = wait_for(lambda: (ips := c.ready_ips("front")) and ips[0], 120, "the gateway pod ready")
+        try:
+            wait_for(lambda: c.status().get("phase") == "Idle" and replicas(c) == 0, 90)
+        except AssertionError:
+            raise AssertionError(json.dumps(c.status(), indent=1)) from None
+        wait_for(lambda: not c.ready_ips("story-backends"), 30)
+        oa = openai.OpenAI(base_url=f"http://{gw}:8000/v1", api_key="none", max_retries=0, timeout=120)
+        t0 = time.monotonic()
+        out = oa.completions.create(model="story", prompt="Once upon a time", max_tokens=4)
+        assert out.choices[0].text and time.monotonic() - t0 > 0.5  # it waited for a pod to start
+        wakes = lambda: [e["message"] for e in json.loads(c.k("get", "events", "--field-selector", "reason=Autoscaled",  # noqa: E731
+                                                               "-o", "json").stdout)["items"] if "waking" in e["message"]]
+        wait_for(lambda: wakes(), 90, "the controller's waking Event")

@@ -231,6 +231,17 @@ static void test_prom_labels(void **st)
     g_labels[0] = 0;
     assert_int_equal(prom_text_labels(text, "llm_lora_loaded", "adapter", 1, label_seen, NULL), 1);
     assert_string_equal(g_labels, "sql;");
+    /* one route's series of a gateway's page: exactly that route (not a prefix, not a label named like it) */
+    const char *gw = "llm_router_route_held_requests{route=\"story\"} 3\n"
+                     "llm_router_route_held_requests{route=\"story-b\"} 5\n"
+                     "llm_router_route_held_requests{route=\"stor\"} 7\n"
+                     "llm_router_route_held_requests{xroute=\"story\"} 11\n"
+                     "llm_router_route_held_requests{backend=\"a\",route=\"story\"} 2\n"
+                     "llm_router_route_held_requests 13\n";
+    int found = 0;
+    assert_true(prom_text_value_where(gw, "llm_router_route_held_requests", "route", "story", &found) == 5 && found);
+    assert_true(prom_text_value_where(gw, "llm_router_route_held_requests", "route", "other", &found) == 0 && !found);
+    assert_true(prom_text_value(gw, "llm_router_route_held_requests", &found) == 41 && found);
 }
 
 /* Scale to zero: minReplicas 0 behind a holding router. */

@@ -158,6 +158,43 @@ static void test_tenants(void **st)
     gateway_table_free(&t);
 }
 
+/* A deployment that scales to zero: its route holds requests as long as
+ * its router does (so they wait, and wake it, at the gateway too). */
+static void test_scale_to_zero_route(void **st)
+{
+    (void)st;
+    json_t *gw = gateway("{}"), *all = json_array();
+    json_array_append_new(all, dep("z", "ns", "a", "z-m", "\"router\":{\"enabled\":true,\"holdSeconds\":60},"
+                                                     "\"autoscaling\":{\"enabled\":true,\"minReplicas\":0}"));
+    json_array_append_new(all, dep("one", "ns", "a", "o-m", "\"router\":{\"enabled\":true,\"holdSeconds\":60},"
+                                                       "\"autoscaling\":{\"enabled\":true,\"minReplicas\":1}"));
+    gateway_table t;
+    assert_int_equal(gateway_table_make(gw, all, &t), 0);
+    assert_string_equal(t.routes,
+                        "{\"routes\":[{\"metricsPort\":8081,\"models\":[\"o-m\"],\"name\":\"one\",\"service\":\"one-backends\"},"
+                        "{\"holdSeconds\":60,\"metricsPort\":8081,\"models\":[\"z-m\"],\"name\":\"z\",\"service\":\"z-backends\"}]}");
+    rt_routes *rt = NULL;
+    llm_error err = {0};
+    rt_pool_config pc = {RT_CACHE_AWARE, 3, 10, 0.25};
+    assert_int_equal(rt_routes_new(&pc, &rt, &err), LLM_OK);
+    rt_routes_from_kube(rt); /* as the gateway's pods take it */
+    assert_int_equal(rt_routes_load(rt, t.routes, strlen(t.routes), &err), LLM_OK);
+    rt_route *r = rt_routes_find(rt, "z-m");
+    assert_non_null(r);
+    assert_true(rt_pool_hold(rt_route_pool(r)) == 60);
+    rt_routes_put(rt, r);
+    r = rt_routes_find(rt, "o-m");
+    assert_true(rt_pool_hold(rt_route_pool(r)) == 0);
+    rt_routes_put(rt, r);
+    const char *bad = "{\"routes\":[{\"name\":\"x\",\"models\":[\"m\"],\"service\":\"x\",\"holdSeconds\":4000}]}";
+    assert_int_equal(rt_routes_load(rt, bad, strlen(bad), &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "holdSeconds"));
+    rt_routes_free(rt);
+    gateway_table_free(&t);
+    json_decref(all);
+    json_decref(gw);
+}
+
 /* A thousand models and more: the table stops at 1024 routes, the
  * conflicts at 32, the status' models at 256; and at 900 KiB of table. */
 static void test_bounds(void **st)
@@ -240,6 +277,7 @@ static void test_router_takes_the_table(void **st)
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_table), cmocka_unit_test(test_bounds), cmocka_unit_test(test_tenants),
+                                       cmocka_unit_test(test_scale_to_zero_route),
                                        cmocka_unit_test(test_router_takes_the_table)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
