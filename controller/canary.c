@@ -202,7 +202,7 @@ void canary_sample_add(canary_sample *s, const char *text)
     canary_sample_add_route(s, text, NULL);
 }
 
-void canary_sample_diff(const canary_sample *now, const canary_sample *then, canary_sample *out)
+int canary_sample_diff(const canary_sample *now, const canary_sample *then, canary_sample *out)
 {
     int reset = then->n_le && then->n_le != now->n_le;
     for (int r = 0; r < 2; r++)
@@ -211,7 +211,7 @@ void canary_sample_diff(const canary_sample *now, const canary_sample *then, can
                  now->itl[r][CANARY_MAX_BUCKETS] < then->itl[r][CANARY_MAX_BUCKETS];
     *out = *now;
     if (reset)
-        return;
+        return 1;
     for (int r = 0; r < 2; r++) {
         out->requests[r] -= then->requests[r];
         out->errors[r] -= then->errors[r];
@@ -220,6 +220,7 @@ void canary_sample_diff(const canary_sample *now, const canary_sample *then, can
             out->itl[r][i] -= then->itl[r][i];
         }
     }
+    return 0;
 }
 
 static json_t *counts(const double *h, int n_le)

@@ -64,9 +64,10 @@ void canary_sample_add(canary_sample *s, const char *text);
 /* The same for a gateway's page: only the series of route (an
  * LLMDeployment's name; NULL: every series). The lines taken. */
 int canary_sample_add_route(canary_sample *s, const char *text, const char *route);
-/* now - then, per counter; a counter that went down (a router restarted)
- * makes the whole window start again from zero (*out = now). */
-void canary_sample_diff(const canary_sample *now, const canary_sample *then, canary_sample *out);
+/* now - then, per counter: 0. A counter that went down (a router
+ * restarted, or a page not read this round): 1, with *out = now (the
+ * caller starts its window again from now). */
+int canary_sample_diff(const canary_sample *now, const canary_sample *then, canary_sample *out);
 json_t *canary_sample_to_json(const canary_sample *s);
 /* 0 when j is not a sample (then s is zeroed). */
 int canary_sample_from_json(json_t *j, canary_sample *s);

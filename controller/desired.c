@@ -691,6 +691,16 @@ json_t *desired_router(json_t *d)
     json_array_append_new(args, json_string(mport));
     if (ctr && json_is_true(kube_json_get(rt, "affinityUser", NULL)))
         json_array_append_new(args, json_string("--affinity-user"));
+    const char *traces = json_string_value(kube_json_get(spec, "tracing", "endpoint"));
+    if (ctr && traces) { /* the router's span between the client's and the servers' */
+        json_t *ratio = kube_json_get(spec, "tracing", "sampleRatio");
+        char r[32];
+        snprintf(r, sizeof r, "%g", json_is_number(ratio) ? json_number_value(ratio) : 1.0);
+        json_array_append_new(args, json_string("--otlp-endpoint"));
+        json_array_append_new(args, json_string(traces));
+        json_array_append_new(args, json_string("--trace-sample-ratio"));
+        json_array_append_new(args, json_string(r));
+    }
     if (ctr && desired_canary_enabled(d)) {
         char csvc[700], wcm[600];
         snprintf(csvc, sizeof csvc, "%s/%s-canary-backends", ns ? ns : "default", name);

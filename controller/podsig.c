@@ -78,36 +78,40 @@ void podsig_add_server_page(podsig_reading *r, const char *text)
     }
 }
 
-void podsig_add_gateway_page(podsig_reading *r, const char *text, const char *route)
+/* A series' sum on one page, never below 0 (the page is a pod's: a
+ * negative count must not cancel another page's). */
+static double count_of(const char *text, const char *name, const char *route, int *found)
 {
-    if (r->need.activity) { /* the route's held and sent requests: a gateway wakes a deployment as its router does */
-        int f1 = 0, f2 = 0, f3 = 0;
+    double v = prom_text_value_where(text, name, route ? "route" : NULL, route, found);
+    return v > 0 ? v : 0;
+}
+
+/* The routers' activity (scale to zero) and canary counters from one
+ * page: a router's (route NULL: every series), or a gateway's (the
+ * route's series; its held requests are counted per route). */
+static void add_routing_page(podsig_reading *r, const char *text, const char *route)
+{
+    if (r->need.activity) {
+        int f1 = 0, f2 = 0, f3 = 0, f4 = 0;
         autoscale_activity *a = &r->activity;
-        a->held += prom_text_value_where(text, "llm_router_route_held_requests", "route", route, &f1);
-        a->requests += prom_text_value_where(text, "llm_router_revision_requests_total", "route", route, &f2) +
-                       prom_text_value_where(text, "llm_router_route_held_total", "route", route, &f3);
-        a->inflight += prom_text_value_where(text, "llm_router_backend_inflight", "route", route, &f3);
+        a->held += count_of(text, route ? "llm_router_route_held_requests" : "llm_router_held_requests", route, &f1);
+        a->requests += count_of(text, "llm_router_revision_requests_total", route, &f2) +
+                       count_of(text, route ? "llm_router_route_held_total" : "llm_router_held_total", route, &f3);
+        a->inflight += count_of(text, "llm_router_backend_inflight", route, &f4);
         a->routers += f1 && f2;
     }
-    if (r->need.canary == 1 && canary_sample_add_route(&r->canary, text, route))
+    if (r->need.canary == 1 && strstr(text, "revision_requests_total{") && canary_sample_add_route(&r->canary, text, route))
         r->canary_pods++;
+}
+
+void podsig_add_gateway_page(podsig_reading *r, const char *text, const char *route)
+{
+    add_routing_page(r, text, route);
 }
 
 void podsig_add_router_page(podsig_reading *r, const char *text)
 {
-    if (r->need.activity) {
-        int f1 = 0, f2 = 0, f3 = 0;
-        autoscale_activity *a = &r->activity;
-        a->held += prom_text_value(text, "llm_router_held_requests", &f1);
-        a->requests += prom_text_value(text, "llm_router_revision_requests_total", &f2) +
-                       prom_text_value(text, "llm_router_held_total", &f3);
-        a->inflight += prom_text_value(text, "llm_router_backend_inflight", &f3);
-        a->routers += f1 && f2;
-    }
-    if (r->need.canary == 1 && strstr(text, "revision_requests_total{")) {
-        canary_sample_add(&r->canary, text);
-        r->canary_pods++;
-    }
+    add_routing_page(r, text, NULL);
 }
 
 /* ---- one round -------------------------------------------------------------------------- */

@@ -214,7 +214,13 @@ static void analyse(rollout *ro, const rollout_seen *seen, int paused)
     } else {
         if (!canary_sample_from_json(json_object_get(ro->state, "window"), &base))
             json_object_set_new(ro->state, "window", canary_sample_to_json(&now)), base = now;
-        canary_sample_diff(&now, &base, &win);
+        if (canary_sample_diff(&now, &base, &win)) {
+            /* the pages read are not the ones the window began with (a router or gateway restarted, or did
+             * not answer): their counters are their lifetimes', earlier rollouts' too - the window starts
+             * again here, with nothing in it yet */
+            json_object_set_new(ro->state, "window", canary_sample_to_json(&now));
+            memset(&win, 0, sizeof win);
+        }
         canary_analyse(&ro->cn, &win, &a);
     }
     record(ro, &a, seen->now);

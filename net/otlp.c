@@ -17,6 +17,7 @@
 #include "llm/prom.h"
 #include "llm/strbuf.h"
 #include "llm/sync.h"
+#include "llm/utf8.h"
 
 #define BATCH_MAX 512
 #define ATTRS_MAX 16
@@ -30,6 +31,9 @@ struct otlp {
     pthread_t th;
     char **q;                  /* encoded Span messages, a ring of cfg.queue_max */
     size_t *qlen;
+    char **batch;              /* the exporter's: BATCH_MAX taken from the ring */
+    size_t *blen;
+    CURL *h;
     int head, n, stop;
     unsigned long long exported, dropped;
 };
@@ -140,10 +144,21 @@ static void pb_len(llm_strbuf *b, int field, const void *p, size_t n)
     llm_strbuf_append(b, p, n);
 }
 
+/* A string field: valid UTF-8 (a collector refuses a batch with one bad
+ * string: invalid bytes become U+FFFD), at most TEXT_MAX bytes, cut
+ * between characters. */
 static void pb_str(llm_strbuf *b, int field, const char *s)
 {
-    size_t n = strnlen(s, TEXT_MAX);
-    pb_len(b, field, s, n);
+    size_t n = strnlen(s, TEXT_MAX), len = 0;
+    char *v = llm_utf8_dup_valid(s, n, &len);
+    if (!v) {
+        b->failed = 1;
+        return;
+    }
+    while (len > TEXT_MAX || (len > 0 && len < strlen(v) && ((unsigned char)v[len] & 0xC0) == 0x80))
+        len--; /* (the repair may have grown it: back to a character's start within the bound) */
+    pb_len(b, field, v, len);
+    free(v);
 }
 
 static void pb_fixed64(llm_strbuf *b, int field, uint64_t v)
@@ -239,6 +254,8 @@ static size_t discard(char *d, size_t sz, size_t n, void *u)
 static int post(otlp *o, CURL *h, const llm_strbuf *body)
 {
     struct curl_slist *hdr = curl_slist_append(NULL, "Content-Type: application/x-protobuf");
+    if (!hdr)
+        return 0;
     curl_easy_reset(h);
     curl_easy_setopt(h, CURLOPT_URL, o->endpoint);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body->p);
@@ -255,9 +272,9 @@ static int post(otlp *o, CURL *h, const llm_strbuf *body)
     return rc == CURLE_OK && code >= 200 && code < 300;
 }
 
-/* Takes up to BATCH_MAX queued spans (waiting up to a second for them, or
- * for stop); their count. */
-static int take(otlp *o, char **span, size_t *len)
+/* Takes up to BATCH_MAX queued spans into the batch (waiting up to a
+ * second for them, or for stop); their count, and *stopping. */
+static int take(otlp *o, int *stopping)
 {
     pthread_mutex_lock(&o->mu);
     if (o->n < BATCH_MAX && !o->stop) {
@@ -266,42 +283,33 @@ static int take(otlp *o, char **span, size_t *len)
     }
     int n = 0;
     while (o->n && n < BATCH_MAX) {
-        span[n] = o->q[o->head], len[n] = o->qlen[o->head];
+        o->batch[n] = o->q[o->head], o->blen[n] = o->qlen[o->head];
         o->head = (o->head + 1) % o->cfg.queue_max;
         o->n--, n++;
     }
+    *stopping = o->stop;
     pthread_mutex_unlock(&o->mu);
     return n;
 }
 
+/* The exporter's thread: a batch at a time; once stopping, the batch taken
+ * then is the last sent (a stalled collector must not hold a shutdown for
+ * a timeout per batch). */
 static void *exporter(void *arg)
 {
     otlp *o = arg;
-    CURL *h = curl_easy_init();
-    char **span = malloc(BATCH_MAX * sizeof *span);
-    size_t *len = malloc(BATCH_MAX * sizeof *len);
-    for (int last = 0; !last;) {
-        pthread_mutex_lock(&o->mu);
-        last = o->stop; /* stopping: one more batch is sent, the rest dropped (a stalled collector must not
-                         * hold a shutdown for a timeout per batch) */
-        pthread_mutex_unlock(&o->mu);
-        if (!span || !len)
-            break;
-        int n = take(o, span, len);
+    for (int stopping = 0; !stopping;) {
+        int n = take(o, &stopping);
         if (!n)
             continue;
         llm_strbuf body = {0};
-        int ok = h && !encode_batch(o, span, len, n, &body) && post(o, h, &body);
+        int ok = !encode_batch(o, o->batch, o->blen, n, &body) && post(o, o->h, &body);
         llm_strbuf_free(&body);
-        for (int i = 0; i < n; i++) free(span[i]);
+        for (int i = 0; i < n; i++) free(o->batch[i]);
         pthread_mutex_lock(&o->mu);
         *(ok ? &o->exported : &o->dropped) += (unsigned long long)n;
         pthread_mutex_unlock(&o->mu);
     }
-    free(span);
-    free(len);
-    if (h)
-        curl_easy_cleanup(h);
     return NULL;
 }
 
@@ -324,18 +332,39 @@ llm_status otlp_open(const otlp_config *cfg, otlp **out, llm_error *err)
     o->cfg.endpoint = o->endpoint, o->cfg.service = o->service;
     o->q = calloc((size_t)o->cfg.queue_max, sizeof *o->q);
     o->qlen = calloc((size_t)o->cfg.queue_max, sizeof *o->qlen);
-    int mu = 0, cv = 0;
-    if (!o->q || !o->qlen || !(mu = !pthread_mutex_init(&o->mu, NULL)) || !(cv = !llm_sync_cond_init(&o->wake)) ||
-        pthread_create(&o->th, NULL, exporter, o)) {
+    o->batch = calloc(BATCH_MAX, sizeof *o->batch);
+    o->blen = calloc(BATCH_MAX, sizeof *o->blen);
+    int mu = 0, cv = 0, rc = 0;
+    llm_status st = LLM_OK;
+    if (!o->q || !o->qlen || !o->batch || !o->blen)
+        st = llm_errf(err, LLM_ERR_NOMEM, "no memory for the trace exporter's queue of %d spans", o->cfg.queue_max);
+    else if (!(o->h = curl_easy_init()))
+        st = llm_errf(err, LLM_ERR_INTERNAL, "the trace exporter: libcurl gave no handle");
+    else if (!(mu = !pthread_mutex_init(&o->mu, NULL)) || !(cv = !llm_sync_cond_init(&o->wake)))
+        st = llm_errf(err, LLM_ERR_INTERNAL, "the trace exporter: no mutex or condition variable");
+    else if ((rc = pthread_create(&o->th, NULL, exporter, o)))
+        st = llm_errf(err, LLM_ERR_INTERNAL, "the trace exporter's thread: %s", strerror(rc));
+    if (st) {
         if (cv)
             pthread_cond_destroy(&o->wake);
         if (mu)
             pthread_mutex_destroy(&o->mu);
-        free(o->q), free(o->qlen), free(o);
-        return llm_errf(err, LLM_ERR_NOMEM, "cannot start the trace exporter (memory or a thread)");
+        if (o->h)
+            curl_easy_cleanup(o->h);
+        free(o->q), free(o->qlen), free(o->batch), free(o->blen), free(o);
+        return st;
     }
     *out = o;
     return LLM_OK;
+}
+
+llm_status otlp_open_configured(const char *url, const char *service, double ratio, otlp **out, llm_error *err)
+{
+    char env[1024];
+    *out = NULL;
+    otlp_env_endpoint(env, sizeof env);
+    otlp_config oc = {.endpoint = url && *url ? url : env, .service = service, .ratio = ratio};
+    return *oc.endpoint ? otlp_open(&oc, out, err) : LLM_OK;
 }
 
 void otlp_close(otlp *o)
@@ -350,7 +379,8 @@ void otlp_close(otlp *o)
     for (int i = 0; i < o->n; i++) free(o->q[(o->head + i) % o->cfg.queue_max]); /* (dropped) */
     pthread_cond_destroy(&o->wake);
     pthread_mutex_destroy(&o->mu);
-    free(o->q), free(o->qlen), free(o);
+    curl_easy_cleanup(o->h);
+    free(o->q), free(o->qlen), free(o->batch), free(o->blen), free(o);
 }
 
 void otlp_metrics(otlp *o, llm_strbuf *out)

@@ -17,8 +17,10 @@
  * an error status) is dropped and counted, not retried.
  *
  * Ownership: otlp_open's exporter is the caller's until otlp_close (which
- * sends one more batch, within the timeout, drops the rest and stops). Thread-safety:
- * otlp_span, otlp_child and otlp_stats may be called from any thread; the
+ * sends one more batch, within the timeout, drops the rest and stops).
+ * Thread-safety: otlp_span, otlp_child, otlp_stats and otlp_metrics may
+ * be called from any thread, but none may run once otlp_close has begun
+ * (close after the servers that record spans have stopped); the
  * traceparent functions are pure. */
 #ifndef OTLP_H
 #define OTLP_H
@@ -51,6 +53,9 @@ typedef struct otlp_config {
 } otlp_config;
 
 llm_status otlp_open(const otlp_config *cfg, otlp **out, llm_error *err);
+/* An exporter to url, else to the environment's endpoint
+ * (otlp_env_endpoint); *out NULL (and LLM_OK) when neither names one. */
+llm_status otlp_open_configured(const char *url, const char *service, double ratio, otlp **out, llm_error *err);
 void otlp_close(otlp *o); /* NULL: nothing */
 
 /* The endpoint the environment names: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,

@@ -300,11 +300,11 @@ extern const size_t rt_gateway_html_len;
 static int h_page(struct mg_connection *c, void *cb)
 {
     (void)cb;
-    const struct mg_request_info *ri = mg_get_request_info(c);
-    if (strcmp(ri->request_method, "GET") || strcmp(ri->local_uri, "/"))
-        return http_reply_text(c, 404, "text/plain", "not found\n", NULL);
+    if (strcmp(mg_get_request_info(c)->request_method, "GET")) /* (the handler is for "/" alone) */
+        return http_reply_text(c, 405, "text/plain", "GET it\n", NULL);
     return http_reply(c, 200, "text/html; charset=utf-8", (const char *)rt_gateway_html, rt_gateway_html_len,
-                      "Content-Security-Policy: default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'\r\n");
+                      "Content-Security-Policy: default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+                      "frame-ancestors 'none'\r\nX-Content-Type-Options: nosniff\r\n"); /* (never framed: it asks for a key) */
 }
 
 static int h_healthz(struct mg_connection *c, void *cb)
@@ -494,15 +494,9 @@ static int edge_flag(const char *a, const char *v, edge_flags *t)
 /* The span exporter: --otlp-endpoint, else the OTEL_ environment; none: no traces. */
 static llm_status start_traces(router *r, const edge_flags *t, llm_error *err)
 {
-    char env[1024];
-    otlp_env_endpoint(env, sizeof env);
-    const char *url = t->otlp && *t->otlp ? t->otlp : env;
-    if (!*url)
-        return LLM_OK;
-    otlp_config oc = {.endpoint = url, .service = "llm-router", .ratio = t->ratio};
-    llm_status st = otlp_open(&oc, &r->px.traces, err);
-    if (!st)
-        logf_("traces to %s (sampled %.0f%% of new traces)", url, 100 * t->ratio);
+    llm_status st = otlp_open_configured(t->otlp, "llm-router", t->ratio, &r->px.traces, err);
+    if (!st && r->px.traces) /* (the URL is not logged: it may carry credentials) */
+        logf_("traces on (OTLP/HTTP; sampled %.0f%% of new traces)", 100 * t->ratio);
     return st;
 }
 

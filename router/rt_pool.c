@@ -259,13 +259,15 @@ double rt_pool_hold(rt_pool *p)
     return h;
 }
 
-void rt_pool_held(rt_pool *p, int delta)
+int rt_pool_held(rt_pool *p, int delta)
 {
     pthread_mutex_lock(&p->mu);
     p->held += delta;
     if (delta > 0)
         p->held_total += (unsigned long long)delta;
+    int now = p->held;
     pthread_mutex_unlock(&p->mu);
+    return now;
 }
 
 int rt_pool_size(rt_pool *p)

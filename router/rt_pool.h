@@ -95,7 +95,7 @@ int rt_pool_size(rt_pool *p);
  * (llm_router_route_held_requests, _total). */
 void rt_pool_set_hold(rt_pool *p, double seconds);
 double rt_pool_hold(rt_pool *p);
-void rt_pool_held(rt_pool *p, int delta);
+int rt_pool_held(rt_pool *p, int delta); /* the requests held now */
 
 /* What the choice knows of a request. */
 typedef struct rt_request {

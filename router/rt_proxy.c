@@ -228,13 +228,14 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
 }
 
 /* Headers passed on to the backend: the session's too (a colocated canary
- * keeps a session on one revision by it). Never the client's X-LLM-Tenant
+ * keeps a session on one revision by it), and the trace context. Never
+ * the client's X-LLM-Tenant
  * (not in the list): with the gateway's own key (upstream_auth) the
  * tenant the gateway found for the client's key goes instead. */
 static struct curl_slist *forward_headers(struct mg_connection *c, const char *affinity, const attempt *a)
 {
     static const char *const keep[] = {"Content-Type", "Authorization", "Accept", "OpenAI-Organization",
-                                       "X-Request-Id", "X-Session-Id", NULL};
+                                       "X-Request-Id", "X-Session-Id", "traceparent", "tracestate", NULL};
     struct curl_slist *h = curl_slist_append(NULL, "Expect:"); /* no 100-continue round trip */
     char line[8192];
     if (h && a->upstream_auth && snprintf(line, sizeof line, "Authorization: %s", a->upstream_auth) < (int)sizeof line)
@@ -246,8 +247,9 @@ static struct curl_slist *forward_headers(struct mg_connection *c, const char *a
     for (size_t i = 0; h && i < sizeof keep / sizeof *keep; i++) {
         const char *name = keep[i] ? keep[i] : affinity;
         if (!name || (!keep[i] && !strcasecmp(name, "X-Session-Id")) || (a->upstream_auth && !strcasecmp(name, "Authorization")) ||
-            !strcasecmp(name, "X-LLM-Tenant"))
-            continue;
+            !strcasecmp(name, "X-LLM-Tenant") || (a->traceparent && !strncasecmp(name, "trace", 5)))
+            continue; /* (tracing here: the router's own span's traceparent went instead; not tracing: the
+                       * client's passes on as it is, for the pods to validate) */
         const char *v = mg_get_header(c, name);
         if (v && snprintf(line, sizeof line, "%s: %s", name, v) < (int)sizeof line)
             h = curl_slist_append(h, line);
@@ -425,7 +427,13 @@ static int hold(rt_proxy *px, rt_pool *pool, struct mg_connection *c, int stream
         return 0;
     }
     __atomic_add_fetch(&px->held_total, 1, __ATOMIC_RELAXED);
-    rt_pool_held(pool, 1);
+    /* one route (its deployment's pods never coming) may hold half of the slots, no more: the others' requests
+     * still wait, and are counted, so their deployments wake; a refused one still counts toward its total */
+    if (rt_pool_held(pool, 1) > (px->routes && px->hold_max > 1 ? px->hold_max / 2 : px->hold_max)) {
+        rt_pool_held(pool, -1);
+        __atomic_sub_fetch(&px->held, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
     double end = llm_clock_mono_s() + hold_s, next_comment = 0;
     int ok = 0;
     while (!ok && llm_clock_mono_s() < end && !__atomic_load_n(&px->cutting, __ATOMIC_RELAXED)) {
@@ -565,6 +573,7 @@ typedef struct caller {
     otlp_ctx span;             /* its span (traces on) */
     char traceparent[56];      /* the span's, for the backend; "": not traced */
     char model[RT_MODEL_NAME_MAX + 1], backend[256]; /* for the span (a URL: its first 255 bytes) */
+    char route[64];            /* at a gateway: the route's name */
     int prompt_tokens, cached_tokens;
     long tokens;               /* the answer's total_tokens, else its stream's events and the request body's bytes / 4 */
 } caller;
@@ -818,8 +827,10 @@ static int serve(rt_proxy *px, struct mg_connection *c, caller *who)
         __atomic_sub_fetch(&px->active, 1, __ATOMIC_RELAXED);
         return code;
     }
-    if (route)
+    if (route) {
         pool = rt_route_pool(route);
+        snprintf(who->route, sizeof who->route, "%s", rt_route_name(route));
+    }
     snprintf(who->model, sizeof who->model, "%s", model);
     /* cache-aware: the prompt's chain (8 KiB: on the heap, not the worker's small stack; none without memory) */
     rt_prefix_chain *chain = px->cache_aware ? malloc(sizeof *chain) : NULL;
@@ -848,14 +859,15 @@ static int serve(rt_proxy *px, struct mg_connection *c, caller *who)
 
 /* The request's span (traces on): under the client's traceparent when it
  * is valid. */
-static void trace_request(rt_proxy *px, struct mg_connection *c, const caller *who, const otlp_ctx *in, int has_in,
-                          uint64_t start_ns, int code)
+static void trace_request(rt_proxy *px, const caller *who, const otlp_ctx *in, int has_in, uint64_t start_ns, int code)
 {
-    otlp_attr a[] = {{"gen_ai.request.model", who->model, 0}, {"llm.tenant", who->key ? who->key->tenant : "", 0},
-                     {"llm.backend", who->backend, 0}, {"http.response.status_code", NULL, code},
-                     {"gen_ai.usage.input_tokens", NULL, who->prompt_tokens},
-                     {"gen_ai.usage.cached_tokens", NULL, who->cached_tokens},
-                     {"http.route", mg_get_request_info(c)->local_uri ? mg_get_request_info(c)->local_uri : "", 0}};
+    /* nothing of the request's text but the model's name (the path and the prompt stay out); the token counts
+     * only when the answer said them */
+    otlp_attr a[] = {{"gen_ai.request.model", who->model, 0}, {"llm.route", who->route, 0},
+                     {"llm.tenant", who->key ? who->key->tenant : "", 0}, {"llm.backend", who->backend, 0},
+                     {"http.response.status_code", NULL, code},
+                     {who->prompt_tokens >= 0 ? "gen_ai.usage.input_tokens" : NULL, NULL, who->prompt_tokens},
+                     {who->cached_tokens >= 0 ? "gen_ai.usage.cached_tokens" : NULL, NULL, who->cached_tokens}};
     otlp_span(px->traces, &who->span, has_in ? in->span_id : NULL, "llm-router request", OTLP_SERVER, start_ns,
               otlp_now_ns(), a, (int)(sizeof a / sizeof *a), code >= 500);
 }
@@ -878,7 +890,7 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
         code = serve(px, c, &who);
     if (px->quota)
         rt_quota_done(px->quota, &who.ticket, who.tokens, wall_s());
-    if (px->traces)
-        trace_request(px, c, &who, &in, has_in, start_ns, code);
+    if (px->traces && (!px->keys || who.key)) /* no span for a caller without a key: anyone could fill the queue */
+        trace_request(px, &who, &in, has_in, start_ns, code);
     return code;
 }

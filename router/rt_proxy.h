@@ -25,10 +25,11 @@
  * that header from its gateway=1 keys alone); without, the client's key.
  * A client's X-LLM-Tenant is never passed on.
  *
- * Traces (traces set): each request gets a span (its parent the client's
- * traceparent when valid), named for the route, with the model, tenant,
- * backend chosen, status and token counts; the backend gets a traceparent
- * whose parent is that span (a client's is never passed on as is).
+ * Traces (traces set): each request gets a span "llm-router request" (its
+ * parent the client's traceparent when valid) with the model, route,
+ * tenant, backend chosen, status and token counts; the backend gets a
+ * traceparent whose parent is that span. Without traces, the client's
+ * traceparent and tracestate pass on as they are.
  *
  * Ownership: the config and pool are borrowed for the server's life.
  * Thread-safety: called from civetweb's worker threads; each keeps one

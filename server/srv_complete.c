@@ -584,21 +584,33 @@ static void trace_spans(const run *r, const otlp_ctx *in, int has_in, int status
     if (!req.sampled)
         return;
     const char *tenant = srv_http_tenant(r->s, r->c);
-    otlp_attr a[] = {{"gen_ai.request.model", model_of(r), 0}, {"llm.adapter", r->cp->lora ? r->cp->lora->name : "", 0},
-                     {"llm.tenant", tenant ? tenant : "", 0}, {"gen_ai.usage.input_tokens", NULL, r->prompt_tokens},
-                     {"gen_ai.usage.cached_tokens", NULL, r->cached_tokens},
-                     {"gen_ai.usage.output_tokens", NULL, r->completion_tokens}, {"http.response.status_code", NULL, status}};
+    /* who and what, the same on each span; the request's counts on it and on its prefill */
+    otlp_attr who[] = {{"gen_ai.request.model", model_of(r), 0}, {"llm.adapter", r->cp->lora ? r->cp->lora->name : "", 0},
+                       {"llm.tenant", tenant ? tenant : "", 0}};
+    otlp_attr all[] = {who[0], who[1], who[2], {"gen_ai.usage.input_tokens", NULL, r->prompt_tokens},
+                       {"gen_ai.usage.cached_tokens", NULL, r->cached_tokens},
+                       {"gen_ai.usage.output_tokens", NULL, r->completion_tokens},
+                       {"http.response.status_code", NULL, status}};
     otlp_span(r->s->traces, &req, has_in ? in->span_id : NULL, "llm-server request", OTLP_SERVER, r->start_ns,
-              otlp_now_ns(), a, (int)(sizeof a / sizeof *a), status >= 500);
-    if (!r->n_done) /* no answer ended: no engine timings */
+              otlp_now_ns(), all, (int)(sizeof all / sizeof *all), status >= 500);
+    if (!r->n_done) /* no answer ended (refused, failed): no engine timings */
         return;
     const char *names[3] = {"queue", "prefill", "decode"};
     double at_ms[4] = {0, r->usage.queue_ms, r->usage.ttft_ms, r->usage.total_ms};
     for (int i = 0; i < 3; i++) {
         otlp_child(r->s->traces, &req, 1, &part);
         otlp_span(r->s->traces, &part, req.span_id, names[i], OTLP_INTERNAL, r->submit_ns + (uint64_t)(at_ms[i] * 1e6),
-                  r->submit_ns + (uint64_t)(at_ms[i + 1] * 1e6), a, i == 1 ? 5 : 3, 0);
+                  r->submit_ns + (uint64_t)(at_ms[i + 1] * 1e6), i == 1 ? all : who, i == 1 ? 5 : 3, 0);
     }
+}
+
+/* A request refused before it ran: the error sent, and its span. */
+static int refused(const run *r, const otlp_ctx *in, int has_in, srv_err *e)
+{
+    int status = srv_http_send_err(r->c, e);
+    if (r->s->traces)
+        trace_spans(r, in, has_in, status);
+    return status;
 }
 
 /* Streams or collects; the response is sent here. *held: the sequences
@@ -616,7 +628,7 @@ int srv_complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_complet
     if (cp->rq.priority > srv_complete_priority_ceiling(s, key))
         cp->rq.priority = srv_complete_priority_ceiling(s, key);
     if (srv_complete_tenant_take(s, key, cp->rq.n, *held, e))
-        return srv_http_send_err(c, e);
+        return refused(&r, &in, has_in, e);
     *held = cp->rq.n;
     r.submit_ns = otlp_now_ns();
     llm_status st = llm_engine_submit(r.eng, &cp->rq, &r.id, &err);
@@ -624,7 +636,7 @@ int srv_complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_complet
         const char *param = st == LLM_ERR_TOO_LONG ? "max_tokens" : st == LLM_ERR_GRAMMAR ? cp->grammar_param : NULL;
         srv_err_set(e, srv_status_of(st), param, "%s", err.msg);
         e->retry_s = st == LLM_ERR_SHUTDOWN; /* the pod is closing: Retry-After (send_err) */
-        return srv_http_send_err(c, e);
+        return refused(&r, &in, has_in, e);
     }
     snprintf(r.cid, sizeof r.cid, "%s-%llu", cp->chat ? "chatcmpl" : "cmpl", (unsigned long long)r.id);
     r.unchunked = cp->stream && http_reply_unchunked(c); /* HTTP/1.0: the stream is the rest of the connection */

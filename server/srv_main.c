@@ -179,15 +179,9 @@ static void drain(srv *s)
 /* The span exporter, when an endpoint is configured or in the environment. */
 static llm_status start_traces(srv *s, llm_error *err)
 {
-    char env[1024];
-    otlp_env_endpoint(env, sizeof env);
-    const char *url = s->cfg.otlp_endpoint && *s->cfg.otlp_endpoint ? s->cfg.otlp_endpoint : env;
-    if (!*url)
-        return LLM_OK;
-    otlp_config oc = {.endpoint = url, .service = "llm-server", .ratio = s->cfg.trace_sample_ratio};
-    llm_status st = otlp_open(&oc, &s->traces, err);
-    if (!st)
-        logf_("traces to %s (sampled %.0f%% of new traces)", url, 100 * s->cfg.trace_sample_ratio);
+    llm_status st = otlp_open_configured(s->cfg.otlp_endpoint, "llm-server", s->cfg.trace_sample_ratio, &s->traces, err);
+    if (!st && s->traces) /* (the URL is not logged: it may carry credentials) */
+        logf_("traces on (OTLP/HTTP; sampled %.0f%% of new traces)", 100 * s->cfg.trace_sample_ratio);
     return st;
 }
 

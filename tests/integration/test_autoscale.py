@@ -268,6 +268,10 @@ def test_scale_from_zero_through_a_gateway(tmp_path, models):
         t0 = time.monotonic()
         out = oa.completions.create(model="story", prompt="Once upon a time", max_tokens=4)
         assert out.choices[0].text and time.monotonic() - t0 > 0.5  # it waited for a pod to start
+        page = urllib.request.urlopen(f"http://{gw}:8000/metrics", timeout=5).read().decode()
+        held = [float(line.split()[-1]) for line in page.splitlines()
+                if line.startswith('llm_router_route_held_total{route="story"}')]
+        assert held and held[0] >= 1, page[:2000]  # it was held at the gateway
         wakes = lambda: [e["message"] for e in json.loads(c.k("get", "events", "--field-selector", "reason=Autoscaled",  # noqa: E731
                                                                "-o", "json").stdout)["items"] if "waking" in e["message"]]
         wait_for(lambda: wakes(), 90, "the controller's waking Event")

@@ -27,7 +27,7 @@ class Collector:
 
     def __init__(self):
         outer = self
-        self.spans, self.bodies, self.stall = [], 0, threading.Event()
+        self.spans, self.bodies, self.stalled, self.stall = [], 0, 0, threading.Event()
         self.release = threading.Event()
 
         class H(http.server.BaseHTTPRequestHandler):
@@ -36,6 +36,7 @@ class Collector:
             def do_POST(self):
                 data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if outer.stall.is_set():
+                    outer.stalled += 1
                     outer.release.wait(60)
                     self.close_connection = True
                     return
@@ -141,6 +142,8 @@ def test_a_stalled_collector_does_not_slow_serving(traced):
     timings(2)  # warm
     before = timings(8)
     col.stall.set()
+    timings(1)
+    wait_for(lambda: col.stalled >= 1, 30, "an export held by the collector")  # the exporter is stuck from here on
     during = timings(8)
     print(f"median request time: {statistics.median(before) * 1e3:.1f} ms with the collector answering, "
           f"{statistics.median(during) * 1e3:.1f} ms stalled (slowest {max(during) * 1e3:.1f} ms)")

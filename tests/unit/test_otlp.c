@@ -1,10 +1,16 @@
 /* test_otlp.c - W3C trace context (net/otlp.c) against the spec's
  * examples and hostile headers, sampling by ratio, and the exporter's
- * bounded queue: spans past it dropped and counted, a collector nobody
- * answers costing a request nothing (otlp_span returns at once). The
+ * bounded queue: spans past it dropped and counted, a collector that
+ * takes the connection and never answers costing a request nothing
+ * (otlp_span returns at once; the batch times out, counted). The
  * protobuf itself is checked by tests/integration/test_traces.py with the
  * official opentelemetry-proto decoder. */
 #include "testutil.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "llm/clock.h"
 #include "otlp.h"
@@ -80,8 +86,44 @@ static void test_sampling_and_queue(void **st)
     otlp_span(NULL, &c, NULL, "s", OTLP_SERVER, 1, 2, NULL, 0, 0);
 }
 
+/* A collector that accepts (the kernel's backlog does) and never answers. */
+static void test_silent_collector(void **st)
+{
+    (void)st;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t n = sizeof a;
+    assert_true(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) && !listen(fd, 16) &&
+                !getsockname(fd, (struct sockaddr *)&a, &n));
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/traces", ntohs(a.sin_port));
+    otlp_config cfg = {.endpoint = url, .ratio = 1, .timeout_s = 0.3};
+    otlp *o;
+    llm_error err = {0};
+    assert_int_equal(otlp_open(&cfg, &o, &err), LLM_OK);
+    otlp_ctx c;
+    double t0 = llm_clock_mono_s(), slowest = 0;
+    for (int i = 0; i < 10; i++) {
+        otlp_child(o, NULL, 0, &c);
+        double t = llm_clock_mono_s();
+        otlp_span(o, &c, NULL, "s", OTLP_SERVER, 1, 2, NULL, 0, 0);
+        if (llm_clock_mono_s() - t > slowest)
+            slowest = llm_clock_mono_s() - t;
+    }
+    assert_true(slowest < 0.2); /* queued, never sent on the caller's time (a send waits its 0.3 s timeout) */
+    unsigned long long sent = 0, dropped = 0;
+    while (dropped < 10 && llm_clock_mono_s() - t0 < 30) { /* (the wait is for the count, however long) */
+        usleep(20000);
+        otlp_stats(o, &sent, &dropped);
+    }
+    assert_true(dropped == 10 && sent == 0);
+    otlp_close(o);
+    close(fd);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_traceparent), cmocka_unit_test(test_sampling_and_queue)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_traceparent), cmocka_unit_test(test_sampling_and_queue),
+                                       cmocka_unit_test(test_silent_collector)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
