@@ -562,175 +562,257 @@ static int usage(void)
     return 2;
 }
 
-int main(int argc, char **argv)
+/* The command line: where to listen, the backends or routes, the tuning. */
+typedef struct opts {
+    const char *host, *port, *kubeconfig;
+    http_guard_cfg gc;
+    double shutdown_delay_s, drain_timeout_s;
+    const char *backends[RT_MAX_BACKENDS], *canaries[RT_MAX_BACKENDS], *services[2];
+    int nb, nc, weight;
+    const char *routes_file, *routes_cm;
+    rt_pool_config pc;
+    edge_flags tf;
+} opts;
+
+/* A flag of what is routed to (backends, services, routes, the canary,
+ * the API server): 1 taken, 0 not one of them (or a bad value), -1 a
+ * failure said on stderr. */
+static int target_flag(router *r, opts *o, const char *a, const char *v)
 {
-    static router r;
-    const char *host = "0.0.0.0", *port = "8000", *kubeconfig = NULL;
-    http_guard_cfg gc = {.max_connections = 512, .header_timeout_s = 10, .keep_alive_s = 30, .send_timeout_s = 30};
-    double shutdown_delay_s = 0, drain_timeout_s = 30;
-    const char *backends[RT_MAX_BACKENDS], *canaries[RT_MAX_BACKENDS], *services[2] = {NULL, NULL};
-    int nb = 0, nc = 0, weight = 0;
-    const char *routes_file = NULL, *routes_cm = NULL;
-    rt_pool_config pc = {RT_CACHE_AWARE, 3, 10, 0.25};
-    r.px = (rt_proxy){.retries = 2, .max_body = 1 << 20, .timeout_s = 600, .affinity_header = "X-Session-Id",
-                      .hold_max = 64, .body_timeout_s = 60};
-    r.poll_ms = 500;
-    edge_flags tf = {.q = {.share = 1, .timeout_ms = 100}, .ratio = 1};
+    double x;
+    const char *slash = strchr(v, '/');
+    int ns_name = slash && slash != v && slash[1];
+    if (!strcmp(a, "--backend") && o->nb < RT_MAX_BACKENDS)
+        o->backends[o->nb++] = v;
+    else if (!strcmp(a, "--canary-backend") && o->nc < RT_MAX_BACKENDS)
+        o->canaries[o->nc++] = v;
+    else if (!strcmp(a, "--service"))
+        o->services[0] = v;
+    else if (!strcmp(a, "--canary-service"))
+        o->services[1] = v;
+    else if (!strcmp(a, "--canary-weight") && num(v, &x) && x >= 0 && x <= 100)
+        o->weight = (int)x;
+    else if (!strcmp(a, "--admin-token") && *v)
+        r->admin_token = v;
+    else if (!strcmp(a, "--admin-token-file")) {
+        if (http_guard_token_file(v, r->admin_buf, sizeof r->admin_buf)) {
+            fprintf(stderr, "llm-router: --admin-token-file %s: cannot read a token from it (one line, 1-255 "
+                            "characters)\n", v);
+            return -1;
+        }
+        r->admin_token = r->admin_buf; /* read once: restart the router to rotate it */
+    } else if (!strcmp(a, "--weight-configmap") && ns_name && strlen(v) < sizeof r->weight_ns) {
+        snprintf(r->weight_ns, sizeof r->weight_ns, "%.*s", (int)(slash - v), v);
+        snprintf(r->weight_cm, sizeof r->weight_cm, "%s", slash + 1);
+    } else if (!strcmp(a, "--kubeconfig"))
+        o->kubeconfig = v;
+    else if (!strcmp(a, "--routes"))
+        o->routes_file = v;
+    else if (!strcmp(a, "--routes-configmap") && ns_name)
+        o->routes_cm = v;
+    else
+        return 0;
+    return 1;
+}
+
+/* A flag of how requests are chosen, proxied, bounded and drained: 1
+ * taken, 0 not one of them (or a bad value). */
+static int tuning_flag(router *r, opts *o, const char *a, const char *v)
+{
     double x = 0;
+    int n = num(v, &x);
+    if (!strcmp(a, "--host"))
+        o->host = v;
+    else if (!strcmp(a, "--port"))
+        o->port = v;
+    else if (!strcmp(a, "--policy") && rt_policy_of(v) >= 0)
+        o->pc.policy = (rt_policy)rt_policy_of(v);
+    else if (!strcmp(a, "--cache-balance") && n && x > 0 && x <= 1000)
+        o->pc.balance = x;
+    else if (!strcmp(a, "--expose-backend") && (!strcmp(v, "true") || !strcmp(v, "false")))
+        r->px.expose_backend = !strcmp(v, "true");
+    else if (!strcmp(a, "--affinity-header"))
+        r->px.affinity_header = *v ? v : NULL;
+    else if (!strcmp(a, "--retries") && n && x >= 0 && x <= 10)
+        r->px.retries = (int)x;
+    else if (!strcmp(a, "--eject-after") && n && x >= 1)
+        o->pc.threshold = (int)x;
+    else if (!strcmp(a, "--eject-seconds") && n && x > 0)
+        o->pc.eject_s = x;
+    else if (!strcmp(a, "--metrics-port") && n && x >= 1 && x <= 65535)
+        r->metrics_port = (long)x;
+    else if (!strcmp(a, "--poll-ms") && n && x >= 10)
+        r->poll_ms = (long)x;
+    else if (!strcmp(a, "--max-body-bytes") && n && x >= 1)
+        r->px.max_body = (long)x;
+    else if (!strcmp(a, "--prefix-affinity") && n && x >= 1 && x <= 4096)
+        r->px.prefix_affinity = (int)x;
+    else if (!strcmp(a, "--hold-seconds") && n && x >= 0)
+        r->px.hold_s = x;
+    else if (!strcmp(a, "--hold-max") && n && x >= 1)
+        r->px.hold_max = (int)x;
+    else if (!strcmp(a, "--timeout-s") && n && x >= 1)
+        r->px.timeout_s = (long)x;
+    else if (!strcmp(a, "--max-connections") && n && x >= 1 && x <= 16384)
+        o->gc.max_connections = (int)x;
+    else if (!strcmp(a, "--header-timeout-s") && n && x >= 1 && x <= 3600)
+        o->gc.header_timeout_s = x;
+    else if (!strcmp(a, "--send-timeout-s") && n && x >= 0 && x <= 3600)
+        o->gc.send_timeout_s = x;
+    else if (!strcmp(a, "--body-timeout-s") && n && x >= 1 && x <= 3600)
+        r->px.body_timeout_s = x;
+    else if (!strcmp(a, "--keep-alive-s") && n && x >= 0 && x <= 3600)
+        o->gc.keep_alive_s = x;
+    else if (!strcmp(a, "--shutdown-delay-s") && n && x >= 0 && x <= 3600)
+        o->shutdown_delay_s = x;
+    else if (!strcmp(a, "--drain-timeout-s") && n && x >= 0 && x <= 86400)
+        o->drain_timeout_s = x;
+    else
+        return 0;
+    return 1;
+}
+
+/* The services watched for backends (NS/NAME each). 0, or -1 (usage). */
+static int discoveries(router *r, const opts *o)
+{
+    for (int k = 0; k < 2; k++) {
+        const char *svc = o->services[k], *slash = svc ? strchr(svc, '/') : NULL;
+        if (!svc)
+            continue;
+        if (!slash || slash == svc || !slash[1] || (size_t)(slash - svc) >= sizeof r->d[0].ns)
+            return -1;
+        disc *d = &r->d[r->n_disc++];
+        d->r = r;
+        d->rev = k;
+        snprintf(d->ns, sizeof d->ns, "%.*s", (int)(slash - svc), svc);
+        snprintf(d->name, sizeof d->name, "%s", slash + 1);
+    }
+    return 0;
+}
+
+/* The command line into r and o: 0, or the exit status (2: usage). */
+static int parse(int argc, char **argv, router *r, opts *o)
+{
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--affinity-user")) {
-            r.px.affinity_user = 1;
+            r->px.affinity_user = 1;
             continue;
         }
         if (!v)
             return usage();
         i++;
-        if (edge_flag(a, v, &tf))
-            continue;
-        if (!strcmp(a, "--host"))
-            host = v;
-        else if (!strcmp(a, "--port"))
-            port = v;
-        else if (!strcmp(a, "--backend") && nb < RT_MAX_BACKENDS)
-            backends[nb++] = v;
-        else if (!strcmp(a, "--canary-backend") && nc < RT_MAX_BACKENDS)
-            canaries[nc++] = v;
-        else if (!strcmp(a, "--service"))
-            services[0] = v;
-        else if (!strcmp(a, "--canary-service"))
-            services[1] = v;
-        else if (!strcmp(a, "--canary-weight") && num(v, &x) && x >= 0 && x <= 100)
-            weight = (int)x;
-        else if (!strcmp(a, "--admin-token") && *v)
-            r.admin_token = v;
-        else if (!strcmp(a, "--admin-token-file")) {
-            if (http_guard_token_file(v, r.admin_buf, sizeof r.admin_buf)) {
-                fprintf(stderr, "llm-router: --admin-token-file %s: cannot read a token from it (one line, 1-255 "
-                                "characters)\n", v);
-                return 2;
-            }
-            r.admin_token = r.admin_buf; /* read once: restart the router to rotate it */
-        }
-        else if (!strcmp(a, "--weight-configmap") && strchr(v, '/') && strchr(v, '/') != v && strchr(v, '/')[1] &&
-                 strlen(v) < sizeof r.weight_ns) {
-            snprintf(r.weight_ns, sizeof r.weight_ns, "%.*s", (int)(strchr(v, '/') - v), v);
-            snprintf(r.weight_cm, sizeof r.weight_cm, "%s", strchr(v, '/') + 1);
-        } else if (!strcmp(a, "--kubeconfig"))
-            kubeconfig = v;
-        else if (!strcmp(a, "--routes"))
-            routes_file = v;
-        else if (!strcmp(a, "--routes-configmap") && strchr(v, '/') && strchr(v, '/') != v && strchr(v, '/')[1])
-            routes_cm = v;
-        else if (!strcmp(a, "--policy") && rt_policy_of(v) >= 0)
-            pc.policy = (rt_policy)rt_policy_of(v);
-        else if (!strcmp(a, "--cache-balance") && num(v, &x) && x > 0 && x <= 1000)
-            pc.balance = x;
-        else if (!strcmp(a, "--expose-backend") && (!strcmp(v, "true") || !strcmp(v, "false")))
-            r.px.expose_backend = !strcmp(v, "true");
-        else if (!strcmp(a, "--affinity-header"))
-            r.px.affinity_header = *v ? v : NULL;
-        else if (!strcmp(a, "--retries") && num(v, &x) && x >= 0 && x <= 10)
-            r.px.retries = (int)x;
-        else if (!strcmp(a, "--eject-after") && num(v, &x) && x >= 1)
-            pc.threshold = (int)x;
-        else if (!strcmp(a, "--eject-seconds") && num(v, &x) && x > 0)
-            pc.eject_s = x;
-        else if (!strcmp(a, "--metrics-port") && num(v, &x) && x >= 1 && x <= 65535)
-            r.metrics_port = (long)x;
-        else if (!strcmp(a, "--poll-ms") && num(v, &x) && x >= 10)
-            r.poll_ms = (long)x;
-        else if (!strcmp(a, "--max-body-bytes") && num(v, &x) && x >= 1)
-            r.px.max_body = (long)x;
-        else if (!strcmp(a, "--prefix-affinity") && num(v, &x) && x >= 1 && x <= 4096)
-            r.px.prefix_affinity = (int)x;
-        else if (!strcmp(a, "--hold-seconds") && num(v, &x) && x >= 0)
-            r.px.hold_s = x;
-        else if (!strcmp(a, "--hold-max") && num(v, &x) && x >= 1)
-            r.px.hold_max = (int)x;
-        else if (!strcmp(a, "--timeout-s") && num(v, &x) && x >= 1)
-            r.px.timeout_s = (long)x;
-        else if (!strcmp(a, "--max-connections") && num(v, &x) && x >= 1 && x <= 16384)
-            gc.max_connections = (int)x;
-        else if (!strcmp(a, "--header-timeout-s") && num(v, &x) && x >= 1 && x <= 3600)
-            gc.header_timeout_s = x;
-        else if (!strcmp(a, "--send-timeout-s") && num(v, &x) && x >= 0 && x <= 3600)
-            gc.send_timeout_s = x;
-        else if (!strcmp(a, "--body-timeout-s") && num(v, &x) && x >= 1 && x <= 3600)
-            r.px.body_timeout_s = x;
-        else if (!strcmp(a, "--keep-alive-s") && num(v, &x) && x >= 0 && x <= 3600)
-            gc.keep_alive_s = x;
-        else if (!strcmp(a, "--shutdown-delay-s") && num(v, &x) && x >= 0 && x <= 3600)
-            shutdown_delay_s = x;
-        else if (!strcmp(a, "--drain-timeout-s") && num(v, &x) && x >= 0 && x <= 86400)
-            drain_timeout_s = x;
-        else
+        int t = edge_flag(a, v, &o->tf) ? 1 : target_flag(r, o, a, v);
+        if (t < 0)
+            return 2;
+        if (!t && !tuning_flag(r, o, a, v))
             return usage();
     }
-    if (!r.admin_token && getenv("LLM_ROUTER_ADMIN_TOKEN") && *getenv("LLM_ROUTER_ADMIN_TOKEN"))
-        r.admin_token = getenv("LLM_ROUTER_ADMIN_TOKEN");
-    int gateway = routes_file || routes_cm, single = nb || nc || services[0] || services[1] || r.weight_cm[0];
-    if (gateway ? single || (routes_file && routes_cm)
-                : (nb > 0) == (services[0] != NULL) || (nc > 0 && services[1]) || (nb && services[1]) || (nc && services[0]))
+    if (!r->admin_token && getenv("LLM_ROUTER_ADMIN_TOKEN") && *getenv("LLM_ROUTER_ADMIN_TOKEN"))
+        r->admin_token = getenv("LLM_ROUTER_ADMIN_TOKEN");
+    int gateway = o->routes_file || o->routes_cm;
+    int single = o->nb || o->nc || o->services[0] || o->services[1] || r->weight_cm[0];
+    if (gateway ? single || (o->routes_file && o->routes_cm)
+                : (o->nb > 0) == (o->services[0] != NULL) || (o->nc > 0 && o->services[1]) || (o->nb && o->services[1]) ||
+                      (o->nc && o->services[0]))
         return usage();
-    for (int k = 0; k < 2; k++) {
-        const char *slash = services[k] ? strchr(services[k], '/') : NULL;
-        if (!services[k])
-            continue;
-        if (!slash || slash == services[k] || !slash[1] || (size_t)(slash - services[k]) >= sizeof r.d[0].ns)
-            return usage();
-        disc *d = &r.d[r.n_disc++];
-        d->r = &r;
-        d->rev = k;
-        snprintf(d->ns, sizeof d->ns, "%.*s", (int)(slash - services[k]), services[k]);
-        snprintf(d->name, sizeof d->name, "%s", slash + 1);
-    }
+    return discoveries(r, o) ? usage() : 0;
+}
+
+/* The backends or routes, the API server's config, the tenants and the
+ * traces. */
+static llm_status start(router *r, opts *o, llm_error *err)
+{
+    if (!o->tf.q.prefix) /* a gateway's replicas share its name; another gateway on the same Redis counts apart */
+        o->tf.q.prefix = o->routes_cm ? o->routes_cm : "llm-router";
+    llm_status st = o->routes_file || o->routes_cm ? start_table(r, &o->pc, o->routes_file, err)
+                                                   : rt_pool_new(&o->pc, &r->pool, err);
+    if (!st && r->pool && o->nb)
+        st = rt_pool_set(r->pool, 0, o->backends, o->nb, err);
+    if (!st && r->pool && o->nc)
+        st = rt_pool_set(r->pool, 1, o->canaries, o->nc, err);
+    if (!st && (r->n_disc || r->weight_cm[0] || o->routes_cm))
+        st = kube_config_load(o->kubeconfig, &r->cfg, err);
+    if (!st)
+        st = start_tenants(r, &o->tf, err);
+    if (!st)
+        st = start_traces(r, &o->tf, err);
+    if (st)
+        return st;
+    r->px.pool = r->pool;
+    r->px.cache_aware = o->pc.policy == RT_CACHE_AWARE;
+    if (o->pc.policy == RT_PREFIX_HASH && !r->px.prefix_affinity)
+        r->px.prefix_affinity = 4096;
+    snprintf(r->cfg.agent, sizeof r->cfg.agent, "llm-router");
+    if (r->pool)
+        rt_pool_set_weight(r->pool, o->weight);
+    return LLM_OK;
+}
+
+/* The listener and its routes. */
+static llm_status listen_on(router *r, opts *o, char *listen, size_t ln, llm_error *err)
+{
+    snprintf(listen, ln, "%s:%s", o->host, o->port);
+    const char *mg_opts[] = {"listening_ports", listen, NULL};
+    o->gc.fds_per_connection = 2; /* the client's and the backend's */
+    o->gc.fds_extra = RT_PROXY_KEEP_CONNS + RT_MAX_BACKENDS + 16; /* kept-alive backend connections, the poller's, watches */
+    llm_status st = http_guard_start(&o->gc, mg_opts, &r->http, err);
+    if (st)
+        return st;
+    struct mg_context *mg = http_guard_mg(r->http);
+    mg_set_request_handler(mg, "/$", h_page, r);
+    mg_set_request_handler(mg, "/healthz$", h_healthz, r);
+    mg_set_request_handler(mg, "/readyz$", h_readyz, r);
+    mg_set_request_handler(mg, "/metrics$", h_metrics, r);
+    mg_set_request_handler(mg, "/admin/canary$", h_admin, r);
+    /* the proxied routes on a stack sized for request code (civetweb's is 100 KiB; curl and the body checks run
+     * there); at most HTTP_GUARD_ROUTES, these four are well within */
+    static const char *const proxied[] = {"/v1/", "/generate$", "/tokenize$", "/detokenize$"};
+    for (size_t i = 0; i < sizeof proxied / sizeof *proxied; i++)
+        http_guard_route(r->http, proxied[i], rt_proxy_handle, &r->px);
+    http_guard_serve(r->http);
+    return LLM_OK;
+}
+
+/* What the router holds, let go at exit. */
+static void release(router *r, const opts *o)
+{
+    for (int k = 0; k < r->n_disc; k++)
+        for (int s = 0; s < MAX_SLICES; s++) free(r->d[k].slice_urls[s]);
+    if (r->n_disc || r->weight_cm[0] || o->routes_cm)
+        kube_config_free(&r->cfg);
+    rt_pool_free(r->pool);
+    rt_routes_free(r->px.routes);
+    rt_quota_close(r->px.quota);
+    otlp_close(r->px.traces);
+    api_keys_free(&r->keys);
+}
+
+int main(int argc, char **argv)
+{
+    static router r;
+    static opts o = {.host = "0.0.0.0", .port = "8000", .shutdown_delay_s = 0, .drain_timeout_s = 30,
+                     .gc = {.max_connections = 512, .header_timeout_s = 10, .keep_alive_s = 30, .send_timeout_s = 30},
+                     .pc = {RT_CACHE_AWARE, 3, 10, 0.25}, .tf = {.q = {.share = 1, .timeout_ms = 100}, .ratio = 1}};
+    r.px = (rt_proxy){.retries = 2, .max_body = 1 << 20, .timeout_s = 600, .affinity_header = "X-Session-Id",
+                      .hold_max = 64, .body_timeout_s = 60};
+    r.poll_ms = 500;
+    int bad = parse(argc, argv, &r, &o);
+    if (bad)
+        return bad;
     llm_error err = {0};
     if (llm_heap_tune(&err))
         logf_("%s (memory freed by large requests may stay with the process)", err.msg);
     llm_json_init();
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    if (!tf.q.prefix) /* a gateway's replicas share its name; another gateway on the same Redis counts apart */
-        tf.q.prefix = routes_cm ? routes_cm : "llm-router";
-    if ((gateway ? start_table(&r, &pc, routes_file, &err)
-                 : rt_pool_new(&pc, &r.pool, &err) || (nb && rt_pool_set(r.pool, 0, backends, nb, &err)) ||
-                       (nc && rt_pool_set(r.pool, 1, canaries, nc, &err))) ||
-        ((r.n_disc || r.weight_cm[0] || routes_cm) && kube_config_load(kubeconfig, &r.cfg, &err)) ||
-        start_tenants(&r, &tf, &err) || start_traces(&r, &tf, &err)) {
-        fprintf(stderr, "llm-router: %s\n", err.msg);
-        return 1;
-    }
-    r.px.pool = r.pool;
-    r.px.cache_aware = pc.policy == RT_CACHE_AWARE;
-    if (pc.policy == RT_PREFIX_HASH && !r.px.prefix_affinity)
-        r.px.prefix_affinity = 4096;
-    snprintf(r.cfg.agent, sizeof r.cfg.agent, "llm-router");
-    if (r.pool)
-        rt_pool_set_weight(r.pool, weight);
+    char listen[300];
     signal(SIGPIPE, SIG_IGN);
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
-    char listen[300];
-    snprintf(listen, sizeof listen, "%s:%s", host, port);
-    const char *opts[] = {"listening_ports", listen, NULL};
-    gc.fds_per_connection = 2; /* the client's and the backend's */
-    gc.fds_extra = RT_PROXY_KEEP_CONNS + RT_MAX_BACKENDS + 16; /* kept-alive backend connections, the poller's, watches */
-    if (http_guard_start(&gc, opts, &r.http, &err)) {
+    if (start(&r, &o, &err) || listen_on(&r, &o, listen, sizeof listen, &err)) {
         fprintf(stderr, "llm-router: %s\n", err.msg);
         return 1;
     }
-    struct mg_context *mg = http_guard_mg(r.http);
-    mg_set_request_handler(mg, "/$", h_page, &r);
-    mg_set_request_handler(mg, "/healthz$", h_healthz, &r);
-    mg_set_request_handler(mg, "/readyz$", h_readyz, &r);
-    mg_set_request_handler(mg, "/metrics$", h_metrics, &r);
-    mg_set_request_handler(mg, "/admin/canary$", h_admin, &r);
-    /* the proxied routes on a stack sized for request code (civetweb's is 100 KiB; curl and the body checks run
-     * there); at most HTTP_GUARD_ROUTES, these four are well within */
-    static const char *const proxied[] = {"/v1/", "/generate$", "/tokenize$", "/detokenize$"};
-    for (size_t i = 0; i < sizeof proxied / sizeof *proxied; i++)
-        http_guard_route(r.http, proxied[i], rt_proxy_handle, &r.px);
-    http_guard_serve(r.http);
     pthread_t poll_th, disc_th[2], weight_th;
     int polling = pthread_create(&poll_th, NULL, poller, &r) == 0, discovering = 0;
     int weighing = r.weight_cm[0] && pthread_create(&weight_th, NULL, follow_weight, &r) == 0;
@@ -738,20 +820,20 @@ int main(int argc, char **argv)
         discovering++;
     rt_gateway *gw = NULL;
     int failed = 0;
-    if (routes_cm) {
+    if (o.routes_cm) {
         char ns[254];
-        snprintf(ns, sizeof ns, "%.*s", (int)(strchr(routes_cm, '/') - routes_cm), routes_cm);
-        if (rt_gateway_start(&r.cfg, ns, strchr(routes_cm, '/') + 1, r.px.routes, &g_stop, &gw, &err)) {
+        snprintf(ns, sizeof ns, "%.*s", (int)(strchr(o.routes_cm, '/') - o.routes_cm), o.routes_cm);
+        if (rt_gateway_start(&r.cfg, ns, strchr(o.routes_cm, '/') + 1, r.px.routes, &g_stop, &gw, &err)) {
             logf_("%s", err.msg);
             g_stop = 1;
             failed = 1;
         }
     }
-    logf_("listening on %s, policy %s, %s, canary weight %d%%", listen, rt_policy_name(pc.policy),
-          routes_cm ? "a gateway (routes from a ConfigMap)" : routes_file ? "a gateway (routes from a file)"
-          : r.n_disc ? "backends from EndpointSlices" : "static backends", weight);
+    logf_("listening on %s, policy %s, %s, canary weight %d%%", listen, rt_policy_name(o.pc.policy),
+          o.routes_cm ? "a gateway (routes from a ConfigMap)" : o.routes_file ? "a gateway (routes from a file)"
+          : r.n_disc ? "backends from EndpointSlices" : "static backends", o.weight);
     while (!g_stop) usleep(50000);
-    drain(&r, shutdown_delay_s, drain_timeout_s);
+    drain(&r, o.shutdown_delay_s, o.drain_timeout_s);
     http_guard_stop(r.http);
     if (polling)
         pthread_join(poll_th, NULL);
@@ -759,15 +841,7 @@ int main(int argc, char **argv)
     rt_gateway_join(gw);
     if (weighing)
         pthread_join(weight_th, NULL);
-    for (int k = 0; k < r.n_disc; k++)
-        for (int s = 0; s < MAX_SLICES; s++) free(r.d[k].slice_urls[s]);
-    if (r.n_disc || r.weight_cm[0] || routes_cm)
-        kube_config_free(&r.cfg);
-    rt_pool_free(r.pool);
-    rt_routes_free(r.px.routes);
-    rt_quota_close(r.px.quota);
-    otlp_close(r.px.traces);
-    api_keys_free(&r.keys);
+    release(&r, &o);
     curl_global_cleanup();
     logf_("stopped");
     return failed;
