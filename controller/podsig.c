@@ -135,6 +135,7 @@ typedef struct page {
     int kind, what;
     int nth;                   /* its LLMDeployment's nth page this round: pages are asked round-robin */
     const char *pod;           /* the pod's name (borrowed from the list) */
+    const char *ns;            /* a gateway pod's namespace (borrowed): its page serves every target there */
     char url[128];
 } page;
 
@@ -198,21 +199,41 @@ static void add_page(sig_round *rd, size_t i, int kind, int what, const char *po
     s->pages[kind][what]++;
 }
 
-/* A gateway's pod: its page for every target of its namespace whose
- * canary is judged from routers' counters or that scales to zero (a
- * gateway sends to the pods itself, past their own router: its route's
- * counters count too). */
+/* Whether target s, of namespace ns, reads gateways' pages: its canary
+ * is judged from routers' counters, or it scales to zero (a gateway sends
+ * to the pods itself, past their own router: its route's counters count
+ * too). */
+static int reads_gateways(const snap *s, const char *ns)
+{
+    size_t nl = strlen(ns);
+    return (s->need.canary == 1 || s->need.activity) && !strncmp(s->key, ns, nl) && s->key[nl] == '/';
+}
+
+/* A gateway's pod: its page, read once a round for every target of its
+ * namespace that reads gateways (asked under the first such one). */
 static void place_gateway(sig_round *rd, json_t *pod, const char *ns)
 {
     const char *ip = json_string_value(kube_json_get(pod, "status", "podIP"));
     const char *name = json_string_value(kube_json_get(pod, "metadata", "name"));
-    size_t nl = strlen(ns);
     if (!name || !podsig_pod_serving(pod))
         return;
     for (size_t i = 0; i < rd->n; i++)
-        if ((rd->s[i].need.canary == 1 || rd->s[i].need.activity) && !strncmp(rd->s[i].key, ns, nl) &&
-            rd->s[i].key[nl] == '/')
+        if (reads_gateways(&rd->s[i], ns)) {
+            size_t before = rd->np;
             add_page(rd, i, K_GATEWAY, P_METRICS, name, ip, GATEWAY_PORT);
+            if (rd->np > before)
+                rd->p[before].ns = ns;
+            return;
+        }
+}
+
+/* A gateway page's counters, to every target of its namespace that reads
+ * gateways: each its route's. */
+static void add_gateway_page(sig_round *rd, const page *p, const char *body)
+{
+    for (size_t i = 0; i < rd->n; i++)
+        if (reads_gateways(&rd->s[i], p->ns))
+            podsig_add_gateway_page(&rd->s[i].r, body, strchr(rd->s[i].key, '/') + 1);
 }
 
 /* One pod of the list: kept for its target's diagnosis, its pages asked. */
@@ -312,7 +333,7 @@ static int read_pages(sig_round *rd)
             snap *s = &rd->s[p->snap];
             ctl_obs_count(codes[i] ? CTL_M_PAGES_ANSWERED : CTL_M_PAGES_UNANSWERED);
             if (codes[i] == 200 && p->what == P_METRICS && p->kind == K_GATEWAY)
-                podsig_add_gateway_page(&s->r, bodies[i], strchr(s->key, '/') + 1);
+                add_gateway_page(rd, p, bodies[i]);
             else if (codes[i] == 200 && p->what == P_METRICS)
                 (p->kind == K_SERVER ? podsig_add_server_page : podsig_add_router_page)(&s->r, bodies[i]);
             else if (codes[i] && p->what == P_STARTUPZ) /* any status: a failed load answers 503 */
