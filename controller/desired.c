@@ -134,6 +134,13 @@ static char *yaml_str(const char *s)
     return out;
 }
 
+/* spec.tracing's sample ratio (1 when not given). */
+static double trace_ratio(json_t *spec)
+{
+    json_t *ratio = kube_json_get(spec, "tracing", "sampleRatio");
+    return json_is_number(ratio) ? json_number_value(ratio) : 1.0;
+}
+
 json_t *desired_configmap(json_t *d, char *msg, size_t mn)
 {
     json_t *spec = json_object_get(d, "spec");
@@ -184,11 +191,10 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
     if (json_is_false(kube_json_get(spec, "engine", "prefixCache"))) /* only when off: others keep their config (and pods) */
         yaml_line(y, "prefix_cache", "%s", "false");
     const char *traces = json_string_value(kube_json_get(spec, "tracing", "endpoint"));
-    json_t *ratio = kube_json_get(spec, "tracing", "sampleRatio");
     char *tq = traces ? yaml_str(traces) : NULL;
     if (tq) { /* only when set: others keep their config (and pods) */
         yaml_line(y, "otlp_endpoint", "%s", tq);
-        yaml_line(y, "trace_sample_ratio", "%g", json_is_number(ratio) ? json_number_value(ratio) : 1.0);
+        yaml_line(y, "trace_sample_ratio", "%g", trace_ratio(spec));
     }
     free(tq);
     if (desired_adapters(d)) { /* the list itself is in DESIRED_ADAPTERS_KEY, outside the configuration's hash */
@@ -648,6 +654,18 @@ int desired_spread(json_t *pod, json_t *sched, const char *inst)
     return bad ? -1 : 0;
 }
 
+int desired_trace_args(json_t *spec, json_t *args)
+{
+    const char *url = json_string_value(kube_json_get(spec, "tracing", "endpoint"));
+    char r[32];
+    snprintf(r, sizeof r, "%g", trace_ratio(spec));
+    const char *a[] = {"--otlp-endpoint", url, "--trace-sample-ratio", r};
+    for (size_t i = 0; url && i < 4; i++)
+        if (json_array_append_new(args, json_string(a[i])))
+            return -1;
+    return 0;
+}
+
 /* llm-router pods in front of the llm-server pods: they follow the
  * NAME-backends Service's EndpointSlices. */
 json_t *desired_router(json_t *d)
@@ -691,15 +709,9 @@ json_t *desired_router(json_t *d)
     json_array_append_new(args, json_string(mport));
     if (ctr && json_is_true(kube_json_get(rt, "affinityUser", NULL)))
         json_array_append_new(args, json_string("--affinity-user"));
-    const char *traces = json_string_value(kube_json_get(spec, "tracing", "endpoint"));
-    if (ctr && traces) { /* the router's span between the client's and the servers' */
-        json_t *ratio = kube_json_get(spec, "tracing", "sampleRatio");
-        char r[32];
-        snprintf(r, sizeof r, "%g", json_is_number(ratio) ? json_number_value(ratio) : 1.0);
-        json_array_append_new(args, json_string("--otlp-endpoint"));
-        json_array_append_new(args, json_string(traces));
-        json_array_append_new(args, json_string("--trace-sample-ratio"));
-        json_array_append_new(args, json_string(r));
+    if (ctr && desired_trace_args(spec, args)) { /* the router's span between the client's and the servers' */
+        json_decref(ctr);
+        ctr = NULL;
     }
     if (ctr && desired_canary_enabled(d)) {
         char csvc[700], wcm[600];

@@ -90,6 +90,10 @@ json_t *desired_router(json_t *llmd);
  * or a preferred anti-affinity across nodes and a soft spread across zones
  * among the pods of instance inst. 0, or -1 without memory. */
 int desired_spread(json_t *pod, json_t *sched, const char *inst);
+/* spec.tracing (an LLMDeployment's or an LLMGateway's) as llm-router's
+ * --otlp-endpoint and --trace-sample-ratio, appended to args (nothing
+ * without an endpoint). 0, or -1 without memory. */
+int desired_trace_args(json_t *spec, json_t *args);
 json_t *desired_router_rbac(json_t *llmd, int which);
 json_t *desired_router_pdb(json_t *llmd);
 json_t *desired_backend_service(json_t *llmd);

@@ -288,17 +288,6 @@ static int tenant_flags(json_t *gw, json_t *pod, json_t *ctr, json_int_t replica
     return bad;
 }
 
-/* spec.tracing as the router's trace flags. */
-static int trace_flags(json_t *gw, json_t *ctr)
-{
-    const char *url = json_string_value(kube_json_get(gw, "spec", "tracing", "endpoint", NULL));
-    json_t *ratio = kube_json_get(gw, "spec", "tracing", "sampleRatio", NULL);
-    char r[32];
-    snprintf(r, sizeof r, "%g", json_is_number(ratio) ? json_number_value(ratio) : 1.0);
-    const char *a[] = {"--otlp-endpoint", url, "--trace-sample-ratio", r};
-    return url ? add_args(ctr, a, 4) : 0;
-}
-
 static json_t *deployment(json_t *gw, const char *n)
 {
     json_t *spec = json_object_get(gw, "spec"), *ctr = container(gw, n);
@@ -307,7 +296,8 @@ static json_t *deployment(json_t *gw, const char *n)
                             "terminationGracePeriodSeconds", 45, "securityContext", "runAsNonRoot", 1, "runAsUser",
                             (json_int_t)65532, "fsGroup", (json_int_t)65532, "seccompProfile", "type", "RuntimeDefault",
                             "containers", ctr);
-    if (pod && (desired_spread(pod, spec, n) || tenant_flags(gw, pod, ctr, nrep) || trace_flags(gw, ctr))) {
+    if (pod && (desired_spread(pod, spec, n) || tenant_flags(gw, pod, ctr, nrep) ||
+                desired_trace_args(spec, json_object_get(ctr, "args")))) {
         json_decref(pod);
         pod = NULL;
     }

@@ -536,6 +536,12 @@ static void test_tracing_config(void **st)
     assert_non_null(strstr(cfg, "otlp_endpoint: \"http://otel.obs:4318/v1/traces\"\n"));
     assert_non_null(strstr(cfg, "trace_sample_ratio: 0.25\n"));
     done(&r);
+    json_t *router = desired_router(d); /* its router's span too: the same flags as a gateway's */
+    char *args = json_dumps(kube_json_get(router, "spec", "template", "spec", "containers", NULL), JSON_COMPACT);
+    assert_non_null(args);
+    assert_non_null(strstr(args, "\"--otlp-endpoint\",\"http://otel.obs:4318/v1/traces\",\"--trace-sample-ratio\",\"0.25\""));
+    free(args);
+    json_decref(router);
     json_decref(d);
     d = llmd(NULL, NULL);
     in.llmd = d;
