@@ -741,13 +741,6 @@ static int gateway_models(rt_proxy *px, struct mg_connection *c)
     return code;
 }
 
-static double wall_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* The gateway's keys: the caller's key; 0, or the refusal's status (sent). */
 static int authenticate(rt_proxy *px, struct mg_connection *c, caller *who)
 {
@@ -781,7 +774,7 @@ static int limit(rt_proxy *px, struct mg_connection *c, caller *who, llm_json_sp
                  who->key->tenant, who->key->rate, retry);
         l = RT_QUOTA_RPM;
     } else if (px->quota) {
-        l = rt_quota_admit(px->quota, who->key, wall_s(), may_use(body), &who->ticket, &retry, msg, sizeof msg);
+        l = rt_quota_admit(px->quota, who->key, llm_clock_wall_s(), may_use(body), &who->ticket, &retry, msg, sizeof msg);
     }
     if (!l)
         return 0;
@@ -889,7 +882,7 @@ int rt_proxy_handle(struct mg_connection *c, void *cbdata)
     else
         code = serve(px, c, &who);
     if (px->quota)
-        rt_quota_done(px->quota, &who.ticket, who.tokens, wall_s());
+        rt_quota_done(px->quota, &who.ticket, who.tokens, llm_clock_wall_s());
     if (px->traces && (!px->keys || who.key)) /* no span for a caller without a key: anyone could fill the queue */
         trace_request(px, &who, &in, has_in, start_ns, code);
     return code;
