@@ -290,6 +290,17 @@ spec:
 {extra}"""
 
 
+# an LLMGateway of one pod in front of every LLMDeployment of the namespace
+GATEWAY_OF_ALL = """apiVersion: llmk8s.io/v1alpha1
+kind: LLMGateway
+metadata: {name: front}
+spec:
+  selector: {}
+  replicas: 1
+  image: llm-router:test
+"""
+
+
 class Cluster:
     """kubesim with the CRD, the real llm-server image, and controllers."""
 

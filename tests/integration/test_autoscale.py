@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from harness import api_requests, metrics, running, wait_for
+from harness import GATEWAY_OF_ALL, api_requests, metrics, running, wait_for
 
 
 AUTOSCALED = """  autoscaling:
@@ -239,16 +239,6 @@ def test_scale_to_zero_and_wake_once_per_burst(tmp_path, models):
         assert [h["to"] for h in hist[-3:]] == [0, 1, 0], hist
 
 
-GATEWAY = """apiVersion: llmk8s.io/v1alpha1
-kind: LLMGateway
-metadata: {name: front}
-spec:
-  selector: {}
-  replicas: 1
-  image: llm-router:test
-"""
-
-
 def test_scale_from_zero_through_a_gateway(tmp_path, models):
     """minReplicas 0 behind an LLMGateway: once the deployment sleeps, requests that reach it only through the
     gateway (past its own router) are held there, wake it (the controller reads the gateway's route
@@ -257,13 +247,16 @@ def test_scale_from_zero_through_a_gateway(tmp_path, models):
     with running(tmp_path, models("tiny", "Q8_0")) as c:
         c.controller()
         c.apply(replicas=1, extra=ZERO)
-        c.k("apply", "-f", "-", stdin=GATEWAY)
+        c.k("apply", "-f", "-", stdin=GATEWAY_OF_ALL)
         gw = wait_for(lambda: (ips := c.ready_ips("front")) and ips[0], 120, "the gateway pod ready")
         try:
             wait_for(lambda: c.status().get("phase") == "Idle" and replicas(c) == 0, 90)
         except AssertionError:
             raise AssertionError(json.dumps(c.status(), indent=1)) from None
         wait_for(lambda: not c.ready_ips("story-backends"), 30)
+        # the gateway learns of the gone pod from its own EndpointSlice watch, a moment after the Endpoints the
+        # test reads; until then it would still send to the draining pod (no hold)
+        wait_for(lambda: router_backends(gw) == 0, 30, "the gateway knowing no pod")
         oa = openai.OpenAI(base_url=f"http://{gw}:8000/v1", api_key="none", max_retries=0, timeout=120)
         t0 = time.monotonic()
         out = oa.completions.create(model="story", prompt="Once upon a time", max_tokens=4)

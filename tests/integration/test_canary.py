@@ -28,7 +28,7 @@ import urllib.request
 
 import pytest
 
-from harness import LLMD, running, wait_for
+from harness import GATEWAY_OF_ALL, LLMD, running, wait_for
 
 
 openai = pytest.importorskip("openai")
@@ -382,16 +382,6 @@ def test_colocated_falls_back_to_pods_when_it_does_not_fit(cluster):
     assert canary(c)["mode"] == "pods" and c.get("deployment", "story-canary")
 
 
-GATEWAY = """apiVersion: llmk8s.io/v1alpha1
-kind: LLMGateway
-metadata: {name: front}
-spec:
-  selector: {}
-  replicas: 1
-  image: llm-router:test
-"""
-
-
 def test_canary_behind_a_gateway_splits_and_rolls_back(cluster):
     """Clients reach the deployment only through an LLMGateway (which sends to the pods itself, past the
     deployment's router): the gateway splits by the canary's weight (both revisions answer it), and the
@@ -401,7 +391,7 @@ def test_canary_behind_a_gateway_splits_and_rolls_back(cluster):
     c = cluster
     steps = [{"weight": 50, "pause": 600}]
     router_ip = start(c, spec(steps))
-    c.k("apply", "-f", "-", stdin=GATEWAY)
+    c.k("apply", "-f", "-", stdin=GATEWAY_OF_ALL)
     gw = wait_for(lambda: (ips := c.ready_ips("front")) and ips[0], 120, "the gateway pod ready")
     oa = openai.OpenAI(base_url=f"http://{gw}:8000/v1", api_key="none", max_retries=0, timeout=30)
     wait_for(lambda: [m.id for m in oa.models.list().data] == ["story"], 60, "the gateway serving story")

@@ -94,6 +94,14 @@ static json_t *gateway_pod(const char *text, json_t **children, gateway_table *t
     return kube_json_get(json_array_get(*children, 4), "spec", "template", "spec", NULL);
 }
 
+/* The router container's args of a pod spec, as compact JSON (caller frees). */
+static char *args_of(json_t *pod)
+{
+    char *a = json_dumps(json_object_get(json_array_get(json_object_get(pod, "containers"), 0), "args"), JSON_COMPACT);
+    assert_non_null(a);
+    return a;
+}
+
 static void test_tenants(void **st)
 {
     (void)st;
@@ -106,7 +114,7 @@ static void test_tenants(void **st)
     snprintf(text, sizeof text, base, ",\"auth\":{\"secretName\":\"tk\",\"upstreamKeySecret\":\"up\"},"
              "\"quotas\":{\"redis\":\"redis.ns:6379\",\"failMode\":\"open\",\"timeoutMs\":50}");
     json_t *pod = gateway_pod(text, &children, &t);
-    char *a = json_dumps(json_object_get(json_array_get(json_object_get(pod, "containers"), 0), "args"), JSON_COMPACT);
+    char *a = args_of(pod);
     /* the share with Redis too: what each pod holds while Redis is down (fail open) */
     assert_non_null(strstr(a, "\"--api-keys-file\",\"/etc/llm-gateway/keys/keys\",\"--upstream-key-file\","
                               "\"/etc/llm-gateway/upstream/key\",\"--quota-share\",\"3\",\"--quota-redis\",\"redis.ns:6379\","
@@ -132,7 +140,7 @@ static void test_tenants(void **st)
     /* keys without Redis: each of the 3 replicas its share */
     snprintf(text, sizeof text, base, ",\"auth\":{\"secretName\":\"tk\"}");
     pod = gateway_pod(text, &children, &t);
-    a = json_dumps(json_object_get(json_array_get(json_object_get(pod, "containers"), 0), "args"), JSON_COMPACT);
+    a = args_of(pod);
     assert_non_null(strstr(a, "\"--api-keys-file\",\"/etc/llm-gateway/keys/keys\",\"--quota-share\",\"3\"]"));
     free(a);
     gw = json_loads(text, 0, NULL), status = gateway_status(gw, NULL, &t, 0);
@@ -142,7 +150,7 @@ static void test_tenants(void **st)
     /* spec.tracing: the router's trace flags */
     snprintf(text, sizeof text, base, ",\"tracing\":{\"endpoint\":\"http://otel:4318/v1/traces\",\"sampleRatio\":0.5}");
     pod = gateway_pod(text, &children, &t);
-    a = json_dumps(json_object_get(json_array_get(json_object_get(pod, "containers"), 0), "args"), JSON_COMPACT);
+    a = args_of(pod);
     assert_non_null(strstr(a, "\"--otlp-endpoint\",\"http://otel:4318/v1/traces\",\"--trace-sample-ratio\",\"0.5\""));
     free(a);
     json_decref(children);
@@ -150,7 +158,7 @@ static void test_tenants(void **st)
     /* no keys: no tenant flags, no volumes */
     snprintf(text, sizeof text, base, "");
     pod = gateway_pod(text, &children, &t);
-    a = json_dumps(json_object_get(json_array_get(json_object_get(pod, "containers"), 0), "args"), JSON_COMPACT);
+    a = args_of(pod);
     assert_null(strstr(a, "--api-keys-file"));
     assert_null(json_object_get(pod, "volumes"));
     free(a);
