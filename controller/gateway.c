@@ -260,14 +260,15 @@ static int add_args(json_t *ctr, const char *const *a, size_t n)
 }
 
 /* spec.auth and spec.quotas as the router's tenant flags (rt_quota.h):
- * the keys and the upstream key from Secrets, mounted read-only; Redis
- * when named, else each of the replicas its share. */
+ * the keys, the upstream key and Redis's password from Secrets, mounted
+ * read-only; Redis when named, else each of the replicas its share. */
 static int tenant_flags(json_t *gw, json_t *pod, json_t *ctr, json_int_t replicas)
 {
     json_t *spec = json_object_get(gw, "spec"), *auth = json_object_get(spec, "auth"), *q = json_object_get(spec, "quotas");
     const char *keys = json_string_value(json_object_get(auth, "secretName"));
     const char *up = json_string_value(json_object_get(auth, "upstreamKeySecret"));
     const char *redis = json_string_value(json_object_get(q, "redis")), *mode = json_string_value(json_object_get(q, "failMode"));
+    const char *pw = json_string_value(json_object_get(q, "passwordSecret")), *user = json_string_value(json_object_get(q, "user"));
     json_int_t ms = json_integer_value(json_object_get(q, "timeoutMs"));
     char share[32], timeout[32], prefix[600];
     snprintf(share, sizeof share, "%lld", (long long)replicas);
@@ -285,6 +286,9 @@ static int tenant_flags(json_t *gw, json_t *pod, json_t *ctr, json_int_t replica
         bad = secret_file(pod, ctr, "upstream", up, "key", "/etc/llm-gateway/upstream") || add_args(ctr, u, 2);
     if (!bad)
         bad = add_args(ctr, r, redis ? 10 : 2);
+    const char *p[] = {"--quota-redis-password-file", "/etc/llm-gateway/redis/password", "--quota-redis-user", user};
+    if (!bad && redis && pw)
+        bad = secret_file(pod, ctr, "redis", pw, "password", "/etc/llm-gateway/redis") || add_args(ctr, p, user ? 4 : 2);
     return bad;
 }
 

@@ -135,8 +135,7 @@ typedef struct page {
     int kind, what;
     int nth;                   /* its LLMDeployment's nth page this round: pages are asked round-robin */
     const char *pod;           /* the pod's name (borrowed from the list) */
-    const char *ns;            /* a gateway pod's namespace (borrowed): its page serves every target there */
-    char url[128];
+    char url[192];             /* (a gateway's: ?route=NAME, a DNS label) */
 } page;
 
 typedef struct sig_round {
@@ -190,8 +189,10 @@ static void add_page(sig_round *rd, size_t i, int kind, int what, const char *po
         return;
     page *p = &rd->p[rd->np];
     int v6 = strchr(ip, ':') != NULL;
-    if (snprintf(p->url, sizeof p->url, "http://%s%s%s:%lld/%s", v6 ? "[" : "", ip, v6 ? "]" : "", port,
-                 what == P_STARTUPZ ? "startupz" : "metrics") >= (int)sizeof p->url)
+    /* a gateway's page: the target's route alone (its whole page grows with every route it serves) */
+    const char *route = kind == K_GATEWAY ? strchr(s->key, '/') + 1 : NULL;
+    if (snprintf(p->url, sizeof p->url, "http://%s%s%s:%lld/%s%s%s", v6 ? "[" : "", ip, v6 ? "]" : "", port,
+                 what == P_STARTUPZ ? "startupz" : "metrics", route ? "?route=" : "", route ? route : "") >= (int)sizeof p->url)
         return;
     p->snap = i, p->kind = kind, p->what = what, p->pod = pod;
     p->nth = s->asked++;
@@ -209,8 +210,8 @@ static int reads_gateways(const snap *s, const char *ns)
     return (s->need.canary == 1 || s->need.activity) && !strncmp(s->key, ns, nl) && s->key[nl] == '/';
 }
 
-/* A gateway's pod: its page, read once a round for every target of its
- * namespace that reads gateways (asked under the first such one). */
+/* A gateway's pod: its page of each route (target) of its namespace that
+ * reads gateways. */
 static void place_gateway(sig_round *rd, json_t *pod, const char *ns)
 {
     const char *ip = json_string_value(kube_json_get(pod, "status", "podIP"));
@@ -218,22 +219,8 @@ static void place_gateway(sig_round *rd, json_t *pod, const char *ns)
     if (!name || !podsig_pod_serving(pod))
         return;
     for (size_t i = 0; i < rd->n; i++)
-        if (reads_gateways(&rd->s[i], ns)) {
-            size_t before = rd->np;
+        if (reads_gateways(&rd->s[i], ns))
             add_page(rd, i, K_GATEWAY, P_METRICS, name, ip, GATEWAY_PORT);
-            if (rd->np > before)
-                rd->p[before].ns = ns;
-            return;
-        }
-}
-
-/* A gateway page's counters, to every target of its namespace that reads
- * gateways: each its route's. */
-static void add_gateway_page(sig_round *rd, const page *p, const char *body)
-{
-    for (size_t i = 0; i < rd->n; i++)
-        if (reads_gateways(&rd->s[i], p->ns))
-            podsig_add_gateway_page(&rd->s[i].r, body, strchr(rd->s[i].key, '/') + 1);
 }
 
 /* One pod of the list: kept for its target's diagnosis, its pages asked. */
@@ -333,7 +320,7 @@ static int read_pages(sig_round *rd)
             snap *s = &rd->s[p->snap];
             ctl_obs_count(codes[i] ? CTL_M_PAGES_ANSWERED : CTL_M_PAGES_UNANSWERED);
             if (codes[i] == 200 && p->what == P_METRICS && p->kind == K_GATEWAY)
-                add_gateway_page(rd, p, bodies[i]);
+                podsig_add_gateway_page(&s->r, bodies[i], strchr(s->key, '/') + 1);
             else if (codes[i] == 200 && p->what == P_METRICS)
                 (p->kind == K_SERVER ? podsig_add_server_page : podsig_add_router_page)(&s->r, bodies[i]);
             else if (codes[i] && p->what == P_STARTUPZ) /* any status: a failed load answers 503 */

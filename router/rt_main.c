@@ -26,6 +26,7 @@
 #include "http_client.h"
 #include "http_guard.h"
 #include "http_reply.h"
+#include "llm/clock.h"
 #include "llm/heap.h"
 #include "llm/json.h"
 #include "llm/prom.h"
@@ -80,6 +81,7 @@ struct router {
 /* The front door's flags: --api-keys-file and the quota's, the traces'. */
 typedef struct edge_flags {
     const char *keys_file, *upstream_file;
+    const char *redis_password_file; /* --quota-redis-password-file */
     rt_quota_config q;
     const char *otlp;          /* --otlp-endpoint */
     double ratio;              /* --trace-sample-ratio */
@@ -133,9 +135,30 @@ static void poll_pool(CURL *h, rt_pool *pool, long metrics_port)
     }
 }
 
+/* The quota store's failures, logged with their last cause at most once
+ * every STORE_LOG_S (a Redis that is down fails every request). */
+#define STORE_LOG_S 10
+typedef struct store_logged {
+    unsigned long long errors;
+    double at;
+} store_logged;
+
+static void store_log(router *r, store_logged *l)
+{
+    char why[160];
+    double now = llm_clock_mono_s();
+    unsigned long long e = r->px.quota && now - l->at >= STORE_LOG_S ? rt_quota_last_error(r->px.quota, why, sizeof why) : 0;
+    if (e > l->errors) {
+        logf_("quota store (Redis): %llu failed calls since the last report; the last: %s", e - l->errors,
+              why[0] ? why : "a timeout or a closed connection");
+        l->errors = e, l->at = now;
+    }
+}
+
 static void *poller(void *arg)
 {
     router *r = arg;
+    store_logged logged = {0, -STORE_LOG_S};
     CURL *h = curl_easy_init(); /* one handle: connections to the backends stay open */
     rt_route **routes = r->px.routes ? calloc(RT_MAX_ROUTES, sizeof *routes) : NULL;
     if (!h || (r->px.routes && !routes))
@@ -151,8 +174,11 @@ static void *poller(void *arg)
             }
             for (int k = 0; k < n; k++) rt_routes_put(r->px.routes, routes[k]);
         }
+        store_log(r, &logged);
         usleep((useconds_t)r->poll_ms * 1000);
     }
+    logged.at = -STORE_LOG_S; /* what came since the last report, on the way out */
+    store_log(r, &logged);
     free(routes);
     curl_easy_cleanup(h);
     return NULL;
@@ -272,8 +298,9 @@ static int backends_known(router *r)
     return total;
 }
 
-/* The pools' families (a gateway's labelled by route). */
-static void pool_metrics(router *r, llm_strbuf *out)
+/* The pools' families (a gateway's labelled by route; only route only's
+ * when only is not NULL). */
+static void pool_metrics(router *r, const char *only, llm_strbuf *out)
 {
     if (!r->px.routes) {
         rt_pool_metrics(&r->pool, NULL, 1, out);
@@ -282,10 +309,12 @@ static void pool_metrics(router *r, llm_strbuf *out)
     rt_route **routes = calloc(RT_MAX_ROUTES, sizeof *routes);
     rt_pool **pools = calloc(RT_MAX_ROUTES, sizeof *pools);
     const char **names = calloc(RT_MAX_ROUTES, sizeof *names);
-    int n = routes && pools && names ? rt_routes_list(r->px.routes, routes, RT_MAX_ROUTES) : 0;
-    for (int k = 0; k < n; k++) pools[k] = rt_route_pool(routes[k]), names[k] = rt_route_name(routes[k]);
+    int n = routes && pools && names ? rt_routes_list(r->px.routes, routes, RT_MAX_ROUTES) : 0, kept = 0;
+    for (int k = 0; k < n; k++)
+        if (!only || !strcmp(rt_route_name(routes[k]), only))
+            pools[kept] = rt_route_pool(routes[k]), names[kept++] = rt_route_name(routes[k]);
     if (routes && pools && names)
-        rt_pool_metrics(pools, names, n, out);
+        rt_pool_metrics(pools, names, kept, out);
     else
         out->failed = 1;
     for (int k = 0; k < n; k++) rt_routes_put(r->px.routes, routes[k]);
@@ -346,13 +375,37 @@ static void quota_metrics(router *r, llm_strbuf *out)
                    NULL, shared);
 }
 
+/* GET /metrics?route=NAME on a gateway: route NAME's families alone (the
+ * controller's read of one LLMDeployment: the whole page of a gateway of
+ * many routes outgrows what it reads of a page). */
+static int route_page(struct mg_connection *c, router *r, const char *qs)
+{
+    char name[256];
+    int n = mg_get_var(qs, strlen(qs), "route", name, sizeof name);
+    if (n == -1)
+        return 0;
+    if (n < 0 || !r->px.routes)
+        return http_reply_text(c, 400, "text/plain",
+                               r->px.routes ? "route: at most 255 bytes\n" : "route= is for a gateway (--routes)\n", NULL);
+    llm_strbuf one = {0};
+    pool_metrics(r, name, &one);
+    int code = one.failed ? http_reply_text(c, 503, "text/plain", "no memory\n", NULL)
+                          : http_reply(c, 200, "text/plain; version=0.0.4", one.p ? one.p : "", one.len, NULL);
+    llm_strbuf_free(&one);
+    return code;
+}
+
 static int h_metrics(struct mg_connection *c, void *cb)
 {
     router *r = cb;
+    const char *qs = mg_get_request_info(c)->query_string;
+    int code = qs ? route_page(c, r, qs) : 0;
+    if (code)
+        return code;
     http_guard_stats gs;
     http_guard_stats_get(r->http, &gs);
     llm_strbuf all = {0};
-    pool_metrics(r, &all);
+    pool_metrics(r, NULL, &all);
     llm_prom_counter(&all, "llm_router_no_backend_total", "Requests answered 503 for want of a backend.", NULL,
                      (double)__atomic_load_n(&r->px.no_backend, __ATOMIC_RELAXED));
     llm_prom_gauge(&all, "llm_router_held_requests", "Requests held while no backend exists (scale from zero).", NULL,
@@ -368,8 +421,8 @@ static int h_metrics(struct mg_connection *c, void *cb)
     llm_prom_gauge(&all, "llm_http_connections", "Client connections open.", NULL, (double)gs.open);
     llm_prom_counter(&all, "llm_http_connections_refused_total", "Connections refused above --max-connections.", NULL,
                      (double)gs.refused);
-    int code = all.failed ? http_reply_text(c, 503, "text/plain", "no memory\n", NULL)
-                          : http_reply(c, 200, "text/plain; version=0.0.4", all.p, all.len, NULL);
+    code = all.failed ? http_reply_text(c, 503, "text/plain", "no memory\n", NULL)
+                      : http_reply(c, 200, "text/plain; version=0.0.4", all.p, all.len, NULL);
     llm_strbuf_free(&all);
     return code;
 }
@@ -474,6 +527,10 @@ static int edge_flag(const char *a, const char *v, edge_flags *t)
         t->upstream_file = v;
     else if (!strcmp(a, "--quota-redis") && *v)
         t->q.redis = v;
+    else if (!strcmp(a, "--quota-redis-user") && *v)
+        t->q.user = v;
+    else if (!strcmp(a, "--quota-redis-password-file"))
+        t->redis_password_file = v;
     else if (!strcmp(a, "--quota-prefix") && *v)
         t->q.prefix = v;
     else if (!strcmp(a, "--quota-fail") && (!strcmp(v, "open") || !strcmp(v, "closed")))
@@ -523,11 +580,20 @@ static llm_status start_tenants(router *r, edge_flags *t, llm_error *err)
                           "--upstream-key-file every key names its tenant: the pods are told it)", t->keys_file, i + 1);
     if (!st && t->upstream_file)
         snprintf(r->upstream_auth, sizeof r->upstream_auth, "Bearer %s", key);
+    char password[256] = "";
+    if (!st && t->redis_password_file && http_guard_token_file(t->redis_password_file, password, sizeof password))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "--quota-redis-password-file %s: cannot read a password from it (one "
+                      "line, 1-%zu characters)", t->redis_password_file, sizeof password - 1);
+    if (!st && (t->redis_password_file || t->q.user) && !t->q.redis)
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "--quota-redis-user and --quota-redis-password-file need --quota-redis");
+    t->q.password = password[0] ? password : NULL;
     t->q.keys = &r->keys;
     /* a slot in flight outlives the longest request: its body, its hold, its answer */
     t->q.lease_s = (double)(r->px.retries + 1) * (double)r->px.timeout_s + r->px.body_timeout_s + r->px.hold_s + 30;
     if (!st)
-        st = rt_quota_open(&t->q, &r->px.quota, err);
+        st = rt_quota_open(&t->q, &r->px.quota, err); /* (the password copied) */
+    explicit_bzero(password, sizeof password);
+    t->q.password = NULL;
     if (st)
         return st;
     r->px.keys = &r->keys;
@@ -554,7 +620,8 @@ static int usage(void)
                     "                  [--api-keys-file F]  (llm-server's keys format: tenants, rpm, tpm, max_inflight)\n"
                     "                  [--upstream-key-file F]  (the key sent to the pods, with X-LLM-Tenant)\n"
                     "                  [--quota-redis HOST:PORT [--quota-fail closed|open] [--quota-timeout-ms 100]\n"
-                    "                   [--quota-prefix NAME]] [--quota-share N]  (without Redis: each replica 1/N)\n"
+                    "                   [--quota-prefix NAME] [--quota-redis-user U] [--quota-redis-password-file F]]\n"
+                    "                  [--quota-share N]  (without Redis: each replica 1/N)\n"
                     "                  [--otlp-endpoint URL] [--trace-sample-ratio 1]  (or OTEL_EXPORTER_OTLP_ENDPOINT)\n"
                     "   a gateway (several deployments; the body's model chooses, instead of --backend/--service):\n"
                     "       llm-router --routes FILE | --routes-configmap NS/NAME (key routes.json; watched, with the\n"

@@ -31,6 +31,8 @@ typedef struct tenant_count {
 struct rt_quota {
     rt_quota_config cfg;
     char host[256], prefix[600];
+    char user[128], password[512];
+    char why[160];           /* the last Redis failure's cause */
     int port;
     pthread_mutex_t mu;      /* counts, pool, down_until, stats */
     pthread_cond_t back;     /* a connection came back to the pool (or closed) */
@@ -119,7 +121,13 @@ static llm_status parse_addr(rt_quota *q, const char *addr, llm_error *err)
 static llm_status configure(rt_quota *q, const rt_quota_config *cfg, llm_error *err)
 {
     q->cfg = *cfg;
-    q->cfg.redis = q->cfg.prefix = NULL; /* copied, not borrowed */
+    q->cfg.redis = q->cfg.prefix = q->cfg.user = q->cfg.password = NULL; /* copied, not borrowed */
+    if (snprintf(q->user, sizeof q->user, "%s", cfg->user ? cfg->user : "") >= (int)sizeof q->user ||
+        snprintf(q->password, sizeof q->password, "%s", cfg->password ? cfg->password : "") >= (int)sizeof q->password)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "the Redis user (at most %zu bytes) or password (at most %zu) is too long",
+                        sizeof q->user - 1, sizeof q->password - 1);
+    if (q->user[0] && !q->password[0])
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "a Redis user needs its password");
     if (q->cfg.share < 1)
         q->cfg.share = 1;
     if (q->cfg.timeout_ms < 1)
@@ -250,6 +258,8 @@ static rt_quota_limit admit_here(rt_quota *q, const api_key *key, const api_key 
 static void conn_give(rt_quota *q, redisContext *r, int ok)
 {
     pthread_mutex_lock(&q->mu);
+    if (!ok && r && r->err)
+        snprintf(q->why, sizeof q->why, "%s", r->errstr);
     if (!ok) {
         q->store_errors++;
         q->down_until = llm_clock_mono_s() + DOWN_S;
@@ -264,6 +274,31 @@ static void conn_give(rt_quota *q, redisContext *r, int ok)
     pthread_mutex_unlock(&q->mu);
     if (r)
         redisFree(r);
+}
+
+static void cause(rt_quota *q, const char *why)
+{
+    pthread_mutex_lock(&q->mu);
+    snprintf(q->why, sizeof q->why, "%s", why);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* A new connection's AUTH (when a password is set): 1 when Redis said OK. */
+static int auth(rt_quota *q, redisContext *r)
+{
+    if (!q->password[0])
+        return 1;
+    const char *argv[3] = {"AUTH", q->user[0] ? q->user : q->password, q->password};
+    redisReply *rep = redisCommandArgv(r, q->user[0] ? 3 : 2, argv, NULL);
+    int ok = rep && rep->type == REDIS_REPLY_STATUS && !strcmp(rep->str, "OK");
+    if (!ok && !r->err) { /* (a failed call's cause is the connection's, taken by conn_give) */
+        char why[160];
+        snprintf(why, sizeof why, "AUTH refused: %.120s", rep && rep->type == REDIS_REPLY_ERROR ? rep->str : "no answer");
+        cause(q, why);
+    }
+    if (rep)
+        freeReplyObject(rep);
+    return ok;
 }
 
 /* A connection for one call: an idle one, else a new one while fewer
@@ -288,8 +323,10 @@ static redisContext *conn_take(rt_quota *q, int anyway)
         return r;
     struct timeval tv = {q->cfg.timeout_ms / 1000, (q->cfg.timeout_ms % 1000) * 1000};
     r = redisConnectWithTimeout(q->host, q->port, tv);
-    if (r && !r->err && redisSetTimeout(r, tv) == REDIS_OK)
+    if (r && !r->err && redisSetTimeout(r, tv) == REDIS_OK && auth(q, r))
         return r;
+    if (!r)
+        cause(q, "no memory for a Redis connection");
     conn_give(q, r, 0); /* closed, counted, and Redis marked down */
     return NULL;
 }
@@ -336,6 +373,22 @@ static void redis_keys(const rt_quota *q, const api_key *t, char k[3][KEY_MAX])
     snprintf(k[2], KEY_MAX, "%s:%s:c", q->prefix, t->tenant);
 }
 
+/* The cause of a call that did not answer as the script does: Redis's
+ * error (NOAUTH, a script refused), or junk. (A broken connection's cause
+ * is its own: conn_give takes it.) */
+static void bad_reply(rt_quota *q, const redisContext *r, const redisReply *rep)
+{
+    if (r->err)
+        return;
+    char why[160];
+    const char *e = rep && rep->type == REDIS_REPLY_ERROR ? rep->str : NULL;
+    /* (unauthenticated, a call as long as the script is cut short before it says NOAUTH) */
+    int noauth = e && (strstr(e, "NOAUTH") || strstr(e, "unauthenticated"));
+    snprintf(why, sizeof why, "%s%.120s", noauth ? "Redis wants a password (AUTH), and answered: " : e ? "Redis answered: "
+             : "an answer not of the script's shape", e ? e : "");
+    cause(q, why);
+}
+
 /* One admission through Redis: the limit, or -1 when Redis failed. */
 static int admit_shared(rt_quota *q, const api_key *t, double now, long reserve, rt_quota_ticket *tk, double *retry_s)
 {
@@ -359,6 +412,8 @@ static int admit_shared(rt_quota *q, const api_key *t, double now, long reserve,
     redisReply *rep = redisCommandArgv(r, 15, argv, NULL);
     double w[N];
     int code = admit_reply(rep, w);
+    if (code < 0)
+        bad_reply(q, r, rep);
     if (rep)
         freeReplyObject(rep);
     conn_give(q, r, code >= 0);
@@ -383,6 +438,8 @@ static void done_shared(rt_quota *q, const rt_quota_ticket *tk, long tokens, dou
     const char *argv[] = {"EVAL", DONE_LUA, "2", k[1], k[2], sec, t->max_inflight ? tk->member : "", n};
     redisReply *rep = redisCommandArgv(r, 8, argv, NULL);
     int ok = rep && rep->type == REDIS_REPLY_INTEGER;
+    if (!ok)
+        bad_reply(q, r, rep);
     if (rep)
         freeReplyObject(rep);
     conn_give(q, r, ok);
@@ -459,6 +516,15 @@ void rt_quota_done(rt_quota *q, rt_quota_ticket *tk, long tokens, double now)
         pthread_mutex_unlock(&q->mu);
     }
     tk->key = NULL;
+}
+
+unsigned long long rt_quota_last_error(rt_quota *q, char *why, size_t n)
+{
+    pthread_mutex_lock(&q->mu);
+    unsigned long long e = q->store_errors;
+    snprintf(why, n, "%s", q->why);
+    pthread_mutex_unlock(&q->mu);
+    return e;
 }
 
 void rt_quota_stats(rt_quota *q, unsigned long long refused[RT_QUOTA_N], unsigned long long *store_errors, int *shared)

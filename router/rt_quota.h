@@ -14,7 +14,8 @@
  * tpm on tokens not yet counted; a request let in while the count was
  * under tpm may take it over by its own reservation, no more.
  *
- * Shared: with a Redis address (one server), every gateway replica counts
+ * Shared: with a Redis address (one server; AUTH with the password, and
+ * the ACL user when given, on each new connection), every gateway replica counts
  * in the same Redis keys (llm-quota:PREFIX:TENANT:r|t:SECOND and
  * llm-quota:PREFIX:TENANT:c), one
  * server-side script per admission, so the limits hold across replicas. A request in
@@ -52,6 +53,8 @@ typedef struct rt_quota_config {
     const api_keys *keys;
     int share;                 /* gateway replicas (>= 1): each enforces 1/share of a limit without Redis */
     const char *redis;         /* "HOST:PORT" or NULL */
+    const char *user;          /* Redis ACL user for AUTH (NULL: the default user) */
+    const char *password;      /* AUTH on every new connection with it (NULL: none) */
     const char *prefix;        /* the Redis keys' prefix (e.g. the gateway's namespace/name) */
     int fail_open;             /* Redis unusable: 1: the replica's share holds; 0: 503 */
     int timeout_ms;            /* per Redis connect and call */
@@ -89,6 +92,9 @@ void rt_quota_done(rt_quota *q, rt_quota_ticket *t, long tokens, double now);
 /* Counters for /metrics: refusals by limit, Redis failures, whether Redis
  * is in use now (configured and not marked down). */
 void rt_quota_stats(rt_quota *q, unsigned long long refused[RT_QUOTA_N], unsigned long long *store_errors, int *shared);
+/* The Redis failures so far, and the last one's cause in why (for the
+ * operator's log: never the password; "" before the first). */
+unsigned long long rt_quota_last_error(rt_quota *q, char *why, size_t n);
 
 #define RT_QUOTA_SECONDS 61
 /* Seconds until the count of the per-second counts c (oldest first, the

@@ -8,7 +8,10 @@ system prompt of about --system-tokens tokens; conversations of 1..4 turns
 words, so the prompts do not depend on what the model answers); a
 conversation's tenant drawn Zipf-skewed (s = 1.1), or with --hot H one
 tenant takes share H of them. C closed-loop clients each take the next
-conversation and run its turns in order (streamed, 16 tokens, ignore_eos).
+conversation and run its turns in order (streamed, 16 tokens, ignore_eos);
+or, with --rate R, conversations arrive open-loop (Poisson, R per second,
+seeded), each running its turns in order: latency compared at the same
+offered load, where closed-loop clients give a faster policy more load.
 Each policy runs on fresh pods (caches cold), each with one thread.
 
 Reported per policy: the prompt tokens the pods computed (queries less
@@ -17,7 +20,7 @@ replica alone and to least-loaded, the hit rate, time to first token p50
 and p99 (client side), requests/s.
 
   python3 tests/bench/route_cache.py --model build/models/gemma-3-270m-q4_k_m.gguf [--replicas 3] [--tenants 16]
-        [--conversations 40] [--conc 6] [--hot 0.8] [--policies cache-aware,least-loaded,round-robin,prefix-hash]
+        [--conversations 40] [--conc 6 | --rate 0.6] [--hot 0.8] [--policies cache-aware,least-loaded,round-robin,prefix-hash]
 """
 import argparse
 import http.client
@@ -79,8 +82,25 @@ def one_turn(port, messages):
     return ttft, usage
 
 
-def run_trace(port, systems, convs, conc):
+def run_trace(port, systems, convs, conc, rate=0, seed=1):
+    """Runs the trace: conc closed-loop clients, or (rate > 0) conversations
+    arriving open-loop, Poisson at rate per second (seeded), each its turns
+    in order - latency compared at the same offered load."""
     todo, lock, ttfts, errors = list(reversed(convs)), threading.Lock(), [], []
+
+    def conversation(t, turns):
+        msgs = [{"role": "system", "content": systems[t]}]
+        for q, reply in turns:
+            msgs.append({"role": "user", "content": q})
+            try:
+                ttft, _ = one_turn(port, msgs)
+            except Exception as e:  # noqa: BLE001 - counted and shown
+                with lock:
+                    errors.append(str(e))
+                return
+            with lock:
+                ttfts.append(ttft)
+            msgs.append({"role": "assistant", "content": reply})
 
     def client():
         while True:
@@ -88,22 +108,24 @@ def run_trace(port, systems, convs, conc):
                 if not todo:
                     return
                 t, turns = todo.pop()
-            msgs = [{"role": "system", "content": systems[t]}]
-            for q, reply in turns:
-                msgs.append({"role": "user", "content": q})
-                try:
-                    ttft, _ = one_turn(port, msgs)
-                except Exception as e:  # noqa: BLE001 - counted and shown
-                    with lock:
-                        errors.append(str(e))
-                    break
-                with lock:
-                    ttfts.append(ttft)
-                msgs.append({"role": "assistant", "content": reply})
+            conversation(t, turns)
+
+    def arrivals():
+        rng, at = random.Random(seed * 7919), time.time()
+        for t, turns in convs:
+            at += rng.expovariate(rate)
+            time.sleep(max(0.0, at - time.time()))
+            th.append(threading.Thread(target=conversation, args=(t, turns)))
+            th[-1].start()
+
     t0 = time.time()
-    th = [threading.Thread(target=client) for _ in range(conc)]
-    for x in th:
-        x.start()
+    th = []
+    if rate > 0:
+        arrivals()
+    else:
+        th = [threading.Thread(target=client) for _ in range(conc)]
+        for x in th:
+            x.start()
     for x in th:
         x.join()
     return ttfts, errors, time.time() - t0
@@ -142,7 +164,7 @@ def run_policy(a, bin_, policy, systems, convs):
                                       sum((["--backend", f"http://127.0.0.1:{p}"] for p in ports[:n]), []),
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             wait_ok(port, "/readyz", 180)
-        ttfts, errors, wall = run_trace(port, systems, convs, a.conc)
+        ttfts, errors, wall = run_trace(port, systems, convs, a.conc, a.rate, a.seed)
         q, h = pod_counts(ports[:n])
         return {"computed": q - h, "queries": q, "hit": h / q if q else 0, "p50": pct(ttfts, 50), "p99": pct(ttfts, 99),
                 "rps": len(ttfts) / wall, "errors": errors, "n": len(ttfts)}
@@ -163,6 +185,7 @@ def main():
     ap.add_argument("--system-tokens", type=int, default=1000)
     ap.add_argument("--conversations", type=int, default=40)
     ap.add_argument("--conc", type=int, default=6)
+    ap.add_argument("--rate", type=float, default=0, help="open loop: conversations arriving per second (Poisson)")
     ap.add_argument("--hot", type=float, default=0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--policies", default="cache-aware,least-loaded,round-robin,prefix-hash")
@@ -173,7 +196,8 @@ def main():
     turns = sum(len(t) for _, t in convs)
     print(f"{a.replicas} llm-server replicas ({a.threads} thread each, max_seqs {a.max_seqs}) of {pathlib.Path(a.model).name};"
           f" {a.tenants} tenants, ~{a.system_tokens}-token system prompts, {len(convs)} conversations ({turns} turns),"
-          f" {'tenant 0 at ' + str(int(a.hot * 100)) + '%' if a.hot else 'Zipf 1.1'}, {a.conc} clients, seed {a.seed}\n")
+          f" {'tenant 0 at ' + str(int(a.hot * 100)) + '%' if a.hot else 'Zipf 1.1'}, "
+          f"{f'{a.rate} conversations/s arriving (open loop)' if a.rate else f'{a.conc} clients'}, seed {a.seed}\n")
     rows = {"one replica alone": run_policy(a, bin_, None, systems, convs)}
     for p in a.policies.split(","):
         rows[p] = run_policy(a, bin_, p, systems, convs)

@@ -204,8 +204,8 @@ class Router:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"null"), e.headers.get("X-Backend")
 
-    def metrics(self):
-        text = urllib.request.urlopen(self.base + "/metrics", timeout=5).read().decode()
+    def metrics(self, query=""):
+        text = urllib.request.urlopen(self.base + "/metrics" + query, timeout=5).read().decode()
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
                 for fam in text_string_to_metric_families(text) for s in fam.samples}
 

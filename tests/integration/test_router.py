@@ -465,6 +465,16 @@ def test_gateway_serves_every_model_from_one_endpoint(tmp_path, models):
         assert m[("llm_router_routes", ())] == 2
         assert m[("llm_router_requests_total", (("backend", "t2"), ("code", "2xx"), ("route", "tuned")))] >= 4
         assert m[("llm_router_canary_weight", (("route", "tuned"),))] == 50
+        # ?route=NAME (what the controller reads): that route's series alone, as on the whole page
+        one = r.metrics("?route=tuned")
+        assert one and {dict(k[1]).get("route") for k in one} == {"tuned"}, sorted(one)[:5]
+        assert set(one) == {k for k in r.metrics() if dict(k[1]).get("route") == "tuned"}
+        key = ("llm_router_requests_total", (("backend", "t2"), ("code", "2xx"), ("route", "tuned")))
+        assert one[key] == m[key]  # (no request since)
+        assert r.metrics("?route=nowhere") == {}
+        with pytest.raises(urllib.error.HTTPError) as e:
+            r.metrics("?route=" + "x" * 300)
+        assert e.value.code == 400
     finally:
         assert r.stop() == 0
         for s in (b1, t1, t2):

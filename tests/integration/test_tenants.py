@@ -20,25 +20,31 @@ from harness import NAME, FakeBackend, Router, Server, free_port, tool, wait_for
 PROMPT = "Once upon a time " + " ".join(f"the {k}th rabbit met the {k + 1}th fox by the river." for k in range(24))
 
 
-@pytest.fixture()
-def redis(tmp_path):
-    """A redis-server on a free port: (address, process)."""
+def start_redis(tmp_path, *extra):
+    """A redis-server on a free port (extra: its settings): (address, process)."""
     exe = shutil.which("redis-server")
     if not exe:
         pytest.skip("redis-server missing (Debian's redis-server package; make deps installs it)")
     port = free_port()
     p = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                          "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          "--dir", str(tmp_path), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def up():
+    def up():  # (with a password: NOAUTH, which is an answer too)
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
                 s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
     wait_for(up, 30, "redis-server answering PING")
-    yield f"127.0.0.1:{port}", p
+    return f"127.0.0.1:{port}", p
+
+
+@pytest.fixture()
+def redis(tmp_path):
+    """A redis-server on a free port: (address, process)."""
+    addr, p = start_redis(tmp_path)
+    yield addr, p
     if p.poll() is None:
         p.terminate()
         p.wait(timeout=30)
@@ -225,3 +231,51 @@ def test_what_the_pods_are_sent(tmp_path):
     p = subprocess.run([tool("llm-router"), "--backend", "http://127.0.0.1:9", "--api-keys-file", tmp_path / "bare",
                         "--upstream-key-file", tmp_path / "upstream"], capture_output=True, text=True, timeout=30)
     assert p.returncode != 0 and "key 1 has no tenant=" in p.stderr, p.stderr
+
+
+def test_redis_with_a_password_and_an_acl_user(tmp_path):
+    """A Redis that wants AUTH (a password for the default user; an ACL user that may touch llm-quota:* keys
+    alone): with the right password, as the default user and as the ACL user, the limits are counted in Redis
+    (rpm 2: the third request is 429, held across replicas); with a wrong password or none, tenants with limits
+    get 503 quota_store_unavailable, and the router's log names the cause (never the password)."""
+    addr, proc = start_redis(tmp_path, "--requirepass", "s3cret-default",
+                             "--user", "gw", "on", ">gw-pass", "~llm-quota:*", "+@all")
+    answer = json.dumps({"choices": [{"text": "x"}], "usage": {"prompt_tokens": 1, "total_tokens": 2}}).encode()
+    fake = FakeBackend(lambda path, body, headers: (200, answer, {}))
+    (tmp_path / "keys").write_text("sk-a tenant=A rpm=2\n")
+    for name, pw in (("right", "s3cret-default"), ("gw", "gw-pass"), ("wrong", "not-it")):
+        (tmp_path / name).write_text(pw + "\n")
+
+    def router(*auth):
+        return Router("--backend", fake.base, "--api-keys-file", tmp_path / "keys", "--quota-redis", addr,
+                      "--quota-prefix", f"auth-{free_port()}", *auth)
+    try:
+        for auth in (["--quota-redis-password-file", tmp_path / "right"],
+                     ["--quota-redis-password-file", tmp_path / "gw", "--quota-redis-user", "gw"]):
+            r = router(*auth)
+            try:
+                got = [post(r.base, ask(), key="sk-a") for _ in range(3)]
+                assert [g[0] for g in got] == [200, 200, 429], [g[:2] for g in got]
+                assert "across the gateway's replicas (Redis)" in got[2][1]["error"]["message"], got[2][1]
+                assert r.metrics()[("llm_router_quota_shared", ())] == 1
+            finally:
+                assert r.stop() == 0
+        for auth, cause in ((["--quota-redis-password-file", tmp_path / "wrong"], "AUTH refused: WRONGPASS"),
+                            (["--quota-redis-password-file", tmp_path / "wrong", "--quota-redis-user", "gw"],
+                             "AUTH refused: WRONGPASS"),
+                            ([], "Redis wants a password (AUTH)")):
+            r = router(*auth)
+            try:
+                s, body, h = post(r.base, ask(), key="sk-a")
+                assert s == 503 and body["error"]["code"] == "quota_store_unavailable" and h.get("Retry-After"), body
+                assert "not-it" not in body["error"]["message"]
+            finally:
+                assert r.stop() == 0
+            assert cause in r.log and "not-it" not in r.log, r.log
+    finally:
+        fake.close()
+        proc.terminate()
+        proc.wait(timeout=30)
+    p = subprocess.run([tool("llm-router"), "--backend", "http://127.0.0.1:9", "--api-keys-file", tmp_path / "keys",
+                        "--quota-redis-user", "gw"], capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0 and "need --quota-redis" in p.stderr, p.stderr

@@ -137,6 +137,20 @@ static void test_tenants(void **st)
     assert_non_null(strstr(json_string_value(json_object_get(status, "quotas")), "through Redis redis.ns:6379"));
     json_decref(status), json_decref(gw), json_decref(children);
     gateway_table_free(&t);
+    /* Redis's password from a Secret (mounted like the keys), with an ACL user */
+    snprintf(text, sizeof text, base, ",\"auth\":{\"secretName\":\"tk\"},\"quotas\":{\"redis\":\"redis.ns:6379\","
+             "\"passwordSecret\":\"rpw\",\"user\":\"gw\"}");
+    pod = gateway_pod(text, &children, &t);
+    a = args_of(pod);
+    assert_non_null(strstr(a, "\"--quota-redis-password-file\",\"/etc/llm-gateway/redis/password\","
+                              "\"--quota-redis-user\",\"gw\"]"));
+    free(a);
+    v = json_dumps(json_object_get(pod, "volumes"), JSON_COMPACT | JSON_SORT_KEYS);
+    assert_non_null(strstr(v, "{\"name\":\"redis\",\"secret\":{\"defaultMode\":288,\"items\":[{\"key\":\"password\","
+                              "\"path\":\"password\"}],\"secretName\":\"rpw\"}}"));
+    free(v);
+    json_decref(children);
+    gateway_table_free(&t);
     /* keys without Redis: each of the 3 replicas its share */
     snprintf(text, sizeof text, base, ",\"auth\":{\"secretName\":\"tk\"}");
     pod = gateway_pod(text, &children, &t);
