@@ -137,3 +137,9 @@ def test_gateway_keys_and_limits_from_a_secret(cluster, tmp_path):
         a.completions.create(model="base-m", prompt="Once", max_tokens=1)
     assert "tenant 'A' is over its rpm of 3" in str(e.value), e.value
     assert b.completions.create(model="base-m", prompt="Once", max_tokens=1).model == "base-m"  # B has no limit
+    # the CRD's rules: an ACL user needs its password, and both need a Redis
+    for quotas, why in (("{redis: 'redis.x:6379', user: gw}", "quotas.user needs quotas.passwordSecret"),
+                        ("{passwordSecret: rpw}", "are for quotas.redis")):
+        r = c.k("apply", "-f", "-", check=False, stdin=GATEWAY.replace("name: front", "name: bad") +
+                f"  auth: {{secretName: front-keys}}\n  quotas: {quotas}\n")
+        assert r.returncode != 0 and why in r.stderr, r.stderr
