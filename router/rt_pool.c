@@ -55,6 +55,7 @@ typedef struct backend {
     rt_prefix_index *ix;       /* cache-aware: the prefixes sent here (made at the first) */
     int cap;                   /* its capacity in links, from the pod's KV cache size (0: default) */
     double trust;              /* 0..1: how far its answers bore out the index (rt_pool.h) */
+    double pending;            /* prompt bytes to compute for requests with no answer byte yet (cache-aware) */
     unsigned long long prompt_tokens, cached_tokens; /* as its answers' usage said */
     unsigned long long completion_tokens;
     double predicted_tokens;   /* what the index predicted of those */
@@ -409,13 +410,21 @@ static void want_model(rt_pool *p, const char *model)
             p->want = h, p->want_on = 1;
 }
 
-/* Cache-aware (rt_pool.h): the lowest load * unit + prompt bytes not
- * held, ties to fewer running, then round robin; *held gets the chosen
- * backend's links held. Under mu. */
+/* The prompt bytes backend b would compute of chain ch (NULL: none),
+ * holding m of its links. Under mu. */
+static double to_compute(const backend *b, const rt_prefix_chain *ch, int m)
+{
+    double bytes = ch ? (double)ch->bytes : 0, have = (double)m * RT_PREFIX_CHUNK;
+    return bytes - b->trust * (have < bytes ? have : bytes);
+}
+
+/* Cache-aware (rt_pool.h): the lowest load * unit + the bytes it is still
+ * computing + the prompt bytes it does not hold, ties to fewer running,
+ * then round robin; *held gets the chosen backend's links held. Under mu. */
 static int cache_aware(rt_pool *p, int rev, const rt_request *q, double now, int *held)
 {
     const rt_prefix_chain *ch = q->chain;
-    double bytes = ch ? (double)ch->bytes : 0, unit = p->c.balance * p->mean_bytes, best_cost = 0, best_run = 0;
+    double unit = p->c.balance * p->mean_bytes, best_cost = 0, best_run = 0;
     int best = -1;
     for (int k = 0; k < p->n; k++) {
         int i = (int)((p->rr + (unsigned)k) % (unsigned)p->n);
@@ -423,7 +432,7 @@ static int cache_aware(rt_pool *p, int rev, const rt_request *q, double now, int
             continue;
         backend *b = &p->b[i];
         int m = ch && b->ix ? rt_prefix_match(b->ix, ch->link, ch->n) : 0;
-        double have = (double)m * RT_PREFIX_CHUNK, cost = unit * load_of(b) + bytes - b->trust * (have < bytes ? have : bytes);
+        double cost = unit * load_of(b) + b->pending + to_compute(b, ch, m);
         if (best < 0 || cost < best_cost || (cost == best_cost && b->running < best_run)) {
             best = i, best_cost = cost, best_run = b->running;
             *held = m;
@@ -466,8 +475,9 @@ static int revision_of(rt_pool *p, const rt_request *q)
     return 1;
 }
 
-int rt_pool_pick(rt_pool *p, const rt_request *q, char *url, size_t un, double *predicted)
+int rt_pool_pick(rt_pool *p, const rt_request *q, char *url, size_t un, rt_pick *out)
 {
+    double pending = 0;
     pthread_mutex_lock(&p->mu);
     double now = llm_clock_mono_s();
     want_model(p, q->model);
@@ -486,12 +496,14 @@ int rt_pool_pick(rt_pool *p, const rt_request *q, char *url, size_t un, double *
         if (p->c.policy == RT_CACHE_AWARE && q->chain) {
             if (has_session && b->ix) /* a session chose: what this backend holds of the prompt still counts */
                 held = rt_prefix_match(b->ix, q->chain->link, q->chain->n);
+            b->pending += pending = to_compute(b, q->chain, held);
             sent_chain(p, b, q->chain);
         }
     }
-    if (predicted) {
+    if (out) {
         double have = (double)held * RT_PREFIX_CHUNK, bytes = q->chain ? (double)q->chain->bytes : 0;
-        *predicted = bytes > 0 ? (have < bytes ? have : bytes) / bytes : 0;
+        out->predicted = bytes > 0 ? (have < bytes ? have : bytes) / bytes : 0;
+        out->pending = pending;
     }
     p->want_on = 0;
     pthread_mutex_unlock(&p->mu);
@@ -591,6 +603,22 @@ static void learn(backend *b, const rt_result *res)
     }
 }
 
+/* Backend b computes pending fewer bytes. Under mu. */
+static void computed(backend *b, double pending)
+{
+    b->pending -= pending;
+    if (b->pending < 1 || b->inflight <= 0) /* (sums of doubles: what is left when none is pending is rounding) */
+        b->pending = 0;
+}
+
+void rt_pool_started(rt_pool *p, int idx, double pending)
+{
+    pthread_mutex_lock(&p->mu);
+    if (idx >= 0 && idx < p->n)
+        computed(&p->b[idx], pending);
+    pthread_mutex_unlock(&p->mu);
+}
+
 void rt_pool_release(rt_pool *p, int idx, const rt_result *res)
 {
     pthread_mutex_lock(&p->mu);
@@ -600,8 +628,9 @@ void rt_pool_release(rt_pool *p, int idx, const rt_result *res)
     }
     backend *b = &p->b[idx];
     double now = llm_clock_mono_s();
-    int cls = res->status >= 200 && res->status < 600 ? res->status / 100 - 2 : 4;
     b->inflight--;
+    computed(b, res->pending);
+    int cls = res->status >= 200 && res->status < 600 ? res->status / 100 - 2 : 4;
     b->requests++;
     b->dropped += res->dropped != 0;
     b->codes[cls]++;
@@ -767,6 +796,7 @@ static double v_up(const backend *b, double now) { return b->ejected_until == 0 
 static double v_inflight(const backend *b, double now) { (void)now; return b->inflight; }
 static double v_trust(const backend *b, double now) { (void)now; return b->trust; }
 static double v_links(const backend *b, double now) { (void)now; return b->ix ? rt_prefix_index_size(b->ix) : 0; }
+static double v_pending(const backend *b, double now) { (void)now; return b->pending; }
 static double v_prompt(const backend *b, double now) { (void)now; return (double)b->prompt_tokens; }
 static double v_cached(const backend *b, double now) { (void)now; return (double)b->cached_tokens; }
 static double v_completion(const backend *b, double now) { (void)now; return (double)b->completion_tokens; }
@@ -886,6 +916,9 @@ void rt_pool_metrics(rt_pool *const *p, const char *const *routes, int n, llm_st
                 "How far the backend's answers bore out the router's prefix index (0..1).", v_trust, now);
     per_backend(out, &ps, "llm_router_backend_prefix_links", "gauge",
                 "Prompt chunks of 256 bytes the router's prefix index holds for the backend.", v_links, now);
+    per_backend(out, &ps, "llm_router_backend_pending_prompt_bytes", "gauge",
+                "Prompt bytes the backend is believed to compute for requests with no answer byte yet (cache-aware).",
+                v_pending, now);
     durations_and_weights(out, &ps);
     if (routes)
         held_by_route(out, &ps);

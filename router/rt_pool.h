@@ -15,10 +15,14 @@
  *     being its load (in flight + waiting) times a request's worth in
  *     prompt bytes, plus the prompt bytes it would compute: the request's,
  *     less those it is believed to hold (rt_prefix.h: the prefixes sent
- *     there lately, times its trust). So a conversation stays where its
+ *     there lately, times its trust), plus the prompt bytes it is still
+ *     computing for requests sent there that have no answer byte yet (a
+ *     request's first token waits behind them: the cost is the time to
+ *     it, in bytes of prefill). So a conversation stays where its
  *     history is, a hot prefix spreads once its pod is busier than a
- *     prefill elsewhere costs, and with no prefix known the choice is the
- *     least loaded one. Trust: each answer's usage (cached_tokens over
+ *     prefill elsewhere costs, a request does not queue behind another's
+ *     long prefill when a pod with less to compute can take it, and with
+ *     no prefix known the choice is the least loaded one. Trust: each answer's usage (cached_tokens over
  *     prompt_tokens) against the share predicted, averaged, at most 1: a
  *     pod that says it had more than predicted gains nothing, one that
  *     had less (restarted, evicted) is believed less.
@@ -105,11 +109,21 @@ typedef struct rt_request {
     const unsigned char *avoid;   /* bitmap over indexes to skip (retries); NULL: none */
 } rt_request;
 
+/* What the choice believed of the backend it chose. */
+typedef struct rt_pick {
+    double predicted; /* the share of the prompt's bytes it holds (for rt_result.predicted) */
+    double pending;   /* cache-aware: the prompt bytes it is to compute (for rt_pool_started / rt_result.pending) */
+} rt_pick;
+
 /* Chooses a backend for a request; -1 when none is usable. The URL is
- * copied to url; *predicted (may be NULL) gets the share of the prompt's
- * bytes the backend was believed to hold (for rt_result.predicted).
- * Counts the request in flight and, cache-aware, its chain as sent there. */
-int rt_pool_pick(rt_pool *p, const rt_request *q, char *url, size_t un, double *predicted);
+ * copied to url; *out (may be NULL) gets what the choice believed.
+ * Counts the request in flight and, cache-aware, its chain as sent there
+ * and its pending bytes on the backend (until rt_pool_started, or
+ * rt_pool_release with them in rt_result.pending). */
+int rt_pool_pick(rt_pool *p, const rt_request *q, char *url, size_t un, rt_pick *out);
+/* The first byte of backend idx's answer came: the prompt is computed,
+ * its pending bytes (rt_pick.pending) no longer count there. */
+void rt_pool_started(rt_pool *p, int idx, double pending);
 /* Latency histograms' bucket bounds (seconds), shared by the request
  * duration, time-to-first-byte and inter-token histograms. */
 #define RT_N_BUCKETS 16
@@ -132,7 +146,8 @@ typedef struct rt_result {
     int prompt_tokens;   /* the answer's usage; -1: none seen */
     int cached_tokens;
     int completion_tokens; /* (total_tokens - prompt_tokens); -1: none seen */
-    double predicted;    /* rt_pool_pick's *predicted */
+    double predicted;    /* rt_pick.predicted */
+    double pending;      /* rt_pick.pending, unless rt_pool_started has given it back */
 } rt_result;
 
 /* The request ended. */

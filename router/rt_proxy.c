@@ -93,6 +93,8 @@ typedef struct attempt {
     const char *traceparent;   /* sent to the backend; NULL: none */
     long events;               /* "data:" lines of a stream (its tokens, when it carries no usage) */
     double t0, first, last;    /* start, first and latest body byte (0: none yet) */
+    rt_pool *pool;             /* the backend's, and its index there: */
+    int idx;                   /* its pending bytes go at the first byte (rt_pool_started) */
     rt_result res;             /* inter-token gaps of a stream, counted here */
     long status;
     char ctype[128];
@@ -186,9 +188,11 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
     attempt *a = arg;
     size_t len = sz * n;
     double now = llm_clock_mono_s();
-    if (!a->first)
+    if (!a->first) {
         a->first = now;
-    else if (strstr(a->ctype, "event-stream")) { /* one chunk per token: the gap is the inter-token latency */
+        rt_pool_started(a->pool, a->idx, a->res.pending); /* (its prompt is computed) */
+        a->res.pending = 0;
+    } else if (strstr(a->ctype, "event-stream")) { /* one chunk per token: the gap is the inter-token latency */
         a->res.itl[rt_pool_bucket(now - a->last)]++;
         a->res.itl_sum += now - a->last;
         a->res.itl_n++;
@@ -597,15 +601,16 @@ static int attempts(rt_proxy *px, rt_pool *pool, struct mg_connection *c, const 
     const char *session = q.session;
     q.avoid = avoid;
     for (int attempt_no = 0; attempt_no <= px->retries; attempt_no++) {
-        double predicted = 0;
-        int idx = rt_pool_pick(pool, &q, url, sizeof url, &predicted);
+        rt_pick pick = {0};
+        int idx = rt_pool_pick(pool, &q, url, sizeof url, &pick);
         if (idx < 0)
             return 0;
         char name[128];
         attempt a = {.c = c, .cutting = &px->cutting, .t0 = llm_clock_mono_s(), .started = answered, /* a held stream has its head */
                      .revision = rt_pool_revision(pool, idx) ? "canary" : "stable", .upstream_auth = px->upstream_auth,
                      .tenant = who->key ? who->key->tenant : NULL,
-                     .traceparent = who->traceparent[0] ? who->traceparent : NULL};
+                     .traceparent = who->traceparent[0] ? who->traceparent : NULL, .pool = pool, .idx = idx,
+                     .res = {.pending = pick.pending}};
         snprintf(who->backend, sizeof who->backend, "%.255s", url);
         if (px->expose_backend && rt_pool_name(pool, idx, name, sizeof name))
             a.name = name;
@@ -629,7 +634,7 @@ static int attempts(rt_proxy *px, rt_pool *pool, struct mg_connection *c, const 
         a.res.seconds = llm_clock_mono_s() - a.t0;
         a.res.ttfb = a.first ? a.first - a.t0 : -1;
         a.res.status = rc == CURLE_OK || a.started ? (int)a.status : rc == CURLE_OPERATION_TIMEDOUT ? 504 : 0;
-        a.res.predicted = predicted;
+        a.res.predicted = pick.predicted;
         a.res.prompt_tokens = a.res.cached_tokens = a.res.completion_tokens = -1;
         int total = -1;
         if (rc == CURLE_OK && a.status == 200)

@@ -170,18 +170,19 @@ static rt_pool *three_pods(void)
     return p;
 }
 
-static int pick(rt_pool *p, const rt_prefix_chain *c, double *pred)
+static int pick(rt_pool *p, const rt_prefix_chain *c, rt_pick *pk)
 {
     char url[256];
     rt_request q = {.chain = c};
-    int i = rt_pool_pick(p, &q, url, sizeof url, pred);
+    int i = rt_pool_pick(p, &q, url, sizeof url, pk);
     assert_true(i >= 0);
     return i;
 }
 
-static void done(rt_pool *p, int i, int prompt, int cached, double pred)
+static void done(rt_pool *p, int i, int prompt, int cached, rt_pick pk)
 {
-    rt_result r = {.ok = 1, .status = 200, .ttfb = -1, .prompt_tokens = prompt, .cached_tokens = cached, .predicted = pred};
+    rt_result r = {.ok = 1, .status = 200, .ttfb = -1, .prompt_tokens = prompt, .cached_tokens = cached,
+                   .predicted = pk.predicted, .pending = pk.pending};
     rt_pool_release(p, i, &r);
 }
 
@@ -192,29 +193,30 @@ static void test_cache_aware_pick(void **st)
     char *t1 = chat("m", 4000, 1, NULL), *t2 = chat("m", 4000, 2, NULL);
     chain_of(t1, NULL, &g_a);
     chain_of(t2, NULL, &g_b);
-    double pred;
+    rt_pick pred;
     int first = pick(p, &g_a, &pred);
-    assert_true(pred == 0);
+    assert_true(pred.predicted == 0);
     done(p, first, 1100, 0, pred);
     /* idle pods: the follow-up goes where its first turn went, predicted mostly cached */
     int again = pick(p, &g_b, &pred);
     assert_int_equal(again, first);
-    assert_true(pred > 0.8 && pred < 1);
+    assert_true(pred.predicted > 0.8 && pred.predicted < 1);
     done(p, again, 1200, 1000, pred);
     /* the pod busy (requests in flight there): past a prefill's worth of
      * load (balance 0.25 of the mean prompt each), the prompt goes elsewhere */
     int busy[16], n_busy = 0, moved = -1;
+    rt_pick busy_pk[16], moved_pk = {0};
     for (int k = 0; k < 16 && moved < 0; k++) {
         int i = pick(p, &g_b, &pred);
         if (i != first)
-            moved = i;
+            moved = i, moved_pk = pred;
         else
-            busy[n_busy++] = i;
+            busy_pk[n_busy] = pred, busy[n_busy++] = i;
     }
     assert_true(moved >= 0);
     assert_true(n_busy >= 3); /* a 4.6 KB prompt is worth several queued requests */
-    done(p, moved, 1200, 0, 0);
-    for (int k = 0; k < n_busy; k++) done(p, busy[k], 1200, 1100, 0.9);
+    done(p, moved, 1200, 0, moved_pk);
+    for (int k = 0; k < n_busy; k++) done(p, busy[k], 1200, 1100, busy_pk[k]);
     /* now two pods hold it: with loads equal again it goes to one of them */
     for (int k = 0; k < 6; k++) {
         int i = pick(p, &g_b, &pred);
@@ -235,7 +237,7 @@ static void test_trust(void **st)
     char *t1 = chat("m", 4000, 1, NULL), *t2 = chat("m", 4000, 2, NULL);
     chain_of(t1, NULL, &g_a);
     chain_of(t2, NULL, &g_b);
-    double pred;
+    rt_pick pred;
     int pod = pick(p, &g_a, &pred);
     done(p, pod, 1100, 1100, pred); /* says all cached, predicted none: no change */
     llm_strbuf m = {0};
@@ -252,7 +254,8 @@ static void test_trust(void **st)
     /* believed barely at all now: the pick weighs the pods by load alone; with this pod one request busier, another takes it */
     char url[256];
     rt_request q = {.chain = &g_b};
-    int held = rt_pool_pick(p, &q, url, sizeof url, &pred), other = pick(p, &g_b, &pred);
+    rt_pick held_pk, other_pk;
+    int held = rt_pool_pick(p, &q, url, sizeof url, &held_pk), other = pick(p, &g_b, &other_pk);
     assert_int_equal(held, pod);
     assert_int_not_equal(other, pod);
     rt_pool_metrics(&p, NULL, 1, &m);
@@ -261,7 +264,7 @@ static void test_trust(void **st)
     assert_non_null(trust);
     assert_true(strtod(trust + strlen(series), NULL) < 0.1); /* 0.8^12 */
     llm_strbuf_free(&m);
-    done(p, held, -1, -1, 0), done(p, other, -1, -1, 0);
+    done(p, held, -1, -1, held_pk), done(p, other, -1, -1, other_pk);
     free(t1), free(t2);
     rt_pool_free(p);
 }
@@ -290,7 +293,7 @@ static void test_pool_grows_and_metrics_of_two(void **st)
     rt_request any = {0};
     int i = rt_pool_pick(p, &any, got, sizeof got, NULL);
     assert_true(i >= 0 && i < RT_MAX_BACKENDS);
-    done(p, i, -1, -1, 0);
+    done(p, i, -1, -1, (rt_pick){0});
     rt_pool *both[2] = {p, q};
     const char *names[2] = {"base", "tuned"};
     llm_strbuf m = {0};
@@ -497,12 +500,12 @@ static void test_restart_forgets(void **st)
     rt_pool *p = three_pods();
     char *t1 = chat("m", 4000, 1, NULL);
     chain_of(t1, NULL, &g_a);
-    double pred;
+    rt_pick pred;
     int pod = pick(p, &g_a, &pred);
     done(p, pod, 1100, 0, pred);
     rt_pool_report_cache(p, pod, 0, 5000);
     assert_int_equal(pick(p, &g_a, &pred), pod); /* the prefix pulls */
-    assert_true(pred > 0.9);
+    assert_true(pred.predicted > 0.9);
     done(p, pod, 1100, 1090, pred);
     rt_pool_report_cache(p, pod, 0, 6100); /* counting on: same process */
     assert_int_equal(pick(p, &g_a, &pred), pod);
@@ -515,8 +518,64 @@ static void test_restart_forgets(void **st)
     assert_non_null(strstr(m.p, series));
     llm_strbuf_free(&m);
     pick(p, &g_a, &pred);
-    assert_true(pred == 0); /* nothing believed held anywhere */
+    assert_true(pred.predicted == 0); /* nothing believed held anywhere */
     free(t1);
+    rt_pool_free(p);
+}
+
+static double pending_of(rt_pool *p, int pod)
+{
+    llm_strbuf m = {0};
+    char series[96];
+    rt_pool_metrics(&p, NULL, 1, &m);
+    snprintf(series, sizeof series, "llm_router_backend_pending_prompt_bytes{backend=\"%c\"} ", 'a' + pod);
+    const char *at = m.p ? strstr(m.p, series) : NULL;
+    assert_non_null(at);
+    double v = strtod(at + strlen(series), NULL);
+    llm_strbuf_free(&m);
+    return v;
+}
+
+/* A request does not wait behind another's long prefill when a pod with
+ * less to compute can take it: P holds a conversation's history, then
+ * gets a 16 KB prompt no one holds; the conversation's next turn goes to
+ * the other pod (a 4.6 KB prefill there, against 16 KB queued at P) until
+ * P's answer starts, then back to P. */
+static void test_pending_prefill(void **st)
+{
+    (void)st;
+    rt_pool *p;
+    llm_error err = {0};
+    rt_pool_config c = {.policy = RT_CACHE_AWARE};
+    assert_int_equal(rt_pool_new(&c, &p, &err), LLM_OK);
+    const char *urls[] = {"a=http://10.0.0.1:1", "b=http://10.0.0.2:1"};
+    assert_int_equal(rt_pool_set(p, 0, urls, 2, &err), LLM_OK);
+    static rt_prefix_chain big;
+    char *t1 = chat("m", 4000, 1, NULL), *t2 = chat("m", 4000, 2, NULL), *tb = chat("m", 16000, 1, "other");
+    chain_of(t1, NULL, &g_a);
+    chain_of(t2, NULL, &g_b);
+    chain_of(tb, NULL, &big);
+    rt_pick first, long_one, next, after;
+    int pod = pick(p, &g_a, &first), other = !pod;
+    assert_true(first.pending > 4000); /* nothing held: all of it to compute */
+    assert_true(pending_of(p, pod) == first.pending);
+    rt_pool_started(p, pod, first.pending);
+    assert_true(pending_of(p, pod) == 0);
+    done(p, pod, 1100, 0, (rt_pick){first.predicted, 0});
+    rt_pool_report(p, other, 1, 3, 0, 0); /* the other pod has 3 waiting: the long prompt goes to P */
+    assert_int_equal(pick(p, &big, &long_one), pod);
+    assert_true(long_one.pending > 16000 && pending_of(p, pod) == long_one.pending);
+    /* without the pending bytes P would cost a queued request and 600 bytes; with them, 16 KB more */
+    assert_int_equal(pick(p, &g_b, &next), other);
+    assert_true(next.pending > 4000);
+    rt_pool_started(p, pod, long_one.pending); /* P's long prompt is computed */
+    assert_int_equal(pick(p, &g_b, &after), pod);
+    assert_true(after.pending < 1000); /* mostly held */
+    done(p, pod, 4000, 0, (rt_pick){0});
+    done(p, other, 1200, 0, next);
+    done(p, pod, 1200, 1000, after);
+    assert_true(pending_of(p, pod) == 0 && pending_of(p, other) == 0);
+    free(t1), free(t2), free(tb);
     rt_pool_free(p);
 }
 
@@ -542,6 +601,7 @@ int main(void)
         cmocka_unit_test(test_policy_names),   cmocka_unit_test(test_pool_grows_and_metrics_of_two),
         cmocka_unit_test(test_routes),         cmocka_unit_test(test_routes_from_file),
         cmocka_unit_test(test_routes_many),    cmocka_unit_test(test_restart_forgets),
+        cmocka_unit_test(test_pending_prefill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
