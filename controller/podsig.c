@@ -22,6 +22,9 @@
 #define PODS_PER_LLMD 1024 /* pages per LLMDeployment and kind in one round */
 #define DIAG_PODS 64       /* /startupz per instance: enough to say why */
 #define ROUND_PAGES 4096
+/* pages asked before the fair cut to ROUND_PAGES (by each LLMDeployment's turn): every kind's share */
+#define ROUND_ASKED (ROUND_PAGES * K_KINDS)
+#define GATEWAY_PAGES 8    /* gateway pods read per LLMDeployment: its route's counters from each */
 #define PAGE_MAX (512u << 10)
 #define ROUND_BYTES (16u << 20)
 #define LIST_TIMEOUT_MS 10000
@@ -106,6 +109,8 @@ static void add_routing_page(podsig_reading *r, const char *text, const char *ro
 
 void podsig_add_gateway_page(podsig_reading *r, const char *text, const char *route)
 {
+    /* (the page asked is the route's alone, but a gateway of an older llm-router answers its whole page: the
+     * route's series are still picked out) */
     add_routing_page(r, text, route);
 }
 
@@ -135,7 +140,7 @@ typedef struct page {
     int kind, what;
     int nth;                   /* its LLMDeployment's nth page this round: pages are asked round-robin */
     const char *pod;           /* the pod's name (borrowed from the list) */
-    char url[192];             /* (a gateway's: ?route=NAME, a DNS label) */
+    char url[160];             /* http://[IPv6]:PORT/metrics?route=NAME: 45 + 26 + a name of at most 47 (the CRD's) */
 } page;
 
 typedef struct sig_round {
@@ -181,16 +186,19 @@ static int index_instances(sig_round *rd)
     return 0;
 }
 
+/* A target's route at a gateway: its LLMDeployment's name. */
+static const char *route_of(const snap *s) { return strchr(s->key, '/') + 1; }
+
 static void add_page(sig_round *rd, size_t i, int kind, int what, const char *pod, const char *ip, long long port)
 {
     snap *s = &rd->s[i];
-    int cap = what == P_STARTUPZ ? DIAG_PODS : rd->share;
-    if (rd->np >= ROUND_PAGES || s->pages[kind][what] >= cap)
+    int cap = what == P_STARTUPZ ? DIAG_PODS : kind == K_GATEWAY ? GATEWAY_PAGES : rd->share;
+    if (rd->np >= ROUND_ASKED || s->pages[kind][what] >= cap)
         return;
     page *p = &rd->p[rd->np];
     int v6 = strchr(ip, ':') != NULL;
     /* a gateway's page: the target's route alone (its whole page grows with every route it serves) */
-    const char *route = kind == K_GATEWAY ? strchr(s->key, '/') + 1 : NULL;
+    const char *route = kind == K_GATEWAY ? route_of(s) : NULL;
     if (snprintf(p->url, sizeof p->url, "http://%s%s%s:%lld/%s%s%s", v6 ? "[" : "", ip, v6 ? "]" : "", port,
                  what == P_STARTUPZ ? "startupz" : "metrics", route ? "?route=" : "", route ? route : "") >= (int)sizeof p->url)
         return;
@@ -312,6 +320,7 @@ static int read_pages(sig_round *rd)
         /* round-robin across LLMDeployments: the connections go to everyone's first pages before anyone's
          * second, so one LLMDeployment's pods that hold them cannot starve the others' */
         qsort(rd->p, rd->np, sizeof *rd->p, by_turn);
+        rd->np = rd->np < ROUND_PAGES ? rd->np : ROUND_PAGES; /* the fair cut: everyone's first pages first */
         for (size_t i = 0; i < rd->np; i++) urls[i] = rd->p[i].url;
         size_t each = rd->np && ROUND_BYTES / rd->np < PAGE_MAX ? ROUND_BYTES / rd->np : PAGE_MAX;
         http_client_get_many(urls, rd->np, PODSIG_BUDGET_MS, each, codes, bodies);
@@ -320,7 +329,7 @@ static int read_pages(sig_round *rd)
             snap *s = &rd->s[p->snap];
             ctl_obs_count(codes[i] ? CTL_M_PAGES_ANSWERED : CTL_M_PAGES_UNANSWERED);
             if (codes[i] == 200 && p->what == P_METRICS && p->kind == K_GATEWAY)
-                podsig_add_gateway_page(&s->r, bodies[i], strchr(s->key, '/') + 1);
+                podsig_add_gateway_page(&s->r, bodies[i], route_of(s));
             else if (codes[i] == 200 && p->what == P_METRICS)
                 (p->kind == K_SERVER ? podsig_add_server_page : podsig_add_router_page)(&s->r, bodies[i]);
             else if (codes[i] && p->what == P_STARTUPZ) /* any status: a failed load answers 503 */
@@ -430,7 +439,7 @@ static void round_once(podsig *ps, kube_client *k)
     sig_round rd = {0};
     json_t *pages = NULL;
     llm_error err = {0};
-    if (!take_snapshot(ps, &rd) || index_instances(&rd) || !(rd.p = calloc(ROUND_PAGES, sizeof *rd.p)))
+    if (!take_snapshot(ps, &rd) || index_instances(&rd) || !(rd.p = calloc(ROUND_ASKED, sizeof *rd.p)))
         goto out;
     if (list_pods(ps, k, &pages, &err)) {
         ctl_obs_log(CTL_WARN, "cannot list the pods for their signals", "error", err.msg, (const char *)NULL);

@@ -610,6 +610,7 @@ int http_guard_token_file(const char *path, char *out, size_t cap)
     FILE *f = fopen(path, "r");
     if (!f)
         return -1;
+    setvbuf(f, NULL, _IONBF, 0); /* a secret: no stdio buffer keeps a copy */
     char line[1024];
     int ok = fgets(line, sizeof line, f) != NULL;
     fclose(f);
@@ -617,9 +618,11 @@ int http_guard_token_file(const char *path, char *out, size_t cap)
     while (ok && (*p == ' ' || *p == '\t'))
         p++;
     for (end = p + (ok ? strlen(p) : 0); end > p && strchr(" \t\r\n", end[-1]); end--) {}
-    if (!ok || end == p || (size_t)(end - p) >= cap)
-        return -1;
-    memcpy(out, p, (size_t)(end - p));
-    out[end - p] = 0;
-    return 0;
+    ok = ok && end > p && (size_t)(end - p) < cap;
+    if (ok) {
+        memcpy(out, p, (size_t)(end - p));
+        out[end - p] = 0;
+    }
+    explicit_bzero(line, sizeof line);
+    return ok ? 0 : -1;
 }

@@ -61,6 +61,12 @@ typedef struct disc {
     char *slice_urls[MAX_SLICES]; /* newline-separated ready endpoints of each slice */
 } disc;
 
+/* The quota store's failures as last logged (the poller's; main's at the end). */
+typedef struct store_logged {
+    unsigned long long errors;
+    double at;
+} store_logged;
+
 struct router {
     rt_pool *pool;
     rt_proxy px;
@@ -76,12 +82,12 @@ struct router {
     int draining;                        /* SIGTERM came: /readyz fails */
     api_keys keys;                       /* --api-keys-file */
     char upstream_auth[API_KEY_MAX_LEN + 8]; /* "Bearer " and --upstream-key-file's key */
+    store_logged store;
 };
 
 /* The front door's flags: --api-keys-file and the quota's, the traces'. */
 typedef struct edge_flags {
     const char *keys_file, *upstream_file;
-    const char *redis_password_file; /* --quota-redis-password-file */
     rt_quota_config q;
     const char *otlp;          /* --otlp-endpoint */
     double ratio;              /* --trace-sample-ratio */
@@ -138,10 +144,6 @@ static void poll_pool(CURL *h, rt_pool *pool, long metrics_port)
 /* The quota store's failures, logged with their last cause at most once
  * every STORE_LOG_S (a Redis that is down fails every request). */
 #define STORE_LOG_S 10
-typedef struct store_logged {
-    unsigned long long errors;
-    double at;
-} store_logged;
 
 static void store_log(router *r, store_logged *l)
 {
@@ -158,7 +160,7 @@ static void store_log(router *r, store_logged *l)
 static void *poller(void *arg)
 {
     router *r = arg;
-    store_logged logged = {0, -STORE_LOG_S};
+    r->store.at = -STORE_LOG_S;
     CURL *h = curl_easy_init(); /* one handle: connections to the backends stay open */
     rt_route **routes = r->px.routes ? calloc(RT_MAX_ROUTES, sizeof *routes) : NULL;
     if (!h || (r->px.routes && !routes))
@@ -174,11 +176,9 @@ static void *poller(void *arg)
             }
             for (int k = 0; k < n; k++) rt_routes_put(r->px.routes, routes[k]);
         }
-        store_log(r, &logged);
+        store_log(r, &r->store);
         usleep((useconds_t)r->poll_ms * 1000);
     }
-    logged.at = -STORE_LOG_S; /* what came since the last report, on the way out */
-    store_log(r, &logged);
     free(routes);
     curl_easy_cleanup(h);
     return NULL;
@@ -375,9 +375,19 @@ static void quota_metrics(router *r, llm_strbuf *out)
                    NULL, shared);
 }
 
+/* A metrics page made in page (freed here): 200, or 503 when it could not be made whole. */
+static int send_page(struct mg_connection *c, llm_strbuf *page)
+{
+    int code = page->failed ? http_reply_text(c, 503, "text/plain", "no memory\n", NULL)
+                            : http_reply(c, 200, "text/plain; version=0.0.4", page->p ? page->p : "", page->len, NULL);
+    llm_strbuf_free(page);
+    return code;
+}
+
 /* GET /metrics?route=NAME on a gateway: route NAME's families alone (the
  * controller's read of one LLMDeployment: the whole page of a gateway of
- * many routes outgrows what it reads of a page). */
+ * many routes outgrows what it reads of a page); a name no route has gets
+ * an empty page. 0 when the query names no route (the whole page). */
 static int route_page(struct mg_connection *c, router *r, const char *qs)
 {
     char name[256];
@@ -389,10 +399,7 @@ static int route_page(struct mg_connection *c, router *r, const char *qs)
                                r->px.routes ? "route: at most 255 bytes\n" : "route= is for a gateway (--routes)\n", NULL);
     llm_strbuf one = {0};
     pool_metrics(r, name, &one);
-    int code = one.failed ? http_reply_text(c, 503, "text/plain", "no memory\n", NULL)
-                          : http_reply(c, 200, "text/plain; version=0.0.4", one.p ? one.p : "", one.len, NULL);
-    llm_strbuf_free(&one);
-    return code;
+    return send_page(c, &one);
 }
 
 static int h_metrics(struct mg_connection *c, void *cb)
@@ -421,10 +428,7 @@ static int h_metrics(struct mg_connection *c, void *cb)
     llm_prom_gauge(&all, "llm_http_connections", "Client connections open.", NULL, (double)gs.open);
     llm_prom_counter(&all, "llm_http_connections_refused_total", "Connections refused above --max-connections.", NULL,
                      (double)gs.refused);
-    code = all.failed ? http_reply_text(c, 503, "text/plain", "no memory\n", NULL)
-                      : http_reply(c, 200, "text/plain; version=0.0.4", all.p, all.len, NULL);
-    llm_strbuf_free(&all);
-    return code;
+    return send_page(c, &all);
 }
 
 /* POST /admin/canary {"weight": N} with the admin bearer token: the
@@ -530,7 +534,7 @@ static int edge_flag(const char *a, const char *v, edge_flags *t)
     else if (!strcmp(a, "--quota-redis-user") && *v)
         t->q.user = v;
     else if (!strcmp(a, "--quota-redis-password-file"))
-        t->redis_password_file = v;
+        t->q.password_file = v;
     else if (!strcmp(a, "--quota-prefix") && *v)
         t->q.prefix = v;
     else if (!strcmp(a, "--quota-fail") && (!strcmp(v, "open") || !strcmp(v, "closed")))
@@ -557,12 +561,25 @@ static llm_status start_traces(router *r, const edge_flags *t, llm_error *err)
     return st;
 }
 
+/* The tenants' limits (rt_quota). */
+static llm_status start_quota(router *r, edge_flags *t, llm_error *err)
+{
+    if ((t->q.password_file || t->q.user) && !t->q.redis)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "--quota-redis-user and --quota-redis-password-file need --quota-redis");
+    t->q.keys = &r->keys;
+    /* a slot in flight outlives the longest request: its body, its hold, its answer */
+    t->q.lease_s = (double)(r->px.retries + 1) * (double)r->px.timeout_s + r->px.body_timeout_s + r->px.hold_s + 30;
+    return rt_quota_open(&t->q, &r->px.quota, err);
+}
+
 /* The gateway's keys and the tenants' limits, from the front-door flags. */
 static llm_status start_tenants(router *r, edge_flags *t, llm_error *err)
 {
     if (!t->keys_file)
-        return t->upstream_file || t->q.redis ? llm_errf(err, LLM_ERR_INVALID_ARG, "--upstream-key-file and --quota-redis "
-                                                         "need --api-keys-file (the tenants)") : LLM_OK;
+        return t->upstream_file || t->q.redis || t->q.user || t->q.password_file
+                   ? llm_errf(err, LLM_ERR_INVALID_ARG, "--upstream-key-file and the --quota-redis flags need "
+                              "--api-keys-file (the tenants)")
+                   : LLM_OK;
     char key[API_KEY_MAX_LEN + 1];
     llm_status st = api_keys_load(t->keys_file, NULL, &r->keys, err);
     if (!st && !r->keys.n)
@@ -580,20 +597,8 @@ static llm_status start_tenants(router *r, edge_flags *t, llm_error *err)
                           "--upstream-key-file every key names its tenant: the pods are told it)", t->keys_file, i + 1);
     if (!st && t->upstream_file)
         snprintf(r->upstream_auth, sizeof r->upstream_auth, "Bearer %s", key);
-    char password[256] = "";
-    if (!st && t->redis_password_file && http_guard_token_file(t->redis_password_file, password, sizeof password))
-        st = llm_errf(err, LLM_ERR_INVALID_ARG, "--quota-redis-password-file %s: cannot read a password from it (one "
-                      "line, 1-%zu characters)", t->redis_password_file, sizeof password - 1);
-    if (!st && (t->redis_password_file || t->q.user) && !t->q.redis)
-        st = llm_errf(err, LLM_ERR_INVALID_ARG, "--quota-redis-user and --quota-redis-password-file need --quota-redis");
-    t->q.password = password[0] ? password : NULL;
-    t->q.keys = &r->keys;
-    /* a slot in flight outlives the longest request: its body, its hold, its answer */
-    t->q.lease_s = (double)(r->px.retries + 1) * (double)r->px.timeout_s + r->px.body_timeout_s + r->px.hold_s + 30;
     if (!st)
-        st = rt_quota_open(&t->q, &r->px.quota, err); /* (the password copied) */
-    explicit_bzero(password, sizeof password);
-    t->q.password = NULL;
+        st = start_quota(r, t, err);
     if (st)
         return st;
     r->px.keys = &r->keys;
@@ -904,6 +909,8 @@ int main(int argc, char **argv)
     http_guard_stop(r.http);
     if (polling)
         pthread_join(poll_th, NULL);
+    r.store.at = -STORE_LOG_S; /* the quota store's failures since the last report, served until the drain's end */
+    store_log(&r, &r.store);
     for (int k = 0; k < discovering; k++) pthread_join(disc_th[k], NULL);
     rt_gateway_join(gw);
     if (weighing)

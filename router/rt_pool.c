@@ -410,12 +410,18 @@ static void want_model(rt_pool *p, const char *model)
             p->want = h, p->want_on = 1;
 }
 
+/* The bytes of chain ch (NULL: none) that m links held cover. */
+static double held_bytes(const rt_prefix_chain *ch, int m)
+{
+    double bytes = ch ? (double)ch->bytes : 0, have = (double)m * RT_PREFIX_CHUNK;
+    return have < bytes ? have : bytes;
+}
+
 /* The prompt bytes backend b would compute of chain ch (NULL: none),
  * holding m of its links. Under mu. */
 static double to_compute(const backend *b, const rt_prefix_chain *ch, int m)
 {
-    double bytes = ch ? (double)ch->bytes : 0, have = (double)m * RT_PREFIX_CHUNK;
-    return bytes - b->trust * (have < bytes ? have : bytes);
+    return (ch ? (double)ch->bytes : 0) - b->trust * held_bytes(ch, m);
 }
 
 /* Cache-aware (rt_pool.h): the lowest load * unit + the bytes it is still
@@ -496,13 +502,14 @@ int rt_pool_pick(rt_pool *p, const rt_request *q, char *url, size_t un, rt_pick 
         if (p->c.policy == RT_CACHE_AWARE && q->chain) {
             if (has_session && b->ix) /* a session chose: what this backend holds of the prompt still counts */
                 held = rt_prefix_match(b->ix, q->chain->link, q->chain->n);
-            b->pending += pending = to_compute(b, q->chain, held);
+            pending = q->streamed ? to_compute(b, q->chain, held) : 0;
+            b->pending += pending = pending < RT_POOL_PENDING_MAX ? pending : RT_POOL_PENDING_MAX;
             sent_chain(p, b, q->chain);
         }
     }
     if (out) {
-        double have = (double)held * RT_PREFIX_CHUNK, bytes = q->chain ? (double)q->chain->bytes : 0;
-        out->predicted = bytes > 0 ? (have < bytes ? have : bytes) / bytes : 0;
+        double bytes = q->chain ? (double)q->chain->bytes : 0;
+        out->predicted = bytes > 0 ? held_bytes(q->chain, held) / bytes : 0;
         out->pending = pending;
     }
     p->want_on = 0;
@@ -607,6 +614,7 @@ static void learn(backend *b, const rt_result *res)
 static void computed(backend *b, double pending)
 {
     b->pending -= pending;
+    LLM_ASSERT(b->pending > -1); /* given back twice: a bug (each pick's bytes go back once) */
     if (b->pending < 1 || b->inflight <= 0) /* (sums of doubles: what is left when none is pending is rounding) */
         b->pending = 0;
 }

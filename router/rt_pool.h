@@ -16,13 +16,14 @@
  *     prompt bytes, plus the prompt bytes it would compute: the request's,
  *     less those it is believed to hold (rt_prefix.h: the prefixes sent
  *     there lately, times its trust), plus the prompt bytes it is still
- *     computing for requests sent there that have no answer byte yet (a
- *     request's first token waits behind them: the cost is the time to
- *     it, in bytes of prefill). So a conversation stays where its
+ *     computing for streamed requests sent there that have no answer byte
+ *     yet (a request's first token waits behind them: the cost is the
+ *     time to it, in bytes of prefill; RT_POOL_PENDING_MAX each at most). So a conversation stays where its
  *     history is, a hot prefix spreads once its pod is busier than a
  *     prefill elsewhere costs, a request does not queue behind another's
  *     long prefill when a pod with less to compute can take it, and with
- *     no prefix known the choice is the least loaded one. Trust: each answer's usage (cached_tokens over
+ *     no prefix known the choice is the pod of least load and pending
+ *     bytes. Trust: each answer's usage (cached_tokens over
  *     prompt_tokens) against the share predicted, averaged, at most 1: a
  *     pod that says it had more than predicted gains nothing, one that
  *     had less (restarted, evicted) is believed less.
@@ -107,7 +108,14 @@ typedef struct rt_request {
     const char *model;            /* NULL or "": any backend */
     const rt_prefix_chain *chain; /* its prompt (cache-aware); NULL: unknown */
     const unsigned char *avoid;   /* bitmap over indexes to skip (retries); NULL: none */
+    int streamed;                 /* its answer is streamed: the first byte follows the prefill, so its pending
+                                   * bytes count on the backend until then (a whole answer's first byte is its
+                                   * last: its bytes never count) */
 } rt_request;
+
+/* The most pending bytes one request counts for (about 32k tokens: more
+ * than a prompt's real prefill, for one made of padding). */
+#define RT_POOL_PENDING_MAX 131072.0
 
 /* What the choice believed of the backend it chose. */
 typedef struct rt_pick {
@@ -122,7 +130,9 @@ typedef struct rt_pick {
  * rt_pool_release with them in rt_result.pending). */
 int rt_pool_pick(rt_pool *p, const rt_request *q, char *url, size_t un, rt_pick *out);
 /* The first byte of backend idx's answer came: the prompt is computed,
- * its pending bytes (rt_pick.pending) no longer count there. */
+ * its pending bytes (rt_pick.pending) no longer count there. At most once
+ * per pick, between it and rt_pool_release, whose rt_result.pending must
+ * then be 0 (bytes given back twice are a bug: an assertion). */
 void rt_pool_started(rt_pool *p, int idx, double pending);
 /* Latency histograms' bucket bounds (seconds), shared by the request
  * duration, time-to-first-byte and inter-token histograms. */

@@ -190,7 +190,8 @@ static size_t on_body(char *d, size_t sz, size_t n, void *arg)
     double now = llm_clock_mono_s();
     if (!a->first) {
         a->first = now;
-        rt_pool_started(a->pool, a->idx, a->res.pending); /* (its prompt is computed) */
+        if (a->res.pending > 0) /* (its prompt is computed; cache-aware picks alone count bytes) */
+            rt_pool_started(a->pool, a->idx, a->res.pending);
         a->res.pending = 0;
     } else if (strstr(a->ctype, "event-stream")) { /* one chunk per token: the gap is the inter-token latency */
         a->res.itl[rt_pool_bucket(now - a->last)]++;
@@ -589,6 +590,24 @@ static long tokens_of(const attempt *a, int total, size_t body_len)
     return total >= 0 ? total : a->events + (long)(body_len / 4);
 }
 
+/* What attempt a ended with, for the pool (its times, status and usage)
+ * and the caller (its tokens); len: the request body's bytes. */
+static void settle(attempt *a, CURLcode rc, size_t len, caller *who)
+{
+    a->res.seconds = llm_clock_mono_s() - a->t0;
+    a->res.ttfb = a->first ? a->first - a->t0 : -1;
+    a->res.status = rc == CURLE_OK || a->started ? (int)a->status : rc == CURLE_OPERATION_TIMEDOUT ? 504 : 0;
+    a->res.prompt_tokens = a->res.cached_tokens = a->res.completion_tokens = -1;
+    int total = -1;
+    if (rc == CURLE_OK && a->status == 200)
+        usage_of(a, &a->res.prompt_tokens, &a->res.cached_tokens, &total);
+    if (total >= 0 && a->res.prompt_tokens >= 0 && total >= a->res.prompt_tokens)
+        a->res.completion_tokens = total - a->res.prompt_tokens;
+    who->prompt_tokens = a->res.prompt_tokens, who->cached_tokens = a->res.cached_tokens;
+    if (a->body_sent) /* the pod had the prompt: charged, whatever came of it (a client gone, a 4xx) */
+        who->tokens = tokens_of(a, rc == CURLE_OK && a->status == 200 ? total : -1, len);
+}
+
 /* One pass over the backends: the answer is sent here unless none could
  * take it. Returns the status sent, or 0 (*held* keeps the last 5xx, owned
  * by the caller). */
@@ -631,19 +650,8 @@ static int attempts(rt_proxy *px, rt_pool *pool, struct mg_connection *c, const 
         a.res.ok = !fault; /* the breaker counts only the backend's faults */
         a.res.busy = busy;
         a.res.dropped = xfer == XFER_DROPPED;
-        a.res.seconds = llm_clock_mono_s() - a.t0;
-        a.res.ttfb = a.first ? a.first - a.t0 : -1;
-        a.res.status = rc == CURLE_OK || a.started ? (int)a.status : rc == CURLE_OPERATION_TIMEDOUT ? 504 : 0;
         a.res.predicted = pick.predicted;
-        a.res.prompt_tokens = a.res.cached_tokens = a.res.completion_tokens = -1;
-        int total = -1;
-        if (rc == CURLE_OK && a.status == 200)
-            usage_of(&a, &a.res.prompt_tokens, &a.res.cached_tokens, &total);
-        if (total >= 0 && a.res.prompt_tokens >= 0 && total >= a.res.prompt_tokens)
-            a.res.completion_tokens = total - a.res.prompt_tokens;
-        who->prompt_tokens = a.res.prompt_tokens, who->cached_tokens = a.res.cached_tokens;
-        if (a.body_sent) /* the pod had the prompt: charged, whatever came of it (a client gone, a 4xx) */
-            who->tokens = tokens_of(&a, rc == CURLE_OK && a.status == 200 ? total : -1, len);
+        settle(&a, rc, len, who);
         rt_pool_release(pool, idx, &a.res);
         avoid[idx / 8] |= (unsigned char)(1u << (idx % 8));
         if (!retry)
@@ -837,8 +845,8 @@ static int serve(rt_proxy *px, struct mg_connection *c, caller *who)
         snprintf(partition, sizeof partition, "tenant %s", who->key->tenant);
     if (chain)
         rt_prefix_chain_of(b, who->key ? partition : mg_get_header(c, "Authorization"), chain);
-    rt_request q = {.session = session, .model = model, .chain = chain};
     int stream = llm_json_member(b, "stream", &v) && v.n == 4 && !memcmp(v.p, "true", 4), answered = 0;
+    rt_request q = {.session = session, .model = model, .chain = chain, .streamed = stream};
     held_err held = {0};
     if (rt_pool_size(pool) == 0 && !hold(px, pool, c, stream, &answered) && answered)
         code = 0; /* held, and no backend came: no_answer ends the stream */

@@ -6,6 +6,7 @@
 
 #include <hiredis/hiredis.h>
 #include <math.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 
 #include "llm/clock.h"
 #include "llm/sync.h"
+#include "http_guard.h"
 
 #define N RT_QUOTA_SECONDS
 #define POOL_MAX 16          /* idle Redis connections kept */
@@ -31,7 +33,7 @@ typedef struct tenant_count {
 struct rt_quota {
     rt_quota_config cfg;
     char host[256], prefix[600];
-    char user[128], password[512];
+    char user[RT_QUOTA_USER_MAX + 1], password_file[4096];
     char why[160];           /* the last Redis failure's cause */
     int port;
     pthread_mutex_t mu;      /* counts, pool, down_until, stats */
@@ -121,13 +123,20 @@ static llm_status parse_addr(rt_quota *q, const char *addr, llm_error *err)
 static llm_status configure(rt_quota *q, const rt_quota_config *cfg, llm_error *err)
 {
     q->cfg = *cfg;
-    q->cfg.redis = q->cfg.prefix = q->cfg.user = q->cfg.password = NULL; /* copied, not borrowed */
-    if (snprintf(q->user, sizeof q->user, "%s", cfg->user ? cfg->user : "") >= (int)sizeof q->user ||
-        snprintf(q->password, sizeof q->password, "%s", cfg->password ? cfg->password : "") >= (int)sizeof q->password)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "the Redis user (at most %zu bytes) or password (at most %zu) is too long",
-                        sizeof q->user - 1, sizeof q->password - 1);
-    if (q->user[0] && !q->password[0])
+    q->cfg.redis = q->cfg.prefix = q->cfg.user = q->cfg.password_file = NULL; /* copied, not borrowed */
+    if (snprintf(q->user, sizeof q->user, "%s", cfg->user ? cfg->user : "") >= (int)sizeof q->user)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "the Redis user: at most %d bytes", RT_QUOTA_USER_MAX);
+    if (snprintf(q->password_file, sizeof q->password_file, "%s", cfg->password_file ? cfg->password_file : "") >=
+        (int)sizeof q->password_file)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "the Redis password file's path is too long");
+    if (q->user[0] && !q->password_file[0])
         return llm_errf(err, LLM_ERR_INVALID_ARG, "a Redis user needs its password");
+    char pw[RT_QUOTA_PASSWORD_MAX + 1];
+    int bad = q->password_file[0] && http_guard_token_file(q->password_file, pw, sizeof pw);
+    explicit_bzero(pw, sizeof pw);
+    if (bad)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "the Redis password file %s: cannot read a password from it (one line, "
+                        "1-%d characters)", q->password_file, RT_QUOTA_PASSWORD_MAX);
     if (q->cfg.share < 1)
         q->cfg.share = 1;
     if (q->cfg.timeout_ms < 1)
@@ -253,13 +262,21 @@ static rt_quota_limit admit_here(rt_quota *q, const api_key *key, const api_key 
 
 /* ---- shared: Redis --------------------------------------------------------------------- */
 
+/* s into out as one printable line (Redis's words go to the log). */
+static void printable(char *out, size_t n, const char *s)
+{
+    size_t k = 0;
+    for (; s[k] && k + 1 < n; k++) out[k] = (unsigned char)s[k] < ' ' || s[k] == 0x7f ? '?' : s[k];
+    out[k] = 0;
+}
+
 /* The connection back after a call: kept when it worked, else closed
  * and Redis marked down for DOWN_S. r NULL: a connect that failed. */
 static void conn_give(rt_quota *q, redisContext *r, int ok)
 {
     pthread_mutex_lock(&q->mu);
     if (!ok && r && r->err)
-        snprintf(q->why, sizeof q->why, "%s", r->errstr);
+        printable(q->why, sizeof q->why, r->errstr);
     if (!ok) {
         q->store_errors++;
         q->down_until = llm_clock_mono_s() + DOWN_S;
@@ -276,26 +293,36 @@ static void conn_give(rt_quota *q, redisContext *r, int ok)
         redisFree(r);
 }
 
-static void cause(rt_quota *q, const char *why)
+/* The last failure's cause, for rt_quota_last_error. */
+__attribute__((format(printf, 2, 3))) static void causef(rt_quota *q, const char *fmt, ...)
 {
+    va_list ap;
+    va_start(ap, fmt);
     pthread_mutex_lock(&q->mu);
-    snprintf(q->why, sizeof q->why, "%s", why);
+    char why[sizeof q->why];
+    vsnprintf(why, sizeof why, fmt, ap);
+    printable(q->why, sizeof q->why, why);
     pthread_mutex_unlock(&q->mu);
+    va_end(ap);
 }
 
-/* A new connection's AUTH (when a password is set): 1 when Redis said OK. */
+/* A new connection's AUTH (with a password file: read now, wiped after):
+ * 1 when Redis said OK. */
 static int auth(rt_quota *q, redisContext *r)
 {
-    if (!q->password[0])
+    if (!q->password_file[0])
         return 1;
-    const char *argv[3] = {"AUTH", q->user[0] ? q->user : q->password, q->password};
-    redisReply *rep = redisCommandArgv(r, q->user[0] ? 3 : 2, argv, NULL);
-    int ok = rep && rep->type == REDIS_REPLY_STATUS && !strcmp(rep->str, "OK");
-    if (!ok && !r->err) { /* (a failed call's cause is the connection's, taken by conn_give) */
-        char why[160];
-        snprintf(why, sizeof why, "AUTH refused: %.120s", rep && rep->type == REDIS_REPLY_ERROR ? rep->str : "no answer");
-        cause(q, why);
+    char pw[RT_QUOTA_PASSWORD_MAX + 1];
+    if (http_guard_token_file(q->password_file, pw, sizeof pw)) {
+        causef(q, "cannot read the password file (one line, 1-%d characters)", RT_QUOTA_PASSWORD_MAX);
+        return 0;
     }
+    const char *argv[3] = {"AUTH", q->user[0] ? q->user : pw, pw};
+    redisReply *rep = redisCommandArgv(r, q->user[0] ? 3 : 2, argv, NULL);
+    explicit_bzero(pw, sizeof pw);
+    int ok = rep && rep->type == REDIS_REPLY_STATUS && !strcmp(rep->str, "OK");
+    if (!ok && !r->err) /* (a failed call's cause is the connection's, taken by conn_give) */
+        causef(q, "AUTH refused: %.120s", rep && rep->type == REDIS_REPLY_ERROR ? rep->str : "no answer");
     if (rep)
         freeReplyObject(rep);
     return ok;
@@ -316,8 +343,10 @@ static redisContext *conn_take(rt_quota *q, int anyway)
     int down = llm_clock_mono_s() < q->down_until && !anyway, full = !r && q->open >= CONN_MAX;
     if (!r && !down && !full)
         q->open++; /* this call's place, before it connects */
-    if (full)
+    if (full) {
         q->store_errors++;
+        snprintf(q->why, sizeof q->why, "all %d connections to Redis were busy for the call's timeout", CONN_MAX);
+    }
     pthread_mutex_unlock(&q->mu);
     if (r || down || full)
         return r;
@@ -326,7 +355,7 @@ static redisContext *conn_take(rt_quota *q, int anyway)
     if (r && !r->err && redisSetTimeout(r, tv) == REDIS_OK && auth(q, r))
         return r;
     if (!r)
-        cause(q, "no memory for a Redis connection");
+        causef(q, "no memory for a Redis connection");
     conn_give(q, r, 0); /* closed, counted, and Redis marked down */
     return NULL;
 }
@@ -380,13 +409,12 @@ static void bad_reply(rt_quota *q, const redisContext *r, const redisReply *rep)
 {
     if (r->err)
         return;
-    char why[160];
     const char *e = rep && rep->type == REDIS_REPLY_ERROR ? rep->str : NULL;
-    /* (unauthenticated, a call as long as the script is cut short before it says NOAUTH) */
+    /* (before AUTH, Redis answers a command as long as the script with "Protocol error: unauthenticated
+     * multibulk length", not NOAUTH) */
     int noauth = e && (strstr(e, "NOAUTH") || strstr(e, "unauthenticated"));
-    snprintf(why, sizeof why, "%s%.120s", noauth ? "Redis wants a password (AUTH), and answered: " : e ? "Redis answered: "
-             : "an answer not of the script's shape", e ? e : "");
-    cause(q, why);
+    causef(q, "%s%.120s", noauth ? "Redis wants a password (AUTH), and answered: " : e ? "Redis answered: "
+           : "an answer not of the script's shape", e ? e : "");
 }
 
 /* One admission through Redis: the limit, or -1 when Redis failed. */

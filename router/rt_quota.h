@@ -22,7 +22,7 @@
  * flight is a sorted-set member whose score is its lease's end
  * (lease_s): a replica that dies mid-request holds the tenant's slot
  * until then, no longer. Each Redis call has timeout_ms; a failure (down,
- * slow, an answer not of the script's shape) marks Redis unusable for a
+ * slow, AUTH refused, an answer not of the script's shape) marks Redis unusable for a
  * second, and meanwhile `fail_open` says what happens: 0 (the default):
  * requests of tenants with limits are refused (503, Retry-After: 1);
  * 1: the replica enforces its own share, as below. Keys without limits
@@ -36,7 +36,9 @@
  * per replica), so the tenant's total holds while the load spreads evenly
  * over the replicas.
  *
- * Ownership: the keys are borrowed for the quota's life. Thread-safety:
+ * Ownership: the keys are borrowed for the quota's life; the config's
+ * strings are copied by rt_quota_open. The password is held only while a
+ * connection authenticates (then wiped). Thread-safety:
  * every function may be called from any thread (a mutex guards the
  * counters; each Redis call takes a connection of its own). */
 #ifndef RT_QUOTA_H
@@ -49,12 +51,16 @@
 
 typedef struct rt_quota rt_quota;
 
+#define RT_QUOTA_USER_MAX 127     /* bytes of a Redis ACL user's name */
+#define RT_QUOTA_PASSWORD_MAX 255 /* bytes of its password */
+
 typedef struct rt_quota_config {
     const api_keys *keys;
     int share;                 /* gateway replicas (>= 1): each enforces 1/share of a limit without Redis */
     const char *redis;         /* "HOST:PORT" or NULL */
     const char *user;          /* Redis ACL user for AUTH (NULL: the default user) */
-    const char *password;      /* AUTH on every new connection with it (NULL: none) */
+    const char *password_file; /* AUTH with its first line on every new connection, read anew each time (a
+                                * rotated Secret is followed without a restart); NULL: no AUTH */
     const char *prefix;        /* the Redis keys' prefix (e.g. the gateway's namespace/name) */
     int fail_open;             /* Redis unusable: 1: the replica's share holds; 0: 503 */
     int timeout_ms;            /* per Redis connect and call */
@@ -74,6 +80,12 @@ typedef enum rt_quota_limit {
     RT_QUOTA_OK = 0, RT_QUOTA_RPM, RT_QUOTA_TPM, RT_QUOTA_INFLIGHT, RT_QUOTA_STORE, RT_QUOTA_N
 } rt_quota_limit;
 
+/* A quota of cfg (its strings copied) in *out. LLM_ERR_INVALID_ARG: a bad
+ * Redis address, a prefix over 588 bytes, a user too long or without a
+ * password file, a password file that does not give one line of 1 to
+ * RT_QUOTA_PASSWORD_MAX characters (read once here to say so early);
+ * LLM_ERR_NOMEM; LLM_ERR_IO (no random id). Redis is not reached here: it
+ * may come up later. */
 llm_status rt_quota_open(const rt_quota_config *cfg, rt_quota **out, llm_error *err);
 void rt_quota_close(rt_quota *q); /* NULL: nothing */
 

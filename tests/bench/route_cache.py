@@ -184,7 +184,7 @@ def main():
     ap.add_argument("--tenants", type=int, default=16)
     ap.add_argument("--system-tokens", type=int, default=1000)
     ap.add_argument("--conversations", type=int, default=40)
-    ap.add_argument("--conc", type=int, default=6)
+    ap.add_argument("--conc", type=int, default=6, help="closed-loop clients (not with --rate)")
     ap.add_argument("--rate", type=float, default=0, help="open loop: conversations arriving per second (Poisson)")
     ap.add_argument("--hot", type=float, default=0)
     ap.add_argument("--seed", type=int, default=1)

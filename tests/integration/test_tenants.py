@@ -237,7 +237,8 @@ def test_redis_with_a_password_and_an_acl_user(tmp_path):
     """A Redis that wants AUTH (a password for the default user; an ACL user that may touch llm-quota:* keys
     alone): with the right password, as the default user and as the ACL user, the limits are counted in Redis
     (rpm 2: the third request is 429, held across replicas); with a wrong password or none, tenants with limits
-    get 503 quota_store_unavailable, and the router's log names the cause (never the password)."""
+    get 503 quota_store_unavailable, and the router's log names the cause (never the password); a password file
+    rewritten (a rotated Secret) is taken without a restart."""
     addr, proc = start_redis(tmp_path, "--requirepass", "s3cret-default",
                              "--user", "gw", "on", ">gw-pass", "~llm-quota:*", "+@all")
     answer = json.dumps({"choices": [{"text": "x"}], "usage": {"prompt_tokens": 1, "total_tokens": 2}}).encode()
@@ -272,6 +273,16 @@ def test_redis_with_a_password_and_an_acl_user(tmp_path):
             finally:
                 assert r.stop() == 0
             assert cause in r.log and "not-it" not in r.log, r.log
+        # the password file is read for each new connection: a rotated Secret is followed without a restart
+        (tmp_path / "rotating").write_text("not-it\n")
+        r = router("--quota-redis-password-file", tmp_path / "rotating")
+        try:
+            assert post(r.base, ask(), key="sk-a")[0] == 503
+            (tmp_path / "rotating").write_text("s3cret-default\n")
+            wait_for(lambda: post(r.base, ask(), key="sk-a")[0] == 200, 30, "the new password taken (Redis marked "
+                     "down for a second after the failure)")
+        finally:
+            assert r.stop() == 0
     finally:
         fake.close()
         proc.terminate()

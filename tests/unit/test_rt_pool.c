@@ -173,7 +173,7 @@ static rt_pool *three_pods(void)
 static int pick(rt_pool *p, const rt_prefix_chain *c, rt_pick *pk)
 {
     char url[256];
-    rt_request q = {.chain = c};
+    rt_request q = {.chain = c, .streamed = 1};
     int i = rt_pool_pick(p, &q, url, sizeof url, pk);
     assert_true(i >= 0);
     return i;
@@ -572,9 +572,25 @@ static void test_pending_prefill(void **st)
     assert_int_equal(pick(p, &g_b, &after), pod);
     assert_true(after.pending < 1000); /* mostly held */
     done(p, pod, 4000, 0, (rt_pick){0});
+    assert_true(pending_of(p, pod) == after.pending); /* what is still in flight there */
     done(p, other, 1200, 0, next);
     done(p, pod, 1200, 1000, after);
     assert_true(pending_of(p, pod) == 0 && pending_of(p, other) == 0);
+    /* a whole answer's first byte is its last: its bytes never count */
+    char url[256];
+    rt_request whole = {.chain = &big};
+    rt_pick w;
+    int i = rt_pool_pick(p, &whole, url, sizeof url, &w);
+    assert_true(i >= 0 && w.pending == 0 && pending_of(p, i) == 0);
+    done(p, i, 4000, 0, w);
+    /* one request counts RT_POOL_PENDING_MAX at most (a prompt of padding) */
+    char *huge = chat("m", 300000, 1, "pad");
+    static rt_prefix_chain hc;
+    chain_of(huge, NULL, &hc);
+    i = pick(p, &hc, &w);
+    assert_true(w.pending == RT_POOL_PENDING_MAX && pending_of(p, i) == RT_POOL_PENDING_MAX);
+    done(p, i, 4000, 0, w);
+    free(huge);
     free(t1), free(t2), free(tb);
     rt_pool_free(p);
 }
