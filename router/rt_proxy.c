@@ -837,7 +837,7 @@ static int serve(rt_proxy *px, struct mg_connection *c, caller *who)
         pool = rt_route_pool(route);
         snprintf(who->route, sizeof who->route, "%s", rt_route_name(route));
     }
-    snprintf(who->model, sizeof who->model, "%s", model);
+    snprintf(who->model, sizeof who->model, "%.*s", (int)sizeof who->model - 1, model); /* (checked: at most 256) */
     /* cache-aware: the prompt's chain (8 KiB: on the heap, not the worker's small stack; none without memory) */
     rt_prefix_chain *chain = px->cache_aware ? malloc(sizeof *chain) : NULL;
     char partition[API_KEY_MAX_LEN + 16]; /* as the pods partition: by tenant with keys on, else by the key sent */
