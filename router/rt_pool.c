@@ -120,7 +120,8 @@ static void build_ring(rt_pool *p)
     for (int i = 0; i < p->n; i++)
         for (int v = 0; p->b[i].live && v < VNODES; v++)
             p->ring[p->n_ring++] = (vnode){hash32(p->b[i].url, v + 1), i};
-    qsort(p->ring, (size_t)p->n_ring, sizeof *p->ring, cmp_vnode);
+    if (p->n_ring > 1) /* (no backend: the ring is NULL, and qsort's base must not be) */
+        qsort(p->ring, (size_t)p->n_ring, sizeof *p->ring, cmp_vnode);
 }
 
 llm_status rt_pool_new(const rt_pool_config *c, rt_pool **out, llm_error *err)
