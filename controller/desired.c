@@ -660,7 +660,12 @@ int desired_trace_args(json_t *spec, json_t *args)
     char r[32];
     snprintf(r, sizeof r, "%g", trace_ratio(spec));
     const char *a[] = {"--otlp-endpoint", url, "--trace-sample-ratio", r};
-    for (size_t i = 0; url && i < 4; i++)
+    return url ? desired_append_args(args, a, 4) : 0;
+}
+
+int desired_append_args(json_t *args, const char *const *a, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
         if (json_array_append_new(args, json_string(a[i])))
             return -1;
     return 0;

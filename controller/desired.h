@@ -90,6 +90,8 @@ json_t *desired_router(json_t *llmd);
  * or a preferred anti-affinity across nodes and a soft spread across zones
  * among the pods of instance inst. 0, or -1 without memory. */
 int desired_spread(json_t *pod, json_t *sched, const char *inst);
+/* Strings a[0..n) appended to the JSON array args. 0, or -1 without memory. */
+int desired_append_args(json_t *args, const char *const *a, size_t n);
 /* spec.tracing (an LLMDeployment's or an LLMGateway's) as llm-router's
  * --otlp-endpoint and --trace-sample-ratio, appended to args (nothing
  * without an endpoint). 0, or -1 without memory. */

@@ -250,15 +250,6 @@ static int secret_file(json_t *pod, json_t *ctr, const char *vol, const char *se
     return v && m && vs && ms && !json_array_append_new(vs, v) && !json_array_append_new(ms, m) ? 0 : -1;
 }
 
-static int add_args(json_t *ctr, const char *const *a, size_t n)
-{
-    json_t *args = json_object_get(ctr, "args");
-    for (size_t i = 0; i < n; i++)
-        if (json_array_append_new(args, json_string(a[i])))
-            return -1;
-    return 0;
-}
-
 /* spec.auth and spec.quotas as the router's tenant flags (rt_quota.h):
  * the keys, the upstream key and Redis's password from Secrets, mounted
  * read-only; Redis when named, else each of the replicas its share. */
@@ -281,14 +272,14 @@ static int tenant_flags(json_t *gw, json_t *pod, json_t *ctr, json_int_t replica
                        "--quota-timeout-ms", timeout, "--quota-prefix", prefix};
     if (!keys)
         return 0;
-    int bad = secret_file(pod, ctr, "keys", keys, "keys", "/etc/llm-gateway/keys") || add_args(ctr, k, 2);
+    int bad = secret_file(pod, ctr, "keys", keys, "keys", "/etc/llm-gateway/keys") || desired_append_args(json_object_get(ctr, "args"), k, 2);
     if (!bad && up)
-        bad = secret_file(pod, ctr, "upstream", up, "key", "/etc/llm-gateway/upstream") || add_args(ctr, u, 2);
+        bad = secret_file(pod, ctr, "upstream", up, "key", "/etc/llm-gateway/upstream") || desired_append_args(json_object_get(ctr, "args"), u, 2);
     if (!bad)
-        bad = add_args(ctr, r, redis ? 10 : 2);
+        bad = desired_append_args(json_object_get(ctr, "args"), r, redis ? 10 : 2);
     const char *p[] = {"--quota-redis-password-file", "/etc/llm-gateway/redis/password", "--quota-redis-user", user};
     if (!bad && redis && pw)
-        bad = secret_file(pod, ctr, "redis", pw, "password", "/etc/llm-gateway/redis") || add_args(ctr, p, user ? 4 : 2);
+        bad = secret_file(pod, ctr, "redis", pw, "password", "/etc/llm-gateway/redis") || desired_append_args(json_object_get(ctr, "args"), p, user ? 4 : 2);
     return bad;
 }
 
