@@ -27,7 +27,8 @@
 struct gguf_file {
     const uint8_t *base;
     size_t size;
-    int mapped;
+    int mapped; /* base is an mmap of the file (munmap on close) */
+    int owned;  /* base is a heap copy of the file (free on close) */
     char name[256];
     uint32_t version;
     uint64_t n_kv, n_tensors;
@@ -369,32 +370,102 @@ llm_status gguf_open_buffer(const void *buf, size_t size, const char *name, gguf
     return LLM_OK;
 }
 
+/* Opens path for reading (*fd) and checks it is a non-empty regular file
+ * of *size bytes. */
+static llm_status open_regular(const char *path, int *fd, size_t *size, llm_error *err)
+{
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0)
+        return llm_errf(err, LLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    llm_status st = LLM_OK;
+    if (fstat(*fd, &sb) != 0 || !S_ISREG(sb.st_mode))
+        st = llm_errf(err, LLM_ERR_IO, "%s: not a regular file", path);
+    else if (sb.st_size == 0)
+        st = llm_errf(err, LLM_ERR_FORMAT, "%s: empty file", path);
+    if (st) {
+        close(*fd);
+        *fd = -1;
+        return st;
+    }
+    *size = (size_t)sb.st_size;
+    return LLM_OK;
+}
+
 static llm_status open_one(const char *path, gguf_file **out, llm_error *err)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return llm_errf(err, LLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return llm_errf(err, LLM_ERR_IO, "%s: not a regular file", path);
-    }
-    if (sb.st_size == 0) {
-        close(fd);
-        return llm_errf(err, LLM_ERR_FORMAT, "%s: empty file", path);
-    }
-    void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    size_t size;
+    int fd;
+    llm_status st = open_regular(path, &fd, &size, err);
+    if (st)
+        return st;
+    void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int mmap_errno = errno;
     close(fd);
     if (p == MAP_FAILED)
         return llm_errf(err, LLM_ERR_IO, "%s: mmap failed: %s", path, strerror(mmap_errno));
-    llm_status st = gguf_open_buffer(p, (size_t)sb.st_size, path, out, err);
+    st = gguf_open_buffer(p, size, path, out, err);
     if (st) {
-        munmap(p, (size_t)sb.st_size);
+        munmap(p, size);
         return st;
     }
     (*out)->mapped = 1;
+    return LLM_OK;
+}
+
+/* Reads exactly size bytes of fd into buf; a file that shrinks or grows
+ * while read is an error (the copy would not be the file that was checked). */
+static llm_status read_exact(int fd, uint8_t *buf, size_t size, const char *path, llm_error *err)
+{
+    size_t got = 0;
+    while (got < size) {
+        ssize_t n = pread(fd, buf + got, size - got, (off_t)got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return llm_errf(err, LLM_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+        if (n == 0)
+            return llm_errf(err, LLM_ERR_IO, "%s: the file shrank while read (%zu of %zu bytes)", path, got, size);
+        got += (size_t)n;
+    }
+    uint8_t extra;
+    ssize_t n;
+    while ((n = pread(fd, &extra, 1, (off_t)size)) < 0 && errno == EINTR) {
+    }
+    if (n != 0)
+        return llm_errf(err, LLM_ERR_IO, "%s: the file grew while read (past %zu bytes)", path, size);
+    return LLM_OK;
+}
+
+llm_status gguf_read(const char *path, size_t max_size, gguf_file **out, llm_error *err)
+{
+    *out = NULL;
+    size_t size;
+    int fd;
+    llm_status st = open_regular(path, &fd, &size, err);
+    if (st)
+        return st;
+    if (size > max_size) {
+        close(fd);
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "%s: %zu bytes, more than the %zu allowed", path, size, max_size);
+    }
+    /* 64-byte aligned like a mapping's start, so tensor data keeps the
+     * file's alignment; aligned_alloc wants a multiple of the alignment. */
+    uint8_t *buf = aligned_alloc(64, (size + 63) & ~(size_t)63);
+    if (!buf) {
+        close(fd);
+        return llm_errf(err, LLM_ERR_NOMEM, "%s: no memory for its %zu bytes", path, size);
+    }
+    st = read_exact(fd, buf, size, path, err);
+    close(fd);
+    if (!st)
+        st = gguf_open_buffer(buf, size, path, out, err);
+    if (st) {
+        free(buf);
+        return st;
+    }
+    (*out)->owned = 1;
     return LLM_OK;
 }
 
@@ -569,6 +640,8 @@ void gguf_close(gguf_file *f)
     free(f->tensors);
     if (f->mapped)
         munmap((void *)f->base, f->size);
+    if (f->owned)
+        free((void *)f->base);
     free(f);
 }
 

@@ -261,11 +261,35 @@ llm_status llm_lora_from_gguf(const gguf_file *f, const char *name, const llm_mo
     return LLM_OK;
 }
 
+/* The largest file an adapter of base can be: every dense projection
+ * adapted at the largest rank allowed, in F32 (the widest type), and room
+ * for metadata and alignment. Reading more than this is refused before
+ * any of it is copied. */
+static size_t max_file_bytes(const llm_model *base, int max_rank)
+{
+    if (max_rank <= 0 || max_rank > LLM_LORA_MAX_RANK)
+        max_rank = LLM_LORA_MAX_RANK;
+    size_t total = (size_t)16 << 20;
+    for (int layer = 0; layer < base->hp.n_layer; layer++)
+        for (int p = 0; p < LLM_LORA_N_PROJ; p++) {
+            const llm_weight *w = base_weight(base, layer, (llm_lora_proj)p);
+            if (!w)
+                continue;
+            int64_t r = max_rank;
+            r = r < w->rows ? r : w->rows;
+            r = r < w->cols ? r : w->cols;
+            total += (size_t)r * (size_t)(w->rows + w->cols) * sizeof(float) + 2 * 64;
+        }
+    return total;
+}
+
 llm_status llm_lora_load(const char *path, const llm_model *base, int max_rank, llm_lora **out, llm_error *err)
 {
     gguf_file *f;
     *out = NULL;
-    llm_status st = gguf_open(path, &f, err);
+    /* A copy, not a mapping: adapters are loaded while serving, and a file
+     * truncated under a mapping would fault the whole server. */
+    llm_status st = gguf_read(path, max_file_bytes(base, max_rank), &f, err);
     if (st)
         return st;
     st = llm_lora_from_gguf(f, path, base, max_rank, out, err);

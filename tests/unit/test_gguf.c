@@ -189,6 +189,47 @@ static void test_open_errors(void **state)
     assert_int_equal(gguf_open("/", &g, &err), LLM_ERR_IO);
 }
 
+/* gguf_read: the same file as gguf_open gives, held in memory, so the file
+ * truncated after the read cannot fault a reader (a mapping would: SIGBUS);
+ * a file over max_size and the open errors are refused by name. */
+static void test_read_copy(void **state)
+{
+    (void)state;
+    blob b = make_file();
+    char path[256];
+    test_tmpfile("gguf-read", path, sizeof path);
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(b.p, 1, b.n, fp), b.n);
+    assert_int_equal(fclose(fp), 0);
+    gguf_file *g, *m;
+    llm_error err = {0};
+    assert_int_equal(gguf_read(path, b.n, &g, &err), LLM_OK);
+    assert_int_equal(gguf_open_buffer(b.p, b.n, "mem", &m, &err), LLM_OK);
+    assert_int_equal(truncate(path, 0), 0);
+    assert_int_equal(gguf_n_tensors(g), gguf_n_tensors(m));
+    for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i), *u = gguf_tensor_at(m, i);
+        assert_int_equal(t->nbytes, u->nbytes);
+        assert_memory_equal(t->data, u->data, t->nbytes);
+        assert_int_equal((uintptr_t)t->data % 32, 0);
+    }
+    gguf_close(g);
+    gguf_close(m);
+    assert_int_equal(gguf_read(path, b.n, &g, &err), LLM_ERR_FORMAT); /* now empty */
+    fp = fopen(path, "wb");
+    assert_int_equal(fwrite(b.p, 1, b.n, fp), b.n);
+    assert_int_equal(fclose(fp), 0);
+    assert_int_equal(gguf_read(path, b.n - 1, &g, &err), LLM_ERR_INVALID_ARG);
+    assert_null(g);
+    assert_non_null(strstr(err.msg, "allowed"));
+    remove(path);
+    assert_int_equal(gguf_read(path, b.n, &g, &err), LLM_ERR_IO);
+    assert_non_null(strstr(err.msg, path));
+    assert_int_equal(gguf_read("/", b.n, &g, &err), LLM_ERR_IO);
+    free(b.p);
+}
+
 /* A split set written by hand the way llama.cpp's gguf-split lays one out:
  * metadata in the first part, split.no / split.count / split.tensors.count
  * in every part, part k's tensors named "t.K.J" and filled with k. */
@@ -354,6 +395,7 @@ int main(void)
         cmocka_unit_test(test_truncations),
         cmocka_unit_test(test_corruptions),
         cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_read_copy),
         cmocka_unit_test(test_split_set),
         cmocka_unit_test(test_split_errors),
     };

@@ -337,10 +337,36 @@ static void test_refusals(void **state)
     refused(&(spec){.alpha = 8, .rank = 8, .only = "blk.0.attn_q.weight.lora_a"}, 0, "without lora_b");
 }
 
+/* A file larger than any adapter of the base could be (every projection
+ * at the largest rank, in F32, and room for metadata) is refused before
+ * it is copied into memory: trailing bytes would otherwise pass. */
+static void test_oversized_file_refused(void **state)
+{
+    (void)state;
+    char path[256];
+    test_tmpfile("lora-big", path, sizeof path);
+    write_adapter(&(spec){.alpha = 8, .rank = 4}, path);
+    llm_lora *l;
+    llm_error err = {0};
+    assert_int_equal(llm_lora_load(path, tiny.m, 4, &l, &err), LLM_OK);
+    llm_lora_free(l);
+    FILE *f = fopen(path, "ab");
+    assert_non_null(f);
+    static char zeros[1 << 16];
+    for (int i = 0; i < (17 << 20) / (int)sizeof zeros; i++) assert_int_equal(fwrite(zeros, 1, sizeof zeros, f), sizeof zeros);
+    assert_int_equal(fclose(f), 0);
+    l = (llm_lora *)1;
+    assert_int_equal(llm_lora_load(path, tiny.m, 4, &l, &err), LLM_ERR_INVALID_ARG);
+    remove(path);
+    assert_null(l);
+    if (!strstr(err.msg, "allowed"))
+        fail_msg("wanted a size refusal, got: %s", err.msg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_loads_and_applies), cmocka_unit_test(test_mklora_adapter_loads),
                                        cmocka_unit_test(test_backend_op_f32_f16),
-                                       cmocka_unit_test(test_refusals)};
+                                       cmocka_unit_test(test_refusals), cmocka_unit_test(test_oversized_file_refused)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -91,6 +91,14 @@ llm_status gguf_open(const char *path, gguf_file **out, llm_error *err);
 llm_status gguf_open_buffer(const void *buf, size_t size, const char *name,
                             gguf_file **out, llm_error *err);
 
+/* Same validation over a copy of the file read into memory (at most
+ * max_size bytes, else LLM_ERR_INVALID_ARG naming both sizes; one file:
+ * split.* keys are not followed). For files read once and dropped, such as
+ * adapters loaded while serving: a file truncated or replaced while
+ * mapped would fault the reader (SIGBUS); a copy cannot, and a file that
+ * changes size while read is refused. */
+llm_status gguf_read(const char *path, size_t max_size, gguf_file **out, llm_error *err);
+
 void gguf_close(gguf_file *f);
 
 uint32_t gguf_version(const gguf_file *f);

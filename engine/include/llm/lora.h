@@ -59,7 +59,10 @@ typedef struct llm_lora {
  * side of W, alpha in (0, LLM_LORA_MAX_ALPHA], an A for every B and a B
  * for every A, at least one pair. LLM_ERR_FORMAT / LLM_ERR_INVALID_ARG /
  * LLM_ERR_UNSUPPORTED with a message naming the file and the tensor or key
- * at fault; LLM_ERR_NOMEM. */
+ * at fault; LLM_ERR_NOMEM. The file is read into memory, not mapped (it may
+ * change while a server runs), and one larger than any adapter of base
+ * could be (every projection at the largest rank, in F32) is refused with
+ * LLM_ERR_INVALID_ARG before it is read. */
 llm_status llm_lora_load(const char *path, const llm_model *base, int max_rank, llm_lora **out, llm_error *err);
 /* The same over an open file (name for messages); f is not kept. */
 llm_status llm_lora_from_gguf(const gguf_file *f, const char *name, const llm_model *base, int max_rank,
