@@ -12,7 +12,8 @@
  * same answer again.
  *
  * Scenarios: engine open, submit and the steps of a request (n = 2, stop
- * strings, logprobs, a block table that grows), cancel, llm-server's
+ * strings, logprobs, a block table that grows), cancel, a LoRA adapter
+ * loaded, added, run and removed, llm-server's
  * request parsing and error bodies, and llm-server's whole HTTP path run
  * in-process (a chat with logprobs, a completion stream with usage, a
  * chat stream). The test itself allocates nothing while a failure is
@@ -322,6 +323,53 @@ static void sc_constrained(long n)
     submit_and_read(n, &rq, &g_ref_json);
 }
 
+/* An adapter read from its file, added, a request under it, removed and
+ * freed, with the failure anywhere in them: each step fails with a
+ * message or the request gives its whole clean answer; the engine keeps
+ * no adapter and still gives the base's answer. */
+static char g_lora_path[256];
+static answer g_ref_lora;
+
+static void sc_lora(long n)
+{
+    llm_engine *e = open_clean();
+    llm_lora *l = NULL;
+    llm_error err = {0};
+    arm(n);
+    llm_status st = llm_lora_load(g_lora_path, g_m, 0, &l, &err);
+    if (!st && (st = llm_engine_lora_add(e, l, &err))) {
+        llm_lora_free(l);
+        l = NULL;
+    }
+    if (st) {
+        disarm();
+        assert_null(l);
+        assert_true(err.msg[0] != 0);
+        if (!n)
+            fail_msg("the clean run failed: %s", err.msg);
+    } else {
+        llm_request rq = request(P, 30);
+        rq.lora = l, rq.lora_scale = 1.0f;
+        llm_request_id id;
+        if (llm_engine_submit(e, &rq, &id, &err)) {
+            assert_true(err.msg[0] != 0);
+        } else {
+            static answer got;
+            int ok = drain(e, id, n ? &got : &g_ref_lora);
+            if (ok && n)
+                assert_memory_equal(&got, &g_ref_lora, sizeof got);
+            if (!n && !ok)
+                fail_msg("the clean run failed");
+        }
+        llm_engine_lora_remove(e, l);
+        disarm();
+        assert_int_equal(llm_engine_lora_requests(e, l), -1);
+        llm_lora_free(l);
+    }
+    still_serves(e);
+    llm_engine_close(e);
+}
+
 /* The grammar library alone, and llm-server's JSON Schema conversion. */
 static void sc_grammar(long n)
 {
@@ -626,6 +674,18 @@ static void test_constrained(void **st)
     torture("constrained request", sc_constrained);
 }
 
+static void test_lora(void **st)
+{
+    (void)st;
+    llm_error err = {0};
+    test_tmpfile("torture-lora", g_lora_path, sizeof g_lora_path);
+    if (llm_mklora(g_tiny.path, 32, 16, QT_F16, 3, g_lora_path, &err))
+        fail_msg("mklora: %s", err.msg);
+    torture("adapter load, add, request, remove", sc_lora);
+    assert_memory_not_equal(&g_ref_lora, &g_ref, sizeof g_ref); /* the adapter changed the answer */
+    remove(g_lora_path);
+}
+
 static void test_grammar(void **st)
 {
     (void)st;
@@ -656,6 +716,7 @@ int main(void)
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_constrained),
         cmocka_unit_test(test_grammar),
+        cmocka_unit_test(test_lora),
         cmocka_unit_test(test_http),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
