@@ -48,6 +48,7 @@ typedef struct run {
     int out_events;            /* the events in out */
     int unchunked;             /* an HTTP/1.0 client: events go out bare, and the close ends the stream */
     uint64_t start_ns, submit_ns; /* wall clock at the start and at the submit (the spans' times) */
+    uint64_t end_ns;              /* and just before the answer's last write (see ending) */
     llm_usage usage;           /* the last answer's timings (the spans') */
 } run;
 
@@ -574,6 +575,15 @@ int srv_complete_tenant_take(srv *s, const api_key *key, int n, int held, srv_er
     return 429;
 }
 
+/* The request's span ends before its answer's last bytes are written: a
+ * caller (the router) that ends its own span on reading them must find
+ * ours inside it, whichever thread runs first after the write. */
+static void ending(run *r)
+{
+    if (r->s->traces)
+        r->end_ns = otlp_now_ns();
+}
+
 /* The request's spans, when traced (otlp.h): the request (under the
  * caller's traceparent), and within it the queue wait, prefill and
  * decode, from the engine's timings of its last answer. */
@@ -592,7 +602,7 @@ static void trace_spans(const run *r, const otlp_ctx *in, int has_in, int status
                        {"gen_ai.usage.output_tokens", NULL, r->completion_tokens},
                        {"http.response.status_code", NULL, status}};
     otlp_span(r->s->traces, &req, has_in ? in->span_id : NULL, "llm-server request", OTLP_SERVER, r->start_ns,
-              otlp_now_ns(), all, (int)(sizeof all / sizeof *all), status >= 500);
+              r->end_ns ? r->end_ns : otlp_now_ns(), all, (int)(sizeof all / sizeof *all), status >= 500);
     if (!r->n_done) /* no answer ended (refused, failed): no engine timings */
         return;
     const char *names[3] = {"queue", "prefill", "decode"};
@@ -605,8 +615,9 @@ static void trace_spans(const run *r, const otlp_ctx *in, int has_in, int status
 }
 
 /* A request refused before it ran: the error sent, and its span. */
-static int refused(const run *r, const otlp_ctx *in, int has_in, srv_err *e)
+static int refused(run *r, const otlp_ctx *in, int has_in, srv_err *e)
 {
+    ending(r);
     int status = srv_http_send_err(r->c, e);
     if (r->s->traces)
         trace_spans(r, in, has_in, status);
@@ -643,6 +654,7 @@ int srv_complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_complet
     if (cp->stream)
         http_reply_stream_head(c, 200, "text/event-stream", NULL);
     int status = run_events(&r, e);
+    ending(&r); /* (a stream's usage chunk and end, or the whole answer, are all that is left to write) */
     if (!cp->stream) /* (499: the client left, nobody to answer) */
         status = status == 499 ? 499 : status ? srv_http_send_err(c, e) : respond_whole(&r);
     else if (status == 0 || status == 499) {
