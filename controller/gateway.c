@@ -214,18 +214,22 @@ static json_t *container(json_t *gw, const char *n)
 {
     json_t *spec = json_object_get(gw, "spec");
     const char *image = json_string_value(json_object_get(spec, "image")), *policy = json_string_value(json_object_get(spec, "policy"));
-    char port[16], table[600];
+    char port[16], hport[16], table[600];
     snprintf(port, sizeof port, "%d", GATEWAY_PORT);
+    snprintf(hport, sizeof hport, "%d", GATEWAY_HEALTH_PORT);
     snprintf(table, sizeof table, "%s/%s-routes", ns_of(gw), n);
-    json_t *live = json_pack("{s:{s:s,s:i},s:i}", "httpGet", "path", "/healthz", "port", GATEWAY_PORT, "periodSeconds", 5);
-    json_t *ready = json_pack("{s:{s:s,s:i},s:i,s:i}", "httpGet", "path", "/readyz", "port", GATEWAY_PORT, "periodSeconds", 2,
-                              "failureThreshold", 2);
-    json_t *c = json_pack("{s:s,s:s,s:[s,s,s,s,s,s,s,s,s,s,s,s],s:[{s:s,s:{s:{s:s}}}],s:[{s:s,s:i}],s:o,s:o,"
+    /* probes on the health port: API traffic cannot delay them there */
+    json_t *live = json_pack("{s:{s:s,s:i},s:i}", "httpGet", "path", "/healthz", "port", GATEWAY_HEALTH_PORT,
+                             "periodSeconds", 5);
+    json_t *ready = json_pack("{s:{s:s,s:i},s:i,s:i}", "httpGet", "path", "/readyz", "port", GATEWAY_HEALTH_PORT,
+                              "periodSeconds", 2, "failureThreshold", 2);
+    json_t *c = json_pack("{s:s,s:s,s:[s,s,s,s,s,s,s,s,s,s,s,s,s,s],s:[{s:s,s:{s:{s:s}}}],s:[{s:s,s:i},{s:s,s:i}],s:o,s:o,"
                           "s:{s:b,s:b,s:{s:[s]}}}", "name", "llm-router", "image", image ? image : GATEWAY_IMAGE,
-                          "args", "--host", "$(POD_IP)", "--port", port, "--routes-configmap", table, "--policy",
-                          policy ? policy : "cache-aware", "--hold-seconds", "0", "--shutdown-delay-s", "5", "env",
-                          "name", "POD_IP", "valueFrom", "fieldRef", "fieldPath", "status.podIP", "ports", "name", "http",
-                          "containerPort", GATEWAY_PORT, "livenessProbe", live, "readinessProbe", ready, "securityContext",
+                          "args", "--host", "$(POD_IP)", "--port", port, "--health-port", hport, "--routes-configmap",
+                          table, "--policy", policy ? policy : "cache-aware", "--hold-seconds", "0", "--shutdown-delay-s",
+                          "5", "env", "name", "POD_IP", "valueFrom", "fieldRef", "fieldPath", "status.podIP", "ports",
+                          "name", "http", "containerPort", GATEWAY_PORT, "name", "health", "containerPort",
+                          GATEWAY_HEALTH_PORT, "livenessProbe", live, "readinessProbe", ready, "securityContext",
                           "allowPrivilegeEscalation", 0, "readOnlyRootFilesystem", 1, "capabilities", "drop", "ALL");
     json_t *res = json_object_get(spec, "resources"); /* tables and pools of many deployments: more than a router's */
     if (c)

@@ -28,6 +28,7 @@
 #include <time.h>
 
 #define GATEWAY_PORT 8000
+#define GATEWAY_HEALTH_PORT 8001 /* probes and /metrics (without a key: not in the Service) */
 #define GATEWAY_APP "llm-gateway"         /* its pods' app.kubernetes.io/name */
 #define GATEWAY_MAX_ROUTES 1024       /* llm-router's RT_MAX_ROUTES */
 #define GATEWAY_MAX_TABLE (900 << 10) /* bytes of routes.json */

@@ -228,7 +228,7 @@ static void place_gateway(sig_round *rd, json_t *pod, const char *ns)
         return;
     for (size_t i = 0; i < rd->n; i++)
         if (reads_gateways(&rd->s[i], ns))
-            add_page(rd, i, K_GATEWAY, P_METRICS, name, ip, GATEWAY_PORT);
+            add_page(rd, i, K_GATEWAY, P_METRICS, name, ip, GATEWAY_HEALTH_PORT);
 }
 
 /* One pod of the list: kept for its target's diagnosis, its pages asked. */

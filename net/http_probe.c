@@ -119,8 +119,10 @@ static void answer(http_probe *p, pconn *c)
     } else if (strcmp(method, "GET") && !(head_only = !strcmp(method, "HEAD"))) {
         reply(c, 405, type, NULL, 0);
     } else {
-        path[strcspn(path, "?")] = 0;
-        int status = p->fn(p->ctx, path, &body, &type);
+        char *query = path + strcspn(path, "?");
+        if (*query)
+            *query++ = 0;
+        int status = p->fn(p->ctx, path, query, &body, &type);
         reply(c, status, type, body, head_only);
         free(body);
     }

@@ -31,10 +31,10 @@
 
 typedef struct http_probe http_probe;
 
-/* The answer to a GET of path (the query cut off): its HTTP status, with
- * *body (malloc'd; the listener frees it; NULL: an empty body) and *type
- * (static) set. */
-typedef int (*http_probe_fn)(void *ctx, const char *path, char **body, const char **type);
+/* The answer to a GET of path (query: what followed its '?', "" when
+ * nothing did): its HTTP status, with *body (malloc'd; the listener frees
+ * it; NULL: an empty body) and *type (static) set. */
+typedef int (*http_probe_fn)(void *ctx, const char *path, const char *query, char **body, const char **type);
 
 /* Listens on host:port (host "0.0.0.0", "::" or an address) and answers
  * with fn(ctx, ...). LLM_ERR_IO naming the address when it cannot listen

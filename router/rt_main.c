@@ -25,6 +25,7 @@
 #include "prom_text.h"
 #include "http_client.h"
 #include "http_guard.h"
+#include "http_probe.h"
 #include "http_reply.h"
 #include "llm/clock.h"
 #include "llm/heap.h"
@@ -79,6 +80,8 @@ struct router {
     char admin_buf[256];
     char weight_ns[254], weight_cm[254]; /* --weight-configmap */
     http_guard *http;
+    long health_port;                    /* --health-port: probes and /metrics on a listener of their own; 0: none */
+    http_probe *health;
     int draining;                        /* SIGTERM came: /readyz fails */
     api_keys keys;                       /* --api-keys-file */
     char upstream_auth[API_KEY_MAX_LEN + 8]; /* "Bearer " and --upstream-key-file's key */
@@ -343,14 +346,17 @@ static int h_healthz(struct mg_connection *c, void *cb)
 }
 
 /* Ready with a backend to send to (or, scaling from zero, a hold to
- * offer), and not shutting down. */
+ * offer), and not shutting down: why not, or NULL. */
+static const char *not_ready(router *r)
+{
+    int draining = __atomic_load_n(&r->draining, __ATOMIC_RELAXED);
+    return draining ? "shutting down\n" : backends_known(r) > 0 || r->px.hold_s > 0 ? NULL : "no backends\n";
+}
+
 static int h_readyz(struct mg_connection *c, void *cb)
 {
-    router *r = cb;
-    int draining = __atomic_load_n(&r->draining, __ATOMIC_RELAXED);
-    int ok = !draining && (backends_known(r) > 0 || r->px.hold_s > 0);
-    const char *why = ok ? "ok\n" : draining ? "shutting down\n" : "no backends\n";
-    return http_reply_text(c, ok ? 200 : 503, "text/plain", why, NULL);
+    const char *why = not_ready(cb);
+    return http_reply_text(c, why ? 503 : 200, "text/plain", why ? why : "ok\n", NULL);
 }
 
 static void quota_metrics(router *r, llm_strbuf *out)
@@ -384,51 +390,101 @@ static int send_page(struct mg_connection *c, llm_strbuf *page)
     return code;
 }
 
-/* GET /metrics?route=NAME on a gateway: route NAME's families alone (the
- * controller's read of one LLMDeployment: the whole page of a gateway of
- * many routes outgrows what it reads of a page); a name no route has gets
- * an empty page. 0 when the query names no route (the whole page). */
-static int route_page(struct mg_connection *c, router *r, const char *qs)
+/* The /metrics page into out (qs: the query, or NULL): 200; 400 with why
+ * in out. GET /metrics?route=NAME on a gateway gives route NAME's
+ * families alone (the controller's read of one LLMDeployment: the whole
+ * page of a gateway of many routes outgrows what it reads of a page); a
+ * name no route has gets an empty page. */
+static int metrics_page(router *r, const char *qs, llm_strbuf *out)
 {
     char name[256];
-    int n = mg_get_var(qs, strlen(qs), "route", name, sizeof name);
-    if (n == -1)
-        return 0;
-    if (n < 0 || !r->px.routes)
-        return http_reply_text(c, 400, "text/plain",
-                               r->px.routes ? "route: at most 255 bytes\n" : "route= is for a gateway (--routes)\n", NULL);
-    llm_strbuf one = {0};
-    pool_metrics(r, name, &one);
-    return send_page(c, &one);
+    int n = qs && *qs ? mg_get_var(qs, strlen(qs), "route", name, sizeof name) : -1;
+    if (n != -1 && (n < 0 || !r->px.routes)) {
+        llm_strbuf_printf(out, "%s", r->px.routes ? "route: at most 255 bytes\n" : "route= is for a gateway (--routes)\n");
+        return 400;
+    }
+    if (n != -1) {
+        pool_metrics(r, name, out);
+        return 200;
+    }
+    pool_metrics(r, NULL, out);
+    llm_prom_counter(out, "llm_router_no_backend_total", "Requests answered 503 for want of a backend.", NULL,
+                     (double)__atomic_load_n(&r->px.no_backend, __ATOMIC_RELAXED));
+    llm_prom_gauge(out, "llm_router_held_requests", "Requests held while no backend exists (scale from zero).", NULL,
+                   __atomic_load_n(&r->px.held, __ATOMIC_RELAXED));
+    llm_prom_counter(out, "llm_router_held_total", "Requests that were held.", NULL,
+                     (double)__atomic_load_n(&r->px.held_total, __ATOMIC_RELAXED));
+    llm_prom_gauge(out, "llm_router_backends", "Backends known (both revisions, every route).", NULL, backends_known(r));
+    if (r->px.routes)
+        llm_prom_gauge(out, "llm_router_routes", "Routes in the gateway's table.", NULL, rt_routes_count(r->px.routes));
+    if (r->px.keys)
+        quota_metrics(r, out);
+    otlp_metrics(r->px.traces, out);
+    http_guard_stats gs;
+    http_guard_stats_get(r->http, &gs);
+    llm_prom_gauge(out, "llm_http_connections", "Client connections open.", NULL, (double)gs.open);
+    llm_prom_counter(out, "llm_http_connections_refused_total", "Connections refused above --max-connections.", NULL,
+                     (double)gs.refused);
+    if (r->health) {
+        http_probe_stats ps;
+        http_probe_stats_get(r->health, &ps);
+        llm_prom_counter(out, "llm_router_health_connections_dropped_total",
+                         "Health-port connections closed unanswered (too slow, or making room).", NULL, (double)ps.dropped);
+    }
+    return 200;
 }
 
+/* GET /metrics on the API port. With tenant keys it needs one: the page
+ * shows every route's traffic and in-flight prompt sizes, which are
+ * other tenants' (the health port serves it to the cluster's scrapers). */
 static int h_metrics(struct mg_connection *c, void *cb)
 {
     router *r = cb;
-    const char *qs = mg_get_request_info(c)->query_string;
-    int code = qs ? route_page(c, r, qs) : 0;
-    if (code)
+    if (r->px.keys && !api_keys_find(r->px.keys, mg_get_header(c, "Authorization"))) {
+        __atomic_add_fetch(&r->px.unauthorized, 1, __ATOMIC_RELAXED);
+        return http_reply_text(c, 401, "text/plain",
+                               r->health ? "/metrics on the API port needs an API key (Authorization: Bearer KEY); "
+                                           "the health port serves it without one\n"
+                                         : "/metrics needs an API key (Authorization: Bearer KEY); --health-port serves "
+                                           "it without one on a port of its own\n", NULL);
+    }
+    llm_strbuf page = {0};
+    int code = metrics_page(r, mg_get_request_info(c)->query_string, &page);
+    if (code != 200) {
+        code = http_reply_text(c, code, "text/plain", page.p && !page.failed ? page.p : "no memory\n", NULL);
+        llm_strbuf_free(&page);
         return code;
-    http_guard_stats gs;
-    http_guard_stats_get(r->http, &gs);
-    llm_strbuf all = {0};
-    pool_metrics(r, NULL, &all);
-    llm_prom_counter(&all, "llm_router_no_backend_total", "Requests answered 503 for want of a backend.", NULL,
-                     (double)__atomic_load_n(&r->px.no_backend, __ATOMIC_RELAXED));
-    llm_prom_gauge(&all, "llm_router_held_requests", "Requests held while no backend exists (scale from zero).", NULL,
-                   __atomic_load_n(&r->px.held, __ATOMIC_RELAXED));
-    llm_prom_counter(&all, "llm_router_held_total", "Requests that were held.", NULL,
-                     (double)__atomic_load_n(&r->px.held_total, __ATOMIC_RELAXED));
-    llm_prom_gauge(&all, "llm_router_backends", "Backends known (both revisions, every route).", NULL, backends_known(r));
-    if (r->px.routes)
-        llm_prom_gauge(&all, "llm_router_routes", "Routes in the gateway's table.", NULL, rt_routes_count(r->px.routes));
-    if (r->px.keys)
-        quota_metrics(r, &all);
-    otlp_metrics(r->px.traces, &all);
-    llm_prom_gauge(&all, "llm_http_connections", "Client connections open.", NULL, (double)gs.open);
-    llm_prom_counter(&all, "llm_http_connections_refused_total", "Connections refused above --max-connections.", NULL,
-                     (double)gs.refused);
-    return send_page(c, &all);
+    }
+    return send_page(c, &page);
+}
+
+/* The health port (--health-port): the probes and /metrics (with
+ * ?route=) on a listener of their own (http_probe.h), which API traffic
+ * and idle connections cannot hold, and without a key: the cluster's
+ * scrapers and the controller read it; tenants are not to reach it. */
+static int health_answer(void *ctx, const char *path, const char *query, char **body, const char **type)
+{
+    router *r = ctx;
+    *type = "text/plain";
+    if (!strcmp(path, "/healthz") || !strcmp(path, "/readyz")) {
+        const char *why = !strcmp(path, "/readyz") ? not_ready(r) : NULL;
+        *body = strdup(why ? why : "ok\n");
+        return why ? 503 : 200;
+    }
+    if (strcmp(path, "/metrics")) {
+        *body = strdup("no such route: this port serves /healthz, /readyz and /metrics\n");
+        return 404;
+    }
+    llm_strbuf page = {0};
+    int code = metrics_page(r, query, &page);
+    if (page.failed) {
+        llm_strbuf_free(&page);
+        return 503;
+    }
+    if (code == 200)
+        *type = "text/plain; version=0.0.4";
+    *body = llm_strbuf_take(&page);
+    return code;
 }
 
 /* POST /admin/canary {"weight": N} with the admin bearer token: the
@@ -617,6 +673,8 @@ static int usage(void)
                     "                  [--expose-backend false]  (true: answers name their backend in X-Backend)\n"
                     "                  [--retries 2] [--eject-after 3] [--eject-seconds 10] [--poll-ms 500]\n"
                     "                  [--metrics-port P]  (the backends' /metrics on their health port, not the API's)\n"
+                    "                  [--health-port P]  (/healthz, /readyz and /metrics here too, on a listener of their\n"
+                    "                   own, /metrics without a key; with tenant keys the API port's /metrics needs one)\n"
                     "                  [--max-body-bytes 1048576] [--timeout-s 600] [--max-connections 512]\n"
                     "                  [--header-timeout-s 10] [--body-timeout-s 60] [--keep-alive-s 30] [--send-timeout-s 30]\n"
                     "                  [--shutdown-delay-s 0] [--drain-timeout-s 30]  (SIGTERM: not ready, serve, drain)\n"
@@ -713,6 +771,8 @@ static int tuning_flag(router *r, opts *o, const char *a, const char *v)
         o->pc.eject_s = x;
     else if (!strcmp(a, "--metrics-port") && n && x >= 1 && x <= 65535)
         r->metrics_port = (long)x;
+    else if (!strcmp(a, "--health-port") && n && x >= 1 && x <= 65535)
+        r->health_port = (long)x;
     else if (!strcmp(a, "--poll-ms") && n && x >= 10)
         r->poll_ms = (long)x;
     else if (!strcmp(a, "--max-body-bytes") && n && x >= 1)
@@ -827,8 +887,16 @@ static llm_status listen_on(router *r, opts *o, char *listen, size_t ln, llm_err
     snprintf(listen, ln, "%s:%s", o->host, o->port);
     const char *mg_opts[] = {"listening_ports", listen, NULL};
     o->gc.fds_per_connection = 2; /* the client's and the backend's */
-    o->gc.fds_extra = RT_PROXY_KEEP_CONNS + RT_MAX_BACKENDS + 16; /* kept-alive backend connections, the poller's, watches */
+    /* kept-alive backend connections, the poller's, watches; the health port's */
+    o->gc.fds_extra = RT_PROXY_KEEP_CONNS + RT_MAX_BACKENDS + 16 + (r->health_port ? HTTP_PROBE_MAX_CONNS : 0);
+    if (r->health_port && r->health_port == atol(o->port))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "--health-port %ld is the API port: it needs a port of its own",
+                        r->health_port);
     llm_status st = http_guard_start(&o->gc, mg_opts, &r->http, err);
+    if (!st && r->health_port && (st = http_probe_start(o->host, r->health_port, health_answer, r, &r->health, err))) {
+        http_guard_stop(r->http);
+        r->http = NULL;
+    }
     if (st)
         return st;
     struct mg_context *mg = http_guard_mg(r->http);
@@ -906,6 +974,7 @@ int main(int argc, char **argv)
           : r.n_disc ? "backends from EndpointSlices" : "static backends", o.weight);
     while (!g_stop) usleep(50000);
     drain(&r, o.shutdown_delay_s, o.drain_timeout_s);
+    http_probe_stop(r.health); /* first: its /metrics reads the API listener's counts, and the pools */
     http_guard_stop(r.http);
     if (polling)
         pthread_join(poll_th, NULL);

@@ -435,8 +435,9 @@ static char *metrics_text(srv *s)
 /* The answer of a probe route (/livez, /health, /readyz, /startupz) or
  * /metrics, for either listener: its status, *body (malloc'd) and *type;
  * 404 for any other path. Never waits on the engine. */
-static int health_answer(void *ctx, const char *path, char **body, const char **type)
+static int health_answer(void *ctx, const char *path, const char *query, char **body, const char **type)
 {
+    (void)query;
     srv *s = ctx;
     int p = atomic_load(&s->phase), ok, route = R_PROBES;
     *type = "application/json";
@@ -479,7 +480,7 @@ static int h_health(struct mg_connection *c, void *cb)
         srv_metrics_request(&s->metrics, R_METRICS, 401);
         return srv_http_send_err(c, &e);
     }
-    int status = health_answer(s, path, &body, &type);
+    int status = health_answer(s, path, "", &body, &type);
     http_reply_text(c, status, type, body ? body : SRV_OOM_BODY, NULL);
     free(body);
     return status;

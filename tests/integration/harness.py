@@ -179,10 +179,17 @@ def failed_detail(s, timeout=60):
 
 
 class Router:
+    """llm-router on a free port, with its health port (/healthz, /readyz, /metrics without a key) on
+    another: metrics() reads that one unless told to read the API port's."""
+
     def __init__(self, *args):
-        self.port = free_port()
+        self.port = self.health_port = free_port()
+        while self.health_port == self.port:
+            self.health_port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
+        self.health = f"http://127.0.0.1:{self.health_port}"
         self.proc = subprocess.Popen([tool("llm-router"), "--host", "127.0.0.1", "--port", str(self.port),
+                                      "--health-port", str(self.health_port),
                                       "--poll-ms", "100", "--expose-backend", "true", *map(str, args)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: self.code("/healthz") == 200, 10)
@@ -204,8 +211,9 @@ class Router:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"null"), e.headers.get("X-Backend")
 
-    def metrics(self, query=""):
-        text = urllib.request.urlopen(self.base + "/metrics" + query, timeout=5).read().decode()
+    def metrics(self, query="", api=False, headers=None):
+        req = urllib.request.Request((self.base if api else self.health) + "/metrics" + query, headers=headers or {})
+        text = urllib.request.urlopen(req, timeout=5).read().decode()
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
                 for fam in text_string_to_metric_families(text) for s in fam.samples}
 

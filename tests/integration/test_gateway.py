@@ -8,6 +8,8 @@ leaves the selector leaves the table, and a deployment serving a name
 another already serves is left out and named in the status."""
 import json
 import subprocess
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
@@ -137,6 +139,18 @@ def test_gateway_keys_and_limits_from_a_secret(cluster, tmp_path):
         a.completions.create(model="base-m", prompt="Once", max_tokens=1)
     assert "tenant 'A' is over its rpm of 3" in str(e.value), e.value
     assert b.completions.create(model="base-m", prompt="Once", max_tokens=1).model == "base-m"  # B has no limit
+    # /metrics (every route's traffic): a tenant key on the API port, none on the health port, which the
+    # Service does not carry and the probes use
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=5)
+    assert e.value.code == 401
+    page = urllib.request.urlopen(f"http://{ip}:8001/metrics?route=base", timeout=5).read().decode()
+    assert "llm_router_requests_total{" in page and 'route="base"' in page, page[:500]
+    pod = json.loads(c.k("get", "deploy", "front-gateway", "-o", "json").stdout)["spec"]["template"]["spec"]
+    ctr = pod["containers"][0]
+    assert ctr["readinessProbe"]["httpGet"]["port"] == 8001 and ctr["livenessProbe"]["httpGet"]["port"] == 8001
+    svc = json.loads(c.k("get", "svc", "front", "-o", "json").stdout)["spec"]["ports"]
+    assert [p["port"] for p in svc] == [8000], svc
     # the CRD's rules: an ACL user needs its password, and both need a Redis
     for quotas, why in (("{redis: 'redis.x:6379', user: gw}", "quotas.user needs quotas.passwordSecret"),
                         ("{passwordSecret: rpw}", "are for quotas.redis")):

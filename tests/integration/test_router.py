@@ -20,6 +20,13 @@ import pytest
 from harness import Cluster, NAME, Router, Server, running, tool, wait_for
 
 
+def status_of(url):
+    try:
+        return urllib.request.urlopen(url, timeout=5).status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 @pytest.fixture()
 def two(models):
     """Two llm-server backends (one sequence at a time each) of a model slow
@@ -228,6 +235,9 @@ def test_errors(two, tmp_path):
     for bad in (["--port", "1"], ["--backend", a.base, "--service", "x/y"], ["--backend", a.base, "--retries", "x"]):
         p = subprocess.run([tool("llm-router"), *bad], capture_output=True, text=True, timeout=10)
         assert p.returncode == 2 and "usage" in p.stderr
+    p = subprocess.run([tool("llm-router"), "--host", "127.0.0.1", "--port", "18437", "--health-port", "18437",
+                        "--backend", a.base], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 1 and "--health-port 18437 is the API port" in p.stderr, p.stderr
 
 
 def test_backends_from_endpointslices(tmp_path, models):
@@ -475,6 +485,10 @@ def test_gateway_serves_every_model_from_one_endpoint(tmp_path, models):
         with pytest.raises(urllib.error.HTTPError) as e:
             r.metrics("?route=" + "x" * 300)
         assert e.value.code == 400
+        # without tenant keys the API port serves the same page (the health port is the harness's default)
+        assert r.metrics("?route=tuned", api=True) == r.metrics("?route=tuned")
+        assert ("llm_router_routes", ()) in r.metrics(api=True)
+        assert [status_of(r.health + p) for p in ("/healthz", "/readyz", "/v1/models")] == [200, 200, 404]
     finally:
         assert r.stop() == 0
         for s in (b1, t1, t2):

@@ -74,7 +74,8 @@ def gateway(tmp_path, models, redis):
     hp = free_port()  # the pod's /metrics needs a key on its API port: the routers poll its health port
     pod = Server(models("llama-110m", "Q8_0"), "--api_keys_file", tmp_path / "pod-keys", "--health_port", hp)
     args = ["--backend", pod.base, "--metrics-port", hp, "--api-keys-file", tmp_path / "keys", "--upstream-key-file", tmp_path / "upstream",
-            "--quota-redis", redis[0], "--quota-share", 2, "--quota-prefix", f"test-{free_port()}"]
+            "--quota-redis", redis[0], "--quota-share", 2, "--quota-prefix", f"test-{free_port()}",
+            "--quota-timeout-ms", 2000]  # (100 by default: a loaded 2-core machine answers slower now and then)
     routers = [Router(*args), Router(*args)]
     for r in routers:
         wait_for(lambda: r.metrics().get(("llm_router_backend_up", (("backend", pod.base),))) == 1, 30,
@@ -97,6 +98,15 @@ def test_keys_partitions_and_the_tenant_header(gateway):
     assert e.value.code == "invalid_api_key"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=r1.base + "/v1", api_key="sk-gw", max_retries=0).completions.create(**ask())
+    # the API port's /metrics (every route's traffic) needs a tenant key; the health port's does not
+    with pytest.raises(urllib.error.HTTPError) as e:
+        r1.metrics(api=True)
+    assert e.value.code == 401 and b"the health port serves it" in e.value.read()
+    with pytest.raises(urllib.error.HTTPError) as e:
+        r1.metrics(api=True, headers={"Authorization": "Bearer sk-gw"})  # the pods' key is no tenant's here
+    assert e.value.code == 401
+    m = r1.metrics(api=True, headers={"Authorization": "Bearer sk-d"})
+    assert m[("llm_router_unauthorized_total", ())] == 4  # the two requests' 401s and the two pages'
     d = openai.OpenAI(base_url=r1.base + "/v1", api_key="sk-d", max_retries=0)
     assert [m.id for m in d.models.list().data] == [NAME]
     first = d.completions.create(**ask(prompt=PROMPT))
