@@ -69,7 +69,7 @@ def test_chart_options():
     assert not [d for d in docs(render("--set", "replicaCount=1")) if d["kind"] == "PodDisruptionBudget"]
     mons = [d for d in docs(render("--set", "podMonitor.enabled=true")) if d["kind"] == "PodMonitor"]
     assert {m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"]: m["spec"]["podMetricsEndpoints"][0]["port"]
-            for m in mons} == {"llm-server": "health", "llm-router": "http"}
+            for m in mons} == {"llm-server": "health", "llm-router": "http", "llm-gateway": "health"}
 
 
 def controller_metrics(tmp_path):
