@@ -328,14 +328,15 @@ llm_status http_probe_start(const char *host, long port, http_probe_fn fn, void 
                        s = {.events = EPOLLIN, .data.u32 = HTTP_PROBE_MAX_CONNS + 1};
     int bad = p->lfd < 0 || p->ep < 0 || p->stop_fd < 0 || epoll_ctl(p->ep, EPOLL_CTL_ADD, p->lfd, &l) ||
               epoll_ctl(p->ep, EPOLL_CTL_ADD, p->stop_fd, &s);
+    *out = p; /* before the thread starts: its answer function may read it (http_probe_stats_get) */
     int e = errno, rc = bad ? 0 : pthread_create(&p->th, NULL, run, p);
     if (bad || rc) {
         llm_status st = p->lfd < 0 ? LLM_ERR_IO /* (err names the address) */
                         : llm_errf(err, LLM_ERR_IO, "probe listener on %s:%ld: %s", host, port, strerror(rc ? rc : e));
+        *out = NULL;
         probe_free(p);
         return st;
     }
-    *out = p;
     return LLM_OK;
 }
 

@@ -15,7 +15,8 @@
  * closes its connection. The caller's answer function runs on the
  * listener's thread, one request at a time, and must not block. The
  * program's open files limit should leave room for HTTP_PROBE_MAX_CONNS
- * (llm-server counts them in its API listener's, http_guard_cfg.fds_extra);
+ * (llm-server and llm-router count them in their API listener's,
+ * http_guard_cfg.fds_extra);
  * short of it, the oldest waiting connection is closed to make room.
  *
  * Thread-safety: start and stop from one thread; the answer function is
@@ -37,8 +38,9 @@ typedef struct http_probe http_probe;
 typedef int (*http_probe_fn)(void *ctx, const char *path, const char *query, char **body, const char **type);
 
 /* Listens on host:port (host "0.0.0.0", "::" or an address) and answers
- * with fn(ctx, ...). LLM_ERR_IO naming the address when it cannot listen
- * or start its thread, LLM_ERR_NOMEM. */
+ * with fn(ctx, ...). *out is set before the listener's thread starts (fn
+ * may read it), and NULL again on failure. LLM_ERR_IO naming the address
+ * when it cannot listen or start its thread, LLM_ERR_NOMEM. */
 llm_status http_probe_start(const char *host, long port, http_probe_fn fn, void *ctx, http_probe **out, llm_error *err);
 /* Stops the thread and closes every connection; frees p. NULL is a no-op. */
 void http_probe_stop(http_probe *p);

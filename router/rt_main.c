@@ -390,12 +390,13 @@ static int send_page(struct mg_connection *c, llm_strbuf *page)
     return code;
 }
 
-/* The /metrics page into out (qs: the query, or NULL): 200; 400 with why
- * in out. GET /metrics?route=NAME on a gateway gives route NAME's
+/* The /metrics page into out (qs: the query, or NULL; health: the health
+ * port's page, with its listener's counts - the API port's never reads
+ * them, its listener stops first): 200; 400 with why in out. GET /metrics?route=NAME on a gateway gives route NAME's
  * families alone (the controller's read of one LLMDeployment: the whole
  * page of a gateway of many routes outgrows what it reads of a page); a
  * name no route has gets an empty page. */
-static int metrics_page(router *r, const char *qs, llm_strbuf *out)
+static int metrics_page(router *r, const char *qs, int health, llm_strbuf *out)
 {
     char name[256];
     int n = qs && *qs ? mg_get_var(qs, strlen(qs), "route", name, sizeof name) : -1;
@@ -425,7 +426,7 @@ static int metrics_page(router *r, const char *qs, llm_strbuf *out)
     llm_prom_gauge(out, "llm_http_connections", "Client connections open.", NULL, (double)gs.open);
     llm_prom_counter(out, "llm_http_connections_refused_total", "Connections refused above --max-connections.", NULL,
                      (double)gs.refused);
-    if (r->health) {
+    if (health) {
         http_probe_stats ps;
         http_probe_stats_get(r->health, &ps);
         llm_prom_counter(out, "llm_router_health_connections_dropped_total",
@@ -449,7 +450,7 @@ static int h_metrics(struct mg_connection *c, void *cb)
                                            "it without one on a port of its own\n", NULL);
     }
     llm_strbuf page = {0};
-    int code = metrics_page(r, mg_get_request_info(c)->query_string, &page);
+    int code = metrics_page(r, mg_get_request_info(c)->query_string, 0, &page);
     if (code != 200) {
         code = http_reply_text(c, code, "text/plain", page.p && !page.failed ? page.p : "no memory\n", NULL);
         llm_strbuf_free(&page);
@@ -469,14 +470,14 @@ static int health_answer(void *ctx, const char *path, const char *query, char **
     if (!strcmp(path, "/healthz") || !strcmp(path, "/readyz")) {
         const char *why = !strcmp(path, "/readyz") ? not_ready(r) : NULL;
         *body = strdup(why ? why : "ok\n");
-        return why ? 503 : 200;
+        return !*body ? 503 : why ? 503 : 200;
     }
     if (strcmp(path, "/metrics")) {
         *body = strdup("no such route: this port serves /healthz, /readyz and /metrics\n");
         return 404;
     }
     llm_strbuf page = {0};
-    int code = metrics_page(r, query, &page);
+    int code = metrics_page(r, query, 1, &page);
     if (page.failed) {
         llm_strbuf_free(&page);
         return 503;
@@ -840,6 +841,10 @@ static int parse(int argc, char **argv, router *r, opts *o)
         if (!t && !tuning_flag(r, o, a, v))
             return usage();
     }
+    if (r->health_port && r->health_port == strtol(o->port, NULL, 10)) {
+        fprintf(stderr, "llm-router: --health-port %ld is the API port: it needs a port of its own\n", r->health_port);
+        return 2;
+    }
     if (!r->admin_token && getenv("LLM_ROUTER_ADMIN_TOKEN") && *getenv("LLM_ROUTER_ADMIN_TOKEN"))
         r->admin_token = getenv("LLM_ROUTER_ADMIN_TOKEN");
     int gateway = o->routes_file || o->routes_cm;
@@ -889,9 +894,6 @@ static llm_status listen_on(router *r, opts *o, char *listen, size_t ln, llm_err
     o->gc.fds_per_connection = 2; /* the client's and the backend's */
     /* kept-alive backend connections, the poller's, watches; the health port's */
     o->gc.fds_extra = RT_PROXY_KEEP_CONNS + RT_MAX_BACKENDS + 16 + (r->health_port ? HTTP_PROBE_MAX_CONNS : 0);
-    if (r->health_port && r->health_port == atol(o->port))
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "--health-port %ld is the API port: it needs a port of its own",
-                        r->health_port);
     llm_status st = http_guard_start(&o->gc, mg_opts, &r->http, err);
     if (!st && r->health_port && (st = http_probe_start(o->host, r->health_port, health_answer, r, &r->health, err))) {
         http_guard_stop(r->http);
@@ -974,7 +976,8 @@ int main(int argc, char **argv)
           : r.n_disc ? "backends from EndpointSlices" : "static backends", o.weight);
     while (!g_stop) usleep(50000);
     drain(&r, o.shutdown_delay_s, o.drain_timeout_s);
-    http_probe_stop(r.health); /* first: its /metrics reads the API listener's counts, and the pools */
+    http_probe_stop(r.health); /* first: its /metrics reads the API listener's counts and the pools (the API
+                                * port's page never reads the probe's) */
     http_guard_stop(r.http);
     if (polling)
         pthread_join(poll_th, NULL);

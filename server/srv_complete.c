@@ -575,10 +575,11 @@ int srv_complete_tenant_take(srv *s, const api_key *key, int n, int held, srv_er
     return 429;
 }
 
-/* The request's span ends before its answer's last bytes are written: a
- * caller (the router) that ends its own span on reading them must find
- * ours inside it, whichever thread runs first after the write. */
-static void ending(run *r)
+/* The request's span ends before its answer's last bytes are made and
+ * written (a whole answer's JSON is built after it): a caller (the router)
+ * that ends its own span on reading them must find ours inside it,
+ * whichever thread runs first after the write. */
+static void run_mark_end(run *r)
 {
     if (r->s->traces)
         r->end_ns = otlp_now_ns();
@@ -617,7 +618,7 @@ static void trace_spans(const run *r, const otlp_ctx *in, int has_in, int status
 /* A request refused before it ran: the error sent, and its span. */
 static int refused(run *r, const otlp_ctx *in, int has_in, srv_err *e)
 {
-    ending(r);
+    run_mark_end(r);
     int status = srv_http_send_err(r->c, e);
     if (r->s->traces)
         trace_spans(r, in, has_in, status);
@@ -654,7 +655,7 @@ int srv_complete(srv *s, const srv_rev *rv, struct mg_connection *c, srv_complet
     if (cp->stream)
         http_reply_stream_head(c, 200, "text/event-stream", NULL);
     int status = run_events(&r, e);
-    ending(&r); /* (a stream's usage chunk and end, or the whole answer, are all that is left to write) */
+    run_mark_end(&r); /* (a stream's usage chunk and end, or the whole answer, are all that is left to write) */
     if (!cp->stream) /* (499: the client left, nobody to answer) */
         status = status == 499 ? 499 : status ? srv_http_send_err(c, e) : respond_whole(&r);
     else if (status == 0 || status == 499) {

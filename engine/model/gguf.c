@@ -24,11 +24,12 @@
 /* llama.cpp's gguf-split names parts with five digits. */
 #define GGUF_MAX_PARTS 99999
 
+typedef enum gguf_base { GGUF_BORROWED = 0, GGUF_MAPPED, GGUF_COPIED } gguf_base;
+
 struct gguf_file {
     const uint8_t *base;
     size_t size;
-    int mapped; /* base is an mmap of the file (munmap on close) */
-    int owned;  /* base is a heap copy of the file (free on close) */
+    gguf_base held;  /* what base is: the caller's, a mapping (munmap on close) or a heap copy (free) */
     char name[256];
     uint32_t version;
     uint64_t n_kv, n_tensors;
@@ -410,7 +411,7 @@ static llm_status open_one(const char *path, gguf_file **out, llm_error *err)
         munmap(p, size);
         return st;
     }
-    (*out)->mapped = 1;
+    (*out)->held = GGUF_MAPPED;
     return LLM_OK;
 }
 
@@ -433,7 +434,9 @@ static llm_status read_exact(int fd, uint8_t *buf, size_t size, const char *path
     ssize_t n;
     while ((n = pread(fd, &extra, 1, (off_t)size)) < 0 && errno == EINTR) {
     }
-    if (n != 0)
+    if (n < 0)
+        return llm_errf(err, LLM_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+    if (n > 0)
         return llm_errf(err, LLM_ERR_IO, "%s: the file grew while read (past %zu bytes)", path, size);
     return LLM_OK;
 }
@@ -465,7 +468,7 @@ llm_status gguf_read(const char *path, size_t max_size, gguf_file **out, llm_err
         free(buf);
         return st;
     }
-    (*out)->owned = 1;
+    (*out)->held = GGUF_COPIED;
     return LLM_OK;
 }
 
@@ -638,9 +641,9 @@ void gguf_close(gguf_file *f)
         for (uint64_t i = 0; i < f->n_kv; i++) free(f->kv[i].strs);
     free(f->kv);
     free(f->tensors);
-    if (f->mapped)
+    if (f->held == GGUF_MAPPED)
         munmap((void *)f->base, f->size);
-    if (f->owned)
+    else if (f->held == GGUF_COPIED)
         free((void *)f->base);
     free(f);
 }

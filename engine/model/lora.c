@@ -132,6 +132,12 @@ static int transpose(void **m, size_t rows, size_t cols, size_t es, char *why, s
     return 0;
 }
 
+/* The caller's rank limit: <= 0 or above LLM_LORA_MAX_RANK is that maximum. */
+static int rank_limit(int max_rank)
+{
+    return max_rank <= 0 || max_rank > LLM_LORA_MAX_RANK ? LLM_LORA_MAX_RANK : max_rank;
+}
+
 /* One tensor into its matrix: shape checked against W and the other half. */
 static int take(llm_lora *l, const llm_model *base, const gguf_tensor *t, int max_rank, char *why, size_t wn)
 {
@@ -222,8 +228,7 @@ llm_status llm_lora_from_gguf(const gguf_file *f, const char *name, const llm_mo
                               llm_lora **out, llm_error *err)
 {
     *out = NULL;
-    if (max_rank <= 0 || max_rank > LLM_LORA_MAX_RANK)
-        max_rank = LLM_LORA_MAX_RANK;
+    max_rank = rank_limit(max_rank);
     const gguf_kv *arch = gguf_find(base->gguf, "general.architecture");
     char want[64];
     snprintf(want, sizeof want, "%.*s", arch && arch->type == GGUF_TYPE_STRING ? (int)(arch->v.str.len > 63 ? 63 : arch->v.str.len) : 0,
@@ -267,9 +272,8 @@ llm_status llm_lora_from_gguf(const gguf_file *f, const char *name, const llm_mo
  * any of it is copied. */
 static size_t max_file_bytes(const llm_model *base, int max_rank)
 {
-    if (max_rank <= 0 || max_rank > LLM_LORA_MAX_RANK)
-        max_rank = LLM_LORA_MAX_RANK;
-    size_t total = (size_t)16 << 20;
+    max_rank = rank_limit(max_rank);
+    size_t total = LLM_LORA_FILE_SLACK;
     for (int layer = 0; layer < base->hp.n_layer; layer++)
         for (int p = 0; p < LLM_LORA_N_PROJ; p++) {
             const llm_weight *w = base_weight(base, layer, (llm_lora_proj)p);

@@ -237,7 +237,7 @@ def test_errors(two, tmp_path):
         assert p.returncode == 2 and "usage" in p.stderr
     p = subprocess.run([tool("llm-router"), "--host", "127.0.0.1", "--port", "18437", "--health-port", "18437",
                         "--backend", a.base], capture_output=True, text=True, timeout=10)
-    assert p.returncode == 1 and "--health-port 18437 is the API port" in p.stderr, p.stderr
+    assert p.returncode == 2 and "--health-port 18437 is the API port" in p.stderr, p.stderr
 
 
 def test_backends_from_endpointslices(tmp_path, models):

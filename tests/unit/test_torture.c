@@ -338,6 +338,7 @@ static void sc_lora(long n)
     arm(n);
     llm_status st = llm_lora_load(g_lora_path, g_m, 0, &l, &err);
     if (!st && (st = llm_engine_lora_add(e, l, &err))) {
+        assert_int_equal(llm_engine_lora_requests(e, l), -1); /* a failed add keeps nothing of it */
         llm_lora_free(l);
         l = NULL;
     }

@@ -91,12 +91,14 @@ llm_status gguf_open(const char *path, gguf_file **out, llm_error *err);
 llm_status gguf_open_buffer(const void *buf, size_t size, const char *name,
                             gguf_file **out, llm_error *err);
 
-/* Same validation over a copy of the file read into memory (at most
- * max_size bytes, else LLM_ERR_INVALID_ARG naming both sizes; one file:
- * split.* keys are not followed). For files read once and dropped, such as
- * adapters loaded while serving: a file truncated or replaced while
- * mapped would fault the reader (SIGBUS); a copy cannot, and a file that
- * changes size while read is refused. */
+/* Same validation over a copy of the file read into memory, owned by the
+ * returned file (its data lives until gguf_close; one file: split.* keys
+ * are not followed). For files read once and dropped, such as adapters
+ * loaded while serving: a file truncated or replaced while mapped would
+ * fault the reader (SIGBUS); a copy cannot. Errors: LLM_ERR_INVALID_ARG
+ * (more than max_size bytes: both sizes named, nothing read), LLM_ERR_IO
+ * (cannot open or read it, not a regular file, or its size changed while
+ * read), LLM_ERR_FORMAT (empty, or gguf_open's checks), LLM_ERR_NOMEM. */
 llm_status gguf_read(const char *path, size_t max_size, gguf_file **out, llm_error *err);
 
 void gguf_close(gguf_file *f);

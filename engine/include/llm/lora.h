@@ -36,6 +36,9 @@ typedef enum llm_lora_proj {
 #define LLM_LORA_MAX_RANK LLM_LORA_SEG_MAX_RANK
 /* alpha above this is refused: with s = alpha / rank it would swamp W x. */
 #define LLM_LORA_MAX_ALPHA 65536.0f
+/* Bytes an adapter file may hold beyond its largest possible tensors
+ * (metadata, alignment): llm_lora_load's size bound. */
+#define LLM_LORA_FILE_SLACK ((size_t)16 << 20)
 
 typedef struct llm_lora_mat {
     int rank, in, out;         /* rank 0: this projection is not adapted */
