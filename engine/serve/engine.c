@@ -39,6 +39,7 @@ static void req_free(eng_req *r)
         textout_free(&r->seqs[i].out);
         free(r->seqs[i].pool);
         free(r->seqs[i].held);
+        free(r->seqs[i].plp);
     }
     free(r->seqs);
     if (r->slot)
@@ -62,10 +63,13 @@ void llm_event_clear(llm_event *ev)
         return;
     free(ev->text);
     free(ev->embedding);
+    free(ev->prompt_lp);
     ev->text = NULL;
     ev->text_len = 0;
     ev->embedding = NULL;
     ev->n_embedding = 0;
+    ev->prompt_lp = NULL;
+    ev->n_prompt_lp = 0;
 }
 
 static eng_req *req_find(llm_engine *e, llm_request_id id)
@@ -142,6 +146,15 @@ static llm_status check_fields(const llm_engine *e, const llm_request *rq, llm_e
         return llm_errf(err, LLM_ERR_INVALID_ARG, "an embedding request has one sequence, not n %d", rq->n);
     if (rq->pooling && rq->grammar)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "an embedding request generates nothing: no grammar applies");
+    if (rq->prompt_logprobs && rq->pooling)
+        return llm_errf_at(err, LLM_ERR_INVALID_ARG, "prompt_logprobs", "an embedding request has no prompt logprobs");
+    if (rq->prompt_logprobs && e->extra_logits < 1)
+        return llm_errf_at(err, LLM_ERR_UNSUPPORTED, "prompt_logprobs",
+                           "prompt logprobs need max_batch_tokens (%d) above max_seqs (%d): no logit rows are left",
+                           e->cfg.max_batch_tokens, e->cfg.max_seqs);
+    if (rq->prompt_logprobs && (rq->prompt_top < 0 || rq->prompt_top > LLM_MAX_LOGPROBS))
+        return llm_errf_at(err, LLM_ERR_INVALID_ARG, "prompt_logprobs", "prompt_logprobs %d not in [0, %d]",
+                           rq->prompt_top, LLM_MAX_LOGPROBS);
     if (rq->lora && !(fabsf(rq->lora_scale) <= 1000.0f))
         return llm_errf_at(err, LLM_ERR_INVALID_ARG, "lora_scale", "adapter scale %g is not a number in [-1000, 1000]",
                            (double)rq->lora_scale);
@@ -308,10 +321,14 @@ static llm_status seq_init(llm_engine *e, eng_req *r, int i, const llm_request *
         return st;
     if (r->pooling && !(s->pool = calloc((size_t)e->m->hp.n_embd, sizeof *s->pool)))
         return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for an embedding");
+    int plp = rq->prompt_logprobs && i == 0; /* the siblings share its prompt K/V */
+    if (plp && n_prompt > 1 && !(s->plp = calloc((size_t)n_prompt - 1, sizeof *s->plp)))
+        return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for %d prompt logprobs", n_prompt - 1);
     textout_init(&s->out, (const char *const *)r->stops, r->n_stops);
     s->q = (sched_seq){.tokens = s->tokens, .n_tokens = n_prompt, .n_prompt = n_prompt, .priority = rq->priority,
                        .arrival_ms = (int64_t)r->t_submit, .fork_of = i ? &r->seqs[0].q : NULL,
-                       .salt = rq->cache_salt, .no_reuse = r->pooling == LLM_POOL_MEAN, .user = s};
+                       .salt = rq->cache_salt, .no_reuse = r->pooling == LLM_POOL_MEAN || plp,
+                       .all_logits = plp, .user = s};
     return LLM_OK;
 }
 
@@ -331,6 +348,7 @@ static llm_status req_new(llm_engine *e, const llm_request *rq, const int32_t *p
     memcpy(r->shown, rq->shown, sizeof r->shown);
     r->n_shown = rq->n_shown;
     r->pooling = rq->pooling;
+    r->prompt_top = rq->prompt_logprobs ? rq->prompt_top : 0;
     r->lora_scale = rq->lora_scale;
     r->t_submit = eng_now_ms();
     r->seqs = calloc((size_t)r->n, sizeof *r->seqs);
@@ -616,7 +634,11 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     sh.window = c->kv_keep_all ? 0 : llm_model_windows(e->m, sh.local);
     /* weights and activations first: on a device the KV pool is a share of
      * what they leave */
-    llm_status st = llm_forward_new_tp(e->m, ranks, nr, c->max_batch_tokens, c->max_seqs, &e->fwd, err);
+    /* a logits row per sequence, and prompt_logprobs' extra rows as far as a step's rows allow */
+    int max_logits = c->max_seqs + LLM_ENGINE_PROMPT_LOGIT_ROWS;
+    max_logits = max_logits < c->max_batch_tokens ? max_logits : c->max_batch_tokens;
+    e->extra_logits = max_logits - c->max_seqs;
+    llm_status st = llm_forward_new_tp(e->m, ranks, nr, c->max_batch_tokens, max_logits, &e->fwd, err);
     if (!st && !(st = kv_blocks(c, e->m, &sh, err))) {
         kv_cache_config kc = {c->block_size, c->kv_type, sh.n, 0, !c->no_prefix_cache, ranks, nr,
                               sh.window, sh.local, sh.n_local};
@@ -626,11 +648,11 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     if (st)
         return st;
     int n_blocks = sh.n;
-    sched_config sc = {c->max_seqs, c->max_batch_tokens, c->aging_ms};
+    sched_config sc = {c->max_seqs, c->max_batch_tokens, c->aging_ms, e->extra_logits};
     if ((st = sched_init(&e->s, &sc, e->kv, err)))
         return st;
     e->b_tokens = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
-    e->b_logit_rows = malloc(sizeof(int32_t) * (size_t)c->max_seqs);
+    e->b_logit_rows = malloc(sizeof(int32_t) * (size_t)(c->max_seqs + e->extra_logits));
     e->b_hidden_rows = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
     e->b_params = malloc(sizeof(llm_sample_params) * (size_t)c->max_seqs);
     e->b_seqs = malloc(sizeof(llm_batch_seq) * (size_t)c->max_seqs);

@@ -58,6 +58,11 @@ typedef struct eng_seq {
     double *pool;          /* an embedding request's (n_embd) sum of hidden rows, or the last row (engine thread) */
     int n_pooled;          /* positions [0, n_pooled) are in pool: a recomputation after preemption skips them */
     int h0, hn;            /* this step's hidden rows of it: [h0, h0 + hn) of the batch's hidden_rows */
+    llm_prompt_logprob *plp; /* prompt_logprobs (completion 0): (n_prompt - 1) entries, handed to its DONE */
+    int n_plp;             /* entries [0, n_plp) are filled: a recomputation after preemption skips them */
+    int l0, ln, ls;        /* this step's logit rows: [l0, l0 + ln) for prompt positions from l_pos, ls its
+                            * sampling row (-1: none) */
+    int l_pos;
     /* A pick put off because the step's grammar work was spent (engine thread): */
     float *held;           /* (n_vocab) the logits row it will be made from; NULL: no pick is held */
     int picked;            /* in a picks round: it was made */
@@ -73,6 +78,7 @@ struct eng_req {
     int32_t shown[LLM_MAX_SHOWN]; /* control tokens whose text is in the output text */
     int n_shown;
     llm_pooling pooling;  /* not NONE: an embedding request */
+    int prompt_top;       /* prompt_logprobs: alternatives per position (completion 0 has plp) */
     llm_grammar *grammar;  /* compiled at submit (shared through slot, or owned when slot is NULL); NULL: none */
     struct eng_grammar *slot;
     char **stops;
@@ -123,6 +129,8 @@ struct llm_engine {
     /* step buffers (engine thread) */
     int32_t *b_tokens, *b_logit_rows, *cp_src, *cp_dst; /* copies: global pool's, then local pool's */
     int32_t *b_hidden_rows;      /* (max_batch_tokens) rows embedding requests pool */
+    int extra_logits;            /* logit rows a step has beyond one per sequence (prompt_logprobs; b_logit_rows
+                                  * holds max_seqs + extra_logits) */
     llm_sample_params *b_params; /* (max_seqs) device picks of a step */
     pthread_mutex_t gv_mu;       /* builds gv once, on the first constrained request's thread */
     llm_gmatch_vocab *gv;        /* the vocabulary sorted for grammar masks; NULL until then */

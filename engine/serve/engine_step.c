@@ -57,6 +57,26 @@ static void eng_hidden_rows(llm_engine *e, const sched_item *it, eng_seq *q, int
     q->hn = *n - q->h0;
 }
 
+/* The logit rows of plan item i (batch rows from `row`) for q, appended
+ * to e->b_logit_rows from *n: its prompt positions without an entry yet
+ * that another prompt token follows (prompt_logprobs: the scheduler left
+ * room for them), then its sampling row. */
+static void eng_logit_rows(llm_engine *e, int i, eng_seq *q, int row, int *n)
+{
+    const sched_item *it = &e->s.items[i];
+    q->l0 = *n, q->ln = 0, q->ls = -1;
+    if (q->plp) {
+        int end = it->pos0 + it->n, last = q->q.n_prompt - 1;
+        q->l_pos = it->pos0 > q->n_plp ? it->pos0 : q->n_plp;
+        for (int p = q->l_pos; p < end && p < last; p++) e->b_logit_rows[(*n)++] = row + p - it->pos0;
+        q->ln = *n - q->l0;
+    }
+    if (item_samples(e, i)) {
+        q->ls = *n;
+        e->b_logit_rows[(*n)++] = row + it->n - 1;
+    }
+}
+
 /* Under the lock: the plan as a forward batch; copies to make; requests
  * marked in flight so cancel waits for them. */
 static void step_prepare(llm_engine *e, llm_forward_batch *bt)
@@ -73,9 +93,8 @@ static void step_prepare(llm_engine *e, llm_forward_batch *bt)
         e->b_loras[i] = (llm_forward_seq_lora){q->r->lora ? q->r->lora->fl : NULL, q->r->lora_scale};
         adapted |= q->r->lora != NULL;
         eng_hidden_rows(e, it, q, row, &n_hidden);
+        eng_logit_rows(e, i, q, row, &n_logits);
         row += it->n;
-        if (item_samples(e, i))
-            e->b_logit_rows[n_logits++] = row - 1;
         q->r->in_flight++;
         if (q->r->t_sched == 0)
             q->r->t_sched = now;
@@ -97,8 +116,8 @@ static int all_on_device(llm_engine *e)
         return 0;
     for (int i = 0; i < e->s.n_items; i++) {
         const eng_seq *q = e->s.items[i].seq->user;
-        if (item_samples(e, i) && (!llm_sampler_device_ok(q->smp) || q->gm))
-            return 0; /* a penalty, logprobs or a grammar's mask: the host samples this step */
+        if (q->ln || (item_samples(e, i) && (!llm_sampler_device_ok(q->smp) || q->gm)))
+            return 0; /* prompt logprobs, a penalty, logprobs or a grammar's mask: the host samples this step */
     }
     for (int i = 0, k = 0; i < e->s.n_items; i++)
         if (item_samples(e, i))
@@ -129,12 +148,12 @@ static llm_status step_on_device(llm_engine *e, const llm_forward_batch *bt)
     e->forward_ms = eng_now_ms() - t0;
     if (st)
         return st;
-    for (int i = 0, k = 0; i < e->s.n_items; i++) {
-        if (!item_samples(e, i))
-            continue;
+    for (int i = 0; i < e->s.n_items; i++) {
         eng_seq *q = e->s.items[i].seq->user;
+        if (q->ls < 0)
+            continue;
         q->res = (llm_sample_result){0};
-        seq_take(e, q, ids[k++]);
+        seq_take(e, q, ids[q->ls]);
     }
     return LLM_OK;
 }
@@ -188,6 +207,19 @@ static int pick_held(llm_engine *e, eng_seq *q, const float *row)
     return 1;
 }
 
+/* q's prompt rows of this pass into its prompt_logprobs entries (a NaN
+ * row fails q as a sampling failure would). */
+static void prompt_entries(llm_engine *e, eng_seq *q, const float *logits)
+{
+    int n_vocab = e->m->hp.n_vocab;
+    for (int j = 0; j < q->ln && !q->fail.code; j++) {
+        int p = q->l_pos + j;
+        const float *row = logits + (size_t)(q->l0 + j) * n_vocab;
+        if (llm_prompt_logprob_of(row, n_vocab, q->tokens[p + 1], q->r->prompt_top, &q->plp[p], &q->fail) == LLM_OK)
+            q->n_plp = p + 1;
+    }
+}
+
 static llm_status step_on_host(llm_engine *e, const llm_forward_batch *bt)
 {
     const float *logits;
@@ -196,12 +228,13 @@ static llm_status step_on_host(llm_engine *e, const llm_forward_batch *bt)
     e->forward_ms = eng_now_ms() - t0;
     if (st)
         return st;
-    int k = 0, n_vocab = e->m->hp.n_vocab;
+    int n_vocab = e->m->hp.n_vocab;
     for (int i = 0; i < e->s.n_items; i++) {
-        if (!item_samples(e, i))
-            continue;
         eng_seq *q = e->s.items[i].seq->user;
-        const float *row = logits + (size_t)k++ * n_vocab;
+        prompt_entries(e, q, logits);
+        if (q->ls < 0 || q->fail.code)
+            continue;
+        const float *row = logits + (size_t)q->ls * n_vocab;
         if (!pick_held(e, q, row) && sample_one(e, q, row) == LLM_OK)
             seq_take(e, q, q->res.id);
     }
@@ -298,6 +331,14 @@ static void seq_finish(llm_engine *e, eng_seq *q, llm_finish why)
     const char *t;
     size_t n;
     textout_flush(&q->out, &t, &n);
+    if (q->plp && q->n_plp != q->q.n_prompt - 1) {
+        llm_error bug;
+        llm_errf(&bug, LLM_ERR_INTERNAL, "prompt logprobs of %d of %d positions", q->n_plp, q->q.n_prompt - 1);
+        req_fail(e, q->r, &bug);
+        return;
+    }
+    ev.prompt_lp = q->plp, ev.n_prompt_lp = q->plp ? q->n_plp : 0;
+    q->plp = NULL; /* the event's now */
     ev.text = llm_utf8_dup_valid(t, n, &ev.text_len);
     seq_done(e, q, &ev, ev.text != NULL, "the generated text"); /* the held-back text would be lost: no DONE without it */
 }
@@ -413,7 +454,8 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
         sched_commit(s);
         for (int i = 0; i < s->n_items; i++) {
             eng_seq *q = s->items[i].seq->user;
-            if (s->items[i].logits && !q->held) /* a held pick comes in a later round */
+            if ((s->items[i].logits && !q->held) || q->fail.code) /* a held pick comes in a later round; a prompt
+                                                                     * row's failure fails it now */
                 seq_result(e, q);
         }
         for (int i = 0; i < s->n_items; i++) req_leave(e, ((eng_seq *)s->items[i].seq->user)->r);

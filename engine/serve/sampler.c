@@ -230,22 +230,52 @@ static float logprob_of(float v, lnorm z)
     return !(lp >= LLM_LOGPROB_FLOOR) ? LLM_LOGPROB_FLOOR : (float)lp;
 }
 
-static void top_logprobs(const llm_sampler *s, const uint32_t *mask, lnorm z, llm_sample_result *r)
+/* The k most likely of n values v (those mask permits; NULL: all) into
+ * top, most likely first, ties by lower id; how many (k, or fewer when
+ * fewer are permitted). */
+static int top_of(const float *v, int n, const uint32_t *mask, lnorm z, int k, llm_logprob *top)
 {
-    r->n_top = 0;
-    for (int i = 0; i < s->n_vocab; i++) {
+    int n_top = 0;
+    for (int i = 0; i < n; i++) {
         if (mask && !bit_get(mask, i))
             continue;
-        float lp = logprob_of(s->work[i], z);
-        if (r->n_top == s->p.n_logprobs && (r->n_top == 0 || lp <= r->top[r->n_top - 1].logprob))
+        float lp = logprob_of(v[i], z);
+        if (n_top == k && (n_top == 0 || lp <= top[n_top - 1].logprob))
             continue;
-        int j = r->n_top < s->p.n_logprobs ? r->n_top++ : r->n_top - 1;
-        while (j > 0 && r->top[j - 1].logprob < lp) {
-            r->top[j] = r->top[j - 1];
+        int j = n_top < k ? n_top++ : n_top - 1;
+        while (j > 0 && top[j - 1].logprob < lp) {
+            top[j] = top[j - 1];
             j--;
         }
-        r->top[j] = (llm_logprob){i, lp};
+        top[j] = (llm_logprob){i, lp};
     }
+    return n_top;
+}
+
+static void top_logprobs(const llm_sampler *s, const uint32_t *mask, lnorm z, llm_sample_result *r)
+{
+    r->n_top = top_of(s->work, s->n_vocab, mask, z, s->p.n_logprobs, r->top);
+}
+
+llm_status llm_prompt_logprob_of(const float *logits, int n_vocab, int32_t id, int k, llm_prompt_logprob *out,
+                                 llm_error *err)
+{
+    memset(out, 0, sizeof *out);
+    out->id = id;
+    if (id < 0 || id >= n_vocab || k < 0 || k > LLM_MAX_LOGPROBS)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "prompt logprob of token %d with %d alternatives (vocabulary %d, "
+                        "at most %d alternatives)", (int)id, k, n_vocab, LLM_MAX_LOGPROBS);
+    int above = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        if (isnan(logits[i]))
+            return llm_errf(err, LLM_ERR_NUMERIC, "the model produced a NaN logit (token id %d)", i);
+        above += logits[i] > logits[id];
+    }
+    lnorm z = log_norm(logits, n_vocab);
+    out->logprob = logprob_of(logits[id], z);
+    out->rank = above + 1;
+    out->n_top = top_of(logits, n_vocab, NULL, z, k, out->top);
+    return LLM_OK;
 }
 
 static int cand_desc(const void *a, const void *b)

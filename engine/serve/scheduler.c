@@ -125,8 +125,27 @@ static void preempt(sched *s, sched_seq *q)
     q->state = SCHED_WAITING;
 }
 
+/* Prompt rows of q from its next position on that need a logits row of
+ * their own (all_logits: each prompt position followed by another). */
+static int prompt_logit_rows(const sched_seq *q)
+{
+    int left = q->n_prompt - 1 - q->kv.n_tokens;
+    return q->all_logits && left > 0 ? left : 0;
+}
+
+/* How many of q's need tokens go into this step: within the token budget
+ * and, for all_logits q, the extra logit rows left (0: none fit now). */
+static int chunk_of(const sched *s, const sched_seq *q, int need)
+{
+    int budget = s->cfg.max_batch_tokens - s->n_rows, rows = prompt_logit_rows(q);
+    int n = need < budget ? need : budget, room = s->cfg.extra_logits - s->n_extra;
+    return rows > room && n > room ? room : n;
+}
+
 static void plan_add(sched *s, sched_seq *q, int n)
 {
+    int rows = prompt_logit_rows(q);
+    s->n_extra += rows < n ? rows : n;
     s->items[s->n_items++] = (sched_item){q, q->kv.n_tokens, n, q->kv.n_tokens + n == q->n_tokens};
     s->n_rows += n;
     q->in_plan = 1;
@@ -171,7 +190,9 @@ static void plan_running(sched *s, int decode)
             continue;
         if (budget < 1)
             return;
-        int n = need < budget ? need : budget;
+        int n = chunk_of(s, q, need);
+        if (n < 1)
+            continue; /* its prompt's logit rows wait for the next step */
         uint64_t preempted = s->stats.preemptions;
         if (reserve_running(s, q, n))
             plan_add(s, q, n);
@@ -258,14 +279,14 @@ static void plan_admit(sched *s)
         int budget = s->cfg.max_batch_tokens - s->n_rows, fork = fork_state(q);
         if (budget < 1)
             return;
-        if (fork < 0 || q->oom) {
+        if (fork < 0 || q->oom || chunk_of(s, q, 1) < 1) { /* (its sibling first; no logit rows left) */
             i++;
             continue;
         }
         if (s->n_running == s->cfg.max_seqs && !preempt_for(s, q))
             return;
         int forked, hit = attach(s, q, fork, &forked);
-        int n = q->n_tokens - q->kv.n_tokens < budget ? q->n_tokens - q->kv.n_tokens : budget;
+        int n = chunk_of(s, q, q->n_tokens - q->kv.n_tokens);
         llm_status st = admit_reserve(s, q, n);
         if (st) {
             kv_seq_release(s->kv, &q->kv); /* its matched blocks stay cached */
@@ -286,7 +307,7 @@ static void plan_admit(sched *s)
 
 int sched_plan(sched *s)
 {
-    s->n_items = s->n_rows = 0;
+    s->n_items = s->n_rows = s->n_extra = 0;
     if (s->n_running > 1)
         qsort(s->running, (size_t)s->n_running, sizeof *s->running, urgency_cmp);
     plan_running(s, 1);
@@ -307,5 +328,5 @@ void sched_commit(sched *s)
 void sched_abort(sched *s)
 {
     for (int i = 0; i < s->n_items; i++) s->items[i].seq->in_plan = 0;
-    s->n_items = s->n_rows = 0;
+    s->n_items = s->n_rows = s->n_extra = 0;
 }

@@ -1089,6 +1089,155 @@ static void test_lora_add_remove(void **st)
     llm_lora_free(lb);
 }
 
+/* ---- prompt logprobs ------------------------------------------------------- */
+
+enum { PL = 6, PLEN = 120, PGEN = 6 };
+
+typedef struct plp_ref {
+    int n;
+    llm_prompt_logprob *lp;
+} plp_ref;
+
+static int plp_fill(void *ctx, int i, const float *logits)
+{
+    plp_ref *r = ctx;
+    llm_error err = {0};
+    if (i < r->n && llm_prompt_logprob_of(logits, g_tiny->hp.n_vocab, r->lp[i].id, 5, &r->lp[i], &err))
+        fail_msg("prompt logprob: %s", err.msg);
+    return 0;
+}
+
+/* What a plain session's logits give for prompt p: entry i for token i + 1. */
+static void plp_direct(const int32_t *p, int n, llm_prompt_logprob *out)
+{
+    llm_session *s;
+    llm_error err = {0};
+    assert_int_equal(llm_session_new(g_tiny, g_b, &(llm_session_config){.n_ctx = 256, .max_batch = 512, .logit_rows = 16},
+                                     &s, &err), LLM_OK);
+    for (int i = 0; i + 1 < n; i++) out[i].id = p[i + 1];
+    plp_ref r = {n - 1, out};
+    assert_int_equal(llm_session_eval_each(s, p, n - 1, plp_fill, &r, &err), LLM_OK);
+    llm_session_free(s);
+}
+
+/* Reads id to its end: completion 0's tokens into tok and its prompt entries into *lp (the caller frees). */
+static int plp_collect(llm_engine *e, llm_request_id id, int32_t *tok, llm_prompt_logprob **lp, int *n_lp, int *preempted)
+{
+    int n_tok = 0;
+    for (;;) {
+        llm_event ev;
+        assert_int_equal(llm_engine_next(e, id, &ev, 60000), LLM_OK);
+        if (ev.type == LLM_EVENT_ERROR)
+            fail_msg("request failed: %s", ev.error.msg);
+        if (ev.type == LLM_EVENT_TOKEN && n_tok < PGEN)
+            tok[n_tok++] = ev.token;
+        if (ev.type == LLM_EVENT_DONE) {
+            *lp = ev.prompt_lp, *n_lp = ev.n_prompt_lp, *preempted = ev.usage.preemptions;
+            ev.prompt_lp = NULL;
+            llm_event_clear(&ev);
+            return n_tok;
+        }
+        llm_event_clear(&ev);
+    }
+}
+
+/* prompt_logprobs: each prompt token's entry (log-probability, rank and
+ * the 5 most likely) equals what a plain session's logits give through
+ * llm_prompt_logprob_of, bit for bit, for requests submitted together
+ * with plain generations in steps of 24 rows and a pool small enough to
+ * preempt them; each one's generated tokens equal the same request's
+ * without prompt_logprobs; the entries are self-consistent (the top list
+ * ordered, the prompt token's rank matching it). Rounds repeat (at most
+ * 8) until a prompt_logprobs request was preempted. */
+static void test_prompt_logprobs(void **st)
+{
+    (void)st;
+    static int32_t p[PL][PLEN];
+    static llm_prompt_logprob want[PL][PLEN];
+    static int32_t plain[PL][PGEN];
+    int n[PL];
+    llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 256});
+    for (int k = 0; k < PL; k++) {
+        n[k] = 20 + (k * 37) % (PLEN - 20); /* 20 to 119 tokens: several steps of logit rows */
+        uint64_t sd = 5 + (uint64_t)k;
+        for (int i = 0; i < n[k]; i++) p[k][i] = (int32_t)(test_rng(&sd) % (uint64_t)g_tiny->hp.n_vocab);
+        plp_direct(p[k], n[k], want[k]);
+        static result r;
+        llm_request rq = greedy(p[k], n[k], PGEN);
+        collect(e, submit(e, &rq), 1, &r);
+        memcpy(plain[k], r.tok[0], sizeof plain[k]);
+    }
+    close_engine(e);
+    size_t blk = kv_cache_block_bytes(LLM_KV_F16, 16, g_tiny->hp.n_layer, g_tiny->hp.n_head_kv * g_tiny->hp.head_dim);
+    e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 128, .max_batch_tokens = 24, .max_seqs = 6,
+                                               .kv_cache_bytes = 12 * blk});
+    int preempted = 0, rounds = 0;
+    for (; rounds < 8 && !preempted; rounds++) {
+        llm_request_id ids[PL];
+        for (int j = 0; j < PL; j++) { /* the prompt_logprobs ones first, least urgent: the others preempt them */
+            int k = (j * 2) % PL + (j * 2 >= PL);
+            llm_request rq = greedy(p[k], n[k], PGEN);
+            rq.prompt_logprobs = k % 2 == 0, rq.prompt_top = 5, rq.priority = k % 2 ? 1 : -1;
+            ids[k] = submit(e, &rq);
+        }
+        for (int k = 0; k < PL; k++) {
+            int32_t tok[PGEN];
+            llm_prompt_logprob *lp = NULL;
+            int n_lp = -1, pre = 0;
+            assert_int_equal(plp_collect(e, ids[k], tok, &lp, &n_lp, &pre), PGEN);
+            assert_memory_equal(tok, plain[k], sizeof tok);
+            if (k % 2) {
+                assert_null(lp);
+                assert_int_equal(n_lp, 0);
+                continue;
+            }
+            preempted += pre;
+            assert_int_equal(n_lp, n[k] - 1);
+            for (int i = 0; i < n_lp; i++) {
+                const llm_prompt_logprob *g = &lp[i], *w = &want[k][i];
+                if (memcmp(g, w, sizeof *g))
+                    fail_msg("request %d position %d: logprob %g rank %d, alone %g rank %d", k, i, (double)g->logprob,
+                             g->rank, (double)w->logprob, w->rank);
+                assert_int_equal(g->id, p[k][i + 1]);
+                assert_int_equal(g->n_top, 5);
+                assert_true(g->logprob <= 0 && g->rank >= 1);
+                for (int t = 1; t < 5; t++) assert_true(g->top[t - 1].logprob >= g->top[t].logprob);
+                assert_true(g->rank > 5 ? g->logprob <= g->top[4].logprob : g->top[g->rank - 1].logprob == g->logprob);
+            }
+            free(lp);
+        }
+    }
+    llm_stats es;
+    llm_engine_stats(e, &es);
+    print_message("prompt logprobs: %d rounds, preempted %d times (the engine: %llu preemptions, %d blocks)\n", rounds,
+                  preempted, (unsigned long long)es.preemptions, es.kv_blocks_total);
+    assert_true(preempted > 0);
+    close_engine(e);
+}
+
+/* Refused: with pooling, a prompt_top out of range, and an engine whose
+ * steps have no logit rows beyond one per sequence. */
+static void test_prompt_logprobs_refused(void **st)
+{
+    (void)st;
+    int32_t p[4] = {1, 2, 3, 4};
+    llm_request_id id;
+    llm_error err = {0};
+    llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 64});
+    llm_request rq = greedy(p, 4, 2);
+    rq.prompt_logprobs = 1, rq.prompt_top = LLM_MAX_LOGPROBS + 1;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    assert_string_equal(err.field, "prompt_logprobs");
+    rq.prompt_top = 0, rq.pooling = LLM_POOL_LAST;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    close_engine(e);
+    e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 64, .max_seqs = 8, .max_batch_tokens = 8});
+    rq.pooling = LLM_POOL_NONE;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "max_batch_tokens (8) above max_seqs (8)"));
+    close_engine(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1109,6 +1258,8 @@ int main(void)
         cmocka_unit_test(test_embedding_cache),
         cmocka_unit_test(test_embedding_limits), cmocka_unit_test(test_lora_prefix_cache),
         cmocka_unit_test(test_lora_add_remove),
+        cmocka_unit_test(test_prompt_logprobs),
+        cmocka_unit_test(test_prompt_logprobs_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

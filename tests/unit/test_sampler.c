@@ -478,6 +478,51 @@ static void test_masked(void **state)
     llm_sampler_free(s);
 }
 
+/* llm_prompt_logprob_of against a float64 log-softmax, a count of the
+ * more likely tokens and a full sort (ties: lower id first), on random
+ * rows with repeated values; a NaN, a bad id and a bad k are refused. */
+static void test_prompt_logprob(void **state)
+{
+    (void)state;
+    enum { NV = 1000 };
+    static float v[NV];
+    uint64_t s = 42;
+    for (int round = 0; round < 50; round++) {
+        for (int i = 0; i < NV; i++) v[i] = (float)(int)(test_randf(&s) * 40) / 4; /* many ties */
+        double mx = -1e30, sum = 0;
+        for (int i = 0; i < NV; i++) mx = v[i] > mx ? v[i] : mx;
+        for (int i = 0; i < NV; i++) sum += exp((double)v[i] - mx);
+        int32_t id = (int32_t)(test_rng(&s) % NV);
+        int k = round % (LLM_MAX_LOGPROBS + 1), above = 0;
+        llm_prompt_logprob got;
+        llm_error err = {0};
+        assert_int_equal(llm_prompt_logprob_of(v, NV, id, k, &got, &err), LLM_OK);
+        for (int i = 0; i < NV; i++) above += v[i] > v[id];
+        assert_int_equal(got.id, id);
+        assert_int_equal(got.rank, above + 1);
+        assert_true(fabs(got.logprob - ((double)v[id] - mx - log(sum))) < 1e-5);
+        assert_int_equal(got.n_top, k);
+        for (int t = 0; t < k; t++) { /* the t-th of the order: larger value, then lower id */
+            int best = -1;
+            for (int i = 0; i < NV; i++) {
+                int taken = 0;
+                for (int u = 0; u < t; u++) taken |= got.top[u].id == i;
+                if (!taken && (best < 0 || v[i] > v[best]))
+                    best = i;
+            }
+            assert_int_equal(got.top[t].id, best);
+            assert_true(fabs(got.top[t].logprob - ((double)v[best] - mx - log(sum))) < 1e-5);
+        }
+    }
+    llm_prompt_logprob got;
+    llm_error err = {0};
+    assert_int_equal(llm_prompt_logprob_of(v, NV, NV, 1, &got, &err), LLM_ERR_INVALID_ARG);
+    assert_int_equal(llm_prompt_logprob_of(v, NV, 0, LLM_MAX_LOGPROBS + 1, &got, &err), LLM_ERR_INVALID_ARG);
+    v[7] = NAN;
+    assert_int_equal(llm_prompt_logprob_of(v, NV, 0, 1, &got, &err), LLM_ERR_NUMERIC);
+    assert_non_null(strstr(err.msg, "token id 7"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -486,7 +531,7 @@ int main(void)
         cmocka_unit_test(test_filters), cmocka_unit_test(test_seed), cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_logprobs), cmocka_unit_test(test_check), cmocka_unit_test(test_stop),
         cmocka_unit_test(test_top_k_ties), cmocka_unit_test(test_logit_bias), cmocka_unit_test(test_logit_bias_ban),
-        cmocka_unit_test(test_logit_bias_errors), cmocka_unit_test(test_masked),
+        cmocka_unit_test(test_logit_bias_errors), cmocka_unit_test(test_masked), cmocka_unit_test(test_prompt_logprob),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,7 +31,7 @@ static void sim_init(sim *m, int n_blocks, int max_seqs, int budget)
     assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 1, .force_scalar = 0, .kernels = NULL}, &m->b, &err), LLM_OK);
     kv_cache_config kc = {.block_size = 4, .type = LLM_KV_F32, .n_blocks = n_blocks, .prefix_cache = 1};
     assert_int_equal(kv_cache_new(&kc, m->b, 1, 1, 32, &m->kv, &err), LLM_OK);
-    sched_config sc = {max_seqs, budget, 1000};
+    sched_config sc = {max_seqs, budget, 1000, 5}; /* 5 extra logit rows per step for all_logits prompts */
     assert_int_equal(sched_init(&m->s, &sc, m->kv, &err), LLM_OK);
 }
 
@@ -63,14 +63,17 @@ static void seq_make(sim_seq *x, const int32_t *prompt, int n, int want, int pri
  * every sampled sequence its next token. Returns the plan's size. */
 static int sim_step(sim *m)
 {
-    int n = sched_plan(&m->s);
+    int n = sched_plan(&m->s), extra = 0;
     assert_true(m->s.n_rows <= m->s.cfg.max_batch_tokens);
     assert_true(m->s.n_running <= m->s.cfg.max_seqs);
     for (int i = 0; i < n; i++) {
         const sched_item *it = &m->s.items[i];
         assert_int_equal(it->pos0, it->seq->kv.n_tokens);
         assert_true(it->seq->kv.n_blocks * 4 >= it->pos0 + it->n); /* room reserved */
+        int end = it->pos0 + it->n < it->seq->n_prompt - 1 ? it->pos0 + it->n : it->seq->n_prompt - 1;
+        extra += it->seq->all_logits && end > it->pos0 ? end - it->pos0 : 0; /* its prompt rows' logit rows */
     }
+    assert_true(extra <= m->s.cfg.extra_logits);
     kv_cache_copies_done(m->kv);
     sched_commit(&m->s);
     for (int i = 0; i < n; i++) {
@@ -129,6 +132,37 @@ static void test_chunked_prefill(void **st)
     assert_int_equal(c.first_step, 8);
     run_all(&m);
     assert_true(a.done_step > 0 && b.done_step > 0 && c.done_step > 0);
+    sim_free(&m);
+}
+
+/* Prompts whose every row needs a logits row (prompt logprobs) share the
+ * step's extra logit rows (5 here; sim_step checks the sum every step)
+ * and read no cached prefix; a plain prompt beside them takes the rest of
+ * the budget as before; all finish. */
+static void test_all_logits_prompts(void **st)
+{
+    (void)st;
+    sim m;
+    sim_init(&m, 256, 8, 16);
+    sim_seq warm, a, b, c;
+    seq_make(&warm, P, 40, 1, 0, 0); /* caches P's first blocks */
+    assert_int_equal(sched_add(&m.s, &warm.q), LLM_OK);
+    run_all(&m);
+    seq_make(&a, P, 40, 3, 0, 1);
+    seq_make(&b, P + 100, 12, 3, 0, 1);
+    seq_make(&c, P + 150, 30, 3, 0, 1);
+    a.q.all_logits = a.q.no_reuse = b.q.all_logits = b.q.no_reuse = 1;
+    assert_int_equal(sched_add(&m.s, &a.q), LLM_OK);
+    assert_int_equal(sched_add(&m.s, &b.q), LLM_OK);
+    assert_int_equal(sched_add(&m.s, &c.q), LLM_OK);
+    sim_step(&m);
+    assert_int_equal(m.s.n_items, 2); /* a's 5 prompt rows take every extra row: b waits; c takes the rest */
+    assert_int_equal(m.s.items[0].n, 5);
+    assert_int_equal(m.s.items[1].n, 11);
+    assert_int_equal(a.q.cached_tokens, 0); /* no_reuse: P's cached blocks are not read */
+    run_all(&m);
+    assert_true(a.done_step > 0 && b.done_step > 0 && c.done_step > 0);
+    assert_true(a.first_step >= 39 / 5 - 1); /* 39 prompt rows at 5 a step */
     sim_free(&m);
 }
 
@@ -335,7 +369,7 @@ int main(void)
         cmocka_unit_test(test_aging),           cmocka_unit_test(test_kv_preemption),
         cmocka_unit_test(test_fork),            cmocka_unit_test(test_prefix_hits), cmocka_unit_test(test_stats_count_once),
         cmocka_unit_test(test_preempt_full_waiting_list),
-        cmocka_unit_test(test_remove),
+        cmocka_unit_test(test_remove),          cmocka_unit_test(test_all_logits_prompts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,6 +33,10 @@
 #define LLM_MAX_STOPS 8      /* stop strings per request */
 #define LLM_MAX_STOP_LEN 256 /* bytes per stop string */
 #define LLM_MAX_SHOWN 8      /* control tokens a request may show as text */
+/* Logit rows a step gives prompt_logprobs requests' prompts beyond one per
+ * sequence: a prompt of N tokens takes about N / 32 steps. (n_vocab floats
+ * each, in the forward pass's logits buffer.) */
+#define LLM_ENGINE_PROMPT_LOGIT_ROWS 32
 
 typedef struct llm_engine_config {
     const llm_model *model;  /* borrowed */
@@ -96,6 +100,11 @@ typedef struct llm_request {
                               * Its prefix cache is its own (and its scale's): K/V under an adapter differ */
     float lora_scale;        /* the adapter's weight (lora.h's scale): finite, |scale| <= 1000; 0 is the base's
                               * answer at the adapter's cost */
+    int prompt_logprobs;     /* 1: every prompt token after the first gets its log-probability under the model
+                              * (sampler.h's llm_prompt_logprob: the raw logits, whatever the sampling), in
+                              * completion 0's DONE. The prompt is computed whole (no prefix cache read), a few
+                              * rows per step (LLM_ENGINE_PROMPT_LOGIT_ROWS). Not with pooling */
+    int prompt_top;          /* with prompt_logprobs: 0..LLM_MAX_LOGPROBS most likely tokens at each position */
 } llm_request;
 
 typedef enum llm_event_type { LLM_EVENT_TOKEN = 1, LLM_EVENT_DONE = 2, LLM_EVENT_ERROR = 3 } llm_event_type;
@@ -122,6 +131,9 @@ typedef struct llm_event {
     llm_finish finish;       /* DONE */
     float *embedding;        /* DONE of an embedding request: (n_embedding) floats, unit length; caller frees */
     int n_embedding;
+    llm_prompt_logprob *prompt_lp; /* DONE of completion 0 with prompt_logprobs: (n_prompt_lp = prompt tokens - 1)
+                              * entries, entry i for prompt token i + 1; caller frees (llm_event_clear) */
+    int n_prompt_lp;
     llm_usage usage;         /* DONE */
     llm_error error;         /* ERROR: the request is over; code LLM_ERR_NUMERIC (NaN logits, or a NaN or
                                 infinite hidden state to pool), LLM_ERR_NOMEM (an event, its text, an

@@ -93,6 +93,24 @@ int llm_sampler_device_ok(const llm_sampler *s);
  * and, unless greedy, the next uniform draw of the generator (consumed). */
 void llm_sampler_device_params(llm_sampler *s, llm_sample_params *out);
 
+/* A prompt token's place in the model's distribution after the tokens
+ * before it (vLLM's prompt_logprobs): the raw logits' log-softmax, no
+ * penalties, biases or temperature. */
+typedef struct llm_prompt_logprob {
+    int32_t id;                          /* the prompt token */
+    float logprob;                       /* its log-probability (floored at LLM_LOGPROB_FLOOR) */
+    int32_t rank;                        /* 1 + how many tokens are strictly more likely */
+    int n_top;
+    llm_logprob top[LLM_MAX_LOGPROBS];   /* most likely first, ties by lower id */
+} llm_prompt_logprob;
+
+/* id's entry from a row of n_vocab logits, with its k (0..LLM_MAX_LOGPROBS)
+ * most likely tokens. Two passes over the row and a third when k > 0.
+ * LLM_ERR_NUMERIC naming the first NaN's id, LLM_ERR_INVALID_ARG for an id
+ * outside [0, n_vocab) or a k out of range. */
+llm_status llm_prompt_logprob_of(const float *logits, int n_vocab, int32_t id, int k, llm_prompt_logprob *out,
+                                 llm_error *err);
+
 /* Stop sequences over generated text. Returns the byte offset where the
  * earliest full match of any stop starts, or -1. *hold gets the number of
  * trailing bytes that are a proper prefix of some stop: a streaming caller

@@ -40,6 +40,9 @@ struct sched_seq {
     uint64_t salt;          /* prefix cache partition (kv_seq.salt): 0 shared */
     int no_reuse;           /* 1: every admission computes from position 0, reading neither the prefix cache nor
                              * a sibling (its blocks are still offered to the cache) */
+    int all_logits;         /* 1: each row of a prompt position followed by another prompt token needs a logits
+                             * row of its own (prompt log-probabilities): its chunks are cut to the step's
+                             * extra logit rows left (sched_config.extra_logits); with no_reuse */
     void *user;
     /* owned by the scheduler */
     kv_seq kv;              /* kv.n_tokens of the tokens have K/V */
@@ -57,6 +60,9 @@ typedef struct sched_config {
     int max_seqs;          /* running at once */
     int max_batch_tokens;  /* rows per step */
     int aging_ms;          /* waiting this long is worth one priority level */
+    int extra_logits;      /* logit rows per step for all_logits sequences' prompt rows, beyond the one per item
+                            * (so a step's logit rows are at most max_seqs + extra_logits); 0: such a
+                            * sequence's prompt never runs */
 } sched_config;
 
 /* One sequence's share of a step: n tokens from position pos0. */
@@ -82,6 +88,7 @@ typedef struct sched {
     int n_running, n_waiting, cap_waiting;
     sched_item *items;     /* (max_seqs) the current plan */
     int n_items, n_rows;
+    int n_extra;           /* extra logit rows the current plan's all_logits items take */
     uint64_t next_order;
     sched_stats stats;
 } sched;
