@@ -148,10 +148,6 @@ static llm_status check_fields(const llm_engine *e, const llm_request *rq, llm_e
         return llm_errf(err, LLM_ERR_INVALID_ARG, "an embedding request generates nothing: no grammar applies");
     if (rq->prompt_logprobs && rq->pooling)
         return llm_errf_at(err, LLM_ERR_INVALID_ARG, "prompt_logprobs", "an embedding request has no prompt logprobs");
-    if (rq->prompt_logprobs && e->extra_logits < 1)
-        return llm_errf_at(err, LLM_ERR_UNSUPPORTED, "prompt_logprobs",
-                           "prompt logprobs need max_batch_tokens (%d) above max_seqs (%d): no logit rows are left",
-                           e->cfg.max_batch_tokens, e->cfg.max_seqs);
     if (rq->prompt_logprobs && (rq->prompt_top < 0 || rq->prompt_top > LLM_MAX_LOGPROBS))
         return llm_errf_at(err, LLM_ERR_INVALID_ARG, "prompt_logprobs", "prompt_logprobs %d not in [0, %d]",
                            rq->prompt_top, LLM_MAX_LOGPROBS);
@@ -634,11 +630,10 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     sh.window = c->kv_keep_all ? 0 : llm_model_windows(e->m, sh.local);
     /* weights and activations first: on a device the KV pool is a share of
      * what they leave */
-    /* a logits row per sequence, and prompt_logprobs' extra rows as far as a step's rows allow */
-    int max_logits = c->max_seqs + LLM_ENGINE_PROMPT_LOGIT_ROWS;
-    max_logits = max_logits < c->max_batch_tokens ? max_logits : c->max_batch_tokens;
-    e->extra_logits = max_logits - c->max_seqs;
-    llm_status st = llm_forward_new_tp(e->m, ranks, nr, c->max_batch_tokens, max_logits, &e->fwd, err);
+    /* a logits row per sequence, and prompt_logprobs' rows as far as a step's rows allow */
+    e->max_logits = c->max_seqs + LLM_ENGINE_PROMPT_LOGIT_ROWS;
+    e->max_logits = e->max_logits < c->max_batch_tokens ? e->max_logits : c->max_batch_tokens;
+    llm_status st = llm_forward_new_tp(e->m, ranks, nr, c->max_batch_tokens, e->max_logits, &e->fwd, err);
     if (!st && !(st = kv_blocks(c, e->m, &sh, err))) {
         kv_cache_config kc = {c->block_size, c->kv_type, sh.n, 0, !c->no_prefix_cache, ranks, nr,
                               sh.window, sh.local, sh.n_local};
@@ -648,11 +643,11 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     if (st)
         return st;
     int n_blocks = sh.n;
-    sched_config sc = {c->max_seqs, c->max_batch_tokens, c->aging_ms, e->extra_logits};
+    sched_config sc = {c->max_seqs, c->max_batch_tokens, c->aging_ms, e->max_logits};
     if ((st = sched_init(&e->s, &sc, e->kv, err)))
         return st;
     e->b_tokens = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
-    e->b_logit_rows = malloc(sizeof(int32_t) * (size_t)(c->max_seqs + e->extra_logits));
+    e->b_logit_rows = malloc(sizeof(int32_t) * (size_t)e->max_logits);
     e->b_hidden_rows = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
     e->b_params = malloc(sizeof(llm_sample_params) * (size_t)c->max_seqs);
     e->b_seqs = malloc(sizeof(llm_batch_seq) * (size_t)c->max_seqs);

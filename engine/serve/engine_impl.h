@@ -129,8 +129,8 @@ struct llm_engine {
     /* step buffers (engine thread) */
     int32_t *b_tokens, *b_logit_rows, *cp_src, *cp_dst; /* copies: global pool's, then local pool's */
     int32_t *b_hidden_rows;      /* (max_batch_tokens) rows embedding requests pool */
-    int extra_logits;            /* logit rows a step has beyond one per sequence (prompt_logprobs; b_logit_rows
-                                  * holds max_seqs + extra_logits) */
+    int max_logits;              /* logit rows a step may have: max_seqs and prompt_logprobs' rows, at most
+                                  * max_batch_tokens (b_logit_rows' size) */
     llm_sample_params *b_params; /* (max_seqs) device picks of a step */
     pthread_mutex_t gv_mu;       /* builds gv once, on the first constrained request's thread */
     llm_gmatch_vocab *gv;        /* the vocabulary sorted for grammar masks; NULL until then */

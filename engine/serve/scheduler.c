@@ -13,6 +13,8 @@ llm_status sched_init(sched *s, const sched_config *cfg, kv_cache *kv, llm_error
         return llm_errf(err, LLM_ERR_INVALID_ARG, "scheduler: max_seqs %d, max_batch_tokens %d and aging_ms %d must be >= 1",
                         cfg->max_seqs, cfg->max_batch_tokens, cfg->aging_ms);
     s->cfg = *cfg;
+    int least = cfg->max_seqs < cfg->max_batch_tokens ? cfg->max_seqs : cfg->max_batch_tokens;
+    s->cfg.max_logits = cfg->max_logits > least ? cfg->max_logits : least;
     s->kv = kv;
     s->running = malloc(sizeof(sched_seq *) * (size_t)cfg->max_seqs);
     s->items = malloc(sizeof(sched_item) * (size_t)cfg->max_seqs);
@@ -134,19 +136,26 @@ static int prompt_logit_rows(const sched_seq *q)
 }
 
 /* How many of q's need tokens go into this step: within the token budget
- * and, for all_logits q, the extra logit rows left (0: none fit now). */
+ * B and, for an all_logits q, so that the plan's logit rows stay within
+ * L = max_logits whatever follows. Its n rows take at most n logit rows
+ * (prompt rows, or its sampling row); each later item takes at most one,
+ * and at most min(S, B - n) follow (S: the sequence slots left after it).
+ * So n fits when used + n + min(S, B - n) <= L: every n <= B when used + B
+ * <= L, else n <= L - used - S. 0: none fits now. */
 static int chunk_of(const sched *s, const sched_seq *q, int need)
 {
-    int budget = s->cfg.max_batch_tokens - s->n_rows, rows = prompt_logit_rows(q);
-    int n = need < budget ? need : budget, room = s->cfg.extra_logits - s->n_extra;
-    return rows > room && n > room ? room : n;
+    int budget = s->cfg.max_batch_tokens - s->n_rows, n = need < budget ? need : budget;
+    if (!prompt_logit_rows(q) || s->n_logits + budget <= s->cfg.max_logits)
+        return n;
+    int cap = s->cfg.max_logits - s->n_logits - (s->cfg.max_seqs - s->n_items - 1);
+    return cap < n ? (cap > 0 ? cap : 0) : n;
 }
 
 static void plan_add(sched *s, sched_seq *q, int n)
 {
-    int rows = prompt_logit_rows(q);
-    s->n_extra += rows < n ? rows : n;
-    s->items[s->n_items++] = (sched_item){q, q->kv.n_tokens, n, q->kv.n_tokens + n == q->n_tokens};
+    int rows = prompt_logit_rows(q), samples = q->kv.n_tokens + n == q->n_tokens;
+    s->n_logits += (rows < n ? rows : n) + samples;
+    s->items[s->n_items++] = (sched_item){q, q->kv.n_tokens, n, samples};
     s->n_rows += n;
     q->in_plan = 1;
 }
@@ -192,7 +201,7 @@ static void plan_running(sched *s, int decode)
             return;
         int n = chunk_of(s, q, need);
         if (n < 1)
-            continue; /* its prompt's logit rows wait for the next step */
+            continue; /* logit rows are short: its prompt waits for the next step */
         uint64_t preempted = s->stats.preemptions;
         if (reserve_running(s, q, n))
             plan_add(s, q, n);
@@ -279,7 +288,7 @@ static void plan_admit(sched *s)
         int budget = s->cfg.max_batch_tokens - s->n_rows, fork = fork_state(q);
         if (budget < 1)
             return;
-        if (fork < 0 || q->oom || chunk_of(s, q, 1) < 1) { /* (its sibling first; no logit rows left) */
+        if (fork < 0 || q->oom || chunk_of(s, q, 1) < 1) { /* (its sibling first; logit rows short) */
             i++;
             continue;
         }
@@ -307,7 +316,7 @@ static void plan_admit(sched *s)
 
 int sched_plan(sched *s)
 {
-    s->n_items = s->n_rows = s->n_extra = 0;
+    s->n_items = s->n_rows = s->n_logits = 0;
     if (s->n_running > 1)
         qsort(s->running, (size_t)s->n_running, sizeof *s->running, urgency_cmp);
     plan_running(s, 1);
@@ -328,5 +337,5 @@ void sched_commit(sched *s)
 void sched_abort(sched *s)
 {
     for (int i = 0; i < s->n_items; i++) s->items[i].seq->in_plan = 0;
-    s->n_items = s->n_rows = s->n_extra = 0;
+    s->n_items = s->n_rows = s->n_logits = 0;
 }

@@ -31,7 +31,7 @@ static void sim_init(sim *m, int n_blocks, int max_seqs, int budget)
     assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 1, .force_scalar = 0, .kernels = NULL}, &m->b, &err), LLM_OK);
     kv_cache_config kc = {.block_size = 4, .type = LLM_KV_F32, .n_blocks = n_blocks, .prefix_cache = 1};
     assert_int_equal(kv_cache_new(&kc, m->b, 1, 1, 32, &m->kv, &err), LLM_OK);
-    sched_config sc = {max_seqs, budget, 1000, 5}; /* 5 extra logit rows per step for all_logits prompts */
+    sched_config sc = {max_seqs, budget, 1000, max_seqs + 5}; /* 5 logit rows beyond one per sequence */
     assert_int_equal(sched_init(&m->s, &sc, m->kv, &err), LLM_OK);
 }
 
@@ -63,7 +63,7 @@ static void seq_make(sim_seq *x, const int32_t *prompt, int n, int want, int pri
  * every sampled sequence its next token. Returns the plan's size. */
 static int sim_step(sim *m)
 {
-    int n = sched_plan(&m->s), extra = 0;
+    int n = sched_plan(&m->s), logit_rows = 0;
     assert_true(m->s.n_rows <= m->s.cfg.max_batch_tokens);
     assert_true(m->s.n_running <= m->s.cfg.max_seqs);
     for (int i = 0; i < n; i++) {
@@ -71,9 +71,9 @@ static int sim_step(sim *m)
         assert_int_equal(it->pos0, it->seq->kv.n_tokens);
         assert_true(it->seq->kv.n_blocks * 4 >= it->pos0 + it->n); /* room reserved */
         int end = it->pos0 + it->n < it->seq->n_prompt - 1 ? it->pos0 + it->n : it->seq->n_prompt - 1;
-        extra += it->seq->all_logits && end > it->pos0 ? end - it->pos0 : 0; /* its prompt rows' logit rows */
+        logit_rows += (it->seq->all_logits && end > it->pos0 ? end - it->pos0 : 0) + it->logits;
     }
-    assert_true(extra <= m->s.cfg.extra_logits);
+    assert_true(logit_rows <= m->s.cfg.max_logits);
     kv_cache_copies_done(m->kv);
     sched_commit(&m->s);
     for (int i = 0; i < n; i++) {
@@ -135,10 +135,13 @@ static void test_chunked_prefill(void **st)
     sim_free(&m);
 }
 
-/* Prompts whose every row needs a logits row (prompt logprobs) share the
- * step's extra logit rows (5 here; sim_step checks the sum every step)
- * and read no cached prefix; a plain prompt beside them takes the rest of
- * the budget as before; all finish. */
+/* Prompts whose every row needs a logits row (prompt logprobs) are cut
+ * so that a step's logit rows stay within max_logits (13 here: 8
+ * sequences + 5) whatever comes after them (sim_step checks the sum every
+ * step), and read no cached prefix; a plain prompt beside them takes the
+ * rest of the budget as before; all finish. Where max_batch_tokens is
+ * max_seqs (and so max_logits), a step of such a prompt alone takes the
+ * whole budget: its rows are all the logit rows there can be. */
 static void test_all_logits_prompts(void **st)
 {
     (void)st;
@@ -156,13 +159,22 @@ static void test_all_logits_prompts(void **st)
     assert_int_equal(sched_add(&m.s, &b.q), LLM_OK);
     assert_int_equal(sched_add(&m.s, &c.q), LLM_OK);
     sim_step(&m);
-    assert_int_equal(m.s.n_items, 2); /* a's 5 prompt rows take every extra row: b waits; c takes the rest */
-    assert_int_equal(m.s.items[0].n, 5);
-    assert_int_equal(m.s.items[1].n, 11);
+    assert_int_equal(m.s.n_items, 3);
+    assert_int_equal(m.s.items[0].n, 6); /* 13 - 7 rows kept for the 7 sequences that may follow */
+    assert_int_equal(m.s.items[1].n, 1); /* 13 - 6 taken - 6 that may follow */
+    assert_int_equal(m.s.items[2].n, 9); /* the plain prompt: the budget's rest */
     assert_int_equal(a.q.cached_tokens, 0); /* no_reuse: P's cached blocks are not read */
     run_all(&m);
     assert_true(a.done_step > 0 && b.done_step > 0 && c.done_step > 0);
-    assert_true(a.first_step >= 39 / 5 - 1); /* 39 prompt rows at 5 a step */
+    sim_free(&m);
+    sim_init(&m, 256, 4, 4);
+    seq_make(&a, P, 40, 3, 0, 0);
+    a.q.all_logits = a.q.no_reuse = 1;
+    assert_int_equal(sched_add(&m.s, &a.q), LLM_OK);
+    sim_step(&m);
+    assert_int_equal(m.s.items[0].n, 4);
+    run_all(&m);
+    assert_true(a.done_step > 0);
     sim_free(&m);
 }
 

@@ -69,6 +69,8 @@ typedef struct tr_comp {
     llm_usage usage;
     int n_emb;          /* an embedding request's vector */
     float emb[MAX_EMBD];
+    int n_plp;          /* prompt_logprobs: the DONE's entries, and a hash of their bytes */
+    uint64_t plp_hash;
 } tr_comp;
 
 typedef struct tr_req {
@@ -101,6 +103,7 @@ typedef struct tr_totals {
     uint64_t traces, requests, completions, steps, preemptions, cached, forked, cancels;
     uint64_t constrained, grammar_ends; /* requests with a grammar; completions it ended (finish STOP) */
     uint64_t embeddings;                /* embedding requests compared with the request alone */
+    uint64_t prompt_lps;                /* prompt_logprobs requests compared with the request alone */
     uint64_t held_picks;                /* constrained picks put off to a later step (mask_step_work spent) */
     uint64_t adapted;                   /* requests run under an adapter */
 } tr_totals;
@@ -254,6 +257,21 @@ static void lora_make(const tr_trace *t, int i, tr_req *r)
     r->rq.lora_scale = scales[test_rng(&g) % 4];
 }
 
+/* A tenth of the generating requests want prompt logprobs (0 to 4
+ * alternatives), from a stream of their own; the regression seeds keep
+ * the traces they were found with. */
+static void plp_make(const tr_trace *t, int i, tr_req *r)
+{
+    uint64_t g = t->seed * 0x9e3779b97f4a7c15ull + (uint64_t)i * 7919u + 17;
+    for (size_t k = 0; k < sizeof REGRESS / sizeof *REGRESS; k++)
+        if (REGRESS[k].seed == t->seed)
+            return;
+    if (test_rng(&g) % 10 || r->rq.pooling)
+        return;
+    r->rq.prompt_logprobs = 1;
+    r->rq.prompt_top = (int)(test_rng(&g) % 5);
+}
+
 /* Adds each of the model's adapters to e; 0, or -1 (printed). */
 static int loras_add(const tr_trace *t, llm_engine *e)
 {
@@ -300,6 +318,7 @@ static void request_make(tr_trace *t, int i, int32_t base[N_BASES][MAX_PROMPT], 
     grammar_make(t, i, r);
     embed_make(t, i, r);
     lora_make(t, i, r);
+    plp_make(t, i, r);
 }
 
 /* Half the seeds give a step's grammar picks the least work budget: every
@@ -370,6 +389,11 @@ static void comp_add(tr_comp *c, const llm_event *ev)
         c->n_emb = ev->embedding && ev->n_embedding <= MAX_EMBD ? ev->n_embedding : 0;
         if (c->n_emb)
             memcpy(c->emb, ev->embedding, sizeof(float) * (size_t)c->n_emb);
+        c->n_plp = ev->n_prompt_lp;
+        c->plp_hash = 0xcbf29ce484222325ull;
+        const unsigned char *b = (const unsigned char *)ev->prompt_lp;
+        for (size_t j = 0; b && j < sizeof *ev->prompt_lp * (size_t)ev->n_prompt_lp; j++)
+            c->plp_hash = (c->plp_hash ^ b[j]) * 0x100000001b3ull;
     }
 }
 
@@ -541,8 +565,14 @@ static int check_request(const tr_trace *t, int i)
         else if (r->rq.pooling &&
                  (!w->n_emb || g->n_emb != w->n_emb || memcmp(g->emb, w->emb, sizeof(float) * (size_t)w->n_emb)))
             bad = fail_at(t, i, k, "the embedding differs from the request alone");
-        else
+        else if (g->n_plp != (r->rq.prompt_logprobs && k == 0 ? r->rq.n_tokens - 1 : 0) ||
+                 (k == 0 && (g->n_plp != w->n_plp || g->plp_hash != w->plp_hash))) /* (alone, completion k is a
+                                                                                    * request of its own) */
+            bad = fail_at(t, i, k, "the prompt logprobs differ from the request alone");
+        else {
             g_tot.embeddings += r->rq.pooling != LLM_POOL_NONE; /* compared and equal */
+            g_tot.prompt_lps += r->rq.prompt_logprobs && k == 0;
+        }
     }
     g_tot.adapted += !bad && r->rq.lora;
     return bad;
@@ -740,13 +770,14 @@ static void totals_print(double secs)
 {
     print_message("trace: %llu traces, %llu requests, %llu steps, %llu preemptions, %llu prompt tokens from the prefix "
                   "cache, %llu shared by forks, %llu cancels, %llu constrained requests (%llu completions ended by "
-                  "their grammar, %llu picks held to a later step), %llu embedding requests, %llu under an adapter in %.1f s\n",
+                  "their grammar, %llu picks held to a later step), %llu embedding requests, %llu under an adapter, "
+                  "%llu with prompt logprobs in %.1f s\n",
                   (unsigned long long)g_tot.traces, (unsigned long long)g_tot.requests, (unsigned long long)g_tot.steps,
                   (unsigned long long)g_tot.preemptions, (unsigned long long)g_tot.cached,
                   (unsigned long long)g_tot.forked, (unsigned long long)g_tot.cancels,
                   (unsigned long long)g_tot.constrained, (unsigned long long)g_tot.grammar_ends,
                   (unsigned long long)g_tot.held_picks, (unsigned long long)g_tot.embeddings,
-                  (unsigned long long)g_tot.adapted, secs);
+                  (unsigned long long)g_tot.adapted, (unsigned long long)g_tot.prompt_lps, secs);
 }
 
 static void test_regressions(void **st)
@@ -773,6 +804,7 @@ static void test_quick_seeds(void **st)
     assert_true(g_tot.preemptions > 0);
     assert_true(g_tot.cached > 0); /* prefix cache hits, forks aside */
     assert_true(g_tot.forked > 0);
+    assert_true(g_tot.prompt_lps > 0);
     assert_true(g_tot.cancels > 0);
     assert_true(g_tot.constrained > 0 && g_tot.grammar_ends > 0);
     if (n >= N_QUICK) /* holds need two uncached masks in one step: the 100 quick seeds have ~50, TSan's 8 may have none */

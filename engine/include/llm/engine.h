@@ -33,9 +33,10 @@
 #define LLM_MAX_STOPS 8      /* stop strings per request */
 #define LLM_MAX_STOP_LEN 256 /* bytes per stop string */
 #define LLM_MAX_SHOWN 8      /* control tokens a request may show as text */
-/* Logit rows a step gives prompt_logprobs requests' prompts beyond one per
- * sequence: a prompt of N tokens takes about N / 32 steps. (n_vocab floats
- * each, in the forward pass's logits buffer.) */
+/* Logit rows a step has beyond one per sequence (within max_batch_tokens),
+ * for prompt_logprobs requests' prompts: a prompt of N tokens beside busy
+ * sequences takes about N / 32 steps. (n_vocab floats each, in the forward
+ * pass's logits buffer.) */
 #define LLM_ENGINE_PROMPT_LOGIT_ROWS 32
 
 typedef struct llm_engine_config {

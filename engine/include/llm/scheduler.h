@@ -41,8 +41,8 @@ struct sched_seq {
     int no_reuse;           /* 1: every admission computes from position 0, reading neither the prefix cache nor
                              * a sibling (its blocks are still offered to the cache) */
     int all_logits;         /* 1: each row of a prompt position followed by another prompt token needs a logits
-                             * row of its own (prompt log-probabilities): its chunks are cut to the step's
-                             * extra logit rows left (sched_config.extra_logits); with no_reuse */
+                             * row of its own (prompt log-probabilities): its chunks are cut so that a step's
+                             * logit rows stay within sched_config.max_logits; with no_reuse */
     void *user;
     /* owned by the scheduler */
     kv_seq kv;              /* kv.n_tokens of the tokens have K/V */
@@ -60,9 +60,8 @@ typedef struct sched_config {
     int max_seqs;          /* running at once */
     int max_batch_tokens;  /* rows per step */
     int aging_ms;          /* waiting this long is worth one priority level */
-    int extra_logits;      /* logit rows per step for all_logits sequences' prompt rows, beyond the one per item
-                            * (so a step's logit rows are at most max_seqs + extra_logits); 0: such a
-                            * sequence's prompt never runs */
+    int max_logits;        /* logit rows per step (an item's last row when it samples, and all_logits prompt
+                            * rows), at least max_seqs or max_batch_tokens, whichever is smaller; 0: that */
 } sched_config;
 
 /* One sequence's share of a step: n tokens from position pos0. */
@@ -88,7 +87,7 @@ typedef struct sched {
     int n_running, n_waiting, cap_waiting;
     sched_item *items;     /* (max_seqs) the current plan */
     int n_items, n_rows;
-    int n_extra;           /* extra logit rows the current plan's all_logits items take */
+    int n_logits;          /* logit rows the current plan takes */
     uint64_t next_order;
     sched_stats stats;
 } sched;
