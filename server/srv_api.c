@@ -403,6 +403,12 @@ static int parse_common(srv *s, json_t *o, srv_completion *c, srv_err *e)
         return -1;
     if (!c->chat && srv_int_field(o, "logprobs", 0, LLM_MAX_LOGPROBS, &logprobs, e))
         return -1;
+    long plp = -1;
+    if (srv_int_field(o, "prompt_logprobs", 0, LLM_MAX_LOGPROBS, &plp, e))
+        return -1;
+    if (plp >= 0 && c->stream)
+        return srv_fail(e, 400, "prompt_logprobs", "'prompt_logprobs' is answered whole: not with stream");
+    c->rq.prompt_logprobs = plp >= 0, c->rq.prompt_top = plp >= 0 ? (int)plp : 0;
     if (c->chat) {
         int want = 0;
         long top = 0;
@@ -558,6 +564,24 @@ static int parse_text(json_t *o, srv_completion *c, srv_err *e)
     return 0;
 }
 
+/* prompt_logprobs' answer (an entry of up to top + 1 tokens per prompt
+ * token: at most its bytes + 2 of a text prompt, or the context's) within
+ * max_answer_bytes. */
+static int prompt_lp_fits(const srv *s, const srv_completion *c, srv_err *e)
+{
+    if (!c->rq.prompt_logprobs)
+        return 0;
+    double ctx = s->cfg.n_ctx ? (double)s->cfg.n_ctx : (double)s->model->hp.n_ctx_train;
+    double tokens = c->rq.tokens ? c->rq.n_tokens : c->rq.text ? (double)strlen(c->rq.text) + 2 : ctx;
+    double est = (tokens < ctx ? tokens : ctx) * (2 + c->rq.prompt_top) * 96;
+    if (est <= (double)s->cfg.max_answer_bytes)
+        return 0;
+    return srv_fail(e, 400, "prompt_logprobs",
+                    "prompt_logprobs %d over a prompt of up to %.0f tokens could reach %.0f MiB, over max_answer_bytes "
+                    "(%.0f MiB): lower it, or send less text", c->rq.prompt_top, tokens, est / 1048576,
+                    (double)s->cfg.max_answer_bytes / 1048576);
+}
+
 int srv_parse_completion(srv *s, const srv_chat *chat, const llm_vocab *vocab, const char *body, size_t len, int kind,
                          srv_completion *c, srv_err *e)
 {
@@ -574,10 +598,10 @@ int srv_parse_completion(srv *s, const srv_chat *chat, const llm_vocab *vocab, c
     if (c->generate)
         return parse_text(c->root, c, e);
     if (is_chat)
-        return parse_messages(s, chat, vocab, c->root, len, c, e);
-    if (parse_prompt(c->root, c, e))
+        return parse_messages(s, chat, vocab, c->root, len, c, e) || prompt_lp_fits(s, c, e) ? -1 : 0;
+    if (parse_prompt(c->root, c, e) || (c->rq.text && vocab && fits_context(s, vocab, strlen(c->rq.text), "prompt", e)))
         return -1;
-    return c->rq.text && vocab ? fits_context(s, vocab, strlen(c->rq.text), "prompt", e) : 0;
+    return prompt_lp_fits(s, c, e);
 }
 
 void srv_completion_free(srv_completion *c)

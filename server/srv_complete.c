@@ -50,6 +50,7 @@ typedef struct run {
     uint64_t start_ns, submit_ns; /* wall clock at the start and at the submit (the spans' times) */
     uint64_t end_ns;              /* and just before the answer's last write (see ending) */
     llm_usage usage;           /* the last answer's timings (the spans') */
+    json_t *plp;               /* prompt_logprobs: vLLM's list (null, then an entry per prompt token), or NULL */
 } run;
 
 /* The answer's model: the adapter the request named, else the served model. */
@@ -351,6 +352,47 @@ static int on_token(run *r, const llm_event *ev)
     return sse_send(r, chunk(r, ev->index, ev->text, ev->text_len, lp, NULL));
 }
 
+/* One prompt token's entry, vLLM's form: {"ID": {"logprob", "rank",
+ * "decoded_token"}} for the token and each of its top alternatives. */
+static json_t *prompt_entry(const llm_vocab *v, const llm_prompt_logprob *p)
+{
+    json_t *o = json_object();
+    for (int k = -1; o && k < p->n_top; k++) {
+        int32_t id = k < 0 ? p->id : p->top[k].id;
+        char key[16];
+        snprintf(key, sizeof key, "%d", (int)id);
+        if (k >= 0 && id == p->id)
+            continue; /* the prompt token among its alternatives: once */
+        json_t *piece = piece_json(v, id);
+        json_t *e = piece ? json_pack("{s:f,s:i,s:o}", "logprob", (double)(k < 0 ? p->logprob : p->top[k].logprob),
+                                      "rank", k < 0 ? (int)p->rank : k + 1, "decoded_token", piece)
+                          : NULL;
+        if (!e || json_object_set_new(o, key, e)) {
+            json_decref(o);
+            o = NULL;
+        }
+    }
+    return o;
+}
+
+/* The DONE's prompt entries as vLLM lists them: null for the first
+ * token (nothing precedes it), then one entry per token. NULL: out of
+ * memory. */
+static json_t *prompt_lp_json(const run *r, const llm_event *ev)
+{
+    json_t *a = json_array();
+    if (!a || json_array_append_new(a, json_null())) {
+        json_decref(a);
+        return NULL;
+    }
+    for (int i = 0; i < ev->n_prompt_lp; i++)
+        if (json_array_append_new(a, prompt_entry(r->vocab, &ev->prompt_lp[i]))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
 static int on_done(run *r, const llm_event *ev)
 {
     choice *ch = &r->ch[ev->index];
@@ -372,6 +414,8 @@ static int on_done(run *r, const llm_event *ev)
     long room = (r->s->cfg.n_ctx > 0 ? r->s->cfg.n_ctx : r->s->model->hp.n_ctx_train) - ev->usage.prompt_tokens;
     srv_metrics_observe(&r->s->metrics, H_MAX_TOKENS, r->cp->rq.max_tokens ? r->cp->rq.max_tokens : (double)room);
     r->n_done++;
+    if (r->cp->rq.prompt_logprobs && ev->index == 0 && !(r->plp = prompt_lp_json(r, ev)))
+        return OUT_NOMEM;
     if (!r->cp->stream || tools_on(r)) {
         if (llm_strbuf_append(&ch->text, ev->text, ev->text_len))
             return OUT_NOMEM;
@@ -479,7 +523,13 @@ static json_t *whole_choice(run *r, int i)
     if (r->cp->chat)
         return json_pack("{s:i,s:{s:s,s:s%},s:o,s:s}", "index", i, "message", "role", "assistant", "content", text,
                          ch->text.len, "logprobs", lp, "finish_reason", fin);
-    return json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", text, ch->text.len, "logprobs", lp, "finish_reason", fin);
+    json_t *c = json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", text, ch->text.len, "logprobs", lp, "finish_reason",
+                          fin);
+    if (c && r->plp && json_object_set(c, "prompt_logprobs", r->plp)) { /* (vLLM: each choice carries them) */
+        json_decref(c);
+        return NULL;
+    }
+    return c;
 }
 
 static int respond_whole(run *r)
@@ -495,15 +545,20 @@ static int respond_whole(run *r)
         json_decref(choices);
         return srv_http_send_json(r->c, 200, NULL); /* NULL: 503 */
     }
-    return srv_http_send_json(r->c, 200, json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", r->cid, "object",
-                                          r->cp->chat ? "chat.completion" : "text_completion", "created",
-                                          (json_int_t)r->created, "model", model_of(r), "choices", choices, "usage",
-                                          usage_json(r)));
+    json_t *answer = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", r->cid, "object",
+                               r->cp->chat ? "chat.completion" : "text_completion", "created", (json_int_t)r->created,
+                               "model", model_of(r), "choices", choices, "usage", usage_json(r));
+    if (answer && r->cp->chat && r->plp && json_object_set(answer, "prompt_logprobs", r->plp)) { /* (vLLM: at the top) */
+        json_decref(answer);
+        answer = NULL;
+    }
+    return srv_http_send_json(r->c, 200, answer);
 }
 
 static void run_free(run *r)
 {
     llm_strbuf_free(&r->out);
+    json_decref(r->plp);
     for (int i = 0; i < LLM_MAX_N; i++) {
         llm_strbuf_free(&r->ch[i].text);
         json_decref(r->ch[i].lp);

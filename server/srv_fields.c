@@ -51,6 +51,7 @@ static const fld fld_table[] = {
     {"stream_options", K_ALL, FLD_USED, NULL},
     {"logprobs", K_ALL, FLD_USED, NULL},
     {"top_logprobs", K_CHAT, FLD_USED, NULL},
+    {"prompt_logprobs", K_OAI, FLD_USED, NULL},
     {"presence_penalty", K_ALL, FLD_USED, NULL},
     {"frequency_penalty", K_ALL, FLD_USED, NULL},
     {"repetition_penalty", K_ALL, FLD_USED, NULL},
