@@ -71,6 +71,8 @@ ROUTER_OBJ = $(ROUTER_SRC:%.c=$(BUILD)/%.o)
 UNIT_SRC = $(wildcard tests/unit/test_*.c)
 ORACLE_BIN = $(BUILD)/tests/dequant_rows $(BUILD)/tests/logits_rows $(BUILD)/tests/grammar_match
 SCHEMA_BIN = $(BUILD)/tests/schema_grammar $(BUILD)/tests/jinja_render
+# The quality gate's estimate for the Python tests (the controller's quality.o alone).
+QUALITY_BIN = $(BUILD)/tests/quality_kl
 
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/%.o)
 COMMON_OBJ = $(COMMON_SRC:%.c=$(BUILD)/%.o)
@@ -119,7 +121,7 @@ $(BUILD)/engine/backend/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -
 $(BUILD)/engine/backend/cpu/kernels_avx512.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
 .PHONY: all run test asan bench bench-router bench-load deps deps-run lint clean unit pytest fuzz models tsan manifests kubesim kubesim-stop FORCE
-all: $(LIB) $(TOOL_BIN) $(BUILD)/bin/llm-fetch $(UNIT_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
+all: $(LIB) $(TOOL_BIN) $(BUILD)/bin/llm-fetch $(UNIT_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(QUALITY_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
 
 $(BUILD)/gen/gateway_page.c: router/gateway.html tools/gen/embed.py
 	@mkdir -p $(dir $@)
@@ -223,6 +225,11 @@ $(SCHEMA_BIN): $(BUILD)/tests/%: tests/oracle/%.c $(SERVER_PARTS) $(ENGINE_LIBS)
 	@echo "  LD    $@"
 	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(SERVER_PARTS) $(ENGINE_LIBS) $(NET_LIB) $(COMMON_LIB) -lcivetweb -lcurl -ljansson -lyaml \
 	  -lcrypto $(LDLIBS) -o $@
+
+$(QUALITY_BIN): $(BUILD)/tests/%: tests/oracle/%.c $(BUILD)/controller/quality.o
+	@mkdir -p $(dir $@)
+	@echo "  LD    $@"
+	@$(CC) $(CFLAGS_BASE) -Icontroller $< $(BUILD)/controller/quality.o -ljansson -lm -o $@
 
 $(ORACLE_BIN): $(BUILD)/tests/%: tests/oracle/%.c $(TESTKIT_LIB) $(ENGINE_LIBS)
 	@mkdir -p $(dir $@)
@@ -415,7 +422,7 @@ manifests: $(BUILD)/bin/helm-render
 unit: $(UNIT_BIN)
 	@fail=0; for t in $(UNIT_BIN); do echo "== $$t"; $$t || fail=1; done; exit $$fail
 
-pytest: $(TOOL_BIN) $(BUILD)/bin/llm-fetch $(ORACLE_BIN) $(SCHEMA_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render $(BUILD)/bin/helm $(BUILD)/bin/yaml-strict $(BUILD)/bin/promcheck
+pytest: $(TOOL_BIN) $(BUILD)/bin/llm-fetch $(ORACLE_BIN) $(SCHEMA_BIN) $(QUALITY_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router $(BUILD)/bin/helm-render $(BUILD)/bin/helm $(BUILD)/bin/yaml-strict $(BUILD)/bin/promcheck
 	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration
 
 FUZZ_TIME ?= 20

@@ -17,8 +17,10 @@
  * inequality); the shares guessed for tokens Q does not list can move it
  * either way; in all it is an underestimate by about the share of mass
  * in the tails (test_quality: 20-30% below the exact KL where the 20
- * listed tokens hold ~80% of the mass). Its error against llm-perplexity
- * --kl-divergence on real models is stated in docs/operator.md.
+ * listed tokens hold ~80% of the mass). Against llm-perplexity
+ * --kl-divergence on a trained model (stories260K, its weights quantized
+ * anew to Q8_0, Q5_0 and Q4_0 by gguf-py): 8-16% under, the top-1
+ * agreement the same (test_prompt_logprobs).
  *
  * Ownership: nothing allocates; quality_pos_from_json reads a parsed entry
  * (borrowed). Thread-safety: pure functions. */
