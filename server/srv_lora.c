@@ -6,12 +6,15 @@
  * wait or the engine's own calls that wait. */
 #include <errno.h>
 #include <limits.h>
+#include <strings.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <openssl/evp.h>
 
 #include "fetch.h"
 #include "llm/json.h"
@@ -173,8 +176,25 @@ static int adapter_file(srv *s, const char *source, const char *sha, int restric
 /* Under the lock: whether name is taken (loaded, or being loaded). */
 static int taken(srv_loras *t, const char *name) { return find(t, name) != NULL; }
 
+/* gguf_check_fn: the bytes' SHA-256 against the expected hex digest (ctx). */
+static llm_status sha256_is(void *ctx, const void *bytes, size_t n, llm_error *err)
+{
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned int dn = 0;
+    if (!EVP_Digest(bytes, n, d, &dn, EVP_sha256(), NULL) || dn != 32)
+        return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 failed");
+    char hex[FETCH_SHA256_HEX];
+    for (unsigned i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    if (strcasecmp(hex, ctx))
+        return llm_errf(err, LLM_ERR_FORMAT, "sha256 mismatch: the bytes read hash to %s, not the %s expected", hex,
+                        (const char *)ctx);
+    return LLM_OK;
+}
+
 /* The adapter read from source and checked against the served model
- * before anything loaded is touched: 0 with *out, or the status. */
+ * before anything loaded is touched: 0 with *out, or the status. The
+ * digest is of the bytes read for the load (not of the file before it:
+ * a file rewritten in between cannot pass). */
 static int read_adapter(srv *s, const char *name, const char *source, const char *sha, int restricted, llm_lora **out,
                         srv_err *e)
 {
@@ -182,10 +202,10 @@ static int read_adapter(srv *s, const char *name, const char *source, const char
     int fd, st = adapter_file(s, source, sha, restricted, path, sizeof path, &fd, e);
     llm_error err = {0};
     llm_status ls = LLM_OK;
-    if (!st && sha && *sha && !fetch_is_remote(source)) /* a source's digest was checked as it arrived */
-        ls = srv_load_verify_sha256(path, sha, &s->stopping, &err);
-    if (!st && !ls)
-        ls = llm_lora_load(path, s->model, s->loras.max_rank, out, &err);
+    int pinned = sha && *sha;
+    if (!st)
+        ls = llm_lora_load_checked(path, s->model, s->loras.max_rank, pinned ? sha256_is : NULL, (void *)sha, out,
+                                   &err);
     if (fd >= 0)
         close(fd);
     if (ls) /* the message names /proc/self/fd/N for a file opened in lora_dir: the source is named first */

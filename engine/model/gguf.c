@@ -443,6 +443,12 @@ static llm_status read_exact(int fd, uint8_t *buf, size_t size, const char *path
 
 llm_status gguf_read(const char *path, size_t max_size, gguf_file **out, llm_error *err)
 {
+    return gguf_read_checked(path, max_size, NULL, NULL, out, err);
+}
+
+llm_status gguf_read_checked(const char *path, size_t max_size, gguf_check_fn check, void *ctx, gguf_file **out,
+                             llm_error *err)
+{
     *out = NULL;
     size_t size;
     int fd;
@@ -462,6 +468,8 @@ llm_status gguf_read(const char *path, size_t max_size, gguf_file **out, llm_err
     }
     st = read_exact(fd, buf, size, path, err);
     close(fd);
+    if (!st && check)
+        st = check(ctx, buf, size, err);
     if (!st)
         st = gguf_open_buffer(buf, size, path, out, err);
     if (st) {

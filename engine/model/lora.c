@@ -289,11 +289,17 @@ static size_t max_file_bytes(const llm_model *base, int max_rank)
 
 llm_status llm_lora_load(const char *path, const llm_model *base, int max_rank, llm_lora **out, llm_error *err)
 {
+    return llm_lora_load_checked(path, base, max_rank, NULL, NULL, out, err);
+}
+
+llm_status llm_lora_load_checked(const char *path, const llm_model *base, int max_rank, gguf_check_fn check, void *ctx,
+                                 llm_lora **out, llm_error *err)
+{
     gguf_file *f;
     *out = NULL;
     /* A copy, not a mapping: adapters are loaded while serving, and a file
      * truncated under a mapping would fault the whole server. */
-    llm_status st = gguf_read(path, max_file_bytes(base, max_rank), &f, err);
+    llm_status st = gguf_read_checked(path, max_file_bytes(base, max_rank), check, ctx, &f, err);
     if (st)
         return st;
     st = llm_lora_from_gguf(f, path, base, max_rank, out, err);

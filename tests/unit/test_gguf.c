@@ -189,9 +189,25 @@ static void test_open_errors(void **state)
     assert_int_equal(gguf_open("/", &g, &err), LLM_ERR_IO);
 }
 
+typedef struct checked {
+    const void *want;
+    size_t n;
+    int calls;
+} checked;
+
+static llm_status bytes_are(void *ctx, const void *bytes, size_t n, llm_error *err)
+{
+    checked *c = ctx;
+    c->calls++;
+    if (!c->want || n != c->n || memcmp(bytes, c->want, n))
+        return llm_errf(err, LLM_ERR_FORMAT, "not the bytes written");
+    return LLM_OK;
+}
+
 /* gguf_read: the same file as gguf_open gives, held in memory, so the file
  * truncated after the read cannot fault a reader (a mapping would: SIGBUS);
- * a file over max_size and the open errors are refused by name. */
+ * gguf_read_checked's check sees the bytes parsed and its failure is the
+ * read's; a file over max_size and the open errors are refused by name. */
 static void test_read_copy(void **state)
 {
     (void)state;
@@ -220,6 +236,14 @@ static void test_read_copy(void **state)
     fp = fopen(path, "wb");
     assert_int_equal(fwrite(b.p, 1, b.n, fp), b.n);
     assert_int_equal(fclose(fp), 0);
+    checked ck = {b.p, b.n, 0};
+    assert_int_equal(gguf_read_checked(path, b.n, bytes_are, &ck, &g, &err), LLM_OK); /* the check sees the bytes */
+    assert_int_equal(ck.calls, 1);
+    gguf_close(g);
+    ck.want = NULL; /* a check that fails: its status, nothing opened */
+    assert_int_equal(gguf_read_checked(path, b.n, bytes_are, &ck, &g, &err), LLM_ERR_FORMAT);
+    assert_null(g);
+    assert_non_null(strstr(err.msg, "not the bytes"));
     assert_int_equal(gguf_read(path, b.n - 1, &g, &err), LLM_ERR_INVALID_ARG);
     assert_null(g);
     assert_non_null(strstr(err.msg, "allowed"));

@@ -101,6 +101,14 @@ llm_status gguf_open_buffer(const void *buf, size_t size, const char *name,
  * read), LLM_ERR_FORMAT (empty, or gguf_open's checks), LLM_ERR_NOMEM. */
 llm_status gguf_read(const char *path, size_t max_size, gguf_file **out, llm_error *err);
 
+/* A check of a file's bytes before they are parsed (a digest): LLM_OK, or
+ * a status with err naming the cause. */
+typedef llm_status (*gguf_check_fn)(void *ctx, const void *bytes, size_t n, llm_error *err);
+/* gguf_read, with check (NULL: none) run on the very bytes then parsed:
+ * a file changed between a check of the file and its read cannot pass. */
+llm_status gguf_read_checked(const char *path, size_t max_size, gguf_check_fn check, void *ctx, gguf_file **out,
+                             llm_error *err);
+
 void gguf_close(gguf_file *f);
 
 uint32_t gguf_version(const gguf_file *f);

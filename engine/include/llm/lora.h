@@ -67,6 +67,11 @@ typedef struct llm_lora {
  * could be (every projection at the largest rank, in F32) is refused with
  * LLM_ERR_INVALID_ARG before it is read. */
 llm_status llm_lora_load(const char *path, const llm_model *base, int max_rank, llm_lora **out, llm_error *err);
+/* llm_lora_load with check (gguf.h's gguf_check_fn; NULL: none) run on the
+ * file's bytes as read, before they are parsed: a digest of the very
+ * bytes loaded. */
+llm_status llm_lora_load_checked(const char *path, const llm_model *base, int max_rank, gguf_check_fn check, void *ctx,
+                                 llm_lora **out, llm_error *err);
 /* The same over an open file (name for messages); f is not kept. */
 llm_status llm_lora_from_gguf(const gguf_file *f, const char *name, const llm_model *base, int max_rank,
                               llm_lora **out, llm_error *err);
