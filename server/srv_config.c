@@ -120,6 +120,9 @@ static const key_def keys[] = {
     {"max_loras", K_INT, F(max_loras), 1, 1024, "8",
      "LoRA adapters loaded at once; loading another unloads the idle one used least recently"},
     {"max_lora_rank", K_INT, F(max_lora_rank), 1, 1024, "64", "the largest rank a LoRA adapter may have"},
+    {"prompt_logprob_rows", K_INT, F(prompt_logprob_rows), -1, 4096, "8",
+     "logit rows a step gives prompt_logprobs prompts beyond one per sequence: each adds the output matmul and a "
+     "pass over the vocabulary to the steps every request waits on (0 or -1: prompt_logprobs refused)"},
 };
 #define N_KEYS (sizeof keys / sizeof *keys)
 

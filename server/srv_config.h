@@ -65,6 +65,7 @@ typedef struct srv_config {
     char *lora_dir;         /* /v1/load_lora_adapter's local paths lie in here; "": only sources */
     long max_loras;         /* adapters loaded at once */
     long max_lora_rank;     /* the largest rank an adapter may have */
+    long prompt_logprob_rows; /* the engine's prompt_logit_rows (0 or -1: prompt_logprobs refused) */
 } srv_config;
 
 /* Parses argv (argv[0] skipped), the environment and the YAML file named

@@ -46,7 +46,8 @@ llm_status srv_load_engine(srv *s, llm_model *m, llm_backend *const *b, int n, l
                             .max_waiting = (int)s->cfg.max_waiting, .block_size = (int)s->cfg.block_size, .kv_type = kt,
                             .kv_cache_bytes = (size_t)s->cfg.kv_cache_mb << 20,
                             .kv_cache_fraction = (float)s->cfg.kv_cache_fraction,
-                            .no_prefix_cache = !s->cfg.prefix_cache, .max_loras = (int)s->cfg.max_loras};
+                            .no_prefix_cache = !s->cfg.prefix_cache, .max_loras = (int)s->cfg.max_loras,
+                            .prompt_logit_rows = s->cfg.prompt_logprob_rows ? (int)s->cfg.prompt_logprob_rows : -1};
     return llm_engine_open(&ec, out, err);
 }
 

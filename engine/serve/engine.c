@@ -148,6 +148,9 @@ static llm_status check_fields(const llm_engine *e, const llm_request *rq, llm_e
         return llm_errf(err, LLM_ERR_INVALID_ARG, "an embedding request generates nothing: no grammar applies");
     if (rq->prompt_logprobs && rq->pooling)
         return llm_errf_at(err, LLM_ERR_INVALID_ARG, "prompt_logprobs", "an embedding request has no prompt logprobs");
+    if (rq->prompt_logprobs && e->cfg.prompt_logit_rows < 0)
+        return llm_errf_at(err, LLM_ERR_UNSUPPORTED, "prompt_logprobs", "prompt logprobs are off here (no logit rows "
+                           "are given to them: prompt_logit_rows)");
     if (rq->prompt_logprobs && (rq->prompt_top < 0 || rq->prompt_top > LLM_MAX_LOGPROBS))
         return llm_errf_at(err, LLM_ERR_INVALID_ARG, "prompt_logprobs", "prompt_logprobs %d not in [0, %d]",
                            rq->prompt_top, LLM_MAX_LOGPROBS);
@@ -560,6 +563,9 @@ static llm_status config_defaults(llm_engine_config *c, const llm_model *m, llm_
     c->aging_ms = c->aging_ms ? c->aging_ms : 1000;
     c->mask_step_work = c->mask_step_work ? c->mask_step_work : LLM_GMATCH_MAX_WORK / 4;
     c->max_loras = c->max_loras ? c->max_loras : 8;
+    c->prompt_logit_rows = c->prompt_logit_rows ? c->prompt_logit_rows : 8;
+    if (c->prompt_logit_rows < -1 || c->prompt_logit_rows > 4096)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: prompt_logit_rows %d not in [-1, 4096]", c->prompt_logit_rows);
     if (c->n_ctx < 2 || c->n_ctx > m->hp.n_ctx_train)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: n_ctx %d not in [2, %d] (the model's training context)", c->n_ctx,
                         m->hp.n_ctx_train);
@@ -631,7 +637,7 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     /* weights and activations first: on a device the KV pool is a share of
      * what they leave */
     /* a logits row per sequence, and prompt_logprobs' rows as far as a step's rows allow */
-    e->max_logits = c->max_seqs + LLM_ENGINE_PROMPT_LOGIT_ROWS;
+    e->max_logits = c->max_seqs + (c->prompt_logit_rows > 0 ? c->prompt_logit_rows : 0);
     e->max_logits = e->max_logits < c->max_batch_tokens ? e->max_logits : c->max_batch_tokens;
     llm_status st = llm_forward_new_tp(e->m, ranks, nr, c->max_batch_tokens, e->max_logits, &e->fwd, err);
     if (!st && !(st = kv_blocks(c, e->m, &sh, err))) {

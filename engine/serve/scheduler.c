@@ -106,6 +106,7 @@ static void plan_drop(sched *s, sched_seq *q)
     for (int i = 0; q->in_plan && i < s->n_items; i++)
         if (s->items[i].seq == q) {
             s->n_rows -= s->items[i].n;
+            s->n_logits -= s->items[i].logit_rows;
             memmove(s->items + i, s->items + i + 1, sizeof *s->items * (size_t)(s->n_items - i - 1));
             s->n_items--;
         }
@@ -154,8 +155,9 @@ static int chunk_of(const sched *s, const sched_seq *q, int need)
 static void plan_add(sched *s, sched_seq *q, int n)
 {
     int rows = prompt_logit_rows(q), samples = q->kv.n_tokens + n == q->n_tokens;
-    s->n_logits += (rows < n ? rows : n) + samples;
-    s->items[s->n_items++] = (sched_item){q, q->kv.n_tokens, n, samples};
+    int logit_rows = (rows < n ? rows : n) + samples;
+    s->n_logits += logit_rows;
+    s->items[s->n_items++] = (sched_item){q, q->kv.n_tokens, n, samples, logit_rows};
     s->n_rows += n;
     q->in_plan = 1;
 }
@@ -296,6 +298,11 @@ static void plan_admit(sched *s)
             return;
         int forked, hit = attach(s, q, fork, &forked);
         int n = chunk_of(s, q, q->n_tokens - q->kv.n_tokens);
+        if (n < 1) { /* a preemption for it left fewer logit rows (it took a slot's row) */
+            kv_seq_release(s->kv, &q->kv);
+            i++;
+            continue;
+        }
         llm_status st = admit_reserve(s, q, n);
         if (st) {
             kv_seq_release(s->kv, &q->kv); /* its matched blocks stay cached */

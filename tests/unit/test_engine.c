@@ -1215,7 +1215,8 @@ static void test_prompt_logprobs(void **st)
     close_engine(e);
 }
 
-/* Refused: with pooling, and a prompt_top out of range. */
+/* Refused: with pooling, a prompt_top out of range, and where the engine
+ * gives them no logit rows (prompt_logit_rows -1). */
 static void test_prompt_logprobs_refused(void **st)
 {
     (void)st;
@@ -1229,6 +1230,11 @@ static void test_prompt_logprobs_refused(void **st)
     assert_string_equal(err.field, "prompt_logprobs");
     rq.prompt_top = 0, rq.pooling = LLM_POOL_LAST;
     assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_INVALID_ARG);
+    close_engine(e);
+    e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 64, .prompt_logit_rows = -1});
+    rq.pooling = LLM_POOL_NONE;
+    assert_int_equal(llm_engine_submit(e, &rq, &id, &err), LLM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "prompt logprobs are off here"));
     close_engine(e);
 }
 

@@ -69,6 +69,7 @@ static int sim_step(sim *m)
     for (int i = 0; i < n; i++) {
         const sched_item *it = &m->s.items[i];
         assert_int_equal(it->pos0, it->seq->kv.n_tokens);
+        assert_true(it->n >= 1);
         assert_true(it->seq->kv.n_blocks * 4 >= it->pos0 + it->n); /* room reserved */
         int end = it->pos0 + it->n < it->seq->n_prompt - 1 ? it->pos0 + it->n : it->seq->n_prompt - 1;
         logit_rows += (it->seq->all_logits && end > it->pos0 ? end - it->pos0 : 0) + it->logits;

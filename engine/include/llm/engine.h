@@ -33,11 +33,6 @@
 #define LLM_MAX_STOPS 8      /* stop strings per request */
 #define LLM_MAX_STOP_LEN 256 /* bytes per stop string */
 #define LLM_MAX_SHOWN 8      /* control tokens a request may show as text */
-/* Logit rows a step has beyond one per sequence (within max_batch_tokens),
- * for prompt_logprobs requests' prompts: a prompt of N tokens beside busy
- * sequences takes about N / 32 steps. (n_vocab floats each, in the forward
- * pass's logits buffer.) */
-#define LLM_ENGINE_PROMPT_LOGIT_ROWS 32
 
 typedef struct llm_engine_config {
     const llm_model *model;  /* borrowed */
@@ -62,6 +57,11 @@ typedef struct llm_engine_config {
                               * plus one mask, not one mask per constrained sequence.
                               * 0: LLM_GMATCH_MAX_WORK / 4 */
     int max_loras;           /* LoRA adapters added at once (llm_engine_lora_add); 0: 8, at most 1024 */
+    int prompt_logit_rows;   /* logit rows a step has beyond one per sequence (within max_batch_tokens), for
+                              * prompt_logprobs requests' prompts: each costs the output matmul and a pass over
+                              * the vocabulary, in every step such a prompt runs in (all requests wait on a
+                              * step), and a prompt of N tokens takes about N / rows steps; n_vocab floats each
+                              * in the logits buffer. 0: 8; -1: none (prompt_logprobs refused) */
 } llm_engine_config;
 
 typedef uint64_t llm_request_id;
@@ -104,7 +104,7 @@ typedef struct llm_request {
     int prompt_logprobs;     /* 1: every prompt token after the first gets its log-probability under the model
                               * (sampler.h's llm_prompt_logprob: the raw logits, whatever the sampling), in
                               * completion 0's DONE. The prompt is computed whole (no prefix cache read), a few
-                              * rows per step (LLM_ENGINE_PROMPT_LOGIT_ROWS). Not with pooling */
+                              * rows per step (llm_engine_config.prompt_logit_rows). Not with pooling */
     int prompt_top;          /* with prompt_logprobs: 0..LLM_MAX_LOGPROBS most likely tokens at each position */
 } llm_request;
 

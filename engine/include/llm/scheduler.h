@@ -69,6 +69,7 @@ typedef struct sched_item {
     sched_seq *seq;
     int pos0, n;
     int logits;  /* 1: after this step every known token has K/V; sample next */
+    int logit_rows; /* rows of it that need logits: its sampling row, and an all_logits prompt's rows */
 } sched_item;
 
 typedef struct sched_stats {
