@@ -566,14 +566,16 @@ static int parse_text(json_t *o, srv_completion *c, srv_err *e)
 
 /* prompt_logprobs' answer (an entry of up to top + 1 tokens per prompt
  * token: at most its bytes + 2 of a text prompt, or the context's) within
- * max_answer_bytes. */
+ * max_answer_bytes, at 1 KiB a listed token as answer_too_big counts a
+ * logprob: its JSON object while built (~650 bytes) and its text, whose
+ * decoded_token may be a long piece. */
 static int prompt_lp_fits(const srv *s, const srv_completion *c, srv_err *e)
 {
     if (!c->rq.prompt_logprobs)
         return 0;
     double ctx = s->cfg.n_ctx ? (double)s->cfg.n_ctx : (double)s->model->hp.n_ctx_train;
     double tokens = c->rq.tokens ? c->rq.n_tokens : c->rq.text ? (double)strlen(c->rq.text) + 2 : ctx;
-    double est = (tokens < ctx ? tokens : ctx) * (2 + c->rq.prompt_top) * 96;
+    double est = (tokens < ctx ? tokens : ctx) * (1 + c->rq.prompt_top) * 1024;
     if (est <= (double)s->cfg.max_answer_bytes)
         return 0;
     return srv_fail(e, 400, "prompt_logprobs",

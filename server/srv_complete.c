@@ -525,7 +525,8 @@ static json_t *whole_choice(run *r, int i)
                          ch->text.len, "logprobs", lp, "finish_reason", fin);
     json_t *c = json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", text, ch->text.len, "logprobs", lp, "finish_reason",
                           fin);
-    if (c && r->plp && json_object_set(c, "prompt_logprobs", r->plp)) { /* (vLLM: each choice carries them) */
+    if (c && r->plp && i == 0 && json_object_set(c, "prompt_logprobs", r->plp)) { /* (vLLM: each choice carries
+                                                                                       * them; once is enough) */
         json_decref(c);
         return NULL;
     }

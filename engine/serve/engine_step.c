@@ -454,6 +454,9 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
         sched_commit(s);
         for (int i = 0; i < s->n_items; i++) {
             eng_seq *q = s->items[i].seq->user;
+            if (q->plp && q->n_plp == q->q.n_prompt - 1) /* its entries are whole: a recomputation after a
+                                                            * preemption needs K/V alone, cache hits too */
+                q->q.all_logits = q->q.no_reuse = 0;
             if ((s->items[i].logits && !q->held) || q->fail.code) /* a held pick comes in a later round; a prompt
                                                                      * row's failure fails it now */
                 seq_result(e, q);

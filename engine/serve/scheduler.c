@@ -152,6 +152,19 @@ static int chunk_of(const sched *s, const sched_seq *q, int need)
     return cap < n ? (cap > 0 ? cap : 0) : n;
 }
 
+/* Whether waiting q may start now: an all_logits prompt only with a real
+ * chunk (the step's rows beyond one per sequence, or all it has left), so
+ * many of them cannot each hold a sequence slot and its K/V while creeping
+ * a row a step. */
+static int admits(const sched *s, const sched_seq *q)
+{
+    int rows = prompt_logit_rows(q), extra = s->cfg.max_logits - s->cfg.max_seqs;
+    int want = rows < extra ? rows : extra;
+    want = want < s->cfg.max_batch_tokens ? want : s->cfg.max_batch_tokens; /* (what a step can ever give) */
+    want = want > 1 ? want : 1;
+    return chunk_of(s, q, q->n_tokens - q->kv.n_tokens) >= want;
+}
+
 static void plan_add(sched *s, sched_seq *q, int n)
 {
     int rows = prompt_logit_rows(q), samples = q->kv.n_tokens + n == q->n_tokens;
@@ -290,7 +303,7 @@ static void plan_admit(sched *s)
         int budget = s->cfg.max_batch_tokens - s->n_rows, fork = fork_state(q);
         if (budget < 1)
             return;
-        if (fork < 0 || q->oom || chunk_of(s, q, 1) < 1) { /* (its sibling first; logit rows short) */
+        if (fork < 0 || q->oom || !admits(s, q)) { /* (its sibling first; logit rows short) */
             i++;
             continue;
         }

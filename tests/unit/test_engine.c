@@ -1144,8 +1144,9 @@ static int plp_collect(llm_engine *e, llm_request_id id, int32_t *tok, llm_promp
 /* prompt_logprobs: each prompt token's entry (log-probability, rank and
  * the 5 most likely) equals what a plain session's logits give through
  * llm_prompt_logprob_of, bit for bit, for requests submitted together
- * with plain generations in steps of 24 rows and a pool small enough to
- * preempt them; each one's generated tokens equal the same request's
+ * with plain generations of higher priority in steps of 24 rows (2 of
+ * them prompt rows with logits: such a prompt runs for many steps) and a
+ * pool small enough that the generations preempt them; each one's generated tokens equal the same request's
  * without prompt_logprobs; the entries are self-consistent (the top list
  * ordered, the prompt token's rank matching it). Rounds repeat (at most
  * 8) until a prompt_logprobs request was preempted. */
@@ -1170,7 +1171,7 @@ static void test_prompt_logprobs(void **st)
     close_engine(e);
     size_t blk = kv_cache_block_bytes(LLM_KV_F16, 16, g_tiny->hp.n_layer, g_tiny->hp.n_head_kv * g_tiny->hp.head_dim);
     e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 128, .max_batch_tokens = 24, .max_seqs = 6,
-                                               .kv_cache_bytes = 12 * blk});
+                                               .kv_cache_bytes = 12 * blk, .prompt_logit_rows = 2});
     int preempted = 0, rounds = 0;
     for (; rounds < 8 && !preempted; rounds++) {
         llm_request_id ids[PL];
@@ -1178,6 +1179,12 @@ static void test_prompt_logprobs(void **st)
             int k = (j * 2) % PL + (j * 2 >= PL);
             llm_request rq = greedy(p[k], n[k], PGEN);
             rq.prompt_logprobs = k % 2 == 0, rq.prompt_top = 5, rq.priority = k % 2 ? 1 : -1;
+            for (llm_stats es; k == 1;) { /* the plain ones once a prompt_logprobs prompt is under way */
+                llm_engine_stats(e, &es);
+                if (es.running > 0)
+                    break;
+                nanosleep(&(struct timespec){0, 100000}, NULL);
+            }
             ids[k] = submit(e, &rq);
         }
         for (int k = 0; k < PL; k++) {

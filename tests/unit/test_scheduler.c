@@ -139,8 +139,10 @@ static void test_chunked_prefill(void **st)
 /* Prompts whose every row needs a logits row (prompt logprobs) are cut
  * so that a step's logit rows stay within max_logits (13 here: 8
  * sequences + 5) whatever comes after them (sim_step checks the sum every
- * step), and read no cached prefix; a plain prompt beside them takes the
- * rest of the budget as before; all finish. Where max_batch_tokens is
+ * step), read no cached prefix, and start only with a real chunk (the 5
+ * rows, or all they have left) rather than hold a slot a row a step; a
+ * plain prompt beside them takes the rest of the budget as before; all
+ * finish. Where max_batch_tokens is
  * max_seqs (and so max_logits), a step of such a prompt alone takes the
  * whole budget: its rows are all the logit rows there can be. */
 static void test_all_logits_prompts(void **st)
@@ -160,10 +162,11 @@ static void test_all_logits_prompts(void **st)
     assert_int_equal(sched_add(&m.s, &b.q), LLM_OK);
     assert_int_equal(sched_add(&m.s, &c.q), LLM_OK);
     sim_step(&m);
-    assert_int_equal(m.s.n_items, 3);
+    assert_int_equal(m.s.n_items, 2);
     assert_int_equal(m.s.items[0].n, 6); /* 13 - 7 rows kept for the 7 sequences that may follow */
-    assert_int_equal(m.s.items[1].n, 1); /* 13 - 6 taken - 6 that may follow */
-    assert_int_equal(m.s.items[2].n, 9); /* the plain prompt: the budget's rest */
+    assert_int_equal(m.s.items[1].seq, &c.q); /* b would get 1 row of its 11, under the 5 a step gives: it waits */
+    assert_int_equal(m.s.items[1].n, 10);     /* the plain prompt: the budget's rest */
+    assert_int_equal(b.q.state, SCHED_WAITING);
     assert_int_equal(a.q.cached_tokens, 0); /* no_reuse: P's cached blocks are not read */
     run_all(&m);
     assert_true(a.done_step > 0 && b.done_step > 0 && c.done_step > 0);

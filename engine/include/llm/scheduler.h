@@ -42,7 +42,9 @@ struct sched_seq {
                              * a sibling (its blocks are still offered to the cache) */
     int all_logits;         /* 1: each row of a prompt position followed by another prompt token needs a logits
                              * row of its own (prompt log-probabilities): its chunks are cut so that a step's
-                             * logit rows stay within sched_config.max_logits; with no_reuse */
+                             * logit rows stay within sched_config.max_logits, and it is admitted only where
+                             * it gets the rows beyond one per sequence (or all it has left); with no_reuse.
+                             * The caller may clear both once it needs no more rows */
     void *user;
     /* owned by the scheduler */
     kv_seq kv;              /* kv.n_tokens of the tokens have K/V */
