@@ -95,8 +95,9 @@ def test_through_the_openai_client_and_refusals(model, models):
     chat the answer does, one entry per prompt token; a stream, a value outside 0..20 and an answer
     over max_answer_bytes are refused naming the field."""
     s = Server(model, "--max_answer_bytes", 1 << 20)
-    big = Server(models("tiny", "Q8_0"), "--max_answer_bytes", 1 << 20, "--n_ctx", 512)
+    big = None
     try:
+        big = Server(models("tiny", "Q8_0"), "--max_answer_bytes", 1 << 20, "--n_ctx", 512)
         c = openai.OpenAI(base_url=s.base + "/v1", api_key="none", max_retries=0)
         r = c.completions.create(model=NAME, prompt="Once upon a time", max_tokens=3, n=2, temperature=0,
                                  extra_body={"prompt_logprobs": 2})
@@ -119,7 +120,8 @@ def test_through_the_openai_client_and_refusals(model, models):
             assert code == 400 and err["error"]["param"] == "prompt_logprobs" and why in err["error"]["message"], err
     finally:
         s.stop()
-        big.stop()
+        if big:
+            big.stop()
 
 
 TEXT = pathlib.Path("/usr/share/common-licenses/GPL-3")
