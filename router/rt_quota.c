@@ -361,17 +361,21 @@ static redisContext *conn_take(rt_quota *q, int anyway)
 }
 
 /* A string reply's number, or -1 when it is not one. */
+/* A second's count in the script's answer: NAN when it is not a number.
+ * It may be below 0: an answer settled in a later second than its
+ * reservation gives back what it did not use there (the window's sum is
+ * what counts). */
 static double reply_num(const redisReply *e)
 {
     if (e->type == REDIS_REPLY_INTEGER)
         return (double)e->integer;
     if (e->type != REDIS_REPLY_STRING || !e->len || e->len > 30)
-        return -1;
+        return NAN;
     char buf[32], *end;
     memcpy(buf, e->str, e->len);
     buf[e->len] = 0;
     double v = strtod(buf, &end);
-    return *end || !isfinite(v) || v < 0 ? -1 : v;
+    return *end || !isfinite(v) ? NAN : v;
 }
 
 /* The admission script's answer: {0}, {3}, or {1|2, N counts} (into w);
@@ -387,7 +391,7 @@ static int admit_reply(const redisReply *rep, double w[N])
     if ((code != 1 && code != 2) || rep->elements != N + 1)
         return -1;
     for (int i = 0; i < N; i++)
-        if ((w[i] = reply_num(rep->element[i + 1])) < 0)
+        if (isnan(w[i] = reply_num(rep->element[i + 1])))
             return -1;
     return (int)code;
 }
