@@ -456,6 +456,21 @@ static void canary_status(json_t *d, const rollout *ro, json_t *status)
     json_object_set_new(status, "canaryWeight", ro->state ? json_integer(ro->weight) : json_null());
 }
 
+/* The stable Deployment's pods the plan wants: its step's replicas (the
+ * spec's, or the autoscaler's; a canary's share taken out), else what it
+ * has (an HPA's); -1 when neither says. */
+static json_int_t wanted_replicas(const plan *p, json_t *dep)
+{
+    for (size_t i = 0; i < json_array_size(p->steps); i++) {
+        json_t *step = json_array_get(p->steps, i);
+        json_t *r = kube_json_get(json_object_get(step, "object"), "spec", "replicas", NULL);
+        if (json_is_true(json_object_get(step, "stable")) && json_is_integer(r))
+            return json_integer_value(r);
+    }
+    json_t *r = kube_json_get(dep, "spec", "replicas", NULL);
+    return json_is_integer(r) ? json_integer_value(r) : -1;
+}
+
 json_t *plan_status(const plan_input *in, plan *p, json_t *dep)
 {
     verdict v;
@@ -463,6 +478,9 @@ json_t *plan_status(const plan_input *in, plan *p, json_t *dep)
     json_t *status = status_of(in->llmd, &v, p->ro.state ? p->ro.stable_rev : p->template_hash, dep);
     if (!status)
         return NULL;
+    json_int_t want = wanted_replicas(p, dep); /* (the Desired column: spec.replicas is not what autoscaling wants) */
+    if (want >= 0)
+        json_object_set_new(status, "desiredReplicas", json_integer(want));
     /* off (or HPA mode): the record goes, so turning it on again starts from what runs then */
     json_object_set_new(status, "autoscaling", p->autoscaling ? json_incref(p->autoscaling) : json_null());
     canary_status(in->llmd, &p->ro, status);

@@ -81,6 +81,10 @@ def test_builtin_scales_up_and_down_across_a_restart(tmp_path, slow_model):
         up = st["history"][-1]
         assert up["from"] in (1, 2) and up["to"] in (2, 3) and "over target 1.00" in up["reason"], st
         wait_for(lambda: c.status().get("readyReplicas") == 3, 90)
+        # kubectl's Desired column is what the autoscaler wants (it read spec.replicas, which stays 1)
+        table = c.k("get", "llmd", "story").stdout.split("\n")
+        head, row = table[0].split(), table[1].split()
+        assert row[head.index("DESIRED")] == "3", table
         # no new requests from now; the queue was full until now, so the last
         # recommendation of 3 is at most an interval older than this
         t_quiet = time.time()

@@ -397,6 +397,8 @@ static void test_autoscale_table(void **st)
         print_message("case %zu: %lld replicas [%s]\n", i, replicas_of(object_of(&r, "deployments", "m")), r.events);
         assert_int_equal(r.st, LLM_OK);
         assert_int_equal(replicas_of(object_of(&r, "deployments", "m")), cases[i].want);
+        /* what the Desired column shows: the planned count, not spec.replicas (1 here) */
+        assert_int_equal(json_integer_value(json_object_get(r.status, "desiredReplicas")), cases[i].want);
         assert_string_equal(r.events, cases[i].events);
         assert_string_equal(r.p.need.metric, "queueDepth"); /* what to read next */
         assert_true(r.p.need.every_s == 3 && r.p.requeue_s == 3);
