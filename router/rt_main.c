@@ -392,10 +392,11 @@ static int send_page(struct mg_connection *c, llm_strbuf *page)
 
 /* The /metrics page into out (qs: the query, or NULL; health: the health
  * port's page, with its listener's counts - the API port's never reads
- * them, its listener stops first): 200; 400 with why in out. GET /metrics?route=NAME on a gateway gives route NAME's
- * families alone (the controller's read of one LLMDeployment: the whole
- * page of a gateway of many routes outgrows what it reads of a page); a
- * name no route has gets an empty page. */
+ * them, its listener stops first): 200; 400 with why in out.
+ * GET /metrics?route=NAME on a gateway gives route NAME's families alone
+ * (the controller's read of one LLMDeployment: the whole page of a gateway
+ * of many routes outgrows what it reads of a page); a name no route has
+ * gets an empty page. */
 static int metrics_page(router *r, const char *qs, int health, llm_strbuf *out)
 {
     char name[256];

@@ -48,7 +48,7 @@ typedef struct run {
     int out_events;            /* the events in out */
     int unchunked;             /* an HTTP/1.0 client: events go out bare, and the close ends the stream */
     uint64_t start_ns, submit_ns; /* wall clock at the start and at the submit (the spans' times) */
-    uint64_t end_ns;              /* and just before the answer's last write (see ending) */
+    uint64_t end_ns;              /* and just before the answer's last write (run_mark_end) */
     llm_usage usage;           /* the last answer's timings (the spans') */
     json_t *plp;               /* prompt_logprobs: vLLM's list (null, then an entry per prompt token), or NULL */
 } run;
@@ -359,10 +359,10 @@ static json_t *prompt_entry(const llm_vocab *v, const llm_prompt_logprob *p)
     json_t *o = json_object();
     for (int k = -1; o && k < p->n_top; k++) {
         int32_t id = k < 0 ? p->id : p->top[k].id;
-        char key[16];
-        snprintf(key, sizeof key, "%d", (int)id);
         if (k >= 0 && id == p->id)
             continue; /* the prompt token among its alternatives: once */
+        char key[16];
+        snprintf(key, sizeof key, "%d", (int)id);
         json_t *piece = piece_json(v, id);
         json_t *e = piece ? json_pack("{s:f,s:i,s:o}", "logprob", (double)(k < 0 ? p->logprob : p->top[k].logprob),
                                       "rank", k < 0 ? (int)p->rank : k + 1, "decoded_token", piece)

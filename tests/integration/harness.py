@@ -494,6 +494,13 @@ def raw(port, data, timeout=10):
     return int(got.split()[1]) if got else None, got
 
 
+def kl_summary(out):
+    """llm-perplexity --kl-divergence's summary line: (mean KL, p99 KL, top-1 agreement %, samples)."""
+    m = re.search(r"mean ([\d.]+), p99 ([\d.]+).*agreement ([\d.]+)% \((\d+) samples", out)
+    assert m, f"no KL summary in: {out}"
+    return float(m.group(1)), float(m.group(2)), float(m.group(3)), int(m.group(4))
+
+
 def parse_ids(stderr, what):
     m = re.search(rf"^{what}:(.*)$", stderr, re.M)
     assert m, f"no '{what}' line in: {stderr}"

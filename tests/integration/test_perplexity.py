@@ -12,7 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from harness import BUILD, run, tool
+from harness import BUILD, kl_summary, run, tool
 
 
 TEXT = pathlib.Path("/usr/share/common-licenses/GPL-3")
@@ -58,16 +58,14 @@ def test_kl_divergence(models, text, tmp_path):
     run(tool("llm-perplexity"), "-m", base, "-f", text, "--ctx", 64, "--chunks", 4, "--save-logits", saved)
     same = run(tool("llm-perplexity"), "-m", base, "-f", text, "--ctx", 64, "--chunks", 4, "--kl-divergence",
                saved).stdout
-    m = re.search(r"mean ([\d.]+), p99 ([\d.]+).*agreement ([\d.]+)% \((\d+) samples", same)
-    assert m, same
     # only the F16 rounding of the saved log-probs: tiny KL, and the top-1
     # differs only where this random model's top logits are within F16's step
-    self_kl = float(m.group(1))
-    assert m and self_kl < 1e-4 and float(m.group(3)) >= 95.0 and int(m.group(4)) == 124, same
+    self_kl, _, agree, samples = kl_summary(same)
+    assert self_kl < 1e-4 and agree >= 95.0 and samples == 124, same
     other = run(tool("llm-perplexity"), "-m", quant, "-f", text, "--ctx", 64, "--chunks", 4, "--kl-divergence",
                 saved).stdout
-    m = re.search(r"mean ([\d.]+), p99 ([\d.]+).*agreement ([\d.]+)%", other)
-    assert m and 10 * self_kl < float(m.group(1)) < 0.2 and float(m.group(2)) >= float(m.group(1)), other
+    mean, p99, _, _ = kl_summary(other)
+    assert 10 * self_kl < mean < 0.2 and p99 >= mean, other
     short = tmp_path / "other.txt"
     short.write_text(text.read_text()[1000:])
     bad = run(tool("llm-perplexity"), "-m", quant, "-f", short, "--ctx", 64, "--chunks", 2, "--kl-divergence", saved,

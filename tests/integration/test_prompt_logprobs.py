@@ -18,7 +18,7 @@ import numpy as np
 import openai
 import pytest
 
-from harness import BUILD, NAME, ROOT, Server, run, shared, tool
+from harness import BUILD, NAME, ROOT, Server, kl_summary, run, shared, tool
 
 # As test_gemma3: on Gemma 3's Q4_K_M file the two engines' logits differ by up to ~1 (8-bit activations
 # before each quantized matmul, outliers in the residual stream): a top-2 gap below that is a coin toss.
@@ -144,9 +144,7 @@ def test_quality_estimate_against_llm_perplexity(tmp_path, qtype):
     run(tool("llm-perplexity"), "-m", base, "-f", TEXT, "--ctx", 64, "--chunks", 4, "--save-logits", saved)
     out = run(tool("llm-perplexity"), "-m", quant, "-f", TEXT, "--ctx", 64, "--chunks", 4, "--kl-divergence",
               saved).stdout
-    m = re.search(r"mean ([\d.]+), p99 ([\d.]+).*agreement ([\d.]+)% \((\d+) samples", out)
-    assert m, out
-    exact, agree, samples = float(m.group(1)), float(m.group(3)), int(m.group(4))
+    exact, _, agree, samples = kl_summary(out)
     ids = [int(x) for x in run(tool("llm-tokenize"), "-m", base, "--file", TEXT).stdout.split()]
     lists = {"stable": [], "canary": []}
     for side, model in (("stable", base), ("canary", quant)):
