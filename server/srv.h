@@ -147,6 +147,8 @@ typedef struct srv_completion {
     srv_lora_ent *lora;        /* the adapter "model" names (held), or NULL: the base model */
     srv_loras *lora_table;     /* where lora is held */
     char *tool_prefill;        /* a forced call's opening, appended to the prompt (owned), or NULL */
+    int unmetered;             /* the quality gate's reads: kept out of the per-revision latencies a canary is
+                                * judged on */
 } srv_completion;
 
 /* Parses and validates a /v1/completions (kind SRV_FIELDS_COMPLETIONS),
@@ -248,6 +250,9 @@ void srv_canary_abort(srv *s);
 int srv_canary_free(srv *s);
 /* The canary for this request (its users counted), or NULL for stable. */
 srv_rev *srv_canary_pick(srv *s, const char *session);
+/* The loaded canary whatever its weight (its users counted), or NULL when
+ * none is: the quality gate's reads through the admin routes. */
+srv_rev *srv_canary_hold(srv *s);
 void srv_canary_release(srv_rev *r);
 /* The admin request; the HTTP status, *out the state (new reference). */
 int srv_canary_admin(srv *s, json_t *req, json_t **out, srv_err *e);

@@ -105,6 +105,18 @@ srv_rev *srv_canary_pick(srv *s, const char *session)
     return r;
 }
 
+srv_rev *srv_canary_hold(srv *s)
+{
+    srv_canary *c = &s->canary;
+    pthread_mutex_lock(&c->mu);
+    reap(c);
+    srv_rev *r = c->rev;
+    if (r)
+        atomic_fetch_add(&r->users, 1);
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
 void srv_canary_release(srv_rev *r)
 {
     if (r)

@@ -333,7 +333,8 @@ static int on_token(run *r, const llm_event *ev)
     double t = llm_clock_mono_s();
     if (ev->index == 0 && r->t_last > 0) {
         srv_metrics_observe(&r->s->metrics, H_ITL, t - r->t_last);
-        srv_metrics_rev_observe(&r->s->metrics, r->rev, 1, t - r->t_last);
+        if (!r->cp->unmetered)
+            srv_metrics_rev_observe(&r->s->metrics, r->rev, 1, t - r->t_last);
     }
     if (ev->index == 0)
         r->t_last = t;
@@ -403,7 +404,8 @@ static int on_done(run *r, const llm_event *ev)
     r->cached_tokens = ev->usage.cached_tokens > r->cached_tokens ? ev->usage.cached_tokens : r->cached_tokens;
     r->completion_tokens += ev->usage.completion_tokens;
     srv_metrics_observe(&r->s->metrics, H_TTFT, ev->usage.ttft_ms / 1e3);
-    srv_metrics_rev_observe(&r->s->metrics, r->rev, 0, ev->usage.ttft_ms / 1e3);
+    if (!r->cp->unmetered)
+        srv_metrics_rev_observe(&r->s->metrics, r->rev, 0, ev->usage.ttft_ms / 1e3);
     srv_metrics_observe(&r->s->metrics, H_QUEUE, ev->usage.queue_ms / 1e3);
     srv_metrics_observe(&r->s->metrics, H_E2E, ev->usage.total_ms / 1e3);
     srv_metrics_observe(&r->s->metrics, H_PREFILL, (ev->usage.ttft_ms - ev->usage.queue_ms) / 1e3);

@@ -613,6 +613,108 @@ static int h_lora_state(struct mg_connection *c, void *cb)
     return status;
 }
 
+/* ---- the quality gate's reads -------------------------------------------------- */
+
+/* The controller's quality gate reads one revision's next-token
+ * distributions along fixed texts: POST /admin/tokenize ({"prompt": TEXT}
+ * or {"messages": [...]}, rendered with that revision's template) gives
+ * its token ids and vocabulary size, POST /admin/completions a completion
+ * (prompt_logprobs) from it. X-LLM-Revision: stable (the default) or
+ * canary (the colocated canary, whatever its weight). Both need the admin
+ * token; the request counts as an anonymous one against the pod's caps. */
+
+/* The admin token, the method, a serving pod, the body and the revision
+ * (*rv held: NULL the stable model): 0 to go on. */
+static int admin_read(srv *s, struct mg_connection *c, char **body, size_t *len, srv_rev **rv, srv_err *e)
+{
+    char tbuf[256];
+    const char *tok = admin_token(s, tbuf, sizeof tbuf), *want = mg_get_header(c, "X-LLM-Revision");
+    *rv = NULL;
+    if (!tok)
+        srv_err_set(e, 404, NULL, "the admin routes are off (no admin token: admin_token_file unset or unreadable)");
+    else if (!http_guard_bearer_ok(mg_get_header(c, "Authorization"), tok))
+        srv_err_set(e, 401, NULL, "the admin token is required (Authorization: Bearer TOKEN)");
+    else if (strcmp(mg_get_request_info(c)->request_method, "POST"))
+        srv_err_set(e, 405, NULL, "use POST for %s", mg_get_request_info(c)->local_uri);
+    else if (atomic_load(&s->phase) != SRV_READY)
+        srv_err_set(e, 503, NULL, "the model is not serving");
+    else if (want && strcmp(want, "stable") && strcmp(want, "canary"))
+        srv_err_set(e, 400, NULL, "X-LLM-Revision must be stable or canary");
+    else if (want && !strcmp(want, "canary") && !(*rv = srv_canary_hold(s)))
+        srv_err_set(e, 409, NULL, "no colocated canary is loaded");
+    if (!e->status && !read_body(s, c, body, len, e))
+        return 0;
+    srv_canary_release(*rv);
+    *rv = NULL;
+    return e->status;
+}
+
+/* {"tokens": [...], "vocab_size": N}: the prompt's ids as a completion of
+ * this revision would read them. */
+static int admin_tokens(srv *s, struct mg_connection *c, srv_rev *rv, const char *body, size_t len, srv_err *e)
+{
+    json_t *o = srv_json_object(body, len, e);
+    int kind = json_object_get(o, "messages") ? SRV_FIELDS_CHAT : SRV_FIELDS_COMPLETIONS;
+    json_decref(o);
+    if (!o)
+        return srv_http_send_err(c, e);
+    const llm_vocab *v = rv ? rv->model->vocab : s->model->vocab;
+    srv_completion cp = {0};
+    int32_t *ids = NULL;
+    int n = 0;
+    llm_error err = {0};
+    if (!srv_parse_completion(s, rv ? rv->chat : s->chat, v, body, len, kind, &cp, e) && !cp.rq.tokens &&
+        llm_tokenize(v, cp.rq.text, strlen(cp.rq.text), 1, 1, &ids, &n, &err))
+        srv_err_set(e, srv_status_of(err.code), "prompt", "%s", err.msg);
+    const int32_t *t = cp.rq.tokens ? cp.rq.tokens : ids;
+    n = cp.rq.tokens ? cp.rq.n_tokens : n;
+    json_t *arr = e->status ? NULL : json_array();
+    for (int i = 0; arr && i < n; i++)
+        if (json_array_append_new(arr, json_integer(t[i]))) { /* no answer with ids missing */
+            json_decref(arr);
+            arr = NULL;
+        }
+    free(ids);
+    srv_completion_free(&cp);
+    if (e->status)
+        return srv_http_send_err(c, e);
+    return srv_http_send_json(c, 200, arr ? json_pack("{s:o,s:i}", "tokens", arr, "vocab_size", llm_vocab_n(v)) : NULL);
+}
+
+static int admin_quality(struct mg_connection *c, void *cb, int complete)
+{
+    srv *s = cb;
+    srv_err e = {0};
+    srv_rev *rv = NULL;
+    char *body = NULL;
+    size_t len = 0;
+    int status = admin_read(s, c, &body, &len, &rv, &e);
+    if (status) {
+        status = srv_http_send_err(c, &e);
+    } else if (!complete) {
+        status = admin_tokens(s, c, rv, body, len, &e);
+    } else {
+        srv_completion cp = {0};
+        int held = 0;
+        int bad = srv_parse_completion(s, rv ? rv->chat : s->chat, rv ? rv->model->vocab : s->model->vocab, body, len,
+                                       SRV_FIELDS_COMPLETIONS, &cp, &e);
+        cp.unmetered = 1;
+        if (!bad && cp.lora) /* (a canary's model is judged, not an adapter of the stable's) */
+            bad = srv_fail(&e, 400, "model", "the admin routes read base models, not adapters");
+        status = bad ? srv_http_send_err(c, &e) : srv_complete(s, rv, c, &cp, &held, &e);
+        api_keys_give(&s->keys, srv_http_caller(s, c), held);
+        srv_completion_free(&cp);
+    }
+    http_guard_discard(c, DISCARD_BODIES * s->cfg.max_body_bytes, DISCARD_S);
+    free(body);
+    srv_canary_release(rv);
+    srv_metrics_request(&s->metrics, R_OTHER, status);
+    return status == 499 ? 200 : status;
+}
+
+static int h_admin_tokenize(struct mg_connection *c, void *cb) { return admin_quality(c, cb, 0); }
+static int h_admin_completions(struct mg_connection *c, void *cb) { return admin_quality(c, cb, 1); }
+
 /* The probes and /metrics on the health port: a listener of its own
  * (http_probe.h), which neither API traffic nor idle connections can hold. */
 static llm_status start_health(srv *s, llm_error *err)
@@ -644,7 +746,8 @@ int srv_http_start(srv *s, llm_error *err)
         {"/readyz$", h_health},              {"/startupz$", h_health},          {"/metrics$", h_health},
         {"/v1/embeddings$", h_embeddings},   {"/admin/canary$", h_admin_canary},
         {"/v1/load_lora_adapter$", h_lora_load}, {"/v1/unload_lora_adapter$", h_lora_unload},
-        {"/admin/lora$", h_lora_state},      {"/", h_other},
+        {"/admin/lora$", h_lora_state},      {"/admin/tokenize$", h_admin_tokenize},
+        {"/admin/completions$", h_admin_completions}, {"/", h_other},
     };
     /* every route on a big stack (http_guard_route): request bodies, schemas, templates and the model's tool
      * calls are read there */

@@ -128,3 +128,50 @@ def test_colocated_refusals(models, canary_model, tmp_path):
         assert metric(srv.metrics(), "llm_canary_loaded") == 0
     finally:
         assert srv.stop() == 0, srv.log
+
+
+def quality_read(srv, path, body, revision=None, token=TOKEN):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if revision:
+        headers["X-LLM-Revision"] = revision
+    status, text, _ = srv.request("POST", path, body, headers)
+    return status, json.loads(text) if text else None
+
+
+def test_quality_reads_address_each_revision(models, tmp_path):
+    """The quality gate's admin routes: /admin/tokenize and /admin/completions answered by the revision
+    X-LLM-Revision names. The canary (another quantization of the same weights) must answer exactly as a
+    server of its own model alone does, and the stable as the plain API does."""
+    canary = tmp_path / "canary.gguf"
+    shutil.copy(models("tiny", "Q8_0"), canary)
+    ids = [1, 45, 97, 300, 12, 7, 220, 401, 18, 66]
+    score = {"model": "test-model", "prompt": ids, "max_tokens": 1, "prompt_logprobs": 5}
+    alone = Server(canary)
+    try:
+        want_canary = alone.post("/v1/completions", score)[1]["choices"][0]["prompt_logprobs"]
+    finally:
+        assert alone.stop() == 0, alone.log
+    srv = Server(models("tiny", "F32"), "--admin_token", TOKEN, "--model_dir", tmp_path)
+    try:
+        assert quality_read(srv, "/admin/tokenize", {"prompt": "Once upon"}, "canary")[0] == 409  # none loaded
+        assert quality_read(srv, "/admin/tokenize", {"prompt": "Once upon"}, token=None)[0] == 401
+        assert quality_read(srv, "/admin/tokenize", {"prompt": "Once upon"}, "other")[0] == 400
+        admin(srv, {"model": str(canary), "weight": 0})
+        wait_state(srv, "ready")
+        want_stable = srv.post("/v1/completions", score)[1]["choices"][0]["prompt_logprobs"]
+        assert want_stable != want_canary  # F32 and Q8_0 differ somewhere: the header must matter
+        for rev, want in (("stable", want_stable), (None, want_stable), ("canary", want_canary)):
+            status, body = quality_read(srv, "/admin/completions", score, rev)
+            assert status == 200 and body["choices"][0]["prompt_logprobs"] == want, (rev, body)
+        plain = srv.post("/tokenize", {"content": "Once upon a time"})[1]["tokens"]
+        for rev in ("stable", "canary"):
+            status, body = quality_read(srv, "/admin/tokenize", {"prompt": "Once upon a time"}, rev)
+            assert status == 200 and body == {"tokens": plain, "vocab_size": 512}, body
+            status, chat = quality_read(srv, "/admin/tokenize", {"messages": [{"role": "user", "content": "Hi"}]}, rev)
+            assert status == 200 and len(chat["tokens"]) > 2, chat
+        assert quality_read(srv, "/admin/tokenize", {"prompt": 5})[0] == 400
+        m = srv.metrics()  # reads, not traffic: the canary's analysis never sees them
+        assert metric(m, "llm_revision_requests_total", revision="canary", code="2xx") == 0
+        assert metric(m, "llm_revision_ttfb_seconds_count", revision="canary") == 0
+    finally:
+        assert srv.stop() == 0, srv.log
