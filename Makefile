@@ -62,7 +62,7 @@ KUBE_SRC = kube/kube_config.c kube/kube_client.c kube/kube_watch.c kube/kube_cac
            kube/kube_json.c
 CONTROLLER_SRC = controller/ctl_main.c controller/reconcile.c controller/adapters.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
                  controller/desired.c controller/pod_diag.c controller/ctl_event.c controller/autoscale.c controller/podsig.c \
-                 controller/plan.c controller/canary.c controller/quality.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c \
+                 controller/plan.c controller/canary.c controller/quality.c controller/judge.c controller/judge_texts.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c \
                  controller/ctl_status.c controller/gateway.c controller/gw_reconcile.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_SRC = router/rt_main.c router/rt_gateway.c router/rt_kube.c router/rt_pool.c router/rt_prefix.c router/rt_proxy.c router/rt_quota.c \
@@ -186,7 +186,7 @@ $(BUILD)/bin/%: tools/%.c tools/cli.h $(TESTKIT_LIB) $(ENGINE_LIBS)
 # library's parts that need none: the caches, kube_apply_covers (the apply links the API client).
 $(BUILD)/tests/test_autoscale: $(BUILD)/controller/autoscale.o
 $(BUILD)/tests/test_canary: $(BUILD)/controller/canary.o
-$(BUILD)/tests/test_quality: $(BUILD)/controller/quality.o
+$(BUILD)/tests/test_quality: $(BUILD)/controller/quality.o $(BUILD)/controller/judge.o
 $(BUILD)/tests/test_ctl_queue: $(BUILD)/controller/ctl_queue.o
 # The planner: pure, it links the decision modules alone (no API client, no HTTP).
 $(BUILD)/tests/test_plan: $(BUILD)/controller/plan.o $(BUILD)/controller/rollout.o $(BUILD)/controller/canary.o \

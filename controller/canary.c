@@ -33,12 +33,14 @@ double canary_duration(json_t *v)
     return total;
 }
 
-static llm_status number(json_t *o, const char *key, double def, double lo, double hi, double *out, llm_error *err)
+/* o's key (under spec.canary.where, for the message) or def. */
+static llm_status number(json_t *o, const char *where, const char *key, double def, double lo, double hi, double *out,
+                         llm_error *err)
 {
     json_t *v = json_object_get(o, key);
     *out = v ? json_number_value(v) : def;
     if (v && (!json_is_number(v) || *out < lo || *out > hi))
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.analysis.%s: want a number in [%g, %g]", key, lo, hi);
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.%s.%s: want a number in [%g, %g]", where, key, lo, hi);
     return LLM_OK;
 }
 
@@ -63,6 +65,38 @@ static llm_status steps_from_spec(json_t *steps, canary_config *c, llm_error *er
     return LLM_OK;
 }
 
+/* spec.canary.analysis.quality (absent or null: off). */
+static llm_status quality_from_spec(json_t *q, canary_quality *c, llm_error *err)
+{
+    if (!q || json_is_null(q))
+        return LLM_OK;
+    if (!json_is_object(q))
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.analysis.quality: want an object");
+    c->enabled = 1;
+    double minp = 0, top = 0, timeout = 0;
+    json_t *cm = json_object_get(json_object_get(q, "texts"), "configMap");
+    const char *on = json_string_value(json_object_get(q, "onIncomparable"));
+    llm_status st = number(q, "analysis.quality", "minPositions", 1000, 1, 1e6, &minp, err);
+    if (!st)
+        st = number(q, "analysis.quality", "maxKLDivergence", 0.1, 0, 100, &c->max_kl, err);
+    if (!st)
+        st = number(q, "analysis.quality", "minTop1Agreement", 0.8, 0, 1, &c->min_top1, err);
+    if (!st)
+        st = number(q, "analysis.quality", "topLogprobs", 20, 1, 20, &top, err);
+    if (!st)
+        st = number(q, "analysis.quality", "timeoutSeconds", 600, 10, 86400, &timeout, err);
+    if (!st && cm && (!json_is_string(cm) || json_string_length(cm) < 1 || json_string_length(cm) >= sizeof c->config_map))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.analysis.quality.texts.configMap: want a ConfigMap's name");
+    if (!st && on && strcmp(on, "hold") && strcmp(on, "fail"))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.analysis.quality.onIncomparable: %s is not hold or fail", on);
+    snprintf(c->config_map, sizeof c->config_map, "%s", cm ? json_string_value(cm) ?: "" : "");
+    c->min_positions = (long)minp;
+    c->top = (int)top;
+    c->timeout_s = timeout;
+    c->fail_incomparable = on && !strcmp(on, "fail");
+    return st;
+}
+
 llm_status canary_config_from_spec(json_t *spec, canary_config *c, llm_error *err)
 {
     memset(c, 0, sizeof *c);
@@ -81,17 +115,17 @@ llm_status canary_config_from_spec(json_t *spec, canary_config *c, llm_error *er
     if (!st && iv && (!json_is_integer(iv) || c->interval_s < 1 || c->interval_s > 3600))
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.intervalSeconds: want an integer 1..3600");
     if (!st)
-        st = number(an, "maxErrorRatio", 0.05, 0, 1, &c->max_error_ratio, err);
+        st = number(an, "analysis", "maxErrorRatio", 0.05, 0, 1, &c->max_error_ratio, err);
     if (!st)
-        st = number(an, "maxTTFTRatio", 1.5, 1, 1000, &c->max_ttft_ratio, err);
+        st = number(an, "analysis", "maxTTFTRatio", 1.5, 1, 1000, &c->max_ttft_ratio, err);
     if (!st)
-        st = number(an, "maxITLRatio", 1.5, 1, 1000, &c->max_itl_ratio, err);
+        st = number(an, "analysis", "maxITLRatio", 1.5, 1, 1000, &c->max_itl_ratio, err);
     if (!st)
-        st = number(an, "toleranceSeconds", 0.05, 0, 3600, &c->tolerance_s, err);
+        st = number(an, "analysis", "toleranceSeconds", 0.05, 0, 3600, &c->tolerance_s, err);
     if (!st)
-        st = number(an, "minRequests", 20, 1, 1e9, &min_req, err);
+        st = number(an, "analysis", "minRequests", 20, 1, 1e9, &min_req, err);
     c->min_requests = (int)min_req;
-    return st;
+    return st ? st : quality_from_spec(json_object_get(an, "quality"), &c->quality, err);
 }
 
 /* ---- samples ----------------------------------------------------------------------- */

@@ -28,6 +28,20 @@ typedef struct canary_step {
     double pause_s;  /* least time at this weight before the next step */
 } canary_step;
 
+/* spec.canary.analysis.quality: the canary's next-token distributions
+ * against the stable's (judge.h) before its first step and before its
+ * promotion. */
+typedef struct canary_quality {
+    int enabled;
+    char config_map[254];    /* the texts' ConfigMap in the namespace; "": the built-in set */
+    long min_positions;      /* positions a judgement needs */
+    double max_kl;           /* mean KL(stable || canary) per position allowed */
+    double min_top1;         /* share of positions whose most likely tokens agree, at least */
+    int top;                 /* prompt_logprobs: alternatives read per position */
+    int fail_incomparable;   /* revisions that cannot be compared: 1 roll back, 0 hold */
+    double timeout_s;        /* one judgement's reads */
+} canary_quality;
+
 typedef struct canary_config {
     int enabled;
     int colocated;           /* mode colocated: the new model inside the stable pods */
@@ -39,6 +53,7 @@ typedef struct canary_config {
     double max_itl_ratio;    /* p99 inter-token latency, canary over stable */
     double tolerance_s;      /* latency differences below this never fail */
     int min_requests;        /* canary requests in a window before it is judged */
+    canary_quality quality;
 } canary_config;
 
 /* From spec.canary (absent: enabled 0). LLM_ERR_INVALID_ARG naming the

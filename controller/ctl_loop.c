@@ -13,6 +13,7 @@
 #include "ctl_queue.h"
 #include "kube_cache.h"
 #include "kube_watch.h"
+#include "judge.h"
 #include "podsig.h"
 #include "desired.h"
 #include "gw_reconcile.h"
@@ -58,6 +59,7 @@ typedef struct ctl {
     kube_cache *owners;  /* the LLMDeployments' cache */
     kube_cache *gateways; /* the LLMGateways' cache */
     podsig *signals;     /* the pods' signals, read off the worker's path */
+    judge *judge;        /* canaries' quality reads, off it too */
     desired_site site;   /* the options' (its strings borrowed) */
 } ctl;
 
@@ -156,6 +158,7 @@ static int on_event(void *arg, const char *type, json_t *obj)
         if (!strcmp(type, "DELETED")) { /* its children go with it (ownerReferences): nothing left to do */
             ctl_queue_forget(in->c->q, key);
             podsig_forget(in->c->signals, key);
+            judge_forget(in->c->judge, key);
         }
         else if (ctl_queue_add_changed(in->c->q, key, fingerprint(obj), &skipped, &err))
             ctl_obs_log(CTL_ERROR, "cannot queue a reconcile", "key", key, "error", err.msg, (const char *)NULL);
@@ -240,7 +243,7 @@ static void work(ctl *c, kube_client *k)
         double t0 = llm_clock_mono_s(), again = 0;
         int gw = !strncmp(ns, GW_PREFIX, strlen(GW_PREFIX));
         llm_status st = gw ? gw_reconcile_run(k, c->owners, ns + strlen(GW_PREFIX), name, &again, &err)
-                           : reconcile_run(k, c->signals, &c->site, ns, name, &again, &err);
+                           : reconcile_run(k, c->signals, c->judge, &c->site, ns, name, &again, &err);
         double took = llm_clock_mono_s() - t0;
         int gone = st == LLM_ERR_NOT_FOUND; /* deleted: nothing more to do, nothing to remember */
         if (gone)
@@ -307,6 +310,8 @@ llm_status ctl_loop_run(kube_config *cfg, const ctl_options *opt, atomic_int *st
         c.gateways = in[N_INFORMERS - 1].cache;
         st = podsig_new(cfg, opt->ns, ctl_obs_heartbeat_signals, &c.signals, err);
     }
+    if (!st)
+        st = judge_new(&c.judge, err);
     ctl_obs_expect_informers(N_INFORMERS);
     pthread_t th[N_INFORMERS];
     int started = 0;
@@ -329,6 +334,7 @@ llm_status ctl_loop_run(kube_config *cfg, const ctl_options *opt, atomic_int *st
         ctl_queue_wake(c.q);
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     podsig_free(c.signals);
+    judge_free(c.judge);
     kube_client_free(k);
     ctl_queue_free(c.q);
     for (int i = 0; i < caches.n; i++) kube_cache_free(caches.caches[i]);

@@ -73,7 +73,12 @@ static json_t *meta(json_t *d, const char *name)
 
 int desired_adapters(json_t *d) { return json_is_array(kube_json_get(json_object_get(d, "spec"), "adapters", NULL)); }
 
-int desired_admin(json_t *d) { return desired_colocated(d) || desired_adapters(d); }
+int desired_quality(json_t *d)
+{
+    return json_is_object(kube_json_get(json_object_get(d, "spec"), "canary", "analysis", "quality", NULL));
+}
+
+int desired_admin(json_t *d) { return desired_colocated(d) || desired_adapters(d) || desired_quality(d); }
 
 int desired_colocated(json_t *d)
 {
@@ -141,6 +146,21 @@ static double trace_ratio(json_t *spec)
     return json_is_number(ratio) ? json_number_value(ratio) : 1.0;
 }
 
+/* spec.chatTemplate.key (absent: the default): a file name in the
+ * template's folder, never a path out of it nor a line of the YAML. */
+static int template_key_ok(json_t *key)
+{
+    const char *k = json_string_value(key);
+    if (!key)
+        return 1;
+    if (!k || !*k || *k == '.' || strlen(k) > 253)
+        return 0;
+    for (; *k; k++)
+        if (!isalnum((unsigned char)*k) && !strchr("-_.", *k))
+            return 0;
+    return 1;
+}
+
 json_t *desired_configmap(json_t *d, char *msg, size_t mn)
 {
     json_t *spec = json_object_get(d, "spec");
@@ -197,6 +217,16 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
         yaml_line(y, "trace_sample_ratio", "%g", trace_ratio(spec));
     }
     free(tq);
+    const char *tkey = json_string_value(kube_json_get(spec, "chatTemplate", "key"));
+    if (!template_key_ok(kube_json_get(spec, "chatTemplate", "key"))) {
+        snprintf(msg, mn, "spec.chatTemplate.key: want a ConfigMap key (letters, digits, '-', '_', '.'; not first '.')");
+        llm_strbuf_free(y);
+        free(model);
+        free(served);
+        return NULL;
+    }
+    if (kube_json_get(spec, "chatTemplate", "configMap")) /* only when set: others keep their config (and pods) */
+        yaml_line(y, "chat_template_file", "%s/%s", DESIRED_TEMPLATE_DIR, tkey ? tkey : "template.jinja");
     if (desired_adapters(d)) { /* the list itself is in DESIRED_ADAPTERS_KEY, outside the configuration's hash */
         yaml_line(y, "lora_file", "%s", DESIRED_CONFIG_DIR "/" DESIRED_ADAPTERS_KEY);
         /* a changed list's paths, loaded through the admin route (whose token only the controller has): anywhere
@@ -442,6 +472,9 @@ static json_t *container(json_t *d, const char *admin_secret)
                                                 "readOnly", 1));
     if (admin_secret)
         json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "admin", "mountPath", DESIRED_ADMIN_DIR, "readOnly", 1));
+    if (kube_json_get(spec, "chatTemplate", "configMap"))
+        json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "chat-template", "mountPath", DESIRED_TEMPLATE_DIR,
+                                                "readOnly", 1));
     long long startup = spec_int(spec, "probes", "startupTimeoutSeconds", 600), hp = desired_health_port(d);
     return json_pack("{s:s,s:O,s:o,s:o,s:[{s:s,s:I},{s:s,s:I}],s:o,s:o,s:o,s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name",
                      "llm-server", "image", json_object_get(spec, "image"), "args", args, "env", env, "ports", "name",
@@ -519,6 +552,12 @@ json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin
     if (admin_secret) /* 0440 with fsGroup: the server's user reads it, nobody else's */
         json_array_append_new(volumes, json_pack("{s:s,s:{s:s,s:i}}", "name", "admin", "secret", "secretName",
                                                  admin_secret, "defaultMode", 0440));
+    json_t *tcm = kube_json_get(spec, "chatTemplate", "configMap");
+    const char *tkey = json_string_value(kube_json_get(spec, "chatTemplate", "key"));
+    if (tcm) /* only the template's key: the ConfigMap's others stay out of the pod */
+        json_array_append_new(volumes, json_pack("{s:s,s:{s:O,s:[{s:s,s:s}]}}", "name", "chat-template", "configMap", "name",
+                                                 tcm, "items", "key", tkey ? tkey : "template.jinja", "path",
+                                                 tkey ? tkey : "template.jinja"));
     json_t *ctr = container(d, admin_secret);
     if (spec_int(spec, "engine", "tensorParallelSize", 1) > 1 && ctr) {
         /* NCCL's peers on one node talk through /dev/shm, which a container gets at 64 MiB */

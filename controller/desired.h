@@ -42,8 +42,15 @@
  * or an emptyDir per pod), in huggingface_hub's layout. */
 #define DESIRED_CACHE_DIR "/var/cache/llm-models"
 #define DESIRED_CONFIG_HASH "llmk8s.io/config-hash"
+/* spec.chatTemplate's ConfigMap key, mounted here (chat_template_file) */
+#define DESIRED_TEMPLATE_DIR "/etc/llm-chat-template"
 /* on Deployments: the revision (hash) of their pod template */
 #define DESIRED_TEMPLATE_ANN "llmk8s.io/template-hash"
+/* on Deployments: the revision without the admin token's mount - equal for
+ * two templates that serve alike, differing only in the operator's key
+ * (turning on a colocated canary, adapters or the quality gate; a key made
+ * anew): such a change rolls the pods once, with no canary */
+#define DESIRED_SERVING_ANN "llmk8s.io/serving-hash"
 
 json_t *desired_configmap(json_t *llmd, char *msg, size_t mn);
 /* What the platform team set for every LLMDeployment (llm-controller's
@@ -121,7 +128,8 @@ void desired_base_hash(json_t *llmd, char out[17]);
  * name, holding token (at most 64 characters; NULL otherwise). */
 int desired_colocated(json_t *llmd); /* spec.canary.mode is colocated */
 int desired_adapters(json_t *llmd);  /* spec.adapters is set (even empty) */
-int desired_admin(json_t *llmd);     /* the pods need the admin token: a colocated canary or adapters */
+int desired_quality(json_t *llmd);   /* spec.canary.analysis.quality is set: the pods are read by the gate */
+int desired_admin(json_t *llmd);     /* the pods need the admin token: a colocated canary, adapters or the gate */
 #define DESIRED_ADMIN_SUFFIX "-admin"
 #define DESIRED_ADMIN_KEY "token"
 #define DESIRED_ADMIN_DIR "/etc/llm-admin"

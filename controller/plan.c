@@ -244,6 +244,13 @@ static llm_status server_objects(const plan_input *in, json_t *d, plan *p, json_
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s", msg);
     kube_meta_hash(kube_json_get(json_object_get(*dep, "spec"), "template", NULL), p->template_hash);
     json_object_set_new(kube_json_get(*dep, "metadata", "annotations"), DESIRED_TEMPLATE_ANN, json_string(p->template_hash));
+    char serving[17];
+    json_t *bare = in->admin_secret ? desired_deployment(d, cfg_hash, NULL, in->site, msg, sizeof msg) : NULL;
+    if (in->admin_secret && !bare)
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory for the serving revision's hash");
+    kube_meta_hash(kube_json_get(json_object_get(bare ? bare : *dep, "spec"), "template", NULL), serving);
+    json_decref(bare);
+    json_object_set_new(kube_json_get(*dep, "metadata", "annotations"), DESIRED_SERVING_ANN, json_string(serving));
     if (desired_colocated(d)) { /* only a colocated canary compares it: no second build otherwise */
         char base[17];
         desired_base_hash(d, base);
@@ -291,7 +298,7 @@ llm_status plan_children(const plan_input *in, plan *p, llm_error *err)
         st = autoscale(in, d, p, err);
     if (!st)
         st = server_objects(in, d, p, &cm, &dep, err);
-    rollout_seen seen = {.canary = in->canary, .pods = in->pods, .now = in->now};
+    rollout_seen seen = {.canary = in->canary, .pods = in->pods, .quality = in->quality, .now = in->now};
     if (!st)
         st = rollout_plan(d, in->stable, p->template_hash,
                      (int)json_integer_value(kube_json_get(json_object_get(dep, "spec"), "replicas", NULL)), cm, dep, &seen, &p->ro, err);
@@ -347,7 +354,7 @@ static const pod_diag *diagnosis(const plan_input *in)
 
 /* Phase and reasons from the Deployment's status and, while not ready,
  * from what the pods say. */
-static void judge(const plan_input *in, json_t *dep, verdict *v)
+static void phase_of(const plan_input *in, json_t *dep, verdict *v)
 {
     json_t *d = in->llmd, *ds = json_object_get(dep, "status");
     json_int_t want = json_integer_value(kube_json_get(json_object_get(dep, "spec"), "replicas", NULL)); /* autoscaled, canary share */
@@ -474,7 +481,7 @@ static json_int_t wanted_replicas(const plan *p, json_t *dep)
 json_t *plan_status(const plan_input *in, plan *p, json_t *dep)
 {
     verdict v;
-    judge(in, dep, &v);
+    phase_of(in, dep, &v);
     json_t *status = status_of(in->llmd, &v, p->ro.state ? p->ro.stable_rev : p->template_hash, dep);
     if (!status)
         return NULL;

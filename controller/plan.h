@@ -42,6 +42,7 @@ typedef struct plan_input {
     const char *admin_secret;     /* colocated canary: the key Secret's name (admin_secret.h); NULL otherwise */
     const desired_site *site;     /* the platform's settings (borrowed); NULL: none */
     const podsig_reading *pods;   /* the pods' signals; NULL or age_s < 0: none */
+    const judge_result *quality;  /* the canary's quality judgement (judge.h); NULL: none */
     double now;                   /* unix seconds */
 } plan_input;
 

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <openssl/crypto.h>
+
 #include "llm/json.h"
 #include "adapters.h"
 #include "admin_secret.h"
@@ -17,6 +19,7 @@
 #include "llm/clock.h"
 #include "plan.h"
 #include "ctl_status.h"
+#include "judge_texts.h"
 #include "reconcile.h"
 
 #define API "/apis/llmk8s.io/v1alpha1"
@@ -30,6 +33,7 @@ typedef struct seen {
     json_t *d, *stable, *canary;
     char admin_name[300], token[65];
     podsig_reading pods;
+    judge_result quality;
 } seen;
 
 static void seen_free(seen *o)
@@ -49,7 +53,7 @@ static llm_status read_opt(kube_client *k, const char *path, json_t **out, llm_e
 /* Everything the plan reads besides the LLMDeployment: its Deployments
  * (the informers' copies: no request at rest), the colocated canary's key,
  * the pods' signals (the last round's: no wait). */
-static llm_status observe(kube_client *k, podsig *ps, const char *key, seen *o, llm_error *err)
+static llm_status observe(kube_client *k, podsig *ps, judge *jg, const char *key, seen *o, llm_error *err)
 {
     const char *ns = kube_json_str(o->d, "metadata", "namespace"), *name = kube_json_str(o->d, "metadata", "name");
     char path[1024];
@@ -65,6 +69,8 @@ static llm_status observe(kube_client *k, podsig *ps, const char *key, seen *o, 
         st = KUBE_ERR_FORBIDDEN;
     }
     podsig_read(ps, key, &o->pods);
+    if (jg)
+        judge_read(jg, key, &o->quality);
     return st;
 }
 
@@ -100,14 +106,14 @@ static void admin_answers(podsig_admin *a, char (*urls)[128], size_t n, const lo
 
 /* The base URLs ("http://IP:PORT") of the deployment's serving pods, at
  * most ADMIN_PODS: 0 and the count, or -1 with msg saying why. */
-static int serving_pods(kube_client *k, json_t *d, char (*urls)[128], char (*names)[ADAPTERS_POD_NAME], int *n,
-                        char *msg, size_t mn)
+static int serving_pods(kube_client *k, json_t *d, const char *suffix, char (*urls)[128], char (*names)[ADAPTERS_POD_NAME],
+                        int *n, char *msg, size_t mn)
 {
     char path[768];
     /* the servers of this LLMDeployment alone: LLMDeployment NAME's routers are instance NAME-router too */
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" DESIRED_INSTANCE "%%3D%s%%2C" DESIRED_MANAGED_BY
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods?labelSelector=" DESIRED_INSTANCE "%%3D%s%s%%2C" DESIRED_MANAGED_BY
              "%%3D" DESIRED_CONTROLLER "%%2C" DESIRED_APP "%%3Dllm-server", kube_json_str(d, "metadata", "namespace"),
-             kube_json_str(d, "metadata", "name"));
+             kube_json_str(d, "metadata", "name"), suffix);
     json_t *pods = NULL;
     llm_error err = {0};
     *n = 0;
@@ -153,7 +159,7 @@ static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, con
         snprintf(a.message, sizeof a.message, "no admin key: spec.canary.mode is no longer colocated");
     } else if (!body || !urls || !up || !codes || !bodies) {
         snprintf(a.message, sizeof a.message, "no memory to call the pods");
-    } else if (!serving_pods(k, d, urls, NULL, &a.pods, a.message, sizeof a.message)) {
+    } else if (!serving_pods(k, d, "", urls, NULL, &a.pods, a.message, sizeof a.message)) {
         for (int i = 0; i < a.pods; i++) {
             size_t len = strlen(urls[i]); /* under 100: serving_pods keeps them so */
             snprintf(urls[i] + len, 128 - len, "/admin/canary");
@@ -168,6 +174,61 @@ static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, con
     free(up);
     free(codes);
     free(bodies);
+}
+
+/* The texts the quality gate reads: the spec's ConfigMap's, else the
+ * built-in set; NULL with why. */
+static json_t *quality_texts(kube_client *k, json_t *d, const canary_quality *q, char *why, size_t wn)
+{
+    if (!q->config_map[0]) {
+        json_t *t = judge_texts_builtin();
+        if (!t)
+            snprintf(why, wn, "no memory for the texts");
+        return t;
+    }
+    char path[600], w[300] = "";
+    json_t *cm = NULL;
+    llm_error err = {0};
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/configmaps/%s", kube_json_str(d, "metadata", "namespace"), q->config_map);
+    json_t *t = kube_client_request(k, "GET", path, NULL, NULL, &cm, &err) ? NULL : judge_texts_from_configmap(cm, w, sizeof w);
+    if (!t)
+        snprintf(why, wn, "ConfigMap %.200s (spec.canary.analysis.quality.texts): %.200s", q->config_map, err.msg[0] ? err.msg : w);
+    json_decref(cm);
+    return t;
+}
+
+/* The plan's quality judgement (rollout.h): one serving stable pod and one
+ * canary pod (the same pod for a colocated canary) read the texts. What
+ * cannot start (no pod, no key, no texts) is a failed read, tried again. */
+static void quality_ask(kube_client *k, judge *jg, const char *key, seen *o, const plan *p)
+{
+    const canary_quality *q = &p->ro.cn.quality;
+    int colocated = !strcmp(kube_json_str(p->ro.state, "mode", NULL) ?: "", "colocated");
+    judge_job job = {.stage = p->ro.need_quality, .top = q->top, .min_positions = q->min_positions, .timeout_s = q->timeout_s};
+    char why[512] = "", urls[1][128];
+    int n = 0;
+    snprintf(job.rev, sizeof job.rev, "%s", kube_json_str(p->ro.state, "revision", NULL) ?: "");
+    snprintf(job.token, sizeof job.token, "%s", o->token);
+    if (!o->token[0])
+        snprintf(why, sizeof why, "no admin key to read the pods with");
+    else if (serving_pods(k, o->d, "", urls, NULL, &n, why, sizeof why) || !n)
+        snprintf(why, sizeof why, "no stable pod serves");
+    else
+        snprintf(job.side[0].url, sizeof job.side[0].url, "%s", urls[0]);
+    if (!why[0] && !colocated && (serving_pods(k, o->d, "-canary", urls, NULL, &n, why, sizeof why) || !n))
+        snprintf(why, sizeof why, "no canary pod serves");
+    else if (!why[0])
+        snprintf(job.side[1].url, sizeof job.side[1].url, "%s", colocated ? job.side[0].url : urls[0]);
+    snprintf(job.side[0].revision, sizeof job.side[0].revision, "stable");
+    snprintf(job.side[1].revision, sizeof job.side[1].revision, "%s", colocated ? "canary" : "stable");
+    if (!why[0])
+        job.texts = quality_texts(k, o->d, q, why, sizeof why);
+    llm_error err = {0};
+    if (why[0])
+        judge_refuse(jg, key, job.rev, job.stage, why);
+    else if (judge_want(jg, key, &job, &err))
+        ctl_obs_log(CTL_ERROR, "cannot judge a canary", "key", key, "error", err.msg, (const char *)NULL);
+    OPENSSL_cleanse(job.token, sizeof job.token);
 }
 
 /* spec.adapters applied to the serving pods (adapters.h), its status into
@@ -190,7 +251,7 @@ static llm_status adapters_round(kube_client *k, seen *o, json_t *status, double
         snprintf(v.message, sizeof v.message, "no memory to call the pods");
     else if (!o->token[0])
         snprintf(v.message, sizeof v.message, "no admin key yet");
-    else if (!serving_pods(k, o->d, urls, names, &n, v.message, sizeof v.message))
+    else if (!serving_pods(k, o->d, "", urls, names, &n, v.message, sizeof v.message))
         adapters_sync(o->d, urls, names, n, o->token, &v);
     llm_clock_rfc3339(now, ts);
     adapters_status(o->d, &v, status, ts);
@@ -262,12 +323,12 @@ static llm_status child_refused(kube_client *k, const char *path, const plan_inp
 }
 
 /* Plan, act, and the status the result gives. */
-static llm_status plan_and_act(kube_client *k, podsig *ps, const desired_site *site, const char *key,
+static llm_status plan_and_act(kube_client *k, podsig *ps, judge *jg, const desired_site *site, const char *key,
                                const char *path, seen *o, double *requeue_s, llm_error *err)
 {
     plan_input in = {.llmd = o->d, .stable = o->stable, .canary = o->canary,
                      .admin_secret = o->admin_name[0] ? o->admin_name : NULL, .site = site,
-                     .pods = &o->pods, .now = (double)time(NULL)};
+                     .pods = &o->pods, .quality = jg ? &o->quality : NULL, .now = (double)time(NULL)};
     plan p;
     json_t *dep_now = NULL, *status = NULL;
     double adapter_requeue = 0;
@@ -288,6 +349,10 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, const desired_site *s
         post_events(k, o->d, p.events);
         if (p.ro.admin)
             admin_call(k, ps, key, o, &p);
+        if (jg && p.ro.need_quality)
+            quality_ask(k, jg, key, o, &p);
+        else if (jg) /* nothing to judge now: its memory goes */
+            judge_forget(jg, key);
         *requeue_s = p.requeue_s;
         if (adapter_requeue > 0 && (*requeue_s <= 0 || *requeue_s > adapter_requeue))
             *requeue_s = adapter_requeue;
@@ -301,7 +366,7 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, const desired_site *s
     return st;
 }
 
-llm_status reconcile_run(kube_client *k, podsig *ps, const desired_site *site, const char *ns, const char *name,
+llm_status reconcile_run(kube_client *k, podsig *ps, judge *jg, const desired_site *site, const char *ns, const char *name,
                          double *requeue_s, llm_error *err)
 {
     *requeue_s = 0;
@@ -312,10 +377,12 @@ llm_status reconcile_run(kube_client *k, podsig *ps, const desired_site *site, c
     llm_status st = kube_apply_read(k, path, &o.d, err); /* (the informers' copies: no request at rest) */
     if (st == LLM_ERR_NOT_FOUND) {
         podsig_forget(ps, key);
+        if (jg)
+            judge_forget(jg, key);
         return st; /* deleted: its children go with it (ownerReferences) */
     }
-    if (!st && !kube_json_get(o.d, "metadata", "deletionTimestamp") && !(st = observe(k, ps, key, &o, err)))
-        st = plan_and_act(k, ps, site, key, path, &o, requeue_s, err);
+    if (!st && !kube_json_get(o.d, "metadata", "deletionTimestamp") && !(st = observe(k, ps, jg, key, &o, err)))
+        st = plan_and_act(k, ps, jg, site, key, path, &o, requeue_s, err);
     if (st == LLM_ERR_NOT_FOUND) /* a 404 past the first read is a failure (an API not served), not "gone" */
         st = llm_errf(err, LLM_ERR_UNSUPPORTED, "%s", err->msg);
     seen_free(&o);

@@ -27,6 +27,7 @@
 
 #include "desired.h"
 #include "kube_client.h"
+#include "judge.h"
 #include "podsig.h"
 
 /* LLM_OK when done; LLM_ERR_NOT_FOUND when the object is gone (its
@@ -35,9 +36,10 @@
  * *requeue_s > 0 asks for another look after that many seconds (while
  * pods load or fail, a canary is analysed, the autoscaler decides).
  * ps (may be NULL: no pod signals) gives the pods' signals and is told
- * what to read next. site (borrowed, not NULL): the platform's settings
+ * what to read next; jg (may be NULL: no quality gate) is read for a
+ * canary's quality judgement and asked for the next. site (borrowed, not NULL): the platform's settings
  * (desired.h). */
-llm_status reconcile_run(kube_client *k, podsig *ps, const desired_site *site, const char *ns, const char *name,
+llm_status reconcile_run(kube_client *k, podsig *ps, judge *jg, const desired_site *site, const char *ns, const char *name,
                          double *requeue_s, llm_error *err);
 
 

@@ -152,6 +152,69 @@ static void record(rollout *ro, const canary_analysis *a, double now_unix)
                                   "canaryTTFTp99", a->ttft_p99[1], "stableTTFTp99", a->ttft_p99[0]));
 }
 
+/* ---- the quality gate ----------------------------------------------------------------- */
+
+/* The judge's result as status.canary.quality.<stage> (a new object). */
+static json_t *quality_record(const judge_result *r, const char *result, double now_unix)
+{
+    char now[32];
+    llm_clock_rfc3339(now_unix, now);
+    long pos = r->sum.positions;
+    return json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:I,s:i,s:s}", "time", now, "revision", r->rev, "result", result,
+                     "meanKL", pos ? r->sum.kl / (double)pos : 0.0, "maxKL", r->sum.kl_max, "top1Agreement",
+                     pos ? (double)r->sum.top1_same / (double)pos : 0.0, "positions", (json_int_t)pos, "texts", r->texts,
+                     "message", r->message);
+}
+
+/* The quality gate at stage (1 before the first step, 2 before
+ * promotion): 1 when it passed (or there is none); 0 while it waits (a
+ * judgement asked for, held, or rolled back). */
+static int quality_gate(rollout *ro, const rollout_seen *seen, int stage)
+{
+    const canary_quality *q = &ro->cn.quality;
+    const char *rev = kube_json_str(ro->state, "revision") ?: "", *slot = stage == 1 ? "start" : "promotion";
+    json_t *all = json_object_get(ro->state, "quality");
+    json_t *done = json_object_get(all, slot);
+    if (!q->enabled || (same(kube_json_str(done, "revision"), rev) && same(kube_json_str(done, "result"), "Pass")))
+        return 1;
+    const judge_result *r = seen->quality;
+    if (!r || r->state != JUDGE_DONE || r->stage != stage || strcmp(r->rev, rev)) {
+        ro->need_quality = stage;
+        set_str(ro->state, "message", stage == 1 ? "judging the canary's answers against the stable revision's before "
+                                                   "it takes traffic" : "judging the canary's answers again before promotion");
+        return 0;
+    }
+    double kl = r->sum.positions ? r->sum.kl / (double)r->sum.positions : 0;
+    double top1 = r->sum.positions ? (double)r->sum.top1_same / (double)r->sum.positions : 0;
+    int pass = r->outcome == 1 && kl <= q->max_kl && top1 >= q->min_top1;
+    const char *result = r->outcome < 0 ? "ReadFailed" : !r->outcome ? "Incomparable" : pass ? "Pass" : "Fail";
+    char msg[900];
+    if (r->outcome == 1)
+        snprintf(msg, sizeof msg, "mean KL divergence %.4f (max %.4f), top-1 agreement %.3f (min %.3f) over %ld positions "
+                 "of %d texts", kl, q->max_kl, top1, q->min_top1, r->sum.positions, r->texts);
+    else
+        snprintf(msg, sizeof msg, "%s: %s", r->outcome < 0 ? "the quality reads failed (tried again)"
+                                            : "the revisions cannot be compared", r->message);
+    json_t *prev_result = json_object_get(json_object_get(all, slot), "result");
+    int news = !same(kube_json_str(json_object_get(all, slot), "revision"), rev) || !same(json_string_value(prev_result), result);
+    if (!json_is_object(all))
+        json_object_set_new(ro->state, "quality", all = json_object());
+    json_object_set_new(all, slot, quality_record(r, result, seen->now));
+    if (pass) {
+        event(ro, "Normal", "QualityPassed", "revision %.10s %s: %s", rev, stage == 1 ? "may take traffic" : "may be promoted", msg);
+        return 1;
+    }
+    if (r->outcome == 1 || (r->outcome == 0 && q->fail_incomparable)) {
+        rollback(ro, r->outcome == 1 ? "QualityRegression" : "QualityIncomparable", msg);
+        return 0;
+    }
+    set_str(ro->state, "message", msg);
+    ro->need_quality = stage; /* held: a failed read is asked again (the judge waits JUDGE_RETRY_S) */
+    if (news) /* said once per result, not once per analysis */
+        event(ro, "Warning", r->outcome ? "QualityReadFailed" : "QualityIncomparable", "revision %.10s: %s", rev, msg);
+    return 0;
+}
+
 /* Starting, colocated: the stable pods load the canary's model (at weight
  * 0); its first step begins once they all serve it. One that does not fit
  * goes back to pods of its own; one that fails to load is rolled back. */
@@ -170,6 +233,11 @@ static void starting_colocated(rollout *ro, const rollout_seen *seen)
     } else if (a && a->failed) {
         rollback(ro, "CanaryFailed", a->message);
     } else if (a && a->pods > 0 && a->ready == a->pods && sample(ro, seen, &now)) {
+        if (!quality_gate(ro, seen, 1)) {
+            if (ro->mode != ROLLOUT_ROLLED_BACK)
+                admin(ro, 0, 0); /* every pod keeps it loaded (a restarted one too) at weight 0 */
+            return;
+        }
         begin_step(ro, 0, &now, seen->now);
         set_str(ro->state, "message", "step 1 began");
         admin(ro, 0, ro->cn.steps[0].weight);
@@ -190,6 +258,8 @@ static void starting(rollout *ro, const rollout_seen *seen)
     }
     canary_sample now;
     if (ready_pods(seen->canary) > 0 && sample(ro, seen, &now)) {
+        if (!quality_gate(ro, seen, 1))
+            return;
         begin_step(ro, 0, &now, seen->now);
         set_str(ro->state, "message", "step 1 began");
         event(ro, "Normal", "CanaryStep", "revision %.10s takes %d%% of requests (step 1 of %d)",
@@ -239,7 +309,10 @@ static void analyse(rollout *ro, const rollout_seen *seen, int paused)
               kube_json_str(ro->state, "revision") ?: "", ro->cn.steps[step + 1].weight, step + 2, ro->cn.n_steps, a.message);
         break;
     case CANARY_PROMOTE:
-        promote(ro, a.message);
+        if (quality_gate(ro, seen, 2))
+            promote(ro, a.message);
+        else if (ro->mode != ROLLOUT_ROLLED_BACK)
+            json_object_set_new(ro->state, "phase", json_string(paused ? "Paused" : "Progressing"));
         break;
     case CANARY_HOLD:
         json_object_set_new(ro->state, "phase", json_string(paused ? "Paused" : "Progressing"));
@@ -333,11 +406,14 @@ static llm_status objects(json_t *d, rollout *ro, json_t *stable, int total, jso
             return llm_errf(err, LLM_ERR_NOMEM, "cannot copy the stable pod template");
         json_object_set_new(json_object_get(dep, "spec"), "template", tmpl);
         json_object_set_new(kube_json_get(dep, "metadata", "annotations"), DESIRED_TEMPLATE_ANN, json_string(ro->stable_rev));
-        const char *base = kube_json_str(kube_json_get(stable, "metadata", "annotations"), DESIRED_BASE_ANN);
-        if (base) /* what the stable pods run, not the spec's */
-            json_object_set_new(kube_json_get(dep, "metadata", "annotations"), DESIRED_BASE_ANN, json_string(base));
-        else
-            json_object_del(kube_json_get(dep, "metadata", "annotations"), DESIRED_BASE_ANN);
+        static const char *const kept[] = {DESIRED_BASE_ANN, DESIRED_SERVING_ANN};
+        for (size_t i = 0; i < 2; i++) { /* what the stable pods run, not the spec's */
+            const char *v = kube_json_str(kube_json_get(stable, "metadata", "annotations"), kept[i]);
+            if (v)
+                json_object_set_new(kube_json_get(dep, "metadata", "annotations"), kept[i], json_string(v));
+            else
+                json_object_del(kube_json_get(dep, "metadata", "annotations"), kept[i]);
+        }
         json_object_set_new(json_object_get(dep, "spec"), "replicas", json_integer(s_rep));
         ro->keep_config = 1;
     }
@@ -364,8 +440,11 @@ llm_status rollout_plan(json_t *d, json_t *stable, const char *new_rev, int tota
     ro->state = json_is_object(prev) ? json_deep_copy(prev) : json_object();
     if (!ro->state)
         return llm_errf(err, LLM_ERR_NOMEM, "no memory for the canary's state");
+    const char *sserve = kube_json_str(kube_json_get(stable, "metadata", "annotations"), DESIRED_SERVING_ANN);
     if (!srev || !strcmp(srev, new_rev))
         settle(ro, stable, new_rev);
+    else if (same(sserve, kube_json_str(kube_json_get(dep, "metadata", "annotations"), DESIRED_SERVING_ANN)))
+        settle(ro, stable, new_rev); /* only the operator's key changed: one rolling restart, nothing to judge */
     else if (same(kube_json_str(ro->state, "rolledBackRevision"), new_rev)) {
         ro->mode = ROLLOUT_ROLLED_BACK;
         if (colocated(ro) && !unloaded(ro, seen)) { /* until every pod said it let the model go */

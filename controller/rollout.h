@@ -22,6 +22,15 @@
  * the step; failures still roll back), resume, promote, abort; the
  * controller removes resume/promote/abort once done.
  *
+ * With spec.canary.analysis.quality the canary is also judged on its
+ * answers (judge.h) once its pods serve, before it takes traffic, and
+ * again before promotion: the plan asks for a judgement (need_quality)
+ * and holds until the result for this revision and stage comes; its
+ * figures go to status.canary.quality.{start,promotion}. A mean KL over
+ * maxKLDivergence or a top-1 agreement under minTop1Agreement rolls back
+ * (QualityRegression); revisions that cannot be compared hold, or roll
+ * back (QualityIncomparable) with onIncomparable: fail.
+ *
  * A colocated canary is driven through the stable pods' /admin/canary:
  * the plan asks for a call (ro.admin), the controller makes it, and the
  * next plan reads the pods' answers (podsig_admin).
@@ -37,6 +46,7 @@
 #include <jansson.h>
 
 #include "canary.h"
+#include "judge.h"
 #include "podsig.h"
 
 #define ROLLOUT_ACTION_ANN "llmk8s.io/canary-action"
@@ -63,12 +73,14 @@ typedef struct rollout {
     int clear_action;        /* remove the one-shot ROLLOUT_ACTION_ANN (resume, promote, abort: done) */
     int need_counters;       /* read next: 1 the routers' counters, 2 the stable pods' own */
     int need_diag;           /* read next: why NAME-canary's pods are not ready */
+    int need_quality;        /* judge next (judge.h): 1 before the first step, 2 before promotion; 0 none */
 } rollout;
 
 /* What rollout_plan reads besides the LLMDeployment and its stable Deployment. */
 typedef struct rollout_seen {
     json_t *canary;               /* NAME-canary as read (NULL: none); refused unless ours */
     const podsig_reading *pods;   /* counters, NAME-canary's diagnosis, /admin/canary answers (NULL: none) */
+    const judge_result *quality;  /* the quality judge's last result for this LLMDeployment (NULL: none) */
     double now;                   /* unix seconds */
 } rollout_seen;
 

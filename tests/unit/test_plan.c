@@ -621,6 +621,9 @@ static void test_canary_pods_table(void **st)
     json_t *dep = object_of(&r, "deployments", "m");
     assert_string_equal(json_string_value(json_object_get(json_object_get(json_object_get(dep, "metadata"), "annotations"),
                                                           DESIRED_TEMPLATE_ANN)), stable_rev);
+    /* and what it serves: the spec's serving revision there would read, next turn, as a change of the key alone */
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_object_get(dep, "metadata"), "annotations"),
+                                                          DESIRED_SERVING_ANN)), stable_rev);
     assert_int_equal(r.p.need.canary, 1);
     assert_true(r.p.need.diag); /* the canary's pods are diagnosed while it starts, the stable being Ready */
     assert_string_equal(phase(&r), "Ready");
@@ -906,6 +909,160 @@ static void test_canary_colocated_table(void **st)
 
 /* ---- what makes it a planner ---------------------------------------------------------------- */
 
+
+/* The quality gate (rollout.h): judged once the canary's pods serve, before
+ * any traffic, and again before promotion; each verdict from a result of
+ * the judge (judge.h) for this revision and stage. */
+#define CANARY_Q(extra) "{\"router\":{\"image\":\"r:1\"},\"canary\":{\"mode\":\"pods\",\"intervalSeconds\":2," \
+                        "\"steps\":[{\"weight\":30,\"pause\":0}],\"analysis\":{\"minRequests\":10," \
+                        "\"quality\":{\"maxKLDivergence\":0.05,\"minTop1Agreement\":0.9" extra "}}}}"
+
+static judge_result judged(const char *rev, int stage, int outcome, double kl, long positions, long same)
+{
+    judge_result j = {.state = JUDGE_DONE, .stage = stage, .outcome = outcome, .texts = 3,
+                      .sum = {.kl = kl * (double)positions, .kl_max = 2 * kl, .positions = positions, .top1_same = same}};
+    snprintf(j.rev, sizeof j.rev, "%s", rev);
+    snprintf(j.message, sizeof j.message, "%s", outcome ? "3 texts" : "text a: the vocabularies differ (512 and 600 tokens)");
+    return j;
+}
+
+static const char *canary_str(result *r, const char *key)
+{
+    return json_string_value(json_object_get(json_object_get(r->status, "canary"), key));
+}
+
+static void test_canary_quality_gate(void **st)
+{
+    (void)st;
+    json_t *stable = old_stable(CANARY_Q(""));
+    json_t *d = new_llmd(CANARY_Q(""), NULL), *can = ready_canary(1);
+    podsig_reading pods = reading(NULL);
+    plan_input in = {.llmd = d, .stable = stable, .pods = &pods, .now = NOW};
+    result r;
+    run(&in, &r);
+    assert_string_equal(canary_phase(&r), "Starting");
+    assert_int_equal(r.p.ro.need_quality, 0); /* no pods yet: nothing to judge */
+    char rev[17], *start = json_dumps(json_object_get(r.status, "canary"), JSON_COMPACT);
+    snprintf(rev, sizeof rev, "%s", r.p.template_hash);
+    done(&r);
+    json_decref(d);
+    static const struct {
+        int stage, outcome;
+        const char *rev, *extra;  /* the result's revision ("": this one); spec fields */
+        double kl;
+        long positions, same;
+        const char *phase, *events, *signal, *message; /* after; signal: a rollback's */
+        int need;
+    } cases[] = {
+        {0, 0, NULL, "", 0, 0, 0, "Starting", "", NULL, "judging the canary's answers", 1},         /* asked */
+        {1, 1, "0123456789abcdef", "", 0.01, 1000, 990, "Starting", "", NULL, "judging", 1},          /* another's */
+        {2, 1, "", "", 0.01, 1000, 990, "Starting", "", NULL, "judging", 1},                          /* another stage */
+        {1, 1, "", "", 0.01, 1000, 990, "Progressing", "QualityPassed; CanaryStep", NULL, "step 1 began", 0},
+        {1, 1, "", "", 0.30, 1000, 990, "RolledBack", "CanaryRolledBack", "QualityRegression",
+         "mean KL divergence 0.3000 (max 0.0500), top-1 agreement 0.990 (min 0.900) over 1000 positions", 0},
+        {1, 1, "", "", 0.01, 1000, 700, "RolledBack", "CanaryRolledBack", "QualityRegression", "top-1 agreement 0.700", 0},
+        {1, 0, "", "", 0, 0, 0, "Starting", "QualityIncomparable", NULL, "the vocabularies differ", 1}, /* held */
+        {1, 0, "", ",\"onIncomparable\":\"fail\"", 0, 0, 0, "RolledBack", "CanaryRolledBack", "QualityIncomparable",
+         "cannot be compared: text a: the vocabularies differ", 0},
+        {1, -1, "", "", 0, 0, 0, "Starting", "QualityReadFailed", NULL, "the quality reads failed", 1}, /* asked again */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char spec[1024];
+        snprintf(spec, sizeof spec, CANARY_Q("%s"), cases[i].extra);
+        d = new_llmd(spec, start);
+        judge_result j = judged(cases[i].rev ? (*cases[i].rev ? cases[i].rev : rev) : "", cases[i].stage, cases[i].outcome,
+                                cases[i].kl, cases[i].positions, cases[i].same);
+        pods = reading(NULL);
+        pods.need.canary = 1;
+        pods.canary_pods = 1;
+        in = (plan_input){.llmd = d, .stable = stable, .canary = can, .pods = &pods, .quality = cases[i].stage ? &j : NULL,
+                          .now = NOW + 2};
+        run(&in, &r);
+        print_message("case %zu: %s [%s] %s\n", i, canary_phase(&r), r.events, canary_str(&r, "message"));
+        assert_string_equal(canary_phase(&r), cases[i].phase);
+        assert_string_equal(r.events, cases[i].events);
+        assert_int_equal(r.p.ro.need_quality, cases[i].need);
+        assert_non_null(strstr(canary_str(&r, "message"), cases[i].message));
+        if (cases[i].signal)
+            assert_string_equal(canary_str(&r, "signal"), cases[i].signal);
+        json_t *rec = json_object_get(json_object_get(json_object_get(r.status, "canary"), "quality"), "start");
+        if (cases[i].stage == 1 && cases[i].rev && !strcmp(cases[i].rev, "")) { /* the figures kept */
+            assert_string_equal(json_string_value(json_object_get(rec, "revision")), rev);
+            assert_int_equal(json_integer_value(json_object_get(rec, "positions")), cases[i].positions);
+        }
+        done(&r);
+        json_decref(d);
+    }
+    /* passed at the start, at the last step with a good window: judged again before promotion */
+    d = new_llmd(CANARY_Q(""), start);
+    judge_result j = judged(rev, 1, 1, 0.01, 1000, 990);
+    in = (plan_input){.llmd = d, .stable = stable, .canary = can, .pods = &pods, .quality = &j, .now = NOW + 2};
+    run(&in, &r);
+    char *progressing = json_dumps(json_object_get(r.status, "canary"), JSON_COMPACT);
+    done(&r);
+    json_decref(d);
+    d = new_llmd(CANARY_Q(""), progressing);
+    for (int k = 0; k < 2; k++) pods.canary.requests[k] = 100;
+    in = (plan_input){.llmd = d, .stable = stable, .canary = can, .pods = &pods, .quality = &j, .now = NOW + 10};
+    run(&in, &r); /* the start's result is no answer for the promotion */
+    assert_string_equal(canary_phase(&r), "Progressing");
+    assert_int_equal(r.p.ro.need_quality, 2);
+    assert_non_null(strstr(canary_str(&r, "message"), "again before promotion"));
+    done(&r);
+    j = judged(rev, 2, 1, 0.01, 1000, 990);
+    run(&in, &r);
+    assert_string_equal(canary_phase(&r), "Promoting");
+    assert_string_equal(r.events, "QualityPassed; CanaryPromoting");
+    assert_int_equal(r.p.ro.need_quality, 0);
+    done(&r);
+    json_decref(d);
+    /* a state whose start passed for this revision is not judged again (a new leader, a restart) */
+    d = new_llmd(CANARY_Q(""), progressing);
+    json_t *cs = json_object_get(json_object_get(d, "status"), "canary");
+    json_object_set_new(cs, "phase", json_string("Starting"));
+    in = (plan_input){.llmd = d, .stable = stable, .canary = can, .pods = &pods, .now = NOW + 12};
+    run(&in, &r);
+    assert_string_equal(canary_phase(&r), "Progressing");
+    assert_int_equal(r.p.ro.need_quality, 0);
+    done(&r);
+    json_decref(d);
+    free(progressing);
+    free(start);
+    json_decref(can);
+    json_decref(stable);
+}
+
+/* A change of the operator's key alone (turning on the gate, adapters or a
+ * colocated canary adds the admin token's mount) rolls the stable pods
+ * once: no canary of a revision that serves alike. */
+static void test_key_change_is_no_canary(void **st)
+{
+    (void)st;
+    json_t *stable = old_stable(CANARY("pods"));
+    json_t *d = llmd(CANARY_Q(""), "{\"phase\":\"Ready\"}");
+    merge(json_object_get(d, "spec"), parse(change("pods", 0))); /* the stable's engine settings */
+    podsig_reading pods = reading(NULL);
+    plan_input in = {.llmd = d, .stable = stable, .admin_secret = "m-admin-0123456789", .pods = &pods, .now = NOW};
+    result r;
+    run(&in, &r);
+    assert_int_equal(r.st, LLM_OK);
+    assert_null(strstr(r.steps, "apply deployments m-canary"));
+    assert_string_equal(r.events, "");
+    json_t *dep = object_of(&r, "deployments", "m");
+    const char *want = json_string_value(json_object_get(json_object_get(json_object_get(dep, "metadata"), "annotations"),
+                                                         DESIRED_TEMPLATE_ANN));
+    assert_string_equal(want, r.p.template_hash); /* the stable rolls to the new template */
+    assert_non_null(strstr(json_dumps(dep, JSON_COMPACT), "admin_token_file"));
+    done(&r);
+    /* with a model change besides: a canary as ever */
+    merge(json_object_get(d, "spec"), parse(change("pods", 1)));
+    run(&in, &r);
+    assert_string_equal(canary_phase(&r), "Starting");
+    done(&r);
+    json_decref(d);
+    json_decref(stable);
+}
+
 static void test_same_input_same_plan_inputs_untouched(void **st)
 {
     (void)st;
@@ -957,6 +1114,8 @@ int main(void)
         cmocka_unit_test(test_scale_to_zero),
         cmocka_unit_test(test_canary_pods_table),
         cmocka_unit_test(test_canary_colocated_table),
+        cmocka_unit_test(test_canary_quality_gate),
+        cmocka_unit_test(test_key_change_is_no_canary),
         cmocka_unit_test(test_same_input_same_plan_inputs_untouched),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,6 +12,7 @@
 #include <jansson.h>
 #include <math.h>
 
+#include "judge.h"
 #include "quality.h"
 
 enum { V = 4096, K = 20, POSITIONS = 1000 };
@@ -166,9 +167,41 @@ static void test_entries_and_sums(void **st)
     json_decref(c);
 }
 
+/* The judge's pure parts: a chat's renderings compared over the tokens
+ * they end with alike; an answer's last n positions taken from each side. */
+static void test_judge_suffix_and_answers(void **st)
+{
+    (void)st;
+    int32_t sys[] = {2, 50, 51, 52, 60, 61, 70, 71, 72, 1}, bare[] = {2, 60, 61, 70, 71, 72, 1}, other[] = {3, 4};
+    assert_int_equal(judge_common_suffix(sys, 10, bare, 7), 6);  /* the system turn dropped: the rest compared */
+    assert_int_equal(judge_common_suffix(sys, 10, sys, 10), 10);
+    assert_int_equal(judge_common_suffix(sys, 10, other, 2), 0);
+    assert_int_equal(judge_common_suffix(sys, 0, sys, 10), 0);
+    /* stable's answer has 4 positions, canary's 3: their last 2 compared (the same lists there) */
+    json_t *a = json_loads("{\"choices\": [{\"prompt_logprobs\": [null, {\"1\": {\"logprob\": -3}},"
+                           " {\"7\": {\"logprob\": -0.1}}, {\"8\": {\"logprob\": -0.2}}]}]}", 0, NULL);
+    json_t *b = json_loads("{\"choices\": [{\"prompt_logprobs\": [null, {\"7\": {\"logprob\": -0.1}},"
+                           " {\"8\": {\"logprob\": -0.2}}]}]}", 0, NULL);
+    assert_non_null(a);
+    assert_non_null(b);
+    quality_sum s = {0};
+    char why[256];
+    assert_int_equal(judge_add_answers(&s, a, b, 2, why, sizeof why), 0);
+    assert_int_equal(s.positions, 2);
+    assert_int_equal(s.top1_same, 2);
+    assert_true(s.kl < 1e-12);
+    assert_int_equal(judge_add_answers(&s, a, b, 3, why, sizeof why), -1); /* the canary's first is null: no entry */
+    assert_int_equal(judge_add_answers(&s, a, b, 4, why, sizeof why), -1); /* more than it has */
+    assert_non_null(strstr(why, "last 4 positions"));
+    assert_int_equal(s.positions, 2);
+    json_decref(a);
+    json_decref(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_estimate_against_exact),
-                                       cmocka_unit_test(test_entries_and_sums)};
+                                       cmocka_unit_test(test_entries_and_sums),
+                                       cmocka_unit_test(test_judge_suffix_and_answers)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

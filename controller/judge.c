@@ -1,0 +1,411 @@
+/* judge.c - the quality gate's reads of two pods; see judge.h. */
+#include <curl/curl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http_client.h"
+#include "judge.h"
+#include "llm/clock.h"
+#include "llm/json.h"
+#include "llm/sync.h"
+#include "llm/thread.h"
+
+#define KEY_MAX 320
+#define TEXT_IDS_MAX 8192 /* a text's tokens: beyond, its answers could not be held */
+
+typedef struct entry {
+    char key[KEY_MAX];
+    judge_job job;          /* while queued or running: the job (texts owned) */
+    judge_result res;
+    unsigned long long seq; /* the queue's order */
+} entry;
+
+struct judge {
+    llm_sync_worker w;      /* w.mu guards the entries */
+    atomic_int cancel;      /* ends the request in flight at judge_free */
+    entry *e;
+    size_t n;
+    unsigned long long seq;
+};
+
+/* ---- one request ----------------------------------------------------------------- */
+
+static int aborted(void *p, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d)
+{
+    (void)a, (void)b, (void)c, (void)d;
+    return atomic_load((atomic_int *)p);
+}
+
+/* POSTs body to side's url + path: the parsed answer of a 200, else NULL
+ * with why (the status and the pod's words) and *refused set when the pod
+ * refused the request itself (a 4xx but 408 and 429: asking again cannot
+ * help, e.g. a text longer than the model's context). */
+static json_t *post(judge *j, const judge_job *job, int side, const char *path, json_t *body, double deadline,
+                    int *refused, char *why, size_t wn)
+{
+    const judge_side *s = &job->side[side];
+    char url[192], auth[100], rev[40], *text = json_dumps(body, JSON_COMPACT);
+    double left = deadline - llm_clock_mono_s();
+    CURL *c = text && left > 0 ? curl_easy_init() : NULL;
+    struct curl_slist *h = NULL, *t;
+    if (!c) {
+        snprintf(why, wn, "%s", !text ? "no memory for a request" : left <= 0 ? "the job's time ran out" : "no curl handle");
+        free(text);
+        return NULL;
+    }
+    snprintf(url, sizeof url, "%s%s", s->url, path);
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s", job->token);
+    snprintf(rev, sizeof rev, "X-LLM-Revision: %s", s->revision);
+    const char *lines[] = {auth, rev, "Content-Type: application/json"};
+    for (size_t i = 0; i < 3; i++)
+        if ((t = curl_slist_append(h, lines[i])))
+            h = t;
+    http_client_body b = {.max = JUDGE_ANSWER_MAX};
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_PROXY, ""); /* the pod directly */
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)(left * 1000) + 1);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, text);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, http_client_body_write);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, aborted);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &j->cancel);
+    long code = 0;
+    CURLcode rc = curl_easy_perform(c);
+    if (rc == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    free(text);
+    json_t *out = code == 200 && b.p ? llm_json_loads(b.p, 0, NULL) : NULL;
+    *refused = code >= 400 && code < 500 && code != 408 && code != 429;
+    if (!out) {
+        json_t *e = code && b.p ? llm_json_loads(b.p, 0, NULL) : NULL;
+        const char *msg = json_string_value(json_object_get(json_object_get(e, "error"), "message"));
+        if (rc != CURLE_OK)
+            snprintf(why, wn, "%s %s: %s", s->revision, url, b.over ? "the answer is over its bound" : curl_easy_strerror(rc));
+        else
+            snprintf(why, wn, "%s %s answered %ld%s%.300s", s->revision, url, code, msg ? ": " : "", msg ? msg : "");
+        json_decref(e);
+    }
+    free(b.p);
+    return out;
+}
+
+/* ---- the comparison -------------------------------------------------------------- */
+
+int judge_common_suffix(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    int k = 0;
+    while (k < na && k < nb && a[na - 1 - k] == b[nb - 1 - k])
+        k++;
+    return k;
+}
+
+/* The last n entries of an answer's prompt_logprobs (a new array), or NULL. */
+static json_t *last_entries(json_t *answer, int n)
+{
+    json_t *choice = json_array_get(json_object_get(answer, "choices"), 0);
+    json_t *list = json_object_get(choice, "prompt_logprobs");
+    size_t len = json_array_size(list);
+    if (!json_is_array(list) || n < 0 || (size_t)n > len)
+        return NULL;
+    json_t *out = json_array();
+    for (size_t i = len - (size_t)n; out && i < len; i++)
+        if (json_array_append(out, json_array_get(list, i))) {
+            json_decref(out);
+            return NULL;
+        }
+    return out;
+}
+
+int judge_add_answers(quality_sum *s, json_t *stable, json_t *canary, int n, char *why, size_t wn)
+{
+    json_t *a = last_entries(stable, n), *b = last_entries(canary, n);
+    int rc = -1;
+    if (!a || !b)
+        snprintf(why, wn, "an answer lacks prompt_logprobs for its last %d positions", n);
+    else
+        rc = quality_add(s, a, b, why, wn);
+    json_decref(a);
+    json_decref(b);
+    return rc;
+}
+
+/* A tokenize answer's ids into a new array (*n of them), or NULL. */
+static int32_t *ids_of(json_t *answer, int *n, long *vocab)
+{
+    json_t *t = json_object_get(answer, "tokens");
+    size_t len = json_array_size(t);
+    *vocab = json_integer_value(json_object_get(answer, "vocab_size"));
+    if (!json_is_array(t) || len < 2 || len > TEXT_IDS_MAX)
+        return NULL;
+    int32_t *ids = malloc(len * sizeof *ids);
+    for (size_t i = 0; ids && i < len; i++) {
+        json_int_t v = json_integer_value(json_array_get(t, i));
+        if (v < 0 || v >= *vocab) {
+            free(ids);
+            return NULL;
+        }
+        ids[i] = (int32_t)v;
+    }
+    *n = (int)len;
+    return ids;
+}
+
+/* The completion request scoring ids (a new object), or NULL. */
+static json_t *score_request(const int32_t *ids, int n, int top)
+{
+    json_t *arr = json_array(), *req = NULL;
+    for (int i = 0; arr && i < n; i++)
+        if (json_array_append_new(arr, json_integer(ids[i])))
+            break;
+    if (arr && json_array_size(arr) == (size_t)n)
+        req = json_pack("{s:O,s:i,s:i,s:i}", "prompt", arr, "max_tokens", 1, "temperature", 0, "prompt_logprobs", top);
+    json_decref(arr);
+    return req;
+}
+
+/* One text on both sides: 1 added, 0 incomparable, -1 a read failed;
+ * why says what when not 1. */
+static int one_text(judge *j, const judge_job *job, json_t *text, double deadline, quality_sum *sum, char *why, size_t wn)
+{
+    const char *name = json_string_value(json_object_get(text, "name")) ?: "?";
+    json_t *msgs = json_object_get(text, "messages"), *tok_req = msgs ? json_pack("{s:O}", "messages", msgs)
+                                                                     : json_pack("{s:O}", "prompt", json_object_get(text, "prompt"));
+    json_t *tok[2] = {NULL, NULL}, *ans[2] = {NULL, NULL};
+    int32_t *ids[2] = {NULL, NULL};
+    int n[2] = {0, 0}, rc = -1;
+    long vocab[2] = {0, 0};
+    char w[400] = "";
+    int refused = 0;
+    for (int s = 0; s < 2 && tok_req; s++)
+        if (!(tok[s] = post(j, job, s, "/admin/tokenize", tok_req, deadline, &refused, w, sizeof w)))
+            break;
+    for (int s = 0; s < 2 && tok[1]; s++)
+        ids[s] = ids_of(tok[s], &n[s], &vocab[s]);
+    int common = ids[0] && ids[1] ? judge_common_suffix(ids[0], n[0], ids[1], n[1]) : 0;
+    if (!tok_req) {
+        snprintf(w, sizeof w, "no memory");
+    } else if (!tok[1]) { /* w says which read failed */
+        rc = refused ? 0 : -1;
+    } else if (!ids[0] || !ids[1]) {
+        snprintf(w, sizeof w, "a tokenization is not 2 to %d ids of its vocabulary", TEXT_IDS_MAX);
+    } else if (vocab[0] != vocab[1]) {
+        rc = 0;
+        snprintf(w, sizeof w, "the vocabularies differ (%ld and %ld tokens)", vocab[0], vocab[1]);
+    } else if (!msgs && (n[0] != n[1] || common != n[0])) {
+        rc = 0;
+        snprintf(w, sizeof w, "the revisions tokenize it differently (%d and %d ids)", n[0], n[1]);
+    } else if (common < 2) {
+        rc = 0;
+        snprintf(w, sizeof w, "the two renderings of the chat do not end alike (templates differ past comparing)");
+    } else {
+        for (int s = 0; s < 2; s++) {
+            json_t *req = score_request(ids[s], n[s], job->top);
+            ans[s] = req ? post(j, job, s, "/admin/completions", req, deadline, &refused, w, sizeof w) : NULL;
+            json_decref(req);
+            if (!ans[s])
+                break;
+        }
+        /* the suffix's first token is predicted on both sides only when both have a token before it */
+        int cmp = common < n[0] && common < n[1] ? common : common - 1;
+        if (ans[1])
+            rc = judge_add_answers(sum, ans[0], ans[1], cmp, w, sizeof w) ? -1 : 1;
+        else
+            rc = refused ? 0 : -1;
+    }
+    if (rc != 1)
+        snprintf(why, wn, "text %.60s: %s", name, w);
+    for (int s = 0; s < 2; s++) {
+        json_decref(tok[s]);
+        json_decref(ans[s]);
+        free(ids[s]);
+    }
+    json_decref(tok_req);
+    return rc;
+}
+
+/* The whole job into r (state and identity aside). */
+static void run_job(judge *j, const judge_job *job, judge_result *r)
+{
+    double deadline = llm_clock_mono_s() + job->timeout_s;
+    memset(&r->sum, 0, sizeof r->sum);
+    r->texts = 0;
+    r->outcome = 1;
+    r->message[0] = 0;
+    for (size_t i = 0; i < json_array_size(job->texts) && r->outcome == 1; i++) {
+        int rc = one_text(j, job, json_array_get(job->texts, i), deadline, &r->sum, r->message, sizeof r->message);
+        r->outcome = rc;
+        r->texts += rc == 1;
+    }
+    if (r->outcome == 1 && r->sum.positions < job->min_positions) {
+        r->outcome = 0;
+        snprintf(r->message, sizeof r->message, "the texts give %ld positions; minPositions is %ld (add texts)",
+                 r->sum.positions, job->min_positions);
+    } else if (r->outcome == 1) {
+        snprintf(r->message, sizeof r->message, "%d texts, %ld positions", r->texts, r->sum.positions);
+    }
+}
+
+/* ---- the thread ------------------------------------------------------------------ */
+
+static entry *find(judge *j, const char *key)
+{
+    for (size_t i = 0; i < j->n; i++)
+        if (!strcmp(j->e[i].key, key))
+            return &j->e[i];
+    return NULL;
+}
+
+/* The oldest queued entry, or NULL. Under mu. */
+static entry *next_queued(judge *j)
+{
+    entry *best = NULL;
+    for (size_t i = 0; i < j->n; i++)
+        if (j->e[i].res.state == JUDGE_QUEUED && (!best || j->e[i].seq < best->seq))
+            best = &j->e[i];
+    return best;
+}
+
+static void *loop(void *arg)
+{
+    judge *j = arg;
+    pthread_mutex_lock(&j->w.mu);
+    while (!j->w.stop) {
+        entry *e = next_queued(j);
+        if (!e) {
+            llm_sync_worker_wait(&j->w, 0);
+            continue;
+        }
+        /* the job leaves the entry while it runs (the entry may move or go: judge_forget, a newer want) */
+        char key[KEY_MAX];
+        judge_job job = e->job;
+        unsigned long long seq = e->seq;
+        e->job.texts = NULL;
+        e->res.state = JUDGE_RUNNING;
+        snprintf(key, sizeof key, "%s", e->key);
+        pthread_mutex_unlock(&j->w.mu);
+        judge_result r = {.state = JUDGE_DONE, .stage = job.stage};
+        snprintf(r.rev, sizeof r.rev, "%s", job.rev);
+        run_job(j, &job, &r);
+        r.finished_mono = llm_clock_mono_s();
+        json_decref(job.texts);
+        pthread_mutex_lock(&j->w.mu);
+        if ((e = find(j, key)) && e->seq == seq) /* still the job key wants */
+            e->res = r;
+    }
+    pthread_mutex_unlock(&j->w.mu);
+    return NULL;
+}
+
+llm_status judge_new(judge **out, llm_error *err)
+{
+    judge *j = calloc(1, sizeof *j);
+    if (!j || !(j->e = calloc(JUDGE_MAX_KEYS, sizeof *j->e))) {
+        free(j);
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory for the quality judge");
+    }
+    int rc = llm_sync_worker_init(&j->w);
+    if (!rc && (rc = llm_sync_worker_start(&j->w, LLM_THREAD_STACK, loop, j)))
+        llm_sync_worker_free(&j->w);
+    if (rc) {
+        free(j->e);
+        free(j);
+        return llm_errf(err, LLM_ERR_IO, "cannot start the quality judge's thread: %s", strerror(rc));
+    }
+    *out = j;
+    return LLM_OK;
+}
+
+void judge_free(judge *j)
+{
+    if (!j)
+        return;
+    atomic_store(&j->cancel, 1); /* the request in flight ends: the join waits for no pod */
+    llm_sync_worker_stop(&j->w);
+    llm_sync_worker_free(&j->w);
+    for (size_t i = 0; i < j->n; i++)
+        json_decref(j->e[i].job.texts);
+    free(j->e);
+    free(j);
+}
+
+llm_status judge_want(judge *j, const char *key, judge_job *job, llm_error *err)
+{
+    llm_status st = LLM_OK;
+    pthread_mutex_lock(&j->w.mu);
+    entry *e = find(j, key);
+    int same = e && e->res.stage == job->stage && !strcmp(e->res.rev, job->rev);
+    int again = same && e->res.state == JUDGE_DONE && e->res.outcome < 0 &&
+                llm_clock_mono_s() - e->res.finished_mono >= JUDGE_RETRY_S;
+    if (same && !again) {
+        json_decref(job->texts);
+    } else if (!e && (j->n >= JUDGE_MAX_KEYS || strlen(key) >= KEY_MAX)) {
+        json_decref(job->texts);
+        st = llm_errf(err, LLM_ERR_NOMEM, "the quality judge holds %d deployments' jobs: %s waits", JUDGE_MAX_KEYS, key);
+    } else {
+        if (!e) {
+            e = &j->e[j->n++];
+            snprintf(e->key, sizeof e->key, "%s", key);
+        }
+        json_decref(e->job.texts);
+        e->job = *job;
+        e->seq = ++j->seq;
+        memset(&e->res, 0, sizeof e->res);
+        e->res.state = JUDGE_QUEUED;
+        e->res.stage = job->stage;
+        snprintf(e->res.rev, sizeof e->res.rev, "%s", job->rev);
+        pthread_cond_signal(&j->w.cv);
+    }
+    job->texts = NULL;
+    pthread_mutex_unlock(&j->w.mu);
+    return st;
+}
+
+void judge_refuse(judge *j, const char *key, const char *rev, int stage, const char *why)
+{
+    pthread_mutex_lock(&j->w.mu);
+    entry *e = find(j, key);
+    int fresh = e && e->res.state == JUDGE_DONE && e->res.stage == stage && !strcmp(e->res.rev, rev) &&
+                llm_clock_mono_s() - e->res.finished_mono < JUDGE_RETRY_S;
+    if (!e && j->n < JUDGE_MAX_KEYS && strlen(key) < KEY_MAX) {
+        e = &j->e[j->n++];
+        snprintf(e->key, sizeof e->key, "%s", key);
+    }
+    if (e && !fresh) { /* (a fresh refusal keeps its time: the retry is counted from the first) */
+        json_decref(e->job.texts);
+        e->job.texts = NULL;
+        e->seq = ++j->seq;
+        e->res = (judge_result){.state = JUDGE_DONE, .stage = stage, .outcome = -1, .finished_mono = llm_clock_mono_s()};
+        snprintf(e->res.rev, sizeof e->res.rev, "%s", rev);
+        snprintf(e->res.message, sizeof e->res.message, "%s", why);
+    }
+    pthread_mutex_unlock(&j->w.mu);
+}
+
+void judge_read(judge *j, const char *key, judge_result *out)
+{
+    pthread_mutex_lock(&j->w.mu);
+    entry *e = find(j, key);
+    if (e)
+        *out = e->res;
+    else
+        memset(out, 0, sizeof *out);
+    pthread_mutex_unlock(&j->w.mu);
+}
+
+void judge_forget(judge *j, const char *key)
+{
+    pthread_mutex_lock(&j->w.mu);
+    entry *e = find(j, key);
+    if (e) {
+        json_decref(e->job.texts);
+        *e = j->e[--j->n];
+    }
+    pthread_mutex_unlock(&j->w.mu);
+}
