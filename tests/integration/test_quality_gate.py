@@ -204,3 +204,30 @@ def test_chat_texts_catch_a_template_that_drops_the_system_turn(tmp_path, models
         assert cond["reason"] == "QualityRegression" and "mean KL divergence" in cond["message"], cond
         bad = canary(c)["quality"]["start"]
         assert bad["result"] == "Fail" and bad["texts"] == len(CHATS), bad
+
+
+def test_colocated_canary_is_judged_inside_the_stable_pods(tmp_path, models_dir):
+    """mode colocated: the new model loads inside the stable pods and the same pod is read twice, once per
+    revision (X-LLM-Revision). Q4_0 is rolled back before it takes a request, the pods untouched; Q8_0
+    passes both judgements and is promoted."""
+    d = models_dir
+    colocated = spec().replace("  canary:\n", "  canary:\n    mode: colocated\n")
+    with running(tmp_path, d / "stable.gguf") as c:
+        texts_configmap(c)
+        ip = start(c, d, more="")
+        c.apply(model=d / "stable.gguf", extra=colocated)  # (the mode alone: the same pods)
+        pods0 = wait_for(lambda: c.ready_ips("story-backends"), 60)
+        client = Client(ip)
+        try:
+            c.apply(model=d / "Q4_0.gguf", extra=colocated)
+            wait_phase(c, "RolledBack", 240)
+            assert canary(c)["mode"] == "colocated" and c.get("deployment", "story-canary") is None, canary(c)
+            assert c.cond("CanaryRolledBack")["reason"] == "QualityRegression", c.status()
+            assert c.ready_ips("story-backends") == pods0
+            c.apply(model=d / "Q8_0.gguf", extra=colocated)
+            wait_phase(c, "Promoted", 240)
+        finally:
+            client.finish()
+        assert client.failures == [], client.failures[:5]
+        q = canary(c)["quality"]
+        assert q["start"]["result"] == "Pass" and q["promotion"]["result"] == "Pass", q
