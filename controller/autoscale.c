@@ -60,6 +60,10 @@ llm_status autoscale_config_from_spec(json_t *spec, autoscale_config *c, llm_err
     if (!c->hpa && !strcmp(c->metric, "cpu"))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.autoscaling.metric: cpu needs mode hpa (the built-in "
                                                   "autoscaler reads the serving signals)");
+    if (c->hpa && fabs(c->tolerance - 0.1) > 1e-9) /* autoscaling/v2 has no tolerance but an alpha field (1.33) */
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.autoscaling.tolerance: %g: an HPA scales within the cluster's "
+                        "tolerance (kube-controller-manager --horizontal-pod-autoscaler-tolerance, 0.1 by default); "
+                        "leave it at 0.1 in mode hpa, or use mode builtin", c->tolerance);
     if (c->interval_s < 1 || c->max_up_step < 1 || c->tolerance < 0)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.autoscaling: intervalSeconds, maxScaleUpStep >= 1, tolerance >= 0");
     return LLM_OK;
@@ -240,7 +244,7 @@ json_t *autoscale_hpa(json_t *d, const autoscale_config *c)
                            autoscale_metric_name(c->metric), "target", "type", "AverageValue", "averageValue", q);
     }
     return json_pack("{s:s,s:s,s:{s:s,s:O,s:{s:s,s:s,s:s},s:[{s:s,s:s,s:O,s:O,s:b,s:b}],s:{}},"
-                     "s:{s:{s:s,s:s,s:s},s:i,s:i,s:[o],s:{s:{s:i},s:{s:i}}}}",
+                     "s:{s:{s:s,s:s,s:s},s:i,s:i,s:[o],s:{s:{s:i,s:[{s:s,s:i,s:i}]},s:{s:i}}}}",
                      "apiVersion", "autoscaling/v2", "kind", "HorizontalPodAutoscaler", "metadata", "name", name,
                      "namespace", json_object_get(md, "namespace"), "labels", "app.kubernetes.io/name", "llm-server",
                      DESIRED_INSTANCE, name, DESIRED_MANAGED_BY, DESIRED_CONTROLLER, "ownerReferences", "apiVersion",
@@ -248,6 +252,6 @@ json_t *autoscale_hpa(json_t *d, const autoscale_config *c)
                      json_object_get(md, "uid"), "controller", 1, "blockOwnerDeletion", 1, "annotations", "spec",
                      "scaleTargetRef", "apiVersion", "llmk8s.io/v1alpha1", "kind", "LLMDeployment", "name", name,
                      "minReplicas", c->min, "maxReplicas", c->max, "metrics", metric, "behavior", "scaleUp",
-                     "stabilizationWindowSeconds", c->up_window_s, "scaleDown", "stabilizationWindowSeconds",
-                     c->down_window_s);
+                     "stabilizationWindowSeconds", c->up_window_s, "policies", "type", "Pods", "value", c->max_up_step,
+                     "periodSeconds", c->interval_s, "scaleDown", "stabilizationWindowSeconds", c->down_window_s);
 }

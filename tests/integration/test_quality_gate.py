@@ -17,6 +17,8 @@ tokens), the openai client streaming through the router all along:
   restarts the pods once, with no canary.
 The client never sees a failed request."""
 import json
+import os
+import pathlib
 
 import pytest
 
@@ -231,3 +233,66 @@ def test_colocated_canary_is_judged_inside_the_stable_pods(tmp_path, models_dir)
         assert client.failures == [], client.failures[:5]
         q = canary(c)["quality"]
         assert q["start"]["result"] == "Pass" and q["promotion"]["result"] == "Pass", q
+
+
+GEMMA_LLMD = """apiVersion: llmk8s.io/v1alpha1
+kind: LLMDeployment
+metadata: {{name: story}}
+spec:
+  image: llm-server:test
+  replicas: 1
+  model:
+    path: {model}
+    name: story
+    volume: {{hostPath: {{path: {dir}}}}}
+  engine: {{threads: 1, contextLength: 1024, maxSeqs: 4}}
+  probes: {{shutdownDelaySeconds: 2, drainSeconds: 20}}
+  router: {{image: llm-router:test, replicas: 1}}
+  canary:
+    steps: [{{weight: 50, pause: 4}}]
+    intervalSeconds: 2
+    analysis: {{minRequests: 5, quality: {{}}}}
+"""
+
+
+def test_gemma_requantized_by_llama_quantize(tmp_path, gemma):
+    """The proof on a real pretrained model with the gate's defaults (the built-in texts, 1,000 positions,
+    maxKLDivergence 0.1, minTop1Agreement 0.8): Gemma 3 270M Q4_K_M stable; the same weights requantized by
+    llama.cpp's llama-quantize to Q8_0 pass and are promoted, to Q2_K (serving without an error) are rolled
+    back with QualityRegression. Needs LLAMA_CPP_DIR (a llama.cpp built with CMake in LLAMA_CPP_DIR/build)."""
+    root = os.environ.get("LLAMA_CPP_DIR")
+    quantize = pathlib.Path(root or "/nonexistent") / "build" / "bin" / "llama-quantize"
+    if not quantize.exists():
+        pytest.skip("LLAMA_CPP_DIR/build/bin/llama-quantize missing: no llama.cpp to requantize Gemma with")
+    d = tmp_path / "models"
+    d.mkdir()
+    stable = d / "stable.gguf"
+    stable.write_bytes(gemma.read_bytes())
+    for q in ("Q8_0", "Q2_K"):
+        run(quantize, "--allow-requantize", stable, d / f"{q}.gguf", q)
+
+    def apply(c, model):
+        c.k("apply", "-f", "-", stdin=GEMMA_LLMD.format(model=model, dir=d))
+
+    with running(tmp_path, stable) as c:
+        c.controller()
+        apply(c, stable)
+        wait_for(lambda: c.status().get("phase") == "Ready", 180)
+        ip = wait_for(lambda: c.ready_ips("story"), 60)[0]
+        wait_for(lambda: router_weight(ip) == 0, 30)
+        client = Client(ip)
+        try:
+            apply(c, d / "Q8_0.gguf")
+            wait_phase(c, "Promoted", 600)
+            good = canary(c)["quality"]
+            apply(c, d / "Q2_K.gguf")
+            wait_phase(c, "RolledBack", 600)
+            bad = canary(c)["quality"]["start"]
+        finally:
+            client.finish()
+        print("gemma Q8_0", json.dumps(good), "\ngemma Q2_K", json.dumps(bad))
+        assert client.failures == [], client.failures[:5]
+        for stage in ("start", "promotion"):
+            assert good[stage]["result"] == "Pass" and good[stage]["positions"] >= 1000, good
+        cond = c.cond("CanaryRolledBack")
+        assert cond["reason"] == "QualityRegression" and bad["result"] == "Fail" and bad["meanKL"] > 0.1, (cond, bad)

@@ -187,6 +187,13 @@ static void test_config_errors_and_prom(void **st)
     assert_int_equal(autoscale_config_from_spec(spec, &c, &err), LLM_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "cpu needs mode hpa"));
     json_decref(spec);
+    /* an HPA has no tolerance of its own (the cluster's): another value is refused, not dropped */
+    spec = json_pack("{s:{s:b,s:s,s:f}}", "autoscaling", "enabled", 1, "mode", "hpa", "tolerance", 0.3);
+    assert_int_equal(autoscale_config_from_spec(spec, &c, &err), LLM_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "horizontal-pod-autoscaler-tolerance"));
+    json_object_set_new(json_object_get(spec, "autoscaling"), "tolerance", json_real(0.1));
+    assert_int_equal(autoscale_config_from_spec(spec, &c, &err), LLM_OK);
+    json_decref(spec);
     int found;
     const char *text = "# HELP llm_requests_waiting x\n# TYPE llm_requests_waiting gauge\nllm_requests_waiting 3\n"
                        "llm_requests_waiting_other 100\nvllm:num_requests_waiting{model=\"m\"} 7\n"

@@ -242,6 +242,12 @@ static void test_router_and_hpa_steps(void **st)
                                  "apply services m-backends; apply deployments m-router; "
                                  "apply poddisruptionbudgets m-router");
     assert_false(r.p.need.metric[0]); /* the HPA reads the signal, not us */
+    /* maxScaleUpStep (4) pods per intervalSeconds (15): the HPA's scale-up policy, not dropped */
+    json_t *up = kube_json_get(object_of(&r, "horizontalpodautoscalers", "m"), "spec", "behavior", "scaleUp", NULL);
+    json_t *pol = json_array_get(json_object_get(up, "policies"), 0);
+    assert_string_equal(json_string_value(json_object_get(pol, "type")), "Pods");
+    assert_int_equal(json_integer_value(json_object_get(pol, "value")), 4);
+    assert_int_equal(json_integer_value(json_object_get(pol, "periodSeconds")), 15);
     /* the routers: spread over nodes and zones by default (soft: a one-node cluster runs them all), one down at a
      * time in a drain */
     json_t *pod = kube_json_get(object_of(&r, "deployments", "m-router"), "spec", "template", "spec", NULL);
