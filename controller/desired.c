@@ -411,28 +411,42 @@ static json_t *probe(const char *path, long long port, long long period, long lo
                      (json_int_t)period, "failureThreshold", (json_int_t)failures, "timeoutSeconds", (json_int_t)2);
 }
 
+/* 1 when the container's limits ask for an NVIDIA GPU of any kind: whole
+ * (nvidia.com/gpu), shared (nvidia.com/gpu.shared, time-slicing's
+ * renamed resource) or a MIG slice (nvidia.com/mig-1g.10gb), nonzero. */
+static int asks_gpu(json_t *spec)
+{
+    json_t *limits = kube_json_get(json_object_get(spec, "resources"), "limits", NULL), *v;
+    const char *key;
+    json_object_foreach(limits, key, v) {
+        int gpu = !strncmp(key, "nvidia.com/gpu", 14) || !strncmp(key, "nvidia.com/mig-", 15);
+        int zero = (json_is_integer(v) && json_integer_value(v) == 0) || (json_is_string(v) && !strcmp(json_string_value(v), "0"));
+        if (gpu && !zero)
+            return 1;
+    }
+    return 0;
+}
+
 /* spec.engine.backend, auto resolved: cuda when the container asks for
- * GPUs (nvidia.com/gpu limits, or tensor parallelism, which asks for them
- * in resources() below), else cpu. */
+ * GPUs (asks_gpu, or tensor parallelism, which asks for them in
+ * resources() below), else cpu. */
 const char *desired_backend(json_t *spec)
 {
     const char *be = json_string_value(kube_json_get(spec, "engine", "backend"));
     if (be && strcmp(be, "auto"))
         return be;
-    json_t *gpu = kube_json_get(json_object_get(spec, "resources"), "limits", "nvidia.com/gpu");
-    int asks = gpu && !(json_is_integer(gpu) && json_integer_value(gpu) == 0) &&
-               !(json_is_string(gpu) && !strcmp(json_string_value(gpu), "0"));
-    return asks || spec_int(spec, "engine", "tensorParallelSize", 1) > 1 ? "cuda" : "cpu";
+    return asks_gpu(spec) || spec_int(spec, "engine", "tensorParallelSize", 1) > 1 ? "cuda" : "cpu";
 }
 
-/* Container resources; a tensor-parallel replica asks for that many GPUs
- * unless the spec says otherwise. */
+/* Container resources; a CUDA replica split over tensorParallelSize GPUs
+ * asks for that many unless the spec names GPUs of its own (a CPU one
+ * splits over thread groups: no GPU). */
 static json_t *resources(json_t *spec)
 {
     json_t *r = json_object_get(spec, "resources");
     r = r ? json_deep_copy(r) : json_object();
     long long tp = spec_int(spec, "engine", "tensorParallelSize", 1);
-    if (r && tp > 1 && !kube_json_get(json_object_get(r, "limits"), "nvidia.com/gpu", NULL)) {
+    if (r && tp > 1 && !strcmp(desired_backend(spec), "cuda") && !asks_gpu(spec)) {
         if (!json_object_get(r, "limits"))
             json_object_set_new(r, "limits", json_object());
         char n[24];

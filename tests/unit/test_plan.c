@@ -282,6 +282,52 @@ static void test_router_and_hpa_steps(void **st)
     json_decref(d);
 }
 
+/* spec.engine.backend auto and the GPUs asked: any NVIDIA GPU resource
+ * (whole, shared, a MIG slice) means CUDA; tensor parallelism asks for
+ * GPUs only on CUDA (a CPU replica splits over thread groups). */
+static void test_backend_and_gpus(void **st)
+{
+    (void)st;
+    static const struct {
+        const char *spec, *backend, *gpus; /* the config's backend line ("": none, cpu); the container's GPU limit */
+    } cases[] = {
+        {"{}", "", NULL},
+        {"{\"resources\":{\"limits\":{\"nvidia.com/gpu\":1}}}", "cuda", "1"},
+        {"{\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"0\"}}}", "", "0"},
+        {"{\"resources\":{\"limits\":{\"nvidia.com/mig-1g.10gb\":1}}}", "cuda", NULL},
+        {"{\"resources\":{\"limits\":{\"nvidia.com/gpu.shared\":1}}}", "cuda", NULL},
+        {"{\"engine\":{\"tensorParallelSize\":2}}", "cuda", "2"},
+        {"{\"engine\":{\"tensorParallelSize\":2,\"backend\":\"cpu\"}}", "", NULL},
+        {"{\"engine\":{\"tensorParallelSize\":2},\"resources\":{\"limits\":{\"nvidia.com/mig-3g.40gb\":2}}}", "cuda",
+         NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        json_t *d = llmd(cases[i].spec, NULL);
+        plan_input in = {.llmd = d, .now = NOW};
+        result r;
+        run(&in, &r);
+        assert_int_equal(r.st, LLM_OK);
+        const char *yaml = json_string_value(kube_json_get(object_of(&r, "configmaps", "m-config"), "data", "config.yaml", NULL));
+        char line[64] = "";
+        const char *b = strstr(yaml, "\nbackend: ");
+        if (b)
+            sscanf(b + 10, "%63s", line);
+        json_t *ctr = json_array_get(kube_json_get(object_of(&r, "deployments", "m"), "spec", "template", "spec",
+                                                   "containers", NULL), 0);
+        json_t *gpu = kube_json_get(ctr, "resources", "limits", "nvidia.com/gpu", NULL);
+        char got[24] = "";
+        if (json_is_integer(gpu))
+            snprintf(got, sizeof got, "%lld", (long long)json_integer_value(gpu));
+        else if (json_is_string(gpu))
+            snprintf(got, sizeof got, "%s", json_string_value(gpu));
+        print_message("case %zu: backend '%s' gpus '%s'\n", i, line, got);
+        assert_string_equal(line, cases[i].backend);
+        assert_string_equal(got, cases[i].gpus ? cases[i].gpus : "");
+        done(&r);
+        json_decref(d);
+    }
+}
+
 static void test_refusals(void **st)
 {
     (void)st;
@@ -1113,6 +1159,7 @@ int main(void)
         cmocka_unit_test(test_fresh_and_at_rest),
         cmocka_unit_test(test_tracing_config),
         cmocka_unit_test(test_router_and_hpa_steps),
+        cmocka_unit_test(test_backend_and_gpus),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_diagnosis_table),
         cmocka_unit_test(test_autoscale_table),
