@@ -331,7 +331,7 @@ static llm_status finish(fetch_ctx *c, const fetch_file *f, sink *s, const char 
     fetch_hex(dig, n, hex);
     if (f->want[0] && strcmp(hex, f->want)) {
         unlink(part);
-        return fetch_fail(c, FETCH_CHECKSUM, LLM_ERR_FORMAT, "%s: sha256 mismatch: got %.12s..., expected %.12s...: "
+        return fetch_fail(c, FETCH_CHECKSUM, LLM_ERR_FORMAT, "%s: sha256 mismatch: got %s, expected %s: "
                           "deleted, nothing kept", f->name, hex, f->want);
     }
     if (fsync(s->fd) || rename(part, f->dest))

@@ -73,8 +73,10 @@ static llm_status verify_one(const char *path, const char *want, const _Atomic i
 
 /* model_sha256: the file's digest before anything trusts it (a truncated
  * or swapped file on a shared volume is caught here, by name). A split
- * set's parts have one digest each, comma-separated in part order. The
- * file's own digest is logged, never put in err: err reaches API callers. */
+ * set's parts have one digest each, comma-separated in part order. Both
+ * digests whole in the error (it reaches the pod's /startupz and the
+ * operator's status, and the admin routes' callers, who hold the token):
+ * a platform team compares them with what it published. */
 llm_status srv_load_verify_sha256(const char *path, const char *want, const _Atomic int *abort, llm_error *err)
 {
     if (!want || !*want)
@@ -106,9 +108,7 @@ static llm_status verify_one(const char *path, const char *want, const _Atomic i
     char hex[FETCH_SHA256_HEX];
     llm_status st = fetch_file_sha256(path, 0, abort, hex, err);
     if (!st && strcasecmp(hex, want)) {
-        fprintf(stderr, "llm-server: %s: sha256 is %s, expected %s\n", path, hex, want);
-        st = llm_errf(err, LLM_ERR_FORMAT, "%s: sha256 mismatch: the file is not the one expected (%.12s...)", path,
-                      want);
+        st = llm_errf(err, LLM_ERR_FORMAT, "%.200s: sha256 mismatch: the file's is %s, expected %s", path, hex, want);
     }
     return st;
 }

@@ -268,7 +268,7 @@ def test_reasons_not_ready(tmp_path, model):
         c.k("patch", "llmd", "f", "--type", "merge", "-p", json.dumps({"spec": {"model": {"sha256": "0" * 64}}}))
         want = {"a": ("ModelNotFound", str(missing)), "b": ("WaitingForGPU", "Insufficient nvidia.com/gpu"),
                 "c": ("CrashLooping", "exit code 3"), "d": ("ImagePullFailed", "nowhere:latest"),
-                "e": ("InvalidSpec", "spec.engine.kvCacheMemory"), "f": ("ModelChecksumMismatch", "sha256 mismatch")}
+                "e": ("InvalidSpec", "spec.engine.kvCacheMemory"), "f": ("ModelChecksumMismatch", f"expected {'0' * 64}")}
 
         def seen():
             got = {n: (c.cond("Ready", n).get("reason"), c.cond("Ready", n).get("message", "")) for n in want}
