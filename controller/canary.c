@@ -125,6 +125,12 @@ llm_status canary_config_from_spec(json_t *spec, canary_config *c, llm_error *er
     if (!st)
         st = number(an, "analysis", "minRequests", 20, 1, 1e9, &min_req, err);
     c->min_requests = (int)min_req;
+    const char *on = json_string_value(json_object_get(an, "onInconclusive"));
+    if (!st)
+        st = number(an, "analysis", "inconclusiveTimeoutSeconds", 1800, 0, 86400 * 7, &c->inconclusive_s, err);
+    if (!st && on && strcmp(on, "pause") && strcmp(on, "rollback"))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.analysis.onInconclusive: %s is not pause or rollback", on);
+    c->rollback_inconclusive = on && !strcmp(on, "rollback");
     return st ? st : quality_from_spec(json_object_get(an, "quality"), &c->quality, err);
 }
 
@@ -369,6 +375,8 @@ canary_action canary_decide(const canary_config *c, int step, double step_age_s,
 {
     if (v == CANARY_FAIL)
         return CANARY_ROLLBACK;
+    if (v == CANARY_INCONCLUSIVE && !paused && step >= 0 && c->inconclusive_s > 0 && step_age_s >= c->inconclusive_s)
+        return c->rollback_inconclusive ? CANARY_ROLLBACK : CANARY_STALLED;
     if (paused || v != CANARY_PASS || step < 0 || step >= c->n_steps || step_age_s < c->steps[step].pause_s)
         return CANARY_HOLD;
     return step + 1 < c->n_steps ? CANARY_ADVANCE : CANARY_PROMOTE;

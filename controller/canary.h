@@ -53,6 +53,8 @@ typedef struct canary_config {
     double max_itl_ratio;    /* p99 inter-token latency, canary over stable */
     double tolerance_s;      /* latency differences below this never fail */
     int min_requests;        /* canary requests in a window before it is judged */
+    double inconclusive_s;   /* a step without a verdict this long is paused, or rolled back */
+    int rollback_inconclusive; /* 1: roll back then; 0: pause (a person decides) */
     canary_quality quality;
 } canary_config;
 
@@ -101,9 +103,11 @@ typedef struct canary_analysis {
 
 void canary_analyse(const canary_config *c, const canary_sample *window, canary_analysis *a);
 
-typedef enum canary_action { CANARY_HOLD, CANARY_ADVANCE, CANARY_PROMOTE, CANARY_ROLLBACK } canary_action;
+typedef enum canary_action { CANARY_HOLD, CANARY_ADVANCE, CANARY_PROMOTE, CANARY_ROLLBACK, CANARY_STALLED } canary_action;
 
-/* What to do at step `step` (0-based) after step_age_s seconds there. */
+/* What to do at step `step` (0-based) after step_age_s seconds there.
+ * CANARY_STALLED: no verdict for inconclusive_s (too little traffic) and
+ * onInconclusive pause: hold, saying so; with rollback it is CANARY_ROLLBACK. */
 canary_action canary_decide(const canary_config *c, int step, double step_age_s, canary_verdict v, int paused);
 
 /* Pods per revision while the canary takes weight percent of total

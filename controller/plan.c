@@ -205,6 +205,9 @@ static int router_steps(json_t *d, plan *p, const char *ns, const char *name)
         snprintf(n, sizeof n, "%s-router", name);
         bad |= step_remove(p, APPS, ns, "deployments", n);
         bad |= step_remove(p, PDBS, ns, "poddisruptionbudgets", n);
+        static const char *const rgroup[3] = {RBAC, RBAC, CORE}, *const rplural[3] = {"rolebindings", "roles", "serviceaccounts"};
+        for (int i = 0; i < 3; i++) /* its identity after its pods (the binding first: no grant outlives its use) */
+            bad |= step_remove(p, rgroup[i], ns, rplural[i], n);
         snprintf(n, sizeof n, "%s-backends", name);
         return bad | step_remove(p, CORE, ns, "services", n);
     }
@@ -463,6 +466,36 @@ static void canary_status(json_t *d, const rollout *ro, json_t *status)
     json_object_set_new(status, "canaryWeight", ro->state ? json_integer(ro->weight) : json_null());
 }
 
+/* Condition SpecServed: whether the pods run the spec's revision. After
+ * a rollback they run the stable one until the spec changes, though Ready
+ * (so Progressing says so too, naming both revisions). */
+static void spec_served(json_t *d, const plan *p, json_t *status)
+{
+    json_int_t gen = json_integer_value(kube_json_get(d, "metadata", "generation"));
+    json_t *conds = json_object_get(status, "conditions"), *st = p->ro.state;
+    const char *sig = kube_json_str(st, "signal") ?: "RolledBack", *msg = kube_json_str(st, "message") ?: "";
+    char text[1200];
+    if (p->ro.mode == ROLLOUT_ROLLED_BACK) {
+        snprintf(text, sizeof text, "the spec's revision %.10s was rolled back (%s: %.900s); the pods run revision %.10s "
+                 "until the spec changes", p->template_hash, sig, msg, p->ro.stable_rev);
+        for (size_t i = 0; i < json_array_size(conds); i++) {
+            json_t *c = json_array_get(conds, i);
+            if (!strcmp(kube_json_str(c, "type", NULL) ?: "", "Progressing")) {
+                json_object_set_new(c, "reason", json_string("SpecRolledBack"));
+                json_object_set_new(c, "message", json_string(text));
+            }
+        }
+        json_array_append_new(conds, plan_condition("SpecServed", 0, "RolledBack", text, gen));
+    } else if (rollout_in_flight(st)) {
+        snprintf(text, sizeof text, "the spec's revision %.10s is a canary beside revision %.10s", p->template_hash,
+                 p->ro.stable_rev);
+        json_array_append_new(conds, plan_condition("SpecServed", 0, "CanaryInProgress", text, gen));
+    } else {
+        snprintf(text, sizeof text, "the pods are given the spec's revision %.10s", p->template_hash);
+        json_array_append_new(conds, plan_condition("SpecServed", 1, "SpecApplied", text, gen));
+    }
+}
+
 /* The stable Deployment's pods the plan wants: its step's replicas (the
  * spec's, or the autoscaler's; a canary's share taken out), else what it
  * has (an HPA's); -1 when neither says. */
@@ -491,6 +524,7 @@ json_t *plan_status(const plan_input *in, plan *p, json_t *dep)
     /* off (or HPA mode): the record goes, so turning it on again starts from what runs then */
     json_object_set_new(status, "autoscaling", p->autoscaling ? json_incref(p->autoscaling) : json_null());
     canary_status(in->llmd, &p->ro, status);
+    spec_served(in->llmd, p, status);
     keep_transition_times(in->llmd, status, in->now);
     status_events(in->llmd, &v, p->events);
     if (!v.ready) {

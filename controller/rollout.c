@@ -296,9 +296,23 @@ static void analyse(rollout *ro, const rollout_seen *seen, int paused)
     record(ro, &a, seen->now);
     int step = (int)json_integer_value(json_object_get(ro->state, "step"));
     double age = seen->now - (double)json_integer_value(json_object_get(ro->state, "stepStartTime"));
-    switch (canary_decide(&ro->cn, step, age, a.verdict, paused)) {
+    canary_action act = canary_decide(&ro->cn, step, age, a.verdict, paused);
+    char why[700];
+    if (a.verdict == CANARY_INCONCLUSIVE && act != CANARY_HOLD) /* no verdict in time: the wait is the reason */
+        snprintf(why, sizeof why, "no verdict in %.0f s at step %d (inconclusiveTimeoutSeconds): %s", age, step + 1, a.message);
+    switch (act) {
     case CANARY_ROLLBACK:
-        rollback(ro, a.signal, a.message);
+        if (a.verdict == CANARY_INCONCLUSIVE)
+            rollback(ro, "Inconclusive", why);
+        else
+            rollback(ro, a.signal, a.message);
+        break;
+    case CANARY_STALLED:
+        if (!same(kube_json_str(ro->state, "phase"), "Paused"))
+            event(ro, "Warning", "CanaryInconclusive", "revision %.10s: %s; held until it has a verdict, or the %s "
+                  "annotation says promote or abort", kube_json_str(ro->state, "revision") ?: "", why, ROLLOUT_ACTION_ANN);
+        json_object_set_new(ro->state, "phase", json_string("Paused"));
+        set_str(ro->state, "message", why);
         break;
     case CANARY_ADVANCE:
         begin_step(ro, step + 1, &now, seen->now);

@@ -233,6 +233,11 @@ def test_bad_canary_rolls_back_on_its_signal(cluster, fault, signal):
     st = c.status()
     assert st["stableRevision"] == rev0 and st["canary"]["rolledBackRevision"] == st["canary"]["revision"]
     assert st["canaryWeight"] == 0 and st["phase"] == "Ready"
+    # Ready, but not what the spec asks: said until the spec changes
+    served = c.cond("SpecServed")
+    assert served["status"] == "False" and served["reason"] == "RolledBack", served
+    assert st["canary"]["revision"][:10] in served["message"] and rev0 in served["message"], served
+    assert c.cond("Progressing")["reason"] == "SpecRolledBack"
     wait_for(lambda: c.get("deployment", "story-canary") is None, 30)
     assert c.ready_ips("story-backends") == stable_pods  # the stable pods were never replaced
     assert c.get("deployment", "story")["metadata"]["annotations"]["llmk8s.io/template-hash"][:10] == rev0

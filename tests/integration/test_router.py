@@ -393,7 +393,8 @@ def test_controller_runs_the_router(tmp_path, models):
     own ServiceAccount allowed to read EndpointSlices) behind the Service,
     following the llm-server pods through NAME-backends; a completion
     through the Service reaches a server pod via the router; turned off,
-    the router's objects go and the Service reaches the pods again."""
+    the router's objects (its ServiceAccount, Role and RoleBinding too) go
+    and the Service reaches the pods again."""
     with running(tmp_path, models("tiny", "Q8_0")) as c:
         c.controller()
         c.apply(replicas=2, extra="  router: {enabled: true, image: llm-router:test, replicas: 1}\n")
@@ -420,6 +421,8 @@ def test_controller_runs_the_router(tmp_path, models):
         c.k("patch", "llmd", "story", "--type", "merge", "-p", '{"spec":{"router":{"enabled":false}}}')
         wait_for(lambda: c.get("deployment", "story-router") is None and c.get("service", "story-backends") is None, 30)
         wait_for(lambda: sorted(c.ready_ips("story")) == sorted(backends), 30)
+        # its identity goes too: no ServiceAccount left bound to a Role that reads EndpointSlices
+        wait_for(lambda: all(c.get(kind, "story-router") is None for kind in ("rolebinding", "role", "serviceaccount")), 30)
 
 
 def test_gateway_serves_every_model_from_one_endpoint(tmp_path, models):

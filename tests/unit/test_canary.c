@@ -219,6 +219,15 @@ static void test_decide_and_split(void **st)
     assert_int_equal(canary_decide(&c, 0, 60, CANARY_INCONCLUSIVE, 0), CANARY_HOLD);
     assert_int_equal(canary_decide(&c, 0, 60, CANARY_PASS, 0), CANARY_ADVANCE);
     assert_int_equal(canary_decide(&c, 1, 30, CANARY_PASS, 0), CANARY_PROMOTE);
+    /* no verdict for inconclusiveTimeoutSeconds (default 1800): held saying so, or rolled back */
+    assert_int_equal(canary_decide(&c, 0, 1799, CANARY_INCONCLUSIVE, 0), CANARY_HOLD);
+    assert_int_equal(canary_decide(&c, 0, 1800, CANARY_INCONCLUSIVE, 0), CANARY_STALLED);
+    assert_int_equal(canary_decide(&c, 0, 1800, CANARY_INCONCLUSIVE, 1), CANARY_HOLD); /* paused by hand: as asked */
+    canary_config r = cfg_of("{\"canary\":{\"steps\":[{\"weight\":10}],\"analysis\":{\"inconclusiveTimeoutSeconds\":30,"
+                             "\"onInconclusive\":\"rollback\"}}}", LLM_OK, NULL);
+    assert_int_equal(canary_decide(&r, 0, 30, CANARY_INCONCLUSIVE, 0), CANARY_ROLLBACK);
+    cfg_of("{\"canary\":{\"steps\":[{\"weight\":10}],\"analysis\":{\"onInconclusive\":\"promote\"}}}", LLM_ERR_INVALID_ARG,
+           "onInconclusive");
     int s, k;
     canary_split(1, 30, &s, &k);
     assert_true(s == 1 && k == 1);

@@ -200,7 +200,8 @@ static void test_fresh_and_at_rest(void **st)
     assert_string_equal(r.steps, "apply configmaps m-config; apply deployments m; apply services m; "
                                  "apply poddisruptionbudgets m; remove horizontalpodautoscalers m; "
                                  "remove deployments m-router; remove poddisruptionbudgets m-router; "
-                                 "remove services m-backends");
+                                 "remove rolebindings m-router; remove roles m-router; remove serviceaccounts m-router; "
+                                 "remove services m-backends"); /* a router turned off leaves nothing (its identity too) */
     assert_string_equal(r.events, "");
     assert_string_equal(phase(&r), "Pending");
     assert_true(r.p.need.diag); /* why not ready: the pods are read */
@@ -652,6 +653,8 @@ static json_t *ready_canary(int n)
                      "replicas", n, "readyReplicas", n, "updatedReplicas", n, "observedGeneration", 1);
 }
 
+static const char *canary_str(result *r, const char *key);
+
 static void test_canary_pods_table(void **st)
 {
     (void)st;
@@ -755,12 +758,31 @@ static void test_canary_pods_table(void **st)
         assert_int_equal(r.p.ro.admin, 0); /* pods of its own: no pod is driven */
         if (cases[i].weight == 70) /* 70% of 2 replicas: 2 canary pods, 1 stable */
             assert_int_equal(replicas_of(object_of(&r, "deployments", "m-canary")), 2);
+        /* whether the spec runs: a rollback leaves the pods Ready on the old revision, which must show */
+        assert_string_equal(cond_reason(r.status, "SpecServed"), !strcmp(cases[i].phase, "RolledBack") ? "RolledBack"
+                                                                 : !strcmp(cases[i].phase, "Promoting") || cases[i].weight
+                                                                     ? "CanaryInProgress" : "SpecApplied");
+        if (!strcmp(cases[i].phase, "RolledBack"))
+            assert_string_equal(cond_reason(r.status, "Progressing"), "SpecRolledBack");
         if (!strcmp(cases[i].phase, "RolledBack")) /* the canary goes, traffic first */
             assert_non_null(strstr(r.steps, "apply configmaps m-router; remove deployments m-canary; "
                                             "remove services m-canary-backends; remove configmaps m-canary-config"));
         done(&r);
         json_decref(d);
     }
+    /* too few requests for inconclusiveTimeoutSeconds (1800): held as Paused, saying why, once */
+    d = new_llmd(CANARY("pods"), st_text);
+    pods = reading(NULL);
+    pods.need.canary = 1;
+    pods.canary_pods = 1;
+    pods.canary.requests[0] = 100, pods.canary.requests[1] = 3;
+    in = (plan_input){.llmd = d, .stable = stable, .canary = can, .pods = &pods, .now = NOW + 1812};
+    run(&in, &r);
+    assert_string_equal(canary_phase(&r), "Paused");
+    assert_string_equal(r.events, "CanaryInconclusive");
+    assert_non_null(strstr(canary_str(&r, "message"), "no verdict in 1810 s at step 1"));
+    done(&r);
+    json_decref(d);
     /* a canary cancelled (the spec went back), then the same revision again: it starts over */
     json_t *cancelled = json_deep_copy(progressing);
     json_object_set_new(cancelled, "phase", json_string("Cancelled"));
