@@ -118,6 +118,23 @@ static int autoscale_start(const plan_input *in, json_t *prev, json_t *spec, int
 /* Its turn: the replicas to run, from the pods' signal and the state kept
  * in status.autoscaling; written into our copy of the spec so the desired
  * Deployment carries them. */
+/* spec.replicas while the built-in autoscaler decides: a change of it
+ * (kubectl scale, an edit) is not applied, and says so once in an event;
+ * the status keeps what it was and why it is not what runs. */
+static void scale_ignored(json_t *spec, json_t *prev, plan *p, int desired)
+{
+    json_t *r = json_object_get(spec, "replicas"), *was = json_object_get(prev, "specReplicas");
+    json_int_t asked = json_is_integer(r) ? json_integer_value(r) : 1;
+    char msg[400];
+    snprintf(msg, sizeof msg, "spec.replicas %lld is not applied while spec.autoscaling is enabled: the autoscaler holds "
+             "%d (minReplicas %d, maxReplicas %d); change those, or turn autoscaling off", (long long)asked, desired,
+             p->as.min, p->as.max);
+    if (json_is_integer(was) && json_integer_value(was) != asked && asked != desired)
+        plan_event(p->events, "Warning", "ScaleIgnored", "%s", msg);
+    json_object_set_new(p->autoscaling, "specReplicas", json_integer(asked));
+    json_object_set_new(p->autoscaling, "message", asked == desired ? json_null() : json_string(msg));
+}
+
 static llm_status autoscale(const plan_input *in, json_t *d, plan *p, llm_error *err)
 {
     json_t *spec = json_object_get(d, "spec");
@@ -139,6 +156,7 @@ static llm_status autoscale(const plan_input *in, json_t *d, plan *p, llm_error 
         autoscale_activity none = {0}; /* routers 0: nothing known, no sleep and no wake */
         autoscale_zero(&p->as, current, r && r->need.activity ? &r->activity : &none, prev, p->autoscaling, in->now, &dec);
     }
+    scale_ignored(spec, prev, p, dec.desired);
     json_object_set_new(spec, "replicas", json_integer(dec.desired));
     if (dec.changed)
         plan_event(p->events, "Normal", "Autoscaled", "%d -> %d replicas: %s", current, dec.desired, dec.reason);

@@ -467,6 +467,38 @@ static void test_autoscale_table(void **st)
     }
 }
 
+/* kubectl scale while the autoscaler decides: not applied, said once in a
+ * ScaleIgnored event, kept in status.autoscaling with why. */
+static void test_scale_while_autoscaled(void **st)
+{
+    (void)st;
+    json_t *d = llmd(AS, "{\"phase\":\"Ready\"}"), *dep = settled(d, -1);
+    podsig_reading pods = reading("queueDepth");
+    pods.signal = 4, pods.signal_pods = 2;
+    plan_input in = {.llmd = d, .stable = dep, .pods = &pods, .now = NOW};
+    result r;
+    run(&in, &r); /* first sight: spec.replicas 2 recorded, nothing said */
+    assert_string_equal(r.events, "");
+    json_t *as = json_deep_copy(json_object_get(r.status, "autoscaling"));
+    assert_int_equal(json_integer_value(json_object_get(as, "specReplicas")), 2);
+    done(&r);
+    json_object_set_new(json_object_get(d, "status"), "autoscaling", as);
+    json_object_set_new(json_object_get(d, "spec"), "replicas", json_integer(7)); /* kubectl scale --replicas 7 */
+    run(&in, &r);
+    assert_int_equal(replicas_of(object_of(&r, "deployments", "m")), 2); /* the autoscaler's count stays */
+    assert_string_equal(r.events, "ScaleIgnored");
+    const char *why = json_string_value(json_object_get(json_object_get(r.status, "autoscaling"), "message"));
+    assert_non_null(why);
+    assert_non_null(strstr(why, "spec.replicas 7 is not applied while spec.autoscaling is enabled"));
+    json_object_set(json_object_get(d, "status"), "autoscaling", json_object_get(r.status, "autoscaling"));
+    done(&r);
+    run(&in, &r); /* said once */
+    assert_string_equal(r.events, "");
+    done(&r);
+    json_decref(dep);
+    json_decref(d);
+}
+
 /* The Deployment was patched (3 -> 1) but the status that records the step
  * was lost (a 409 on a stale copy): the next turn counts from the record,
  * takes the step again and records it. Autoscaling turned off drops the
@@ -1185,6 +1217,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_diagnosis_table),
         cmocka_unit_test(test_autoscale_table),
+        cmocka_unit_test(test_scale_while_autoscaled),
         cmocka_unit_test(test_autoscale_lost_status),
         cmocka_unit_test(test_scale_to_zero),
         cmocka_unit_test(test_canary_pods_table),
