@@ -4,7 +4,7 @@
  * The built-in set: varied English prose, code (Python, C, shell, JSON)
  * and chat turns whose system turn decides the answer (a template that
  * drops it is caught there), written for this project; each fits a
- * 1,024-token context, together about 1,500 positions on Gemma 3's
+ * 1,024-token context, together 1,213 positions on Gemma 3's
  * tokenizer.
  *
  * A ConfigMap's texts: each key of data (in the keys' order), at most
