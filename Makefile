@@ -197,7 +197,7 @@ $(BUILD)/tests/test_gateway: $(BUILD)/controller/gateway.o $(BUILD)/controller/d
 $(BUILD)/tests/test_rt_pool: $(BUILD)/router/rt_pool.o $(BUILD)/router/rt_prefix.o $(BUILD)/router/rt_routes.o
 # The gateway's tenant limits: alone, and through a real redis-server (skipped without one).
 $(BUILD)/tests/test_rt_quota: $(BUILD)/router/rt_quota.o
-KUBE_TESTS = $(BUILD)/tests/test_rt_pool $(BUILD)/tests/test_rt_quota $(BUILD)/tests/test_otlp $(BUILD)/tests/test_gateway $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_quality $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
+KUBE_TESTS = $(BUILD)/tests/test_rt_pool $(BUILD)/tests/test_rt_quota $(BUILD)/tests/test_otlp $(BUILD)/tests/test_gateway $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_quality $(BUILD)/tests/test_http_client $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
              $(BUILD)/tests/test_kube_apply $(BUILD)/tests/test_kube_config $(BUILD)/tests/test_plan $(BUILD)/tests/test_fetch
 $(KUBE_TESTS): $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testutil.h $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)

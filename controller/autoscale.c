@@ -212,7 +212,8 @@ void autoscale_zero(const autoscale_config *c, int current, const autoscale_acti
         override(state, current, 1, why, now_unix, out);
     } else if (current == 0) {
         override(state, 0, 0, "scaled to zero: no request waiting", now_unix, out);
-    } else if (a->routers > 0 && a->held <= 0 && a->inflight <= 0 && now_unix - last >= c->zero_after_s) {
+    } else if (a->routers > 0 && a->own >= a->asked && a->held <= 0 && a->inflight <= 0 &&
+               now_unix - last >= c->zero_after_s) {
         snprintf(why, sizeof why, "no request for %.0f s: scaled to zero", now_unix - last);
         override(state, just_zeroed(prev, now_unix) ? 0 : current, 0, why, now_unix, out);
     }

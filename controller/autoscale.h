@@ -54,6 +54,8 @@ typedef struct autoscale_activity {
     double held;             /* requests held now for want of a pod */
     double requests;         /* requests proxied, all time (a change is activity) */
     double inflight;         /* requests in flight */
+    int asked, own;          /* its own routers' pages asked, and answered: sleep needs every one (one not heard
+                              * from may be the one taking the requests; gateways add what they answer) */
 } autoscale_activity;
 
 /* Scale to zero (min 0), after autoscale_decide (run with min 1): a deployment at

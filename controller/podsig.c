@@ -25,8 +25,9 @@
 /* pages asked before the fair cut to ROUND_PAGES (by each LLMDeployment's turn): every kind's share */
 #define ROUND_ASKED (ROUND_PAGES * K_KINDS)
 #define GATEWAY_PAGES 8    /* gateway pods read per LLMDeployment: its route's counters from each */
-#define PAGE_MAX (512u << 10)
-#define ROUND_BYTES (16u << 20)
+#define PAGE_MAX (512u << 10)     /* what is kept of a page: a /metrics page's lines the plans read, or a /startupz */
+#define PAGE_READ_MAX (64u << 20) /* what is read of a /metrics page (the round's time bounds it too) */
+#define ROUND_BYTES (16u << 20)   /* what is kept of every page of a round together */
 #define LIST_TIMEOUT_MS 10000
 #define LIST_PAGE 500      /* pods per list response */
 #define LIST_PAGES_MAX 64  /* 32,000 pods a round at most */
@@ -78,6 +79,7 @@ void podsig_add_server_page(podsig_reading *r, const char *text)
     if (r->need.canary == 2 && strstr(text, "revision_requests_total{")) {
         canary_sample_add(&r->canary, text);
         r->canary_pods++;
+        r->canary_own++;
     }
 }
 
@@ -102,9 +104,12 @@ static void add_routing_page(podsig_reading *r, const char *text, const char *ro
                        count_of(text, route ? "llm_router_route_held_total" : "llm_router_held_total", route, &f3);
         a->inflight += count_of(text, "llm_router_backend_inflight", route, &f4);
         a->routers += f1 && f2;
+        a->own += f1 && f2 && !route;
     }
-    if (r->need.canary == 1 && strstr(text, "revision_requests_total{") && canary_sample_add_route(&r->canary, text, route))
+    if (r->need.canary == 1 && strstr(text, "revision_requests_total{") && canary_sample_add_route(&r->canary, text, route)) {
         r->canary_pods++;
+        r->canary_own += !route;
+    }
 }
 
 void podsig_add_gateway_page(podsig_reading *r, const char *text, const char *route)
@@ -311,23 +316,50 @@ static json_t *startupz_of(const char *body)
 
 /* Every page at once; each answer added to its target's reading. */
 /* 0, or -1 without memory (nothing read: the round stores nothing). */
+/* One /metrics page asked for r: a counter page of its canary, a page of
+ * its routers' activity. Its own routers' and pods' pages only: a gateway
+ * of the namespace may not route to it at all (its page then has none of
+ * the series), so gateways add what they answer and are not awaited. */
+static void count_asked(podsig_reading *r, int kind)
+{
+    if ((r->need.canary == 1 && kind == K_ROUTER) || (r->need.canary == 2 && kind == K_SERVER))
+        r->canary_asked++;
+    if (r->need.activity && kind == K_ROUTER)
+        r->activity.asked++;
+}
+
+/* The series the plans read (podsig_add_*_page, canary.c, autoscale.c):
+ * every other line of a /metrics page is dropped as it is read. */
+static const char *const kept_series[] = {
+    "llm_requests_waiting", "llm_kv_cache_usage_ratio", "llm_generation_tokens_per_second", /* the signals */
+    "llm_revision_", "llm_router_revision_",                 /* the canary's counters (a pod's own, a router's) */
+    "llm_router_held_", "llm_router_route_held_", "llm_router_backend_inflight", /* activity (scale to zero) */
+    NULL};
+
 static int read_pages(sig_round *rd)
 {
     const char **urls = calloc(rd->np ? rd->np : 1, sizeof *urls);
     long *codes = calloc(rd->np ? rd->np : 1, sizeof *codes);
     char **bodies = calloc(rd->np ? rd->np : 1, sizeof *bodies);
-    if (urls && codes && bodies) {
+    unsigned char *filtered = calloc(rd->np ? rd->np : 1, 1);
+    if (urls && codes && bodies && filtered) {
         /* round-robin across LLMDeployments: the connections go to everyone's first pages before anyone's
          * second, so one LLMDeployment's pods that hold them cannot starve the others' */
         qsort(rd->p, rd->np, sizeof *rd->p, by_turn);
         rd->np = rd->np < ROUND_PAGES ? rd->np : ROUND_PAGES; /* the fair cut: everyone's first pages first */
         for (size_t i = 0; i < rd->np; i++) urls[i] = rd->p[i].url;
         size_t each = rd->np && ROUND_BYTES / rd->np < PAGE_MAX ? ROUND_BYTES / rd->np : PAGE_MAX;
-        http_client_get_many(urls, rd->np, PODSIG_BUDGET_MS, each, codes, bodies);
+        for (size_t i = 0; i < rd->np; i++) filtered[i] = rd->p[i].what == P_METRICS;
+        /* a /metrics page is read whole, keeping only the series the plans read: a real page, of any size,
+         * costs its kept lines (a few hundred bytes), not its length */
+        http_client_get_many_lines(urls, rd->np, PODSIG_BUDGET_MS, each, PAGE_READ_MAX, kept_series, filtered, codes,
+                                   bodies);
         for (size_t i = 0; i < rd->np; i++) {
             page *p = &rd->p[i];
             snap *s = &rd->s[p->snap];
             ctl_obs_count(codes[i] ? CTL_M_PAGES_ANSWERED : CTL_M_PAGES_UNANSWERED);
+            if (p->what == P_METRICS) /* what was asked, answered or not: the share the plans require */
+                count_asked(&s->r, p->kind);
             if (codes[i] == 200 && p->what == P_METRICS && p->kind == K_GATEWAY)
                 podsig_add_gateway_page(&s->r, bodies[i], route_of(s));
             else if (codes[i] == 200 && p->what == P_METRICS)
@@ -337,10 +369,11 @@ static int read_pages(sig_round *rd)
             free(bodies[i]);
         }
     }
-    int ok = urls && codes && bodies;
+    int ok = urls && codes && bodies && filtered;
     free(urls);
     free(codes);
     free(bodies);
+    free(filtered);
     return ok ? 0 : -1;
 }
 

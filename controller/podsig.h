@@ -16,8 +16,14 @@
  * nothing needed, no request is made. Bounds, since pods are the tenants':
  * 4,096 pages per round, each LLMDeployment's /metrics pages per kind at
  * most its share of them (4,096 / LLMDeployments read, 4 to 1,024: a
- * sample of the pods), 64 /startupz per instance, 512 KiB a page and
- * 16 MiB for every page of a round together. Pages are taken in the pod
+ * sample of the pods), 64 /startupz per instance. A /metrics page is read
+ * whole (up to 64 MiB, within the round's time) keeping only the lines of
+ * the series the plans read, so what a page costs in memory is those
+ * lines: 512 KiB of them a page (a /startupz answer the same) and 16 MiB
+ * for every page of a round together. A canary's window is judged only
+ * when PODSIG_VERDICT_SHARE of its own routers' (or, colocated, pods')
+ * pages answered with the counters, and scale to zero needs every one of
+ * its routers' pages (canary_asked, activity.asked). Pages are taken in the pod
  * list's order up to the round's 4,096: past that (over 512
  * LLMDeployments read at once, or many diagnosed), those later in the
  * list are not read that round. Pods are told apart by
@@ -38,6 +44,9 @@
 #include "pod_diag.h"
 
 #define PODSIG_BUDGET_MS 2000
+/* the share of a canary's counter pages that must answer before its window
+ * is judged: the rest may hold the errors (a gateway or router not heard from) */
+#define PODSIG_VERDICT_SHARE 0.75
 
 /* What one LLMDeployment wants read (all zero: nothing; it is dropped). */
 typedef struct podsig_need {
@@ -68,6 +77,8 @@ typedef struct podsig_reading {
     int serving_pods;        /* NAME's pods serving (ready, with an IP, not terminating): what the mean is of */
     autoscale_activity activity;    /* need.activity */
     int canary_pods;         /* pages of need.canary that had the counters (0: none answered) */
+    int canary_asked, canary_own; /* its own routers' (or, colocated, pods') counter pages asked, and answered with
+                              * the counters: a verdict needs PODSIG_VERDICT_SHARE of them */
     canary_sample canary;
     pod_diag diag, canary_diag; /* need.diag: NAME's and NAME-canary's pods */
     podsig_admin admin;

@@ -106,8 +106,66 @@ static void admin_answers(podsig_admin *a, char (*urls)[128], size_t n, const lo
 
 /* The base URLs ("http://IP:PORT") of the deployment's serving pods, at
  * most ADMIN_PODS: 0 and the count, or -1 with msg saying why. */
-static int serving_pods(kube_client *k, json_t *d, const char *suffix, char (*urls)[128], char (*names)[ADAPTERS_POD_NAME],
-                        int *n, char *msg, size_t mn)
+
+
+/* The controller of o's ownerReferences: its kind and uid (NULL: none). */
+static const char *controller_of(json_t *o, const char **kind)
+{
+    json_t *refs = kube_json_get(o, "metadata", "ownerReferences", NULL), *r;
+    size_t i;
+    json_array_foreach(refs, i, r) {
+        if (json_is_true(json_object_get(r, "controller"))) {
+            *kind = json_string_value(json_object_get(r, "kind"));
+            return json_string_value(json_object_get(r, "uid"));
+        }
+    }
+    *kind = NULL;
+    return NULL;
+}
+
+/* dep's uid when the LLMDeployment d controls it, else NULL. */
+static const char *ours(json_t *d, json_t *dep)
+{
+    const char *kind, *by = controller_of(dep, &kind), *uid = kube_json_str(d, "metadata", "uid");
+    return by && uid && kind && !strcmp(kind, "LLMDeployment") && !strcmp(by, uid) ? kube_json_str(dep, "metadata", "uid")
+                                                                                       : NULL;
+}
+
+/* 1 when pod belongs to the Deployment of uid dep_uid: controlled by a
+ * ReplicaSet that it controls (read here; the pod's reference must name
+ * that ReplicaSet's uid), or by the Deployment itself (kubesim's pods).
+ * Labels alone are anyone's who may create pods in the namespace: the
+ * admin token goes only where this chain leads. */
+static int pod_of(kube_client *k, json_t *pod, const char *ns, const char *dep_uid, json_t *seen_rs)
+{
+    const char *kind, *uid = controller_of(pod, &kind), *rs_kind;
+    if (!uid || !kind || !dep_uid)
+        return 0;
+    if (!strcmp(kind, "Deployment"))
+        return !strcmp(uid, dep_uid);
+    if (strcmp(kind, "ReplicaSet"))
+        return 0;
+    json_t *known = json_object_get(seen_rs, uid); /* one read per ReplicaSet and call */
+    if (known)
+        return json_is_true(known);
+    json_t *refs = kube_json_get(pod, "metadata", "ownerReferences", NULL), *r, *rs = NULL;
+    const char *rs_name = NULL;
+    size_t i;
+    json_array_foreach(refs, i, r) if (json_is_true(json_object_get(r, "controller"))) rs_name = json_string_value(json_object_get(r, "name"));
+    char path[700];
+    llm_error err = {0};
+    if (!rs_name || snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/replicasets/%s", ns, rs_name) >= (int)sizeof path ||
+        kube_client_request(k, "GET", path, NULL, NULL, &rs, &err))
+        return 0;
+    const char *rs_uid = kube_json_str(rs, "metadata", "uid"), *owner = controller_of(rs, &rs_kind);
+    int ok = rs_uid && !strcmp(rs_uid, uid) && owner && rs_kind && !strcmp(rs_kind, "Deployment") && !strcmp(owner, dep_uid);
+    json_decref(rs);
+    json_object_set_new(seen_rs, uid, json_boolean(ok));
+    return ok;
+}
+
+static int serving_pods(kube_client *k, json_t *d, const char *suffix, const char *dep_uid, char (*urls)[128],
+                        char (*names)[ADAPTERS_POD_NAME], int *n, char *msg, size_t mn)
 {
     char path[768];
     /* the servers of this LLMDeployment alone: LLMDeployment NAME's routers are instance NAME-router too */
@@ -121,19 +179,21 @@ static int serving_pods(kube_client *k, json_t *d, const char *suffix, char (*ur
         snprintf(msg, mn, "cannot list the pods: %.400s", err.msg);
         return -1;
     }
-    json_t *items = json_object_get(pods, "items");
-    for (size_t i = 0; i < json_array_size(items) && *n < ADMIN_PODS; i++) {
+    json_t *items = json_object_get(pods, "items"), *seen_rs = json_object();
+    for (size_t i = 0; seen_rs && i < json_array_size(items) && *n < ADMIN_PODS; i++) {
         json_t *pod = json_array_get(items, i);
         const char *ip = kube_json_str(pod, "status", "podIP");
         int v6 = ip && strchr(ip, ':');
         /* not a host-network pod: its IP is the node's, whatever listens there would get the token */
         if (podsig_pod_serving(pod) && !json_is_true(kube_json_get(json_object_get(pod, "spec"), "hostNetwork", NULL)) &&
+            pod_of(k, pod, kube_json_str(d, "metadata", "namespace"), dep_uid, seen_rs) &&
             snprintf(urls[*n], 128, "http://%s%s%s:%lld", v6 ? "[" : "", ip, v6 ? "]" : "", desired_server_port(d)) < 100) {
             if (names) /* a pod's name is at most 253 bytes (a DNS subdomain) */
                 snprintf(names[*n], ADAPTERS_POD_NAME, "%s", kube_json_str(pod, "metadata", "name") ?: "");
             (*n)++;
         }
     }
+    json_decref(seen_rs);
     json_decref(pods);
     return 0;
 }
@@ -159,7 +219,7 @@ static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, con
         snprintf(a.message, sizeof a.message, "no admin key: spec.canary.mode is no longer colocated");
     } else if (!body || !urls || !up || !codes || !bodies) {
         snprintf(a.message, sizeof a.message, "no memory to call the pods");
-    } else if (!serving_pods(k, d, "", urls, NULL, &a.pods, a.message, sizeof a.message)) {
+    } else if (!serving_pods(k, d, "", ours(o->d, o->stable), urls, NULL, &a.pods, a.message, sizeof a.message)) {
         for (int i = 0; i < a.pods; i++) {
             size_t len = strlen(urls[i]); /* under 100: serving_pods keeps them so */
             snprintf(urls[i] + len, 128 - len, "/admin/canary");
@@ -211,11 +271,11 @@ static void quality_ask(kube_client *k, judge *jg, const char *key, seen *o, con
     snprintf(job.token, sizeof job.token, "%s", o->token);
     if (!o->token[0])
         snprintf(why, sizeof why, "no admin key to read the pods with");
-    else if (serving_pods(k, o->d, "", urls, NULL, &n, why, sizeof why) || !n)
+    else if (serving_pods(k, o->d, "", ours(o->d, o->stable), urls, NULL, &n, why, sizeof why) || !n)
         snprintf(why, sizeof why, "no stable pod serves");
     else
         snprintf(job.side[0].url, sizeof job.side[0].url, "%s", urls[0]);
-    if (!why[0] && !colocated && (serving_pods(k, o->d, "-canary", urls, NULL, &n, why, sizeof why) || !n))
+    if (!why[0] && !colocated && (serving_pods(k, o->d, "-canary", ours(o->d, o->canary), urls, NULL, &n, why, sizeof why) || !n))
         snprintf(why, sizeof why, "no canary pod serves");
     else if (!why[0])
         snprintf(job.side[1].url, sizeof job.side[1].url, "%s", colocated ? job.side[0].url : urls[0]);
@@ -251,7 +311,7 @@ static llm_status adapters_round(kube_client *k, seen *o, json_t *status, double
         snprintf(v.message, sizeof v.message, "no memory to call the pods");
     else if (!o->token[0])
         snprintf(v.message, sizeof v.message, "no admin key yet");
-    else if (!serving_pods(k, o->d, "", urls, names, &n, v.message, sizeof v.message))
+    else if (!serving_pods(k, o->d, "", ours(o->d, o->stable), urls, names, &n, v.message, sizeof v.message))
         adapters_sync(o->d, urls, names, n, o->token, &v);
     llm_clock_rfc3339(now, ts);
     adapters_status(o->d, &v, status, ts);

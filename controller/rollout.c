@@ -278,9 +278,15 @@ static void analyse(rollout *ro, const rollout_seen *seen, int paused)
     canary_analysis a;
     if (colocated(ro)) /* keep every pod (a restarted one too) on the step's weight */
         admin(ro, 0, (int)json_integer_value(json_object_get(ro->state, "weight")));
-    if (!sample(ro, seen, &now) || !seen->pods->canary_pods) {
+    const podsig_reading *pr = seen->pods;
+    if (!sample(ro, seen, &now) || !pr->canary_pods) {
         memset(&a, 0, sizeof a);
         snprintf(a.message, sizeof a.message, "no %s answered on /metrics", colocated(ro) ? "pod" : "router");
+    } else if (pr->canary_own < PODSIG_VERDICT_SHARE * pr->canary_asked) {
+        /* the silent ones may hold the canary's errors: no verdict on the rest (and no window moved) */
+        memset(&a, 0, sizeof a);
+        snprintf(a.message, sizeof a.message, "only %d of %d %s pages answered on /metrics; a verdict needs %.0f%%",
+                 pr->canary_own, pr->canary_asked, colocated(ro) ? "pod" : "router", 100 * PODSIG_VERDICT_SHARE);
     } else {
         if (!canary_sample_from_json(json_object_get(ro->state, "window"), &base))
             json_object_set_new(ro->state, "window", canary_sample_to_json(&now)), base = now;

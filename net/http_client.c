@@ -9,10 +9,57 @@
 
 #define CONNECT_MS 500 /* in-cluster: a pod that takes longer to accept is not there */
 
+static size_t append(http_client_body *b, const char *d, size_t add);
+
+/* One whole line (without its newline) through the filter. 0, or -1 to
+ * abort (over the bound, no memory). */
+static int filter_line(http_client_body *b, const char *l, size_t n)
+{
+    for (const char *const *k = b->keep; *k; k++) {
+        size_t kn = strlen(*k);
+        if (n >= kn && !memcmp(l, *k, kn))
+            return append(b, l, n) == n && append(b, "\n", 1) == 1 ? 0 : -1;
+    }
+    return 0;
+}
+
+/* The filtered writer: lines cut from the stream as they come. */
+static size_t write_lines(http_client_body *b, const char *d, size_t add)
+{
+    if ((b->read += add) > b->read_max) {
+        b->over = 1;
+        return 0;
+    }
+    if (!b->line && !(b->line = malloc(HTTP_CLIENT_LINE_MAX))) {
+        b->nomem = 1;
+        return 0;
+    }
+    for (size_t i = 0; i < add; i++) {
+        if (d[i] == '\n') {
+            if (!b->line_long && filter_line(b, b->line, b->line_n))
+                return 0;
+            b->line_n = 0;
+            b->line_long = 0;
+        } else if (b->line_n < HTTP_CLIENT_LINE_MAX) {
+            b->line[b->line_n++] = d[i];
+        } else {
+            b->line_long = 1; /* no series the plans read is this long: dropped whole */
+        }
+    }
+    return add;
+}
+
 size_t http_client_body_write(char *d, size_t sz, size_t nm, void *arg)
 {
     http_client_body *b = arg;
     size_t add = sz * nm;
+    if (b->keep)
+        return write_lines(b, d, add);
+    return append(b, d, add);
+}
+
+static size_t append(http_client_body *b, const char *d, size_t add)
+{
     if (b->n + add > b->max) {
         b->over = 1;
         return 0; /* aborts the transfer */
@@ -125,8 +172,23 @@ static struct curl_slist *many_headers(const char *bearer, const char *json, int
     return hdr;
 }
 
+static void many(const char *const *urls, size_t n, const char *bearer, const char *json, long budget_ms, size_t max,
+                 size_t read_max, const char *const *keep, const unsigned char *filtered, long *codes, char **bodies);
+
 void http_client_many(const char *const *urls, size_t n, const char *bearer, const char *json, long budget_ms, size_t max,
                long *codes, char **bodies)
+{
+    many(urls, n, bearer, json, budget_ms, max, 0, NULL, NULL, codes, bodies);
+}
+
+void http_client_get_many_lines(const char *const *urls, size_t n, long budget_ms, size_t max, size_t read_max,
+                                const char *const *keep, const unsigned char *filtered, long *codes, char **bodies)
+{
+    many(urls, n, NULL, NULL, budget_ms, max, read_max, keep, filtered, codes, bodies);
+}
+
+static void many(const char *const *urls, size_t n, const char *bearer, const char *json, long budget_ms, size_t max,
+                 size_t read_max, const char *const *keep, const unsigned char *filtered, long *codes, char **bodies)
 {
     CURLM *m = curl_multi_init();
     CURL **hs = calloc(n ? n : 1, sizeof *hs);
@@ -139,6 +201,8 @@ void http_client_many(const char *const *urls, size_t n, const char *bearer, con
     curl_multi_setopt(m, CURLMOPT_MAX_TOTAL_CONNECTIONS, 64L); /* the rest wait their turn (within the budget) */
     for (size_t i = 0; i < n; i++) {
         bs[i].max = max;
+        if (keep && filtered && filtered[i])
+            bs[i].keep = keep, bs[i].read_max = read_max;
         if ((hs[i] = many_handle(urls[i], hdr, json, budget_ms, &bs[i], i)) && curl_multi_add_handle(m, hs[i]) != CURLM_OK) {
             curl_easy_cleanup(hs[i]);
             hs[i] = NULL;
@@ -162,10 +226,14 @@ void http_client_many(const char *const *urls, size_t n, const char *bearer, con
             curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &codes[(uintptr_t)priv]);
     }
     for (size_t i = 0; i < n; i++) {
+        /* (a filtered page's last line may lack its newline: it is whole) */
+        if (codes[i] && bs[i].keep && bs[i].line_n && !bs[i].line_long && filter_line(&bs[i], bs[i].line, bs[i].line_n))
+            codes[i] = 0;
         if (codes[i] && !(bodies[i] = bs[i].p ? bs[i].p : calloc(1, 1)))
             codes[i] = 0;
         if (!codes[i])
             free(bs[i].p);
+        free(bs[i].line);
     }
 out:
     for (size_t i = 0; hs && i < n; i++)

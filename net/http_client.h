@@ -11,6 +11,8 @@
 #include <curl/curl.h>
 #include <stddef.h>
 
+#define HTTP_CLIENT_LINE_MAX 1024
+
 /* A response body collected by libcurl: NUL-terminated, grown
  * geometrically, at most max bytes. http_client_body_write is the
  * CURLOPT_WRITEFUNCTION (CURLOPT_WRITEDATA: the http_client_body); it aborts the
@@ -20,6 +22,15 @@ typedef struct http_client_body {
     char *p;
     size_t n, cap, max;
     int over, nomem;
+    /* A line filter (http_client_get_many_lines): only the lines that start
+     * with one of keep's prefixes are kept, so max bounds what is kept,
+     * read_max what is read; a line longer than HTTP_CLIENT_LINE_MAX is
+     * dropped whole. NULL keep: the body as it comes. */
+    const char *const *keep;
+    size_t read, read_max;
+    char *line;             /* HTTP_CLIENT_LINE_MAX bytes, malloc'd on the first data (the caller frees) */
+    size_t line_n;
+    int line_long;
 } http_client_body;
 size_t http_client_body_write(char *data, size_t size, size_t nmemb, void *body);
 
@@ -37,6 +48,13 @@ long http_client_request(CURL *h, const char *url, const char *bearer, const cha
  * did not answer in time or its body exceeded max bytes; bodies[i]: the
  * body (malloc'd, the caller frees) or NULL. */
 void http_client_get_many(const char *const *urls, size_t n, long budget_ms, size_t max, long *codes, char **bodies);
+/* The same for line-based pages (Prometheus text): for url i with
+ * filtered[i] set, only the lines that start with one of keep's prefixes
+ * (NULL-terminated) are kept, at most max bytes of them, of at most
+ * read_max bytes read (past either: no answer); the others as above. A
+ * page is read whole however large, while memory holds only what is kept. */
+void http_client_get_many_lines(const char *const *urls, size_t n, long budget_ms, size_t max, size_t read_max,
+                                const char *const *keep, const unsigned char *filtered, long *codes, char **bodies);
 /* The same with a bearer token (may be NULL) and, when json is not NULL, as
  * POSTs of that body: the controller driving every pod's /admin/canary at
  * once. */

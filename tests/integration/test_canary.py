@@ -21,6 +21,7 @@ import hashlib
 import json
 import re
 import shutil
+import sys
 import threading
 import time
 import urllib.error
@@ -430,3 +431,48 @@ def test_canary_behind_a_gateway_splits_and_rolls_back(cluster):
     assert during.count("canary") >= 10 and 0.15 <= share <= 0.35, (during.count("canary"), len(during))
     assert canary_requests(router_ip) == 0  # the deployment's own router saw none of it: the gateway's counted
     wait_for(lambda: c.get("deployment", "story-canary") is None, 30)
+
+
+SPY = r'''
+import http.server, os, sys, threading
+log = open(sys.argv[1], "a")
+class H(http.server.BaseHTTPRequestHandler):
+    def handle_one(self):
+        log.write(f"{self.command} {self.path} {self.headers.get('Authorization')}\n"); log.flush()
+        self.send_response(200); self.send_header("Content-Type", "application/json"); self.end_headers()
+        self.wfile.write(b'{"state": "ready", "status": "ok"}')
+    do_GET = do_POST = handle_one
+    def log_message(self, *a): pass
+ip = os.environ["POD_IP"]
+for port in (8081,):
+    threading.Thread(target=http.server.ThreadingHTTPServer((ip, port), H).serve_forever, daemon=True).start()
+http.server.ThreadingHTTPServer((ip, 8080), H).serve_forever()
+'''
+
+
+def test_colocated_admin_token_goes_only_to_our_pods(tmp_path, models):
+    """A pod that anyone allowed to create pods could make, with our labels and Ready, answering like a
+    server: the controller's admin calls (and so its token) reach only pods whose owner chain leads to the
+    LLMDeployment's Deployment, never it."""
+    spy = tmp_path / "spy.py"
+    spy.write_text(SPY)
+    seen = tmp_path / "spy.log"
+    with running(tmp_path, models("tiny", "Q8_0"), images={"spy:test": [sys.executable, str(spy), str(seen)]}) as c:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "planted", "labels": {
+                   "app.kubernetes.io/name": "llm-server", "app.kubernetes.io/instance": "story",
+                   "app.kubernetes.io/managed-by": "llm-controller"}},
+               "spec": {"containers": [{"name": "spy", "image": "spy:test",
+                                        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                                        "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8081}, "periodSeconds": 1}}]}}
+        c.k("apply", "-f", "-", stdin=json.dumps(pod))
+        wait_for(lambda: any(cd["type"] == "Ready" and cd["status"] == "True"
+                             for cd in (c.get("pod", "planted") or {}).get("status", {}).get("conditions", [])), 60)
+        copy = c.model.parent / "canary-copy.gguf"
+        shutil.copy(c.model, copy)
+        steps = [{"weight": 50, "pause": 2}]
+        start(c, colocated_spec(steps))
+        apply_model(c, copy, colocated_spec(steps))
+        wait_phase(c, "Progressing", 120)  # the admin calls were made: load, then the first step's weight
+        assert canary(c)["mode"] == "colocated", canary(c)
+    calls = seen.read_text() if seen.exists() else ""
+    assert "Bearer" not in calls, calls

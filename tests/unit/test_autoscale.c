@@ -270,22 +270,28 @@ static void test_scale_to_zero(void **st)
     running.min = 1;
     autoscale_decision d;
     /* t=1000, one idle pod, the routers have seen 5 requests: the idle clock starts */
-    autoscale_activity idle = {1, 0, 5, 0};
+    autoscale_activity idle = {1, 0, 5, 0, 0, 0};
     json_t *s1 = autoscale_decide(&running, 1, 0, 1, NULL, 1000, &d);
     autoscale_zero(&c, 1, &idle, NULL, s1, 1000, &d);
     assert_int_equal(d.desired, 1);
     assert_true(json_number_value(json_object_get(s1, "lastActivityTime")) == 1000);
     /* t=1030: a request came (6): activity at 1030 */
-    autoscale_activity busy = {1, 0, 6, 0};
+    autoscale_activity busy = {1, 0, 6, 0, 0, 0};
     json_t *s2 = autoscale_decide(&running, 1, 0, 1, s1, 1030, &d);
     autoscale_zero(&c, 1, &busy, s1, s2, 1030, &d);
     assert_int_equal(d.desired, 1);
     /* t=1089: 59 s idle: stays; t=1090: 60 s: sleeps, recorded once */
-    autoscale_activity quiet = {1, 0, 6, 0};
+    autoscale_activity quiet = {1, 0, 6, 0, 0, 0};
     json_t *s3 = autoscale_decide(&running, 1, 0, 1, s2, 1089, &d);
     autoscale_zero(&c, 1, &quiet, s2, s3, 1089, &d);
     assert_int_equal(d.desired, 1);
     json_t *s4 = autoscale_decide(&running, 1, 0, 1, s3, 1090, &d);
+    /* ... unless one of its own routers was asked and did not answer: it may be the one taking requests */
+    autoscale_activity partial = {.routers = 1, .requests = 6, .asked = 2, .own = 1};
+    autoscale_zero(&c, 1, &partial, s3, s4, 1090, &d);
+    assert_int_equal(d.desired, 1);
+    json_decref(s4);
+    s4 = autoscale_decide(&running, 1, 0, 1, s3, 1090, &d);
     autoscale_zero(&c, 1, &quiet, s3, s4, 1090, &d);
     assert_int_equal(d.desired, 0);
     assert_true(d.changed);
@@ -312,21 +318,21 @@ static void test_scale_to_zero(void **st)
     assert_int_equal(json_array_size(json_object_get(s4c, "history")), json_array_size(h) + 1);
     json_decref(s4c);
     /* at zero, no router answering or nothing held: stays asleep, no decision recorded */
-    autoscale_activity none = {0, 0, 0, 0};
+    autoscale_activity none = {0, 0, 0, 0, 0, 0};
     json_t *s5 = autoscale_decide(&running, 0, 0, 0, s4, 1100, &d);
     autoscale_zero(&c, 0, &none, s4, s5, 1100, &d);
     assert_int_equal(d.desired, 0);
     assert_false(d.changed);
     assert_int_equal(json_array_size(json_object_get(s5, "history")), json_array_size(h));
     /* three requests held: wakes to one pod */
-    autoscale_activity held = {1, 3, 9, 0};
+    autoscale_activity held = {1, 3, 9, 0, 0, 0};
     json_t *s6 = autoscale_decide(&running, 0, 0, 0, s5, 1110, &d);
     autoscale_zero(&c, 0, &held, s5, s6, 1110, &d);
     assert_int_equal(d.desired, 1);
     assert_true(d.changed);
     assert_non_null(strstr(d.reason, "3 requests held by the router: waking"));
     /* in flight counts as activity even with an unchanged count */
-    autoscale_activity streaming = {1, 0, 9, 2};
+    autoscale_activity streaming = {1, 0, 9, 2, 0, 0};
     json_t *s7 = autoscale_decide(&running, 1, 0, 1, s6, 1500, &d);
     autoscale_zero(&c, 1, &streaming, s6, s7, 1500, &d);
     assert_int_equal(d.desired, 1);

@@ -802,6 +802,25 @@ static void test_canary_pods_table(void **st)
         done(&r);
         json_decref(d);
     }
+    /* a window that would pass, read from 2 of its 4 routers: no verdict (the silent two may hold the errors) */
+    d = new_llmd(CANARY("pods"), st_text);
+    pods = reading(NULL);
+    pods.need.canary = 1;
+    pods.canary_pods = 2, pods.canary_asked = 4, pods.canary_own = 2;
+    pods.canary.requests[0] = 100, pods.canary.requests[1] = 50;
+    in = (plan_input){.llmd = d, .stable = stable, .canary = can, .pods = &pods, .now = NOW + 10};
+    run(&in, &r);
+    assert_string_equal(canary_phase(&r), "Progressing");
+    assert_int_equal(json_integer_value(json_object_get(r.status, "canaryWeight")), 30);
+    assert_non_null(strstr(json_string_value(json_object_get(json_object_get(json_object_get(r.status, "canary"),
+                                                                             "lastAnalysis"), "message")),
+                           "only 2 of 4 router pages answered"));
+    done(&r);
+    pods.canary_own = 3; /* 3 of 4: enough */
+    run(&in, &r);
+    assert_int_equal(json_integer_value(json_object_get(r.status, "canaryWeight")), 70);
+    done(&r);
+    json_decref(d);
     /* too few requests for inconclusiveTimeoutSeconds (1800): held as Paused, saying why, once */
     d = new_llmd(CANARY("pods"), st_text);
     pods = reading(NULL);
