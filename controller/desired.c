@@ -513,29 +513,52 @@ static json_t *rolling(json_t *spec)
                      surge0 && unavail0 ? json_integer(1) : unavail ? json_incref(unavail) : json_integer(0));
 }
 
-/* spec.podTemplate over the generated template: objects merge by key,
- * lists whose items all have a name merge by name, anything else is
- * replaced. */
+/* spec.podTemplate over the generated template, as kubectl's strategic
+ * merge patch treats a PodTemplateSpec: objects merge by key; the lists
+ * Kubernetes merges do so by their merge key - containers,
+ * initContainers, ephemeralContainers, volumes, imagePullSecrets and a
+ * container's env by name, a container's volumeMounts by mountPath and
+ * ports by containerPort (an item without its key is appended); every
+ * other list (args, command, tolerations, envFrom, ...) is replaced whole. */
+static const char *merge_key(const char *list)
+{
+    static const struct { const char *list, *key; } keys[] = {
+        {"containers", "name"}, {"initContainers", "name"}, {"ephemeralContainers", "name"}, {"volumes", "name"},
+        {"imagePullSecrets", "name"}, {"env", "name"}, {"volumeMounts", "mountPath"}, {"ports", "containerPort"}};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        if (!strcmp(list, keys[i].list))
+            return keys[i].key;
+    return NULL;
+}
+
+/* The item of list whose key equals item's, or NULL. */
+static json_t *same_key(json_t *list, json_t *item, const char *key)
+{
+    json_t *want = json_object_get(item, key), *cur;
+    size_t j;
+    json_array_foreach(list, j, cur) {
+        json_t *have = json_object_get(cur, key);
+        if (want && have && json_equal(want, have))
+            return cur;
+    }
+    return NULL;
+}
+
 static void merge(json_t *dst, json_t *src)
 {
     const char *k;
     json_t *v;
     json_object_foreach(src, k, v) {
         json_t *cur = json_object_get(dst, k);
+        const char *key = merge_key(k);
         if (json_is_object(cur) && json_is_object(v)) {
             merge(cur, v);
-        } else if (json_is_array(cur) && json_is_array(v)) {
+        } else if (json_is_array(cur) && json_is_array(v) && key) {
             size_t i;
             json_t *item;
             json_array_foreach(v, i, item) {
-                const char *nm = json_string_value(json_object_get(item, "name"));
-                json_t *match = NULL;
-                for (size_t j = 0; nm && j < json_array_size(cur); j++) {
-                    const char *cn = json_string_value(json_object_get(json_array_get(cur, j), "name"));
-                    if (cn && !strcmp(cn, nm))
-                        match = json_array_get(cur, j);
-                }
-                if (match && json_is_object(item))
+                json_t *match = json_is_object(item) ? same_key(cur, item, key) : NULL;
+                if (match)
                     merge(match, item);
                 else
                     json_array_append(cur, item);

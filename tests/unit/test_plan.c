@@ -329,6 +329,50 @@ static void test_backend_and_gpus(void **st)
     }
 }
 
+/* spec.podTemplate, merged as a strategic merge patch: each list kind. */
+static void test_pod_template_lists(void **st)
+{
+    (void)st;
+    json_t *d = llmd("{\"server\":{\"extraArgs\":[\"--a\"]},\"tolerations\":[{\"key\":\"old\"}],\"podTemplate\":{\"spec\":{"
+                     "\"containers\":[{\"name\":\"llm-server\",\"args\":[\"--only\"],"
+                     "\"env\":[{\"name\":\"POD_IP\",\"value\":\"1.2.3.4\"},{\"name\":\"EXTRA\",\"value\":\"1\"}],"
+                     "\"volumeMounts\":[{\"name\":\"other\",\"mountPath\":\"/models\"},{\"name\":\"x\",\"mountPath\":\"/x\"}],"
+                     "\"ports\":[{\"containerPort\":8080,\"name\":\"api\"}]},"
+                     "{\"name\":\"sidecar\",\"image\":\"s:1\"}],"
+                     "\"volumes\":[{\"name\":\"model\",\"emptyDir\":{}},{\"name\":\"x\",\"emptyDir\":{}}],"
+                     "\"tolerations\":[{\"key\":\"new\"}],\"imagePullSecrets\":[{\"name\":\"reg\"}]}}}", NULL);
+    plan_input in = {.llmd = d, .now = NOW};
+    result r;
+    run(&in, &r);
+    assert_int_equal(r.st, LLM_OK);
+    json_t *pod = kube_json_get(object_of(&r, "deployments", "m"), "spec", "template", "spec", NULL);
+    json_t *ctrs = json_object_get(pod, "containers"), *c0 = json_array_get(ctrs, 0);
+    assert_int_equal(json_array_size(ctrs), 2); /* by name: ours merged, the sidecar added */
+    assert_string_equal(kube_json_str(json_array_get(ctrs, 1), "name", NULL), "sidecar");
+    assert_int_equal(json_array_size(json_object_get(c0, "args")), 1); /* args: replaced */
+    assert_string_equal(json_string_value(json_array_get(json_object_get(c0, "args"), 0)), "--only");
+    json_t *env = json_object_get(c0, "env");
+    assert_string_equal(kube_json_str(json_array_get(env, 0), "name", NULL), "POD_IP"); /* env by name: one POD_IP */
+    assert_string_equal(kube_json_str(json_array_get(env, 0), "value", NULL), "1.2.3.4");
+    assert_string_equal(kube_json_str(json_array_get(env, json_array_size(env) - 1), "name", NULL), "EXTRA");
+    json_t *mounts = json_object_get(c0, "volumeMounts"), *m;
+    size_t i, at_models = 0;
+    json_array_foreach(mounts, i, m) at_models += !strcmp(kube_json_str(m, "mountPath", NULL) ?: "", "/models");
+    assert_int_equal(at_models, 1); /* volumeMounts by mountPath: /models once, renamed */
+    json_t *ports = json_object_get(c0, "ports");
+    assert_int_equal(json_array_size(ports), 2); /* by containerPort: 8080 merged (named api), the health port kept */
+    assert_string_equal(kube_json_str(json_array_get(ports, 0), "name", NULL), "api");
+    json_t *vols = json_object_get(pod, "volumes");
+    size_t models = 0;
+    json_array_foreach(vols, i, m) models += !strcmp(kube_json_str(m, "name", NULL) ?: "", "model");
+    assert_int_equal(models, 1); /* volumes by name */
+    assert_int_equal(json_array_size(json_object_get(pod, "tolerations")), 1); /* tolerations: replaced */
+    assert_string_equal(kube_json_str(json_array_get(json_object_get(pod, "tolerations"), 0), "key", NULL), "new");
+    assert_string_equal(kube_json_str(json_array_get(json_object_get(pod, "imagePullSecrets"), 0), "name", NULL), "reg");
+    done(&r);
+    json_decref(d);
+}
+
 static void test_refusals(void **st)
 {
     (void)st;
@@ -1233,6 +1277,7 @@ int main(void)
         cmocka_unit_test(test_tracing_config),
         cmocka_unit_test(test_router_and_hpa_steps),
         cmocka_unit_test(test_backend_and_gpus),
+        cmocka_unit_test(test_pod_template_lists),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_diagnosis_table),
         cmocka_unit_test(test_autoscale_table),
