@@ -211,7 +211,7 @@ TORTURE_WRAP = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free,--wrap
 # llm-server's modules but its main, for tests and test programs.
 SERVER_PARTS = $(filter-out $(BUILD)/server/srv_main.o,$(SERVER_OBJ))
 SERVER_TESTS = $(BUILD)/tests/test_torture $(BUILD)/tests/test_tools $(BUILD)/tests/test_depth $(BUILD)/tests/test_api_keys \
-               $(BUILD)/tests/test_http_guard
+               $(BUILD)/tests/test_http_guard $(BUILD)/tests/test_srv_load
 $(BUILD)/tests/test_torture: EXTRA_LDFLAGS = $(TORTURE_WRAP)
 $(SERVER_TESTS): $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(SERVER_PARTS) $(TESTKIT_LIB) $(ENGINE_LIBS) $(NET_LIB)
 	@mkdir -p $(dir $@)

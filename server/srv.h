@@ -207,11 +207,22 @@ int srv_complete_tenant_take(srv *s, const api_key *key, int n, int held, srv_er
  * and the canary's loader (srv_canary.c). Each returns LLM_OK or a status
  * with err naming the cause; nothing is left allocated on failure.
  *
- * The file's SHA-256 equals want (hex, any case); "" or NULL skips the
- * check. LLM_ERR_IO (cannot open/read), LLM_ERR_FORMAT (mismatch: the file's
- * digest goes to the log only), LLM_ERR_CANCELLED when *abort (may be
- * NULL) turned nonzero meanwhile. */
-llm_status srv_load_verify_sha256(const char *path, const char *want, const _Atomic int *abort, llm_error *err);
+ * A model's file is mapped, and what is checked is the mapping:
+ * srv_load_model maps and parses it, srv_load_page_in then reads every
+ * page in - hashing each part against want (hex, any case, one digest per
+ * part comma-separated; "" or NULL: no check) - and refuses a file whose
+ * size or mtime moved since it was mapped (gguf_unchanged). A file cut
+ * short meanwhile raises SIGBUS on the reading thread, which, with
+ * srv_load_catch_bus installed, fails the load (LLM_ERR_IO, said) instead
+ * of killing the process; a SIGBUS anywhere else (a file cut while
+ * served) ends the process with a message. Errors: LLM_ERR_FORMAT (a
+ * digest mismatch, both digests whole), LLM_ERR_IO, LLM_ERR_INVALID_ARG
+ * (a digest count that is not the part count), LLM_ERR_CANCELLED when
+ * *abort (may be NULL) turned nonzero. */
+int srv_load_catch_bus(void);
+llm_status srv_load_model(const char *path, llm_model **out, llm_error *err);
+llm_status srv_load_page_in(const llm_model *m, const char *want, void (*progress)(void *ctx, double done), void *ctx,
+                            const _Atomic int *abort, llm_error *err);
 /* The configured backends (backend, tensor_parallel, device, threads) into
  * out; *n gets their count. Free them with srv_load_close_backends. */
 llm_status srv_load_backends(srv *s, llm_backend **out, int *n, llm_error *err);

@@ -191,12 +191,10 @@ static llm_status load(srv *s, const load_job *j, srv_rev *r, llm_error *err)
 {
     snprintf(r->path, sizeof r->path, "%s", j->path);
     llm_status st = fits(s, j->fd_path, err);
-    if (!st)
-        st = srv_load_verify_sha256(j->fd_path, j->sha256, &s->canary.abort, err);
-    if (!st && (st = llm_model_load(j->fd_path, &r->model, err)))
+    if (!st && (st = srv_load_model(j->fd_path, &r->model, err)))
         st = load_failed(j, st, err);
-    if (!st && !atomic_load(&s->canary.abort))
-        llm_model_prefault(r->model, quiet, NULL);
+    if (!st) /* its digest on what is mapped; a stop ends it (LLM_ERR_CANCELLED) */
+        st = srv_load_page_in(r->model, j->sha256, quiet, NULL, &s->canary.abort, err);
     if (!st)
         st = srv_load_backends(s, r->backends, &r->n_backends, err); /* its own: the engines step independently */
     if (!st)

@@ -6,12 +6,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <openssl/evp.h>
 
 #include "fetch.h"
 #include "llm/split_name.h"
@@ -69,48 +73,148 @@ llm_status srv_load_warm_up(llm_engine *e, llm_model *m, llm_error *err)
     return st;
 }
 
-static llm_status verify_one(const char *path, const char *want, const _Atomic int *abort, llm_error *err);
+/* ---- the model's bytes, as mapped ---------------------------------------------------- */
 
-/* model_sha256: the file's digest before anything trusts it (a truncated
- * or swapped file on a shared volume is caught here, by name). A split
- * set's parts have one digest each, comma-separated in part order. Both
- * digests whole in the error (it reaches the pod's /startupz and the
- * operator's status, and the admin routes' callers, who hold the token):
- * a platform team compares them with what it published. */
-llm_status srv_load_verify_sha256(const char *path, const char *want, const _Atomic int *abort, llm_error *err)
+/* A page of a mapping whose file was cut short since raises SIGBUS. On the
+ * thread reading a model in (bus_at set) it ends that read as a failed
+ * load; anywhere else the process cannot go on (the mapping is the
+ * model's weights): it says why and exits, and its pod restarts. */
+static __thread sigjmp_buf *bus_at;
+
+static void on_bus(int sig)
 {
-    if (!want || !*want)
-        return LLM_OK;
-    int parts = llm_split_path(path, 1, NULL, 0), given = 1;
-    for (const char *c = want; (c = strchr(c, ',')); c++) given++;
-    if (given != (parts ? parts : 1))
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "%s: model_sha256 has %d digests for %d file%s (a split set: one "
-                        "per part, comma-separated in part order)", path, given, parts ? parts : 1, parts > 1 ? "s" : "");
-    if (!parts)
-        return verify_one(path, want, abort, err);
-    const char *d = want;
-    for (int k = 1; k <= parts; k++) {
-        char part[4096], one[72];
-        size_t len = strcspn(d, ",");
-        snprintf(one, sizeof one, "%.*s", (int)(len < 71 ? len : 71), d);
-        d += len + (d[len] == ',');
-        llm_status st = !llm_split_path(path, (uint32_t)k, part, sizeof part)
-                            ? llm_errf(err, LLM_ERR_INVALID_ARG, "%s: path too long", path)
-                            : verify_one(part, one, abort, err);
-        if (st)
-            return st;
-    }
-    return LLM_OK;
+    (void)sig;
+    if (bus_at)
+        siglongjmp(*bus_at, 1);
+    static const char msg[] = "llm-server: SIGBUS: a model file was truncated or rewritten while mapped; exiting\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    _exit(75);
 }
 
-static llm_status verify_one(const char *path, const char *want, const _Atomic int *abort, llm_error *err)
+int srv_load_catch_bus(void)
 {
-    char hex[FETCH_SHA256_HEX];
-    llm_status st = fetch_file_sha256(path, 0, abort, hex, err);
-    if (!st && strcasecmp(hex, want)) {
-        st = llm_errf(err, LLM_ERR_FORMAT, "%.200s: sha256 mismatch: the file's is %s, expected %s", path, hex, want);
+    struct sigaction sa = {.sa_handler = on_bus};
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGBUS, &sa, NULL);
+}
+
+/* What a page-in does to one part: hash it (md set) or touch each page. */
+typedef struct page_in {
+    const unsigned char *p;
+    size_t n;
+    EVP_MD_CTX *md;                 /* NULL: touch only */
+    const _Atomic int *abort;
+    void (*progress)(void *ctx, double done);
+    void *ctx;
+    size_t done, total;             /* over every part, for progress */
+} page_in;
+
+/* 0, 1 when aborted. Runs under the SIGBUS guard. */
+static int read_part(page_in *pi)
+{
+    enum { CHUNK = 1 << 20 };
+    volatile unsigned char sink = 0;
+    for (size_t off = 0; off < pi->n; off += CHUNK) {
+        size_t len = pi->n - off < CHUNK ? pi->n - off : CHUNK;
+        if (pi->abort && atomic_load(pi->abort))
+            return 1;
+        if (pi->md)
+            EVP_DigestUpdate(pi->md, pi->p + off, len);
+        else
+            for (size_t i = 0; i < len; i += 4096) sink ^= pi->p[off + i];
+        pi->done += len;
+        if (pi->progress && (off / CHUNK) % 64 == 0)
+            pi->progress(pi->ctx, pi->total ? (double)pi->done / (double)pi->total : 1.0);
+    }
+    (void)sink;
+    return 0;
+}
+
+/* read_part with SIGBUS caught: LLM_OK, LLM_ERR_CANCELLED or LLM_ERR_IO. */
+static llm_status read_part_guarded(page_in *pi, const char *name, llm_error *err)
+{
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1)) {
+        bus_at = NULL;
+        return llm_errf(err, LLM_ERR_IO, "%.300s: the file was truncated while it was read in (SIGBUS)", name);
+    }
+    bus_at = &jb;
+    int aborted = read_part(pi);
+    bus_at = NULL;
+    return aborted ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: loading was stopped", name) : LLM_OK;
+}
+
+llm_status srv_load_model(const char *path, llm_model **out, llm_error *err)
+{
+    sigjmp_buf jb;
+    *out = NULL;
+    if (sigsetjmp(jb, 1)) { /* (what the parse had allocated is lost: a file cut short as it is parsed, rare) */
+        bus_at = NULL;
+        return llm_errf(err, LLM_ERR_IO, "%.300s: the file was truncated while it was parsed (SIGBUS)", path);
+    }
+    bus_at = &jb;
+    llm_status st = llm_model_load(path, out, err);
+    bus_at = NULL;
+    return st;
+}
+
+/* Part k's digest of want ("" when want has none for it). */
+static void digest_of(const char *want, uint32_t k, char one[72])
+{
+    const char *d = want;
+    for (uint32_t i = 0; i < k && d; i++) d = strchr(d, ',') ? strchr(d, ',') + 1 : NULL;
+    size_t len = d ? strcspn(d, ",") : 0;
+    snprintf(one, 72, "%.*s", (int)(len < 71 ? len : 71), d ? d : "");
+}
+
+/* Every part paged in (and hashed against want's digests); 0 or a status. */
+static llm_status page_parts(const gguf_file *g, const char *want, page_in *pi, llm_error *err)
+{
+    llm_status st = LLM_OK;
+    for (uint32_t k = 0; k < gguf_n_parts(g) && !st; k++) {
+        pi->p = gguf_part_bytes(g, k, &pi->n);
+        const char *name = gguf_part_name(g, k) ? gguf_part_name(g, k) : gguf_name(g);
+        unsigned char dig[EVP_MAX_MD_SIZE];
+        unsigned int dn = 0;
+        char hex[FETCH_SHA256_HEX], one[72];
+        if (pi->md && !EVP_DigestInit_ex(pi->md, EVP_sha256(), NULL))
+            return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 init failed");
+        st = read_part_guarded(pi, name, err);
+        if (st || !pi->md)
+            continue;
+        if (!EVP_DigestFinal_ex(pi->md, dig, &dn) || dn != 32)
+            return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 final failed");
+        for (unsigned i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
+        digest_of(want, k, one);
+        if (strcasecmp(hex, one))
+            st = llm_errf(err, LLM_ERR_FORMAT, "%.200s: sha256 mismatch: the file's is %s, expected %s", name, hex, one);
     }
     return st;
+}
+
+llm_status srv_load_page_in(const llm_model *m, const char *want, void (*progress)(void *ctx, double done), void *ctx,
+                            const _Atomic int *abort, llm_error *err)
+{
+    const gguf_file *g = m->gguf;
+    int hashing = want && *want;
+    uint32_t given = 1, parts = gguf_n_parts(g);
+    for (const char *c = want; hashing && (c = strchr(c, ',')); c++) given++;
+    if (hashing && given != parts)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "%.300s: model_sha256 has %u digests for %u file%s (a split set: one "
+                        "per part, comma-separated in part order)", gguf_name(g), given, parts, parts > 1 ? "s" : "");
+    page_in pi = {.abort = abort, .progress = progress, .ctx = ctx, .md = hashing ? EVP_MD_CTX_new() : NULL};
+    if (hashing && !pi.md)
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory for a SHA-256 context");
+    for (uint32_t k = 0; k < parts; k++) {
+        size_t n;
+        gguf_part_bytes(g, k, &n);
+        pi.total += n;
+    }
+    llm_status st = page_parts(g, want, &pi, err);
+    EVP_MD_CTX_free(pi.md);
+    /* what was read must be what is mapped from now on: a file rewritten in place meanwhile is refused */
+    return st ? st : gguf_unchanged(g, err);
 }
 
 int srv_load_open_inside(const char *dir, const char *path, const char *param, int *fd, srv_err *e)

@@ -78,9 +78,7 @@ static llm_status find_model(srv *s, llm_error *err)
 {
     if (!fetch_is_remote(s->cfg.model)) {
         snprintf(s->model_path, sizeof s->model_path, "%s", s->cfg.model);
-        if (s->cfg.model_sha256 && *s->cfg.model_sha256)
-            snprintf(s->status, sizeof s->status, "checking the sha256 of %s", s->cfg.model);
-        return srv_load_verify_sha256(s->cfg.model, s->cfg.model_sha256, NULL, err);
+        return LLM_OK; /* its digest is checked on the mapping (srv_load_page_in) */
     }
     fetch_options o = {.cache_dir = s->cfg.model_cache[0] ? s->cfg.model_cache : NULL, .sha256 = s->cfg.model_sha256,
                        .verify_cached = (int)s->cfg.model_cache_verify, .progress = fetch_progress_cb, .log = fetch_log_cb, .ctx = s, .abort = &s->stopping};
@@ -103,10 +101,15 @@ static llm_status load(srv *s, llm_error *err)
     llm_status st = find_model(s, err);
     if (!st) {
         snprintf(s->status, sizeof s->status, "loading %.400s", s->model_path);
-        st = llm_model_load(s->model_path, &s->model, err);
+        st = srv_load_model(s->model_path, &s->model, err);
+    }
+    if (!st) { /* a source's digest was checked as it arrived; a local file's is checked here, on what is mapped */
+        const char *want = fetch_is_remote(s->cfg.model) ? NULL : s->cfg.model_sha256;
+        if (want && *want)
+            snprintf(s->status, sizeof s->status, "checking the sha256 of %.400s", s->model_path);
+        st = srv_load_page_in(s->model, want, load_progress, s, &s->stopping, err);
     }
     if (!st) {
-        llm_model_prefault(s->model, load_progress, s);
         snprintf(s->status, sizeof s->status, "model loaded; starting the engine");
         st = srv_load_backends(s, s->backends, &s->n_backends, err);
     }
@@ -218,6 +221,8 @@ int main(int argc, char **argv)
         return 1;
     }
     signal(SIGPIPE, SIG_IGN);
+    if (srv_load_catch_bus()) /* (without it a model file cut short while loading kills the process unexplained) */
+        fprintf(stderr, "llm-server: cannot catch SIGBUS: %s\n", strerror(errno));
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     pthread_t th;

@@ -30,6 +30,8 @@ struct gguf_file {
     const uint8_t *base;
     size_t size;
     gguf_base held;  /* what base is: the caller's, a mapping (munmap on close) or a heap copy (free) */
+    int fd;          /* a mapping's file, kept open to tell a change of it (gguf_unchanged); -1 otherwise */
+    struct timespec mtime; /* the file's, when mapped */
     char name[256];
     uint32_t version;
     uint64_t n_kv, n_tensors;
@@ -349,8 +351,10 @@ static llm_status parse(gguf_file *f, llm_error *err)
 static gguf_file *file_new(const char *name)
 {
     gguf_file *f = calloc(1, sizeof *f);
-    if (f)
+    if (f) {
         snprintf(f->name, sizeof f->name, "%s", name ? name : "(buffer)");
+        f->fd = -1;
+    }
     return f;
 }
 
@@ -401,17 +405,22 @@ static llm_status open_one(const char *path, gguf_file **out, llm_error *err)
     llm_status st = open_regular(path, &fd, &size, err);
     if (st)
         return st;
-    void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    struct stat sb;
+    void *p = fstat(fd, &sb) ? MAP_FAILED : mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int mmap_errno = errno;
-    close(fd);
-    if (p == MAP_FAILED)
+    if (p == MAP_FAILED) {
+        close(fd);
         return llm_errf(err, LLM_ERR_IO, "%s: mmap failed: %s", path, strerror(mmap_errno));
+    }
     st = gguf_open_buffer(p, size, path, out, err);
     if (st) {
         munmap(p, size);
+        close(fd);
         return st;
     }
     (*out)->held = GGUF_MAPPED;
+    (*out)->fd = fd; /* (the mapping's pages follow the file: an in-place change shows in its size or mtime) */
+    (*out)->mtime = sb.st_mtim;
     return LLM_OK;
 }
 
@@ -651,6 +660,8 @@ void gguf_close(gguf_file *f)
     free(f->tensors);
     if (f->held == GGUF_MAPPED)
         munmap((void *)f->base, f->size);
+    if (f->fd >= 0)
+        close(f->fd);
     else if (f->held == GGUF_COPIED)
         free((void *)f->base);
     free(f);
@@ -663,6 +674,38 @@ uint64_t gguf_n_tensors(const gguf_file *f) { return f->n_tensors; }
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, uint64_t i) { return i < f->n_tensors ? &f->tensors[i] : NULL; }
 const char *gguf_name(const gguf_file *f) { return f->name; }
 uint32_t gguf_n_parts(const gguf_file *f) { return f->n_parts ? f->n_parts : 1; }
+
+/* Part k (0: f itself). */
+static const gguf_file *part(const gguf_file *f, uint32_t k)
+{
+    return k == 0 ? f : k < f->n_parts ? f->parts[k] : NULL;
+}
+
+const void *gguf_part_bytes(const gguf_file *f, uint32_t k, size_t *size)
+{
+    const gguf_file *p = part(f, k);
+    *size = p ? p->size : 0;
+    return p ? p->base : NULL;
+}
+
+llm_status gguf_unchanged(const gguf_file *f, llm_error *err)
+{
+    for (uint32_t k = 0; k < gguf_n_parts(f); k++) {
+        const gguf_file *p = part(f, k);
+        struct stat sb;
+        if (!p || p->fd < 0)
+            continue;
+        if (fstat(p->fd, &sb))
+            return llm_errf(err, LLM_ERR_IO, "%s: cannot stat it again: %s", p->name, strerror(errno));
+        if ((size_t)sb.st_size != p->size)
+            return llm_errf(err, LLM_ERR_IO, "%s: the file changed while loaded: %zu bytes when mapped, %lld now", p->name,
+                            p->size, (long long)sb.st_size);
+        if (sb.st_mtim.tv_sec != p->mtime.tv_sec || sb.st_mtim.tv_nsec != p->mtime.tv_nsec)
+            return llm_errf(err, LLM_ERR_IO, "%s: the file was modified while loaded (its mtime moved): what was "
+                            "checked may not be what is served", p->name);
+    }
+    return LLM_OK;
+}
 const char *gguf_part_name(const gguf_file *f, uint32_t k)
 {
     return k < gguf_n_parts(f) ? (f->n_parts ? f->parts[k]->name : f->name) : NULL;

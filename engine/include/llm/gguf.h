@@ -125,6 +125,14 @@ const char *gguf_name(const gguf_file *f);
  * gguf_open_buffer reads one buffer: split.* keys are not followed there. */
 uint32_t gguf_n_parts(const gguf_file *f);
 const char *gguf_part_name(const gguf_file *f, uint32_t k);
+/* Part k's whole bytes as held (a mapping: reading a page of a file
+ * truncated since raises SIGBUS), *size of them; NULL out of range. */
+const void *gguf_part_bytes(const gguf_file *f, uint32_t k, size_t *size);
+/* LLM_OK while every mapped part's file has the size and mtime it had when
+ * mapped; LLM_ERR_IO naming the part and what moved otherwise (a file
+ * rewritten in place changes what the mapping reads). Copies and buffers
+ * never change. */
+llm_status gguf_unchanged(const gguf_file *f, llm_error *err);
 
 /* Typed getters: return LLM_OK and the value, LLM_ERR_FORMAT with a message
  * naming the key when the key has the wrong type, and LLM_ERR_INVALID_ARG

@@ -1,0 +1,138 @@
+/* test_srv_load.c - a model's file checked as it is mapped
+ * (srv_load_model, srv_load_page_in): the right sha256 passes and a wrong
+ * one names both digests whole; a file cut short after it was mapped fails
+ * the load with a message (SIGBUS caught on the reading thread), the
+ * process lives on; a file rewritten in place after it was mapped (what
+ * was mapped reads the new bytes) is refused by its moved mtime. */
+#include "testutil.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+#include "llm/mkmodel.h"
+#include "srv.h"
+
+static char g_path[64];
+
+static int setup(void **st)
+{
+    (void)st;
+    llm_error err = {0};
+    snprintf(g_path, sizeof g_path, "/tmp/test_srv_load_%d.gguf", (int)getpid());
+    if (llm_mkmodel(llm_shape_find("tiny"), QT_Q8_0, 5, g_path, &err))
+        return -1;
+    return 0;
+}
+
+static int teardown(void **st)
+{
+    (void)st;
+    unlink(g_path);
+    return 0;
+}
+
+/* A fresh copy of the model at path (the tests change it). */
+static void copy_to(const char *path)
+{
+    FILE *in = fopen(g_path, "rb"), *out = fopen(path, "wb");
+    assert_non_null(in);
+    assert_non_null(out);
+    char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) assert_int_equal(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+}
+
+static void sha256_hex(const char *path, char hex[65])
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    assert_true(md && EVP_DigestInit_ex(md, EVP_sha256(), NULL));
+    char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) EVP_DigestUpdate(md, buf, n);
+    unsigned char d[32];
+    unsigned int dn;
+    EVP_DigestFinal_ex(md, d, &dn);
+    EVP_MD_CTX_free(md);
+    fclose(f);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+}
+
+static void test_digest_on_the_mapping(void **st)
+{
+    (void)st;
+    char path[80], hex[65], msg[200];
+    snprintf(path, sizeof path, "%s.a", g_path);
+    copy_to(path);
+    sha256_hex(path, hex);
+    llm_model *m = NULL;
+    llm_error err = {0};
+    assert_int_equal(srv_load_model(path, &m, &err), LLM_OK);
+    assert_int_equal(srv_load_page_in(m, hex, NULL, NULL, NULL, &err), LLM_OK);
+    const char *zeros = "0000000000000000000000000000000000000000000000000000000000000000";
+    assert_int_equal(srv_load_page_in(m, zeros, NULL, NULL, NULL, &err), LLM_ERR_FORMAT);
+    snprintf(msg, sizeof msg, "sha256 mismatch: the file's is %s, expected %s", hex, zeros);
+    assert_non_null(strstr(err.msg, msg));
+    assert_int_equal(srv_load_page_in(m, "ab,cd", NULL, NULL, NULL, &err), LLM_ERR_INVALID_ARG); /* 2 digests, 1 file */
+    llm_model_free(m);
+    unlink(path);
+}
+
+static void test_cut_short_while_mapped(void **st)
+{
+    (void)st;
+    char path[80];
+    snprintf(path, sizeof path, "%s.b", g_path);
+    copy_to(path);
+    assert_int_equal(srv_load_catch_bus(), 0); /* (cmocka sets its own SIGBUS handler for each test) */
+    llm_model *m = NULL;
+    llm_error err = {0};
+    assert_int_equal(srv_load_model(path, &m, &err), LLM_OK);
+    assert_int_equal(truncate(path, 4096), 0); /* another writer cuts it: the pages past 4 KiB are gone */
+    assert_int_equal(srv_load_page_in(m, NULL, NULL, NULL, NULL, &err), LLM_ERR_IO);
+    assert_non_null(strstr(err.msg, "truncated while it was read in (SIGBUS)"));
+    llm_model_free(m); /* (its pages past the end are never touched again) */
+    unlink(path);
+}
+
+static void test_rewritten_in_place(void **st)
+{
+    (void)st;
+    char path[80], hex[65];
+    snprintf(path, sizeof path, "%s.c", g_path);
+    copy_to(path);
+    sha256_hex(path, hex);
+    llm_model *m = NULL;
+    llm_error err = {0};
+    assert_int_equal(srv_load_model(path, &m, &err), LLM_OK);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    int fd = open(path, O_WRONLY);
+    assert_true(fd >= 0);
+    unsigned char b = 0x5a;
+    assert_int_equal(pwrite(fd, &b, 1, sb.st_size - 1), 1); /* the same size, another last byte */
+    struct timespec later[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_sec = sb.st_mtim.tv_sec + 5}};
+    assert_int_equal(futimens(fd, later), 0); /* (a coarse clock could give the write the old mtime) */
+    close(fd);
+    /* the digest checked was the file's before: what is mapped now differs, and is refused either way */
+    llm_status got = srv_load_page_in(m, hex, NULL, NULL, NULL, &err);
+    assert_true(got == LLM_ERR_FORMAT || got == LLM_ERR_IO);
+    assert_int_equal(srv_load_page_in(m, NULL, NULL, NULL, NULL, &err), LLM_ERR_IO);
+    assert_non_null(strstr(err.msg, "modified while loaded"));
+    llm_model_free(m);
+    unlink(path);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_digest_on_the_mapping),
+                                       cmocka_unit_test(test_cut_short_while_mapped),
+                                       cmocka_unit_test(test_rewritten_in_place)};
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
