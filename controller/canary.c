@@ -65,6 +65,21 @@ static llm_status steps_from_spec(json_t *steps, canary_config *c, llm_error *er
     return LLM_OK;
 }
 
+/* 1 when s is a DNS-1123 subdomain shorter than cap: an object's name,
+ * which goes into an API path (never "..", never a '/'). */
+static int dns_subdomain(const char *s, size_t cap)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n < 1 || n >= cap || n > 253 || !isalnum((unsigned char)s[0]) || !isalnum((unsigned char)s[n - 1]))
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!(islower(c) || isdigit(c) || c == '-' || (c == '.' && s[i + 1] != '.')))
+            return 0;
+    }
+    return 1;
+}
+
 /* spec.canary.analysis.quality (absent or null: off). */
 static llm_status quality_from_spec(json_t *q, canary_quality *c, llm_error *err)
 {
@@ -84,9 +99,10 @@ static llm_status quality_from_spec(json_t *q, canary_quality *c, llm_error *err
     if (!st)
         st = number(q, "analysis.quality", "topLogprobs", 20, 1, 20, &top, err);
     if (!st)
-        st = number(q, "analysis.quality", "timeoutSeconds", 600, 10, 86400, &timeout, err);
-    if (!st && cm && (!json_is_string(cm) || json_string_length(cm) < 1 || json_string_length(cm) >= sizeof c->config_map))
-        st = llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.analysis.quality.texts.configMap: want a ConfigMap's name");
+        st = number(q, "analysis.quality", "timeoutSeconds", 600, 10, 3600, &timeout, err);
+    if (!st && cm && !dns_subdomain(json_string_value(cm), sizeof c->config_map))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.analysis.quality.texts.configMap: want a ConfigMap's name "
+                      "(a DNS subdomain: lower-case letters, digits, '-' and '.')");
     if (!st && on && strcmp(on, "hold") && strcmp(on, "fail"))
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.analysis.quality.onIncomparable: %s is not hold or fail", on);
     snprintf(c->config_map, sizeof c->config_map, "%s", cm ? json_string_value(cm) ?: "" : "");
@@ -371,11 +387,12 @@ void canary_analyse(const canary_config *c, const canary_sample *w, canary_analy
     }
 }
 
-canary_action canary_decide(const canary_config *c, int step, double step_age_s, canary_verdict v, int paused)
+canary_action canary_decide(const canary_config *c, int step, double step_age_s, double window_age_s, canary_verdict v,
+                            int paused)
 {
     if (v == CANARY_FAIL)
         return CANARY_ROLLBACK;
-    if (v == CANARY_INCONCLUSIVE && !paused && step >= 0 && c->inconclusive_s > 0 && step_age_s >= c->inconclusive_s)
+    if (v == CANARY_INCONCLUSIVE && !paused && step >= 0 && c->inconclusive_s > 0 && window_age_s >= c->inconclusive_s)
         return c->rollback_inconclusive ? CANARY_ROLLBACK : CANARY_STALLED;
     if (paused || v != CANARY_PASS || step < 0 || step >= c->n_steps || step_age_s < c->steps[step].pause_s)
         return CANARY_HOLD;

@@ -105,10 +105,13 @@ void canary_analyse(const canary_config *c, const canary_sample *window, canary_
 
 typedef enum canary_action { CANARY_HOLD, CANARY_ADVANCE, CANARY_PROMOTE, CANARY_ROLLBACK, CANARY_STALLED } canary_action;
 
-/* What to do at step `step` (0-based) after step_age_s seconds there.
- * CANARY_STALLED: no verdict for inconclusive_s (too little traffic) and
- * onInconclusive pause: hold, saying so; with rollback it is CANARY_ROLLBACK. */
-canary_action canary_decide(const canary_config *c, int step, double step_age_s, canary_verdict v, int paused);
+/* What to do at step `step` (0-based) after step_age_s seconds there, its
+ * window (the counters judged) begun window_age_s ago (a window starts
+ * again when a router restarts). CANARY_STALLED: no verdict for
+ * inconclusive_s of window (too little traffic) and onInconclusive pause:
+ * hold, saying so; with rollback it is CANARY_ROLLBACK. */
+canary_action canary_decide(const canary_config *c, int step, double step_age_s, double window_age_s, canary_verdict v,
+                            int paused);
 
 /* Pods per revision while the canary takes weight percent of total
  * replicas: each at least one, together about total. */

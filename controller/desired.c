@@ -166,6 +166,10 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
     json_t *spec = json_object_get(d, "spec");
     long long kv_mb = 0;
     json_t *kvm = kube_json_get(spec, "engine", "kvCacheMemory");
+    if (!template_key_ok(kube_json_get(spec, "chatTemplate", "key"))) { /* (a file name, and a line of the YAML) */
+        snprintf(msg, mn, "spec.chatTemplate.key: want a ConfigMap key (letters, digits, '-', '_', '.'; not first '.')");
+        return NULL;
+    }
     if (kvm) {
         long long bytes = json_is_integer(kvm) ? json_integer_value(kvm) : desired_quantity(json_string_value(kvm));
         if (bytes <= 0) {
@@ -218,13 +222,6 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
     }
     free(tq);
     const char *tkey = json_string_value(kube_json_get(spec, "chatTemplate", "key"));
-    if (!template_key_ok(kube_json_get(spec, "chatTemplate", "key"))) {
-        snprintf(msg, mn, "spec.chatTemplate.key: want a ConfigMap key (letters, digits, '-', '_', '.'; not first '.')");
-        llm_strbuf_free(y);
-        free(model);
-        free(served);
-        return NULL;
-    }
     if (kube_json_get(spec, "chatTemplate", "configMap")) /* only when set: others keep their config (and pods) */
         yaml_line(y, "chat_template_file", "%s/%s", DESIRED_TEMPLATE_DIR, tkey ? tkey : "template.jinja");
     if (desired_adapters(d)) { /* the list itself is in DESIRED_ADAPTERS_KEY, outside the configuration's hash */

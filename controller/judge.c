@@ -1,5 +1,6 @@
 /* judge.c - the quality gate's reads of two pods; see judge.h. */
 #include <curl/curl.h>
+#include <openssl/crypto.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +14,10 @@
 #include "llm/thread.h"
 
 #define KEY_MAX 320
-#define TEXT_IDS_MAX 8192 /* a text's tokens: beyond, its answers could not be held */
+#define TEXT_IDS_MAX 2048     /* a text's tokens: longer ones cannot be judged (incomparable) */
+#define TOKENS_ANSWER_MAX (64u << 10) /* /admin/tokenize's answer: TEXT_IDS_MAX ids and the vocabulary size */
+#define ERROR_ANSWER_MAX 4096 /* a refusal's body: its message is all that is read */
+#define ENTRY_BYTES 80        /* a prompt_logprobs alternative as llm-server prints it, with room */
 
 typedef struct entry {
     char key[KEY_MAX];
@@ -24,7 +28,8 @@ typedef struct entry {
 
 struct judge {
     llm_sync_worker w;      /* w.mu guards the entries */
-    atomic_int cancel;      /* ends the request in flight at judge_free */
+    atomic_int cancel;      /* ends the request in flight: judge_free (1), or the running job's key let go of it (2) */
+    unsigned long long running; /* the seq of the job running (0: none), under w.mu */
     entry *e;
     size_t n;
     unsigned long long seq;
@@ -38,31 +43,40 @@ static int aborted(void *p, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t
     return atomic_load((atomic_int *)p);
 }
 
-/* POSTs body to side's url + path: the parsed answer of a 200, else NULL
- * with why (the status and the pod's words) and *refused set when the pod
- * refused the request itself (a 4xx but 408 and 429: asking again cannot
- * help, e.g. a text longer than the model's context). */
-static json_t *post(judge *j, const judge_job *job, int side, const char *path, json_t *body, double deadline,
-                    int *refused, char *why, size_t wn)
+/* POSTs body to side's url + path: the parsed answer of a 200 (of at most
+ * max bytes: a pod's answer is the tenant's, and its parsed tree is many
+ * times its size), else NULL with why (the status and the pod's words)
+ * and *refused set when the pod refused the request itself as malformed
+ * or too large (400, 413, 422: the same request fails again, e.g. a text
+ * longer than the model's context). Anything else - 401, 404, 409 (a
+ * restarted pod without its colocated canary yet), 5xx, no answer - is a
+ * read that may go another time. */
+static json_t *post(judge *j, const judge_job *job, int side, const char *path, json_t *body, size_t max,
+                    double deadline, int *refused, char *why, size_t wn)
 {
     const judge_side *s = &job->side[side];
     char url[192], auth[100], rev[40], *text = json_dumps(body, JSON_COMPACT);
     double left = deadline - llm_clock_mono_s();
     CURL *c = text && left > 0 ? curl_easy_init() : NULL;
     struct curl_slist *h = NULL, *t;
-    if (!c) {
-        snprintf(why, wn, "%s", !text ? "no memory for a request" : left <= 0 ? "the job's time ran out" : "no curl handle");
-        free(text);
-        return NULL;
-    }
     snprintf(url, sizeof url, "%s%s", s->url, path);
     snprintf(auth, sizeof auth, "Authorization: Bearer %s", job->token);
     snprintf(rev, sizeof rev, "X-LLM-Revision: %s", s->revision);
     const char *lines[] = {auth, rev, "Content-Type: application/json"};
-    for (size_t i = 0; i < 3; i++)
+    int hdrs = 0;
+    for (size_t i = 0; c && i < 3; i++)
         if ((t = curl_slist_append(h, lines[i])))
-            h = t;
-    http_client_body b = {.max = JUDGE_ANSWER_MAX};
+            h = t, hdrs++;
+    *refused = 0;
+    if (!c || hdrs < 3) { /* (a request without its token or revision would be a wrong one) */
+        snprintf(why, wn, "%s", !text || c ? "no memory for a request" : left <= 0 ? "the job's time ran out" : "no curl handle");
+        curl_slist_free_all(h);
+        if (c)
+            curl_easy_cleanup(c);
+        free(text);
+        return NULL;
+    }
+    http_client_body b = {.max = max};
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_PROXY, ""); /* the pod directly */
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
@@ -82,9 +96,9 @@ static json_t *post(judge *j, const judge_job *job, int side, const char *path, 
     curl_easy_cleanup(c);
     free(text);
     json_t *out = code == 200 && b.p ? llm_json_loads(b.p, 0, NULL) : NULL;
-    *refused = code >= 400 && code < 500 && code != 408 && code != 429;
+    *refused = code == 400 || code == 413 || code == 422;
     if (!out) {
-        json_t *e = code && b.p ? llm_json_loads(b.p, 0, NULL) : NULL;
+        json_t *e = code && b.p && b.n <= ERROR_ANSWER_MAX ? llm_json_loads(b.p, 0, NULL) : NULL;
         const char *msg = json_string_value(json_object_get(json_object_get(e, "error"), "message"));
         if (rc != CURLE_OK)
             snprintf(why, wn, "%s %s: %s", s->revision, url, b.over ? "the answer is over its bound" : curl_easy_strerror(rc));
@@ -106,37 +120,36 @@ int judge_common_suffix(const int32_t *a, int na, const int32_t *b, int nb)
     return k;
 }
 
-/* The last n entries of an answer's prompt_logprobs (a new array), or NULL. */
-static json_t *last_entries(json_t *answer, int n)
+/* The last n positions of an answer's prompt_logprobs, read out (a new
+ * array the caller frees; the answer's tree can go), or NULL with why. */
+static quality_pos *last_positions(json_t *answer, int n, char *why, size_t wn)
 {
-    json_t *choice = json_array_get(json_object_get(answer, "choices"), 0);
-    json_t *list = json_object_get(choice, "prompt_logprobs");
+    json_t *list = json_object_get(json_array_get(json_object_get(answer, "choices"), 0), "prompt_logprobs");
     size_t len = json_array_size(list);
-    if (!json_is_array(list) || n < 0 || (size_t)n > len)
+    quality_pos *out = n > 0 && (size_t)n <= len ? malloc((size_t)n * sizeof *out) : NULL;
+    if (!out) {
+        snprintf(why, wn, n > 0 && (size_t)n <= len ? "no memory for %d positions"
+                                                    : "an answer lacks prompt_logprobs for its last %d positions", n);
         return NULL;
-    json_t *out = json_array();
-    for (size_t i = len - (size_t)n; out && i < len; i++)
-        if (json_array_append(out, json_array_get(list, i))) {
-            json_decref(out);
-            return NULL;
-        }
+    }
+    if (quality_pos_list(list, len - (size_t)n, (size_t)n, out, why, wn)) {
+        free(out);
+        return NULL;
+    }
     return out;
 }
 
 int judge_add_answers(quality_sum *s, json_t *stable, json_t *canary, int n, char *why, size_t wn)
 {
-    json_t *a = last_entries(stable, n), *b = last_entries(canary, n);
-    int rc = -1;
-    if (!a || !b)
-        snprintf(why, wn, "an answer lacks prompt_logprobs for its last %d positions", n);
-    else
-        rc = quality_add(s, a, b, why, wn);
-    json_decref(a);
-    json_decref(b);
+    quality_pos *a = last_positions(stable, n, why, wn), *b = a ? last_positions(canary, n, why, wn) : NULL;
+    int rc = b ? quality_add_pos(s, a, b, (size_t)n, why, wn) : -1;
+    free(a);
+    free(b);
     return rc;
 }
 
-/* A tokenize answer's ids into a new array (*n of them), or NULL. */
+/* A tokenize answer's ids into a new array (*n of them, 2..TEXT_IDS_MAX),
+ * or NULL. */
 static int32_t *ids_of(json_t *answer, int *n, long *vocab)
 {
     json_t *t = json_object_get(answer, "tokens");
@@ -170,63 +183,93 @@ static json_t *score_request(const int32_t *ids, int n, int top)
     return req;
 }
 
+/* One text's reading on both sides. */
+typedef struct reading {
+    int32_t *ids[2];
+    int n[2];
+    long vocab[2];
+    int chat;
+    int common;                 /* tokens both end with */
+} reading;
+
+/* Each side's ids for text: 1, 0 incomparable, -1 a read failed (w why). */
+static int tokenize_both(judge *j, const judge_job *job, json_t *text, double deadline, reading *r, char *w, size_t wn)
+{
+    json_t *msgs = json_object_get(text, "messages");
+    json_t *req = msgs ? json_pack("{s:O}", "messages", msgs) : json_pack("{s:O}", "prompt", json_object_get(text, "prompt"));
+    int refused = 0;
+    r->chat = msgs != NULL;
+    for (int s = 0; s < 2 && req; s++) {
+        json_t *tok = post(j, job, s, "/admin/tokenize", req, TOKENS_ANSWER_MAX, deadline, &refused, w, wn);
+        if (!tok) {
+            json_decref(req);
+            return refused ? 0 : -1;
+        }
+        r->ids[s] = ids_of(tok, &r->n[s], &r->vocab[s]);
+        json_decref(tok);
+        if (!r->ids[s]) { /* (the same answer again would not do better) */
+            snprintf(w, wn, "a tokenization is not 2 to %d ids of its vocabulary", TEXT_IDS_MAX);
+            json_decref(req);
+            return 0;
+        }
+    }
+    json_decref(req);
+    if (!req) {
+        snprintf(w, wn, "no memory");
+        return -1;
+    }
+    r->common = judge_common_suffix(r->ids[0], r->n[0], r->ids[1], r->n[1]);
+    if (r->vocab[0] != r->vocab[1])
+        snprintf(w, wn, "the vocabularies differ (%ld and %ld tokens)", r->vocab[0], r->vocab[1]);
+    else if (!r->chat && (r->n[0] != r->n[1] || r->common != r->n[0]))
+        snprintf(w, wn, "the revisions tokenize it differently (%d and %d ids)", r->n[0], r->n[1]);
+    else if (r->common < 2)
+        snprintf(w, wn, "the two renderings of the chat do not end alike (templates differ past comparing)");
+    else
+        return 1;
+    return 0;
+}
+
+/* Both sides' distributions over the positions compared, added to sum:
+ * 1, 0 refused, -1 a read failed (w why). One answer's tree at a time. */
+static int score_both(judge *j, const judge_job *job, const reading *r, double deadline, quality_sum *sum, char *w,
+                      size_t wn)
+{
+    /* the suffix's first token is predicted on both sides only when both have a token before it */
+    int cmp = r->common < r->n[0] && r->common < r->n[1] ? r->common : r->common - 1, refused = 0;
+    quality_pos *pos[2] = {NULL, NULL};
+    for (int s = 0; s < 2; s++) {
+        json_t *req = score_request(r->ids[s], r->n[s], job->top);
+        size_t max = (size_t)r->n[s] * (size_t)(job->top + 1) * ENTRY_BYTES + (64u << 10);
+        json_t *ans = req ? post(j, job, s, "/admin/completions", req, max, deadline, &refused, w, wn) : NULL;
+        json_decref(req);
+        pos[s] = ans ? last_positions(ans, cmp, w, wn) : NULL;
+        json_decref(ans);
+        if (!pos[s]) {
+            free(pos[0]);
+            return ans || !refused ? -1 : 0;
+        }
+    }
+    int rc = quality_add_pos(sum, pos[0], pos[1], (size_t)cmp, w, wn) ? -1 : 1;
+    free(pos[0]);
+    free(pos[1]);
+    return rc;
+}
+
 /* One text on both sides: 1 added, 0 incomparable, -1 a read failed;
  * why says what when not 1. */
 static int one_text(judge *j, const judge_job *job, json_t *text, double deadline, quality_sum *sum, char *why, size_t wn)
 {
     const char *name = json_string_value(json_object_get(text, "name")) ?: "?";
-    json_t *msgs = json_object_get(text, "messages"), *tok_req = msgs ? json_pack("{s:O}", "messages", msgs)
-                                                                     : json_pack("{s:O}", "prompt", json_object_get(text, "prompt"));
-    json_t *tok[2] = {NULL, NULL}, *ans[2] = {NULL, NULL};
-    int32_t *ids[2] = {NULL, NULL};
-    int n[2] = {0, 0}, rc = -1;
-    long vocab[2] = {0, 0};
+    reading r = {0};
     char w[400] = "";
-    int refused = 0;
-    for (int s = 0; s < 2 && tok_req; s++)
-        if (!(tok[s] = post(j, job, s, "/admin/tokenize", tok_req, deadline, &refused, w, sizeof w)))
-            break;
-    for (int s = 0; s < 2 && tok[1]; s++)
-        ids[s] = ids_of(tok[s], &n[s], &vocab[s]);
-    int common = ids[0] && ids[1] ? judge_common_suffix(ids[0], n[0], ids[1], n[1]) : 0;
-    if (!tok_req) {
-        snprintf(w, sizeof w, "no memory");
-    } else if (!tok[1]) { /* w says which read failed */
-        rc = refused ? 0 : -1;
-    } else if (!ids[0] || !ids[1]) {
-        snprintf(w, sizeof w, "a tokenization is not 2 to %d ids of its vocabulary", TEXT_IDS_MAX);
-    } else if (vocab[0] != vocab[1]) {
-        rc = 0;
-        snprintf(w, sizeof w, "the vocabularies differ (%ld and %ld tokens)", vocab[0], vocab[1]);
-    } else if (!msgs && (n[0] != n[1] || common != n[0])) {
-        rc = 0;
-        snprintf(w, sizeof w, "the revisions tokenize it differently (%d and %d ids)", n[0], n[1]);
-    } else if (common < 2) {
-        rc = 0;
-        snprintf(w, sizeof w, "the two renderings of the chat do not end alike (templates differ past comparing)");
-    } else {
-        for (int s = 0; s < 2; s++) {
-            json_t *req = score_request(ids[s], n[s], job->top);
-            ans[s] = req ? post(j, job, s, "/admin/completions", req, deadline, &refused, w, sizeof w) : NULL;
-            json_decref(req);
-            if (!ans[s])
-                break;
-        }
-        /* the suffix's first token is predicted on both sides only when both have a token before it */
-        int cmp = common < n[0] && common < n[1] ? common : common - 1;
-        if (ans[1])
-            rc = judge_add_answers(sum, ans[0], ans[1], cmp, w, sizeof w) ? -1 : 1;
-        else
-            rc = refused ? 0 : -1;
-    }
+    int rc = tokenize_both(j, job, text, deadline, &r, w, sizeof w);
+    if (rc == 1)
+        rc = score_both(j, job, &r, deadline, sum, w, sizeof w);
     if (rc != 1)
         snprintf(why, wn, "text %.60s: %s", name, w);
-    for (int s = 0; s < 2; s++) {
-        json_decref(tok[s]);
-        json_decref(ans[s]);
-        free(ids[s]);
-    }
-    json_decref(tok_req);
+    free(r.ids[0]);
+    free(r.ids[1]);
     return rc;
 }
 
@@ -253,6 +296,12 @@ static void run_job(judge *j, const judge_job *job, judge_result *r)
 }
 
 /* ---- the thread ------------------------------------------------------------------ */
+
+/* The job r came from read the pods job names. */
+static int same_pods(const judge_result *r, const judge_job *job)
+{
+    return !strcmp(r->url[0], job->side[0].url) && !strcmp(r->url[1], job->side[1].url);
+}
 
 static entry *find(judge *j, const char *key)
 {
@@ -289,13 +338,19 @@ static void *loop(void *arg)
         e->job.texts = NULL;
         e->res.state = JUDGE_RUNNING;
         snprintf(key, sizeof key, "%s", e->key);
+        j->running = seq;
+        int was = 2;
+        atomic_compare_exchange_strong(&j->cancel, &was, 0); /* a cancel of the job before, not judge_free's */
         pthread_mutex_unlock(&j->w.mu);
         judge_result r = {.state = JUDGE_DONE, .stage = job.stage};
         snprintf(r.rev, sizeof r.rev, "%s", job.rev);
+        for (int k = 0; k < 2; k++) memcpy(r.url[k], job.side[k].url, sizeof r.url[k]);
         run_job(j, &job, &r);
         r.finished_mono = llm_clock_mono_s();
         json_decref(job.texts);
+        OPENSSL_cleanse(job.token, sizeof job.token);
         pthread_mutex_lock(&j->w.mu);
+        j->running = 0;
         if ((e = find(j, key)) && e->seq == seq) /* still the job key wants */
             e->res = r;
     }
@@ -340,7 +395,7 @@ llm_status judge_want(judge *j, const char *key, judge_job *job, llm_error *err)
     llm_status st = LLM_OK;
     pthread_mutex_lock(&j->w.mu);
     entry *e = find(j, key);
-    int same = e && e->res.stage == job->stage && !strcmp(e->res.rev, job->rev);
+    int same = e && e->res.stage == job->stage && !strcmp(e->res.rev, job->rev) && same_pods(&e->res, job);
     int again = same && e->res.state == JUDGE_DONE && e->res.outcome < 0 &&
                 llm_clock_mono_s() - e->res.finished_mono >= JUDGE_RETRY_S;
     if (same && !again) {
@@ -354,12 +409,15 @@ llm_status judge_want(judge *j, const char *key, judge_job *job, llm_error *err)
             snprintf(e->key, sizeof e->key, "%s", key);
         }
         json_decref(e->job.texts);
+        if (e->seq == j->running) /* its pods or revision changed: the request in flight ends now */
+            atomic_store(&j->cancel, 2);
         e->job = *job;
         e->seq = ++j->seq;
         memset(&e->res, 0, sizeof e->res);
         e->res.state = JUDGE_QUEUED;
         e->res.stage = job->stage;
         snprintf(e->res.rev, sizeof e->res.rev, "%s", job->rev);
+        for (int k = 0; k < 2; k++) memcpy(e->res.url[k], job->side[k].url, sizeof e->res.url[k]);
         pthread_cond_signal(&j->w.cv);
     }
     job->texts = NULL;
@@ -404,6 +462,8 @@ void judge_forget(judge *j, const char *key)
     pthread_mutex_lock(&j->w.mu);
     entry *e = find(j, key);
     if (e) {
+        if (e->seq == j->running)
+            atomic_store(&j->cancel, 2);
         json_decref(e->job.texts);
         *e = j->e[--j->n];
     }

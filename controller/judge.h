@@ -16,9 +16,12 @@
  * min_positions is incomparable too (the texts are too short to judge).
  *
  * Bounds: JUDGE_MAX_KEYS deployments with a job at a time (a newer want
- * past it is refused), one job running at once, JUDGE_ANSWER_MAX bytes an
- * answer, every request within the job's timeout; judge_free ends the
- * request in flight.
+ * past it is refused), one job running at once (the others queue, oldest
+ * first), texts of at most 2,048 tokens, an answer at most what its ids
+ * and top-k need (~80 bytes an entry) and read into compact positions
+ * before the other side's is fetched, every request within the job's
+ * timeout; a job replaced (other pods, revision or stage) or forgotten
+ * ends its request in flight, as judge_free does.
  *
  * Ownership: the judge owns its thread and jobs; judge_want takes the
  * job's texts (a new reference the judge frees). Thread-safety: every
@@ -32,7 +35,6 @@
 #include "quality.h"
 
 #define JUDGE_MAX_KEYS 256
-#define JUDGE_ANSWER_MAX (16u << 20)
 #define JUDGE_RETRY_S 15    /* a job that failed to read (not a verdict) runs again when asked after this long */
 
 typedef struct judge_side {
@@ -60,6 +62,7 @@ typedef struct judge_result {
     int outcome;            /* when done: 1 measured, 0 incomparable (message says why), -1 a read failed */
     quality_sum sum;
     int texts;              /* texts compared */
+    char url[2][128];       /* the pods read (a job for others is another job) */
     double finished_mono;   /* llm_clock_mono_s() when done */
     char message[512];
 } judge_result;
@@ -70,9 +73,10 @@ llm_status judge_new(judge **out, llm_error *err);
 void judge_free(judge *j);
 
 /* Asks for job under key ("ns/name"). Nothing changes when the same
- * revision and stage is queued, running or done (unless done with a read
- * failure JUDGE_RETRY_S ago or more); otherwise it replaces what key had
- * (a running job of another revision or stage finishes unheard).
+ * revision and stage on the same pods is queued, running or done (unless
+ * done with a read failure JUDGE_RETRY_S ago or more); otherwise it
+ * replaces what key had (a running one is stopped: its pods may be gone,
+ * and their addresses another's).
  * job->texts is taken whatever the answer. LLM_ERR_NOMEM past
  * JUDGE_MAX_KEYS keys. */
 llm_status judge_want(judge *j, const char *key, judge_job *job, llm_error *err);

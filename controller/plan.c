@@ -115,9 +115,6 @@ static int autoscale_start(const plan_input *in, json_t *prev, json_t *spec, int
     return want >= 0 && want <= INT_MAX ? (int)want : 0;
 }
 
-/* Its turn: the replicas to run, from the pods' signal and the state kept
- * in status.autoscaling; written into our copy of the spec so the desired
- * Deployment carries them. */
 /* spec.replicas while the built-in autoscaler decides: a change of it
  * (kubectl scale, an edit) is not applied, and says so once in an event;
  * the status keeps what it was and why it is not what runs. */
@@ -135,6 +132,9 @@ static void scale_ignored(json_t *spec, json_t *prev, plan *p, int desired)
     json_object_set_new(p->autoscaling, "message", asked == desired ? json_null() : json_string(msg));
 }
 
+/* Its turn: the replicas to run, from the pods' signal and the state kept
+ * in status.autoscaling; written into our copy of the spec so the desired
+ * Deployment carries them. */
 static llm_status autoscale(const plan_input *in, json_t *d, plan *p, llm_error *err)
 {
     json_t *spec = json_object_get(d, "spec");

@@ -39,7 +39,8 @@ typedef struct plan_input {
     json_t *llmd;                 /* the LLMDeployment */
     json_t *stable;               /* its Deployment NAME; NULL: none yet */
     json_t *canary;               /* NAME-canary (read with spec.canary); NULL: none */
-    const char *admin_secret;     /* colocated canary: the key Secret's name (admin_secret.h); NULL otherwise */
+    const char *admin_secret;     /* the pods' admin token Secret's name (admin_secret.h: a colocated canary, adapters,
+                                   * the quality gate); NULL otherwise */
     const desired_site *site;     /* the platform's settings (borrowed); NULL: none */
     const podsig_reading *pods;   /* the pods' signals; NULL or age_s < 0: none */
     const judge_result *quality;  /* the canary's quality judgement (judge.h); NULL: none */

@@ -314,8 +314,6 @@ static json_t *startupz_of(const char *body)
     return out ? out : json_null();
 }
 
-/* Every page at once; each answer added to its target's reading. */
-/* 0, or -1 without memory (nothing read: the round stores nothing). */
 /* One /metrics page asked for r: a counter page of its canary, a page of
  * its routers' activity. Its own routers' and pods' pages only: a gateway
  * of the namespace may not route to it at all (its page then has none of
@@ -336,6 +334,8 @@ static const char *const kept_series[] = {
     "llm_router_held_", "llm_router_route_held_", "llm_router_backend_inflight", /* activity (scale to zero) */
     NULL};
 
+/* Every page at once; each answer added to its target's reading.
+ * 0, or -1 without memory (nothing read: the round stores nothing). */
 static int read_pages(sig_round *rd)
 {
     const char **urls = calloc(rd->np ? rd->np : 1, sizeof *urls);

@@ -97,6 +97,59 @@ double quality_kl(const quality_pos *p, const quality_pos *q)
     return kl > 0 ? kl : 0; /* (rounding of lists that hold nearly all the mass) */
 }
 
+/* One position into add: both empty (the first token, nothing precedes
+ * it) adds nothing. 0, or -1 when only one side is empty. */
+static int add_one(quality_sum *add, const quality_pos *p, const quality_pos *q)
+{
+    if (!p->n && !q->n)
+        return 0;
+    if (!p->n || !q->n)
+        return -1;
+    double kl = quality_kl(p, q);
+    add->kl += kl;
+    add->kl_max = kl > add->kl_max ? kl : add->kl_max;
+    add->positions++;
+    add->top1_same += quality_top1(p) == quality_top1(q);
+    return 0;
+}
+
+static void merge_sum(quality_sum *s, const quality_sum *add)
+{
+    s->kl += add->kl;
+    s->kl_max = add->kl_max > s->kl_max ? add->kl_max : s->kl_max;
+    s->positions += add->positions;
+    s->top1_same += add->top1_same;
+}
+
+int quality_pos_list(json_t *list, size_t from, size_t n, quality_pos *out, char *why, size_t why_n)
+{
+    if (!json_is_array(list) || from + n < from || from + n > json_array_size(list)) {
+        snprintf(why, why_n, "a prompt_logprobs list of %zu positions, not the %zu wanted", json_array_size(list), from + n);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(list, from + i);
+        out[i].n = 0;
+        if (!json_is_null(e) && quality_pos_from_json(e, &out[i])) {
+            snprintf(why, why_n, "position %zu: not a prompt_logprobs entry", from + i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int quality_add_pos(quality_sum *s, const quality_pos *p, const quality_pos *q, size_t n, char *why, size_t why_n)
+{
+    quality_sum add = {0};
+    for (size_t i = 0; i < n; i++)
+        if (add_one(&add, &p[i], &q[i])) {
+            snprintf(why, why_n, "position %zu: listed on one side only", i);
+            return -1;
+        }
+    merge_sum(s, &add);
+    return 0;
+}
+
 int quality_add(quality_sum *s, json_t *stable, json_t *canary, char *why, size_t why_n)
 {
     size_t n = json_array_size(stable);
@@ -108,22 +161,13 @@ int quality_add(quality_sum *s, json_t *stable, json_t *canary, char *why, size_
     quality_sum add = {0};
     for (size_t i = 0; i < n; i++) {
         json_t *a = json_array_get(stable, i), *b = json_array_get(canary, i);
-        if (json_is_null(a) && json_is_null(b))
-            continue; /* the first token: nothing precedes it */
-        quality_pos p, q;
-        if (quality_pos_from_json(a, &p) || quality_pos_from_json(b, &q) || !p.n || !q.n) {
+        quality_pos p = {0}, q = {0};
+        if ((!json_is_null(a) && quality_pos_from_json(a, &p)) || (!json_is_null(b) && quality_pos_from_json(b, &q)) ||
+            add_one(&add, &p, &q)) {
             snprintf(why, why_n, "position %zu: not a prompt_logprobs entry on one side", i);
             return -1;
         }
-        double kl = quality_kl(&p, &q);
-        add.kl += kl;
-        add.kl_max = kl > add.kl_max ? kl : add.kl_max;
-        add.positions++;
-        add.top1_same += quality_top1(&p) == quality_top1(&q);
     }
-    s->kl += add.kl;
-    s->kl_max = add.kl_max > s->kl_max ? add.kl_max : s->kl_max;
-    s->positions += add.positions;
-    s->top1_same += add.top1_same;
+    merge_sum(s, &add);
     return 0;
 }

@@ -72,4 +72,12 @@ typedef struct quality_sum {
  * lengths differ, an entry is not one); nothing is added on failure. */
 int quality_add(quality_sum *s, json_t *stable, json_t *canary, char *why, size_t why_n);
 
+/* The same over positions already read (judge.c keeps these, not the
+ * answers' trees): p[i] against q[i], i < n; both empty (n 0) adds
+ * nothing. */
+int quality_add_pos(quality_sum *s, const quality_pos *p, const quality_pos *q, size_t n, char *why, size_t why_n);
+/* Entries from .. from+n-1 of a prompt_logprobs list into out (a null
+ * entry: n 0). 0, or -1 with why. */
+int quality_pos_list(json_t *list, size_t from, size_t n, quality_pos *out, char *why, size_t why_n);
+
 #endif

@@ -104,68 +104,75 @@ static void admin_answers(podsig_admin *a, char (*urls)[128], size_t n, const lo
     }
 }
 
-/* The base URLs ("http://IP:PORT") of the deployment's serving pods, at
- * most ADMIN_PODS: 0 and the count, or -1 with msg saying why. */
-
-
-/* The controller of o's ownerReferences: its kind and uid (NULL: none). */
-static const char *controller_of(json_t *o, const char **kind)
+/* The controlling entry of o's ownerReferences ({kind, name, uid}), or NULL. */
+static json_t *controller_of(json_t *o)
 {
     json_t *refs = kube_json_get(o, "metadata", "ownerReferences", NULL), *r;
     size_t i;
-    json_array_foreach(refs, i, r) {
-        if (json_is_true(json_object_get(r, "controller"))) {
-            *kind = json_string_value(json_object_get(r, "kind"));
-            return json_string_value(json_object_get(r, "uid"));
-        }
-    }
-    *kind = NULL;
+    json_array_foreach(refs, i, r) if (json_is_true(json_object_get(r, "controller"))) return r;
     return NULL;
+}
+
+/* 1 when o's controller is the kind kind of uid uid. */
+static int controlled_by(json_t *o, const char *kind, const char *uid)
+{
+    json_t *r = controller_of(o);
+    const char *k = json_string_value(json_object_get(r, "kind")), *u = json_string_value(json_object_get(r, "uid"));
+    return k && u && uid && !strcmp(k, kind) && !strcmp(u, uid);
 }
 
 /* dep's uid when the LLMDeployment d controls it, else NULL. */
 static const char *ours(json_t *d, json_t *dep)
 {
-    const char *kind, *by = controller_of(dep, &kind), *uid = kube_json_str(d, "metadata", "uid");
-    return by && uid && kind && !strcmp(kind, "LLMDeployment") && !strcmp(by, uid) ? kube_json_str(dep, "metadata", "uid")
-                                                                                       : NULL;
+    return controlled_by(dep, "LLMDeployment", kube_json_str(d, "metadata", "uid")) ? kube_json_str(dep, "metadata", "uid")
+                                                                                     : NULL;
+}
+
+/* Pods owned by their Deployment itself, as kubesim makes them: trusted
+ * only where LLM_CONTROLLER_DEPLOYMENT_OWNS_PODS=1 says this is such a
+ * cluster (kubesim sets it for what it runs). */
+static int deployment_owns_pods(void)
+{
+    const char *v = getenv("LLM_CONTROLLER_DEPLOYMENT_OWNS_PODS");
+    return v && !strcmp(v, "1");
 }
 
 /* 1 when pod belongs to the Deployment of uid dep_uid: controlled by a
  * ReplicaSet that it controls (read here; the pod's reference must name
- * that ReplicaSet's uid), or by the Deployment itself (kubesim's pods).
+ * that ReplicaSet's uid), or, in kubesim, by the Deployment itself.
  * Labels alone are anyone's who may create pods in the namespace: the
  * admin token goes only where this chain leads. */
 static int pod_of(kube_client *k, json_t *pod, const char *ns, const char *dep_uid, json_t *seen_rs)
 {
-    const char *kind, *uid = controller_of(pod, &kind), *rs_kind;
-    if (!uid || !kind || !dep_uid)
+    json_t *by = controller_of(pod);
+    const char *kind = json_string_value(json_object_get(by, "kind")), *uid = json_string_value(json_object_get(by, "uid"));
+    const char *rs_name = json_string_value(json_object_get(by, "name"));
+    if (!kind || !uid || !dep_uid)
         return 0;
-    if (!strcmp(kind, "Deployment"))
-        return !strcmp(uid, dep_uid);
-    if (strcmp(kind, "ReplicaSet"))
+    if (!strcmp(kind, "Deployment")) /* no pod of a real cluster is: ownerReferences are anyone's to write */
+        return deployment_owns_pods() && !strcmp(uid, dep_uid);
+    char path[700], memo[600];
+    if (strcmp(kind, "ReplicaSet") || !rs_name ||
+        snprintf(memo, sizeof memo, "%s/%s", rs_name, uid) >= (int)sizeof memo ||
+        snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/replicasets/%s", ns, rs_name) >= (int)sizeof path)
         return 0;
-    json_t *known = json_object_get(seen_rs, uid); /* one read per ReplicaSet and call */
+    json_t *known = json_object_get(seen_rs, memo), *rs = NULL; /* one read per ReplicaSet and call */
     if (known)
         return json_is_true(known);
-    json_t *refs = kube_json_get(pod, "metadata", "ownerReferences", NULL), *r, *rs = NULL;
-    const char *rs_name = NULL;
-    size_t i;
-    json_array_foreach(refs, i, r) if (json_is_true(json_object_get(r, "controller"))) rs_name = json_string_value(json_object_get(r, "name"));
-    char path[700];
     llm_error err = {0};
-    if (!rs_name || snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/replicasets/%s", ns, rs_name) >= (int)sizeof path ||
-        kube_client_request(k, "GET", path, NULL, NULL, &rs, &err))
-        return 0;
-    const char *rs_uid = kube_json_str(rs, "metadata", "uid"), *owner = controller_of(rs, &rs_kind);
-    int ok = rs_uid && !strcmp(rs_uid, uid) && owner && rs_kind && !strcmp(rs_kind, "Deployment") && !strcmp(owner, dep_uid);
+    int ok = !kube_client_request(k, "GET", path, NULL, NULL, &rs, &err) &&
+             !strcmp(kube_json_str(rs, "metadata", "uid") ?: "", uid) && controlled_by(rs, "Deployment", dep_uid);
     json_decref(rs);
-    json_object_set_new(seen_rs, uid, json_boolean(ok));
+    json_object_set_new(seen_rs, memo, json_boolean(ok));
     return ok;
 }
 
+/* The base URLs ("http://IP:PORT") of the serving pods of instance
+ * NAME+suffix (suffix "" or "-canary") that belong to the Deployment of
+ * uid dep_uid (pod_of; NULL: none do), at most max of them: 0 and the
+ * count, or -1 with msg saying why. */
 static int serving_pods(kube_client *k, json_t *d, const char *suffix, const char *dep_uid, char (*urls)[128],
-                        char (*names)[ADAPTERS_POD_NAME], int *n, char *msg, size_t mn)
+                        char (*names)[ADAPTERS_POD_NAME], int max, int *n, char *msg, size_t mn)
 {
     char path[768];
     /* the servers of this LLMDeployment alone: LLMDeployment NAME's routers are instance NAME-router too */
@@ -180,7 +187,7 @@ static int serving_pods(kube_client *k, json_t *d, const char *suffix, const cha
         return -1;
     }
     json_t *items = json_object_get(pods, "items"), *seen_rs = json_object();
-    for (size_t i = 0; seen_rs && i < json_array_size(items) && *n < ADMIN_PODS; i++) {
+    for (size_t i = 0; seen_rs && i < json_array_size(items) && *n < max; i++) {
         json_t *pod = json_array_get(items, i);
         const char *ip = kube_json_str(pod, "status", "podIP");
         int v6 = ip && strchr(ip, ':');
@@ -219,7 +226,7 @@ static void admin_call(kube_client *k, podsig *ps, const char *key, seen *o, con
         snprintf(a.message, sizeof a.message, "no admin key: spec.canary.mode is no longer colocated");
     } else if (!body || !urls || !up || !codes || !bodies) {
         snprintf(a.message, sizeof a.message, "no memory to call the pods");
-    } else if (!serving_pods(k, d, "", ours(o->d, o->stable), urls, NULL, &a.pods, a.message, sizeof a.message)) {
+    } else if (!serving_pods(k, d, "", ours(o->d, o->stable), urls, NULL, ADMIN_PODS, &a.pods, a.message, sizeof a.message)) {
         for (int i = 0; i < a.pods; i++) {
             size_t len = strlen(urls[i]); /* under 100: serving_pods keeps them so */
             snprintf(urls[i] + len, 128 - len, "/admin/canary");
@@ -257,30 +264,47 @@ static json_t *quality_texts(kube_client *k, json_t *d, const canary_quality *q,
     return t;
 }
 
+/* The first serving pod of instance NAME+suffix owned by dep_uid's
+ * Deployment into url: 0, or -1 with why (the listing's own words, or
+ * that none serves). */
+static int one_pod(kube_client *k, json_t *d, const char *suffix, const char *dep_uid, char url[128], char *why, size_t wn)
+{
+    char urls[1][128];
+    int n = 0;
+    if (serving_pods(k, d, suffix, dep_uid, urls, NULL, 1, &n, why, wn))
+        return -1;
+    if (!n) {
+        snprintf(why, wn, "no %s pod serves", *suffix ? "canary" : "stable");
+        return -1;
+    }
+    snprintf(url, 128, "%s", urls[0]);
+    return 0;
+}
+
 /* The plan's quality judgement (rollout.h): one serving stable pod and one
- * canary pod (the same pod for a colocated canary) read the texts. What
- * cannot start (no pod, no key, no texts) is a failed read, tried again. */
+ * canary pod (the same pod for a colocated canary) read the texts. Asked
+ * again each turn while it waits, with the pods that serve now: a job
+ * whose pods went is replaced (judge_want), so the token never follows an
+ * address a gone pod left. What cannot start (no pod, no key, no texts) is
+ * a failed read, tried again. */
 static void quality_ask(kube_client *k, judge *jg, const char *key, seen *o, const plan *p)
 {
     const canary_quality *q = &p->ro.cn.quality;
     int colocated = !strcmp(kube_json_str(p->ro.state, "mode", NULL) ?: "", "colocated");
     judge_job job = {.stage = p->ro.need_quality, .top = q->top, .min_positions = q->min_positions, .timeout_s = q->timeout_s};
-    char why[512] = "", urls[1][128];
-    int n = 0;
+    char why[512] = "";
     snprintf(job.rev, sizeof job.rev, "%s", kube_json_str(p->ro.state, "revision", NULL) ?: "");
     snprintf(job.token, sizeof job.token, "%s", o->token);
-    if (!o->token[0])
-        snprintf(why, sizeof why, "no admin key to read the pods with");
-    else if (serving_pods(k, o->d, "", ours(o->d, o->stable), urls, NULL, &n, why, sizeof why) || !n)
-        snprintf(why, sizeof why, "no stable pod serves");
-    else
-        snprintf(job.side[0].url, sizeof job.side[0].url, "%s", urls[0]);
-    if (!why[0] && !colocated && (serving_pods(k, o->d, "-canary", ours(o->d, o->canary), urls, NULL, &n, why, sizeof why) || !n))
-        snprintf(why, sizeof why, "no canary pod serves");
-    else if (!why[0])
-        snprintf(job.side[1].url, sizeof job.side[1].url, "%s", colocated ? job.side[0].url : urls[0]);
     snprintf(job.side[0].revision, sizeof job.side[0].revision, "stable");
     snprintf(job.side[1].revision, sizeof job.side[1].revision, "%s", colocated ? "canary" : "stable");
+    if (!o->token[0])
+        snprintf(why, sizeof why, "no admin key to read the pods with");
+    else if (!one_pod(k, o->d, "", ours(o->d, o->stable), job.side[0].url, why, sizeof why)) {
+        if (colocated)
+            snprintf(job.side[1].url, sizeof job.side[1].url, "%s", job.side[0].url);
+        else
+            one_pod(k, o->d, "-canary", ours(o->d, o->canary), job.side[1].url, why, sizeof why);
+    }
     if (!why[0])
         job.texts = quality_texts(k, o->d, q, why, sizeof why);
     llm_error err = {0};
@@ -311,7 +335,7 @@ static llm_status adapters_round(kube_client *k, seen *o, json_t *status, double
         snprintf(v.message, sizeof v.message, "no memory to call the pods");
     else if (!o->token[0])
         snprintf(v.message, sizeof v.message, "no admin key yet");
-    else if (!serving_pods(k, o->d, "", ours(o->d, o->stable), urls, names, &n, v.message, sizeof v.message))
+    else if (!serving_pods(k, o->d, "", ours(o->d, o->stable), urls, names, ADMIN_PODS, &n, v.message, sizeof v.message))
         adapters_sync(o->d, urls, names, n, o->token, &v);
     llm_clock_rfc3339(now, ts);
     adapters_status(o->d, &v, status, ts);
@@ -411,7 +435,8 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, judge *jg, const desi
             admin_call(k, ps, key, o, &p);
         if (jg && p.ro.need_quality)
             quality_ask(k, jg, key, o, &p);
-        else if (jg) /* nothing to judge now: its memory goes */
+        else if (jg && !rollout_in_flight(p.ro.state)) /* no canary: its judgement's memory goes (one in flight keeps
+                                                        * a job running between two turns that do not ask) */
             judge_forget(jg, key);
         *requeue_s = p.requeue_s;
         if (adapter_requeue > 0 && (*requeue_s <= 0 || *requeue_s > adapter_requeue))

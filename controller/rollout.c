@@ -138,6 +138,7 @@ static void begin_step(rollout *ro, int step, const canary_sample *now, double n
     json_object_set_new(ro->state, "weight", json_integer(ro->cn.steps[step].weight));
     json_object_set_new(ro->state, "stepStartTime", json_integer((json_int_t)now_unix));
     json_object_set_new(ro->state, "window", canary_sample_to_json(now));
+    json_object_set_new(ro->state, "windowStartTime", json_integer((json_int_t)now_unix));
     json_object_set_new(ro->state, "phase", json_string("Progressing"));
 }
 
@@ -295,6 +296,7 @@ static void analyse(rollout *ro, const rollout_seen *seen, int paused)
              * not answer): their counters are their lifetimes', earlier rollouts' too - the window starts
              * again here, with nothing in it yet */
             json_object_set_new(ro->state, "window", canary_sample_to_json(&now));
+            json_object_set_new(ro->state, "windowStartTime", json_integer((json_int_t)seen->now));
             memset(&win, 0, sizeof win);
         }
         canary_analyse(&ro->cn, &win, &a);
@@ -302,10 +304,12 @@ static void analyse(rollout *ro, const rollout_seen *seen, int paused)
     record(ro, &a, seen->now);
     int step = (int)json_integer_value(json_object_get(ro->state, "step"));
     double age = seen->now - (double)json_integer_value(json_object_get(ro->state, "stepStartTime"));
-    canary_action act = canary_decide(&ro->cn, step, age, a.verdict, paused);
+    json_t *ws = json_object_get(ro->state, "windowStartTime"); /* (a state from before it: the step's start) */
+    double wage = json_is_integer(ws) ? seen->now - (double)json_integer_value(ws) : age;
+    canary_action act = canary_decide(&ro->cn, step, age, wage, a.verdict, paused);
     char why[700];
     if (a.verdict == CANARY_INCONCLUSIVE && act != CANARY_HOLD) /* no verdict in time: the wait is the reason */
-        snprintf(why, sizeof why, "no verdict in %.0f s at step %d (inconclusiveTimeoutSeconds): %s", age, step + 1, a.message);
+        snprintf(why, sizeof why, "no verdict in %.0f s at step %d (inconclusiveTimeoutSeconds): %s", wage, step + 1, a.message);
     switch (act) {
     case CANARY_ROLLBACK:
         if (a.verdict == CANARY_INCONCLUSIVE)

@@ -18,7 +18,6 @@
 #include <openssl/evp.h>
 
 #include "fetch.h"
-#include "llm/split_name.h"
 #include "srv.h"
 
 llm_status srv_load_backends(srv *s, llm_backend **out, int *n, llm_error *err)
@@ -110,7 +109,7 @@ typedef struct page_in {
     size_t done, total;             /* over every part, for progress */
 } page_in;
 
-/* 0, 1 when aborted. Runs under the SIGBUS guard. */
+/* 0, 1 when aborted, -1 when the digest failed. Runs under the SIGBUS guard. */
 static int read_part(page_in *pi)
 {
     enum { CHUNK = 1 << 20 };
@@ -119,9 +118,9 @@ static int read_part(page_in *pi)
         size_t len = pi->n - off < CHUNK ? pi->n - off : CHUNK;
         if (pi->abort && atomic_load(pi->abort))
             return 1;
-        if (pi->md)
-            EVP_DigestUpdate(pi->md, pi->p + off, len);
-        else
+        if (pi->md && !EVP_DigestUpdate(pi->md, pi->p + off, len))
+            return -1;
+        if (!pi->md)
             for (size_t i = 0; i < len; i += 4096) sink ^= pi->p[off + i];
         pi->done += len;
         if (pi->progress && (off / CHUNK) % 64 == 0)
@@ -140,9 +139,10 @@ static llm_status read_part_guarded(page_in *pi, const char *name, llm_error *er
         return llm_errf(err, LLM_ERR_IO, "%.300s: the file was truncated while it was read in (SIGBUS)", name);
     }
     bus_at = &jb;
-    int aborted = read_part(pi);
+    int rc = read_part(pi);
     bus_at = NULL;
-    return aborted ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: loading was stopped", name) : LLM_OK;
+    return rc > 0 ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: loading was stopped", name)
+           : rc < 0 ? llm_errf(err, LLM_ERR_INTERNAL, "%.300s: SHA-256 update failed", name) : LLM_OK;
 }
 
 llm_status srv_load_model(const char *path, llm_model **out, llm_error *err)

@@ -31,7 +31,7 @@ struct gguf_file {
     size_t size;
     gguf_base held;  /* what base is: the caller's, a mapping (munmap on close) or a heap copy (free) */
     int fd;          /* a mapping's file, kept open to tell a change of it (gguf_unchanged); -1 otherwise */
-    struct timespec mtime; /* the file's, when mapped */
+    struct timespec mtime, ctime; /* the file's, when mapped (ctime: no one can set it back) */
     char name[256];
     uint32_t version;
     uint64_t n_kv, n_tensors;
@@ -406,7 +406,12 @@ static llm_status open_one(const char *path, gguf_file **out, llm_error *err)
     if (st)
         return st;
     struct stat sb;
-    void *p = fstat(fd, &sb) ? MAP_FAILED : mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (fstat(fd, &sb)) {
+        int e = errno;
+        close(fd);
+        return llm_errf(err, LLM_ERR_IO, "%s: cannot stat it: %s", path, strerror(e));
+    }
+    void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int mmap_errno = errno;
     if (p == MAP_FAILED) {
         close(fd);
@@ -421,6 +426,7 @@ static llm_status open_one(const char *path, gguf_file **out, llm_error *err)
     (*out)->held = GGUF_MAPPED;
     (*out)->fd = fd; /* (the mapping's pages follow the file: an in-place change shows in its size or mtime) */
     (*out)->mtime = sb.st_mtim;
+    (*out)->ctime = sb.st_ctim;
     return LLM_OK;
 }
 
@@ -660,10 +666,10 @@ void gguf_close(gguf_file *f)
     free(f->tensors);
     if (f->held == GGUF_MAPPED)
         munmap((void *)f->base, f->size);
-    if (f->fd >= 0)
-        close(f->fd);
     else if (f->held == GGUF_COPIED)
         free((void *)f->base);
+    if (f->fd >= 0)
+        close(f->fd);
     free(f);
 }
 
@@ -700,8 +706,9 @@ llm_status gguf_unchanged(const gguf_file *f, llm_error *err)
         if ((size_t)sb.st_size != p->size)
             return llm_errf(err, LLM_ERR_IO, "%s: the file changed while loaded: %zu bytes when mapped, %lld now", p->name,
                             p->size, (long long)sb.st_size);
-        if (sb.st_mtim.tv_sec != p->mtime.tv_sec || sb.st_mtim.tv_nsec != p->mtime.tv_nsec)
-            return llm_errf(err, LLM_ERR_IO, "%s: the file was modified while loaded (its mtime moved): what was "
+        if (sb.st_mtim.tv_sec != p->mtime.tv_sec || sb.st_mtim.tv_nsec != p->mtime.tv_nsec ||
+            sb.st_ctim.tv_sec != p->ctime.tv_sec || sb.st_ctim.tv_nsec != p->ctime.tv_nsec)
+            return llm_errf(err, LLM_ERR_IO, "%s: the file was modified while loaded (its mtime or ctime moved): what was "
                             "checked may not be what is served", p->name);
     }
     return LLM_OK;

@@ -491,20 +491,3 @@ size_t llm_model_weight_bytes(const llm_model *m)
     return n;
 }
 
-void llm_model_prefault(const llm_model *m, void (*progress)(void *ctx, double done), void *ctx)
-{
-    uint64_t total = 0, done = 0, next = 0;
-    for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) total += gguf_tensor_at(m->gguf, i)->nbytes;
-    volatile unsigned char sink = 0;
-    for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
-        const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
-        const unsigned char *p = t->data;
-        for (uint64_t off = 0; off < t->nbytes; off += 4096) sink ^= p[off];
-        done += t->nbytes;
-        if (progress && done >= next) {
-            progress(ctx, total ? (double)done / (double)total : 1.0);
-            next = done + total / 20;
-        }
-    }
-    (void)sink;
-}

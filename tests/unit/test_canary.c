@@ -213,21 +213,31 @@ static void test_decide_and_split(void **st)
     (void)st;
     canary_config c = cfg_of("{\"canary\":{\"steps\":[{\"weight\":10,\"pause\":60},{\"weight\":50,\"pause\":30}]}}",
                          LLM_OK, NULL);
-    assert_int_equal(canary_decide(&c, 0, 100, CANARY_FAIL, 1), CANARY_ROLLBACK); /* failing rolls back even when paused */
-    assert_int_equal(canary_decide(&c, 0, 100, CANARY_PASS, 1), CANARY_HOLD);
-    assert_int_equal(canary_decide(&c, 0, 59, CANARY_PASS, 0), CANARY_HOLD);
-    assert_int_equal(canary_decide(&c, 0, 60, CANARY_INCONCLUSIVE, 0), CANARY_HOLD);
-    assert_int_equal(canary_decide(&c, 0, 60, CANARY_PASS, 0), CANARY_ADVANCE);
-    assert_int_equal(canary_decide(&c, 1, 30, CANARY_PASS, 0), CANARY_PROMOTE);
+    assert_int_equal(canary_decide(&c, 0, 100, 100, CANARY_FAIL, 1), CANARY_ROLLBACK); /* failing rolls back even when paused */
+    assert_int_equal(canary_decide(&c, 0, 100, 100, CANARY_PASS, 1), CANARY_HOLD);
+    assert_int_equal(canary_decide(&c, 0, 59, 59, CANARY_PASS, 0), CANARY_HOLD);
+    assert_int_equal(canary_decide(&c, 0, 60, 60, CANARY_INCONCLUSIVE, 0), CANARY_HOLD);
+    assert_int_equal(canary_decide(&c, 0, 60, 60, CANARY_PASS, 0), CANARY_ADVANCE);
+    assert_int_equal(canary_decide(&c, 1, 30, 30, CANARY_PASS, 0), CANARY_PROMOTE);
     /* no verdict for inconclusiveTimeoutSeconds (default 1800): held saying so, or rolled back */
-    assert_int_equal(canary_decide(&c, 0, 1799, CANARY_INCONCLUSIVE, 0), CANARY_HOLD);
-    assert_int_equal(canary_decide(&c, 0, 1800, CANARY_INCONCLUSIVE, 0), CANARY_STALLED);
-    assert_int_equal(canary_decide(&c, 0, 1800, CANARY_INCONCLUSIVE, 1), CANARY_HOLD); /* paused by hand: as asked */
+    assert_int_equal(canary_decide(&c, 0, 1799, 1799, CANARY_INCONCLUSIVE, 0), CANARY_HOLD);
+    assert_int_equal(canary_decide(&c, 0, 1800, 1800, CANARY_INCONCLUSIVE, 0), CANARY_STALLED);
+    assert_int_equal(canary_decide(&c, 0, 1800, 1800, CANARY_INCONCLUSIVE, 1), CANARY_HOLD); /* paused by hand: as asked */
+    /* a window begun again (a router restarted) 100 s ago in a step 2,000 s old: no verdict yet, no stall */
+    assert_int_equal(canary_decide(&c, 0, 2000, 100, CANARY_INCONCLUSIVE, 0), CANARY_HOLD);
     canary_config r = cfg_of("{\"canary\":{\"steps\":[{\"weight\":10}],\"analysis\":{\"inconclusiveTimeoutSeconds\":30,"
                              "\"onInconclusive\":\"rollback\"}}}", LLM_OK, NULL);
-    assert_int_equal(canary_decide(&r, 0, 30, CANARY_INCONCLUSIVE, 0), CANARY_ROLLBACK);
+    assert_int_equal(canary_decide(&r, 0, 30, 30, CANARY_INCONCLUSIVE, 0), CANARY_ROLLBACK);
     cfg_of("{\"canary\":{\"steps\":[{\"weight\":10}],\"analysis\":{\"onInconclusive\":\"promote\"}}}", LLM_ERR_INVALID_ARG,
            "onInconclusive");
+    /* the texts' ConfigMap name goes into an API path: a name, never a path out of the namespace */
+    cfg_of("{\"canary\":{\"steps\":[{\"weight\":10}],\"analysis\":{\"quality\":{\"texts\":{\"configMap\":"
+           "\"../../kube-system/configmaps/x\"}}}}}", LLM_ERR_INVALID_ARG, "texts.configMap");
+    cfg_of("{\"canary\":{\"steps\":[{\"weight\":10}],\"analysis\":{\"quality\":{\"texts\":{\"configMap\":\"a..b\"}}}}}",
+           LLM_ERR_INVALID_ARG, "texts.configMap");
+    canary_config q = cfg_of("{\"canary\":{\"steps\":[{\"weight\":10}],\"analysis\":{\"quality\":{\"texts\":"
+                             "{\"configMap\":\"texts.v2\"}}}}}", LLM_OK, NULL);
+    assert_string_equal(q.quality.config_map, "texts.v2");
     int s, k;
     canary_split(1, 30, &s, &k);
     assert_true(s == 1 && k == 1);

@@ -35,7 +35,7 @@ static void send_all(int c, const char *p, size_t n)
 static void answer(int c, const char *path)
 {
     char head[256], junk[128];
-    size_t junk_lines = strstr(path, "/big") ? 200000 : 10; /* 200,000 x 126 bytes: 24 MiB */
+    size_t junk_lines = strstr(path, "/big") ? 200000 : 10; /* 200,000 lines of 127 bytes: 24 MiB */
     memset(junk, 'x', sizeof junk);
     memcpy(junk, "other_series{a=\"", 16);
     junk[126] = '\n';

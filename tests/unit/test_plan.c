@@ -1221,7 +1221,9 @@ static void test_key_change_is_no_canary(void **st)
     const char *want = json_string_value(json_object_get(json_object_get(json_object_get(dep, "metadata"), "annotations"),
                                                          DESIRED_TEMPLATE_ANN));
     assert_string_equal(want, r.p.template_hash); /* the stable rolls to the new template */
-    assert_non_null(strstr(json_dumps(dep, JSON_COMPACT), "admin_token_file"));
+    char *text = json_dumps(dep, JSON_COMPACT);
+    assert_non_null(strstr(text, "admin_token_file"));
+    free(text);
     done(&r);
     /* with a model change besides: a canary as ever */
     merge(json_object_get(d, "spec"), parse(change("pods", 1)));

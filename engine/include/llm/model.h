@@ -94,11 +94,6 @@ void llm_model_free(llm_model *m);
 int llm_model_windows(const llm_model *m, unsigned char *local);
 /* Bytes of all weights (for the bandwidth roofline). */
 size_t llm_model_weight_bytes(const llm_model *m);
-/* Reads every page of the weights once, so the first request does not pay
- * for page faults (and a slow volume shows up as load time, with
- * progress). progress (may be NULL) gets the fraction done, at most ~20
- * times. Pure reads of the mapping: cannot fail. */
-void llm_model_prefault(const llm_model *m, void (*progress)(void *ctx, double done), void *ctx);
 
 typedef struct llm_session llm_session;
 
