@@ -12,6 +12,7 @@
 
 #include "admin_secret.h"
 #include "ctl_loop.h"
+#include "llm/json.h"
 #include "ctl_obs.h"
 #include "kube_apply.h"
 #include "kube_watch.h"
@@ -127,6 +128,8 @@ static int check(kube_client *k, const kube_config *cfg, const char *ns)
     return 0;
 }
 
+#define CTL_JSON_CAP ((size_t)80 << 20)
+
 int main(int argc, char **argv)
 {
     const char *kubeconfig = NULL, *ns = NULL, *watch = NULL, *http = "8081", *lease_ns = NULL;
@@ -135,6 +138,9 @@ int main(int argc, char **argv)
     watch_print wp = {-1};
     char id[512];
     identity(id, sizeof id);
+    /* what every JSON parse at once may hold: the pods' pages and the quality gate's answers are the tenants',
+     * and the chart gives this process 256 MiB */
+    llm_json_set_shared_cap(CTL_JSON_CAP);
     ctl_options opt = {.lease = {.name = "llm-controller", .identity = id, .duration_s = 15, .renew_deadline_s = 10,
                                  .retry_s = 2}};
     for (int i = 1; i < argc; i++) {

@@ -14,7 +14,8 @@
 #include "llm/thread.h"
 
 #define KEY_MAX 320
-#define TEXT_IDS_MAX 2048     /* a text's tokens: longer ones cannot be judged (incomparable) */
+#define TEXT_IDS_MAX 1024     /* a text's tokens: longer ones cannot be judged (incomparable): an answer's tree
+                               * (~16 KiB a position at top 20) stays within the controller's JSON cap */
 #define TOKENS_ANSWER_MAX (64u << 10) /* /admin/tokenize's answer: TEXT_IDS_MAX ids and the vocabulary size */
 #define ERROR_ANSWER_MAX 4096 /* a refusal's body: its message is all that is read */
 #define ENTRY_BYTES 80        /* a prompt_logprobs alternative as llm-server prints it, with room */

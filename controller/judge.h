@@ -17,7 +17,7 @@
  *
  * Bounds: JUDGE_MAX_KEYS deployments with a job at a time (a newer want
  * past it is refused), one job running at once (the others queue, oldest
- * first), texts of at most 2,048 tokens, an answer at most what its ids
+ * first), texts of at most 1,024 tokens, an answer at most what its ids
  * and top-k need (~80 bytes an entry) and read into compact positions
  * before the other side's is fetched, every request within the job's
  * timeout; a job replaced (other pods, revision or stage) or forgotten
