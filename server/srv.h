@@ -208,20 +208,23 @@ int srv_complete_tenant_take(srv *s, const api_key *key, int n, int held, srv_er
  * with err naming the cause; nothing is left allocated on failure.
  *
  * A model's file is mapped, and what is checked is the mapping:
- * srv_load_model maps and parses it, srv_load_page_in then reads every
- * page in - hashing each part against want (hex, any case, one digest per
- * part comma-separated; "" or NULL: no check) - and refuses a file whose
- * size or mtime moved since it was mapped (gguf_unchanged). A file cut
- * short meanwhile raises SIGBUS on the reading thread, which, with
- * srv_load_catch_bus installed, fails the load (LLM_ERR_IO, said) instead
- * of killing the process; a SIGBUS anywhere else (a file cut while
- * served) ends the process with a message. Errors: LLM_ERR_FORMAT (a
- * digest mismatch, both digests whole), LLM_ERR_IO, LLM_ERR_INVALID_ARG
- * (a digest count that is not the part count), LLM_ERR_CANCELLED when
- * *abort (may be NULL) turned nonzero. */
+ * srv_load_model maps each file (a split set: each part) and hashes the
+ * mapped bytes against want (hex, any case, one digest per part
+ * comma-separated in part order; "" or NULL: no check) before the parser
+ * reads them, then loads the model; srv_load_page_in reads every page in
+ * and refuses a file whose size, mtime or ctime moved since it was mapped
+ * (gguf_unchanged). A file cut short meanwhile raises SIGBUS on the reading
+ * thread, which, with srv_load_catch_bus installed, fails the load
+ * (LLM_ERR_IO, said) instead of killing the process; a SIGBUS anywhere
+ * else (a file cut while served) ends the process with a message.
+ * Errors: LLM_ERR_FORMAT (a digest mismatch, both digests whole),
+ * LLM_ERR_IO, LLM_ERR_INVALID_ARG (a digest count that is not the part
+ * count the name says), LLM_ERR_CANCELLED when *abort (may be NULL)
+ * turned nonzero. progress (may be NULL) gets the fraction read. */
 int srv_load_catch_bus(void);
-llm_status srv_load_model(const char *path, llm_model **out, llm_error *err);
-llm_status srv_load_page_in(const llm_model *m, const char *want, void (*progress)(void *ctx, double done), void *ctx,
+llm_status srv_load_model(const char *path, const char *want, void (*progress)(void *ctx, double done), void *ctx,
+                          const _Atomic int *abort, llm_model **out, llm_error *err);
+llm_status srv_load_page_in(const llm_model *m, void (*progress)(void *ctx, double done), void *ctx,
                             const _Atomic int *abort, llm_error *err);
 /* The configured backends (backend, tensor_parallel, device, threads) into
  * out; *n gets their count. Free them with srv_load_close_backends. */

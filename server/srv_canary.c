@@ -191,10 +191,12 @@ static llm_status load(srv *s, const load_job *j, srv_rev *r, llm_error *err)
 {
     snprintf(r->path, sizeof r->path, "%s", j->path);
     llm_status st = fits(s, j->fd_path, err);
-    if (!st && (st = srv_load_model(j->fd_path, &r->model, err)))
+    /* its digest on what is mapped, before it is parsed; a stop ends it (LLM_ERR_CANCELLED) */
+    if (!st && (st = srv_load_model(j->fd_path, j->sha256, quiet, NULL, &s->canary.abort, &r->model, err)) &&
+        st != LLM_ERR_CANCELLED && !strstr(err->msg, "sha256 mismatch")) /* (a mismatch's words are ours, not the file's) */
         st = load_failed(j, st, err);
-    if (!st) /* its digest on what is mapped; a stop ends it (LLM_ERR_CANCELLED) */
-        st = srv_load_page_in(r->model, j->sha256, quiet, NULL, &s->canary.abort, err);
+    if (!st)
+        st = srv_load_page_in(r->model, quiet, NULL, &s->canary.abort, err);
     if (!st)
         st = srv_load_backends(s, r->backends, &r->n_backends, err); /* its own: the engines step independently */
     if (!st)

@@ -18,6 +18,7 @@
 #include <openssl/evp.h>
 
 #include "fetch.h"
+#include "llm/split_name.h"
 #include "srv.h"
 
 llm_status srv_load_backends(srv *s, llm_backend **out, int *n, llm_error *err)
@@ -145,20 +146,6 @@ static llm_status read_part_guarded(page_in *pi, const char *name, llm_error *er
            : rc < 0 ? llm_errf(err, LLM_ERR_INTERNAL, "%.300s: SHA-256 update failed", name) : LLM_OK;
 }
 
-llm_status srv_load_model(const char *path, llm_model **out, llm_error *err)
-{
-    sigjmp_buf jb;
-    *out = NULL;
-    if (sigsetjmp(jb, 1)) { /* (what the parse had allocated is lost: a file cut short as it is parsed, rare) */
-        bus_at = NULL;
-        return llm_errf(err, LLM_ERR_IO, "%.300s: the file was truncated while it was parsed (SIGBUS)", path);
-    }
-    bus_at = &jb;
-    llm_status st = llm_model_load(path, out, err);
-    bus_at = NULL;
-    return st;
-}
-
 /* Part k's digest of want ("" when want has none for it). */
 static void digest_of(const char *want, uint32_t k, char one[72])
 {
@@ -168,52 +155,100 @@ static void digest_of(const char *want, uint32_t k, char one[72])
     snprintf(one, 72, "%.*s", (int)(len < 71 ? len : 71), d ? d : "");
 }
 
-/* Every part paged in (and hashed against want's digests); 0 or a status. */
-static llm_status page_parts(const gguf_file *g, const char *want, page_in *pi, llm_error *err)
+/* The digests model_sha256 pins for the model at path: how many parts its
+ * name says and the bytes to come, checked against want's count. */
+typedef struct digest_check {
+    const char *model, *want;
+    uint32_t parts;
+    page_in pi;
+} digest_check;
+
+/* gguf_part_check_fn: part path's mapped bytes hashed against its digest,
+ * before the parser reads them. */
+static llm_status check_digest(void *ctx, const char *path, const void *bytes, size_t n, llm_error *err)
 {
-    llm_status st = LLM_OK;
-    for (uint32_t k = 0; k < gguf_n_parts(g) && !st; k++) {
-        pi->p = gguf_part_bytes(g, k, &pi->n);
-        const char *name = gguf_part_name(g, k) ? gguf_part_name(g, k) : gguf_name(g);
-        unsigned char dig[EVP_MAX_MD_SIZE];
-        unsigned int dn = 0;
-        char hex[FETCH_SHA256_HEX], one[72];
-        if (pi->md && !EVP_DigestInit_ex(pi->md, EVP_sha256(), NULL))
-            return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 init failed");
-        st = read_part_guarded(pi, name, err);
-        if (st || !pi->md)
-            continue;
-        if (!EVP_DigestFinal_ex(pi->md, dig, &dn) || dn != 32)
-            return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 final failed");
-        for (unsigned i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
-        digest_of(want, k, one);
-        if (strcasecmp(hex, one))
-            st = llm_errf(err, LLM_ERR_FORMAT, "%.200s: sha256 mismatch: the file's is %s, expected %s", name, hex, one);
+    digest_check *d = ctx;
+    uint32_t k = 0;
+    char name[4096], one[72], hex[FETCH_SHA256_HEX];
+    while (d->parts > 1 && k < d->parts && (!llm_split_path(d->model, k + 1, name, sizeof name) || strcmp(name, path)))
+        k++;
+    if (k == d->parts)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "%.300s: no digest in model_sha256 for this part", path);
+    unsigned char dig[EVP_MAX_MD_SIZE];
+    unsigned int dn = 0;
+    d->pi.p = bytes, d->pi.n = n;
+    if (!EVP_DigestInit_ex(d->pi.md, EVP_sha256(), NULL))
+        return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 init failed");
+    int rc = read_part(&d->pi);
+    if (rc)
+        return rc > 0 ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: loading was stopped", path)
+                      : llm_errf(err, LLM_ERR_INTERNAL, "%.300s: SHA-256 update failed", path);
+    if (!EVP_DigestFinal_ex(d->pi.md, dig, &dn) || dn != 32)
+        return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 final failed");
+    for (unsigned i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
+    digest_of(d->want, k, one);
+    if (strcasecmp(hex, one))
+        return llm_errf(err, LLM_ERR_FORMAT, "%.200s: sha256 mismatch: the file's is %s, expected %s", path, hex, one);
+    return LLM_OK;
+}
+
+/* The sizes of the parts path's name gives (for progress); 0 when unknown. */
+static size_t parts_size(const char *path, uint32_t parts)
+{
+    size_t total = 0;
+    char name[4096];
+    struct stat sb;
+    for (uint32_t k = 1; k <= parts; k++)
+        if ((parts == 1 || llm_split_path(path, k, name, sizeof name)) && !stat(parts == 1 ? path : name, &sb))
+            total += (size_t)sb.st_size;
+    return total;
+}
+
+llm_status srv_load_model(const char *path, const char *want, void (*progress)(void *ctx, double done), void *ctx,
+                          const _Atomic int *abort, llm_model **out, llm_error *err)
+{
+    int hashing = want && *want;
+    uint32_t given = 1, named = (uint32_t)llm_split_path(path, 1, NULL, 0), parts = named ? named : 1;
+    for (const char *c = want; hashing && (c = strchr(c, ',')); c++) given++;
+    *out = NULL;
+    if (hashing && given != parts)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "%.300s: model_sha256 has %u digests for %u file%s (a split set: one "
+                        "per part, comma-separated in part order)", path, given, parts, parts > 1 ? "s" : "");
+    digest_check d = {.model = path, .want = want, .parts = parts,
+                      .pi = {.abort = abort, .progress = progress, .ctx = ctx, .md = hashing ? EVP_MD_CTX_new() : NULL}};
+    if (hashing && !d.pi.md)
+        return llm_errf(err, LLM_ERR_NOMEM, "no memory for a SHA-256 context");
+    d.pi.total = hashing ? parts_size(path, parts) : 0;
+    sigjmp_buf jb;
+    llm_status st;
+    if (sigsetjmp(jb, 1)) { /* (what the parse had allocated is lost: a file cut short as it is read, rare) */
+        bus_at = NULL;
+        st = llm_errf(err, LLM_ERR_IO, "%.300s: the file was truncated while it was read in (SIGBUS)", path);
+    } else {
+        bus_at = &jb;
+        st = llm_model_load_checked(path, hashing ? check_digest : NULL, &d, out, err);
+        bus_at = NULL;
     }
+    EVP_MD_CTX_free(d.pi.md);
     return st;
 }
 
-llm_status srv_load_page_in(const llm_model *m, const char *want, void (*progress)(void *ctx, double done), void *ctx,
+llm_status srv_load_page_in(const llm_model *m, void (*progress)(void *ctx, double done), void *ctx,
                             const _Atomic int *abort, llm_error *err)
 {
     const gguf_file *g = m->gguf;
-    int hashing = want && *want;
-    uint32_t given = 1, parts = gguf_n_parts(g);
-    for (const char *c = want; hashing && (c = strchr(c, ',')); c++) given++;
-    if (hashing && given != parts)
-        return llm_errf(err, LLM_ERR_INVALID_ARG, "%.300s: model_sha256 has %u digests for %u file%s (a split set: one "
-                        "per part, comma-separated in part order)", gguf_name(g), given, parts, parts > 1 ? "s" : "");
-    page_in pi = {.abort = abort, .progress = progress, .ctx = ctx, .md = hashing ? EVP_MD_CTX_new() : NULL};
-    if (hashing && !pi.md)
-        return llm_errf(err, LLM_ERR_NOMEM, "no memory for a SHA-256 context");
-    for (uint32_t k = 0; k < parts; k++) {
+    page_in pi = {.abort = abort, .progress = progress, .ctx = ctx};
+    for (uint32_t k = 0; k < gguf_n_parts(g); k++) {
         size_t n;
         gguf_part_bytes(g, k, &n);
         pi.total += n;
     }
-    llm_status st = page_parts(g, want, &pi, err);
-    EVP_MD_CTX_free(pi.md);
-    /* what was read must be what is mapped from now on: a file rewritten in place meanwhile is refused */
+    llm_status st = LLM_OK;
+    for (uint32_t k = 0; k < gguf_n_parts(g) && !st; k++) {
+        pi.p = gguf_part_bytes(g, k, &pi.n);
+        st = read_part_guarded(&pi, gguf_part_name(g, k) ? gguf_part_name(g, k) : gguf_name(g), err);
+    }
+    /* what was checked must be what is mapped from now on: a file rewritten in place meanwhile is refused */
     return st ? st : gguf_unchanged(g, err);
 }
 

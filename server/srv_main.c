@@ -101,14 +101,14 @@ static llm_status load(srv *s, llm_error *err)
     llm_status st = find_model(s, err);
     if (!st) {
         snprintf(s->status, sizeof s->status, "loading %.400s", s->model_path);
-        st = srv_load_model(s->model_path, &s->model, err);
-    }
-    if (!st) { /* a source's digest was checked as it arrived; a local file's is checked here, on what is mapped */
+        /* a source's digest was checked as it arrived; a local file's is checked here, on what is mapped */
         const char *want = fetch_is_remote(s->cfg.model) ? NULL : s->cfg.model_sha256;
         if (want && *want)
             snprintf(s->status, sizeof s->status, "checking the sha256 of %.400s", s->model_path);
-        st = srv_load_page_in(s->model, want, load_progress, s, &s->stopping, err);
+        st = srv_load_model(s->model_path, want, load_progress, s, &s->stopping, &s->model, err);
     }
+    if (!st)
+        st = srv_load_page_in(s->model, load_progress, s, &s->stopping, err);
     if (!st) {
         snprintf(s->status, sizeof s->status, "model loaded; starting the engine");
         st = srv_load_backends(s, s->backends, &s->n_backends, err);

@@ -397,7 +397,13 @@ static llm_status open_regular(const char *path, int *fd, size_t *size, llm_erro
     return LLM_OK;
 }
 
-static llm_status open_one(const char *path, gguf_file **out, llm_error *err)
+/* A check of each mapped file before it is parsed (gguf_open_checked). */
+typedef struct part_check {
+    gguf_part_check_fn fn;
+    void *ctx;
+} part_check;
+
+static llm_status open_one(const char *path, const part_check *ck, gguf_file **out, llm_error *err)
 {
     *out = NULL;
     size_t size;
@@ -417,7 +423,9 @@ static llm_status open_one(const char *path, gguf_file **out, llm_error *err)
         close(fd);
         return llm_errf(err, LLM_ERR_IO, "%s: mmap failed: %s", path, strerror(mmap_errno));
     }
-    st = gguf_open_buffer(p, size, path, out, err);
+    st = ck && ck->fn ? ck->fn(ck->ctx, path, p, size, err) : LLM_OK; /* the bytes mapped, before the parser sees them */
+    if (!st)
+        st = gguf_open_buffer(p, size, path, out, err);
     if (st) {
         munmap(p, size);
         close(fd);
@@ -517,12 +525,13 @@ static llm_status split_keys(const gguf_file *f, split_info *si, llm_error *err)
 
 /* Part k (0-based) of the set named like path; a part that cannot be
  * opened makes the set incomplete, said as such. */
-static llm_status open_part(const char *path, uint32_t k, uint64_t count, gguf_file **out, llm_error *err)
+static llm_status open_part(const char *path, uint32_t k, uint64_t count, const part_check *ck, gguf_file **out,
+                            llm_error *err)
 {
     char name[4096];
     if (!llm_split_path(path, k + 1, name, sizeof name))
         return llm_errf(err, LLM_ERR_INVALID_ARG, "%s: part name too long", path);
-    llm_status st = open_one(name, out, err);
+    llm_status st = open_one(name, ck, out, err);
     if (st == LLM_ERR_IO) {
         char why[sizeof err->msg];
         snprintf(why, sizeof why, "%s", err->msg);
@@ -595,7 +604,8 @@ static llm_status merge_tensors(gguf_file *f, uint64_t want, llm_error *err)
 
 /* f is the part path names; on success *out is the set's first part with
  * every part attached (f included), on failure f is closed. */
-static llm_status open_set(gguf_file *f, const char *path, const split_info *si, gguf_file **out, llm_error *err)
+static llm_status open_set(gguf_file *f, const char *path, const split_info *si, const part_check *ck, gguf_file **out,
+                           llm_error *err)
 {
     char named[4096];
     *out = NULL;
@@ -618,7 +628,7 @@ static llm_status open_set(gguf_file *f, const char *path, const split_info *si,
     llm_status st = LLM_OK;
     for (uint32_t k = 0; k < si->count && !st; k++)
         if (!parts[k])
-            st = open_part(path, k, si->count, &parts[k], err);
+            st = open_part(path, k, si->count, ck, &parts[k], err);
     if (!st)
         st = check_parts(parts, si->count, &first, err);
     if (st) {
@@ -638,9 +648,15 @@ static llm_status open_set(gguf_file *f, const char *path, const split_info *si,
 
 llm_status gguf_open(const char *path, gguf_file **out, llm_error *err)
 {
-    gguf_file *f;
+    return gguf_open_checked(path, NULL, NULL, out, err);
+}
+
+llm_status gguf_open_checked(const char *path, gguf_part_check_fn check, void *ctx, gguf_file **out, llm_error *err)
+{
+    gguf_file *f = NULL;
     split_info si;
-    llm_status st = open_one(path, &f, err);
+    part_check ck = {check, ctx};
+    llm_status st = open_one(path, &ck, &f, err);
     if (!st && (st = split_keys(f, &si, err)))
         gguf_close(f);
     if (st) {
@@ -651,7 +667,7 @@ llm_status gguf_open(const char *path, gguf_file **out, llm_error *err)
         *out = f;
         return LLM_OK;
     }
-    return open_set(f, path, &si, out, err);
+    return open_set(f, path, &si, &ck, out, err);
 }
 
 void gguf_close(gguf_file *f)

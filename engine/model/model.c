@@ -435,13 +435,18 @@ static void set_name(llm_model *m, const char *path)
 
 llm_status llm_model_load(const char *path, llm_model **out, llm_error *err)
 {
+    return llm_model_load_checked(path, NULL, NULL, out, err);
+}
+
+llm_status llm_model_load_checked(const char *path, gguf_part_check_fn check, void *ctx, llm_model **out, llm_error *err)
+{
     *out = NULL;
     quant_init();
     llm_model *m = calloc(1, sizeof *m);
     if (!m)
         return llm_errf(err, LLM_ERR_NOMEM, "%s: no memory for model", path);
     loader L = {m, NULL, {0}, err};
-    llm_status st = gguf_open(path, &m->gguf, err);
+    llm_status st = gguf_open_checked(path, check, ctx, &m->gguf, err);
     if (st)
         goto out;
     L.f = m->gguf;

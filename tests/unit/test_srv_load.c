@@ -1,9 +1,10 @@
 /* test_srv_load.c - a model's file checked as it is mapped
  * (srv_load_model, srv_load_page_in): the right sha256 passes and a wrong
- * one names both digests whole; a file cut short after it was mapped fails
- * the load with a message (SIGBUS caught on the reading thread), the
- * process lives on; a file rewritten in place after it was mapped (what
- * was mapped reads the new bytes) is refused by its moved mtime. */
+ * one is refused before the parser reads a byte, naming both digests
+ * whole; a file cut short after it was mapped fails the load with a
+ * message (SIGBUS caught on the reading thread), the process lives on; a
+ * file rewritten in place after it was mapped (what was mapped reads the
+ * new bytes) is refused by its moved mtime. */
 #include "testutil.h"
 
 #include <fcntl.h>
@@ -73,13 +74,24 @@ static void test_digest_on_the_mapping(void **st)
     sha256_hex(path, hex);
     llm_model *m = NULL;
     llm_error err = {0};
-    assert_int_equal(srv_load_model(path, &m, &err), LLM_OK);
-    assert_int_equal(srv_load_page_in(m, hex, NULL, NULL, NULL, &err), LLM_OK);
     const char *zeros = "0000000000000000000000000000000000000000000000000000000000000000";
-    assert_int_equal(srv_load_page_in(m, zeros, NULL, NULL, NULL, &err), LLM_ERR_FORMAT);
+    assert_int_equal(srv_load_model(path, zeros, NULL, NULL, NULL, &m, &err), LLM_ERR_FORMAT);
+    assert_null(m);
     snprintf(msg, sizeof msg, "sha256 mismatch: the file's is %s, expected %s", hex, zeros);
     assert_non_null(strstr(err.msg, msg));
-    assert_int_equal(srv_load_page_in(m, "ab,cd", NULL, NULL, NULL, &err), LLM_ERR_INVALID_ARG); /* 2 digests, 1 file */
+    /* the check comes before the parse: garbage pinned to a wrong digest says mismatch, not "not a GGUF" */
+    char junk[80];
+    snprintf(junk, sizeof junk, "%s.junk", g_path);
+    FILE *f = fopen(junk, "wb");
+    assert_non_null(f);
+    fputs("not a model at all", f);
+    fclose(f);
+    assert_int_equal(srv_load_model(junk, zeros, NULL, NULL, NULL, &m, &err), LLM_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "sha256 mismatch"));
+    unlink(junk);
+    assert_int_equal(srv_load_model(path, "ab,cd", NULL, NULL, NULL, &m, &err), LLM_ERR_INVALID_ARG); /* 2 for 1 */
+    assert_int_equal(srv_load_model(path, hex, NULL, NULL, NULL, &m, &err), LLM_OK);
+    assert_int_equal(srv_load_page_in(m, NULL, NULL, NULL, &err), LLM_OK);
     llm_model_free(m);
     unlink(path);
 }
@@ -93,9 +105,9 @@ static void test_cut_short_while_mapped(void **st)
     assert_int_equal(srv_load_catch_bus(), 0); /* (cmocka sets its own SIGBUS handler for each test) */
     llm_model *m = NULL;
     llm_error err = {0};
-    assert_int_equal(srv_load_model(path, &m, &err), LLM_OK);
+    assert_int_equal(srv_load_model(path, NULL, NULL, NULL, NULL, &m, &err), LLM_OK);
     assert_int_equal(truncate(path, 4096), 0); /* another writer cuts it: the pages past 4 KiB are gone */
-    assert_int_equal(srv_load_page_in(m, NULL, NULL, NULL, NULL, &err), LLM_ERR_IO);
+    assert_int_equal(srv_load_page_in(m, NULL, NULL, NULL, &err), LLM_ERR_IO);
     assert_non_null(strstr(err.msg, "truncated while it was read in (SIGBUS)"));
     llm_model_free(m); /* (its pages past the end are never touched again) */
     unlink(path);
@@ -110,7 +122,7 @@ static void test_rewritten_in_place(void **st)
     sha256_hex(path, hex);
     llm_model *m = NULL;
     llm_error err = {0};
-    assert_int_equal(srv_load_model(path, &m, &err), LLM_OK);
+    assert_int_equal(srv_load_model(path, hex, NULL, NULL, NULL, &m, &err), LLM_OK); /* checked as mapped */
     struct stat sb;
     assert_int_equal(stat(path, &sb), 0);
     int fd = open(path, O_WRONLY);
@@ -120,10 +132,8 @@ static void test_rewritten_in_place(void **st)
     struct timespec later[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_sec = sb.st_mtim.tv_sec + 5}};
     assert_int_equal(futimens(fd, later), 0); /* (a coarse clock could give the write the old mtime) */
     close(fd);
-    /* the digest checked was the file's before: what is mapped now differs, and is refused either way */
-    llm_status got = srv_load_page_in(m, hex, NULL, NULL, NULL, &err);
-    assert_true(got == LLM_ERR_FORMAT || got == LLM_ERR_IO);
-    assert_int_equal(srv_load_page_in(m, NULL, NULL, NULL, NULL, &err), LLM_ERR_IO);
+    /* what was checked is no longer what is mapped: refused before the engine starts */
+    assert_int_equal(srv_load_page_in(m, NULL, NULL, NULL, &err), LLM_ERR_IO);
     assert_non_null(strstr(err.msg, "modified while loaded"));
     llm_model_free(m);
     unlink(path);

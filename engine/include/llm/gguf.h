@@ -109,6 +109,14 @@ typedef llm_status (*gguf_check_fn)(void *ctx, const void *bytes, size_t n, llm_
 llm_status gguf_read_checked(const char *path, size_t max_size, gguf_check_fn check, void *ctx, gguf_file **out,
                              llm_error *err);
 
+/* A check of one file of a model (a split set: each part, by its path)
+ * on its mapped bytes, before they are parsed: LLM_OK, or a status with
+ * err naming the cause. Reading a page of a file cut short since it was
+ * mapped raises SIGBUS: the caller guards against it. */
+typedef llm_status (*gguf_part_check_fn)(void *ctx, const char *path, const void *bytes, size_t n, llm_error *err);
+/* gguf_open with check (NULL: none) run on every mapped file first. */
+llm_status gguf_open_checked(const char *path, gguf_part_check_fn check, void *ctx, gguf_file **out, llm_error *err);
+
 void gguf_close(gguf_file *f);
 
 uint32_t gguf_version(const gguf_file *f);

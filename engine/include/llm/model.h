@@ -87,6 +87,10 @@ typedef struct llm_model {
  * tensor's presence, type and shape, and the tokenizer. Errors name the key
  * or tensor at fault. */
 llm_status llm_model_load(const char *path, llm_model **out, llm_error *err);
+/* The same with check run on each file's mapped bytes before they are
+ * parsed (gguf_open_checked): a model pinned by its digest is parsed only
+ * once its bytes are the ones expected. */
+llm_status llm_model_load_checked(const char *path, gguf_part_check_fn check, void *ctx, llm_model **out, llm_error *err);
 void llm_model_free(llm_model *m);
 
 /* Marks the sliding-window layers in local (n_layer flags) and returns the
