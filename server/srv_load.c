@@ -248,6 +248,8 @@ llm_status srv_load_page_in(const llm_model *m, void (*progress)(void *ctx, doub
         pi.p = gguf_part_bytes(g, k, &pi.n);
         st = read_part_guarded(&pi, gguf_part_name(g, k) ? gguf_part_name(g, k) : gguf_name(g), err);
     }
+    if (!st && progress) /* (the loop reports every 64 MiB; the end always) */
+        progress(ctx, 1.0);
     /* what was checked must be what is mapped from now on: a file rewritten in place meanwhile is refused */
     return st ? st : gguf_unchanged(g, err);
 }

@@ -35,7 +35,7 @@ def test_apply_serve_scale_delete(cluster):
     st = wait_for(lambda: (s := c.status()).get("phase") == "Ready" and s, 90)
     assert st["readyReplicas"] == 1 and st["replicas"] == 1 and st["observedGeneration"] >= 1
     assert [x["type"] for x in st["conditions"]] == ["Ready", "Progressing", "Degraded", "SpecServed"]
-    assert [x["status"] for x in st["conditions"]] == ["True", "False", "False"]
+    assert [x["status"] for x in st["conditions"]] == ["True", "False", "False", "True"]
     assert st["endpoint"] == "http://story.default.svc:8080" and len(st["stableRevision"]) == 10
     dep = c.get("deployment", "story")
     assert dep["metadata"]["ownerReferences"][0]["kind"] == "LLMDeployment"
