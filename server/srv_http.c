@@ -522,27 +522,41 @@ static const char *admin_token(const srv *s, char *buf, size_t cap)
     return t && *t ? t : NULL;
 }
 
+/* The checks every admin route makes, in order: a token set (routes:
+ * "the adapter routes are", for the 404's words), the caller's bearer, the method (methods:
+ * "POST" or "GET|POST"), a serving model when ready is set. 0 to go on,
+ * else the status with e set. */
+static int admin_check(srv *s, struct mg_connection *c, const char *routes, const char *methods, int ready, srv_err *e)
+{
+    char tbuf[256];
+    const char *tok = admin_token(s, tbuf, sizeof tbuf), *m = mg_get_request_info(c)->request_method;
+    size_t ml = strlen(m);
+    const char *at = strstr(methods, m);
+    int method_ok = at && (at == methods || at[-1] == '|') && (at[ml] == 0 || at[ml] == '|');
+    if (!tok)
+        srv_err_set(e, 404, NULL, "%s off (no admin token: admin_token_file unset or unreadable)", routes);
+    else if (!http_guard_bearer_ok(mg_get_header(c, "Authorization"), tok))
+        srv_err_set(e, 401, NULL, "the admin token is required (Authorization: Bearer TOKEN)");
+    else if (!method_ok)
+        srv_err_set(e, 405, NULL, "use %s for %s", strchr(methods, '|') ? "GET or POST" : methods,
+                    mg_get_request_info(c)->local_uri);
+    else if (ready && atomic_load(&s->phase) != SRV_READY)
+        srv_err_set(e, 503, NULL, "the model is not serving");
+    OPENSSL_cleanse(tbuf, sizeof tbuf);
+    return e->status;
+}
+
 /* GET /admin/canary: the colocated canary's state; POST sets it. */
 static int h_admin_canary(struct mg_connection *c, void *cb)
 {
     srv *s = cb;
     srv_err e = {0};
-    char tbuf[256];
-    const char *tok = admin_token(s, tbuf, sizeof tbuf), *auth = mg_get_header(c, "Authorization"),
-               *m = mg_get_request_info(c)->request_method;
+    const char *m = mg_get_request_info(c)->request_method;
     char *body = NULL;
     size_t len = 0;
     json_t *out = NULL;
     int status;
-    if (!tok)
-        srv_err_set(&e, 404, NULL, "the admin route is off (no admin token: admin_token_file unset or unreadable)");
-    else if (!http_guard_bearer_ok(auth, tok))
-        srv_err_set(&e, 401, NULL, "the admin token is required (Authorization: Bearer TOKEN)");
-    else if (strcmp(m, "GET") && strcmp(m, "POST"))
-        srv_err_set(&e, 405, NULL, "use GET or POST for /admin/canary");
-    else if (atomic_load(&s->phase) != SRV_READY)
-        srv_err_set(&e, 503, NULL, "the stable model is not serving");
-    if (e.status)
+    if (admin_check(s, c, "the admin route is", "GET|POST", 1, &e))
         status = srv_http_send_err(c, &e);
     else if (!strcmp(m, "GET"))
         status = srv_http_send_json(c, 200, srv_canary_state(s));
@@ -564,19 +578,10 @@ static int h_admin_canary(struct mg_connection *c, void *cb)
 static int lora_admin(srv *s, struct mg_connection *c, int load)
 {
     srv_err e = {0};
-    char tbuf[256], *body = NULL;
-    const char *tok = admin_token(s, tbuf, sizeof tbuf);
+    char *body = NULL;
     size_t len = 0;
     int status;
-    if (!tok)
-        srv_err_set(&e, 404, NULL, "the adapter routes are off (no admin token: admin_token_file unset or unreadable)");
-    else if (!http_guard_bearer_ok(mg_get_header(c, "Authorization"), tok))
-        srv_err_set(&e, 401, NULL, "the admin token is required (Authorization: Bearer TOKEN)");
-    else if (strcmp(mg_get_request_info(c)->request_method, "POST"))
-        srv_err_set(&e, 405, NULL, "use POST for %s", mg_get_request_info(c)->local_uri);
-    else if (atomic_load(&s->phase) != SRV_READY)
-        srv_err_set(&e, 503, NULL, "the model is not serving");
-    if (e.status || read_body(s, c, &body, &len, &e))
+    if (admin_check(s, c, "the adapter routes are", "POST", 1, &e) || read_body(s, c, &body, &len, &e))
         status = srv_http_send_err(c, &e);
     else {
         json_t *req = srv_json_parse(body, len, &e);
@@ -600,14 +605,7 @@ static int h_lora_state(struct mg_connection *c, void *cb)
 {
     srv *s = cb;
     srv_err e = {0};
-    char tbuf[256];
-    const char *tok = admin_token(s, tbuf, sizeof tbuf);
-    if (!tok)
-        srv_err_set(&e, 404, NULL, "the adapter routes are off (no admin token: admin_token_file unset or unreadable)");
-    else if (!http_guard_bearer_ok(mg_get_header(c, "Authorization"), tok))
-        srv_err_set(&e, 401, NULL, "the admin token is required (Authorization: Bearer TOKEN)");
-    else if (strcmp(mg_get_request_info(c)->request_method, "GET"))
-        srv_err_set(&e, 405, NULL, "use GET for /admin/lora");
+    admin_check(s, c, "the adapter routes are", "GET", 0, &e);
     int status = e.status ? srv_http_send_err(c, &e) : srv_http_send_json(c, 200, srv_lora_state(&s->loras));
     srv_metrics_request(&s->metrics, R_OTHER, status);
     return status;
@@ -627,18 +625,10 @@ static int h_lora_state(struct mg_connection *c, void *cb)
  * (*rv held: NULL the stable model): 0 to go on. */
 static int admin_read(srv *s, struct mg_connection *c, char **body, size_t *len, srv_rev **rv, srv_err *e)
 {
-    char tbuf[256];
-    const char *tok = admin_token(s, tbuf, sizeof tbuf), *want = mg_get_header(c, "X-LLM-Revision");
+    const char *want = mg_get_header(c, "X-LLM-Revision");
     *rv = NULL;
-    if (!tok)
-        srv_err_set(e, 404, NULL, "the admin routes are off (no admin token: admin_token_file unset or unreadable)");
-    else if (!http_guard_bearer_ok(mg_get_header(c, "Authorization"), tok))
-        srv_err_set(e, 401, NULL, "the admin token is required (Authorization: Bearer TOKEN)");
-    else if (strcmp(mg_get_request_info(c)->request_method, "POST"))
-        srv_err_set(e, 405, NULL, "use POST for %s", mg_get_request_info(c)->local_uri);
-    else if (atomic_load(&s->phase) != SRV_READY)
-        srv_err_set(e, 503, NULL, "the model is not serving");
-    else if (want && strcmp(want, "stable") && strcmp(want, "canary"))
+    if (admin_check(s, c, "the admin routes are", "POST", 1, e)) {
+    } else if (want && strcmp(want, "stable") && strcmp(want, "canary"))
         srv_err_set(e, 400, NULL, "X-LLM-Revision must be stable or canary");
     else if (want && !strcmp(want, "canary") && !(*rv = srv_canary_hold(s)))
         srv_err_set(e, 409, NULL, "no colocated canary is loaded");
