@@ -123,7 +123,7 @@ def test_crd_upgrade_path(kubectl, tmp_path):  # noqa: F811
     path.write_text(yaml.safe_dump(old))
     kubectl("create", "-f", str(path))  # as helm install creates it
     kubectl("wait", "--for=condition=established", "crd/llmdeployments.llmk8s.io", "--timeout=10s")
-    kubectl("apply", "-f", "-", stdin=BASE.replace("bad", "before").format(
+    kubectl("apply", "--validate=false", "-f", "-", stdin=BASE.replace("bad", "before").format(  # (Strict refuses it)
         "  model: {path: /m/x.gguf}\n  router: {enabled: true, resources: {limits: {memory: 1Gi}}}\n"))
     assert "resources" not in json.loads(kubectl("get", "llmd", "before", "-o", "json").stdout)["spec"]["router"]  # pruned
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))

@@ -272,6 +272,10 @@ def test_crd_served_validated_and_scaled(kubectl):
     kubectl("apply", "--validate=false", "-f", "-", stdin=w.format("a", "web", "  size: small\n  junk: 1\n"))
     obj = json.loads(kubectl("get", "widget", "a", "-o", "json").stdout)
     assert obj["spec"] == {"size": "small", "replicas": 1}  # default applied, unknown field pruned
+    # kubectl's default (fieldValidation=Strict, kubectl 1.27+): refused with kube-apiserver's words, nothing stored
+    strict = kubectl("apply", "-f", "-", check=False, stdin=w.format("s", "web", "  size: small\n  bogusField: 1\n"))
+    assert strict.returncode and 'strict decoding error: unknown field "spec.bogusField"' in strict.stderr, strict.stderr
+    assert kubectl("get", "widget", "s", check=False).returncode
     table = kubectl("get", "wdg").stdout.splitlines()
     assert table[0].split() == ["NAME", "SIZE", "REPLICAS", "AGE"]
     assert table[1].split()[:3] == ["a", "small", "1"]

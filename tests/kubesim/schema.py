@@ -25,8 +25,10 @@ def _type_ok(t, v):
     return t not in TYPES or isinstance(v, TYPES[t])
 
 
-def default_and_prune(schema, v):
-    """Applies defaults and drops unknown fields in place; returns v."""
+def default_and_prune(schema, v, path="", pruned=None):
+    """Applies defaults and drops unknown fields in place; returns v. The
+    paths of the fields dropped go to pruned (when a list): under
+    fieldValidation=Strict the API server refuses them instead."""
     if not isinstance(schema, dict):
         return v
     if isinstance(v, dict) and schema.get("type") == "object":
@@ -37,14 +39,16 @@ def default_and_prune(schema, v):
         extra = schema.get("additionalProperties")
         for k in list(v):
             if k in props:
-                default_and_prune(props[k], v[k])
+                default_and_prune(props[k], v[k], f"{path}.{k}", pruned)
             elif isinstance(extra, dict):
-                default_and_prune(extra, v[k])
+                default_and_prune(extra, v[k], f"{path}.{k}", pruned)
             elif not schema.get("x-kubernetes-preserve-unknown-fields") and extra is not True:
                 del v[k]
+                if pruned is not None:
+                    pruned.append(f"{path}.{k}")
     elif isinstance(v, list) and isinstance(schema.get("items"), dict):
-        for x in v:
-            default_and_prune(schema["items"], x)
+        for i, x in enumerate(v):
+            default_and_prune(schema["items"], x, f"{path}[{i}]", pruned)
     return v
 
 

@@ -334,6 +334,8 @@ class Handler(BaseHTTPRequestHandler):
         self._body = None
         url = urllib.parse.urlsplit(self.path)
         q = dict(urllib.parse.parse_qsl(url.query))
+        # kubectl (1.27+) asks for Strict: an unknown field of a custom resource is then refused, not pruned
+        self.strict = q.get("fieldValidation") == "Strict"
         if self.epoch != self.api.epoch:  # a connection from before a restart: it breaks
             self.close_connection = True
             return
@@ -693,7 +695,12 @@ class Handler(BaseHTTPRequestHandler):
         if not r.schema:
             return
         keep = {k: obj.pop(k) for k in ("apiVersion", "kind", "metadata") if k in obj}
-        crschema.default_and_prune(r.schema, obj)
+        pruned = []
+        crschema.default_and_prune(r.schema, obj, "", pruned)
+        if pruned and getattr(self, "strict", False):  # kube-apiserver's words under fieldValidation=Strict
+            obj.update(keep)
+            raise ApiError(400, "BadRequest", "strict decoding error: " +
+                           ", ".join(f'unknown field "{p.lstrip(".")}"' for p in pruned))
         errs = []
         root = {k: v for k, v in r.schema.items() if k not in ("required", "x-kubernetes-validations")}
         crschema.validate(root | {"type": "object"}, obj, "", errs)
