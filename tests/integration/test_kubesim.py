@@ -1061,3 +1061,14 @@ def test_real_helm_installs_upgrades_lists_and_uninstalls(sim, tmp_path):
     secrets = subprocess.run(["kubectl", "get", "secrets", "-l", "owner=helm", "-o", "name"], capture_output=True,
                              text=True, env=env, timeout=30).stdout
     assert secrets == ""
+
+
+def test_kubectl_logs_shows_the_containers_output(tmp_path):
+    """kubectl logs reads what the container wrote (both streams), --tail its last lines; not the Pod object."""
+    images = {"example/talk": ["sh", "-c", "echo one; echo two >&2; echo three; sleep 300"]}
+    with image_sim(tmp_path, images) as kubectl:
+        kubectl("run", "talker", "--image", "example/talk", "--restart", "Never")
+        out = wait_for(lambda: (t := kubectl("logs", "talker", check=False).stdout) and "three" in t and t, 30)
+        assert out.splitlines() == ["one", "two", "three"], out
+        assert kubectl("logs", "talker", "--tail", "1").stdout.splitlines() == ["three"]
+        assert '"kind"' not in out

@@ -634,10 +634,34 @@ class Handler(BaseHTTPRequestHandler):
             self.api.store.get(self.api.res("", "v1", "namespaces").key, None, ns)  # 404 if absent
         return r, ns, name, sub
 
+    def pod_log(self, pod, q):
+        """GET pods/NAME/log: the container's output (container=, tailLines=, limitBytes=), as text."""
+        names = [c.get("name") for c in pod["spec"].get("containers") or []]
+        want = q.get("container") or (names[0] if names else "main")
+        if want not in names:
+            raise ApiError(400, "BadRequest", f"container {want} is not valid for pod {pod['metadata']['name']}")
+        try:
+            with open(self.api.workloads.log_path(pod["metadata"]["uid"], want), "rb") as f:
+                text = f.read()
+        except FileNotFoundError:
+            text = b""
+        if q.get("tailLines", "").isdigit():
+            lines = text.splitlines(keepends=True)
+            text = b"".join(lines[len(lines) - min(int(q["tailLines"]), len(lines)):])
+        if q.get("limitBytes", "").isdigit():
+            text = text[:int(q["limitBytes"])]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+
     def do_get_obj(self, route, q):
         r, ns, name, sub = self.scope(route)
         if name is not None:
             obj = self.api.store.get(r.key, ns, name)
+            if r.plural == "pods" and sub == "log":
+                return self.pod_log(obj, q)
             if sub == "scale":
                 return self.send_json(200, self.to_scale(r, obj))
             return self.send_json(200, self.as_table([obj], r, "") if self.wants_table() else obj)

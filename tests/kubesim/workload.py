@@ -2,7 +2,7 @@
 one loop: Deployments own Pods (no ReplicaSets: pods carry the template's
 pod-template-hash) and roll them honouring maxSurge/maxUnavailable; Pods
 run as local processes when their image is mapped to a command, each on
-its own loopback address 127.0.0.N, with readiness probes over HTTP and
+its own loopback address 127.0.0.N, their output kept for kubectl logs, with readiness probes over HTTP and
 restart with back-off; deleting a Pod sends SIGTERM, waits the grace
 period, then SIGKILL; Services get Endpoints of their ready pods.
 
@@ -447,6 +447,10 @@ class Workloads:
         self.bound[uid] = want
         return True
 
+    def log_path(self, uid, container):
+        """Where a pod's container writes its output (kubectl logs reads it)."""
+        return os.path.join(self.data_dir, "pods", uid, "logs", container.replace("/", "_") + ".log")
+
     def run_pod(self, p, proc):
         c = (p["spec"].get("containers") or [{}])[0]
         uid = p["metadata"]["uid"]
@@ -494,8 +498,12 @@ class Workloads:
             proc.restarts += 1
             proc.next_start = now + min(10.0, 0.5 * 2 ** (proc.restarts - 1))
         if proc.popen is None and now >= proc.next_start:
-            proc.popen = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True)
+            # the container's output, both streams as the kubelet keeps them, for kubectl logs
+            log = self.log_path(uid, c.get("name") or "main")
+            os.makedirs(os.path.dirname(log), exist_ok=True)
+            with open(log, "ab") as out:
+                proc.popen = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                              start_new_session=True)
             proc.started = now
             proc.exit_reason = None
         self.probe(c, ip, proc, now)
