@@ -272,6 +272,16 @@ def test_crd_served_validated_and_scaled(kubectl):
     kubectl("apply", "--validate=false", "-f", "-", stdin=w.format("a", "web", "  size: small\n  junk: 1\n"))
     obj = json.loads(kubectl("get", "widget", "a", "-o", "json").stdout)
     assert obj["spec"] == {"size": "small", "replicas": 1}  # default applied, unknown field pruned
+    # kubectl get -w: the changes keep their columns (a Table per event), not a bare name
+    import threading
+    later = threading.Timer(1.5, lambda: kubectl("patch", "widget", "a", "--type", "merge", "-p",
+                                                 '{"spec":{"size":"large"}}'))
+    later.start()
+    watched = kubectl("get", "wdg", "-w", "--request-timeout=5s", check=False).stdout.splitlines()
+    later.join()
+    assert len(watched) >= 3 and watched[0].split() == ["NAME", "SIZE", "REPLICAS", "AGE"], watched
+    assert watched[-1].split()[:3] == ["a", "large", "1"], watched
+    kubectl("patch", "widget", "a", "--type", "merge", "-p", '{"spec":{"size":"small"}}')
     # kubectl's default (fieldValidation=Strict, kubectl 1.27+): refused with kube-apiserver's words, nothing stored
     strict = kubectl("apply", "-f", "-", check=False, stdin=w.format("s", "web", "  size: small\n  bogusField: 1\n"))
     assert strict.returncode and 'strict decoding error: unknown field "spec.bogusField"' in strict.stderr, strict.stderr

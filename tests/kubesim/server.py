@@ -966,6 +966,7 @@ class Handler(BaseHTTPRequestHandler):
         bookmarks = q.get("allowWatchBookmarks") in ("1", "true")
         next_bookmark = time.monotonic() + BOOKMARK_PERIOD
         events = []
+        table = self.wants_table()  # kubectl get -w: each event's object a Table of one row, as kube-apiserver sends
         if rv == 0:  # no resume point: the current state as ADDED, then changes
             items, cur = store.list(r.key, ns)
             events = [(int(o["metadata"]["resourceVersion"]), "ADDED", o) for o in items]
@@ -980,7 +981,8 @@ class Handler(BaseHTTPRequestHandler):
             while True:
                 for erv, etype, obj in events:
                     if match(obj):
-                        self.chunk(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
+                        shown = self.as_table([obj], r, str(erv)) if table else obj
+                        self.chunk(json.dumps({"type": etype, "object": shown}).encode() + b"\n")
                     rv = max(rv, erv)
                 left = deadline - time.monotonic()
                 if left <= 0:
