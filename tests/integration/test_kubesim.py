@@ -1082,3 +1082,19 @@ def test_kubectl_logs_shows_the_containers_output(tmp_path):
         assert out.splitlines() == ["one", "two", "three"], out
         assert kubectl("logs", "talker", "--tail", "1").stdout.splitlines() == ["three"]
         assert '"kind"' not in out
+
+
+def test_kubectl_events_for_an_object(kubectl):
+    """kubectl events --for selects on involvedObject's kind, apiVersion and name (field selectors
+    kube-apiserver supports on events); another object's events are left out."""
+    def event(name, obj):
+        return json.dumps({"apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
+                           "involvedObject": {"kind": "Pod", "name": obj, "namespace": "default", "apiVersion": "v1"},
+                           "reason": "Tested", "message": f"about {obj}", "type": "Normal",
+                           "firstTimestamp": "2026-12-06T14:00:00Z", "lastTimestamp": "2026-12-06T14:00:00Z"})
+    kubectl("create", "-f", "-", stdin=event("e1", "x"))
+    kubectl("create", "-f", "-", stdin=event("e2", "y"))
+    out = kubectl("events", "--for", "pod/x").stdout
+    assert "about x" in out and "about y" not in out, out
+    assert kubectl("get", "events", "--field-selector", "involvedObject.apiVersion=v1,reason=Tested",
+                   "-o", "name").stdout.split() == ["event/e1", "event/e2"]

@@ -1,6 +1,7 @@
 """kselect.py - labelSelector (equality and set-based) and fieldSelector
-(metadata.name, metadata.namespace, status.phase; events' involvedObject.*,
-reason and type) matching."""
+(metadata.name, metadata.namespace, status.phase; the events' fields
+kube-apiserver selects on: involvedObject.*, reason, type, source,
+reportingComponent) matching."""
 import re
 
 from store import ApiError
@@ -55,6 +56,11 @@ FIELDS = {"metadata.name": lambda o: o["metadata"].get("name"),
           "involvedObject.namespace": lambda o: (o.get("involvedObject") or {}).get("namespace"),
           "involvedObject.kind": lambda o: (o.get("involvedObject") or {}).get("kind"),
           "involvedObject.uid": lambda o: (o.get("involvedObject") or {}).get("uid"),
+          "involvedObject.apiVersion": lambda o: (o.get("involvedObject") or {}).get("apiVersion"),
+          "involvedObject.resourceVersion": lambda o: (o.get("involvedObject") or {}).get("resourceVersion"),
+          "involvedObject.fieldPath": lambda o: (o.get("involvedObject") or {}).get("fieldPath"),
+          "source": lambda o: (o.get("source") or {}).get("component"),
+          "reportingComponent": lambda o: o.get("reportingComponent"),
           "reason": lambda o: o.get("reason"),
           "type": lambda o: o.get("type")}
 
