@@ -978,6 +978,12 @@ def test_service_proxy(tmp_path):
                                  check=False).stdout, 30, "an address in gone's endpoints")
         r = kubectl("get", "--raw", "/api/v1/namespaces/default/services/gone/proxy/", check=False)
         assert r.returncode and "error trying to reach service" in r.stderr, r.stderr
+        # a Service deleted takes its Endpoints and EndpointSlice with it (a stale one listed its pods as ready)
+        kubectl("delete", "service", "web")
+        wait_for(lambda: kubectl("get", "endpoints", "web", check=False).returncode and
+                 not kubectl("get", "endpointslices", "-l", "kubernetes.io/service-name=web", "-o", "name").stdout,
+                 30, "web's endpoints gone")
+        assert kubectl("get", "endpoints", "gone", "-o", "name").stdout.strip() == "endpoints/gone"  # the others stay
 
 
 def api_post(sim, path, body, ctype):

@@ -581,6 +581,7 @@ class Workloads:
     # ---- services -----------------------------------------------------------------
     def endpoints(self):
         svcs, _ = self.store.list(SVC)
+        self.drop_orphan_endpoints(svcs)
         for s in svcs:
             sel = s.get("spec", {}).get("selector")
             if not sel:
@@ -610,6 +611,32 @@ class Workloads:
                       "metadata": {"labels": {"kubernetes.io/service-name": name,
                                               "endpointslice.kubernetes.io/managed-by": "kubesim"},
                                    "ownerReferences": owner}})
+
+    def drop_orphan_endpoints(self, svcs):
+        """The Endpoints (and our EndpointSlices) of a Service deleted or no
+        longer selecting go, as kube-controller-manager removes them: a
+        stale one would keep listing the pods it had as ready."""
+        live = {(s["metadata"]["namespace"], s["metadata"]["name"]) for s in svcs
+                if (s.get("spec") or {}).get("selector")}
+        names = {(s["metadata"]["namespace"], s["metadata"]["name"]) for s in svcs}
+        eps, _ = self.store.list(EP)
+        for e in eps:
+            key = (e["metadata"]["namespace"], e["metadata"]["name"])
+            # (a Service without a selector keeps the Endpoints its owner writes by hand)
+            if key not in names:
+                self.delete_quietly(EP, *key)
+        slices, _ = self.store.list(SLICE)
+        for sl in slices:
+            lab = sl["metadata"].get("labels") or {}
+            key = (sl["metadata"]["namespace"], lab.get("kubernetes.io/service-name"))
+            if lab.get("endpointslice.kubernetes.io/managed-by") == "kubesim" and key not in live:
+                self.delete_quietly(SLICE, sl["metadata"]["namespace"], sl["metadata"]["name"])
+
+    def delete_quietly(self, rkey, ns, name):
+        try:
+            self.store.delete(rkey, ns, name)
+        except ApiError:
+            pass
 
     def put(self, rkey, ns, name, fields, base):
         """Creates the object or updates the given top-level fields when they changed."""
