@@ -1104,3 +1104,25 @@ def test_kubectl_events_for_an_object(kubectl):
     assert "about x" in out and "about y" not in out, out
     assert kubectl("get", "events", "--field-selector", "involvedObject.apiVersion=v1,reason=Tested",
                    "-o", "name").stdout.split() == ["event/e1", "event/e2"]
+
+
+def test_fixing_a_broken_rollout_converges(tmp_path):
+    """A rollout to an image that crash-loops is stuck (maxUnavailable 0: the old pods stay); fixing the template
+    takes the unready pod of the broken revision out first and rolls on, as the Deployment controller does, with
+    no pod deleted by hand."""
+    images = {"example/http-server": [sys.executable, "-m", "http.server"], "example/crash": ["sh", "-c", "exit 3"]}
+    with image_sim(tmp_path, images) as kubectl:
+        kubectl("apply", "-f", "-", stdin=DEPLOY.replace("REV", "1"))
+        wait_for(lambda: len(endpoint_ips(kubectl)) == 2, 60)
+        kubectl("set", "image", "deployment/web", "http=example/crash")
+        images_of = lambda: sorted(p["spec"]["containers"][0]["image"] for p in  # noqa: E731
+                                   json.loads(kubectl("get", "pods", "-o", "json").stdout)["items"]
+                                   if not p["metadata"].get("deletionTimestamp"))
+        wait_for(lambda: "example/crash" in images_of(), 30, "the broken revision's pod")
+        assert len(endpoint_ips(kubectl)) == 2  # stuck, still served by the old pods
+        kubectl("set", "env", "deployment/web", "REVISION=3", "--containers", "http")
+        kubectl("set", "image", "deployment/web", "http=example/http-server")
+        status = lambda: json.loads(kubectl("get", "deploy", "web", "-o", "json").stdout)["status"]  # noqa: E731
+        wait_for(lambda: (s := status()).get("updatedReplicas") == 2 and s.get("readyReplicas") == 2
+                 and s.get("replicas") == 2, 60, "the fixed revision rolled out")
+        assert images_of() == ["example/http-server"] * 2
