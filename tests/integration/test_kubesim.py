@@ -1126,3 +1126,21 @@ def test_fixing_a_broken_rollout_converges(tmp_path):
         wait_for(lambda: (s := status()).get("updatedReplicas") == 2 and s.get("readyReplicas") == 2
                  and s.get("replicas") == 2, 60, "the fixed revision rolled out")
         assert images_of() == ["example/http-server"] * 2
+
+
+def test_memory_limit_kills_as_oom(tmp_path):
+    """resources.limits.memory: a container that grows past it is killed and restarted, its lastState
+    OOMKilled with exit code 137 (as the kubelet reports the cgroup OOM killer); one within it runs on."""
+    hog = [sys.executable, "-c", "import time; x = bytearray(200 << 20); x[::4096] = b'x' * len(x[::4096]); "
+                                 "time.sleep(300)"]
+    with image_sim(tmp_path, {"example/hog": hog}) as kubectl:
+        for name, mem in (("small", "64Mi"), ("big", "1Gi")):
+            kubectl("apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n"
+                    f"  containers: [{{name: c, image: example/hog, resources: {{limits: {{memory: {mem}}}}}}}]\n")
+        status = lambda n: (json.loads(kubectl("get", "pod", n, "-o", "json").stdout).get("status")  # noqa: E731
+                            or {}).get("containerStatuses") or [{}]
+        last = wait_for(lambda: (s := status("small")[0]).get("lastState", {}).get("terminated") and s, 60, "an OOM kill")
+        assert last["lastState"]["terminated"]["reason"] == "OOMKilled", last
+        assert last["lastState"]["terminated"]["exitCode"] == 137 and last["restartCount"] >= 1, last
+        assert "over the memory limit of 64 MiB" in last["lastState"]["terminated"]["message"], last
+        assert status("big")[0].get("restartCount", 0) == 0

@@ -19,6 +19,10 @@ restartPolicy: Always (Deployment pods) restarts an exited container with
 back-off, OnFailure only one that failed; a Never pod ends Succeeded (exit
 0) or Failed, an OnFailure pod Succeeded.
 
+A container's resources.limits.memory is enforced as the cgroup OOM killer
+would: past it (resident memory of its processes) it is killed and its
+lastState says OOMKilled (exit code 137).
+
 One node, "kubesim", with KUBESIM_NODE_GPUS nvidia.com/gpu (default 0): a
 pod asking for more GPUs than are free stays Pending with PodScheduled
 False, reason Unschedulable and the scheduler's message. Its file system
@@ -69,6 +73,33 @@ def int_or_pct(v, total, up):
         x = total * int(v[:-1]) / 100
         return int(-(-x // 1)) if up else int(x)
     return int(v)
+
+
+def memory_bytes(q):
+    """A memory quantity ("512Mi", "1G", "1048576") in bytes; None when not one."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?", str(q).strip())
+    if not m:
+        return None
+    mul = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "M": 10**6, "G": 10**9,
+           "T": 10**12}[m.group(2)]
+    return int(float(m.group(1)) * mul)
+
+
+def rss_bytes(pid):
+    """The resident memory of pid and its children (what a container's cgroup would count, near enough)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            pass
+    return total
 
 
 class ProbeState:
@@ -482,11 +513,14 @@ class Workloads:
         if cmd is None:
             return self.set_status(p, "Pending", False, ip, proc, waiting=("ErrImagePull",
                                    f'image "{c.get("image")}" is not in the image map'))
+        self.enforce_memory(c, proc)
         if proc.popen is not None and proc.popen.poll() is not None:
             rc = proc.popen.returncode
             if not proc.exit_reason:
                 proc.exit_reason = f"exit code {rc}"
-            proc.last_state = {"terminated": {"exitCode": rc, "reason": "Completed" if rc == 0 else "Error",
+            oom = proc.exit_reason.startswith("OOMKilled")
+            proc.last_state = {"terminated": {"exitCode": 137 if oom else rc,
+                                              "reason": "OOMKilled" if oom else "Completed" if rc == 0 else "Error",
                                               "message": proc.exit_reason}}
             proc.popen, proc.ready = None, False
             policy = p["spec"].get("restartPolicy", "Always")
@@ -509,6 +543,21 @@ class Workloads:
         self.probe(c, ip, proc, now)
         waiting = None if proc.popen else ("CrashLoopBackOff", proc.exit_reason)
         self.set_status(p, "Running" if proc.popen else "Pending", proc.ready, ip, proc, waiting)
+
+    def enforce_memory(self, c, proc):
+        """resources.limits.memory: a container past it is killed (SIGKILL) and said OOMKilled, as the
+        kernel's cgroup OOM killer and the kubelet do; without a limit nothing is checked."""
+        limit = memory_bytes(((c.get("resources") or {}).get("limits") or {}).get("memory", ""))
+        if not limit or proc.popen is None or proc.popen.poll() is not None:
+            return
+        used = rss_bytes(proc.popen.pid)
+        if used > limit:
+            proc.exit_reason = f"OOMKilled: {used >> 20} MiB resident, over the memory limit of {limit >> 20} MiB"
+            try:
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.popen.wait()
 
     def probe(self, c, ip, proc, now):
         """Startup gates the others; liveness failure restarts; readiness sets Ready."""
