@@ -128,18 +128,9 @@ static const char *ours(json_t *d, json_t *dep)
                                                                                      : NULL;
 }
 
-/* Pods owned by their Deployment itself, as kubesim makes them: trusted
- * only where LLM_CONTROLLER_DEPLOYMENT_OWNS_PODS=1 says this is such a
- * cluster (kubesim sets it for what it runs). */
-static int deployment_owns_pods(void)
-{
-    const char *v = getenv("LLM_CONTROLLER_DEPLOYMENT_OWNS_PODS");
-    return v && !strcmp(v, "1");
-}
-
 /* 1 when pod belongs to the Deployment of uid dep_uid: controlled by a
  * ReplicaSet that it controls (read here; the pod's reference must name
- * that ReplicaSet's uid), or, in kubesim, by the Deployment itself.
+ * that ReplicaSet's uid).
  * Labels alone are anyone's who may create pods in the namespace: the
  * admin token goes only where this chain leads. */
 static int pod_of(kube_client *k, json_t *pod, const char *ns, const char *dep_uid, json_t *seen_rs)
@@ -147,10 +138,8 @@ static int pod_of(kube_client *k, json_t *pod, const char *ns, const char *dep_u
     json_t *by = controller_of(pod);
     const char *kind = json_string_value(json_object_get(by, "kind")), *uid = json_string_value(json_object_get(by, "uid"));
     const char *rs_name = json_string_value(json_object_get(by, "name"));
-    if (!kind || !uid || !dep_uid)
+    if (!kind || !uid || !dep_uid) /* (a pod a Deployment itself claims is none of its: ownerReferences are anyone's) */
         return 0;
-    if (!strcmp(kind, "Deployment")) /* no pod of a real cluster is: ownerReferences are anyone's to write */
-        return deployment_owns_pods() && !strcmp(uid, dep_uid);
     char path[700], memo[600];
     if (strcmp(kind, "ReplicaSet") || !rs_name ||
         snprintf(memo, sizeof memo, "%s/%s", rs_name, uid) >= (int)sizeof memo ||

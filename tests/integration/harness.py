@@ -34,9 +34,6 @@ BUILD = ROOT / os.environ.get("LLM_BUILD", "build")
 
 
 SHARED = pathlib.Path(os.environ.get("LLM_SHARED", ROOT.parent / "shared"))
-# kubesim's Deployments own their pods directly (it has no ReplicaSets): the controllers the tests start there
-# follow a pod's owners to its Deployment only when told so (a real cluster's pods are a ReplicaSet's)
-os.environ["LLM_CONTROLLER_DEPLOYMENT_OWNS_PODS"] = "1"
 
 
 def tool(name):

@@ -1126,6 +1126,17 @@ def test_fixing_a_broken_rollout_converges(tmp_path):
         wait_for(lambda: (s := status()).get("updatedReplicas") == 2 and s.get("readyReplicas") == 2
                  and s.get("replicas") == 2, 60, "the fixed revision rolled out")
         assert images_of() == ["example/http-server"] * 2
+        # as the Deployment controller makes them: a ReplicaSet per template, each pod a ReplicaSet's
+        dep_uid = json.loads(kubectl("get", "deploy", "web", "-o", "json").stdout)["metadata"]["uid"]
+        rsets = json.loads(kubectl("get", "rs", "-o", "json").stdout)["items"]
+        assert len(rsets) == 3 and all(r["metadata"]["ownerReferences"][0]["uid"] == dep_uid for r in rsets), rsets
+        live = {r["metadata"]["uid"]: r["spec"]["replicas"] for r in rsets}
+        assert sorted(live.values()) == [0, 0, 2], live
+        for p in json.loads(kubectl("get", "pods", "-o", "json").stdout)["items"]:
+            ref = p["metadata"]["ownerReferences"][0]
+            assert ref["kind"] == "ReplicaSet" and live.get(ref["uid"]) == 2, ref
+        kubectl("delete", "deployment", "web")  # its ReplicaSets and their pods follow it
+        wait_for(lambda: not json.loads(kubectl("get", "rs", "-o", "json").stdout)["items"] and not images_of(), 60)
 
 
 def test_memory_limit_kills_as_oom(tmp_path):

@@ -51,6 +51,7 @@ BUILTIN = [
     Resource("apps", "v1", "Deployment", "deployments", True, ["deploy"], ["status", "scale"],
              scale={"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
                     "labelSelectorPath": ".status.selector"}),
+    Resource("apps", "v1", "ReplicaSet", "replicasets", True, ["rs"], ["status"]),
     Resource("autoscaling", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True, ["hpa"], ["status"]),
     Resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True, ["pdb"], ["status"]),
     Resource("coordination.k8s.io", "v1", "Lease", "leases", True),

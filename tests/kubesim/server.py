@@ -819,8 +819,17 @@ class Handler(BaseHTTPRequestHandler):
         """How many pods a budget expects, as the disruption controller counts them: the replicas of the
         Deployments that own the pods (a pod evicted a moment ago and not yet replaced still counts), else the
         pods themselves."""
-        owners = {r["name"] for p in pods for r in p["metadata"].get("ownerReferences") or []
-                  if r.get("kind") == "Deployment" and r.get("controller")}
+        owners = set()
+        for p in pods:  # pod -> its ReplicaSet -> that ReplicaSet's Deployment
+            for r in p["metadata"].get("ownerReferences") or []:
+                if r.get("kind") != "ReplicaSet" or not r.get("controller"):
+                    continue
+                try:
+                    rs = self.api.store.get(self.api.res("apps", "v1", "replicasets").key, ns, r["name"])
+                except ApiError:
+                    continue
+                owners |= {o["name"] for o in rs["metadata"].get("ownerReferences") or []
+                           if o.get("kind") == "Deployment" and o.get("controller")}
         total = 0
         for name in owners:
             try:

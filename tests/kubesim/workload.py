@@ -1,6 +1,7 @@
 """workload.py - what kube-controller-manager and the kubelet would do, in
-one loop: Deployments own Pods (no ReplicaSets: pods carry the template's
-pod-template-hash) and roll them honouring maxSurge/maxUnavailable; Pods
+one loop: Deployments own a ReplicaSet per template (NAME-HASH, the
+template's pod-template-hash), which owns its Pods, and roll them honouring
+maxSurge/maxUnavailable; Pods
 run as local processes when their image is mapped to a command, each on
 its own loopback address 127.0.0.N, their output kept for kubectl logs, with readiness probes over HTTP and
 restart with back-off; deleting a Pod sends SIGTERM, waits the grace
@@ -52,6 +53,7 @@ from store import ApiError
 KUBELET_FINALIZER = "kubesim.io/kubelet"
 POD = ("", "pods", "Pod")
 DEPLOY = ("apps", "deployments", "Deployment")
+RS = ("apps", "replicasets", "ReplicaSet")
 SVC = ("", "services", "Service")
 EP = ("", "endpoints", "Endpoints")
 SLICE = ("discovery.k8s.io", "endpointslices", "EndpointSlice")
@@ -62,6 +64,11 @@ PVC = ("", "persistentvolumeclaims", "PersistentVolumeClaim")
 
 def template_hash(tpl):
     return hashlib.sha256(json.dumps(tpl, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def controller_uid(o):
+    """The uid of o's controlling owner, or None."""
+    return next((r.get("uid") for r in o["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
 
 
 def selector_ok(sel, labels):
@@ -183,16 +190,52 @@ class Workloads:
             if not d["metadata"].get("deletionTimestamp"):
                 self.sync_deployment(d)
 
-    def owned_pods(self, d):
+    def replica_sets(self, d):
+        """d's ReplicaSets (controlled by it), by uid."""
+        rsets, _ = self.store.list(RS, d["metadata"]["namespace"])
+        return {r["metadata"]["uid"]: r for r in rsets if controller_uid(r) == d["metadata"]["uid"]}
+
+    def owned_pods(self, d, rsets=None):
+        """d's pods: those its ReplicaSets control (not deleted)."""
+        rsets = self.replica_sets(d) if rsets is None else rsets
         pods, _ = self.store.list(POD, d["metadata"]["namespace"])
-        return [p for p in pods if any(r.get("uid") == d["metadata"]["uid"]
-                                       for r in p["metadata"].get("ownerReferences") or [])
-                and not p["metadata"].get("deletionTimestamp")]
+        return [p for p in pods if controller_uid(p) in rsets and not p["metadata"].get("deletionTimestamp")]
+
+    def replica_set(self, d, h):
+        """d's ReplicaSet of template hash h, made when missing (as the Deployment controller does)."""
+        ns, name = d["metadata"]["namespace"], f"{d['metadata']['name']}-{h}"
+        try:
+            return self.store.get(RS, ns, name)
+        except ApiError as e:
+            if e.code != 404:
+                raise
+        tpl = copy.deepcopy(d["spec"].get("template", {}))
+        labels = dict((tpl.get("metadata") or {}).get("labels") or {}, **{"pod-template-hash": h})
+        tpl.setdefault("metadata", {})["labels"] = labels
+        sel = copy.deepcopy(d["spec"].get("selector") or {"matchLabels": {}})
+        sel.setdefault("matchLabels", {})["pod-template-hash"] = h
+        rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+              "metadata": {"name": name, "labels": labels, "ownerReferences": [
+                  {"apiVersion": "apps/v1", "kind": "Deployment", "name": d["metadata"]["name"],
+                   "uid": d["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]},
+              "spec": {"replicas": 0, "selector": sel, "template": tpl}}
+        return self.store.create(RS, ns, rs)
+
+    def replica_set_counts(self, rsets, pods):
+        """Each ReplicaSet's spec and status: the pods it has now."""
+        for uid, rs in rsets.items():
+            mine = [p for p in pods if controller_uid(p) == uid]
+            fields = {"spec": dict(rs.get("spec") or {}, replicas=len(mine)),
+                      "status": {"replicas": len(mine), "readyReplicas": sum(1 for p in mine if pod_ready(p)),
+                                 "availableReplicas": sum(1 for p in mine if pod_ready(p)),
+                                 "observedGeneration": rs["metadata"].get("generation", 1)}}
+            self.put(RS, rs["metadata"]["namespace"], rs["metadata"]["name"], fields, rs)
 
     def sync_deployment(self, d):
         spec = d.get("spec", {})
         want = spec.get("replicas", 1)
         h = template_hash(spec.get("template", {}))
+        rs = self.replica_set(d, h)
         pods = self.owned_pods(d)
         new = [p for p in pods if p["metadata"].get("labels", {}).get("pod-template-hash") == h]
         old = [p for p in pods if p not in new]
@@ -204,7 +247,7 @@ class Workloads:
             unavail = 1
         # scale the new revision up within the surge budget
         for _ in range(max(0, min(want - len(new), want + surge - len(pods)))):
-            self.create_pod(d, h)
+            self.create_pod(d, h, rs)
         # remove old pods while enough stay available; extra new pods when scaling down
         min_avail = want - unavail
         for p in sorted(old, key=lambda p: pod_ready(p)):
@@ -214,17 +257,19 @@ class Workloads:
                     ready.remove(p)
         for p in new[want:]:
             self.delete_pod(p)
+        rsets = self.replica_sets(d)
+        self.replica_set_counts(rsets, self.owned_pods(d, rsets))
         self.revision(d, h)
         self.deployment_status(d, h)
 
-    def create_pod(self, d, h):
+    def create_pod(self, d, h, rs):
         tpl = copy.deepcopy(d["spec"].get("template", {}))
         md = tpl.setdefault("metadata", {})
         md["labels"] = dict(md.get("labels") or {}, **{"pod-template-hash": h})
         md["generateName"] = f"{d['metadata']['name']}-{h}-"
         md["finalizers"] = [KUBELET_FINALIZER]
-        md["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "Deployment", "name": d["metadata"]["name"],
-                                  "uid": d["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+        md["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs["metadata"]["name"],
+                                  "uid": rs["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": tpl.get("spec", {}),
                "status": {"phase": "Pending"}}
         self.store.create(POD, d["metadata"]["namespace"], pod)
