@@ -187,14 +187,25 @@ static llm_status load_failed(const load_job *j, llm_status st, llm_error *err)
     return llm_errf(err, st, "%s is not a model this server can load (the server log says why)", j->path);
 }
 
+/* A digest mismatch as an admin caller is told it: the expected digest,
+ * not the file's (a caller naming any file of the model directory must not
+ * learn its digest: a guess of its content would be confirmed); the whole
+ * message goes to the log. */
+static llm_status mismatch(const load_job *j, llm_error *err)
+{
+    fprintf(stderr, "llm-server: canary %s: %s\n", j->path, err->msg);
+    return llm_errf(err, LLM_ERR_FORMAT, "%.300s: sha256 mismatch: the file is not the one expected (%s; the server log "
+                    "has the file's digest)", j->path, j->sha256);
+}
+
 static llm_status load(srv *s, const load_job *j, srv_rev *r, llm_error *err)
 {
     snprintf(r->path, sizeof r->path, "%s", j->path);
     llm_status st = fits(s, j->fd_path, err);
     /* its digest on what is mapped, before it is parsed; a stop ends it (LLM_ERR_CANCELLED) */
     if (!st && (st = srv_load_model(j->fd_path, j->sha256, quiet, NULL, &s->canary.abort, &r->model, err)) &&
-        st != LLM_ERR_CANCELLED && !strstr(err->msg, "sha256 mismatch")) /* (a mismatch's words are ours, not the file's) */
-        st = load_failed(j, st, err);
+        st != LLM_ERR_CANCELLED)
+        st = strstr(err->msg, "sha256 mismatch") ? mismatch(j, err) : load_failed(j, st, err);
     if (!st)
         st = srv_load_page_in(r->model, quiet, NULL, &s->canary.abort, err);
     if (!st)

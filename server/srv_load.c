@@ -181,7 +181,7 @@ static llm_status check_digest(void *ctx, const char *path, const void *bytes, s
         return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 init failed");
     int rc = read_part(&d->pi);
     if (rc)
-        return rc > 0 ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: loading was stopped", path)
+        return rc > 0 ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: the sha256 check was abandoned", path)
                       : llm_errf(err, LLM_ERR_INTERNAL, "%.300s: SHA-256 update failed", path);
     if (!EVP_DigestFinal_ex(d->pi.md, dig, &dn) || dn != 32)
         return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 final failed");

@@ -1129,9 +1129,10 @@ def test_fixing_a_broken_rollout_converges(tmp_path):
         # as the Deployment controller makes them: a ReplicaSet per template, each pod a ReplicaSet's
         dep_uid = json.loads(kubectl("get", "deploy", "web", "-o", "json").stdout)["metadata"]["uid"]
         rsets = json.loads(kubectl("get", "rs", "-o", "json").stdout)["items"]
-        assert len(rsets) == 3 and all(r["metadata"]["ownerReferences"][0]["uid"] == dep_uid for r in rsets), rsets
+        # (one per template it had: the first, the crashing one, that with the new env, the fixed one)
+        assert len(rsets) == 4 and all(r["metadata"]["ownerReferences"][0]["uid"] == dep_uid for r in rsets), rsets
         live = {r["metadata"]["uid"]: r["spec"]["replicas"] for r in rsets}
-        assert sorted(live.values()) == [0, 0, 2], live
+        assert sorted(live.values()) == [0, 0, 0, 2], live
         for p in json.loads(kubectl("get", "pods", "-o", "json").stdout)["items"]:
             ref = p["metadata"]["ownerReferences"][0]
             assert ref["kind"] == "ReplicaSet" and live.get(ref["uid"]) == 2, ref
