@@ -5,7 +5,8 @@
  * canary's configuration and objects, and the whole plan (plan.h) with the
  * input's "status" member as the status a previous leader wrote, its
  * "annotations" as kubectl's levers and pod signals made of its bytes: a
- * plan or a refusal with a message. Also Kubernetes quantities and the
+ * plan or a refusal with a message (a quality judgement made of its bytes
+ * too). Also Kubernetes quantities and the
  * canary analysis's reading of router /metrics from arbitrary text. */
 #include <jansson.h>
 #include <stdint.h>
@@ -41,7 +42,16 @@ static void plan_twice(json_t *d, json_t *dep, const canary_sample *smp, const u
     r.need.canary = (int)(size % 3);
     r.need.diag = 1;
     r.need.activity = 1;
-    r.activity = (autoscale_activity){.routers = (int)(size % 2), .held = size % 5, .requests = (double)size};
+    r.activity = (autoscale_activity){.routers = (int)(size % 2), .held = size % 5, .requests = (double)size,
+                                      .asked = (int)(size % 3), .own = (int)(size % 2)};
+    r.canary_asked = (int)(size % 4), r.canary_own = size > 4 ? data[4] % 4 : 0;
+    /* a quality judgement made of the input: any revision, stage, outcome and figures (NaN among them) */
+    judge_result jr = {.state = size > 5 ? (judge_state)(data[5] % 4) : JUDGE_DONE, .stage = (int)(size % 3),
+                       .outcome = (int)(size % 3) - 1, .texts = (int)(size % 9),
+                       .sum = {.kl = size > 6 ? (double)data[6] / (data[6] % 3 ? 7.0 : 0.0) : 0, .kl_max = (double)size,
+                               .positions = (long)(size % 2000), .top1_same = (long)(size % 1500)}};
+    snprintf(jr.rev, sizeof jr.rev, "%s", json_string_value(json_object_get(json_object_get(json_object_get(spec,
+             "status"), "canary"), "revision")) ?: "");
     r.admin = (podsig_admin){.valid = 1, .pods = 2, .ready = (int)(size % 3), .failed = size % 11 == 0,
                              .misfit = size % 13 == 0, .weight = (int)(size % 101)};
     snprintf(r.admin.rev, sizeof r.admin.rev, "%s",
@@ -58,6 +68,7 @@ static void plan_twice(json_t *d, json_t *dep, const canary_sample *smp, const u
                                "status", "replicas", n, "readyReplicas", n, "updatedReplicas", n);
     for (int i = 0; i < 3; i++) {
         plan_input in = {.llmd = d, .stable = i ? stable : NULL, .canary = i == 2 ? canary : NULL, .pods = &r,
+                         .quality = i ? &jr : NULL,
                          .admin_secret = desired_colocated(d) ? "fz-admin-x" : NULL,
                          .site = i == 1 ? &site : NULL, .now = 1.7e9 + (double)size};
         plan p;
@@ -127,7 +138,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (cn.enabled && cn.n_steps > 0) {
         canary_analysis a;
         canary_analyse(&cn, &win, &a);
-        (void)canary_decide(&cn, 0, 1e9, a.verdict, 0);
+        (void)canary_decide(&cn, 0, 1e9, size % 2 ? 1e9 : 0, a.verdict, 0);
     }
     if (dep && desired_canary_enabled(d)) {
         check(desired_canary_deployment(d, dep, 2));
