@@ -120,6 +120,9 @@ void fetch_cache_dir(const fetch_options *o, char *out, size_t n);
  * looking at *abort (may be NULL) between reads. LLM_ERR_CANCELLED when
  * set, LLM_ERR_IO (open or read; the path and the cause), LLM_ERR_NOMEM,
  * LLM_ERR_INTERNAL (OpenSSL). Thread-safety: reentrant. */
+/* Lower-case hex of n bytes into out (2n + 1 bytes): a digest as the
+ * sources, the pins and the messages write it. */
+void fetch_hex(const unsigned char *d, unsigned int n, char *out);
 llm_status fetch_file_sha256(const char *path, int nofollow, const _Atomic int *abort, char hex[FETCH_SHA256_HEX],
                              llm_error *err);
 

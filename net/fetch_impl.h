@@ -143,8 +143,6 @@ const char *fetch_want(const fetch_ctx *c, int k);
 /* Checks that the digests given (o->sha256) fit a source of n_parts
  * files: none, or one per part. */
 llm_status fetch_wants_fit(fetch_ctx *c, const char *uri, int n_parts);
-/* Lower-case hex of n bytes into out (2n + 1 bytes). */
-void fetch_hex(const unsigned char *d, unsigned int n, char *out);
 /* A path segment list from a source: no empty, "." or ".." segment, no
  * leading "/", no backslash or control character, at most FETCH_MAX_PATH
  * bytes. 1 when it is one. */

@@ -185,7 +185,7 @@ static llm_status check_digest(void *ctx, const char *path, const void *bytes, s
                       : llm_errf(err, LLM_ERR_INTERNAL, "%.300s: SHA-256 update failed", path);
     if (!EVP_DigestFinal_ex(d->pi.md, dig, &dn) || dn != 32)
         return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 final failed");
-    for (unsigned i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
+    fetch_hex(dig, 32, hex);
     digest_of(d->want, k, one);
     if (strcasecmp(hex, one))
         return llm_errf(err, LLM_ERR_FORMAT, "%.200s: sha256 mismatch: the file's is %s, expected %s", path, hex, one);

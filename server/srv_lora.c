@@ -184,7 +184,7 @@ static llm_status sha256_is(void *ctx, const void *bytes, size_t n, llm_error *e
     if (!EVP_Digest(bytes, n, d, &dn, EVP_sha256(), NULL) || dn != 32)
         return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 failed");
     char hex[FETCH_SHA256_HEX];
-    for (unsigned i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    fetch_hex(d, 32, hex);
     if (strcasecmp(hex, ctx))
         return llm_errf(err, LLM_ERR_FORMAT, "sha256 mismatch: the bytes read hash to %s, not the %s expected", hex,
                         (const char *)ctx);
