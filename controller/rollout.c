@@ -156,15 +156,13 @@ static void record(rollout *ro, const canary_analysis *a, double now_unix)
 /* ---- the quality gate ----------------------------------------------------------------- */
 
 /* The judge's result as status.canary.quality.<stage> (a new object). */
-static json_t *quality_record(const judge_result *r, const char *result, double now_unix)
+static json_t *quality_record(const judge_result *r, const char *result, double kl, double top1, double now_unix)
 {
     char now[32];
     llm_clock_rfc3339(now_unix, now);
-    long pos = r->sum.positions;
     return json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:I,s:i,s:s}", "time", now, "revision", r->rev, "result", result,
-                     "meanKL", pos ? r->sum.kl / (double)pos : 0.0, "maxKL", r->sum.kl_max, "top1Agreement",
-                     pos ? (double)r->sum.top1_same / (double)pos : 0.0, "positions", (json_int_t)pos, "texts", r->texts,
-                     "message", r->message);
+                     "meanKL", kl, "maxKL", r->sum.kl_max, "top1Agreement", top1, "positions",
+                     (json_int_t)r->sum.positions, "texts", r->texts, "message", r->message);
 }
 
 /* The quality gate at stage (1 before the first step, 2 before
@@ -196,11 +194,10 @@ static int quality_gate(rollout *ro, const rollout_seen *seen, int stage)
     else
         snprintf(msg, sizeof msg, "%s: %s", r->outcome < 0 ? "the quality reads failed (tried again)"
                                             : "the revisions cannot be compared", r->message);
-    json_t *prev_result = json_object_get(json_object_get(all, slot), "result");
-    int news = !same(kube_json_str(json_object_get(all, slot), "revision"), rev) || !same(json_string_value(prev_result), result);
+    int news = !same(kube_json_str(done, "revision"), rev) || !same(kube_json_str(done, "result"), result);
     if (!json_is_object(all))
         json_object_set_new(ro->state, "quality", all = json_object());
-    json_object_set_new(all, slot, quality_record(r, result, seen->now));
+    json_object_set_new(all, slot, quality_record(r, result, kl, top1, seen->now)); /* (done goes with it) */
     if (pass) {
         event(ro, "Normal", "QualityPassed", "revision %.10s %s: %s", rev, stage == 1 ? "may take traffic" : "may be promoted", msg);
         return 1;
