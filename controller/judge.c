@@ -198,27 +198,23 @@ static int tokenize_both(judge *j, const judge_job *job, json_t *text, double de
 {
     json_t *msgs = json_object_get(text, "messages");
     json_t *req = msgs ? json_pack("{s:O}", "messages", msgs) : json_pack("{s:O}", "prompt", json_object_get(text, "prompt"));
-    int refused = 0;
+    int refused = 0, rc = 1;
     r->chat = msgs != NULL;
-    for (int s = 0; s < 2 && req; s++) {
-        json_t *tok = post(j, job, s, "/admin/tokenize", req, TOKENS_ANSWER_MAX, deadline, &refused, w, wn);
-        if (!tok) {
-            json_decref(req);
-            return refused ? 0 : -1;
-        }
-        r->ids[s] = ids_of(tok, &r->n[s], &r->vocab[s]);
-        json_decref(tok);
-        if (!r->ids[s]) { /* (the same answer again would not do better) */
-            snprintf(w, wn, "a tokenization is not 2 to %d ids of its vocabulary", TEXT_IDS_MAX);
-            json_decref(req);
-            return 0;
-        }
-    }
-    json_decref(req);
     if (!req) {
         snprintf(w, wn, "no memory");
         return -1;
     }
+    for (int s = 0; s < 2 && rc == 1; s++) {
+        json_t *tok = post(j, job, s, "/admin/tokenize", req, TOKENS_ANSWER_MAX, deadline, &refused, w, wn);
+        r->ids[s] = tok ? ids_of(tok, &r->n[s], &r->vocab[s]) : NULL;
+        if (tok && !r->ids[s]) /* (the same answer again would not do better) */
+            snprintf(w, wn, "a tokenization is not 2 to %d ids of its vocabulary", TEXT_IDS_MAX);
+        rc = r->ids[s] ? 1 : !tok && !refused ? -1 : 0;
+        json_decref(tok);
+    }
+    json_decref(req);
+    if (rc != 1)
+        return rc;
     r->common = judge_common_suffix(r->ids[0], r->n[0], r->ids[1], r->n[1]);
     if (r->vocab[0] != r->vocab[1])
         snprintf(w, wn, "the vocabularies differ (%ld and %ld tokens)", r->vocab[0], r->vocab[1]);
