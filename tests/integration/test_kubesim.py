@@ -1121,6 +1121,10 @@ def test_fixing_a_broken_rollout_converges(tmp_path):
         wait_for(lambda: "example/crash" in images_of(), 30, "the broken revision's pod")
         assert len(endpoint_ips(kubectl)) == 2  # stuck, still served by the old pods
         kubectl("set", "env", "deployment/web", "REVISION=3", "--containers", "http")
+        # the controller sees this template before the next change (on a loaded machine both edits could land
+        # between two of its passes, and then only three ReplicaSets are ever made)
+        wait_for(lambda: len(json.loads(kubectl("get", "rs", "-o", "json").stdout)["items"]) == 3, 30,
+                 "the ReplicaSet of the env change")
         kubectl("set", "image", "deployment/web", "http=example/http-server")
         status = lambda: json.loads(kubectl("get", "deploy", "web", "-o", "json").stdout)["status"]  # noqa: E731
         wait_for(lambda: (s := status()).get("updatedReplicas") == 2 and s.get("readyReplicas") == 2
