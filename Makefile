@@ -245,6 +245,7 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(TESTKIT_LIB) $(ENGINE_L
 # ---- dependencies -----------------------------------------------------------
 # Python packages as PIP_NAME or PIP_NAME:MODULE when the import name differs.
 DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev libssl-dev libhiredis-dev redis-server clang chromium chromium-driver \
+           buildah debootstrap skopeo docker-registry \
            golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev golang-github-prometheus-common-dev
 PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium jsonschema numpy gguf cel-python:celpy jinja2 huggingface_hub \
           moto[server]:moto.server boto3 opentelemetry-proto:opentelemetry.proto.trace.v1.trace_pb2 \
@@ -358,13 +359,47 @@ $(BUILD)/bin/helm:
 	    "the tests that need Helm skip"; }; fi
 
 # ---- container images -----------------------------------------------------------
-# `make images` builds the three images with Docker, tagged with the chart's
-# appVersion (so pods pull them IfNotPresent: a tag "latest" means Always);
-# REGISTRY=host/path/ prefixes the names and pushes them there.
+# `make images` builds the four images (IMAGES=... for fewer) as OCI archives in
+# $(OCI_DIR), named llm-NAME-VERSION.tar and tagged $(REGISTRY)llm-NAME:VERSION
+# (the chart's appVersion, so pods pull them IfNotPresent), with no container
+# engine and no registry: docker/oci-image.sh makes each root file system with
+# debootstrap from Debian's packages (the runtime packages the staged programs
+# need, read off this Debian 12 machine) and commits it with buildah, as root.
+# `make images-test` then runs each image's entrypoint in its unpacked root with
+# chroot (tests/integration/test_images.py). Where a Docker engine runs,
+# `make docker-images` builds them from the Dockerfiles instead and pushes
+# them when REGISTRY=host/path/ is given.
 REGISTRY ?=
 DOCKER ?= docker
-.PHONY: images
+IMAGES ?= server server-cuda router controller
+OCI_DIR = $(BUILD)/oci
+OCI_WORK = $(BUILD)/oci/work
+# what make test builds for test_images: the CUDA image where nvcc built its plugin
+TEST_IMAGES = server router controller $(if $(CUDA_HOME),server-cuda)
+SKOPEO_FLAGS ?=
+# llm-NAME:VERSION, but the CUDA server's llm-server:VERSION-cuda (beside the CPU one)
+image_tag = $(REGISTRY)$(if $(filter server-cuda,$(1)),llm-server:$(CHART_VERSION)-cuda,llm-$(1):$(CHART_VERSION))
+.PHONY: images images-test docker-images image-tag
+image-tag:
+	@echo $(call image_tag,$(IMAGE))
 images:
+	@missing=""; for p in buildah debootstrap binutils $(if $(REGISTRY),skopeo); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) || exit 1; fi
+	@$(foreach i,$(IMAGES),$(MAKE) --no-print-directory image IMAGE=$(i) && \
+	  docker/oci-image.sh $(i) $(BUILD)/image $(OCI_DIR)/llm-$(i)-$(CHART_VERSION).tar $(call image_tag,$(i)) \
+	    $(OCI_WORK) && \
+	  $(if $(REGISTRY),skopeo copy $(SKOPEO_FLAGS) oci-archive:$(OCI_DIR)/llm-$(i)-$(CHART_VERSION).tar \
+	    docker://$(call image_tag,$(i)) &&) ) true
+# the images' own tests, and the real clients they use: skopeo and a registry (Debian's docker-registry)
+images-test:
+	@missing=""; for p in skopeo docker-registry; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) || exit 1; fi
+	@$(MAKE) --no-print-directory images
+	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_images.py
+docker-images:
 	@for i in server router controller; do \
 	  $(DOCKER) build -f docker/$$i.Dockerfile -t $(REGISTRY)llm-$$i:$(CHART_VERSION) . || exit 1; \
 	  if [ -n "$(REGISTRY)" ]; then $(DOCKER) push $(REGISTRY)llm-$$i:$(CHART_VERSION) || exit 1; fi; done
@@ -438,6 +473,8 @@ test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory cudasim
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory images IMAGES="$(TEST_IMAGES)"; \
+	 else echo "images: not root (debootstrap, chroot): test_images skips"; fi
 	@$(MAKE) --no-print-directory pytest
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory tsan

@@ -211,11 +211,12 @@ def test_helm_render_equals_real_helm(values):
 
 
 def test_images_are_the_ones_the_chart_and_samples_use():
-    """`make images` (run with a stand-in docker that prints its arguments)
-    builds every image from its Dockerfile with the tag the chart's default
-    controller image, the cluster sample and the README's `kind load` name."""
-    r = subprocess.run(["make", "--no-print-directory", "images", "DOCKER=echo"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60)
+    """`make docker-images` (run with a stand-in docker that prints its
+    arguments) builds every image from its Dockerfile with the tag the chart's
+    default controller image, the cluster sample and the README's `kind load`
+    name - and `make images` (the OCI archives) tags them the same."""
+    r = subprocess.run(["make", "--no-print-directory", "docker-images", "DOCKER=echo"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     builds = re.findall(r"^build -f (\S+) -t (\S+) \.$", r.stdout, re.M)
     assert len(builds) == 3, r.stdout
@@ -236,6 +237,11 @@ def test_images_are_the_ones_the_chart_and_samples_use():
     assert fallback.group(1) == spec["router"]["properties"]["image"]["default"]
     kind_load = re.search(r"^kind load docker-image (.*)$", (ROOT / "README.md").read_text(), re.M)
     assert kind_load and set(kind_load.group(1).split()) == tags
-    pushed = subprocess.run(["make", "--no-print-directory", "images", "DOCKER=echo", "REGISTRY=reg.example/llm/"],
+    oci = {subprocess.run(["make", "-s", "--no-print-directory", "image-tag", f"IMAGE={i}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60).stdout.strip() for i in ("server", "router",
+                                                                                               "controller")}
+    assert oci == tags, (oci, tags)
+    pushed = subprocess.run(["make", "--no-print-directory", "docker-images", "DOCKER=echo",
+                             "REGISTRY=reg.example/llm/"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
     assert sorted(re.findall(r"^push (\S+)$", pushed, re.M)) == sorted("reg.example/llm/" + t for t in tags)
