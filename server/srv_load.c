@@ -131,18 +131,32 @@ static int read_part(page_in *pi)
     return 0;
 }
 
-/* read_part with SIGBUS caught: LLM_OK, LLM_ERR_CANCELLED or LLM_ERR_IO. */
-static llm_status read_part_guarded(page_in *pi, const char *name, llm_error *err)
+/* read_part with SIGBUS caught: what read_part returns, or 2 when a page
+ * faulted. A guard set before (srv_load_model's) is restored after. */
+static int read_part_caught(page_in *pi)
 {
-    sigjmp_buf jb;
+    sigjmp_buf jb, *outer = bus_at;
     if (sigsetjmp(jb, 1)) {
-        bus_at = NULL;
-        return llm_errf(err, LLM_ERR_IO, "%.300s: the file was truncated while it was read in (SIGBUS)", name);
+        bus_at = outer;
+        return 2;
     }
     bus_at = &jb;
     int rc = read_part(pi);
-    bus_at = NULL;
-    return rc > 0 ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: loading was stopped", name)
+    bus_at = outer;
+    return rc;
+}
+
+static llm_status bus_error(const char *name, llm_error *err)
+{
+    return llm_errf(err, LLM_ERR_IO, "%.300s: the file was truncated while it was read in (SIGBUS)", name);
+}
+
+/* read_part_caught as a status: LLM_OK, LLM_ERR_CANCELLED or LLM_ERR_IO. */
+static llm_status read_part_guarded(page_in *pi, const char *name, llm_error *err)
+{
+    int rc = read_part_caught(pi);
+    return rc == 2  ? bus_error(name, err)
+           : rc > 0 ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: loading was stopped", name)
            : rc < 0 ? llm_errf(err, LLM_ERR_INTERNAL, "%.300s: SHA-256 update failed", name) : LLM_OK;
 }
 
@@ -179,10 +193,13 @@ static llm_status check_digest(void *ctx, const char *path, const void *bytes, s
     d->pi.p = bytes, d->pi.n = n;
     if (!EVP_DigestInit_ex(d->pi.md, EVP_sha256(), NULL))
         return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 init failed");
-    int rc = read_part(&d->pi);
+    /* caught here, not by srv_load_model's guard: a failed check unwinds through the loader, which
+     * unmaps and closes what it opened (the guard's jump past it would leak both) */
+    int rc = read_part_caught(&d->pi);
     if (rc)
-        return rc > 0 ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: the sha256 check was abandoned", path)
-                      : llm_errf(err, LLM_ERR_INTERNAL, "%.300s: SHA-256 update failed", path);
+        return rc == 2  ? bus_error(path, err)
+               : rc > 0 ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: the sha256 check was abandoned", path)
+                        : llm_errf(err, LLM_ERR_INTERNAL, "%.300s: SHA-256 update failed", path);
     if (!EVP_DigestFinal_ex(d->pi.md, dig, &dn) || dn != 32)
         return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 final failed");
     fetch_hex(dig, 32, hex);
@@ -221,9 +238,11 @@ llm_status srv_load_model(const char *path, const char *want, void (*progress)(v
     d.pi.total = hashing ? parts_size(path, parts) : 0;
     sigjmp_buf jb;
     llm_status st;
-    if (sigsetjmp(jb, 1)) { /* (what the parse had allocated is lost: a file cut short as it is read, rare) */
+    /* (a fault in the parse itself - the header cut between the open and its read, rarer still - loses
+     * what the loader had opened: the mapping and its fd; the digest check catches its own) */
+    if (sigsetjmp(jb, 1)) {
         bus_at = NULL;
-        st = llm_errf(err, LLM_ERR_IO, "%.300s: the file was truncated while it was read in (SIGBUS)", path);
+        st = bus_error(path, err);
     } else {
         bus_at = &jb;
         st = llm_model_load_checked(path, hashing ? check_digest : NULL, &d, out, err);

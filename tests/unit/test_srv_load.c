@@ -3,10 +3,13 @@
  * one is refused before the parser reads a byte, naming both digests
  * whole; a file cut short after it was mapped fails the load with a
  * message (SIGBUS caught on the reading thread), the process lives on; a
+ * file cut short while its digest is being taken fails the same way and
+ * leaves no fd or mapping behind; a
  * file rewritten in place after it was mapped (what was mapped reads the
  * new bytes) is refused by its moved mtime. */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -113,6 +116,57 @@ static void test_cut_short_while_mapped(void **st)
     unlink(path);
 }
 
+/* The open fds and the mappings of path in this process. */
+static void held(const char *path, int *fds, int *maps)
+{
+    *fds = *maps = 0;
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));) *fds += e->d_name[0] != '.';
+    closedir(d);
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[4096];
+    while (fgets(line, sizeof line, f)) *maps += strstr(line, path) != NULL;
+    fclose(f);
+}
+
+static int g_cuts;
+
+/* srv_load_model's progress: the first report (after the first MiB was hashed) cuts the file short */
+static void cut_at_first_report(void *ctx, double done)
+{
+    (void)done;
+    if (!g_cuts++)
+        assert_int_equal(truncate(ctx, 4096), 0);
+}
+
+static void test_cut_short_while_checked(void **st)
+{
+    (void)st;
+    char path[80], hex[65];
+    snprintf(path, sizeof path, "%s.d", g_path);
+    copy_to(path);
+    sha256_hex(path, hex);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_true(sb.st_size > (1 << 20) + (64 << 10)); /* (pages past the first MiB are left to fault) */
+    assert_int_equal(srv_load_catch_bus(), 0);
+    int fds0, maps0, fds, maps;
+    held(path, &fds0, &maps0);
+    llm_model *m = NULL;
+    llm_error err = {0};
+    g_cuts = 0;
+    assert_int_equal(srv_load_model(path, hex, cut_at_first_report, path, NULL, &m, &err), LLM_ERR_IO);
+    assert_null(m);
+    assert_non_null(strstr(err.msg, "truncated while it was read in (SIGBUS)"));
+    assert_int_equal(g_cuts, 1);
+    held(path, &fds, &maps); /* the loader unwound: nothing of the file is still open or mapped */
+    assert_int_equal(fds, fds0);
+    assert_int_equal(maps, maps0);
+    unlink(path);
+}
+
 static void test_rewritten_in_place(void **st)
 {
     (void)st;
@@ -143,6 +197,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_digest_on_the_mapping),
                                        cmocka_unit_test(test_cut_short_while_mapped),
+                                       cmocka_unit_test(test_cut_short_while_checked),
                                        cmocka_unit_test(test_rewritten_in_place)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }
