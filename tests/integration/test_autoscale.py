@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from harness import GATEWAY_OF_ALL, api_requests, metrics, running, wait_for
+from harness import GATEWAY_OF_ALL, api_requests, http_code, metrics, running, wait_for
 
 
 AUTOSCALED = """  autoscaling:
@@ -261,6 +261,9 @@ def test_scale_from_zero_through_a_gateway(tmp_path, models):
         # the gateway learns of the gone pod from its own EndpointSlice watch, a moment after the Endpoints the
         # test reads; until then it would still send to the draining pod (no hold)
         wait_for(lambda: router_backends(gw) == 0, 30, "the gateway knowing no pod")
+        # still ready: a request must reach it through its Service to wake the deployment (and the controller
+        # reads only ready pods' pages, so it would never see the hold)
+        assert http_code(f"http://{gw}:8001/readyz") == 200
         oa = openai.OpenAI(base_url=f"http://{gw}:8000/v1", api_key="none", max_retries=0, timeout=120)
         t0 = time.monotonic()
         out = oa.completions.create(model="story", prompt="Once upon a time", max_tokens=4)
