@@ -387,15 +387,29 @@ void judge_free(judge *j)
     free(j);
 }
 
+/* Whether job is news for e (NULL: none yet): another revision, stage or
+ * pods, or a failed read old enough to try again. Under the lock. */
+static int takes(const entry *e, const judge_job *job)
+{
+    int same = e && e->res.stage == job->stage && !strcmp(e->res.rev, job->rev) && same_pods(&e->res, job);
+    return !same || (e->res.state == JUDGE_DONE && e->res.outcome < 0 &&
+                     llm_clock_mono_s() - e->res.finished_mono >= JUDGE_RETRY_S);
+}
+
+int judge_wants(judge *j, const char *key, const judge_job *job)
+{
+    pthread_mutex_lock(&j->w.mu);
+    int yes = takes(find(j, key), job);
+    pthread_mutex_unlock(&j->w.mu);
+    return yes;
+}
+
 llm_status judge_want(judge *j, const char *key, judge_job *job, llm_error *err)
 {
     llm_status st = LLM_OK;
     pthread_mutex_lock(&j->w.mu);
     entry *e = find(j, key);
-    int same = e && e->res.stage == job->stage && !strcmp(e->res.rev, job->rev) && same_pods(&e->res, job);
-    int again = same && e->res.state == JUDGE_DONE && e->res.outcome < 0 &&
-                llm_clock_mono_s() - e->res.finished_mono >= JUDGE_RETRY_S;
-    if (same && !again) {
+    if (!takes(e, job)) {
         json_decref(job->texts);
     } else if (!e && (j->n >= JUDGE_MAX_KEYS || strlen(key) >= KEY_MAX)) {
         json_decref(job->texts);

@@ -80,6 +80,9 @@ void judge_free(judge *j);
  * job->texts is taken whatever the answer. LLM_ERR_NOMEM past
  * JUDGE_MAX_KEYS keys. */
 llm_status judge_want(judge *j, const char *key, judge_job *job, llm_error *err);
+/* Whether judge_want would take job now (its texts unread: a caller
+ * builds them only then). */
+int judge_wants(judge *j, const char *key, const judge_job *job);
 /* A job that could not start (no pod serves, no texts): a failed read
  * for rev and stage saying why, asked again JUDGE_RETRY_S later. */
 void judge_refuse(judge *j, const char *key, const char *rev, int stage, const char *why);

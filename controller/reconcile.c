@@ -274,7 +274,8 @@ static int one_pod(kube_client *k, json_t *d, const char *suffix, const char *de
  * canary pod (the same pod for a colocated canary) read the texts. Asked
  * again each turn while it waits, with the pods that serve now: a job
  * whose pods went is replaced (judge_want), so the token never follows an
- * address a gone pod left. What cannot start (no pod, no key, no texts) is
+ * address a gone pod left; the texts are read (a ConfigMap GET) only for a
+ * job the judge takes. What cannot start (no pod, no key, no texts) is
  * a failed read, tried again. */
 static void quality_ask(kube_client *k, judge *jg, const char *key, seen *o, const plan *p)
 {
@@ -293,6 +294,10 @@ static void quality_ask(kube_client *k, judge *jg, const char *key, seen *o, con
             snprintf(job.side[1].url, sizeof job.side[1].url, "%s", job.side[0].url);
         else
             one_pod(k, o->d, "-canary", ours(o->d, o->canary), job.side[1].url, why, sizeof why);
+    }
+    if (!why[0] && !judge_wants(jg, key, &job)) { /* asked again while it waits: the texts' ConfigMap is not read */
+        OPENSSL_cleanse(job.token, sizeof job.token);
+        return;
     }
     if (!why[0])
         job.texts = quality_texts(k, o->d, q, why, sizeof why);

@@ -198,10 +198,49 @@ static void test_judge_suffix_and_answers(void **st)
     json_decref(b);
 }
 
+/* judge_wants: a job the judge already has (queued, running, or failed
+ * less than JUDGE_RETRY_S ago) is not news, so its texts are not read
+ * again; another revision, stage or pod is. (The pods here do not answer:
+ * the job ends a failed read, which is not retried within the test.) */
+static void test_judge_wants_only_news(void **st)
+{
+    (void)st;
+    judge *j = NULL;
+    llm_error err = {0};
+    assert_int_equal(judge_new(&j, &err), LLM_OK);
+    judge_job job = {.stage = 1, .top = 5, .min_positions = 10, .timeout_s = 5};
+    snprintf(job.rev, sizeof job.rev, "abc");
+    snprintf(job.token, sizeof job.token, "t");
+    for (int k = 0; k < 2; k++) {
+        snprintf(job.side[k].url, sizeof job.side[k].url, "http://127.0.0.1:1");
+        snprintf(job.side[k].revision, sizeof job.side[k].revision, "stable");
+    }
+    assert_true(judge_wants(j, "ns/a", &job)); /* nothing yet */
+    judge_job taken = job;
+    taken.texts = json_pack("[{s:s,s:s}]", "name", "t", "prompt", "hello");
+    assert_int_equal(judge_want(j, "ns/a", &taken, &err), LLM_OK);
+    assert_null(taken.texts); /* taken */
+    assert_false(judge_wants(j, "ns/a", &job));
+    judge_job other = job;
+    other.stage = 2;
+    assert_true(judge_wants(j, "ns/a", &other));
+    other = job;
+    snprintf(other.rev, sizeof other.rev, "abd");
+    assert_true(judge_wants(j, "ns/a", &other));
+    other = job;
+    snprintf(other.side[1].url, sizeof other.side[1].url, "http://127.0.0.1:2");
+    assert_true(judge_wants(j, "ns/a", &other));
+    assert_true(judge_wants(j, "ns/b", &job));
+    judge_forget(j, "ns/a");
+    assert_true(judge_wants(j, "ns/a", &job));
+    judge_free(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_estimate_against_exact),
                                        cmocka_unit_test(test_entries_and_sums),
-                                       cmocka_unit_test(test_judge_suffix_and_answers)};
+                                       cmocka_unit_test(test_judge_suffix_and_answers),
+                                       cmocka_unit_test(test_judge_wants_only_news)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
