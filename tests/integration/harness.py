@@ -82,15 +82,41 @@ def shared(rel):
     return p
 
 
-class Server:
+class Endpoint:
+    """An llm-server's HTTP API at 127.0.0.1:port, however it was started."""
+
+    def __init__(self, port):
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        c.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        r = c.getresponse()
+        text = r.read().decode("utf-8", "replace")
+        c.close()
+        return r.status, text, r
+
+    def get(self, path):
+        return self.request("GET", path)
+
+    def post(self, path, body):
+        s, t, r = self.request("POST", path, body)
+        return s, (json.loads(t) if t else None), r
+
+    def client(self, key="none"):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0)
+
+
+class Server(Endpoint):
     def __init__(self, model, *args, env=None, wait=True):
-        self.port = free_port()
+        super().__init__(free_port())
         name = ["--model_name", NAME]
         self.proc = subprocess.Popen([tool("llm-server"), "-m", str(model), "--host", "127.0.0.1", "--port",
                                       str(self.port), "--threads", "2", *name, *map(str, args)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
-        self.base = f"http://127.0.0.1:{self.port}"
         self.key = self.first_key(args, env or {})  # /metrics on the API port needs one when keys are set
         if wait:
             self.wait_ready()
@@ -116,25 +142,6 @@ class Server:
                 pass
             time.sleep(0.05)
         raise AssertionError("llm-server did not become ready")
-
-    def request(self, method, path, body=None, headers=None, raw=None):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
-        c.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-        r = c.getresponse()
-        text = r.read().decode("utf-8", "replace")
-        c.close()
-        return r.status, text, r
-
-    def get(self, path):
-        return self.request("GET", path)
-
-    def post(self, path, body):
-        s, t, r = self.request("POST", path, body)
-        return s, (json.loads(t) if t else None), r
-
-    def client(self, key="none"):
-        return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0)
 
     def metrics(self):
         s, text, _ = self.request("GET", "/metrics", headers={"Authorization": f"Bearer {self.key}"} if self.key else None)
@@ -166,7 +173,8 @@ def metric(m, name, **labels):
 
 
 def failed_detail(s, timeout=60):
-    """The load failure /startupz reports (the server stays up to say so)."""
+    """The load failure /startupz reports (the server stays up to say so);
+    s an Endpoint."""
     end, body = time.time() + timeout, {}
     while time.time() < end and body.get("phase") != "failed":
         time.sleep(0.05)

@@ -237,10 +237,13 @@ def test_images_are_the_ones_the_chart_and_samples_use():
     assert fallback.group(1) == spec["router"]["properties"]["image"]["default"]
     kind_load = re.search(r"^kind load docker-image (.*)$", (ROOT / "README.md").read_text(), re.M)
     assert kind_load and set(kind_load.group(1).split()) == tags
-    oci = {subprocess.run(["make", "-s", "--no-print-directory", "image-tag", f"IMAGE={i}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60).stdout.strip() for i in ("server", "router",
-                                                                                               "controller")}
-    assert oci == tags, (oci, tags)
+    oci = {}
+    for image in ("server", "server-cuda", "router", "controller"):
+        r = subprocess.run(["make", "-s", "--no-print-directory", "image-tag", f"IMAGE={image}"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60, check=True)
+        oci[image] = r.stdout.strip()
+    assert oci.pop("server-cuda") == f'llm-server:{chart["appVersion"]}-cuda'
+    assert set(oci.values()) == tags, (oci, tags)
     pushed = subprocess.run(["make", "--no-print-directory", "docker-images", "DOCKER=echo",
                              "REGISTRY=reg.example/llm/"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
