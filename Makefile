@@ -398,9 +398,11 @@ images:
 	    docker://$(call image_tag,$(i)) &&) ) true
 images-test: images-deps images
 	LLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q tests/integration/test_images.py
-# make test's step: the images where they can be made (root, a reachable mirror), else test_images skips
+# make test's step: the images where they can be made and run (root, namespaces, a reachable mirror),
+# else test_images skips
 images-for-tests:
-	@if [ "$$(id -u)" != 0 ]; then echo "images: not root (debootstrap, chroot): test_images skips"; \
+	@if [ "$$(id -u)" != 0 ] || ! unshare --mount --pid --fork true 2>/dev/null; then \
+	  echo "images: not root, or no namespaces to be had (debootstrap, chroot, unshare): test_images skips"; \
 	elif ! $(PYTHON) -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=20)' \
 	    $(DEBIAN_MIRROR)/dists/bookworm/Release 2>/dev/null; then \
 	  echo "images: $(DEBIAN_MIRROR) unreachable: test_images skips"; \
