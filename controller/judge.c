@@ -27,10 +27,19 @@ typedef struct entry {
     unsigned long long seq; /* the queue's order */
 } entry;
 
+/* One of the threads that run jobs. */
+typedef struct worker {
+    struct judge *j;
+    atomic_int cancel;      /* ends its request in flight: judge_free (1), or its job's key let go of it (2) */
+    unsigned long long running; /* the seq of its job (0: none), under w.mu */
+    char ns[KEY_MAX];       /* that job's namespace, under w.mu */
+    pthread_t th;
+    int started;
+} worker;
+
 struct judge {
-    llm_sync_worker w;      /* w.mu guards the entries */
-    atomic_int cancel;      /* ends the request in flight: judge_free (1), or the running job's key let go of it (2) */
-    unsigned long long running; /* the seq of the job running (0: none), under w.mu */
+    llm_sync_worker w;      /* w.mu guards the entries and the workers' running/ns; its thread is worker 0's */
+    worker wk[JUDGE_WORKERS];
     entry *e;
     size_t n;
     unsigned long long seq;
@@ -52,7 +61,7 @@ static int aborted(void *p, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t
  * longer than the model's context). Anything else - 401, 404, 409 (a
  * restarted pod without its colocated canary yet), 5xx, no answer - is a
  * read that may go another time. */
-static json_t *post(judge *j, const judge_job *job, int side, const char *path, json_t *body, size_t max,
+static json_t *post(worker *j, const judge_job *job, int side, const char *path, json_t *body, size_t max,
                     double deadline, int *refused, char *why, size_t wn)
 {
     const judge_side *s = &job->side[side];
@@ -194,7 +203,7 @@ typedef struct reading {
 } reading;
 
 /* Each side's ids for text: 1, 0 incomparable, -1 a read failed (w why). */
-static int tokenize_both(judge *j, const judge_job *job, json_t *text, double deadline, reading *r, char *w, size_t wn)
+static int tokenize_both(worker *j, const judge_job *job, json_t *text, double deadline, reading *r, char *w, size_t wn)
 {
     json_t *msgs = json_object_get(text, "messages");
     json_t *req = msgs ? json_pack("{s:O}", "messages", msgs) : json_pack("{s:O}", "prompt", json_object_get(text, "prompt"));
@@ -229,7 +238,7 @@ static int tokenize_both(judge *j, const judge_job *job, json_t *text, double de
 
 /* Both sides' distributions over the positions compared, added to sum:
  * 1, 0 refused, -1 a read failed (w why). One answer's tree at a time. */
-static int score_both(judge *j, const judge_job *job, const reading *r, double deadline, quality_sum *sum, char *w,
+static int score_both(worker *j, const judge_job *job, const reading *r, double deadline, quality_sum *sum, char *w,
                       size_t wn)
 {
     /* the suffix's first token is predicted on both sides only when both have a token before it */
@@ -255,7 +264,7 @@ static int score_both(judge *j, const judge_job *job, const reading *r, double d
 
 /* One text on both sides: 1 added, 0 incomparable, -1 a read failed;
  * why says what when not 1. */
-static int one_text(judge *j, const judge_job *job, json_t *text, double deadline, quality_sum *sum, char *why, size_t wn)
+static int one_text(worker *j, const judge_job *job, json_t *text, double deadline, quality_sum *sum, char *why, size_t wn)
 {
     const char *name = json_string_value(json_object_get(text, "name")) ?: "?";
     reading r = {0};
@@ -271,7 +280,7 @@ static int one_text(judge *j, const judge_job *job, json_t *text, double deadlin
 }
 
 /* The whole job into r (state and identity aside). */
-static void run_job(judge *j, const judge_job *job, judge_result *r)
+static void run_job(worker *j, const judge_job *job, judge_result *r)
 {
     double deadline = llm_clock_mono_s() + job->timeout_s;
     memset(&r->sum, 0, sizeof r->sum);
@@ -308,51 +317,100 @@ static entry *find(judge *j, const char *key)
     return NULL;
 }
 
-/* The oldest queued entry, or NULL. Under mu. */
+/* key's namespace (what precedes its '/') is ns. */
+static int in_ns(const char *key, const char *ns)
+{
+    size_t n = strlen(ns);
+    return n && !strncmp(key, ns, n) && key[n] == '/';
+}
+
+/* Whether a worker runs a job of key's namespace. Under mu. */
+static int ns_busy(const judge *j, const char *key)
+{
+    for (int k = 0; k < JUDGE_WORKERS; k++)
+        if (j->wk[k].running && in_ns(key, j->wk[k].ns))
+            return 1;
+    return 0;
+}
+
+/* The oldest queued entry of a namespace no worker is busy with, or NULL.
+ * Under mu. (One job per namespace at a time: a tenant's slow pods hold
+ * one worker at most, never the others' gates.) */
 static entry *next_queued(judge *j)
 {
     entry *best = NULL;
     for (size_t i = 0; i < j->n; i++)
-        if (j->e[i].res.state == JUDGE_QUEUED && (!best || j->e[i].seq < best->seq))
+        if (j->e[i].res.state == JUDGE_QUEUED && (!best || j->e[i].seq < best->seq) && !ns_busy(j, j->e[i].key))
             best = &j->e[i];
     return best;
 }
 
+/* The worker running the job seq, or NULL. Under mu. */
+static worker *runner(judge *j, unsigned long long seq)
+{
+    for (int k = 0; k < JUDGE_WORKERS; k++)
+        if (j->wk[k].running == seq)
+            return &j->wk[k];
+    return NULL;
+}
+
+/* Runs e's job, the lock let go meanwhile; its result into its entry if
+ * that still wants it. Called and returns with mu held. */
+static void take(worker *wk, entry *e)
+{
+    judge *j = wk->j;
+    /* the job leaves the entry while it runs (the entry may move or go: judge_forget, a newer want) */
+    char key[KEY_MAX];
+    judge_job job = e->job;
+    unsigned long long seq = e->seq;
+    e->job.texts = NULL;
+    e->res.state = JUDGE_RUNNING;
+    snprintf(key, sizeof key, "%s", e->key);
+    wk->running = seq;
+    snprintf(wk->ns, sizeof wk->ns, "%.*s", (int)strcspn(key, "/"), key);
+    int was = 2;
+    atomic_compare_exchange_strong(&wk->cancel, &was, 0); /* a cancel of the job before, not judge_free's */
+    pthread_mutex_unlock(&j->w.mu);
+    judge_result r = {.state = JUDGE_DONE, .stage = job.stage};
+    snprintf(r.rev, sizeof r.rev, "%s", job.rev);
+    for (int k = 0; k < 2; k++) memcpy(r.url[k], job.side[k].url, sizeof r.url[k]);
+    run_job(wk, &job, &r);
+    r.finished_mono = llm_clock_mono_s();
+    json_decref(job.texts);
+    OPENSSL_cleanse(job.token, sizeof job.token);
+    pthread_mutex_lock(&j->w.mu);
+    wk->running = 0;
+    if ((e = find(j, key)) && e->seq == seq) /* still the job key wants */
+        e->res = r;
+    pthread_cond_broadcast(&j->w.cv); /* its namespace's next job may go now, on any worker */
+}
+
 static void *loop(void *arg)
 {
-    judge *j = arg;
+    worker *wk = arg;
+    judge *j = wk->j;
     pthread_mutex_lock(&j->w.mu);
     while (!j->w.stop) {
         entry *e = next_queued(j);
-        if (!e) {
+        if (e)
+            take(wk, e);
+        else
             llm_sync_worker_wait(&j->w, 0);
-            continue;
-        }
-        /* the job leaves the entry while it runs (the entry may move or go: judge_forget, a newer want) */
-        char key[KEY_MAX];
-        judge_job job = e->job;
-        unsigned long long seq = e->seq;
-        e->job.texts = NULL;
-        e->res.state = JUDGE_RUNNING;
-        snprintf(key, sizeof key, "%s", e->key);
-        j->running = seq;
-        int was = 2;
-        atomic_compare_exchange_strong(&j->cancel, &was, 0); /* a cancel of the job before, not judge_free's */
-        pthread_mutex_unlock(&j->w.mu);
-        judge_result r = {.state = JUDGE_DONE, .stage = job.stage};
-        snprintf(r.rev, sizeof r.rev, "%s", job.rev);
-        for (int k = 0; k < 2; k++) memcpy(r.url[k], job.side[k].url, sizeof r.url[k]);
-        run_job(j, &job, &r);
-        r.finished_mono = llm_clock_mono_s();
-        json_decref(job.texts);
-        OPENSSL_cleanse(job.token, sizeof job.token);
-        pthread_mutex_lock(&j->w.mu);
-        j->running = 0;
-        if ((e = find(j, key)) && e->seq == seq) /* still the job key wants */
-            e->res = r;
     }
     pthread_mutex_unlock(&j->w.mu);
     return NULL;
+}
+
+/* Ends and joins workers 1.. (worker 0 is the sync worker's thread). */
+static void stop_extra(judge *j)
+{
+    pthread_mutex_lock(&j->w.mu);
+    j->w.stop = 1;
+    pthread_cond_broadcast(&j->w.cv);
+    pthread_mutex_unlock(&j->w.mu);
+    for (int k = 1; k < JUDGE_WORKERS; k++)
+        if (j->wk[k].started)
+            pthread_join(j->wk[k].th, NULL);
 }
 
 llm_status judge_new(judge **out, llm_error *err)
@@ -362,13 +420,23 @@ llm_status judge_new(judge **out, llm_error *err)
         free(j);
         return llm_errf(err, LLM_ERR_NOMEM, "no memory for the quality judge");
     }
+    for (int k = 0; k < JUDGE_WORKERS; k++) j->wk[k].j = j;
     int rc = llm_sync_worker_init(&j->w);
-    if (!rc && (rc = llm_sync_worker_start(&j->w, LLM_THREAD_STACK, loop, j)))
-        llm_sync_worker_free(&j->w);
     if (rc) {
         free(j->e);
         free(j);
-        return llm_errf(err, LLM_ERR_IO, "cannot start the quality judge's thread: %s", strerror(rc));
+        return llm_errf(err, LLM_ERR_IO, "cannot start the quality judge: %s", strerror(rc));
+    }
+    for (int k = 1; k < JUDGE_WORKERS && !rc; k++)
+        j->wk[k].started = !(rc = llm_thread_create(&j->wk[k].th, LLM_THREAD_STACK, loop, &j->wk[k]));
+    if (!rc)
+        rc = llm_sync_worker_start(&j->w, LLM_THREAD_STACK, loop, &j->wk[0]);
+    if (rc) {
+        stop_extra(j);
+        llm_sync_worker_free(&j->w);
+        free(j->e);
+        free(j);
+        return llm_errf(err, LLM_ERR_IO, "cannot start the quality judge's threads: %s", strerror(rc));
     }
     *out = j;
     return LLM_OK;
@@ -378,7 +446,9 @@ void judge_free(judge *j)
 {
     if (!j)
         return;
-    atomic_store(&j->cancel, 1); /* the request in flight ends: the join waits for no pod */
+    for (int k = 0; k < JUDGE_WORKERS; k++) /* the requests in flight end: the joins wait for no pod */
+        atomic_store(&j->wk[k].cancel, 1);
+    stop_extra(j);
     llm_sync_worker_stop(&j->w);
     llm_sync_worker_free(&j->w);
     for (size_t i = 0; i < j->n; i++)
@@ -415,13 +485,15 @@ llm_status judge_want(judge *j, const char *key, judge_job *job, llm_error *err)
         json_decref(job->texts);
         st = llm_errf(err, LLM_ERR_NOMEM, "the quality judge holds %d deployments' jobs: %s waits", JUDGE_MAX_KEYS, key);
     } else {
-        if (!e) {
+        if (!e) { /* (a fresh slot: what judge_forget moved out of it is not this entry's) */
             e = &j->e[j->n++];
+            memset(e, 0, sizeof *e);
             snprintf(e->key, sizeof e->key, "%s", key);
         }
         json_decref(e->job.texts);
-        if (e->seq == j->running) /* its pods or revision changed: the request in flight ends now */
-            atomic_store(&j->cancel, 2);
+        worker *wk = runner(j, e->seq);
+        if (wk) /* its pods or revision changed: the request in flight ends now */
+            atomic_store(&wk->cancel, 2);
         e->job = *job;
         e->seq = ++j->seq;
         memset(&e->res, 0, sizeof e->res);
@@ -429,7 +501,7 @@ llm_status judge_want(judge *j, const char *key, judge_job *job, llm_error *err)
         e->res.stage = job->stage;
         snprintf(e->res.rev, sizeof e->res.rev, "%s", job->rev);
         for (int k = 0; k < 2; k++) memcpy(e->res.url[k], job->side[k].url, sizeof e->res.url[k]);
-        pthread_cond_signal(&j->w.cv);
+        pthread_cond_broadcast(&j->w.cv); /* (a worker whose namespace is free takes it) */
     }
     job->texts = NULL;
     pthread_mutex_unlock(&j->w.mu);
@@ -444,9 +516,13 @@ void judge_refuse(judge *j, const char *key, const char *rev, int stage, const c
                 llm_clock_mono_s() - e->res.finished_mono < JUDGE_RETRY_S;
     if (!e && j->n < JUDGE_MAX_KEYS && strlen(key) < KEY_MAX) {
         e = &j->e[j->n++];
+        memset(e, 0, sizeof *e);
         snprintf(e->key, sizeof e->key, "%s", key);
     }
     if (e && !fresh) { /* (a fresh refusal keeps its time: the retry is counted from the first) */
+        worker *wk = runner(j, e->seq);
+        if (wk) /* a job that runs for it is not wanted any more */
+            atomic_store(&wk->cancel, 2);
         json_decref(e->job.texts);
         e->job.texts = NULL;
         e->seq = ++j->seq;
@@ -473,10 +549,15 @@ void judge_forget(judge *j, const char *key)
     pthread_mutex_lock(&j->w.mu);
     entry *e = find(j, key);
     if (e) {
-        if (e->seq == j->running)
-            atomic_store(&j->cancel, 2);
+        worker *wk = runner(j, e->seq);
+        if (wk)
+            atomic_store(&wk->cancel, 2);
         json_decref(e->job.texts);
-        *e = j->e[--j->n];
+        /* the last entry fills the hole; its old slot is cleared, so no copy of its texts stays behind */
+        entry *last = &j->e[--j->n];
+        if (e != last)
+            *e = *last;
+        memset(last, 0, sizeof *last);
     }
     pthread_mutex_unlock(&j->w.mu);
 }

@@ -1,5 +1,5 @@
-/* judge.h - the canary quality gate's reads: one thread that, per job,
- * has one stable and one canary pod read the same texts and compares their
+/* judge.h - the canary quality gate's reads: threads that, per job,
+ * have one stable and one canary pod read the same texts and compares their
  * next-token distributions (quality.h), apart from the reconciles (a job
  * takes seconds to minutes; no reconcile waits for it).
  *
@@ -16,14 +16,16 @@
  * min_positions is incomparable too (the texts are too short to judge).
  *
  * Bounds: JUDGE_MAX_KEYS deployments with a job at a time (a newer want
- * past it is refused), one job running at once (the others queue, oldest
- * first), texts of at most 1,024 tokens, an answer at most what its ids
+ * past it is refused), JUDGE_WORKERS jobs running at once and at most one
+ * of a namespace (the others queue, oldest first: a tenant whose pods
+ * answer slowly holds one worker, never the other tenants' gates), texts
+ * of at most 1,024 tokens, an answer at most what its ids
  * and top-k need (~80 bytes an entry) and read into compact positions
  * before the other side's is fetched, every request within the job's
  * timeout; a job replaced (other pods, revision or stage) or forgotten
  * ends its request in flight, as judge_free does.
  *
- * Ownership: the judge owns its thread and jobs; judge_want takes the
+ * Ownership: the judge owns its threads and jobs; judge_want takes the
  * job's texts (a new reference the judge frees). Thread-safety: every
  * function but new/free may be called from any thread. */
 #ifndef JUDGE_H
@@ -35,6 +37,7 @@
 #include "quality.h"
 
 #define JUDGE_MAX_KEYS 256
+#define JUDGE_WORKERS 4     /* jobs run at once: one per namespace at most */
 #define JUDGE_RETRY_S 15    /* a job that failed to read (not a verdict) runs again when asked after this long */
 
 typedef struct judge_side {

@@ -10,7 +10,11 @@
 #include "testutil.h"
 
 #include <jansson.h>
+#include <arpa/inet.h>
 #include <math.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "judge.h"
 #include "quality.h"
@@ -236,11 +240,77 @@ static void test_judge_wants_only_news(void **st)
     judge_free(j);
 }
 
+/* A job for key on pods at url (both sides), texts of one prompt. */
+static judge_job job_for(const char *url, double timeout_s)
+{
+    judge_job job = {.stage = 1, .top = 5, .min_positions = 10, .timeout_s = timeout_s};
+    snprintf(job.rev, sizeof job.rev, "abc");
+    snprintf(job.token, sizeof job.token, "t");
+    for (int k = 0; k < 2; k++) {
+        snprintf(job.side[k].url, sizeof job.side[k].url, "%s", url);
+        snprintf(job.side[k].revision, sizeof job.side[k].revision, "stable");
+    }
+    job.texts = json_pack("[{s:s,s:s}]", "name", "t", "prompt", "hello");
+    return job;
+}
+
+static judge_state state_of(judge *j, const char *key)
+{
+    judge_result r;
+    judge_read(j, key, &r);
+    return r.state;
+}
+
+/* Workers: a job whose pods never answer (a socket that is listened on and
+ * never accepted) holds one worker; another namespace's job runs and ends
+ * meanwhile, its own namespace's next one waits. And a forgotten entry's
+ * slot, reused by a new key, does not let go of the texts of the entry
+ * moved out of it. */
+static void test_judge_workers(void **st)
+{
+    (void)st;
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(ls, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(ls, 16), 0);
+    assert_int_equal(getsockname(ls, (struct sockaddr *)&a, &al), 0);
+    char hang[64];
+    snprintf(hang, sizeof hang, "http://127.0.0.1:%d", ntohs(a.sin_port));
+    judge *j = NULL;
+    llm_error err = {0};
+    assert_int_equal(judge_new(&j, &err), LLM_OK);
+    judge_job x1 = job_for(hang, 60), x2 = job_for(hang, 60), x3 = job_for(hang, 60), y = job_for("http://127.0.0.1:1", 60);
+    json_t *texts3 = json_incref(x3.texts); /* the test's own reference to x/3's texts */
+    assert_int_equal(judge_want(j, "x/1", &x1, &err), LLM_OK);
+    for (int i = 0; i < 500 && state_of(j, "x/1") != JUDGE_RUNNING; i++) usleep(10000);
+    assert_int_equal(state_of(j, "x/1"), JUDGE_RUNNING);
+    assert_int_equal(judge_want(j, "x/2", &x2, &err), LLM_OK);
+    assert_int_equal(judge_want(j, "y/1", &y, &err), LLM_OK);
+    assert_int_equal(judge_want(j, "x/3", &x3, &err), LLM_OK); /* the last entry */
+    /* y's pods refuse at once: its job ends while x/1 still hangs, on another worker */
+    for (int i = 0; i < 500 && state_of(j, "y/1") != JUDGE_DONE; i++) usleep(10000);
+    assert_int_equal(state_of(j, "y/1"), JUDGE_DONE);
+    assert_int_equal(state_of(j, "x/1"), JUDGE_RUNNING);
+    assert_int_equal(state_of(j, "x/2"), JUDGE_QUEUED); /* one job of a namespace at a time */
+    assert_int_equal(state_of(j, "x/3"), JUDGE_QUEUED);
+    /* x/2 goes (x/3, the last, moves into its slot); a new key takes the freed last slot */
+    judge_forget(j, "x/2");
+    judge_job z = job_for("http://127.0.0.1:1", 60);
+    assert_int_equal(judge_want(j, "z/1", &z, &err), LLM_OK);
+    assert_true(texts3->refcount >= 2); /* the judge still holds x/3's texts (queued, or running) */
+    judge_free(j); /* the hanging requests end with it */
+    assert_int_equal(texts3->refcount, 1);
+    json_decref(texts3);
+    close(ls);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_estimate_against_exact),
                                        cmocka_unit_test(test_entries_and_sums),
                                        cmocka_unit_test(test_judge_suffix_and_answers),
-                                       cmocka_unit_test(test_judge_wants_only_news)};
+                                       cmocka_unit_test(test_judge_wants_only_news),
+                                       cmocka_unit_test(test_judge_workers)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
