@@ -18,7 +18,7 @@
  * Bounds: JUDGE_MAX_KEYS deployments with a job at a time (a newer want
  * past it is refused), JUDGE_WORKERS jobs running at once and at most one
  * of a namespace (the others queue, oldest first: a tenant whose pods
- * answer slowly holds one worker, never the other tenants' gates), texts
+ * answer slowly holds one worker at most, never every other tenant's gate), texts
  * of at most 1,024 tokens, an answer at most what its ids
  * and top-k need (~80 bytes an entry) and read into compact positions
  * before the other side's is fetched, every request within the job's
@@ -37,7 +37,8 @@
 #include "quality.h"
 
 #define JUDGE_MAX_KEYS 256
-#define JUDGE_WORKERS 4     /* jobs run at once: one per namespace at most */
+#define JUDGE_WORKERS 2     /* jobs run at once, one per namespace at most (each may hold an answer of ~16 MiB
+                             * parsed: two stay well inside the controller's 80 MiB parse cap) */
 #define JUDGE_RETRY_S 15    /* a job that failed to read (not a verdict) runs again when asked after this long */
 
 typedef struct judge_side {
