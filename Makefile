@@ -63,7 +63,7 @@ KUBE_SRC = kube/kube_config.c kube/kube_client.c kube/kube_watch.c kube/kube_cac
 CONTROLLER_SRC = controller/ctl_main.c controller/reconcile.c controller/adapters.c controller/ctl_loop.c controller/ctl_lease.c controller/ctl_obs.c \
                  controller/desired.c controller/pod_diag.c controller/ctl_event.c controller/autoscale.c controller/podsig.c \
                  controller/plan.c controller/canary.c controller/quality.c controller/judge.c controller/judge_texts.c controller/rollout.c controller/admin_secret.c controller/ctl_queue.c \
-                 controller/ctl_status.c controller/gateway.c controller/gw_reconcile.c
+                 controller/ctl_status.c controller/gateway.c controller/gw_reconcile.c controller/chat_template.c
 CONTROLLER_OBJ = $(CONTROLLER_SRC:%.c=$(BUILD)/%.o)
 ROUTER_SRC = router/rt_main.c router/rt_gateway.c router/rt_kube.c router/rt_pool.c router/rt_prefix.c router/rt_proxy.c router/rt_quota.c \
              router/rt_routes.c
@@ -188,6 +188,7 @@ $(BUILD)/tests/test_autoscale: $(BUILD)/controller/autoscale.o
 $(BUILD)/tests/test_canary: $(BUILD)/controller/canary.o
 $(BUILD)/tests/test_quality: $(BUILD)/controller/quality.o $(BUILD)/controller/judge.o
 $(BUILD)/tests/test_ctl_queue: $(BUILD)/controller/ctl_queue.o
+$(BUILD)/tests/test_chat_template: $(BUILD)/controller/chat_template.o
 # The planner: pure, it links the decision modules alone (no API client, no HTTP).
 $(BUILD)/tests/test_plan: $(BUILD)/controller/plan.o $(BUILD)/controller/rollout.o $(BUILD)/controller/canary.o \
             $(BUILD)/controller/autoscale.o $(BUILD)/controller/pod_diag.o $(BUILD)/controller/desired.o
@@ -198,7 +199,8 @@ $(BUILD)/tests/test_rt_pool: $(BUILD)/router/rt_pool.o $(BUILD)/router/rt_prefix
 # The gateway's tenant limits: alone, and through a real redis-server (skipped without one).
 $(BUILD)/tests/test_rt_quota: $(BUILD)/router/rt_quota.o
 KUBE_TESTS = $(BUILD)/tests/test_rt_pool $(BUILD)/tests/test_rt_quota $(BUILD)/tests/test_otlp $(BUILD)/tests/test_gateway $(BUILD)/tests/test_autoscale $(BUILD)/tests/test_canary $(BUILD)/tests/test_quality $(BUILD)/tests/test_http_client $(BUILD)/tests/test_ctl_queue $(BUILD)/tests/test_kube_cache \
-             $(BUILD)/tests/test_kube_apply $(BUILD)/tests/test_kube_config $(BUILD)/tests/test_plan $(BUILD)/tests/test_fetch
+             $(BUILD)/tests/test_kube_apply $(BUILD)/tests/test_kube_config $(BUILD)/tests/test_plan $(BUILD)/tests/test_fetch \
+             $(BUILD)/tests/test_chat_template
 $(KUBE_TESTS): $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testutil.h $(KUBE_LIB) $(NET_LIB) $(COMMON_LIB)
 	@mkdir -p $(dir $@)
 	@echo "  LD    $@"

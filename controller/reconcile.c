@@ -10,6 +10,7 @@
 #include "llm/json.h"
 #include "adapters.h"
 #include "admin_secret.h"
+#include "chat_template.h"
 #include "ctl_obs.h"
 #include "desired.h"
 #include "http_client.h"
@@ -400,6 +401,26 @@ static llm_status child_refused(kube_client *k, const char *path, const plan_inp
     return st;
 }
 
+/* spec.chatTemplate's ConfigMap admitted (chat_template.h) when a revision
+ * would mount one no Deployment mounts yet: LLM_OK, LLM_ERR_INVALID_ARG
+ * with why it is refused, or the read's error (tried again). */
+static llm_status template_admitted(kube_client *k, const seen *o, llm_error *err)
+{
+    json_t *deps[] = {o->stable, o->canary}, *cm = NULL;
+    const char *name, *key;
+    if (!chat_template_wanted(o->d, deps, 2) || !chat_template_of(o->d, &name, &key))
+        return LLM_OK;
+    char path[600], why[1024];
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/configmaps/%s", kube_json_str(o->d, "metadata", "namespace"), name);
+    llm_status st = kube_client_request(k, "GET", path, NULL, NULL, &cm, err);
+    if (st && st != LLM_ERR_NOT_FOUND)
+        return st;
+    st = chat_template_admit(st ? NULL : cm, name, key, why, sizeof why) ? llm_errf(err, LLM_ERR_INVALID_ARG, "%s", why)
+                                                                          : LLM_OK;
+    json_decref(cm);
+    return st;
+}
+
 /* Plan, act, and the status the result gives. */
 static llm_status plan_and_act(kube_client *k, podsig *ps, judge *jg, const desired_site *site, const char *key,
                                const char *path, seen *o, double *requeue_s, llm_error *err)
@@ -410,7 +431,14 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, judge *jg, const desi
     plan p;
     json_t *dep_now = NULL, *status = NULL;
     double adapter_requeue = 0;
-    llm_status st = plan_children(&in, &p, err);
+    llm_status st = template_admitted(k, o, err);
+    if (st == LLM_ERR_INVALID_ARG) { /* the old revision goes on serving; looked at again until it passes */
+        *requeue_s = 15;
+        return child_refused(k, path, &in, "ChatTemplateRefused", err->msg, err);
+    }
+    if (st)
+        return st;
+    st = plan_children(&in, &p, err);
     if (!st)
         st = act(k, o, &p, &dep_now, err);
     if (st == LLM_ERR_INVALID_ARG) { /* the spec, not the moment: no retry until it changes */

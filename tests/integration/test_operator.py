@@ -402,3 +402,39 @@ def test_two_hundred_converge_then_rest(cluster):
     c.k("annotate", "llmd", "--all", "example.com/poke=1")
     wait_for(lambda: metrics(url)[("llm_controller_reconcile_duration_seconds_count", ())] >= n1 + 200, 60)
     assert api_requests(url) == a0, f"{api_requests(url) - a0} API requests for 200 reconciles at rest"
+
+
+def test_chat_template_configmap_must_be_immutable(cluster):
+    """spec.chatTemplate names a ConfigMap that pods read when they start, so one edited in place would reach
+    new pods with no new revision (no canary, no quality gate). A missing or mutable one is refused, saying
+    what to do, and changes nothing (the served revision stays); an immutable one serves and its edits are
+    refused by the API server (kubesim as kube-apiserver) - a new template is a new ConfigMap."""
+    c = cluster
+    c.controller()
+    template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+
+    def configmap(name, immutable, text=template):
+        c.k("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+                                                  "data": {"template.jinja": text}, "immutable": immutable}))
+    c.apply()
+    wait_for(lambda: c.status().get("phase") == "Ready", 90)
+    rev = c.get("deployment", "story")["metadata"]["annotations"]["llmk8s.io/template-hash"]
+    refused = lambda: c.cond("Ready").get("reason") == "ChatTemplateRefused" and c.cond("Ready")  # noqa: E731
+    c.apply(extra="  chatTemplate: {configMap: nowhere}\n")
+    assert "ConfigMap nowhere not found" in wait_for(refused, 60, "the refusal")["message"]
+    configmap("editable", False)
+    c.apply(extra="  chatTemplate: {configMap: editable}\n")
+    cond = wait_for(lambda: (r := refused()) and "editable" in r["message"] and r, 60, "the mutable one refused")
+    assert "not immutable" in cond["message"] and "set immutable: true" in cond["message"], cond
+    # nothing changed: the served revision is the one before
+    assert c.get("deployment", "story")["metadata"]["annotations"]["llmk8s.io/template-hash"] == rev
+    assert "ChatTemplateRefused" in c.k("get", "events", "-o", "json").stdout
+    configmap("fixed", True)
+    c.apply(extra="  chatTemplate: {configMap: fixed}\n")
+    wait_for(lambda: c.get("deployment", "story")["metadata"]["annotations"]["llmk8s.io/template-hash"] != rev, 60,
+             "the new revision")
+    wait_for(lambda: c.status().get("phase") == "Ready", 120)
+    r = c.k("apply", "-f", "-", check=False, stdin=json.dumps({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "fixed"}, "immutable": True,
+        "data": {"template.jinja": "{{ messages }}"}}))
+    assert r.returncode and "field is immutable when `immutable` is set" in r.stderr, r.stderr

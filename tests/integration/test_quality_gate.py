@@ -174,7 +174,7 @@ def chat_texts(c):
                                               "data": data}))
     for name, text in (("good", GOOD_TEMPLATE), ("good-again", GOOD_TEMPLATE), ("broken", BROKEN_TEMPLATE)):
         c.k("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
-                                                  "data": {"template.jinja": text}}))
+                                                  "data": {"template.jinja": text}, "immutable": True}))
 
 
 def test_chat_texts_catch_a_template_that_drops_the_system_turn(tmp_path, models_dir):

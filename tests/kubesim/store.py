@@ -44,6 +44,20 @@ def path_segment_problem(name):
     return None
 
 
+def immutable_kept(rkey, name, old, obj, subresource):
+    """A ConfigMap or Secret made immutable keeps its data and stays so:
+    kube-apiserver refuses the update (422, its validation's words)."""
+    kind = rkey[2]
+    if rkey[:2] not in (("", "configmaps"), ("", "secrets")) or subresource or old.get("immutable") is not True:
+        return
+    for field in ("data", "binaryData", "stringData", "immutable"):
+        if obj.get(field) != old.get(field) and not (field == "stringData" and not obj.get(field)):
+            why = "Forbidden: field is immutable when `immutable` is set"
+            raise ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {field}: {why}',
+                           {"name": name, "kind": kind,
+                            "causes": [{"reason": "FieldValueForbidden", "message": why, "field": field}]})
+
+
 class Store:
     def __init__(self, window=10000):
         self.window = window  # events kept for watch resume
@@ -116,6 +130,7 @@ class Store:
                                f'Operation cannot be fulfilled on {rkey[1]} "{name}": the object has been '
                                "modified; please apply your changes to the latest version and try again",
                                {"name": name, "kind": rkey[1]})
+            immutable_kept(rkey, name, old, obj, subresource)
             new = copy.deepcopy(old)
             if subresource == "status":
                 new["status"] = obj.get("status")
