@@ -40,6 +40,7 @@ typedef struct worker {
 struct judge {
     llm_sync_worker w;      /* w.mu guards the entries and the workers' running/ns; its thread is worker 0's */
     worker wk[JUDGE_WORKERS];
+    pthread_mutex_t parse_mu; /* held while an answer is parsed and read into positions */
     entry *e;
     size_t n;
     unsigned long long seq;
@@ -53,15 +54,14 @@ static int aborted(void *p, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t
     return atomic_load((atomic_int *)p);
 }
 
-/* POSTs body to side's url + path: the parsed answer of a 200 (of at most
- * max bytes: a pod's answer is the tenant's, and its parsed tree is many
- * times its size), else NULL with why (the status and the pod's words)
+/* POSTs body to side's url + path: the body of a 200 (of at most max
+ * bytes, malloc'd; parsed() reads it), else NULL with why (the status and the pod's words)
  * and *refused set when the pod refused the request itself as malformed
  * or too large (400, 413, 422: the same request fails again, e.g. a text
  * longer than the model's context). Anything else - 401, 404, 409 (a
  * restarted pod without its colocated canary yet), 5xx, no answer - is a
  * read that may go another time. */
-static json_t *post(worker *j, const judge_job *job, int side, const char *path, json_t *body, size_t max,
+static char *post(worker *j, const judge_job *job, int side, const char *path, json_t *body, size_t max,
                     double deadline, int *refused, char *why, size_t wn)
 {
     const judge_side *s = &job->side[side];
@@ -105,7 +105,7 @@ static json_t *post(worker *j, const judge_job *job, int side, const char *path,
     curl_slist_free_all(h);
     curl_easy_cleanup(c);
     free(text);
-    json_t *out = code == 200 && b.p ? llm_json_loads(b.p, 0, NULL) : NULL;
+    char *out = code == 200 && b.p ? b.p : NULL;
     *refused = code == 400 || code == 413 || code == 422;
     if (!out) {
         json_t *e = code && b.p && b.n <= ERROR_ANSWER_MAX ? llm_json_loads(b.p, 0, NULL) : NULL;
@@ -115,9 +115,21 @@ static json_t *post(worker *j, const judge_job *job, int side, const char *path,
         else
             snprintf(why, wn, "%s %s answered %ld%s%.300s", s->revision, url, code, msg ? ": " : "", msg ? msg : "");
         json_decref(e);
+        free(b.p);
     }
-    free(b.p);
     return out;
+}
+
+/* body (taken, NULL: nothing) parsed, or NULL with why: a 200 whose
+ * answer is not JSON, or one past the controller's shared parse cap. */
+static json_t *parsed(char *body, const char *what, char *why, size_t wn)
+{
+    llm_error err = {0};
+    json_t *j = body ? llm_json_loads(body, 0, &err) : NULL;
+    if (body && !j)
+        snprintf(why, wn, "%s: its answer could not be read (%.300s)", what, err.msg);
+    free(body);
+    return j;
 }
 
 /* ---- the comparison -------------------------------------------------------------- */
@@ -214,7 +226,8 @@ static int tokenize_both(worker *j, const judge_job *job, json_t *text, double d
         return -1;
     }
     for (int s = 0; s < 2 && rc == 1; s++) {
-        json_t *tok = post(j, job, s, "/admin/tokenize", req, TOKENS_ANSWER_MAX, deadline, &refused, w, wn);
+        json_t *tok = parsed(post(j, job, s, "/admin/tokenize", req, TOKENS_ANSWER_MAX, deadline, &refused, w, wn),
+                             "/admin/tokenize", w, wn);
         r->ids[s] = tok ? ids_of(tok, &r->n[s], &r->vocab[s]) : NULL;
         if (tok && !r->ids[s]) /* (the same answer again would not do better) */
             snprintf(w, wn, "a tokenization is not 2 to %d ids of its vocabulary", TEXT_IDS_MAX);
@@ -247,13 +260,19 @@ static int score_both(worker *j, const judge_job *job, const reading *r, double 
     for (int s = 0; s < 2; s++) {
         json_t *req = score_request(r->ids[s], r->n[s], job->top);
         size_t max = (size_t)r->n[s] * (size_t)(job->top + 1) * ENTRY_BYTES + (64u << 10);
-        json_t *ans = req ? post(j, job, s, "/admin/completions", req, max, deadline, &refused, w, wn) : NULL;
+        char *body = req ? post(j, job, s, "/admin/completions", req, max, deadline, &refused, w, wn) : NULL;
         json_decref(req);
+        /* one answer's tree at a time across the workers: a tree is many times its text (tens of MiB at the
+         * bound), and the parses share the controller's cap with its API reads */
+        pthread_mutex_lock(&j->j->parse_mu);
+        json_t *ans = parsed(body, "/admin/completions", w, wn);
+        int answered = ans != NULL;
         pos[s] = ans ? last_positions(ans, cmp, w, wn) : NULL;
         json_decref(ans);
+        pthread_mutex_unlock(&j->j->parse_mu);
         if (!pos[s]) {
             free(pos[0]);
-            return ans || !refused ? -1 : 0;
+            return answered || !refused ? -1 : 0;
         }
     }
     int rc = quality_add_pos(sum, pos[0], pos[1], (size_t)cmp, w, wn) ? -1 : 1;
@@ -345,13 +364,43 @@ static entry *next_queued(judge *j)
     return best;
 }
 
-/* The worker running the job seq, or NULL. Under mu. */
-static worker *runner(judge *j, unsigned long long seq)
+/* Ends the request in flight of the job e had running, if any: its key
+ * let go of it (another job, a refusal, forgotten). Under mu. */
+static void entry_cancel(judge *j, const entry *e)
 {
-    for (int k = 0; k < JUDGE_WORKERS; k++)
-        if (j->wk[k].running == seq)
-            return &j->wk[k];
-    return NULL;
+    for (int k = 0; e->seq && k < JUDGE_WORKERS; k++)
+        if (j->wk[k].running == e->seq)
+            atomic_store(&j->wk[k].cancel, 2);
+}
+
+/* A new entry for key (cleared: what judge_forget moved out of its slot
+ * is not this entry's), or NULL past JUDGE_MAX_KEYS, past
+ * JUDGE_KEYS_PER_NS of its namespace (one tenant cannot fill the table),
+ * or for a key too long. Under mu. */
+static entry *entry_add(judge *j, const char *key)
+{
+    size_t ns = strcspn(key, "/"), mine = 0;
+    for (size_t i = 0; i < j->n; i++) mine += !strncmp(j->e[i].key, key, ns + 1);
+    if (j->n >= JUDGE_MAX_KEYS || mine >= JUDGE_KEYS_PER_NS || strlen(key) >= KEY_MAX || !key[ns])
+        return NULL; /* (a key is "ns/name": one without a namespace would escape the namespace's limits) */
+    entry *e = &j->e[j->n++];
+    memset(e, 0, sizeof *e);
+    snprintf(e->key, sizeof e->key, "%s", key);
+    return e;
+}
+
+/* A failed read's result old enough to be tried again. */
+static int retry_due(const judge_result *r)
+{
+    return r->state == JUDGE_DONE && r->outcome < 0 && llm_clock_mono_s() - r->finished_mono >= JUDGE_RETRY_S;
+}
+
+/* The result's identity: the job's revision, stage and pods. */
+static void result_of(judge_result *r, const judge_job *job)
+{
+    r->stage = job->stage;
+    snprintf(r->rev, sizeof r->rev, "%s", job->rev);
+    for (int k = 0; k < 2; k++) memcpy(r->url[k], job->side[k].url, sizeof r->url[k]);
 }
 
 /* Runs e's job, the lock let go meanwhile; its result into its entry if
@@ -364,6 +413,7 @@ static void take(worker *wk, entry *e)
     judge_job job = e->job;
     unsigned long long seq = e->seq;
     e->job.texts = NULL;
+    OPENSSL_cleanse(e->job.token, sizeof e->job.token); /* (the worker's copy is the one in use) */
     e->res.state = JUDGE_RUNNING;
     snprintf(key, sizeof key, "%s", e->key);
     wk->running = seq;
@@ -371,9 +421,8 @@ static void take(worker *wk, entry *e)
     int was = 2;
     atomic_compare_exchange_strong(&wk->cancel, &was, 0); /* a cancel of the job before, not judge_free's */
     pthread_mutex_unlock(&j->w.mu);
-    judge_result r = {.state = JUDGE_DONE, .stage = job.stage};
-    snprintf(r.rev, sizeof r.rev, "%s", job.rev);
-    for (int k = 0; k < 2; k++) memcpy(r.url[k], job.side[k].url, sizeof r.url[k]);
+    judge_result r = {.state = JUDGE_DONE};
+    result_of(&r, &job);
     run_job(wk, &job, &r);
     r.finished_mono = llm_clock_mono_s();
     json_decref(job.texts);
@@ -421,7 +470,9 @@ llm_status judge_new(judge **out, llm_error *err)
         return llm_errf(err, LLM_ERR_NOMEM, "no memory for the quality judge");
     }
     for (int k = 0; k < JUDGE_WORKERS; k++) j->wk[k].j = j;
-    int rc = llm_sync_worker_init(&j->w);
+    int rc = pthread_mutex_init(&j->parse_mu, NULL);
+    if (!rc && (rc = llm_sync_worker_init(&j->w)))
+        pthread_mutex_destroy(&j->parse_mu);
     if (rc) {
         free(j->e);
         free(j);
@@ -434,6 +485,7 @@ llm_status judge_new(judge **out, llm_error *err)
     if (rc) {
         stop_extra(j);
         llm_sync_worker_free(&j->w);
+        pthread_mutex_destroy(&j->parse_mu);
         free(j->e);
         free(j);
         return llm_errf(err, LLM_ERR_IO, "cannot start the quality judge's threads: %s", strerror(rc));
@@ -451,8 +503,10 @@ void judge_free(judge *j)
     stop_extra(j);
     llm_sync_worker_stop(&j->w);
     llm_sync_worker_free(&j->w);
+    pthread_mutex_destroy(&j->parse_mu);
     for (size_t i = 0; i < j->n; i++)
         json_decref(j->e[i].job.texts);
+    OPENSSL_cleanse(j->e, JUDGE_MAX_KEYS * sizeof *j->e); /* (queued jobs' admin tokens) */
     free(j->e);
     free(j);
 }
@@ -462,8 +516,7 @@ void judge_free(judge *j)
 static int takes(const entry *e, const judge_job *job)
 {
     int same = e && e->res.stage == job->stage && !strcmp(e->res.rev, job->rev) && same_pods(&e->res, job);
-    return !same || (e->res.state == JUDGE_DONE && e->res.outcome < 0 &&
-                     llm_clock_mono_s() - e->res.finished_mono >= JUDGE_RETRY_S);
+    return !same || retry_due(&e->res);
 }
 
 int judge_wants(judge *j, const char *key, const judge_job *job)
@@ -481,26 +534,18 @@ llm_status judge_want(judge *j, const char *key, judge_job *job, llm_error *err)
     entry *e = find(j, key);
     if (!takes(e, job)) {
         json_decref(job->texts);
-    } else if (!e && (j->n >= JUDGE_MAX_KEYS || strlen(key) >= KEY_MAX)) {
+    } else if (!e && !(e = entry_add(j, key))) {
         json_decref(job->texts);
-        st = llm_errf(err, LLM_ERR_NOMEM, "the quality judge holds %d deployments' jobs: %s waits", JUDGE_MAX_KEYS, key);
+        st = llm_errf(err, LLM_ERR_NOMEM, "the quality judge holds %d deployments' jobs (%d of a namespace at most): %s "
+                      "waits", JUDGE_MAX_KEYS, JUDGE_KEYS_PER_NS, key);
     } else {
-        if (!e) { /* (a fresh slot: what judge_forget moved out of it is not this entry's) */
-            e = &j->e[j->n++];
-            memset(e, 0, sizeof *e);
-            snprintf(e->key, sizeof e->key, "%s", key);
-        }
         json_decref(e->job.texts);
-        worker *wk = runner(j, e->seq);
-        if (wk) /* its pods or revision changed: the request in flight ends now */
-            atomic_store(&wk->cancel, 2);
+        entry_cancel(j, e); /* its pods or revision changed: the request in flight ends now */
         e->job = *job;
         e->seq = ++j->seq;
         memset(&e->res, 0, sizeof e->res);
         e->res.state = JUDGE_QUEUED;
-        e->res.stage = job->stage;
-        snprintf(e->res.rev, sizeof e->res.rev, "%s", job->rev);
-        for (int k = 0; k < 2; k++) memcpy(e->res.url[k], job->side[k].url, sizeof e->res.url[k]);
+        result_of(&e->res, job);
         pthread_cond_broadcast(&j->w.cv); /* (a worker whose namespace is free takes it) */
     }
     job->texts = NULL;
@@ -514,15 +559,10 @@ void judge_refuse(judge *j, const char *key, const char *rev, int stage, const c
     entry *e = find(j, key);
     int fresh = e && e->res.state == JUDGE_DONE && e->res.stage == stage && !strcmp(e->res.rev, rev) &&
                 llm_clock_mono_s() - e->res.finished_mono < JUDGE_RETRY_S;
-    if (!e && j->n < JUDGE_MAX_KEYS && strlen(key) < KEY_MAX) {
-        e = &j->e[j->n++];
-        memset(e, 0, sizeof *e);
-        snprintf(e->key, sizeof e->key, "%s", key);
-    }
+    if (!e)
+        e = entry_add(j, key);
     if (e && !fresh) { /* (a fresh refusal keeps its time: the retry is counted from the first) */
-        worker *wk = runner(j, e->seq);
-        if (wk) /* a job that runs for it is not wanted any more */
-            atomic_store(&wk->cancel, 2);
+        entry_cancel(j, e); /* a job that runs for it is not wanted any more */
         json_decref(e->job.texts);
         e->job.texts = NULL;
         e->seq = ++j->seq;
@@ -549,9 +589,7 @@ void judge_forget(judge *j, const char *key)
     pthread_mutex_lock(&j->w.mu);
     entry *e = find(j, key);
     if (e) {
-        worker *wk = runner(j, e->seq);
-        if (wk)
-            atomic_store(&wk->cancel, 2);
+        entry_cancel(j, e);
         json_decref(e->job.texts);
         /* the last entry fills the hole; its old slot is cleared, so no copy of its texts stays behind */
         entry *last = &j->e[--j->n];

@@ -16,12 +16,14 @@
  * min_positions is incomparable too (the texts are too short to judge).
  *
  * Bounds: JUDGE_MAX_KEYS deployments with a job at a time (a newer want
- * past it is refused), JUDGE_WORKERS jobs running at once and at most one
- * of a namespace (the others queue, oldest first: a tenant whose pods
- * answer slowly holds one worker at most, never every other tenant's gate), texts
- * of at most 1,024 tokens, an answer at most what its ids
- * and top-k need (~80 bytes an entry) and read into compact positions
- * before the other side's is fetched, every request within the job's
+ * past it is refused; JUDGE_KEYS_PER_NS of a namespace), JUDGE_WORKERS
+ * jobs running at once and at most one of a namespace (the others queue,
+ * oldest first: a tenant whose pods answer slowly holds one worker at
+ * most; two such tenants hold both, each job within its timeout), texts
+ * of at most 1,024 tokens, an answer at most what its ids and top-k need
+ * (~80 bytes an entry), parsed one at a time across the workers (a tree
+ * is many times its text, and the controller's parses share one cap) and
+ * read into compact positions before the other side's is fetched, every request within the job's
  * timeout; a job replaced (other pods, revision or stage) or forgotten
  * ends its request in flight, as judge_free does.
  *
@@ -37,8 +39,8 @@
 #include "quality.h"
 
 #define JUDGE_MAX_KEYS 256
-#define JUDGE_WORKERS 2     /* jobs run at once, one per namespace at most (each may hold an answer of ~16 MiB
-                             * parsed: two stay well inside the controller's 80 MiB parse cap) */
+#define JUDGE_KEYS_PER_NS 32 /* of them, one namespace's at most */
+#define JUDGE_WORKERS 2     /* jobs run at once, one per namespace at most; one answer is parsed at a time */
 #define JUDGE_RETRY_S 15    /* a job that failed to read (not a verdict) runs again when asked after this long */
 
 typedef struct judge_side {

@@ -202,6 +202,20 @@ static void test_judge_suffix_and_answers(void **st)
     json_decref(b);
 }
 
+/* A job for key on pods at url (both sides), texts of one prompt. */
+static judge_job job_for(const char *url, double timeout_s)
+{
+    judge_job job = {.stage = 1, .top = 5, .min_positions = 10, .timeout_s = timeout_s};
+    snprintf(job.rev, sizeof job.rev, "abc");
+    snprintf(job.token, sizeof job.token, "t");
+    for (int k = 0; k < 2; k++) {
+        snprintf(job.side[k].url, sizeof job.side[k].url, "%s", url);
+        snprintf(job.side[k].revision, sizeof job.side[k].revision, "stable");
+    }
+    job.texts = json_pack("[{s:s,s:s}]", "name", "t", "prompt", "hello");
+    return job;
+}
+
 /* judge_wants: a job the judge already has (queued, running, or failed
  * less than JUDGE_RETRY_S ago) is not news, so its texts are not read
  * again; another revision, stage or pod is. (The pods here do not answer:
@@ -212,16 +226,10 @@ static void test_judge_wants_only_news(void **st)
     judge *j = NULL;
     llm_error err = {0};
     assert_int_equal(judge_new(&j, &err), LLM_OK);
-    judge_job job = {.stage = 1, .top = 5, .min_positions = 10, .timeout_s = 5};
-    snprintf(job.rev, sizeof job.rev, "abc");
-    snprintf(job.token, sizeof job.token, "t");
-    for (int k = 0; k < 2; k++) {
-        snprintf(job.side[k].url, sizeof job.side[k].url, "http://127.0.0.1:1");
-        snprintf(job.side[k].revision, sizeof job.side[k].revision, "stable");
-    }
+    judge_job job = job_for("http://127.0.0.1:1", 5), taken = job_for("http://127.0.0.1:1", 5);
+    json_decref(job.texts);
+    job.texts = NULL; /* (judge_wants reads no texts) */
     assert_true(judge_wants(j, "ns/a", &job)); /* nothing yet */
-    judge_job taken = job;
-    taken.texts = json_pack("[{s:s,s:s}]", "name", "t", "prompt", "hello");
     assert_int_equal(judge_want(j, "ns/a", &taken, &err), LLM_OK);
     assert_null(taken.texts); /* taken */
     assert_false(judge_wants(j, "ns/a", &job));
@@ -238,20 +246,6 @@ static void test_judge_wants_only_news(void **st)
     judge_forget(j, "ns/a");
     assert_true(judge_wants(j, "ns/a", &job));
     judge_free(j);
-}
-
-/* A job for key on pods at url (both sides), texts of one prompt. */
-static judge_job job_for(const char *url, double timeout_s)
-{
-    judge_job job = {.stage = 1, .top = 5, .min_positions = 10, .timeout_s = timeout_s};
-    snprintf(job.rev, sizeof job.rev, "abc");
-    snprintf(job.token, sizeof job.token, "t");
-    for (int k = 0; k < 2; k++) {
-        snprintf(job.side[k].url, sizeof job.side[k].url, "%s", url);
-        snprintf(job.side[k].revision, sizeof job.side[k].revision, "stable");
-    }
-    job.texts = json_pack("[{s:s,s:s}]", "name", "t", "prompt", "hello");
-    return job;
 }
 
 static judge_state state_of(judge *j, const char *key)
@@ -299,10 +293,35 @@ static void test_judge_workers(void **st)
     judge_job z = job_for("http://127.0.0.1:1", 60);
     assert_int_equal(judge_want(j, "z/1", &z, &err), LLM_OK);
     assert_true(texts3->refcount >= 2); /* the judge still holds x/3's texts (queued, or running) */
+    /* x/1 forgotten: its worker's request ends now (not at its 60 s timeout), and x/3 gets a worker */
+    judge_forget(j, "x/1");
+    for (int i = 0; i < 500 && state_of(j, "x/3") != JUDGE_RUNNING; i++) usleep(10000);
+    assert_int_equal(state_of(j, "x/3"), JUDGE_RUNNING);
     judge_free(j); /* the hanging requests end with it */
     assert_int_equal(texts3->refcount, 1);
     json_decref(texts3);
     close(ls);
+}
+
+/* One namespace fills JUDGE_KEYS_PER_NS entries at most: the next of its
+ * keys is refused, another namespace's is taken. */
+static void test_judge_keys_per_namespace(void **st)
+{
+    (void)st;
+    judge *j = NULL;
+    llm_error err = {0};
+    assert_int_equal(judge_new(&j, &err), LLM_OK);
+    char key[64];
+    for (int i = 0; i <= JUDGE_KEYS_PER_NS; i++) {
+        judge_job job = job_for("http://127.0.0.1:1", 5);
+        snprintf(key, sizeof key, "flood/d%d", i);
+        assert_int_equal(judge_want(j, key, &job, &err), i < JUDGE_KEYS_PER_NS ? LLM_OK : LLM_ERR_NOMEM);
+    }
+    assert_non_null(strstr(err.msg, "of a namespace at most"));
+    judge_job other = job_for("http://127.0.0.1:1", 5), bare = job_for("http://127.0.0.1:1", 5);
+    assert_int_equal(judge_want(j, "calm/d0", &other, &err), LLM_OK);
+    assert_int_equal(judge_want(j, "no-namespace", &bare, &err), LLM_ERR_NOMEM); /* (a key is ns/name) */
+    judge_free(j);
 }
 
 int main(void)
@@ -311,6 +330,7 @@ int main(void)
                                        cmocka_unit_test(test_entries_and_sums),
                                        cmocka_unit_test(test_judge_suffix_and_answers),
                                        cmocka_unit_test(test_judge_wants_only_news),
-                                       cmocka_unit_test(test_judge_workers)};
+                                       cmocka_unit_test(test_judge_workers),
+                                       cmocka_unit_test(test_judge_keys_per_namespace)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
