@@ -286,21 +286,15 @@ static void *follow_weight(void *arg)
 
 /* ---- HTTP ------------------------------------------------------------------------- */
 
-/* Backends known, both revisions (at a gateway, of every route); with
- * *holding, whether some route of a gateway holds requests while it has
- * none (a deployment that scales to zero). */
-static int backends_known(router *r, int *holding)
+/* Backends known, both revisions (at a gateway, of every route). */
+static int backends_known(router *r)
 {
-    if (holding)
-        *holding = 0;
     if (!r->px.routes)
         return rt_pool_size(r->pool);
     rt_route **routes = calloc(RT_MAX_ROUTES, sizeof *routes);
     int n = routes ? rt_routes_list(r->px.routes, routes, RT_MAX_ROUTES) : 0, total = 0;
     for (int k = 0; k < n; k++) {
         total += rt_pool_size(rt_route_pool(routes[k]));
-        if (holding && rt_pool_hold(rt_route_pool(routes[k])) > 0)
-            *holding = 1;
         rt_routes_put(r->px.routes, routes[k]);
     }
     free(routes);
@@ -351,17 +345,18 @@ static int h_healthz(struct mg_connection *c, void *cb)
     return http_reply_text(c, 200, "text/plain", "ok\n", NULL);
 }
 
-/* Ready with a backend to send to (or, scaling from zero, a hold to
- * offer), and not shutting down: why not, or NULL. */
-/* Why /readyz fails, or NULL. A router that holds requests while it has no
- * backend is ready then too: a request must reach it to wake a deployment
- * scaled to zero (its Service would otherwise list no endpoint) - at a
- * gateway, so is one with such a route. */
+/* Why /readyz fails, or NULL: ready with a backend to send to, or a hold
+ * to offer, and not shutting down. A router that holds requests while it
+ * has no backend is ready then too: a request must reach it to wake a
+ * deployment scaled to zero (its Service would otherwise list no
+ * endpoint) - at a gateway, one with such a route that has listed its
+ * endpoints once (rt_routes_wakeable). */
 static const char *not_ready(router *r)
 {
-    int draining = __atomic_load_n(&r->draining, __ATOMIC_RELAXED), holding = 0;
-    return draining ? "shutting down\n" : backends_known(r, &holding) > 0 || r->px.hold_s > 0 || holding ? NULL
-                                                                                                   : "no backends\n";
+    if (__atomic_load_n(&r->draining, __ATOMIC_RELAXED))
+        return "shutting down\n";
+    int can = backends_known(r) > 0 || (r->px.routes ? rt_routes_wakeable(r->px.routes) : r->px.hold_s > 0);
+    return can ? NULL : "no backends\n";
 }
 
 static int h_readyz(struct mg_connection *c, void *cb)
@@ -427,7 +422,7 @@ static int metrics_page(router *r, const char *qs, int health, llm_strbuf *out)
                    __atomic_load_n(&r->px.held, __ATOMIC_RELAXED));
     llm_prom_counter(out, "llm_router_held_total", "Requests that were held.", NULL,
                      (double)__atomic_load_n(&r->px.held_total, __ATOMIC_RELAXED));
-    llm_prom_gauge(out, "llm_router_backends", "Backends known (both revisions, every route).", NULL, backends_known(r, NULL));
+    llm_prom_gauge(out, "llm_router_backends", "Backends known (both revisions, every route).", NULL, backends_known(r));
     if (r->px.routes)
         llm_prom_gauge(out, "llm_router_routes", "Routes in the gateway's table.", NULL, rt_routes_count(r->px.routes));
     if (r->px.keys)

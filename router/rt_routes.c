@@ -19,6 +19,7 @@ struct rt_route {
     int metrics_port;                        /* its pods' /metrics port; 0: their API port (or --metrics-port) */
     rt_pool *pool;                           /* the route's for its life */
     int refs;                                /* the table's one while listed, and each request's */
+    int listed;                              /* its Service's endpoints were published once (discovery ran) */
 };
 
 struct rt_routes {
@@ -464,8 +465,19 @@ void rt_routes_publish(rt_routes *t, const char *service, int rev, const char *c
         if (!strcmp(t->r[i]->service[rev ? 1 : 0], service)) {
             llm_error err = {0};
             rt_pool_set(t->r[i]->pool, rev ? 1 : 0, urls, n, &err); /* past RT_MAX_BACKENDS the rest wait */
+            t->r[i]->listed |= !rev;
         }
     pthread_mutex_unlock(&t->mu);
+}
+
+int rt_routes_wakeable(rt_routes *t)
+{
+    int yes = 0;
+    pthread_mutex_lock(&t->mu);
+    for (int i = 0; i < t->n && !yes; i++)
+        yes = rt_pool_hold(t->r[i]->pool) > 0 && (t->r[i]->listed || !t->r[i]->service[0][0]);
+    pthread_mutex_unlock(&t->mu);
+    return yes;
 }
 
 void rt_routes_from_kube(rt_routes *t)

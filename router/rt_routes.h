@@ -83,6 +83,11 @@ int rt_route_metrics_port(rt_routes *t, const rt_route *r);
 /* Backends from discovery: sets revision rev of every route whose
  * (canary when rev is 1) service is named service. */
 void rt_routes_publish(rt_routes *t, const char *service, int rev, const char *const *urls, int n);
+/* Whether some route holds requests while it has no backend (holdSeconds)
+ * and knows that it has none: its Service's endpoints were listed once
+ * (or it has no Service). A gateway with such a route is ready with no
+ * backend: a request must reach it to wake a deployment scaled to zero. */
+int rt_routes_wakeable(rt_routes *t);
 /* Whether some route follows this Service (as its stable or canary one). */
 int rt_routes_uses_service(rt_routes *t, const char *service);
 /* Tables come from a ConfigMap from now on: they must name Services (and

@@ -416,6 +416,28 @@ static void test_routes(void **st)
     rt_routes_free(t);
 }
 
+/* A gateway is ready with no backend only where a route holds requests
+ * and its Service's endpoints were listed once (found none): not before
+ * discovery ran, not for a route that does not hold. */
+static void test_routes_wakeable(void **st)
+{
+    (void)st;
+    llm_error err = {0};
+    rt_routes *t = new_table();
+    rt_routes_from_kube(t);
+    assert_int_equal(load(t, "{\"routes\":[{\"name\":\"a\",\"models\":[\"a\"],\"service\":\"a\"},"
+                             "{\"name\":\"z\",\"models\":[\"z\"],\"service\":\"z\",\"holdSeconds\":60}]}", &err),
+                     LLM_OK);
+    assert_false(rt_routes_wakeable(t)); /* nothing listed yet */
+    rt_routes_publish(t, "a", 0, NULL, 0);
+    assert_false(rt_routes_wakeable(t)); /* a does not hold */
+    rt_routes_publish(t, "z", 1, NULL, 0);
+    assert_false(rt_routes_wakeable(t)); /* (z's canary Service) */
+    rt_routes_publish(t, "z", 0, NULL, 0);
+    assert_true(rt_routes_wakeable(t)); /* z listed, none there: it holds and wakes */
+    rt_routes_free(t);
+}
+
 /* A table from a file: static backends and weights, and the adapters its
  * pods report loaded are served too; Services (nothing follows them) and
  * more than RT_MAX_BACKENDS backends in a route are refused. */
@@ -615,7 +637,7 @@ int main(void)
         cmocka_unit_test(test_index_vs_lru),   cmocka_unit_test(test_index_prefix),
         cmocka_unit_test(test_cache_aware_pick), cmocka_unit_test(test_trust),
         cmocka_unit_test(test_policy_names),   cmocka_unit_test(test_pool_grows_and_metrics_of_two),
-        cmocka_unit_test(test_routes),         cmocka_unit_test(test_routes_from_file),
+        cmocka_unit_test(test_routes), cmocka_unit_test(test_routes_wakeable), cmocka_unit_test(test_routes_from_file),
         cmocka_unit_test(test_routes_many),    cmocka_unit_test(test_restart_forgets),
         cmocka_unit_test(test_pending_prefill),
     };
