@@ -3,9 +3,8 @@
 #include <string.h>
 
 #include "chat_template.h"
+#include "desired.h"
 #include "kube_json.h"
-
-#define DEFAULT_KEY "template.jinja"
 
 int chat_template_of(json_t *llmd, const char **name, const char **key)
 {
@@ -13,12 +12,12 @@ int chat_template_of(json_t *llmd, const char **name, const char **key)
     *name = json_string_value(json_object_get(ct, "configMap"));
     *key = json_string_value(json_object_get(ct, "key"));
     if (!*key)
-        *key = DEFAULT_KEY;
+        *key = DESIRED_TEMPLATE_KEY;
     return *name != NULL;
 }
 
 /* Whether dep's pods mount ConfigMap name's key as the chat template
- * (desired.c's "chat-template" volume). */
+ * (desired.c's DESIRED_TEMPLATE_VOLUME). */
 static int mounts(json_t *dep, const char *name, const char *key)
 {
     json_t *vols = kube_json_get(dep, "spec", "template");
@@ -29,7 +28,7 @@ static int mounts(json_t *dep, const char *name, const char *key)
         json_t *cm = json_object_get(v, "configMap");
         const char *cn = json_string_value(json_object_get(cm, "name"));
         const char *k = json_string_value(json_object_get(json_array_get(json_object_get(cm, "items"), 0), "key"));
-        if (vn && cn && k && !strcmp(vn, "chat-template") && !strcmp(cn, name) && !strcmp(k, key))
+        if (vn && cn && k && !strcmp(vn, DESIRED_TEMPLATE_VOLUME) && !strcmp(cn, name) && !strcmp(k, key))
             return 1;
     }
     return 0;

@@ -12,7 +12,9 @@
  * The check is asked only when a revision would mount a ConfigMap and key
  * that no Deployment of the LLMDeployment mounts yet (a reconcile at rest
  * reads nothing); the reconcile reads the ConfigMap and refuses the spec
- * (its old revision goes on serving) until it passes.
+ * (its old revision goes on serving) until it passes. Not caught: an
+ * immutable ConfigMap deleted and made again under its name (Kubernetes
+ * allows it), and one that Deployments mounted before this check.
  *
  * Ownership: nothing kept; the arguments are borrowed. Thread-safety:
  * reentrant. */
@@ -23,7 +25,8 @@
 #include <stddef.h>
 
 /* The ConfigMap (name) and key spec.chatTemplate names, the key's default
- * filled in; 0 when the spec has none. */
+ * filled in (both point into llmd: valid while it lives); 0 when the spec
+ * has none. */
 int chat_template_of(json_t *llmd, const char **name, const char **key);
 
 /* Whether llmd's template must be checked: it names one, and none of the

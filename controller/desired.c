@@ -223,7 +223,7 @@ json_t *desired_configmap(json_t *d, char *msg, size_t mn)
     free(tq);
     const char *tkey = json_string_value(kube_json_get(spec, "chatTemplate", "key"));
     if (kube_json_get(spec, "chatTemplate", "configMap")) /* only when set: others keep their config (and pods) */
-        yaml_line(y, "chat_template_file", "%s/%s", DESIRED_TEMPLATE_DIR, tkey ? tkey : "template.jinja");
+        yaml_line(y, "chat_template_file", "%s/%s", DESIRED_TEMPLATE_DIR, tkey ? tkey : DESIRED_TEMPLATE_KEY);
     if (desired_adapters(d)) { /* the list itself is in DESIRED_ADAPTERS_KEY, outside the configuration's hash */
         yaml_line(y, "lora_file", "%s", DESIRED_CONFIG_DIR "/" DESIRED_ADAPTERS_KEY);
         /* a changed list's paths, loaded through the admin route (whose token only the controller has): anywhere
@@ -484,7 +484,7 @@ static json_t *container(json_t *d, const char *admin_secret)
     if (admin_secret)
         json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "admin", "mountPath", DESIRED_ADMIN_DIR, "readOnly", 1));
     if (kube_json_get(spec, "chatTemplate", "configMap"))
-        json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", "chat-template", "mountPath", DESIRED_TEMPLATE_DIR,
+        json_array_append_new(mounts, json_pack("{s:s,s:s,s:b}", "name", DESIRED_TEMPLATE_VOLUME, "mountPath", DESIRED_TEMPLATE_DIR,
                                                 "readOnly", 1));
     long long startup = spec_int(spec, "probes", "startupTimeoutSeconds", 600), hp = desired_health_port(d);
     return json_pack("{s:s,s:O,s:o,s:o,s:[{s:s,s:I},{s:s,s:I}],s:o,s:o,s:o,s:o,s:o,s:{s:b,s:b,s:{s:[s]}}}", "name",
@@ -589,9 +589,9 @@ json_t *desired_deployment(json_t *d, const char *config_hash, const char *admin
     json_t *tcm = kube_json_get(spec, "chatTemplate", "configMap");
     const char *tkey = json_string_value(kube_json_get(spec, "chatTemplate", "key"));
     if (tcm) /* only the template's key: the ConfigMap's others stay out of the pod */
-        json_array_append_new(volumes, json_pack("{s:s,s:{s:O,s:[{s:s,s:s}]}}", "name", "chat-template", "configMap", "name",
-                                                 tcm, "items", "key", tkey ? tkey : "template.jinja", "path",
-                                                 tkey ? tkey : "template.jinja"));
+        json_array_append_new(volumes, json_pack("{s:s,s:{s:O,s:[{s:s,s:s}]}}", "name", DESIRED_TEMPLATE_VOLUME, "configMap", "name",
+                                                 tcm, "items", "key", tkey ? tkey : DESIRED_TEMPLATE_KEY, "path",
+                                                 tkey ? tkey : DESIRED_TEMPLATE_KEY));
     json_t *ctr = container(d, admin_secret);
     if (spec_int(spec, "engine", "tensorParallelSize", 1) > 1 && ctr) {
         /* NCCL's peers on one node talk through /dev/shm, which a container gets at 64 MiB */

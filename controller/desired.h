@@ -42,8 +42,11 @@
  * or an emptyDir per pod), in huggingface_hub's layout. */
 #define DESIRED_CACHE_DIR "/var/cache/llm-models"
 #define DESIRED_CONFIG_HASH "llmk8s.io/config-hash"
-/* spec.chatTemplate's ConfigMap key, mounted here (chat_template_file) */
+/* spec.chatTemplate's ConfigMap key, mounted here (chat_template_file) by
+ * the volume DESIRED_TEMPLATE_VOLUME; the key when the spec names none */
 #define DESIRED_TEMPLATE_DIR "/etc/llm-chat-template"
+#define DESIRED_TEMPLATE_VOLUME "chat-template"
+#define DESIRED_TEMPLATE_KEY "template.jinja"
 /* on Deployments: the revision (hash) of their pod template */
 #define DESIRED_TEMPLATE_ANN "llmk8s.io/template-hash"
 /* on Deployments: the revision without the admin token's mount - equal for

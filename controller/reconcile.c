@@ -27,6 +27,8 @@
 #define ADMIN_BUDGET_MS 3000 /* every pod's /admin/canary answer together */
 #define ADMIN_PODS 1024
 #define ADMIN_ANSWER_MAX 4096 /* {"state","model","weight","message"}: a pod's longer answer is no answer */
+#define REFUSED_LOOK_S 15     /* a spec refused for what others hold (a child's name, the template's ConfigMap):
+                               * looked at again after this long */
 
 /* ---- observe ------------------------------------------------------------------------------ */
 
@@ -433,7 +435,7 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, judge *jg, const desi
     double adapter_requeue = 0;
     llm_status st = template_admitted(k, o, err);
     if (st == LLM_ERR_INVALID_ARG) { /* the old revision goes on serving; looked at again until it passes */
-        *requeue_s = 15;
+        *requeue_s = REFUSED_LOOK_S;
         return child_refused(k, path, &in, "ChatTemplateRefused", err->msg, err);
     }
     if (st)
@@ -445,7 +447,7 @@ static llm_status plan_and_act(kube_client *k, podsig *ps, judge *jg, const desi
         st = child_refused(k, path, &in, "InvalidSpec", err->msg, err);
     } else if (st == KUBE_ERR_EXISTS) { /* a foreign object holds a child's name */
         st = child_refused(k, path, &in, "ChildConflict", err->msg, err);
-        *requeue_s = 15; /* until its owner removes it */
+        *requeue_s = REFUSED_LOOK_S; /* until its owner removes it */
     } else if (!st && !(status = plan_status(&in, &p, dep_now ? dep_now : o->stable))) {
         st = llm_errf(err, LLM_ERR_NOMEM, "%s: cannot build the status", key);
     } else if (!st && !(st = adapters_round(k, o, status, in.now, &adapter_requeue, err)) &&

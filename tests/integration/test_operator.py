@@ -429,6 +429,12 @@ def test_chat_template_configmap_must_be_immutable(cluster):
     # nothing changed: the served revision is the one before
     assert c.get("deployment", "story")["metadata"]["annotations"]["llmk8s.io/template-hash"] == rev
     assert "ChatTemplateRefused" in c.k("get", "events", "-o", "json").stdout
+    # made right with the spec untouched: the next look (every 15 s) rolls it out
+    c.k("delete", "configmap", "editable")
+    configmap("editable", True)
+    wait_for(lambda: c.get("deployment", "story")["metadata"]["annotations"]["llmk8s.io/template-hash"] != rev, 60,
+             "the revision once the ConfigMap is immutable")
+    rev = c.get("deployment", "story")["metadata"]["annotations"]["llmk8s.io/template-hash"]
     configmap("fixed", True)
     c.apply(extra="  chatTemplate: {configMap: fixed}\n")
     wait_for(lambda: c.get("deployment", "story")["metadata"]["annotations"]["llmk8s.io/template-hash"] != rev, 60,

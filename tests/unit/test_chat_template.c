@@ -7,6 +7,7 @@
 #include <jansson.h>
 
 #include "chat_template.h"
+#include "desired.h"
 
 static json_t *llmd(const char *chat_template)
 {
@@ -22,7 +23,7 @@ static json_t *llmd(const char *chat_template)
 static json_t *deployment(const char *name, const char *key)
 {
     json_t *d = json_pack("{s:{s:{s:{s:[{s:s,s:{s:s,s:[{s:s,s:s}]}}]}}}}", "spec", "template", "spec", "volumes", "name",
-                          "chat-template", "configMap", "name", name, "items", "key", key, "path", key);
+                          DESIRED_TEMPLATE_VOLUME, "configMap", "name", name, "items", "key", key, "path", key);
     assert_non_null(d);
     return d;
 }
