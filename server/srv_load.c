@@ -110,7 +110,11 @@ typedef struct page_in {
     size_t done, total;             /* over every part, for progress */
 } page_in;
 
-/* 0, 1 when aborted, -1 when the digest failed. Runs under the SIGBUS guard. */
+/* How reading a part ended. */
+enum part_end { PART_READ = 0, PART_STOPPED = 1, PART_DIGEST_FAILED = -1, PART_FAULTED = 2 };
+
+/* PART_READ, PART_STOPPED (abort set) or PART_DIGEST_FAILED. Runs under
+ * the SIGBUS guard. */
 static int read_part(page_in *pi)
 {
     enum { CHUNK = 1 << 20 };
@@ -118,9 +122,9 @@ static int read_part(page_in *pi)
     for (size_t off = 0; off < pi->n; off += CHUNK) {
         size_t len = pi->n - off < CHUNK ? pi->n - off : CHUNK;
         if (pi->abort && atomic_load(pi->abort))
-            return 1;
+            return PART_STOPPED;
         if (pi->md && !EVP_DigestUpdate(pi->md, pi->p + off, len))
-            return -1;
+            return PART_DIGEST_FAILED;
         if (!pi->md)
             for (size_t i = 0; i < len; i += 4096) sink ^= pi->p[off + i];
         pi->done += len;
@@ -128,17 +132,18 @@ static int read_part(page_in *pi)
             pi->progress(pi->ctx, pi->total ? (double)pi->done / (double)pi->total : 1.0);
     }
     (void)sink;
-    return 0;
+    return PART_READ;
 }
 
-/* read_part with SIGBUS caught: what read_part returns, or 2 when a page
- * faulted. A guard set before (srv_load_model's) is restored after. */
+/* read_part with SIGBUS caught: what read_part returns, or PART_FAULTED
+ * when a page faulted. A guard set before (srv_load_model's) is restored
+ * after. */
 static int read_part_caught(page_in *pi)
 {
     sigjmp_buf jb, *outer = bus_at;
     if (sigsetjmp(jb, 1)) {
         bus_at = outer;
-        return 2;
+        return PART_FAULTED;
     }
     bus_at = &jb;
     int rc = read_part(pi);
@@ -155,9 +160,10 @@ static llm_status bus_error(const char *name, llm_error *err)
 static llm_status read_part_guarded(page_in *pi, const char *name, llm_error *err)
 {
     int rc = read_part_caught(pi);
-    return rc == 2  ? bus_error(name, err)
-           : rc > 0 ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: loading was stopped", name)
-           : rc < 0 ? llm_errf(err, LLM_ERR_INTERNAL, "%.300s: SHA-256 update failed", name) : LLM_OK;
+    return rc == PART_FAULTED   ? bus_error(name, err)
+           : rc == PART_STOPPED ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: loading was stopped", name)
+           : rc == PART_DIGEST_FAILED ? llm_errf(err, LLM_ERR_INTERNAL, "%.300s: SHA-256 update failed", name)
+                                      : LLM_OK;
 }
 
 /* Part k's digest of want ("" when want has none for it). */
@@ -196,10 +202,10 @@ static llm_status check_digest(void *ctx, const char *path, const void *bytes, s
     /* caught here, not by srv_load_model's guard: a failed check unwinds through the loader, which
      * unmaps and closes what it opened (the guard's jump past it would leak both) */
     int rc = read_part_caught(&d->pi);
-    if (rc)
-        return rc == 2  ? bus_error(path, err)
-               : rc > 0 ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: the sha256 check was abandoned", path)
-                        : llm_errf(err, LLM_ERR_INTERNAL, "%.300s: SHA-256 update failed", path);
+    if (rc != PART_READ)
+        return rc == PART_FAULTED   ? bus_error(path, err)
+               : rc == PART_STOPPED ? llm_errf(err, LLM_ERR_CANCELLED, "%.300s: the sha256 check was abandoned", path)
+                                    : llm_errf(err, LLM_ERR_INTERNAL, "%.300s: SHA-256 update failed", path);
     if (!EVP_DigestFinal_ex(d->pi.md, dig, &dn) || dn != 32)
         return llm_errf(err, LLM_ERR_INTERNAL, "SHA-256 final failed");
     fetch_hex(dig, 32, hex);
