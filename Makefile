@@ -491,8 +491,8 @@ asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" CUDA_TRACE_SEEDS=1 unit cudasim pytest
 
-# The threaded parts (engine, scheduler) under ThreadSanitizer.
-TSAN_TESTS = test_engine test_scheduler test_kv_cache test_tp test_trace
+# The threaded parts (engine, scheduler, the quality judge's workers) under ThreadSanitizer.
+TSAN_TESTS = test_engine test_scheduler test_kv_cache test_tp test_trace test_quality
 tsan:
 	@$(MAKE) --no-print-directory BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread" \
 	  $(TSAN_TESTS:%=build-tsan/tests/%)
