@@ -19,9 +19,10 @@
 
 #define API_PATH "/apis/llmk8s.io/v1alpha1"
 
-static int usage(void)
+/* The flags, into f. */
+static void usage_to(FILE *f)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: llm-controller [--kubeconfig FILE] [--http-addr [HOST:]PORT] [--leader-elect]\n"
             "                      [--leader-elect-namespace NS] [--leader-elect-name NAME] [--lease-duration S]\n"
             "                      [--renew-deadline S] [--retry-period S] [--admin-key-secret NAME]\n"
@@ -40,6 +41,12 @@ static int usage(void)
             "                   are refused)\n"
             "  --model-cache-owner-image  the image (with chown) of the init container that gives a\n"
             "                   new node folder to the pods' user, as root: the operator's own\n");
+}
+
+/* An unknown or incomplete flag: the usage on stderr, exit status 2. */
+static int usage(void)
+{
+    usage_to(stderr);
     return 2;
 }
 
@@ -132,6 +139,10 @@ static int check(kube_client *k, const kube_config *cfg, const char *ns)
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { /* asked for: stdout, status 0 */
+        usage_to(stdout);
+        return 0;
+    }
     const char *kubeconfig = NULL, *ns = NULL, *watch = NULL, *http = "8081", *lease_ns = NULL;
     const char *admin_key = "llm-controller-admin-key";
     int do_check = 0, bad = 0;

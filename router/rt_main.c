@@ -670,9 +670,10 @@ static llm_status start_tenants(router *r, edge_flags *t, llm_error *err)
     return LLM_OK;
 }
 
-static int usage(void)
+/* The flags, into f. */
+static void usage_to(FILE *f)
 {
-    fprintf(stderr, "usage: llm-router [--host H] [--port 8000] (--backend URL ... | --service NS/NAME [--kubeconfig F])\n"
+    fprintf(f, "usage: llm-router [--host H] [--port 8000] (--backend URL ... | --service NS/NAME [--kubeconfig F])\n"
                     "                  [--canary-backend URL ... | --canary-service NS/NAME] [--canary-weight 0..100]\n"
                     "                  [--admin-token-file F] [--weight-configmap NS/NAME]  (canaryWeight key)\n"
                     "                  (or LLM_ROUTER_ADMIN_TOKEN; --admin-token T works but shows in ps)\n"
@@ -697,6 +698,12 @@ static int usage(void)
                     "   a gateway (several deployments; the body's model chooses, instead of --backend/--service):\n"
                     "       llm-router --routes FILE | --routes-configmap NS/NAME (key routes.json; watched, with the\n"
                     "                  namespace's EndpointSlices and canaryWeight ConfigMaps)  [the flags above]\n");
+}
+
+/* An unknown or incomplete flag: the usage on stderr, exit status 2. */
+static int usage(void)
+{
+    usage_to(stderr);
     return 2;
 }
 
@@ -939,6 +946,10 @@ static void release(router *r, const opts *o)
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { /* asked for: stdout, status 0 */
+        usage_to(stdout);
+        return 0;
+    }
     static router r;
     static opts o = {.host = "0.0.0.0", .port = "8000", .shutdown_delay_s = 0, .drain_timeout_s = 30,
                      .gc = {.max_connections = 512, .header_timeout_s = 10, .keep_alive_s = 30, .send_timeout_s = 30},

@@ -179,7 +179,8 @@ def leftovers(root):
 def test_image_runs_as_its_user_and_finds_its_libraries(tmp_path, name):
     """The image's configuration is its Dockerfile runtime stage's (USER
     65532, the ENTRYPOINT), and every program it ships starts in its root:
-    no shared library missing (ld.so would refuse it before --help)."""
+    no shared library missing (ld.so would refuse it before --help, whose
+    usage goes to stdout with exit status 0)."""
     root, config = unpack(name, tmp_path)
     assert config["User"] == "65532:65532", config
     entry = re.search(r'ENTRYPOINT \["([^"]+)"', (ROOT / "docker" / f"{name}.Dockerfile").read_text())[1]
@@ -189,7 +190,7 @@ def test_image_runs_as_its_user_and_finds_its_libraries(tmp_path, name):
         argv, env = chroot(root, config, ["--help"], entry=[f"/usr/local/bin/{prog}"])
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
         out = r.stdout + r.stderr
-        assert "error while loading shared libraries" not in out and "usage" in out.lower(), (prog, out)
+        assert r.returncode == 0 and "usage" in r.stdout.lower(), (prog, r.returncode, out)
 
 
 def test_cpu_image_answers_a_completion(tmp_path):
