@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "canary.h"
+#include "kube_meta.h"
 
 /* ---- configuration ---------------------------------------------------------------- */
 
@@ -65,21 +66,6 @@ static llm_status steps_from_spec(json_t *steps, canary_config *c, llm_error *er
     return LLM_OK;
 }
 
-/* 1 when s is a DNS-1123 subdomain shorter than cap: an object's name,
- * which goes into an API path (never "..", never a '/'). */
-static int dns_subdomain(const char *s, size_t cap)
-{
-    size_t n = s ? strlen(s) : 0;
-    if (n < 1 || n >= cap || n > 253 || !isalnum((unsigned char)s[0]) || !isalnum((unsigned char)s[n - 1]))
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (!(islower(c) || isdigit(c) || c == '-' || (c == '.' && s[i + 1] != '.')))
-            return 0;
-    }
-    return 1;
-}
-
 /* spec.canary.analysis.quality (absent or null: off). */
 static llm_status quality_from_spec(json_t *q, canary_quality *c, llm_error *err)
 {
@@ -100,7 +86,7 @@ static llm_status quality_from_spec(json_t *q, canary_quality *c, llm_error *err
         st = number(q, "analysis.quality", "topLogprobs", 20, 1, 20, &top, err);
     if (!st)
         st = number(q, "analysis.quality", "timeoutSeconds", 600, 10, 3600, &timeout, err);
-    if (!st && cm && !dns_subdomain(json_string_value(cm), sizeof c->config_map))
+    if (!st && cm && (!kube_meta_name_ok(json_string_value(cm)) || strlen(json_string_value(cm)) >= sizeof c->config_map))
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "spec.canary.analysis.quality.texts.configMap: want a ConfigMap's name "
                       "(a DNS subdomain: lower-case letters, digits, '-' and '.')");
     if (!st && on && strcmp(on, "hold") && strcmp(on, "fail"))

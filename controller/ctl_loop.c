@@ -19,6 +19,7 @@
 #include "gw_reconcile.h"
 #include "reconcile.h"
 #include "llm/clock.h"
+#include "kube_meta.h"
 
 /* Watches last this long before they are renewed (a stop is noticed within
  * a second regardless): at rest the controller makes about one request per
@@ -89,21 +90,6 @@ static uint64_t fingerprint(json_t *obj)
     return text ? h : 0;
 }
 
-/* A DNS-1123 subdomain (what the API server takes as an object name): a
- * name from a child's ownerReference is anyone's words, and it goes into
- * request paths. */
-static int valid_name(const char *s)
-{
-    size_t n = s ? strlen(s) : 0;
-    if (!n || n > 253 || !isalnum((unsigned char)s[0]) || !isalnum((unsigned char)s[n - 1]))
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (!(islower((unsigned char)s[i]) || isdigit((unsigned char)s[i]) || s[i] == '-' || s[i] == '.') ||
-            (s[i] == '.' && s[i + 1] == '.'))
-            return 0;
-    return 1;
-}
-
 /* Queues a child's owner - when it is an LLMDeployment the informer knows
  * (deleted owners' children go with them and must not bring their keys
  * back; forged references to names that never existed queue nothing). */
@@ -112,7 +98,7 @@ static void queue_owner(informer *in, const char *ns, const char *kind, const ch
     char key[KEY_MAX];
     json_t *known = NULL;
     int gw = kind && !strcmp(kind, "LLMGateway");
-    if (!kind || (strcmp(kind, "LLMDeployment") && !gw) || !valid_name(name) || !valid_name(ns) ||
+    if (!kind || (strcmp(kind, "LLMDeployment") && !gw) || !kube_meta_name_ok(name) || !kube_meta_name_ok(ns) ||
         snprintf(key, sizeof key, "%s%s/%s", gw ? GW_PREFIX : "", ns, name) >= (int)sizeof key ||
         kube_cache_get(gw ? in->c->gateways : in->c->owners, ns, name, &known) == KUBE_CACHE_ABSENT)
         return;

@@ -17,6 +17,7 @@
 #include "kube_apply.h"
 #include "ctl_event.h"
 #include "kube_json.h"
+#include "kube_meta.h"
 #include "llm/clock.h"
 #include "plan.h"
 #include "ctl_status.h"
@@ -412,6 +413,8 @@ static llm_status template_admitted(kube_client *k, const seen *o, llm_error *er
     const char *name, *key;
     if (!chat_template_wanted(o->d, deps, 2) || !chat_template_of(o->d, &name, &key))
         return LLM_OK;
+    if (!kube_meta_name_ok(name)) /* (the CRD's pattern says so too; it goes into the path) */
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "spec.chatTemplate.configMap: not a ConfigMap's name (a DNS subdomain)");
     char path[600], why[1024];
     snprintf(path, sizeof path, "/api/v1/namespaces/%s/configmaps/%s", kube_json_str(o->d, "metadata", "namespace"), name);
     llm_status st = kube_client_request(k, "GET", path, NULL, NULL, &cm, err);

@@ -1,8 +1,23 @@
 /* kube_meta.c - an object's controlling owner; see kube_meta.h. */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kube_meta.h"
+
+int kube_meta_name_ok(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n < 1 || n > 253 || !isalnum((unsigned char)s[0]) || !isalnum((unsigned char)s[n - 1]))
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!(islower(c) || isdigit(c) || c == '-' || (c == '.' && s[i + 1] != '.')))
+            return 0;
+    }
+    return 1;
+}
 
 json_t *kube_meta_controller_ref(json_t *o)
 {

@@ -1,6 +1,6 @@
 /* kube_meta.h - an object's identity the way the API server and we mean
- * it: its controlling owner (the one ownerReference with controller:
- * true) and the hash of what we last applied. Pure helpers, shared by the
+ * it: its name's form, its controlling owner (the one ownerReference with
+ * controller: true) and the hash of what we last applied. Pure helpers, shared by the
  * apply (which writes only what we control and skips what is unchanged)
  * and the planner (which refuses to adopt, and names revisions).
  *
@@ -10,6 +10,11 @@
 #define KUBE_META_H
 
 #include <jansson.h>
+
+/* 1 when s is a DNS-1123 subdomain (what the API server takes as most
+ * objects' names: 1-253 of [a-z0-9.-], alphanumeric at both ends, no
+ * ".."), so a name from a spec or a reference can go into a request path. */
+int kube_meta_name_ok(const char *s);
 
 /* The controlling ownerReference of o; NULL when none. */
 json_t *kube_meta_controller_ref(json_t *o);

@@ -3,12 +3,13 @@
  * of ours missing or changed is not; keyed lists match by the API server's
  * merge keys (a volumeMount by mountPath); atomic lists whole; quantities
  * under resources by amount (as the API server rewrites them) and nowhere
- * else. */
+ * else. And kube_meta_name_ok, the form of a name that may go into a path. */
 #include "testutil.h"
 
 #include <jansson.h>
 
 #include "kube_apply.h"
+#include "kube_meta.h"
 
 static int covers(const char *want, const char *cur)
 {
@@ -51,11 +52,27 @@ static void test_quantities(void **st)
     assert_false(covers("{\"env\":[{\"name\":\"N\",\"value\":\"1k\"}]}", "{\"env\":[{\"name\":\"N\",\"value\":\"1000\"}]}"));
 }
 
+/* kube_meta_name_ok: what goes into a request path as an object's name. */
+static void test_names(void **st)
+{
+    (void)st;
+    static const char *const good[] = {"a", "tmpl-1", "a.b-c", "0x"};
+    static const char *const bad[] = {"", "A", "-a", "a-", "a..b", "../x", "a/b", "a b", ".a", "a.", NULL};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) assert_true(kube_meta_name_ok(good[i]));
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) assert_false(kube_meta_name_ok(bad[i]));
+    char long_name[256];
+    memset(long_name, 'a', 254), long_name[254] = 0;
+    assert_false(kube_meta_name_ok(long_name)); /* 254 */
+    long_name[253] = 0;
+    assert_true(kube_meta_name_ok(long_name)); /* 253 */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fields_and_lists),
         cmocka_unit_test(test_quantities),
+        cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
