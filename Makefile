@@ -487,8 +487,9 @@ test: deps
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory tsan
 
+# (kubesim scales the pods' memory limits by 4 for it: ASan's shadow and quarantine)
 asan: deps
-	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
+	@KUBESIM_MEMORY_SCALE=4 $(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" CUDA_TRACE_SEEDS=1 unit cudasim pytest
 
 # The threaded parts (engine, scheduler, the quality judge's workers) under ThreadSanitizer.
