@@ -68,13 +68,19 @@ static void sha256_hex(const char *path, char hex[65])
     for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
 }
 
+/* A fresh copy of the model at g_path.SUFFIX into path, its sha256 into hex. */
+static void fresh_copy(const char *suffix, char path[80], char hex[65])
+{
+    snprintf(path, 80, "%s.%s", g_path, suffix);
+    copy_to(path);
+    sha256_hex(path, hex);
+}
+
 static void test_digest_on_the_mapping(void **st)
 {
     (void)st;
     char path[80], hex[65], msg[200];
-    snprintf(path, sizeof path, "%s.a", g_path);
-    copy_to(path);
-    sha256_hex(path, hex);
+    fresh_copy("a", path, hex);
     llm_model *m = NULL;
     llm_error err = {0};
     const char *zeros = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -145,9 +151,7 @@ static void test_cut_short_while_checked(void **st)
 {
     (void)st;
     char path[80], hex[65];
-    snprintf(path, sizeof path, "%s.d", g_path);
-    copy_to(path);
-    sha256_hex(path, hex);
+    fresh_copy("d", path, hex);
     struct stat sb;
     assert_int_equal(stat(path, &sb), 0);
     assert_true(sb.st_size > (1 << 20) + (64 << 10)); /* (pages past the first MiB are left to fault) */
@@ -171,9 +175,7 @@ static void test_rewritten_in_place(void **st)
 {
     (void)st;
     char path[80], hex[65];
-    snprintf(path, sizeof path, "%s.c", g_path);
-    copy_to(path);
-    sha256_hex(path, hex);
+    fresh_copy("c", path, hex);
     llm_model *m = NULL;
     llm_error err = {0};
     assert_int_equal(srv_load_model(path, hex, NULL, NULL, NULL, &m, &err), LLM_OK); /* checked as mapped */
