@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from harness import BUILD, ROOT, STORIES, run, running, start, tool
+from harness import BUILD, ROOT, STORIES, run, running, start, stop_sim, tool
 
 
 @pytest.fixture(scope="session")
@@ -53,8 +53,7 @@ def sim(tmp_path):
     """kubesim running in tmp_path; its data folder (kubeconfig inside)."""
     p, d = start(tmp_path)
     yield d
-    p.terminate()
-    p.wait(timeout=10)
+    stop_sim(p)
 
 
 @pytest.fixture()

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 import yaml
 
-from harness import BUILD, CHART, ROOT, SHARED, Server, free_port, http_code, render, start, tool, wait_for
+from harness import BUILD, CHART, ROOT, SHARED, Server, free_port, http_code, render, start, stop_sim, tool, wait_for
 
 
 def docs(text):
@@ -178,8 +178,7 @@ def test_chart_installs_and_serves_the_sample(tmp_path, models):
         wait_for(lambda: k("get", "deployment", "tinyllama", check=False).returncode and
                  k("get", "configmap", "tinyllama-config", check=False).returncode, 30)
     finally:
-        ks.terminate()
-        ks.wait(timeout=30)
+        stop_sim(ks)
 
 
 def helm_bin():

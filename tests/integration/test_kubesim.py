@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 import yaml
 
-from harness import BUILD, start, wait_for
+from harness import BUILD, start, stop_sim, wait_for
 
 
 def test_kubectl_crud(kubectl):
@@ -154,8 +154,7 @@ def test_watch_expired_resource_version(tmp_path):
         assert e.value.status == 410
         api.close()
     finally:
-        p.terminate()
-        p.wait(timeout=10)
+        stop_sim(p)
 
 
 def fault(kubectl, tmp_path, body):
@@ -513,8 +512,7 @@ def image_sim(tmp_path, images, **env_extra):
     try:
         yield run
     finally:
-        p.terminate()
-        p.wait(timeout=20)
+        stop_sim(p)
 
 
 @pytest.fixture()

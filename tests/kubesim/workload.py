@@ -597,7 +597,7 @@ class Workloads:
             return
         # KUBESIM_MEMORY_SCALE (make asan: 4): a sanitized build's shadow memory and quarantine make its resident
         # memory several times the program's own, which the limits were not set for
-        limit *= float(os.environ.get("KUBESIM_MEMORY_SCALE") or 1)
+        limit = int(limit * float(os.environ.get("KUBESIM_MEMORY_SCALE") or 1))
         used = rss_bytes(proc.popen.pid)
         if used > limit:
             proc.exit_reason = f"OOMKilled: {used >> 20} MiB resident, over the memory limit of {limit >> 20} MiB"
