@@ -2,11 +2,14 @@
 #include "llm/gbnf.h"
 
 /* "{0,20}": LLM_GBNF_JSON_WS (a string literal cannot take the macro).
- * At most one line break per gap: small models otherwise fill the
- * output with blank lines that the grammar would have to allow. */
+ * A gap is nothing, one space, or one line break and an indentation (the
+ * rule of llama.cpp's schema converter): a sampled model otherwise spends
+ * its budget on blank lines and padding, and nothing may come before or
+ * after the top-level value, so that the end of text is the only way on
+ * once the value is closed. */
 const char llm_gbnf_json[] =
-    "json       ::= ws value ws\n"
-    "jsonobject ::= ws object\n"
+    "json       ::= value\n"
+    "jsonobject ::= object\n"
     "value      ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n"
     "object     ::= \"{\" ws ( member ( ws \",\" ws member )* ws )? \"}\"\n"
     "member     ::= string ws \":\" ws value\n"
@@ -14,4 +17,4 @@ const char llm_gbnf_json[] =
     "string     ::= \"\\\"\" char* \"\\\"\"\n"
     "char       ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )\n"
     "number     ::= \"-\"? ( \"0\" | [1-9] [0-9]* ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
-    "ws         ::= [ \\t]{0,20} ( \"\\r\"? \"\\n\" [ \\t]{0,20} )?\n";
+    "ws         ::= ( \" \" | \"\\n\" [ \\t]{0,20} )?\n";

@@ -700,7 +700,7 @@ static llm_status schema_grammar(json_t *schema, int compact, char **out, llm_er
     }
     const char *ws = strstr(llm_gbnf_json, "\nws ");
     int shared = compact && ws ? (int)(ws - llm_gbnf_json) + 1 : (int)strlen(llm_gbnf_json);
-    llm_strbuf_printf(&g.out, "root ::= ws s0\n%.*s%s", shared, llm_gbnf_json,
+    llm_strbuf_printf(&g.out, "root ::= s0\n%.*s%s", shared, llm_gbnf_json,
                       shared < (int)strlen(llm_gbnf_json) ? "ws ::= \" \"?\n" : "");
     if (!(*out = llm_strbuf_take(&g.out)))
         return llm_errf(err, LLM_ERR_NOMEM, "no memory for the schema's grammar");

@@ -12,12 +12,12 @@
 #define LLM_GBNF_MAX_REPEAT 10000
 
 /* JSON (RFC 8259) as a grammar, with two start rules: "json" (any
- * JSON text) and "jsonobject" (an object after optional whitespace,
- * nothing after it: what response_format json_object asks for). The
- * whitespace between tokens is at most one line break with at most
- * LLM_GBNF_JSON_WS spaces or tabs either side, so that a model cannot
- * pad forever. Other grammars may include it and
- * refer to its rules (value, object, array, string, number, ws). */
+ * JSON value) and "jsonobject" (an object: what response_format
+ * json_object asks for); nothing before or after the value. A gap
+ * between tokens is nothing, one space, or one line break followed by
+ * at most LLM_GBNF_JSON_WS spaces or tabs, so that a model cannot pad
+ * forever. Other grammars may include it and refer to its rules (value,
+ * object, array, string, number, ws). */
 #define LLM_GBNF_JSON_WS 20
 extern const char llm_gbnf_json[];
 
