@@ -40,6 +40,7 @@ static void req_free(eng_req *r)
         free(r->seqs[i].pool);
         free(r->seqs[i].held);
         free(r->seqs[i].plp);
+        free(r->seqs[i].res_at);
     }
     free(r->seqs);
     if (r->slot)
@@ -323,6 +324,11 @@ static llm_status seq_init(llm_engine *e, eng_req *r, int i, const llm_request *
     int plp = rq->prompt_logprobs && i == 0; /* the siblings share its prompt K/V */
     if (plp && n_prompt > 1 && !(s->plp = calloc((size_t)n_prompt - 1, sizeof *s->plp)))
         return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for %d prompt logprobs", n_prompt - 1);
+    int guesses = e->cfg.speculative != LLM_SPEC_OFF && !rq->no_speculate && !r->pooling && !plp;
+    if (guesses && !(s->res_at = malloc(sizeof *s->res_at * (size_t)(e->cfg.spec_tokens + 1))))
+        return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for a sequence's guessed picks");
+    s->spec_k = e->cfg.spec_tokens / 2 > 1 ? e->cfg.spec_tokens / 2 : 1;
+    s->ns = 1;
     textout_init(&s->out, (const char *const *)r->stops, r->n_stops);
     s->q = (sched_seq){.tokens = s->tokens, .n_tokens = n_prompt, .n_prompt = n_prompt, .priority = rq->priority,
                        .arrival_ms = (int64_t)r->t_submit, .fork_of = i ? &r->seqs[0].q : NULL,
@@ -564,6 +570,19 @@ static llm_status config_defaults(llm_engine_config *c, const llm_model *m, llm_
     c->mask_step_work = c->mask_step_work ? c->mask_step_work : LLM_GMATCH_MAX_WORK / 4;
     c->max_loras = c->max_loras ? c->max_loras : 8;
     c->prompt_logit_rows = c->prompt_logit_rows ? c->prompt_logit_rows : 8;
+    c->spec_tokens = c->spec_tokens ? c->spec_tokens : 8;
+    c->spec_ngram_min = c->spec_ngram_min ? c->spec_ngram_min : 2;
+    c->spec_ngram_max = c->spec_ngram_max ? c->spec_ngram_max : 4;
+    c->spec_step_rows = c->spec_step_rows ? c->spec_step_rows : 64;
+    c->spec_max_seqs = c->spec_max_seqs ? c->spec_max_seqs : 16;
+    if ((unsigned)c->speculative > LLM_SPEC_NGRAM || c->spec_tokens < 1 || c->spec_tokens > LLM_SPEC_MAX_TOKENS ||
+        c->spec_ngram_min < 1 || c->spec_ngram_max < c->spec_ngram_min || c->spec_ngram_max > 8 ||
+        c->spec_step_rows < 1 || c->spec_step_rows > 65536 || c->spec_max_seqs < 1)
+        return llm_errf(err, LLM_ERR_INVALID_ARG,
+                        "engine: speculative %d, spec_tokens %d (1..%d), spec_ngram_min %d and max %d (1..8, min <= max), "
+                        "spec_step_rows %d (1..65536) or spec_max_seqs %d (>= 1) out of range",
+                        (int)c->speculative, c->spec_tokens, LLM_SPEC_MAX_TOKENS, c->spec_ngram_min, c->spec_ngram_max,
+                        c->spec_step_rows, c->spec_max_seqs);
     if (c->prompt_logit_rows < -1 || c->prompt_logit_rows > 4096)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: prompt_logit_rows %d not in [-1, 4096]", c->prompt_logit_rows);
     if (c->n_ctx < 2 || c->n_ctx > m->hp.n_ctx_train)
@@ -637,7 +656,8 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     /* weights and activations first: on a device the KV pool is a share of
      * what they leave */
     /* a logits row per sequence, and prompt_logprobs' rows as far as a step's rows allow */
-    e->max_logits = c->max_seqs + (c->prompt_logit_rows > 0 ? c->prompt_logit_rows : 0);
+    int guess_rows = c->speculative != LLM_SPEC_OFF ? c->spec_step_rows : 0;
+    e->max_logits = c->max_seqs + (c->prompt_logit_rows > 0 ? c->prompt_logit_rows : 0) + guess_rows;
     e->max_logits = e->max_logits < c->max_batch_tokens ? e->max_logits : c->max_batch_tokens;
     llm_status st = llm_forward_new_tp(e->m, ranks, nr, c->max_batch_tokens, e->max_logits, &e->fwd, err);
     if (!st && !(st = kv_blocks(c, e->m, &sh, err))) {
@@ -649,7 +669,7 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     if (st)
         return st;
     int n_blocks = sh.n;
-    sched_config sc = {c->max_seqs, c->max_batch_tokens, c->aging_ms, e->max_logits};
+    sched_config sc = {c->max_seqs, c->max_batch_tokens, c->aging_ms, e->max_logits, guess_rows};
     if ((st = sched_init(&e->s, &sc, e->kv, err)))
         return st;
     e->b_tokens = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);

@@ -67,6 +67,11 @@ typedef struct eng_seq {
     float *held;           /* (n_vocab) the logits row it will be made from; NULL: no pick is held */
     int picked;            /* in a picks round: it was made */
     uint64_t hold_no;      /* when it was put off: older ones go first */
+    /* Speculation (engine_spec.c; engine thread): */
+    int spec_k;            /* guesses it asks for next: adapts to how many it gets right */
+    int ns;                /* this step's sampling rows: its last token's and one per guess (1: none) */
+    int n_out;             /* picks this step made from them, in res_at (0: see res, the one pick) */
+    llm_sample_result *res_at; /* (spec_tokens + 1) a speculating step's picks; NULL: it never guesses */
 } eng_seq;
 
 struct eng_req {
@@ -177,6 +182,14 @@ void eng_lora_drop(llm_engine *e, eng_req *r);
 void eng_lora_service(llm_engine *e);
 /* At close: every slot's handle freed. */
 void eng_lora_free_all(llm_engine *e);
+
+/* Speculation (engine_spec.c). Under e->mu, before the plan: each
+ * running sequence that decodes and may guess gets its guesses
+ * (sched_seq.n_draft, written after its tokens). */
+void eng_spec_propose(llm_engine *e);
+/* Under e->mu, after the step: q checked `drafted` guesses and took
+ * `taken` of them: the counters, and its next guess length. */
+void eng_spec_account(llm_engine *e, eng_seq *q, int drafted, int taken);
 
 /* The engine thread's loop (engine_step.c); arg is the engine. */
 void *eng_step_main(void *arg);

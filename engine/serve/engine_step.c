@@ -71,9 +71,10 @@ static void eng_logit_rows(llm_engine *e, int i, eng_seq *q, int row, int *n)
         for (int p = q->l_pos; p < end && p < last; p++) e->b_logit_rows[(*n)++] = row + p - it->pos0;
         q->ln = *n - q->l0;
     }
-    if (item_samples(e, i)) {
+    q->ns = 1 + it->n_draft, q->n_out = 0;
+    if (item_samples(e, i)) { /* its last token's row, then one per guess */
         q->ls = *n;
-        e->b_logit_rows[(*n)++] = row + it->n - 1;
+        for (int j = it->n - q->ns; j < it->n; j++) e->b_logit_rows[(*n)++] = row + j;
     }
 }
 
@@ -116,8 +117,9 @@ static int all_on_device(llm_engine *e)
         return 0;
     for (int i = 0; i < e->s.n_items; i++) {
         const eng_seq *q = e->s.items[i].seq->user;
-        if (q->ln || (item_samples(e, i) && (!llm_sampler_device_ok(q->smp) || q->gm)))
-            return 0; /* prompt logprobs, a penalty, logprobs or a grammar's mask: the host samples this step */
+        if (q->ln || q->ns > 1 || (item_samples(e, i) && (!llm_sampler_device_ok(q->smp) || q->gm)))
+            return 0; /* prompt logprobs, guesses (picked one row at a time, each draw only when its row is
+                       * reached), a penalty, logprobs or a grammar's mask: the host samples this step */
     }
     for (int i = 0, k = 0; i < e->s.n_items; i++)
         if (item_samples(e, i))
@@ -220,6 +222,30 @@ static void prompt_entries(llm_engine *e, eng_seq *q, const float *logits)
     }
 }
 
+/* A speculating q's picks from its rows (the first at `row`): each made
+ * exactly as a step without guesses would make it (mask, sampler, draw),
+ * the next one only while this one equals the guess after it and is no
+ * end of generation. A later row whose mask the round's grammar budget
+ * cannot pay for is not picked (it never holds). The item then keeps
+ * K/V of its last token and of each guess taken. */
+static void spec_picks(llm_engine *e, sched_item *it, eng_seq *q, const float *row)
+{
+    size_t n_vocab = (size_t)e->m->hp.n_vocab;
+    const int32_t *guess = q->tokens + q->q.n_tokens;
+    for (int j = 0; j < q->ns && !q->fail.code; j++, row += n_vocab) {
+        if (j == 0 ? pick_held(e, q, row)
+                   : q->gm && e->mask_work >= e->cfg.mask_step_work && !llm_gmatch_mask_cached(q->gm))
+            break;
+        if (sample_one(e, q, row))
+            break;
+        seq_take(e, q, q->res.id);
+        q->res_at[q->n_out++] = q->res;
+        if (j + 1 == q->ns || q->res.id != guess[j] || llm_vocab_is_eog(e->m->vocab, q->res.id))
+            break;
+    }
+    it->n_commit = q->n_out > 1 ? q->n_out : 1;
+}
+
 static llm_status step_on_host(llm_engine *e, const llm_forward_batch *bt)
 {
     const float *logits;
@@ -235,7 +261,9 @@ static llm_status step_on_host(llm_engine *e, const llm_forward_batch *bt)
         if (q->ls < 0 || q->fail.code)
             continue;
         const float *row = logits + (size_t)q->ls * n_vocab;
-        if (!pick_held(e, q, row) && sample_one(e, q, row) == LLM_OK)
+        if (q->ns > 1)
+            spec_picks(e, &e->s.items[i], q, row);
+        else if (!pick_held(e, q, row) && sample_one(e, q, row) == LLM_OK)
             seq_take(e, q, q->res.id);
     }
     return LLM_OK;
@@ -417,13 +445,28 @@ static void seq_emit(llm_engine *e, eng_seq *q)
     }
 }
 
+/* Under the lock: a speculating step's picks become events in order,
+ * until one ends the completion; then its request's failure, if the
+ * pick after them failed. */
+static void spec_emit(llm_engine *e, eng_seq *q)
+{
+    for (int j = 0; j < q->n_out && !q->finished && !q->r->failed; j++) {
+        q->res = q->res_at[j];
+        seq_emit(e, q);
+    }
+    if (q->fail.code && !q->finished)
+        req_fail(e, q->r, &q->fail);
+}
+
 /* Under the lock: q's pick (or pooled state) this round becomes its
  * events, or its request's failure. */
 static void seq_result(llm_engine *e, eng_seq *q)
 {
     if (q->r->cancelled || q->r->failed || q->finished)
         return;
-    if (q->fail.code)
+    if (q->ns > 1)
+        spec_emit(e, q);
+    else if (q->fail.code)
         req_fail(e, q->r, &q->fail);
     else if (q->r->pooling)
         embed_finish(e, q);
@@ -457,9 +500,12 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
             if (q->plp && q->n_plp == q->q.n_prompt - 1) /* its entries are whole: a recomputation after a
                                                             * preemption needs K/V alone, cache hits too */
                 q->q.all_logits = q->q.no_reuse = 0;
+            if (s->items[i].n_draft > 0)
+                eng_spec_account(e, q, s->items[i].n_draft, s->items[i].n_commit - 1);
             if ((s->items[i].logits && !q->held) || q->fail.code) /* a held pick comes in a later round; a prompt
                                                                      * row's failure fails it now */
                 seq_result(e, q);
+            q->ns = 1; /* (a held pick made in a later round is a plain one) */
         }
         for (int i = 0; i < s->n_items; i++) req_leave(e, ((eng_seq *)s->items[i].seq->user)->r);
         e->st.steps++;
@@ -582,6 +628,7 @@ void *eng_step_main(void *arg)
     while (!e->w.stop) {
         fail_oom(e);
         eng_lora_service(e);
+        eng_spec_propose(e);
         int planned = sched_plan(&e->s) > 0;
         picks_prepare(e);
         if (!planned && e->n_held == 0) {

@@ -170,7 +170,7 @@ static void plan_add(sched *s, sched_seq *q, int n)
     int rows = prompt_logit_rows(q), samples = q->kv.n_tokens + n == q->n_tokens;
     int logit_rows = (rows < n ? rows : n) + samples;
     s->n_logits += logit_rows;
-    s->items[s->n_items++] = (sched_item){q, q->kv.n_tokens, n, samples, logit_rows};
+    s->items[s->n_items++] = (sched_item){q, q->kv.n_tokens, n, samples, logit_rows, 0, n};
     s->n_rows += n;
     q->in_plan = 1;
 }
@@ -334,6 +334,38 @@ static void plan_admit(sched *s)
     }
 }
 
+/* How many of decoding item it's proposals fit in what the plan left:
+ * rows, logit rows, the step's draft rows, and free blocks beyond one per
+ * running sequence (proposals never make another sequence wait for K/V). */
+static int draft_fit(const sched *s, const sched_item *it, int drafted)
+{
+    int k = it->seq->n_draft, left[3] = {s->cfg.max_batch_tokens - s->n_rows, s->cfg.max_logits - s->n_logits,
+                                         s->cfg.max_draft_rows - drafted};
+    for (int j = 0; j < 3; j++) k = left[j] < k ? left[j] : k;
+    if (k < 1)
+        return 0;
+    int need = kv_seq_blocks_needed(s->kv, &it->seq->kv, 1 + k);
+    return need == 0 || need + s->n_running <= kv_cache_available(s->kv) ? k : 0;
+}
+
+/* Proposals into decoding items, most urgent first, while room is left. */
+static void plan_drafts(sched *s)
+{
+    int drafted = 0;
+    for (int i = 0; i < s->n_items && drafted < s->cfg.max_draft_rows; i++) {
+        sched_item *it = &s->items[i];
+        int k = it->n == 1 && it->logits && !it->seq->all_logits ? draft_fit(s, it, drafted) : 0;
+        if (k < 1 || kv_seq_reserve(s->kv, &it->seq->kv, 1 + k) != LLM_OK)
+            continue; /* (a failed reserve changes nothing) */
+        it->n = it->n_commit = 1 + k;
+        it->n_draft = k;
+        it->logit_rows += k;
+        s->n_rows += k;
+        s->n_logits += k;
+        drafted += k;
+    }
+}
+
 int sched_plan(sched *s)
 {
     s->n_items = s->n_rows = s->n_logits = 0;
@@ -342,15 +374,18 @@ int sched_plan(sched *s)
     plan_running(s, 1);
     plan_running(s, 0);
     plan_admit(s);
+    if (s->cfg.max_draft_rows > 0)
+        plan_drafts(s);
     return s->n_items;
 }
 
 void sched_commit(sched *s)
 {
     for (int i = 0; i < s->n_items; i++) {
-        sched_seq *q = s->items[i].seq;
-        kv_seq_commit(s->kv, &q->kv, q->tokens, s->items[i].n);
-        q->in_plan = 0;
+        sched_item *it = &s->items[i];
+        int n = it->n_commit >= 1 && it->n_commit <= it->n ? it->n_commit : it->n;
+        kv_seq_commit(s->kv, &it->seq->kv, it->seq->tokens, n);
+        it->seq->in_plan = 0;
     }
 }
 

@@ -1245,6 +1245,60 @@ static void test_prompt_logprobs_refused(void **st)
     close_engine(e);
 }
 
+/* One request on a fresh engine; its result and the engine's stats. */
+static void spec_run(llm_engine_config c, const llm_request *rq, result *r, llm_stats *st)
+{
+    const llm_model *m = g_story ? g_story : g_tiny;
+    llm_engine *e = open_engine(m, c);
+    collect(e, submit(e, rq), rq->n ? rq->n : 1, r);
+    llm_engine_stats(e, st);
+    close_engine(e);
+}
+
+/* Speculative decoding (n-gram guesses) on a prompt that repeats itself:
+ * greedy and seeded sampled answers (n = 3) equal those without it token
+ * for token and byte for byte, with guesses taken and fewer steps; a
+ * request that opts out guesses nothing. */
+static void test_speculation(void **st)
+{
+    (void)st;
+    static const char story[] = "Tom had a red ball. He liked to play with it. "
+                                "The ball went up. Tom was sad. ";
+    char text[1024];
+    snprintf(text, sizeof text, "%s%s%s", story, story, "Tom had a red");
+    llm_engine_config off = {0}, on = off;
+    on.speculative = LLM_SPEC_NGRAM;
+    for (int sampled = 0; sampled < 2; sampled++) {
+        llm_request rq = {.text = text, .sampling = llm_sampling_default(), .max_tokens = 40, .ignore_eos = 1,
+                          .n = sampled ? 3 : 1};
+        if (sampled) {
+            rq.sampling.temperature = 0.7f;
+            rq.sampling.seed = 41;
+        }
+        static result a, b;
+        llm_stats sa, sb;
+        spec_run(off, &rq, &a, &sa);
+        spec_run(on, &rq, &b, &sb);
+        for (int i = 0; i < rq.n; i++) {
+            assert_int_equal(a.n_tok[i], b.n_tok[i]);
+            assert_memory_equal(a.tok[i], b.tok[i], sizeof(int32_t) * (size_t)a.n_tok[i]);
+            assert_int_equal(a.text_len[i], b.text_len[i]);
+            assert_memory_equal(a.text[i], b.text[i], a.text_len[i]);
+            assert_int_equal(a.finish[i], b.finish[i]);
+        }
+        print_message("speculation (%s): %llu guessed, %llu taken, steps %llu -> %llu\n", sampled ? "sampled" : "greedy",
+                      (unsigned long long)sb.spec_draft_tokens, (unsigned long long)sb.spec_accepted_tokens,
+                      (unsigned long long)sa.steps, (unsigned long long)sb.steps);
+        assert_int_equal(sa.spec_draft_tokens, 0);
+        assert_true(sb.spec_accepted_tokens > 0 && sb.spec_accepted_tokens <= sb.spec_draft_tokens);
+        assert_true(sb.steps < sa.steps);
+        rq.no_speculate = 1;
+        spec_run(on, &rq, &b, &sb);
+        assert_int_equal(sb.spec_draft_tokens, 0);
+        assert_memory_equal(a.tok[0], b.tok[0], sizeof(int32_t) * (size_t)a.n_tok[0]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1267,6 +1321,7 @@ int main(void)
         cmocka_unit_test(test_lora_add_remove),
         cmocka_unit_test(test_prompt_logprobs),
         cmocka_unit_test(test_prompt_logprobs_refused),
+        cmocka_unit_test(test_speculation),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

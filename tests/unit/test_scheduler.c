@@ -31,7 +31,7 @@ static void sim_init(sim *m, int n_blocks, int max_seqs, int budget)
     assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 1, .force_scalar = 0, .kernels = NULL}, &m->b, &err), LLM_OK);
     kv_cache_config kc = {.block_size = 4, .type = LLM_KV_F32, .n_blocks = n_blocks, .prefix_cache = 1};
     assert_int_equal(kv_cache_new(&kc, m->b, 1, 1, 32, &m->kv, &err), LLM_OK);
-    sched_config sc = {max_seqs, budget, 1000, max_seqs + 5}; /* 5 logit rows beyond one per sequence */
+    sched_config sc = {.max_seqs = max_seqs, .max_batch_tokens = budget, .aging_ms = 1000, .max_logits = max_seqs + 5}; /* 5 logit rows beyond one per sequence */
     assert_int_equal(sched_init(&m->s, &sc, m->kv, &err), LLM_OK);
 }
 

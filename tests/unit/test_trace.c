@@ -16,7 +16,12 @@
  * requests (mean and last pooling: vectors bit for bit), LoRA adapters (a
  * third of the requests run under one of three, at one of four scales, so
  * steps mix rows of several adapters and of none, and a prompt cached under
- * one adapter must not serve another). After each trace:
+ * one adapter must not serve another), speculative decoding (half the
+ * traces guess with n-grams, random guess lengths and step budgets, some
+ * requests opting out; the reference never guesses, so every answer,
+ * sampled ones too, must be the same token for token with and without
+ * it; a third of the prompts then repeat a piece of themselves, which the
+ * guesses find). After each trace:
  * no block referenced, nothing queued, and
  * the stats add up (each admitted sequence's prompt counted once).
  * Odd seeds run on the tiny llama model; seeds divisible by 4 on the tiny
@@ -106,6 +111,7 @@ typedef struct tr_totals {
     uint64_t prompt_lps;                /* prompt_logprobs requests compared with the request alone */
     uint64_t held_picks;                /* constrained picks put off to a later step (mask_step_work spent) */
     uint64_t adapted;                   /* requests run under an adapter */
+    uint64_t guessed, taken;            /* speculation: guessed tokens checked, and taken */
 } tr_totals;
 
 static test_tiny g_tiny, g_gemma, g_moe; /* the models (and backends) below take turns by seed */
@@ -334,6 +340,33 @@ static void mask_budget_make(tr_trace *t)
             t->cfg.mask_step_work = 0;
 }
 
+/* Half the traces speculate (engine.h's llm_spec_mode), from a stream of
+ * their own, so every trace's other draws stay what they were. A third
+ * of their requests' prompts then end with a copy of a piece of
+ * themselves, and a fifth opt out. */
+static void spec_make(tr_trace *t)
+{
+    uint64_t g = t->seed * 0xd1342543de82ef95ull + 5;
+    llm_engine_config *c = &t->cfg;
+    if (rnd(&g, 2))
+        return;
+    c->speculative = LLM_SPEC_NGRAM;
+    c->spec_tokens = 1 + (int)rnd(&g, 8);
+    c->spec_ngram_min = 1 + (int)rnd(&g, 3);
+    c->spec_ngram_max = c->spec_ngram_min + (int)rnd(&g, 3);
+    c->spec_step_rows = 1 + (int)rnd(&g, 24);
+    c->spec_max_seqs = 1 + (int)rnd(&g, 16);
+    for (int i = 0; i < t->n_req; i++) {
+        tr_req *r = &t->req[i];
+        r->rq.no_speculate = !rnd(&g, 5);
+        int n = r->rq.n_tokens, piece = n / 3;
+        if (!rnd(&g, 3) && piece > 0 && !r->rq.pooling && !r->rq.prompt_logprobs) {
+            int from = (int)rnd(&g, (uint64_t)(n - piece));
+            memmove(r->prompt + n - piece, r->prompt + from, sizeof(int32_t) * (size_t)piece);
+        }
+    }
+}
+
 static void trace_make(tr_trace *t, uint64_t seed)
 {
     uint64_t s = seed * 0x2545f4914f6cdd1dull + 1;
@@ -348,6 +381,7 @@ static void trace_make(tr_trace *t, uint64_t seed)
         for (int i = 0; i < MAX_PROMPT; i++) base[b][i] = (int32_t)rnd(&s, alpha);
     t->n_req = 2 + (int)rnd(&s, MAX_REQS - 1);
     for (int i = 0; i < t->n_req; i++) request_make(t, i, base, &s);
+    spec_make(t);
 }
 
 /* A later turn: the parent's prompt, the parent's first answer (as the
@@ -607,6 +641,8 @@ static int check_engine(const tr_trace *t, llm_engine *e)
     g_tot.cached += st.cached_tokens - st.forked_tokens;
     g_tot.forked += st.forked_tokens;
     g_tot.held_picks += st.held_picks;
+    g_tot.guessed += st.spec_draft_tokens;
+    g_tot.taken += st.spec_accepted_tokens;
     g_tot.cancels += (uint64_t)cancels;
     const char *why = NULL;
     /* tiny gemma3's first layer is local: its pool is sized to the windows,
@@ -623,6 +659,8 @@ static int check_engine(const tr_trace *t, llm_engine *e)
         why = "prompt_tokens or cached_tokens differ from the completions' usage";
     else if (st.cached_tokens > st.prompt_tokens)
         why = "more cached than prompt tokens";
+    else if (st.spec_accepted_tokens > st.spec_draft_tokens || (!t->cfg.speculative && st.spec_draft_tokens))
+        why = "more guesses taken than made, or guesses without speculation";
     for (int k = 0; k < N_LORAS && !why; k++)
         if (llm_engine_lora_requests(e, g_l[k]) != 0)
             why = "an adapter is still named by a request after the trace";
@@ -639,10 +677,11 @@ static int check_engine(const tr_trace *t, llm_engine *e)
 static void trace_print(const tr_trace *t)
 {
     const llm_engine_config *c = &t->cfg;
-    print_message("seed %llu: n_ctx %d block %d kv %s pool %zu B max_seqs %d budget %d aging %d mask work %ld, %d "
-                  "requests\n",
+    print_message("seed %llu: n_ctx %d block %d kv %s pool %zu B max_seqs %d budget %d aging %d mask work %ld, "
+                  "speculative %d (tokens %d, n-grams %d..%d, rows %d, seqs %d), %d requests\n",
                   (unsigned long long)t->seed, c->n_ctx, c->block_size, llm_kv_type_name(c->kv_type), c->kv_cache_bytes,
-                  c->max_seqs, c->max_batch_tokens, c->aging_ms, c->mask_step_work, t->n_req);
+                  c->max_seqs, c->max_batch_tokens, c->aging_ms, c->mask_step_work, (int)c->speculative,
+                  c->spec_tokens, c->spec_ngram_min, c->spec_ngram_max, c->spec_step_rows, c->spec_max_seqs, t->n_req);
 }
 
 /* Runs seed's trace; 0 when every check passed. */
@@ -771,13 +810,14 @@ static void totals_print(double secs)
     print_message("trace: %llu traces, %llu requests, %llu steps, %llu preemptions, %llu prompt tokens from the prefix "
                   "cache, %llu shared by forks, %llu cancels, %llu constrained requests (%llu completions ended by "
                   "their grammar, %llu picks held to a later step), %llu embedding requests, %llu under an adapter, "
-                  "%llu with prompt logprobs in %.1f s\n",
+                  "%llu with prompt logprobs, %llu guessed tokens checked (%llu taken) in %.1f s\n",
                   (unsigned long long)g_tot.traces, (unsigned long long)g_tot.requests, (unsigned long long)g_tot.steps,
                   (unsigned long long)g_tot.preemptions, (unsigned long long)g_tot.cached,
                   (unsigned long long)g_tot.forked, (unsigned long long)g_tot.cancels,
                   (unsigned long long)g_tot.constrained, (unsigned long long)g_tot.grammar_ends,
                   (unsigned long long)g_tot.held_picks, (unsigned long long)g_tot.embeddings,
-                  (unsigned long long)g_tot.adapted, (unsigned long long)g_tot.prompt_lps, secs);
+                  (unsigned long long)g_tot.adapted, (unsigned long long)g_tot.prompt_lps,
+                  (unsigned long long)g_tot.guessed, (unsigned long long)g_tot.taken, secs);
 }
 
 static void test_regressions(void **st)
@@ -811,6 +851,7 @@ static void test_quick_seeds(void **st)
         assert_true(g_tot.held_picks > 0);
     assert_true(g_tot.embeddings > 0);
     assert_true(g_tot.adapted > 0);
+    assert_true(g_tot.taken > 0 && g_tot.taken < g_tot.guessed); /* guesses taken, and some refused */
 }
 
 /* --time S: random seeds (from --seed, else the clock) until S seconds pass. */

@@ -34,6 +34,20 @@
 #define LLM_MAX_STOP_LEN 256 /* bytes per stop string */
 #define LLM_MAX_SHOWN 8      /* control tokens a request may show as text */
 
+/* Speculative decoding: each step, a decoding sequence's next tokens are
+ * guessed, the guesses run as extra rows of the step's one forward pass,
+ * and the sequence keeps the tokens it picks from those rows (as it would
+ * have, one step each: same sampler, grammar and draws) for as long as
+ * each pick equals the guess after it; K/V of the rest is forgotten. So
+ * an answer is the same, token for token and seed for seed, with or
+ * without it; only the number of steps changes. */
+typedef enum llm_spec_mode {
+    LLM_SPEC_OFF = 0,
+    LLM_SPEC_NGRAM = 1 /* the guesses follow the latest earlier place where the sequence's last n tokens
+                        * (prompt and output) occurred: no extra model */
+} llm_spec_mode;
+#define LLM_SPEC_MAX_TOKENS 32 /* guesses per sequence and step, at most */
+
 typedef struct llm_engine_config {
     const llm_model *model;  /* borrowed */
     llm_backend *backend;    /* borrowed */
@@ -62,6 +76,14 @@ typedef struct llm_engine_config {
                               * the vocabulary, in every step such a prompt runs in (all requests wait on a
                               * step), and a prompt of N tokens takes about N / rows steps; n_vocab floats each
                               * in the logits buffer. 0: 8; -1: none (prompt_logprobs refused) */
+    llm_spec_mode speculative; /* default off */
+    int spec_tokens;         /* most guesses per sequence and step (each sequence adapts below it to what it gets
+                              * right); 0: 8; 1..LLM_SPEC_MAX_TOKENS */
+    int spec_ngram_min, spec_ngram_max; /* n-gram sizes matched, the longest first; 0: 2 and 4; 1..8 */
+    int spec_step_rows;      /* guesses a step checks, all sequences together: rows a step takes beyond one per
+                              * sequence, from what prompts leave (within max_batch_tokens); 0: 64 */
+    int spec_max_seqs;       /* a step decoding more sequences than this guesses nothing (its pass is no longer
+                              * bound by reading the weights, so extra rows cost time); 0: 16 */
 } llm_engine_config;
 
 typedef uint64_t llm_request_id;
@@ -106,6 +128,7 @@ typedef struct llm_request {
                               * completion 0's DONE. The prompt is computed whole (no prefix cache read), a few
                               * rows per step (llm_engine_config.prompt_logit_rows). Not with pooling */
     int prompt_top;          /* with prompt_logprobs: 0..LLM_MAX_LOGPROBS most likely tokens at each position */
+    int no_speculate;        /* 1: no guesses for this request (its answer is the same either way) */
 } llm_request;
 
 typedef enum llm_event_type { LLM_EVENT_TOKEN = 1, LLM_EVENT_DONE = 2, LLM_EVENT_ERROR = 3 } llm_event_type;
@@ -167,6 +190,10 @@ typedef struct llm_stats {
     double prefix_hit_rate;  /* cached_tokens / prompt_tokens */
     double gen_tokens_per_s; /* over the last few seconds */
     double step_running_ms;  /* how long the step in progress has run; 0 when idle (liveness) */
+    /* speculation (vLLM's spec_decode counters): checks (a sequence's guesses in one step), guessed tokens,
+     * guessed tokens taken, and taken ones by their place in the guess */
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    uint64_t spec_accepted_at[LLM_SPEC_MAX_TOKENS];
     /* tokens per step: steps with at most LLM_BATCH_BUCKET(i) tokens, i < LLM_BATCH_BUCKETS (last: any) */
     uint64_t batch_hist[LLM_BATCH_BUCKETS];
 } llm_stats;

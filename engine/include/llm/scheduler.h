@@ -45,6 +45,9 @@ struct sched_seq {
                              * logit rows stay within sched_config.max_logits, and it is admitted only where
                              * it gets the rows beyond one per sequence (or all it has left); with no_reuse.
                              * The caller may clear both once it needs no more rows */
+    int n_draft;            /* speculation: tokens[n_tokens, n_tokens + n_draft) are proposed next tokens (the
+                             * caller writes them and sets this before each sched_plan; the array must hold
+                             * them). A decoding sequence's item may take them as extra rows, see sched_item */
     void *user;
     /* owned by the scheduler */
     kv_seq kv;              /* kv.n_tokens of the tokens have K/V */
@@ -64,14 +67,21 @@ typedef struct sched_config {
     int aging_ms;          /* waiting this long is worth one priority level */
     int max_logits;        /* logit rows per step (an item's last row when it samples, and all_logits prompt
                             * rows), at least max_seqs or max_batch_tokens, whichever is smaller; 0: that */
+    int max_draft_rows;    /* proposed tokens (sched_seq.n_draft) a step may check, all items together; 0: none */
 } sched_config;
 
-/* One sequence's share of a step: n tokens from position pos0. */
+/* One sequence's share of a step: n tokens from position pos0. A
+ * decoding item with n_draft > 0 runs its last token and n_draft
+ * proposals after it (n = 1 + n_draft), every row with logits; the
+ * caller checks them and sets n_commit, the rows whose K/V stand (its
+ * last token and the proposals it took), before sched_commit. */
 typedef struct sched_item {
     sched_seq *seq;
     int pos0, n;
     int logits;  /* 1: after this step every known token has K/V; sample next */
-    int logit_rows; /* rows of it that need logits: its sampling row, and an all_logits prompt's rows */
+    int logit_rows; /* rows of it that need logits: its sampling rows, and an all_logits prompt's rows */
+    int n_draft; /* proposals among its rows (at the end) */
+    int n_commit; /* rows sched_commit keeps: n unless the caller lowers it (1 .. n) */
 } sched_item;
 
 typedef struct sched_stats {
@@ -108,9 +118,14 @@ void sched_remove(sched *s, sched_seq *q);
 
 /* Plans the next step into s->items (n_items sequences, n_rows tokens);
  * allocates their KV (queuing copy-on-write copies in the cache) and may
- * preempt. Returns n_items. */
+ * preempt. Proposals get the rows, logit rows and free KV blocks left
+ * once everything else is planned (up to max_draft_rows; never a
+ * preemption), so speculation steps back when prompts fill the step.
+ * Returns n_items. */
 int sched_plan(sched *s);
-/* After the step's forward pass: its tokens now have K/V. The items stay
+/* After the step's forward pass: each item's first n_commit tokens now
+ * have K/V (rows past them are forgotten: their blocks stay reserved to
+ * the sequence, never offered to the prefix cache). The items stay
  * readable until the next plan. */
 void sched_commit(sched *s);
 /* The step failed: forget the plan without committing (reserved blocks

@@ -1,0 +1,79 @@
+/* engine_spec.c - speculative decoding's guesses and their accounting
+ * (engine.h's llm_spec_mode). The checking is in engine_step.c: a step
+ * runs the guesses as rows after a sequence's last token and keeps the
+ * tokens it picks from them, one pick per row, while each pick equals the
+ * guess after it. Everything here runs under the engine's lock on the
+ * engine thread. */
+#include <string.h>
+
+#include "engine_impl.h"
+
+/* The farthest back a guess is looked for: a step's search costs at most
+ * this many comparisons per n-gram size and sequence, whatever the
+ * context holds. */
+#define SPEC_SCAN 16384
+
+/* Guesses for what follows tokens[0, n): the tokens after the latest
+ * earlier place where its last g tokens occur, g from gmax down to gmin;
+ * at most k of them into out. Returns how many (0: no match). */
+static int ngram_guess(const int32_t *tokens, int n, int gmin, int gmax, int k, int32_t *out)
+{
+    for (int g = gmax < n ? gmax : n - 1; g >= gmin; g--) {
+        const int32_t *tail = tokens + n - g;
+        int lo = n - g - SPEC_SCAN > 0 ? n - g - SPEC_SCAN : 0;
+        for (int i = n - g - 1; i >= lo; i--) {
+            if (tokens[i] != tail[0] || memcmp(tokens + i, tail, sizeof(int32_t) * (size_t)g))
+                continue;
+            int from = i + g, m = n - from < k ? n - from : k; /* what followed it, up to where we are */
+            memcpy(out, tokens + from, sizeof(int32_t) * (size_t)m);
+            return m;
+        }
+    }
+    return 0;
+}
+
+/* Whether q decodes this step and may guess: running with only its last
+ * token lacking K/V, no pick held, nothing per prompt row (prompt
+ * logprobs, pooling), room left in its answer for a guess and a pick. */
+static int may_guess(const eng_seq *q)
+{
+    const eng_req *r = q->r;
+    return q->res_at && !q->finished && !r->cancelled && !r->failed && !q->held && !q->q.all_logits &&
+           q->q.state == SCHED_RUNNING && q->q.n_tokens - q->q.kv.n_tokens == 1 && r->max_gen - q->n_gen >= 2;
+}
+
+void eng_spec_propose(llm_engine *e)
+{
+    const llm_engine_config *c = &e->cfg;
+    int decoding = 0;
+    for (eng_req *r = e->reqs; r; r = r->next)
+        for (int i = 0; i < r->n; i++) {
+            r->seqs[i].q.n_draft = 0;
+            decoding += r->seqs[i].q.state == SCHED_RUNNING;
+        }
+    if (c->speculative == LLM_SPEC_OFF || decoding > c->spec_max_seqs)
+        return; /* many sequences: the pass reads its weights for all of them already */
+    for (eng_req *r = e->reqs; r; r = r->next)
+        for (int i = 0; i < r->n; i++) {
+            eng_seq *q = &r->seqs[i];
+            if (!may_guess(q))
+                continue;
+            int k = q->spec_k, room = r->max_gen - q->n_gen - 1; /* every guess taken and one pick more */
+            k = k < room ? k : room;
+            q->q.n_draft = ngram_guess(q->tokens, q->q.n_tokens, c->spec_ngram_min, c->spec_ngram_max, k,
+                                       q->tokens + q->q.n_tokens);
+        }
+}
+
+void eng_spec_account(llm_engine *e, eng_seq *q, int drafted, int taken)
+{
+    llm_stats *st = &e->st;
+    st->spec_drafts++;
+    st->spec_draft_tokens += (uint64_t)drafted;
+    st->spec_accepted_tokens += (uint64_t)taken;
+    for (int j = 0; j < taken; j++) st->spec_accepted_at[j]++;
+    /* all right: ask for more; else one more than it got right (so a miss
+     * at the first guess still tries one next time) */
+    int k = taken == drafted ? q->spec_k + 2 : taken + 1;
+    q->spec_k = k < e->cfg.spec_tokens ? k : e->cfg.spec_tokens;
+}
