@@ -401,6 +401,10 @@ static int parse_common(srv *s, json_t *o, srv_completion *c, srv_err *e)
         bool_field(o, "echo", &c->echo, e) || bool_field(o, "ignore_eos", &c->rq.ignore_eos, e) ||
         parse_sampling(o, &c->rq, e) || parse_stop(o, c, e))
         return -1;
+    int guess = 1; /* false: this request opts out of the server's speculative decoding (same answer either way) */
+    if (bool_field(o, "speculative", &guess, e))
+        return -1;
+    c->rq.no_speculate = !guess;
     if (!c->chat && srv_int_field(o, "logprobs", 0, LLM_MAX_LOGPROBS, &logprobs, e))
         return -1;
     long plp = -1;

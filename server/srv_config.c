@@ -11,6 +11,7 @@
 #include <yaml.h>
 
 #include "llm/backend.h"
+#include "llm/engine.h"
 #include "srv_config.h"
 
 typedef enum { K_STR, K_INT, K_REAL, K_BOOL, K_LIST } key_kind; /* K_LIST: a string; repeated flags add, comma separated */
@@ -123,6 +124,17 @@ static const key_def keys[] = {
     {"prompt_logprob_rows", K_INT, F(prompt_logprob_rows), -1, 4096, "8",
      "logit rows a step gives prompt_logprobs prompts beyond one per sequence: each adds the output matmul and a "
      "pass over the vocabulary to the steps every request waits on (0 or -1: prompt_logprobs refused)"},
+    {"speculative", K_STR, F(speculative), 0, 0, "off",
+     "speculative decoding: off, or ngram (each step guesses a sequence's next tokens from where its last tokens "
+     "occurred before, in its prompt or output, and checks them in the same pass; answers are the same either way)"},
+    {"spec_tokens", K_INT, F(spec_tokens), 1, LLM_SPEC_MAX_TOKENS, "8",
+     "most guessed tokens per sequence and step (each sequence adapts below it to what it gets right)"},
+    {"spec_ngram_min", K_INT, F(spec_ngram_min), 1, 8, "2", "shortest run of last tokens a guess is looked up by"},
+    {"spec_ngram_max", K_INT, F(spec_ngram_max), 1, 8, "4", "longest run of last tokens a guess is looked up by (tried first)"},
+    {"spec_step_rows", K_INT, F(spec_step_rows), 1, 65536, "64",
+     "guessed tokens one step checks, all sequences together, from the rows prompts leave"},
+    {"spec_max_seqs", K_INT, F(spec_max_seqs), 1, 4096, "16",
+     "a step decoding more sequences than this guesses nothing (its pass no longer waits on reading the weights)"},
 };
 #define N_KEYS (sizeof keys / sizeof *keys)
 
@@ -366,6 +378,12 @@ llm_status srv_config_load(int argc, char **argv, srv_config *c, int *help, llm_
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: cpu_pack '%s' is not auto, on or off", c->cpu_pack);
     if (!st && !*help && strcmp(c->chat_template, "auto") && strcmp(c->chat_template, "builtin"))
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: chat_template '%s' is not auto or builtin", c->chat_template);
+    if (!st && !*help && strcmp(c->speculative, "off") && strcmp(c->speculative, "ngram"))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: speculative '%s' is not off or ngram%s", c->speculative,
+                      strcmp(c->speculative, "draft") ? "" : " (a draft model is not built yet)");
+    if (!st && !*help && c->spec_ngram_min > c->spec_ngram_max)
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: spec_ngram_min %ld is above spec_ngram_max %ld",
+                      c->spec_ngram_min, c->spec_ngram_max);
     if (!st && !*help && strcmp(c->embedding_pooling, "auto") && strcmp(c->embedding_pooling, "mean") &&
         strcmp(c->embedding_pooling, "last"))
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: embedding_pooling '%s' is not auto, mean or last",

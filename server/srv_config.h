@@ -66,6 +66,8 @@ typedef struct srv_config {
     long max_loras;         /* adapters loaded at once */
     long max_lora_rank;     /* the largest rank an adapter may have */
     long prompt_logprob_rows; /* the engine's prompt_logit_rows (0 or -1: prompt_logprobs refused) */
+    char *speculative;      /* off | ngram (engine.h's llm_spec_mode) */
+    long spec_tokens, spec_ngram_min, spec_ngram_max, spec_step_rows, spec_max_seqs; /* the engine's */
 } srv_config;
 
 /* Parses argv (argv[0] skipped), the environment and the YAML file named

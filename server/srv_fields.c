@@ -59,6 +59,7 @@ static const fld fld_table[] = {
     {"priority", K_ALL | K_EMB, FLD_USED, NULL},
     {"ignore_eos", K_ALL, FLD_USED, NULL},
     {"cache_salt", K_ALL | K_EMB, FLD_USED, NULL},
+    {"speculative", K_ALL, FLD_USED, NULL},
     {"echo", K_CMPL, FLD_USED, NULL},
     {"best_of", K_CMPL, FLD_USED, NULL},
     {"suffix", K_CMPL, FLD_USED, NULL},

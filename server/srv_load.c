@@ -51,7 +51,11 @@ llm_status srv_load_engine(srv *s, llm_model *m, llm_backend *const *b, int n, l
                             .kv_cache_bytes = (size_t)s->cfg.kv_cache_mb << 20,
                             .kv_cache_fraction = (float)s->cfg.kv_cache_fraction,
                             .no_prefix_cache = !s->cfg.prefix_cache, .max_loras = (int)s->cfg.max_loras,
-                            .prompt_logit_rows = s->cfg.prompt_logprob_rows ? (int)s->cfg.prompt_logprob_rows : -1};
+                            .prompt_logit_rows = s->cfg.prompt_logprob_rows ? (int)s->cfg.prompt_logprob_rows : -1,
+                            .speculative = strcmp(s->cfg.speculative, "ngram") ? LLM_SPEC_OFF : LLM_SPEC_NGRAM,
+                            .spec_tokens = (int)s->cfg.spec_tokens, .spec_ngram_min = (int)s->cfg.spec_ngram_min,
+                            .spec_ngram_max = (int)s->cfg.spec_ngram_max, .spec_step_rows = (int)s->cfg.spec_step_rows,
+                            .spec_max_seqs = (int)s->cfg.spec_max_seqs};
     return llm_engine_open(&ec, out, err);
 }
 

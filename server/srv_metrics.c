@@ -213,6 +213,25 @@ static void render_revisions(llm_strbuf *b, const srv_metrics *m)
     llm_prom_gauge(b, "llm_canary_weight", "Percent of completions sent to the colocated canary", NULL, m->canary_weight);
 }
 
+/* Speculative decoding under vLLM's spec_decode names: acceptance is
+ * accepted / draft tokens, mean accepted length 1 + accepted / drafts. */
+static void render_spec(llm_strbuf *b, const llm_stats *s, const char *lab)
+{
+    llm_prom_counter(b, "vllm:spec_decode_num_drafts_total", "Checks of a sequence's guessed tokens", lab,
+                     (double)s->spec_drafts);
+    llm_prom_counter(b, "vllm:spec_decode_num_draft_tokens_total", "Guessed tokens checked", lab,
+                     (double)s->spec_draft_tokens);
+    llm_prom_counter(b, "vllm:spec_decode_num_accepted_tokens_total", "Guessed tokens taken", lab,
+                     (double)s->spec_accepted_tokens);
+    const char *name = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+    llm_prom_head(b, name, "counter", "Guessed tokens taken, by their place in the guess (0: the first)");
+    for (int i = 0; i < s->spec_tokens && i < LLM_SPEC_MAX_TOKENS; i++) {
+        char l2[720];
+        snprintf(l2, sizeof l2, "position=\"%d\",%s", i, lab);
+        llm_prom_sample(b, name, l2, (double)s->spec_accepted_at[i]);
+    }
+}
+
 static void render_engine(llm_strbuf *b, const llm_stats *s, const char *lab)
 {
     double usage = s->kv_blocks_total ? (double)s->kv_blocks_used / s->kv_blocks_total : 0;
@@ -259,6 +278,7 @@ static void render_engine(llm_strbuf *b, const llm_stats *s, const char *lab)
     llm_prom_counter(b, "vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache", lab, (double)s->prompt_tokens);
     llm_prom_counter(b, "vllm:prefix_cache_hits_total", "Prompt tokens served from the prefix cache", lab,
               (double)(s->cached_tokens - s->forked_tokens));
+    render_spec(b, s, lab);
     char cfg[96];
     snprintf(cfg, sizeof cfg, "block_size=\"%d\",num_gpu_blocks=\"%d\"", s->kv_block_size, s->kv_blocks_total);
     llm_prom_gauge(b, "vllm:cache_config_info", "KV cache configuration", cfg, 1);

@@ -541,6 +541,7 @@ void llm_engine_stats(llm_engine *e, llm_stats *out)
     out->kv_local_blocks_used = kc.local_used;
     out->kv_window = kv_cache_window(e->kv);
     out->n_ctx = e->cfg.n_ctx;
+    out->spec_tokens = e->cfg.speculative != LLM_SPEC_OFF ? e->cfg.spec_tokens : 0;
     out->kv_block_size = kv_cache_block_size(e->kv);
     out->preemptions = e->s.stats.preemptions;
     out->prompt_tokens = e->s.stats.prompt_tokens;

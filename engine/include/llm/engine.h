@@ -192,6 +192,7 @@ typedef struct llm_stats {
     double step_running_ms;  /* how long the step in progress has run; 0 when idle (liveness) */
     /* speculation (vLLM's spec_decode counters): checks (a sequence's guesses in one step), guessed tokens,
      * guessed tokens taken, and taken ones by their place in the guess */
+    int spec_tokens;         /* the most guesses per sequence and step; 0: speculation off */
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accepted_at[LLM_SPEC_MAX_TOKENS];
     /* tokens per step: steps with at most LLM_BATCH_BUCKET(i) tokens, i < LLM_BATCH_BUCKETS (last: any) */
