@@ -72,7 +72,7 @@ static int sim_step(sim *m)
         assert_true(it->n >= 1);
         assert_true(it->seq->kv.n_blocks * 4 >= it->pos0 + it->n); /* room reserved */
         int end = it->pos0 + it->n < it->seq->n_prompt - 1 ? it->pos0 + it->n : it->seq->n_prompt - 1;
-        logit_rows += (it->seq->all_logits && end > it->pos0 ? end - it->pos0 : 0) + it->logits;
+        logit_rows += (it->seq->all_logits && end > it->pos0 ? end - it->pos0 : 0) + it->logits + it->n_draft;
     }
     assert_true(logit_rows <= m->s.cfg.max_logits);
     kv_cache_copies_done(m->kv);
@@ -377,10 +377,71 @@ static void test_remove(void **st)
     sim_free(&m);
 }
 
+/* Guesses (sched_seq.n_draft) take what the plan leaves: decoding items
+ * grow by them up to max_draft_rows, most urgent first; a step whose
+ * budget a prompt fills takes none; sched_commit keeps n_commit rows;
+ * guesses never preempt (a pool too tight for them leaves them out). */
+static void test_drafts(void **st)
+{
+    (void)st;
+    sim m;
+    sim_init(&m, 64, 4, 16);
+    m.s.cfg.max_draft_rows = 6;
+    m.s.cfg.max_logits = 16;
+    sim_seq a, b, c;
+    seq_make(&a, P, 5, 40, 1, 0);
+    seq_make(&b, P + 20, 5, 40, 0, 0);
+    assert_int_equal(sched_add(&m.s, &a.q), LLM_OK);
+    assert_int_equal(sched_add(&m.s, &b.q), LLM_OK);
+    sim_step(&m); /* prefill and first tokens */
+    a.q.n_draft = b.q.n_draft = 5;
+    assert_int_equal(sched_plan(&m.s), 2);
+    assert_ptr_equal(m.s.items[0].seq, &a.q); /* the more urgent one first: 5 guesses, the other the 1 left */
+    assert_int_equal(m.s.items[0].n, 6);
+    assert_int_equal(m.s.items[0].n_draft, 5);
+    assert_int_equal(m.s.items[1].n_draft, 1);
+    assert_int_equal(m.s.n_rows, 8);
+    assert_int_equal(m.s.n_logits, 8);
+    int a0 = a.q.kv.n_tokens, b0 = b.q.kv.n_tokens;
+    m.s.items[0].n_commit = 3; /* its last token and two guesses taken */
+    kv_cache_copies_done(m.kv);
+    sched_commit(&m.s);
+    assert_int_equal(a.q.kv.n_tokens, a0 + 3);
+    assert_int_equal(b.q.kv.n_tokens, b0 + 2);
+    a.q.n_tokens += 3, b.q.n_tokens += 2; /* (the picks) */
+    seq_make(&c, P + 50, 100, 5, 0, 1); /* a prompt that fills what decoding leaves */
+    assert_int_equal(sched_add(&m.s, &c.q), LLM_OK);
+    assert_int_equal(sched_plan(&m.s), 3);
+    for (int i = 0; i < 3; i++) assert_int_equal(m.s.items[i].n_draft, 0);
+    assert_int_equal(m.s.n_rows, 16);
+    sched_abort(&m.s);
+    a.q.n_draft = b.q.n_draft = 0;
+    run_all(&m);
+    sim_free(&m);
+    /* a pool with a block per running sequence to spare at most: no guesses, no preemption */
+    sim_init(&m, 6, 4, 16);
+    m.s.cfg.max_draft_rows = 6;
+    m.s.cfg.max_logits = 16;
+    seq_make(&a, P, 7, 3, 0, 0);
+    seq_make(&b, P + 20, 7, 3, 0, 0);
+    assert_int_equal(sched_add(&m.s, &a.q), LLM_OK);
+    assert_int_equal(sched_add(&m.s, &b.q), LLM_OK);
+    sim_step(&m);
+    a.q.n_draft = b.q.n_draft = 5;
+    assert_int_equal(sched_plan(&m.s), 2);
+    assert_int_equal(m.s.items[0].n_draft + m.s.items[1].n_draft, 0);
+    assert_int_equal(m.s.stats.preemptions, 0);
+    sched_abort(&m.s);
+    a.q.n_draft = b.q.n_draft = 0;
+    run_all(&m);
+    sim_free(&m);
+}
+
 int main(void)
 {
     fill_prompts();
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_drafts),
         cmocka_unit_test(test_chunked_prefill), cmocka_unit_test(test_priority),
         cmocka_unit_test(test_aging),           cmocka_unit_test(test_kv_preemption),
         cmocka_unit_test(test_fork),            cmocka_unit_test(test_prefix_hits), cmocka_unit_test(test_stats_count_once),

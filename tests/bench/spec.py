@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Speculative decoding, measured: batch-1 decode tokens/s of llm-server without and with n-gram guesses
+(--speculative ngram) on four chat tasks - three whose answers copy their input (edit a 60-line function,
+extract JSON from a document, continue a quoted passage) and one open-ended - beside llama.cpp's llama-server
+without and with its own n-gram speculation (--peer PATH, same model file, same thread count, same prompts), all
+greedy; then llm-server's throughput at 16 and 64 concurrent sequences with guesses off and on.
+
+Decode rate: (completion tokens - 1) / (last streamed token - first), the median of --reps runs; usage from
+stream_options include_usage. Prints a Markdown table; ratios are against llm-server without guesses."""
+import argparse
+import concurrent.futures
+import os
+import pathlib
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+import openai
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+FUNC = "\n".join(
+    [
+        "def summarize(orders, tax_rate, discount):",
+        '    """Totals per customer, with tax and a discount over 100."""',
+        "    totals = {}",
+    ]
+    + [
+        line
+        for i in range(14)
+        for line in (
+            f"    order_{i} = orders[{i}]",
+            f"    amount_{i} = order_{i}['qty'] * order_{i}['price']",
+            f"    if amount_{i} > 100:",
+            f"        amount_{i} = amount_{i} - discount",
+        )
+    ]
+    + ["    return totals"]
+)
+DOC = (
+    "Invoice 2291 was issued on 3 March 2026 by Harbor Supplies Ltd, 14 Quay Street, Bristol, to Mill Lane "
+    "Bakery, 2 Mill Lane, Bath. It lists 40 bags of flour at 18.50 each, 12 tins of yeast at 4.20 each and 6 "
+    "boxes of baking paper at 7.95 each. Payment is due within 30 days to account GB29 NWBK 6016 1331 9268 19. "
+    "The contact for questions is Alice Moreno, alice.moreno@harbor-supplies.example, +44 117 496 0321."
+)
+PASSAGE = (
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+    "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, it was "
+    "the season of Darkness, it was the spring of hope, it was the winter of despair, we had everything before "
+    "us, we had nothing before us, we were all going direct to Heaven, we were all going direct the other way"
+)
+TASKS = {
+    "edit a function": "Rewrite this Python function with `discount` renamed to `rebate`. Output only the whole "
+    "function in a code block, every line kept.\n\n```python\n" + FUNC + "\n```",
+    "extract JSON": "Extract from this document a JSON object with the keys invoice, date, seller, seller_address, "
+    "buyer, buyer_address, items (name, quantity, unit_price), account, contact_name, contact_email, "
+    "contact_phone. Copy the values exactly.\n\n" + DOC,
+    "quote a passage": "Here is the opening of a novel:\n\n\"" + PASSAGE + "\"\n\nWrite the passage out again "
+    "exactly, then continue it for a few sentences.",
+    "open-ended": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd, port):
+    """Starts a server; returns once it answers ready (llm-server's /readyz, llama-server's /health)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    probe = "/readyz" if cmd[0].endswith("llm-server") else "/health"
+    for _ in range(600):
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}{probe}", timeout=2).status == 200:
+                return p
+        except OSError:
+            pass
+        if p.poll() is not None:
+            sys.exit(f"{cmd[0]} exited {p.returncode}")
+        time.sleep(0.5)
+    p.kill()
+    sys.exit(f"{cmd[0]} did not become ready")
+
+
+def decode_rate(client, prompt, max_tokens):
+    """(tokens/s after the first token, completion tokens) of one greedy streamed answer."""
+    t_first = t_last = None
+    n = 0
+    for c in client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}],
+                                            max_tokens=max_tokens, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}):
+        if c.choices and c.choices[0].delta.content:
+            t_last = time.perf_counter()
+            t_first = t_first or t_last
+        if c.usage:
+            n = c.usage.completion_tokens
+    return ((n - 1) / (t_last - t_first) if n > 1 and t_last > t_first else 0.0), n
+
+
+def throughput(client, n_seqs, max_tokens):
+    """Generated tokens per second of n_seqs answers at once (the tasks in turn)."""
+    prompts = [list(TASKS.values())[i % len(TASKS)] for i in range(n_seqs)]
+
+    def one(p):
+        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": p}],
+                                           max_tokens=max_tokens, temperature=0)
+        return r.usage.completion_tokens
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(n_seqs) as ex:
+        total = sum(ex.map(one, prompts))
+    return total / (time.perf_counter() - t0)
+
+
+def servers(args):
+    """(label, command, port) of each server measured."""
+    out = []
+    for label, extra in (("llm-server", []), ("llm-server ngram", ["--speculative", "ngram"])):
+        port = free_port()
+        out.append((label, [str(ROOT / args.build / "bin" / "llm-server"), "-m", args.model, "--host", "127.0.0.1",
+                            "--port", str(port), "--threads", str(args.threads), "--model_name", "m", *extra], port))
+    if args.peer:
+        for label, extra in (("llama.cpp", []),
+                             ("llama.cpp ngram-simple", ["--spec-type", "ngram-simple"]),
+                             ("llama.cpp ngram-mod", ["--spec-type", "ngram-mod"])):
+            port = free_port()
+            out.append((label, [args.peer, "-m", args.model, "--host", "127.0.0.1", "--port", str(port), "-t",
+                                str(args.threads), "-c", "4096", "-np", "1", "--no-webui", *extra], port))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--model", default=str(ROOT / "build/models/gemma-3-270m-q4_k_m.gguf"))
+    ap.add_argument("--peer", default=os.environ.get("LLAMA_SERVER"), help="llama.cpp's llama-server")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--throughput", default="16,64", help="concurrent sequences ('' to skip)")
+    args = ap.parse_args()
+    rates = {}
+    for label, cmd, port in servers(args):
+        p = start(cmd, port)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        try:
+            decode_rate(client, "Say hello.", 8)  # warm up
+            for task, prompt in TASKS.items():
+                runs = [decode_rate(client, prompt, args.max_tokens) for _ in range(args.reps)]
+                rates[label, task] = (statistics.median(r for r, _ in runs), runs[0][1])
+                print(f"{label:24} {task:18} {rates[label, task][0]:7.1f} tok/s ({runs[0][1]} tokens)",
+                      file=sys.stderr, flush=True)
+            if label.startswith("llm-server") and args.throughput:
+                for n in map(int, args.throughput.split(",")):
+                    rates[label, f"{n} sequences"] = (throughput(client, n, 128), 0)
+                    print(f"{label:24} {n} seqs {rates[label, f'{n} sequences'][0]:7.1f} tok/s", file=sys.stderr,
+                          flush=True)
+        finally:
+            p.terminate()
+            p.wait(timeout=60)
+    labels = list(dict.fromkeys(label for label, _ in rates))
+    rows = list(dict.fromkeys(task for _, task in rates))
+    print("| task | " + " | ".join(labels) + " |")
+    print("|---|" + "---|" * len(labels))
+    for task in rows:
+        base = rates.get(("llm-server", task), (0, 0))[0]
+        cells = []
+        for label in labels:
+            r = rates.get((label, task))
+            cells.append("-" if r is None else f"{r[0]:.1f} ({r[0] / base:.2f}x)" if base else f"{r[0]:.1f}")
+        print(f"| {task} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
