@@ -576,11 +576,13 @@ static llm_status config_defaults(llm_engine_config *c, const llm_model *m, llm_
     c->spec_ngram_max = c->spec_ngram_max ? c->spec_ngram_max : 4;
     c->spec_step_rows = c->spec_step_rows ? c->spec_step_rows : 64;
     c->spec_max_seqs = c->spec_max_seqs ? c->spec_max_seqs : 16;
-    if ((unsigned)c->speculative > LLM_SPEC_NGRAM || c->spec_tokens < 1 || c->spec_tokens > LLM_SPEC_MAX_TOKENS ||
+    if ((unsigned)c->speculative > LLM_SPEC_CALLER || (c->speculative == LLM_SPEC_CALLER && !c->spec_guess) ||
+        c->spec_tokens < 1 || c->spec_tokens > LLM_SPEC_MAX_TOKENS ||
         c->spec_ngram_min < 1 || c->spec_ngram_max < c->spec_ngram_min || c->spec_ngram_max > 8 ||
         c->spec_step_rows < 1 || c->spec_step_rows > 65536 || c->spec_max_seqs < 1)
         return llm_errf(err, LLM_ERR_INVALID_ARG,
-                        "engine: speculative %d, spec_tokens %d (1..%d), spec_ngram_min %d and max %d (1..8, min <= max), "
+                        "engine: speculative %d (a caller's needs spec_guess), spec_tokens %d (1..%d), spec_ngram_min %d "
+                        "and max %d (1..8, min <= max), "
                         "spec_step_rows %d (1..65536) or spec_max_seqs %d (>= 1) out of range",
                         (int)c->speculative, c->spec_tokens, LLM_SPEC_MAX_TOKENS, c->spec_ngram_min, c->spec_ngram_max,
                         c->spec_step_rows, c->spec_max_seqs);

@@ -60,8 +60,15 @@ void eng_spec_propose(llm_engine *e)
                 continue;
             int k = q->spec_k, room = r->max_gen - q->n_gen - 1; /* every guess taken and one pick more */
             k = k < room ? k : room;
-            q->q.n_draft = ngram_guess(q->tokens, q->q.n_tokens, c->spec_ngram_min, c->spec_ngram_max, k,
-                                       q->tokens + q->q.n_tokens);
+            int32_t *out = q->tokens + q->q.n_tokens;
+            int n = c->speculative == LLM_SPEC_CALLER
+                        ? c->spec_guess(c->spec_guess_ctx, q->tokens, q->q.n_tokens, q->q.n_prompt, k, out)
+                        : ngram_guess(q->tokens, q->q.n_tokens, c->spec_ngram_min, c->spec_ngram_max, k, out);
+            n = n < 0 ? 0 : n < k ? n : k;
+            for (int j = 0; j < n; j++) /* a caller's id outside the vocabulary would fail the whole pass */
+                if (out[j] < 0 || out[j] >= e->m->hp.n_vocab)
+                    n = j;
+            q->q.n_draft = n;
         }
 }
 

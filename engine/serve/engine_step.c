@@ -240,7 +240,8 @@ static void spec_picks(llm_engine *e, sched_item *it, eng_seq *q, const float *r
             break;
         seq_take(e, q, q->res.id);
         q->res_at[q->n_out++] = q->res;
-        if (j + 1 == q->ns || q->res.id != guess[j] || llm_vocab_is_eog(e->m->vocab, q->res.id))
+        if (j + 1 == q->ns || q->res.id != guess[j] || llm_vocab_is_eog(e->m->vocab, q->res.id) ||
+            (q->gm && llm_gmatch_finished(q->gm))) /* (the text ends there: only the last pick may end it) */
             break;
     }
     it->n_commit = q->n_out > 1 ? q->n_out : 1;
@@ -417,8 +418,10 @@ static int token_text(const llm_engine *e, eng_seq *q, int32_t tok, llm_event *e
     return ev->text ? rc : -1;
 }
 
-/* Under the lock: the token sampled for q becomes events. */
-static void seq_emit(llm_engine *e, eng_seq *q)
+/* Under the lock: the token sampled for q becomes events. last: q's
+ * grammar is in the state this token left (a speculating step's earlier
+ * picks see the state after its last). */
+static void seq_emit(llm_engine *e, eng_seq *q, int last)
 {
     int32_t tok = q->res.id;
     eng_req *r = q->r;
@@ -438,7 +441,7 @@ static void seq_emit(llm_engine *e, eng_seq *q)
         return;
     }
     eng_req_push(r, &ev);
-    if (stop || (q->gm && llm_gmatch_finished(q->gm))) { /* a grammar nothing can extend ends the text */
+    if (stop || (last && q->gm && llm_gmatch_finished(q->gm))) { /* a grammar nothing can extend ends the text */
         seq_finish(e, q, LLM_FINISH_STOP);
     } else if (q->n_gen == r->max_gen) {
         seq_finish(e, q, LLM_FINISH_LENGTH);
@@ -452,7 +455,7 @@ static void spec_emit(llm_engine *e, eng_seq *q)
 {
     for (int j = 0; j < q->n_out && !q->finished && !q->r->failed; j++) {
         q->res = q->res_at[j];
-        seq_emit(e, q);
+        seq_emit(e, q, j == q->n_out - 1);
     }
     if (q->fail.code && !q->finished)
         req_fail(e, q->r, &q->fail);
@@ -471,7 +474,7 @@ static void seq_result(llm_engine *e, eng_seq *q)
     else if (q->r->pooling)
         embed_finish(e, q);
     else
-        seq_emit(e, q);
+        seq_emit(e, q, 1);
 }
 
 /* Under the lock: r has one sequence fewer in the round; once none is,

@@ -54,11 +54,13 @@ enum { MAX_REQS = 14, MAX_PROMPT = 400, MAX_GEN = 20, N_BASES = 3, MAX_EMBD = 51
  * so it runs with none). 3: a far block found at a near position
  * (kv_seq_match counted n_hashed in tokens). 1796424761258126: a JSON
  * string's mask allowed byte 0xED then 0xB8, whose only endings are
- * surrogates, and the next mask allowed no token. */
+ * surrogates, and the next mask allowed no token. 53: a speculating step's
+ * first pick was emitted as the grammar's end, because the grammar had
+ * already taken the second (the oracle's guesses). */
 static const struct {
     uint64_t seed;
     int before_budget;
-} REGRESS[] = {{3, 1}, {1796424761258126u, 0}};
+} REGRESS[] = {{3, 1}, {1796424761258126u, 0}, {53, 0}};
 #define N_QUICK 100 /* seeds 1..N_QUICK in make test; $LLM_TRACE_SEEDS overrides (TSan runs fewer) */
 
 typedef struct tr_comp {
@@ -340,9 +342,36 @@ static void mask_budget_make(tr_trace *t)
             t->cfg.mask_step_work = 0;
 }
 
+/* The oracle guesser (LLM_SPEC_CALLER): the request alone's answer
+ * after tokens (found by its prompt and the answer so far), each guess
+ * made wrong with probability 1/4, so that long runs are taken and
+ * refused at every place; nothing when no reference fits (the answer
+ * already went astray: the check will say so). */
+static int oracle_guess(void *ctx, const int32_t *tok, int n, int n_prompt, int k, int32_t *out)
+{
+    const tr_trace *t = ctx;
+    for (int i = 0; i < t->n_req; i++) {
+        const tr_req *r = &t->req[i];
+        if (r->rq.n_tokens != n_prompt || memcmp(r->rq.tokens, tok, sizeof(int32_t) * (size_t)n_prompt))
+            continue;
+        for (int c = 0; c < (r->rq.n ? r->rq.n : 1); c++) {
+            const tr_comp *w = &r->want[c];
+            int g = n - n_prompt, m = w->n_tok - g < k ? w->n_tok - g : k;
+            if (m < 1 || memcmp(w->tok, tok + n_prompt, sizeof(int32_t) * (size_t)g))
+                continue;
+            uint64_t s = t->seed * 31 + (uint64_t)n * 131 + (uint64_t)tok[n - 1];
+            for (int j = 0; j < m; j++)
+                out[j] = rnd(&s, 4) ? w->tok[g + j] : (int32_t)((w->tok[g + j] + 1) % g_m->hp.n_vocab);
+            return m;
+        }
+    }
+    return 0;
+}
+
 /* Half the traces speculate (engine.h's llm_spec_mode), from a stream of
- * their own, so every trace's other draws stay what they were. A third
- * of their requests' prompts then end with a copy of a piece of
+ * their own, so every trace's other draws stay what they were: with
+ * n-grams, or (a third of them) with the oracle's guesses. A third of
+ * their requests' prompts then end with a copy of a piece of
  * themselves, and a fifth opt out. */
 static void spec_make(tr_trace *t)
 {
@@ -350,7 +379,9 @@ static void spec_make(tr_trace *t)
     llm_engine_config *c = &t->cfg;
     if (rnd(&g, 2))
         return;
-    c->speculative = LLM_SPEC_NGRAM;
+    c->speculative = rnd(&g, 3) ? LLM_SPEC_NGRAM : LLM_SPEC_CALLER;
+    c->spec_guess = oracle_guess;
+    c->spec_guess_ctx = t;
     c->spec_tokens = 1 + (int)rnd(&g, 8);
     c->spec_ngram_min = 1 + (int)rnd(&g, 3);
     c->spec_ngram_max = c->spec_ngram_min + (int)rnd(&g, 3);

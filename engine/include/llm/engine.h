@@ -43,10 +43,18 @@
  * without it; only the number of steps changes. */
 typedef enum llm_spec_mode {
     LLM_SPEC_OFF = 0,
-    LLM_SPEC_NGRAM = 1 /* the guesses follow the latest earlier place where the sequence's last n tokens
-                        * (prompt and output) occurred: no extra model */
+    LLM_SPEC_NGRAM = 1, /* the guesses follow the latest earlier place where the sequence's last n tokens
+                         * (prompt and output) occurred: no extra model */
+    LLM_SPEC_CALLER = 2 /* the caller's llm_spec_guess_fn guesses (tests feed known answers, right and wrong) */
 } llm_spec_mode;
 #define LLM_SPEC_MAX_TOKENS 32 /* guesses per sequence and step, at most */
+
+/* A caller's guesser: up to k (>= 1) ids into out for what follows
+ * tokens[0, n) (the first n_prompt the prompt); returns how many (0:
+ * none; more than k counts as k). Called on the engine thread with the
+ * engine's lock held, once per decoding sequence and step: it must be
+ * quick and must not call the engine. */
+typedef int (*llm_spec_guess_fn)(void *ctx, const int32_t *tokens, int n, int n_prompt, int k, int32_t *out);
 
 typedef struct llm_engine_config {
     const llm_model *model;  /* borrowed */
@@ -84,6 +92,8 @@ typedef struct llm_engine_config {
                               * sequence, from what prompts leave (within max_batch_tokens); 0: 64 */
     int spec_max_seqs;       /* a step decoding more sequences than this guesses nothing (its pass is no longer
                               * bound by reading the weights, so extra rows cost time); 0: 16 */
+    llm_spec_guess_fn spec_guess; /* LLM_SPEC_CALLER: the guesser (required), with its context */
+    void *spec_guess_ctx;
 } llm_engine_config;
 
 typedef uint64_t llm_request_id;
