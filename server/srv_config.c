@@ -129,10 +129,13 @@ static const key_def keys[] = {
      "occurred before, in its prompt or output, and checks them in the same pass; answers are the same either way)"},
     {"spec_tokens", K_INT, F(spec_tokens), 1, LLM_SPEC_MAX_TOKENS, "8",
      "most guessed tokens per sequence and step (each sequence adapts below it to what it gets right)"},
-    {"spec_ngram_min", K_INT, F(spec_ngram_min), 1, 8, "2", "shortest run of last tokens a guess is looked up by"},
-    {"spec_ngram_max", K_INT, F(spec_ngram_max), 1, 8, "4", "longest run of last tokens a guess is looked up by (tried first)"},
-    {"spec_step_rows", K_INT, F(spec_step_rows), 1, 65536, "64",
-     "guessed tokens one step checks, all sequences together, from the rows prompts leave"},
+    {"spec_ngram_min", K_INT, F(spec_ngram_min), 1, LLM_SPEC_MAX_NGRAM, "2",
+     "shortest run of last tokens a guess is looked up by"},
+    {"spec_ngram_max", K_INT, F(spec_ngram_max), 1, LLM_SPEC_MAX_NGRAM, "4",
+     "longest run of last tokens a guess is looked up by (tried first)"},
+    {"spec_step_rows", K_INT, F(spec_step_rows), 1, LLM_SPEC_MAX_STEP_ROWS, "32",
+     "guessed tokens one step checks, all sequences together, from the rows prompts leave (each holds a row of "
+     "logits: n_vocab floats)"},
     {"spec_max_seqs", K_INT, F(spec_max_seqs), 1, 4096, "16",
      "a step decoding more sequences than this guesses nothing (its pass no longer waits on reading the weights)"},
 };

@@ -278,7 +278,8 @@ static void render_engine(llm_strbuf *b, const llm_stats *s, const char *lab)
     llm_prom_counter(b, "vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache", lab, (double)s->prompt_tokens);
     llm_prom_counter(b, "vllm:prefix_cache_hits_total", "Prompt tokens served from the prefix cache", lab,
               (double)(s->cached_tokens - s->forked_tokens));
-    render_spec(b, s, lab);
+    if (s->spec_tokens > 0)
+        render_spec(b, s, lab);
     char cfg[96];
     snprintf(cfg, sizeof cfg, "block_size=\"%d\",num_gpu_blocks=\"%d\"", s->kv_block_size, s->kv_blocks_total);
     llm_prom_gauge(b, "vllm:cache_config_info", "KV cache configuration", cfg, 1);

@@ -556,6 +556,32 @@ void llm_engine_stats(llm_engine *e, llm_stats *out)
 
 /* ---- open and close ----------------------------------------------------------- */
 
+/* Speculation's settings: defaults, then each checked by name. */
+static llm_status spec_defaults(llm_engine_config *c, llm_error *err)
+{
+    c->spec_tokens = c->spec_tokens ? c->spec_tokens : 8;
+    c->spec_ngram_min = c->spec_ngram_min ? c->spec_ngram_min : 2;
+    c->spec_ngram_max = c->spec_ngram_max ? c->spec_ngram_max : 4;
+    c->spec_step_rows = c->spec_step_rows ? c->spec_step_rows : 32;
+    c->spec_max_seqs = c->spec_max_seqs ? c->spec_max_seqs : 16;
+    if ((unsigned)c->speculative > LLM_SPEC_CALLER)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: speculative %d is no llm_spec_mode", (int)c->speculative);
+    if (c->speculative == LLM_SPEC_CALLER && !c->spec_guess)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: speculative LLM_SPEC_CALLER needs spec_guess");
+    if (c->spec_tokens < 1 || c->spec_tokens > LLM_SPEC_MAX_TOKENS)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: spec_tokens %d not in [1, %d]", c->spec_tokens,
+                        LLM_SPEC_MAX_TOKENS);
+    if (c->spec_ngram_min < 1 || c->spec_ngram_max < c->spec_ngram_min || c->spec_ngram_max > LLM_SPEC_MAX_NGRAM)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: spec_ngram_min %d and spec_ngram_max %d must be in [1, %d], "
+                        "min <= max", c->spec_ngram_min, c->spec_ngram_max, LLM_SPEC_MAX_NGRAM);
+    if (c->spec_step_rows < 1 || c->spec_step_rows > LLM_SPEC_MAX_STEP_ROWS)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: spec_step_rows %d not in [1, %d]", c->spec_step_rows,
+                        LLM_SPEC_MAX_STEP_ROWS);
+    if (c->spec_max_seqs < 1)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: spec_max_seqs %d is below 1", c->spec_max_seqs);
+    return LLM_OK;
+}
+
 static llm_status config_defaults(llm_engine_config *c, const llm_model *m, llm_error *err)
 {
     if (!c->model || !c->backend)
@@ -571,21 +597,9 @@ static llm_status config_defaults(llm_engine_config *c, const llm_model *m, llm_
     c->mask_step_work = c->mask_step_work ? c->mask_step_work : LLM_GMATCH_MAX_WORK / 4;
     c->max_loras = c->max_loras ? c->max_loras : 8;
     c->prompt_logit_rows = c->prompt_logit_rows ? c->prompt_logit_rows : 8;
-    c->spec_tokens = c->spec_tokens ? c->spec_tokens : 8;
-    c->spec_ngram_min = c->spec_ngram_min ? c->spec_ngram_min : 2;
-    c->spec_ngram_max = c->spec_ngram_max ? c->spec_ngram_max : 4;
-    c->spec_step_rows = c->spec_step_rows ? c->spec_step_rows : 64;
-    c->spec_max_seqs = c->spec_max_seqs ? c->spec_max_seqs : 16;
-    if ((unsigned)c->speculative > LLM_SPEC_CALLER || (c->speculative == LLM_SPEC_CALLER && !c->spec_guess) ||
-        c->spec_tokens < 1 || c->spec_tokens > LLM_SPEC_MAX_TOKENS ||
-        c->spec_ngram_min < 1 || c->spec_ngram_max < c->spec_ngram_min || c->spec_ngram_max > 8 ||
-        c->spec_step_rows < 1 || c->spec_step_rows > 65536 || c->spec_max_seqs < 1)
-        return llm_errf(err, LLM_ERR_INVALID_ARG,
-                        "engine: speculative %d (a caller's needs spec_guess), spec_tokens %d (1..%d), spec_ngram_min %d "
-                        "and max %d (1..8, min <= max), "
-                        "spec_step_rows %d (1..65536) or spec_max_seqs %d (>= 1) out of range",
-                        (int)c->speculative, c->spec_tokens, LLM_SPEC_MAX_TOKENS, c->spec_ngram_min, c->spec_ngram_max,
-                        c->spec_step_rows, c->spec_max_seqs);
+    llm_status st = spec_defaults(c, err);
+    if (st)
+        return st;
     if (c->prompt_logit_rows < -1 || c->prompt_logit_rows > 4096)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: prompt_logit_rows %d not in [-1, 4096]", c->prompt_logit_rows);
     if (c->n_ctx < 2 || c->n_ctx > m->hp.n_ctx_train)
@@ -658,7 +672,7 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     sh.window = c->kv_keep_all ? 0 : llm_model_windows(e->m, sh.local);
     /* weights and activations first: on a device the KV pool is a share of
      * what they leave */
-    /* a logits row per sequence, and prompt_logprobs' rows as far as a step's rows allow */
+    /* a logits row per sequence, prompt_logprobs' rows and guesses' rows, as far as a step's rows allow */
     int guess_rows = c->speculative != LLM_SPEC_OFF ? c->spec_step_rows : 0;
     e->max_logits = c->max_seqs + (c->prompt_logit_rows > 0 ? c->prompt_logit_rows : 0) + guess_rows;
     e->max_logits = e->max_logits < c->max_batch_tokens ? e->max_logits : c->max_batch_tokens;
@@ -672,7 +686,8 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     if (st)
         return st;
     int n_blocks = sh.n;
-    sched_config sc = {c->max_seqs, c->max_batch_tokens, c->aging_ms, e->max_logits, guess_rows};
+    sched_config sc = {.max_seqs = c->max_seqs, .max_batch_tokens = c->max_batch_tokens, .aging_ms = c->aging_ms,
+                       .max_logits = e->max_logits, .max_draft_rows = guess_rows};
     if ((st = sched_init(&e->s, &sc, e->kv, err)))
         return st;
     e->b_tokens = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);

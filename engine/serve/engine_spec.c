@@ -45,13 +45,16 @@ static int may_guess(const eng_seq *q)
 void eng_spec_propose(llm_engine *e)
 {
     const llm_engine_config *c = &e->cfg;
+    if (c->speculative == LLM_SPEC_OFF)
+        return; /* (n_draft stays 0) */
     int decoding = 0;
     for (eng_req *r = e->reqs; r; r = r->next)
         for (int i = 0; i < r->n; i++) {
+            const sched_seq *q = &r->seqs[i].q;
             r->seqs[i].q.n_draft = 0;
-            decoding += r->seqs[i].q.state == SCHED_RUNNING;
+            decoding += q->state == SCHED_RUNNING && q->n_tokens - q->kv.n_tokens == 1;
         }
-    if (c->speculative == LLM_SPEC_OFF || decoding > c->spec_max_seqs)
+    if (decoding > c->spec_max_seqs)
         return; /* many sequences: the pass reads its weights for all of them already */
     for (eng_req *r = e->reqs; r; r = r->next)
         for (int i = 0; i < r->n; i++) {

@@ -60,7 +60,8 @@ static void eng_hidden_rows(llm_engine *e, const sched_item *it, eng_seq *q, int
 /* The logit rows of plan item i (batch rows from `row`) for q, appended
  * to e->b_logit_rows from *n: its prompt positions without an entry yet
  * that another prompt token follows (prompt_logprobs: the scheduler left
- * room for them), then its sampling row. */
+ * room for them), then its sampling rows (its last token's, then one per
+ * guess). */
 static void eng_logit_rows(llm_engine *e, int i, eng_seq *q, int row, int *n)
 {
     const sched_item *it = &e->s.items[i];
@@ -71,7 +72,8 @@ static void eng_logit_rows(llm_engine *e, int i, eng_seq *q, int row, int *n)
         for (int p = q->l_pos; p < end && p < last; p++) e->b_logit_rows[(*n)++] = row + p - it->pos0;
         q->ln = *n - q->l0;
     }
-    q->ns = 1 + it->n_draft, q->n_out = 0;
+    q->ns = 1 + it->n_draft;
+    q->n_out = 0;
     if (item_samples(e, i)) { /* its last token's row, then one per guess */
         q->ls = *n;
         for (int j = it->n - q->ns; j < it->n; j++) e->b_logit_rows[(*n)++] = row + j;
@@ -239,6 +241,8 @@ static void spec_picks(llm_engine *e, sched_item *it, eng_seq *q, const float *r
         if (sample_one(e, q, row))
             break;
         seq_take(e, q, q->res.id);
+        if (q->fail.code) /* seq_take's checks failed it: as in a plain step, no event for that pick */
+            break;
         q->res_at[q->n_out++] = q->res;
         if (j + 1 == q->ns || q->res.id != guess[j] || llm_vocab_is_eog(e->m->vocab, q->res.id) ||
             (q->gm && llm_gmatch_finished(q->gm))) /* (the text ends there: only the last pick may end it) */
@@ -503,7 +507,7 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
             if (q->plp && q->n_plp == q->q.n_prompt - 1) /* its entries are whole: a recomputation after a
                                                             * preemption needs K/V alone, cache hits too */
                 q->q.all_logits = q->q.no_reuse = 0;
-            if (s->items[i].n_draft > 0)
+            if (s->items[i].n_draft > 0 && q->n_out > 0) /* (a held or failed first pick checked nothing) */
                 eng_spec_account(e, q, s->items[i].n_draft, s->items[i].n_commit - 1);
             if ((s->items[i].logits && !q->held) || q->fail.code) /* a held pick comes in a later round; a prompt
                                                                      * row's failure fails it now */

@@ -170,7 +170,8 @@ static void plan_add(sched *s, sched_seq *q, int n)
     int rows = prompt_logit_rows(q), samples = q->kv.n_tokens + n == q->n_tokens;
     int logit_rows = (rows < n ? rows : n) + samples;
     s->n_logits += logit_rows;
-    s->items[s->n_items++] = (sched_item){q, q->kv.n_tokens, n, samples, logit_rows, 0, n};
+    s->items[s->n_items++] = (sched_item){.seq = q, .pos0 = q->kv.n_tokens, .n = n, .logits = samples,
+                                          .logit_rows = logit_rows, .n_commit = n};
     s->n_rows += n;
     q->in_plan = 1;
 }
@@ -334,7 +335,7 @@ static void plan_admit(sched *s)
     }
 }
 
-/* How many of decoding item it's proposals fit in what the plan left:
+/* How many of a decoding item's proposals fit in what the plan left:
  * rows, logit rows, the step's draft rows, and free blocks beyond one per
  * running sequence (proposals never make another sequence wait for K/V). */
 static int draft_fit(const sched *s, const sched_item *it, int drafted)
@@ -383,8 +384,8 @@ void sched_commit(sched *s)
 {
     for (int i = 0; i < s->n_items; i++) {
         sched_item *it = &s->items[i];
-        int n = it->n_commit >= 1 && it->n_commit <= it->n ? it->n_commit : it->n;
-        kv_seq_commit(s->kv, &it->seq->kv, it->seq->tokens, n);
+        LLM_ASSERT(it->n_commit >= 1 && it->n_commit <= it->n); /* else K/V of refused guesses would stand */
+        kv_seq_commit(s->kv, &it->seq->kv, it->seq->tokens, it->n_commit);
         it->seq->in_plan = 0;
     }
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Speculative decoding, measured: batch-1 decode tokens/s of llm-server without and with n-gram guesses
-(--speculative ngram) on four chat tasks - three whose answers copy their input (edit a 60-line function,
+(--speculative ngram) on four completion tasks - three whose answers copy their input (edit a 60-line function,
 extract JSON from a document, continue a quoted passage) and one open-ended - beside llama.cpp's llama-server
 without and with its own n-gram speculation (--peer PATH, same model file, same thread count, same prompts), all
 greedy; then llm-server's throughput at 16 and 64 concurrent sequences with guesses off and on.
@@ -52,15 +52,14 @@ PASSAGE = (
     "the season of Darkness, it was the spring of hope, it was the winter of despair, we had everything before "
     "us, we had nothing before us, we were all going direct to Heaven, we were all going direct the other way"
 )
+# Completion prompts (Gemma 3 270M is a base model: it continues text), each set up so that a faithful
+# continuation copies from its input, as an editing, extracting or quoting answer does.
 TASKS = {
-    "edit a function": "Rewrite this Python function with `discount` renamed to `rebate`. Output only the whole "
-    "function in a code block, every line kept.\n\n```python\n" + FUNC + "\n```",
-    "extract JSON": "Extract from this document a JSON object with the keys invoice, date, seller, seller_address, "
-    "buyer, buyer_address, items (name, quantity, unit_price), account, contact_name, contact_email, "
-    "contact_phone. Copy the values exactly.\n\n" + DOC,
-    "quote a passage": "Here is the opening of a novel:\n\n\"" + PASSAGE + "\"\n\nWrite the passage out again "
-    "exactly, then continue it for a few sentences.",
-    "open-ended": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "edit a function": "```python\n" + FUNC + "\n```\n\nThe same function with `discount` renamed to `rebate`, "
+    "every other line unchanged:\n\n```python\ndef summarize(orders, tax_rate, rebate):\n",
+    "extract JSON": DOC + "\n\nThe same facts as JSON, values copied exactly:\n\n{\"invoice\": \"2291\", \"date\": ",
+    "quote a passage": "\"" + PASSAGE + "\"\n\nThat is how the novel opens. Once more, word for word:\n\n\"It was the",
+    "open-ended": "Write a short story about a lighthouse keeper who finds a message in a bottle.\n\n",
 }
 
 
@@ -91,10 +90,9 @@ def decode_rate(client, prompt, max_tokens):
     """(tokens/s after the first token, completion tokens) of one greedy streamed answer."""
     t_first = t_last = None
     n = 0
-    for c in client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}],
-                                            max_tokens=max_tokens, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}):
-        if c.choices and c.choices[0].delta.content:
+    for c in client.completions.create(model="m", prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}):
+        if c.choices and c.choices[0].text:
             t_last = time.perf_counter()
             t_first = t_first or t_last
         if c.usage:
@@ -107,8 +105,7 @@ def throughput(client, n_seqs, max_tokens):
     prompts = [list(TASKS.values())[i % len(TASKS)] for i in range(n_seqs)]
 
     def one(p):
-        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": p}],
-                                           max_tokens=max_tokens, temperature=0)
+        r = client.completions.create(model="m", prompt=p, max_tokens=max_tokens, temperature=0)
         return r.usage.completion_tokens
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(n_seqs) as ex:

@@ -1295,7 +1295,10 @@ static void test_speculation(void **st)
         rq.no_speculate = 1;
         spec_run(on, &rq, &b, &sb);
         assert_int_equal(sb.spec_draft_tokens, 0);
-        assert_memory_equal(a.tok[0], b.tok[0], sizeof(int32_t) * (size_t)a.n_tok[0]);
+        for (int i = 0; i < rq.n; i++) {
+            assert_int_equal(a.n_tok[i], b.n_tok[i]);
+            assert_memory_equal(a.tok[i], b.tok[i], sizeof(int32_t) * (size_t)a.n_tok[i]);
+        }
     }
 }
 

@@ -408,7 +408,8 @@ static void test_drafts(void **st)
     sched_commit(&m.s);
     assert_int_equal(a.q.kv.n_tokens, a0 + 3);
     assert_int_equal(b.q.kv.n_tokens, b0 + 2);
-    a.q.n_tokens += 3, b.q.n_tokens += 2; /* (the picks) */
+    a.q.n_tokens += 3; /* (the picks) */
+    b.q.n_tokens += 2;
     seq_make(&c, P + 50, 100, 5, 0, 1); /* a prompt that fills what decoding leaves */
     assert_int_equal(sched_add(&m.s, &c.q), LLM_OK);
     assert_int_equal(sched_plan(&m.s), 3);

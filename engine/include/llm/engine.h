@@ -47,11 +47,14 @@ typedef enum llm_spec_mode {
                          * (prompt and output) occurred: no extra model */
     LLM_SPEC_CALLER = 2 /* the caller's llm_spec_guess_fn guesses (tests feed known answers, right and wrong) */
 } llm_spec_mode;
-#define LLM_SPEC_MAX_TOKENS 32 /* guesses per sequence and step, at most */
+#define LLM_SPEC_MAX_TOKENS 32      /* guesses per sequence and step, at most */
+#define LLM_SPEC_MAX_NGRAM 8        /* the longest run of last tokens a guess is looked up by */
+#define LLM_SPEC_MAX_STEP_ROWS 4096 /* guessed tokens one step may check */
 
-/* A caller's guesser: up to k (>= 1) ids into out for what follows
- * tokens[0, n) (the first n_prompt the prompt); returns how many (0:
- * none; more than k counts as k). Called on the engine thread with the
+/* A caller's guesser: up to k (>= 1) ids into out (room for exactly k)
+ * for what follows tokens[0, n) (the first n_prompt the prompt); returns
+ * how many (below 0 counts as 0, more than k as k; an id outside the
+ * vocabulary ends the guess there). Called on the engine thread with the
  * engine's lock held, once per decoding sequence and step: it must be
  * quick and must not call the engine. */
 typedef int (*llm_spec_guess_fn)(void *ctx, const int32_t *tokens, int n, int n_prompt, int k, int32_t *out);
@@ -87,9 +90,12 @@ typedef struct llm_engine_config {
     llm_spec_mode speculative; /* default off */
     int spec_tokens;         /* most guesses per sequence and step (each sequence adapts below it to what it gets
                               * right); 0: 8; 1..LLM_SPEC_MAX_TOKENS */
-    int spec_ngram_min, spec_ngram_max; /* n-gram sizes matched, the longest first; 0: 2 and 4; 1..8 */
+    int spec_ngram_min, spec_ngram_max; /* n-gram sizes matched, the longest first; 0: 2 and 4;
+                              * 1..LLM_SPEC_MAX_NGRAM */
     int spec_step_rows;      /* guesses a step checks, all sequences together: rows a step takes beyond one per
-                              * sequence, from what prompts leave (within max_batch_tokens); 0: 64 */
+                              * sequence, from what prompts leave (within max_batch_tokens), each with a logits
+                              * row (n_vocab floats: 1 MiB for a 262k vocabulary, held in the logits buffer);
+                              * 0: 32; 1..LLM_SPEC_MAX_STEP_ROWS */
     int spec_max_seqs;       /* a step decoding more sequences than this guesses nothing (its pass is no longer
                               * bound by reading the weights, so extra rows cost time); 0: 16 */
     llm_spec_guess_fn spec_guess; /* LLM_SPEC_CALLER: the guesser (required), with its context */

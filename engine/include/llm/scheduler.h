@@ -4,7 +4,8 @@
  *
  * Each step's plan puts first one token for every running sequence that is
  * decoding, then prefill chunks of running sequences, then admits waiting
- * ones, so decoding never stalls behind a long prompt. Order everywhere is
+ * ones, so decoding never stalls behind a long prompt; last, decoding
+ * sequences' guessed tokens (speculation) get what is left. Order everywhere is
  * by urgency: key = arrival_ms - priority * aging_ms (smaller is more
  * urgent; ties by submission order). A request one priority level higher
  * counts as having arrived aging_ms earlier, so priorities are honoured and
@@ -65,8 +66,9 @@ typedef struct sched_config {
     int max_seqs;          /* running at once */
     int max_batch_tokens;  /* rows per step */
     int aging_ms;          /* waiting this long is worth one priority level */
-    int max_logits;        /* logit rows per step (an item's last row when it samples, and all_logits prompt
-                            * rows), at least max_seqs or max_batch_tokens, whichever is smaller; 0: that */
+    int max_logits;        /* logit rows per step (an item's last row when it samples, its guesses' rows, and
+                            * all_logits prompt rows), at least max_seqs or max_batch_tokens, whichever is
+                            * smaller; 0: that */
     int max_draft_rows;    /* proposed tokens (sched_seq.n_draft) a step may check, all items together; 0: none */
 } sched_config;
 

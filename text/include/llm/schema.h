@@ -26,8 +26,8 @@
 
 #include "llm/status.h"
 
-/* *out: the grammar text (malloc'd, caller frees; start rule "root", an
- * optional run of whitespace then the value) for schema. LLM_OK;
+/* *out: the grammar text (malloc'd, caller frees; start rule "root": the
+ * value, nothing before or after it; gaps as llm/gbnf.h says) for schema. LLM_OK;
  * LLM_ERR_INVALID_ARG with err naming the keyword or bound at fault;
  * LLM_ERR_NOMEM. *out is NULL on failure. */
 llm_status llm_schema_grammar(json_t *schema, char **out, llm_error *err);
