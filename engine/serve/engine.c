@@ -674,8 +674,9 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
      * what they leave */
     /* a logits row per sequence, prompt_logprobs' rows and guesses' rows, as far as a step's rows allow */
     int guess_rows = c->speculative != LLM_SPEC_OFF ? c->spec_step_rows : 0;
-    e->max_logits = c->max_seqs + (c->prompt_logit_rows > 0 ? c->prompt_logit_rows : 0) + guess_rows;
-    e->max_logits = e->max_logits < c->max_batch_tokens ? e->max_logits : c->max_batch_tokens;
+    int plan_logits = c->max_seqs + (c->prompt_logit_rows > 0 ? c->prompt_logit_rows : 0);
+    plan_logits = plan_logits < c->max_batch_tokens ? plan_logits : c->max_batch_tokens;
+    e->max_logits = plan_logits + guess_rows < c->max_batch_tokens ? plan_logits + guess_rows : c->max_batch_tokens;
     llm_status st = llm_forward_new_tp(e->m, ranks, nr, c->max_batch_tokens, e->max_logits, &e->fwd, err);
     if (!st && !(st = kv_blocks(c, e->m, &sh, err))) {
         kv_cache_config kc = {c->block_size, c->kv_type, sh.n, 0, !c->no_prefix_cache, ranks, nr,
@@ -687,7 +688,8 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
         return st;
     int n_blocks = sh.n;
     sched_config sc = {.max_seqs = c->max_seqs, .max_batch_tokens = c->max_batch_tokens, .aging_ms = c->aging_ms,
-                       .max_logits = e->max_logits, .max_draft_rows = guess_rows};
+                       .max_logits = plan_logits, .max_draft_rows = guess_rows}; /* (guesses' rows apart: they
+                                                                                   * must not widen prompt_logprobs') */
     if ((st = sched_init(&e->s, &sc, e->kv, err)))
         return st;
     e->b_tokens = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);

@@ -71,6 +71,7 @@ typedef struct eng_seq {
     int spec_k;            /* guesses it asks for next: adapts to how many it gets right */
     int ns;                /* this step's sampling rows: its last token's and one per guess (1: none) */
     int n_out;             /* picks this step made from them, in res_at (0: see res, the one pick) */
+    int spec_go;           /* this step's first pick equals its first guess: its next row is picked too */
     llm_sample_result *res_at; /* (spec_tokens + 1) a speculating step's picks; NULL: it never guesses */
 } eng_seq;
 
@@ -134,8 +135,8 @@ struct llm_engine {
     /* step buffers (engine thread) */
     int32_t *b_tokens, *b_logit_rows, *cp_src, *cp_dst; /* copies: global pool's, then local pool's */
     int32_t *b_hidden_rows;      /* (max_batch_tokens) rows embedding requests pool */
-    int max_logits;              /* logit rows a step may have: max_seqs and prompt_logprobs' rows, at most
-                                  * max_batch_tokens (b_logit_rows' size) */
+    int max_logits;              /* logit rows a step may have: max_seqs, prompt_logprobs' and guesses' rows, at
+                                  * most max_batch_tokens (b_logit_rows' size) */
     llm_sample_params *b_params; /* (max_seqs) device picks of a step */
     pthread_mutex_t gv_mu;       /* builds gv once, on the first constrained request's thread */
     llm_gmatch_vocab *gv;        /* the vocabulary sorted for grammar masks; NULL until then */
@@ -183,10 +184,12 @@ void eng_lora_service(llm_engine *e);
 /* At close: every slot's handle freed. */
 void eng_lora_free_all(llm_engine *e);
 
-/* Speculation (engine_spec.c). Under e->mu, before the plan: each
- * running sequence that decodes and may guess gets its guesses
- * (sched_seq.n_draft, written after its tokens). */
-void eng_spec_propose(llm_engine *e);
+/* Speculation (engine_spec.c). Under e->mu, between sched_plan and
+ * sched_plan_drafts: each planned sequence that decodes and may guess
+ * gets its guesses (sched_seq.n_draft, written after its tokens), unless
+ * the plan has no rows left or decodes more than spec_max_seqs. Returns
+ * whether any sequence guessed. */
+int eng_spec_propose(llm_engine *e);
 /* Under e->mu, after the step: q checked `drafted` guesses and took
  * `taken` of them: the counters, and its next guess length. */
 void eng_spec_account(llm_engine *e, eng_seq *q, int drafted, int taken);

@@ -32,47 +32,47 @@ static int ngram_guess(const int32_t *tokens, int n, int gmin, int gmax, int k, 
     return 0;
 }
 
-/* Whether q decodes this step and may guess: running with only its last
- * token lacking K/V, no pick held, nothing per prompt row (prompt
- * logprobs, pooling), room left in its answer for a guess and a pick. */
-static int may_guess(const eng_seq *q)
+/* Whether plan item it decodes (its one row samples) and its sequence
+ * may guess: nothing per prompt row (prompt logprobs, pooling), its
+ * request going on, room left in its answer for a guess and a pick. */
+static int may_guess(const sched_item *it)
 {
+    const eng_seq *q = it->seq->user;
     const eng_req *r = q->r;
-    return q->res_at && !q->finished && !r->cancelled && !r->failed && !q->held && !q->q.all_logits &&
-           q->q.state == SCHED_RUNNING && q->q.n_tokens - q->q.kv.n_tokens == 1 && r->max_gen - q->n_gen >= 2;
+    return it->n == 1 && it->logits && q->res_at && !q->finished && !r->cancelled && !r->failed && !q->held &&
+           !q->q.all_logits && r->max_gen - q->n_gen >= 2;
 }
 
-void eng_spec_propose(llm_engine *e)
+int eng_spec_propose(llm_engine *e)
 {
     const llm_engine_config *c = &e->cfg;
-    if (c->speculative == LLM_SPEC_OFF)
-        return; /* (n_draft stays 0) */
+    const sched *s = &e->s;
+    if (c->speculative == LLM_SPEC_OFF || s->n_rows >= c->max_batch_tokens)
+        return 0; /* (no rows left: a prompt fills the step) */
     int decoding = 0;
-    for (eng_req *r = e->reqs; r; r = r->next)
-        for (int i = 0; i < r->n; i++) {
-            const sched_seq *q = &r->seqs[i].q;
-            r->seqs[i].q.n_draft = 0;
-            decoding += q->state == SCHED_RUNNING && q->n_tokens - q->kv.n_tokens == 1;
-        }
+    for (int i = 0; i < s->n_items; i++) decoding += s->items[i].n == 1 && s->items[i].logits;
     if (decoding > c->spec_max_seqs)
-        return; /* many sequences: the pass reads its weights for all of them already */
-    for (eng_req *r = e->reqs; r; r = r->next)
-        for (int i = 0; i < r->n; i++) {
-            eng_seq *q = &r->seqs[i];
-            if (!may_guess(q))
-                continue;
-            int k = q->spec_k, room = r->max_gen - q->n_gen - 1; /* every guess taken and one pick more */
-            k = k < room ? k : room;
-            int32_t *out = q->tokens + q->q.n_tokens;
-            int n = c->speculative == LLM_SPEC_CALLER
-                        ? c->spec_guess(c->spec_guess_ctx, q->tokens, q->q.n_tokens, q->q.n_prompt, k, out)
-                        : ngram_guess(q->tokens, q->q.n_tokens, c->spec_ngram_min, c->spec_ngram_max, k, out);
-            n = n < 0 ? 0 : n < k ? n : k;
-            for (int j = 0; j < n; j++) /* a caller's id outside the vocabulary would fail the whole pass */
-                if (out[j] < 0 || out[j] >= e->m->hp.n_vocab)
-                    n = j;
-            q->q.n_draft = n;
-        }
+        return 0; /* many sequences: the pass reads its weights for all of them already */
+    int any = 0;
+    for (int i = 0; i < s->n_items; i++) {
+        eng_seq *q = s->items[i].seq->user;
+        q->q.n_draft = 0;
+        if (!may_guess(&s->items[i]))
+            continue;
+        int k = q->spec_k, room = q->r->max_gen - q->n_gen - 1; /* every guess taken and one pick more */
+        k = k < room ? k : room;
+        int32_t *out = q->tokens + q->q.n_tokens;
+        int n = c->speculative == LLM_SPEC_CALLER
+                    ? c->spec_guess(c->spec_guess_ctx, q->tokens, q->q.n_tokens, q->q.n_prompt, k, out)
+                    : ngram_guess(q->tokens, q->q.n_tokens, c->spec_ngram_min, c->spec_ngram_max, k, out);
+        n = n < 0 ? 0 : n < k ? n : k;
+        for (int j = 0; j < n; j++) /* a caller's id outside the vocabulary would fail the whole pass */
+            if (out[j] < 0 || out[j] >= e->m->hp.n_vocab)
+                n = j;
+        q->q.n_draft = n;
+        any |= n > 0;
+    }
+    return any;
 }
 
 void eng_spec_account(llm_engine *e, eng_seq *q, int drafted, int taken)

@@ -224,30 +224,34 @@ static void prompt_entries(llm_engine *e, eng_seq *q, const float *logits)
     }
 }
 
-/* A speculating q's picks from its rows (the first at `row`): each made
- * exactly as a step without guesses would make it (mask, sampler, draw),
- * the next one only while this one equals the guess after it and is no
- * end of generation. A later row whose mask the round's grammar budget
- * cannot pay for is not picked (it never holds). The item then keeps
- * K/V of its last token and of each guess taken. */
-static void spec_picks(llm_engine *e, sched_item *it, eng_seq *q, const float *row)
+/* Pick j of a speculating q, from its row: made exactly as a step
+ * without guesses would make it (mask, sampler, draw). Returns 1 when
+ * row j + 1 may be picked too: this pick equals the guess after it and
+ * ends nothing (no end of generation, the grammar not ended). A later row
+ * whose mask the round's grammar budget cannot pay for is not picked (it
+ * never holds); a first pick may be held, as any. */
+static int spec_pick(llm_engine *e, eng_seq *q, int j, const float *row)
+{
+    const int32_t *guess = q->tokens + q->q.n_tokens;
+    if (j == 0 ? pick_held(e, q, row) : q->gm && e->mask_work >= e->cfg.mask_step_work && !llm_gmatch_mask_cached(q->gm))
+        return 0;
+    if (sample_one(e, q, row))
+        return 0;
+    seq_take(e, q, q->res.id);
+    if (q->fail.code) /* seq_take's checks failed it: as in a plain step, no event for that pick */
+        return 0;
+    q->res_at[q->n_out++] = q->res;
+    return j + 1 < q->ns && q->res.id == guess[j] && !llm_vocab_is_eog(e->m->vocab, q->res.id) &&
+           !(q->gm && llm_gmatch_finished(q->gm)); /* (only the last pick may end the text) */
+}
+
+/* The rest of a speculating q's picks, after its first went on (rows
+ * from `row`, the first pick's); its item keeps K/V of its last token
+ * and of each guess taken. */
+static void spec_rest(llm_engine *e, sched_item *it, eng_seq *q, const float *row, int go)
 {
     size_t n_vocab = (size_t)e->m->hp.n_vocab;
-    const int32_t *guess = q->tokens + q->q.n_tokens;
-    for (int j = 0; j < q->ns && !q->fail.code; j++, row += n_vocab) {
-        if (j == 0 ? pick_held(e, q, row)
-                   : q->gm && e->mask_work >= e->cfg.mask_step_work && !llm_gmatch_mask_cached(q->gm))
-            break;
-        if (sample_one(e, q, row))
-            break;
-        seq_take(e, q, q->res.id);
-        if (q->fail.code) /* seq_take's checks failed it: as in a plain step, no event for that pick */
-            break;
-        q->res_at[q->n_out++] = q->res;
-        if (j + 1 == q->ns || q->res.id != guess[j] || llm_vocab_is_eog(e->m->vocab, q->res.id) ||
-            (q->gm && llm_gmatch_finished(q->gm))) /* (the text ends there: only the last pick may end it) */
-            break;
-    }
+    for (int j = 1; go && j < q->ns; j++) go = spec_pick(e, q, j, row + (size_t)j * n_vocab);
     it->n_commit = q->n_out > 1 ? q->n_out : 1;
 }
 
@@ -260,16 +264,23 @@ static llm_status step_on_host(llm_engine *e, const llm_forward_batch *bt)
     if (st)
         return st;
     int n_vocab = e->m->hp.n_vocab;
-    for (int i = 0; i < e->s.n_items; i++) {
+    for (int i = 0; i < e->s.n_items; i++) { /* every sequence's first pick before any guess's: guesses take
+                                              * only the grammar budget the first picks leave */
         eng_seq *q = e->s.items[i].seq->user;
         prompt_entries(e, q, logits);
+        q->spec_go = 0;
         if (q->ls < 0 || q->fail.code)
             continue;
         const float *row = logits + (size_t)q->ls * n_vocab;
         if (q->ns > 1)
-            spec_picks(e, &e->s.items[i], q, row);
+            q->spec_go = spec_pick(e, q, 0, row);
         else if (!pick_held(e, q, row) && sample_one(e, q, row) == LLM_OK)
             seq_take(e, q, q->res.id);
+    }
+    for (int i = 0; i < e->s.n_items; i++) {
+        eng_seq *q = e->s.items[i].seq->user;
+        if (q->ns > 1 && q->ls >= 0)
+            spec_rest(e, &e->s.items[i], q, logits + (size_t)q->ls * n_vocab, q->spec_go);
     }
     return LLM_OK;
 }
@@ -635,8 +646,9 @@ void *eng_step_main(void *arg)
     while (!e->w.stop) {
         fail_oom(e);
         eng_lora_service(e);
-        eng_spec_propose(e);
         int planned = sched_plan(&e->s) > 0;
+        if (planned && eng_spec_propose(e))
+            sched_plan_drafts(&e->s);
         picks_prepare(e);
         if (!planned && e->n_held == 0) {
             if (e->s.stats.oom == e->oom_seen) /* else: fail those first */

@@ -340,7 +340,8 @@ static void plan_admit(sched *s)
  * running sequence (proposals never make another sequence wait for K/V). */
 static int draft_fit(const sched *s, const sched_item *it, int drafted)
 {
-    int k = it->seq->n_draft, left[3] = {s->cfg.max_batch_tokens - s->n_rows, s->cfg.max_logits - s->n_logits,
+    int k = it->seq->n_draft, left[3] = {s->cfg.max_batch_tokens - s->n_rows,
+                                         s->cfg.max_logits + s->cfg.max_draft_rows - s->n_logits,
                                          s->cfg.max_draft_rows - drafted};
     for (int j = 0; j < 3; j++) k = left[j] < k ? left[j] : k;
     if (k < 1)
@@ -349,8 +350,7 @@ static int draft_fit(const sched *s, const sched_item *it, int drafted)
     return need == 0 || need + s->n_running <= kv_cache_available(s->kv) ? k : 0;
 }
 
-/* Proposals into decoding items, most urgent first, while room is left. */
-static void plan_drafts(sched *s)
+int sched_plan_drafts(sched *s)
 {
     int drafted = 0;
     for (int i = 0; i < s->n_items && drafted < s->cfg.max_draft_rows; i++) {
@@ -358,13 +358,15 @@ static void plan_drafts(sched *s)
         int k = it->n == 1 && it->logits && !it->seq->all_logits ? draft_fit(s, it, drafted) : 0;
         if (k < 1 || kv_seq_reserve(s->kv, &it->seq->kv, 1 + k) != LLM_OK)
             continue; /* (a failed reserve changes nothing) */
-        it->n = it->n_commit = 1 + k;
+        it->n = 1 + k;
+        it->n_commit = 1; /* the caller raises it to the guesses it takes */
         it->n_draft = k;
         it->logit_rows += k;
         s->n_rows += k;
         s->n_logits += k;
         drafted += k;
     }
+    return drafted;
 }
 
 int sched_plan(sched *s)
@@ -375,8 +377,6 @@ int sched_plan(sched *s)
     plan_running(s, 1);
     plan_running(s, 0);
     plan_admit(s);
-    if (s->cfg.max_draft_rows > 0)
-        plan_drafts(s);
     return s->n_items;
 }
 
@@ -386,6 +386,9 @@ void sched_commit(sched *s)
         sched_item *it = &s->items[i];
         LLM_ASSERT(it->n_commit >= 1 && it->n_commit <= it->n); /* else K/V of refused guesses would stand */
         kv_seq_commit(s->kv, &it->seq->kv, it->seq->tokens, it->n_commit);
+        if (it->n_commit < it->n) /* blocks of refused guesses alone go back: they would sit unaccounted for (the
+                                   * local pool is sized for a step's rows, not for rows kept between steps) */
+            kv_seq_truncate(s->kv, &it->seq->kv, it->seq->kv.n_tokens);
         it->seq->in_plan = 0;
     }
 }

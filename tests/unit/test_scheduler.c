@@ -379,7 +379,8 @@ static void test_remove(void **st)
 
 /* Guesses (sched_seq.n_draft) take what the plan leaves: decoding items
  * grow by them up to max_draft_rows, most urgent first; a step whose
- * budget a prompt fills takes none; sched_commit keeps n_commit rows;
+ * budget a prompt fills takes none; sched_commit keeps n_commit rows (1
+ * unless raised) and gives back blocks holding only refused guesses;
  * guesses never preempt (a pool too tight for them leaves them out). */
 static void test_drafts(void **st)
 {
@@ -396,6 +397,7 @@ static void test_drafts(void **st)
     sim_step(&m); /* prefill and first tokens */
     a.q.n_draft = b.q.n_draft = 5;
     assert_int_equal(sched_plan(&m.s), 2);
+    assert_int_equal(sched_plan_drafts(&m.s), 6);
     assert_ptr_equal(m.s.items[0].seq, &a.q); /* the more urgent one first: 5 guesses, the other the 1 left */
     assert_int_equal(m.s.items[0].n, 6);
     assert_int_equal(m.s.items[0].n_draft, 5);
@@ -407,12 +409,14 @@ static void test_drafts(void **st)
     kv_cache_copies_done(m.kv);
     sched_commit(&m.s);
     assert_int_equal(a.q.kv.n_tokens, a0 + 3);
-    assert_int_equal(b.q.kv.n_tokens, b0 + 2);
+    assert_int_equal(b.q.kv.n_tokens, b0 + 1); /* its guess refused */
+    assert_true(a.q.kv.n_blocks <= a.q.kv.n_tokens / 4 + 1 && b.q.kv.n_blocks <= b.q.kv.n_tokens / 4 + 1);
     a.q.n_tokens += 3; /* (the picks) */
-    b.q.n_tokens += 2;
+    b.q.n_tokens += 1;
     seq_make(&c, P + 50, 100, 5, 0, 1); /* a prompt that fills what decoding leaves */
     assert_int_equal(sched_add(&m.s, &c.q), LLM_OK);
     assert_int_equal(sched_plan(&m.s), 3);
+    assert_int_equal(sched_plan_drafts(&m.s), 0);
     for (int i = 0; i < 3; i++) assert_int_equal(m.s.items[i].n_draft, 0);
     assert_int_equal(m.s.n_rows, 16);
     sched_abort(&m.s);
@@ -430,6 +434,7 @@ static void test_drafts(void **st)
     sim_step(&m);
     a.q.n_draft = b.q.n_draft = 5;
     assert_int_equal(sched_plan(&m.s), 2);
+    assert_int_equal(sched_plan_drafts(&m.s), 0);
     assert_int_equal(m.s.items[0].n_draft + m.s.items[1].n_draft, 0);
     assert_int_equal(m.s.stats.preemptions, 0);
     sched_abort(&m.s);

@@ -47,8 +47,8 @@ struct sched_seq {
                              * it gets the rows beyond one per sequence (or all it has left); with no_reuse.
                              * The caller may clear both once it needs no more rows */
     int n_draft;            /* speculation: tokens[n_tokens, n_tokens + n_draft) are proposed next tokens (the
-                             * caller writes them and sets this before each sched_plan; the array must hold
-                             * them). A decoding sequence's item may take them as extra rows, see sched_item */
+                             * caller writes them and sets this between sched_plan and sched_plan_drafts; the
+                             * array must hold them). Its item may take them as extra rows, see sched_item */
     void *user;
     /* owned by the scheduler */
     kv_seq kv;              /* kv.n_tokens of the tokens have K/V */
@@ -66,17 +66,18 @@ typedef struct sched_config {
     int max_seqs;          /* running at once */
     int max_batch_tokens;  /* rows per step */
     int aging_ms;          /* waiting this long is worth one priority level */
-    int max_logits;        /* logit rows per step (an item's last row when it samples, its guesses' rows, and
-                            * all_logits prompt rows), at least max_seqs or max_batch_tokens, whichever is
-                            * smaller; 0: that */
-    int max_draft_rows;    /* proposed tokens (sched_seq.n_draft) a step may check, all items together; 0: none */
+    int max_logits;        /* logit rows per step (an item's last row when it samples, and all_logits prompt
+                            * rows), at least max_seqs or max_batch_tokens, whichever is smaller; 0: that */
+    int max_draft_rows;    /* proposed tokens (sched_seq.n_draft) a step may check, all items together, each with
+                            * a logit row beyond max_logits (a step has at most max_logits + max_draft_rows);
+                            * 0: none */
 } sched_config;
 
 /* One sequence's share of a step: n tokens from position pos0. A
  * decoding item with n_draft > 0 runs its last token and n_draft
  * proposals after it (n = 1 + n_draft), every row with logits; the
- * caller checks them and sets n_commit, the rows whose K/V stand (its
- * last token and the proposals it took), before sched_commit. */
+ * caller checks them and raises n_commit (then 1) to the rows whose K/V
+ * stand (its last token and the proposals it took) before sched_commit. */
 typedef struct sched_item {
     sched_seq *seq;
     int pos0, n;
@@ -120,15 +121,18 @@ void sched_remove(sched *s, sched_seq *q);
 
 /* Plans the next step into s->items (n_items sequences, n_rows tokens);
  * allocates their KV (queuing copy-on-write copies in the cache) and may
- * preempt. Proposals get the rows, logit rows and free KV blocks left
- * once everything else is planned (up to max_draft_rows; never a
- * preemption), so speculation steps back when prompts fill the step.
- * Returns n_items. */
+ * preempt. Returns n_items. */
 int sched_plan(sched *s);
+/* After sched_plan, once the caller has set the n_draft of planned
+ * decoding sequences: their items grow by their proposals, most urgent
+ * first, from the rows, logit rows and free KV blocks the plan left (up
+ * to max_draft_rows; never a preemption), so speculation steps back when
+ * prompts fill the step. Returns the proposal rows planned. */
+int sched_plan_drafts(sched *s);
 /* After the step's forward pass: each item's first n_commit tokens now
- * have K/V (rows past them are forgotten: their blocks stay reserved to
- * the sequence, never offered to the prefix cache). The items stay
- * readable until the next plan. */
+ * have K/V; rows past them are forgotten (never offered to the prefix
+ * cache) and blocks holding only such rows go back to the pool. The items
+ * stay readable until the next plan. */
 void sched_commit(sched *s);
 /* The step failed: forget the plan without committing (reserved blocks
  * stay with their sequences). */
