@@ -120,7 +120,7 @@ $(BUILD)/engine/backend/cpu/tiles_avx2.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c
 $(BUILD)/engine/backend/cpu/kernels_vnni.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 $(BUILD)/engine/backend/cpu/kernels_avx512.o: EXTRA_CFLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw -mavx512vnni
 
-.PHONY: all run test asan bench bench-router bench-load deps deps-run lint clean unit pytest fuzz models tsan manifests kubesim kubesim-stop FORCE
+.PHONY: all run test asan bench bench-router bench-load bench-spec deps deps-run lint clean unit pytest fuzz models tsan manifests kubesim kubesim-stop FORCE
 all: $(LIB) $(TOOL_BIN) $(BUILD)/bin/llm-fetch $(UNIT_BIN) $(ORACLE_BIN) $(SCHEMA_BIN) $(QUALITY_BIN) $(BUILD)/bin/llm-server $(BUILD)/bin/llm-controller $(BUILD)/bin/llm-router cuda
 
 $(BUILD)/gen/gateway_page.c: router/gateway.html tools/gen/embed.py
@@ -513,6 +513,15 @@ bench-router: deps all $(BENCH_MODEL)
 
 bench-load: deps all $(BENCH_MODEL)
 	$(PYTHON) tests/bench/load.py --build $(BUILD) --model $(BENCH_MODEL) --threads $(THREADS) \
+	  $(if $(LLAMA_SERVER),--peer $(LLAMA_SERVER))
+
+# Speculative decoding: batch-1 decode on Gemma 3 270M over four tasks with
+# and without n-gram guesses (beside llama.cpp's llama-server with and
+# without its own when LLAMA_SERVER points at it), then throughput at 16
+# and 64 sequences. A Markdown table on stdout (docs/benchmarks.md).
+bench-spec: deps all
+	$(PYTHON) tools/models/gemma3_270m.py $(GEMMA_MODEL)
+	$(PYTHON) tests/bench/spec.py --build $(BUILD) --model $(GEMMA_MODEL) --threads $(THREADS) \
 	  $(if $(LLAMA_SERVER),--peer $(LLAMA_SERVER))
 
 # CUDA kernels (issue 8): part of `all` when nvcc is present (so a kernel
