@@ -396,7 +396,7 @@ static void sc_grammar(long n)
     for (int k = 0; !st && k < 3; k++) {
         st = llm_gmatch_mask(m, allow, &err);
         if (!st)
-            st = llm_gmatch_feed(m, k == 0 ? " {" : k == 1 ? "\"a\": " : "12", k == 1 ? 5 : 2, &err);
+            st = llm_gmatch_feed(m, k == 0 ? "{" : k == 1 ? "\"a\": " : "12", k == 0 ? 1 : k == 1 ? 5 : 2, &err);
     }
     disarm();
     if (!n && (st || !text))
