@@ -1302,6 +1302,129 @@ static void test_speculation(void **st)
     }
 }
 
+/* The speculation distribution test's guesser: after the first token,
+ * when that is g_t1, it guesses g_guess. */
+static int32_t g_t1, g_guess;
+static int fixed_guess(void *ctx, const int32_t *tok, int n, int n_prompt, int k, int32_t *out)
+{
+    (void)ctx;
+    (void)k;
+    if (n != n_prompt + 1 || tok[n - 1] != g_t1)
+        return 0;
+    out[0] = g_guess;
+    return 1;
+}
+
+/* Pearson's chi-square of counts against probabilities p (n bins, the last
+ * one "every other token"), over bins expected at least 5 times, the rest
+ * merged into the last; *df its degrees of freedom. */
+static double chi_square(const int *count, const double *p, int n, int total, int *df)
+{
+    double x2 = 0, rest_e = 0, rest_o = 0;
+    *df = -1;
+    for (int i = 0; i < n; i++) {
+        double want = p[i] * total;
+        if (want >= 5 && i < n - 1) {
+            x2 += (count[i] - want) * (count[i] - want) / want;
+            ++*df;
+        } else {
+            rest_e += want;
+            rest_o += count[i];
+        }
+    }
+    if (rest_e > 0) {
+        x2 += (rest_o - rest_e) * (rest_o - rest_e) / rest_e;
+        ++*df;
+    }
+    return x2;
+}
+
+/* The chi-square value a df-degree statistic exceeds with probability
+ * 0.001 (Wilson and Hilferty's cube-root approximation). */
+static double chi_square_bound(int df)
+{
+    double v = 2.0 / (9.0 * df), c = 1 - v + 3.09 * sqrt(v);
+    return df * c * c * c;
+}
+
+/* Sampled tokens follow the model's distribution with guesses checked:
+ * the token after a fixed first one, under a guess that is sometimes
+ * right, is drawn N times at temperature 1 (seeds 0..N-1) and its counts
+ * are held against the model's probabilities there (the top 20 of a
+ * plain request for the prompt and that token: the same logits, batch
+ * invariance) by a chi-square bound at p = 0.001. The guess was taken
+ * and refused both; the counts a rule that always took the guess, or never
+ * kept it, would give exceed the bound (the test can fail). */
+static void test_speculation_distribution(void **st)
+{
+    (void)st;
+    const llm_model *m = g_story ? g_story : g_tiny;
+    enum { N = 4000, TOP = LLM_MAX_LOGPROBS, WAVE = 100 };
+    int32_t p[64];
+    int n = make_prompt(m, 3, p);
+    llm_engine *e = open_engine(m, (llm_engine_config){0});
+    llm_request rq = greedy(p, n, 1);
+    static result r;
+    collect(e, submit(e, &rq), 1, &r);
+    g_t1 = r.tok[0][0];
+    p[n] = g_t1; /* the prompt and that token: the distribution of the token after it */
+    rq = greedy(p, n + 1, 1);
+    rq.sampling.temperature = 1.0f;
+    rq.sampling.n_logprobs = TOP;
+    llm_request_id id = submit(e, &rq);
+    llm_event ev;
+    assert_int_equal(llm_engine_next(e, id, &ev, 60000), LLM_OK);
+    assert_int_equal(ev.type, LLM_EVENT_TOKEN);
+    llm_sample_result dist = ev.sample;
+    llm_event_clear(&ev);
+    while (llm_engine_next(e, id, &ev, 60000) == LLM_OK) llm_event_clear(&ev);
+    close_engine(e);
+    double prob[TOP + 1], mass = 0;
+    for (int i = 0; i < dist.n_top; i++) mass += prob[i] = exp(dist.top[i].logprob);
+    prob[dist.n_top] = 1 - mass > 0 ? 1 - mass : 0;
+    g_guess = dist.top[1].id; /* likely enough to be taken often, and refused more often */
+    llm_engine_config c = {.speculative = LLM_SPEC_CALLER, .spec_guess = fixed_guess, .spec_tokens = 1,
+                           .max_seqs = WAVE, .spec_max_seqs = WAVE, .spec_step_rows = WAVE}; /* every wave guesses */
+    e = open_engine(m, c);
+    int count[TOP + 1] = {0}, total = 0;
+    for (int w = 0; w < N; w += WAVE) {
+        llm_request_id ids[WAVE];
+        for (int i = 0; i < WAVE; i++) {
+            rq = greedy(p, n, 3);
+            rq.sampling.temperature = 1.0f;
+            rq.sampling.seed = (uint64_t)(w + i);
+            ids[i] = submit(e, &rq);
+        }
+        for (int i = 0; i < WAVE; i++) {
+            collect(e, ids[i], 1, &r);
+            if (r.n_tok[0] < 2 || r.tok[0][0] != g_t1)
+                continue;
+            int b = 0;
+            while (b < dist.n_top && dist.top[b].id != r.tok[0][1]) b++;
+            count[b]++;
+            total++;
+        }
+    }
+    llm_stats sst;
+    llm_engine_stats(e, &sst);
+    close_engine(e);
+    int df;
+    double x2 = chi_square(count, prob, dist.n_top + 1, total, &df);
+    print_message("speculation distribution: %d draws after token %d, guess %d taken %llu of %llu times, chi-square "
+                  "%.1f (df %d, bound %.1f)\n", total, g_t1, g_guess, (unsigned long long)sst.spec_accepted_tokens,
+                  (unsigned long long)sst.spec_draft_tokens, x2, df, chi_square_bound(df));
+    assert_true(total >= 200 && df >= 2);
+    assert_true(sst.spec_accepted_tokens > 0 && sst.spec_accepted_tokens < sst.spec_draft_tokens);
+    assert_true(x2 < chi_square_bound(df));
+    int always[TOP + 1] = {0}, never[TOP + 1];
+    always[1] = total; /* every guess taken */
+    memcpy(never, count, sizeof never);
+    never[0] += never[1]; /* the guess never kept: its draws go elsewhere */
+    never[1] = 0;
+    assert_true(chi_square(always, prob, dist.n_top + 1, total, &df) > chi_square_bound(df));
+    assert_true(chi_square(never, prob, dist.n_top + 1, total, &df) > chi_square_bound(df));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1325,6 +1448,7 @@ int main(void)
         cmocka_unit_test(test_prompt_logprobs),
         cmocka_unit_test(test_prompt_logprobs_refused),
         cmocka_unit_test(test_speculation),
+        cmocka_unit_test(test_speculation_distribution),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
