@@ -39,7 +39,7 @@ static int may_guess(const sched_item *it)
 {
     const eng_seq *q = it->seq->user;
     const eng_req *r = q->r;
-    return it->n == 1 && it->logits && q->res_at && !q->finished && !r->cancelled && !r->failed && !q->held &&
+    return sched_item_decodes(it) && q->res_at && !q->finished && !r->cancelled && !r->failed && !q->held &&
            !q->q.all_logits && r->max_gen - q->n_gen >= 2;
 }
 
@@ -50,7 +50,7 @@ int eng_spec_propose(llm_engine *e)
     if (c->speculative == LLM_SPEC_OFF || s->n_rows >= c->max_batch_tokens)
         return 0; /* (no rows left: a prompt fills the step) */
     int decoding = 0;
-    for (int i = 0; i < s->n_items; i++) decoding += s->items[i].n == 1 && s->items[i].logits;
+    for (int i = 0; i < s->n_items; i++) decoding += sched_item_decodes(&s->items[i]);
     if (decoding > c->spec_max_seqs)
         return 0; /* many sequences: the pass reads its weights for all of them already */
     int any = 0;

@@ -355,7 +355,7 @@ int sched_plan_drafts(sched *s)
     int drafted = 0;
     for (int i = 0; i < s->n_items && drafted < s->cfg.max_draft_rows; i++) {
         sched_item *it = &s->items[i];
-        int k = it->n == 1 && it->logits && !it->seq->all_logits ? draft_fit(s, it, drafted) : 0;
+        int k = sched_item_decodes(it) && !it->seq->all_logits ? draft_fit(s, it, drafted) : 0;
         if (k < 1 || kv_seq_reserve(s->kv, &it->seq->kv, 1 + k) != LLM_OK)
             continue; /* (a failed reserve changes nothing) */
         it->n = 1 + k;

@@ -382,21 +382,38 @@ static void test_remove(void **st)
  * budget a prompt fills takes none; sched_commit keeps n_commit rows (1
  * unless raised) and gives back blocks holding only refused guesses;
  * guesses never preempt (a pool too tight for them leaves them out). */
+/* test_drafts' set-up: a and b (n_prompt tokens, want to generate, a's
+ * priority a_prio) past their prompts in a pool of n_blocks, each then
+ * with 5 guesses, and both planned to decode. */
+static void drafts_start(sim *m, int n_blocks, sim_seq *a, sim_seq *b, int n_prompt, int want, int a_prio)
+{
+    sim_init(m, n_blocks, 4, 16);
+    m->s.cfg.max_draft_rows = 6;
+    m->s.cfg.max_logits = 16;
+    seq_make(a, P, n_prompt, want, a_prio, 0);
+    seq_make(b, P + 20, n_prompt, want, 0, 0);
+    assert_int_equal(sched_add(&m->s, &a->q), LLM_OK);
+    assert_int_equal(sched_add(&m->s, &b->q), LLM_OK);
+    sim_step(m); /* prefill and first tokens */
+    a->q.n_draft = b->q.n_draft = 5;
+    assert_int_equal(sched_plan(&m->s), 2);
+}
+
+/* Drops the plan and the guesses, runs everything out, frees the sim. */
+static void drafts_end(sim *m, sim_seq *a, sim_seq *b)
+{
+    sched_abort(&m->s);
+    a->q.n_draft = b->q.n_draft = 0;
+    run_all(m);
+    sim_free(m);
+}
+
 static void test_drafts(void **st)
 {
     (void)st;
     sim m;
-    sim_init(&m, 64, 4, 16);
-    m.s.cfg.max_draft_rows = 6;
-    m.s.cfg.max_logits = 16;
     sim_seq a, b, c;
-    seq_make(&a, P, 5, 40, 1, 0);
-    seq_make(&b, P + 20, 5, 40, 0, 0);
-    assert_int_equal(sched_add(&m.s, &a.q), LLM_OK);
-    assert_int_equal(sched_add(&m.s, &b.q), LLM_OK);
-    sim_step(&m); /* prefill and first tokens */
-    a.q.n_draft = b.q.n_draft = 5;
-    assert_int_equal(sched_plan(&m.s), 2);
+    drafts_start(&m, 64, &a, &b, 5, 40, 1);
     assert_int_equal(sched_plan_drafts(&m.s), 6);
     assert_ptr_equal(m.s.items[0].seq, &a.q); /* the more urgent one first: 5 guesses, the other the 1 left */
     assert_int_equal(m.s.items[0].n, 6);
@@ -419,28 +436,13 @@ static void test_drafts(void **st)
     assert_int_equal(sched_plan_drafts(&m.s), 0);
     for (int i = 0; i < 3; i++) assert_int_equal(m.s.items[i].n_draft, 0);
     assert_int_equal(m.s.n_rows, 16);
-    sched_abort(&m.s);
-    a.q.n_draft = b.q.n_draft = 0;
-    run_all(&m);
-    sim_free(&m);
+    drafts_end(&m, &a, &b);
     /* a pool with a block per running sequence to spare at most: no guesses, no preemption */
-    sim_init(&m, 6, 4, 16);
-    m.s.cfg.max_draft_rows = 6;
-    m.s.cfg.max_logits = 16;
-    seq_make(&a, P, 7, 3, 0, 0);
-    seq_make(&b, P + 20, 7, 3, 0, 0);
-    assert_int_equal(sched_add(&m.s, &a.q), LLM_OK);
-    assert_int_equal(sched_add(&m.s, &b.q), LLM_OK);
-    sim_step(&m);
-    a.q.n_draft = b.q.n_draft = 5;
-    assert_int_equal(sched_plan(&m.s), 2);
+    drafts_start(&m, 6, &a, &b, 7, 3, 0);
     assert_int_equal(sched_plan_drafts(&m.s), 0);
     assert_int_equal(m.s.items[0].n_draft + m.s.items[1].n_draft, 0);
     assert_int_equal(m.s.stats.preemptions, 0);
-    sched_abort(&m.s);
-    a.q.n_draft = b.q.n_draft = 0;
-    run_all(&m);
-    sim_free(&m);
+    drafts_end(&m, &a, &b);
 }
 
 int main(void)

@@ -87,6 +87,10 @@ typedef struct sched_item {
     int n_commit; /* rows sched_commit keeps: n unless the caller lowers it (1 .. n) */
 } sched_item;
 
+/* Whether item it decodes: one row, which samples (the only kind that
+ * may take proposals). */
+static inline int sched_item_decodes(const sched_item *it) { return it->n == 1 && it->logits; }
+
 typedef struct sched_stats {
     uint64_t preemptions;
     uint64_t prompt_tokens;     /* prompt tokens at first admission */
