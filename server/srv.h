@@ -56,6 +56,7 @@ typedef struct srv {
     struct http_guard *http;   /* the API listener */
     struct http_probe *health; /* the probes' own listener (health_port), or NULL */
     llm_model *model;
+    llm_model *draft;          /* speculative draft: the draft model; else NULL */
     llm_backend *backends[LLM_MAX_RANKS]; /* one per tensor-parallel rank */
     int n_backends;
     llm_engine *engine;
@@ -232,8 +233,12 @@ llm_status srv_load_backends(srv *s, llm_backend **out, int *n, llm_error *err);
 /* Frees b[0..n) and sets each to NULL. */
 void srv_load_close_backends(llm_backend **b, int n);
 /* The engine over m and b[0..n) with the configured limits (kv_type,
- * prefix_cache, ...); m and b must outlive it (llm_engine_close). */
-llm_status srv_load_engine(srv *s, llm_model *m, llm_backend *const *b, int n, llm_engine **out, llm_error *err);
+ * prefix_cache, ...); m, draft and b must outlive it (llm_engine_close).
+ * draft: the draft model when speculative is draft; without one (a
+ * colocated canary, whose vocabulary may differ) such an engine guesses
+ * by n-grams. */
+llm_status srv_load_engine(srv *s, llm_model *m, const llm_model *draft, llm_backend *const *b, int n,
+                           llm_engine **out, llm_error *err);
 /* Opens path after the rules for files a request names: it resolves
  * (symbolic links followed) inside dir (itself resolved), is a regular
  * file with data, and is opened without blocking (a FIFO would block an

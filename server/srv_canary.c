@@ -211,7 +211,7 @@ static llm_status load(srv *s, const load_job *j, srv_rev *r, llm_error *err)
     if (!st)
         st = srv_load_backends(s, r->backends, &r->n_backends, err); /* its own: the engines step independently */
     if (!st)
-        st = srv_load_engine(s, r->model, r->backends, r->n_backends, &r->engine, err);
+        st = srv_load_engine(s, r->model, NULL, r->backends, r->n_backends, &r->engine, err);
     if (!st)
         st = srv_load_warm_up(r->engine, r->model, err);
     if (!st && !(r->chat = srv_chat_new(r->model, s->cfg.chat_template, s->cfg.chat_template_file, err)))

@@ -125,8 +125,11 @@ static const key_def keys[] = {
      "logit rows a step gives prompt_logprobs prompts beyond one per sequence: each adds the output matmul and a "
      "pass over the vocabulary to the steps every request waits on (0 or -1: prompt_logprobs refused)"},
     {"speculative", K_STR, F(speculative), 0, 0, "off",
-     "speculative decoding: off, or ngram (each step guesses a sequence's next tokens from where its last tokens "
-     "occurred before, in its prompt or output, and checks them in the same pass; answers are the same either way)"},
+     "speculative decoding: off, ngram (each step guesses a sequence's next tokens from where its last tokens "
+     "occurred before, in its prompt or output, and checks them in the same pass) or draft (a smaller model with the "
+     "same vocabulary, spec_draft_model, guesses them); answers are the same either way"},
+    {"spec_draft_model", K_STR, F(spec_draft_model), 0, 0, "",
+     "speculative draft: the draft model's GGUF file (a local path; its vocabulary must be the model's)"},
     {"spec_tokens", K_INT, F(spec_tokens), 1, LLM_SPEC_MAX_TOKENS, "8",
      "most guessed tokens per sequence and step (each sequence adapts below it to what it gets right)"},
     {"spec_ngram_min", K_INT, F(spec_ngram_min), 1, LLM_SPEC_MAX_NGRAM, "2",
@@ -381,9 +384,12 @@ llm_status srv_config_load(int argc, char **argv, srv_config *c, int *help, llm_
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: cpu_pack '%s' is not auto, on or off", c->cpu_pack);
     if (!st && !*help && strcmp(c->chat_template, "auto") && strcmp(c->chat_template, "builtin"))
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: chat_template '%s' is not auto or builtin", c->chat_template);
-    if (!st && !*help && strcmp(c->speculative, "off") && strcmp(c->speculative, "ngram"))
-        st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: speculative '%s' is not off or ngram%s", c->speculative,
-                      strcmp(c->speculative, "draft") ? "" : " (a draft model is not built yet)");
+    if (!st && !*help && strcmp(c->speculative, "off") && strcmp(c->speculative, "ngram") &&
+        strcmp(c->speculative, "draft"))
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: speculative '%s' is not off, ngram or draft", c->speculative);
+    if (!st && !*help && !strcmp(c->speculative, "draft") != !!c->spec_draft_model[0])
+        st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: spec_draft_model %s", c->spec_draft_model[0]
+                      ? "is set but speculative is not draft" : "is required with speculative draft");
     if (!st && !*help && c->spec_ngram_min > c->spec_ngram_max)
         st = llm_errf(err, LLM_ERR_INVALID_ARG, "config: spec_ngram_min %ld is above spec_ngram_max %ld",
                       c->spec_ngram_min, c->spec_ngram_max);

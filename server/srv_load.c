@@ -39,7 +39,17 @@ void srv_load_close_backends(llm_backend **b, int n)
     }
 }
 
-llm_status srv_load_engine(srv *s, llm_model *m, llm_backend *const *b, int n, llm_engine **out, llm_error *err)
+/* The engine's speculation mode for the configuration, with or without a
+ * draft model at hand. */
+static llm_spec_mode spec_mode(const srv *s, const llm_model *draft)
+{
+    if (!strcmp(s->cfg.speculative, "draft"))
+        return draft ? LLM_SPEC_DRAFT : LLM_SPEC_NGRAM;
+    return strcmp(s->cfg.speculative, "ngram") ? LLM_SPEC_OFF : LLM_SPEC_NGRAM;
+}
+
+llm_status srv_load_engine(srv *s, llm_model *m, const llm_model *draft, llm_backend *const *b, int n,
+                           llm_engine **out, llm_error *err)
 {
     llm_kv_type kt;
     llm_status st = llm_kv_type_parse(s->cfg.kv_type, &kt, err);
@@ -52,7 +62,7 @@ llm_status srv_load_engine(srv *s, llm_model *m, llm_backend *const *b, int n, l
                             .kv_cache_fraction = (float)s->cfg.kv_cache_fraction,
                             .no_prefix_cache = !s->cfg.prefix_cache, .max_loras = (int)s->cfg.max_loras,
                             .prompt_logit_rows = s->cfg.prompt_logprob_rows ? (int)s->cfg.prompt_logprob_rows : -1,
-                            .speculative = strcmp(s->cfg.speculative, "ngram") ? LLM_SPEC_OFF : LLM_SPEC_NGRAM,
+                            .speculative = spec_mode(s, draft), .spec_draft_model = draft,
                             .spec_tokens = (int)s->cfg.spec_tokens, .spec_ngram_min = (int)s->cfg.spec_ngram_min,
                             .spec_ngram_max = (int)s->cfg.spec_ngram_max, .spec_step_rows = (int)s->cfg.spec_step_rows,
                             .spec_max_seqs = (int)s->cfg.spec_max_seqs};

@@ -113,8 +113,16 @@ static llm_status load(srv *s, llm_error *err)
         snprintf(s->status, sizeof s->status, "model loaded; starting the engine");
         st = srv_load_backends(s, s->backends, &s->n_backends, err);
     }
+    if (!st && s->cfg.spec_draft_model[0]) {
+        snprintf(s->status, sizeof s->status, "loading the draft model %.400s", s->cfg.spec_draft_model);
+        st = srv_load_model(s->cfg.spec_draft_model, NULL, NULL, NULL, &s->stopping, &s->draft, err);
+        if (st) {
+            llm_error why = *err; /* (not formatted into itself) */
+            llm_errf(err, st, "the draft model (spec_draft_model): %s", why.msg);
+        }
+    }
     if (!st)
-        st = srv_load_engine(s, s->model, s->backends, s->n_backends, &s->engine, err);
+        st = srv_load_engine(s, s->model, s->draft, s->backends, s->n_backends, &s->engine, err);
     if (!st) {
         snprintf(s->status, sizeof s->status, "warming up");
         st = srv_load_warm_up(s->engine, s->model, err);
@@ -253,6 +261,7 @@ int main(int argc, char **argv)
     srv_load_close_backends(s.backends, s.n_backends);
     srv_chat_free(s.chat);
     llm_model_free(s.model);
+    llm_model_free(s.draft);
     api_keys_free(&s.keys);
     otlp_close(s.traces);
     srv_metrics_free(&s.metrics);

@@ -230,6 +230,10 @@ static void render_spec(llm_strbuf *b, const llm_stats *s, const char *lab)
         snprintf(l2, sizeof l2, "position=\"%d\",%s", i, lab);
         llm_prom_sample(b, name, l2, (double)s->spec_accepted_at[i]);
     }
+    llm_prom_counter(b, "llm_spec_draft_seconds_total", "Time in the draft model's passes (speculative draft)", lab,
+                     s->spec_draft_ms / 1e3);
+    llm_prom_counter(b, "llm_spec_draft_failures_total", "Draft model passes the backend failed (no guesses then)", lab,
+                     (double)s->spec_draft_failures);
 }
 
 static void render_engine(llm_strbuf *b, const llm_stats *s, const char *lab)

@@ -28,11 +28,12 @@ double eng_now_ms(void)
 
 /* ---- requests ------------------------------------------------------------- */
 
-static void req_free(eng_req *r)
+static void req_free(llm_engine *e, eng_req *r)
 {
     if (!r)
         return;
     for (int i = 0; r->seqs && i < r->n; i++) {
+        eng_draft_release(e->draft, &r->seqs[i]);
         free(r->seqs[i].tokens);
         llm_sampler_free(r->seqs[i].smp);
         llm_gmatch_free(r->seqs[i].gm);
@@ -95,9 +96,11 @@ static void req_unlink(llm_engine *e, eng_req *r)
 /* Takes every sequence of r out of the scheduler (blocks freed). */
 void eng_req_drop_seqs(llm_engine *e, eng_req *r)
 {
-    for (int i = 0; i < r->n; i++)
+    for (int i = 0; i < r->n; i++) {
         if (r->seqs[i].q.state != SCHED_DONE && r->seqs[i].q.state != SCHED_NEW)
             sched_remove(&e->s, &r->seqs[i].q);
+        eng_draft_release(e->draft, &r->seqs[i]);
+    }
 }
 
 /* Queues an event; on allocation failure the request fails instead, and
@@ -328,6 +331,8 @@ static llm_status seq_init(llm_engine *e, eng_req *r, int i, const llm_request *
     if (guesses && !(s->res_at = malloc(sizeof *s->res_at * (size_t)(e->cfg.spec_tokens + 1))))
         return llm_errf(err, LLM_ERR_NOMEM, "engine: no memory for a sequence's guessed picks");
     s->spec_k = e->cfg.spec_tokens / 2 > 1 ? e->cfg.spec_tokens / 2 : 1;
+    kv_seq_init(&s->dkv);
+    s->dkv.salt = rq->cache_salt; /* a tenant's draft prefixes are its own too */
     s->ns = 1;
     textout_init(&s->out, (const char *const *)r->stops, r->n_stops);
     s->q = (sched_seq){.tokens = s->tokens, .n_tokens = n_prompt, .n_prompt = n_prompt, .priority = rq->priority,
@@ -366,7 +371,7 @@ static llm_status req_new(llm_engine *e, const llm_request *rq, const int32_t *p
         st = grammar_prepare(e, rq, r, err);
     for (int i = 0; !st && i < r->n; i++) st = seq_init(e, r, i, rq, prompt, n_prompt, err);
     if (st) {
-        req_free(r);
+        req_free(e, r);
         return st;
     }
     *out = r;
@@ -420,7 +425,7 @@ llm_status llm_engine_submit(llm_engine *e, const llm_request *rq, llm_request_i
         *id = r->id;
     pthread_mutex_unlock(&e->w.mu);
     if (st)
-        req_free(r);
+        req_free(e, r);
     return st;
 }
 
@@ -434,7 +439,7 @@ static void req_release(llm_engine *e, eng_req *r)
     r->gone = 1;
     pthread_cond_broadcast(&r->cond);
     if (r->readers == 0)
-        req_free(r);
+        req_free(e, r);
 }
 
 /* Pops r's next event into ev (or its error); releases r after its last. */
@@ -484,7 +489,7 @@ llm_status llm_engine_next(llm_engine *e, llm_request_id id, llm_event *ev, int 
     if (r->gone || r->cancelled) {
         st = LLM_ERR_NOT_FOUND;
         if (r->gone && r->readers == 0)
-            req_free(r);
+            req_free(e, r);
     } else if (r->head || r->failed) {
         st = LLM_OK;
         req_pop(e, r, ev);
@@ -564,7 +569,7 @@ static llm_status spec_defaults(llm_engine_config *c, llm_error *err)
     c->spec_ngram_max = c->spec_ngram_max ? c->spec_ngram_max : 4;
     c->spec_step_rows = c->spec_step_rows ? c->spec_step_rows : 32;
     c->spec_max_seqs = c->spec_max_seqs ? c->spec_max_seqs : 16;
-    if ((unsigned)c->speculative > LLM_SPEC_CALLER)
+    if ((unsigned)c->speculative > LLM_SPEC_DRAFT)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: speculative %d is no llm_spec_mode", (int)c->speculative);
     if (c->speculative == LLM_SPEC_CALLER && !c->spec_guess)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: speculative LLM_SPEC_CALLER needs spec_guess");
@@ -579,6 +584,8 @@ static llm_status spec_defaults(llm_engine_config *c, llm_error *err)
                         LLM_SPEC_MAX_STEP_ROWS);
     if (c->spec_max_seqs < 1)
         return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: spec_max_seqs %d is below 1", c->spec_max_seqs);
+    if (c->speculative == LLM_SPEC_DRAFT && !c->spec_draft_model)
+        return llm_errf(err, LLM_ERR_INVALID_ARG, "engine: speculative LLM_SPEC_DRAFT needs spec_draft_model");
     return LLM_OK;
 }
 
@@ -692,6 +699,8 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
                                                                                    * must not widen prompt_logprobs') */
     if ((st = sched_init(&e->s, &sc, e->kv, err)))
         return st;
+    if (c->speculative == LLM_SPEC_DRAFT && (st = eng_draft_new(c, e->b, &e->draft, err)))
+        return st;
     e->b_tokens = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
     e->b_logit_rows = malloc(sizeof(int32_t) * (size_t)e->max_logits);
     e->b_hidden_rows = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
@@ -713,11 +722,12 @@ static void engine_free(llm_engine *e)
         eng_req *r = e->reqs;
         eng_req_drop_seqs(e, r);
         req_unlink(e, r);
-        req_free(r);
+        req_free(e, r);
     }
     if (e->kv)
         sched_free(&e->s);
     eng_lora_free_all(e);
+    eng_draft_free(e->draft);
     llm_forward_free(e->fwd);
     kv_cache_free(e->kv);
     free(e->b_tokens);

@@ -12,11 +12,13 @@
 #include "llm/engine.h"
 #include "llm/forward.h"
 #include "llm/gmatch.h"
+#include "llm/kv_cache.h"
 #include "llm/scheduler.h"
 #include "llm/sync.h"
 #include "textout.h"
 
 typedef struct eng_req eng_req;
+typedef struct eng_draft eng_draft;
 
 /* An adapter added to the engine (engine_lora.c); slots stay put, so a
  * request points at its own. Under the engine's lock. */
@@ -71,8 +73,10 @@ typedef struct eng_seq {
     int spec_k;            /* guesses it asks for next: adapts to how many it gets right */
     int ns;                /* this step's sampling rows: its last token's and one per guess (1: none) */
     int n_out;             /* picks this step made from them, in res_at (0: see res, the one pick) */
+    int n_taken;           /* guesses they took (each equal to its pick) */
     int spec_go;           /* this step's first pick equals its first guess: its next row is picked too */
     llm_sample_result *res_at; /* (spec_tokens + 1) a speculating step's picks; NULL: it never guesses */
+    kv_seq dkv;            /* its K/V in the draft model's cache (engine_draft.c; under the lock) */
 } eng_seq;
 
 struct eng_req {
@@ -127,6 +131,7 @@ struct llm_engine {
     kv_cache *kv;
     sched s;
     llm_forward *fwd;
+    eng_draft *draft;    /* LLM_SPEC_DRAFT's model, cache and buffers; NULL: no draft model */
     llm_sync_worker w;   /* the engine thread: w.mu is the engine's lock, w.cv "work to do", w.stop closing */
     pthread_cond_t step_done;
     eng_req *reqs;
@@ -184,15 +189,38 @@ void eng_lora_service(llm_engine *e);
 /* At close: every slot's handle freed. */
 void eng_lora_free_all(llm_engine *e);
 
-/* Speculation (engine_spec.c). Under e->mu, between sched_plan and
- * sched_plan_drafts: each planned sequence that decodes and may guess
- * gets its guesses (sched_seq.n_draft, written after its tokens), unless
- * the plan has no rows left or decodes more than spec_max_seqs. Returns
- * whether any sequence guessed. */
+/* Speculation (engine_spec.c). Under e->mu, after sched_plan: whether
+ * this step guesses at all (speculation on, rows left, at most
+ * spec_max_seqs sequences decoding). */
+int eng_spec_step_guesses(const llm_engine *e);
+/* Whether plan item it decodes and its sequence may guess. */
+int eng_spec_may_guess(const sched_item *it);
+/* Under e->mu, between sched_plan and sched_plan_drafts, when
+ * eng_spec_step_guesses: each planned sequence that may guess gets its
+ * n-gram or caller's guesses (sched_seq.n_draft, written after its
+ * tokens). Returns whether any sequence guessed. */
 int eng_spec_propose(llm_engine *e);
 /* Under e->mu, after the step: q checked `drafted` guesses and took
  * `taken` of them: the counters, and its next guess length. */
 void eng_spec_account(llm_engine *e, eng_seq *q, int drafted, int taken);
+
+/* The draft model (engine_draft.c): see its file comment for the thread
+ * rules. eng_draft_new checks the draft's vocabulary against the model's
+ * and sizes its cache (spec_draft_kv_bytes). */
+llm_status eng_draft_new(const llm_engine_config *c, llm_backend *b, eng_draft **out, llm_error *err);
+void eng_draft_free(eng_draft *d);
+/* q's draft K/V goes back (d NULL: none); under the lock, any thread. */
+void eng_draft_release(eng_draft *d, eng_seq *q);
+/* Under the lock, between sched_plan and sched_plan_drafts: the planned
+ * sequences that may guess get draft blocks for this step and are marked
+ * in flight. Returns how many will guess. */
+int eng_draft_begin(llm_engine *e);
+/* Without the lock: the draft's passes; each of begin's sequences gets
+ * its greedy guesses written after its tokens. */
+llm_status eng_draft_run(llm_engine *e);
+/* Under the lock again: the true tokens' draft K/V kept, each sequence's
+ * n_draft set (none when st failed), the in-flight marks taken back. */
+void eng_draft_end(llm_engine *e, llm_status st);
 
 /* The engine thread's loop (engine_step.c); arg is the engine. */
 void *eng_step_main(void *arg);

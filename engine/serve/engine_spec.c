@@ -35,7 +35,7 @@ static int ngram_guess(const int32_t *tokens, int n, int gmin, int gmax, int k, 
 /* Whether plan item it decodes (its one row samples) and its sequence
  * may guess: nothing per prompt row (prompt logprobs, pooling), its
  * request going on, room left in its answer for a guess and a pick. */
-static int may_guess(const sched_item *it)
+int eng_spec_may_guess(const sched_item *it)
 {
     const eng_seq *q = it->seq->user;
     const eng_req *r = q->r;
@@ -43,7 +43,7 @@ static int may_guess(const sched_item *it)
            !q->q.all_logits && r->max_gen - q->n_gen >= 2;
 }
 
-int eng_spec_propose(llm_engine *e)
+int eng_spec_step_guesses(const llm_engine *e)
 {
     const llm_engine_config *c = &e->cfg;
     const sched *s = &e->s;
@@ -51,13 +51,18 @@ int eng_spec_propose(llm_engine *e)
         return 0; /* (no rows left: a prompt fills the step) */
     int decoding = 0;
     for (int i = 0; i < s->n_items; i++) decoding += sched_item_decodes(&s->items[i]);
-    if (decoding > c->spec_max_seqs)
-        return 0; /* many sequences: the pass reads its weights for all of them already */
+    return decoding <= c->spec_max_seqs; /* many sequences: the pass reads its weights for all of them already */
+}
+
+int eng_spec_propose(llm_engine *e)
+{
+    const llm_engine_config *c = &e->cfg;
+    const sched *s = &e->s;
     int any = 0;
     for (int i = 0; i < s->n_items; i++) {
         eng_seq *q = s->items[i].seq->user;
         q->q.n_draft = 0;
-        if (!may_guess(&s->items[i]))
+        if (!eng_spec_may_guess(&s->items[i]))
             continue;
         int k = q->spec_k, room = q->r->max_gen - q->n_gen - 1; /* every guess taken and one pick more */
         k = k < room ? k : room;

@@ -253,6 +253,11 @@ static void spec_rest(llm_engine *e, sched_item *it, eng_seq *q, const float *ro
     size_t n_vocab = (size_t)e->m->hp.n_vocab;
     for (int j = 1; go && j < q->ns; j++) go = spec_pick(e, q, j, row + (size_t)j * n_vocab);
     it->n_commit = q->n_out > 1 ? q->n_out : 1;
+    /* guesses taken: each pick but the last equals its guess; the last
+     * too when it ended the text (an end token, the grammar's end) */
+    int last = q->n_out - 1;
+    q->n_taken = last > 0 ? last : 0;
+    q->n_taken += last >= 0 && last < q->ns - 1 && q->res_at[last].id == q->tokens[q->q.n_tokens + last];
 }
 
 static llm_status step_on_host(llm_engine *e, const llm_forward_batch *bt)
@@ -357,6 +362,7 @@ static void seq_done(llm_engine *e, eng_seq *q, llm_event *ev, int ok, const cha
     usage_of(q, eng_now_ms(), &ev->usage);
     q->finished = 1;
     sched_remove(&e->s, &q->q);
+    eng_draft_release(e->draft, q);
     if (!ok) {
         llm_event_clear(ev);
         req_fail_nomem(e, q->r, what);
@@ -519,7 +525,7 @@ static void step_finish(llm_engine *e, llm_status st, int n_rows)
                                                             * preemption needs K/V alone, cache hits too */
                 q->q.all_logits = q->q.no_reuse = 0;
             if (s->items[i].n_draft > 0 && q->n_out > 0) /* (a held or failed first pick checked nothing) */
-                eng_spec_account(e, q, s->items[i].n_draft, s->items[i].n_commit - 1);
+                eng_spec_account(e, q, s->items[i].n_draft, q->n_taken);
             if ((s->items[i].logits && !q->held) || q->fail.code) /* a held pick comes in a later round; a prompt
                                                                      * row's failure fails it now */
                 seq_result(e, q);
@@ -636,6 +642,27 @@ static void picks_finish(llm_engine *e)
     e->grammar_ms = 0;
 }
 
+/* Under the lock, after the plan: this step's guesses, n-gram or the
+ * caller's, or the draft model's (whose passes run without the lock: the
+ * lock is let go and taken again here). Returns whether any sequence
+ * guessed. */
+static int guesses(llm_engine *e)
+{
+    if (!e->draft)
+        return eng_spec_propose(e);
+    if (!eng_draft_begin(e))
+        return 0;
+    pthread_mutex_unlock(&e->w.mu);
+    double t0 = eng_now_ms();
+    llm_status st = eng_draft_run(e);
+    double ms = eng_now_ms() - t0;
+    pthread_mutex_lock(&e->w.mu);
+    e->st.spec_draft_ms += ms;
+    e->st.spec_draft_failures += st != LLM_OK;
+    eng_draft_end(e, st);
+    return 1;
+}
+
 /* One round: the plan's step and the picks held from earlier rounds
  * (made first: they have waited). */
 void *eng_step_main(void *arg)
@@ -647,7 +674,7 @@ void *eng_step_main(void *arg)
         fail_oom(e);
         eng_lora_service(e);
         int planned = sched_plan(&e->s) > 0;
-        if (planned && eng_spec_propose(e))
+        if (planned && eng_spec_step_guesses(e) && guesses(e))
             sched_plan_drafts(&e->s);
         picks_prepare(e);
         if (!planned && e->n_held == 0) {

@@ -1,4 +1,4 @@
-"""Speculative decoding (--speculative ngram) through llm-server and the official `openai` client, on Gemma 3 270M
+"""Speculative decoding (--speculative ngram, and draft with a draft model) through llm-server and the official `openai` client, on Gemma 3 270M
 (a real pretrained model): a server that guesses answers every request - greedy, seeded sampling with n > 1,
 streamed, with logprobs, constrained by a JSON schema - exactly as a server that does not, byte for byte and
 logprob for logprob; its guesses are taken on prompts an answer copies from (vLLM's spec_decode counters, read
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from harness import NAME, Server, tool
+from harness import NAME, Server, failed_detail, story, tool
 
 CODE = "\n".join(f"    total_{i} = values[{i}] * scale + offset  # step {i}" for i in range(12))
 GROUNDED = [
@@ -98,9 +98,43 @@ def test_opt_out(pair):
     assert st == 400 and r["error"]["param"] == "speculative", r
 
 
+def test_draft_model(gemma, pair):
+    """--speculative draft with Gemma drafting for itself: its greedy guesses are its own greedy picks, so a greedy
+    answer takes every guess it checks; greedy and seeded sampled answers equal the plain server's; the draft's
+    time is exported."""
+    plain, _ = pair
+    srv = Server(gemma, "--speculative", "draft", "--spec_draft_model", gemma)
+    try:
+        for prompt in (GROUNDED[0], OPEN):
+            before = spec_counts(srv)
+            a, b = chat(plain, prompt, temperature=0, max_tokens=60), chat(srv, prompt, temperature=0, max_tokens=60)
+            assert a.choices[0].message.content == b.choices[0].message.content
+            after = spec_counts(srv)
+            drafted = after["draft_tokens"] - before["draft_tokens"]
+            assert drafted > 0 and after["accepted_tokens"] - before["accepted_tokens"] == drafted, (before, after)
+        kw = {"temperature": 0.8, "seed": 3, "n": 2, "max_tokens": 40}
+        a, b = chat(plain, OPEN, **kw), chat(srv, OPEN, **kw)
+        assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
+        m = srv.metrics()
+        assert m[("llm_spec_draft_seconds_total", (("model_name", NAME),))] > 0
+        assert m[("llm_spec_draft_failures_total", (("model_name", NAME),))] == 0
+    finally:
+        assert srv.stop() == 0
+
+
+def test_draft_of_another_vocabulary(gemma):
+    """A draft whose vocabulary is not the model's fails the load, saying so on /startupz."""
+    srv = Server(gemma, "--speculative", "draft", "--spec_draft_model", story(), wait=False)
+    try:
+        assert "vocabulary" in failed_detail(srv)
+    finally:
+        srv.stop()
+
+
 @pytest.mark.parametrize("args,msg", [
-    (["--speculative", "draft"], "a draft model is not built yet"),
-    (["--speculative", "eagle"], "speculative 'eagle' is not off or ngram"),
+    (["--speculative", "draft"], "spec_draft_model is required with speculative draft"),
+    (["--spec_draft_model", "d.gguf"], "spec_draft_model is set but speculative is not draft"),
+    (["--speculative", "eagle"], "speculative 'eagle' is not off, ngram or draft"),
     (["--speculative", "ngram", "--spec_ngram_min", "5", "--spec_ngram_max", "3"], "spec_ngram_min 5 is above"),
     (["--spec_tokens", "33"], "spec_tokens"),
 ])

@@ -15,6 +15,7 @@
 
 #include "llm/engine.h"
 #include "llm/forward.h"
+#include "llm/kv_cache.h"
 #include "llm/lora.h"
 #include "llm/mkmodel.h"
 
@@ -1302,6 +1303,104 @@ static void test_speculation(void **st)
     }
 }
 
+/* Answers of rq on m with speculation on (c) and off are the same, token
+ * for token and byte for byte; *on gets the speculating engine's stats. */
+static void spec_same(const llm_model *m, llm_engine_config c, const llm_request *rq, llm_stats *on)
+{
+    static result a, b;
+    llm_stats off;
+    llm_engine *e = open_engine(m, (llm_engine_config){0});
+    collect(e, submit(e, rq), rq->n ? rq->n : 1, &a);
+    llm_engine_stats(e, &off);
+    close_engine(e);
+    e = open_engine(m, c);
+    collect(e, submit(e, rq), rq->n ? rq->n : 1, &b);
+    llm_engine_stats(e, on);
+    close_engine(e);
+    for (int i = 0; i < (rq->n ? rq->n : 1); i++) {
+        assert_int_equal(a.n_tok[i], b.n_tok[i]);
+        assert_memory_equal(a.tok[i], b.tok[i], sizeof(int32_t) * (size_t)a.n_tok[i]);
+        assert_int_equal(a.text_len[i], b.text_len[i]);
+        assert_memory_equal(a.text[i], b.text[i], a.text_len[i]);
+        assert_int_equal(a.finish[i], b.finish[i]);
+    }
+    print_message("draft: %llu guessed, %llu taken, steps %llu -> %llu\n", (unsigned long long)on->spec_draft_tokens,
+                  (unsigned long long)on->spec_accepted_tokens, (unsigned long long)off.steps,
+                  (unsigned long long)on->steps);
+    assert_int_equal(on->spec_draft_failures, 0);
+    assert_true(on->spec_accepted_tokens <= on->spec_draft_tokens);
+}
+
+/* Opening with LLM_SPEC_DRAFT and draft d fails naming what. */
+static void draft_refused(const llm_model *m, const llm_model *d, size_t kv_bytes, const char *what)
+{
+    llm_engine_config c = {.model = m, .backend = g_b, .speculative = LLM_SPEC_DRAFT, .spec_draft_model = d,
+                           .spec_draft_kv_bytes = kv_bytes};
+    llm_engine *e = NULL;
+    llm_error err = {0};
+    assert_int_equal(llm_engine_open(&c, &e, &err), LLM_ERR_INVALID_ARG);
+    assert_null(e);
+    if (!strstr(err.msg, what))
+        fail_msg("'%s' does not say '%s'", err.msg, what);
+}
+
+/* Speculation with a draft model. The model drafting for itself: its
+ * greedy guesses are its own greedy picks, so a greedy answer takes every
+ * guess it is given (a draft K/V one position off, or a guess row fed the
+ * wrong token, would miss) in fewer steps; seeded sampled answers (n = 3),
+ * with a draft pool of one context (the siblings find it full), are the
+ * same as without guesses. A draft of other weights (the tiny shape at
+ * Q4_0) too. Refused: no draft, a vocabulary of other token texts (same
+ * size), a pool under one context. */
+static void test_speculation_draft(void **st)
+{
+    (void)st;
+    const llm_model *m = g_story ? g_story : g_tiny;
+    llm_request rq = {.text = "Once upon a time, there was a little girl", .sampling = llm_sampling_default(),
+                      .max_tokens = 48, .n = 1};
+    llm_engine_config on = {.speculative = LLM_SPEC_DRAFT, .spec_draft_model = m, .n_ctx = 128};
+    llm_stats s;
+    spec_same(m, on, &rq, &s);
+    assert_true(s.spec_draft_tokens > 0);
+    assert_int_equal(s.spec_accepted_tokens, s.spec_draft_tokens);
+    rq.n = 3;
+    rq.sampling.temperature = 0.8f;
+    rq.sampling.seed = 7;
+    size_t per = kv_cache_block_bytes(LLM_KV_F16, KV_DEFAULT_BLOCK, m->hp.n_layer, m->hp.n_head_kv * m->hp.head_dim);
+    on.spec_draft_kv_bytes = per * (128 / KV_DEFAULT_BLOCK);
+    spec_same(m, on, &rq, &s);
+    assert_true(s.spec_accepted_tokens > 0);
+
+    char path[256];
+    llm_model *q4 = NULL, *other = NULL;
+    llm_error err = {0};
+    test_tmpfile("engine-draft", path, sizeof path);
+    if (llm_mkmodel(llm_shape_find("tiny"), QT_Q4_0, 11, path, &err) || llm_model_load(path, &q4, &err))
+        fail_msg("draft: %s", err.msg);
+    remove(path);
+    if (llm_mkmodel(llm_shape_find("tiny"), QT_Q8_0, 12, path, &err) || llm_model_load(path, &other, &err))
+        fail_msg("draft: %s", err.msg);
+    remove(path);
+    on = (llm_engine_config){.speculative = LLM_SPEC_DRAFT, .spec_draft_model = q4};
+    rq.text = NULL;
+    int32_t prompt[64];
+    rq.tokens = prompt;
+    rq.n_tokens = make_prompt(g_tiny, 5, prompt);
+    spec_same(g_tiny, on, &rq, &s);
+    rq.n = 1;
+    rq.sampling = llm_sampling_default();
+    spec_same(g_tiny, on, &rq, &s);
+    assert_true(s.spec_accepted_tokens > 0);
+
+    draft_refused(g_tiny, NULL, 0, "needs spec_draft_model");
+    draft_refused(g_tiny, other, 0, "vocabulary");
+    if (g_story)
+        draft_refused(g_tiny, g_story, 0, "vocabulary");
+    draft_refused(g_tiny, q4, 4096, "draft model's KV budget");
+    llm_model_free(q4);
+    llm_model_free(other);
+}
+
 /* The speculation distribution test's guesser: after the first token,
  * when that is g_t1, it guesses g_guess. */
 static int32_t g_t1, g_guess;
@@ -1448,6 +1547,7 @@ int main(void)
         cmocka_unit_test(test_prompt_logprobs),
         cmocka_unit_test(test_prompt_logprobs_refused),
         cmocka_unit_test(test_speculation),
+        cmocka_unit_test(test_speculation_draft),
         cmocka_unit_test(test_speculation_distribution),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

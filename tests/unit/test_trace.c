@@ -114,11 +114,13 @@ typedef struct tr_totals {
     uint64_t held_picks;                /* constrained picks put off to a later step (mask_step_work spent) */
     uint64_t adapted;                   /* requests run under an adapter */
     uint64_t guessed, taken;            /* speculation: guessed tokens checked, and taken */
+    uint64_t drafted;                   /* traces guessing with a draft model */
 } tr_totals;
 
 static test_tiny g_tiny, g_gemma, g_moe; /* the models (and backends) below take turns by seed */
 static llm_lora *g_tiny_l[N_LORAS], *g_gemma_l[N_LORAS], *g_moe_l[N_LORAS]; /* each model's adapters */
-static llm_model *g_m;
+static llm_model *g_tiny_d, *g_gemma_d, *g_moe_d; /* each model's draft: its shape and seed, other weight types */
+static llm_model *g_m, *g_d;
 static llm_backend *g_b;
 static llm_lora **g_l;
 static int g_verbose;
@@ -368,6 +370,26 @@ static int oracle_guess(void *ctx, const int32_t *tok, int n, int n_prompt, int 
     return 0;
 }
 
+/* Half the n-gram traces guess with the model's draft instead, from a
+ * stream of their own (the other draws stay what they were); a third of
+ * them with a draft pool of one or two full contexts, so that sequences
+ * find it full. */
+static void draft_make(tr_trace *t)
+{
+    uint64_t g = t->seed * 0x9e3779b97f4a7c15ull + 11;
+    llm_engine_config *c = &t->cfg;
+    if (c->speculative != LLM_SPEC_NGRAM || rnd(&g, 2))
+        return;
+    c->speculative = LLM_SPEC_DRAFT;
+    c->spec_draft_model = g_d;
+    if (!rnd(&g, 3)) {
+        const llm_hparams *hp = &g_d->hp;
+        int bs = c->block_size ? c->block_size : KV_DEFAULT_BLOCK;
+        size_t per = kv_cache_block_bytes(c->kv_type, bs, hp->n_layer, hp->n_head_kv * hp->head_dim);
+        c->spec_draft_kv_bytes = per * (size_t)((c->n_ctx + bs - 1) / bs) * (1 + rnd(&g, 2));
+    }
+}
+
 /* Half the traces speculate (engine.h's llm_spec_mode), from a stream of
  * their own, so every trace's other draws stay what they were: with
  * n-grams, or (a third of them) with the oracle's guesses. A third of
@@ -387,6 +409,7 @@ static void spec_make(tr_trace *t)
     c->spec_ngram_max = c->spec_ngram_min + (int)rnd(&g, 3);
     c->spec_step_rows = 1 + (int)rnd(&g, 24);
     c->spec_max_seqs = 1 + (int)rnd(&g, 16);
+    draft_make(t);
     for (int i = 0; i < t->n_req; i++) {
         tr_req *r = &t->req[i];
         r->rq.no_speculate = !rnd(&g, 5);
@@ -674,6 +697,7 @@ static int check_engine(const tr_trace *t, llm_engine *e)
     g_tot.held_picks += st.held_picks;
     g_tot.guessed += st.spec_draft_tokens;
     g_tot.taken += st.spec_accepted_tokens;
+    g_tot.drafted += t->cfg.speculative == LLM_SPEC_DRAFT;
     g_tot.cancels += (uint64_t)cancels;
     const char *why = NULL;
     /* tiny gemma3's first layer is local: its pool is sized to the windows,
@@ -692,6 +716,8 @@ static int check_engine(const tr_trace *t, llm_engine *e)
         why = "more cached than prompt tokens";
     else if (st.spec_accepted_tokens > st.spec_draft_tokens || (!t->cfg.speculative && st.spec_draft_tokens))
         why = "more guesses taken than made, or guesses without speculation";
+    else if (st.spec_draft_failures)
+        why = "a draft model's pass failed";
     for (int k = 0; k < N_LORAS && !why; k++)
         if (llm_engine_lora_requests(e, g_l[k]) != 0)
             why = "an adapter is still named by a request after the trace";
@@ -721,6 +747,7 @@ static int trace_run(uint64_t seed)
     static tr_trace t;
     const test_tiny *model = seed % 2 ? &g_tiny : seed % 4 ? &g_moe : &g_gemma;
     g_m = model->m;
+    g_d = seed % 2 ? g_tiny_d : seed % 4 ? g_moe_d : g_gemma_d;
     g_b = model->b;
     g_l = seed % 2 ? g_tiny_l : seed % 4 ? g_moe_l : g_gemma_l;
     trace_make(&t, seed);
@@ -810,10 +837,28 @@ static int backend_pick(test_tiny *t)
     return 0;
 }
 
+/* A draft for t: t's shape and seed (so the same vocabulary and near
+ * weights: its guesses are mostly right) with weights of type qt. */
+static int draft_open(const char *shape, quant_type qt, llm_model **out)
+{
+    char path[256];
+    llm_error err = {0};
+    test_tmpfile("trace-draft", path, sizeof path);
+    llm_status st = llm_mkmodel(llm_shape_find(shape), qt, 23, path, &err);
+    if (!st)
+        st = llm_model_load(path, out, &err);
+    remove(path); /* (mapped: the mapping stays) */
+    if (st)
+        fprintf(stderr, "trace: the draft of %s: %s\n", shape, err.msg);
+    return st ? -1 : 0;
+}
+
 static int setup(void **st)
 {
     (void)st;
-    if (test_tiny_open(&g_tiny, "trace-tiny", QT_Q8_0, 23, 2) ||
+    if (draft_open("tiny", QT_Q4_0, &g_tiny_d) || draft_open("tiny-gemma3", QT_Q8_0, &g_gemma_d) ||
+        draft_open("tiny-qwen3moe", QT_Q8_0, &g_moe_d) ||
+        test_tiny_open(&g_tiny, "trace-tiny", QT_Q8_0, 23, 2) ||
         test_shape_open(&g_gemma, "tiny-gemma3", "trace-gemma3", QT_Q5_0, 23, 2) ||
         test_shape_open(&g_moe, "tiny-qwen3moe", "trace-qwen3moe", QT_Q4_K, 23, 2) || backend_pick(&g_tiny) ||
         backend_pick(&g_gemma) || backend_pick(&g_moe) || loras_make(&g_tiny, g_tiny_l) ||
@@ -833,6 +878,9 @@ static int teardown(void **st)
     test_tiny_close(&g_tiny);
     test_tiny_close(&g_gemma);
     test_tiny_close(&g_moe);
+    llm_model_free(g_tiny_d);
+    llm_model_free(g_gemma_d);
+    llm_model_free(g_moe_d);
     return 0;
 }
 
@@ -841,14 +889,16 @@ static void totals_print(double secs)
     print_message("trace: %llu traces, %llu requests, %llu steps, %llu preemptions, %llu prompt tokens from the prefix "
                   "cache, %llu shared by forks, %llu cancels, %llu constrained requests (%llu completions ended by "
                   "their grammar, %llu picks held to a later step), %llu embedding requests, %llu under an adapter, "
-                  "%llu with prompt logprobs, %llu guessed tokens checked (%llu taken) in %.1f s\n",
+                  "%llu with prompt logprobs, %llu guessed tokens checked (%llu taken; %llu traces guessing with a draft model) "
+                  "in %.1f s\n",
                   (unsigned long long)g_tot.traces, (unsigned long long)g_tot.requests, (unsigned long long)g_tot.steps,
                   (unsigned long long)g_tot.preemptions, (unsigned long long)g_tot.cached,
                   (unsigned long long)g_tot.forked, (unsigned long long)g_tot.cancels,
                   (unsigned long long)g_tot.constrained, (unsigned long long)g_tot.grammar_ends,
                   (unsigned long long)g_tot.held_picks, (unsigned long long)g_tot.embeddings,
                   (unsigned long long)g_tot.adapted, (unsigned long long)g_tot.prompt_lps,
-                  (unsigned long long)g_tot.guessed, (unsigned long long)g_tot.taken, secs);
+                  (unsigned long long)g_tot.guessed, (unsigned long long)g_tot.taken,
+                  (unsigned long long)g_tot.drafted, secs);
 }
 
 static void test_regressions(void **st)

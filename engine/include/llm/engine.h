@@ -45,7 +45,9 @@ typedef enum llm_spec_mode {
     LLM_SPEC_OFF = 0,
     LLM_SPEC_NGRAM = 1, /* the guesses follow the latest earlier place where the sequence's last n tokens
                          * (prompt and output) occurred: no extra model */
-    LLM_SPEC_CALLER = 2 /* the caller's llm_spec_guess_fn guesses (tests feed known answers, right and wrong) */
+    LLM_SPEC_CALLER = 2, /* the caller's llm_spec_guess_fn guesses (tests feed known answers, right and wrong) */
+    LLM_SPEC_DRAFT = 3  /* a draft model with the same vocabulary (spec_draft_model) guesses greedily, from K/V
+                         * pages of its own; its passes run without the engine's lock */
 } llm_spec_mode;
 #define LLM_SPEC_MAX_TOKENS 32      /* guesses per sequence and step, at most */
 #define LLM_SPEC_MAX_NGRAM 8        /* the longest run of last tokens a guess is looked up by */
@@ -100,6 +102,10 @@ typedef struct llm_engine_config {
                               * bound by reading the weights, so extra rows cost time); 0: 16 */
     llm_spec_guess_fn spec_guess; /* LLM_SPEC_CALLER: the guesser (required), with its context */
     void *spec_guess_ctx;
+    const llm_model *spec_draft_model; /* LLM_SPEC_DRAFT: the draft (required; borrowed), run on backend; its
+                              * vocabulary must be the model's token for token */
+    size_t spec_draft_kv_bytes; /* the draft's KV pool (backend memory, kv_type, every position kept); 0: room for
+                              * spec_max_seqs full contexts, at most 256 MiB; at least one full context */
 } llm_engine_config;
 
 typedef uint64_t llm_request_id;
@@ -211,6 +217,8 @@ typedef struct llm_stats {
     int spec_tokens;         /* the most guesses per sequence and step; 0: speculation off */
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accepted_at[LLM_SPEC_MAX_TOKENS];
+    double spec_draft_ms;    /* time in the draft model's passes */
+    uint64_t spec_draft_failures; /* draft passes the backend failed (those steps guessed nothing) */
     /* tokens per step: steps with at most LLM_BATCH_BUCKET(i) tokens, i < LLM_BATCH_BUCKETS (last: any) */
     uint64_t batch_hist[LLM_BATCH_BUCKETS];
 } llm_stats;
