@@ -130,6 +130,9 @@ static const key_def keys[] = {
      "same vocabulary, spec_draft_model, guesses them); answers are the same either way"},
     {"spec_draft_model", K_STR, F(spec_draft_model), 0, 0, "",
      "speculative draft: the draft model's GGUF file (a local path; its vocabulary must be the model's)"},
+    {"spec_draft_kv_mb", K_INT, F(spec_draft_kv_mb), 0, 1 << 30, "0",
+     "speculative draft: the draft's KV cache in MiB, at least one full context (0: room for spec_max_seqs "
+     "contexts, at most 256 MiB unless one context needs more)"},
     {"spec_tokens", K_INT, F(spec_tokens), 1, LLM_SPEC_MAX_TOKENS, "8",
      "most guessed tokens per sequence and step (each sequence adapts below it to what it gets right)"},
     {"spec_ngram_min", K_INT, F(spec_ngram_min), 1, LLM_SPEC_MAX_NGRAM, "2",

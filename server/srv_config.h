@@ -68,6 +68,7 @@ typedef struct srv_config {
     long prompt_logprob_rows; /* the engine's prompt_logit_rows (0 or -1: prompt_logprobs refused) */
     char *speculative;      /* off | ngram | draft (engine.h's llm_spec_mode) */
     char *spec_draft_model; /* draft: the draft model's GGUF file (the model's vocabulary) */
+    long spec_draft_kv_mb;  /* draft: its KV cache (0: the engine's default) */
     long spec_tokens, spec_ngram_min, spec_ngram_max, spec_step_rows, spec_max_seqs; /* the engine's */
 } srv_config;
 

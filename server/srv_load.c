@@ -63,6 +63,7 @@ llm_status srv_load_engine(srv *s, llm_model *m, const llm_model *draft, llm_bac
                             .no_prefix_cache = !s->cfg.prefix_cache, .max_loras = (int)s->cfg.max_loras,
                             .prompt_logit_rows = s->cfg.prompt_logprob_rows ? (int)s->cfg.prompt_logprob_rows : -1,
                             .speculative = spec_mode(s, draft), .spec_draft_model = draft,
+                            .spec_draft_kv_bytes = (size_t)s->cfg.spec_draft_kv_mb << 20,
                             .spec_tokens = (int)s->cfg.spec_tokens, .spec_ngram_min = (int)s->cfg.spec_ngram_min,
                             .spec_ngram_max = (int)s->cfg.spec_ngram_max, .spec_step_rows = (int)s->cfg.spec_step_rows,
                             .spec_max_seqs = (int)s->cfg.spec_max_seqs};

@@ -116,6 +116,8 @@ static llm_status load(srv *s, llm_error *err)
     if (!st && s->cfg.spec_draft_model[0]) {
         snprintf(s->status, sizeof s->status, "loading the draft model %.400s", s->cfg.spec_draft_model);
         st = srv_load_model(s->cfg.spec_draft_model, NULL, NULL, NULL, &s->stopping, &s->draft, err);
+        if (!st)
+            st = srv_load_page_in(s->draft, NULL, NULL, &s->stopping, err); /* (a file cut short fails the load here) */
         if (st) {
             llm_error why = *err; /* (not formatted into itself) */
             llm_errf(err, st, "the draft model (spec_draft_model): %s", why.msg);

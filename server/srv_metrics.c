@@ -234,6 +234,8 @@ static void render_spec(llm_strbuf *b, const llm_stats *s, const char *lab)
                      s->spec_draft_ms / 1e3);
     llm_prom_counter(b, "llm_spec_draft_failures_total", "Draft model passes the backend failed (no guesses then)", lab,
                      (double)s->spec_draft_failures);
+    llm_prom_counter(b, "llm_spec_draft_full_total", "Times a sequence found the draft model's KV pool full", lab,
+                     (double)s->spec_draft_full);
 }
 
 static void render_engine(llm_strbuf *b, const llm_stats *s, const char *lab)

@@ -685,6 +685,9 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
     plan_logits = plan_logits < c->max_batch_tokens ? plan_logits : c->max_batch_tokens;
     e->max_logits = plan_logits + guess_rows < c->max_batch_tokens ? plan_logits + guess_rows : c->max_batch_tokens;
     llm_status st = llm_forward_new_tp(e->m, ranks, nr, c->max_batch_tokens, e->max_logits, &e->fwd, err);
+    if (!st && c->speculative == LLM_SPEC_DRAFT) /* (the draft's pass and pool too: the KV budget is a share of
+                                                  * what is left) */
+        st = eng_draft_new(c, e->b, &e->draft, err);
     if (!st && !(st = kv_blocks(c, e->m, &sh, err))) {
         kv_cache_config kc = {c->block_size, c->kv_type, sh.n, 0, !c->no_prefix_cache, ranks, nr,
                               sh.window, sh.local, sh.n_local};
@@ -698,8 +701,6 @@ static llm_status engine_alloc(llm_engine *e, llm_error *err)
                        .max_logits = plan_logits, .max_draft_rows = guess_rows}; /* (guesses' rows apart: they
                                                                                    * must not widen prompt_logprobs') */
     if ((st = sched_init(&e->s, &sc, e->kv, err)))
-        return st;
-    if (c->speculative == LLM_SPEC_DRAFT && (st = eng_draft_new(c, e->b, &e->draft, err)))
         return st;
     e->b_tokens = malloc(sizeof(int32_t) * (size_t)c->max_batch_tokens);
     e->b_logit_rows = malloc(sizeof(int32_t) * (size_t)e->max_logits);

@@ -195,6 +195,10 @@ void eng_lora_free_all(llm_engine *e);
 int eng_spec_step_guesses(const llm_engine *e);
 /* Whether plan item it decodes and its sequence may guess. */
 int eng_spec_may_guess(const sched_item *it);
+/* How many guesses plan item it's sequence asks for this step (its
+ * guess length, within the room its answer has left; 0: none, also when
+ * it may not guess); its n_draft is reset to 0 either way. */
+int eng_spec_want(const sched_item *it);
 /* Under e->mu, between sched_plan and sched_plan_drafts, when
  * eng_spec_step_guesses: each planned sequence that may guess gets its
  * n-gram or caller's guesses (sched_seq.n_draft, written after its
@@ -205,22 +209,26 @@ int eng_spec_propose(llm_engine *e);
 void eng_spec_account(llm_engine *e, eng_seq *q, int drafted, int taken);
 
 /* The draft model (engine_draft.c): see its file comment for the thread
- * rules. eng_draft_new checks the draft's vocabulary against the model's
- * and sizes its cache (spec_draft_kv_bytes). */
+ * rules. eng_draft_new checks c->spec_draft_model's vocabulary against
+ * c->model's and makes its pass (on b) and its cache (spec_draft_kv_bytes);
+ * the models and b are borrowed and must outlive *out, which
+ * eng_draft_free frees (NULL ok). Errors: LLM_ERR_INVALID_ARG (no draft,
+ * another vocabulary, a context or budget it cannot hold), LLM_ERR_NOMEM. */
 llm_status eng_draft_new(const llm_engine_config *c, llm_backend *b, eng_draft **out, llm_error *err);
 void eng_draft_free(eng_draft *d);
-/* q's draft K/V goes back (d NULL: none); under the lock, any thread. */
+/* q's draft K/V goes back (d NULL: none); under the lock (see the file
+ * comment for the exception). */
 void eng_draft_release(eng_draft *d, eng_seq *q);
 /* Under the lock, between sched_plan and sched_plan_drafts: the planned
- * sequences that may guess get draft blocks for this step and are marked
- * in flight. Returns how many will guess. */
+ * sequences that may guess get draft blocks for this step (one that finds
+ * the pool full counts in spec_draft_full). Returns how many will guess. */
 int eng_draft_begin(llm_engine *e);
 /* Without the lock: the draft's passes; each of begin's sequences gets
  * its greedy guesses written after its tokens. */
 llm_status eng_draft_run(llm_engine *e);
 /* Under the lock again: the true tokens' draft K/V kept, each sequence's
- * n_draft set (none when st failed), the in-flight marks taken back. */
-void eng_draft_end(llm_engine *e, llm_status st);
+ * n_draft set (none when st failed). Returns whether any sequence guessed. */
+int eng_draft_end(llm_engine *e, llm_status st);
 
 /* The engine thread's loop (engine_step.c); arg is the engine. */
 void *eng_step_main(void *arg);

@@ -43,6 +43,16 @@ int eng_spec_may_guess(const sched_item *it)
            !q->q.all_logits && r->max_gen - q->n_gen >= 2;
 }
 
+int eng_spec_want(const sched_item *it)
+{
+    eng_seq *q = it->seq->user;
+    q->q.n_draft = 0;
+    if (!eng_spec_may_guess(it))
+        return 0;
+    int k = q->spec_k, room = q->r->max_gen - q->n_gen - 1; /* every guess taken and one pick more */
+    return k < room ? k : room;
+}
+
 int eng_spec_step_guesses(const llm_engine *e)
 {
     const llm_engine_config *c = &e->cfg;
@@ -61,11 +71,9 @@ int eng_spec_propose(llm_engine *e)
     int any = 0;
     for (int i = 0; i < s->n_items; i++) {
         eng_seq *q = s->items[i].seq->user;
-        q->q.n_draft = 0;
-        if (!eng_spec_may_guess(&s->items[i]))
+        int k = eng_spec_want(&s->items[i]);
+        if (k < 1)
             continue;
-        int k = q->spec_k, room = q->r->max_gen - q->n_gen - 1; /* every guess taken and one pick more */
-        k = k < room ? k : room;
         int32_t *out = q->tokens + q->q.n_tokens;
         int n = c->speculative == LLM_SPEC_CALLER
                     ? c->spec_guess(c->spec_guess_ctx, q->tokens, q->q.n_tokens, q->q.n_prompt, k, out)

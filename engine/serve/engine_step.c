@@ -642,25 +642,36 @@ static void picks_finish(llm_engine *e)
     e->grammar_ms = 0;
 }
 
+/* Marks every planned sequence's request in flight (by = 1) or takes
+ * the marks back (-1; a request cancelled meanwhile is dropped by the
+ * step, which marks it again before the lock goes). */
+static void plan_hold(llm_engine *e, int by)
+{
+    for (int i = 0; i < e->s.n_items; i++) ((eng_seq *)e->s.items[i].seq->user)->r->in_flight += by;
+}
+
 /* Under the lock, after the plan: this step's guesses, n-gram or the
- * caller's, or the draft model's (whose passes run without the lock: the
- * lock is let go and taken again here). Returns whether any sequence
- * guessed. */
+ * caller's, or the draft model's, whose passes run without the lock: it
+ * is let go and taken again here, every planned request marked in flight
+ * meanwhile so that a cancel waits (the plan points at its sequences).
+ * Returns whether any sequence guessed. */
 static int guesses(llm_engine *e)
 {
     if (!e->draft)
         return eng_spec_propose(e);
     if (!eng_draft_begin(e))
         return 0;
-    pthread_mutex_unlock(&e->w.mu);
+    plan_hold(e, 1);
     double t0 = eng_now_ms();
+    e->step_t0 = t0; /* (busy: liveness sees a pass that hangs) */
+    pthread_mutex_unlock(&e->w.mu);
     llm_status st = eng_draft_run(e);
     double ms = eng_now_ms() - t0;
     pthread_mutex_lock(&e->w.mu);
+    plan_hold(e, -1);
     e->st.spec_draft_ms += ms;
     e->st.spec_draft_failures += st != LLM_OK;
-    eng_draft_end(e, st);
-    return 1;
+    return eng_draft_end(e, st);
 }
 
 /* One round: the plan's step and the picks held from earlier rounds

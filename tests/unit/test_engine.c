@@ -1369,7 +1369,7 @@ static void test_speculation_draft(void **st)
     size_t per = kv_cache_block_bytes(LLM_KV_F16, KV_DEFAULT_BLOCK, m->hp.n_layer, m->hp.n_head_kv * m->hp.head_dim);
     on.spec_draft_kv_bytes = per * (128 / KV_DEFAULT_BLOCK);
     spec_same(m, on, &rq, &s);
-    assert_true(s.spec_accepted_tokens > 0);
+    assert_true(s.spec_accepted_tokens > 0 && s.spec_draft_full > 0);
 
     char path[256];
     llm_model *q4 = NULL, *other = NULL;
@@ -1393,12 +1393,47 @@ static void test_speculation_draft(void **st)
     assert_true(s.spec_accepted_tokens > 0);
 
     draft_refused(g_tiny, NULL, 0, "needs spec_draft_model");
-    draft_refused(g_tiny, other, 0, "vocabulary");
+    draft_refused(g_tiny, other, 0, "vocabulary is not the model's: token");
     if (g_story)
         draft_refused(g_tiny, g_story, 0, "vocabulary");
-    draft_refused(g_tiny, q4, 4096, "draft model's KV budget");
+    draft_refused(g_tiny, q4, 4096, "spec_draft_kv_bytes 4096 holds 0 blocks");
     llm_model_free(q4);
     llm_model_free(other);
+}
+
+/* Cancels while the draft model's passes run without the engine's lock:
+ * requests beside a drafting one (prompts in the plan, some opted out of
+ * guessing) are cancelled at random points; the drafting answer stays
+ * the same and no block is left referenced (under ASan, make asan, a
+ * sequence freed while the plan still held it fails here). */
+static void test_speculation_draft_cancel(void **st)
+{
+    (void)st;
+    int32_t prompt[64], other[64];
+    llm_request rq = {.tokens = prompt, .n_tokens = make_prompt(g_tiny, 2, prompt), .sampling = llm_sampling_default(),
+                      .max_tokens = 120, .ignore_eos = 1};
+    llm_request side = {.tokens = other, .n_tokens = make_prompt(g_tiny, 4, other), .sampling = llm_sampling_default(),
+                        .max_tokens = 3};
+    static result want, got;
+    llm_engine *e = open_engine(g_tiny, (llm_engine_config){0});
+    collect(e, submit(e, &rq), 1, &want);
+    close_engine(e);
+    e = open_engine(g_tiny, (llm_engine_config){.speculative = LLM_SPEC_DRAFT, .spec_draft_model = g_tiny});
+    llm_request_id id = submit(e, &rq);
+    uint64_t rng = 5;
+    for (int i = 0; i < 300; i++) {
+        side.no_speculate = i % 2;
+        llm_request_id b = submit(e, &side);
+        nanosleep(&(struct timespec){0, (long)(test_rng(&rng) % 300000)}, NULL);
+        llm_engine_cancel(e, b);
+    }
+    collect(e, id, 1, &got);
+    llm_stats s;
+    llm_engine_stats(e, &s);
+    close_engine(e);
+    assert_int_equal(want.n_tok[0], got.n_tok[0]);
+    assert_memory_equal(want.tok[0], got.tok[0], sizeof(int32_t) * (size_t)want.n_tok[0]);
+    assert_true(s.spec_draft_tokens > 0);
 }
 
 /* The speculation distribution test's guesser: after the first token,
@@ -1548,6 +1583,7 @@ int main(void)
         cmocka_unit_test(test_prompt_logprobs_refused),
         cmocka_unit_test(test_speculation),
         cmocka_unit_test(test_speculation_draft),
+        cmocka_unit_test(test_speculation_draft_cancel),
         cmocka_unit_test(test_speculation_distribution),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

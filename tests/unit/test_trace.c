@@ -837,8 +837,8 @@ static int backend_pick(test_tiny *t)
     return 0;
 }
 
-/* A draft for t: t's shape and seed (so the same vocabulary and near
- * weights: its guesses are mostly right) with weights of type qt. */
+/* A trace model's draft: its shape and seed (23: the same vocabulary and
+ * near weights, so its guesses are mostly right), weights of type qt. */
 static int draft_open(const char *shape, quant_type qt, llm_model **out)
 {
     char path[256];
@@ -928,8 +928,11 @@ static void test_quick_seeds(void **st)
     assert_true(g_tot.prompt_lps > 0);
     assert_true(g_tot.cancels > 0);
     assert_true(g_tot.constrained > 0 && g_tot.grammar_ends > 0);
-    if (n >= N_QUICK) /* holds need two uncached masks in one step: the 100 quick seeds have ~50, TSan's 8 may have none */
+    if (n >= N_QUICK) { /* holds need two uncached masks in one step: the 100 quick seeds have ~50, TSan's 8 may
+                         * have none; the first draft trace is seed 9 */
         assert_true(g_tot.held_picks > 0);
+        assert_true(g_tot.drafted > 0);
+    }
     assert_true(g_tot.embeddings > 0);
     assert_true(g_tot.adapted > 0);
     assert_true(g_tot.taken > 0 && g_tot.taken < g_tot.guessed); /* guesses taken, and some refused */

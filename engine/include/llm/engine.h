@@ -104,8 +104,9 @@ typedef struct llm_engine_config {
     void *spec_guess_ctx;
     const llm_model *spec_draft_model; /* LLM_SPEC_DRAFT: the draft (required; borrowed), run on backend; its
                               * vocabulary must be the model's token for token */
-    size_t spec_draft_kv_bytes; /* the draft's KV pool (backend memory, kv_type, every position kept); 0: room for
-                              * spec_max_seqs full contexts, at most 256 MiB; at least one full context */
+    size_t spec_draft_kv_bytes; /* the draft's KV pool (backend memory, kv_type, every position kept), at least one
+                              * full context; 0: room for spec_max_seqs full contexts, but at most 256 MiB unless
+                              * one context needs more */
 } llm_engine_config;
 
 typedef uint64_t llm_request_id;
@@ -219,6 +220,7 @@ typedef struct llm_stats {
     uint64_t spec_accepted_at[LLM_SPEC_MAX_TOKENS];
     double spec_draft_ms;    /* time in the draft model's passes */
     uint64_t spec_draft_failures; /* draft passes the backend failed (those steps guessed nothing) */
+    uint64_t spec_draft_full; /* times a sequence found the draft's KV pool full (it guessed nothing that step) */
     /* tokens per step: steps with at most LLM_BATCH_BUCKET(i) tokens, i < LLM_BATCH_BUCKETS (last: any) */
     uint64_t batch_hist[LLM_BATCH_BUCKETS];
 } llm_stats;
