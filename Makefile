@@ -652,7 +652,8 @@ $(BUILD)/tests/check_model: tests/gpu/check_model.c $(TESTKIT_LIB) $(ENGINE_LIBS
 	@$(CC) $(CFLAGS_BASE) $(INC_TESTS) $< $(TESTKIT_LIB) $(ENGINE_LIBS) $(LDLIBS) -o $@
 .PHONY: cudasim
 # Each trace takes minutes on the emulator (every kernel's threads run as
-# fibers; 170 s, 80 s and 150 s here, beside a build): seed 2 runs the tiny
+# fibers on one core; 170 s, 80 s and 150 s here, beside a build, so they
+# run at once): seed 2 runs the tiny
 # qwen3moe model, seeds 3 and 9 the tiny llama one, each with adapters,
 # grammars, forks or cancels and embeddings mixed in; seed 3 speculates
 # with the oracle's guesses and seed 9 with a draft model (test_trace.c),
@@ -667,9 +668,12 @@ cudasim: $(SIM_BIN) $(TOOL_BIN) $(BUILD)/tests/test_trace
 	@echo "== check_kernels on the emulator"
 	@CHECK_QUICK=1 $(SIM)/check_kernels
 	@sh tests/cudasim/check_models.sh $(BUILD)
-	@echo "== the trace tester on the emulated CUDA backend (seeds $(CUDA_TRACE_SEEDS))"
+	@echo "== the trace tester on the emulated CUDA backend (seeds $(CUDA_TRACE_SEEDS), all at once: each keeps one core busy)"
 	@for s in $(CUDA_TRACE_SEEDS); do \
-	  LLM_TRACE_BACKEND=cuda LLM_CUDA_LIB=$(SIM)/libllm_cuda.so $(BUILD)/tests/test_trace --seed $$s || exit 1; done
+	  (LLM_TRACE_BACKEND=cuda LLM_CUDA_LIB=$(SIM)/libllm_cuda.so $(BUILD)/tests/test_trace --seed $$s \
+	    > $(SIM)/trace-$$s.log 2>&1; echo $$? > $(SIM)/trace-$$s.rc) & done; wait; \
+	fail=0; for s in $(CUDA_TRACE_SEEDS); do cat $(SIM)/trace-$$s.log; [ "$$(cat $(SIM)/trace-$$s.rc)" = 0 ] || fail=1; done; \
+	exit $$fail
 
 ALL_C_SRC = $(COMMON_SRC) $(TEXT_SRC) $(NET_SRC) $(KUBE_SRC) $(ENGINE_SRC) $(TESTKIT_SRC) engine/backend/cuda/backend_cuda.c engine/backend/cuda/cuda_ops.c $(SERVER_SRC) \
             $(CONTROLLER_SRC) $(ROUTER_SRC) tools/*.c

@@ -116,7 +116,9 @@ def throughput(client, n_seqs, max_tokens):
 def servers(args):
     """(label, command, port) of each server measured."""
     out = []
-    for label, extra in (("llm-server", []), ("llm-server ngram", ["--speculative", "ngram"])):
+    ours = [("llm-server", []), ("llm-server ngram", ["--speculative", "ngram"])]
+    ours += [(f"llm-server {v.split('=', 1)[0]}", v.split("=", 1)[1].split()) for v in args.variant]
+    for label, extra in ours:
         port = free_port()
         out.append((label, [str(ROOT / args.build / "bin" / "llm-server"), "-m", args.model, "--host", "127.0.0.1",
                             "--port", str(port), "--threads", str(args.threads), "--model_name", "m", *extra], port))
@@ -139,6 +141,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--throughput", default="16,64", help="concurrent sequences ('' to skip)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="another llm-server to measure, LABEL=ARGS (e.g. 'k16=--speculative ngram --spec_tokens 16')")
+    ap.add_argument("--tasks", default=",".join(TASKS), help="the tasks measured, comma-separated")
     args = ap.parse_args()
     rates = {}
     for label, cmd, port in servers(args):
@@ -146,7 +151,7 @@ def main():
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         try:
             decode_rate(client, "Say hello.", 8)  # warm up
-            for task, prompt in TASKS.items():
+            for task, prompt in ((t, TASKS[t]) for t in args.tasks.split(",")):
                 runs = [decode_rate(client, prompt, args.max_tokens) for _ in range(args.reps)]
                 rates[label, task] = (statistics.median(r for r, _ in runs), runs[0][1])
                 print(f"{label:24} {task:18} {rates[label, task][0]:7.1f} tok/s ({runs[0][1]} tokens)",

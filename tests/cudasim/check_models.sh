@@ -42,9 +42,19 @@ for st in tiny-gemma3:Q5_0 tiny-gemma3:Q3_K tiny-qwen3:Q5_K tiny-qwen3:Q2_K tiny
     fi
 done
 
-echo "== check_model on the emulator (CUDA backend vs CPU backend)"
+echo "== check_model on the emulator (CUDA backend vs CPU backend), two models at a time (each keeps a core busy)"
+i=0
 for m in $models; do
-    LLM_CUDA_LIB=$lib "$b/tests/check_model" "$m" -n 32 || fail "check_model $m"
+    i=$((i + 1))
+    (LLM_CUDA_LIB=$lib "$b/tests/check_model" "$m" -n 32 > "$dir/check-$i.log" 2>&1; echo $? > "$dir/check-$i.rc") &
+    [ $((i % 2)) -eq 0 ] && wait
+done
+wait
+i=0
+for m in $models; do
+    i=$((i + 1))
+    cat "$dir/check-$i.log"
+    [ "$(cat "$dir/check-$i.rc")" = 0 ] || fail "check_model $m"
 done
 
 echo "== decode steps: CUDA graphs, eager steps and the CPU backend pick the same ids"
