@@ -711,30 +711,37 @@ def test_a_tenant_cannot_fill_the_queue(big, tmp_path):
 def test_priority_flood_is_bounded(model, tmp_path):
     """A tenant flooding at priority 1,000,000 is capped at its key's
     max_priority (2); with aging at one level a second, another tenant's
-    request waits at most about 2 s behind the flood, however long it lasts
-    (p99 measured)."""
+    request is overtaken only by flood requests that arrived less than
+    about 2 s after it, however long the flood lasts: none sent 3 s or more
+    after it (a second for the requests' trips) finishes before it. Judged
+    by order, not by time, so a loaded machine's slower steps change
+    nothing."""
     srv = keyed(model, tmp_path, "flood tenant=F max_priority=2\nnorm tenant=N\n", "--max_seqs", 1)
     stop = threading.Event()
+    done = []  # (sent, finished) of every flood request
     try:
         def flood():
             while not stop.is_set():
+                sent = time.perf_counter()
                 ask(srv, "flood", {"prompt": "Once", "max_tokens": 24, "ignore_eos": True, "priority": 1000000})
+                done.append((sent, time.perf_counter()))
         th = [threading.Thread(target=flood, daemon=True) for _ in range(8)]
         for t in th:
             t.start()
         wait_for(lambda: srv.metrics().get(("vllm:num_requests_waiting", VLLM_LABELS), 0) >= 4, what="the flood queued")
-        waits = []
+        norms = []
         for i in range(8):
             t = time.perf_counter()
             st, _, _ = ask(srv, "norm", {"prompt": f"Tale {i}", "max_tokens": 1, "priority": 0})
             assert st == 200
-            waits.append(time.perf_counter() - t)
+            norms.append((t, time.perf_counter()))
         stop.set()
         for t in th:
             t.join(30)
-        waits.sort()
+        waits = sorted(t1 - t0 for t0, t1 in norms)
         print(f"behind a priority flood capped at 2: waits {', '.join(f'{w:.2f}' for w in waits)} s")
-        assert waits[-1] < 4.5, waits   # the bound: max_priority x aging (2 s) + a request's service
+        late = [(round(s - t0, 2), round(f - t0, 2)) for t0, t1 in norms for s, f in done if s >= t0 + 3.0 and f < t1]
+        assert not late, late  # the bound: flood requests sent after max_priority x aging never go first
         assert waits[len(waits) // 2] > 1.0, waits  # and the flood did come first (the test can fail)
     finally:
         stop.set()
