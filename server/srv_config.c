@@ -133,11 +133,11 @@ static const key_def keys[] = {
     {"spec_draft_kv_mb", K_INT, F(spec_draft_kv_mb), 0, 1 << 30, "0",
      "speculative draft: the draft's KV cache in MiB, at least one full context (0: room for spec_max_seqs "
      "contexts, at most 256 MiB unless one context needs more)"},
-    {"spec_tokens", K_INT, F(spec_tokens), 1, LLM_SPEC_MAX_TOKENS, "8",
+    {"spec_tokens", K_INT, F(spec_tokens), 1, LLM_SPEC_MAX_TOKENS, "16",
      "most guessed tokens per sequence and step (each sequence adapts below it to what it gets right)"},
     {"spec_ngram_min", K_INT, F(spec_ngram_min), 1, LLM_SPEC_MAX_NGRAM, "2",
      "shortest run of last tokens a guess is looked up by"},
-    {"spec_ngram_max", K_INT, F(spec_ngram_max), 1, LLM_SPEC_MAX_NGRAM, "4",
+    {"spec_ngram_max", K_INT, F(spec_ngram_max), 1, LLM_SPEC_MAX_NGRAM, "8",
      "longest run of last tokens a guess is looked up by (tried first)"},
     {"spec_step_rows", K_INT, F(spec_step_rows), 1, LLM_SPEC_MAX_STEP_ROWS, "32",
      "guessed tokens one step checks, all sequences together, from the rows prompts leave (each holds a row of "

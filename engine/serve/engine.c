@@ -564,9 +564,9 @@ void llm_engine_stats(llm_engine *e, llm_stats *out)
 /* Speculation's settings: defaults, then each checked by name. */
 static llm_status spec_defaults(llm_engine_config *c, llm_error *err)
 {
-    c->spec_tokens = c->spec_tokens ? c->spec_tokens : 8;
+    c->spec_tokens = c->spec_tokens ? c->spec_tokens : 16;
     c->spec_ngram_min = c->spec_ngram_min ? c->spec_ngram_min : 2;
-    c->spec_ngram_max = c->spec_ngram_max ? c->spec_ngram_max : 4;
+    c->spec_ngram_max = c->spec_ngram_max ? c->spec_ngram_max : 8;
     c->spec_step_rows = c->spec_step_rows ? c->spec_step_rows : 32;
     c->spec_max_seqs = c->spec_max_seqs ? c->spec_max_seqs : 16;
     if ((unsigned)c->speculative > LLM_SPEC_DRAFT)

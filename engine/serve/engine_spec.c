@@ -9,27 +9,32 @@
 #include "engine_impl.h"
 
 /* The farthest back a guess is looked for: a step's search costs at most
- * this many comparisons per n-gram size and sequence, whatever the
- * context holds. */
+ * this many places per sequence (each compared over at most
+ * spec_ngram_max tokens), whatever the context holds. */
 #define SPEC_SCAN 16384
 
 /* Guesses for what follows tokens[0, n): the tokens after the latest
- * earlier place where its last g tokens occur, g from gmax down to gmin;
- * at most k of them into out. Returns how many (0: no match). */
+ * earlier place where the longest run of its last tokens (gmax down to
+ * gmin of them) occurs; at most k of them into out. Returns how many (0:
+ * no match). One backward scan: at each earlier end e, the run that ends
+ * there and matches the last tokens, kept when longer than the best so
+ * far (so among equals the latest wins); a run of gmax ends the scan. */
 static int ngram_guess(const int32_t *tokens, int n, int gmin, int gmax, int k, int32_t *out)
 {
-    for (int g = gmax < n ? gmax : n - 1; g >= gmin; g--) {
-        const int32_t *tail = tokens + n - g;
-        int lo = n - g - SPEC_SCAN > 0 ? n - g - SPEC_SCAN : 0;
-        for (int i = n - g - 1; i >= lo; i--) {
-            if (tokens[i] != tail[0] || memcmp(tokens + i, tail, sizeof(int32_t) * (size_t)g))
-                continue;
-            int from = i + g, m = n - from < k ? n - from : k; /* what followed it, up to where we are */
-            memcpy(out, tokens + from, sizeof(int32_t) * (size_t)m);
-            return m;
+    int best = 0, at = -1, lo = n - 1 - SPEC_SCAN > 0 ? n - 1 - SPEC_SCAN : 0;
+    for (int e = n - 1; e > lo && best < gmax; e--) {
+        int len = 0;
+        while (len < gmax && len < e && tokens[e - 1 - len] == tokens[n - 1 - len]) len++;
+        if (len > best) {
+            best = len;
+            at = e;
         }
     }
-    return 0;
+    if (best < gmin)
+        return 0;
+    int m = n - at < k ? n - at : k; /* what followed it, up to where we are */
+    memcpy(out, tokens + at, sizeof(int32_t) * (size_t)m);
+    return m;
 }
 
 /* Whether plan item it decodes (its one row samples) and its sequence

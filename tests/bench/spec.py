@@ -5,8 +5,8 @@ extract JSON from a document, continue a quoted passage) and one open-ended - be
 without and with its own n-gram speculation (--peer PATH, same model file, same thread count, same prompts), all
 greedy; then llm-server's throughput at 16 and 64 concurrent sequences with guesses off and on.
 
-Decode rate: (completion tokens - 1) / (last streamed token - first), the median of --reps runs; usage from
-stream_options include_usage. Prints a Markdown table; ratios are against llm-server without guesses."""
+Decode rate: (completion tokens - 1) / (last streamed token - first), the median of --reps runs, the servers
+taking turns run by run; usage from stream_options include_usage. Prints a Markdown table; ratios are against llm-server without guesses."""
 import argparse
 import concurrent.futures
 import os
@@ -145,23 +145,38 @@ def main():
                     help="another llm-server to measure, LABEL=ARGS (e.g. 'k16=--speculative ngram --spec_tokens 16')")
     ap.add_argument("--tasks", default=",".join(TASKS), help="the tasks measured, comma-separated")
     args = ap.parse_args()
-    rates = {}
-    for label, cmd, port in servers(args):
-        p = start(cmd, port)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
-        try:
-            decode_rate(client, "Say hello.", 8)  # warm up
-            for task, prompt in ((t, TASKS[t]) for t in args.tasks.split(",")):
-                runs = [decode_rate(client, prompt, args.max_tokens) for _ in range(args.reps)]
-                rates[label, task] = (statistics.median(r for r, _ in runs), runs[0][1])
-                print(f"{label:24} {task:18} {rates[label, task][0]:7.1f} tok/s ({runs[0][1]} tokens)",
-                      file=sys.stderr, flush=True)
-            if label.startswith("llm-server") and args.throughput:
-                for n in map(int, args.throughput.split(",")):
-                    rates[label, f"{n} sequences"] = (throughput(client, n, 128), 0)
-                    print(f"{label:24} {n} seqs {rates[label, f'{n} sequences'][0]:7.1f} tok/s", file=sys.stderr,
-                          flush=True)
-        finally:
+    # Every server is up at once and the runs alternate between them, rep by rep: this VM's speed drifts by
+    # 20% within minutes, and one server measured minutes after another would carry that drift into the ratio
+    # (an idle server takes no CPU: one request runs at a time).
+    procs, clients = [], {}
+    try:
+        for label, cmd, port in servers(args):
+            procs.append(start(cmd, port))
+            clients[label] = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+            decode_rate(clients[label], "Say hello.", 8)  # warm up
+        runs = {}
+        for rep in range(args.reps):
+            for task in args.tasks.split(","):
+                for label, client in clients.items():
+                    runs.setdefault((label, task), []).append(decode_rate(client, TASKS[task], args.max_tokens))
+        rates = {}
+        for (label, task), rs in runs.items():
+            rates[label, task] = (statistics.median(r for r, _ in rs), rs[0][1])
+            print(f"{label:24} {task:18} {rates[label, task][0]:7.1f} tok/s ({rs[0][1]} tokens; runs "
+                  f"{', '.join(f'{r:.1f}' for r, _ in rs)})", file=sys.stderr, flush=True)
+        for n in map(int, args.throughput.split(",")) if args.throughput else ():
+            for rep in range(args.reps):
+                for label, client in clients.items():
+                    if label.startswith("llm-server"):
+                        runs.setdefault((label, f"{n} sequences"), []).append(throughput(client, n, 128))
+            for label in clients:
+                if (label, f"{n} sequences") in runs:
+                    rs = runs[label, f"{n} sequences"]
+                    rates[label, f"{n} sequences"] = (statistics.median(rs), 0)
+                    print(f"{label:24} {n} seqs {statistics.median(rs):7.1f} tok/s (runs "
+                          f"{', '.join(f'{r:.1f}' for r in rs)})", file=sys.stderr, flush=True)
+    finally:
+        for p in procs:
             p.terminate()
             p.wait(timeout=60)
     labels = list(dict.fromkeys(label for label, _ in rates))

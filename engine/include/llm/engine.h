@@ -91,8 +91,8 @@ typedef struct llm_engine_config {
                               * in the logits buffer. 0: 8; -1: none (prompt_logprobs refused) */
     llm_spec_mode speculative; /* default off */
     int spec_tokens;         /* most guesses per sequence and step (each sequence adapts below it to what it gets
-                              * right); 0: 8; 1..LLM_SPEC_MAX_TOKENS */
-    int spec_ngram_min, spec_ngram_max; /* n-gram sizes matched, the longest first; 0: 2 and 4;
+                              * right); 0: 16; 1..LLM_SPEC_MAX_TOKENS */
+    int spec_ngram_min, spec_ngram_max; /* n-gram sizes matched, the longest first; 0: 2 and 8;
                               * 1..LLM_SPEC_MAX_NGRAM */
     int spec_step_rows;      /* guesses a step checks, all sequences together: rows a step takes beyond one per
                               * sequence, from what prompts leave (within max_batch_tokens), each with a logits
