@@ -46,7 +46,7 @@ NET_SRC = net/api_keys.c net/otlp.c net/http_guard.c net/http_reply.c net/http_p
 # private headers (INC_ENGINE_PRIVATE); nothing outside the engine does.
 ENGINE_SRC = $(addprefix engine/model/,gguf.c quant.c model.c lora.c tokenizer.c tok_spm.c tok_bpe.c unicode.c unicode_data.c) \
              $(addprefix engine/compute/,forward.c forward_tp.c tp.c moe.c session.c) \
-             $(addprefix engine/constrain/,grammar.c gmatch.c) \
+             $(addprefix engine/constrain/,grammar.c grammar_cost.c gmatch.c) \
              $(addprefix engine/serve/,engine.c engine_step.c engine_spec.c engine_draft.c engine_lora.c scheduler.c kv_cache.c sampler.c textout.c) \
              engine/backend/backend_open.c engine/backend/cuda/backend_cuda_load.c \
              $(addprefix engine/backend/cpu/,backend_cpu.c cpu_attention.c cpu_lora.c cpu_pack.c threadpool.c kernels_scalar.c \

@@ -70,6 +70,8 @@ static const key_def keys[] = {
     {"kv_type", K_STR, F(kv_type), 0, 0, "f16", "KV cache type: f16, f32, q8_0"},
     {"prefix_cache", K_BOOL, F(prefix_cache), 0, 1, "true",
      "reuse K/V of prompt prefixes already computed (true or false; answers are the same either way)"},
+    {"grammar_close", K_BOOL, F(grammar_close), 0, 1, "true",
+     "a constrained answer closes within max_tokens where its shortest ending fits (false: llama.cpp's way, cut at the limit)"},
     {"kv_cache_mb", K_INT, F(kv_cache_mb), 0, 1 << 30, "0", "KV cache size in MiB (0: kv_cache_fraction of free memory)"},
     {"kv_cache_fraction", K_REAL, F(kv_cache_fraction), 0.001, 1, "0.25", "share of free memory for the KV cache"},
     {"max_body_bytes", K_INT, F(max_body_bytes), 1024, 1 << 30, "1048576", "largest request body (413 above)"},

@@ -36,6 +36,7 @@ typedef struct srv_config {
     char *cpu_pack;         /* auto | on | off (llm_cpu_pack) */
     char *kv_type;          /* f16 | f32 | q8_0 */
     long prefix_cache;      /* 1: reuse cached prompt prefixes (default) */
+    long grammar_close;     /* 1: constrained answers close within max_tokens (default; gmatch.h budgets) */
     long kv_cache_mb;       /* 0: kv_cache_fraction of free memory */
     double kv_cache_fraction;
     long max_body_bytes;

@@ -22,6 +22,7 @@
 #define GM_KEEP_NODES 65536  /* node capacity a matcher keeps between masks (1.5 MiB) */
 
 #define GM_KEY_MAX 512        /* a state longer than this (stack positions) is not cached */
+#define GM_LIST_MAX 2048      /* tokens a cached mask lists as leaving more, or less, to finish than its state */
 
 /* A mask is found again only for an exact (grammar id, partition, state):
  * the hash only picks the candidates. */
@@ -30,6 +31,10 @@ struct llm_gmatch_cache {
     uint64_t *hash;          /* (cap) of the three below */
     uint64_t *grammar, *part; /* (cap) */
     int32_t *key_len;        /* (cap) */
+    int32_t *max_cost;       /* (cap) the most any text token the mask allows leaves to finish (-1: none) */
+    int32_t *n_text;         /* (cap) text tokens the mask allows */
+    int32_t *n_down, *n_up;  /* (cap) tokens listed as leaving less / more than the state (-1: too many) */
+    int32_t **list;          /* (cap) their (id, cost) pairs, the fewer first (own allocations; NULL: none) */
     int32_t *key;            /* (cap, GM_KEY_MAX) the state: each stack's positions top down, then -1 */
     uint32_t *bits;          /* (cap, n_words) */
 };
@@ -52,6 +57,7 @@ enum { GM_TEXT = 1, GM_EOG = 2 };
 typedef struct gnode {
     int32_t pos, parent;     /* parent -1: the bottom */
     int32_t depth;
+    int32_t cost;            /* the fewest bytes that finish this stack (its positions' rest, summed) */
     uint64_t hash;           /* of the whole chain */
 } gnode;
 
@@ -76,6 +82,9 @@ struct llm_gmatch {
     int32_t *remap;          /* compaction: old node id -> new */
     int32_t chain[LLM_GMATCH_MAX_DEPTH + 1]; /* compaction: one stack's nodes not copied yet */
     int cap_remap;
+    uint32_t *plain;         /* (n_words) the mask without the budget, while the budget binds */
+    int32_t *down, *up;      /* (2 * GM_LIST_MAX) a walk's lists of tokens that change the cost (gm_found) */
+    int32_t budget;          /* tokens left, the end's included; -1: no bound */
     llm_gmatch_cache *cache; /* shared (borrowed) or own */
     int own_cache, n_words;
     uint64_t partition;
@@ -209,7 +218,9 @@ static int32_t gm_node(llm_gmatch *m, int32_t pos, int32_t parent)
     }
     if (gm_grow((void **)&m->nodes, m->n_nodes, &m->cap_nodes, sizeof *m->nodes))
         return -2;
-    m->nodes[m->n_nodes] = (gnode){pos, parent, depth, gm_mix(gm_hash_of(m, parent), (uint64_t)pos)};
+    int32_t below = parent < 0 ? 0 : m->nodes[parent].cost, rest = m->g->rest[pos];
+    int32_t cost = below >= GRAMMAR_COST_INF - rest ? GRAMMAR_COST_INF : below + rest;
+    m->nodes[m->n_nodes] = (gnode){pos, parent, depth, cost, gm_mix(gm_hash_of(m, parent), (uint64_t)pos)};
     return m->n_nodes++;
 }
 
@@ -365,6 +376,41 @@ static int gm_has_empty(const llm_gmatch *m, const gstate *s)
     return 0;
 }
 
+/* The fewest bytes that finish the output from state st: its cheapest
+ * stack's, and for a character begun, its continuation bytes in place of
+ * the character's own cost. */
+static int32_t gm_cost(const llm_gmatch *m, const gstate *st)
+{
+    int32_t best = GRAMMAR_COST_INF;
+    for (int i = 0; i < st->n; i++) {
+        int32_t s = m->sv[st->first + i];
+        int32_t c = s < 0 ? 0 : m->nodes[s].cost;
+        if (st->rem && s >= 0 && c < GRAMMAR_COST_INF) {
+            int32_t pos = m->nodes[s].pos;
+            c += st->rem - (m->g->rest[pos] - m->g->rest[pos + 1]);
+        }
+        best = c < best ? c : best;
+    }
+    return best;
+}
+
+/* The most a text token may leave to finish, while the budget binds:
+ * the tokens after it, one kept for the end. GRAMMAR_COST_INF when no
+ * budget is set or the output is already past finishing within it (then
+ * it is not bent at all). */
+static int32_t gm_limit(const llm_gmatch *m)
+{
+    if (m->budget < 0)
+        return GRAMMAR_COST_INF;
+    int32_t c = gm_cost(m, &m->cur);
+    return c < m->budget ? m->budget - 2 : GRAMMAR_COST_INF;
+}
+
+void llm_gmatch_set_budget(llm_gmatch *m, long tokens)
+{
+    m->budget = tokens < 0 ? -1 : tokens > GRAMMAR_COST_INF ? GRAMMAR_COST_INF : (int32_t)tokens;
+}
+
 int llm_gmatch_complete(const llm_gmatch *m) { return m->cur.rem == 0 && gm_has_empty(m, &m->cur); }
 int llm_gmatch_finished(const llm_gmatch *m) { return llm_gmatch_complete(m) && m->cur.n == 1; }
 
@@ -496,9 +542,45 @@ llm_status llm_gmatch_accept(llm_gmatch *m, int32_t id, llm_error *err)
 
 /* ---- masks ------------------------------------------------------------------------- */
 
+/* What a mask walk finds beside the plain mask: the pieces that also
+ * leave at most lim bytes to finish (tight, when not NULL), the most any
+ * piece leaves, and the pieces that leave less or more than the state
+ * itself (base), with what they leave: from these a cached mask serves any
+ * later budget without a walk. */
+typedef struct gm_found {
+    uint32_t *tight;
+    int32_t lim, base, max_cost;
+    int n_text, n_tight;
+    int32_t *down, *up; /* (id, cost) pairs */
+    int n_down, n_up;   /* -1: more than GM_LIST_MAX */
+} gm_found;
+
+static void gm_list(int32_t *l, int *n, int32_t id, int32_t cost)
+{
+    if (*n < 0 || *n >= GM_LIST_MAX) {
+        *n = -1;
+        return;
+    }
+    l[2 * *n] = id, l[2 * *n + 1] = cost;
+    (*n)++;
+}
+
+/* A text token the walk allows, leaving cost c to finish. */
+static void gm_found_one(gm_found *f, int32_t id, int32_t c)
+{
+    f->n_text++;
+    f->max_cost = c > f->max_cost ? c : f->max_cost;
+    if (f->tight && c <= f->lim)
+        f->tight[id >> 5] |= 1u << (id & 31), f->n_tight++;
+    if (c < f->base)
+        gm_list(f->down, &f->n_down, id, c);
+    else if (c > f->base)
+        gm_list(f->up, &f->n_up, id, c);
+}
+
 /* Walks the sorted pieces from the committed state, setting the bits of
  * those that survive. -1 on no memory. */
-static int gm_walk(llm_gmatch *m, uint32_t *allow)
+static int gm_walk(llm_gmatch *m, uint32_t *allow, gm_found *f)
 {
     const llm_gmatch_vocab *gv = m->gv;
     int valid = 0; /* walk[0 .. valid] hold the states along the previous piece */
@@ -515,8 +597,10 @@ static int gm_walk(llm_gmatch *m, uint32_t *allow)
             m->mark_nodes[k + 1] = m->n_nodes, m->mark_sv[k + 1] = m->n_sv;
         }
         valid = k;
-        if (k == len && m->walk[k].n > 0)
+        if (k == len && m->walk[k].n > 0) {
             allow[id >> 5] |= 1u << (id & 31);
+            gm_found_one(f, id, gm_cost(m, &m->walk[k]));
+        }
     }
     m->n_nodes = m->mark_nodes[0], m->n_sv = m->mark_sv[0];
     return 0;
@@ -528,15 +612,22 @@ llm_gmatch_cache *llm_gmatch_cache_new(int n_vocab, size_t max_bytes)
     if (!c)
         return NULL;
     c->n_words = (n_vocab + 31) / 32;
-    size_t each = sizeof(uint32_t) * (size_t)c->n_words + sizeof(int32_t) * (GM_KEY_MAX + 1) + 3 * sizeof(uint64_t);
+    size_t each = sizeof(uint32_t) * (size_t)c->n_words + sizeof(int32_t) * (GM_KEY_MAX + 5) + 4 * sizeof(uint64_t) +
+                  sizeof(int32_t) * 4 * GM_LIST_MAX; /* lists at their longest */
     c->cap = max_bytes / each < 16 ? 16 : max_bytes / each > 4096 ? 4096 : (int)(max_bytes / each);
     c->hash = malloc(sizeof *c->hash * (size_t)c->cap);
     c->grammar = malloc(sizeof *c->grammar * (size_t)c->cap);
     c->part = malloc(sizeof *c->part * (size_t)c->cap);
     c->key_len = malloc(sizeof *c->key_len * (size_t)c->cap);
+    c->max_cost = malloc(sizeof *c->max_cost * (size_t)c->cap);
+    c->n_text = malloc(sizeof *c->n_text * (size_t)c->cap);
+    c->n_down = malloc(sizeof *c->n_down * (size_t)c->cap);
+    c->n_up = malloc(sizeof *c->n_up * (size_t)c->cap);
+    c->list = calloc((size_t)c->cap, sizeof *c->list);
     c->key = malloc(sizeof *c->key * (size_t)c->cap * GM_KEY_MAX);
     c->bits = malloc(sizeof *c->bits * (size_t)c->n_words * (size_t)c->cap);
-    if (!c->hash || !c->grammar || !c->part || !c->key_len || !c->key || !c->bits) {
+    if (!c->hash || !c->grammar || !c->part || !c->key_len || !c->max_cost || !c->n_text || !c->n_down || !c->n_up ||
+        !c->list || !c->key || !c->bits) {
         llm_gmatch_cache_free(c);
         return NULL;
     }
@@ -551,6 +642,12 @@ void llm_gmatch_cache_free(llm_gmatch_cache *c)
     free(c->grammar);
     free(c->part);
     free(c->key_len);
+    free(c->max_cost);
+    free(c->n_text);
+    free(c->n_down);
+    free(c->n_up);
+    for (int i = 0; c->list && i < c->n; i++) free(c->list[i]);
+    free(c->list);
     free(c->key);
     free(c->bits);
     free(c);
@@ -611,51 +708,144 @@ static void gm_shrink(llm_gmatch *m)
         m->nodes = p, m->cap_nodes = cap;
 }
 
-static uint32_t *gm_cached(const llm_gmatch_cache *c, const llm_gmatch *m, uint64_t h)
+/* The slot of m's state's mask, or -1. */
+static int gm_cached(const llm_gmatch_cache *c, const llm_gmatch *m, uint64_t h)
 {
     for (int i = 0; i < c->n; i++)
         if (c->hash[i] == h && c->grammar[i] == m->g->id && c->part[i] == m->partition && c->key_len[i] == m->key_len &&
             !memcmp(c->key + (size_t)i * GM_KEY_MAX, m->key, sizeof *m->key * (size_t)m->key_len))
-            return c->bits + (size_t)i * (size_t)c->n_words;
-    return NULL;
+            return i;
+    return -1;
 }
 
-/* Keeps a mask, replacing the oldest once full. */
-static void gm_cache_put(llm_gmatch_cache *c, const llm_gmatch *m, uint64_t h, const uint32_t *allow)
+/* Keeps a mask and what its walk found, replacing the oldest once full
+ * (without memory for the lists, they are kept as too many). */
+static void gm_cache_put(llm_gmatch_cache *c, const llm_gmatch *m, uint64_t h, const uint32_t *allow, const gm_found *f)
 {
     int slot = c->n < c->cap ? c->n++ : c->next++ % c->cap;
     c->hash[slot] = h, c->grammar[slot] = m->g->id, c->part[slot] = m->partition, c->key_len[slot] = m->key_len;
+    c->max_cost[slot] = f->max_cost, c->n_text[slot] = f->n_text, c->n_down[slot] = f->n_down, c->n_up[slot] = f->n_up;
+    free(c->list[slot]);
+    c->list[slot] = NULL;
+    if (f->n_down > 0 || f->n_up > 0) {
+        int n_down = f->n_down > 0 ? f->n_down : 0, n_up = f->n_up > 0 ? f->n_up : 0;
+        if ((c->list[slot] = malloc(sizeof(int32_t) * 2 * (size_t)(n_down + n_up)))) {
+            memcpy(c->list[slot], f->down, sizeof(int32_t) * 2 * (size_t)n_down);
+            memcpy(c->list[slot] + 2 * n_down, f->up, sizeof(int32_t) * 2 * (size_t)n_up);
+        } else {
+            c->n_down[slot] = c->n_up[slot] = -1;
+        }
+    }
     memcpy(c->key + (size_t)slot * GM_KEY_MAX, m->key, sizeof *m->key * (size_t)m->key_len);
     memcpy(c->bits + (size_t)slot * (size_t)c->n_words, allow, sizeof *allow * (size_t)c->n_words);
 }
 
-llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
+static void gm_allow_ends(const llm_gmatch *m, uint32_t *allow)
 {
-    const llm_gmatch_vocab *gv = m->gv;
-    if (!gv)
-        return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: a matcher without a vocabulary index has no masks");
-    gm_serialize(m);
-    uint64_t h = m->key_len >= 0 ? gm_key_hash(m) : 0;
-    uint32_t *hit = m->key_len >= 0 ? gm_cached(m->cache, m, h) : NULL;
-    m->masks++;
-    m->work = 0;
-    if (hit) {
-        m->cached++;
-        memcpy(allow, hit, sizeof *allow * (size_t)m->n_words);
-        return LLM_OK;
+    for (int i = 0; i < m->gv->n_eog; i++) allow[m->gv->eog[i] >> 5] |= 1u << (m->gv->eog[i] & 31);
+}
+
+/* Whether the mask in slot serves m under limit lim without a walk: every
+ * token it allows leaves at most lim, or its lists tell which do not. */
+static int gm_slot_serves(const llm_gmatch *m, int slot, int32_t lim)
+{
+    const llm_gmatch_cache *c = m->cache;
+    return slot >= 0 && (c->max_cost[slot] <= lim || (c->n_down[slot] >= 0 && c->n_up[slot] >= 0));
+}
+
+/* allow = the mask in slot under limit lim (gm_slot_serves). A binding
+ * limit is at least the state's own cost less one (gm_limit): at the
+ * state's cost or above, the plain mask less the listed tokens that leave
+ * more than lim; just below it, only the listed tokens that leave less.
+ * Returns the text tokens allowed. */
+static int gm_from_slot(const llm_gmatch *m, int slot, int32_t lim, uint32_t *allow)
+{
+    const llm_gmatch_cache *c = m->cache;
+    const uint32_t *bits = c->bits + (size_t)slot * (size_t)m->n_words;
+    size_t bytes = sizeof *allow * (size_t)m->n_words;
+    if (c->max_cost[slot] <= lim) {
+        memcpy(allow, bits, bytes);
+        return c->n_text[slot];
     }
-    memset(allow, 0, sizeof *allow * (size_t)m->n_words);
+    const int32_t *down = c->list[slot], *up = down ? down + 2 * c->n_down[slot] : NULL;
+    int n = 0;
+    if (lim >= gm_cost(m, &m->cur)) {
+        memcpy(allow, bits, bytes);
+        n = c->n_text[slot];
+        for (int i = 0; i < c->n_up[slot]; i++)
+            if (up[2 * i + 1] > lim)
+                allow[up[2 * i] >> 5] &= ~(1u << (up[2 * i] & 31)), n--;
+        return n;
+    }
+    memset(allow, 0, bytes);
+    for (int i = 0; i < c->n_down[slot]; i++)
+        if (down[2 * i + 1] <= lim)
+            allow[down[2 * i] >> 5] |= 1u << (down[2 * i] & 31), n++;
+    if (llm_gmatch_complete(m))
+        gm_allow_ends(m, allow);
+    return n;
+}
+
+/* A walk from the committed state: the plain mask into plain, the one
+ * under limit lim into f->tight (when set), what it found into f. -1 on
+ * no memory, 1 on a bound passed (m->overflow), else 0. */
+static int gm_walk_all(llm_gmatch *m, uint32_t *plain, gm_found *f)
+{
+    size_t bytes = sizeof *plain * (size_t)m->n_words;
+    memset(plain, 0, bytes);
+    if (f->tight)
+        memset(f->tight, 0, bytes);
     m->overflow = 0;
-    if (!llm_gmatch_finished(m) && gm_walk(m, allow))
-        return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a mask");
+    if (!llm_gmatch_finished(m) && gm_walk(m, plain, f))
+        return -1;
     m->max_work = m->work > m->max_work ? m->work : m->max_work;
     gm_shrink(m);
     if (m->overflow)
-        return gm_overflow_err(m, err); /* a stack was dropped: the mask could miss tokens */
-    if (llm_gmatch_complete(m))
-        for (int i = 0; i < gv->n_eog; i++) allow[gv->eog[i] >> 5] |= 1u << (gv->eog[i] & 31);
-    if (m->key_len >= 0)
-        gm_cache_put(m->cache, m, h, allow);
+        return 1;
+    if (llm_gmatch_complete(m)) {
+        gm_allow_ends(m, plain);
+        if (f->tight)
+            gm_allow_ends(m, f->tight);
+    }
+    return 0;
+}
+
+llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
+{
+    if (!m->gv)
+        return llm_errf(err, LLM_ERR_GRAMMAR, "grammar: a matcher without a vocabulary index has no masks");
+    gm_serialize(m);
+    uint64_t h = m->key_len >= 0 ? gm_key_hash(m) : 0;
+    int slot = m->key_len >= 0 ? gm_cached(m->cache, m, h) : -1;
+    int32_t lim = gm_limit(m);
+    int n_tight;
+    m->masks++;
+    m->work = 0;
+    uint32_t *plain = m->plain;
+    if (gm_slot_serves(m, slot, lim)) {
+        m->cached++;
+        n_tight = gm_from_slot(m, slot, lim, allow);
+    } else {
+        int finished = llm_gmatch_finished(m);
+        gm_found f = {.tight = lim < GRAMMAR_COST_INF && !finished ? allow : NULL, .lim = lim, .max_cost = -1,
+                      .base = gm_cost(m, &m->cur), .down = m->down, .up = m->up};
+        if (!f.tight)
+            plain = allow; /* the budget does not bind: the plain mask is the one */
+        int rc = gm_walk_all(m, plain, &f);
+        if (rc)
+            return rc < 0 ? llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a mask")
+                          : gm_overflow_err(m, err); /* a stack was dropped: the mask could miss tokens */
+        if (m->key_len >= 0 && slot < 0)
+            gm_cache_put(m->cache, m, h, plain, &f);
+        if (!f.tight)
+            return LLM_OK;
+        n_tight = f.n_tight;
+        slot = -1;
+    }
+    if (n_tight == 0 && !llm_gmatch_complete(m)) /* no token keeps the budget (a byte the vocabulary lacks on
+                                                  * the shortest way): the output is not bent */
+        memcpy(allow, slot >= 0 ? m->cache->bits + (size_t)slot * (size_t)m->n_words : plain,
+               sizeof *allow * (size_t)m->n_words);
     return LLM_OK;
 }
 
@@ -666,7 +856,7 @@ int llm_gmatch_mask_cached(llm_gmatch *m)
     if (llm_gmatch_finished(m))
         return 1; /* only an end may come: nothing to walk */
     gm_serialize(m);
-    return m->key_len >= 0 && gm_cached(m->cache, m, gm_key_hash(m)) != NULL;
+    return m->key_len >= 0 && gm_slot_serves(m, gm_cached(m->cache, m, gm_key_hash(m)), gm_limit(m));
 }
 
 long llm_gmatch_work(const llm_gmatch *m) { return m->work; }
@@ -687,16 +877,19 @@ llm_status llm_gmatch_new(const llm_grammar *g, const llm_gmatch_vocab *gv, llm_
     llm_gmatch *m = calloc(1, sizeof *m);
     if (!m)
         return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a matcher");
-    m->g = g, m->gv = gv, m->partition = partition;
+    m->g = g, m->gv = gv, m->partition = partition, m->budget = -1;
     if (gv) {
         size_t d = (size_t)gv->max_len + 1;
         m->n_words = (gv->n_vocab + 31) / 32;
         m->walk = malloc(sizeof *m->walk * d);
+        m->plain = malloc(sizeof *m->plain * (size_t)m->n_words);
+        m->down = malloc(sizeof(int32_t) * 2 * GM_LIST_MAX);
+        m->up = malloc(sizeof(int32_t) * 2 * GM_LIST_MAX);
         m->mark_nodes = malloc(sizeof(int32_t) * d);
         m->mark_sv = malloc(sizeof(int32_t) * d);
         m->own_cache = !cache || cache->n_words != m->n_words;
         m->cache = m->own_cache ? llm_gmatch_cache_new(gv->n_vocab, 0) : cache;
-        if (!m->walk || !m->mark_nodes || !m->mark_sv || !m->cache) {
+        if (!m->walk || !m->plain || !m->down || !m->up || !m->mark_nodes || !m->mark_sv || !m->cache) {
             llm_gmatch_free(m);
             return llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for a matcher");
         }
@@ -725,6 +918,9 @@ void llm_gmatch_free(llm_gmatch *m)
     free(m->sv);
     free(m->sv2);
     free(m->walk);
+    free(m->plain);
+    free(m->down);
+    free(m->up);
     free(m->mark_nodes);
     free(m->mark_sv);
     free(m->remap);

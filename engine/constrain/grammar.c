@@ -729,8 +729,8 @@ llm_status llm_grammar_compile(const char *text, size_t len, const char *root, l
                 g->root = i;
         if (g->root < 0)
             gp_fail(&p, LLM_ERR_GRAMMAR, p.end, "no rule named '%.64s'", rn);
-        else if (!gp_check_defined(&p) && !gp_flatten(&p, g))
-            gp_check_left(&p, g);
+        else if (!gp_check_defined(&p) && !gp_flatten(&p, g) && !gp_check_left(&p, g) && grammar_costs(g))
+            gp_nomem(&p);
     }
     gp_free(&p);
     free(copy);
@@ -751,6 +751,7 @@ void llm_grammar_free(llm_grammar *g)
     free(g->el);
     free(g->alt);
     free(g->rule_alt);
+    free(g->rest);
     free(g->cls);
     free(g->rng);
     free(g);

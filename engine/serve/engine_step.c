@@ -162,6 +162,14 @@ static llm_status step_on_device(llm_engine *e, const llm_forward_batch *bt)
     return LLM_OK;
 }
 
+/* q's grammar, told the tokens its output may still take: this pick
+ * and those after it (gmatch.h: the output closes within them). */
+static llm_gmatch *seq_grammar(const llm_engine *e, const eng_seq *q)
+{
+    llm_gmatch_set_budget(q->gm, e->cfg.no_grammar_close ? -1 : q->r->max_gen - q->n_gen - q->n_out);
+    return q->gm;
+}
+
 /* q's pick from its logits row: within its grammar's mask, which then
  * advances by the pick (an end token leaves it as it is). The grammar's
  * work is counted against the round's budget. */
@@ -170,7 +178,7 @@ static llm_status sample_one(llm_engine *e, eng_seq *q, const float *row)
     if (!q->gm)
         return llm_sampler_sample(q->smp, row, &q->res, &q->fail);
     double t0 = eng_now_ms();
-    llm_status st = llm_gmatch_mask(q->gm, e->b_mask, &q->fail);
+    llm_status st = llm_gmatch_mask(seq_grammar(e, q), e->b_mask, &q->fail);
     e->mask_work += llm_gmatch_work(q->gm);
     double t1 = eng_now_ms();
     if (!st)
@@ -193,7 +201,7 @@ static llm_status sample_one(llm_engine *e, eng_seq *q, const float *row)
  * for the row, q is picked now. */
 static int pick_held(llm_engine *e, eng_seq *q, const float *row)
 {
-    if (!q->gm || e->mask_work < e->cfg.mask_step_work || llm_gmatch_mask_cached(q->gm))
+    if (!q->gm || e->mask_work < e->cfg.mask_step_work || llm_gmatch_mask_cached(seq_grammar(e, q)))
         return 0;
     size_t n = (size_t)e->m->hp.n_vocab;
     int fresh = !q->held;
@@ -233,7 +241,8 @@ static void prompt_entries(llm_engine *e, eng_seq *q, const float *logits)
 static int spec_pick(llm_engine *e, eng_seq *q, int j, const float *row)
 {
     const int32_t *guess = q->tokens + q->q.n_tokens;
-    if (j == 0 ? pick_held(e, q, row) : q->gm && e->mask_work >= e->cfg.mask_step_work && !llm_gmatch_mask_cached(q->gm))
+    if (j == 0 ? pick_held(e, q, row)
+               : q->gm && e->mask_work >= e->cfg.mask_step_work && !llm_gmatch_mask_cached(seq_grammar(e, q)))
         return 0;
     if (sample_one(e, q, row))
         return 0;

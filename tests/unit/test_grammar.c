@@ -225,6 +225,170 @@ static void test_mask_cost(void **state)
     close_vocab(&t);
 }
 
+/* ---- budgets ---- */
+
+#define GRAMMAR_TEST_INF (1 << 29) /* grammar_impl.h's GRAMMAR_COST_INF */
+
+static int mask_has(const uint32_t *allow, int32_t id) { return (int)(allow[id >> 5] >> (id & 31)) & 1; }
+
+/* Whether m's mask under a budget of `tokens` is its plain mask (the
+ * brute force's: check_mask fails the test where a bit differs). */
+static int budget_plain(const tvocab *t, llm_gmatch *m, long tokens, uint32_t *allow)
+{
+    llm_error err = {0};
+    llm_gmatch_set_budget(m, tokens);
+    assert_int_equal(llm_gmatch_mask(m, allow, &err), LLM_OK);
+    int n = llm_vocab_n(t->v), bent = 0;
+    char piece[512];
+    for (int id = 0; id < n && !bent; id++) {
+        int len = llm_token_to_piece(t->v, id, 0, piece, sizeof piece), type = llm_vocab_token_type(t->v, id);
+        if (!llm_vocab_is_eog(t->v, id) && len > 0 && len <= (int)sizeof piece && type != LLM_TOKEN_CONTROL &&
+            type != LLM_TOKEN_UNUSED && type != LLM_TOKEN_UNKNOWN)
+            bent = mask_has(allow, id) != (llm_gmatch_viable(m, piece, (size_t)len) == 1);
+    }
+    if (!bent)
+        check_mask(t, m, allow);
+    return !bent;
+}
+
+/* The fewest bytes that finish a grammar, found exactly: a budget of that
+ * many tokens (the end included, so one short) leaves the first mask
+ * plain; one more bends it (the grammars start with "x"*, and "x" leaves
+ * as much to finish as before it: no room for that). */
+static void expect_cost(const tvocab *t, const char *text, int cost)
+{
+    llm_grammar *g = compile(text, NULL);
+    llm_gmatch *m;
+    llm_error err = {0};
+    uint32_t *allow = malloc(sizeof(uint32_t) * (size_t)(llm_vocab_n(t->v) + 31) / 32);
+    assert_non_null(allow);
+    assert_int_equal(llm_gmatch_new(g, t->gv, NULL, 0, &m, &err), LLM_OK);
+    if (!budget_plain(t, m, cost, allow))
+        fail_msg("%s: bent at a budget of %d tokens (it needs %d bytes and an end)", text, cost, cost);
+    if (cost + 1 < GRAMMAR_TEST_INF && budget_plain(t, m, cost + 1, allow))
+        fail_msg("%s: not bent at a budget of %d tokens", text, cost + 1);
+    if (!budget_plain(t, m, -1, allow))
+        fail_msg("%s: bent without a budget", text);
+    free(allow);
+    llm_gmatch_free(m);
+    llm_grammar_free(g);
+}
+
+/* One output under a budget of `budget` tokens, the end included: random
+ * picks among what the mask allows (the end by chance once allowed, or
+ * when nothing else is). It must end within the budget. Two matchers, one
+ * on the shared cache and one on its own, give the same masks, each a
+ * subset of the plain one. Returns the tokens it took. */
+static int budget_walk(const tvocab *t, const llm_grammar *g, uint64_t seed, int budget)
+{
+    llm_gmatch *a, *b;
+    llm_error err = {0};
+    int n = llm_vocab_n(t->v), words = (n + 31) / 32, c = 0, used = 0, ended = 0;
+    uint32_t *allow = malloc(sizeof(uint32_t) * (size_t)words), *other = malloc(sizeof(uint32_t) * (size_t)words);
+    uint32_t *plain = malloc(sizeof(uint32_t) * (size_t)words);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n), eog = -1;
+    assert_true(allow && other && plain && ids);
+    assert_int_equal(llm_gmatch_new(g, t->gv, t->cache, 0, &a, &err), LLM_OK);
+    assert_int_equal(llm_gmatch_new(g, t->gv, NULL, 0, &b, &err), LLM_OK);
+    for (; used < budget && !ended; used++) {
+        llm_gmatch_set_budget(a, budget - used);
+        llm_gmatch_set_budget(b, budget - used);
+        assert_int_equal(llm_gmatch_mask(a, allow, &err), LLM_OK);
+        assert_int_equal(llm_gmatch_mask(b, other, &err), LLM_OK);
+        assert_memory_equal(allow, other, sizeof(uint32_t) * (size_t)words);
+        llm_gmatch_set_budget(a, -1);
+        assert_int_equal(llm_gmatch_mask(a, plain, &err), LLM_OK);
+        c = 0, eog = -1;
+        for (int id = 0; id < n; id++) {
+            if (!mask_has(allow, id))
+                continue;
+            assert_true(mask_has(plain, id));
+            if (llm_vocab_is_eog(t->v, id))
+                eog = id;
+            else
+                ids[c++] = id;
+        }
+        int32_t pick = eog >= 0 && (!c || test_rng(&seed) % 8 == 0) ? eog : c ? ids[test_rng(&seed) % (uint64_t)c] : -1;
+        if (pick < 0)
+            fail_msg("seed %llu: no token allowed after %d of %d", (unsigned long long)seed, used, budget);
+        ended = pick == eog;
+        assert_int_equal(llm_gmatch_accept(a, pick, &err), LLM_OK);
+        assert_int_equal(llm_gmatch_accept(b, pick, &err), LLM_OK);
+    }
+    if (!ended)
+        fail_msg("seed %llu: the output did not end within %d tokens", (unsigned long long)seed, budget);
+    assert_true(llm_gmatch_complete(a));
+    free(allow), free(other), free(plain), free(ids);
+    llm_gmatch_free(a);
+    llm_gmatch_free(b);
+    return used;
+}
+
+static const char *const nested =
+    "root ::= \"{\\\"k\\\": \" v \"}\"\nv ::= \"[\" ( v ( \",\" v )* )? \"]\" | \"\\\"\" [a-z ]* \"\\\"\" | [0-9]+\n";
+
+/* Budgets the output keeps: each walk ends within its budget, from the
+ * least a grammar needs (its bytes and an end) up; costs found exactly. */
+static void budgets_on(const char *vocab, int seeds)
+{
+    tvocab t = {0};
+    if (!open_vocab(vocab, &t))
+        skip();
+    expect_cost(&t, "root ::= \"x\"* ( a | b )\na ::= \"xx\" a | \"yyyy\"\nb ::= c c\nc ::= \"z\" | \"zzz\"\n", 2);
+    expect_cost(&t, "root ::= \"x\"* \"{\\\"id\\\": \" [0-9]+ \"}\"\n", 9);
+    expect_cost(&t, "root ::= \"x\"* ( [\\u00e0-\\u00ff] | [\\u4e00-\\u9fff] )\n", 2);
+    struct { const char *text, *root; int least; } gs[] = {
+        {llm_gbnf_json, "jsonobject", 3}, {numbers, NULL, 3}, {multibyte, NULL, 4}, {nested, NULL, 9}};
+    for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++) {
+        llm_grammar *g = compile(gs[i].text, gs[i].root);
+        uint64_t r = 77 + i;
+        for (int s = 0; s < seeds; s++) {
+            int budget = gs[i].least + (int)(test_rng(&r) % 30);
+            budget_walk(&t, g, 1000 * i + (uint64_t)s, s == 0 ? gs[i].least : budget);
+        }
+        llm_grammar_free(g);
+    }
+    close_vocab(&t);
+}
+
+static void test_budget_qwen2(void **state)
+{
+    (void)state;
+    budgets_on("testdata/tokenizer/ggml-vocab-qwen2.gguf", 8);
+}
+
+static void test_budget_spm(void **state)
+{
+    (void)state;
+    budgets_on("testdata/tokenizer/ggml-vocab-llama-spm.gguf", 8);
+}
+
+/* A grammar whose shortest string is past any count (2^41 bytes) is
+ * never bent, and compiles at once. */
+static void test_budget_saturates(void **state)
+{
+    (void)state;
+    tvocab t = {0};
+    if (!open_vocab("testdata/tokenizer/ggml-vocab-qwen2.gguf", &t))
+        skip();
+    char text[4096];
+    size_t n = (size_t)snprintf(text, sizeof text, "root ::= r0 r0\n");
+    for (int i = 0; i < 40; i++) n += (size_t)snprintf(text + n, sizeof text - n, "r%d ::= r%d r%d\n", i, i + 1, i + 1);
+    snprintf(text + n, sizeof text - n, "r40 ::= \"ab\"\n");
+    llm_grammar *g = compile(text, NULL);
+    llm_gmatch *m;
+    llm_error err = {0};
+    uint32_t *allow = malloc(sizeof(uint32_t) * (size_t)(llm_vocab_n(t.v) + 31) / 32);
+    assert_non_null(allow);
+    assert_int_equal(llm_gmatch_new(g, t.gv, NULL, 0, &m, &err), LLM_OK);
+    assert_true(budget_plain(&t, m, 1000000, allow));
+    assert_true(budget_plain(&t, m, 3, allow));
+    free(allow);
+    llm_gmatch_free(m);
+    llm_grammar_free(g);
+    close_vocab(&t);
+}
+
 static llm_status compile_err(const char *text, size_t n, llm_error *err)
 {
     llm_grammar *g = NULL;
@@ -433,7 +597,8 @@ int main(void)
         cmocka_unit_test(test_limits), cmocka_unit_test(test_compile_linear),
         cmocka_unit_test(test_masks_qwen2), cmocka_unit_test(test_masks_spm), cmocka_unit_test(test_accept_rules),
         cmocka_unit_test(test_mask_cost), cmocka_unit_test(test_cache_isolation), cmocka_unit_test(test_partial_utf8),
-        cmocka_unit_test(test_no_surrogates),
+        cmocka_unit_test(test_no_surrogates), cmocka_unit_test(test_budget_qwen2), cmocka_unit_test(test_budget_spm),
+        cmocka_unit_test(test_budget_saturates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -74,6 +74,8 @@ typedef struct llm_engine_config {
     float kv_cache_fraction; /* 0: 0.25; the pool is capped at max_seqs full contexts either way */
     int aging_ms;            /* waiting this long is worth one priority level; 0: 1000 */
     int no_prefix_cache;     /* 1: do not keep or reuse blocks by content */
+    int no_grammar_close;    /* 1: masks take no account of the tokens left (gmatch.h: budgets), so a constrained
+                              * answer may be cut at max_tokens; 0: it closes within them where it can */
     int kv_keep_all;         /* 1: one KV pool for every layer, sliding-window layers keeping every position
                               * like the others (tests compare the two layouts) */
     int tensor_parallel;     /* ranks (tp.h); 0 or 1: backend alone */

@@ -82,6 +82,20 @@ void llm_gmatch_free(llm_gmatch *m);
  * index, or a bound exceeded: err says which), LLM_ERR_NOMEM. */
 llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err);
 
+/* Bounds the tokens the output may still take, this mask's pick and the
+ * end token included (tokens < 0, the default: no bound). While the
+ * output can still be finished within them, a mask allows only the text
+ * tokens after which it still can, one token kept for the end: a JSON
+ * object closes before max_tokens cuts it. "Finished" is measured in
+ * bytes (the fewest that complete the grammar from its state), which
+ * bounds the tokens wherever each of those bytes is a token of its own,
+ * as in byte-level and byte-fallback vocabularies; where no token keeps
+ * the bound, the mask is the plain one. An output already past finishing
+ * within the budget is not bent. Masks under a binding budget are walked
+ * afresh (the cache keeps the plain ones): the last tokens of a bounded
+ * output cost a walk each. */
+void llm_gmatch_set_budget(llm_gmatch *m, long tokens);
+
 /* Advances by token id (an end-of-generation token is accepted when the
  * output is complete and changes nothing). LLM_ERR_GRAMMAR when the
  * token is not allowed here (the state is then unchanged). */
