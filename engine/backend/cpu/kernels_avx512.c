@@ -1,5 +1,6 @@
 /* kernels_avx512.c - the "avx512" kernel set: the AVX512-VNNI set plus
- * packed weights with 512-bit tiles (cpu_pack) for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K. Compiled with the
+ * packed weights with 512-bit tiles (cpu_pack) for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and
+ * Q6_K. Compiled with the
  * AVX-512 F/BW/VL/VNNI flags; cpu_kernels_avx512() checks the CPU at run
  * time.
  *
@@ -44,7 +45,15 @@
  * sum is taken times (*mn: Q4_K/Q5_K dmin m, Q4_1/Q5_1 -m). */
 static inline __attribute__((always_inline)) __m512 avx512_scale(int kind, const uint8_t *g, int b, int p, __m512 *mn)
 {
-    if (kind == PK_Q6K) { /* d sc: exact, an f16 times an 8-bit integer */
+    if (kind == PK_Q2K) { /* d sc and dmin m, per 16 columns: exact, f16s times 4-bit integers */
+        const uint8_t *h = pk_layout_super_at(kind, g, b);
+        __m512i sm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + pk_layout_q2k_sc(2 * (b % 8) + p))));
+        __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(sm, _mm512_set1_epi32(15)));
+        __m512 m = _mm512_cvtepi32_ps(_mm512_srli_epi32(sm, 4));
+        *mn = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))), m);
+        return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)), sc);
+    }
+    if (kind == PK_Q6K || kind == PK_Q3K) { /* d sc: exact, an f16 times an 8-bit integer */
         const uint8_t *h = pk_layout_super_at(kind, g, b);
         __m512 sc = _mm512_cvtepi32_ps(
             _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(h + pk_layout_q6k_sc(2 * (b % 8) + p)))));
@@ -72,6 +81,16 @@ static inline __attribute__((always_inline)) __m512i avx512_quants(int kind, con
 {
     if (kind == PK_Q8)
         return _mm512_loadu_si512(q + 64 * j);
+    if (pk_layout_2bit(kind)) { /* bits 2 (j % 4) of plane j / 4; Q3_K: 4 more where its third bit is set */
+        __m512i v = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(q + 64 * (j / 4)), 2 * (j % 4)),
+                                     _mm512_set1_epi8(3));
+        if (kind == PK_Q3K) {
+            uint64_t bits;
+            memcpy(&bits, q + PK_ROWS * 8 + 8 * j, 8);
+            v = _mm512_or_si512(v, _mm512_and_si512(_mm512_movm_epi8(bits), _mm512_set1_epi8(4)));
+        }
+        return v;
+    }
     __m512i v = _mm512_loadu_si512(q + 64 * (j & 3));
     v = _mm512_and_si512(j < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f));
     if (pk_layout_fifth(kind)) { /* the fifth bits: a 64-bit mask made bytes of 16 */
@@ -88,14 +107,22 @@ static inline __attribute__((always_inline)) __m512i avx512_quants(int kind, con
     return v;
 }
 
+/* The negated sum of token i's quants over part p of a block (a kind
+ * with halves: 16 columns; else the block). */
+static inline __attribute__((always_inline)) int32_t avx512_nsum(const int kind, pk_layout_view x, size_t i, int p)
+{
+    return pk_layout_halves(kind) ? (p ? x.nsb[i] : x.nsa[i]) : pk_layout_nsum(x, i);
+}
+
 /* Token t's starting integer sum for part p of block i (its index in
- * the view): -offset * sum(x) over the part's columns (offset 128, 8, 16
- * or Q6_K's 32; Q4_K: none, its mins come in the float step). */
+ * the view): -offset * sum(x) over the part's columns (offset 128, 8, 16,
+ * Q6_K's 32 or Q3_K's 4; Q4_K, Q2_K: none, their mins come in the float
+ * step). */
 static inline __attribute__((always_inline)) __m512i avx512_start(const int kind, pk_layout_view x, size_t i, int p)
 {
     if (pk_layout_mins(kind))
         return _mm512_setzero_si512();
-    int32_t ns = kind == PK_Q6K ? (p ? x.nsb[i] : x.nsa[i]) : pk_layout_nsum(x, i);
+    int32_t ns = avx512_nsum(kind, x, i, p);
     return _mm512_slli_epi32(_mm512_set1_epi32(ns), pk_layout_offset_log2(kind));
 }
 
@@ -128,8 +155,8 @@ static inline __attribute__((always_inline)) void avx512_tile(const int kind, co
                                                            size_t y_stride, int n_valid, int valid)
 {
     const int qb = T == 8 ? 256 : 32, qj = T == 8 ? 32 : 4, sb = T == 8 ? 8 : 1;
-    /* Q6_K's scales are per 16 columns: two parts of a block, each its own integer sum */
-    const int np = kind == PK_Q6K ? 2 : 1, jn = QK8_0 / 4 / np;
+    /* Q6_K's, Q3_K's and Q2_K's scales are per 16 columns: two parts of a block, each its own integer sum */
+    const int np = pk_layout_halves(kind) ? 2 : 1, jn = QK8_0 / 4 / np;
     __m512 f[2][8];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
         f[r][t] = _mm512_setzero_ps();
@@ -151,8 +178,8 @@ static inline __attribute__((always_inline)) void avx512_tile(const int kind, co
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 size_t i = (size_t)sb * b + t;
                 __m512 dx = _mm512_set1_ps(x.d[i]);
-                /* kinds with mins: the dequantized block sum, dx * sum(xq) */
-                __m512 xs = _mm512_set1_ps(pk_layout_mins(kind) ? x.d[i] * (float)-pk_layout_nsum(x, i) : 0.0f);
+                /* kinds with mins: the dequantized sum of the part, dx * sum(xq) */
+                __m512 xs = _mm512_set1_ps(pk_layout_mins(kind) ? x.d[i] * (float)-avx512_nsum(kind, x, i, p) : 0.0f);
                 _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
                     f[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[r][t]), dx), dw[r], f[r][t]);
                     if (pk_layout_mins(kind))
@@ -237,6 +264,8 @@ AVX512_TYPE(pack_q6_K, PK_Q6K)
 AVX512_TYPE(pack_q5_K, PK_Q5K)
 AVX512_TYPE(pack_q4_1, PK_Q41)
 AVX512_TYPE(pack_q5_1, PK_Q51)
+AVX512_TYPE(pack_q2_K, PK_Q2K)
+AVX512_TYPE(pack_q3_K, PK_Q3K)
 
 /* The peak estimate's loop: 12 vpdpbusd chains of 64 multiply-adds. */
 static double spin512(long iters, int seed)
@@ -268,6 +297,8 @@ static void avx512_init(void)
     avx512.pack[QT_Q5_K] = &pack_q5_K;
     avx512.pack[QT_Q4_1] = &pack_q4_1;
     avx512.pack[QT_Q5_1] = &pack_q5_1;
+    avx512.pack[QT_Q2_K] = &pack_q2_K;
+    avx512.pack[QT_Q3_K] = &pack_q3_K;
     avx512.int8_spin = spin512;
 }
 

@@ -34,13 +34,13 @@ static void pk_layout_q4(const block_q4_0 *blk, int r, uint8_t *q)
 }
 
 /* Row r's fifth bits of a block (bit i: column i) into the block's 8
- * masks after its nibbles: mask j's 4 bits of row r are half of byte
- * r / 2. */
-static void pk_layout_fifth_bits(uint32_t bits, int r, uint8_t *q)
+ * masks after its nibbles (Q3_K: its third bits after its 2-bit planes,
+ * pk_layout_bits_at): mask j's 4 bits of row r are half of byte r / 2. */
+static void pk_layout_bits_at(uint32_t bits, int r, uint8_t *masks)
 {
     for (int j = 0; j < QK8_0 / 4; j++) {
         unsigned nib = (bits >> (4 * j)) & 0xf;
-        uint8_t *byte = q + PK_ROWS * 16 + 8 * j + r / 2;
+        uint8_t *byte = masks + 8 * j + r / 2;
         /* pk_layout_pack writes rows in order: an even row starts the byte, the odd one after it completes it */
         *byte = (uint8_t)(r % 2 ? (*byte & 0x0fu) | nib << 4 : nib);
     }
@@ -62,14 +62,14 @@ static void pk_layout_q51(int five, const void *blk, int r, uint8_t *q)
     dm[PK_ROWS + r] = !blk ? 0 : five ? b5->m : b4->m;
     pk_layout_pairs(!blk ? NULL : five ? b5->qs : b4->qs, r, q);
     if (five)
-        pk_layout_fifth_bits(blk ? pk_layout_qh32(b5->qh) : 0, r, q);
+        pk_layout_bits_at(blk ? pk_layout_qh32(b5->qh) : 0, r, q + PK_ROWS * 16);
 }
 
 static void pk_layout_q5(const block_q5_0 *blk, int r, uint8_t *q)
 {
     ((quant_f16 *)(q - PK_ROWS * sizeof(quant_f16)))[r] = blk ? blk->d : 0;
     pk_layout_pairs(blk ? blk->qs : NULL, r, q);
-    pk_layout_fifth_bits(blk ? pk_layout_qh32(blk->qh) : 0, r, q);
+    pk_layout_bits_at(blk ? pk_layout_qh32(blk->qh) : 0, r, q + PK_ROWS * 16);
 }
 
 /* The 16 pair bytes of 32 nibble quants held as bits sh..sh + 3 of the
@@ -104,7 +104,7 @@ static void pk_layout_q45k(int five, quant_f16 d, quant_f16 dmin, const uint8_t 
         return;
     uint32_t bits = 0;
     for (int i = 0; scales && i < 32; i++) bits |= (uint32_t)((qh[i] >> j) & 1) << i;
-    pk_layout_fifth_bits(bits, r, q);
+    pk_layout_bits_at(bits, r, q + PK_ROWS * 16);
 }
 
 /* Sub-blocks 2j, 2j + 1 of a Q6_K super-block (row r's scales in the
@@ -128,6 +128,51 @@ static void pk_layout_q6k(const block_q6_K *blk, int j, int r, uint8_t *h, uint8
         }
 }
 
+/* Block j (0..7, 32 columns) of a Q2_K or Q3_K super-block: row r's
+ * 2-bit quants into the block's 2 planes at q (bits 2 (s % 4) of byte
+ * 4r + k of plane s / 4 for step s, column 4s + k), and for Q3_K (third)
+ * its third bits from hmask (set: the quant keeps its value; clear: it
+ * loses 4) after them. qs NULL: zeros. */
+static void pk_layout_k2(const uint8_t *qs, const uint8_t *hmask, int third, int j, int r, uint8_t *q)
+{
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < 4; k++) {
+            unsigned byte = 0;
+            for (int s = 0; qs && s < 4; s++) byte |= (unsigned)quant_k2_bits(qs, 32 * j + 4 * (4 * p + s) + k) << (2 * s);
+            q[64 * p + 4 * r + k] = (uint8_t)byte;
+        }
+    if (!third)
+        return;
+    uint32_t bits = 0;
+    for (int i = 0; hmask && i < 32; i++) {
+        int e = 32 * j + i;
+        bits |= (uint32_t)((hmask[e % 32] >> (e / 32)) & 1) << i;
+    }
+    pk_layout_bits_at(bits, r, q + PK_ROWS * 8);
+}
+
+/* Sub-blocks 2j, 2j + 1 of a Q3_K super-block: row r's d and signed
+ * scales into the header h (Q6_K's layout), block j's quants into q. */
+static void pk_layout_q3k(const block_q3_K *blk, int j, int r, uint8_t *h, uint8_t *q)
+{
+    int sc[16] = {0};
+    if (blk)
+        quant_k3_scales(blk->scales, sc);
+    ((quant_f16 *)h)[r] = blk ? blk->d : 0;
+    for (int s = 0; s < 2; s++) h[pk_layout_q6k_sc(2 * j + s) + (size_t)r] = (uint8_t)(int8_t)sc[2 * j + s];
+    pk_layout_k2(blk ? blk->qs : NULL, blk ? blk->hmask : NULL, 1, j, r, q);
+}
+
+/* Sub-blocks 2j, 2j + 1 of a Q2_K super-block: row r's d, dmin and scale
+ * bytes into the header h, block j's quants into q. */
+static void pk_layout_q2k(const block_q2_K *blk, int j, int r, uint8_t *h, uint8_t *q)
+{
+    ((quant_f16 *)h)[r] = blk ? blk->d : 0;
+    ((quant_f16 *)h)[PK_ROWS + r] = blk ? blk->dmin : 0;
+    for (int s = 0; s < 2; s++) h[pk_layout_q2k_sc(2 * j + s) + (size_t)r] = blk ? blk->scales[2 * j + s] : 0;
+    pk_layout_k2(blk ? blk->qs : NULL, NULL, 0, j, r, q);
+}
+
 /* Row r (row `row` of the weight; past `rows`: zeros) of block b of the
  * group at g. */
 static void pk_layout_row(int kind, const void *w, size_t row_bytes, int64_t row, int64_t rows, int b, int r,
@@ -143,6 +188,8 @@ static void pk_layout_row(int kind, const void *w, size_t row_bytes, int64_t row
     case PK_Q41: pk_layout_q51(0, src ? (const block_q4_1 *)src + b : NULL, r, q); break;
     case PK_Q51: pk_layout_q51(1, src ? (const block_q5_1 *)src + b : NULL, r, q); break;
     case PK_Q6K: pk_layout_q6k(src ? (const block_q6_K *)src + b / 8 : NULL, b % 8, r, h, q); break;
+    case PK_Q3K: pk_layout_q3k(src ? (const block_q3_K *)src + b / 8 : NULL, b % 8, r, h, q); break;
+    case PK_Q2K: pk_layout_q2k(src ? (const block_q2_K *)src + b / 8 : NULL, b % 8, r, h, q); break;
     case PK_Q4K: {
         const block_q4_K *k = src ? (const block_q4_K *)src + b / 8 : NULL;
         pk_layout_q45k(0, k ? k->d : 0, k ? k->dmin : 0, k ? k->scales : NULL, k ? k->qs : NULL, NULL, b % 8, r, h, q);

@@ -15,7 +15,10 @@
  *           fifth bits, bit 4r + k of mask j for row r, column 4j + k;
  *   PK_Q6K: Q4_K's 4 vectors of the low 4 bits, then 2 vectors of the top
  *           two: bits 2 (j % 4) of byte 4r + k of vector j / 4 for row r,
- *           column 4j + k (so a vector serves 4 steps, one shift each).
+ *           column 4j + k (so a vector serves 4 steps, one shift each);
+ *   PK_Q2K: only such 2 vectors, of the 2-bit quants;
+ *   PK_Q3K: those 2 vectors of the low two bits, then 8 x 64 third bits
+ *           laid out as the fifth bits above.
  * Q8_0, Q4_0 and Q5_0 blocks start with their 16 rows' f16 scales; w . x
  * = q . x - offset * sum(x), offset 128, 8 or 16. Q4_1 and Q5_1 blocks
  * start with 16 f16 d, then 16 f16 m; w = d q + m. A Q4_K super-block (256
@@ -23,8 +26,12 @@
  * scales and mins as bytes, 16 rows per sub-block - and holds its 8
  * blocks; w = d sc q - dmin m (Q5_K: the same header). A Q6_K super-block starts with 16 f16 d
  * and the signed 8-bit scales of its 16 sub-blocks of 16 columns, 16 rows
- * each; w = d sc (q - 32). The same bytes as the file (Q4_K 2.8% more), so
- * a decode step reads no more. Rows past the weight's are zeros.
+ * each; w = d sc (q - 32). A Q3_K super-block has Q6_K's header (its
+ * scales -32..31); w = d sc (q - 4). A Q2_K super-block starts with 16 f16
+ * d, 16 f16 dmin and the file's scale byte of each of its 16 sub-blocks, 16
+ * rows each (scale low nibble, min high); w = d sc q - dmin m. The same
+ * bytes as the file (Q4_K 2.8% more, Q3_K 3.5%), so a decode step reads
+ * about as much. Rows past the weight's are zeros.
  *
  * Activations (pk_layout_act, kind 4): per row n signed bytes, then n/32
  * float scales, then n/32 int32 negated sums of each block's first 16
@@ -45,16 +52,21 @@
 
 #define PK_ROWS 16 /* rows per packed group */
 
-enum { PK_Q8, PK_Q4, PK_Q4K, PK_Q5, PK_Q6K, PK_Q5K, PK_Q41, PK_Q51 };
+enum { PK_Q8, PK_Q4, PK_Q4K, PK_Q5, PK_Q6K, PK_Q5K, PK_Q41, PK_Q51, PK_Q2K, PK_Q3K };
 
 /* Kinds whose 5th bits follow the nibbles; kinds with Q4_K's header
  * (6-bit scales and mins: w = d sc q - dmin m); kinds whose weights add a
  * per-block min instead of taking an offset from the quants. */
 static inline int pk_layout_fifth(int kind) { return kind == PK_Q5 || kind == PK_Q5K || kind == PK_Q51; }
 static inline int pk_layout_k4(int kind) { return kind == PK_Q4K || kind == PK_Q5K; }
-static inline int pk_layout_mins(int kind) { return pk_layout_k4(kind) || kind == PK_Q41 || kind == PK_Q51; }
+static inline int pk_layout_mins(int kind) { return pk_layout_k4(kind) || kind == PK_Q41 || kind == PK_Q51 || kind == PK_Q2K; }
+/* Kinds of 2-bit planes (no nibbles). */
+static inline int pk_layout_2bit(int kind) { return kind == PK_Q2K || kind == PK_Q3K; }
 /* Kinds in 256-column super-blocks with a header each. */
-static inline int pk_layout_kquant(int kind) { return pk_layout_k4(kind) || kind == PK_Q6K; }
+static inline int pk_layout_kquant(int kind) { return pk_layout_k4(kind) || kind == PK_Q6K || pk_layout_2bit(kind); }
+/* Kinds whose scales (and offsets or mins) are per 16 columns: two parts
+ * of a block, each its own integer sum. */
+static inline int pk_layout_halves(int kind) { return kind == PK_Q6K || pk_layout_2bit(kind); }
 
 /* Bytes before the quants of a Q8_0, Q4_0, Q5_0, Q4_1 or Q5_1 block: the
  * 16 rows' d (and m). */
@@ -67,6 +79,11 @@ static inline int pk_layout_head(int kind) { return PK_ROWS * 2 * (kind == PK_Q4
 #define PK_Q6K_HEAD (PK_ROWS * 2 + 16 * PK_ROWS)         /* d; 16 sub-blocks' scales */
 #define PK_Q6K_BLOCK (PK_ROWS * 16 + PK_ROWS * 8)        /* nibbles, top bits */
 #define PK_Q6K_SUPER (PK_Q6K_HEAD + 8 * PK_Q6K_BLOCK)
+#define PK_Q2K_HEAD (PK_ROWS * 2 * 2 + 16 * PK_ROWS)    /* d, dmin; 16 sub-blocks' scale bytes */
+#define PK_Q2K_BLOCK (PK_ROWS * 8)                       /* 2-bit planes */
+#define PK_Q2K_SUPER (PK_Q2K_HEAD + 8 * PK_Q2K_BLOCK)
+#define PK_Q3K_BLOCK (PK_ROWS * 8 + PK_ROWS * 4)         /* 2-bit planes, third bits */
+#define PK_Q3K_SUPER (PK_Q6K_HEAD + 8 * PK_Q3K_BLOCK)
 
 /* Bytes of one block of a group (the K-quants: without their headers,
  * which are per 256 columns). */
@@ -76,13 +93,16 @@ static inline int pk_layout_block_bytes(int kind)
         return PK_ROWS * 16;
     if (kind == PK_Q6K || kind == PK_Q5K)
         return kind == PK_Q6K ? PK_Q6K_BLOCK : PK_Q5K_BLOCK;
+    if (pk_layout_2bit(kind))
+        return kind == PK_Q2K ? PK_Q2K_BLOCK : PK_Q3K_BLOCK;
     return pk_layout_head(kind) + PK_ROWS * (kind == PK_Q8 ? 32 : 16) + (pk_layout_fifth(kind) ? PK_ROWS * 4 : 0);
 }
 
 /* Bytes of a K-quant kind's super-block (256 columns) of a group. */
 static inline size_t pk_layout_super(int kind)
 {
-    return kind == PK_Q4K ? PK_Q4K_SUPER : kind == PK_Q5K ? PK_Q5K_SUPER : PK_Q6K_SUPER;
+    return kind == PK_Q4K ? PK_Q4K_SUPER : kind == PK_Q5K ? PK_Q5K_SUPER : kind == PK_Q2K ? PK_Q2K_SUPER
+         : kind == PK_Q3K ? PK_Q3K_SUPER : PK_Q6K_SUPER;
 }
 
 /* The header of the super-block holding block b (K-quants), and in it:
@@ -95,14 +115,15 @@ static inline const uint8_t *pk_layout_super_at(int kind, const uint8_t *g, int 
 }
 static inline size_t pk_layout_k4_sc(int j) { return 64 + PK_ROWS * (size_t)j; }
 static inline size_t pk_layout_k4_min(int j) { return 64 + PK_ROWS * 8 + PK_ROWS * (size_t)j; }
-static inline size_t pk_layout_q6k_sc(int s) { return PK_ROWS * 2 + PK_ROWS * (size_t)s; }
+static inline size_t pk_layout_q6k_sc(int s) { return PK_ROWS * 2 + PK_ROWS * (size_t)s; } /* Q3_K's too */
+static inline size_t pk_layout_q2k_sc(int s) { return PK_ROWS * 4 + PK_ROWS * (size_t)s; }
 
 /* log2 of the offset the unsigned quants of a kind carry (w = q - offset:
  * Q8_0 128, Q4_0 8, Q5_0 16, Q6_K 32 per 16 columns); -1 for the kinds
  * with mins, whose quants carry none. */
 static inline int pk_layout_offset_log2(int kind)
 {
-    return kind == PK_Q8 ? 7 : kind == PK_Q4 ? 3 : kind == PK_Q5 ? 4 : kind == PK_Q6K ? 5 : -1;
+    return kind == PK_Q8 ? 7 : kind == PK_Q4 ? 3 : kind == PK_Q5 ? 4 : kind == PK_Q6K ? 5 : kind == PK_Q3K ? 2 : -1;
 }
 
 /* Bytes of one group over cols columns. */
@@ -125,6 +146,10 @@ static inline const uint8_t *pk_layout_qs(int kind, const uint8_t *g, int b)
         return g + (size_t)(b / 8) * PK_Q5K_SUPER + PK_Q4K_HEAD + (size_t)(b % 8) * PK_Q5K_BLOCK;
     if (kind == PK_Q6K)
         return g + (size_t)(b / 8) * PK_Q6K_SUPER + PK_Q6K_HEAD + (size_t)(b % 8) * PK_Q6K_BLOCK;
+    if (kind == PK_Q2K)
+        return g + (size_t)(b / 8) * PK_Q2K_SUPER + PK_Q2K_HEAD + (size_t)(b % 8) * PK_Q2K_BLOCK;
+    if (kind == PK_Q3K)
+        return g + (size_t)(b / 8) * PK_Q3K_SUPER + PK_Q6K_HEAD + (size_t)(b % 8) * PK_Q3K_BLOCK;
     return g + (size_t)b * (size_t)pk_layout_block_bytes(kind) + pk_layout_head(kind);
 }
 
