@@ -679,7 +679,7 @@ static pthread_once_t avx2_once = PTHREAD_ONCE_INIT;
 
 static void avx2_init(void)
 {
-    static const quant_type packed[] = {QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q4_K, QT_Q5_K, QT_Q6_K};
+    static const quant_type packed[] = {QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K};
     avx2 = avx2_rows;
     avxvnni = avx2_rows;
     avxvnni.name = "avxvnni";

@@ -12,7 +12,8 @@
  *            made int32 by one vpmaddwd per 32 columns (nibble quants:
  *            8 x 2 x 15 x 127 = 30,480 fits int16), per 16 (5-bit quants:
  *            4 x 2 x 31 x 127 = 31,496) or per 8 (Q6_K: 2 x 2 x 63 x 127
- *            = 32,004); Q8_0 quants would
+ *            = 32,004; Q2_K's and Q3_K's 2- and 3-bit quants take the
+ *            nibbles' 32); Q8_0 quants would
  *            saturate vpmaddubsw, so they go signed and unsigned by the
  *            sign trick (|w| times x with w's sign) into int32 per step.
  * A tile is one group x 4 tokens (or 1), so each weight load serves 4
@@ -49,17 +50,24 @@ AI __m256i t2_quants(const int kind, const uint8_t *q, int j, int h)
 {
     if (kind == PK_Q8)
         return _mm256_loadu_si256((const __m256i *)(q + 64 * j + 32 * h));
-    __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * (j & 3) + 32 * h));
-    v = _mm256_and_si256(j < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f));
-    if (pk_layout_fifth(kind)) { /* the half's 32 fifth bits, bit i for byte i, made bytes of 16 */
+    __m256i v;
+    if (pk_layout_2bit(kind)) /* bits 2 (j % 4) of plane j / 4 */
+        v = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(q + 64 * (j / 4) + 32 * h)), 2 * (j % 4)),
+                             _mm256_set1_epi8(3));
+    else
+        v = _mm256_and_si256(j < 4 ? _mm256_loadu_si256((const __m256i *)(q + 64 * (j & 3) + 32 * h))
+                                   : _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(q + 64 * (j & 3) + 32 * h)), 4),
+                             _mm256_set1_epi8(0x0f));
+    if (pk_layout_fifth(kind) || kind == PK_Q3K) { /* the half's 32 fifth (Q3_K: third) bits, bit i for byte i,
+                                                  * made bytes of 16 (Q3_K: of 4) */
         uint32_t bits;
-        memcpy(&bits, q + PK_ROWS * 16 + 8 * j + 4 * h, 4);
+        memcpy(&bits, q + PK_ROWS * (kind == PK_Q3K ? 8 : 16) + 8 * j + 4 * h, 4);
         __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
                                         _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
                                                          2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
         const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
         m = _mm256_cmpeq_epi8(_mm256_and_si256(m, bit), bit);
-        v = _mm256_or_si256(v, _mm256_and_si256(m, _mm256_set1_epi8(0x10)));
+        v = _mm256_or_si256(v, _mm256_and_si256(m, _mm256_set1_epi8(kind == PK_Q3K ? 0x04 : 0x10)));
     }
     if (kind == PK_Q6K) { /* the top two bits: bits 2 (j % 4) of plane j / 4, moved to bits 4..5 */
         __m256i top = _mm256_loadu_si256((const __m256i *)(q + PK_ROWS * 16 + 64 * (j / 4) + 32 * h));
@@ -79,7 +87,12 @@ AI __m256i t2_quants(const int kind, const uint8_t *q, int j, int h)
 AI __m256 t2_scale(const int kind, const uint8_t *g, const uint8_t *hd, const __m256 kd[2], int b, int p, int h,
                    __m256 *mn)
 {
-    if (kind == PK_Q6K) {
+    if (kind == PK_Q2K) { /* the file's scale byte: scale low nibble, min high */
+        __m256i sm = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(hd + pk_layout_q2k_sc(2 * (b % 8) + p) + 8 * h)));
+        *mn = _mm256_mul_ps(kd[1], _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 4)));
+        return _mm256_mul_ps(kd[0], _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(15))));
+    }
+    if (kind == PK_Q6K || kind == PK_Q3K) {
         __m256 sc = _mm256_cvtepi32_ps(
             _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(hd + pk_layout_q6k_sc(2 * (b % 8) + p) + 8 * h))));
         return _mm256_mul_ps(kd[0], sc);
@@ -104,7 +117,7 @@ AI __m256 t2_scale(const int kind, const uint8_t *g, const uint8_t *hd, const __
 AI void t2_super(const int kind, const uint8_t *hd, int h, __m256 kd[2])
 {
     kd[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 16 * h)));
-    kd[1] = pk_layout_k4(kind) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 32 + 16 * h)))
+    kd[1] = pk_layout_k4(kind) || kind == PK_Q2K ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hd + 32 + 16 * h)))
                                : _mm256_setzero_ps();
 }
 
@@ -124,7 +137,7 @@ AI int t2_flush(const int kind) { return pk_layout_fifth(kind) ? 4 : kind == PK_
 AI __m256i t2_start(const int kind, const int vnni, pk_layout_view x, size_t i, int p)
 {
     int sh = t2_shift(kind, vnni);
-    int32_t ns = kind == PK_Q6K ? (p ? x.nsb[i] : x.nsa[i]) : pk_layout_nsum(x, i);
+    int32_t ns = pk_layout_halves(kind) ? (p ? x.nsb[i] : x.nsa[i]) : pk_layout_nsum(x, i);
     return sh < 0 ? _mm256_setzero_si256() : _mm256_set1_epi32(ns * (1 << sh));
 }
 
@@ -178,8 +191,8 @@ AI void t2_sums(const int kind, const int vnni, const int T, const uint8_t *q, c
 AI void t2_tile(const int kind, const int vnni, const int T, const uint8_t *w, int nb, pk_layout_view x,
                 const int sb, const int qb, const int qj, float *y, size_t y_stride, int n_valid, int valid)
 {
-    /* Q6_K's scales are per 16 columns: two parts of a block, each its own integer sum */
-    const int np = kind == PK_Q6K ? 2 : 1, jn = QK8_0 / 4 / np;
+    /* Q6_K's, Q3_K's and Q2_K's scales are per 16 columns: two parts of a block, each its own integer sum */
+    const int np = pk_layout_halves(kind) ? 2 : 1, jn = QK8_0 / 4 / np;
     __m256 f[2][4];
     _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) f[0][t] = f[1][t] = _mm256_setzero_ps();
     /* K-quants: the current super-block's header and its d, dmin per half, set at
@@ -205,8 +218,9 @@ AI void t2_tile(const int kind, const int vnni, const int T, const uint8_t *w, i
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
                 size_t i = (size_t)sb * b + t;
                 __m256 dx = _mm256_set1_ps(x.d[i]);
-                /* kinds with mins: the dequantized block sum, dx * sum(xq) */
-                __m256 xs = _mm256_set1_ps(pk_layout_mins(kind) ? x.d[i] * (float)-pk_layout_nsum(x, i) : 0.0f);
+                /* kinds with mins: the dequantized sum of the part, dx * sum(xq) */
+                int32_t ns = pk_layout_halves(kind) ? (p ? x.nsb[i] : x.nsa[i]) : pk_layout_nsum(x, i);
+                __m256 xs = _mm256_set1_ps(pk_layout_mins(kind) ? x.d[i] * (float)-ns : 0.0f);
                 _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
                     f[h][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[h][t]), dx), dw[h], f[h][t]);
                     if (pk_layout_mins(kind))
@@ -283,6 +297,8 @@ T2_TYPE(t2_q6_K, PK_Q6K, 0)
 T2_TYPE(t2_q5_K, PK_Q5K, 0)
 T2_TYPE(t2_q4_1, PK_Q41, 0)
 T2_TYPE(t2_q5_1, PK_Q51, 0)
+T2_TYPE(t2_q2_K, PK_Q2K, 0)
+T2_TYPE(t2_q3_K, PK_Q3K, 0)
 T2_TYPE(t2v_q8_0, PK_Q8, 1)
 T2_TYPE(t2v_q4_0, PK_Q4, 1)
 T2_TYPE(t2v_q5_0, PK_Q5, 1)
@@ -291,6 +307,8 @@ T2_TYPE(t2v_q6_K, PK_Q6K, 1)
 T2_TYPE(t2v_q5_K, PK_Q5K, 1)
 T2_TYPE(t2v_q4_1, PK_Q41, 1)
 T2_TYPE(t2v_q5_1, PK_Q51, 1)
+T2_TYPE(t2v_q2_K, PK_Q2K, 1)
+T2_TYPE(t2v_q3_K, PK_Q3K, 1)
 
 const cpu_pack *tiles_avx2_pack(quant_type t, int vnni)
 {
@@ -303,6 +321,8 @@ const cpu_pack *tiles_avx2_pack(quant_type t, int vnni)
     case QT_Q5_K: return vnni ? &t2v_q5_K : &t2_q5_K;
     case QT_Q4_1: return vnni ? &t2v_q4_1 : &t2_q4_1;
     case QT_Q5_1: return vnni ? &t2v_q5_1 : &t2_q5_1;
+    case QT_Q2_K: return vnni ? &t2v_q2_K : &t2_q2_K;
+    case QT_Q3_K: return vnni ? &t2v_q3_K : &t2_q3_K;
     default: return NULL;
     }
 }
