@@ -37,7 +37,6 @@ struct llm_forward {
      * the layer's combined output, and the routing plan */
     float *router, *router_host, *xe, *ye, *moe;
     llm_moe_plan plan;
-    llm_matmul_seg *exp_segs; /* (2 n_expert) a grouped call's experts */
     llm_lora_seg *segs;           /* (max_rows) one projection's adapter segments (a batch has at most as many
                                    * sequences as rows) */
 };
@@ -72,16 +71,13 @@ static llm_status alloc_acts(llm_forward *f, llm_error *err)
     f->k = act(b, R * kvd, &fail);
     f->v = act(b, R * kvd, &fail);
     f->att = act(b, R * qd, &fail);
-    /* a MoE model has no dense MLP; its experts run together on every row's n_expert_used slots */
-    size_t ff = hp->n_expert > 0 ? (size_t)hp->n_ff_exp : (size_t)hp->n_ff, S = R * (size_t)hp->n_expert_used;
-    f->hb = act(b, (hp->n_expert > 0 ? S : R) * ff, &fail);
-    f->hb2 = act(b, (hp->n_expert > 0 ? S : R) * ff, &fail);
+    size_t ff = hp->n_expert > 0 ? (size_t)hp->n_ff_exp : (size_t)hp->n_ff; /* a MoE model has no dense MLP */
+    f->hb = act(b, R * ff, &fail);
+    f->hb2 = act(b, R * ff, &fail);
     if (hp->n_expert > 0) {
         f->router = act(b, R * hp->n_expert, &fail);
-        f->xe = act(b, S * hp->n_embd, &fail);
-        f->ye = act(b, S * hp->n_embd, &fail);
-        if (!fail && !(f->exp_segs = malloc(sizeof *f->exp_segs * 2 * (size_t)hp->n_expert)))
-            fail = 1;
+        f->xe = act(b, R * hp->n_embd, &fail);
+        f->ye = act(b, R * hp->n_embd, &fail);
         f->moe = act(b, R * hp->n_embd, &fail);
         if (!fail && !llm_backend_host_memory(b) && !(f->router_host = malloc(R * hp->n_expert * sizeof(float))))
             fail = 1;
@@ -198,7 +194,6 @@ void llm_forward_free(llm_forward *f)
     free(f->segs);
     free(f->router_host);
     llm_moe_plan_free(&f->plan);
-    free(f->exp_segs);
     free(f);
 }
 
@@ -405,60 +400,32 @@ static llm_status mlp_block(llm_forward *f, const llm_forward_batch *bt, int il,
     return LLM_OK;
 }
 
-/* Every expert with rows, each on its rows of f->xe (gathered in the
- * plan's order, expert by expert): gate and up of all of them in one
- * grouped call, the activation over every slot at once, down in another,
- * so a layer costs the backend two passes, not two per expert. Each
- * expert's output is then weighted into f->moe in ascending id (set for
- * the rows it is the first expert of, added for the others). */
-static llm_status experts_run(llm_forward *f, const llm_layer *l, int n)
+/* One expert over the rows the plan gave it: its gated MLP on those rows
+ * of f->xb, weighted into f->moe (set for rows it is the first expert of,
+ * added for the others). */
+static llm_status expert_run(llm_forward *f, const llm_layer *l, int e, int n)
 {
     const llm_hparams *hp = &f->m->hp;
     const llm_moe_plan *p = &f->plan;
     llm_backend *b = f->b;
-    size_t d = (size_t)hp->n_embd, ff = (size_t)hp->n_ff_exp, slots = (size_t)p->off[hp->n_expert];
-    llm_weight rows = {QT_F32, n, hp->n_embd, sizeof(float) * d, f->xb, NULL};
-    llm_backend_get_rows(b, &rows, p->rows, (int)slots, f->xe);
-    int ns = 0;
-    for (int e = 0; e < hp->n_expert; e++) {
-        size_t o = (size_t)p->off[e];
-        int cnt = p->off[e + 1] - p->off[e];
-        if (cnt > 0) {
-            f->exp_segs[ns++] = (llm_matmul_seg){&l->exp_gate[e], f->xe + o * d, cnt, f->hb + o * ff};
-            f->exp_segs[ns++] = (llm_matmul_seg){&l->exp_up[e], f->xe + o * d, cnt, f->hb2 + o * ff};
-        }
-    }
-    llm_status st = llm_backend_matmul_segs(b, f->exp_segs, ns);
+    int o = p->off[e], cnt = p->off[e + 1] - o, nf = p->n_first[e];
+    llm_weight rows = {QT_F32, n, hp->n_embd, sizeof(float) * (size_t)hp->n_embd, f->xb, NULL};
+    llm_backend_get_rows(b, &rows, p->rows + o, cnt, f->xe);
+    llm_status st = gated_mlp(f, NULL, -1, &l->exp_gate[e], &l->exp_up[e], &l->exp_down[e], f->xe, cnt, f->ye);
     if (st)
         return st;
-    if (hp->ffn_gelu)
-        llm_backend_geglu(b, f->hb, f->hb2, slots * ff, f->hb);
-    else
-        llm_backend_swiglu(b, f->hb, f->hb2, slots * ff, f->hb);
-    ns = 0;
-    for (int e = 0; e < hp->n_expert; e++) {
-        size_t o = (size_t)p->off[e];
-        int cnt = p->off[e + 1] - p->off[e];
-        if (cnt > 0)
-            f->exp_segs[ns++] = (llm_matmul_seg){&l->exp_down[e], f->hb + o * ff, cnt, f->ye + o * d};
-    }
-    if ((st = llm_backend_matmul_segs(b, f->exp_segs, ns)))
-        return st;
-    for (int e = 0; e < hp->n_expert; e++) {
-        int o = p->off[e], cnt = p->off[e + 1] - o, nf = p->n_first[e];
-        if (nf > 0)
-            llm_backend_add_rows(b, f->moe, p->rows + o, p->weight + o, f->ye + (size_t)o * d, nf, hp->n_embd, 1);
-        if (cnt > nf)
-            llm_backend_add_rows(b, f->moe, p->rows + o + nf, p->weight + o + nf, f->ye + (size_t)(o + nf) * d,
-                                 cnt - nf, hp->n_embd, 0);
-    }
+    if (nf > 0)
+        llm_backend_add_rows(b, f->moe, p->rows + o, p->weight + o, f->ye, nf, hp->n_embd, 1);
+    if (cnt > nf)
+        llm_backend_add_rows(b, f->moe, p->rows + o + nf, p->weight + o + nf, f->ye + (size_t)nf * hp->n_embd,
+                             cnt - nf, hp->n_embd, 0);
     return LLM_OK;
 }
 
 /* The mixture-of-experts MLP: router logits (read back to the host, where
- * the plan is made), then the experts with rows (experts_run), their
- * outputs summed in ascending id, so each row's output sums its experts
- * in the same order whatever else is in the batch. A rank of tensor parallelism holds a share of every expert's
+ * the plan is made), then each expert with rows, in ascending id, so each
+ * row's output sums its experts in the same order whatever else is in the
+ * batch. A rank of tensor parallelism holds a share of every expert's
  * hidden units: the partial sums are reduced like a dense MLP's. */
 static llm_status moe_block(llm_forward *f, int il, int n)
 {
@@ -476,7 +443,10 @@ static llm_status moe_block(llm_forward *f, int il, int n)
         logits = f->router_host;
     }
     llm_moe_route(&f->plan, logits, n, hp->expert_scale);
-    if ((st = experts_run(f, l, n)) || (st = reduce(f, f->moe, (size_t)n * hp->n_embd)))
+    for (int e = 0; e < hp->n_expert; e++)
+        if (f->plan.off[e + 1] > f->plan.off[e] && (st = expert_run(f, l, e, n)))
+            return st;
+    if ((st = reduce(f, f->moe, (size_t)n * hp->n_embd)))
         return st;
     if (l->ffn_post_norm)
         llm_backend_rmsnorm(b, f->moe, l->ffn_post_norm, n, hp->n_embd, hp->eps, f->moe);

@@ -636,81 +636,6 @@ static void test_mixed_group(void **state)
     }
 }
 
-/* Grouped matmuls with inputs of their own (matmul_segs: a MoE layer's
- * experts in one pass) equal the same matmuls made one by one, bit for
- * bit, on every kernel set: random segments over weights of eight types,
- * packed by the backend where its set packs them, with token counts from
- * 0 to 33 (tiles of 16, 8, the padded 8, 4 and single rows), pairs that
- * share an input (gate and up) and a call large enough to be split in
- * chunks across threads. */
-static void test_matmul_segs(void **state)
-{
-    (void)state;
-    enum { COLS = 256, ROWS = 48, NSEG = 24, MAXT = 33, NW = 8 };
-    static const quant_type types[NW] = {QT_Q8_0, QT_Q4_K, QT_Q5_0, QT_Q6_K, QT_Q2_K, QT_Q3_K, QT_Q5_K, QT_F16};
-    static const int ntoks[] = {0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 24, 33};
-    static float wf[ROWS * COLS], x[NSEG][MAXT * COLS], yseg[NSEG][MAXT * ROWS], y1[MAXT * ROWS];
-    static uint8_t q[NW][ROWS * COLS * 2];
-    for (int i = 0; i < ROWS * COLS; i++) wf[i] = test_randf(&seed);
-    for (int s = 0; s < NSEG; s++)
-        for (int i = 0; i < MAXT * COLS; i++) x[s][i] = test_randf(&seed) * (i % 61 == 0 ? 50.0f : 1.0f);
-    llm_weight w[NW];
-    for (int k = 0; k < NW; k++) {
-        size_t rb = quant_row_bytes(types[k], COLS);
-        for (int r = 0; r < ROWS; r++) quant_quantize_row(types[k], wf + (size_t)r * COLS, q[k] + r * rb, COLS);
-        w[k] = (llm_weight){types[k], ROWS, COLS, rb, q[k], NULL};
-    }
-    llm_layer layer;
-    memset(&layer, 0, sizeof layer);
-    layer.wq = w[0], layer.wk = w[1], layer.wv = w[2], layer.wo = w[3];
-    llm_model m;
-    memset(&m, 0, sizeof m);
-    m.hp.n_layer = 1;
-    m.layers = &layer;
-    m.output = m.tok_embd = w[0];
-    snprintf(m.name, sizeof m.name, "segments");
-    for (const cpu_kernels *const *ks = cpu_kernels_all(); *ks; ks++) {
-        llm_backend *b;
-        llm_error err = {0};
-        assert_int_equal(llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 2, .kernels = (*ks)->name}, &b, &err), 0);
-        llm_model *dev = NULL;
-        assert_int_equal(b->iface->model_upload(b, &m, &dev, &err), 0);
-        const llm_weight *pool[NW + 4];
-        for (int k = 0; k < NW; k++) pool[k] = &w[k];
-        const llm_layer *dl = dev ? &dev->layers[0] : &layer; /* packed where this set packs */
-        pool[NW] = &dl->wq, pool[NW + 1] = &dl->wk, pool[NW + 2] = &dl->wv, pool[NW + 3] = &dl->wo;
-        int n_packed = 0;
-        for (int round = 0; round < 6; round++) {
-            llm_matmul_seg segs[NSEG];
-            for (int s = 0; s < NSEG; s++) {
-                int share = s > 0 && test_rng(&seed) % 3 == 0; /* the previous segment's input, as up takes gate's */
-                int nt = share ? segs[s - 1].n_tok : ntoks[test_rng(&seed) % (sizeof ntoks / sizeof *ntoks)];
-                segs[s] = (llm_matmul_seg){pool[test_rng(&seed) % (NW + 4)], share ? segs[s - 1].x : x[s],
-                                           round == 5 ? MAXT : nt, yseg[s]};
-            }
-            assert_int_equal(llm_backend_matmul_segs(b, segs, NSEG), 0);
-            for (int s = 0; s < NSEG; s++) {
-                if (!segs[s].n_tok)
-                    continue;
-                n_packed += segs[s].w->packed != NULL;
-                assert_int_equal(llm_backend_matmul(b, segs[s].w, segs[s].x, segs[s].n_tok, y1), 0);
-                if (memcmp(y1, yseg[s], sizeof(float) * (size_t)segs[s].n_tok * ROWS))
-                    fail_msg("%s kernels, round %d, segment %d (%s%s, %d tokens) differs from its matmul alone",
-                             (*ks)->name, round, s, quant_type_name(segs[s].w->type), segs[s].w->packed ? ", packed" : "",
-                             segs[s].n_tok);
-            }
-        }
-        if (dev && dev->layers[0].wq.packed)
-            assert_true(n_packed > 0);
-        print_message("%s: %d packed segments\n", (*ks)->name, n_packed);
-        llm_matmul_seg bad = {&w[0], x[0], -1, yseg[0]};
-        assert_int_equal(llm_backend_matmul_segs(b, &bad, 1), LLM_ERR_INVALID_ARG);
-        if (dev)
-            b->iface->model_release(b, dev);
-        llm_backend_free(b);
-    }
-}
-
 /* The backend's copy of a model (model_upload) on the avx512 set: a
  * matrix repeated in every layer (a tied or hostile file's shared tensor)
  * is packed once and the copies are counted in `used` until release; a
@@ -816,7 +741,6 @@ int main(void)
         cmocka_unit_test(test_kernels_vnni),
         cmocka_unit_test(test_kernels_avx512),
         cmocka_unit_test(test_mixed_group),
-        cmocka_unit_test(test_matmul_segs),
         cmocka_unit_test(test_packed_upload),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

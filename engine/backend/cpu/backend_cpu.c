@@ -20,23 +20,19 @@ static cpu_ctx *ctx_of(llm_backend *b) { return b->ctx; }
 
 /* ---- matmul -------------------------------------------------------------- */
 
-/* One weight of a call, with its input converted to its activation type. */
+/* One weight of a group, with x already converted to its activation type. */
 typedef struct mm_part {
     const cpu_kernels *k; /* the set's, or the scalar set where it lacks the type */
     const cpu_pack *pk;   /* the set's tiles, when w was packed by this backend */
     const llm_weight *w;
     float *y;
-    const float *x;       /* n_tok rows of w->cols */
-    int n_tok;
-    int conv;             /* its conversion (mm_conv), -1: x itself (float formats) */
-    long base;            /* its first row among the call's rows, all parts' in order */
     const void *act;
     size_t act_row;
 } mm_part;
 
 typedef struct mm_job {
-    mm_part *parts;
-    int n_parts, max_tok;
+    mm_part parts[LLM_MATMUL_MAX_GROUP];
+    int n_parts, n_tok;
     long total_rows;
     _Atomic long next_chunk; /* prefill: chunks handed out on demand */
 } mm_job;
@@ -55,22 +51,22 @@ static void mm_tile(const mm_part *p, cpu_dot4_fn fn, int width, int t, long r0,
 
 /* A packed weight's groups that start in rows [r0, r1), every token:
  * ranges that split the rows give each group to exactly one of them. */
-static void mm_packed(const mm_part *p, long r0, long r1)
+static void mm_packed(const mm_part *p, int n_tok, long r0, long r1)
 {
     long gs = p->pk->group, g0 = (r0 + gs - 1) / gs, g1 = (r1 + gs - 1) / gs;
     if (g1 > g0)
-        p->pk->gemm(p->w->packed, p->w->rows, p->w->cols, g0, g1, p->act, p->act_row, p->n_tok, p->y, (size_t)p->w->rows);
+        p->pk->gemm(p->w->packed, p->w->rows, p->w->cols, g0, g1, p->act, p->act_row, n_tok, p->y, (size_t)p->w->rows);
 }
 
 /* Rows [r0, r1) of one weight against every token; tokens go 16, 8 or 4
  * at a time through the tile kernels when the set has them. */
-static void mm_rows(const mm_part *p, long r0, long r1)
+static void mm_rows(const mm_part *p, int n_tok, long r0, long r1)
 {
     const cpu_kernels *k = p->k;
     cpu_dot_fn dot = k->dot[p->w->type];
     cpu_dot4_fn dot4 = k->dot4[p->w->type], dot8 = k->dot8[p->w->type], dot16 = k->dot16[p->w->type];
     const char *wd = p->w->data;
-    int cols = (int)p->w->cols, n_tok = p->n_tok;
+    int cols = (int)p->w->cols;
     size_t rows = (size_t)p->w->rows;
     int t = 0;
     for (; dot16 && t + 16 <= n_tok; t += 16) mm_tile(p, dot16, 16, t, r0, r1);
@@ -86,29 +82,23 @@ static void mm_rows(const mm_part *p, long r0, long r1)
     }
 }
 
-/* Rows [lo, hi) of the call's concatenated rows, in chunks small enough
+/* Rows [lo, hi) of the group's concatenated rows, in chunks small enough
  * that a chunk's weights stay in cache while every token uses them (a
- * packed weight's tile loops its groups that way itself). The first part
- * is found by bisection: a grouped call may hold hundreds (experts). */
+ * packed weight's tile loops its groups that way itself). */
 static void mm_range(const mm_job *j, long lo, long hi)
 {
-    int i = 0, top = j->n_parts - 1;
-    while (i < top) { /* the last part starting at or before lo */
-        int mid = (i + top + 1) / 2;
-        if (j->parts[mid].base <= lo)
-            i = mid;
-        else
-            top = mid - 1;
-    }
-    for (; i < j->n_parts && j->parts[i].base < hi; i++) {
+    long base = 0;
+    for (int i = 0; i < j->n_parts; i++) {
         const mm_part *p = &j->parts[i];
-        long a = lo > p->base ? lo - p->base : 0, b = hi - p->base < p->w->rows ? hi - p->base : p->w->rows;
+        long a = lo > base ? lo - base : 0, b = hi - base < p->w->rows ? hi - base : p->w->rows;
         if (p->pk) {
             if (a < b)
-                mm_packed(p, a, b);
+                mm_packed(p, j->n_tok, a, b);
         } else {
-            for (long r0 = a; r0 < b; r0 += CPU_ROW_CHUNK) mm_rows(p, r0, r0 + CPU_ROW_CHUNK < b ? r0 + CPU_ROW_CHUNK : b);
+            for (long r0 = a; r0 < b; r0 += CPU_ROW_CHUNK)
+                mm_rows(p, j->n_tok, r0, r0 + CPU_ROW_CHUNK < b ? r0 + CPU_ROW_CHUNK : b);
         }
+        base += p->w->rows;
     }
 }
 
@@ -119,7 +109,7 @@ static void mm_range(const mm_job *j, long lo, long hi)
 static void mm_worker(void *arg, int ith, int nth)
 {
     mm_job *j = arg;
-    if (j->max_tok < 8) {
+    if (j->n_tok < 8) {
         long lo, hi;
         tp_range(j->total_rows, ith, nth, &lo, &hi);
         mm_range(j, lo, hi);
@@ -134,53 +124,30 @@ static void mm_worker(void *arg, int ith, int nth)
     }
 }
 
-/* One input converted to an activation format: units [unit0, unit0 +
- * units) of the call's conversion work. */
-typedef struct mm_conv {
+typedef struct q_job {
     const cpu_act *a;
     const float *x;
-    size_t off;       /* bytes into the activation buffer */
     void *dst;
     size_t dst_row;
     int cols, n_tok;
-    long unit0, units;
-} mm_conv;
-
-typedef struct q_job {
-    const mm_conv *cv;
-    int n;
-    long units;
 } q_job;
 
-/* Work units of one conversion: 8-token tiles first (when the format has
- * them), then single rows; a tile occupies the bytes of its 8 rows. */
-static long q_units(const cpu_act *a, int n_tok)
-{
-    int tiled = cpu_act_tiled(a, n_tok);
-    return tiled / 8 + (n_tok > tiled ? n_tok - tiled : 0);
-}
-
-static void q_unit(const mm_conv *c, long u)
-{
-    int tiles = cpu_act_tiled(c->a, c->n_tok) / 8, tiled = tiles * 8;
-    long t = u < tiles ? 8 * u : tiled + (u - tiles);
-    const float *x = c->x + (size_t)t * (size_t)c->cols;
-    char *dst = (char *)c->dst + (size_t)t * c->dst_row;
-    if (u < tiles)
-        c->a->quantize8(x, (size_t)c->cols, c->n_tok - t < 8 ? (int)(c->n_tok - t) : 8, dst, c->cols);
-    else
-        c->a->quantize(x, dst, c->cols);
-}
-
+/* Work units: 8-token tiles first (when the format has them), then single
+ * rows; a tile occupies the bytes of its 8 rows. */
 static void q_worker(void *arg, int ith, int nth)
 {
     q_job *j = arg;
+    int tiles = cpu_act_tiled(j->a, j->n_tok) / 8, tiled = tiles * 8;
     long lo, hi;
-    tp_range(j->units, ith, nth, &lo, &hi);
-    int i = 0;
+    tp_range(tiles + (j->n_tok > tiled ? j->n_tok - tiled : 0), ith, nth, &lo, &hi);
     for (long u = lo; u < hi; u++) {
-        while (u >= j->cv[i].unit0 + j->cv[i].units) i++;
-        q_unit(&j->cv[i], u - j->cv[i].unit0);
+        long t = u < tiles ? 8 * u : tiled + (u - tiles);
+        const float *x = j->x + (size_t)t * (size_t)j->cols;
+        char *dst = (char *)j->dst + (size_t)t * j->dst_row;
+        if (u < tiles)
+            j->a->quantize8(x, (size_t)j->cols, j->n_tok - t < 8 ? (int)(j->n_tok - t) : 8, dst, j->cols);
+        else
+            j->a->quantize(x, dst, j->cols);
     }
 }
 
@@ -205,124 +172,74 @@ static size_t act_bytes(const cpu_act *a, int cols, int n_tok)
     return (a->row_bytes(cols) * rows + 63) / 64 * 64;
 }
 
-/* Sets every part's activation: x itself for float formats, else one
- * conversion per (input, format kind), all sized first so that one
- * reservation holds them (a second could move the first conversion),
- * then made in one pass of the pool - or on this thread when every input
- * is a few tokens, since waking the pool costs more than the work. cv has
- * room for one conversion per part. */
-static llm_status mm_acts(cpu_ctx *c, mm_part *parts, int n, mm_conv *cv)
+/* Converts x to format a at dst; few tokens are converted on this thread,
+ * since waking the pool costs more than the work. */
+static void convert_x(cpu_ctx *c, const cpu_act *a, const float *x, int cols, int n_tok, void *dst)
 {
-    int n_cv = 0, small = 1;
-    size_t total = 0;
-    long units = 0;
-    for (int i = 0; i < n; i++) {
-        mm_part *p = &parts[i];
-        const cpu_act *a = p->pk ? p->pk->act : p->k->act[p->w->type];
-        p->conv = -1;
-        for (int m = n_cv - 1; a->kind && m >= 0 && p->conv < 0; m--)
-            if (cv[m].a->kind == a->kind && cv[m].x == p->x && cv[m].n_tok == p->n_tok && cv[m].cols == (int)p->w->cols)
-                p->conv = m;
-        if (a->kind && p->conv < 0) {
-            cv[n_cv] = (mm_conv){a, p->x, total, NULL, a->row_bytes((int)p->w->cols), (int)p->w->cols, p->n_tok, units,
-                                 q_units(a, p->n_tok)};
-            total += act_bytes(a, (int)p->w->cols, p->n_tok);
-            units += cv[n_cv].units;
-            small &= p->n_tok < 4;
-            p->conv = n_cv++;
+    q_job q = {a, x, dst, a->row_bytes(cols), cols, n_tok};
+    if (n_tok < 4)
+        q_worker(&q, 0, 1);
+    else
+        tp_run(c->pool, q_worker, &q);
+}
+
+/* Sets every part's activation: x itself for float formats, else one
+ * conversion per format kind, all sized first so that one reservation
+ * holds them (a second reservation could move the first conversion). */
+static llm_status group_acts(cpu_ctx *c, mm_job *j, const float *x, int n_tok)
+{
+    const cpu_act *fmt[LLM_MATMUL_MAX_GROUP];
+    size_t off[LLM_MATMUL_MAX_GROUP], total = 0;
+    int n_fmt = 0, which[LLM_MATMUL_MAX_GROUP], cols = (int)j->parts[0].w->cols;
+    for (int i = 0; i < j->n_parts; i++) {
+        const cpu_act *a = j->parts[i].pk ? j->parts[i].pk->act : j->parts[i].k->act[j->parts[i].w->type];
+        which[i] = -1;
+        for (int m = 0; a->kind && m < n_fmt && which[i] < 0; m++)
+            if (fmt[m]->kind == a->kind)
+                which[i] = m;
+        if (a->kind && which[i] < 0) {
+            fmt[n_fmt] = a;
+            off[n_fmt] = total;
+            total += act_bytes(a, cols, n_tok);
+            which[i] = n_fmt++;
         }
     }
     if (act_reserve(c, total))
         return LLM_ERR_NOMEM;
-    for (int m = 0; m < n_cv; m++) cv[m].dst = (char *)c->act + cv[m].off;
-    for (int i = 0; i < n; i++) {
-        mm_part *p = &parts[i];
-        p->act = p->conv < 0 ? (const void *)p->x : cv[p->conv].dst;
-        p->act_row = p->conv < 0 ? (size_t)p->w->cols * sizeof(float) : cv[p->conv].dst_row;
+    for (int m = 0; m < n_fmt; m++) convert_x(c, fmt[m], x, cols, n_tok, (char *)c->act + off[m]);
+    for (int i = 0; i < j->n_parts; i++) {
+        mm_part *p = &j->parts[i];
+        p->act = which[i] < 0 ? (const void *)x : (const char *)c->act + off[which[i]];
+        p->act_row = which[i] < 0 ? (size_t)cols * sizeof(float) : fmt[which[i]]->row_bytes(cols);
     }
-    q_job q = {cv, n_cv, units};
-    if (n_cv && small)
-        q_worker(&q, 0, 1);
-    else if (n_cv)
-        tp_run(c->pool, q_worker, &q);
-    return LLM_OK;
-}
-
-/* parts[i] (w, y, x, n_tok set) with kernels chosen and rows numbered;
- * LLM_ERR_UNSUPPORTED for a type no kernel computes. */
-static llm_status mm_prepare(cpu_ctx *c, mm_part *parts, int n, mm_job *j)
-{
-    *j = (mm_job){parts, n, 0, 0, 0};
-    for (int i = 0; i < n; i++) {
-        mm_part *p = &parts[i];
-        if (!quant_supported(p->w->type) || !cpu_kernels_scalar()->dot[p->w->type])
-            return LLM_ERR_UNSUPPORTED;
-        p->k = c->k->dot[p->w->type] ? c->k : cpu_kernels_scalar();
-        p->pk = p->w->packed ? c->k->pack[p->w->type] : NULL;
-        p->base = j->total_rows;
-        j->total_rows += p->w->rows;
-        j->max_tok = p->n_tok > j->max_tok ? p->n_tok : j->max_tok;
-    }
-    return LLM_OK;
-}
-
-/* Converts the inputs, then every part's rows in one pass of the pool. */
-static llm_status mm_run(cpu_ctx *c, mm_part *parts, int n, mm_conv *cv)
-{
-    mm_job j;
-    llm_status st = mm_prepare(c, parts, n, &j);
-    if (st)
-        return st;
-    double t0 = llm_clock_mono_s();
-    if ((st = mm_acts(c, parts, n, cv)))
-        return st;
-    if (j.total_rows > 0)
-        tp_run(c->pool, mm_worker, &j);
-    atomic_fetch_add_explicit(&c->matmul_ns, (uint64_t)((llm_clock_mono_s() - t0) * 1e9), memory_order_relaxed);
     return LLM_OK;
 }
 
 static llm_status cpu_matmul(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok)
 {
-    mm_part parts[LLM_MATMUL_MAX_GROUP];
-    mm_conv cv[LLM_MATMUL_MAX_GROUP];
+    cpu_ctx *c = ctx_of(b);
     if (n_ops < 1 || n_ops > LLM_MATMUL_MAX_GROUP)
         return LLM_ERR_INVALID_ARG;
+    for (int i = 0; i < n_ops; i++)
+        if (!quant_supported(ops[i].w->type) || !cpu_kernels_scalar()->dot[ops[i].w->type])
+            return LLM_ERR_UNSUPPORTED;
+    mm_job j = {{{0}}, n_ops, n_tok, 0, 0};
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].w->cols != ops[0].w->cols)
             return LLM_ERR_INVALID_ARG;
-        parts[i] = (mm_part){.w = ops[i].w, .y = ops[i].y, .x = x, .n_tok = n_tok};
+        j.parts[i].k = c->k->dot[ops[i].w->type] ? c->k : cpu_kernels_scalar();
+        j.parts[i].pk = ops[i].w->packed ? c->k->pack[ops[i].w->type] : NULL;
+        j.parts[i].w = ops[i].w;
+        j.parts[i].y = ops[i].y;
+        j.total_rows += ops[i].w->rows;
     }
-    return mm_run(ctx_of(b), parts, n_ops, cv);
-}
-
-/* Grouped matmuls with inputs of their own (a MoE layer's experts): the
- * parts and conversions live in scratch kept between calls. */
-static llm_status cpu_matmul_segs(llm_backend *b, const llm_matmul_seg *segs, int n_segs)
-{
-    cpu_ctx *c = ctx_of(b);
-    if (n_segs < 0 || n_segs > LLM_MATMUL_MAX_SEGS)
-        return LLM_ERR_INVALID_ARG;
-    if (n_segs > c->seg_cap) {
-        mm_part *p = realloc(c->seg_parts, sizeof *p * (size_t)n_segs); /* lint: realloc checked */
-        if (!p)
-            return LLM_ERR_NOMEM;
-        c->seg_parts = p;
-        mm_conv *v = realloc(c->seg_convs, sizeof *v * (size_t)n_segs); /* lint: realloc checked */
-        if (!v)
-            return LLM_ERR_NOMEM;
-        c->seg_convs = v;
-        c->seg_cap = n_segs;
-    }
-    mm_part *parts = c->seg_parts;
-    int n = 0;
-    for (int i = 0; i < n_segs; i++) {
-        if (segs[i].n_tok < 0)
-            return LLM_ERR_INVALID_ARG;
-        if (segs[i].n_tok > 0) /* (an empty segment has nothing to compute) */
-            parts[n++] = (mm_part){.w = segs[i].w, .y = segs[i].y, .x = segs[i].x, .n_tok = segs[i].n_tok};
-    }
-    return n ? mm_run(c, parts, n, c->seg_convs) : LLM_OK;
+    double t0 = llm_clock_mono_s();
+    llm_status st = group_acts(c, &j, x, n_tok);
+    if (st)
+        return st;
+    tp_run(c->pool, mm_worker, &j);
+    atomic_fetch_add_explicit(&c->matmul_ns, (uint64_t)((llm_clock_mono_s() - t0) * 1e9), memory_order_relaxed);
+    return LLM_OK;
 }
 
 /* ---- element-wise ops ------------------------------------------------------ */
@@ -557,8 +474,6 @@ static void cpu_free(llm_backend *b)
     cpu_ctx *c = ctx_of(b);
     tp_free(c->pool);
     free(c->act);
-    free(c->seg_parts);
-    free(c->seg_convs);
     free(c->scratch);
     free(c);
     free(b);
@@ -576,7 +491,6 @@ static const struct llm_backend_i cpu_iface = {
     .name = "cpu",
     .free = cpu_free,
     .matmul = cpu_matmul,
-    .matmul_segs = cpu_matmul_segs,
     .lora = cpu_lora,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

@@ -19,9 +19,6 @@ typedef struct cpu_ctx {
     size_t scratch_per_thread;
     _Atomic size_t used; /* bytes of buffer_alloc and packed weights (read by /metrics threads) */
     llm_cpu_pack pack;   /* llm_cpu_config's */
-    struct mm_part *seg_parts; /* matmul_segs's scratch (backend_cpu.c), seg_cap of each */
-    struct mm_conv *seg_convs;
-    int seg_cap;
     /* nanoseconds spent in matmuls and in attention (llm_backend_cpu_times); relaxed atomics, since a
      * reader may be another thread than the one running the passes */
     _Atomic uint64_t matmul_ns, attn_ns;

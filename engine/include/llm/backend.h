@@ -123,18 +123,6 @@ typedef struct llm_matmul {
 
 #define LLM_MATMUL_MAX_GROUP 4
 
-/* One matmul of a grouped call with an input of its own: y (n_tok,
- * w->rows) = x (n_tok, w->cols) . W^T. A mixture-of-experts layer's
- * experts, each on the rows routed to it. */
-typedef struct llm_matmul_seg {
-    const llm_weight *w;
-    const float *x;
-    int n_tok;
-    float *y;
-} llm_matmul_seg;
-
-#define LLM_MATMUL_MAX_SEGS 65536
-
 /* One LoRA adapter's low-rank update of a matmul's output (lora.h) for
  * rows [row0, row0 + n_rows) of a batch: y[r] += s * (B (A x[r])). A and
  * B are in backend memory, A as (rank, in) and B transposed, (rank, out),
@@ -196,12 +184,6 @@ struct llm_backend_i {
      * (Q/K/V, gate/up) lets the backend convert x once and split all rows
      * over its workers in one pass. */
     llm_status (*matmul)(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok);
-    /* Optional (NULL: one matmul call per segment): n_segs (0..
-     * LLM_MATMUL_MAX_SEGS) matmuls, each on its own input, in one pass of
-     * the backend's workers (segments sharing an input are converted once).
-     * Each segment's y is bit for bit what matmul gives it alone. Outputs
-     * must not overlap each other or any input. */
-    llm_status (*matmul_segs)(llm_backend *b, const llm_matmul_seg *segs, int n_segs);
     /* Optional (NULL: the backend runs no adapters): every segment's rows
      * of y (n rows of `out` floats) get their low-rank update from the
      * same rows of x (rows of `in` floats); segments do not overlap. Each
@@ -324,18 +306,6 @@ static inline llm_status llm_backend_matmul(llm_backend *b, const llm_weight *w,
 {
     llm_matmul op = {w, y};
     return b->iface->matmul(b, &op, 1, x, n_tok);
-}
-static inline llm_status llm_backend_matmul_segs(llm_backend *b, const llm_matmul_seg *segs, int n_segs)
-{
-    if (b->iface->matmul_segs)
-        return b->iface->matmul_segs(b, segs, n_segs);
-    llm_status st = LLM_OK;
-    for (int i = 0; i < n_segs && !st; i++)
-        if (segs[i].n_tok > 0) {
-            llm_matmul op = {segs[i].w, segs[i].y};
-            st = b->iface->matmul(b, &op, 1, segs[i].x, segs[i].n_tok);
-        }
-    return st;
 }
 static inline llm_status llm_backend_matmul_group(llm_backend *b, const llm_matmul *ops, int n_ops, const float *x, int n_tok)
 { return b->iface->matmul(b, ops, n_ops, x, n_tok); }
