@@ -28,6 +28,7 @@
  * the hash only picks the candidates. */
 struct llm_gmatch_cache {
     int n_words, cap, n, next;
+    size_t list_bytes, list_max; /* the lists' bytes now, and their share of the cache's bytes */
     uint64_t *hash;          /* (cap) of the three below */
     uint64_t *grammar, *part; /* (cap) */
     int32_t *key_len;        /* (cap) */
@@ -35,6 +36,7 @@ struct llm_gmatch_cache {
     int32_t *n_text;         /* (cap) text tokens the mask allows */
     int32_t *n_down, *n_up;  /* (cap) tokens listed as leaving less / more than the state (-1: too many) */
     int32_t **list;          /* (cap) their (id, cost) pairs, the fewer first (own allocations; NULL: none) */
+    size_t *list_size;       /* (cap) its bytes */
     int32_t *key;            /* (cap, GM_KEY_MAX) the state: each stack's positions top down, then -1 */
     uint32_t *bits;          /* (cap, n_words) */
 };
@@ -612,9 +614,11 @@ llm_gmatch_cache *llm_gmatch_cache_new(int n_vocab, size_t max_bytes)
     if (!c)
         return NULL;
     c->n_words = (n_vocab + 31) / 32;
-    size_t each = sizeof(uint32_t) * (size_t)c->n_words + sizeof(int32_t) * (GM_KEY_MAX + 5) + 4 * sizeof(uint64_t) +
-                  sizeof(int32_t) * 4 * GM_LIST_MAX; /* lists at their longest */
-    c->cap = max_bytes / each < 16 ? 16 : max_bytes / each > 4096 ? 4096 : (int)(max_bytes / each);
+    /* a quarter for the lists (most masks list few tokens or none), at least room for two at their longest */
+    size_t each = sizeof(uint32_t) * (size_t)c->n_words + sizeof(int32_t) * (GM_KEY_MAX + 5) + 4 * sizeof(uint64_t);
+    size_t two = sizeof(int32_t) * 8 * GM_LIST_MAX, slots = max_bytes - max_bytes / 4;
+    c->list_max = max_bytes / 4 > two ? max_bytes / 4 : two;
+    c->cap = slots / each < 16 ? 16 : slots / each > 4096 ? 4096 : (int)(slots / each);
     c->hash = malloc(sizeof *c->hash * (size_t)c->cap);
     c->grammar = malloc(sizeof *c->grammar * (size_t)c->cap);
     c->part = malloc(sizeof *c->part * (size_t)c->cap);
@@ -624,10 +628,11 @@ llm_gmatch_cache *llm_gmatch_cache_new(int n_vocab, size_t max_bytes)
     c->n_down = malloc(sizeof *c->n_down * (size_t)c->cap);
     c->n_up = malloc(sizeof *c->n_up * (size_t)c->cap);
     c->list = calloc((size_t)c->cap, sizeof *c->list);
+    c->list_size = calloc((size_t)c->cap, sizeof *c->list_size);
     c->key = malloc(sizeof *c->key * (size_t)c->cap * GM_KEY_MAX);
     c->bits = malloc(sizeof *c->bits * (size_t)c->n_words * (size_t)c->cap);
     if (!c->hash || !c->grammar || !c->part || !c->key_len || !c->max_cost || !c->n_text || !c->n_down || !c->n_up ||
-        !c->list || !c->key || !c->bits) {
+        !c->list || !c->list_size || !c->key || !c->bits) {
         llm_gmatch_cache_free(c);
         return NULL;
     }
@@ -648,6 +653,7 @@ void llm_gmatch_cache_free(llm_gmatch_cache *c)
     free(c->n_up);
     for (int i = 0; c->list && i < c->n; i++) free(c->list[i]);
     free(c->list);
+    free(c->list_size);
     free(c->key);
     free(c->bits);
     free(c);
@@ -722,17 +728,29 @@ static int gm_cached(const llm_gmatch_cache *c, const llm_gmatch *m, uint64_t h)
  * (without memory for the lists, they are kept as too many). */
 static void gm_cache_put(llm_gmatch_cache *c, const llm_gmatch *m, uint64_t h, const uint32_t *allow, const gm_found *f)
 {
-    int slot = c->n < c->cap ? c->n++ : c->next++ % c->cap;
+    int slot = c->n;
+    if (c->n < c->cap) {
+        c->n++;
+    } else { /* full: the oldest goes (next stays below cap: a count past INT_MAX would wrap) */
+        slot = c->next;
+        c->next = (c->next + 1) % c->cap;
+    }
     c->hash[slot] = h, c->grammar[slot] = m->g->id, c->part[slot] = m->partition, c->key_len[slot] = m->key_len;
     c->max_cost[slot] = f->max_cost, c->n_text[slot] = f->n_text, c->n_down[slot] = f->n_down, c->n_up[slot] = f->n_up;
+    if (c->list[slot]) /* the replaced mask's lists */
+        c->list_bytes -= c->list_size[slot];
     free(c->list[slot]);
     c->list[slot] = NULL;
+    c->list_size[slot] = 0;
     if (f->n_down > 0 || f->n_up > 0) {
         int n_down = f->n_down > 0 ? f->n_down : 0, n_up = f->n_up > 0 ? f->n_up : 0;
-        if ((c->list[slot] = malloc(sizeof(int32_t) * 2 * (size_t)(n_down + n_up)))) {
+        size_t sz = sizeof(int32_t) * 2 * (size_t)(n_down + n_up);
+        if (c->list_bytes + sz <= c->list_max && (c->list[slot] = malloc(sz))) {
             memcpy(c->list[slot], f->down, sizeof(int32_t) * 2 * (size_t)n_down);
             memcpy(c->list[slot] + 2 * n_down, f->up, sizeof(int32_t) * 2 * (size_t)n_up);
-        } else {
+            c->list_bytes += sz;
+            c->list_size[slot] = sz;
+        } else { /* no room (or memory): this state walks while a budget binds */
             c->n_down[slot] = c->n_up[slot] = -1;
         }
     }

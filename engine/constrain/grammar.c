@@ -729,8 +729,8 @@ llm_status llm_grammar_compile(const char *text, size_t len, const char *root, l
                 g->root = i;
         if (g->root < 0)
             gp_fail(&p, LLM_ERR_GRAMMAR, p.end, "no rule named '%.64s'", rn);
-        else if (!gp_check_defined(&p) && !gp_flatten(&p, g) && !gp_check_left(&p, g) && grammar_costs(g))
-            gp_nomem(&p);
+        else if (!gp_check_defined(&p) && !gp_flatten(&p, g) && !gp_check_left(&p, g) && grammar_cost_build(g))
+            p.st = llm_errf(err, LLM_ERR_NOMEM, "grammar: no memory for the cost table of %d positions", g->n_el);
     }
     gp_free(&p);
     free(copy);

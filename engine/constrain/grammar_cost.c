@@ -1,5 +1,5 @@
 /* grammar_cost.c - the fewest bytes that finish each grammar position
- * (grammar_impl.h: grammar_costs), which let the matcher keep an output
+ * (grammar_impl.h: grammar_cost_build), which let the matcher keep an output
  * completable within the tokens it has left (gmatch.h: budgets).
  *
  * A character costs the shortest UTF-8 encoding of any code point its
@@ -128,7 +128,7 @@ static void gc_settle(const llm_grammar *g, gc_work *w)
     }
 }
 
-int grammar_costs(llm_grammar *g)
+int grammar_cost_build(llm_grammar *g)
 {
     size_t na = (size_t)g->n_alt + 1, nr = (size_t)g->n_rule + 1;
     gc_work w = {.sum = calloc(na, sizeof(int32_t)), .cnt = calloc(na, sizeof(int32_t)), .of = calloc(na, sizeof(int32_t)),

@@ -42,7 +42,7 @@ struct llm_grammar {
     grange *rng;
     int n_rng;
     int root;
-    int32_t *rest;     /* (n_el) the fewest bytes that finish an alternative from each position (grammar_cost.c) */
+    int32_t *rest;     /* (n_el + 1) the fewest bytes that finish an alternative from each position (grammar_cost.c) */
     uint64_t id;          /* unique to this compiled grammar in the process (never reused): masks cached for
                            * its states are kept under it (gmatch.c), never under a hash a client could aim */
 };
@@ -50,8 +50,9 @@ struct llm_grammar {
 /* A cost no string reaches: a rule without a finite string, or sums past it. */
 #define GRAMMAR_COST_INF (1 << 29)
 
-/* g->rest for a compiled grammar (grammar_cost.c). 0, or -1 on no memory. */
-int grammar_costs(llm_grammar *g);
+/* g->rest for a compiled grammar (grammar_cost.c). 0, or -1 on no memory
+ * (the caller names it: it is the one failure). */
+int grammar_cost_build(llm_grammar *g);
 
 /* Makes room in *v (n items used, capacity *cap) for one more of size sz,
  * doubling from first: the parser's and the matcher's growing arrays.

@@ -122,7 +122,8 @@ typedef struct eng_grammar {
     _Atomic int refs;
     uint64_t used;         /* when last taken (eng's grammar_clock) */
 } eng_grammar;
-#define ENG_GRAMMAR_CACHE_BYTES (16u << 20) /* masks kept across constrained requests: ~500 of a 262k vocabulary */
+#define ENG_GRAMMAR_CACHE_BYTES (16u << 20) /* masks kept across constrained requests: ~360 of a 262k vocabulary,
+                                              * and 4 MiB of the lists that serve budgets (gmatch.h) */
 
 struct llm_engine {
     llm_engine_config cfg;

@@ -162,12 +162,19 @@ static llm_status step_on_device(llm_engine *e, const llm_forward_batch *bt)
     return LLM_OK;
 }
 
-/* q's grammar, told the tokens its output may still take: this pick
- * and those after it (gmatch.h: the output closes within them). */
-static llm_gmatch *seq_grammar(const llm_engine *e, const eng_seq *q)
+/* Tells q's grammar the tokens its output may still take: this pick and
+ * those after it (gmatch.h: the output closes within them). Before every
+ * mask or mask_cached, since picks move it. */
+static void seq_grammar_budget(const llm_engine *e, const eng_seq *q)
 {
     llm_gmatch_set_budget(q->gm, e->cfg.no_grammar_close ? -1 : q->r->max_gen - q->n_gen - q->n_out);
-    return q->gm;
+}
+
+/* Whether q's next mask is cheap (llm_gmatch_mask_cached under its budget). */
+static int seq_mask_cached(const llm_engine *e, const eng_seq *q)
+{
+    seq_grammar_budget(e, q);
+    return llm_gmatch_mask_cached(q->gm);
 }
 
 /* q's pick from its logits row: within its grammar's mask, which then
@@ -178,7 +185,8 @@ static llm_status sample_one(llm_engine *e, eng_seq *q, const float *row)
     if (!q->gm)
         return llm_sampler_sample(q->smp, row, &q->res, &q->fail);
     double t0 = eng_now_ms();
-    llm_status st = llm_gmatch_mask(seq_grammar(e, q), e->b_mask, &q->fail);
+    seq_grammar_budget(e, q);
+    llm_status st = llm_gmatch_mask(q->gm, e->b_mask, &q->fail);
     e->mask_work += llm_gmatch_work(q->gm);
     double t1 = eng_now_ms();
     if (!st)
@@ -201,7 +209,7 @@ static llm_status sample_one(llm_engine *e, eng_seq *q, const float *row)
  * for the row, q is picked now. */
 static int pick_held(llm_engine *e, eng_seq *q, const float *row)
 {
-    if (!q->gm || e->mask_work < e->cfg.mask_step_work || llm_gmatch_mask_cached(seq_grammar(e, q)))
+    if (!q->gm || e->mask_work < e->cfg.mask_step_work || seq_mask_cached(e, q))
         return 0;
     size_t n = (size_t)e->m->hp.n_vocab;
     int fresh = !q->held;
@@ -242,7 +250,7 @@ static int spec_pick(llm_engine *e, eng_seq *q, int j, const float *row)
 {
     const int32_t *guess = q->tokens + q->q.n_tokens;
     if (j == 0 ? pick_held(e, q, row)
-               : q->gm && e->mask_work >= e->cfg.mask_step_work && !llm_gmatch_mask_cached(seq_grammar(e, q)))
+               : q->gm && e->mask_work >= e->cfg.mask_step_work && !seq_mask_cached(e, q))
         return 0;
     if (sample_one(e, q, row))
         return 0;

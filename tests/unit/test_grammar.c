@@ -274,11 +274,29 @@ static void expect_cost(const tvocab *t, const char *text, int cost)
     llm_grammar_free(g);
 }
 
+/* The mask of a matcher that has just walked it: a fresh cache, the
+ * output so far (picks) accepted, the budget set. */
+static void fresh_mask(const tvocab *t, const llm_grammar *g, const int32_t *picks, int n, long budget, uint32_t *allow)
+{
+    llm_gmatch_cache *c = llm_gmatch_cache_new(llm_vocab_n(t->v), 0);
+    llm_gmatch *m;
+    llm_error err = {0};
+    assert_non_null(c);
+    assert_int_equal(llm_gmatch_new(g, t->gv, c, 0, &m, &err), LLM_OK);
+    for (int i = 0; i < n; i++) assert_int_equal(llm_gmatch_accept(m, picks[i], &err), LLM_OK);
+    llm_gmatch_set_budget(m, budget);
+    assert_int_equal(llm_gmatch_mask(m, allow, &err), LLM_OK);
+    llm_gmatch_free(m);
+    llm_gmatch_cache_free(c);
+}
+
 /* One output under a budget of `budget` tokens, the end included: random
  * picks among what the mask allows (the end by chance once allowed, or
- * when nothing else is). It must end within the budget. Two matchers, one
- * on the shared cache and one on its own, give the same masks, each a
- * subset of the plain one. Returns the tokens it took. */
+ * when nothing else is). It must end within the budget. Three matchers
+ * give the same masks: one on the shared cache, one on its own, and one
+ * made afresh each step (so its mask is always walked: the cached masks'
+ * token lists must give exactly what a walk gives); each mask a subset of
+ * the plain one. Returns the tokens it took. */
 static int budget_walk(const tvocab *t, const llm_grammar *g, uint64_t seed, int budget)
 {
     llm_gmatch *a, *b;
@@ -286,8 +304,8 @@ static int budget_walk(const tvocab *t, const llm_grammar *g, uint64_t seed, int
     int n = llm_vocab_n(t->v), words = (n + 31) / 32, c = 0, used = 0, ended = 0;
     uint32_t *allow = malloc(sizeof(uint32_t) * (size_t)words), *other = malloc(sizeof(uint32_t) * (size_t)words);
     uint32_t *plain = malloc(sizeof(uint32_t) * (size_t)words);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n), eog = -1;
-    assert_true(allow && other && plain && ids);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n), eog = -1, *picks = malloc(sizeof(int32_t) * (size_t)budget);
+    assert_true(allow && other && plain && ids && picks);
     assert_int_equal(llm_gmatch_new(g, t->gv, t->cache, 0, &a, &err), LLM_OK);
     assert_int_equal(llm_gmatch_new(g, t->gv, NULL, 0, &b, &err), LLM_OK);
     for (; used < budget && !ended; used++) {
@@ -295,6 +313,8 @@ static int budget_walk(const tvocab *t, const llm_grammar *g, uint64_t seed, int
         llm_gmatch_set_budget(b, budget - used);
         assert_int_equal(llm_gmatch_mask(a, allow, &err), LLM_OK);
         assert_int_equal(llm_gmatch_mask(b, other, &err), LLM_OK);
+        assert_memory_equal(allow, other, sizeof(uint32_t) * (size_t)words);
+        fresh_mask(t, g, picks, used, budget - used, other);
         assert_memory_equal(allow, other, sizeof(uint32_t) * (size_t)words);
         llm_gmatch_set_budget(a, -1);
         assert_int_equal(llm_gmatch_mask(a, plain, &err), LLM_OK);
@@ -312,13 +332,14 @@ static int budget_walk(const tvocab *t, const llm_grammar *g, uint64_t seed, int
         if (pick < 0)
             fail_msg("seed %llu: no token allowed after %d of %d", (unsigned long long)seed, used, budget);
         ended = pick == eog;
+        picks[used] = pick;
         assert_int_equal(llm_gmatch_accept(a, pick, &err), LLM_OK);
         assert_int_equal(llm_gmatch_accept(b, pick, &err), LLM_OK);
     }
     if (!ended)
         fail_msg("seed %llu: the output did not end within %d tokens", (unsigned long long)seed, budget);
     assert_true(llm_gmatch_complete(a));
-    free(allow), free(other), free(plain), free(ids);
+    free(allow), free(other), free(plain), free(ids), free(picks);
     llm_gmatch_free(a);
     llm_gmatch_free(b);
     return used;
@@ -364,7 +385,7 @@ static void test_budget_spm(void **state)
 }
 
 /* A grammar whose shortest string is past any count (2^41 bytes) is
- * never bent, and compiles at once. */
+ * never bent. */
 static void test_budget_saturates(void **state)
 {
     (void)state;

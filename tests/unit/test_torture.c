@@ -393,6 +393,8 @@ static void sc_grammar(long n)
         st = llm_gmatch_vocab_new(g_m->vocab, &gv, &err);
     if (!st)
         st = llm_gmatch_new(g, gv, NULL, 0, &m, &err);
+    if (!st) /* a binding budget: the cache keeps each mask's token lists (their allocation may fail) */
+        llm_gmatch_set_budget(m, 9);
     for (int k = 0; !st && k < 3; k++) {
         st = llm_gmatch_mask(m, allow, &err);
         if (!st)

@@ -54,7 +54,8 @@ llm_status llm_gmatch_vocab_new(const llm_vocab *v, llm_gmatch_vocab **out, llm_
 void llm_gmatch_vocab_free(llm_gmatch_vocab *gv);
 
 /* Masks kept for matchers over a vocabulary of n_vocab tokens: at most
- * max_bytes of them (at least 16 masks). A mask is found again only for
+ * max_bytes of them (at least 16 masks; a quarter of the bytes hold the
+ * token lists that serve budgets, llm_gmatch_set_budget). A mask is found again only for
  * the same compiled grammar (its identity, not a hash of it), the same
  * partition and the very same state (compared in full, not by hash), so no
  * request can plant a mask another one reads. Matchers of requests that
@@ -78,8 +79,10 @@ void llm_gmatch_free(llm_gmatch *m);
 /* The tokens that may come next: allow (one bit per token id, (n_vocab +
  * 31) / 32 words, overwritten) gets every text token whose bytes keep the
  * output a prefix of some string of the grammar, and the end-of-generation
- * tokens when the output is already one. LLM_ERR_GRAMMAR (no vocabulary
- * index, or a bound exceeded: err says which), LLM_ERR_NOMEM. */
+ * tokens when the output is already one - of those text tokens, under a
+ * binding budget (llm_gmatch_set_budget), only the ones it allows.
+ * LLM_ERR_GRAMMAR (no vocabulary index, or a bound exceeded: err says
+ * which), LLM_ERR_NOMEM. */
 llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err);
 
 /* Bounds the tokens the output may still take, this mask's pick and the
@@ -89,11 +92,14 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err);
  * object closes before max_tokens cuts it. "Finished" is measured in
  * bytes (the fewest that complete the grammar from its state), which
  * bounds the tokens wherever each of those bytes is a token of its own,
- * as in byte-level and byte-fallback vocabularies; where no token keeps
- * the bound, the mask is the plain one. An output already past finishing
- * within the budget is not bent. Masks under a binding budget are walked
- * afresh (the cache keeps the plain ones): the last tokens of a bounded
- * output cost a walk each. */
+ * as in byte-level and byte-fallback vocabularies. Where no text token
+ * keeps the bound, a complete output gets only the end tokens and an
+ * incomplete one the plain mask; an output already past finishing within
+ * the budget is not bent. The cache keeps plain masks with the tokens that
+ * leave less or more to finish than their state, so a binding budget is
+ * served from it too; a state with more such tokens than a cached mask
+ * lists (or whose lists found no room in the cache) is walked afresh
+ * while its budget binds. */
 void llm_gmatch_set_budget(llm_gmatch *m, long tokens);
 
 /* Advances by token id (an end-of-generation token is accepted when the
@@ -114,10 +120,10 @@ int llm_gmatch_complete(const llm_gmatch *m);
 /* 1 when it is, and no byte can follow (only an end may come). */
 int llm_gmatch_finished(const llm_gmatch *m);
 
-/* 1 when the next llm_gmatch_mask walks nothing (it is in the cache, or
- * the output is finished), so a caller can tell a cheap mask from a
- * costly one beforehand; 0 also for a state too long to cache. Costs a
- * serialisation and a cache lookup. */
+/* 1 when the next llm_gmatch_mask walks nothing (it is in the cache and
+ * serves the budget now set, or the output is finished), so a caller can
+ * tell a cheap mask from a costly one beforehand; 0 also for a state too
+ * long to cache. Costs a serialisation and a cache lookup. */
 int llm_gmatch_mask_cached(llm_gmatch *m);
 
 /* The work (units of LLM_GMATCH_MAX_WORK) the last mask, accept, feed or
