@@ -20,7 +20,6 @@ import jsonschema
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
-import harness  # noqa: E402
 from harness import Server, metric  # noqa: E402
 import test_structured as ts  # noqa: E402
 
@@ -58,8 +57,7 @@ def main():
     for spec in a.server:
         label, rest = spec.split("=", 1)
         path, *flags = rest.split(",")
-        harness.tool = lambda name, p=path: p  # this build's binary
-        servers[label] = Server(a.model, "--max_seqs", a.parallel, *flags)
+        servers[label] = Server(a.model, "--max_seqs", a.parallel, *flags, binary=path)
     results = {label: [] for label in servers}
     try:
         with concurrent.futures.ThreadPoolExecutor(a.parallel) as ex:
@@ -68,7 +66,7 @@ def main():
                     c = srv.client()
                     ids = range(start, min(start + a.parallel, a.answers))
                     results[label] += ex.map(lambda i, c=c: ts.budget_answer(c, i, a.max_tokens), ids)
-        print(f"| build | answers | stop | parse | validate | mean tokens | grammar ms per token |")
+        print("| build | answers | stop | parse | validate | mean tokens | grammar ms per token |")
         print("|---|---|---|---|---|---|---|")
         for label, srv in servers.items():
             m = srv.metrics()

@@ -110,10 +110,10 @@ class Endpoint:
 
 
 class Server(Endpoint):
-    def __init__(self, model, *args, env=None, wait=True):
+    def __init__(self, model, *args, env=None, wait=True, binary=None):
         super().__init__(free_port())
         name = ["--model_name", NAME]
-        self.proc = subprocess.Popen([tool("llm-server"), "-m", str(model), "--host", "127.0.0.1", "--port",
+        self.proc = subprocess.Popen([binary or tool("llm-server"), "-m", str(model), "--host", "127.0.0.1", "--port",
                                       str(self.port), "--threads", "2", *name, *map(str, args)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})

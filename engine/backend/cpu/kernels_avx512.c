@@ -1,6 +1,6 @@
 /* kernels_avx512.c - the "avx512" kernel set: the AVX512-VNNI set plus
- * packed weights with 512-bit tiles (cpu_pack) for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and
- * Q6_K. Compiled with the
+ * packed weights with 512-bit tiles (cpu_pack) for Q8_0, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K. Compiled with the
  * AVX-512 F/BW/VL/VNNI flags; cpu_kernels_avx512() checks the CPU at run
  * time.
  *
@@ -107,13 +107,6 @@ static inline __attribute__((always_inline)) __m512i avx512_quants(int kind, con
     return v;
 }
 
-/* The negated sum of token i's quants over part p of a block (a kind
- * with halves: 16 columns; else the block). */
-static inline __attribute__((always_inline)) int32_t avx512_nsum(const int kind, pk_layout_view x, size_t i, int p)
-{
-    return pk_layout_halves(kind) ? (p ? x.nsb[i] : x.nsa[i]) : pk_layout_nsum(x, i);
-}
-
 /* Token t's starting integer sum for part p of block i (its index in
  * the view): -offset * sum(x) over the part's columns (offset 128, 8, 16,
  * Q6_K's 32 or Q3_K's 4; Q4_K, Q2_K: none, their mins come in the float
@@ -122,7 +115,7 @@ static inline __attribute__((always_inline)) __m512i avx512_start(const int kind
 {
     if (pk_layout_mins(kind))
         return _mm512_setzero_si512();
-    int32_t ns = avx512_nsum(kind, x, i, p);
+    int32_t ns = pk_layout_part_nsum(kind, x, i, p);
     return _mm512_slli_epi32(_mm512_set1_epi32(ns), pk_layout_offset_log2(kind));
 }
 
@@ -179,7 +172,7 @@ static inline __attribute__((always_inline)) void avx512_tile(const int kind, co
                 size_t i = (size_t)sb * b + t;
                 __m512 dx = _mm512_set1_ps(x.d[i]);
                 /* kinds with mins: the dequantized sum of the part, dx * sum(xq) */
-                __m512 xs = _mm512_set1_ps(pk_layout_mins(kind) ? x.d[i] * (float)-avx512_nsum(kind, x, i, p) : 0.0f);
+                __m512 xs = _mm512_set1_ps(pk_layout_mins(kind) ? x.d[i] * (float)-pk_layout_part_nsum(kind, x, i, p) : 0.0f);
                 _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
                     f[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[r][t]), dx), dw[r], f[r][t]);
                     if (pk_layout_mins(kind))

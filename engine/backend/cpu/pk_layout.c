@@ -34,8 +34,8 @@ static void pk_layout_q4(const block_q4_0 *blk, int r, uint8_t *q)
 }
 
 /* Row r's fifth bits of a block (bit i: column i) into the block's 8
- * masks after its nibbles (Q3_K: its third bits after its 2-bit planes,
- * pk_layout_bits_at): mask j's 4 bits of row r are half of byte r / 2. */
+ * masks at `masks`, after its nibbles (Q3_K: its third bits, after its
+ * 2-bit planes): mask j's 4 bits of row r are half of byte r / 2. */
 static void pk_layout_bits_at(uint32_t bits, int r, uint8_t *masks)
 {
     for (int j = 0; j < QK8_0 / 4; j++) {

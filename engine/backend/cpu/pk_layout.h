@@ -119,8 +119,8 @@ static inline size_t pk_layout_q6k_sc(int s) { return PK_ROWS * 2 + PK_ROWS * (s
 static inline size_t pk_layout_q2k_sc(int s) { return PK_ROWS * 4 + PK_ROWS * (size_t)s; }
 
 /* log2 of the offset the unsigned quants of a kind carry (w = q - offset:
- * Q8_0 128, Q4_0 8, Q5_0 16, Q6_K 32 per 16 columns); -1 for the kinds
- * with mins, whose quants carry none. */
+ * Q8_0 128, Q4_0 8, Q5_0 16, Q6_K 32 and Q3_K 4 per 16 columns); -1 for
+ * the kinds with mins, whose quants carry none. */
 static inline int pk_layout_offset_log2(int kind)
 {
     return kind == PK_Q8 ? 7 : kind == PK_Q4 ? 3 : kind == PK_Q5 ? 4 : kind == PK_Q6K ? 5 : kind == PK_Q3K ? 2 : -1;
@@ -186,6 +186,13 @@ static inline pk_layout_view pk_layout_row_view(const void *x, int n)
 
 /* The negated sum of the 32 quants at index i of a view. */
 static inline int32_t pk_layout_nsum(pk_layout_view x, size_t i) { return x.nsa[i] + x.nsb[i]; }
+
+/* The negated sum over part p of the block at index i: a kind with
+ * halves' 16 columns, else the block's 32. */
+static inline int32_t pk_layout_part_nsum(int kind, pk_layout_view x, size_t i, int p)
+{
+    return pk_layout_halves(kind) ? (p ? x.nsb[i] : x.nsa[i]) : pk_layout_nsum(x, i);
+}
 
 /* The activation format (needs AVX2; only the sets that need AVX2 use it). */
 extern const cpu_act pk_layout_act;

@@ -137,7 +137,7 @@ AI int t2_flush(const int kind) { return pk_layout_fifth(kind) ? 4 : kind == PK_
 AI __m256i t2_start(const int kind, const int vnni, pk_layout_view x, size_t i, int p)
 {
     int sh = t2_shift(kind, vnni);
-    int32_t ns = pk_layout_halves(kind) ? (p ? x.nsb[i] : x.nsa[i]) : pk_layout_nsum(x, i);
+    int32_t ns = pk_layout_part_nsum(kind, x, i, p);
     return sh < 0 ? _mm256_setzero_si256() : _mm256_set1_epi32(ns * (1 << sh));
 }
 
@@ -219,8 +219,7 @@ AI void t2_tile(const int kind, const int vnni, const int T, const uint8_t *w, i
                 size_t i = (size_t)sb * b + t;
                 __m256 dx = _mm256_set1_ps(x.d[i]);
                 /* kinds with mins: the dequantized sum of the part, dx * sum(xq) */
-                int32_t ns = pk_layout_halves(kind) ? (p ? x.nsb[i] : x.nsa[i]) : pk_layout_nsum(x, i);
-                __m256 xs = _mm256_set1_ps(pk_layout_mins(kind) ? x.d[i] * (float)-ns : 0.0f);
+                __m256 xs = _mm256_set1_ps(pk_layout_mins(kind) ? x.d[i] * (float)-pk_layout_part_nsum(kind, x, i, p) : 0.0f);
                 _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
                     f[h][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[h][t]), dx), dw[h], f[h][t]);
                     if (pk_layout_mins(kind))
