@@ -14,7 +14,7 @@ TEXT_SRC = text/gbnf.c text/jinja_value.c text/jinja_parse.c text/jinja_eval.c t
 JINJA_SRC = $(TEXT_SRC) server/srv_chat.c
 # the bounded JSON reader and the stack helper (they link jansson)
 JSON_SRC = common/json.c common/thread.c
-REQ_SRC = $(JSON_SRC) server/srv_api.c tests/fuzz/seam_lora.c server/srv_fields.c engine/constrain/grammar.c common/strbuf.c \
+REQ_SRC = $(JSON_SRC) server/srv_api.c tests/fuzz/seam_lora.c server/srv_fields.c engine/constrain/grammar.c engine/constrain/grammar_cost.c common/strbuf.c \
           common/log.c common/clock.c engine/serve/sampler.c $(JINJA_SRC)
 REQ_TIME ?= 10
 LLMD_TIME ?= 10
@@ -107,7 +107,7 @@ $(FUZZ_BUILD)/fuzz_llmd: tests/fuzz/fuzz_llmd.c $(LLMD_SRC) $(wildcard controlle
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Icontroller -Ikube tests/fuzz/fuzz_llmd.c $(LLMD_SRC) -lm -ljansson -lcrypto -o $@
 
-TENANT_SRC = $(JSON_SRC) common/sync.c net/api_keys.c server/srv_api.c tests/fuzz/seam_lora.c server/srv_fields.c engine/constrain/grammar.c net/http_guard.c \
+TENANT_SRC = $(JSON_SRC) common/sync.c net/api_keys.c server/srv_api.c tests/fuzz/seam_lora.c server/srv_fields.c engine/constrain/grammar.c engine/constrain/grammar_cost.c net/http_guard.c \
              common/strbuf.c common/clock.c common/log.c engine/serve/sampler.c net/http_reply.c $(JINJA_SRC)
 
 $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
@@ -115,7 +115,7 @@ $(FUZZ_BUILD)/fuzz_tenant: tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) $(
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_tenant.c $(TENANT_SRC) $(FUZZ_SRC) -lcivetweb -ljansson -lcrypto -lm -lpthread -o $@
 
-GRAMMAR_SRC = engine/constrain/grammar.c engine/constrain/gmatch.c engine/model/tokenizer.c engine/model/tok_spm.c engine/model/tok_bpe.c engine/model/unicode.c \
+GRAMMAR_SRC = engine/constrain/grammar.c engine/constrain/grammar_cost.c engine/constrain/gmatch.c engine/model/tokenizer.c engine/model/tok_spm.c engine/model/tok_bpe.c engine/model/unicode.c \
               engine/model/unicode_data.c engine/model/gguf.c engine/model/quant.c common/status.c common/hash.c common/utf8.c \
               common/strmap.c common/split_name.c
 $(FUZZ_BUILD)/fuzz_grammar: tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) $(wildcard engine/*/*.h engine/include/llm/*.h common/include/llm/*.h)
@@ -123,12 +123,12 @@ $(FUZZ_BUILD)/fuzz_grammar: tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) $(wildcard 
 	@echo "  CLANG $@"
 	@clang $(FUZZ_CFLAGS) tests/fuzz/fuzz_grammar.c $(GRAMMAR_SRC) -lm -lpthread -o $@
 
-SCHEMA_SRC = $(JSON_SRC) server/srv_api.c tests/fuzz/seam_lora.c server/srv_fields.c engine/constrain/grammar.c engine/serve/sampler.c \
+SCHEMA_SRC = $(JSON_SRC) server/srv_api.c tests/fuzz/seam_lora.c server/srv_fields.c engine/constrain/grammar.c engine/constrain/grammar_cost.c engine/serve/sampler.c \
              common/strbuf.c common/log.c common/clock.c $(JINJA_SRC)
 $(FUZZ_BUILD)/fuzz_schema: tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo "  CLANG $@"
-	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(filter-out engine/constrain/grammar.c,$(FUZZ_SRC)) -ljansson -lm -lpthread -o $@
+	@clang $(FUZZ_CFLAGS) -Iserver tests/fuzz/fuzz_schema.c $(SCHEMA_SRC) $(filter-out engine/constrain/grammar.c engine/constrain/grammar_cost.c,$(FUZZ_SRC)) -ljansson -lm -lpthread -o $@
 
 $(FUZZ_BUILD)/fuzz_tools: tests/fuzz/fuzz_tools.c $(REQ_SRC) $(FUZZ_SRC) $(wildcard server/*.h engine/include/llm/*.h text/include/llm/*.h common/include/llm/*.h)
 	@mkdir -p $(FUZZ_BUILD)
