@@ -46,6 +46,15 @@ static void pk_layout_bits_at(uint32_t bits, int r, uint8_t *masks)
     }
 }
 
+/* Bit j of each of the 32 bytes at src, as bit i for byte i: Q4_K's and
+ * Q5_K's fifth bits of sub-block j, Q3_K's third bits of block j. */
+static uint32_t pk_layout_bit_plane(const uint8_t *src, int j)
+{
+    uint32_t bits = 0;
+    for (int i = 0; i < 32; i++) bits |= (uint32_t)((src[i] >> j) & 1) << i;
+    return bits;
+}
+
 /* Q5_0's and Q5_1's qh: the 32 fifth bits, little-endian. */
 static uint32_t pk_layout_qh32(const uint8_t *qh)
 {
@@ -102,9 +111,7 @@ static void pk_layout_q45k(int five, quant_f16 d, quant_f16 dmin, const uint8_t 
     pk_layout_nibbles_at(qs ? qs + 32 * (j / 2) : NULL, 4 * (j % 2), r, q);
     if (!five)
         return;
-    uint32_t bits = 0;
-    for (int i = 0; scales && i < 32; i++) bits |= (uint32_t)((qh[i] >> j) & 1) << i;
-    pk_layout_bits_at(bits, r, q + PK_ROWS * 16);
+    pk_layout_bits_at(scales ? pk_layout_bit_plane(qh, j) : 0, r, q + PK_ROWS * 16);
 }
 
 /* Sub-blocks 2j, 2j + 1 of a Q6_K super-block (row r's scales in the
@@ -141,14 +148,8 @@ static void pk_layout_k2(const uint8_t *qs, const uint8_t *hmask, int third, int
             for (int s = 0; qs && s < 4; s++) byte |= (unsigned)quant_k2_bits(qs, 32 * j + 4 * (4 * p + s) + k) << (2 * s);
             q[64 * p + 4 * r + k] = (uint8_t)byte;
         }
-    if (!third)
-        return;
-    uint32_t bits = 0;
-    for (int i = 0; hmask && i < 32; i++) {
-        int e = 32 * j + i;
-        bits |= (uint32_t)((hmask[e % 32] >> (e / 32)) & 1) << i;
-    }
-    pk_layout_bits_at(bits, r, q + PK_ROWS * 8);
+    if (third) /* element 32 j + i's third bit: bit j of hmask[i] */
+        pk_layout_bits_at(hmask ? pk_layout_bit_plane(hmask, j) : 0, r, q + PK_ROWS * 8);
 }
 
 /* Sub-blocks 2j, 2j + 1 of a Q3_K super-block: row r's d and signed

@@ -54,10 +54,10 @@ AI __m256i t2_quants(const int kind, const uint8_t *q, int j, int h)
     if (pk_layout_2bit(kind)) /* bits 2 (j % 4) of plane j / 4 */
         v = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(q + 64 * (j / 4) + 32 * h)), 2 * (j % 4)),
                              _mm256_set1_epi8(3));
-    else
-        v = _mm256_and_si256(j < 4 ? _mm256_loadu_si256((const __m256i *)(q + 64 * (j & 3) + 32 * h))
-                                   : _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(q + 64 * (j & 3) + 32 * h)), 4),
-                             _mm256_set1_epi8(0x0f));
+    else {
+        v = _mm256_loadu_si256((const __m256i *)(q + 64 * (j & 3) + 32 * h));
+        v = _mm256_and_si256(j < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f));
+    }
     if (pk_layout_fifth(kind) || kind == PK_Q3K) { /* the half's 32 fifth (Q3_K: third) bits, bit i for byte i,
                                                   * made bytes of 16 (Q3_K: of 4) */
         uint32_t bits;
