@@ -37,13 +37,19 @@
 /* How far ahead (bytes) a one-token tile asks for its weights: alone, a
  * token's loads are the step's whole work and the hardware's stream
  * prefetch left them waiting on memory (tinyllama-1.1b Q4_0 decode 36 ->
- * 42 tok/s, Q8_0 24.4 -> 26; 512 to 4096 alike, 2 threads, this Xeon). */
-#define AVX512_PF 1024
+ * 42 tok/s, Q8_0 24.4 -> 26; 512 to 4096 alike, 2 threads, a Xeon). It
+ * must cover the memory's latency times one stream's rate (~120 ns x 40
+ * GB/s at one thread on a Zen 5 EPYC): there, with every line of the
+ * stream asked for (pk_layout_prefetch), tinyllama-1.1b Q4_K at one
+ * thread ran 49-53.5 tok/s at 4096 and 53-55.5 at 8192 (3 alternating
+ * runs; 1024: 45-46); Q8_0 and Q6_K alike at both. */
+#define AVX512_PF 8192
 
 /* Block b's (Q6_K: its part p's 16 columns') per-row scale of q . x (dw)
  * and, for the kinds with mins, what the block's dequantized activation
  * sum is taken times (*mn: Q4_K/Q5_K dmin m, Q4_1/Q5_1 -m). */
-static inline __attribute__((always_inline)) __m512 avx512_scale(int kind, const uint8_t *g, int b, int p, __m512 *mn)
+static inline __attribute__((always_inline)) __m512 avx512_scale(int kind, const uint8_t *g, int b, int p, __m512 *mn,
+                                                                  const __m512 k4[2])
 {
     if (kind == PK_Q2K) { /* d sc and dmin m, per 16 columns: exact, f16s times 4-bit integers */
         const uint8_t *h = pk_layout_super_at(kind, g, b);
@@ -67,12 +73,10 @@ static inline __attribute__((always_inline)) __m512 avx512_scale(int kind, const
     if (!pk_layout_k4(kind))
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pk_layout_qs(kind, g, b) - PK_ROWS * sizeof(quant_f16))));
     const uint8_t *h = pk_layout_super_at(kind, g, b);
-    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
-    __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32)));
     __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + pk_layout_k4_sc(b % 8)))));
     __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + pk_layout_k4_min(b % 8)))));
-    *mn = _mm512_mul_ps(dmin, m); /* both exact: an f16 times a 6-bit integer */
-    return _mm512_mul_ps(d, sc);
+    *mn = _mm512_mul_ps(k4[1], m); /* both exact: an f16 times a 6-bit integer */
+    return _mm512_mul_ps(k4[0], sc);
 }
 
 /* The quants of columns 4j..4j+3 of a block whose vectors are at q, as
@@ -139,6 +143,36 @@ static inline __attribute__((always_inline)) void avx512_sums(const int kind, co
     }
 }
 
+/* Kinds of plain 4-bit nibbles (no fifth or top bits). */
+static inline int avx512_nibbles(int kind) { return kind == PK_Q4 || kind == PK_Q41 || kind == PK_Q4K; }
+
+/* avx512_sums for one token over a whole block of a nibble kind, with
+ * fewer instructions: alone, a token's tile runs little faster than the
+ * memory it reads, so any stall shows (Q4_K in L2, one thread: 42-45 ->
+ * 50-53 GB/s on a Zen 4 EPYC whose memory reads 25-32; 80 -> 88 on a Zen 5
+ * reading 40). The high nibbles are masked in place (v & 0xf0
+ * = 16 q) instead of shifted down, and summed in a chain of their own
+ * that is divided by 16 at the end (exact: an integer multiple of 16),
+ * which also halves the chains' latency. Same sums as avx512_sums. */
+static inline __attribute__((always_inline)) void avx512_sums_split(const int kind, const int R, const uint8_t *w,
+                                                                 size_t gstride, int b, const int8_t *xq,
+                                                                 __m512i s[2][8])
+{
+    __m512i hi[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+        int32_t lo4, hi4;
+        memcpy(&lo4, xq + 4 * j, 4);
+        memcpy(&hi4, xq + 4 * (j + 4), 4);
+        __m512i xl = _mm512_set1_epi32(lo4), xh = _mm512_set1_epi32(hi4);
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+            __m512i v = _mm512_loadu_si512(pk_layout_qs(kind, w + (size_t)r * gstride, b) + 64 * j);
+            s[r][0] = _mm512_dpbusd_epi32(s[r][0], _mm512_and_si512(v, _mm512_set1_epi8(0x0f)), xl);
+            hi[r] = _mm512_dpbusd_epi32(hi[r], _mm512_and_si512(v, _mm512_set1_epi8((char)0xf0)), xh);
+        }
+    }
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][0] = _mm512_add_epi32(s[r][0], _mm512_srai_epi32(hi[r], 4));
+}
+
 /* R groups (gstride bytes apart) x T tokens (a tile's 8, or a row's 1)
  * of one tile; y gets token t's rows at y + t * y_stride, tokens past
  * n_valid and the last group's rows past `valid` (1..16) left alone.
@@ -153,21 +187,30 @@ static inline __attribute__((always_inline)) void avx512_tile(const int kind, co
     __m512 f[2][8];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
         f[r][t] = _mm512_setzero_ps();
+    /* Q4_K/Q5_K: the super-block's d and dmin per group, set at its first
+     * block (the zeros only quiet gcc's maybe-uninitialized) */
+    __m512 k4[2][2] = {{_mm512_setzero_ps(), _mm512_setzero_ps()}, {_mm512_setzero_ps(), _mm512_setzero_ps()}};
     for (int b = 0; b < nb; b++) {
-        if (T == 1) { /* the block AVX512_PF bytes ahead in each group (K-quants: a block and a bit, its header's share) */
-            const int bb = pk_layout_block_bytes(kind);
+        if (pk_layout_k4(kind) && b % 8 == 0)
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                const char *p = (const char *)pk_layout_qs(kind, w + (size_t)r * gstride, b) + AVX512_PF;
-                for (int o = 0; o < bb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+                const uint8_t *h = pk_layout_super_at(kind, w + (size_t)r * gstride, b);
+                k4[r][0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+                k4[r][1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32)));
             }
-        }
+        if (T == 1) /* the stream AVX512_PF bytes ahead in each group */
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+                pk_layout_prefetch(kind, w + (size_t)r * gstride, b, AVX512_PF);
         _Pragma("GCC unroll 2") for (int p = 0; p < np; p++) {
             __m512i s[2][8];
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
                 s[r][t] = avx512_start(kind, x, (size_t)sb * b + t, p);
-            avx512_sums(kind, R, T, w, gstride, b, x.q + (size_t)qb * b, qj, p * jn, (p + 1) * jn, s);
+            if (T == 1 && avx512_nibbles(kind))
+                avx512_sums_split(kind, R, w, gstride, b, x.q + (size_t)qb * b, s);
+            else
+                avx512_sums(kind, R, T, w, gstride, b, x.q + (size_t)qb * b, qj, p * jn, (p + 1) * jn, s);
             __m512 dw[2], mn[2];
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) dw[r] = avx512_scale(kind, w + (size_t)r * gstride, b, p, &mn[r]);
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+                dw[r] = avx512_scale(kind, w + (size_t)r * gstride, b, p, &mn[r], k4[r]);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 size_t i = (size_t)sb * b + t;
                 __m512 dx = _mm512_set1_ps(x.d[i]);

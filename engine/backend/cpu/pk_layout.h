@@ -153,6 +153,19 @@ static inline const uint8_t *pk_layout_qs(int kind, const uint8_t *g, int b)
     return g + (size_t)b * (size_t)pk_layout_block_bytes(kind) + pk_layout_head(kind);
 }
 
+/* Asks for block b's share of the group at g, dist bytes ahead: the group
+ * is one stream, a K-quant's headers inline in it, so each block takes an
+ * eighth of its super-block (Q4_K: 296 bytes, not its 256 of nibbles,
+ * which had left a header's 5 lines per super-block to the hardware);
+ * each line once over consecutive blocks. A prefetch never faults, so
+ * lines past the group's end cost nothing but the request. */
+static inline void pk_layout_prefetch(int kind, const uint8_t *g, int b, size_t dist)
+{
+    size_t share = pk_layout_kquant(kind) ? pk_layout_super(kind) / 8 : (size_t)pk_layout_block_bytes(kind);
+    uintptr_t a = (uintptr_t)g + (size_t)b * share + dist, end = a + share;
+    for (a &= ~(uintptr_t)63; a < end; a += 64) __builtin_prefetch((const void *)a, 0, 3);
+}
+
 /* Packs groups [g0, g1) of the weight w (rows x cols of the kind's file
  * type, row_bytes apart) into dst, which holds every group. */
 void pk_layout_pack(int kind, const void *w, size_t row_bytes, int64_t rows, int64_t cols, int64_t g0, int64_t g1,
