@@ -396,16 +396,19 @@ static int32_t gm_cost(const llm_gmatch *m, const gstate *st)
     return best;
 }
 
-/* The most a text token may leave to finish, while the budget binds:
- * the tokens after it, one kept for the end. GRAMMAR_COST_INF when no
- * budget is set or the output is already past finishing within it (then
- * it is not bent at all). */
+/* The most a text token may leave to finish, while the budget binds,
+ * from a state of that cost: the tokens after it, one kept for the end.
+ * GRAMMAR_COST_INF when no budget is set or the output is already past
+ * finishing within it (then it is not bent at all). */
+static int32_t gm_limit_at(const llm_gmatch *m, int32_t cost)
+{
+    return m->budget >= 0 && cost < m->budget ? m->budget - 2 : GRAMMAR_COST_INF;
+}
+
+/* gm_limit_at of the committed state (its cost only walked for a budget). */
 static int32_t gm_limit(const llm_gmatch *m)
 {
-    if (m->budget < 0)
-        return GRAMMAR_COST_INF;
-    int32_t c = gm_cost(m, &m->cur);
-    return c < m->budget ? m->budget - 2 : GRAMMAR_COST_INF;
+    return m->budget < 0 ? GRAMMAR_COST_INF : gm_limit_at(m, gm_cost(m, &m->cur));
 }
 
 void llm_gmatch_set_budget(llm_gmatch *m, long tokens)
@@ -772,11 +775,11 @@ static int gm_slot_serves(const llm_gmatch *m, int slot, int32_t lim)
 }
 
 /* allow = the mask in slot under limit lim (gm_slot_serves). A binding
- * limit is at least the state's own cost less one (gm_limit): at the
- * state's cost or above, the plain mask less the listed tokens that leave
- * more than lim; just below it, only the listed tokens that leave less.
- * Returns the text tokens allowed. */
-static int gm_from_slot(const llm_gmatch *m, int slot, int32_t lim, uint32_t *allow)
+ * limit is at least the state's own cost (cost) less one (gm_limit_at):
+ * at the state's cost or above, the plain mask less the listed tokens that
+ * leave more than lim; just below it, only the listed tokens that leave
+ * less. Returns the text tokens allowed. */
+static int gm_from_slot(const llm_gmatch *m, int slot, int32_t lim, int32_t cost, uint32_t *allow)
 {
     const llm_gmatch_cache *c = m->cache;
     const uint32_t *bits = c->bits + (size_t)slot * (size_t)m->n_words;
@@ -787,7 +790,7 @@ static int gm_from_slot(const llm_gmatch *m, int slot, int32_t lim, uint32_t *al
     }
     const int32_t *down = c->list[slot], *up = down ? down + 2 * c->n_down[slot] : NULL;
     int n = 0;
-    if (lim >= gm_cost(m, &m->cur)) {
+    if (lim >= cost) {
         memcpy(allow, bits, bytes);
         n = c->n_text[slot];
         for (int i = 0; i < c->n_up[slot]; i++)
@@ -835,18 +838,18 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
     gm_serialize(m);
     uint64_t h = m->key_len >= 0 ? gm_key_hash(m) : 0;
     int slot = m->key_len >= 0 ? gm_cached(m->cache, m, h) : -1;
-    int32_t lim = gm_limit(m);
+    int32_t cost = gm_cost(m, &m->cur), lim = gm_limit_at(m, cost);
     int n_tight;
     m->masks++;
     m->work = 0;
     uint32_t *plain = m->plain;
     if (gm_slot_serves(m, slot, lim)) {
         m->cached++;
-        n_tight = gm_from_slot(m, slot, lim, allow);
+        n_tight = gm_from_slot(m, slot, lim, cost, allow);
     } else {
         int finished = llm_gmatch_finished(m);
         gm_found f = {.tight = lim < GRAMMAR_COST_INF && !finished ? allow : NULL, .lim = lim, .max_cost = -1,
-                      .base = gm_cost(m, &m->cur), .down = m->down, .up = m->up};
+                      .base = cost, .down = m->down, .up = m->up};
         if (!f.tight)
             plain = allow; /* the budget does not bind: the plain mask is the one */
         int rc = gm_walk_all(m, plain, &f);

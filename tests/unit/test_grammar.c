@@ -53,17 +53,28 @@ static llm_grammar *compile(const char *text, const char *root)
 }
 
 /* Every token's bit against the brute force; returns how many are allowed. */
+/* Token id's text into piece (512 bytes) and its length, or -1 for a
+ * token that is no text: an end, a control, unused or unknown token, or
+ * one with no piece. */
+static int text_piece(const tvocab *t, int id, char piece[512])
+{
+    int len = llm_token_to_piece(t->v, id, 0, piece, 512), type = llm_vocab_token_type(t->v, id);
+    if (llm_vocab_is_eog(t->v, id) || len <= 0 || len > 512 || type == LLM_TOKEN_CONTROL ||
+        type == LLM_TOKEN_UNUSED || type == LLM_TOKEN_UNKNOWN)
+        return -1;
+    return len;
+}
+
 static int check_mask(const tvocab *t, llm_gmatch *m, const uint32_t *allow)
 {
     int n = llm_vocab_n(t->v), n_allowed = 0;
     char piece[512];
     for (int id = 0; id < n; id++) {
         int bit = (int)(allow[id >> 5] >> (id & 31)) & 1, want = 0;
-        int len = llm_token_to_piece(t->v, id, 0, piece, sizeof piece), type = llm_vocab_token_type(t->v, id);
+        int len = text_piece(t, id, piece);
         if (llm_vocab_is_eog(t->v, id))
             want = llm_gmatch_complete(m);
-        else if (len > 0 && len <= (int)sizeof piece && type != LLM_TOKEN_CONTROL && type != LLM_TOKEN_UNUSED &&
-                 type != LLM_TOKEN_UNKNOWN)
+        else if (len > 0)
             want = llm_gmatch_viable(m, piece, (size_t)len) == 1;
         if (bit != want)
             fail_msg("token %d (%.*s): mask %d, brute force %d", id, len > 0 ? len : 0, piece, bit, want);
@@ -241,9 +252,8 @@ static int budget_plain(const tvocab *t, llm_gmatch *m, long tokens, uint32_t *a
     int n = llm_vocab_n(t->v), bent = 0;
     char piece[512];
     for (int id = 0; id < n && !bent; id++) {
-        int len = llm_token_to_piece(t->v, id, 0, piece, sizeof piece), type = llm_vocab_token_type(t->v, id);
-        if (!llm_vocab_is_eog(t->v, id) && len > 0 && len <= (int)sizeof piece && type != LLM_TOKEN_CONTROL &&
-            type != LLM_TOKEN_UNUSED && type != LLM_TOKEN_UNKNOWN)
+        int len = text_piece(t, id, piece);
+        if (len > 0)
             bent = mask_has(allow, id) != (llm_gmatch_viable(m, piece, (size_t)len) == 1);
     }
     if (!bent)
