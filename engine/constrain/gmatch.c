@@ -400,15 +400,15 @@ static int32_t gm_cost(const llm_gmatch *m, const gstate *st)
  * from a state of that cost: the tokens after it, one kept for the end.
  * GRAMMAR_COST_INF when no budget is set or the output is already past
  * finishing within it (then it is not bent at all). */
-static int32_t gm_limit_at(const llm_gmatch *m, int32_t cost)
+static int32_t gm_limit_for_cost(const llm_gmatch *m, int32_t cost)
 {
     return m->budget >= 0 && cost < m->budget ? m->budget - 2 : GRAMMAR_COST_INF;
 }
 
-/* gm_limit_at of the committed state (its cost only walked for a budget). */
+/* gm_limit_for_cost of the committed state (its cost only walked for a budget). */
 static int32_t gm_limit(const llm_gmatch *m)
 {
-    return m->budget < 0 ? GRAMMAR_COST_INF : gm_limit_at(m, gm_cost(m, &m->cur));
+    return m->budget < 0 ? GRAMMAR_COST_INF : gm_limit_for_cost(m, gm_cost(m, &m->cur));
 }
 
 void llm_gmatch_set_budget(llm_gmatch *m, long tokens)
@@ -775,7 +775,7 @@ static int gm_slot_serves(const llm_gmatch *m, int slot, int32_t lim)
 }
 
 /* allow = the mask in slot under limit lim (gm_slot_serves). A binding
- * limit is at least the state's own cost (cost) less one (gm_limit_at):
+ * limit is at least the state's own cost (cost) less one (gm_limit_for_cost):
  * at the state's cost or above, the plain mask less the listed tokens that
  * leave more than lim; just below it, only the listed tokens that leave
  * less. Returns the text tokens allowed. */
@@ -838,7 +838,7 @@ llm_status llm_gmatch_mask(llm_gmatch *m, uint32_t *allow, llm_error *err)
     gm_serialize(m);
     uint64_t h = m->key_len >= 0 ? gm_key_hash(m) : 0;
     int slot = m->key_len >= 0 ? gm_cached(m->cache, m, h) : -1;
-    int32_t cost = gm_cost(m, &m->cur), lim = gm_limit_at(m, cost);
+    int32_t cost = gm_cost(m, &m->cur), lim = gm_limit_for_cost(m, cost);
     int n_tight;
     m->masks++;
     m->work = 0;

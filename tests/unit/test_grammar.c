@@ -52,23 +52,25 @@ static llm_grammar *compile(const char *text, const char *root)
     return g;
 }
 
-/* Every token's bit against the brute force; returns how many are allowed. */
-/* Token id's text into piece (512 bytes) and its length, or -1 for a
- * token that is no text: an end, a control, unused or unknown token, or
+#define PIECE_MAX 512
+
+/* Token id's text into piece (PIECE_MAX bytes) and its length, or -1 for
+ * a token that is no text: an end, a control, unused or unknown token, or
  * one with no piece. */
-static int text_piece(const tvocab *t, int id, char piece[512])
+static int text_piece(const tvocab *t, int id, char piece[PIECE_MAX])
 {
-    int len = llm_token_to_piece(t->v, id, 0, piece, 512), type = llm_vocab_token_type(t->v, id);
-    if (llm_vocab_is_eog(t->v, id) || len <= 0 || len > 512 || type == LLM_TOKEN_CONTROL ||
+    int len = llm_token_to_piece(t->v, id, 0, piece, PIECE_MAX), type = llm_vocab_token_type(t->v, id);
+    if (llm_vocab_is_eog(t->v, id) || len <= 0 || len > PIECE_MAX || type == LLM_TOKEN_CONTROL ||
         type == LLM_TOKEN_UNUSED || type == LLM_TOKEN_UNKNOWN)
         return -1;
     return len;
 }
 
+/* Every token's bit against the brute force; returns how many are allowed. */
 static int check_mask(const tvocab *t, llm_gmatch *m, const uint32_t *allow)
 {
     int n = llm_vocab_n(t->v), n_allowed = 0;
-    char piece[512];
+    char piece[PIECE_MAX];
     for (int id = 0; id < n; id++) {
         int bit = (int)(allow[id >> 5] >> (id & 31)) & 1, want = 0;
         int len = text_piece(t, id, piece);
@@ -250,7 +252,7 @@ static int budget_plain(const tvocab *t, llm_gmatch *m, long tokens, uint32_t *a
     llm_gmatch_set_budget(m, tokens);
     assert_int_equal(llm_gmatch_mask(m, allow, &err), LLM_OK);
     int n = llm_vocab_n(t->v), bent = 0;
-    char piece[512];
+    char piece[PIECE_MAX];
     for (int id = 0; id < n && !bent; id++) {
         int len = text_piece(t, id, piece);
         if (len > 0)

@@ -34,20 +34,11 @@
 #include <pthread.h>
 #include <string.h>
 
-/* How far ahead (bytes) a one-token tile asks for its weights: alone, a
- * token's loads are the step's whole work and the hardware's stream
- * prefetch left them waiting on memory (tinyllama-1.1b Q4_0 decode 36 ->
- * 42 tok/s, Q8_0 24.4 -> 26; 512 to 4096 alike, 2 threads, a Xeon). It
- * must cover the memory's latency times one stream's rate (~120 ns x 40
- * GB/s at one thread on a Zen 5 EPYC): there, with every line of the
- * stream asked for (pk_layout_prefetch), tinyllama-1.1b Q4_K at one
- * thread ran 49-53.5 tok/s at 4096 and 53-55.5 at 8192 (3 alternating
- * runs; 1024: 45-46); Q8_0 and Q6_K alike at both. */
-#define AVX512_PF 8192
-
 /* Block b's (Q6_K: its part p's 16 columns') per-row scale of q . x (dw)
  * and, for the kinds with mins, what the block's dequantized activation
- * sum is taken times (*mn: Q4_K/Q5_K dmin m, Q4_1/Q5_1 -m). */
+ * sum is taken times (*mn: Q4_K/Q5_K dmin m, Q4_1/Q5_1 -m). Q4_K/Q5_K
+ * take their super-block's d and dmin from k4 (avx512_k4), read once per
+ * super-block rather than per block. */
 static inline __attribute__((always_inline)) __m512 avx512_scale(int kind, const uint8_t *g, int b, int p, __m512 *mn,
                                                                   const __m512 k4[2])
 {
@@ -146,11 +137,13 @@ static inline __attribute__((always_inline)) void avx512_sums(const int kind, co
 /* Kinds of plain 4-bit nibbles (no fifth or top bits). */
 static inline int avx512_nibbles(int kind) { return kind == PK_Q4 || kind == PK_Q41 || kind == PK_Q4K; }
 
-/* avx512_sums for one token over a whole block of a nibble kind, with
- * fewer instructions: alone, a token's tile runs little faster than the
- * memory it reads, so any stall shows (Q4_K in L2, one thread: 42-45 ->
- * 50-53 GB/s on a Zen 4 EPYC whose memory reads 25-32; 80 -> 88 on a Zen 5
- * reading 40). The high nibbles are masked in place (v & 0xf0
+/* avx512_sums for one token (T == 1) over a whole block of a nibble kind
+ * (one part: np == 1, so j runs over all of it), into s[r][0], with fewer
+ * instructions: alone, a token's tile runs little faster than the memory
+ * it reads, so any stall shows (one Q4_K matrix in L2 - 256x2048, then
+ * 512x4096 - timed alone over thousands of calls, one thread, best run:
+ * 42-45 -> 50-53 GB/s on a Zen 4 EPYC whose memory reads 25-32 GB/s; 80 ->
+ * 88 GB/s on a Zen 5 EPYC reading 40). The high nibbles are masked in place (v & 0xf0
  * = 16 q) instead of shifted down, and summed in a chain of their own
  * that is divided by 16 at the end (exact: an integer multiple of 16),
  * which also halves the chains' latency. Same sums as avx512_sums. */
@@ -173,6 +166,15 @@ static inline __attribute__((always_inline)) void avx512_sums_split(const int ki
     _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][0] = _mm512_add_epi32(s[r][0], _mm512_srai_epi32(hi[r], 4));
 }
 
+/* A Q4_K/Q5_K group's d and dmin (16 rows each) of the super-block
+ * holding block b, as floats. */
+static inline __attribute__((always_inline)) void avx512_k4(int kind, const uint8_t *g, int b, __m512 k4[2])
+{
+    const uint8_t *h = pk_layout_super_at(kind, g, b);
+    k4[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+    k4[1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32)));
+}
+
 /* R groups (gstride bytes apart) x T tokens (a tile's 8, or a row's 1)
  * of one tile; y gets token t's rows at y + t * y_stride, tokens past
  * n_valid and the last group's rows past `valid` (1..16) left alone.
@@ -192,14 +194,10 @@ static inline __attribute__((always_inline)) void avx512_tile(const int kind, co
     __m512 k4[2][2] = {{_mm512_setzero_ps(), _mm512_setzero_ps()}, {_mm512_setzero_ps(), _mm512_setzero_ps()}};
     for (int b = 0; b < nb; b++) {
         if (pk_layout_k4(kind) && b % 8 == 0)
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                const uint8_t *h = pk_layout_super_at(kind, w + (size_t)r * gstride, b);
-                k4[r][0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
-                k4[r][1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32)));
-            }
-        if (T == 1) /* the stream AVX512_PF bytes ahead in each group */
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) avx512_k4(kind, w + (size_t)r * gstride, b, k4[r]);
+        if (T == 1) /* the stream PK_LAYOUT_PF bytes ahead in each group */
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-                pk_layout_prefetch(kind, w + (size_t)r * gstride, b, AVX512_PF);
+                pk_layout_prefetch(kind, w + (size_t)r * gstride, b, PK_LAYOUT_PF);
         _Pragma("GCC unroll 2") for (int p = 0; p < np; p++) {
             __m512i s[2][8];
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)

@@ -153,17 +153,37 @@ static inline const uint8_t *pk_layout_qs(int kind, const uint8_t *g, int b)
     return g + (size_t)b * (size_t)pk_layout_block_bytes(kind) + pk_layout_head(kind);
 }
 
+/* How far ahead (bytes) a one-token tile asks for its weights. Alone, a
+ * token's loads are the step's whole work, and the hardware's stream
+ * prefetch left them waiting on memory; the distance must cover the
+ * memory's latency times one stream's rate (~120 ns x 40 GB/s at one
+ * thread on a Zen 5 EPYC). Measured there (llm-bench -p 16 -n 64, one
+ * thread, tinyllama-1.1b seeded Q4_K_M-style file, 3 alternating runs,
+ * every line asked for as below): avx512 tiles 1024 ahead 45-46 tok/s,
+ * 4096 49-53.5, 8192 53-55.5; Q8_0 and Q6_K files alike at 4096 and
+ * 8192; the avx2 tiles forced 43-44 at 1024, 57-62 at 8192. (A Xeon,
+ * quants-only prefetch, 2 threads: 512 to 4096 alike.) */
+#define PK_LAYOUT_PF 8192
+
+_Static_assert(PK_Q4K_SUPER % 8 == 0 && PK_Q5K_SUPER % 8 == 0 && PK_Q6K_SUPER % 8 == 0 && PK_Q2K_SUPER % 8 == 0 &&
+                   PK_Q3K_SUPER % 8 == 0,
+               "pk_layout_prefetch: a block's share of a super-block is an eighth of it");
+
 /* Asks for block b's share of the group at g, dist bytes ahead: the group
  * is one stream, a K-quant's headers inline in it, so each block takes an
  * eighth of its super-block (Q4_K: 296 bytes, not its 256 of nibbles,
- * which had left a header's 5 lines per super-block to the hardware);
- * each line once over consecutive blocks. A prefetch never faults, so
- * lines past the group's end cost nothing but the request. */
+ * which had left a header's 5 lines per super-block to the hardware;
+ * decode at one thread, same file and method: 45 -> 51-57 tok/s). A block
+ * asks for the lines that start in its share, so consecutive blocks ask
+ * for each line once. A prefetch never faults; lines past the group's
+ * end cost the request (and perhaps a page walk). gcc keeps these
+ * prefetches (objdump: prefetcht0 in both tile files; cpu_attention.c's
+ * prefetch_l2 tells of a loop it did delete). */
 static inline void pk_layout_prefetch(int kind, const uint8_t *g, int b, size_t dist)
 {
     size_t share = pk_layout_kquant(kind) ? pk_layout_super(kind) / 8 : (size_t)pk_layout_block_bytes(kind);
     uintptr_t a = (uintptr_t)g + (size_t)b * share + dist, end = a + share;
-    for (a &= ~(uintptr_t)63; a < end; a += 64) __builtin_prefetch((const void *)a, 0, 3);
+    for (a = (a + 63) & ~(uintptr_t)63; a < end; a += 64) __builtin_prefetch((const void *)a, 0, 3);
 }
 
 /* Packs groups [g0, g1) of the weight w (rows x cols of the kind's file

@@ -32,12 +32,6 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* How far ahead (bytes) a one-token tile asks for its weights (as the
- * avx512 tiles: decode is a memory stream; AVX512_PF says why this far).
- * Zen 5 EPYC, tinyllama-1.1b Q4_K, one thread, this set forced: 1024
- * ahead 43-44 tok/s, 8192 57-62 (3 alternating runs). */
-#define T2_PF 8192
-
 /* acc += w (unsigned bytes) . x (signed bytes), per int32 lane: AVX-VNNI's
  * vpdpbusd (VEX), which no flag of this file lets the compiler emit. */
 AI __m256i t2_dpbusd(__m256i acc, __m256i w, __m256i x)
@@ -208,7 +202,7 @@ AI void t2_tile(const int kind, const int vnni, const int T, const uint8_t *w, i
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) t2_super(kind, hd, h, kd[h]);
         }
         if (T == 1)
-            pk_layout_prefetch(kind, w, b, T2_PF);
+            pk_layout_prefetch(kind, w, b, PK_LAYOUT_PF);
         _Pragma("GCC unroll 2") for (int p = 0; p < np; p++) {
             __m256i s[2][4];
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) s[0][t] = s[1][t] = t2_start(kind, vnni, x, (size_t)sb * b + t, p);

@@ -63,7 +63,10 @@ static inline __m256i q5_0_quants(const block_q5_0 *b)
 
 /* Bytes ahead of the current block that the decode kernels prefetch: one
  * page, enough requests in flight to cover DRAM latency (measured: 1 KiB
- * ahead gave ~15, 4 KiB ~21, 8 KiB ~21 tok/s, tinyllama Q8_0, 2 threads). */
+ * ahead gave ~15, 4 KiB ~21, 8 KiB ~21 tok/s, tinyllama Q8_0, 2 threads).
+ * The packed tiles, which serve decode wherever a type has them, ask 8 KiB
+ * ahead (PK_LAYOUT_PF, measured on a Zen 5); these row kernels were not
+ * measured again there. */
 #define CPU_PREFETCH 4096
 
 #define X4(x, stride, t) ((const void *)((const char *)(x) + (size_t)(t) * (stride)))
