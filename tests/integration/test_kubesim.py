@@ -1145,8 +1145,11 @@ def test_fixing_a_broken_rollout_converges(tmp_path):
 def test_memory_limit_kills_as_oom(tmp_path):
     """resources.limits.memory: a container that grows past it is killed and restarted, its lastState
     OOMKilled with exit code 137 (as the kubelet reports the cgroup OOM killer); one within it runs on."""
-    hog = [sys.executable, "-c", "import time; x = bytearray(200 << 20); x[::4096] = b'x' * len(x[::4096]); "
-                                 "time.sleep(300)"]
+    # make asan runs kubesim with every limit times KUBESIM_MEMORY_SCALE (an ASan build's shadow memory):
+    # the hog grows past the small limit as scaled, and stays within the big one
+    scale = float(os.environ.get("KUBESIM_MEMORY_SCALE") or 1)
+    hog = [sys.executable, "-c", f"import time; x = bytearray({int(200 * scale)} << 20); "
+                                 "x[::4096] = b'x' * len(x[::4096]); time.sleep(300)"]
     with image_sim(tmp_path, {"example/hog": hog}) as kubectl:
         for name, mem in (("small", "64Mi"), ("big", "1Gi")):
             kubectl("apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n"
@@ -1156,5 +1159,5 @@ def test_memory_limit_kills_as_oom(tmp_path):
         last = wait_for(lambda: (s := status("small")[0]).get("lastState", {}).get("terminated") and s, 60, "an OOM kill")
         assert last["lastState"]["terminated"]["reason"] == "OOMKilled", last
         assert last["lastState"]["terminated"]["exitCode"] == 137 and last["restartCount"] >= 1, last
-        assert "over the memory limit of 64 MiB" in last["lastState"]["terminated"]["message"], last
+        assert f"over the memory limit of {int(64 * scale)} MiB" in last["lastState"]["terminated"]["message"], last
         assert status("big")[0].get("restartCount", 0) == 0
