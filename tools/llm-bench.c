@@ -363,7 +363,8 @@ static llm_status prefill_rate(dev_bench *d, int n, double *tps, llm_error *err)
 {
     llm_session *s = NULL;
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
-    llm_session_config sc = {.n_ctx = n + 1, .max_batch = 512, .tensor_parallel = d->n_ranks, .tp_backends = d->b};
+    llm_session_config sc = {.n_ctx = n + 1, .max_batch = 512, .kv_type = (int)g_kv, .tensor_parallel = d->n_ranks,
+                             .tp_backends = d->b};
     llm_status st = toks ? llm_session_new(d->m, d->b[0], &sc, &s, err) : llm_errf(err, LLM_ERR_NOMEM, "bench: no memory");
     for (int i = 0; !st && i < n; i++) toks[i] = (int32_t)((i * 7919 + 13) % d->m->hp.n_vocab);
     *tps = 0;

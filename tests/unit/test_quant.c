@@ -503,6 +503,78 @@ static void check_attn_kv(const cpu_kernels *k, quant_type t, int hd)
                  quant_type_name(t), hd);
 }
 
+/* Q8_0 K scored in integers (attn_dots_q8q) against float64 sums of the
+ * same decoded operands (the query rounded by quant_quantize_row, as
+ * cpu_attention rounds it): per block d_q d_k (q . k), exact in float64.
+ * Every score alone (one head, one row) equals it among 19 rows and 5
+ * heads bit for bit: a row's score must not depend on its tile or group.
+ * Rows are whole KV rows of 3 heads, the one read starting a head in;
+ * head sizes up to CPU_ATTN_Q8Q_HD, odd block counts included. */
+static void check_attn_q8q(const cpu_kernels *k)
+{
+    enum { ROWS = 19, NH = 5, MAXB = CPU_ATTN_Q8Q_HD / QK8_0 };
+    static float x[3 * CPU_ATTN_Q8Q_HD], qf[NH * CPU_ATTN_Q8Q_HD], dq[NH * CPU_ATTN_Q8Q_HD];
+    static float dkf[ROWS][CPU_ATTN_Q8Q_HD], outs[NH * (ROWS + 3)], one[1];
+    static block_q8_0 kr[ROWS * 3 * MAXB], q8[NH * MAXB];
+    if (!k->attn_dots_q8q)
+        return;
+    for (int hd = 32; hd <= CPU_ATTN_Q8Q_HD; hd += 32) {
+        int nb = hd / QK8_0;
+        size_t rb = quant_row_bytes(QT_Q8_0, (size_t)(3 * hd));
+        for (int r = 0; r < ROWS; r++) {
+            for (int i = 0; i < 3 * hd; i++) x[i] = test_randf(&seed) * (r == 5 ? 1e-3f : 3.0f) * (i % 37 == 0 ? 8.0f : 1.0f);
+            quant_quantize_row(QT_Q8_0, x, kr + (size_t)r * 3 * nb, (size_t)(3 * hd)); /* rows rb apart */
+            quant_dequantize_row(QT_Q8_0, kr + (size_t)r * 3 * nb + nb, dkf[r], (size_t)hd);
+        }
+        for (int i = 0; i < NH * hd; i++) qf[i] = test_randf(&seed) * (i % 29 == 0 ? 6.0f : 1.0f);
+        quant_quantize_row(QT_Q8_0, qf, q8, (size_t)(NH * hd));
+        quant_dequantize_row(QT_Q8_0, q8, dq, (size_t)(NH * hd));
+        size_t os = ROWS + 3;
+        for (size_t i = 0; i < sizeof outs / sizeof *outs; i++) outs[i] = -7.0f;
+        k->attn_dots_q8q(q8, NH, kr + nb, rb, ROWS, hd, 0.125f, outs, os);
+        for (int h = 0; h < NH; h++)
+            for (int r = 0; r < ROWS; r++) {
+                double ref = 0, mag = 0;
+                for (int d = 0; d < hd; d++) {
+                    ref += (double)dq[h * hd + d] * dkf[r][d];
+                    mag += fabs((double)dq[h * hd + d] * dkf[r][d]);
+                }
+                float got = outs[(size_t)h * os + (size_t)r];
+                if (fabs(got - 0.125 * ref) > 1e-6 * 0.125 * mag)
+                    fail_msg("%s attn_dots_q8q hd=%d head %d row %d: %.9g vs float64 %.9g", k->name, hd, h, r, got,
+                             0.125 * ref);
+                k->attn_dots_q8q(q8 + (size_t)h * nb, 1, (const char *)(kr + nb) + (size_t)r * rb, rb, 1, hd, 0.125f,
+                                 one, 1);
+                if (memcmp(one, &got, sizeof got))
+                    fail_msg("%s attn_dots_q8q hd=%d head %d row %d: %.9g alone, %.9g among others", k->name, hd, h, r,
+                             one[0], got);
+            }
+        for (int h = 0; h < NH; h++)
+            for (size_t i = ROWS; i < os; i++)
+                if (outs[(size_t)h * os + i] != -7.0f)
+                    fail_msg("%s attn_dots_q8q hd=%d wrote past its %d rows", k->name, hd, ROWS);
+    }
+}
+
+/* attn_wsum_heads over 1 to 7 heads (tiles of 4, 2 and 1) equals
+ * attn_wsum head by head bit for bit, and writes no dimension >= hd. */
+static void check_wsum_heads(const cpu_kernels *k, int hd)
+{
+    enum { ROWS = 19, STRIDE = 150, NH = 7, OS = 160, WS = 23 };
+    static float v[ROWS * STRIDE], w[NH * WS], o1[NH * OS], o2[NH * OS];
+    if (!k->attn_wsum_heads)
+        return;
+    for (int i = 0; i < ROWS * STRIDE; i++) v[i] = test_randf(&seed);
+    for (int i = 0; i < NH * WS; i++) w[i] = test_randf(&seed);
+    for (int nh = 1; nh <= NH; nh++) {
+        for (int i = 0; i < NH * OS; i++) o1[i] = o2[i] = test_randf(&seed);
+        for (int h = 0; h < nh; h++) k->attn_wsum(o1 + h * OS, w + h * WS, v, STRIDE, ROWS, hd);
+        k->attn_wsum_heads(o2, OS, w, WS, nh, v, STRIDE, ROWS, hd);
+        if (memcmp(o1, o2, sizeof o1))
+            fail_msg("%s attn_wsum_heads hd=%d heads=%d differs from attn_wsum head by head", k->name, hd, nh);
+    }
+}
+
 static void run_kernel_set(const cpu_kernels *k)
 {
     static const quant_type all[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
@@ -533,6 +605,7 @@ static void run_kernel_set(const cpu_kernels *k)
         k->attn_dots(q, kv, STRIDE, ROWS, hd, 0.125f, dots);
         k->attn_wsum(o, w, kv, STRIDE, ROWS, hd);
         check_attn_kv(k, QT_F16, hd);
+        check_wsum_heads(k, hd);
         for (int i = 0; i < ROWS; i++) {
             double ref = 0, mag = 0;
             for (int d = 0; d < hd; d++) { ref += (double)q[d] * kv[i * STRIDE + d]; mag += fabs((double)q[d] * kv[i * STRIDE + d]); }
@@ -548,6 +621,7 @@ static void run_kernel_set(const cpu_kernels *k)
     }
     for (int hd = 32; hd <= 128; hd += 32) /* Q8_0 K/V: whole blocks; 128: two 64-wide register passes */
         check_attn_kv(k, QT_Q8_0, hd);
+    check_attn_q8q(k);
     check_gated(k);
     { /* attention's softmax vs float64: short and long rows, spread scores, one far above the rest */
         static const int lens[] = {1, 2, 7, 8, 9, 33, 1000, 1031};

@@ -5,9 +5,12 @@
  * Attention work items are (chunk of query rows, KV head) pairs, handed out
  * on demand since their cost grows with position. An item serves every
  * query head of its GQA group and several rows of one sequence, so a block
- * of F16 or Q8_0 K/V is converted to float once for all of them. Every item
- * runs the same code whatever else is in the batch, so a row's result does
- * not depend on batch composition. */
+ * of F16 or Q8_0 K/V is converted to float once for all of them. A kernel
+ * set with integer Q8_0 scores (attn_dots_q8q) scores Q8_0 K that way for
+ * every row of the model instead, the query rounded to Q8_0 as llama.cpp
+ * rounds it; V is still summed in floats. Every item runs the same code
+ * whatever else is in the batch, so a row's result does not depend on batch
+ * composition. */
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -67,14 +70,20 @@ typedef struct attn_job {
     int rows;       /* query rows per item */
     int whole;      /* a one-row sequence is one item over every KV head (see seq_heads) */
     size_t per_row; /* score rows an item may need: group x rows, or every query head (whole) */
+    int q8q;        /* Q8_0 K scored in integers (attn_dots_q8q): every row of this shape */
+    size_t q8_floats; /* the scratch's room for an item's query rows as Q8_0 (q8q), in floats */
     long n_items;
     _Atomic long next;
 } attn_job;
 
-/* Thread scratch: scores (rows * group, sc_stride) then one float K/V block. */
+/* Thread scratch: one float K/V block (tile), the item's query rows as
+ * Q8_0 (q8q: q8_row blocks a row, heads g0's first), then scores
+ * (rows * group, sc_stride). */
 typedef struct attn_scratch {
     float *sc, *tile;
     size_t sc_stride;
+    block_q8_0 *q8;
+    size_t q8_row;
 } attn_scratch;
 
 /* Rows [p0, p0 + n) of KV head g as floats: in place for F32 storage,
@@ -125,6 +134,24 @@ static void block_dots(const attn_job *j, const llm_batch_seq *s, int t0, int t1
     }
 }
 
+/* block_dots on Q8_0 K rows read in place, the query rows as Q8_0 (the
+ * item's, w->q8), every head of the group in one call. */
+static void block_dots_q8q(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int p0, int n, const float *kb,
+                           size_t stride, const void *kh, int g, const attn_scratch *w)
+{
+    (void)kb, (void)stride, (void)g;
+    const llm_attn_args *a = j->a;
+    int a0, a1;
+    size_t rb = a->kv->row_bytes;
+    for (int t = t0; t < t1; t++) {
+        if (!row_span(a, s, t, p0, n, &a0, &a1))
+            continue;
+        float *sc = w->sc + (size_t)(t - t0) * j->group * w->sc_stride + a0;
+        j->c->k->attn_dots_q8q(w->q8 + (size_t)(t - t0) * w->q8_row, j->group, (const char *)kh + (size_t)(a0 - p0) * rb,
+                               rb, a1 - a0, a->head_dim, a->scale, sc, w->sc_stride);
+    }
+}
+
 /* Outputs of rows [t0, t1) += scores . rows [p0, p0 + n) of V block vb. */
 static void block_wsum(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int p0, int n, const float *vb,
                        size_t stride, const void *vh, int g, const attn_scratch *w)
@@ -137,6 +164,11 @@ static void block_wsum(const attn_job *j, const llm_batch_seq *s, int t0, int t1
             continue;
         float *o = a->out + ((size_t)(s->tok0 + t) * a->n_head + h0) * hd;
         const float *sc = w->sc + (size_t)(t - t0) * j->group * w->sc_stride + a0;
+        if (vb && j->c->k->attn_wsum_heads) { /* the group's heads in one pass over the rows */
+            j->c->k->attn_wsum_heads(o, (size_t)hd, sc, w->sc_stride, j->group, vb + (size_t)(a0 - p0) * stride, stride,
+                                     a1 - a0, hd);
+            continue;
+        }
         for (int h = 0; h < j->group; h++)
             if (vb)
                 j->c->k->attn_wsum(o + (size_t)h * hd, sc + h * w->sc_stride, vb + (size_t)(a0 - p0) * stride, stride,
@@ -180,6 +212,7 @@ static attn_scratch head_scratch(const attn_job *j, const attn_scratch *w, int t
 {
     attn_scratch wg = *w;
     wg.sc += (size_t)(g - g0) * (size_t)(t1 - t0) * (size_t)j->group * w->sc_stride;
+    wg.q8 += (size_t)(g - g0) * (size_t)j->group * (size_t)(j->a->head_dim / QK8_0);
     return wg;
 }
 
@@ -224,7 +257,15 @@ static void attn_item(const attn_job *j, const llm_batch_seq *s, int t0, int t1,
     const cpu_kernels *k = j->c->k;
     int direct = k->attn_dots_kv[a->kv->type] && k->attn_wsum_kv[a->kv->type] && (t1 - t0) * j->group <= 2;
     int first = llm_attn_first(s->pos0 + t0, a->window) / bs * bs;
-    kv_pass(j, s, t0, t1, g0, g1, first, direct, a->kv->k, block_dots, w);
+    if (j->q8q) {
+        attn_scratch wq = *w;
+        wq.q8_row = (size_t)(g1 - g0) * (size_t)j->group * (size_t)(hd / QK8_0);
+        for (int t = t0; t < t1; t++) /* heads [g0 * group, g1 * group) of row t: whole blocks each */
+            quant_quantize_row(QT_Q8_0, a->q + ((size_t)(s->tok0 + t) * a->n_head + (size_t)g0 * j->group) * hd,
+                               wq.q8 + (size_t)(t - t0) * wq.q8_row, wq.q8_row * QK8_0);
+        kv_pass(j, s, t0, t1, g0, g1, first, 1, a->kv->k, block_dots_q8q, &wq);
+    } else
+        kv_pass(j, s, t0, t1, g0, g1, first, direct, a->kv->k, block_dots, w);
     for (int g = g0; g < g1; g++) {
         attn_scratch wg = head_scratch(j, w, t0, t1, g, g0);
         for (int t = t0; t < t1; t++)
@@ -262,7 +303,8 @@ static void attn_worker(void *arg, int ith, int nth)
     const llm_attn_args *a = j->a;
     float *base = j->c->scratch + (size_t)ith * j->c->scratch_per_thread;
     size_t tile = (size_t)a->kv->block_size * (size_t)a->head_dim;
-    attn_scratch w = {base + tile, base, (j->c->scratch_per_thread - tile) / j->per_row};
+    attn_scratch w = {base + tile + j->q8_floats, base, (j->c->scratch_per_thread - tile - j->q8_floats) / j->per_row,
+                      (block_q8_0 *)(base + tile), 0};
     int s = 0;
     long s_first = 0; /* first item of sequence s; a thread's items only grow */
     for (;;) {
@@ -304,18 +346,22 @@ llm_status cpu_attention(llm_backend *b, const llm_attn_args *a)
         return LLM_ERR_UNSUPPORTED;
     int group = a->n_head / a->n_head_kv, max_pos = 0;
     /* whole sequences per item once there are enough of them to share out */
-    attn_job j = {a, c, group, ATTN_ROWS_HEADS / group > 1 ? ATTN_ROWS_HEADS / group : 1,
-                  a->n_seqs >= 4 * tp_size(c->pool), 0, 0, 0};
+    attn_job j = {.a = a, .c = c, .group = group, .rows = ATTN_ROWS_HEADS / group > 1 ? ATTN_ROWS_HEADS / group : 1,
+                  .whole = a->n_seqs >= 4 * tp_size(c->pool)};
     j.per_row = (size_t)group * (size_t)j.rows;
     if (j.whole && (size_t)a->n_head > j.per_row)
         j.per_row = (size_t)a->n_head;
+    /* by shape only, so every row of the model takes the same path */
+    j.q8q = a->kv->type == QT_Q8_0 && c->k->attn_dots_q8q && a->head_dim <= CPU_ATTN_Q8Q_HD;
+    if (j.q8q)
+        j.q8_floats = (j.per_row * (size_t)(a->head_dim / QK8_0) * sizeof(block_q8_0) + sizeof(float) - 1) / sizeof(float);
     for (int s = 0; s < a->n_seqs; s++) {
         j.n_items += seq_items(&j, &a->seqs[s]);
         if (a->seqs[s].pos0 + a->seqs[s].n_tok > max_pos)
             max_pos = a->seqs[s].pos0 + a->seqs[s].n_tok;
     }
     size_t sc = ((size_t)max_pos + 15) / 16 * 16;
-    if (scratch_reserve(c, (size_t)a->kv->block_size * a->head_dim + sc * j.per_row))
+    if (scratch_reserve(c, (size_t)a->kv->block_size * a->head_dim + j.q8_floats + sc * j.per_row))
         return LLM_ERR_NOMEM;
     if (j.n_items < 2)
         attn_worker(&j, 0, 1);

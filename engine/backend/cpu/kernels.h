@@ -21,6 +21,10 @@
 
 #include "llm/quant.h"
 
+/* The widest head attn_dots_q8q takes (its 8-row tiles keep a head's K
+ * blocks on the stack: 8 x 16 vectors of 64 bytes at most). */
+#define CPU_ATTN_Q8Q_HD 512
+
 typedef float (*cpu_dot_fn)(const void *w, const void *x, int n);
 typedef void (*cpu_quant_fn)(const float *x, void *dst, int n);
 /* A gated MLP's activation: out[i] = act(g[i]) * u[i]; out may be g (the
@@ -114,6 +118,23 @@ typedef struct cpu_kernels {
     void (*attn_dots_kv[QT_COUNT])(const float *q, const void *k, size_t row_bytes, int n, int hd, float scale,
                                    float *out);
     cpu_wsum_kv_fn attn_wsum_kv[QT_COUNT];
+    /* Optional: scores against Q8_0 K rows in 8-bit integers, as llama.cpp
+     * scores them: the query rounded to Q8_0 too (quant_quantize_row), each
+     * block an exact integer dot, then scaled by both blocks' d. For nh
+     * query heads (q + h * hd / 32 blocks) and n K rows row_bytes apart:
+     * out[h * out_stride + i] = scale * q_h . k_i; hd a multiple of 32, at
+     * most CPU_ATTN_Q8Q_HD. A set with it scores Q8_0 K this way for every
+     * query row of that shape (cpu_attention), so a row's scores never
+     * depend on its batch; a score depends only on (q_h, k_i, hd, scale),
+     * not on n, nh or where k_i sits among the n. */
+    void (*attn_dots_q8q)(const block_q8_0 *q, int nh, const void *k, size_t row_bytes, int n, int hd, float scale,
+                          float *out, size_t out_stride);
+    /* Optional: attn_wsum for nh heads over the same float rows, each row
+     * read once for all of them (a GQA group): o + h * o_stride +=
+     * sum_i w[h * w_stride + i] v_i, bit for bit what attn_wsum gives
+     * head by head. */
+    void (*attn_wsum_heads)(float *o, size_t o_stride, const float *w, size_t w_stride, int nh, const float *v,
+                            size_t stride, int n, int hd);
     /* KV rows stored as F16 or Q8_0 back to float (n values; n a multiple
      * of 32 for Q8_0). Exact, so every set gives the same floats. */
     void (*to_f32[QT_COUNT])(const void *src, float *dst, int n);

@@ -314,6 +314,154 @@ static double spin512(long iters, int seed)
     return 12.0 * 128.0 * (double)iters;
 }
 
+/* ---- attention scores on Q8_0 K rows in 8-bit integers ------------------------ */
+
+/* Why: a decode step's attention over Q8_0 K/V spent as long on q . k as
+ * on reading the rows, converting K to floats and multiplying in 256-bit
+ * floats. Here 64 products take one vpdpbusd. K's bytes are flipped to
+ * K + 128 (unsigned, vpdpbusd's first operand) and every lane's chain
+ * starts at -128 * the sum of its 4 query bytes, so the chain ends at
+ * q . k exactly; each lane (4 bytes of one block) is then scaled by its
+ * blocks' d's product. A tile is 8 K rows; each row's blocks are flipped
+ * and their scales spread over the lanes once, for every head of the
+ * group (GQA). */
+
+enum { Q8Q_ROWS = 8, Q8Q_PAIRS = CPU_ATTN_Q8Q_HD / (2 * QK8_0) };
+
+/* Blocks 2p and 2p + 1 of nb as 64 bytes (zeros past the last block). */
+static inline __m512i q8q_pair(const block_q8_0 *b, int p, int nb)
+{
+    __m256i lo = _mm256_loadu_si256((const __m256i *)b[2 * p].qs);
+    __m256i hi = 2 * p + 1 < nb ? _mm256_loadu_si256((const __m256i *)b[2 * p + 1].qs) : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* Their d's over the pair's lanes: 0-7 block 2p's, 8-15 block 2p + 1's (0 past the last). */
+static inline __m512 q8q_scales(const block_q8_0 *b, int p, int nb)
+{
+    __m512 d0 = _mm512_set1_ps(_cvtsh_ss(b[2 * p].d));
+    return 2 * p + 1 < nb ? _mm512_mask_blend_ps(0xff00, d0, _mm512_set1_ps(_cvtsh_ss(b[2 * p + 1].d)))
+                          : _mm512_maskz_mov_ps(0x00ff, d0);
+}
+
+/* Eight rows' 16 lanes each to one sum per row, every row by the same
+ * tree whatever the other seven hold. */
+static inline __m256 q8q_half(__m512 a)
+{
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+static inline __m256 q8q_reduce8(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5, __m512 a6, __m512 a7)
+{
+    __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(q8q_half(a0), q8q_half(a1)), _mm256_hadd_ps(q8q_half(a2), q8q_half(a3)));
+    __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(q8q_half(a4), q8q_half(a5)), _mm256_hadd_ps(q8q_half(a6), q8q_half(a7)));
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+}
+
+/* K rows [i0, i0 + 8) flipped to unsigned bytes, with their lane scales;
+ * rows past n repeat row i0 (computed, never stored). */
+static void q8q_rows(const void *k, size_t row_bytes, int i0, int n, int np, int nb, __m512i ku[][Q8Q_PAIRS],
+                     __m512 dk[][Q8Q_PAIRS])
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int r = 0; r < Q8Q_ROWS; r++) {
+        const block_q8_0 *kr = (const block_q8_0 *)((const char *)k + (size_t)(i0 + (i0 + r < n ? r : 0)) * row_bytes);
+        for (int p = 0; p < np; p++) {
+            ku[r][p] = _mm512_xor_si512(q8q_pair(kr, p, nb), flip);
+            dk[r][p] = q8q_scales(kr, p, nb);
+        }
+    }
+}
+
+/* Row r's chain over pair p: the exact integer dot, scaled per lane. */
+#define Q8Q_ROW(r)                                                                               \
+    a##r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, ku[r][p], qs)),          \
+                           _mm512_mul_ps(dk[r][p], dq), a##r)
+
+static void attn_dots_q8q(const block_q8_0 *q, int nh, const void *k, size_t row_bytes, int n, int hd, float scale,
+                          float *out, size_t out_stride)
+{
+    int nb = hd / QK8_0, np = (nb + 1) / 2;
+    __m512i ku[Q8Q_ROWS][Q8Q_PAIRS];
+    __m512 dk[Q8Q_ROWS][Q8Q_PAIRS];
+    for (int i0 = 0; i0 < n; i0 += Q8Q_ROWS) {
+        q8q_rows(k, row_bytes, i0, n, np, nb, ku, dk);
+        __mmask8 keep = n - i0 >= Q8Q_ROWS ? 0xff : (__mmask8)((1u << (n - i0)) - 1);
+        for (int h = 0; h < nh; h++) {
+            const block_q8_0 *qh = q + (size_t)h * (size_t)nb;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            for (int p = 0; p < np; p++) {
+                __m512i qs = q8q_pair(qh, p, nb);
+                __m512i bias = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), qs));
+                __m512 dq = q8q_scales(qh, p, nb);
+                Q8Q_ROW(0); Q8Q_ROW(1); Q8Q_ROW(2); Q8Q_ROW(3);
+                Q8Q_ROW(4); Q8Q_ROW(5); Q8Q_ROW(6); Q8Q_ROW(7);
+            }
+            __m256 sc = _mm256_mul_ps(q8q_reduce8(a0, a1, a2, a3, a4, a5, a6, a7), _mm256_set1_ps(scale));
+            _mm256_mask_storeu_ps(out + (size_t)h * out_stride + i0, keep, sc);
+        }
+    }
+}
+#undef Q8Q_ROW
+
+/* ---- attention's weighted sum for a GQA group --------------------------------- */
+
+/* Why: attn_wsum keeps 8 256-bit sums of one head in registers, each a
+ * chain of dependent multiply-adds, one link per row: the chains' latency,
+ * not the adds, set its pace, and every head of a group read the block
+ * again. Here up to 4 heads' 64 dimensions (16 zmm sums) take each row's
+ * values once: 16 independent chains. Each value still gets
+ * o = fma(w_i, v_i, o) row after row, so the sums equal attn_wsum's. */
+
+/* Dimensions [d, d + 64) (lanes past hd8 masked off) of HN heads. */
+static inline __attribute__((always_inline)) void wsum_heads_tile(float *o, size_t o_stride, const float *w,
+                                                                  size_t w_stride, const float *v, size_t stride, int n,
+                                                                  int d, int hd8, int HN)
+{
+    __mmask16 m[4];
+    __m512 a[4][4];
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+        int left = hd8 - d - 16 * c;
+        m[c] = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+    }
+    _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) a[h][c] = _mm512_maskz_loadu_ps(m[c], o + (size_t)h * o_stride + d + 16 * c);
+    for (int i = 0; i < n; i++) {
+        const float *vi = v + (size_t)i * stride + d;
+        __m512 x[4];
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) x[c] = _mm512_maskz_loadu_ps(m[c], vi + 16 * c);
+        _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++) {
+            __m512 wi = _mm512_set1_ps(w[(size_t)h * w_stride + (size_t)i]);
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) a[h][c] = _mm512_fmadd_ps(wi, x[c], a[h][c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + (size_t)h * o_stride + d + 16 * c, m[c], a[h][c]);
+}
+
+static void attn_wsum_heads(float *o, size_t o_stride, const float *w, size_t w_stride, int nh, const float *v,
+                            size_t stride, int n, int hd)
+{
+    int hd8 = hd & ~7;
+    for (int d = 0; d < hd8; d += 64)
+        for (int h = 0; h < nh;) {
+            float *oh = o + (size_t)h * o_stride;
+            const float *wh = w + (size_t)h * w_stride;
+            if (nh - h >= 4)
+                wsum_heads_tile(oh, o_stride, wh, w_stride, v, stride, n, d, hd8, 4), h += 4;
+            else if (nh - h >= 2)
+                wsum_heads_tile(oh, o_stride, wh, w_stride, v, stride, n, d, hd8, 2), h += 2;
+            else
+                wsum_heads_tile(oh, o_stride, wh, w_stride, v, stride, n, d, hd8, 1), h += 1;
+        }
+    /* the last hd % 8 dimensions as attn_wsum's tail: multiply, then add */
+    for (int h = 0; hd8 < hd && h < nh; h++)
+        for (int i = 0; i < n; i++)
+            for (int e = hd8; e < hd; e++)
+                o[(size_t)h * o_stride + e] += w[(size_t)h * w_stride + i] * v[(size_t)i * stride + e];
+}
+
 /* ---- the set ------------------------------------------------------------------- */
 
 static cpu_kernels avx512;
@@ -334,6 +482,8 @@ static void avx512_init(void)
     avx512.pack[QT_Q2_K] = &pack_q2_K;
     avx512.pack[QT_Q3_K] = &pack_q3_K;
     avx512.int8_spin = spin512;
+    avx512.attn_dots_q8q = attn_dots_q8q;
+    avx512.attn_wsum_heads = attn_wsum_heads;
 }
 
 const cpu_kernels *cpu_kernels_avx512(void)
