@@ -699,8 +699,10 @@ int main(void)
     llm_backend *fcpu = NULL;
     if (llm_backend_cpu_new(&(llm_cpu_config){.n_threads = 2, .force_scalar = 1}, &fcpu, &err)) {
         fprintf(stderr, "check_kernels: %s\n", err.msg);
+        llm_backend_free(cpu);
         return 2;
     }
+    printf("Q8_0 attention's CPU reference: %s kernels (float scores)\n", llm_backend_cpu_kernels(fcpu));
     for (size_t i = 0; i < sizeof kv_types / sizeof *kv_types; i++)
         for (int lng = 0; lng < 2; lng++) {
             llm_backend *ref = kv_types[i] == QT_Q8_0 ? fcpu : cpu;

@@ -138,10 +138,10 @@ static llm_request greedy(const int32_t *p, int n, int max_tokens)
 
 enum { NP = 32, GEN = 40 };
 
-/* Greedy tokens of every prompt alone (one request at a time). */
-static void alone(const llm_model *m, result *ref)
+/* Greedy tokens of every prompt alone (one request at a time), K/V kv. */
+static void alone(const llm_model *m, llm_kv_type kv, result *ref)
 {
-    llm_engine *e = open_engine(m, (llm_engine_config){.n_ctx = 128});
+    llm_engine *e = open_engine(m, (llm_engine_config){.n_ctx = 128, .kv_type = kv});
     for (int k = 0; k < NP; k++) {
         int32_t p[64];
         int n = make_prompt(m, k, p);
@@ -177,7 +177,7 @@ static void together(const llm_model *m, llm_engine_config c, const result *ref,
 static void check_batching(const llm_model *m)
 {
     static result ref[NP];
-    alone(m, ref);
+    alone(m, LLM_KV_F16, ref);
     /* a plain session (one sequence, whole-prompt batch) agrees too */
     llm_session *s;
     llm_error err = {0};
@@ -214,6 +214,20 @@ static void test_batching_tiny(void **st)
 {
     (void)st;
     check_batching(g_tiny);
+}
+
+/* Q8_0 K/V (on the avx512 set: integer scores, the query rounded): 32
+ * prompts decoding at once (an attention item per sequence over every
+ * KV head) equal each alone (items per KV head, every row converted or
+ * read in place by the same rule). */
+static void test_batching_q8_kv(void **st)
+{
+    (void)st;
+    static result ref[NP];
+    alone(g_tiny, LLM_KV_Q8_0, ref);
+    llm_stats s;
+    together(g_tiny, (llm_engine_config){.n_ctx = 128, .kv_type = LLM_KV_Q8_0}, ref, &s);
+    assert_true(s.steps < NP * GEN / 4); /* really batched */
 }
 
 static void test_batching_stories(void **st)
@@ -646,7 +660,7 @@ static void test_stress(void **st)
 {
     (void)st;
     static result ref[NP];
-    alone(g_tiny, ref);
+    alone(g_tiny, LLM_KV_F16, ref);
     size_t blk = kv_cache_block_bytes(LLM_KV_F16, 16, g_tiny->hp.n_layer, g_tiny->hp.n_head_kv * g_tiny->hp.head_dim);
     llm_engine *e = open_engine(g_tiny, (llm_engine_config){.n_ctx = 96, .max_seqs = 6, .max_batch_tokens = 24,
                                                             .max_waiting = 12, .kv_cache_bytes = 14 * blk});
@@ -1563,6 +1577,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batching_tiny),
+        cmocka_unit_test(test_batching_q8_kv),
         cmocka_unit_test(test_batching_stories),
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_cancel),

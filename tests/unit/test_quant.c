@@ -503,56 +503,98 @@ static void check_attn_kv(const cpu_kernels *k, quant_type t, int hd)
                  quant_type_name(t), hd);
 }
 
+/* The query's rounding for integer scores (cpu_q8q_quantize): each value
+ * within d / 2 of d * qs, |qs| <= 127, the largest at +-127; scales past
+ * f16's range both ways kept; a block with a NaN or an infinity gets d NaN
+ * (its scores NaN, as float scores would be); zeros give d 0. */
+static void check_q8q_quantize(void)
+{
+    static const float mags[] = {1.0f, 3e9f, 1e-9f, 1e-39f /* subnormal */, 0.0f};
+    float x[2 * QK8_0];
+    cpu_q8q b[2];
+    for (size_t m = 0; m < sizeof mags / sizeof *mags; m++) {
+        for (int i = 0; i < 2 * QK8_0; i++) x[i] = test_randf(&seed) * mags[m];
+        cpu_q8q_quantize(x, b, 2 * QK8_0);
+        for (int k = 0; k < 2; k++) {
+            int top = 0;
+            for (int i = 0; i < QK8_0; i++) {
+                float v = x[k * QK8_0 + i];
+                top |= b[k].qs[i] == 127 || b[k].qs[i] == -127;
+                if (b[k].qs[i] < -127 || fabs((double)b[k].d * b[k].qs[i] - v) > 0.5000001 * b[k].d + 1e-45)
+                    fail_msg("cpu_q8q_quantize: %g as %g * %d", (double)v, (double)b[k].d, b[k].qs[i]);
+            }
+            if (mags[m] > 0 && !top)
+                fail_msg("cpu_q8q_quantize: block %d at scale %g never reaches 127", k, (double)mags[m]);
+            if (mags[m] == 0 && b[k].d != 0)
+                fail_msg("cpu_q8q_quantize: zeros get d %g", (double)b[k].d);
+        }
+    }
+    x[5] = NAN;
+    x[QK8_0 + 3] = INFINITY;
+    cpu_q8q_quantize(x, b, 2 * QK8_0);
+    if (!isnan(b[0].d) || !isnan(b[1].d))
+        fail_msg("cpu_q8q_quantize: a block with NaN or inf gets d %g, %g (want NaN)", (double)b[0].d, (double)b[1].d);
+}
+
 /* Q8_0 K scored in integers (attn_dots_q8q) against float64 sums of the
- * same decoded operands (the query rounded by quant_quantize_row, as
+ * same decoded operands (the query rounded by cpu_q8q_quantize, as
  * cpu_attention rounds it): per block d_q d_k (q . k), exact in float64.
  * Every score alone (one head, one row) equals it among 19 rows and 5
  * heads bit for bit: a row's score must not depend on its tile or group.
- * Rows are whole KV rows of 3 heads, the one read starting a head in;
- * head sizes up to CPU_ATTN_Q8Q_HD, odd block counts included. */
+ * Rows are whole KV rows of 3 heads, the one read starting a head in, in
+ * a buffer of exactly the 19 rows (a row read past them is ASan's); head
+ * sizes up to CPU_ATTN_Q8Q_HD, odd block counts included. One head's
+ * query is far past f16's range (its scores must stay finite), one holds
+ * a NaN (its scores must be NaN). */
 static void check_attn_q8q(const cpu_kernels *k)
 {
-    enum { ROWS = 19, NH = 5, MAXB = CPU_ATTN_Q8Q_HD / QK8_0 };
-    static float x[3 * CPU_ATTN_Q8Q_HD], qf[NH * CPU_ATTN_Q8Q_HD], dq[NH * CPU_ATTN_Q8Q_HD];
-    static float dkf[ROWS][CPU_ATTN_Q8Q_HD], outs[NH * (ROWS + 3)], one[1];
-    static block_q8_0 kr[ROWS * 3 * MAXB], q8[NH * MAXB];
+    enum { ROWS = 19, NH = 5, OS = ROWS + 3, HUGE_H = 2, NAN_H = 4 };
+    const float unset = -7.0f; /* in the gap between heads' score rows: must stay */
+    static float x[3 * CPU_ATTN_Q8Q_HD], qf[NH * CPU_ATTN_Q8Q_HD];
+    static float dkf[ROWS][CPU_ATTN_Q8Q_HD], outs[NH * OS], one[1];
+    static cpu_q8q q8[NH * CPU_ATTN_Q8Q_HD / QK8_0];
     if (!k->attn_dots_q8q)
         return;
     for (int hd = 32; hd <= CPU_ATTN_Q8Q_HD; hd += 32) {
         int nb = hd / QK8_0;
         size_t rb = quant_row_bytes(QT_Q8_0, (size_t)(3 * hd));
+        char *kr = malloc((size_t)ROWS * rb);
+        assert_non_null(kr);
         for (int r = 0; r < ROWS; r++) {
             for (int i = 0; i < 3 * hd; i++) x[i] = test_randf(&seed) * (r == 5 ? 1e-3f : 3.0f) * (i % 37 == 0 ? 8.0f : 1.0f);
-            quant_quantize_row(QT_Q8_0, x, kr + (size_t)r * 3 * nb, (size_t)(3 * hd)); /* rows rb apart */
-            quant_dequantize_row(QT_Q8_0, kr + (size_t)r * 3 * nb + nb, dkf[r], (size_t)hd);
+            quant_quantize_row(QT_Q8_0, x, kr + (size_t)r * rb, (size_t)(3 * hd));
+            quant_dequantize_row(QT_Q8_0, kr + (size_t)r * rb + quant_row_bytes(QT_Q8_0, (size_t)hd), dkf[r], (size_t)hd);
         }
-        for (int i = 0; i < NH * hd; i++) qf[i] = test_randf(&seed) * (i % 29 == 0 ? 6.0f : 1.0f);
-        quant_quantize_row(QT_Q8_0, qf, q8, (size_t)(NH * hd));
-        quant_dequantize_row(QT_Q8_0, q8, dq, (size_t)(NH * hd));
-        size_t os = ROWS + 3;
-        for (size_t i = 0; i < sizeof outs / sizeof *outs; i++) outs[i] = -7.0f;
-        k->attn_dots_q8q(q8, NH, kr + nb, rb, ROWS, hd, 0.125f, outs, os);
+        for (int i = 0; i < NH * hd; i++)
+            qf[i] = test_randf(&seed) * (i % 29 == 0 ? 6.0f : 1.0f) * (i / hd == HUGE_H ? 1e12f : 1.0f);
+        qf[NAN_H * hd + hd / 2] = NAN;
+        cpu_q8q_quantize(qf, q8, NH * hd);
+        for (size_t i = 0; i < sizeof outs / sizeof *outs; i++) outs[i] = unset;
+        const char *k0 = kr + quant_row_bytes(QT_Q8_0, (size_t)hd);
+        k->attn_dots_q8q(q8, NH, k0, rb, ROWS, hd, 0.125f, outs, OS);
         for (int h = 0; h < NH; h++)
             for (int r = 0; r < ROWS; r++) {
                 double ref = 0, mag = 0;
                 for (int d = 0; d < hd; d++) {
-                    ref += (double)dq[h * hd + d] * dkf[r][d];
-                    mag += fabs((double)dq[h * hd + d] * dkf[r][d]);
+                    const cpu_q8q *b = &q8[(h * hd + d) / QK8_0];
+                    double p = (double)b->d * b->qs[d % QK8_0] * dkf[r][d];
+                    ref += p;
+                    mag += fabs(p);
                 }
-                float got = outs[(size_t)h * os + (size_t)r];
-                if (fabs(got - 0.125 * ref) > 1e-6 * 0.125 * mag)
+                float got = outs[h * OS + r];
+                if (h == NAN_H ? !isnan(got) : !(fabs(got - 0.125 * ref) <= 1e-6 * 0.125 * mag))
                     fail_msg("%s attn_dots_q8q hd=%d head %d row %d: %.9g vs float64 %.9g", k->name, hd, h, r, got,
                              0.125 * ref);
-                k->attn_dots_q8q(q8 + (size_t)h * nb, 1, (const char *)(kr + nb) + (size_t)r * rb, rb, 1, hd, 0.125f,
-                                 one, 1);
+                k->attn_dots_q8q(q8 + h * nb, 1, k0 + (size_t)r * rb, rb, 1, hd, 0.125f, one, 1);
                 if (memcmp(one, &got, sizeof got))
                     fail_msg("%s attn_dots_q8q hd=%d head %d row %d: %.9g alone, %.9g among others", k->name, hd, h, r,
                              one[0], got);
             }
         for (int h = 0; h < NH; h++)
-            for (size_t i = ROWS; i < os; i++)
-                if (outs[(size_t)h * os + i] != -7.0f)
+            for (int i = ROWS; i < OS; i++)
+                if (outs[h * OS + i] != unset)
                     fail_msg("%s attn_dots_q8q hd=%d wrote past its %d rows", k->name, hd, ROWS);
+        free(kr);
     }
 }
 
@@ -622,6 +664,7 @@ static void run_kernel_set(const cpu_kernels *k)
     for (int hd = 32; hd <= 128; hd += 32) /* Q8_0 K/V: whole blocks; 128: two 64-wide register passes */
         check_attn_kv(k, QT_Q8_0, hd);
     check_attn_q8q(k);
+    check_q8q_quantize();
     check_gated(k);
     { /* attention's softmax vs float64: short and long rows, spread scores, one far above the rest */
         static const int lens[] = {1, 2, 7, 8, 9, 33, 1000, 1031};

@@ -6,9 +6,10 @@
  * on demand since their cost grows with position. An item serves every
  * query head of its GQA group and several rows of one sequence, so a block
  * of F16 or Q8_0 K/V is converted to float once for all of them. A kernel
- * set with integer Q8_0 scores (attn_dots_q8q) scores Q8_0 K that way for
- * every row of the model instead, the query rounded to Q8_0 as llama.cpp
- * rounds it; V is still summed in floats. Every item runs the same code
+ * set with integer Q8_0 scores (attn_dots_q8q) reads Q8_0 K in place for
+ * every row of the model instead, scoring it in 8-bit integers with the
+ * query rounded to 8 bits per 32 values (as llama.cpp does); V is still
+ * summed in floats. Every item runs the same code
  * whatever else is in the batch, so a row's result does not depend on batch
  * composition. */
 #include <math.h>
@@ -60,7 +61,7 @@ void cpu_kv_copy(llm_backend *b, const llm_kv_layer *layers, int n_layers, const
 }
 
 /* Query rows per work item: rows of one sequence share each converted K/V
- * block; bounded so the scores of (rows x heads) stay small. */
+ * block (with integer Q8_0 scores, each row prepares K's tiles itself); bounded so the scores of (rows x heads) stay small. */
 #define ATTN_ROWS_HEADS 64
 
 typedef struct attn_job {
@@ -71,18 +72,18 @@ typedef struct attn_job {
     int whole;      /* a one-row sequence is one item over every KV head (see seq_heads) */
     size_t per_row; /* score rows an item may need: group x rows, or every query head (whole) */
     int q8q;        /* Q8_0 K scored in integers (attn_dots_q8q): every row of this shape */
-    size_t q8_floats; /* the scratch's room for an item's query rows as Q8_0 (q8q), in floats */
+    size_t q8_floats; /* the scratch's room for an item's rounded query rows (q8q), in floats, 64-byte multiple */
     long n_items;
     _Atomic long next;
 } attn_job;
 
 /* Thread scratch: one float K/V block (tile), the item's query rows as
- * Q8_0 (q8q: q8_row blocks a row, heads g0's first), then scores
+ * cpu_q8q blocks (q8q: q8_row blocks a row, heads g0's first), then scores
  * (rows * group, sc_stride). */
 typedef struct attn_scratch {
     float *sc, *tile;
     size_t sc_stride;
-    block_q8_0 *q8;
+    cpu_q8q *q8;
     size_t q8_row;
 } attn_scratch;
 
@@ -134,12 +135,15 @@ static void block_dots(const attn_job *j, const llm_batch_seq *s, int t0, int t1
     }
 }
 
-/* block_dots on Q8_0 K rows read in place, the query rows as Q8_0 (the
- * item's, w->q8), every head of the group in one call. */
+/* block_dots on Q8_0 K rows read in place, in integers, the query rows
+ * rounded (the item's, w->q8), every head of the group in one call;
+ * never given converted rows (kb). */
 static void block_dots_q8q(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int p0, int n, const float *kb,
                            size_t stride, const void *kh, int g, const attn_scratch *w)
 {
-    (void)kb, (void)stride, (void)g;
+    (void)stride;
+    (void)g;
+    LLM_ASSERT(!kb);
     const llm_attn_args *a = j->a;
     int a0, a1;
     size_t rb = a->kv->row_bytes;
@@ -207,7 +211,8 @@ static void prefetch_slice(const llm_kv_layer *kv, void *base, const int32_t *ta
     for (size_t o = (size_t)k * per; o < end; o += 64) prefetch_l2(r + o);
 }
 
-/* The scratch of KV head g's scores in an item from g0 over rows [t0, t1). */
+/* The scratch of KV head g's scores (and rounded query rows) in an item
+ * from g0 over rows [t0, t1). */
 static attn_scratch head_scratch(const attn_job *j, const attn_scratch *w, int t0, int t1, int g, int g0)
 {
     attn_scratch wg = *w;
@@ -216,7 +221,7 @@ static attn_scratch head_scratch(const attn_job *j, const attn_scratch *w, int t
     return wg;
 }
 
-/* block_dots or block_wsum. */
+/* block_dots, block_dots_q8q or block_wsum. */
 typedef void (*block_fn)(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int p0, int n, const float *fb,
                          size_t stride, const void *raw, int g, const attn_scratch *w);
 
@@ -242,13 +247,30 @@ static void kv_pass(const attn_job *j, const llm_batch_seq *s, int t0, int t1, i
     }
 }
 
+/* w with rows [t0, t1)'s query heads of KV heads [g0, g1) rounded into
+ * its q8 area (whole blocks: hd is a multiple of 32). */
+static attn_scratch query_q8q(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int g0, int g1,
+                              const attn_scratch *w)
+{
+    const llm_attn_args *a = j->a;
+    size_t hd = (size_t)a->head_dim;
+    attn_scratch wq = *w;
+    wq.q8_row = (size_t)(g1 - g0) * (size_t)j->group * (hd / QK8_0);
+    for (int t = t0; t < t1; t++)
+        cpu_q8q_quantize(a->q + ((size_t)(s->tok0 + t) * a->n_head + (size_t)g0 * j->group) * hd,
+                         wq.q8 + (size_t)(t - t0) * wq.q8_row, (int)(wq.q8_row * QK8_0));
+    return wq;
+}
+
 /* Rows [t0, t1) of sequence s, every query head of KV heads [g0, g1),
  * block by block and within a block head by head (so a block's rows are
  * read while they are near). Each row sees positions [first, pos0 + t]
  * (llm_attn_first: its sliding window) and each (row, head) is computed
- * the same way whichever rows and heads share its item. F16 and Q8_0 blocks
- * used by one or two (row, head) pairs of a KV head are read in place;
- * otherwise converted once for all of them (the same floats either way).
+ * the same way whichever rows and heads share its item. Q8_0 K with
+ * integer scores (q8q) is always read in place; otherwise, and for V, F16
+ * and Q8_0 blocks used by one or two (row, head) pairs of a KV head are
+ * read in place, else converted once for all of them (the same floats
+ * either way).
  * Blocks before the first row's window are not read. */
 static void attn_item(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int g0, int g1, const attn_scratch *w)
 {
@@ -258,12 +280,8 @@ static void attn_item(const attn_job *j, const llm_batch_seq *s, int t0, int t1,
     int direct = k->attn_dots_kv[a->kv->type] && k->attn_wsum_kv[a->kv->type] && (t1 - t0) * j->group <= 2;
     int first = llm_attn_first(s->pos0 + t0, a->window) / bs * bs;
     if (j->q8q) {
-        attn_scratch wq = *w;
-        wq.q8_row = (size_t)(g1 - g0) * (size_t)j->group * (size_t)(hd / QK8_0);
-        for (int t = t0; t < t1; t++) /* heads [g0 * group, g1 * group) of row t: whole blocks each */
-            quant_quantize_row(QT_Q8_0, a->q + ((size_t)(s->tok0 + t) * a->n_head + (size_t)g0 * j->group) * hd,
-                               wq.q8 + (size_t)(t - t0) * wq.q8_row, wq.q8_row * QK8_0);
-        kv_pass(j, s, t0, t1, g0, g1, first, 1, a->kv->k, block_dots_q8q, &wq);
+        attn_scratch wq = query_q8q(j, s, t0, t1, g0, g1, w);
+        kv_pass(j, s, t0, t1, g0, g1, first, 1 /* in place */, a->kv->k, block_dots_q8q, &wq);
     } else
         kv_pass(j, s, t0, t1, g0, g1, first, direct, a->kv->k, block_dots, w);
     for (int g = g0; g < g1; g++) {
@@ -303,8 +321,10 @@ static void attn_worker(void *arg, int ith, int nth)
     const llm_attn_args *a = j->a;
     float *base = j->c->scratch + (size_t)ith * j->c->scratch_per_thread;
     size_t tile = (size_t)a->kv->block_size * (size_t)a->head_dim;
-    attn_scratch w = {base + tile + j->q8_floats, base, (j->c->scratch_per_thread - tile - j->q8_floats) / j->per_row,
-                      (block_q8_0 *)(base + tile), 0};
+    /* the q8 area is floats reused as cpu_q8q blocks (4-byte aligned, as they need) */
+    attn_scratch w = {.sc = base + tile + j->q8_floats, .tile = base,
+                      .sc_stride = (j->c->scratch_per_thread - tile - j->q8_floats) / j->per_row,
+                      .q8 = (cpu_q8q *)(void *)(base + tile)};
     int s = 0;
     long s_first = 0; /* first item of sequence s; a thread's items only grow */
     for (;;) {
@@ -354,7 +374,7 @@ llm_status cpu_attention(llm_backend *b, const llm_attn_args *a)
     /* by shape only, so every row of the model takes the same path */
     j.q8q = a->kv->type == QT_Q8_0 && c->k->attn_dots_q8q && a->head_dim <= CPU_ATTN_Q8Q_HD;
     if (j.q8q)
-        j.q8_floats = (j.per_row * (size_t)(a->head_dim / QK8_0) * sizeof(block_q8_0) + sizeof(float) - 1) / sizeof(float);
+        j.q8_floats = (j.per_row * (size_t)(a->head_dim / QK8_0) * sizeof(cpu_q8q) + 63) / 64 * 16;
     for (int s = 0; s < a->n_seqs; s++) {
         j.n_items += seq_items(&j, &a->seqs[s]);
         if (a->seqs[s].pos0 + a->seqs[s].n_tok > max_pos)

@@ -10,7 +10,8 @@
  * the avx512 set's packed tiles (cpu_pack) read signed bytes with a float
  * scale and the block's negated sum.
  * The scalar set is the reference and has every loadable type; a SIMD set
- * must agree with float64 sums of the same decoded operands, and may
+ * must agree with float64 sums of the same decoded operands (for
+ * attn_dots_q8q the operands include the query's rounding), and may
  * leave a type out (dot[T] NULL): the backend then uses the scalar set's
  * kernel and activation format for it. Activation-format kind numbers are
  * global across sets (the same kind is the same bytes), since one
@@ -24,6 +25,22 @@
 /* The widest head attn_dots_q8q takes (its 8-row tiles keep a head's K
  * blocks on the stack: 8 x 16 vectors of 64 bytes at most). */
 #define CPU_ATTN_Q8Q_HD 512
+
+/* A query block for attn_dots_q8q: 32 values as d * qs. Unlike Q8_0's f16
+ * d (llama.cpp rounds the query into Q8_0 here), a float: a query block
+ * whose largest value is past f16's range (~8.3e6) or below its normal
+ * range (~7.6e-6 x 127) keeps its scale, where an f16 d would make every
+ * score infinite or drop the block. */
+typedef struct cpu_q8q {
+    float d;
+    int8_t qs[QK8_0];
+} cpu_q8q;
+
+/* x (n, a multiple of 32) into n / 32 blocks: d = max |x| / 127, qs =
+ * x / d rounded to nearest even (0 when d is 0); a block holding a value
+ * that is not finite gets d = NaN, so its scores are NaN as float scores
+ * would be. Pure; any thread. */
+void cpu_q8q_quantize(const float *x, cpu_q8q *dst, int n);
 
 typedef float (*cpu_dot_fn)(const void *w, const void *x, int n);
 typedef void (*cpu_quant_fn)(const float *x, void *dst, int n);
@@ -119,15 +136,18 @@ typedef struct cpu_kernels {
                                    float *out);
     cpu_wsum_kv_fn attn_wsum_kv[QT_COUNT];
     /* Optional: scores against Q8_0 K rows in 8-bit integers, as llama.cpp
-     * scores them: the query rounded to Q8_0 too (quant_quantize_row), each
-     * block an exact integer dot, then scaled by both blocks' d. For nh
-     * query heads (q + h * hd / 32 blocks) and n K rows row_bytes apart:
-     * out[h * out_stride + i] = scale * q_h . k_i; hd a multiple of 32, at
-     * most CPU_ATTN_Q8Q_HD. A set with it scores Q8_0 K this way for every
-     * query row of that shape (cpu_attention), so a row's scores never
-     * depend on its batch; a score depends only on (q_h, k_i, hd, scale),
-     * not on n, nh or where k_i sits among the n. */
-    void (*attn_dots_q8q)(const block_q8_0 *q, int nh, const void *k, size_t row_bytes, int n, int hd, float scale,
+     * scores them: the query rounded to 8 bits per 32 values too
+     * (cpu_q8q_quantize), each block an exact integer dot, then scaled by
+     * both blocks' d. For nh query heads (q + h * hd / 32 blocks) and n K
+     * rows row_bytes apart: out[h * out_stride + i] = scale * q_h . k_i;
+     * hd a multiple of 32, at most CPU_ATTN_Q8Q_HD. A set with it scores
+     * Q8_0 K this way for every query row of that shape (cpu_attention),
+     * so a row's scores never depend on its batch; a score depends only on
+     * (q_h, k_i, hd, scale), not on n, nh or where k_i sits among the n.
+     * Such a set's Q8_0 attention differs from the float sets' by the
+     * query's rounding (test_model: 8.2e-4 against 7.8e-4 relative to
+     * float64 on the tiny model). */
+    void (*attn_dots_q8q)(const cpu_q8q *q, int nh, const void *k, size_t row_bytes, int n, int hd, float scale,
                           float *out, size_t out_stride);
     /* Optional: attn_wsum for nh heads over the same float rows, each row
      * read once for all of them (a GQA group): o + h * o_stride +=

@@ -1,6 +1,7 @@
 /* kernels_avx512.c - the "avx512" kernel set: the AVX512-VNNI set plus
  * packed weights with 512-bit tiles (cpu_pack) for Q8_0, Q4_0, Q4_1,
- * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K. Compiled with the
+ * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, and two attention kernels
+ * (below). Compiled with the
  * AVX-512 F/BW/VL/VNNI flags; cpu_kernels_avx512() checks the CPU at run
  * time.
  *
@@ -23,8 +24,13 @@
  * Batch invariance: a (row, token) lane sees the same operations in the
  * same order whatever the tile (2 or 1 groups, 8, 4 or 1 tokens): per
  * block an exact integer sum, then f = ((float)s * dx) * dw + f in block
- * order. So a token's result does not depend on its batch. */
+ * order. So a token's result does not depend on its batch.
+ *
+ * Attention: Q8_0 K scored in 8-bit integers (attn_dots_q8q) and V summed
+ * for up to 4 heads of a GQA group at once (attn_wsum_heads); each keeps a
+ * row's result independent of the rows and heads beside it (see there). */
 #include "kernels.h"
+#include "llm/status.h"
 #include "pk_layout.h"
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
@@ -321,54 +327,59 @@ static double spin512(long iters, int seed)
  * floats. Here 64 products take one vpdpbusd. K's bytes are flipped to
  * K + 128 (unsigned, vpdpbusd's first operand) and every lane's chain
  * starts at -128 * the sum of its 4 query bytes, so the chain ends at
- * q . k exactly; each lane (4 bytes of one block) is then scaled by its
- * blocks' d's product. A tile is 8 K rows; each row's blocks are flipped
- * and their scales spread over the lanes once, for every head of the
- * group (GQA). */
+ * q . k exactly (|chain| < 2^18); each lane (4 bytes of one block) is then
+ * scaled by its two blocks' d's product (exact: an f16 times a float
+ * rounded once) and added to the row's float sums in block order. A tile
+ * is 8 K rows flipped and given their lane scales once for every head of
+ * the GQA group. Batch invariance: a (row, head) score takes the same
+ * operations whatever the tile's other rows, n or nh (q8q_reduce8). */
 
 enum { Q8Q_ROWS = 8, Q8Q_PAIRS = CPU_ATTN_Q8Q_HD / (2 * QK8_0) };
+_Static_assert(Q8Q_ROWS == 8, "the tile's sums are a0..a7 and its store mask 8 bits");
 
-/* Blocks 2p and 2p + 1 of nb as 64 bytes (zeros past the last block). */
-static inline __m512i q8q_pair(const block_q8_0 *b, int p, int nb)
+/* 32 bytes at lo and at hi (NULL: zeros) as one vector. */
+static inline __m512i avx512_q8q_join(const int8_t *lo, const int8_t *hi)
 {
-    __m256i lo = _mm256_loadu_si256((const __m256i *)b[2 * p].qs);
-    __m256i hi = 2 * p + 1 < nb ? _mm256_loadu_si256((const __m256i *)b[2 * p + 1].qs) : _mm256_setzero_si256();
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    __m256i h = hi ? _mm256_loadu_si256((const __m256i *)hi) : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)lo)), h, 1);
 }
 
-/* Their d's over the pair's lanes: 0-7 block 2p's, 8-15 block 2p + 1's (0 past the last). */
-static inline __m512 q8q_scales(const block_q8_0 *b, int p, int nb)
+/* Lanes 0-7 d0, lanes 8-15 d1: a joined pair's block scales. */
+static inline __m512 avx512_q8q_lanes(float d0, float d1)
 {
-    __m512 d0 = _mm512_set1_ps(_cvtsh_ss(b[2 * p].d));
-    return 2 * p + 1 < nb ? _mm512_mask_blend_ps(0xff00, d0, _mm512_set1_ps(_cvtsh_ss(b[2 * p + 1].d)))
-                          : _mm512_maskz_mov_ps(0x00ff, d0);
+    return _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d0), _mm512_set1_ps(d1));
 }
 
-/* Eight rows' 16 lanes each to one sum per row, every row by the same
- * tree whatever the other seven hold. */
-static inline __m256 q8q_half(__m512 a)
+/* One 256-bit half sum of a row's 16 lanes. */
+static inline __m256 avx512_q8q_half(__m512 a)
 {
     return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
 }
 
-static inline __m256 q8q_reduce8(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5, __m512 a6, __m512 a7)
+/* Eight rows' 16 lanes each to one sum per row, every row by the same
+ * tree whatever the other seven hold. */
+static inline __m256 avx512_q8q_reduce8(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5, __m512 a6,
+                                        __m512 a7)
 {
-    __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(q8q_half(a0), q8q_half(a1)), _mm256_hadd_ps(q8q_half(a2), q8q_half(a3)));
-    __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(q8q_half(a4), q8q_half(a5)), _mm256_hadd_ps(q8q_half(a6), q8q_half(a7)));
+    __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(avx512_q8q_half(a0), avx512_q8q_half(a1)),
+                               _mm256_hadd_ps(avx512_q8q_half(a2), avx512_q8q_half(a3)));
+    __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(avx512_q8q_half(a4), avx512_q8q_half(a5)),
+                               _mm256_hadd_ps(avx512_q8q_half(a6), avx512_q8q_half(a7)));
     return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
 }
 
-/* K rows [i0, i0 + 8) flipped to unsigned bytes, with their lane scales;
- * rows past n repeat row i0 (computed, never stored). */
-static void q8q_rows(const void *k, size_t row_bytes, int i0, int n, int np, int nb, __m512i ku[][Q8Q_PAIRS],
-                     __m512 dk[][Q8Q_PAIRS])
+/* K rows [i0, i0 + 8) flipped to unsigned bytes, with their lane scales,
+ * pair by pair; rows past n repeat row i0 (computed, never stored). */
+static void avx512_q8q_rows(const void *k, size_t row_bytes, int i0, int n, int nb, __m512i ku[][Q8Q_PAIRS],
+                            __m512 dk[][Q8Q_PAIRS])
 {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     for (int r = 0; r < Q8Q_ROWS; r++) {
         const block_q8_0 *kr = (const block_q8_0 *)((const char *)k + (size_t)(i0 + (i0 + r < n ? r : 0)) * row_bytes);
-        for (int p = 0; p < np; p++) {
-            ku[r][p] = _mm512_xor_si512(q8q_pair(kr, p, nb), flip);
-            dk[r][p] = q8q_scales(kr, p, nb);
+        for (int p = 0; 2 * p < nb; p++) {
+            int two = 2 * p + 1 < nb;
+            ku[r][p] = _mm512_xor_si512(avx512_q8q_join(kr[2 * p].qs, two ? kr[2 * p + 1].qs : NULL), flip);
+            dk[r][p] = avx512_q8q_lanes(_cvtsh_ss(kr[2 * p].d), two ? _cvtsh_ss(kr[2 * p + 1].d) : 0.0f);
         }
     }
 }
@@ -378,27 +389,29 @@ static void q8q_rows(const void *k, size_t row_bytes, int i0, int n, int np, int
     a##r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, ku[r][p], qs)),          \
                            _mm512_mul_ps(dk[r][p], dq), a##r)
 
-static void attn_dots_q8q(const block_q8_0 *q, int nh, const void *k, size_t row_bytes, int n, int hd, float scale,
+static void attn_dots_q8q(const cpu_q8q *q, int nh, const void *k, size_t row_bytes, int n, int hd, float scale,
                           float *out, size_t out_stride)
 {
-    int nb = hd / QK8_0, np = (nb + 1) / 2;
+    LLM_ASSERT(hd % QK8_0 == 0 && hd <= CPU_ATTN_Q8Q_HD); /* the tile's arrays hold CPU_ATTN_Q8Q_HD */
+    int nb = hd / QK8_0;
     __m512i ku[Q8Q_ROWS][Q8Q_PAIRS];
     __m512 dk[Q8Q_ROWS][Q8Q_PAIRS];
     for (int i0 = 0; i0 < n; i0 += Q8Q_ROWS) {
-        q8q_rows(k, row_bytes, i0, n, np, nb, ku, dk);
+        avx512_q8q_rows(k, row_bytes, i0, n, nb, ku, dk);
         __mmask8 keep = n - i0 >= Q8Q_ROWS ? 0xff : (__mmask8)((1u << (n - i0)) - 1);
         for (int h = 0; h < nh; h++) {
-            const block_q8_0 *qh = q + (size_t)h * (size_t)nb;
+            const cpu_q8q *qh = q + (size_t)h * (size_t)nb;
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-            for (int p = 0; p < np; p++) {
-                __m512i qs = q8q_pair(qh, p, nb);
+            for (int p = 0; 2 * p < nb; p++) {
+                int two = 2 * p + 1 < nb;
+                __m512i qs = avx512_q8q_join(qh[2 * p].qs, two ? qh[2 * p + 1].qs : NULL);
                 __m512i bias = _mm512_sub_epi32(_mm512_setzero_si512(),
                                                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), qs));
-                __m512 dq = q8q_scales(qh, p, nb);
+                __m512 dq = avx512_q8q_lanes(qh[2 * p].d, two ? qh[2 * p + 1].d : 0.0f);
                 Q8Q_ROW(0); Q8Q_ROW(1); Q8Q_ROW(2); Q8Q_ROW(3);
                 Q8Q_ROW(4); Q8Q_ROW(5); Q8Q_ROW(6); Q8Q_ROW(7);
             }
-            __m256 sc = _mm256_mul_ps(q8q_reduce8(a0, a1, a2, a3, a4, a5, a6, a7), _mm256_set1_ps(scale));
+            __m256 sc = _mm256_mul_ps(avx512_q8q_reduce8(a0, a1, a2, a3, a4, a5, a6, a7), _mm256_set1_ps(scale));
             _mm256_mask_storeu_ps(out + (size_t)h * out_stride + i0, keep, sc);
         }
     }
@@ -410,50 +423,55 @@ static void attn_dots_q8q(const block_q8_0 *q, int nh, const void *k, size_t row
 /* Why: attn_wsum keeps 8 256-bit sums of one head in registers, each a
  * chain of dependent multiply-adds, one link per row: the chains' latency,
  * not the adds, set its pace, and every head of a group read the block
- * again. Here up to 4 heads' 64 dimensions (16 zmm sums) take each row's
- * values once: 16 independent chains. Each value still gets
- * o = fma(w_i, v_i, o) row after row, so the sums equal attn_wsum's. */
+ * again. Here up to WSUM_HEADS heads' WSUM_DIMS dimensions (16 zmm sums)
+ * take each row's values once: 16 independent chains. Each value still
+ * gets o = fma(w_i, v_i, o) row after row, so the sums equal attn_wsum's. */
 
-/* Dimensions [d, d + 64) (lanes past hd8 masked off) of HN heads. */
-static inline __attribute__((always_inline)) void wsum_heads_tile(float *o, size_t o_stride, const float *w,
-                                                                  size_t w_stride, const float *v, size_t stride, int n,
-                                                                  int d, int hd8, int HN)
+enum { WSUM_HEADS = 4, WSUM_VECS = 4, WSUM_DIMS = 16 * WSUM_VECS };
+
+/* Dimensions [d, d + WSUM_DIMS) (lanes past hd8 masked off) of HN heads;
+ * HN is a constant once inlined, so the sums stay in registers. */
+static inline __attribute__((always_inline)) void avx512_wsum_heads_tile(float *o, size_t o_stride, const float *w,
+                                                                         size_t w_stride, const float *v, size_t stride,
+                                                                         int n, int d, int hd8, const int HN)
 {
-    __mmask16 m[4];
-    __m512 a[4][4];
-    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+    __mmask16 m[WSUM_VECS];
+    __m512 a[WSUM_HEADS][WSUM_VECS];
+    _Pragma("GCC unroll 4") for (int c = 0; c < WSUM_VECS; c++) {
         int left = hd8 - d - 16 * c;
         m[c] = left >= 16 ? 0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
     }
     _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
-        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) a[h][c] = _mm512_maskz_loadu_ps(m[c], o + (size_t)h * o_stride + d + 16 * c);
+        _Pragma("GCC unroll 4") for (int c = 0; c < WSUM_VECS; c++)
+            a[h][c] = _mm512_maskz_loadu_ps(m[c], o + (size_t)h * o_stride + d + 16 * c);
     for (int i = 0; i < n; i++) {
         const float *vi = v + (size_t)i * stride + d;
-        __m512 x[4];
-        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) x[c] = _mm512_maskz_loadu_ps(m[c], vi + 16 * c);
+        __m512 x[WSUM_VECS];
+        _Pragma("GCC unroll 4") for (int c = 0; c < WSUM_VECS; c++) x[c] = _mm512_maskz_loadu_ps(m[c], vi + 16 * c);
         _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++) {
             __m512 wi = _mm512_set1_ps(w[(size_t)h * w_stride + (size_t)i]);
-            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) a[h][c] = _mm512_fmadd_ps(wi, x[c], a[h][c]);
+            _Pragma("GCC unroll 4") for (int c = 0; c < WSUM_VECS; c++) a[h][c] = _mm512_fmadd_ps(wi, x[c], a[h][c]);
         }
     }
     _Pragma("GCC unroll 4") for (int h = 0; h < HN; h++)
-        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + (size_t)h * o_stride + d + 16 * c, m[c], a[h][c]);
+        _Pragma("GCC unroll 4") for (int c = 0; c < WSUM_VECS; c++)
+            _mm512_mask_storeu_ps(o + (size_t)h * o_stride + d + 16 * c, m[c], a[h][c]);
 }
 
 static void attn_wsum_heads(float *o, size_t o_stride, const float *w, size_t w_stride, int nh, const float *v,
                             size_t stride, int n, int hd)
 {
     int hd8 = hd & ~7;
-    for (int d = 0; d < hd8; d += 64)
+    for (int d = 0; d < hd8; d += WSUM_DIMS)
         for (int h = 0; h < nh;) {
             float *oh = o + (size_t)h * o_stride;
             const float *wh = w + (size_t)h * w_stride;
-            if (nh - h >= 4)
-                wsum_heads_tile(oh, o_stride, wh, w_stride, v, stride, n, d, hd8, 4), h += 4;
+            if (nh - h >= WSUM_HEADS)
+                avx512_wsum_heads_tile(oh, o_stride, wh, w_stride, v, stride, n, d, hd8, WSUM_HEADS), h += WSUM_HEADS;
             else if (nh - h >= 2)
-                wsum_heads_tile(oh, o_stride, wh, w_stride, v, stride, n, d, hd8, 2), h += 2;
+                avx512_wsum_heads_tile(oh, o_stride, wh, w_stride, v, stride, n, d, hd8, 2), h += 2;
             else
-                wsum_heads_tile(oh, o_stride, wh, w_stride, v, stride, n, d, hd8, 1), h += 1;
+                avx512_wsum_heads_tile(oh, o_stride, wh, w_stride, v, stride, n, d, hd8, 1), h += 1;
         }
     /* the last hd % 8 dimensions as attn_wsum's tail: multiply, then add */
     for (int h = 0; hd8 < hd && h < nh; h++)

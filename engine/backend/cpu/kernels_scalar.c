@@ -337,6 +337,24 @@ static const cpu_kernels scalar = {
     .softmax = softmax,
 };
 
+void cpu_q8q_quantize(const float *x, cpu_q8q *dst, int n)
+{
+    for (int b = 0; b < n / QK8_0; b++, x += QK8_0) {
+        float amax = 0;
+        int finite = 1;
+        for (int j = 0; j < QK8_0; j++) {
+            finite &= isfinite(x[j]) != 0;
+            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        }
+        float d = finite ? amax / 127.0f : NAN;
+        dst[b].d = d;
+        for (int j = 0; j < QK8_0; j++) { /* a quotient, not times 1 / d: that overflows for a subnormal d */
+            long v = finite && d > 0 ? lrintf(x[j] / d) : 0;
+            dst[b].qs[j] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+        }
+    }
+}
+
 const cpu_kernels *cpu_kernels_scalar(void) { return &scalar; }
 
 void cpu_tile8(cpu_quant_fn quant, int n_words, const float *x, size_t x_stride, int rows, void *dst, int n)
