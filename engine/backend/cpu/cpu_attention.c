@@ -136,8 +136,12 @@ static void block_dots(const attn_job *j, const llm_batch_seq *s, int t0, int t1
 }
 
 /* block_dots on Q8_0 K rows read in place, in integers, the query rows
- * rounded (the item's, w->q8), every head of the group in one call;
- * never given converted rows (kb). */
+ * rounded (the item's, w->q8), never given converted rows (kb). Rows
+ * that see the same span of the block go in one call, their heads one
+ * after another (so the kernel flips each 8-row K tile once for all of
+ * them), where the item holds one KV head: its rows' query heads and
+ * score rows are then equally spaced. Each (row, head) score is the same
+ * whichever rows share a call (attn_dots_q8q's contract). */
 static void block_dots_q8q(const attn_job *j, const llm_batch_seq *s, int t0, int t1, int p0, int n, const float *kb,
                            size_t stride, const void *kh, int g, const attn_scratch *w)
 {
@@ -145,14 +149,20 @@ static void block_dots_q8q(const attn_job *j, const llm_batch_seq *s, int t0, in
     (void)g;
     LLM_ASSERT(!kb);
     const llm_attn_args *a = j->a;
-    int a0, a1;
-    size_t rb = a->kv->row_bytes;
-    for (int t = t0; t < t1; t++) {
-        if (!row_span(a, s, t, p0, n, &a0, &a1))
+    int a0, a1, b0, b1;
+    size_t rb = a->kv->row_bytes, heads_q8 = (size_t)j->group * (size_t)(a->head_dim / QK8_0);
+    for (int t = t0; t < t1;) {
+        if (!row_span(a, s, t, p0, n, &a0, &a1)) {
+            t++;
             continue;
+        }
+        int u = t + 1;
+        while (w->q8_row == heads_q8 && u < t1 && row_span(a, s, u, p0, n, &b0, &b1) && b0 == a0 && b1 == a1) u++;
         float *sc = w->sc + (size_t)(t - t0) * j->group * w->sc_stride + a0;
-        j->c->k->attn_dots_q8q(w->q8 + (size_t)(t - t0) * w->q8_row, j->group, (const char *)kh + (size_t)(a0 - p0) * rb,
-                               rb, a1 - a0, a->head_dim, a->scale, sc, w->sc_stride);
+        j->c->k->attn_dots_q8q(w->q8 + (size_t)(t - t0) * w->q8_row, (u - t) * j->group,
+                               (const char *)kh + (size_t)(a0 - p0) * rb, rb, a1 - a0, a->head_dim, a->scale, sc,
+                               w->sc_stride);
+        t = u;
     }
 }
 
