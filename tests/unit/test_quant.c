@@ -507,8 +507,9 @@ static void check_attn_kv(const cpu_kernels *k, quant_type t, int hd)
  * within d / 2 of d * qs, |qs| <= 127, the largest at +-127; scales past
  * f16's range both ways kept; a block with a NaN or an infinity gets d NaN
  * (its scores NaN, as float scores would be); zeros give d 0. */
-static void check_q8q_quantize(void)
+static void test_q8q_quantize(void **state)
 {
+    (void)state;
     static const float mags[] = {1.0f, 3e9f, 1e-9f, 1e-39f /* subnormal */, 0.0f};
     float x[2 * QK8_0];
     cpu_q8q b[2];
@@ -664,7 +665,6 @@ static void run_kernel_set(const cpu_kernels *k)
     for (int hd = 32; hd <= 128; hd += 32) /* Q8_0 K/V: whole blocks; 128: two 64-wide register passes */
         check_attn_kv(k, QT_Q8_0, hd);
     check_attn_q8q(k);
-    check_q8q_quantize();
     check_gated(k);
     { /* attention's softmax vs float64: short and long rows, spread scores, one far above the rest */
         static const int lens[] = {1, 2, 7, 8, 9, 33, 1000, 1031};
@@ -852,6 +852,7 @@ int main(void)
         cmocka_unit_test(test_f16_bf16),
         cmocka_unit_test(test_dequant_vs_f64),
         cmocka_unit_test(test_quant_roundtrip),
+        cmocka_unit_test(test_q8q_quantize),
         cmocka_unit_test(test_kernels_scalar),
         cmocka_unit_test(test_kernels_avx2),
         cmocka_unit_test(test_kernels_avxvnni),

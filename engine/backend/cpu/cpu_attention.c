@@ -9,9 +9,8 @@
  * set with integer Q8_0 scores (attn_dots_q8q) reads Q8_0 K in place for
  * every row of the model instead, scoring it in 8-bit integers with the
  * query rounded to 8 bits per 32 values (as llama.cpp does); V is still
- * summed in floats. Every item runs the same code
- * whatever else is in the batch, so a row's result does not depend on batch
- * composition. */
+ * summed in floats. Every item runs the same code whatever else is in the
+ * batch, so a row's result does not depend on batch composition. */
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -61,7 +60,8 @@ void cpu_kv_copy(llm_backend *b, const llm_kv_layer *layers, int n_layers, const
 }
 
 /* Query rows per work item: rows of one sequence share each converted K/V
- * block (with integer Q8_0 scores, each row prepares K's tiles itself); bounded so the scores of (rows x heads) stay small. */
+ * block (with integer Q8_0 scores, each prepared K tile); bounded so the
+ * scores of (rows x heads) stay small. */
 #define ATTN_ROWS_HEADS 64
 
 typedef struct attn_job {
